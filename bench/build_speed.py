@@ -1,0 +1,33 @@
+"""How long `spatialc.build` takes (tile → place → schedule → verify), against building the unplanned program.
+
+Baseline: `spatialc.gemm(...)` alone (making the IR), measured in the same run. Median of 5.
+Usage: python bench/build_speed.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import spatialc
+
+
+def median_time(fn, runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    for m, n, k, prec in [(1024, 1024, 1024, "int8"), (8192, 8192, 8192, "fp16"), (8192, 8192, 8192, "int8")]:
+        base = median_time(lambda m=m, n=n, k=k, prec=prec: spatialc.gemm(m, n, k, prec))
+        full = median_time(lambda m=m, n=n, k=k, prec=prec: spatialc.build(spatialc.gemm(m, n, k, prec), "sm_90"))
+        print(f"build {m}x{n}x{k} {prec} sm_90: {full * 1e3:8.1f} ms  (gemm() alone {base * 1e3:.2f} ms,"
+              f" ratio {full / base:.0f}x)")
+
+
+if __name__ == "__main__":
+    main()

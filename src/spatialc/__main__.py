@@ -1,0 +1,7 @@
+"""`python -m spatialc` is the `spatialc` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

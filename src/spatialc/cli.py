@@ -1,0 +1,227 @@
+"""The `spatialc` command: build, verify, evaluate, lower and run GEMMs; show saved programs; check a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
+
+from . import api
+from .errors import SpatialError
+from .ir.nodes import Buffer, Fifo, Interm, SpatialProgram
+from .ir.printer import program_text
+from .ir.serde import SerdeError, from_json, to_json
+from .target import TARGETS, target
+
+
+class UsageError(Exception):
+    """A command line that cannot be run as written."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _ints(n: int, what: str):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            values = ()
+        if len(values) != n:
+            raise argparse.ArgumentTypeError(f"{what} must be {n} comma-separated whole numbers, not {text!r}")
+        return values
+
+    return parse
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="spatialc", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    g = sub.add_parser("gemm", help="build, verify and check C = A @ B; optionally emit CUDA and run it")
+    g.add_argument("m", type=int)
+    g.add_argument("n", type=int)
+    g.add_argument("k", type=int)
+    g.add_argument("--precision", default="int8", choices=["int8", "fp16", "bf16"])
+    g.add_argument("--target", default="sm_90", help=f"one of {', '.join(TARGETS)}")
+    g.add_argument("--block", type=_ints(3, "--block"), metavar="OSH,OSW,IBW", help="force the block shape")
+    g.add_argument("--sub-blocks", type=_ints(2, "--sub-blocks"), metavar="SH,SW", help="force sub-blocks per item")
+    g.add_argument("--depth", type=int, help="force the operand ring depth (pages)")
+    g.add_argument("--sites", type=int, help="number of sites (default: what the target keeps resident)")
+    g.add_argument("--placement", choices=["contiguous", "round_robin"], default="contiguous")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    g.add_argument("--json", type=Path, metavar="FILE", help="save the verified program as JSON")
+    g.add_argument("--show", action="store_true", help="print the program's choreography (first two sites)")
+    g.add_argument("--emit", type=Path, metavar="DIR", help="lower to CUDA and write program.cu, bench.cu, budget")
+    g.add_argument("--run", action="store_true", help="run the CUDA kernel: on the GPU if there is one, else emulated")
+    g.add_argument("--mode", choices=["late", "early"], default="late", help="copy landing mode of the emulation")
+    s = sub.add_parser("show", help="print a saved program")
+    s.add_argument("file", type=Path)
+    s.add_argument("--sites", type=int, default=2, help="how many sites' programs to list")
+    c = sub.add_parser("gpucheck", help="run the GPU check script (see python -m spatialc.gpucheck --help)")
+    c.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:
+    """Inputs for a GEMM: int8 over its whole range, fp16/bf16 standard normal."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for t in p.tensors:
+        if t.role.value == "output":
+            continue
+        if p.precision.value == "int8":
+            out[t.name] = rng.integers(-128, 128, size=t.elems).astype(np.int8)
+        else:
+            out[t.name] = rng.standard_normal(t.elems)
+    return out
+
+
+def check(p: SpatialProgram, c: np.ndarray, inputs: dict[str, np.ndarray]) -> tuple[bool, str]:
+    """Compare C with numpy's float64 product of the operand-rounded inputs: exact for int8, else an error bound."""
+    from .interp.numerics import round_operand
+
+    a = round_operand(inputs["A"], p.precision)
+    b = round_operand(inputs["B"], p.precision)
+    ref = a @ b
+    if p.precision.value == "int8":
+        bad = int(np.count_nonzero(c != ref.astype(np.int64)))
+        return bad == 0, "exact" if bad == 0 else f"{bad} of {c.size} elements differ"
+    # fp32 output of a float64 sum: each element is within a few float32 ulps of |A|@|B|.
+    bound = 4 * np.finfo(np.float32).eps * (np.abs(a) @ np.abs(b)) + np.finfo(np.float32).tiny
+    err = np.abs(c.astype(np.float64) - ref)
+    ok = bool(np.all(err <= bound))
+    return ok, f"max |error| {err.max():.3g} (bound 4 float32 ulps of |A|@|B|)"
+
+
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+def _rings(p: SpatialProgram) -> str:
+    def one(b: Buffer) -> str | None:
+        if isinstance(b.kind, Fifo | Interm):
+            return f"{b.name} {b.kind.depth_pages}x{b.kind.page_tiles} tiles"
+        return None
+
+    return ", ".join(r for r in (one(b) for b in p.buffers) if r)
+
+
+def report(p: SpatialProgram) -> list[str]:
+    """The plan, placement and rings of a built program, a line each."""
+    from .passes.tile import smem_bytes
+
+    t = target(p.target)
+    plan = p.plan
+    assert plan is not None and p.placement is not None
+    b = plan.block
+    h, w = plan.item_tiles
+    counts = [len(items) for _, items in p.placement.items_of_site]
+    smem = smem_bytes(t, plan, p.precision)
+    per_sm = t.resident_sites_per_unit(smem, b.osh, b.osw, plan.sub_blocks)
+    return [
+        f"  plan      block {b.osh}x{b.osw}x{b.ibw}, sub-blocks {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
+        f" (items of {h * 16}x{w * 16} outputs), grid {plan.grid[0]}x{plan.grid[1]} items,"
+        f" {plan.k_steps} K steps, ring depth {plan.depth}",
+        f"  sites     {len(counts)} ({p.placement.kind}), items per site {min(counts)}..{max(counts)}",
+        f"  rings     {_rings(p)}; shared memory {_kib(smem)} per site, {per_sm} sites per SM",
+    ]
+
+
+def cmd_gemm(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    prog = api.gemm(args.m, args.n, args.k, args.precision)
+    p = api.build(prog, args.target, block=args.block, sub_blocks=args.sub_blocks, depth=args.depth,
+                  sites=args.sites, placement=args.placement)
+    t_build = time.perf_counter() - t0
+    tgt = target(p.target)
+    print(f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision} on {tgt.name} ({tgt.board})")
+    print("\n".join(report(p)))
+    if args.json:
+        args.json.write_text(to_json(p, indent=1))
+        print(f"  saved     {args.json}")
+    inputs = random_inputs(p, args.seed)
+    t0 = time.perf_counter()
+    c = api.evaluate(p, inputs)
+    t_eval = time.perf_counter() - t0
+    ok, how = check(p, c, inputs)
+    print(f"  check     interpreter vs numpy A@B: {'OK' if ok else 'MISMATCH'}, {how}")
+    times = [f"build {t_build * 1e3:.0f} ms", f"evaluate {t_eval * 1e3:.0f} ms"]
+    if args.show:
+        print(program_text(p, sites=2), end="")
+    status = 0 if ok else 1
+    if args.emit or args.run:
+        status = max(status, _lower_and_run(p, args, inputs, c, times))
+    print(f"  time      {', '.join(times)}")
+    return status
+
+
+def _lower_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.ndarray, times: list[str]) -> int:
+    t0 = time.perf_counter()
+    art = api.lower(p)
+    times.append(f"lower {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    bud = art.budget
+    print(f"  budget    rings {_kib(bud.smem_bytes)} ({'dynamic' if bud.rings_dynamic else 'static'}),"
+          f" dynamic block {_kib(bud.dyn_bytes)}{' (opt-in)' if bud.dynamic_opt_in else ''},"
+          f" ~{bud.regs_est} registers/thread, {bud.threads} threads, {bud.blocks_per_sm} blocks/SM")
+    print(f"  census    {sum(art.census.program.values())} ops, printed kernel "
+          f"{'agrees' if art.census.agrees else 'DISAGREES'}")
+    if args.emit:
+        from .lower.cuda.host import write_artifact
+
+        write_artifact(art, args.emit)
+        print(f"  emitted   {args.emit}/program.cu, bench.cu, budget.json, census.json")
+    if not args.run:
+        return 0
+    t0 = time.perf_counter()
+    where, out = _run_somewhere(art, inputs, args.mode)
+    times.append(f"run {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    same = bool(np.array_equal(out, c)) if p.precision.value == "int8" else check(p, out, inputs)[0]
+    print(f"  run       {where}: C {'equals' if same else 'DIFFERS FROM'} the reference interpreter"
+          + ("" if p.precision.value == "int8" else " (within the float bound)"))
+    return 0 if same else 1
+
+
+def _run_somewhere(art, inputs: dict, mode: str) -> tuple[str, np.ndarray]:
+    from .runtime import launch
+
+    if launch.gpu_available():
+        return f"on the GPU ({launch.device_name()})", api.run(art, inputs["A"], inputs["B"])
+    return f"under the host emulation ({mode} copies; no GPU here)", api.emulate(art, inputs, mode=mode)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    try:
+        text = args.file.read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read {args.file}: {e.strerror}") from None
+    print(program_text(from_json(text), sites=args.sites), end="")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 for bad input, 1 for a failed check)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = make_parser().parse_args(argv)
+        if args.command == "gpucheck":
+            from . import gpucheck
+
+            return gpucheck.main(args.rest)
+        return cmd_gemm(args) if args.command == "gemm" else cmd_show(args)
+    except (UsageError, SpatialError, SerdeError) as e:
+        print(f"spatialc: error: {e}" if not str(e).startswith("spatialc") else str(e), file=sys.stderr)
+        return 2
+    except json.JSONDecodeError as e:  # pragma: no cover - from_json turns these into SerdeError
+        print(f"spatialc: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""The nodes of a spatial program (DESIGN §2): tensors, stages, buffers, the plan, placement and schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .ids import BufferId, GroupId, ItemId, SemId, Site, StageId, TensorId
+from .ops import BlockShape, ChoreoOp, ComputeOp, Precision
+
+
+class TensorRole(StrEnum):
+    INPUT = "input"
+    OUTPUT = "output"
+    PARAMETER = "parameter"
+
+
+class DType(StrEnum):
+    """Element types a tensor can hold."""
+
+    INT8 = "int8"
+    INT32 = "int32"
+    INT64 = "int64"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    FLOAT32 = "float32"
+
+
+class Engine(StrEnum):
+    READER = "reader"
+    COMPUTE = "compute"
+    WRITER = "writer"
+
+
+@dataclass(frozen=True, slots=True)
+class Tile:
+    rows: int
+    cols: int
+
+    @property
+    def elems(self) -> int:
+        return self.rows * self.cols
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """Stored tiled: tile (ti, tj) is the contiguous run at (ti·cols_t + tj)·elems, row-major inside the tile.
+
+    `elems` is the logical (rows, cols); `tiles` is the (possibly padded, zero-filled) tile grid (rows_t, cols_t).
+    """
+
+    id: TensorId
+    name: str
+    role: TensorRole
+    elems: tuple[int, int]
+    tiles: tuple[int, int]
+    dtype: DType
+
+
+@dataclass(frozen=True, slots=True)
+class ReadStage:
+    tensor: TensorId
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeStage:
+    op: ComputeOp
+
+
+@dataclass(frozen=True, slots=True)
+class WriteStage:
+    tensor: TensorId
+
+
+StageKind = ReadStage | ComputeStage | WriteStage
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    id: StageId
+    name: str
+    kind: StageKind
+    engine: Engine
+    ins: tuple[BufferId, ...] = ()
+    outs: tuple[BufferId, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Fifo:
+    depth_pages: int
+    page_tiles: int
+
+
+@dataclass(frozen=True, slots=True)
+class Interm:
+    depth_pages: int
+    page_tiles: int
+
+
+@dataclass(frozen=True, slots=True)
+class Accumulator:
+    tiles: int
+
+
+BufferKind = Fifo | Interm | Accumulator
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """A ring (Fifo / Interm) or an accumulator. `origin` names the template a per-site copy came from."""
+
+    id: BufferId
+    name: str
+    kind: BufferKind
+    origin: BufferId | None = None
+
+    @property
+    def ring(self) -> BufferId:
+        """The template this buffer is a copy of (itself when it is one)."""
+        return self.origin if self.origin is not None else self.id
+
+
+@dataclass(frozen=True, slots=True)
+class Semaphore:
+    id: SemId
+    name: str
+    initial: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Block shape, sub-blocks per item, the item grid `(ny, nx)`, K tiles (padded) and ring depth."""
+
+    block: BlockShape
+    sub_blocks: tuple[int, int]
+    grid: tuple[int, int]
+    k_tiles: int
+    depth: int
+
+    @property
+    def item_tiles(self) -> tuple[int, int]:
+        """Output tiles of one item: (sh·osh, sw·osw)."""
+        return (self.sub_blocks[0] * self.block.osh, self.sub_blocks[1] * self.block.osw)
+
+    @property
+    def k_steps(self) -> int:
+        return self.k_tiles // self.block.ibw
+
+    @property
+    def items(self) -> int:
+        return self.grid[0] * self.grid[1]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Sites that share data by multicast."""
+
+    id: GroupId
+    sites: tuple[Site, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Which items each site computes (any set: contiguous or strided), and the multicast groups."""
+
+    items_of_site: tuple[tuple[Site, tuple[ItemId, ...]], ...]
+    groups: tuple[Group, ...] = ()
+    kind: str = "contiguous"
+
+    def items_at(self, site: Site) -> tuple[ItemId, ...]:
+        for s, items in self.items_of_site:
+            if s == site:
+                return items
+        return ()
+
+    @property
+    def sites(self) -> tuple[Site, ...]:
+        return tuple(s for s, _ in self.items_of_site)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProgram:
+    site: Site
+    engine: Engine
+    ops: tuple[ChoreoOp, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    programs: tuple[EngineProgram, ...]
+
+    def programs_of(self, site: Site) -> tuple[EngineProgram, ...]:
+        return tuple(p for p in self.programs if p.site == site)
+
+
+@dataclass(frozen=True, slots=True)
+class SpatialProgram:
+    """A whole program. Passes return new values through `evolve`, which clears `verified`: only verify sets it."""
+
+    name: str
+    target: str
+    tile: Tile
+    precision: Precision
+    tensors: tuple[Tensor, ...]
+    stages: tuple[Stage, ...] = ()
+    buffers: tuple[Buffer, ...] = ()
+    semaphores: tuple[Semaphore, ...] = ()
+    plans: tuple[Plan, ...] = ()
+    placement: Placement | None = None
+    schedule: Schedule | None = None
+    verified: bool = False
+
+    def evolve(self, **changes: object) -> SpatialProgram:
+        """A copy with `changes`; unverified unless `verified` is among them."""
+        changes.setdefault("verified", False)
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def tensor(self, tid: TensorId) -> Tensor:
+        for t in self.tensors:
+            if t.id == tid:
+                return t
+        raise KeyError(f"no tensor {int(tid)}")
+
+    def tensor_named(self, name: str) -> Tensor:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tensor named {name!r}")
+
+    def buffer(self, bid: BufferId) -> Buffer:
+        for b in self.buffers:
+            if b.id == bid:
+                return b
+        raise KeyError(f"no buffer {int(bid)}")
+
+    def stage(self, sid: StageId) -> Stage:
+        for s in self.stages:
+            if s.id == sid:
+                return s
+        raise KeyError(f"no stage {int(sid)}")
+
+    def output_tensor(self) -> Tensor | None:
+        return next((t for t in self.tensors if t.role == TensorRole.OUTPUT), None)
+
+    @property
+    def plan(self) -> Plan | None:
+        """The program's plan when it has exactly one."""
+        return self.plans[0] if len(self.plans) == 1 else None

@@ -1,0 +1,306 @@
+"""The choreography ops and compute ops: a closed set of frozen dataclasses, dispatched with `match`.
+
+Semantics (DESIGN §2). A ring has one producer engine and one consumer engine per site:
+`Reserve` claims free pages (blocks while the ring is full), `Push` publishes them, `Wait` blocks until that many
+published pages are at the front, `Pop` frees them. Only `Reserve`, `Wait` and `SemWait` (and `Barrier`) block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .ids import BufferId, GroupId, LoopVar, SemId, Site, TensorId
+
+
+class Precision(StrEnum):
+    """Operand precision of a tile matmul."""
+
+    INT8 = "int8"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockShape:
+    """An accumulator block of `osh × osw` output tiles, reduced `ibw` K-tiles per step."""
+
+    osh: int
+    osw: int
+    ibw: int
+
+
+# ---- compute ops -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulTiles:
+    """acc[sub-block] += A-page × B-page for every `sh × sw` sub-block of the item (one K step)."""
+
+    block: BlockShape
+    sub_blocks: tuple[int, int]
+    operand: Precision
+
+
+@dataclass(frozen=True, slots=True)
+class Bias:
+    """Add a parameter tensor of one value per output column."""
+
+    tensor: TensorId
+
+
+@dataclass(frozen=True, slots=True)
+class Relu:
+    """max(x, 0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Requant:
+    """Fixed-point requantisation to int8: multiplier (Q31) and shift, then the zero point, then a clamp."""
+
+    multiplier: int
+    shift: int
+    zero_point: int
+
+
+@dataclass(frozen=True, slots=True)
+class Scalar:
+    """An elementwise op with a constant: `add`, `mul`, `max`, `min`."""
+
+    op: str
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Generic:
+    """A compute the compiler knows only by name (the general lowering's business)."""
+
+    name: str
+    params: tuple[float, ...] = ()
+
+
+ComputeOp = MatmulTiles | Bias | Relu | Requant | Scalar | Generic
+
+# ---- addresses and loop counts -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TileAddr:
+    """A flat tile index: `base + Σ stride · var` over loop variables (ITEM_Y / ITEM_X: the item's coordinates)."""
+
+    base: int
+    steps: tuple[tuple[LoopVar, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    """A loop that runs `n` times."""
+
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Trip:
+    """A loop whose count is read at run time from element `index` of a parameter tensor, at most `bound`."""
+
+    tensor: TensorId
+    index: int
+    bound: int
+
+
+LoopCount = Const | Trip
+
+# ---- choreography ops --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    buf: BufferId
+    pages: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    buf: BufferId
+    pages: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    buf: BufferId
+    pages: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Pop:
+    buf: BufferId
+    pages: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTiles:
+    """Copy tile `at + bh·stride_h + bw·stride_w` of `tensor` to page slot `bh·block_w + bw` of the reserved page."""
+
+    tensor: TensorId
+    at: TileAddr
+    block_h: int
+    block_w: int
+    stride_h: int
+    stride_w: int
+    into: BufferId
+
+
+@dataclass(frozen=True, slots=True)
+class WriteTiles:
+    """The reverse of ReadTiles, from the front (waited) page of `src`."""
+
+    src: BufferId
+    tensor: TensorId
+    at: TileAddr
+    block_h: int
+    block_w: int
+    stride_h: int
+    stride_w: int
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireAcc:
+    """Zero the accumulator."""
+
+    buf: BufferId
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseAcc:
+    buf: BufferId
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """Apply `op` to the front pages of `ins`: a matmul accumulates into `acc`; an elementwise op writes the
+    reserved page of `outs[0]`. `acc_reload` names a buffer the accumulator is spilled to and reloaded from."""
+
+    op: ComputeOp
+    ins: tuple[BufferId, ...]
+    outs: tuple[BufferId, ...] = ()
+    acc: BufferId | None = None
+    acc_reload: BufferId | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PackAcc:
+    """Move `tiles` accumulator tiles into the reserved page of `to` (adding to it when `accumulate`)."""
+
+    acc: BufferId
+    to: BufferId
+    tiles: int
+    accumulate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SemSet:
+    """Set this site's copy of `sem` to `value`."""
+
+    sem: SemId
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class SemInc:
+    """Add `by` to site `at`'s copy of `sem`."""
+
+    sem: SemId
+    at: Site
+    by: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SemWait:
+    """Block until this site's copy of `sem` is at least `value`."""
+
+    sem: SemId
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class McastSetValid:
+    """Set `sem` to `value` on every site of `group` (the multicast's 'data is there' flag)."""
+
+    sem: SemId
+    group: GroupId
+    value: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class McastSend:
+    """Copy this site's reserved page of `buf` into the reserved page of `buf` on every other site of `group`."""
+
+    buf: BufferId
+    group: GroupId
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """Every site of `group` waits here until all have arrived."""
+
+    group: GroupId
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBarrier:
+    """Reads issued so far have landed (a no-op where reads are synchronous)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WriteBarrier:
+    """Writes issued so far are visible (a no-op where writes are synchronous)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Writes from `buf` issued so far are visible."""
+
+    buf: BufferId
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    var: LoopVar
+    count: LoopCount
+    body: tuple[ChoreoOp, ...]
+
+
+ChoreoOp = (
+    Reserve
+    | Push
+    | Wait
+    | Pop
+    | ReadTiles
+    | WriteTiles
+    | AcquireAcc
+    | ReleaseAcc
+    | Compute
+    | PackAcc
+    | SemSet
+    | SemInc
+    | SemWait
+    | McastSetValid
+    | McastSend
+    | Barrier
+    | ReadBarrier
+    | WriteBarrier
+    | Flush
+    | Loop
+)
+
+CHOREO_OPS: tuple[type, ...] = ChoreoOp.__args__  # type: ignore[attr-defined]
+COMPUTE_OPS: tuple[type, ...] = ComputeOp.__args__  # type: ignore[attr-defined]
+FLOW_OPS = (Reserve, Push, Wait, Pop)
+
+
+def walk(ops: tuple[ChoreoOp, ...]):
+    """Every op of `ops`, loops before their bodies, depth first."""
+    for op in ops:
+        yield op
+        if isinstance(op, Loop):
+            yield from walk(op.body)

@@ -1,0 +1,182 @@
+"""A program as text: its tensors, buffers and plan, then each site's engine programs, one op per line."""
+
+from __future__ import annotations
+
+from .ids import LV_ITEM_X, LV_ITEM_Y, loop_var_name
+from .nodes import Accumulator, Buffer, ComputeStage, Fifo, Interm, ReadStage, SpatialProgram, Stage, WriteStage
+from .ops import (
+    AcquireAcc,
+    Barrier,
+    Bias,
+    ChoreoOp,
+    Compute,
+    ComputeOp,
+    Const,
+    Flush,
+    Generic,
+    Loop,
+    MatmulTiles,
+    McastSend,
+    McastSetValid,
+    PackAcc,
+    Pop,
+    Push,
+    ReadBarrier,
+    ReadTiles,
+    ReleaseAcc,
+    Relu,
+    Requant,
+    Reserve,
+    Scalar,
+    SemInc,
+    SemSet,
+    SemWait,
+    TileAddr,
+    Wait,
+    WriteBarrier,
+    WriteTiles,
+)
+
+
+def addr_text(at: TileAddr) -> str:
+    """`base + stride·var …` with the item coordinates spelled out."""
+    terms = [str(at.base)] if at.base or not at.steps else []
+    for var, stride in at.steps:
+        name = {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}.get(var, loop_var_name(var))
+        terms.append(f"{stride}*{name}")
+    return " + ".join(terms)
+
+
+def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
+    """A compute op in a few words."""
+    match op:
+        case MatmulTiles(b, (sh, sw), prec):
+            sub = f" sub {sh}x{sw}" if (sh, sw) != (1, 1) else ""
+            return f"matmul {b.osh}x{b.osw}x{b.ibw}{sub} {prec.value}"
+        case Bias(t):
+            return f"bias {p.tensor(t).name if p else int(t)}"
+        case Relu():
+            return "relu"
+        case Requant(mult, shift, zp):
+            return f"requant x{mult} >>{shift} +{zp}"
+        case Scalar(sop, value):
+            return f"{sop} {value:g}"
+        case Generic(name, params):
+            return f"generic {name}{list(params) if params else ''}"
+    raise TypeError(f"not a compute op: {op!r}")
+
+
+def _buf(p: SpatialProgram, bid) -> str:
+    try:
+        return p.buffer(bid).name
+    except KeyError:
+        return f"buf{int(bid)}?"
+
+
+def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
+    """One op on one line."""
+    match op:
+        case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n):
+            return f"{type(op).__name__} {_buf(p, buf)}" + (f" x{n}" if n != 1 else "")
+        case ReadTiles(t, at, bh, bw, sh, sw, into):
+            return f"ReadTiles {p.tensor(t).name}[{addr_text(at)}] {bh}x{bw} (strides {sh},{sw}) -> {_buf(p, into)}"
+        case WriteTiles(src, t, at, bh, bw, sh, sw):
+            return f"WriteTiles {_buf(p, src)} -> {p.tensor(t).name}[{addr_text(at)}] {bh}x{bw} (strides {sh},{sw})"
+        case AcquireAcc(buf) | ReleaseAcc(buf):
+            return f"{type(op).__name__} {_buf(p, buf)}"
+        case Compute(cop, ins, outs, acc, reload):
+            text = f"Compute {compute_text(cop, p)} ({', '.join(_buf(p, b) for b in ins)})"
+            if outs:
+                text += f" -> {', '.join(_buf(p, b) for b in outs)}"
+            if acc is not None:
+                text += f" acc {_buf(p, acc)}"
+            if reload is not None:
+                text += f" reload {_buf(p, reload)}"
+            return text
+        case PackAcc(acc, to, tiles, accumulate):
+            return f"PackAcc {_buf(p, acc)} -> {_buf(p, to)} ({tiles} tiles{', accumulate' if accumulate else ''})"
+        case SemSet(sem, v):
+            return f"SemSet sem{int(sem)} = {v}"
+        case SemInc(sem, at, by):
+            return f"SemInc sem{int(sem)}@site{int(at)} += {by}"
+        case SemWait(sem, v):
+            return f"SemWait sem{int(sem)} >= {v}"
+        case McastSetValid(sem, group, v):
+            return f"McastSetValid sem{int(sem)} = {v} on group{int(group)}"
+        case McastSend(buf, group):
+            return f"McastSend {_buf(p, buf)} to group{int(group)}"
+        case Barrier(group):
+            return f"Barrier group{int(group)}"
+        case ReadBarrier() | WriteBarrier():
+            return type(op).__name__
+        case Flush(buf):
+            return f"Flush {_buf(p, buf)}"
+        case Loop(var, count, _):
+            if isinstance(count, Const):
+                return f"Loop {loop_var_name(var)} < {count.n}:"
+            n = f"trip({p.tensor(count.tensor).name}[{count.index}]<={count.bound})"
+            return f"Loop {loop_var_name(var)} < {n}:"
+    raise TypeError(f"not a choreography op: {op!r}")
+
+
+def ops_lines(p: SpatialProgram, ops: tuple[ChoreoOp, ...], depth: int = 0) -> list[str]:
+    lines = []
+    for op in ops:
+        lines.append("  " * depth + op_text(p, op))
+        if isinstance(op, Loop):
+            lines.extend(ops_lines(p, op.body, depth + 1))
+    return lines
+
+
+def _kind_text(b: Buffer) -> str:
+    match b.kind:
+        case Fifo(d, pt) | Interm(d, pt):
+            return f"{type(b.kind).__name__.lower()} {d} x {pt} tiles"
+        case Accumulator(tiles):
+            return f"accumulator {tiles} tiles"
+    return str(b.kind)
+
+
+def _stage_text(p: SpatialProgram, s: Stage) -> str:
+    match s.kind:
+        case ReadStage(t):
+            return f"read {p.tensor(t).name} -> {', '.join(_buf(p, b) for b in s.outs)}"
+        case WriteStage(t):
+            return f"write {', '.join(_buf(p, b) for b in s.ins)} -> {p.tensor(t).name}"
+        case ComputeStage(op):
+            return (f"{compute_text(op, p)} ({', '.join(_buf(p, b) for b in s.ins)})"
+                    f" -> {', '.join(_buf(p, b) for b in s.outs)}")
+    return str(s.kind)
+
+
+def program_text(p: SpatialProgram, sites: int | None = None) -> str:
+    """The whole program; `sites` caps how many sites' programs are listed."""
+    out = [f"program {p.name}  target {p.target}  precision {p.precision.value}  tile {p.tile.rows}x{p.tile.cols}"
+           f"  {'verified' if p.verified else 'unverified'}"]
+    for t in p.tensors:
+        out.append(f"  tensor {t.name}: {t.role.value} {t.dtype.value} {t.elems[0]}x{t.elems[1]}"
+                   f" in {t.tiles[0]}x{t.tiles[1]} tiles")
+    for b in p.buffers:
+        origin = f" (copy of {int(b.origin)})" if b.origin is not None else ""
+        out.append(f"  buffer {b.name}: {_kind_text(b)}{origin}")
+    for s in p.stages:
+        out.append(f"  stage {s.name} on {s.engine.value}: {_stage_text(p, s)}")
+    for pl in p.plans:
+        b = pl.block
+        out.append(f"  plan block {b.osh}x{b.osw}x{b.ibw} sub-blocks {pl.sub_blocks[0]}x{pl.sub_blocks[1]}"
+                   f" grid {pl.grid[0]}x{pl.grid[1]} k_tiles {pl.k_tiles} depth {pl.depth}")
+    if p.placement is not None:
+        used = sum(1 for _, items in p.placement.items_of_site if items)
+        out.append(f"  placement {p.placement.kind}: {len(p.placement.items_of_site)} sites, {used} with items")
+    if p.schedule is not None:
+        placed = p.placement.items_of_site if p.placement else ()
+        for shown, (site, items) in enumerate(placed):
+            if sites is not None and shown >= sites:
+                out.append(f"  ... {len(placed) - shown} more sites")
+                break
+            listed = ", ".join(str(int(i)) for i in items[:16]) + (" ..." if len(items) > 16 else "")
+            out.append(f"site {int(site)}  items [{listed}]")
+            for prog in p.schedule.programs_of(site):
+                out.append(f"  {prog.engine.value}:")
+                out.extend("    " + line for line in ops_lines(p, prog.ops))
+    return "\n".join(out) + "\n"

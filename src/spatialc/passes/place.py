@@ -1,0 +1,49 @@
+"""place: assign items (output blocks of the plan's grid) to sites, as contiguous runs or round-robin."""
+
+from __future__ import annotations
+
+from ..errors import PlanError, ProgramError
+from ..ir.ids import ItemId, Site
+from ..ir.nodes import Placement, SpatialProgram
+from ..target import SpatialTarget
+from .tile import matmul_stage, smem_bytes
+
+PLACEMENTS = ("contiguous", "round_robin")
+
+
+def default_sites(p: SpatialProgram, target: SpatialTarget) -> int:
+    """What the target keeps resident for this plan (SMs × blocks per SM), capped at the number of items."""
+    plan = p.plan
+    assert plan is not None
+    per_unit = target.resident_sites_per_unit(smem_bytes(target, plan, p.precision), plan.block.osh,
+                                               plan.block.osw, plan.sub_blocks)
+    return max(1, min(plan.items, target.units * max(per_unit, 1)))
+
+
+def split(items: int, sites: int, kind: str) -> tuple[tuple[Site, tuple[ItemId, ...]], ...]:
+    """Items 0..items-1 over `sites` sites: near-equal contiguous runs, or item i on site i mod sites."""
+    if kind == "round_robin":
+        return tuple((Site(s), tuple(ItemId(i) for i in range(s, items, sites))) for s in range(sites))
+    q, r = divmod(items, sites)
+    out, start = [], 0
+    for s in range(sites):
+        n = q + (1 if s < r else 0)
+        out.append((Site(s), tuple(ItemId(i) for i in range(start, start + n))))
+        start += n
+    return tuple(out)
+
+
+def place(p: SpatialProgram, target: SpatialTarget, sites: int | None = None,
+          placement: str | None = None) -> SpatialProgram:
+    """The program with a placement. More sites than items leaves the extra sites empty."""
+    kind = placement or "contiguous"
+    if kind not in PLACEMENTS:
+        raise ProgramError(f"unknown placement {kind!r}; use contiguous or round_robin")
+    if p.plan is None:
+        raise PlanError("place needs a program with one plan (run tile first)")
+    matmul_stage(p)
+    if sites is None:
+        sites = default_sites(p, target)
+    if isinstance(sites, bool) or not isinstance(sites, int) or sites < 1:
+        raise ProgramError(f"sites must be a whole number ≥ 1, not {sites!r}")
+    return p.evolve(placement=Placement(split(p.plan.items, sites, kind), (), kind))

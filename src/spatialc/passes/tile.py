@@ -1,0 +1,194 @@
+"""tile: choose a Plan — block shape, sub-blocks, item grid, ring depth — and size the rings and tensors by it.
+
+Every candidate whose shared memory does not fit the target is dropped; the rest are ranked by `plan_cost`, an
+estimate of run time written out below. Any field can be forced by the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+
+from ..errors import PlanError, ProgramError
+from ..ir.nodes import (
+    Accumulator,
+    ComputeStage,
+    Fifo,
+    Interm,
+    Plan,
+    SpatialProgram,
+    TensorRole,
+)
+from ..ir.ops import BlockShape, MatmulTiles, Precision
+from ..target import SpatialTarget
+
+OPERAND_BYTES = {Precision.INT8: 1, Precision.FP16: 2, Precision.BF16: 2}
+ACC_BYTES = 4  # int32 / fp32 fragments on the GPU
+BLOCK_SIDES = (1, 2, 4, 8)
+IBWS = (1, 2, 4)
+SUB_BLOCKS = ((1, 1), (1, 2), (2, 1), (2, 2))
+DEPTHS = (2, 3, 4)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    plan: Plan
+    smem: int
+    sites_per_unit: int
+    cost: float
+
+
+def matmul_stage(p: SpatialProgram):
+    """The program's one tile-matmul stage."""
+    found = [s for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)]
+    if len(found) != 1:
+        raise ProgramError(f"the tile pass plans programs with exactly one tile matmul; this one has {len(found)}")
+    return found[0]
+
+
+def fused_output(target: SpatialTarget, block: BlockShape) -> bool:
+    """Whether the CUDA lowering drops the output ring (accumulators in registers, lane grid divides the block)."""
+    return target.accumulator_in_registers and target.accumulator_lane_grid(block.osh, block.osw) is not None
+
+
+def smem_bytes(target: SpatialTarget, plan: Plan, prec: Precision) -> int:
+    """Shared memory of the persistent kernel for `plan`: operand rings, then the output ring or epilogue scratch."""
+    ob = OPERAND_BYTES[prec]
+    h, w = plan.item_tiles
+    elems = 256
+    operands = plan.depth * (h * plan.block.ibw + plan.block.ibw * w) * elems * ob
+    if fused_output(target, plan.block):
+        out = target.accumulator_lanes * elems * ACC_BYTES
+    else:
+        out = min(plan.depth, 2) * h * w * elems * ACC_BYTES
+    return operands + out
+
+
+def plan_cost(target: SpatialTarget, plan: Plan, m_t: int, n_t: int, k_t: int, prec: Precision) -> tuple[float, int]:
+    """Estimated run time (arbitrary units) of `plan`, and the blocks it keeps resident per SM (0: does not fit).
+
+    time = waves × sharing × item_work × traffic × latency / occupancy, where
+    - item_work: multiply-accumulates of one item in padded tiles, h·w·k_tiles (padding is paid for, not free);
+    - waves: rounds of items over every resident site, ceil(items / (SMs × blocks per SM));
+    - sharing: resident blocks that really share an SM's tensor cores, min(blocks per SM, items per SM);
+    - traffic: 1 + operand bytes loaded per MAC / 0.02 — a K step loads (h + w)·ibw tiles for h·w·ibw tile
+      products, so small or skinny blocks are bound by memory, square large ones by math;
+    - latency: 1.5 for a single-page ring (no prefetch can overlap the loads), 1.0 for two pages, 0.98 for more;
+    - occupancy: sqrt(min(1, resident warps / 8)), too few warps per SM leave the load latency exposed.
+    """
+    h, w = plan.item_tiles
+    smem = smem_bytes(target, plan, prec)
+    per_unit = target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks)
+    if per_unit == 0:
+        return math.inf, 0
+    items = plan.items
+    waves = math.ceil(items / (target.units * per_unit))
+    sharing = min(per_unit, math.ceil(items / target.units))
+    item_work = h * w * plan.k_tiles
+    bytes_per_mac = (h + w) * OPERAND_BYTES[prec] / (16 * h * w)
+    traffic = 1 + bytes_per_mac / 0.02
+    latency = 1.5 if plan.depth == 1 else (1.0 if plan.depth == 2 else 0.98)
+    occupancy = math.sqrt(min(1.0, sharing * target.accumulator_lanes / 8))
+    return waves * sharing * item_work * traffic * latency / occupancy, per_unit
+
+
+def make_plan(block: BlockShape, sub: tuple[int, int], depth: int, m_t: int, n_t: int, k_t: int) -> Plan:
+    h, w = sub[0] * block.osh, sub[1] * block.osw
+    k_tiles = math.ceil(k_t / block.ibw) * block.ibw
+    return Plan(block, sub, (math.ceil(m_t / h), math.ceil(n_t / w)), k_tiles, depth)
+
+
+def _positive(name: str, values: tuple[int, ...] | None, n: int) -> None:
+    if values is None:
+        return
+    if len(values) != n or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise ProgramError(f"{name} must be {n} whole numbers ≥ 1, not {values!r}")
+
+
+def candidates(
+    p: SpatialProgram,
+    target: SpatialTarget,
+    block: tuple[int, int, int] | None = None,
+    sub_blocks: tuple[int, int] | None = None,
+    depth: int | None = None,
+) -> list[Candidate]:
+    """Every plan that fits, best first. Forced fields are taken as given."""
+    _positive("block", block, 3)
+    _positive("sub_blocks", sub_blocks, 2)
+    _positive("depth", None if depth is None else (depth,), 1)
+    a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
+    out = p.output_tensor()
+    assert out is not None
+    m_t, k_t, n_t = a.tiles[0], a.tiles[1], out.tiles[1]
+    blocks = [BlockShape(*block)] if block else [
+        BlockShape(h, w, i) for h, w, i in itertools.product(BLOCK_SIDES, BLOCK_SIDES, IBWS)]
+    subs = [tuple(sub_blocks)] if sub_blocks else list(SUB_BLOCKS)
+    depths = [depth] if depth else list(DEPTHS)
+    found = []
+    for b, s, d in itertools.product(blocks, subs, depths):
+        plan = make_plan(b, s, d, m_t, n_t, k_t)  # type: ignore[arg-type]
+        cost, per_unit = plan_cost(target, plan, m_t, n_t, k_t, p.precision)
+        if per_unit:
+            found.append(Candidate(plan, smem_bytes(target, plan, p.precision), per_unit, cost))
+    # Ties go to the smaller block, then the shallower ring: less padding and less shared memory for the same time.
+    found.sort(key=lambda c: (c.cost, c.plan.block.osh * c.plan.block.osw, c.plan.depth, repr(c.plan)))
+    return found
+
+
+def choose(p: SpatialProgram, target: SpatialTarget, block=None, sub_blocks=None, depth=None) -> Candidate:
+    """The best candidate, or PlanError saying why none fits."""
+    found = candidates(p, target, block, sub_blocks, depth)
+    if not found:
+        forced = {"block": block, "sub_blocks": sub_blocks, "depth": depth}
+        shown = ", ".join(f"{k}={v}" for k, v in forced.items() if v is not None) or "any block"
+        a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
+        probe = make_plan(BlockShape(*(block or (1, 1, 1))), tuple(sub_blocks or (1, 1)), depth or 2,
+                          a.tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
+        need = smem_bytes(target, probe, p.precision)
+        raise PlanError(f"no plan with {shown} fits {target.name}: it needs {need} bytes of shared memory per block"
+                        f" and {target.name} has {target.smem_per_site_max}; force a smaller block or depth")
+    return found[0]
+
+
+def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
+    """Size rings, accumulator and tensors (padded to whole blocks) by `plan`."""
+    mm = matmul_stage(p)
+    a_buf, b_buf = mm.ins
+    h, w = plan.item_tiles
+    ibw = plan.block.ibw
+    ny, nx = plan.grid
+    rows_t, cols_t = ny * h, nx * w
+    pages = {a_buf: h * ibw, b_buf: ibw * w}
+    for out in mm.outs:
+        pages[out] = h * w
+    buffers = []
+    for b in p.buffers:
+        match b.kind:
+            case Fifo() | Interm() if b.ring in pages:
+                depth = plan.depth if b.ring in (a_buf, b_buf) else min(plan.depth, 2)
+                b = dataclasses.replace(b, kind=type(b.kind)(depth, pages[b.ring]))
+            case Fifo() | Interm():
+                b = dataclasses.replace(b, kind=type(b.kind)(min(plan.depth, 2), h * w))
+            case Accumulator():
+                b = dataclasses.replace(b, kind=Accumulator(h * w))
+        buffers.append(b)
+    a_t = mm.kind.op  # type: ignore[union-attr]
+    new_op = MatmulTiles(plan.block, plan.sub_blocks, a_t.operand)
+    stages = tuple(dataclasses.replace(s, kind=ComputeStage(new_op)) if s.id == mm.id else s for s in p.stages)
+    inputs = [t for t in p.tensors if t.role == TensorRole.INPUT]
+    padded = {inputs[0].id: (rows_t, plan.k_tiles), inputs[1].id: (plan.k_tiles, cols_t)}
+    tensors = []
+    for t in p.tensors:
+        if t.id in padded:
+            t = dataclasses.replace(t, tiles=padded[t.id])
+        elif t.role == TensorRole.OUTPUT:
+            t = dataclasses.replace(t, tiles=(rows_t, cols_t))
+        tensors.append(t)
+    return p.evolve(plans=(plan,), buffers=tuple(buffers), stages=stages, tensors=tuple(tensors))
+
+
+def tile(p: SpatialProgram, target: SpatialTarget, block=None, sub_blocks=None, depth=None) -> SpatialProgram:
+    """The program with its best (or forced) plan applied."""
+    return apply_plan(p, choose(p, target, block, sub_blocks, depth).plan)

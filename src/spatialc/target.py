@@ -1,0 +1,95 @@
+"""Machines a program is laid out for. One definition of occupancy, asked by both the planner and the lowering.
+
+Figures: NVIDIA CUDA C++ Programming Guide, "Compute Capabilities" → "Technical Specifications per Compute
+Capability" (max resident blocks and threads per SM, 64K 32-bit registers per SM, shared memory per SM and the
+per-block opt-in maximum, 48 KiB static limit, 1 KiB of shared memory reserved by the system per block), and the
+SM counts of the named boards from NVIDIA's A100, GA102 (RTX 3090), AD102 (RTX 4090) and H100/H200 datasheets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+WARP = 32
+
+
+class UnknownTarget(ValueError):
+    """A target name spatialc does not know."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpatialTarget:
+    name: str
+    board: str
+    units: int  # SMs
+    smem_per_unit: int  # bytes of shared memory per SM
+    smem_per_site_max: int  # the per-block opt-in maximum
+    smem_static_max: int  # ptxas' cap on static __shared__
+    smem_reserved_per_site: int  # the system's share of each block's shared memory
+    regs_per_unit: int
+    regs_per_thread_max: int
+    sites_per_unit_max: int  # resident blocks per SM
+    threads_per_unit_max: int
+    accumulator_lanes: int  # warps per block, each holding a rectangle of the accumulator block
+    accumulator_in_registers: bool = True
+
+    @property
+    def threads_per_site(self) -> int:
+        return self.accumulator_lanes * WARP
+
+    def accumulator_lane_grid(self, osh: int, osw: int) -> tuple[int, int] | None:
+        """The `wm × wn` warp grid (wm·wn = lanes, wm | osh, wn | osw) whose per-warp rectangle is squarest.
+
+        `rm + rn` fragments are loaded per K step and `rm · rn` products made from them, so for a fixed area the
+        squarest rectangle loads least. None when no grid divides the block.
+        """
+        lanes = self.accumulator_lanes
+        best: tuple[tuple[int, int], tuple[int, int]] | None = None
+        for wm in range(1, lanes + 1):
+            if lanes % wm:
+                continue
+            wn = lanes // wm
+            if osh % wm or osw % wn:
+                continue
+            rm, rn = osh // wm, osw // wn
+            key = (rm + rn, abs(rm - rn))
+            if best is None or key < best[0]:
+                best = (key, (wm, wn))
+        return None if best is None else best[1]
+
+    def registers_per_thread(self, acc_tiles: int) -> int:
+        """Estimate: eight accumulator registers per thread per 16×16 fragment a warp holds, plus 48 of overhead."""
+        per_warp = max(1, math.ceil(acc_tiles / self.accumulator_lanes))
+        return min(self.regs_per_thread_max, per_warp * 8 + 48)
+
+    def resident_sites_per_unit(self, smem_bytes: int, osh: int, osw: int, sub_blocks: tuple[int, int] = (1, 1)) -> int:
+        """Blocks of this shape resident on one SM at once (0: one does not fit)."""
+        if smem_bytes > self.smem_per_site_max:
+            return 0
+        threads = self.threads_per_site
+        by_threads = self.threads_per_unit_max // threads
+        by_smem = self.smem_per_unit // (smem_bytes + self.smem_reserved_per_site)
+        regs = self.registers_per_thread(osh * osw * sub_blocks[0] * sub_blocks[1])
+        regs_per_warp = math.ceil(regs * WARP / 256) * 256  # registers are allocated per warp in 256s
+        by_regs = self.regs_per_unit // (regs_per_warp * self.accumulator_lanes)
+        return max(0, min(self.sites_per_unit_max, by_threads, by_smem, by_regs))
+
+
+_KIB = 1024
+TARGETS: dict[str, SpatialTarget] = {
+    "sm_80": SpatialTarget("sm_80", "A100", 108, 164 * _KIB, 163 * _KIB, 48 * _KIB, _KIB, 65536, 255, 32, 2048, 8),
+    "sm_86": SpatialTarget("sm_86", "RTX 3090", 82, 100 * _KIB, 99 * _KIB, 48 * _KIB, _KIB, 65536, 255, 16, 1536, 4),
+    "sm_89": SpatialTarget("sm_89", "RTX 4090", 128, 100 * _KIB, 99 * _KIB, 48 * _KIB, _KIB, 65536, 255, 24, 1536, 4),
+    "sm_90": SpatialTarget("sm_90", "H100/H200", 132, 228 * _KIB, 227 * _KIB, 48 * _KIB, _KIB, 65536, 255, 32, 2048, 8),
+}
+
+
+def target(name: str | SpatialTarget) -> SpatialTarget:
+    """The target called `name` (sm_80, sm_86, sm_89, sm_90)."""
+    if isinstance(name, SpatialTarget):
+        return name
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise UnknownTarget(f"unknown target {name!r}; spatialc knows {', '.join(TARGETS)}") from None
