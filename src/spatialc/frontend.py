@@ -1,8 +1,10 @@
-"""Describing programs: `gemm(m, n, k, precision)` builds the unplanned spatial program of C = A @ B."""
+"""Describing programs: `gemm(m, n, k, precision, epilogue=[...])` builds the unplanned program of
+C = epilogue(A @ B), with `bias`, `relu`, `scalar` and `requant` as the epilogue's elementwise stages."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from .errors import ProgramError
 from .ir.ids import BufferId, StageId, TensorId
@@ -13,6 +15,7 @@ from .ir.nodes import (
     DType,
     Engine,
     Fifo,
+    Interm,
     ReadStage,
     SpatialProgram,
     Stage,
@@ -21,7 +24,8 @@ from .ir.nodes import (
     Tile,
     WriteStage,
 )
-from .ir.ops import BlockShape, MatmulTiles, Precision
+from .ir.ops import Bias, BlockShape, ComputeOp, MatmulTiles, Precision, Relu, Requant, Scalar
+from .quant import QuantError, quantize_multiplier
 
 TILE = Tile(16, 16)
 OUTPUT_DTYPE = {Precision.INT8: DType.INT64, Precision.FP16: DType.FLOAT32, Precision.BF16: DType.FLOAT32}
@@ -29,6 +33,71 @@ OUTPUT_DTYPE = {Precision.INT8: DType.INT64, Precision.FP16: DType.FLOAT32, Prec
 # Buffer ids of a GEMM program: the operand rings, the accumulator and the output ring.
 BUF_A, BUF_B, BUF_ACC, BUF_C = BufferId(0), BufferId(1), BufferId(2), BufferId(3)
 T_A, T_B, T_C = TensorId(0), TensorId(1), TensorId(2)
+
+
+SCALAR_OPS = ("add", "mul", "max", "min")
+
+
+@dataclass(frozen=True, slots=True)
+class BiasOf:
+    """An epilogue stage adding the parameter tensor `name` (one value per output column)."""
+
+    name: str
+
+
+Epilogue = BiasOf | Relu | Scalar | Requant
+
+
+def bias(name: str = "bias") -> BiasOf:
+    """Add a parameter tensor of n values, one per output column (int32 for int8 programs, float32 otherwise)."""
+    if not isinstance(name, str) or not name.isidentifier() or name in ("A", "B", "C"):
+        raise ProgramError(f"a bias tensor needs an identifier name other than A, B, C, not {name!r}")
+    return BiasOf(name)
+
+
+def relu() -> Relu:
+    """max(x, 0)."""
+    return Relu()
+
+
+def scalar(op: str, value: float) -> Scalar:
+    """x op value, for op in add, mul, max, min."""
+    if op not in SCALAR_OPS:
+        raise ProgramError(f"unknown scalar op {op!r}; use one of {', '.join(SCALAR_OPS)}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProgramError(f"a scalar {op} needs a finite number, not {value!r}")
+    return Scalar(op, float(value))
+
+
+def requant(scale: float, zero_point: int = 0) -> Requant:
+    """Requantise to int8: fixed-point multiply by `scale` (see spatialc.quant), add `zero_point`, clamp."""
+    if isinstance(zero_point, bool) or not isinstance(zero_point, int) or not -128 <= zero_point <= 127:
+        raise ProgramError(f"a requant zero point must be a whole number in [-128, 127], not {zero_point!r}")
+    try:
+        multiplier, shift = quantize_multiplier(float(scale))
+    except QuantError as e:
+        raise ProgramError(str(e)) from None
+    except (TypeError, ValueError):
+        raise ProgramError(f"a requant scale must be a number, not {scale!r}") from None
+    return Requant(multiplier, shift, zero_point)
+
+
+def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
+    for i, stage in enumerate(epilogue):
+        if not isinstance(stage, BiasOf | Relu | Scalar | Requant):
+            raise ProgramError(f"epilogue stage {i} is {stage!r}; use spatialc.bias, relu, scalar or requant")
+        if isinstance(stage, Requant):
+            if prec != Precision.INT8:
+                raise ProgramError(f"requant produces int8 from an integer accumulator; a {prec.value} program has"
+                                   " a float one")
+            if i != len(epilogue) - 1:
+                raise ProgramError("requant must be the last epilogue stage (its output is int8)")
+        if isinstance(stage, Scalar) and prec == Precision.INT8 and stage.value != int(stage.value):
+            raise ProgramError(f"an int8 program's epilogue is integer arithmetic: scalar {stage.op} needs a whole"
+                               f" number, not {stage.value!r}")
+    names = [s.name for s in epilogue if isinstance(s, BiasOf)]
+    if len(names) != len(set(names)):
+        raise ProgramError(f"two bias stages share a tensor name: {names}")
 
 
 def precision_of(name: str | Precision) -> Precision:
@@ -45,11 +114,22 @@ def _dim(name: str, v: object) -> int:
     return v
 
 
-def gemm(m: int, n: int, k: int, precision: str | Precision = "int8", *, target: str = "sm_90") -> SpatialProgram:
-    """The program C[m×n] = A[m×k] @ B[k×n], before tiling (ring sizes are the tile pass's to choose)."""
+def gemm(
+    m: int,
+    n: int,
+    k: int,
+    precision: str | Precision = "int8",
+    *,
+    epilogue: list[Epilogue] | tuple[Epilogue, ...] = (),
+    target: str = "sm_90",
+) -> SpatialProgram:
+    """The program C[m×n] = epilogue(A[m×k] @ B[k×n]), before tiling (ring sizes are the tile pass's to choose)."""
     m, n, k = _dim("m", m), _dim("n", n), _dim("k", k)
     prec = precision_of(precision)
+    epi = tuple(epilogue)
+    _check_epilogue(epi, prec)
     op_dtype = DType(prec.value)
+    out_dtype = DType.INT8 if epi and isinstance(epi[-1], Requant) else OUTPUT_DTYPE[prec]
 
     def tensor(tid: TensorId, name: str, role: TensorRole, rows: int, cols: int, dtype: DType) -> Tensor:
         return Tensor(tid, name, role, (rows, cols), (math.ceil(rows / TILE.rows), math.ceil(cols / TILE.cols)), dtype)
@@ -57,7 +137,7 @@ def gemm(m: int, n: int, k: int, precision: str | Precision = "int8", *, target:
     tensors = (
         tensor(T_A, "A", TensorRole.INPUT, m, k, op_dtype),
         tensor(T_B, "B", TensorRole.INPUT, k, n, op_dtype),
-        tensor(T_C, "C", TensorRole.OUTPUT, m, n, OUTPUT_DTYPE[prec]),
+        tensor(T_C, "C", TensorRole.OUTPUT, m, n, out_dtype),
     )
     buffers = (
         Buffer(BUF_A, "A_ring", Fifo(1, 1)),
@@ -65,11 +145,38 @@ def gemm(m: int, n: int, k: int, precision: str | Precision = "int8", *, target:
         Buffer(BUF_ACC, "acc", Accumulator(1)),
         Buffer(BUF_C, "C_ring", Fifo(1, 1)),
     )
-    stages = (
+    stages = [
         Stage(StageId(0), "read_A", ReadStage(T_A), Engine.READER, outs=(BUF_A,)),
         Stage(StageId(1), "read_B", ReadStage(T_B), Engine.READER, outs=(BUF_B,)),
         Stage(StageId(2), "matmul", ComputeStage(MatmulTiles(BlockShape(1, 1, 1), (1, 1), prec)), Engine.COMPUTE,
               ins=(BUF_A, BUF_B), outs=(BUF_C,)),
-        Stage(StageId(3), "write_C", WriteStage(T_C), Engine.WRITER, ins=(BUF_C,)),
-    )
-    return SpatialProgram(f"gemm_{m}x{n}x{k}_{prec.value}", target, TILE, prec, tensors, stages, buffers)
+    ]
+    tensors, buffers, last = _epilogue_stages(epi, prec, n, tensors, buffers, stages)
+    stages.append(Stage(StageId(len(stages)), "write_C", WriteStage(T_C), Engine.WRITER, ins=(last,)))
+    name = f"gemm_{m}x{n}x{k}_{prec.value}" + "".join(f"_{_stage_name(s)}" for s in epi)
+    return SpatialProgram(name, target, TILE, prec, tensors, tuple(stages), buffers)
+
+
+def _stage_name(stage: Epilogue) -> str:
+    return {BiasOf: "bias", Relu: "relu", Scalar: "scalar", Requant: "requant"}[type(stage)]
+
+
+def _epilogue_stages(epi, prec, n, tensors, buffers, stages) -> tuple[tuple[Tensor, ...], tuple[Buffer, ...], BufferId]:
+    """Append one compute stage per epilogue op, each from the previous ring into a new Interm ring."""
+    last = BUF_C
+    for i, stage in enumerate(epi):
+        op: ComputeOp
+        if isinstance(stage, BiasOf):
+            tid = TensorId(len(tensors))
+            dtype = DType.INT32 if prec == Precision.INT8 else DType.FLOAT32
+            tensors = (*tensors, Tensor(tid, stage.name, TensorRole.PARAMETER, (1, n), (1, math.ceil(n / TILE.cols)),
+                                        dtype))
+            op = Bias(tid)
+        else:
+            op = stage
+        out = BufferId(len(buffers))
+        buffers = (*buffers, Buffer(out, f"{_stage_name(stage)}{i}_ring", Interm(1, 1)))
+        stages.append(Stage(StageId(len(stages)), f"{_stage_name(stage)}{i}", ComputeStage(op), Engine.COMPUTE,
+                            ins=(last,), outs=(out,)))
+        last = out
+    return tensors, buffers, last

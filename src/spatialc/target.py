@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .errors import SpatialError
+
 WARP = 32
 
 
-class UnknownTarget(ValueError):
+class UnknownTarget(SpatialError, ValueError):
     """A target name spatialc does not know."""
 
 

@@ -7,7 +7,7 @@ published pages are at the front, `Pop` frees them. Only `Reserve`, `Wait` and `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from .ids import BufferId, GroupId, LoopVar, SemId, Site, TensorId
@@ -44,9 +44,11 @@ class MatmulTiles:
 
 @dataclass(frozen=True, slots=True)
 class Bias:
-    """Add a parameter tensor of one value per output column."""
+    """Add a parameter tensor of one value per output column. `at` is the tile column of the bias tensor where the
+    page's first column falls (the schedule sets it from the item's position)."""
 
     tensor: TensorId
+    at: TileAddr = field(default_factory=lambda: TileAddr(0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,8 +53,8 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
         case MatmulTiles(b, (sh, sw), prec):
             sub = f" sub {sh}x{sw}" if (sh, sw) != (1, 1) else ""
             return f"matmul {b.osh}x{b.osw}x{b.ibw}{sub} {prec.value}"
-        case Bias(t):
-            return f"bias {p.tensor(t).name if p else int(t)}"
+        case Bias(t, at):
+            return f"bias {p.tensor(t).name if p else int(t)}[{addr_text(at)}]"
         case Relu():
             return "relu"
         case Requant(mult, shift, zp):
@@ -114,8 +114,8 @@ def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
         case Loop(var, count, _):
             if isinstance(count, Const):
                 return f"Loop {loop_var_name(var)} < {count.n}:"
-            n = f"trip({p.tensor(count.tensor).name}[{count.index}]<={count.bound})"
-            return f"Loop {loop_var_name(var)} < {n}:"
+            trip = f"trip({p.tensor(count.tensor).name}[{count.index}]<={count.bound})"
+            return f"Loop {loop_var_name(var)} < {trip}:"
     raise TypeError(f"not a choreography op: {op!r}")
 
 
@@ -162,8 +162,8 @@ def program_text(p: SpatialProgram, sites: int | None = None) -> str:
     for s in p.stages:
         out.append(f"  stage {s.name} on {s.engine.value}: {_stage_text(p, s)}")
     for pl in p.plans:
-        b = pl.block
-        out.append(f"  plan block {b.osh}x{b.osw}x{b.ibw} sub-blocks {pl.sub_blocks[0]}x{pl.sub_blocks[1]}"
+        blk = pl.block
+        out.append(f"  plan block {blk.osh}x{blk.osw}x{blk.ibw} sub-blocks {pl.sub_blocks[0]}x{pl.sub_blocks[1]}"
                    f" grid {pl.grid[0]}x{pl.grid[1]} k_tiles {pl.k_tiles} depth {pl.depth}")
     if p.placement is not None:
         used = sum(1 for _, items in p.placement.items_of_site if items)

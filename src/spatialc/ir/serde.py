@@ -97,7 +97,7 @@ def decode(data: Any, annotation: Any, path: str = "program") -> Any:
         if not isinstance(data, str):
             _fail(path, "a string", data)
         return data
-    if dataclasses.is_dataclass(annotation):
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         return _decode_dataclass(data, annotation, path)
     raise SerdeError(f"{path}: cannot decode a {annotation!r}")
 
@@ -105,7 +105,7 @@ def decode(data: Any, annotation: Any, path: str = "program") -> Any:
 def _decode_union(data: Any, options: tuple[Any, ...], path: str) -> Any:
     if data is None and type(None) in options:
         return None
-    classes = [o for o in options if dataclasses.is_dataclass(o)]
+    classes = [o for o in options if isinstance(o, type) and dataclasses.is_dataclass(o)]
     if classes:
         if not isinstance(data, dict):
             _fail(path, "an object", data)

@@ -2,8 +2,11 @@
 
     reader : Loop ITEM { Loop K { Reserve A; ReadTiles A; Push A; Reserve B; ReadTiles B; Push B } }
     compute: Loop ITEM { AcquireAcc; Loop K { Wait A; Wait B; Compute Matmul; Pop A; Pop B }
-                         Reserve C; PackAcc C; Push C; ReleaseAcc }
-    writer : Loop ITEM { Wait C; WriteTiles C; Pop C }
+                         Reserve C; PackAcc C; Push C; ReleaseAcc
+                         [for each epilogue stage E_i: Wait E_i-1; Reserve E_i; Compute op; Push E_i; Pop E_i-1] }
+    writer : Loop ITEM { Wait last; WriteTiles last; Pop last }
+
+The epilogue stages run on the compute engine, after the accumulator is packed, one Interm ring each (DESIGN §2).
 
 Every site gets the same op bodies; only the ITEM loop's count (the site's number of items) differs. When no site
 holds more than one item the ITEM loop is left out: a site's only item is then implicit, and a site with no item
@@ -13,10 +16,11 @@ gets empty programs.
 from __future__ import annotations
 
 from ..errors import PlanError
-from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K
-from ..ir.nodes import Accumulator, EngineProgram, ReadStage, Schedule, SpatialProgram, WriteStage
+from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K, BufferId
+from ..ir.nodes import Accumulator, ComputeStage, EngineProgram, ReadStage, Schedule, SpatialProgram, WriteStage
 from ..ir.ops import (
     AcquireAcc,
+    Bias,
     ChoreoOp,
     Compute,
     Const,
@@ -62,9 +66,27 @@ def engine_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
         Push(c_buf),
         ReleaseAcc(acc),
     )
-    write_c = WriteTiles(c_buf, tc.id, TileAddr(0, ((LV_ITEM_Y, h * c_cols), (LV_ITEM_X, w))), h, w, c_cols, 1)
-    writer = (Wait(c_buf), write_c, Pop(c_buf))
-    return {"reader": reader, "compute": compute, "writer": writer}
+    epilogue, last = _epilogue_ops(p, c_buf, w)
+    write_c = WriteTiles(last, tc.id, TileAddr(0, ((LV_ITEM_Y, h * c_cols), (LV_ITEM_X, w))), h, w, c_cols, 1)
+    writer = (Wait(last), write_c, Pop(last))
+    return {"reader": reader, "compute": compute + epilogue, "writer": writer}
+
+
+def _epilogue_ops(p: SpatialProgram, first: BufferId, w: int) -> tuple[tuple[ChoreoOp, ...], BufferId]:
+    """The compute engine's ops for the chain of epilogue stages that starts at ring `first`, and its last ring."""
+    by_input = {s.ins[0]: s for s in p.stages if isinstance(s.kind, ComputeStage) and len(s.ins) == 1}
+    ops: list[ChoreoOp] = []
+    cur = first
+    while cur in by_input:
+        stage = by_input[cur]
+        op = stage.kind.op  # type: ignore[union-attr]
+        if isinstance(op, Bias):
+            # The page's first column is the item's first output column: tile column item_x · w of the bias row.
+            op = Bias(op.tensor, TileAddr(0, ((LV_ITEM_X, w),)))
+        (out,) = stage.outs
+        ops += [Wait(cur), Reserve(out), Compute(op, (cur,), (out,)), Push(out), Pop(cur)]
+        cur = out
+    return tuple(ops), cur
 
 
 def schedule(p: SpatialProgram) -> SpatialProgram:

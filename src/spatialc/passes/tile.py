@@ -185,6 +185,8 @@ def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
             t = dataclasses.replace(t, tiles=padded[t.id])
         elif t.role == TensorRole.OUTPUT:
             t = dataclasses.replace(t, tiles=(rows_t, cols_t))
+        elif t.role == TensorRole.PARAMETER and t.elems[0] == 1:  # a per-column vector: one row of tiles
+            t = dataclasses.replace(t, tiles=(1, cols_t))
         tensors.append(t)
     return p.evolve(plans=(plan,), buffers=tuple(buffers), stages=stages, tensors=tuple(tensors))
 
