@@ -24,7 +24,7 @@ def test_gemm_reports_plan_sites_rings_check_and_time(capsys):
     for label in ("plan ", "sites ", "rings ", "check ", "time "):
         assert f"  {label}" in out
     assert "4 (round_robin)" in out
-    assert "interpreter vs numpy A@B: OK, exact" in out
+    assert "interpreter vs numpy reference: OK, exact" in out
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

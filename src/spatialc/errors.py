@@ -25,3 +25,47 @@ class DeadlockError(SpatialError):
     def __init__(self, message: str, blocked: tuple[tuple[int, str, str], ...] = ()):
         super().__init__(message)
         self.blocked = blocked
+
+
+# ---- verify's rules: one class each. `site`, `engine`, `op` and `buffer` say where (None where it does not apply).
+
+
+class VerifyRuleError(VerifyError):
+    """A broken verify rule, located: the site, engine, op text and buffer name it is about."""
+
+    def __init__(self, message: str, *, site: int | None = None, engine: str | None = None, op: str | None = None,
+                 buffer: str | None = None):
+        super().__init__(message)
+        self.site, self.engine, self.op, self.buffer = site, engine, op, buffer
+
+
+class IllFormedError(VerifyRuleError):
+    """Rule 1: an id that does not resolve, a negative loop count, a page count below one, a bad Trip loop."""
+
+
+class RingOwnershipError(VerifyRuleError):
+    """Rule 2: a ring touched by more than one producer or consumer engine of a site, or an accumulator misused."""
+
+
+class UnbalancedError(VerifyRuleError):
+    """Rule 3: pages pushed unreserved or popped unwaited, a loop that does not restore a ring, pages left over."""
+
+
+class RingDepthError(VerifyRuleError):
+    """Rule 4: one op that moves more pages than its ring holds."""
+
+
+class TileBoundsError(VerifyRuleError):
+    """Rule 5: a ReadTiles / WriteTiles that leaves its tensor's tile grid, wraps a row, or overfills a page."""
+
+
+class CoverageError(VerifyRuleError):
+    """Rule 6: a placement that misses an item, repeats one, or disagrees with the schedule's ITEM loops."""
+
+
+class StrongerCheckNeeded(VerifyRuleError):
+    """Rule 7's limit: a program one counter run cannot decide (a SemSet, a ring whose balance depends on data)."""
+
+
+class VerifyDeadlockError(DeadlockError, VerifyError):
+    """Rule 7: the counter run of the choreography ends with engines blocked for good."""

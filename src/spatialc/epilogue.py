@@ -1,0 +1,43 @@
+"""What each elementwise epilogue op does to a block of values: the one definition the interpreter and the numpy
+reference share (the CUDA printer spells the same formulas in C, and tests compare all three).
+
+Integer programs (int8 operands): values are exact integers (int64); bias is int32, scalar values whole numbers,
+and requantisation is `spatialc.quant.requantize`. Float programs (fp16/bf16): the float32 accumulator, and every
+op in float32 arithmetic, as the kernel does it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ir.ops import Bias, ComputeOp, Relu, Requant, Scalar
+from .quant import requantize
+
+_SCALAR = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+class EpilogueError(ValueError):
+    """An op that is not an elementwise epilogue op."""
+
+
+def start(acc: np.ndarray, integer: bool) -> np.ndarray:
+    """The accumulator as the epilogue sees it: int64 for integer programs, float32 otherwise."""
+    return np.asarray(acc).astype(np.int64 if integer else np.float32)
+
+
+def apply(op: ComputeOp, x: np.ndarray, integer: bool, bias_row: np.ndarray | None = None) -> np.ndarray:
+    """`op` on values `x` (from `start` or an earlier op); `bias_row` holds the bias of each column of `x`."""
+    match op:
+        case Bias():
+            if bias_row is None:
+                raise EpilogueError("a bias op needs the bias of each column")
+            row = np.asarray(bias_row).astype(np.int64 if integer else np.float32)
+            return x + row[np.newaxis, :]
+        case Relu():
+            return np.maximum(x, 0)
+        case Scalar(name, value):
+            v = np.int64(int(value)) if integer else np.float32(value)
+            return _SCALAR[name](x, v)
+        case Requant(multiplier, shift, zero_point):
+            return requantize(x, multiplier, shift, zero_point)
+    raise EpilogueError(f"{type(op).__name__} is not an elementwise epilogue op")

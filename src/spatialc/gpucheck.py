@@ -1,0 +1,422 @@
+"""The GPU check: build, run, check and time spatialc's kernels against cuBLAS (and Triton) in one short run.
+
+    python -m spatialc.gpucheck OUTDIR [--budget 420] [--sizes 256 1000 4097x513x1031 …] [--dry-run]
+
+For every size × precision (int8, fp16, bf16) it builds `gemm(m, n, k, p)` for the target, lowers it, compiles the
+kernel, runs it on fresh random inputs with the output poisoned first, compares C with a float64 reference of the
+operand-rounded inputs, times it with CUDA events (warm-up, median of ≥ 20, inputs rotated across copies so the
+L2 cache does not flatter it) and times the baselines on the same inputs. The table goes to stdout and, as JSON and
+Markdown, to OUTDIR. It stops at `--budget` seconds: rows not reached are marked skipped and the table is still
+written. Exit status: 0 all run rows correct, 1 some wrong or failed, 2 no GPU (or bad arguments), 3 the GPU hung
+or lost its context (the table is written first).
+
+This module is the GPU-free part (cases, checking, timing, the budget loop, the dry run); `gpucheck_gpu` drives
+the device and is imported only when one is needed. Timing and running are injected, so all of this is tested
+on a CPU with fake timers and runners.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import SpatialError
+from .gpucheck_report import MAX_ABS_TOL, REL_FRO_TOL, Check, Row, to_markdown, write_report
+
+PRECISIONS = ("int8", "fp16", "bf16")
+DEFAULT_SIZES = ("256", "512", "1024", "2048", "4096", "8192", "1000", "4097x513x1031")
+DEFAULT_BUDGET_S = 420.0
+RESERVE_S = 5.0  # kept back at the end for writing the table
+MIN_ROW_S = 3.0  # a row is not started with less than this left
+
+
+class GpuLost(Exception):
+    """The GPU can no longer be trusted (a kernel hung, or the CUDA context holds a sticky error)."""
+
+
+class GpuHung(GpuLost):
+    """A wait on the GPU ran past its limit: most likely a deadlocked kernel."""
+
+
+class BudgetExceeded(Exception):
+    """The time budget ran out inside a row."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One product to check."""
+
+    m: int
+    n: int
+    k: int
+    precision: str
+
+    @property
+    def size(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+
+def parse_size(text: str) -> tuple[int, int, int]:
+    """`256` → 256³; `4097x513x1031` (or with commas) → (m, n, k)."""
+    parts = text.lower().replace(",", "x").replace("×", "x").split("x")
+    try:
+        dims = [int(p) for p in parts]
+    except ValueError:
+        raise SpatialError(f"size {text!r} is not N or MxNxK") from None
+    if len(dims) == 1:
+        dims *= 3
+    if len(dims) != 3 or min(dims) < 1:
+        raise SpatialError(f"size {text!r} is not N or MxNxK with positive numbers")
+    return dims[0], dims[1], dims[2]
+
+
+def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
+    """Every size × precision, size-major (so a budget cut drops whole sizes, not one precision)."""
+    precs = list(precisions)
+    for p in precs:
+        if p not in PRECISIONS:
+            raise SpatialError(f"unknown precision {p!r}; use {', '.join(PRECISIONS)}")
+    return [Case(*parse_size(s), p) for s in sizes for p in precs]
+
+
+# ---- checking --------------------------------------------------------------------------------------------------
+
+
+def check_result(c: Any, ref: Any, out_tiled: Any, storage: str, precision: str, xp: Any) -> Check:
+    """Compare the logical C with the float64 reference `ref`; count poison left in C and in the padding."""
+    from .runtime.tilize import unwritten
+
+    logical_poison = unwritten(c, storage, xp)
+    pad_poison = unwritten(out_tiled, storage, xp) - logical_poison
+    c64 = c.astype(xp.float64)
+    nonfinite = int(c.size - xp.count_nonzero(xp.isfinite(c64)))
+    diff = c64 - ref
+    max_abs = float(xp.max(xp.abs(diff))) if c.size else 0.0
+    ref_norm = float(xp.sqrt(xp.sum(ref * ref)))
+    rel_fro = float(xp.sqrt(xp.sum(diff * diff))) / ref_norm if ref_norm > 0 else max_abs
+    if precision == "int8":
+        within = max_abs == 0.0
+    else:
+        scale = float(xp.max(xp.abs(ref))) if ref.size else 0.0
+        within = rel_fro <= REL_FRO_TOL and max_abs <= MAX_ABS_TOL * max(scale, 1e-30)
+    correct = within and logical_poison == 0 and nonfinite == 0
+    return Check(bool(correct), max_abs, rel_fro, logical_poison, pad_poison, nonfinite)
+
+
+# ---- timing ----------------------------------------------------------------------------------------------------
+
+
+class Timer(Protocol):
+    """Device-side timestamps: `mark` records one on the stream, `wait` blocks (within a limit) until it passes."""
+
+    def mark(self) -> Any: ...
+
+    def elapsed_s(self, start: Any, end: Any) -> float: ...
+
+    def wait(self, mark: Any, limit_s: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    median_s: float
+    reps: int
+    min_s: float
+    max_s: float
+
+
+def time_launches(
+    launch: Callable[[int], None],
+    copies: int,
+    timer: Timer,
+    *,
+    warmup: int = 3,
+    min_reps: int = 20,
+    max_reps: int = 200,
+    target_s: float = 0.3,
+    limit_s: float = 60.0,
+) -> Timing:
+    """Median time of `launch(i)`, i cycling over `copies` input sets: warm-up first, then at least `min_reps`
+    launches (more when they are quick, up to about `target_s` of device time), each between two marks."""
+    for r in range(warmup - 1):
+        launch(r % copies)
+    start = timer.mark()
+    launch((warmup - 1) % copies)
+    end = timer.mark()
+    timer.wait(end, limit_s)
+    once = timer.elapsed_s(start, end)
+    reps = max(min_reps, min(max_reps, round(target_s / once) if once > 0 else max_reps))
+    marks = []
+    for r in range(reps):
+        s = timer.mark()
+        launch((warmup + r) % copies)
+        marks.append((s, timer.mark()))
+    timer.wait(marks[-1][1], limit_s + reps * once)
+    times = sorted(timer.elapsed_s(s, e) for s, e in marks)
+    mid = len(times) // 2
+    median = times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+    if median <= 0:
+        raise SpatialError(f"the timer measured {median} s; a launch that did nothing?")
+    return Timing(median, reps, times[0], times[-1])
+
+
+def copies_for(set_bytes: int, l2_bytes: int, *, cap_bytes: int = 4 << 30, most: int = 512) -> int:
+    """How many input sets to rotate so that one pass over them is at least three times the L2 cache."""
+    want = math.ceil(3 * l2_bytes / max(set_bytes, 1))
+    return max(2, min(most, want, max(2, cap_bytes // max(set_bytes, 1))))
+
+
+# ---- the budget loop -------------------------------------------------------------------------------------------
+
+
+class Deadline:
+    """A point on a clock; rows ask how long is left."""
+
+    def __init__(self, at: float, clock: Callable[[], float]):
+        self.at, self.clock = at, clock
+
+    def left(self) -> float:
+        return self.at - self.clock()
+
+    def passed(self) -> bool:
+        return self.left() <= 0
+
+
+class Runner(Protocol):
+    """What runs the rows: the GPU runner, or a fake in tests."""
+
+    def start(self, cases: Sequence[Case]) -> None: ...
+
+    def run(self, case: Case, deadline: Deadline) -> Row: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+def run_all(
+    cases: Sequence[Case],
+    runner: Runner,
+    *,
+    budget_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    log: Callable[[str], None] = print,
+    started: float | None = None,
+) -> tuple[list[Row], bool]:
+    """Run every case within `budget_s` seconds (from `started`); returns the rows and whether the GPU was lost."""
+    t0 = clock() if started is None else started
+    deadline = Deadline(t0 + budget_s - RESERVE_S, clock)
+    runner.start(cases)
+    rows: list[Row] = []
+    lost = ""
+    for case in cases:
+        if lost:
+            rows.append(_skipped(case, f"not run: {lost}"))
+        elif deadline.left() < MIN_ROW_S:
+            rows.append(_skipped(case, f"not run: time budget of {budget_s:.0f} s spent"))
+        else:
+            row, lost = _run_one(case, runner, deadline)
+            rows.append(row)
+        r = rows[-1]
+        log(f"[{clock() - t0:6.1f} s] {case.precision} {case.size}: {r.status}" + (f" ({r.note})" if r.note else ""))
+    return rows, bool(lost)
+
+
+def _run_one(case: Case, runner: Runner, deadline: Deadline) -> tuple[Row, str]:
+    try:
+        return runner.run(case, deadline), ""
+    except GpuHung as e:
+        return _failed(case, "hung", str(e)), "the GPU hung on an earlier row"
+    except GpuLost as e:
+        return _failed(case, "error", str(e)), "the CUDA context was lost on an earlier row"
+    except BudgetExceeded:
+        return _skipped(case, "not finished: time budget spent"), ""
+    except Exception as e:  # one broken row must not cost the table
+        return _failed(case, "error", one_line(e)), ""
+
+
+def _skipped(case: Case, why: str) -> Row:
+    return Row(case.precision, case.m, case.n, case.k, status="skipped", note=why)
+
+
+def _failed(case: Case, status: str, why: str) -> Row:
+    return Row(case.precision, case.m, case.n, case.k, status=status, note=why)
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one short line: its type and first line."""
+    lines = str(e).strip().splitlines()
+    text = lines[0] if lines else ""
+    name = type(e).__name__
+    return (f"{name}: {text}" if text and not isinstance(e, SpatialError) else text or name)[:240]
+
+
+# ---- building (CPU) and the dry run ----------------------------------------------------------------------------
+
+
+@dataclass
+class Built:
+    """A case built and lowered (or the reason it was not)."""
+
+    case: Case
+    artifact: Any = None
+    plan: str = ""
+    launch: str = ""
+    error: str = ""
+
+
+def build_case(case: Case, target: str) -> Built:
+    """Build and lower one case on the CPU; errors become text, never exceptions."""
+    import spatialc
+
+    built = Built(case)
+    try:
+        program = spatialc.build(spatialc.gemm(case.m, case.n, case.k, case.precision), target)
+        built.plan = describe_plan(program)
+        built.artifact = spatialc.lower(program, target)
+        built.launch = describe_launch(built.artifact)
+    except Exception as e:
+        built.error = ("lower: " if built.plan else "build: ") + one_line(e)
+    return built
+
+
+def describe_plan(program: Any) -> str:
+    """The plan in one line: block, sub-blocks, item grid, ring depth, sites."""
+    p = program.plan
+    b = p.block
+    sites = len(program.placement.items_of_site) if program.placement else 0
+    kind = program.placement.kind if program.placement else "?"
+    return (
+        f"block {b.osh}×{b.osw}×{b.ibw}, sub {p.sub_blocks[0]}×{p.sub_blocks[1]}, items {p.grid[0]}×{p.grid[1]}, "
+        f"depth {p.depth}, {sites} sites ({kind})"
+    )
+
+
+def describe_launch(artifact: Any) -> str:
+    """The launch in one line: grid, threads, shared memory, residency."""
+    ls, bud = artifact.launch, artifact.budget
+    return (
+        f"grid {ls.grid} × {ls.block} threads, dyn smem {ls.dyn_smem} B, rings {bud.smem_bytes} B "
+        f"({'dynamic' if bud.rings_dynamic else 'static'}), {bud.blocks_per_sm}/SM"
+    )
+
+
+def baselines_for(case: Case) -> list[str]:
+    """The baselines a case is timed against, with the reason when one cannot take the shape."""
+    if case.precision != "int8":
+        return ["cuBLAS torch.matmul", "Triton matmul (if installed)"]
+    int_mm = "cuBLAS torch._int_mm"
+    if not int_mm_takes(case.m, case.n, case.k):
+        int_mm += " (n/a: needs m > 16 and k, n multiples of 8)"
+    return [int_mm, "cuBLAS cublasGemmEx NN", "cuBLAS cublasGemmEx TN (Bᵀ stored)", "Triton matmul (if installed)"]
+
+
+def int_mm_takes(m: int, n: int, k: int) -> bool:
+    """torch._int_mm's shape rule."""
+    return m > 16 and k % 8 == 0 and n % 8 == 0
+
+
+def dry_run(cases: Sequence[Case], target: str, out: Callable[[str], None] = print) -> None:
+    """Say what a GPU run would do: each case's plan and launch (built here, on the CPU) and its baselines."""
+    out(f"gpucheck dry run: {len(cases)} rows on {target}; would write gpucheck.json and gpucheck.md")
+    for case in cases:
+        built = build_case(case, target)
+        out(f"{case.precision} {case.size}")
+        out(f"  plan      {built.plan or '—'}")
+        out(f"  launch    {built.launch or built.error}")
+        out(f"  baselines {'; '.join(baselines_for(case))}")
+
+
+# ---- the command line ------------------------------------------------------------------------------------------
+
+
+def git_commit() -> str:
+    """The spatialc checkout's commit (with `+dirty`), or `unknown` where there is no git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if head.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="spatialc gpucheck", description=__doc__.splitlines()[0])
+    ap.add_argument("outdir", help="where gpucheck.json and gpucheck.md go")
+    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for the whole run (420)")
+    ap.add_argument("--sizes", nargs="+", default=list(DEFAULT_SIZES), help="N (for N³) or MxNxK, several")
+    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    ap.add_argument("--target", default=None, help="spatialc target (default: from the GPU; sm_90 in a dry run)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-triton", action="store_true", help="skip the Triton baseline")
+    ap.add_argument("--commit", default=None, help="the commit to record (default: git's)")
+    ap.add_argument("--dry-run", action="store_true", help="list what would run, build the plans, and exit")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None, make_runner: Callable[..., Any] | None = None) -> int:
+    """The GPU check's entry point (`spatialc gpucheck …` calls this; tests pass a fake `make_runner`)."""
+    started = time.monotonic()
+    try:
+        args = parse_args(argv)
+        cases = cases_of(args.sizes, args.precisions)
+    except SpatialError as e:
+        print(f"gpucheck: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        dry_run(cases, args.target or "sm_90")
+        return 0
+    from .runtime.launch import GpuUnavailable
+
+    try:
+        if make_runner is None:
+            from .gpucheck_gpu import GpuRunner as make_runner
+        runner = make_runner(args.target, seed=args.seed, triton=not args.no_triton)
+    except GpuUnavailable as e:
+        print(f"gpucheck: {e}", file=sys.stderr)
+        return 2
+    header = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "commit": args.commit or git_commit(),
+        "budget_s": args.budget,
+        **runner.info(),
+    }
+    print(
+        f"gpucheck: {header.get('gpu')} · {header.get('sms')} SMs · {header.get('clocks')} · target "
+        f"{header.get('target')} · commit {header['commit']}",
+        flush=True,
+    )
+    rows, lost = run_all(cases, runner, budget_s=args.budget, started=started, log=lambda s: print(s, flush=True))
+    runner.close()
+    header["elapsed_s"] = round(time.monotonic() - started, 1)
+    paths = write_report(args.outdir, header, rows)
+    print(to_markdown(header, rows))
+    print(f"gpucheck: wrote {paths[0]} and {paths[1]}", flush=True)
+    if lost:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)  # a hung kernel would hang the CUDA teardown of a normal exit
+    failed = [r for r in rows if r.status in ("wrong", "error")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""The GPU check's table: rows of measurements in, rates, % of cuBLAS, JSON and Markdown out. No GPU needed."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+UNIT = {"int8": "TOP/s", "fp16": "TFLOP/s", "bf16": "TFLOP/s"}
+TOLERANCE = {
+    "int8": "int8: exact (integer result equal to the float64 reference)",
+    "fp16": "fp16/bf16: ‖C−R‖_F/‖R‖_F ≤ 1e-4 and max|C−R| ≤ 1e-3·max|R| (operands are exact; only the fp32 "
+    "accumulation rounds)",
+}
+REL_FRO_TOL = 1e-4
+MAX_ABS_TOL = 1e-3  # × max|R|
+
+
+@dataclass
+class Check:
+    """How one kernel's output compared with the float64 reference."""
+
+    correct: bool
+    max_abs: float
+    rel_fro: float
+    unwritten: int  # logical elements still holding the poison
+    pad_unwritten: int  # padding elements still holding the poison (the kernel writes whole tiles)
+    nonfinite: int
+    stable: bool | None = None  # a second poisoned run on the same inputs agreed
+
+
+@dataclass
+class Baseline:
+    """One library's time for the same product (None: not run, `note` says why)."""
+
+    name: str
+    family: str  # "cublas" or "triton"
+    median_s: float | None = None
+    max_abs: float | None = None
+    ok: bool | None = None  # its own result agreed with the reference
+    note: str = ""
+
+
+@dataclass
+class Row:
+    """One (precision, m, n, k) of the check."""
+
+    precision: str
+    m: int
+    n: int
+    k: int
+    status: str = "pending"  # ok | wrong | error | hung | skipped
+    plan: str = ""
+    launch: str = ""
+    median_s: float | None = None
+    reps: int = 0
+    check: Check | None = None
+    baselines: list[Baseline] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def size(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+    @property
+    def ops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+def rate(ops: int, seconds: float | None) -> float | None:
+    """Tera-operations per second."""
+    if seconds is None or seconds <= 0:
+        return None
+    return ops / seconds / 1e12
+
+
+def best(row: Row, family: str) -> Baseline | None:
+    """The fastest baseline of `family` that ran and whose own result was right."""
+    timed = [b for b in row.baselines if b.family == family and b.median_s and b.ok is not False]
+    return min(timed, key=lambda b: b.median_s or math.inf, default=None)
+
+
+def percent_of(row: Row, family: str) -> float | None:
+    """spatialc's speed as a percentage of the fastest `family` baseline."""
+    ref = best(row, family)
+    if ref is None or not row.median_s or not ref.median_s:
+        return None
+    return 100.0 * ref.median_s / row.median_s
+
+
+def row_dict(row: Row) -> dict[str, Any]:
+    """A row with its derived rates, for the JSON report."""
+    d = asdict(row)
+    d["size"] = row.size
+    d["unit"] = UNIT.get(row.precision, "TOP/s")
+    d["spatialc_rate"] = rate(row.ops, row.median_s)
+    for family in ("cublas", "triton"):
+        ref = best(row, family)
+        d[f"{family}_best"] = None if ref is None else {"name": ref.name, "rate": rate(row.ops, ref.median_s)}
+        d[f"pct_of_{family}"] = percent_of(row, family)
+    return d
+
+
+def _clean(x: Any) -> Any:
+    """JSON without NaN / Infinity (which strict readers refuse)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def to_json(header: dict[str, Any], rows: list[Row]) -> str:
+    """The whole report as JSON."""
+    return json.dumps(_clean({"header": header, "rows": [row_dict(r) for r in rows]}), indent=2, ensure_ascii=False)
+
+
+COLUMNS = (
+    "precision",
+    "m×n×k",
+    "plan",
+    "spatialc",
+    "cuBLAS (fastest)",
+    "% cuBLAS",
+    "Triton",
+    "% Triton",
+    "max err",
+    "correct",
+    "status",
+)
+
+
+def _rate(x: float | None) -> str:
+    """A rate with one decimal, or three significant digits when it is small (a tiny product)."""
+    if x is None:
+        return "—"
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0f}%"
+
+
+def _err(c: Check | None) -> str:
+    if c is None:
+        return "—"
+    return f"{c.max_abs:.3g}" if math.isfinite(c.max_abs) else str(c.max_abs)
+
+
+def _correct(row: Row) -> str:
+    if row.check is None:
+        return "—"
+    if not row.check.correct:
+        return "no"
+    return "yes" if row.check.stable is not False else "no (unstable)"
+
+
+def table_cells(row: Row) -> list[str]:
+    """One Markdown table line's cells."""
+    unit = UNIT.get(row.precision, "TOP/s")
+    cub, tri = best(row, "cublas"), best(row, "triton")
+    cub_text = "—" if cub is None else f"{_rate(rate(row.ops, cub.median_s))} ({cub.name})"
+    tri_text = "—" if tri is None else _rate(rate(row.ops, tri.median_s))
+    status = row.status + (f": {row.note}" if row.note else "")
+    spatialc = _rate(rate(row.ops, row.median_s))
+    return [
+        row.precision,
+        row.size.replace("x", "×"),
+        row.plan or "—",
+        f"{spatialc} {unit}",
+        cub_text,
+        _pct(percent_of(row, "cublas")),
+        tri_text,
+        _pct(percent_of(row, "triton")),
+        _err(row.check),
+        _correct(row),
+        status.replace("|", "/"),
+    ]
+
+
+def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
+    """The report as Markdown: a header list, the table, then notes on the baselines that did not run."""
+    lines = ["# spatialc GPU check", ""]
+    for key in ("date", "gpu", "sms", "clocks", "commit", "target", "budget_s", "elapsed_s", "versions"):
+        if key in header:
+            lines.append(f"- {key}: {header[key]}")
+    lines += [f"- tolerance: {TOLERANCE['int8']}; {TOLERANCE['fp16']}", ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
+    notes = [f"- {r.precision} {r.size} {b.name}: {b.note}" for r in rows for b in r.baselines if b.note]
+    if notes:
+        lines += ["", "Baselines:", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(outdir: str | Path, header: dict[str, Any], rows: list[Row]) -> tuple[Path, Path]:
+    """gpucheck.json and gpucheck.md in `outdir` (created)."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    js, md = out / "gpucheck.json", out / "gpucheck.md"
+    js.write_text(to_json(header, rows))
+    md.write_text(to_markdown(header, rows))
+    return js, md

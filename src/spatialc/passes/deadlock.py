@@ -1,0 +1,345 @@
+"""verify's rule 7: the program cannot deadlock — decided by running its choreography once, on page counters.
+
+Why one run is a proof (DESIGN §2). Rule 2 has given every ring of a site one producer engine and one consumer
+engine, each engine runs its ops in order, and only four ops can block: `Reserve` (room in a ring), `Wait` (pages
+in a ring), `SemWait` (a semaphore count) and `Barrier` (the group's arrivals). Each of those conditions, once true,
+stays true until the blocked engine itself acts: room is taken only by the ring's one producer and published pages
+only by its one consumer, and semaphores and arrivals only count up. So an enabled engine is never disabled by
+another — the network is a bounded Kahn process network, and the engines' moves commute. Any two complete
+interleavings from the same state therefore reach the same state, and either every interleaving ends with all
+engines done or every one ends with the same engines blocked. Running one interleaving, with static trip counts,
+decides it. The ring depths are part of the state (a full ring blocks Reserve), which is how a program that only
+deadlocks because a ring is one page too shallow is caught. Data plays no part: a page counter is all a ring is.
+
+Limits. What one run cannot decide is refused with `StrongerCheckNeeded`, not guessed at:
+- `SemSet`, `McastSetValid` and a negative `SemInc` can lower a count, which breaks "once enabled, stays enabled":
+  whether a `SemWait` passes then depends on the interleaving, and one run proves nothing.
+- `Trip` loops run at their `bound`. A ring whose producer and consumer are not both inside the same Trip loops
+  would balance for some trip counts and not others, and a `SemInc` or `Barrier` inside a Trip loop raises a
+  count that depends on the data, so such programs are refused. What is left is proved with every trip count at
+  its bound; for the smaller counts the data may hold, the run is evidence, not proof.
+Not modelled: `McastSend` moves data, not counters; that a receiver has its page reserved when the data lands is
+the program's semaphores' business, and races on data are outside what counters can see.
+
+Sites that share no semaphore, multicast group or barrier are independent networks; each is simulated once per
+distinct set of engine programs (sites share op tuples). Sites that interact are simulated together.
+
+Speed. Programs are compiled to flat instruction lists holding only the ops that touch a counter. The run then
+skips whole periods of a loop, soundly: at each loop back-edge it records the whole state — every engine's
+position and loop counters, every ring's held and published pages, every semaphore and arrival count — and when
+the state at a back-edge equals one recorded earlier at the same back-edge except that some loop counters have
+grown (each within one unchanged loop instance), the moves between the two are a function of that state alone (a
+counter matters only where its loop tests for its end, and none ended in between), so they repeat exactly as long
+as no grown counter reaches its loop's end. The run adds that many periods to the grown counters at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..errors import StrongerCheckNeeded, VerifyDeadlockError
+from ..ir.ids import BufferId, GroupId, SemId, Site, loop_var_name
+from ..ir.nodes import EngineProgram
+from ..ir.ops import Barrier, ChoreoOp, Const, Loop, Pop, Push, Reserve, SemInc, SemWait, Wait
+from .verify_walk import Ctx, Facts, where
+
+RESERVE, PUSH, WAIT, POP, LOOP, NEXT, SEMINC, SEMWAIT, BARRIER = range(9)
+_SEEN_CAP = 1 << 14  # recorded back-edge states kept before the table is cleared (it only speeds the run up)
+
+Instr = tuple[int, int, int, tuple[int, ...]]
+
+
+def check_decidable(ctx: Ctx, site: Site, progs: Sequence[tuple[EngineProgram, Facts]]) -> None:
+    """Refuse what one counter run cannot decide: counts that can go down, rings balanced only by data."""
+    for prog, facts in progs:
+        if facts.sets:
+            text, engine = ctx.op(facts.sets[0]), prog.engine.value
+            raise StrongerCheckNeeded(
+                f"{where(site, engine)}: {text} — this can lower a semaphore count, so whether a SemWait passes can"
+                " depend on how the engines interleave and one counter run proves nothing; a stronger check (over"
+                " every interleaving) is needed", site=int(site), engine=engine, op=text)
+        if facts.trip_counted:
+            text, engine = ctx.op(facts.trip_counted[0]), prog.engine.value
+            raise StrongerCheckNeeded(
+                f"{where(site, engine)}: {text} — it runs inside a Trip loop, so the count it raises depends on the"
+                " data; one counter run at the trip bounds cannot decide what waits on it", site=int(site),
+                engine=engine, op=text)
+    trips: dict[BufferId, tuple[str, ChoreoOp, tuple[object, ...]]] = {}
+    for prog, facts in progs:
+        for use in facts.uses:
+            if not use.flow:
+                continue
+            sig = tuple(f.key for f in use.loops if f.trip is not None)
+            first = trips.setdefault(ctx.ring(use.buf), (prog.engine.value, use.op, sig))
+            if first[2] != sig:
+                text, engine = ctx.op(use.op), prog.engine.value
+                raise StrongerCheckNeeded(
+                    f"{where(site, engine)}: {text} — it is not inside the same Trip loops as {first[0]}'s"
+                    f" {ctx.op(first[1])}, so whether {ctx.name(use.buf)} balances depends on the data; one counter"
+                    " run at the trip bounds cannot decide it", site=int(site), engine=engine, op=text,
+                    buffer=ctx.name(use.buf))
+
+
+@dataclass(slots=True)
+class _Engine:
+    site: Site
+    name: str
+    code: list[Instr]
+    src: list[ChoreoOp]  # the op each instruction came from
+    pc: int = 0
+    stack: list[list[int]] = field(default_factory=list)  # [head pc, counter, instance] per open loop
+    pending: int = 0  # the arrival count a Barrier waits for, 0 when none
+
+
+class Network:
+    """The counters of one set of interacting sites, and one run of their engines."""
+
+    def __init__(self, ctx: Ctx, programs: Sequence[EngineProgram], fast_forward: bool = True):
+        self.ctx, self.fast = ctx, fast_forward
+        self.rings: dict[tuple[Site, BufferId], int] = {}
+        self.held: list[int] = []  # pages reserved and not yet popped
+        self.ready: list[int] = []  # pages pushed and not yet popped
+        self.depth: list[int] = []
+        self.sem_slots: dict[tuple[Site, SemId], int] = {}
+        self.sem: list[int] = []
+        self.arrive_slots: dict[tuple[GroupId, Site], int] = {}
+        self.arrived: list[int] = []
+        self.seen: dict[tuple[object, ...], list[list[tuple[int, int]]]] = {}
+        self.instances = 0
+        self.skipped = 0  # loop iterations fast-forwarded (of any loop), for tests and curiosity
+        self.steps = 0  # instructions run
+        self.engines = [self._compile(p) for p in programs]
+
+    # ---- compiling ---------------------------------------------------------------------------------------------
+
+    def _ring(self, site: Site, buf: BufferId) -> int:
+        key = (site, self.ctx.ring(buf))
+        if key not in self.rings:
+            self.rings[key] = len(self.held)
+            self.held.append(0)
+            self.ready.append(0)
+            self.depth.append(self.ctx.depth(key[1]))
+        return self.rings[key]
+
+    def _sem(self, site: Site, sem: SemId) -> int:
+        if (site, sem) not in self.sem_slots:
+            self.sem_slots[(site, sem)] = len(self.sem)
+            self.sem.append(self.ctx.sems[sem].initial)
+        return self.sem_slots[(site, sem)]
+
+    def _arrive(self, group: GroupId, site: Site) -> int:
+        if (group, site) not in self.arrive_slots:
+            self.arrive_slots[(group, site)] = len(self.arrived)
+            self.arrived.append(0)
+        return self.arrive_slots[(group, site)]
+
+    def _compile(self, prog: EngineProgram) -> _Engine:
+        e = _Engine(prog.site, prog.engine.value, [], [])
+        self._emit(e, prog.ops)
+        return e
+
+    def _emit(self, e: _Engine, ops: Sequence[ChoreoOp]) -> None:
+        site = e.site
+        for op in ops:
+            match op:
+                case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n):
+                    code = {Reserve: RESERVE, Push: PUSH, Wait: WAIT, Pop: POP}[type(op)]
+                    self._put(e, op, (code, self._ring(site, buf), n, ()))
+                case SemInc(sem, at, by):
+                    self._put(e, op, (SEMINC, self._sem(at, sem), by, ()))
+                case SemWait(sem, value):
+                    self._put(e, op, (SEMWAIT, self._sem(site, sem), value, ()))
+                case Barrier(group):
+                    others = tuple(self._arrive(group, s) for s in self.ctx.groups[group].sites)
+                    self._put(e, op, (BARRIER, self._arrive(group, site), 0, others))
+                case Loop(_, count, body):
+                    n = count.n if isinstance(count, Const) else count.bound
+                    head = len(e.code)
+                    self._put(e, op, (LOOP, n, 0, ()))
+                    self._emit(e, body)
+                    if len(e.code) == head + 1:  # nothing in it touches a counter
+                        e.code.pop()
+                        e.src.pop()
+                        continue
+                    self._put(e, op, (NEXT, head, n, ()))
+                    e.code[head] = (LOOP, n, len(e.code), ())
+
+    @staticmethod
+    def _put(e: _Engine, op: ChoreoOp, instr: Instr) -> None:
+        e.code.append(instr)
+        e.src.append(op)
+
+    # ---- running -----------------------------------------------------------------------------------------------
+
+    def run(self) -> list[_Engine]:
+        """Run every engine until all are done or none can move; the engines left blocked (empty: no deadlock)."""
+        moved = True
+        while moved:
+            moved = False
+            for index, e in enumerate(self.engines):
+                if e.pc < len(e.code) and self._advance(index, e):
+                    moved = True
+        return [e for e in self.engines if e.pc < len(e.code)]
+
+    def _advance(self, index: int, e: _Engine) -> bool:
+        """Run `e` until it blocks or ends; whether it moved at all. (One flat loop on purpose: it is the hot path.)"""
+        code, held, ready, depth, sem, arrived = e.code, self.held, self.ready, self.depth, self.sem, self.arrived
+        pc, stack, end, steps = e.pc, e.stack, len(e.code), 0
+        while pc < end:
+            op, a, b, c = code[pc]
+            if op == RESERVE:
+                if held[a] + b > depth[a]:
+                    break
+                held[a] += b
+            elif op == PUSH:
+                ready[a] += b
+            elif op == WAIT:
+                if ready[a] < b:
+                    break
+            elif op == POP:
+                held[a] -= b
+                ready[a] -= b
+            elif op == LOOP:
+                if a == 0:
+                    pc, steps = b, steps + 1
+                    continue
+                self.instances += 1
+                stack.append([pc, 0, self.instances])
+            elif op == NEXT:
+                top = stack[-1]
+                top[1] += 1
+                if top[1] < b:
+                    pc = e.pc = a + 1
+                    steps += 1
+                    if self.fast:
+                        self._fast_forward(index)
+                    continue
+                stack.pop()
+            elif op == SEMINC:
+                sem[a] += b
+            elif op == SEMWAIT:
+                if sem[a] < b:
+                    break
+            elif op == BARRIER:
+                if not e.pending:
+                    arrived[a] += 1
+                    e.pending = arrived[a]
+                    steps += 1  # an arrival is a move: it may free the others
+                if any(arrived[s] < e.pending for s in c):
+                    break
+                e.pending = 0
+            pc += 1
+            steps += 1
+        e.pc = pc
+        self.steps += steps
+        return steps > 0
+
+    def _fast_forward(self, index: int) -> None:
+        """At a back-edge of engine `index`: skip the periods that will repeat exactly (see the module docstring)."""
+        engines = self.engines
+        shape = (index, engines[index].pc, tuple(self.held), tuple(self.ready), tuple(self.sem), tuple(self.arrived),
+                 tuple((e.pc, e.pending, tuple(f[0] for f in e.stack)) for e in engines))
+        now = [[(f[1], f[2]) for f in e.stack] for e in engines]
+        before = self.seen.get(shape)
+        if len(self.seen) >= _SEEN_CAP:
+            self.seen.clear()
+        self.seen[shape] = now
+        if before is None:
+            return
+        grown: list[tuple[list[int], int]] = []
+        periods = -1
+        for e, old, new in zip(engines, before, now, strict=True):
+            for frame, (c0, i0), (c1, i1) in zip(e.stack, old, new, strict=True):
+                if c0 == c1:
+                    continue  # untouched, or a fresh instance at the same count: it behaves the same
+                if i0 != i1 or c1 < c0:
+                    return
+                left = (e.code[frame[0]][1] - 1 - c1) // (c1 - c0)
+                periods = left if periods < 0 else min(periods, left)
+                grown.append((frame, c1 - c0))
+        if periods <= 0:
+            return
+        for frame, step in grown:
+            frame[1] += periods * step
+            self.skipped += periods * step
+        self.seen[shape] = [[(f[1], f[2]) for f in e.stack] for e in engines]
+
+    # ---- reporting ---------------------------------------------------------------------------------------------
+
+    def blocked_text(self, e: _Engine) -> str:
+        """'site 0 writer [item 2]: Wait C_ring — 0 of 1 pages published'."""
+        op, a, b, c = e.code[e.pc]
+        loops = ", ".join(f"{loop_var_name(self._loop_var(e, f[0]))} {f[1]}" for f in e.stack)
+        head = where(e.site, e.name) + (f" [{loops}]" if loops else "")
+        text = self.ctx.op(e.src[e.pc])
+        if op == RESERVE:
+            why = f"needs {b} free page(s), but {self.held[a]} of {self.depth[a]} are held"
+        elif op == WAIT:
+            why = f"{self.ready[a]} of {b} page(s) published"
+        elif op == SEMWAIT:
+            why = f"the count is {self.sem[a]}, it needs {b}"
+        else:
+            late = [int(s) for (_, s), slot in self.arrive_slots.items()
+                    if slot in c and self.arrived[slot] < e.pending]
+            why = f"site(s) {', '.join(map(str, late))} have not arrived"
+        return f"{head}: {text} — {why}"
+
+    @staticmethod
+    def _loop_var(e: _Engine, head: int):
+        loop = e.src[head]
+        assert isinstance(loop, Loop)
+        return loop.var
+
+
+def _components(sites: Sequence[Site], facts: dict[Site, list[Facts]], ctx: Ctx) -> list[list[Site]]:
+    """Sites joined by a semaphore increment, a multicast group or a barrier, as sorted groups."""
+    parent = {s: s for s in sites}
+
+    def find(s: Site) -> Site:
+        while parent[s] != s:
+            parent[s] = parent[parent[s]]
+            s = parent[s]
+        return s
+
+    def join(a: Site, b: Site) -> None:
+        if a in parent and b in parent:
+            parent[find(a)] = find(b)
+
+    for s in sites:
+        for f in facts[s]:
+            for t in f.sem_targets:
+                join(s, t)
+            for g in f.groups:
+                for t in ctx.groups[g].sites:
+                    join(s, t)
+    groups: dict[Site, list[Site]] = {}
+    for s in sites:
+        groups.setdefault(find(s), []).append(s)
+    return sorted(groups.values())
+
+
+def check_deadlock(ctx: Ctx, programs: dict[Site, list[tuple[EngineProgram, Facts]]],
+                   keys: dict[Site, tuple[object, ...]]) -> int:
+    """Rule 7: simulate each independent set of sites once; raise VerifyDeadlockError naming each blocked engine.
+
+    `keys` says which sites run the same programs. Returns the number of networks simulated."""
+    sites = sorted(programs)
+    facts = {s: [f for _, f in programs[s]] for s in sites}
+    done: set[tuple[object, ...]] = set()
+    runs = 0
+    for comp in _components(sites, facts, ctx):
+        progs = [p for s in comp for p, _ in programs[s]]
+        key = keys[comp[0]] if len(comp) == 1 else (tuple(comp),)
+        if key in done:
+            continue
+        done.add(key)
+        net = Network(ctx, progs)
+        runs += 1
+        blocked = net.run()
+        if blocked:
+            others = sum(1 for s in sites if len(comp) == 1 and s not in comp and keys[s] == key)
+            note = f" (and on {others} other site(s) with the same programs)" if others else ""
+            raise VerifyDeadlockError("deadlock: " + "; ".join(net.blocked_text(e) for e in blocked) + note,
+                                      tuple((int(e.site), e.name, ctx.op(e.src[e.pc])) for e in blocked))
+    return runs

@@ -1,0 +1,214 @@
+"""verify's rule 5: every ReadTiles / WriteTiles stays inside its tensor's tile grid, its rows and its page.
+
+An address is linear in its loop variables, so its extremes over a run are at the ends of each variable's range —
+except the item coordinates, which take the values of the site's items. Each access is checked once against the
+box of item coordinates of all the sites that share its program (a box inside the grid, so a pass there is a pass
+everywhere), and only when that fails site by site against the real items, to name the first that leaves. No
+check walks items × K iterations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import TileBoundsError
+from ..ir.ids import LV_ITEM_X, LV_ITEM_Y, ItemId, LoopVar, Site, loop_var_name
+from ..ir.nodes import EngineProgram, Plan
+from ..ir.ops import PackAcc, ReadTiles
+from .verify_walk import Access, Ctx, Facts, where
+
+Box = tuple[int, int, int, int]  # item_y lo, hi, item_x lo, hi
+
+
+@dataclass(frozen=True, slots=True)
+class _Var:
+    name: str
+    coef: int
+    hi: int  # the variable runs 0..hi
+
+
+@dataclass(frozen=True, slots=True)
+class _Linear:
+    """`base + Σ coef · var + cy · item_y + cx · item_x` — one access's first tile of a block row, or any tile."""
+
+    base: int
+    terms: tuple[_Var, ...]
+    cy: int
+    cx: int
+
+    def span(self) -> tuple[int, int]:
+        """Its least and greatest value, item coordinates left out."""
+        lo = self.base + sum(min(0, v.coef * v.hi) for v in self.terms)
+        hi = self.base + sum(max(0, v.coef * v.hi) for v in self.terms)
+        return lo, hi
+
+
+def _linear(acc: Access, whole_block: bool) -> _Linear:
+    op, counts = acc.op, {f.op.var: f.n for f in acc.loops}
+    coefs: dict[LoopVar, int] = {}
+    for var, stride in op.at.steps:
+        coefs[var] = coefs.get(var, 0) + stride
+    terms = [_Var(loop_var_name(v), c, counts[v] - 1) for v, c in coefs.items() if v not in (LV_ITEM_Y, LV_ITEM_X)]
+    terms.append(_Var("block row", op.stride_h, op.block_h - 1))
+    if whole_block:
+        terms.append(_Var("block col", op.stride_w, op.block_w - 1))
+    return _Linear(op.at.base, tuple(terms), coefs.get(LV_ITEM_Y, 0), coefs.get(LV_ITEM_X, 0))
+
+
+def site_box(items: Sequence[ItemId], nx: int) -> Box | None:
+    """The smallest box of grid coordinates around `items` (None for no items)."""
+    if not items:
+        return None
+    first, last = min(items), max(items)
+    y0, y1 = first // nx, last // nx
+    return (y0, y1, first % nx, last % nx) if y0 == y1 else (y0, y1, 0, nx - 1)
+
+
+def _union(boxes: list[Box]) -> Box:
+    return (min(b[0] for b in boxes), max(b[1] for b in boxes), min(b[2] for b in boxes), max(b[3] for b in boxes))
+
+
+def _item_span(lin: _Linear, box: Box) -> tuple[int, int]:
+    ys, xs = (lin.cy * box[0], lin.cy * box[1]), (lin.cx * box[2], lin.cx * box[3])
+    return min(ys) + min(xs), max(ys) + max(xs)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One distinct engine program, its facts, and the sites that run it with their items."""
+
+    prog: EngineProgram
+    facts: Facts
+    sites: tuple[tuple[Site, tuple[ItemId, ...]], ...]
+
+
+def check_bounds(ctx: Ctx, plan: Plan | None, runs: Sequence[Run]) -> None:
+    """Rule 5 for every access of every distinct program."""
+    nx = plan.grid[1] if plan is not None else 1
+    boxes: dict[Site, Box | None] = {}
+    for run in runs:
+        _check_pages(ctx, run)
+        for acc in run.facts.accesses:
+            if any(f.n == 0 for f in acc.loops):
+                continue  # never runs
+            for site, items in run.sites:
+                if site not in boxes:
+                    boxes[site] = site_box(items, nx)
+            _check_access(ctx, nx, run, acc, boxes)
+
+
+def _fail(ctx: Ctx, site: Site, engine: str, acc: Access | PackAcc, why: str, buffer: str | None) -> TileBoundsError:
+    text = ctx.op(acc.op if isinstance(acc, Access) else acc)
+    return TileBoundsError(f"{where(site, engine)}: {text} — {why}", site=int(site), engine=engine, op=text,
+                           buffer=buffer)
+
+
+def _check_pages(ctx: Ctx, run: Run) -> None:
+    """Each block fits the page it fills or empties; each pack fits its page and comes from its accumulator."""
+    site, engine = run.sites[0][0], run.prog.engine.value
+    for acc in run.facts.accesses:
+        op = acc.op
+        buf = op.into if isinstance(op, ReadTiles) else op.src
+        tiles, room = op.block_h * op.block_w, ctx.page_tiles(buf)
+        if tiles > room:
+            raise _fail(ctx, site, engine, acc, f"a {op.block_h}x{op.block_w} block ({tiles} tiles) does not fit a"
+                                                f" page of {ctx.name(buf)}, which holds {room}", ctx.name(buf))
+    for use in run.facts.uses:
+        if isinstance(use.op, PackAcc) and use.buf == use.op.to:
+            pack = use.op
+            for buf in (pack.to, pack.acc):
+                if pack.tiles > ctx.page_tiles(buf):
+                    raise _fail(ctx, site, engine, pack, f"packs {pack.tiles} tiles, but {ctx.name(buf)} holds"
+                                                         f" {ctx.page_tiles(buf)}", ctx.name(buf))
+
+
+def _check_access(ctx: Ctx, nx: int, run: Run, acc: Access, boxes: dict[Site, Box | None]) -> None:
+    tensor = ctx.tensors[acc.op.tensor]
+    rows, cols = tensor.tiles
+    whole, first = _linear(acc, True), _linear(acc, False)
+    uses_items = bool(whole.cy or whole.cx)
+    placed = [(s, items) for s, items in run.sites if boxes[s] is not None] if uses_items else run.sites[:1]
+    if not placed:
+        return
+    box = _union([b for s, _ in placed if (b := boxes[s]) is not None]) if uses_items else (0, 0, 0, 0)
+    lo, hi = whole.span()
+    ilo, ihi = _item_span(whole, box)
+    if lo + ilo < 0 or hi + ihi >= rows * cols:
+        for site, items in placed:
+            _exact_bounds(ctx, nx, run.prog, site, items, acc, whole)
+    if acc.op.stride_w == 1 and acc.op.block_w > 1 and _col_bound(first, box, cols) + acc.op.block_w > cols:
+        for site, items in placed:
+            _exact_row(ctx, nx, run.prog, site, items, acc, first)
+
+
+def _assignment(lin: _Linear, low: bool, item: ItemId | None, nx: int) -> tuple[int, str]:
+    """The value of `lin` where it is lowest (or highest), and the variables that get it there, as text."""
+    value, parts = lin.base, []
+    if item is not None:
+        y, x = divmod(int(item), nx)
+        value += lin.cy * y + lin.cx * x
+        parts.append(f"item {int(item)} (y {y}, x {x})")
+    for v in lin.terms:
+        at = v.hi if (v.coef < 0) == low else 0
+        value += v.coef * at
+        if v.hi > 0:
+            parts.append(f"{v.name} {at}")
+    return value, ", ".join(parts) or "its only run"
+
+
+def _exact_bounds(ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Sequence[ItemId], acc: Access,
+                  lin: _Linear) -> None:
+    tensor = ctx.tensors[acc.op.tensor]
+    rows, cols = tensor.tiles
+    uses_items = bool(lin.cy or lin.cx)
+    cands: Sequence[ItemId | None] = items if uses_items else [None]
+
+    def at_item(i: ItemId | None) -> int:
+        return 0 if i is None else lin.cy * (int(i) // nx) + lin.cx * (int(i) % nx)
+
+    for low, item in ((True, min(cands, key=at_item)), (False, max(cands, key=at_item))):
+        flat, text = _assignment(lin, low, item, nx)
+        if not 0 <= flat < rows * cols:
+            verb = "reads" if isinstance(acc.op, ReadTiles) else "writes"
+            raise _fail(ctx, site, prog.engine.value, acc, f"at {text} it {verb} tile {flat} of {tensor.name}, outside"
+                                                           f" its {rows}x{cols} tile grid", ctx.name(_buf(acc)))
+
+
+def _buf(acc: Access):
+    return acc.op.into if isinstance(acc.op, ReadTiles) else acc.op.src
+
+
+def _col_bound(lin: _Linear, box: Box, cols: int) -> int:
+    """An upper bound on the column of a block row's first tile: the sum of each term's largest column step."""
+    bound = lin.base % cols + (lin.cy % cols) * box[1] + (lin.cx % cols) * box[3]
+    return bound + sum((v.coef % cols) * v.hi for v in lin.terms)
+
+
+def _exact_row(ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Sequence[ItemId], acc: Access,
+               lin: _Linear) -> None:
+    """The exact set of columns a block row can start at (residues mod cols_t, each with a witness)."""
+    tensor = ctx.tensors[acc.op.tensor]
+    cols = tensor.tiles[1]
+    reach: dict[int, tuple[str, ...]] = {lin.base % cols: ()}
+    steps: list[dict[int, str]] = []
+    if lin.cy or lin.cx:
+        by_item: dict[int, str] = {}
+        for i in items:
+            y, x = divmod(int(i), nx)
+            by_item.setdefault((lin.cy * y + lin.cx * x) % cols, f"item {int(i)} (y {y}, x {x})")
+        steps.append(by_item)
+    for v in lin.terms:
+        if v.coef % cols:
+            by_value: dict[int, str] = {}
+            for n in range(min(v.hi + 1, cols)):
+                by_value.setdefault((v.coef * n) % cols, f"{v.name} {n}")
+            steps.append(by_value)
+    for step in steps:
+        reach = {(r + s) % cols: wit + (text,) for r, wit in reach.items() for s, text in step.items()}
+    col = max(reach)
+    if col + acc.op.block_w > cols:
+        at = ", ".join(reach[col]) or "its only run"
+        raise _fail(ctx, site, prog.engine.value, acc, f"at {at} a block row starts at column {col} of {tensor.name}'s"
+                                                       f" {cols}, so its {acc.op.block_w} tiles wrap into the next"
+                                                       " row of tiles", ctx.name(_buf(acc)))

@@ -1,0 +1,466 @@
+"""Run a lowered kernel on a GPU from Python: numpy, torch or CuPy arrays in, the same library out.
+
+Why CuPy, and nvcc to a cubin. CuPy is the smallest library that can load a cubin, set a kernel's dynamic
+shared-memory limit, launch it with raw pointers and do the tilize/untilize array math on the device; torch cannot
+load a module, and cuda-python would need us to pack kernel arguments by hand. The kernel text itself goes through
+`nvcc -cubin` for the device's own architecture — the same compiler the compile-only tests use, and one that takes
+the kernel's host headers (`<cstdio>`, `<vector>`, …) that NVRTC lacks — and the cubin is cached on disk under its
+source hash. When nvcc is missing we fall back to NVRTC through CuPy, minus those host headers. Torch, when present,
+only wraps inputs and results (through DLPack, without copies).
+
+Errors: `GpuUnavailable` (no CuPy, no driver, no GPU), `LaunchError` (arguments the kernel cannot take),
+`KernelBuildError` (nvcc or NVRTC refused the text); each is one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import SpatialError
+from .tilize import (
+    TILE,
+    LaunchError,
+    check_tiles,
+    element_type,
+    poison_value,
+    quantize,
+    storage_dtype,
+    tilize,
+    untilize,
+)
+
+__all__ = [
+    "GpuUnavailable",
+    "KernelBuildError",
+    "LaunchError",
+    "Prepared",
+    "compile_cubin",
+    "kernel_symbol",
+    "prepare",
+    "run",
+    "run_with",
+]
+
+HOST_ONLY_HEADERS = ("cstdio", "cstdlib", "vector", "cstring")
+
+
+class GpuUnavailable(SpatialError, RuntimeError):
+    """No GPU to run on: CuPy missing, no driver, or no device."""
+
+
+class KernelBuildError(SpatialError):
+    """The kernel text did not compile (the message carries the compiler's first error line)."""
+
+
+# ---- what a kernel's arguments are -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    """One kernel parameter and its element / storage types."""
+
+    name: str
+    role: str
+    elems: tuple[int, int]
+    tiles: tuple[int, int]
+    elem: str  # int8, float16, bfloat16, int64, float32, …
+    storage: str  # the device array's dtype (bf16 → uint16)
+
+
+def kernel_args(launch: Any) -> list[Arg]:
+    """The launch's parameters with their element types resolved, in launch order."""
+    out = []
+    for p in launch.params:
+        if p.role not in ("input", "output", "parameter"):
+            raise LaunchError(f"kernel parameter {p.name} has role {p.role!r}; expected input, output or parameter")
+        elem = element_type(p.c_type)
+        out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, storage_dtype(elem)))
+    if sum(a.role == "output" for a in out) != 1:
+        raise LaunchError(
+            f"the launcher runs kernels with one output; this one has {sum(a.role == 'output' for a in out)}"
+        )
+    if sum(a.role == "input" for a in out) != 2:
+        raise LaunchError("the launcher runs kernels of two inputs, A and B")
+    return out
+
+
+def bind(args: Sequence[Arg], a: Any, b: Any, params: Mapping[str, Any]) -> list[tuple[Arg, Any]]:
+    """Pair each input/parameter Arg with the caller's array (output Args get None); check names and shapes."""
+    inputs = iter((a, b))
+    expected = {x.name for x in args if x.role == "parameter"}
+    unknown = sorted(set(params) - expected)
+    if unknown:
+        raise LaunchError(
+            f"unknown argument(s) {', '.join(unknown)}; this kernel takes "
+            f"{', '.join(sorted(expected)) or 'no parameters'}"
+        )
+    bound: list[tuple[Arg, Any]] = []
+    for x in args:
+        if x.role == "output":
+            bound.append((x, None))
+            continue
+        if x.role == "input":
+            value = next(inputs)
+        elif x.name in params:
+            value = params[x.name]
+        else:
+            raise LaunchError(f"missing argument {x.name} (shape {x.elems[0]}×{x.elems[1]})")
+        bound.append((x, _shaped(x, value)))
+    return bound
+
+
+def _shaped(arg: Arg, value: Any) -> Any:
+    if library_of(arg.name, value) == "numpy" and not hasattr(value, "shape"):
+        import numpy as np
+
+        value = np.asarray(value)
+    shape = tuple(int(d) for d in value.shape)
+    rows, cols = arg.elems
+    if len(shape) == 1 and rows == 1:
+        shape = (1, shape[0])
+        value = value.reshape(1, -1)
+    if shape != (rows, cols):
+        raise LaunchError(f"{arg.name} has shape {shape}; this kernel was built for {rows}×{cols}")
+    check_tiles(arg.name, shape, arg.tiles)
+    return value
+
+
+def library_of(name: str, x: Any) -> str:
+    """`numpy`, `torch` or `cupy`: the library an argument comes from (lists and scalars count as numpy)."""
+    root = type(x).__module__.split(".")[0]
+    if root in ("torch", "cupy", "numpy"):
+        return root
+    if isinstance(x, list | tuple | int | float):
+        return "numpy"
+    raise LaunchError(f"{name} is a {type(x).__name__}; pass a numpy, torch or CuPy array")
+
+
+def result_library(bound: Sequence[tuple[Arg, Any]]) -> str:
+    """The library the result comes back in: the arguments' one non-numpy library, else numpy."""
+    libs = {library_of(arg.name, v) for arg, v in bound if v is not None} - {"numpy"}
+    if len(libs) > 1:
+        raise LaunchError(f"arguments mix {' and '.join(sorted(libs))} arrays; pass one library's")
+    return libs.pop() if libs else "numpy"
+
+
+# ---- the device --------------------------------------------------------------------------------------------
+
+
+class Device(Protocol):
+    """What the launcher needs of a GPU; CupyDevice is the real one, tests pass a numpy stand-in."""
+
+    xp: Any
+
+    def upload(self, x: Any) -> tuple[Any, bool]:  # (device array, holds bf16 bits)
+        ...
+
+    def download(self, x: Any, library: str, like: Sequence[Any]) -> Any: ...
+
+    def load(self, kernel_cu: str, kernel_name: str, dyn_smem: int) -> Any: ...
+
+    def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None: ...
+
+
+@dataclass
+class Prepared:
+    """A loaded kernel and its argument contract: tilize operands, poison an output, launch, read C back."""
+
+    device: Any
+    kernel: Any
+    launch_spec: Any
+    args: list[Arg]
+
+    @property
+    def xp(self) -> Any:
+        return self.device.xp
+
+    @property
+    def output(self) -> Arg:
+        return next(a for a in self.args if a.role == "output")
+
+    def tiled(self, arg: Arg, x: Any) -> Any:
+        """The device-side tiled copy of `x`, already in `arg`'s storage dtype."""
+        return tilize(x, arg.tiles, self.xp, _tile(self.launch_spec))
+
+    def output_buffer(self, poison: bool = True) -> Any:
+        """A tiled output buffer, filled with a value no result can take when `poison`."""
+        out = self.output
+        rt, ct = out.tiles
+        tr, tc = _tile(self.launch_spec)
+        buf = self.xp.empty(rt * ct * tr * tc, dtype=out.storage)
+        if poison:
+            buf.fill(poison_value(out.storage))
+        return buf
+
+    def order(self, inputs: Sequence[Any], out: Any, params: Mapping[str, Any] | None = None) -> tuple[Any, ...]:
+        """Tiled buffers in the kernel's parameter order."""
+        it, params = iter(inputs), params or {}
+        return tuple(
+            out if a.role == "output" else next(it) if a.role == "input" else params[a.name] for a in self.args
+        )
+
+    def run(self, args: tuple[Any, ...]) -> None:
+        """Launch once (asynchronously) with buffers in parameter order."""
+        ls = self.launch_spec
+        self.device.launch(self.kernel, ls.grid, ls.block, ls.dyn_smem, args)
+
+    def result(self, out: Any) -> Any:
+        """The logical C of a tiled output buffer (still on the device)."""
+        o = self.output
+        return untilize(out, o.tiles, o.elems, self.xp, _tile(self.launch_spec))
+
+
+def _tile(launch: Any) -> tuple[int, int]:
+    return tuple(getattr(launch, "tile", TILE))  # type: ignore[return-value]
+
+
+def prepare(artifact: Any, device: Any | None = None) -> Prepared:
+    """Compile (or fetch from the cache) and load `artifact.kernel_cu` on `device` (default: the CuPy GPU)."""
+    device = device if device is not None else cupy_device()
+    args = kernel_args(artifact.launch)
+    ls = artifact.launch
+    return Prepared(device, device.load(artifact.kernel_cu, ls.kernel_name, ls.dyn_smem), ls, args)
+
+
+def run(artifact: Any, a: Any, b: Any, **params: Any) -> Any:
+    """C = the artifact's kernel on A, B (and named parameter tensors), run on the GPU.
+
+    Inputs are converted to the operand type (round-to-nearest-even), tiled and zero-padded on the device; the
+    output buffer is poisoned before the launch, so an element the kernel misses reads NaN (or the most negative
+    integer). numpy in → numpy out; torch or CuPy in → the same library out (torch on the inputs' device)."""
+    return run_with(cupy_device(), artifact, a, b, **params)
+
+
+def run_with(device: Any, artifact: Any, a: Any, b: Any, **params: Any) -> Any:
+    """`run` on a given device (tests pass a numpy stand-in)."""
+    args = kernel_args(artifact.launch)
+    bound = bind(args, a, b, params)
+    library = result_library(bound)
+    prep = prepare(artifact, device)
+    buffers, out = [], None
+    for arg, value in bound:
+        if arg.role == "output":
+            out = prep.output_buffer()
+            buffers.append(out)
+            continue
+        x, is_bf16 = device.upload(value)
+        q = quantize(x, arg.elem, device.xp, name=arg.name, bf16_in=is_bf16)
+        buffers.append(prep.tiled(arg, q))
+    prep.run(tuple(buffers))
+    return device.download(prep.result(out), library, [v for _, v in bound if v is not None])
+
+
+# ---- compiling ---------------------------------------------------------------------------------------------
+
+
+def find_nvcc() -> str | None:
+    """nvcc on PATH, else under CUDA_HOME / CUDA_PATH or /usr/local/cuda."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and Path(root, "bin", "nvcc").is_file():
+            return str(Path(root, "bin", "nvcc"))
+    return None
+
+
+def cache_dir() -> Path:
+    """Where cubins are kept between runs."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "spatialc" / "cubin"
+
+
+def compile_cubin(
+    source: str, arch: str, *, nvcc: str | None = None, cache: Path | None = None, timeout_s: float = 300.0
+) -> Path:
+    """The cubin file of `source` for `arch` (`sm_90`), from the disk cache when the same text was compiled before.
+
+    Safe to call from several threads at once (the GPU check compiles its kernels in parallel)."""
+    nvcc = nvcc or find_nvcc()
+    if nvcc is None:
+        raise KernelBuildError("nvcc was not found (PATH, CUDA_HOME, /usr/local/cuda)")
+    key = hashlib.sha256(f"{arch}\n{nvcc_version(nvcc)}\n{source}".encode()).hexdigest()[:32]
+    cache = cache or cache_dir()
+    path = cache / f"{key}-{arch}.cubin"
+    if path.is_file():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="spatialc-") as tmp:
+        src, dst = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
+        src.write_text(source)
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-o", str(dst), str(src)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise KernelBuildError(f"nvcc ran past {timeout_s:.0f} s") from None
+        if proc.returncode != 0:
+            raise KernelBuildError(f"nvcc failed: {_first_error(proc.stderr or proc.stdout)}")
+        data = dst.read_bytes()
+    tmp_path = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp_path.write_bytes(data)
+    os.replace(tmp_path, path)  # atomic: a concurrent compile of the same text writes the same bytes
+    return path
+
+
+_NVCC_VERSIONS: dict[str, str] = {}
+
+
+def nvcc_version(nvcc: str) -> str:
+    """nvcc's release line (`Build cuda_13.0…`), once per process."""
+    if nvcc not in _NVCC_VERSIONS:
+        try:
+            out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        _NVCC_VERSIONS[nvcc] = out.strip().splitlines()[-1] if out.strip() else "unknown"
+    return _NVCC_VERSIONS[nvcc]
+
+
+def _first_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (errors or lines or ["no message"])[0][:300]
+
+
+def kernel_symbol(cubin: bytes, name: str) -> str:
+    """The symbol of kernel `name` in a cubin: its C++ mangled name (`_Z19spatialc_persistent…`), or `name`
+    itself when it was declared extern "C"."""
+    raw = name.encode()
+    found = re.search(rb"_Z%d%s[A-Za-z0-9_]*" % (len(raw), re.escape(raw)), cubin)
+    if found:
+        return found.group(0).decode()
+    if re.search(rb"(^|\x00|\.)" + re.escape(raw) + rb"\x00", cubin):
+        return name
+    raise KernelBuildError(f"kernel {name} is not in the compiled module")
+
+
+def nvrtc_source(source: str) -> str:
+    """The kernel text NVRTC can take: without the host-only standard headers."""
+    names = "|".join(HOST_ONLY_HEADERS)
+    pattern = re.compile(rf"^\s*#\s*include\s*<({names})>\s*$", re.MULTILINE)
+    return pattern.sub("", source)
+
+
+def needs_smem_attribute(dyn_smem: int) -> bool:
+    """Whether to raise the kernel's dynamic shared-memory limit to `dyn_smem` before launching.
+
+    The contract asks for it above 48 KiB (and `Launch.smem_opt_in` when static + dynamic pass 48 KiB); we set it
+    for any dynamic block, which is harmless where it is not needed and covers a lowering that forgot the flag."""
+    return dyn_smem > 0
+
+
+# ---- the CuPy device ---------------------------------------------------------------------------------------
+
+
+def cupy_device() -> CupyDevice:
+    """The GPU through CuPy, or GpuUnavailable with the reason in one line."""
+    global _DEVICE
+    if _DEVICE is None:
+        _DEVICE = CupyDevice(require_cupy())
+    return _DEVICE
+
+
+_DEVICE: CupyDevice | None = None
+
+
+def require_cupy() -> Any:
+    """The cupy module, once it has found a GPU; GpuUnavailable (one line) otherwise."""
+    try:
+        import cupy
+    except ImportError:
+        raise GpuUnavailable("no GPU: CuPy is not installed (pip install 'spatialc[gpu]')") from None
+    except Exception as e:  # a broken CUDA install fails inside CuPy's import
+        raise GpuUnavailable(f"no GPU: CuPy did not load ({_one_line(e)})") from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        raise GpuUnavailable(f"no GPU: the CUDA driver did not answer ({_one_line(e)})") from None
+    if count < 1:
+        raise GpuUnavailable("no GPU: the CUDA driver sees no device")
+    return cupy
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:200]
+
+
+class CupyDevice:
+    """The current CUDA device, driven through CuPy."""
+
+    def __init__(self, cupy: Any):
+        self.cp = cupy
+        self.xp = cupy
+        self._kernels: dict[tuple[int, str], Any] = {}
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.cp.cuda.Device().compute_capability}"
+
+    def upload(self, x: Any) -> tuple[Any, bool]:
+        """A CuPy view or copy of `x` on the device; torch bf16 comes as its bits."""
+        root = type(x).__module__.split(".")[0]
+        if root == "cupy":
+            return x, False
+        if root == "torch":
+            import torch
+
+            t = x.detach()
+            is_bf16 = t.dtype == torch.bfloat16
+            if is_bf16:
+                t = t.view(torch.int16)
+            if t.device.type != "cuda":
+                return self.cp.asarray(t.cpu().numpy()), is_bf16
+            return self.cp.from_dlpack(t.contiguous()), is_bf16
+        return self.cp.asarray(x), False
+
+    def download(self, x: Any, library: str, like: Sequence[Any]) -> Any:
+        """`x` as an array of `library`: numpy copies to the host, torch wraps by DLPack (on the inputs' device)."""
+        if library == "cupy":
+            return x
+        if library == "numpy":
+            return self.cp.asnumpy(x)
+        import torch
+
+        t = torch.from_dlpack(x)
+        devices = {v.device for v in like if type(v).__module__.split(".")[0] == "torch"}
+        if devices and all(d.type != "cuda" for d in devices):
+            t = t.cpu()
+        return t
+
+    def load(self, kernel_cu: str, kernel_name: str, dyn_smem: int) -> Any:
+        """The launchable kernel of `kernel_cu`, compiled once per source text and device."""
+        dev = self.cp.cuda.runtime.getDevice()
+        key = (dev, hashlib.sha256(kernel_cu.encode()).hexdigest())
+        if key not in self._kernels:
+            kernel = self._compile(kernel_cu, kernel_name)
+            if needs_smem_attribute(dyn_smem):
+                kernel.max_dynamic_shared_size_bytes = dyn_smem
+            self._kernels[key] = kernel
+        return self._kernels[key]
+
+    def _compile(self, kernel_cu: str, kernel_name: str) -> Any:
+        if find_nvcc() is None:
+            try:
+                module = self.cp.RawModule(
+                    code=nvrtc_source(kernel_cu), options=("-std=c++17",), name_expressions=[kernel_name]
+                )
+                return module.get_function(kernel_name)
+            except Exception as e:
+                raise KernelBuildError(f"NVRTC failed (no nvcc on PATH): {_first_error(str(e))}") from None
+        path = compile_cubin(kernel_cu, self.arch)
+        symbol = kernel_symbol(path.read_bytes(), kernel_name)
+        return self.cp.RawModule(path=str(path)).get_function(symbol)
+
+    def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
+        kernel((grid,), (block,), args, shared_mem=dyn_smem)

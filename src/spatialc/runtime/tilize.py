@@ -1,0 +1,198 @@
+"""Array math of the GPU launch, written once for any numpy-compatible array module `xp` (numpy here, CuPy on a GPU).
+
+The tiled layout (DESIGN §2): a tensor of `tiles = (rows_t, cols_t)` 16×16 tiles is one flat run where tile
+`(ti, tj)` starts at `(ti * cols_t + tj) * 256` and is row-major inside; the tile grid may be larger than the
+logical shape needs, and the padding is zero. Operand rounding is round-to-nearest-even, done so that a float64
+input is rounded once (not first to float32 and then again), and bf16 is kept as its 16 raw bits in a uint16
+array because CuPy has no bfloat16 type.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import SpatialError
+
+TILE = (16, 16)
+
+# Pointee C types of kernel parameters (docs/kernel-abi.md §4, §6) → the element type of the logical tensor.
+C_TYPES = {
+    "signed char": "int8",
+    "int8_t": "int8",
+    "char": "int8",
+    "unsigned char": "uint8",
+    "__half": "float16",
+    "half": "float16",
+    "__nv_bfloat16": "bfloat16",
+    "nv_bfloat16": "bfloat16",
+    "int": "int32",
+    "int32_t": "int32",
+    "long long": "int64",
+    "long long int": "int64",
+    "int64_t": "int64",
+    "float": "float32",
+    "double": "float64",
+}
+INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
+
+
+class LaunchError(SpatialError, ValueError):
+    """Arguments a kernel cannot take: a wrong shape, an unconvertible dtype, values outside the operand's range."""
+
+
+def element_type(c_type: str) -> str:
+    """The element type (`int8`, `float16`, `bfloat16`, …) of a parameter's C type, qualifiers ignored."""
+    words = c_type.replace("*", " ").split()
+    core = " ".join(w for w in words if w not in ("const", "volatile", "__restrict__", "__restrict", "restrict"))
+    try:
+        return C_TYPES[core]
+    except KeyError:
+        raise LaunchError(
+            f"kernel parameter type {c_type!r} is not one the launcher knows ({', '.join(C_TYPES)})"
+        ) from None
+
+
+def storage_dtype(elem: str) -> str:
+    """The array dtype that holds `elem` on the device: bf16 lives as raw bits in uint16."""
+    return "uint16" if elem == "bfloat16" else elem
+
+
+# ---- the tiled layout --------------------------------------------------------------------------------------
+
+
+def tile_offset(i: int, j: int, cols_t: int, tile: tuple[int, int] = TILE) -> int:
+    """Flat index of element (i, j) in the tiled layout: the definition the array versions are tested against."""
+    tr, tc = tile
+    return ((i // tr) * cols_t + j // tc) * (tr * tc) + (i % tr) * tc + j % tc
+
+
+def check_tiles(name: str, shape: tuple[int, ...], tiles: tuple[int, int], tile: tuple[int, int] = TILE) -> None:
+    """Refuse a logical shape that does not fit the padded tile grid."""
+    need = (math.ceil(shape[0] / tile[0]), math.ceil(shape[1] / tile[1]))
+    if need[0] > tiles[0] or need[1] > tiles[1]:
+        raise LaunchError(
+            f"{name} of shape {tuple(shape)} needs {need[0]}×{need[1]} tiles; the kernel has {tiles[0]}×{tiles[1]}"
+        )
+
+
+def tilize(x: Any, tiles: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE) -> Any:
+    """The flat tiled copy of the 2-D array `x`, zero-padded to the `tiles` grid."""
+    check_tiles("array", x.shape, tiles, tile)
+    (rt, ct), (tr, tc) = tiles, tile
+    padded = xp.zeros((rt * tr, ct * tc), dtype=x.dtype)
+    padded[: x.shape[0], : x.shape[1]] = x
+    return xp.ascontiguousarray(padded.reshape(rt, tr, ct, tc).transpose(0, 2, 1, 3)).reshape(-1)
+
+
+def untilize(flat: Any, tiles: tuple[int, int], shape: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE) -> Any:
+    """The logical `shape` corner of the flat tiled array `flat`, row-major."""
+    (rt, ct), (tr, tc) = tiles, tile
+    if flat.size != rt * ct * tr * tc:
+        raise LaunchError(f"a tiled buffer of {rt}×{ct} tiles holds {rt * ct * tr * tc} elements, not {flat.size}")
+    check_tiles("result", shape, tiles, tile)
+    grid = flat.reshape(rt, ct, tr, tc).transpose(0, 2, 1, 3).reshape(rt * tr, ct * tc)
+    return xp.ascontiguousarray(grid[: shape[0], : shape[1]])
+
+
+# ---- operand rounding --------------------------------------------------------------------------------------
+
+
+def float32_round_to_odd(x: Any, xp: Any) -> Any:
+    """float64 → float32 rounded to odd, so that a second rounding to a format of ≤ 22 bits is exactly the one
+    round-to-nearest-even from float64 (float32 keeps ≥ 2 bits more than fp16 and bf16)."""
+    with _quiet(xp):
+        t = x.astype(xp.float32)
+    back = t.astype(xp.float64)
+    inexact = (back != x) & xp.isfinite(t)
+    bits = t.view(xp.uint32)
+    # Of the two float32 neighbours around x exactly one is odd; step to it when round-to-nearest picked the even.
+    toward_x = xp.where(xp.abs(back) > xp.abs(x), bits - xp.uint32(1), bits + xp.uint32(1))
+    fix = inexact & ((bits & xp.uint32(1)) == 0)
+    return xp.where(fix, toward_x, bits).astype(xp.uint32).view(xp.float32)
+
+
+def bf16_bits(x32: Any, xp: Any) -> Any:
+    """The bfloat16 bits (uint16) of float32 `x32`, round-to-nearest-even; NaN stays a (quiet) NaN."""
+    u = x32.view(xp.uint32)
+    with _quiet(xp):
+        rounded = (u + xp.uint32(0x7FFF) + ((u >> xp.uint32(16)) & xp.uint32(1))) >> xp.uint32(16)
+    nan = (u & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
+    return xp.where(nan, (u >> xp.uint32(16)) | xp.uint32(0x0040), rounded).astype(xp.uint16)
+
+
+def bf16_to_float32(bits: Any, xp: Any) -> Any:
+    """The float32 value of bfloat16 bits (exact)."""
+    return (bits.astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
+
+
+def quantize(x: Any, elem: str, xp: Any, *, name: str = "array", bf16_in: bool = False) -> Any:
+    """`x` converted to element type `elem` in its storage dtype; floats round to nearest even, integers are
+    range-checked. `bf16_in` says `x` already holds bfloat16 bits."""
+    if bf16_in:
+        if elem == "bfloat16":
+            return x.astype(xp.uint16)
+        x = bf16_to_float32(x.view(xp.uint16), xp)
+    kind = xp.dtype(x.dtype).kind
+    if kind not in "biuf":
+        raise LaunchError(f"{name} has dtype {x.dtype}; give integers or real floats")
+    if elem in INT_RANGE:
+        return _to_int(x, elem, xp, name)
+    narrow = elem in ("float16", "bfloat16")
+    if narrow and x.dtype != xp.float16 and x.dtype != xp.float32:
+        x = float32_round_to_odd(x.astype(xp.float64), xp)  # then one rounding below equals one from float64
+    if elem in ("float16", "float32", "float64"):
+        with _quiet(xp):
+            return x.astype(elem)
+    if elem == "bfloat16":
+        return bf16_bits(x.astype(xp.float32), xp)
+    raise LaunchError(f"no conversion to element type {elem!r}")
+
+
+def _to_int(x: Any, elem: str, xp: Any, name: str) -> Any:
+    lo, hi = INT_RANGE[elem]
+    if xp.dtype(x.dtype).kind == "f":
+        if x.size and not bool(xp.all(xp.isfinite(x))):
+            raise LaunchError(f"{name} holds NaN or infinity; an {elem} operand cannot")
+        x = xp.rint(x)  # round half to even
+    if x.size:
+        got_lo, got_hi = x.min().item(), x.max().item()
+        if got_lo < lo or got_hi > hi:
+            raise LaunchError(f"{name} holds values in [{got_lo:g}, {got_hi:g}], outside {elem}'s [{lo}, {hi}]")
+    return x.astype(elem)
+
+
+# ---- poisoning ---------------------------------------------------------------------------------------------
+
+
+def poison_value(storage: str) -> float | int:
+    """A value no kernel result can hold: NaN for floats, the most negative integer for integers.
+
+    (An int32 GEMM result reaches -2^31 only past K = 131072 int8 steps; an int64 one never.)"""
+    if storage.startswith("float"):
+        return float("nan")
+    if storage == "uint16":
+        return 0xFFFF  # bf16 bits of a NaN
+    return INT_RANGE[storage][0]
+
+
+def unwritten(buf: Any, storage: str, xp: Any) -> int:
+    """How many elements of `buf` still hold the poison."""
+    if storage.startswith("float"):
+        return int(xp.count_nonzero(xp.isnan(buf)))
+    return int(xp.count_nonzero(buf == poison_value(storage)))
+
+
+class _quiet:
+    """numpy warns on overflowing casts and wrapping unsigned adds, which these functions mean to do."""
+
+    def __init__(self, xp: Any):
+        self._ctx = xp.errstate(over="ignore", invalid="ignore") if hasattr(xp, "errstate") else None
+
+    def __enter__(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)

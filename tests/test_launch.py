@@ -1,0 +1,368 @@
+"""The GPU launcher without a GPU: argument handling, operand rounding, the tiled layout, the no-GPU error.
+
+A numpy stand-in device plays the GPU: its "kernel" reads the tiled operands, multiplies them and writes the tiled
+result, so the launcher's whole path (bind, convert, tilize, poison, launch order, untilize, library) runs here.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.errors import SpatialError
+from spatialc.lower.artifact import Budget, Census, CudaArtifact, KernelParam, Launch
+from spatialc.runtime import launch as L
+from spatialc.runtime.tilize import (
+    LaunchError,
+    bf16_bits,
+    bf16_to_float32,
+    element_type,
+    poison_value,
+    quantize,
+    tile_offset,
+    tilize,
+    untilize,
+    unwritten,
+)
+
+OPERAND_C = {"int8": "signed char", "fp16": "__half", "bf16": "__nv_bfloat16"}
+OUT_C = {"int8": "long long", "fp16": "float", "bf16": "float"}
+
+
+def artifact(m, n, k, precision="int8", *, pad=(0, 0, 0), dyn_smem=0, bias=False):
+    """A hand-made artifact for C[m×n] = A[m×k] @ B[k×n] on a tile grid padded by `pad` extra tiles."""
+    mt, nt, kt = (math.ceil(m / 16) + pad[0], math.ceil(n / 16) + pad[1], math.ceil(k / 16) + pad[2])
+    params = [
+        KernelParam("A", f"const {OPERAND_C[precision]}", "input", (m, k), (mt, kt)),
+        KernelParam("B", f"const {OPERAND_C[precision]}", "input", (k, n), (kt, nt)),
+        KernelParam("C", OUT_C[precision], "output", (m, n), (mt, nt)),
+    ]
+    if bias:
+        params.append(KernelParam("bias", "float", "parameter", (1, n), (1, nt)))
+    launch = Launch("spatialc_persistent", grid=7, block=256, dyn_smem=dyn_smem, params=tuple(params))
+    budget = Budget(0, False, False, dyn_smem, 0, 64, 1, 256)
+    return CudaArtifact("sm_90", "", "", "// kernel text", launch, budget, Census({}, {}))
+
+
+class NumpyDevice:
+    """A GPU stand-in: numpy arrays, and a kernel that computes the tiled product of its first two arguments."""
+
+    xp = np
+
+    def __init__(self, art):
+        self.args = L.kernel_args(art.launch)
+        self.launches = []
+        self.downloads = []
+
+    def upload(self, x):
+        return np.asarray(x).view(np.ndarray), False
+
+    def download(self, x, library, like):
+        self.downloads.append(library)
+        return x
+
+    def load(self, kernel_cu, kernel_name, dyn_smem):
+        return ("kernel", kernel_name, dyn_smem)
+
+    def launch(self, kernel, grid, block, dyn_smem, args):
+        self.launches.append((kernel, grid, block, dyn_smem, [a.copy() for a in args]))
+        a_arg, b_arg, c_arg = self.args[:3]
+        full = {x.name: (x.tiles[0] * 16, x.tiles[1] * 16) for x in self.args}
+        a = self._values(untilize(args[0], a_arg.tiles, full["A"], np), a_arg.storage)
+        b = self._values(untilize(args[1], b_arg.tiles, full["B"], np), b_arg.storage)
+        c = a @ b
+        if len(args) > 3:  # the bias parameter, one value per column
+            c = c + untilize(args[3], self.args[3].tiles, full["bias"], np)[0]
+        args[2][:] = tilize(c.astype(c_arg.storage), c_arg.tiles, np)
+
+    @staticmethod
+    def _values(x, storage):
+        if storage == "uint16":
+            return bf16_to_float32(x, np).astype(np.float64)
+        return x.astype(np.int64 if storage == "int8" else np.float64)
+
+
+class Torchish(np.ndarray):
+    """Looks like a torch tensor to the launcher's library check."""
+
+
+Torchish.__module__ = "torch"
+
+
+class Cupyish(np.ndarray):
+    """Looks like a CuPy array to the launcher's library check."""
+
+
+Cupyish.__module__ = "cupy"
+
+
+def run_fake(art, a, b, **params):
+    dev = NumpyDevice(art)
+    return L.run_with(dev, art, a, b, **params), dev
+
+
+# ---- the tiled layout ----------------------------------------------------------------------------------------
+
+
+def test_tilize_places_every_element_at_its_tile_offset_and_pads_with_zero():
+    rng = np.random.default_rng(1)
+    x = rng.integers(1, 100, size=(37, 50))
+    tiles = (4, 5)  # one more tile row than 37 needs; 50 needs 4 tile columns, one more given
+    flat = tilize(x, tiles, np)
+    assert flat.shape == (4 * 5 * 256,)
+    expected = np.zeros(4 * 5 * 256, dtype=x.dtype)
+    for i in range(37):
+        for j in range(50):
+            expected[tile_offset(i, j, cols_t=5)] = x[i, j]
+    np.testing.assert_array_equal(flat, expected)
+    assert np.count_nonzero(flat) == x.size  # everything else is zero padding
+
+
+def test_tile_offset_is_the_documented_formula():
+    # tile (ti, tj) at (ti * cols_t + tj) * 256, row-major in a 16×16 tile
+    assert tile_offset(0, 0, 3) == 0
+    assert tile_offset(0, 17, 3) == 256 + 1
+    assert tile_offset(17, 2, 3) == (1 * 3 + 0) * 256 + 1 * 16 + 2
+    assert tile_offset(31, 47, 3) == (1 * 3 + 2) * 256 + 15 * 16 + 15
+
+
+def test_untilize_inverts_tilize():
+    x = np.arange(33 * 19, dtype=np.float32).reshape(33, 19)
+    np.testing.assert_array_equal(untilize(tilize(x, (3, 2), np), (3, 2), (33, 19), np), x)
+
+
+def test_tilize_refuses_a_grid_too_small():
+    with pytest.raises(LaunchError, match="needs 3×2 tiles"):
+        tilize(np.zeros((33, 19)), (2, 2), np)
+
+
+# ---- operand rounding ----------------------------------------------------------------------------------------
+
+
+def exact_bf16(x: float) -> float:
+    """Round a normal float64 to bfloat16 (8 significant bits) with exact rational arithmetic, ties to even."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    _, e = math.frexp(x)
+    scaled = Fraction(x) * Fraction(2) ** (8 - e)
+    n = round(scaled)  # Python's round on a Fraction is half-to-even
+    return float(n * Fraction(2) ** (e - 8))
+
+
+def test_bf16_rounds_float32_to_nearest_even():
+    ties = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x3F80C000, 0x3F807FFF], dtype=np.uint32)
+    got = bf16_bits(ties.view(np.float32), np)
+    assert [hex(v) for v in got] == ["0x3f80", "0x3f82", "0xbf80", "0x3f81", "0x3f80"]
+    special = np.array([np.inf, -np.inf, np.nan, 3.4e38, -0.0], dtype=np.float32)
+    bits = bf16_bits(special, np)
+    back = bf16_to_float32(bits, np)
+    assert back[0] == np.inf and back[1] == -np.inf and np.isnan(back[2])
+    assert back[3] == np.inf  # above bf16's largest finite value: rounds to infinity
+    assert bits[4] == 0x8000
+
+
+def test_float64_to_bf16_is_one_rounding_not_two():
+    rng = np.random.default_rng(7)
+    xs = list(rng.standard_normal(300) * 10.0 ** rng.integers(-5, 6, size=300))
+    # 1 + 2^-8 is halfway between two bf16 values; a float32 step first would land on the tie and round to even.
+    xs += [1 + 2**-8 + 2**-40, -(1 + 2**-8 + 2**-40), 1 + 3 * 2**-8 - 2**-40, 1 + 2**-8]
+    got = bf16_to_float32(quantize(np.array(xs), "bfloat16", np), np).astype(np.float64)
+    assert list(got) == [exact_bf16(x) for x in xs]
+
+
+def test_float64_to_fp16_matches_numpys_direct_rounding():
+    rng = np.random.default_rng(8)
+    xs = np.concatenate([rng.uniform(-70000, 70000, 500), [1 + 2**-11 + 2**-40, 2.0**-20, 1e-9, 1e6]])
+    got = quantize(xs, "float16", np)
+    assert got.dtype == np.float16
+    with np.errstate(over="ignore"):  # 1e6 overflows fp16 to infinity, on purpose
+        np.testing.assert_array_equal(got, xs.astype(np.float16))  # numpy rounds float64 → float16 once
+    assert got[500] == np.float16(1 + 2**-10)  # the case a float32 detour rounds down
+
+
+def test_int8_operands_round_half_to_even_and_are_range_checked():
+    got = quantize(np.array([0.5, 1.5, 2.5, -0.5, -1.5, 127.4, -128.0]), "int8", np)
+    assert got.dtype == np.int8 and list(got) == [0, 2, 2, 0, -2, 127, -128]
+    with pytest.raises(LaunchError, match=r"outside int8's \[-128, 127\]"):
+        quantize(np.array([1, 200]), "int8", np, name="A")
+    with pytest.raises(LaunchError, match="NaN or infinity"):
+        quantize(np.array([1.0, np.nan]), "int8", np)
+    with pytest.raises(LaunchError, match="complex"):
+        quantize(np.array([1j]), "float16", np)
+
+
+def test_element_types_of_c_types():
+    assert element_type("const signed char* __restrict__") == "int8"
+    assert element_type("__nv_bfloat16") == "bfloat16"
+    assert element_type("long long") == "int64"
+    with pytest.raises(LaunchError, match="not one the launcher knows"):
+        element_type("float4")
+
+
+def test_poison_is_counted():
+    buf = np.full(8, poison_value("float32"), dtype=np.float32)
+    buf[:5] = 1.0
+    assert unwritten(buf, "float32", np) == 3
+    ints = np.full(4, poison_value("int64"), dtype=np.int64)
+    ints[0] = 0
+    assert unwritten(ints, "int64", np) == 3
+
+
+# ---- run_with on the stand-in device -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16", "bf16"])
+def test_run_converts_tiles_launches_and_untiles(precision):
+    m, n, k = 37, 21, 40
+    art = artifact(m, n, k, precision, pad=(1, 0, 2), dyn_smem=64 * 1024)
+    rng = np.random.default_rng(3)
+    a = rng.uniform(-100, 100, (m, k)) if precision == "int8" else rng.standard_normal((m, k))
+    b = rng.uniform(-100, 100, (k, n)) if precision == "int8" else rng.standard_normal((k, n))
+    c, dev = run_fake(art, a, b)
+    assert isinstance(c, np.ndarray) and c.shape == (m, n)
+    ((kernel, grid, block, smem, args),) = dev.launches
+    assert (kernel[1], grid, block, smem) == ("spatialc_persistent", 7, 256, 64 * 1024)
+    assert [x.size for x in args] == [4 * 5 * 256, 5 * 2 * 256, 4 * 2 * 256]
+    assert np.isnan(args[2]).all() if precision != "int8" else (args[2] == np.iinfo(np.int64).min).all()
+    if precision == "int8":
+        assert c.dtype == np.int64
+        np.testing.assert_array_equal(c, np.rint(a).astype(np.int64) @ np.rint(b).astype(np.int64))
+    else:
+        ra = quantize(a, "float16", np) if precision == "fp16" else bf16_to_float32(quantize(a, "bfloat16", np), np)
+        rb = quantize(b, "float16", np) if precision == "fp16" else bf16_to_float32(quantize(b, "bfloat16", np), np)
+        assert c.dtype == np.float32
+        np.testing.assert_allclose(c, ra.astype(np.float64) @ rb.astype(np.float64), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_run_takes_the_launch_contract_of_a_lowered_kernel(precision):
+    art = spatialc.lower(spatialc.build(spatialc.gemm(40, 24, 56, precision), "sm_90"))
+    rng = np.random.default_rng(5)
+    a = rng.integers(-128, 128, (40, 56)) if precision == "int8" else rng.standard_normal((40, 56))
+    b = rng.integers(-128, 128, (56, 24)) if precision == "int8" else rng.standard_normal((56, 24))
+    c, dev = run_fake(art, a, b)
+    ((_, grid, block, smem, _),) = dev.launches
+    assert (grid, block, smem) == (art.launch.grid, art.launch.block, art.launch.dyn_smem)
+    if precision == "int8":
+        np.testing.assert_array_equal(c, a @ b)
+    else:
+        ra, rb = (bf16_to_float32(quantize(x, "bfloat16", np), np).astype(np.float64) for x in (a, b))
+        np.testing.assert_allclose(c, ra @ rb, rtol=1e-6, atol=1e-6)
+
+
+def test_run_passes_named_parameters_in_parameter_order():
+    art = artifact(20, 18, 16, "fp16", bias=True)
+    bias = np.arange(18, dtype=np.float32)
+    c, dev = run_fake(art, np.ones((20, 16)), np.ones((16, 18)), bias=bias)
+    np.testing.assert_array_equal(c, np.broadcast_to(16 + bias, (20, 18)))
+    assert len(dev.launches[0][4]) == 4
+
+
+def test_result_library_follows_the_inputs():
+    art = artifact(16, 16, 16)
+    a, b = np.ones((16, 16)), np.ones((16, 16))
+    _, dev = run_fake(art, a.view(Torchish), b)
+    _, dev2 = run_fake(art, a.view(Cupyish), b.view(Cupyish))
+    _, dev3 = run_fake(art, a.tolist(), b)
+    assert (dev.downloads, dev2.downloads, dev3.downloads) == (["torch"], ["cupy"], ["numpy"])
+    with pytest.raises(LaunchError, match="mix cupy and torch"):
+        run_fake(art, a.view(Torchish), b.view(Cupyish))
+    with pytest.raises(LaunchError, match="pass a numpy, torch or CuPy array"):
+        run_fake(art, a, {"not": "an array"})
+
+
+def test_run_refuses_wrong_shapes_and_names():
+    art = artifact(20, 18, 16, "fp16", bias=True)
+    a, b, bias = np.ones((20, 16)), np.ones((16, 18)), np.ones(18)
+    with pytest.raises(LaunchError, match=r"A has shape \(16, 20\); this kernel was built for 20×16"):
+        run_fake(art, a.T, b, bias=bias)
+    with pytest.raises(LaunchError, match="missing argument bias"):
+        run_fake(art, a, b)
+    with pytest.raises(LaunchError, match="unknown argument.*scale"):
+        run_fake(art, a, b, bias=bias, scale=2.0)
+    with pytest.raises(LaunchError, match="int8's"):
+        run_fake(artifact(16, 16, 16), np.full((16, 16), 300), np.ones((16, 16)))
+
+
+def test_launch_errors_are_spatial_errors():
+    assert issubclass(LaunchError, SpatialError) and issubclass(L.GpuUnavailable, SpatialError)
+    assert issubclass(L.KernelBuildError, SpatialError)
+
+
+# ---- no GPU ----------------------------------------------------------------------------------------------------
+
+
+def test_no_cupy_is_one_clear_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy → ImportError
+    monkeypatch.setattr(L, "_DEVICE", None)
+    art = artifact(16, 16, 16)
+    with pytest.raises(L.GpuUnavailable) as err:
+        spatialc.run(art, np.ones((16, 16)), np.ones((16, 16)))
+    assert "CuPy is not installed" in str(err.value) and "\n" not in str(err.value)
+
+
+class _Runtime:
+    def __init__(self, count):
+        self.count = count
+
+    def getDeviceCount(self):  # noqa: N802 — CuPy's name
+        if isinstance(self.count, Exception):
+            raise self.count
+        return self.count
+
+
+class _FakeCupy:
+    def __init__(self, count):
+        self.cuda = type("cuda", (), {"runtime": _Runtime(count)})()
+
+
+@pytest.mark.parametrize(
+    ("count", "words"), [(0, "sees no device"), (RuntimeError("cudaErrorNoDevice\nmore"), "driver did not answer")]
+)
+def test_no_device_or_driver_is_one_clear_line(monkeypatch, count, words):
+    monkeypatch.setitem(sys.modules, "cupy", _FakeCupy(count))
+    monkeypatch.setattr(L, "_DEVICE", None)
+    with pytest.raises(L.GpuUnavailable, match=words) as err:
+        L.cupy_device()
+    assert "\n" not in str(err.value)
+
+
+# ---- compiling -------------------------------------------------------------------------------------------------
+
+
+def test_kernel_symbol_finds_the_mangled_name():
+    cubin = b"\x7fELF\x00.text._Z19spatialc_persistentPKaS0_Px\x00_Z19spatialc_persistentPKaS0_Px\x00"
+    assert L.kernel_symbol(cubin, "spatialc_persistent") == "_Z19spatialc_persistentPKaS0_Px"
+    assert L.kernel_symbol(b"\x00.text.k\x00k\x00", "k") == "k"  # extern "C"
+    with pytest.raises(L.KernelBuildError, match="not in the compiled module"):
+        L.kernel_symbol(cubin, "other")
+
+
+def test_nvrtc_source_drops_only_host_headers():
+    src = "#include <cuda_pipeline.h>\n#include <mma.h>\n#include <cstdio>\n#include <vector>\nint x;\n"
+    assert L.nvrtc_source(src) == "#include <cuda_pipeline.h>\n#include <mma.h>\n\n\nint x;\n"
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(L.find_nvcc() is None, reason="nvcc is not installed")
+def test_nvcc_cubin_of_a_lowered_kernel_is_cached_and_its_kernel_found(tmp_path, monkeypatch):
+    art = spatialc.lower(spatialc.build(spatialc.gemm(40, 24, 56, "bf16"), "sm_90"))
+    path = L.compile_cubin(art.kernel_cu, "sm_90", cache=tmp_path)
+    symbol = L.kernel_symbol(path.read_bytes(), art.launch.kernel_name)
+    assert symbol.startswith("_Z19spatialc_persistentPK13__nv_bfloat16")  # C++ mangled: found in the cubin, not guessed
+    monkeypatch.setattr(L.subprocess, "run", lambda *a, **k: pytest.fail("recompiled a cached kernel"))
+    assert L.compile_cubin(art.kernel_cu, "sm_90", cache=tmp_path) == path
+    monkeypatch.undo()
+    with pytest.raises(L.KernelBuildError, match="nvcc failed: .*error"):
+        L.compile_cubin("__global__ void k( { }", "sm_90", cache=tmp_path)
+
+
+def test_missing_nvcc_is_a_build_error(monkeypatch, tmp_path):
+    monkeypatch.setattr(L, "find_nvcc", lambda: None)
+    with pytest.raises(L.KernelBuildError, match="nvcc was not found"):
+        L.compile_cubin("__global__ void k() {}", "sm_90", cache=tmp_path)

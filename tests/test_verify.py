@@ -1,0 +1,529 @@
+"""verify: every built program passes; one hand-broken program per rule is refused with the rule's error, located."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import spatialc
+from spatialc.errors import (
+    CoverageError,
+    DeadlockError,
+    IllFormedError,
+    RingDepthError,
+    RingOwnershipError,
+    StrongerCheckNeeded,
+    TileBoundsError,
+    UnbalancedError,
+    VerifyDeadlockError,
+    VerifyError,
+)
+from spatialc.frontend import BUF_A, BUF_ACC, BUF_B, BUF_C, T_A
+from spatialc.ir.ids import LV_ITEM, LV_K, BufferId, GroupId, ItemId, LoopVar, SemId, Site, TensorId
+from spatialc.ir.nodes import (
+    Buffer,
+    DType,
+    Engine,
+    EngineProgram,
+    Fifo,
+    Group,
+    Placement,
+    Schedule,
+    Semaphore,
+    SpatialProgram,
+    Tensor,
+    TensorRole,
+)
+from spatialc.ir.ops import (
+    Barrier,
+    ChoreoOp,
+    Const,
+    Loop,
+    Pop,
+    Push,
+    ReadTiles,
+    Reserve,
+    SemInc,
+    SemSet,
+    SemWait,
+    TileAddr,
+    Trip,
+    Wait,
+    WriteTiles,
+)
+from spatialc.passes import deadlock
+from spatialc.passes.place import place
+from spatialc.passes.schedule import schedule
+from spatialc.passes.tile import tile
+from spatialc.passes.verify import verify
+from spatialc.passes.verify_walk import Ctx
+from spatialc.target import target
+
+R, C, W = Engine.READER, Engine.COMPUTE, Engine.WRITER
+
+
+def small(**kw) -> SpatialProgram:
+    """C[100×70] = A @ B in int8 on sm_86: 1x1x1 blocks, a 7x5 grid, 4 K steps, one item per site."""
+    return spatialc.build(spatialc.gemm(100, 70, 50, "int8"), "sm_86", **kw)
+
+
+def map_ops(ops: tuple[ChoreoOp, ...], f: Callable[[ChoreoOp], tuple[ChoreoOp, ...] | None]) -> tuple[ChoreoOp, ...]:
+    """`ops` with each op replaced by f(op) (None: kept, loops rewritten inside)."""
+    out: list[ChoreoOp] = []
+    for op in ops:
+        new = f(op)
+        if new is not None:
+            out.extend(new)
+        elif isinstance(op, Loop):
+            out.append(dataclasses.replace(op, body=map_ops(op.body, f)))
+        else:
+            out.append(op)
+    return tuple(out)
+
+
+def edit(p: SpatialProgram, engine: Engine, f: Callable[[tuple[ChoreoOp, ...]], tuple[ChoreoOp, ...]],
+         sites: tuple[int, ...] | None = None) -> SpatialProgram:
+    """`p` with `engine`'s programs (on `sites`, default all) rewritten by `f`."""
+    assert p.schedule is not None
+    progs = tuple(dataclasses.replace(q, ops=f(q.ops)) if q.engine == engine and (sites is None or q.site in sites)
+                  else q for q in p.schedule.programs)
+    return p.evolve(schedule=Schedule(progs))
+
+
+def replace(p: SpatialProgram, engine: Engine, f: Callable[[ChoreoOp], tuple[ChoreoOp, ...] | None],
+            sites: tuple[int, ...] | None = None) -> SpatialProgram:
+    return edit(p, engine, lambda ops: map_ops(ops, f), sites)
+
+
+def k_body(p: SpatialProgram, engine: Engine) -> tuple[ChoreoOp, ...]:
+    assert p.schedule is not None
+    prog = next(q for q in p.schedule.programs if q.engine == engine)
+    loop = next(op for op in _walk(prog.ops) if isinstance(op, Loop) and op.var == LV_K)
+    return loop.body
+
+
+def _walk(ops):
+    for op in ops:
+        yield op
+        if isinstance(op, Loop):
+            yield from _walk(op.body)
+
+
+def refused(p: SpatialProgram, error: type[Exception], *words: str) -> Exception:
+    with pytest.raises(error) as info:
+        verify(p)
+    for w in words:
+        assert w in str(info.value), f"{w!r} not in: {info.value}"
+    return info.value
+
+
+# ---- every built program verifies ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("shape", "prec", "tgt", "kw"), [
+    ((100, 70, 50), "int8", "sm_86", {}),
+    ((1, 1, 1), "fp16", "sm_80", {}),
+    ((256, 256, 256), "bf16", "sm_90", {}),
+    ((1000, 300, 130), "int8", "sm_80", {"placement": "round_robin", "sites": 7}),
+    ((1000, 300, 130), "fp16", "sm_90", {"placement": "contiguous", "sites": 5}),
+    ((64, 64, 64), "int8", "sm_86", {"sites": 40}),  # more sites than items: empty sites
+    ((300, 500, 200), "fp16", "sm_86", {"block": (2, 4, 2), "sub_blocks": (2, 1), "depth": 2}),
+    ((300, 500, 200), "int8", "sm_90", {"block": (1, 1, 1), "sub_blocks": (1, 1), "depth": 1, "sites": 3}),
+    ((200, 200, 96), "bf16", "sm_80", {"block": (4, 4, 4), "sub_blocks": (1, 2), "placement": "round_robin"}),
+])
+def test_built_programs_verify(shape, prec, tgt, kw):
+    p = spatialc.build(spatialc.gemm(*shape, prec), tgt, **kw)
+    assert p.verified
+    assert verify(p.evolve()).verified
+
+
+def test_only_verify_sets_verified():
+    t = target("sm_86")
+    p = spatialc.gemm(100, 70, 50, "int8")
+    steps = [tile(p, t)]
+    steps.append(place(steps[-1], t))
+    steps.append(schedule(steps[-1]))
+    assert not any(q.verified for q in steps)
+    # verify runs after any pass: what a program does not have yet (placement, schedule) it cannot break
+    assert all(verify(q).verified for q in steps)
+    done = verify(steps[-1])
+    assert done.verified and not done.evolve(name="x").verified
+    assert not schedule(done).verified and not tile(done, t).verified
+
+
+def test_hand_placement_with_an_empty_site_and_uneven_item_loops():
+    t = target("sm_86")
+    p = place(tile(spatialc.gemm(100, 70, 50, "int8"), t), t)
+    assert p.plan is not None
+    n = p.plan.items
+    uneven = ((Site(0), tuple(ItemId(i) for i in range(0, n, 2))), (Site(1), ()),
+              (Site(2), tuple(ItemId(i) for i in range(1, n, 2))))
+    p = schedule(p.evolve(placement=Placement(uneven, (), "strided")))
+    assert p.schedule is not None and any(q.ops and q.ops[0].count == Const(0) for q in p.schedule.programs)
+    assert verify(p).verified
+
+
+def test_writer_walking_an_empty_k_loop_verifies():
+    # DESIGN §4's first way to let the lowering merge a site's programs: every engine gets the K loop skeleton.
+    p = small(sites=5)
+    assert p.plan is not None
+    skeleton = Loop(LV_K, Const(p.plan.k_steps), ())
+    p = replace(p, W, lambda op: (dataclasses.replace(op, body=(skeleton, *op.body)),)
+                if isinstance(op, Loop) and op.var == LV_ITEM else None)
+    assert verify(p).verified
+
+
+# ---- rule 1: ids resolve, counts sane ---------------------------------------------------------------------------
+
+
+def test_unknown_buffer():
+    p = replace(small(), C, lambda op: (Wait(BufferId(9)),) if op == Wait(BUF_B) else None)
+    e = refused(p, IllFormedError, "site 0 compute", "buffer 9 does not exist")
+    assert (e.site, e.engine) == (0, "compute")
+
+
+def test_bad_counts_and_pages():
+    p = replace(small(), R, lambda op: (Push(BUF_A, 0),) if op == Push(BUF_A) else None)
+    refused(p, IllFormedError, "site 0 reader", "Push A_ring x0", "at least 1 page")
+    p = replace(small(), C, lambda op: (dataclasses.replace(op, count=Const(-1)),) if isinstance(op, Loop) else None)
+    refused(p, IllFormedError, "site 0 compute", "loop count must be ≥ 0")
+
+
+def test_trip_reads_a_parameter_and_vars_are_bound():
+    p = replace(small(), R, lambda op: (dataclasses.replace(op, count=Trip(T_A, 0, 4)),)
+                if isinstance(op, Loop) else None)
+    refused(p, IllFormedError, "site 0 reader", "input tensor", "parameter")
+    bad = LoopVar(9)
+    p = replace(small(), R, lambda op: (dataclasses.replace(op, at=TileAddr(0, ((bad, 1),))),)
+                if isinstance(op, ReadTiles) else None)
+    refused(p, IllFormedError, "site 0 reader", "ReadTiles A", "lv9, which no enclosing loop binds")
+
+
+def test_unknown_tensor_semaphore_group_and_site():
+    p = replace(small(), W, lambda op: (dataclasses.replace(op, tensor=TensorId(7)),)
+                if isinstance(op, WriteTiles) else None)
+    refused(p, IllFormedError, "site 0 writer", "tensor 7 does not exist")
+    p = edit(small(), C, lambda ops: (SemWait(SemId(0), 1), *ops), sites=(2,))
+    refused(p, IllFormedError, "site 2 compute", "semaphore 0 does not exist")
+    p = edit(small(), C, lambda ops: (Barrier(GroupId(0)), *ops), sites=(2,))
+    refused(p, IllFormedError, "site 2 compute", "group 0 does not exist")
+    p = small()
+    assert p.schedule is not None
+    stray = EngineProgram(Site(99), R, ())
+    refused(p.evolve(schedule=Schedule((*p.schedule.programs, stray))), IllFormedError, "no site 99")
+
+
+def test_tables_and_loop_variables():
+    p = small()
+    ring = p.buffer(BUF_C)
+    refused(p.evolve(buffers=(*p.buffers, ring)), IllFormedError, "two buffers have id 3")
+    shallow = dataclasses.replace(ring, kind=Fifo(0, 1))
+    refused(p.evolve(buffers=tuple(shallow if b.id == BUF_C else b for b in p.buffers)), IllFormedError,
+            "ring C_ring must have pages ≥ 1")
+    copy = Buffer(BufferId(8), "A_ring@1", Fifo(1, 1), origin=BUF_A)
+    refused(p.evolve(buffers=(*p.buffers, copy)), IllFormedError, "A_ring@1 is a copy of A_ring but is Fifo")
+    assert p.placement is not None
+    g = Group(GroupId(0), (Site(0), Site(77)))
+    refused(p.evolve(placement=dataclasses.replace(p.placement, groups=(g,))), IllFormedError, "names site 77")
+    nested = replace(p, R, lambda op: (Loop(LV_K, Const(1), (op,)),) if isinstance(op, Loop) else None)
+    refused(nested, IllFormedError, "site 0 reader: Loop k < 4", "already bound by an enclosing loop")
+    item_y = replace(p, R, lambda op: (dataclasses.replace(op, var=LoopVar(1)),) if isinstance(op, Loop) else None)
+    refused(item_y, IllFormedError, "site 0 reader: Loop item_y < 4", "no loop may bind it")
+
+
+# ---- rule 2: one producer and one consumer engine per ring per site -------------------------------------------
+
+
+def test_reserve_moved_to_the_consumer():
+    p = replace(small(), R, lambda op: () if op == Reserve(BUF_A) else None)
+    p = replace(p, C, lambda op: (Reserve(BUF_A), op) if op == Wait(BUF_A) else None)
+    e = refused(p, RingOwnershipError, "site 0 compute: Reserve A_ring", "produced by reader (stage read_A)")
+    assert (e.site, e.engine, e.buffer) == (0, "compute", "A_ring")
+    write = next(op for op in _walk(p.schedule.programs[2].ops) if isinstance(op, WriteTiles))
+    p = replace(small(), C, lambda op: (op, Wait(BUF_C), write, Pop(BUF_C)) if op == Push(BUF_C) else None, sites=(5,))
+    refused(p, RingOwnershipError, "site 5 compute: Wait C_ring", "consumed by writer (stage write_C)")
+
+
+def test_two_producer_engines_without_stages():
+    p = replace(small(), R, lambda op: () if op == Push(BUF_B) else None)
+    p = replace(p, C, lambda op: (op, Push(BUF_B)) if op == Wait(BUF_A) else None)
+    refused(p.evolve(stages=()), RingOwnershipError, "site 0 compute: Push B_ring", "already produced by reader")
+
+
+def test_accumulator_only_through_its_ops():
+    p = replace(small(), C, lambda op: (op, Wait(BUF_ACC)) if op == Wait(BUF_A) else None)
+    refused(p, RingOwnershipError, "site 0 compute: Wait acc", "acc is an accumulator")
+
+
+# ---- rule 3: balance ---------------------------------------------------------------------------------------------
+
+
+def test_loop_body_pushes_twice_pops_once():
+    twice = (Reserve(BUF_A), Push(BUF_A))
+    p = replace(small(), R, lambda op: (op, *twice) if op == Push(BUF_A) else None)
+    e = refused(p, UnbalancedError, "site 0 reader: Loop k < 4", "pushes 2 page(s) of A_ring", "compute", "pops 1")
+    assert e.buffer == "A_ring"
+
+
+def test_push_of_unreserved_and_pop_of_unwaited_pages():
+    p = replace(small(), R, lambda op: () if op == Reserve(BUF_B) else None)
+    refused(p, UnbalancedError, "site 0 reader: ReadTiles B", "fills a page of B_ring it has not reserved")
+    p = replace(small(), C, lambda op: () if op == Wait(BUF_B) else None)
+    refused(p, UnbalancedError, "site 0 compute: Compute", "reads a page of B_ring it has not waited for")
+    p = replace(small(), C, lambda op: (op, Pop(BUF_A)) if op == Pop(BUF_A) else None)
+    refused(p, UnbalancedError, "site 0 compute: Pop A_ring", "pops 1 page(s) of A_ring with 0 waited for")
+
+
+def test_loop_that_keeps_a_reservation():
+    p = replace(small(), R, lambda op: (op, Reserve(BUF_A)) if op == Reserve(BUF_A) else None)
+    refused(p, UnbalancedError, "site 0 reader: Loop k", "+1 reserved page(s) of A_ring unpushed")
+
+
+def test_ring_left_full_at_the_end():
+    p = replace(small(), C, lambda op: (op, Reserve(BUF_C), Push(BUF_C)) if op == Push(BUF_C) else None)
+    e = refused(p, UnbalancedError, "site 0: C_ring has 2 page(s) pushed (by compute) but 1 popped (by writer)")
+    assert e.buffer == "C_ring"
+
+
+# ---- rule 4: no op moves more pages than its ring holds --------------------------------------------------------
+
+
+def test_wait_deeper_than_the_ring():
+    p = small()
+    assert p.buffer(BUF_A).kind.depth_pages == 3
+    p = replace(p, C, lambda op: (Wait(BUF_A, 4),) if op == Wait(BUF_A) else None)
+    e = refused(p, RingDepthError, "site 0 compute: Wait A_ring x4", "moves 4 pages of A_ring, a ring of 3")
+    assert e.buffer == "A_ring"
+
+
+# ---- rule 5: tile addresses -----------------------------------------------------------------------------------------
+
+
+def _shift(op: ChoreoOp, by: int, kind: type) -> tuple[ChoreoOp, ...] | None:
+    if isinstance(op, kind):
+        return (dataclasses.replace(op, at=dataclasses.replace(op.at, base=op.at.base + by)),)
+    return None
+
+
+def test_write_off_the_grid_for_the_last_item_only():
+    p = replace(small(), W, lambda op: _shift(op, 1, WriteTiles))  # C is 7x5 tiles; item 34 is (6, 4)
+    e = refused(p, TileBoundsError, "site 34 writer: WriteTiles C_ring -> C[1 + 5*item_y + 1*item_x]",
+                "item 34 (y 6, x 4)", "tile 35 of C, outside its 7x5 tile grid")
+    assert (e.site, e.engine) == (34, "writer")
+
+
+def test_read_stride_off_the_tensor_for_the_last_row_of_items():
+    p = spatialc.build(spatialc.gemm(1024, 1024, 1024, "fp16"), "sm_90")  # A: 64x64 tiles, 4x1 blocks
+    p = replace(p, R, lambda op: (dataclasses.replace(op, stride_h=65),)
+                if isinstance(op, ReadTiles) and op.tensor == T_A else None)
+    # Only the last row of items (y 15: items 120..127, one per site) reaches past the end; the first is named.
+    e = refused(p, TileBoundsError, "site 120 reader: ReadTiles A", "at item 120 (y 15, x 0), k 63, block row 3 it"
+                " reads tile 4098 of A, outside its 64x64 tile grid")
+    assert (e.site, e.buffer) == (120, "A_ring")
+
+
+def test_block_row_wrapping_into_the_next_row():
+    p = spatialc.build(spatialc.gemm(1024, 1024, 1024, "fp16"), "sm_90")  # B read: 1x8 blocks at 8*item_x
+    b = p.tensor_named("B")
+    taller = dataclasses.replace(b, tiles=(b.tiles[0] + 1, b.tiles[1]))  # room below, so only the wrap is wrong
+    p = p.evolve(tensors=tuple(taller if t.id == b.id else t for t in p.tensors))
+    p = replace(p, R, lambda op: _shift(op, 4, ReadTiles) if isinstance(op, ReadTiles) and op.tensor == b.id else None)
+    e = refused(p, TileBoundsError, "site 7 reader: ReadTiles B", "item 7 (y 0, x 7)", "column 60 of B's 64",
+                "wrap into the next row")
+    assert e.buffer == "B_ring"
+
+
+def test_block_bigger_than_its_page():
+    p = replace(small(), R, lambda op: (dataclasses.replace(op, block_h=2, stride_h=4),)
+                if isinstance(op, ReadTiles) and op.tensor == T_A else None)
+    refused(p, TileBoundsError, "site 0 reader: ReadTiles A", "2x1 block (2 tiles) does not fit a page of A_ring")
+
+
+# ---- rule 6: placement ---------------------------------------------------------------------------------------
+
+
+def _placed(p: SpatialProgram, items_of_site) -> SpatialProgram:
+    assert p.placement is not None
+    return p.evolve(placement=Placement(tuple((Site(s), tuple(ItemId(i) for i in items)) for s, items in
+                                              items_of_site), p.placement.groups, p.placement.kind))
+
+
+def test_placement_missing_or_repeating_an_item():
+    p = small(sites=5)  # 35 items, 7 per site
+    assert p.placement is not None
+    items = [(int(s), [int(i) for i in its]) for s, its in p.placement.items_of_site]
+    missing = [(s, [i for i in its if i != 9]) for s, its in items]
+    refused(_placed(p, missing), CoverageError, "item 9 (y 1, x 4)", "on no site")
+    twice = [(s, its + [9] if s == 4 else its) for s, its in items]
+    e = refused(_placed(p, twice), CoverageError, "item 9", "on sites 1, 4")
+    assert e.site == 4
+    outside = [(s, its + [35] if s == 3 else its) for s, its in items]
+    refused(_placed(p, outside), CoverageError, "site 3 holds item 35, outside the 7x5 grid")
+
+
+def test_item_loop_disagrees_with_the_placement():
+    p = small(sites=5)
+    assert p.placement is not None
+    items = [(int(s), [int(i) for i in its]) for s, its in p.placement.items_of_site]
+    moved = [(s, its[:-1] if s == 0 else its + [items[0][1][-1]] if s == 1 else its) for s, its in items]
+    refused(_placed(p, moved), CoverageError, "site 0 reader: Loop item < 7", "holds 6 item(s)")
+
+
+def test_item_coordinates_without_an_item_loop_and_sites_with_nothing_to_run():
+    p = small(sites=5)  # 7 items per site, so every program has an ITEM loop
+    flat = replace(p, W, lambda op: op.body if isinstance(op, Loop) and op.var == LV_ITEM else None)
+    refused(flat, CoverageError, "site 0 writer: WriteTiles C_ring", "name the site's only item, but the site"
+            " holds 7")
+    idle = edit(small(), R, lambda ops: (), sites=(2,))
+    idle = edit(edit(idle, C, lambda ops: (), sites=(2,)), W, lambda ops: (), sites=(2,))
+    refused(idle, CoverageError, "site 2 holds 1 item(s) but the schedule gives it nothing to run")
+
+
+# ---- rule 7: deadlock ----------------------------------------------------------------------------------------------
+
+
+def _a_twice(p: SpatialProgram) -> SpatialProgram:
+    """The K loop unrolled by two, with the reader fetching both A pages before either B page: it holds two A pages
+    before the compute engine (which wants A then B) frees any."""
+    rb, cb = k_body(p, R), k_body(p, C)
+    a_part, b_part = rb[:3], rb[3:]
+
+    def unroll(loop: ChoreoOp, body: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...] | None:
+        if isinstance(loop, Loop) and loop.var == LV_K:
+            assert isinstance(loop.count, Const)
+            return (Loop(LV_K, Const(loop.count.n // 2), body),)
+        return None
+
+    p = replace(p, R, lambda op: unroll(op, a_part * 2 + b_part * 2))
+    return replace(p, C, lambda op: unroll(op, cb * 2))
+
+
+def test_deadlock_only_because_a_ring_is_one_page_too_shallow():
+    fine = _a_twice(small(block=(1, 1, 1), sub_blocks=(1, 1), depth=2))
+    assert verify(fine).verified
+    shallow = _a_twice(small(block=(1, 1, 1), sub_blocks=(1, 1), depth=1))
+    e = refused(shallow, VerifyDeadlockError, "site 0 reader [k 0]: Reserve A_ring — needs 1 free page(s), but 1 of 1",
+                "site 0 compute [k 0]: Wait B_ring — 0 of 1 page(s) published",
+                "site 0 writer: Wait C_ring — 0 of 1 page(s) published", "34 other site(s)")
+    assert isinstance(e, DeadlockError) and isinstance(e, VerifyError)
+    assert [b[:2] for b in e.blocked] == [(0, "reader"), (0, "compute"), (0, "writer")]
+
+
+def test_consumer_waiting_before_its_producer_can_push():
+    # A token ring from compute back to the reader: the reader waits for it before loading anything, but the
+    # compute engine sends it only after its K loop, which needs the reader's loads.
+    p = small()
+    token = BufferId(4)
+    p = p.evolve(buffers=(*p.buffers, Buffer(token, "token", Fifo(1, 1))))
+    p = edit(p, R, lambda ops: (Wait(token), Pop(token), *ops))
+    p = edit(p, C, lambda ops: (*ops, Reserve(token), Push(token)))
+    refused(p, VerifyDeadlockError, "site 0 reader: Wait token — 0 of 1", "site 0 compute [k 0]: Wait A_ring — 0 of 1",
+            "site 0 writer: Wait C_ring")
+
+
+def test_semset_refused():
+    p = small().evolve(semaphores=(Semaphore(SemId(0), "flag"),))
+    p = edit(p, C, lambda ops: (*ops, SemSet(SemId(0), 0)), sites=(3,))
+    e = refused(p, StrongerCheckNeeded, "site 3 compute: SemSet sem0 = 0", "can lower a semaphore count",
+                "stronger check")
+    assert e.site == 3
+
+
+def _handshake(cycle: bool) -> SpatialProgram:
+    """Site 1's reader waits for site 0's compute to finish; with `cycle`, site 0's reader waits for site 1's."""
+    s = SemId(0)
+    p = small().evolve(semaphores=(Semaphore(s, "done"),))
+    p = edit(p, C, lambda ops: (*ops, SemInc(s, Site(1))), sites=(0,))
+    p = edit(p, R, lambda ops: (SemWait(s, 1), *ops), sites=(1,))
+    if cycle:
+        p = edit(p, C, lambda ops: (*ops, SemInc(s, Site(0))), sites=(1,))
+        p = edit(p, R, lambda ops: (SemWait(s, 1), *ops), sites=(0,))
+    return p
+
+
+def test_semaphore_handshake_between_sites():
+    assert verify(_handshake(False)).verified
+    e = refused(_handshake(True), VerifyDeadlockError, "site 0 reader: SemWait sem0 >= 1 — the count is 0, it needs 1",
+                "site 1 reader: SemWait sem0 >= 1", "site 0 compute [k 0]: Wait A_ring", "site 1 compute")
+    assert {b[:2] for b in e.blocked} >= {(0, "reader"), (1, "reader")}
+
+
+def test_barrier_across_sites():
+    p = small()
+    assert p.placement is not None
+    g = Group(GroupId(0), (Site(0), Site(1)))
+    p = p.evolve(placement=dataclasses.replace(p.placement, groups=(g,)))
+    both = edit(p, W, lambda ops: (*ops, Barrier(g.id)), sites=(0, 1))
+    assert verify(both).verified
+    one = edit(p, W, lambda ops: (*ops, Barrier(g.id)), sites=(0,))
+    refused(one, VerifyDeadlockError, "site 0 writer: Barrier group0 — site(s) 1 have not arrived")
+
+
+def _with_trips(p: SpatialProgram, engines: tuple[Engine, ...]) -> SpatialProgram:
+    trips = Tensor(TensorId(3), "trips", TensorRole.PARAMETER, (1, 1), (1, 1), DType.INT32)
+    p = p.evolve(tensors=(*p.tensors, trips))
+    for engine in engines:
+        p = replace(p, engine, lambda op: (dataclasses.replace(op, count=Trip(trips.id, 0, op.count.n)),)
+                    if isinstance(op, Loop) and op.var == LV_K else None)
+    return p
+
+
+def test_trip_loops():
+    assert verify(_with_trips(small(), (R, C))).verified
+    refused(_with_trips(small(), (R,)), StrongerCheckNeeded, "site 0", "not inside the same Trip loops",
+            "depends on the data")
+    s = SemId(0)
+    p = _with_trips(small(), (R, C)).evolve(semaphores=(Semaphore(s, "k_done"),))
+    p = replace(p, C, lambda op: (op, SemInc(s, Site(0))) if op == Pop(BUF_B) else None, sites=(0,))
+    refused(p, StrongerCheckNeeded, "site 0 compute: SemInc sem0@site0 += 1", "inside a Trip loop")
+
+
+# ---- the counter run itself -------------------------------------------------------------------------------------
+
+
+def _net_outcome(p: SpatialProgram, fast: bool):
+    assert p.schedule is not None
+    net = deadlock.Network(Ctx.of(p), p.schedule.programs, fast_forward=fast)
+    blocked = net.run()
+    return [(int(e.site), e.name, e.pc, [f[1] for f in e.stack]) for e in blocked], net.steps
+
+
+def test_fast_forward_skips_and_agrees_with_the_exact_run():
+    p = spatialc.build(spatialc.gemm(2048, 2048, 2048, "fp16"), "sm_90", sites=4)
+    assert p.schedule is not None and p.plan is not None
+    p = p.evolve(schedule=Schedule(p.schedule.programs[:3]))  # one site: a quarter of the items, every K step
+    (fast, fast_steps), (exact, exact_steps) = _net_outcome(p, True), _net_outcome(p, False)
+    assert fast == exact == []
+    assert exact_steps > p.plan.items // 4 * p.plan.k_steps * 8 > 50 * fast_steps
+    shallow = _a_twice(small(block=(1, 1, 1), sub_blocks=(1, 1), depth=1, sites=2))
+    assert _net_outcome(shallow, True)[0] == _net_outcome(shallow, False)[0] != []
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), order=st.lists(st.sampled_from([0, 1]), min_size=1, max_size=5),
+       depths=st.tuples(st.integers(1, 3), st.integers(1, 3)), counts=st.tuples(st.integers(1, 9), st.integers(1, 9)))
+def test_fast_forward_matches_exact_on_random_choreographies(data, order, depths, counts):
+    """Two rings; each iteration the producer pushes pages in one order and the consumer pops them in another."""
+    rings = (BufferId(0), BufferId(1))
+    popped = data.draw(st.permutations(order))
+    prod = tuple(op for r in order for op in (Reserve(rings[r]), Push(rings[r])))
+    cons = tuple(op for r in popped for op in (Wait(rings[r]), Pop(rings[r])))
+    outer, inner = counts
+    progs = (EngineProgram(Site(0), R, (Loop(LV_ITEM, Const(outer), (Loop(LV_K, Const(inner), prod),)),)),
+             EngineProgram(Site(0), C, (Loop(LV_ITEM, Const(outer), (Loop(LV_K, Const(inner), cons),)),)))
+    p = small()
+    p = p.evolve(buffers=tuple(Buffer(r, f"r{int(r)}", Fifo(d, 1)) for r, d in zip(rings, depths, strict=True)),
+                 schedule=Schedule(progs))
+    assert _net_outcome(p, True)[0] == _net_outcome(p, False)[0]
+
+
+def test_big_builds_are_fast():
+    for shape in ((8192, 8192, 8192), (1024, 1024, 1024)):
+        start = time.perf_counter()
+        p = spatialc.build(spatialc.gemm(*shape, "fp16"), "sm_90")
+        assert p.verified and time.perf_counter() - start < 1.0, shape
