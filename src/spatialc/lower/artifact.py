@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -10,16 +11,21 @@ class Budget:
     """Resources of a persistent kernel, all found before any text is printed."""
 
     smem_bytes: int  # bytes of the rings
-    dynamic_opt_in: bool  # the dynamic block exceeds 48 KiB: cudaFuncSetAttribute is needed
+    dynamic_opt_in: bool  # static + dynamic exceeds 48 KiB: cudaFuncSetAttribute is needed before the launch
     rings_dynamic: bool  # the rings left static memory (over 48 KiB) for the dynamic block
     dyn_bytes: int  # the dynamic block: epilogue scratch, plus the rings when they moved
-    static_bytes: int  # static __shared__ (the rings when they stayed static)
+    static_bytes: int  # static __shared__ (the rings when they stayed static); what `ptxas -v` reports as smem
     regs_est: int
     blocks_per_sm: int
     threads: int
 
+    @property
+    def total_bytes(self) -> int:
+        """Shared memory of one block, static and dynamic: what the planner's `tile.smem_bytes` counts."""
+        return self.static_bytes + self.dyn_bytes
+
     def to_dict(self) -> dict[str, int | bool]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +49,31 @@ class Launch:
     dyn_smem: int
     params: tuple[KernelParam, ...]
     tile: tuple[int, int] = (16, 16)
+    smem_opt_in: bool = False  # set cudaFuncAttributeMaxDynamicSharedMemorySize to dyn_smem before launching
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
 class Census:
-    """Count of each choreography op kind in the program, and the same counts recovered from the printed kernel."""
+    """Count of each choreography op kind in the program, and the same counts recovered from the printed kernel.
+
+    `rotated` counts the producer ops a software-pipelined loop prints a second time, before itself, for its first
+    step (see `spatialc.lower.census`).
+    """
 
     program: dict[str, int]
     printed: dict[str, int]
+    rotated: dict[str, int] = field(default_factory=dict)
 
     @property
     def agrees(self) -> bool:
+        """Whether every op of the program has exactly one image in the kernel."""
         return self.program == self.printed
+
+    def to_dict(self) -> dict[str, object]:
+        return {"program": self.program, "printed": self.printed, "rotated": self.rotated, "agrees": self.agrees}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +87,4 @@ class CudaArtifact:
     census: Census
     general: CudaArtifact | None = None
     notes: tuple[str, ...] = field(default=())
+

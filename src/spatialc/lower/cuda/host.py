@@ -1,0 +1,150 @@
+"""The host side of the printed programs (docs/kernel-abi.md): `program_cu` runs the kernel on files and prints C;
+`bench_cu` times it on fixed inputs and prints `GOPS <value>`. Every runtime call goes through SPATIALC_CHECK."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from string import ascii_lowercase
+
+from ...ir.nodes import Tensor, TensorRole
+from ..artifact import CudaArtifact
+from .emit import KERNEL_NAME, Kernel, Writer
+
+BENCH_ITERS = 20
+INTEGER_OUTPUTS = ("long long", "int")
+
+
+def helpers() -> str:
+    """The checked-in host helpers, inlined so that each program is one self-contained text."""
+    return resources.files(__package__).joinpath("persistent_host.cuh").read_text()
+
+
+def input_files(k: Kernel) -> dict[int, str]:
+    """The file each non-output tensor is read from: a.txt, b.txt, … for inputs, `<name>.txt` for parameters."""
+    inputs = [t for t in k.program.tensors if t.role == TensorRole.INPUT]
+    files = {int(t.id): f"{ascii_lowercase[i]}.txt" for i, t in enumerate(inputs)}
+    files |= {int(t.id): f"{t.name}.txt" for t in k.program.tensors if t.role == TensorRole.PARAMETER}
+    return files
+
+
+def _elems(t: Tensor) -> str:
+    return f"(size_t){t.tiles[0]} * {t.tiles[1]} * 256"
+
+
+def _device_tensors(k: Kernel, w: Writer, bench: bool) -> None:
+    """Read (or make) each input, tilize it with zero padding, and copy it to the device; allocate the output."""
+    files = input_files(k)
+    for t, ty in zip(k.program.tensors, k.param_types, strict=True):
+        i = int(t.id)
+        if t.role == TensorRole.OUTPUT:
+            w.line(f"OUT_T* d{i} = nullptr;")
+            w.line(f"SPATIALC_CHECK(cudaMalloc(&d{i}, {_elems(t)} * sizeof(OUT_T)));")
+            w.line(f"SPATIALC_CHECK(cudaMemset(d{i}, 0, {_elems(t)} * sizeof(OUT_T)));")
+            continue
+        w.line(f"std::vector<double> h{i}((size_t){t.elems[0]} * {t.elems[1]});")
+        if bench:
+            w.line(f"spatialc_bench_input(h{i}, {i});")
+        else:
+            w.line(f'if (!spatialc_read("{files[i]}", h{i})) {{ return 2; }}')
+        w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
+        w.line(f"spatialc_tilize(h{i}, {t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i});")
+        w.line(f"{ty}* d{i} = nullptr;")
+        w.line(f"SPATIALC_CHECK(cudaMalloc(&d{i}, x{i}.size() * sizeof({ty})));")
+        w.line(f"SPATIALC_CHECK(cudaMemcpy(d{i}, x{i}.data(), x{i}.size() * sizeof({ty}), cudaMemcpyHostToDevice));")
+
+
+def _launch(k: Kernel) -> str:
+    dyn = ", DYN_SMEM" if k.smem.dyn_bytes else ""
+    args = ", ".join(f"d{int(t.id)}" for t in k.program.tensors)
+    return f"{KERNEL_NAME}<<<GRID, NTHREAD{dyn}>>>({args});"
+
+
+def _setup(k: Kernel, w: Writer, bench: bool) -> None:
+    """Everything before the first launch."""
+    _device_tensors(k, w, bench)
+    w.line(f"const int GRID = {len(k.items)};")
+    if k.smem.opt_in:
+        w.line(f"SPATIALC_CHECK(cudaFuncSetAttribute({KERNEL_NAME}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
+               "DYN_SMEM));")
+
+
+def _free(k: Kernel, w: Writer) -> None:
+    for t in k.program.tensors:
+        w.line(f"SPATIALC_CHECK(cudaFree(d{int(t.id)}));")
+
+
+def program_main(k: Kernel) -> str:
+    """`main` of program_cu: read a.txt / b.txt, launch once, print C row-major one value per line."""
+    out = k.program.output_tensor()
+    assert out is not None
+    o = int(out.id)
+    fmt, cast = ("%lld", "long long") if k.out_type in INTEGER_OUTPUTS else ("%.9g", "double")
+    w = Writer()
+    with w.block("int main()"):
+        _setup(k, w, bench=False)
+        w.line(_launch(k))
+        w.line("SPATIALC_CHECK(cudaGetLastError());")
+        w.line("SPATIALC_CHECK(cudaDeviceSynchronize());")
+        w.line(f"std::vector<OUT_T> y({_elems(out)});")
+        w.line(f"SPATIALC_CHECK(cudaMemcpy(y.data(), d{o}, y.size() * sizeof(OUT_T), cudaMemcpyDeviceToHost));")
+        rows, cols = out.elems
+        with w.block(f"for (int i = 0; i < {rows}; ++i)"), w.block(f"for (int j = 0; j < {cols}; ++j)"):
+            w.line(f'printf("{fmt}\\n", ({cast})y[spatialc_tiled_index(i, j, {out.tiles[1]})]);')
+        _free(k, w)
+        w.line("return 0;")
+    return w.text()
+
+
+def bench_main(k: Kernel) -> str:
+    """`main` of bench_cu: fixed inputs, a warm-up launch, 20 timed launches, `GOPS <value>` — only if all ran."""
+    a, b = [t for t in k.program.tensors if t.role == TensorRole.INPUT][:2]
+    m, kk, n = a.elems[0], a.elems[1], b.elems[1]
+    w = Writer()
+    with w.block("int main()"):
+        _setup(k, w, bench=True)
+        w.line("cudaEvent_t e0, e1;")
+        w.line("SPATIALC_CHECK(cudaEventCreate(&e0));")
+        w.line("SPATIALC_CHECK(cudaEventCreate(&e1));")
+        w.line(_launch(k) + "  // warm-up")
+        w.line("SPATIALC_CHECK(cudaGetLastError());")
+        w.line("SPATIALC_CHECK(cudaDeviceSynchronize());")
+        w.line(f"const int ITERS = {BENCH_ITERS};")
+        w.line("SPATIALC_CHECK(cudaEventRecord(e0));")
+        with w.block("for (int it = 0; it < ITERS; ++it)"):
+            w.line(_launch(k))
+        w.line("SPATIALC_CHECK(cudaEventRecord(e1));")
+        # A failed launch times nothing: checked before any rate is printed, so no rate follows a failure.
+        w.line("SPATIALC_CHECK(cudaGetLastError());")
+        w.line("SPATIALC_CHECK(cudaEventSynchronize(e1));")
+        w.line("float ms = 0.0f;")
+        w.line("SPATIALC_CHECK(cudaEventElapsedTime(&ms, e0, e1));")
+        w.line('if (ms <= 0.0f) { fprintf(stderr, "no time measured\\n"); return 1; }')
+        w.line(f"const double ops = 2.0 * {m}.0 * {n}.0 * {kk}.0 * ITERS;")
+        w.line('printf("GOPS %.1f\\n", ops / ((double)ms * 1e6));')
+        w.line("SPATIALC_CHECK(cudaEventDestroy(e0));")
+        w.line("SPATIALC_CHECK(cudaEventDestroy(e1));")
+        _free(k, w)
+        w.line("return 0;")
+    return w.text()
+
+
+def write_artifact(artifact: CudaArtifact, directory: str | Path) -> list[Path]:
+    """Write program.cu, bench.cu, kernel.cu, budget.json, census.json and launch.json into `directory`."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "program.cu": artifact.program_cu,
+        "bench.cu": artifact.bench_cu,
+        "kernel.cu": artifact.kernel_cu,
+        "budget.json": json.dumps(artifact.budget.to_dict(), indent=2) + "\n",
+        "census.json": json.dumps(artifact.census.to_dict(), indent=2) + "\n",
+        "launch.json": json.dumps(artifact.launch.to_dict(), indent=2) + "\n",
+    }
+    written = []
+    for name, text in files.items():
+        path = out / name
+        path.write_text(text)
+        written.append(path)
+    return written

@@ -1,0 +1,268 @@
+"""The persistent tile kernel: a verified GEMM program as one CUDA block per site, looping over its items.
+
+Each ring is a shared-memory array of pages filled by 16-byte cp.async copies; the tile matmul is WMMA fragments
+held per warp across the whole reduction; the K loop is software-pipelined when the rings are deep enough; the
+output is stored straight from the accumulators where they live in registers. Before a line is printed the
+lowering proves that the site's engine programs serialise onto one block, that no ring is filled past its depth,
+and that an int8 reduction cannot overflow int32 — and refuses, with a typed error, what it cannot print.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...ir.ids import LV_ITEM
+from ...ir.nodes import ComputeStage, DType, Plan, SpatialProgram, Stage, TensorRole, Tile
+from ...ir.ops import (
+    Barrier,
+    ChoreoOp,
+    Compute,
+    Const,
+    Loop,
+    MatmulTiles,
+    McastSend,
+    McastSetValid,
+    PackAcc,
+    ReadTiles,
+    SemInc,
+    SemSet,
+    SemWait,
+    Trip,
+    WriteTiles,
+    walk,
+)
+from ...ir.printer import compute_text
+from ...target import SpatialTarget
+from ..artifact import Budget, CudaArtifact, KernelParam, Launch
+from ..census import census
+from ..errors import GroupSpansSites, InternalError, NeedsGeneral, Precision, TooBig, Unsupported, Unverified
+from .emit import KERNEL_NAME, Kernel, kernel_text
+from .host import bench_main, helpers, program_main
+from .merge import SerialLoop, SerialOp, serialise
+from .rings import TILE_ELEMS, WMMA, Rings, WmmaTypes, prove, ring_table, smem_layout
+
+WMMA_TILE = Tile(16, 16)
+C_TYPES = {DType.INT8: "signed char", DType.INT32: "int", DType.INT64: "long long", DType.FP16: "__half",
+           DType.BF16: "__nv_bfloat16", DType.FLOAT32: "float"}
+OUTPUT_TYPES = (DType.INT32, DType.INT64, DType.FLOAT32)
+CONSTANT_INTS = 64 * 1024 // 4  # the work list lives in the 64 KiB of __constant__ memory
+
+
+def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
+    """The CUDA artifact of a verified program, or a typed error saying what the persistent kernel cannot hold."""
+    refuse(program)
+    plan = program.plans[0]
+    mm = matmul_stage(program)
+    assert isinstance(mm.kind, ComputeStage) and isinstance(mm.kind.op, MatmulTiles)
+    types = operand_types(program, mm.kind.op)
+    check_int8_reduction(program, mm.kind.op)
+    programs = printed_site_programs(program)
+    lane_grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
+    # Fused only where the accumulators are in registers and each warp owns a rectangle it can store itself.
+    fused = program.buffer(mm.outs[0]).ring if target.accumulator_in_registers and lane_grid else None
+    rings = ring_table(program, types, None if fused is None else int(fused))
+    ops = serialise(programs)
+    check_shapes(ops, plan, mm, rings)
+    prove(rings, ops)
+    kernel = make_kernel(program, target, plan, types, rings, lane_grid)
+    kernel_cu = kernel_text(kernel, ops)
+    counted = census(programs, kernel_cu)
+    if not counted.agrees:
+        raise InternalError(f"the census disagrees: program {counted.program}, printed {counted.printed}")
+    host = kernel_cu + "\n" + helpers() + "\n"
+    return CudaArtifact(target.name, host + program_main(kernel), host + bench_main(kernel), kernel_cu,
+                        launch_of(kernel), budget_of(kernel, target), counted)
+
+
+# ---- refusals ----------------------------------------------------------------------------------------------
+
+
+def all_ops(p: SpatialProgram) -> list[ChoreoOp]:
+    """Every op of every engine program of every site."""
+    assert p.schedule is not None
+    return [op for prog in p.schedule.programs for op in walk(prog.ops)]
+
+
+def refuse(p: SpatialProgram) -> None:
+    """Raise the first reason the persistent tile kernel cannot hold `p`."""
+    if not p.verified:
+        raise Unverified(p.name)
+    if p.placement is None or p.schedule is None or not p.plans:
+        raise Unsupported("a program without a plan, placement or schedule", "the kernel is printed from all three")
+    for g in p.placement.groups:
+        if len(g.sites) > 1:
+            raise GroupSpansSites(int(g.id), tuple(int(s) for s in g.sites))
+    general = needs_general(p)
+    if general is not None:
+        raise NeedsGeneral(*general)
+    ops = all_ops(p)
+    if any(isinstance(op, McastSend | McastSetValid | Barrier) for op in ops):
+        raise Unsupported("a multicast or group barrier", "the blocks of a persistent kernel share no pages")
+    if p.tile != WMMA_TILE:
+        raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "WMMA fragments are 16x16; tile the program 16x16")
+
+
+def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
+    """(what, why) when `p` has something only the general lowering could print, else None."""
+    if len(p.plans) > 1:
+        return f"a program with {len(p.plans)} plans", "the persistent kernel prints one block shape for every site"
+    compute = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
+    compute += [op.op for op in all_ops(p) if isinstance(op, Compute)]
+    for c in compute:
+        if not isinstance(c, MatmulTiles):
+            return (f"a {compute_text(c, p)} stage",
+                    "the tile kernel computes only WMMA tile matmuls, storing their accumulators as they are")
+    if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage)) > 1:
+        return "several tile matmuls", "the tile kernel holds one accumulator block per item"
+    ops = all_ops(p)
+    if any(isinstance(op, Loop) and isinstance(op.count, Trip) for op in ops):
+        return "a loop whose trip count is read from data", "the tile kernel's loop bounds are fixed when printed"
+    if p.semaphores or any(isinstance(op, SemSet | SemInc | SemWait) for op in ops):
+        return "a semaphore handshake", "the tile kernel's engines hand pages over only in the order it proves"
+    return None
+
+
+def matmul_stage(p: SpatialProgram) -> Stage:
+    """The program's one tile-matmul stage."""
+    for s in p.stages:
+        if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles):
+            if len(s.ins) != 2 or len(s.outs) != 1:
+                raise Unsupported(f"matmul stage {s.name} with {len(s.ins)} inputs and {len(s.outs)} outputs",
+                                  "a tile matmul reads an A and a B ring and fills one output")
+            return s
+    raise Unsupported("a program without a tile matmul", "the persistent kernel is a WMMA tile GEMM")
+
+
+def operand_types(p: SpatialProgram, mm: MatmulTiles) -> WmmaTypes:
+    """The WMMA fragment types of the matmul's operand precision; its input tensors must hold that type."""
+    types = WMMA.get(mm.operand)
+    if types is None:
+        raise Precision(mm.operand, "WMMA has 16x16x16 fragments for int8, fp16 and bf16 operands only")
+    for t in p.tensors:
+        if t.role == TensorRole.INPUT and t.dtype.value != mm.operand.value:
+            raise Precision(t.dtype.value, f"input {t.name} must hold the matmul's {mm.operand.value} operands: "
+                                           "tiles are copied into the operand rings byte for byte")
+    out = p.output_tensor()
+    if out is None or out.dtype not in OUTPUT_TYPES:
+        raise Precision(out.dtype.value if out else "none", "the output must be int32, int64 or float32")
+    return types
+
+
+def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
+    """Refuse an int8 GEMM whose int32 fragment accumulators could overflow where the IR's int64 would not.
+
+    The largest sum a K-long int8 dot product reaches is K·128·128, every product being (−128)·(−128); the most
+    negative, K·(−128)·127, is smaller in size. The logical K counts: the zero padding adds nothing.
+    """
+    if mm.operand.value != "int8":
+        return
+    a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
+    need = a.elems[1] * 128 * 128
+    if need > 2**31 - 1:
+        raise TooBig(f"the largest int8 dot product over K = {a.elems[1]} (K·128·128) in an int32 accumulator",
+                     need, 2**31 - 1, "int8 WMMA accumulates in int32; keep K ≤ 131071 or use fp16")
+
+
+def _normal(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+    """`ops` with every ITEM loop's count erased: the one thing the kernel reads per site at run time."""
+    return tuple(Loop(op.var, Const(0) if op.var == LV_ITEM else op.count, _normal(op.body))
+                 if isinstance(op, Loop) else op for op in ops)
+
+
+def printed_site_programs(p: SpatialProgram) -> tuple[tuple[ChoreoOp, ...], ...]:
+    """The engine programs of the first site with items, after checking every other site runs the same ones."""
+    assert p.placement is not None and p.schedule is not None
+    sites = [(s, items) for s, items in p.placement.items_of_site]
+    site = next(s for s, items in sites if items)
+    shown = tuple((prog.engine, _normal(prog.ops)) for prog in p.schedule.programs_of(site))
+    for s, items in sites:
+        progs = p.schedule.programs_of(s)
+        same = tuple((prog.engine, _normal(prog.ops)) for prog in progs) == shown
+        if not (same or (not items and all(not prog.ops for prog in progs))):
+            raise Unsupported(f"site {int(s)}, whose engine programs differ from site {int(site)}'s",
+                              "one kernel text runs every site; only the number of items may differ")
+        counts = {op.count for prog in progs for op in walk(prog.ops) if isinstance(op, Loop) and op.var == LV_ITEM}
+        if counts - {Const(len(items))} or (not counts and len(items) > 1):
+            raise Unsupported(f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
+                              "the kernel's ITEM loop runs the site's share of the work list")
+    return tuple(prog.ops for prog in p.schedule.programs_of(site))
+
+
+def check_shapes(ops: tuple[SerialOp, ...], plan: Plan, mm: Stage, rings: Rings) -> None:
+    """Refuse ops whose page layout the printers do not share with the matmul (they would read wrong tiles)."""
+    h, w = plan.item_tiles
+    ibw = plan.block.ibw
+    a, b, c = (rings.template[x] for x in (*mm.ins, *mm.outs))
+    pages = {a: (h, ibw), b: (ibw, w), c: (h, w)}
+    for op in _serial_walk(ops):
+        match op:
+            case Compute(acc_reload=reload) if reload is not None:
+                raise Unsupported("an accumulator spill (acc_reload)", "WMMA fragments never leave the registers")
+            case Compute(op=MatmulTiles(block, sub)) if (block, sub) != (plan.block, plan.sub_blocks):
+                raise Unsupported(f"a matmul of block {block} x {sub}", "it differs from the plan's block")
+            case PackAcc(accumulate=True):
+                raise Unsupported("an accumulating PackAcc", "WMMA fragments are stored, never added to a page")
+            case PackAcc(tiles=n) if n != h * w:
+                raise Unsupported(f"a PackAcc of {n} tiles", f"the accumulator holds the item's {h * w} tiles")
+            case ReadTiles(into=buf, block_h=bh, block_w=bw) | WriteTiles(src=buf, block_h=bh, block_w=bw):
+                want = pages.get(rings.template[buf])
+                if want is not None and (bh, bw) != want:
+                    raise Unsupported(f"a {type(op).__name__} of {bh}x{bw} tiles on {rings.name(buf)}",
+                                      f"the matmul's page there is {want[0]}x{want[1]} tiles")
+
+
+def _serial_walk(ops: tuple[SerialOp, ...]):
+    for op in ops:
+        yield op
+        if isinstance(op, SerialLoop):
+            yield from _serial_walk(op.body)
+
+
+# ---- the kernel's resources --------------------------------------------------------------------------------
+
+
+def make_kernel(p: SpatialProgram, target: SpatialTarget, plan: Plan, types: WmmaTypes, rings: Rings,
+                lane_grid: tuple[int, int] | None) -> Kernel:
+    """Everything the printers need, with the shared memory laid out and the work list sized."""
+    lanes = target.accumulator_lanes
+    h, w = plan.item_tiles
+    if lane_grid is None:
+        perw = math.ceil(h * w / lanes)
+    else:
+        perw = plan.sub_blocks[0] * plan.sub_blocks[1] * (plan.block.osh // lane_grid[0]) * (
+            plan.block.osw // lane_grid[1])
+    epi = lanes * TILE_ELEMS * types.acc_bytes if rings.fused is not None else 0
+    smem = smem_layout(rings, epi, target)
+    total = smem.static_bytes + smem.dyn_bytes
+    blocks = target.resident_sites_per_unit(total, plan.block.osh, plan.block.osw, plan.sub_blocks)
+    if blocks == 0:
+        raise TooBig(f"shared memory of one block on {target.name} (rings + epilogue scratch)", total,
+                     target.smem_per_site_max, "choose a smaller block, fewer sub-blocks or shallower rings")
+    assert p.placement is not None
+    items = tuple(tuple(int(i) for i in items) for _, items in p.placement.items_of_site)
+    entries = max(1, sum(map(len, items))) + 2 * len(items)
+    if entries > CONSTANT_INTS:
+        raise TooBig("entries of the work list in __constant__ memory (ITEM_LIST, ITEM_OFF, ITEM_COUNT)", entries,
+                     CONSTANT_INTS, "use bigger blocks or fewer sites")
+    out = p.output_tensor()
+    assert out is not None
+    param_types = tuple("OPT" if t.role == TensorRole.INPUT else "OUT_T" if t.role == TensorRole.OUTPUT
+                        else C_TYPES[t.dtype] for t in p.tensors)
+    return Kernel(p, plan, types, C_TYPES[out.dtype], param_types, rings, smem, lane_grid, lanes, perw, blocks, items)
+
+
+def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
+    """The resource budget, from the same layout the kernel was printed with."""
+    acc_tiles = k.plan.item_tiles[0] * k.plan.item_tiles[1]
+    return Budget(k.smem.ring_bytes, k.smem.opt_in, k.smem.rings_dynamic, k.smem.dyn_bytes, k.smem.static_bytes,
+                  target.registers_per_thread(acc_tiles), k.blocks_per_sm, k.lanes * 32)
+
+
+def launch_of(k: Kernel) -> Launch:
+    """How a host language launches `kernel_cu`."""
+    params = tuple(
+        KernelParam(t.name, k.types.operand if ty == "OPT" else k.out_type if ty == "OUT_T" else ty, t.role.value,
+                    t.elems, t.tiles)
+        for t, ty in zip(k.program.tensors, k.param_types, strict=True))
+    return Launch(KERNEL_NAME, len(k.items), k.lanes * 32, k.smem.dyn_bytes, params,
+                  (k.program.tile.rows, k.program.tile.cols), k.smem.opt_in)

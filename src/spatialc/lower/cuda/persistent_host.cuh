@@ -1,0 +1,41 @@
+// Host helpers of a spatialc program: read a matrix, store it tiled (16 x 16 tiles, zero padding), read it back.
+inline int spatialc_read(const char* path, std::vector<double>& v)
+{
+    FILE* f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", path);
+        return 0;
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+        if (fscanf(f, "%lf", &v[i]) != 1) {
+            fprintf(stderr, "%s: expected %zu numbers, found %zu\n", path, v.size(), i);
+            fclose(f);
+            return 0;
+        }
+    }
+    fclose(f);
+    return 1;
+}
+
+inline size_t spatialc_tiled_index(int i, int j, int cols_t)
+{
+    return ((size_t)(i / 16) * (size_t)cols_t + (size_t)(j / 16)) * 256 + (size_t)(i % 16) * 16 + (size_t)(j % 16);
+}
+
+template <typename T>
+inline void spatialc_tilize(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t)
+{
+    for (int i = 0; i < rows; ++i) {
+        for (int j = 0; j < cols; ++j) {
+            t[spatialc_tiled_index(i, j, cols_t)] = (T)x[(size_t)i * cols + j];
+        }
+    }
+}
+
+// Deterministic, non-zero, small inputs for timing: exact in every operand type.
+inline void spatialc_bench_input(std::vector<double>& v, int salt)
+{
+    for (size_t i = 0; i < v.size(); ++i) {
+        v[i] = (double)((int)((i * 5 + (size_t)salt) % 9) + 1) * ((i % 2) ? -1.0 : 1.0);
+    }
+}

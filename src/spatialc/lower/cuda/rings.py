@@ -1,0 +1,313 @@
+"""Rings in shared memory: one per buffer template, the K loop's rotation, the occupancy proof and the smem layout.
+
+A ring here has no flow control at run time: `Reserve` names the next slot and trusts that it is free, `Wait`
+trusts that the page has arrived. Whether that trust holds is decided before printing, by `prove`, on exactly the
+order the printer takes (the rotation included) — an overfilled ring is a wrong answer, not a hang, so it must be
+ruled out statically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...ir.ids import LV_ITEM, BufferId, loop_var_name
+from ...ir.nodes import ComputeStage, Fifo, Interm, SpatialProgram
+from ...ir.ops import (
+    AcquireAcc,
+    Compute,
+    Const,
+    PackAcc,
+    Pop,
+    Precision,
+    Push,
+    ReadBarrier,
+    ReadTiles,
+    Reserve,
+    Wait,
+    WriteTiles,
+)
+from ...target import SpatialTarget
+from ..errors import TooBig, Unsupported
+from .merge import SerialLoop, SerialOp
+
+TILE_ELEMS = 256
+ALIGN = 16  # every shared region starts on 16 bytes: cp.async's 16-byte copies and WMMA's loads need it
+
+
+def align16(n: int) -> int:
+    """`n` rounded up to a multiple of 16."""
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True, slots=True)
+class WmmaTypes:
+    """The C types of a precision's operand and accumulator fragments, with their sizes."""
+
+    operand: str
+    operand_bytes: int
+    acc: str
+    acc_bytes: int
+
+
+WMMA = {
+    Precision.INT8: WmmaTypes("signed char", 1, "int", 4),
+    Precision.FP16: WmmaTypes("__half", 2, "float", 4),
+    Precision.BF16: WmmaTypes("__nv_bfloat16", 2, "float", 4),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Ring:
+    """One buffer template as a shared-memory ring of `depth` pages of `page` elements of `c_type` (OPT or ACCT)."""
+
+    id: int
+    name: str
+    depth: int
+    page: int
+    c_type: str
+    elem_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the whole ring."""
+        return self.depth * self.page * self.elem_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Rings:
+    """The kernel's rings by template id, each buffer's template, and the template the fused epilogue removed."""
+
+    rings: dict[int, Ring]
+    template: dict[BufferId, int]
+    fused: int | None = None
+    names: dict[int, str] = field(default_factory=dict)
+
+    def kept(self, buf: BufferId) -> Ring | None:
+        """The ring `buf` lives in, or None when it is the fused output (which has no ring)."""
+        t = self.template[buf]
+        return None if t == self.fused else self.rings[t]
+
+    def is_fused(self, buf: BufferId) -> bool:
+        """Whether `buf` is the output the fused epilogue stores straight from the accumulators."""
+        return self.fused is not None and self.template.get(buf) == self.fused
+
+    def name(self, buf: BufferId) -> str:
+        """The template name of `buf`, for messages."""
+        return self.names.get(self.template[buf], f"buffer {int(buf)}")
+
+
+def ring_table(p: SpatialProgram, types: WmmaTypes, fused: int | None) -> Rings:
+    """One ring per Fifo / Interm template; a compute stage's output carries accumulators, the rest operands."""
+    computed = {b for s in p.stages if isinstance(s.kind, ComputeStage) for b in s.outs}
+    computed = {p.buffer(b).ring for b in computed}
+    rings: dict[int, Ring] = {}
+    template = {b.id: int(b.ring) for b in p.buffers}
+    names = {int(b.ring): p.buffer(b.ring).name for b in p.buffers}
+    for b in p.buffers:
+        if not isinstance(b.kind, Fifo | Interm) or int(b.ring) == fused:
+            continue
+        acc = b.ring in computed
+        elems = b.kind.page_tiles * p.tile.elems
+        ring = Ring(int(b.ring), names[int(b.ring)], b.kind.depth_pages, elems, "ACCT" if acc else "OPT",
+                    types.acc_bytes if acc else types.operand_bytes)
+        if rings.setdefault(ring.id, ring) != ring:
+            raise Unsupported(f"copies of ring {ring.name} with different shapes",
+                              "every copy of one template is one shared-memory ring in the kernel")
+    return Rings(rings, template, fused, names)
+
+
+# ---- software pipelining ----------------------------------------------------------------------------------
+
+PRODUCER_OPS = (Reserve, Push, ReadTiles, ReadBarrier)
+CONSUMER_OPS = (Wait, Pop, Compute)
+
+
+def rotation(rings: Rings, loop: SerialLoop) -> tuple[tuple[SerialOp, ...], tuple[SerialOp, ...]] | None:
+    """The producer and consumer halves of a loop the printer pipelines, or None to print it as written.
+
+    Pipelined, step i+1's copies are in flight while step i is computed, so a ring holds two steps' pages at once:
+    every ring the producer half fills must hold twice what one step reserves. The producer half must end with a
+    Push so that all its copies are committed inside it, which is what keeps the consumer's wait count exact.
+    """
+    if loop.var == LV_ITEM or not isinstance(loop.count, Const) or loop.count.n < 2:
+        return None
+    body = loop.body
+    split = next((i for i, op in enumerate(body) if not isinstance(op, PRODUCER_OPS)), len(body))
+    prod, cons = body[:split], body[split:]
+    if not prod or not cons or not all(isinstance(op, CONSUMER_OPS) for op in cons) or not isinstance(prod[-1], Push):
+        return None
+    reserved: dict[int, int] = {}
+    for op in prod:
+        if isinstance(op, Reserve):
+            ring = rings.kept(op.buf)
+            if ring is None:
+                return None
+            reserved[ring.id] = reserved.get(ring.id, 0) + op.pages
+    if not all(2 * n <= rings.rings[r].depth for r, n in reserved.items()):
+        return None
+    return prod, cons
+
+
+def commits(rings: Rings, ops: tuple[SerialOp, ...]) -> int:
+    """Commit groups that `ops` print: one per Push on a kept ring."""
+    return sum(1 for op in ops if isinstance(op, Push) and rings.kept(op.buf) is not None)
+
+
+# ---- the occupancy proof -----------------------------------------------------------------------------------
+
+
+class _Occupancy:
+    """Pages of each ring, as the printed order leaves them: reserved, published (of those), waited (of those)."""
+
+    def __init__(self, rings: Rings):
+        self.rings = rings
+        self.pages: dict[int, tuple[int, int, int]] = {}
+        self.packed = False  # the fused epilogue: accumulators packed, not yet stored
+
+    def state(self) -> tuple[tuple[tuple[int, tuple[int, int, int]], ...], bool]:
+        return tuple(sorted((r, v) for r, v in self.pages.items() if v != (0, 0, 0))), self.packed
+
+    def run(self, ops: tuple[SerialOp, ...]) -> None:
+        for op in ops:
+            self.step(op)
+
+    def step(self, op: SerialOp) -> None:
+        """Apply one op, refusing it where the printed kernel would read or overwrite the wrong page."""
+        match op:
+            case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n) if n != 1:
+                raise Unsupported(f"{type(op).__name__} of {n} pages on {self.rings.name(buf)}",
+                                  "a ring slot of the persistent kernel is one page; its slot counters step by one")
+            case SerialLoop():
+                self.loop(op)
+            case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) if self.rings.kept(buf) is not None:
+                self.flow(op, self.rings.kept(buf))  # type: ignore[arg-type]
+            case ReadTiles(into=buf) | PackAcc(to=buf) if self.rings.kept(buf) is not None:
+                self.need(buf, lambda h, r, s: h - r == 1, "a page reserved and not yet pushed", op)
+            case WriteTiles(src=buf) if self.rings.kept(buf) is not None:
+                self.need(buf, lambda h, r, s: s == 1, "a page waited for and not yet popped", op)
+            case PackAcc(to=buf) if self.rings.is_fused(buf):
+                self.fused(op, want=False)
+            case WriteTiles(src=buf) if self.rings.is_fused(buf):
+                self.fused(op, want=True)
+            case Compute(ins=ins):
+                self.accumulate(op)
+                for buf in ins:
+                    if self.rings.kept(buf) is not None:
+                        self.need(buf, lambda h, r, s: s == 1, "a page waited for and not yet popped", op)
+            case AcquireAcc():
+                self.accumulate(op)
+
+    def flow(self, op: SerialOp, ring: Ring) -> None:
+        """Reserve / Push / Wait / Pop on a kept ring."""
+        held, ready, seen = self.pages.get(ring.id, (0, 0, 0))
+        match op:
+            case Reserve():
+                if held + 1 > ring.depth:
+                    raise TooBig(f"pages of ring {ring.name} held at once in the printed order", held + 1, ring.depth,
+                                 "deepen the ring or let its consumer drain it sooner")
+                held += 1
+            case Push():
+                self.check(held > ready, ring, op, "a reserved page to publish")
+                ready += 1
+            case Wait():
+                self.check(ready > seen and seen == 0, ring, op, "a published page, and none waited for unpopped")
+                seen = 1
+            case Pop():
+                self.check(seen == 1, ring, op, "a waited page to free")
+                held, ready, seen = held - 1, ready - 1, 0
+        self.pages[ring.id] = (held, ready, seen)
+
+    def need(self, buf: BufferId, ok, what: str, op: SerialOp) -> None:
+        ring = self.rings.kept(buf)
+        assert ring is not None
+        self.check(ok(*self.pages.get(ring.id, (0, 0, 0))), ring, op, what)
+
+    @staticmethod
+    def check(ok: bool, ring: Ring, op: SerialOp, what: str) -> None:
+        if not ok:
+            raise Unsupported(f"{type(op).__name__} on ring {ring.name} in the serialised order",
+                              f"it needs {what} there, and the block would read or overwrite the wrong slot")
+
+    def fused(self, op: SerialOp, want: bool) -> None:
+        if self.packed != want:
+            raise Unsupported(f"{type(op).__name__} on the fused output out of order",
+                              "the fused epilogue stores the accumulators once after each PackAcc")
+        self.packed = not want
+
+    def accumulate(self, op: SerialOp) -> None:
+        if self.packed:
+            raise Unsupported(f"{type(op).__name__} between the fused PackAcc and its WriteTiles",
+                              "the fused epilogue stores straight from the accumulators, which it would overwrite")
+
+    def loop(self, loop: SerialLoop) -> None:
+        """A loop as printed (rotated or not); one that runs more than once must leave the rings as found."""
+        # The ITEM loop runs a per-site count at run time: it must balance whatever that count is.
+        multi = loop.var == LV_ITEM or not isinstance(loop.count, Const) or loop.count.n >= 2
+        if not multi and loop.count == Const(0):
+            return
+        entry = self.state()
+        halves = rotation(self.rings, loop)
+        if halves is None:
+            self.run(loop.body)
+        else:
+            # Printed: P(0); then P(i+1) C(i) for each step but the last; then C(last). One P C from the steady
+            # state must return to it, so every middle step is the same.
+            prod, cons = halves
+            self.run(prod)
+            steady = self.state()
+            self.run(prod)
+            self.run(cons)
+            if self.state() != steady:
+                raise Unsupported(f"the pipelined loop over {loop_var_name(loop.var)}",
+                                  "one step does not drain what it fills")
+            self.run(cons)
+        if multi and self.state() != entry:
+            raise Unsupported(f"the loop over {loop_var_name(loop.var)}",
+                              "its body does not leave every ring as it found it, so a later trip would overrun one")
+
+
+def prove(rings: Rings, ops: tuple[SerialOp, ...]) -> None:
+    """Refuse, before printing, an order that overfills a ring, reads a page not there, or leaves a ring unbalanced."""
+    occ = _Occupancy(rings)
+    occ.run(ops)
+    if occ.state() != ((), False):
+        raise Unsupported("the serialised site program", "it ends with pages still in a ring or accumulators unstored")
+
+
+# ---- shared memory -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SmemLayout:
+    """Where the rings and the epilogue scratch live: static rings up to the static cap, the dynamic block after."""
+
+    ring_bytes: int
+    epi_bytes: int
+    rings_dynamic: bool
+    static_bytes: int
+    dyn_bytes: int
+    epi_off: int | None
+    ring_off: dict[int, int]
+    opt_in: bool  # more than a block gets by default: the host must raise the dynamic limit before launching
+
+
+def smem_layout(rings: Rings, epi_bytes: int, target: SpatialTarget) -> SmemLayout:
+    """The shared-memory layout: epilogue scratch first in the dynamic block, rings static unless over the cap.
+
+    ptxas caps static `__shared__` at 48 KiB whatever attribute the host sets, so rings beyond it must be carved
+    from the dynamic block. The scratch is dynamic always: it is small, touched once an item, and keeping it out of
+    the static block keeps the static block the rings alone.
+    """
+    ring_bytes = sum(align16(r.bytes) for r in rings.rings.values())
+    rings_dynamic = ring_bytes > target.smem_static_max
+    off = align16(epi_bytes)
+    ring_off: dict[int, int] = {}
+    if rings_dynamic:
+        for rid in sorted(rings.rings):
+            ring_off[rid] = off
+            off += align16(rings.rings[rid].bytes)
+    static = 0 if rings_dynamic else ring_bytes
+    # A block's shared memory over 48 KiB in all needs the opt-in (CUDA C++ Programming Guide, compute capability
+    # 8.x / 9.0): the sum decides, not the dynamic block alone — 44 KiB of static rings and 8 of scratch need it.
+    opt_in = static + off > target.smem_static_max
+    return SmemLayout(ring_bytes, epi_bytes, rings_dynamic, static, off, 0 if epi_bytes else None, ring_off, opt_in)

@@ -1,0 +1,69 @@
+"""Why a backend refuses a program. Each error names what it is about and why, so the user can change the program."""
+
+from __future__ import annotations
+
+from ..errors import SpatialError
+
+
+class LowerError(SpatialError):
+    """Base of every refusal a backend makes."""
+
+
+class Unverified(LowerError):
+    """The program has not passed `verify`: lowering relies on what the verifier proves and checks none of it."""
+
+    def __init__(self, program: str):
+        super().__init__(f"program {program!r} is not verified; run spatialc.build (or passes.verify) before lowering")
+        self.program = program
+
+
+class Unsupported(LowerError):
+    """Something this backend cannot print: `what` it is and `why` the backend cannot hold it."""
+
+    def __init__(self, what: str, why: str):
+        super().__init__(f"cannot lower {what}: {why}")
+        self.what = what
+        self.why = why
+
+
+class NeedsGeneral(Unsupported):
+    """A program only the general CUDA lowering could hold; that lowering does not exist yet."""
+
+    def __init__(self, what: str, why: str = "the persistent tile kernel cannot hold it"):
+        super().__init__(what, f"{why}; it needs the general CUDA lowering, which spatialc does not have yet")
+
+
+class TooBig(LowerError):
+    """A resource the program needs more of than the machine has: `need` against `have`."""
+
+    def __init__(self, what: str, need: int, have: int, fix: str = ""):
+        super().__init__(f"{what}: needs {need}, has {have}" + (f"; {fix}" if fix else ""))
+        self.what = what
+        self.need = need
+        self.have = have
+
+
+class Precision(LowerError):
+    """An operand precision (or element type) the tensor cores' WMMA fragments do not offer."""
+
+    def __init__(self, precision: object, why: str):
+        super().__init__(f"precision {precision!s} cannot be lowered: {why}")
+        self.precision = precision
+        self.why = why
+
+
+class GroupSpansSites(LowerError):
+    """A multicast group of several sites: one block per site cannot share pages with another block."""
+
+    def __init__(self, group: int, sites: tuple[int, ...]):
+        super().__init__(f"group {group} spans sites {list(sites)}: the blocks of a persistent kernel share no shared"
+                         " memory, so a page multicast between sites cannot be printed; place without groups")
+        self.group = group
+        self.sites = sites
+
+
+class InternalError(LowerError):
+    """A bug in spatialc, caught by a self-check (e.g. the census) before a wrong kernel could be handed out."""
+
+    def __init__(self, what: str):
+        super().__init__(f"internal error in the CUDA lowering (please report it): {what}")

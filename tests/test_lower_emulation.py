@@ -1,0 +1,64 @@
+"""Lowered kernels run through the host emulation (runtime/emulate.py) equal numpy; and the emulation fails them
+when a barrier or a wait count the lowering prints is planted wrong, so those statements are shown to matter."""
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.lower.cuda.persistent import lower
+from spatialc.runtime.emulate import EmulationRace, emulate_source
+
+pytestmark = [pytest.mark.emulation, pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")]
+
+# (m, n, k, precision, target, build options, modes)
+CASES = {
+    "fused_round_robin_uneven": (70, 90, 50, "int8", "sm_86", {"block": (2, 4, 2), "sites": 3,
+                                                             "placement": "round_robin"}, ("late", "early")),
+    "strided_sub_blocks_spare_sites": (50, 40, 30, "fp16", "sm_80", {"block": (1, 2, 1), "sub_blocks": (2, 1),
+                                                                     "sites": 40}, ("late",)),
+    "dynamic_rings": (64, 64, 64, "bf16", "sm_90", {"block": (4, 4, 4), "depth": 4, "sites": 1}, ("early",)),
+}
+
+
+def inputs(m, n, k, prec, seed=1):
+    rng = np.random.default_rng(seed)
+    lo, hi = (-128, 128) if prec == "int8" else (-8, 8)  # small integers: exact in fp16, bf16 and fp32 sums
+    return rng.integers(lo, hi, (m, k)), rng.integers(lo, hi, (k, n))
+
+
+def run(text, a, b, mode, integer):
+    return emulate_source(text, {"a.txt": a, "b.txt": b}, (a.shape[0], b.shape[1]),
+                          np.int64 if integer else np.float32, mode=mode)
+
+
+def test_lowered_kernels_equal_numpy_in_the_emulation():
+    jobs = []
+    for name, (m, n, k, prec, tgt, kw, modes) in CASES.items():
+        art = lower(spatialc.build(spatialc.gemm(m, n, k, prec), tgt, **kw), spatialc.target(tgt))
+        a, b = inputs(m, n, k, prec)
+        jobs += [(name, mode, art.program_cu, a, b, prec == "int8") for mode in modes]
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda j: run(j[2], j[3], j[4], j[1], j[5]), jobs))
+    for (name, mode, _, a, b, _), c in zip(jobs, outs, strict=True):
+        assert np.array_equal(c, a @ b), f"{name} ({mode}) differs from numpy"
+
+
+def test_the_printed_barriers_and_wait_counts_are_needed():
+    # Depth 2: the slot refilled one step ahead is the one read the step before, so every barrier matters.
+    art = lower(spatialc.build(spatialc.gemm(48, 64, 96, "fp16"), "sm_86", block=(2, 4, 1), sites=2, depth=2),
+                spatialc.target("sm_86"))
+    a, b = inputs(48, 64, 96, "fp16")
+    text = art.program_cu
+    no_pop_barrier = text.replace("rslot_1 = (rslot_1 + 1) % DEPTH_1; __syncthreads();",
+                                  "rslot_1 = (rslot_1 + 1) % DEPTH_1;")
+    short_wait = text.replace("__pipeline_wait_prior(2);", "__pipeline_wait_prior(3);")
+    assert no_pop_barrier != text and short_wait != text
+    with ThreadPoolExecutor(2) as pool:
+        race = pool.submit(run, no_pop_barrier, a, b, "early", False)
+        wrong = pool.submit(run, short_wait, a, b, "late", False)
+        with pytest.raises(EmulationRace, match="RACE on shared ring .ring_[01]."):
+            race.result()
+        assert not np.array_equal(wrong.result(), a @ b)

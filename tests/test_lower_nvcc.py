@@ -1,0 +1,111 @@
+"""Every emitted kernel compiles with nvcc for sm_80, sm_86 and sm_90 without a warning, spills nothing, and uses the
+static shared memory its budget predicted (`ptxas -v`).
+
+nvcc is slow, so the texts of one target are compiled together: each artifact's program_cu and bench_cu inside a
+namespace of its own, its macros undefined after it, in one translation unit per target (three nvcc calls, run in
+parallel). One program_cu is also compiled alone for all three architectures, as the self-contained text it is.
+"""
+
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import spatialc
+from spatialc.lower.cuda.emit import INCLUDES
+from spatialc.lower.cuda.persistent import lower
+
+NVCC = shutil.which("nvcc")
+pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")]
+
+TARGETS = ("sm_80", "sm_86", "sm_90")
+PRECISIONS = ("int8", "fp16", "bf16")
+SHAPES = {
+    "one_element": (1, 1, 1, {}),
+    "odd": (33, 17, 49, {}),
+    "cube_on_8_sites": (256, 256, 256, {"sites": 8}),
+    "more_sites_than_items": (64, 64, 32, {"sites": 40}),
+    "fused_epilogue": (64, 64, 64, {"block": (2, 4, 2)}),
+    "sub_blocks": (128, 128, 64, {"block": (2, 4, 1), "sub_blocks": (2, 2)}),
+    "dynamic_rings": (128, 128, 128, {"block": (4, 4, 4), "depth": 4}),
+    "depth_1": (100, 70, 50, {"depth": 1}),
+}
+FLAGS = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror", "-Xptxas", "-v"]
+
+
+def gencode(tgt):
+    cc = tgt.removeprefix("sm_")
+    return ["-gencode", f"arch=compute_{cc},code=sm_{cc}"]
+
+
+def artifacts(tgt):
+    """(case name, artifact) for every shape and precision, lowered for `tgt`."""
+    out = []
+    for name, (m, n, k, kw) in SHAPES.items():
+        for prec in PRECISIONS:
+            p = spatialc.build(spatialc.gemm(m, n, k, prec), tgt, **kw)
+            out.append((f"{name}/{prec}", lower(p, spatialc.target(tgt))))
+    return out
+
+
+def translation_unit(arts):
+    """Every artifact's program_cu and bench_cu in one file: the headers first, so each text's includes are no-ops."""
+    parts = [f"#include <{h}>\n" for h in INCLUDES]
+    for i, (_, art) in enumerate(arts):
+        for kind, text in (("p", art.program_cu), ("b", art.bench_cu)):
+            undef = "".join(f"#undef {d}\n" for d in sorted(set(re.findall(r"^#define (\w+)", text, re.M))))
+            parts.append(f"namespace spatialc_case_{i}_{kind} {{\n{text}}}\n{undef}")
+    parts.append("int main() { return 0; }\n")
+    return "".join(parts)
+
+
+def ptxas_entries(log):
+    """(case index, p/b, arch, spill bytes, static smem bytes) for each kernel ptxas compiled."""
+    entries = []
+    for chunk in re.split(r"(?=ptxas info\s+: Compiling entry function)", log)[1:]:
+        head = re.search(r"Compiling entry function '(\S+)' for '(sm_\d+)'", chunk)
+        case = re.search(r"spatialc_case_(\d+)_([pb])", head.group(1))
+        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", chunk)
+        smem = re.search(r"(\d+) bytes smem", chunk)
+        entries.append((int(case.group(1)) if case else None, case.group(2) if case else None, head.group(2),
+                        int(spill.group(1)) + int(spill.group(2)), int(smem.group(1)) if smem else 0))
+    return entries
+
+
+def nvcc(src, out, archs):
+    cmd = [NVCC, "-o", str(out), str(src), *[g for a in archs for g in gencode(a)], *FLAGS]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """target → (artifacts, nvcc result); "alone" → the result of one program_cu compiled by itself."""
+    d = tmp_path_factory.mktemp("nvcc")
+    jobs = {}
+    for tgt in TARGETS:
+        arts = artifacts(tgt)
+        (d / f"{tgt}.cu").write_text(translation_unit(arts))
+        jobs[tgt] = (arts, (d / f"{tgt}.cu", d / tgt, [tgt]))
+    alone = dict(jobs["sm_86"][0])["fused_epilogue/bf16"]
+    (d / "alone.cu").write_text(alone.program_cu)
+    jobs["alone"] = ([("alone", alone)], (d / "alone.cu", d / "alone", list(TARGETS)))
+    with ThreadPoolExecutor(2) as pool:
+        runs = {key: pool.submit(nvcc, *args) for key, (_, args) in jobs.items()}
+        return {key: (jobs[key][0], runs[key].result()) for key in jobs}
+
+
+@pytest.mark.parametrize("key", [*TARGETS, "alone"])
+def test_kernels_compile_clean_without_spills_and_with_the_predicted_static_smem(compiled, key):
+    arts, run = compiled[key]
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-6000:]
+    assert "warning" not in log.lower(), log[-6000:]
+    entries = ptxas_entries(log)
+    archs = TARGETS if key == "alone" else (key,)
+    assert len(entries) == (1 if key == "alone" else 2) * len(arts) * len(archs)
+    for case, kind, arch, spill, smem in entries:
+        name, art = arts[case or 0]
+        assert spill == 0, f"{name} ({kind}, {arch}) spills {spill} bytes"
+        assert smem == art.budget.static_bytes, f"{name} ({kind}, {arch}): ptxas {smem}, budget {art.budget}"
