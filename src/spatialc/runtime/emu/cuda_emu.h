@@ -1,0 +1,18 @@
+// spatialc host emulation of CUDA: makes the exact text of an emitted program compile with g++ and run on the
+// CPU (docs/kernel-abi.md). Built with -DSPATIALC_EMU_MODE=late|early; see emu_*.h for each part.
+#ifndef SPATIALC_CUDA_EMU_H
+#define SPATIALC_CUDA_EMU_H
+
+#include "emu_core.h"      // qualifiers, thread and block state, built-in variables, barriers
+#include "emu_shared.h"    // rings, dynamic shared memory, race check
+#include "emu_half.h"      // __half, __nv_bfloat16
+#include "emu_pipeline.h"  // __pipeline_memcpy_async / commit / wait_prior
+#include "emu_wmma.h"      // nvcuda::wmma
+#include "emu_host.h"      // runtime API, launch
+
+// The definitions, unless they come from a separately compiled object (see emu_core.h).
+#if !defined(SPATIALC_EMU_LINKED) || defined(SPATIALC_EMU_IMPLEMENTATION)
+#include "emu_runtime.h"
+#endif
+
+#endif  // SPATIALC_CUDA_EMU_H

@@ -1,0 +1,150 @@
+// spatialc host emulation — the core: CUDA qualifiers, the mode, per-thread and per-block state, the built-in
+// variables and barriers. The functions declared here are defined in emu_runtime.h.
+//
+// Blocks run one after another, so every piece of emulator state describes the ONE running block.
+#ifndef SPATIALC_EMU_CORE_H
+#define SPATIALC_EMU_CORE_H
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+// Header-only by default. The runner compiles emu_runtime.h once into an object (SPATIALC_EMU_IMPLEMENTATION)
+// and builds programs with SPATIALC_EMU_LINKED, which leaves these functions declared only.
+#if defined(SPATIALC_EMU_LINKED)
+#define SPATIALC_EMU_FN
+#else
+#define SPATIALC_EMU_FN inline
+#endif
+
+// ---- qualifiers -------------------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __noinline__ __attribute__((noinline))
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+// A block's threads share it; blocks run one after another, so a function-static is one block's memory.
+#define __shared__ static
+// `__restrict__` is g++'s own spelling already.
+
+// ---- the mode: late (a cp.async lands at the wait that covers it) or early (it lands when issued) ----------
+#define SPATIALC_EMU_MODE_late 1
+#define SPATIALC_EMU_MODE_early 2
+#define SPATIALC_EMU_CAT_(a, b) a##b
+#define SPATIALC_EMU_MODE_ID_(m) SPATIALC_EMU_CAT_(SPATIALC_EMU_MODE_, m)
+#ifndef SPATIALC_EMU_MODE
+#define SPATIALC_EMU_MODE late
+#endif
+#if SPATIALC_EMU_MODE_ID_(SPATIALC_EMU_MODE) == SPATIALC_EMU_MODE_late
+#define SPATIALC_EMU_LATE 1
+#elif SPATIALC_EMU_MODE_ID_(SPATIALC_EMU_MODE) == SPATIALC_EMU_MODE_early
+#define SPATIALC_EMU_LATE 0
+#else
+#error "SPATIALC_EMU_MODE must be late or early"
+#endif
+
+namespace spatialc_emu {
+
+struct uint3 {
+    unsigned x, y, z;
+};
+
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+constexpr int kWarp = 32;
+constexpr bool kLate = SPATIALC_EMU_LATE != 0;
+inline const char* mode_name() { return kLate ? "late" : "early"; }
+
+// Exit statuses of a run the emulator ends itself (the host code uses 1 and 2).
+enum ExitCode : int { kExitRace = 86, kExitDeadlock = 87, kExitTimeout = 88, kExitMisuse = 89 };
+
+// A cp.async copy in flight: its source bytes are read at issue, they reach `dst` when the copy lands.
+struct Copy {
+    char* dst;
+    unsigned char data[16];
+    int size;
+    int line;
+};
+
+// A fragment-store element not yet visible to other lanes (late mode): it lands at the lane's next barrier.
+struct PendingStore {
+    void* dst;
+    unsigned char data[4];
+    int size;
+};
+
+// Written by its own thread only; `where` and the counters are atomics because reports read them from others.
+struct ThreadState {
+    int tid = 0, warp = 0, lane = 0;
+    std::atomic<unsigned> bi{0};  // block barriers (__syncthreads) passed: the thread's barrier interval
+    std::atomic<unsigned> wi{0};  // warp-level barriers passed (__syncwarp and __syncthreads)
+    std::atomic<const char*> where{"running"};
+    std::atomic<int> where_line{0};
+    std::vector<Copy> open;                 // issued, not yet committed
+    std::vector<std::vector<Copy>> groups;  // committed groups, oldest first, not yet landed
+    std::vector<PendingStore> stores;
+};
+
+// Arrivals are counted under `mu`; a waiter sleeps on its barrier's generation word, outside the lock, so the
+// completing thread wakes everyone with one notify and nobody queues for the lock on the way out.
+struct Block {
+    std::mutex mu;
+    int nthreads = 0, nwarps = 0;
+    int live = 0;     // threads that have not returned
+    int blocked = 0;  // live threads waiting at a barrier that has not completed
+    int bar_arrived = 0;
+    std::atomic<unsigned> bar_gen{0};
+    std::vector<int> warp_live, warp_arrived;
+    std::unique_ptr<std::atomic<unsigned>[]> warp_gen;
+    std::unique_ptr<ThreadState[]> threads;
+    unsigned long block_linear = 0;
+};
+
+inline thread_local ThreadState* self = nullptr;
+inline Block the_block;
+inline std::atomic<unsigned long> progress{0};  // barrier completions, exits, blocks: what the watchdog watches
+inline std::atomic<bool> in_launch{false};
+
+// One report on stderr, then the process ends at once: the kernel's other threads may be blocked forever.
+[[noreturn]] SPATIALC_EMU_FN void fatal(int code, const std::string& what);
+[[noreturn]] SPATIALC_EMU_FN void outside_kernel(const char* what);
+SPATIALC_EMU_FN void block_barrier(int line);
+SPATIALC_EMU_FN void warp_barrier(unsigned mask, int line);
+
+inline ThreadState& me(const char* what) {
+    if (!self) outside_kernel(what);
+    return *self;
+}
+
+}  // namespace spatialc_emu
+
+// ---- CUDA built-in variables and barriers -----------------------------------------------------------------
+using spatialc_emu::dim3;
+using spatialc_emu::uint3;
+
+inline thread_local uint3 threadIdx{0, 0, 0};
+inline uint3 blockIdx{0, 0, 0};
+inline dim3 blockDim{1, 1, 1};
+inline dim3 gridDim{1, 1, 1};
+constexpr int warpSize = spatialc_emu::kWarp;
+
+inline void __syncthreads(int line = __builtin_LINE()) { spatialc_emu::block_barrier(line); }
+inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE()) {
+    spatialc_emu::warp_barrier(mask, line);
+}
+inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+#endif  // SPATIALC_EMU_CORE_H

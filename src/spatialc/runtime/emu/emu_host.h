@@ -1,0 +1,142 @@
+// spatialc host emulation — the CUDA runtime the emitted hosts call, and the launch: blocks one after another,
+// each one real thread per CUDA thread.
+//
+// The runner rewrites `k<<<grid, block[, smem]>>>(args);` into `::spatialc_emu::launch(k, grid, block[, smem])(args);`
+// and the dynamic shared declaration into `char* spatialc_dyn_smem = ::spatialc_emu::dynamic_shared();`.
+#ifndef SPATIALC_EMU_HOST_H
+#define SPATIALC_EMU_HOST_H
+
+#include <chrono>
+#include <tuple>
+
+#include "emu_pipeline.h"
+
+enum cudaError_t {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorLaunchFailure = 719,
+};
+typedef cudaError_t cudaError;
+
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+};
+
+enum cudaFuncAttribute {
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+    cudaFuncAttributePreferredSharedMemoryCarveout = 9,
+};
+
+struct CUevent_st {
+    std::chrono::steady_clock::time_point at;
+};
+typedef CUevent_st* cudaEvent_t;
+typedef struct CUstream_st* cudaStream_t;
+
+namespace spatialc_emu {
+
+inline cudaError_t last_error = cudaSuccess;    // cleared by cudaGetLastError
+inline cudaError_t sticky_error = cudaSuccess;  // what cudaDeviceSynchronize reports
+
+// Report on stderr, and make cudaGetLastError and cudaDeviceSynchronize return `e`.
+SPATIALC_EMU_FN cudaError_t fail(cudaError_t e, const std::string& why);
+SPATIALC_EMU_FN void set_max_dynamic_smem(const void* kernel, int bytes);
+// Run `body(ctx)` once per CUDA thread: the grid's blocks one after another, each block's threads at once.
+SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem, const void* kernel);
+
+template <class... P>
+struct Launch {
+    void (*kernel)(P...);
+    dim3 grid, block;
+    size_t smem;
+
+    template <class... A>
+    void operator()(A&&... args) const {
+        static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
+        struct Call {
+            void (*kernel)(P...);
+            std::tuple<P...> params;
+        } call{kernel, std::tuple<P...>(std::forward<A>(args)...)};
+        run_grid([](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->params); }, &call,
+                 grid, block, smem, reinterpret_cast<const void*>(kernel));
+    }
+};
+
+template <class... P>
+Launch<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = nullptr) {
+    return Launch<P...>{kernel, grid, block, smem};
+}
+
+}  // namespace spatialc_emu
+
+// ---- the runtime API (device memory is host memory) --------------------------------------------------------
+
+inline cudaError_t cudaMalloc(void** p, size_t n) {
+    *p = std::aligned_alloc(256, (n + 255) & ~size_t(255));
+    return *p ? cudaSuccess : spatialc_emu::fail(cudaErrorMemoryAllocation, "cudaMalloc failed");
+}
+template <class T>
+cudaError_t cudaMalloc(T** p, size_t n) {
+    return cudaMalloc(reinterpret_cast<void**>(p), n);
+}
+inline cudaError_t cudaFree(void* p) {
+    std::free(p);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
+    std::memmove(dst, src, n);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemset(void* p, int v, size_t n) {
+    std::memset(p, v, n);
+    return cudaSuccess;
+}
+template <class F>
+cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attr, int value) {
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize)
+        spatialc_emu::set_max_dynamic_smem(reinterpret_cast<const void*>(kernel), value);
+    return cudaSuccess;
+}
+inline cudaError_t cudaDeviceSynchronize() { return spatialc_emu::sticky_error; }
+inline cudaError_t cudaGetLastError() {
+    const cudaError_t e = spatialc_emu::last_error;
+    spatialc_emu::last_error = cudaSuccess;
+    return e;
+}
+inline cudaError_t cudaPeekAtLastError() { return spatialc_emu::last_error; }
+inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorLaunchFailure: return "unspecified launch failure";
+    }
+    return "unknown error";
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
+    *e = new CUevent_st{std::chrono::steady_clock::now()};
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr) {
+    e->at = std::chrono::steady_clock::now();
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+    *ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+
+#endif  // SPATIALC_EMU_HOST_H

@@ -1,0 +1,524 @@
+// spatialc host emulation — the definitions behind the declarations of the other headers: barriers, thread exit,
+// deadlock reports, the watchdog, shared regions and the race check, cp.async, the launch.
+//
+// Included by cuda_emu.h (header-only use) or compiled once on its own with SPATIALC_EMU_IMPLEMENTATION and
+// SPATIALC_EMU_LINKED (what the runner does: every program then links the same object).
+#ifndef SPATIALC_EMU_RUNTIME_H
+#define SPATIALC_EMU_RUNTIME_H
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include <unistd.h>
+
+#include "emu_host.h"
+
+namespace spatialc_emu {
+
+// ---- reports ----------------------------------------------------------------------------------------------------
+
+[[noreturn]] SPATIALC_EMU_FN void fatal(int code, const std::string& what) {
+    static std::mutex once;
+    once.lock();  // never unlocked: a second reporter waits here until _exit
+    std::fprintf(stderr, "spatialc-emu [%s]: %s\n", mode_name(), what.c_str());
+    std::fflush(stderr);
+    _exit(code);
+}
+
+[[noreturn]] SPATIALC_EMU_FN void outside_kernel(const char* what) {
+    fatal(kExitMisuse, std::string(what) + " called outside a kernel thread");
+}
+
+// "96 threads (0-95) __syncthreads() at line 120 after 4 block barriers; 32 threads (96-127) ..."
+SPATIALC_EMU_FN std::string describe_threads(Block& b) {
+    struct Group {
+        std::string where;
+        int line;
+        unsigned bi;
+        std::vector<int> tids;
+    };
+    std::vector<Group> groups;
+    for (int i = 0; i < b.nthreads; ++i) {
+        const ThreadState& t = b.threads[i];
+        const std::string where = t.where.load();
+        const int line = t.where_line.load();
+        const unsigned bi = t.bi.load();
+        auto it = std::find_if(groups.begin(), groups.end(),
+                               [&](const Group& g) { return g.where == where && g.line == line && g.bi == bi; });
+        if (it == groups.end()) {
+            groups.push_back({where, line, bi, {}});
+            it = groups.end() - 1;
+        }
+        it->tids.push_back(t.tid);
+    }
+    std::string out;
+    for (const Group& g : groups) {
+        if (!out.empty()) out += "; ";
+        out += std::to_string(g.tids.size()) + (g.tids.size() == 1 ? " thread (" : " threads (");
+        for (size_t i = 0; i < g.tids.size();) {  // ids as runs: 0-31,64-95
+            size_t j = i;
+            while (j + 1 < g.tids.size() && g.tids[j + 1] == g.tids[j] + 1) ++j;
+            if (i) out += ",";
+            out += std::to_string(g.tids[i]);
+            if (j > i) out += "-" + std::to_string(g.tids[j]);
+            i = j + 1;
+        }
+        out += ") " + g.where;
+        if (g.line) out += " at line " + std::to_string(g.line);
+        out += " after " + std::to_string(g.bi) + " block barriers";
+    }
+    return out;
+}
+
+[[noreturn]] SPATIALC_EMU_FN void deadlock(Block& b) {
+    fatal(kExitDeadlock, "DEADLOCK in block " + std::to_string(b.block_linear) +
+                             ": every live thread waits at a barrier that can never complete: " + describe_threads(b));
+}
+
+// ---- barriers -----------------------------------------------------------------------------------------------------
+
+// Make every pending fragment store of `t` visible (late mode).
+SPATIALC_EMU_FN void apply_stores(ThreadState& t) {
+    for (const PendingStore& s : t.stores) std::memcpy(s.dst, s.data, (size_t)s.size);
+    t.stores.clear();
+}
+
+// With the lock held, by the thread whose arrival (or return) completes the barrier.
+SPATIALC_EMU_FN void complete_block_barrier(Block& b, int waiters) {
+    for (int i = 0; i < b.nthreads; ++i) apply_stores(b.threads[i]);
+    b.blocked -= waiters;
+    b.bar_arrived = 0;
+    b.bar_gen.fetch_add(1, std::memory_order_release);
+    b.bar_gen.notify_all();
+    progress.fetch_add(1, std::memory_order_relaxed);
+}
+
+SPATIALC_EMU_FN void complete_warp_barrier(Block& b, int w, int waiters) {
+    const int lo = w * kWarp, hi = std::min(b.nthreads, lo + kWarp);
+    for (int i = lo; i < hi; ++i) apply_stores(b.threads[i]);
+    b.blocked -= waiters;
+    b.warp_arrived[(size_t)w] = 0;
+    b.warp_gen[w].fetch_add(1, std::memory_order_release);
+    b.warp_gen[w].notify_all();
+    progress.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Until `gen` moves on from `seen`: a few yields first (the last arrivals are usually runnable), then sleep.
+SPATIALC_EMU_FN void await_generation(std::atomic<unsigned>& gen, unsigned seen) {
+    for (int i = 0; i < 16 && gen.load(std::memory_order_acquire) == seen; ++i) std::this_thread::yield();
+    while (gen.load(std::memory_order_acquire) == seen) gen.wait(seen, std::memory_order_acquire);
+}
+
+SPATIALC_EMU_FN void block_barrier(int line) {
+    ThreadState& t = me("__syncthreads()");
+    Block& b = the_block;
+    std::unique_lock<std::mutex> lk(b.mu);
+    t.where = "__syncthreads()";
+    t.where_line = line;
+    if (++b.bar_arrived == b.live) {
+        complete_block_barrier(b, b.bar_arrived - 1);
+    } else {
+        if (++b.blocked == b.live) deadlock(b);
+        const unsigned seen = b.bar_gen.load(std::memory_order_relaxed);
+        lk.unlock();
+        await_generation(b.bar_gen, seen);
+    }
+    t.bi.fetch_add(1, std::memory_order_relaxed);
+    t.wi.fetch_add(1, std::memory_order_relaxed);
+    t.where = "running";
+}
+
+SPATIALC_EMU_FN void warp_barrier(unsigned mask, int line) {
+    ThreadState& t = me("__syncwarp()");
+    if (mask != 0xffffffffu)
+        fatal(kExitMisuse, "__syncwarp with a partial mask is not emulated (line " + std::to_string(line) + ")");
+    Block& b = the_block;
+    const size_t w = (size_t)t.warp;
+    std::unique_lock<std::mutex> lk(b.mu);
+    t.where = "__syncwarp()";
+    t.where_line = line;
+    if (++b.warp_arrived[w] == b.warp_live[w]) {
+        complete_warp_barrier(b, (int)w, b.warp_arrived[w] - 1);
+    } else {
+        if (++b.blocked == b.live) deadlock(b);
+        const unsigned seen = b.warp_gen[w].load(std::memory_order_relaxed);
+        lk.unlock();
+        await_generation(b.warp_gen[w], seen);
+    }
+    t.wi.fetch_add(1, std::memory_order_relaxed);
+    t.where = "running";
+}
+
+// ---- shared regions and the race check -----------------------------------------------------------------------------
+
+constexpr int kMaxRegions = 256;
+inline Region* regions[kMaxRegions];
+inline std::atomic<int> n_regions{0};
+inline std::mutex regions_mu;  // registration
+inline std::mutex shadow_mu;   // every shadow update
+
+inline char* dyn_base = nullptr;
+inline size_t dyn_capacity = 0;  // allocated (kept across launches, so ring addresses stay put)
+inline size_t dyn_bytes = 0;     // what the running launch asked for
+
+SPATIALC_EMU_FN Region* find_region(const void* p) {
+    const char* c = static_cast<const char*>(p);
+    const int n = n_regions.load(std::memory_order_acquire);
+    for (int i = 0; i < n; ++i) {
+        Region* r = regions[i];
+        if (c >= r->base && c < r->base + r->bytes) return r;
+    }
+    return nullptr;
+}
+
+inline const void* running_kernel = nullptr;
+
+SPATIALC_EMU_FN void register_region(const char* name, void* base, size_t elem, size_t depth, size_t page,
+                                     bool dynamic) {
+    std::lock_guard<std::mutex> lk(regions_mu);
+    const int n = n_regions.load(std::memory_order_relaxed);
+    for (int i = 0; i < n; ++i)
+        if (regions[i]->base == base && std::strcmp(regions[i]->name, name) == 0) return;
+    if (n == kMaxRegions) fatal(kExitMisuse, "more than 256 shared regions registered");
+    Region* r = new Region{};
+    std::snprintf(r->name, sizeof r->name, "%s", name);
+    r->base = static_cast<char*>(base);
+    r->elem = elem;
+    r->depth = depth;
+    r->page = page;
+    r->bytes = elem * depth * page;
+    r->dynamic = dynamic;
+    r->kernel = running_kernel;
+    r->shadow.assign(r->bytes, ByteShadow{});
+    regions[n] = r;
+    n_regions.store(n + 1, std::memory_order_release);
+}
+
+SPATIALC_EMU_FN char* dynamic_shared() { return dyn_base; }
+
+SPATIALC_EMU_FN void prepare_dynamic(size_t bytes) {
+    if (bytes > dyn_capacity || !dyn_base) {
+        std::free(dyn_base);
+        dyn_capacity = std::max<size_t>(128, (bytes + 127) & ~size_t(127));
+        dyn_base = static_cast<char*>(std::aligned_alloc(128, dyn_capacity));
+    }
+    dyn_bytes = bytes;
+}
+
+SPATIALC_EMU_FN void check_dynamic_ring(const char* name, char* base, size_t off, size_t bytes) {
+    if (base != dyn_base || off + bytes > dyn_bytes)
+        fatal(kExitMisuse, std::string("shared ring '") + name + "' needs bytes [" + std::to_string(off) + ", " +
+                               std::to_string(off + bytes) + ") of the dynamic block, but the launch gave " +
+                               std::to_string(dyn_bytes) + " bytes");
+    if (off % 16)
+        fatal(kExitMisuse, std::string("shared ring '") + name + "' starts at offset " + std::to_string(off) +
+                               " of the dynamic block, not a multiple of 16");
+}
+
+// Every block starts with fresh (garbage) shared memory and no recorded accesses.
+SPATIALC_EMU_FN void reset_shared_for_block() {
+    const int n = n_regions.load();
+    for (int i = 0; i < n; ++i) {
+        std::fill(regions[i]->shadow.begin(), regions[i]->shadow.end(), ByteShadow{});
+        std::memset(regions[i]->base, kPoison, regions[i]->bytes);
+    }
+    if (dyn_base && dyn_bytes) std::memset(dyn_base, kPoison, dyn_bytes);
+}
+
+SPATIALC_EMU_FN bool conflicts(const Access& a, const Access& b) {
+    if (a.tid < 0 || b.tid < 0 || a.tid == b.tid || a.bi != b.bi) return false;
+    const bool same_warp = a.tid / kWarp == b.tid / kWarp;
+    return !(same_warp && a.wi != b.wi);
+}
+
+SPATIALC_EMU_FN std::string who(const Access& a) {
+    const char* what = a.kind == AccessKind::cp_async     ? "a cp.async landing"
+                       : a.kind == AccessKind::frag_load  ? "a fragment load (load_matrix_sync)"
+                       : a.kind == AccessKind::frag_store ? "a fragment store (store_matrix_sync)"
+                                                          : "an access";
+    return std::string(what) + " by thread " + std::to_string(a.tid) + " (warp " + std::to_string(a.tid / kWarp) +
+           ", lane " + std::to_string(a.tid % kWarp) + ") at line " + std::to_string(a.line);
+}
+
+[[noreturn]] SPATIALC_EMU_FN void race(const Region& r, size_t off, const Access& earlier, const Access& now) {
+    const size_t page_bytes = r.page * r.elem;
+    const size_t slot = page_bytes ? off / page_bytes : 0;
+    fatal(kExitRace, "RACE on shared ring '" + std::string(r.name) + "' slot " + std::to_string(slot) + " (byte " +
+                         std::to_string(page_bytes ? off % page_bytes : off) + " of the page; depth " +
+                         std::to_string(r.depth) + "; block " + std::to_string(the_block.block_linear) + "): " +
+                         who(earlier) + " and " + who(now) +
+                         " touch the same bytes with no __syncthreads() between them (both after " +
+                         std::to_string(now.bi) + " block barriers)");
+}
+
+SPATIALC_EMU_FN void track_bytes(Region& r, size_t off, size_t n, bool write, const Access& a) {
+    for (size_t i = 0; i < n; ++i) {
+        ByteShadow& s = r.shadow[off + i];
+        if (conflicts(s.w, a)) race(r, off + i, s.w, a);
+        if (write) {
+            if (conflicts(s.r0, a)) race(r, off + i, s.r0, a);
+            if (conflicts(s.r1, a)) race(r, off + i, s.r1, a);
+            s.w = a;
+            s.r0 = s.r1 = Access{};
+        } else if (s.r0.tid < 0 || s.r0.tid == a.tid || s.r0.bi != a.bi) {
+            s.r0 = a;
+        } else {
+            s.r1 = a;  // readers of two different threads: one of them differs from any later writer
+        }
+    }
+}
+
+SPATIALC_EMU_FN void track(const void* const* ptrs, int count, size_t size, bool write, AccessKind kind, int line) {
+    const ThreadState& t = *self;
+    const Access a{t.tid, t.bi.load(std::memory_order_relaxed), t.wi.load(std::memory_order_relaxed), line, kind};
+    std::lock_guard<std::mutex> lk(shadow_mu);
+    for (int k = 0; k < count; ++k) {
+        Region* r = find_region(ptrs[k]);
+        if (!r) continue;
+        const size_t off = (size_t)(static_cast<const char*>(ptrs[k]) - r->base);
+        if (off + size > r->bytes)
+            fatal(kExitMisuse, who(a) + " runs past the end of shared ring '" + r->name + "'");
+        track_bytes(*r, off, size, write, a);
+    }
+}
+
+SPATIALC_EMU_FN void check_wmma_pointer(const void* p, unsigned ldm, size_t elem, const char* what, int line) {
+    if ((ldm * elem) % 16)
+        fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + ": leading dimension " +
+                               std::to_string(ldm) + " is not a multiple of 16 bytes");
+    const Region* r = find_region(p);
+    if (!r) return;
+    const char* origin = r->dynamic ? dyn_base : r->base;
+    const size_t off = (size_t)(static_cast<const char*>(p) - origin);
+    if (off % 32)
+        fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + ": pointer into shared ring '" +
+                               r->name + "' at byte " + std::to_string(off) + " of " +
+                               (r->dynamic ? "the dynamic block" : "the ring") + ", not 256-bit aligned");
+}
+
+// ---- cp.async ---------------------------------------------------------------------------------------------------------
+
+SPATIALC_EMU_FN void land(const Copy& c) {
+    const void* p = c.dst;
+    track(&p, 1, (size_t)c.size, true, AccessKind::cp_async, c.line);
+    std::memcpy(c.dst, c.data, (size_t)c.size);
+}
+
+SPATIALC_EMU_FN void pipeline_copy(void* dst, const void* src, size_t size, size_t zfill, int line) {
+    ThreadState& t = me("__pipeline_memcpy_async");
+    if ((size != 4 && size != 8 && size != 16) || zfill > size || reinterpret_cast<uintptr_t>(dst) % size ||
+        reinterpret_cast<uintptr_t>(src) % size)
+        fatal(kExitMisuse, "__pipeline_memcpy_async at line " + std::to_string(line) + ": " + std::to_string(size) +
+                               " bytes, zero-fill " + std::to_string(zfill) +
+                               " (4, 8 or 16 bytes, source and destination aligned to it)");
+    Copy c{static_cast<char*>(dst), {}, (int)size, line};
+    std::memcpy(c.data, src, size - zfill);
+    std::memset(c.data + (size - zfill), 0, zfill);
+    if (kLate)
+        t.open.push_back(c);
+    else
+        land(c);
+}
+
+SPATIALC_EMU_FN void pipeline_commit() {
+    ThreadState& t = me("__pipeline_commit");
+    t.groups.push_back(std::move(t.open));
+    t.open.clear();
+}
+
+SPATIALC_EMU_FN void pipeline_wait(size_t prior) {
+    ThreadState& t = me("__pipeline_wait_prior");
+    size_t landed = 0;
+    for (; t.groups.size() - landed > prior; ++landed)
+        for (const Copy& c : t.groups[landed]) land(c);
+    t.groups.erase(t.groups.begin(), t.groups.begin() + (std::ptrdiff_t)landed);
+}
+
+// ---- thread exit --------------------------------------------------------------------------------------------------------
+
+// A returning thread leaves every barrier's count, and its leaving may complete one. Copies it has in flight
+// still land. Its pending fragment stores stay pending until a barrier of its warp or block completes, or the
+// block ends, so whether another lane sees them never depends on when this one happened to return.
+SPATIALC_EMU_FN void thread_exit() {
+    ThreadState& t = *self;
+    for (auto& g : t.groups)
+        for (const Copy& c : g) land(c);
+    for (const Copy& c : t.open) land(c);
+    t.groups.clear();
+    t.open.clear();
+    Block& b = the_block;
+    std::lock_guard<std::mutex> lk(b.mu);
+    t.where = "returned";
+    const size_t w = (size_t)t.warp;
+    --b.live;
+    --b.warp_live[w];
+    progress.fetch_add(1, std::memory_order_relaxed);
+    if (b.bar_arrived > 0 && b.bar_arrived == b.live) complete_block_barrier(b, b.bar_arrived);
+    if (b.warp_arrived[w] > 0 && b.warp_arrived[w] == b.warp_live[w])
+        complete_warp_barrier(b, (int)w, b.warp_arrived[w]);
+    if (b.live > 0 && b.blocked == b.live) deadlock(b);
+}
+
+// ---- the watchdog: a wall-clock limit on the whole run, and one on a launch that stops making progress -----------
+
+SPATIALC_EMU_FN double env_seconds(const char* name, double dflt) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return dflt;
+    char* end = nullptr;
+    const double d = std::strtod(v, &end);
+    return (end && *end == 0 && d > 0) ? d : dflt;
+}
+
+SPATIALC_EMU_FN void watch(double limit, double stall) {
+    using clock = std::chrono::steady_clock;
+    const auto t0 = clock::now();
+    auto last_change = t0;
+    unsigned long last = progress.load();
+    for (;;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const auto now = clock::now();
+        const unsigned long p = progress.load();
+        if (p != last || !in_launch.load()) {
+            last = p;
+            last_change = now;
+        }
+        const double ran = std::chrono::duration<double>(now - t0).count();
+        const double idle = std::chrono::duration<double>(now - last_change).count();
+        if (ran <= limit && idle <= stall) continue;
+        std::string state;
+        if (in_launch.load() && the_block.mu.try_lock()) {
+            state = " Threads of block " + std::to_string(the_block.block_linear) + ": " +
+                    describe_threads(the_block) + ".";
+            the_block.mu.unlock();
+        }
+        char when[64];
+        if (idle > stall) {
+            std::snprintf(when, sizeof when, "no progress for %.1f s", stall);
+            fatal(kExitTimeout, std::string("TIMEOUT: ") + when +
+                                    " (no barrier completed and no thread returned; SPATIALC_EMU_STALL_S): a thread "
+                                    "spins forever or waits for something no barrier provides." + state);
+        }
+        std::snprintf(when, sizeof when, "%.1f s", limit);
+        fatal(kExitTimeout, std::string("TIMEOUT: the run passed its wall-clock limit of ") + when +
+                                " (SPATIALC_EMU_TIMEOUT_S)." + state);
+    }
+}
+
+SPATIALC_EMU_FN void start_watchdog() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        const double limit = env_seconds("SPATIALC_EMU_TIMEOUT_S", 120.0);
+        const double stall = env_seconds("SPATIALC_EMU_STALL_S", std::min(limit / 2, 30.0));
+        std::thread(watch, limit, stall).detach();
+    });
+}
+
+// ---- the launch -----------------------------------------------------------------------------------------------------------
+
+inline std::map<const void*, int> max_dynamic_smem;  // cudaFuncSetAttribute, per kernel
+constexpr size_t kDynamicDefault = 48 * 1024;         // static + dynamic beyond this needs the attribute
+
+SPATIALC_EMU_FN cudaError_t fail(cudaError_t e, const std::string& why) {
+    std::fprintf(stderr, "spatialc-emu [%s]: %s\n", mode_name(), why.c_str());
+    last_error = e;
+    sticky_error = e;
+    return e;
+}
+
+SPATIALC_EMU_FN void set_max_dynamic_smem(const void* kernel, int bytes) { max_dynamic_smem[kernel] = bytes; }
+
+SPATIALC_EMU_FN void reset_block(Block& b, int n, unsigned long linear) {
+    b.nthreads = n;
+    b.nwarps = (n + kWarp - 1) / kWarp;
+    b.live = n;
+    b.blocked = 0;
+    b.bar_arrived = 0;
+    b.block_linear = linear;
+    b.warp_live.assign((size_t)b.nwarps, 0);
+    b.warp_arrived.assign((size_t)b.nwarps, 0);
+    b.warp_gen.reset(new std::atomic<unsigned>[(size_t)b.nwarps]);
+    for (int w = 0; w < b.nwarps; ++w) b.warp_gen[w].store(0);
+    b.threads.reset(new ThreadState[(size_t)n]);
+    for (int i = 0; i < n; ++i) {
+        ThreadState& t = b.threads[i];
+        t.tid = i;
+        t.warp = i / kWarp;
+        t.lane = i % kWarp;
+        ++b.warp_live[(size_t)t.warp];
+    }
+}
+
+SPATIALC_EMU_FN void run_block(void (*body)(void*), void* ctx, dim3 block, unsigned long linear) {
+    Block& b = the_block;
+    const int n = (int)(block.x * block.y * block.z);
+    reset_block(b, n, linear);
+    reset_shared_for_block();
+    std::vector<std::thread> threads;
+    threads.reserve((size_t)n);
+    for (int i = 0; i < n; ++i)
+        threads.emplace_back([&b, body, ctx, block, i] {
+            self = &b.threads[i];
+            threadIdx = uint3{(unsigned)i % block.x, ((unsigned)i / block.x) % block.y,
+                              (unsigned)i / (block.x * block.y)};
+            body(ctx);
+            thread_exit();
+        });
+    for (std::thread& t : threads) t.join();
+    for (int i = 0; i < n; ++i) apply_stores(b.threads[i]);
+    progress.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Dynamic shared memory a launch may use: the attribute when set, else what 48 KiB leaves beside the kernel's
+// static rings (known once a launch has registered them).
+SPATIALC_EMU_FN size_t dynamic_allowed(const void* kernel) {
+    auto it = max_dynamic_smem.find(kernel);
+    if (it != max_dynamic_smem.end()) return (size_t)it->second;
+    size_t fixed = 0;
+    const int n = n_regions.load();
+    for (int i = 0; i < n; ++i)
+        if (regions[i]->kernel == kernel && !regions[i]->dynamic) fixed += regions[i]->bytes;
+    return fixed < kDynamicDefault ? kDynamicDefault - fixed : 0;
+}
+
+SPATIALC_EMU_FN cudaError_t refuse_dynamic(size_t smem, const void* kernel) {
+    return fail(cudaErrorInvalidValue,
+                "launch refused: " + std::to_string(smem) + " bytes of dynamic shared memory, but only " +
+                    std::to_string(dynamic_allowed(kernel)) +
+                    " without cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize) (48 KiB less the "
+                    "static shared memory), or more than the attribute set");
+}
+
+SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem,
+                              const void* kernel) {
+    const unsigned long nthreads = (unsigned long)block.x * block.y * block.z;
+    if (nthreads == 0 || nthreads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
+        fail(cudaErrorInvalidConfiguration, "launch refused: " + std::to_string(nthreads) + " threads per block");
+        return;
+    }
+    if (smem > dynamic_allowed(kernel)) {
+        refuse_dynamic(smem, kernel);
+        return;
+    }
+    start_watchdog();
+    prepare_dynamic(smem);
+    gridDim = grid;
+    blockDim = block;
+    running_kernel = kernel;
+    in_launch = true;
+    unsigned long linear = 0;
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x, ++linear) {
+                blockIdx = uint3{x, y, z};
+                run_block(body, ctx, block, linear);
+            }
+    in_launch = false;
+    // A kernel's static rings are only known once it has run: a GPU would have refused this launch up front.
+    if (smem > dynamic_allowed(kernel)) refuse_dynamic(smem, kernel);
+}
+
+}  // namespace spatialc_emu
+
+#endif  // SPATIALC_EMU_RUNTIME_H

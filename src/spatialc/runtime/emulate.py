@@ -1,0 +1,357 @@
+"""Run an emitted CUDA program on the CPU: the host emulation of DESIGN.md §5.3.
+
+The exact `program_cu` text is compiled by g++ against `runtime/emu/*.h` (one real thread per CUDA thread, block
+and warp barriers, WMMA fragments, cp.async copies that land late or early, a race check on shared memory) after
+two rewrites and nothing else: the launch `k<<<g, b[, s]>>>(args);` becomes a call, and the dynamic shared
+declaration becomes a pointer to the emulator's block. Binaries are cached by the hash of what built them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpatialError
+
+__all__ = [
+    "EmulationCompileError",
+    "EmulationDeadlock",
+    "EmulationError",
+    "EmulationFault",
+    "EmulationRace",
+    "EmulationTimeout",
+    "MODES",
+    "compile_program",
+    "emulate",
+    "emulate_source",
+    "host_source",
+    "run_program",
+]
+
+HEADER_DIR = Path(__file__).parent / "emu"
+MODES = ("late", "early")
+CXX_FLAGS = ("-std=c++20", "-O2", "-pthread")
+
+DYN_DECL = "extern __shared__ __align__(16) char spatialc_dyn_smem[];"
+DYN_HOST = "char* spatialc_dyn_smem = ::spatialc_emu::dynamic_shared();"
+LAUNCH = re.compile(r"\b([A-Za-z_]\w*)\s*<<<([^;<>]*?)>>>\s*\(")
+
+# Exit statuses the emulator ends a run with (emu_core.h), and the host code's own (kernel-abi.md §10).
+EXIT_RACE, EXIT_DEADLOCK, EXIT_TIMEOUT, EXIT_MISUSE = 86, 87, 88, 89
+EXIT_CUDA, EXIT_INPUT = 1, 2
+
+
+class EmulationError(SpatialError):
+    """The emulation could not produce C: `kind` says why, the message carries the emulator's own words."""
+
+    kind = "failed"
+
+    def __init__(self, message: str, *, stderr: str = "", status: int | None = None):
+        super().__init__(message)
+        self.stderr = stderr
+        self.status = status
+
+
+class EmulationCompileError(EmulationError):
+    """g++ refused the program text (the message holds the first errors)."""
+
+    kind = "compile"
+
+
+class EmulationRace(EmulationError):
+    """Two threads touched the same shared bytes in one barrier interval; the message names ring, slot, threads."""
+
+    kind = "race"
+
+
+class EmulationDeadlock(EmulationError):
+    """Every live thread waits at a barrier that can never complete."""
+
+    kind = "deadlock"
+
+
+class EmulationTimeout(EmulationError):
+    """The run passed its wall-clock limit or stopped making progress."""
+
+    kind = "timeout"
+
+
+class EmulationFault(EmulationError):
+    """Anything else: a CUDA error, a missing input, a misuse of an emulated primitive, output of the wrong size."""
+
+    kind = "fault"
+
+
+# ---- the text rewrite -------------------------------------------------------------------------------------------
+
+
+def host_source(program_cu: str) -> str:
+    """The text g++ compiles: the launches and the dynamic shared declaration rewritten, every other byte kept."""
+    lines = program_cu.split("\n")
+    for i, line in enumerate(lines):
+        if line.strip() == DYN_DECL:
+            lines[i] = line[: len(line) - len(line.lstrip())] + DYN_HOST
+    text = LAUNCH.sub(r"::spatialc_emu::launch(\1, \2)(", "\n".join(lines))
+    if "<<<" in text or ">>>" in text:
+        bad = next(n for n, line in enumerate(text.split("\n"), 1) if "<<<" in line or ">>>" in line)
+        raise EmulationFault(
+            f"line {bad}: a kernel launch the emulation cannot rewrite "
+            "(expected one statement `kernel<<<grid, block[, smem]>>>(args…);`)"
+        )
+    return text
+
+
+# ---- compiling, with a cache ---------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """Where binaries are kept: $SPATIALC_CACHE/emu, else ~/.cache/spatialc/emu."""
+    root = os.environ.get("SPATIALC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "spatialc"
+    )
+    path = Path(root) / "emu"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@cache
+def _compiler() -> tuple[str, str]:
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    if not cxx:
+        raise EmulationCompileError("the host emulation needs g++ (C++20) on PATH, or CXX naming it")
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False).stdout
+    return cxx, version.split("\n", 1)[0]
+
+
+def _headers() -> list[Path]:
+    return sorted(HEADER_DIR.glob("*.h"))
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise EmulationFault(f"unknown emulation mode {mode!r}; use one of {', '.join(MODES)}")
+
+
+def _digest(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()[:24]
+
+
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(key: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(key, threading.Lock())
+
+
+def _gxx(args: list[str], what: str) -> None:
+    cxx, _ = _compiler()
+    done = subprocess.run([cxx, *args], capture_output=True, text=True, check=False, timeout=600)
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if "error" in line][:12]
+        excerpt = "\n".join(errors) or done.stderr[-3000:]
+        raise EmulationCompileError(
+            f"g++ could not compile {what}:\n{excerpt}", stderr=done.stderr, status=done.returncode
+        )
+
+
+def _flags(mode: str) -> list[str]:
+    return [*CXX_FLAGS, f"-DSPATIALC_EMU_MODE={mode}", "-DSPATIALC_EMU_LINKED"]
+
+
+def _prepared(mode: str) -> Path:
+    """A folder holding the headers, their precompiled form and the emulator's runtime object for `mode`.
+
+    Programs then compile only their own code (about a second) and link the runtime, instead of compiling the
+    emulator's threads, barriers and race check every time.
+    """
+    headers = _headers()
+    key = _digest(_compiler()[1], mode, *CXX_FLAGS, *(h.name.encode() + h.read_bytes() for h in headers))
+    folder = cache_dir() / f"rt-{mode}-{key}"
+    if (folder / "runtime.o").exists():
+        return folder
+    with _lock(str(folder)):
+        if (folder / "runtime.o").exists():
+            return folder
+        tmp = Path(tempfile.mkdtemp(prefix="rt-", dir=cache_dir()))
+        try:
+            for h in headers:
+                shutil.copy2(h, tmp / h.name)
+            header, flags = str(tmp / "cuda_emu.h"), _flags(mode)
+            _gxx([*flags, "-x", "c++-header", header, "-o", f"{header}.gch"], "the emulation header")
+            impl = ["-DSPATIALC_EMU_IMPLEMENTATION", "-x", "c++", "-c", header]
+            _gxx([*flags, *impl, "-o", str(tmp / "runtime.o")], "the emulation runtime")
+            tmp.rename(folder)
+        except OSError:  # another process got there first
+            pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def compile_program(program_cu: str, mode: str = "late") -> Path:
+    """The emulation binary of `program_cu` in `mode`, compiled once and cached by source, mode and header hash."""
+    _check_mode(mode)
+    source = host_source(program_cu)
+    rt = _prepared(mode)
+    binary = cache_dir() / f"prog-{mode}-{_digest(rt.name, source)}"
+    if binary.exists():
+        return binary
+    with _lock(str(binary)):
+        if binary.exists():
+            return binary
+        with tempfile.TemporaryDirectory(prefix="spatialc-emu-") as tmp:
+            src = Path(tmp) / "program.cpp"
+            src.write_text(source)
+            out = Path(tmp) / "program"
+            use_rt = ["-Winvalid-pch", "-I", str(rt), "-include", "cuda_emu.h"]
+            sources = ["-x", "c++", str(src), "-x", "none", str(rt / "runtime.o")]
+            _gxx([*_flags(mode), *use_rt, *sources, "-o", str(out)], "the program")
+            os.replace(out, binary)
+    return binary
+
+
+# ---- running --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What one emulated run printed, and how long it took."""
+
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+_BY_STATUS: dict[int, type[EmulationError]] = {
+    EXIT_RACE: EmulationRace,
+    EXIT_DEADLOCK: EmulationDeadlock,
+    EXIT_TIMEOUT: EmulationTimeout,
+}
+
+
+def _report(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("spatialc-emu")]
+    return "\n".join(lines) or stderr.strip()[-2000:] or "(no message)"
+
+
+def run_program(binary: Path, files: Mapping[str, str], timeout: float = 120.0) -> Run:
+    """Run `binary` in a fresh folder holding `files` (name → text); its stdout, or the typed error it ended with."""
+    with tempfile.TemporaryDirectory(prefix="spatialc-run-") as tmp:
+        for name, text in files.items():
+            Path(tmp, name).write_text(text)
+        env = dict(os.environ, SPATIALC_EMU_TIMEOUT_S=str(timeout))
+        t0 = time.perf_counter()
+        try:
+            done = subprocess.run(
+                [str(binary)], cwd=tmp, env=env, capture_output=True, text=True, check=False, timeout=timeout + 15
+            )
+        except subprocess.TimeoutExpired as e:
+            raise EmulationTimeout(
+                f"TIMEOUT: the emulated run was killed after {timeout + 15:.0f} s (its own watchdog did not end it)"
+            ) from e
+        seconds = time.perf_counter() - t0
+    if done.returncode == 0:
+        return Run(done.stdout, done.stderr, seconds)
+    status = done.returncode
+    if status < 0:
+        raise EmulationFault(
+            f"the emulated run died of signal {-status}: {_report(done.stderr)}", stderr=done.stderr, status=status
+        )
+    kind = _BY_STATUS.get(status, EmulationFault)
+    prefix = {EXIT_CUDA: "a CUDA error: ", EXIT_INPUT: "a missing or short input file: "}.get(status, "")
+    raise kind(f"{prefix}{_report(done.stderr)}", stderr=done.stderr, status=status)
+
+
+def parse_output(stdout: str, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+    """The printed values (one a line, row-major) as an array of `shape`."""
+    words = stdout.split()
+    need = int(np.prod(shape))
+    if len(words) != need:
+        raise EmulationFault(f"the program printed {len(words)} values; C has {need} ({'×'.join(map(str, shape))})")
+    if np.dtype(dtype).kind in "iu":
+        return np.array([int(w) for w in words], dtype=dtype).reshape(shape)
+    return np.array(words, dtype=np.float64).astype(dtype).reshape(shape)
+
+
+def format_values(values: np.ndarray) -> str:
+    """Whitespace-separated numbers in row-major order, exact: integers as integers, floats round-trip."""
+    flat = np.asarray(values).ravel()
+    if flat.dtype.kind in "iub":
+        return "\n".join(map(str, flat.astype(np.int64).tolist())) + "\n"
+    return "\n".join(repr(float(v)) for v in flat.astype(np.float64).tolist()) + "\n"
+
+
+def emulate_source(
+    program_cu: str,
+    files: Mapping[str, str | np.ndarray],
+    out_shape: tuple[int, ...],
+    out_dtype: np.dtype | type = np.float32,
+    *,
+    mode: str = "late",
+    timeout: float = 120.0,
+) -> np.ndarray:
+    """Compile and run any program text that follows kernel-abi.md; `files` are its input files (name → values)."""
+    texts = {name: v if isinstance(v, str) else format_values(v) for name, v in files.items()}
+    run = run_program(compile_program(program_cu, mode), texts, timeout)
+    return parse_output(run.stdout, out_shape, out_dtype)
+
+
+def _fits_int8(value: np.ndarray) -> bool:
+    as_float = value.astype(np.float64)
+    return bool(np.all(as_float == np.trunc(as_float)) and as_float.min() >= -128 and as_float.max() <= 127)
+
+
+def _input_files(artifact, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    by_name = {k.lower(): np.asarray(v) for k, v in inputs.items()}
+    files: dict[str, np.ndarray] = {}
+    operand_files = iter(("a.txt", "b.txt"))
+    for p in artifact.launch.params:
+        if p.role == "output":
+            continue
+        file = next(operand_files, None) if p.role == "input" else f"{p.name}.txt"
+        if file is None:
+            raise EmulationFault(f"tensor {p.name!r}: program_cu reads only two operand files (a.txt, b.txt)")
+        value = by_name.get(p.name.lower())
+        if value is None:
+            raise EmulationFault(f"no input named {p.name!r} (given: {', '.join(inputs) or 'none'})")
+        if tuple(value.shape) != tuple(p.elems):
+            raise EmulationFault(f"input {p.name!r} has shape {value.shape}; the program wants {tuple(p.elems)}")
+        if p.c_type == "signed char" and value.size and not _fits_int8(value):
+            # the host's (signed char)double would be undefined behaviour, not a wrapped value
+            raise EmulationFault(f"input {p.name!r} is int8 but holds values that are not whole numbers in -128..127")
+        files[file] = value
+    return files
+
+
+def emulate(artifact, inputs: Mapping[str, np.ndarray], mode: str = "late", timeout: float = 120.0) -> np.ndarray:
+    """C of `artifact.program_cu` on `inputs` (tensor name → array), run through the host emulation in `mode`.
+
+    int64 for an integer output, float32 otherwise. Raises an EmulationError subclass naming a race, a deadlock, a
+    timeout, a compile error or a CUDA error when the run does not finish cleanly.
+    """
+    out = next((p for p in artifact.launch.params if p.role == "output"), None)
+    if out is None:
+        raise EmulationFault("the artifact's launch names no output tensor")
+    dtype = np.float32 if any(w in out.c_type for w in ("float", "half", "bfloat")) else np.int64
+    return emulate_source(
+        artifact.program_cu, _input_files(artifact, inputs), tuple(out.elems), dtype, mode=mode, timeout=timeout
+    )

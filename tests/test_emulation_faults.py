@@ -1,0 +1,201 @@
+"""Planted faults: each test breaks the emitted `program_cu` of a real artifact the way a lowering bug would, and
+shows the host emulation catch it, every run, in the mode the test names: a race report, or C that no longer
+equals `spatialc.evaluate`. The other mode's outcome is asserted too, so each test also records what that mode
+cannot see (late mode lands a cp.async at its wait, early mode at its issue; see runtime/emu/emu_pipeline.h)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.ir.ops import Loop, Wait
+from spatialc.passes.verify import verify
+from spatialc.runtime.emulate import EmulationError, EmulationRace
+
+pytestmark = [
+    pytest.mark.emulation,
+    pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++"),
+]
+
+RNG = np.random.default_rng(11)
+INPUTS = {
+    "A": RNG.integers(-128, 128, (64, 64)).astype(np.int8),
+    "B": RNG.integers(-128, 128, (64, 64)).astype(np.int8),
+}
+EXACT = "exact"
+
+
+@pytest.fixture(scope="module")
+def fused():
+    """64³ int8 on sm_86 (4 warps): 2×2-tile items, two per site, depth-2 rings, the fused epilogue."""
+    program = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(2, 2, 1), depth=2, sites=2)
+    assert "epi_scratch" in spatialc.lower(program).program_cu
+    return program
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """64³ int8 on sm_86: one-tile items and an output ring that store_matrix_sync fills (no fused epilogue)."""
+    return spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", depth=2, sites=4)
+
+
+def outcome(program, text: str, mode: str) -> str:
+    """'exact' when the emulation of `text` equals evaluate, else what caught it: 'race', 'mismatch', …"""
+    art = spatialc.lower(program)
+    broken = dataclasses.replace(art, program_cu=text)
+    try:
+        c = spatialc.emulate(broken, INPUTS, mode=mode, timeout=60)
+    except EmulationRace:
+        return "race"
+    except EmulationError as e:
+        return e.kind
+    return EXACT if np.array_equal(c, spatialc.evaluate(program, INPUTS)) else "mismatch"
+
+
+def k_loop(text: str) -> tuple[list[str], int]:
+    lines = text.split("\n")
+    starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("for (int k = 0;")]
+    assert starts, "the emitted kernel has no K loop `for (int k = 0; …)`"
+    return lines, starts[0]
+
+
+def first_after(lines: list[str], start: int, marker: str) -> int:
+    found = [i for i in range(start, len(lines)) if marker in lines[i]]
+    assert found, f"the emitted kernel has no line with {marker!r} after line {start + 1}"
+    return found[0]
+
+
+def loop_end(lines: list[str], start: int) -> int:
+    """The line that closes the loop opened on line `start`."""
+    depth = 0
+    for i in range(start, len(lines)):
+        depth += lines[i].count("{") - lines[i].count("}")
+        if depth == 0 and i > start:
+            return i
+    raise AssertionError(f"the loop opened on line {start + 1} never closes")
+
+
+def drop_on_line(text: str, marker: str, token: str, after_k_loop: bool = False) -> str:
+    """`text` without `token` on the first line holding it and `marker`, inside the K loop (or after it)."""
+    lines, start = k_loop(text)
+    begin = loop_end(lines, start) if after_k_loop else start
+    found = [i for i in range(begin, len(lines)) if marker in lines[i] and token in lines[i]]
+    assert found, f"the emitted kernel has no line with {token!r} and {marker!r} after line {begin + 1}"
+    lines[found[0]] = lines[found[0]].replace(token, "", 1)
+    return "\n".join(lines)
+
+
+def test_the_unbroken_artifacts_are_exact_in_both_modes(fused, plain):
+    for program in (fused, plain):
+        text = spatialc.lower(program).program_cu
+        assert [outcome(program, text, m) for m in ("late", "early")] == [EXACT, EXACT]
+
+
+def test_no_barrier_after_the_waits_is_a_race_in_both_modes(fused):
+    # Every thread's copies land at its own wait; without the barrier, warps read pages other threads still fill.
+    text = drop_on_line(spatialc.lower(fused).program_cu, "// op:Wait", "__syncthreads();")
+    assert outcome(fused, text, "late") == "race"
+    assert outcome(fused, text, "early") == "race"  # the prologue's copies and step 0's reads share interval 0
+
+
+def test_no_barrier_after_the_pops_is_a_race_in_early_mode(fused):
+    # Step k+1's prefetch refills the depth-2 page that slower warps still read for step k-1.
+    text = drop_on_line(spatialc.lower(fused).program_cu, "// op:Pop", "__syncthreads();")
+    assert outcome(fused, text, "early") == "race"
+    assert outcome(fused, text, "late") == EXACT  # landing at the next wait, after the next barrier: unseen
+
+
+def test_no_wait_prior_reads_pages_not_yet_landed_in_late_mode(fused):
+    lines, start = k_loop(spatialc.lower(fused).program_cu)
+    end = first_after(lines, start, "// op:Compute")
+    waits = [i for i in range(start, end) if "// op:Wait" in lines[i]]
+    assert len(waits) == 2 and all("__pipeline_wait_prior(" in lines[i] for i in waits)
+    # The step's two waits are the same call (wait_prior(2) after the prefetch): dropping one leaves the other to
+    # land the same groups — an equivalent program, and the emulation rightly finds it exact.
+    one = list(lines)
+    one[waits[0]] = re.sub(r"__pipeline_wait_prior\(\d+\);", "", one[waits[0]])
+    assert outcome(fused, "\n".join(one), "late") == EXACT
+    for i in waits:
+        lines[i] = re.sub(r"__pipeline_wait_prior\(\d+\);", "", lines[i])
+    text = "\n".join(lines)
+    assert outcome(fused, text, "late") == "mismatch"  # the pages hold poison: no copy landed before the reads
+    assert outcome(fused, text, "early") == EXACT  # copies that land at issue need no wait
+
+
+def test_a_ring_one_page_shallower_overwrites_the_page_being_read_in_early_mode(fused):
+    text = spatialc.lower(fused).program_cu
+    assert "#define DEPTH_0 2\n" in text
+    text = text.replace("#define DEPTH_0 2\n", "#define DEPTH_0 1\n")
+    assert outcome(fused, text, "early") == "mismatch"  # step k+1's prefetch lands on step k's only page
+    assert outcome(fused, text, "late") == EXACT  # it lands only after step k's reads
+
+
+def test_no_syncwarp_after_the_fragment_store_reads_stale_scratch_in_late_mode(fused):
+    lines = spatialc.lower(fused).program_cu.split("\n")
+    i = first_after(lines, 0, "store_matrix_sync(scratch")
+    assert lines[i + 1].strip() == "__syncwarp();"
+    lines[i + 1] = ""
+    # Late mode lands a lane's store at its next barrier, so every lane reads the scratch as it was. (Early mode
+    # lands it at once; whether a lane reads before its neighbours stored is then timing, so it is not asserted.)
+    assert outcome(fused, "\n".join(lines), "late") == "mismatch"
+
+
+def test_no_barrier_after_the_output_wait_reads_unstored_fragments_in_late_mode(plain):
+    # The non-fused epilogue: store_matrix_sync into the output ring, then Wait C, whose barrier publishes it.
+    text = drop_on_line(spatialc.lower(plain).program_cu, "// op:Wait", "__syncthreads();", after_k_loop=True)
+    assert outcome(plain, text, "late") == "mismatch"
+
+
+def test_a_corrupt_item_list_entry_is_a_mismatch_in_both_modes(fused):
+    text = spatialc.lower(fused).program_cu
+    m = re.search(r"ITEM_LIST\[\d+\] = \{([^}]*)\}", text)
+    assert m, "the emitted kernel has no ITEM_LIST"
+    items = m.group(1).split(", ")
+    items[1] = items[0]  # site 0 computes its first item twice and its second never
+    text = text[: m.start(1)] + ", ".join(items) + text[m.end(1) :]
+    assert [outcome(fused, text, mode) for mode in ("late", "early")] == ["mismatch", "mismatch"]
+
+
+def _consumers_first(program):
+    """The schedule with its engine programs listed writer, compute, reader, and each step's two waits swapped."""
+
+    def swap_waits(ops):
+        out = []
+        for op in ops:
+            if isinstance(op, Loop):
+                body = list(swap_waits(op.body))
+                at = [i for i, o in enumerate(body) if isinstance(o, Wait)]
+                if len(at) == 2:
+                    body[at[0]], body[at[1]] = body[at[1]], body[at[0]]
+                op = dataclasses.replace(op, body=tuple(body))
+            out.append(op)
+        return tuple(out)
+
+    programs = tuple(dataclasses.replace(p, ops=swap_waits(p.ops)) for p in reversed(program.schedule.programs))
+    return verify(program.evolve(schedule=dataclasses.replace(program.schedule, programs=programs)))
+
+
+def test_engines_listed_consumers_first_are_serialised_producers_first(plain):
+    # A hand-made schedule: verify and the lowering accept it, and the emulation finds the kernel exact — the
+    # lowering orders a site's engines by dataflow, so the listed order cannot reach the kernel.
+    bad = _consumers_first(plain)
+    assert [p.engine.value for p in bad.schedule.programs[:3]] == ["writer", "compute", "reader"]
+    text = spatialc.lower(bad).program_cu
+    assert [outcome(bad, text, m) for m in ("late", "early")] == [EXACT, EXACT]
+
+
+def test_a_consumer_printed_before_its_producer_is_a_mismatch_not_a_hang(fused):
+    # Step 0's copies (printed before the K loop) removed: step 0 is consumed before anything produced it. A
+    # __pipeline_wait_prior never blocks on other threads, so the kernel cannot hang; it reads pages nobody filled.
+    # (A run that does hang ends with the watchdog's TIMEOUT: tests/test_emulation.py, the spin probe.)
+    lines = spatialc.lower(fused).program_cu.split("\n")
+    pre = [i for i, line in enumerate(lines) if "// pre:" in line]
+    assert pre, "the emitted kernel has no rotated prologue (`// pre:` lines)"
+    _, start = k_loop("\n".join(lines))
+    text = "\n".join(lines[: pre[0]] + lines[start:])
+    assert [outcome(fused, text, m) for m in ("late", "early")] == ["mismatch", "mismatch"]

@@ -1,0 +1,108 @@
+"""Emitted kernels, run through the host emulation in both modes, against the reference interpreter.
+
+Exact for int8 and for integer-valued fp16 / bf16 (every product and partial sum is an integer fp32 holds). For
+real-valued fp16 / bf16 the kernel sums in fp32 while the oracle sums the same rounded operands in float64, so
+each element may differ by the error bound of a K-term fp32 sum: |c − ref| ≤ (K + 2)·2⁻²⁴·(|A|·|B|), with A and B
+the operands as rounded to their type.
+"""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.interp.numerics import round_bf16, round_fp16
+from spatialc.runtime.emulate import MODES, EmulationFault, compile_program
+
+pytestmark = [
+    pytest.mark.emulation,
+    pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++"),
+]
+
+# (precision, m, n, k, target, build options, integer-valued operands). Targets with 4 warps keep threads down.
+FUSED_RR = {"block": (2, 2, 1), "placement": "round_robin", "sites": 4}  # 6 items: sites 0, 1 get items 0,4 / 1,5
+CASES = {
+    "int8-contiguous": ("int8", 48, 80, 40, "sm_86", {}, True),
+    "int8-more-sites-than-items-odd": ("int8", 33, 17, 50, "sm_86", {"sites": 20}, True),
+    "int8-fused-round-robin": ("int8", 64, 96, 48, "sm_86", FUSED_RR, True),
+    "fp16-round-robin-int": ("fp16", 48, 80, 40, "sm_86", {"placement": "round_robin", "sites": 3}, True),
+    "bf16-round-robin-int": ("bf16", 40, 56, 72, "sm_89", {"placement": "round_robin", "sites": 5}, True),
+    "fp16-fused-real": ("fp16", 64, 64, 64, "sm_86", {"block": (2, 2, 2)}, False),
+    "bf16-odd-real": ("bf16", 50, 30, 70, "sm_86", {"sites": 3}, False),
+    "fp16-dynamic-rings-int": ("fp16", 128, 128, 128, "sm_89", {"block": (4, 4, 4), "depth": 4}, True),
+    "int8-256-on-8-sites": ("int8", 256, 256, 256, "sm_86", {"sites": 8}, True),
+}
+
+
+def operands(precision: str, m: int, n: int, k: int, integer: bool, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if precision == "int8":
+        return {
+            "A": rng.integers(-128, 128, (m, k)).astype(np.int8),
+            "B": rng.integers(-128, 128, (k, n)).astype(np.int8),
+        }
+    if integer:
+        return {
+            "A": rng.integers(-8, 9, (m, k)).astype(np.float64),
+            "B": rng.integers(-8, 9, (k, n)).astype(np.float64),
+        }
+    return {"A": rng.normal(size=(m, k)), "B": rng.normal(size=(k, n))}
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Every case built and lowered, and its binaries compiled on two workers at once (the slow part)."""
+    out = {}
+    for name, (precision, m, n, k, target, options, _) in CASES.items():
+        program = spatialc.build(spatialc.gemm(m, n, k, precision), target, **options)
+        out[name] = (program, spatialc.lower(program))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = [pool.submit(compile_program, art.program_cu, mode) for _, art in out.values() for mode in MODES]
+        for job in jobs:
+            job.result()
+    return out
+
+
+def test_the_cases_cover_what_they_claim(built):
+    program, art = built["fp16-dynamic-rings-int"]
+    assert art.budget.rings_dynamic and art.budget.dynamic_opt_in
+    assert "epi_scratch" in built["int8-fused-round-robin"][1].program_cu
+    rr = built["int8-fused-round-robin"][0].placement
+    assert rr.kind == "round_robin" and [int(i) for i in rr.items_at(rr.items_of_site[0][0])] == [0, 4]
+    more = built["int8-more-sites-than-items-odd"]
+    assert more[1].launch.grid == 20 and more[0].plan.items < 20
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("name", list(CASES))
+def test_emulation_equals_the_interpreter(built, name, mode):
+    precision, m, n, k, _, _, integer = CASES[name]
+    program, art = built[name]
+    x = operands(precision, m, n, k, integer, seed=len(name))
+    ref = spatialc.evaluate(program, x)
+    c = spatialc.emulate(art, x, mode=mode)
+    assert c.shape == (m, n) and c.dtype == (np.int64 if precision == "int8" else np.float32)
+    if integer:
+        np.testing.assert_array_equal(c, ref)
+        return
+    rnd = round_fp16 if precision == "fp16" else round_bf16
+    bound = (k + 2) * 2.0**-24 * (np.abs(rnd(x["A"])) @ np.abs(rnd(x["B"])))
+    assert (np.abs(c.astype(np.float64) - ref) <= bound).all()
+    assert not np.array_equal(c, np.zeros_like(c))
+
+
+def test_inputs_are_checked_before_anything_runs(built):
+    program, art = built["int8-contiguous"]
+    good = operands("int8", 48, 80, 40, True, seed=0)
+    with pytest.raises(EmulationFault, match="no input named 'B'"):
+        spatialc.emulate(art, {"A": good["A"]})
+    with pytest.raises(EmulationFault, match=r"input 'A' has shape \(40, 48\); the program wants \(48, 40\)"):
+        spatialc.emulate(art, {"A": good["A"].T, "B": good["B"]})
+    with pytest.raises(EmulationFault, match="not whole numbers in -128..127"):
+        spatialc.emulate(art, {"A": good["A"] * 2.0, "B": good["B"]})
+    with pytest.raises(EmulationFault, match="unknown emulation mode 'eager'"):
+        spatialc.emulate(art, good, mode="eager")
