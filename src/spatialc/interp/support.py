@@ -1,0 +1,124 @@
+"""What generated engine code calls off its hot path: error reports, PackAcc, multicast, barriers, trip counts.
+
+Every function takes the engine `E` and the index `i` of the op in its compiled program, so a message can name
+the site, engine, op and buffer it is about.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.ops import Barrier, Loop, Reserve, SemWait, Trip, Wait
+from .errors import AddressError, FlowError, NumericError
+from .numerics import INT8_EXACT_K
+from .state import Acc, BarrierState, EngineState, Ring
+from .values import AccValue, Store, Tiles
+
+
+def where(E: EngineState, i: int) -> str:
+    """`site 3 compute: `Wait A_ring`` — the place a message is about."""
+    return f"{E.label}: `{E.code.texts[i]}`"
+
+
+def fail(E: EngineState, i: int, what: str) -> None:
+    """A ring or accumulator used out of protocol."""
+    raise FlowError(f"{where(E, i)}: {what}")
+
+
+def fail_addr(E: EngineState, i: int, store: Store, at: int, off: np.ndarray) -> None:
+    t = store.tensor
+    raise AddressError(f"{where(E, i)}: tiles {at + int(off.min())}..{at + int(off.max())} of {t.name} are outside"
+                       f" its {t.tiles[0]}x{t.tiles[1]} tile grid (0..{store.ntiles - 1})")
+
+
+def fail_page(E: EngineState, i: int, r: Ring, n: int) -> None:
+    """A consumer-side read of n tiles from the front page of r that has no such page."""
+    if not r.published:
+        fail(E, i, f"reads the front page of {r.name} but none is published")
+    v = r.slots[r.front()]
+    held = "was never written" if v is None else f"holds {v.count} tiles"  # type: ignore[attr-defined]
+    fail(E, i, f"needs {n} tiles of {r.name}'s front page, which {held}")
+
+
+def item_coords(E: EngineState, coords: list[tuple[int, int]], k: int, i: int) -> tuple[int, int]:
+    """(item_y, item_x) of the site's k-th item."""
+    if k >= len(coords):
+        fail(E, i, f"the ITEM loop reaches item {k} but site {int(E.site)} has {len(coords)} items")
+    return coords[k]
+
+
+def set_geom(E: EngineState, i: int, acc: Acc, geom: tuple[int, int, int, int, int]) -> None:
+    """First product into an acquired accumulator fixes its block shape; a later one must agree."""
+    if acc.geom is not None and acc.geom[:4] != geom[:4]:
+        fail(E, i, f"{acc.name} already holds products of another block shape")
+    acc.geom = geom
+
+
+def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) -> None:
+    """PackAcc: the accumulator (its products, not yet multiplied) into the newest reserved page of r."""
+    if not acc.live:
+        fail(E, i, f"{acc.name} is not acquired")
+    if not r.reserved:
+        fail(E, i, f"writes {r.name} but holds no reserved page of it")
+    slot = r.newest_reserved()
+    base = r.slots[slot] if accumulate else None
+    if accumulate and (base is None or base.count < n):  # type: ignore[attr-defined]
+        fail(E, i, f"accumulates onto a page of {r.name} that holds no {n} tiles")
+    geom = acc.geom
+    if geom is None:  # acquired, never multiplied into: zeros
+        t = E.m.p.tile
+        zeros = np.zeros((n, t.rows, t.cols))
+        r.slots[slot] = Tiles(zeros if base is None else base.tiles()[:n].copy())  # type: ignore[attr-defined]
+        return
+    if n > geom[0] * geom[1]:
+        fail(E, i, f"packs {n} tiles of a {geom[0]}x{geom[1]}-tile accumulator")
+    if len(acc.a) * geom[4] >= INT8_EXACT_K:
+        raise NumericError(f"{where(E, i)}: an int8 reduction over {len(acc.a) * geom[4]} elements is not exact"
+                           f" in float64 (limit {INT8_EXACT_K})")
+    r.slots[slot] = AccValue(geom[:4], tuple(acc.a), tuple(acc.b), base, n)
+
+
+def mcast_send(E: EngineState, i: int, r: Ring, others: list[Ring]) -> None:
+    """McastSend: this site's newest reserved page of r into the newest reserved page of r on the others."""
+    if not r.reserved:
+        fail(E, i, f"sends {r.name} but holds no reserved page of it")
+    value = r.slots[r.newest_reserved()]
+    if value is None:
+        fail(E, i, f"sends a page of {r.name} that was never written")
+    for o in others:
+        if not o.reserved:
+            fail(E, i, f"site {int(o.site)} holds no reserved page of {o.name} to receive")
+        o.slots[o.newest_reserved()] = value
+
+
+def barrier_arrive(E: EngineState, st: BarrierState) -> int:
+    """Count this site's arrival; the crossing it waits for is its arrival number."""
+    st.count[E.site] += 1
+    gen = st.count[E.site]
+    st.ticks[gen] = max(st.ticks.get(gen, 0), E.clock)
+    return gen
+
+
+def trip(E: EngineState, i: int) -> int:
+    """The count of a Loop with a Trip count: element `index` (row-major) of a parameter tensor, 0..bound."""
+    op = E.code.ops[i]
+    assert isinstance(op, Loop) and isinstance(op.count, Trip)
+    return E.m.trip(op.count, lambda: where(E, i))
+
+
+def why(E: EngineState, i: int) -> str:
+    """Why the blocking op i of E cannot go on."""
+    op, obj = E.code.ops[i], E.code.blocked_on(E.args, i)
+    match op:
+        case Reserve(_, n):
+            return obj.why_blocked("Reserve", n)
+        case Wait(_, n):
+            return obj.why_blocked("Wait", n)
+        case SemWait(_, v):
+            return f"{obj.name} at site {int(E.site)} is {obj.value}, waiting for >= {v}"
+        case Barrier(group):
+            mine = obj.count[E.site]
+            missing = ", ".join(str(int(s)) for s in obj.sites if obj.count[s] < mine)
+            return f"group {int(group)}: sites {missing} have not arrived"
+    return "blocked"
+

@@ -1,0 +1,292 @@
+"""Tensor storage and the values ring pages hold.
+
+A tensor is stored as a float64 array of shape (rows_t, tile_rows, cols_t, tile_cols): tile (ti, tj) — flat tile
+index ti·cols_t + tj, as DESIGN §2 addresses it — is `arr[ti, :, tj, :]`, and the same memory read as a 2-D array
+is the padded logical matrix, so a block of tiles that forms a rectangle is a slice, not a gather.
+
+Page values are immutable snapshots, so a page can be popped and its slot refilled while an accumulator still
+refers to what it held:
+- `TileRefs`: tiles `at + off[s]` of a tensor nothing writes (its contents never change, so reading is free);
+- `Tiles`: tiles held as an array (n, tile_rows, tile_cols);
+- `AccValue`: a packed accumulator — a sum of A-page × B-page products plus an optional base page — computed
+  only when something needs its numbers. `realise` computes many at once: products of rectangles of the same
+  tensors over the same K range that together fill a rectangle of the output become one BLAS call.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from ..ir.nodes import Tensor
+
+
+class Store:
+    """One tensor's tiled storage, and the writes to it not yet applied (their values may still be lazy)."""
+
+    __slots__ = ("tensor", "arr", "mat", "cols_t", "ntiles", "tr", "tc", "written", "pending", "_blocks")
+
+    def __init__(self, tensor: Tensor, tile_rows: int, tile_cols: int, written: bool) -> None:
+        rows_t, cols_t = tensor.tiles
+        self.tensor, self.tr, self.tc = tensor, tile_rows, tile_cols
+        self.arr = np.zeros((rows_t, tile_rows, cols_t, tile_cols))
+        self.mat = self.arr.reshape(rows_t * tile_rows, cols_t * tile_cols)
+        self.cols_t, self.ntiles, self.written = cols_t, rows_t * cols_t, written
+        self.pending: list[tuple[int, np.ndarray, int, int, object]] = []
+        self._blocks: dict[tuple[int, int, int], tuple[np.ndarray, bool]] = {}
+
+    def gather(self, flat: np.ndarray) -> np.ndarray:
+        """Tiles at flat indices `flat`, shape (n, tr, tc)."""
+        ti, tj = np.divmod(flat, self.cols_t)
+        return self.arr[ti, :, tj, :]
+
+    def is_block(self, off: np.ndarray, h: int, w: int) -> bool:
+        """Whether offsets `off[:h·w]` are an h × w rectangle of this grid (row-major), for any corner."""
+        key = (id(off), h, w)
+        hit = self._blocks.get(key)
+        if hit is None or hit[0] is not off:  # the entry keeps `off` alive, so its id is not reused meanwhile
+            want = (np.arange(h)[:, None] * self.cols_t + np.arange(w)[None, :]).reshape(-1)
+            hit = self._blocks[key] = (off, len(off) >= h * w and np.array_equal(off[: h * w], want))
+        return hit[1]
+
+    def rect(self, at: int, off: np.ndarray, h: int, w: int) -> tuple[int, int] | None:
+        """(ti, tj) of the corner when the tiles `at + off` (h × w, row-major) form a rectangle of the grid."""
+        if self.is_block(off, h, w):
+            r0, c0 = divmod(at, self.cols_t)
+            return (r0, c0) if c0 + w <= self.cols_t else None
+        ti, tj = np.divmod((at + off[: h * w]).reshape(h, w), self.cols_t)
+        r0, c0 = int(ti[0, 0]), int(tj[0, 0])
+        if (ti == r0 + np.arange(h)[:, None]).all() and (tj == c0 + np.arange(w)[None, :]).all():
+            return r0, c0
+        return None
+
+    def flush(self) -> None:
+        """Apply the pending writes in order, computing their lazy values first (in one batch)."""
+        if not self.pending:
+            return
+        placed = realise([v for *_, v in self.pending if isinstance(v, AccValue)], self._direct_targets())
+        for at, off, bh, bw, value in self.pending:
+            if id(value) not in placed:
+                self._write(at, off, bh, bw, value)
+        for v in placed.values():
+            v.result = None  # it viewed this store, which later writes may change: recompute if asked again
+        self.pending.clear()
+
+    def _direct_targets(self) -> dict[int, tuple[Store, int, int]]:
+        """Where each pending value lands, when every pending write puts a whole accumulator on its own rectangle
+        (no two overlap, so their order does not matter and a matmul may write straight into the tensor)."""
+        targets: dict[int, tuple[Store, int, int]] = {}
+        cover = np.zeros((self.ntiles // self.cols_t, self.cols_t), dtype=np.int8)
+        for at, off, bh, bw, v in self.pending:
+            if not isinstance(v, AccValue) or (v.h, v.w, v.count) != (bh, bw, bh * bw) or id(v) in targets:
+                return {}
+            corner = self.rect(at, off, bh, bw)
+            if corner is None:
+                return {}
+            r0, c0 = corner
+            cover[r0:r0 + bh, c0:c0 + bw] += 1
+            targets[id(v)] = (self, r0, c0)
+        return targets if cover.max(initial=0) <= 1 else {}
+
+    def _write(self, at: int, off: np.ndarray, bh: int, bw: int, value: object) -> None:
+        if isinstance(value, AccValue) and (value.h, value.w) == (bh, bw) and value.count == bh * bw:
+            corner = self.rect(at, off, bh, bw)
+            if corner is not None:
+                r0, c0 = corner
+                self.mat[r0 * self.tr:(r0 + bh) * self.tr, c0 * self.tc:(c0 + bw) * self.tc] = value.matrix()
+                return
+        ti, tj = np.divmod(at + off, self.cols_t)
+        self.arr[ti, :, tj, :] = tiles_of(value, len(off))
+
+
+class TileRefs:
+    """Tiles `at + off[s]` of a store that nothing writes."""
+
+    __slots__ = ("store", "at", "off")
+
+    def __init__(self, store: Store, at: int, off: np.ndarray) -> None:
+        self.store, self.at, self.off = store, at, off
+
+    @property
+    def count(self) -> int:
+        return len(self.off)
+
+    def tiles(self) -> np.ndarray:
+        return self.store.gather(self.at + self.off)
+
+
+class Tiles:
+    """Tiles held as an array (n, tr, tc)."""
+
+    __slots__ = ("arr",)
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.arr = arr
+
+    @property
+    def count(self) -> int:
+        return len(self.arr)
+
+    def tiles(self) -> np.ndarray:
+        return self.arr
+
+
+class AccValue:
+    """A packed accumulator of h × w tiles: base + Σ_s A_s × B_s, A_s holding h × ibw tiles and B_s ibw × w."""
+
+    __slots__ = ("h", "w", "ibw", "t", "a", "b", "base", "count", "result")
+
+    def __init__(self, geom: tuple[int, int, int, int], a: tuple, b: tuple, base: object, count: int) -> None:
+        self.h, self.w, self.ibw, self.t = geom
+        self.a, self.b, self.base, self.count = a, b, base, count
+        self.result: np.ndarray | None = None
+
+    def matrix(self) -> np.ndarray:
+        """The (h·t, w·t) sum."""
+        if self.result is None:
+            realise([self])
+        assert self.result is not None
+        return self.result
+
+    def tiles(self) -> np.ndarray:
+        h, w, t = self.h, self.w, self.t
+        return self.matrix().reshape(h, t, w, t).transpose(0, 2, 1, 3).reshape(h * w, t, t)[: self.count]
+
+
+PageValue = TileRefs | Tiles | AccValue
+
+
+def tiles_of(value: object, n: int) -> np.ndarray:
+    """The first n tiles of a page value."""
+    return value.tiles()[:n]  # type: ignore[attr-defined]
+
+
+def as_matrix(value: object, h: int, w: int, t: int) -> np.ndarray:
+    """A page value's first h·w tiles as one (h·t, w·t) matrix, tile (i, j) from slot i·w + j."""
+    if isinstance(value, AccValue) and (value.h, value.w) == (h, w) and value.count == h * w:
+        return value.matrix()
+    return tiles_of(value, h * w).reshape(h, w, t, t).transpose(0, 2, 1, 3).reshape(h * t, w * t)
+
+
+# ---- computing accumulators ---------------------------------------------------------------------------------
+
+
+HULL_DENSITY = 0.8  # a shared matmul may compute at most 1/0.8 of the tiles its members need
+HULL_MAX_ELEMS = 2**25  # and hold at most this many float64 results at once
+
+
+def realise(values: list[AccValue], into: dict[int, tuple[Store, int, int]] | None = None) -> dict[int, AccValue]:
+    """Compute every value's sum; products of tensor rectangles over one K range share matmuls where dense.
+
+    `into` offers a destination (store, tile row, tile column) per value; the values a matmul wrote straight
+    there are returned (by id)."""
+    into = into or {}
+    placed: dict[int, AccValue] = {}
+    todo = list({id(v): v for v in values if v.result is None}.values())
+    groups: dict[tuple, list[tuple[int, int, int, int, AccValue]]] = defaultdict(list)
+    for v in todo:
+        key = _rect_key(v)
+        if key is None:
+            v.result = _product_general(v)
+        else:
+            groups[key[0]].append((*key[1], v))
+    for (sa, k0, ka, sb, kb0), members in groups.items():
+        if not _hull_product(sa, k0, ka, sb, kb0, members, into, placed):
+            bands: dict[tuple[int, int], list] = defaultdict(list)
+            for mem in members:
+                bands[mem[:2]].append(mem)
+            for band in bands.values():
+                if not _hull_product(sa, k0, ka, sb, kb0, band, into, placed):
+                    for mem in band:
+                        _hull_product(sa, k0, ka, sb, kb0, [mem], into, placed)
+    for v in todo:
+        if v.base is not None:
+            base = as_matrix(v.base, v.h, v.w, v.t)
+            if id(v) in placed:
+                v.result += base  # in place: the result is the tensor's memory
+            else:
+                v.result = v.result + base
+    return placed
+
+
+def _run(pages: tuple, rows: int, cols: int, step: int) -> tuple[Store, int, int] | None:
+    """(store, corner row, corner column) when the pages, each `rows × cols` tiles in slot order, are TileRefs
+    of one read op whose blocks are rectangles of the tensor and whose `at`s advance by `step` per page."""
+    p0 = pages[0] if pages else None
+    if not isinstance(p0, TileRefs) or not p0.store.is_block(p0.off, rows, cols):
+        return None
+    store, off, at0 = p0.store, p0.off, p0.at
+    expect = at0
+    for p in pages:
+        if p.__class__ is not TileRefs or p.store is not store or p.off is not off or p.at != expect:
+            return None
+        expect += step
+    return store, *divmod(at0, store.cols_t)
+
+
+def _rect_key(v: AccValue) -> tuple[tuple, tuple[int, int, int, int]] | None:
+    """((A store, A column, K tiles, B store, B row), (A row, h, B column, w)) when A and B are rectangles."""
+    s, h, w, ibw = len(v.a), v.h, v.w, v.ibw
+    # A pages side by side along K are the h × (s·ibw) block; B pages stacked along K are (s·ibw) × w.
+    ra = _run(v.a, h, ibw, ibw)
+    rb = _run(v.b, ibw, w, ibw * v.b[0].store.cols_t) if ra is not None else None
+    if ra is None or rb is None:
+        return None
+    (sa, r0, k0), (sb, kb0, c0) = ra, rb
+    if k0 + s * ibw > sa.cols_t or c0 + w > sb.cols_t:  # the run wraps past the grid's right edge
+        return None
+    return (sa, k0, s * ibw, sb, kb0), (r0, h, c0, w)
+
+
+def _hull_product(sa: Store, k0: int, ka: int, sb: Store, kb0: int, members: list,
+                  into: dict[int, tuple[Store, int, int]], placed: dict[int, AccValue]) -> bool:
+    """One matmul over the bounding rectangle of the members' outputs, if dense and small enough (else False);
+    written straight into the destination tensor when the members tile exactly the rectangle `into` gives."""
+    t = sa.tc
+    rlo, clo = min(m[0] for m in members), min(m[2] for m in members)
+    rhi, chi = max(m[0] + m[1] for m in members), max(m[2] + m[3] for m in members)
+    cover = np.zeros((rhi - rlo, chi - clo), dtype=bool)
+    for r0, h, c0, w, _ in members:
+        cover[r0 - rlo:r0 - rlo + h, c0 - clo:c0 - clo + w] = True
+    if len(members) > 1 and (cover.mean() < HULL_DENSITY or cover.size * t * t > HULL_MAX_ELEMS):
+        return False
+    a = np.ascontiguousarray(sa.mat[rlo * t:rhi * t, k0 * t:(k0 + ka) * t])
+    b = np.ascontiguousarray(sb.mat[kb0 * t:(kb0 + ka) * t, clo * t:chi * t])
+    exact = cover.all() and sum(m[1] * m[3] for m in members) == cover.size
+    out = _direct_out(members, into, rlo, clo, rhi, chi, t) if exact else None
+    if out is None:
+        out = a @ b
+    else:
+        np.matmul(a, b, out=out)
+        placed.update((id(m[4]), m[4]) for m in members)
+    for r0, h, c0, w, v in members:
+        v.result = out[(r0 - rlo) * t:(r0 - rlo + h) * t, (c0 - clo) * t:(c0 - clo + w) * t]
+    return True
+
+
+def _direct_out(members: list, into: dict[int, tuple[Store, int, int]], rlo: int, clo: int, rhi: int, chi: int,
+                t: int) -> np.ndarray | None:
+    """The destination of the hull in one tensor, when every member lands at the same shift from its place in
+    the hull and that part of the tensor is contiguous (BLAS writes it directly)."""
+    dests = [into.get(id(m[4])) for m in members]
+    if any(d is None for d in dests):
+        return None
+    store, dr, dc = dests[0][0], dests[0][1] - members[0][0], dests[0][2] - members[0][2]  # type: ignore[index]
+    for (r0, _, c0, _, _), (st, d0, e0) in zip(members, dests, strict=True):  # type: ignore[misc]
+        if st is not store or d0 - r0 != dr or e0 - c0 != dc:
+            return None
+    out = store.mat[(rlo + dr) * t:(rhi + dr) * t, (clo + dc) * t:(chi + dc) * t]
+    return out if out.flags.c_contiguous else None
+
+
+def _product_general(v: AccValue) -> np.ndarray:
+    """Σ A_s × B_s from the pages' tiles, as one matmul of the pages laid side by side."""
+    h, w, ibw, t, s = v.h, v.w, v.ibw, v.t, len(v.a)
+    if s == 0:
+        return np.zeros((h * t, w * t))
+    a = np.stack([tiles_of(p, h * ibw) for p in v.a]).reshape(s, h, ibw, t, t)
+    b = np.stack([tiles_of(p, ibw * w) for p in v.b]).reshape(s, ibw, w, t, t)
+    a2 = a.transpose(1, 3, 0, 2, 4).reshape(h * t, s * ibw * t)
+    b2 = b.transpose(0, 1, 3, 2, 4).reshape(s * ibw * t, w * t)
+    return a2 @ b2
