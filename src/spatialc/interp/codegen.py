@@ -33,6 +33,7 @@ from ..ir.nodes import Accumulator, Buffer, Fifo, Interm
 from ..ir.ops import (
     AcquireAcc,
     Barrier,
+    Bias,
     ChoreoOp,
     Compute,
     Const,
@@ -48,7 +49,10 @@ from ..ir.ops import (
     ReadBarrier,
     ReadTiles,
     ReleaseAcc,
+    Relu,
+    Requant,
     Reserve,
+    Scalar,
     SemInc,
     SemSet,
     SemWait,
@@ -342,6 +346,9 @@ class Emitter:
 
     def compute(self, op: Compute, i: int) -> None:
         mm = op.op
+        if isinstance(mm, Bias | Relu | Scalar | Requant):
+            self.elementwise(op, mm, i)
+            return
         if not isinstance(mm, MatmulTiles):
             raise UnsupportedOp(f"{self.where(op)}: the interpreter does not run {type(mm).__name__} yet")
         if op.acc_reload is not None:
@@ -356,6 +363,22 @@ class Emitter:
         self.front("x", ra, op.ins[0], i, geom[0] * geom[2])
         self.front("y", rb, op.ins[1], i, geom[2] * geom[1])
         self.emit(f"if {a}.geom is not {g}:", f"    set_geom(E, {i}, {a}, {g})", f"{a}.a.append(x)", f"{a}.b.append(y)")
+
+    def elementwise(self, op: Compute, cop: Bias | Relu | Scalar | Requant, i: int) -> None:
+        """An epilogue stage: the front page of its one input ring, op by element, into its output ring."""
+        if len(op.ins) != 1 or len(op.outs) != 1 or op.acc is not None:
+            raise EvalError(f"{self.where(op)}: an elementwise stage reads one ring and writes one")
+        src, dst = op.ins[0], op.outs[0]
+        r_in, r_out = self.ring(src, op, "consume"), self.ring(dst, op, "produce")
+        self.front("x", r_in, src, i, 1)
+        slot = self.newest_reserved(r_out, dst, i)
+        c, integer = self.const(cop, "e"), self.m.p.precision == Precision.INT8
+        if isinstance(cop, Bias):
+            store = self.const(self.m.store(cop.tensor, lambda: self.where(op)), "t")
+            self.emit(f"at = {self.addr(cop.at, op)}",
+                      f"{slot} = elementwise(E, {i}, x, {c}, {integer}, {cop.width}, {store}, at)")
+        else:
+            self.emit(f"{slot} = elementwise(E, {i}, x, {c}, {integer}, 1, None, 0)")
 
     def geometry(self, op: Compute, mm: MatmulTiles) -> tuple[int, int, int, int, int]:
         """(h, w, ibw, tile side, int8 elements per product or 0), checked against the pages and accumulator."""
@@ -425,6 +448,6 @@ _HELPERS: dict[str, object] = {
     "TileRefs": TileRefs,
     "Tiles": Tiles,
     **{name: getattr(support, name) for name in ("fail", "fail_addr", "fail_page", "item_coords", "set_geom", "pack",
-                                                 "mcast_send", "barrier_arrive", "trip")},
+                                                 "mcast_send", "barrier_arrive", "trip", "elementwise")},
     **{name: getattr(trace, name) for name in ("span", "ring_end", "stamp", "waited")},
 }

@@ -81,6 +81,8 @@ def load_inputs(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[dict[Tens
         store = Store(t, p.tile.rows, p.tile.cols, t.id in written)
         if t.name in wanted:
             given = np.asarray(inputs[t.name])
+            if given.ndim == 1 and t.elems[0] == 1:  # a row vector (a bias) may be given as a plain vector
+                given = given.reshape(1, -1)
             if given.shape != tuple(t.elems):
                 raise InputError(f"tensor {t.name}: expected shape {tuple(t.elems)}, got {given.shape}")
             values = operand_values(t.name, given, t.dtype)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import epilogue
 from ..ir.ops import Barrier, Loop, Reserve, SemWait, Trip, Wait
 from .errors import AddressError, FlowError, NumericError
 from .numerics import INT8_EXACT_K
 from .state import Acc, BarrierState, EngineState, Ring
-from .values import AccValue, Store, Tiles
+from .values import AccValue, Store, Tiles, tiles_of
 
 
 def where(E: EngineState, i: int) -> str:
@@ -122,3 +123,26 @@ def why(E: EngineState, i: int) -> str:
             return f"group {int(group)}: sites {missing} have not arrived"
     return "blocked"
 
+
+
+def elementwise(E: EngineState, i: int, x: object, op: object, integer: bool, width: int, bias: Store | None,
+                at: int) -> Tiles:
+    """An epilogue Compute: every element of the front page `x` through `op` (spatialc.epilogue), as a new page.
+
+    The page holds rows of `width` tiles; for a bias, tile s covers bias tile column `at + s mod width`."""
+    t = E.m.p.tile
+    n = x.count  # type: ignore[attr-defined]
+    if n % width:
+        fail(E, i, f"a page of {n} tiles is not whole rows of {width}")
+    h = n // width
+    tiles = tiles_of(x, n)
+    mat = tiles.reshape(h, width, t.rows, t.cols).transpose(0, 2, 1, 3).reshape(h * t.rows, width * t.cols)
+    row = None
+    if bias is not None:
+        if not 0 <= at <= bias.cols_t - width:
+            raise AddressError(f"{where(E, i)}: bias tile columns {at}..{at + width - 1} are outside"
+                               f" {bias.tensor.name}'s {bias.cols_t} tile columns")
+        row = bias.arr[0, 0, at:at + width, :].reshape(-1)
+    out = epilogue.apply(op, epilogue.start(mat, integer), integer, row)  # type: ignore[arg-type]
+    back = out.astype(np.float64).reshape(h, t.rows, width, t.cols).transpose(0, 2, 1, 3)
+    return Tiles(back.reshape(n, t.rows, t.cols))

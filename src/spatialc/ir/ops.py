@@ -44,11 +44,12 @@ class MatmulTiles:
 
 @dataclass(frozen=True, slots=True)
 class Bias:
-    """Add a parameter tensor of one value per output column. `at` is the tile column of the bias tensor where the
-    page's first column falls (the schedule sets it from the item's position)."""
+    """Add a parameter tensor of one value per output column. The page holds rows of `width` tiles: its tile s
+    covers the bias tensor's tile column `at + s mod width` (the schedule sets both from the item's position)."""
 
     tensor: TensorId
     at: TileAddr = field(default_factory=lambda: TileAddr(0))
+    width: int = 1
 
 
 @dataclass(frozen=True, slots=True)

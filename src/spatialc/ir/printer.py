@@ -53,8 +53,8 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
         case MatmulTiles(b, (sh, sw), prec):
             sub = f" sub {sh}x{sw}" if (sh, sw) != (1, 1) else ""
             return f"matmul {b.osh}x{b.osw}x{b.ibw}{sub} {prec.value}"
-        case Bias(t, at):
-            return f"bias {p.tensor(t).name if p else int(t)}[{addr_text(at)}]"
+        case Bias(t, at, width):
+            return f"bias {p.tensor(t).name if p else int(t)}[{addr_text(at)} +{width}]"
         case Relu():
             return "relu"
         case Requant(mult, shift, zp):

@@ -82,7 +82,7 @@ def _epilogue_ops(p: SpatialProgram, first: BufferId, w: int) -> tuple[tuple[Cho
         op = stage.kind.op  # type: ignore[union-attr]
         if isinstance(op, Bias):
             # The page's first column is the item's first output column: tile column item_x · w of the bias row.
-            op = Bias(op.tensor, TileAddr(0, ((LV_ITEM_X, w),)))
+            op = Bias(op.tensor, TileAddr(0, ((LV_ITEM_X, w),)), w)
         (out,) = stage.outs
         ops += [Wait(cur), Reserve(out), Compute(op, (cur,), (out,)), Push(out), Pop(cur)]
         cur = out

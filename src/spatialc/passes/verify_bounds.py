@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from ..errors import TileBoundsError
 from ..ir.ids import LV_ITEM_X, LV_ITEM_Y, ItemId, LoopVar, Site, loop_var_name
 from ..ir.nodes import EngineProgram, Plan
-from ..ir.ops import PackAcc, ReadTiles
-from .verify_walk import Access, Ctx, Facts, where
+from ..ir.ops import PackAcc, WriteTiles
+from .verify_walk import Access, BiasRead, Ctx, Facts, where
 
 Box = tuple[int, int, int, int]  # item_y lo, hi, item_x lo, hi
 
@@ -99,7 +99,8 @@ def check_bounds(ctx: Ctx, plan: Plan | None, runs: Sequence[Run]) -> None:
 
 
 def _fail(ctx: Ctx, site: Site, engine: str, acc: Access | PackAcc, why: str, buffer: str | None) -> TileBoundsError:
-    text = ctx.op(acc.op if isinstance(acc, Access) else acc)
+    op = acc.op if isinstance(acc, Access) else acc
+    text = ctx.op(op.source if isinstance(op, BiasRead) else op)  # a bias read is named by its Compute
     return TileBoundsError(f"{where(site, engine)}: {text} — {why}", site=int(site), engine=engine, op=text,
                            buffer=buffer)
 
@@ -109,7 +110,7 @@ def _check_pages(ctx: Ctx, run: Run) -> None:
     site, engine = run.sites[0][0], run.prog.engine.value
     for acc in run.facts.accesses:
         op = acc.op
-        buf = op.into if isinstance(op, ReadTiles) else op.src
+        buf = op.src if isinstance(op, WriteTiles) else op.into
         tiles, room = op.block_h * op.block_w, ctx.page_tiles(buf)
         if tiles > room:
             raise _fail(ctx, site, engine, acc, f"a {op.block_h}x{op.block_w} block ({tiles} tiles) does not fit a"
@@ -170,13 +171,13 @@ def _exact_bounds(ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Seq
     for low, item in ((True, min(cands, key=at_item)), (False, max(cands, key=at_item))):
         flat, text = _assignment(lin, low, item, nx)
         if not 0 <= flat < rows * cols:
-            verb = "reads" if isinstance(acc.op, ReadTiles) else "writes"
+            verb = "writes" if isinstance(acc.op, WriteTiles) else "reads"
             raise _fail(ctx, site, prog.engine.value, acc, f"at {text} it {verb} tile {flat} of {tensor.name}, outside"
                                                            f" its {rows}x{cols} tile grid", ctx.name(_buf(acc)))
 
 
 def _buf(acc: Access):
-    return acc.op.into if isinstance(acc.op, ReadTiles) else acc.op.src
+    return acc.op.src if isinstance(acc.op, WriteTiles) else acc.op.into
 
 
 def _col_bound(lin: _Linear, box: Box, cols: int) -> int:

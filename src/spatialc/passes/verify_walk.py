@@ -126,10 +126,25 @@ class Use:
 
 
 @dataclass(frozen=True, slots=True)
-class Access:
-    """One ReadTiles / WriteTiles and the loops around it."""
+class BiasRead:
+    """The bias row a `Compute(Bias)` reads, shaped as a block read so rule 5 checks it like any other: one row of
+    `width` tiles of the bias tensor at `at`, into the page of the stage's input ring."""
 
-    op: ReadTiles | WriteTiles
+    source: Compute
+    tensor: TensorId
+    at: TileAddr
+    block_h: int
+    block_w: int
+    stride_h: int
+    stride_w: int
+    into: BufferId
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """One ReadTiles / WriteTiles (or a bias read) and the loops around it."""
+
+    op: ReadTiles | WriteTiles | BiasRead
     loops: tuple[Frame, ...]
 
 
@@ -297,7 +312,7 @@ class _Walk:
 
     def compute(self, op: Compute, loops: tuple[Frame, ...]) -> None:
         if isinstance(op.op, Bias):
-            self.tensor(op, op.op.tensor)
+            self.bias(op, op.op, loops)
         for b in op.ins:
             self.use(op, b, Side.CONSUME, loops)
         for b in op.outs:
@@ -306,6 +321,22 @@ class _Walk:
             self.use(op, op.acc, Side.ACC, loops)
         if op.acc_reload is not None:
             self.buf(op, op.acc_reload)
+
+    def bias(self, op: Compute, bias: Bias, loops: tuple[Frame, ...]) -> None:
+        """A bias names a parameter row of one value per output column, and reads inside it (rule 5)."""
+        self.tensor(op, bias.tensor)
+        t = self.ctx.tensors[bias.tensor]
+        out = next((x for x in self.ctx.tensors.values() if x.role == TensorRole.OUTPUT), None)
+        if t.role != TensorRole.PARAMETER or t.elems[0] != 1 or (out is not None and t.elems[1] != out.elems[1]):
+            want = f"1x{out.elems[1]}" if out is not None else "one row"
+            raise self.fail(op, f"a bias is a parameter tensor of {want} values; {t.name} is a {t.role.value}"
+                                f" tensor of {t.elems[0]}x{t.elems[1]}")
+        if len(op.ins) != 1 or len(op.outs) != 1:
+            raise self.fail(op, "an elementwise stage reads one ring and writes one")
+        if bias.width < 1:
+            raise self.fail(op, f"a bias row is at least 1 tile wide, not {bias.width}")
+        view = BiasRead(op, bias.tensor, bias.at, 1, bias.width, 0, 1, op.ins[0])
+        self.addr(view, bias.at, loops)  # type: ignore[arg-type]
 
     def handshake(self, op: ChoreoOp, loops: tuple[Frame, ...]) -> None:
         """Semaphores, multicast, barriers and the ordering points."""
