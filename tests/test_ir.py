@@ -65,7 +65,8 @@ def test_a_wrong_field_is_named_by_its_path():
     p = spatialc.build(spatialc.gemm(32, 32, 32), "sm_86", block=(1, 1, 1), sites=1)
     doc = _doc(p)
     doc["program"]["schedule"]["programs"][1]["ops"][0]["body"][0]["buf"] = "A_ring"
-    with pytest.raises(SerdeError, match=r"program\.schedule\.programs\[1\]\.ops\[0\]\.body\[0\]\.buf: expected an integer"):
+    where = r"program\.schedule\.programs\[1\]\.ops\[0\]\.body\[0\]\.buf"
+    with pytest.raises(SerdeError, match=where + ": expected an integer"):
         from_json(json.dumps(doc))
 
 

@@ -93,9 +93,14 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--emit", type=Path, metavar="DIR", help="lower to CUDA and write program.cu, bench.cu, budget")
     g.add_argument("--run", action="store_true", help="run the CUDA kernel: on the GPU if there is one, else emulated")
     g.add_argument("--mode", choices=["late", "early"], default="late", help="copy landing mode of the emulation")
+    g.add_argument("--pictures", type=Path, metavar="DIR",
+                   help="write placement.svg (items on sites) and timeline.svg (site 0's engines and rings)")
     s = sub.add_parser("show", help="print a saved program")
     s.add_argument("file", type=Path)
     s.add_argument("--sites", type=int, default=2, help="how many sites' programs to list")
+    v = sub.add_parser("verify", help="verify a saved (possibly hand-written) program")
+    v.add_argument("file", type=Path)
+    v.add_argument("--pictures", type=Path, metavar="DIR", help="on a deadlock, write its wait-for graph here")
     c = sub.add_parser("gpucheck", help="run the GPU check script (see python -m spatialc.gpucheck --help)")
     c.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -196,8 +201,13 @@ def cmd_gemm(args: argparse.Namespace) -> int:
         print(f"  saved     {args.json}")
     inputs = random_inputs(p, args.seed)
     t0 = time.perf_counter()
-    c = api.evaluate(p, inputs)
+    if args.pictures:
+        c, trace = api.evaluate(p, inputs, trace=True)
+    else:
+        c = api.evaluate(p, inputs)
     t_eval = time.perf_counter() - t0
+    if args.pictures:
+        _pictures(p, trace, args.pictures)
     ok, how = check(p, c, inputs)
     print(f"  check     interpreter vs numpy reference: {'OK' if ok else 'MISMATCH'}, {how}")
     times = [f"build {t_build * 1e3:.0f} ms", f"evaluate {t_eval * 1e3:.0f} ms"]
@@ -247,12 +257,45 @@ def _run_somewhere(art, inputs: dict, mode: str) -> tuple[str, np.ndarray]:
     return f"under the host emulation ({mode} copies; no GPU here)", api.emulate(art, inputs, mode=mode)
 
 
-def cmd_show(args: argparse.Namespace) -> int:
+def _pictures(p: SpatialProgram, trace, folder: Path) -> None:
+    from .viz import placement_svg, timeline_svg
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "placement.svg").write_text(placement_svg(p))
+    (folder / "timeline.svg").write_text(timeline_svg(trace, 0, max_ticks=400))
+    print(f"  pictures  {folder}/placement.svg, {folder}/timeline.svg (site 0, first 400 ticks)")
+
+
+def _read_program(path: Path) -> SpatialProgram:
     try:
-        text = args.file.read_text()
+        text = path.read_text()
     except OSError as e:
-        raise UsageError(f"cannot read {args.file}: {e.strerror}") from None
-    print(program_text(from_json(text), sites=args.sites), end="")
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    return from_json(text)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    print(program_text(_read_program(args.file), sites=args.sites), end="")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Verify a saved program; a deadlock's wait-for graph goes to --pictures."""
+    from .errors import DeadlockError
+    from .passes.verify import verify
+
+    p = _read_program(args.file)
+    try:
+        verify(p)
+    except DeadlockError as e:
+        if args.pictures:
+            from .viz import deadlock_svg
+
+            args.pictures.mkdir(parents=True, exist_ok=True)
+            (args.pictures / "deadlock.svg").write_text(deadlock_svg(p, e.blocked))
+            raise UsageError(f"{e} (wait-for graph: {args.pictures}/deadlock.svg)") from None
+        raise
+    print(f"{p.name}: verified (well-formed, balanced, in bounds, placement exact, deadlock-free)")
     return 0
 
 
@@ -265,9 +308,10 @@ def main(argv: list[str] | None = None) -> int:
             from . import gpucheck
 
             return gpucheck.main(args.rest)
-        return cmd_gemm(args) if args.command == "gemm" else cmd_show(args)
+        return {"gemm": cmd_gemm, "show": cmd_show, "verify": cmd_verify}[args.command](args)
     except (UsageError, SpatialError, SerdeError) as e:
-        print(f"spatialc: error: {e}" if not str(e).startswith("spatialc") else str(e), file=sys.stderr)
+        text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(text if text.startswith("spatialc") else f"spatialc: error: {text}", file=sys.stderr)
         return 2
     except json.JSONDecodeError as e:  # pragma: no cover - from_json turns these into SerdeError
         print(f"spatialc: error: {e}", file=sys.stderr)
