@@ -1,0 +1,25 @@
+"""The README tells the truth: its quick start is the first two bash blocks, and its Python example runs."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def test_the_quick_start_is_the_first_two_fenced_blocks_and_ci_runs_the_second():
+    blocks = re.findall(r"```(\w*)\n(.*?)```", README, re.S)
+    assert [lang for lang, _ in blocks[:2]] == ["bash", "bash"]
+    main_job, tests = (body.strip() for _, body in blocks[:2])
+    assert "pip install" in main_job and "spatialc gemm" in main_job and "--emit" in main_job and "--run" in main_job
+    assert tests == "python -m pip install -e '.[dev]' && python -m pytest"
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    assert tests in ci
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the example runs the host emulation, which needs g++")
+def test_the_python_example_runs():
+    (example,) = [body for lang, body in re.findall(r"```(\w*)\n(.*?)```", README, re.S) if lang == "python"]
+    exec(compile(example, "README.md", "exec"), {})
