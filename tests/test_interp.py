@@ -26,6 +26,7 @@ from spatialc.ir.ops import (
     Barrier,
     Compute,
     Const,
+    Generic,
     Loop,
     McastSend,
     McastSetValid,
@@ -422,10 +423,20 @@ def test_an_unscheduled_program_is_refused():
 def test_an_op_the_interpreter_does_not_run_is_refused_by_name():
     p = one_site()
     compute = program_of(p, "compute").ops
+    generic = tuple(dataclasses.replace(op, body=tuple(dataclasses.replace(o, body=tuple(
+        dataclasses.replace(x, op=Generic("softmax")) if isinstance(x, Compute) else x for x in o.body))
+        if isinstance(o, Loop) else o for o in op.body)) for op in compute)
+    with pytest.raises(UnsupportedOp, match=r"site 0 compute: `Compute .*`: the interpreter does not run Generic"):
+        spatialc.evaluate(with_engine(p, "compute", generic), {"A": np.ones((40, 100)), "B": np.ones((100, 20))})
+
+
+def test_an_elementwise_stage_with_two_inputs_is_refused():
+    p = one_site()
+    compute = program_of(p, "compute").ops
     relu = tuple(dataclasses.replace(op, body=tuple(dataclasses.replace(o, body=tuple(
         dataclasses.replace(x, op=Relu()) if isinstance(x, Compute) else x for x in o.body))
         if isinstance(o, Loop) else o for o in op.body)) for op in compute)
-    with pytest.raises(UnsupportedOp, match=r"site 0 compute: `Compute .*`: the interpreter does not run Relu"):
+    with pytest.raises(EvalError, match=r"`Compute relu \(A_ring, B_ring\) acc acc`: an elementwise stage reads one"):
         spatialc.evaluate(with_engine(p, "compute", relu), {"A": np.ones((40, 100)), "B": np.ones((100, 20))})
 
 
