@@ -11,7 +11,7 @@ import spatialc
 from spatialc.frontend import relu
 from spatialc.ir.ids import LV_K, GroupId, SemId, Site
 from spatialc.ir.nodes import ComputeStage, DType, Group, Semaphore, Tile
-from spatialc.ir.ops import Compute, Const, Loop, MatmulTiles, McastSend, PackAcc, Reserve, Trip
+from spatialc.ir.ops import Compute, Const, Generic, Loop, MatmulTiles, McastSend, PackAcc, Reserve, Trip
 from spatialc.lower.census import count_printed
 from spatialc.lower.cuda.host import write_artifact
 from spatialc.lower.cuda.persistent import lower
@@ -53,6 +53,14 @@ def matmul_replaced(p, op):
     return p.evolve(stages=stages, verified=True)
 
 
+def generic_stage():
+    """An epilogue program whose relu stage became a compute only the general lowering could print."""
+    p = spatialc.build(spatialc.gemm(64, 64, 32, "int8", epilogue=[relu()]), "sm_86", block=(2, 4, 1))
+    stages = tuple(dataclasses.replace(s, kind=ComputeStage(Generic("gelu"))) if s.name == "relu0" else s
+                   for s in p.stages)
+    return p.evolve(stages=stages, verified=True)
+
+
 def refusal(p, tgt="sm_86"):
     with pytest.raises(spatialc.SpatialError) as err:
         lower(p, spatialc.target(tgt))
@@ -68,7 +76,9 @@ def test_an_unverified_program_is_refused():
 
 
 @pytest.mark.parametrize("make, what", [
-    (lambda: spatialc.build(spatialc.gemm(32, 32, 32, "int8", epilogue=[relu()]), "sm_86"), "relu stage"),
+    (lambda: generic_stage(), "generic gelu stage"),
+    (lambda: spatialc.build(spatialc.gemm(32, 32, 32, "int8", epilogue=[relu()]), "sm_86"),
+     "epilogue relu: the fused epilogue applies where each warp reads back its own accumulators, and no warp grid"),
     (lambda: built().evolve(plans=built().plans * 2, verified=True), "2 plans"),
     (lambda: with_ops(built(), "reader", lambda o: Loop(o.var, Trip(built().tensors[0].id, 0, 4), o.body)
                       if isinstance(o, Loop) else o), "trip count is read from data"),

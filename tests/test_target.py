@@ -46,11 +46,13 @@ def test_resident_sites_fall_as_shared_memory_grows_and_stop_at_the_limits():
     assert counts == sorted(counts, reverse=True)
     assert counts[-1] == 1
     assert t.resident_sites_per_unit(228 * 1024, 4, 4) == 0  # over the per-block maximum
-    # With shared memory to spare, registers cap it: 56 per thread (one fragment's 8 + 48), 1792 per warp, 8 warps
-    # a block: 65536 // 14336 = 4 blocks (threads alone would allow 2048 / 256 = 8).
-    assert t.registers_per_thread(1) == 56
+    # With shared memory to spare, registers cap it: 64 per thread (one fragment's 12 + 52), 2048 per warp, 8 warps
+    # a block: 65536 // 16384 = 4 blocks (threads alone would allow 2048 / 256 = 8).
+    assert t.registers_per_thread(1) == 64
     assert t.resident_sites_per_unit(1024, 1, 1) == 4
-    # sm_86 has 4 warps a block and 1536 threads an SM: threads allow 12, registers 65536 // 7168 = 9.
-    assert spatialc.target("sm_86").resident_sites_per_unit(1024, 1, 1) == 9
+    # sm_86 has 4 warps a block and 1536 threads an SM: threads allow 12, registers 65536 // 8192 = 8.
+    assert spatialc.target("sm_86").resident_sites_per_unit(1024, 1, 1) == 8
+    # The estimate grows by 12 a fragment a warp holds, and stops at the 255 a thread can address.
+    assert [t.registers_per_thread(8 * f) for f in (2, 4, 16, 32)] == [76, 100, 244, 255]
     # A big accumulator costs registers: fewer blocks fit.
     assert t.resident_sites_per_unit(1024, 8, 8, (2, 2)) < t.resident_sites_per_unit(1024, 1, 1)

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #ifndef SPATIALC_SHARED_RING
-#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(16) T name[(depth) * (page)]
+#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
 #define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
 #endif
 #define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error: %s (%s)\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)
@@ -31,7 +31,7 @@ __device__ __constant__ int ITEM_LIST[1] = {0};
 __device__ __constant__ int ITEM_OFF[1] = {0};
 __device__ __constant__ int ITEM_COUNT[1] = {1};
 
-__global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2)
+__global__ __launch_bounds__(NTHREAD, 2) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
@@ -78,7 +78,7 @@ __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(const OPT* __r
         __pipeline_commit();  // op:Push
         __pipeline_wait_prior(0);  // op:Wait
         __pipeline_wait_prior(0); __syncthreads();  // op:Wait
-        {  // op:Compute
+        {  // op:Compute:MatmulTiles
             const int wi = warp / 4;
             const int wj = warp % 4;
             #pragma unroll

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #ifndef SPATIALC_SHARED_RING
-#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(16) T name[(depth) * (page)]
+#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
 #define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
 #endif
 #define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error: %s (%s)\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)
@@ -107,7 +107,7 @@ __global__ __launch_bounds__(NTHREAD, 4) void spatialc_persistent(const OPT* __r
         }
         __pipeline_wait_prior(2);  // op:Wait
         __pipeline_wait_prior(2); __syncthreads();  // op:Wait
-        {  // op:Compute
+        {  // op:Compute:MatmulTiles
             const int wj = warp % 4;
             #pragma unroll
             for (int kk = 0; kk < 2; ++kk) {

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #ifndef SPATIALC_SHARED_RING
-#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(16) T name[(depth) * (page)]
+#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
 #define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
 #endif
 #define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error: %s (%s)\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)
@@ -31,7 +31,7 @@ __device__ __constant__ int ITEM_LIST[9] = {0, 2, 4, 6, 8, 1, 3, 5, 7};
 __device__ __constant__ int ITEM_OFF[2] = {0, 5};
 __device__ __constant__ int ITEM_COUNT[2] = {5, 4};
 
-__global__ __launch_bounds__(NTHREAD, 9) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2)
+__global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
@@ -108,7 +108,7 @@ __global__ __launch_bounds__(NTHREAD, 9) void spatialc_persistent(const OPT* __r
             }
             __pipeline_wait_prior(2);  // op:Wait
             __pipeline_wait_prior(2); __syncthreads();  // op:Wait
-            {  // op:Compute
+            {  // op:Compute:MatmulTiles
                 #pragma unroll
                 for (int q = 0; q < PERW; ++q) {
                     const int ot = warp + q * NWARP;

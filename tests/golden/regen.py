@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import spatialc
+from spatialc.frontend import bias, relu, requant
 from spatialc.lower.cuda.persistent import lower
 
 HERE = Path(__file__).parent
@@ -19,13 +20,17 @@ CASES: dict[str, tuple[int, int, int, str, str, dict]] = {
     "bf16_sub_blocks_depth1_sm90": (64, 128, 32, "bf16", "sm_90", {"block": (2, 4, 1), "sub_blocks": (2, 2),
                                                                    "depth": 1}),
     "fp16_dynamic_rings_sm90": (64, 64, 128, "fp16", "sm_90", {"block": (4, 4, 4), "depth": 4}),
+    # The fused epilogue: bias read by column, relu and requant applied as the accumulators are read back, int8 out.
+    "int8_bias_relu_requant_sm86": (64, 72, 32, "int8", "sm_86", {"block": (2, 4, 1), "sites": 2,
+                                                                   "epilogue": [bias(), relu(), requant(0.004, -3)]}),
 }
 
 
 def render(name: str) -> str:
     """The program_cu text of case `name`."""
     m, n, k, prec, tgt, kw = CASES[name]
-    p = spatialc.build(spatialc.gemm(m, n, k, prec), tgt, **kw)
+    options = {key: v for key, v in kw.items() if key != "epilogue"}
+    p = spatialc.build(spatialc.gemm(m, n, k, prec, epilogue=kw.get("epilogue", ())), tgt, **options)
     return lower(p, spatialc.target(tgt)).program_cu
 
 

@@ -60,20 +60,24 @@ class Census:
     """Count of each choreography op kind in the program, and the same counts recovered from the printed kernel.
 
     `rotated` counts the producer ops a software-pipelined loop prints a second time, before itself, for its first
-    step (see `spatialc.lower.census`).
+    step (see `spatialc.lower.census`). `stages` counts the Compute ops by compute op (the matmul and each epilogue
+    stage), and `printed_stages` the same from the kernel.
     """
 
     program: dict[str, int]
     printed: dict[str, int]
     rotated: dict[str, int] = field(default_factory=dict)
+    stages: dict[str, int] = field(default_factory=dict)
+    printed_stages: dict[str, int] = field(default_factory=dict)
 
     @property
     def agrees(self) -> bool:
-        """Whether every op of the program has exactly one image in the kernel."""
-        return self.program == self.printed
+        """Whether every op of the program, and every stage, has exactly one image in the kernel."""
+        return self.program == self.printed and self.stages == self.printed_stages
 
     def to_dict(self) -> dict[str, object]:
-        return {"program": self.program, "printed": self.printed, "rotated": self.rotated, "agrees": self.agrees}
+        return {"program": self.program, "printed": self.printed, "rotated": self.rotated, "stages": self.stages,
+                "printed_stages": self.printed_stages, "agrees": self.agrees}
 
 
 @dataclass(frozen=True, slots=True)

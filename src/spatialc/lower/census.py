@@ -12,6 +12,10 @@ parsing C. Three tags exist:
   first step. Counted apart: it is the same op, printed twice on purpose.
 - `// pad:Push` — an empty commit that keeps the pipeline's wait count exact on a loop's last step; the image of
   no op, so not counted as one.
+
+A `Compute` marker also names its compute op, `// op:Compute:Relu`, so the census counts the stages too (the
+matmul, and each epilogue stage the fused store applies): a store that applied one stage twice and forgot
+another would have the right number of Computes, and the wrong stages.
 """
 
 from __future__ import annotations
@@ -20,16 +24,20 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from ..ir.ops import ChoreoOp, walk
+from ..ir.ops import ChoreoOp, Compute, walk
 from .artifact import Census
 
 OP, PRE, PAD = "op", "pre", "pad"
-_MARK = re.compile(r"// (op|pre|pad):(\w+)(?: x(\d+))?")
+_MARK = re.compile(r"// (op|pre|pad):(\w+)(?::(\w+))?(?: x(\d+))?")
 
 
 def marker(op_or_kind: object, tag: str = OP, times: int = 1) -> str:
-    """The marker comment for an op (or an op kind name); `times` > 1 for one statement that images several ops."""
+    """The marker comment for an op (or an op kind name); `times` > 1 for one statement that images several ops.
+
+    A Compute op's marker names its compute op after a colon: `// op:Compute:MatmulTiles`."""
     kind = op_or_kind if isinstance(op_or_kind, str) else type(op_or_kind).__name__
+    if isinstance(op_or_kind, Compute):
+        kind += f":{type(op_or_kind.op).__name__}"
     return f"// {tag}:{kind}" + (f" x{times}" if times > 1 else "")
 
 
@@ -41,12 +49,29 @@ def count_ops(programs: Iterable[tuple[ChoreoOp, ...]]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def count_stages(programs: Iterable[tuple[ChoreoOp, ...]]) -> dict[str, int]:
+    """Each compute op kind's count over the Compute ops of `programs` (MatmulTiles, Bias, Relu, …)."""
+    counts: Counter[str] = Counter()
+    for ops in programs:
+        counts.update(type(op.op).__name__ for op in walk(ops) if isinstance(op, Compute))
+    return dict(sorted(counts.items()))
+
+
 def count_printed(text: str, tag: str = OP) -> dict[str, int]:
     """Each op kind's count among the `tag` markers of printed text."""
     counts: Counter[str] = Counter()
-    for t, kind, times in _MARK.findall(text):
+    for t, kind, _, times in _MARK.findall(text):
         if t == tag:
             counts[kind] += int(times or 1)
+    return dict(sorted(counts.items()))
+
+
+def count_printed_stages(text: str) -> dict[str, int]:
+    """Each compute op kind's count among the `// op:Compute:Kind` markers of printed text."""
+    counts: Counter[str] = Counter()
+    for t, kind, stage, times in _MARK.findall(text):
+        if t == OP and kind == "Compute" and stage:
+            counts[stage] += int(times or 1)
     return dict(sorted(counts.items()))
 
 
@@ -56,4 +81,6 @@ def census(programs: Iterable[tuple[ChoreoOp, ...]], text: str) -> Census:
     For the persistent kernel `programs` are the engine programs of the site it is printed from: every site runs
     that one text, so those are the ops it must hold, each once.
     """
-    return Census(program=count_ops(programs), printed=count_printed(text), rotated=count_printed(text, PRE))
+    programs = tuple(programs)
+    return Census(program=count_ops(programs), printed=count_printed(text), rotated=count_printed(text, PRE),
+                  stages=count_stages(programs), printed_stages=count_printed_stages(text))

@@ -14,7 +14,9 @@ from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
 from ...ir.nodes import Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
+    Bias,
     Compute,
+    ComputeOp,
     Flush,
     MatmulTiles,
     PackAcc,
@@ -29,15 +31,17 @@ from ...ir.ops import (
     WriteBarrier,
     WriteTiles,
 )
+from ...ir.printer import compute_text
 from ..census import OP, PAD, PRE, marker
 from ..errors import Unsupported
+from . import epilogue
 from .merge import SerialLoop, SerialOp
 from .rings import TILE_ELEMS, Ring, Rings, SmemLayout, WmmaTypes, commits, rotation
 
 KERNEL_NAME = "spatialc_persistent"
 INCLUDES = ("cuda_pipeline.h", "mma.h", "cuda_bf16.h", "cuda_fp16.h", "cstdio", "cstdlib", "vector", "cstring")
 RING_MACROS = """#ifndef SPATIALC_SHARED_RING
-#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(16) T name[(depth) * (page)]
+#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
 #define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
 #endif"""
 CHECK_MACRO = ('#define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, '
@@ -61,6 +65,8 @@ class Kernel:
     perw: int
     blocks_per_sm: int
     items: tuple[tuple[int, ...], ...]  # each site's items, in blockIdx order
+    integer: bool  # the epilogue's arithmetic: exact int64 (int8 programs) or float32
+    has_epilogue: bool  # elementwise stages are fused into the store (their helpers are printed)
 
     @property
     def item_tiles(self) -> tuple[int, int]:
@@ -133,6 +139,8 @@ class OpPrinter:
     def __init__(self, k: Kernel, w: Writer):
         self.k = k
         self.w = w
+        # The fused chain's stages met since the last store: (op, its addresses' variables, its C scope depth).
+        self.chain: list[tuple[Compute, dict[LoopVar, str], int]] = []
 
     def ops(self, ops: tuple[SerialOp, ...], env: dict[LoopVar, str], in_flight: int = 0, tag: str = OP) -> None:
         """Print `ops`; `in_flight` commit groups issued ahead stay pending at their waits; `tag` marks copies."""
@@ -179,6 +187,10 @@ class OpPrinter:
                 self.w.line("", f"{mark} (ordered by the pipeline waits and barriers)")
             case Compute(op=MatmulTiles() as mm, ins=(a, b)):
                 self.matmul(mm, self.kept(a), self.kept(b), mark)
+            case Compute(op=stage, ins=(buf,)) if rings.is_fused(buf):
+                # Applied element by element where the store reads the accumulators back; its image is there.
+                self.w.line(f"// {compute_text(stage, self.k.program)}: applied in the fused store below")
+                self.chain.append((op, env, self.w.depth))
             case PackAcc(to=buf):
                 self.pack(self.kept(buf), mark)
             case _:
@@ -392,6 +404,7 @@ class OpPrinter:
 
     def fused_store(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
         """The fused epilogue: each warp stores its fragments one at a time through its own one-tile scratch."""
+        chain = self.fused_chain()
         with self.w.block("", mark):
             self.warp_coords()
             self.w.line("const int lane = tid % 32;")
@@ -409,8 +422,43 @@ class OpPrinter:
                 # spills; the loop is bound by its stores anyway.
                 self.w.line("#pragma unroll 1")
                 with self.w.block(f"for (int el = lane; el < {TILE_ELEMS}; el += 32)"):
-                    self.w.line(f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el] = (OUT_T)scratch[el];")
+                    self.read_out(op, chain)
                 self.w.line("__syncwarp();")
+
+    def fused_chain(self) -> list[tuple[Compute, dict[LoopVar, str]]]:
+        """The epilogue stages to apply in this store, taken from the printer's pending list."""
+        chain, self.chain = self.chain, []
+        if any(depth != self.w.depth for _, _, depth in chain):
+            raise Unsupported("an epilogue stage in another loop than the store of its chain",
+                              "the fused store applies the stages where it reads the accumulators back")
+        return [(stage, env) for stage, env, _ in chain]
+
+    def read_out(self, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]]) -> None:
+        """One element of the scratch tile, through the epilogue chain, to the output.
+
+        Lane `el` holds page tile (bh, bw)'s element at row el / 16 and column el % 16; only the bias needs the
+        column. Each stage's statement is its op's image and carries its census marker.
+        """
+        out = f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el]"
+        if not chain:
+            self.w.line(f"{out} = (OUT_T)scratch[el];")
+            return
+        self.w.line(f"{'long long' if self.k.integer else 'float'} v = scratch[el];")
+        for stage, env in chain:
+            self.w.line(epilogue.statement(stage.op, self.k.integer, self.bias_at(stage.op, env)), marker(stage))
+        self.w.line(f"{out} = (OUT_T)v;")
+
+    def bias_at(self, stage: ComputeOp, env: dict[LoopVar, str]) -> str:
+        """The flat index of the element's bias: tile column `at + s mod width` of page tile s, row 0, column el % 16.
+
+        The page is the item's h x w tiles in row-major order, so page tile s = bh * w + bw.
+        """
+        if not isinstance(stage, Bias):
+            return ""
+        w = self.k.item_tiles[1]
+        s = "bw" if stage.width == w else (_mod(f"(bh * {w} + bw)", stage.width) or "0")
+        at = addr_expr(stage.at, env)
+        return f"(long long)({_sum(at if at != '0' else '', s)}) * {TILE_ELEMS} + el % 16"
 
 
 # ---- the kernel text ---------------------------------------------------------------------------------------
@@ -423,6 +471,8 @@ def preamble(k: Kernel) -> list[str]:
     lines += [f"#include <{h}>" for h in INCLUDES]
     lines += ["", RING_MACROS, CHECK_MACRO, ""]
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
+    if k.has_epilogue:
+        lines += ["", *epilogue.helpers().rstrip("\n").split("\n"), ""]
     lines += [f"#define NTHREAD {k.lanes * 32}", f"#define NWARP {k.lanes}", f"#define PERW {k.perw}"]
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]

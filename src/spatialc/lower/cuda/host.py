@@ -13,7 +13,7 @@ from ..artifact import CudaArtifact
 from .emit import KERNEL_NAME, Kernel, Writer
 
 BENCH_ITERS = 20
-INTEGER_OUTPUTS = ("long long", "int")
+INTEGER_OUTPUTS = ("long long", "int", "signed char")
 
 
 def helpers() -> str:

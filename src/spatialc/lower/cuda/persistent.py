@@ -2,7 +2,8 @@
 
 Each ring is a shared-memory array of pages filled by 16-byte cp.async copies; the tile matmul is WMMA fragments
 held per warp across the whole reduction; the K loop is software-pipelined when the rings are deep enough; the
-output is stored straight from the accumulators where they live in registers. Before a line is printed the
+output is stored straight from the accumulators where they live in registers, through the chain of elementwise
+epilogue stages (bias, relu, scalar, requant) applied element by element on the way. Before a line is printed the
 lowering proves that the site's engine programs serialise onto one block, that no ring is filled past its depth,
 and that an int8 reduction cannot overflow int32 — and refuses, with a typed error, what it cannot print.
 """
@@ -36,6 +37,7 @@ from ...target import SpatialTarget
 from ..artifact import Budget, CudaArtifact, KernelParam, Launch
 from ..census import census
 from ..errors import GroupSpansSites, InternalError, NeedsGeneral, Precision, TooBig, Unsupported, Unverified
+from . import epilogue
 from .emit import KERNEL_NAME, Kernel, kernel_text
 from .host import bench_main, helpers, program_main
 from .merge import SerialLoop, SerialOp, serialise
@@ -44,7 +46,7 @@ from .rings import TILE_ELEMS, WMMA, Rings, WmmaTypes, prove, ring_table, smem_l
 WMMA_TILE = Tile(16, 16)
 C_TYPES = {DType.INT8: "signed char", DType.INT32: "int", DType.INT64: "long long", DType.FP16: "__half",
            DType.BF16: "__nv_bfloat16", DType.FLOAT32: "float"}
-OUTPUT_TYPES = (DType.INT32, DType.INT64, DType.FLOAT32)
+OUTPUT_TYPES = (DType.INT32, DType.INT64, DType.FLOAT32)  # without an epilogue: the accumulator, widened
 CONSTANT_INTS = 64 * 1024 // 4  # the work list lives in the 64 KiB of __constant__ memory
 
 
@@ -54,21 +56,25 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     plan = program.plans[0]
     mm = matmul_stage(program)
     assert isinstance(mm.kind, ComputeStage) and isinstance(mm.kind.op, MatmulTiles)
-    types = operand_types(program, mm.kind.op)
+    chain = epilogue.chain(program, mm)
+    types = operand_types(program, mm.kind.op, bool(chain))
     check_int8_reduction(program, mm.kind.op)
+    integer = mm.kind.op.operand.value == "int8"
+    epilogue.check(program, chain, integer)
+    if integer:
+        epilogue.check_int64(program, chain, logical_k(program))
     programs = printed_site_programs(program)
     lane_grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
-    # Fused only where the accumulators are in registers and each warp owns a rectangle it can store itself.
-    fused = program.buffer(mm.outs[0]).ring if target.accumulator_in_registers and lane_grid else None
-    rings = ring_table(program, types, None if fused is None else int(fused))
+    rings = ring_table(program, types, fused_chain(program, target, mm, chain, lane_grid))
     ops = serialise(programs)
     check_shapes(ops, plan, mm, rings)
     prove(rings, ops)
-    kernel = make_kernel(program, target, plan, types, rings, lane_grid)
+    kernel = make_kernel(program, target, plan, types, rings, lane_grid, integer, bool(chain))
     kernel_cu = kernel_text(kernel, ops)
     counted = census(programs, kernel_cu)
     if not counted.agrees:
-        raise InternalError(f"the census disagrees: program {counted.program}, printed {counted.printed}")
+        raise InternalError(f"the census disagrees: program {counted.program} with stages {counted.stages}, "
+                            f"printed {counted.printed} with stages {counted.printed_stages}")
     host = kernel_cu + "\n" + helpers() + "\n"
     return CudaArtifact(target.name, host + program_main(kernel), host + bench_main(kernel), kernel_cu,
                         launch_of(kernel), budget_of(kernel, target), counted)
@@ -109,10 +115,11 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     compute = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
     compute += [op.op for op in all_ops(p) if isinstance(op, Compute)]
     for c in compute:
-        if not isinstance(c, MatmulTiles):
+        if not isinstance(c, (MatmulTiles, *epilogue.EPILOGUE_OPS)):
             return (f"a {compute_text(c, p)} stage",
-                    "the tile kernel computes only WMMA tile matmuls, storing their accumulators as they are")
-    if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage)) > 1:
+                    "the tile kernel computes WMMA tile matmuls and fuses elementwise epilogue stages into their "
+                    "store, nothing else")
+    if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
         return "several tile matmuls", "the tile kernel holds one accumulator block per item"
     ops = all_ops(p)
     if any(isinstance(op, Loop) and isinstance(op.count, Trip) for op in ops):
@@ -133,7 +140,30 @@ def matmul_stage(p: SpatialProgram) -> Stage:
     raise Unsupported("a program without a tile matmul", "the persistent kernel is a WMMA tile GEMM")
 
 
-def operand_types(p: SpatialProgram, mm: MatmulTiles) -> WmmaTypes:
+def fused_chain(p: SpatialProgram, target: SpatialTarget, mm: Stage, chain: tuple[Stage, ...],
+                lane_grid: tuple[int, int] | None) -> tuple[int, ...]:
+    """The ring templates the fused epilogue replaces (the matmul's output, then each stage's), or () unfused.
+
+    Fused only where the accumulators are in registers and each warp owns a rectangle of the block it can read
+    back itself; an epilogue anywhere else would need its stages printed ring to ring, which is the general
+    lowering's business.
+    """
+    if target.accumulator_in_registers and lane_grid:
+        return tuple(int(p.buffer(b).ring) for b in (mm.outs[0], *(s.outs[0] for s in chain)))
+    if chain:
+        why = ("no warp grid divides the accumulator block, so the warps cannot each read back a rectangle of it"
+               if target.accumulator_in_registers else f"{target.name} keeps accumulators out of registers")
+        raise NeedsGeneral(f"the epilogue {epilogue.names(p, chain)}",
+                           f"the fused epilogue applies where each warp reads back its own accumulators, and {why}")
+    return ()
+
+
+def logical_k(p: SpatialProgram) -> int:
+    """The reduction's length: A's columns (the zero padding adds nothing)."""
+    return next(t for t in p.tensors if t.role == TensorRole.INPUT).elems[1]
+
+
+def operand_types(p: SpatialProgram, mm: MatmulTiles, has_epilogue: bool) -> WmmaTypes:
     """The WMMA fragment types of the matmul's operand precision; its input tensors must hold that type."""
     types = WMMA.get(mm.operand)
     if types is None:
@@ -143,8 +173,10 @@ def operand_types(p: SpatialProgram, mm: MatmulTiles) -> WmmaTypes:
             raise Precision(t.dtype.value, f"input {t.name} must hold the matmul's {mm.operand.value} operands: "
                                            "tiles are copied into the operand rings byte for byte")
     out = p.output_tensor()
-    if out is None or out.dtype not in OUTPUT_TYPES:
-        raise Precision(out.dtype.value if out else "none", "the output must be int32, int64 or float32")
+    if out is None:
+        raise Unsupported("a program without an output tensor", "the kernel stores its result into one")
+    if not has_epilogue and out.dtype not in OUTPUT_TYPES:
+        raise Precision(out.dtype.value, "without an epilogue the output must be int32, int64 or float32")
     return types
 
 
@@ -156,10 +188,10 @@ def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
     """
     if mm.operand.value != "int8":
         return
-    a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
-    need = a.elems[1] * 128 * 128
+    k = logical_k(p)
+    need = k * 128 * 128
     if need > 2**31 - 1:
-        raise TooBig(f"the largest int8 dot product over K = {a.elems[1]} (K·128·128) in an int32 accumulator",
+        raise TooBig(f"the largest int8 dot product over K = {k} (K·128·128) in an int32 accumulator",
                      need, 2**31 - 1, "int8 WMMA accumulates in int32; keep K ≤ 131071 or use fp16")
 
 
@@ -222,7 +254,7 @@ def _serial_walk(ops: tuple[SerialOp, ...]):
 
 
 def make_kernel(p: SpatialProgram, target: SpatialTarget, plan: Plan, types: WmmaTypes, rings: Rings,
-                lane_grid: tuple[int, int] | None) -> Kernel:
+                lane_grid: tuple[int, int] | None, integer: bool, has_epilogue: bool) -> Kernel:
     """Everything the printers need, with the shared memory laid out and the work list sized."""
     lanes = target.accumulator_lanes
     h, w = plan.item_tiles
@@ -231,7 +263,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, plan: Plan, types: Wmm
     else:
         perw = plan.sub_blocks[0] * plan.sub_blocks[1] * (plan.block.osh // lane_grid[0]) * (
             plan.block.osw // lane_grid[1])
-    epi = lanes * TILE_ELEMS * types.acc_bytes if rings.fused is not None else 0
+    epi = lanes * TILE_ELEMS * types.acc_bytes if rings.fused else 0
     smem = smem_layout(rings, epi, target)
     total = smem.static_bytes + smem.dyn_bytes
     blocks = target.resident_sites_per_unit(total, plan.block.osh, plan.block.osw, plan.sub_blocks)
@@ -248,7 +280,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, plan: Plan, types: Wmm
     assert out is not None
     param_types = tuple("OPT" if t.role == TensorRole.INPUT else "OUT_T" if t.role == TensorRole.OUTPUT
                         else C_TYPES[t.dtype] for t in p.tensors)
-    return Kernel(p, plan, types, C_TYPES[out.dtype], param_types, rings, smem, lane_grid, lanes, perw, blocks, items)
+    return Kernel(p, plan, types, C_TYPES[out.dtype], param_types, rings, smem, lane_grid, lanes, perw, blocks, items,
+                  integer, has_epilogue)
 
 
 def budget_of(k: Kernel, target: SpatialTarget) -> Budget:

@@ -31,11 +31,13 @@ from ..errors import TooBig, Unsupported
 from .merge import SerialLoop, SerialOp
 
 TILE_ELEMS = 256
-ALIGN = 16  # every shared region starts on 16 bytes: cp.async's 16-byte copies and WMMA's loads need it
+# Every shared region starts on 32 bytes: cp.async moves 16-byte chunks, and WMMA's load_matrix_sync /
+# store_matrix_sync want 256-bit aligned pointers (CUDA C++ Programming Guide, "Warp Matrix Functions").
+ALIGN = 32
 
 
-def align16(n: int) -> int:
-    """`n` rounded up to a multiple of 16."""
+def aligned(n: int) -> int:
+    """`n` rounded up to a multiple of ALIGN."""
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
@@ -75,36 +77,45 @@ class Ring:
 
 @dataclass(frozen=True, slots=True)
 class Rings:
-    """The kernel's rings by template id, each buffer's template, and the template the fused epilogue removed."""
+    """The kernel's rings by template id, each buffer's template, and the templates the fused epilogue removed.
+
+    `fused` is the chain the fused epilogue replaces, in order: the matmul's output, then the output of each
+    elementwise epilogue stage; the writer stores the last. Empty when the epilogue is not fused.
+    """
 
     rings: dict[int, Ring]
     template: dict[BufferId, int]
-    fused: int | None = None
+    fused: tuple[int, ...] = ()
     names: dict[int, str] = field(default_factory=dict)
 
     def kept(self, buf: BufferId) -> Ring | None:
-        """The ring `buf` lives in, or None when it is the fused output (which has no ring)."""
+        """The ring `buf` lives in, or None when it is part of the fused chain (which has no rings)."""
         t = self.template[buf]
-        return None if t == self.fused else self.rings[t]
+        return None if t in self.fused else self.rings[t]
 
     def is_fused(self, buf: BufferId) -> bool:
-        """Whether `buf` is the output the fused epilogue stores straight from the accumulators."""
-        return self.fused is not None and self.template.get(buf) == self.fused
+        """Whether `buf` is a ring of the fused chain: its pages are the accumulators, read out by the store."""
+        return self.template.get(buf, -1) in self.fused
+
+    def chain_step(self, buf: BufferId) -> int:
+        """The position of fused `buf` in the chain (0: the matmul's output)."""
+        return self.fused.index(self.template[buf])
 
     def name(self, buf: BufferId) -> str:
         """The template name of `buf`, for messages."""
         return self.names.get(self.template[buf], f"buffer {int(buf)}")
 
 
-def ring_table(p: SpatialProgram, types: WmmaTypes, fused: int | None) -> Rings:
-    """One ring per Fifo / Interm template; a compute stage's output carries accumulators, the rest operands."""
+def ring_table(p: SpatialProgram, types: WmmaTypes, fused: tuple[int, ...]) -> Rings:
+    """One ring per Fifo / Interm template outside the fused chain; a compute stage's output carries accumulators,
+    the rest operands."""
     computed = {b for s in p.stages if isinstance(s.kind, ComputeStage) for b in s.outs}
     computed = {p.buffer(b).ring for b in computed}
     rings: dict[int, Ring] = {}
     template = {b.id: int(b.ring) for b in p.buffers}
     names = {int(b.ring): p.buffer(b.ring).name for b in p.buffers}
     for b in p.buffers:
-        if not isinstance(b.kind, Fifo | Interm) or int(b.ring) == fused:
+        if not isinstance(b.kind, Fifo | Interm) or int(b.ring) in fused:
             continue
         acc = b.ring in computed
         elems = b.kind.page_tiles * p.tile.elems
@@ -162,10 +173,11 @@ class _Occupancy:
     def __init__(self, rings: Rings):
         self.rings = rings
         self.pages: dict[int, tuple[int, int, int]] = {}
-        self.packed = False  # the fused epilogue: accumulators packed, not yet stored
+        # The fused epilogue: where in the chain the packed accumulators are (None: not packed, or stored).
+        self.at: int | None = None
 
-    def state(self) -> tuple[tuple[tuple[int, tuple[int, int, int]], ...], bool]:
-        return tuple(sorted((r, v) for r, v in self.pages.items() if v != (0, 0, 0))), self.packed
+    def state(self) -> tuple[tuple[tuple[int, tuple[int, int, int]], ...], int | None]:
+        return tuple(sorted((r, v) for r, v in self.pages.items() if v != (0, 0, 0))), self.at
 
     def run(self, ops: tuple[SerialOp, ...]) -> None:
         for op in ops:
@@ -186,9 +198,13 @@ class _Occupancy:
             case WriteTiles(src=buf) if self.rings.kept(buf) is not None:
                 self.need(buf, lambda h, r, s: s == 1, "a page waited for and not yet popped", op)
             case PackAcc(to=buf) if self.rings.is_fused(buf):
-                self.fused(op, want=False)
+                self.fused(op, self.at is None and self.rings.chain_step(buf) == 0, 0)
+            case Compute(ins=(src,), outs=(dst,)) if self.rings.is_fused(src) and self.rings.is_fused(dst):
+                step = self.rings.chain_step(src)
+                self.fused(op, self.at == step and self.rings.chain_step(dst) == step + 1, step + 1)
             case WriteTiles(src=buf) if self.rings.is_fused(buf):
-                self.fused(op, want=True)
+                last = len(self.rings.fused) - 1
+                self.fused(op, self.at == last and self.rings.chain_step(buf) == last, None)
             case Compute(ins=ins):
                 self.accumulate(op)
                 for buf in ins:
@@ -228,14 +244,20 @@ class _Occupancy:
             raise Unsupported(f"{type(op).__name__} on ring {ring.name} in the serialised order",
                               f"it needs {what} there, and the block would read or overwrite the wrong slot")
 
-    def fused(self, op: SerialOp, want: bool) -> None:
-        if self.packed != want:
+    def fused(self, op: SerialOp, ok: bool, then: int | None) -> None:
+        """An op of the fused chain, in order (`ok`), which leaves the packed value at chain step `then`.
+
+        The store prints the whole chain, so the ops must pack the accumulators, take the value down the chain one
+        stage at a time, and store the last stage's value, before the accumulators are packed again.
+        """
+        if not ok:
             raise Unsupported(f"{type(op).__name__} on the fused output out of order",
-                              "the fused epilogue stores the accumulators once after each PackAcc")
-        self.packed = not want
+                              "the fused epilogue packs the accumulators, applies each epilogue stage once in chain "
+                              "order and stores the last stage's value, once after each PackAcc")
+        self.at = then
 
     def accumulate(self, op: SerialOp) -> None:
-        if self.packed:
+        if self.at is not None:
             raise Unsupported(f"{type(op).__name__} between the fused PackAcc and its WriteTiles",
                               "the fused epilogue stores straight from the accumulators, which it would overwrite")
 
@@ -270,7 +292,7 @@ def prove(rings: Rings, ops: tuple[SerialOp, ...]) -> None:
     """Refuse, before printing, an order that overfills a ring, reads a page not there, or leaves a ring unbalanced."""
     occ = _Occupancy(rings)
     occ.run(ops)
-    if occ.state() != ((), False):
+    if occ.state() != ((), None):
         raise Unsupported("the serialised site program", "it ends with pages still in a ring or accumulators unstored")
 
 
@@ -298,14 +320,14 @@ def smem_layout(rings: Rings, epi_bytes: int, target: SpatialTarget) -> SmemLayo
     from the dynamic block. The scratch is dynamic always: it is small, touched once an item, and keeping it out of
     the static block keeps the static block the rings alone.
     """
-    ring_bytes = sum(align16(r.bytes) for r in rings.rings.values())
+    ring_bytes = sum(aligned(r.bytes) for r in rings.rings.values())
     rings_dynamic = ring_bytes > target.smem_static_max
-    off = align16(epi_bytes)
+    off = aligned(epi_bytes)
     ring_off: dict[int, int] = {}
     if rings_dynamic:
         for rid in sorted(rings.rings):
             ring_off[rid] = off
-            off += align16(rings.rings[rid].bytes)
+            off += aligned(rings.rings[rid].bytes)
     static = 0 if rings_dynamic else ring_bytes
     # A block's shared memory over 48 KiB in all needs the opt-in (CUDA C++ Programming Guide, compute capability
     # 8.x / 9.0): the sum decides, not the dynamic block alone — 44 KiB of static rings and 8 of scratch need it.

@@ -1,0 +1,183 @@
+"""The fused epilogue chain: which stages it holds, what the kernel may assume of them, and their C statements.
+
+The chain is the run of elementwise stages (bias, relu, scalar, requant) from the matmul's output ring to the ring
+the writer stores. Fused, none of those rings exists: each warp stores a fragment to its scratch tile, and each lane
+applies the whole chain to the elements it reads back before writing them out. The statements spell
+`spatialc.epilogue` in C: integer programs on exact 64-bit values (`long long`), proved here never to overflow, and
+`spatialc.quant.requantize` as the device function `spatialc_requant`; float programs in float32, with additions and
+multiplications that nvcc may not contract into a fused multiply-add (numpy rounds each one).
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+
+import numpy as np
+
+from ...ir.nodes import ComputeStage, DType, SpatialProgram, Stage, TensorRole
+from ...ir.ops import Bias, ComputeOp, MatmulTiles, Relu, Requant, Scalar
+from ...ir.printer import compute_text
+from ..errors import NeedsGeneral, Precision, TooBig, Unsupported
+
+EPILOGUE_OPS = (Bias, Relu, Scalar, Requant)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def chain(p: SpatialProgram, mm: Stage) -> tuple[Stage, ...]:
+    """The elementwise stages from the matmul's output to the written buffer, in order (empty: no epilogue)."""
+    readers: dict[int, list[Stage]] = {}
+    for s in p.stages:
+        for b in s.ins:
+            readers.setdefault(int(b), []).append(s)
+    stages: list[Stage] = []
+    cur = mm.outs[0]
+    while True:
+        after = readers.get(int(cur), [])
+        if len(after) != 1:
+            raise Unsupported(f"buffer {p.buffer(cur).name}, read by {len(after)} stages",
+                              "the tile kernel's output flows down one chain of stages to one writer")
+        (s,) = after
+        if not isinstance(s.kind, ComputeStage):
+            return tuple(stages)
+        if not isinstance(s.kind.op, EPILOGUE_OPS) or len(s.ins) != 1 or len(s.outs) != 1:
+            raise NeedsGeneral(f"a {compute_text(s.kind.op, p)} stage ({s.name})",
+                               "the fused epilogue applies only elementwise bias, relu, scalar and requant stages")
+        stages.append(s)
+        cur = s.outs[0]
+
+
+def names(p: SpatialProgram, stages: tuple[Stage, ...]) -> str:
+    """The chain in a few words, for messages: `bias bias[…] → relu → requant …`."""
+    return " → ".join(compute_text(s.kind.op, p) for s in stages)  # type: ignore[union-attr]
+
+
+def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
+    """Refuse a chain whose C statements would not compute exactly what `spatialc.epilogue` defines."""
+    ops: list[ComputeOp] = [s.kind.op for s in stages]  # type: ignore[union-attr]
+    for i, op in enumerate(ops):
+        if isinstance(op, Requant) and i != len(ops) - 1:
+            raise Unsupported(f"a requant followed by {compute_text(ops[i + 1], p)}",
+                              "requant's int8 result ends the epilogue; apply the other stages before it")
+        if isinstance(op, Requant) and not integer:
+            raise Precision("requant", "it requantises an integer accumulator; this program's is float32")
+        if isinstance(op, Bias):
+            _check_bias(p, op, integer)
+        if isinstance(op, Scalar):
+            _check_scalar(op, integer)
+        if isinstance(op, Requant):
+            _check_requant(op)
+    out = p.output_tensor()
+    assert out is not None
+    want = DType.FLOAT32 if not integer else DType.INT8 if ops and isinstance(ops[-1], Requant) else DType.INT64
+    if out.dtype != want:
+        raise Precision(out.dtype.value, f"after the epilogue {names(p, stages)} the output {out.name} holds "
+                                         f"{want.value} values, which is what the kernel writes")
+
+
+def _check_bias(p: SpatialProgram, op: Bias, integer: bool) -> None:
+    t = p.tensor(op.tensor)
+    want = DType.INT32 if integer else DType.FLOAT32
+    if t.role != TensorRole.PARAMETER or t.dtype != want or t.tiles[0] != 1:
+        raise Precision(t.dtype.value, f"bias tensor {t.name} must be a {want.value} parameter of one row of tiles "
+                                       f"({'int8' if integer else 'float'} programs add {want.value} biases)")
+    plan = p.plans[0]
+    need = plan.grid[1] * plan.item_tiles[1]
+    if t.tiles[1] < need:
+        raise TooBig(f"tile columns of bias tensor {t.name} (the kernel reads one per output tile column, padding "
+                     "included)", need, t.tiles[1], "pad the bias tensor's tile grid to whole blocks")
+
+
+def _check_scalar(op: Scalar, integer: bool) -> None:
+    if integer and op.value != int(op.value):
+        raise Unsupported(f"scalar {op.op} {op.value!r} in an int8 program", "its epilogue is integer arithmetic")
+    if not integer and not math.isfinite(float(np.float32(op.value))):
+        raise Unsupported(f"scalar {op.op} {op.value!r}", "the value is not a finite float32, and the kernel's float "
+                                                          "epilogue is float32 arithmetic")
+
+
+def _check_requant(op: Requant) -> None:
+    """The ranges `spatialc.quant.quantize_multiplier` produces, within which spatialc_requant cannot overflow."""
+    if not (0 <= op.multiplier <= INT32_MAX and -31 <= op.shift <= 30 and INT32_MIN <= op.zero_point <= INT32_MAX):
+        raise Unsupported(f"requant x{op.multiplier} >>{op.shift} +{op.zero_point}",
+                          "a requant needs a Q31 multiplier in [0, 2^31), a shift in [-31, 30] and an int32 zero "
+                          "point (what spatialc.quant.quantize_multiplier makes)")
+
+
+def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
+    """Refuse an integer chain that could leave int64, where C's `long long` would overflow (undefined).
+
+    The bounds start from the accumulator's (a K-long int8 dot product) and follow each stage; a bias adds any
+    int32. Requantisation saturates, so it ends every bound.
+    """
+    lo, hi = -k * 128 * 127, k * 128 * 128
+    for s in stages:
+        op = s.kind.op  # type: ignore[union-attr]
+        match op:
+            case Bias():
+                lo, hi = lo + INT32_MIN, hi + INT32_MAX
+            case Relu():
+                lo, hi = max(lo, 0), max(hi, 0)
+            case Scalar("add", v):
+                lo, hi = lo + int(v), hi + int(v)
+            case Scalar("mul", v):
+                lo, hi = sorted((lo * int(v), hi * int(v)))
+            case Scalar("max", v):
+                lo, hi = max(lo, int(v)), max(hi, int(v))
+            case Scalar("min", v):
+                lo, hi = min(lo, int(v)), min(hi, int(v))
+            case Scalar(name):
+                raise Unsupported(f"scalar op {name!r}", "the epilogue knows add, mul, max and min")
+            case Requant():
+                lo, hi = -128, 127
+        if lo < INT64_MIN or hi > INT64_MAX:
+            raise TooBig(f"the largest magnitude after epilogue stage {s.name} ({compute_text(op, p)}) in int64",
+                         max(-lo, hi), INT64_MAX, "the kernel's integer epilogue is exact 64-bit arithmetic")
+
+
+# ---- C --------------------------------------------------------------------------------------------------------
+
+
+def helpers() -> str:
+    """The device functions the chain's statements call, inlined into the kernel text."""
+    return resources.files(__package__).joinpath("persistent_epilogue.cuh").read_text()
+
+
+def c_int(n: int) -> str:
+    """An int64 literal, parenthesised when negative (the most negative has no literal of its own)."""
+    if n == INT64_MIN:
+        return "(-9223372036854775807LL - 1)"
+    return f"{n}LL" if n >= 0 else f"({n}LL)"
+
+
+def c_float(x: float) -> str:
+    """The float32 nearest `x` as a float literal that reads back to exactly that float32."""
+    text = np.format_float_scientific(np.float32(x), unique=True, trim="-")
+    return f"{text}f" if not text.startswith("-") else f"({text}f)"
+
+
+_INT_SCALAR = {"add": "v = v + {c};", "mul": "v = v * {c};", "max": "v = v > {c} ? v : {c};",
+               "min": "v = v < {c} ? v : {c};"}
+# NaN goes through max and min as numpy's maximum / minimum let it (a bare comparison would drop it).
+_FLOAT_SCALAR = {"add": "v = spatialc_fadd(v, {c});", "mul": "v = spatialc_fmul(v, {c});",
+                 "max": "v = v > {c} || v != v ? v : {c};", "min": "v = v < {c} || v != v ? v : {c};"}
+
+
+def statement(op: ComputeOp, integer: bool, bias_at: str = "") -> str:
+    """One stage on the lane's value `v`; `bias_at` is the flat index of the element's bias in its tensor."""
+    match op:
+        case Bias(tensor):
+            value = f"t{int(tensor)}[{bias_at}]"
+            return f"v = v + (long long){value};" if integer else f"v = spatialc_fadd(v, {value});"
+        case Relu():
+            return "v = v > 0 ? v : 0;" if integer else "v = v > 0.0f || v != v ? v : 0.0f;"
+        case Scalar(name, value):
+            if integer:
+                return _INT_SCALAR[name].format(c=c_int(int(value)))
+            return _FLOAT_SCALAR[name].format(c=c_float(value))
+        case Requant(multiplier, shift, zero_point):
+            return f"v = spatialc_requant(v, {multiplier}, {shift}, {zero_point});"
+        case MatmulTiles():
+            pass
+    raise Unsupported(f"a {type(op).__name__} epilogue stage", "the fused epilogue has no statement for it")

@@ -1,0 +1,49 @@
+// Device helpers of the fused epilogue (lower/cuda/epilogue.py): the same text under nvcc and the host emulation.
+
+// x + y and x * y, each rounded once to float32 as numpy rounds them. nvcc may contract a multiplication and an
+// addition after it into one fused multiply-add, rounded once; its _rn intrinsics never are. The host emulation
+// has no CUDA intrinsics and needs none: g++ contracts nothing under -std=c++20 (-ffp-contract=off).
+__device__ __forceinline__ float spatialc_fadd(float x, float y)
+{
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(x, y);
+#else
+    return x + y;
+#endif
+}
+
+__device__ __forceinline__ float spatialc_fmul(float x, float y)
+{
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(x, y);
+#else
+    return x * y;
+#endif
+}
+
+// spatialc.quant.requantize of one value: saturate to int32; times 2^left, saturated to int32; the saturating
+// rounding doubling high multiply by the Q31 multiplier; a rounding divide by 2^right (ties away from zero); plus
+// the zero point, clamped to int8. The lowering checks 0 <= multiplier < 2^31 and -31 <= shift <= 30, so no
+// product below leaves int64.
+__device__ __forceinline__ long long spatialc_requant(long long x, long long multiplier, int shift,
+                                                     long long zero_point)
+{
+    const long long lo = -2147483647LL - 1, hi = 2147483647LL;
+    const int left = shift > 0 ? shift : 0, right = shift > 0 ? 0 : -shift;
+    long long v = x < lo ? lo : x > hi ? hi : x;
+    v = v * (1LL << left);
+    v = v < lo ? lo : v > hi ? hi : v;
+    long long q = hi;
+    if (v != lo || multiplier != lo) {
+        const long long ab = v * multiplier;
+        const long long nudge = ab >= 0 ? (1LL << 30) : 1 - (1LL << 30);
+        q = (ab + nudge) / (1LL << 31);  // C++ division truncates toward zero, as the high multiply does
+    }
+    if (right > 0) {
+        const long long mask = (1LL << right) - 1;
+        const long long threshold = (mask >> 1) + (q < 0 ? 1 : 0);
+        q = (q >> right) + ((q & mask) > threshold ? 1 : 0);  // >> of a negative is arithmetic (C++20, nvcc)
+    }
+    q = q + zero_point;
+    return q < -128 ? -128 : q > 127 ? 127 : q;
+}

@@ -1,0 +1,314 @@
+// gemm_64x72x32_int8_bias_relu_requant: a persistent CUDA kernel printed by spatialc from the spatial IR; each block is one site.
+#include <cuda_pipeline.h>
+#include <mma.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <cstring>
+
+#ifndef SPATIALC_SHARED_RING
+#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
+#define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
+#endif
+#define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error: %s (%s)\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)
+
+typedef signed char OPT;
+typedef int ACCT;
+typedef signed char OUT_T;
+
+// Device helpers of the fused epilogue (lower/cuda/epilogue.py): the same text under nvcc and the host emulation.
+
+// x + y and x * y, each rounded once to float32 as numpy rounds them. nvcc may contract a multiplication and an
+// addition after it into one fused multiply-add, rounded once; its _rn intrinsics never are. The host emulation
+// has no CUDA intrinsics and needs none: g++ contracts nothing under -std=c++20 (-ffp-contract=off).
+__device__ __forceinline__ float spatialc_fadd(float x, float y)
+{
+#ifdef __CUDA_ARCH__
+    return __fadd_rn(x, y);
+#else
+    return x + y;
+#endif
+}
+
+__device__ __forceinline__ float spatialc_fmul(float x, float y)
+{
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(x, y);
+#else
+    return x * y;
+#endif
+}
+
+// spatialc.quant.requantize of one value: saturate to int32; times 2^left, saturated to int32; the saturating
+// rounding doubling high multiply by the Q31 multiplier; a rounding divide by 2^right (ties away from zero); plus
+// the zero point, clamped to int8. The lowering checks 0 <= multiplier < 2^31 and -31 <= shift <= 30, so no
+// product below leaves int64.
+__device__ __forceinline__ long long spatialc_requant(long long x, long long multiplier, int shift,
+                                                     long long zero_point)
+{
+    const long long lo = -2147483647LL - 1, hi = 2147483647LL;
+    const int left = shift > 0 ? shift : 0, right = shift > 0 ? 0 : -shift;
+    long long v = x < lo ? lo : x > hi ? hi : x;
+    v = v * (1LL << left);
+    v = v < lo ? lo : v > hi ? hi : v;
+    long long q = hi;
+    if (v != lo || multiplier != lo) {
+        const long long ab = v * multiplier;
+        const long long nudge = ab >= 0 ? (1LL << 30) : 1 - (1LL << 30);
+        q = (ab + nudge) / (1LL << 31);  // C++ division truncates toward zero, as the high multiply does
+    }
+    if (right > 0) {
+        const long long mask = (1LL << right) - 1;
+        const long long threshold = (mask >> 1) + (q < 0 ? 1 : 0);
+        q = (q >> right) + ((q & mask) > threshold ? 1 : 0);  // >> of a negative is arithmetic (C++20, nvcc)
+    }
+    q = q + zero_point;
+    return q < -128 ? -128 : q > 127 ? 127 : q;
+}
+
+#define NTHREAD 128
+#define NWARP 4
+#define PERW 2
+#define DEPTH_0 3
+#define PAGE_0 512
+#define DEPTH_1 3
+#define PAGE_1 1024
+#define SMEM_OFF_EPI 0
+#define DYN_SMEM 4096
+
+__device__ __constant__ int ITEM_LIST[4] = {0, 1, 2, 3};
+__device__ __constant__ int ITEM_OFF[2] = {0, 2};
+__device__ __constant__ int ITEM_COUNT[2] = {2, 2};
+
+__global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ t3)
+{
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int site = blockIdx.x;
+    const int item_off = ITEM_OFF[site];
+    const int n_items = ITEM_COUNT[site];
+    if (n_items == 0) { return; }
+    extern __shared__ __align__(16) char spatialc_dyn_smem[];
+    SPATIALC_SHARED_RING(OPT, ring_0, DEPTH_0, PAGE_0);
+    int wslot_0 = DEPTH_0 - 1, rslot_0 = 0;
+    SPATIALC_SHARED_RING(OPT, ring_1, DEPTH_1, PAGE_1);
+    int wslot_1 = DEPTH_1 - 1, rslot_1 = 0;
+    SPATIALC_DYNAMIC_RING(ACCT, epi_scratch, spatialc_dyn_smem, SMEM_OFF_EPI, NWARP, 256);
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, ACCT> accf[PERW];
+    for (int item = 0; item < n_items; ++item) {  // op:Loop x3
+        const int item_id = ITEM_LIST[item_off + item];
+        const int item_y = item_id / 2, item_x = item_id % 2;
+        (void)item_y; (void)item_x;
+        #pragma unroll
+        for (int q = 0; q < PERW; ++q) {  // op:AcquireAcc
+            nvcuda::wmma::fill_fragment(accf[q], 0);
+        }
+        // the loop over k is pipelined: step 0's copies are issued before it
+        wslot_0 = (wslot_0 + 1) % DEPTH_0;  // pre:Reserve
+        {  // pre:ReadTiles
+            constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
+            static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
+            for (int c = tid; c < 2 * CHUNKS; c += NTHREAD) {
+                const int tl = c / CHUNKS, off = c % CHUNKS;
+                const long long tile = (long long)(item_y * 4) + (long long)(tl) * 2;
+                __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + off * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
+            }
+        }
+        __pipeline_commit();  // pre:Push
+        wslot_1 = (wslot_1 + 1) % DEPTH_1;  // pre:Reserve
+        {  // pre:ReadTiles
+            constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
+            static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
+            for (int c = tid; c < 4 * CHUNKS; c += NTHREAD) {
+                const int tl = c / CHUNKS, off = c % CHUNKS;
+                const long long tile = (long long)(item_x * 4) + (long long)(tl / 4) * 8 + (long long)(tl % 4);
+                __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + off * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
+            }
+        }
+        __pipeline_commit();  // pre:Push
+        for (int k = 0; k < 2; ++k) {  // op:Loop x2
+            if (k + 1 < 2) {
+                wslot_0 = (wslot_0 + 1) % DEPTH_0;  // op:Reserve
+                {  // op:ReadTiles
+                    constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
+                    static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
+                    for (int c = tid; c < 2 * CHUNKS; c += NTHREAD) {
+                        const int tl = c / CHUNKS, off = c % CHUNKS;
+                        const long long tile = (long long)(item_y * 4 + (k + 1)) + (long long)(tl) * 2;
+                        __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + off * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
+                    }
+                }
+                __pipeline_commit();  // op:Push
+                wslot_1 = (wslot_1 + 1) % DEPTH_1;  // op:Reserve
+                {  // op:ReadTiles
+                    constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
+                    static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
+                    for (int c = tid; c < 4 * CHUNKS; c += NTHREAD) {
+                        const int tl = c / CHUNKS, off = c % CHUNKS;
+                        const long long tile = (long long)((k + 1) * 8 + item_x * 4) + (long long)(tl / 4) * 8 + (long long)(tl % 4);
+                        __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + off * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
+                    }
+                }
+                __pipeline_commit();  // op:Push
+            }
+            else {
+                __pipeline_commit();  // pad:Push
+                __pipeline_commit();  // pad:Push
+            }
+            __pipeline_wait_prior(2);  // op:Wait
+            __pipeline_wait_prior(2); __syncthreads();  // op:Wait
+            {  // op:Compute:MatmulTiles
+                const int wj = warp % 4;
+                #pragma unroll
+                for (int kk = 0; kk < 1; ++kk) {
+                    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, OPT, nvcuda::wmma::row_major> bf[1];
+                    #pragma unroll
+                    for (int c = 0; c < 1; ++c) {
+                        nvcuda::wmma::load_matrix_sync(bf[c], ring_1 + rslot_1 * PAGE_1 + (kk * 4 + wj) * 256, 16);
+                    }
+                    #pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, OPT, nvcuda::wmma::row_major> af;
+                        nvcuda::wmma::load_matrix_sync(af, ring_0 + rslot_0 * PAGE_0 + ((r % 2) + kk) * 256, 16);
+                        #pragma unroll
+                        for (int c = 0; c < 1; ++c) {
+                            const int q = r % 2;
+                            nvcuda::wmma::mma_sync(accf[q], af, bf[c], accf[q]);
+                        }
+                    }
+                }
+            }
+            rslot_0 = (rslot_0 + 1) % DEPTH_0;  // op:Pop
+            rslot_1 = (rslot_1 + 1) % DEPTH_1; __syncthreads();  // op:Pop
+        }
+        // op:Reserve (fused output: no ring)
+        // op:PackAcc (fused output: no ring)
+        // op:Push (fused output: no ring)
+        // op:ReleaseAcc (accumulators stay in registers)
+        // op:Wait (fused output: no ring)
+        // op:Reserve (fused output: no ring)
+        // bias bias[4*item_x +4]: applied in the fused store below
+        // op:Push (fused output: no ring)
+        // op:Pop (fused output: no ring)
+        // op:Wait (fused output: no ring)
+        // op:Reserve (fused output: no ring)
+        // relu: applied in the fused store below
+        // op:Push (fused output: no ring)
+        // op:Pop (fused output: no ring)
+        // op:Wait (fused output: no ring)
+        // op:Reserve (fused output: no ring)
+        // requant x1099511628 >>-7 +-3: applied in the fused store below
+        // op:Push (fused output: no ring)
+        // op:Pop (fused output: no ring)
+        // op:Wait (fused output: no ring)
+        {  // op:WriteTiles
+            const int wj = warp % 4;
+            const int lane = tid % 32;
+            ACCT* scratch = epi_scratch + warp * 256;
+            #pragma unroll
+            for (int q = 0; q < PERW; ++q) {
+                const int bh = q % 2, bw = wj;
+                const long long tile = (long long)(item_y * 16 + item_x * 4) + (long long)bh * 8 + (long long)bw;
+                nvcuda::wmma::store_matrix_sync(scratch, accf[q], 16, nvcuda::wmma::mem_row_major);
+                __syncwarp();
+                #pragma unroll 1
+                for (int el = lane; el < 256; el += 32) {
+                    long long v = scratch[el];
+                    v = v + (long long)t3[(long long)(item_x * 4 + bw) * 256 + el % 16];  // op:Compute:Bias
+                    v = v > 0 ? v : 0;  // op:Compute:Relu
+                    v = spatialc_requant(v, 1099511628, -7, -3);  // op:Compute:Requant
+                    t2[tile * 256 + el] = (OUT_T)v;
+                }
+                __syncwarp();
+            }
+        }
+        // op:Pop (fused output: no ring)
+    }
+}
+
+// Host helpers of a spatialc program: read a matrix, store it tiled (16 x 16 tiles, zero padding), read it back.
+inline int spatialc_read(const char* path, std::vector<double>& v)
+{
+    FILE* f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", path);
+        return 0;
+    }
+    for (size_t i = 0; i < v.size(); ++i) {
+        if (fscanf(f, "%lf", &v[i]) != 1) {
+            fprintf(stderr, "%s: expected %zu numbers, found %zu\n", path, v.size(), i);
+            fclose(f);
+            return 0;
+        }
+    }
+    fclose(f);
+    return 1;
+}
+
+inline size_t spatialc_tiled_index(int i, int j, int cols_t)
+{
+    return ((size_t)(i / 16) * (size_t)cols_t + (size_t)(j / 16)) * 256 + (size_t)(i % 16) * 16 + (size_t)(j % 16);
+}
+
+template <typename T>
+inline void spatialc_tilize(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t)
+{
+    for (int i = 0; i < rows; ++i) {
+        for (int j = 0; j < cols; ++j) {
+            t[spatialc_tiled_index(i, j, cols_t)] = (T)x[(size_t)i * cols + j];
+        }
+    }
+}
+
+// Deterministic, non-zero, small inputs for timing: exact in every operand type.
+inline void spatialc_bench_input(std::vector<double>& v, int salt)
+{
+    for (size_t i = 0; i < v.size(); ++i) {
+        v[i] = (double)((int)((i * 5 + (size_t)salt) % 9) + 1) * ((i % 2) ? -1.0 : 1.0);
+    }
+}
+
+int main() {
+    std::vector<double> h0((size_t)64 * 32);
+    if (!spatialc_read("a.txt", h0)) { return 2; }
+    std::vector<OPT> x0((size_t)4 * 2 * 256);  // zero padding: value-initialised
+    spatialc_tilize(h0, 64, 32, 2, x0);
+    OPT* d0 = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d0, x0.size() * sizeof(OPT)));
+    SPATIALC_CHECK(cudaMemcpy(d0, x0.data(), x0.size() * sizeof(OPT), cudaMemcpyHostToDevice));
+    std::vector<double> h1((size_t)32 * 72);
+    if (!spatialc_read("b.txt", h1)) { return 2; }
+    std::vector<OPT> x1((size_t)2 * 8 * 256);  // zero padding: value-initialised
+    spatialc_tilize(h1, 32, 72, 8, x1);
+    OPT* d1 = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d1, x1.size() * sizeof(OPT)));
+    SPATIALC_CHECK(cudaMemcpy(d1, x1.data(), x1.size() * sizeof(OPT), cudaMemcpyHostToDevice));
+    OUT_T* d2 = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d2, (size_t)4 * 8 * 256 * sizeof(OUT_T)));
+    SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)4 * 8 * 256 * sizeof(OUT_T)));
+    std::vector<double> h3((size_t)1 * 72);
+    if (!spatialc_read("bias.txt", h3)) { return 2; }
+    std::vector<int> x3((size_t)1 * 8 * 256);  // zero padding: value-initialised
+    spatialc_tilize(h3, 1, 72, 8, x3);
+    int* d3 = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d3, x3.size() * sizeof(int)));
+    SPATIALC_CHECK(cudaMemcpy(d3, x3.data(), x3.size() * sizeof(int), cudaMemcpyHostToDevice));
+    const int GRID = 2;
+    spatialc_persistent<<<GRID, NTHREAD, DYN_SMEM>>>(d0, d1, d2, d3);
+    SPATIALC_CHECK(cudaGetLastError());
+    SPATIALC_CHECK(cudaDeviceSynchronize());
+    std::vector<OUT_T> y((size_t)4 * 8 * 256);
+    SPATIALC_CHECK(cudaMemcpy(y.data(), d2, y.size() * sizeof(OUT_T), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; ++i) {
+        for (int j = 0; j < 72; ++j) {
+            printf("%lld\n", (long long)y[spatialc_tiled_index(i, j, 8)]);
+        }
+    }
+    SPATIALC_CHECK(cudaFree(d0));
+    SPATIALC_CHECK(cudaFree(d1));
+    SPATIALC_CHECK(cudaFree(d2));
+    SPATIALC_CHECK(cudaFree(d3));
+    return 0;
+}
