@@ -50,7 +50,7 @@ def test_saved_program_shows_and_round_trips(capsys, tmp_path):
         (["gemm", "4", "4", "4", "--target", "sm_75"], "unknown target 'sm_75'"),
         (["gemm", "4", "4", "4", "--precision", "fp8"], "invalid choice: 'fp8'"),
         (["gemm", "4", "4", "4", "--block", "2,2"], "--block must be 3 comma-separated whole numbers"),
-        (["gemm", "64", "64", "64", "--precision", "fp16", "--block", "8,8,4", "--sub-blocks", "2,2", "--depth", "4"],
+        (["gemm", "64", "64", "64", "--precision", "fp16", "--block", "4,8,8", "--sub-blocks", "2,2", "--depth", "4"],
          "shared memory"),
         (["gemm", "4", "4", "4", "--sites", "0"], "sites must be a whole number ≥ 1"),
         (["gemm", "4", "x", "4"], "invalid int value: 'x'"),
@@ -84,3 +84,29 @@ def test_python_dash_m_is_the_same_command():
     res = subprocess.run([sys.executable, "-m", "spatialc", "gemm", "4", "4", "4", "--target", "nope"],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "unknown target 'nope'" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the run falls back to the host emulation")
+def test_the_readme_main_job_emits_and_runs(capsys, tmp_path):
+    # The README's first command, minus the install: build, check, emit CUDA, run it (emulated: no GPU here).
+    status, out, err = run_cli(capsys, "gemm", "256", "256", "256", "--precision", "int8", "--target", "sm_86",
+                               "--emit", str(tmp_path / "gemm256"), "--run")
+    assert status == 0, err
+    assert "interpreter vs numpy reference: OK, exact" in out
+    assert "census    " in out and "printed kernel agrees" in out
+    assert "under the host emulation (late copies; no GPU" in out
+    assert "C equals the reference interpreter, exactly" in out
+    for name in ("program.cu", "bench.cu", "budget.json", "census.json"):
+        assert (tmp_path / "gemm256" / name).is_file()
+    assert json.loads((tmp_path / "gemm256" / "budget.json").read_text())["threads"] == 128
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the run falls back to the host emulation")
+@pytest.mark.parametrize(("precision", "flags"), [("int8", ["--bias", "--relu", "--requant", "0.01,3"]),
+                                                  ("bf16", ["--bias", "--scalar", "mul,0.5", "--mode", "early"])])
+def test_an_epilogue_runs_from_the_command_line(capsys, precision, flags):
+    status, out, err = run_cli(capsys, "gemm", "100", "72", "40", "--precision", precision, "--target", "sm_86",
+                               *flags, "--run")
+    assert status == 0, err
+    assert ", epilogue bias → " in out and "check     interpreter vs numpy reference: OK" in out
+    assert "C equals" in out

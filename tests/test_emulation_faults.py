@@ -41,7 +41,7 @@ def fused():
 @pytest.fixture(scope="module")
 def plain():
     """64³ int8 on sm_86: one-tile items and an output ring that store_matrix_sync fills (no fused epilogue)."""
-    return spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", depth=2, sites=4)
+    return spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(1, 1, 1), depth=2, sites=4)
 
 
 def outcome(program, text: str, mode: str) -> str:

@@ -43,7 +43,7 @@ def test_forced_fields_are_kept_and_an_impossible_one_says_why():
     p = tile(spatialc.gemm(64, 64, 64), T90, block=(1, 2, 4), sub_blocks=(2, 1), depth=1)
     assert (p.plan.block, p.plan.sub_blocks, p.plan.depth) == (ops.BlockShape(1, 2, 4), (2, 1), 1)
     with pytest.raises(PlanError, match=r"needs \d+ bytes of shared memory per block.*has 232448"):
-        tile(spatialc.gemm(64, 64, 64, "fp16"), T90, block=(8, 8, 4), sub_blocks=(2, 2), depth=4)
+        tile(spatialc.gemm(64, 64, 64, "fp16"), T90, block=(4, 8, 8), sub_blocks=(2, 2), depth=4)
     with pytest.raises(ProgramError, match="block must be 3 whole numbers"):
         tile(spatialc.gemm(64, 64, 64), T90, block=(0, 1, 1))
 
@@ -105,8 +105,35 @@ def test_one_item_per_site_drops_the_item_loop_and_empty_sites_get_empty_program
 
 def test_schedule_size_does_not_grow_with_the_matrix():
     def ops_per_site(n):
-        p = spatialc.build(spatialc.gemm(n, n, n, "fp16"), "sm_90", block=(8, 8, 1), sub_blocks=(2, 2), depth=3,
+        p = spatialc.build(spatialc.gemm(n, n, n, "fp16"), "sm_90", block=(4, 8, 1), sub_blocks=(2, 2), depth=3,
                            sites=4)
         return [sum(1 for _ in ops.walk(prog.ops)) for prog in p.schedule.programs_of(spatialc.ir.Site(0))]
 
     assert ops_per_site(1024) == ops_per_site(8192)
+
+
+def test_a_plan_whose_accumulators_cannot_stay_in_registers_is_refused_with_that_reason():
+    # 8x8 tiles in 2x2 sub-blocks over 8 warps: 32 fragments a warp, about 436 registers a thread against 255.
+    assert T90.resident_sites_per_unit(1024, 8, 8, (2, 2)) == 0
+    with pytest.raises(PlanError, match=r"accumulator of 256 tiles needs about \d+ registers a thread and sm_90 has"):
+        tile(spatialc.gemm(512, 512, 512, "fp16"), T90, block=(8, 8, 1), sub_blocks=(2, 2))
+    best = candidates(spatialc.gemm(8192, 8192, 8192, "fp16"), T90)[0].plan
+    tiles = best.item_tiles[0] * best.item_tiles[1]
+    assert T90.registers_needed(tiles) <= T90.regs_per_thread_max
+
+
+def test_every_default_plan_keeps_its_warps_multiplying():
+    # A block smaller than the warp count leaves warps idle; the cost model steers away from it.
+    for name in ("sm_86", "sm_90"):
+        t = spatialc.target(name)
+        for n in (16, 64, 256, 1024):
+            plan = candidates(spatialc.gemm(n, n, n, "bf16"), t)[0].plan
+            assert plan.block.osh * plan.block.osw >= t.accumulator_lanes
+            assert t.accumulator_lane_grid(plan.block.osh, plan.block.osw) is not None
+
+
+def test_epilogue_programs_get_plans_the_fused_store_can_take():
+    from spatialc.frontend import bias, relu
+
+    p = tile(spatialc.gemm(48, 40, 32, "int8", epilogue=[bias(), relu()]), spatialc.target("sm_86"))
+    assert spatialc.target("sm_86").accumulator_lane_grid(p.plan.block.osh, p.plan.block.osw) is not None

@@ -250,11 +250,18 @@ def _lower_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c:
 
 
 def _run_somewhere(art, inputs: dict, mode: str) -> tuple[str, np.ndarray]:
-    from .runtime import launch
+    """Run on the GPU when CuPy finds one, else through the host emulation; say which (and why not the GPU)."""
+    from .runtime.launch import GpuUnavailable, cupy_device
 
-    if launch.gpu_available():
-        return f"on the GPU ({launch.device_name()})", api.run(art, inputs["A"], inputs["B"])
-    return f"under the host emulation ({mode} copies; no GPU here)", api.emulate(art, inputs, mode=mode)
+    try:
+        dev = cupy_device()
+    except GpuUnavailable as e:
+        return f"under the host emulation ({mode} copies; {e})", api.emulate(art, inputs, mode=mode)
+    cp = dev.cp
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    params = {k: v for k, v in inputs.items() if k not in ("A", "B")}
+    return f"on the GPU ({name})", np.asarray(api.run(art, inputs["A"], inputs["B"], **params))
 
 
 def _pictures(p: SpatialProgram, trace, folder: Path) -> None:

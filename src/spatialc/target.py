@@ -70,17 +70,23 @@ class SpatialTarget:
         for 8 and 235 for 16, all within this estimate. It matters twice: it decides the blocks per SM, and so
         the register cap `__launch_bounds__` gives ptxas, which must leave the kernel room not to spill.
         """
+        return min(self.regs_per_thread_max, self.registers_needed(acc_tiles))
+
+    def registers_needed(self, acc_tiles: int) -> int:
+        """The estimate before the per-thread cap: above the cap the accumulators cannot stay in registers."""
         per_warp = max(1, math.ceil(acc_tiles / self.accumulator_lanes))
-        return min(self.regs_per_thread_max, per_warp * 12 + 52)
+        return per_warp * 12 + 52
 
     def resident_sites_per_unit(self, smem_bytes: int, osh: int, osw: int, sub_blocks: tuple[int, int] = (1, 1)) -> int:
-        """Blocks of this shape resident on one SM at once (0: one does not fit)."""
-        if smem_bytes > self.smem_per_site_max:
+        """Blocks of this shape resident on one SM at once (0: one does not fit — too much shared memory, or more
+        accumulator fragments a warp than registers can hold, which would spill every K step)."""
+        acc_tiles = osh * osw * sub_blocks[0] * sub_blocks[1]
+        if smem_bytes > self.smem_per_site_max or self.registers_needed(acc_tiles) > self.regs_per_thread_max:
             return 0
         threads = self.threads_per_site
         by_threads = self.threads_per_unit_max // threads
         by_smem = self.smem_per_unit // (smem_bytes + self.smem_reserved_per_site)
-        regs = self.registers_per_thread(osh * osw * sub_blocks[0] * sub_blocks[1])
+        regs = self.registers_per_thread(acc_tiles)
         regs_per_warp = math.ceil(regs * WARP / 256) * 256  # registers are allocated per warp in 256s
         by_regs = self.regs_per_unit // (regs_per_warp * self.accumulator_lanes)
         return max(0, min(self.sites_per_unit_max, by_threads, by_smem, by_regs))

@@ -21,11 +21,11 @@ typedef long long OUT_T;
 #define NWARP 4
 #define PERW 1
 #define DEPTH_0 3
-#define PAGE_0 256
+#define PAGE_0 512
 #define DEPTH_1 3
-#define PAGE_1 256
-#define DEPTH_3 2
-#define PAGE_3 256
+#define PAGE_1 512
+#define SMEM_OFF_EPI 0
+#define DYN_SMEM 4096
 
 __device__ __constant__ int ITEM_LIST[1] = {0};
 __device__ __constant__ int ITEM_OFF[1] = {0};
@@ -39,12 +39,12 @@ __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __r
     const int item_off = ITEM_OFF[site];
     const int n_items = ITEM_COUNT[site];
     if (n_items == 0) { return; }
+    extern __shared__ __align__(16) char spatialc_dyn_smem[];
     SPATIALC_SHARED_RING(OPT, ring_0, DEPTH_0, PAGE_0);
     int wslot_0 = DEPTH_0 - 1, rslot_0 = 0;
     SPATIALC_SHARED_RING(OPT, ring_1, DEPTH_1, PAGE_1);
     int wslot_1 = DEPTH_1 - 1, rslot_1 = 0;
-    SPATIALC_SHARED_RING(ACCT, ring_3, DEPTH_3, PAGE_3);
-    int wslot_3 = DEPTH_3 - 1, rslot_3 = 0;
+    SPATIALC_DYNAMIC_RING(ACCT, epi_scratch, spatialc_dyn_smem, SMEM_OFF_EPI, NWARP, 256);
     nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, ACCT> accf[PERW];
     const int item_id = ITEM_LIST[item_off];
     const int item_y = item_id / 1, item_x = item_id % 1;
@@ -58,9 +58,9 @@ __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __r
         {  // op:ReadTiles
             constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
             static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-            for (int c = tid; c < 1 * CHUNKS; c += NTHREAD) {
+            for (int c = tid; c < 2 * CHUNKS; c += NTHREAD) {
                 const int tl = c / CHUNKS, off = c % CHUNKS;
-                const long long tile = (long long)(item_y + k) + (long long)(tl);
+                const long long tile = (long long)(item_y * 2 + k) + (long long)(tl);
                 __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + off * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
             }
         }
@@ -69,9 +69,9 @@ __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __r
         {  // op:ReadTiles
             constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
             static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-            for (int c = tid; c < 1 * CHUNKS; c += NTHREAD) {
+            for (int c = tid; c < 2 * CHUNKS; c += NTHREAD) {
                 const int tl = c / CHUNKS, off = c % CHUNKS;
-                const long long tile = (long long)(k + item_x) + (long long)(tl);
+                const long long tile = (long long)(k * 2 + item_x * 2) + (long long)(tl / 2) * 2 + (long long)(tl % 2);
                 __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + off * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
             }
         }
@@ -79,18 +79,23 @@ __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __r
         __pipeline_wait_prior(0);  // op:Wait
         __pipeline_wait_prior(0); __syncthreads();  // op:Wait
         {  // op:Compute:MatmulTiles
+            const int wi = warp / 2;
+            const int wj = warp % 2;
             #pragma unroll
-            for (int q = 0; q < PERW; ++q) {
-                const int ot = warp + q * NWARP;
-                if (ot < 1) {
-                    const int oi = ot / 1, oj = ot % 1;
+            for (int kk = 0; kk < 1; ++kk) {
+                nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, OPT, nvcuda::wmma::row_major> bf[1];
+                #pragma unroll
+                for (int c = 0; c < 1; ++c) {
+                    nvcuda::wmma::load_matrix_sync(bf[c], ring_1 + rslot_1 * PAGE_1 + (kk * 2 + wj) * 256, 16);
+                }
+                #pragma unroll
+                for (int r = 0; r < 1; ++r) {
+                    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, OPT, nvcuda::wmma::row_major> af;
+                    nvcuda::wmma::load_matrix_sync(af, ring_0 + rslot_0 * PAGE_0 + ((wi) + kk) * 256, 16);
                     #pragma unroll
-                    for (int kk = 0; kk < 1; ++kk) {
-                        nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, OPT, nvcuda::wmma::row_major> af;
-                        nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, OPT, nvcuda::wmma::row_major> bf;
-                        nvcuda::wmma::load_matrix_sync(af, ring_0 + rslot_0 * PAGE_0 + (oi + kk) * 256, 16);
-                        nvcuda::wmma::load_matrix_sync(bf, ring_1 + rslot_1 * PAGE_1 + (kk + oj) * 256, 16);
-                        nvcuda::wmma::mma_sync(accf[q], af, bf, accf[q]);
+                    for (int c = 0; c < 1; ++c) {
+                        const int q = 0;
+                        nvcuda::wmma::mma_sync(accf[q], af, bf[c], accf[q]);
                     }
                 }
             }
@@ -98,27 +103,30 @@ __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __r
         rslot_0 = (rslot_0 + 1) % DEPTH_0;  // op:Pop
         rslot_1 = (rslot_1 + 1) % DEPTH_1; __syncthreads();  // op:Pop
     }
-    wslot_3 = (wslot_3 + 1) % DEPTH_3;  // op:Reserve
-    {  // op:PackAcc
+    // op:Reserve (fused output: no ring)
+    // op:PackAcc (fused output: no ring)
+    // op:Push (fused output: no ring)
+    // op:ReleaseAcc (accumulators stay in registers)
+    // op:Wait (fused output: no ring)
+    {  // op:WriteTiles
+        const int wi = warp / 2;
+        const int wj = warp % 2;
+        const int lane = tid % 32;
+        ACCT* scratch = epi_scratch + warp * 256;
         #pragma unroll
         for (int q = 0; q < PERW; ++q) {
-            const int ot = warp + q * NWARP;
-            if (ot < 1) {
-                nvcuda::wmma::store_matrix_sync(ring_3 + wslot_3 * PAGE_3 + ot * 256, accf[q], 16, nvcuda::wmma::mem_row_major);
+            const int bh = wi, bw = wj;
+            const long long tile = (long long)(item_y * 4 + item_x * 2) + (long long)bh * 2 + (long long)bw;
+            nvcuda::wmma::store_matrix_sync(scratch, accf[q], 16, nvcuda::wmma::mem_row_major);
+            __syncwarp();
+            #pragma unroll 1
+            for (int el = lane; el < 256; el += 32) {
+                t2[tile * 256 + el] = (OUT_T)scratch[el];
             }
+            __syncwarp();
         }
     }
-    __pipeline_commit();  // op:Push
-    // op:ReleaseAcc (accumulators stay in registers)
-    __pipeline_wait_prior(0); __syncthreads();  // op:Wait
-    {  // op:WriteTiles
-        for (int e = tid; e < 256; e += NTHREAD) {
-            const int tl = e / 256, el = e % 256;
-            const long long tile = (long long)(item_y + item_x) + (long long)(tl);
-            t2[tile * 256 + el] = (OUT_T)ring_3[rslot_3 * PAGE_3 + e];
-        }
-    }
-    rslot_3 = (rslot_3 + 1) % DEPTH_3; __syncthreads();  // op:Pop
+    // op:Pop (fused output: no ring)
 }
 
 // Host helpers of a spatialc program: read a matrix, store it tiled (16 x 16 tiles, zero padding), read it back.
@@ -166,30 +174,30 @@ inline void spatialc_bench_input(std::vector<double>& v, int salt)
 int main() {
     std::vector<double> h0((size_t)16 * 16);
     if (!spatialc_read("a.txt", h0)) { return 2; }
-    std::vector<OPT> x0((size_t)1 * 1 * 256);  // zero padding: value-initialised
+    std::vector<OPT> x0((size_t)2 * 1 * 256);  // zero padding: value-initialised
     spatialc_tilize(h0, 16, 16, 1, x0);
     OPT* d0 = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d0, x0.size() * sizeof(OPT)));
     SPATIALC_CHECK(cudaMemcpy(d0, x0.data(), x0.size() * sizeof(OPT), cudaMemcpyHostToDevice));
     std::vector<double> h1((size_t)16 * 16);
     if (!spatialc_read("b.txt", h1)) { return 2; }
-    std::vector<OPT> x1((size_t)1 * 1 * 256);  // zero padding: value-initialised
-    spatialc_tilize(h1, 16, 16, 1, x1);
+    std::vector<OPT> x1((size_t)1 * 2 * 256);  // zero padding: value-initialised
+    spatialc_tilize(h1, 16, 16, 2, x1);
     OPT* d1 = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d1, x1.size() * sizeof(OPT)));
     SPATIALC_CHECK(cudaMemcpy(d1, x1.data(), x1.size() * sizeof(OPT), cudaMemcpyHostToDevice));
     OUT_T* d2 = nullptr;
-    SPATIALC_CHECK(cudaMalloc(&d2, (size_t)1 * 1 * 256 * sizeof(OUT_T)));
-    SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)1 * 1 * 256 * sizeof(OUT_T)));
+    SPATIALC_CHECK(cudaMalloc(&d2, (size_t)2 * 2 * 256 * sizeof(OUT_T)));
+    SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)2 * 2 * 256 * sizeof(OUT_T)));
     const int GRID = 1;
-    spatialc_persistent<<<GRID, NTHREAD>>>(d0, d1, d2);
+    spatialc_persistent<<<GRID, NTHREAD, DYN_SMEM>>>(d0, d1, d2);
     SPATIALC_CHECK(cudaGetLastError());
     SPATIALC_CHECK(cudaDeviceSynchronize());
-    std::vector<OUT_T> y((size_t)1 * 1 * 256);
+    std::vector<OUT_T> y((size_t)2 * 2 * 256);
     SPATIALC_CHECK(cudaMemcpy(y.data(), d2, y.size() * sizeof(OUT_T), cudaMemcpyDeviceToHost));
     for (int i = 0; i < 16; ++i) {
         for (int j = 0; j < 16; ++j) {
-            printf("%lld\n", (long long)y[spatialc_tiled_index(i, j, 1)]);
+            printf("%lld\n", (long long)y[spatialc_tiled_index(i, j, 2)]);
         }
     }
     SPATIALC_CHECK(cudaFree(d0));

@@ -58,7 +58,7 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
         case Relu():
             return "relu"
         case Requant(mult, shift, zp):
-            return f"requant x{mult} >>{shift} +{zp}"
+            return f"requant x{mult} shift {shift} zero point {zp}"
         case Scalar(sop, value):
             return f"{sop} {value:g}"
         case Generic(name, params):

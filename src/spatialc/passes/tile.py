@@ -48,6 +48,11 @@ def matmul_stage(p: SpatialProgram):
     return found[0]
 
 
+def has_epilogue(p: SpatialProgram) -> bool:
+    """Whether the program has compute stages after its matmul."""
+    return sum(1 for s in p.stages if isinstance(s.kind, ComputeStage)) > 1
+
+
 def fused_output(target: SpatialTarget, block: BlockShape) -> bool:
     """Whether the CUDA lowering drops the output ring (accumulators in registers, lane grid divides the block)."""
     return target.accumulator_in_registers and target.accumulator_lane_grid(block.osh, block.osw) is not None
@@ -69,14 +74,18 @@ def smem_bytes(target: SpatialTarget, plan: Plan, prec: Precision) -> int:
 def plan_cost(target: SpatialTarget, plan: Plan, m_t: int, n_t: int, k_t: int, prec: Precision) -> tuple[float, int]:
     """Estimated run time (arbitrary units) of `plan`, and the blocks it keeps resident per SM (0: does not fit).
 
-    time = waves × sharing × item_work × traffic × latency / occupancy, where
+    time = waves × sharing × item_work × traffic × latency × fallback / (occupancy × issue), where
     - item_work: multiply-accumulates of one item in padded tiles, h·w·k_tiles (padding is paid for, not free);
     - waves: rounds of items over every resident site, ceil(items / (SMs × blocks per SM));
     - sharing: resident blocks that really share an SM's tensor cores, min(blocks per SM, items per SM);
     - traffic: 1 + operand bytes loaded per MAC / 0.02 — a K step loads (h + w)·ibw tiles for h·w·ibw tile
       products, so small or skinny blocks are bound by memory, square large ones by math;
     - latency: 1.5 for a single-page ring (no prefetch can overlap the loads), 1.0 for two pages, 0.98 for more;
-    - occupancy: sqrt(min(1, resident warps / 8)), too few warps per SM leave the load latency exposed.
+    - occupancy: sqrt(min(1, resident warps / 8)), too few warps per SM leave the load latency exposed;
+    - issue: min(1, warps that issue MMAs per SM / 8) — a block of osh·osw tiles keeps at most that many of its
+      warps multiplying, so a 1×1 block on 8 warps leaves 7 idle and the tensor cores mostly waiting;
+    - fallback: 1.3 when no warp grid divides the block: the kernel then gives warps single tiles, loading both
+      operand fragments for every product instead of reusing them across a rectangle.
     """
     h, w = plan.item_tiles
     smem = smem_bytes(target, plan, prec)
@@ -91,7 +100,10 @@ def plan_cost(target: SpatialTarget, plan: Plan, m_t: int, n_t: int, k_t: int, p
     traffic = 1 + bytes_per_mac / 0.02
     latency = 1.5 if plan.depth == 1 else (1.0 if plan.depth == 2 else 0.98)
     occupancy = math.sqrt(min(1.0, sharing * target.accumulator_lanes / 8))
-    return waves * sharing * item_work * traffic * latency / occupancy, per_unit
+    busy = min(target.accumulator_lanes, plan.block.osh * plan.block.osw)
+    issue = min(1.0, sharing * busy / 8)
+    fallback = 1.0 if target.accumulator_lane_grid(plan.block.osh, plan.block.osw) else 1.3
+    return waves * sharing * item_work * traffic * latency * fallback / (occupancy * issue), per_unit
 
 
 def make_plan(block: BlockShape, sub: tuple[int, int], depth: int, m_t: int, n_t: int, k_t: int) -> Plan:
@@ -126,8 +138,13 @@ def candidates(
         BlockShape(h, w, i) for h, w, i in itertools.product(BLOCK_SIDES, BLOCK_SIDES, IBWS)]
     subs = [tuple(sub_blocks)] if sub_blocks else list(SUB_BLOCKS)
     depths = [depth] if depth else list(DEPTHS)
+    # An epilogue is applied where the accumulators are, in the fused store, which needs a warp grid dividing the
+    # block: unless the block is forced, plans the CUDA kernel would have to refuse are not offered.
+    fuse_only = block is None and has_epilogue(p)
     found = []
     for b, s, d in itertools.product(blocks, subs, depths):
+        if fuse_only and not fused_output(target, b):
+            continue
         plan = make_plan(b, s, d, m_t, n_t, k_t)  # type: ignore[arg-type]
         cost, per_unit = plan_cost(target, plan, m_t, n_t, k_t, p.precision)
         if per_unit:
@@ -143,13 +160,23 @@ def choose(p: SpatialProgram, target: SpatialTarget, block=None, sub_blocks=None
     if not found:
         forced = {"block": block, "sub_blocks": sub_blocks, "depth": depth}
         shown = ", ".join(f"{k}={v}" for k, v in forced.items() if v is not None) or "any block"
-        a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
-        probe = make_plan(BlockShape(*(block or (1, 1, 1))), tuple(sub_blocks or (1, 1)), depth or 2,
-                          a.tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
-        need = smem_bytes(target, probe, p.precision)
-        raise PlanError(f"no plan with {shown} fits {target.name}: it needs {need} bytes of shared memory per block"
-                        f" and {target.name} has {target.smem_per_site_max}; force a smaller block or depth")
+        raise PlanError(f"no plan with {shown} fits {target.name}: {_why_not(p, target, block, sub_blocks, depth)}")
     return found[0]
+
+
+def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth) -> str:
+    """What the smallest plan with the forced fields runs out of, and what to do about it."""
+    a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
+    b = BlockShape(*(block or (1, 1, 1)))
+    probe = make_plan(b, tuple(sub_blocks or (1, 1)), depth or 2, a.tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
+    tiles = b.osh * b.osw * probe.sub_blocks[0] * probe.sub_blocks[1]
+    regs = target.registers_needed(tiles)
+    if regs > target.regs_per_thread_max:
+        return (f"its accumulator of {tiles} tiles needs about {regs} registers a thread and {target.name} has"
+                f" {target.regs_per_thread_max}; force a smaller block or fewer sub-blocks")
+    need = smem_bytes(target, probe, p.precision)
+    return (f"it needs {need} bytes of shared memory per block and {target.name} has {target.smem_per_site_max};"
+            " force a smaller block or depth")
 
 
 def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:

@@ -333,6 +333,8 @@ def _input_files(artifact, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nda
         value = by_name.get(p.name.lower())
         if value is None:
             raise EmulationFault(f"no input named {p.name!r} (given: {', '.join(inputs) or 'none'})")
+        if value.ndim == 1 and p.elems[0] == 1:  # a row vector (a bias) may be given as a plain vector
+            value = value.reshape(1, -1)
         if tuple(value.shape) != tuple(p.elems):
             raise EmulationFault(f"input {p.name!r} has shape {value.shape}; the program wants {tuple(p.elems)}")
         if p.c_type == "signed char" and value.size and not _fits_int8(value):
@@ -345,13 +347,15 @@ def _input_files(artifact, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nda
 def emulate(artifact, inputs: Mapping[str, np.ndarray], mode: str = "late", timeout: float = 120.0) -> np.ndarray:
     """C of `artifact.program_cu` on `inputs` (tensor name → array), run through the host emulation in `mode`.
 
-    int64 for an integer output, float32 otherwise. Raises an EmulationError subclass naming a race, a deadlock, a
-    timeout, a compile error or a CUDA error when the run does not finish cleanly.
+    C is int8 after a requant, int64 for another integer output, float32 otherwise. Raises an EmulationError
+    subclass naming a race, a deadlock, a timeout, a compile error or a CUDA error when the run does not finish
+    cleanly.
     """
     out = next((p for p in artifact.launch.params if p.role == "output"), None)
     if out is None:
         raise EmulationFault("the artifact's launch names no output tensor")
-    dtype = np.float32 if any(w in out.c_type for w in ("float", "half", "bfloat")) else np.int64
+    floats = any(w in out.c_type for w in ("float", "half", "bfloat"))
+    dtype = np.float32 if floats else (np.int8 if out.c_type == "signed char" else np.int64)
     return emulate_source(
         artifact.program_cu, _input_files(artifact, inputs), tuple(out.elems), dtype, mode=mode, timeout=timeout
     )
