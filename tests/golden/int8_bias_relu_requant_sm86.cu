@@ -199,7 +199,7 @@ __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(const OPT* __r
         // op:Pop (fused output: no ring)
         // op:Wait (fused output: no ring)
         // op:Reserve (fused output: no ring)
-        // requant x1099511628 >>-7 +-3: applied in the fused store below
+        // requant x1099511628 shift -7 zero point -3: applied in the fused store below
         // op:Push (fused output: no ring)
         // op:Pop (fused output: no ring)
         // op:Wait (fused output: no ring)
