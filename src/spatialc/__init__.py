@@ -3,25 +3,32 @@
 # The package spatialc.lower is imported first so that its import binds `spatialc.lower` now, and the function
 # imported next rebinds it for good; loaded later (by the first call), the package would replace the function.
 from . import lower as _lower_package  # noqa: F401
-from .api import build, emulate, evaluate, gemm, lower, run
-from .errors import PlanError, ProgramError, SpatialError
-from .ir.serde import SerdeError, from_json, to_json
+from .api import build, emulate, evaluate, from_json, gemm, lower, run, to_json
+from .errors import DeadlockError, PlanError, ProgramError, SpatialError, VerifyError
+from .frontend import bias, relu, requant, scalar
+from .ir.serde import SerdeError
 from .target import SpatialTarget, UnknownTarget, target
 
 __all__ = [
+    "DeadlockError",
     "PlanError",
     "ProgramError",
     "SerdeError",
     "SpatialError",
     "SpatialTarget",
     "UnknownTarget",
+    "VerifyError",
+    "bias",
     "build",
     "emulate",
     "evaluate",
     "from_json",
     "gemm",
     "lower",
+    "relu",
+    "requant",
     "run",
+    "scalar",
     "target",
     "to_json",
 ]

@@ -5,15 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from .frontend import gemm
+from .ir import serde
 from .ir.nodes import SpatialProgram
-from .target import SpatialTarget, target
+from .target import SpatialTarget
+from .target import target as get_target
 
-__all__ = ["build", "emulate", "evaluate", "gemm", "lower", "run"]
+__all__ = ["build", "emulate", "evaluate", "from_json", "gemm", "lower", "run", "to_json"]
 
 
 def build(
     program: SpatialProgram,
-    target_name: str | SpatialTarget = "sm_90",
+    target: str | SpatialTarget = "sm_90",
     *,
     block: tuple[int, int, int] | None = None,
     sub_blocks: tuple[int, int] | None = None,
@@ -24,7 +26,11 @@ def build(
     """tile → place → schedule → verify; returns the verified program."""
     from .passes.pipeline import build as run_passes
 
-    return run_passes(program, target(target_name), block=block, sub_blocks=sub_blocks, depth=depth, sites=sites,
+    if not isinstance(program, SpatialProgram):
+        from .errors import ProgramError
+
+        raise ProgramError(f"build takes a SpatialProgram (from spatialc.gemm), not {type(program).__name__}")
+    return run_passes(program, get_target(target), block=block, sub_blocks=sub_blocks, depth=depth, sites=sites,
                       placement=placement)
 
 
@@ -35,11 +41,37 @@ def evaluate(program: SpatialProgram, inputs: dict[str, Any], **kwargs: Any):
     return run_interpreter(program, inputs, **kwargs)
 
 
-def lower(program: SpatialProgram, target_name: str | SpatialTarget | None = None):
-    """The CUDA artifact of a verified program (target defaults to the one it was built for)."""
-    from .lower.cuda.persistent import lower as lower_cuda
+def lower(program: SpatialProgram, target: str | SpatialTarget | None = None):
+    """The CUDA artifact of a verified program (target defaults to the one it was built for).
 
-    return lower_cuda(program, target(target_name or program.target))
+    The `verified` mark is checked again here, not trusted: a program changed after verify (by
+    `dataclasses.replace`, or a hand-edited file) is verified anew, and refused if it no longer passes."""
+    from .lower.cuda.persistent import lower as lower_cuda
+    from .passes.verify import verify
+
+    if program.verified:
+        verify(program)
+    return lower_cuda(program, get_target(target or program.target))
+
+
+def to_json(program: SpatialProgram, indent: int | None = None) -> str:
+    """The program as a JSON document."""
+    return serde.to_json(program, indent)
+
+
+def from_json(text: str) -> SpatialProgram:
+    """Read a spatialc document. A document that claims its program is verified is verified again: the mark only
+    stands if verify agrees (a hand-edited file keeps no stale claim; it comes back unverified)."""
+    from .errors import VerifyError
+    from .passes.verify import verify
+
+    p = serde.from_json(text)
+    if not p.verified:
+        return p
+    try:
+        return verify(p.evolve())
+    except VerifyError:
+        return p.evolve(verified=False)
 
 
 def emulate(artifact, inputs: dict[str, Any], mode: str = "late", **kwargs: Any):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from . import api
 from .errors import SpatialError
 from .ir.nodes import Buffer, Fifo, Interm, SpatialProgram
 from .ir.printer import program_text
-from .ir.serde import SerdeError, from_json, to_json
+from .ir.serde import SerdeError, to_json
 from .target import TARGETS, target
 
 
@@ -39,6 +38,16 @@ def _ints(n: int, what: str):
         return values
 
     return parse
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, not {text!r}")
+    return value
 
 
 def _scalar(text: str) -> tuple[str, float]:
@@ -97,12 +106,13 @@ def make_parser() -> argparse.ArgumentParser:
                    help="write placement.svg (items on sites) and timeline.svg (site 0's engines and rings)")
     s = sub.add_parser("show", help="print a saved program")
     s.add_argument("file", type=Path)
-    s.add_argument("--sites", type=int, default=2, help="how many sites' programs to list")
+    s.add_argument("--sites", type=_count, default=2, help="how many sites' programs to list")
     v = sub.add_parser("verify", help="verify a saved (possibly hand-written) program")
     v.add_argument("file", type=Path)
     v.add_argument("--pictures", type=Path, metavar="DIR", help="on a deadlock, write its wait-for graph here")
-    c = sub.add_parser("gpucheck", help="run the GPU check script (see python -m spatialc.gpucheck --help)")
-    c.add_argument("rest", nargs=argparse.REMAINDER)
+    # Listed for --help only: main() hands everything after `gpucheck` to the script's own parser.
+    sub.add_parser("gpucheck", help="run the GPU check script (spatialc gpucheck --help for its options)",
+                   add_help=False)
     return parser
 
 
@@ -114,8 +124,8 @@ def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:
     integer = p.precision.value == "int8"
     for t in p.tensors:
         if t.role.value == "input":
-            out[t.name] = rng.integers(-128, 128, size=t.elems).astype(np.int8) if integer else rng.standard_normal(
-                t.elems)
+            out[t.name] = rng.integers(-128, 128, size=t.elems, dtype=np.int8) if integer else rng.standard_normal(
+                t.elems, dtype=np.float32)
         elif t.role.value == "parameter":
             n = t.elems[1]
             out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)
@@ -278,7 +288,9 @@ def _read_program(path: Path) -> SpatialProgram:
         text = path.read_text()
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
-    return from_json(text)
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not a text file, so not a spatialc program") from None
+    return api.from_json(text)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -309,20 +321,25 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 for bad input, 1 for a failed check)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "gpucheck":
+        from . import gpucheck
+
+        return gpucheck.main(argv[1:])
     try:
         args = make_parser().parse_args(argv)
-        if args.command == "gpucheck":
-            from . import gpucheck
-
-            return gpucheck.main(args.rest)
         return {"gemm": cmd_gemm, "show": cmd_show, "verify": cmd_verify}[args.command](args)
     except (UsageError, SpatialError, SerdeError) as e:
-        text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        print(text if text.startswith("spatialc") else f"spatialc: error: {text}", file=sys.stderr)
-        return 2
-    except json.JSONDecodeError as e:  # pragma: no cover - from_json turns these into SerdeError
-        print(f"spatialc: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except OSError as e:  # an output path that is a file, a folder that cannot be made, a full disk
+        return _fail(f"{e.filename or 'a file'}: {e.strerror or e}")
+    except MemoryError:
+        return _fail("out of memory: this problem is too large for this machine's memory")
+
+
+def _fail(message: str) -> int:
+    text = "; ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(text if text.startswith("spatialc") else f"spatialc: error: {text}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

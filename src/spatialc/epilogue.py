@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from .ir.errors import SpatialError
 from .ir.ops import Bias, ComputeOp, Relu, Requant, Scalar
 from .quant import requantize
 
 _SCALAR = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-class EpilogueError(ValueError):
-    """An op that is not an elementwise epilogue op."""
+class EpilogueError(SpatialError, ValueError):
+    """An op that is not an elementwise epilogue op, or an integer result beyond what int64 holds exactly."""
+
+
+EXACT_LIMIT = 2.0**62  # integer epilogue values must stay well inside int64: beyond this they may have wrapped
 
 
 def start(acc: np.ndarray, integer: bool) -> np.ndarray:
@@ -32,12 +36,24 @@ def apply(op: ComputeOp, x: np.ndarray, integer: bool, bias_row: np.ndarray | No
             if bias_row is None:
                 raise EpilogueError("a bias op needs the bias of each column")
             row = np.asarray(bias_row).astype(np.int64 if integer else np.float32)
-            return x + row[np.newaxis, :]
+            return _exact(x + row[np.newaxis, :], x.astype(np.float64) + row, op) if integer else x + row[None, :]
         case Relu():
             return np.maximum(x, 0)
-        case Scalar(name, value):
-            v = np.int64(int(value)) if integer else np.float32(value)
-            return _SCALAR[name](x, v)
+        case Scalar(name, value) if name in _SCALAR:
+            if not integer:
+                return _SCALAR[name](x, np.float32(value))
+            if abs(value) >= EXACT_LIMIT:
+                raise EpilogueError(f"scalar {name} {value:g} is beyond exact integer arithmetic")
+            v = np.int64(int(value))
+            return _exact(_SCALAR[name](x, v), _SCALAR[name](x.astype(np.float64), float(v)), op)
         case Requant(multiplier, shift, zero_point):
             return requantize(x, multiplier, shift, zero_point)
-    raise EpilogueError(f"{type(op).__name__} is not an elementwise epilogue op")
+    raise EpilogueError(f"{op!r} is not an elementwise epilogue op")
+
+
+def _exact(result: np.ndarray, estimate: np.ndarray, op: ComputeOp) -> np.ndarray:
+    """`result` when the float64 `estimate` of the same values shows none of them left int64's exact range."""
+    if estimate.size and float(np.abs(estimate).max()) >= EXACT_LIMIT:
+        raise EpilogueError(f"{type(op).__name__.lower()} takes an integer epilogue value beyond ±2^62: the"
+                            " int64 arithmetic would no longer be exact")
+    return result

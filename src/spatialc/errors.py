@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-
-class SpatialError(Exception):
-    """Base of every error spatialc raises on purpose."""
+from .ir.errors import SpatialError  # noqa: F401  (the base lives in the IR, which imports nothing of ours)
 
 
 class ProgramError(SpatialError, ValueError):

@@ -50,8 +50,9 @@ Epilogue = BiasOf | Relu | Scalar | Requant
 
 def bias(name: str = "bias") -> BiasOf:
     """Add a parameter tensor of n values, one per output column (int32 for int8 programs, float32 otherwise)."""
-    if not isinstance(name, str) or not name.isidentifier() or name in ("A", "B", "C"):
-        raise ProgramError(f"a bias tensor needs an identifier name other than A, B, C, not {name!r}")
+    # a.txt and b.txt carry the operands, and some file systems fold case: names are compared without it.
+    if not isinstance(name, str) or not name.isidentifier() or name.lower() in ("a", "b", "c"):
+        raise ProgramError(f"a bias tensor needs an identifier name other than A, B, C (in any case), not {name!r}")
     return BiasOf(name)
 
 
@@ -82,6 +83,9 @@ def requant(scale: float, zero_point: int = 0) -> Requant:
     return Requant(multiplier, shift, zero_point)
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
     for i, stage in enumerate(epilogue):
         if not isinstance(stage, BiasOf | Relu | Scalar | Requant):
@@ -92,9 +96,13 @@ def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
                                    " a float one")
             if i != len(epilogue) - 1:
                 raise ProgramError("requant must be the last epilogue stage (its output is int8)")
-        if isinstance(stage, Scalar) and prec == Precision.INT8 and stage.value != int(stage.value):
+        if isinstance(stage, Scalar) and prec == Precision.INT8 and (
+                stage.value != int(stage.value) or not -(2**31) <= stage.value < 2**31):
             raise ProgramError(f"an int8 program's epilogue is integer arithmetic: scalar {stage.op} needs a whole"
-                               f" number, not {stage.value!r}")
+                               f" number within int32, not {stage.value!r}")
+        if isinstance(stage, Scalar) and prec != Precision.INT8 and abs(stage.value) > FLOAT32_MAX:
+            raise ProgramError(f"a {prec.value} program's epilogue is float32: scalar {stage.op} {stage.value!r}"
+                               " is beyond float32")
     names = [s.name for s in epilogue if isinstance(s, BiasOf)]
     if len(names) != len(set(names)):
         raise ProgramError(f"two bias stages share a tensor name: {names}")
@@ -126,6 +134,8 @@ def gemm(
     """The program C[m×n] = epilogue(A[m×k] @ B[k×n]), before tiling (ring sizes are the tile pass's to choose)."""
     m, n, k = _dim("m", m), _dim("n", n), _dim("k", k)
     prec = precision_of(precision)
+    if not isinstance(epilogue, list | tuple):
+        raise ProgramError(f"epilogue is a list of stages (e.g. [spatialc.bias(), spatialc.relu()]), not {epilogue!r}")
     epi = tuple(epilogue)
     _check_epilogue(epi, prec)
     op_dtype = DType(prec.value)

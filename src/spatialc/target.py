@@ -105,6 +105,8 @@ def target(name: str | SpatialTarget) -> SpatialTarget:
     """The target called `name` (sm_80, sm_86, sm_89, sm_90)."""
     if isinstance(name, SpatialTarget):
         return name
+    if not isinstance(name, str):
+        raise UnknownTarget(f"a target is a name such as 'sm_90', not {name!r}; spatialc knows {', '.join(TARGETS)}")
     try:
         return TARGETS[name]
     except KeyError:

@@ -64,6 +64,9 @@ def _check_ready(p: SpatialProgram) -> None:
 
 def load_inputs(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[dict[TensorId, Store], dict]:
     """Tiled, zero-padded storage for every tensor, the inputs and parameters filled from `inputs`."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"inputs are a mapping of tensor name to array (e.g. {{'A': a, 'B': b}}), not a"
+                         f" {type(inputs).__name__}")
     wanted = {t.name: t for t in p.tensors if t.role in (TensorRole.INPUT, TensorRole.PARAMETER)}
     unknown = sorted(set(inputs) - set(wanted))
     if unknown:

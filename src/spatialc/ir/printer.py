@@ -54,7 +54,7 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
             sub = f" sub {sh}x{sw}" if (sh, sw) != (1, 1) else ""
             return f"matmul {b.osh}x{b.osw}x{b.ibw}{sub} {prec.value}"
         case Bias(t, at, width):
-            return f"bias {p.tensor(t).name if p else int(t)}[{addr_text(at)} +{width}]"
+            return f"bias {_tensor(p, t) if p else int(t)}[{addr_text(at)} +{width}]"
         case Relu():
             return "relu"
         case Requant(mult, shift, zp):
@@ -64,6 +64,13 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
         case Generic(name, params):
             return f"generic {name}{list(params) if params else ''}"
     raise TypeError(f"not a compute op: {op!r}")
+
+
+def _tensor(p: SpatialProgram, tid) -> str:
+    try:
+        return p.tensor(tid).name
+    except KeyError:
+        return f"tensor{int(tid)}?"
 
 
 def _buf(p: SpatialProgram, bid) -> str:
@@ -79,9 +86,9 @@ def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
         case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n):
             return f"{type(op).__name__} {_buf(p, buf)}" + (f" x{n}" if n != 1 else "")
         case ReadTiles(t, at, bh, bw, sh, sw, into):
-            return f"ReadTiles {p.tensor(t).name}[{addr_text(at)}] {bh}x{bw} (strides {sh},{sw}) -> {_buf(p, into)}"
+            return f"ReadTiles {_tensor(p, t)}[{addr_text(at)}] {bh}x{bw} (strides {sh},{sw}) -> {_buf(p, into)}"
         case WriteTiles(src, t, at, bh, bw, sh, sw):
-            return f"WriteTiles {_buf(p, src)} -> {p.tensor(t).name}[{addr_text(at)}] {bh}x{bw} (strides {sh},{sw})"
+            return f"WriteTiles {_buf(p, src)} -> {_tensor(p, t)}[{addr_text(at)}] {bh}x{bw} (strides {sh},{sw})"
         case AcquireAcc(buf) | ReleaseAcc(buf):
             return f"{type(op).__name__} {_buf(p, buf)}"
         case Compute(cop, ins, outs, acc, reload):
@@ -114,7 +121,7 @@ def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
         case Loop(var, count, _):
             if isinstance(count, Const):
                 return f"Loop {loop_var_name(var)} < {count.n}:"
-            trip = f"trip({p.tensor(count.tensor).name}[{count.index}]<={count.bound})"
+            trip = f"trip({_tensor(p, count.tensor)}[{count.index}]<={count.bound})"
             return f"Loop {loop_var_name(var)} < {trip}:"
     raise TypeError(f"not a choreography op: {op!r}")
 
@@ -140,9 +147,9 @@ def _kind_text(b: Buffer) -> str:
 def _stage_text(p: SpatialProgram, s: Stage) -> str:
     match s.kind:
         case ReadStage(t):
-            return f"read {p.tensor(t).name} -> {', '.join(_buf(p, b) for b in s.outs)}"
+            return f"read {_tensor(p, t)} -> {', '.join(_buf(p, b) for b in s.outs)}"
         case WriteStage(t):
-            return f"write {', '.join(_buf(p, b) for b in s.ins)} -> {p.tensor(t).name}"
+            return f"write {', '.join(_buf(p, b) for b in s.ins)} -> {_tensor(p, t)}"
         case ComputeStage(op):
             return (f"{compute_text(op, p)} ({', '.join(_buf(p, b) for b in s.ins)})"
                     f" -> {', '.join(_buf(p, b) for b in s.outs)}")

@@ -16,6 +16,7 @@ from functools import cache
 from typing import Any
 
 from . import ids, nodes, ops
+from .errors import SpatialError
 from .nodes import SpatialProgram
 
 FORMAT = "spatialc.program"
@@ -23,7 +24,7 @@ TAG = "type"  # the key naming a node's class (fields may be called `kind`)
 VERSION = 1
 
 
-class SerdeError(ValueError):
+class SerdeError(SpatialError, ValueError):
     """A document that is not a spatialc program (or not this version of one)."""
 
 
@@ -147,6 +148,8 @@ def to_json(program: SpatialProgram, indent: int | None = None) -> str:
 
 def from_json(text: str) -> SpatialProgram:
     """Read a document written by `to_json`; SerdeError says what is wrong with any other."""
+    if not isinstance(text, str | bytes | bytearray):
+        raise SerdeError(f"a spatialc document is JSON text, not {type(text).__name__}")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:

@@ -9,6 +9,7 @@ from ..target import SpatialTarget
 from .tile import matmul_stage, smem_bytes
 
 PLACEMENTS = ("contiguous", "round_robin")
+MAX_SITES = 1 << 16  # a work list per site has to fit the kernel's constant memory long before this
 
 
 def default_sites(p: SpatialProgram, target: SpatialTarget) -> int:
@@ -44,6 +45,6 @@ def place(p: SpatialProgram, target: SpatialTarget, sites: int | None = None,
     matmul_stage(p)
     if sites is None:
         sites = default_sites(p, target)
-    if isinstance(sites, bool) or not isinstance(sites, int) or sites < 1:
-        raise ProgramError(f"sites must be a whole number ≥ 1, not {sites!r}")
+    if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:
+        raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
     return p.evolve(placement=Placement(split(p.plan.items, sites, kind), (), kind))

@@ -1,0 +1,72 @@
+"""The public API: names, keywords, the error hierarchy, and a `verified` mark that cannot be forged."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.ir.ids import BufferId
+
+
+def test_build_and_lower_take_the_target_keyword_the_issues_name():
+    p = spatialc.build(spatialc.gemm(48, 40, 32), target="sm_86")
+    assert p.target == "sm_86" and p.verified
+    art = spatialc.lower(p, target="sm_86")
+    assert art.target == "sm_86" and art.census.agrees
+
+
+def test_every_error_is_a_spatial_error_and_the_names_are_exported():
+    for name in ("SpatialError", "ProgramError", "PlanError", "VerifyError", "DeadlockError", "SerdeError",
+                 "UnknownTarget", "bias", "relu", "scalar", "requant"):
+        assert hasattr(spatialc, name), name
+    assert issubclass(spatialc.SerdeError, spatialc.SpatialError)
+    assert issubclass(spatialc.UnknownTarget, spatialc.SpatialError)
+    cases = [
+        lambda: spatialc.from_json(None),
+        lambda: spatialc.target([]),
+        lambda: spatialc.gemm(4, 4, 4, epilogue=spatialc.relu()),
+        lambda: spatialc.build("gemm", "sm_90"),
+        lambda: spatialc.evaluate(spatialc.build(spatialc.gemm(4, 4, 4)), [np.ones((4, 4)), np.ones((4, 4))]),
+        lambda: spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.scalar("mul", 2**40)]),
+        lambda: spatialc.bias("b"),
+    ]
+    for case in cases:
+        with pytest.raises(spatialc.SpatialError):
+            case()
+
+
+def _tampered(p):
+    """The program's JSON with the writer's address moved off the tensor, the `verified` claim left in place."""
+    doc = json.loads(spatialc.to_json(p))
+    writer = doc["program"]["schedule"]["programs"][2]["ops"][0]["body"][1]
+    assert writer["type"] == "WriteTiles"
+    writer["at"]["base"] = 1000
+    return json.dumps(doc)
+
+
+def test_a_document_cannot_forge_the_verified_mark():
+    p = spatialc.build(spatialc.gemm(64, 64, 64), "sm_86", block=(1, 1, 1), sites=1)
+    assert spatialc.from_json(spatialc.to_json(p)) == p  # an honest claim stands
+    forged = spatialc.from_json(_tampered(p))
+    assert json.loads(_tampered(p))["program"]["verified"] is True and not forged.verified
+    with pytest.raises(spatialc.SpatialError, match="not verified"):
+        spatialc.lower(forged)
+
+
+def test_lower_verifies_again_a_program_changed_behind_verify():
+    p = spatialc.build(spatialc.gemm(64, 64, 64), "sm_86", block=(1, 1, 1), sites=1)
+    shallow = tuple(dataclasses.replace(b, kind=dataclasses.replace(b.kind, depth_pages=0))
+                    if b.id == BufferId(0) else b for b in p.buffers)
+    changed = dataclasses.replace(p, buffers=shallow)  # dataclasses.replace keeps verified=True
+    assert changed.verified
+    with pytest.raises(spatialc.VerifyError):
+        spatialc.lower(changed)
+
+
+def test_integer_epilogues_refuse_to_wrap():
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.scalar("mul", 2**30),
+                                                                  spatialc.scalar("mul", 2**30)]), "sm_86")
+    with pytest.raises(spatialc.SpatialError, match="beyond ±2\\^62"):
+        spatialc.evaluate(p, {"A": np.full((16, 16), 100), "B": np.full((16, 16), 100)})
