@@ -110,3 +110,11 @@ def test_an_epilogue_runs_from_the_command_line(capsys, precision, flags):
     assert status == 0, err
     assert ", epilogue bias → " in out and "check     interpreter vs numpy reference: OK" in out
     assert "C equals" in out
+
+
+def test_gpucheck_gets_its_own_arguments_in_any_order(capsys, tmp_path):
+    for argv in (["gpucheck", "--dry-run", str(tmp_path), "--sizes", "64", "--precisions", "int8"],
+                 ["gpucheck", str(tmp_path), "--sizes", "64", "--precisions", "int8", "--dry-run"]):
+        status, out, err = run_cli(capsys, *argv)
+        assert status == 0, err
+        assert "int8 64x64x64" in out
