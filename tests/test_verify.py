@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable
 
@@ -23,31 +24,40 @@ from spatialc.errors import (
     VerifyDeadlockError,
     VerifyError,
 )
-from spatialc.frontend import BUF_A, BUF_ACC, BUF_B, BUF_C, T_A
+from spatialc.frontend import BUF_A, BUF_ACC, BUF_B, BUF_C, SCALAR_OPS, T_A, T_B, T_C
 from spatialc.ir.ids import LV_ITEM, LV_K, BufferId, GroupId, ItemId, LoopVar, SemId, Site, TensorId
 from spatialc.ir.nodes import (
     Buffer,
+    ComputeStage,
     DType,
     Engine,
     EngineProgram,
     Fifo,
     Group,
     Placement,
+    ReadStage,
     Schedule,
     Semaphore,
     SpatialProgram,
     Tensor,
     TensorRole,
+    Tile,
+    WriteStage,
 )
 from spatialc.ir.ops import (
     Barrier,
+    BlockShape,
     ChoreoOp,
+    Compute,
     Const,
     Loop,
+    MatmulTiles,
     Pop,
     Push,
     ReadTiles,
+    Requant,
     Reserve,
+    Scalar,
     SemInc,
     SemSet,
     SemWait,
@@ -56,7 +66,7 @@ from spatialc.ir.ops import (
     Wait,
     WriteTiles,
 )
-from spatialc.passes import deadlock
+from spatialc.passes import deadlock, verify_tables
 from spatialc.passes.place import place
 from spatialc.passes.schedule import schedule
 from spatialc.passes.tile import tile
@@ -528,3 +538,155 @@ def test_big_builds_are_fast():
         start = time.perf_counter()
         p = spatialc.build(spatialc.gemm(*shape, "fp16"), "sm_90")
         assert p.verified and time.perf_counter() - start < 1.0, shape
+
+
+# ---- rule 1 on what memory is sized by and code is picked by: roles, shapes, plan, compute ops, target -----------
+
+
+def _with_tensor(p: SpatialProgram, name: str, **changes) -> SpatialProgram:
+    return p.evolve(tensors=tuple(dataclasses.replace(t, **changes) if t.name == name else t for t in p.tensors))
+
+
+def _with_plan(p: SpatialProgram, **changes) -> SpatialProgram:
+    assert p.plan is not None
+    return p.evolve(plans=(dataclasses.replace(p.plan, **changes),))
+
+
+def test_reads_come_from_inputs_and_writes_go_to_the_output():
+    # The review's repro: the reader's B ReadTiles reading C (int64) into the int8 B ring passed verify.
+    p = replace(small(), R, lambda op: (dataclasses.replace(op, tensor=T_C),)
+                if isinstance(op, ReadTiles) and op.tensor == T_B else None)
+    e = refused(p, IllFormedError, "site 0 reader: ReadTiles C", "reads C, the output tensor, into B_ring",
+                "input or a parameter tensor")
+    assert (e.site, e.engine, e.buffer) == (0, "reader", "B_ring")
+    p = replace(small(), W, lambda op: (dataclasses.replace(op, tensor=T_A),) if isinstance(op, WriteTiles) else None)
+    e = refused(p, IllFormedError, "site 0 writer: WriteTiles C_ring -> A", "writes C_ring to A, an input tensor",
+                "only the output tensor is written")
+    assert (e.engine, e.buffer) == ("writer", "C_ring")
+    # Right roles, wrong tensor for the ring: the stages say read_B fills B_ring from B.
+    p = replace(small(), R, lambda op: (dataclasses.replace(op, tensor=T_A),)
+                if isinstance(op, ReadTiles) and op.tensor == T_B else None)
+    e = refused(p, RingOwnershipError, "site 0 reader: ReadTiles A", "B_ring is filled from B (stage read_B), not A")
+    assert e.buffer == "B_ring"
+
+
+def test_stages_read_inputs_and_write_the_output():
+    p = small()
+    read_c = tuple(dataclasses.replace(s, kind=ReadStage(T_C)) if s.name == "read_B" else s for s in p.stages)
+    refused(p.evolve(stages=read_c), IllFormedError, "stage read_B reads C, the output tensor")
+    write_a = tuple(dataclasses.replace(s, kind=WriteStage(T_A)) if s.name == "write_C" else s for s in p.stages)
+    refused(p.evolve(stages=write_a), IllFormedError, "stage write_C writes A, an input tensor")
+
+
+def test_tile_and_tensor_shapes():
+    p = small()  # A: 100x50 elements in 7x4 tiles of 16x16; the 1x1x1 block pads nothing
+    refused(p.evolve(tile=Tile(0, 16)), IllFormedError, "the tile must be at least 1x1 elements, not 0x16")
+    refused(_with_tensor(p, "A", elems=(0, 50)), IllFormedError, "tensor A's elements must be ≥ 1, not 0x50")
+    refused(_with_tensor(p, "B", tiles=(4, 0)), IllFormedError, "tensor B's tile grid must be ≥ 1, not 4x0")
+    refused(_with_tensor(p, "A", tiles=(6, 4)), IllFormedError, "tensor A: 100x50 elements in 16x16 tiles take 7x4"
+            " tiles, but its tile grid is 6x4, too few rows of tiles")
+    # The review's repro: a 2**40 x 4 tile grid made the interpreter allocate petabytes.
+    refused(_with_tensor(p, "A", tiles=(2**40, 4)), IllFormedError, "tile grid is 1099511627776x4",
+            "the plan pads no rows")
+    unplanned = spatialc.gemm(100, 70, 50, "int8")
+    refused(_with_tensor(unplanned, "B", tiles=(4, 6)), IllFormedError, "tensor B:",
+            "a program without a plan pads no columns")
+
+
+def test_padding_is_less_than_one_item_or_k_step():
+    p = small(block=(2, 4, 2))  # items of 2x4 tiles, K steps of 2: A 8x4 tiles, B 4x8, C 8x8 for 7x4, 4x5, 7x5
+    assert verify(p).verified
+    assert [t.tiles for t in p.tensors] == [(8, 4), (4, 8), (8, 8)]
+    # A's columns are K: a K step of 2 pads at most 1; an item of 2 rows at most 1 row, 4 columns at most 3.
+    refused(_with_tensor(p, "A", tiles=(8, 8)), IllFormedError, "tensor A:", "its tile grid is 8x8",
+            "whole blocks pad at most 3 more columns of tiles")
+    refused(_with_tensor(p, "A", tiles=(9, 4)), IllFormedError, "whole blocks pad at most 1 more rows of tiles")
+
+
+def test_scalar_requant_and_matmul_fields():
+    epi = [spatialc.bias(), spatialc.scalar("add", 3), spatialc.requant(0.01)]
+    p = spatialc.build(spatialc.gemm(32, 64, 32, "int8", epilogue=epi), "sm_86")
+    assert p.verified
+
+    def swap(kind: type, new) -> SpatialProgram:
+        """`p` with its `kind` compute op replaced in the schedule (the stages keep the good one)."""
+        return replace(p, C, lambda op: (dataclasses.replace(op, op=new),)
+                       if isinstance(op, Compute) and isinstance(op.op, kind) else None)
+
+    # The review's repro: `pow` passed verify and made the interpreter raise KeyError.
+    e = refused(swap(Scalar, Scalar("pow", 2.0)), IllFormedError, "site 0 compute: Compute",
+                "scalar op 'pow' is none of add, mul, max, min")
+    assert (e.site, e.engine) == (0, "compute")
+    refused(swap(Scalar, Scalar("add", float("inf"))), IllFormedError, "scalar add needs a finite number")
+    refused(swap(Scalar, Scalar("mul", 0.5)), IllFormedError, "int8 program's epilogue is integer arithmetic")
+    refused(swap(Requant, Requant(2**31, -6, 0)), IllFormedError, "requant multiplier lies in [0, 2147483647]")
+    refused(swap(Requant, Requant(1 << 30, 31, 0)), IllFormedError, "requant shift lies in [-31, 30], not 31")
+    refused(swap(Requant, Requant(1 << 30, -32, 0)), IllFormedError, "requant shift lies in [-31, 30], not -32")
+    refused(swap(Requant, Requant(1 << 30, 0, 128)), IllFormedError, "requant zero point lies in [-128, 127]")
+    mm = next(op.op for op in _walk(k_body(p, C)) if isinstance(op, Compute))
+    assert isinstance(mm, MatmulTiles)
+    refused(swap(MatmulTiles, dataclasses.replace(mm, sub_blocks=(0, 1))), IllFormedError, "site 0 compute",
+            "tile matmul's block (2x2x1) and sub-blocks (0x1) must be ≥ 1")
+    # The same fields on a stage: refused before any op is walked.
+    stages = tuple(dataclasses.replace(s, kind=ComputeStage(Scalar("pow", 2.0))) if s.name == "scalar1" else s
+                   for s in p.stages)
+    e = refused(p.evolve(stages=stages), IllFormedError, "stage scalar1: scalar op 'pow'")
+    assert e.site is None
+
+
+def test_scalar_ops_are_the_frontends():
+    assert verify_tables.SCALAR_OPS == SCALAR_OPS
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"block": BlockShape(0, 1, 1)}, "plan 0's block (osh x osw x ibw) must be ≥ 1, not 0x1x1"),
+    ({"sub_blocks": (1, 0)}, "plan 0's sub_blocks must be ≥ 1, not 1x0"),
+    ({"grid": (0, 5)}, "plan 0's grid must be ≥ 1, not 0x5"),
+    ({"k_tiles": 0}, "plan 0's k_tiles must be ≥ 1, not 0"),
+    ({"depth": 0}, "plan 0's depth must be ≥ 1, not 0"),
+    ({"grid": (7, 4)}, "plan 0's 7x4 items of 1x1 tiles cover 7x4 tiles, but the output tensor C has 7x5"),
+    ({"sub_blocks": (2, 1)}, "plan 0's 7x5 items of 2x1 tiles cover 14x5 tiles, but the output tensor C has 7x5"),
+    ({"block": BlockShape(1, 1, 3)}, "plan 0 has 4 K tiles, not a whole number of K steps of 3"),
+    ({"block": BlockShape(1, 1, 2048), "k_tiles": 2048}, "no side may exceed 1024 tiles"),
+])
+def test_plan_fields(changes, words):
+    refused(_with_plan(small(), **changes), IllFormedError, words)
+
+
+def test_an_enormous_item_grid_is_refused_at_once():
+    # The review's repro: a 2**20 x 2**20 grid made the coverage rule build a list of 2**40 items (MemoryError).
+    p = small()
+    p = _with_tensor(_with_plan(p, grid=(2**20, 2**20)), "C", tiles=(2**20, 2**20))
+    start = time.perf_counter()
+    refused(p, IllFormedError, "plan 0's grid of 1048576x1048576 items has 1099511627776; at most 16777216")
+    assert time.perf_counter() - start < 0.5
+
+
+def test_unknown_target():
+    p = small()
+    refused(p.evolve(target="sm_70"), IllFormedError, "the program's target is 'sm_70'; spatialc knows sm_80")
+    # As the review found it: a program file naming sm_70.
+    text = spatialc.to_json(p).replace('"target": "sm_86"', '"target": "sm_70"')
+    assert '"sm_70"' in text
+    refused(spatialc.from_json(text), IllFormedError, "'sm_70'")
+    # A target spatialc does not list is accepted when the program is verified for it.
+    mine = dataclasses.replace(target("sm_86"), name="my_gpu")
+    assert verify(p.evolve(target="my_gpu"), mine).verified
+
+
+def test_every_build_of_a_small_matrix_verifies():
+    epilogues: list[list] = [[], [spatialc.bias(), spatialc.relu()], [spatialc.scalar("max", 1)]]
+    built = 0
+    for tgt, prec, shape, epi in itertools.product(("sm_80", "sm_86", "sm_89", "sm_90"), ("int8", "fp16", "bf16"),
+                                                   ((1, 1, 1), (17, 33, 40), (100, 70, 50)), epilogues):
+        if prec == "int8" and epi:
+            epi = [*epi, spatialc.requant(0.01)]
+        p = spatialc.build(spatialc.gemm(*shape, prec, epilogue=epi), tgt)
+        assert p.verified and verify(p.evolve()).verified, (tgt, prec, shape, epi)
+        built += 1
+    for kw in ({"block": (2, 4, 2), "sub_blocks": (2, 1)}, {"block": (1, 1, 4), "depth": 1},
+               {"block": (8, 1, 1), "placement": "round_robin", "sites": 3}):
+        p = spatialc.build(spatialc.gemm(100, 70, 50, "fp16"), "sm_86", **kw)
+        assert verify(p.evolve()).verified, kw
+        built += 1
+    assert built == 4 * 3 * 3 * 3 + 3

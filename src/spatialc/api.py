@@ -49,9 +49,10 @@ def lower(program: SpatialProgram, target: str | SpatialTarget | None = None):
     from .lower.cuda.persistent import lower as lower_cuda
     from .passes.verify import verify
 
+    t = get_target(target or program.target)
     if program.verified:
-        verify(program)
-    return lower_cuda(program, get_target(target or program.target))
+        verify(program, t if t.name == program.target else None)
+    return lower_cuda(program, t)
 
 
 def to_json(program: SpatialProgram, indent: int | None = None) -> str:

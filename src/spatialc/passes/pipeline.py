@@ -28,4 +28,4 @@ def build(
     p = place(p, target, sites=sites, placement=placement)
     p = schedule(p)
     # Last, and the only pass that sets `verified`: everything after this (eval, lower) may rely on it.
-    return verify(p)
+    return verify(p, target)

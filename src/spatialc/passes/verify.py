@@ -1,8 +1,10 @@
 """verify: the one pass that sets `verified`. It proves seven rules, in this order, or raises the rule's error.
 
-1. ids resolve, counts are ≥ 0, pages ≥ 1, Trip loops read parameter tensors  (IllFormedError)
+1. a known target; sane tile, tensor shapes, plan and compute ops; ids resolve, counts are ≥ 0, pages ≥ 1; reads
+   come from input or parameter tensors, writes go to the output, Trip loops read parameter tensors  (IllFormedError)
 6. the placement covers every item exactly once, as the ITEM loops say  (CoverageError)
-2. each ring has one producer and one consumer engine per site; accumulators only via their ops  (RingOwnershipError)
+2. each ring has one producer and one consumer engine per site, and is read from / written to the tensor of its
+   stage; accumulators only via their ops  (RingOwnershipError)
 4. no op moves more pages than its ring holds  (RingDepthError)
 3. each engine pairs Reserve/Push and Wait/Pop, co-iterating loops balance, every ring ends empty  (UnbalancedError)
 5. every tile access stays inside its tensor's grid, its rows and its page  (TileBoundsError)
@@ -19,21 +21,22 @@ from collections.abc import Iterable, Sequence
 
 from ..errors import CoverageError, IllFormedError
 from ..ir.ids import ItemId, Site
-from ..ir.nodes import Accumulator, ComputeStage, EngineProgram, ReadStage, SpatialProgram, WriteStage
+from ..ir.nodes import Accumulator, ComputeStage, EngineProgram, ReadStage, SpatialProgram, TensorRole, WriteStage
 from ..ir.ops import Bias, ChoreoOp
 from ..target import SpatialTarget
 from .deadlock import check_deadlock, check_decidable
 from .verify_bounds import Run, check_bounds
 from .verify_rings import check_site, stage_owners
+from .verify_tables import check_plans, check_target, check_tensors, check_tile, compute_fault, role_text
 from .verify_walk import Ctx, Facts, facts_of, where
 
 SiteProgs = list[tuple[EngineProgram, Facts]]
 
 
 def verify(p: SpatialProgram, target: SpatialTarget | None = None) -> SpatialProgram:
-    """`p` marked verified, or the first broken rule's error. (`target` is accepted for the pass list's sake: the
-    rules are the program's own.)"""
-    check_tables(p)
+    """`p` marked verified, or the first broken rule's error. (The rules are the program's own; `target` only lets
+    a program name a target spatialc does not list, the one it is verified for.)"""
+    check_tables(p, target)
     ctx = Ctx.of(p)
     names = _Names()
     by_site: dict[Site, SiteProgs] = {}
@@ -119,8 +122,13 @@ def _unique(kind: str, ids: Iterable[int]) -> None:
         seen.add(i)
 
 
-def check_tables(p: SpatialProgram) -> None:
-    """Rule 1 for everything but the ops: unique ids, resolving references, sane buffer sizes."""
+def check_tables(p: SpatialProgram, target: SpatialTarget | None = None) -> None:
+    """Rule 1 for everything but the ops: a known target, sane shapes and plan, unique ids, resolving references,
+    sane buffer sizes, stages that read inputs and write the output with sane compute ops."""
+    check_target(p, target)
+    check_tile(p)
+    check_plans(p)
+    check_tensors(p)
     _unique("tensor", (t.id for t in p.tensors))
     _unique("buffer", (b.id for b in p.buffers))
     _unique("semaphore", (s.id for s in p.semaphores))
@@ -153,7 +161,7 @@ def _check_buffers(p: SpatialProgram) -> None:
 
 
 def _check_stages(p: SpatialProgram) -> None:
-    buffers, tensors = {b.id for b in p.buffers}, {t.id for t in p.tensors}
+    buffers, tensors = {b.id for b in p.buffers}, {t.id: t for t in p.tensors}
     for s in p.stages:
         for b in (*s.ins, *s.outs):
             if b not in buffers:
@@ -161,6 +169,14 @@ def _check_stages(p: SpatialProgram) -> None:
         match s.kind:
             case ReadStage(t) | WriteStage(t) | ComputeStage(Bias(t)) if t not in tensors:
                 raise IllFormedError(f"stage {s.name} names tensor {int(t)}, which does not exist")
+            case ReadStage(t) if tensors[t].role == TensorRole.OUTPUT:
+                raise IllFormedError(f"stage {s.name} reads {tensors[t].name}, the output tensor; a read stage reads"
+                                     " an input or a parameter tensor")
+            case WriteStage(t) if tensors[t].role != TensorRole.OUTPUT:
+                raise IllFormedError(f"stage {s.name} writes {tensors[t].name}, {role_text(tensors[t])}; a write"
+                                     " stage writes the output tensor")
+            case ComputeStage(op) if (why := compute_fault(op, p.precision)) is not None:
+                raise IllFormedError(f"stage {s.name}: {why}")
 
 
 def _check_layout(p: SpatialProgram) -> None:
@@ -211,7 +227,7 @@ def check_coverage(p: SpatialProgram, by_site: dict[Site, SiteProgs]) -> None:
     ny, nx = p.plan.grid
     n = ny * nx
     placed = sorted(itertools.chain.from_iterable(items for _, items in p.placement.items_of_site))
-    if placed != list(range(n)):
+    if len(placed) != n or placed != list(range(n)):  # the length first: n can be far more than are placed
         _coverage_fault(p.placement.items_of_site, ny, nx)
     for site, items in p.placement.items_of_site:
         progs = by_site.get(site, [])

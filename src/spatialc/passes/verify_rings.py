@@ -5,26 +5,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import RingDepthError, RingOwnershipError, UnbalancedError
-from ..ir.ids import BufferId, Site
+from ..ir.ids import BufferId, Site, TensorId
 from ..ir.ids import loop_var_name as _var
-from ..ir.nodes import Accumulator, EngineProgram
-from ..ir.ops import ChoreoOp
+from ..ir.nodes import Accumulator, EngineProgram, ReadStage, WriteStage
+from ..ir.ops import ChoreoOp, ReadTiles, WriteTiles
 from .verify_walk import Ctx, Facts, Frame, Side, Use, where
 
 SiteProgs = Sequence[tuple[EngineProgram, Facts]]
-Owners = dict[tuple[Side, BufferId], tuple[str, str]]
+Owners = dict[tuple[Side, BufferId], tuple[str, str, TensorId | None]]  # engine, stage, the tensor it reads/writes
 
 _ROLE = {Side.PRODUCE: "produced", Side.CONSUME: "consumed", Side.ACC: "used"}
 _AGENT = {Side.PRODUCE: "producer", Side.CONSUME: "consumer", Side.ACC: "owner"}
 
 
 def stage_owners(ctx: Ctx) -> Owners:
-    """(side, ring) → (engine, stage name) as the stages declare them: a stage produces its outs, consumes its ins."""
+    """(side, ring) → (engine, stage name, tensor) as the stages declare them: a stage produces its outs, consumes its
+    ins; a read stage fills them from its tensor, a write stage empties them to its tensor."""
     owners: Owners = {}
     for s in ctx.p.stages:
+        tensor = s.kind.tensor if isinstance(s.kind, ReadStage | WriteStage) else None
         for side, bufs in ((Side.PRODUCE, s.outs), (Side.CONSUME, s.ins)):
             for b in bufs:
-                owners.setdefault((side, ctx.ring(b)), (s.engine.value, s.name))
+                owners.setdefault((side, ctx.ring(b)), (s.engine.value, s.name, tensor))
     return owners
 
 
@@ -51,6 +53,16 @@ def _check_kind(ctx: Ctx, site: Site, engine: str, use: Use) -> None:
                                                    " and ReleaseAcc may touch it")
 
 
+def _check_tensor(ctx: Ctx, site: Site, engine: str, use: Use, op: ReadTiles | WriteTiles,
+                  declared: tuple[str, str, TensorId | None]) -> None:
+    """A ReadTiles fills a ring from its read stage's tensor; a WriteTiles empties one to its write stage's."""
+    want, got = declared[2], op.tensor
+    if want is not None and want != got:
+        ring, verb = ctx.name(ctx.ring(use.buf)), "filled from" if isinstance(op, ReadTiles) else "written to"
+        raise _owner_error(ctx, site, engine, use, f"{ring} is {verb} {ctx.tensors[want].name} (stage {declared[1]}),"
+                                                   f" not {ctx.tensors[got].name}")
+
+
 def check_owners(ctx: Ctx, site: Site, progs: SiteProgs, owners: Owners) -> dict[tuple[Side, BufferId], str]:
     """Rule 2: each ring has one producer and one consumer engine at a site; accumulators only via their ops."""
     seen: dict[tuple[Side, BufferId], tuple[str, ChoreoOp]] = {}
@@ -64,6 +76,8 @@ def check_owners(ctx: Ctx, site: Site, progs: SiteProgs, owners: Owners) -> dict
             if declared is not None and declared[0] != engine:
                 raise _owner_error(ctx, site, engine, use, f"{ring} is {_ROLE[use.side]} by {declared[0]} (stage"
                                                            f" {declared[1]}), not by {engine}")
+            if declared is not None and isinstance(use.op, ReadTiles | WriteTiles):
+                _check_tensor(ctx, site, engine, use, use.op, declared)
             first = seen.setdefault(key, (engine, use.op))
             if first[0] != engine:
                 why = (f"{ring} belongs to {first[0]} ({ctx.op(first[1])}); an accumulator has one engine per site"

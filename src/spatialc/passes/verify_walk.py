@@ -43,6 +43,7 @@ from ..ir.ops import (
     WriteTiles,
 )
 from ..ir.printer import op_text
+from .verify_tables import compute_fault, role_text
 
 
 class Side(StrEnum):
@@ -258,6 +259,17 @@ class _Walk:
         if tid not in self.ctx.tensors:
             raise self.fail(op, f"tensor {int(tid)} does not exist")
 
+    def role(self, op: ReadTiles | WriteTiles) -> None:
+        """A ReadTiles reads an input or a parameter tensor; a WriteTiles writes the output tensor."""
+        self.tensor(op, op.tensor)
+        t = self.ctx.tensors[op.tensor]
+        if isinstance(op, ReadTiles) and t.role == TensorRole.OUTPUT:
+            raise self.fail(op, f"it reads {t.name}, the output tensor, into {self.ctx.name(op.into)}; a read comes"
+                                " from an input or a parameter tensor", op.into)
+        if isinstance(op, WriteTiles) and t.role != TensorRole.OUTPUT:
+            raise self.fail(op, f"it writes {self.ctx.name(op.src)} to {t.name}, {role_text(t)}; only the output"
+                                " tensor is written", op.src)
+
     def addr(self, op: ReadTiles | WriteTiles, at: TileAddr, loops: tuple[Frame, ...]) -> None:
         """Every variable of an address is bound (item_y / item_x by the item); the block is not empty."""
         bound = {f.op.var for f in loops}
@@ -290,12 +302,12 @@ class _Walk:
                 self.flow(op, Side.PRODUCE, loops, mult, flow)
             case Wait() | Pop():
                 self.flow(op, Side.CONSUME, loops, mult, flow)
-            case ReadTiles(tensor=t, at=at, into=into):
-                self.tensor(op, t)
+            case ReadTiles(at=at, into=into):
+                self.role(op)
                 self.use(op, into, Side.PRODUCE, loops)
                 self.addr(op, at, loops)
-            case WriteTiles(src=src, tensor=t, at=at):
-                self.tensor(op, t)
+            case WriteTiles(src=src, at=at):
+                self.role(op)
                 self.use(op, src, Side.CONSUME, loops)
                 self.addr(op, at, loops)
             case AcquireAcc(buf) | ReleaseAcc(buf):
@@ -311,6 +323,9 @@ class _Walk:
                 self.handshake(op, loops)
 
     def compute(self, op: Compute, loops: tuple[Frame, ...]) -> None:
+        why = compute_fault(op.op, self.ctx.p.precision)
+        if why is not None:
+            raise self.fail(op, why)
         if isinstance(op.op, Bias):
             self.bias(op, op.op, loops)
         for b in op.ins:
