@@ -6,7 +6,12 @@ Timing and running are injected: a fake timer keeps a simulated device clock, a 
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +39,7 @@ def test_sizes_parse_and_cases_are_size_major():
     ]
     with pytest.raises(SpatialError, match="unknown precision"):
         G.cases_of(["8"], ["fp8"])
+    assert len(G.cases_of(["8", "8x8x8"], ["int8", "int8"])) == 1  # the same product is run once
 
 
 def test_default_plan_covers_the_asked_sizes():
@@ -168,8 +174,8 @@ class FakeRunner:
         self.clock, self.cost, self.fail = clock, cost, fail or {}
         self.started, self.ran, self.closed = None, [], False
 
-    def start(self, cases):
-        self.started = list(cases)
+    def start(self, cases, deadline):
+        self.started, self.deadline = list(cases), deadline
 
     def info(self):
         return {"gpu": "Fake GPU", "sms": 3, "clocks": "1 MHz", "target": "sm_90"}
@@ -181,7 +187,11 @@ class FakeRunner:
         self.ran.append(case)
         self.clock.t += self.cost
         if case.size in self.fail:
-            raise self.fail[case.size]
+            fail = self.fail[case.size]
+            if callable(fail) and not isinstance(fail, type):
+                fail = fail()
+            if fail is not None:
+                raise fail
         row = Row(
             case.precision,
             case.m,
@@ -214,7 +224,7 @@ def test_a_hung_gpu_stops_the_run_and_the_rest_is_marked():
     rows, lost = G.run_all(
         G.cases_of(["16", "32", "48"], ["int8"]), runner, budget_s=400, clock=clock, log=lambda s: None
     )
-    assert lost
+    assert lost == "lost"
     assert [r.status for r in rows] == ["ok", "hung", "skipped"]
     assert "hung on an earlier row" in rows[2].note and len(runner.ran) == 2
 
@@ -232,6 +242,26 @@ def test_a_failing_row_is_an_error_row_and_the_run_goes_on():
     assert not lost
     assert [r.status for r in rows] == ["error", "skipped", "ok"]
     assert rows[0].note == "RuntimeError: bad thing"
+
+
+def test_an_interrupt_keeps_the_rows_that_finished_and_marks_the_rest():
+    clock = FakeClock()
+    seen = []
+    rows, stop = G.run_all(
+        G.cases_of(["16", "32", "48"], ["fp16"]),
+        FakeRunner(clock, 1.0, {"32x32x32": KeyboardInterrupt()}),
+        budget_s=400,
+        clock=clock,
+        log=lambda s: None,
+        on_row=lambda rows: seen.append(len(rows)),
+    )
+    assert stop == "interrupted"
+    assert [(r.status, r.note) for r in rows] == [
+        ("ok", ""),
+        ("skipped", "not finished: interrupted"),
+        ("skipped", "not run: interrupted"),
+    ]
+    assert seen == [1]  # the report was brought up to date after the row that finished
 
 
 # ---- the table -------------------------------------------------------------------------------------------------
@@ -305,9 +335,68 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_2(capsys, monkeypatch, t
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_arguments_exit_2(capsys):
-    assert G.main(["out", "--sizes", "12x"]) == 2
-    assert "not N or MxNxK" in capsys.readouterr().err
+def no_runner(*args, **kwargs):
+    raise AssertionError("a bad argument must be refused before the GPU is touched")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["{d}/out", "--sizes", "12x"], "not N or MxNxK"),
+        (["{d}/out", "--sizes", "0"], "positive numbers"),
+        (["{d}/out", "--sizes"], "expected at least one argument"),
+        (["{d}/out", "--budget", "0"], "must be a positive number of seconds, not 0"),
+        (["{d}/out", "--budget", "-30"], "must be a positive number of seconds"),
+        (["{d}/out", "--budget", "nan"], "must be a positive number of seconds"),
+        (["{d}/out", "--budget", "inf"], "must be a positive number of seconds"),
+        (["{d}/out", "--budget", "7m"], "'7m' is not a number of seconds"),
+        (["{d}/out", "--precisions", "fp8"], "unknown precision 'fp8'; use int8, fp16, bf16"),
+        (["{d}/out", "--target", "sm_99"], "unknown target 'sm_99'"),
+        (["{d}/out", "--seed", "x"], "--seed"),
+        (["{d}/out", "--frobnicate"], "unrecognized arguments"),
+        ([], "required: outdir"),
+        (["{d}/afile"], "exists and is not a folder"),
+        (["{d}/afile/sub/dir"], "is not a folder"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys, tmp_path):
+    (tmp_path / "afile").write_text("a file, not a folder")
+    argv = [a.replace("{d}", str(tmp_path)) for a in argv]
+    status = G.main(argv, make_runner=no_runner)
+    out, err = capsys.readouterr()
+    assert status == 2 and out == ""
+    assert err.startswith("gpucheck: ") and err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "out").exists() and (tmp_path / "afile").read_text() == "a file, not a folder"
+
+
+def test_the_reviewed_repro_an_outdir_that_is_a_file(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    status = G.main([str(afile), "--sizes", "32", "--precisions", "int8"], make_runner=no_runner)
+    assert status == 2 and capsys.readouterr().err == f"gpucheck: OUTDIR {str(afile)!r} exists and is not a folder\n"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_an_outdir_that_cannot_be_written_is_refused(capsys, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    try:
+        assert G.main([str(locked), "--sizes", "32"], make_runner=no_runner) == 2
+        assert G.main([str(locked / "new"), "--sizes", "32"], make_runner=no_runner) == 2
+    finally:
+        locked.chmod(0o700)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "is not writable" in err
+
+
+def test_an_outdir_that_fails_on_creation_exits_2_before_any_row(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(G, "check_outdir", lambda outdir: None)  # as if the folder went away after the check
+    (tmp_path / "afile").write_text("x")
+    runner = FakeRunner(FakeClock(), cost=0.0)
+    status = G.main([str(tmp_path / "afile"), "--sizes", "32"], make_runner=lambda *a, **k: runner)
+    out, err = capsys.readouterr()
+    assert status == 2 and err.startswith("gpucheck: cannot write to OUTDIR") and err.count("\n") == 1
+    assert runner.ran == [] and runner.closed
 
 
 def test_main_writes_the_table_with_an_injected_runner(capsys, tmp_path):
@@ -328,6 +417,77 @@ def test_main_writes_the_table_with_an_injected_runner(capsys, tmp_path):
     assert data["header"]["commit"] == "c0ffee" and data["header"]["gpu"] == "Fake GPU"
     assert data["rows"][0]["pct_of_cublas"] == pytest.approx(50.0)
     assert "| fp16 | 32×32×32 |" in out and "wrote" in out
+
+
+def test_the_report_is_on_disk_after_every_row(capsys, tmp_path):
+    seen = []
+
+    def look():  # called as the second row runs: the first must be on disk already, the rest pending
+        data = json.loads((tmp_path / "gpucheck.json").read_text())
+        seen.append(([r["status"] for r in data["rows"]], data["header"]["state"]))
+        seen.append((tmp_path / "gpucheck.md").read_text())
+
+    runner = FakeRunner(FakeClock(), cost=0.0, fail={"32x32x32": look})
+    assert (
+        G.main([str(tmp_path), "--sizes", "16", "32", "48", "--precisions", "int8"], make_runner=lambda *a, **k: runner)
+        == 0
+    )
+    assert seen[0] == (["ok", "pending", "pending"], "running (pending rows not reached yet)")
+    assert "| int8 | 32×32×32 |" in seen[1] and "pending: not reached yet" in seen[1]
+    data = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert [r["status"] for r in data["rows"]] == ["ok"] * 3 and data["header"]["state"] == "complete"
+    assert not list(tmp_path.glob(".*tmp"))  # written aside, then renamed
+    capsys.readouterr()
+
+
+def test_the_table_is_printed_even_when_the_report_cannot_be_written(capsys, tmp_path, monkeypatch):
+    real, calls = G.write_report, []
+
+    def write_report(outdir, header, rows):
+        calls.append(len(rows))
+        if len(calls) > 1:  # the folder was fine at the start, then the disk filled up
+            raise OSError(28, "No space left on device")
+        return real(outdir, header, rows)
+
+    monkeypatch.setattr(G, "write_report", write_report)
+    runner = FakeRunner(FakeClock(), cost=0.0)
+    status = G.main([str(tmp_path), "--sizes", "16", "32", "--precisions", "bf16"], make_runner=lambda *a, **k: runner)
+    out, err = capsys.readouterr()
+    assert status == 1 and len(calls) == 4  # opened, after each row, at the end
+    assert "| bf16 | 16×16×16 |" in out and "| bf16 | 32×32×32 |" in out
+    assert '"pct_of_cublas": 50.0' in out  # the JSON goes to stdout instead
+    assert err.count("could not update the report") == 1 and "could not write the report" in err
+    assert err.count("\n") == 2
+
+
+@pytest.mark.parametrize("how", ["KeyboardInterrupt", "SIGTERM"])
+def test_an_interrupted_run_still_writes_and_prints_the_table(how, capsys, tmp_path, monkeypatch):
+    def exit_(code):
+        raise SystemExit(code)
+
+    def interrupt():
+        if how == "SIGTERM":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+            raise AssertionError("SIGTERM did not interrupt the run")
+        return KeyboardInterrupt()
+
+    monkeypatch.setattr(G.os, "_exit", exit_)
+    before = signal.getsignal(signal.SIGTERM)
+    runner = FakeRunner(FakeClock(), cost=0.0, fail={"32x32x32": interrupt})
+    with pytest.raises(SystemExit) as done:
+        G.main([str(tmp_path), "--sizes", "16", "32", "48", "--precisions", "fp16"], make_runner=lambda *a, **k: runner)
+    assert done.value.code == 130 and runner.closed
+    assert signal.getsignal(signal.SIGTERM) == before
+    data = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert data["header"]["state"] == "stopped: interrupted"
+    assert [(r["status"], r["note"]) for r in data["rows"]] == [
+        ("ok", ""),
+        ("skipped", "not finished: interrupted"),
+        ("skipped", "not run: interrupted"),
+    ]
+    out = capsys.readouterr().out
+    assert "| fp16 | 16×16×16 |" in out and "state: stopped: interrupted" in out and "wrote" in out
 
 
 def test_main_exits_1_when_a_row_fails(capsys, tmp_path):
@@ -557,3 +717,115 @@ def test_gpu_runner_stops_after_a_sticky_cuda_error(fake_gpu, tmp_path, monkeypa
     assert [r["status"] for r in rows] == ["error", "skipped"]
     assert "illegal memory access" in rows[0]["note"] and "context was lost" in rows[1]["note"]
     capsys.readouterr()
+
+
+# ---- background compiles and the budget --------------------------------------------------------------------------
+#
+# A fake nvcc (a shell script) that answers --version and otherwise sleeps a minute in a child of its own, as nvcc
+# does in cicc and ptxas; each call writes its pid and the sleeper's to a file, so the test can tell what is alive.
+
+
+def _alive(pid):
+    try:
+        state = Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _gone(pids, within=3.0):
+    end = time.monotonic() + within
+    while time.monotonic() < end and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return not any(_alive(p) for p in pids)
+
+
+@pytest.fixture
+def slow_nvcc(fake_gpu, tmp_path, monkeypatch):
+    """find_nvcc gives a script that compiles for a minute; yields a function returning the pids it started."""
+    if not Path("/proc", str(os.getpid()), "stat").exists():
+        pytest.skip("needs /proc")
+    pidfile = tmp_path / "nvcc.pids"
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then echo "Cuda compilation tools, fake"; exit 0; fi\n'
+        f"echo $$ >> {pidfile}\n"
+        "sleep 60 &\n"
+        f"echo $! >> {pidfile}\n"
+        "wait\n"
+    )
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(L, "find_nvcc", lambda: str(nvcc))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def pids():
+        return [int(x) for x in pidfile.read_text().split()] if pidfile.exists() else []
+
+    yield pids
+    for pid in pids():  # whatever a failing test left running (only the processes this test started)
+        if _alive(pid) and (
+            "sleep" in Path("/proc", str(pid), "cmdline").read_text()
+            or str(nvcc) in Path("/proc", str(pid), "cmdline").read_text()
+        ):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_compiles_still_running_at_the_budget_are_killed(slow_nvcc, tmp_path, monkeypatch, capsys):
+    from spatialc import gpucheck_gpu as GG
+
+    monkeypatch.setattr(G, "RESERVE_S", 1.0)
+    monkeypatch.setattr(G, "MIN_ROW_S", 0.5)
+    monkeypatch.setattr(GG, "COMPILE_GRACE_S", 100.0)  # so that only `close` can end them
+    made = []
+
+    def make_runner(target, seed, triton):
+        made.append(GG.GpuRunner(target, seed=seed, triton=triton, workers=2))
+        return made[0]
+
+    t0 = time.monotonic()
+    argv = [str(tmp_path / "out"), "--budget", "3", "--sizes", "64", "32", "48", "--precisions", "int8"]
+    assert G.main(argv, make_runner=make_runner) == 0
+    elapsed = time.monotonic() - t0
+    assert elapsed < 3 + 1.5, elapsed  # the budget, plus a small margin; not the minute the compiles want
+    rows = json.loads((tmp_path / "out" / "gpucheck.json").read_text())["rows"]
+    assert [(r["status"], r["note"]) for r in rows] == [
+        ("skipped", "not finished: time budget spent"),
+        ("skipped", "not run: time budget of 3 s spent"),
+        ("skipped", "not run: time budget of 3 s spent"),
+    ]
+    pids = slow_nvcc()
+    assert len(pids) == 4  # two workers, two compiles (nvcc and its child each); the third was cancelled
+    assert _gone(pids), [p for p in pids if _alive(p)]  # nvcc and what it started
+    runner = made[0]
+    assert runner.builds[G.Case(48, 48, 48, "int8")].cancelled()
+    assert all(not t.is_alive() for t in runner.pool._threads)  # so the interpreter's exit waits on nothing
+    assert "compile: stopped at the end of the run" in runner.builds[G.Case(64, 64, 64, "int8")].result().error
+    capsys.readouterr()
+
+
+def test_a_compile_never_outlives_the_budget_on_its_own(slow_nvcc, monkeypatch):
+    from spatialc import gpucheck_gpu as GG
+
+    monkeypatch.setattr(GG, "COMPILE_GRACE_S", 0.5)
+    runner = GG.GpuRunner(None, workers=1)
+    t0 = time.monotonic()
+    case = G.Case(64, 64, 64, "fp16")
+    runner.start([case], G.Deadline(t0 + 1.5, time.monotonic))
+    built = runner.builds[case].result(timeout=30)
+    assert time.monotonic() - t0 < 1.5 + 0.5 + 1.0
+    assert re.fullmatch(r"compile: nvcc ran past [12] s", built.error)  # its limit: the time left plus the grace
+    assert len(slow_nvcc()) == 2
+    runner.close()
+
+
+def test_no_compile_starts_once_the_budget_is_spent(slow_nvcc):
+    from spatialc import gpucheck_gpu as GG
+
+    runner = GG.GpuRunner(None, workers=1)
+    case = G.Case(64, 64, 64, "bf16")
+    runner.start([case], G.Deadline(time.monotonic() - 1, time.monotonic))
+    assert runner.builds[case].result(timeout=30).error == "compile: not started: time budget spent"
+    runner.close()
+    assert slow_nvcc() == []

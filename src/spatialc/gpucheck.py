@@ -6,9 +6,12 @@ For every size × precision (int8, fp16, bf16) it builds `gemm(m, n, k, p)` for 
 kernel, runs it on fresh random inputs with the output poisoned first, compares C with a float64 reference of the
 operand-rounded inputs, times it with CUDA events (warm-up, median of ≥ 20, inputs rotated across copies so the
 L2 cache does not flatter it) and times the baselines on the same inputs. The table goes to stdout and, as JSON and
-Markdown, to OUTDIR. It stops at `--budget` seconds: rows not reached are marked skipped and the table is still
-written. Exit status: 0 all run rows correct, 1 some wrong or failed, 2 no GPU (or bad arguments), 3 the GPU hung
-or lost its context (the table is written first).
+Markdown, to OUTDIR, which is checked and created before the first row and rewritten after every row (rows not
+reached yet are marked pending), so a run cut short still leaves what it finished. It stops at `--budget` seconds:
+background compiles get no more than the time left and are killed at the end, rows not reached are marked skipped
+and the table is still written; Ctrl-C or SIGTERM stops it the same way. Exit status: 0 all run rows correct, 1 some
+wrong or failed (or the report could not be written; the table and the JSON then go to stdout), 2 no GPU or a bad
+argument (one line on stderr), 3 the GPU hung or lost its context, 130 interrupted (the table is written first).
 
 This module is the GPU-free part (cases, checking, timing, the budget loop, the dry run); `gpucheck_gpu` drives
 the device and is imported only when one is needed. Timing and running are injected, so all of this is tested
@@ -21,8 +24,10 @@ import argparse
 import datetime as dt
 import math
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -30,7 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .errors import SpatialError
-from .gpucheck_report import MAX_ABS_TOL, REL_FRO_TOL, Check, Row, to_markdown, write_report
+from .gpucheck_report import MAX_ABS_TOL, REL_FRO_TOL, Check, Row, to_json, to_markdown, write_report
 
 PRECISIONS = ("int8", "fp16", "bf16")
 DEFAULT_SIZES = ("256", "512", "1024", "2048", "4096", "8192", "1000", "4097x513x1031")
@@ -80,12 +85,13 @@ def parse_size(text: str) -> tuple[int, int, int]:
 
 
 def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
-    """Every size × precision, size-major (so a budget cut drops whole sizes, not one precision)."""
+    """Every size × precision, size-major (so a budget cut drops whole sizes, not one precision); each case once."""
     precs = list(precisions)
     for p in precs:
         if p not in PRECISIONS:
             raise SpatialError(f"unknown precision {p!r}; use {', '.join(PRECISIONS)}")
-    return [Case(*parse_size(s), p) for s in sizes for p in precs]
+    dims = [parse_size(s) for s in sizes]
+    return list(dict.fromkeys(Case(*d, p) for d in dims for p in precs))
 
 
 # ---- checking --------------------------------------------------------------------------------------------------
@@ -191,9 +197,10 @@ class Deadline:
 
 
 class Runner(Protocol):
-    """What runs the rows: the GPU runner, or a fake in tests."""
+    """What runs the rows: the GPU runner, or a fake in tests. `start` may begin work in the background (compiles),
+    which must end by the deadline; `close` stops whatever of it is still going."""
 
-    def start(self, cases: Sequence[Case]) -> None: ...
+    def start(self, cases: Sequence[Case], deadline: Deadline) -> None: ...
 
     def run(self, case: Case, deadline: Deadline) -> Row: ...
 
@@ -210,24 +217,42 @@ def run_all(
     clock: Callable[[], float] = time.monotonic,
     log: Callable[[str], None] = print,
     started: float | None = None,
-) -> tuple[list[Row], bool]:
-    """Run every case within `budget_s` seconds (from `started`); returns the rows and whether the GPU was lost."""
+    on_row: Callable[[list[Row]], None] | None = None,
+) -> tuple[list[Row], str]:
+    """Run every case within `budget_s` seconds (from `started`), calling `on_row` with the rows so far after each.
+
+    Returns a row for every case and why the run stopped early: "" (it did not), "lost" (the GPU hung or lost its
+    context; the rest are skipped) or "interrupted" (KeyboardInterrupt, which main also raises on SIGTERM)."""
     t0 = clock() if started is None else started
     deadline = Deadline(t0 + budget_s - RESERVE_S, clock)
-    runner.start(cases)
     rows: list[Row] = []
     lost = ""
-    for case in cases:
-        if lost:
-            rows.append(_skipped(case, f"not run: {lost}"))
-        elif deadline.left() < MIN_ROW_S:
-            rows.append(_skipped(case, f"not run: time budget of {budget_s:.0f} s spent"))
-        else:
-            row, lost = _run_one(case, runner, deadline)
+    running = False  # a row was started and has not come back
+    try:
+        runner.start(cases, deadline)
+        for case in cases:
+            if lost:
+                row = _skipped(case, f"not run: {lost}")
+            elif deadline.left() < MIN_ROW_S:
+                row = _skipped(case, f"not run: time budget of {budget_s:.0f} s spent")
+            else:
+                running = True
+                row, lost = _run_one(case, runner, deadline)
+            running = False
             rows.append(row)
-        r = rows[-1]
-        log(f"[{clock() - t0:6.1f} s] {case.precision} {case.size}: {r.status}" + (f" ({r.note})" if r.note else ""))
-    return rows, bool(lost)
+            _log_row(log, clock() - t0, row)
+            if on_row is not None:
+                on_row(rows)
+    except KeyboardInterrupt:
+        for i, case in enumerate(cases[len(rows) :]):
+            rows.append(_skipped(case, "not finished: interrupted" if i == 0 and running else "not run: interrupted"))
+        log(f"[{clock() - t0:6.1f} s] interrupted: the rows not finished are marked skipped")
+        return rows, "interrupted"
+    return rows, "lost" if lost else ""
+
+
+def _log_row(log: Callable[[str], None], t: float, r: Row) -> None:
+    log(f"[{t:6.1f} s] {r.precision} {r.size}: {r.status}" + (f" ({r.note})" if r.note else ""))
 
 
 def _run_one(case: Case, runner: Runner, deadline: Deadline) -> tuple[Row, str]:
@@ -241,6 +266,11 @@ def _run_one(case: Case, runner: Runner, deadline: Deadline) -> tuple[Row, str]:
         return _skipped(case, "not finished: time budget spent"), ""
     except Exception as e:  # one broken row must not cost the table
         return _failed(case, "error", one_line(e)), ""
+
+
+def pending(case: Case) -> Row:
+    """A row not reached yet (what the report holds for it until it runs)."""
+    return Row(case.precision, case.m, case.n, case.k, status="pending", note="not reached yet")
 
 
 def _skipped(case: Case, why: str) -> Row:
@@ -358,12 +388,29 @@ def git_commit() -> str:
         return "unknown"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one line (SpatialError) instead of usage text and exit."""
+
+    def error(self, message: str) -> Any:
+        raise SpatialError(message)
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="spatialc gpucheck", description=__doc__.splitlines()[0])
-    ap.add_argument("outdir", help="where gpucheck.json and gpucheck.md go")
-    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for the whole run (420)")
+    ap = _Parser(prog="spatialc gpucheck", description=__doc__.splitlines()[0])
+    ap.add_argument("outdir", help="where gpucheck.json and gpucheck.md go (created; rewritten after every row)")
+    ap.add_argument("--budget", type=_budget, default=DEFAULT_BUDGET_S, help="seconds for the whole run (420)")
     ap.add_argument("--sizes", nargs="+", default=list(DEFAULT_SIZES), help="N (for N³) or MxNxK, several")
-    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), help=f"of {', '.join(PRECISIONS)}")
     ap.add_argument("--target", default=None, help="spatialc target (default: from the GPU; sm_90 in a dry run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton baseline")
@@ -372,12 +419,80 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def check_outdir(outdir: str | Path) -> None:
+    """Refuse (SpatialError, one line) an OUTDIR that is not a folder or that cannot be created or written.
+    Creates nothing: `open_outdir` does, once there is a GPU."""
+    out = Path(outdir)
+    if out.exists() or out.is_symlink():
+        if not out.is_dir():
+            raise SpatialError(f"OUTDIR {str(out)!r} exists and is not a folder")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise SpatialError(f"OUTDIR {str(out)!r} is not writable")
+        return
+    parent = out.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise SpatialError(f"cannot create OUTDIR {str(out)!r}: {str(parent)!r} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SpatialError(f"cannot create OUTDIR {str(out)!r}: {str(parent)!r} is not writable")
+
+
+def open_outdir(outdir: str | Path, header: dict[str, Any], cases: Sequence[Case]) -> None:
+    """Create OUTDIR and write the report with every row pending: the proof that the results will have a place."""
+    try:
+        write_report(outdir, header, [pending(c) for c in cases])
+    except OSError as e:
+        raise SpatialError(f"cannot write to OUTDIR {str(outdir)!r}: {one_line(e)}") from None
+
+
+class _Saver:
+    """Rewrites the report after each row (rows not reached yet pending); a failed write is said once, not fatal."""
+
+    def __init__(self, outdir: str, header: dict[str, Any], cases: Sequence[Case], started: float):
+        self.outdir, self.header, self.cases, self.started = outdir, header, cases, started
+        self.error = ""
+
+    def __call__(self, rows: list[Row]) -> None:
+        self.header["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        try:
+            write_report(self.outdir, self.header, rows + [pending(c) for c in self.cases[len(rows) :]])
+        except OSError as e:
+            if not self.error:
+                print(f"gpucheck: could not update the report in {self.outdir}: {one_line(e)}", file=sys.stderr)
+            self.error = one_line(e)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _sigterm_interrupts() -> Any:
+    """Make SIGTERM (a wall-clock limit's kill) raise KeyboardInterrupt, so the table is still written; returns the
+    handler to restore (None where none was set: not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, _interrupt)
+    except (ValueError, OSError):
+        return None
+
+
+STATE = {"": "complete", "lost": "stopped: the GPU was lost", "interrupted": "stopped: interrupted"}
+
+
 def main(argv: Sequence[str] | None = None, make_runner: Callable[..., Any] | None = None) -> int:
     """The GPU check's entry point (`spatialc gpucheck …` calls this; tests pass a fake `make_runner`)."""
     started = time.monotonic()
     try:
         args = parse_args(argv)
         cases = cases_of(args.sizes, args.precisions)
+        if args.target is not None:
+            from .target import target
+
+            target(args.target)
+        if not args.dry_run:
+            check_outdir(args.outdir)
     except SpatialError as e:
         print(f"gpucheck: {e}", file=sys.stderr)
         return 2
@@ -395,27 +510,51 @@ def main(argv: Sequence[str] | None = None, make_runner: Callable[..., Any] | No
         return 2
     header = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "state": "running (pending rows not reached yet)",
         "commit": args.commit or git_commit(),
         "budget_s": args.budget,
         **runner.info(),
     }
+    try:
+        open_outdir(args.outdir, header, cases)
+    except SpatialError as e:
+        runner.close()
+        print(f"gpucheck: {e}", file=sys.stderr)
+        return 2
     print(
         f"gpucheck: {header.get('gpu')} · {header.get('sms')} SMs · {header.get('clocks')} · target "
         f"{header.get('target')} · commit {header['commit']}",
         flush=True,
     )
-    rows, lost = run_all(cases, runner, budget_s=args.budget, started=started, log=lambda s: print(s, flush=True))
-    runner.close()
+    save = _Saver(args.outdir, header, cases, started)
+    old_handler = _sigterm_interrupts()
+    try:
+        rows, stop = run_all(
+            cases, runner, budget_s=args.budget, started=started, log=lambda s: print(s, flush=True), on_row=save
+        )
+    finally:
+        if old_handler is not None:
+            signal.signal(signal.SIGTERM, old_handler)
+        runner.close()
+    header["state"] = STATE[stop]
     header["elapsed_s"] = round(time.monotonic() - started, 1)
-    paths = write_report(args.outdir, header, rows)
-    print(to_markdown(header, rows))
-    print(f"gpucheck: wrote {paths[0]} and {paths[1]}", flush=True)
-    if lost:
+    print(to_markdown(header, rows), flush=True)  # the table first: whatever happens to OUTDIR, stdout has it
+    failed = [r for r in rows if r.status in ("wrong", "error", "hung")]
+    status = 1 if failed else 0
+    try:
+        paths = write_report(args.outdir, header, rows)
+        print(f"gpucheck: wrote {paths[0]} and {paths[1]}", flush=True)
+    except OSError as e:
+        print(
+            f"gpucheck: could not write the report to {args.outdir}: {one_line(e)}; the JSON follows", file=sys.stderr
+        )
+        print(to_json(header, rows), flush=True)
+        status = 1
+    if stop:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(3)  # a hung kernel would hang the CUDA teardown of a normal exit
-    failed = [r for r in rows if r.status in ("wrong", "error")]
-    return 1 if failed else 0
+        os._exit(3 if stop == "lost" else 130)  # a hung or interrupted kernel could hang a normal exit's CUDA teardown
+    return status
 
 
 if __name__ == "__main__":

@@ -1,20 +1,25 @@
 """The GPU check's device side: CuPy runs and times spatialc's kernels, torch and Triton the baselines.
 
 Imported only on a machine that runs the check (it needs CuPy; torch and Triton are used when present). Every wait
-on the GPU polls an event with a limit, so a deadlocked kernel becomes `GpuHung` instead of a hung process.
+on the GPU polls an event with a limit, so a deadlocked kernel becomes `GpuHung` instead of a hung process. The
+kernels compile in background threads; each nvcc gets no more than the budget's time left, and `close` cancels the
+compiles not started and kills the nvcc processes still running, so the run ends within its budget.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .gpucheck import (
@@ -45,6 +50,10 @@ STICKY = re.compile(
     re.IGNORECASE,
 )
 BASELINE_REL_TOL = 1e-2  # torch.matmul rounds C to fp16/bf16, so its own check is loose
+COMPILE_S = 300.0  # the most one nvcc may take …
+COMPILE_GRACE_S = 2.0  # … and never past the deadline plus this (the deadline keeps RESERVE_S ≥ this back)
+MIN_COMPILE_S = 1.0  # an nvcc is not started with less than this left
+CLOSE_WAIT_S = 2.0  # how long `close` waits for the killed compiles' threads to finish
 
 
 class EventTimer:
@@ -99,6 +108,8 @@ class GpuRunner:
         self.seed = seed
         self.pool = ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 2))
         self.builds: dict[Case, Future[Built]] = {}
+        self.deadline: Deadline | None = None
+        self.closed = False
 
     # ---- description ---------------------------------------------------------------------------------------
 
@@ -133,22 +144,44 @@ class GpuRunner:
 
     # ---- rows ----------------------------------------------------------------------------------------------
 
-    def start(self, cases: Sequence[Case]) -> None:
-        """Build, lower and compile every case in the background while the GPU runs earlier rows."""
+    def start(self, cases: Sequence[Case], deadline: Deadline) -> None:
+        """Build, lower and compile every case in the background while the GPU runs earlier rows; no compile runs
+        past `deadline` (plus COMPILE_GRACE_S)."""
+        self.deadline = deadline
         for case in cases:
-            self.builds[case] = self.pool.submit(self._build, case)
+            if case not in self.builds:
+                self.builds[case] = self.pool.submit(self._build, case)
 
     def close(self) -> None:
-        """Drop builds not started (running nvcc calls finish)."""
+        """Cancel the builds not started, kill the nvcc processes still running, and wait (briefly) for their threads,
+        so that neither this call nor the interpreter's exit waits on a compile."""
+        if self.closed:
+            return
+        self.closed = True
         self.pool.shutdown(wait=False, cancel_futures=True)
+        kill_compiles()
+        running = [f for f in self.builds.values() if not f.done()]
+        if running:
+            wait_futures(running, timeout=CLOSE_WAIT_S)
+
+    def _compile_limit(self) -> float:
+        """Seconds the next nvcc may take: COMPILE_S, cut to the time left before the deadline (plus the grace)."""
+        if self.deadline is None:
+            return COMPILE_S
+        return min(COMPILE_S, self.deadline.left() + COMPILE_GRACE_S)
 
     def _build(self, case: Case) -> Built:
         built = build_case(case, self.target)
-        if built.artifact is not None and launch.find_nvcc() is not None:
-            try:
-                launch.compile_cubin(built.artifact.kernel_cu, self.arch)
-            except launch.KernelBuildError as e:
-                built.error = f"compile: {e}"
+        if built.artifact is None or launch.find_nvcc() is None:
+            return built
+        limit = self._compile_limit()
+        if self.closed or limit < MIN_COMPILE_S:
+            built.error = "compile: not started: time budget spent"
+            return built
+        try:
+            launch.compile_cubin(built.artifact.kernel_cu, self.arch, timeout_s=limit)
+        except launch.KernelBuildError as e:
+            built.error = "compile: stopped at the end of the run" if self.closed else f"compile: {e}"
         return built
 
     def run(self, case: Case, deadline: Deadline) -> Row:
@@ -369,6 +402,65 @@ class GpuRunner:
         dtype = torch.int32 if precision == "int8" else torch.float32
         c = torch.empty((a[0].shape[0], b[0].shape[1]), dtype=dtype, device=a[0].device)
         return (lambda i: self.triton.matmul(a[i], b[i], c, precision)), (lambda: self._from_torch(c))
+
+
+# ---- stopping compiles -------------------------------------------------------------------------------------------
+
+
+def kill_compiles(pid: int | None = None) -> list[int]:
+    """Kill this process's nvcc compiles (its children whose command line holds `-cubin`) with everything they
+    started (cicc, ptxas, …): stopped first so none starts another, then killed. Returns the ids signalled; does
+    nothing where there is no /proc."""
+    me = os.getpid() if pid is None else pid
+    hit: list[int] = []
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in _compile_tree(me):
+            try:
+                os.kill(p, sig)
+            except OSError:
+                continue
+            if p not in hit:
+                hit.append(p)
+    return hit
+
+
+def _compile_tree(root: int) -> list[int]:
+    """The compile processes under `root`, children before their own children."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parents().items():
+        children.setdefault(ppid, []).append(pid)
+    todo = [p for p in children.get(root, []) if "-cubin" in _cmdline(p)]
+    tree: list[int] = []
+    while todo:
+        p = todo.pop(0)
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def _parents() -> dict[int, int]:
+    """Every process's parent, from /proc (empty where there is none)."""
+    parents: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return parents
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path("/proc", name, "stat").read_text()
+            parents[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces and ')'
+        except (OSError, ValueError, IndexError):
+            continue
+    return parents
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path("/proc", str(pid), "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
 
 
 def _ptr(x: Any) -> int:

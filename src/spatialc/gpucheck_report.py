@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ class Row:
     m: int
     n: int
     k: int
-    status: str = "pending"  # ok | wrong | error | hung | skipped
+    status: str = "pending"  # ok | wrong | error | hung | skipped | pending (not reached yet)
     plan: str = ""
     launch: str = ""
     median_s: float | None = None
@@ -185,7 +186,7 @@ def table_cells(row: Row) -> list[str]:
 def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
     """The report as Markdown: a header list, the table, then notes on the baselines that did not run."""
     lines = ["# spatialc GPU check", ""]
-    for key in ("date", "gpu", "sms", "clocks", "commit", "target", "budget_s", "elapsed_s", "versions"):
+    for key in ("date", "state", "gpu", "sms", "clocks", "commit", "target", "budget_s", "elapsed_s", "versions"):
         if key in header:
             lines.append(f"- {key}: {header[key]}")
     lines += [f"- tolerance: {TOLERANCE['int8']}; {TOLERANCE['fp16']}", ""]
@@ -198,10 +199,20 @@ def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
 
 
 def write_report(outdir: str | Path, header: dict[str, Any], rows: list[Row]) -> tuple[Path, Path]:
-    """gpucheck.json and gpucheck.md in `outdir` (created)."""
+    """gpucheck.json and gpucheck.md in `outdir` (created). Each file is replaced whole (written aside, then renamed),
+    so a run killed while writing leaves the previous version, never half a file."""
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     js, md = out / "gpucheck.json", out / "gpucheck.md"
-    js.write_text(to_json(header, rows))
-    md.write_text(to_markdown(header, rows))
+    _write_whole(js, to_json(header, rows))
+    _write_whole(md, to_markdown(header, rows))
     return js, md
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
