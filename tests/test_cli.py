@@ -119,3 +119,8 @@ def test_gpucheck_gets_its_own_arguments_in_any_order(capsys, tmp_path):
         status, out, err = run_cli(capsys, *argv)
         assert status == 0, err
         assert "int8 64x64x64" in out
+
+
+def test_a_bad_depth_reads_naturally(capsys):
+    status, _, err = run_cli(capsys, "gemm", "4", "4", "4", "--depth", "0")
+    assert status == 2 and "depth must be a whole number ≥ 1, not 0" in err

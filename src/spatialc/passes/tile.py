@@ -116,7 +116,9 @@ def _positive(name: str, values: tuple[int, ...] | None, n: int) -> None:
     if values is None:
         return
     if len(values) != n or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-        raise ProgramError(f"{name} must be {n} whole numbers ≥ 1, not {values!r}")
+        what = "a whole number ≥ 1" if n == 1 else f"{n} whole numbers ≥ 1"
+        shown = values[0] if n == 1 and len(values) == 1 else values
+        raise ProgramError(f"{name} must be {what}, not {shown!r}")
 
 
 def candidates(
