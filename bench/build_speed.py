@@ -25,8 +25,10 @@ def main() -> None:
     for m, n, k, prec in [(1024, 1024, 1024, "int8"), (8192, 8192, 8192, "fp16"), (8192, 8192, 8192, "int8")]:
         base = median_time(lambda m=m, n=n, k=k, prec=prec: spatialc.gemm(m, n, k, prec))
         full = median_time(lambda m=m, n=n, k=k, prec=prec: spatialc.build(spatialc.gemm(m, n, k, prec), "sm_90"))
-        print(f"build {m}x{n}x{k} {prec} sm_90: {full * 1e3:8.1f} ms  (gemm() alone {base * 1e3:.2f} ms,"
-              f" ratio {full / base:.0f}x)")
+        print(
+            f"build {m}x{n}x{k} {prec} sm_90: {full * 1e3:8.1f} ms  (gemm() alone {base * 1e3:.2f} ms,"
+            f" ratio {full / base:.0f}x)"
+        )
 
 
 if __name__ == "__main__":

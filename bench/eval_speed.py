@@ -41,10 +41,14 @@ def main() -> None:
     assert np.array_equal(c, ref.astype(np.int64)), "the interpreter disagrees with numpy"
     ti, tn = statistics.median(interp), statistics.median(blas)
     sites = len(program.placement.items_of_site)
-    print(f"gemm {m}x{n}x{k} int8 sm_90, block {plan.block.osh}x{plan.block.osw}x{plan.block.ibw}"
-          f" sub-blocks {plan.sub_blocks[0]}x{plan.sub_blocks[1]} grid {plan.grid[0]}x{plan.grid[1]}, {sites} sites")
-    print(f"interpreter {ti * 1e3:8.1f} ms   numpy float64 a @ b {tn * 1e3:8.1f} ms   ratio {ti / tn:.2f}x"
-          f"  (median of {RUNS})")
+    print(
+        f"gemm {m}x{n}x{k} int8 sm_90, block {plan.block.osh}x{plan.block.osw}x{plan.block.ibw}"
+        f" sub-blocks {plan.sub_blocks[0]}x{plan.sub_blocks[1]} grid {plan.grid[0]}x{plan.grid[1]}, {sites} sites"
+    )
+    print(
+        f"interpreter {ti * 1e3:8.1f} ms   numpy float64 a @ b {tn * 1e3:8.1f} ms   ratio {ti / tn:.2f}x"
+        f"  (median of {RUNS})"
+    )
 
 
 if __name__ == "__main__":

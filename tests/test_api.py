@@ -18,8 +18,19 @@ def test_build_and_lower_take_the_target_keyword_the_issues_name():
 
 
 def test_every_error_is_a_spatial_error_and_the_names_are_exported():
-    for name in ("SpatialError", "ProgramError", "PlanError", "VerifyError", "DeadlockError", "SerdeError",
-                 "UnknownTarget", "bias", "relu", "scalar", "requant"):
+    for name in (
+        "SpatialError",
+        "ProgramError",
+        "PlanError",
+        "VerifyError",
+        "DeadlockError",
+        "SerdeError",
+        "UnknownTarget",
+        "bias",
+        "relu",
+        "scalar",
+        "requant",
+    ):
         assert hasattr(spatialc, name), name
     assert issubclass(spatialc.SerdeError, spatialc.SpatialError)
     assert issubclass(spatialc.UnknownTarget, spatialc.SpatialError)
@@ -57,8 +68,10 @@ def test_a_document_cannot_forge_the_verified_mark():
 
 def test_lower_verifies_again_a_program_changed_behind_verify():
     p = spatialc.build(spatialc.gemm(64, 64, 64), "sm_86", block=(1, 1, 1), sites=1)
-    shallow = tuple(dataclasses.replace(b, kind=dataclasses.replace(b.kind, depth_pages=0))
-                    if b.id == BufferId(0) else b for b in p.buffers)
+    shallow = tuple(
+        dataclasses.replace(b, kind=dataclasses.replace(b.kind, depth_pages=0)) if b.id == BufferId(0) else b
+        for b in p.buffers
+    )
     changed = dataclasses.replace(p, buffers=shallow)  # dataclasses.replace keeps verified=True
     assert changed.verified
     with pytest.raises(spatialc.VerifyError):
@@ -66,7 +79,9 @@ def test_lower_verifies_again_a_program_changed_behind_verify():
 
 
 def test_integer_epilogues_refuse_to_wrap():
-    p = spatialc.build(spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.scalar("mul", 2**30),
-                                                                  spatialc.scalar("mul", 2**30)]), "sm_86")
+    p = spatialc.build(
+        spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.scalar("mul", 2**30), spatialc.scalar("mul", 2**30)]),
+        "sm_86",
+    )
     with pytest.raises(spatialc.SpatialError, match="beyond ±2\\^62"):
         spatialc.evaluate(p, {"A": np.full((16, 16), 100), "B": np.full((16, 16), 100)})

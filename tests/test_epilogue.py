@@ -45,30 +45,68 @@ def independent(prec: str, a, b, stages, params) -> np.ndarray:
 def spec_to_epilogue(stages):
     out = []
     for kind, arg in stages:
-        out.append({"bias": lambda a: bias(a), "relu": lambda a: relu(), "scalar": lambda a: scalar(*a),
-                    "requant": lambda a: requant(*a)}[kind](arg))
+        out.append(
+            {
+                "bias": lambda a: bias(a),
+                "relu": lambda a: relu(),
+                "scalar": lambda a: scalar(*a),
+                "requant": lambda a: requant(*a),
+            }[kind](arg)
+        )
     return out
 
 
-INT_STAGES = st.lists(st.sampled_from([("bias", "bias"), ("relu", None), ("scalar", ("add", 7)),
-                                       ("scalar", ("mul", -2)), ("scalar", ("max", -100)), ("scalar", ("min", 900))]),
-                      max_size=3, unique_by=lambda s: s[0] if s[0] == "bias" else str(s))
-FLOAT_STAGES = st.lists(st.sampled_from([("bias", "bias"), ("relu", None), ("scalar", ("add", 0.25)),
-                                         ("scalar", ("mul", 0.5)), ("scalar", ("min", 3.0))]),
-                        max_size=3, unique_by=lambda s: s[0] if s[0] == "bias" else str(s))
+INT_STAGES = st.lists(
+    st.sampled_from(
+        [
+            ("bias", "bias"),
+            ("relu", None),
+            ("scalar", ("add", 7)),
+            ("scalar", ("mul", -2)),
+            ("scalar", ("max", -100)),
+            ("scalar", ("min", 900)),
+        ]
+    ),
+    max_size=3,
+    unique_by=lambda s: s[0] if s[0] == "bias" else str(s),
+)
+FLOAT_STAGES = st.lists(
+    st.sampled_from(
+        [
+            ("bias", "bias"),
+            ("relu", None),
+            ("scalar", ("add", 0.25)),
+            ("scalar", ("mul", 0.5)),
+            ("scalar", ("min", 3.0)),
+        ]
+    ),
+    max_size=3,
+    unique_by=lambda s: s[0] if s[0] == "bias" else str(s),
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(1, 90), st.integers(1, 90), st.integers(1, 90), INT_STAGES,
-       st.sampled_from([None, (0.003, 0), (0.02, -7), (1.5, 100)]), st.sampled_from(["contiguous", "round_robin"]),
-       st.integers(0, 2**31))
+@given(
+    st.integers(1, 90),
+    st.integers(1, 90),
+    st.integers(1, 90),
+    INT_STAGES,
+    st.sampled_from([None, (0.003, 0), (0.02, -7), (1.5, 100)]),
+    st.sampled_from(["contiguous", "round_robin"]),
+    st.integers(0, 2**31),
+)
 def test_int8_epilogues_equal_the_independent_formulas(m, n, k, stages, rq, placement, seed):
     stages = list(stages) + ([("requant", rq)] if rq else [])
     rng = np.random.default_rng(seed)
     a, b = rng.integers(-128, 128, (m, k)), rng.integers(-128, 128, (k, n))
     params = {"bias": rng.integers(-(2**20), 2**20, n)}
-    p = spatialc.build(spatialc.gemm(m, n, k, "int8", epilogue=spec_to_epilogue(stages)), "sm_86", sites=3,
-                       placement=placement, block=(1, 2, 1))
+    p = spatialc.build(
+        spatialc.gemm(m, n, k, "int8", epilogue=spec_to_epilogue(stages)),
+        "sm_86",
+        sites=3,
+        placement=placement,
+        block=(1, 2, 1),
+    )
     inputs = {"A": a, "B": b, **({"bias": params["bias"]} if any(s[0] == "bias" for s in stages) else {})}
     got = spatialc.evaluate(p, inputs)
     want = independent("int8", a, b, stages, params)
@@ -76,8 +114,14 @@ def test_int8_epilogues_equal_the_independent_formulas(m, n, k, stages, rq, plac
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(1, 70), st.integers(1, 70), st.integers(1, 70), FLOAT_STAGES, st.sampled_from(["fp16", "bf16"]),
-       st.integers(0, 2**31))
+@given(
+    st.integers(1, 70),
+    st.integers(1, 70),
+    st.integers(1, 70),
+    FLOAT_STAGES,
+    st.sampled_from(["fp16", "bf16"]),
+    st.integers(0, 2**31),
+)
 def test_float_epilogues_on_integer_valued_data_are_exact(m, n, k, stages, prec, seed):
     # Integer-valued inputs make every product and sum exact in float32, so the float chain must match exactly.
     rng = np.random.default_rng(seed)
@@ -103,8 +147,10 @@ def test_real_valued_float_epilogue_within_float32_rounding():
 @pytest.mark.parametrize(("scale", "zp"), [(0.5, 0), (0.25, 3), (0.5, -128), (1.0, 127), (2.0, 0), (1 / 3, -5)])
 def test_requant_edge_values_through_the_whole_program(scale, zp):
     # A = ones and B = ±1 with K = 1 make the accumulator ±1; the bias then places any int32 value before requant.
-    values = np.array([0, 1, -1, 2, -2, 3, -3, 5, -5, 6, -6, 255, 256, -255, -256, 2**31 - 1, -(2**31), 10**6,
-                       -(10**6)], dtype=np.int64)
+    values = np.array(
+        [0, 1, -1, 2, -2, 3, -3, 5, -5, 6, -6, 255, 256, -255, -256, 2**31 - 1, -(2**31), 10**6, -(10**6)],
+        dtype=np.int64,
+    )
     n = len(values)
     p = spatialc.build(spatialc.gemm(2, n, 1, "int8", epilogue=[bias(), requant(scale, zp)]), "sm_86")
     sign = np.where(values < 0, -1, 1)

@@ -44,8 +44,10 @@ SHAPES = {
     "items_round_robin_sm80": (40, 136, 32, "sm_80", {"block": (2, 4, 1), "sites": 2, "placement": "round_robin"}),
     "sub_blocks_sm90": (36, 160, 48, "sm_90", {"block": (2, 4, 1), "sub_blocks": (1, 2), "depth": 1}),
 }
-SCALARS = {"int8": (("add", 7), ("mul", -3), ("max", -90), ("min", 5000)),
-           "fp16": (("add", 1.25), ("mul", 0.3), ("max", -2.5), ("min", 40.0))}
+SCALARS = {
+    "int8": (("add", 7), ("mul", -3), ("max", -90), ("min", 5000)),
+    "fp16": (("add", 1.25), ("mul", 0.3), ("max", -2.5), ("min", 40.0)),
+}
 SCALARS["bf16"] = SCALARS["fp16"]
 REQUANTS = ((0.0005, 3), (0.01, -7), (1.5, 0))  # a right shift, another, and a left shift (scale > 1)
 
@@ -70,10 +72,12 @@ def label(chain):
 
 
 # (case name, precision, shape, chain) for every chain, each on a shape in turn.
-CASES = [(f"{prec}/{label(chain)}/{shape}", prec, shape, chain)
-         for prec in ("int8", "fp16", "bf16")
-         for i, chain in enumerate(chains(prec))
-         for shape in [list(SHAPES)[(i + len(prec)) % len(SHAPES)]]]
+CASES = [
+    (f"{prec}/{label(chain)}/{shape}", prec, shape, chain)
+    for prec in ("int8", "fp16", "bf16")
+    for i, chain in enumerate(chains(prec))
+    for shape in [list(SHAPES)[(i + len(prec)) % len(SHAPES)]]
+]
 assert len({c[0] for c in CASES}) == len(CASES)
 
 
@@ -127,8 +131,8 @@ def test_the_census_counts_each_epilogue_stage_once_and_the_output_type_follows_
     kinds = [type(op).__name__ for op in epilogue_ops(p)]
     assert a.census.stages == a.census.printed_stages == dict(Counter(["MatmulTiles", *kinds]))
     # Each stage's one statement sits in the read-out loop, in chain order, with its own marker.
-    loop = a.kernel_cu[a.kernel_cu.index("for (int el = lane; el < 256; el += 32)"):]
-    loop = loop[:loop.index("}")]
+    loop = a.kernel_cu[a.kernel_cu.index("for (int el = lane; el < 256; el += 32)") :]
+    loop = loop[: loop.index("}")]
     assert count_printed(loop) == ({"Compute": len(chain)} if chain else {})
     # The fused rings are gone: only the two operand rings are left.
     assert sorted(set(re.findall(r"SPATIALC_SHARED_RING\(\w+, (ring_\d+)", a.kernel_cu))) == ["ring_0", "ring_1"]
@@ -137,8 +141,11 @@ def test_the_census_counts_each_epilogue_stage_once_and_the_output_type_follows_
     biases = [t for t in p.tensors if t.role.value == "parameter"]
     opt = {"int8": "signed char", "fp16": "__half", "bf16": "__nv_bfloat16"}[prec]
     assert [(q.name, q.c_type, q.role) for q in a.launch.params] == [
-        ("A", opt, "input"), ("B", opt, "input"), ("C", out, "output"),
-        *[(t.name, "int" if prec == "int8" else "float", "parameter") for t in biases]]
+        ("A", opt, "input"),
+        ("B", opt, "input"),
+        ("C", out, "output"),
+        *[(t.name, "int" if prec == "int8" else "float", "parameter") for t in biases],
+    ]
     for t in biases:
         assert f'spatialc_read("{t.name}.txt", h{int(t.id)})' in a.program_cu
         assert f"spatialc_bench_input(h{int(t.id)}, {int(t.id)});" in a.bench_cu
@@ -180,12 +187,16 @@ def test_chains_whose_c_would_differ_from_the_epilogue_semantics_are_refused():
     with pytest.raises(TooBig, match="after epilogue stage scalar1"):  # 32·2^14 · 2^30 · 2^30 leaves int64
         lower(a_big, spatialc.target("sm_86"))
     out = p.output_tensor()
-    wrong = p.evolve(tensors=tuple(dataclasses.replace(t, dtype=type(t.dtype)("float32")) if t is out else t
-                                   for t in p.tensors), verified=True)
+    wrong = p.evolve(
+        tensors=tuple(dataclasses.replace(t, dtype=type(t.dtype)("float32")) if t is out else t for t in p.tensors),
+        verified=True,
+    )
     with pytest.raises(Precision, match="holds int64 values"):
         lower(wrong, spatialc.target(p.target))
-    stages = tuple(dataclasses.replace(s, kind=type(s.kind)(Requant(2**31, 0, 0))) if s.name.startswith("scalar")
-                   else s for s in p.stages)
+    stages = tuple(
+        dataclasses.replace(s, kind=type(s.kind)(Requant(2**31, 0, 0))) if s.name.startswith("scalar") else s
+        for s in p.stages
+    )
     with pytest.raises(Unsupported, match="Q31 multiplier"):
         lower(p.evolve(stages=stages, verified=True), spatialc.target(p.target))
 
@@ -196,13 +207,23 @@ def test_chains_whose_c_would_differ_from_the_epilogue_semantics_are_refused():
 @needs_gxx
 def test_spatialc_requant_is_bit_identical_to_quant_requantize(tmp_path):
     rng = np.random.default_rng(3)
-    xs = np.concatenate([rng.integers(-2**40, 2**40, 400), rng.integers(-2**31, 2**31, 400),
-                         rng.integers(-70000, 70000, 400), np.arange(-300, 300),
-                         [-2**31 - 1, -2**31, 2**31 - 1, 2**31, -2**62, 2**62, 0]]).astype(np.int64)
-    params = [(*quantize_multiplier(s), zp) for s, zp in
-              ((0.0005, 3), (0.01, -7), (2.5, 0), (0.5, 0), (1.0, 127), (1e-9, -128), (0.3333, 11), (1000.0, 5))]
+    xs = np.concatenate(
+        [
+            rng.integers(-(2**40), 2**40, 400),
+            rng.integers(-(2**31), 2**31, 400),
+            rng.integers(-70000, 70000, 400),
+            np.arange(-300, 300),
+            [-(2**31) - 1, -(2**31), 2**31 - 1, 2**31, -(2**62), 2**62, 0],
+        ]
+    ).astype(np.int64)
+    params = [
+        (*quantize_multiplier(s), zp)
+        for s, zp in ((0.0005, 3), (0.01, -7), (2.5, 0), (0.5, 0), (1.0, 127), (1e-9, -128), (0.3333, 11), (1000.0, 5))
+    ]
     params += [(2**31 - 1, -31, 0), (2**30, 30, -1), (0, 0, 4)]
-    harness = helpers() + """
+    harness = (
+        helpers()
+        + """
 #include <cstdio>
 int main() {
     long long m, z; int s, n;
@@ -213,12 +234,15 @@ int main() {
     return 0;
 }
 """
+    )
     src, exe = tmp_path / "requant.cpp", tmp_path / "requant"
     src.write_text("#define __device__\n#define __forceinline__ inline\n" + harness)
     subprocess.run([GXX, "-std=c++20", "-O2", "-Wall", "-Wextra", "-Werror", str(src), "-o", str(exe)], check=True)
     feed = "".join(f"{m} {s} {z} {len(xs)}\n" + "\n".join(map(str, xs.tolist())) + "\n" for m, s, z in params)
-    got = np.array(subprocess.run([str(exe)], input=feed, capture_output=True, text=True, check=True).stdout.split(),
-                   dtype=np.int64).reshape(len(params), len(xs))
+    got = np.array(
+        subprocess.run([str(exe)], input=feed, capture_output=True, text=True, check=True).stdout.split(),
+        dtype=np.int64,
+    ).reshape(len(params), len(xs))
     for (m, s, z), row in zip(params, got, strict=True):
         assert np.array_equal(row, requantize(xs, m, s, z).astype(np.int64)), (m, s, z)
 
@@ -232,8 +256,10 @@ def nvcc_unit(arts):
     texts = []
     for name, a in arts:
         texts.append((name, "p", a.kernel_cu))
-    hosts = [next(a for n, a in arts if n.startswith("int8/bias+relu") and "requant" in n),
-             next(a for n, a in arts if n.startswith("fp16/bias"))]
+    hosts = [
+        next(a for n, a in arts if n.startswith("int8/bias+relu") and "requant" in n),
+        next(a for n, a in arts if n.startswith("fp16/bias")),
+    ]
     for a in hosts:
         texts += [("host", "p", a.program_cu), ("bench", "b", a.bench_cu)]
     parts = [f"#include <{h}>\n" for h in INCLUDES]
@@ -250,8 +276,17 @@ def nvcc_runs(tmp_path_factory):
     arts = [(name, lowered(name)) for name, *_ in CASES]
     text, texts = nvcc_unit(arts)
     (d / "epilogue.cu").write_text(text)
-    cmd = [NVCC, "-c", "--threads", "2", "-o", str(d / "epilogue.o"), str(d / "epilogue.cu"),
-           *[g for t in ("sm_80", "sm_86", "sm_90") for g in gencode(t)], *FLAGS]
+    cmd = [
+        NVCC,
+        "-c",
+        "--threads",
+        "2",
+        "-o",
+        str(d / "epilogue.o"),
+        str(d / "epilogue.cu"),
+        *[g for t in ("sm_80", "sm_86", "sm_90") for g in gencode(t)],
+        *FLAGS,
+    ]
     return dict(arts), texts, subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 

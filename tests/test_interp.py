@@ -56,8 +56,11 @@ def build_kwargs(data: st.DataObject) -> dict:
     """A random mix of forced plan fields, placements, site counts and targets."""
     kw: dict = {"placement": data.draw(st.sampled_from(["contiguous", "round_robin"]))}
     if data.draw(st.booleans()):
-        kw["block"] = (data.draw(st.sampled_from([1, 2, 4])), data.draw(st.sampled_from([1, 2, 4])),
-                       data.draw(st.sampled_from([1, 2])))
+        kw["block"] = (
+            data.draw(st.sampled_from([1, 2, 4])),
+            data.draw(st.sampled_from([1, 2, 4])),
+            data.draw(st.sampled_from([1, 2])),
+        )
     if data.draw(st.booleans()):
         kw["sub_blocks"] = data.draw(st.sampled_from([(1, 1), (1, 2), (2, 1), (2, 2)]))
     if data.draw(st.booleans()):
@@ -97,8 +100,10 @@ def test_integer_valued_bf16_equals_numpy_exactly(data):
     evaluate_gemm(data, "bf16", -8, 9)
 
 
-@pytest.mark.parametrize("prec, rounding", [("fp16", lambda x: x.astype(np.float16).astype(np.float64)),
-                                            ("bf16", lambda x: np.vectorize(bf16_reference)(x))])
+@pytest.mark.parametrize(
+    "prec, rounding",
+    [("fp16", lambda x: x.astype(np.float16).astype(np.float64)), ("bf16", lambda x: np.vectorize(bf16_reference)(x))],
+)
 def test_real_valued_fp16_bf16_within_tolerance(prec, rounding):
     rng = np.random.default_rng(5)
     m, n, k = 70, 45, 130
@@ -141,8 +146,9 @@ def reader_k_reversed(p):
 
     def backwards(read: ReadTiles) -> ReadTiles:
         k_stride = dict(read.at.steps)[LV_K]
-        at = TileAddr(read.at.base + (steps - 1) * k_stride,
-                      tuple((v, -s if v == LV_K else s) for v, s in read.at.steps))
+        at = TileAddr(
+            read.at.base + (steps - 1) * k_stride, tuple((v, -s if v == LV_K else s) for v, s in read.at.steps)
+        )
         return dataclasses.replace(read, at=at)
 
     body = tuple(backwards(op) if isinstance(op, ReadTiles) else op for op in k_loop.body)
@@ -169,8 +175,18 @@ def test_split_k_packs_the_second_half_onto_the_first():
     (item_loop,) = program_of(p, "compute").ops
     acquire, k_loop, reserve, pack, push, release = item_loop.body
     half = dataclasses.replace(k_loop, count=Const(4))
-    body = (acquire, half, reserve, pack, release, acquire, half, dataclasses.replace(pack, accumulate=True), push,
-            release)
+    body = (
+        acquire,
+        half,
+        reserve,
+        pack,
+        release,
+        acquire,
+        half,
+        dataclasses.replace(pack, accumulate=True),
+        push,
+        release,
+    )
     split = with_engine(p, "compute", (dataclasses.replace(item_loop, body=body),))
     a, b = operands(np.random.default_rng(12), 40, 20, 128, -128, 128)
     np.testing.assert_array_equal(spatialc.evaluate(split, {"A": a, "B": b}), a @ b)
@@ -181,8 +197,14 @@ def test_reading_a_tensor_after_writing_it_sees_the_write():
     p = one_site(m=32, n=32, k=48)
     x = BufferId(9)
     c = p.tensor_named("C").id
-    copy = (Reserve(x), ReadTiles(c, TileAddr(0), 1, 1, 2, 1, x), Push(x),
-            Wait(x), WriteTiles(x, c, TileAddr(3), 1, 1, 2, 1), Pop(x))
+    copy = (
+        Reserve(x),
+        ReadTiles(c, TileAddr(0), 1, 1, 2, 1, x),
+        Push(x),
+        Wait(x),
+        WriteTiles(x, c, TileAddr(3), 1, 1, 2, 1),
+        Pop(x),
+    )
     p = p.evolve(buffers=(*p.buffers, Buffer(x, "X", Interm(1, 1))))
     p = with_engine(p, "writer", (*program_of(p, "writer").ops, *copy))
     a, b = operands(np.random.default_rng(13), 32, 32, 48, -128, 128)
@@ -264,8 +286,14 @@ def test_rounding_agrees_with_the_exact_reference_near_ties():
     rng = np.random.default_rng(3)
     # Values on and next to the midpoints of both formats' grids, over many binades.
     base = np.ldexp(rng.integers(2**10, 2**11, 400).astype(np.float64), rng.integers(-150, 120, 400) - 10)
-    xs = np.concatenate([base * (1 + 2.0**-8), base * (1 + 2.0**-11), np.nextafter(base * (1 + 2.0**-8), 0),
-                         rng.standard_normal(300) * 10.0 ** rng.integers(-30, 30, 300)])
+    xs = np.concatenate(
+        [
+            base * (1 + 2.0**-8),
+            base * (1 + 2.0**-11),
+            np.nextafter(base * (1 + 2.0**-8), 0),
+            rng.standard_normal(300) * 10.0 ** rng.integers(-30, 30, 300),
+        ]
+    )
     xs = np.concatenate([xs, -xs])
     np.testing.assert_array_equal(round_bf16(xs), [bf16_reference(x) for x in xs])
     small = xs[np.abs(xs) < 1e6]
@@ -291,8 +319,9 @@ def program_of(p, engine: str, site: int = 0):
 
 
 def with_depth(p, name: str, depth: int):
-    bufs = tuple(dataclasses.replace(b, kind=Fifo(depth, b.kind.page_tiles)) if b.name == name else b
-                 for b in p.buffers)
+    bufs = tuple(
+        dataclasses.replace(b, kind=Fifo(depth, b.kind.page_tiles)) if b.name == name else b for b in p.buffers
+    )
     return p.evolve(buffers=bufs)
 
 
@@ -306,8 +335,10 @@ def reads_two_a_pages_per_b(p):
 
     def halves(read: ReadTiles, k_stride: int) -> tuple[ReadTiles, ReadTiles]:
         steps = tuple((v, s * 2 if v == LV_K else s) for v, s in read.at.steps)
-        return (dataclasses.replace(read, at=TileAddr(read.at.base, steps)),
-                dataclasses.replace(read, at=TileAddr(read.at.base + k_stride, steps)))
+        return (
+            dataclasses.replace(read, at=TileAddr(read.at.base, steps)),
+            dataclasses.replace(read, at=TileAddr(read.at.base + k_stride, steps)),
+        )
 
     (a0, a1), (b0, b1) = halves(read_a, 1), halves(read_b, p.tensors[1].tiles[1])
     a, b = read_a.into, read_b.into
@@ -320,8 +351,11 @@ def test_a_ring_one_page_too_shallow_deadlocks_and_the_error_names_each_engine()
     p = reads_two_a_pages_per_b(one_site(k=128))  # 8 K steps
     with pytest.raises(DeadlockError) as err:
         spatialc.evaluate(with_depth(p, "A_ring", 1), {"A": np.ones((40, 128)), "B": np.ones((128, 20))})
-    assert set(err.value.blocked) == {(0, "reader", "Reserve A_ring"), (0, "compute", "Wait B_ring"),
-                                      (0, "writer", "Wait C_ring")}
+    assert set(err.value.blocked) == {
+        (0, "reader", "Reserve A_ring"),
+        (0, "compute", "Wait B_ring"),
+        (0, "writer", "Wait C_ring"),
+    }
     text = str(err.value)
     assert "site 0 reader: Reserve A_ring — A_ring: 0 of 1 pages free (1 published, 0 reserved)" in text
     assert "site 0 compute: Wait B_ring — B_ring: 0 of 1 pages published" in text
@@ -353,15 +387,18 @@ def test_a_push_of_pages_never_reserved_is_a_flow_error():
     k_loop = item_loop.body[0]
     broken = dataclasses.replace(k_loop, body=k_loop.body[1:])  # ReadTiles and Push without the Reserve
     with pytest.raises(EvalError, match=r"site 0 reader: `ReadTiles A.*`: writes A_ring but holds no reserved"):
-        spatialc.evaluate(with_engine(p, "reader", (dataclasses.replace(item_loop, body=(broken,)),)),
-                          {"A": np.ones((40, 100)), "B": np.ones((100, 20))})
+        spatialc.evaluate(
+            with_engine(p, "reader", (dataclasses.replace(item_loop, body=(broken,)),)),
+            {"A": np.ones((40, 100)), "B": np.ones((100, 20))},
+        )
 
 
 def test_two_engines_producing_one_ring_are_refused():
     p = one_site()
     with pytest.raises(EvalError, match="A_ring at site 0 has two producer engines, reader and writer"):
-        spatialc.evaluate(with_engine(p, "writer", program_of(p, "reader").ops),
-                          {"A": np.ones((40, 100)), "B": np.ones((100, 20))})
+        spatialc.evaluate(
+            with_engine(p, "writer", program_of(p, "reader").ops), {"A": np.ones((40, 100)), "B": np.ones((100, 20))}
+        )
 
 
 # ---- trace ------------------------------------------------------------------------------------------------
@@ -401,14 +438,17 @@ def test_trace_ticks_follow_the_data():
 # ---- inputs and refusals ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("inputs, message", [
-    ({"A": np.ones((4, 5))}, "needs tensor B"),
-    ({"A": np.ones((4, 5)), "B": np.ones((6, 3))}, r"tensor B: expected shape \(5, 3\), got \(6, 3\)"),
-    ({"A": np.ones((4, 5)), "B": np.ones((5, 3)), "bias": np.ones(3)}, "no input or parameter tensor named bias"),
-    ({"A": np.full((4, 5), 0.5), "B": np.ones((5, 3))}, "A is int8 but holds values that are not whole"),
-    ({"A": np.full((4, 5), 128), "B": np.ones((5, 3))}, r"A is int8 but holds values outside -128\.\.127"),
-    ({"A": np.full((4, 5), "x"), "B": np.ones((5, 3))}, "tensor A: expected numbers"),
-])
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"A": np.ones((4, 5))}, "needs tensor B"),
+        ({"A": np.ones((4, 5)), "B": np.ones((6, 3))}, r"tensor B: expected shape \(5, 3\), got \(6, 3\)"),
+        ({"A": np.ones((4, 5)), "B": np.ones((5, 3)), "bias": np.ones(3)}, "no input or parameter tensor named bias"),
+        ({"A": np.full((4, 5), 0.5), "B": np.ones((5, 3))}, "A is int8 but holds values that are not whole"),
+        ({"A": np.full((4, 5), 128), "B": np.ones((5, 3))}, r"A is int8 but holds values outside -128\.\.127"),
+        ({"A": np.full((4, 5), "x"), "B": np.ones((5, 3))}, "tensor A: expected numbers"),
+    ],
+)
 def test_bad_inputs_are_typed_errors(inputs, message):
     p = spatialc.build(spatialc.gemm(4, 3, 5), "sm_90")
     with pytest.raises(InputError, match=message):
@@ -423,9 +463,23 @@ def test_an_unscheduled_program_is_refused():
 def test_an_op_the_interpreter_does_not_run_is_refused_by_name():
     p = one_site()
     compute = program_of(p, "compute").ops
-    generic = tuple(dataclasses.replace(op, body=tuple(dataclasses.replace(o, body=tuple(
-        dataclasses.replace(x, op=Generic("softmax")) if isinstance(x, Compute) else x for x in o.body))
-        if isinstance(o, Loop) else o for o in op.body)) for op in compute)
+    generic = tuple(
+        dataclasses.replace(
+            op,
+            body=tuple(
+                dataclasses.replace(
+                    o,
+                    body=tuple(
+                        dataclasses.replace(x, op=Generic("softmax")) if isinstance(x, Compute) else x for x in o.body
+                    ),
+                )
+                if isinstance(o, Loop)
+                else o
+                for o in op.body
+            ),
+        )
+        for op in compute
+    )
     with pytest.raises(UnsupportedOp, match=r"site 0 compute: `Compute .*`: the interpreter does not run Generic"):
         spatialc.evaluate(with_engine(p, "compute", generic), {"A": np.ones((40, 100)), "B": np.ones((100, 20))})
 
@@ -433,9 +487,20 @@ def test_an_op_the_interpreter_does_not_run_is_refused_by_name():
 def test_an_elementwise_stage_with_two_inputs_is_refused():
     p = one_site()
     compute = program_of(p, "compute").ops
-    relu = tuple(dataclasses.replace(op, body=tuple(dataclasses.replace(o, body=tuple(
-        dataclasses.replace(x, op=Relu()) if isinstance(x, Compute) else x for x in o.body))
-        if isinstance(o, Loop) else o for o in op.body)) for op in compute)
+    relu = tuple(
+        dataclasses.replace(
+            op,
+            body=tuple(
+                dataclasses.replace(
+                    o, body=tuple(dataclasses.replace(x, op=Relu()) if isinstance(x, Compute) else x for x in o.body)
+                )
+                if isinstance(o, Loop)
+                else o
+                for o in op.body
+            ),
+        )
+        for op in compute
+    )
     with pytest.raises(EvalError, match=r"`Compute relu \(A_ring, B_ring\) acc acc`: an elementwise stage reads one"):
         spatialc.evaluate(with_engine(p, "compute", relu), {"A": np.ones((40, 100)), "B": np.ones((100, 20))})
 
@@ -448,8 +513,11 @@ def test_an_address_outside_the_tensor_is_refused():
     far = dataclasses.replace(read, at=dataclasses.replace(read.at, base=1000))
     body = (k_loop.body[0], far, *k_loop.body[2:])
     broken = with_engine(p, "reader", (dataclasses.replace(item_loop, body=(dataclasses.replace(k_loop, body=body),)),))
-    with pytest.raises(AddressError, match=r"site 0 reader: `ReadTiles A\[1000 \+ .*tiles 1000\.\.1000 of A are outside"
-                                           r" its 3x7 tile grid"):
+    with pytest.raises(
+        AddressError,
+        match=r"site 0 reader: `ReadTiles A\[1000 \+ .*tiles 1000\.\.1000 of A are outside"
+        r" its 3x7 tile grid",
+    ):
         spatialc.evaluate(broken, {"A": np.ones((40, 100)), "B": np.ones((100, 20))})
     assert issubclass(AddressError, SpatialError)
 
@@ -493,8 +561,11 @@ def test_semaphores_hand_off_between_engines():
     # The compute engine counts packed items; the writer waits for each count before its Wait.
     c_body = (*c_loop.body, SemInc(SemId(0), Site(0)))
     w_body = tuple(SemWait(SemId(0), i + 1) for i in range(1)) + w_loop.body
-    handoff = with_engine(with_engine(p, "compute", (dataclasses.replace(c_loop, body=c_body),)), "writer",
-                          (dataclasses.replace(w_loop, body=w_body),))
+    handoff = with_engine(
+        with_engine(p, "compute", (dataclasses.replace(c_loop, body=c_body),)),
+        "writer",
+        (dataclasses.replace(w_loop, body=w_body),),
+    )
     a, b = operands(np.random.default_rng(7), 40, 20, 100, -128, 128)
     np.testing.assert_array_equal(spatialc.evaluate(handoff, {"A": a, "B": b}), a @ b)
     stuck = with_engine(p, "writer", (SemWait(SemId(0), 1), *writer))  # nobody ever increments it
@@ -507,12 +578,24 @@ def multicast_b(m: int = 32, k: int = 64):
     reads B. Site 1 says it has a page ready (sem `ready` on site 0); site 0 sends and sets `valid` on both."""
     p = spatialc.build(spatialc.gemm(m, 16, k), "sm_90", block=(1, 1, 1), sub_blocks=(1, 1), sites=2)
     group, ready, valid = GroupId(0), SemId(0), SemId(1)
-    p = p.evolve(placement=dataclasses.replace(p.placement, groups=(Group(group, (Site(0), Site(1))),)),
-                 semaphores=(Semaphore(ready, "ready"), Semaphore(valid, "valid")))
+    p = p.evolve(
+        placement=dataclasses.replace(p.placement, groups=(Group(group, (Site(0), Site(1))),)),
+        semaphores=(Semaphore(ready, "ready"), Semaphore(valid, "valid")),
+    )
     (k_loop,) = program_of(p, "reader").ops
     ra, read_a, pa, rb, read_b, pb = k_loop.body
-    sender = (ra, read_a, pa, rb, read_b, SemWait(ready, 1), SemSet(ready, 0), McastSend(rb.buf, group),
-              McastSetValid(valid, group, 1), pb)
+    sender = (
+        ra,
+        read_a,
+        pa,
+        rb,
+        read_b,
+        SemWait(ready, 1),
+        SemSet(ready, 0),
+        McastSend(rb.buf, group),
+        McastSetValid(valid, group, 1),
+        pb,
+    )
     receiver = (ra, read_a, pa, rb, SemInc(ready, Site(0)), SemWait(valid, 1), SemSet(valid, 0), pb)
     progs = []
     for g in p.schedule.programs:
@@ -536,8 +619,12 @@ def test_barriers_rendezvous_and_a_lone_barrier_deadlocks():
     a, b = operands(np.random.default_rng(9), 32, 16, 64, -128, 128)
 
     def with_barrier(sites):
-        progs = tuple(dataclasses.replace(g, ops=(*g.ops, Barrier(GroupId(0))))
-                      if g.engine.value == "writer" and int(g.site) in sites else g for g in p.schedule.programs)
+        progs = tuple(
+            dataclasses.replace(g, ops=(*g.ops, Barrier(GroupId(0))))
+            if g.engine.value == "writer" and int(g.site) in sites
+            else g
+            for g in p.schedule.programs
+        )
         return p.evolve(schedule=Schedule(progs))
 
     np.testing.assert_array_equal(spatialc.evaluate(with_barrier({0, 1}), {"A": a, "B": b}), a @ b)

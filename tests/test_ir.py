@@ -49,7 +49,7 @@ def test_a_built_program_round_trips():
         ("[1, 2, 3]", "not a spatialc program"),
         ('{"format": "something.else", "program": {}}', "not a spatialc program"),
         ('{"format": "spatialc.program", "version": 99, "program": {}}', "version 99"),
-        ('{"format": "spatialc.program", "version": 1}', "no \"program\""),
+        ('{"format": "spatialc.program", "version": 1}', 'no "program"'),
     ],
 )
 def test_documents_that_are_not_ours_are_refused(text, says):

@@ -44,22 +44,25 @@ def with_ops(p, engine, edit):
     def walk(ops):
         return tuple(edit(Loop(o.var, o.count, walk(o.body)) if isinstance(o, Loop) else o) for o in ops)
 
-    progs = tuple(dataclasses.replace(pr, ops=walk(pr.ops)) if pr.engine.value == engine else pr
-                  for pr in p.schedule.programs)
+    progs = tuple(
+        dataclasses.replace(pr, ops=walk(pr.ops)) if pr.engine.value == engine else pr for pr in p.schedule.programs
+    )
     return p.evolve(schedule=dataclasses.replace(p.schedule, programs=progs), verified=True)
 
 
 def matmul_replaced(p, op):
-    stages = tuple(dataclasses.replace(s, kind=ComputeStage(op)) if isinstance(s.kind, ComputeStage) else s
-                   for s in p.stages)
+    stages = tuple(
+        dataclasses.replace(s, kind=ComputeStage(op)) if isinstance(s.kind, ComputeStage) else s for s in p.stages
+    )
     return p.evolve(stages=stages, verified=True)
 
 
 def generic_stage():
     """An epilogue program whose relu stage became a compute only the general lowering could print."""
     p = spatialc.build(spatialc.gemm(64, 64, 32, "int8", epilogue=[relu()]), "sm_86", block=(2, 4, 1))
-    stages = tuple(dataclasses.replace(s, kind=ComputeStage(Generic("gelu"))) if s.name == "relu0" else s
-                   for s in p.stages)
+    stages = tuple(
+        dataclasses.replace(s, kind=ComputeStage(Generic("gelu"))) if s.name == "relu0" else s for s in p.stages
+    )
     return p.evolve(stages=stages, verified=True)
 
 
@@ -77,15 +80,27 @@ def test_an_unverified_program_is_refused():
     assert isinstance(err, Unverified) and "not verified" in str(err)
 
 
-@pytest.mark.parametrize("make, what", [
-    (lambda: generic_stage(), "generic gelu stage"),
-    (lambda: spatialc.build(spatialc.gemm(32, 32, 32, "int8", epilogue=[relu()]), "sm_86", block=(1, 1, 1)),
-     "epilogue relu: the fused epilogue applies where each warp reads back its own accumulators, and no warp grid"),
-    (lambda: built().evolve(plans=built().plans * 2, verified=True), "2 plans"),
-    (lambda: with_ops(built(), "reader", lambda o: Loop(o.var, Trip(built().tensors[0].id, 0, 4), o.body)
-                      if isinstance(o, Loop) else o), "trip count is read from data"),
-    (lambda: built().evolve(semaphores=(Semaphore(SemId(0), "s"),), verified=True), "semaphore handshake"),
-])
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (lambda: generic_stage(), "generic gelu stage"),
+        (
+            lambda: spatialc.build(spatialc.gemm(32, 32, 32, "int8", epilogue=[relu()]), "sm_86", block=(1, 1, 1)),
+            "epilogue relu: the fused epilogue applies where each warp reads back its own accumulators, and no warp"
+            " grid",
+        ),
+        (lambda: built().evolve(plans=built().plans * 2, verified=True), "2 plans"),
+        (
+            lambda: with_ops(
+                built(),
+                "reader",
+                lambda o: Loop(o.var, Trip(built().tensors[0].id, 0, 4), o.body) if isinstance(o, Loop) else o,
+            ),
+            "trip count is read from data",
+        ),
+        (lambda: built().evolve(semaphores=(Semaphore(SemId(0), "s"),), verified=True), "semaphore handshake"),
+    ],
+)
 def test_what_only_a_general_lowering_could_hold_says_so(make, what):
     err = refusal(make())
     assert isinstance(err, NeedsGeneral) and isinstance(err, Unsupported)
@@ -94,8 +109,9 @@ def test_what_only_a_general_lowering_could_hold_says_so(make, what):
 
 def test_a_group_spanning_sites_is_refused():
     p = built(sites=4)
-    p = p.evolve(placement=dataclasses.replace(p.placement, groups=(Group(GroupId(0), (Site(0), Site(1))),)),
-                 verified=True)
+    p = p.evolve(
+        placement=dataclasses.replace(p.placement, groups=(Group(GroupId(0), (Site(0), Site(1))),)), verified=True
+    )
     err = refusal(p)
     assert isinstance(err, GroupSpansSites) and err.sites == (0, 1)
 
@@ -116,11 +132,13 @@ def test_a_program_without_a_tile_matmul_is_refused():
 def test_ring_ops_of_several_pages_accumulating_packs_and_spills_are_refused():
     two = with_ops(built(), "reader", lambda o: Reserve(o.buf, 2) if isinstance(o, Reserve) else o)
     assert "Reserve of 2 pages" in str(refusal(two))
-    acc = with_ops(built(), "compute", lambda o: dataclasses.replace(o, accumulate=True)
-                   if isinstance(o, PackAcc) else o)
+    acc = with_ops(
+        built(), "compute", lambda o: dataclasses.replace(o, accumulate=True) if isinstance(o, PackAcc) else o
+    )
     assert "accumulating PackAcc" in str(refusal(acc))
-    spill = with_ops(built(), "compute", lambda o: dataclasses.replace(o, acc_reload=o.acc)
-                     if isinstance(o, Compute) else o)
+    spill = with_ops(
+        built(), "compute", lambda o: dataclasses.replace(o, acc_reload=o.acc) if isinstance(o, Compute) else o
+    )
     assert "acc_reload" in str(refusal(spill))
 
 
@@ -206,8 +224,9 @@ def test_each_warp_owns_a_rectangle_of_every_sub_block_without_aliasing():
             seen[tile] = (warp, q)
     assert sorted(seen) == [(r, c) for r in range(4) for c in range(8)]
     # The multiply indexes its accumulators by the same map: fragment q of (row r, column c) is that tile.
-    row = re.search(r"load_matrix_sync\(af, ring_0 \+ rslot_0 \* PAGE_0 \+ \(\((.*?)\)(?: \* \d+)? \+ kk\)",
-                    text).group(1)
+    row = re.search(
+        r"load_matrix_sync\(af, ring_0 \+ rslot_0 \* PAGE_0 \+ \(\((.*?)\)(?: \* \d+)? \+ kk\)", text
+    ).group(1)
     col = re.search(r"\(kk \* 8 \+ ([^)]*)\) \* 256", text).group(1)
     q_of = re.search(r"const int q = (.*);", text).group(1)
     for warp in range(4):
@@ -219,14 +238,16 @@ def test_each_warp_owns_a_rectangle_of_every_sub_block_without_aliasing():
 
 
 def item_tables(text):
-    return {name: [int(v) for v in re.search(rf"{name}\[\d+\] = {{(.*)}};", text).group(1).split(", ")]
-            for name in ("ITEM_LIST", "ITEM_OFF", "ITEM_COUNT")}
+    return {
+        name: [int(v) for v in re.search(rf"{name}\[\d+\] = {{(.*)}};", text).group(1).split(", ")]
+        for name in ("ITEM_LIST", "ITEM_OFF", "ITEM_COUNT")
+    }
 
 
 def test_the_work_list_is_the_placement_round_robin_included():
     p = built(100, 100, 32, "int8", "sm_86", sites=3, placement="round_robin")
     t = item_tables(lower(p, spatialc.target("sm_86")).kernel_cu)
-    per_site = [t["ITEM_LIST"][off:off + n] for off, n in zip(t["ITEM_OFF"], t["ITEM_COUNT"], strict=True)]
+    per_site = [t["ITEM_LIST"][off : off + n] for off, n in zip(t["ITEM_OFF"], t["ITEM_COUNT"], strict=True)]
     assert per_site == [[int(i) for i in items] for _, items in p.placement.items_of_site]
     assert per_site[1] == list(range(1, p.plan.items, 3))
 
@@ -253,25 +274,31 @@ def test_rings_stay_static_up_to_48_kib_and_move_to_the_dynamic_block_beyond():
     dynamic = lowered(128, 128, 128, "fp16", "sm_90", block=(4, 4, 4), depth=4)
     b = dynamic.budget
     assert b.rings_dynamic and b.static_bytes == 0 and b.dyn_bytes == 8 * 1024 + 64 * 1024 and b.dynamic_opt_in
-    assert ("SPATIALC_DYNAMIC_RING(OPT, ring_0, spatialc_dyn_smem, SMEM_OFF_0, DEPTH_0, PAGE_0);"
-            in dynamic.kernel_cu)
+    assert "SPATIALC_DYNAMIC_RING(OPT, ring_0, spatialc_dyn_smem, SMEM_OFF_0, DEPTH_0, PAGE_0);" in dynamic.kernel_cu
     assert "#define SMEM_OFF_0 8192" in dynamic.kernel_cu and "#define SMEM_OFF_1 40960" in dynamic.kernel_cu
     assert dynamic.launch.dyn_smem == b.dyn_bytes and dynamic.launch.smem_opt_in
     small = lowered(block=(2, 4, 2)).budget
     assert not small.dynamic_opt_in and "cudaFuncSetAttribute" not in lowered(block=(2, 4, 2)).program_cu
 
 
-@pytest.mark.parametrize("tgt, prec, kw", [
-    ("sm_86", "int8", {}), ("sm_86", "fp16", {"block": (2, 4, 2)}), ("sm_90", "bf16", {"block": (4, 4, 4), "depth": 4}),
-    ("sm_80", "fp16", {"block": (2, 4, 1), "sub_blocks": (2, 2)}), ("sm_90", "int8", {"depth": 1}),
-])
+@pytest.mark.parametrize(
+    "tgt, prec, kw",
+    [
+        ("sm_86", "int8", {}),
+        ("sm_86", "fp16", {"block": (2, 4, 2)}),
+        ("sm_90", "bf16", {"block": (4, 4, 4), "depth": 4}),
+        ("sm_80", "fp16", {"block": (2, 4, 1), "sub_blocks": (2, 2)}),
+        ("sm_90", "int8", {"depth": 1}),
+    ],
+)
 def test_the_budget_agrees_with_the_planner(tgt, prec, kw):
     p = built(128, 128, 128, prec, tgt, **kw)
     t = spatialc.target(tgt)
     a = lower(p, t)
     assert a.budget.total_bytes == smem_bytes(t, p.plan, p.precision)
-    assert a.budget.blocks_per_sm == t.resident_sites_per_unit(a.budget.total_bytes, p.plan.block.osh,
-                                                               p.plan.block.osw, p.plan.sub_blocks)
+    assert a.budget.blocks_per_sm == t.resident_sites_per_unit(
+        a.budget.total_bytes, p.plan.block.osh, p.plan.block.osw, p.plan.sub_blocks
+    )
     assert f"__launch_bounds__(NTHREAD, {a.budget.blocks_per_sm})" in a.kernel_cu
     assert a.budget.threads == t.accumulator_lanes * 32 == a.launch.block
 
@@ -279,8 +306,19 @@ def test_the_budget_agrees_with_the_planner(tgt, prec, kw):
 def test_the_census_counts_every_op_of_the_site_once_in_the_kernel():
     a = lowered(64, 64, 32, "int8", "sm_86", sites=3)
     assert a.census.agrees
-    assert a.census.program == {"AcquireAcc": 1, "Compute": 1, "Loop": 5, "PackAcc": 1, "Pop": 3, "Push": 3,
-                                "ReadTiles": 2, "ReleaseAcc": 1, "Reserve": 3, "Wait": 3, "WriteTiles": 1}
+    assert a.census.program == {
+        "AcquireAcc": 1,
+        "Compute": 1,
+        "Loop": 5,
+        "PackAcc": 1,
+        "Pop": 3,
+        "Push": 3,
+        "ReadTiles": 2,
+        "ReleaseAcc": 1,
+        "Reserve": 3,
+        "Wait": 3,
+        "WriteTiles": 1,
+    }
     assert a.census.rotated == {"Push": 2, "ReadTiles": 2, "Reserve": 2}  # the producer half, again
     assert "// op:Loop x2" in a.kernel_cu  # the reader's and the compute engine's K loops are one `for`
 
@@ -288,14 +326,16 @@ def test_the_census_counts_every_op_of_the_site_once_in_the_kernel():
 def test_the_texts_follow_the_kernel_abi():
     a = lowered(33, 17, 49, "int8", "sm_86")
     head = a.program_cu.splitlines()
-    assert head[0].startswith("// ") and head[1:9] == [f"#include <{h}>" for h in (
-        "cuda_pipeline.h", "mma.h", "cuda_bf16.h", "cuda_fp16.h", "cstdio", "cstdlib", "vector", "cstring")]
+    assert head[0].startswith("// ") and head[1:9] == [
+        f"#include <{h}>"
+        for h in ("cuda_pipeline.h", "mma.h", "cuda_bf16.h", "cuda_fp16.h", "cstdio", "cstdlib", "vector", "cstring")
+    ]
     assert a.program_cu.startswith(a.kernel_cu) and a.bench_cu.startswith(a.kernel_cu)
     assert "int main()" not in a.kernel_cu and "spatialc_persistent(const OPT* __restrict__ t0" in a.kernel_cu
     assert 'spatialc_read("a.txt", h0)' in a.program_cu and 'spatialc_read("b.txt", h1)' in a.program_cu
     assert '"%lld\\n", (long long)y[' in a.program_cu
     assert '"%.9g\\n", (double)y[' in lowered(33, 17, 49, "bf16", "sm_86").program_cu
-    main = a.program_cu[a.program_cu.index("int main()"):]
+    main = a.program_cu[a.program_cu.index("int main()") :]
     for call in re.findall(r"^\s*(.*\bcuda[A-Z]\w*\(.*)$", main, re.M):
         assert call.startswith("SPATIALC_CHECK(cuda"), call
     assert re.search(r"^\s*spatialc_persistent<<<GRID, NTHREAD>>>\(d0, d1, d2\);$", main, re.M)
@@ -327,6 +367,10 @@ def test_spatialc_lower_stays_the_function_after_the_first_call():
 def test_a_k_loop_of_one_step_is_printed_as_written():
     a = lowered(32, 32, 16, "int8", "sm_86")
     assert a.census.agrees and "// pre:" not in a.kernel_cu
-    (k,) = [o for pr in built(32, 32, 16, "int8", "sm_86").schedule.programs for o in pr.ops
-            if isinstance(o, Loop) and o.var == LV_K][:1]
+    (k,) = [
+        o
+        for pr in built(32, 32, 16, "int8", "sm_86").schedule.programs
+        for o in pr.ops
+        if isinstance(o, Loop) and o.var == LV_K
+    ][:1]
     assert k.count == Const(1)

@@ -15,10 +15,24 @@ pytestmark = [pytest.mark.emulation, pytest.mark.skipif(shutil.which("g++") is N
 
 # (m, n, k, precision, target, build options, modes)
 CASES = {
-    "fused_round_robin_uneven": (70, 90, 50, "int8", "sm_86", {"block": (2, 4, 2), "sites": 3,
-                                                             "placement": "round_robin"}, ("late", "early")),
-    "strided_sub_blocks_spare_sites": (50, 40, 30, "fp16", "sm_80", {"block": (1, 2, 1), "sub_blocks": (2, 1),
-                                                                     "sites": 40}, ("late",)),
+    "fused_round_robin_uneven": (
+        70,
+        90,
+        50,
+        "int8",
+        "sm_86",
+        {"block": (2, 4, 2), "sites": 3, "placement": "round_robin"},
+        ("late", "early"),
+    ),
+    "strided_sub_blocks_spare_sites": (
+        50,
+        40,
+        30,
+        "fp16",
+        "sm_80",
+        {"block": (1, 2, 1), "sub_blocks": (2, 1), "sites": 40},
+        ("late",),
+    ),
     "dynamic_rings": (64, 64, 64, "bf16", "sm_90", {"block": (4, 4, 4), "depth": 4, "sites": 1}, ("early",)),
 }
 
@@ -30,8 +44,9 @@ def inputs(m, n, k, prec, seed=1):
 
 
 def run(text, a, b, mode, integer):
-    return emulate_source(text, {"a.txt": a, "b.txt": b}, (a.shape[0], b.shape[1]),
-                          np.int64 if integer else np.float32, mode=mode)
+    return emulate_source(
+        text, {"a.txt": a, "b.txt": b}, (a.shape[0], b.shape[1]), np.int64 if integer else np.float32, mode=mode
+    )
 
 
 def test_lowered_kernels_equal_numpy_in_the_emulation():
@@ -48,12 +63,15 @@ def test_lowered_kernels_equal_numpy_in_the_emulation():
 
 def test_the_printed_barriers_and_wait_counts_are_needed():
     # Depth 2: the slot refilled one step ahead is the one read the step before, so every barrier matters.
-    art = lower(spatialc.build(spatialc.gemm(48, 64, 96, "fp16"), "sm_86", block=(2, 4, 1), sites=2, depth=2),
-                spatialc.target("sm_86"))
+    art = lower(
+        spatialc.build(spatialc.gemm(48, 64, 96, "fp16"), "sm_86", block=(2, 4, 1), sites=2, depth=2),
+        spatialc.target("sm_86"),
+    )
     a, b = inputs(48, 64, 96, "fp16")
     text = art.program_cu
-    no_pop_barrier = text.replace("rslot_1 = (rslot_1 + 1) % DEPTH_1; __syncthreads();",
-                                  "rslot_1 = (rslot_1 + 1) % DEPTH_1;")
+    no_pop_barrier = text.replace(
+        "rslot_1 = (rslot_1 + 1) % DEPTH_1; __syncthreads();", "rslot_1 = (rslot_1 + 1) % DEPTH_1;"
+    )
     short_wait = text.replace("__pipeline_wait_prior(2);", "__pipeline_wait_prior(3);")
     assert no_pop_barrier != text and short_wait != text
     with ThreadPoolExecutor(2) as pool:

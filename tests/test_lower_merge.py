@@ -25,14 +25,23 @@ from spatialc.lower.errors import TooBig, Unsupported
 A, B, ACC, C = BufferId(0), BufferId(1), BufferId(2), BufferId(3)
 K4 = Const(4)
 READER = (Loop(LV_K, K4, (Reserve(A), Push(A), Reserve(B), Push(B))),)
-COMPUTE = (AcquireAcc(ACC), Loop(LV_K, K4, (Wait(A), Wait(B), Pop(A), Pop(B))), Reserve(C), PackAcc(ACC, C, 1),
-           Push(C), ReleaseAcc(ACC))
+COMPUTE = (
+    AcquireAcc(ACC),
+    Loop(LV_K, K4, (Wait(A), Wait(B), Pop(A), Pop(B))),
+    Reserve(C),
+    PackAcc(ACC, C, 1),
+    Push(C),
+    ReleaseAcc(ACC),
+)
 WRITER = (Wait(C), Pop(C))  # the standard writer: no K loop, waiting on a push made after the compute's K loop
 
 
 def rings(depth_a=2, depth_c=2, fused=()):
-    table = {0: Ring(0, "A", depth_a, 256, "OPT", 1), 1: Ring(1, "B", depth_a, 256, "OPT", 1),
-             3: Ring(3, "C", depth_c, 256, "ACCT", 4)}
+    table = {
+        0: Ring(0, "A", depth_a, 256, "OPT", 1),
+        1: Ring(1, "B", depth_a, 256, "OPT", 1),
+        3: Ring(3, "C", depth_c, 256, "ACCT", 4),
+    }
     for f in fused:
         table.pop(f)
     return Rings(table, {A: 0, B: 1, ACC: 2, C: 3}, fused, {0: "A", 1: "B", 3: "C"})
@@ -134,14 +143,20 @@ def test_the_fused_output_must_be_stored_before_the_accumulators_change():
 def test_the_fused_chain_must_be_applied_in_order_once_between_pack_and_store():
     # C is the matmul's output and E a relu stage's: fused, neither has a ring; the store prints the whole chain.
     e = BufferId(4)
-    fused = Rings({0: Ring(0, "A", 2, 256, "OPT", 1), 1: Ring(1, "B", 2, 256, "OPT", 1)},
-                  {A: 0, B: 1, ACC: 2, C: 3, e: 4}, (3, 4), {0: "A", 1: "B", 3: "C", 4: "E"})
+    fused = Rings(
+        {0: Ring(0, "A", 2, 256, "OPT", 1), 1: Ring(1, "B", 2, 256, "OPT", 1)},
+        {A: 0, B: 1, ACC: 2, C: 3, e: 4},
+        (3, 4),
+        {0: "A", 1: "B", 3: "C", 4: "E"},
+    )
     pack, relu_e = PackAcc(ACC, C, 1), Compute(Relu(), (C,), (e,))
     store_e, store_c = (WriteTiles(buf, TensorId(2), TileAddr(0), 1, 1, 1, 1) for buf in (e, C))
     prove(fused, (AcquireAcc(ACC), pack, relu_e, store_e))
-    for order in ((AcquireAcc(ACC), pack, store_c),  # the relu skipped
-                  (AcquireAcc(ACC), relu_e, pack, store_e),  # applied before the accumulators are packed
-                  (AcquireAcc(ACC), pack, relu_e, relu_e, store_e)):  # applied twice
+    for order in (
+        (AcquireAcc(ACC), pack, store_c),  # the relu skipped
+        (AcquireAcc(ACC), relu_e, pack, store_e),  # applied before the accumulators are packed
+        (AcquireAcc(ACC), pack, relu_e, relu_e, store_e),
+    ):  # applied twice
         with pytest.raises(Unsupported, match="on the fused output out of order"):
             prove(fused, order)
     with pytest.raises(Unsupported, match="between the fused PackAcc"):

@@ -69,8 +69,15 @@ def ptxas_entries(log):
         case = re.search(r"spatialc_case_(\d+)_([pb])", head.group(1))
         spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", chunk)
         smem = re.search(r"(\d+) bytes smem", chunk)
-        entries.append((int(case.group(1)) if case else None, case.group(2) if case else None, head.group(2),
-                        int(spill.group(1)) + int(spill.group(2)), int(smem.group(1)) if smem else 0))
+        entries.append(
+            (
+                int(case.group(1)) if case else None,
+                case.group(2) if case else None,
+                head.group(2),
+                int(spill.group(1)) + int(spill.group(2)),
+                int(smem.group(1)) if smem else 0,
+            )
+        )
     return entries
 
 

@@ -72,8 +72,9 @@ def test_placement_covers_every_item_once(kind, items, sites):
 
 def test_default_sites_are_what_the_target_keeps_resident_capped_at_items():
     p = place(tile(spatialc.gemm(8192, 8192, 8192, "fp16"), T90), T90)
-    per_sm = T90.resident_sites_per_unit(smem_bytes(T90, p.plan, p.precision), p.plan.block.osh, p.plan.block.osw,
-                                         p.plan.sub_blocks)
+    per_sm = T90.resident_sites_per_unit(
+        smem_bytes(T90, p.plan, p.precision), p.plan.block.osh, p.plan.block.osw, p.plan.sub_blocks
+    )
     assert len(p.placement.items_of_site) == min(p.plan.items, T90.units * per_sm)
     small = place(tile(spatialc.gemm(16, 16, 16), T90), T90)
     assert len(small.placement.items_of_site) == 1
@@ -105,8 +106,9 @@ def test_one_item_per_site_drops_the_item_loop_and_empty_sites_get_empty_program
 
 def test_schedule_size_does_not_grow_with_the_matrix():
     def ops_per_site(n):
-        p = spatialc.build(spatialc.gemm(n, n, n, "fp16"), "sm_90", block=(4, 8, 1), sub_blocks=(2, 2), depth=3,
-                           sites=4)
+        p = spatialc.build(
+            spatialc.gemm(n, n, n, "fp16"), "sm_90", block=(4, 8, 1), sub_blocks=(2, 2), depth=3, sites=4
+        )
         return [sum(1 for _ in ops.walk(prog.ops)) for prog in p.schedule.programs_of(spatialc.ir.Site(0))]
 
     assert ops_per_site(1024) == ops_per_site(8192)

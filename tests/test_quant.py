@@ -83,8 +83,7 @@ def test_requantize_edge_cases(x, scale, zp, want):
 
 
 @settings(max_examples=300)
-@given(st.lists(st.integers(-(2**33), 2**33), min_size=1, max_size=20), st.floats(1e-6, 64.0),
-       st.integers(-128, 127))
+@given(st.lists(st.integers(-(2**33), 2**33), min_size=1, max_size=20), st.floats(1e-6, 64.0), st.integers(-128, 127))
 def test_requantize_matches_the_scalar_reference(xs, scale, zp):
     mult, shift = quantize_multiplier(scale)
     got = requantize(np.array(xs, dtype=np.int64), mult, shift, zp)

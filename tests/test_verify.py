@@ -97,17 +97,27 @@ def map_ops(ops: tuple[ChoreoOp, ...], f: Callable[[ChoreoOp], tuple[ChoreoOp, .
     return tuple(out)
 
 
-def edit(p: SpatialProgram, engine: Engine, f: Callable[[tuple[ChoreoOp, ...]], tuple[ChoreoOp, ...]],
-         sites: tuple[int, ...] | None = None) -> SpatialProgram:
+def edit(
+    p: SpatialProgram,
+    engine: Engine,
+    f: Callable[[tuple[ChoreoOp, ...]], tuple[ChoreoOp, ...]],
+    sites: tuple[int, ...] | None = None,
+) -> SpatialProgram:
     """`p` with `engine`'s programs (on `sites`, default all) rewritten by `f`."""
     assert p.schedule is not None
-    progs = tuple(dataclasses.replace(q, ops=f(q.ops)) if q.engine == engine and (sites is None or q.site in sites)
-                  else q for q in p.schedule.programs)
+    progs = tuple(
+        dataclasses.replace(q, ops=f(q.ops)) if q.engine == engine and (sites is None or q.site in sites) else q
+        for q in p.schedule.programs
+    )
     return p.evolve(schedule=Schedule(progs))
 
 
-def replace(p: SpatialProgram, engine: Engine, f: Callable[[ChoreoOp], tuple[ChoreoOp, ...] | None],
-            sites: tuple[int, ...] | None = None) -> SpatialProgram:
+def replace(
+    p: SpatialProgram,
+    engine: Engine,
+    f: Callable[[ChoreoOp], tuple[ChoreoOp, ...] | None],
+    sites: tuple[int, ...] | None = None,
+) -> SpatialProgram:
     return edit(p, engine, lambda ops: map_ops(ops, f), sites)
 
 
@@ -136,17 +146,20 @@ def refused(p: SpatialProgram, error: type[Exception], *words: str) -> Exception
 # ---- every built program verifies ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("shape", "prec", "tgt", "kw"), [
-    ((100, 70, 50), "int8", "sm_86", {}),
-    ((1, 1, 1), "fp16", "sm_80", {}),
-    ((256, 256, 256), "bf16", "sm_90", {}),
-    ((1000, 300, 130), "int8", "sm_80", {"placement": "round_robin", "sites": 7}),
-    ((1000, 300, 130), "fp16", "sm_90", {"placement": "contiguous", "sites": 5}),
-    ((64, 64, 64), "int8", "sm_86", {"sites": 40}),  # more sites than items: empty sites
-    ((300, 500, 200), "fp16", "sm_86", {"block": (2, 4, 2), "sub_blocks": (2, 1), "depth": 2}),
-    ((300, 500, 200), "int8", "sm_90", {"block": (1, 1, 1), "sub_blocks": (1, 1), "depth": 1, "sites": 3}),
-    ((200, 200, 96), "bf16", "sm_80", {"block": (4, 4, 4), "sub_blocks": (1, 2), "placement": "round_robin"}),
-])
+@pytest.mark.parametrize(
+    ("shape", "prec", "tgt", "kw"),
+    [
+        ((100, 70, 50), "int8", "sm_86", {}),
+        ((1, 1, 1), "fp16", "sm_80", {}),
+        ((256, 256, 256), "bf16", "sm_90", {}),
+        ((1000, 300, 130), "int8", "sm_80", {"placement": "round_robin", "sites": 7}),
+        ((1000, 300, 130), "fp16", "sm_90", {"placement": "contiguous", "sites": 5}),
+        ((64, 64, 64), "int8", "sm_86", {"sites": 40}),  # more sites than items: empty sites
+        ((300, 500, 200), "fp16", "sm_86", {"block": (2, 4, 2), "sub_blocks": (2, 1), "depth": 2}),
+        ((300, 500, 200), "int8", "sm_90", {"block": (1, 1, 1), "sub_blocks": (1, 1), "depth": 1, "sites": 3}),
+        ((200, 200, 96), "bf16", "sm_80", {"block": (4, 4, 4), "sub_blocks": (1, 2), "placement": "round_robin"}),
+    ],
+)
 def test_built_programs_verify(shape, prec, tgt, kw):
     p = spatialc.build(spatialc.gemm(*shape, prec), tgt, **kw)
     assert p.verified
@@ -172,8 +185,11 @@ def test_hand_placement_with_an_empty_site_and_uneven_item_loops():
     p = place(tile(spatialc.gemm(100, 70, 50, "int8"), t), t)
     assert p.plan is not None
     n = p.plan.items
-    uneven = ((Site(0), tuple(ItemId(i) for i in range(0, n, 2))), (Site(1), ()),
-              (Site(2), tuple(ItemId(i) for i in range(1, n, 2))))
+    uneven = (
+        (Site(0), tuple(ItemId(i) for i in range(0, n, 2))),
+        (Site(1), ()),
+        (Site(2), tuple(ItemId(i) for i in range(1, n, 2))),
+    )
     p = schedule(p.evolve(placement=Placement(uneven, (), "strided")))
     assert p.schedule is not None and any(q.ops and q.ops[0].count == Const(0) for q in p.schedule.programs)
     assert verify(p).verified
@@ -184,8 +200,15 @@ def test_writer_walking_an_empty_k_loop_verifies():
     p = small(sites=5)
     assert p.plan is not None
     skeleton = Loop(LV_K, Const(p.plan.k_steps), ())
-    p = replace(p, W, lambda op: (dataclasses.replace(op, body=(skeleton, *op.body)),)
-                if isinstance(op, Loop) and op.var == LV_ITEM else None)
+    p = replace(
+        p,
+        W,
+        lambda op: (
+            (dataclasses.replace(op, body=(skeleton, *op.body)),)
+            if isinstance(op, Loop) and op.var == LV_ITEM
+            else None
+        ),
+    )
     assert verify(p).verified
 
 
@@ -206,18 +229,23 @@ def test_bad_counts_and_pages():
 
 
 def test_trip_reads_a_parameter_and_vars_are_bound():
-    p = replace(small(), R, lambda op: (dataclasses.replace(op, count=Trip(T_A, 0, 4)),)
-                if isinstance(op, Loop) else None)
+    p = replace(
+        small(), R, lambda op: (dataclasses.replace(op, count=Trip(T_A, 0, 4)),) if isinstance(op, Loop) else None
+    )
     refused(p, IllFormedError, "site 0 reader", "input tensor", "parameter")
     bad = LoopVar(9)
-    p = replace(small(), R, lambda op: (dataclasses.replace(op, at=TileAddr(0, ((bad, 1),))),)
-                if isinstance(op, ReadTiles) else None)
+    p = replace(
+        small(),
+        R,
+        lambda op: (dataclasses.replace(op, at=TileAddr(0, ((bad, 1),))),) if isinstance(op, ReadTiles) else None,
+    )
     refused(p, IllFormedError, "site 0 reader", "ReadTiles A", "lv9, which no enclosing loop binds")
 
 
 def test_unknown_tensor_semaphore_group_and_site():
-    p = replace(small(), W, lambda op: (dataclasses.replace(op, tensor=TensorId(7)),)
-                if isinstance(op, WriteTiles) else None)
+    p = replace(
+        small(), W, lambda op: (dataclasses.replace(op, tensor=TensorId(7)),) if isinstance(op, WriteTiles) else None
+    )
     refused(p, IllFormedError, "site 0 writer", "tensor 7 does not exist")
     p = edit(small(), C, lambda ops: (SemWait(SemId(0), 1), *ops), sites=(2,))
     refused(p, IllFormedError, "site 2 compute", "semaphore 0 does not exist")
@@ -234,8 +262,11 @@ def test_tables_and_loop_variables():
     ring = p.buffer(BUF_C)
     refused(p.evolve(buffers=(*p.buffers, ring)), IllFormedError, "two buffers have id 3")
     shallow = dataclasses.replace(ring, kind=Fifo(0, 1))
-    refused(p.evolve(buffers=tuple(shallow if b.id == BUF_C else b for b in p.buffers)), IllFormedError,
-            "ring C_ring must have pages ≥ 1")
+    refused(
+        p.evolve(buffers=tuple(shallow if b.id == BUF_C else b for b in p.buffers)),
+        IllFormedError,
+        "ring C_ring must have pages ≥ 1",
+    )
     copy = Buffer(BufferId(8), "A_ring@1", Fifo(1, 1), origin=BUF_A)
     refused(p.evolve(buffers=(*p.buffers, copy)), IllFormedError, "A_ring@1 is a copy of A_ring but is Fifo")
     assert p.placement is not None
@@ -323,18 +354,30 @@ def _shift(op: ChoreoOp, by: int, kind: type) -> tuple[ChoreoOp, ...] | None:
 
 def test_write_off_the_grid_for_the_last_item_only():
     p = replace(small(), W, lambda op: _shift(op, 1, WriteTiles))  # C is 7x5 tiles; item 34 is (6, 4)
-    e = refused(p, TileBoundsError, "site 34 writer: WriteTiles C_ring -> C[1 + 5*item_y + 1*item_x]",
-                "item 34 (y 6, x 4)", "tile 35 of C, outside its 7x5 tile grid")
+    e = refused(
+        p,
+        TileBoundsError,
+        "site 34 writer: WriteTiles C_ring -> C[1 + 5*item_y + 1*item_x]",
+        "item 34 (y 6, x 4)",
+        "tile 35 of C, outside its 7x5 tile grid",
+    )
     assert (e.site, e.engine) == (34, "writer")
 
 
 def test_read_stride_off_the_tensor_for_the_last_row_of_items():
     p = spatialc.build(spatialc.gemm(1024, 1024, 1024, "fp16"), "sm_90")  # A: 64x64 tiles, 4x1 blocks
-    p = replace(p, R, lambda op: (dataclasses.replace(op, stride_h=65),)
-                if isinstance(op, ReadTiles) and op.tensor == T_A else None)
+    p = replace(
+        p,
+        R,
+        lambda op: (dataclasses.replace(op, stride_h=65),) if isinstance(op, ReadTiles) and op.tensor == T_A else None,
+    )
     # Only the last row of items (y 15: items 120..127, one per site) reaches past the end; the first is named.
-    e = refused(p, TileBoundsError, "site 120 reader: ReadTiles A", "at item 120 (y 15, x 0), k 63, block row 3 it"
-                " reads tile 4098 of A, outside its 64x64 tile grid")
+    e = refused(
+        p,
+        TileBoundsError,
+        "site 120 reader: ReadTiles A",
+        "at item 120 (y 15, x 0), k 63, block row 3 it reads tile 4098 of A, outside its 64x64 tile grid",
+    )
     assert (e.site, e.buffer) == (120, "A_ring")
 
 
@@ -344,14 +387,27 @@ def test_block_row_wrapping_into_the_next_row():
     taller = dataclasses.replace(b, tiles=(b.tiles[0] + 1, b.tiles[1]))  # room below, so only the wrap is wrong
     p = p.evolve(tensors=tuple(taller if t.id == b.id else t for t in p.tensors))
     p = replace(p, R, lambda op: _shift(op, 4, ReadTiles) if isinstance(op, ReadTiles) and op.tensor == b.id else None)
-    e = refused(p, TileBoundsError, "site 7 reader: ReadTiles B", "item 7 (y 0, x 7)", "column 60 of B's 64",
-                "wrap into the next row")
+    e = refused(
+        p,
+        TileBoundsError,
+        "site 7 reader: ReadTiles B",
+        "item 7 (y 0, x 7)",
+        "column 60 of B's 64",
+        "wrap into the next row",
+    )
     assert e.buffer == "B_ring"
 
 
 def test_block_bigger_than_its_page():
-    p = replace(small(), R, lambda op: (dataclasses.replace(op, block_h=2, stride_h=4),)
-                if isinstance(op, ReadTiles) and op.tensor == T_A else None)
+    p = replace(
+        small(),
+        R,
+        lambda op: (
+            (dataclasses.replace(op, block_h=2, stride_h=4),)
+            if isinstance(op, ReadTiles) and op.tensor == T_A
+            else None
+        ),
+    )
     refused(p, TileBoundsError, "site 0 reader: ReadTiles A", "2x1 block (2 tiles) does not fit a page of A_ring")
 
 
@@ -360,8 +416,13 @@ def test_block_bigger_than_its_page():
 
 def _placed(p: SpatialProgram, items_of_site) -> SpatialProgram:
     assert p.placement is not None
-    return p.evolve(placement=Placement(tuple((Site(s), tuple(ItemId(i) for i in items)) for s, items in
-                                              items_of_site), p.placement.groups, p.placement.kind))
+    return p.evolve(
+        placement=Placement(
+            tuple((Site(s), tuple(ItemId(i) for i in items)) for s, items in items_of_site),
+            p.placement.groups,
+            p.placement.kind,
+        )
+    )
 
 
 def test_placement_missing_or_repeating_an_item():
@@ -388,8 +449,7 @@ def test_item_loop_disagrees_with_the_placement():
 def test_item_coordinates_without_an_item_loop_and_sites_with_nothing_to_run():
     p = small(sites=5)  # 7 items per site, so every program has an ITEM loop
     flat = replace(p, W, lambda op: op.body if isinstance(op, Loop) and op.var == LV_ITEM else None)
-    refused(flat, CoverageError, "site 0 writer: WriteTiles C_ring", "name the site's only item, but the site"
-            " holds 7")
+    refused(flat, CoverageError, "site 0 writer: WriteTiles C_ring", "name the site's only item, but the site holds 7")
     idle = edit(small(), R, lambda ops: (), sites=(2,))
     idle = edit(edit(idle, C, lambda ops: (), sites=(2,)), W, lambda ops: (), sites=(2,))
     refused(idle, CoverageError, "site 2 holds 1 item(s) but the schedule gives it nothing to run")
@@ -418,9 +478,14 @@ def test_deadlock_only_because_a_ring_is_one_page_too_shallow():
     fine = _a_twice(small(block=(1, 1, 1), sub_blocks=(1, 1), depth=2))
     assert verify(fine).verified
     shallow = _a_twice(small(block=(1, 1, 1), sub_blocks=(1, 1), depth=1))
-    e = refused(shallow, VerifyDeadlockError, "site 0 reader [k 0]: Reserve A_ring — needs 1 free page(s), but 1 of 1",
-                "site 0 compute [k 0]: Wait B_ring — 0 of 1 page(s) published",
-                "site 0 writer: Wait C_ring — 0 of 1 page(s) published", "34 other site(s)")
+    e = refused(
+        shallow,
+        VerifyDeadlockError,
+        "site 0 reader [k 0]: Reserve A_ring — needs 1 free page(s), but 1 of 1",
+        "site 0 compute [k 0]: Wait B_ring — 0 of 1 page(s) published",
+        "site 0 writer: Wait C_ring — 0 of 1 page(s) published",
+        "34 other site(s)",
+    )
     assert isinstance(e, DeadlockError) and isinstance(e, VerifyError)
     assert [b[:2] for b in e.blocked] == [(0, "reader"), (0, "compute"), (0, "writer")]
 
@@ -433,15 +498,21 @@ def test_consumer_waiting_before_its_producer_can_push():
     p = p.evolve(buffers=(*p.buffers, Buffer(token, "token", Fifo(1, 1))))
     p = edit(p, R, lambda ops: (Wait(token), Pop(token), *ops))
     p = edit(p, C, lambda ops: (*ops, Reserve(token), Push(token)))
-    refused(p, VerifyDeadlockError, "site 0 reader: Wait token — 0 of 1", "site 0 compute [k 0]: Wait A_ring — 0 of 1",
-            "site 0 writer: Wait C_ring")
+    refused(
+        p,
+        VerifyDeadlockError,
+        "site 0 reader: Wait token — 0 of 1",
+        "site 0 compute [k 0]: Wait A_ring — 0 of 1",
+        "site 0 writer: Wait C_ring",
+    )
 
 
 def test_semset_refused():
     p = small().evolve(semaphores=(Semaphore(SemId(0), "flag"),))
     p = edit(p, C, lambda ops: (*ops, SemSet(SemId(0), 0)), sites=(3,))
-    e = refused(p, StrongerCheckNeeded, "site 3 compute: SemSet sem0 = 0", "can lower a semaphore count",
-                "stronger check")
+    e = refused(
+        p, StrongerCheckNeeded, "site 3 compute: SemSet sem0 = 0", "can lower a semaphore count", "stronger check"
+    )
     assert e.site == 3
 
 
@@ -459,8 +530,14 @@ def _handshake(cycle: bool) -> SpatialProgram:
 
 def test_semaphore_handshake_between_sites():
     assert verify(_handshake(False)).verified
-    e = refused(_handshake(True), VerifyDeadlockError, "site 0 reader: SemWait sem0 >= 1 — the count is 0, it needs 1",
-                "site 1 reader: SemWait sem0 >= 1", "site 0 compute [k 0]: Wait A_ring", "site 1 compute")
+    e = refused(
+        _handshake(True),
+        VerifyDeadlockError,
+        "site 0 reader: SemWait sem0 >= 1 — the count is 0, it needs 1",
+        "site 1 reader: SemWait sem0 >= 1",
+        "site 0 compute [k 0]: Wait A_ring",
+        "site 1 compute",
+    )
     assert {b[:2] for b in e.blocked} >= {(0, "reader"), (1, "reader")}
 
 
@@ -479,15 +556,27 @@ def _with_trips(p: SpatialProgram, engines: tuple[Engine, ...]) -> SpatialProgra
     trips = Tensor(TensorId(3), "trips", TensorRole.PARAMETER, (1, 1), (1, 1), DType.INT32)
     p = p.evolve(tensors=(*p.tensors, trips))
     for engine in engines:
-        p = replace(p, engine, lambda op: (dataclasses.replace(op, count=Trip(trips.id, 0, op.count.n)),)
-                    if isinstance(op, Loop) and op.var == LV_K else None)
+        p = replace(
+            p,
+            engine,
+            lambda op: (
+                (dataclasses.replace(op, count=Trip(trips.id, 0, op.count.n)),)
+                if isinstance(op, Loop) and op.var == LV_K
+                else None
+            ),
+        )
     return p
 
 
 def test_trip_loops():
     assert verify(_with_trips(small(), (R, C))).verified
-    refused(_with_trips(small(), (R,)), StrongerCheckNeeded, "site 0", "not inside the same Trip loops",
-            "depends on the data")
+    refused(
+        _with_trips(small(), (R,)),
+        StrongerCheckNeeded,
+        "site 0",
+        "not inside the same Trip loops",
+        "depends on the data",
+    )
     s = SemId(0)
     p = _with_trips(small(), (R, C)).evolve(semaphores=(Semaphore(s, "k_done"),))
     p = replace(p, C, lambda op: (op, SemInc(s, Site(0))) if op == Pop(BUF_B) else None, sites=(0,))
@@ -516,8 +605,12 @@ def test_fast_forward_skips_and_agrees_with_the_exact_run():
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), order=st.lists(st.sampled_from([0, 1]), min_size=1, max_size=5),
-       depths=st.tuples(st.integers(1, 3), st.integers(1, 3)), counts=st.tuples(st.integers(1, 9), st.integers(1, 9)))
+@given(
+    data=st.data(),
+    order=st.lists(st.sampled_from([0, 1]), min_size=1, max_size=5),
+    depths=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    counts=st.tuples(st.integers(1, 9), st.integers(1, 9)),
+)
 def test_fast_forward_matches_exact_on_random_choreographies(data, order, depths, counts):
     """Two rings; each iteration the producer pushes pages in one order and the consumer pops them in another."""
     rings = (BufferId(0), BufferId(1))
@@ -525,11 +618,15 @@ def test_fast_forward_matches_exact_on_random_choreographies(data, order, depths
     prod = tuple(op for r in order for op in (Reserve(rings[r]), Push(rings[r])))
     cons = tuple(op for r in popped for op in (Wait(rings[r]), Pop(rings[r])))
     outer, inner = counts
-    progs = (EngineProgram(Site(0), R, (Loop(LV_ITEM, Const(outer), (Loop(LV_K, Const(inner), prod),)),)),
-             EngineProgram(Site(0), C, (Loop(LV_ITEM, Const(outer), (Loop(LV_K, Const(inner), cons),)),)))
+    progs = (
+        EngineProgram(Site(0), R, (Loop(LV_ITEM, Const(outer), (Loop(LV_K, Const(inner), prod),)),)),
+        EngineProgram(Site(0), C, (Loop(LV_ITEM, Const(outer), (Loop(LV_K, Const(inner), cons),)),)),
+    )
     p = small()
-    p = p.evolve(buffers=tuple(Buffer(r, f"r{int(r)}", Fifo(d, 1)) for r, d in zip(rings, depths, strict=True)),
-                 schedule=Schedule(progs))
+    p = p.evolve(
+        buffers=tuple(Buffer(r, f"r{int(r)}", Fifo(d, 1)) for r, d in zip(rings, depths, strict=True)),
+        schedule=Schedule(progs),
+    )
     assert _net_outcome(p, True)[0] == _net_outcome(p, False)[0]
 
 
@@ -554,18 +651,34 @@ def _with_plan(p: SpatialProgram, **changes) -> SpatialProgram:
 
 def test_reads_come_from_inputs_and_writes_go_to_the_output():
     # The review's repro: the reader's B ReadTiles reading C (int64) into the int8 B ring passed verify.
-    p = replace(small(), R, lambda op: (dataclasses.replace(op, tensor=T_C),)
-                if isinstance(op, ReadTiles) and op.tensor == T_B else None)
-    e = refused(p, IllFormedError, "site 0 reader: ReadTiles C", "reads C, the output tensor, into B_ring",
-                "input or a parameter tensor")
+    p = replace(
+        small(),
+        R,
+        lambda op: (dataclasses.replace(op, tensor=T_C),) if isinstance(op, ReadTiles) and op.tensor == T_B else None,
+    )
+    e = refused(
+        p,
+        IllFormedError,
+        "site 0 reader: ReadTiles C",
+        "reads C, the output tensor, into B_ring",
+        "input or a parameter tensor",
+    )
     assert (e.site, e.engine, e.buffer) == (0, "reader", "B_ring")
     p = replace(small(), W, lambda op: (dataclasses.replace(op, tensor=T_A),) if isinstance(op, WriteTiles) else None)
-    e = refused(p, IllFormedError, "site 0 writer: WriteTiles C_ring -> A", "writes C_ring to A, an input tensor",
-                "only the output tensor is written")
+    e = refused(
+        p,
+        IllFormedError,
+        "site 0 writer: WriteTiles C_ring -> A",
+        "writes C_ring to A, an input tensor",
+        "only the output tensor is written",
+    )
     assert (e.engine, e.buffer) == ("writer", "C_ring")
     # Right roles, wrong tensor for the ring: the stages say read_B fills B_ring from B.
-    p = replace(small(), R, lambda op: (dataclasses.replace(op, tensor=T_A),)
-                if isinstance(op, ReadTiles) and op.tensor == T_B else None)
+    p = replace(
+        small(),
+        R,
+        lambda op: (dataclasses.replace(op, tensor=T_A),) if isinstance(op, ReadTiles) and op.tensor == T_B else None,
+    )
     e = refused(p, RingOwnershipError, "site 0 reader: ReadTiles A", "B_ring is filled from B (stage read_B), not A")
     assert e.buffer == "B_ring"
 
@@ -583,14 +696,22 @@ def test_tile_and_tensor_shapes():
     refused(p.evolve(tile=Tile(0, 16)), IllFormedError, "the tile must be at least 1x1 elements, not 0x16")
     refused(_with_tensor(p, "A", elems=(0, 50)), IllFormedError, "tensor A's elements must be ≥ 1, not 0x50")
     refused(_with_tensor(p, "B", tiles=(4, 0)), IllFormedError, "tensor B's tile grid must be ≥ 1, not 4x0")
-    refused(_with_tensor(p, "A", tiles=(6, 4)), IllFormedError, "tensor A: 100x50 elements in 16x16 tiles take 7x4"
-            " tiles, but its tile grid is 6x4, too few rows of tiles")
+    refused(
+        _with_tensor(p, "A", tiles=(6, 4)),
+        IllFormedError,
+        "tensor A: 100x50 elements in 16x16 tiles take 7x4 tiles, but its tile grid is 6x4, too few rows of tiles",
+    )
     # The review's repro: a 2**40 x 4 tile grid made the interpreter allocate petabytes.
-    refused(_with_tensor(p, "A", tiles=(2**40, 4)), IllFormedError, "tile grid is 1099511627776x4",
-            "the plan pads no rows")
+    refused(
+        _with_tensor(p, "A", tiles=(2**40, 4)), IllFormedError, "tile grid is 1099511627776x4", "the plan pads no rows"
+    )
     unplanned = spatialc.gemm(100, 70, 50, "int8")
-    refused(_with_tensor(unplanned, "B", tiles=(4, 6)), IllFormedError, "tensor B:",
-            "a program without a plan pads no columns")
+    refused(
+        _with_tensor(unplanned, "B", tiles=(4, 6)),
+        IllFormedError,
+        "tensor B:",
+        "a program without a plan pads no columns",
+    )
 
 
 def test_padding_is_less_than_one_item_or_k_step():
@@ -598,8 +719,13 @@ def test_padding_is_less_than_one_item_or_k_step():
     assert verify(p).verified
     assert [t.tiles for t in p.tensors] == [(8, 4), (4, 8), (8, 8)]
     # A's columns are K: a K step of 2 pads at most 1; an item of 2 rows at most 1 row, 4 columns at most 3.
-    refused(_with_tensor(p, "A", tiles=(8, 8)), IllFormedError, "tensor A:", "its tile grid is 8x8",
-            "whole blocks pad at most 3 more columns of tiles")
+    refused(
+        _with_tensor(p, "A", tiles=(8, 8)),
+        IllFormedError,
+        "tensor A:",
+        "its tile grid is 8x8",
+        "whole blocks pad at most 3 more columns of tiles",
+    )
     refused(_with_tensor(p, "A", tiles=(9, 4)), IllFormedError, "whole blocks pad at most 1 more rows of tiles")
 
 
@@ -610,12 +736,21 @@ def test_scalar_requant_and_matmul_fields():
 
     def swap(kind: type, new) -> SpatialProgram:
         """`p` with its `kind` compute op replaced in the schedule (the stages keep the good one)."""
-        return replace(p, C, lambda op: (dataclasses.replace(op, op=new),)
-                       if isinstance(op, Compute) and isinstance(op.op, kind) else None)
+        return replace(
+            p,
+            C,
+            lambda op: (
+                (dataclasses.replace(op, op=new),) if isinstance(op, Compute) and isinstance(op.op, kind) else None
+            ),
+        )
 
     # The review's repro: `pow` passed verify and made the interpreter raise KeyError.
-    e = refused(swap(Scalar, Scalar("pow", 2.0)), IllFormedError, "site 0 compute: Compute",
-                "scalar op 'pow' is none of add, mul, max, min")
+    e = refused(
+        swap(Scalar, Scalar("pow", 2.0)),
+        IllFormedError,
+        "site 0 compute: Compute",
+        "scalar op 'pow' is none of add, mul, max, min",
+    )
     assert (e.site, e.engine) == (0, "compute")
     refused(swap(Scalar, Scalar("add", float("inf"))), IllFormedError, "scalar add needs a finite number")
     refused(swap(Scalar, Scalar("mul", 0.5)), IllFormedError, "int8 program's epilogue is integer arithmetic")
@@ -625,11 +760,16 @@ def test_scalar_requant_and_matmul_fields():
     refused(swap(Requant, Requant(1 << 30, 0, 128)), IllFormedError, "requant zero point lies in [-128, 127]")
     mm = next(op.op for op in _walk(k_body(p, C)) if isinstance(op, Compute))
     assert isinstance(mm, MatmulTiles)
-    refused(swap(MatmulTiles, dataclasses.replace(mm, sub_blocks=(0, 1))), IllFormedError, "site 0 compute",
-            "tile matmul's block (2x2x1) and sub-blocks (0x1) must be ≥ 1")
+    refused(
+        swap(MatmulTiles, dataclasses.replace(mm, sub_blocks=(0, 1))),
+        IllFormedError,
+        "site 0 compute",
+        "tile matmul's block (2x2x1) and sub-blocks (0x1) must be ≥ 1",
+    )
     # The same fields on a stage: refused before any op is walked.
-    stages = tuple(dataclasses.replace(s, kind=ComputeStage(Scalar("pow", 2.0))) if s.name == "scalar1" else s
-                   for s in p.stages)
+    stages = tuple(
+        dataclasses.replace(s, kind=ComputeStage(Scalar("pow", 2.0))) if s.name == "scalar1" else s for s in p.stages
+    )
     e = refused(p.evolve(stages=stages), IllFormedError, "stage scalar1: scalar op 'pow'")
     assert e.site is None
 
@@ -638,17 +778,20 @@ def test_scalar_ops_are_the_frontends():
     assert verify_tables.SCALAR_OPS == SCALAR_OPS
 
 
-@pytest.mark.parametrize(("changes", "words"), [
-    ({"block": BlockShape(0, 1, 1)}, "plan 0's block (osh x osw x ibw) must be ≥ 1, not 0x1x1"),
-    ({"sub_blocks": (1, 0)}, "plan 0's sub_blocks must be ≥ 1, not 1x0"),
-    ({"grid": (0, 5)}, "plan 0's grid must be ≥ 1, not 0x5"),
-    ({"k_tiles": 0}, "plan 0's k_tiles must be ≥ 1, not 0"),
-    ({"depth": 0}, "plan 0's depth must be ≥ 1, not 0"),
-    ({"grid": (7, 4)}, "plan 0's 7x4 items of 1x1 tiles cover 7x4 tiles, but the output tensor C has 7x5"),
-    ({"sub_blocks": (2, 1)}, "plan 0's 7x5 items of 2x1 tiles cover 14x5 tiles, but the output tensor C has 7x5"),
-    ({"block": BlockShape(1, 1, 3)}, "plan 0 has 4 K tiles, not a whole number of K steps of 3"),
-    ({"block": BlockShape(1, 1, 2048), "k_tiles": 2048}, "no side may exceed 1024 tiles"),
-])
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"block": BlockShape(0, 1, 1)}, "plan 0's block (osh x osw x ibw) must be ≥ 1, not 0x1x1"),
+        ({"sub_blocks": (1, 0)}, "plan 0's sub_blocks must be ≥ 1, not 1x0"),
+        ({"grid": (0, 5)}, "plan 0's grid must be ≥ 1, not 0x5"),
+        ({"k_tiles": 0}, "plan 0's k_tiles must be ≥ 1, not 0"),
+        ({"depth": 0}, "plan 0's depth must be ≥ 1, not 0"),
+        ({"grid": (7, 4)}, "plan 0's 7x4 items of 1x1 tiles cover 7x4 tiles, but the output tensor C has 7x5"),
+        ({"sub_blocks": (2, 1)}, "plan 0's 7x5 items of 2x1 tiles cover 14x5 tiles, but the output tensor C has 7x5"),
+        ({"block": BlockShape(1, 1, 3)}, "plan 0 has 4 K tiles, not a whole number of K steps of 3"),
+        ({"block": BlockShape(1, 1, 2048), "k_tiles": 2048}, "no side may exceed 1024 tiles"),
+    ],
+)
 def test_plan_fields(changes, words):
     refused(_with_plan(small(), **changes), IllFormedError, words)
 
@@ -677,15 +820,22 @@ def test_unknown_target():
 def test_every_build_of_a_small_matrix_verifies():
     epilogues: list[list] = [[], [spatialc.bias(), spatialc.relu()], [spatialc.scalar("max", 1)]]
     built = 0
-    for tgt, prec, shape, epi in itertools.product(("sm_80", "sm_86", "sm_89", "sm_90"), ("int8", "fp16", "bf16"),
-                                                   ((1, 1, 1), (17, 33, 40), (100, 70, 50)), epilogues):
+    for tgt, prec, shape, epi in itertools.product(
+        ("sm_80", "sm_86", "sm_89", "sm_90"),
+        ("int8", "fp16", "bf16"),
+        ((1, 1, 1), (17, 33, 40), (100, 70, 50)),
+        epilogues,
+    ):
         if prec == "int8" and epi:
             epi = [*epi, spatialc.requant(0.01)]
         p = spatialc.build(spatialc.gemm(*shape, prec, epilogue=epi), tgt)
         assert p.verified and verify(p.evolve()).verified, (tgt, prec, shape, epi)
         built += 1
-    for kw in ({"block": (2, 4, 2), "sub_blocks": (2, 1)}, {"block": (1, 1, 4), "depth": 1},
-               {"block": (8, 1, 1), "placement": "round_robin", "sites": 3}):
+    for kw in (
+        {"block": (2, 4, 2), "sub_blocks": (2, 1)},
+        {"block": (1, 1, 4), "depth": 1},
+        {"block": (8, 1, 1), "placement": "round_robin", "sites": 3},
+    ):
         p = spatialc.build(spatialc.gemm(100, 70, 50, "fp16"), "sm_86", **kw)
         assert verify(p.evolve()).verified, kw
         built += 1

@@ -30,8 +30,9 @@ def build(
         from .errors import ProgramError
 
         raise ProgramError(f"build takes a SpatialProgram (from spatialc.gemm), not {type(program).__name__}")
-    return run_passes(program, get_target(target), block=block, sub_blocks=sub_blocks, depth=depth, sites=sites,
-                      placement=placement)
+    return run_passes(
+        program, get_target(target), block=block, sub_blocks=sub_blocks, depth=depth, sites=sites, placement=placement
+    )
 
 
 def evaluate(program: SpatialProgram, inputs: dict[str, Any], **kwargs: Any):

@@ -93,8 +93,14 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--placement", choices=["contiguous", "round_robin"], default="contiguous")
     g.add_argument("--bias", action="store_true", help="epilogue: add a bias vector (one value per column)")
     g.add_argument("--relu", action="store_true", help="epilogue: max(x, 0), after the bias")
-    g.add_argument("--scalar", action="append", type=_scalar, default=[], metavar="OP,VALUE",
-                   help="epilogue: x OP VALUE (add, mul, max, min), after relu; may repeat")
+    g.add_argument(
+        "--scalar",
+        action="append",
+        type=_scalar,
+        default=[],
+        metavar="OP,VALUE",
+        help="epilogue: x OP VALUE (add, mul, max, min), after relu; may repeat",
+    )
     g.add_argument("--requant", type=_requant, metavar="SCALE[,ZP]", help="epilogue: requantise to int8, last")
     g.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     g.add_argument("--json", type=Path, metavar="FILE", help="save the verified program as JSON")
@@ -102,8 +108,12 @@ def make_parser() -> argparse.ArgumentParser:
     g.add_argument("--emit", type=Path, metavar="DIR", help="lower to CUDA and write program.cu, bench.cu, budget")
     g.add_argument("--run", action="store_true", help="run the CUDA kernel: on the GPU if there is one, else emulated")
     g.add_argument("--mode", choices=["late", "early"], default="late", help="copy landing mode of the emulation")
-    g.add_argument("--pictures", type=Path, metavar="DIR",
-                   help="write placement.svg (items on sites) and timeline.svg (site 0's engines and rings)")
+    g.add_argument(
+        "--pictures",
+        type=Path,
+        metavar="DIR",
+        help="write placement.svg (items on sites) and timeline.svg (site 0's engines and rings)",
+    )
     s = sub.add_parser("show", help="print a saved program")
     s.add_argument("file", type=Path)
     s.add_argument("--sites", type=_count, default=2, help="how many sites' programs to list")
@@ -111,8 +121,9 @@ def make_parser() -> argparse.ArgumentParser:
     v.add_argument("file", type=Path)
     v.add_argument("--pictures", type=Path, metavar="DIR", help="on a deadlock, write its wait-for graph here")
     # Listed for --help only: main() hands everything after `gpucheck` to the script's own parser.
-    sub.add_parser("gpucheck", help="run the GPU check script (spatialc gpucheck --help for its options)",
-                   add_help=False)
+    sub.add_parser(
+        "gpucheck", help="run the GPU check script (spatialc gpucheck --help for its options)", add_help=False
+    )
     return parser
 
 
@@ -124,8 +135,11 @@ def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:
     integer = p.precision.value == "int8"
     for t in p.tensors:
         if t.role.value == "input":
-            out[t.name] = rng.integers(-128, 128, size=t.elems, dtype=np.int8) if integer else rng.standard_normal(
-                t.elems, dtype=np.float32)
+            out[t.name] = (
+                rng.integers(-128, 128, size=t.elems, dtype=np.int8)
+                if integer
+                else rng.standard_normal(t.elems, dtype=np.float32)
+            )
         elif t.role.value == "parameter":
             n = t.elems[1]
             out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)
@@ -199,12 +213,21 @@ def report(p: SpatialProgram) -> list[str]:
 def cmd_gemm(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=epilogue_of(args))
-    p = api.build(prog, args.target, block=args.block, sub_blocks=args.sub_blocks, depth=args.depth,
-                  sites=args.sites, placement=args.placement)
+    p = api.build(
+        prog,
+        args.target,
+        block=args.block,
+        sub_blocks=args.sub_blocks,
+        depth=args.depth,
+        sites=args.sites,
+        placement=args.placement,
+    )
     t_build = time.perf_counter() - t0
     tgt = target(p.target)
-    print(f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision} on {tgt.name} ({tgt.board})"
-          + (f", epilogue {prog.name.split('_', 3)[3].replace('_', ' → ')}" if prog.name.count("_") > 2 else ""))
+    print(
+        f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision} on {tgt.name} ({tgt.board})"
+        + (f", epilogue {prog.name.split('_', 3)[3].replace('_', ' → ')}" if prog.name.count("_") > 2 else "")
+    )
     print("\n".join(report(p)))
     if args.json:
         args.json.write_text(to_json(p, indent=1))
@@ -235,11 +258,15 @@ def _lower_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c:
     art = api.lower(p)
     times.append(f"lower {(time.perf_counter() - t0) * 1e3:.0f} ms")
     bud = art.budget
-    print(f"  budget    rings {_kib(bud.smem_bytes)} ({'dynamic' if bud.rings_dynamic else 'static'}),"
-          f" dynamic block {_kib(bud.dyn_bytes)}{' (opt-in)' if bud.dynamic_opt_in else ''},"
-          f" ~{bud.regs_est} registers/thread, {bud.threads} threads, {bud.blocks_per_sm} blocks/SM")
-    print(f"  census    {sum(art.census.program.values())} ops, printed kernel "
-          f"{'agrees' if art.census.agrees else 'DISAGREES'}")
+    print(
+        f"  budget    rings {_kib(bud.smem_bytes)} ({'dynamic' if bud.rings_dynamic else 'static'}),"
+        f" dynamic block {_kib(bud.dyn_bytes)}{' (opt-in)' if bud.dynamic_opt_in else ''},"
+        f" ~{bud.regs_est} registers/thread, {bud.threads} threads, {bud.blocks_per_sm} blocks/SM"
+    )
+    print(
+        f"  census    {sum(art.census.program.values())} ops, printed kernel "
+        f"{'agrees' if art.census.agrees else 'DISAGREES'}"
+    )
     if args.emit:
         from .lower.cuda.host import write_artifact
 

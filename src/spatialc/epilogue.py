@@ -54,6 +54,8 @@ def apply(op: ComputeOp, x: np.ndarray, integer: bool, bias_row: np.ndarray | No
 def _exact(result: np.ndarray, estimate: np.ndarray, op: ComputeOp) -> np.ndarray:
     """`result` when the float64 `estimate` of the same values shows none of them left int64's exact range."""
     if estimate.size and float(np.abs(estimate).max()) >= EXACT_LIMIT:
-        raise EpilogueError(f"{type(op).__name__.lower()} takes an integer epilogue value beyond ±2^62: the"
-                            " int64 arithmetic would no longer be exact")
+        raise EpilogueError(
+            f"{type(op).__name__.lower()} takes an integer epilogue value beyond ±2^62: the"
+            " int64 arithmetic would no longer be exact"
+        )
     return result

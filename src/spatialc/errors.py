@@ -31,8 +31,15 @@ class DeadlockError(SpatialError):
 class VerifyRuleError(VerifyError):
     """A broken verify rule, located: the site, engine, op text and buffer name it is about."""
 
-    def __init__(self, message: str, *, site: int | None = None, engine: str | None = None, op: str | None = None,
-                 buffer: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        site: int | None = None,
+        engine: str | None = None,
+        op: str | None = None,
+        buffer: str | None = None,
+    ):
         super().__init__(message)
         self.site, self.engine, self.op, self.buffer = site, engine, op, buffer
 

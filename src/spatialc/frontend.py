@@ -92,17 +92,24 @@ def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
             raise ProgramError(f"epilogue stage {i} is {stage!r}; use spatialc.bias, relu, scalar or requant")
         if isinstance(stage, Requant):
             if prec != Precision.INT8:
-                raise ProgramError(f"requant produces int8 from an integer accumulator; a {prec.value} program has"
-                                   " a float one")
+                raise ProgramError(
+                    f"requant produces int8 from an integer accumulator; a {prec.value} program has a float one"
+                )
             if i != len(epilogue) - 1:
                 raise ProgramError("requant must be the last epilogue stage (its output is int8)")
-        if isinstance(stage, Scalar) and prec == Precision.INT8 and (
-                stage.value != int(stage.value) or not -(2**31) <= stage.value < 2**31):
-            raise ProgramError(f"an int8 program's epilogue is integer arithmetic: scalar {stage.op} needs a whole"
-                               f" number within int32, not {stage.value!r}")
+        if (
+            isinstance(stage, Scalar)
+            and prec == Precision.INT8
+            and (stage.value != int(stage.value) or not -(2**31) <= stage.value < 2**31)
+        ):
+            raise ProgramError(
+                f"an int8 program's epilogue is integer arithmetic: scalar {stage.op} needs a whole"
+                f" number within int32, not {stage.value!r}"
+            )
         if isinstance(stage, Scalar) and prec != Precision.INT8 and abs(stage.value) > FLOAT32_MAX:
-            raise ProgramError(f"a {prec.value} program's epilogue is float32: scalar {stage.op} {stage.value!r}"
-                               " is beyond float32")
+            raise ProgramError(
+                f"a {prec.value} program's epilogue is float32: scalar {stage.op} {stage.value!r} is beyond float32"
+            )
     names = [s.name for s in epilogue if isinstance(s, BiasOf)]
     if len(names) != len(set(names)):
         raise ProgramError(f"two bias stages share a tensor name: {names}")
@@ -158,8 +165,14 @@ def gemm(
     stages = [
         Stage(StageId(0), "read_A", ReadStage(T_A), Engine.READER, outs=(BUF_A,)),
         Stage(StageId(1), "read_B", ReadStage(T_B), Engine.READER, outs=(BUF_B,)),
-        Stage(StageId(2), "matmul", ComputeStage(MatmulTiles(BlockShape(1, 1, 1), (1, 1), prec)), Engine.COMPUTE,
-              ins=(BUF_A, BUF_B), outs=(BUF_C,)),
+        Stage(
+            StageId(2),
+            "matmul",
+            ComputeStage(MatmulTiles(BlockShape(1, 1, 1), (1, 1), prec)),
+            Engine.COMPUTE,
+            ins=(BUF_A, BUF_B),
+            outs=(BUF_C,),
+        ),
     ]
     tensors, buffers, last = _epilogue_stages(epi, prec, n, tensors, buffers, stages)
     stages.append(Stage(StageId(len(stages)), "write_C", WriteStage(T_C), Engine.WRITER, ins=(last,)))
@@ -179,14 +192,24 @@ def _epilogue_stages(epi, prec, n, tensors, buffers, stages) -> tuple[tuple[Tens
         if isinstance(stage, BiasOf):
             tid = TensorId(len(tensors))
             dtype = DType.INT32 if prec == Precision.INT8 else DType.FLOAT32
-            tensors = (*tensors, Tensor(tid, stage.name, TensorRole.PARAMETER, (1, n), (1, math.ceil(n / TILE.cols)),
-                                        dtype))
+            tensors = (
+                *tensors,
+                Tensor(tid, stage.name, TensorRole.PARAMETER, (1, n), (1, math.ceil(n / TILE.cols)), dtype),
+            )
             op = Bias(tid)
         else:
             op = stage
         out = BufferId(len(buffers))
         buffers = (*buffers, Buffer(out, f"{_stage_name(stage)}{i}_ring", Interm(1, 1)))
-        stages.append(Stage(StageId(len(stages)), f"{_stage_name(stage)}{i}", ComputeStage(op), Engine.COMPUTE,
-                            ins=(last,), outs=(out,)))
+        stages.append(
+            Stage(
+                StageId(len(stages)),
+                f"{_stage_name(stage)}{i}",
+                ComputeStage(op),
+                Engine.COMPUTE,
+                ins=(last,),
+                outs=(out,),
+            )
+        )
         last = out
     return tensors, buffers, last

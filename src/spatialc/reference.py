@@ -22,8 +22,10 @@ def epilogue_ops(p: SpatialProgram) -> list:
 
 def rounded_operands(p: SpatialProgram, inputs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """A and B as float64 holding exactly the operand type's values (float64 sums int8 products exactly)."""
-    return tuple(operand_values(n, inputs[n], p.tensor_named(n).dtype).astype(np.float64)  # type: ignore[return-value]
-                 for n in ("A", "B"))
+    return tuple(
+        operand_values(n, inputs[n], p.tensor_named(n).dtype).astype(np.float64)  # type: ignore[return-value]
+        for n in ("A", "B")
+    )
 
 
 def reference(p: SpatialProgram, inputs: dict[str, Any]) -> np.ndarray:

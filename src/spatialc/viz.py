@@ -24,10 +24,12 @@ def placement_svg(p: SpatialProgram, cell: int = 28) -> str:
     owner = {int(i): int(s) for s, items in p.placement.items_of_site for i in items}
     sites = len(p.placement.items_of_site)
     w, h = max(nx * cell + 20, 480), ny * cell + 60
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" font-size="10">',
-           f'<text x="10" y="16">{escape(p.name)}: {ny}x{nx} items on {sites} sites ({p.placement.kind})</text>',
-           f'<text x="10" y="30">item = {p.plan.item_tiles[0] * 16}x{p.plan.item_tiles[1] * 16} outputs;'
-           ' colour and number = site</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="monospace" font-size="10">',
+        f'<text x="10" y="16">{escape(p.name)}: {ny}x{nx} items on {sites} sites ({p.placement.kind})</text>',
+        f'<text x="10" y="30">item = {p.plan.item_tiles[0] * 16}x{p.plan.item_tiles[1] * 16} outputs;'
+        " colour and number = site</text>",
+    ]
     for y in range(ny):
         for x in range(nx):
             s = owner.get(y * nx + x)
@@ -40,8 +42,14 @@ def placement_svg(p: SpatialProgram, cell: int = 28) -> str:
     return "\n".join(out) + "\n"
 
 
-_OP_FILL = {"ReadTiles": "#4e79a7", "WriteTiles": "#59a14f", "Compute": "#e15759", "PackAcc": "#f28e2b",
-            "Wait": "#d3d3d3", "Reserve": "#d3d3d3"}
+_OP_FILL = {
+    "ReadTiles": "#4e79a7",
+    "WriteTiles": "#59a14f",
+    "Compute": "#e15759",
+    "PackAcc": "#f28e2b",
+    "Wait": "#d3d3d3",
+    "Reserve": "#d3d3d3",
+}
 
 
 def timeline_svg(trace, site: int = 0, max_ticks: int | None = None, width: int = 1000) -> str:
@@ -55,9 +63,12 @@ def timeline_svg(trace, site: int = 0, max_ticks: int | None = None, width: int 
     scale = (width - 110) / max(end, 1)
     lane, ring_h = 26, 46
     height = 40 + lane * len(engines) + (ring_h + 12) * len(rings) + 20
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace"'
-           ' font-size="10">', f'<text x="10" y="16">site {site}: ticks 0..{end} (engine ops above, ring pages'
-           ' below; grey = blocked or waiting)</text>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace"'
+        ' font-size="10">',
+        f'<text x="10" y="16">site {site}: ticks 0..{end} (engine ops above, ring pages'
+        " below; grey = blocked or waiting)</text>",
+    ]
     for row, eng in enumerate(engines):
         y = 30 + row * lane
         out.append(f'<text x="10" y="{y + 15}">{eng}</text>')
@@ -67,15 +78,19 @@ def timeline_svg(trace, site: int = 0, max_ticks: int | None = None, width: int 
             kind = s.op.split()[0]
             fill = _OP_FILL.get(kind, "#bab0ac")
             x0, x1 = 100 + s.start * scale, 100 + min(s.end, end) * scale
-            out.append(f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 0.5):.1f}" height="{lane - 6}"'
-                       f' fill="{fill}"><title>{escape(s.op)} [{s.start}, {s.end})</title></rect>')
+            out.append(
+                f'<rect x="{x0:.1f}" y="{y}" width="{max(x1 - x0, 0.5):.1f}" height="{lane - 6}"'
+                f' fill="{fill}"><title>{escape(s.op)} [{s.start}, {s.end})</title></rect>'
+            )
     top = 30 + lane * len(engines) + 10
     for i, r in enumerate(rings):
         y0 = top + i * (ring_h + 12)
         unit = (ring_h - 4) / max(r.depth, 1)
         out.append(f'<text x="10" y="{y0 + ring_h // 2}">{escape(r.ring)}</text>')
-        out.append(f'<line x1="100" y1="{y0 + 2}" x2="{width - 10}" y2="{y0 + 2}" stroke="#c00"'
-                   f' stroke-dasharray="4 3"><title>depth {r.depth}</title></line>')
+        out.append(
+            f'<line x1="100" y1="{y0 + 2}" x2="{width - 10}" y2="{y0 + 2}" stroke="#c00"'
+            f' stroke-dasharray="4 3"><title>depth {r.depth}</title></line>'
+        )
         out.append(f'<line x1="100" y1="{y0 + ring_h - 2}" x2="{width - 10}" y2="{y0 + ring_h - 2}" stroke="#999"/>')
         points, level = [f"100,{y0 + ring_h - 2}"], 0
         for smp in r.samples:
@@ -114,23 +129,34 @@ def deadlock_svg(p: SpatialProgram, blocked: tuple[tuple[int, str, str], ...], s
             if other is not None:
                 edges.append((f"site {s} {e}", f"site {s} {other}", text))
     r, cx, cy = size / 2 - 110, size / 2 + 60, size / 2
-    pos = {n: (cx + r * math.cos(2 * math.pi * i / max(len(nodes), 1) - math.pi / 2),
-               cy + r * math.sin(2 * math.pi * i / max(len(nodes), 1) - math.pi / 2)) for i, n in enumerate(nodes)}
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size + 260}" height="{size}" font-family="monospace"'
-           ' font-size="11">', '<defs><marker id="arrow" markerWidth="10" markerHeight="8" refX="9" refY="4"'
-           ' orient="auto"><path d="M0,0 L10,4 L0,8 z" fill="#c00"/></marker></defs>',
-           f'<text x="10" y="16">deadlock in {escape(p.name)}: an arrow points at the engine that would unblock'
-           ' it</text>']
+    pos = {
+        n: (
+            cx + r * math.cos(2 * math.pi * i / max(len(nodes), 1) - math.pi / 2),
+            cy + r * math.sin(2 * math.pi * i / max(len(nodes), 1) - math.pi / 2),
+        )
+        for i, n in enumerate(nodes)
+    }
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{size + 260}" height="{size}" font-family="monospace"'
+        ' font-size="11">',
+        '<defs><marker id="arrow" markerWidth="10" markerHeight="8" refX="9" refY="4"'
+        ' orient="auto"><path d="M0,0 L10,4 L0,8 z" fill="#c00"/></marker></defs>',
+        f'<text x="10" y="16">deadlock in {escape(p.name)}: an arrow points at the engine that would unblock it</text>',
+    ]
     for a, b, text in edges:
         (x0, y0), (x1, y1) = pos[a], pos.get(b, pos[a])
         # Shift each edge a little to its left, so the two arrows of a two-engine cycle do not lie on each other.
         length = max(math.hypot(x1 - x0, y1 - y0), 1.0)
         nx, ny = -(y1 - y0) / length * 7, (x1 - x0) / length * 7
         x0, y0, x1, y1 = x0 + nx, y0 + ny, x1 + nx, y1 + ny
-        out.append(f'<line x1="{x0:.0f}" y1="{y0:.0f}" x2="{(x0 + 6 * x1) / 7:.0f}" y2="{(y0 + 6 * y1) / 7:.0f}"'
-                   f' stroke="#c00" marker-end="url(#arrow)"><title>{escape(text)}</title></line>')
-        out.append(f'<text x="{(3 * x0 + x1) / 4 + nx:.0f}" y="{(3 * y0 + y1) / 4 + ny:.0f}" fill="#c00">'
-                   f'{escape(text.split(" — ")[0])}</text>')
+        out.append(
+            f'<line x1="{x0:.0f}" y1="{y0:.0f}" x2="{(x0 + 6 * x1) / 7:.0f}" y2="{(y0 + 6 * y1) / 7:.0f}"'
+            f' stroke="#c00" marker-end="url(#arrow)"><title>{escape(text)}</title></line>'
+        )
+        out.append(
+            f'<text x="{(3 * x0 + x1) / 4 + nx:.0f}" y="{(3 * y0 + y1) / 4 + ny:.0f}" fill="#c00">'
+            f"{escape(text.split(' — ')[0])}</text>"
+        )
     for n in nodes:
         x, y = pos[n]
         out.append(f'<circle cx="{x:.0f}" cy="{y:.0f}" r="8" fill="#f2c14e" stroke="#333"/>')

@@ -117,8 +117,16 @@ class Emitter:
         source = "\n".join([f"def engine({params}):", *prologue, *self.lines]) + "\n"
         namespace: dict[str, object] = {**_HELPERS, **self.consts}
         exec(compile(source, f"<spatialc engine {self.label}>", "exec"), namespace)  # noqa: S102 — our own text
-        return Code(namespace["engine"], self.refs, self.ops, self.block_ref,  # type: ignore[arg-type]
-                    self.item_coords_free, self.sides, source, [self.m.text(op) for op in self.ops])
+        return Code(
+            namespace["engine"],
+            self.refs,
+            self.ops,
+            self.block_ref,  # type: ignore[arg-type]
+            self.item_coords_free,
+            self.sides,
+            source,
+            [self.m.text(op) for op in self.ops],
+        )
 
     # ---- plumbing ------------------------------------------------------------------------------------------
 
@@ -321,13 +329,15 @@ class Emitter:
         page = self.m.buffer(bid, lambda: self.where(op)).kind.page_tiles  # type: ignore[union-attr]
         n = op.block_h * op.block_w
         if n > page:
-            raise EvalError(f"{self.where(op)} moves {n} tiles but a page of {self.m.buffers[bid].name}"
-                            f" holds {page}")
+            raise EvalError(f"{self.where(op)} moves {n} tiles but a page of {self.m.buffers[bid].name} holds {page}")
         off = self.m.offsets(op.block_h, op.block_w, op.stride_h, op.stride_w)
         s, o = self.const(store, "t"), self.const(off, "o")
         lo, hi = int(off.min()), int(off.max())
-        self.emit(f"at = {self.addr(op.at, op)}",
-                  f"if not {-lo} <= at <= {store.ntiles - 1 - hi}:", f"    fail_addr(E, {i}, {s}, at, {o})")
+        self.emit(
+            f"at = {self.addr(op.at, op)}",
+            f"if not {-lo} <= at <= {store.ntiles - 1 - hi}:",
+            f"    fail_addr(E, {i}, {s}, at, {o})",
+        )
         return r, s, o
 
     def read_tiles(self, op: ReadTiles, i: int) -> None:
@@ -375,8 +385,10 @@ class Emitter:
         c, integer = self.const(cop, "e"), self.m.p.precision == Precision.INT8
         if isinstance(cop, Bias):
             store = self.const(self.m.store(cop.tensor, lambda: self.where(op)), "t")
-            self.emit(f"at = {self.addr(cop.at, op)}",
-                      f"{slot} = elementwise(E, {i}, x, {c}, {integer}, {cop.width}, {store}, at)")
+            self.emit(
+                f"at = {self.addr(cop.at, op)}",
+                f"{slot} = elementwise(E, {i}, x, {c}, {integer}, {cop.width}, {store}, at)",
+            )
         else:
             self.emit(f"{slot} = elementwise(E, {i}, x, {c}, {integer}, 1, None, 0)")
 
@@ -389,20 +401,22 @@ class Emitter:
         for bid, n in ((op.ins[0], h * ibw), (op.ins[1], ibw * w)):
             buf = self.m.buffers[bid]
             if n > buf.kind.page_tiles:  # type: ignore[union-attr]
-                raise EvalError(f"{self.where(op)} needs {n} tiles per page of {buf.name}, whose pages hold"
-                                f" {buf.kind.page_tiles}")  # type: ignore[union-attr]
+                raise EvalError(
+                    f"{self.where(op)} needs {n} tiles per page of {buf.name}, whose pages hold {buf.kind.page_tiles}"
+                )  # type: ignore[union-attr]
         acc = self.m.buffers[op.acc]  # type: ignore[index]
         if h * w > acc.kind.tiles:  # type: ignore[union-attr]
-            raise EvalError(f"{self.where(op)} needs {h * w} accumulator tiles, {acc.name} has"
-                            f" {acc.kind.tiles}")  # type: ignore[union-attr]
+            raise EvalError(f"{self.where(op)} needs {h * w} accumulator tiles, {acc.name} has {acc.kind.tiles}")  # type: ignore[union-attr]
         return (h, w, ibw, tile.rows, ibw * tile.cols if mm.operand == Precision.INT8 else 0)
 
     def pack_checks(self, op: PackAcc) -> None:
         page = self.buffer(op.to, op, (Fifo, Interm)).kind.page_tiles  # type: ignore[union-attr]
         acc = self.buffer(op.acc, op, (Accumulator,))
         if op.tiles > page or op.tiles > acc.kind.tiles:  # type: ignore[union-attr]
-            raise EvalError(f"{self.where(op)} packs {op.tiles} tiles: pages of {self.m.buffers[op.to].name}"
-                            f" hold {page}, {acc.name} has {acc.kind.tiles}")  # type: ignore[union-attr]
+            raise EvalError(
+                f"{self.where(op)} packs {op.tiles} tiles: pages of {self.m.buffers[op.to].name}"
+                f" hold {page}, {acc.name} has {acc.kind.tiles}"
+            )  # type: ignore[union-attr]
 
     def semaphore(self, op: SemSet | SemInc | SemWait | McastSetValid, i: int) -> None:
         where = lambda: self.where(op)  # noqa: E731
@@ -447,7 +461,20 @@ def _times(stride: int, name: str) -> str:
 _HELPERS: dict[str, object] = {
     "TileRefs": TileRefs,
     "Tiles": Tiles,
-    **{name: getattr(support, name) for name in ("fail", "fail_addr", "fail_page", "item_coords", "set_geom", "pack",
-                                                 "mcast_send", "barrier_arrive", "trip", "elementwise")},
+    **{
+        name: getattr(support, name)
+        for name in (
+            "fail",
+            "fail_addr",
+            "fail_page",
+            "item_coords",
+            "set_geom",
+            "pack",
+            "mcast_send",
+            "barrier_arrive",
+            "trip",
+            "elementwise",
+        )
+    },
     **{name: getattr(trace, name) for name in ("span", "ring_end", "stamp", "waited")},
 }

@@ -31,8 +31,9 @@ __all__ = ["Trace", "evaluate"]
 DEADLOCK_LINES = 12  # blocked engines a DeadlockError message spells out
 
 
-def evaluate(program: SpatialProgram, inputs: Mapping[str, Any], *, trace: bool = False
-             ) -> np.ndarray | tuple[np.ndarray, Trace]:
+def evaluate(
+    program: SpatialProgram, inputs: Mapping[str, Any], *, trace: bool = False
+) -> np.ndarray | tuple[np.ndarray, Trace]:
     """The output tensor (logical shape, its element type) of a placed, scheduled program; with `trace`, also
     the Trace of the run."""
     _check_ready(program)
@@ -56,8 +57,10 @@ def evaluate(program: SpatialProgram, inputs: Mapping[str, Any], *, trace: bool 
 def _check_ready(p: SpatialProgram) -> None:
     missing = [what for what, v in (("a placement", p.placement), ("a schedule", p.schedule)) if v is None]
     if missing:
-        raise NotReady(f"program {p.name} has no {' and no '.join(w[2:] for w in missing)}: the interpreter runs"
-                       f" placed and scheduled programs (spatialc.build)")
+        raise NotReady(
+            f"program {p.name} has no {' and no '.join(w[2:] for w in missing)}: the interpreter runs"
+            f" placed and scheduled programs (spatialc.build)"
+        )
     if p.output_tensor() is None:
         raise NotReady(f"program {p.name} has no output tensor")
 
@@ -65,13 +68,16 @@ def _check_ready(p: SpatialProgram) -> None:
 def load_inputs(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[dict[TensorId, Store], dict]:
     """Tiled, zero-padded storage for every tensor, the inputs and parameters filled from `inputs`."""
     if not isinstance(inputs, Mapping):
-        raise InputError(f"inputs are a mapping of tensor name to array (e.g. {{'A': a, 'B': b}}), not a"
-                         f" {type(inputs).__name__}")
+        raise InputError(
+            f"inputs are a mapping of tensor name to array (e.g. {{'A': a, 'B': b}}), not a {type(inputs).__name__}"
+        )
     wanted = {t.name: t for t in p.tensors if t.role in (TensorRole.INPUT, TensorRole.PARAMETER)}
     unknown = sorted(set(inputs) - set(wanted))
     if unknown:
-        raise InputError(f"{p.name} has no input or parameter tensor named {', '.join(unknown)}"
-                         f" (it takes {', '.join(sorted(wanted))})")
+        raise InputError(
+            f"{p.name} has no input or parameter tensor named {', '.join(unknown)}"
+            f" (it takes {', '.join(sorted(wanted))})"
+        )
     missing = sorted(set(wanted) - set(inputs))
     if missing:
         raise InputError(f"{p.name} needs tensor {', '.join(missing)}, which is not among the inputs")
@@ -79,8 +85,10 @@ def load_inputs(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[dict[Tens
     stores, params = {}, {}
     for t in p.tensors:
         if t.tiles[0] * p.tile.rows < t.elems[0] or t.tiles[1] * p.tile.cols < t.elems[1]:
-            raise EvalError(f"tensor {t.name}: {t.elems[0]}x{t.elems[1]} elements do not fit its"
-                            f" {t.tiles[0]}x{t.tiles[1]} grid of {p.tile.rows}x{p.tile.cols} tiles")
+            raise EvalError(
+                f"tensor {t.name}: {t.elems[0]}x{t.elems[1]} elements do not fit its"
+                f" {t.tiles[0]}x{t.tiles[1]} grid of {p.tile.rows}x{p.tile.cols} tiles"
+            )
         store = Store(t, p.tile.rows, p.tile.cols, t.id in written)
         if t.name in wanted:
             given = np.asarray(inputs[t.name])
@@ -136,5 +144,6 @@ def deadlock(m: Machine, engines: list[EngineState]) -> DeadlockError:
             lines.append(f"  {eng.label}: {text} — {why(eng, eng.blocked)}")
     if len(engines) > DEADLOCK_LINES:
         lines.append(f"  ... and {len(engines) - DEADLOCK_LINES} more (DeadlockError.blocked lists them all)")
-    return DeadlockError(f"deadlock in {m.p.name}: {len(engines)} engines can never go on\n" + "\n".join(lines),
-                         tuple(blocked))
+    return DeadlockError(
+        f"deadlock in {m.p.name}: {len(engines)} engines can never go on\n" + "\n".join(lines), tuple(blocked)
+    )

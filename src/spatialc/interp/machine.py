@@ -22,8 +22,9 @@ Where = Callable[[], str]  # the place a lookup is asked from, formatted only wh
 class Machine:
     """Rings, accumulators, semaphores and barriers of every site, keyed by site; tensors by id."""
 
-    def __init__(self, p: SpatialProgram, stores: dict[TensorId, Store], params: dict[TensorId, np.ndarray],
-                 tracing: bool) -> None:
+    def __init__(
+        self, p: SpatialProgram, stores: dict[TensorId, Store], params: dict[TensorId, np.ndarray], tracing: bool
+    ) -> None:
         assert p.placement is not None and p.schedule is not None
         self.p, self.stores, self.params = p, stores, params
         self.recorder = Recorder() if tracing else None
@@ -62,8 +63,10 @@ class Machine:
         site = eng.site
         items = self.items_of.get(site, ())
         if code.item_coords_free and len(items) != 1:
-            raise EvalError(f"{eng.label} uses item_y / item_x outside an ITEM loop, and site {int(site)} has"
-                            f" {len(items)} items, not one")
+            raise EvalError(
+                f"{eng.label} uses item_y / item_x outside an ITEM loop, and site {int(site)} has"
+                f" {len(items)} items, not one"
+            )
         nx = self.grid_nx() if items else 1
         coords = [divmod(int(it), nx) for it in items]
         eng.code, eng.args = code, [self._resolve(eng, ref) for ref in code.refs]
@@ -72,8 +75,10 @@ class Machine:
             assert isinstance(ring, Ring)
             other = self._sides.setdefault((id(ring), side), eng)
             if other is not eng:
-                raise EvalError(f"{ring.name} at site {int(site)} has two {side}r engines, {other.engine.value} and"
-                                f" {eng.engine.value}: a ring has one producer and one consumer")
+                raise EvalError(
+                    f"{ring.name} at site {int(site)} has two {side}r engines, {other.engine.value} and"
+                    f" {eng.engine.value}: a ring has one producer and one consumer"
+                )
         return code.fn(eng, coords, *eng.args)
 
     def _resolve(self, eng: EngineState, ref: Ref) -> object:
@@ -113,8 +118,9 @@ class Machine:
     def grid_nx(self) -> int:
         plan = self.p.plan
         if plan is None:
-            raise EvalError(f"item coordinates need a program with exactly one plan; {self.p.name} has"
-                            f" {len(self.p.plans)}")
+            raise EvalError(
+                f"item coordinates need a program with exactly one plan; {self.p.name} has {len(self.p.plans)}"
+            )
         return plan.grid[1]
 
     def offsets(self, bh: int, bw: int, sh: int, sw: int) -> np.ndarray:

@@ -25,8 +25,19 @@ if TYPE_CHECKING:
 
 
 class Ring:
-    __slots__ = ("name", "site", "depth", "page_tiles", "tail", "pushed", "popped", "slots",
-                 "free_ticks", "pub_ticks", "events")
+    __slots__ = (
+        "name",
+        "site",
+        "depth",
+        "page_tiles",
+        "tail",
+        "pushed",
+        "popped",
+        "slots",
+        "free_ticks",
+        "pub_ticks",
+        "events",
+    )
 
     def __init__(self, name: str, site: Site, depth: int, page_tiles: int, tracing: bool) -> None:
         self.name, self.site, self.depth, self.page_tiles = name, site, depth, page_tiles

@@ -28,8 +28,10 @@ def fail(E: EngineState, i: int, what: str) -> None:
 
 def fail_addr(E: EngineState, i: int, store: Store, at: int, off: np.ndarray) -> None:
     t = store.tensor
-    raise AddressError(f"{where(E, i)}: tiles {at + int(off.min())}..{at + int(off.max())} of {t.name} are outside"
-                       f" its {t.tiles[0]}x{t.tiles[1]} tile grid (0..{store.ntiles - 1})")
+    raise AddressError(
+        f"{where(E, i)}: tiles {at + int(off.min())}..{at + int(off.max())} of {t.name} are outside"
+        f" its {t.tiles[0]}x{t.tiles[1]} tile grid (0..{store.ntiles - 1})"
+    )
 
 
 def fail_page(E: EngineState, i: int, r: Ring, n: int) -> None:
@@ -74,8 +76,10 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
     if n > geom[0] * geom[1]:
         fail(E, i, f"packs {n} tiles of a {geom[0]}x{geom[1]}-tile accumulator")
     if len(acc.a) * geom[4] >= INT8_EXACT_K:
-        raise NumericError(f"{where(E, i)}: an int8 reduction over {len(acc.a) * geom[4]} elements is not exact"
-                           f" in float64 (limit {INT8_EXACT_K})")
+        raise NumericError(
+            f"{where(E, i)}: an int8 reduction over {len(acc.a) * geom[4]} elements is not exact"
+            f" in float64 (limit {INT8_EXACT_K})"
+        )
     r.slots[slot] = AccValue(geom[:4], tuple(acc.a), tuple(acc.b), base, n)
 
 
@@ -124,9 +128,9 @@ def why(E: EngineState, i: int) -> str:
     return "blocked"
 
 
-
-def elementwise(E: EngineState, i: int, x: object, op: object, integer: bool, width: int, bias: Store | None,
-                at: int) -> Tiles:
+def elementwise(
+    E: EngineState, i: int, x: object, op: object, integer: bool, width: int, bias: Store | None, at: int
+) -> Tiles:
     """An epilogue Compute: every element of the front page `x` through `op` (spatialc.epilogue), as a new page.
 
     The page holds rows of `width` tiles; for a bias, tile s covers bias tile column `at + s mod width`."""
@@ -140,9 +144,11 @@ def elementwise(E: EngineState, i: int, x: object, op: object, integer: bool, wi
     row = None
     if bias is not None:
         if not 0 <= at <= bias.cols_t - width:
-            raise AddressError(f"{where(E, i)}: bias tile columns {at}..{at + width - 1} are outside"
-                               f" {bias.tensor.name}'s {bias.cols_t} tile columns")
-        row = bias.arr[0, 0, at:at + width, :].reshape(-1)
+            raise AddressError(
+                f"{where(E, i)}: bias tile columns {at}..{at + width - 1} are outside"
+                f" {bias.tensor.name}'s {bias.cols_t} tile columns"
+            )
+        row = bias.arr[0, 0, at : at + width, :].reshape(-1)
     out = epilogue.apply(op, epilogue.start(mat, integer), integer, row)  # type: ignore[arg-type]
     back = out.astype(np.float64).reshape(h, t.rows, width, t.cols).transpose(0, 2, 1, 3)
     return Tiles(back.reshape(n, t.rows, t.cols))

@@ -85,7 +85,7 @@ class Store:
             if corner is None:
                 return {}
             r0, c0 = corner
-            cover[r0:r0 + bh, c0:c0 + bw] += 1
+            cover[r0 : r0 + bh, c0 : c0 + bw] += 1
             targets[id(v)] = (self, r0, c0)
         return targets if cover.max(initial=0) <= 1 else {}
 
@@ -94,7 +94,7 @@ class Store:
             corner = self.rect(at, off, bh, bw)
             if corner is not None:
                 r0, c0 = corner
-                self.mat[r0 * self.tr:(r0 + bh) * self.tr, c0 * self.tc:(c0 + bw) * self.tc] = value.matrix()
+                self.mat[r0 * self.tr : (r0 + bh) * self.tr, c0 * self.tc : (c0 + bw) * self.tc] = value.matrix()
                 return
         ti, tj = np.divmod(at + off, self.cols_t)
         self.arr[ti, :, tj, :] = tiles_of(value, len(off))
@@ -239,8 +239,16 @@ def _rect_key(v: AccValue) -> tuple[tuple, tuple[int, int, int, int]] | None:
     return (sa, k0, s * ibw, sb, kb0), (r0, h, c0, w)
 
 
-def _hull_product(sa: Store, k0: int, ka: int, sb: Store, kb0: int, members: list,
-                  into: dict[int, tuple[Store, int, int]], placed: dict[int, AccValue]) -> bool:
+def _hull_product(
+    sa: Store,
+    k0: int,
+    ka: int,
+    sb: Store,
+    kb0: int,
+    members: list,
+    into: dict[int, tuple[Store, int, int]],
+    placed: dict[int, AccValue],
+) -> bool:
     """One matmul over the bounding rectangle of the members' outputs, if dense and small enough (else False);
     written straight into the destination tensor when the members tile exactly the rectangle `into` gives."""
     t = sa.tc
@@ -248,11 +256,11 @@ def _hull_product(sa: Store, k0: int, ka: int, sb: Store, kb0: int, members: lis
     rhi, chi = max(m[0] + m[1] for m in members), max(m[2] + m[3] for m in members)
     cover = np.zeros((rhi - rlo, chi - clo), dtype=bool)
     for r0, h, c0, w, _ in members:
-        cover[r0 - rlo:r0 - rlo + h, c0 - clo:c0 - clo + w] = True
+        cover[r0 - rlo : r0 - rlo + h, c0 - clo : c0 - clo + w] = True
     if len(members) > 1 and (cover.mean() < HULL_DENSITY or cover.size * t * t > HULL_MAX_ELEMS):
         return False
-    a = np.ascontiguousarray(sa.mat[rlo * t:rhi * t, k0 * t:(k0 + ka) * t])
-    b = np.ascontiguousarray(sb.mat[kb0 * t:(kb0 + ka) * t, clo * t:chi * t])
+    a = np.ascontiguousarray(sa.mat[rlo * t : rhi * t, k0 * t : (k0 + ka) * t])
+    b = np.ascontiguousarray(sb.mat[kb0 * t : (kb0 + ka) * t, clo * t : chi * t])
     exact = cover.all() and sum(m[1] * m[3] for m in members) == cover.size
     out = _direct_out(members, into, rlo, clo, rhi, chi, t) if exact else None
     if out is None:
@@ -261,12 +269,13 @@ def _hull_product(sa: Store, k0: int, ka: int, sb: Store, kb0: int, members: lis
         np.matmul(a, b, out=out)
         placed.update((id(m[4]), m[4]) for m in members)
     for r0, h, c0, w, v in members:
-        v.result = out[(r0 - rlo) * t:(r0 - rlo + h) * t, (c0 - clo) * t:(c0 - clo + w) * t]
+        v.result = out[(r0 - rlo) * t : (r0 - rlo + h) * t, (c0 - clo) * t : (c0 - clo + w) * t]
     return True
 
 
-def _direct_out(members: list, into: dict[int, tuple[Store, int, int]], rlo: int, clo: int, rhi: int, chi: int,
-                t: int) -> np.ndarray | None:
+def _direct_out(
+    members: list, into: dict[int, tuple[Store, int, int]], rlo: int, clo: int, rhi: int, chi: int, t: int
+) -> np.ndarray | None:
     """The destination of the hull in one tensor, when every member lands at the same shift from its place in
     the hull and that part of the tensor is contiguous (BLAS writes it directly)."""
     dests = [into.get(id(m[4])) for m in members]
@@ -276,7 +285,7 @@ def _direct_out(members: list, into: dict[int, tuple[Store, int, int]], rlo: int
     for (r0, _, c0, _, _), (st, d0, e0) in zip(members, dests, strict=True):  # type: ignore[misc]
         if st is not store or d0 - r0 != dr or e0 - c0 != dc:
             return None
-    out = store.mat[(rlo + dr) * t:(rhi + dr) * t, (clo + dc) * t:(chi + dc) * t]
+    out = store.mat[(rlo + dr) * t : (rhi + dr) * t, (clo + dc) * t : (chi + dc) * t]
     return out if out.flags.c_contiguous else None
 
 

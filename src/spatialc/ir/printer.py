@@ -151,18 +151,24 @@ def _stage_text(p: SpatialProgram, s: Stage) -> str:
         case WriteStage(t):
             return f"write {', '.join(_buf(p, b) for b in s.ins)} -> {_tensor(p, t)}"
         case ComputeStage(op):
-            return (f"{compute_text(op, p)} ({', '.join(_buf(p, b) for b in s.ins)})"
-                    f" -> {', '.join(_buf(p, b) for b in s.outs)}")
+            return (
+                f"{compute_text(op, p)} ({', '.join(_buf(p, b) for b in s.ins)})"
+                f" -> {', '.join(_buf(p, b) for b in s.outs)}"
+            )
     return str(s.kind)
 
 
 def program_text(p: SpatialProgram, sites: int | None = None) -> str:
     """The whole program; `sites` caps how many sites' programs are listed."""
-    out = [f"program {p.name}  target {p.target}  precision {p.precision.value}  tile {p.tile.rows}x{p.tile.cols}"
-           f"  {'verified' if p.verified else 'unverified'}"]
+    out = [
+        f"program {p.name}  target {p.target}  precision {p.precision.value}  tile {p.tile.rows}x{p.tile.cols}"
+        f"  {'verified' if p.verified else 'unverified'}"
+    ]
     for t in p.tensors:
-        out.append(f"  tensor {t.name}: {t.role.value} {t.dtype.value} {t.elems[0]}x{t.elems[1]}"
-                   f" in {t.tiles[0]}x{t.tiles[1]} tiles")
+        out.append(
+            f"  tensor {t.name}: {t.role.value} {t.dtype.value} {t.elems[0]}x{t.elems[1]}"
+            f" in {t.tiles[0]}x{t.tiles[1]} tiles"
+        )
     for b in p.buffers:
         origin = f" (copy of {int(b.origin)})" if b.origin is not None else ""
         out.append(f"  buffer {b.name}: {_kind_text(b)}{origin}")
@@ -170,8 +176,10 @@ def program_text(p: SpatialProgram, sites: int | None = None) -> str:
         out.append(f"  stage {s.name} on {s.engine.value}: {_stage_text(p, s)}")
     for pl in p.plans:
         blk = pl.block
-        out.append(f"  plan block {blk.osh}x{blk.osw}x{blk.ibw} sub-blocks {pl.sub_blocks[0]}x{pl.sub_blocks[1]}"
-                   f" grid {pl.grid[0]}x{pl.grid[1]} k_tiles {pl.k_tiles} depth {pl.depth}")
+        out.append(
+            f"  plan block {blk.osh}x{blk.osw}x{blk.ibw} sub-blocks {pl.sub_blocks[0]}x{pl.sub_blocks[1]}"
+            f" grid {pl.grid[0]}x{pl.grid[1]} k_tiles {pl.k_tiles} depth {pl.depth}"
+        )
     if p.placement is not None:
         used = sum(1 for _, items in p.placement.items_of_site if items)
         out.append(f"  placement {p.placement.kind}: {len(p.placement.items_of_site)} sites, {used} with items")

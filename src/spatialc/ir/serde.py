@@ -155,9 +155,9 @@ def from_json(text: str) -> SpatialProgram:
     except json.JSONDecodeError as e:
         raise SerdeError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise SerdeError(f"not a spatialc program (no \"format\": \"{FORMAT}\" at the top)")
+        raise SerdeError(f'not a spatialc program (no "format": "{FORMAT}" at the top)')
     if doc.get("version") != VERSION:
         raise SerdeError(f"spatialc program version {doc.get('version')!r}; this spatialc reads version {VERSION}")
     if "program" not in doc:
-        raise SerdeError("a spatialc document with no \"program\"")
+        raise SerdeError('a spatialc document with no "program"')
     return decode(doc["program"], SpatialProgram)

@@ -76,8 +76,14 @@ class Census:
         return self.program == self.printed and self.stages == self.printed_stages
 
     def to_dict(self) -> dict[str, object]:
-        return {"program": self.program, "printed": self.printed, "rotated": self.rotated, "stages": self.stages,
-                "printed_stages": self.printed_stages, "agrees": self.agrees}
+        return {
+            "program": self.program,
+            "printed": self.printed,
+            "rotated": self.rotated,
+            "stages": self.stages,
+            "printed_stages": self.printed_stages,
+            "agrees": self.agrees,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,4 +97,3 @@ class CudaArtifact:
     census: Census
     general: CudaArtifact | None = None
     notes: tuple[str, ...] = field(default=())
-

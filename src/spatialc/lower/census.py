@@ -82,5 +82,10 @@ def census(programs: Iterable[tuple[ChoreoOp, ...]], text: str) -> Census:
     that one text, so those are the ops it must hold, each once.
     """
     programs = tuple(programs)
-    return Census(program=count_ops(programs), printed=count_printed(text), rotated=count_printed(text, PRE),
-                  stages=count_stages(programs), printed_stages=count_printed_stages(text))
+    return Census(
+        program=count_ops(programs),
+        printed=count_printed(text),
+        rotated=count_printed(text, PRE),
+        stages=count_stages(programs),
+        printed_stages=count_printed_stages(text),
+    )

@@ -56,8 +56,10 @@ class GroupSpansSites(LowerError):
     """A multicast group of several sites: one block per site cannot share pages with another block."""
 
     def __init__(self, group: int, sites: tuple[int, ...]):
-        super().__init__(f"group {group} spans sites {list(sites)}: the blocks of a persistent kernel share no shared"
-                         " memory, so a page multicast between sites cannot be printed; place without groups")
+        super().__init__(
+            f"group {group} spans sites {list(sites)}: the blocks of a persistent kernel share no shared"
+            " memory, so a page multicast between sites cannot be printed; place without groups"
+        )
         self.group = group
         self.sites = sites
 

@@ -58,13 +58,20 @@ def check_decidable(ctx: Ctx, site: Site, progs: Sequence[tuple[EngineProgram, F
             raise StrongerCheckNeeded(
                 f"{where(site, engine)}: {text} — this can lower a semaphore count, so whether a SemWait passes can"
                 " depend on how the engines interleave and one counter run proves nothing; a stronger check (over"
-                " every interleaving) is needed", site=int(site), engine=engine, op=text)
+                " every interleaving) is needed",
+                site=int(site),
+                engine=engine,
+                op=text,
+            )
         if facts.trip_counted:
             text, engine = ctx.op(facts.trip_counted[0]), prog.engine.value
             raise StrongerCheckNeeded(
                 f"{where(site, engine)}: {text} — it runs inside a Trip loop, so the count it raises depends on the"
-                " data; one counter run at the trip bounds cannot decide what waits on it", site=int(site),
-                engine=engine, op=text)
+                " data; one counter run at the trip bounds cannot decide what waits on it",
+                site=int(site),
+                engine=engine,
+                op=text,
+            )
     trips: dict[BufferId, tuple[str, ChoreoOp, tuple[object, ...]]] = {}
     for prog, facts in progs:
         for use in facts.uses:
@@ -77,8 +84,12 @@ def check_decidable(ctx: Ctx, site: Site, progs: Sequence[tuple[EngineProgram, F
                 raise StrongerCheckNeeded(
                     f"{where(site, engine)}: {text} — it is not inside the same Trip loops as {first[0]}'s"
                     f" {ctx.op(first[1])}, so whether {ctx.name(use.buf)} balances depends on the data; one counter"
-                    " run at the trip bounds cannot decide it", site=int(site), engine=engine, op=text,
-                    buffer=ctx.name(use.buf))
+                    " run at the trip bounds cannot decide it",
+                    site=int(site),
+                    engine=engine,
+                    op=text,
+                    buffer=ctx.name(use.buf),
+                )
 
 
 @dataclass(slots=True)
@@ -238,8 +249,15 @@ class Network:
     def _fast_forward(self, index: int) -> None:
         """At a back-edge of engine `index`: skip the periods that will repeat exactly (see the module docstring)."""
         engines = self.engines
-        shape = (index, engines[index].pc, tuple(self.held), tuple(self.ready), tuple(self.sem), tuple(self.arrived),
-                 tuple((e.pc, e.pending, tuple(f[0] for f in e.stack)) for e in engines))
+        shape = (
+            index,
+            engines[index].pc,
+            tuple(self.held),
+            tuple(self.ready),
+            tuple(self.sem),
+            tuple(self.arrived),
+            tuple((e.pc, e.pending, tuple(f[0] for f in e.stack)) for e in engines),
+        )
         now = [[(f[1], f[2]) for f in e.stack] for e in engines]
         before = self.seen.get(shape)
         if len(self.seen) >= _SEEN_CAP:
@@ -280,8 +298,9 @@ class Network:
         elif op == SEMWAIT:
             why = f"the count is {self.sem[a]}, it needs {b}"
         else:
-            late = [int(s) for (_, s), slot in self.arrive_slots.items()
-                    if slot in c and self.arrived[slot] < e.pending]
+            late = [
+                int(s) for (_, s), slot in self.arrive_slots.items() if slot in c and self.arrived[slot] < e.pending
+            ]
             why = f"site(s) {', '.join(map(str, late))} have not arrived"
         return f"{head}: {text} — {why}"
 
@@ -319,8 +338,9 @@ def _components(sites: Sequence[Site], facts: dict[Site, list[Facts]], ctx: Ctx)
     return sorted(groups.values())
 
 
-def check_deadlock(ctx: Ctx, programs: dict[Site, list[tuple[EngineProgram, Facts]]],
-                   keys: dict[Site, tuple[object, ...]]) -> int:
+def check_deadlock(
+    ctx: Ctx, programs: dict[Site, list[tuple[EngineProgram, Facts]]], keys: dict[Site, tuple[object, ...]]
+) -> int:
     """Rule 7: simulate each independent set of sites once; raise VerifyDeadlockError naming each blocked engine.
 
     `keys` says which sites run the same programs. Returns the number of networks simulated."""
@@ -340,6 +360,8 @@ def check_deadlock(ctx: Ctx, programs: dict[Site, list[tuple[EngineProgram, Fact
         if blocked:
             others = sum(1 for s in sites if len(comp) == 1 and s not in comp and keys[s] == key)
             note = f" (and on {others} other site(s) with the same programs)" if others else ""
-            raise VerifyDeadlockError("deadlock: " + "; ".join(net.blocked_text(e) for e in blocked) + note,
-                                      tuple((int(e.site), e.name, ctx.op(e.src[e.pc])) for e in blocked))
+            raise VerifyDeadlockError(
+                "deadlock: " + "; ".join(net.blocked_text(e) for e in blocked) + note,
+                tuple((int(e.site), e.name, ctx.op(e.src[e.pc])) for e in blocked),
+            )
     return runs

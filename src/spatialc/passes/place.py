@@ -16,8 +16,9 @@ def default_sites(p: SpatialProgram, target: SpatialTarget) -> int:
     """What the target keeps resident for this plan (SMs × blocks per SM), capped at the number of items."""
     plan = p.plan
     assert plan is not None
-    per_unit = target.resident_sites_per_unit(smem_bytes(target, plan, p.precision), plan.block.osh,
-                                               plan.block.osw, plan.sub_blocks)
+    per_unit = target.resident_sites_per_unit(
+        smem_bytes(target, plan, p.precision), plan.block.osh, plan.block.osw, plan.sub_blocks
+    )
     return max(1, min(plan.items, target.units * max(per_unit, 1)))
 
 
@@ -34,8 +35,9 @@ def split(items: int, sites: int, kind: str) -> tuple[tuple[Site, tuple[ItemId, 
     return tuple(out)
 
 
-def place(p: SpatialProgram, target: SpatialTarget, sites: int | None = None,
-          placement: str | None = None) -> SpatialProgram:
+def place(
+    p: SpatialProgram, target: SpatialTarget, sites: int | None = None, placement: str | None = None
+) -> SpatialProgram:
     """The program with a placement. More sites than items leaves the extra sites empty."""
     kind = placement or "contiguous"
     if kind not in PLACEMENTS:

@@ -59,8 +59,17 @@ def engine_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     reader = (Loop(LV_K, k_loop, (Reserve(a_buf), read_a, Push(a_buf), Reserve(b_buf), read_b, Push(b_buf))),)
     compute = (
         AcquireAcc(acc),
-        Loop(LV_K, k_loop, (Wait(a_buf), Wait(b_buf), Compute(mm.kind.op, (a_buf, b_buf), acc=acc),  # type: ignore[union-attr]
-                            Pop(a_buf), Pop(b_buf))),
+        Loop(
+            LV_K,
+            k_loop,
+            (
+                Wait(a_buf),
+                Wait(b_buf),
+                Compute(mm.kind.op, (a_buf, b_buf), acc=acc),  # type: ignore[union-attr]
+                Pop(a_buf),
+                Pop(b_buf),
+            ),
+        ),
         Reserve(c_buf),
         PackAcc(acc, c_buf, h * w),
         Push(c_buf),

@@ -136,8 +136,11 @@ def candidates(
     out = p.output_tensor()
     assert out is not None
     m_t, k_t, n_t = a.tiles[0], a.tiles[1], out.tiles[1]
-    blocks = [BlockShape(*block)] if block else [
-        BlockShape(h, w, i) for h, w, i in itertools.product(BLOCK_SIDES, BLOCK_SIDES, IBWS)]
+    blocks = (
+        [BlockShape(*block)]
+        if block
+        else [BlockShape(h, w, i) for h, w, i in itertools.product(BLOCK_SIDES, BLOCK_SIDES, IBWS)]
+    )
     subs = [tuple(sub_blocks)] if sub_blocks else list(SUB_BLOCKS)
     depths = [depth] if depth else list(DEPTHS)
     # An epilogue is applied where the accumulators are, in the fused store, which needs a warp grid dividing the
@@ -174,11 +177,15 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth)
     tiles = b.osh * b.osw * probe.sub_blocks[0] * probe.sub_blocks[1]
     regs = target.registers_needed(tiles)
     if regs > target.regs_per_thread_max:
-        return (f"its accumulator of {tiles} tiles needs about {regs} registers a thread and {target.name} has"
-                f" {target.regs_per_thread_max}; force a smaller block or fewer sub-blocks")
+        return (
+            f"its accumulator of {tiles} tiles needs about {regs} registers a thread and {target.name} has"
+            f" {target.regs_per_thread_max}; force a smaller block or fewer sub-blocks"
+        )
     need = smem_bytes(target, probe, p.precision)
-    return (f"it needs {need} bytes of shared memory per block and {target.name} has {target.smem_per_site_max};"
-            " force a smaller block or depth")
+    return (
+        f"it needs {need} bytes of shared memory per block and {target.name} has {target.smem_per_site_max};"
+        " force a smaller block or depth"
+    )
 
 
 def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:

@@ -147,17 +147,23 @@ def _check_buffers(p: SpatialProgram) -> None:
             case Accumulator():
                 pass
             case kind if kind.depth_pages < 1 or kind.page_tiles < 1:
-                raise IllFormedError(f"ring {b.name} must have pages ≥ 1 of tiles ≥ 1, not {kind.depth_pages} x"
-                                     f" {kind.page_tiles}", buffer=b.name)
+                raise IllFormedError(
+                    f"ring {b.name} must have pages ≥ 1 of tiles ≥ 1, not {kind.depth_pages} x {kind.page_tiles}",
+                    buffer=b.name,
+                )
         if b.origin is None:
             continue
         template = buffers.get(b.origin)
         if template is None or template.origin is not None:
-            raise IllFormedError(f"buffer {b.name} is a copy of buffer {int(b.origin)}, which is not a template"
-                                 " buffer", buffer=b.name)
+            raise IllFormedError(
+                f"buffer {b.name} is a copy of buffer {int(b.origin)}, which is not a template buffer", buffer=b.name
+            )
         if template.kind != b.kind:
-            raise IllFormedError(f"buffer {b.name} is a copy of {template.name} but is {b.kind}, not"
-                                 f" {template.kind}: the copies of a template are one ring", buffer=b.name)
+            raise IllFormedError(
+                f"buffer {b.name} is a copy of {template.name} but is {b.kind}, not"
+                f" {template.kind}: the copies of a template are one ring",
+                buffer=b.name,
+            )
 
 
 def _check_stages(p: SpatialProgram) -> None:
@@ -170,11 +176,15 @@ def _check_stages(p: SpatialProgram) -> None:
             case ReadStage(t) | WriteStage(t) | ComputeStage(Bias(t)) if t not in tensors:
                 raise IllFormedError(f"stage {s.name} names tensor {int(t)}, which does not exist")
             case ReadStage(t) if tensors[t].role == TensorRole.OUTPUT:
-                raise IllFormedError(f"stage {s.name} reads {tensors[t].name}, the output tensor; a read stage reads"
-                                     " an input or a parameter tensor")
+                raise IllFormedError(
+                    f"stage {s.name} reads {tensors[t].name}, the output tensor; a read stage reads"
+                    " an input or a parameter tensor"
+                )
             case WriteStage(t) if tensors[t].role != TensorRole.OUTPUT:
-                raise IllFormedError(f"stage {s.name} writes {tensors[t].name}, {role_text(tensors[t])}; a write"
-                                     " stage writes the output tensor")
+                raise IllFormedError(
+                    f"stage {s.name} writes {tensors[t].name}, {role_text(tensors[t])}; a write"
+                    " stage writes the output tensor"
+                )
             case ComputeStage(op) if (why := compute_fault(op, p.precision)) is not None:
                 raise IllFormedError(f"stage {s.name}: {why}")
 
@@ -194,16 +204,23 @@ def _check_layout(p: SpatialProgram) -> None:
     for g in p.placement.groups:
         for s in g.sites:
             if s not in sites:
-                raise IllFormedError(f"group {int(g.id)} names site {int(s)}, which the placement does not have",
-                                     site=int(s))
+                raise IllFormedError(
+                    f"group {int(g.id)} names site {int(s)}, which the placement does not have", site=int(s)
+                )
     seen: set[tuple[Site, str]] = set()
     for prog in p.schedule.programs if p.schedule else ():
         if prog.site not in sites:
-            raise IllFormedError(f"{where(prog.site, prog.engine.value)}: the placement has no site {int(prog.site)}",
-                                 site=int(prog.site), engine=prog.engine.value)
+            raise IllFormedError(
+                f"{where(prog.site, prog.engine.value)}: the placement has no site {int(prog.site)}",
+                site=int(prog.site),
+                engine=prog.engine.value,
+            )
         if (prog.site, prog.engine.value) in seen:
-            raise IllFormedError(f"{where(prog.site, prog.engine.value)}: two programs for one engine",
-                                 site=int(prog.site), engine=prog.engine.value)
+            raise IllFormedError(
+                f"{where(prog.site, prog.engine.value)}: two programs for one engine",
+                site=int(prog.site),
+                engine=prog.engine.value,
+            )
         seen.add((prog.site, prog.engine.value))
 
 
@@ -213,8 +230,11 @@ def _check_site_refs(ctx: Ctx, by_site: dict[Site, SiteProgs]) -> None:
         for prog, facts in progs:
             for g in sorted(facts.groups):
                 if site not in ctx.groups[g].sites:
-                    raise IllFormedError(f"{where(site, prog.engine.value)}: uses group {int(g)}, which site"
-                                         f" {int(site)} is not in", site=int(site), engine=prog.engine.value)
+                    raise IllFormedError(
+                        f"{where(site, prog.engine.value)}: uses group {int(g)}, which site {int(site)} is not in",
+                        site=int(site),
+                        engine=prog.engine.value,
+                    )
 
 
 # ---- rule 6 ------------------------------------------------------------------------------------------------------
@@ -232,8 +252,9 @@ def check_coverage(p: SpatialProgram, by_site: dict[Site, SiteProgs]) -> None:
     for site, items in p.placement.items_of_site:
         progs = by_site.get(site, [])
         if items and p.schedule is not None and not any(prog.ops for prog, _ in progs):
-            raise CoverageError(f"site {int(site)} holds {len(items)} item(s) but the schedule gives it nothing to"
-                                " run", site=int(site))
+            raise CoverageError(
+                f"site {int(site)} holds {len(items)} item(s) but the schedule gives it nothing to run", site=int(site)
+            )
         for prog, facts in progs:
             _check_item_loops(p, site, len(items), prog, facts)
 
@@ -245,15 +266,19 @@ def _coverage_fault(items_of_site: Sequence[tuple[Site, tuple[ItemId, ...]]], ny
         for item in items:
             i = int(item)
             if not 0 <= i < n:
-                raise CoverageError(f"site {int(site)} holds item {int(i)}, outside the {ny}x{nx} grid of {n} items",
-                                    site=int(site))
+                raise CoverageError(
+                    f"site {int(site)} holds item {int(i)}, outside the {ny}x{nx} grid of {n} items", site=int(site)
+                )
             owners.setdefault(i, []).append(int(site))
     for i in range(n):
         sites = owners.get(i, [])
         if len(sites) != 1:
             which = f"on sites {', '.join(map(str, sites))}" if sites else "on no site"
-            raise CoverageError(f"item {i} (y {i // nx}, x {i % nx}) of the {ny}x{nx} grid is {which}; each item is"
-                                " placed exactly once", site=sites[-1] if sites else None)
+            raise CoverageError(
+                f"item {i} (y {i // nx}, x {i % nx}) of the {ny}x{nx} grid is {which}; each item is"
+                " placed exactly once",
+                site=sites[-1] if sites else None,
+            )
 
 
 def _check_item_loops(p: SpatialProgram, site: Site, held: int, prog: EngineProgram, facts: Facts) -> None:
@@ -261,9 +286,18 @@ def _check_item_loops(p: SpatialProgram, site: Site, held: int, prog: EngineProg
     for loop, count in facts.item_loops:
         if count != held:
             text = Ctx.of(p).op(loop)
-            raise CoverageError(f"{where(site, engine)}: {text} — the site holds {held} item(s) but its ITEM loop"
-                                f" runs {count} time(s)", site=int(site), engine=engine, op=text)
+            raise CoverageError(
+                f"{where(site, engine)}: {text} — the site holds {held} item(s) but its ITEM loop runs {count} time(s)",
+                site=int(site),
+                engine=engine,
+                op=text,
+            )
     if facts.item_free and held != 1:
         text = Ctx.of(p).op(facts.item_free[0])
-        raise CoverageError(f"{where(site, engine)}: {text} — outside an ITEM loop item_y / item_x name the site's"
-                            f" only item, but the site holds {held}", site=int(site), engine=engine, op=text)
+        raise CoverageError(
+            f"{where(site, engine)}: {text} — outside an ITEM loop item_y / item_x name the site's"
+            f" only item, but the site holds {held}",
+            site=int(site),
+            engine=engine,
+            op=text,
+        )

@@ -101,8 +101,9 @@ def check_bounds(ctx: Ctx, plan: Plan | None, runs: Sequence[Run]) -> None:
 def _fail(ctx: Ctx, site: Site, engine: str, acc: Access | PackAcc, why: str, buffer: str | None) -> TileBoundsError:
     op = acc.op if isinstance(acc, Access) else acc
     text = ctx.op(op.source if isinstance(op, BiasRead) else op)  # a bias read is named by its Compute
-    return TileBoundsError(f"{where(site, engine)}: {text} — {why}", site=int(site), engine=engine, op=text,
-                           buffer=buffer)
+    return TileBoundsError(
+        f"{where(site, engine)}: {text} — {why}", site=int(site), engine=engine, op=text, buffer=buffer
+    )
 
 
 def _check_pages(ctx: Ctx, run: Run) -> None:
@@ -113,15 +114,28 @@ def _check_pages(ctx: Ctx, run: Run) -> None:
         buf = op.src if isinstance(op, WriteTiles) else op.into
         tiles, room = op.block_h * op.block_w, ctx.page_tiles(buf)
         if tiles > room:
-            raise _fail(ctx, site, engine, acc, f"a {op.block_h}x{op.block_w} block ({tiles} tiles) does not fit a"
-                                                f" page of {ctx.name(buf)}, which holds {room}", ctx.name(buf))
+            raise _fail(
+                ctx,
+                site,
+                engine,
+                acc,
+                f"a {op.block_h}x{op.block_w} block ({tiles} tiles) does not fit a"
+                f" page of {ctx.name(buf)}, which holds {room}",
+                ctx.name(buf),
+            )
     for use in run.facts.uses:
         if isinstance(use.op, PackAcc) and use.buf == use.op.to:
             pack = use.op
             for buf in (pack.to, pack.acc):
                 if pack.tiles > ctx.page_tiles(buf):
-                    raise _fail(ctx, site, engine, pack, f"packs {pack.tiles} tiles, but {ctx.name(buf)} holds"
-                                                         f" {ctx.page_tiles(buf)}", ctx.name(buf))
+                    raise _fail(
+                        ctx,
+                        site,
+                        engine,
+                        pack,
+                        f"packs {pack.tiles} tiles, but {ctx.name(buf)} holds {ctx.page_tiles(buf)}",
+                        ctx.name(buf),
+                    )
 
 
 def _check_access(ctx: Ctx, nx: int, run: Run, acc: Access, boxes: dict[Site, Box | None]) -> None:
@@ -158,8 +172,9 @@ def _assignment(lin: _Linear, low: bool, item: ItemId | None, nx: int) -> tuple[
     return value, ", ".join(parts) or "its only run"
 
 
-def _exact_bounds(ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Sequence[ItemId], acc: Access,
-                  lin: _Linear) -> None:
+def _exact_bounds(
+    ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Sequence[ItemId], acc: Access, lin: _Linear
+) -> None:
     tensor = ctx.tensors[acc.op.tensor]
     rows, cols = tensor.tiles
     uses_items = bool(lin.cy or lin.cx)
@@ -172,8 +187,14 @@ def _exact_bounds(ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Seq
         flat, text = _assignment(lin, low, item, nx)
         if not 0 <= flat < rows * cols:
             verb = "writes" if isinstance(acc.op, WriteTiles) else "reads"
-            raise _fail(ctx, site, prog.engine.value, acc, f"at {text} it {verb} tile {flat} of {tensor.name}, outside"
-                                                           f" its {rows}x{cols} tile grid", ctx.name(_buf(acc)))
+            raise _fail(
+                ctx,
+                site,
+                prog.engine.value,
+                acc,
+                f"at {text} it {verb} tile {flat} of {tensor.name}, outside its {rows}x{cols} tile grid",
+                ctx.name(_buf(acc)),
+            )
 
 
 def _buf(acc: Access):
@@ -186,8 +207,9 @@ def _col_bound(lin: _Linear, box: Box, cols: int) -> int:
     return bound + sum((v.coef % cols) * v.hi for v in lin.terms)
 
 
-def _exact_row(ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Sequence[ItemId], acc: Access,
-               lin: _Linear) -> None:
+def _exact_row(
+    ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Sequence[ItemId], acc: Access, lin: _Linear
+) -> None:
     """The exact set of columns a block row can start at (residues mod cols_t, each with a witness)."""
     tensor = ctx.tensors[acc.op.tensor]
     cols = tensor.tiles[1]
@@ -210,6 +232,13 @@ def _exact_row(ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Sequen
     col = max(reach)
     if col + acc.op.block_w > cols:
         at = ", ".join(reach[col]) or "its only run"
-        raise _fail(ctx, site, prog.engine.value, acc, f"at {at} a block row starts at column {col} of {tensor.name}'s"
-                                                       f" {cols}, so its {acc.op.block_w} tiles wrap into the next"
-                                                       " row of tiles", ctx.name(_buf(acc)))
+        raise _fail(
+            ctx,
+            site,
+            prog.engine.value,
+            acc,
+            f"at {at} a block row starts at column {col} of {tensor.name}'s"
+            f" {cols}, so its {acc.op.block_w} tiles wrap into the next"
+            " row of tiles",
+            ctx.name(_buf(acc)),
+        )

@@ -39,8 +39,9 @@ def check_site(ctx: Ctx, site: Site, progs: SiteProgs, owners: Owners) -> None:
 
 def _owner_error(ctx: Ctx, site: Site, engine: str, use: Use, why: str) -> RingOwnershipError:
     text = ctx.op(use.op)
-    return RingOwnershipError(f"{where(site, engine)}: {text} — {why}", site=int(site), engine=engine, op=text,
-                              buffer=ctx.name(use.buf))
+    return RingOwnershipError(
+        f"{where(site, engine)}: {text} — {why}", site=int(site), engine=engine, op=text, buffer=ctx.name(use.buf)
+    )
 
 
 def _check_kind(ctx: Ctx, site: Site, engine: str, use: Use) -> None:
@@ -49,18 +50,29 @@ def _check_kind(ctx: Ctx, site: Site, engine: str, use: Use) -> None:
     if use.side == Side.ACC and not is_acc:
         raise _owner_error(ctx, site, engine, use, f"{name} is a ring, not an accumulator")
     if use.side != Side.ACC and is_acc:
-        raise _owner_error(ctx, site, engine, use, f"{name} is an accumulator; only AcquireAcc, Compute's acc, PackAcc"
-                                                   " and ReleaseAcc may touch it")
+        raise _owner_error(
+            ctx,
+            site,
+            engine,
+            use,
+            f"{name} is an accumulator; only AcquireAcc, Compute's acc, PackAcc and ReleaseAcc may touch it",
+        )
 
 
-def _check_tensor(ctx: Ctx, site: Site, engine: str, use: Use, op: ReadTiles | WriteTiles,
-                  declared: tuple[str, str, TensorId | None]) -> None:
+def _check_tensor(
+    ctx: Ctx, site: Site, engine: str, use: Use, op: ReadTiles | WriteTiles, declared: tuple[str, str, TensorId | None]
+) -> None:
     """A ReadTiles fills a ring from its read stage's tensor; a WriteTiles empties one to its write stage's."""
     want, got = declared[2], op.tensor
     if want is not None and want != got:
         ring, verb = ctx.name(ctx.ring(use.buf)), "filled from" if isinstance(op, ReadTiles) else "written to"
-        raise _owner_error(ctx, site, engine, use, f"{ring} is {verb} {ctx.tensors[want].name} (stage {declared[1]}),"
-                                                   f" not {ctx.tensors[got].name}")
+        raise _owner_error(
+            ctx,
+            site,
+            engine,
+            use,
+            f"{ring} is {verb} {ctx.tensors[want].name} (stage {declared[1]}), not {ctx.tensors[got].name}",
+        )
 
 
 def check_owners(ctx: Ctx, site: Site, progs: SiteProgs, owners: Owners) -> dict[tuple[Side, BufferId], str]:
@@ -74,16 +86,23 @@ def check_owners(ctx: Ctx, site: Site, progs: SiteProgs, owners: Owners) -> dict
             ring = ctx.name(key[1])
             declared = owners.get(key)
             if declared is not None and declared[0] != engine:
-                raise _owner_error(ctx, site, engine, use, f"{ring} is {_ROLE[use.side]} by {declared[0]} (stage"
-                                                           f" {declared[1]}), not by {engine}")
+                raise _owner_error(
+                    ctx,
+                    site,
+                    engine,
+                    use,
+                    f"{ring} is {_ROLE[use.side]} by {declared[0]} (stage {declared[1]}), not by {engine}",
+                )
             if declared is not None and isinstance(use.op, ReadTiles | WriteTiles):
                 _check_tensor(ctx, site, engine, use, use.op, declared)
             first = seen.setdefault(key, (engine, use.op))
             if first[0] != engine:
-                why = (f"{ring} belongs to {first[0]} ({ctx.op(first[1])}); an accumulator has one engine per site"
-                       if use.side == Side.ACC else
-                       f"{ring} is already {_ROLE[use.side]} by {first[0]} ({ctx.op(first[1])}); a ring has one"
-                       f" {_AGENT[use.side]} engine per site")
+                why = (
+                    f"{ring} belongs to {first[0]} ({ctx.op(first[1])}); an accumulator has one engine per site"
+                    if use.side == Side.ACC
+                    else f"{ring} is already {_ROLE[use.side]} by {first[0]} ({ctx.op(first[1])}); a ring has one"
+                    f" {_AGENT[use.side]} engine per site"
+                )
                 raise _owner_error(ctx, site, engine, use, why)
     return {key: engine for key, (engine, _) in seen.items()}
 
@@ -95,9 +114,14 @@ def check_depths(ctx: Ctx, site: Site, progs: SiteProgs) -> None:
             depth = ctx.depth(ctx.ring(use.buf))
             if use.flow > depth:
                 text, engine = ctx.op(use.op), prog.engine.value
-                raise RingDepthError(f"{where(site, engine)}: {text} — moves {use.flow} pages of {ctx.name(use.buf)},"
-                                     f" a ring of {depth}; it could never complete", site=int(site), engine=engine,
-                                     op=text, buffer=ctx.name(use.buf))
+                raise RingDepthError(
+                    f"{where(site, engine)}: {text} — moves {use.flow} pages of {ctx.name(use.buf)},"
+                    f" a ring of {depth}; it could never complete",
+                    site=int(site),
+                    engine=engine,
+                    op=text,
+                    buffer=ctx.name(use.buf),
+                )
 
 
 def check_balance(ctx: Ctx, site: Site, progs: SiteProgs, engines: dict[tuple[Side, BufferId], str]) -> None:
@@ -105,8 +129,13 @@ def check_balance(ctx: Ctx, site: Site, progs: SiteProgs, engines: dict[tuple[Si
     for prog, facts in progs:
         if facts.fault is not None:
             text, engine = ctx.op(facts.fault.op), prog.engine.value
-            raise UnbalancedError(f"{where(site, engine)}: {text} — {facts.fault.message}", site=int(site),
-                                  engine=engine, op=text, buffer=ctx.name(facts.fault.buf))
+            raise UnbalancedError(
+                f"{where(site, engine)}: {text} — {facts.fault.message}",
+                site=int(site),
+                engine=engine,
+                op=text,
+                buffer=ctx.name(facts.fault.buf),
+            )
     by_engine = {prog.engine.value: facts for prog, facts in progs}
     rings = sorted({ring for (side, ring) in engines if side != Side.ACC})
     for ring in rings:
@@ -119,9 +148,13 @@ def check_balance(ctx: Ctx, site: Site, progs: SiteProgs, engines: dict[tuple[Si
         if pushed != popped:
             producer = engines.get((Side.PRODUCE, ring), "no engine")
             consumer = engines.get((Side.CONSUME, ring), "no engine")
-            raise UnbalancedError(f"site {int(site)}: {ctx.name(ring)} has {pushed} page(s) pushed (by {producer}) but"
-                                  f" {popped} popped (by {consumer}); every ring must end empty", site=int(site),
-                                  engine=producer, buffer=ctx.name(ring))
+            raise UnbalancedError(
+                f"site {int(site)}: {ctx.name(ring)} has {pushed} page(s) pushed (by {producer}) but"
+                f" {popped} popped (by {consumer}); every ring must end empty",
+                site=int(site),
+                engine=producer,
+                buffer=ctx.name(ring),
+            )
 
 
 def _flow_loops(facts: Facts, ring: BufferId, side: Side, ctx: Ctx) -> tuple[Frame, ...]:
@@ -148,7 +181,12 @@ def _check_coiteration(ctx: Ctx, site: Site, ring: BufferId, prod: tuple[str, Fa
         popped = cons[1].per_iter[frame.key].get(ring, [0, 0])[1]
         if pushed != popped:
             text = ctx.op(frame.op)
-            raise UnbalancedError(f"{where(site, prod[0])}: {text} — each iteration pushes {pushed} page(s) of"
-                                  f" {ctx.name(ring)}, but each iteration of {cons[0]}'s co-iterating loop"
-                                  f" {_var(frame.op.var)} pops {popped}", site=int(site), engine=prod[0], op=text,
-                                  buffer=ctx.name(ring))
+            raise UnbalancedError(
+                f"{where(site, prod[0])}: {text} — each iteration pushes {pushed} page(s) of"
+                f" {ctx.name(ring)}, but each iteration of {cons[0]}'s co-iterating loop"
+                f" {_var(frame.op.var)} pops {popped}",
+                site=int(site),
+                engine=prod[0],
+                op=text,
+                buffer=ctx.name(ring),
+            )

@@ -57,19 +57,25 @@ def check_plans(p: SpatialProgram) -> None:
         _positive(f"{name}'s depth", (plan.depth,))
         h, w = plan.item_tiles
         if max(h, w, b.ibw) > MAX_ITEM_SIDE:
-            raise IllFormedError(f"{name}'s items are {h}x{w} tiles with K steps of {b.ibw}; no side may exceed"
-                                 f" {MAX_ITEM_SIDE} tiles (no target holds such an item or K step)")
+            raise IllFormedError(
+                f"{name}'s items are {h}x{w} tiles with K steps of {b.ibw}; no side may exceed"
+                f" {MAX_ITEM_SIDE} tiles (no target holds such an item or K step)"
+            )
         if plan.k_tiles % b.ibw:
             raise IllFormedError(f"{name} has {plan.k_tiles} K tiles, not a whole number of K steps of {b.ibw}")
         if plan.items > MAX_ITEMS:
-            raise IllFormedError(f"{name}'s grid of {plan.grid[0]}x{plan.grid[1]} items has {plan.items}; at most"
-                                 f" {MAX_ITEMS} are allowed")
+            raise IllFormedError(
+                f"{name}'s grid of {plan.grid[0]}x{plan.grid[1]} items has {plan.items}; at most"
+                f" {MAX_ITEMS} are allowed"
+            )
         if out is None:
             raise IllFormedError(f"{name} lays out an output tensor, but the program has none")
         if out.tiles != (plan.grid[0] * h, plan.grid[1] * w):
-            raise IllFormedError(f"{name}'s {plan.grid[0]}x{plan.grid[1]} items of {h}x{w} tiles cover"
-                                 f" {plan.grid[0] * h}x{plan.grid[1] * w} tiles, but the output tensor {out.name} has"
-                                 f" {out.tiles[0]}x{out.tiles[1]}")
+            raise IllFormedError(
+                f"{name}'s {plan.grid[0]}x{plan.grid[1]} items of {h}x{w} tiles cover"
+                f" {plan.grid[0] * h}x{plan.grid[1] * w} tiles, but the output tensor {out.name} has"
+                f" {out.tiles[0]}x{out.tiles[1]}"
+            )
 
 
 def _padding(plans: tuple[Plan, ...]) -> tuple[int, int]:
@@ -93,11 +99,14 @@ def check_tensors(p: SpatialProgram) -> None:
                 raise IllFormedError(_grid_fault(t, tile, need, pad, dim, bool(p.plans)))
 
 
-def _grid_fault(t: Tensor, tile: tuple[int, int], need: tuple[int, ...], pad: tuple[int, int], dim: int,
-                planned: bool) -> str:
+def _grid_fault(
+    t: Tensor, tile: tuple[int, int], need: tuple[int, ...], pad: tuple[int, int], dim: int, planned: bool
+) -> str:
     side = ("rows", "columns")[dim]
-    head = (f"tensor {t.name}: {t.elems[0]}x{t.elems[1]} elements in {tile[0]}x{tile[1]} tiles take {need[0]}x"
-            f"{need[1]} tiles, but its tile grid is {t.tiles[0]}x{t.tiles[1]}")
+    head = (
+        f"tensor {t.name}: {t.elems[0]}x{t.elems[1]} elements in {tile[0]}x{tile[1]} tiles take {need[0]}x"
+        f"{need[1]} tiles, but its tile grid is {t.tiles[0]}x{t.tiles[1]}"
+    )
     if t.tiles[dim] < need[dim]:
         return f"{head}, too few {side} of tiles to hold it"
     if pad[dim]:
@@ -120,15 +129,22 @@ def compute_fault(op: ComputeOp, precision: Precision) -> str | None:
             if not math.isfinite(value):
                 return f"scalar {name} needs a finite number, not {value!r}"
             if precision == Precision.INT8 and value != int(value):
-                return (f"an int8 program's epilogue is integer arithmetic: scalar {name} needs a whole number, not"
-                        f" {value!r}")
+                return (
+                    f"an int8 program's epilogue is integer arithmetic: scalar {name} needs a whole number, not"
+                    f" {value!r}"
+                )
         case Requant(multiplier, shift, zero_point):
-            for what, v, (lo, hi) in (("multiplier", multiplier, REQUANT_MULTIPLIER), ("shift", shift, REQUANT_SHIFT),
-                                      ("zero point", zero_point, REQUANT_ZERO_POINT)):
+            for what, v, (lo, hi) in (
+                ("multiplier", multiplier, REQUANT_MULTIPLIER),
+                ("shift", shift, REQUANT_SHIFT),
+                ("zero point", zero_point, REQUANT_ZERO_POINT),
+            ):
                 if not lo <= v <= hi:
                     return f"a requant {what} lies in [{lo}, {hi}], not {v}"
         case MatmulTiles(block, sub_blocks, _):
             if min(block.osh, block.osw, block.ibw, *sub_blocks) < 1:
-                return (f"a tile matmul's block ({block.osh}x{block.osw}x{block.ibw}) and sub-blocks"
-                        f" ({sub_blocks[0]}x{sub_blocks[1]}) must be ≥ 1")
+                return (
+                    f"a tile matmul's block ({block.osh}x{block.osw}x{block.ibw}) and sub-blocks"
+                    f" ({sub_blocks[0]}x{sub_blocks[1]}) must be ≥ 1"
+                )
     return None

@@ -69,9 +69,14 @@ class Ctx:
     def of(p: SpatialProgram) -> Ctx:
         """The lookups of `p`."""
         placement = p.placement
-        return Ctx(p, {b.id: b for b in p.buffers}, {t.id: t for t in p.tensors}, {s.id: s for s in p.semaphores},
-                   {g.id: g for g in placement.groups} if placement else {},
-                   frozenset(placement.sites) if placement else frozenset())
+        return Ctx(
+            p,
+            {b.id: b for b in p.buffers},
+            {t.id: t for t in p.tensors},
+            {s.id: s for s in p.semaphores},
+            {g.id: g for g in placement.groups} if placement else {},
+            frozenset(placement.sites) if placement else frozenset(),
+        )
 
     def name(self, bid: BufferId) -> str:
         """A buffer's name (its ring's name is the template's)."""
@@ -183,9 +188,13 @@ class _Walk:
 
     def fail(self, op: ChoreoOp, why: str, buf: BufferId | None = None) -> IllFormedError:
         at = where(self.prog.site, self.prog.engine.value)
-        return IllFormedError(f"{at}: {self.ctx.op(op)} — {why}", site=int(self.prog.site),
-                              engine=self.prog.engine.value, op=self.ctx.op(op),
-                              buffer=None if buf is None else self.ctx.name(buf))
+        return IllFormedError(
+            f"{at}: {self.ctx.op(op)} — {why}",
+            site=int(self.prog.site),
+            engine=self.prog.engine.value,
+            op=self.ctx.op(op),
+            buffer=None if buf is None else self.ctx.name(buf),
+        )
 
     def body(self, ops: tuple[ChoreoOp, ...], loops: tuple[Frame, ...], mult: int) -> dict[BufferId, list[int]]:
         """Walk `ops`; the pages pushed and popped per ring by one run of them."""
@@ -229,11 +238,13 @@ class _Walk:
         if t is None:
             raise self.fail(op, f"its trip count reads tensor {int(trip.tensor)}, which does not exist")
         if t.role != TensorRole.PARAMETER:
-            raise self.fail(op, f"its trip count reads {t.name}, an {t.role.value} tensor; trip counts come from a"
-                                " parameter tensor")
+            raise self.fail(
+                op, f"its trip count reads {t.name}, an {t.role.value} tensor; trip counts come from a parameter tensor"
+            )
         if not 0 <= trip.index < t.elems[0] * t.elems[1]:
-            raise self.fail(op, f"its trip count reads element {trip.index} of {t.name}, which has"
-                                f" {t.elems[0] * t.elems[1]}")
+            raise self.fail(
+                op, f"its trip count reads element {trip.index} of {t.name}, which has {t.elems[0] * t.elems[1]}"
+            )
         if trip.bound < 0:
             raise self.fail(op, f"a trip bound must be ≥ 0, not {trip.bound}")
 
@@ -264,11 +275,18 @@ class _Walk:
         self.tensor(op, op.tensor)
         t = self.ctx.tensors[op.tensor]
         if isinstance(op, ReadTiles) and t.role == TensorRole.OUTPUT:
-            raise self.fail(op, f"it reads {t.name}, the output tensor, into {self.ctx.name(op.into)}; a read comes"
-                                " from an input or a parameter tensor", op.into)
+            raise self.fail(
+                op,
+                f"it reads {t.name}, the output tensor, into {self.ctx.name(op.into)}; a read comes"
+                " from an input or a parameter tensor",
+                op.into,
+            )
         if isinstance(op, WriteTiles) and t.role != TensorRole.OUTPUT:
-            raise self.fail(op, f"it writes {self.ctx.name(op.src)} to {t.name}, {role_text(t)}; only the output"
-                                " tensor is written", op.src)
+            raise self.fail(
+                op,
+                f"it writes {self.ctx.name(op.src)} to {t.name}, {role_text(t)}; only the output tensor is written",
+                op.src,
+            )
 
     def addr(self, op: ReadTiles | WriteTiles, at: TileAddr, loops: tuple[Frame, ...]) -> None:
         """Every variable of an address is bound (item_y / item_x by the item); the block is not empty."""
@@ -283,8 +301,14 @@ class _Walk:
             raise self.fail(op, f"a block must be at least 1x1 tiles, not {op.block_h}x{op.block_w}")
         self.facts.accesses.append(Access(op, loops))
 
-    def flow(self, op: Reserve | Push | Wait | Pop, side: Side, loops: tuple[Frame, ...], mult: int,
-             flow: dict[BufferId, list[int]]) -> None:
+    def flow(
+        self,
+        op: Reserve | Push | Wait | Pop,
+        side: Side,
+        loops: tuple[Frame, ...],
+        mult: int,
+        flow: dict[BufferId, list[int]],
+    ) -> None:
         """A Reserve / Push / Wait / Pop: its use, and its pages in the body's flow and the program's totals."""
         if op.pages < 1:
             raise self.fail(op, f"an op moves at least 1 page, not {op.pages}", op.buf)
@@ -344,8 +368,11 @@ class _Walk:
         out = next((x for x in self.ctx.tensors.values() if x.role == TensorRole.OUTPUT), None)
         if t.role != TensorRole.PARAMETER or t.elems[0] != 1 or (out is not None and t.elems[1] != out.elems[1]):
             want = f"1x{out.elems[1]}" if out is not None else "one row"
-            raise self.fail(op, f"a bias is a parameter tensor of {want} values; {t.name} is a {t.role.value}"
-                                f" tensor of {t.elems[0]}x{t.elems[1]}")
+            raise self.fail(
+                op,
+                f"a bias is a parameter tensor of {want} values; {t.name} is a {t.role.value}"
+                f" tensor of {t.elems[0]}x{t.elems[1]}",
+            )
         if len(op.ins) != 1 or len(op.outs) != 1:
             raise self.fail(op, "an elementwise stage reads one ring and writes one")
         if bias.width < 1:
@@ -489,9 +516,15 @@ def _pair_loop(ctx: Ctx, loop: Loop, state: dict[BufferId, _Held]) -> None:
     for ring, h in state.items():
         before = entry.get(ring, (0, 0))[0]
         if h.reserved != before:
-            raise _Stop(Fault(loop, ring, f"each iteration leaves {h.reserved - before:+d} reserved page(s) of"
-                                          f" {ctx.name(ring)} unpushed; a loop body must leave each ring as it"
-                                          " found it"))
+            raise _Stop(
+                Fault(
+                    loop,
+                    ring,
+                    f"each iteration leaves {h.reserved - before:+d} reserved page(s) of"
+                    f" {ctx.name(ring)} unpushed; a loop body must leave each ring as it"
+                    " found it",
+                )
+            )
     runs = 1
     marks = {r: entry.get(r, (0, 0))[1] for r in state}
     while runs < count and any(h.waited < marks.get(r, 0) for r, h in state.items()):

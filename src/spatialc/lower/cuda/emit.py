@@ -44,8 +44,10 @@ RING_MACROS = """#ifndef SPATIALC_SHARED_RING
 #define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
 #define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
 #endif"""
-CHECK_MACRO = ('#define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, '
-               '"CUDA error: %s (%s)\\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)')
+CHECK_MACRO = (
+    "#define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "
+    '"CUDA error: %s (%s)\\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)'
+)
 WMMA = "nvcuda::wmma::"
 
 
@@ -126,8 +128,10 @@ def addr_expr(at: TileAddr, env: dict[LoopVar, str]) -> str:
         if stride == 0:
             continue
         if var not in env:
-            raise Unsupported(f"an address over {loop_var_name(var)} outside any loop that binds it",
-                              "the kernel has no value for that variable there")
+            raise Unsupported(
+                f"an address over {loop_var_name(var)} outside any loop that binds it",
+                "the kernel has no value for that variable there",
+            )
         if env[var] != "0":
             terms.append(f"{env[var]} * {stride}" if stride != 1 else env[var])
     return _sum(*terms)
@@ -266,14 +270,17 @@ class OpPrinter:
             raise Unsupported(f"a ReadTiles into {ring.name}", "only operand rings are filled from global memory")
         with self.w.block("", mark):
             self.w.line(f"constexpr int CHUNKS = (int)(sizeof(OPT) * {TILE_ELEMS} / 16);")
-            self.w.line(f'static_assert(sizeof(OPT) * {TILE_ELEMS} % 16 == 0, "a tile is a whole number of 16-byte '
-                        'chunks");')
+            self.w.line(
+                f'static_assert(sizeof(OPT) * {TILE_ELEMS} % 16 == 0, "a tile is a whole number of 16-byte chunks");'
+            )
             with self.w.block(f"for (int c = tid; c < {op.block_h * bw} * CHUNKS; c += NTHREAD)"):
                 self.w.line("const int tl = c / CHUNKS, off = c % CHUNKS;")
                 self.w.line(f"const long long tile = {self.tile_expr(op.at, env, bw, op.stride_h, op.stride_w)};")
-                self.w.line(f"__pipeline_memcpy_async(reinterpret_cast<char*>(ring_{r} + wslot_{r} * PAGE_{r} + tl * "
-                            f"{TILE_ELEMS}) + off * 16, reinterpret_cast<const char*>(t{int(op.tensor)} + tile * "
-                            f"{TILE_ELEMS}) + off * 16, 16);")
+                self.w.line(
+                    f"__pipeline_memcpy_async(reinterpret_cast<char*>(ring_{r} + wslot_{r} * PAGE_{r} + tl * "
+                    f"{TILE_ELEMS}) + off * 16, reinterpret_cast<const char*>(t{int(op.tensor)} + tile * "
+                    f"{TILE_ELEMS}) + off * 16, 16);"
+                )
 
     def tile_expr(self, at: TileAddr, env: dict[LoopVar, str], bw: int, sh: int, sw: int) -> str:
         """The global tile index of page tile `tl` of a `? × bw` block at `at` with strides (sh, sw)."""
@@ -287,10 +294,9 @@ class OpPrinter:
         r = ring.id
         n = op.block_h * op.block_w * TILE_ELEMS
         with self.w.block("", mark), self.w.block(f"for (int e = tid; e < {n}; e += NTHREAD)"):
-                self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
-                self.w.line(f"const long long tile = "
-                            f"{self.tile_expr(op.at, env, op.block_w, op.stride_h, op.stride_w)};")
-                self.w.line(f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el] = (OUT_T)ring_{r}[rslot_{r} * PAGE_{r} + e];")
+            self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
+            self.w.line(f"const long long tile = {self.tile_expr(op.at, env, op.block_w, op.stride_h, op.stride_w)};")
+            self.w.line(f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el] = (OUT_T)ring_{r}[rslot_{r} * PAGE_{r} + e];")
 
     # ---- the tile matmul and its accumulators --------------------------------------------------------------
 
@@ -350,12 +356,16 @@ class OpPrinter:
         with self.unrolled(f"for (int kk = 0; kk < {blk.ibw}; ++kk)"):
             self.w.line(self.frag("matrix_b", f"bf[{sw * rn}]"))
             with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
-                self.w.line(f"{WMMA}load_matrix_sync(bf[c], ring_{b_ring.id} + rslot_{b_ring.id} * PAGE_{b_ring.id} + "
-                            f"(kk * {sw * blk.osw} + {col}) * {TILE_ELEMS}, 16);")
+                self.w.line(
+                    f"{WMMA}load_matrix_sync(bf[c], ring_{b_ring.id} + rslot_{b_ring.id} * PAGE_{b_ring.id} + "
+                    f"(kk * {sw * blk.osw} + {col}) * {TILE_ELEMS}, 16);"
+                )
             with self.unrolled(f"for (int r = 0; r < {sh * rm}; ++r)"):
                 self.w.line(self.frag("matrix_a", "af"))
-                self.w.line(f"{WMMA}load_matrix_sync(af, ring_{a_ring.id} + rslot_{a_ring.id} * PAGE_{a_ring.id} + "
-                            f"({_mul(f'({row})', blk.ibw)} + kk) * {TILE_ELEMS}, 16);")
+                self.w.line(
+                    f"{WMMA}load_matrix_sync(af, ring_{a_ring.id} + rslot_{a_ring.id} * PAGE_{a_ring.id} + "
+                    f"({_mul(f'({row})', blk.ibw)} + kk) * {TILE_ELEMS}, 16);"
+                )
                 with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
                     self.w.line(f"const int q = {q};")
                     self.w.line(f"{WMMA}mma_sync(accf[q], af, bf[c], accf[q]);")
@@ -371,10 +381,14 @@ class OpPrinter:
                 with self.unrolled(f"for (int kk = 0; kk < {ibw}; ++kk)"):
                     self.w.line(self.frag("matrix_a", "af"))
                     self.w.line(self.frag("matrix_b", "bf"))
-                    self.w.line(f"{WMMA}load_matrix_sync(af, ring_{a.id} + rslot_{a.id} * PAGE_{a.id} + "
-                                f"({_mul('oi', ibw)} + kk) * {TILE_ELEMS}, 16);")
-                    self.w.line(f"{WMMA}load_matrix_sync(bf, ring_{b.id} + rslot_{b.id} * PAGE_{b.id} + "
-                                f"({_mul('kk', w)} + oj) * {TILE_ELEMS}, 16);")
+                    self.w.line(
+                        f"{WMMA}load_matrix_sync(af, ring_{a.id} + rslot_{a.id} * PAGE_{a.id} + "
+                        f"({_mul('oi', ibw)} + kk) * {TILE_ELEMS}, 16);"
+                    )
+                    self.w.line(
+                        f"{WMMA}load_matrix_sync(bf, ring_{b.id} + rslot_{b.id} * PAGE_{b.id} + "
+                        f"({_mul('kk', w)} + oj) * {TILE_ELEMS}, 16);"
+                    )
                     self.w.line(f"{WMMA}mma_sync(accf[q], af, bf, accf[q]);")
 
     @contextmanager
@@ -388,8 +402,10 @@ class OpPrinter:
         """Store every accumulator fragment into its tile of the reserved page (row-major tiles of the item)."""
         h, w = self.k.item_tiles
         r = ring.id
-        store = f"{WMMA}store_matrix_sync(ring_{r} + wslot_{r} * PAGE_{r} + {{}} * {TILE_ELEMS}, accf[q], 16, " \
-                f"{WMMA}mem_row_major);"
+        store = (
+            f"{WMMA}store_matrix_sync(ring_{r} + wslot_{r} * PAGE_{r} + {{}} * {TILE_ELEMS}, accf[q], 16, "
+            f"{WMMA}mem_row_major);"
+        )
         with self.w.block("", mark):
             if self.k.lane_grid is None:
                 with self.unrolled("for (int q = 0; q < PERW; ++q)"):
@@ -429,8 +445,10 @@ class OpPrinter:
         """The epilogue stages to apply in this store, taken from the printer's pending list."""
         chain, self.chain = self.chain, []
         if any(depth != self.w.depth for _, _, depth in chain):
-            raise Unsupported("an epilogue stage in another loop than the store of its chain",
-                              "the fused store applies the stages where it reads the accumulators back")
+            raise Unsupported(
+                "an epilogue stage in another loop than the store of its chain",
+                "the fused store applies the stages where it reads the accumulators back",
+            )
         return [(stage, env) for stage, env, _ in chain]
 
     def read_out(self, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]]) -> None:
@@ -505,8 +523,10 @@ def kernel_text(k: Kernel, ops: tuple[SerialOp, ...]) -> str:
     w = Writer()
     for line in preamble(k):
         w.line(line)
-    params = ", ".join(f"{'OUT_T' if t.role == TensorRole.OUTPUT else 'const ' + ty}* __restrict__ t{int(t.id)}"
-                       for t, ty in zip(k.program.tensors, k.param_types, strict=True))
+    params = ", ".join(
+        f"{'OUT_T' if t.role == TensorRole.OUTPUT else 'const ' + ty}* __restrict__ t{int(t.id)}"
+        for t, ty in zip(k.program.tensors, k.param_types, strict=True)
+    )
     w.line(f"__global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}) void {KERNEL_NAME}({params})")
     with w.block():
         kernel_prologue(k, w)
@@ -533,8 +553,10 @@ def kernel_prologue(k: Kernel, w: Writer) -> None:
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]
         if k.smem.rings_dynamic:
-            w.line(f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_{rid}, DEPTH_{rid}, "
-                   f"PAGE_{rid});")
+            w.line(
+                f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_{rid}, DEPTH_{rid}, "
+                f"PAGE_{rid});"
+            )
         else:
             w.line(f"SPATIALC_SHARED_RING({ring.c_type}, ring_{rid}, DEPTH_{rid}, PAGE_{rid});")
         # wslot names the page the last Reserve claimed (so it starts one before slot 0); rslot the front page.

@@ -36,14 +36,18 @@ def chain(p: SpatialProgram, mm: Stage) -> tuple[Stage, ...]:
     while True:
         after = readers.get(int(cur), [])
         if len(after) != 1:
-            raise Unsupported(f"buffer {p.buffer(cur).name}, read by {len(after)} stages",
-                              "the tile kernel's output flows down one chain of stages to one writer")
+            raise Unsupported(
+                f"buffer {p.buffer(cur).name}, read by {len(after)} stages",
+                "the tile kernel's output flows down one chain of stages to one writer",
+            )
         (s,) = after
         if not isinstance(s.kind, ComputeStage):
             return tuple(stages)
         if not isinstance(s.kind.op, EPILOGUE_OPS) or len(s.ins) != 1 or len(s.outs) != 1:
-            raise NeedsGeneral(f"a {compute_text(s.kind.op, p)} stage ({s.name})",
-                               "the fused epilogue applies only elementwise bias, relu, scalar and requant stages")
+            raise NeedsGeneral(
+                f"a {compute_text(s.kind.op, p)} stage ({s.name})",
+                "the fused epilogue applies only elementwise bias, relu, scalar and requant stages",
+            )
         stages.append(s)
         cur = s.outs[0]
 
@@ -58,8 +62,10 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
     ops: list[ComputeOp] = [s.kind.op for s in stages]  # type: ignore[union-attr]
     for i, op in enumerate(ops):
         if isinstance(op, Requant) and i != len(ops) - 1:
-            raise Unsupported(f"a requant followed by {compute_text(ops[i + 1], p)}",
-                              "requant's int8 result ends the epilogue; apply the other stages before it")
+            raise Unsupported(
+                f"a requant followed by {compute_text(ops[i + 1], p)}",
+                "requant's int8 result ends the epilogue; apply the other stages before it",
+            )
         if isinstance(op, Requant) and not integer:
             raise Precision("requant", "it requantises an integer accumulator; this program's is float32")
         if isinstance(op, Bias):
@@ -72,37 +78,51 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
     assert out is not None
     want = DType.FLOAT32 if not integer else DType.INT8 if ops and isinstance(ops[-1], Requant) else DType.INT64
     if out.dtype != want:
-        raise Precision(out.dtype.value, f"after the epilogue {names(p, stages)} the output {out.name} holds "
-                                         f"{want.value} values, which is what the kernel writes")
+        raise Precision(
+            out.dtype.value,
+            f"after the epilogue {names(p, stages)} the output {out.name} holds "
+            f"{want.value} values, which is what the kernel writes",
+        )
 
 
 def _check_bias(p: SpatialProgram, op: Bias, integer: bool) -> None:
     t = p.tensor(op.tensor)
     want = DType.INT32 if integer else DType.FLOAT32
     if t.role != TensorRole.PARAMETER or t.dtype != want or t.tiles[0] != 1:
-        raise Precision(t.dtype.value, f"bias tensor {t.name} must be a {want.value} parameter of one row of tiles "
-                                       f"({'int8' if integer else 'float'} programs add {want.value} biases)")
+        raise Precision(
+            t.dtype.value,
+            f"bias tensor {t.name} must be a {want.value} parameter of one row of tiles "
+            f"({'int8' if integer else 'float'} programs add {want.value} biases)",
+        )
     plan = p.plans[0]
     need = plan.grid[1] * plan.item_tiles[1]
     if t.tiles[1] < need:
-        raise TooBig(f"tile columns of bias tensor {t.name} (the kernel reads one per output tile column, padding "
-                     "included)", need, t.tiles[1], "pad the bias tensor's tile grid to whole blocks")
+        raise TooBig(
+            f"tile columns of bias tensor {t.name} (the kernel reads one per output tile column, padding included)",
+            need,
+            t.tiles[1],
+            "pad the bias tensor's tile grid to whole blocks",
+        )
 
 
 def _check_scalar(op: Scalar, integer: bool) -> None:
     if integer and op.value != int(op.value):
         raise Unsupported(f"scalar {op.op} {op.value!r} in an int8 program", "its epilogue is integer arithmetic")
     if not integer and not math.isfinite(float(np.float32(op.value))):
-        raise Unsupported(f"scalar {op.op} {op.value!r}", "the value is not a finite float32, and the kernel's float "
-                                                          "epilogue is float32 arithmetic")
+        raise Unsupported(
+            f"scalar {op.op} {op.value!r}",
+            "the value is not a finite float32, and the kernel's float epilogue is float32 arithmetic",
+        )
 
 
 def _check_requant(op: Requant) -> None:
     """The ranges `spatialc.quant.quantize_multiplier` produces, within which spatialc_requant cannot overflow."""
     if not (0 <= op.multiplier <= INT32_MAX and -31 <= op.shift <= 30 and INT32_MIN <= op.zero_point <= INT32_MAX):
-        raise Unsupported(f"requant x{op.multiplier} >>{op.shift} +{op.zero_point}",
-                          "a requant needs a Q31 multiplier in [0, 2^31), a shift in [-31, 30] and an int32 zero "
-                          "point (what spatialc.quant.quantize_multiplier makes)")
+        raise Unsupported(
+            f"requant x{op.multiplier} >>{op.shift} +{op.zero_point}",
+            "a requant needs a Q31 multiplier in [0, 2^31), a shift in [-31, 30] and an int32 zero "
+            "point (what spatialc.quant.quantize_multiplier makes)",
+        )
 
 
 def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
@@ -132,8 +152,12 @@ def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
             case Requant():
                 lo, hi = -128, 127
         if lo < INT64_MIN or hi > INT64_MAX:
-            raise TooBig(f"the largest magnitude after epilogue stage {s.name} ({compute_text(op, p)}) in int64",
-                         max(-lo, hi), INT64_MAX, "the kernel's integer epilogue is exact 64-bit arithmetic")
+            raise TooBig(
+                f"the largest magnitude after epilogue stage {s.name} ({compute_text(op, p)}) in int64",
+                max(-lo, hi),
+                INT64_MAX,
+                "the kernel's integer epilogue is exact 64-bit arithmetic",
+            )
 
 
 # ---- C --------------------------------------------------------------------------------------------------------
@@ -157,11 +181,19 @@ def c_float(x: float) -> str:
     return f"{text}f" if not text.startswith("-") else f"({text}f)"
 
 
-_INT_SCALAR = {"add": "v = v + {c};", "mul": "v = v * {c};", "max": "v = v > {c} ? v : {c};",
-               "min": "v = v < {c} ? v : {c};"}
+_INT_SCALAR = {
+    "add": "v = v + {c};",
+    "mul": "v = v * {c};",
+    "max": "v = v > {c} ? v : {c};",
+    "min": "v = v < {c} ? v : {c};",
+}
 # NaN goes through max and min as numpy's maximum / minimum let it (a bare comparison would drop it).
-_FLOAT_SCALAR = {"add": "v = spatialc_fadd(v, {c});", "mul": "v = spatialc_fmul(v, {c});",
-                 "max": "v = v > {c} || v != v ? v : {c};", "min": "v = v < {c} || v != v ? v : {c};"}
+_FLOAT_SCALAR = {
+    "add": "v = spatialc_fadd(v, {c});",
+    "mul": "v = spatialc_fmul(v, {c});",
+    "max": "v = v > {c} || v != v ? v : {c};",
+    "min": "v = v < {c} || v != v ? v : {c};",
+}
 
 
 def statement(op: ComputeOp, integer: bool, bias_at: str = "") -> str:

@@ -66,8 +66,10 @@ def _setup(k: Kernel, w: Writer, bench: bool) -> None:
     _device_tensors(k, w, bench)
     w.line(f"const int GRID = {len(k.items)};")
     if k.smem.opt_in:
-        w.line(f"SPATIALC_CHECK(cudaFuncSetAttribute({KERNEL_NAME}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
-               "DYN_SMEM));")
+        w.line(
+            f"SPATIALC_CHECK(cudaFuncSetAttribute({KERNEL_NAME}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
+            "DYN_SMEM));"
+        )
 
 
 def _free(k: Kernel, w: Writer) -> None:

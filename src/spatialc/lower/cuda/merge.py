@@ -119,7 +119,7 @@ def _merge(progs: list[list[ChoreoOp]]) -> list[SerialOp]:
             return out
         loops: list[Loop] = [h[c] for h, c, at in zip(heads, cuts, at_loop, strict=True) if at]  # type: ignore[misc]
         out.append(_merge_loops(loops))
-        heads = [rest + (h[c + 1:] if at else []) for h, c, at, rest in zip(heads, cuts, at_loop, left, strict=True)]
+        heads = [rest + (h[c + 1 :] if at else []) for h, c, at, rest in zip(heads, cuts, at_loop, left, strict=True)]
 
 
 def _merge_loops(loops: list[Loop]) -> SerialLoop:
@@ -127,11 +127,15 @@ def _merge_loops(loops: list[Loop]) -> SerialLoop:
     var, count = loops[0].var, loops[0].count
     if any(lp.var != var for lp in loops):
         names = sorted({loop_var_name(lp.var) for lp in loops})
-        raise Unsupported(f"engine loops over different variables ({', '.join(names)}) at the same point",
-                          "one block runs the site's engines in one order, so their loop nests must align")
+        raise Unsupported(
+            f"engine loops over different variables ({', '.join(names)}) at the same point",
+            "one block runs the site's engines in one order, so their loop nests must align",
+        )
     if any(lp.count != count for lp in loops):
-        raise Unsupported(f"co-iterating loops over {loop_var_name(var)} with different counts",
-                          "merged into one block they must run the same number of times")
+        raise Unsupported(
+            f"co-iterating loops over {loop_var_name(var)} with different counts",
+            "merged into one block they must run the same number of times",
+        )
     body = _merge([list(lp.body) for lp in loops])
     return SerialLoop(var, count, tuple(body), len(loops))
 
@@ -148,7 +152,7 @@ def _order_segment(
     idx = [0] * len(segs)
 
     def pending(buf: BufferId, skip: int) -> bool:
-        return any(j != skip and buf in buffers_of(segs[j][idx[j]:] + tails[j], Push) for j in range(len(segs)))
+        return any(j != skip and buf in buffers_of(segs[j][idx[j] :] + tails[j], Push) for j in range(len(segs)))
 
     out: list[SerialOp] = []
     progressed = True
@@ -169,6 +173,8 @@ def _order_segment(
 
 def _stuck(left: list[list[ChoreoOp]]) -> Unsupported:
     blocked = next(rest[0] for rest in left if rest)
-    return Unsupported(f"engine programs that cannot be serialised (blocked at {type(blocked).__name__})",
-                       "one block must run the site's engines in one order, and in every order some op waits for "
-                       "data no op before it produces")
+    return Unsupported(
+        f"engine programs that cannot be serialised (blocked at {type(blocked).__name__})",
+        "one block must run the site's engines in one order, and in every order some op waits for "
+        "data no op before it produces",
+    )

@@ -44,8 +44,14 @@ from .merge import SerialLoop, SerialOp, serialise
 from .rings import TILE_ELEMS, WMMA, Rings, WmmaTypes, prove, ring_table, smem_layout
 
 WMMA_TILE = Tile(16, 16)
-C_TYPES = {DType.INT8: "signed char", DType.INT32: "int", DType.INT64: "long long", DType.FP16: "__half",
-           DType.BF16: "__nv_bfloat16", DType.FLOAT32: "float"}
+C_TYPES = {
+    DType.INT8: "signed char",
+    DType.INT32: "int",
+    DType.INT64: "long long",
+    DType.FP16: "__half",
+    DType.BF16: "__nv_bfloat16",
+    DType.FLOAT32: "float",
+}
 OUTPUT_TYPES = (DType.INT32, DType.INT64, DType.FLOAT32)  # without an epilogue: the accumulator, widened
 CONSTANT_INTS = 64 * 1024 // 4  # the work list lives in the 64 KiB of __constant__ memory
 
@@ -73,11 +79,20 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     kernel_cu = kernel_text(kernel, ops)
     counted = census(programs, kernel_cu)
     if not counted.agrees:
-        raise InternalError(f"the census disagrees: program {counted.program} with stages {counted.stages}, "
-                            f"printed {counted.printed} with stages {counted.printed_stages}")
+        raise InternalError(
+            f"the census disagrees: program {counted.program} with stages {counted.stages}, "
+            f"printed {counted.printed} with stages {counted.printed_stages}"
+        )
     host = kernel_cu + "\n" + helpers() + "\n"
-    return CudaArtifact(target.name, host + program_main(kernel), host + bench_main(kernel), kernel_cu,
-                        launch_of(kernel), budget_of(kernel, target), counted)
+    return CudaArtifact(
+        target.name,
+        host + program_main(kernel),
+        host + bench_main(kernel),
+        kernel_cu,
+        launch_of(kernel),
+        budget_of(kernel, target),
+        counted,
+    )
 
 
 # ---- refusals ----------------------------------------------------------------------------------------------
@@ -116,9 +131,11 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     compute += [op.op for op in all_ops(p) if isinstance(op, Compute)]
     for c in compute:
         if not isinstance(c, (MatmulTiles, *epilogue.EPILOGUE_OPS)):
-            return (f"a {compute_text(c, p)} stage",
-                    "the tile kernel computes WMMA tile matmuls and fuses elementwise epilogue stages into their "
-                    "store, nothing else")
+            return (
+                f"a {compute_text(c, p)} stage",
+                "the tile kernel computes WMMA tile matmuls and fuses elementwise epilogue stages into their "
+                "store, nothing else",
+            )
     if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
         return "several tile matmuls", "the tile kernel holds one accumulator block per item"
     ops = all_ops(p)
@@ -134,14 +151,17 @@ def matmul_stage(p: SpatialProgram) -> Stage:
     for s in p.stages:
         if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles):
             if len(s.ins) != 2 or len(s.outs) != 1:
-                raise Unsupported(f"matmul stage {s.name} with {len(s.ins)} inputs and {len(s.outs)} outputs",
-                                  "a tile matmul reads an A and a B ring and fills one output")
+                raise Unsupported(
+                    f"matmul stage {s.name} with {len(s.ins)} inputs and {len(s.outs)} outputs",
+                    "a tile matmul reads an A and a B ring and fills one output",
+                )
             return s
     raise Unsupported("a program without a tile matmul", "the persistent kernel is a WMMA tile GEMM")
 
 
-def fused_chain(p: SpatialProgram, target: SpatialTarget, mm: Stage, chain: tuple[Stage, ...],
-                lane_grid: tuple[int, int] | None) -> tuple[int, ...]:
+def fused_chain(
+    p: SpatialProgram, target: SpatialTarget, mm: Stage, chain: tuple[Stage, ...], lane_grid: tuple[int, int] | None
+) -> tuple[int, ...]:
     """The ring templates the fused epilogue replaces (the matmul's output, then each stage's), or () unfused.
 
     Fused only where the accumulators are in registers and each warp owns a rectangle of the block it can read
@@ -151,10 +171,15 @@ def fused_chain(p: SpatialProgram, target: SpatialTarget, mm: Stage, chain: tupl
     if target.accumulator_in_registers and lane_grid:
         return tuple(int(p.buffer(b).ring) for b in (mm.outs[0], *(s.outs[0] for s in chain)))
     if chain:
-        why = ("no warp grid divides the accumulator block, so the warps cannot each read back a rectangle of it"
-               if target.accumulator_in_registers else f"{target.name} keeps accumulators out of registers")
-        raise NeedsGeneral(f"the epilogue {epilogue.names(p, chain)}",
-                           f"the fused epilogue applies where each warp reads back its own accumulators, and {why}")
+        why = (
+            "no warp grid divides the accumulator block, so the warps cannot each read back a rectangle of it"
+            if target.accumulator_in_registers
+            else f"{target.name} keeps accumulators out of registers"
+        )
+        raise NeedsGeneral(
+            f"the epilogue {epilogue.names(p, chain)}",
+            f"the fused epilogue applies where each warp reads back its own accumulators, and {why}",
+        )
     return ()
 
 
@@ -170,8 +195,11 @@ def operand_types(p: SpatialProgram, mm: MatmulTiles, has_epilogue: bool) -> Wmm
         raise Precision(mm.operand, "WMMA has 16x16x16 fragments for int8, fp16 and bf16 operands only")
     for t in p.tensors:
         if t.role == TensorRole.INPUT and t.dtype.value != mm.operand.value:
-            raise Precision(t.dtype.value, f"input {t.name} must hold the matmul's {mm.operand.value} operands: "
-                                           "tiles are copied into the operand rings byte for byte")
+            raise Precision(
+                t.dtype.value,
+                f"input {t.name} must hold the matmul's {mm.operand.value} operands: "
+                "tiles are copied into the operand rings byte for byte",
+            )
     out = p.output_tensor()
     if out is None:
         raise Unsupported("a program without an output tensor", "the kernel stores its result into one")
@@ -191,14 +219,20 @@ def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
     k = logical_k(p)
     need = k * 128 * 128
     if need > 2**31 - 1:
-        raise TooBig(f"the largest int8 dot product over K = {k} (K·128·128) in an int32 accumulator",
-                     need, 2**31 - 1, "int8 WMMA accumulates in int32; keep K ≤ 131071 or use fp16")
+        raise TooBig(
+            f"the largest int8 dot product over K = {k} (K·128·128) in an int32 accumulator",
+            need,
+            2**31 - 1,
+            "int8 WMMA accumulates in int32; keep K ≤ 131071 or use fp16",
+        )
 
 
 def _normal(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
     """`ops` with every ITEM loop's count erased: the one thing the kernel reads per site at run time."""
-    return tuple(Loop(op.var, Const(0) if op.var == LV_ITEM else op.count, _normal(op.body))
-                 if isinstance(op, Loop) else op for op in ops)
+    return tuple(
+        Loop(op.var, Const(0) if op.var == LV_ITEM else op.count, _normal(op.body)) if isinstance(op, Loop) else op
+        for op in ops
+    )
 
 
 def printed_site_programs(p: SpatialProgram) -> tuple[tuple[ChoreoOp, ...], ...]:
@@ -211,12 +245,16 @@ def printed_site_programs(p: SpatialProgram) -> tuple[tuple[ChoreoOp, ...], ...]
         progs = p.schedule.programs_of(s)
         same = tuple((prog.engine, _normal(prog.ops)) for prog in progs) == shown
         if not (same or (not items and all(not prog.ops for prog in progs))):
-            raise Unsupported(f"site {int(s)}, whose engine programs differ from site {int(site)}'s",
-                              "one kernel text runs every site; only the number of items may differ")
+            raise Unsupported(
+                f"site {int(s)}, whose engine programs differ from site {int(site)}'s",
+                "one kernel text runs every site; only the number of items may differ",
+            )
         counts = {op.count for prog in progs for op in walk(prog.ops) if isinstance(op, Loop) and op.var == LV_ITEM}
         if counts - {Const(len(items))} or (not counts and len(items) > 1):
-            raise Unsupported(f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
-                              "the kernel's ITEM loop runs the site's share of the work list")
+            raise Unsupported(
+                f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
+                "the kernel's ITEM loop runs the site's share of the work list",
+            )
     return tuple(prog.ops for prog in p.schedule.programs_of(site))
 
 
@@ -239,8 +277,10 @@ def check_shapes(ops: tuple[SerialOp, ...], plan: Plan, mm: Stage, rings: Rings)
             case ReadTiles(into=buf, block_h=bh, block_w=bw) | WriteTiles(src=buf, block_h=bh, block_w=bw):
                 want = pages.get(rings.template[buf])
                 if want is not None and (bh, bw) != want:
-                    raise Unsupported(f"a {type(op).__name__} of {bh}x{bw} tiles on {rings.name(buf)}",
-                                      f"the matmul's page there is {want[0]}x{want[1]} tiles")
+                    raise Unsupported(
+                        f"a {type(op).__name__} of {bh}x{bw} tiles on {rings.name(buf)}",
+                        f"the matmul's page there is {want[0]}x{want[1]} tiles",
+                    )
 
 
 def _serial_walk(ops: tuple[SerialOp, ...]):
@@ -253,49 +293,106 @@ def _serial_walk(ops: tuple[SerialOp, ...]):
 # ---- the kernel's resources --------------------------------------------------------------------------------
 
 
-def make_kernel(p: SpatialProgram, target: SpatialTarget, plan: Plan, types: WmmaTypes, rings: Rings,
-                lane_grid: tuple[int, int] | None, integer: bool, has_epilogue: bool) -> Kernel:
+def make_kernel(
+    p: SpatialProgram,
+    target: SpatialTarget,
+    plan: Plan,
+    types: WmmaTypes,
+    rings: Rings,
+    lane_grid: tuple[int, int] | None,
+    integer: bool,
+    has_epilogue: bool,
+) -> Kernel:
     """Everything the printers need, with the shared memory laid out and the work list sized."""
     lanes = target.accumulator_lanes
     h, w = plan.item_tiles
     if lane_grid is None:
         perw = math.ceil(h * w / lanes)
     else:
-        perw = plan.sub_blocks[0] * plan.sub_blocks[1] * (plan.block.osh // lane_grid[0]) * (
-            plan.block.osw // lane_grid[1])
+        perw = (
+            plan.sub_blocks[0]
+            * plan.sub_blocks[1]
+            * (plan.block.osh // lane_grid[0])
+            * (plan.block.osw // lane_grid[1])
+        )
     epi = lanes * TILE_ELEMS * types.acc_bytes if rings.fused else 0
     smem = smem_layout(rings, epi, target)
     total = smem.static_bytes + smem.dyn_bytes
     blocks = target.resident_sites_per_unit(total, plan.block.osh, plan.block.osw, plan.sub_blocks)
     if blocks == 0:
-        raise TooBig(f"shared memory of one block on {target.name} (rings + epilogue scratch)", total,
-                     target.smem_per_site_max, "choose a smaller block, fewer sub-blocks or shallower rings")
+        raise TooBig(
+            f"shared memory of one block on {target.name} (rings + epilogue scratch)",
+            total,
+            target.smem_per_site_max,
+            "choose a smaller block, fewer sub-blocks or shallower rings",
+        )
     assert p.placement is not None
     items = tuple(tuple(int(i) for i in items) for _, items in p.placement.items_of_site)
     entries = max(1, sum(map(len, items))) + 2 * len(items)
     if entries > CONSTANT_INTS:
-        raise TooBig("entries of the work list in __constant__ memory (ITEM_LIST, ITEM_OFF, ITEM_COUNT)", entries,
-                     CONSTANT_INTS, "use bigger blocks or fewer sites")
+        raise TooBig(
+            "entries of the work list in __constant__ memory (ITEM_LIST, ITEM_OFF, ITEM_COUNT)",
+            entries,
+            CONSTANT_INTS,
+            "use bigger blocks or fewer sites",
+        )
     out = p.output_tensor()
     assert out is not None
-    param_types = tuple("OPT" if t.role == TensorRole.INPUT else "OUT_T" if t.role == TensorRole.OUTPUT
-                        else C_TYPES[t.dtype] for t in p.tensors)
-    return Kernel(p, plan, types, C_TYPES[out.dtype], param_types, rings, smem, lane_grid, lanes, perw, blocks, items,
-                  integer, has_epilogue)
+    param_types = tuple(
+        "OPT" if t.role == TensorRole.INPUT else "OUT_T" if t.role == TensorRole.OUTPUT else C_TYPES[t.dtype]
+        for t in p.tensors
+    )
+    return Kernel(
+        p,
+        plan,
+        types,
+        C_TYPES[out.dtype],
+        param_types,
+        rings,
+        smem,
+        lane_grid,
+        lanes,
+        perw,
+        blocks,
+        items,
+        integer,
+        has_epilogue,
+    )
 
 
 def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
     """The resource budget, from the same layout the kernel was printed with."""
     acc_tiles = k.plan.item_tiles[0] * k.plan.item_tiles[1]
-    return Budget(k.smem.ring_bytes, k.smem.opt_in, k.smem.rings_dynamic, k.smem.dyn_bytes, k.smem.static_bytes,
-                  target.registers_per_thread(acc_tiles), k.blocks_per_sm, k.lanes * 32)
+    return Budget(
+        k.smem.ring_bytes,
+        k.smem.opt_in,
+        k.smem.rings_dynamic,
+        k.smem.dyn_bytes,
+        k.smem.static_bytes,
+        target.registers_per_thread(acc_tiles),
+        k.blocks_per_sm,
+        k.lanes * 32,
+    )
 
 
 def launch_of(k: Kernel) -> Launch:
     """How a host language launches `kernel_cu`."""
     params = tuple(
-        KernelParam(t.name, k.types.operand if ty == "OPT" else k.out_type if ty == "OUT_T" else ty, t.role.value,
-                    t.elems, t.tiles)
-        for t, ty in zip(k.program.tensors, k.param_types, strict=True))
-    return Launch(KERNEL_NAME, len(k.items), k.lanes * 32, k.smem.dyn_bytes, params,
-                  (k.program.tile.rows, k.program.tile.cols), k.smem.opt_in)
+        KernelParam(
+            t.name,
+            k.types.operand if ty == "OPT" else k.out_type if ty == "OUT_T" else ty,
+            t.role.value,
+            t.elems,
+            t.tiles,
+        )
+        for t, ty in zip(k.program.tensors, k.param_types, strict=True)
+    )
+    return Launch(
+        KERNEL_NAME,
+        len(k.items),
+        k.lanes * 32,
+        k.smem.dyn_bytes,
+        params,
+        (k.program.tile.rows, k.program.tile.cols),
+        k.smem.opt_in,
+    )

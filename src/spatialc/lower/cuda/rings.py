@@ -119,11 +119,19 @@ def ring_table(p: SpatialProgram, types: WmmaTypes, fused: tuple[int, ...]) -> R
             continue
         acc = b.ring in computed
         elems = b.kind.page_tiles * p.tile.elems
-        ring = Ring(int(b.ring), names[int(b.ring)], b.kind.depth_pages, elems, "ACCT" if acc else "OPT",
-                    types.acc_bytes if acc else types.operand_bytes)
+        ring = Ring(
+            int(b.ring),
+            names[int(b.ring)],
+            b.kind.depth_pages,
+            elems,
+            "ACCT" if acc else "OPT",
+            types.acc_bytes if acc else types.operand_bytes,
+        )
         if rings.setdefault(ring.id, ring) != ring:
-            raise Unsupported(f"copies of ring {ring.name} with different shapes",
-                              "every copy of one template is one shared-memory ring in the kernel")
+            raise Unsupported(
+                f"copies of ring {ring.name} with different shapes",
+                "every copy of one template is one shared-memory ring in the kernel",
+            )
     return Rings(rings, template, fused, names)
 
 
@@ -187,8 +195,10 @@ class _Occupancy:
         """Apply one op, refusing it where the printed kernel would read or overwrite the wrong page."""
         match op:
             case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n) if n != 1:
-                raise Unsupported(f"{type(op).__name__} of {n} pages on {self.rings.name(buf)}",
-                                  "a ring slot of the persistent kernel is one page; its slot counters step by one")
+                raise Unsupported(
+                    f"{type(op).__name__} of {n} pages on {self.rings.name(buf)}",
+                    "a ring slot of the persistent kernel is one page; its slot counters step by one",
+                )
             case SerialLoop():
                 self.loop(op)
             case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) if self.rings.kept(buf) is not None:
@@ -219,8 +229,12 @@ class _Occupancy:
         match op:
             case Reserve():
                 if held + 1 > ring.depth:
-                    raise TooBig(f"pages of ring {ring.name} held at once in the printed order", held + 1, ring.depth,
-                                 "deepen the ring or let its consumer drain it sooner")
+                    raise TooBig(
+                        f"pages of ring {ring.name} held at once in the printed order",
+                        held + 1,
+                        ring.depth,
+                        "deepen the ring or let its consumer drain it sooner",
+                    )
                 held += 1
             case Push():
                 self.check(held > ready, ring, op, "a reserved page to publish")
@@ -241,8 +255,10 @@ class _Occupancy:
     @staticmethod
     def check(ok: bool, ring: Ring, op: SerialOp, what: str) -> None:
         if not ok:
-            raise Unsupported(f"{type(op).__name__} on ring {ring.name} in the serialised order",
-                              f"it needs {what} there, and the block would read or overwrite the wrong slot")
+            raise Unsupported(
+                f"{type(op).__name__} on ring {ring.name} in the serialised order",
+                f"it needs {what} there, and the block would read or overwrite the wrong slot",
+            )
 
     def fused(self, op: SerialOp, ok: bool, then: int | None) -> None:
         """An op of the fused chain, in order (`ok`), which leaves the packed value at chain step `then`.
@@ -251,15 +267,19 @@ class _Occupancy:
         stage at a time, and store the last stage's value, before the accumulators are packed again.
         """
         if not ok:
-            raise Unsupported(f"{type(op).__name__} on the fused output out of order",
-                              "the fused epilogue packs the accumulators, applies each epilogue stage once in chain "
-                              "order and stores the last stage's value, once after each PackAcc")
+            raise Unsupported(
+                f"{type(op).__name__} on the fused output out of order",
+                "the fused epilogue packs the accumulators, applies each epilogue stage once in chain "
+                "order and stores the last stage's value, once after each PackAcc",
+            )
         self.at = then
 
     def accumulate(self, op: SerialOp) -> None:
         if self.at is not None:
-            raise Unsupported(f"{type(op).__name__} between the fused PackAcc and its WriteTiles",
-                              "the fused epilogue stores straight from the accumulators, which it would overwrite")
+            raise Unsupported(
+                f"{type(op).__name__} between the fused PackAcc and its WriteTiles",
+                "the fused epilogue stores straight from the accumulators, which it would overwrite",
+            )
 
     def loop(self, loop: SerialLoop) -> None:
         """A loop as printed (rotated or not); one that runs more than once must leave the rings as found."""
@@ -280,12 +300,15 @@ class _Occupancy:
             self.run(prod)
             self.run(cons)
             if self.state() != steady:
-                raise Unsupported(f"the pipelined loop over {loop_var_name(loop.var)}",
-                                  "one step does not drain what it fills")
+                raise Unsupported(
+                    f"the pipelined loop over {loop_var_name(loop.var)}", "one step does not drain what it fills"
+                )
             self.run(cons)
         if multi and self.state() != entry:
-            raise Unsupported(f"the loop over {loop_var_name(loop.var)}",
-                              "its body does not leave every ring as it found it, so a later trip would overrun one")
+            raise Unsupported(
+                f"the loop over {loop_var_name(loop.var)}",
+                "its body does not leave every ring as it found it, so a later trip would overrun one",
+            )
 
 
 def prove(rings: Rings, ops: tuple[SerialOp, ...]) -> None:
