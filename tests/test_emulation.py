@@ -259,3 +259,13 @@ def test_static_and_dynamic_shared_memory_past_48k_need_the_attribute():
     with pytest.raises(EmulationFault, match="16384 bytes of dynamic shared memory, but only 8192"):
         probe("static_dyn_missing", "late")
     np.testing.assert_array_equal(ints(probe("static_dyn_set", "late")), np.arange(64))
+
+
+def test_the_earlier_16_byte_dynamic_declaration_is_still_rewritten():
+    from spatialc.runtime.emulate import DYN_DECLS, host_source
+
+    old = "extern __shared__ __align__(16) char spatialc_dyn_smem[];"
+    assert old in DYN_DECLS and old != DYN_DECL
+    for decl in DYN_DECLS:
+        text = host_source(f"__global__ void k() {{\n    {decl}\n}}\n")
+        assert decl not in text and "spatialc_dyn_smem" in text

@@ -90,7 +90,7 @@ __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(const OPT* __r
     const int item_off = ITEM_OFF[site];
     const int n_items = ITEM_COUNT[site];
     if (n_items == 0) { return; }
-    extern __shared__ __align__(16) char spatialc_dyn_smem[];
+    extern __shared__ __align__(32) char spatialc_dyn_smem[];
     SPATIALC_SHARED_RING(OPT, ring_0, DEPTH_0, PAGE_0);
     int wslot_0 = DEPTH_0 - 1, rslot_0 = 0;
     SPATIALC_SHARED_RING(OPT, ring_1, DEPTH_1, PAGE_1);

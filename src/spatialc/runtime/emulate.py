@@ -44,7 +44,9 @@ HEADER_DIR = Path(__file__).parent / "emu"
 MODES = ("late", "early")
 CXX_FLAGS = ("-std=c++20", "-O2", "-pthread")
 
-DYN_DECL = "extern __shared__ __align__(16) char spatialc_dyn_smem[];"
+DYN_DECL = "extern __shared__ __align__(32) char spatialc_dyn_smem[];"
+# The declaration as earlier kernels printed it (16-byte aligned); still recognised, so saved .cu files run.
+DYN_DECLS = (DYN_DECL, "extern __shared__ __align__(16) char spatialc_dyn_smem[];")
 DYN_HOST = "char* spatialc_dyn_smem = ::spatialc_emu::dynamic_shared();"
 LAUNCH = re.compile(r"\b([A-Za-z_]\w*)\s*<<<([^;<>]*?)>>>\s*\(")
 
@@ -101,7 +103,7 @@ def host_source(program_cu: str) -> str:
     """The text g++ compiles: the launches and the dynamic shared declaration rewritten, every other byte kept."""
     lines = program_cu.split("\n")
     for i, line in enumerate(lines):
-        if line.strip() == DYN_DECL:
+        if line.strip() in DYN_DECLS:
             lines[i] = line[: len(line) - len(line.lstrip())] + DYN_HOST
     text = LAUNCH.sub(r"::spatialc_emu::launch(\1, \2)(", "\n".join(lines))
     if "<<<" in text or ">>>" in text:

@@ -549,7 +549,7 @@ def kernel_prologue(k: Kernel, w: Writer) -> None:
     # A site with no work must do none: with no ITEM loop the body would otherwise run once, on another site's item.
     w.line("if (n_items == 0) { return; }")
     if k.smem.dyn_bytes:
-        w.line("extern __shared__ __align__(16) char spatialc_dyn_smem[];")
+        w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]
         if k.smem.rings_dynamic:
