@@ -312,10 +312,53 @@ def test_report_files_hold_the_header_and_every_row(tmp_path):
     assert text == to_markdown(header, [int8_row(), wrong, skipped])
 
 
+def kernel_row(precision, n, **ptxas):
+    row = Row(precision, n, n, n, status="ok", median_s=1e-3, check=Check(True, 0.0, 0.0, 0, 0, 0, True))
+    row.kernel = {
+        "block": "4×8×1",
+        "sub_blocks": "2×2",
+        "depth": 3,
+        "sites": 99,
+        "threads": 256,
+        "blocks_per_sm": 1,
+        "dyn_smem": 8192,
+        "regs_est": 244,
+        **ptxas,
+    }
+    return row
+
+
+def test_the_kernel_table_shows_plan_budget_and_ptxas_and_flags_spills(tmp_path):
+    clean = kernel_row("bf16", 1024, registers=212, spill_stores=0, spill_loads=0, static_smem=36864, stack=0)
+    spills = kernel_row("int8", 2048, registers=255, spill_stores=672, spill_loads=736, static_smem=18432, stack=640)
+    spills.kernel["blocks_per_sm"] = 2  # 255 registers × 256 threads fit once per SM, not twice
+    unknown = kernel_row("fp16", 512, ptxas="no nvcc (NVRTC)")
+    skipped = Row("bf16", 8192, 8192, 8192, status="skipped", note="not run")
+    js, md = write_report(tmp_path, {"gpu": "Fake GPU"}, [clean, spills, unknown, skipped])
+    rows = json.loads(js.read_text())["rows"]
+    assert rows[0]["kernel"]["registers"] == 212 and rows[1]["kernel"]["spill_loads"] == 736
+    assert rows[2]["kernel"]["ptxas"] == "no nvcc (NVRTC)" and rows[3]["kernel"] == {}
+    text = md.read_text()
+    head = (
+        "| precision | m×n×k | block | sub | depth | sites | threads | blocks/SM | dyn smem | regs (est) | spill st/ld"
+    )
+    assert head in text and "Kernels (plan: block osh×osw×ibw" in text
+    assert "| bf16 | 1024×1024×1024 | 4×8×1 | 2×2 | 3 | 99 | 256 | 1 | 8192 | 212 (244) | 0/0 | 36864 |" in text
+    assert "| int8 | 2048×2048×2048 | 4×8×1 | 2×2 | 3 | 99 | 256 | 2 | 8192 | 255 (244) | 672/736 ⚠ | 18432 |" in text
+    assert "| fp16 | 512×512×512 | 4×8×1 | 2×2 | 3 | 99 | 256 | 1 | 8192 | — (244) | no nvcc (NVRTC) | — |" in text
+    assert "| bf16 | 8192×8192×8192 | 4×8×1" not in text  # a row without kernel numbers has no kernel line
+    notes = text.split("Kernel notes:")[1]
+    assert "- int8 2048x2048x2048: ptxas spills 672 B stored / 736 B loaded per thread" in notes
+    assert "leave room for 1 blocks/SM; the budget planned 2" in notes
+    assert "bf16 1024" not in notes and "fp16" not in notes
+    assert "Kernels" not in to_markdown({}, [skipped])
+
+
 # ---- the command line ------------------------------------------------------------------------------------------
 
 
-def test_dry_run_lists_plans_and_baselines_and_exits_0(capsys):
+def test_dry_run_lists_plans_and_baselines_and_exits_0(capsys, monkeypatch):
+    monkeypatch.setattr(L, "find_nvcc", lambda: None)
     status = G.main(["unused-dir", "--dry-run", "--sizes", "64", "40x24x36", "--precisions", "int8", "bf16"])
     out = capsys.readouterr().out
     assert status == 0
@@ -323,6 +366,19 @@ def test_dry_run_lists_plans_and_baselines_and_exits_0(capsys):
     assert out.count("  plan      block") == 4 and out.count("  launch    ") == 4
     assert "cuBLAS torch._int_mm (n/a: needs m > 16 and k, n multiples of 8)" in out  # 40×24×36: k = 36
     assert "cuBLAS cublasGemmEx TN" in out and "cuBLAS torch.matmul" in out
+    assert out.count("  ptxas     no nvcc here") == 4
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(L.find_nvcc() is None, reason="nvcc is not installed")
+def test_dry_run_shows_what_ptxas_says_when_nvcc_is_here(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert G.main(["unused-dir", "--dry-run", "--sizes", "40x24x56", "--precisions", "bf16"]) == 0
+    out = capsys.readouterr().out
+    found = re.search(r"  ptxas     (\d+) regs \(est \d+\), spills (\d+)/(\d+) B \(st/ld\), static smem (\d+) B", out)
+    assert found, out
+    assert 0 < int(found.group(1)) <= 255 and int(found.group(4)) > 0
+    assert list(tmp_path.glob("spatialc/cubin/*-sm_90.ptxas.json"))  # compiled for sm_90, numbers cached
 
 
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_2(capsys, monkeypatch, tmp_path):
@@ -672,6 +728,9 @@ def test_gpu_runner_checks_times_and_compares_on_the_stand_in(fake_gpu, tmp_path
     odd = {b["name"]: b for b in rows[2]["baselines"]}
     assert odd["cublasGemmEx NN"]["ok"] and odd["cublasGemmEx TN"]["ok"]  # 40×24×36: odd leading dimensions
     assert fake_gpu["cp"].freed == 4  # memory released after every row
+    k = rows[0]["kernel"]  # the plan and the budget, and why ptxas said nothing: no nvcc here
+    assert k["block"].count("×") == 2 and k["threads"] > 0 and k["blocks_per_sm"] > 0 and k["depth"] > 0
+    assert k["ptxas"] == "no nvcc (NVRTC)" and "registers" not in k
     assert "| bf16 | 40×24×36 |" in capsys.readouterr().out
 
 

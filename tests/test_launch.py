@@ -355,11 +355,98 @@ def test_nvcc_cubin_of_a_lowered_kernel_is_cached_and_its_kernel_found(tmp_path,
     path = L.compile_cubin(art.kernel_cu, "sm_90", cache=tmp_path)
     symbol = L.kernel_symbol(path.read_bytes(), art.launch.kernel_name)
     assert symbol.startswith("_Z19spatialc_persistentPK13__nv_bfloat16")  # C++ mangled: found in the cubin, not guessed
+    info = L.kernel_ptxas(path, art.launch.kernel_name)  # what this nvcc's ptxas said, kept beside the cubin
+    assert info is not None and info.function == symbol and 0 < info.registers <= 255
+    assert info.smem == art.budget.static_bytes  # the budget's static shared memory is what ptxas counts
     monkeypatch.setattr(L.subprocess, "run", lambda *a, **k: pytest.fail("recompiled a cached kernel"))
     assert L.compile_cubin(art.kernel_cu, "sm_90", cache=tmp_path) == path
+    assert L.kernel_ptxas(path, art.launch.kernel_name) == info
     monkeypatch.undo()
     with pytest.raises(L.KernelBuildError, match="nvcc failed: .*error"):
         L.compile_cubin("__global__ void k( { }", "sm_90", cache=tmp_path)
+
+
+# What `nvcc -cubin -arch=sm_90 -O3 -std=c++17 -Xptxas -v` (CUDA 13.0) printed for a lowered bf16 gemm(40, 24, 56),
+# for a file with a kernel, an extern "C" kernel and a non-inlined device function, and for a kernel made to spill
+# (__launch_bounds__(1024, 2) over 64 live floats).
+PTXAS_GEMM = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z19spatialc_persistentPK13__nv_bfloat16S1_Pf' for 'sm_90'
+ptxas info    : Function properties for _Z19spatialc_persistentPK13__nv_bfloat16S1_Pf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 62 registers, used 1 barriers, 9216 bytes smem
+ptxas info    : Compile time = 56.520 ms
+"""
+PTXAS_TWO = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'b' for 'sm_90'
+ptxas info    : Function properties for b
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 8 registers, used 0 barriers
+ptxas info    : Compile time = 2.513 ms
+ptxas info    : Compiling entry function '_Z1aPfi' for 'sm_90'
+ptxas info    : Function properties for _Z1aPfi
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 1 barriers, 256 bytes smem
+ptxas info    : Compile time = 2.660 ms
+ptxas info    : Function properties for _Z1fPfi
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+"""
+PTXAS_SPILLS = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z2spPfi' for 'sm_90'
+ptxas info    : Function properties for _Z2spPfi
+    640 bytes stack frame, 672 bytes spill stores, 736 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers, 640 bytes cumulative stack size
+ptxas info    : Compile time = 45.501 ms
+"""
+
+
+def test_ptxas_output_is_parsed_per_kernel():
+    (gemm,) = L.parse_ptxas(PTXAS_GEMM).values()
+    assert gemm == L.PtxasInfo("_Z19spatialc_persistentPK13__nv_bfloat16S1_Pf", 62, 0, 0, 9216, 0)
+    two = L.parse_ptxas(PTXAS_TWO)
+    assert set(two) == {"b", "_Z1aPfi"}  # the device function _Z1fPfi is no kernel
+    assert two["b"] == L.PtxasInfo("b", 8, 0, 0, 0, 0) and two["_Z1aPfi"].smem == 256
+    assert L.parse_ptxas(PTXAS_SPILLS)["_Z2spPfi"] == L.PtxasInfo("_Z2spPfi", 32, 672, 736, 0, 640)
+    assert L.parse_ptxas("nvcc warning : something\n") == {}
+
+
+@pytest.fixture
+def fake_nvcc(tmp_path, monkeypatch):
+    """An nvcc script that writes a cubin and prints PTXAS_GEMM on stderr; returns the file counting its compiles."""
+    calls = tmp_path / "calls"
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    (tmp_path / "ptxas.txt").write_text(PTXAS_GEMM)
+    nvcc.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then echo "Cuda compilation tools, fake"; exit 0; fi\n'
+        f"echo x >> {calls}\n"
+        'while [ "$1" != "-o" ]; do shift; done\n'
+        'printf "\\0_Z19spatialc_persistentPK13__nv_bfloat16S1_Pf\\0" > "$2"\n'
+        f"cat {tmp_path / 'ptxas.txt'} >&2\n"
+    )
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(L, "find_nvcc", lambda: str(nvcc))
+    return calls
+
+
+def test_ptxas_numbers_are_cached_beside_the_cubin(fake_nvcc, tmp_path):
+    cache = tmp_path / "cache"
+    path = L.compile_cubin("__global__ void k() {}", "sm_90", cache=cache)
+    assert L.ptxas_path(path).name == path.name.removesuffix(".cubin") + ".ptxas.json"
+    info = L.kernel_ptxas(path, "spatialc_persistent")
+    assert (info.registers, info.spill_stores, info.spill_loads, info.smem) == (62, 0, 0, 9216)
+    assert L.compile_cubin("__global__ void k() {}", "sm_90", cache=cache) == path
+    assert L.kernel_ptxas(path, "spatialc_persistent") == info  # a cache hit still has them
+    assert fake_nvcc.read_text().count("x") == 1
+    assert L.kernel_ptxas(path, "other_kernel") is None
+    L.ptxas_path(path).unlink()  # a cubin cached before the numbers were kept is compiled again
+    assert L.kernel_ptxas(path, "spatialc_persistent") is None
+    L.compile_cubin("__global__ void k() {}", "sm_90", cache=cache)
+    assert fake_nvcc.read_text().count("x") == 2 and L.kernel_ptxas(path, "spatialc_persistent") == info
+    assert sorted(p.name for p in cache.iterdir()) == sorted([path.name, L.ptxas_path(path).name])  # no .tmp left
 
 
 def test_missing_nvcc_is_a_build_error(monkeypatch, tmp_path):

@@ -4,9 +4,11 @@
 
 For every size × precision (int8, fp16, bf16) it builds `gemm(m, n, k, p)` for the target, lowers it, compiles the
 kernel, runs it on fresh random inputs with the output poisoned first, compares C with a float64 reference of the
-operand-rounded inputs, times it with CUDA events (warm-up, median of ≥ 20, inputs rotated across copies so the
-L2 cache does not flatter it) and times the baselines on the same inputs. The table goes to stdout and, as JSON and
-Markdown, to OUTDIR, which is checked and created before the first row and rewritten after every row (rows not
+operand-rounded inputs, times it with CUDA events (warm-up, median of ≥ 20, inputs rotated across copies so the L2
+cache does not flatter it) and times the baselines on the same inputs. Each row also records its kernel's plan, its
+budget and what ptxas said of it (registers, spills, static shared memory; `nvcc -Xptxas -v`), shown in a second
+table whose notes flag spills and register counts that cost resident blocks. The table goes to stdout and, as JSON
+and Markdown, to OUTDIR, which is checked and created before the first row and rewritten after every row (rows not
 reached yet are marked pending), so a run cut short still leaves what it finished. It stops at `--budget` seconds:
 background compiles get no more than the time left and are killed at the end, rows not reached are marked skipped
 and the table is still written; Ctrl-C or SIGTERM stops it the same way. Exit status: 0 all run rows correct, 1 some
@@ -30,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -301,6 +303,7 @@ class Built:
     plan: str = ""
     launch: str = ""
     error: str = ""
+    kernel: dict[str, Any] = field(default_factory=dict)  # plan, budget and (once compiled) ptxas numbers
 
 
 def build_case(case: Case, target: str) -> Built:
@@ -311,11 +314,67 @@ def build_case(case: Case, target: str) -> Built:
     try:
         program = spatialc.build(spatialc.gemm(case.m, case.n, case.k, case.precision), target)
         built.plan = describe_plan(program)
+        built.kernel = plan_facts(program)
         built.artifact = spatialc.lower(program, target)
         built.launch = describe_launch(built.artifact)
+        built.kernel.update(budget_facts(built.artifact))
     except Exception as e:
         built.error = ("lower: " if built.plan else "build: ") + one_line(e)
     return built
+
+
+def plan_facts(program: Any) -> dict[str, Any]:
+    """The plan's numbers for the report: block osh×osw×ibw, sub-blocks, ring depth, sites."""
+    p = program.plan
+    b = p.block
+    return {
+        "block": f"{b.osh}×{b.osw}×{b.ibw}",
+        "sub_blocks": f"{p.sub_blocks[0]}×{p.sub_blocks[1]}",
+        "depth": p.depth,
+        "sites": len(program.placement.items_of_site) if program.placement else 0,
+    }
+
+
+def budget_facts(artifact: Any) -> dict[str, Any]:
+    """The artifact's budget for the report: threads, blocks per SM, dynamic shared memory, the register estimate."""
+    ls, bud = artifact.launch, artifact.budget
+    return {
+        "threads": ls.block,
+        "blocks_per_sm": bud.blocks_per_sm,
+        "dyn_smem": ls.dyn_smem,
+        "regs_est": bud.regs_est,
+    }
+
+
+def compile_kernel(built: Built, arch: str, timeout_s: float = 300.0) -> None:
+    """Compile a built case's kernel with nvcc for `arch` (or take it from the cache) and add what ptxas said of it
+    to `built.kernel`: registers per thread, spill stores / loads and static shared memory, in bytes.
+    KernelBuildError when nvcc refuses or runs too long."""
+    from .runtime import launch
+
+    path = launch.compile_cubin(built.artifact.kernel_cu, arch, timeout_s=timeout_s)
+    info = launch.kernel_ptxas(path, built.artifact.launch.kernel_name)
+    if info is None:
+        built.kernel["ptxas"] = "not reported"
+        return
+    built.kernel.update(
+        registers=info.registers,
+        spill_stores=info.spill_stores,
+        spill_loads=info.spill_loads,
+        static_smem=info.smem,
+        stack=info.stack,
+    )
+
+
+def describe_ptxas(kernel: dict[str, Any]) -> str:
+    """The ptxas numbers in one line, or why there are none."""
+    if "registers" not in kernel:
+        return str(kernel.get("ptxas", "—"))
+    return (
+        f"{kernel['registers']} regs (est {kernel.get('regs_est', '?')}), spills {kernel['spill_stores']}/"
+        f"{kernel['spill_loads']} B (st/ld), static smem {kernel['static_smem']} B, stack {kernel['stack']} B"
+        + ("  ⚠ spills" if kernel["spill_stores"] or kernel["spill_loads"] else "")
+    )
 
 
 def describe_plan(program: Any) -> str:
@@ -355,13 +414,27 @@ def int_mm_takes(m: int, n: int, k: int) -> bool:
 
 
 def dry_run(cases: Sequence[Case], target: str, out: Callable[[str], None] = print) -> None:
-    """Say what a GPU run would do: each case's plan and launch (built here, on the CPU) and its baselines."""
+    """Say what a GPU run would do: each case's plan and launch (built here, on the CPU), what ptxas says of its
+    kernel (compiled for `target` when nvcc is here) and its baselines."""
+    from .runtime import launch
+
+    nvcc = launch.find_nvcc()
     out(f"gpucheck dry run: {len(cases)} rows on {target}; would write gpucheck.json and gpucheck.md")
     for case in cases:
         built = build_case(case, target)
+        if built.artifact is not None:
+            if nvcc is None:
+                built.kernel["ptxas"] = "no nvcc here"
+            else:
+                try:
+                    compile_kernel(built, target)
+                except launch.KernelBuildError as e:
+                    built.kernel["ptxas"] = f"compile: {e}"
         out(f"{case.precision} {case.size}")
         out(f"  plan      {built.plan or '—'}")
         out(f"  launch    {built.launch or built.error}")
+        if built.artifact is not None:
+            out(f"  ptxas     {describe_ptxas(built.kernel)}")
         out(f"  baselines {'; '.join(baselines_for(case))}")
 
 

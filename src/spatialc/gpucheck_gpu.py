@@ -31,6 +31,7 @@ from .gpucheck import (
     GpuLost,
     build_case,
     check_result,
+    compile_kernel,
     copies_for,
     int_mm_takes,
     one_line,
@@ -172,14 +173,17 @@ class GpuRunner:
 
     def _build(self, case: Case) -> Built:
         built = build_case(case, self.target)
-        if built.artifact is None or launch.find_nvcc() is None:
+        if built.artifact is None:
+            return built
+        if launch.find_nvcc() is None:
+            built.kernel["ptxas"] = "no nvcc (NVRTC)"
             return built
         limit = self._compile_limit()
         if self.closed or limit < MIN_COMPILE_S:
             built.error = "compile: not started: time budget spent"
             return built
         try:
-            launch.compile_cubin(built.artifact.kernel_cu, self.arch, timeout_s=limit)
+            compile_kernel(built, self.arch, timeout_s=limit)
         except launch.KernelBuildError as e:
             built.error = "compile: stopped at the end of the run" if self.closed else f"compile: {e}"
         return built
@@ -190,7 +194,7 @@ class GpuRunner:
             built = self.builds[case].result(timeout=max(1.0, deadline.left()))
         except FutureTimeout:
             raise BudgetExceeded() from None
-        row = Row(case.precision, case.m, case.n, case.k, plan=built.plan, launch=built.launch)
+        row = Row(case.precision, case.m, case.n, case.k, plan=built.plan, launch=built.launch, kernel=built.kernel)
         if built.error:
             row.status, row.note = "error", built.error
             return row

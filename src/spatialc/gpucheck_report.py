@@ -60,6 +60,10 @@ class Row:
     check: Check | None = None
     baselines: list[Baseline] = field(default_factory=list)
     note: str = ""
+    # The kernel's numbers: plan (block, sub_blocks, depth, sites), budget (threads, blocks_per_sm, dyn_smem,
+    # regs_est) and, once nvcc compiled it, ptxas's (registers, spill_stores, spill_loads, static_smem, stack);
+    # `ptxas` says why those are missing.
+    kernel: dict[str, Any] = field(default_factory=dict)
 
     @property
     def size(self) -> str:
@@ -195,7 +199,105 @@ def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
     notes = [f"- {r.precision} {r.size} {b.name}: {b.note}" for r in rows for b in r.baselines if b.note]
     if notes:
         lines += ["", "Baselines:", *notes]
+    lines += kernel_table(rows)
     return "\n".join(lines) + "\n"
+
+
+KERNEL_COLUMNS = (
+    "precision",
+    "m×n×k",
+    "block",
+    "sub",
+    "depth",
+    "sites",
+    "threads",
+    "blocks/SM",
+    "dyn smem",
+    "regs (est)",
+    "spill st/ld",
+    "static smem",
+)
+REGS_PER_SM = 65536  # the register file of one SM (sm_80 … sm_90)
+
+
+def _get(kernel: dict[str, Any], key: str) -> str:
+    value = kernel.get(key)
+    return "—" if value is None else str(value)
+
+
+def kernel_cells(row: Row) -> list[str]:
+    """One line of the kernel table: the plan, the budget and what ptxas said (bytes)."""
+    k = row.kernel
+    if "registers" in k:
+        regs = f"{k['registers']} ({_get(k, 'regs_est')})"
+        spills = f"{k['spill_stores']}/{k['spill_loads']}" + (" ⚠" if spilled(k) else "")
+        static = str(k["static_smem"])
+    else:
+        why = str(k.get("ptxas", "")).replace("|", "/")
+        regs, spills, static = f"— ({_get(k, 'regs_est')})", why or "—", "—"
+    return [
+        row.precision,
+        row.size.replace("x", "×"),
+        _get(k, "block"),
+        _get(k, "sub_blocks"),
+        _get(k, "depth"),
+        _get(k, "sites"),
+        _get(k, "threads"),
+        _get(k, "blocks_per_sm"),
+        _get(k, "dyn_smem"),
+        regs,
+        spills,
+        static,
+    ]
+
+
+def spilled(kernel: dict[str, Any]) -> bool:
+    return bool(kernel.get("spill_stores") or kernel.get("spill_loads"))
+
+
+def register_blocks(kernel: dict[str, Any]) -> int | None:
+    """Blocks per SM the register file allows at ptxas's count (allocated in steps of 8 per thread)."""
+    regs, threads = kernel.get("registers"), kernel.get("threads")
+    if not regs or not threads:
+        return None
+    return REGS_PER_SM // (-(-regs // 8) * 8 * threads)
+
+
+def kernel_notes(row: Row) -> list[str]:
+    """What in a row's kernel numbers needs a look: spills, or fewer resident blocks than the budget planned."""
+    k, where, notes = row.kernel, f"{row.precision} {row.size}", []
+    if spilled(k):
+        notes.append(
+            f"- {where}: ptxas spills {k['spill_stores']} B stored / {k['spill_loads']} B loaded per thread "
+            f"({k['registers']} registers, stack {k.get('stack', 0)} B)"
+        )
+    fits, planned = register_blocks(k), k.get("blocks_per_sm")
+    if fits is not None and planned and fits < planned:
+        notes.append(
+            f"- {where}: {k['registers']} registers × {k['threads']} threads leave room for {fits} blocks/SM; "
+            f"the budget planned {planned} (estimated {_get(k, 'regs_est')} registers)"
+        )
+    return notes
+
+
+def kernel_table(rows: list[Row]) -> list[str]:
+    """The kernel table's lines (none when no row has kernel numbers) and its notes."""
+    with_kernel = [r for r in rows if r.kernel]
+    if not with_kernel:
+        return []
+    lines = [
+        "",
+        "Kernels (plan: block osh×osw×ibw, sub-blocks, ring depth, sites; budget: threads, blocks/SM, dynamic smem B; "
+        "ptxas: registers per thread (the budget's estimate), spill stores/loads B, static smem B):",
+        "",
+        "| " + " | ".join(KERNEL_COLUMNS) + " |",
+        "|" + "---|" * len(KERNEL_COLUMNS),
+    ]
+    lines += ["| " + " | ".join(kernel_cells(r)) + " |" for r in with_kernel]
+    notes = [n for r in with_kernel for n in kernel_notes(r)]
+    if notes:
+        lines += ["", "Kernel notes:", *notes]
+    return lines
 
 
 def write_report(outdir: str | Path, header: dict[str, Any], rows: list[Row]) -> tuple[Path, Path]:

@@ -15,6 +15,7 @@ Errors: `GpuUnavailable` (no CuPy, no driver, no GPU), `LaunchError` (arguments 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -44,8 +45,11 @@ __all__ = [
     "KernelBuildError",
     "LaunchError",
     "Prepared",
+    "PtxasInfo",
     "compile_cubin",
+    "kernel_ptxas",
     "kernel_symbol",
+    "parse_ptxas",
     "prepare",
     "run",
     "run_with",
@@ -285,20 +289,23 @@ def compile_cubin(
 ) -> Path:
     """The cubin file of `source` for `arch` (`sm_90`), from the disk cache when the same text was compiled before.
 
-    Safe to call from several threads at once (the GPU check compiles its kernels in parallel)."""
+    nvcc runs with `-Xptxas -v`; what ptxas says of each kernel (registers, spills, static shared memory) is kept
+    beside the cubin (`….ptxas.json`, read back by `kernel_ptxas`), so a cache hit has it too. A cached cubin without
+    that file (cached before it was kept) is compiled again. Safe to call from several threads at once (the GPU
+    check compiles its kernels in parallel)."""
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise KernelBuildError("nvcc was not found (PATH, CUDA_HOME, /usr/local/cuda)")
     key = hashlib.sha256(f"{arch}\n{nvcc_version(nvcc)}\n{source}".encode()).hexdigest()[:32]
     cache = cache or cache_dir()
     path = cache / f"{key}-{arch}.cubin"
-    if path.is_file():
+    if path.is_file() and ptxas_path(path).is_file():
         return path
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="spatialc-") as tmp:
         src, dst = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
         src.write_text(source)
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-o", str(dst), str(src)]
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-Xptxas", "-v", "-o", str(dst), str(src)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -306,10 +313,85 @@ def compile_cubin(
         if proc.returncode != 0:
             raise KernelBuildError(f"nvcc failed: {_first_error(proc.stderr or proc.stdout)}")
         data = dst.read_bytes()
-    tmp_path = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp_path.write_bytes(data)
-    os.replace(tmp_path, path)  # atomic: a concurrent compile of the same text writes the same bytes
+    functions = parse_ptxas(f"{proc.stdout}\n{proc.stderr}")
+    info = {"arch": arch, "functions": {name: f.to_dict() for name, f in functions.items()}}
+    _replace(ptxas_path(path), json.dumps(info, indent=1).encode())  # first: a cubin on disk has its ptxas file
+    _replace(path, data)  # a concurrent compile of the same text writes the same bytes
     return path
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write `path` whole: aside first, then renamed over it (atomic)."""
+    tmp_path = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp_path.write_bytes(data)
+    os.replace(tmp_path, path)
+
+
+@dataclass(frozen=True, slots=True)
+class PtxasInfo:
+    """What `ptxas -v` said of one kernel (an entry function): registers per thread, spill traffic, static shared
+    memory and stack frame, in bytes."""
+
+    function: str  # the symbol (`_Z19spatialc_persistent…`)
+    registers: int
+    spill_stores: int = 0
+    spill_loads: int = 0
+    smem: int = 0  # static __shared__ bytes
+    stack: int = 0  # stack frame bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "function": self.function,
+            "registers": self.registers,
+            "spill_stores": self.spill_stores,
+            "spill_loads": self.spill_loads,
+            "smem": self.smem,
+            "stack": self.stack,
+        }
+
+
+_PTXAS_FUNCTION = re.compile(r"Compiling entry function '([^']+)'|Function properties for (\S+)")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"Used (\d+) registers")
+_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas(text: str) -> dict[str, PtxasInfo]:
+    """Each kernel's `PtxasInfo`, by symbol, from nvcc's `-Xptxas -v` output. Device functions that are not kernels
+    (a `Function properties` block without a `Used N registers` line) are left out."""
+    fields: dict[str, dict[str, int]] = {}
+    current: str | None = None
+    for line in text.splitlines():
+        if m := _PTXAS_FUNCTION.search(line):
+            current = m.group(1) or m.group(2)
+        elif current is None:
+            continue
+        elif m := _PTXAS_FRAME.search(line):
+            stack, stores, loads = (int(g) for g in m.groups())
+            fields.setdefault(current, {}).update(stack=stack, spill_stores=stores, spill_loads=loads)
+        elif m := _PTXAS_USED.search(line):
+            smem = _PTXAS_SMEM.search(line)
+            fields.setdefault(current, {}).update(registers=int(m.group(1)), smem=int(smem.group(1)) if smem else 0)
+    return {name: PtxasInfo(name, **f) for name, f in fields.items() if "registers" in f}
+
+
+def ptxas_path(cubin: Path) -> Path:
+    """Where `compile_cubin` keeps what ptxas said of `cubin`."""
+    return cubin.with_name(cubin.name.removesuffix(".cubin") + ".ptxas.json")
+
+
+def kernel_ptxas(cubin: Path, name: str) -> PtxasInfo | None:
+    """What ptxas said of kernel `name` (plain or C++ mangled) in a cubin `compile_cubin` made; None where that was
+    not kept or the kernel is not in it."""
+    try:
+        functions = json.loads(ptxas_path(cubin).read_text())["functions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    mangled = f"_Z{len(name)}{name}"
+    for symbol, f in functions.items():
+        if symbol == name or symbol.startswith(mangled):
+            return PtxasInfo(**f)
+    return None
 
 
 _NVCC_VERSIONS: dict[str, str] = {}
