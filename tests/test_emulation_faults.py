@@ -114,17 +114,30 @@ def test_no_wait_prior_reads_pages_not_yet_landed_in_late_mode(fused):
     lines, start = k_loop(spatialc.lower(fused).program_cu)
     end = first_after(lines, start, "// op:Compute")
     waits = [i for i in range(start, end) if "// op:Wait" in lines[i]]
-    assert len(waits) == 2 and all("__pipeline_wait_prior(" in lines[i] for i in waits)
-    # The step's two waits are the same call (wait_prior(2) after the prefetch): dropping one leaves the other to
-    # land the same groups — an equivalent program, and the emulation rightly finds it exact.
-    one = list(lines)
-    one[waits[0]] = re.sub(r"__pipeline_wait_prior\(\d+\);", "", one[waits[0]])
-    assert outcome(fused, "\n".join(one), "late") == EXACT
-    for i in waits:
-        lines[i] = re.sub(r"__pipeline_wait_prior\(\d+\);", "", lines[i])
+    # The step's two waits print one wait_prior(2): a thread's wait completes all its groups, so a second one
+    # would repeat it.
+    assert len(waits) == 2 and ["__pipeline_wait_prior(" in lines[i] for i in waits] == [True, False]
+    lines[waits[0]] = re.sub(r"__pipeline_wait_prior\(\d+\);", "", lines[waits[0]])
     text = "\n".join(lines)
     assert outcome(fused, text, "late") == "mismatch"  # the pages hold poison: no copy landed before the reads
     assert outcome(fused, text, "early") == EXACT  # copies that land at issue need no wait
+
+
+def test_rings_three_deep_print_no_pop_barrier_and_made_two_deep_race_in_early_mode():
+    # Three deep, the prefetch refills the slot read two steps back, behind the last step's wait barrier: the K
+    # loop's pops print none (rings.barrier_free_pops). The same text with two-deep rings refills the slot read one
+    # step back, which slower warps may still be reading, and the race check sees it.
+    deep = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(2, 2, 1), depth=3, sites=2)
+    text = spatialc.lower(deep).program_cu
+    lines, start = k_loop(text)
+    step = lines[start : loop_end(lines, start) + 1]
+    assert not any("__syncthreads" in line for line in step if "// op:Pop" in line)
+    assert [outcome(deep, text, m) for m in ("late", "early")] == [EXACT, EXACT]
+    shallow = text.replace("#define DEPTH_0 3\n", "#define DEPTH_0 2\n").replace(
+        "#define DEPTH_1 3\n", "#define DEPTH_1 2\n"
+    )
+    assert shallow.count("#define DEPTH_") == text.count("#define DEPTH_") and shallow != text
+    assert outcome(deep, shallow, "early") == "race"
 
 
 def test_a_ring_one_page_shallower_overwrites_the_page_being_read_in_early_mode(fused):

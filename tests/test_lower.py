@@ -12,9 +12,12 @@ from spatialc.frontend import relu
 from spatialc.ir.ids import LV_K, GroupId, SemId, Site
 from spatialc.ir.nodes import ComputeStage, DType, Group, Semaphore, Tile
 from spatialc.ir.ops import Compute, Const, Generic, Loop, MatmulTiles, McastSend, PackAcc, Reserve, Trip
+from spatialc.ir.ops import Precision as Operand
 from spatialc.lower.census import count_printed
 from spatialc.lower.cuda.host import write_artifact
-from spatialc.lower.cuda.persistent import lower
+from spatialc.lower.cuda.merge import serialise
+from spatialc.lower.cuda.persistent import lower, printed_site_programs
+from spatialc.lower.cuda.rings import WMMA, barrier_free_pops, ring_table
 from spatialc.lower.errors import (
     GroupSpansSites,
     NeedsGeneral,
@@ -188,6 +191,54 @@ def test_waits_and_pops_each_cross_one_barrier_per_run():
     assert [("__syncthreads" in w) for w in waits] == [False, True, True]  # Wait A, Wait B (run), Wait C
     pops = [line for line in text.splitlines() if "// op:Pop" in line]
     assert [("__syncthreads" in p) for p in pops] == [False, True, True]
+
+
+def k_step(text: str) -> list[str]:
+    """The lines of the K loop's body (the loop `for (int k = 0; …)` up to its closing brace)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("for (int k = 0;"))
+    depth = 0
+    for i in range(start, len(lines)):
+        depth += lines[i].count("{") - lines[i].count("}")
+        if depth == 0:
+            return lines[start : i + 1]
+    raise AssertionError("the K loop never closes")
+
+
+@pytest.mark.parametrize("depth", [3, 4])
+def test_a_rotated_k_loop_three_deep_waits_once_and_crosses_one_barrier_per_step(depth):
+    text = lowered(depth=depth).kernel_cu
+    step = k_step(text)
+    waits = [line for line in step if "// op:Wait" in line]
+    assert [line.strip() for line in waits] == ["__pipeline_wait_prior(2);  // op:Wait", "__syncthreads();  // op:Wait"]
+    pops = [line for line in step if "// op:Pop" in line]
+    assert len(pops) == 2 and not any("__syncthreads" in line for line in pops)
+    assert sum(line.count("__syncthreads") for line in step) == 1
+    assert sum(line.count("__pipeline_wait_prior") for line in step) == 1
+    # The output ring is drained outside the K loop: its pop keeps its barrier.
+    after = [line for line in text.splitlines() if "// op:Pop" in line and line not in step]
+    assert after and all("__syncthreads();" in line for line in after)
+
+
+def test_a_rotated_k_loop_two_deep_keeps_its_pop_barrier():
+    # Depth 2: step k+1's prefetch refills the slot read in step k-1, which slower warps may still be reading.
+    step = k_step(lowered(depth=2).kernel_cu)
+    pops = [line for line in step if "// op:Pop" in line]
+    assert ["__syncthreads" in line for line in pops] == [False, True]
+    assert sum(line.count("__syncthreads") for line in step) == 2
+    assert sum(line.count("__pipeline_wait_prior") for line in step) == 1
+
+
+def test_pop_barriers_are_elided_only_for_rings_of_a_rotated_loop_three_deep():
+    for depth, free in ((1, set()), (2, set()), (3, {0, 1}), (4, {0, 1})):
+        p = built(depth=depth)
+        rings = ring_table(p, WMMA[Operand.INT8], ())
+        ops = serialise(printed_site_programs(p))
+        assert barrier_free_pops(rings, ops) == free, depth
+    # One K step is printed as written (not rotated): each run of pops keeps its barrier (A, B in a run; C).
+    text = lowered(16, 16, 16, depth=3).kernel_cu
+    pops = [line for line in text.splitlines() if "// op:Pop" in line]
+    assert ["__syncthreads();" in line for line in pops] == [False, True, True]
 
 
 def test_the_fused_epilogue_has_no_output_ring():

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 import spatialc
+from spatialc.frontend import relu
+from spatialc.lower.cuda.emit import POP_PROOF
 from spatialc.lower.cuda.persistent import lower
 from spatialc.runtime.emulate import EmulationRace, emulate_source
 
@@ -80,3 +82,38 @@ def test_the_printed_barriers_and_wait_counts_are_needed():
         with pytest.raises(EmulationRace, match="RACE on shared ring .ring_[01]."):
             race.result()
         assert not np.array_equal(wrong.result(), a @ b)
+
+
+# Rings three and four deep: the K loop's pops print no barrier (rings.barrier_free_pops), and the emulation, in
+# both modes, still equals the interpreter with its race check silent. (m, n, k, precision, target, options)
+DEEP = {
+    "one_tile_output_ring_d3": (48, 48, 80, "int8", "sm_86", {"block": (1, 1, 1), "depth": 3, "sites": 4}),
+    "fused_relu_round_robin_d4": (
+        64,
+        96,
+        96,
+        "int8",
+        "sm_86",
+        {"block": (2, 2, 1), "depth": 4, "sites": 4, "placement": "round_robin", "epilogue": [relu()]},
+    ),
+    "sub_blocks_d3": (64, 64, 64, "fp16", "sm_86", {"block": (1, 2, 1), "sub_blocks": (2, 1), "depth": 3}),
+    "eight_warps_sm90_d3": (128, 128, 96, "fp16", "sm_90", {"block": (4, 4, 1), "depth": 3, "sites": 2}),
+    "eight_warps_sm90_d4_wide_k": (64, 128, 128, "bf16", "sm_90", {"block": (2, 4, 2), "depth": 4}),
+}
+
+
+def test_rings_three_and_four_deep_need_no_pop_barrier_in_the_emulation():
+    jobs = []
+    for name, (m, n, k, prec, tgt, kw) in DEEP.items():
+        options = {key: v for key, v in kw.items() if key != "epilogue"}
+        program = spatialc.build(spatialc.gemm(m, n, k, prec, epilogue=kw.get("epilogue", ())), tgt, **options)
+        art = lower(program, spatialc.target(tgt))
+        assert POP_PROOF in art.kernel_cu and art.census.agrees, name
+        a, b = inputs(m, n, k, prec, seed=len(name))
+        dtype = np.int8 if prec == "int8" else np.float64
+        x = {"A": a.astype(dtype), "B": b.astype(dtype)}
+        jobs += [(name, mode, program, art, x) for mode in ("late", "early")]
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda j: spatialc.emulate(j[3], j[4], mode=j[1]), jobs))  # EmulationRace on a race
+    for (name, mode, program, _, x), c in zip(jobs, outs, strict=True):
+        assert np.array_equal(c, spatialc.evaluate(program, x)), f"{name} ({mode}) differs from the interpreter"

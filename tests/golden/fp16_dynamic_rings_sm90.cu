@@ -108,7 +108,7 @@ __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(const OPT* __r
             __pipeline_commit();  // pad:Push
         }
         __pipeline_wait_prior(2);  // op:Wait
-        __pipeline_wait_prior(2); __syncthreads();  // op:Wait
+        __syncthreads();  // op:Wait
         {  // op:Compute:MatmulTiles
             const int wi = warp / 4;
             const int wj = warp % 4;
@@ -132,7 +132,7 @@ __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(const OPT* __r
             }
         }
         rslot_0 = (rslot_0 + 1) % DEPTH_0;  // op:Pop
-        rslot_1 = (rslot_1 + 1) % DEPTH_1; __syncthreads();  // op:Pop
+        rslot_1 = (rslot_1 + 1) % DEPTH_1;  // op:Pop (no barrier: these slots are refilled only after the next wait barrier)
     }
     // op:Reserve (fused output: no ring)
     // op:PackAcc (fused output: no ring)

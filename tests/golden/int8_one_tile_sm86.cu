@@ -77,7 +77,7 @@ __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __r
         }
         __pipeline_commit();  // op:Push
         __pipeline_wait_prior(0);  // op:Wait
-        __pipeline_wait_prior(0); __syncthreads();  // op:Wait
+        __syncthreads();  // op:Wait
         {  // op:Compute:MatmulTiles
             const int wi = warp / 2;
             const int wj = warp % 2;

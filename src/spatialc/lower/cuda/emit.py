@@ -36,7 +36,7 @@ from ..census import OP, PAD, PRE, marker
 from ..errors import Unsupported
 from . import epilogue
 from .merge import SerialLoop, SerialOp
-from .rings import TILE_ELEMS, Ring, Rings, SmemLayout, WmmaTypes, commits, rotation
+from .rings import TILE_ELEMS, Ring, Rings, SmemLayout, WmmaTypes, barrier_free_pops, commits, rotation
 
 KERNEL_NAME = "spatialc_persistent"
 INCLUDES = ("cuda_pipeline.h", "mma.h", "cuda_bf16.h", "cuda_fp16.h", "cstdio", "cstdlib", "vector", "cstring")
@@ -49,6 +49,7 @@ CHECK_MACRO = (
     '"CUDA error: %s (%s)\\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)'
 )
 WMMA = "nvcuda::wmma::"
+POP_PROOF = "these slots are refilled only after the next wait barrier"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,19 +141,25 @@ def addr_expr(at: TileAddr, env: dict[LoopVar, str]) -> str:
 class OpPrinter:
     """Prints a serial program's ops into a Writer; one method per op kind."""
 
-    def __init__(self, k: Kernel, w: Writer):
+    def __init__(self, k: Kernel, w: Writer, free_pops: frozenset[int] = frozenset()):
         self.k = k
         self.w = w
+        # The rings whose pops need no barrier (`rings.barrier_free_pops` proves it from the printed order).
+        self.free_pops = free_pops
         # The fused chain's stages met since the last store: (op, its addresses' variables, its C scope depth).
         self.chain: list[tuple[Compute, dict[LoopVar, str], int]] = []
 
     def ops(self, ops: tuple[SerialOp, ...], env: dict[LoopVar, str], in_flight: int = 0, tag: str = OP) -> None:
         """Print `ops`; `in_flight` commit groups issued ahead stay pending at their waits; `tag` marks copies."""
         for i, op in enumerate(ops):
-            self.op(op, ops[i + 1] if i + 1 < len(ops) else None, env, in_flight, tag)
+            first = i == 0 or not self.same_run(ops[i - 1], op)
+            run = () if i + 1 < len(ops) and self.same_run(ops[i + 1], op) else self.run_ending(ops, i)
+            self.op(op, first, run, env, in_flight, tag)
 
-    def op(self, op: SerialOp, nxt: SerialOp | None, env: dict[LoopVar, str], in_flight: int, tag: str) -> None:
-        """Print the image of one op (`nxt` decides whether a run of waits or pops ends here)."""
+    def op(
+        self, op: SerialOp, first: bool, run: tuple[SerialOp, ...], env: dict[LoopVar, str], in_flight: int, tag: str
+    ) -> None:
+        """Print the image of one op; a Wait or Pop learns whether it starts its run, and the run it ends (or ())."""
         mark = marker(op, tag)
         rings = self.k.rings
         match op:
@@ -167,15 +174,22 @@ class OpPrinter:
             case Push():
                 self.w.line("__pipeline_commit();", mark)
             case Wait():
-                # A thread's wait completes only its own copies; the barrier after a run of waits publishes
-                # everyone's, and one crossing serves the whole run.
-                sync = "" if self.same_run(nxt, Wait) else " __syncthreads();"
-                self.w.line(f"__pipeline_wait_prior({in_flight});{sync}", mark)
+                # A thread's wait completes only its own copies: the run's first wait_prior(n) completes all of
+                # them, and the later ones would repeat it. The barrier after the run publishes everyone's.
+                wait = [f"__pipeline_wait_prior({in_flight});"] if first else []
+                sync = ["__syncthreads();"] if run else []
+                self.w.line(" ".join(wait + sync), mark if wait or sync else f"{mark} (the wait above covers it)")
             case Pop(buf):
-                # No thread may refill a slot another still reads: one barrier after a run of pops.
+                # No thread may refill a slot another still reads: one barrier after a run of pops, unless the
+                # next refill of every slot the run frees is proved to follow another barrier.
                 r = self.ring(buf)
-                sync = "" if self.same_run(nxt, Pop) else " __syncthreads();"
-                self.w.line(f"rslot_{r} = (rslot_{r} + 1) % DEPTH_{r};{sync}", mark)
+                line = f"rslot_{r} = (rslot_{r} + 1) % DEPTH_{r};"
+                if not run:
+                    self.w.line(line, mark)
+                elif all(self.ring(p.buf) in self.free_pops for p in run if isinstance(p, Pop)):
+                    self.w.line(line, f"{mark} (no barrier: {POP_PROOF})")
+                else:
+                    self.w.line(f"{line} __syncthreads();", mark)
             case ReadTiles():
                 self.read_tiles(op, env, mark)
             case WriteTiles(src=buf) if rings.is_fused(buf):
@@ -210,9 +224,25 @@ class OpPrinter:
         """The id of `buf`'s ring, the suffix of its names in the kernel."""
         return self.kept(buf).id
 
-    def same_run(self, nxt: SerialOp | None, kind: type[Wait] | type[Pop]) -> bool:
-        """Whether the next op continues a run of `kind` ops on kept rings (so this one needs no barrier)."""
-        return isinstance(nxt, Wait | Pop) and isinstance(nxt, kind) and self.k.rings.kept(nxt.buf) is not None
+    def run_kind(self, op: SerialOp) -> type | None:
+        """Wait or Pop for such an op on a kept ring (the ops that run together under one barrier), else None."""
+        if isinstance(op, Wait | Pop) and self.k.rings.kept(op.buf) is not None:
+            return type(op)
+        return None
+
+    def same_run(self, other: SerialOp, op: SerialOp) -> bool:
+        """Whether `other`, next to `op`, is in the same run: both Waits (or both Pops) on kept rings."""
+        kind = self.run_kind(op)
+        return kind is not None and self.run_kind(other) is kind
+
+    def run_ending(self, ops: tuple[SerialOp, ...], i: int) -> tuple[SerialOp, ...]:
+        """The run of Waits or Pops that ends with `ops[i]` (its image prints the run's barrier), or () if none."""
+        if self.run_kind(ops[i]) is None:
+            return ()
+        start = i
+        while start > 0 and self.same_run(ops[start - 1], ops[i]):
+            start -= 1
+        return ops[start : i + 1]
 
     # ---- loops -------------------------------------------------------------------------------------------
 
@@ -535,7 +565,7 @@ def kernel_text(k: Kernel, ops: tuple[SerialOp, ...]) -> str:
             # No ITEM loop (no site holds two items): the site's one item is implicit.
             OpPrinter(k, w).item_header("ITEM_LIST[item_off]")
             env = {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
-        OpPrinter(k, w).ops(ops, env)
+        OpPrinter(k, w, barrier_free_pops(k.rings, ops)).ops(ops, env)
     return w.text()
 
 

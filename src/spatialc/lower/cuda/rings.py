@@ -172,6 +172,64 @@ def commits(rings: Rings, ops: tuple[SerialOp, ...]) -> int:
     return sum(1 for op in ops if isinstance(op, Push) and rings.kept(op.buf) is not None)
 
 
+def barrier_free_pops(rings: Rings, ops: tuple[SerialOp, ...]) -> frozenset[int]:
+    """The rings whose Pops need no barrier after them: the next refill of a popped slot waits at another barrier.
+
+    The barrier after a run of Pops is there so that no thread refills a slot another thread still reads. A ring
+    qualifies when all its Reserves are in the producer half P and all its Pops in the consumer half C of one
+    rotated loop, C holds a Wait on a kept ring (so C(i) crosses a barrier: the one ending its run of waits),
+    and the ring's depth D is at least 3r, r being the pages P reserves on it per step. Then:
+
+    - The ring is filled only by P, r pages a step, and read only in C, between its Wait and its Pop; since nothing
+      else reserves it, the steps of every run of the loop (every item's) number its pages consecutively: step s
+      owns pages sr … sr + r − 1, slot = page mod D.
+    - Printed, step i of the loop runs P(s + 1) then C(s) (s = global step), with P(s + 1) inside the `if`.
+      A thread X that issues P(s + 1) has crossed C(s − 1)'s wait barrier (the loop's previous step; for the
+      first step of a run, the previous run's last step, or a barrier after it), so every thread has finished
+      C(s − 2) and all before it: no page of step s − 2 or earlier is still read.
+    - No thread has passed C(s)'s wait barrier, which X has not reached, so the pages read meanwhile are step
+      s − 1's and step s's. X writes step s + 1's: their pages differ by r + 1 … 3r − 1 from step s − 1's and by
+      1 … 2r − 1 from step s's, never a multiple of D when D ≥ 3r (2r ≤ D is the rotation's own condition).
+    - P(s) in the prologue of a run writes step s, 1 … 2r − 1 pages from step s − 1: the same argument.
+
+    At D = 2r the prefetch refills the slot read one step earlier, and the barrier is needed (the emulation's race
+    check catches its removal: tests/test_emulation_faults.py). Anything else — a ring filled or drained outside
+    one rotated loop, a non-rotated loop, the output ring, a consumer half without a barrier — keeps it.
+    """
+    # Where each kept ring is reserved and popped: (a rotated loop's id, "fill" or "drain"), or ELSEWHERE.
+    places: dict[int, set[tuple[int, str]]] = {}
+    per_step: dict[int, int] = {}
+    fenced: set[int] = set()  # the rotated loops whose consumer half crosses a barrier
+
+    def visit(body: tuple[SerialOp, ...], at: tuple[int, str]) -> None:
+        for op in body:
+            if isinstance(op, SerialLoop):
+                halves = rotation(rings, op)
+                if halves is None:
+                    visit(op.body, _ELSEWHERE)
+                else:
+                    visit(halves[0], (id(op), "fill"))
+                    visit(halves[1], (id(op), "drain"))
+            elif isinstance(op, Wait) and rings.kept(op.buf) is not None and at[1] == "drain":
+                fenced.add(at[0])
+            elif isinstance(op, Reserve | Pop) and rings.kept(op.buf) is not None:
+                rid = rings.template[op.buf]
+                places.setdefault(rid, set()).add(at)
+                if isinstance(op, Reserve):
+                    per_step[rid] = per_step.get(rid, 0) + 1
+
+    visit(ops, _ELSEWHERE)
+    free = set()
+    for rid, where in places.items():
+        loop = next(iter(where))[0]
+        deep = rings.rings[rid].depth >= 3 * per_step[rid]
+        if where == {(loop, "fill"), (loop, "drain")} and loop in fenced and deep:
+            free.add(rid)
+    return frozenset(free)
+
+
+_ELSEWHERE = (0, "elsewhere")  # id() of a live object is never 0
+
 # ---- the occupancy proof -----------------------------------------------------------------------------------
 
 
