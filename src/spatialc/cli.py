@@ -191,7 +191,7 @@ def _rings(p: SpatialProgram) -> str:
 
 def report(p: SpatialProgram) -> list[str]:
     """The plan, placement and rings of a built program, a line each."""
-    from .passes.tile import smem_bytes
+    from .passes.tile import sites_per_unit, smem_bytes
 
     t = target(p.target)
     plan = p.plan
@@ -200,7 +200,7 @@ def report(p: SpatialProgram) -> list[str]:
     h, w = plan.item_tiles
     counts = [len(items) for _, items in p.placement.items_of_site]
     smem = smem_bytes(t, plan, p.precision)
-    per_sm = t.resident_sites_per_unit(smem, b.osh, b.osw, plan.sub_blocks)
+    per_sm = sites_per_unit(t, plan, p.precision)
     return [
         f"  plan      block {b.osh}x{b.osw}x{b.ibw}, sub-blocks {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
         f" (items of {h * 16}x{w * 16} outputs), grid {plan.grid[0]}x{plan.grid[1]} items,"

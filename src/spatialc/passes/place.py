@@ -6,7 +6,7 @@ from ..errors import PlanError, ProgramError
 from ..ir.ids import ItemId, Site
 from ..ir.nodes import Placement, SpatialProgram
 from ..target import SpatialTarget
-from .tile import matmul_stage, smem_bytes
+from .tile import matmul_stage, sites_per_unit
 
 PLACEMENTS = ("contiguous", "round_robin")
 MAX_SITES = 1 << 16  # a work list per site has to fit the kernel's constant memory long before this
@@ -16,9 +16,7 @@ def default_sites(p: SpatialProgram, target: SpatialTarget) -> int:
     """What the target keeps resident for this plan (SMs × blocks per SM), capped at the number of items."""
     plan = p.plan
     assert plan is not None
-    per_unit = target.resident_sites_per_unit(
-        smem_bytes(target, plan, p.precision), plan.block.osh, plan.block.osw, plan.sub_blocks
-    )
+    per_unit = sites_per_unit(target, plan, p.precision)
     return max(1, min(plan.items, target.units * max(per_unit, 1)))
 
 

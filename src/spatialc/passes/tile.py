@@ -71,6 +71,12 @@ def smem_bytes(target: SpatialTarget, plan: Plan, prec: Precision) -> int:
     return operands + out
 
 
+def sites_per_unit(target: SpatialTarget, plan: Plan, prec: Precision) -> int:
+    """Blocks of `plan`'s kernel resident per SM (0: one does not fit), from its shared memory and accumulator."""
+    smem = smem_bytes(target, plan, prec)
+    return target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks)
+
+
 def plan_cost(target: SpatialTarget, plan: Plan, m_t: int, n_t: int, k_t: int, prec: Precision) -> tuple[float, int]:
     """Estimated run time (arbitrary units) of `plan`, and the blocks it keeps resident per SM (0: does not fit).
 
@@ -88,8 +94,7 @@ def plan_cost(target: SpatialTarget, plan: Plan, m_t: int, n_t: int, k_t: int, p
       operand fragments for every product instead of reusing them across a rectangle.
     """
     h, w = plan.item_tiles
-    smem = smem_bytes(target, plan, prec)
-    per_unit = target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks)
+    per_unit = sites_per_unit(target, plan, prec)
     if per_unit == 0:
         return math.inf, 0
     items = plan.items
