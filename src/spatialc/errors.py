@@ -45,32 +45,41 @@ class VerifyRuleError(VerifyError):
 
 
 class IllFormedError(VerifyRuleError):
-    """Rule 1: an id that does not resolve, a negative loop count, a page count below one, a bad Trip loop."""
+    """Rule 1: an id that does not resolve, a negative or oversized loop count, a page count below one, a bad Trip
+    loop, a tensor or plan the machine cannot hold."""
+
+
+class CoverageError(VerifyRuleError):
+    """Rule 2: a placement that misses an item, repeats one, or disagrees with the schedule's ITEM loops."""
 
 
 class RingOwnershipError(VerifyRuleError):
-    """Rule 2: a ring touched by more than one producer or consumer engine of a site, or an accumulator misused."""
-
-
-class UnbalancedError(VerifyRuleError):
-    """Rule 3: pages pushed unreserved or popped unwaited, a loop that does not restore a ring, pages left over."""
+    """Rule 3: a ring touched by more than one producer or consumer engine of a site, or an accumulator misused."""
 
 
 class RingDepthError(VerifyRuleError):
     """Rule 4: one op that moves more pages than its ring holds."""
 
 
+class UnbalancedError(VerifyRuleError):
+    """Rule 5: pages pushed unreserved or popped unwaited, a loop that does not restore a ring, pages left over."""
+
+
 class TileBoundsError(VerifyRuleError):
-    """Rule 5: a ReadTiles / WriteTiles that leaves its tensor's tile grid, wraps a row, or overfills a page."""
-
-
-class CoverageError(VerifyRuleError):
-    """Rule 6: a placement that misses an item, repeats one, or disagrees with the schedule's ITEM loops."""
+    """Rule 6: a ReadTiles / WriteTiles that leaves its tensor's tile grid, wraps a row, or overfills a page."""
 
 
 class StrongerCheckNeeded(VerifyRuleError):
-    """Rule 7's limit: a program one counter run cannot decide (a SemSet, a ring whose balance depends on data)."""
+    """Rules 7 and 8 at their limits: a program one counter run cannot decide (a SemSet, a ring whose balance
+    depends on data), or whose result the semantic rule cannot follow (data-dependent loop counts, multicast, pages
+    handed over in a loop structure it cannot match)."""
 
 
 class VerifyDeadlockError(DeadlockError, VerifyError):
     """Rule 7: the counter run of the choreography ends with engines blocked for good."""
+
+
+class SemanticError(VerifyRuleError):
+    """Rule 8: the schedule computes something other than its stages declare — an output tile written twice or never,
+    a reduction that misses or repeats a k, operands out of their roles, a scheduled op unlike its stage's, a page
+    read that nothing filled, an accumulator read before its last product or never zeroed."""

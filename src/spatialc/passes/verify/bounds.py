@@ -1,4 +1,4 @@
-"""verify's rule 5: every ReadTiles / WriteTiles stays inside its tensor's tile grid, its rows and its page.
+"""verify's rule 6, bounds: every ReadTiles / WriteTiles stays inside its tensor's tile grid, its rows and its page.
 
 An address is linear in its loop variables, so its extremes over a run are at the ends of each variable's range —
 except the item coordinates, which take the values of the site's items. Each access is checked once against the
@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import TileBoundsError
-from ..ir.ids import LV_ITEM_X, LV_ITEM_Y, ItemId, LoopVar, Site, loop_var_name
-from ..ir.nodes import EngineProgram, Plan
-from ..ir.ops import PackAcc, WriteTiles
-from .verify_walk import Access, BiasRead, Ctx, Facts, where
+from ...errors import TileBoundsError
+from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, ItemId, LoopVar, Site, loop_var_name
+from ...ir.index import ProgramIndex, where
+from ...ir.nodes import EngineProgram, Plan
+from ...ir.ops import PackAcc, WriteTiles
+from .facts import Access, BiasRead, Run
 
 Box = tuple[int, int, int, int]  # item_y lo, hi, item_x lo, hi
 
@@ -74,17 +75,8 @@ def _item_span(lin: _Linear, box: Box) -> tuple[int, int]:
     return min(ys) + min(xs), max(ys) + max(xs)
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
-    """One distinct engine program, its facts, and the sites that run it with their items."""
-
-    prog: EngineProgram
-    facts: Facts
-    sites: tuple[tuple[Site, tuple[ItemId, ...]], ...]
-
-
-def check_bounds(ctx: Ctx, plan: Plan | None, runs: Sequence[Run]) -> None:
-    """Rule 5 for every access of every distinct program."""
+def check_bounds(ctx: ProgramIndex, plan: Plan | None, runs: Sequence[Run]) -> None:
+    """Rule 6 for every access of every distinct program."""
     nx = plan.grid[1] if plan is not None else 1
     boxes: dict[Site, Box | None] = {}
     for run in runs:
@@ -98,7 +90,9 @@ def check_bounds(ctx: Ctx, plan: Plan | None, runs: Sequence[Run]) -> None:
             _check_access(ctx, nx, run, acc, boxes)
 
 
-def _fail(ctx: Ctx, site: Site, engine: str, acc: Access | PackAcc, why: str, buffer: str | None) -> TileBoundsError:
+def _fail(
+    ctx: ProgramIndex, site: Site, engine: str, acc: Access | PackAcc, why: str, buffer: str | None
+) -> TileBoundsError:
     op = acc.op if isinstance(acc, Access) else acc
     text = ctx.op(op.source if isinstance(op, BiasRead) else op)  # a bias read is named by its Compute
     return TileBoundsError(
@@ -106,7 +100,7 @@ def _fail(ctx: Ctx, site: Site, engine: str, acc: Access | PackAcc, why: str, bu
     )
 
 
-def _check_pages(ctx: Ctx, run: Run) -> None:
+def _check_pages(ctx: ProgramIndex, run: Run) -> None:
     """Each block fits the page it fills or empties; each pack fits its page and comes from its accumulator."""
     site, engine = run.sites[0][0], run.prog.engine.value
     for acc in run.facts.accesses:
@@ -138,7 +132,7 @@ def _check_pages(ctx: Ctx, run: Run) -> None:
                     )
 
 
-def _check_access(ctx: Ctx, nx: int, run: Run, acc: Access, boxes: dict[Site, Box | None]) -> None:
+def _check_access(ctx: ProgramIndex, nx: int, run: Run, acc: Access, boxes: dict[Site, Box | None]) -> None:
     tensor = ctx.tensors[acc.op.tensor]
     rows, cols = tensor.tiles
     whole, first = _linear(acc, True), _linear(acc, False)
@@ -173,7 +167,7 @@ def _assignment(lin: _Linear, low: bool, item: ItemId | None, nx: int) -> tuple[
 
 
 def _exact_bounds(
-    ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Sequence[ItemId], acc: Access, lin: _Linear
+    ctx: ProgramIndex, nx: int, prog: EngineProgram, site: Site, items: Sequence[ItemId], acc: Access, lin: _Linear
 ) -> None:
     tensor = ctx.tensors[acc.op.tensor]
     rows, cols = tensor.tiles
@@ -208,7 +202,7 @@ def _col_bound(lin: _Linear, box: Box, cols: int) -> int:
 
 
 def _exact_row(
-    ctx: Ctx, nx: int, prog: EngineProgram, site: Site, items: Sequence[ItemId], acc: Access, lin: _Linear
+    ctx: ProgramIndex, nx: int, prog: EngineProgram, site: Site, items: Sequence[ItemId], acc: Access, lin: _Linear
 ) -> None:
     """The exact set of columns a block row can start at (residues mod cols_t, each with a witness)."""
     tensor = ctx.tensors[acc.op.tensor]

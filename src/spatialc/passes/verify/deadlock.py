@@ -1,6 +1,6 @@
-"""verify's rule 7: the program cannot deadlock — decided by running its choreography once, on page counters.
+"""verify's rule 7, deadlock: the program cannot deadlock — decided by running its choreography once, on page counters.
 
-Why one run is a proof (DESIGN §2). Rule 2 has given every ring of a site one producer engine and one consumer
+Why one run is a proof (DESIGN §2). Rule 3 has given every ring of a site one producer engine and one consumer
 engine, each engine runs its ops in order, and only four ops can block: `Reserve` (room in a ring), `Wait` (pages
 in a ring), `SemWait` (a semaphore count) and `Barrier` (the group's arrivals). Each of those conditions, once true,
 stays true until the blocked engine itself acts: room is taken only by the ring's one producer and published pages
@@ -38,11 +38,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..errors import StrongerCheckNeeded, VerifyDeadlockError
-from ..ir.ids import BufferId, GroupId, SemId, Site, loop_var_name
-from ..ir.nodes import EngineProgram
-from ..ir.ops import Barrier, ChoreoOp, Const, Loop, Pop, Push, Reserve, SemInc, SemWait, Wait
-from .verify_walk import Ctx, Facts, where
+from ...errors import StrongerCheckNeeded, VerifyDeadlockError
+from ...ir.ids import BufferId, GroupId, SemId, Site, loop_var_name
+from ...ir.index import ProgramIndex, where
+from ...ir.nodes import EngineProgram
+from ...ir.ops import Barrier, ChoreoOp, Const, Loop, Pop, Push, Reserve, SemInc, SemWait, Wait
+from .facts import Facts
 
 RESERVE, PUSH, WAIT, POP, LOOP, NEXT, SEMINC, SEMWAIT, BARRIER = range(9)
 _SEEN_CAP = 1 << 14  # recorded back-edge states kept before the table is cleared (it only speeds the run up)
@@ -50,7 +51,7 @@ _SEEN_CAP = 1 << 14  # recorded back-edge states kept before the table is cleare
 Instr = tuple[int, int, int, tuple[int, ...]]
 
 
-def check_decidable(ctx: Ctx, site: Site, progs: Sequence[tuple[EngineProgram, Facts]]) -> None:
+def check_decidable(ctx: ProgramIndex, site: Site, progs: Sequence[tuple[EngineProgram, Facts]]) -> None:
     """Refuse what one counter run cannot decide: counts that can go down, rings balanced only by data."""
     for prog, facts in progs:
         if facts.sets:
@@ -106,7 +107,7 @@ class _Engine:
 class Network:
     """The counters of one set of interacting sites, and one run of their engines."""
 
-    def __init__(self, ctx: Ctx, programs: Sequence[EngineProgram], fast_forward: bool = True):
+    def __init__(self, ctx: ProgramIndex, programs: Sequence[EngineProgram], fast_forward: bool = True):
         self.ctx, self.fast = ctx, fast_forward
         self.rings: dict[tuple[Site, BufferId], int] = {}
         self.held: list[int] = []  # pages reserved and not yet popped
@@ -311,7 +312,7 @@ class Network:
         return loop.var
 
 
-def _components(sites: Sequence[Site], facts: dict[Site, list[Facts]], ctx: Ctx) -> list[list[Site]]:
+def _components(sites: Sequence[Site], facts: dict[Site, list[Facts]], ctx: ProgramIndex) -> list[list[Site]]:
     """Sites joined by a semaphore increment, a multicast group or a barrier, as sorted groups."""
     parent = {s: s for s in sites}
 
@@ -339,7 +340,7 @@ def _components(sites: Sequence[Site], facts: dict[Site, list[Facts]], ctx: Ctx)
 
 
 def check_deadlock(
-    ctx: Ctx, programs: dict[Site, list[tuple[EngineProgram, Facts]]], keys: dict[Site, tuple[object, ...]]
+    ctx: ProgramIndex, programs: dict[Site, list[tuple[EngineProgram, Facts]]], keys: dict[Site, tuple[object, ...]]
 ) -> int:
     """Rule 7: simulate each independent set of sites once; raise VerifyDeadlockError naming each blocked engine.
 

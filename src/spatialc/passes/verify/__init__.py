@@ -1,0 +1,64 @@
+"""verify: the one pass that sets `verified`. It proves eight rules, one module each, in this order:
+
+1. `wellformed`  a known target; sane tile, tensor shapes, plan and compute ops; ids resolve, counts and pages are
+                 sane, loop bounds fit a C int, reads come from input or parameter tensors and writes go to the
+                 output  (IllFormedError)
+2. `coverage`    the placement covers every item exactly once, as the ITEM loops say  (CoverageError)
+3. `ownership`   each ring has one producer and one consumer engine per site, the ones its stages declare, and is
+                 filled from / emptied to its stage's tensor; accumulators only via their ops  (RingOwnershipError)
+4. `depth`       no op moves more pages than its ring holds  (RingDepthError)
+5. `balance`     each engine pairs Reserve/Push and Wait/Pop, co-iterating loops balance, every ring ends empty
+                 (UnbalancedError)
+6. `bounds`      every tile access stays inside its tensor's grid, its rows and its page  (TileBoundsError)
+7. `deadlock`    the choreography cannot deadlock  (VerifyDeadlockError; StrongerCheckNeeded where one run cannot
+                 tell)
+8. `semantics`   the schedule computes what the stages declare: every output tile written once, as the declared
+                 epilogue of Σ_k A·B over every k exactly once  (SemanticError; StrongerCheckNeeded where it cannot
+                 follow the data)
+
+Each rule may assume the ones before it: coverage reads only well-formed ids, the deadlock argument rests on rule 3's
+one producer and one consumer, and the semantic rule follows pages from producer to consumer through rings that
+rules 3–5 have shown to be single-producer, single-consumer and balanced. Every error names the site, engine, op and
+buffer it is about. Sites that run the same programs are checked once.
+"""
+
+from __future__ import annotations
+
+from ...ir.index import ProgramIndex
+from ...ir.nodes import SpatialProgram
+from ...target import SpatialTarget
+from .balance import check_balance
+from .bounds import check_bounds
+from .coverage import check_coverage
+from .deadlock import check_deadlock, check_decidable
+from .depth import check_depths
+from .facts import Programs
+from .ownership import check_owners, stage_owners
+from .semantics import check_semantics
+from .wellformed import check_ops, check_site_groups, check_tables
+
+__all__ = ["verify"]
+
+
+def verify(p: SpatialProgram, target: SpatialTarget | None = None) -> SpatialProgram:
+    """`p` marked verified, or the first broken rule's error. (The rules are the program's own; `target` only lets
+    a program name a target spatialc does not list, the one it is verified for.)"""
+    check_tables(p, target)  # 1, on the tables: every look-up below resolves
+    index = ProgramIndex.of(p)
+    programs = Programs(p)
+    check_ops(index, programs.distinct())  # 1, on the ops
+    check_site_groups(index, (q for progs in programs.listed.values() for q in progs))
+    programs.gather(index)
+    check_coverage(index, programs)  # 2
+    distinct = programs.distinct_sites()
+    owners = stage_owners(index)
+    for site, progs in distinct:
+        engines = check_owners(index, site, progs, owners)  # 3
+        check_depths(index, site, progs)  # 4
+        check_balance(index, site, progs, engines)  # 5
+    check_bounds(index, p.plan, programs.runs())  # 6
+    for site, progs in distinct:
+        check_decidable(index, site, progs)  # 7
+    check_deadlock(index, programs.by_site, programs.keys)
+    check_semantics(index, programs)  # 8
+    return p.evolve(verified=True)

@@ -1,0 +1,407 @@
+"""verify's rule 8, semantics: the schedule computes what the stages declare.
+
+The stages declare a function: C = e_n(…e_1(A @ B)) for a GEMM whose epilogue stages e_i follow the matmul (or
+C = e_n(…(T)) for a pipeline that only reads and transforms a tensor). The rule proves that running the schedule
+gives exactly that, tile by tile: every tile of C is written once, by the item that owns it, with the declared
+epilogue — each op equal to its stage's, in stage order, a bias at the tile's own column — applied to
+Σ_k A[i, k]·B[k, j] over every k of K exactly once, A and B in their roles. Along the way: the accumulator is zeroed
+before its first product and read only after its last, and no page is read that nothing filled.
+
+How, without enumerating tiles or iterations. Each engine is run once, symbolically: a loop's variable is a symbol
+ranging over its iterations, an item's coordinates are symbols over the grid, a tile's place in a block is a pair
+of symbols. A ReadTiles fills its page with the formula "tile (row, col) of T", rows and columns affine in those
+symbols; a matmul adds "Σ_{k-loop, kk} A-tile × B-tile" to its accumulator; PackAcc and the epilogue ops wrap the
+formula; the WriteTiles finally says which tile of C receives which formula. Pages travel through rings in FIFO
+order: the n-th page a producer reserves is the n-th page its consumer pops, and since rules 3–5 have shown every
+ring to have one producer and one consumer that move equal pages per co-iterating loop, a page's position is an
+affine form in the loops around its Reserve (and around the consumer's read), which is matched loop for loop. At
+the write, the proof is a handful of comparisons of affine forms: the A tile's row is the C tile's row, the B tile's
+column is its column, A's k-tile is B's, the k-tiles run one to one over 0..N-1 (a mixed-radix check on their
+coefficients), and the write's (row, column) run one to one over each item's block. Together with rule 2 (every
+item on exactly one site, each site's ITEM loop over exactly its items), every tile of C is written exactly once.
+
+What it does not follow — and refuses with StrongerCheckNeeded rather than guess: loops whose trip count is read
+from data (the result would depend on the data), multicast (pages crossing sites), a producer and consumer whose
+loops around a ring differ in shape, pages whose layout a consumer reads differently, a matmul of computed tiles.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from ...errors import SemanticError, StrongerCheckNeeded
+from ...ir.ids import BufferId, ItemId
+from ...ir.index import ProgramIndex, where
+from ...ir.nodes import ComputeStage, EngineProgram, ReadStage, Stage, Tensor, WriteStage
+from ...ir.ops import Bias, Compute, Loop, MatmulTiles, McastSend, Trip, walk
+from ...ir.printer import compute_text
+from .dataflow import Declared, SiteRun, Write, same_op
+from .facts import Programs
+from .symbolic import AccSum, Aff, Cell, Copy, Elem, Sym, one_to_one
+
+WITNESS_LIMIT = 1 << 14  # iterations a message may enumerate to name a concrete tile (the proof never does)
+ENUM_LIMIT = 1 << 22  # k-tiles listed when interleaved products are not one mixed radix (an unrolled K loop)
+
+
+# ---- the declared function --------------------------------------------------------------------------------------
+
+
+def _unsure(what: str) -> StrongerCheckNeeded:
+    return StrongerCheckNeeded(f"the stages: {what}; the semantic rule (verify's rule 8) cannot state what C is")
+
+
+def declared(index: ProgramIndex) -> Declared:
+    """The stages' function, or StrongerCheckNeeded when they are not a pipeline ending in one write."""
+    p = index.p
+    writes = [s for s in p.stages if isinstance(s.kind, WriteStage)]
+    if len(writes) != 1 or len(writes[0].ins) != 1:
+        raise _unsure(f"{len(writes)} write stages (one, emptying one ring, is what it proves)")
+    out = index.tensors[writes[0].kind.tensor]  # type: ignore[union-attr]
+    producer: dict[BufferId, Stage] = {}
+    for s in p.stages:
+        for b in s.outs:
+            if producer.setdefault(index.ring(b), s) is not s:
+                raise _unsure(f"stages {producer[index.ring(b)].name} and {s.name} both fill {index.name(b)}")
+    ring = index.ring(writes[0].ins[0])
+    for _ in range(len(p.stages) + 1):
+        stage = producer.get(ring)
+        if stage is None:
+            raise _unsure(f"no stage fills {index.name(ring)}, which {writes[0].name} writes out")
+        match stage.kind:
+            case ReadStage(t):
+                _same_shape(index, stage, index.tensors[t], out)
+                return Declared(out, index.ring(writes[0].ins[0]), producer)
+            case ComputeStage(MatmulTiles() as mm):
+                return _gemm(index, stage, mm, out, index.ring(writes[0].ins[0]), producer)
+            case ComputeStage() if len(stage.ins) == 1 and len(stage.outs) == 1:
+                ring = index.ring(stage.ins[0])
+            case _:
+                raise _unsure(f"stage {stage.name} has {len(stage.ins)} inputs and {len(stage.outs)} outputs")
+    raise _unsure("the stages form a cycle")
+
+
+def _same_shape(index: ProgramIndex, stage: Stage, t: Tensor, out: Tensor) -> None:
+    if t.elems != out.elems or t.tiles != out.tiles:
+        raise SemanticError(
+            f"stage {stage.name} reads {t.name} ({t.elems[0]}x{t.elems[1]} in {t.tiles[0]}x{t.tiles[1]} tiles)"
+            f" into the output {out.name} ({out.elems[0]}x{out.elems[1]} in {out.tiles[0]}x{out.tiles[1]} tiles)"
+        )
+
+
+def _gemm(
+    index: ProgramIndex, stage: Stage, mm: MatmulTiles, out: Tensor, last: BufferId, producer: dict[BufferId, Stage]
+) -> Declared:
+    p = index.p
+    if len(stage.ins) != 2:
+        raise _unsure(f"matmul stage {stage.name} reads {len(stage.ins)} rings, not an A and a B")
+    reads = [producer.get(index.ring(b)) for b in stage.ins]
+    tensors = [s.kind.tensor if s is not None and isinstance(s.kind, ReadStage) else None for s in reads]
+    if tensors[0] is None or tensors[1] is None:
+        raise _unsure(f"matmul stage {stage.name} multiplies rings that no read stage fills from a tensor")
+    a, b = index.tensors[tensors[0]], index.tensors[tensors[1]]
+    if (a.elems[0], b.elems[1]) != out.elems or a.elems[1] != b.elems[0]:
+        raise SemanticError(
+            f"stage {stage.name} multiplies {a.name} ({a.elems[0]}x{a.elems[1]}) by {b.name}"
+            f" ({b.elems[0]}x{b.elems[1]}) into {out.name} ({out.elems[0]}x{out.elems[1]}): the shapes do not agree"
+        )
+    if p.tile.rows != p.tile.cols:
+        raise _unsure(f"tiles of {p.tile.rows}x{p.tile.cols} (a tile matmul multiplies square tiles)")
+    plan = p.plan
+    if plan is not None and (mm.block, mm.sub_blocks) != (plan.block, plan.sub_blocks):
+        raise SemanticError(
+            f"stage {stage.name} declares {compute_text(mm, p)}, but the plan's block is"
+            f" {plan.block.osh}x{plan.block.osw}x{plan.block.ibw} with {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
+            " sub-blocks"
+        )
+    if mm.operand != p.precision:
+        raise SemanticError(f"stage {stage.name} multiplies {mm.operand.value} tiles in a {p.precision.value} program")
+    shape = (mm.sub_blocks[0] * mm.block.osh, mm.sub_blocks[1] * mm.block.osw, mm.block.ibw)
+    k_need = math.ceil(a.elems[1] / p.tile.cols)
+    return Declared(out, last, producer, a.id, b.id, shape, k_need, min(a.tiles[1], b.tiles[0]))
+
+
+# ---- the rule ----------------------------------------------------------------------------------------------------
+
+
+def check_semantics(index: ProgramIndex, programs: Programs) -> None:
+    """Rule 8 for every distinct set of site programs."""
+    p = index.p
+    if p.placement is None or p.schedule is None or p.plan is None:
+        return  # nothing is computed yet
+    for prog in programs.distinct():
+        _followable(index, prog)
+    decl = declared(index)
+    items = dict(p.placement.items_of_site)
+    shared: dict[tuple[object, ...], list[ItemId]] = {}
+    for site, key in programs.keys.items():
+        shared.setdefault(key, []).extend(items.get(site, ()))
+    for site, progs in programs.distinct_sites():
+        run = SiteRun(index, decl, site, progs, items.get(site, ()), _sample(shared[programs.keys[site]]))
+        write = run.run()
+        if write is not None:
+            _Proof(run, write).check()
+
+
+def _sample(items: list[ItemId], n: int = 16) -> tuple[ItemId, ...]:
+    """Up to n items spread over `items` (sorted), first and last among them: the witnesses a message may name."""
+    items = sorted(items)
+    if len(items) <= n:
+        return tuple(items)
+    return tuple(items[i * (len(items) - 1) // (n - 1)] for i in range(n))
+
+
+def _followable(index: ProgramIndex, prog: EngineProgram) -> None:
+    """Refuse what the rule cannot follow, before following anything."""
+    for op in walk(prog.ops):
+        why = None
+        if isinstance(op, Loop) and isinstance(op.count, Trip):
+            why = (
+                "its trip count is read from data, so what the program computes would depend on the data; the"
+                " semantic rule proves a fixed function of the inputs"
+            )
+        elif isinstance(op, McastSend):
+            why = "multicast moves pages between sites; the semantic rule follows pages within a site"
+        elif isinstance(op, Compute) and op.acc_reload is not None:
+            why = "the semantic rule does not follow an accumulator spilled to a ring and reloaded"
+        if why is not None:
+            text = index.op(op)
+            raise StrongerCheckNeeded(
+                f"{where(prog.site, prog.engine.value)}: {text} — {why}",
+                site=int(prog.site),
+                engine=prog.engine.value,
+                op=text,
+            )
+
+
+class _Proof:
+    """The proof at the write: each item's block of C written once, each tile with the declared value."""
+
+    def __init__(self, site: SiteRun, w: Write) -> None:
+        self.site, self.w, self.decl = site, w, site.decl
+        self.ranges = site.ranges
+        self.iy, self.ix = site.item_coords(w.item)
+
+    def check(self) -> None:
+        self.coverage()
+        self.value(self.w.cell, self.decl.last)
+
+    # ---- witnesses, for messages ----------------------------------------------------------------------------------
+
+    def base(self, item: ItemId | None = None) -> dict[Sym, int]:
+        """Values for the item symbols: the coordinates of `item` (default: the site's first)."""
+        items = self.site.items
+        if item is None:
+            item = items[0] if items else ItemId(0)
+        y, x = divmod(int(item), self.site.grid[1])
+        values = {s: y for s in self.iy.syms()}
+        values.update({s: x for s in self.ix.syms()})
+        return values
+
+    def item_text(self, values: dict[Sym, int]) -> str:
+        y = self.iy.at(values)
+        x = self.ix.at(values)
+        return f"item {y * self.site.grid[1] + x} (y {y}, x {x})"
+
+    def tile_text(self, values: dict[Sym, int]) -> str:
+        return f"C tile ({self.w.row.at(values)}, {self.w.col.at(values)})"
+
+    def differ(self, pairs: Sequence[tuple[Aff, Aff]], syms: set[Sym]) -> dict[Sym, int]:
+        """Values (the site's first item, one symbol at 1 at most) where some pair of forms differs."""
+        base = self.base()
+        for sym in (None, *sorted(syms, key=repr)):
+            values = dict(base)
+            if sym is not None:
+                values[sym] = 1
+            if any(x.at(values) != y.at(values) for x, y in pairs):
+                return values
+        return base
+
+    def fail(self, why: str) -> SemanticError:
+        return SemanticError(
+            f"{self.w.head} — {why}",
+            site=int(self.site.site),
+            engine=self.w.engine,
+            op=self.site.index.op(self.w.op),
+        )
+
+    # ---- each item's block written once ------------------------------------------------------------------------
+
+    def coverage(self) -> None:
+        h, w = self.site.block
+        r, c = self.w.row - self.iy * h, self.w.col - self.ix * w
+        domain = (set(self.w.loops) - {self.w.item}) | self.w.block[0].syms() | self.w.block[1].syms()
+        item_syms = self.iy.syms() | self.ix.syms()
+        free = (r.syms() | c.syms()) - domain
+        ok = (
+            not free
+            and not (r.syms() & c.syms())
+            and r.syms() | c.syms() == domain
+            and one_to_one(r, self.ranges) == (0, h)
+            and one_to_one(c, self.ranges) == (0, w)
+        )
+        if not ok:
+            raise self.fail(self.coverage_fault(domain, item_syms))
+
+    def coverage_fault(self, domain: set[Sym], item_syms: set[Sym]) -> str:
+        """What goes wrong, named by a concrete tile of a concrete item where the sample allows."""
+        rows, cols = self.site.block
+        syms = sorted(domain, key=repr)
+        items = list(self.site.witnesses) or [ItemId(0)]
+        if math.prod(self.ranges[s] for s in syms) * len(items) <= WITNESS_LIMIT:
+            for item in items:
+                fault = self.item_fault(self.base(item), syms)
+                if fault is not None:
+                    return fault
+        extra = sorted(((self.w.row.syms() | self.w.col.syms()) - domain - item_syms), key=repr)
+        if extra:
+            return f"the C tile it writes depends on {', '.join(s.label for s in extra)}"
+        return (
+            f"it writes C tile rows {self.w.row.text()} and columns {self.w.col.text()}; each item must write its"
+            f" own {rows}x{cols}-tile block exactly once"
+        )
+
+    def item_fault(self, base: dict[Sym, int], syms: list[Sym]) -> str | None:
+        """The first tile of the item at `base` written twice, outside its block, or never (None: all well)."""
+        rows, cols = self.site.block
+        y, x = self.iy.at(base), self.ix.at(base)
+        block = set(itertools.product(range(y * rows, (y + 1) * rows), range(x * cols, (x + 1) * cols)))
+        seen: Counter[tuple[int, int]] = Counter()
+        for combo in itertools.product(*(range(self.ranges[s]) for s in syms)):
+            values = base | dict(zip(syms, combo, strict=True))
+            seen[(self.w.row.at(values), self.w.col.at(values))] += 1
+        who = self.item_text(base)
+        for (r, c), n in sorted(seen.items()):
+            if (r, c) not in block:
+                return (
+                    f"{who} writes C tile ({r}, {c}), outside its block of tile rows {y * rows}..{(y + 1) * rows - 1},"
+                    f" columns {x * cols}..{(x + 1) * cols - 1}"
+                )
+            if n > 1:
+                return f"C tile ({r}, {c}) is written {n} times by {who}"
+        missing = sorted(block - set(seen))
+        return f"C tile ({missing[0][0]}, {missing[0][1]}) is never written (it is {who}'s)" if missing else None
+
+    # ---- the value of each tile --------------------------------------------------------------------------------
+
+    def value(self, cell: Cell, ring: BufferId) -> None:
+        stage = self.decl.producer[ring]
+        op = stage.kind.op if isinstance(stage.kind, ComputeStage) else None
+        if isinstance(op, MatmulTiles):
+            if not isinstance(cell, AccSum):
+                raise self.fail(
+                    f"{self.tile_text(self.base())} gets {_cell_text(cell)}, not the matmul of stage {stage.name}"
+                )
+            self.reduction(cell)
+        elif op is not None:
+            if not isinstance(cell, Elem) or not same_op(cell.op, op):
+                raise self.fail(
+                    f"{self.tile_text(self.base())} gets {_cell_text(cell)} where stage {stage.name} declares"
+                    f" {compute_text(op, self.site.index.p)}"
+                )
+            if isinstance(op, Bias) and cell.bias_col != self.w.col:
+                assert cell.bias_col is not None
+                values = self.differ([(cell.bias_col, self.w.col)], set(self.ranges))
+                raise self.fail(
+                    f"{self.tile_text(values)} ({self.item_text(values)}) gets bias tile column"
+                    f" {cell.bias_col.at(values)}, not its own column {self.w.col.at(values)}"
+                )
+            self.value(cell.inner, self.site.index.ring(stage.ins[0]))
+        else:
+            assert isinstance(stage.kind, ReadStage)
+            want = stage.kind.tensor
+            if (
+                not isinstance(cell, Copy)
+                or cell.ref.tensor != want
+                or (cell.ref.row, cell.ref.col) != (self.w.row, self.w.col)
+            ):
+                name = self.site.index.tensors[want].name
+                raise self.fail(f"{self.tile_text(self.base())} gets {_cell_text(cell)}, not the same tile of {name}")
+
+    def reduction(self, acc: AccSum) -> None:
+        """Σ_k A[row, k]·B[k, col] over k = 0..N-1, each k once, with k_need ≤ N ≤ k_max."""
+        index = self.site.index
+        ks: list[tuple[Aff, tuple[Sym, ...]]] = []
+        for t in acc.terms:
+            if (t.a.tensor, t.b.tensor) != (self.decl.a, self.decl.b):
+                names = f"{index.tensors[t.a.tensor].name} × {index.tensors[t.b.tensor].name}"
+                want = f"{index.tensors[self.decl.a].name} @ {index.tensors[self.decl.b].name}"  # type: ignore[index]
+                raise self.fail(
+                    f"{self.tile_text(self.base())} sums tiles of {names}; the matmul stage declares {want}"
+                )
+            for what, got, want_form in (("A row", t.a.row, self.w.row), ("B column", t.b.col, self.w.col)):
+                if got != want_form:
+                    values = self.differ([(got, want_form)], set(self.ranges))
+                    raise self.fail(
+                        f"{self.tile_text(values)} ({self.item_text(values)}) sums tiles of {what}"
+                        f" {got.at(values)}, not {want_form.at(values)}"
+                    )
+            k = t.a.col
+            if t.b.row != k:
+                values = self.differ([(t.b.row, k)], set(t.sums))
+                raise self.fail(
+                    f"{self.tile_text(values)} multiplies A's k-tile {k.at(values)} by B's k-tile {t.b.row.at(values)}"
+                )
+            if k.syms() - set(t.sums):
+                moves = ", ".join(sorted(s.label for s in k.syms() - set(t.sums)))
+                raise self.fail(f"the k-tiles {self.tile_text(self.base())} sums move with {moves}")
+            ks.append((k, t.sums))
+        fault = self.k_fault(ks)
+        if fault is not None:
+            values = self.base()
+            raise self.fail(
+                f"{self.item_text(values)}: {self.tile_text(values)} sums {fault} of 0..{self.decl.k_max - 1};"
+                f" K needs 0..{self.decl.k_need - 1} each exactly once"
+            )
+
+    def k_fault(self, ks: list[tuple[Aff, tuple[Sym, ...]]]) -> str | None:
+        """What is wrong with the k-tiles the products run over (None: 0..N-1 each once, k_need ≤ N ≤ k_max).
+
+        Each product's k-tile is affine in its own reduction symbols. Where each is one to one onto an interval
+        (a mixed radix) the intervals must tile 0..N-1; otherwise — products interleaved, as an unrolled K loop
+        makes them — the k-tiles are listed and counted, which is at most N ≤ k_max values."""
+        total = sum(math.prod(self.ranges[s] for s in sums) for _, sums in ks)
+        lo = min((k.span(self.ranges)[0] for k, _ in ks), default=0)
+        hi = max((k.span(self.ranges)[1] for k, _ in ks), default=-1)
+        what = f"k-tiles {lo}..{hi} ({total} products)" if ks else "no products"
+        if not self.decl.k_need <= total <= self.decl.k_max:
+            return what
+        spans = [one_to_one(k, self.ranges) if set(sums) == k.syms() else None for k, sums in ks]
+        if all(span is not None for span in spans):
+            end = 0
+            for first, count in sorted(span for span in spans if span is not None):
+                end = first + count if first == end else -1
+            if end == total:
+                return None
+        if total > ENUM_LIMIT:
+            return f"{what} that the rule cannot show distinct without listing more than {ENUM_LIMIT}"
+        counts = np.bincount(np.concatenate([self.k_values(k, sums) for k, sums in ks]) - lo)
+        if lo == 0 and hi == total - 1 and (counts == 1).all():
+            return None
+        twice = int(np.argmax(counts > 1)) + lo if (counts > 1).any() else None
+        never = int(np.argmax(counts == 0)) + lo if (counts == 0).any() else None
+        parts = [f"k-tile {twice} {int(counts[twice - lo])} times" if twice is not None else ""]
+        parts.append(f"k-tile {never} never" if never is not None else "")
+        return f"{what} ({', '.join(p for p in parts if p) or 'not from 0'})"
+
+    def k_values(self, k: Aff, sums: tuple[Sym, ...]) -> np.ndarray:
+        """Every k-tile a product runs over, one per point of its reduction symbols' box."""
+        values = np.array([k.const], dtype=np.int64)
+        for s in sums:
+            values = (values[:, None] + k.coef(s) * np.arange(self.ranges[s], dtype=np.int64)[None, :]).ravel()
+        return values
+
+
+def _cell_text(cell: Cell) -> str:
+    match cell:
+        case Elem(op=op):
+            return compute_text(op)
+        case AccSum():
+            return "a sum of products"
+        case Copy(ref):
+            return f"a copy of tensor {int(ref.tensor)}'s tile"
+    return "?"

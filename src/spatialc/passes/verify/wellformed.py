@@ -1,0 +1,498 @@
+"""verify's rule 1, well-formed: everything the other rules, the interpreter and the lowering take for granted.
+
+On the tables: a known target, a sane tile, each tensor's shape and padding, the plan, unique ids, buffers that are
+whole rings or accumulators, stages that read inputs and write the output with compute ops the machine knows. On
+every op: ids that resolve, counts and pages of at least one, loop variables bound where they are read, loop bounds
+the kernel's `int` counters hold, reads from input or parameter tensors, writes to the output, Trip loops that read
+a parameter tensor, sites and groups the placement has. All of it is checked before any later rule walks an op, so
+no later rule (and nothing after verify) meets an id it cannot resolve or a size it cannot hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from ...errors import CoverageError, IllFormedError
+from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, Site, loop_var_name
+from ...ir.index import ProgramIndex, where
+from ...ir.nodes import (
+    Accumulator,
+    ComputeStage,
+    EngineProgram,
+    Plan,
+    ReadStage,
+    SpatialProgram,
+    Tensor,
+    TensorRole,
+    WriteStage,
+)
+from ...ir.ops import (
+    AcquireAcc,
+    Barrier,
+    Bias,
+    ChoreoOp,
+    Compute,
+    ComputeOp,
+    Const,
+    Flush,
+    Loop,
+    MatmulTiles,
+    McastSend,
+    McastSetValid,
+    PackAcc,
+    Pop,
+    Precision,
+    Push,
+    ReadBarrier,
+    ReadTiles,
+    ReleaseAcc,
+    Requant,
+    Reserve,
+    Scalar,
+    SemInc,
+    SemSet,
+    SemWait,
+    TileAddr,
+    Trip,
+    Wait,
+    WriteBarrier,
+    WriteTiles,
+)
+from ...target import TARGETS, SpatialTarget
+
+# The frontend's scalar ops; the interpreter, the host emulation and the kernel's epilogue know no others.
+SCALAR_OPS = ("add", "mul", "max", "min")
+# quantize_multiplier's ranges: a Q31 multiplier, a shift of at most 30 left or 31 right, an int8 zero point.
+REQUANT_MULTIPLIER = (0, 2**31 - 1)
+REQUANT_SHIFT = (-31, 30)
+REQUANT_ZERO_POINT = (-128, 127)
+# More items than any placement could list (the coverage rule builds a list of them).
+MAX_ITEMS = 2**24
+# The kernel counts loops, tiles of a tensor and item ids in C `int`s: every bound it prints must fit one.
+MAX_INT = 2**31 - 1
+# An item's side or K step, in tiles: above what any target's shared memory can stage one K step of (about 900
+# one-byte tiles), so no plan the tile pass makes is refused, yet an item — and with it a tensor's padding — is small.
+MAX_ITEM_SIDE = 1024
+
+
+def check_target(p: SpatialProgram, target: SpatialTarget | None = None) -> None:
+    """The program names a target spatialc knows, or the one it is verified for."""
+    if p.target not in TARGETS and (target is None or target.name != p.target):
+        raise IllFormedError(f"the program's target is {p.target!r}; spatialc knows {', '.join(TARGETS)}")
+
+
+def check_tile(p: SpatialProgram) -> None:
+    """The tile has at least one row and one column."""
+    if p.tile.rows < 1 or p.tile.cols < 1:
+        raise IllFormedError(f"the tile must be at least 1x1 elements, not {p.tile.rows}x{p.tile.cols}")
+
+
+def _positive(what: str, values: tuple[int, ...]) -> None:
+    if any(v < 1 for v in values):
+        shown = "x".join(map(str, values)) if len(values) > 1 else str(values[0])
+        raise IllFormedError(f"{what} must be ≥ 1, not {shown}")
+
+
+def check_plans(p: SpatialProgram) -> None:
+    """Each plan's fields are ≥ 1, its item and K step are at most MAX_ITEM_SIDE tiles a side, its K is whole K
+    steps, it has at most MAX_ITEMS items, and its grid of items is the output tensor's tile grid."""
+    out = p.output_tensor()
+    for i, plan in enumerate(p.plans):
+        name = f"plan {i}"
+        b = plan.block
+        _positive(f"{name}'s block (osh x osw x ibw)", (b.osh, b.osw, b.ibw))
+        _positive(f"{name}'s sub_blocks", plan.sub_blocks)
+        _positive(f"{name}'s grid", plan.grid)
+        _positive(f"{name}'s k_tiles", (plan.k_tiles,))
+        _positive(f"{name}'s depth", (plan.depth,))
+        h, w = plan.item_tiles
+        if max(h, w, b.ibw) > MAX_ITEM_SIDE:
+            raise IllFormedError(
+                f"{name}'s items are {h}x{w} tiles with K steps of {b.ibw}; no side may exceed"
+                f" {MAX_ITEM_SIDE} tiles (no target holds such an item or K step)"
+            )
+        if plan.k_tiles % b.ibw:
+            raise IllFormedError(f"{name} has {plan.k_tiles} K tiles, not a whole number of K steps of {b.ibw}")
+        if plan.items > MAX_ITEMS:
+            raise IllFormedError(
+                f"{name}'s grid of {plan.grid[0]}x{plan.grid[1]} items has {plan.items}; at most"
+                f" {MAX_ITEMS} are allowed"
+            )
+        if out is None:
+            raise IllFormedError(f"{name} lays out an output tensor, but the program has none")
+        if out.tiles != (plan.grid[0] * h, plan.grid[1] * w):
+            raise IllFormedError(
+                f"{name}'s {plan.grid[0]}x{plan.grid[1]} items of {h}x{w} tiles cover"
+                f" {plan.grid[0] * h}x{plan.grid[1] * w} tiles, but the output tensor {out.name} has"
+                f" {out.tiles[0]}x{out.tiles[1]}"
+            )
+
+
+def _padding(plans: tuple[Plan, ...]) -> tuple[int, int]:
+    """The most tiles whole blocks add to a tensor's rows and columns: rows are padded to whole items (A, C) or
+    K steps (B), columns to whole items (B, C, a bias row) or K steps (A). None without a plan."""
+    rows = max((max(q.item_tiles[0], q.block.ibw) - 1 for q in plans), default=0)
+    cols = max((max(q.item_tiles[1], q.block.ibw) - 1 for q in plans), default=0)
+    return rows, cols
+
+
+def check_tensors(p: SpatialProgram) -> None:
+    """Each tensor has elements, a tile grid that holds them, no more padding than whole blocks add, and no more
+    tiles than a C int counts."""
+    pad = _padding(p.plans)
+    tile = (p.tile.rows, p.tile.cols)
+    for t in p.tensors:
+        _positive(f"tensor {t.name}'s elements", t.elems)
+        _positive(f"tensor {t.name}'s tile grid", t.tiles)
+        need = tuple(math.ceil(e / s) for e, s in zip(t.elems, tile, strict=True))
+        for dim in (0, 1):
+            if not need[dim] <= t.tiles[dim] <= need[dim] + pad[dim]:
+                raise IllFormedError(_grid_fault(t, tile, need, pad, dim, bool(p.plans)))
+        if t.tiles[0] * t.tiles[1] > MAX_INT:
+            raise IllFormedError(
+                f"tensor {t.name} has {t.tiles[0]}x{t.tiles[1]} tiles; the kernel indexes tiles with a C int,"
+                f" so at most {MAX_INT}"
+            )
+
+
+def _grid_fault(
+    t: Tensor, tile: tuple[int, int], need: tuple[int, ...], pad: tuple[int, int], dim: int, planned: bool
+) -> str:
+    side = ("rows", "columns")[dim]
+    head = (
+        f"tensor {t.name}: {t.elems[0]}x{t.elems[1]} elements in {tile[0]}x{tile[1]} tiles take {need[0]}x"
+        f"{need[1]} tiles, but its tile grid is {t.tiles[0]}x{t.tiles[1]}"
+    )
+    if t.tiles[dim] < need[dim]:
+        return f"{head}, too few {side} of tiles to hold it"
+    if pad[dim]:
+        return f"{head}; whole blocks pad at most {pad[dim]} more {side} of tiles"
+    return f"{head}; {'the plan' if planned else 'a program without a plan'} pads no {side} of tiles"
+
+
+def role_text(t: Tensor) -> str:
+    """'the output tensor', 'an input tensor', 'a parameter tensor'."""
+    texts = {TensorRole.OUTPUT: "the output tensor", TensorRole.INPUT: "an input tensor"}
+    return texts.get(t.role, "a parameter tensor")
+
+
+def compute_fault(op: ComputeOp, precision: Precision) -> str | None:
+    """Why compute op `op` of a `precision` program cannot run, or None."""
+    match op:
+        case Scalar(name, value):
+            if name not in SCALAR_OPS:
+                return f"scalar op {name!r} is none of {', '.join(SCALAR_OPS)}"
+            if not math.isfinite(value):
+                return f"scalar {name} needs a finite number, not {value!r}"
+            if precision == Precision.INT8 and value != int(value):
+                return (
+                    f"an int8 program's epilogue is integer arithmetic: scalar {name} needs a whole number, not"
+                    f" {value!r}"
+                )
+        case Requant(multiplier, shift, zero_point):
+            for what, v, (lo, hi) in (
+                ("multiplier", multiplier, REQUANT_MULTIPLIER),
+                ("shift", shift, REQUANT_SHIFT),
+                ("zero point", zero_point, REQUANT_ZERO_POINT),
+            ):
+                if not lo <= v <= hi:
+                    return f"a requant {what} lies in [{lo}, {hi}], not {v}"
+        case MatmulTiles(block, sub_blocks, _):
+            if min(block.osh, block.osw, block.ibw, *sub_blocks) < 1:
+                return (
+                    f"a tile matmul's block ({block.osh}x{block.osw}x{block.ibw}) and sub-blocks"
+                    f" ({sub_blocks[0]}x{sub_blocks[1]}) must be ≥ 1"
+                )
+    return None
+
+
+# ---- rule 1 on the tables: ids unique and resolving, sizes sane -----------------------------------------------
+
+
+def _unique(kind: str, ids: Iterable[int]) -> None:
+    seen: set[int] = set()
+    for i in ids:
+        if i in seen:
+            raise IllFormedError(f"two {kind}s have id {int(i)}")
+        seen.add(i)
+
+
+def check_tables(p: SpatialProgram, target: SpatialTarget | None = None) -> None:
+    """Rule 1 for everything but the ops: a known target, sane shapes and plan, unique ids, resolving references,
+    sane buffer sizes, stages that read inputs and write the output with sane compute ops."""
+    check_target(p, target)
+    check_tile(p)
+    check_plans(p)
+    check_tensors(p)
+    _unique("tensor", (t.id for t in p.tensors))
+    _unique("buffer", (b.id for b in p.buffers))
+    _unique("semaphore", (s.id for s in p.semaphores))
+    _unique("stage", (s.id for s in p.stages))
+    _check_buffers(p)
+    _check_stages(p)
+    _check_layout(p)
+
+
+def _check_buffers(p: SpatialProgram) -> None:
+    buffers = {b.id: b for b in p.buffers}
+    for b in p.buffers:
+        match b.kind:
+            case Accumulator(tiles) if tiles < 1:
+                raise IllFormedError(f"accumulator {b.name} must hold at least 1 tile, not {tiles}", buffer=b.name)
+            case Accumulator():
+                pass
+            case kind if kind.depth_pages < 1 or kind.page_tiles < 1:
+                raise IllFormedError(
+                    f"ring {b.name} must have pages ≥ 1 of tiles ≥ 1, not {kind.depth_pages} x {kind.page_tiles}",
+                    buffer=b.name,
+                )
+        if b.origin is None:
+            continue
+        template = buffers.get(b.origin)
+        if template is None or template.origin is not None:
+            raise IllFormedError(
+                f"buffer {b.name} is a copy of buffer {int(b.origin)}, which is not a template buffer", buffer=b.name
+            )
+        if template.kind != b.kind:
+            raise IllFormedError(
+                f"buffer {b.name} is a copy of {template.name} but is {b.kind}, not"
+                f" {template.kind}: the copies of a template are one ring",
+                buffer=b.name,
+            )
+
+
+def _check_stages(p: SpatialProgram) -> None:
+    buffers, tensors = {b.id for b in p.buffers}, {t.id: t for t in p.tensors}
+    for s in p.stages:
+        for b in (*s.ins, *s.outs):
+            if b not in buffers:
+                raise IllFormedError(f"stage {s.name} names buffer {int(b)}, which does not exist")
+        match s.kind:
+            case ReadStage(t) | WriteStage(t) | ComputeStage(Bias(t)) if t not in tensors:
+                raise IllFormedError(f"stage {s.name} names tensor {int(t)}, which does not exist")
+            case ReadStage(t) if tensors[t].role == TensorRole.OUTPUT:
+                raise IllFormedError(
+                    f"stage {s.name} reads {tensors[t].name}, the output tensor; a read stage reads"
+                    " an input or a parameter tensor"
+                )
+            case WriteStage(t) if tensors[t].role != TensorRole.OUTPUT:
+                raise IllFormedError(
+                    f"stage {s.name} writes {tensors[t].name}, {role_text(tensors[t])}; a write"
+                    " stage writes the output tensor"
+                )
+            case ComputeStage(op) if (why := compute_fault(op, p.precision)) is not None:
+                raise IllFormedError(f"stage {s.name}: {why}")
+
+
+def _check_layout(p: SpatialProgram) -> None:
+    if p.placement is None:
+        if p.schedule is not None:
+            raise IllFormedError("the program has a schedule but no placement")
+        return
+    if p.plan is None:
+        raise IllFormedError(f"a placed program needs exactly one plan, not {len(p.plans)}")
+    sites = set(p.placement.sites)
+    if len(sites) != len(p.placement.items_of_site):
+        dup = next(s for s in p.placement.sites if p.placement.sites.count(s) > 1)
+        raise CoverageError(f"site {int(dup)} is listed twice in the placement", site=int(dup))
+    _unique("group", (g.id for g in p.placement.groups))
+    for g in p.placement.groups:
+        for s in g.sites:
+            if s not in sites:
+                raise IllFormedError(
+                    f"group {int(g.id)} names site {int(s)}, which the placement does not have", site=int(s)
+                )
+    seen: set[tuple[Site, str]] = set()
+    for prog in p.schedule.programs if p.schedule else ():
+        if prog.site not in sites:
+            raise IllFormedError(
+                f"{where(prog.site, prog.engine.value)}: the placement has no site {int(prog.site)}",
+                site=int(prog.site),
+                engine=prog.engine.value,
+            )
+        if (prog.site, prog.engine.value) in seen:
+            raise IllFormedError(
+                f"{where(prog.site, prog.engine.value)}: two programs for one engine",
+                site=int(prog.site),
+                engine=prog.engine.value,
+            )
+        seen.add((prog.site, prog.engine.value))
+
+
+# ---- rule 1 on the ops ----------------------------------------------------------------------------------------
+
+
+def check_ops(index: ProgramIndex, programs: Iterable[EngineProgram]) -> None:
+    """Rule 1 on every op of `programs` (one program per distinct op tuple is enough)."""
+    for prog in programs:
+        _OpCheck(index, prog).body(prog.ops, ())
+
+
+def check_site_groups(index: ProgramIndex, programs: Iterable[EngineProgram]) -> None:
+    """A site names only groups it belongs to (the one part of rule 1 that depends on the site, not the ops)."""
+    for prog in programs:
+        for op in _group_ops(prog.ops):
+            if prog.site not in index.groups[op.group].sites:
+                text = index.op(op)
+                raise IllFormedError(
+                    f"{where(prog.site, prog.engine.value)}: {text} — site {int(prog.site)} is not in group"
+                    f" {int(op.group)}",
+                    site=int(prog.site),
+                    engine=prog.engine.value,
+                    op=text,
+                )
+
+
+def _group_ops(ops: tuple[ChoreoOp, ...]) -> Iterable[McastSetValid | McastSend | Barrier]:
+    for op in ops:
+        if isinstance(op, Loop):
+            yield from _group_ops(op.body)
+        elif isinstance(op, McastSetValid | McastSend | Barrier):
+            yield op
+
+
+class _OpCheck:
+    """One walk over one engine program, raising IllFormedError at the first op that is not well-formed."""
+
+    def __init__(self, index: ProgramIndex, prog: EngineProgram):
+        self.index, self.prog = index, prog
+
+    def fail(self, op: ChoreoOp, why: str, buf=None) -> IllFormedError:
+        text = self.index.op(op)
+        return IllFormedError(
+            f"{where(self.prog.site, self.prog.engine.value)}: {text} — {why}",
+            site=int(self.prog.site),
+            engine=self.prog.engine.value,
+            op=text,
+            buffer=None if buf is None else self.index.name(buf),
+        )
+
+    def body(self, ops: tuple[ChoreoOp, ...], bound: tuple[LoopVar, ...]) -> None:
+        for op in ops:
+            if isinstance(op, Loop):
+                self.loop(op, bound)
+                self.body(op.body, (*bound, op.var))
+            else:
+                self.leaf(op, bound)
+
+    def loop(self, op: Loop, bound: tuple[LoopVar, ...]) -> None:
+        if op.var in (LV_ITEM_Y, LV_ITEM_X):
+            raise self.fail(op, f"{loop_var_name(op.var)} stands for the item's coordinate; no loop may bind it")
+        if op.var in bound:
+            raise self.fail(op, f"loop variable {loop_var_name(op.var)} is already bound by an enclosing loop")
+        match op.count:
+            case Const(n) if n < 0:
+                raise self.fail(op, f"a loop count must be ≥ 0, not {n}")
+            case Const(n) if n > MAX_INT:
+                raise self.fail(op, f"a loop count must be at most {MAX_INT} (the kernel counts in a C int), not {n}")
+            case Trip(tid, index, limit):
+                t = self.index.tensors.get(tid)
+                if t is None:
+                    raise self.fail(op, f"its trip count reads tensor {int(tid)}, which does not exist")
+                if t.role != TensorRole.PARAMETER:
+                    raise self.fail(
+                        op,
+                        f"its trip count reads {t.name}, an {t.role.value} tensor; trip counts come from a"
+                        " parameter tensor",
+                    )
+                if not 0 <= index < t.elems[0] * t.elems[1]:
+                    raise self.fail(
+                        op, f"its trip count reads element {index} of {t.name}, which has {t.elems[0] * t.elems[1]}"
+                    )
+                if not 0 <= limit <= MAX_INT:
+                    raise self.fail(op, f"a trip bound must be ≥ 0 and at most {MAX_INT}, not {limit}")
+
+    def buf(self, op: ChoreoOp, bid) -> None:
+        if bid not in self.index.buffers:
+            raise self.fail(op, f"buffer {int(bid)} does not exist (the program has {len(self.index.buffers)})")
+
+    def tensor(self, op: ChoreoOp, tid) -> Tensor:
+        t = self.index.tensors.get(tid)
+        if t is None:
+            raise self.fail(op, f"tensor {int(tid)} does not exist")
+        return t
+
+    def leaf(self, op: ChoreoOp, bound: tuple[LoopVar, ...]) -> None:
+        match op:
+            case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n):
+                self.buf(op, buf)
+                if n < 1:
+                    raise self.fail(op, f"an op moves at least 1 page, not {n}", buf)
+            case ReadTiles() | WriteTiles():
+                self.block(op, bound)
+            case AcquireAcc(buf) | ReleaseAcc(buf) | Flush(buf) | McastSend(buf=buf):
+                self.buf(op, buf)
+            case PackAcc(acc, to, tiles, _):
+                self.buf(op, acc)
+                self.buf(op, to)
+                if tiles < 1:
+                    raise self.fail(op, f"a pack moves at least 1 tile, not {tiles}", to)
+            case Compute():
+                self.compute(op, bound)
+            case ReadBarrier() | WriteBarrier():
+                pass
+            case SemSet() | SemInc() | SemWait() | McastSetValid() | Barrier():
+                pass
+            case _:
+                raise self.fail(op, "not a choreography op")
+        if isinstance(op, SemSet | SemInc | SemWait | McastSetValid) and op.sem not in self.index.sems:
+            raise self.fail(op, f"semaphore {int(op.sem)} does not exist")
+        if isinstance(op, McastSetValid | McastSend | Barrier) and op.group not in self.index.groups:
+            raise self.fail(op, f"group {int(op.group)} does not exist")
+        if isinstance(op, SemInc) and op.at not in self.index.sites:
+            raise self.fail(op, f"site {int(op.at)} is not a site of the placement")
+
+    def block(self, op: ReadTiles | WriteTiles, bound: tuple[LoopVar, ...]) -> None:
+        """A read from an input or parameter tensor, a write to the output, of a block of at least one tile."""
+        buf = op.into if isinstance(op, ReadTiles) else op.src
+        self.buf(op, buf)
+        t = self.tensor(op, op.tensor)
+        if isinstance(op, ReadTiles) and t.role == TensorRole.OUTPUT:
+            raise self.fail(
+                op,
+                f"it reads {t.name}, the output tensor, into {self.index.name(buf)}; a read comes"
+                " from an input or a parameter tensor",
+                buf,
+            )
+        if isinstance(op, WriteTiles) and t.role != TensorRole.OUTPUT:
+            raise self.fail(
+                op,
+                f"it writes {self.index.name(buf)} to {t.name}, {role_text(t)}; only the output tensor is written",
+                buf,
+            )
+        self.addr(op, op.at, bound)
+        if op.block_h < 1 or op.block_w < 1:
+            raise self.fail(op, f"a block must be at least 1x1 tiles, not {op.block_h}x{op.block_w}")
+
+    def addr(self, op: ChoreoOp, at: TileAddr, bound: tuple[LoopVar, ...]) -> None:
+        """Every variable of an address is an item coordinate or bound by an enclosing loop."""
+        for var, _ in at.steps:
+            if var not in (LV_ITEM_Y, LV_ITEM_X) and var not in bound:
+                raise self.fail(op, f"its address uses {loop_var_name(var)}, which no enclosing loop binds")
+
+    def compute(self, op: Compute, bound: tuple[LoopVar, ...]) -> None:
+        for b in (*op.ins, *op.outs, *(x for x in (op.acc, op.acc_reload) if x is not None)):
+            self.buf(op, b)
+        why = compute_fault(op.op, self.index.p.precision)
+        if why is not None:
+            raise self.fail(op, why)
+        if isinstance(op.op, Bias):
+            self.bias(op, op.op, bound)
+
+    def bias(self, op: Compute, bias: Bias, bound: tuple[LoopVar, ...]) -> None:
+        """A bias names a parameter row of one value per output column, read at an address of bound variables."""
+        t = self.tensor(op, bias.tensor)
+        out = self.index.p.output_tensor()
+        if t.role != TensorRole.PARAMETER or t.elems[0] != 1 or (out is not None and t.elems[1] != out.elems[1]):
+            want = f"1x{out.elems[1]}" if out is not None else "one row"
+            raise self.fail(
+                op,
+                f"a bias is a parameter tensor of {want} values; {t.name} is a {t.role.value}"
+                f" tensor of {t.elems[0]}x{t.elems[1]}",
+            )
+        if len(op.ins) != 1 or len(op.outs) != 1:
+            raise self.fail(op, "an elementwise stage reads one ring and writes one")
+        if bias.width < 1:
+            raise self.fail(op, f"a bias row is at least 1 tile wide, not {bias.width}")
+        self.addr(op, bias.at, bound)

@@ -1,0 +1,271 @@
+"""Programs edited the way an attacker (or a careless hand) edits a saved schedule, and the judge of each edit.
+
+An edit works on the program's JSON document, as a user editing a saved file would; the stages and tensors — what
+the program declares it computes — are never touched, so the numpy reference of the original is the truth for
+every edit. The document keeps its claim `"verified": true`, so `spatialc.from_json` must verify it again: an
+edit is *refused* when that fails (or the document is no longer ours), *harmless* when it verifies and the
+interpreter still equals the reference, and a *hole* when it verifies and then computes something else or fails at
+run time. The suite in test_mutations.py, and bench/mutations.py at a larger size, count each and want no holes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import spatialc
+from spatialc.frontend import bias, relu, requant, scalar
+from spatialc.ir.nodes import SpatialProgram
+from spatialc.reference import reference
+
+Doc = dict[str, Any]
+Path = tuple[Any, ...]
+
+# The programs edited: several shapes, precisions, epilogues, plans and placements, each small enough that a run of
+# the interpreter takes milliseconds.
+PROGRAMS: dict[str, Callable[[], SpatialProgram]] = {
+    "int8 items-loop": lambda: spatialc.build(spatialc.gemm(100, 70, 50, "int8"), "sm_86", block=(1, 1, 1), sites=5),
+    "int8 epilogue": lambda: spatialc.build(
+        spatialc.gemm(64, 48, 40, "int8", epilogue=[bias(), relu(), requant(0.01, 3)]), "sm_86", sites=3
+    ),
+    "fp16 sub-blocks round-robin": lambda: spatialc.build(
+        spatialc.gemm(48, 80, 64, "fp16"), "sm_90", block=(2, 2, 2), sub_blocks=(1, 2), placement="round_robin", sites=2
+    ),
+    "bf16 one item a site": lambda: spatialc.build(
+        spatialc.gemm(40, 40, 100, "bf16", epilogue=[relu(), scalar("mul", 0.5)]), "sm_80"
+    ),
+    "int8 depth 1 scalar": lambda: spatialc.build(
+        spatialc.gemm(33, 17, 200, "int8", epilogue=[scalar("add", 7)]), "sm_90", depth=1, sites=2
+    ),
+    "int8 empty sites": lambda: spatialc.build(spatialc.gemm(32, 32, 48, "int8"), "sm_86", block=(1, 1, 1), sites=7),
+}
+
+
+def inputs_for(p: SpatialProgram, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs whose products and sums are exact in every precision (small integers for fp16 and bf16), so a
+    harmless edit must give the reference bit for bit."""
+    rng = np.random.default_rng(seed)
+    integer = p.precision.value == "int8"
+    out = {}
+    for t in p.tensors:
+        if t.role.value == "input":
+            out[t.name] = rng.integers(-128, 128, t.elems) if integer else rng.integers(-3, 4, t.elems)
+            out[t.name] = out[t.name].astype(np.int8 if integer else np.float32)
+        elif t.role.value == "parameter":
+            out[t.name] = rng.integers(-1000, 1000, t.elems[1]).astype(np.int32 if integer else np.float32)
+    return out
+
+
+# ---- edits ------------------------------------------------------------------------------------------------------
+
+EDITABLE = ("schedule", "placement", "plans", "buffers", "semaphores")
+
+
+def _paths(node: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
+    """Every (path, value) below `node`."""
+    yield path, node
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _paths(v, (*path, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _paths(v, (*path, i))
+
+
+def _get(doc: Any, path: Path) -> Any:
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+def _set(doc: Any, path: Path, value: Any) -> None:
+    _get(doc, path[:-1])[path[-1]] = value
+
+
+def _editable(doc: Doc) -> list[tuple[Path, Any]]:
+    prog = doc["program"]
+    return [(("program", key, *p), v) for key in EDITABLE for p, v in _paths(prog.get(key), ())]
+
+
+def _everywhere(doc: Doc, path: Path, rng: random.Random) -> list[Path]:
+    """`path` — or, half the time when it lies in an engine program, the same place in every program of that
+    engine (an edit of the schedule's template, which the lowering can print as one kernel)."""
+    if path[:3] != ("program", "schedule", "programs") or rng.random() < 0.5:
+        return [path]
+    progs = doc["program"]["schedule"]["programs"]
+    engine = progs[path[3]]["engine"]
+    out = []
+    for j, prog in enumerate(progs):
+        twin = (*path[:3], j, *path[4:])
+        if prog["engine"] == engine and _has(doc, twin):
+            out.append(twin)
+    return out
+
+
+def _has(doc: Any, path: Path) -> bool:
+    for k in path:
+        if isinstance(doc, dict) and k in doc or isinstance(doc, list) and isinstance(k, int) and 0 <= k < len(doc):
+            doc = doc[k]
+        else:
+            return False
+    return True
+
+
+def number_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
+    """One integer of the schedule, placement, plan or buffers changed: ±1, 0, doubled, negated, or any small one."""
+    ints = [(p, v) for p, v in _editable(doc) if isinstance(v, int) and not isinstance(v, bool)]
+    if not ints:
+        return None
+    path, old = rng.choice(ints)
+    change = rng.choice(["+1", "-1", "0", "x2", "neg", "any"])
+    pick = rng.randint(-2, 2 * abs(old) + 3)
+    fns = {"+1": lambda v: v + 1, "-1": lambda v: v - 1, "0": lambda v: 0, "x2": lambda v: 2 * v}
+    fns |= {"neg": lambda v: -v, "any": lambda v: pick}
+    fn = fns[change]
+    if fn(old) == old:
+        return None
+    out = copy.deepcopy(doc)
+    where = _everywhere(doc, path, rng)
+    for p in where:
+        value = _get(out, p)
+        if isinstance(value, int) and not isinstance(value, bool):
+            _set(out, p, fn(value))
+    scope = f" in {len(where)} programs" if len(where) > 1 else ""
+    return out, f"number {'.'.join(map(str, path[1:]))}: {old} -> {fn(old)}{scope}"
+
+
+def _op_lists(doc: Doc) -> list[Path]:
+    """Paths of every op list: engine programs' ops and loop bodies."""
+    return [p for p, v in _editable(doc) if p[-1] in ("ops", "body") and isinstance(v, list)]
+
+
+def list_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
+    """One op list changed: an op dropped, repeated or swapped with its neighbour; a loop unwrapped; an op moved."""
+    lists = [p for p in _op_lists(doc) if _get(doc, p)]
+    if not lists:
+        return None
+    path = rng.choice(lists)
+    i = rng.randrange(len(_get(doc, path)))
+    kind = rng.choice(["drop", "repeat", "swap", "unwrap", "hoist"])
+    out = copy.deepcopy(doc)
+    where = _everywhere(doc, path, rng)
+    changed = sum(_list_change(out, p, i, kind) for p in where)
+    if not changed:
+        return None
+    scope = f" in {changed} programs" if changed > 1 else ""
+    return out, f"list {kind} at {'.'.join(map(str, path[1:]))}[{i}]{scope}"
+
+
+def _list_change(doc: Doc, path: Path, i: int, kind: str) -> bool:
+    ops = _get(doc, path)
+    if i >= len(ops):
+        return False
+    if kind == "drop":
+        del ops[i]
+    elif kind == "repeat":
+        ops.insert(i, copy.deepcopy(ops[i]))
+    elif kind == "swap" and len(ops) > 1:
+        j = i + 1 if i + 1 < len(ops) else i - 1
+        ops[i], ops[j] = ops[j], ops[i]
+    elif kind == "unwrap" and ops[i].get("type") == "Loop":
+        ops[i : i + 1] = ops[i]["body"]
+    elif kind == "hoist" and path[-1] == "body":  # an op of a loop body moved to just before the loop
+        _get(doc, path[:-2]).insert(path[-2], ops.pop(i))
+    else:
+        return False
+    return True
+
+
+def placement_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
+    """An item moved to another site, dropped, or listed twice."""
+    sites = doc["program"]["placement"]["items_of_site"]
+    held = [s for s in sites if s[1]]
+    if not held or len(sites) < 2:
+        return None
+    out = copy.deepcopy(doc)
+    sites = out["program"]["placement"]["items_of_site"]
+    src = rng.choice([s for s in sites if s[1]])
+    item = rng.choice(src[1])
+    kind = rng.choice(["move", "drop", "twice"])
+    if kind != "twice":
+        src[1].remove(item)
+    if kind != "drop":
+        rng.choice(sites)[1].append(item)
+    return out, f"placement {kind} item {item}"
+
+
+EDITS = (number_edit, number_edit, list_edit, placement_edit)
+
+
+# ---- judging ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """Counts of outcomes, and the holes found (with what the edit was)."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    holes: list[str] = field(default_factory=list)
+    accepted: list[tuple[str, str, SpatialProgram]] = field(default_factory=list)  # (base, edit, program)
+
+    def line(self) -> str:
+        c = self.counts
+        total = sum(c.values())
+        return (
+            f"{total} edits: {c['refused']} refused by verify, {c['same']} accepted and still exact,"
+            f" {c['hole']} accepted and wrong"
+        )
+
+
+def judge(
+    base: str, p: SpatialProgram, text: str, what: str, inputs: dict[str, np.ndarray], ref: np.ndarray, tally: Tally
+) -> None:
+    """One edited document through from_json → evaluate, counted."""
+    try:
+        q = spatialc.from_json(text)
+    except spatialc.SpatialError:
+        tally.counts["refused"] += 1
+        return
+    if not q.verified:
+        tally.counts["refused"] += 1
+        return
+    try:
+        c = spatialc.evaluate(q, inputs)
+    except Exception as e:  # noqa: BLE001 — any failure of a verified program is a hole, whatever its type
+        tally.counts["hole"] += 1
+        tally.holes.append(f"{base}: {what}: verified, then evaluate raised {type(e).__name__}: {e}")
+        return
+    if c.shape == ref.shape and np.array_equal(c, ref):
+        tally.counts["same"] += 1
+        if q != p:
+            tally.accepted.append((base, what, q))
+        return
+    tally.counts["hole"] += 1
+    tally.holes.append(f"{base}: {what}: verified, and C differs from the reference")
+
+
+def run(edits_per_program: int, seed: int, programs: dict[str, Callable[[], SpatialProgram]] = PROGRAMS) -> Tally:
+    """`edits_per_program` random edits of each program, judged."""
+    tally = Tally()
+    for name, make in programs.items():
+        p = make()
+        inputs = inputs_for(p)
+        ref = reference(p, inputs)
+        doc = json.loads(spatialc.to_json(p))
+        rng = random.Random(f"{seed}:{name}")
+        done = 0
+        while done < edits_per_program:
+            edited = rng.choice(EDITS)(doc, rng)
+            if edited is None:
+                continue
+            out, what = edited
+            judge(name, p, json.dumps(out), what, inputs, ref, tally)
+            done += 1
+    return tally

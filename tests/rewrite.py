@@ -1,0 +1,58 @@
+"""Rewriting a built program's engine programs, as the verifier's and the mutation suite's tests do by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from spatialc.ir.ids import LV_K
+from spatialc.ir.nodes import Engine, Schedule, SpatialProgram
+from spatialc.ir.ops import ChoreoOp, Loop, walk
+
+
+def map_ops(ops: tuple[ChoreoOp, ...], f: Callable[[ChoreoOp], tuple[ChoreoOp, ...] | None]) -> tuple[ChoreoOp, ...]:
+    """`ops` with each op replaced by f(op) (None: kept, loops rewritten inside)."""
+    out: list[ChoreoOp] = []
+    for op in ops:
+        new = f(op)
+        if new is not None:
+            out.extend(new)
+        elif isinstance(op, Loop):
+            out.append(dataclasses.replace(op, body=map_ops(op.body, f)))
+        else:
+            out.append(op)
+    return tuple(out)
+
+
+def edit(
+    p: SpatialProgram,
+    engine: Engine,
+    f: Callable[[tuple[ChoreoOp, ...]], tuple[ChoreoOp, ...]],
+    sites: tuple[int, ...] | None = None,
+) -> SpatialProgram:
+    """`p` with `engine`'s programs (on `sites`, default all) rewritten by `f`."""
+    assert p.schedule is not None
+    progs = tuple(
+        dataclasses.replace(q, ops=f(q.ops)) if q.engine == engine and (sites is None or q.site in sites) else q
+        for q in p.schedule.programs
+    )
+    return p.evolve(schedule=Schedule(progs))
+
+
+def replace(
+    p: SpatialProgram,
+    engine: Engine,
+    f: Callable[[ChoreoOp], tuple[ChoreoOp, ...] | None],
+    sites: tuple[int, ...] | None = None,
+) -> SpatialProgram:
+    """`p` with each op of `engine`'s programs replaced by f(op) (see `map_ops`)."""
+    return edit(p, engine, lambda ops: map_ops(ops, f), sites)
+
+
+def k_body(p: SpatialProgram, engine: Engine) -> tuple[ChoreoOp, ...]:
+    """The body of `engine`'s first K loop."""
+    assert p.schedule is not None
+    prog = next(q for q in p.schedule.programs if q.engine == engine)
+    loop = next(op for op in walk(prog.ops) if isinstance(op, Loop) and op.var == LV_K)
+    return loop.body
+
