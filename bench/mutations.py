@@ -20,9 +20,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests import mutants  # noqa: E402
+
 import spatialc  # noqa: E402
 from spatialc.reference import reference  # noqa: E402
-from tests import mutants  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

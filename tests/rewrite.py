@@ -55,4 +55,3 @@ def k_body(p: SpatialProgram, engine: Engine) -> tuple[ChoreoOp, ...]:
     prog = next(q for q in p.schedule.programs if q.engine == engine)
     loop = next(op for op in walk(prog.ops) if isinstance(op, Loop) and op.var == LV_K)
     return loop.body
-

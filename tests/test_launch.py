@@ -15,6 +15,7 @@ import pytest
 
 import spatialc
 from spatialc.errors import SpatialError
+from spatialc.inputs import InputError
 from spatialc.lower.artifact import Budget, Census, CudaArtifact, KernelParam, Launch
 from spatialc.runtime import launch as L
 from spatialc.runtime.tilize import (
@@ -221,8 +222,9 @@ def test_run_converts_tiles_launches_and_untiles(precision):
     m, n, k = 37, 21, 40
     art = artifact(m, n, k, precision, pad=(1, 0, 2), dyn_smem=64 * 1024)
     rng = np.random.default_rng(3)
-    a = rng.uniform(-100, 100, (m, k)) if precision == "int8" else rng.standard_normal((m, k))
-    b = rng.uniform(-100, 100, (k, n)) if precision == "int8" else rng.standard_normal((k, n))
+    # int8 operands as whole floats: the launcher checks them as the interpreter does (never rounds them)
+    a = np.rint(rng.uniform(-100, 100, (m, k))) if precision == "int8" else rng.standard_normal((m, k))
+    b = np.rint(rng.uniform(-100, 100, (k, n))) if precision == "int8" else rng.standard_normal((k, n))
     c, dev = run_fake(art, a, b)
     assert isinstance(c, np.ndarray) and c.shape == (m, n)
     ((kernel, grid, block, smem, args),) = dev.launches
@@ -270,22 +272,23 @@ def test_result_library_follows_the_inputs():
     _, dev2 = run_fake(art, a.view(Cupyish), b.view(Cupyish))
     _, dev3 = run_fake(art, a.tolist(), b)
     assert (dev.downloads, dev2.downloads, dev3.downloads) == (["torch"], ["cupy"], ["numpy"])
-    with pytest.raises(LaunchError, match="mix cupy and torch"):
+    with pytest.raises(InputError, match="mix cupy and torch"):
         run_fake(art, a.view(Torchish), b.view(Cupyish))
-    with pytest.raises(LaunchError, match="pass a numpy, torch or CuPy array"):
+    with pytest.raises(InputError, match="pass a numpy, torch or CuPy array"):
         run_fake(art, a, {"not": "an array"})
 
 
 def test_run_refuses_wrong_shapes_and_names():
     art = artifact(20, 18, 16, "fp16", bias=True)
     a, b, bias = np.ones((20, 16)), np.ones((16, 18)), np.ones(18)
-    with pytest.raises(LaunchError, match=r"A has shape \(16, 20\); this kernel was built for 20×16"):
+    # Bad inputs are the InputError of spatialc.inputs, with the interpreter's words.
+    with pytest.raises(InputError, match=r"tensor A: expected shape \(20, 16\), got \(16, 20\)"):
         run_fake(art, a.T, b, bias=bias)
-    with pytest.raises(LaunchError, match="missing argument bias"):
+    with pytest.raises(InputError, match="this kernel needs tensor bias"):
         run_fake(art, a, b)
-    with pytest.raises(LaunchError, match="unknown argument.*scale"):
+    with pytest.raises(InputError, match="no input or parameter tensor named scale"):
         run_fake(art, a, b, bias=bias, scale=2.0)
-    with pytest.raises(LaunchError, match="int8's"):
+    with pytest.raises(InputError, match=r"A is int8 but holds values outside -128\.\.127"):
         run_fake(artifact(16, 16, 16), np.full((16, 16), 300), np.ones((16, 16)))
 
 

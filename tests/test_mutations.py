@@ -118,13 +118,17 @@ HAND_PICKED = [
     ),
     (
         "the requant zero point changed in the schedule",
-        lambda p: _computes(p, Requant, lambda op: dataclasses.replace(op, op=dataclasses.replace(op.op, zero_point=4))),
+        lambda p: _computes(
+            p, Requant, lambda op: dataclasses.replace(op, op=dataclasses.replace(op.op, zero_point=4))
+        ),
         SemanticError,
         ["zero point 4 where stage requant2 declares", "zero point 3"],
     ),
     (
         "the requant multiplier changed in the schedule",
-        lambda p: _computes(p, Requant, lambda op: dataclasses.replace(op, op=dataclasses.replace(op.op, multiplier=7))),
+        lambda p: _computes(
+            p, Requant, lambda op: dataclasses.replace(op, op=dataclasses.replace(op.op, multiplier=7))
+        ),
         SemanticError,
         ["requant x7 shift", "where stage requant2 declares"],
     ),

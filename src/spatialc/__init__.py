@@ -6,11 +6,14 @@ from . import lower as _lower_package  # noqa: F401
 from .api import build, emulate, evaluate, from_json, gemm, lower, run, to_json
 from .errors import DeadlockError, PlanError, ProgramError, SpatialError, VerifyError
 from .frontend import bias, relu, requant, scalar
+from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
 from .target import SpatialTarget, UnknownTarget, target
 
 __all__ = [
     "DeadlockError",
+    "InexactInputWarning",
+    "InputError",
     "PlanError",
     "ProgramError",
     "SerdeError",

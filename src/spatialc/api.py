@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import ProgramError
 from .frontend import gemm
 from .ir import serde
 from .ir.nodes import SpatialProgram
@@ -26,10 +27,7 @@ def build(
     """tile → place → schedule → verify; returns the verified program."""
     from .passes.pipeline import build as run_passes
 
-    if not isinstance(program, SpatialProgram):
-        from .errors import ProgramError
-
-        raise ProgramError(f"build takes a SpatialProgram (from spatialc.gemm), not {type(program).__name__}")
+    _program("build", program, "from spatialc.gemm")
     return run_passes(
         program, get_target(target), block=block, sub_blocks=sub_blocks, depth=depth, sites=sites, placement=placement
     )
@@ -39,6 +37,7 @@ def evaluate(program: SpatialProgram, inputs: dict[str, Any], **kwargs: Any):
     """The exact result of `program` on `inputs` (name → numpy array), from the reference interpreter."""
     from .interp.evaluate import evaluate as run_interpreter
 
+    _program("evaluate", program, "from spatialc.build")
     return run_interpreter(program, inputs, **kwargs)
 
 
@@ -50,6 +49,7 @@ def lower(program: SpatialProgram, target: str | SpatialTarget | None = None):
     from .lower.cuda.persistent import lower as lower_cuda
     from .passes.verify import verify
 
+    _program("lower", program, "from spatialc.build")
     t = get_target(target or program.target)
     if program.verified:
         verify(program, t if t.name == program.target else None)
@@ -58,6 +58,7 @@ def lower(program: SpatialProgram, target: str | SpatialTarget | None = None):
 
 def to_json(program: SpatialProgram, indent: int | None = None) -> str:
     """The program as a JSON document."""
+    _program("to_json", program, "")
     return serde.to_json(program, indent)
 
 
@@ -80,6 +81,7 @@ def emulate(artifact, inputs: dict[str, Any], mode: str = "late", **kwargs: Any)
     """Run the artifact's `program_cu` on the CPU through the host emulation; returns C."""
     from .runtime.emulate import emulate as run_emulation
 
+    _artifact("emulate", artifact)
     return run_emulation(artifact, inputs, mode=mode, **kwargs)
 
 
@@ -87,7 +89,28 @@ def run(artifact, a, b, **params: Any):
     """Run the artifact's kernel on a GPU; numpy, torch or CuPy arrays in, the same library out."""
     from .runtime.launch import run as run_gpu
 
+    _artifact("run", artifact)
     return run_gpu(artifact, a, b, **params)
 
 
 gemm = gemm
+
+
+def _program(name: str, program: object, whence: str) -> None:
+    """ProgramError unless `program` is a SpatialProgram: a wrong argument is one clear line, not an AttributeError
+    from deep inside a pass."""
+    if not isinstance(program, SpatialProgram):
+        whence = f" ({whence})" if whence else ""
+        raise ProgramError(f"{name} takes a SpatialProgram{whence}, not {_kind(program)}")
+
+
+def _artifact(name: str, artifact: object) -> None:
+    """ProgramError unless `artifact` is what spatialc.lower returns."""
+    from .lower.artifact import CudaArtifact
+
+    if not isinstance(artifact, CudaArtifact):
+        raise ProgramError(f"{name} takes the artifact of spatialc.lower(program), not {_kind(artifact)}")
+
+
+def _kind(value: object) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"

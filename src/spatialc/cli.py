@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,6 +18,16 @@ from .ir.nodes import Buffer, Fifo, Interm, SpatialProgram
 from .ir.printer import program_text
 from .ir.serde import SerdeError, to_json
 from .target import TARGETS, target
+
+EPILOG = (
+    "exit status: 0 done, 1 a result differs from the reference, 2 bad input (one line on stderr says what),"
+    " 3 an internal error (a bug: re-run with --traceback and report it)"
+)
+EXIT_INTERNAL = 3
+# The largest document `show` and `verify` read: a program of verify's MAX_ITEMS (2^24) items lists each in its
+# placement, about 10 bytes apiece, and the rest of a program is small beside that.
+MAX_DOCUMENT_BYTES = 512 << 20
+EXIT_PIPE = 128 + 13  # a shell's status for a writer ended by SIGPIPE: how `yes | head` ends, so how we end
 
 
 class UsageError(Exception):
@@ -78,7 +90,10 @@ def epilogue_of(args: argparse.Namespace) -> list:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="spatialc", description=__doc__)
+    parser = _Parser(prog="spatialc", description=__doc__, epilog=EPILOG)
+    parser.add_argument(
+        "--traceback", action="store_true", help="on an internal error, show the Python traceback (for a bug report)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("gemm", help="build, verify and check C = A @ B; optionally emit CUDA and run it")
     g.add_argument("m", type=int)
@@ -102,7 +117,7 @@ def make_parser() -> argparse.ArgumentParser:
         help="epilogue: x OP VALUE (add, mul, max, min), after relu; may repeat",
     )
     g.add_argument("--requant", type=_requant, metavar="SCALE[,ZP]", help="epilogue: requantise to int8, last")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    g.add_argument("--seed", type=_count, default=0, help="seed of the random inputs (a whole number ≥ 0)")
     g.add_argument("--json", type=Path, metavar="FILE", help="save the verified program as JSON")
     g.add_argument("--show", action="store_true", help="print the program's choreography (first two sites)")
     g.add_argument("--emit", type=Path, metavar="DIR", help="lower to CUDA and write program.cu, bench.cu, budget")
@@ -128,8 +143,11 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:
-    """Inputs for a GEMM: int8 over its whole range, fp16/bf16 standard normal; a bias of n values (int32 within
-    ±2^15 for int8 programs)."""
+    """Inputs for a GEMM: int8 over its whole range, fp16/bf16 standard normal rounded to the operand type (float32
+    arrays: they were chosen at random, so they are not rounded again, with a warning, on the way in); a bias of n
+    values (int32 within ±2^15 for int8 programs)."""
+    from .inputs import operand_values
+
     rng = np.random.default_rng(seed)
     out = {}
     integer = p.precision.value == "int8"
@@ -138,7 +156,7 @@ def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:
             out[t.name] = (
                 rng.integers(-128, 128, size=t.elems, dtype=np.int8)
                 if integer
-                else rng.standard_normal(t.elems, dtype=np.float32)
+                else operand_values(t.name, rng.standard_normal(t.elems), t.dtype).astype(np.float32)
             )
         elif t.role.value == "parameter":
             n = t.elems[1]
@@ -211,6 +229,8 @@ def report(p: SpatialProgram) -> list[str]:
 
 
 def cmd_gemm(args: argparse.Namespace) -> int:
+    from .interp.evaluate import check_memory
+
     t0 = time.perf_counter()
     prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=epilogue_of(args))
     p = api.build(
@@ -232,6 +252,7 @@ def cmd_gemm(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(to_json(p, indent=1))
         print(f"  saved     {args.json}")
+    check_memory(p)  # refused now, before the random inputs take gigabytes of their own
     inputs = random_inputs(p, args.seed)
     t0 = time.perf_counter()
     if args.pictures:
@@ -312,9 +333,14 @@ def _pictures(p: SpatialProgram, trace, folder: Path) -> None:
 
 def _read_program(path: Path) -> SpatialProgram:
     try:
-        text = path.read_text()
+        with path.open("rb") as f:
+            data = f.read(MAX_DOCUMENT_BYTES + 1)  # never all of /dev/zero or a runaway file
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise UsageError(f"{path} is over {MAX_DOCUMENT_BYTES >> 20} MiB, more than any spatialc program takes")
+    try:
+        text = data.decode()
     except UnicodeDecodeError:
         raise UsageError(f"{path} is not a text file, so not a spatialc program") from None
     return api.from_json(text)
@@ -346,21 +372,61 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 for bad input, 1 for a failed check)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "gpucheck":
-        from . import gpucheck
-
-        return gpucheck.main(argv[1:])
+    """Entry point; returns the exit status (1 for a failed check, 2 for bad input, 3 for a bug in spatialc)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    show_traceback = "--traceback" in _leading_options(argv)
     try:
-        args = make_parser().parse_args(argv)
-        return {"gemm": cmd_gemm, "show": cmd_show, "verify": cmd_verify}[args.command](args)
+        status = _dispatch(argv)
+        sys.stdout.flush()  # here, so that a reader that went away is met inside the try, not at exit
+        return status
+    except BrokenPipeError:
+        return _closed_stdout()
     except (UsageError, SpatialError, SerdeError) as e:
         return _fail(str(e))
     except OSError as e:  # an output path that is a file, a folder that cannot be made, a full disk
         return _fail(f"{e.filename or 'a file'}: {e.strerror or e}")
     except MemoryError:
         return _fail("out of memory: this problem is too large for this machine's memory")
+    except Exception as e:
+        if show_traceback:
+            raise
+        return _internal_error(e)
+
+
+def _leading_options(argv: list[str]) -> list[str]:
+    """The options before the subcommand: the global ones (--traceback)."""
+    return list(itertools.takewhile(lambda a: a.startswith("-"), argv))
+
+
+def _dispatch(argv: list[str]) -> int:
+    rest = argv[len(_leading_options(argv)) :]
+    if rest and rest[0] == "gpucheck":
+        from . import gpucheck
+
+        return gpucheck.main(rest[1:])
+    args = make_parser().parse_args(argv)
+    return {"gemm": cmd_gemm, "show": cmd_show, "verify": cmd_verify}[args.command](args)
+
+
+def _closed_stdout() -> int:
+    """End quietly when stdout's reader has gone (`spatialc show p.json | head`), as Python's documentation says:
+    point stdout at devnull, so that flushing it again at exit cannot fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # a stdout that is no file (a test's capture)
+        pass
+    return EXIT_PIPE
+
+
+def _internal_error(e: Exception) -> int:
+    """A bug in spatialc, not bad input: one line, exit status 3 (never 1, which means a result differs)."""
+    message = " ".join(str(e).split())[:300] or "(no message)"
+    print(
+        f"spatialc: internal error: {type(e).__name__}: {message} (re-run with --traceback to see where)",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
 
 
 def _fail(message: str) -> int:

@@ -37,6 +37,12 @@ T_A, T_B, T_C = TensorId(0), TensorId(1), TensorId(2)
 
 SCALAR_OPS = ("add", "mul", "max", "min")
 
+# The most elements one tensor may have: 2^34, a 131072 x 131072 matrix. That is past the GEMMs GPUs run: a C of
+# 2^34 elements takes 64 GiB as float32 and 128 GiB as int64 (and the interpreter's float64 copy 128 GiB), about
+# all of the largest GPU's memory before A and B. Beyond it a request is a typo (an extra zero or three), and the
+# tile and place passes would spend minutes and gigabytes on its item lists before anything could refuse it.
+MAX_TENSOR_ELEMS = 2**34
+
 
 @dataclass(frozen=True, slots=True)
 class BiasOf:
@@ -129,6 +135,15 @@ def _dim(name: str, v: object) -> int:
     return v
 
 
+def _check_size(m: int, n: int, k: int) -> None:
+    for name, rows, cols in (("A", m, k), ("B", k, n), ("C", m, n)):
+        if rows * cols > MAX_TENSOR_ELEMS:
+            raise ProgramError(
+                f"{name} would be {rows}x{cols} = {rows * cols} elements; spatialc takes tensors of at most"
+                f" 2^34 = {MAX_TENSOR_ELEMS} elements (beyond what any GPU holds)"
+            )
+
+
 def gemm(
     m: int,
     n: int,
@@ -140,6 +155,7 @@ def gemm(
 ) -> SpatialProgram:
     """The program C[m×n] = epilogue(A[m×k] @ B[k×n]), before tiling (ring sizes are the tile pass's to choose)."""
     m, n, k = _dim("m", m), _dim("n", n), _dim("k", k)
+    _check_size(m, n, k)
     prec = precision_of(precision)
     if not isinstance(epilogue, list | tuple):
         raise ProgramError(f"epilogue is a list of stages (e.g. [spatialc.bias(), spatialc.relu()]), not {epilogue!r}")

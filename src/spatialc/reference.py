@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import epilogue
-from .interp.numerics import operand_values
+from .inputs import operand_values
 from .ir.nodes import ComputeStage, SpatialProgram
 from .ir.ops import Bias, MatmulTiles, Precision
 

@@ -3,6 +3,19 @@
 from __future__ import annotations
 
 from ..errors import SpatialError
+from ..inputs import InputError
+
+__all__ = [
+    "AddressError",
+    "EvalError",
+    "FlowError",
+    "InputError",
+    "NotReady",
+    "NumericError",
+    "TooLarge",
+    "TripError",
+    "UnsupportedOp",
+]
 
 
 class EvalError(SpatialError):
@@ -13,8 +26,12 @@ class NotReady(EvalError):
     """The program lacks a placement or a schedule (run `spatialc.build` first)."""
 
 
-class InputError(EvalError, ValueError):
-    """A missing, unknown or wrongly shaped input tensor, or values its element type cannot hold."""
+# InputError (re-exported above) is not the interpreter's alone: the emulation and the GPU launch raise it too, for
+# the same inputs, from the one check in spatialc.inputs.
+
+
+class TooLarge(EvalError, MemoryError):
+    """A program whose tensors' stores would not fit this machine's memory; refused before any is allocated."""
 
 
 class FlowError(EvalError):

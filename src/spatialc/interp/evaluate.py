@@ -10,17 +10,19 @@ calls (`values.py`) and is exact as `numerics.py` states. `trace=True` also reco
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from ..errors import DeadlockError
+from ..inputs import check_inputs, specs_of
 from ..ir.ids import TensorId
-from ..ir.nodes import SpatialProgram, TensorRole
-from .errors import EvalError, InputError, NotReady
+from ..ir.nodes import SpatialProgram
+from .errors import EvalError, NotReady, TooLarge
 from .machine import Machine, written_tensors
-from .numerics import operand_values, output_values
+from .numerics import output_values
 from .state import EngineState
 from .support import why
 from .trace import Trace
@@ -29,6 +31,7 @@ from .values import Store
 __all__ = ["Trace", "evaluate"]
 
 DEADLOCK_LINES = 12  # blocked engines a DeadlockError message spells out
+STORE_ITEM_BYTES = 8  # every store is float64
 
 
 def evaluate(
@@ -67,20 +70,8 @@ def _check_ready(p: SpatialProgram) -> None:
 
 def load_inputs(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[dict[TensorId, Store], dict]:
     """Tiled, zero-padded storage for every tensor, the inputs and parameters filled from `inputs`."""
-    if not isinstance(inputs, Mapping):
-        raise InputError(
-            f"inputs are a mapping of tensor name to array (e.g. {{'A': a, 'B': b}}), not a {type(inputs).__name__}"
-        )
-    wanted = {t.name: t for t in p.tensors if t.role in (TensorRole.INPUT, TensorRole.PARAMETER)}
-    unknown = sorted(set(inputs) - set(wanted))
-    if unknown:
-        raise InputError(
-            f"{p.name} has no input or parameter tensor named {', '.join(unknown)}"
-            f" (it takes {', '.join(sorted(wanted))})"
-        )
-    missing = sorted(set(wanted) - set(inputs))
-    if missing:
-        raise InputError(f"{p.name} needs tensor {', '.join(missing)}, which is not among the inputs")
+    check_memory(p)
+    values = check_inputs(p.name, specs_of(p), inputs)
     written = written_tensors(p)
     stores, params = {}, {}
     for t in p.tensors:
@@ -90,17 +81,37 @@ def load_inputs(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[dict[Tens
                 f" {t.tiles[0]}x{t.tiles[1]} grid of {p.tile.rows}x{p.tile.cols} tiles"
             )
         store = Store(t, p.tile.rows, p.tile.cols, t.id in written)
-        if t.name in wanted:
-            given = np.asarray(inputs[t.name])
-            if given.ndim == 1 and t.elems[0] == 1:  # a row vector (a bias) may be given as a plain vector
-                given = given.reshape(1, -1)
-            if given.shape != tuple(t.elems):
-                raise InputError(f"tensor {t.name}: expected shape {tuple(t.elems)}, got {given.shape}")
-            values = operand_values(t.name, given, t.dtype)
-            store.mat[: t.elems[0], : t.elems[1]] = values
-            params[t.id] = values.reshape(-1)
+        if t.name in values:
+            store.mat[: t.elems[0], : t.elems[1]] = values[t.name]
+            params[t.id] = values[t.name].reshape(-1)
         stores[t.id] = store
     return stores, params
+
+
+def store_bytes(p: SpatialProgram) -> int:
+    """Bytes of the interpreter's stores: every tensor's padded tiles, in float64."""
+    tile = p.tile.rows * p.tile.cols * STORE_ITEM_BYTES
+    return sum(max(t.tiles[0], 0) * max(t.tiles[1], 0) * tile for t in p.tensors)
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes, or None where the platform does not say."""
+    try:
+        size = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or a name this platform lacks
+        return None
+    return size if size > 0 else None  # sysconf says -1 for "indeterminate"
+
+
+def check_memory(p: SpatialProgram) -> None:
+    """Refuse, before allocating, a program whose stores exceed physical memory: numpy would reserve them lazily
+    and the run would swap or be killed long after it started, instead of saying so now."""
+    need, have = store_bytes(p), physical_memory()
+    if have is not None and need > have:
+        raise TooLarge(
+            f"evaluating {p.name} needs {need} bytes ({need / 2**30:.1f} GiB) for its tensors' float64 tiles;"
+            f" this machine has {have} bytes ({have / 2**30:.1f} GiB) of memory"
+        )
 
 
 def result(p: SpatialProgram, stores: dict[TensorId, Store]) -> np.ndarray:

@@ -22,6 +22,12 @@ from .nodes import SpatialProgram
 FORMAT = "spatialc.program"
 TAG = "type"  # the key naming a node's class (fields may be called `kind`)
 VERSION = 1
+# How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
+# allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into
+# one), and far from Python's recursion limit for decoding and for everything that walks the program after it.
+MAX_DEPTH = 32
+INT_BITS = 64  # every integer of the IR is an id, a count or a size: 64 bits hold any the kernel can use
+INT_RANGE = range(-(2 ** (INT_BITS - 1)), 2 ** (INT_BITS - 1))
 
 
 class SerdeError(SpatialError, ValueError):
@@ -54,25 +60,39 @@ def encode(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
+def shown(value: Any) -> str:
+    """A short rendering of any JSON value for a message: never recursive, never long, never a huge number."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        if len(value) > 8 or any(isinstance(v, dict | list) for v in value):
+            return f"a list of {len(value)}"
+        return "[" + ", ".join(shown(v) for v in value) + "]"
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value) if value.bit_length() <= INT_BITS else f"an integer of {value.bit_length()} bits"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value[:40]) + ("…" if len(value) > 40 else "")
+    return f"a {type(value).__name__}"
+
+
 def _fail(path: str, want: str, got: Any) -> typing.NoReturn:
-    shown = json.dumps(got)[:60] if not isinstance(got, dict) else "an object"
-    raise SerdeError(f"{path}: expected {want}, found {shown}")
+    raise SerdeError(f"{path}: expected {want}, found {shown(got)}")
 
 
-def decode(data: Any, annotation: Any, path: str = "program") -> Any:
-    """Rebuild a value of type `annotation` from JSON data, or raise SerdeError naming `path`."""
+def decode(data: Any, annotation: Any, path: str = "program", depth: int = 1) -> Any:
+    """Rebuild a value of type `annotation` from JSON data, or raise SerdeError naming `path`. `depth` counts the
+    objects and lists around `data` (the document itself is one), up to MAX_DEPTH."""
+    if depth > MAX_DEPTH and isinstance(data, dict | list):
+        raise SerdeError(f"{path}: objects and lists nest more than {MAX_DEPTH} deep; no spatialc program does")
     origin = typing.get_origin(annotation)
     if origin in (types.UnionType, typing.Union):
-        return _decode_union(data, typing.get_args(annotation), path)
+        return _decode_union(data, typing.get_args(annotation), path, depth)
     if origin is tuple:
-        args = typing.get_args(annotation)
-        if not isinstance(data, list):
-            _fail(path, "a list", data)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(decode(v, args[0], f"{path}[{i}]") for i, v in enumerate(data))
-        if len(data) != len(args):
-            _fail(path, f"a list of {len(args)}", data)
-        return tuple(decode(v, a, f"{path}[{i}]") for i, (v, a) in enumerate(zip(data, args, strict=True)))
+        return _decode_tuple(data, typing.get_args(annotation), path, depth)
     if annotation is type(None):
         if data is not None:
             _fail(path, "null", data)
@@ -87,8 +107,8 @@ def decode(data: Any, annotation: Any, path: str = "program") -> Any:
             _fail(path, "true or false", data)
         return data
     if isinstance(annotation, type) and issubclass(annotation, int):
-        if isinstance(data, bool) or not isinstance(data, int):
-            _fail(path, "an integer", data)
+        if isinstance(data, bool) or not isinstance(data, int) or data not in INT_RANGE:
+            _fail(path, f"an integer of at most {INT_BITS} bits", data)
         return annotation(data)
     if annotation is float:
         if isinstance(data, bool) or not isinstance(data, int | float):
@@ -99,11 +119,21 @@ def decode(data: Any, annotation: Any, path: str = "program") -> Any:
             _fail(path, "a string", data)
         return data
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
-        return _decode_dataclass(data, annotation, path)
+        return _decode_dataclass(data, annotation, path, depth)
     raise SerdeError(f"{path}: cannot decode a {annotation!r}")
 
 
-def _decode_union(data: Any, options: tuple[Any, ...], path: str) -> Any:
+def _decode_tuple(data: Any, args: tuple[Any, ...], path: str, depth: int) -> tuple:
+    if not isinstance(data, list):
+        _fail(path, "a list", data)
+    if len(args) == 2 and args[1] is Ellipsis:
+        return tuple(decode(v, args[0], f"{path}[{i}]", depth + 1) for i, v in enumerate(data))
+    if len(data) != len(args):
+        _fail(path, f"a list of {len(args)}", data)
+    return tuple(decode(v, a, f"{path}[{i}]", depth + 1) for i, (v, a) in enumerate(zip(data, args, strict=True)))
+
+
+def _decode_union(data: Any, options: tuple[Any, ...], path: str, depth: int) -> Any:
     if data is None and type(None) in options:
         return None
     classes = [o for o in options if isinstance(o, type) and dataclasses.is_dataclass(o)]
@@ -112,19 +142,19 @@ def _decode_union(data: Any, options: tuple[Any, ...], path: str) -> Any:
             _fail(path, "an object", data)
         by_name = {c.__name__: c for c in classes}
         name = data.get(TAG)
-        if name not in by_name:
+        if not isinstance(name, str) or name not in by_name:  # a list or object here is no class name either
             _fail(f"{path}.{TAG}", f"one of {sorted(by_name)}", name)
-        return _decode_dataclass(data, by_name[name], path)
+        return _decode_dataclass(data, by_name[name], path, depth)
     rest = [o for o in options if o is not type(None)]
     if len(rest) == 1:
-        return decode(data, rest[0], path)
+        return decode(data, rest[0], path, depth)
     raise SerdeError(f"{path}: ambiguous union {options!r}")
 
 
-def _decode_dataclass(data: Any, cls: type, path: str) -> Any:
+def _decode_dataclass(data: Any, cls: type, path: str, depth: int) -> Any:
     if not isinstance(data, dict):
         _fail(path, f"a {cls.__name__} object", data)
-    if data.get(TAG) != cls.__name__:
+    if not isinstance(data.get(TAG), str) or data.get(TAG) != cls.__name__:
         _fail(f"{path}.{TAG}", repr(cls.__name__), data.get(TAG))
     hints = _hints(cls)
     kwargs = {}
@@ -133,10 +163,12 @@ def _decode_dataclass(data: Any, cls: type, path: str) -> Any:
             if f.default is not dataclasses.MISSING:
                 continue
             raise SerdeError(f"{path}: missing field {f.name!r} of {cls.__name__}")
-        kwargs[f.name] = decode(data[f.name], hints[f.name], f"{path}.{f.name}")
+        kwargs[f.name] = decode(data[f.name], hints[f.name], f"{path}.{f.name}", depth + 1)
     unknown = set(data) - {f.name for f in dataclasses.fields(cls)} - {TAG}
     if unknown:
-        raise SerdeError(f"{path}: unknown field(s) {sorted(unknown)} for {cls.__name__}")
+        names = [repr(k[:40]) if isinstance(k, str) else shown(k) for k in sorted(unknown, key=str)[:5]]
+        more = ", …" if len(unknown) > 5 else ""
+        raise SerdeError(f"{path}: unknown field(s) [{', '.join(names)}{more}] for {cls.__name__}")
     return cls(**kwargs)
 
 
@@ -146,18 +178,34 @@ def to_json(program: SpatialProgram, indent: int | None = None) -> str:
     return json.dumps(doc, indent=indent)
 
 
-def from_json(text: str) -> SpatialProgram:
+def from_json(text: str | bytes | bytearray) -> SpatialProgram:
     """Read a document written by `to_json`; SerdeError says what is wrong with any other."""
-    if not isinstance(text, str | bytes | bytearray):
-        raise SerdeError(f"a spatialc document is JSON text, not {type(text).__name__}")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SerdeError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    doc = _load(text)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SerdeError(f'not a spatialc program (no "format": "{FORMAT}" at the top)')
-    if doc.get("version") != VERSION:
-        raise SerdeError(f"spatialc program version {doc.get('version')!r}; this spatialc reads version {VERSION}")
+    version = doc.get("version")
+    if type(version) is not int or version != VERSION:  # not `true` or `1.0`, which equal 1 in Python
+        raise SerdeError(f"spatialc program version {shown(version)}; this spatialc reads version {VERSION}")
     if "program" not in doc:
         raise SerdeError('a spatialc document with no "program"')
-    return decode(doc["program"], SpatialProgram)
+    return decode(doc["program"], SpatialProgram, "program", 2)
+
+
+def _load(text: str | bytes | bytearray) -> Any:
+    """The JSON data of `text`, or SerdeError: whatever the text holds, json's own errors never leave here."""
+    if isinstance(text, bytes | bytearray):
+        encoding = json.detect_encoding(text)
+        try:
+            text = bytes(text).decode(encoding)
+        except UnicodeDecodeError as e:
+            raise SerdeError(f"not JSON text: byte {e.start} is not valid {encoding}") from None
+    if not isinstance(text, str):
+        raise SerdeError(f"a spatialc document is JSON text, not {type(text).__name__}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SerdeError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise SerdeError(f"not a spatialc program: objects and lists nest more than {MAX_DEPTH} deep") from None
+    except ValueError as e:  # an integer of thousands of digits: Python's int-string limit
+        raise SerdeError(f"not a spatialc program: {str(e).split(':')[0]}") from None

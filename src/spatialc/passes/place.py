@@ -6,7 +6,7 @@ from ..errors import PlanError, ProgramError
 from ..ir.ids import ItemId, Site
 from ..ir.nodes import Placement, SpatialProgram
 from ..target import SpatialTarget
-from .tile import matmul_stage, sites_per_unit
+from .tile import matmul_stage, sites_per_unit, too_many_items
 
 PLACEMENTS = ("contiguous", "round_robin")
 MAX_SITES = 1 << 16  # a work list per site has to fit the kernel's constant memory long before this
@@ -43,6 +43,9 @@ def place(
     if p.plan is None:
         raise PlanError("place needs a program with one plan (run tile first)")
     matmul_stage(p)
+    too_many = too_many_items(p.plan)
+    if too_many:  # refused before split() lists the items, which would take minutes and gigabytes
+        raise PlanError(f"place cannot list this plan's items: {too_many}")
     if sites is None:
         sites = default_sites(p, target)
     if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:

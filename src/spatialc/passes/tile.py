@@ -23,6 +23,7 @@ from ..ir.nodes import (
 )
 from ..ir.ops import BlockShape, MatmulTiles, Precision
 from ..target import SpatialTarget
+from .verify.wellformed import MAX_ITEMS
 
 OPERAND_BYTES = {Precision.INT8: 1, Precision.FP16: 2, Precision.BF16: 2}
 ACC_BYTES = 4  # int32 / fp32 fragments on the GPU
@@ -133,7 +134,8 @@ def candidates(
     sub_blocks: tuple[int, int] | None = None,
     depth: int | None = None,
 ) -> list[Candidate]:
-    """Every plan that fits, best first. Forced fields are taken as given."""
+    """Every plan that fits, best first. Forced fields are taken as given. A plan of more than MAX_ITEMS items is
+    never offered: verify would refuse it, after place had spent minutes and gigabytes listing its items."""
     _positive("block", block, 3)
     _positive("sub_blocks", sub_blocks, 2)
     _positive("depth", None if depth is None else (depth,), 1)
@@ -156,6 +158,8 @@ def candidates(
         if fuse_only and not fused_output(target, b):
             continue
         plan = make_plan(b, s, d, m_t, n_t, k_t)  # type: ignore[arg-type]
+        if plan.items > MAX_ITEMS:
+            continue
         cost, per_unit = plan_cost(target, plan, m_t, n_t, k_t, p.precision)
         if per_unit:
             found.append(Candidate(plan, smem_bytes(target, plan, p.precision), per_unit, cost))
@@ -176,6 +180,9 @@ def choose(p: SpatialProgram, target: SpatialTarget, block=None, sub_blocks=None
 
 def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth) -> str:
     """What the smallest plan with the forced fields runs out of, and what to do about it."""
+    too_many = _too_many_items(p, block, sub_blocks)
+    if too_many:
+        return too_many
     a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
     b = BlockShape(*(block or (1, 1, 1)))
     probe = make_plan(b, tuple(sub_blocks or (1, 1)), depth or 2, a.tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
@@ -190,6 +197,28 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth)
     return (
         f"it needs {need} bytes of shared memory per block and {target.name} has {target.smem_per_site_max};"
         " force a smaller block or depth"
+    )
+
+
+def _too_many_items(p: SpatialProgram, block, sub_blocks) -> str | None:
+    """Why even the largest items the forced fields allow are more than MAX_ITEMS, or None."""
+    a, out = next(t for t in p.tensors if t.role == TensorRole.INPUT), p.output_tensor()
+    assert out is not None
+    side = max(BLOCK_SIDES)
+    b = BlockShape(*(block or (side, side, 1)))
+    sub = sub_blocks or max(SUB_BLOCKS, key=lambda s: s[0] * s[1])
+    plan = make_plan(b, tuple(sub), 1, a.tiles[0], out.tiles[1], a.tiles[1])  # type: ignore[arg-type]
+    return too_many_items(plan)
+
+
+def too_many_items(plan: Plan) -> str | None:
+    """What is wrong with a plan of more than MAX_ITEMS items (place lists every one), or None."""
+    if plan.items <= MAX_ITEMS:
+        return None
+    h, w = plan.item_tiles
+    return (
+        f"its grid of {plan.grid[0]}x{plan.grid[1]} items of {h}x{w} tiles has {plan.items} items, and at most"
+        f" {MAX_ITEMS} are allowed (each is listed); force a larger block or more sub-blocks, or split the problem"
     )
 
 

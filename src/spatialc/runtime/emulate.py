@@ -20,10 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..errors import SpatialError
+from ..inputs import check_inputs
+from .tilize import launch_specs
 
 __all__ = [
     "EmulationCompileError",
@@ -317,13 +320,9 @@ def emulate_source(
     return parse_output(run.stdout, out_shape, out_dtype)
 
 
-def _fits_int8(value: np.ndarray) -> bool:
-    as_float = value.astype(np.float64)
-    return bool(np.all(as_float == np.trunc(as_float)) and as_float.min() >= -128 and as_float.max() <= 127)
-
-
-def _input_files(artifact, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    by_name = {k.lower(): np.asarray(v) for k, v in inputs.items()}
+def _input_files(artifact, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The program's input files (name → values), from `inputs` checked as the interpreter checks them."""
+    values = check_inputs("this kernel", launch_specs(artifact.launch), inputs)
     files: dict[str, np.ndarray] = {}
     operand_files = iter(("a.txt", "b.txt"))
     for p in artifact.launch.params:
@@ -332,26 +331,16 @@ def _input_files(artifact, inputs: Mapping[str, np.ndarray]) -> dict[str, np.nda
         file = next(operand_files, None) if p.role == "input" else f"{p.name}.txt"
         if file is None:
             raise EmulationFault(f"tensor {p.name!r}: program_cu reads only two operand files (a.txt, b.txt)")
-        value = by_name.get(p.name.lower())
-        if value is None:
-            raise EmulationFault(f"no input named {p.name!r} (given: {', '.join(inputs) or 'none'})")
-        if value.ndim == 1 and p.elems[0] == 1:  # a row vector (a bias) may be given as a plain vector
-            value = value.reshape(1, -1)
-        if tuple(value.shape) != tuple(p.elems):
-            raise EmulationFault(f"input {p.name!r} has shape {value.shape}; the program wants {tuple(p.elems)}")
-        if p.c_type == "signed char" and value.size and not _fits_int8(value):
-            # the host's (signed char)double would be undefined behaviour, not a wrapped value
-            raise EmulationFault(f"input {p.name!r} is int8 but holds values that are not whole numbers in -128..127")
-        files[file] = value
+        files[file] = values[p.name]
     return files
 
 
-def emulate(artifact, inputs: Mapping[str, np.ndarray], mode: str = "late", timeout: float = 120.0) -> np.ndarray:
+def emulate(artifact, inputs: Mapping[str, Any], mode: str = "late", timeout: float = 120.0) -> np.ndarray:
     """C of `artifact.program_cu` on `inputs` (tensor name → array), run through the host emulation in `mode`.
 
-    C is int8 after a requant, int64 for another integer output, float32 otherwise. Raises an EmulationError
-    subclass naming a race, a deadlock, a timeout, a compile error or a CUDA error when the run does not finish
-    cleanly.
+    C is int8 after a requant, int64 for another integer output, float32 otherwise. Inputs are checked as
+    `spatialc.evaluate` checks them (InputError). Raises an EmulationError subclass naming a race, a deadlock, a
+    timeout, a compile error or a CUDA error when the run does not finish cleanly.
     """
     out = next((p for p in artifact.launch.params if p.role == "output"), None)
     if out is None:

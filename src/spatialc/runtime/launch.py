@@ -28,14 +28,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import SpatialError
+from ..inputs import InputError, TensorSpec, check_values, match_names, rounding_watched, shaped, warn_if_rounded
 from .tilize import (
     TILE,
     LaunchError,
+    bf16_to_float32,
     check_tiles,
     element_type,
     poison_value,
     quantize,
     storage_dtype,
+    tensor_spec,
     tilize,
     untilize,
 )
@@ -80,6 +83,11 @@ class Arg:
     elem: str  # int8, float16, bfloat16, int64, float32, …
     storage: str  # the device array's dtype (bf16 → uint16)
 
+    @property
+    def spec(self) -> TensorSpec:
+        """What `spatialc.inputs` checks this argument's array against."""
+        return tensor_spec(self.name, self.role, self.elem, self.elems)
+
 
 def kernel_args(launch: Any) -> list[Arg]:
     """The launch's parameters with their element types resolved, in launch order."""
@@ -99,44 +107,24 @@ def kernel_args(launch: Any) -> list[Arg]:
 
 
 def bind(args: Sequence[Arg], a: Any, b: Any, params: Mapping[str, Any]) -> list[tuple[Arg, Any]]:
-    """Pair each input/parameter Arg with the caller's array (output Args get None); check names and shapes."""
-    inputs = iter((a, b))
-    expected = {x.name for x in args if x.role == "parameter"}
-    unknown = sorted(set(params) - expected)
-    if unknown:
-        raise LaunchError(
-            f"unknown argument(s) {', '.join(unknown)}; this kernel takes "
-            f"{', '.join(sorted(expected)) or 'no parameters'}"
-        )
+    """Pair each input/parameter Arg with the caller's array (output Args get None); check names and shapes with
+    `spatialc.inputs` (InputError), without moving any array off its device."""
+    operands = dict(zip((x.name for x in args if x.role == "input"), (a, b), strict=False))
+    twice = sorted(set(operands) & set(params))
+    if twice:
+        raise InputError(f"{', '.join(twice)} given twice: the operands come as run(artifact, a, b), by position")
+    values = {**operands, **params}
+    match_names("this kernel", [x.spec for x in args if x.role != "output"], values)
     bound: list[tuple[Arg, Any]] = []
     for x in args:
         if x.role == "output":
             bound.append((x, None))
             continue
-        if x.role == "input":
-            value = next(inputs)
-        elif x.name in params:
-            value = params[x.name]
-        else:
-            raise LaunchError(f"missing argument {x.name} (shape {x.elems[0]}×{x.elems[1]})")
-        bound.append((x, _shaped(x, value)))
+        library_of(x.name, values[x.name])
+        value = shaped(x.spec, values[x.name])
+        check_tiles(x.name, tuple(value.shape), x.tiles)
+        bound.append((x, value))
     return bound
-
-
-def _shaped(arg: Arg, value: Any) -> Any:
-    if library_of(arg.name, value) == "numpy" and not hasattr(value, "shape"):
-        import numpy as np
-
-        value = np.asarray(value)
-    shape = tuple(int(d) for d in value.shape)
-    rows, cols = arg.elems
-    if len(shape) == 1 and rows == 1:
-        shape = (1, shape[0])
-        value = value.reshape(1, -1)
-    if shape != (rows, cols):
-        raise LaunchError(f"{arg.name} has shape {shape}; this kernel was built for {rows}×{cols}")
-    check_tiles(arg.name, shape, arg.tiles)
-    return value
 
 
 def library_of(name: str, x: Any) -> str:
@@ -146,14 +134,14 @@ def library_of(name: str, x: Any) -> str:
         return root
     if isinstance(x, list | tuple | int | float):
         return "numpy"
-    raise LaunchError(f"{name} is a {type(x).__name__}; pass a numpy, torch or CuPy array")
+    raise InputError(f"{name} is a {type(x).__name__}; pass a numpy, torch or CuPy array")
 
 
 def result_library(bound: Sequence[tuple[Arg, Any]]) -> str:
     """The library the result comes back in: the arguments' one non-numpy library, else numpy."""
     libs = {library_of(arg.name, v) for arg, v in bound if v is not None} - {"numpy"}
     if len(libs) > 1:
-        raise LaunchError(f"arguments mix {' and '.join(sorted(libs))} arrays; pass one library's")
+        raise InputError(f"arguments mix {' and '.join(sorted(libs))} arrays; pass one library's")
     return libs.pop() if libs else "numpy"
 
 
@@ -258,10 +246,21 @@ def run_with(device: Any, artifact: Any, a: Any, b: Any, **params: Any) -> Any:
             buffers.append(out)
             continue
         x, is_bf16 = device.upload(value)
-        q = quantize(x, arg.elem, device.xp, name=arg.name, bf16_in=is_bf16)
-        buffers.append(prep.tiled(arg, q))
+        buffers.append(prep.tiled(arg, _converted(arg, x, is_bf16, device.xp)))
     prep.run(tuple(buffers))
     return device.download(prep.result(out), library, [v for _, v in bound if v is not None])
+
+
+def _converted(arg: Arg, x: Any, is_bf16: bool, xp: Any) -> Any:
+    """`x` (on the device) checked by the rules of `spatialc.inputs` and converted to `arg`'s storage type."""
+    dtype = arg.spec.dtype
+    values = bf16_to_float32(x.view(xp.uint16), xp) if is_bf16 else x  # torch bf16 arrives as its bits
+    check_values(arg.name, values, dtype, xp)
+    q = quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16)
+    if rounding_watched(dtype):
+        floats = q.astype(xp.float32) if arg.elem == "float16" else bf16_to_float32(q, xp)
+        warn_if_rounded(dtype, values, floats, xp)
+    return q
 
 
 # ---- compiling ---------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ import math
 from typing import Any
 
 from ..errors import SpatialError
+from ..inputs import TensorSpec
+from ..ir.nodes import DType
 
 TILE = (16, 16)
 
@@ -34,6 +36,15 @@ C_TYPES = {
     "float": "float32",
     "double": "float64",
 }
+# The element types a spatialc tensor can have, as the launcher names them.
+ELEMENT_DTYPES = {
+    "int8": DType.INT8,
+    "int32": DType.INT32,
+    "int64": DType.INT64,
+    "float16": DType.FP16,
+    "bfloat16": DType.BF16,
+    "float32": DType.FLOAT32,
+}
 INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
@@ -51,6 +62,19 @@ def element_type(c_type: str) -> str:
         raise LaunchError(
             f"kernel parameter type {c_type!r} is not one the launcher knows ({', '.join(C_TYPES)})"
         ) from None
+
+
+def launch_specs(launch: Any) -> list[TensorSpec]:
+    """The input and parameter tensors of a launch contract, as `spatialc.inputs` checks them."""
+    taken = [p for p in launch.params if p.role in ("input", "parameter")]
+    return [tensor_spec(p.name, p.role, element_type(p.c_type), p.elems) for p in taken]
+
+
+def tensor_spec(name: str, role: str, elem: str, elems: Any) -> TensorSpec:
+    """One kernel parameter of element type `elem` as a TensorSpec; LaunchError for a type no tensor has."""
+    if elem not in ELEMENT_DTYPES:
+        raise LaunchError(f"kernel parameter {name} holds {elem}, an element type no spatialc tensor has")
+    return TensorSpec(name, role, (int(elems[0]), int(elems[1])), ELEMENT_DTYPES[elem])
 
 
 def storage_dtype(elem: str) -> str:

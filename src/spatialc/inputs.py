@@ -1,0 +1,252 @@
+"""The one check of the arrays a program is run on, shared by `evaluate`, `emulate` and `run`.
+
+A program's inputs and parameters are `TensorSpec`s — name, role, logical shape, element type — taken from a
+SpatialProgram (`specs_of`) or from an artifact's launch contract (`runtime.tilize.launch_specs`). `check_inputs`
+matches a mapping of arrays to them by name, reads each as numpy (numpy arrays, nested lists, ml_dtypes arrays,
+torch tensors and CuPy arrays), checks its shape and its values, and returns each as exactly what a tensor of its
+element type holds. Bad inputs raise `InputError`, whichever of the three was called. The GPU launcher keeps its
+arrays on the device: it calls the name, shape and value checks separately (`match_names`, `shaped`,
+`check_values`), the last one with the device's array module.
+
+Values: int8 / int32 / int64 tensors take whole numbers within their range (never rounded, wrapped or
+truncated); fp16 / bf16 tensors round each value to nearest even, once, straight from float64, and say so once
+per process and precision (`InexactInputWarning`) when that changed a value; float32 tensors take any real.
+torch and ml_dtypes are never imported here: an array of theirs is only converted when one is given.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+from .errors import SpatialError
+from .ir.nodes import DType, SpatialProgram, TensorRole
+
+__all__ = [
+    "InexactInputWarning",
+    "InputError",
+    "TensorSpec",
+    "check_inputs",
+    "check_values",
+    "host_array",
+    "match_names",
+    "operand_values",
+    "round_bf16",
+    "round_fp16",
+    "rounding_watched",
+    "shaped",
+    "specs_of",
+    "warn_if_rounded",
+]
+
+BF16_MAX = (2.0 - 2.0**-7) * 2.0**127
+BF16_MIN_EXP = -126  # below 2^-126 bf16 is subnormal: the spacing stays 2^(-126-7)
+BF16_MANT_BITS = 7
+INT_RANGE = {DType.INT8: (-128, 127), DType.INT32: (-(2**31), 2**31 - 1), DType.INT64: (-(2**63), 2**63 - 1)}
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+FLOAT_EXACT = 2**53  # float64 holds every integer up to here, and the interpreter stores float64
+
+
+class InputError(SpatialError, ValueError):
+    """A missing, unknown or wrongly shaped input tensor, or values its element type cannot hold."""
+
+
+class InexactInputWarning(UserWarning):
+    """Inputs of an fp16 / bf16 program that were not values of that type, so were rounded (to nearest even)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """What one input or parameter tensor takes: its name, role (`input` / `parameter`), logical shape and type."""
+
+    name: str
+    role: str
+    elems: tuple[int, int]
+    dtype: DType
+
+
+def specs_of(p: SpatialProgram) -> list[TensorSpec]:
+    """The input and parameter tensors of a program, in its order."""
+    wanted = (TensorRole.INPUT, TensorRole.PARAMETER)
+    return [TensorSpec(t.name, t.role.value, t.elems, t.dtype) for t in p.tensors if t.role in wanted]
+
+
+def check_inputs(owner: str, specs: list[TensorSpec], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Each spec's array from `inputs`, checked and holding exactly its element type's values; else InputError."""
+    out = {}
+    for spec, value in match_names(owner, specs, inputs):
+        given = shaped(spec, host_array(spec.name, value))
+        values = operand_values(spec.name, given, spec.dtype)
+        warn_if_rounded(spec.dtype, given, values)
+        out[spec.name] = values
+    return out
+
+
+def match_names(owner: str, specs: list[TensorSpec], inputs: Mapping[str, Any]) -> list[tuple[TensorSpec, Any]]:
+    """Each spec with the value `inputs` gives it; InputError for a name too many or too few."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(
+            f"inputs are a mapping of tensor name to array (e.g. {{'A': a, 'B': b}}), not a {type(inputs).__name__}"
+        )
+    wanted = {s.name: s for s in specs}
+    unknown = sorted((str(k) for k in inputs if k not in wanted), key=str)
+    if unknown:
+        raise InputError(
+            f"{owner} has no input or parameter tensor named {', '.join(unknown)}"
+            f" (it takes {', '.join(sorted(wanted)) or 'none'})"
+        )
+    missing = sorted(set(wanted) - set(inputs))
+    if missing:
+        raise InputError(f"{owner} needs tensor {', '.join(missing)}, which is not among the inputs")
+    return [(s, inputs[s.name]) for s in specs]
+
+
+def shaped(spec: TensorSpec, value: Any) -> Any:
+    """`value` in the spec's logical shape (a row vector may come as a plain vector); any array library."""
+    if not hasattr(value, "shape"):
+        value = host_array(spec.name, value)
+    shape = tuple(int(d) for d in value.shape)
+    if len(shape) == 1 and spec.elems[0] == 1:  # a row vector (a bias) may be given as a plain vector
+        value, shape = value.reshape(1, -1), (1, *shape)
+    if shape != tuple(spec.elems):
+        raise InputError(f"tensor {spec.name}: expected shape {tuple(spec.elems)}, got {shape}")
+    return value
+
+
+def host_array(name: str, value: Any) -> np.ndarray:
+    """`value` as a numpy array of real numbers where it is one: torch tensors (any device, bf16 / fp16 through
+    float32, exactly), CuPy arrays, ml_dtypes arrays (through float64, exactly), nested lists."""
+    library = type(value).__module__.split(".")[0]
+    try:
+        if library == "torch":
+            value = _torch_to_numpy(value)
+        elif library == "cupy":
+            value = value.get()
+        arr = np.asarray(value)
+    except Exception as e:  # a ragged list, an object numpy cannot read, a tensor that cannot leave its device
+        what = type(value).__name__
+        raise InputError(f"tensor {name}: cannot read a {what} as an array ({_first_line(e)})") from None
+    if arr.dtype.kind == "V" and arr.dtype.type.__module__.split(".")[0] == "ml_dtypes":
+        return arr.astype(np.float64)  # bfloat16, float8, int4: float64 holds each of their values exactly
+    return arr
+
+
+def _torch_to_numpy(t: Any) -> np.ndarray:
+    t = t.detach()
+    if t.is_floating_point() and t.element_size() < 4:
+        t = t.float()  # numpy has no bfloat16 (and float8): float32 holds each of their values exactly
+    return t.cpu().numpy()
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return (lines[0] if lines else type(e).__name__)[:200]
+
+
+# ---- values ----------------------------------------------------------------------------------------------------
+
+
+def operand_values(name: str, values: Any, dtype: DType) -> np.ndarray:
+    """An array whose values, read as float64, are exactly what a tensor of `dtype` holds; or InputError.
+
+    Integer arrays that fit are returned as they are (the interpreter's float64 store is the only copy)."""
+    arr = host_array(name, values)
+    check_values(name, arr, dtype)
+    match dtype:
+        case DType.FP16:
+            return round_fp16(arr)
+        case DType.BF16:
+            return round_bf16(arr)
+        case DType.FLOAT32:
+            return arr.astype(np.float32)
+    return arr
+
+
+def check_values(name: str, x: Any, dtype: DType, xp: Any = np) -> None:
+    """InputError unless `x` (an array of module `xp`: numpy, or CuPy on a GPU) holds real numbers that a tensor of
+    `dtype` takes as they are: for integer types, whole numbers within range."""
+    kind = np.dtype(x.dtype).kind
+    if kind not in "biuf":
+        raise InputError(f"tensor {name}: expected numbers, got an array of {x.dtype}")
+    if dtype not in INT_RANGE or not x.size:
+        return
+    lo, hi = INT_RANGE[dtype]
+    if kind == "f" and not bool(xp.all(x == xp.trunc(x))):  # NaN is not whole; ±inf fails the range below
+        raise InputError(f"tensor {name} is {dtype.value} but holds values that are not whole numbers")
+    fits = kind in "iu" and np.iinfo(x.dtype).min >= lo and np.iinfo(x.dtype).max <= hi
+    least, most = (lo, hi) if fits else (x.min().item(), x.max().item())
+    if least < lo or most > hi:
+        raise InputError(f"tensor {name} is {dtype.value} but holds values outside {lo}..{hi}")
+    if dtype == DType.INT64 and max(abs(int(least)), abs(int(most))) >= FLOAT_EXACT:
+        raise InputError(f"tensor {name}: values beyond 2^53 are not exact in the interpreter's float64")
+
+
+def round_bf16(x: Any) -> np.ndarray:
+    """float64 → the nearest bfloat16 value (ties to even) as float64; overflow → ±inf, nan stays nan."""
+    x = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x)
+    xf = np.where(finite, x, 0.0)
+    _, e = np.frexp(xf)  # |x| in [2^(e-1), 2^e)
+    # Scaling by the power of two that makes the bf16 spacing 1 is exact, so np.rint (ties to even) rounds the
+    # float64 value once — exactly what rounding its bits would do, subnormals included.
+    q = np.maximum(e - 1, BF16_MIN_EXP) - BF16_MANT_BITS
+    r = np.ldexp(np.rint(np.ldexp(xf, -q)), q)
+    r = np.where(np.abs(r) > BF16_MAX, np.copysign(np.inf, xf), r)
+    return np.where(finite, r, x)
+
+
+def round_fp16(x: Any) -> np.ndarray:
+    """float64 → the nearest float16 value (ties to even) as float64; numpy's cast rounds from float64 directly."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, dtype=np.float64).astype(np.float16).astype(np.float64)
+
+
+# ---- saying that inputs were rounded -----------------------------------------------------------------------------
+
+_WARNED: set[DType] = set()  # the precisions already warned about in this process
+
+
+def rounding_watched(dtype: DType) -> bool:
+    """Whether rounding inputs to `dtype` is still to be looked for: fp16 / bf16, not yet warned about."""
+    return dtype in (DType.FP16, DType.BF16) and dtype not in _WARNED
+
+
+def warn_if_rounded(dtype: DType, before: Any, after: Any, xp: Any = np) -> None:
+    """Warn once per process and precision when rounding `before` to fp16 / bf16 (giving `after`) changed a value;
+    nothing is computed once the warning has been given."""
+    if not rounding_watched(dtype) or not before.size:
+        return
+    # float32 holds fp16 / bf16 / float32 inputs and their rounded values exactly, and halves a GPU's scratch
+    kind, size = np.dtype(before.dtype).kind, np.dtype(before.dtype).itemsize
+    wide = xp.float32 if kind == "f" and size <= 4 else xp.float64
+    with np.errstate(invalid="ignore", over="ignore"):
+        b = before.astype(wide)
+        change = xp.where(xp.isfinite(b), xp.abs(after.astype(wide) - b), 0)
+    largest = float(change.max())
+    if largest == 0:
+        return
+    _WARNED.add(dtype)
+    how = "some finite values beyond its range became infinite" if largest == np.inf else f"by at most {largest:.3g}"
+    name = dtype.value
+    warnings.warn(
+        f"{name} inputs that are not {name} values were rounded to the nearest {name} value (ties to even), {how};"
+        f" said once per process for {name}",
+        InexactInputWarning,
+        stacklevel=_outside_spatialc(),
+    )
+
+
+def _outside_spatialc() -> int:
+    """The stack level of the first caller outside spatialc, so that a warning names the user's line."""
+    frame: FrameType | None = sys._getframe(2)  # level 1 is the function that warns, the caller of this one
+    level = 2
+    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
