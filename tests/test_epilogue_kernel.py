@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 import spatialc
+from spatialc.errors import SemanticError
 from spatialc.frontend import bias, relu, requant, scalar
+from spatialc.ir.nodes import ComputeStage
 from spatialc.ir.ops import Requant
 from spatialc.lower.census import census, count_printed
 from spatialc.lower.cuda.emit import INCLUDES
@@ -183,7 +185,14 @@ def test_an_epilogue_the_fused_store_cannot_take_needs_the_general_lowering():
 def test_chains_whose_c_would_differ_from_the_epilogue_semantics_are_refused():
     p = built(next(c[0] for c in CASES if c[0].startswith("int8/bias+scalar")))
     huge = [scalar("mul", 2**30), scalar("mul", 2**30)]
-    a_big = spatialc.build(spatialc.gemm(32, 64, 32, "int8", epilogue=huge), "sm_86", block=(2, 4, 1))
+    with pytest.raises(SemanticError, match="after stage scalar1"):  # verify's rule 8 bounds the chain first
+        spatialc.build(spatialc.gemm(32, 64, 32, "int8", epilogue=huge), "sm_86", block=(2, 4, 1))
+    # The lowering's own bound stays, for a program that reaches it with a forged mark.
+    ones = spatialc.build(spatialc.gemm(32, 64, 32, "int8", epilogue=[scalar("mul", 1)] * 2), "sm_86", block=(2, 4, 1))
+    scaled = tuple(
+        dataclasses.replace(s, kind=ComputeStage(huge[0])) if s.name.startswith("scalar") else s for s in ones.stages
+    )
+    a_big = ones.evolve(stages=scaled, verified=True)
     with pytest.raises(TooBig, match="after epilogue stage scalar1"):  # 32·2^14 · 2^30 · 2^30 leaves int64
         lower(a_big, spatialc.target("sm_86"))
     out = p.output_tensor()

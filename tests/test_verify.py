@@ -17,6 +17,7 @@ from spatialc.errors import (
     IllFormedError,
     RingDepthError,
     RingOwnershipError,
+    SemanticError,
     StrongerCheckNeeded,
     TileBoundsError,
     UnbalancedError,
@@ -24,7 +25,19 @@ from spatialc.errors import (
     VerifyError,
 )
 from spatialc.frontend import BUF_A, BUF_ACC, BUF_B, BUF_C, SCALAR_OPS, T_A, T_B, T_C
-from spatialc.ir.ids import LV_ITEM, LV_K, BufferId, GroupId, ItemId, LoopVar, SemId, Site, TensorId
+from spatialc.ir.ids import (
+    LV_ITEM,
+    LV_ITEM_X,
+    LV_ITEM_Y,
+    LV_K,
+    BufferId,
+    GroupId,
+    ItemId,
+    LoopVar,
+    SemId,
+    Site,
+    TensorId,
+)
 from spatialc.ir.index import ProgramIndex as Ctx
 from spatialc.ir.nodes import (
     Buffer,
@@ -808,3 +821,61 @@ def test_every_build_of_a_small_matrix_verifies():
         assert verify(p.evolve()).verified, kw
         built += 1
     assert built == 4 * 3 * 3 * 3 + 3
+
+
+def test_a_bias_address_over_an_unbound_variable_is_ill_formed():
+    # The message names the Compute itself: formatting it once raised a TypeError of its own.
+    p = spatialc.build(spatialc.gemm(64, 48, 32, "int8", epilogue=[spatialc.bias()]), "sm_86")
+    unbound = TileAddr(0, ((LoopVar(9), 1),))
+    p = replace(
+        p,
+        C,
+        lambda op: (
+            (dataclasses.replace(op, op=dataclasses.replace(op.op, at=unbound)),)
+            if isinstance(op, Compute) and not isinstance(op.op, MatmulTiles)
+            else None
+        ),
+    )
+    refused(p, IllFormedError, "site 0 compute: Compute bias bias[1*lv9 +", "uses lv9, which no enclosing loop binds")
+
+
+def test_a_plan_that_disagrees_with_the_operands_k_tiles_is_refused():
+    refused(_with_plan(small(), k_tiles=8), SemanticError, "the plan reduces 8 k-tiles, but A's tile grid has 4")
+
+
+def test_a_copy_pipeline_verifies_and_a_shifted_one_does_not():
+    # Rule 8 states any linear pipeline's function, not only a GEMM's: read A, write it to C tile for tile.
+    p = small()
+    a, c = p.tensor(T_A), p.tensor(T_C)
+    t = dataclasses.replace(a, elems=c.elems, tiles=c.tiles)
+    copy = p.evolve(
+        tensors=(t, p.tensor(T_B), c),
+        stages=(p.stages[0], dataclasses.replace(p.stages[-1], ins=(BUF_A,))),
+        buffers=(p.buffers[0],),
+    )
+    assert copy.plan is not None
+    h, w = copy.plan.item_tiles
+    read = ReadTiles(T_A, TileAddr(0, ((LV_ITEM_Y, h * c.tiles[1]), (LV_ITEM_X, w))), h, w, c.tiles[1], 1, BUF_A)
+    write = WriteTiles(BUF_A, T_C, read.at, h, w, c.tiles[1], 1)
+    progs = []
+    for site, items in copy.placement.items_of_site:  # type: ignore[union-attr]
+        reader = (Reserve(BUF_A), read, Push(BUF_A)) if items else ()
+        writer = (Wait(BUF_A), write, Pop(BUF_A)) if items else ()
+        progs += [EngineProgram(site, R, reader), EngineProgram(site, C, ()), EngineProgram(site, W, writer)]
+    copy = copy.evolve(schedule=Schedule(tuple(progs)))
+    assert verify(copy).verified
+    shifted = replace(
+        copy, W, lambda op: (dataclasses.replace(op, at=TileAddr(1, op.at.steps)),) if op == write else None
+    )
+    with pytest.raises((SemanticError, TileBoundsError)):
+        verify(shifted)
+
+
+def test_the_output_type_holds_what_the_stages_compute():
+    # The declared values of a K=50 int8 GEMM lie in -50·128·127..50·128·128: an int8 C cannot hold them, an int32
+    # one can; a float program's output is float32.
+    refused(_with_tensor(small(), "C", dtype=DType.INT8), SemanticError, "the output C holds int8", "-812800..819200")
+    assert verify(_with_tensor(small(), "C", dtype=DType.INT32)).verified
+    fp = spatialc.build(spatialc.gemm(40, 40, 40, "fp16"), "sm_86")
+    refused(_with_tensor(fp, "C", dtype=DType.INT64), SemanticError, "fp16 program computes float32 values")
+    refused(_with_tensor(small(), "A", dtype=DType.INT32), SemanticError, "A holds int32 values, but the int8 matmul")

@@ -212,7 +212,9 @@ def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
     """Refuse an int8 GEMM whose int32 fragment accumulators could overflow where the IR's int64 would not.
 
     The largest sum a K-long int8 dot product reaches is K·128·128, every product being (−128)·(−128); the most
-    negative, K·(−128)·127, is smaller in size. The logical K counts: the zero padding adds nothing.
+    negative, K·(−128)·127, is smaller in size. The logical K counts: the zero padding adds nothing. That every
+    accumulator sums exactly K products — each k-tile once, whatever loops the schedule wraps around its K step — is
+    what verify's rule 8 proved before this program reached the lowering.
     """
     if mm.operand.value != "int8":
         return

@@ -34,11 +34,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ...epilogue import EXACT_LIMIT
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId, ItemId
 from ...ir.index import ProgramIndex, where
-from ...ir.nodes import ComputeStage, EngineProgram, ReadStage, Stage, Tensor, WriteStage
-from ...ir.ops import Bias, Compute, Loop, MatmulTiles, McastSend, Trip, walk
+from ...ir.nodes import ComputeStage, DType, EngineProgram, ReadStage, Stage, Tensor, WriteStage
+from ...ir.ops import (
+    Bias,
+    Compute,
+    ComputeOp,
+    Loop,
+    MatmulTiles,
+    McastSend,
+    Precision,
+    Relu,
+    Requant,
+    Scalar,
+    Trip,
+    walk,
+)
 from ...ir.printer import compute_text
 from .dataflow import Declared, SiteRun, Write, same_op
 from .facts import Programs
@@ -67,7 +81,8 @@ def declared(index: ProgramIndex) -> Declared:
         for b in s.outs:
             if producer.setdefault(index.ring(b), s) is not s:
                 raise _unsure(f"stages {producer[index.ring(b)].name} and {s.name} both fill {index.name(b)}")
-    ring = index.ring(writes[0].ins[0])
+    last = index.ring(writes[0].ins[0])
+    ring, chain = last, list[Stage]()
     for _ in range(len(p.stages) + 1):
         stage = producer.get(ring)
         if stage is None:
@@ -75,10 +90,13 @@ def declared(index: ProgramIndex) -> Declared:
         match stage.kind:
             case ReadStage(t):
                 _same_shape(index, stage, index.tensors[t], out)
-                return Declared(out, index.ring(writes[0].ins[0]), producer)
+                return Declared(out, last, producer)
             case ComputeStage(MatmulTiles() as mm):
-                return _gemm(index, stage, mm, out, index.ring(writes[0].ins[0]), producer)
+                decl = _gemm(index, stage, mm, out, last, producer)
+                _integer_bounds(index, decl, chain[::-1])
+                return decl
             case ComputeStage() if len(stage.ins) == 1 and len(stage.outs) == 1:
+                chain.append(stage)
                 ring = index.ring(stage.ins[0])
             case _:
                 raise _unsure(f"stage {stage.name} has {len(stage.ins)} inputs and {len(stage.outs)} outputs")
@@ -118,11 +136,74 @@ def _gemm(
             f" {plan.block.osh}x{plan.block.osw}x{plan.block.ibw} with {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
             " sub-blocks"
         )
+    if plan is not None and plan.k_tiles != a.tiles[1]:
+        raise SemanticError(
+            f"the plan reduces {plan.k_tiles} k-tiles, but {a.name}'s tile grid has {a.tiles[1]} columns of them"
+        )
     if mm.operand != p.precision:
         raise SemanticError(f"stage {stage.name} multiplies {mm.operand.value} tiles in a {p.precision.value} program")
+    for t in (a, b):
+        if t.dtype.value != p.precision.value:
+            raise SemanticError(f"{t.name} holds {t.dtype.value} values, but the {p.precision.value} matmul reads it")
     shape = (mm.sub_blocks[0] * mm.block.osh, mm.sub_blocks[1] * mm.block.osw, mm.block.ibw)
     k_need = math.ceil(a.elems[1] / p.tile.cols)
     return Declared(out, last, producer, a.id, b.id, shape, k_need, min(a.tiles[1], b.tiles[0]))
+
+
+_INT_RANGE = {DType.INT8: 2**7, DType.INT32: 2**31, DType.INT64: 2**63}  # values lie in -r..r-1
+
+
+def _integer_bounds(index: ProgramIndex, decl: Declared, chain: list[Stage]) -> None:
+    """What the epilogue produces, and its range: every integer value stays inside what the interpreter computes
+    exactly (±2^62) and what the output tensor holds; a float program's output is float32.
+
+    The bounds start from the K-long int8 dot product and follow the stages; a bias adds any int32, requant
+    saturates to int8. The output type must be the chain's own: int8 after requant, a wide integer before."""
+    p, out = index.p, decl.out
+    if p.precision != Precision.INT8:
+        if out.dtype != DType.FLOAT32 or any(isinstance(s.kind.op, Requant) for s in chain):  # type: ignore[union-attr]
+            raise SemanticError(
+                f"a {p.precision.value} program computes float32 values; its output {out.name} holds {out.dtype.value}"
+                + (" and a requant needs an integer accumulator" if chain else "")
+            )
+        return
+    k = index.tensors[decl.a].elems[1]  # type: ignore[index]
+    lo, hi = -k * 128 * 127, k * 128 * 128
+    for s in chain:
+        lo, hi = _through(s.kind.op, lo, hi)  # type: ignore[union-attr]
+        if max(-lo, hi) >= EXACT_LIMIT:
+            raise SemanticError(
+                f"after stage {s.name} ({compute_text(s.kind.op, p)}) a value can reach {max(-lo, hi)}, beyond the"  # type: ignore[union-attr]
+                " ±2^62 integer epilogues are exact to"
+            )
+    requantised = bool(chain) and isinstance(chain[-1].kind.op, Requant)  # type: ignore[union-attr]
+    fits = out.dtype in _INT_RANGE and -_INT_RANGE[out.dtype] <= lo and hi < _INT_RANGE[out.dtype]
+    if (out.dtype == DType.INT8) != requantised or not fits:
+        raise SemanticError(
+            f"the output {out.name} holds {out.dtype.value}, but the declared values lie in {lo}..{hi}"
+            + ("" if requantised else " (int8 output comes from a requant, last)")
+        )
+
+
+def _through(op: ComputeOp, lo: int, hi: int) -> tuple[int, int]:
+    """The range of an integer epilogue op's result on values in lo..hi."""
+    match op:
+        case Bias():
+            return lo - 2**31, hi + 2**31 - 1
+        case Relu():
+            return max(lo, 0), max(hi, 0)
+        case Scalar("add", v):
+            return lo + int(v), hi + int(v)
+        case Scalar("mul", v):
+            a, b = lo * int(v), hi * int(v)
+            return min(a, b), max(a, b)
+        case Scalar("max", v):
+            return max(lo, int(v)), max(hi, int(v))
+        case Scalar("min", v):
+            return min(lo, int(v)), min(hi, int(v))
+        case Requant():
+            return -128, 127
+    raise SemanticError(f"{compute_text(op)} is not an integer epilogue op")
 
 
 # ---- the rule ----------------------------------------------------------------------------------------------------
