@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 import spatialc
+import spatialc.errors
 from spatialc.ir.ids import BufferId
+from spatialc.ir.nodes import Engine
+from spatialc.ir.ops import Scalar
+
+from .rewrite import replace
 
 
 def test_build_and_lower_take_the_target_keyword_the_issues_name():
@@ -79,9 +84,19 @@ def test_lower_verifies_again_a_program_changed_behind_verify():
 
 
 def test_integer_epilogues_refuse_to_wrap():
-    p = spatialc.build(
-        spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.scalar("mul", 2**30), spatialc.scalar("mul", 2**30)]),
-        "sm_86",
+    huge = [spatialc.scalar("mul", 2**30), spatialc.scalar("mul", 2**30)]
+    with pytest.raises(spatialc.errors.SemanticError, match="beyond the ±2\\^62"):  # verify bounds the chain
+        spatialc.build(spatialc.gemm(16, 16, 16, "int8", epilogue=huge), "sm_86")
+    # The interpreter keeps its own check, for a program that never went through verify.
+    ones = spatialc.build(spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.scalar("mul", 1)] * 2), "sm_86")
+    scaled = replace(
+        ones,
+        Engine.COMPUTE,
+        lambda op: (
+            (dataclasses.replace(op, op=huge[0]),)
+            if op.__class__.__name__ == "Compute" and isinstance(op.op, Scalar)
+            else None
+        ),
     )
     with pytest.raises(spatialc.SpatialError, match="beyond ±2\\^62"):
-        spatialc.evaluate(p, {"A": np.full((16, 16), 100), "B": np.full((16, 16), 100)})
+        spatialc.evaluate(scaled, {"A": np.full((16, 16), 100), "B": np.full((16, 16), 100)})

@@ -163,3 +163,96 @@ def test_gpucheck_gets_its_own_arguments_in_any_order(capsys, tmp_path):
 def test_a_bad_depth_reads_naturally(capsys):
     status, _, err = run_cli(capsys, "gemm", "4", "4", "4", "--depth", "0")
     assert status == 2 and "depth must be a whole number ≥ 1, not 0" in err
+
+
+@pytest.fixture()
+def saved(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    status, _, err = run_cli(capsys, "gemm", "40", "48", "64", "--target", "sm_86", "--sites", "3", "--json", str(path))
+    assert status == 0, err
+    return path
+
+
+def test_verify_says_which_lowering_takes_a_saved_program(capsys, saved):
+    status, out, err = run_cli(capsys, "verify", str(saved))
+    assert status == 0, err
+    assert "verified — " in out and "computes what its stages declare" in out
+    assert "lowering  the persistent CUDA kernel for sm_86 takes it: 3 blocks of" in out
+
+
+def test_verify_says_why_no_lowering_takes_a_program(capsys, tmp_path):
+    p = spatialc.build(spatialc.gemm(40, 48, 64, "int8", epilogue=[spatialc.relu()]), "sm_80", block=(1, 1, 1))
+    path = tmp_path / "p.json"
+    path.write_text(spatialc.to_json(p))
+    status, out, _ = run_cli(capsys, "verify", str(path))
+    assert status == 0 and "lowering  none yet: cannot lower the epilogue relu" in out
+
+
+def test_lower_writes_a_saved_programs_kernel_and_names_each_file(capsys, saved, tmp_path):
+    out_dir = tmp_path / "k"
+    status, out, err = run_cli(capsys, "lower", str(saved), "--emit", str(out_dir))
+    assert status == 0, err
+    for name in ("program.cu", "bench.cu", "kernel.cu", "launch.json", "budget.json", "census.json"):
+        assert (out_dir / name).is_file() and f"wrote     {out_dir / name}" in out
+    budget = json.loads((out_dir / "budget.json").read_text())
+    assert f"shared memory {budget['static_bytes'] + budget['dyn_bytes']} bytes a block" in out
+
+
+def test_a_hand_broken_file_is_refused_by_lower_and_run(capsys, saved):
+    doc = json.loads(saved.read_text())
+    loop = doc["program"]["schedule"]["programs"][0]["ops"][0]  # site 0's reader: its K loop
+    loop["count"]["n"] -= 1
+    saved.write_text(json.dumps(doc))
+    for command in ("lower", "run", "verify"):
+        argv = [command, str(saved)] + (["--emit", str(saved.parent / "k")] if command == "lower" else [])
+        status, _, err = run_cli(capsys, *argv)
+        assert status == 2 and err.count("\n") == 1, (command, err)
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the run falls back to the host emulation")
+def test_run_checks_a_saved_program_and_its_kernel(capsys, saved):
+    status, out, err = run_cli(capsys, "run", str(saved), "--seed", "3", "--mode", "early")
+    assert status == 0, err
+    assert "interpreter vs numpy reference: OK, exact" in out
+    assert "under the host emulation (early copies" in out and "C equals the reference interpreter" in out
+
+
+def test_mode_without_run_is_refused(capsys):
+    status, _, err = run_cli(capsys, "gemm", "16", "16", "16", "--mode", "early")
+    assert status == 2 and "--mode" in err and "goes with --run" in err
+
+
+def test_version_and_help_that_teaches(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"spatialc {spatialc.__version__}"
+    with pytest.raises(SystemExit):
+        main(["gemm", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for words in (
+        "M: rows of A and of C (elements)",
+        "K: columns of A, rows of B",
+        "(default: int8)",
+        "(default: sm_90)",
+        "tiles are 16x16 elements",
+        "a whole number ≥ 0 (default: 0)",
+        "kernel.cu, launch.json, budget.json",
+    ):
+        assert words in text, words
+
+
+def test_the_report_counts_in_good_english(capsys):
+    status, out, _ = run_cli(capsys, "gemm", "16", "16", "16", "--target", "sm_86", "--block", "1,1,1", "--depth", "1")
+    assert status == 0
+    assert "1 item per site" in out and "1 K step," in out and "1 page deep" in out and "1 sites" not in out
+
+
+def test_the_report_shows_the_kernels_memory_and_the_rings_it_fused(capsys, tmp_path):
+    status, out, _ = run_cli(
+        capsys, "gemm", "100", "72", "40", "--bias", "--relu", "--target", "sm_86", "--emit", str(tmp_path)
+    )
+    budget = json.loads((tmp_path / "budget.json").read_text())
+    assert status == 0 and budget["fused"] == ["C_ring", "bias0_ring", "relu1_ring"]
+    assert f"shared memory {budget['total_bytes']} bytes a block" in out
+    assert budget["total_bytes"] == budget["static_bytes"] + budget["dyn_bytes"] == sum(budget["rings"].values()) + 4096
+    assert "fused into the store (no ring): C_ring, bias0_ring, relu1_ring" in out

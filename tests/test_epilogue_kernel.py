@@ -34,7 +34,7 @@ from spatialc.quant import quantize_multiplier, requantize
 from spatialc.reference import epilogue_ops, reference
 from spatialc.runtime.emulate import emulate
 
-from .test_lower_nvcc import FLAGS, NVCC, gencode, ptxas_entries
+from .test_lower_nvcc import FLAGS, NVCC, gencode, in_namespace, ptxas_entries
 
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ is not installed")
@@ -273,8 +273,7 @@ def nvcc_unit(arts):
         texts += [("host", "p", a.program_cu), ("bench", "b", a.bench_cu)]
     parts = [f"#include <{h}>\n" for h in INCLUDES]
     for i, (_, kind, text) in enumerate(texts):
-        undef = "".join(f"#undef {d}\n" for d in sorted(set(re.findall(r"^#define (\w+)", text, re.M))))
-        parts.append(f"namespace spatialc_case_{i}_{kind} {{\n{text}}}\n{undef}")
+        parts.append(in_namespace(text, i, kind))
     parts.append("int main() { return 0; }\n")
     return "".join(parts), texts
 

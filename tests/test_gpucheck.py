@@ -381,14 +381,31 @@ def test_dry_run_shows_what_ptxas_says_when_nvcc_is_here(capsys, monkeypatch, tm
     assert list(tmp_path.glob("spatialc/cubin/*-sm_90.ptxas.json"))  # compiled for sm_90, numbers cached
 
 
-def test_without_a_gpu_it_says_so_in_one_line_and_exits_2(capsys, monkeypatch, tmp_path):
+@pytest.mark.parametrize(
+    ("device", "why"),
+    [
+        (False, "no CUDA device found"),
+        (
+            True,
+            f"CuPy is not installed ({L.INSTALL_CUPY})",
+        ),
+    ],
+)
+def test_without_a_gpu_it_says_why_and_names_the_dry_run_in_one_line_and_exits_2(
+    device, why, capsys, monkeypatch, tmp_path
+):
     monkeypatch.setitem(sys.modules, "cupy", None)
     monkeypatch.setattr(L, "_DEVICE", None)
-    status = G.main([str(tmp_path / "out"), "--sizes", "64"])
+    monkeypatch.setattr(L, "DEVICE_PROBES", (lambda: device,))
+    monkeypatch.setattr(L, "find_nvcc", lambda: None)
+    out = tmp_path / "my out"
+    status = G.main([str(out), "--sizes", "64"])
     err = capsys.readouterr().err
     assert status == 2
-    assert err.startswith("gpucheck: no GPU: ") and err.count("\n") == 1
-    assert not (tmp_path / "out").exists()
+    dry = f"`spatialc gpucheck '{out}' --sizes 64 --dry-run` lists what a GPU run would do"
+    assert err == f"gpucheck: {why}; {dry}\n"
+    assert not out.exists()
+    assert G.main([str(out), "--sizes", "64", "--dry-run"]) == 0  # and the command it names runs here
 
 
 def no_runner(*args, **kwargs):
@@ -513,7 +530,7 @@ def test_the_table_is_printed_even_when_the_report_cannot_be_written(capsys, tmp
     assert "| bf16 | 16×16×16 |" in out and "| bf16 | 32×32×32 |" in out
     assert '"pct_of_cublas": 50.0' in out  # the JSON goes to stdout instead
     assert err.count("could not update the report") == 1 and "could not write the report" in err
-    assert err.count("\n") == 2
+    assert err.count("\n") == 2 + err.count("gpucheck: row ")  # those two, beside a line as each row starts
 
 
 @pytest.mark.parametrize("how", ["KeyboardInterrupt", "SIGTERM"])
@@ -544,6 +561,33 @@ def test_an_interrupted_run_still_writes_and_prints_the_table(how, capsys, tmp_p
     ]
     out = capsys.readouterr().out
     assert "| fp16 | 16×16×16 |" in out and "state: stopped: interrupted" in out and "wrote" in out
+
+
+def test_each_row_is_announced_on_stderr_with_its_number_and_the_time_so_far(capsys, tmp_path):
+    clock = FakeClock()
+    runner = FakeRunner(clock, cost=7.0)
+    argv = [str(tmp_path), "--sizes", "16", "32", "--precisions", "int8", "fp16"]
+    assert G.main(argv, make_runner=lambda *a, **k: runner) == 0
+    out, err = capsys.readouterr()
+    rows = [line for line in err.splitlines() if line.startswith("gpucheck: row ")]
+    assert [line.split(",")[0] for line in rows] == [
+        "gpucheck: row 1/4: int8 16x16x16",
+        "gpucheck: row 2/4: fp16 16x16x16",
+        "gpucheck: row 3/4: int8 32x32x32",
+        "gpucheck: row 4/4: fp16 32x32x32",
+    ]
+    assert all(line.endswith(" s so far") for line in rows)
+    assert "| int8 | 32×32×32 |" in out and "gpucheck: row" not in out  # the table's stdout stays clean
+
+
+def test_run_all_announces_only_the_rows_it_starts():
+    clock = FakeClock()
+    said = []
+    runner = FakeRunner(clock, cost=100.0)
+    cases = G.cases_of(["16", "32", "48"], ["int8"])
+    rows, _ = G.run_all(cases, runner, budget_s=205, clock=clock, log=lambda s: None, progress=said.append)
+    assert [r.status for r in rows] == ["ok", "ok", "skipped"]
+    assert said == ["row 1/3: int8 16x16x16, 0 s so far", "row 2/3: int8 32x32x32, 100 s so far"]
 
 
 def test_main_exits_1_when_a_row_fails(capsys, tmp_path):

@@ -522,7 +522,7 @@ def test_a_bug_is_exit_status_3_in_one_line(capsys, monkeypatch):
     def broken(args):
         raise KeyError("stage 7")
 
-    monkeypatch.setattr("spatialc.cli.cmd_show", broken)
+    monkeypatch.setattr("spatialc.cli.commands.cmd_show", broken)
     status, _, err = run_cli(capsys, "show", "p.json")
     assert status == 3
     assert err == "spatialc: internal error: KeyError: 'stage 7' (re-run with --traceback to see where)\n"
@@ -566,7 +566,8 @@ def test_piping_into_head_prints_its_lines_and_nothing_else(tmp_path):
 
 def test_the_command_refuses_an_evaluation_past_memory_before_making_inputs(capsys, monkeypatch):
     monkeypatch.setattr(interp_evaluate, "physical_memory", lambda: 2**30)
-    monkeypatch.setattr("spatialc.cli.random_inputs", lambda p, seed: pytest.fail("inputs made before the check"))
+    too_early = lambda p, seed: pytest.fail("inputs made before the check")  # noqa: E731
+    monkeypatch.setattr("spatialc.cli.commands.random_inputs", too_early)
     err = refused_in_one_line(
         capsys, "gemm", "20000", "20000", "64", says="float64 tiles; this machine has 1073741824 bytes"
     )

@@ -7,6 +7,7 @@ result, so the launcher's whole path (bind, convert, tilize, poison, launch orde
 from __future__ import annotations
 
 import math
+import os
 import sys
 from fractions import Fraction
 
@@ -303,6 +304,7 @@ def test_launch_errors_are_spatial_errors():
 def test_no_cupy_is_one_clear_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy → ImportError
     monkeypatch.setattr(L, "_DEVICE", None)
+    monkeypatch.setattr(L, "DEVICE_PROBES", (lambda: True,))  # a machine with a device, without CuPy
     art = artifact(16, 16, 16)
     with pytest.raises(L.GpuUnavailable) as err:
         spatialc.run(art, np.ones((16, 16)), np.ones((16, 16)))
@@ -325,20 +327,145 @@ class _FakeCupy:
 
 
 @pytest.mark.parametrize(
-    ("count", "words"), [(0, "sees no device"), (RuntimeError("cudaErrorNoDevice\nmore"), "driver did not answer")]
+    ("count", "present", "words"),
+    [
+        (0, True, r"^no GPU: no CUDA device found \(the CUDA driver sees none\)$"),
+        (
+            RuntimeError("cudaErrorNoDevice\nmore"),
+            None,
+            r"^no GPU: the CUDA driver did not answer \(cudaErrorNoDevice\)$",
+        ),
+        (RuntimeError("cudaErrorInsufficientDriver"), False, r"^no GPU: no CUDA device found$"),
+    ],
 )
-def test_no_device_or_driver_is_one_clear_line(monkeypatch, count, words):
+def test_no_device_or_driver_is_one_clear_line(monkeypatch, count, present, words):
     monkeypatch.setitem(sys.modules, "cupy", _FakeCupy(count))
     monkeypatch.setattr(L, "_DEVICE", None)
+    monkeypatch.setattr(L, "DEVICE_PROBES", (lambda: present,))
     with pytest.raises(L.GpuUnavailable, match=words) as err:
         L.cupy_device()
     assert "\n" not in str(err.value)
 
 
+# Without CuPy, the reason depends on whether the machine has a device at all, asked of the driver directly.
+@pytest.mark.parametrize(
+    ("present", "says"),
+    [
+        (False, "no GPU: no CUDA device found"),
+        (
+            True,
+            f"no GPU: CuPy is not installed ({L.INSTALL_CUPY})",
+        ),
+        (
+            None,
+            f"no GPU: CuPy is not installed ({L.INSTALL_CUPY}, if this machine has a GPU)",
+        ),
+    ],
+)
+def test_without_cupy_the_reason_follows_the_device_probes(monkeypatch, present, says):
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    monkeypatch.setattr(L, "_DEVICE", None)
+    monkeypatch.setattr(L, "DEVICE_PROBES", (lambda: present,))
+    with pytest.raises(L.GpuUnavailable) as err:
+        L.cupy_device()
+    assert str(err.value) == says
+
+
+def test_the_first_probe_that_sees_a_device_decides_and_the_others_are_not_asked():
+    asked = []
+
+    def probe(answer):
+        return lambda: asked.append(answer) or answer
+
+    def present(*answers):
+        asked.clear()
+        L.DEVICE_PROBES = tuple(probe(a) for a in answers)
+        return L.cuda_device_present()
+
+    saved = L.DEVICE_PROBES
+    try:
+        assert present(None, True, False) is True and asked == [None, True]
+        assert present(None, False, None) is False and asked == [None, False, None]
+        assert present(None, None) is None
+    finally:
+        L.DEVICE_PROBES = saved
+
+
+def test_the_proc_probe_reads_the_drivers_folder_of_gpus(monkeypatch, tmp_path):
+    gpus = tmp_path / "gpus"
+    monkeypatch.setattr(L, "NVIDIA_GPUS", gpus)
+    assert L._probe_proc() is None  # no folder: no NVIDIA driver loaded here, or not Linux; it cannot tell
+    gpus.mkdir()
+    assert L._probe_proc() is False
+    (gpus / "0000:01:00.0").mkdir()
+    assert L._probe_proc() is True
+
+
+class _FakeLibcuda:
+    def __init__(self, init_status, count):
+        self.init_status, self.count = init_status, count
+
+    def cuInit(self, flags):  # noqa: N802 — the driver's names
+        return self.init_status
+
+    def cuDeviceGetCount(self, ptr):  # noqa: N802
+        ptr._obj.value = self.count
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("lib", "found"),
+    [
+        (None, False),  # no libcuda: no device CUDA could use
+        (_FakeLibcuda(0, 2), True),
+        (_FakeLibcuda(0, 0), False),
+        (_FakeLibcuda(100, 0), False),  # CUDA_ERROR_NO_DEVICE
+        (_FakeLibcuda(999, 0), None),  # an error it cannot read: no answer
+    ],
+)
+def test_the_driver_probe_asks_libcuda(monkeypatch, lib, found):
+    def cdll(name):
+        if lib is None:
+            raise OSError(f"{name}: cannot open shared object file")
+        return lib
+
+    monkeypatch.setattr(L.sys, "platform", "linux")
+    monkeypatch.setattr(L.ctypes, "CDLL", cdll)
+    assert L._probe_driver() is found
+
+
+def test_the_driver_probe_does_not_guess_on_other_systems(monkeypatch):
+    monkeypatch.setattr(L.sys, "platform", "darwin")
+    assert L._probe_driver() is None
+
+
+@pytest.mark.parametrize(
+    ("script", "found"),
+    [
+        ("echo 'GPU 0: NVIDIA H200 (UUID: GPU-1234)'", True),
+        ("echo 'No devices were found'; exit 6", False),
+        ("echo 'NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.'; exit 9", False),
+        ("exec sleep 10", None),  # past its time limit: no answer
+    ],
+)
+def test_the_nvidia_smi_probe_reads_its_list(monkeypatch, tmp_path, script, found):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n{script}\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(L, "NVIDIA_SMI_TIMEOUT_S", 0.5)
+    assert L._probe_nvidia_smi() is found
+
+
+def test_the_nvidia_smi_probe_without_nvidia_smi_cannot_tell(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert L._probe_nvidia_smi() is None
+
+
 # ---- compiling -------------------------------------------------------------------------------------------------
 
 
-def test_kernel_symbol_finds_the_mangled_name():
+def test_kernel_symbol_finds_the_plain_or_the_mangled_name():
     cubin = b"\x7fELF\x00.text._Z19spatialc_persistentPKaS0_Px\x00_Z19spatialc_persistentPKaS0_Px\x00"
     assert L.kernel_symbol(cubin, "spatialc_persistent") == "_Z19spatialc_persistentPKaS0_Px"
     assert L.kernel_symbol(b"\x00.text.k\x00k\x00", "k") == "k"  # extern "C"
@@ -357,7 +484,7 @@ def test_nvcc_cubin_of_a_lowered_kernel_is_cached_and_its_kernel_found(tmp_path,
     art = spatialc.lower(spatialc.build(spatialc.gemm(40, 24, 56, "bf16"), "sm_90"))
     path = L.compile_cubin(art.kernel_cu, "sm_90", cache=tmp_path)
     symbol = L.kernel_symbol(path.read_bytes(), art.launch.kernel_name)
-    assert symbol.startswith("_Z19spatialc_persistentPK13__nv_bfloat16")  # C++ mangled: found in the cubin, not guessed
+    assert symbol == "spatialc_persistent"  # extern "C": the name launch.json gives is the symbol
     info = L.kernel_ptxas(path, art.launch.kernel_name)  # what this nvcc's ptxas said, kept beside the cubin
     assert info is not None and info.function == symbol and 0 < info.registers <= 255
     assert info.smem == art.budget.static_bytes  # the budget's static shared memory is what ptxas counts

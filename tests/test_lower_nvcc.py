@@ -2,8 +2,9 @@
 static shared memory its budget predicted (`ptxas -v`).
 
 nvcc is slow, so the texts of one target are compiled together: each artifact's program_cu and bench_cu inside a
-namespace of its own, its macros undefined after it, in one translation unit per target (three nvcc calls, run in
-parallel). One program_cu is also compiled alone for all three architectures, as the self-contained text it is.
+namespace of its own (its extern "C" kernel renamed for it), its macros undefined after it, in one translation unit
+per target (three nvcc calls, run in parallel). One program_cu is also compiled alone for all three architectures,
+as the self-contained text it is.
 """
 
 import re
@@ -14,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import spatialc
-from spatialc.lower.cuda.emit import INCLUDES
+from spatialc.lower.cuda.emit import INCLUDES, KERNEL_NAME
 from spatialc.lower.cuda.persistent import lower
 
 NVCC = shutil.which("nvcc")
@@ -50,13 +51,20 @@ def artifacts(tgt):
     return out
 
 
+def in_namespace(text, i, kind):
+    """`text` inside namespace spatialc_case_<i>_<kind>, its macros undefined after it. The kernel is extern "C", a
+    name no namespace encloses, so it is renamed spatialc_case_<i>_<kind>_kernel (ptxas then names the case)."""
+    text = re.sub(rf"\b{KERNEL_NAME}\b", f"spatialc_case_{i}_{kind}_kernel", text)
+    undef = "".join(f"#undef {d}\n" for d in sorted(set(re.findall(r"^#define (\w+)", text, re.M))))
+    return f"namespace spatialc_case_{i}_{kind} {{\n{text}}}\n{undef}"
+
+
 def translation_unit(arts):
     """Every artifact's program_cu and bench_cu in one file: the headers first, so each text's includes are no-ops."""
     parts = [f"#include <{h}>\n" for h in INCLUDES]
     for i, (_, art) in enumerate(arts):
         for kind, text in (("p", art.program_cu), ("b", art.bench_cu)):
-            undef = "".join(f"#undef {d}\n" for d in sorted(set(re.findall(r"^#define (\w+)", text, re.M))))
-            parts.append(f"namespace spatialc_case_{i}_{kind} {{\n{text}}}\n{undef}")
+            parts.append(in_namespace(text, i, kind))
     parts.append("int main() { return 0; }\n")
     return "".join(parts)
 

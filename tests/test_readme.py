@@ -23,3 +23,33 @@ def test_the_quick_start_is_the_first_two_fenced_blocks_and_ci_runs_the_second()
 def test_the_python_example_runs():
     (example,) = [body for lang, body in re.findall(r"```(\w*)\n(.*?)```", README, re.S) if lang == "python"]
     exec(compile(example, "README.md", "exec"), {})
+
+
+def test_every_link_of_the_readme_leads_somewhere():
+    root = Path(__file__).resolve().parents[1]
+    links = re.findall(r"\]\(([^)#]+)\)", README)
+    assert links, "the README links its docs"
+    for link in links:
+        assert (root / link).exists(), link
+    assert not re.search(r"\.\./shared", README), "the README must stand alone: shared/ is not in the repository"
+
+
+def test_the_error_table_names_the_errors_spatialc_raises():
+    import importlib
+    import inspect
+
+    import spatialc
+
+    names = ("errors", "interp.errors", "lower.errors", "runtime.emulate", "runtime.launch")
+    modules = (spatialc, *(importlib.import_module(f"spatialc.{n}") for n in names))
+    named = set(
+        re.findall(
+            r"`(\w+Error|\w+Needed|Unverified|Unsupported|NeedsGeneral|TooBig|Precision|\w+Sites|"
+            r"UnknownTarget|GpuUnavailable|Emulation\w+|NotReady|TooLarge)`",
+            README,
+        )
+    )
+    defined = {name for m in modules for name, obj in vars(m).items() if inspect.isclass(obj)}
+    assert named <= defined, named - defined
+    for name in ("SemanticError", "StrongerCheckNeeded", "InputError", "Unverified", "EmulationTimeout"):
+        assert f"`{name}`" in README

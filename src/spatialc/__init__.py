@@ -3,11 +3,14 @@
 # The package spatialc.lower is imported first so that its import binds `spatialc.lower` now, and the function
 # imported next rebinds it for good; loaded later (by the first call), the package would replace the function.
 from . import lower as _lower_package  # noqa: F401
-from .api import build, emulate, evaluate, from_json, gemm, lower, run, to_json
+from .accuracy import Tolerance, tolerance
+from .api import build, emulate, evaluate, from_json, gemm, lower, run, to_json, verify
 from .errors import DeadlockError, PlanError, ProgramError, SpatialError, VerifyError
 from .frontend import bias, relu, requant, scalar
 from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
+from .runtime.tilize import tilize_array as tilize
+from .runtime.tilize import untilize_array as untilize
 from .target import SpatialTarget, UnknownTarget, target
 
 __all__ = [
@@ -19,6 +22,7 @@ __all__ = [
     "SerdeError",
     "SpatialError",
     "SpatialTarget",
+    "Tolerance",
     "UnknownTarget",
     "VerifyError",
     "bias",
@@ -33,6 +37,10 @@ __all__ = [
     "run",
     "scalar",
     "target",
+    "tilize",
     "to_json",
+    "tolerance",
+    "untilize",
+    "verify",
 ]
 __version__ = "0.1.0"

@@ -11,7 +11,7 @@ from .ir.nodes import SpatialProgram
 from .target import SpatialTarget
 from .target import target as get_target
 
-__all__ = ["build", "emulate", "evaluate", "from_json", "gemm", "lower", "run", "to_json"]
+__all__ = ["build", "emulate", "evaluate", "from_json", "gemm", "lower", "run", "to_json", "verify"]
 
 
 def build(
@@ -31,6 +31,17 @@ def build(
     return run_passes(
         program, get_target(target), block=block, sub_blocks=sub_blocks, depth=depth, sites=sites, placement=placement
     )
+
+
+def verify(program: SpatialProgram, target: str | SpatialTarget | None = None) -> SpatialProgram:
+    """The program marked verified, or the first broken rule's error (docs/verification.md lists the eight rules).
+
+    `build` ends with it; call it on a program you built or edited by hand. `target` only matters for a program
+    that names a target spatialc does not list."""
+    from .passes.verify import verify as check
+
+    _program("verify", program, "from spatialc.build or spatialc.from_json")
+    return check(program, None if target is None else get_target(target))
 
 
 def evaluate(program: SpatialProgram, inputs: dict[str, Any], **kwargs: Any):

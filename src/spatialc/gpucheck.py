@@ -13,7 +13,9 @@ reached yet are marked pending), so a run cut short still leaves what it finishe
 background compiles get no more than the time left and are killed at the end, rows not reached are marked skipped
 and the table is still written; Ctrl-C or SIGTERM stops it the same way. Exit status: 0 all run rows correct, 1 some
 wrong or failed (or the report could not be written; the table and the JSON then go to stdout), 2 no GPU or a bad
-argument (one line on stderr), 3 the GPU hung or lost its context, 130 interrupted (the table is written first).
+argument (one line on stderr; without a GPU it names the `--dry-run` that works anyway), 3 the GPU hung or lost its
+context, 130 interrupted (the table is written first). As it goes, stderr says which row starts (`gpucheck: row
+3/24: fp16 256x256x256, 41 s so far`) and stdout how each one ended.
 
 This module is the GPU-free part (cases, checking, timing, the budget loop, the dry run); `gpucheck_gpu` drives
 the device and is imported only when one is needed. Timing and running are injected, so all of this is tested
@@ -26,6 +28,7 @@ import argparse
 import datetime as dt
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -220,8 +223,10 @@ def run_all(
     log: Callable[[str], None] = print,
     started: float | None = None,
     on_row: Callable[[list[Row]], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[list[Row], str]:
-    """Run every case within `budget_s` seconds (from `started`), calling `on_row` with the rows so far after each.
+    """Run every case within `budget_s` seconds (from `started`), calling `on_row` with the rows so far after each
+    and `progress` with `row i/n: precision size, t s so far` as each row starts (main prints it on stderr).
 
     Returns a row for every case and why the run stopped early: "" (it did not), "lost" (the GPU hung or lost its
     context; the rest are skipped) or "interrupted" (KeyboardInterrupt, which main also raises on SIGTERM)."""
@@ -239,6 +244,10 @@ def run_all(
                 row = _skipped(case, f"not run: time budget of {budget_s:.0f} s spent")
             else:
                 running = True
+                if progress is not None:
+                    progress(
+                        f"row {len(rows) + 1}/{len(cases)}: {case.precision} {case.size}, {clock() - t0:.0f} s so far"
+                    )
                 row, lost = _run_one(case, runner, deadline)
             running = False
             rows.append(row)
@@ -413,7 +422,11 @@ def int_mm_takes(m: int, n: int, k: int) -> bool:
     return m > 16 and k % 8 == 0 and n % 8 == 0
 
 
-def dry_run(cases: Sequence[Case], target: str, out: Callable[[str], None] = print) -> None:
+def _say(line: str) -> None:
+    print(line, flush=True)  # each case as it is built, also through a pipe
+
+
+def dry_run(cases: Sequence[Case], target: str, out: Callable[[str], None] = _say) -> None:
     """Say what a GPU run would do: each case's plan and launch (built here, on the CPU), what ptxas says of its
     kernel (compiled for `target` when nvcc is here) and its baselines."""
     from .runtime import launch
@@ -551,6 +564,14 @@ def _sigterm_interrupts() -> Any:
         return None
 
 
+def no_gpu(e: BaseException, argv: Sequence[str]) -> str:
+    """The refusal without a GPU, in one line: why (GpuUnavailable's reason), and the dry run of the same command,
+    which needs none."""
+    why = str(e).removeprefix("no GPU: ")
+    dry = shlex.join(["spatialc", "gpucheck", *argv, "--dry-run"])
+    return f"{why}; `{dry}` lists what a GPU run would do"
+
+
 STATE = {"": "complete", "lost": "stopped: the GPU was lost", "interrupted": "stopped: interrupted"}
 
 
@@ -579,7 +600,7 @@ def main(argv: Sequence[str] | None = None, make_runner: Callable[..., Any] | No
             from .gpucheck_gpu import GpuRunner as make_runner
         runner = make_runner(args.target, seed=args.seed, triton=not args.no_triton)
     except GpuUnavailable as e:
-        print(f"gpucheck: {e}", file=sys.stderr)
+        print(f"gpucheck: {no_gpu(e, sys.argv[1:] if argv is None else argv)}", file=sys.stderr)
         return 2
     header = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -603,7 +624,13 @@ def main(argv: Sequence[str] | None = None, make_runner: Callable[..., Any] | No
     old_handler = _sigterm_interrupts()
     try:
         rows, stop = run_all(
-            cases, runner, budget_s=args.budget, started=started, log=lambda s: print(s, flush=True), on_row=save
+            cases,
+            runner,
+            budget_s=args.budget,
+            started=started,
+            log=lambda s: print(s, flush=True),
+            on_row=save,
+            progress=lambda s: print(f"gpucheck: {s}", file=sys.stderr, flush=True),
         )
     finally:
         if old_handler is not None:
@@ -631,4 +658,8 @@ def main(argv: Sequence[str] | None = None, make_runner: Callable[..., Any] | No
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except BrokenPipeError:  # `python -m spatialc.gpucheck OUTDIR --dry-run | head`: end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(0) from None

@@ -82,7 +82,7 @@ __device__ __constant__ int ITEM_LIST[4] = {0, 1, 2, 3};
 __device__ __constant__ int ITEM_OFF[2] = {0, 2};
 __device__ __constant__ int ITEM_COUNT[2] = {2, 2};
 
-__global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ t3)
+extern "C" __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ t3)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;

@@ -31,7 +31,7 @@ __device__ __constant__ int ITEM_LIST[1] = {0};
 __device__ __constant__ int ITEM_OFF[1] = {0};
 __device__ __constant__ int ITEM_COUNT[1] = {1};
 
-__global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2)
+extern "C" __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;

@@ -18,30 +18,45 @@ class Budget:
     regs_est: int
     blocks_per_sm: int
     threads: int
+    rings: tuple[tuple[str, int], ...] = ()  # (name, bytes) of each ring the kernel keeps in shared memory
+    fused: tuple[str, ...] = ()  # the program's rings the fused epilogue replaced: its pages stay in registers
 
     @property
     def total_bytes(self) -> int:
         """Shared memory of one block, static and dynamic: what the planner's `tile.smem_bytes` counts."""
         return self.static_bytes + self.dyn_bytes
 
-    def to_dict(self) -> dict[str, int | bool]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    def to_dict(self) -> dict[str, object]:
+        """budget.json: every field, and the total shared memory of a block."""
+        out: dict[str, object] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["rings"] = {name: size for name, size in self.rings}
+        out["fused"] = list(self.fused)
+        out["total_bytes"] = self.total_bytes
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class KernelParam:
-    """One kernel argument: a device pointer to a tiled tensor (`tiles` = padded (rows_t, cols_t))."""
+    """One kernel argument: a device pointer to a tiled tensor (`tiles` = padded (rows_t, cols_t)).
+
+    The buffer holds `tiles[0] * tiles[1]` tiles of `Launch.tile` elements each, laid out as `spatialc.tilize(x,
+    grid=tiles)` lays them; the output comes back with `spatialc.untilize(buf, elems, grid=tiles)`. The grid may be
+    larger than `elems` needs (the plan's items cover it), so pass it rather than let it default."""
 
     name: str  # the tensor's name in the program ("A", "B", "C", "bias")
     c_type: str  # the pointee's C type
     role: str  # input / output / parameter
     elems: tuple[int, int]  # logical (rows, cols)
-    tiles: tuple[int, int]  # padded tile grid
+    tiles: tuple[int, int]  # padded tile grid (rows_t, cols_t): the `grid` of spatialc.tilize / spatialc.untilize
 
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """How to launch `kernel_cu`'s kernel from a host language."""
+    """How to launch `kernel_cu`'s kernel from a host language (docs/kernel-abi.md, "Launching kernel.cu yourself").
+
+    `kernel_name` is the kernel's symbol (it is declared extern "C"); launch a 1-D grid of `grid` blocks of `block`
+    threads with `dyn_smem` bytes of dynamic shared memory, the arguments one device pointer per `params` entry in
+    that order."""
 
     kernel_name: str
     grid: int

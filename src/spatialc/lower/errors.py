@@ -13,7 +13,10 @@ class Unverified(LowerError):
     """The program has not passed `verify`: lowering relies on what the verifier proves and checks none of it."""
 
     def __init__(self, program: str):
-        super().__init__(f"program {program!r} is not verified; run spatialc.build (or passes.verify) before lowering")
+        super().__init__(
+            f"program {program!r} is not verified; verify it first: spatialc.verify(program) (spatialc.build"
+            " ends with it)"
+        )
         self.program = program
 
 

@@ -4,6 +4,10 @@ The exact `program_cu` text is compiled by g++ against `runtime/emu/*.h` (one re
 and warp barriers, WMMA fragments, cp.async copies that land late or early, a race check on shared memory) after
 two rewrites and nothing else: the launch `k<<<g, b[, s]>>>(args);` becomes a call, and the dynamic shared
 declaration becomes a pointer to the emulator's block. Binaries are cached by the hash of what built them.
+
+A run can report progress: given a `progress(done, total)` callback, the runner asks the emulator for its
+`spatialc-emu progress <done> <total>` lines (blocks of the launch done so far, a few a second) and calls it as
+they arrive; `stderr_progress` is a ready-made one that keeps a line on a terminal up to date.
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -36,11 +41,14 @@ __all__ = [
     "EmulationRace",
     "EmulationTimeout",
     "MODES",
+    "Progress",
+    "StderrProgress",
     "compile_program",
     "emulate",
     "emulate_source",
     "host_source",
     "run_program",
+    "stderr_progress",
 ]
 
 HEADER_DIR = Path(__file__).parent / "emu"
@@ -56,6 +64,10 @@ LAUNCH = re.compile(r"\b([A-Za-z_]\w*)\s*<<<([^;<>]*?)>>>\s*\(")
 # Exit statuses the emulator ends a run with (emu_core.h), and the host code's own (kernel-abi.md §10).
 EXIT_RACE, EXIT_DEADLOCK, EXIT_TIMEOUT, EXIT_MISUSE = 86, 87, 88, 89
 EXIT_CUDA, EXIT_INPUT = 1, 2
+
+# `progress(done, total)`: blocks of the running launch done so far (emu_runtime.h, report_blocks).
+Progress = Callable[[int, int], None]
+PROGRESS_LINE = re.compile(r"spatialc-emu progress (\d+) (\d+)")
 
 
 class EmulationError(SpatialError):
@@ -258,32 +270,87 @@ def _report(stderr: str) -> str:
     return "\n".join(lines) or stderr.strip()[-2000:] or "(no message)"
 
 
-def run_program(binary: Path, files: Mapping[str, str], timeout: float = 120.0) -> Run:
-    """Run `binary` in a fresh folder holding `files` (name → text); its stdout, or the typed error it ended with."""
+def run_program(
+    binary: Path, files: Mapping[str, str], timeout: float = 120.0, *, progress: Progress | None = None
+) -> Run:
+    """Run `binary` in a fresh folder holding `files` (name → text); its stdout, or the typed error it ended with.
+
+    With `progress`, the emulator reports blocks done and `progress(done, total)` is called (from a reader thread)
+    as each report arrives; those lines are kept out of `Run.stderr` and out of the errors. A callback that raises
+    stops the run, and its exception is raised here."""
     with tempfile.TemporaryDirectory(prefix="spatialc-run-") as tmp:
         for name, text in files.items():
             Path(tmp, name).write_text(text)
         env = dict(os.environ, SPATIALC_EMU_TIMEOUT_S=str(timeout))
+        env.pop("SPATIALC_EMU_PROGRESS", None)
+        if progress is not None:
+            env["SPATIALC_EMU_PROGRESS"] = "1"
         t0 = time.perf_counter()
-        try:
-            done = subprocess.run(
-                [str(binary)], cwd=tmp, env=env, capture_output=True, text=True, check=False, timeout=timeout + 15
-            )
-        except subprocess.TimeoutExpired as e:
-            raise EmulationTimeout(
-                f"TIMEOUT: the emulated run was killed after {timeout + 15:.0f} s (its own watchdog did not end it)"
-            ) from e
+        status, stdout, stderr = _watched([str(binary)], tmp, env, timeout + 15, progress)
         seconds = time.perf_counter() - t0
-    if done.returncode == 0:
-        return Run(done.stdout, done.stderr, seconds)
-    status = done.returncode
+    if status == 0:
+        return Run(stdout, stderr, seconds)
     if status < 0:
         raise EmulationFault(
-            f"the emulated run died of signal {-status}: {_report(done.stderr)}", stderr=done.stderr, status=status
+            f"the emulated run died of signal {-status}: {_report(stderr)}", stderr=stderr, status=status
         )
     kind = _BY_STATUS.get(status, EmulationFault)
     prefix = {EXIT_CUDA: "a CUDA error: ", EXIT_INPUT: "a missing or short input file: "}.get(status, "")
-    raise kind(f"{prefix}{_report(done.stderr)}", stderr=done.stderr, status=status)
+    raise kind(f"{prefix}{_report(stderr)}", stderr=stderr, status=status)
+
+
+class _StderrReader(threading.Thread):
+    """Reads a child's stderr as it comes: progress lines go to the callback, every other line is kept."""
+
+    def __init__(self, proc: subprocess.Popen[str], progress: Progress | None):
+        super().__init__(daemon=True)
+        self.proc, self.progress = proc, progress
+        self.lines: list[str] = []
+        self.failure: BaseException | None = None  # what the callback raised; the run is stopped
+
+    def run(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            found = PROGRESS_LINE.fullmatch(line.rstrip("\n"))
+            if found is None:
+                self.lines.append(line)
+            elif self.progress is not None and self.failure is None:
+                try:
+                    self.progress(int(found.group(1)), int(found.group(2)))
+                except Exception as e:  # handed to the caller's thread, which raises it
+                    self.failure = e
+                    self.proc.kill()
+
+
+def _watched(
+    cmd: list[str], cwd: str, env: dict[str, str], kill_after: float, progress: Progress | None
+) -> tuple[int, str, str]:
+    """Run `cmd` to its end, streaming its stderr: (status, stdout, stderr without progress lines). Killed after
+    `kill_after` seconds (EmulationTimeout), or when the caller stops waiting (an interrupt)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out: list[str] = []
+    out_reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
+    err_reader = _StderrReader(proc, progress)
+    out_reader.start()
+    err_reader.start()
+    try:
+        status = proc.wait(timeout=kill_after)
+    except subprocess.TimeoutExpired as e:
+        raise EmulationTimeout(
+            f"TIMEOUT: the emulated run was killed after {kill_after:.0f} s (its own watchdog did not end it)"
+        ) from e
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out_reader.join()
+        err_reader.join()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    if err_reader.failure is not None:
+        raise err_reader.failure
+    return status, "".join(out), "".join(err_reader.lines)
 
 
 def parse_output(stdout: str, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
@@ -313,10 +380,12 @@ def emulate_source(
     *,
     mode: str = "late",
     timeout: float = 120.0,
+    progress: Progress | None = None,
 ) -> np.ndarray:
-    """Compile and run any program text that follows kernel-abi.md; `files` are its input files (name → values)."""
+    """Compile and run any program text that follows kernel-abi.md; `files` are its input files (name → values).
+    `progress(done, total)` hears of the blocks done as the run goes (see `run_program`)."""
     texts = {name: v if isinstance(v, str) else format_values(v) for name, v in files.items()}
-    run = run_program(compile_program(program_cu, mode), texts, timeout)
+    run = run_program(compile_program(program_cu, mode), texts, timeout, progress=progress)
     return parse_output(run.stdout, out_shape, out_dtype)
 
 
@@ -335,18 +404,97 @@ def _input_files(artifact, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return files
 
 
-def emulate(artifact, inputs: Mapping[str, Any], mode: str = "late", timeout: float = 120.0) -> np.ndarray:
+def emulate(
+    artifact,
+    inputs: Mapping[str, Any],
+    mode: str = "late",
+    timeout: float = 120.0,
+    *,
+    progress: Progress | None = None,
+) -> np.ndarray:
     """C of `artifact.program_cu` on `inputs` (tensor name → array), run through the host emulation in `mode`.
 
     C is int8 after a requant, int64 for another integer output, float32 otherwise. Inputs are checked as
     `spatialc.evaluate` checks them (InputError). Raises an EmulationError subclass naming a race, a deadlock, a
-    timeout, a compile error or a CUDA error when the run does not finish cleanly.
+    timeout, a compile error or a CUDA error when the run does not finish cleanly. `progress(done, total)` is
+    called with the blocks done as the run goes (`stderr_progress()` makes one that shows them on a terminal).
     """
     out = next((p for p in artifact.launch.params if p.role == "output"), None)
     if out is None:
         raise EmulationFault("the artifact's launch names no output tensor")
     floats = any(w in out.c_type for w in ("float", "half", "bfloat"))
     dtype = np.float32 if floats else (np.int8 if out.c_type == "signed char" else np.int64)
+    files = _input_files(artifact, inputs)
     return emulate_source(
-        artifact.program_cu, _input_files(artifact, inputs), tuple(out.elems), dtype, mode=mode, timeout=timeout
+        artifact.program_cu, files, tuple(out.elems), dtype, mode=mode, timeout=timeout, progress=progress
     )
+
+
+# ---- a progress line on a terminal ------------------------------------------------------------------------------
+
+
+class StderrProgress:
+    """A `progress(done, total)` callback that keeps one line on stderr up to date: `emulating: 37/132 blocks, 12 s`.
+
+    It writes only when its stream is a terminal (or with `force`), at most ten times a second, and finishes the
+    line when `done` reaches `total`. Used as a context manager it also finishes a line left open by a run that
+    failed, so the error printed next starts on a line of its own. Seconds count from its creation."""
+
+    EVERY_S = 0.1
+
+    def __init__(
+        self,
+        label: str = "emulating",
+        *,
+        force: bool = False,
+        stream: IO[str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.label, self.force, self.stream, self.clock = label, force, stream, clock
+        self.started = clock()
+        self.width = 0  # characters of the open line; 0 when none is open
+        self.shown = -float("inf")
+        self._lock = threading.Lock()
+
+    def _out(self) -> IO[str] | None:
+        stream = self.stream if self.stream is not None else sys.stderr
+        if stream is None:
+            return None
+        try:
+            return stream if self.force or stream.isatty() else None
+        except (AttributeError, ValueError):  # no isatty, or closed
+            return None
+
+    def __call__(self, done: int, total: int) -> None:
+        stream = self._out()
+        if stream is None:
+            return
+        with self._lock:
+            now, last = self.clock(), done >= total
+            if not last and self.width and now - self.shown < self.EVERY_S:
+                return
+            text = f"{self.label}: {done}/{total} blocks, {now - self.started:.0f} s"
+            stream.write("\r" + text.ljust(self.width) + ("\n" if last else ""))
+            stream.flush()
+            self.width, self.shown = (0 if last else len(text)), now
+
+    def close(self) -> None:
+        """End the open line, if there is one (a run that stopped before its last block)."""
+        stream = self._out()
+        with self._lock:
+            if stream is not None and self.width:
+                stream.write("\n")
+                stream.flush()
+            self.width = 0
+
+    def __enter__(self) -> StderrProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def stderr_progress(label: str = "emulating", *, force: bool = False) -> StderrProgress:
+    """A progress callback for `emulate(..., progress=)` that shows `label: done/total blocks, seconds` on one
+    rewritten stderr line when stderr is a terminal (silent when piped, unless `force`)."""
+    return StderrProgress(label, force=force)

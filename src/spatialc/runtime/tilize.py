@@ -5,6 +5,9 @@ The tiled layout (DESIGN §2): a tensor of `tiles = (rows_t, cols_t)` 16×16 til
 logical shape needs, and the padding is zero. Operand rounding is round-to-nearest-even, done so that a float64
 input is rounded once (not first to float32 and then again), and bf16 is kept as its 16 raw bits in a uint16
 array because CuPy has no bfloat16 type.
+
+`tilize_array` / `untilize_array` are the public `spatialc.tilize` / `spatialc.untilize`: the same layout for a
+caller who launches `kernel.cu` from their own code (docs/kernel-abi.md, "Launching kernel.cu yourself").
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from ..errors import SpatialError
-from ..inputs import TensorSpec
+from ..inputs import InputError, TensorSpec
 from ..ir.nodes import DType
 
 TILE = (16, 16)
@@ -117,6 +122,84 @@ def untilize(flat: Any, tiles: tuple[int, int], shape: tuple[int, int], xp: Any,
     check_tiles("result", shape, tiles, tile)
     grid = flat.reshape(rt, ct, tr, tc).transpose(0, 2, 1, 3).reshape(rt * tr, ct * tc)
     return xp.ascontiguousarray(grid[: shape[0], : shape[1]])
+
+
+# ---- the public helpers: numpy in, numpy out -----------------------------------------------------------------
+
+
+def tilize_array(array: Any, tile: tuple[int, int] = TILE, grid: tuple[int, int] | None = None) -> Any:
+    """`spatialc.tilize`: the flat tiled copy of the 2-D numpy `array`, zero-padded to `grid` (rows_t, cols_t) tiles
+    (default: the smallest grid that holds it; a kernel parameter's is `artifact.launch.params[i].tiles`).
+
+    Tile (ti, tj) is the contiguous run at (ti * cols_t + tj) * tile_elems, row-major inside; the dtype is kept.
+    InputError for a non-array, an array that is not 2-D, a bad tile, or a grid smaller than the array needs."""
+    x = _numpy_array("tilize", array)
+    if x.ndim != 2:
+        raise InputError(
+            f"tilize takes a 2-D array, not a {x.ndim}-D one of shape {x.shape}"
+            + ("; a vector (a bias) is one row: array.reshape(1, -1)" if x.ndim == 1 else "")
+        )
+    tile = _pair("tile", tile, least=1)
+    grid = _grid_for("array", x.shape, tile, grid)
+    return tilize(x, grid, np, tile)
+
+
+def untilize_array(
+    tiled: Any, shape: tuple[int, int], tile: tuple[int, int] = TILE, grid: tuple[int, int] | None = None
+) -> Any:
+    """`spatialc.untilize`: the logical `shape` (rows, cols) corner of the flat tiled numpy array `tiled`, as a new
+    row-major array; `grid` is the tile grid `tiled` holds (default: the smallest that holds `shape`; a kernel's
+    output has `artifact.launch.params[i].tiles`, which may be larger). The inverse of `tilize`.
+
+    InputError for a non-array, a `tiled` that is not 1-D, a bad shape or tile, or a size that is not the grid's."""
+    flat = _numpy_array("untilize", tiled)
+    if flat.ndim != 1:
+        raise InputError(f"untilize takes the flat (1-D) tiled buffer, not a {flat.ndim}-D array of shape {flat.shape}")
+    shape, tile = _pair("shape", shape, least=0), _pair("tile", tile, least=1)
+    grid = _grid_for("shape", shape, tile, grid)
+    holds = grid[0] * grid[1] * tile[0] * tile[1]
+    if flat.size != holds:
+        raise InputError(
+            f"a tiled buffer of {grid[0]}×{grid[1]} tiles of {tile[0]}×{tile[1]} holds {holds} elements, not "
+            f"{flat.size}; pass grid=(rows_t, cols_t) — a kernel parameter's is artifact.launch.params[i].tiles"
+        )
+    out = untilize(flat, grid, shape, np, tile)
+    return out.copy() if np.may_share_memory(out, flat) else out
+
+
+def smallest_grid(shape: tuple[int, int], tile: tuple[int, int] = TILE) -> tuple[int, int]:
+    """The fewest (rows_t, cols_t) tiles that hold a `shape` array."""
+    return (math.ceil(shape[0] / tile[0]), math.ceil(shape[1] / tile[1]))
+
+
+def _numpy_array(func: str, x: Any) -> Any:
+    if not isinstance(x, np.ndarray):
+        raise InputError(f"{func} takes a numpy array, not a {type(x).__name__}; convert it first (np.asarray)")
+    return x
+
+
+def _pair(what: str, value: Any, least: int) -> tuple[int, int]:
+    """`value` as two whole numbers ≥ `least`, or InputError."""
+    ok = isinstance(value, tuple | list) and len(value) == 2
+    ok = ok and all(isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= least for v in value)
+    if not ok:
+        kind = "positive" if least > 0 else "non-negative"
+        raise InputError(f"{what} must be two {kind} whole numbers (rows, cols), not {value!r}")
+    return (int(value[0]), int(value[1]))
+
+
+def _grid_for(what: str, shape: tuple[int, ...], tile: tuple[int, int], grid: Any) -> tuple[int, int]:
+    """The given grid (checked to hold `shape`) or the smallest that does."""
+    need = smallest_grid((shape[0], shape[1]), tile)
+    if grid is None:
+        return need
+    grid = _pair("grid", grid, least=0)
+    if grid[0] < need[0] or grid[1] < need[1]:
+        raise InputError(
+            f"grid {grid[0]}×{grid[1]} is too small: {what} of shape {tuple(shape)} needs {need[0]}×{need[1]} tiles "
+            f"of {tile[0]}×{tile[1]}"
+        )
+    return grid
 
 
 # ---- operand rounding --------------------------------------------------------------------------------------

@@ -557,7 +557,8 @@ def kernel_text(k: Kernel, ops: tuple[SerialOp, ...]) -> str:
         f"{'OUT_T' if t.role == TensorRole.OUTPUT else 'const ' + ty}* __restrict__ t{int(t.id)}"
         for t, ty in zip(k.program.tensors, k.param_types, strict=True)
     )
-    w.line(f"__global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}) void {KERNEL_NAME}({params})")
+    # extern "C": the symbol in the module is KERNEL_NAME itself, the name launch.json gives (not a C++ mangling).
+    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}) void {KERNEL_NAME}({params})')
     with w.block():
         kernel_prologue(k, w)
         env: dict[LoopVar, str] = {}

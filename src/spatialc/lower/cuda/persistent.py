@@ -374,6 +374,8 @@ def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
         target.registers_per_thread(acc_tiles),
         k.blocks_per_sm,
         k.lanes * 32,
+        tuple((r.name, r.bytes) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
+        tuple(k.rings.names[t] for t in k.rings.fused),
     )
 
 

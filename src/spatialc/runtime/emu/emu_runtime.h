@@ -1,5 +1,5 @@
 // spatialc host emulation — the definitions behind the declarations of the other headers: barriers, thread exit,
-// deadlock reports, the watchdog, shared regions and the race check, cp.async, the launch.
+// deadlock reports, the watchdog, shared regions and the race check, cp.async, progress lines, the launch.
 //
 // Included by cuda_emu.h (header-only use) or compiled once on its own with SPATIALC_EMU_IMPLEMENTATION and
 // SPATIALC_EMU_LINKED (what the runner does: every program then links the same object).
@@ -415,6 +415,31 @@ SPATIALC_EMU_FN void start_watchdog() {
     });
 }
 
+// ---- progress: blocks done, for a runner that asks (SPATIALC_EMU_PROGRESS) ------------------------------------------
+
+// `spatialc-emu progress <done> <total>` on stderr: the blocks of the running launch done so far. The first and the
+// last line of a launch always come; the others at most once per SPATIALC_EMU_PROGRESS_S seconds (0.2, may be 0).
+SPATIALC_EMU_FN void report_blocks(unsigned long done, unsigned long total) {
+    static const bool on = [] {
+        const char* v = std::getenv("SPATIALC_EMU_PROGRESS");
+        return v && *v && std::strcmp(v, "0") != 0;
+    }();
+    if (!on) return;
+    static const double every = [] {
+        const char* v = std::getenv("SPATIALC_EMU_PROGRESS_S");
+        char* end = nullptr;
+        const double d = v && *v ? std::strtod(v, &end) : -1.0;
+        return (end && *end == 0 && d >= 0) ? d : 0.2;
+    }();
+    using clock = std::chrono::steady_clock;
+    static clock::time_point last{};
+    const auto now = clock::now();
+    if (done != 0 && done != total && std::chrono::duration<double>(now - last).count() < every) return;
+    last = now;
+    std::fprintf(stderr, "spatialc-emu progress %lu %lu\n", done, total);
+    std::fflush(stderr);
+}
+
 // ---- the launch -----------------------------------------------------------------------------------------------------------
 
 inline std::map<const void*, int> max_dynamic_smem;  // cudaFuncSetAttribute, per kernel
@@ -507,12 +532,15 @@ SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 bl
     blockDim = block;
     running_kernel = kernel;
     in_launch = true;
+    const unsigned long nblocks = (unsigned long)grid.x * grid.y * grid.z;
+    report_blocks(0, nblocks);
     unsigned long linear = 0;
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
             for (unsigned x = 0; x < grid.x; ++x, ++linear) {
                 blockIdx = uint3{x, y, z};
                 run_block(body, ctx, block, linear);
+                report_blocks(linear + 1, nblocks);
             }
     in_launch = false;
     // A kernel's static rings are only known once it has run: a GPU would have refused this launch up front.

@@ -1,0 +1,97 @@
+"""How close a result must be to the reference: the one statement of spatialc's numerics (README, "Numerics").
+
+- **Inputs** are converted once into the operand type with round-to-nearest-even: fp16 and bf16 straight from the
+  given values (no double rounding through float32); int8 must already hold whole numbers in -128..127.
+- **Products** of two fp16 or two bf16 values are exact in float32 (11 + 11 and 8 + 8 significant bits fit 24), and
+  int8 products are exact integers.
+- **Sums**: int8 accumulates exactly (int64 in the interpreter, int32 in the kernel, which the lowering proves
+  cannot overflow), so int8 results are *exact*. fp16 / bf16 accumulate in float32 on the GPU (and in its host
+  emulation), in an order the hardware chooses; the interpreter sums in float64 and rounds once. A K-term float32
+  sum is within K·u·Σ|a·b| of the exact sum (u = 2^-24, the classical bound), so a kernel's C is within (K + 4)
+  float32 units of |A|@|B| of the float64 reference, and the interpreter's within 4.
+- **Epilogues** run in float32 for fp16 / bf16 programs (a scalar multiply scales the error with the values; each op
+  rounds once more) and in exact integers for int8 programs (requant is TFLite's fixed point, bit-exact).
+
+`tolerance(program)` turns this into a bound per element of C, for the inputs at hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import ProgramError
+from .ir.nodes import SpatialProgram
+from .ir.ops import Precision, Scalar
+
+EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerance:
+    """The error allowed in each element of C against the float64 reference of the same operand-rounded inputs.
+
+    `exact`: int8 programs, compared with `==`. Otherwise |C − ref| ≤ ulps · 2^-23 · scale · (|A| @ |B|)
+    + 2 · 2^-23 · |ref| (the epilogue's own float32 rounding) + the smallest normal float32."""
+
+    program: SpatialProgram = field(repr=False, compare=False)
+    exact: bool
+    ulps: int
+    scale: float
+
+    @property
+    def text(self) -> str:
+        """The bound in words, as the CLI prints it."""
+        if self.exact:
+            return "exact"
+        scaled = f" × {self.scale:g} (the epilogue's multiplies)" if self.scale != 1 else ""
+        return f"{self.ulps} float32 ulps of |A|@|B|{scaled}, plus 2 of |C|"
+
+    def bound(self, inputs: Mapping[str, Any]) -> np.ndarray:
+        """The allowed |C − ref| of each element for these inputs (zeros for an exact program)."""
+        from .reference import reference, rounded_operands
+
+        ref = reference(self.program, inputs)
+        if self.exact:
+            return np.zeros(ref.shape)
+        a, b = rounded_operands(self.program, inputs)
+        size = np.abs(ref.astype(np.float64))
+        return self.ulps * EPS32 * self.scale * (np.abs(a) @ np.abs(b)) + 2 * EPS32 * size + np.finfo(np.float32).tiny
+
+    def atol(self, inputs: Mapping[str, Any]) -> float:
+        """One absolute tolerance for `np.allclose(c, ref, rtol=0, atol=...)`: the largest element's bound."""
+        return float(np.max(self.bound(inputs), initial=0.0))
+
+    def check(self, c: np.ndarray, inputs: Mapping[str, Any]) -> tuple[bool, str]:
+        """Whether C is within the bound of the reference, and a one-line account of how close it is."""
+        from .reference import reference
+
+        ref = reference(self.program, inputs)
+        if np.shape(c) != ref.shape:
+            return False, f"C has shape {np.shape(c)}, the reference {ref.shape}"
+        if self.exact:
+            bad = int(np.count_nonzero(np.asarray(c) != ref))
+            return bad == 0, "exact" if bad == 0 else f"{bad} of {ref.size} elements differ"
+        err = np.abs(np.asarray(c, dtype=np.float64) - ref.astype(np.float64))
+        ok = bool(np.all(err <= self.bound(inputs)))
+        return ok, f"max |error| {float(err.max(initial=0.0)):.3g} (bound: {self.text})"
+
+
+def tolerance(program: SpatialProgram, *, kernel: bool = False) -> Tolerance:
+    """The bound a result of `program` meets: the interpreter's (a float64 sum rounded once: 4 ulps), or with
+    `kernel` a GPU kernel's or its emulation's (a float32 sum of K terms: K + 4 ulps). int8 is exact either way."""
+    if not isinstance(program, SpatialProgram):
+        raise ProgramError(
+            f"tolerance takes a SpatialProgram (from spatialc.gemm or build), not {type(program).__name__}"
+        )
+    if program.precision == Precision.INT8:
+        return Tolerance(program, True, 0, 1.0)
+    from .reference import epilogue_ops
+
+    a = next((t for t in program.tensors if t.role.value == "input"), None)
+    k = a.elems[1] if a is not None else 0
+    muls = [abs(op.value) for op in epilogue_ops(program) if isinstance(op, Scalar) and op.op == "mul"]
+    return Tolerance(program, False, k + 4 if kernel else 4, max(float(np.prod(muls or [1.0])), 1.0))

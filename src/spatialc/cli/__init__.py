@@ -1,0 +1,258 @@
+"""The `spatialc` command: build, verify, evaluate, lower and run GEMMs; show, verify, lower and run saved programs;
+check a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from ..errors import SpatialError
+from ..target import TARGETS
+
+EPILOG = (
+    "exit status: 0 done, 1 a result differs from the reference, 2 bad input (one line on stderr says what),"
+    " 3 an internal error (a bug: re-run with --traceback and report it)"
+)
+EXIT_INTERNAL = 3
+EXIT_PIPE = 128 + 13  # a shell's status for a writer ended by SIGPIPE: how `yes | head` ends, so how we end
+
+
+class UsageError(Exception):
+    """A command line that cannot be run as written."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _ints(n: int, what: str):
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            values = tuple(int(v) for v in text.split(","))
+        except ValueError:
+            values = ()
+        if len(values) != n:
+            raise argparse.ArgumentTypeError(f"{what} must be {n} comma-separated whole numbers, not {text!r}")
+        return values
+
+    return parse
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0, not {text!r}")
+    return value
+
+
+def _scalar(text: str) -> tuple[str, float]:
+    op, _, value = text.partition(",")
+    try:
+        return op, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--scalar takes OP,VALUE (e.g. mul,0.5), not {text!r}") from None
+
+
+def _requant(text: str) -> tuple[float, int]:
+    scale, _, zp = text.partition(",")
+    try:
+        return float(scale), int(zp or 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--requant takes SCALE[,ZERO_POINT] (e.g. 0.01,5), not {text!r}") from None
+
+
+def _gemm_parser(sub) -> None:
+    g = sub.add_parser(
+        "gemm",
+        help="build, verify and check C = epilogue(A @ B); optionally emit CUDA and run it",
+        description="Build C[M×N] = epilogue(A[M×K] @ B[K×N]), verify it, evaluate it on random inputs with the"
+        " reference interpreter and check it against numpy; with --emit / --run, lower it to CUDA and run it (on the"
+        " GPU when there is one, otherwise through the host emulation). Sizes are in elements; tiles are 16x16"
+        " elements; block, sub-block and K-step sizes are in tiles.",
+        epilog=EPILOG,
+    )
+    g.add_argument("m", type=int, help="M: rows of A and of C (elements)")
+    g.add_argument("n", type=int, help="N: columns of B and of C (elements)")
+    g.add_argument("k", type=int, help="K: columns of A, rows of B: the reduction's length (elements)")
+    g.add_argument("--precision", default="int8", choices=["int8", "fp16", "bf16"], help="operand type (default: int8)")
+    g.add_argument("--target", default="sm_90", help=f"GPU to plan for, one of {', '.join(TARGETS)} (default: sm_90)")
+    g.add_argument(
+        "--block",
+        type=_ints(3, "--block"),
+        metavar="OSH,OSW,IBW",
+        help="force the accumulator block: OSH x OSW output tiles, IBW K-tiles a step (default: the cost model's)",
+    )
+    g.add_argument(
+        "--sub-blocks",
+        type=_ints(2, "--sub-blocks"),
+        metavar="SH,SW",
+        help="force SH x SW blocks per item (default: the cost model's)",
+    )
+    g.add_argument("--depth", type=int, help="force the operand rings' depth, in pages (default: the cost model's)")
+    g.add_argument("--sites", type=int, help="number of sites (default: as many as the target keeps resident)")
+    g.add_argument(
+        "--placement",
+        choices=["contiguous", "round_robin"],
+        default="contiguous",
+        help="how items go to sites (default: contiguous)",
+    )
+    g.add_argument("--bias", action="store_true", help="epilogue: add a bias vector (one value per column), first")
+    g.add_argument("--relu", action="store_true", help="epilogue: max(x, 0), after the bias")
+    g.add_argument(
+        "--scalar",
+        action="append",
+        type=_scalar,
+        default=[],
+        metavar="OP,VALUE",
+        help="epilogue: x OP VALUE (OP one of add, mul, max, min), after relu; may repeat",
+    )
+    g.add_argument(
+        "--requant", type=_requant, metavar="SCALE[,ZP]", help="epilogue: requantise to int8 (int8 programs), last"
+    )
+    _run_options(g)
+    g.add_argument("--json", type=Path, metavar="FILE", help="save the verified program as JSON")
+    g.add_argument("--show", action="store_true", help="print the program's choreography (its first two sites)")
+    g.add_argument(
+        "--pictures",
+        type=Path,
+        metavar="DIR",
+        help="write placement.svg (items on sites) and timeline.svg (site 0's engines and rings, first 400 ticks)",
+    )
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=_count, default=0, help="seed of the random inputs, a whole number ≥ 0 (default: 0)")
+    p.add_argument(
+        "--emit",
+        type=Path,
+        metavar="DIR",
+        help="lower to CUDA and write program.cu, bench.cu, kernel.cu, launch.json, budget.json, census.json to DIR",
+    )
+    p.add_argument(
+        "--run", action="store_true", help="run the CUDA kernel: on the GPU when there is one, else in the emulation"
+    )
+    p.add_argument(
+        "--mode",
+        choices=["late", "early"],
+        help="when the emulation's cp.async copies land: late (at the wait) or early (at issue) (with --run;"
+        " default: late)",
+    )
+    p.add_argument("--progress", action="store_true", help="report a long emulation's progress even when piped")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = _Parser(prog="spatialc", description=__doc__, epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"spatialc {__version__}")
+    parser.add_argument(
+        "--traceback", action="store_true", help="on an internal error, show the Python traceback (for a bug report)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    _gemm_parser(sub)
+    s = sub.add_parser("show", help="print a saved program", epilog=EPILOG)
+    s.add_argument("file", type=Path, help="a program saved by `spatialc gemm --json` or spatialc.to_json")
+    s.add_argument("--sites", type=_count, default=2, help="how many sites' programs to list (default: 2)")
+    v = sub.add_parser(
+        "verify",
+        help="verify a saved (possibly hand-edited) program and say which lowering takes it",
+        epilog=EPILOG,
+    )
+    v.add_argument("file", type=Path, help="the program's JSON document")
+    v.add_argument("--pictures", type=Path, metavar="DIR", help="on a deadlock, draw its wait-for graph into DIR")
+    low = sub.add_parser("lower", help="lower a saved program to CUDA and write its files", epilog=EPILOG)
+    low.add_argument("file", type=Path, help="the program's JSON document")
+    low.add_argument("--emit", type=Path, metavar="DIR", required=True, help="where to write the kernel's files")
+    r = sub.add_parser(
+        "run",
+        help="run a saved program on random inputs: the interpreter against numpy, then its kernel (GPU or emulation)",
+        epilog=EPILOG,
+    )
+    r.add_argument("file", type=Path, help="the program's JSON document")
+    r.add_argument("--seed", type=_count, default=0, help="seed of the random inputs, a whole number ≥ 0 (default: 0)")
+    r.add_argument("--mode", choices=["late", "early"], default="late", help="the emulation's copy landing (late)")
+    r.add_argument("--emit", type=Path, metavar="DIR", help="also write the kernel's files to DIR")
+    r.add_argument("--progress", action="store_true", help="report a long emulation's progress even when piped")
+    # Listed for --help only: main() hands everything after `gpucheck` to the script's own parser.
+    sub.add_parser(
+        "gpucheck",
+        help="time every kernel against cuBLAS and Triton on a GPU (spatialc gpucheck --help)",
+        add_help=False,
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (1 for a failed check, 2 for bad input, 3 for a bug in spatialc)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    show_traceback = "--traceback" in _leading_options(argv)
+    try:
+        status = _dispatch(argv)
+        sys.stdout.flush()  # here, so that a reader that went away is met inside the try, not at exit
+        return status
+    except BrokenPipeError:
+        return _closed_stdout()
+    except (UsageError, SpatialError) as e:
+        return _fail(str(e))
+    except OSError as e:  # an output path that is a file, a folder that cannot be made, a full disk
+        return _fail(f"{e.filename or 'a file'}: {e.strerror or e}")
+    except MemoryError:
+        return _fail("out of memory: this problem is too large for this machine's memory")
+    except Exception as e:
+        if show_traceback:
+            raise
+        return _internal_error(e)
+
+
+def _leading_options(argv: list[str]) -> list[str]:
+    """The options before the subcommand: the global ones (--traceback)."""
+    return list(itertools.takewhile(lambda a: a.startswith("-"), argv))
+
+
+def _dispatch(argv: list[str]) -> int:
+    from . import commands
+
+    rest = argv[len(_leading_options(argv)) :]
+    if rest and rest[0] == "gpucheck":
+        from .. import gpucheck
+
+        return gpucheck.main(rest[1:])
+    args = make_parser().parse_args(argv)
+    if getattr(args, "mode", None) is not None and args.command == "gemm" and not args.run:
+        raise UsageError("spatialc gemm: --mode says how the emulation runs the kernel; it goes with --run")
+    return getattr(commands, f"cmd_{args.command}")(args)
+
+
+def _closed_stdout() -> int:
+    """End quietly when stdout's reader has gone (`spatialc show p.json | head`), as Python's documentation says:
+    point stdout at devnull, so that flushing it again at exit cannot fail a second time."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # a stdout that is no file (a test's capture)
+        pass
+    return EXIT_PIPE
+
+
+def _internal_error(e: Exception) -> int:
+    """A bug in spatialc, not bad input: one line, exit status 3 (never 1, which means a result differs)."""
+    message = " ".join(str(e).split())[:300] or "(no message)"
+    print(
+        f"spatialc: internal error: {type(e).__name__}: {message} (re-run with --traceback to see where)",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
+
+
+def _fail(message: str) -> int:
+    text = "; ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(text if text.startswith("spatialc") else f"spatialc: error: {text}", file=sys.stderr)
+    return 2

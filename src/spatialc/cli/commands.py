@@ -1,0 +1,236 @@
+"""The commands of `spatialc`, one function each: gemm, show, verify, lower, run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import api
+from ..accuracy import tolerance
+from ..errors import DeadlockError, SpatialError
+from ..ir.nodes import SpatialProgram
+from ..ir.printer import program_text
+from ..ir.serde import to_json
+from ..target import target
+from . import UsageError
+from .report import kernel_lines, program_lines, random_inputs
+
+# The largest document `show` and `verify` read: a program of verify's MAX_ITEMS (2^24) items lists each in its
+# placement, about 10 bytes apiece, and the rest of a program is small beside that.
+MAX_DOCUMENT_BYTES = 512 << 20
+
+
+def epilogue_of(args: argparse.Namespace) -> list:
+    """The epilogue the flags ask for, in the fixed order bias → relu → scalars → requant."""
+    from .. import frontend
+
+    stages: list = [frontend.bias()] if args.bias else []
+    stages += [frontend.relu()] if args.relu else []
+    stages += [frontend.scalar(op, value) for op, value in args.scalar]
+    stages += [frontend.requant(*args.requant)] if args.requant else []
+    return stages
+
+
+def cmd_gemm(args: argparse.Namespace) -> int:
+    """Build, verify, evaluate and check a GEMM; lower, emit and run its kernel as asked."""
+    from ..interp.evaluate import check_memory
+
+    t0 = time.perf_counter()
+    prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=epilogue_of(args))
+    p = api.build(
+        prog,
+        args.target,
+        block=args.block,
+        sub_blocks=args.sub_blocks,
+        depth=args.depth,
+        sites=args.sites,
+        placement=args.placement,
+    )
+    t_build = time.perf_counter() - t0
+    tgt = target(p.target)
+    epi = prog.name.split("_", 3)[3].replace("_", " → ") if prog.name.count("_") > 2 else ""
+    print(f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision} on {tgt.name} ({tgt.board})", end="")
+    print(f", epilogue {epi}" if epi else "")
+    print("\n".join(program_lines(p)))
+    if args.json:
+        args.json.write_text(to_json(p, indent=1))
+        print(f"  saved     {args.json}")
+    check_memory(p)  # refused now, before the random inputs take gigabytes of their own
+    inputs = random_inputs(p, args.seed)
+    return _check_and_run(p, args, inputs, [f"build {t_build * 1e3:.0f} ms"])
+
+
+def _check_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, times: list[str]) -> int:
+    """The interpreter against numpy, then (as asked) the kernel: printed, emitted, run."""
+    t0 = time.perf_counter()
+    pictures = getattr(args, "pictures", None)
+    if pictures:
+        c, trace = api.evaluate(p, inputs, trace=True)
+    else:
+        c = api.evaluate(p, inputs)
+    times.append(f"evaluate {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    if pictures:
+        _pictures(p, trace, pictures)
+    ok, how = tolerance(p).check(c, inputs)
+    print(f"  check     interpreter vs numpy reference: {'OK' if ok else 'MISMATCH'}, {how}")
+    if getattr(args, "show", False):
+        print(program_text(p, sites=2), end="")
+    status = 0 if ok else 1
+    status = max(status, _kernel(p, args, inputs, c, times))
+    print(f"  time      {', '.join(times)}")
+    return status
+
+
+def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.ndarray, times: list[str]) -> int:
+    """The kernel's memory; with --emit its files, with --run its result against the interpreter's."""
+    t0 = time.perf_counter()
+    try:
+        art = api.lower(p)
+    except SpatialError as e:
+        if args.emit or args.run:
+            raise
+        print(f"  kernel    none: {e}")
+        return 0
+    times.append(f"lower {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    print("\n".join(kernel_lines(p, art)))
+    if args.emit:
+        from ..lower.cuda.host import write_artifact
+
+        write_artifact(art, args.emit)
+        names = ", ".join(sorted(f.name for f in args.emit.iterdir() if f.is_file()))
+        print(f"  emitted   {args.emit}/: {names}")
+    if not args.run:
+        return 0
+    t0 = time.perf_counter()
+    where, out = _run_somewhere(art, inputs, args.mode or "late", args.progress)
+    times.append(f"run {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    if p.precision.value == "int8":
+        same, how = bool(np.array_equal(out, c)), "the reference interpreter, exactly"
+    else:
+        same, how = tolerance(p, kernel=True).check(out, inputs)
+        how = f"the numpy reference within the float32-sum bound: {how}"
+    print(f"  run       {where}: C {'equals' if same else 'DIFFERS FROM'} {how}")
+    return 0 if same else 1
+
+
+def _run_somewhere(art, inputs: dict, mode: str, progress: bool) -> tuple[str, np.ndarray]:
+    """Run on the GPU when CuPy finds one, else through the host emulation; say which (and why not the GPU)."""
+    from ..runtime.launch import GpuUnavailable, cupy_device
+
+    try:
+        dev = cupy_device()
+    except GpuUnavailable as e:
+        return f"under the host emulation ({mode} copies; {e})", _emulate(art, inputs, mode, progress)
+    cp = dev.cp
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    params = {k: v for k, v in inputs.items() if k not in ("A", "B")}
+    return f"on the GPU ({name})", np.asarray(api.run(art, inputs["A"], inputs["B"], **params))
+
+
+def _emulate(art, inputs: dict, mode: str, progress: bool) -> np.ndarray:
+    """The emulated run, reporting its progress on stderr when that is a terminal (or when asked)."""
+    from ..runtime.emulate import stderr_progress
+
+    with stderr_progress("emulating", force=progress) as report:  # a failed run's error starts on its own line
+        return api.emulate(art, inputs, mode=mode, progress=report)
+
+
+def _pictures(p: SpatialProgram, trace, folder: Path) -> None:
+    from ..viz import write_pictures
+
+    for path in write_pictures(folder, p, trace, site=0, max_ticks=400):
+        print(f"  picture   {path}")
+
+
+def _read_program(path: Path) -> SpatialProgram:
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_DOCUMENT_BYTES + 1)  # never all of /dev/zero or a runaway file
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise UsageError(f"{path} is over {MAX_DOCUMENT_BYTES >> 20} MiB, more than any spatialc program takes")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not a text file, so not a spatialc program") from None
+    return api.from_json(text)
+
+
+def _verified(path: Path, pictures: Path | None = None) -> SpatialProgram:
+    """The saved program, verified here whatever its document claims (a deadlock drawn into `pictures`)."""
+    from ..passes.verify import verify
+
+    p = _read_program(path)
+    try:
+        return verify(p.evolve())
+    except DeadlockError as e:
+        if pictures:
+            from ..viz import write_deadlock
+
+            drawn = write_deadlock(pictures, p, e)
+            raise UsageError(f"{e} (wait-for graph: {drawn})") from None
+        raise
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Print a saved program."""
+    print(program_text(_read_program(args.file), sites=args.sites), end="")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Verify a saved program and say which lowering takes it, or why none does."""
+    p = _verified(args.file, args.pictures)
+    print(
+        f"{p.name}: verified — well-formed, every item placed once, rings owned, balanced and deep enough, every"
+        " access in bounds, deadlock-free, and it computes what its stages declare"
+    )
+    print(f"  lowering  {_lowering(p, args.file)}")
+    return 0
+
+
+def _lowering(p: SpatialProgram, path: Path) -> str:
+    """Which lowering takes `p`, in plain words."""
+    try:
+        art = api.lower(p)
+    except SpatialError as e:
+        return f"none yet: {e}"
+    bud = art.budget
+    return (
+        f"the persistent CUDA kernel for {art.target} takes it: {art.launch.grid} blocks of {bud.threads} threads,"
+        f" {bud.total_bytes} bytes of shared memory a block (`spatialc lower {path} --emit DIR` writes it)"
+    )
+
+
+def cmd_lower(args: argparse.Namespace) -> int:
+    """Lower a saved program and write its kernel's files."""
+    from ..lower.cuda.host import write_artifact
+
+    p = _verified(args.file)
+    art = api.lower(p)
+    print(f"{p.name}: lowered for {art.target}")
+    print("\n".join(kernel_lines(p, art)))
+    write_artifact(art, args.emit)
+    for f in sorted(args.emit.iterdir()):
+        if f.is_file():
+            print(f"  wrote     {f}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a saved program on random inputs: the interpreter against numpy, then its kernel against the interpreter."""
+    from ..interp.evaluate import check_memory
+
+    p = _verified(args.file)
+    print(f"spatialc run {args.file}: {p.name} on {p.target}")
+    print("\n".join(program_lines(p)))
+    check_memory(p)
+    args.run, args.show = True, False
+    print(f"  inputs    random, seed {args.seed}", file=sys.stdout)
+    return _check_and_run(p, args, random_inputs(p, args.seed), [])

@@ -1,0 +1,75 @@
+"""What the commands print about a program and its kernel, and the random inputs they run it on."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.nodes import Fifo, Interm, SpatialProgram
+from ..target import target
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 site', '3 sites' (`many` for irregular plurals)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:
+    """Inputs for a GEMM: int8 over its whole range, fp16/bf16 standard normal rounded to the operand type (float32
+    arrays: they were chosen at random, so they are not rounded again, with a warning, on the way in); a bias of n
+    values (int32 within ±2^15 for int8 programs)."""
+    from ..inputs import operand_values
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    integer = p.precision.value == "int8"
+    for t in p.tensors:
+        if t.role.value == "input":
+            out[t.name] = (
+                rng.integers(-128, 128, size=t.elems, dtype=np.int8)
+                if integer
+                else operand_values(t.name, rng.standard_normal(t.elems), t.dtype).astype(np.float32)
+            )
+        elif t.role.value == "parameter":
+            n = t.elems[1]
+            out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)
+    return out
+
+
+def program_lines(p: SpatialProgram) -> list[str]:
+    """The plan, the placement and the IR's rings, a line each."""
+    plan = p.plan
+    assert plan is not None and p.placement is not None
+    b = plan.block
+    h, w = plan.item_tiles
+    counts = [len(items) for _, items in p.placement.items_of_site]
+    held = f"{min(counts)}..{max(counts)}" if min(counts) != max(counts) else str(counts[0])
+    rings = [
+        f"{buf.name} {plural(buf.kind.depth_pages, 'page')} of {plural(buf.kind.page_tiles, 'tile')}"
+        for buf in p.buffers
+        if isinstance(buf.kind, Fifo | Interm)
+    ]
+    return [
+        f"  plan      block {b.osh}x{b.osw}x{b.ibw} tiles, sub-blocks {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
+        f" (items of {h * p.tile.rows}x{w * p.tile.cols} outputs), grid {plan.grid[0]}x{plan.grid[1]} items,"
+        f" {plural(plan.k_steps, 'K step')}, operand rings {plural(plan.depth, 'page')} deep",
+        f"  sites     {len(counts)} ({p.placement.kind}), {held} {'item' if held == '1' else 'items'} per site",
+        f"  rings     {', '.join(rings)} (the program's; the kernel's are below)",
+    ]
+
+
+def kernel_lines(p: SpatialProgram, art) -> list[str]:
+    """The kernel's memory as budget.json has it: its rings, the ones fused away, its shared memory and occupancy."""
+    bud = art.budget
+    kept = ", ".join(f"{name} {size} B" for name, size in bud.rings) or "no rings"
+    fused = f"; fused into the store (no ring): {', '.join(bud.fused)}" if bud.fused else ""
+    scratch = bud.dyn_bytes - (bud.smem_bytes if bud.rings_dynamic else 0)
+    opt_in = ", opt-in" if bud.dynamic_opt_in else ""
+    return [
+        f"  kernel    shared memory {bud.total_bytes} bytes a block (budget.json: {bud.static_bytes} static +"
+        f" {bud.dyn_bytes} dynamic{opt_in})",
+        f"            {kept} ({'dynamic' if bud.rings_dynamic else 'static'}), epilogue scratch {scratch} B{fused}",
+        f"  occupancy {plural(bud.blocks_per_sm, 'block')} per SM of {target(p.target).name},"
+        f" {bud.threads} threads each, ~{bud.regs_est} registers a thread",
+        f"  census    {sum(art.census.program.values())} ops, printed kernel"
+        f" {'agrees' if art.census.agrees else 'DISAGREES'} (each op printed as its own statement)",
+    ]
