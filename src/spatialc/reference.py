@@ -10,22 +10,33 @@ from typing import Any
 import numpy as np
 
 from . import epilogue
+from .errors import ProgramError
 from .inputs import operand_values
-from .ir.nodes import ComputeStage, SpatialProgram
-from .ir.ops import Bias, MatmulTiles, Precision
+from .ir.nodes import SpatialProgram
+from .ir.ops import Bias, Precision
+
+
+def _declared(p: SpatialProgram):
+    """What the program's stages declare (verify's rule 8 reads them the same way: by their rings)."""
+    from .ir.index import ProgramIndex
+    from .passes.verify.semantics import declared
+
+    return declared(ProgramIndex.of(p))
 
 
 def epilogue_ops(p: SpatialProgram) -> list:
-    """The program's compute ops after the matmul, in order."""
-    return [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, MatmulTiles)]
+    """The program's compute ops after the matmul, in the order its rings apply them."""
+    return [s.kind.op for s in _declared(p).chain]
 
 
 def rounded_operands(p: SpatialProgram, inputs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """A and B as float64 holding exactly the operand type's values (float64 sums int8 products exactly)."""
-    return tuple(
-        operand_values(n, inputs[n], p.tensor_named(n).dtype).astype(np.float64)  # type: ignore[return-value]
-        for n in ("A", "B")
-    )
+    """A and B — the tensors the matmul stage multiplies, in that order, whatever their names — as float64 holding
+    exactly the operand type's values (float64 sums int8 products exactly)."""
+    decl = _declared(p)
+    if decl.a is None or decl.b is None:
+        raise ProgramError(f"program {p.name} declares no tile matmul, so it has no A and B")
+    tensors = (p.tensor(decl.a), p.tensor(decl.b))
+    return tuple(operand_values(t.name, inputs[t.name], t.dtype).astype(np.float64) for t in tensors)  # type: ignore[return-value]
 
 
 def reference(p: SpatialProgram, inputs: dict[str, Any]) -> np.ndarray:
@@ -38,4 +49,4 @@ def reference(p: SpatialProgram, inputs: dict[str, Any]) -> np.ndarray:
         x = epilogue.apply(op, x, integer, row)
     out = p.output_tensor()
     assert out is not None
-    return x.astype({"int8": np.int8, "int64": np.int64}.get(out.dtype.value, np.float32))
+    return x.astype({"int8": np.int8, "int32": np.int32, "int64": np.int64}.get(out.dtype.value, np.float32))

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import epilogue
 from ..ir.ops import Barrier, Loop, Reserve, SemWait, Trip, Wait
-from .errors import AddressError, FlowError, NumericError
+from .errors import AddressError, FlowError, NumericError, UnsupportedOp
 from .numerics import INT8_EXACT_K
 from .state import Acc, BarrierState, EngineState, Ring
 from .values import AccValue, Store, Tiles, tiles_of
@@ -75,6 +75,10 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
         return
     if n > geom[0] * geom[1]:
         fail(E, i, f"packs {n} tiles of a {geom[0]}x{geom[1]}-tile accumulator")
+    if accumulate and n != geom[0] * geom[1]:  # the sum adds its base as a whole accumulator block
+        raise UnsupportedOp(
+            f"{where(E, i)}: an accumulating pack of {n} of the accumulator's {geom[0] * geom[1]} tiles"
+        )
     if len(acc.a) * geom[4] >= INT8_EXACT_K:
         raise NumericError(
             f"{where(E, i)}: an int8 reduction over {len(acc.a) * geom[4]} elements is not exact"

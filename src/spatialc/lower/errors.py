@@ -50,7 +50,8 @@ class Precision(LowerError):
     """An operand precision (or element type) the tensor cores' WMMA fragments do not offer."""
 
     def __init__(self, precision: object, why: str):
-        super().__init__(f"precision {precision!s} cannot be lowered: {why}")
+        kind = "precision" if str(precision) in ("int8", "fp16", "bf16") else "element type"
+        super().__init__(f"{kind} {precision!s} cannot be lowered: {why}")
         self.precision = precision
         self.why = why
 

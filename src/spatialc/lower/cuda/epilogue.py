@@ -80,7 +80,8 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
     if out.dtype != want:
         raise Precision(
             out.dtype.value,
-            f"after the epilogue {names(p, stages)} the output {out.name} holds "
+            (f"after the epilogue {names(p, stages)}" if stages else "without an epilogue")
+            + f" the output {out.name} holds "
             f"{want.value} values, which is what the kernel writes",
         )
 

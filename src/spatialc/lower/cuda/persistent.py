@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 
 from ...ir.ids import LV_ITEM
-from ...ir.nodes import ComputeStage, DType, Plan, SpatialProgram, Stage, TensorRole, Tile
+from ...ir.nodes import ComputeStage, DType, Plan, ReadStage, SpatialProgram, Stage, TensorRole, Tile
 from ...ir.ops import (
+    AcquireAcc,
     Barrier,
     ChoreoOp,
     Compute,
@@ -117,6 +118,12 @@ def refuse(p: SpatialProgram) -> None:
     if general is not None:
         raise NeedsGeneral(*general)
     ops = all_ops(p)
+    accs = {op.buf for op in ops if isinstance(op, AcquireAcc)} | {op.acc for op in ops if isinstance(op, PackAcc)}
+    accs |= {op.acc for op in ops if isinstance(op, Compute) and op.acc is not None}
+    if len({p.buffer(b).ring for b in accs}) > 1:
+        raise Unsupported(
+            f"{len(accs)} accumulators", "the kernel holds one accumulator block per warp, in its fragments"
+        )
     if any(isinstance(op, McastSend | McastSetValid | Barrier) for op in ops):
         raise Unsupported("a multicast or group barrier", "the blocks of a persistent kernel share no pages")
     if p.tile != WMMA_TILE:
@@ -184,8 +191,12 @@ def fused_chain(
 
 
 def logical_k(p: SpatialProgram) -> int:
-    """The reduction's length: A's columns (the zero padding adds nothing)."""
-    return next(t for t in p.tensors if t.role == TensorRole.INPUT).elems[1]
+    """The reduction's length: the columns of the matmul's first operand (the zero padding adds nothing) — found
+    through the stage that fills its ring, not by the order tensors are listed in."""
+    mm = matmul_stage(p)
+    ring = p.buffer(mm.ins[0]).ring
+    read = next(s for s in p.stages if isinstance(s.kind, ReadStage) and any(p.buffer(b).ring == ring for b in s.outs))
+    return p.tensor(read.kind.tensor).elems[1]  # type: ignore[union-attr]
 
 
 def operand_types(p: SpatialProgram, mm: MatmulTiles, has_epilogue: bool) -> WmmaTypes:

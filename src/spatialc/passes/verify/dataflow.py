@@ -51,8 +51,10 @@ class Declared:
     out: Tensor
     last: BufferId
     producer: dict[BufferId, Stage]
+    chain: tuple[Stage, ...] = ()  # the elementwise stages, in the order the rings run them (first applied first)
     a: TensorId | None = None
     b: TensorId | None = None
+    matmul: Stage | None = None
     acc_shape: tuple[int, int, int] = (1, 1, 1)  # the matmul's h, w, ibw in tiles
     k_need: int = 0  # k-tiles holding K's elements; a reduction covers 0..N-1 with k_need ≤ N ≤ k_max
     k_max: int = 0
@@ -207,6 +209,15 @@ class SiteRun:
             raise StrongerCheckNeeded(
                 f"{w.head} — {self.decl.out.name} is written by more than one op at site {int(self.site)}; the"
                 " semantic rule proves one WriteTiles writing each item's block",
+                site=int(self.site),
+                engine=w.engine,
+                op=self.index.op(w.op),
+            )
+        if self.writes and not self.items:
+            w = self.writes[0]
+            raise SemanticError(
+                f"{w.head} — site {int(self.site)} holds no item, yet it writes {self.decl.out.name}: each tile is"
+                " written once, by the site that holds its item",
                 site=int(self.site),
                 engine=w.engine,
                 op=self.index.op(w.op),
@@ -453,7 +464,17 @@ class EngineRun:
         row, col = self.tile_of(op, t, flat, {PR: op.block_h, PC: op.block_w})
         self.fill(op, op.into, Page(op.block_h, op.block_w, Copy(TileRef(t.id, row, col))))
 
+    def declared_ring(self, op: ChoreoOp, buf: BufferId, want: BufferId | None) -> None:
+        """`buf` is the ring the stages say this op's data flows through (the kernel keeps only declared rings)."""
+        if want is not None and self.index.ring(buf) != self.index.ring(want):
+            raise self.wrong(
+                op,
+                f"its data goes through {self.index.name(buf)}, but the stages send it through {self.index.name(want)}",
+                buf,
+            )
+
     def write(self, op: WriteTiles) -> None:
+        self.declared_ring(op, op.src, self.decl.last)
         page = self.front(op, op.src)
         cell = page.view(op.block_h, op.block_w)
         if cell is None:
@@ -565,8 +586,14 @@ class EngineRun:
                 op.acc,
             )
         h, w, _ = self.decl.acc_shape
-        if op.tiles % w or op.tiles > h * w:
-            raise self.unsure(op, f"it packs {op.tiles} tiles, not whole rows of the {h}x{w}-tile accumulator", op.to)
+        if op.tiles % w or op.tiles > h * w or (op.accumulate and op.tiles != h * w):
+            raise self.unsure(
+                op,
+                f"it packs {op.tiles} tiles of the {h}x{w}-tile accumulator; the semantic rule follows packs of whole"
+                " rows, and accumulating packs of all of it",
+                op.to,
+            )
+        self.declared_ring(op, op.to, self.decl.matmul.outs[0] if self.decl.matmul else None)
         rename: dict[Sym, Aff] = {ACC_ROW: Aff.of(PR), ACC_COL: Aff.of(PC)}
         for t in acc.terms:
             for s in t.sums:
@@ -578,15 +605,8 @@ class EngineRun:
         )
         if op.accumulate:
             base = self.pending.get(self.index.ring(op.to), [[None, None]])[-1][1]
-            if (
-                not isinstance(base, Page)
-                or not isinstance(base.cell, AccSum)
-                or (base.rows, base.width)
-                != (
-                    op.tiles // w,
-                    w,
-                )
-            ):
+            shape = (op.tiles // w, w)
+            if not isinstance(base, Page) or not isinstance(base.cell, AccSum) or (base.rows, base.width) != shape:
                 raise self.unsure(op, "it adds onto a page that does not hold an accumulator of its shape", op.to)
             terms = base.cell.terms + terms
         self.fill(op, op.to, Page(op.tiles // w, w, AccSum(terms)))

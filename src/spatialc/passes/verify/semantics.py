@@ -36,7 +36,7 @@ import numpy as np
 
 from ...epilogue import EXACT_LIMIT
 from ...errors import SemanticError, StrongerCheckNeeded
-from ...ir.ids import BufferId, ItemId
+from ...ir.ids import BufferId, ItemId, Site
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import ComputeStage, DType, EngineProgram, ReadStage, Stage, Tensor, WriteStage
 from ...ir.ops import (
@@ -69,12 +69,18 @@ def _unsure(what: str) -> StrongerCheckNeeded:
     return StrongerCheckNeeded(f"the stages: {what}; the semantic rule (verify's rule 8) cannot state what C is")
 
 
+EPILOGUE_OPS = (Bias, Relu, Scalar, Requant)
+
+
 def declared(index: ProgramIndex) -> Declared:
-    """The stages' function, or StrongerCheckNeeded when they are not a pipeline ending in one write."""
+    """The stages' function, or StrongerCheckNeeded when they are not one pipeline ending in one write: reads of
+    tensors, at most one tile matmul, a chain of elementwise stages, one write — every stage on the way to C."""
     p = index.p
     writes = [s for s in p.stages if isinstance(s.kind, WriteStage)]
     if len(writes) != 1 or len(writes[0].ins) != 1:
         raise _unsure(f"{len(writes)} write stages (one, emptying one ring, is what it proves)")
+    if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
+        raise _unsure("several tile matmuls (one is what it proves)")
     out = index.tensors[writes[0].kind.tensor]  # type: ignore[union-attr]
     producer: dict[BufferId, Stage] = {}
     for s in p.stages:
@@ -82,25 +88,60 @@ def declared(index: ProgramIndex) -> Declared:
             if producer.setdefault(index.ring(b), s) is not s:
                 raise _unsure(f"stages {producer[index.ring(b)].name} and {s.name} both fill {index.name(b)}")
     last = index.ring(writes[0].ins[0])
-    ring, chain = last, list[Stage]()
-    for _ in range(len(p.stages) + 1):
+    ring, chain, decl = last, list[Stage](), None
+    while decl is None:
         stage = producer.get(ring)
         if stage is None:
-            raise _unsure(f"no stage fills {index.name(ring)}, which {writes[0].name} writes out")
+            raise _unsure(f"no stage fills {index.name(ring)}, which the way to {writes[0].name} reads")
+        if stage in chain:
+            raise _unsure("the stages form a cycle")
         match stage.kind:
             case ReadStage(t):
                 _same_shape(index, stage, index.tensors[t], out)
-                return Declared(out, last, producer)
+                decl = Declared(out, last, producer, tuple(chain[::-1]))
             case ComputeStage(MatmulTiles() as mm):
-                decl = _gemm(index, stage, mm, out, last, producer)
-                _integer_bounds(index, decl, chain[::-1])
-                return decl
-            case ComputeStage() if len(stage.ins) == 1 and len(stage.outs) == 1:
+                decl = _gemm(index, stage, mm, out, last, producer, tuple(chain[::-1]))
+            case ComputeStage(op) if isinstance(op, EPILOGUE_OPS) and len(stage.ins) == len(stage.outs) == 1:
                 chain.append(stage)
                 ring = index.ring(stage.ins[0])
-            case _:
-                raise _unsure(f"stage {stage.name} has {len(stage.ins)} inputs and {len(stage.outs)} outputs")
-    raise _unsure("the stages form a cycle")
+            case ComputeStage(op):
+                raise _unsure(
+                    f"stage {stage.name} ({compute_text(op, p)}) is no elementwise bias, relu, scalar or requant"
+                )
+    _every_stage_used(index, decl, writes[0])
+    _epilogue_types(index, decl)
+    _integer_bounds(index, decl)
+    return decl
+
+
+def _every_stage_used(index: ProgramIndex, decl: Declared, write: Stage) -> None:
+    """No stage is off the way to C: each one declares part of what C is, and the reference applies them all."""
+    used = {id(write), *(id(s) for s in decl.chain)}
+    if decl.matmul is not None:
+        used.add(id(decl.matmul))
+        used.update(id(decl.producer[index.ring(b)]) for b in decl.matmul.ins)
+    else:
+        first = decl.chain[0].ins[0] if decl.chain else write.ins[0]
+        used.add(id(decl.producer[index.ring(first)]))
+    for s in index.p.stages:
+        if id(s) not in used:
+            raise SemanticError(
+                f"stage {s.name} is not on the way from the inputs to {decl.out.name}: every stage must be part of the"
+                " one pipeline the program declares"
+            )
+
+
+def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:
+    """A bias holds int32 values in an int8 program, float32 in a float one (the bounds and the kernel rely on it)."""
+    want = DType.INT32 if index.p.precision == Precision.INT8 else DType.FLOAT32
+    for s in decl.chain:
+        op = s.kind.op  # type: ignore[union-attr]
+        if isinstance(op, Bias) and index.tensors[op.tensor].dtype != want:
+            t = index.tensors[op.tensor]
+            raise SemanticError(
+                f"stage {s.name} adds {t.name}, which holds {t.dtype.value}; a {index.p.precision.value} program's"
+                f" bias holds {want.value}"
+            )
 
 
 def _same_shape(index: ProgramIndex, stage: Stage, t: Tensor, out: Tensor) -> None:
@@ -112,7 +153,13 @@ def _same_shape(index: ProgramIndex, stage: Stage, t: Tensor, out: Tensor) -> No
 
 
 def _gemm(
-    index: ProgramIndex, stage: Stage, mm: MatmulTiles, out: Tensor, last: BufferId, producer: dict[BufferId, Stage]
+    index: ProgramIndex,
+    stage: Stage,
+    mm: MatmulTiles,
+    out: Tensor,
+    last: BufferId,
+    producer: dict[BufferId, Stage],
+    chain: tuple[Stage, ...],
 ) -> Declared:
     p = index.p
     if len(stage.ins) != 2:
@@ -147,24 +194,27 @@ def _gemm(
             raise SemanticError(f"{t.name} holds {t.dtype.value} values, but the {p.precision.value} matmul reads it")
     shape = (mm.sub_blocks[0] * mm.block.osh, mm.sub_blocks[1] * mm.block.osw, mm.block.ibw)
     k_need = math.ceil(a.elems[1] / p.tile.cols)
-    return Declared(out, last, producer, a.id, b.id, shape, k_need, min(a.tiles[1], b.tiles[0]))
+    return Declared(out, last, producer, chain, a.id, b.id, stage, shape, k_need, min(a.tiles[1], b.tiles[0]))
 
 
 _INT_RANGE = {DType.INT8: 2**7, DType.INT32: 2**31, DType.INT64: 2**63}  # values lie in -r..r-1
 
 
-def _integer_bounds(index: ProgramIndex, decl: Declared, chain: list[Stage]) -> None:
+def _integer_bounds(index: ProgramIndex, decl: Declared) -> None:
     """What the epilogue produces, and its range: every integer value stays inside what the interpreter computes
     exactly (±2^62) and what the output tensor holds; a float program's output is float32.
 
     The bounds start from the K-long int8 dot product and follow the stages; a bias adds any int32, requant
     saturates to int8. The output type must be the chain's own: int8 after requant, a wide integer before."""
-    p, out = index.p, decl.out
+    p, out, chain = index.p, decl.out, decl.chain
+    if decl.matmul is None:
+        return  # a copy pipeline: its values are the input's
     if p.precision != Precision.INT8:
-        if out.dtype != DType.FLOAT32 or any(isinstance(s.kind.op, Requant) for s in chain):  # type: ignore[union-attr]
+        requant = any(isinstance(s.kind.op, Requant) for s in chain)  # type: ignore[union-attr]
+        if out.dtype != DType.FLOAT32 or requant:
             raise SemanticError(
                 f"a {p.precision.value} program computes float32 values; its output {out.name} holds {out.dtype.value}"
-                + (" and a requant needs an integer accumulator" if chain else "")
+                + ("; a requant needs an integer accumulator" if requant else "")
             )
         return
     k = index.tensors[decl.a].elems[1]  # type: ignore[index]
@@ -221,11 +271,25 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
     shared: dict[tuple[object, ...], list[ItemId]] = {}
     for site, key in programs.keys.items():
         shared.setdefault(key, []).extend(items.get(site, ()))
+    idle: dict[tuple[object, ...], Site] = {}  # per set of programs, a site that runs it holding no item
+    for site in sorted(programs.keys):
+        if not items.get(site):
+            idle.setdefault(programs.keys[site], site)
     for site, progs in programs.distinct_sites():
         run = SiteRun(index, decl, site, progs, items.get(site, ()), _sample(shared[programs.keys[site]]))
         write = run.run()
-        if write is not None:
-            _Proof(run, write).check()
+        if write is None:
+            continue
+        other = idle.get(programs.keys[site])
+        if other is not None:  # it runs the same programs, so it writes the same tiles again
+            raise SemanticError(
+                f"{write.head} — site {int(other)} holds no item, yet runs site {int(site)}'s programs, which write"
+                f" {decl.out.name}: each tile is written once, by the site that holds its item",
+                site=int(other),
+                engine=write.engine,
+                op=index.op(write.op),
+            )
+        _Proof(run, write).check()
 
 
 def _sample(items: list[ItemId], n: int = 16) -> tuple[ItemId, ...]:

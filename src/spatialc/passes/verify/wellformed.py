@@ -10,6 +10,7 @@ no later rule (and nothing after verify) meets an id it cannot resolve or a size
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 
@@ -71,6 +72,8 @@ REQUANT_ZERO_POINT = (-128, 127)
 MAX_ITEMS = 2**24
 # The kernel counts loops, tiles of a tensor and item ids in C `int`s: every bound it prints must fit one.
 MAX_INT = 2**31 - 1
+# The annotations of op fields that hold whole numbers (ids are whole numbers too).
+_WHOLE = {"int", "BufferId", "TensorId", "SemId", "Site", "GroupId", "LoopVar"}
 # An item's side or K step, in tiles: above what any target's shared memory can stage one K step of (about 900
 # one-byte tiles), so no plan the tile pass makes is refused, yet an item — and with it a tensor's padding — is small.
 MAX_ITEM_SIDE = 1024
@@ -377,6 +380,7 @@ class _OpCheck:
                 self.leaf(op, bound)
 
     def loop(self, op: Loop, bound: tuple[LoopVar, ...]) -> None:
+        self.whole(op, op)
         if op.var in (LV_ITEM_Y, LV_ITEM_X):
             raise self.fail(op, f"{loop_var_name(op.var)} stands for the item's coordinate; no loop may bind it")
         if op.var in bound:
@@ -413,7 +417,20 @@ class _OpCheck:
             raise self.fail(op, f"tensor {int(tid)} does not exist")
         return t
 
+    def whole(self, op: ChoreoOp, node: object) -> None:
+        """Every number field of `node` (an op, its address, its count) holds a whole number: the Python API lets any
+        value in, and a float where a count belongs would pass every comparison and fail only at run time."""
+        for f in dataclasses.fields(node):  # type: ignore[arg-type]
+            value = getattr(node, f.name)
+            if f.type in _WHOLE and (isinstance(value, bool) or not isinstance(value, int)):
+                raise self.fail(op, f"its {f.name} must be a whole number, not {value!r}")
+            if isinstance(value, TileAddr | Const | Trip):
+                self.whole(op, value)
+            if f.name == "steps" and any(isinstance(x, bool) or not isinstance(x, int) for step in value for x in step):
+                raise self.fail(op, f"an address step must be two whole numbers (variable, stride), not {value!r}")
+
     def leaf(self, op: ChoreoOp, bound: tuple[LoopVar, ...]) -> None:
+        self.whole(op, op)
         match op:
             case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n):
                 self.buf(op, buf)
@@ -474,6 +491,10 @@ class _OpCheck:
     def compute(self, op: Compute, bound: tuple[LoopVar, ...]) -> None:
         for b in (*op.ins, *op.outs, *(x for x in (op.acc, op.acc_reload) if x is not None)):
             self.buf(op, b)
+        if isinstance(op.op, MatmulTiles) and (len(op.ins) != 2 or op.outs or op.acc is None):
+            raise self.fail(op, "a tile matmul reads two rings (A, B) and adds into an accumulator; it fills no ring")
+        if not isinstance(op.op, MatmulTiles) and (len(op.ins) != 1 or len(op.outs) != 1 or op.acc is not None):
+            raise self.fail(op, "an elementwise compute reads one ring and fills one; it names no accumulator")
         why = compute_fault(op.op, self.index.p.precision)
         if why is not None:
             raise self.fail(op, why)
