@@ -256,3 +256,8 @@ def test_the_report_shows_the_kernels_memory_and_the_rings_it_fused(capsys, tmp_
     assert f"shared memory {budget['total_bytes']} bytes a block" in out
     assert budget["total_bytes"] == budget["static_bytes"] + budget["dyn_bytes"] == sum(budget["rings"].values()) + 4096
     assert "fused into the store (no ring): C_ring, bias0_ring, relu1_ring" in out
+
+
+def test_verify_pictures_on_a_program_that_passes_says_why_nothing_was_drawn(capsys, saved, tmp_path):
+    status, out, _ = run_cli(capsys, "verify", str(saved), "--pictures", str(tmp_path / "pics"))
+    assert status == 0 and "pictures  none drawn" in out and "there is none" in out

@@ -192,6 +192,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         " access in bounds, deadlock-free, and it computes what its stages declare"
     )
     print(f"  lowering  {_lowering(p, args.file)}")
+    if args.pictures:
+        print(f"  pictures  none drawn: {args.pictures} would get the wait-for graph of a deadlock, and there is none")
     return 0
 
 
