@@ -19,7 +19,7 @@ from .ir.ops import Bias, Precision
 def _declared(p: SpatialProgram):
     """What the program's stages declare (verify's rule 8 reads them the same way: by their rings)."""
     from .ir.index import ProgramIndex
-    from .passes.verify.semantics import declared
+    from .passes.verify.declared import declared
 
     return declared(ProgramIndex.of(p))
 

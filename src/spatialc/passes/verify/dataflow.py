@@ -12,35 +12,30 @@ symbols renamed to the consumer's. What is written where is collected for `seman
 from __future__ import annotations
 
 import itertools
-from collections import ChainMap, Counter
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...errors import SemanticError, StrongerCheckNeeded
-from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, ItemId, LoopVar, Site, TensorId, loop_var_name
-from ...ir.index import ProgramIndex, where
-from ...ir.nodes import ComputeStage, EngineProgram, Stage, Tensor
+from ...ir.ids import BufferId, ItemId, Site, TensorId
+from ...ir.index import ProgramIndex
+from ...ir.nodes import EngineProgram, Stage, Tensor
 from ...ir.ops import (
-    AcquireAcc,
     Bias,
     ChoreoOp,
     Compute,
     ComputeOp,
     Const,
     Loop,
-    MatmulTiles,
     PackAcc,
     Pop,
     Push,
     ReadTiles,
-    ReleaseAcc,
     Reserve,
-    TileAddr,
     WriteTiles,
 )
-from ...ir.printer import compute_text
 from .facts import Facts, Side
-from .symbolic import PC, PR, AccSum, Aff, Cell, Copy, Elem, Page, Product, Sym, TileRef, split
+from .symbolic import Aff, Cell, Page, Product, Sym
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +63,17 @@ def same_op(scheduled: ComputeOp, declared_op: ComputeOp) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class _Seq:
+class Seq:
     """A page's position in its ring: Σ per·loop over the loops (outermost first) around the op, plus `const`."""
 
     levels: tuple[tuple[Sym, int, int], ...] = ()  # (the loop's symbol, its iterations, pages per iteration)
     const: int = 0
 
-    def shifted(self, n: int) -> _Seq:
-        return _Seq(self.levels, self.const + n)
+    def shifted(self, n: int) -> Seq:
+        return Seq(self.levels, self.const + n)
 
-    def inside(self, sym: Sym, n: int, per: int) -> _Seq:
-        return _Seq((*self.levels, (sym, n, per)), self.const)
+    def inside(self, sym: Sym, n: int, per: int) -> Seq:
+        return Seq((*self.levels, (sym, n, per)), self.const)
 
     def shape(self) -> tuple[object, ...]:
         return (tuple((n, per) for _, n, per in self.levels), self.const)
@@ -89,17 +84,17 @@ class _Seq:
 
 
 @dataclass
-class _Entry:
+class Entry:
     """A page pushed into a ring: its position, its value (None: pushed without being filled), who pushed it."""
 
-    seq: _Seq
+    seq: Seq
     page: Page | None
     engine: str
     push: ChoreoOp
 
 
 @dataclass
-class _Acc:
+class Acc:
     """An accumulator between AcquireAcc and ReleaseAcc: the loops open at its AcquireAcc, its products so far, the
     loops they are summed over, and whether PackAcc has read it."""
 
@@ -144,7 +139,7 @@ class SiteRun:
         assert plan is not None
         self.grid, self.block = plan.grid, plan.item_tiles
         self.ranges: dict[Sym, int] = {}
-        self.pushed: dict[BufferId, list[_Entry]] = {}
+        self.pushed: dict[BufferId, list[Entry]] = {}
         self.writes: list[Write] = []
         self.counter = itertools.count()
         self._per: dict[int, tuple[dict[BufferId, int], dict[BufferId, int], set[BufferId]]] = {}
@@ -203,6 +198,8 @@ class SiteRun:
 
     def run(self) -> Write | None:
         """Every engine followed; the one write of C (None where the site writes nothing and holds no item)."""
+        from .engine import EngineRun
+
         for prog in self.order():
             EngineRun(self, prog).body(prog.ops)
         for w in self.writes[1:]:
@@ -265,364 +262,4 @@ class SiteRun:
         return out
 
 
-# Symbols of an accumulator tile's row and column inside the item (replaced by the page's at PackAcc).
-ACC_ROW = Sym("acc", "row", "acc row")
-ACC_COL = Sym("acc", "col", "acc col")
-_ZERO = _Seq()
-
-
-class EngineRun:
-    """One engine program run once, symbolically (see the module docstring)."""
-
-    def __init__(self, site: SiteRun, prog: EngineProgram) -> None:
-        self.site, self.index, self.decl = site, site.index, site.decl
-        self.engine = prog.engine.value
-        self.frames: list[tuple[object, Sym | None, Loop]] = []  # open loops: a token, its symbol, the op
-        self.env: dict[LoopVar, Aff] = {}
-        self.item: Sym | None = None  # the ITEM loop the engine is in (None: the site's only item)
-        self.reserved: dict[BufferId, _Seq] = {}
-        self.popped: dict[BufferId, _Seq] = {}
-        self.pending: dict[BufferId, list[list]] = {}  # reserved, unpushed pages: [position, value, filler]
-        self.accs: dict[BufferId, _Acc] = {}
-
-    # ---- messages ------------------------------------------------------------------------------------------------
-
-    def head(self, op: ChoreoOp) -> str:
-        loops = ", ".join(loop_var_name(lp.var) for _, _, lp in self.frames)
-        return f"{where(self.site.site, self.engine)}{f' [in {loops}]' if loops else ''}: {self.index.op(op)}"
-
-    def wrong(self, op: ChoreoOp, why: str, buf: BufferId | None = None) -> SemanticError:
-        return SemanticError(
-            f"{self.head(op)} — {why}",
-            site=int(self.site.site),
-            engine=self.engine,
-            op=self.index.op(op),
-            buffer=None if buf is None else self.index.name(buf),
-        )
-
-    def unsure(self, op: ChoreoOp, why: str, buf: BufferId | None = None) -> StrongerCheckNeeded:
-        return StrongerCheckNeeded(
-            f"{self.head(op)} — {why}",
-            site=int(self.site.site),
-            engine=self.engine,
-            op=self.index.op(op),
-            buffer=None if buf is None else self.index.name(buf),
-        )
-
-    # ---- walking -------------------------------------------------------------------------------------------------
-
-    def body(self, ops: tuple[ChoreoOp, ...]) -> None:
-        for op in ops:
-            if isinstance(op, Loop):
-                self.loop(op)
-            else:
-                self.leaf(op)
-
-    def loop(self, op: Loop) -> None:
-        assert isinstance(op.count, Const)  # Trip loops were refused up front
-        n = op.count.n
-        if n == 0:
-            return
-        per_reserve, per_pop, touched = self.site.per_iteration(op)
-        sym = None
-        if n > 1:
-            sym = Sym("loop", next(self.site.counter), loop_var_name(op.var))
-            self.site.ranges[sym] = n
-            for ring in touched:
-                if self.pending.get(ring):
-                    raise self.unsure(
-                        op,
-                        f"pages of {self.index.name(ring)} reserved before the loop are filled or pushed inside it;"
-                        " the semantic rule follows loops whose iterations reserve, fill and push their own pages",
-                        ring,
-                    )
-        saved = (dict(self.reserved), dict(self.popped))
-        if sym is not None:
-            for ring, k in per_reserve.items():
-                self.reserved[ring] = saved[0].get(ring, _ZERO).inside(sym, n, k)
-            for ring, k in per_pop.items():
-                self.popped[ring] = saved[1].get(ring, _ZERO).inside(sym, n, k)
-        outer_item, outer_var = self.item, self.env.get(op.var)
-        self.env[op.var] = Aff(0) if sym is None else Aff.of(sym)
-        if op.var == LV_ITEM:
-            self.item = sym
-        self.frames.append((object(), sym, op))
-        self.body(op.body)
-        self.frames.pop()
-        self.item = outer_item
-        if outer_var is None:
-            del self.env[op.var]
-        for ring, k in per_reserve.items():
-            self.reserved[ring] = saved[0].get(ring, _ZERO).shifted(k * n)
-        for ring, k in per_pop.items():
-            self.popped[ring] = saved[1].get(ring, _ZERO).shifted(k * n)
-
-    def leaf(self, op: ChoreoOp) -> None:
-        ring = self.index.ring
-        match op:
-            case Reserve(buf, n):
-                r = ring(buf)
-                at = self.reserved.get(r, _ZERO)
-                self.pending.setdefault(r, []).extend([at.shifted(i), None, None] for i in range(n))
-                self.reserved[r] = at.shifted(n)
-            case Push(buf, n):
-                self.push(op, ring(buf), n)
-            case Pop(buf, n):
-                self.popped[ring(buf)] = self.popped.get(ring(buf), _ZERO).shifted(n)
-            case ReadTiles():
-                self.read(op)
-            case WriteTiles():
-                self.write(op)
-            case AcquireAcc(buf):
-                self.accs[buf] = _Acc(tuple(token for token, _, _ in self.frames))
-            case ReleaseAcc(buf) if buf in self.accs:
-                self.accs[buf].live = False
-            case Compute(op=MatmulTiles()):
-                self.matmul(op)
-            case Compute():
-                self.elementwise(op)
-            case PackAcc():
-                self.pack(op)
-            case _:
-                pass  # Wait, semaphores, barriers and ordering points order the work; they compute nothing
-
-    def push(self, op: Push, ring: BufferId, n: int) -> None:
-        pages = self.pending.get(ring, [])
-        if len(pages) < n:  # rule 5 refuses this first; kept so a page is never invented
-            raise self.wrong(op, f"it pushes {n} page(s) of {self.index.name(ring)} with {len(pages)} reserved", ring)
-        for at, page, _ in pages[:n]:
-            self.site.pushed.setdefault(ring, []).append(_Entry(at, page, self.engine, op))
-        del pages[:n]
-
-    def fill(self, op: ChoreoOp, buf: BufferId, page: Page) -> None:
-        """`page` into the newest reserved page of `buf`'s ring."""
-        pages = self.pending.get(self.index.ring(buf))
-        if not pages:  # rule 5 refuses this first
-            raise self.wrong(op, f"it fills a page of {self.index.name(buf)} it has not reserved", buf)
-        pages[-1][1:] = [page, op]
-
-    def front(self, op: ChoreoOp, buf: BufferId) -> Page:
-        """The value of the front page of `buf`'s ring: the page its producer filled at the same position."""
-        ring = self.index.ring(buf)
-        at = self.popped.get(ring, _ZERO)
-        entries = self.site.pushed.get(ring, [])
-        for entry in entries:
-            if entry.seq.shape() != at.shape():
-                continue
-            if entry.page is None:
-                raise self.wrong(
-                    op,
-                    f"it reads page {at.text()} of {self.index.name(ring)}, which {entry.engine}'s"
-                    f" {self.index.op(entry.push)} pushed without anything filling it",
-                    buf,
-                )
-            rename: dict[Sym, Aff] = {}
-            for (theirs, _, _), (mine, _, _) in zip(entry.seq.levels, at.levels, strict=True):
-                rename[theirs] = Aff.of(mine)
-                for old, new in zip(self.site.item_coords(theirs), self.site.item_coords(mine), strict=True):
-                    rename.update({s: new for s in old.syms()})
-            return Page(entry.page.rows, entry.page.width, entry.page.cell.subst(rename))
-        pushed = "; ".join(sorted({f"{e.seq.text()} by {e.engine}" for e in entries})) or "none"
-        raise self.unsure(
-            op,
-            f"it reads page {at.text()} of {self.index.name(ring)}, and no op fills a page of it at that position in"
-            f" the same loops (pages pushed at: {pushed}); the semantic rule matches producer and consumer loop for"
-            " loop",
-            buf,
-        )
-
-    def addr(self, op: ChoreoOp, at: TileAddr) -> Aff:
-        """A tile address as a form in this engine's symbols."""
-        iy, ix = self.site.item_coords(self.item)
-        out = Aff(at.base)
-        for var, stride in at.steps:
-            if var == LV_ITEM and stride:
-                raise self.unsure(
-                    op, "its address uses the ITEM loop's index; the semantic rule follows items by item_y / item_x"
-                )
-            out = out + {LV_ITEM_Y: iy, LV_ITEM_X: ix}.get(var, self.env.get(var, Aff(0))) * stride
-        return out
-
-    def tile_of(self, op: ChoreoOp, t: Tensor, flat: Aff, extra: dict[Sym, int]) -> tuple[Aff, Aff]:
-        """A flat tile index of `t` as (row, col), or refuse when a step of it crosses rows of the grid."""
-        rc = split(flat, t.tiles[1], ChainMap(extra, self.site.ranges))
-        if rc is None:
-            raise self.unsure(
-                op,
-                f"its tiles {flat.text()} step across rows of {t.name}'s grid of {t.tiles[1]} tiles a row; the semantic"
-                " rule follows tile rows and columns apart",
-            )
-        return rc
-
-    # ---- data ops ------------------------------------------------------------------------------------------------
-
-    def read(self, op: ReadTiles) -> None:
-        t = self.index.tensors[op.tensor]
-        pr = Aff.of(PR) if op.block_h > 1 else Aff(0)
-        pc = Aff.of(PC) if op.block_w > 1 else Aff(0)
-        flat = self.addr(op, op.at) + pr * op.stride_h + pc * op.stride_w
-        row, col = self.tile_of(op, t, flat, {PR: op.block_h, PC: op.block_w})
-        self.fill(op, op.into, Page(op.block_h, op.block_w, Copy(TileRef(t.id, row, col))))
-
-    def declared_ring(self, op: ChoreoOp, buf: BufferId, want: BufferId | None) -> None:
-        """`buf` is the ring the stages say this op's data flows through (the kernel keeps only declared rings)."""
-        if want is not None and self.index.ring(buf) != self.index.ring(want):
-            raise self.wrong(
-                op,
-                f"its data goes through {self.index.name(buf)}, but the stages send it through {self.index.name(want)}",
-                buf,
-            )
-
-    def write(self, op: WriteTiles) -> None:
-        self.declared_ring(op, op.src, self.decl.last)
-        page = self.front(op, op.src)
-        cell = page.view(op.block_h, op.block_w)
-        if cell is None:
-            raise self.unsure(
-                op,
-                f"it writes {op.block_h}x{op.block_w} tiles from a page of {page.rows} rows of {page.width} tiles;"
-                " the semantic rule follows blocks read in the layout they were filled in",
-                op.src,
-            )
-        bh, bw = self.site.fresh("block row", op.block_h), self.site.fresh("block col", op.block_w)
-        flat = self.addr(op, op.at) + bh * op.stride_h + bw * op.stride_w
-        row, col = self.tile_of(op, self.index.tensors[op.tensor], flat, {})
-        loops = tuple(sym for _, sym, _ in self.frames if sym is not None)
-        w = Write(op, self.head(op), self.engine, loops, self.item, row, col, cell.subst({PR: bh, PC: bw}), (bh, bw))
-        self.site.writes.append(w)
-
-    def stage_of(self, op: Compute) -> Stage:
-        """The stage `op` runs, by the rings it reads and fills, after checking it does what that stage declares."""
-        ring, name = self.index.ring, self.index.name
-        ins, outs = tuple(map(ring, op.ins)), tuple(map(ring, op.outs))
-        is_mm = isinstance(op.op, MatmulTiles)
-        if is_mm and op.outs:
-            raise self.wrong(op, "a tile matmul adds into its accumulator; it fills no ring")
-        kin = [
-            (s, s.kind.op)
-            for s in self.index.p.stages
-            if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles) == is_mm
-        ]
-        found = [
-            (s, d) for s, d in kin if tuple(map(ring, s.ins)) == ins and (is_mm or tuple(map(ring, s.outs)) == outs)
-        ]
-        if not found:
-            joined = " by ".join if is_mm else ", ".join
-            said = "; ".join(
-                f"stage {s.name} {'multiplies' if is_mm else 'reads'} {joined(map(name, s.ins))}"
-                + ("" if is_mm else f" into {', '.join(map(name, s.outs))}")
-                for s, _ in kin
-            )
-            did = f"multiplies {joined(map(name, op.ins))}" if is_mm else f"reads {joined(map(name, op.ins))} into"
-            did += "" if is_mm else f" {', '.join(map(name, op.outs)) or 'nothing'}"
-            raise self.wrong(op, f"it {did}; {said or 'no stage does'}")
-        stage, declared_op = found[0]
-        if not same_op(op.op, declared_op):
-            raise self.wrong(
-                op,
-                f"schedule op {compute_text(op.op, self.index.p)} where stage {stage.name} declares"
-                f" {compute_text(declared_op, self.index.p)}",
-            )
-        return stage
-
-    def live_acc(self, op: ChoreoOp, buf: BufferId) -> _Acc:
-        acc = self.accs.get(buf)
-        name = self.index.name(buf)
-        if acc is None or not acc.live:
-            raise self.wrong(op, f"{name} is not acquired here: no AcquireAcc zeroes it before this op", buf)
-        tokens = tuple(token for token, _, _ in self.frames)
-        if tokens[: len(acc.opened)] != acc.opened:
-            raise self.unsure(
-                op,
-                f"{name} was zeroed inside a loop that has ended; the semantic rule follows an accumulator acquired,"
-                " used and released in one loop body",
-                buf,
-            )
-        return acc
-
-    def matmul(self, op: Compute) -> None:
-        self.stage_of(op)
-        assert op.acc is not None and isinstance(op.op, MatmulTiles)
-        acc = self.live_acc(op, op.acc)
-        if acc.packed:
-            raise self.wrong(op, f"it adds a product after PackAcc has read {self.index.name(op.acc)}", op.acc)
-        h, w, ibw = self.decl.acc_shape
-        if self.index.page_tiles(op.acc) < h * w:
-            raise self.wrong(
-                op,
-                f"{self.index.name(op.acc)} holds {self.index.page_tiles(op.acc)} tiles, the matmul's {h}x{w}",
-                op.acc,
-            )
-        cells = []
-        for buf, shape in ((op.ins[0], (h, ibw)), (op.ins[1], (ibw, w))):
-            page = self.front(op, buf)
-            cell = page.view(*shape)
-            if cell is None:
-                raise self.unsure(
-                    op,
-                    f"it multiplies {shape[0]}x{shape[1]} tiles of a page of {page.rows} rows of {page.width}; the"
-                    " semantic rule follows pages read in the layout they were filled in",
-                    buf,
-                )
-            if not isinstance(cell, Copy):
-                raise self.unsure(op, f"it multiplies computed tiles of {self.index.name(buf)}", buf)
-            cells.append(cell.ref)
-        kk = self.site.fresh("kk", ibw)
-        row = Aff.of(ACC_ROW) if h > 1 else Aff(0)
-        col = Aff.of(ACC_COL) if w > 1 else Aff(0)
-        a, b = cells[0].subst({PR: row, PC: kk}), cells[1].subst({PR: kk, PC: col})
-        summed = [(sym, lp) for token, sym, lp in self.frames[len(acc.opened) :] if sym is not None]
-        acc.terms.append(Product(a, b, (*(s for s, _ in summed), *kk.syms())))
-        acc.summed.update(summed)
-
-    def pack(self, op: PackAcc) -> None:
-        acc = self.live_acc(op, op.acc)
-        still = [lp for _, sym, lp in self.frames if sym in acc.summed]
-        if still:
-            raise self.wrong(
-                op,
-                f"it reads a partial sum: the loop {self.index.op(still[0])} around it still adds products to"
-                f" {self.index.name(op.acc)}",
-                op.acc,
-            )
-        h, w, _ = self.decl.acc_shape
-        if op.tiles % w or op.tiles > h * w or (op.accumulate and op.tiles != h * w):
-            raise self.unsure(
-                op,
-                f"it packs {op.tiles} tiles of the {h}x{w}-tile accumulator; the semantic rule follows packs of whole"
-                " rows, and accumulating packs of all of it",
-                op.to,
-            )
-        self.declared_ring(op, op.to, self.decl.matmul.outs[0] if self.decl.matmul else None)
-        rename: dict[Sym, Aff] = {ACC_ROW: Aff.of(PR), ACC_COL: Aff.of(PC)}
-        for t in acc.terms:
-            for s in t.sums:
-                if s not in rename:
-                    rename[s] = self.site.fresh(s.label, self.site.ranges[s])
-        terms = tuple(
-            Product(t.a.subst(rename), t.b.subst(rename), tuple(x for s in t.sums for x in rename[s].syms()))
-            for t in acc.terms
-        )
-        if op.accumulate:
-            base = self.pending.get(self.index.ring(op.to), [[None, None]])[-1][1]
-            shape = (op.tiles // w, w)
-            if not isinstance(base, Page) or not isinstance(base.cell, AccSum) or (base.rows, base.width) != shape:
-                raise self.unsure(op, "it adds onto a page that does not hold an accumulator of its shape", op.to)
-            terms = base.cell.terms + terms
-        self.fill(op, op.to, Page(op.tiles // w, w, AccSum(terms)))
-        acc.packed = True
-
-    def elementwise(self, op: Compute) -> None:
-        self.stage_of(op)
-        page = self.front(op, op.ins[0])
-        col = None
-        if isinstance(op.op, Bias):
-            if op.op.width != page.width:
-                raise self.unsure(
-                    op,
-                    f"its bias row is {op.op.width} tiles wide and the page's rows are {page.width}; the semantic rule"
-                    " follows a bias laid over whole page rows",
-                    op.ins[0],
-                )
-            col = self.addr(op, op.op.at) + Aff.of(PC)
-        self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(op.op, page.cell, col)))
+ZERO = Seq()  # the position of a ring's first page

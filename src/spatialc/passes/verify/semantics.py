@@ -34,226 +34,27 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...epilogue import EXACT_LIMIT
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId, ItemId, Site
 from ...ir.index import ProgramIndex, where
-from ...ir.nodes import ComputeStage, DType, EngineProgram, ReadStage, Stage, Tensor, WriteStage
+from ...ir.nodes import ComputeStage, EngineProgram, ReadStage
 from ...ir.ops import (
     Bias,
     Compute,
-    ComputeOp,
     Loop,
     MatmulTiles,
     McastSend,
-    Precision,
-    Relu,
-    Requant,
-    Scalar,
     Trip,
     walk,
 )
 from ...ir.printer import compute_text
-from .dataflow import Declared, SiteRun, Write, same_op
+from .dataflow import SiteRun, Write, same_op
+from .declared import declared
 from .facts import Programs
 from .symbolic import AccSum, Aff, Cell, Copy, Elem, Sym, one_to_one
 
 WITNESS_LIMIT = 1 << 14  # iterations a message may enumerate to name a concrete tile (the proof never does)
 ENUM_LIMIT = 1 << 22  # k-tiles listed when interleaved products are not one mixed radix (an unrolled K loop)
-
-
-# ---- the declared function --------------------------------------------------------------------------------------
-
-
-def _unsure(what: str) -> StrongerCheckNeeded:
-    return StrongerCheckNeeded(f"the stages: {what}; the semantic rule (verify's rule 8) cannot state what C is")
-
-
-EPILOGUE_OPS = (Bias, Relu, Scalar, Requant)
-
-
-def declared(index: ProgramIndex) -> Declared:
-    """The stages' function, or StrongerCheckNeeded when they are not one pipeline ending in one write: reads of
-    tensors, at most one tile matmul, a chain of elementwise stages, one write — every stage on the way to C."""
-    p = index.p
-    writes = [s for s in p.stages if isinstance(s.kind, WriteStage)]
-    if len(writes) != 1 or len(writes[0].ins) != 1:
-        raise _unsure(f"{len(writes)} write stages (one, emptying one ring, is what it proves)")
-    if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
-        raise _unsure("several tile matmuls (one is what it proves)")
-    out = index.tensors[writes[0].kind.tensor]  # type: ignore[union-attr]
-    producer: dict[BufferId, Stage] = {}
-    for s in p.stages:
-        for b in s.outs:
-            if producer.setdefault(index.ring(b), s) is not s:
-                raise _unsure(f"stages {producer[index.ring(b)].name} and {s.name} both fill {index.name(b)}")
-    last = index.ring(writes[0].ins[0])
-    ring, chain, decl = last, list[Stage](), None
-    while decl is None:
-        stage = producer.get(ring)
-        if stage is None:
-            raise _unsure(f"no stage fills {index.name(ring)}, which the way to {writes[0].name} reads")
-        if stage in chain:
-            raise _unsure("the stages form a cycle")
-        match stage.kind:
-            case ReadStage(t):
-                _same_shape(index, stage, index.tensors[t], out)
-                decl = Declared(out, last, producer, tuple(chain[::-1]))
-            case ComputeStage(MatmulTiles() as mm):
-                decl = _gemm(index, stage, mm, out, last, producer, tuple(chain[::-1]))
-            case ComputeStage(op) if isinstance(op, EPILOGUE_OPS) and len(stage.ins) == len(stage.outs) == 1:
-                chain.append(stage)
-                ring = index.ring(stage.ins[0])
-            case ComputeStage(op):
-                raise _unsure(
-                    f"stage {stage.name} ({compute_text(op, p)}) is no elementwise bias, relu, scalar or requant"
-                )
-    _every_stage_used(index, decl, writes[0])
-    _epilogue_types(index, decl)
-    _integer_bounds(index, decl)
-    return decl
-
-
-def _every_stage_used(index: ProgramIndex, decl: Declared, write: Stage) -> None:
-    """No stage is off the way to C: each one declares part of what C is, and the reference applies them all."""
-    used = {id(write), *(id(s) for s in decl.chain)}
-    if decl.matmul is not None:
-        used.add(id(decl.matmul))
-        used.update(id(decl.producer[index.ring(b)]) for b in decl.matmul.ins)
-    else:
-        first = decl.chain[0].ins[0] if decl.chain else write.ins[0]
-        used.add(id(decl.producer[index.ring(first)]))
-    for s in index.p.stages:
-        if id(s) not in used:
-            raise SemanticError(
-                f"stage {s.name} is not on the way from the inputs to {decl.out.name}: every stage must be part of the"
-                " one pipeline the program declares"
-            )
-
-
-def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:
-    """A bias holds int32 values in an int8 program, float32 in a float one (the bounds and the kernel rely on it)."""
-    want = DType.INT32 if index.p.precision == Precision.INT8 else DType.FLOAT32
-    for s in decl.chain:
-        op = s.kind.op  # type: ignore[union-attr]
-        if isinstance(op, Bias) and index.tensors[op.tensor].dtype != want:
-            t = index.tensors[op.tensor]
-            raise SemanticError(
-                f"stage {s.name} adds {t.name}, which holds {t.dtype.value}; a {index.p.precision.value} program's"
-                f" bias holds {want.value}"
-            )
-
-
-def _same_shape(index: ProgramIndex, stage: Stage, t: Tensor, out: Tensor) -> None:
-    if t.elems != out.elems or t.tiles != out.tiles:
-        raise SemanticError(
-            f"stage {stage.name} reads {t.name} ({t.elems[0]}x{t.elems[1]} in {t.tiles[0]}x{t.tiles[1]} tiles)"
-            f" into the output {out.name} ({out.elems[0]}x{out.elems[1]} in {out.tiles[0]}x{out.tiles[1]} tiles)"
-        )
-
-
-def _gemm(
-    index: ProgramIndex,
-    stage: Stage,
-    mm: MatmulTiles,
-    out: Tensor,
-    last: BufferId,
-    producer: dict[BufferId, Stage],
-    chain: tuple[Stage, ...],
-) -> Declared:
-    p = index.p
-    if len(stage.ins) != 2:
-        raise _unsure(f"matmul stage {stage.name} reads {len(stage.ins)} rings, not an A and a B")
-    reads = [producer.get(index.ring(b)) for b in stage.ins]
-    tensors = [s.kind.tensor if s is not None and isinstance(s.kind, ReadStage) else None for s in reads]
-    if tensors[0] is None or tensors[1] is None:
-        raise _unsure(f"matmul stage {stage.name} multiplies rings that no read stage fills from a tensor")
-    a, b = index.tensors[tensors[0]], index.tensors[tensors[1]]
-    if (a.elems[0], b.elems[1]) != out.elems or a.elems[1] != b.elems[0]:
-        raise SemanticError(
-            f"stage {stage.name} multiplies {a.name} ({a.elems[0]}x{a.elems[1]}) by {b.name}"
-            f" ({b.elems[0]}x{b.elems[1]}) into {out.name} ({out.elems[0]}x{out.elems[1]}): the shapes do not agree"
-        )
-    if p.tile.rows != p.tile.cols:
-        raise _unsure(f"tiles of {p.tile.rows}x{p.tile.cols} (a tile matmul multiplies square tiles)")
-    plan = p.plan
-    if plan is not None and (mm.block, mm.sub_blocks) != (plan.block, plan.sub_blocks):
-        raise SemanticError(
-            f"stage {stage.name} declares {compute_text(mm, p)}, but the plan's block is"
-            f" {plan.block.osh}x{plan.block.osw}x{plan.block.ibw} with {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
-            " sub-blocks"
-        )
-    if plan is not None and plan.k_tiles != a.tiles[1]:
-        raise SemanticError(
-            f"the plan reduces {plan.k_tiles} k-tiles, but {a.name}'s tile grid has {a.tiles[1]} columns of them"
-        )
-    if mm.operand != p.precision:
-        raise SemanticError(f"stage {stage.name} multiplies {mm.operand.value} tiles in a {p.precision.value} program")
-    for t in (a, b):
-        if t.dtype.value != p.precision.value:
-            raise SemanticError(f"{t.name} holds {t.dtype.value} values, but the {p.precision.value} matmul reads it")
-    shape = (mm.sub_blocks[0] * mm.block.osh, mm.sub_blocks[1] * mm.block.osw, mm.block.ibw)
-    k_need = math.ceil(a.elems[1] / p.tile.cols)
-    return Declared(out, last, producer, chain, a.id, b.id, stage, shape, k_need, min(a.tiles[1], b.tiles[0]))
-
-
-_INT_RANGE = {DType.INT8: 2**7, DType.INT32: 2**31, DType.INT64: 2**63}  # values lie in -r..r-1
-
-
-def _integer_bounds(index: ProgramIndex, decl: Declared) -> None:
-    """What the epilogue produces, and its range: every integer value stays inside what the interpreter computes
-    exactly (±2^62) and what the output tensor holds; a float program's output is float32.
-
-    The bounds start from the K-long int8 dot product and follow the stages; a bias adds any int32, requant
-    saturates to int8. The output type must be the chain's own: int8 after requant, a wide integer before."""
-    p, out, chain = index.p, decl.out, decl.chain
-    if decl.matmul is None:
-        return  # a copy pipeline: its values are the input's
-    if p.precision != Precision.INT8:
-        requant = any(isinstance(s.kind.op, Requant) for s in chain)  # type: ignore[union-attr]
-        if out.dtype != DType.FLOAT32 or requant:
-            raise SemanticError(
-                f"a {p.precision.value} program computes float32 values; its output {out.name} holds {out.dtype.value}"
-                + ("; a requant needs an integer accumulator" if requant else "")
-            )
-        return
-    k = index.tensors[decl.a].elems[1]  # type: ignore[index]
-    lo, hi = -k * 128 * 127, k * 128 * 128
-    for s in chain:
-        lo, hi = _through(s.kind.op, lo, hi)  # type: ignore[union-attr]
-        if max(-lo, hi) >= EXACT_LIMIT:
-            raise SemanticError(
-                f"after stage {s.name} ({compute_text(s.kind.op, p)}) a value can reach {max(-lo, hi)}, beyond the"  # type: ignore[union-attr]
-                " ±2^62 integer epilogues are exact to"
-            )
-    requantised = bool(chain) and isinstance(chain[-1].kind.op, Requant)  # type: ignore[union-attr]
-    fits = out.dtype in _INT_RANGE and -_INT_RANGE[out.dtype] <= lo and hi < _INT_RANGE[out.dtype]
-    if (out.dtype == DType.INT8) != requantised or not fits:
-        raise SemanticError(
-            f"the output {out.name} holds {out.dtype.value}, but the declared values lie in {lo}..{hi}"
-            + ("" if requantised else " (int8 output comes from a requant, last)")
-        )
-
-
-def _through(op: ComputeOp, lo: int, hi: int) -> tuple[int, int]:
-    """The range of an integer epilogue op's result on values in lo..hi."""
-    match op:
-        case Bias():
-            return lo - 2**31, hi + 2**31 - 1
-        case Relu():
-            return max(lo, 0), max(hi, 0)
-        case Scalar("add", v):
-            return lo + int(v), hi + int(v)
-        case Scalar("mul", v):
-            a, b = lo * int(v), hi * int(v)
-            return min(a, b), max(a, b)
-        case Scalar("max", v):
-            return max(lo, int(v)), max(hi, int(v))
-        case Scalar("min", v):
-            return min(lo, int(v)), min(hi, int(v))
-        case Requant():
-            return -128, 127
-    raise SemanticError(f"{compute_text(op)} is not an integer epilogue op")
 
 
 # ---- the rule ----------------------------------------------------------------------------------------------------
