@@ -95,7 +95,7 @@ def test_emulation_equals_the_interpreter(built, name, mode):
     x = operands(precision, m, n, k, integer, seed=len(name))
     ref = spatialc.evaluate(program, x)
     c = spatialc.emulate(art, x, mode=mode)
-    assert c.shape == (m, n) and c.dtype == (np.int64 if precision == "int8" else np.float32)
+    assert c.shape == (m, n) and c.dtype == ref.dtype
     if integer:
         np.testing.assert_array_equal(c, ref)
         return

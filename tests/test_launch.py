@@ -6,6 +6,7 @@ result, so the launcher's whole path (bind, convert, tilize, poison, launch orde
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -80,7 +81,8 @@ class NumpyDevice:
         c = a @ b
         if len(args) > 3:  # the bias parameter, one value per column
             c = c + untilize(args[3], self.args[3].tiles, full["bias"], np)[0]
-        args[2][:] = tilize(c.astype(c_arg.storage), c_arg.tiles, np)
+        stored = quantize(c, c_arg.elem, np) if c_arg.elem == "bfloat16" else c.astype(c_arg.storage)
+        args[2][:] = tilize(stored, c_arg.tiles, np)
 
     @staticmethod
     def _values(x, storage):
@@ -583,3 +585,16 @@ def test_missing_nvcc_is_a_build_error(monkeypatch, tmp_path):
     monkeypatch.setattr(L, "find_nvcc", lambda: None)
     with pytest.raises(L.KernelBuildError, match="nvcc was not found"):
         L.compile_cubin("__global__ void k() {}", "sm_90", cache=tmp_path)
+
+
+def test_a_bf16_output_comes_back_as_its_values():
+    # The kernel stores bf16 bits; numpy (and CuPy) have no bfloat16, so C comes back as float32 holding them exactly.
+    art = artifact(40, 24, 32, "bf16")
+    params = [dataclasses.replace(q, c_type="__nv_bfloat16") if q.role == "output" else q for q in art.launch.params]
+    art = dataclasses.replace(art, launch=dataclasses.replace(art.launch, params=tuple(params)))
+    rng = np.random.default_rng(2)
+    a, b = rng.integers(-3, 4, (40, 32)).astype(np.float32), rng.standard_normal((32, 24)).astype(np.float32)
+    c, _ = run_fake(art, a, b)
+    b16 = bf16_to_float32(quantize(b, "bfloat16", np), np).astype(np.float64)
+    want = bf16_to_float32(quantize(a.astype(np.float64) @ b16, "bfloat16", np), np)
+    assert c.dtype == np.float32 and np.array_equal(c, want)

@@ -33,6 +33,7 @@ SHAPES = {
     "dynamic_rings": (128, 128, 128, {"block": (4, 4, 4), "depth": 4}),
     "depth_1": (100, 70, 50, {"depth": 1}),
 }
+OUTPUTS = (("fp16", "fp16"), ("bf16", "bf16"), ("int8", "int64"))
 FLAGS = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror", "-Xptxas", "-v"]
 
 
@@ -48,6 +49,9 @@ def artifacts(tgt):
         for prec in PRECISIONS:
             p = spatialc.build(spatialc.gemm(m, n, k, prec), tgt, **kw)
             out.append((f"{name}/{prec}", lower(p, spatialc.target(tgt))))
+    for prec, c in OUTPUTS:  # C stored as torch stores it, or as asked
+        p = spatialc.build(spatialc.gemm(33, 17, 49, prec, out=c), tgt)
+        out.append((f"odd/{prec}-out-{c}", lower(p, spatialc.target(tgt))))
     return out
 
 

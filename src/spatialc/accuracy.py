@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 
 from .errors import ProgramError
-from .ir.nodes import SpatialProgram
+from .ir.nodes import DType, SpatialProgram
 from .ir.ops import Precision, Scalar
 
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
+OUT_EPS = {DType.FLOAT32: EPS32, DType.FP16: 2.0**-10, DType.BF16: 2.0**-7}  # one ulp at 1.0 of C's type
+OUT_NAMES = {EPS32: "float32", 2.0**-10: "fp16", 2.0**-7: "bf16"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +37,14 @@ class Tolerance:
     """The error allowed in each element of C against the float64 reference of the same operand-rounded inputs.
 
     `exact`: int8 programs, compared with `==`. Otherwise |C − ref| ≤ ulps · 2^-23 · scale · (|A| @ |B|)
-    + 2 · 2^-23 · |ref| (the epilogue's own float32 rounding) + the smallest normal float32."""
+    + 2 · eps · |ref| (the epilogue's own rounding, and C's to its element type: eps is one ulp at 1.0 of float32,
+    fp16 or bf16) + the smallest normal float32."""
 
     program: SpatialProgram = field(repr=False, compare=False)
     exact: bool
     ulps: int
     scale: float
+    out_eps: float = EPS32
 
     @property
     def text(self) -> str:
@@ -48,7 +52,8 @@ class Tolerance:
         if self.exact:
             return "exact"
         scaled = f" × {self.scale:g} (the epilogue's multiplies)" if self.scale != 1 else ""
-        return f"{self.ulps} float32 ulps of |A|@|B|{scaled}, plus 2 of |C|"
+        out = OUT_NAMES.get(self.out_eps, "float32")
+        return f"{self.ulps} float32 ulps of |A|@|B|{scaled}, plus 2 {out} ulps of |C|"
 
     def bound(self, inputs: Mapping[str, Any]) -> np.ndarray:
         """The allowed |C − ref| of each element for these inputs (zeros for an exact program)."""
@@ -59,7 +64,8 @@ class Tolerance:
             return np.zeros(ref.shape)
         a, b = rounded_operands(self.program, inputs)
         size = np.abs(ref.astype(np.float64))
-        return self.ulps * EPS32 * self.scale * (np.abs(a) @ np.abs(b)) + 2 * EPS32 * size + np.finfo(np.float32).tiny
+        sums = self.ulps * EPS32 * self.scale * (np.abs(a) @ np.abs(b))
+        return sums + 2 * self.out_eps * size + np.finfo(np.float32).tiny
 
     def atol(self, inputs: Mapping[str, Any]) -> float:
         """One absolute tolerance for `np.allclose(c, ref, rtol=0, atol=...)`: the largest element's bound."""
@@ -94,4 +100,6 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False) -> Tolerance:
     a = next((t for t in program.tensors if t.role.value == "input"), None)
     k = a.elems[1] if a is not None else 0
     muls = [abs(op.value) for op in epilogue_ops(program) if isinstance(op, Scalar) and op.op == "mul"]
-    return Tolerance(program, False, k + 4 if kernel else 4, max(float(np.prod(muls or [1.0])), 1.0))
+    out = program.output_tensor()
+    eps = OUT_EPS.get(out.dtype, EPS32) if out is not None else EPS32
+    return Tolerance(program, False, k + 4 if kernel else 4, max(float(np.prod(muls or [1.0])), 1.0), eps)

@@ -28,7 +28,11 @@ from .ir.ops import Bias, BlockShape, ComputeOp, MatmulTiles, Precision, Relu, R
 from .quant import QuantError, quantize_multiplier
 
 TILE = Tile(16, 16)
-OUTPUT_DTYPE = {Precision.INT8: DType.INT64, Precision.FP16: DType.FLOAT32, Precision.BF16: DType.FLOAT32}
+# What C holds unless `out` says otherwise: an int8 GEMM's int32 sums while K ≤ 131071 keeps them in range (int64
+# beyond), the int64 an integer epilogue computes in, int8 after a requant, float32 for fp16 / bf16 programs.
+OUTPUT_DTYPE = {Precision.INT8: DType.INT32, Precision.FP16: DType.FLOAT32, Precision.BF16: DType.FLOAT32}
+# The output types each kind of program may ask for with `out`.
+OUTPUT_CHOICES = {"int8": ("int32", "int64"), "float": ("float32", "fp16", "bf16")}
 
 # Buffer ids of a GEMM program: the operand rings, the accumulator and the output ring.
 BUF_A, BUF_B, BUF_ACC, BUF_C = BufferId(0), BufferId(1), BufferId(2), BufferId(3)
@@ -144,6 +148,20 @@ def _check_size(m: int, n: int, k: int) -> None:
             )
 
 
+def _output_dtype(prec: Precision, epi: tuple[Epilogue, ...], out: str | None, k: int) -> DType:
+    """C's element type: what `out` asks for, checked against what the program computes, or the default."""
+    if epi and isinstance(epi[-1], Requant):
+        if out not in (None, "int8"):
+            raise ProgramError(f"a requant's output is int8; out={out!r} cannot hold it as such")
+        return DType.INT8
+    choices = OUTPUT_CHOICES["int8" if prec == Precision.INT8 else "float"]
+    if out is None:
+        return DType.INT64 if prec == Precision.INT8 and (epi or k * 128 * 128 > 2**31 - 1) else OUTPUT_DTYPE[prec]
+    if out not in choices:
+        raise ProgramError(f"a {prec.value} program's output is one of {', '.join(choices)}, not {out!r}")
+    return DType(out)
+
+
 def gemm(
     m: int,
     n: int,
@@ -152,8 +170,14 @@ def gemm(
     *,
     epilogue: list[Epilogue] | tuple[Epilogue, ...] = (),
     target: str = "sm_90",
+    out: str | None = None,
 ) -> SpatialProgram:
-    """The program C[m×n] = epilogue(A[m×k] @ B[k×n]), before tiling (ring sizes are the tile pass's to choose)."""
+    """The program C[m×n] = epilogue(A[m×k] @ B[k×n]), before tiling (ring sizes are the tile pass's to choose).
+
+    `out` is C's element type: for int8 programs "int32" (the default without an epilogue, while K ≤ 131071) or
+    "int64" (the default with one: integer epilogues are exact 64-bit arithmetic); int8 after a requant; for fp16 / bf16 programs
+    "float32" (the default), "fp16" or "bf16" (the float32 result rounded to nearest even). The accumulator is int32
+    or float32 whatever C holds."""
     m, n, k = _dim("m", m), _dim("n", n), _dim("k", k)
     _check_size(m, n, k)
     prec = precision_of(precision)
@@ -162,7 +186,7 @@ def gemm(
     epi = tuple(epilogue)
     _check_epilogue(epi, prec)
     op_dtype = DType(prec.value)
-    out_dtype = DType.INT8 if epi and isinstance(epi[-1], Requant) else OUTPUT_DTYPE[prec]
+    out_dtype = _output_dtype(prec, epi, out, k)
 
     def tensor(tid: TensorId, name: str, role: TensorRole, rows: int, cols: int, dtype: DType) -> Tensor:
         return Tensor(tid, name, role, (rows, cols), (math.ceil(rows / TILE.rows), math.ceil(cols / TILE.cols)), dtype)

@@ -12,6 +12,7 @@ import numpy as np
 from . import epilogue
 from .errors import ProgramError
 from .inputs import operand_values
+from .interp.numerics import output_values
 from .ir.nodes import SpatialProgram
 from .ir.ops import Bias, Precision
 
@@ -43,10 +44,13 @@ def reference(p: SpatialProgram, inputs: dict[str, Any]) -> np.ndarray:
     """epilogue(A @ B) in the output's element type, from float64 products of the operand-rounded inputs."""
     a, b = rounded_operands(p, inputs)
     integer = p.precision == Precision.INT8
-    x = epilogue.start(np.rint(a @ b) if integer else a @ b, integer)
-    for op in epilogue_ops(p):
+    ops = epilogue_ops(p)
+    x = np.rint(a @ b) if integer else a @ b
+    if ops:  # the epilogue works on the accumulator's type: int64, or float32 as the kernel's does
+        x = epilogue.start(x, integer)
+    for op in ops:
         row = np.asarray(inputs[p.tensor(op.tensor).name]).reshape(-1) if isinstance(op, Bias) else None
         x = epilogue.apply(op, x, integer, row)
     out = p.output_tensor()
     assert out is not None
-    return x.astype({"int8": np.int8, "int32": np.int32, "int64": np.int64}.get(out.dtype.value, np.float32))
+    return output_values(out.name, x, out.dtype)  # C's element type, rounded as the interpreter rounds it

@@ -224,7 +224,7 @@ int main() {
     SPATIALC_CHECK(cudaMemcpy(y.data(), d2, y.size() * sizeof(OUT_T), cudaMemcpyDeviceToHost));
     for (int i = 0; i < 64; ++i) {
         for (int j = 0; j < 64; ++j) {
-            printf("%.9g\n", (double)y[spatialc_tiled_index(i, j, 4)]);
+            printf("%.9g\n", (double)(float)y[spatialc_tiled_index(i, j, 4)]);
         }
     }
     SPATIALC_CHECK(cudaFree(d0));

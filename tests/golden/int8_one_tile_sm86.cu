@@ -16,7 +16,7 @@
 
 typedef signed char OPT;
 typedef int ACCT;
-typedef long long OUT_T;
+typedef int OUT_T;
 #define NTHREAD 128
 #define NWARP 4
 #define PERW 1

@@ -64,6 +64,7 @@ LAUNCH = re.compile(r"\b([A-Za-z_]\w*)\s*<<<([^;<>]*?)>>>\s*\(")
 # Exit statuses the emulator ends a run with (emu_core.h), and the host code's own (kernel-abi.md §10).
 EXIT_RACE, EXIT_DEADLOCK, EXIT_TIMEOUT, EXIT_MISUSE = 86, 87, 88, 89
 EXIT_CUDA, EXIT_INPUT = 1, 2
+OUTPUT_DTYPES = {"signed char": np.int8, "int": np.int32, "long long": np.int64, "__half": np.float16}
 
 # `progress(done, total)`: blocks of the running launch done so far (emu_runtime.h, report_blocks).
 Progress = Callable[[int, int], None]
@@ -422,8 +423,8 @@ def emulate(
     out = next((p for p in artifact.launch.params if p.role == "output"), None)
     if out is None:
         raise EmulationFault("the artifact's launch names no output tensor")
-    floats = any(w in out.c_type for w in ("float", "half", "bfloat"))
-    dtype = np.float32 if floats else (np.int8 if out.c_type == "signed char" else np.int64)
+    # The interpreter's types for the same output: fp16 as float16, bf16 as its values in float32.
+    dtype = OUTPUT_DTYPES.get(out.c_type, np.float32)
     files = _input_files(artifact, inputs)
     return emulate_source(
         artifact.program_cu, files, tuple(out.elems), dtype, mode=mode, timeout=timeout, progress=progress

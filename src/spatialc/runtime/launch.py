@@ -250,7 +250,19 @@ def run_with(device: Any, artifact: Any, a: Any, b: Any, **params: Any) -> Any:
         x, is_bf16 = device.upload(value)
         buffers.append(prep.tiled(arg, _converted(arg, x, is_bf16, device.xp)))
     prep.run(tuple(buffers))
-    return device.download(prep.result(out), library, [v for _, v in bound if v is not None])
+    c = prep.result(out)
+    like = [v for _, v in bound if v is not None]
+    if prep.output.elem != "bfloat16":
+        return device.download(c, library, like)
+    if library != "torch":  # numpy and CuPy have no bfloat16: its values, exactly, as float32
+        return device.download(bf16_to_float32(c, device.xp), library, like)
+    return device.download(c.view(device.xp.int16), library, like).view(_torch_bf16())
+
+
+def _torch_bf16() -> Any:
+    import torch
+
+    return torch.bfloat16
 
 
 def _converted(arg: Arg, x: Any, is_bf16: bool, xp: Any) -> Any:

@@ -76,13 +76,16 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
             _check_requant(op)
     out = p.output_tensor()
     assert out is not None
-    want = DType.FLOAT32 if not integer else DType.INT8 if ops and isinstance(ops[-1], Requant) else DType.INT64
-    if out.dtype != want:
+    if not integer:
+        want = (DType.FLOAT32, DType.FP16, DType.BF16)
+    else:
+        want = (DType.INT8,) if ops and isinstance(ops[-1], Requant) else (DType.INT64, DType.INT32)
+    if out.dtype not in want:
         raise Precision(
             out.dtype.value,
             (f"after the epilogue {names(p, stages)}" if stages else "without an epilogue")
-            + f" the output {out.name} holds "
-            f"{want.value} values, which is what the kernel writes",
+            + f" the output {out.name} holds {' or '.join(d.value for d in want)} values, which is what the kernel"
+            " writes",
         )
 
 

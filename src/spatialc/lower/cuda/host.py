@@ -82,7 +82,8 @@ def program_main(k: Kernel) -> str:
     out = k.program.output_tensor()
     assert out is not None
     o = int(out.id)
-    fmt, cast = ("%lld", "long long") if k.out_type in INTEGER_OUTPUTS else ("%.9g", "double")
+    # A half or bfloat16 value reaches printf through float: both convert to it exactly, on nvcc's host and g++'s.
+    fmt, cast = ("%lld", "long long") if k.out_type in INTEGER_OUTPUTS else ("%.9g", "double)(float")
     w = Writer()
     with w.block("int main()"):
         _setup(k, w, bench=False)

@@ -53,7 +53,10 @@ C_TYPES = {
     DType.BF16: "__nv_bfloat16",
     DType.FLOAT32: "float",
 }
-OUTPUT_TYPES = (DType.INT32, DType.INT64, DType.FLOAT32)  # without an epilogue: the accumulator, widened
+# What the kernel stores C as: an integer accumulator as int32 or widened to int64; a float one as float32, or rounded
+# to nearest even into fp16 / bf16 by the store's conversion (verify has shown the values fit the integer ones).
+INTEGER_OUTPUTS = (DType.INT32, DType.INT64)
+FLOAT_OUTPUTS = (DType.FLOAT32, DType.FP16, DType.BF16)
 CONSTANT_INTS = 64 * 1024 // 4  # the work list lives in the 64 KiB of __constant__ memory
 
 
@@ -214,8 +217,10 @@ def operand_types(p: SpatialProgram, mm: MatmulTiles, has_epilogue: bool) -> Wmm
     out = p.output_tensor()
     if out is None:
         raise Unsupported("a program without an output tensor", "the kernel stores its result into one")
-    if not has_epilogue and out.dtype not in OUTPUT_TYPES:
-        raise Precision(out.dtype.value, "without an epilogue the output must be int32, int64 or float32")
+    allowed = INTEGER_OUTPUTS if mm.operand.value == "int8" else FLOAT_OUTPUTS
+    if not has_epilogue and out.dtype not in allowed:
+        names = " or ".join(d.value for d in allowed)
+        raise Precision(out.dtype.value, f"without an epilogue a {mm.operand.value} GEMM's output is {names}")
     return types
 
 

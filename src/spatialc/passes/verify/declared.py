@@ -175,9 +175,10 @@ def _integer_bounds(index: ProgramIndex, decl: Declared) -> None:
         return  # a copy pipeline: its values are the input's
     if p.precision != Precision.INT8:
         requant = any(isinstance(s.kind.op, Requant) for s in chain)  # type: ignore[union-attr]
-        if out.dtype != DType.FLOAT32 or requant:
+        if out.dtype not in (DType.FLOAT32, DType.FP16, DType.BF16) or requant:
             raise SemanticError(
-                f"a {p.precision.value} program computes float32 values; its output {out.name} holds {out.dtype.value}"
+                f"a {p.precision.value} program computes float32 values (stored as float32, fp16 or bf16); its"
+                f" output {out.name} holds {out.dtype.value}"
                 + ("; a requant needs an integer accumulator" if requant else "")
             )
         return
