@@ -166,11 +166,10 @@ def test_no_barrier_after_the_output_wait_reads_unstored_fragments_in_late_mode(
 
 def test_a_corrupt_item_list_entry_is_a_mismatch_in_both_modes(fused):
     text = spatialc.lower(fused).program_cu
-    m = re.search(r"ITEM_LIST\[\d+\] = \{([^}]*)\}", text)
-    assert m, "the emitted kernel has no ITEM_LIST"
-    items = m.group(1).split(", ")
-    items[1] = items[0]  # site 0 computes its first item twice and its second never
-    text = text[: m.start(1)] + ", ".join(items) + text[m.end(1) :]
+    m = re.search(r"^( *)std::vector<int> work = .*$", text, re.M)
+    assert m, "the host program builds no work list"
+    # The first item's entry copied over the second's: one item computed twice, another never.
+    text = text[: m.end()] + f"\n{m.group(1)}work[2 * GRID + 1] = work[2 * GRID];" + text[m.end() :]
     assert [outcome(fused, text, mode) for mode in ("late", "early")] == ["mismatch", "mismatch"]
 
 

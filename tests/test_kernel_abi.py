@@ -250,6 +250,9 @@ def code_blocks(text, language):
     return re.findall(rf"^```{language}\n(.*?)^```$", text, re.S | re.M)
 
 
+FAKE_SMS = 7  # fewer multiprocessors than any target plans for: the sites must follow the device
+
+
 class FakeKernel:
     """The function CuPy would hand back: called as CuPy calls kernels, it checks the launch against launch.json,
     reads the tiled operands by the layout's formula and runs the emitted program.cu through the host emulation."""
@@ -261,14 +264,15 @@ class FakeKernel:
 
     def __call__(self, grid, block, args, shared_mem=0):
         ls = self.launch
-        assert (grid, block, shared_mem) == ((ls["grid"],), (ls["block"],), ls["dyn_smem"])
+        sites, work = spatialc.work_list(ls, FAKE_SMS)  # the device's sites, and the list the kernel must be given
+        assert (grid, block, shared_mem) == ((sites,), (ls["block"],), ls["dyn_smem"])
+        assert len(args) == len(ls["params"]) + 1 and np.array_equal(args[-1], work) and args[-1].dtype == np.int32
         if ls["smem_opt_in"]:
             assert self.max_dynamic_shared_size_bytes >= ls["dyn_smem"]
         storage = {"signed char": "int8", "__half": "float16", "__nv_bfloat16": "uint16", "float": "float32"}
         storage |= {"int": "int32", "long long": "int64"}
         files, operand_files, out = {}, iter(("a.txt", "b.txt")), None
-        assert len(args) == len(ls["params"])
-        for p, buf in zip(ls["params"], args, strict=True):
+        for p, buf in zip(ls["params"], args[:-1], strict=True):
             rows_t, cols_t = p["tiles"]
             assert buf.dtype == np.dtype(storage[p["c_type"]]) and buf.shape == (rows_t * cols_t * 256,)
             if p["role"] == "output":
@@ -285,7 +289,7 @@ class FakeKernel:
             files[name] = logical.astype(np.float64)
         p, buf = out
         program = (self.directory / "program.cu").read_text()
-        c = emulate_source(program, files, tuple(p["elems"]), np.dtype(buf.dtype))
+        c = emulate_source(program, files, tuple(p["elems"]), np.dtype(buf.dtype), sms=FAKE_SMS)
         rows_t, cols_t = p["tiles"]
         i, j = np.indices(c.shape)
         buf[tiled_index(i, j, cols_t, (16, 16))] = c  # the padding of a plain GEMM's C is zero: left as it was
@@ -313,6 +317,8 @@ def fake_cupy(launches):
             return kernel
 
     cp.RawModule = RawModule
+    device = types.SimpleNamespace(attributes={"MultiProcessorCount": FAKE_SMS})
+    cp.cuda = types.SimpleNamespace(Device=lambda *_: device)
     return cp
 
 

@@ -9,8 +9,8 @@ import pytest
 
 import spatialc
 from spatialc.frontend import relu
-from spatialc.ir.ids import LV_K, GroupId, SemId, Site
-from spatialc.ir.nodes import ComputeStage, DType, Group, Semaphore, Tile
+from spatialc.ir.ids import LV_K, GroupId, ItemId, SemId, Site
+from spatialc.ir.nodes import ComputeStage, DType, Group, Placement, Semaphore, Tile
 from spatialc.ir.ops import Compute, Const, Generic, Loop, MatmulTiles, McastSend, PackAcc, Reserve, Trip
 from spatialc.ir.ops import Precision as Operand
 from spatialc.lower.census import count_printed
@@ -26,7 +26,10 @@ from spatialc.lower.errors import (
     Unsupported,
     Unverified,
 )
-from spatialc.passes.tile import smem_bytes
+from spatialc.passes.place import place
+from spatialc.passes.schedule import schedule
+from spatialc.passes.tile import smem_bytes, tile
+from spatialc.passes.verify import verify
 
 
 @cache
@@ -288,30 +291,66 @@ def test_each_warp_owns_a_rectangle_of_every_sub_block_without_aliasing():
                 assert seen[(c_value(row, **env), c_value(col, **env))] == (warp, q)
 
 
-def item_tables(text):
-    return {
-        name: [int(v) for v in re.search(rf"{name}\[\d+\] = {{(.*)}};", text).group(1).split(", ")]
-        for name in ("ITEM_LIST", "ITEM_OFF", "ITEM_COUNT")
-    }
+def per_site(launch, sms=None):
+    """Each site's items, read back from the work list the launch would pass (offsets, counts, the items)."""
+    w = launch.work_list(sms)
+    sites = launch.sites(sms)
+    offs, counts, items = w[:sites], w[sites : 2 * sites], w[2 * sites :]
+    return [items[o : o + n] for o, n in zip(offs, counts, strict=True)]
 
 
 def test_the_work_list_is_the_placement_round_robin_included():
     p = built(100, 100, 32, "int8", "sm_86", sites=3, placement="round_robin")
-    t = item_tables(lower(p, spatialc.target("sm_86")).kernel_cu)
-    per_site = [t["ITEM_LIST"][off : off + n] for off, n in zip(t["ITEM_OFF"], t["ITEM_COUNT"], strict=True)]
-    assert per_site == [[int(i) for i in items] for _, items in p.placement.items_of_site]
-    assert per_site[1] == list(range(1, p.plan.items, 3))
+    launch = lower(p, spatialc.target("sm_86")).launch
+    assert launch.per_sm == 0 and launch.sites(7) == 3  # three sites were asked for: three on any device
+    assert per_site(launch) == [[int(i) for i in items] for _, items in p.placement.items_of_site]
+    assert per_site(launch)[1] == list(range(1, p.plan.items, 3))
 
 
-def test_a_site_without_items_returns_at_once():
-    a = lowered(32, 32, 32, "int8", "sm_86", sites=7)  # four items on seven sites: no ITEM loop
+def test_the_work_list_follows_the_device_by_the_same_rule():
+    # Placed over what sm_86 keeps resident (82 SMs x blocks per SM, capped at the items): at launch the sites are
+    # the device's, the items split by the same rule — the kernel text does not change, only its argument.
+    p = built(1000, 600, 64, "int8", "sm_86", placement="round_robin")
+    launch = lower(p, spatialc.target("sm_86")).launch
+    assert launch.per_sm > 0 and launch.grid == len(p.placement.items_of_site)
+    assert per_site(launch, 82) == [[int(i) for i in items] for _, items in p.placement.items_of_site]
+    for sms in (1, 7, 132):
+        sites = per_site(launch, sms)
+        assert len(sites) == min(p.plan.items, sms * launch.per_sm)
+        assert sorted(i for s in sites for i in s) == list(range(p.plan.items))
+        assert sites[1] == list(range(1, p.plan.items, len(sites)))
+
+
+def test_a_listed_placement_keeps_its_list_and_grid():
+    t = spatialc.target("sm_86")
+    p = place(tile(spatialc.gemm(100, 70, 50, "int8"), t), t)
+    n = p.plan.items
+    odd = (
+        (Site(0), tuple(ItemId(i) for i in range(0, n, 2))),
+        (Site(1), ()),
+        (Site(2), tuple(ItemId(i) for i in range(1, n, 2))),
+    )
+    q = verify(schedule(p.evolve(placement=Placement(odd, (), "strided"))))
+    launch = lower(q, t).launch
+    assert launch.placement == "listed" and launch.sites(132) == 3
+    assert per_site(launch, 132) == [[int(i) for i in items] for _, items in odd]
+
+
+def test_a_site_without_items_returns_at_once_and_one_with_many_loops():
+    a = lowered(32, 32, 32, "int8", "sm_86", sites=7)  # four items on seven sites: no ITEM loop in the program
     text = a.kernel_cu
-    assert item_tables(text)["ITEM_COUNT"] == [1, 1, 1, 1, 0, 0, 0]
-    assert "if (n_items == 0) { return; }" in text and "n_items; ++item" not in text
-    assert "const int item_id = ITEM_LIST[item_off];" in text
+    assert [len(s) for s in per_site(a.launch)] == [1, 1, 1, 1, 0, 0, 0]
+    assert "if (n_items == 0) { return; }" in text
+    # The kernel loops over whatever share of the items a site gets at launch, whether the program had a loop or not.
+    assert "for (int item = 0; item < n_items; ++item) {" in text
     assert a.launch.grid == 7 and a.census.agrees
     looped = lowered(64, 64, 32, "int8", "sm_86", sites=3).kernel_cu
     assert "for (int item = 0; item < n_items; ++item) {  // op:Loop x3" in looped
+
+
+def test_the_kernel_text_does_not_depend_on_how_many_sites_hold_the_items():
+    texts = {lowered(200, 200, 64, "int8", "sm_86", sites=s).kernel_cu for s in (1, 3, 7, 40)}
+    assert len(texts) == 1
 
 
 def test_rings_stay_static_up_to_48_kib_and_move_to_the_dynamic_block_beyond():
@@ -389,7 +428,7 @@ def test_the_texts_follow_the_kernel_abi():
     main = a.program_cu[a.program_cu.index("int main()") :]
     for call in re.findall(r"^\s*(.*\bcuda[A-Z]\w*\(.*)$", main, re.M):
         assert call.startswith("SPATIALC_CHECK(cuda"), call
-    assert re.search(r"^\s*spatialc_persistent<<<GRID, NTHREAD>>>\(d0, d1, d2\);$", main, re.M)
+    assert re.search(r"^\s*spatialc_persistent<<<GRID, NTHREAD>>>\(d0, d1, d2, d_work\);$", main, re.M)
     assert [p.c_type for p in a.launch.params] == ["signed char", "signed char", "int"]
 
 

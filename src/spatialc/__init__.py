@@ -9,6 +9,7 @@ from .errors import DeadlockError, PlanError, ProgramError, SpatialError, Verify
 from .frontend import bias, relu, requant, scalar
 from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
+from .runtime.launch import work_list
 from .runtime.tilize import tilize_array as tilize
 from .runtime.tilize import untilize_array as untilize
 from .target import SpatialTarget, UnknownTarget, target
@@ -42,5 +43,6 @@ __all__ = [
     "tolerance",
     "untilize",
     "verify",
+    "work_list",
 ]
 __version__ = "0.1.0"

@@ -175,9 +175,9 @@ def gemm(
     """The program C[m×n] = epilogue(A[m×k] @ B[k×n]), before tiling (ring sizes are the tile pass's to choose).
 
     `out` is C's element type: for int8 programs "int32" (the default without an epilogue, while K ≤ 131071) or
-    "int64" (the default with one: integer epilogues are exact 64-bit arithmetic); int8 after a requant; for fp16 / bf16 programs
-    "float32" (the default), "fp16" or "bf16" (the float32 result rounded to nearest even). The accumulator is int32
-    or float32 whatever C holds."""
+    "int64" (the default with one: integer epilogues are exact 64-bit arithmetic); int8 after a requant; for fp16 /
+    bf16 programs "float32" (the default), "fp16" or "bf16" (the float32 result rounded to nearest even). The
+    accumulator is int32 or float32 whatever C holds."""
     m, n, k = _dim("m", m), _dim("n", n), _dim("k", k)
     _check_size(m, n, k)
     prec = precision_of(precision)

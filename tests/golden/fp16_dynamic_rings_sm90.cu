@@ -29,17 +29,14 @@ typedef float OUT_T;
 #define SMEM_OFF_1 40960
 #define DYN_SMEM 73728
 
-__device__ __constant__ int ITEM_LIST[1] = {0};
-__device__ __constant__ int ITEM_OFF[1] = {0};
-__device__ __constant__ int ITEM_COUNT[1] = {1};
-
-extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2)
+extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int site = blockIdx.x;
-    const int item_off = ITEM_OFF[site];
-    const int n_items = ITEM_COUNT[site];
+    const int item_off = spatialc_work[site];
+    const int n_items = spatialc_work[gridDim.x + site];
+    const int* ITEM_LIST = spatialc_work + 2 * gridDim.x;
     if (n_items == 0) { return; }
     extern __shared__ __align__(32) char spatialc_dyn_smem[];
     SPATIALC_DYNAMIC_RING(OPT, ring_0, spatialc_dyn_smem, SMEM_OFF_0, DEPTH_0, PAGE_0);
@@ -48,116 +45,118 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(con
     int wslot_1 = DEPTH_1 - 1, rslot_1 = 0;
     SPATIALC_DYNAMIC_RING(ACCT, epi_scratch, spatialc_dyn_smem, SMEM_OFF_EPI, NWARP, 256);
     nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, ACCT> accf[PERW];
-    const int item_id = ITEM_LIST[item_off];
-    const int item_y = item_id / 1, item_x = item_id % 1;
-    (void)item_y; (void)item_x;
-    #pragma unroll
-    for (int q = 0; q < PERW; ++q) {  // op:AcquireAcc
-        nvcuda::wmma::fill_fragment(accf[q], 0);
-    }
-    // the loop over k is pipelined: step 0's copies are issued before it
-    wslot_0 = (wslot_0 + 1) % DEPTH_0;  // pre:Reserve
-    {  // pre:ReadTiles
-        constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
-        static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-        for (int c = tid; c < 16 * CHUNKS; c += NTHREAD) {
-            const int tl = c / CHUNKS, off = c % CHUNKS;
-            const long long tile = (long long)(item_y * 32) + (long long)(tl / 4) * 8 + (long long)(tl % 4);
-            __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + off * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
+    for (int item = 0; item < n_items; ++item) {  // op:Loop x3
+        const int item_id = ITEM_LIST[item_off + item];
+        const int item_y = item_id / 1, item_x = item_id % 1;
+        (void)item_y; (void)item_x;
+        #pragma unroll
+        for (int q = 0; q < PERW; ++q) {  // op:AcquireAcc
+            nvcuda::wmma::fill_fragment(accf[q], 0);
         }
-    }
-    __pipeline_commit();  // pre:Push
-    wslot_1 = (wslot_1 + 1) % DEPTH_1;  // pre:Reserve
-    {  // pre:ReadTiles
-        constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
-        static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-        for (int c = tid; c < 16 * CHUNKS; c += NTHREAD) {
-            const int tl = c / CHUNKS, off = c % CHUNKS;
-            const long long tile = (long long)(item_x * 4) + (long long)(tl / 4) * 4 + (long long)(tl % 4);
-            __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + off * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
-        }
-    }
-    __pipeline_commit();  // pre:Push
-    for (int k = 0; k < 2; ++k) {  // op:Loop x2
-        if (k + 1 < 2) {
-            wslot_0 = (wslot_0 + 1) % DEPTH_0;  // op:Reserve
-            {  // op:ReadTiles
-                constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
-                static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-                for (int c = tid; c < 16 * CHUNKS; c += NTHREAD) {
-                    const int tl = c / CHUNKS, off = c % CHUNKS;
-                    const long long tile = (long long)(item_y * 32 + (k + 1) * 4) + (long long)(tl / 4) * 8 + (long long)(tl % 4);
-                    __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + off * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
-                }
+        // the loop over k is pipelined: step 0's copies are issued before it
+        wslot_0 = (wslot_0 + 1) % DEPTH_0;  // pre:Reserve
+        {  // pre:ReadTiles
+            constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
+            static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
+            for (int c = tid; c < 16 * CHUNKS; c += NTHREAD) {
+                const int tl = c / CHUNKS, off = c % CHUNKS;
+                const long long tile = (long long)(item_y * 32) + (long long)(tl / 4) * 8 + (long long)(tl % 4);
+                __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + off * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
             }
-            __pipeline_commit();  // op:Push
-            wslot_1 = (wslot_1 + 1) % DEPTH_1;  // op:Reserve
-            {  // op:ReadTiles
-                constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
-                static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-                for (int c = tid; c < 16 * CHUNKS; c += NTHREAD) {
-                    const int tl = c / CHUNKS, off = c % CHUNKS;
-                    const long long tile = (long long)((k + 1) * 16 + item_x * 4) + (long long)(tl / 4) * 4 + (long long)(tl % 4);
-                    __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + off * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
-                }
+        }
+        __pipeline_commit();  // pre:Push
+        wslot_1 = (wslot_1 + 1) % DEPTH_1;  // pre:Reserve
+        {  // pre:ReadTiles
+            constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
+            static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
+            for (int c = tid; c < 16 * CHUNKS; c += NTHREAD) {
+                const int tl = c / CHUNKS, off = c % CHUNKS;
+                const long long tile = (long long)(item_x * 4) + (long long)(tl / 4) * 4 + (long long)(tl % 4);
+                __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + off * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
             }
-            __pipeline_commit();  // op:Push
         }
-        else {
-            __pipeline_commit();  // pad:Push
-            __pipeline_commit();  // pad:Push
-        }
-        __pipeline_wait_prior(2);  // op:Wait
-        __syncthreads();  // op:Wait
-        {  // op:Compute:MatmulTiles
-            const int wi = warp / 4;
-            const int wj = warp % 4;
-            #pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, OPT, nvcuda::wmma::row_major> bf[1];
-                #pragma unroll
-                for (int c = 0; c < 1; ++c) {
-                    nvcuda::wmma::load_matrix_sync(bf[c], ring_1 + rslot_1 * PAGE_1 + (kk * 4 + wj) * 256, 16);
+        __pipeline_commit();  // pre:Push
+        for (int k = 0; k < 2; ++k) {  // op:Loop x2
+            if (k + 1 < 2) {
+                wslot_0 = (wslot_0 + 1) % DEPTH_0;  // op:Reserve
+                {  // op:ReadTiles
+                    constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
+                    static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
+                    for (int c = tid; c < 16 * CHUNKS; c += NTHREAD) {
+                        const int tl = c / CHUNKS, off = c % CHUNKS;
+                        const long long tile = (long long)(item_y * 32 + (k + 1) * 4) + (long long)(tl / 4) * 8 + (long long)(tl % 4);
+                        __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + off * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
+                    }
                 }
+                __pipeline_commit();  // op:Push
+                wslot_1 = (wslot_1 + 1) % DEPTH_1;  // op:Reserve
+                {  // op:ReadTiles
+                    constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
+                    static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
+                    for (int c = tid; c < 16 * CHUNKS; c += NTHREAD) {
+                        const int tl = c / CHUNKS, off = c % CHUNKS;
+                        const long long tile = (long long)((k + 1) * 16 + item_x * 4) + (long long)(tl / 4) * 4 + (long long)(tl % 4);
+                        __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + off * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
+                    }
+                }
+                __pipeline_commit();  // op:Push
+            }
+            else {
+                __pipeline_commit();  // pad:Push
+                __pipeline_commit();  // pad:Push
+            }
+            __pipeline_wait_prior(2);  // op:Wait
+            __syncthreads();  // op:Wait
+            {  // op:Compute:MatmulTiles
+                const int wi = warp / 4;
+                const int wj = warp % 4;
                 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, OPT, nvcuda::wmma::row_major> af;
-                    nvcuda::wmma::load_matrix_sync(af, ring_0 + rslot_0 * PAGE_0 + ((wi * 2 + r % 2) * 4 + kk) * 256, 16);
+                for (int kk = 0; kk < 4; ++kk) {
+                    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, OPT, nvcuda::wmma::row_major> bf[1];
                     #pragma unroll
                     for (int c = 0; c < 1; ++c) {
-                        const int q = r % 2;
-                        nvcuda::wmma::mma_sync(accf[q], af, bf[c], accf[q]);
+                        nvcuda::wmma::load_matrix_sync(bf[c], ring_1 + rslot_1 * PAGE_1 + (kk * 4 + wj) * 256, 16);
+                    }
+                    #pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, OPT, nvcuda::wmma::row_major> af;
+                        nvcuda::wmma::load_matrix_sync(af, ring_0 + rslot_0 * PAGE_0 + ((wi * 2 + r % 2) * 4 + kk) * 256, 16);
+                        #pragma unroll
+                        for (int c = 0; c < 1; ++c) {
+                            const int q = r % 2;
+                            nvcuda::wmma::mma_sync(accf[q], af, bf[c], accf[q]);
+                        }
                     }
                 }
             }
+            rslot_0 = (rslot_0 + 1) % DEPTH_0;  // op:Pop
+            rslot_1 = (rslot_1 + 1) % DEPTH_1;  // op:Pop (no barrier: these slots are refilled only after the next wait barrier)
         }
-        rslot_0 = (rslot_0 + 1) % DEPTH_0;  // op:Pop
-        rslot_1 = (rslot_1 + 1) % DEPTH_1;  // op:Pop (no barrier: these slots are refilled only after the next wait barrier)
-    }
-    // op:Reserve (fused output: no ring)
-    // op:PackAcc (fused output: no ring)
-    // op:Push (fused output: no ring)
-    // op:ReleaseAcc (accumulators stay in registers)
-    // op:Wait (fused output: no ring)
-    {  // op:WriteTiles
-        const int wi = warp / 4;
-        const int wj = warp % 4;
-        const int lane = tid % 32;
-        ACCT* scratch = epi_scratch + warp * 256;
-        #pragma unroll
-        for (int q = 0; q < PERW; ++q) {
-            const int bh = wi * 2 + q % 2, bw = wj;
-            const long long tile = (long long)(item_y * 16 + item_x * 4) + (long long)bh * 4 + (long long)bw;
-            nvcuda::wmma::store_matrix_sync(scratch, accf[q], 16, nvcuda::wmma::mem_row_major);
-            __syncwarp();
-            #pragma unroll 1
-            for (int el = lane; el < 256; el += 32) {
-                t2[tile * 256 + el] = (OUT_T)scratch[el];
+        // op:Reserve (fused output: no ring)
+        // op:PackAcc (fused output: no ring)
+        // op:Push (fused output: no ring)
+        // op:ReleaseAcc (accumulators stay in registers)
+        // op:Wait (fused output: no ring)
+        {  // op:WriteTiles
+            const int wi = warp / 4;
+            const int wj = warp % 4;
+            const int lane = tid % 32;
+            ACCT* scratch = epi_scratch + warp * 256;
+            #pragma unroll
+            for (int q = 0; q < PERW; ++q) {
+                const int bh = wi * 2 + q % 2, bw = wj;
+                const long long tile = (long long)(item_y * 16 + item_x * 4) + (long long)bh * 4 + (long long)bw;
+                nvcuda::wmma::store_matrix_sync(scratch, accf[q], 16, nvcuda::wmma::mem_row_major);
+                __syncwarp();
+                #pragma unroll 1
+                for (int el = lane; el < 256; el += 32) {
+                    t2[tile * 256 + el] = (OUT_T)scratch[el];
+                }
+                __syncwarp();
             }
-            __syncwarp();
         }
+        // op:Pop (fused output: no ring)
     }
-    // op:Pop (fused output: no ring)
 }
 
 // Host helpers of a spatialc program: read a matrix, store it tiled (16 x 16 tiles, zero padding), read it back.
@@ -202,6 +201,44 @@ inline void spatialc_bench_input(std::vector<double>& v, int salt)
     }
 }
 
+// The sites a launch runs: as many as the device keeps resident (its multiprocessors × per_sm blocks each) and no
+// more than there are items; a kernel whose placement does not follow the device (per_sm 0) keeps its planned grid.
+inline int spatialc_sites(int items, int sms, int per_sm, int planned)
+{
+    if (per_sm <= 0 || sms <= 0) {
+        return planned;
+    }
+    const long long resident = (long long)sms * per_sm;
+    return resident < items ? (int)resident : items;
+}
+
+// The work list of ir/worklist.py's placement rules: each site's offset into the item list, then each site's
+// count, then the items — contiguous runs (the first items % sites sites one longer) or item i on site i % sites.
+inline std::vector<int> spatialc_work_list(int items, int sites, int round_robin)
+{
+    std::vector<int> w(2 * (size_t)sites + (size_t)items);
+    int* off = w.data();
+    int* count = off + sites;
+    int* list = count + sites;
+    int at = 0;
+    const int q = items / sites, r = items % sites;
+    for (int s = 0; s < sites; ++s) {
+        off[s] = at;
+        if (round_robin) {
+            for (int i = s; i < items; i += sites) {
+                list[at++] = i;
+            }
+        } else {
+            const int start = s * q + (s < r ? s : r);
+            for (int i = 0; i < q + (s < r ? 1 : 0); ++i) {
+                list[at++] = start + i;
+            }
+        }
+        count[s] = at - off[s];
+    }
+    return w;
+}
+
 int main() {
     std::vector<double> h0((size_t)64 * 128);
     if (!spatialc_read("a.txt", h0)) { return 2; }
@@ -220,9 +257,15 @@ int main() {
     OUT_T* d2 = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d2, (size_t)4 * 4 * 256 * sizeof(OUT_T)));
     SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)4 * 4 * 256 * sizeof(OUT_T)));
-    const int GRID = 1;
+    int sms = 0;
+    SPATIALC_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int GRID = spatialc_sites(1, sms, 3, 1);
+    std::vector<int> work = spatialc_work_list(1, GRID, 0);
+    int* d_work = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));
+    SPATIALC_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));
     SPATIALC_CHECK(cudaFuncSetAttribute(spatialc_persistent, cudaFuncAttributeMaxDynamicSharedMemorySize, DYN_SMEM));
-    spatialc_persistent<<<GRID, NTHREAD, DYN_SMEM>>>(d0, d1, d2);
+    spatialc_persistent<<<GRID, NTHREAD, DYN_SMEM>>>(d0, d1, d2, d_work);
     SPATIALC_CHECK(cudaGetLastError());
     SPATIALC_CHECK(cudaDeviceSynchronize());
     std::vector<OUT_T> y((size_t)4 * 4 * 256);
@@ -235,5 +278,6 @@ int main() {
     SPATIALC_CHECK(cudaFree(d0));
     SPATIALC_CHECK(cudaFree(d1));
     SPATIALC_CHECK(cudaFree(d2));
+    SPATIALC_CHECK(cudaFree(d_work));
     return 0;
 }

@@ -78,17 +78,14 @@ __device__ __forceinline__ long long spatialc_requant(long long x, long long mul
 #define SMEM_OFF_EPI 0
 #define DYN_SMEM 4096
 
-__device__ __constant__ int ITEM_LIST[4] = {0, 1, 2, 3};
-__device__ __constant__ int ITEM_OFF[2] = {0, 2};
-__device__ __constant__ int ITEM_COUNT[2] = {2, 2};
-
-extern "C" __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ t3)
+extern "C" __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ t3, const int* __restrict__ spatialc_work)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int site = blockIdx.x;
-    const int item_off = ITEM_OFF[site];
-    const int n_items = ITEM_COUNT[site];
+    const int item_off = spatialc_work[site];
+    const int n_items = spatialc_work[gridDim.x + site];
+    const int* ITEM_LIST = spatialc_work + 2 * gridDim.x;
     if (n_items == 0) { return; }
     extern __shared__ __align__(32) char spatialc_dyn_smem[];
     SPATIALC_SHARED_RING(OPT, ring_0, DEPTH_0, PAGE_0);
@@ -270,6 +267,44 @@ inline void spatialc_bench_input(std::vector<double>& v, int salt)
     }
 }
 
+// The sites a launch runs: as many as the device keeps resident (its multiprocessors × per_sm blocks each) and no
+// more than there are items; a kernel whose placement does not follow the device (per_sm 0) keeps its planned grid.
+inline int spatialc_sites(int items, int sms, int per_sm, int planned)
+{
+    if (per_sm <= 0 || sms <= 0) {
+        return planned;
+    }
+    const long long resident = (long long)sms * per_sm;
+    return resident < items ? (int)resident : items;
+}
+
+// The work list of ir/worklist.py's placement rules: each site's offset into the item list, then each site's
+// count, then the items — contiguous runs (the first items % sites sites one longer) or item i on site i % sites.
+inline std::vector<int> spatialc_work_list(int items, int sites, int round_robin)
+{
+    std::vector<int> w(2 * (size_t)sites + (size_t)items);
+    int* off = w.data();
+    int* count = off + sites;
+    int* list = count + sites;
+    int at = 0;
+    const int q = items / sites, r = items % sites;
+    for (int s = 0; s < sites; ++s) {
+        off[s] = at;
+        if (round_robin) {
+            for (int i = s; i < items; i += sites) {
+                list[at++] = i;
+            }
+        } else {
+            const int start = s * q + (s < r ? s : r);
+            for (int i = 0; i < q + (s < r ? 1 : 0); ++i) {
+                list[at++] = start + i;
+            }
+        }
+        count[s] = at - off[s];
+    }
+    return w;
+}
+
 int main() {
     std::vector<double> h0((size_t)64 * 32);
     if (!spatialc_read("a.txt", h0)) { return 2; }
@@ -295,8 +330,14 @@ int main() {
     int* d3 = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d3, x3.size() * sizeof(int)));
     SPATIALC_CHECK(cudaMemcpy(d3, x3.data(), x3.size() * sizeof(int), cudaMemcpyHostToDevice));
-    const int GRID = 2;
-    spatialc_persistent<<<GRID, NTHREAD, DYN_SMEM>>>(d0, d1, d2, d3);
+    int sms = 0;
+    SPATIALC_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int GRID = spatialc_sites(4, sms, 0, 2);
+    std::vector<int> work = spatialc_work_list(4, GRID, 0);
+    int* d_work = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));
+    SPATIALC_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));
+    spatialc_persistent<<<GRID, NTHREAD, DYN_SMEM>>>(d0, d1, d2, d3, d_work);
     SPATIALC_CHECK(cudaGetLastError());
     SPATIALC_CHECK(cudaDeviceSynchronize());
     std::vector<OUT_T> y((size_t)4 * 8 * 256);
@@ -310,5 +351,6 @@ int main() {
     SPATIALC_CHECK(cudaFree(d1));
     SPATIALC_CHECK(cudaFree(d2));
     SPATIALC_CHECK(cudaFree(d3));
+    SPATIALC_CHECK(cudaFree(d_work));
     return 0;
 }

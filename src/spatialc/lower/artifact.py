@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from ..ir.worklist import launch_sites, split_items, work_table
+
 
 @dataclass(frozen=True, slots=True)
 class Budget:
@@ -54,9 +56,10 @@ class KernelParam:
 class Launch:
     """How to launch `kernel_cu`'s kernel from a host language (docs/kernel-abi.md, "Launching kernel.cu yourself").
 
-    `kernel_name` is the kernel's symbol (it is declared extern "C"); launch a 1-D grid of `grid` blocks of `block`
-    threads with `dyn_smem` bytes of dynamic shared memory, the arguments one device pointer per `params` entry in
-    that order."""
+    `kernel_name` is the kernel's symbol (it is declared extern "C"); launch a 1-D grid of blocks of `block` threads
+    with `dyn_smem` bytes of dynamic shared memory, the arguments one device pointer per `params` entry in that order
+    and last the work list (`work_list` builds it). The grid is one block per site: `sites(sms)` for a device of
+    `sms` multiprocessors — `grid` is what the plan expected on its target's."""
 
     kernel_name: str
     grid: int
@@ -65,6 +68,22 @@ class Launch:
     params: tuple[KernelParam, ...]
     tile: tuple[int, int] = (16, 16)
     smem_opt_in: bool = False  # set cudaFuncAttributeMaxDynamicSharedMemorySize to dyn_smem before launching
+    items: int = 0  # the plan's items, 0..items-1
+    placement: str = "contiguous"  # the rule that gives each site its items (ir/worklist.py)
+    per_sm: int = 0  # sites per multiprocessor when the grid follows the device; 0: always `grid` sites
+    work: tuple[int, ...] = ()  # a placement no rule makes: its work list as it stands (then `grid` is fixed)
+
+    def sites(self, sms: int | None = None) -> int:
+        """The blocks to launch on a device of `sms` multiprocessors (None, or a fixed placement: `grid`)."""
+        if sms is None or not self.per_sm or self.work:
+            return self.grid
+        return launch_sites(self.items, sms, self.per_sm)
+
+    def work_list(self, sms: int | None = None) -> list[int]:
+        """The kernel's last argument for that launch: each site's offset into the item list, its count, the items."""
+        if self.work:
+            return list(self.work)
+        return work_table(split_items(self.items, self.sites(sms), self.placement))
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)

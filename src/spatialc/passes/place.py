@@ -5,10 +5,11 @@ from __future__ import annotations
 from ..errors import PlanError, ProgramError
 from ..ir.ids import ItemId, Site
 from ..ir.nodes import Placement, SpatialProgram
+from ..ir.worklist import RULES, split_items
 from ..target import SpatialTarget
 from .tile import matmul_stage, sites_per_unit, too_many_items
 
-PLACEMENTS = ("contiguous", "round_robin")
+PLACEMENTS = RULES
 MAX_SITES = 1 << 16  # a work list per site has to fit the kernel's constant memory long before this
 
 
@@ -21,16 +22,8 @@ def default_sites(p: SpatialProgram, target: SpatialTarget) -> int:
 
 
 def split(items: int, sites: int, kind: str) -> tuple[tuple[Site, tuple[ItemId, ...]], ...]:
-    """Items 0..items-1 over `sites` sites: near-equal contiguous runs, or item i on site i mod sites."""
-    if kind == "round_robin":
-        return tuple((Site(s), tuple(ItemId(i) for i in range(s, items, sites))) for s in range(sites))
-    q, r = divmod(items, sites)
-    out, start = [], 0
-    for s in range(sites):
-        n = q + (1 if s < r else 0)
-        out.append((Site(s), tuple(ItemId(i) for i in range(start, start + n))))
-        start += n
-    return tuple(out)
+    """Items 0..items-1 over `sites` sites by the placement rule `kind` (`ir.worklist.split_items`), as ids."""
+    return tuple((Site(s), tuple(ItemId(i) for i in part)) for s, part in enumerate(split_items(items, sites, kind)))
 
 
 def place(

@@ -272,7 +272,12 @@ def _report(stderr: str) -> str:
 
 
 def run_program(
-    binary: Path, files: Mapping[str, str], timeout: float = 120.0, *, progress: Progress | None = None
+    binary: Path,
+    files: Mapping[str, str],
+    timeout: float = 120.0,
+    *,
+    progress: Progress | None = None,
+    sms: int | None = None,
 ) -> Run:
     """Run `binary` in a fresh folder holding `files` (name → text); its stdout, or the typed error it ended with.
 
@@ -286,6 +291,8 @@ def run_program(
         env.pop("SPATIALC_EMU_PROGRESS", None)
         if progress is not None:
             env["SPATIALC_EMU_PROGRESS"] = "1"
+        if sms is not None:  # the emulated device's multiprocessors (default 132): a kernel's sites follow them
+            env["SPATIALC_EMU_SMS"] = str(sms)
         t0 = time.perf_counter()
         status, stdout, stderr = _watched([str(binary)], tmp, env, timeout + 15, progress)
         seconds = time.perf_counter() - t0
@@ -382,11 +389,13 @@ def emulate_source(
     mode: str = "late",
     timeout: float = 120.0,
     progress: Progress | None = None,
+    sms: int | None = None,
 ) -> np.ndarray:
     """Compile and run any program text that follows kernel-abi.md; `files` are its input files (name → values).
-    `progress(done, total)` hears of the blocks done as the run goes (see `run_program`)."""
+    `progress(done, total)` hears of the blocks done as the run goes (see `run_program`); `sms` is the emulated
+    device's multiprocessor count (132 when None)."""
     texts = {name: v if isinstance(v, str) else format_values(v) for name, v in files.items()}
-    run = run_program(compile_program(program_cu, mode), texts, timeout, progress=progress)
+    run = run_program(compile_program(program_cu, mode), texts, timeout, progress=progress, sms=sms)
     return parse_output(run.stdout, out_shape, out_dtype)
 
 
@@ -412,10 +421,13 @@ def emulate(
     timeout: float = 120.0,
     *,
     progress: Progress | None = None,
+    sms: int | None = None,
 ) -> np.ndarray:
-    """C of `artifact.program_cu` on `inputs` (tensor name → array), run through the host emulation in `mode`.
+    """C of `artifact.program_cu` on `inputs` (tensor name → array), run through the host emulation in `mode`, on an
+    emulated device of `sms` multiprocessors (132 when None: the work list follows them, as on a GPU).
 
-    C is int8 after a requant, int64 for another integer output, float32 otherwise. Inputs are checked as
+    C has the interpreter's type for the output: int8, int32 or int64; float32, float16 (fp16) or float32 holding bf16
+    values. Inputs are checked as
     `spatialc.evaluate` checks them (InputError). Raises an EmulationError subclass naming a race, a deadlock, a
     timeout, a compile error or a CUDA error when the run does not finish cleanly. `progress(done, total)` is
     called with the blocks done as the run goes (`stderr_progress()` makes one that shows them on a terminal).
@@ -427,7 +439,7 @@ def emulate(
     dtype = OUTPUT_DTYPES.get(out.c_type, np.float32)
     files = _input_files(artifact, inputs)
     return emulate_source(
-        artifact.program_cu, files, tuple(out.elems), dtype, mode=mode, timeout=timeout, progress=progress
+        artifact.program_cu, files, tuple(out.elems), dtype, mode=mode, timeout=timeout, progress=progress, sms=sms
     )
 
 

@@ -29,8 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from ..errors import SpatialError
 from ..inputs import InputError, TensorSpec, check_values, match_names, rounding_watched, shaped, warn_if_rounded
+from ..lower.artifact import Launch
 from .tilize import (
     TILE,
     LaunchError,
@@ -173,6 +176,8 @@ class Prepared:
     kernel: Any
     launch_spec: Any
     args: list[Arg]
+    grid: int = 0  # the blocks to launch: one per site the device runs
+    work: Any = None  # the work list on the device, the kernel's last argument (None: a kernel printed without one)
 
     @property
     def xp(self) -> Any:
@@ -199,14 +204,15 @@ class Prepared:
     def order(self, inputs: Sequence[Any], out: Any, params: Mapping[str, Any] | None = None) -> tuple[Any, ...]:
         """Tiled buffers in the kernel's parameter order."""
         it, params = iter(inputs), params or {}
-        return tuple(
+        tensors = tuple(
             out if a.role == "output" else next(it) if a.role == "input" else params[a.name] for a in self.args
         )
+        return tensors if self.work is None else (*tensors, self.work)
 
     def run(self, args: tuple[Any, ...]) -> None:
         """Launch once (asynchronously) with buffers in parameter order."""
         ls = self.launch_spec
-        self.device.launch(self.kernel, ls.grid, ls.block, ls.dyn_smem, args)
+        self.device.launch(self.kernel, self.grid or ls.grid, ls.block, ls.dyn_smem, args)
 
     def result(self, out: Any) -> Any:
         """The logical C of a tiled output buffer (still on the device)."""
@@ -223,7 +229,24 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
     device = device if device is not None else cupy_device()
     args = kernel_args(artifact.launch)
     ls = artifact.launch
-    return Prepared(device, device.load(artifact.kernel_cu, ls.kernel_name, ls.dyn_smem), ls, args)
+    kernel = device.load(artifact.kernel_cu, ls.kernel_name, ls.dyn_smem)
+    if not getattr(ls, "items", 0):  # printed before kernels took their work list as an argument
+        return Prepared(device, kernel, ls, args, ls.grid)
+    sms = getattr(device, "sms", None)  # the sites follow the device's multiprocessors, by the placement's rule
+    work = device.xp.asarray(ls.work_list(sms), dtype=device.xp.int32)
+    return Prepared(device, kernel, ls, args, ls.sites(sms), work)
+
+
+def work_list(launch: Any, sms: int | None = None) -> tuple[int, Any]:
+    """(blocks to launch, the int32 work list to pass last) for a device of `sms` multiprocessors: `launch` is an
+    artifact's `Launch` or the dict of its launch.json. None for `sms` keeps the grid the plan expected."""
+    if isinstance(launch, Mapping):
+        fields = {f: launch[f] for f in ("kernel_name", "grid", "block", "dyn_smem") if f in launch}
+        extra = {f: launch[f] for f in ("items", "placement", "per_sm") if f in launch}
+        launch = Launch(**fields, params=(), **extra, work=tuple(launch.get("work", ())))
+    if not launch.items and not launch.work:
+        raise LaunchError("this launch has no work list: its kernel was printed before kernels took one")
+    return launch.sites(sms), np.asarray(launch.work_list(sms), dtype=np.int32)
 
 
 def run(artifact: Any, a: Any, b: Any, **params: Any) -> Any:
@@ -584,6 +607,11 @@ class CupyDevice:
         self.cp = cupy
         self.xp = cupy
         self._kernels: dict[tuple[int, str], Any] = {}
+
+    @property
+    def sms(self) -> int:
+        """The device's multiprocessors: the sites a kernel that follows the device runs are as many blocks as fit."""
+        return int(self.cp.cuda.Device().attributes["MultiProcessorCount"])
 
     @property
     def arch(self) -> str:

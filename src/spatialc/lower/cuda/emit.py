@@ -530,22 +530,7 @@ def preamble(k: Kernel) -> list[str]:
     lines += [f"#define SMEM_OFF_{rid} {off}" for rid, off in sorted(k.smem.ring_off.items())]
     if k.smem.dyn_bytes:
         lines.append(f"#define DYN_SMEM {k.smem.dyn_bytes}")
-    return lines + [""] + work_list(k) + [""]
-
-
-def work_list(k: Kernel) -> list[str]:
-    """ITEM_LIST flat, with each site's offset and count: exact for any placement, contiguous or strided."""
-    flat = [i for items in k.items for i in items] or [0]
-    offs, at = [], 0
-    for items in k.items:
-        offs.append(at)
-        at += len(items)
-
-    def table(name: str, values: list[int]) -> str:
-        """One `__constant__` int array on one line."""
-        return f"__device__ __constant__ int {name}[{len(values)}] = {{{', '.join(map(str, values))}}};"
-
-    return [table("ITEM_LIST", flat), table("ITEM_OFF", offs), table("ITEM_COUNT", [len(i) for i in k.items])]
+    return lines + [""]
 
 
 def kernel_text(k: Kernel, ops: tuple[SerialOp, ...]) -> str:
@@ -554,8 +539,11 @@ def kernel_text(k: Kernel, ops: tuple[SerialOp, ...]) -> str:
     for line in preamble(k):
         w.line(line)
     params = ", ".join(
-        f"{'OUT_T' if t.role == TensorRole.OUTPUT else 'const ' + ty}* __restrict__ t{int(t.id)}"
-        for t, ty in zip(k.program.tensors, k.param_types, strict=True)
+        [
+            f"{'OUT_T' if t.role == TensorRole.OUTPUT else 'const ' + ty}* __restrict__ t{int(t.id)}"
+            for t, ty in zip(k.program.tensors, k.param_types, strict=True)
+        ]
+        + ["const int* __restrict__ spatialc_work"]
     )
     # extern "C": the symbol in the module is KERNEL_NAME itself, the name launch.json gives (not a C++ mangling).
     w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}) void {KERNEL_NAME}({params})')
@@ -575,9 +563,11 @@ def kernel_prologue(k: Kernel, w: Writer) -> None:
     w.line("const int tid = threadIdx.x;")
     w.line("const int warp = tid / 32;")
     w.line("const int site = blockIdx.x;")
-    w.line("const int item_off = ITEM_OFF[site];")
-    w.line("const int n_items = ITEM_COUNT[site];")
-    # A site with no work must do none: with no ITEM loop the body would otherwise run once, on another site's item.
+    # The work list is an argument, built at launch for the sites the device has (docs/kernel-abi.md): each site's
+    # offset into the item list, then each site's count, then the items.
+    w.line("const int item_off = spatialc_work[site];")
+    w.line("const int n_items = spatialc_work[gridDim.x + site];")
+    w.line("const int* ITEM_LIST = spatialc_work + 2 * gridDim.x;")
     w.line("if (n_items == 0) { return; }")
     if k.smem.dyn_bytes:
         w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")

@@ -9,7 +9,7 @@ from pathlib import Path
 from string import ascii_lowercase
 
 from ...ir.nodes import Tensor, TensorRole
-from ..artifact import CudaArtifact
+from ..artifact import CudaArtifact, Launch
 from .emit import KERNEL_NAME, Kernel, Writer
 
 BENCH_ITERS = 20
@@ -57,14 +57,31 @@ def _device_tensors(k: Kernel, w: Writer, bench: bool) -> None:
 
 def _launch(k: Kernel) -> str:
     dyn = ", DYN_SMEM" if k.smem.dyn_bytes else ""
-    args = ", ".join(f"d{int(t.id)}" for t in k.program.tensors)
+    args = ", ".join([f"d{int(t.id)}" for t in k.program.tensors] + ["d_work"])
     return f"{KERNEL_NAME}<<<GRID, NTHREAD{dyn}>>>({args});"
 
 
-def _setup(k: Kernel, w: Writer, bench: bool) -> None:
+def _work(launch: Launch, w: Writer) -> None:
+    """The work list for the sites this device has (the placement rule again), or the program's own list."""
+    if launch.work:
+        w.line(f"static const int work_listed[] = {{{', '.join(map(str, launch.work))}}};")
+        w.line(f"std::vector<int> work(work_listed, work_listed + {len(launch.work)});")
+        w.line(f"const int GRID = {launch.grid};")
+    else:
+        w.line("int sms = 0;")
+        w.line("SPATIALC_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));")
+        w.line(f"const int GRID = spatialc_sites({launch.items}, sms, {launch.per_sm}, {launch.grid});")
+        rr = int(launch.placement == "round_robin")
+        w.line(f"std::vector<int> work = spatialc_work_list({launch.items}, GRID, {rr});")
+    w.line("int* d_work = nullptr;")
+    w.line("SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));")
+    w.line("SPATIALC_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));")
+
+
+def _setup(k: Kernel, launch: Launch, w: Writer, bench: bool) -> None:
     """Everything before the first launch."""
     _device_tensors(k, w, bench)
-    w.line(f"const int GRID = {len(k.items)};")
+    _work(launch, w)
     if k.smem.opt_in:
         w.line(
             f"SPATIALC_CHECK(cudaFuncSetAttribute({KERNEL_NAME}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
@@ -75,9 +92,10 @@ def _setup(k: Kernel, w: Writer, bench: bool) -> None:
 def _free(k: Kernel, w: Writer) -> None:
     for t in k.program.tensors:
         w.line(f"SPATIALC_CHECK(cudaFree(d{int(t.id)}));")
+    w.line("SPATIALC_CHECK(cudaFree(d_work));")
 
 
-def program_main(k: Kernel) -> str:
+def program_main(k: Kernel, launch: Launch) -> str:
     """`main` of program_cu: read a.txt / b.txt, launch once, print C row-major one value per line."""
     out = k.program.output_tensor()
     assert out is not None
@@ -86,7 +104,7 @@ def program_main(k: Kernel) -> str:
     fmt, cast = ("%lld", "long long") if k.out_type in INTEGER_OUTPUTS else ("%.9g", "double)(float")
     w = Writer()
     with w.block("int main()"):
-        _setup(k, w, bench=False)
+        _setup(k, launch, w, bench=False)
         w.line(_launch(k))
         w.line("SPATIALC_CHECK(cudaGetLastError());")
         w.line("SPATIALC_CHECK(cudaDeviceSynchronize());")
@@ -100,13 +118,13 @@ def program_main(k: Kernel) -> str:
     return w.text()
 
 
-def bench_main(k: Kernel) -> str:
+def bench_main(k: Kernel, launch: Launch) -> str:
     """`main` of bench_cu: fixed inputs, a warm-up launch, 20 timed launches, `GOPS <value>` — only if all ran."""
     a, b = [t for t in k.program.tensors if t.role == TensorRole.INPUT][:2]
     m, kk, n = a.elems[0], a.elems[1], b.elems[1]
     w = Writer()
     with w.block("int main()"):
-        _setup(k, w, bench=True)
+        _setup(k, launch, w, bench=True)
         w.line("cudaEvent_t e0, e1;")
         w.line("SPATIALC_CHECK(cudaEventCreate(&e0));")
         w.line("SPATIALC_CHECK(cudaEventCreate(&e1));")

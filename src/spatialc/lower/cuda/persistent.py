@@ -34,6 +34,7 @@ from ...ir.ops import (
     walk,
 )
 from ...ir.printer import compute_text
+from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...target import SpatialTarget
 from ..artifact import Budget, CudaArtifact, KernelParam, Launch
 from ..census import census
@@ -57,7 +58,6 @@ C_TYPES = {
 # to nearest even into fp16 / bf16 by the store's conversion (verify has shown the values fit the integer ones).
 INTEGER_OUTPUTS = (DType.INT32, DType.INT64)
 FLOAT_OUTPUTS = (DType.FLOAT32, DType.FP16, DType.BF16)
-CONSTANT_INTS = 64 * 1024 // 4  # the work list lives in the 64 KiB of __constant__ memory
 
 
 def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
@@ -88,12 +88,13 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
             f"printed {counted.printed} with stages {counted.printed_stages}"
         )
     host = kernel_cu + "\n" + helpers() + "\n"
+    launch = launch_of(kernel, target)
     return CudaArtifact(
         target.name,
-        host + program_main(kernel),
-        host + bench_main(kernel),
+        host + program_main(kernel, launch),
+        host + bench_main(kernel, launch),
         kernel_cu,
-        launch_of(kernel),
+        launch,
         budget_of(kernel, target),
         counted,
     )
@@ -273,7 +274,15 @@ def printed_site_programs(p: SpatialProgram) -> tuple[tuple[ChoreoOp, ...], ...]
                 f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
                 "the kernel's ITEM loop runs the site's share of the work list",
             )
-    return tuple(prog.ops for prog in p.schedule.programs_of(site))
+    return tuple(_per_item(prog.ops) for prog in p.schedule.programs_of(site))
+
+
+def _per_item(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+    """`ops` inside an ITEM loop when they have none: a program without one is the work of a site's only item, and
+    the kernel runs whatever share of the items the device's sites get at launch — one, none or several."""
+    if not ops or any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(ops)):
+        return ops
+    return (Loop(LV_ITEM, Const(0), ops),)
 
 
 def check_shapes(ops: tuple[SerialOp, ...], plan: Plan, mm: Stage, rings: Rings) -> None:
@@ -346,14 +355,6 @@ def make_kernel(
         )
     assert p.placement is not None
     items = tuple(tuple(int(i) for i in items) for _, items in p.placement.items_of_site)
-    entries = max(1, sum(map(len, items))) + 2 * len(items)
-    if entries > CONSTANT_INTS:
-        raise TooBig(
-            "entries of the work list in __constant__ memory (ITEM_LIST, ITEM_OFF, ITEM_COUNT)",
-            entries,
-            CONSTANT_INTS,
-            "use bigger blocks or fewer sites",
-        )
     out = p.output_tensor()
     assert out is not None
     param_types = tuple(
@@ -395,8 +396,9 @@ def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
     )
 
 
-def launch_of(k: Kernel) -> Launch:
-    """How a host language launches `kernel_cu`."""
+def launch_of(k: Kernel, target: SpatialTarget) -> Launch:
+    """How a host language launches `kernel_cu`. A placement the rules make, over as many sites as the target keeps
+    resident, follows the device at launch (its multiprocessors × the blocks each holds); any other keeps its list."""
     params = tuple(
         KernelParam(
             t.name,
@@ -407,6 +409,11 @@ def launch_of(k: Kernel) -> Launch:
         )
         for t, ty in zip(k.program.tensors, k.param_types, strict=True)
     )
+    placement = k.program.placement
+    assert placement is not None
+    n_items = k.plan.items
+    ruled = placement.kind in RULES and [list(i) for i in k.items] == split_items(n_items, len(k.items), placement.kind)
+    follows = ruled and len(k.items) == launch_sites(n_items, target.units, k.blocks_per_sm)
     return Launch(
         KERNEL_NAME,
         len(k.items),
@@ -415,4 +422,8 @@ def launch_of(k: Kernel) -> Launch:
         params,
         (k.program.tile.rows, k.program.tile.cols),
         k.smem.opt_in,
+        n_items,
+        placement.kind if ruled else "listed",
+        k.blocks_per_sm if follows else 0,
+        () if ruled else tuple(work_table([list(i) for i in k.items])),
     )

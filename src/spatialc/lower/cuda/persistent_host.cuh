@@ -39,3 +39,41 @@ inline void spatialc_bench_input(std::vector<double>& v, int salt)
         v[i] = (double)((int)((i * 5 + (size_t)salt) % 9) + 1) * ((i % 2) ? -1.0 : 1.0);
     }
 }
+
+// The sites a launch runs: as many as the device keeps resident (its multiprocessors × per_sm blocks each) and no
+// more than there are items; a kernel whose placement does not follow the device (per_sm 0) keeps its planned grid.
+inline int spatialc_sites(int items, int sms, int per_sm, int planned)
+{
+    if (per_sm <= 0 || sms <= 0) {
+        return planned;
+    }
+    const long long resident = (long long)sms * per_sm;
+    return resident < items ? (int)resident : items;
+}
+
+// The work list of ir/worklist.py's placement rules: each site's offset into the item list, then each site's
+// count, then the items — contiguous runs (the first items % sites sites one longer) or item i on site i % sites.
+inline std::vector<int> spatialc_work_list(int items, int sites, int round_robin)
+{
+    std::vector<int> w(2 * (size_t)sites + (size_t)items);
+    int* off = w.data();
+    int* count = off + sites;
+    int* list = count + sites;
+    int at = 0;
+    const int q = items / sites, r = items % sites;
+    for (int s = 0; s < sites; ++s) {
+        off[s] = at;
+        if (round_robin) {
+            for (int i = s; i < items; i += sites) {
+                list[at++] = i;
+            }
+        } else {
+            const int start = s * q + (s < r ? s : r);
+            for (int i = 0; i < q + (s < r ? 1 : 0); ++i) {
+                list[at++] = start + i;
+            }
+        }
+        count[s] = at - off[s];
+    }
+    return w;
+}

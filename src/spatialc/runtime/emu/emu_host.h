@@ -7,6 +7,7 @@
 #define SPATIALC_EMU_HOST_H
 
 #include <chrono>
+#include <cstdlib>
 #include <tuple>
 
 #include "emu_pipeline.h"
@@ -31,6 +32,10 @@ enum cudaMemcpyKind {
 enum cudaFuncAttribute {
     cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
     cudaFuncAttributePreferredSharedMemoryCarveout = 9,
+};
+
+enum cudaDeviceAttr {
+    cudaDevAttrMultiProcessorCount = 16,
 };
 
 struct CUevent_st {
@@ -111,6 +116,15 @@ inline cudaError_t cudaGetLastError() {
 }
 inline cudaError_t cudaPeekAtLastError() { return spatialc_emu::last_error; }
 inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+// The emulated device has SPATIALC_EMU_SMS multiprocessors (132, an H100 / H200's, when unset): a kernel that follows
+// the device's multiprocessor count then runs with as many sites as it would on that GPU.
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+    if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
+    const char* v = std::getenv("SPATIALC_EMU_SMS");
+    const int sms = v ? std::atoi(v) : 132;
+    *value = sms > 0 ? sms : 132;
+    return cudaSuccess;
+}
 inline const char* cudaGetErrorString(cudaError_t e) {
     switch (e) {
         case cudaSuccess: return "no error";

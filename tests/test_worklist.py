@@ -1,0 +1,81 @@
+"""The work list follows the device: a kernel planned for one GPU's multiprocessors runs, exact, on any number of them
+— its sites are the device's, its items split by the placement's rule at launch (issue: "the first GPU run must
+count"). The kernel text is the same for every split; each split is a placement verify accepts."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.ir.worklist import split_items, work_table
+from spatialc.passes.place import place
+from spatialc.passes.schedule import schedule
+from spatialc.passes.tile import tile
+from spatialc.passes.verify import verify
+from spatialc.runtime import launch as L
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the emulation compiles with g++")
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "round_robin"])
+@pytest.mark.parametrize(("items", "sites"), [(1, 1), (7, 3), (12, 12), (5, 9), (1000, 132)])
+def test_the_rule_gives_every_item_to_exactly_one_site(kind, items, sites):
+    parts = split_items(items, sites, kind)
+    assert len(parts) == sites and sorted(i for p in parts for i in p) == list(range(items))
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    table = work_table(parts)
+    assert len(table) == 2 * sites + items
+    assert [table[2 * sites + table[s] : 2 * sites + table[s] + table[sites + s]] for s in range(sites)] == parts
+
+
+@pytest.mark.parametrize("sms", [7, 132])
+def test_every_split_the_device_makes_is_a_placement_verify_accepts(sms):
+    t = spatialc.target("sm_90")
+    base = spatialc.build(spatialc.gemm(300, 200, 100, "int8"), t)
+    launch = spatialc.lower(base).launch
+    tiled = tile(spatialc.gemm(300, 200, 100, "int8").evolve(target="sm_90"), t)
+    again = verify(schedule(place(tiled, t, sites=launch.sites(sms), placement=base.placement.kind)))
+    assert spatialc.lower(again).kernel_cu == spatialc.lower(base).kernel_cu
+
+
+class Device:
+    """A GPU stand-in with `sms` multiprocessors that records its launches."""
+
+    xp = np
+
+    def __init__(self, sms):
+        self.sms, self.launches = sms, []
+
+    def load(self, kernel_cu, name, dyn_smem):
+        return name
+
+    def launch(self, kernel, grid, block, dyn_smem, args):
+        self.launches.append((grid, args[-1]))
+
+
+@pytest.mark.parametrize("sms", [7, 132])
+def test_the_launcher_runs_as_many_sites_as_the_device_keeps_resident(sms):
+    art = spatialc.lower(spatialc.build(spatialc.gemm(1000, 600, 64, "fp16"), "sm_90"))
+    dev = Device(sms)
+    prep = L.prepare(art, dev)
+    prep.run(prep.order([None, None], None))
+    ((grid, work),) = dev.launches
+    assert grid == min(art.launch.items, sms * art.launch.per_sm) and work.dtype == np.int32
+    assert list(work) == work_table(split_items(art.launch.items, grid, art.launch.placement))
+
+
+@needs_gxx
+@pytest.mark.parametrize("sms", [7, 132])
+@pytest.mark.parametrize("kind", ["contiguous", "round_robin"])
+def test_the_emulated_kernel_is_exact_on_devices_of_7_and_132_multiprocessors(sms, kind):
+    p = spatialc.build(spatialc.gemm(384, 256, 32, "int8", epilogue=[spatialc.relu()]), "sm_86", placement=kind)
+    art = spatialc.lower(p)
+    assert art.launch.per_sm > 0  # placed over what sm_86 keeps resident: it follows the device
+    assert art.launch.sites(7) < art.launch.items <= art.launch.sites(132)  # 7 SMs: sites with several items each
+    rng = np.random.default_rng(sms)
+    a = rng.integers(-128, 128, (384, 32)).astype(np.int8)
+    x = {"A": a, "B": rng.integers(-128, 128, (32, 256)).astype(np.int8)}
+    assert np.array_equal(spatialc.emulate(art, x, sms=sms), spatialc.evaluate(p, x))
