@@ -184,7 +184,8 @@ def make_parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands everything after `gpucheck` to the script's own parser.
     sub.add_parser(
         "gpucheck",
-        help="time every kernel against cuBLAS and Triton on a GPU (spatialc gpucheck --help)",
+        help="check and time every kernel against cuBLAS and Triton on a GPU; --prepare compiles them beforehand "
+        "(spatialc gpucheck --help)",
         add_help=False,
     )
     return parser

@@ -1,8 +1,8 @@
-"""The GPU check's Triton baseline: a grouped-tile matmul in the style of Triton's matmul tutorial.
+"""The GPU check's Triton contender: a grouped-tile matmul in the style of Triton's matmul tutorial.
 
 Imported only by the GPU check, and only when Triton (and torch) are installed. One fixed configuration per
 precision (the tutorial's first Hopper configuration; no autotuning, to keep the check short). fp16/bf16 accumulate
-and store fp32, int8 accumulates and stores int32 — the same outputs as spatialc's kernels.
+in fp32 and int8 in int32; C is stored in the output tensor's type (torch's: fp16, bf16, int32), rounded once.
 """
 
 from __future__ import annotations
@@ -71,11 +71,11 @@ def _matmul_kernel(
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
-    tl.store(c_ptrs, acc, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
 
 
 def matmul(a: Any, b: Any, out: Any, precision: str) -> Any:
-    """out = a @ b for torch CUDA tensors (int8 → int32, fp16/bf16 → fp32)."""
+    """out = a @ b for torch CUDA tensors: int8 → int32, fp16 / bf16 → `out`'s type (fp16, bf16 or fp32)."""
     m, k = a.shape
     _, n = b.shape
     cfg = CONFIGS[precision]

@@ -1,0 +1,48 @@
+"""The GPU check: build, run, check and time spatialc's kernels against cuBLAS and Triton in one short GPU run.
+
+    spatialc gpucheck DIR --prepare                     # here, with nvcc: compile every kernel beforehand
+    spatialc gpucheck OUTDIR --prepared DIR [--budget 240] [--sizes 256 1000 4097x513x1031 …] [--dry-run]
+
+First a preflight of at most a minute tries every path once (the device, CuPy's cuBLAS, one spatialc kernel, each
+library in the layout the rows use, CUDA graphs, a Triton compile); a path that fails is marked unavailable, with its
+reason, and the run goes on with the rest. Then for every size × precision (int8, fp16, bf16) it builds
+`gemm(m, n, k, p)` for the target (storing C in torch's type where gemm takes `out`), loads its prepared cubin (after
+checking the source hash) or compiles it, runs it on fresh random inputs with the output poisoned first, compares C
+with a float64 reference, and times spatialc and each library two ways, like for like: end to end (row-major A and
+B in, row-major C out in torch's type, tilize / untilize and every copy included) and kernel only (operands in each
+contestant's own layout; CUDA graph replays, so that small products are not timed by their launching). Inputs
+rotate over copies so that the L2 cache does not flatter them. Each row also records its kernel's plan, its budget
+and what ptxas said of it (registers, spills, static shared memory), shown in a kernel table whose notes flag
+spills and register counts that cost resident blocks. The report warns when the device has fewer SMs than the target
+plans for.
+
+The table goes to stdout and, as JSON and Markdown, to OUTDIR, which is checked and created before the first row
+and rewritten after the preflight and every row (rows not reached yet are marked pending), so a run cut short still
+leaves what it finished. It stops at `--budget` seconds (the preflight included): background compiles get no more
+than the time left and are killed at the end, rows not reached are marked skipped and the table is still written;
+Ctrl-C or SIGTERM stops it the same way. Exit status: 0 all run rows correct, 1 some wrong or failed (or the report
+could not be written; the table and the JSON then go to stdout; with --prepare: some kernel did not compile), 2 no
+GPU or a bad argument (one line on stderr; without a GPU it names the `--dry-run` that works anyway), 3 the GPU hung
+or lost its context, 130 interrupted (the table is written first). As it goes, stderr says which preflight step and
+which row starts (`gpucheck: row 3/24: fp16 256x256x256, 41 s so far`) and stdout how each one ended.
+
+The package: `cases` (the shared value types), `driver` (command line, budget loop, dry run), `preflight`,
+`prepare` (cubins and their manifest), `builds` (building and compiling in the background), `timing`, `device`
+(CuPy and torch: launching, checking, timing), `baselines` (the libraries, by their rules), `report`, `triton_ref`.
+Only `device`, `baselines`' library calls and `triton_ref` need a GPU; the rest is tested on a CPU with fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+def main(argv: Sequence[str] | None = None, make_runner: Callable[..., Any] | None = None) -> int:
+    """`spatialc gpucheck …`: the GPU check's entry point (tests pass a fake `make_runner`)."""
+    from .driver import main as driver_main
+
+    return driver_main(argv, make_runner, description=(__doc__ or "").splitlines()[0])
+
+
+__all__ = ["main"]

@@ -1,0 +1,12 @@
+"""`python -m spatialc.gpucheck OUTDIR …`: the same as `spatialc gpucheck OUTDIR …`."""
+
+import os
+import sys
+
+from . import main
+
+try:
+    raise SystemExit(main())
+except BrokenPipeError:  # `python -m spatialc.gpucheck OUTDIR --dry-run | head`: end quietly
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(0) from None

@@ -1,0 +1,307 @@
+"""The GPU check's CPU work: building and lowering each case, compiling its kernel (or finding it prepared), and the
+pool that does this in background threads while the GPU runs earlier rows.
+
+Each nvcc gets no more than the budget's time left; `close` cancels the builds not started and kills the nvcc
+processes still running (with the cicc and ptxas they started), so a run ends within its budget.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..runtime import launch
+from .cases import ELEM_OF, TORCH_OUT, BudgetExceeded, Case, Deadline, one_line
+
+COMPILE_S = 300.0  # the most one nvcc may take …
+COMPILE_GRACE_S = 2.0  # … and never past the deadline plus this (the deadline keeps RESERVE_S ≥ this back)
+MIN_COMPILE_S = 1.0  # an nvcc is not started with less than this left
+CLOSE_WAIT_S = 2.0  # how long `close` waits for the killed compiles' threads to finish
+
+
+@dataclass
+class Built:
+    """A case built and lowered (or the reason it was not), and where its cubin is."""
+
+    case: Case
+    artifact: Any = None
+    plan: str = ""
+    launch: str = ""
+    error: str = ""
+    note: str = ""  # how it was built when not as asked (without `out`)
+    kernel: dict[str, Any] = field(default_factory=dict)  # plan, budget, C's type, ptxas numbers, the cubin's origin
+    cubin: Path | None = None  # a prepared cubin to load instead of compiling
+
+
+def gemm_takes_out() -> bool:
+    """Whether `spatialc.gemm` takes `out=` (C's element type): then kernels store torch's output type."""
+    import spatialc
+
+    try:
+        return "out" in inspect.signature(spatialc.gemm).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def build_case(case: Case, target: str) -> Built:
+    """Build and lower one case on the CPU, for torch's output type where `spatialc.gemm` takes `out` (and without
+    it, said in `note`, where that build fails); errors become text, never exceptions."""
+    built = _build(case, target, TORCH_OUT[case.precision] if gemm_takes_out() else None)
+    if built.error and "out" in built.kernel:
+        plain = _build(case, target, None)
+        if not plain.error:
+            plain.note = f"built without out={built.kernel['out']!r}: {built.error}"
+            return plain
+    return built
+
+
+def _build(case: Case, target: str, out: str | None) -> Built:
+    import spatialc
+
+    built = Built(case)
+    if out is not None:
+        built.kernel["out"] = out
+    try:
+        kw: dict[str, Any] = {} if out is None else {"out": out}
+        program = spatialc.build(spatialc.gemm(case.m, case.n, case.k, case.precision, **kw), target)
+        built.plan = describe_plan(program)
+        built.kernel.update(plan_facts(program))
+        built.artifact = spatialc.lower(program, target)
+        built.launch = describe_launch(built.artifact)
+        built.kernel.update(budget_facts(built.artifact))
+        built.kernel["c_elem"] = output_elem(built.artifact)
+    except Exception as e:
+        built.error = ("lower: " if built.plan else "build: ") + one_line(e)
+    return built
+
+
+def output_elem(artifact: Any) -> str:
+    """The element type the kernel stores C in (`int32`, `int64`, `float32`, `float16`, `bfloat16`)."""
+    return next(a.elem for a in launch.kernel_args(artifact.launch) if a.role == "output")
+
+
+def conversion(case: Case, c_elem: str) -> str:
+    """What the end-to-end time adds to turn the kernel's C into torch's output type ('' when it stores that)."""
+    want = ELEM_OF[TORCH_OUT[case.precision]]
+    return "" if c_elem == want else f"{c_elem} → {want}"
+
+
+def plan_facts(program: Any) -> dict[str, Any]:
+    """The plan's numbers for the report: block osh×osw×ibw, sub-blocks, ring depth, sites."""
+    p = program.plan
+    b = p.block
+    return {
+        "block": f"{b.osh}×{b.osw}×{b.ibw}",
+        "sub_blocks": f"{p.sub_blocks[0]}×{p.sub_blocks[1]}",
+        "depth": p.depth,
+        "sites": len(program.placement.items_of_site) if program.placement else 0,
+    }
+
+
+def budget_facts(artifact: Any) -> dict[str, Any]:
+    """The artifact's budget for the report: threads, blocks per SM, dynamic shared memory, the register estimate."""
+    ls, bud = artifact.launch, artifact.budget
+    return {"threads": ls.block, "blocks_per_sm": bud.blocks_per_sm, "dyn_smem": ls.dyn_smem, "regs_est": bud.regs_est}
+
+
+def ptxas_facts(info: Any) -> dict[str, Any]:
+    """What ptxas said of a kernel (a PtxasInfo), under the report's names."""
+    return {
+        "registers": info.registers,
+        "spill_stores": info.spill_stores,
+        "spill_loads": info.spill_loads,
+        "static_smem": info.smem,
+        "stack": info.stack,
+    }
+
+
+def compile_kernel(built: Built, arch: str, timeout_s: float = COMPILE_S, cache: Path | None = None) -> Path:
+    """Compile a built case's kernel with nvcc for `arch` (or take it from the cache) and add what ptxas said of it
+    to `built.kernel`. KernelBuildError when nvcc refuses or runs too long."""
+    path = launch.compile_cubin(built.artifact.kernel_cu, arch, timeout_s=timeout_s, cache=cache)
+    info = launch.kernel_ptxas(path, built.artifact.launch.kernel_name)
+    if info is None:
+        built.kernel["ptxas"] = "not reported"
+    else:
+        built.kernel.update(ptxas_facts(info))
+    return path
+
+
+def describe_ptxas(kernel: dict[str, Any]) -> str:
+    """The ptxas numbers in one line, or why there are none."""
+    if "registers" not in kernel:
+        return str(kernel.get("ptxas", "—"))
+    return (
+        f"{kernel['registers']} regs (est {kernel.get('regs_est', '?')}), spills {kernel['spill_stores']}/"
+        f"{kernel['spill_loads']} B (st/ld), static smem {kernel['static_smem']} B, stack {kernel['stack']} B"
+        + ("  ⚠ spills" if kernel["spill_stores"] or kernel["spill_loads"] else "")
+    )
+
+
+def describe_plan(program: Any) -> str:
+    """The plan in one line: block, sub-blocks, item grid, ring depth, sites."""
+    p = program.plan
+    b = p.block
+    sites = len(program.placement.items_of_site) if program.placement else 0
+    kind = program.placement.kind if program.placement else "?"
+    return (
+        f"block {b.osh}×{b.osw}×{b.ibw}, sub {p.sub_blocks[0]}×{p.sub_blocks[1]}, items {p.grid[0]}×{p.grid[1]}, "
+        f"depth {p.depth}, {sites} sites ({kind})"
+    )
+
+
+def describe_launch(artifact: Any) -> str:
+    """The launch in one line: grid, threads, shared memory, residency."""
+    ls, bud = artifact.launch, artifact.budget
+    return (
+        f"grid {ls.grid} × {ls.block} threads, dyn smem {ls.dyn_smem} B, rings {bud.smem_bytes} B "
+        f"({'dynamic' if bud.rings_dynamic else 'static'}), {bud.blocks_per_sm}/SM"
+    )
+
+
+# ---- the background pool ---------------------------------------------------------------------------------------
+
+
+class BuildPool:
+    """Builds every case in background threads, each kernel from a prepared cubin (`manifest`) when one matches its
+    source, else compiled for `arch`; no compile runs past the deadline (plus COMPILE_GRACE_S)."""
+
+    def __init__(self, target: str, arch: str, *, manifest: Any = None, workers: int | None = None):
+        self.target, self.arch, self.manifest = target, arch, manifest
+        self.executor = ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 2))
+        self.futures: dict[Case, Future[Built]] = {}
+        self.deadline: Deadline | None = None
+        self.closed = False
+
+    def start(self, cases: Sequence[Case], deadline: Deadline) -> None:
+        """Queue every case (once)."""
+        self.deadline = deadline
+        for case in cases:
+            self.submit(case)
+
+    def submit(self, case: Case) -> Future[Built]:
+        if case not in self.futures:
+            self.futures[case] = self.executor.submit(self._build, case)
+        return self.futures[case]
+
+    def result(self, case: Case, deadline: Deadline) -> Built:
+        """The case built, waiting for it no longer than the deadline allows (BudgetExceeded)."""
+        try:
+            return self.submit(case).result(timeout=max(1.0, deadline.left()))
+        except FutureTimeout:
+            raise BudgetExceeded() from None
+
+    def close(self) -> None:
+        """Cancel the builds not started, kill the nvcc processes still running, and wait (briefly) for their threads,
+        so that neither this call nor the interpreter's exit waits on a compile."""
+        if self.closed:
+            return
+        self.closed = True
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        kill_compiles()
+        running = [f for f in self.futures.values() if not f.done()]
+        if running:
+            wait_futures(running, timeout=CLOSE_WAIT_S)
+
+    def _compile_limit(self) -> float:
+        """Seconds the next nvcc may take: COMPILE_S, cut to the time left before the deadline (plus the grace)."""
+        if self.deadline is None:
+            return COMPILE_S
+        return min(COMPILE_S, self.deadline.left() + COMPILE_GRACE_S)
+
+    def _build(self, case: Case) -> Built:
+        built = build_case(case, self.target)
+        if built.artifact is None or self._prepared(built):
+            return built
+        if launch.find_nvcc() is None:
+            built.kernel["ptxas"] = "no nvcc (NVRTC)"
+            return built
+        limit = self._compile_limit()
+        if self.closed or limit < MIN_COMPILE_S:
+            built.error = "compile: not started: time budget spent"
+            return built
+        try:
+            compile_kernel(built, self.arch, timeout_s=limit)
+        except launch.KernelBuildError as e:
+            built.error = "compile: stopped at the end of the run" if self.closed else f"compile: {e}"
+        return built
+
+    def _prepared(self, built: Built) -> bool:
+        """Take the kernel's cubin from the prepared folder when its source hash matches; else say why not."""
+        if self.manifest is None:
+            return False
+        path, entry, why = self.manifest.find(built.artifact.kernel_cu, self.arch)
+        if path is None:
+            built.kernel["cubin"] = f"compiled here: {why}"
+            return False
+        built.cubin = path
+        built.kernel["cubin"] = "prepared"
+        built.kernel.update(entry.ptxas or {"ptxas": "not reported"})
+        return True
+
+
+# ---- stopping compiles -------------------------------------------------------------------------------------------
+
+
+def kill_compiles(pid: int | None = None) -> list[int]:
+    """Kill this process's nvcc compiles (its children whose command line holds `-cubin`) with everything they
+    started (cicc, ptxas, …): stopped first so none starts another, then killed. Returns the ids signalled; does
+    nothing where there is no /proc."""
+    me = os.getpid() if pid is None else pid
+    hit: list[int] = []
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in _compile_tree(me):
+            try:
+                os.kill(p, sig)
+            except OSError:
+                continue
+            if p not in hit:
+                hit.append(p)
+    return hit
+
+
+def _compile_tree(root: int) -> list[int]:
+    """The compile processes under `root`, children before their own children."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parents().items():
+        children.setdefault(ppid, []).append(pid)
+    todo = [p for p in children.get(root, []) if "-cubin" in _cmdline(p)]
+    tree: list[int] = []
+    while todo:
+        p = todo.pop(0)
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def _parents() -> dict[int, int]:
+    """Every process's parent, from /proc (empty where there is none)."""
+    parents: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return parents
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path("/proc", name, "stat").read_text()
+            parents[int(name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the name may hold spaces and ')'
+        except (OSError, ValueError, IndexError):
+            continue
+    return parents
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path("/proc", str(pid), "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []

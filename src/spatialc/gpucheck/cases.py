@@ -1,0 +1,286 @@
+"""The GPU check's shared vocabulary: what it runs (cases), what it finds (checks, timings, contestants, preflight
+probes, rows), the tolerances, and the result check. Both the driver and the device side import this module; it
+imports neither of them, and needs no GPU (the check takes numpy or CuPy as `xp`)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SpatialError
+
+PRECISIONS = ("int8", "fp16", "bf16")
+DEFAULT_SIZES = ("256", "512", "1024", "2048", "4096", "8192", "1000", "4097x513x1031")
+# What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
+# spatialc's kernels are built for it (`spatialc.gemm(..., out=…)`) where gemm takes `out`.
+TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16"}
+# The same types as the launcher names element types (spatialc.runtime.tilize).
+ELEM_OF = {"int32": "int32", "int64": "int64", "fp16": "float16", "bf16": "bfloat16", "float32": "float32"}
+FAMILIES = ("spatialc", "cublas", "triton")
+WAYS = ("end_to_end", "kernel")  # the two timings of every contestant
+
+# ‖C−R‖_F/‖R‖_F and max|C−R|/max|R| that a float result may reach, by the element type C is stored in: float32 keeps
+# the fp32 accumulation's rounding only; fp16 and bf16 add one rounding of each element (2^-11, 2^-8 relative).
+TOLERANCE = {"float32": (1e-4, 1e-3), "float16": (1e-3, 2e-3), "bfloat16": (6e-3, 1e-2)}
+# The libraries' own results are held to a looser bar: cuBLAS may reduce split-K partial sums in fp16 / bf16.
+BASELINE_REL_TOL = {"float32": 1e-2, "float16": 5e-3, "bfloat16": 2e-2}
+
+
+# Errors after which the CUDA context is unusable ("sticky"): every later call would fail too.
+STICKY = re.compile(
+    r"illegal|misaligned|launch ?fail|unspecified launch|hardware ?stack|\bECC\b|uncorrectable|"
+    r"cudaErrorAssert|device-side assert|LaunchTimeout",
+    re.IGNORECASE,
+)
+
+
+def is_sticky(e: BaseException) -> bool:
+    """Whether an error leaves the CUDA context unusable."""
+    return bool(STICKY.search(str(e)))
+
+
+class GpuLost(Exception):
+    """The GPU can no longer be trusted (a kernel hung, or the CUDA context holds a sticky error)."""
+
+
+class GpuHung(GpuLost):
+    """A wait on the GPU ran past its limit: most likely a deadlocked kernel."""
+
+
+class BudgetExceeded(Exception):
+    """The time budget ran out inside a row."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One product to check."""
+
+    m: int
+    n: int
+    k: int
+    precision: str
+
+    @property
+    def size(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+    @property
+    def ops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    def __str__(self) -> str:
+        return f"{self.precision} {self.size}"
+
+
+def parse_size(text: str) -> tuple[int, int, int]:
+    """`256` → 256³; `4097x513x1031` (or with commas) → (m, n, k)."""
+    parts = text.lower().replace(",", "x").replace("×", "x").split("x")
+    try:
+        dims = [int(p) for p in parts]
+    except ValueError:
+        raise SpatialError(f"size {text!r} is not N or MxNxK") from None
+    if len(dims) == 1:
+        dims *= 3
+    if len(dims) != 3 or min(dims) < 1:
+        raise SpatialError(f"size {text!r} is not N or MxNxK with positive numbers")
+    return dims[0], dims[1], dims[2]
+
+
+def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
+    """Every size × precision, size-major (so a budget cut drops whole sizes, not one precision); each case once."""
+    precs = list(precisions)
+    for p in precs:
+        if p not in PRECISIONS:
+            raise SpatialError(f"unknown precision {p!r}; use {', '.join(PRECISIONS)}")
+    dims = [parse_size(s) for s in sizes]
+    return list(dict.fromkeys(Case(*d, p) for d in dims for p in precs))
+
+
+def preflight_case(cases: list[Case]) -> Case:
+    """The small product the preflight launches: 64³ in the first precision of the run."""
+    return Case(64, 64, 64, cases[0].precision if cases else "fp16")
+
+
+class Deadline:
+    """A point on a clock; rows ask how long is left."""
+
+    def __init__(self, at: float, clock: Callable[[], float]):
+        self.at, self.clock = at, clock
+
+    def left(self) -> float:
+        return self.at - self.clock()
+
+    def passed(self) -> bool:
+        return self.left() <= 0
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one short line: its type and first line."""
+    lines = str(e).strip().splitlines()
+    text = lines[0] if lines else ""
+    name = type(e).__name__
+    return (f"{name}: {text}" if text and not isinstance(e, SpatialError) else text or name)[:240]
+
+
+# ---- what a row finds ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    """How one kernel's output compared with the float64 reference."""
+
+    correct: bool
+    max_abs: float
+    rel_fro: float
+    unwritten: int  # logical elements still holding the poison
+    pad_unwritten: int  # padding elements still holding the poison (the kernel writes whole tiles)
+    nonfinite: int
+    stable: bool | None = None  # a second poisoned run on the same inputs agreed
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The device time of one launch: the median over `reps` batches of `per_batch` launches, each batch between
+    one pair of events (`method` "events") or replayed as one CUDA graph (`method` "graph")."""
+
+    median_s: float
+    reps: int
+    per_batch: int
+    min_s: float
+    max_s: float
+    method: str = "events"
+    host_s: float | None = None  # host time to issue one launch (events): as long as the device's, it is the limit
+    note: str = ""  # why the graph the caller asked for was not used
+
+    @property
+    def launch_bound(self) -> bool:
+        """The host issued launches no faster than the device ran them: the time is the host's, not the kernel's."""
+        return self.method == "events" and self.host_s is not None and self.host_s >= 0.8 * self.median_s
+
+
+@dataclass
+class Contestant:
+    """One way to compute a row's product — spatialc's kernel or a library's — timed end to end and kernel only
+    (None: not timed; `note` says why)."""
+
+    name: str
+    family: str  # spatialc | cublas | triton
+    end_to_end: Timing | None = None
+    kernel: Timing | None = None
+    max_abs: float | None = None
+    ok: bool | None = None  # its result agreed with the reference
+    detail: str = ""  # what each timing holds (layouts, padding, conversions)
+    note: str = ""  # why it was not timed, or what went wrong
+
+    def timing(self, way: str) -> Timing | None:
+        return self.end_to_end if way == "end_to_end" else self.kernel
+
+
+@dataclass
+class Probe:
+    """One check of the preflight: what it tried, whether it worked (None: not tried) and the paths it decides."""
+
+    name: str
+    ok: bool | None
+    detail: str = ""
+    seconds: float = 0.0
+    paths: tuple[str, ...] = ()
+
+
+@dataclass
+class Row:
+    """One (precision, m, n, k) of the check."""
+
+    precision: str
+    m: int
+    n: int
+    k: int
+    status: str = "pending"  # ok | wrong | error | hung | skipped | pending (not reached yet)
+    plan: str = ""
+    launch: str = ""
+    check: Check | None = None  # the kernel's own (poisoned) output against the reference
+    contestants: list[Contestant] = field(default_factory=list)
+    note: str = ""
+    # The kernel's numbers: plan (block, sub_blocks, depth, sites), budget (threads, blocks_per_sm, dyn_smem,
+    # regs_est), C's element type (`out`) and, once nvcc compiled it, ptxas's (registers, spill_stores,
+    # spill_loads, static_smem, stack); `ptxas` says why those are missing, `cubin` where the cubin came from.
+    kernel: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def size(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+    @property
+    def ops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    def spatialc(self) -> Contestant | None:
+        return next((c for c in self.contestants if c.family == "spatialc"), None)
+
+
+def row_of(case: Case, status: str, note: str = "") -> Row:
+    """A row with nothing measured: pending, skipped or failed, and why."""
+    return Row(case.precision, case.m, case.n, case.k, status=status, note=note)
+
+
+# ---- checking a result -----------------------------------------------------------------------------------------
+
+
+def values64(x: Any, elem: str, xp: Any) -> Any:
+    """float64 values of an array of element type `elem` (bf16 held as its bits in uint16); exact."""
+    from ..runtime.tilize import bf16_to_float32
+
+    if elem == "bfloat16":
+        return bf16_to_float32(x.view(xp.uint16), xp).astype(xp.float64)
+    return x.astype(xp.float64)
+
+
+def check_result(c: Any, ref: Any, out_tiled: Any, elem: str, xp: Any) -> Check:
+    """Compare a kernel's logical C (element type `elem`) with the float64 reference `ref`; count the poison left in
+    C and in the padding of the tiled output buffer."""
+    from ..runtime.tilize import storage_dtype, unwritten
+
+    storage = storage_dtype(elem)
+    logical_poison = unwritten(c, storage, xp)
+    pad_poison = unwritten(out_tiled, storage, xp) - logical_poison
+    c64 = values64(c, elem, xp)
+    nonfinite = int(c.size - xp.count_nonzero(xp.isfinite(c64)))
+    max_abs, rel_fro, scale = _errors(c64, ref, xp)
+    if elem not in TOLERANCE:  # an integer C is exact
+        within = max_abs == 0.0
+    else:
+        rel_tol, abs_tol = TOLERANCE[elem]
+        within = rel_fro <= rel_tol and max_abs <= abs_tol * max(scale, 1e-30)
+    correct = within and logical_poison == 0 and nonfinite == 0
+    return Check(bool(correct), max_abs, rel_fro, logical_poison, pad_poison, nonfinite)
+
+
+def agrees(got: Any, elem: str, ref: Any, xp: Any, *, library: bool = False) -> tuple[bool, float]:
+    """Whether a result of element type `elem` agrees with the reference, and its largest error. Integer results
+    must be exact; float ones within TOLERANCE (spatialc) or BASELINE_REL_TOL (`library`)."""
+    got64 = values64(got, elem, xp)
+    max_abs, rel_fro, scale = _errors(got64, ref, xp)
+    if not math.isfinite(max_abs):
+        return False, max_abs
+    if elem not in TOLERANCE:
+        return max_abs == 0.0, max_abs
+    if library:
+        return rel_fro <= BASELINE_REL_TOL[elem], max_abs
+    rel_tol, abs_tol = TOLERANCE[elem]
+    return rel_fro <= rel_tol and max_abs <= abs_tol * max(scale, 1e-30), max_abs
+
+
+def _errors(c64: Any, ref: Any, xp: Any) -> tuple[float, float, float]:
+    """max|C−R|, ‖C−R‖_F/‖R‖_F and max|R| (NaN anywhere makes the first two NaN)."""
+    if c64.shape != ref.shape:
+        raise SpatialError(f"a result of shape {tuple(c64.shape)} for a product of shape {tuple(ref.shape)}")
+    if not c64.size:
+        return 0.0, 0.0, 0.0
+    diff = c64 - ref
+    max_abs = float(xp.max(xp.abs(diff)))
+    ref_norm = float(xp.sqrt(xp.sum(ref * ref)))
+    rel_fro = float(xp.sqrt(xp.sum(diff * diff))) / ref_norm if ref_norm > 0 else max_abs
+    return max_abs, rel_fro, float(xp.max(xp.abs(ref)))

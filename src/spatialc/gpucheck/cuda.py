@@ -1,0 +1,134 @@
+"""The CuPy pieces the GPU runner is made of: CUDA events with a hang limit, CUDA graphs through stream capture,
+a device that loads prepared cubins, and spatialc's end-to-end path (what `spatialc.run` does on the device).
+
+Imported only where a GPU run happens (the objects take the `cupy` module, or the tests' stand-in, as an argument).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpatialError
+from ..runtime import launch
+from ..runtime.tilize import bf16_bits
+from .cases import GpuHung, one_line
+from .prepare import source_hash
+from .timing import GraphUnavailable
+
+
+class EventTimer:
+    """CUDA events on the current stream."""
+
+    def __init__(self, cp: Any, clock: Callable[[], float] = time.monotonic):
+        self.cp, self.clock = cp, clock
+
+    def mark(self) -> Any:
+        e = self.cp.cuda.Event()
+        e.record()
+        return e
+
+    def elapsed_s(self, start: Any, end: Any) -> float:
+        return float(self.cp.cuda.get_elapsed_time(start, end)) / 1e3
+
+    def wait(self, mark: Any, limit_s: float) -> None:
+        t0 = self.clock()
+        while not mark.done:
+            if self.clock() - t0 > limit_s:
+                raise GpuHung(f"the GPU did not finish within {limit_s:.0f} s (a deadlocked kernel?)")
+            time.sleep(0.0002)
+        mark.synchronize()  # raises the kernel's error, if it had one
+
+
+class CupyGraphs:
+    """CUDA graphs through CuPy's stream capture (relaxed mode) on the stream all work goes to; the replay runs on
+    it too, between the timing's events."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def capture(self, batch: Callable[[], None]) -> Callable[[], None]:
+        stream = self.stream
+        try:
+            stream.begin_capture()
+        except Exception as e:
+            raise GraphUnavailable(one_line(e)) from None
+        failed: BaseException | None = None
+        try:
+            batch()
+        except Exception as e:  # the capture must still be ended, or the stream stays capturing
+            failed = e
+        try:
+            graph = stream.end_capture()
+        except Exception as e:
+            raise GraphUnavailable(one_line(failed or e)) from None
+        if failed is not None:
+            raise GraphUnavailable(one_line(failed))
+        return lambda: graph.launch(stream)
+
+
+class PreparedDevice:
+    """The CuPy device, loading a kernel from its prepared cubin (by source hash) instead of compiling its text."""
+
+    def __init__(self, base: Any, cp: Any):
+        self.base, self.cp, self.xp = base, cp, base.xp
+        self.cubins: dict[str, Path] = {}
+        self.loaded: dict[str, Any] = {}
+
+    @property
+    def sms(self) -> int | None:
+        """The device's multiprocessors, which the kernels' work lists follow (None: the plan's grid)."""
+        return getattr(self.base, "sms", None)
+
+    def load(self, kernel_cu: str, kernel_name: str, dyn_smem: int) -> Any:
+        path = self.cubins.get(source_hash(kernel_cu))
+        if path is None:
+            return self.base.load(kernel_cu, kernel_name, dyn_smem)
+        if str(path) not in self.loaded:
+            symbol = launch.kernel_symbol(path.read_bytes(), kernel_name)
+            kernel = self.cp.RawModule(path=str(path)).get_function(symbol)
+            if launch.needs_smem_attribute(dyn_smem):
+                kernel.max_dynamic_shared_size_bytes = dyn_smem
+            self.loaded[str(path)] = kernel
+        return self.loaded[str(path)]
+
+    def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
+        self.base.launch(kernel, grid, block, dyn_smem, args)
+
+
+@dataclass
+class Inputs:
+    """A row's input sets: row-major A and B in their storage dtype (bf16 as uint16 bits)."""
+
+    a: list[Any]
+    b: list[Any]
+
+
+class SpatialcEndToEnd:
+    """What spatialc.run does on the device for row-major A and B: tilize both, launch, untilize C and convert it to
+    torch's output type; `result` holds the last C."""
+
+    def __init__(self, prep: Any, inputs: Inputs, want: str, xp: Any):
+        self.prep, self.inputs, self.want, self.xp = prep, inputs, want, xp
+        self.a_arg, self.b_arg = (x for x in prep.args if x.role == "input")
+        self.result: Any = None
+
+    def __call__(self, i: int) -> None:
+        p = self.prep
+        out = p.output_buffer(poison=False)
+        p.run(p.order((p.tiled(self.a_arg, self.inputs.a[i]), p.tiled(self.b_arg, self.inputs.b[i])), out))
+        self.result = convert(p.result(out), p.output.elem, self.want, self.xp)
+
+
+def convert(c: Any, have: str, want: str, xp: Any) -> Any:
+    """C of element type `have` as `want` (torch's output type): rounded to nearest even, or narrowed exactly."""
+    if have == want:
+        return c
+    if want == "bfloat16":
+        return bf16_bits(c.astype(xp.float32), xp)
+    if want in ("float16", "int32"):
+        return c.astype(want)
+    raise SpatialError(f"no conversion of C from {have} to {want}")

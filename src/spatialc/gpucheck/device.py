@@ -1,0 +1,450 @@
+"""The GPU check's device side: CuPy runs, checks and times spatialc's kernels; torch, CuPy's cuBLAS and Triton the
+libraries they are compared with.
+
+Imported only on a machine that runs the check (it needs CuPy; torch and Triton are used when present). All work
+goes to one stream that both CuPy and torch use, so events order both; it is a stream of its own (not the legacy
+default), so that it can be captured into CUDA graphs. Every wait on the GPU polls an event with a limit, so a
+deadlocked kernel becomes `GpuHung` instead of a hung process. Kernels are built and compiled (or found prepared)
+in background threads while earlier rows run (`builds.BuildPool`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import SpatialError
+from ..runtime import launch
+from ..runtime.tilize import bf16_bits, poison_value
+from ..target import target as target_of
+from . import preflight as pf
+from .baselines import Libraries, baselines_for, refusal
+from .builds import BuildPool, Built, conversion
+from .cases import (
+    ELEM_OF,
+    TORCH_OUT,
+    BudgetExceeded,
+    Case,
+    Check,
+    Contestant,
+    Deadline,
+    GpuHung,
+    GpuLost,
+    Probe,
+    Row,
+    agrees,
+    check_result,
+    is_sticky,
+    one_line,
+    preflight_case,
+    values64,
+)
+from .cuda import CupyGraphs, EventTimer, Inputs, PreparedDevice, SpatialcEndToEnd
+from .prepare import source_hash
+from .timing import GraphUnavailable, Timing, copies_for, measure
+
+TARGET_OF_CC = {"80": "sm_80", "86": "sm_86", "89": "sm_89", "90": "sm_90"}
+OPERAND_ELEM = {"int8": "int8", "fp16": "float16", "bf16": "bfloat16"}
+HANG_S = 60.0  # a wait longer than this is a hung kernel …
+HANG_MIN_S = 10.0  # … and never shorter than this, even when the budget is nearly spent
+
+
+class GpuRunner:
+    """Runs the check's preflight and rows on the current CUDA device."""
+
+    def __init__(
+        self,
+        target: str | None,
+        *,
+        seed: int = 0,
+        triton: bool = True,
+        workers: int | None = None,
+        prepared: Any = None,
+        graphs: bool = True,
+    ):
+        self.cp = launch.require_cupy()  # GpuUnavailable when there is none
+        self.torch = _import_torch()
+        self.stream = self._one_stream()
+        triton_mod, triton_note = _import_triton(self.torch) if triton else (None, "disabled (--no-triton)")
+        self.libs = Libraries(self.cp, self.torch, triton_mod, triton_note)
+        cc = str(self.cp.cuda.Device().compute_capability)
+        self.arch = f"sm_{cc}"
+        self.target = target or TARGET_OF_CC.get(cc, "sm_90")
+        self.device = PreparedDevice(launch.cupy_device(), self.cp)
+        self.timer = EventTimer(self.cp)
+        self.graphs: CupyGraphs | None = CupyGraphs(self.stream) if graphs else None
+        self.graphs_note = "" if graphs else "disabled (--no-graphs)"
+        self.seed, self.manifest = seed, prepared
+        self.builds = BuildPool(self.target, self.arch, manifest=prepared, workers=workers)
+        self.unavailable: dict[str, str] = {}
+        self.cases: list[Case] = []
+        self.first = Case(64, 64, 64, "fp16")
+        self.probed: dict[str, Any] = {}  # what the preflight's steps ran, for the graph step
+
+    def _one_stream(self) -> Any:
+        """A stream of its own, made current for CuPy and (when present) torch."""
+        if self.torch is not None:
+            self.torch_stream = self.torch.cuda.Stream()  # kept: CuPy's view of it does not own it
+            self.torch.cuda.set_stream(self.torch_stream)
+            stream = self.cp.cuda.ExternalStream(self.torch_stream.cuda_stream)
+        else:
+            stream = self.cp.cuda.Stream(non_blocking=True)
+        stream.use()
+        return stream
+
+    # ---- description ---------------------------------------------------------------------------------------
+
+    def info(self) -> dict[str, Any]:
+        """GPU name, SMs, clocks, memory, library versions and how kernels are timed, for the report's header."""
+        rt = self.cp.cuda.runtime
+        props = rt.getDeviceProperties(rt.getDevice())
+        name = props.get("name", b"?")
+        sms = props.get("multiProcessorCount")
+        planned = target_of(self.target).units
+        info = {
+            "gpu": name.decode() if isinstance(name, bytes) else str(name),
+            "sms": sms,
+            "target_sms": planned,
+            "compute_capability": self.arch,
+            "target": self.target,
+            "memory_gib": round(props.get("totalGlobalMem", 0) / 2**30, 1),
+            "l2_mib": round(self._l2_bytes() / 2**20, 1),
+            "clocks": _clocks(props),
+            "versions": self._versions(),
+            "kernel_timing": "CUDA graphs" if self.graphs is not None else f"events ({self.graphs_note})",
+            "warnings": sm_warnings(sms, planned, self.target),
+        }
+        if self.manifest is not None:
+            info["prepared"] = f"{self.manifest.folder}: {self.manifest.summary()}"
+        return info
+
+    def _l2_bytes(self) -> int:
+        rt = self.cp.cuda.runtime
+        return int(rt.getDeviceProperties(rt.getDevice()).get("l2CacheSize") or 50 * 2**20)
+
+    def _versions(self) -> str:
+        parts = [f"cupy {self.cp.__version__}", f"driver {self.cp.cuda.runtime.driverGetVersion()}"]
+        if self.torch is not None:
+            parts.append(f"torch {self.torch.__version__}")
+        triton = self.libs.triton
+        parts.append(f"triton {triton.VERSION}" if triton is not None else f"triton: {self.libs.triton_note}")
+        nvcc = launch.find_nvcc()
+        parts.append(f"nvcc {launch.nvcc_version(nvcc)}" if nvcc else "nvcc: none (NVRTC)")
+        return ", ".join(parts)
+
+    # ---- the run -------------------------------------------------------------------------------------------
+
+    def start(self, cases: Sequence[Case], deadline: Deadline) -> None:
+        """Build every case in the background (the preflight's first) while the GPU runs the preflight and rows."""
+        self.cases, self.first = list(cases), preflight_case(list(cases))
+        self.builds.start([self.first, *cases], deadline)
+
+    def close(self) -> None:
+        self.builds.close()
+
+    def preflight(self, deadline: Deadline, say: Callable[[str], None] = lambda s: None) -> list[Probe]:
+        """The preflight's steps, at most PREFLIGHT_S (and never past the deadline); marks what failed unavailable."""
+        probes = pf.run_steps(self._steps(deadline), limit_s=min(pf.PREFLIGHT_S, max(0.0, deadline.left())), say=say)
+        self.unavailable = pf.unavailable(probes)
+        if pf.GRAPHS in self.unavailable and self.graphs is not None:
+            self.graphs, self.graphs_note = None, f"graphs unavailable: {self.unavailable[pf.GRAPHS]}"
+        return probes
+
+    def run(self, case: Case, deadline: Deadline) -> Row:
+        """One row: the kernel checked and timed both ways, then every library; frees its memory whatever happens."""
+        built = self.builds.result(case, deadline)
+        row = Row(case.precision, case.m, case.n, case.k, plan=built.plan, launch=built.launch, kernel=built.kernel)
+        row.note = built.note
+        if pf.REFERENCE in self.unavailable:
+            row.status, row.note = "error", f"no float64 reference: {self.unavailable[pf.REFERENCE]}"
+            return row
+        try:
+            self._measure(case, built, row, deadline)
+        except (GpuLost, BudgetExceeded):
+            raise
+        except Exception as e:
+            if is_sticky(e):
+                raise GpuLost(one_line(e)) from None
+            raise
+        finally:
+            self._free()
+        return row
+
+    def _measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
+        inputs = self._inputs(case, self._copies(case))
+        ref = self._reference(inputs, case)
+        off = self.unavailable.get(pf.SPATIALC)
+        failure = built.error or (f"spatialc: {off}" if off else "")
+        if failure:
+            row.status, row.note = "error", "; ".join(x for x in (row.note, failure) if x)
+        else:
+            row.contestants.append(self._spatialc(case, built, inputs, ref, row, deadline))
+        for name, family in baselines_for(case.precision):
+            row.contestants.append(self._baseline(name, family, case, inputs, ref, deadline))
+
+    # ---- spatialc ------------------------------------------------------------------------------------------
+
+    def _prepare(self, built: Built) -> Any:
+        """The kernel loaded (from its prepared cubin when there is one) with the work list for this device's SMs;
+        the blocks it launches go into the row's kernel facts beside the plan's sites."""
+        if built.cubin is not None:
+            self.device.cubins[source_hash(built.artifact.kernel_cu)] = built.cubin
+        prep = launch.prepare(built.artifact, self.device)
+        built.kernel["sites_run"] = getattr(prep, "grid", 0) or built.artifact.launch.grid
+        return prep
+
+    def _spatialc(self, case: Case, built: Built, inputs: Inputs, ref: Any, row: Row, deadline: Deadline) -> Contestant:
+        prep = self._prepare(built)
+        a_arg, b_arg = (x for x in prep.args if x.role == "input")
+        out = prep.output_buffer(poison=True)
+        pairs = zip(inputs.a, inputs.b, strict=True)
+        sets = [prep.order((prep.tiled(a_arg, a), prep.tiled(b_arg, b)), out) for a, b in pairs]
+        c_elem, want = prep.output.elem, ELEM_OF[TORCH_OUT[case.precision]]
+        row.check = self._checked_run(prep, sets[0], out, ref, deadline)
+        kernel = self._time(lambda i: prep.run(sets[i]), len(sets), deadline)
+        again = self._checked_run(prep, sets[0], out, ref, deadline)
+        row.check.stable = again.correct == row.check.correct and again.max_abs == row.check.max_abs
+        e2e = SpatialcEndToEnd(prep, inputs, want, self.cp)
+        e2e(0)
+        self._sync(deadline)
+        ok, max_abs = agrees(e2e.result, want, ref, self.cp)
+        end_to_end = self._time(e2e, len(sets), deadline, graphs=False)
+        row.status = "ok" if row.check.correct and row.check.stable and ok else "wrong"
+        notes = [row.note] if row.note else []
+        if row.check.pad_unwritten:
+            notes.append(f"{row.check.pad_unwritten} padding elements unwritten")
+        if not ok:
+            notes.append(f"end-to-end C wrong (max err {max_abs:.3g})")
+        row.note = "; ".join(notes)
+        conv = conversion(case, c_elem)
+        detail = f"C stored as {c_elem}; end to end: tilize A and B, the kernel, untilize C" + (
+            f", convert {conv}" if conv else ""
+        )
+        detail += " (spatialc.run's argument checks, which wait on the device, left out)"
+        return Contestant("spatialc", "spatialc", end_to_end, kernel, max_abs, ok, detail)
+
+    def _checked_run(self, prep: Any, args: tuple[Any, ...], out: Any, ref: Any, deadline: Deadline) -> Check:
+        out.fill(poison_value(prep.output.storage))
+        prep.run(args)
+        self._sync(deadline)
+        return check_result(prep.result(out), ref, out, prep.output.elem, self.cp)
+
+    # ---- the libraries -------------------------------------------------------------------------------------
+
+    def _baseline(self, name: str, family: str, case: Case, inputs: Inputs, ref: Any, deadline: Deadline) -> Contestant:
+        why = self.libs.missing(name) or self.unavailable.get(name, "")
+        if why:
+            return Contestant(name, family, note=f"unavailable: {why}")
+        if refusal(name, case):
+            return Contestant(name, family, note=f"n/a: {refusal(name, case)}")
+        if deadline.passed():
+            return Contestant(name, family, note="skipped: time budget spent")
+        try:
+            made = self.libs.make(name, case, inputs.a, inputs.b)
+            ok, max_abs = self._check_contender(made, ref, deadline)
+            if not ok:
+                return Contestant(name, family, max_abs=max_abs, ok=False, detail=made.detail, note="wrong; not timed")
+            kernel = self._time(made.kernel, len(inputs.a), deadline)
+            end_to_end = self._time(made.end_to_end, len(inputs.a), deadline, graphs=False)
+            return Contestant(name, family, end_to_end, kernel, max_abs, True, made.detail)
+        except GpuHung:
+            raise
+        except Exception as e:
+            if is_sticky(e):
+                raise GpuLost(f"{name}: {one_line(e)}") from None
+            return Contestant(name, family, note=f"failed: {one_line(e)}")
+
+    def _check_contender(self, made: Any, ref: Any, deadline: Deadline) -> tuple[bool, float]:
+        """Both of a contender's ways on input set 0, against the reference."""
+        made.kernel(0)
+        made.end_to_end(0)
+        self._sync(deadline)
+        ok_k, err_k = agrees(made.kernel_result(), made.elem, ref, self.cp, library=True)
+        ok_e, err_e = agrees(made.e2e_result(), made.elem, ref, self.cp, library=True)
+        return ok_k and ok_e, max(err_k, err_e)
+
+    # ---- the preflight's steps -----------------------------------------------------------------------------
+
+    def _steps(self, deadline: Deadline) -> list[pf.Step]:
+        steps = [
+            pf.Step(pf.DEVICE_STEP, (), self._probe_device),
+            pf.Step(pf.CUPY_STEP, (pf.REFERENCE,), self._probe_cupy),
+            pf.Step(f"{pf.SPATIALC_STEP}: {self.first}", (pf.SPATIALC,), lambda: self._probe_spatialc(deadline)),
+        ]
+        steps += [self._library_step(name, case, deadline) for name, case in pf.library_steps(self.cases)]
+        graphs: Callable[[], str] | str = (lambda: self._probe_graphs(deadline)) if self.graphs else self.graphs_note
+        return [*steps, pf.Step(pf.GRAPHS_STEP, (pf.GRAPHS,), graphs)]
+
+    def _library_step(self, name: str, case: Case, deadline: Deadline) -> pf.Step:
+        missing = self.libs.missing(name)
+        run: Callable[[], str] | str = missing or (lambda: self._probe_library(name, case, deadline))
+        return pf.Step(f"{name}: {case}", (name,), run)
+
+    def _probe_device(self) -> str:
+        info = self.info()
+        return (
+            f"{info['gpu']}, {info['sms']} SMs ({self.target} plans for {info['target_sms']}), {self.arch}, "
+            f"{info['memory_gib']} GiB, L2 {info['l2_mib']} MiB, {info['clocks']}"
+        )
+
+    def _probe_cupy(self) -> str:
+        import numpy as np
+
+        cp = self.cp
+        a = np.arange(64 * 64, dtype=np.float64).reshape(64, 64) % 7 - 3
+        got = cp.asnumpy(cp.matmul(cp.asarray(a), cp.asarray(a.T)))
+        if not np.array_equal(got, a @ a.T):
+            raise SpatialError("cp.matmul of 64³ float64 differs from numpy's")
+        return "correct"
+
+    def _probe_spatialc(self, deadline: Deadline) -> str:
+        case = self.first
+        built = self.builds.result(case, deadline)
+        if built.error:
+            raise SpatialError(built.error)
+        inputs = self._inputs(case, 1)
+        ref = self._reference(inputs, case)
+        prep = self._prepare(built)
+        a_arg, b_arg = (x for x in prep.args if x.role == "input")
+        out = prep.output_buffer(poison=True)
+        args = prep.order((prep.tiled(a_arg, inputs.a[0]), prep.tiled(b_arg, inputs.b[0])), out)
+        check = self._checked_run(prep, args, out, ref, deadline)
+        if not check.correct:
+            raise SpatialError(f"wrong result: max err {check.max_abs:.3g}, {check.unwritten} elements unwritten")
+        self.probed["spatialc"] = (prep, args, out, ref)
+        origin = built.kernel.get("cubin", "compiled here" if "registers" in built.kernel else "NVRTC")
+        return f"correct; cubin {origin}"
+
+    def _probe_library(self, name: str, case: Case, deadline: Deadline) -> str:
+        inputs = self._inputs(case, 1)
+        made = self.libs.make(name, case, inputs.a, inputs.b)
+        ref = self._reference(inputs, case)
+        ok, max_abs = self._check_contender(made, ref, deadline)
+        if not ok:
+            raise SpatialError(f"wrong result (max err {max_abs:.3g})")
+        self.probed[name] = (made, ref)
+        return f"correct both ways ({made.detail})"
+
+    def _probe_graphs(self, deadline: Deadline) -> str:
+        """Capture the kernel-only call of spatialc and of every library that passed its step, replay each, check
+        the results: graphs time kernel-only for all of them alike, or (this step failing) for none."""
+        if "spatialc" not in self.probed or self.graphs is None:
+            raise SpatialError("no spatialc kernel to capture: its own step failed")
+        prep, args, out, ref = self.probed["spatialc"]
+        out.fill(poison_value(prep.output.storage))
+        self._capture("spatialc", lambda: prep.run(args))()
+        self._sync(deadline)
+        if not check_result(prep.result(out), ref, out, prep.output.elem, self.cp).correct:
+            raise SpatialError("spatialc's replayed kernel left a wrong result")
+        names = ["spatialc"]
+        for name, probed in self.probed.items():
+            if name != "spatialc":
+                made, lib_ref = probed
+                self._replay_library(name, made, lib_ref, deadline)
+                names.append(name)
+        return f"{', '.join(names)}: captured, replayed, correct"
+
+    def _replay_library(self, name: str, made: Any, ref: Any, deadline: Deadline) -> None:
+        made.kernel_result().fill(0)
+        self._sync(deadline)
+        self._capture(name, lambda: made.kernel(0))()
+        self._sync(deadline)
+        if not agrees(made.kernel_result(), made.elem, ref, self.cp, library=True)[0]:
+            raise SpatialError(f"{name}'s replayed call left a wrong result")
+
+    def _capture(self, name: str, call: Callable[[], None]) -> Callable[[], None]:
+        assert self.graphs is not None
+        try:
+            return self.graphs.capture(call)
+        except GraphUnavailable as e:
+            raise SpatialError(f"{name}: {e}") from None
+
+    # ---- inputs, references, timing --------------------------------------------------------------------------
+
+    def _copies(self, case: Case) -> int:
+        itemsize = 1 if case.precision == "int8" else 2
+        return copies_for((case.m * case.k + case.k * case.n) * itemsize, self._l2_bytes())
+
+    def _inputs(self, case: Case, copies: int) -> Inputs:
+        rs = self.cp.random.RandomState(zlib.crc32(f"{self.seed} {case}".encode()))  # fresh per row, reproducible
+        a = [self._random(rs, (case.m, case.k), case.precision) for _ in range(copies)]
+        b = [self._random(rs, (case.k, case.n), case.precision) for _ in range(copies)]
+        return Inputs(a, b)
+
+    def _random(self, rs: Any, shape: tuple[int, int], precision: str) -> Any:
+        cp = self.cp
+        if precision == "int8":
+            return rs.randint(-128, 128, size=shape).astype(cp.int8)
+        x = rs.uniform(-1.0, 1.0, size=shape, dtype=cp.float32)
+        return x.astype(cp.float16) if precision == "fp16" else bf16_bits(x, cp)
+
+    def _reference(self, inputs: Inputs, case: Case) -> Any:
+        """The float64 product of input set 0 (the operands are exact in float64)."""
+        elem = OPERAND_ELEM[case.precision]
+        return self.cp.matmul(values64(inputs.a[0], elem, self.cp), values64(inputs.b[0], elem, self.cp))
+
+    def _time(self, launch_i: Callable[[int], None], copies: int, deadline: Deadline, graphs: bool = True) -> Timing:
+        graphs_or_none = self.graphs if graphs else None
+        return measure(launch_i, copies, self.timer, graphs=graphs_or_none, limit_s=self._hang(deadline))
+
+    def _sync(self, deadline: Deadline) -> None:
+        self.timer.wait(self.timer.mark(), self._hang(deadline))
+
+    def _hang(self, deadline: Deadline) -> float:
+        return min(HANG_S, max(HANG_MIN_S, deadline.left()))
+
+    def _free(self) -> None:
+        self.cp.get_default_memory_pool().free_all_blocks()
+        if self.torch is not None:
+            self.torch.cuda.empty_cache()
+
+
+def sm_warnings(sms: int | None, planned: int, target: str) -> list[str]:
+    """A warning when the device has fewer SMs than the target's plans assume."""
+    if not sms or sms >= planned:
+        return []
+    return [
+        f"the device has {sms} SMs, fewer than the {planned} that {target} plans for: each kernel's work list is "
+        f"split over the sites this device runs (the kernel table's sites column: planned (run)), but its block, "
+        f"sub-blocks and ring depth were chosen for {planned}"
+    ]
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except Exception:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def _import_triton(torch: Any) -> tuple[Any, str]:
+    if torch is None:
+        return None, "needs torch, which is not installed"
+    try:
+        from . import triton_ref
+    except Exception as e:
+        return None, f"not available ({one_line(e)})"
+    return triton_ref, ""
+
+
+def _clocks(props: dict[str, Any]) -> str:
+    """SM and memory clocks: nvidia-smi's current / max when it answers, else the device properties."""
+    try:
+        q = "clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem"
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+        )
+        now, most, mem_now, mem_most = (v.strip() for v in out.stdout.splitlines()[0].split(","))
+        return f"SM {now}/{most} MHz, memory {mem_now}/{mem_most} MHz (current/max, nvidia-smi)"
+    except Exception:
+        pass
+    sm, mem = props.get("clockRate"), props.get("memoryClockRate")
+    if sm:
+        return f"SM {int(sm) // 1000} MHz, memory {int(mem or 0) // 1000} MHz (max, device properties)"
+    return "unknown"

@@ -1,0 +1,106 @@
+"""The GPU check's dry run: what a GPU run would do, said on a CPU: the preflight's steps, the two timings, and for
+each case its plan, launch, ptxas's numbers, where its cubin would come from and what it is timed against."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import baselines as bl
+from .builds import build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out
+from .cases import Case
+from .preflight import PREFLIGHT_S, step_names
+
+# ---- the dry run -----------------------------------------------------------------------------------------------
+
+END_TO_END = (
+    "end to end: row-major A and B in, row-major C out in torch's type (int32 for int8, fp16 / bf16 for fp16 / "
+    "bf16): every layout copy, tilize / untilize and conversion included; batches of launches between one pair of "
+    "events, the host's launching included, as a caller has it"
+)
+KERNEL_ONLY = (
+    "kernel only: operands already in each contestant's layout, C preallocated; batches of launches replayed as "
+    "CUDA graphs (the launching left out), launch by launch where a capture fails"
+)
+
+
+def outputs_note() -> str:
+    """How C comes out of spatialc's kernels, for the dry run and the report's header."""
+    if gemm_takes_out():
+        return "spatialc.gemm(…, out=…) builds each kernel to store C in torch's type (int32, fp16, bf16)"
+    return (
+        "spatialc.gemm takes no `out` yet: its kernels store C in their own type (see the kernel table), and the "
+        "end-to-end times include converting C to torch's type"
+    )
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # each case as it is built, also through a pipe
+
+
+def dry_run(cases: Sequence[Case], target: str, manifest: Any = None, out: Callable[[str], None] = _say) -> None:
+    """Say what a GPU run would do: the preflight's steps, the timings, and for each case its plan and launch
+    (built here, on the CPU), what ptxas says of its kernel (from the prepared folder, or compiled for `target` when
+    nvcc is here), where its cubin would come from, and what it is timed against."""
+    out(f"gpucheck dry run: {len(cases)} rows on {target}; would write gpucheck.json and gpucheck.md")
+    steps = "; ".join(step_names(cases))
+    out(f"preflight (first, at most {PREFLIGHT_S:.0f} s; a step that fails marks its path unavailable): {steps}")
+    out(f"timings: {END_TO_END}; {KERNEL_ONLY}")
+    out(f"outputs: {outputs_note()}")
+    out(f"cubins: prepared in {manifest.folder} ({manifest.summary()})" if manifest else _unprepared())
+    for case in cases:
+        _dry_case(case, target, manifest, out)
+
+
+def _unprepared() -> str:
+    return "cubins: none prepared: the GPU run compiles them (`spatialc gpucheck DIR --prepare` does it beforehand)"
+
+
+def _dry_case(case: Case, target: str, manifest: Any, out: Callable[[str], None]) -> None:
+    from ..runtime import launch
+
+    built = build_case(case, target)
+    cubin = ""
+    if built.artifact is not None:
+        path, entry, why = manifest.find(built.artifact.kernel_cu, target) if manifest else (None, None, "")
+        if path is not None and entry is not None:
+            built.kernel.update(entry.ptxas or {"ptxas": "not reported"})
+            cubin = f"prepared: {path.name} (source hash checked)"
+        else:
+            cubin = f"compiled on the GPU machine{': ' + why if why else ''}"
+            _dry_compile(built, target, launch)
+    out(f"{case.precision} {case.size}")
+    out(f"  plan      {built.plan or '—'}")
+    out(f"  launch    {built.launch or built.error}")
+    if built.artifact is not None:
+        out(f"  ptxas     {describe_ptxas(built.kernel)}")
+        out(f"  cubin     {cubin}")
+        conv = conversion(case, built.kernel.get("c_elem", ""))
+        out(f"  C         stored as {built.kernel.get('c_elem')}" + (f"; end to end converts {conv}" if conv else ""))
+    if built.note:
+        out(f"  note      {built.note}")
+    out(f"  timed     {'; '.join(contenders(case))}")
+
+
+def _dry_compile(built: Any, target: str, launch: Any) -> None:
+    if launch.find_nvcc() is None:
+        built.kernel["ptxas"] = "no nvcc here"
+        return
+    try:
+        compile_kernel(built, target)
+    except launch.KernelBuildError as e:
+        built.kernel["ptxas"] = f"compile: {e}"
+
+
+def contenders(case: Case) -> list[str]:
+    """Each contestant of a case and what it is timed for (or why it cannot take the shape)."""
+    said = ["spatialc: end to end + kernel only"]
+    for name, _family in bl.baselines_for(case.precision):
+        why = bl.refusal(name, case)
+        if why:
+            said.append(f"{name}: n/a ({why})")
+        elif name == bl.GEMM_EX:
+            said.append(f"{name}: end to end + kernel only, {bl.padding(case)}, where the preflight finds it works")
+        else:
+            said.append(f"{name}: end to end + kernel only, where the preflight finds it works")
+    return said

@@ -1,0 +1,101 @@
+"""The preflight: the first thing a GPU run does, in at most a minute, so that the run counts.
+
+Every path the run will take is tried once on a small product before any row: the device itself, CuPy and its
+cuBLAS (the float64 references), one spatialc kernel launched and checked, torch.matmul, each int8 library path in
+the exact layout the rows will use, a CUDA graph capture (the kernel-only timings), one Triton compile. A path that
+fails is marked unavailable with its reason; the rows skip it, the report says why, and the run goes on with what
+works. A step not reached within the minute counts as failed ("not tried"). Only a lost GPU (a hang, a sticky
+error) stops the run. The steps are the device side's; their order, limit and bookkeeping are here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .baselines import GEMM_EX, INT_MM_COL, INT_MM_ROW, TORCH_MATMUL, TRITON
+from .cases import Case, GpuLost, Probe, is_sticky, one_line, preflight_case
+
+PREFLIGHT_S = 60.0
+# Paths the steps decide, beside the contenders' own names.
+REFERENCE = "reference"  # the float64 references, through CuPy's cuBLAS
+SPATIALC = "spatialc"
+GRAPHS = "graphs"  # CUDA graphs for the kernel-only timings
+TINY_INT8_EX = Case(33, 35, 37, "int8")  # odd sizes, so that cublasGemmEx's padding runs in the preflight too
+DEVICE_STEP = "device"
+CUPY_STEP = "CuPy cuBLAS: float64 matmul 64³"
+SPATIALC_STEP = "spatialc kernel"
+GRAPHS_STEP = "CUDA graphs: every contestant captured and replayed"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One preflight step: `run` returns what it saw (and raises when the path fails), or is the reason it cannot
+    be tried at all here."""
+
+    name: str
+    paths: tuple[str, ...]
+    run: Callable[[], str] | str
+
+
+def run_steps(
+    steps: Sequence[Step],
+    *,
+    limit_s: float = PREFLIGHT_S,
+    clock: Callable[[], float] = time.monotonic,
+    say: Callable[[str], None] = lambda s: None,
+) -> list[Probe]:
+    """Run the steps in order within `limit_s`; GpuLost (a hang, a sticky error) ends the preflight."""
+    t0, probes = clock(), []
+    for step in steps:
+        if isinstance(step.run, str):
+            probes.append(Probe(step.name, False, step.run, 0.0, step.paths))
+            continue
+        if clock() - t0 >= limit_s:
+            why = f"not tried: the preflight's {limit_s:.0f} s were spent"
+            probes.append(Probe(step.name, None, why, 0.0, step.paths))
+            continue
+        say(f"preflight: {step.name}")
+        start = clock()
+        try:
+            detail, ok = step.run(), True
+        except GpuLost:
+            raise
+        except Exception as e:
+            if is_sticky(e):
+                raise GpuLost(f"{step.name}: {one_line(e)}") from None
+            detail, ok = one_line(e), False
+        probes.append(Probe(step.name, ok, detail, round(clock() - start, 2), step.paths))
+    return probes
+
+
+def unavailable(probes: Sequence[Probe]) -> dict[str, str]:
+    """Each path a failed (or untried) step decides, with the step's reason."""
+    out: dict[str, str] = {}
+    for p in probes:
+        if not p.ok:
+            for path in p.paths:
+                out.setdefault(path, f"{p.name}: {p.detail}" if p.detail else p.name)
+    return out
+
+
+def library_steps(cases: Sequence[Case]) -> list[tuple[str, Case]]:
+    """Each library the rows of `cases` use, with the small product its step tries, in the preflight's order."""
+    precisions = {c.precision for c in cases}
+    int8 = Case(64, 64, 64, "int8")
+    steps = [(TORCH_MATMUL, Case(64, 64, 64, tiny_float(cases)))] if precisions - {"int8"} else []
+    if "int8" in precisions:
+        steps += [(INT_MM_COL, int8), (GEMM_EX, TINY_INT8_EX), (INT_MM_ROW, int8)]
+    return [*steps, (TRITON, preflight_case(list(cases)))]
+
+
+def step_names(cases: Sequence[Case]) -> list[str]:
+    """The steps a GPU run of `cases` takes, by name, in order (what the dry run lists)."""
+    first = f"{SPATIALC_STEP}: {preflight_case(list(cases))}"
+    return [DEVICE_STEP, CUPY_STEP, first, *(f"{n}: {c}" for n, c in library_steps(cases)), GRAPHS_STEP]
+
+
+def tiny_float(cases: Sequence[Case]) -> str:
+    """The float precision the preflight tries torch.matmul in: the run's first."""
+    return next((c.precision for c in cases if c.precision != "int8"), "fp16")

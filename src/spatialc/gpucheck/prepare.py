@@ -1,0 +1,166 @@
+"""Kernels compiled beforehand: `spatialc gpucheck DIR --prepare` on a CPU machine with nvcc, loaded by the GPU run.
+
+The GPU machine's time is short and its first minutes would otherwise go to nvcc. `--prepare` builds every case of
+the run (and the preflight's) exactly as the GPU run will, compiles each kernel for the target's architecture with
+`spatialc.runtime.launch.compile_cubin` into DIR (the cubin and what ptxas said of it, side by side), and writes
+DIR/manifest.json: per kernel the SHA-256 of its CUDA source and of its cubin, the architecture, nvcc's version,
+ptxas's registers and spills. The GPU run (`--prepared DIR`) builds each case again, hashes the kernel text it got,
+and loads the cubin only when the manifest holds that very text for the device's architecture and the cubin file
+still has its recorded hash; every other kernel it compiles itself, and its report says which and why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpatialError
+from ..runtime import launch
+from .builds import Built, build_case, compile_kernel, describe_ptxas
+from .cases import Case, preflight_case
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+PREPARE_COMPILE_S = 600.0  # one kernel's nvcc, on the CPU machine (no budget there)
+
+
+def source_hash(text: str) -> str:
+    """The SHA-256 of a kernel's CUDA source: what ties a cubin to the text it was compiled from."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One prepared kernel."""
+
+    case: str  # `fp16 64x64x64`
+    source_sha256: str
+    arch: str
+    kernel_name: str
+    cubin: str = ""  # the file's name in the folder ('' when it did not compile)
+    cubin_sha256: str = ""
+    ptxas: dict[str, Any] | None = None  # registers, spill_stores, spill_loads, static_smem, stack
+    seconds: float = 0.0
+    error: str = ""
+
+
+class Manifest:
+    """A prepared folder: its manifest's kernels, found by source hash and architecture."""
+
+    def __init__(self, folder: Path, data: dict[str, Any]):
+        self.folder, self.data = folder, data
+        self.entries = [Entry(**e) for e in data.get("kernels", [])]
+        self.by_source = {(e.source_sha256, e.arch): e for e in self.entries if e.cubin}
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Manifest:
+        """The folder's manifest; SpatialError (one line) when there is none or it cannot be read."""
+        path = Path(folder) / MANIFEST
+        try:
+            data = json.loads(path.read_text())
+        except (FileNotFoundError, NotADirectoryError):
+            raise SpatialError(
+                f"no {MANIFEST} in {str(folder)!r}: make one with `spatialc gpucheck {folder} --prepare`"
+            ) from None
+        except (OSError, ValueError) as e:
+            raise SpatialError(f"cannot read {path}: {e}") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise SpatialError(f"{path} is not a gpucheck manifest of format {FORMAT}; prepare it again")
+        return cls(Path(folder), data)
+
+    def find(self, source: str, arch: str) -> tuple[Path | None, Entry | None, str]:
+        """The prepared cubin of `source` for `arch`, with its entry; or None and why not."""
+        digest = source_hash(source)
+        entry = self.by_source.get((digest, arch))
+        if entry is None:
+            archs = sorted({e.arch for e in self.entries if e.source_sha256 == digest})
+            if archs:
+                return None, None, f"prepared for {', '.join(archs)}, the device is {arch}"
+            return None, None, "not prepared (its source changed since, or the case was not in the prepared run)"
+        path = self.folder / entry.cubin
+        if not path.is_file():
+            return None, None, f"prepared cubin {entry.cubin} is missing"
+        if file_hash(path) != entry.cubin_sha256:
+            return None, None, f"prepared cubin {entry.cubin} does not match its recorded hash"
+        return path, entry, ""
+
+    def summary(self) -> str:
+        ok = len(self.by_source)
+        return f"{ok} kernels for {self.data.get('arch')} by {self.data.get('nvcc')} ({self.data.get('created')})"
+
+
+def prepare(
+    cases: Sequence[Case],
+    target: str,
+    folder: str | Path,
+    *,
+    say: Callable[[str], None] = print,
+    workers: int | None = None,
+    commit: str = "",
+) -> int:
+    """Compile every case's kernel (and the preflight's) for `target` into `folder` and write its manifest.
+    Returns 0 when every kernel compiled, 1 when some did not; SpatialError when there is no nvcc."""
+    nvcc = launch.find_nvcc()
+    if nvcc is None:
+        raise SpatialError("--prepare compiles with nvcc, which was not found (PATH, CUDA_HOME, /usr/local/cuda)")
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    todo = list(dict.fromkeys([preflight_case(list(cases)), *cases]))
+    say(f"gpucheck prepare: {len(todo)} kernels for {target} with {launch.nvcc_version(nvcc)} into {out}")
+    with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 2)) as pool:
+        entries = list(pool.map(lambda c: _prepare_one(c, target, out, say), todo))
+    data = {
+        "format": FORMAT,
+        "target": target,
+        "arch": target,
+        "nvcc": launch.nvcc_version(nvcc),
+        "commit": commit,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "kernels": [asdict(e) for e in entries],
+    }
+    tmp = out / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False))
+    os.replace(tmp, out / MANIFEST)
+    failed = [e for e in entries if e.error]
+    say(f"gpucheck prepare: wrote {out / MANIFEST}: {len(entries) - len(failed)} compiled, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+def _prepare_one(case: Case, target: str, out: Path, say: Callable[[str], None]) -> Entry:
+    """Build, lower and compile one case into `out`; errors become the entry's `error`."""
+    t0 = time.monotonic()
+    built = build_case(case, target)
+    if built.artifact is None:
+        say(f"{case}: {built.error}")
+        return Entry(str(case), "", target, "", error=built.error)
+    base = Entry(str(case), source_hash(built.artifact.kernel_cu), target, built.artifact.launch.kernel_name)
+    try:
+        path = compile_kernel(built, target, timeout_s=PREPARE_COMPILE_S, cache=out)
+    except launch.KernelBuildError as e:
+        say(f"{case}: compile: {e}")
+        return _with(base, error=f"compile: {e}", seconds=time.monotonic() - t0)
+    ptxas = _ptxas_of(built)
+    seconds = round(time.monotonic() - t0, 2)
+    say(f"{case}: {path.name} in {seconds:.1f} s: {describe_ptxas(built.kernel)}")
+    return _with(base, cubin=path.name, cubin_sha256=file_hash(path), ptxas=ptxas, seconds=seconds)
+
+
+def _ptxas_of(built: Built) -> dict[str, Any] | None:
+    keys = ("registers", "spill_stores", "spill_loads", "static_smem", "stack")
+    return {k: built.kernel[k] for k in keys} if "registers" in built.kernel else None
+
+
+def _with(entry: Entry, **changes: Any) -> Entry:
+    return Entry(**{**asdict(entry), **changes})

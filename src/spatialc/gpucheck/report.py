@@ -1,0 +1,324 @@
+"""The GPU check's report: rows in; rates, the fastest library each way, % of it, JSON and Markdown out. No GPU.
+
+Every row compares spatialc with each library twice, like for like: end to end (row-major A and B in, row-major C
+out in torch's type, every copy and conversion included) and kernel only (operands already in each contestant's own
+layout). Of each family the fastest contestant whose result was right counts, and its name is in the table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .cases import TOLERANCE, WAYS, Check, Contestant, Row, Timing
+
+UNIT = {"int8": "TOP/s", "fp16": "TFLOP/s", "bf16": "TFLOP/s"}
+WAY_NAME = {"end_to_end": "e2e", "kernel": "kernel"}
+HEADER_KEYS = ("date", "state", "gpu", "sms", "clocks", "commit", "target", "budget_s", "elapsed_s", "versions")
+NOTE_KEYS = ("prepared", "outputs", "timing", "kernel_timing")
+
+
+def rate(ops: int, seconds: float | None) -> float | None:
+    """Tera-operations per second."""
+    if seconds is None or seconds <= 0:
+        return None
+    return ops / seconds / 1e12
+
+
+def _median(t: Timing | None) -> float | None:
+    return None if t is None else t.median_s
+
+
+def best(row: Row, family: str, way: str = "end_to_end") -> Contestant | None:
+    """The fastest contestant of `family` timed `way` whose own result was right."""
+    timed = [c for c in row.contestants if c.family == family and c.ok and _median(c.timing(way))]
+    return min(timed, key=lambda c: _median(c.timing(way)) or math.inf, default=None)
+
+
+def percent_of(row: Row, family: str, way: str = "end_to_end") -> float | None:
+    """spatialc's speed `way` as a percentage of the fastest `family` contestant's."""
+    mine, ref = row.spatialc(), best(row, family, way)
+    ours, theirs = _median(mine.timing(way) if mine else None), _median(ref.timing(way) if ref else None)
+    if not ours or not theirs:
+        return None
+    return 100.0 * theirs / ours
+
+
+def row_dict(row: Row) -> dict[str, Any]:
+    """A row with its derived rates, for the JSON report."""
+    d = asdict(row)
+    d["size"], d["unit"] = row.size, UNIT.get(row.precision, "TOP/s")
+    mine, d["timings"] = row.spatialc(), {}
+    for way in WAYS:
+        summary: dict[str, Any] = {"spatialc_rate": rate(row.ops, _median(mine.timing(way) if mine else None))}
+        for family in ("cublas", "triton"):
+            ref = best(row, family, way)
+            fastest = None if ref is None else {"name": ref.name, "rate": rate(row.ops, _median(ref.timing(way)))}
+            summary[f"{family}_best"] = fastest
+            summary[f"pct_of_{family}"] = percent_of(row, family, way)
+        d["timings"][way] = summary
+    return d
+
+
+def _clean(x: Any) -> Any:
+    """JSON without NaN / Infinity (which strict readers refuse)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def to_json(header: dict[str, Any], rows: list[Row]) -> str:
+    """The whole report as JSON."""
+    return json.dumps(_clean({"header": header, "rows": [row_dict(r) for r in rows]}), indent=2, ensure_ascii=False)
+
+
+# ---- Markdown ----------------------------------------------------------------------------------------------------
+
+COLUMNS = (
+    "precision",
+    "m×n×k",
+    "spatialc e2e",
+    "cuBLAS e2e (fastest)",
+    "% cuBLAS e2e",
+    "spatialc kernel",
+    "cuBLAS kernel (fastest)",
+    "% cuBLAS kernel",
+    "Triton e2e",
+    "% Triton e2e",
+    "max err",
+    "correct",
+    "status",
+)
+
+
+def _rate(x: float | None) -> str:
+    """A rate with one decimal, or three significant digits when it is small (a tiny product)."""
+    if x is None:
+        return "—"
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0f}%"
+
+
+def _err(c: Check | None) -> str:
+    if c is None:
+        return "—"
+    return f"{c.max_abs:.3g}" if math.isfinite(c.max_abs) else str(c.max_abs)
+
+
+def _correct(row: Row) -> str:
+    if row.check is None:
+        return "—"
+    mine = row.spatialc()
+    if not row.check.correct:
+        return "no"
+    if row.check.stable is False:
+        return "no (unstable)"
+    return "no (end to end)" if mine is not None and mine.ok is False else "yes"
+
+
+def _timed(ops: int, t: Timing | None) -> str:
+    """A timing as a rate, marked ‡ where the host's launching, not the device, set it."""
+    return "—" if t is None else _rate(rate(ops, t.median_s)) + (" ‡" if t.launch_bound else "")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")
+
+
+def table_cells(row: Row) -> list[str]:
+    """One line of the main table."""
+    mine = row.spatialc()
+    cells = [row.precision, row.size.replace("x", "×")]
+    for way in WAYS:
+        ref = best(row, "cublas", way)
+        cells.append(f"{_timed(row.ops, mine.timing(way) if mine else None)} {UNIT.get(row.precision, 'TOP/s')}")
+        cells.append("—" if ref is None else f"{_timed(row.ops, ref.timing(way))} ({ref.name})")
+        cells.append(_pct(percent_of(row, "cublas", way)))
+    tri = best(row, "triton", "end_to_end")
+    cells += ["—" if tri is None else _timed(row.ops, tri.end_to_end), _pct(percent_of(row, "triton", "end_to_end"))]
+    status = row.status + (f": {row.note}" if row.note else "")
+    return [_cell(c) for c in [*cells, _err(row.check), _correct(row), status]]
+
+
+def _how(t: Timing | None) -> str:
+    if t is None:
+        return ""
+    how = f"{t.method} ×{t.per_batch}, {t.reps} reps"
+    return how + (f" ({t.note})" if t.note else "")
+
+
+def contestant_lines(rows: list[Row]) -> list[str]:
+    """The table of every contestant of every row that ran: both timings, how they were taken, the result."""
+    lines = [
+        "| precision | m×n×k | contestant | end to end | kernel only | timed (e2e; kernel) | result | detail |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for c in r.contestants:
+            result = (
+                "—"
+                if c.ok is None
+                else ("right" if c.ok else "WRONG") + (f" ({c.max_abs:.3g})" if c.max_abs is not None else "")
+            )
+            how = "; ".join(x for x in (_how(c.end_to_end), _how(c.kernel)) if x) or "—"
+            cells = [r.precision, r.size.replace("x", "×"), c.name, _timed(r.ops, c.end_to_end)]
+            cells += [_timed(r.ops, c.kernel), how, result, c.note or c.detail]
+            lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
+    return lines if len(lines) > 2 else []
+
+
+def preflight_lines(header: dict[str, Any]) -> list[str]:
+    probes = header.get("preflight")
+    if not probes:
+        return []
+    lines = ["", f"Preflight ({sum(p['seconds'] for p in probes):.1f} s):", "", "| step | result | s | detail |"]
+    lines.append("|---|---|---|---|")
+    for p in probes:
+        result = {True: "ok", False: "unavailable", None: "not tried"}[p["ok"]]
+        lines.append("| " + " | ".join(_cell(str(x)) for x in (p["name"], result, p["seconds"], p["detail"])) + " |")
+    return lines
+
+
+def header_lines(header: dict[str, Any]) -> list[str]:
+    lines = [f"- {key}: {header[key]}" for key in HEADER_KEYS if key in header]
+    lines += [f"- ⚠ {w}" for w in header.get("warnings", [])]
+    lines += [f"- {key.replace('_', ' ')}: {header[key]}" for key in NOTE_KEYS if header.get(key)]
+    tol = "; ".join(f"{elem} C: ‖C−R‖_F/‖R‖_F ≤ {r:g}, max|C−R| ≤ {a:g}·max|R|" for elem, (r, a) in TOLERANCE.items())
+    lines.append(f"- tolerance: integer C exact; {tol} (operands exact; fp32 accumulation, one rounding of C)")
+    return lines
+
+
+def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
+    """The report as Markdown: the header, the preflight, the main table, every contestant, the kernels."""
+    lines = ["# spatialc GPU check", "", *header_lines(header), *preflight_lines(header), ""]
+    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
+    timings = [c.timing(w) for r in rows for c in r.contestants for w in WAYS]
+    if any(t is not None and t.launch_bound for t in timings):
+        lines += ["", "‡ launch-bound: the host issued the launches no faster than the device ran them."]
+    contestants = contestant_lines(rows)
+    if contestants:
+        lines += ["", "Contestants (rates as in the table; e2e = end to end):", "", *contestants]
+    lines += kernel_table(rows)
+    return "\n".join(lines) + "\n"
+
+
+KERNEL_COLUMNS = (
+    "precision",
+    "m×n×k",
+    "block",
+    "sub",
+    "depth",
+    "sites",
+    "threads",
+    "blocks/SM",
+    "dyn smem",
+    "C",
+    "regs (est)",
+    "spill st/ld",
+    "static smem",
+    "cubin",
+)
+REGS_PER_SM = 65536  # the register file of one SM (sm_80 … sm_90)
+
+
+def _get(kernel: dict[str, Any], key: str) -> str:
+    value = kernel.get(key)
+    return "—" if value is None else str(value)
+
+
+def kernel_cells(row: Row) -> list[str]:
+    """One line of the kernel table: the plan, the budget, C's type, what ptxas said (bytes), the cubin's origin."""
+    k = row.kernel
+    if "registers" in k:
+        regs = f"{k['registers']} ({_get(k, 'regs_est')})"
+        spills = f"{k['spill_stores']}/{k['spill_loads']}" + (" ⚠" if spilled(k) else "")
+        static = str(k["static_smem"])
+    else:
+        regs, spills, static = f"— ({_get(k, 'regs_est')})", str(k.get("ptxas", "")) or "—", "—"
+    cells = [row.precision, row.size.replace("x", "×"), _get(k, "block"), _get(k, "sub_blocks"), _get(k, "depth")]
+    sites = _get(k, "sites") + (f" ({k['sites_run']})" if k.get("sites_run", k.get("sites")) != k.get("sites") else "")
+    cells += [sites, _get(k, "threads"), _get(k, "blocks_per_sm"), _get(k, "dyn_smem"), _get(k, "c_elem")]
+    return [_cell(c) for c in [*cells, regs, spills, static, _get(k, "cubin")]]
+
+
+def spilled(kernel: dict[str, Any]) -> bool:
+    return bool(kernel.get("spill_stores") or kernel.get("spill_loads"))
+
+
+def register_blocks(kernel: dict[str, Any]) -> int | None:
+    """Blocks per SM the register file allows at ptxas's count (allocated in steps of 8 per thread)."""
+    regs, threads = kernel.get("registers"), kernel.get("threads")
+    if not regs or not threads:
+        return None
+    return REGS_PER_SM // (-(-regs // 8) * 8 * threads)
+
+
+def kernel_notes(row: Row) -> list[str]:
+    """What in a row's kernel numbers needs a look: spills, or fewer resident blocks than the budget planned."""
+    k, where, notes = row.kernel, f"{row.precision} {row.size}", []
+    if spilled(k):
+        notes.append(
+            f"- {where}: ptxas spills {k['spill_stores']} B stored / {k['spill_loads']} B loaded per thread "
+            f"({k['registers']} registers, stack {k.get('stack', 0)} B)"
+        )
+    fits, planned = register_blocks(k), k.get("blocks_per_sm")
+    if fits is not None and planned and fits < planned:
+        notes.append(
+            f"- {where}: {k['registers']} registers × {k['threads']} threads leave room for {fits} blocks/SM; "
+            f"the budget planned {planned} (estimated {_get(k, 'regs_est')} registers)"
+        )
+    return notes
+
+
+def kernel_table(rows: list[Row]) -> list[str]:
+    """The kernel table's lines (none when no row has kernel numbers) and its notes."""
+    with_kernel = [r for r in rows if r.kernel]
+    if not with_kernel:
+        return []
+    lines = [
+        "",
+        "Kernels (plan: block osh×osw×ibw, sub-blocks, ring depth, sites (those run, where the device made them "
+        "differ); budget: threads, blocks/SM, dynamic smem B; "
+        "C's element type; ptxas: registers per thread (the budget's estimate), spill stores/loads B, static smem B; "
+        "where the cubin came from):",
+        "",
+        "| " + " | ".join(KERNEL_COLUMNS) + " |",
+        "|" + "---|" * len(KERNEL_COLUMNS),
+    ]
+    lines += ["| " + " | ".join(kernel_cells(r)) + " |" for r in with_kernel]
+    notes = [n for r in with_kernel for n in kernel_notes(r)]
+    if notes:
+        lines += ["", "Kernel notes:", *notes]
+    return lines
+
+
+def write_report(outdir: str | Path, header: dict[str, Any], rows: list[Row]) -> tuple[Path, Path]:
+    """gpucheck.json and gpucheck.md in `outdir` (created). Each file is replaced whole (written aside, then renamed),
+    so a run killed while writing leaves the previous version, never half a file."""
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    js, md = out / "gpucheck.json", out / "gpucheck.md"
+    _write_whole(js, to_json(header, rows))
+    _write_whole(md, to_markdown(header, rows))
+    return js, md
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,429 @@
+"""The GPU check's device side on the stand-ins (tests/test_gpucheck_fakes.py): the preflight, every contestant
+checked and timed both ways, the fallbacks the real libraries' rules force, prepared cubins, hangs, lost contexts
+and compiles stopped at the budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from spatialc import gpucheck
+from spatialc.gpucheck import baselines as BL
+from spatialc.gpucheck import builds as B
+from spatialc.gpucheck import device as D
+from spatialc.gpucheck import driver as G
+from spatialc.gpucheck import dryrun as DR
+from spatialc.gpucheck.cases import Case, Deadline
+from spatialc.runtime import launch as L
+
+from .test_gpucheck_fakes import install_fake_gpu
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    return install_fake_gpu(monkeypatch)
+
+
+def run(tmp_path, *argv):
+    """main on the stand-ins; returns its status, the report's header and its rows (each contestant by name)."""
+    status = gpucheck.main([str(tmp_path), "--commit", "x", *argv], make_runner=D.GpuRunner)
+    data = json.loads((tmp_path / "gpucheck.json").read_text())
+    for row in data["rows"]:
+        row["by_name"] = {c["name"]: c for c in row["contestants"]}
+    return status, data["header"], data["rows"]
+
+
+def probes(header):
+    return {p["name"].split(":")[0]: p for p in header["preflight"]}
+
+
+def test_every_contestant_is_checked_and_timed_both_ways(fake_gpu, tmp_path, capsys):
+    status, header, rows = run(tmp_path, "--sizes", "64", "40x24x36", "--precisions", "int8", "bf16")
+    assert status == 0
+    assert header["gpu"] == "Fake H200" and header["sms"] == 132 and header["target"] == "sm_90"
+    assert header["warnings"] == [] and header["kernel_timing"] == "CUDA graphs"
+    found = probes(header)
+    for ok in ("device", "CuPy cuBLAS", "spatialc kernel", "torch.matmul", "torch._int_mm (B column-major)"):
+        assert found[ok]["ok"], found[ok]
+    assert found["cublasGemmEx TN"]["ok"] and found["CUDA graphs"]["ok"] and found["Triton matmul"]["ok"]
+    assert found["torch._int_mm (B row-major)"]["ok"] is False  # cuBLASLt without NN int8 kernels
+    assert "CUBLAS_STATUS_NOT_SUPPORTED" in found["torch._int_mm (B row-major)"]["detail"]
+    assert [(r["precision"], r["status"]) for r in rows] == [("int8", "ok"), ("bf16", "ok")] * 2
+    for r in rows:
+        assert r["check"]["correct"] and r["check"]["stable"] and r["check"]["unwritten"] == 0
+        mine = r["by_name"]["spatialc"]
+        assert mine["ok"] and mine["kernel"]["method"] == "graph" and mine["end_to_end"]["method"] == "events"
+        assert mine["kernel"]["median_s"] > 0 and mine["end_to_end"]["median_s"] > 0
+        assert r["timings"]["end_to_end"]["pct_of_cublas"] is not None and r["timings"]["kernel"]["pct_of_triton"]
+    int8 = rows[0]["by_name"]
+    for name in ("torch._int_mm (B column-major)", "cublasGemmEx TN", "Triton matmul"):
+        assert int8[name]["ok"] and int8[name]["kernel"]["method"] == "graph", int8[name]
+    assert int8["torch._int_mm (B row-major)"]["note"].startswith("unavailable: torch._int_mm (B row-major): int8")
+    assert rows[0]["kernel"]["c_elem"] == "int32" and rows[1]["kernel"]["c_elem"] == "bfloat16"
+    odd = rows[2]["by_name"]  # 40×24×36: k = 36 is no multiple of 8
+    assert odd["torch._int_mm (B column-major)"]["note"].startswith("n/a: torch._int_mm needs m > 16 and k, n")
+    assert odd["cublasGemmEx TN"]["ok"] and "no padding needed" in odd["cublasGemmEx TN"]["detail"]
+    assert fake_gpu["cp"].freed == 4  # memory released after every row
+    k = rows[0]["kernel"]  # the plan and the budget, and why ptxas said nothing: no nvcc here
+    assert k["block"].count("×") == 2 and k["threads"] > 0 and k["blocks_per_sm"] > 0 and k["depth"] > 0
+    assert k["ptxas"] == "no nvcc (NVRTC)" and "registers" not in k
+    out = capsys.readouterr().out
+    assert "| bf16 | 40×24×36 |" in out and "| int8 | 64×64×64 | torch._int_mm (B row-major) |" in out
+
+
+def test_gemm_ex_runs_on_padded_operands_and_the_stand_in_refuses_them_unpadded(
+    fake_gpu, tmp_path, monkeypatch, capsys
+):
+    status, header, rows = run(tmp_path / "a", "--sizes", "33x35x37", "--precisions", "int8")
+    assert status == 0
+    ex = rows[0]["by_name"]["cublasGemmEx TN"]
+    assert ex["ok"] and "operands zero-padded to 36×36×40" in ex["detail"]
+    assert ex["kernel"]["median_s"] > 0 and ex["end_to_end"]["median_s"] > 0
+    monkeypatch.setattr(BL, "gemm_ex_shape", lambda m, n, k: (m, n, k))  # as if the rule were ignored
+    status, header, rows = run(tmp_path / "b", "--sizes", "33x35x37", "--precisions", "int8")
+    assert status == 0  # spatialc's row is still right; the library path is marked, with cuBLAS's reason
+    assert probes(header)["cublasGemmEx TN"]["ok"] is False
+    note = rows[0]["by_name"]["cublasGemmEx TN"]["note"]
+    assert note.startswith("unavailable: cublasGemmEx TN: int8 33x35x37:") and "lda, ldb multiples of 4" in note
+    capsys.readouterr()
+
+
+def test_int_mm_with_b_row_major_counts_where_the_device_takes_it(fake_gpu, tmp_path, capsys):
+    fake_gpu["torch"].nn_int8 = True
+    status, header, rows = run(tmp_path, "--sizes", "64", "16x64x64", "--precisions", "int8")
+    assert status == 0 and probes(header)["torch._int_mm (B row-major)"]["ok"]
+    assert rows[0]["by_name"]["torch._int_mm (B row-major)"]["ok"]
+    small = rows[1]["by_name"]  # m = 16: _int_mm refuses both layouts; cuBLAS's own path still runs
+    assert small["torch._int_mm (B row-major)"]["note"] == (
+        "n/a: torch._int_mm needs m > 16 and k, n multiples of 8 (m=16, n=64, k=64)"
+    )
+    assert small["cublasGemmEx TN"]["ok"]
+    capsys.readouterr()
+
+
+def test_without_torch_the_cublas_path_through_cupy_still_counts(fake_gpu, tmp_path, capsys):
+    fake_gpu["torch"] = None
+    status, header, rows = run(tmp_path, "--sizes", "64", "--precisions", "int8", "fp16")
+    assert status == 0
+    found = probes(header)
+    assert found["torch.matmul"]["ok"] is False and "torch is not installed" in found["torch.matmul"]["detail"]
+    assert found["Triton matmul"]["detail"] == "Triton: needs torch"
+    int8, fp16 = rows[0], rows[1]
+    assert int8["timings"]["kernel"]["cublas_best"]["name"] == "cublasGemmEx TN"
+    assert int8["by_name"]["torch._int_mm (B column-major)"]["note"].startswith("unavailable: torch is not installed")
+    assert fp16["timings"]["end_to_end"]["cublas_best"] is None and fp16["status"] == "ok"
+    capsys.readouterr()
+
+
+def test_a_library_that_fails_its_step_is_left_out_with_the_reason(fake_gpu, tmp_path, capsys):
+    fake_gpu["triton"].refuse = "CompilationError: at 12:8: unsupported dot operand types"
+    fake_gpu["torch"].wrong_above = 64  # right in the preflight's 64³, wrong in the row's 96³
+    status, header, rows = run(tmp_path, "--sizes", "96", "--precisions", "fp16")
+    assert status == 0 and probes(header)["torch.matmul"]["ok"] and probes(header)["Triton matmul"]["ok"] is False
+    found = rows[0]["by_name"]
+    assert found["Triton matmul"]["note"] == (
+        "unavailable: Triton matmul: fp16 64x64x64: FakeError: CompilationError: at 12:8: unsupported dot operand types"
+    )
+    assert found["torch.matmul"]["note"] == "wrong; not timed" and found["torch.matmul"]["ok"] is False
+    assert rows[0]["timings"]["kernel"]["cublas_best"] is None and rows[0]["status"] == "ok"
+    assert "| fp16 | 96×96×96 | torch.matmul | — | — | — | WRONG (1) | wrong; not timed |" in capsys.readouterr().out
+
+
+def test_when_graphs_fail_every_contestant_is_timed_launch_by_launch(fake_gpu, tmp_path, capsys):
+    fake_gpu["cp"].capture_refused = "cudaErrorStreamCaptureUnsupported: operation not permitted when capturing"
+    status, header, rows = run(tmp_path, "--sizes", "64", "--precisions", "fp16")
+    assert status == 0
+    assert probes(header)["CUDA graphs"]["ok"] is False
+    assert header["kernel_timing"] == (
+        "events (graphs unavailable: CUDA graphs: every contestant captured and replayed: spatialc: FakeError: "
+        "cudaErrorStreamCaptureUnsupported: operation not permitted when capturing)"
+    )
+    for c in rows[0]["contestants"]:
+        assert c["kernel"]["method"] == "events" and c["kernel"]["note"] == "", c
+    capsys.readouterr()
+
+
+def test_one_library_that_cannot_be_captured_turns_graphs_off_for_all(fake_gpu, tmp_path, capsys):
+    fake_gpu["torch"].capture_refused = "CUDA error: operation not permitted when stream is capturing"
+    status, header, rows = run(tmp_path, "--sizes", "64", "--precisions", "bf16")
+    assert status == 0 and probes(header)["CUDA graphs"]["ok"] is False
+    assert "torch.matmul: FakeError: CUDA error: operation not permitted" in probes(header)["CUDA graphs"]["detail"]
+    assert {c["kernel"]["method"] for c in rows[0]["contestants"]} == {"events"}  # spatialc's too: alike
+    capsys.readouterr()
+
+
+def test_graphs_take_in_every_contestant_that_passed_its_step(fake_gpu, tmp_path, capsys):
+    status, header, rows = run(tmp_path, "--sizes", "64", "--precisions", "int8")
+    detail = probes(header)["CUDA graphs"]["detail"]
+    assert detail == (
+        "spatialc, torch._int_mm (B column-major), cublasGemmEx TN, Triton matmul: captured, replayed, correct"
+    )
+    capsys.readouterr()
+
+
+def test_without_gemm_out_the_end_to_end_time_includes_the_conversion(fake_gpu, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(B, "gemm_takes_out", lambda: False)
+    monkeypatch.setattr(DR, "gemm_takes_out", lambda: False)
+    status, header, rows = run(tmp_path, "--sizes", "48", "--precisions", "bf16")
+    assert status == 0 and "spatialc.gemm takes no `out` yet" in header["outputs"]
+    mine = rows[0]["by_name"]["spatialc"]
+    assert rows[0]["kernel"]["c_elem"] == "float32" and mine["ok"]
+    assert "untilize C, convert float32 → bfloat16 (spatialc.run's argument checks" in mine["detail"]
+    capsys.readouterr()
+
+
+def test_a_device_with_fewer_sms_than_planned_is_warned_about(fake_gpu, tmp_path, capsys):
+    fake_gpu["cp"].props["multiProcessorCount"] = 7
+    status, header, rows = run(tmp_path, "--sizes", "256", "--precisions", "fp16")
+    assert status == 0 and header["target_sms"] == 132
+    assert header["warnings"] == [
+        "the device has 7 SMs, fewer than the 132 that sm_90 plans for: each kernel's work list is split over the "
+        "sites this device runs (the kernel table's sites column: planned (run)), but its block, sub-blocks and ring "
+        "depth were chosen for 132"
+    ]
+    k = rows[0]["kernel"]
+    assert k["sites"] == 32 and k["sites_run"] == 28 < k["sites"]  # 7 SMs × 4 blocks each run the 32 items
+    assert set(fake_gpu["grids"]) == {2, 28}  # the preflight's 64³ (two items), the row's 256³
+    assert rows[0]["check"]["correct"]  # every item computed, on fewer sites
+    out = capsys.readouterr()
+    assert "gpucheck: ⚠ the device has 7 SMs" in out.err and "| 3 | 32 (28) | 256 |" in out.out
+
+
+def test_a_kernel_that_misses_an_element_fails_its_row(fake_gpu, tmp_path, capsys):
+    fake_gpu["fault"] = ("miss", "32x32")
+    status, header, rows = run(tmp_path, "--sizes", "32", "--precisions", "fp16")
+    assert status == 1
+    row = rows[0]
+    assert row["status"] == "wrong" and row["check"]["unwritten"] == 1 and not row["check"]["correct"]
+    capsys.readouterr()
+
+
+def exit_raises(monkeypatch):
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(G.os, "_exit", exit_)
+
+
+def test_a_hung_kernel_becomes_a_written_table_and_exit_3(fake_gpu, tmp_path, monkeypatch, capsys):
+    exit_raises(monkeypatch)
+    fake_gpu["fault"] = ("hang", "32x32")
+    with pytest.raises(SystemExit) as done:
+        gpucheck.main([str(tmp_path), "--sizes", "32", "48", "--precisions", "int8"], make_runner=D.GpuRunner)
+    assert done.value.code == 3
+    rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["hung", "skipped"]
+    assert "did not finish" in rows[0]["note"] and "hung on an earlier row" in rows[1]["note"]
+    capsys.readouterr()
+
+
+def test_a_hang_in_the_preflight_skips_every_row_and_exits_3(fake_gpu, tmp_path, monkeypatch, capsys):
+    exit_raises(monkeypatch)
+    fake_gpu["fault"] = "hang"
+    with pytest.raises(SystemExit) as done:
+        gpucheck.main([str(tmp_path), "--sizes", "32", "48", "--precisions", "fp16"], make_runner=D.GpuRunner)
+    assert done.value.code == 3
+    rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["skipped", "skipped"]
+    assert rows[0]["note"].startswith("not run: the GPU was lost in the preflight (GpuHung: the GPU did not finish")
+    capsys.readouterr()
+
+
+def test_a_sticky_cuda_error_stops_the_run(fake_gpu, tmp_path, monkeypatch, capsys):
+    exit_raises(monkeypatch)
+    fake_gpu["fault"] = ("illegal", "32x32")
+    with pytest.raises(SystemExit) as done:
+        gpucheck.main([str(tmp_path), "--sizes", "32", "48", "--precisions", "bf16"], make_runner=D.GpuRunner)
+    assert done.value.code == 3
+    rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["error", "skipped"]
+    assert "illegal memory access" in rows[0]["note"] and "context was lost" in rows[1]["note"]
+    capsys.readouterr()
+
+
+# ---- prepared cubins ---------------------------------------------------------------------------------------------
+
+
+def fake_prepared(folder, cases, target="sm_90", tamper=None):
+    """A prepared folder written by hand: each case's real kernel source hash, a stand-in cubin that names the kernel
+    (what `kernel_symbol` looks for) and made-up ptxas numbers."""
+    from spatialc.gpucheck.prepare import FORMAT, MANIFEST, file_hash, source_hash
+
+    folder.mkdir(parents=True, exist_ok=True)
+    kernels = []
+    for case in cases:
+        built = B.build_case(case, target)
+        name = built.artifact.launch.kernel_name
+        cubin = folder / f"{case.size}-{case.precision}.cubin"
+        cubin.write_bytes(b"\x7fELF\x00" + name.encode() + b"\x00")
+        source = built.artifact.kernel_cu if tamper != "source" else built.artifact.kernel_cu + "// changed"
+        ptxas = {"registers": 96, "spill_stores": 0, "spill_loads": 0, "static_smem": 4608, "stack": 0}
+        kernels.append(
+            {"case": str(case), "source_sha256": source_hash(source), "arch": target, "kernel_name": name,
+             "cubin": cubin.name, "cubin_sha256": file_hash(cubin), "ptxas": ptxas, "seconds": 1.0, "error": ""}
+        )  # fmt: skip
+        if tamper == "cubin":
+            cubin.write_bytes(cubin.read_bytes() + b"changed")
+    data = {
+        "format": FORMAT,
+        "arch": target,
+        "target": target,
+        "nvcc": "fake nvcc",
+        "created": "now",
+        "kernels": kernels,
+    }
+    (folder / MANIFEST).write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("tamper", "origin"),
+    [
+        (None, "prepared"),
+        ("source", "compiled here: not prepared (its source changed since, or the case was not in the prepared run)"),
+        ("cubin", "compiled here: prepared cubin 32x32x32-fp16.cubin does not match its recorded hash"),
+    ],
+)
+def test_a_prepared_cubin_is_used_only_when_its_hashes_match(fake_gpu, tmp_path, tamper, origin, capsys):
+    cases = [Case(64, 64, 64, "fp16"), Case(32, 32, 32, "fp16")]
+    fake_prepared(tmp_path / "prep", cases, tamper=tamper)
+    argv = ["--prepared", str(tmp_path / "prep"), "--sizes", "32", "--precisions", "fp16"]
+    status, header, rows = run(tmp_path / "out", *argv)
+    assert status == 0 and header["prepared"].startswith(f"{tmp_path / 'prep'}: ")
+    k = rows[0]["kernel"]
+    assert k["cubin"] == origin
+    assert (k.get("registers") == 96) == (tamper is None)  # ptxas's numbers come from the manifest
+    capsys.readouterr()
+
+
+def test_the_prepared_device_loads_the_cubin_by_source_hash():
+    from spatialc.gpucheck.prepare import source_hash
+
+    from .test_gpucheck_fakes import FakeCupy
+
+    cp = FakeCupy()
+    loaded = []
+    base = type("Base", (), {"xp": cp, "load": lambda self, *a: loaded.append(a) or "compiled"})()
+    device = D.PreparedDevice(base, cp)
+    cubin = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpucheck-{os.getpid()}.cubin"
+    cubin.write_bytes(b"\x7fELF\x00spatialc_persistent\x00")
+    try:
+        device.cubins[source_hash("the kernel's text")] = cubin
+        kernel = device.load("the kernel's text", "spatialc_persistent", 100_000)
+        assert kernel.path == str(cubin) and kernel.symbol == "spatialc_persistent"
+        assert kernel.max_dynamic_shared_size_bytes == 100_000 and cp.modules == [str(cubin)]
+        assert device.load("the kernel's text", "spatialc_persistent", 100_000) is kernel  # loaded once
+        assert device.load("another text", "k", 0) == "compiled" and loaded == [("another text", "k", 0)]
+    finally:
+        cubin.unlink()
+
+
+# ---- background compiles and the budget --------------------------------------------------------------------------
+#
+# A fake nvcc (a shell script) that answers --version and otherwise sleeps a minute in a child of its own, as nvcc
+# does in cicc and ptxas; each call writes its pid and the sleeper's to a file, so the test can tell what is alive.
+
+
+def _alive(pid):
+    try:
+        state = Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _gone(pids, within=3.0):
+    end = time.monotonic() + within
+    while time.monotonic() < end and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return not any(_alive(p) for p in pids)
+
+
+@pytest.fixture
+def slow_nvcc(fake_gpu, tmp_path, monkeypatch):
+    """find_nvcc gives a script that compiles for a minute; yields a function returning the pids it started."""
+    if not Path("/proc", str(os.getpid()), "stat").exists():
+        pytest.skip("needs /proc")
+    pidfile = tmp_path / "nvcc.pids"
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "--version" ]; then echo "Cuda compilation tools, fake"; exit 0; fi\n'
+        f"echo $$ >> {pidfile}\n"
+        "sleep 60 &\n"
+        f"echo $! >> {pidfile}\n"
+        "wait\n"
+    )
+    nvcc.chmod(0o755)
+    monkeypatch.setattr(L, "find_nvcc", lambda: str(nvcc))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def pids():
+        return [int(x) for x in pidfile.read_text().split()] if pidfile.exists() else []
+
+    yield pids
+    for pid in pids():  # whatever a failing test left running (only the processes this test started)
+        cmd = Path("/proc", str(pid), "cmdline").read_text() if _alive(pid) else ""
+        if "sleep" in cmd or str(nvcc) in cmd:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_compiles_still_running_at_the_budget_are_killed(slow_nvcc, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(G, "RESERVE_S", 1.0)
+    monkeypatch.setattr(G, "MIN_ROW_S", 0.5)
+    monkeypatch.setattr(B, "COMPILE_GRACE_S", 100.0)  # so that only `close` can end them
+    made = []
+
+    def make_runner(target, **kw):
+        made.append(D.GpuRunner(target, workers=2, **kw))
+        return made[0]
+
+    t0 = time.monotonic()
+    argv = [str(tmp_path / "out"), "--budget", "3", "--sizes", "32", "48", "--precisions", "int8"]
+    assert gpucheck.main(argv, make_runner=make_runner) == 0
+    elapsed = time.monotonic() - t0
+    assert elapsed < 3 + 1.5, elapsed  # the budget, plus a small margin; not the minute the compiles want
+    data = json.loads((tmp_path / "out" / "gpucheck.json").read_text())
+    spatialc_step = probes(data["header"])["spatialc kernel"]
+    assert (
+        spatialc_step["ok"] is None
+        or "compile" in spatialc_step["detail"]
+        or "BudgetExceeded" in spatialc_step["detail"]
+    )
+    assert [r["status"] for r in data["rows"]] == ["skipped", "skipped"]
+    pids = slow_nvcc()
+    assert len(pids) == 4  # two workers, two compiles (nvcc and its child each); the third was cancelled
+    assert _gone(pids), [p for p in pids if _alive(p)]  # nvcc and what it started
+    pool = made[0].builds
+    assert pool.futures[Case(48, 48, 48, "int8")].cancelled()
+    assert all(not t.is_alive() for t in pool.executor._threads)  # so the interpreter's exit waits on nothing
+    assert "compile: stopped at the end of the run" in pool.futures[Case(64, 64, 64, "int8")].result().error
+    capsys.readouterr()
+
+
+def test_a_compile_never_outlives_the_budget_on_its_own(slow_nvcc, monkeypatch):
+    monkeypatch.setattr(B, "COMPILE_GRACE_S", 0.5)
+    pool = B.BuildPool("sm_90", "sm_90", workers=1)
+    t0 = time.monotonic()
+    case = Case(64, 64, 64, "fp16")
+    pool.start([case], Deadline(t0 + 1.5, time.monotonic))
+    built = pool.futures[case].result(timeout=30)
+    assert time.monotonic() - t0 < 1.5 + 0.5 + 1.0
+    assert re.fullmatch(r"compile: nvcc ran past [12] s", built.error)  # its limit: the time left plus the grace
+    assert len(slow_nvcc()) == 2
+    pool.close()
+
+
+def test_no_compile_starts_once_the_budget_is_spent(slow_nvcc):
+    pool = B.BuildPool("sm_90", "sm_90", workers=1)
+    case = Case(64, 64, 64, "bf16")
+    pool.start([case], Deadline(time.monotonic() - 1, time.monotonic))
+    assert pool.futures[case].result(timeout=30).error == "compile: not started: time budget spent"
+    pool.close()
+    assert slow_nvcc() == []

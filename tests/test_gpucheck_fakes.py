@@ -1,0 +1,527 @@
+"""Stand-ins for CuPy, cuBLAS, torch and Triton that keep the real libraries' rules, and the tests that they do.
+
+The GPU check's device side runs in CI on these: numpy dressed as CuPy, with CUDA events on a simulated device
+clock, stream capture that records launches and replays them, and a cublasGemmEx and a torch._int_mm that refuse
+what the real ones refuse (cuBLAS's int8 GEMM: CUBLAS_COMPUTE_32I with leading dimensions or sizes that are not
+multiples of 4, and any layout but TN; torch._int_mm: m ≤ 16, k or n not multiples of 8, B row-major), so every
+fallback path the check has runs here. What they cannot show is that the real libraries behave as documented;
+the GPU run itself shows that.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from types import SimpleNamespace as NS
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from spatialc.runtime.tilize import bf16_to_float32, poison_value, tilize, untilize
+
+LAUNCH_S = 0.02  # simulated device time of one launch: a few launches fill a batch, so the tests stay quick
+
+
+class FakeError(RuntimeError):
+    """What CuPy's CUBLASError and torch's RuntimeError say: the status in words."""
+
+
+# ---- the device clock, streams and graphs -----------------------------------------------------------------------
+
+
+class FakeEvent:
+    """A CUDA event on the simulated device clock: `now` moves with each launch the device runs."""
+
+    now = 0.0
+    hang = False
+
+    def record(self, stream=None):
+        FakeEvent.now += 1e-6
+        self.t = FakeEvent.now
+
+    @property
+    def done(self):
+        return not FakeEvent.hang
+
+    def synchronize(self):
+        pass
+
+
+class FakeGraph:
+    def __init__(self, launches):
+        self.launches = launches
+
+    def launch(self, stream=None):
+        for run in self.launches:
+            run()
+
+
+class FakeStream:
+    def __init__(self, cp, ptr=7):
+        self.cp, self.ptr = cp, ptr
+
+    def use(self):
+        self.cp.current = self
+        return self
+
+    def begin_capture(self, mode=None):
+        if self.cp.capture_refused:
+            raise FakeError(self.cp.capture_refused)
+        self.cp.captured = []
+
+    def end_capture(self):
+        launches, self.cp.captured = self.cp.captured, None
+        return FakeGraph(launches)
+
+
+class FakeRandomState:
+    def __init__(self, seed):
+        self.rs = np.random.RandomState(seed)
+
+    def randint(self, low, high, size):
+        return self.rs.randint(low, high, size=size)
+
+    def uniform(self, low, high, size, dtype):
+        return self.rs.uniform(low, high, size=size).astype(dtype)
+
+
+# ---- cuBLAS ----------------------------------------------------------------------------------------------------
+
+
+def _colmajor(ptr, rows, cols, ld, ctype):
+    """The rows × cols column-major matrix at address `ptr` with leading dimension `ld`, as a numpy view."""
+    if ld < max(1, rows):
+        raise FakeError("CUBLAS_STATUS_INVALID_VALUE")
+    flat = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctype)), shape=(ld * cols,))
+    return flat.reshape(cols, ld)[:, :rows].T
+
+
+def gemm_ex_refusal(transa, transb, m, n, k, a, atype, lda, b, btype, ldb, ctype, ldc, compute):
+    """Why cublasGemmEx refuses an int8 call ('' when it takes it): CUBLAS_COMPUTE_32I needs 4-byte aligned A and B
+    with leading dimensions that are multiples of 4 (the cuBLAS guide, cublasGemmEx); its int8 (IMMA) kernels take
+    TN only, with m, k and ldc multiples of 4 (ibid., cublasLtMatmul's IMMA requirements). The stand-in holds every
+    call to all of these, so that only the path the check takes passes."""
+    if (atype, btype, ctype, compute) != (3, 3, 10, 72):
+        return "CUBLAS_STATUS_NOT_SUPPORTED: only CUDA_R_8I × CUDA_R_8I → CUDA_R_32I with CUBLAS_COMPUTE_32I here"
+    if a % 4 or b % 4 or lda % 4 or ldb % 4:
+        return "CUBLAS_STATUS_NOT_SUPPORTED: CUBLAS_COMPUTE_32I needs 4-byte aligned A, B and lda, ldb multiples of 4"
+    if (transa, transb) != (1, 0):
+        return "CUBLAS_STATUS_NOT_SUPPORTED: int8 GEMM takes the TN layout only"
+    if m % 4 or k % 4 or ldc % 4:
+        return "CUBLAS_STATUS_NOT_SUPPORTED: int8 GEMM needs m, k and ldc multiples of 4"
+    return ""
+
+
+def make_gemm_ex(cp):
+    def gemm_ex(
+        handle, transa, transb, m, n, k, alpha, a, atype, lda, b, btype, ldb, beta, c, ctype, ldc, compute, algo
+    ):
+        why = gemm_ex_refusal(transa, transb, m, n, k, a, atype, lda, b, btype, ldb, ctype, ldc, compute)
+        if why:
+            raise FakeError(why)
+        one, zero = ctypes.c_int32.from_address(alpha).value, ctypes.c_int32.from_address(beta).value
+        op_a = _colmajor(a, k, m, lda, ctypes.c_int8).T if transa == 1 else _colmajor(a, m, k, lda, ctypes.c_int8)
+        op_b = _colmajor(b, n, k, ldb, ctypes.c_int8).T if transb == 1 else _colmajor(b, k, n, ldb, ctypes.c_int8)
+        out = _colmajor(c, m, n, ldc, ctypes.c_int32)
+        product = one * (op_a.astype(np.int64) @ op_b.astype(np.int64))
+
+        def run():
+            out[...] = product + zero * out
+
+        cp.launch(run)
+
+    return gemm_ex
+
+
+# ---- CuPy --------------------------------------------------------------------------------------------------------
+
+
+class FakeCupy(type(sys)):
+    """numpy, with the parts of CuPy's API the check touches; `launch` runs device work (or records it while a
+    stream captures) and moves the device clock."""
+
+    def __init__(self):
+        super().__init__("cupy")
+        props = {
+            "name": b"Fake H200",
+            "multiProcessorCount": 132,
+            "totalGlobalMem": 2**30,
+            "l2CacheSize": 16 << 10,
+            "clockRate": 1980000,
+            "memoryClockRate": 2619000,
+        }
+        self.__version__ = "fake"
+        self.props = props
+        self.freed = 0
+        self.launches = 0
+        self.captured = None
+        self.capture_refused = ""
+        self.current = None
+        self.modules = []
+        self.cuda = NS(
+            runtime=NS(
+                getDeviceCount=lambda: 1,
+                getDevice=lambda: 0,
+                getDeviceProperties=lambda d: self.props,
+                driverGetVersion=lambda: 13000,
+            ),
+            Device=lambda *a: NS(compute_capability="90"),
+            Event=FakeEvent,
+            Stream=lambda non_blocking=False: FakeStream(self),
+            ExternalStream=lambda ptr, device_id=-1: FakeStream(self, ptr),
+            get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
+            cublas=NS(
+                gemmEx=make_gemm_ex(self),
+                setPointerMode=lambda h, mode: None,
+                setStream=lambda h, ptr: None,
+                CUBLAS_OP_N=0,
+                CUBLAS_OP_T=1,
+                CUBLAS_POINTER_MODE_HOST=0,
+                CUBLAS_COMPUTE_32I=72,
+                CUBLAS_GEMM_DEFAULT=-1,
+            ),
+            device=NS(get_cublas_handle=lambda: 1),
+        )
+        self.random = NS(RandomState=FakeRandomState)
+
+    def launch(self, run):
+        """Device work: recorded while a stream captures, else done now (and the clock moves)."""
+        if self.captured is not None:
+            self.captured.append(lambda: self.launch(run))
+            return
+        self.launches += 1
+        FakeEvent.now += LAUNCH_S
+        run()
+
+    def RawModule(self, path=None, **kw):  # noqa: N802 - CuPy's name
+        self.modules.append(path)
+        return NS(get_function=lambda symbol: NS(path=path, symbol=symbol))
+
+    def get_default_memory_pool(self):
+        return NS(free_all_blocks=lambda: setattr(self, "freed", self.freed + 1))
+
+    def from_dlpack(self, t):
+        return t.a
+
+    def asnumpy(self, x):
+        return np.asarray(x)
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+# ---- torch -----------------------------------------------------------------------------------------------------
+
+
+class FakeDtype:
+    def __init__(self, name, np_dtype):
+        self.name, self.np = name, np.dtype(np_dtype)
+
+    def __repr__(self):
+        return f"torch.{self.name}"
+
+
+class FakeTensor:
+    """A torch tensor on the fake GPU: a numpy array (a view, strides kept) and a dtype."""
+
+    def __init__(self, torch, a):
+        self.torch, self.a = torch, a
+        self.device = NS(type="cuda")
+
+    @property
+    def dtype(self):
+        return self.torch.dtype_of(self.a.dtype)
+
+    @property
+    def shape(self):
+        return self.a.shape
+
+    def size(self, dim):
+        return self.a.shape[dim]
+
+    def dim(self):
+        return self.a.ndim
+
+    def stride(self, dim=None):
+        strides = tuple(s // self.a.itemsize for s in self.a.strides)
+        return strides if dim is None else strides[dim]
+
+    def t(self):
+        return FakeTensor(self.torch, self.a.T)
+
+    def contiguous(self):
+        return FakeTensor(self.torch, np.ascontiguousarray(self.a))
+
+    def view(self, dtype):
+        return FakeTensor(self.torch, self.a.view(dtype.np))
+
+
+class FakeTorch(type(sys)):
+    """torch's CUDA matmul and _int_mm as the real ones take them: _int_mm refuses what aten's _int_mm_out_cuda
+    refuses (m ≤ 16, k or n not positive multiples of 8, a result that is not int32, contiguous and m × n) and what
+    cuBLASLt refuses on GPUs without the NN int8 kernels (B row-major: CUBLAS_STATUS_NOT_SUPPORTED)."""
+
+    def __init__(self, cp):
+        super().__init__("torch")
+        self.cp = cp
+        self.__version__ = "fake"
+        for name, dt in [("int8", np.int8), ("int16", np.int16), ("int32", np.int32), ("float16", np.float16)]:
+            setattr(self, name, FakeDtype(name, dt))
+        self.float32 = FakeDtype("float32", np.float32)
+        self.bfloat16 = FakeDtype("bfloat16", ml_dtypes.bfloat16)
+        self.nn_int8 = False  # whether cuBLASLt here takes B row-major
+        self.capture_refused = ""  # what torch says when its calls are captured (nothing: they are captured)
+        self.wrong_above = None  # matmul results of more rows than this come back off by one (a planted fault)
+        self.cuda = NS(
+            is_available=lambda: True,
+            Stream=lambda: NS(cuda_stream=7),
+            set_stream=lambda s: None,
+            current_stream=lambda: NS(cuda_stream=7),
+            empty_cache=lambda: None,
+        )
+
+    def dtype_of(self, np_dtype):
+        for d in (self.int8, self.int16, self.int32, self.float16, self.float32, self.bfloat16):
+            if d.np == np_dtype:
+                return d
+        raise TypeError(f"no torch dtype for {np_dtype}")
+
+    def from_dlpack(self, x):
+        return FakeTensor(self, x)
+
+    def empty(self, shape, dtype, device=None):
+        return FakeTensor(self, np.empty(shape, dtype=dtype.np))
+
+    def _result(self, value, out, dtype):
+        if self.cp.captured is not None and (out is None or self.capture_refused):
+            raise FakeError(self.capture_refused or "CUDA error: operation not permitted when stream is capturing")
+        if out is None:
+            out = self.empty(value.shape, dtype)
+        target = out.a
+
+        def run():
+            target[...] = value.astype(dtype.np)
+
+        self.cp.launch(run)
+        return out
+
+    def matmul(self, a, b, out=None):
+        if a.dtype is not b.dtype or a.dtype not in (self.float16, self.bfloat16):
+            raise FakeError(f"the stand-in multiplies fp16 or bf16, not {a.dtype} and {b.dtype}")
+        product = a.a.astype(np.float64) @ b.a.astype(np.float64)
+        if self.wrong_above is not None and a.size(0) > self.wrong_above:
+            product += 1.0
+        return self._result(product.astype(np.float32), out, a.dtype)
+
+    def _int_mm(self, a, b, out=None):
+        why = int_mm_refusal(self, a, b, out)
+        if why:
+            raise FakeError(why)
+        product = a.a.astype(np.int64) @ b.a.astype(np.int64)
+        return self._result(product, out, self.int32)
+
+
+def int_mm_refusal(torch, a, b, out):
+    """Why torch._int_mm refuses its arguments ('' when it takes them), in aten's words."""
+    if a.dim() != 2 or b.dim() != 2:
+        return "Expected self and mat2 to be of dimension 2"
+    if a.dtype is not torch.int8 or b.dtype is not torch.int8:
+        return f"Expected self and mat2 to be int8, got {a.dtype} and {b.dtype}"
+    if a.size(0) <= 16:
+        return f"self.size(0) needs to be greater than 16, but got {a.size(0)}"
+    if a.size(1) <= 0 or a.size(1) % 8:
+        return f"self.size(1) needs to be greater than 0 and a multiple of 8, but got {a.size(1)}"
+    if a.size(1) != b.size(0):
+        return f"self.size(1) needs to match mat2.size(0) but got {a.size(1)} and {b.size(0)}"
+    if b.size(1) <= 0 or b.size(1) % 8:
+        return f"mat2.size(1) needs to be greater than 0 and a multiple of 8, but got {b.size(1)}"
+    if out is not None and (out.dtype is not torch.int32 or out.shape != (a.size(0), b.size(1))):
+        return "Expected result of dtype int32 and shape m × n"
+    if out is not None and not out.a.flags.c_contiguous:
+        return "Expected result to be contiguous."
+    if b.stride(1) == 1 and b.size(1) > 1 and not torch.nn_int8:
+        return "CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul(ltHandle, computeDesc...)"
+    return ""
+
+
+class FakeTriton:
+    """The Triton matmul: row-major in, C in `out`'s type; `refuse` is what its compiler says, if anything."""
+
+    VERSION = "fake"
+
+    def __init__(self, cp):
+        self.cp, self.refuse = cp, ""
+
+    def matmul(self, a, b, out, precision):
+        if self.refuse:
+            raise FakeError(self.refuse)
+        product = a.a.astype(np.float64) @ b.a.astype(np.float64)
+        target = out.a
+
+        def run():
+            target[...] = product.astype(np.float32).astype(target.dtype) if precision != "int8" else product
+
+        self.cp.launch(run)
+        return out
+
+
+# ---- spatialc's kernel -------------------------------------------------------------------------------------------
+
+
+class FakeKernel:
+    """The tiled product a correct kernel computes, stored in C's type; `fault` plants a missed element, a hang or
+    an illegal address — in every kernel, or (a pair) only in the kernel of that `MxN` C."""
+
+    def __init__(self, cp, args, fault):
+        if isinstance(fault, tuple):
+            fault = fault[0] if "x".join(map(str, args[2].elems)) == fault[1] else None
+        self.cp, self.args, self.fault = cp, args, fault
+
+    def __call__(self, buffers):
+        self.cp.launch(lambda: self._compute(buffers))
+
+    def _compute(self, buffers):
+        from spatialc.runtime.tilize import bf16_bits
+
+        a_arg, b_arg, c_arg = self.args
+        vals = []
+        for arg, buf in zip((a_arg, b_arg), buffers[:2], strict=True):
+            x = untilize(buf, arg.tiles, (arg.tiles[0] * 16, arg.tiles[1] * 16), np)
+            vals.append(bf16_to_float32(x, np).astype(np.float64) if arg.storage == "uint16" else x.astype(np.float64))
+        c = vals[0] @ vals[1]
+        c = bf16_bits(c.astype(np.float32), np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
+        out = buffers[2]
+        out[:] = tilize(c, c_arg.tiles, np)
+        if self.fault == "miss":
+            out[17] = poison_value(c_arg.storage)
+        if self.fault == "hang":
+            FakeEvent.hang = True
+        if self.fault == "illegal":
+            raise FakeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+
+class FakeDevice:
+    """The launcher's device on the stand-in: its multiprocessors from the properties, each launch recorded."""
+
+    def __init__(self, cp, state):
+        self.cp, self.xp, self.state = cp, cp, state
+
+    @property
+    def sms(self):
+        return self.cp.props["multiProcessorCount"]
+
+    def launch(self, kernel, grid, block, dyn_smem, args):
+        self.state["grids"].append(grid)
+        kernel(args)
+
+
+class _Loading:
+    """A device whose `load` gives the fake kernel, the rest passed on (what `launch.prepare` is handed)."""
+
+    def __init__(self, device, kernel):
+        self.device, self.kernel, self.xp = device, kernel, device.xp
+        self.sms = getattr(device, "sms", None)
+
+    def load(self, kernel_cu, kernel_name, dyn_smem):
+        return self.kernel
+
+    def launch(self, *args):
+        self.device.launch(*args)
+
+
+def install_fake_gpu(monkeypatch):
+    """CuPy, torch and Triton replaced by the stand-ins, kernels by FakeKernel (the test modules' `fake_gpu`
+    fixture); returns a dict: `cp`, `torch`, `triton` and the `fault` the kernels obey."""
+    from spatialc.gpucheck import baselines as BL
+    from spatialc.gpucheck import device as D
+    from spatialc.runtime import launch as L
+
+    cp = FakeCupy()
+    torch, triton = FakeTorch(cp), FakeTriton(cp)
+    state = {"fault": None, "cp": cp, "torch": torch, "triton": triton, "grids": []}
+    device = FakeDevice(cp, state)
+    real_prepare = L.prepare
+
+    def prepare(artifact, dev):
+        """The launcher's own prepare (the work list for the device's SMs, the grid), with FakeKernel loaded."""
+        kernel = FakeKernel(cp, L.kernel_args(artifact.launch), state["fault"])
+        return real_prepare(artifact, _Loading(dev, kernel))
+
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setattr(L, "_DEVICE", None)
+    monkeypatch.setattr(L, "cupy_device", lambda: device)
+    monkeypatch.setattr(L, "find_nvcc", lambda: None)  # no cubins: the fake kernel needs none
+    monkeypatch.setattr(L, "prepare", prepare)
+    monkeypatch.setattr(D, "_import_torch", lambda: state["torch"])
+    monkeypatch.setattr(D, "_import_triton", lambda t: (state["triton"], "") if t else (None, "needs torch"))
+    monkeypatch.setattr(D, "_clocks", lambda props: "SM 1980/1980 MHz (fake)")
+    monkeypatch.setattr(BL, "device_ptr", lambda x: x.ctypes.data)
+    monkeypatch.setattr(D, "HANG_MIN_S", 0.05)
+    monkeypatch.setattr(D, "HANG_S", 0.05)
+    monkeypatch.setattr(FakeEvent, "hang", False)
+    return state
+
+
+# ---- the stand-ins keep the rules ----------------------------------------------------------------------------------
+
+
+def _gemm_ex_call(cp, a, bt, m, n, k, lda, ldb, ldc, transa=1, transb=0):
+    c = np.zeros((m, n), dtype=np.int32)
+    one, zero = np.array(1, np.int32), np.array(0, np.int32)
+    cp.cuda.cublas.gemmEx(
+        1, transa, transb, n, m, k, one.ctypes.data, bt.ctypes.data, 3, lda, a.ctypes.data, 3, ldb,
+        zero.ctypes.data, c.ctypes.data, 10, ldc, 72, -1,
+    )  # fmt: skip
+    return c
+
+
+def test_the_cublas_stand_in_computes_tn_and_refuses_what_cublas_refuses():
+    cp = FakeCupy()
+    rng = np.random.default_rng(0)
+    a = rng.integers(-128, 128, (8, 12), dtype=np.int8)
+    b = rng.integers(-128, 128, (12, 4), dtype=np.int8)
+    bt = np.ascontiguousarray(b.T)
+    assert np.array_equal(_gemm_ex_call(cp, a, bt, 8, 4, 12, 12, 12, 4), a.astype(np.int64) @ b)
+    odd_a = rng.integers(-128, 128, (8, 13), dtype=np.int8)
+    odd_bt = rng.integers(-128, 128, (4, 13), dtype=np.int8)
+    with pytest.raises(FakeError, match="lda, ldb multiples of 4"):
+        _gemm_ex_call(cp, odd_a, odd_bt, 8, 4, 13, 13, 13, 4)  # k = 13: the leading dimensions are 13
+    with pytest.raises(FakeError, match="TN layout only"):
+        _gemm_ex_call(cp, a, np.ascontiguousarray(b), 8, 4, 12, 4, 12, 4, transa=0)  # NN
+    with pytest.raises(FakeError, match="m, k and ldc multiples of 4"):
+        _gemm_ex_call(cp, a, rng.integers(-128, 128, (6, 12), dtype=np.int8), 8, 6, 12, 12, 12, 6)  # n = 6
+
+
+def test_the_torch_stand_in_refuses_what_int_mm_refuses():
+    cp = FakeCupy()
+    torch = FakeTorch(cp)
+    a = torch.from_dlpack(np.ones((32, 16), np.int8))
+    b = torch.from_dlpack(np.ones((16, 8), np.int8))
+    b_cm = b.t().contiguous().t()
+    assert b_cm.stride() == (1, 16) and b_cm.shape == (16, 8)
+    assert np.array_equal(torch._int_mm(a, b_cm).a, np.full((32, 8), 16))
+    with pytest.raises(FakeError, match="CUBLAS_STATUS_NOT_SUPPORTED"):
+        torch._int_mm(a, b)  # B row-major
+    torch.nn_int8 = True
+    assert torch._int_mm(a, b).a.dtype == np.int32  # a GPU whose cuBLASLt has the NN kernels
+    small = torch.from_dlpack(np.ones((16, 16), np.int8))
+    with pytest.raises(FakeError, match=r"self.size\(0\) needs to be greater than 16, but got 16"):
+        torch._int_mm(small, b_cm)
+    with pytest.raises(FakeError, match=r"self.size\(1\) needs to be greater than 0 and a multiple of 8"):
+        torch._int_mm(torch.from_dlpack(np.ones((32, 12), np.int8)), torch.from_dlpack(np.ones((12, 8), np.int8)))
+    with pytest.raises(FakeError, match=r"mat2.size\(1\) needs to be greater than 0 and a multiple of 8"):
+        torch._int_mm(a, torch.from_dlpack(np.ones((16, 12), np.int8)).t().contiguous().t())
+
+
+def test_stream_capture_records_launches_and_replays_them():
+    cp = FakeCupy()
+    seen = []
+    stream = cp.cuda.Stream(non_blocking=True)
+    stream.begin_capture()
+    cp.launch(lambda: seen.append(1))
+    graph = stream.end_capture()
+    assert seen == [] and cp.launches == 0
+    graph.launch(stream)
+    graph.launch(stream)
+    assert seen == [1, 1] and cp.launches == 2

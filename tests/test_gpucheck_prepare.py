@@ -1,0 +1,97 @@
+"""Kernels compiled beforehand: `spatialc gpucheck DIR --prepare` (with nvcc, no GPU), its manifest, and the GPU
+run's and the dry run's use of it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spatialc import gpucheck
+from spatialc.errors import SpatialError
+from spatialc.gpucheck import builds as B
+from spatialc.gpucheck import device as D
+from spatialc.gpucheck.cases import Case
+from spatialc.gpucheck.prepare import MANIFEST, Manifest, file_hash, source_hash
+from spatialc.runtime import launch as L
+
+from .test_gpucheck_fakes import install_fake_gpu
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    return install_fake_gpu(monkeypatch)
+
+
+NVCC = L.find_nvcc()
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_prepare_compiles_every_kernel_and_the_gpu_run_loads_them(tmp_path, capsys, monkeypatch):
+    prep = tmp_path / "prep"
+    argv = [str(prep), "--prepare", "--sizes", "64", "--precisions", "fp16", "--commit", "abc"]
+    assert gpucheck.main(argv) == 0  # one case, which is also the preflight's: one compile
+    out = capsys.readouterr().out
+    assert f"gpucheck prepare: 1 kernels for sm_90 with {L.nvcc_version(NVCC)} into {prep}" in out
+    assert f"wrote {prep / MANIFEST}: 1 compiled, 0 failed" in out
+    data = json.loads((prep / MANIFEST).read_text())
+    assert data["arch"] == "sm_90" and data["commit"] == "abc" and data["nvcc"] == L.nvcc_version(NVCC)
+    (entry,) = data["kernels"]
+    built = B.build_case(Case(64, 64, 64, "fp16"), "sm_90")
+    assert entry["case"] == "fp16 64x64x64" and entry["source_sha256"] == source_hash(built.artifact.kernel_cu)
+    assert entry["cubin_sha256"] == file_hash(prep / entry["cubin"]) and entry["arch"] == "sm_90"
+    assert 0 < entry["ptxas"]["registers"] <= 255 and entry["ptxas"]["spill_stores"] >= 0 and not entry["error"]
+    assert f"fp16 64x64x64: {entry['cubin']} in " in out and f"{entry['ptxas']['registers']} regs" in out
+
+    manifest = Manifest.load(prep)
+    path, found, why = manifest.find(built.artifact.kernel_cu, "sm_90")
+    assert path == prep / entry["cubin"] and found.ptxas == entry["ptxas"] and why == ""
+    assert manifest.find(built.artifact.kernel_cu, "sm_89")[2] == "prepared for sm_90, the device is sm_89"
+
+    monkeypatch.setattr(L, "find_nvcc", lambda: None)  # the dry run reads ptxas from the manifest, compiles nothing
+    assert gpucheck.main(["unused", "--dry-run", "--prepared", str(prep), "--sizes", "64", "--precisions", "fp16"]) == 0
+    dry = capsys.readouterr().out
+    assert f"cubins: prepared in {prep} (1 kernels for sm_90" in dry
+    assert f"  cubin     prepared: {entry['cubin']} (source hash checked)" in dry
+    assert f"  ptxas     {entry['ptxas']['registers']} regs" in dry
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_a_run_in_the_prepared_folder_finds_its_cubins(fake_gpu, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(L, "find_nvcc", lambda: NVCC)  # here, with nvcc …
+    assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "64", "--precisions", "int8"]) == 0
+    monkeypatch.setattr(L, "find_nvcc", lambda: None)  # … there, without: nothing is left to compile
+    status = gpucheck.main([str(tmp_path), "--sizes", "64", "--precisions", "int8"], make_runner=D.GpuRunner)
+    assert status == 0
+    data = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert data["header"]["prepared"].startswith(f"{tmp_path}: 1 kernels for sm_90")
+    assert data["rows"][0]["kernel"]["cubin"] == "prepared" and data["rows"][0]["kernel"]["registers"] > 0
+    capsys.readouterr()
+
+
+def test_a_kernel_that_does_not_compile_is_recorded_and_the_prepare_exits_1(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(L, "find_nvcc", lambda: "/nonexistent/nvcc")
+    monkeypatch.setattr(L, "nvcc_version", lambda nvcc: "fake nvcc")
+
+    def refuse(built, arch, timeout_s, cache):
+        raise L.KernelBuildError("nvcc failed: error: something")
+
+    monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", refuse)
+    assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "32", "--precisions", "bf16"]) == 1
+    out = capsys.readouterr().out
+    assert "bf16 32x32x32: compile: nvcc failed: error: something" in out and "0 compiled, 2 failed" in out
+    manifest = Manifest.load(tmp_path)
+    assert [e.error for e in manifest.entries] == ["compile: nvcc failed: error: something"] * 2
+    built = B.build_case(Case(32, 32, 32, "bf16"), "sm_90")
+    assert manifest.find(built.artifact.kernel_cu, "sm_90")[0] is None
+
+
+def test_a_manifest_of_another_format_is_refused(tmp_path):
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": 0}))
+    with pytest.raises(SpatialError, match="is not a gpucheck manifest of format 1; prepare it again"):
+        Manifest.load(tmp_path)
+    (tmp_path / MANIFEST).write_text("{not json")
+    with pytest.raises(SpatialError, match="cannot read"):
+        Manifest.load(tmp_path)

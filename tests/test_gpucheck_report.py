@@ -1,0 +1,135 @@
+"""The GPU check's report: the fastest right library each way, percentages, launch-bound marks, the preflight and
+contestant tables, the kernel table, strict JSON. No GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spatialc.gpucheck.cases import Check, Contestant, Probe, Row
+from spatialc.gpucheck.report import best, percent_of, row_dict, to_markdown, write_report
+from spatialc.gpucheck.timing import Timing
+
+
+def t(s, method="graph", host=None):
+    return Timing(s, 10, 4, s, s, method, host)
+
+
+def int8_row():
+    row = Row("int8", 1024, 1024, 1024, status="ok", check=Check(True, 0.0, 0.0, 0, 0, 0, True))
+    row.contestants = [
+        Contestant("spatialc", "spatialc", t(4e-3, "events"), t(2e-3), 0.0, True, "C stored as int32"),
+        Contestant("torch._int_mm (B column-major)", "cublas", t(3e-3, "events"), t(4e-3), 0.0, True),
+        Contestant("cublasGemmEx TN", "cublas", t(5e-3, "events"), t(1e-3), 0.0, True, "no padding needed"),
+        Contestant("torch._int_mm (B row-major)", "cublas", note="unavailable: CUBLAS_STATUS_NOT_SUPPORTED"),
+        Contestant("Triton matmul", "triton", None, None, 9.0, False, note="wrong; not timed"),
+    ]
+    return row
+
+
+def test_the_fastest_right_library_counts_each_way_and_is_named():
+    row = int8_row()
+    assert best(row, "cublas", "end_to_end").name == "torch._int_mm (B column-major)"
+    assert best(row, "cublas", "kernel").name == "cublasGemmEx TN"
+    assert percent_of(row, "cublas", "end_to_end") == pytest.approx(75.0)
+    assert percent_of(row, "cublas", "kernel") == pytest.approx(50.0)
+    assert best(row, "triton", "end_to_end") is None and percent_of(row, "triton") is None  # its result was wrong
+    d = row_dict(row)
+    kernel, e2e = d["timings"]["kernel"], d["timings"]["end_to_end"]
+    assert kernel["spatialc_rate"] == pytest.approx(2 * 1024**3 / 2e-3 / 1e12)
+    assert kernel["cublas_best"]["name"] == "cublasGemmEx TN" and kernel["pct_of_cublas"] == pytest.approx(50)
+    assert e2e["cublas_best"]["name"] == "torch._int_mm (B column-major)"
+
+
+def test_report_files_hold_the_header_the_preflight_and_every_row(tmp_path):
+    header = {
+        "date": "2026-01-01T00:00:00+00:00",
+        "gpu": "Fake GPU",
+        "sms": 114,
+        "commit": "abc123",
+        "warnings": ["the device has 114 SMs, fewer than the 132 that sm_90 plans for"],
+        "outputs": "spatialc.gemm(…, out=…) builds each kernel to store C in torch's type",
+        "preflight": [
+            {"name": "device", "ok": True, "detail": "Fake GPU", "seconds": 0.1, "paths": []},
+            {"name": "Triton matmul: int8 64x64x64", "ok": None, "detail": "not tried", "seconds": 0, "paths": []},
+        ],
+    }
+    skipped = Row("bf16", 8192, 8192, 8192, status="skipped", note="not run: time budget of 270 s spent")
+    wrong = Row("fp16", 64, 64, 64, status="wrong", check=Check(False, float("nan"), float("nan"), 3, 0, 3, False))
+    wrong.contestants = [Contestant("spatialc", "spatialc", t(1e-5), t(1e-5), float("nan"), False)]
+    js, md = write_report(tmp_path / "out", header, [int8_row(), wrong, skipped])
+    data = json.loads(js.read_text())  # strict JSON: NaN written as a string
+    assert data["header"]["gpu"] == "Fake GPU" and [r["status"] for r in data["rows"]] == ["ok", "wrong", "skipped"]
+    assert data["rows"][1]["check"]["max_abs"] == "nan"
+    text = md.read_text()
+    assert "- gpu: Fake GPU" in text and "- commit: abc123" in text and "- ⚠ the device has 114 SMs" in text
+    assert "- outputs: spatialc.gemm(…, out=…)" in text
+    assert "| device | ok | 0.1 | Fake GPU |" in text and "| Triton matmul: int8 64x64x64 | not tried | 0 |" in text
+    line = next(x for x in text.splitlines() if x.startswith("| int8 | 1024×1024×1024 |"))
+    assert "(torch._int_mm (B column-major)) | 75% |" in line and "(cublasGemmEx TN) | 50% |" in line
+    assert "| no | wrong |" in text and "skipped: not run: time budget" in text
+    assert "| torch._int_mm (B row-major) | — | — | — | — | unavailable: CUBLAS_STATUS_NOT_SUPPORTED |" in text
+    assert "| Triton matmul | — | — | — | WRONG (9) | wrong; not timed |" in text
+    assert "| spatialc | 0.537 | 1.07 | events ×4, 10 reps; graph ×4, 10 reps | right (0) | C stored as int32 |" in text
+    assert text == to_markdown(header, [int8_row(), wrong, skipped])
+
+
+def test_a_launch_bound_timing_is_marked():
+    row = int8_row()
+    row.contestants[0].end_to_end = t(4e-3, "events", host=4e-3)
+    text = to_markdown({}, [row])
+    assert "0.537 ‡ TOP/s" in text and "‡ launch-bound: the host issued the launches" in text
+    assert "‡" not in to_markdown({}, [int8_row()])
+
+
+def kernel_row(precision, n, **ptxas):
+    row = Row(precision, n, n, n, status="ok", check=Check(True, 0.0, 0.0, 0, 0, 0, True))
+    row.kernel = {
+        "block": "4×8×1",
+        "sub_blocks": "2×2",
+        "depth": 3,
+        "sites": 99,
+        "threads": 256,
+        "blocks_per_sm": 1,
+        "dyn_smem": 8192,
+        "regs_est": 244,
+        "c_elem": "bfloat16",
+        "cubin": "prepared",
+        **ptxas,
+    }
+    return row
+
+
+def test_the_kernel_table_shows_plan_budget_and_ptxas_and_flags_spills(tmp_path):
+    clean = kernel_row("bf16", 1024, registers=212, spill_stores=0, spill_loads=0, static_smem=36864, stack=0)
+    spills = kernel_row("int8", 2048, registers=255, spill_stores=672, spill_loads=736, static_smem=18432, stack=640)
+    spills.kernel["blocks_per_sm"] = 2  # 255 registers × 256 threads fit once per SM, not twice
+    unknown = kernel_row("fp16", 512, ptxas="no nvcc (NVRTC)")
+    skipped = Row("bf16", 8192, 8192, 8192, status="skipped", note="not run")
+    js, md = write_report(tmp_path, {"gpu": "Fake GPU"}, [clean, spills, unknown, skipped])
+    rows = json.loads(js.read_text())["rows"]
+    assert rows[0]["kernel"]["registers"] == 212 and rows[1]["kernel"]["spill_loads"] == 736
+    assert rows[2]["kernel"]["ptxas"] == "no nvcc (NVRTC)" and rows[3]["kernel"] == {}
+    text = md.read_text()
+    head = "| precision | m×n×k | block | sub | depth | sites | threads | blocks/SM | dyn smem | C | regs (est) | spill"
+    assert head in text and "Kernels (plan: block osh×osw×ibw" in text
+    cells = "| 4×8×1 | 2×2 | 3 | 99 | 256 |"
+    assert f"| bf16 | 1024×1024×1024 {cells} 1 | 8192 | bfloat16 | 212 (244) | 0/0 | 36864 | prepared |" in text
+    assert f"| int8 | 2048×2048×2048 {cells} 2 | 8192 | bfloat16 | 255 (244) | 672/736 ⚠ | 18432 |" in text
+    assert f"| fp16 | 512×512×512 {cells} 1 | 8192 | bfloat16 | — (244) | no nvcc (NVRTC) | — |" in text
+    assert "| bf16 | 8192×8192×8192 | 4×8×1" not in text  # a row without kernel numbers has no kernel line
+    notes = text.split("Kernel notes:")[1]
+    assert "- int8 2048x2048x2048: ptxas spills 672 B stored / 736 B loaded per thread" in notes
+    assert "leave room for 1 blocks/SM; the budget planned 2" in notes
+    assert "bf16 1024" not in notes and "fp16" not in notes
+    assert "Kernels" not in to_markdown({}, [skipped])
+
+
+def test_a_probe_list_renders_in_order():
+    probes = [Probe("device", True, "x", 0.2), Probe("CUDA graphs: capture and replay", False, "refused", 0.3)]
+    text = to_markdown({"preflight": [p.__dict__ for p in probes]}, [])
+    assert text.index("| device | ok |") < text.index(
+        "| CUDA graphs: capture and replay | unavailable | 0.3 | refused |"
+    )
+    assert "Preflight (0.5 s):" in text
