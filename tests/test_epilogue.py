@@ -199,7 +199,9 @@ def test_verify_checks_epilogue_stages():
     with pytest.raises(TileBoundsError, match=r"site \d compute: Compute bias bias.*outside its 1x\d tile grid"):
         spatialc.passes.verify.verify(shifted)
     wrong_tensor = _with_bias(p, lambda b: dataclasses.replace(b, tensor=spatialc.ir.TensorId(0)))
-    with pytest.raises(VerifyError, match="a bias is a parameter tensor of 1x48 values; A is a input tensor"):
+    with pytest.raises(
+        VerifyError, match="a bias is a parameter tensor of 1x48 values in one row of tiles; A is a input"
+    ):
         spatialc.passes.verify.verify(wrong_tensor)
     too_wide = _with_bias(p, lambda b: dataclasses.replace(b, width=5))
     with pytest.raises(VerifyError):

@@ -10,8 +10,22 @@ import pytest
 
 import spatialc
 from spatialc.errors import IllFormedError, SemanticError, StrongerCheckNeeded, VerifyError
-from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, BufferId, Site, StageId
-from spatialc.ir.nodes import Accumulator, Buffer, ComputeStage, DType, Engine, EngineProgram, Fifo, Schedule, Stage
+from spatialc.frontend import bias, scalar
+from spatialc.interp.evaluate import load_inputs
+from spatialc.interp.machine import Machine
+from spatialc.ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K, BufferId, ItemId, LoopVar, Site, StageId
+from spatialc.ir.nodes import (
+    Accumulator,
+    Buffer,
+    ComputeStage,
+    DType,
+    Engine,
+    EngineProgram,
+    Fifo,
+    Schedule,
+    Stage,
+    WriteStage,
+)
 from spatialc.ir.ops import (
     AcquireAcc,
     BlockShape,
@@ -26,6 +40,7 @@ from spatialc.ir.ops import (
     ReadTiles,
     Relu,
     Reserve,
+    Scalar,
     TileAddr,
     Wait,
     WriteTiles,
@@ -35,9 +50,9 @@ from spatialc.passes.verify import verify
 from spatialc.reference import reference
 
 from .mutants import inputs_for
-from .rewrite import map_ops, replace
+from .rewrite import edit, map_ops, replace
 
-C, W = Engine.COMPUTE, Engine.WRITER
+R, C, W = Engine.READER, Engine.COMPUTE, Engine.WRITER
 
 
 def _refused(p, error: type[Exception], *words: str) -> None:
@@ -211,11 +226,11 @@ def test_python_values_of_the_wrong_type_are_ill_formed():
         Engine.READER,
         lambda op: (dataclasses.replace(op, count=Const(4.0)),) if isinstance(op, Loop) and op.var != 0 else None,
     )
-    _refused(q, IllFormedError, "must be a whole number, not 4.0")
+    _refused(q, IllFormedError, "site 0 reader: Loop.count.n: expected a whole number, found 4.0")
     q = replace(
         p, Engine.READER, lambda op: (dataclasses.replace(op, pages=True),) if isinstance(op, Reserve) else None
     )
-    _refused(q, IllFormedError, "its pages must be a whole number, not True")
+    _refused(q, IllFormedError, "Reserve.pages: expected a whole number, found True")
 
 
 def test_an_int64_array_is_taken_for_an_int64_tensor():
@@ -224,3 +239,163 @@ def test_an_int64_array_is_taken_for_an_int64_tensor():
     check_values("x", np.zeros(4, dtype=np.int64), DType.INT64)
     with pytest.raises(InputError, match="beyond 2\\^53"):
         check_values("x", np.array([2**60], dtype=np.int64), DType.INT64)
+
+
+# ---- round 2 ----------------------------------------------------------------------------------------------------
+
+
+def _with_scalars(precision: str, *ops: Relu | Scalar) -> spatialc.SpatialProgram:
+    """A GEMM whose epilogue is `ops`, put in by hand where the frontend would refuse them."""
+    p = spatialc.build(
+        spatialc.gemm(32, 32, 32, precision, epilogue=[scalar("add", i + 1) for i in range(len(ops))]), "sm_86"
+    )
+    olds = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Scalar)]
+    for old, new in zip(olds, ops, strict=True):
+        stages = tuple(
+            dataclasses.replace(s, kind=ComputeStage(new))
+            if isinstance(s.kind, ComputeStage) and s.kind.op == old
+            else s
+            for s in p.stages
+        )
+        p = replace(
+            p.evolve(stages=stages),
+            C,
+            lambda op, old=old, new=new: (
+                (dataclasses.replace(op, op=new),) if isinstance(op, Compute) and op.op == old else None
+            ),
+        )
+    return p
+
+
+def test_a_bias_with_a_padding_row_of_tiles_is_refused():
+    # C pads a whole item column and the bias a whole row of tiles: the flat tile the last item reads, 3, is in
+    # bounds of the bias's 2x3 tiles but is its second row; a bias's values must lie in one row.
+    p = spatialc.build(spatialc.gemm(32, 40, 64, "int8", epilogue=[bias()]), "sm_86", block=(1, 1, 2), sites=1)
+    b_id = next(t.id for t in p.tensors if t.name == "B")
+    grids = {"C": (2, 4), "B": (4, 4), "bias": (2, 3)}
+    tensors = tuple(dataclasses.replace(t, tiles=grids.get(t.name, t.tiles)) for t in p.tensors)
+    assert p.placement is not None
+    placement = dataclasses.replace(p.placement, items_of_site=((Site(0), tuple(ItemId(i) for i in range(8))),))
+
+    def four_columns(op):
+        if isinstance(op, Loop) and op.var == LV_ITEM:
+            return (Loop(LV_ITEM, Const(8), map_ops(op.body, four_columns)),)
+        if isinstance(op, ReadTiles) and op.tensor == b_id:
+            return (dataclasses.replace(op, at=TileAddr(0, ((LV_K, 8), (LV_ITEM_X, 1))), stride_h=4),)
+        if isinstance(op, WriteTiles):
+            return (dataclasses.replace(op, at=TileAddr(0, ((LV_ITEM_Y, 4), (LV_ITEM_X, 1)))),)
+        return None
+
+    q = p.evolve(tensors=tensors, plans=(dataclasses.replace(p.plan, grid=(2, 4)),), placement=placement)
+    for engine in (R, C, W):
+        q = replace(q, engine, four_columns)
+    _refused(q, IllFormedError, "bias is a parameter tensor of 1x40 in 2x3 tiles", "in one row of tiles")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_float_scalar_beyond_float32_is_refused_and_one_within_is_exact(precision):
+    _refused(_with_scalars(precision, Scalar("mul", 1e300)), IllFormedError, "scalar mul 1e+300 is beyond float32")
+    _refused(_with_scalars(precision, Scalar("max", 1e39)), IllFormedError, "beyond float32")
+    _exact(_with_scalars(precision, Scalar("mul", 1e-30)))
+
+
+@pytest.mark.parametrize(
+    ("ops", "words"),
+    [
+        ((Scalar("max", -(2**63)),), "scalar max needs a whole number within ±2^62, not -9223372036854775808"),
+        ((Scalar("min", 1e20),), "scalar min needs a whole number within ±2^62, not 1e+20"),
+        ((Relu(), Scalar("min", 0), Scalar("mul", 2**70)), "stage scalar2: an int8 program's epilogue is integer"),
+    ],
+)
+def test_an_int8_scalar_constant_beyond_2_62_is_refused_whatever_the_range_it_meets(ops, words):
+    # The values the constant meets may stay small (max(x, -2^63) is x); the interpreter and the kernel still hold
+    # the constant itself, so it must be within their exact range.
+    _refused(_with_scalars("int8", *ops), IllFormedError, words)
+
+
+def test_an_int8_add_that_reaches_the_exact_bound_is_refused_with_a_margin():
+    # 32 products of (-128)·(-128) plus v reach 2^62 - 1 exactly; float64 estimates of that round to 2^62, so the
+    # bound keeps a margin below ±2^62 and a value this close is refused.
+    v = 2**62 - 1 - 32 * 128 * 128
+    _refused(
+        _with_scalars("int8", Scalar("add", v)),
+        SemanticError,
+        "beyond ±(2^62 - 2^12), where integer epilogues are exact",
+    )
+    _exact(_with_scalars("int8", Scalar("add", 2**40)))
+
+
+def test_a_write_stage_that_fills_its_own_ring_is_refused_not_followed_forever():
+    p = spatialc.build(spatialc.gemm(64, 48, 40, "int8"), "sm_86", sites=2)
+    c_ring = next(b.id for b in p.buffers if b.name == "C_ring")
+    w_ring = BufferId(max(b.id for b in p.buffers) + 1)
+    buffers = (*p.buffers, Buffer(w_ring, "W_ring", Fifo(2, 4)))
+    stages = tuple(
+        dataclasses.replace(s, ins=(w_ring,), outs=(w_ring,)) if isinstance(s.kind, WriteStage) else s for s in p.stages
+    )
+
+    def writer_fills(op):
+        if isinstance(op, WriteTiles):
+            return (Pop(c_ring), Reserve(w_ring), Push(w_ring), Wait(w_ring), dataclasses.replace(op, src=w_ring))
+        if isinstance(op, Pop) and op.buf == c_ring:
+            return (Pop(w_ring),)
+        return None
+
+    q = replace(p.evolve(buffers=buffers, stages=stages), W, writer_fills)
+    _refused(q, StrongerCheckNeeded, "stage write_C fills W_ring, and only read or compute stages fill rings")
+
+
+def test_loops_nested_deeper_than_a_kernel_prints_are_refused_without_recursion():
+    p = spatialc.build(spatialc.gemm(64, 48, 40, "int8"), "sm_86", block=(1, 1, 1), sites=3)
+
+    def nest(ops):
+        for j in range(5000):
+            ops = (Loop(LoopVar(100 + j), Const(1), ops),)
+        return ops
+
+    _refused(edit(p, R, nest), IllFormedError, "loops nested more than 32 deep")
+    _exact(edit(p, R, lambda ops: (Loop(LoopVar(100), Const(1), (Loop(LoopVar(101), Const(1), ops),)),)))
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (lambda p: p.evolve(tensors=list(p.tensors)), "program.tensors: expected a tuple, found list"),
+        (
+            lambda p: p.evolve(tensors=(dataclasses.replace(p.tensors[0], dtype="int8"), *p.tensors[1:])),
+            "program.tensors[0].dtype: expected a DType, found 'int8'",
+        ),
+        (
+            lambda p: p.evolve(tensors=(dataclasses.replace(p.tensors[0], tiles=(4.0, 4)), *p.tensors[1:])),
+            "program.tensors[0].tiles[0]: expected a whole number, found 4.0",
+        ),
+        (
+            lambda p: p.evolve(buffers=(dataclasses.replace(p.buffers[0], kind=None), *p.buffers[1:])),
+            "program.buffers[0].kind: expected a Fifo, found NoneType",
+        ),
+        (lambda p: p.evolve(precision="fp8"), "program.precision: expected a Precision, found 'fp8'"),
+        (
+            lambda p: p.evolve(stages=(dataclasses.replace(p.stages[0], kind=None), *p.stages[1:])),
+            "program.stages[0].kind: expected a ReadStage, found NoneType",
+        ),
+        (
+            lambda p: replace(p, W, lambda op: (Relu(),) if isinstance(op, Pop) else None),
+            "site 0 writer: an op: expected a choreography op, found Relu",
+        ),
+    ],
+)
+def test_values_of_other_types_anywhere_are_named_by_their_path(change, words):
+    p = spatialc.build(spatialc.gemm(64, 48, 40, "int8"), "sm_86", sites=2)
+    _refused(change(p), IllFormedError, words)
+
+
+def test_an_empty_loop_is_not_spun_by_the_interpreter():
+    # A loop with nothing inside may count to 2^31 - 1; running it would take minutes and change nothing.
+    p = spatialc.build(spatialc.gemm(32, 32, 32, "int8"), "sm_86")
+    q = verify(edit(p, W, lambda ops: (Loop(LoopVar(30), Const(2**31 - 1), ()), *ops)))
+    inputs = inputs_for(q)
+    stores, params = load_inputs(q, inputs)
+    writer = next(e.code for e, _ in Machine(q, stores, params, False).engines() if e.engine == W)
+    assert "range(2147483647)" not in writer.source
+    assert "no operation inside, skipped" in writer.source
+    assert np.array_equal(spatialc.evaluate(q, inputs), reference(q, inputs))

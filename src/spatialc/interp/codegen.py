@@ -24,7 +24,7 @@ Site-specific state (rings, accumulators, semaphores, barriers) comes in as argu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -240,6 +240,10 @@ class Emitter:
                 count = f"trip(E, {i})"
             case _:
                 raise EvalError(f"{self.where(op)}: a loop count of {op.count!r}")
+        if op.var != LV_ITEM and not _has_leaf(op.body):
+            # Nothing happens inside: running it would only spin (a count of 2^31 - 1 is legal).
+            self.emit(f"# [{i}] {self.m.text(op)}: no operation inside, skipped")
+            return
         v = f"v{self.m.slot(op.var)}"
         self.emit(f"for {v} in range({count}):  # [{i}] {self.m.text(op)}")
         self.indent += 1
@@ -478,3 +482,14 @@ _HELPERS: dict[str, object] = {
     },
     **{name: getattr(trace, name) for name in ("span", "ring_end", "stamp", "waited")},
 }
+
+
+def _has_leaf(body: Sequence[ChoreoOp]) -> bool:
+    """Whether any operation other than a loop sits in ``body``, at any depth."""
+    stack = list(body)
+    while stack:
+        op = stack.pop()
+        if not isinstance(op, Loop):
+            return True
+        stack.extend(op.body)
+    return False

@@ -92,10 +92,15 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
 def _check_bias(p: SpatialProgram, op: Bias, integer: bool) -> None:
     t = p.tensor(op.tensor)
     want = DType.INT32 if integer else DType.FLOAT32
-    if t.role != TensorRole.PARAMETER or t.dtype != want or t.tiles[0] != 1:
+    if t.tiles[0] != 1:
+        raise Unsupported(
+            f"bias tensor {t.name} of {t.tiles[0]}x{t.tiles[1]} tiles",
+            "the kernel reads a bias's values from one row of tiles, one tile per output tile column",
+        )
+    if t.role != TensorRole.PARAMETER or t.dtype != want:
         raise Precision(
             t.dtype.value,
-            f"bias tensor {t.name} must be a {want.value} parameter of one row of tiles "
+            f"bias tensor {t.name} must be a {want.value} parameter "
             f"({'int8' if integer else 'float'} programs add {want.value} biases)",
         )
     plan = p.plans[0]

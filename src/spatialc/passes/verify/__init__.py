@@ -24,6 +24,7 @@ buffer it is about. Sites that run the same programs are checked once.
 
 from __future__ import annotations
 
+from ...errors import IllFormedError, VerifyError
 from ...ir.index import ProgramIndex
 from ...ir.nodes import SpatialProgram
 from ...target import SpatialTarget
@@ -35,7 +36,7 @@ from .depth import check_depths
 from .facts import Programs
 from .ownership import check_owners, stage_owners
 from .semantics import check_semantics
-from .wellformed import check_ops, check_site_groups, check_tables
+from .wellformed import check_ops, check_site_groups, check_tables, check_types
 
 __all__ = ["verify"]
 
@@ -43,6 +44,18 @@ __all__ = ["verify"]
 def verify(p: SpatialProgram, target: SpatialTarget | None = None) -> SpatialProgram:
     """`p` marked verified, or the first broken rule's error. (The rules are the program's own; `target` only lets
     a program name a target spatialc does not list, the one it is verified for.)"""
+    check_types(p)  # 1, first: values of the IR's types, loops nested no deeper than a kernel can print
+    try:
+        return _verify(p, target)
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError, RecursionError) as e:
+        if isinstance(e, VerifyError):
+            raise
+        # What check_types cannot see in a program built by hand in Python (an op of another class, a value of the
+        # wrong type deep in an op) ends here as one typed error, never as a crash inside the verifier.
+        raise IllFormedError(f"the program is not made of spatialc's IR values: {type(e).__name__}: {e}") from None
+
+
+def _verify(p: SpatialProgram, target: SpatialTarget | None) -> SpatialProgram:
     check_tables(p, target)  # 1, on the tables: every look-up below resolves
     index = ProgramIndex.of(p)
     programs = Programs(p)

@@ -47,6 +47,15 @@ from .facts import Facts
 
 RESERVE, PUSH, WAIT, POP, LOOP, NEXT, SEMINC, SEMWAIT, BARRIER = range(9)
 _SEEN_CAP = 1 << 14  # recorded back-edge states kept before the table is cleared (it only speeds the run up)
+# Back-edges the run may record before it gives up: a program whose state never repeats (a count that grows each
+# iteration past a threshold, barriers in a long loop) would otherwise take as long as running it.
+MAX_RECORDED = 200_000
+
+
+class _Unsettled(Exception):
+    def __init__(self, recorded: int):
+        self.recorded = recorded
+
 
 Instr = tuple[int, int, int, tuple[int, ...]]
 
@@ -117,10 +126,12 @@ class Network:
         self.sem: list[int] = []
         self.arrive_slots: dict[tuple[GroupId, Site], int] = {}
         self.arrived: list[int] = []
-        self.seen: dict[tuple[object, ...], list[list[tuple[int, int]]]] = {}
+        self.seen: dict[tuple[object, ...], tuple[list[list[tuple[int, int]]], tuple[int, ...]]] = {}
         self.instances = 0
         self.skipped = 0  # loop iterations fast-forwarded (of any loop), for tests and curiosity
         self.steps = 0  # instructions run
+        self.recorded = 0  # back-edges at which the state was recorded
+        self.thresholds: dict[int, set[int]] = {}  # semaphore slot → the counts SemWaits wait for
         self.engines = [self._compile(p) for p in programs]
 
     # ---- compiling ---------------------------------------------------------------------------------------------
@@ -161,7 +172,9 @@ class Network:
                 case SemInc(sem, at, by):
                     self._put(e, op, (SEMINC, self._sem(at, sem), by, ()))
                 case SemWait(sem, value):
-                    self._put(e, op, (SEMWAIT, self._sem(site, sem), value, ()))
+                    slot = self._sem(site, sem)
+                    self.thresholds.setdefault(slot, set()).add(value)
+                    self._put(e, op, (SEMWAIT, slot, value, ()))
                 case Barrier(group):
                     others = tuple(self._arrive(group, s) for s in self.ctx.groups[group].sites)
                     self._put(e, op, (BARRIER, self._arrive(group, site), 0, others))
@@ -248,18 +261,24 @@ class Network:
         return steps > 0
 
     def _fast_forward(self, index: int) -> None:
-        """At a back-edge of engine `index`: skip the periods that will repeat exactly (see the module docstring)."""
+        """At a back-edge of engine `index`: skip the periods that will repeat exactly (see the module docstring).
+
+        Semaphore counts may grow from one period to the next like loop counters do: a SemWait compares a count
+        with its threshold, and while every threshold on a growing count stays below the period's first value (it
+        passes throughout) or above the last skipped period's (it blocks throughout), the periods repeat too."""
+        self.recorded += 1
+        if self.recorded > MAX_RECORDED:
+            raise _Unsettled(self.recorded)
         engines = self.engines
         shape = (
             index,
             engines[index].pc,
             tuple(self.held),
             tuple(self.ready),
-            tuple(self.sem),
             tuple(self.arrived),
             tuple((e.pc, e.pending, tuple(f[0] for f in e.stack)) for e in engines),
         )
-        now = [[(f[1], f[2]) for f in e.stack] for e in engines]
+        now = ([[(f[1], f[2]) for f in e.stack] for e in engines], tuple(self.sem))
         before = self.seen.get(shape)
         if len(self.seen) >= _SEEN_CAP:
             self.seen.clear()
@@ -268,7 +287,7 @@ class Network:
             return
         grown: list[tuple[list[int], int]] = []
         periods = -1
-        for e, old, new in zip(engines, before, now, strict=True):
+        for e, old, new in zip(engines, before[0], now[0], strict=True):
             for frame, (c0, i0), (c1, i1) in zip(e.stack, old, new, strict=True):
                 if c0 == c1:
                     continue  # untouched, or a fresh instance at the same count: it behaves the same
@@ -277,12 +296,33 @@ class Network:
                 left = (e.code[frame[0]][1] - 1 - c1) // (c1 - c0)
                 periods = left if periods < 0 else min(periods, left)
                 grown.append((frame, c1 - c0))
+        sems = self._sem_periods(before[1], now[1])
+        if sems is None or periods <= 0:
+            return
+        periods = min(periods, sems)
         if periods <= 0:
             return
         for frame, step in grown:
             frame[1] += periods * step
             self.skipped += periods * step
-        self.seen[shape] = [[(f[1], f[2]) for f in e.stack] for e in engines]
+        for slot, (c0, c1) in enumerate(zip(before[1], now[1], strict=True)):
+            self.sem[slot] += periods * (c1 - c0)
+        self.seen[shape] = ([[(f[1], f[2]) for f in e.stack] for e in engines], tuple(self.sem))
+
+    def _sem_periods(self, old: tuple[int, ...], new: tuple[int, ...]) -> int | None:
+        """How many more periods the semaphores allow (None: a count fell, or a threshold lies inside the period)."""
+        periods = 1 << 62
+        for slot, (c0, c1) in enumerate(zip(old, new, strict=True)):
+            if c1 < c0:
+                return None
+            if c1 == c0:
+                continue
+            for v in self.thresholds.get(slot, ()):
+                if c0 < v <= c1:
+                    return None
+                if v > c1:
+                    periods = min(periods, (v - 1 - c1) // (c1 - c0))
+        return periods
 
     # ---- reporting ---------------------------------------------------------------------------------------------
 
@@ -357,7 +397,15 @@ def check_deadlock(
         done.add(key)
         net = Network(ctx, progs)
         runs += 1
-        blocked = net.run()
+        try:
+            blocked = net.run()
+        except _Unsettled as stop:
+            raise StrongerCheckNeeded(
+                f"site(s) {', '.join(str(int(s)) for s in comp[:8])}: after {stop.recorded} loop iterations the counter"
+                " run still finds no period that repeats (a count that keeps growing past what a SemWait waits for,"
+                " or barriers in a long loop), so it cannot decide deadlock-freedom in reasonable time",
+                site=int(comp[0]),
+            ) from None
         if blocked:
             others = sum(1 for s in sites if len(comp) == 1 and s not in comp and keys[s] == key)
             note = f" (and on {others} other site(s) with the same programs)" if others else ""

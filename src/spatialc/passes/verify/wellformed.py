@@ -10,10 +10,10 @@ no later rule (and nothing after verify) meets an id it cannot resolve or a size
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable
 
+from ...epilogue import EXACT_LIMIT
 from ...errors import CoverageError, IllFormedError
 from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
@@ -29,6 +29,7 @@ from ...ir.nodes import (
     WriteStage,
 )
 from ...ir.ops import (
+    CHOREO_OPS,
     AcquireAcc,
     Barrier,
     Bias,
@@ -60,8 +61,10 @@ from ...ir.ops import (
     WriteBarrier,
     WriteTiles,
 )
+from ...ir.validate import op_fault, type_fault
 from ...target import TARGETS, SpatialTarget
 
+FLOAT32_MAX = 3.4028234663852886e38
 # The frontend's scalar ops; the interpreter, the host emulation and the kernel's epilogue know no others.
 SCALAR_OPS = ("add", "mul", "max", "min")
 # quantize_multiplier's ranges: a Q31 multiplier, a shift of at most 30 left or 31 right, an int8 zero point.
@@ -72,8 +75,7 @@ REQUANT_ZERO_POINT = (-128, 127)
 MAX_ITEMS = 2**24
 # The kernel counts loops, tiles of a tensor and item ids in C `int`s: every bound it prints must fit one.
 MAX_INT = 2**31 - 1
-# The annotations of op fields that hold whole numbers (ids are whole numbers too).
-_WHOLE = {"int", "BufferId", "TensorId", "SemId", "Site", "GroupId", "LoopVar"}
+MAX_NESTING = 32  # loops inside loops: far more than any schedule needs, few enough for any walk of them
 # An item's side or K step, in tiles: above what any target's shared memory can stage one K step of (about 900
 # one-byte tiles), so no plan the tile pass makes is refused, yet an item — and with it a tensor's padding — is small.
 MAX_ITEM_SIDE = 1024
@@ -188,11 +190,13 @@ def compute_fault(op: ComputeOp, precision: Precision) -> str | None:
                 return f"scalar op {name!r} is none of {', '.join(SCALAR_OPS)}"
             if not math.isfinite(value):
                 return f"scalar {name} needs a finite number, not {value!r}"
-            if precision == Precision.INT8 and value != int(value):
+            if precision == Precision.INT8 and (value != int(value) or abs(value) >= EXACT_LIMIT):
                 return (
-                    f"an int8 program's epilogue is integer arithmetic: scalar {name} needs a whole number, not"
-                    f" {value!r}"
+                    f"an int8 program's epilogue is integer arithmetic, exact: scalar {name} needs a whole number"
+                    f" within ±2^62, not {value!r}"
                 )
+            if precision != Precision.INT8 and abs(value) > FLOAT32_MAX:
+                return f"a {precision.value} program's epilogue is float32: scalar {name} {value!r} is beyond float32"
         case Requant(multiplier, shift, zero_point):
             for what, v, (lo, hi) in (
                 ("multiplier", multiplier, REQUANT_MULTIPLIER),
@@ -219,6 +223,37 @@ def _unique(kind: str, ids: Iterable[int]) -> None:
         if i in seen:
             raise IllFormedError(f"two {kind}s have id {int(i)}")
         seen.add(i)
+
+
+def check_types(p: SpatialProgram) -> None:
+    """Values of the IR's types everywhere but inside the ops (`ir.validate`), and loops nested at most MAX_NESTING
+    deep: checked without recursion, before anything hashes or walks an op tree."""
+    fault = type_fault(p)
+    if fault is not None:
+        raise IllFormedError(f"{fault}: the program must hold the IR's own types (spatialc.ir)")
+    seen: set[int] = set()
+    for prog in p.schedule.programs if p.schedule else ():
+        if id(prog.ops) in seen:
+            continue
+        seen.add(id(prog.ops))
+        stack = [(prog.ops, 0)]
+        while stack:
+            ops, depth = stack.pop()
+            fault = f"loops nested more than {MAX_NESTING} deep" if depth > MAX_NESTING else None
+            for op in ops:
+                if fault is None:
+                    fault = op_fault(op, type(op).__name__ if isinstance(op, CHOREO_OPS) else "an op")
+                if fault is None and isinstance(op, Loop):
+                    if not isinstance(op.body, tuple):
+                        fault = f"Loop.body: expected a tuple, found {type(op.body).__name__}"
+                    else:
+                        stack.append((op.body, depth + 1))
+            if fault is not None:
+                raise IllFormedError(
+                    f"{where(prog.site, prog.engine.value)}: {fault}: ops must hold the IR's own types (spatialc.ir)",
+                    site=int(prog.site),
+                    engine=prog.engine.value,
+                )
 
 
 def check_tables(p: SpatialProgram, target: SpatialTarget | None = None) -> None:
@@ -380,7 +415,6 @@ class _OpCheck:
                 self.leaf(op, bound)
 
     def loop(self, op: Loop, bound: tuple[LoopVar, ...]) -> None:
-        self.whole(op, op)
         if op.var in (LV_ITEM_Y, LV_ITEM_X):
             raise self.fail(op, f"{loop_var_name(op.var)} stands for the item's coordinate; no loop may bind it")
         if op.var in bound:
@@ -417,20 +451,7 @@ class _OpCheck:
             raise self.fail(op, f"tensor {int(tid)} does not exist")
         return t
 
-    def whole(self, op: ChoreoOp, node: object) -> None:
-        """Every number field of `node` (an op, its address, its count) holds a whole number: the Python API lets any
-        value in, and a float where a count belongs would pass every comparison and fail only at run time."""
-        for f in dataclasses.fields(node):  # type: ignore[arg-type]
-            value = getattr(node, f.name)
-            if f.type in _WHOLE and (isinstance(value, bool) or not isinstance(value, int)):
-                raise self.fail(op, f"its {f.name} must be a whole number, not {value!r}")
-            if isinstance(value, TileAddr | Const | Trip):
-                self.whole(op, value)
-            if f.name == "steps" and any(isinstance(x, bool) or not isinstance(x, int) for step in value for x in step):
-                raise self.fail(op, f"an address step must be two whole numbers (variable, stride), not {value!r}")
-
     def leaf(self, op: ChoreoOp, bound: tuple[LoopVar, ...]) -> None:
-        self.whole(op, op)
         match op:
             case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n):
                 self.buf(op, buf)
@@ -505,12 +526,17 @@ class _OpCheck:
         """A bias names a parameter row of one value per output column, read at an address of bound variables."""
         t = self.tensor(op, bias.tensor)
         out = self.index.p.output_tensor()
-        if t.role != TensorRole.PARAMETER or t.elems[0] != 1 or (out is not None and t.elems[1] != out.elems[1]):
+        if (
+            t.role != TensorRole.PARAMETER
+            or t.elems[0] != 1
+            or t.tiles[0] != 1
+            or (out is not None and t.elems[1] != out.elems[1])
+        ):
             want = f"1x{out.elems[1]}" if out is not None else "one row"
             raise self.fail(
                 op,
-                f"a bias is a parameter tensor of {want} values; {t.name} is a {t.role.value}"
-                f" tensor of {t.elems[0]}x{t.elems[1]}",
+                f"a bias is a parameter tensor of {want} values in one row of tiles; {t.name} is a {t.role.value}"
+                f" tensor of {t.elems[0]}x{t.elems[1]} in {t.tiles[0]}x{t.tiles[1]} tiles",
             )
         if len(op.ins) != 1 or len(op.outs) != 1:
             raise self.fail(op, "an elementwise stage reads one ring and writes one")

@@ -1,0 +1,125 @@
+"""Whether a program built in Python holds the IR's own types where its annotations say: a document read by
+`serde.from_json` always does (decoding checks each value), but the Python API takes whatever it is given, and a float
+where a count belongs, or a string where an enum does, would pass every later comparison and fail only at run time.
+
+The schedule's ops are left to verify's rule 1 (it walks them anyway); everything else is checked here, field by
+field, against the same annotations JSON is decoded by."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from enum import Enum
+from typing import Any
+
+from .nodes import Engine, EngineProgram, Schedule, SpatialProgram
+from .ops import CHOREO_OPS
+from .serde import _hints
+
+
+def type_fault(p: SpatialProgram) -> str | None:
+    """The first value of `p` (outside its schedule) whose type is not its field's, as 'path: what was found', or
+    None. Item lists are checked as whole numbers without descending into each one."""
+    if not isinstance(p, SpatialProgram):
+        return f"program: expected a SpatialProgram, found {type(p).__name__}"
+    return _fault(p, SpatialProgram, "program")
+
+
+def _fault(value: Any, annotation: Any, path: str) -> str | None:
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        if type(value) in options:  # one of the union's classes: its own fields say what is wrong, if anything
+            return _fault(value, type(value), path)
+        faults = [_fault(value, o, path) for o in options if o is not type(None)]
+        return None if any(f is None for f in faults) else faults[0]
+    if origin is tuple:
+        return _tuple_fault(value, typing.get_args(annotation), path)
+    if annotation is type(None):
+        return None if value is None else f"{path}: expected nothing, found {type(value).__name__}"
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return None if isinstance(value, annotation) else f"{path}: expected {_a(annotation.__name__)}, found {value!r}"
+    if annotation is bool:
+        return None if isinstance(value, bool) else f"{path}: expected true or false, found {value!r}"
+    if isinstance(annotation, type) and issubclass(annotation, int):
+        return None if _whole(value) else f"{path}: expected a whole number, found {value!r}"
+    if annotation is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return None if ok else f"{path}: expected a number, found {value!r}"
+    if annotation is str:
+        return None if isinstance(value, str) else f"{path}: expected a string, found {value!r}"
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        return _dataclass_fault(value, annotation, path)
+    return None
+
+
+def op_fault(op: Any, path: str = "op") -> str | None:
+    """The first field of one choreography op (not a loop's body: its ops are checked one by one) whose value is not
+    of its annotated type, or None."""
+    if not isinstance(op, CHOREO_OPS):
+        return f"{path}: expected a choreography op, found {type(op).__name__}"
+    cls: Any = type(op)
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name != "body":
+            fault = _fault(getattr(op, f.name), hints[f.name], f"{path}.{f.name}")
+            if fault is not None:
+                return fault
+    return None
+
+
+def _a(name: str) -> str:
+    return f"{'an' if name[0] in 'AEIOU' else 'a'} {name}"
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tuple_fault(value: Any, args: tuple[Any, ...], path: str) -> str | None:
+    if not isinstance(value, tuple):
+        return f"{path}: expected a tuple, found {type(value).__name__}"
+    if len(args) == 2 and args[1] is Ellipsis:
+        if args[0] is int or (isinstance(args[0], type) and issubclass(args[0], int)):  # item lists: no descent
+            bad = next((v for v in value if not _whole(v)), None)
+            return None if bad is None else f"{path}: expected whole numbers, found {bad!r}"
+        return next((f for i, v in enumerate(value) if (f := _fault(v, args[0], f"{path}[{i}]"))), None)
+    if len(value) != len(args):
+        return f"{path}: expected {len(args)} values, found {len(value)}"
+    return next(
+        (f for i, (v, a) in enumerate(zip(value, args, strict=True)) if (f := _fault(v, a, f"{path}[{i}]"))), None
+    )
+
+
+def _dataclass_fault(value: Any, cls: type, path: str) -> str | None:
+    if not isinstance(value, cls):
+        return f"{path}: expected {_a(cls.__name__)}, found {type(value).__name__}"
+    if isinstance(value, Schedule):
+        return _schedule_fault(value, path)
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        fault = _fault(getattr(value, f.name), hints[f.name], f"{path}.{f.name}")
+        if fault is not None:
+            return fault
+    return None
+
+
+def _schedule_fault(schedule: Schedule, path: str) -> str | None:
+    """Each engine program's site, engine and op list; the ops themselves are rule 1's, which walks them once per
+    distinct program."""
+    if not isinstance(schedule.programs, tuple):
+        return f"{path}.programs: expected a tuple, found {type(schedule.programs).__name__}"
+    for i, prog in enumerate(schedule.programs):
+        where = f"{path}.programs[{i}]"
+        if not isinstance(prog, EngineProgram):
+            return f"{where}: expected an EngineProgram, found {type(prog).__name__}"
+        if not _whole(prog.site):
+            return f"{where}.site: expected a whole number, found {prog.site!r}"
+        if not isinstance(prog.engine, Engine):
+            return f"{where}.engine: expected an Engine, found {prog.engine!r}"
+        if not isinstance(prog.ops, tuple):
+            return f"{where}.ops: expected a tuple, found {type(prog.ops).__name__}"
+    return None
