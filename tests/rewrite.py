@@ -6,8 +6,8 @@ import dataclasses
 from collections.abc import Callable
 
 from spatialc.ir.ids import LV_K
-from spatialc.ir.nodes import Engine, Schedule, SpatialProgram
-from spatialc.ir.ops import ChoreoOp, Loop, walk
+from spatialc.ir.nodes import ComputeStage, Engine, Schedule, SpatialProgram
+from spatialc.ir.ops import ChoreoOp, Compute, ComputeOp, Loop, walk
 
 
 def map_ops(ops: tuple[ChoreoOp, ...], f: Callable[[ChoreoOp], tuple[ChoreoOp, ...] | None]) -> tuple[ChoreoOp, ...]:
@@ -47,6 +47,19 @@ def replace(
 ) -> SpatialProgram:
     """`p` with each op of `engine`'s programs replaced by f(op) (see `map_ops`)."""
     return edit(p, engine, lambda ops: map_ops(ops, f), sites)
+
+
+def swap_compute(p: SpatialProgram, old: ComputeOp, new: ComputeOp) -> SpatialProgram:
+    """`p` with compute op `old` replaced by `new` both in the stages and in the compute engine's programs."""
+    stages = tuple(
+        dataclasses.replace(s, kind=ComputeStage(new)) if isinstance(s.kind, ComputeStage) and s.kind.op == old else s
+        for s in p.stages
+    )
+    return replace(
+        p.evolve(stages=stages),
+        Engine.COMPUTE,
+        lambda op: (dataclasses.replace(op, op=new),) if isinstance(op, Compute) and op.op == old else None,
+    )
 
 
 def k_body(p: SpatialProgram, engine: Engine) -> tuple[ChoreoOp, ...]:

@@ -50,7 +50,7 @@ from spatialc.passes.verify import verify
 from spatialc.reference import reference
 
 from .mutants import inputs_for
-from .rewrite import edit, map_ops, replace
+from .rewrite import edit, map_ops, replace, swap_compute
 
 R, C, W = Engine.READER, Engine.COMPUTE, Engine.WRITER
 
@@ -126,21 +126,7 @@ def test_an_elementwise_compute_naming_an_accumulator_is_ill_formed():
 
 def test_a_generic_epilogue_stage_is_refused_by_name():
     p = spatialc.build(spatialc.gemm(64, 48, 40, "fp16", epilogue=[spatialc.relu()]), "sm_86", sites=3)
-    g = Generic("gelu", ())
-
-    def swap(s: Stage) -> Stage:
-        return (
-            dataclasses.replace(s, kind=ComputeStage(g))
-            if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Relu)
-            else s
-        )
-
-    q = p.evolve(stages=tuple(map(swap, p.stages)))
-    q = replace(
-        q,
-        C,
-        lambda op: (dataclasses.replace(op, op=g),) if isinstance(op, Compute) and isinstance(op.op, Relu) else None,
-    )
+    q = swap_compute(p, Relu(), Generic("gelu", ()))
     _refused(q, StrongerCheckNeeded, "(generic gelu) is no elementwise bias, relu, scalar or requant")
 
 
@@ -251,19 +237,7 @@ def _with_scalars(precision: str, *ops: Relu | Scalar) -> spatialc.SpatialProgra
     )
     olds = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Scalar)]
     for old, new in zip(olds, ops, strict=True):
-        stages = tuple(
-            dataclasses.replace(s, kind=ComputeStage(new))
-            if isinstance(s.kind, ComputeStage) and s.kind.op == old
-            else s
-            for s in p.stages
-        )
-        p = replace(
-            p.evolve(stages=stages),
-            C,
-            lambda op, old=old, new=new: (
-                (dataclasses.replace(op, op=new),) if isinstance(op, Compute) and op.op == old else None
-            ),
-        )
+        p = swap_compute(p, old, new)
     return p
 
 

@@ -24,7 +24,7 @@ Site-specific state (rings, accumulators, semaphores, barriers) comes in as argu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +61,7 @@ from ..ir.ops import (
     Wait,
     WriteBarrier,
     WriteTiles,
+    walk,
 )
 from . import support, trace
 from .errors import EvalError, UnsupportedOp
@@ -240,7 +241,7 @@ class Emitter:
                 count = f"trip(E, {i})"
             case _:
                 raise EvalError(f"{self.where(op)}: a loop count of {op.count!r}")
-        if op.var != LV_ITEM and not _has_leaf(op.body):
+        if op.var != LV_ITEM and all(isinstance(inner, Loop) for inner in walk(op.body)):
             # Nothing happens inside: running it would only spin (a count of 2^31 - 1 is legal).
             self.emit(f"# [{i}] {self.m.text(op)}: no operation inside, skipped")
             return
@@ -482,14 +483,3 @@ _HELPERS: dict[str, object] = {
     },
     **{name: getattr(trace, name) for name in ("span", "ring_end", "stamp", "waited")},
 }
-
-
-def _has_leaf(body: Sequence[ChoreoOp]) -> bool:
-    """Whether any operation other than a loop sits in ``body``, at any depth."""
-    stack = list(body)
-    while stack:
-        op = stack.pop()
-        if not isinstance(op, Loop):
-            return True
-        stack.extend(op.body)
-    return False

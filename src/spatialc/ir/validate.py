@@ -2,8 +2,9 @@
 `serde.from_json` always does (decoding checks each value), but the Python API takes whatever it is given, and a float
 where a count belongs, or a string where an enum does, would pass every later comparison and fail only at run time.
 
-The schedule's ops are left to verify's rule 1 (it walks them anyway); everything else is checked here, field by
-field, against the same annotations JSON is decoded by."""
+Everything is checked field by field against the same annotations JSON is decoded by: `type_fault` the program
+outside its ops, `op_fault` one op, for verify's rule 1 to call on each op as it walks the op lists without
+recursion."""
 
 from __future__ import annotations
 
@@ -61,14 +62,7 @@ def op_fault(op: Any, path: str = "op") -> str | None:
     of its annotated type, or None."""
     if not isinstance(op, CHOREO_OPS):
         return f"{path}: expected a choreography op, found {type(op).__name__}"
-    cls: Any = type(op)
-    hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name != "body":
-            fault = _fault(getattr(op, f.name), hints[f.name], f"{path}.{f.name}")
-            if fault is not None:
-                return fault
-    return None
+    return _fields_fault(op, type(op), path, skip="body")
 
 
 def _a(name: str) -> str:
@@ -99,11 +93,17 @@ def _dataclass_fault(value: Any, cls: type, path: str) -> str | None:
         return f"{path}: expected {_a(cls.__name__)}, found {type(value).__name__}"
     if isinstance(value, Schedule):
         return _schedule_fault(value, path)
+    return _fields_fault(value, cls, path)
+
+
+def _fields_fault(value: Any, cls: Any, path: str, skip: str = "") -> str | None:
+    """The first field of dataclass `value` (but `skip`) that does not hold its annotated type, or None."""
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
-        fault = _fault(getattr(value, f.name), hints[f.name], f"{path}.{f.name}")
-        if fault is not None:
-            return fault
+        if f.name != skip:
+            fault = _fault(getattr(value, f.name), hints[f.name], f"{path}.{f.name}")
+            if fault is not None:
+                return fault
     return None
 
 

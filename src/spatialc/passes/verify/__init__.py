@@ -50,8 +50,8 @@ def verify(p: SpatialProgram, target: SpatialTarget | None = None) -> SpatialPro
     except (AttributeError, TypeError, ValueError, KeyError, IndexError, RecursionError) as e:
         if isinstance(e, VerifyError):
             raise
-        # What check_types cannot see in a program built by hand in Python (an op of another class, a value of the
-        # wrong type deep in an op) ends here as one typed error, never as a crash inside the verifier.
+        # check_types has shown every value to be of its type, so no known program gets here; one the rules did not
+        # foresee still ends as one typed error, never as a crash inside the verifier.
         raise IllFormedError(f"the program is not made of spatialc's IR values: {type(e).__name__}: {e}") from None
 
 

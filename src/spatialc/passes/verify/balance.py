@@ -29,8 +29,8 @@ from ...ir.ops import (
     Wait,
     WriteTiles,
 )
-from .facts import Facts, Frame, Side
-from .ownership import Engines, SiteProgs
+from .facts import Facts, Frame, Side, SiteProgs
+from .ownership import Engines
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...errors import SemanticError, StrongerCheckNeeded
@@ -34,7 +33,7 @@ from ...ir.ops import (
     Reserve,
     WriteTiles,
 )
-from .facts import Facts, Side
+from .facts import Side, SiteProgs
 from .symbolic import Aff, Cell, Page, Product, Sym
 
 
@@ -128,7 +127,7 @@ class SiteRun:
         index: ProgramIndex,
         decl: Declared,
         site: Site,
-        progs: Sequence[tuple[EngineProgram, Facts]],
+        progs: SiteProgs,
         items: tuple[ItemId, ...],
         witnesses: tuple[ItemId, ...],
     ) -> None:
@@ -202,7 +201,8 @@ class SiteRun:
 
         for prog in self.order():
             EngineRun(self, prog).body(prog.ops)
-        for w in self.writes[1:]:
+        if len(self.writes) > 1:
+            w = self.writes[1]
             raise StrongerCheckNeeded(
                 f"{w.head} — {self.decl.out.name} is written by more than one op at site {int(self.site)}; the"
                 " semantic rule proves one WriteTiles writing each item's block",

@@ -43,7 +43,7 @@ from ...ir.ids import BufferId, GroupId, SemId, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import EngineProgram
 from ...ir.ops import Barrier, ChoreoOp, Const, Loop, Pop, Push, Reserve, SemInc, SemWait, Wait
-from .facts import Facts
+from .facts import Facts, SiteProgs
 
 RESERVE, PUSH, WAIT, POP, LOOP, NEXT, SEMINC, SEMWAIT, BARRIER = range(9)
 _SEEN_CAP = 1 << 14  # recorded back-edge states kept before the table is cleared (it only speeds the run up)
@@ -60,7 +60,7 @@ class _Unsettled(Exception):
 Instr = tuple[int, int, int, tuple[int, ...]]
 
 
-def check_decidable(ctx: ProgramIndex, site: Site, progs: Sequence[tuple[EngineProgram, Facts]]) -> None:
+def check_decidable(ctx: ProgramIndex, site: Site, progs: SiteProgs) -> None:
     """Refuse what one counter run cannot decide: counts that can go down, rings balanced only by data."""
     for prog, facts in progs:
         if facts.sets:
@@ -297,7 +297,7 @@ class Network:
                 periods = left if periods < 0 else min(periods, left)
                 grown.append((frame, c1 - c0))
         sems = self._sem_periods(before[1], now[1])
-        if sems is None or periods <= 0:
+        if sems is None:
             return
         periods = min(periods, sems)
         if periods <= 0:
@@ -379,9 +379,7 @@ def _components(sites: Sequence[Site], facts: dict[Site, list[Facts]], ctx: Prog
     return sorted(groups.values())
 
 
-def check_deadlock(
-    ctx: ProgramIndex, programs: dict[Site, list[tuple[EngineProgram, Facts]]], keys: dict[Site, tuple[object, ...]]
-) -> int:
+def check_deadlock(ctx: ProgramIndex, programs: dict[Site, SiteProgs], keys: dict[Site, tuple[object, ...]]) -> int:
     """Rule 7: simulate each independent set of sites once; raise VerifyDeadlockError naming each blocked engine.
 
     `keys` says which sites run the same programs. Returns the number of networks simulated."""

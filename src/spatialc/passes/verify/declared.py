@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import math
 
-from ...epilogue import EXACT_LIMIT
+from ...epilogue import EXACT_LIMIT, dot_range, integer_range
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, WriteStage
 from ...ir.ops import (
     Bias,
-    ComputeOp,
     MatmulTiles,
     Precision,
     Relu,
@@ -178,10 +177,13 @@ def _integer_bounds(index: ProgramIndex, decl: Declared) -> None:
                 + ("; a requant needs an integer accumulator" if requant else "")
             )
         return
-    k = index.tensors[decl.a].elems[1]  # type: ignore[index]
-    lo, hi = -k * 128 * 127, k * 128 * 128
+    lo, hi = dot_range(index.tensors[decl.a].elems[1])  # type: ignore[index]
     for s in chain:
-        lo, hi = _through(s.kind.op, lo, hi)  # type: ignore[union-attr]
+        op = s.kind.op  # type: ignore[union-attr]
+        after = integer_range(op, lo, hi)
+        if after is None:
+            raise SemanticError(f"{compute_text(op)} is not an integer epilogue op")
+        lo, hi = after
         if max(-lo, hi) >= EXACT_LIMIT - EXACT_MARGIN:
             raise SemanticError(
                 f"after stage {s.name} ({compute_text(s.kind.op, p)}) a value can reach {max(-lo, hi)}, beyond"  # type: ignore[union-attr]
@@ -194,24 +196,3 @@ def _integer_bounds(index: ProgramIndex, decl: Declared) -> None:
             f"the output {out.name} holds {out.dtype.value}, but the declared values lie in {lo}..{hi}"
             + ("" if requantised else " (int8 output comes from a requant, last)")
         )
-
-
-def _through(op: ComputeOp, lo: int, hi: int) -> tuple[int, int]:
-    """The range of an integer epilogue op's result on values in lo..hi."""
-    match op:
-        case Bias():
-            return lo - 2**31, hi + 2**31 - 1
-        case Relu():
-            return max(lo, 0), max(hi, 0)
-        case Scalar("add", v):
-            return lo + int(v), hi + int(v)
-        case Scalar("mul", v):
-            a, b = lo * int(v), hi * int(v)
-            return min(a, b), max(a, b)
-        case Scalar("max", v):
-            return max(lo, int(v)), max(hi, int(v))
-        case Scalar("min", v):
-            return min(lo, int(v)), min(hi, int(v))
-        case Requant():
-            return -128, 127
-    raise SemanticError(f"{compute_text(op)} is not an integer epilogue op")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...errors import RingDepthError
 from ...ir.ids import Site
 from ...ir.index import ProgramIndex, where
-from .ownership import SiteProgs
+from .facts import SiteProgs
 
 
 def check_depths(ctx: ProgramIndex, site: Site, progs: SiteProgs) -> None:

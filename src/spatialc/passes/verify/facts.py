@@ -9,6 +9,7 @@ keeps the schedule's programs by site with their facts, and says which sites run
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -215,7 +216,7 @@ def facts_of(index: ProgramIndex, ops: tuple[ChoreoOp, ...]) -> Facts:
     return walk.facts
 
 
-SiteProgs = list[tuple[EngineProgram, Facts]]
+SiteProgs = Sequence[tuple[EngineProgram, Facts]]  # one site's engine programs with their facts
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,16 +4,13 @@ touched only through its own ops, by one engine."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ...errors import RingOwnershipError
 from ...ir.ids import BufferId, Site, TensorId
 from ...ir.index import ProgramIndex, where
-from ...ir.nodes import EngineProgram, ReadStage, WriteStage
+from ...ir.nodes import ReadStage, WriteStage
 from ...ir.ops import ChoreoOp, ReadTiles, WriteTiles
-from .facts import Facts, Side, Use
+from .facts import Side, SiteProgs, Use
 
-SiteProgs = Sequence[tuple[EngineProgram, Facts]]
 Owners = dict[tuple[Side, BufferId], tuple[str, str, TensorId | None]]  # engine, stage, the tensor it reads/writes
 Engines = dict[tuple[Side, BufferId], str]  # (side, ring) → the engine that works that end at a site
 

@@ -1,7 +1,7 @@
 """verify's rule 8, semantics: the schedule computes what the stages declare.
 
-The stages declare a function: C = e_n(…e_1(A @ B)) for a GEMM whose epilogue stages e_i follow the matmul (or
-C = e_n(…(T)) for a pipeline that only reads and transforms a tensor). The rule proves that running the schedule
+The stages declare a function: C = e_n(…e_1(A @ B)) for a GEMM whose epilogue stages e_i follow the matmul
+(`declared` refuses any other pipeline). The rule proves that running the schedule
 gives exactly that, tile by tile: every tile of C is written once, by the item that owns it, with the declared
 epilogue — each op equal to its stage's, in stage order, a bias at the tile's own column — applied to
 Σ_k A[i, k]·B[k, j] over every k of K exactly once, A and B in their roles. Along the way: the accumulator is zeroed
@@ -37,7 +37,7 @@ import numpy as np
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId, ItemId, Site
 from ...ir.index import ProgramIndex, where
-from ...ir.nodes import ComputeStage, EngineProgram, ReadStage
+from ...ir.nodes import ComputeStage, EngineProgram
 from ...ir.ops import (
     Bias,
     Compute,
@@ -243,7 +243,8 @@ class _Proof:
                     f"{self.tile_text(self.base())} gets {_cell_text(cell)}, not the matmul of stage {stage.name}"
                 )
             self.reduction(cell)
-        elif op is not None:
+        else:  # an elementwise stage: `declared` saw to it that the chain ends in the matmul
+            assert op is not None
             if not isinstance(cell, Elem) or not same_op(cell.op, op):
                 raise self.fail(
                     f"{self.tile_text(self.base())} gets {_cell_text(cell)} where stage {stage.name} declares"
@@ -257,16 +258,6 @@ class _Proof:
                     f" {cell.bias_col.at(values)}, not its own column {self.w.col.at(values)}"
                 )
             self.value(cell.inner, self.site.index.ring(stage.ins[0]))
-        else:
-            assert isinstance(stage.kind, ReadStage)
-            want = stage.kind.tensor
-            if (
-                not isinstance(cell, Copy)
-                or cell.ref.tensor != want
-                or (cell.ref.row, cell.ref.col) != (self.w.row, self.w.col)
-            ):
-                name = self.site.index.tensors[want].name
-                raise self.fail(f"{self.tile_text(self.base())} gets {_cell_text(cell)}, not the same tile of {name}")
 
     def reduction(self, acc: AccSum) -> None:
         """Σ_k A[row, k]·B[k, col] over k = 0..N-1, each k once, with k_need ≤ N ≤ k_max."""

@@ -120,8 +120,8 @@ def one_to_one(form: Aff, ranges: Mapping[Sym, int]) -> tuple[int, int] | None:
 def split(flat: Aff, cols: int, ranges: Mapping[Sym, int]) -> tuple[Aff, Aff] | None:
     """A flat tile index of a grid `cols` tiles wide as (row, column) forms, when the column never leaves
     0..cols-1 over the ranges (so no step of the index wraps into another row); else None."""
+    row, col = _parts(flat.const, cols, False)
     for toward_zero in (False, True):
-        row, col = _parts(flat.const, cols, False)
         r_terms, c_terms = {}, {}
         for s, c in flat.terms.items():
             r_terms[s], c_terms[s] = _parts(c, cols, toward_zero)

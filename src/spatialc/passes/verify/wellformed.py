@@ -226,8 +226,8 @@ def _unique(kind: str, ids: Iterable[int]) -> None:
 
 
 def check_types(p: SpatialProgram) -> None:
-    """Values of the IR's types everywhere but inside the ops (`ir.validate`), and loops nested at most MAX_NESTING
-    deep: checked without recursion, before anything hashes or walks an op tree."""
+    """Values of the IR's types everywhere (`ir.validate`: the tables, then each op of each distinct op list), and
+    loops nested at most MAX_NESTING deep: checked without recursion, before anything hashes or walks an op tree."""
     fault = type_fault(p)
     if fault is not None:
         raise IllFormedError(f"{fault}: the program must hold the IR's own types (spatialc.ir)")
@@ -538,8 +538,6 @@ class _OpCheck:
                 f"a bias is a parameter tensor of {want} values in one row of tiles; {t.name} is a {t.role.value}"
                 f" tensor of {t.elems[0]}x{t.elems[1]} in {t.tiles[0]}x{t.tiles[1]} tiles",
             )
-        if len(op.ins) != 1 or len(op.outs) != 1:
-            raise self.fail(op, "an elementwise stage reads one ring and writes one")
         if bias.width < 1:
             raise self.fail(op, f"a bias row is at least 1 tile wide, not {bias.width}")
         self.addr(op, bias.at, bound)
