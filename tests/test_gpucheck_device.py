@@ -22,12 +22,8 @@ from spatialc.gpucheck import dryrun as DR
 from spatialc.gpucheck.cases import Case, Deadline
 from spatialc.runtime import launch as L
 
-from .test_gpucheck_fakes import install_fake_gpu
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    return install_fake_gpu(monkeypatch)
+from .test_gpucheck_fakes import exit_raises
+from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
 
 
 def run(tmp_path, *argv):
@@ -204,46 +200,44 @@ def test_a_kernel_that_misses_an_element_fails_its_row(fake_gpu, tmp_path, capsy
     capsys.readouterr()
 
 
-def exit_raises(monkeypatch):
-    def exit_(code):
-        raise SystemExit(code)
-
-    monkeypatch.setattr(G.os, "_exit", exit_)
-
-
-def test_a_hung_kernel_becomes_a_written_table_and_exit_3(fake_gpu, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    ("fault", "precision", "statuses", "notes"),
+    [
+        pytest.param(
+            ("hang", "32x32"),
+            "int8",
+            ["hung", "skipped"],
+            [lambda n: "did not finish" in n, lambda n: "hung on an earlier row" in n],
+            id="a_hung_kernel_becomes_a_written_table",
+        ),
+        pytest.param(
+            "hang",
+            "fp16",
+            ["skipped", "skipped"],
+            [lambda n: n.startswith("not run: the GPU was lost in the preflight (GpuHung: the GPU did not finish")],
+            id="a_hang_in_the_preflight_skips_every_row",
+        ),
+        pytest.param(
+            ("illegal", "32x32"),
+            "bf16",
+            ["error", "skipped"],
+            [lambda n: "illegal memory access" in n, lambda n: "context was lost" in n],
+            id="a_sticky_cuda_error_stops_the_run",
+        ),
+    ],
+)
+def test_a_lost_gpu_writes_the_table_and_exits_3(
+    fault, precision, statuses, notes, fake_gpu, tmp_path, monkeypatch, capsys
+):
     exit_raises(monkeypatch)
-    fake_gpu["fault"] = ("hang", "32x32")
+    fake_gpu["fault"] = fault
     with pytest.raises(SystemExit) as done:
-        gpucheck.main([str(tmp_path), "--sizes", "32", "48", "--precisions", "int8"], make_runner=D.GpuRunner)
+        gpucheck.main([str(tmp_path), "--sizes", "32", "48", "--precisions", precision], make_runner=D.GpuRunner)
     assert done.value.code == 3
     rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
-    assert [r["status"] for r in rows] == ["hung", "skipped"]
-    assert "did not finish" in rows[0]["note"] and "hung on an earlier row" in rows[1]["note"]
-    capsys.readouterr()
-
-
-def test_a_hang_in_the_preflight_skips_every_row_and_exits_3(fake_gpu, tmp_path, monkeypatch, capsys):
-    exit_raises(monkeypatch)
-    fake_gpu["fault"] = "hang"
-    with pytest.raises(SystemExit) as done:
-        gpucheck.main([str(tmp_path), "--sizes", "32", "48", "--precisions", "fp16"], make_runner=D.GpuRunner)
-    assert done.value.code == 3
-    rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
-    assert [r["status"] for r in rows] == ["skipped", "skipped"]
-    assert rows[0]["note"].startswith("not run: the GPU was lost in the preflight (GpuHung: the GPU did not finish")
-    capsys.readouterr()
-
-
-def test_a_sticky_cuda_error_stops_the_run(fake_gpu, tmp_path, monkeypatch, capsys):
-    exit_raises(monkeypatch)
-    fake_gpu["fault"] = ("illegal", "32x32")
-    with pytest.raises(SystemExit) as done:
-        gpucheck.main([str(tmp_path), "--sizes", "32", "48", "--precisions", "bf16"], make_runner=D.GpuRunner)
-    assert done.value.code == 3
-    rows = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
-    assert [r["status"] for r in rows] == ["error", "skipped"]
-    assert "illegal memory access" in rows[0]["note"] and "context was lost" in rows[1]["note"]
+    assert [r["status"] for r in rows] == statuses
+    for says, row in zip(notes, rows, strict=False):  # a test of each of the first rows' notes
+        assert says(row["note"]), row["note"]
     capsys.readouterr()
 
 

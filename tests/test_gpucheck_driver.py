@@ -31,6 +31,8 @@ from spatialc.gpucheck.cases import (
 from spatialc.gpucheck.timing import Timing
 from spatialc.runtime import launch as L
 
+from .test_gpucheck_fakes import exit_raises
+
 # ---- cases -----------------------------------------------------------------------------------------------------
 
 
@@ -439,9 +441,6 @@ def test_the_table_is_printed_even_when_the_report_cannot_be_written(capsys, tmp
 
 @pytest.mark.parametrize("how", ["KeyboardInterrupt", "SIGTERM"])
 def test_an_interrupted_run_still_writes_and_prints_the_table(how, capsys, tmp_path, monkeypatch):
-    def exit_(code):
-        raise SystemExit(code)
-
     def interrupt():
         if how == "SIGTERM":
             os.kill(os.getpid(), signal.SIGTERM)
@@ -449,7 +448,7 @@ def test_an_interrupted_run_still_writes_and_prints_the_table(how, capsys, tmp_p
             raise AssertionError("SIGTERM did not interrupt the run")
         return KeyboardInterrupt()
 
-    monkeypatch.setattr(G.os, "_exit", exit_)
+    exit_raises(monkeypatch)
     before = signal.getsignal(signal.SIGTERM)
     runner = FakeRunner(FakeClock(), cost=0.0, fail={"32x32x32": interrupt})
     argv = [str(tmp_path), "--sizes", "16", "32", "48", "--precisions", "fp16"]

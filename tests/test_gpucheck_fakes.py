@@ -431,8 +431,8 @@ class _Loading:
 
 
 def install_fake_gpu(monkeypatch):
-    """CuPy, torch and Triton replaced by the stand-ins, kernels by FakeKernel (the test modules' `fake_gpu`
-    fixture); returns a dict: `cp`, `torch`, `triton` and the `fault` the kernels obey."""
+    """CuPy, torch and Triton replaced by the stand-ins, kernels by FakeKernel (what the `fake_gpu` fixture does);
+    returns a dict: `cp`, `torch`, `triton` and the `fault` the kernels obey."""
     from spatialc.gpucheck import baselines as BL
     from spatialc.gpucheck import device as D
     from spatialc.runtime import launch as L
@@ -461,6 +461,23 @@ def install_fake_gpu(monkeypatch):
     monkeypatch.setattr(D, "HANG_S", 0.05)
     monkeypatch.setattr(FakeEvent, "hang", False)
     return state
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The stand-ins installed (`install_fake_gpu`); a test module takes it with
+    `from .test_gpucheck_fakes import fake_gpu as fake_gpu`."""
+    return install_fake_gpu(monkeypatch)
+
+
+def exit_raises(monkeypatch):
+    """os._exit, with which the driver ends a lost or interrupted run, raising SystemExit (for pytest.raises)."""
+    from spatialc.gpucheck import driver as G
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(G.os, "_exit", exit_)
 
 
 # ---- the stand-ins keep the rules ----------------------------------------------------------------------------------

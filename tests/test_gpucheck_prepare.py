@@ -15,13 +15,7 @@ from spatialc.gpucheck.cases import Case
 from spatialc.gpucheck.prepare import MANIFEST, Manifest, file_hash, source_hash
 from spatialc.runtime import launch as L
 
-from .test_gpucheck_fakes import install_fake_gpu
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
-    return install_fake_gpu(monkeypatch)
-
+from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
 
 NVCC = L.find_nvcc()
 

@@ -31,6 +31,9 @@ INT_MM_COL = "torch._int_mm (B column-major)"
 INT_MM_ROW = "torch._int_mm (B row-major)"
 GEMM_EX = "cublasGemmEx TN"
 TRITON = "Triton matmul"
+# The contenders that are one torch call: the function, and whether it takes B column-major (kernel only: B copied
+# so beforehand; end to end: the copy is part of the call).
+TORCH_CALLS = {TORCH_MATMUL: ("matmul", False), INT_MM_COL: ("_int_mm", True), INT_MM_ROW: ("_int_mm", False)}
 
 # cuBLAS's enumerations (cublas_api.h, library_types.h), for where CuPy's module lacks a name.
 OP_N, OP_T = 0, 1
@@ -117,7 +120,7 @@ class Libraries:
 
     def missing(self, name: str) -> str:
         """Why a contender cannot run here at all ('' when its library is here)."""
-        if name in (TORCH_MATMUL, INT_MM_COL, INT_MM_ROW) and self.torch is None:
+        if name in TORCH_CALLS and self.torch is None:
             return "torch is not installed (or sees no GPU)"
         if name == TRITON and self.triton is None:
             return f"Triton: {self.triton_note}"
@@ -125,13 +128,10 @@ class Libraries:
 
     def make(self, name: str, case: Case, a: list[Any], b: list[Any]) -> Contender:
         """The contender `name` for `case` on the input sets `a`, `b` (CuPy arrays in storage dtype)."""
-        makers = {
-            TORCH_MATMUL: self._torch_matmul,
-            INT_MM_COL: self._int_mm_col,
-            INT_MM_ROW: self._int_mm_row,
-            GEMM_EX: self._gemm_ex,
-            TRITON: self._triton,
-        }
+        if name in TORCH_CALLS:
+            function, b_col_major = TORCH_CALLS[name]
+            return self._torch_call(name, case, a, b, getattr(self.torch, function), b_col_major)
+        makers = {GEMM_EX: self._gemm_ex, TRITON: self._triton}
         return makers[name](case, a, b)
 
     # ---- torch ---------------------------------------------------------------------------------------------
@@ -162,45 +162,28 @@ class Libraries:
             describe(name, case),
         )
 
-    def _torch_matmul(self, case: Case, a: list[Any], b: list[Any]) -> Contender:
-        torch = self.torch
+    def _torch_call(
+        self, name: str, case: Case, a: list[Any], b: list[Any], call: Callable[..., Any], b_col_major: bool
+    ) -> Contender:
+        """torch.matmul or torch._int_mm (`call`) on the operands, B row-major as given or column-major."""
         ta, tb = [self.to_torch(x, case.precision) for x in a], [self.to_torch(x, case.precision) for x in b]
         c, box = self._empty(case, ta[0]), [None]
+        if b_col_major:
+            tb_kernel = [t.t().contiguous().t() for t in tb]  # the same (k, n) matrix, column-major
+
+            def e2e(i: int) -> None:
+                box[0] = call(ta[i], tb[i].t().contiguous().t())
+
+        else:
+            tb_kernel = tb
+
+            def e2e(i: int) -> None:
+                box[0] = call(ta[i], tb[i])
 
         def kernel(i: int) -> None:
-            torch.matmul(ta[i], tb[i], out=c)
+            call(ta[i], tb_kernel[i], out=c)
 
-        def e2e(i: int) -> None:
-            box[0] = torch.matmul(ta[i], tb[i])
-
-        return self._contender(TORCH_MATMUL, case, kernel, c, e2e, box)
-
-    def _int_mm_col(self, case: Case, a: list[Any], b: list[Any]) -> Contender:
-        torch = self.torch
-        ta, tb = [self.to_torch(x, "int8") for x in a], [self.to_torch(x, "int8") for x in b]
-        tb_cm = [t.t().contiguous().t() for t in tb]  # the same (k, n) matrix, column-major
-        c, box = self._empty(case, ta[0]), [None]
-
-        def kernel(i: int) -> None:
-            torch._int_mm(ta[i], tb_cm[i], out=c)
-
-        def e2e(i: int) -> None:
-            box[0] = torch._int_mm(ta[i], tb[i].t().contiguous().t())
-
-        return self._contender(INT_MM_COL, case, kernel, c, e2e, box)
-
-    def _int_mm_row(self, case: Case, a: list[Any], b: list[Any]) -> Contender:
-        torch = self.torch
-        ta, tb = [self.to_torch(x, "int8") for x in a], [self.to_torch(x, "int8") for x in b]
-        c, box = self._empty(case, ta[0]), [None]
-
-        def kernel(i: int) -> None:
-            torch._int_mm(ta[i], tb[i], out=c)
-
-        def e2e(i: int) -> None:
-            box[0] = torch._int_mm(ta[i], tb[i])
-
-        return self._contender(INT_MM_ROW, case, kernel, c, e2e, box)
+        return self._contender(name, case, kernel, c, e2e, box)
 
     def _triton(self, case: Case, a: list[Any], b: list[Any]) -> Contender:
         ta, tb = [self.to_torch(x, case.precision) for x in a], [self.to_torch(x, case.precision) for x in b]
@@ -254,7 +237,7 @@ class GemmExTN:
     column-major k × m matrix taken as it is (OP_N): the TN form, every leading dimension k or n."""
 
     def __init__(self, cp: Any, m: int, n: int, k: int):
-        self.cp, self.m, self.n, self.k = cp, m, n, k
+        self.m, self.n, self.k = m, n, k
         self.cublas = cp.cuda.cublas
         self.handle = cp.cuda.device.get_cublas_handle()
         self.one, self.zero = np.array(1, dtype=np.int32), np.array(0, dtype=np.int32)  # host scalars, kept alive

@@ -25,6 +25,14 @@ COMPILE_S = 300.0  # the most one nvcc may take …
 COMPILE_GRACE_S = 2.0  # … and never past the deadline plus this (the deadline keeps RESERVE_S ≥ this back)
 MIN_COMPILE_S = 1.0  # an nvcc is not started with less than this left
 CLOSE_WAIT_S = 2.0  # how long `close` waits for the killed compiles' threads to finish
+# What ptxas says of a kernel, under the report's names, each from its field of launch's PtxasInfo.
+PTXAS_FIELDS = {
+    "registers": "registers",
+    "spill_stores": "spill_stores",
+    "spill_loads": "spill_loads",
+    "static_smem": "smem",
+    "stack": "stack",
+}
 
 
 @dataclass
@@ -114,13 +122,7 @@ def budget_facts(artifact: Any) -> dict[str, Any]:
 
 def ptxas_facts(info: Any) -> dict[str, Any]:
     """What ptxas said of a kernel (a PtxasInfo), under the report's names."""
-    return {
-        "registers": info.registers,
-        "spill_stores": info.spill_stores,
-        "spill_loads": info.spill_loads,
-        "static_smem": info.smem,
-        "stack": info.stack,
-    }
+    return {key: getattr(info, name) for key, name in PTXAS_FIELDS.items()}
 
 
 def compile_kernel(built: Built, arch: str, timeout_s: float = COMPILE_S, cache: Path | None = None) -> Path:
@@ -142,8 +144,13 @@ def describe_ptxas(kernel: dict[str, Any]) -> str:
     return (
         f"{kernel['registers']} regs (est {kernel.get('regs_est', '?')}), spills {kernel['spill_stores']}/"
         f"{kernel['spill_loads']} B (st/ld), static smem {kernel['static_smem']} B, stack {kernel['stack']} B"
-        + ("  ⚠ spills" if kernel["spill_stores"] or kernel["spill_loads"] else "")
+        + ("  ⚠ spills" if spilled(kernel) else "")
     )
+
+
+def spilled(kernel: dict[str, Any]) -> bool:
+    """Whether ptxas reported spills (stores or loads) in a kernel's numbers."""
+    return bool(kernel.get("spill_stores") or kernel.get("spill_loads"))
 
 
 def describe_plan(program: Any) -> str:
@@ -238,24 +245,31 @@ class BuildPool:
         """Take the kernel's cubin from the prepared folder when its source hash matches; else say why not."""
         if self.manifest is None:
             return False
-        path, entry, why = self.manifest.find(built.artifact.kernel_cu, self.arch)
-        if path is None:
-            built.kernel["cubin"] = f"compiled here: {why}"
-            return False
-        built.cubin = path
-        built.kernel["cubin"] = "prepared"
-        built.kernel.update(entry.ptxas or {"ptxas": "not reported"})
-        return True
+        use_prepared(built, self.manifest, self.arch)
+        return built.cubin is not None
+
+
+def use_prepared(built: Built, manifest: Any, arch: str) -> str:
+    """Take a built kernel's cubin for `arch` (`built.cubin`) and what ptxas said of it from the prepared folder
+    `manifest` when its source hash matches; else return why not. `built.kernel['cubin']` says which."""
+    path, entry, why = manifest.find(built.artifact.kernel_cu, arch)
+    if path is None or entry is None:
+        built.kernel["cubin"] = f"compiled here: {why}"
+        return why
+    built.cubin = path
+    built.kernel["cubin"] = "prepared"
+    built.kernel.update(entry.ptxas or {"ptxas": "not reported"})
+    return ""
 
 
 # ---- stopping compiles -------------------------------------------------------------------------------------------
 
 
-def kill_compiles(pid: int | None = None) -> list[int]:
+def kill_compiles() -> list[int]:
     """Kill this process's nvcc compiles (its children whose command line holds `-cubin`) with everything they
     started (cicc, ptxas, …): stopped first so none starts another, then killed. Returns the ids signalled; does
     nothing where there is no /proc."""
-    me = os.getpid() if pid is None else pid
+    me = os.getpid()
     hit: list[int] = []
     for sig in (signal.SIGSTOP, signal.SIGKILL):
         for p in _compile_tree(me):

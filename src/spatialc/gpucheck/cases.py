@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SpatialError
+from ..runtime.tilize import ELEMENT_DTYPES
 
 PRECISIONS = ("int8", "fp16", "bf16")
 DEFAULT_SIZES = ("256", "512", "1024", "2048", "4096", "8192", "1000", "4097x513x1031")
 # What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
 # spatialc's kernels are built for it (`spatialc.gemm(..., out=…)`) where gemm takes `out`.
 TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16"}
-# The same types as the launcher names element types (spatialc.runtime.tilize).
-ELEM_OF = {"int32": "int32", "int64": "int64", "fp16": "float16", "bf16": "bfloat16", "float32": "float32"}
-FAMILIES = ("spatialc", "cublas", "triton")
+# spatialc's type names (`fp16`) as the launcher names element types (`float16`; spatialc.runtime.tilize).
+ELEM_OF = {dtype.value: elem for elem, dtype in ELEMENT_DTYPES.items()}
 WAYS = ("end_to_end", "kernel")  # the two timings of every contestant
 
 # ‖C−R‖_F/‖R‖_F and max|C−R|/max|R| that a float result may reach, by the element type C is stored in: float32 keeps
@@ -54,10 +54,10 @@ class BudgetExceeded(Exception):
     """The time budget ran out inside a row."""
 
 
-@dataclass(frozen=True, slots=True)
-class Case:
-    """One product to check."""
+class _Product:
+    """What a case and its row say of their product C = A·B: `size` (`MxNxK`), `ops`, and `precision size`."""
 
+    __slots__ = ()  # no fields of its own: the dataclasses below keep theirs (and their slots)
     m: int
     n: int
     k: int
@@ -73,6 +73,16 @@ class Case:
 
     def __str__(self) -> str:
         return f"{self.precision} {self.size}"
+
+
+@dataclass(frozen=True, slots=True)
+class Case(_Product):
+    """One product to check."""
+
+    m: int
+    n: int
+    k: int
+    precision: str
 
 
 def parse_size(text: str) -> tuple[int, int, int]:
@@ -179,6 +189,10 @@ class Contestant:
         return self.end_to_end if way == "end_to_end" else self.kernel
 
 
+# How the report and the log say a preflight probe's `ok`.
+PROBE_RESULT = {True: "ok", False: "unavailable", None: "not tried"}
+
+
 @dataclass
 class Probe:
     """One check of the preflight: what it tried, whether it worked (None: not tried) and the paths it decides."""
@@ -191,7 +205,7 @@ class Probe:
 
 
 @dataclass
-class Row:
+class Row(_Product):
     """One (precision, m, n, k) of the check."""
 
     precision: str
@@ -209,21 +223,13 @@ class Row:
     # spill_loads, static_smem, stack); `ptxas` says why those are missing, `cubin` where the cubin came from.
     kernel: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def size(self) -> str:
-        return f"{self.m}x{self.n}x{self.k}"
-
-    @property
-    def ops(self) -> int:
-        return 2 * self.m * self.n * self.k
-
     def spatialc(self) -> Contestant | None:
         return next((c for c in self.contestants if c.family == "spatialc"), None)
 
 
-def row_of(case: Case, status: str, note: str = "") -> Row:
-    """A row with nothing measured: pending, skipped or failed, and why."""
-    return Row(case.precision, case.m, case.n, case.k, status=status, note=note)
+def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
+    """A row with nothing measured (pending, skipped or failed, and why), or only the `facts` given (plan, …)."""
+    return Row(case.precision, case.m, case.n, case.k, status=status, note=note, **facts)
 
 
 # ---- checking a result -----------------------------------------------------------------------------------------
@@ -249,12 +255,7 @@ def check_result(c: Any, ref: Any, out_tiled: Any, elem: str, xp: Any) -> Check:
     c64 = values64(c, elem, xp)
     nonfinite = int(c.size - xp.count_nonzero(xp.isfinite(c64)))
     max_abs, rel_fro, scale = _errors(c64, ref, xp)
-    if elem not in TOLERANCE:  # an integer C is exact
-        within = max_abs == 0.0
-    else:
-        rel_tol, abs_tol = TOLERANCE[elem]
-        within = rel_fro <= rel_tol and max_abs <= abs_tol * max(scale, 1e-30)
-    correct = within and logical_poison == 0 and nonfinite == 0
+    correct = _within(elem, max_abs, rel_fro, scale) and logical_poison == 0 and nonfinite == 0
     return Check(bool(correct), max_abs, rel_fro, logical_poison, pad_poison, nonfinite)
 
 
@@ -265,12 +266,18 @@ def agrees(got: Any, elem: str, ref: Any, xp: Any, *, library: bool = False) -> 
     max_abs, rel_fro, scale = _errors(got64, ref, xp)
     if not math.isfinite(max_abs):
         return False, max_abs
+    return _within(elem, max_abs, rel_fro, scale, library=library), max_abs
+
+
+def _within(elem: str, max_abs: float, rel_fro: float, scale: float, *, library: bool = False) -> bool:
+    """Whether the errors of a result of element type `elem` are within its tolerance: an integer C exact, a float
+    one within TOLERANCE (or BASELINE_REL_TOL for a `library`'s). NaN errors are never within."""
     if elem not in TOLERANCE:
-        return max_abs == 0.0, max_abs
+        return max_abs == 0.0
     if library:
-        return rel_fro <= BASELINE_REL_TOL[elem], max_abs
+        return rel_fro <= BASELINE_REL_TOL[elem]
     rel_tol, abs_tol = TOLERANCE[elem]
-    return rel_fro <= rel_tol and max_abs <= abs_tol * max(scale, 1e-30), max_abs
+    return rel_fro <= rel_tol and max_abs <= abs_tol * max(scale, 1e-30)
 
 
 def _errors(c64: Any, ref: Any, xp: Any) -> tuple[float, float, float]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import zlib
 from collections.abc import Callable, Sequence
+from functools import cached_property
 from typing import Any
 
 from ..errors import SpatialError
@@ -39,6 +40,7 @@ from .cases import (
     is_sticky,
     one_line,
     preflight_case,
+    row_of,
     values64,
 )
 from .cuda import CupyGraphs, EventTimer, Inputs, PreparedDevice, SpatialcEndToEnd
@@ -46,7 +48,6 @@ from .prepare import source_hash
 from .timing import GraphUnavailable, Timing, copies_for, measure
 
 TARGET_OF_CC = {"80": "sm_80", "86": "sm_86", "89": "sm_89", "90": "sm_90"}
-OPERAND_ELEM = {"int8": "int8", "fp16": "float16", "bf16": "bfloat16"}
 HANG_S = 60.0  # a wait longer than this is a hung kernel …
 HANG_MIN_S = 10.0  # … and never shorter than this, even when the budget is nearly spent
 
@@ -97,13 +98,30 @@ class GpuRunner:
     # ---- description ---------------------------------------------------------------------------------------
 
     def info(self) -> dict[str, Any]:
-        """GPU name, SMs, clocks, memory, library versions and how kernels are timed, for the report's header."""
+        """GPU name, SMs, clocks, memory, library versions and how kernels are timed, for the report's header: the
+        fixed facts found once, the clocks (current, from nvidia-smi) and the kernel timing (the preflight may turn
+        graphs off) as they are now."""
+        info = dict(self._facts)  # the same keys in the same order, the live ones filled in below
+        info["clocks"] = _clocks(self._props)
+        info["kernel_timing"] = "CUDA graphs" if self.graphs is not None else f"events ({self.graphs_note})"
+        return info
+
+    @cached_property
+    def _props(self) -> dict[str, Any]:
+        """The device's properties, read once."""
         rt = self.cp.cuda.runtime
-        props = rt.getDeviceProperties(rt.getDevice())
+        props: dict[str, Any] = rt.getDeviceProperties(rt.getDevice())
+        return props
+
+    @cached_property
+    def _facts(self) -> dict[str, Any]:
+        """What `info` says that does not change during a run, found on its first call; `clocks` and
+        `kernel_timing` hold their places for `info` to fill."""
+        props = self._props
         name = props.get("name", b"?")
         sms = props.get("multiProcessorCount")
         planned = target_of(self.target).units
-        info = {
+        facts = {
             "gpu": name.decode() if isinstance(name, bytes) else str(name),
             "sms": sms,
             "target_sms": planned,
@@ -111,18 +129,17 @@ class GpuRunner:
             "target": self.target,
             "memory_gib": round(props.get("totalGlobalMem", 0) / 2**30, 1),
             "l2_mib": round(self._l2_bytes() / 2**20, 1),
-            "clocks": _clocks(props),
+            "clocks": None,
             "versions": self._versions(),
-            "kernel_timing": "CUDA graphs" if self.graphs is not None else f"events ({self.graphs_note})",
+            "kernel_timing": None,
             "warnings": sm_warnings(sms, planned, self.target),
         }
         if self.manifest is not None:
-            info["prepared"] = f"{self.manifest.folder}: {self.manifest.summary()}"
-        return info
+            facts["prepared"] = f"{self.manifest.folder}: {self.manifest.summary()}"
+        return facts
 
     def _l2_bytes(self) -> int:
-        rt = self.cp.cuda.runtime
-        return int(rt.getDeviceProperties(rt.getDevice()).get("l2CacheSize") or 50 * 2**20)
+        return int(self._props.get("l2CacheSize") or 50 * 2**20)
 
     def _versions(self) -> str:
         parts = [f"cupy {self.cp.__version__}", f"driver {self.cp.cuda.runtime.driverGetVersion()}"]
@@ -155,8 +172,7 @@ class GpuRunner:
     def run(self, case: Case, deadline: Deadline) -> Row:
         """One row: the kernel checked and timed both ways, then every library; frees its memory whatever happens."""
         built = self.builds.result(case, deadline)
-        row = Row(case.precision, case.m, case.n, case.k, plan=built.plan, launch=built.launch, kernel=built.kernel)
-        row.note = built.note
+        row = row_of(case, "pending", built.note, plan=built.plan, launch=built.launch, kernel=built.kernel)
         if pf.REFERENCE in self.unavailable:
             row.status, row.note = "error", f"no float64 reference: {self.unavailable[pf.REFERENCE]}"
             return row
@@ -237,8 +253,9 @@ class GpuRunner:
         why = self.libs.missing(name) or self.unavailable.get(name, "")
         if why:
             return Contestant(name, family, note=f"unavailable: {why}")
-        if refusal(name, case):
-            return Contestant(name, family, note=f"n/a: {refusal(name, case)}")
+        refused = refusal(name, case)
+        if refused:
+            return Contestant(name, family, note=f"n/a: {refused}")
         if deadline.passed():
             return Contestant(name, family, note="skipped: time budget spent")
         try:
@@ -382,7 +399,7 @@ class GpuRunner:
 
     def _reference(self, inputs: Inputs, case: Case) -> Any:
         """The float64 product of input set 0 (the operands are exact in float64)."""
-        elem = OPERAND_ELEM[case.precision]
+        elem = ELEM_OF[case.precision]
         return self.cp.matmul(values64(inputs.a[0], elem, self.cp), values64(inputs.b[0], elem, self.cp))
 
     def _time(self, launch_i: Callable[[int], None], copies: int, deadline: Deadline, graphs: bool = True) -> Timing:

@@ -25,6 +25,7 @@ from ..errors import SpatialError
 from .cases import (
     DEFAULT_SIZES,
     PRECISIONS,
+    PROBE_RESULT,
     BudgetExceeded,
     Case,
     Deadline,
@@ -100,7 +101,7 @@ def run_all(
                 row = row_of(case, "skipped", f"not run: time budget of {budget_s:.0f} s spent")
             else:
                 running = True
-                say(f"row {len(rows) + 1}/{len(cases)}: {case.precision} {case.size}, {clock() - t0:.0f} s so far")
+                say(f"row {len(rows) + 1}/{len(cases)}: {case}, {clock() - t0:.0f} s so far")
                 row, lost = _run_one(case, runner, deadline)
             running = False
             rows.append(row)
@@ -125,12 +126,11 @@ def _preflight(runner: Runner, deadline: Deadline, say: Callable[[str], None]) -
 
 
 def _probe_result(p: Probe) -> str:
-    result = {True: "ok", False: "unavailable", None: "not tried"}[p.ok]
-    return result + (f" ({p.detail})" if p.detail else "")
+    return PROBE_RESULT[p.ok] + (f" ({p.detail})" if p.detail else "")
 
 
 def _log_row(log: Callable[[str], None], t: float, r: Row) -> None:
-    log(f"[{t:6.1f} s] {r.precision} {r.size}: {r.status}" + (f" ({r.note})" if r.note else ""))
+    log(f"[{t:6.1f} s] {r}: {r.status}" + (f" ({r.note})" if r.note else ""))
 
 
 def _run_one(case: Case, runner: Runner, deadline: Deadline) -> tuple[Row, str]:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import baselines as bl
-from .builds import build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out
+from .builds import build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out, use_prepared
 from .cases import Case
 from .preflight import PREFLIGHT_S, step_names
 
@@ -62,14 +62,13 @@ def _dry_case(case: Case, target: str, manifest: Any, out: Callable[[str], None]
     built = build_case(case, target)
     cubin = ""
     if built.artifact is not None:
-        path, entry, why = manifest.find(built.artifact.kernel_cu, target) if manifest else (None, None, "")
-        if path is not None and entry is not None:
-            built.kernel.update(entry.ptxas or {"ptxas": "not reported"})
-            cubin = f"prepared: {path.name} (source hash checked)"
+        why = use_prepared(built, manifest, target) if manifest else ""
+        if built.cubin is not None:
+            cubin = f"prepared: {built.cubin.name} (source hash checked)"
         else:
             cubin = f"compiled on the GPU machine{': ' + why if why else ''}"
             _dry_compile(built, target, launch)
-    out(f"{case.precision} {case.size}")
+    out(str(case))
     out(f"  plan      {built.plan or '—'}")
     out(f"  launch    {built.launch or built.error}")
     if built.artifact is not None:

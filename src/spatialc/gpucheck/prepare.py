@@ -24,8 +24,9 @@ from typing import Any
 
 from ..errors import SpatialError
 from ..runtime import launch
-from .builds import Built, build_case, compile_kernel, describe_ptxas
+from .builds import PTXAS_FIELDS, Built, build_case, compile_kernel, describe_ptxas
 from .cases import Case, preflight_case
+from .report import write_whole
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -130,9 +131,7 @@ def prepare(
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "kernels": [asdict(e) for e in entries],
     }
-    tmp = out / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False))
-    os.replace(tmp, out / MANIFEST)
+    write_whole(out / MANIFEST, json.dumps(data, indent=1, ensure_ascii=False))
     failed = [e for e in entries if e.error]
     say(f"gpucheck prepare: wrote {out / MANIFEST}: {len(entries) - len(failed)} compiled, {len(failed)} failed")
     return 1 if failed else 0
@@ -158,8 +157,7 @@ def _prepare_one(case: Case, target: str, out: Path, say: Callable[[str], None])
 
 
 def _ptxas_of(built: Built) -> dict[str, Any] | None:
-    keys = ("registers", "spill_stores", "spill_loads", "static_smem", "stack")
-    return {k: built.kernel[k] for k in keys} if "registers" in built.kernel else None
+    return {k: built.kernel[k] for k in PTXAS_FIELDS} if "registers" in built.kernel else None
 
 
 def _with(entry: Entry, **changes: Any) -> Entry:

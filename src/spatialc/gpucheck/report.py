@@ -14,10 +14,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .cases import TOLERANCE, WAYS, Check, Contestant, Row, Timing
+from .builds import spilled
+from .cases import PROBE_RESULT, TOLERANCE, WAYS, Check, Contestant, Row, Timing
 
 UNIT = {"int8": "TOP/s", "fp16": "TFLOP/s", "bf16": "TFLOP/s"}
-WAY_NAME = {"end_to_end": "e2e", "kernel": "kernel"}
 HEADER_KEYS = ("date", "state", "gpu", "sms", "clocks", "commit", "target", "budget_s", "elapsed_s", "versions")
 NOTE_KEYS = ("prepared", "outputs", "timing", "kernel_timing")
 
@@ -185,8 +185,8 @@ def preflight_lines(header: dict[str, Any]) -> list[str]:
     lines = ["", f"Preflight ({sum(p['seconds'] for p in probes):.1f} s):", "", "| step | result | s | detail |"]
     lines.append("|---|---|---|---|")
     for p in probes:
-        result = {True: "ok", False: "unavailable", None: "not tried"}[p["ok"]]
-        lines.append("| " + " | ".join(_cell(str(x)) for x in (p["name"], result, p["seconds"], p["detail"])) + " |")
+        cells = (p["name"], PROBE_RESULT[p["ok"]], p["seconds"], p["detail"])
+        lines.append("| " + " | ".join(_cell(str(x)) for x in cells) + " |")
     return lines
 
 
@@ -253,10 +253,6 @@ def kernel_cells(row: Row) -> list[str]:
     return [_cell(c) for c in [*cells, regs, spills, static, _get(k, "cubin")]]
 
 
-def spilled(kernel: dict[str, Any]) -> bool:
-    return bool(kernel.get("spill_stores") or kernel.get("spill_loads"))
-
-
 def register_blocks(kernel: dict[str, Any]) -> int | None:
     """Blocks per SM the register file allows at ptxas's count (allocated in steps of 8 per thread)."""
     regs, threads = kernel.get("registers"), kernel.get("threads")
@@ -267,7 +263,7 @@ def register_blocks(kernel: dict[str, Any]) -> int | None:
 
 def kernel_notes(row: Row) -> list[str]:
     """What in a row's kernel numbers needs a look: spills, or fewer resident blocks than the budget planned."""
-    k, where, notes = row.kernel, f"{row.precision} {row.size}", []
+    k, where, notes = row.kernel, str(row), []
     if spilled(k):
         notes.append(
             f"- {where}: ptxas spills {k['spill_stores']} B stored / {k['spill_loads']} B loaded per thread "
@@ -310,12 +306,13 @@ def write_report(outdir: str | Path, header: dict[str, Any], rows: list[Row]) ->
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     js, md = out / "gpucheck.json", out / "gpucheck.md"
-    _write_whole(js, to_json(header, rows))
-    _write_whole(md, to_markdown(header, rows))
+    write_whole(js, to_json(header, rows))
+    write_whole(md, to_markdown(header, rows))
     return js, md
 
 
-def _write_whole(path: Path, text: str) -> None:
+def write_whole(path: Path, text: str) -> None:
+    """Replace `path` with `text` (UTF-8) whole: written aside, then renamed over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
