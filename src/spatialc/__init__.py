@@ -9,9 +9,9 @@ from .errors import DeadlockError, PlanError, ProgramError, SpatialError, Verify
 from .frontend import bias, relu, requant, scalar
 from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
-from .runtime.launch import work_list
 from .runtime.tilize import tilize_array as tilize
 from .runtime.tilize import untilize_array as untilize
+from .runtime.tilize import work_list
 from .target import SpatialTarget, UnknownTarget, target
 
 __all__ = [

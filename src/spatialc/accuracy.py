@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ProgramError
 from .ir.nodes import DType, SpatialProgram
 from .ir.ops import Precision, Scalar
 
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
 OUT_EPS = {DType.FLOAT32: EPS32, DType.FP16: 2.0**-10, DType.BF16: 2.0**-7}  # one ulp at 1.0 of C's type
-OUT_NAMES = {EPS32: "float32", 2.0**-10: "fp16", 2.0**-7: "bf16"}
+OUT_NAMES = {eps: d.value for d, eps in OUT_EPS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +56,19 @@ class Tolerance:
 
     def bound(self, inputs: Mapping[str, Any]) -> np.ndarray:
         """The allowed |C − ref| of each element for these inputs (zeros for an exact program)."""
-        from .reference import reference, rounded_operands
+        return self._against(inputs)[1]
 
-        ref = reference(self.program, inputs)
-        if self.exact:
-            return np.zeros(ref.shape)
+    def _against(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """The reference and the bound of each element, from the operands rounded once."""
+        from .reference import reference_of, rounded_operands
+
         a, b = rounded_operands(self.program, inputs)
+        ref = reference_of(self.program, a, b, inputs)
+        if self.exact:
+            return ref, np.zeros(ref.shape)
         size = np.abs(ref.astype(np.float64))
         sums = self.ulps * EPS32 * self.scale * (np.abs(a) @ np.abs(b))
-        return sums + 2 * self.out_eps * size + np.finfo(np.float32).tiny
+        return ref, sums + 2 * self.out_eps * size + np.finfo(np.float32).tiny
 
     def atol(self, inputs: Mapping[str, Any]) -> float:
         """One absolute tolerance for `np.allclose(c, ref, rtol=0, atol=...)`: the largest element's bound."""
@@ -73,33 +76,31 @@ class Tolerance:
 
     def check(self, c: np.ndarray, inputs: Mapping[str, Any]) -> tuple[bool, str]:
         """Whether C is within the bound of the reference, and a one-line account of how close it is."""
-        from .reference import reference
-
-        ref = reference(self.program, inputs)
+        ref, bound = self._against(inputs)
         if np.shape(c) != ref.shape:
             return False, f"C has shape {np.shape(c)}, the reference {ref.shape}"
         if self.exact:
             bad = int(np.count_nonzero(np.asarray(c) != ref))
             return bad == 0, "exact" if bad == 0 else f"{bad} of {ref.size} elements differ"
         err = np.abs(np.asarray(c, dtype=np.float64) - ref.astype(np.float64))
-        ok = bool(np.all(err <= self.bound(inputs)))
+        ok = bool(np.all(err <= bound))
         return ok, f"max |error| {float(err.max(initial=0.0)):.3g} (bound: {self.text})"
 
 
 def tolerance(program: SpatialProgram, *, kernel: bool = False) -> Tolerance:
     """The bound a result of `program` meets: the interpreter's (a float64 sum rounded once: 4 ulps), or with
     `kernel` a GPU kernel's or its emulation's (a float32 sum of K terms: K + 4 ulps). int8 is exact either way."""
-    if not isinstance(program, SpatialProgram):
-        raise ProgramError(
-            f"tolerance takes a SpatialProgram (from spatialc.gemm or build), not {type(program).__name__}"
-        )
+    from .api import expect_program
+
+    expect_program("tolerance", program, "from spatialc.gemm or build")
     if program.precision == Precision.INT8:
         return Tolerance(program, True, 0, 1.0)
-    from .reference import epilogue_ops
+    from .reference import _declared
 
-    a = next((t for t in program.tensors if t.role.value == "input"), None)
-    k = a.elems[1] if a is not None else 0
-    muls = [abs(op.value) for op in epilogue_ops(program) if isinstance(op, Scalar) and op.op == "mul"]
+    decl = _declared(program)
+    k = program.tensor(decl.a).elems[1]  # type: ignore[arg-type]  # A: the matmul stage's first operand
+    ops = [s.kind.op for s in decl.chain]  # type: ignore[union-attr]
+    muls = [abs(op.value) for op in ops if isinstance(op, Scalar) and op.op == "mul"]
     out = program.output_tensor()
     eps = OUT_EPS.get(out.dtype, EPS32) if out is not None else EPS32
     return Tolerance(program, False, k + 4 if kernel else 4, max(float(np.prod(muls or [1.0])), 1.0), eps)

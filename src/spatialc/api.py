@@ -27,7 +27,7 @@ def build(
     """tile → place → schedule → verify; returns the verified program."""
     from .passes.pipeline import build as run_passes
 
-    _program("build", program, "from spatialc.gemm")
+    expect_program("build", program, "from spatialc.gemm")
     return run_passes(
         program, get_target(target), block=block, sub_blocks=sub_blocks, depth=depth, sites=sites, placement=placement
     )
@@ -40,7 +40,7 @@ def verify(program: SpatialProgram, target: str | SpatialTarget | None = None) -
     that names a target spatialc does not list."""
     from .passes.verify import verify as check
 
-    _program("verify", program, "from spatialc.build or spatialc.from_json")
+    expect_program("verify", program, "from spatialc.build or spatialc.from_json")
     return check(program, None if target is None else get_target(target))
 
 
@@ -48,7 +48,7 @@ def evaluate(program: SpatialProgram, inputs: dict[str, Any], **kwargs: Any):
     """The exact result of `program` on `inputs` (name → numpy array), from the reference interpreter."""
     from .interp.evaluate import evaluate as run_interpreter
 
-    _program("evaluate", program, "from spatialc.build")
+    expect_program("evaluate", program, "from spatialc.build")
     return run_interpreter(program, inputs, **kwargs)
 
 
@@ -60,7 +60,7 @@ def lower(program: SpatialProgram, target: str | SpatialTarget | None = None):
     from .lower.cuda.persistent import lower as lower_cuda
     from .passes.verify import verify
 
-    _program("lower", program, "from spatialc.build")
+    expect_program("lower", program, "from spatialc.build")
     t = get_target(target or program.target)
     if program.verified:
         verify(program, t if t.name == program.target else None)
@@ -69,7 +69,7 @@ def lower(program: SpatialProgram, target: str | SpatialTarget | None = None):
 
 def to_json(program: SpatialProgram, indent: int | None = None) -> str:
     """The program as a JSON document."""
-    _program("to_json", program, "")
+    expect_program("to_json", program, "")
     return serde.to_json(program, indent)
 
 
@@ -107,7 +107,7 @@ def run(artifact, a, b, **params: Any):
 gemm = gemm
 
 
-def _program(name: str, program: object, whence: str) -> None:
+def expect_program(name: str, program: object, whence: str) -> None:
     """ProgramError unless `program` is a SpatialProgram: a wrong argument is one clear line, not an AttributeError
     from deep inside a pass."""
     if not isinstance(program, SpatialProgram):

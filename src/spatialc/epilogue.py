@@ -24,6 +24,33 @@ class EpilogueError(SpatialError, ValueError):
 EXACT_LIMIT = 2.0**62  # integer epilogue values must stay well inside int64: beyond this they may have wrapped
 
 
+def dot_range(k: int) -> tuple[int, int]:
+    """The least and greatest K-long int8 dot product: K·(−128)·127 and K·(−128)·(−128)."""
+    return -k * 128 * 127, k * 128 * 128
+
+
+def integer_range(op: ComputeOp, lo: int, hi: int) -> tuple[int, int] | None:
+    """The range of an integer epilogue op's result on values in lo..hi (a bias adds any int32, requant saturates
+    to int8), or None for an op that is none of them."""
+    match op:
+        case Bias():
+            return lo - 2**31, hi + 2**31 - 1
+        case Relu():
+            return max(lo, 0), max(hi, 0)
+        case Scalar("add", v):
+            return lo + int(v), hi + int(v)
+        case Scalar("mul", v):
+            a, b = lo * int(v), hi * int(v)
+            return min(a, b), max(a, b)
+        case Scalar("max", v):
+            return max(lo, int(v)), max(hi, int(v))
+        case Scalar("min", v):
+            return min(lo, int(v)), min(hi, int(v))
+        case Requant():
+            return -128, 127
+    return None
+
+
 def start(acc: np.ndarray, integer: bool) -> np.ndarray:
     """The accumulator as the epilogue sees it: int64 for integer programs, float32 otherwise."""
     return np.asarray(acc).astype(np.int64 if integer else np.float32)

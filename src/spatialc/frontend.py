@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .epilogue import dot_range
 from .errors import ProgramError
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (
@@ -156,7 +157,7 @@ def _output_dtype(prec: Precision, epi: tuple[Epilogue, ...], out: str | None, k
         return DType.INT8
     choices = OUTPUT_CHOICES["int8" if prec == Precision.INT8 else "float"]
     if out is None:
-        return DType.INT64 if prec == Precision.INT8 and (epi or k * 128 * 128 > 2**31 - 1) else OUTPUT_DTYPE[prec]
+        return DType.INT64 if prec == Precision.INT8 and (epi or dot_range(k)[1] > 2**31 - 1) else OUTPUT_DTYPE[prec]
     if out not in choices:
         raise ProgramError(f"a {prec.value} program's output is one of {', '.join(choices)}, not {out!r}")
     return DType(out)

@@ -5,6 +5,7 @@ It is what the CLI and the GPU check compare against; the interpreter is checked
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ def epilogue_ops(p: SpatialProgram) -> list:
     return [s.kind.op for s in _declared(p).chain]
 
 
-def rounded_operands(p: SpatialProgram, inputs: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+def rounded_operands(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """A and B — the tensors the matmul stage multiplies, in that order, whatever their names — as float64 holding
     exactly the operand type's values (float64 sums int8 products exactly)."""
     decl = _declared(p)
@@ -40,9 +41,14 @@ def rounded_operands(p: SpatialProgram, inputs: dict[str, Any]) -> tuple[np.ndar
     return tuple(operand_values(t.name, inputs[t.name], t.dtype).astype(np.float64) for t in tensors)  # type: ignore[return-value]
 
 
-def reference(p: SpatialProgram, inputs: dict[str, Any]) -> np.ndarray:
+def reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
     """epilogue(A @ B) in the output's element type, from float64 products of the operand-rounded inputs."""
     a, b = rounded_operands(p, inputs)
+    return reference_of(p, a, b, inputs)
+
+
+def reference_of(p: SpatialProgram, a: np.ndarray, b: np.ndarray, inputs: Mapping[str, Any]) -> np.ndarray:
+    """`reference` from A and B already rounded by `rounded_operands` (the other inputs, a bias, from `inputs`)."""
     integer = p.precision == Precision.INT8
     ops = epilogue_ops(p)
     x = np.rint(a @ b) if integer else a @ b

@@ -25,7 +25,7 @@ Point = tuple[float, float]
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1
 
 
-def _colour(i: int, n: int) -> str:
+def _colour(i: int) -> str:
     # Golden-ratio hue steps keep neighbouring sites apart in colour even when there are hundreds of them.
     h = (i * 0.618033988749895) % 1.0
     r, g, b = colorsys.hls_to_rgb(h, 0.62, 0.55)
@@ -85,7 +85,7 @@ def _placement_key(p: SpatialProgram, holes: bool) -> list[Entry]:
     """A swatch per site with its item count (the first few, where there are many), and white if an item has none."""
     assert p.placement is not None
     sites = p.placement.items_of_site
-    entries = [("box", _colour(int(s), len(sites)), f"site {s}: {len(i)} item{'s' * (len(i) != 1)}") for s, i in sites]
+    entries = [("box", _colour(int(s)), f"site {s}: {len(i)} item{'s' * (len(i) != 1)}") for s, i in sites]
     if len(entries) > _KEY_SITES:
         more = f"... and {len(entries) - _KEY_SITES} more sites: the number in a cell is its site"
         entries = [*entries[:_KEY_SITES], ("hollow", "", more)]
@@ -120,7 +120,7 @@ def placement_svg(p: SpatialProgram, cell: int = 40) -> str:
         px, py = 60 + x * cell, top + y * cell
         out.append(
             f'<rect class="item" x="{px}" y="{py}" width="{cell}" height="{cell}" stroke="#333"'
-            f' fill="{"#ffffff" if s is None else _colour(s, sites)}"><title>item ({y}, {x}): site {s}</title></rect>'
+            f' fill="{"#ffffff" if s is None else _colour(s)}"><title>item ({y}, {x}): site {s}</title></rect>'
         )
         if cell >= 14 and s is not None:
             out.append(_text(px + cell / 2, py + cell / 2 + font / 3, str(s), "site", text_anchor="middle",

@@ -117,7 +117,7 @@ def _gemm_parser(sub) -> None:
     g.add_argument(
         "--requant", type=_requant, metavar="SCALE[,ZP]", help="epilogue: requantise to int8 (int8 programs), last"
     )
-    _run_options(g)
+    _run_options(g, with_run=True)
     g.add_argument("--json", type=Path, metavar="FILE", help="save the verified program as JSON")
     g.add_argument("--show", action="store_true", help="print the program's choreography (its first two sites)")
     g.add_argument(
@@ -128,7 +128,8 @@ def _gemm_parser(sub) -> None:
     )
 
 
-def _run_options(p: argparse.ArgumentParser) -> None:
+def _run_options(p: argparse.ArgumentParser, *, with_run: bool) -> None:
+    """The options of a run on random inputs; `with_run`: the kernel runs only when --run asks (spatialc gemm)."""
     p.add_argument("--seed", type=_count, default=0, help="seed of the random inputs, a whole number ≥ 0 (default: 0)")
     p.add_argument(
         "--emit",
@@ -136,14 +137,17 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="lower to CUDA and write program.cu, bench.cu, kernel.cu, launch.json, budget.json, census.json to DIR",
     )
-    p.add_argument(
-        "--run", action="store_true", help="run the CUDA kernel: on the GPU when there is one, else in the emulation"
-    )
+    if with_run:
+        p.add_argument(
+            "--run",
+            action="store_true",
+            help="run the CUDA kernel: on the GPU when there is one, else in the emulation",
+        )
     p.add_argument(
         "--mode",
         choices=["late", "early"],
-        help="when the emulation's cp.async copies land: late (at the wait) or early (at issue) (with --run;"
-        " default: late)",
+        help="when the emulation's cp.async copies land: late (at the wait) or early (at issue)"
+        + (" (with --run; default: late)" if with_run else " (default: late)"),
     )
     p.add_argument("--progress", action="store_true", help="report a long emulation's progress even when piped")
 
@@ -177,10 +181,7 @@ def make_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
     )
     r.add_argument("file", type=Path, help="the program's JSON document")
-    r.add_argument("--seed", type=_count, default=0, help="seed of the random inputs, a whole number ≥ 0 (default: 0)")
-    r.add_argument("--mode", choices=["late", "early"], default="late", help="the emulation's copy landing (late)")
-    r.add_argument("--emit", type=Path, metavar="DIR", help="also write the kernel's files to DIR")
-    r.add_argument("--progress", action="store_true", help="report a long emulation's progress even when piped")
+    _run_options(r, with_run=False)
     # Listed for --help only: main() hands everything after `gpucheck` to the script's own parser.
     sub.add_parser(
         "gpucheck",

@@ -100,8 +100,7 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.nda
     if args.emit:
         from ..lower.cuda.host import write_artifact
 
-        write_artifact(art, args.emit)
-        names = ", ".join(sorted(f.name for f in args.emit.iterdir() if f.is_file()))
+        names = ", ".join(sorted(f.name for f in write_artifact(art, args.emit)))
         print(f"  emitted   {args.emit}/: {names}")
     if not args.run:
         return 0
@@ -218,10 +217,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
     art = api.lower(p)
     print(f"{p.name}: lowered for {art.target}")
     print("\n".join(kernel_lines(p, art)))
-    write_artifact(art, args.emit)
-    for f in sorted(args.emit.iterdir()):
-        if f.is_file():
-            print(f"  wrote     {f}")
+    for f in sorted(write_artifact(art, args.emit)):
+        print(f"  wrote     {f}")
     return 0
 
 
@@ -233,6 +230,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"spatialc run {args.file}: {p.name} on {p.target}")
     print("\n".join(program_lines(p)))
     check_memory(p)
-    args.run, args.show = True, False
+    args.run = True  # a saved program's kernel always runs
     print(f"  inputs    random, seed {args.seed}", file=sys.stdout)
     return _check_and_run(p, args, random_inputs(p, args.seed), [])

@@ -10,7 +10,7 @@ from ..target import SpatialTarget
 from .tile import matmul_stage, sites_per_unit, too_many_items
 
 PLACEMENTS = RULES
-MAX_SITES = 1 << 16  # a work list per site has to fit the kernel's constant memory long before this
+MAX_SITES = 1 << 16  # far more sites than any device has multiprocessors (the work list follows the device)
 
 
 def default_sites(p: SpatialProgram, target: SpatialTarget) -> int:

@@ -29,11 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
-
 from ..errors import SpatialError
 from ..inputs import InputError, TensorSpec, check_values, match_names, rounding_watched, shaped, warn_if_rounded
-from ..lower.artifact import Launch
 from .tilize import (
     TILE,
     LaunchError,
@@ -46,6 +43,7 @@ from .tilize import (
     tensor_spec,
     tilize,
     untilize,
+    work_list,
 )
 
 __all__ = [
@@ -233,20 +231,8 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
     if not getattr(ls, "items", 0):  # printed before kernels took their work list as an argument
         return Prepared(device, kernel, ls, args, ls.grid)
     sms = getattr(device, "sms", None)  # the sites follow the device's multiprocessors, by the placement's rule
-    work = device.xp.asarray(ls.work_list(sms), dtype=device.xp.int32)
-    return Prepared(device, kernel, ls, args, ls.sites(sms), work)
-
-
-def work_list(launch: Any, sms: int | None = None) -> tuple[int, Any]:
-    """(blocks to launch, the int32 work list to pass last) for a device of `sms` multiprocessors: `launch` is an
-    artifact's `Launch` or the dict of its launch.json. None for `sms` keeps the grid the plan expected."""
-    if isinstance(launch, Mapping):
-        fields = {f: launch[f] for f in ("kernel_name", "grid", "block", "dyn_smem") if f in launch}
-        extra = {f: launch[f] for f in ("items", "placement", "per_sm") if f in launch}
-        launch = Launch(**fields, params=(), **extra, work=tuple(launch.get("work", ())))
-    if not launch.items and not launch.work:
-        raise LaunchError("this launch has no work list: its kernel was printed before kernels took one")
-    return launch.sites(sms), np.asarray(launch.work_list(sms), dtype=np.int32)
+    grid, work = work_list(ls, sms)
+    return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work))
 
 
 def run(artifact: Any, a: Any, b: Any, **params: Any) -> Any:

@@ -13,6 +13,7 @@ caller who launches `kernel.cu` from their own code (docs/kernel-abi.md, "Launch
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,20 @@ def element_type(c_type: str) -> str:
         raise LaunchError(
             f"kernel parameter type {c_type!r} is not one the launcher knows ({', '.join(C_TYPES)})"
         ) from None
+
+
+def work_list(launch: Any, sms: int | None = None) -> tuple[int, Any]:
+    """(blocks to launch, the int32 work list to pass last) for a device of `sms` multiprocessors: `launch` is an
+    artifact's `Launch` or the dict of its launch.json. None for `sms` keeps the grid the plan expected."""
+    if isinstance(launch, Mapping):
+        from ..lower.artifact import Launch
+
+        fields = {f: launch[f] for f in ("kernel_name", "grid", "block", "dyn_smem") if f in launch}
+        extra = {f: launch[f] for f in ("items", "placement", "per_sm") if f in launch}
+        launch = Launch(**fields, params=(), **extra, work=tuple(launch.get("work", ())))
+    if not launch.items and not launch.work:
+        raise LaunchError("this launch has no work list: its kernel was printed before kernels took one")
+    return launch.sites(sms), np.asarray(launch.work_list(sms), dtype=np.int32)
 
 
 def launch_specs(launch: Any) -> list[TensorSpec]:

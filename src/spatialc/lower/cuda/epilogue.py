@@ -15,6 +15,7 @@ from importlib import resources
 
 import numpy as np
 
+from ...epilogue import dot_range, integer_range
 from ...ir.nodes import ComputeStage, DType, SpatialProgram, Stage, TensorRole
 from ...ir.ops import Bias, ComputeOp, MatmulTiles, Relu, Requant, Scalar
 from ...ir.printer import compute_text
@@ -74,6 +75,9 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
             _check_scalar(op, integer)
         if isinstance(op, Requant):
             _check_requant(op)
+    # What the kernel stores C as: a float accumulator as float32, or rounded to nearest even into fp16 / bf16 by the
+    # store's conversion; an integer one as int32 or widened to int64 (verify has shown the values fit), int8 after
+    # a requant.
     out = p.output_tensor()
     assert out is not None
     if not integer:
@@ -140,26 +144,16 @@ def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
     The bounds start from the accumulator's (a K-long int8 dot product) and follow each stage; a bias adds any
     int32. Requantisation saturates, so it ends every bound.
     """
-    lo, hi = -k * 128 * 127, k * 128 * 128
+    lo, hi = dot_range(k)
     for s in stages:
         op = s.kind.op  # type: ignore[union-attr]
-        match op:
-            case Bias():
-                lo, hi = lo + INT32_MIN, hi + INT32_MAX
-            case Relu():
-                lo, hi = max(lo, 0), max(hi, 0)
-            case Scalar("add", v):
-                lo, hi = lo + int(v), hi + int(v)
-            case Scalar("mul", v):
-                lo, hi = sorted((lo * int(v), hi * int(v)))
-            case Scalar("max", v):
-                lo, hi = max(lo, int(v)), max(hi, int(v))
-            case Scalar("min", v):
-                lo, hi = min(lo, int(v)), min(hi, int(v))
-            case Scalar(name):
-                raise Unsupported(f"scalar op {name!r}", "the epilogue knows add, mul, max and min")
-            case Requant():
-                lo, hi = -128, 127
+        after = integer_range(op, lo, hi)
+        if after is None:
+            raise Unsupported(
+                f"epilogue op {compute_text(op, p)}",
+                "the integer epilogue knows bias, relu, add, mul, max, min and requant",
+            )
+        lo, hi = after
         if lo < INT64_MIN or hi > INT64_MAX:
             raise TooBig(
                 f"the largest magnitude after epilogue stage {s.name} ({compute_text(op, p)}) in int64",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from ...epilogue import dot_range
 from ...ir.ids import LV_ITEM
 from ...ir.nodes import ComputeStage, DType, Plan, ReadStage, SpatialProgram, Stage, TensorRole, Tile
 from ...ir.ops import (
@@ -54,10 +55,6 @@ C_TYPES = {
     DType.BF16: "__nv_bfloat16",
     DType.FLOAT32: "float",
 }
-# What the kernel stores C as: an integer accumulator as int32 or widened to int64; a float one as float32, or rounded
-# to nearest even into fp16 / bf16 by the store's conversion (verify has shown the values fit the integer ones).
-INTEGER_OUTPUTS = (DType.INT32, DType.INT64)
-FLOAT_OUTPUTS = (DType.FLOAT32, DType.FP16, DType.BF16)
 
 
 def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
@@ -67,7 +64,7 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     mm = matmul_stage(program)
     assert isinstance(mm.kind, ComputeStage) and isinstance(mm.kind.op, MatmulTiles)
     chain = epilogue.chain(program, mm)
-    types = operand_types(program, mm.kind.op, bool(chain))
+    types = operand_types(program, mm.kind.op)
     check_int8_reduction(program, mm.kind.op)
     integer = mm.kind.op.operand.value == "int8"
     epilogue.check(program, chain, integer)
@@ -203,7 +200,7 @@ def logical_k(p: SpatialProgram) -> int:
     return p.tensor(read.kind.tensor).elems[1]  # type: ignore[union-attr]
 
 
-def operand_types(p: SpatialProgram, mm: MatmulTiles, has_epilogue: bool) -> WmmaTypes:
+def operand_types(p: SpatialProgram, mm: MatmulTiles) -> WmmaTypes:
     """The WMMA fragment types of the matmul's operand precision; its input tensors must hold that type."""
     types = WMMA.get(mm.operand)
     if types is None:
@@ -218,11 +215,7 @@ def operand_types(p: SpatialProgram, mm: MatmulTiles, has_epilogue: bool) -> Wmm
     out = p.output_tensor()
     if out is None:
         raise Unsupported("a program without an output tensor", "the kernel stores its result into one")
-    allowed = INTEGER_OUTPUTS if mm.operand.value == "int8" else FLOAT_OUTPUTS
-    if not has_epilogue and out.dtype not in allowed:
-        names = " or ".join(d.value for d in allowed)
-        raise Precision(out.dtype.value, f"without an epilogue a {mm.operand.value} GEMM's output is {names}")
-    return types
+    return types  # the output's element type is `epilogue.check`'s, with or without an epilogue
 
 
 def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
@@ -236,7 +229,7 @@ def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
     if mm.operand.value != "int8":
         return
     k = logical_k(p)
-    need = k * 128 * 128
+    need = dot_range(k)[1]
     if need > 2**31 - 1:
         raise TooBig(
             f"the largest int8 dot product over K = {k} (K·128·128) in an int32 accumulator",
