@@ -428,14 +428,15 @@ def test_the_texts_follow_the_kernel_abi():
     main = a.program_cu[a.program_cu.index("int main()") :]
     for call in re.findall(r"^\s*(.*\bcuda[A-Z]\w*\(.*)$", main, re.M):
         assert call.startswith("SPATIALC_CHECK(cuda"), call
-    assert re.search(r"^\s*spatialc_persistent<<<GRID, NTHREAD>>>\(d0, d1, d2, d_work\);$", main, re.M)
+    block = a.launch.block
+    assert re.search(rf"^\s*spatialc_persistent<<<GRID, {block}>>>\(d0, d1, d2, d_work\);$", main, re.M)
     assert [p.c_type for p in a.launch.params] == ["signed char", "signed char", "int"]
 
 
 def test_the_bench_times_twenty_launches_and_reports_only_after_checking_them():
     bench = lowered(64, 64, 64, "fp16", "sm_86", block=(2, 4, 2)).bench_cu
     assert "a.txt" not in bench and "spatialc_bench_input(h0, 0);" in bench
-    assert "const int ITERS = 20;" in bench and bench.count("<<<GRID, NTHREAD, DYN_SMEM>>>") == 2
+    assert "const int ITERS = 20;" in bench and bench.count("<<<GRID, 128, 4096>>>") == 2
     checked, rate = bench.index("SPATIALC_CHECK(cudaEventSynchronize(e1));"), bench.index('printf("GOPS')
     assert bench.index("SPATIALC_CHECK(cudaGetLastError());", bench.index("cudaEventRecord(e1)")) < checked < rate
 

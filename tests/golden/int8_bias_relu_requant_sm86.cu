@@ -308,21 +308,21 @@ inline std::vector<int> spatialc_work_list(int items, int sites, int round_robin
 int main() {
     std::vector<double> h0((size_t)64 * 32);
     if (!spatialc_read("a.txt", h0)) { return 2; }
-    std::vector<OPT> x0((size_t)4 * 2 * 256);  // zero padding: value-initialised
+    std::vector<signed char> x0((size_t)4 * 2 * 256);  // zero padding: value-initialised
     spatialc_tilize(h0, 64, 32, 2, x0);
-    OPT* d0 = nullptr;
-    SPATIALC_CHECK(cudaMalloc(&d0, x0.size() * sizeof(OPT)));
-    SPATIALC_CHECK(cudaMemcpy(d0, x0.data(), x0.size() * sizeof(OPT), cudaMemcpyHostToDevice));
+    signed char* d0 = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d0, x0.size() * sizeof(signed char)));
+    SPATIALC_CHECK(cudaMemcpy(d0, x0.data(), x0.size() * sizeof(signed char), cudaMemcpyHostToDevice));
     std::vector<double> h1((size_t)32 * 72);
     if (!spatialc_read("b.txt", h1)) { return 2; }
-    std::vector<OPT> x1((size_t)2 * 8 * 256);  // zero padding: value-initialised
+    std::vector<signed char> x1((size_t)2 * 8 * 256);  // zero padding: value-initialised
     spatialc_tilize(h1, 32, 72, 8, x1);
-    OPT* d1 = nullptr;
-    SPATIALC_CHECK(cudaMalloc(&d1, x1.size() * sizeof(OPT)));
-    SPATIALC_CHECK(cudaMemcpy(d1, x1.data(), x1.size() * sizeof(OPT), cudaMemcpyHostToDevice));
-    OUT_T* d2 = nullptr;
-    SPATIALC_CHECK(cudaMalloc(&d2, (size_t)4 * 8 * 256 * sizeof(OUT_T)));
-    SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)4 * 8 * 256 * sizeof(OUT_T)));
+    signed char* d1 = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d1, x1.size() * sizeof(signed char)));
+    SPATIALC_CHECK(cudaMemcpy(d1, x1.data(), x1.size() * sizeof(signed char), cudaMemcpyHostToDevice));
+    signed char* d2 = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d2, (size_t)4 * 8 * 256 * sizeof(signed char)));
+    SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)4 * 8 * 256 * sizeof(signed char)));
     std::vector<double> h3((size_t)1 * 72);
     if (!spatialc_read("bias.txt", h3)) { return 2; }
     std::vector<int> x3((size_t)1 * 8 * 256);  // zero padding: value-initialised
@@ -337,11 +337,11 @@ int main() {
     int* d_work = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));
     SPATIALC_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));
-    spatialc_persistent<<<GRID, NTHREAD, DYN_SMEM>>>(d0, d1, d2, d3, d_work);
+    spatialc_persistent<<<GRID, 128, 4096>>>(d0, d1, d2, d3, d_work);
     SPATIALC_CHECK(cudaGetLastError());
     SPATIALC_CHECK(cudaDeviceSynchronize());
-    std::vector<OUT_T> y((size_t)4 * 8 * 256);
-    SPATIALC_CHECK(cudaMemcpy(y.data(), d2, y.size() * sizeof(OUT_T), cudaMemcpyDeviceToHost));
+    std::vector<signed char> y((size_t)4 * 8 * 256);
+    SPATIALC_CHECK(cudaMemcpy(y.data(), d2, y.size() * sizeof(signed char), cudaMemcpyDeviceToHost));
     for (int i = 0; i < 64; ++i) {
         for (int j = 0; j < 72; ++j) {
             printf("%lld\n", (long long)y[spatialc_tiled_index(i, j, 8)]);

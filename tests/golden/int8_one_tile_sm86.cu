@@ -211,21 +211,21 @@ inline std::vector<int> spatialc_work_list(int items, int sites, int round_robin
 int main() {
     std::vector<double> h0((size_t)16 * 16);
     if (!spatialc_read("a.txt", h0)) { return 2; }
-    std::vector<OPT> x0((size_t)2 * 1 * 256);  // zero padding: value-initialised
+    std::vector<signed char> x0((size_t)2 * 1 * 256);  // zero padding: value-initialised
     spatialc_tilize(h0, 16, 16, 1, x0);
-    OPT* d0 = nullptr;
-    SPATIALC_CHECK(cudaMalloc(&d0, x0.size() * sizeof(OPT)));
-    SPATIALC_CHECK(cudaMemcpy(d0, x0.data(), x0.size() * sizeof(OPT), cudaMemcpyHostToDevice));
+    signed char* d0 = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d0, x0.size() * sizeof(signed char)));
+    SPATIALC_CHECK(cudaMemcpy(d0, x0.data(), x0.size() * sizeof(signed char), cudaMemcpyHostToDevice));
     std::vector<double> h1((size_t)16 * 16);
     if (!spatialc_read("b.txt", h1)) { return 2; }
-    std::vector<OPT> x1((size_t)1 * 2 * 256);  // zero padding: value-initialised
+    std::vector<signed char> x1((size_t)1 * 2 * 256);  // zero padding: value-initialised
     spatialc_tilize(h1, 16, 16, 2, x1);
-    OPT* d1 = nullptr;
-    SPATIALC_CHECK(cudaMalloc(&d1, x1.size() * sizeof(OPT)));
-    SPATIALC_CHECK(cudaMemcpy(d1, x1.data(), x1.size() * sizeof(OPT), cudaMemcpyHostToDevice));
-    OUT_T* d2 = nullptr;
-    SPATIALC_CHECK(cudaMalloc(&d2, (size_t)2 * 2 * 256 * sizeof(OUT_T)));
-    SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)2 * 2 * 256 * sizeof(OUT_T)));
+    signed char* d1 = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d1, x1.size() * sizeof(signed char)));
+    SPATIALC_CHECK(cudaMemcpy(d1, x1.data(), x1.size() * sizeof(signed char), cudaMemcpyHostToDevice));
+    int* d2 = nullptr;
+    SPATIALC_CHECK(cudaMalloc(&d2, (size_t)2 * 2 * 256 * sizeof(int)));
+    SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)2 * 2 * 256 * sizeof(int)));
     int sms = 0;
     SPATIALC_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const int GRID = spatialc_sites(1, sms, 8, 1);
@@ -233,11 +233,11 @@ int main() {
     int* d_work = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));
     SPATIALC_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));
-    spatialc_persistent<<<GRID, NTHREAD, DYN_SMEM>>>(d0, d1, d2, d_work);
+    spatialc_persistent<<<GRID, 128, 4096>>>(d0, d1, d2, d_work);
     SPATIALC_CHECK(cudaGetLastError());
     SPATIALC_CHECK(cudaDeviceSynchronize());
-    std::vector<OUT_T> y((size_t)2 * 2 * 256);
-    SPATIALC_CHECK(cudaMemcpy(y.data(), d2, y.size() * sizeof(OUT_T), cudaMemcpyDeviceToHost));
+    std::vector<int> y((size_t)2 * 2 * 256);
+    SPATIALC_CHECK(cudaMemcpy(y.data(), d2, y.size() * sizeof(int), cudaMemcpyDeviceToHost));
     for (int i = 0; i < 16; ++i) {
         for (int j = 0; j < 16; ++j) {
             printf("%lld\n", (long long)y[spatialc_tiled_index(i, j, 2)]);

@@ -6,8 +6,6 @@ uses follows from ids and loop variables, so the same program always prints the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
@@ -26,7 +24,6 @@ from ...ir.ops import (
     ReadTiles,
     ReleaseAcc,
     Reserve,
-    TileAddr,
     Wait,
     WriteBarrier,
     WriteTiles,
@@ -35,20 +32,12 @@ from ...ir.printer import compute_text
 from ..census import OP, PAD, PRE, marker
 from ..errors import Unsupported
 from . import epilogue
+from .cwriter import CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, c_mod, c_mul, c_sum
 from .merge import SerialLoop, SerialOp
-from .rings import TILE_ELEMS, Ring, Rings, SmemLayout, WmmaTypes, barrier_free_pops, commits, rotation
+from .rings import TILE_ELEMS, Rings, SmemLayout, WmmaTypes, barrier_free_pops, commits, rotation
+from .tiles import WMMA, TilePrinter
 
 KERNEL_NAME = "spatialc_persistent"
-INCLUDES = ("cuda_pipeline.h", "mma.h", "cuda_bf16.h", "cuda_fp16.h", "cstdio", "cstdlib", "vector", "cstring")
-RING_MACROS = """#ifndef SPATIALC_SHARED_RING
-#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
-#define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
-#endif"""
-CHECK_MACRO = (
-    "#define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "
-    '"CUDA error: %s (%s)\\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)'
-)
-WMMA = "nvcuda::wmma::"
 POP_PROOF = "these slots are refilled only after the next wait barrier"
 
 
@@ -77,73 +66,12 @@ class Kernel:
         return self.plan.item_tiles
 
 
-class Writer:
-    """Lines of C with an indent, each optionally ending in a census marker."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.depth = 0
-
-    def line(self, text: str = "", mark: str = "") -> None:
-        """One line at the current indent; `mark` (a census marker) ends it."""
-        body = f"{text}  {mark}" if text and mark else (text or mark)
-        self.lines.append(("    " * self.depth + body) if body else "")
-
-    @contextmanager
-    def block(self, head: str = "", mark: str = "") -> Iterator[None]:
-        """`head {`, an indented body, `}`."""
-        self.line(f"{head} {{" if head else "{", mark)
-        self.depth += 1
-        yield
-        self.depth -= 1
-        self.line("}")
-
-    def text(self) -> str:
-        """The lines written so far, as one text."""
-        return "\n".join(self.lines) + "\n"
-
-
-def _sum(*terms: str) -> str:
-    """C terms joined by `+`, the empty ones left out."""
-    return " + ".join(t for t in terms if t) or "0"
-
-
-def _mul(e: str, n: int) -> str:
-    """`e · n` as C ("" when `e` is absent)."""
-    return "" if not e else e if n == 1 else f"{e} * {n}"
-
-
-def _div(e: str, n: int) -> str:
-    return e if n == 1 else f"{e} / {n}"
-
-
-def _mod(e: str, n: int) -> str:
-    """`e mod n` as C ("" when n is 1: it is zero)."""
-    return "" if n == 1 else f"{e} % {n}"
-
-
-def addr_expr(at: TileAddr, env: dict[LoopVar, str]) -> str:
-    """A tile address as C over the loop variables bound in `env` (variable → C expression)."""
-    terms = [str(at.base)] if at.base else []
-    for var, stride in at.steps:
-        if stride == 0:
-            continue
-        if var not in env:
-            raise Unsupported(
-                f"an address over {loop_var_name(var)} outside any loop that binds it",
-                "the kernel has no value for that variable there",
-            )
-        if env[var] != "0":
-            terms.append(f"{env[var]} * {stride}" if stride != 1 else env[var])
-    return _sum(*terms)
-
-
-class OpPrinter:
+class OpPrinter(TilePrinter):
     """Prints a serial program's ops into a Writer; one method per op kind."""
 
     def __init__(self, k: Kernel, w: Writer, free_pops: frozenset[int] = frozenset()):
+        super().__init__(k.plan, k.rings, k.lane_grid, w)
         self.k = k
-        self.w = w
         # The rings whose pops need no barrier (`rings.barrier_free_pops` proves it from the printed order).
         self.free_pops = free_pops
         # The fused chain's stages met since the last store: (op, its addresses' variables, its C scope depth).
@@ -197,8 +125,7 @@ class OpPrinter:
             case WriteTiles():
                 self.write_tiles(op, env, mark)
             case AcquireAcc():
-                with self.unrolled("for (int q = 0; q < PERW; ++q)", mark):
-                    self.w.line(f"{WMMA}fill_fragment(accf[q], 0);")
+                self.acquire(mark)
             case ReleaseAcc():
                 self.w.line("", f"{mark} (accumulators stay in registers)")
             case ReadBarrier() | WriteBarrier() | Flush():
@@ -213,16 +140,6 @@ class OpPrinter:
                 self.pack(self.kept(buf), mark)
             case _:
                 raise Unsupported(f"a {type(op).__name__} op", "the persistent tile kernel has no image for it")
-
-    def kept(self, buf) -> Ring:
-        """The ring of `buf`, which the checks before printing guarantee is kept."""
-        ring = self.k.rings.kept(buf)
-        assert ring is not None
-        return ring
-
-    def ring(self, buf) -> int:
-        """The id of `buf`'s ring, the suffix of its names in the kernel."""
-        return self.kept(buf).id
 
     def run_kind(self, op: SerialOp) -> type | None:
         """Wait or Pop for such an op on a kept ring (the ops that run together under one barrier), else None."""
@@ -290,164 +207,6 @@ class OpPrinter:
                     self.w.line("__pipeline_commit();", marker("Push", PAD))
             self.ops(cons, env | {lp.var: v}, ahead, OP)
 
-    # ---- data movement -------------------------------------------------------------------------------------
-
-    def read_tiles(self, op: ReadTiles, env: dict[LoopVar, str], mark: str) -> None:
-        """Every thread issues its share of the page as 16-byte copies, the width one cp.async moves."""
-        ring = self.kept(op.into)
-        r, bw = ring.id, op.block_w
-        if ring.c_type != "OPT":
-            raise Unsupported(f"a ReadTiles into {ring.name}", "only operand rings are filled from global memory")
-        with self.w.block("", mark):
-            self.w.line(f"constexpr int CHUNKS = (int)(sizeof(OPT) * {TILE_ELEMS} / 16);")
-            self.w.line(
-                f'static_assert(sizeof(OPT) * {TILE_ELEMS} % 16 == 0, "a tile is a whole number of 16-byte chunks");'
-            )
-            with self.w.block(f"for (int c = tid; c < {op.block_h * bw} * CHUNKS; c += NTHREAD)"):
-                self.w.line("const int tl = c / CHUNKS, off = c % CHUNKS;")
-                self.w.line(f"const long long tile = {self.tile_expr(op.at, env, bw, op.stride_h, op.stride_w)};")
-                self.w.line(
-                    f"__pipeline_memcpy_async(reinterpret_cast<char*>(ring_{r} + wslot_{r} * PAGE_{r} + tl * "
-                    f"{TILE_ELEMS}) + off * 16, reinterpret_cast<const char*>(t{int(op.tensor)} + tile * "
-                    f"{TILE_ELEMS}) + off * 16, 16);"
-                )
-
-    def tile_expr(self, at: TileAddr, env: dict[LoopVar, str], bw: int, sh: int, sw: int) -> str:
-        """The global tile index of page tile `tl` of a `? × bw` block at `at` with strides (sh, sw)."""
-        row = _mul(f"(long long)({_div('tl', bw)})", sh)
-        col = _mul(f"(long long)(tl % {bw})" if bw > 1 else "", sw)
-        return _sum(f"(long long)({addr_expr(at, env)})", row, col)
-
-    def write_tiles(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
-        """The front page of a ring to global memory, every thread a strided share of its elements."""
-        ring = self.kept(op.src)
-        r = ring.id
-        n = op.block_h * op.block_w * TILE_ELEMS
-        with self.w.block("", mark), self.w.block(f"for (int e = tid; e < {n}; e += NTHREAD)"):
-            self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
-            self.w.line(f"const long long tile = {self.tile_expr(op.at, env, op.block_w, op.stride_h, op.stride_w)};")
-            self.w.line(f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el] = (OUT_T)ring_{r}[rslot_{r} * PAGE_{r} + e];")
-
-    # ---- the tile matmul and its accumulators --------------------------------------------------------------
-
-    def warp_coords(self) -> None:
-        """Declare the warp's place in the lane grid (only the coordinates that vary, so none is unused)."""
-        wm, wn = self.k.lane_grid  # type: ignore[misc]
-        if wm > 1:
-            self.w.line(f"const int wi = warp / {wn};")
-        if wn > 1:
-            self.w.line(f"const int wj = warp % {wn};")
-
-    def rect(self) -> tuple[int, int, int, int, int, int]:
-        """(wm, wn, rm, rn, sh, sw): the lane grid, each warp's rectangle, the sub-blocks."""
-        wm, wn = self.k.lane_grid  # type: ignore[misc]
-        blk, (sh, sw) = self.k.plan.block, self.k.plan.sub_blocks
-        return wm, wn, blk.osh // wm, blk.osw // wn, sh, sw
-
-    def place(self, a: str, b: str, i: str, j: str) -> tuple[str, str, str]:
-        """Item row, item column and fragment index of row i, column j of this warp's rectangle in sub-block (a, b).
-
-        Fragments are numbered q = ((a·sw + b)·rm + i)·rn + j: by sub-block first, so no two sub-blocks share one.
-        """
-        wm, wn, rm, rn, _, sw = self.rect()
-        blk = self.k.plan.block
-        row = _sum(_mul(a, blk.osh), _mul("wi" if wm > 1 else "", rm), i)
-        col = _sum(_mul(b, blk.osw), _mul("wj" if wn > 1 else "", rn), j)
-        return row, col, _sum(_mul(a, sw * rm * rn), _mul(b, rm * rn), _mul(i, rn), j)
-
-    def owned_tile(self) -> str:
-        """`bh`, `bw`: the item tile that fragment `q` of this warp holds."""
-        _, _, rm, rn, sh, sw = self.rect()
-        a = _div("q", sw * rm * rn) if sh > 1 else ""
-        row, col, _ = self.place(a, _mod(_div("q", rm * rn), sw), _mod(_div("q", rn), rm), _mod("q", rn))
-        return f"const int bh = {row}, bw = {col};"
-
-    def frag(self, use: str, name: str) -> str:
-        """The declaration of operand fragment(s) `name` for `use` (matrix_a / matrix_b)."""
-        return f"{WMMA}fragment<{WMMA}{use}, 16, 16, 16, OPT, {WMMA}row_major> {name};"
-
-    def matmul(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
-        """One K step for every sub-block of the item, accumulating in registers."""
-        with self.w.block("", mark):
-            if self.k.lane_grid is None:
-                self.matmul_strided(mm, a, b)
-            else:
-                self.matmul_grid(mm, a, b)
-
-    def matmul_grid(self, mm: MatmulTiles, a_ring: Ring, b_ring: Ring) -> None:
-        """A warp owns one rectangle of every sub-block: per K tile it loads each B fragment of its columns once and
-        each A fragment of its rows once, and makes every product of them."""
-        _, _, rm, rn, sh, sw = self.rect()
-        blk = mm.block
-        a, i = (_div("r", rm) if sh > 1 else ""), _mod("r", rm)
-        b, j = (_div("c", rn) if sw > 1 else ""), _mod("c", rn)
-        row, col, q = self.place(a, b, i, j)
-        self.warp_coords()
-        with self.unrolled(f"for (int kk = 0; kk < {blk.ibw}; ++kk)"):
-            self.w.line(self.frag("matrix_b", f"bf[{sw * rn}]"))
-            with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
-                self.w.line(
-                    f"{WMMA}load_matrix_sync(bf[c], ring_{b_ring.id} + rslot_{b_ring.id} * PAGE_{b_ring.id} + "
-                    f"(kk * {sw * blk.osw} + {col}) * {TILE_ELEMS}, 16);"
-                )
-            with self.unrolled(f"for (int r = 0; r < {sh * rm}; ++r)"):
-                self.w.line(self.frag("matrix_a", "af"))
-                self.w.line(
-                    f"{WMMA}load_matrix_sync(af, ring_{a_ring.id} + rslot_{a_ring.id} * PAGE_{a_ring.id} + "
-                    f"({_mul(f'({row})', blk.ibw)} + kk) * {TILE_ELEMS}, 16);"
-                )
-                with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
-                    self.w.line(f"const int q = {q};")
-                    self.w.line(f"{WMMA}mma_sync(accf[q], af, bf[c], accf[q]);")
-
-    def matmul_strided(self, mm: MatmulTiles, a: Ring, b: Ring) -> None:
-        """No lane grid divides the block: warp w owns item tiles w, w + NWARP, … — correct, and slower."""
-        h, w = self.k.item_tiles
-        ibw = mm.block.ibw
-        with self.unrolled("for (int q = 0; q < PERW; ++q)"):
-            self.w.line("const int ot = warp + q * NWARP;")
-            with self.w.block(f"if (ot < {h * w})"):
-                self.w.line(f"const int oi = ot / {w}, oj = ot % {w};")
-                with self.unrolled(f"for (int kk = 0; kk < {ibw}; ++kk)"):
-                    self.w.line(self.frag("matrix_a", "af"))
-                    self.w.line(self.frag("matrix_b", "bf"))
-                    self.w.line(
-                        f"{WMMA}load_matrix_sync(af, ring_{a.id} + rslot_{a.id} * PAGE_{a.id} + "
-                        f"({_mul('oi', ibw)} + kk) * {TILE_ELEMS}, 16);"
-                    )
-                    self.w.line(
-                        f"{WMMA}load_matrix_sync(bf, ring_{b.id} + rslot_{b.id} * PAGE_{b.id} + "
-                        f"({_mul('kk', w)} + oj) * {TILE_ELEMS}, 16);"
-                    )
-                    self.w.line(f"{WMMA}mma_sync(accf[q], af, bf, accf[q]);")
-
-    @contextmanager
-    def unrolled(self, head: str, mark: str = "") -> Iterator[None]:
-        """A loop fully unrolled, so fragment arrays are indexed by constants and stay in registers."""
-        self.w.line("#pragma unroll")
-        with self.w.block(head, mark):
-            yield
-
-    def pack(self, ring: Ring, mark: str) -> None:
-        """Store every accumulator fragment into its tile of the reserved page (row-major tiles of the item)."""
-        h, w = self.k.item_tiles
-        r = ring.id
-        store = (
-            f"{WMMA}store_matrix_sync(ring_{r} + wslot_{r} * PAGE_{r} + {{}} * {TILE_ELEMS}, accf[q], 16, "
-            f"{WMMA}mem_row_major);"
-        )
-        with self.w.block("", mark):
-            if self.k.lane_grid is None:
-                with self.unrolled("for (int q = 0; q < PERW; ++q)"):
-                    self.w.line("const int ot = warp + q * NWARP;")
-                    with self.w.block(f"if (ot < {h * w})"):
-                        self.w.line(store.format("ot"))
-                return
-            self.warp_coords()
-            with self.unrolled("for (int q = 0; q < PERW; ++q)"):
-                self.w.line(self.owned_tile())
-                self.w.line(store.format(f"(bh * {w} + bw)"))
-
     def fused_store(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
         """The fused epilogue: each warp stores its fragments one at a time through its own one-tile scratch."""
         chain = self.fused_chain()
@@ -458,8 +217,8 @@ class OpPrinter:
             with self.unrolled("for (int q = 0; q < PERW; ++q)"):
                 self.w.line(self.owned_tile())
                 base = addr_expr(op.at, env)
-                rows, cols = _mul("(long long)bh", op.stride_h), _mul("(long long)bw", op.stride_w)
-                self.w.line(f"const long long tile = {_sum(f'(long long)({base})', rows, cols)};")
+                rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
+                self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
                 self.w.line(f"{WMMA}store_matrix_sync(scratch, accf[q], 16, {WMMA}mem_row_major);")
                 # store_matrix_sync is warp-collective but no fence for the lanes' reads that follow; and the next
                 # fragment's store must not overwrite the scratch before every lane has read it out.
@@ -504,9 +263,9 @@ class OpPrinter:
         if not isinstance(stage, Bias):
             return ""
         w = self.k.item_tiles[1]
-        s = "bw" if stage.width == w else (_mod(f"(bh * {w} + bw)", stage.width) or "0")
+        s = "bw" if stage.width == w else (c_mod(f"(bh * {w} + bw)", stage.width) or "0")
         at = addr_expr(stage.at, env)
-        return f"(long long)({_sum(at if at != '0' else '', s)}) * {TILE_ELEMS} + el % 16"
+        return f"(long long)({c_sum(at if at != '0' else '', s)}) * {TILE_ELEMS} + el % 16"
 
 
 # ---- the kernel text ---------------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """The host side of the printed programs (docs/kernel-abi.md): `program_cu` runs the kernel on files and prints C;
-`bench_cu` times it on fixed inputs and prints `GOPS <value>`. Every runtime call goes through SPATIALC_CHECK."""
+`bench_cu` times it on fixed inputs and prints `GOPS <value>`. Every runtime call goes through SPATIALC_CHECK.
+
+Shared by every CUDA backend: the host programs are printed from the program's tensors and the kernel's `Launch`
+alone (its name, block, dynamic shared memory and each argument's C type), whatever the kernel looks like inside."""
 
 from __future__ import annotations
 
@@ -8,9 +11,9 @@ from importlib import resources
 from pathlib import Path
 from string import ascii_lowercase
 
-from ...ir.nodes import Tensor, TensorRole
+from ...ir.nodes import SpatialProgram, Tensor, TensorRole
 from ..artifact import CudaArtifact, Launch
-from .emit import KERNEL_NAME, Kernel, Writer
+from .cwriter import Writer
 
 BENCH_ITERS = 20
 INTEGER_OUTPUTS = ("long long", "int", "signed char")
@@ -21,27 +24,33 @@ def helpers() -> str:
     return resources.files(__package__).joinpath("persistent_host.cuh").read_text()
 
 
-def input_files(k: Kernel) -> dict[int, str]:
+def input_files(p: SpatialProgram) -> dict[int, str]:
     """The file each non-output tensor is read from: a.txt, b.txt, … for inputs, `<name>.txt` for parameters."""
-    inputs = [t for t in k.program.tensors if t.role == TensorRole.INPUT]
+    inputs = [t for t in p.tensors if t.role == TensorRole.INPUT]
     files = {int(t.id): f"{ascii_lowercase[i]}.txt" for i, t in enumerate(inputs)}
-    files |= {int(t.id): f"{t.name}.txt" for t in k.program.tensors if t.role == TensorRole.PARAMETER}
+    files |= {int(t.id): f"{t.name}.txt" for t in p.tensors if t.role == TensorRole.PARAMETER}
     return files
+
+
+def out_type(launch: Launch) -> str:
+    """The C type of the output tensor's elements."""
+    return next(q.c_type for q in launch.params if q.role == TensorRole.OUTPUT.value)
 
 
 def _elems(t: Tensor) -> str:
     return f"(size_t){t.tiles[0]} * {t.tiles[1]} * 256"
 
 
-def _device_tensors(k: Kernel, w: Writer, bench: bool) -> None:
+def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -> None:
     """Read (or make) each input, tilize it with zero padding, and copy it to the device; allocate the output."""
-    files = input_files(k)
-    for t, ty in zip(k.program.tensors, k.param_types, strict=True):
+    files = input_files(p)
+    for t, param in zip(p.tensors, launch.params, strict=True):
+        ty = param.c_type
         i = int(t.id)
         if t.role == TensorRole.OUTPUT:
-            w.line(f"OUT_T* d{i} = nullptr;")
-            w.line(f"SPATIALC_CHECK(cudaMalloc(&d{i}, {_elems(t)} * sizeof(OUT_T)));")
-            w.line(f"SPATIALC_CHECK(cudaMemset(d{i}, 0, {_elems(t)} * sizeof(OUT_T)));")
+            w.line(f"{ty}* d{i} = nullptr;")
+            w.line(f"SPATIALC_CHECK(cudaMalloc(&d{i}, {_elems(t)} * sizeof({ty})));")
+            w.line(f"SPATIALC_CHECK(cudaMemset(d{i}, 0, {_elems(t)} * sizeof({ty})));")
             continue
         w.line(f"std::vector<double> h{i}((size_t){t.elems[0]} * {t.elems[1]});")
         if bench:
@@ -55,10 +64,10 @@ def _device_tensors(k: Kernel, w: Writer, bench: bool) -> None:
         w.line(f"SPATIALC_CHECK(cudaMemcpy(d{i}, x{i}.data(), x{i}.size() * sizeof({ty}), cudaMemcpyHostToDevice));")
 
 
-def _launch(k: Kernel) -> str:
-    dyn = ", DYN_SMEM" if k.smem.dyn_bytes else ""
-    args = ", ".join([f"d{int(t.id)}" for t in k.program.tensors] + ["d_work"])
-    return f"{KERNEL_NAME}<<<GRID, NTHREAD{dyn}>>>({args});"
+def _launch(p: SpatialProgram, launch: Launch) -> str:
+    dyn = f", {launch.dyn_smem}" if launch.dyn_smem else ""
+    args = ", ".join([f"d{int(t.id)}" for t in p.tensors] + ["d_work"])
+    return f"{launch.kernel_name}<<<GRID, {launch.block}{dyn}>>>({args});"
 
 
 def _work(launch: Launch, w: Writer) -> None:
@@ -78,63 +87,64 @@ def _work(launch: Launch, w: Writer) -> None:
     w.line("SPATIALC_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));")
 
 
-def _setup(k: Kernel, launch: Launch, w: Writer, bench: bool) -> None:
+def _setup(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -> None:
     """Everything before the first launch."""
-    _device_tensors(k, w, bench)
+    _device_tensors(p, launch, w, bench)
     _work(launch, w)
-    if k.smem.opt_in:
+    if launch.smem_opt_in:
         w.line(
-            f"SPATIALC_CHECK(cudaFuncSetAttribute({KERNEL_NAME}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
-            "DYN_SMEM));"
+            f"SPATIALC_CHECK(cudaFuncSetAttribute({launch.kernel_name}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
+            f"{launch.dyn_smem}));"
         )
 
 
-def _free(k: Kernel, w: Writer) -> None:
-    for t in k.program.tensors:
+def _free(p: SpatialProgram, w: Writer) -> None:
+    for t in p.tensors:
         w.line(f"SPATIALC_CHECK(cudaFree(d{int(t.id)}));")
     w.line("SPATIALC_CHECK(cudaFree(d_work));")
 
 
-def program_main(k: Kernel, launch: Launch) -> str:
+def program_main(p: SpatialProgram, launch: Launch) -> str:
     """`main` of program_cu: read a.txt / b.txt, launch once, print C row-major one value per line."""
-    out = k.program.output_tensor()
+    out = p.output_tensor()
     assert out is not None
     o = int(out.id)
     # A half or bfloat16 value reaches printf through float: both convert to it exactly, on nvcc's host and g++'s.
-    fmt, cast = ("%lld", "long long") if k.out_type in INTEGER_OUTPUTS else ("%.9g", "double)(float")
+    ty = out_type(launch)
+    fmt, cast = ("%lld", "long long") if ty in INTEGER_OUTPUTS else ("%.9g", "double)(float")
     w = Writer()
     with w.block("int main()"):
-        _setup(k, launch, w, bench=False)
-        w.line(_launch(k))
+        _setup(p, launch, w, bench=False)
+        w.line(_launch(p, launch))
         w.line("SPATIALC_CHECK(cudaGetLastError());")
         w.line("SPATIALC_CHECK(cudaDeviceSynchronize());")
-        w.line(f"std::vector<OUT_T> y({_elems(out)});")
-        w.line(f"SPATIALC_CHECK(cudaMemcpy(y.data(), d{o}, y.size() * sizeof(OUT_T), cudaMemcpyDeviceToHost));")
+        w.line(f"std::vector<{ty}> y({_elems(out)});")
+        w.line(f"SPATIALC_CHECK(cudaMemcpy(y.data(), d{o}, y.size() * sizeof({ty}), cudaMemcpyDeviceToHost));")
         rows, cols = out.elems
         with w.block(f"for (int i = 0; i < {rows}; ++i)"), w.block(f"for (int j = 0; j < {cols}; ++j)"):
             w.line(f'printf("{fmt}\\n", ({cast})y[spatialc_tiled_index(i, j, {out.tiles[1]})]);')
-        _free(k, w)
+        _free(p, w)
         w.line("return 0;")
     return w.text()
 
 
-def bench_main(k: Kernel, launch: Launch) -> str:
+def bench_main(p: SpatialProgram, launch: Launch) -> str:
     """`main` of bench_cu: fixed inputs, a warm-up launch, 20 timed launches, `GOPS <value>` — only if all ran."""
-    a, b = [t for t in k.program.tensors if t.role == TensorRole.INPUT][:2]
+    a, b = [t for t in p.tensors if t.role == TensorRole.INPUT][:2]
     m, kk, n = a.elems[0], a.elems[1], b.elems[1]
     w = Writer()
     with w.block("int main()"):
-        _setup(k, launch, w, bench=True)
+        _setup(p, launch, w, bench=True)
         w.line("cudaEvent_t e0, e1;")
         w.line("SPATIALC_CHECK(cudaEventCreate(&e0));")
         w.line("SPATIALC_CHECK(cudaEventCreate(&e1));")
-        w.line(_launch(k) + "  // warm-up")
+        w.line(_launch(p, launch) + "  // warm-up")
         w.line("SPATIALC_CHECK(cudaGetLastError());")
         w.line("SPATIALC_CHECK(cudaDeviceSynchronize());")
         w.line(f"const int ITERS = {BENCH_ITERS};")
         w.line("SPATIALC_CHECK(cudaEventRecord(e0));")
         with w.block("for (int it = 0; it < ITERS; ++it)"):
-            w.line(_launch(k))
+            w.line(_launch(p, launch))
         w.line("SPATIALC_CHECK(cudaEventRecord(e1));")
         # A failed launch times nothing: checked before any rate is printed, so no rate follows a failure.
         w.line("SPATIALC_CHECK(cudaGetLastError());")
@@ -146,7 +156,7 @@ def bench_main(k: Kernel, launch: Launch) -> str:
         w.line('printf("GOPS %.1f\\n", ops / ((double)ms * 1e6));')
         w.line("SPATIALC_CHECK(cudaEventDestroy(e0));")
         w.line("SPATIALC_CHECK(cudaEventDestroy(e1));")
-        _free(k, w)
+        _free(p, w)
         w.line("return 0;")
     return w.text()
 

@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import math
 
-from ...epilogue import dot_range
-from ...ir.ids import LV_ITEM
-from ...ir.nodes import ComputeStage, DType, Plan, ReadStage, SpatialProgram, Stage, TensorRole, Tile
+from ...ir.nodes import ComputeStage, Plan, SpatialProgram, Stage, TensorRole, Tile
 from ...ir.ops import (
     AcquireAcc,
     Barrier,
-    ChoreoOp,
     Compute,
-    Const,
     Loop,
     MatmulTiles,
     McastSend,
@@ -32,29 +28,30 @@ from ...ir.ops import (
     SemWait,
     Trip,
     WriteTiles,
-    walk,
 )
 from ...ir.printer import compute_text
-from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...target import SpatialTarget
-from ..artifact import Budget, CudaArtifact, KernelParam, Launch
+from ..artifact import Budget, CudaArtifact, Launch
 from ..census import census
-from ..errors import GroupSpansSites, InternalError, NeedsGeneral, Precision, TooBig, Unsupported, Unverified
+from ..errors import GroupSpansSites, InternalError, NeedsGeneral, TooBig, Unsupported, Unverified
 from . import epilogue
+from .cwriter import C_TYPES
 from .emit import KERNEL_NAME, Kernel, kernel_text
 from .host import bench_main, helpers, program_main
 from .merge import SerialLoop, SerialOp, serialise
-from .rings import TILE_ELEMS, WMMA, Rings, WmmaTypes, prove, ring_table, smem_layout
+from .program import (
+    all_ops,
+    check_int8_reduction,
+    launch_for,
+    logical_k,
+    matmul_stage,
+    operand_types,
+    printed_site_programs,
+    site_items,
+)
+from .rings import TILE_ELEMS, Rings, WmmaTypes, prove, ring_table, smem_layout
 
 WMMA_TILE = Tile(16, 16)
-C_TYPES = {
-    DType.INT8: "signed char",
-    DType.INT32: "int",
-    DType.INT64: "long long",
-    DType.FP16: "__half",
-    DType.BF16: "__nv_bfloat16",
-    DType.FLOAT32: "float",
-}
 
 
 def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
@@ -88,8 +85,8 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     launch = launch_of(kernel, target)
     return CudaArtifact(
         target.name,
-        host + program_main(kernel, launch),
-        host + bench_main(kernel, launch),
+        host + program_main(program, launch),
+        host + bench_main(program, launch),
         kernel_cu,
         launch,
         budget_of(kernel, target),
@@ -98,12 +95,6 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
 
 
 # ---- refusals ----------------------------------------------------------------------------------------------
-
-
-def all_ops(p: SpatialProgram) -> list[ChoreoOp]:
-    """Every op of every engine program of every site."""
-    assert p.schedule is not None
-    return [op for prog in p.schedule.programs for op in walk(prog.ops)]
 
 
 def refuse(p: SpatialProgram) -> None:
@@ -154,19 +145,6 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     return None
 
 
-def matmul_stage(p: SpatialProgram) -> Stage:
-    """The program's one tile-matmul stage."""
-    for s in p.stages:
-        if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles):
-            if len(s.ins) != 2 or len(s.outs) != 1:
-                raise Unsupported(
-                    f"matmul stage {s.name} with {len(s.ins)} inputs and {len(s.outs)} outputs",
-                    "a tile matmul reads an A and a B ring and fills one output",
-                )
-            return s
-    raise Unsupported("a program without a tile matmul", "the persistent kernel is a WMMA tile GEMM")
-
-
 def fused_chain(
     p: SpatialProgram, target: SpatialTarget, mm: Stage, chain: tuple[Stage, ...], lane_grid: tuple[int, int] | None
 ) -> tuple[int, ...]:
@@ -189,93 +167,6 @@ def fused_chain(
             f"the fused epilogue applies where each warp reads back its own accumulators, and {why}",
         )
     return ()
-
-
-def logical_k(p: SpatialProgram) -> int:
-    """The reduction's length: the columns of the matmul's first operand (the zero padding adds nothing) — found
-    through the stage that fills its ring, not by the order tensors are listed in."""
-    mm = matmul_stage(p)
-    ring = p.buffer(mm.ins[0]).ring
-    read = next(s for s in p.stages if isinstance(s.kind, ReadStage) and any(p.buffer(b).ring == ring for b in s.outs))
-    return p.tensor(read.kind.tensor).elems[1]  # type: ignore[union-attr]
-
-
-def operand_types(p: SpatialProgram, mm: MatmulTiles) -> WmmaTypes:
-    """The WMMA fragment types of the matmul's operand precision; its input tensors must hold that type."""
-    types = WMMA.get(mm.operand)
-    if types is None:
-        raise Precision(mm.operand, "WMMA has 16x16x16 fragments for int8, fp16 and bf16 operands only")
-    for t in p.tensors:
-        if t.role == TensorRole.INPUT and t.dtype.value != mm.operand.value:
-            raise Precision(
-                t.dtype.value,
-                f"input {t.name} must hold the matmul's {mm.operand.value} operands: "
-                "tiles are copied into the operand rings byte for byte",
-            )
-    out = p.output_tensor()
-    if out is None:
-        raise Unsupported("a program without an output tensor", "the kernel stores its result into one")
-    return types  # the output's element type is `epilogue.check`'s, with or without an epilogue
-
-
-def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
-    """Refuse an int8 GEMM whose int32 fragment accumulators could overflow where the IR's int64 would not.
-
-    The largest sum a K-long int8 dot product reaches is K·128·128, every product being (−128)·(−128); the most
-    negative, K·(−128)·127, is smaller in size. The logical K counts: the zero padding adds nothing. That every
-    accumulator sums exactly K products — each k-tile once, whatever loops the schedule wraps around its K step — is
-    what verify's rule 8 proved before this program reached the lowering.
-    """
-    if mm.operand.value != "int8":
-        return
-    k = logical_k(p)
-    need = dot_range(k)[1]
-    if need > 2**31 - 1:
-        raise TooBig(
-            f"the largest int8 dot product over K = {k} (K·128·128) in an int32 accumulator",
-            need,
-            2**31 - 1,
-            "int8 WMMA accumulates in int32; keep K ≤ 131071 or use fp16",
-        )
-
-
-def _normal(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
-    """`ops` with every ITEM loop's count erased: the one thing the kernel reads per site at run time."""
-    return tuple(
-        Loop(op.var, Const(0) if op.var == LV_ITEM else op.count, _normal(op.body)) if isinstance(op, Loop) else op
-        for op in ops
-    )
-
-
-def printed_site_programs(p: SpatialProgram) -> tuple[tuple[ChoreoOp, ...], ...]:
-    """The engine programs of the first site with items, after checking every other site runs the same ones."""
-    assert p.placement is not None and p.schedule is not None
-    sites = [(s, items) for s, items in p.placement.items_of_site]
-    site = next(s for s, items in sites if items)
-    shown = tuple((prog.engine, _normal(prog.ops)) for prog in p.schedule.programs_of(site))
-    for s, items in sites:
-        progs = p.schedule.programs_of(s)
-        same = tuple((prog.engine, _normal(prog.ops)) for prog in progs) == shown
-        if not (same or (not items and all(not prog.ops for prog in progs))):
-            raise Unsupported(
-                f"site {int(s)}, whose engine programs differ from site {int(site)}'s",
-                "one kernel text runs every site; only the number of items may differ",
-            )
-        counts = {op.count for prog in progs for op in walk(prog.ops) if isinstance(op, Loop) and op.var == LV_ITEM}
-        if counts - {Const(len(items))} or (not counts and len(items) > 1):
-            raise Unsupported(
-                f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
-                "the kernel's ITEM loop runs the site's share of the work list",
-            )
-    return tuple(_per_item(prog.ops) for prog in p.schedule.programs_of(site))
-
-
-def _per_item(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
-    """`ops` inside an ITEM loop when they have none: a program without one is the work of a site's only item, and
-    the kernel runs whatever share of the items the device's sites get at launch — one, none or several."""
-    if not ops or any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(ops)):
-        return ops
-    return (Loop(LV_ITEM, Const(0), ops),)
 
 
 def check_shapes(ops: tuple[SerialOp, ...], plan: Plan, mm: Stage, rings: Rings) -> None:
@@ -346,8 +237,7 @@ def make_kernel(
             target.smem_per_site_max,
             "choose a smaller block, fewer sub-blocks or shallower rings",
         )
-    assert p.placement is not None
-    items = tuple(tuple(int(i) for i in items) for _, items in p.placement.items_of_site)
+    items = site_items(p)
     out = p.output_tensor()
     assert out is not None
     param_types = tuple(
@@ -390,33 +280,7 @@ def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
 
 
 def launch_of(k: Kernel, target: SpatialTarget) -> Launch:
-    """How a host language launches `kernel_cu`. A placement the rules make, over as many sites as the target keeps
-    resident, follows the device at launch (its multiprocessors × the blocks each holds); any other keeps its list."""
-    params = tuple(
-        KernelParam(
-            t.name,
-            k.types.operand if ty == "OPT" else k.out_type if ty == "OUT_T" else ty,
-            t.role.value,
-            t.elems,
-            t.tiles,
-        )
-        for t, ty in zip(k.program.tensors, k.param_types, strict=True)
-    )
-    placement = k.program.placement
-    assert placement is not None
-    n_items = k.plan.items
-    ruled = placement.kind in RULES and [list(i) for i in k.items] == split_items(n_items, len(k.items), placement.kind)
-    follows = ruled and len(k.items) == launch_sites(n_items, target.units, k.blocks_per_sm)
-    return Launch(
-        KERNEL_NAME,
-        len(k.items),
-        k.lanes * 32,
-        k.smem.dyn_bytes,
-        params,
-        (k.program.tile.rows, k.program.tile.cols),
-        k.smem.opt_in,
-        n_items,
-        placement.kind if ruled else "listed",
-        k.blocks_per_sm if follows else 0,
-        () if ruled else tuple(work_table([list(i) for i in k.items])),
+    """How a host language launches `kernel_cu` (`program.launch_for`)."""
+    return launch_for(
+        k.program, target, KERNEL_NAME, k.types, k.lanes * 32, k.smem.dyn_bytes, k.smem.opt_in, k.blocks_per_sm
     )

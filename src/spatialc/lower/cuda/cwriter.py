@@ -1,0 +1,91 @@
+"""What every CUDA backend prints with: a writer of indented C lines with census markers, C expressions over loop
+variables, the C types of the IR's element types and the error-check macro the host code uses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ...ir.ids import LoopVar, loop_var_name
+from ...ir.nodes import DType
+from ...ir.ops import TileAddr
+from ..errors import Unsupported
+
+C_TYPES = {
+    DType.INT8: "signed char",
+    DType.INT32: "int",
+    DType.INT64: "long long",
+    DType.FP16: "__half",
+    DType.BF16: "__nv_bfloat16",
+    DType.FLOAT32: "float",
+}
+INCLUDES = ("cuda_pipeline.h", "mma.h", "cuda_bf16.h", "cuda_fp16.h", "cstdio", "cstdlib", "vector", "cstring")
+RING_MACROS = """#ifndef SPATIALC_SHARED_RING
+#define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
+#define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
+#endif"""
+CHECK_MACRO = (
+    "#define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "
+    '"CUDA error: %s (%s)\\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)'
+)
+
+
+class Writer:
+    """Lines of C with an indent, each optionally ending in a census marker."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.depth = 0
+
+    def line(self, text: str = "", mark: str = "") -> None:
+        """One line at the current indent; `mark` (a census marker) ends it."""
+        body = f"{text}  {mark}" if text and mark else (text or mark)
+        self.lines.append(("    " * self.depth + body) if body else "")
+
+    @contextmanager
+    def block(self, head: str = "", mark: str = "") -> Iterator[None]:
+        """`head {`, an indented body, `}`."""
+        self.line(f"{head} {{" if head else "{", mark)
+        self.depth += 1
+        yield
+        self.depth -= 1
+        self.line("}")
+
+    def text(self) -> str:
+        """The lines written so far, as one text."""
+        return "\n".join(self.lines) + "\n"
+
+
+def c_sum(*terms: str) -> str:
+    """C terms joined by `+`, the empty ones left out."""
+    return " + ".join(t for t in terms if t) or "0"
+
+
+def c_mul(e: str, n: int) -> str:
+    """`e · n` as C ("" when `e` is absent)."""
+    return "" if not e else e if n == 1 else f"{e} * {n}"
+
+
+def c_div(e: str, n: int) -> str:
+    return e if n == 1 else f"{e} / {n}"
+
+
+def c_mod(e: str, n: int) -> str:
+    """`e mod n` as C ("" when n is 1: it is zero)."""
+    return "" if n == 1 else f"{e} % {n}"
+
+
+def addr_expr(at: TileAddr, env: dict[LoopVar, str]) -> str:
+    """A tile address as C over the loop variables bound in `env` (variable → C expression)."""
+    terms = [str(at.base)] if at.base else []
+    for var, stride in at.steps:
+        if stride == 0:
+            continue
+        if var not in env:
+            raise Unsupported(
+                f"an address over {loop_var_name(var)} outside any loop that binds it",
+                "the kernel has no value for that variable there",
+            )
+        if env[var] != "0":
+            terms.append(f"{env[var]} * {stride}" if stride != 1 else env[var])
+    return c_sum(*terms)

@@ -1,0 +1,178 @@
+"""What every CUDA backend reads of a verified program: its one tile matmul and operand types, the engine programs
+every site runs, the checks that hold whatever the kernel's shape (an int8 reduction that fits int32), and the
+launch contract of a kernel printed from it."""
+
+from __future__ import annotations
+
+from ...epilogue import dot_range
+from ...ir.ids import LV_ITEM
+from ...ir.nodes import ComputeStage, Engine, ReadStage, SpatialProgram, Stage, TensorRole
+from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, walk
+from ...ir.worklist import RULES, launch_sites, split_items, work_table
+from ...target import SpatialTarget
+from ..artifact import KernelParam, Launch
+from ..errors import Precision, TooBig, Unsupported
+from .cwriter import C_TYPES
+from .rings import WMMA, WmmaTypes
+
+
+def all_ops(p: SpatialProgram) -> list[ChoreoOp]:
+    """Every op of every engine program of every site."""
+    assert p.schedule is not None
+    return [op for prog in p.schedule.programs for op in walk(prog.ops)]
+
+
+def matmul_stage(p: SpatialProgram) -> Stage:
+    """The program's one tile-matmul stage."""
+    for s in p.stages:
+        if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles):
+            if len(s.ins) != 2 or len(s.outs) != 1:
+                raise Unsupported(
+                    f"matmul stage {s.name} with {len(s.ins)} inputs and {len(s.outs)} outputs",
+                    "a tile matmul reads an A and a B ring and fills one output",
+                )
+            return s
+    raise Unsupported("a program without a tile matmul", "the persistent kernel is a WMMA tile GEMM")
+
+
+def logical_k(p: SpatialProgram) -> int:
+    """The reduction's length: the columns of the matmul's first operand (the zero padding adds nothing) — found
+    through the stage that fills its ring, not by the order tensors are listed in."""
+    mm = matmul_stage(p)
+    ring = p.buffer(mm.ins[0]).ring
+    read = next(s for s in p.stages if isinstance(s.kind, ReadStage) and any(p.buffer(b).ring == ring for b in s.outs))
+    return p.tensor(read.kind.tensor).elems[1]  # type: ignore[union-attr]
+
+
+def operand_types(p: SpatialProgram, mm: MatmulTiles) -> WmmaTypes:
+    """The WMMA fragment types of the matmul's operand precision; its input tensors must hold that type."""
+    types = WMMA.get(mm.operand)
+    if types is None:
+        raise Precision(mm.operand, "WMMA has 16x16x16 fragments for int8, fp16 and bf16 operands only")
+    for t in p.tensors:
+        if t.role == TensorRole.INPUT and t.dtype.value != mm.operand.value:
+            raise Precision(
+                t.dtype.value,
+                f"input {t.name} must hold the matmul's {mm.operand.value} operands: "
+                "tiles are copied into the operand rings byte for byte",
+            )
+    out = p.output_tensor()
+    if out is None:
+        raise Unsupported("a program without an output tensor", "the kernel stores its result into one")
+    return types  # the output's element type is `epilogue.check`'s, with or without an epilogue
+
+
+def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
+    """Refuse an int8 GEMM whose int32 fragment accumulators could overflow where the IR's int64 would not.
+
+    The largest sum a K-long int8 dot product reaches is K·128·128, every product being (−128)·(−128); the most
+    negative, K·(−128)·127, is smaller in size. The logical K counts: the zero padding adds nothing. That every
+    accumulator sums exactly K products — each k-tile once, whatever loops the schedule wraps around its K step — is
+    what verify's rule 8 proved before this program reached the lowering.
+    """
+    if mm.operand.value != "int8":
+        return
+    k = logical_k(p)
+    need = dot_range(k)[1]
+    if need > 2**31 - 1:
+        raise TooBig(
+            f"the largest int8 dot product over K = {k} (K·128·128) in an int32 accumulator",
+            need,
+            2**31 - 1,
+            "int8 WMMA accumulates in int32; keep K ≤ 131071 or use fp16",
+        )
+
+
+def _normal(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+    """`ops` with every ITEM loop's count erased: the one thing the kernel reads per site at run time."""
+    return tuple(
+        Loop(op.var, Const(0) if op.var == LV_ITEM else op.count, _normal(op.body)) if isinstance(op, Loop) else op
+        for op in ops
+    )
+
+
+def site_engines(p: SpatialProgram) -> tuple[tuple[Engine, tuple[ChoreoOp, ...]], ...]:
+    """Each engine of the first site with items and its program (in an ITEM loop), after checking every other site
+    runs the same ones: one kernel text runs every site."""
+    assert p.placement is not None and p.schedule is not None
+    sites = [(s, items) for s, items in p.placement.items_of_site]
+    site = next(s for s, items in sites if items)
+    shown = tuple((prog.engine, _normal(prog.ops)) for prog in p.schedule.programs_of(site))
+    for s, items in sites:
+        progs = p.schedule.programs_of(s)
+        same = tuple((prog.engine, _normal(prog.ops)) for prog in progs) == shown
+        if not (same or (not items and all(not prog.ops for prog in progs))):
+            raise Unsupported(
+                f"site {int(s)}, whose engine programs differ from site {int(site)}'s",
+                "one kernel text runs every site; only the number of items may differ",
+            )
+        counts = {op.count for prog in progs for op in walk(prog.ops) if isinstance(op, Loop) and op.var == LV_ITEM}
+        if counts - {Const(len(items))} or (not counts and len(items) > 1):
+            raise Unsupported(
+                f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
+                "the kernel's ITEM loop runs the site's share of the work list",
+            )
+    return tuple((prog.engine, _per_item(prog.ops)) for prog in p.schedule.programs_of(site))
+
+
+def printed_site_programs(p: SpatialProgram) -> tuple[tuple[ChoreoOp, ...], ...]:
+    """The engine programs every site runs (`site_engines` without the engines)."""
+    return tuple(ops for _, ops in site_engines(p))
+
+
+def _per_item(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+    """`ops` inside an ITEM loop when they have none: a program without one is the work of a site's only item, and
+    the kernel runs whatever share of the items the device's sites get at launch — one, none or several."""
+    if not ops or any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(ops)):
+        return ops
+    return (Loop(LV_ITEM, Const(0), ops),)
+
+
+def site_items(p: SpatialProgram) -> tuple[tuple[int, ...], ...]:
+    """Each site's items, in blockIdx order."""
+    assert p.placement is not None
+    return tuple(tuple(int(i) for i in items) for _, items in p.placement.items_of_site)
+
+
+def launch_for(
+    p: SpatialProgram,
+    target: SpatialTarget,
+    kernel_name: str,
+    types: WmmaTypes,
+    threads: int,
+    dyn_smem: int,
+    opt_in: bool,
+    blocks_per_sm: int,
+) -> Launch:
+    """How a host language launches a kernel printed from `p`. A placement the rules make, over as many sites as the
+    target keeps resident, follows the device at launch (its multiprocessors × the blocks each holds); any other
+    keeps its list. Inputs hold the operand type, the output the output tensor's type, parameters their own."""
+    params = tuple(
+        KernelParam(
+            t.name,
+            types.operand if t.role == TensorRole.INPUT else C_TYPES[t.dtype],
+            t.role.value,
+            t.elems,
+            t.tiles,
+        )
+        for t in p.tensors
+    )
+    placement = p.placement
+    assert placement is not None and p.plans
+    items = site_items(p)
+    n_items = p.plans[0].items
+    ruled = placement.kind in RULES and [list(i) for i in items] == split_items(n_items, len(items), placement.kind)
+    follows = ruled and len(items) == launch_sites(n_items, target.units, blocks_per_sm)
+    return Launch(
+        kernel_name,
+        len(items),
+        threads,
+        dyn_smem,
+        params,
+        (p.tile.rows, p.tile.cols),
+        opt_in,
+        n_items,
+        placement.kind if ruled else "listed",
+        blocks_per_sm if follows else 0,
+        () if ruled else tuple(work_table([list(i) for i in items])),
+    )

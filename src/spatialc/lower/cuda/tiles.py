@@ -1,0 +1,229 @@
+"""The tile printers every CUDA backend shares: a page of tiles copied in with cp.async, stored out to global
+memory, multiplied by WMMA fragments into accumulators held per warp, and packed back into a page.
+
+Each printer is written against a page reference — `read_page(ring)` for the front page a consumer reads,
+`write_page(ring)` for the newest page a producer reserved — and against the thread index and count of the engine
+that runs it; a backend decides what those are (slot counters of a serialised block, or the counters of an engine
+on its own warps) and owns all flow control.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ...ir.ids import LoopVar
+from ...ir.nodes import Plan
+from ...ir.ops import MatmulTiles, ReadTiles, TileAddr, WriteTiles
+from ..errors import Unsupported
+from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
+from .rings import TILE_ELEMS, Ring, Rings
+
+WMMA = "nvcuda::wmma::"
+
+
+class TilePrinter:
+    """Prints tile copies, the matmul, accumulator fills and packs into a Writer."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        rings: Rings,
+        lane_grid: tuple[int, int] | None,
+        w: Writer,
+        tid: str = "tid",
+        nthreads: str = "NTHREAD",
+    ):
+        self.plan = plan
+        self.rings = rings
+        self.lane_grid = lane_grid
+        self.w = w
+        self.tid = tid  # the thread's index among the threads that run the op
+        self.nthreads = nthreads  # how many threads run it
+
+    def read_slot(self, r: int) -> str:
+        """The slot of ring `r`'s front page (what Wait made visible and Pop frees)."""
+        return f"rslot_{r}"
+
+    def write_slot(self, r: int) -> str:
+        """The slot of ring `r`'s newest reserved page."""
+        return f"wslot_{r}"
+
+    def read_page(self, r: int) -> str:
+        return f"ring_{r} + {self.read_slot(r)} * PAGE_{r}"
+
+    def write_page(self, r: int) -> str:
+        return f"ring_{r} + {self.write_slot(r)} * PAGE_{r}"
+
+    def kept(self, buf) -> Ring:
+        """The ring of `buf`, which the checks before printing guarantee is kept."""
+        ring = self.rings.kept(buf)
+        assert ring is not None
+        return ring
+
+    def ring(self, buf) -> int:
+        """The id of `buf`'s ring, the suffix of its names in the kernel."""
+        return self.kept(buf).id
+
+    # ---- data movement -------------------------------------------------------------------------------------
+
+    def read_tiles(self, op: ReadTiles, env: dict[LoopVar, str], mark: str) -> None:
+        """Every thread issues its share of the page as 16-byte copies, the width one cp.async moves."""
+        ring = self.kept(op.into)
+        r, bw = ring.id, op.block_w
+        if ring.c_type != "OPT":
+            raise Unsupported(f"a ReadTiles into {ring.name}", "only operand rings are filled from global memory")
+        with self.w.block("", mark):
+            self.w.line(f"constexpr int CHUNKS = (int)(sizeof(OPT) * {TILE_ELEMS} / 16);")
+            self.w.line(
+                f'static_assert(sizeof(OPT) * {TILE_ELEMS} % 16 == 0, "a tile is a whole number of 16-byte chunks");'
+            )
+            with self.w.block(f"for (int c = {self.tid}; c < {op.block_h * bw} * CHUNKS; c += {self.nthreads})"):
+                self.w.line("const int tl = c / CHUNKS, off = c % CHUNKS;")
+                self.w.line(f"const long long tile = {self.tile_expr(op.at, env, bw, op.stride_h, op.stride_w)};")
+                self.w.line(
+                    f"__pipeline_memcpy_async(reinterpret_cast<char*>({self.write_page(r)} + tl * "
+                    f"{TILE_ELEMS}) + off * 16, reinterpret_cast<const char*>(t{int(op.tensor)} + tile * "
+                    f"{TILE_ELEMS}) + off * 16, 16);"
+                )
+
+    def tile_expr(self, at: TileAddr, env: dict[LoopVar, str], bw: int, sh: int, sw: int) -> str:
+        """The global tile index of page tile `tl` of a `? × bw` block at `at` with strides (sh, sw)."""
+        row = c_mul(f"(long long)({c_div('tl', bw)})", sh)
+        col = c_mul(f"(long long)(tl % {bw})" if bw > 1 else "", sw)
+        return c_sum(f"(long long)({addr_expr(at, env)})", row, col)
+
+    def write_tiles(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
+        """The front page of a ring to global memory, every thread a strided share of its elements."""
+        ring = self.kept(op.src)
+        r = ring.id
+        n = op.block_h * op.block_w * TILE_ELEMS
+        with self.w.block("", mark), self.w.block(f"for (int e = {self.tid}; e < {n}; e += {self.nthreads})"):
+            self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
+            self.w.line(f"const long long tile = {self.tile_expr(op.at, env, op.block_w, op.stride_h, op.stride_w)};")
+            page = f"ring_{r}[{self.read_slot(r)} * PAGE_{r} + e]"
+            self.w.line(f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el] = (OUT_T){page};")
+
+    # ---- the tile matmul and its accumulators --------------------------------------------------------------
+
+    def warp_coords(self) -> None:
+        """Declare the warp's place in the lane grid (only the coordinates that vary, so none is unused)."""
+        wm, wn = self.lane_grid  # type: ignore[misc]
+        if wm > 1:
+            self.w.line(f"const int wi = warp / {wn};")
+        if wn > 1:
+            self.w.line(f"const int wj = warp % {wn};")
+
+    def rect(self) -> tuple[int, int, int, int, int, int]:
+        """(wm, wn, rm, rn, sh, sw): the lane grid, each warp's rectangle, the sub-blocks."""
+        wm, wn = self.lane_grid  # type: ignore[misc]
+        blk, (sh, sw) = self.plan.block, self.plan.sub_blocks
+        return wm, wn, blk.osh // wm, blk.osw // wn, sh, sw
+
+    def place(self, a: str, b: str, i: str, j: str) -> tuple[str, str, str]:
+        """Item row, item column and fragment index of row i, column j of this warp's rectangle in sub-block (a, b).
+
+        Fragments are numbered q = ((a·sw + b)·rm + i)·rn + j: by sub-block first, so no two sub-blocks share one.
+        """
+        wm, wn, rm, rn, _, sw = self.rect()
+        blk = self.plan.block
+        row = c_sum(c_mul(a, blk.osh), c_mul("wi" if wm > 1 else "", rm), i)
+        col = c_sum(c_mul(b, blk.osw), c_mul("wj" if wn > 1 else "", rn), j)
+        return row, col, c_sum(c_mul(a, sw * rm * rn), c_mul(b, rm * rn), c_mul(i, rn), j)
+
+    def owned_tile(self) -> str:
+        """`bh`, `bw`: the item tile that fragment `q` of this warp holds."""
+        _, _, rm, rn, sh, sw = self.rect()
+        a = c_div("q", sw * rm * rn) if sh > 1 else ""
+        row, col, _ = self.place(a, c_mod(c_div("q", rm * rn), sw), c_mod(c_div("q", rn), rm), c_mod("q", rn))
+        return f"const int bh = {row}, bw = {col};"
+
+    def frag(self, use: str, name: str) -> str:
+        """The declaration of operand fragment(s) `name` for `use` (matrix_a / matrix_b)."""
+        return f"{WMMA}fragment<{WMMA}{use}, 16, 16, 16, OPT, {WMMA}row_major> {name};"
+
+    def matmul(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
+        """One K step for every sub-block of the item, accumulating in registers."""
+        with self.w.block("", mark):
+            if self.lane_grid is None:
+                self.matmul_strided(mm, a, b)
+            else:
+                self.matmul_grid(mm, a, b)
+
+    def matmul_grid(self, mm: MatmulTiles, a_ring: Ring, b_ring: Ring) -> None:
+        """A warp owns one rectangle of every sub-block: per K tile it loads each B fragment of its columns once and
+        each A fragment of its rows once, and makes every product of them."""
+        _, _, rm, rn, sh, sw = self.rect()
+        blk = mm.block
+        a, i = (c_div("r", rm) if sh > 1 else ""), c_mod("r", rm)
+        b, j = (c_div("c", rn) if sw > 1 else ""), c_mod("c", rn)
+        row, col, q = self.place(a, b, i, j)
+        self.warp_coords()
+        with self.unrolled(f"for (int kk = 0; kk < {blk.ibw}; ++kk)"):
+            self.w.line(self.frag("matrix_b", f"bf[{sw * rn}]"))
+            with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
+                self.w.line(
+                    f"{WMMA}load_matrix_sync(bf[c], {self.read_page(b_ring.id)} + "
+                    f"(kk * {sw * blk.osw} + {col}) * {TILE_ELEMS}, 16);"
+                )
+            with self.unrolled(f"for (int r = 0; r < {sh * rm}; ++r)"):
+                self.w.line(self.frag("matrix_a", "af"))
+                self.w.line(
+                    f"{WMMA}load_matrix_sync(af, {self.read_page(a_ring.id)} + "
+                    f"({c_mul(f'({row})', blk.ibw)} + kk) * {TILE_ELEMS}, 16);"
+                )
+                with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
+                    self.w.line(f"const int q = {q};")
+                    self.w.line(f"{WMMA}mma_sync(accf[q], af, bf[c], accf[q]);")
+
+    def matmul_strided(self, mm: MatmulTiles, a: Ring, b: Ring) -> None:
+        """No lane grid divides the block: warp w owns item tiles w, w + NWARP, … — correct, and slower."""
+        h, w = self.plan.item_tiles
+        ibw = mm.block.ibw
+        with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+            self.w.line("const int ot = warp + q * NWARP;")
+            with self.w.block(f"if (ot < {h * w})"):
+                self.w.line(f"const int oi = ot / {w}, oj = ot % {w};")
+                with self.unrolled(f"for (int kk = 0; kk < {ibw}; ++kk)"):
+                    self.w.line(self.frag("matrix_a", "af"))
+                    self.w.line(self.frag("matrix_b", "bf"))
+                    self.w.line(
+                        f"{WMMA}load_matrix_sync(af, {self.read_page(a.id)} + "
+                        f"({c_mul('oi', ibw)} + kk) * {TILE_ELEMS}, 16);"
+                    )
+                    self.w.line(
+                        f"{WMMA}load_matrix_sync(bf, {self.read_page(b.id)} + "
+                        f"({c_mul('kk', w)} + oj) * {TILE_ELEMS}, 16);"
+                    )
+                    self.w.line(f"{WMMA}mma_sync(accf[q], af, bf, accf[q]);")
+
+    @contextmanager
+    def unrolled(self, head: str, mark: str = "") -> Iterator[None]:
+        """A loop fully unrolled, so fragment arrays are indexed by constants and stay in registers."""
+        self.w.line("#pragma unroll")
+        with self.w.block(head, mark):
+            yield
+
+    def pack(self, ring: Ring, mark: str) -> None:
+        """Store every accumulator fragment into its tile of the reserved page (row-major tiles of the item)."""
+        h, w = self.plan.item_tiles
+        r = ring.id
+        store = (
+            f"{WMMA}store_matrix_sync({self.write_page(r)} + {{}} * {TILE_ELEMS}, accf[q], 16, {WMMA}mem_row_major);"
+        )
+        with self.w.block("", mark):
+            if self.lane_grid is None:
+                with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+                    self.w.line("const int ot = warp + q * NWARP;")
+                    with self.w.block(f"if (ot < {h * w})"):
+                        self.w.line(store.format("ot"))
+                return
+            self.warp_coords()
+            with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+                self.w.line(self.owned_tile())
+                self.w.line(store.format(f"(bh * {w} + bw)"))
+
+    def acquire(self, mark: str) -> None:
+        """Zero the warp's accumulator fragments."""
+        with self.unrolled("for (int q = 0; q < PERW; ++q)", mark):
+            self.w.line(f"{WMMA}fill_fragment(accf[q], 0);")
