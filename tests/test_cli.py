@@ -8,6 +8,8 @@ import pytest
 
 import spatialc
 from spatialc.cli import main
+from spatialc.ir.ids import SemId
+from spatialc.ir.nodes import Semaphore
 
 
 def run_cli(capsys, *argv):
@@ -180,12 +182,22 @@ def test_verify_says_which_lowering_takes_a_saved_program(capsys, saved):
     assert "lowering  the persistent CUDA kernel for sm_86 takes it: 3 blocks of" in out
 
 
-def test_verify_says_why_no_lowering_takes_a_program(capsys, tmp_path):
+def test_verify_says_which_form_takes_a_program_and_why(capsys, tmp_path):
     p = spatialc.build(spatialc.gemm(40, 48, 64, "int8", epilogue=[spatialc.relu()]), "sm_80", block=(1, 1, 1))
     path = tmp_path / "p.json"
     path.write_text(spatialc.to_json(p))
     status, out, _ = run_cli(capsys, "verify", str(path))
-    assert status == 0 and "lowering  none yet: cannot lower the epilogue relu" in out
+    assert status == 0 and "lowering  the general CUDA form for sm_80 takes it" in out
+    assert "the persistent kernel refuses: cannot lower the epilogue relu" in out
+
+
+def test_verify_says_why_no_lowering_takes_a_program(capsys, tmp_path):
+    p = spatialc.build(spatialc.gemm(40, 48, 64, "int8"), "sm_80")
+    p = spatialc.verify(p.evolve(semaphores=(Semaphore(SemId(0), "s"),), verified=False))
+    path = tmp_path / "p.json"
+    path.write_text(spatialc.to_json(p))
+    status, out, _ = run_cli(capsys, "verify", str(path))
+    assert status == 0 and "lowering  none yet: cannot lower a semaphore handshake" in out
 
 
 def test_lower_writes_a_saved_programs_kernel_and_names_each_file(capsys, saved, tmp_path):

@@ -107,10 +107,10 @@ def test_an_unverified_program_is_refused():
         (lambda: built().evolve(semaphores=(Semaphore(SemId(0), "s"),), verified=True), "semaphore handshake"),
     ],
 )
-def test_what_only_a_general_lowering_could_hold_says_so(make, what):
+def test_what_the_persistent_kernel_cannot_hold_names_the_general_form(make, what):
     err = refusal(make())
     assert isinstance(err, NeedsGeneral) and isinstance(err, Unsupported)
-    assert what in str(err) and "general CUDA lowering" in str(err)
+    assert what in str(err) and "the general form prints it" in str(err)
 
 
 def test_a_group_spanning_sites_is_refused():

@@ -52,19 +52,21 @@ def evaluate(program: SpatialProgram, inputs: dict[str, Any], **kwargs: Any):
     return run_interpreter(program, inputs, **kwargs)
 
 
-def lower(program: SpatialProgram, target: str | SpatialTarget | None = None):
+def lower(program: SpatialProgram, target: str | SpatialTarget | None = None, form: str = "auto"):
     """The CUDA artifact of a verified program (target defaults to the one it was built for).
 
+    `form` chooses the kernel: "auto" (the persistent tile kernel where it can hold the program, the general form
+    otherwise), "persistent" or "general". A persistent artifact carries the general form in `artifact.general`.
     The `verified` mark is checked again here, not trusted: a program changed after verify (by
     `dataclasses.replace`, or a hand-edited file) is verified anew, and refused if it no longer passes."""
-    from .lower.cuda.persistent import lower as lower_cuda
+    from .lower.cuda.forms import lower as lower_cuda
     from .passes.verify import verify
 
     expect_program("lower", program, "from spatialc.build")
     t = get_target(target or program.target)
     if program.verified:
         verify(program, t if t.name == program.target else None)
-    return lower_cuda(program, t)
+    return lower_cuda(program, t, form)
 
 
 def to_json(program: SpatialProgram, indent: int | None = None) -> str:

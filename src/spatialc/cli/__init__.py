@@ -150,6 +150,17 @@ def _run_options(p: argparse.ArgumentParser, *, with_run: bool) -> None:
         + (" (with --run; default: late)" if with_run else " (default: late)"),
     )
     p.add_argument("--progress", action="store_true", help="report a long emulation's progress even when piped")
+    _form_option(p)
+
+
+def _form_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--form",
+        choices=["auto", "persistent", "general"],
+        default="auto",
+        help="the CUDA kernel: auto (the persistent tile kernel where it holds the program, else the general form "
+        "with each engine on its own warps), persistent or general (default: auto)",
+    )
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -175,6 +186,7 @@ def make_parser() -> argparse.ArgumentParser:
     low = sub.add_parser("lower", help="lower a saved program to CUDA and write its files", epilog=EPILOG)
     low.add_argument("file", type=Path, help="the program's JSON document")
     low.add_argument("--emit", type=Path, metavar="DIR", required=True, help="where to write the kernel's files")
+    _form_option(low)
     r = sub.add_parser(
         "run",
         help="run a saved program on random inputs: the interpreter against numpy, then its kernel (GPU or emulation)",

@@ -89,7 +89,7 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.nda
     """The kernel's memory; with --emit its files, with --run its result against the interpreter's."""
     t0 = time.perf_counter()
     try:
-        art = api.lower(p)
+        art = api.lower(p, form=args.form)
     except SpatialError as e:
         if args.emit or args.run:
             raise
@@ -100,7 +100,7 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.nda
     if args.emit:
         from ..lower.cuda.host import write_artifact
 
-        names = ", ".join(sorted(f.name for f in write_artifact(art, args.emit)))
+        names = ", ".join(sorted(str(f.relative_to(args.emit)) for f in write_artifact(art, args.emit)))
         print(f"  emitted   {args.emit}/: {names}")
     if not args.run:
         return 0
@@ -203,9 +203,11 @@ def _lowering(p: SpatialProgram, path: Path) -> str:
     except SpatialError as e:
         return f"none yet: {e}"
     bud = art.budget
+    kind = "persistent CUDA kernel" if bud.form == "persistent" else "general CUDA form"
+    why = "".join(f"; {note}" for note in art.notes if note.startswith("the general form, as"))
     return (
-        f"the persistent CUDA kernel for {art.target} takes it: {art.launch.grid} blocks of {bud.threads} threads,"
-        f" {bud.total_bytes} bytes of shared memory a block (`spatialc lower {path} --emit DIR` writes it)"
+        f"the {kind} for {art.target} takes it: {art.launch.grid} blocks of {bud.threads} threads,"
+        f" {bud.total_bytes} bytes of shared memory a block (`spatialc lower {path} --emit DIR` writes it){why}"
     )
 
 
@@ -214,8 +216,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
     from ..lower.cuda.host import write_artifact
 
     p = _verified(args.file)
-    art = api.lower(p)
-    print(f"{p.name}: lowered for {art.target}")
+    art = api.lower(p, form=args.form)
+    print(f"{p.name}: lowered for {art.target} in {art.budget.form} form")
     print("\n".join(kernel_lines(p, art)))
     for f in sorted(write_artifact(art, args.emit)):
         print(f"  wrote     {f}")

@@ -64,10 +64,21 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
     fused = f"; fused into the store (no ring): {', '.join(bud.fused)}" if bud.fused else ""
     scratch = bud.dyn_bytes - (bud.smem_bytes if bud.rings_dynamic else 0)
     opt_in = ", opt-in" if bud.dynamic_opt_in else ""
+    if bud.form == "general":
+        warps = ", ".join(f"{name} {plural(n, 'warp')}" for name, n in bud.engines)
+        memory = [
+            f"  kernel    general form: each engine on its own warps ({warps}), rings handed over by mbarriers",
+            f"            shared memory {bud.total_bytes} bytes a block (budget.json: all dynamic{opt_in}):"
+            f" {kept}, barriers {bud.barrier_bytes} B",
+        ]
+    else:
+        memory = [
+            f"  kernel    shared memory {bud.total_bytes} bytes a block (budget.json: {bud.static_bytes} static +"
+            f" {bud.dyn_bytes} dynamic{opt_in})",
+            f"            {kept} ({'dynamic' if bud.rings_dynamic else 'static'}), epilogue scratch {scratch} B{fused}",
+        ]
     return [
-        f"  kernel    shared memory {bud.total_bytes} bytes a block (budget.json: {bud.static_bytes} static +"
-        f" {bud.dyn_bytes} dynamic{opt_in})",
-        f"            {kept} ({'dynamic' if bud.rings_dynamic else 'static'}), epilogue scratch {scratch} B{fused}",
+        *memory,
         f"  occupancy {plural(bud.blocks_per_sm, 'block')} per SM of {target(p.target).name},"
         f" {bud.threads} threads each, ~{bud.regs_est} registers a thread",
         f"  census    {sum(art.census.program.values())} ops, printed kernel"

@@ -10,7 +10,10 @@ from ..ir.worklist import launch_sites, split_items, work_table
 
 @dataclass(frozen=True, slots=True)
 class Budget:
-    """Resources of a persistent kernel, all found before any text is printed."""
+    """Resources of a kernel, all found before any text is printed.
+
+    `form` says which lowering printed it. The general form keeps every ring and its full / empty barriers in the
+    dynamic block (`barrier_bytes` of them) and runs each engine on warps of its own (`engines`: name → warps)."""
 
     smem_bytes: int  # bytes of the rings
     dynamic_opt_in: bool  # static + dynamic exceeds 48 KiB: cudaFuncSetAttribute is needed before the launch
@@ -22,6 +25,9 @@ class Budget:
     threads: int
     rings: tuple[tuple[str, int], ...] = ()  # (name, bytes) of each ring the kernel keeps in shared memory
     fused: tuple[str, ...] = ()  # the program's rings the fused epilogue replaced: its pages stay in registers
+    form: str = "persistent"  # persistent or general
+    engines: tuple[tuple[str, int], ...] = ()  # (engine, warps) of the general form, in warp order
+    barrier_bytes: int = 0  # the general form's mbarriers: a full and an empty one per ring slot
 
     @property
     def total_bytes(self) -> int:
@@ -33,6 +39,8 @@ class Budget:
         out: dict[str, object] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["rings"] = {name: size for name, size in self.rings}
         out["fused"] = list(self.fused)
+        out["engines"] = {name: warps for name, warps in self.engines}
+        out["launch_bounds"] = [self.threads, self.blocks_per_sm]
         out["total_bytes"] = self.total_bytes
         return out
 

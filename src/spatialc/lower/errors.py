@@ -30,10 +30,10 @@ class Unsupported(LowerError):
 
 
 class NeedsGeneral(Unsupported):
-    """A program only the general CUDA lowering could hold; that lowering does not exist yet."""
+    """A program the persistent kernel cannot hold: `spatialc.lower` prints it in the general form instead."""
 
     def __init__(self, what: str, why: str = "the persistent tile kernel cannot hold it"):
-        super().__init__(what, f"{why}; it needs the general CUDA lowering, which spatialc does not have yet")
+        super().__init__(what, f"{why}; the general form prints it (spatialc.lower(p, form='general'))")
 
 
 class TooBig(LowerError):

@@ -179,13 +179,6 @@ class OpPrinter(TilePrinter):
                 inner |= {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
             self.ops(lp.body, inner, 0, tag)
 
-    def item_header(self, index: str) -> None:
-        """The current item and its grid coordinates, read from the work list at `index`."""
-        nx = self.k.plan.grid[1]
-        self.w.line(f"const int item_id = {index};")
-        self.w.line(f"const int item_y = item_id / {nx}, item_x = item_id % {nx};")
-        self.w.line("(void)item_y; (void)item_x;")
-
     def rotated(self, lp: SerialLoop, halves, env: dict[LoopVar, str], mark: str) -> None:
         """The loop software-pipelined: step i+1's producer half is issued before step i's consumer half waits.
 

@@ -162,7 +162,8 @@ def bench_main(p: SpatialProgram, launch: Launch) -> str:
 
 
 def write_artifact(artifact: CudaArtifact, directory: str | Path) -> list[Path]:
-    """Write program.cu, bench.cu, kernel.cu, budget.json, census.json and launch.json into `directory`."""
+    """Write program.cu, bench.cu, kernel.cu, budget.json, census.json and launch.json into `directory`; the same
+    files of the artifact's general form, when it carries one, into `directory`/general."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     files = {
@@ -178,4 +179,6 @@ def write_artifact(artifact: CudaArtifact, directory: str | Path) -> list[Path]:
         path = out / name
         path.write_text(text)
         written.append(path)
+    if artifact.general is not None:
+        written += write_artifact(artifact.general, out / "general")
     return written

@@ -41,6 +41,13 @@ class TilePrinter:
         self.tid = tid  # the thread's index among the threads that run the op
         self.nthreads = nthreads  # how many threads run it
 
+    def item_header(self, index: str) -> None:
+        """The current item and its grid coordinates, read from the work list at `index`."""
+        nx = self.plan.grid[1]
+        self.w.line(f"const int item_id = {index};")
+        self.w.line(f"const int item_y = item_id / {nx}, item_x = item_id % {nx};")
+        self.w.line("(void)item_y; (void)item_x;")
+
     def read_slot(self, r: int) -> str:
         """The slot of ring `r`'s front page (what Wait made visible and Pop frees)."""
         return f"rslot_{r}"

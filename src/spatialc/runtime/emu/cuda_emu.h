@@ -7,6 +7,7 @@
 #include "emu_shared.h"    // rings, dynamic shared memory, race check
 #include "emu_half.h"      // __half, __nv_bfloat16
 #include "emu_pipeline.h"  // __pipeline_memcpy_async / commit / wait_prior
+#include "emu_mbarrier.h"  // the general form's ring barriers
 #include "emu_wmma.h"      // nvcuda::wmma
 #include "emu_host.h"      // runtime API, launch
 

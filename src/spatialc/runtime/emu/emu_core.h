@@ -93,6 +93,11 @@ struct ThreadState {
     std::atomic<unsigned> wi{0};  // warp-level barriers passed (__syncwarp and __syncthreads)
     std::atomic<const char*> where{"running"};
     std::atomic<int> where_line{0};
+    // Happens-before through mbarriers: the thread's own clock (ticks at each arrival) and what it has learnt of
+    // every other thread's (by completing a wait); empty until it first waits.
+    unsigned clk = 1;
+    std::vector<unsigned> vc;
+    char where_buf[192] = {0};              // `where` when it names an mbarrier wait
     std::vector<Copy> open;                 // issued, not yet committed
     std::vector<std::vector<Copy>> groups;  // committed groups, oldest first, not yet landed
     std::vector<PendingStore> stores;

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "emu_host.h"
+#include "emu_mbarrier.h"
 
 namespace spatialc_emu {
 
@@ -72,9 +73,12 @@ SPATIALC_EMU_FN std::string describe_threads(Block& b) {
     return out;
 }
 
+SPATIALC_EMU_FN std::string describe_mbarriers();
+
 [[noreturn]] SPATIALC_EMU_FN void deadlock(Block& b) {
     fatal(kExitDeadlock, "DEADLOCK in block " + std::to_string(b.block_linear) +
-                             ": every live thread waits at a barrier that can never complete: " + describe_threads(b));
+                             ": every live thread waits at a barrier that can never complete: " + describe_threads(b) +
+                             describe_mbarriers());
 }
 
 // ---- barriers -----------------------------------------------------------------------------------------------------
@@ -227,10 +231,12 @@ SPATIALC_EMU_FN void reset_shared_for_block() {
     if (dyn_base && dyn_bytes) std::memset(dyn_base, kPoison, dyn_bytes);
 }
 
-SPATIALC_EMU_FN bool conflicts(const Access& a, const Access& b) {
+// Whether the earlier access `a` and the access `b` that thread `t` makes now race.
+SPATIALC_EMU_FN bool conflicts(const Access& a, const Access& b, const ThreadState& t) {
     if (a.tid < 0 || b.tid < 0 || a.tid == b.tid || a.bi != b.bi) return false;
     const bool same_warp = a.tid / kWarp == b.tid / kWarp;
-    return !(same_warp && a.wi != b.wi);
+    if (same_warp && a.wi != b.wi) return false;
+    return !((size_t)a.tid < t.vc.size() && t.vc[(size_t)a.tid] >= a.clk);  // an mbarrier phase between them
 }
 
 SPATIALC_EMU_FN std::string who(const Access& a) {
@@ -250,16 +256,16 @@ SPATIALC_EMU_FN std::string who(const Access& a) {
                          std::to_string(r.depth) + "; block " + std::to_string(the_block.block_linear) + "): " +
                          who(earlier) + " and " + who(now) +
                          " touch the same bytes with no __syncthreads() between them (both after " +
-                         std::to_string(now.bi) + " block barriers)");
+                         std::to_string(now.bi) + " block barriers) and no mbarrier phase ordering them");
 }
 
-SPATIALC_EMU_FN void track_bytes(Region& r, size_t off, size_t n, bool write, const Access& a) {
+SPATIALC_EMU_FN void track_bytes(Region& r, size_t off, size_t n, bool write, const Access& a, const ThreadState& t) {
     for (size_t i = 0; i < n; ++i) {
         ByteShadow& s = r.shadow[off + i];
-        if (conflicts(s.w, a)) race(r, off + i, s.w, a);
+        if (conflicts(s.w, a, t)) race(r, off + i, s.w, a);
         if (write) {
-            if (conflicts(s.r0, a)) race(r, off + i, s.r0, a);
-            if (conflicts(s.r1, a)) race(r, off + i, s.r1, a);
+            if (conflicts(s.r0, a, t)) race(r, off + i, s.r0, a);
+            if (conflicts(s.r1, a, t)) race(r, off + i, s.r1, a);
             s.w = a;
             s.r0 = s.r1 = Access{};
         } else if (s.r0.tid < 0 || s.r0.tid == a.tid || s.r0.bi != a.bi) {
@@ -272,7 +278,7 @@ SPATIALC_EMU_FN void track_bytes(Region& r, size_t off, size_t n, bool write, co
 
 SPATIALC_EMU_FN void track(const void* const* ptrs, int count, size_t size, bool write, AccessKind kind, int line) {
     const ThreadState& t = *self;
-    const Access a{t.tid, t.bi.load(std::memory_order_relaxed), t.wi.load(std::memory_order_relaxed), line, kind};
+    const Access a{t.tid, t.bi.load(std::memory_order_relaxed), t.wi.load(std::memory_order_relaxed), line, kind, t.clk};
     std::lock_guard<std::mutex> lk(shadow_mu);
     for (int k = 0; k < count; ++k) {
         Region* r = find_region(ptrs[k]);
@@ -280,7 +286,7 @@ SPATIALC_EMU_FN void track(const void* const* ptrs, int count, size_t size, bool
         const size_t off = (size_t)(static_cast<const char*>(ptrs[k]) - r->base);
         if (off + size > r->bytes)
             fatal(kExitMisuse, who(a) + " runs past the end of shared ring '" + r->name + "'");
-        track_bytes(*r, off, size, write, a);
+        track_bytes(*r, off, size, write, a, t);
     }
 }
 
@@ -334,6 +340,141 @@ SPATIALC_EMU_FN void pipeline_wait(size_t prior) {
     for (; t.groups.size() - landed > prior; ++landed)
         for (const Copy& c : t.groups[landed]) land(c);
     t.groups.erase(t.groups.begin(), t.groups.begin() + (std::ptrdiff_t)landed);
+}
+
+// ---- mbarriers ------------------------------------------------------------------------------------------------------
+
+struct MBar {
+    unsigned count = 0, pending = 0;
+    unsigned long long phase = 0;
+    int waiters = 0;
+    int init_line = 0;
+    std::atomic<unsigned> gen{0};
+    std::vector<Copy> async;  // copies whose arrival is counted; in late mode they land when the phase completes
+    std::vector<unsigned> vc_acc;
+    std::vector<unsigned> vc_done[2];  // the clock of the last completed phase of each parity
+};
+
+// The running block's barriers by address (blocks run one after another); guarded by the block's mutex.
+inline std::map<const void*, std::unique_ptr<MBar>> mbars;
+
+SPATIALC_EMU_FN void join(std::vector<unsigned>& into, const std::vector<unsigned>& from) {
+    if (into.size() < from.size()) into.resize(from.size(), 0);
+    for (size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
+}
+
+// "full_1[2]": the ring region and slot an mbarrier lives in, or its address.
+SPATIALC_EMU_FN std::string mbar_name(const void* bar) {
+    const Region* r = find_region(bar);
+    if (!r) {
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "mbarrier at %p", bar);
+        return buf;
+    }
+    const size_t off = (size_t)(static_cast<const char*>(bar) - r->base);
+    return std::string(r->name) + "[" + std::to_string(off / 8) + "]";
+}
+
+SPATIALC_EMU_FN std::string describe_mbarriers() {
+    std::string out;
+    for (const auto& [bar, m] : mbars) {
+        if (!m->waiters) continue;
+        out += "; " + mbar_name(bar) + " in phase " + std::to_string(m->phase) + " (parity " +
+               std::to_string(m->phase & 1) + ") has " + std::to_string(m->count - m->pending) + " of " +
+               std::to_string(m->count) + " arrivals";
+    }
+    return out;
+}
+
+SPATIALC_EMU_FN MBar& find_mbar(const void* bar, const char* what, int line) {
+    auto it = mbars.find(bar);
+    if (it == mbars.end())
+        fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + " on " + mbar_name(bar) +
+                               ", which spatialc_mbar_init never initialised in this block");
+    return *it->second;
+}
+
+SPATIALC_EMU_FN void mbar_init(void* bar, unsigned count, int line) {
+    me("spatialc_mbar_init");
+    if (reinterpret_cast<uintptr_t>(bar) % 8)
+        fatal(kExitMisuse, "spatialc_mbar_init at line " + std::to_string(line) + ": an mbarrier is 8-byte aligned");
+    if (count == 0 || count >= (1u << 20))
+        fatal(kExitMisuse, "spatialc_mbar_init at line " + std::to_string(line) + ": arrival count " +
+                               std::to_string(count) + " (1 to 2^20 - 1)");
+    std::lock_guard<std::mutex> lk(the_block.mu);
+    auto& m = mbars[bar];
+    m.reset(new MBar{});
+    m->count = m->pending = count;
+    m->init_line = line;
+}
+
+// With the block's lock held, by the arrival that completes the phase.
+SPATIALC_EMU_FN void complete_mbar(Block& b, MBar& m) {
+    for (const Copy& c : m.async) std::memcpy(c.dst, c.data, (size_t)c.size);
+    m.async.clear();
+    m.vc_done[m.phase & 1] = std::move(m.vc_acc);
+    m.vc_acc.clear();
+    ++m.phase;
+    m.pending = m.count;
+    b.blocked -= m.waiters;
+    m.waiters = 0;
+    m.gen.fetch_add(1, std::memory_order_release);
+    m.gen.notify_all();
+    progress.fetch_add(1, std::memory_order_relaxed);
+}
+
+SPATIALC_EMU_FN void arrive_locked(ThreadState& t, MBar& m) {
+    apply_stores(t);  // an arrival releases: the thread's fragment stores are visible to whoever waits on the phase
+    join(m.vc_acc, t.vc);
+    if (m.vc_acc.size() <= (size_t)t.tid) m.vc_acc.resize((size_t)t.tid + 1, 0);
+    m.vc_acc[(size_t)t.tid] = std::max(m.vc_acc[(size_t)t.tid], t.clk);
+    ++t.clk;  // what this thread does from now on is not ordered by this arrival
+    if (--m.pending == 0) complete_mbar(the_block, m);
+}
+
+SPATIALC_EMU_FN void mbar_arrive(void* bar, int line) {
+    ThreadState& t = me("spatialc_mbar_arrive");
+    std::lock_guard<std::mutex> lk(the_block.mu);
+    arrive_locked(t, find_mbar(bar, "spatialc_mbar_arrive", line));
+}
+
+SPATIALC_EMU_FN void mbar_cp_async_arrive(void* bar, int line) {
+    ThreadState& t = me("spatialc_cp_async_arrive");
+    std::vector<Copy> copies;
+    for (auto& g : t.groups) copies.insert(copies.end(), g.begin(), g.end());
+    copies.insert(copies.end(), t.open.begin(), t.open.end());
+    t.groups.clear();
+    t.open.clear();
+    for (const Copy& c : copies) {  // the copy may land at any time from now: checked as this thread's write now
+        const void* p = c.dst;
+        track(&p, 1, (size_t)c.size, true, AccessKind::cp_async, c.line);
+    }
+    std::lock_guard<std::mutex> lk(the_block.mu);
+    MBar& m = find_mbar(bar, "spatialc_cp_async_arrive", line);
+    m.async.insert(m.async.end(), copies.begin(), copies.end());
+    arrive_locked(t, m);
+}
+
+SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
+    ThreadState& t = me("spatialc_mbar_wait");
+    Block& b = the_block;
+    std::unique_lock<std::mutex> lk(b.mu);
+    MBar& m = find_mbar(bar, "spatialc_mbar_wait", line);
+    while ((m.phase & 1) == (parity & 1)) {
+        std::snprintf(t.where_buf, sizeof t.where_buf, "waits on %s for phase %llu (parity %u) to complete",
+                      mbar_name(bar).c_str(), m.phase, parity & 1);
+        t.where = t.where_buf;
+        t.where_line = line;
+        ++m.waiters;
+        if (++b.blocked == b.live) deadlock(b);
+        const unsigned seen = m.gen.load(std::memory_order_relaxed);
+        lk.unlock();
+        await_generation(m.gen, seen);
+        lk.lock();
+    }
+    if (t.vc.size() < (size_t)b.nthreads) t.vc.resize((size_t)b.nthreads, 0);
+    join(t.vc, m.vc_done[parity & 1]);
+    t.where = "running";
 }
 
 // ---- thread exit --------------------------------------------------------------------------------------------------------
@@ -390,7 +531,7 @@ SPATIALC_EMU_FN void watch(double limit, double stall) {
         std::string state;
         if (in_launch.load() && the_block.mu.try_lock()) {
             state = " Threads of block " + std::to_string(the_block.block_linear) + ": " +
-                    describe_threads(the_block) + ".";
+                    describe_threads(the_block) + describe_mbarriers() + ".";
             the_block.mu.unlock();
         }
         char when[64];
@@ -455,6 +596,7 @@ SPATIALC_EMU_FN cudaError_t fail(cudaError_t e, const std::string& why) {
 SPATIALC_EMU_FN void set_max_dynamic_smem(const void* kernel, int bytes) { max_dynamic_smem[kernel] = bytes; }
 
 SPATIALC_EMU_FN void reset_block(Block& b, int n, unsigned long linear) {
+    mbars.clear();
     b.nthreads = n;
     b.nwarps = (n + kWarp - 1) / kWarp;
     b.live = n;

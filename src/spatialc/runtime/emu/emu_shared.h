@@ -4,7 +4,8 @@
 //
 // A race is two threads touching the same bytes in the same barrier interval (the count of __syncthreads a
 // thread has passed), at least one of them writing; accesses of two lanes of one warp separated by a __syncwarp
-// are ordered too. Intervals are counted, not timed, so a missing barrier is reported on every run whatever
+// are ordered too, and so are two accesses an mbarrier orders (the first thread arrived after its access, the
+// second completed a wait on that phase before its own: vector clocks, emu_mbarrier.h). Intervals are counted, not timed, so a missing barrier is reported on every run whatever
 // order the threads happened to run in.
 #ifndef SPATIALC_EMU_SHARED_H
 #define SPATIALC_EMU_SHARED_H
@@ -20,6 +21,7 @@ struct Access {
     unsigned bi = 0, wi = 0;
     int line = 0;
     AccessKind kind = AccessKind::none;
+    unsigned clk = 0;  // the thread's mbarrier clock at the access
 };
 
 // Who last wrote one byte, and up to two distinct threads that read it since.

@@ -1,0 +1,530 @@
+"""The general CUDA form: one block per site, every engine program on warps of its own, the rings handed over at run
+time through a full and an empty mbarrier per slot.
+
+Nothing is serialised or proved about an order here: each engine runs its own program, loops and all, as the IR
+says, and blocks where the IR's engine would block — `Reserve` on the slot's empty barrier, `Wait` on its full
+barrier. That the program cannot deadlock and never overfills a ring is rule 7 of `verify`, proved on exactly these
+semantics, so the form needs no proof of its own. The tile printers (`tiles.py`), the epilogue statements, the host
+programs and the census are the persistent form's; only the flow control and the warp roles are this module's.
+
+Each ring slot's barriers:
+
+- full, completed by every thread of the producing engine: `Push` arrives on it — for a ring filled by `ReadTiles`
+  through `cp.async.mbarrier.arrive.noinc`, so the arrival happens when the thread's copies have landed;
+- empty, completed by every thread of the consuming engine: `Pop` arrives on it after the engine's last read.
+
+An engine keeps a counter per ring op kind (reserved, pushed, waited, popped); the counter's slot is count mod depth
+and its phase parity (count / depth) mod 2. A producer waits for the empty phase of the previous round (parity
+flipped: the first round passes on a fresh barrier), a consumer for the full phase of this round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from importlib import resources
+
+from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
+from ...ir.nodes import ComputeStage, Engine, Plan, SpatialProgram, TensorRole
+from ...ir.ops import (
+    AcquireAcc,
+    Barrier,
+    Bias,
+    ChoreoOp,
+    Compute,
+    Flush,
+    Loop,
+    MatmulTiles,
+    McastSend,
+    McastSetValid,
+    PackAcc,
+    Pop,
+    Push,
+    ReadBarrier,
+    ReadTiles,
+    ReleaseAcc,
+    Reserve,
+    SemInc,
+    SemSet,
+    SemWait,
+    Trip,
+    Wait,
+    WriteBarrier,
+    WriteTiles,
+    walk,
+)
+from ...ir.printer import compute_text
+from ...target import WARP, SpatialTarget
+from ..artifact import Budget, CudaArtifact
+from ..census import census, marker
+from ..errors import GroupSpansSites, InternalError, TooBig, Unsupported, Unverified
+from . import epilogue
+from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr
+from .host import bench_main, helpers, program_main
+from .program import all_ops, check_int8_reduction, launch_for, logical_k, matmul_stage, operand_types, site_engines
+from .rings import TILE_ELEMS, Ring, Rings, WmmaTypes, aligned, ring_table
+from .tiles import WMMA, TilePrinter
+
+KERNEL_NAME = "spatialc_general"
+BARRIER_BYTES = 8  # one mbarrier object
+SIDE_WARPS = 1  # warps of an engine other than the compute engine (reader, writer)
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """One engine's warps: `first_warp` … `first_warp + warps - 1`, and its program."""
+
+    engine: Engine
+    first_warp: int
+    warps: int
+    ops: tuple[ChoreoOp, ...]
+
+    @property
+    def threads(self) -> int:
+        return self.warps * WARP
+
+
+@dataclass(frozen=True, slots=True)
+class GeneralKernel:
+    """Everything the printer reads, decided before a line is printed."""
+
+    program: SpatialProgram
+    plan: Plan
+    types: WmmaTypes
+    out_type: str
+    rings: Rings
+    lane_grid: tuple[int, int] | None
+    lanes: int  # the compute engine's warps: the accumulator lanes
+    perw: int  # accumulator fragments a compute warp holds
+    roles: tuple[Role, ...]
+    full_count: dict[int, int]  # ring → arrivals that complete a full phase (the producer's threads)
+    empty_count: dict[int, int]  # ring → arrivals that complete an empty phase (the consumer's threads)
+    copied: frozenset[int]  # rings filled by ReadTiles: their Push arrives when the copies land
+    offsets: dict[str, int]  # region name (ring_3, full_3, empty_3) → byte offset in the dynamic block
+    dyn_bytes: int
+    barrier_bytes: int
+    blocks_per_sm: int
+    integer: bool
+    has_epilogue: bool
+
+    @property
+    def threads(self) -> int:
+        return sum(r.threads for r in self.roles)
+
+
+# ---- what the general form takes ----------------------------------------------------------------------------
+
+
+def refuse(p: SpatialProgram) -> None:
+    """Raise the first reason the general form cannot print `p` yet."""
+    if not p.verified:
+        raise Unverified(p.name)
+    if p.placement is None or p.schedule is None or not p.plans:
+        raise Unsupported("a program without a plan, placement or schedule", "the kernel is printed from all three")
+    for g in p.placement.groups:
+        if len(g.sites) > 1:
+            raise GroupSpansSites(int(g.id), tuple(int(s) for s in g.sites))
+    if len(p.plans) > 1:
+        raise Unsupported(f"a program with {len(p.plans)} plans", "the general form prints one block shape so far")
+    ops = all_ops(p)
+    later = "the general form does not print it yet"
+    if p.semaphores or any(isinstance(op, SemSet | SemInc | SemWait) for op in ops):
+        raise Unsupported("a semaphore handshake", later)
+    if any(isinstance(op, Barrier | McastSend | McastSetValid) for op in ops):
+        raise Unsupported("a group barrier or multicast", later)
+    if any(isinstance(op, Loop) and isinstance(op.count, Trip) for op in ops):
+        raise Unsupported("a loop whose trip count is read from data", later)
+    matmuls = [s for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)]
+    if len(matmuls) > 1:
+        raise Unsupported("several tile matmuls", "the compute warps hold one accumulator block per item so far")
+    if p.tile.rows != 16 or p.tile.cols != 16:
+        raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "WMMA fragments are 16x16; tile the program 16x16")
+    for op in ops:
+        if isinstance(op, Reserve | Push | Wait | Pop) and op.pages != 1:
+            raise Unsupported(
+                f"{type(op).__name__} of {op.pages} pages on {p.buffer(op.buf).name}",
+                "a ring slot of the general form is one page with its own barriers",
+            )
+        if isinstance(op, Compute) and op.acc_reload is not None:
+            raise Unsupported("an accumulator spill (acc_reload)", "WMMA fragments never leave the registers")
+        if isinstance(op, PackAcc) and op.accumulate:
+            raise Unsupported("an accumulating PackAcc", "WMMA fragments are stored, never added to a page")
+
+
+# ---- resources -------------------------------------------------------------------------------------------------
+
+
+def roles_of(engines: tuple[tuple[Engine, tuple[ChoreoOp, ...]], ...], lanes: int) -> tuple[Role, ...]:
+    """The compute engine (the one holding the accumulators) on warps 0 … lanes − 1, every other engine with a
+    program on SIDE_WARPS warps after it, in the schedule's order."""
+    holds = [e for e, ops in engines if any(isinstance(op, AcquireAcc) for op in walk(ops))]
+    first = holds[0] if holds else None
+    ordered = sorted((x for x in engines if x[1]), key=lambda x: x[0] != first)
+    roles, warp = [], 0
+    for engine, ops in ordered:
+        n = lanes if engine == first else SIDE_WARPS
+        roles.append(Role(engine, warp, n, ops))
+        warp += n
+    return tuple(roles)
+
+
+def _ring_ends(p: SpatialProgram, rings: Rings, roles: tuple[Role, ...]) -> tuple[dict[int, Role], dict[int, Role]]:
+    """The role that pushes each ring and the role that pops it (verify's rule 3: one of each per site)."""
+    prod: dict[int, Role] = {}
+    cons: dict[int, Role] = {}
+    for role in roles:
+        for op in walk(role.ops):
+            if isinstance(op, Push | Pop):
+                ends = prod if isinstance(op, Push) else cons
+                r = rings.template[op.buf]
+                if ends.setdefault(r, role) is not role:
+                    raise Unsupported(
+                        f"ring {rings.names.get(r, r)} {'pushed' if ends is prod else 'popped'} by two engines",
+                        "each ring slot's barrier counts one engine's threads",
+                    )
+    return prod, cons
+
+
+def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
+    """The rings an elementwise stage fills hold its values: int64 (EPIT) in an integer program, whose bias may
+    leave int32, float32 in a float one."""
+    elementwise = {
+        rings.template[b]
+        for s in p.stages
+        if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, MatmulTiles)
+        for b in s.outs
+    }
+    size = 8 if integer else 4
+    table = {
+        r: dataclasses.replace(ring, c_type="EPIT", elem_bytes=size) if r in elementwise else ring
+        for r, ring in rings.rings.items()
+    }
+    return dataclasses.replace(rings, rings=table)
+
+
+def blocks_per_sm(target: SpatialTarget, smem: int, threads: int, regs: int) -> int:
+    """Blocks of the general kernel one SM holds: by threads, shared memory and registers (every warp is counted
+    at the compute warps' estimate, which is generous for the reader and writer)."""
+    if smem > target.smem_per_site_max:
+        return 0
+    by_threads = target.threads_per_unit_max // threads
+    by_smem = target.smem_per_unit // (smem + target.smem_reserved_per_site)
+    regs_per_warp = math.ceil(regs * WARP / 256) * 256
+    by_regs = target.regs_per_unit // (regs_per_warp * (threads // WARP))
+    return max(0, min(target.sites_per_unit_max, by_threads, by_smem, by_regs))
+
+
+def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
+    """Check what the general form needs and lay out its block."""
+    refuse(p)
+    plan = p.plans[0]
+    mm = matmul_stage(p)
+    assert isinstance(mm.kind, ComputeStage) and isinstance(mm.kind.op, MatmulTiles)
+    types = operand_types(p, mm.kind.op)
+    check_int8_reduction(p, mm.kind.op)
+    integer = mm.kind.op.operand.value == "int8"
+    chain = epilogue.chain(p, mm)
+    epilogue.check(p, chain, integer)
+    if integer:
+        epilogue.check_int64(p, chain, logical_k(p))
+    lanes = target.accumulator_lanes
+    lane_grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
+    h, w = plan.item_tiles
+    if lane_grid is None:
+        perw = math.ceil(h * w / lanes)
+    else:
+        perw = plan.sub_blocks[0] * plan.sub_blocks[1] * (plan.block.osh // lane_grid[0])
+        perw *= plan.block.osw // lane_grid[1]
+    rings = epilogue_rings(p, ring_table(p, types, ()), integer)
+    roles = roles_of(site_engines(p), lanes)
+    prod, cons = _ring_ends(p, rings, roles)
+    copied = frozenset(rings.template[op.into] for role in roles for op in walk(role.ops) if isinstance(op, ReadTiles))
+    offsets: dict[str, int] = {}
+    off = 0
+    for rid in sorted(rings.rings):
+        offsets[f"ring_{rid}"] = off
+        off += aligned(rings.rings[rid].bytes)
+    ring_bytes = off
+    for rid in sorted(rings.rings):
+        for kind in ("full", "empty"):
+            offsets[f"{kind}_{rid}"] = off
+            off += aligned(rings.rings[rid].depth * BARRIER_BYTES)
+    threads = sum(r.threads for r in roles)
+    if threads > 1024:
+        raise TooBig(f"threads of one block of the general form on {target.name}", threads, 1024, "use fewer lanes")
+    regs = target.registers_per_thread(h * w)
+    per_sm = blocks_per_sm(target, off, threads, regs)
+    if per_sm == 0:
+        raise TooBig(
+            f"shared memory of one block of the general form on {target.name} (rings and their barriers)",
+            off,
+            target.smem_per_site_max,
+            "choose a smaller block, fewer sub-blocks or shallower rings",
+        )
+    out = p.output_tensor()
+    assert out is not None
+    missing = [r for r in rings.rings if r not in prod or r not in cons]
+    if missing:
+        raise Unsupported(f"ring {rings.rings[missing[0]].name} without a producer and a consumer", "verify says why")
+    return GeneralKernel(
+        p,
+        plan,
+        types,
+        C_TYPES[out.dtype],
+        rings,
+        lane_grid,
+        lanes,
+        perw,
+        roles,
+        {r: prod[r].threads for r in rings.rings},
+        {r: cons[r].threads for r in rings.rings},
+        copied,
+        offsets,
+        off,
+        off - ring_bytes,
+        per_sm,
+        integer,
+        bool(chain),
+    )
+
+
+# ---- printing --------------------------------------------------------------------------------------------------
+
+
+class EnginePrinter(TilePrinter):
+    """Prints one engine's program on its own warps: its ops in order, its loops as its own `for`s."""
+
+    def __init__(self, k: GeneralKernel, role: Role, w: Writer):
+        super().__init__(k.plan, k.rings, k.lane_grid, w, tid="etid", nthreads=str(role.threads))
+        self.k = k
+        self.role = role
+
+    def read_slot(self, r: int) -> str:
+        return f"(pop_{r} % DEPTH_{r})"
+
+    def write_slot(self, r: int) -> str:
+        return f"((rsv_{r} - 1) % DEPTH_{r})"
+
+    def ring(self, buf: BufferId) -> Ring:
+        return self.k.rings.rings[self.k.rings.template[buf]]
+
+    def counters(self) -> None:
+        """One counter per ring and op kind the engine uses, so that none is unused."""
+        kinds = {Reserve: "rsv", Push: "psh", Wait: "wt", Pop: "pop"}
+        used: dict[int, set[str]] = {}
+        for op in walk(self.role.ops):
+            if isinstance(op, Reserve | Push | Wait | Pop):
+                used.setdefault(self.k.rings.template[op.buf], set()).add(kinds[type(op)])
+        for r in sorted(used):
+            names = [f"{n}_{r} = 0" for n in ("rsv", "psh", "wt", "pop") if n in used[r]]
+            self.w.line(f"unsigned {', '.join(names)};")
+
+    def ops(self, ops: tuple[ChoreoOp, ...], env: dict[LoopVar, str]) -> None:
+        for op in ops:
+            self.op(op, env)
+
+    def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
+        mark = marker(op)
+        match op:
+            case Loop(var, count, body):
+                v = loop_var_name(var)
+                bound = "n_items" if var == LV_ITEM else str(count.n)  # type: ignore[union-attr]
+                with self.w.block(f"for (int {v} = 0; {v} < {bound}; ++{v})", mark):
+                    inner = env | {var: v}
+                    if var == LV_ITEM:
+                        self.item_header(f"ITEM_LIST[item_off + {v}]")
+                        inner |= {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
+                    self.ops(body, inner)
+            case Reserve(buf):
+                r = self.ring(buf).id
+                self.w.line(
+                    f"spatialc_mbar_wait(&empty_{r}[rsv_{r} % DEPTH_{r}], ((rsv_{r} / DEPTH_{r}) & 1) ^ 1); ++rsv_{r};",
+                    mark,
+                )
+            case Push(buf):
+                r = self.ring(buf).id
+                arrive = "spatialc_cp_async_arrive" if r in self.k.copied else "spatialc_mbar_arrive"
+                self.w.line(f"{arrive}(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
+            case Wait(buf):
+                r = self.ring(buf).id
+                self.w.line(
+                    f"spatialc_mbar_wait(&full_{r}[wt_{r} % DEPTH_{r}], (wt_{r} / DEPTH_{r}) & 1); ++wt_{r};", mark
+                )
+            case Pop(buf):
+                r = self.ring(buf).id
+                self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)
+            case ReadTiles():
+                self.read_tiles(op, env, mark)
+            case WriteTiles():
+                self.write_tiles(op, env, mark)
+            case AcquireAcc():
+                self.acquire(mark)
+            case ReleaseAcc():
+                self.w.line("", f"{mark} (accumulators stay in registers)")
+            case ReadBarrier() | WriteBarrier() | Flush():
+                self.w.line("", f"{mark} (ordered by the ring barriers)")
+            case Compute(op=MatmulTiles() as mm, ins=(a, b)):
+                self.matmul(mm, self.ring(a), self.ring(b), mark)
+            case Compute(op=stage, ins=(src,), outs=(dst,)):
+                self.elementwise(op, stage, self.ring(src), self.ring(dst), env, mark)
+            case PackAcc(to=buf):
+                self.pack(self.ring(buf), mark)
+            case _:
+                raise Unsupported(f"a {type(op).__name__} op", "the general form has no image for it yet")
+
+    def elementwise(self, op: Compute, stage, src: Ring, dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
+        """An epilogue stage page to page: each thread of the engine a strided share of the elements."""
+        if not isinstance(stage, epilogue.EPILOGUE_OPS):
+            raise Unsupported(f"a {compute_text(stage, self.k.program)} stage", "the general form has no image for it")
+        n = src.page
+        value = "long long" if self.k.integer else "float"
+        bias = ""
+        if isinstance(stage, Bias):
+            at = addr_expr(stage.at, env)
+            lead = f"{at} + " if at != "0" else ""
+            bias = f"(long long)({lead}tl % {stage.width}) * {TILE_ELEMS} + el % 16"
+        with self.w.block("", mark), self.w.block(f"for (int e = etid; e < {n}; e += {self.nthreads})"):
+            if bias:
+                self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
+            self.w.line(f"{value} v = ring_{src.id}[{self.read_slot(src.id)} * PAGE_{src.id} + e];")
+            self.w.line(epilogue.statement(stage, self.k.integer, bias))
+            self.w.line(f"ring_{dst.id}[{self.write_slot(dst.id)} * PAGE_{dst.id} + e] = v;")
+
+
+def mbarrier_helpers() -> str:
+    """The device functions of the ring barriers, inlined into the kernel text."""
+    return resources.files(__package__).joinpath("general_mbarrier.cuh").read_text()
+
+
+def preamble(k: GeneralKernel) -> list[str]:
+    p = k.program
+    lines = [
+        f"// {p.name}: the general CUDA form printed by spatialc from the spatial IR; each block is one site, each"
+        " engine runs on warps of its own and the rings hand pages over through mbarriers."
+    ]
+    lines += [f"#include <{h}>" for h in INCLUDES]
+    lines += ["", RING_MACROS, CHECK_MACRO, "", *mbarrier_helpers().rstrip("\n").split("\n"), ""]
+    epit = "long long" if k.integer else "float"
+    lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
+    lines += [f"typedef {epit} EPIT;"]
+    if k.has_epilogue:
+        lines += ["", *epilogue.helpers().rstrip("\n").split("\n"), ""]
+    lines += [f"#define NTHREAD {k.threads}", f"#define NWARP {k.lanes}", f"#define PERW {k.perw}"]
+    for rid in sorted(k.rings.rings):
+        ring = k.rings.rings[rid]
+        lines += [f"#define DEPTH_{rid} {ring.depth}u", f"#define PAGE_{rid} {ring.page}"]
+        lines += [f"#define FULL_COUNT_{rid} {k.full_count[rid]}", f"#define EMPTY_COUNT_{rid} {k.empty_count[rid]}"]
+    lines += [f"#define SMEM_OFF_{name.upper()} {off}" for name, off in k.offsets.items()]
+    lines.append(f"#define DYN_SMEM {k.dyn_bytes}")
+    return lines + [""]
+
+
+def kernel_text(k: GeneralKernel) -> str:
+    """The kernel source (`kernel_cu`) of the general form."""
+    w = Writer()
+    for line in preamble(k):
+        w.line(line)
+    params = ", ".join(
+        [
+            f"{'OUT_T' if t.role == TensorRole.OUTPUT else 'const ' + _param_type(k, t)}* __restrict__ t{int(t.id)}"
+            for t in k.program.tensors
+        ]
+        + ["const int* __restrict__ spatialc_work"]
+    )
+    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}) void {KERNEL_NAME}({params})')
+    with w.block():
+        w.line("const int tid = threadIdx.x;")
+        w.line("const int warp = tid / 32;")
+        w.line("const int site = blockIdx.x;")
+        w.line("const int item_off = spatialc_work[site];")
+        w.line("const int n_items = spatialc_work[gridDim.x + site];")
+        w.line("const int* ITEM_LIST = spatialc_work + 2 * gridDim.x;")
+        w.line("if (n_items == 0) { return; }")
+        w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
+        for rid in sorted(k.rings.rings):
+            ring = k.rings.rings[rid]
+            w.line(
+                f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_RING_{rid}, "
+                f"DEPTH_{rid}, PAGE_{rid});"
+            )
+            for kind in ("full", "empty"):
+                w.line(
+                    f"SPATIALC_DYNAMIC_RING(unsigned long long, {kind}_{rid}, spatialc_dyn_smem, "
+                    f"SMEM_OFF_{kind.upper()}_{rid}, DEPTH_{rid}, 1);"
+                )
+        with w.block("if (tid == 0)"):
+            for rid in sorted(k.rings.rings):
+                with w.block(f"for (unsigned s = 0; s < DEPTH_{rid}; ++s)"):
+                    w.line(f"spatialc_mbar_init(&full_{rid}[s], FULL_COUNT_{rid});")
+                    w.line(f"spatialc_mbar_init(&empty_{rid}[s], EMPTY_COUNT_{rid});")
+        w.line("__syncthreads();  // the barriers are initialised before any engine uses them")
+        for i, role in enumerate(k.roles):
+            last = role.first_warp + role.warps
+            head = f"{'if' if i == 0 else 'else if'} (warp < {last})"
+            with w.block(head, f"// {role.engine.value}: warps {role.first_warp}-{last - 1}"):
+                _engine(k, role, w)
+    return w.text()
+
+
+def _param_type(k: GeneralKernel, t) -> str:
+    return "OPT" if t.role == TensorRole.INPUT else C_TYPES[t.dtype]
+
+
+def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
+    """One engine's branch: its thread index, counters, accumulators, and its program."""
+    w.line(f"const int etid = tid - {role.first_warp * WARP};")
+    w.line("(void)etid;")
+    printer = EnginePrinter(k, role, w)
+    printer.counters()
+    if any(isinstance(op, AcquireAcc) for op in walk(role.ops)):
+        w.line(f"{WMMA}fragment<{WMMA}accumulator, 16, 16, 16, ACCT> accf[PERW];")
+    env: dict[LoopVar, str] = {}
+    if not any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(role.ops)):
+        printer.item_header("ITEM_LIST[item_off]")
+        env = {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
+    printer.ops(role.ops, env)
+
+
+def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:
+    ring_bytes = sum(aligned(r.bytes) for r in k.rings.rings.values())
+    h, w = k.plan.item_tiles
+    return Budget(
+        ring_bytes,
+        k.dyn_bytes > target.smem_static_max,
+        True,
+        k.dyn_bytes,
+        0,
+        target.registers_per_thread(h * w),
+        k.blocks_per_sm,
+        k.threads,
+        tuple((r.name, r.bytes) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
+        (),
+        "general",
+        tuple((role.engine.value, role.warps) for role in k.roles),
+        k.barrier_bytes,
+    )
+
+
+def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
+    """The general-form CUDA artifact of a verified program, or a typed error saying what it cannot print yet."""
+    k = make_kernel(program, target)
+    kernel_cu = kernel_text(k)
+    counted = census([role.ops for role in k.roles], kernel_cu)
+    if not counted.agrees:
+        raise InternalError(
+            f"the general form's census disagrees: program {counted.program} with stages {counted.stages}, "
+            f"printed {counted.printed} with stages {counted.printed_stages}"
+        )
+    host = kernel_cu + "\n" + helpers() + "\n"
+    opt_in = k.dyn_bytes > target.smem_static_max
+    launch = launch_for(program, target, KERNEL_NAME, k.types, k.threads, k.dyn_bytes, opt_in, k.blocks_per_sm)
+    return CudaArtifact(
+        target.name,
+        host + program_main(program, launch),
+        host + bench_main(program, launch),
+        kernel_cu,
+        launch,
+        budget_of(k, target),
+        counted,
+    )

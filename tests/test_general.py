@@ -1,0 +1,273 @@
+"""The general CUDA form (lower/cuda/general.py): which form `spatialc.lower` picks, the kernel's shape and ledger,
+programs only the general form takes run under the emulation, and planted faults in its ring barriers caught."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.frontend import bias, relu, requant, scalar
+from spatialc.ir.ids import SemId
+from spatialc.ir.nodes import Semaphore
+from spatialc.lower.cuda import general
+from spatialc.lower.cuda.forms import UnknownForm
+from spatialc.lower.cuda.host import write_artifact
+from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported, Unverified
+from spatialc.runtime.emulate import EmulationDeadlock, EmulationError, EmulationRace
+
+emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+
+RNG = np.random.default_rng(11)
+INPUTS = {
+    "A": RNG.integers(-128, 128, (64, 64)).astype(np.int8),
+    "B": RNG.integers(-128, 128, (64, 64)).astype(np.int8),
+}
+
+
+@pytest.fixture(scope="module")
+def gemm64():
+    """64³ int8 on sm_86: 2×2-tile items, two per site, depth-2 rings; the persistent kernel takes it."""
+    return spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(2, 2, 1), depth=2, sites=2)
+
+
+@pytest.fixture(scope="module")
+def one_tile_epilogue():
+    """An epilogue on one-tile blocks: no warp grid divides the block, so the persistent kernel cannot fuse it."""
+    chain = [bias(), relu(), requant(0.004, -3)]
+    return spatialc.build(spatialc.gemm(40, 48, 64, "int8", epilogue=chain), "sm_86", block=(1, 1, 1), sites=3)
+
+
+# ---- which form ------------------------------------------------------------------------------------------------
+
+
+def test_auto_prints_the_persistent_kernel_and_carries_the_general_form(gemm64):
+    art = spatialc.lower(gemm64)
+    assert art.budget.form == "persistent" and art.launch.kernel_name == "spatialc_persistent"
+    gen = art.general
+    assert gen is not None and gen.general is None
+    assert gen.budget.form == "general" and gen.launch.kernel_name == "spatialc_general"
+    assert "spatialc_general<<<" in gen.program_cu and "spatialc_general<<<" in gen.bench_cu
+    # The same program, op for op: both censuses count the same ops and both agree with their texts.
+    assert art.census.agrees and gen.census.agrees and gen.census.program == art.census.program
+    assert gen.launch.params == art.launch.params and gen.launch.items == art.launch.items
+
+
+def test_what_the_persistent_kernel_refuses_is_printed_in_general_form(one_tile_epilogue):
+    with pytest.raises(NeedsGeneral, match="the general form prints it"):
+        spatialc.lower(one_tile_epilogue, form="persistent")
+    art = spatialc.lower(one_tile_epilogue)
+    assert art.budget.form == "general" and art.general is None
+    assert any("the persistent kernel refuses: cannot lower the epilogue" in n for n in art.notes)
+    assert art.census.stages == {"Bias": 1, "MatmulTiles": 1, "Relu": 1, "Requant": 1} == art.census.printed_stages
+
+
+def test_an_unknown_form_is_a_typed_error_and_a_cli_error(gemm64, tmp_path, capsys):
+    with pytest.raises(UnknownForm, match="unknown CUDA form 'fast'; use one of auto, persistent, general"):
+        spatialc.lower(gemm64, form="fast")
+    path = tmp_path / "p.json"
+    path.write_text(spatialc.to_json(gemm64))
+    from spatialc.cli import main
+
+    assert main(["lower", str(path), "--emit", str(tmp_path / "k"), "--form", "fast"]) == 2
+    assert "invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_what_the_general_form_does_not_print_yet_is_refused_by_name(gemm64):
+    p = spatialc.verify(gemm64.evolve(semaphores=(Semaphore(SemId(0), "s"),), verified=False))
+    with pytest.raises(Unsupported, match="cannot lower a semaphore handshake: the general form does not print it"):
+        spatialc.lower(p, form="general")
+    with pytest.raises(Unverified, match="not verified"):
+        general.lower(gemm64.evolve(verified=False), spatialc.target("sm_86"))
+
+
+# ---- the kernel and its ledger -----------------------------------------------------------------------------------
+
+
+def engine_branches(text: str) -> list[tuple[str, int, int]]:
+    """(engine, first warp, last warp) of each `if (warp < n)` branch of a general kernel."""
+    return [(e, int(a), int(b)) for e, a, b in re.findall(r"\(warp < \d+\) \{  // (\w+): warps (\d+)-(\d+)", text)]
+
+
+def test_each_engine_runs_on_warps_of_its_own_with_barriers_counting_its_threads(gemm64):
+    art = spatialc.lower(gemm64, form="general")
+    text = art.kernel_cu
+    assert engine_branches(text) == [("compute", 0, 3), ("reader", 4, 4), ("writer", 5, 5)]
+    assert art.budget.engines == (("compute", 4), ("reader", 1), ("writer", 1))
+    assert art.launch.block == art.budget.threads == 6 * 32
+    # Operand rings: full completed by the reader's 32 threads (their cp.async landing), empty by the 128 compute
+    # threads; the output ring: full by the compute threads, empty by the writer's.
+    counts = dict(re.findall(r"#define (\w+_COUNT_\d+) (\d+)", text))
+    assert counts == {
+        "FULL_COUNT_0": "32",
+        "EMPTY_COUNT_0": "128",
+        "FULL_COUNT_1": "32",
+        "EMPTY_COUNT_1": "128",
+        "FULL_COUNT_3": "128",
+        "EMPTY_COUNT_3": "32",
+    }
+    assert text.count("spatialc_cp_async_arrive(&full_") == 2  # the reader's two Pushes
+    assert "__syncthreads();  // the barriers are initialised" in text and text.count("__syncthreads()") == 1
+    # Each engine's loops are its own: the reader's and the compute warps' K loops are two `for`s.
+    assert len(re.findall(r"for \(int k = 0; k < 4; \+\+k\) \{  // op:Loop", text)) == 2
+
+
+def test_the_ledger_counts_rings_barriers_and_warps(gemm64, tmp_path):
+    art = spatialc.lower(gemm64, form="general")
+    bud = art.budget
+    depths = sum(r.depth_pages for r in (b.kind for b in gemm64.buffers) if hasattr(r, "depth_pages"))
+    assert bud.barrier_bytes >= 2 * 8 * 3 and bud.barrier_bytes % 32 == 0 and depths > 0
+    assert bud.total_bytes == bud.dyn_bytes == bud.smem_bytes + bud.barrier_bytes == art.launch.dyn_smem
+    assert bud.static_bytes == 0 and bud.rings_dynamic
+    assert bud.blocks_per_sm >= 1 and bud.regs_est > 0
+    written = write_artifact(spatialc.lower(gemm64), tmp_path)
+    doc = json.loads((tmp_path / "general" / "budget.json").read_text())
+    assert doc["form"] == "general" and doc["engines"] == {"compute": 4, "reader": 1, "writer": 1}
+    assert doc["launch_bounds"] == [bud.threads, bud.blocks_per_sm]
+    assert tmp_path / "general" / "kernel.cu" in written and tmp_path / "kernel.cu" in written
+
+
+def test_a_plan_whose_rings_do_not_fit_is_refused_with_the_fix():
+    # The persistent kernel fuses the output ring away; the general form keeps it, so it needs 28 KiB more.
+    p = spatialc.build(spatialc.gemm(256, 256, 256, "fp16"), "sm_86", block=(4, 4, 4), depth=5)
+    with pytest.raises(TooBig, match="shared memory of one block of the general form on sm_86.*choose a smaller"):
+        spatialc.lower(p, form="general")
+    art = spatialc.lower(p)
+    assert art.general is None and any(n.startswith("no general form: shared memory") for n in art.notes)
+
+
+# ---- under the emulation -----------------------------------------------------------------------------------------
+
+
+def emulated(art, program, inputs, mode):
+    c = spatialc.emulate(art, inputs, mode=mode, timeout=60)
+    return c, spatialc.evaluate(program, inputs)
+
+
+@emulation
+@pytest.mark.emulation
+@pytest.mark.parametrize("mode", ["late", "early"])
+def test_an_epilogue_only_the_general_form_takes_equals_the_interpreter(one_tile_epilogue, mode):
+    ins = {
+        "A": RNG.integers(-128, 128, (40, 64)).astype(np.int8),
+        "B": RNG.integers(-128, 128, (64, 48)).astype(np.int8),
+        "bias": RNG.integers(-5000, 5000, (1, 48)).astype(np.int32),
+    }
+    c, ref = emulated(spatialc.lower(one_tile_epilogue), one_tile_epilogue, ins, mode)
+    assert c.dtype == ref.dtype == np.int8 and len(np.unique(c)) > 10
+    np.testing.assert_array_equal(c, ref)
+
+
+@emulation
+@pytest.mark.emulation
+def test_a_float_epilogue_on_a_target_without_register_accumulators_equals_the_interpreter():
+    """Where the persistent kernel cannot fuse the epilogue (accumulators not in registers), the general form runs
+    its stages page to page: float32 arithmetic, as the interpreter's."""
+    chain = [bias(), scalar("mul", 0.5), relu()]
+    p = spatialc.build(spatialc.gemm(32, 64, 48, "fp16", epilogue=chain), "sm_86", block=(2, 4, 1))
+    off_registers = dataclasses.replace(spatialc.target("sm_86"), accumulator_in_registers=False)
+    art = spatialc.lower(p, off_registers)
+    assert art.budget.form == "general"
+    ins = {
+        "A": RNG.integers(-4, 5, (32, 48)).astype(np.float16),
+        "B": RNG.integers(-4, 5, (48, 64)).astype(np.float16),
+        "bias": RNG.normal(size=(1, 64)).astype(np.float32),
+    }
+    c, ref = emulated(art, p, ins, "late")
+    np.testing.assert_array_equal(c, ref)
+    assert (c == 0).any() and (c > 0).any()
+
+
+# ---- planted faults in the ring barriers ---------------------------------------------------------------------------
+
+
+def outcome(program, text: str, mode: str) -> tuple[str, str]:
+    """('exact' | 'mismatch' | the emulation error's kind, its report) for the general form's text `text`."""
+    art = dataclasses.replace(spatialc.lower(program, form="general"), program_cu=text)
+    try:
+        c = spatialc.emulate(art, INPUTS, mode=mode, timeout=60)
+    except EmulationError as e:
+        return e.kind, str(e)
+    return ("exact" if np.array_equal(c, spatialc.evaluate(program, INPUTS)) else "mismatch"), ""
+
+
+def planted(text: str, old: str, new: str) -> str:
+    assert old in text, f"the general kernel has no {old!r}"
+    return text.replace(old, new)
+
+
+@pytest.fixture(scope="module")
+def general_text(gemm64):
+    return spatialc.lower(gemm64, form="general").program_cu
+
+
+@emulation
+@pytest.mark.emulation
+@pytest.mark.parametrize("mode", ["late", "early"])
+def test_the_unbroken_general_form_is_exact(gemm64, general_text, mode):
+    assert outcome(gemm64, general_text, mode) == ("exact", "")
+
+
+@emulation
+@pytest.mark.emulation
+def test_a_missing_arrive_on_empty_is_a_deadlock_naming_each_wait(gemm64, general_text):
+    text = planted(general_text, "spatialc_mbar_arrive(&empty_0[pop_0 % DEPTH_0]); ++pop_0;", "++pop_0;")
+    kind, report = outcome(gemm64, text, "late")
+    assert kind == EmulationDeadlock.kind
+    # The reader waits for A's slot 0 to be freed; the barrier has none of the compute warps' 128 arrivals.
+    assert "32 threads (128-159) waits on empty_0[0] for phase 0 (parity 0) to complete" in report
+    assert "empty_0[0] in phase 0 (parity 0) has 0 of 128 arrivals" in report
+
+
+@emulation
+@pytest.mark.emulation
+def test_an_arrival_count_one_too_high_is_a_deadlock_and_one_too_low_a_race(gemm64, general_text):
+    high = planted(general_text, "#define FULL_COUNT_0 32", "#define FULL_COUNT_0 33")
+    kind, report = outcome(gemm64, high, "late")
+    assert kind == EmulationDeadlock.kind and "full_0[0] in phase 0 (parity 0) has 32 of 33 arrivals" in report
+    # One short, the empty phase completes before the last compute thread has read the page: the reader refills
+    # it under that thread's fragment load.
+    low = planted(general_text, "#define EMPTY_COUNT_0 128", "#define EMPTY_COUNT_0 127")
+    kind, report = outcome(gemm64, low, "early")
+    assert kind == EmulationRace.kind and "shared ring 'ring_0'" in report and "no mbarrier phase ordering" in report
+
+
+@emulation
+@pytest.mark.emulation
+@pytest.mark.parametrize("mode", ["late", "early"])
+def test_a_pop_before_the_matmul_read_the_page_is_a_race(gemm64, general_text, mode):
+    lines = general_text.split("\n")
+    pop = next(i for i, line in enumerate(lines) if "spatialc_mbar_arrive(&empty_0[pop_0" in line)
+    mm = next(i for i, line in enumerate(lines) if "op:Compute:MatmulTiles" in line)
+    text = "\n".join([*lines[:mm], lines[pop], *lines[mm:pop], *lines[pop + 1 :]])
+    kind, report = outcome(gemm64, text, mode)
+    assert kind == EmulationRace.kind
+    assert "a cp.async landing by thread" in report and "a fragment load (load_matrix_sync)" in report
+
+
+@emulation
+@pytest.mark.emulation
+def test_a_wait_on_the_wrong_phase_is_caught(gemm64, general_text):
+    text = general_text
+    for r in (0, 1):
+        text = planted(
+            text,
+            f"spatialc_mbar_wait(&full_{r}[wt_{r} % DEPTH_{r}], (wt_{r} / DEPTH_{r}) & 1);",
+            f"spatialc_mbar_wait(&full_{r}[wt_{r} % DEPTH_{r}], ((wt_{r} / DEPTH_{r}) & 1) ^ 1);",
+        )
+    # Both operand rings' first waits pass at once: the compute warps read pages the reader has not filled.
+    kind, report = outcome(gemm64, text, "late")
+    assert kind == EmulationRace.kind and re.search(r"shared ring 'ring_[01]' slot 0", report)
+    # On A alone the B ring's wait still orders A's copies (the reader filled A first); the compute warps then run
+    # a phase behind on A until they wait for one that never completes.
+    one = planted(
+        general_text,
+        "spatialc_mbar_wait(&full_0[wt_0 % DEPTH_0], (wt_0 / DEPTH_0) & 1);",
+        "spatialc_mbar_wait(&full_0[wt_0 % DEPTH_0], ((wt_0 / DEPTH_0) & 1) ^ 1);",
+    )
+    assert outcome(gemm64, one, "early")[0] == EmulationDeadlock.kind
