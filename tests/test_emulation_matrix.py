@@ -1,4 +1,5 @@
-"""Emitted kernels, run through the host emulation in both modes, against the reference interpreter.
+"""Emitted kernels, in both forms (the persistent kernel and the general form it carries) and run through the host
+emulation in both modes, against the reference interpreter.
 
 Exact for int8 and for integer-valued fp16 / bf16 (every product and partial sum is an integer fp32 holds). For
 real-valued fp16 / bf16 the kernel sums in fp32 while the oracle sums the same rounded operands in float64, so
@@ -68,30 +69,39 @@ def built():
     out = {}
     for name, (precision, m, n, k, target, options, _) in CASES.items():
         program = spatialc.build(spatialc.gemm(m, n, k, precision), target, **options)
-        out[name] = (program, spatialc.lower(program))
+        art = spatialc.lower(program)
+        assert art.general is not None, art.notes
+        out[name] = (program, {"persistent": art, "general": art.general})
     with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = [pool.submit(compile_program, art.program_cu, mode) for _, art in out.values() for mode in MODES]
+        jobs = [
+            pool.submit(compile_program, art.program_cu, mode)
+            for _, forms in out.values()
+            for art in forms.values()
+            for mode in MODES
+        ]
         for job in jobs:
             job.result()
     return out
 
 
 def test_the_cases_cover_what_they_claim(built):
-    program, art = built["fp16-dynamic-rings-int"]
-    assert art.budget.rings_dynamic and art.budget.dynamic_opt_in
-    assert "epi_scratch" in built["int8-fused-round-robin"][1].program_cu
+    program, forms = built["fp16-dynamic-rings-int"]
+    assert forms["persistent"].budget.rings_dynamic and forms["persistent"].budget.dynamic_opt_in
+    assert "epi_scratch" in built["int8-fused-round-robin"][1]["persistent"].program_cu
     rr = built["int8-fused-round-robin"][0].placement
     assert rr.kind == "round_robin" and [int(i) for i in rr.items_at(rr.items_of_site[0][0])] == [0, 4]
     more = built["int8-more-sites-than-items-odd"]
-    assert more[1].launch.grid == 20 and more[0].plan.items < 20
+    assert more[1]["persistent"].launch.grid == more[1]["general"].launch.grid == 20 and more[0].plan.items < 20
 
 
 @pytest.mark.filterwarnings("ignore::spatialc.InexactInputWarning")  # real-valued inputs, rounded on purpose
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("form", ["persistent", "general"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_emulation_equals_the_interpreter(built, name, mode):
+def test_emulation_equals_the_interpreter(built, name, form, mode):
     precision, m, n, k, _, _, integer = CASES[name]
-    program, art = built[name]
+    program, forms = built[name]
+    art = forms[form]
     x = operands(precision, m, n, k, integer, seed=len(name))
     ref = spatialc.evaluate(program, x)
     c = spatialc.emulate(art, x, mode=mode)
@@ -106,7 +116,8 @@ def test_emulation_equals_the_interpreter(built, name, mode):
 
 
 def test_inputs_are_checked_before_anything_runs(built):
-    program, art = built["int8-contiguous"]
+    program, forms = built["int8-contiguous"]
+    art = forms["general"]
     good = operands("int8", 48, 80, 40, True, seed=0)
     # Bad inputs are the InputError of spatialc.inputs, with the interpreter's words.
     with pytest.raises(InputError, match="needs tensor B"):

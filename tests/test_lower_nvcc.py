@@ -1,5 +1,6 @@
-"""Every emitted kernel compiles with nvcc for sm_80, sm_86 and sm_90 without a warning, spills nothing, and uses the
-static shared memory its budget predicted (`ptxas -v`).
+"""Every emitted kernel, in both forms (the persistent kernel and the general form it carries), compiles with nvcc
+for sm_80, sm_86 and sm_90 without a warning, spills nothing, and uses the static shared memory its budget predicted
+(`ptxas -v`).
 
 nvcc is slow, so the texts of one target are compiled together: each artifact's program_cu and bench_cu inside a
 namespace of its own (its extern "C" kernel renamed for it), its macros undefined after it, in one translation unit
@@ -15,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import spatialc
+from spatialc.frontend import bias, relu, requant, scalar
 from spatialc.lower.cuda.emit import INCLUDES, KERNEL_NAME
-from spatialc.lower.cuda.persistent import lower
+from spatialc.lower.cuda.general import KERNEL_NAME as GENERAL_KERNEL
 
 NVCC = shutil.which("nvcc")
 pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")]
@@ -43,22 +45,35 @@ def gencode(tgt):
 
 
 def artifacts(tgt):
-    """(case name, artifact) for every shape and precision, lowered for `tgt`."""
+    """(case name, artifact) for every shape and precision lowered for `tgt`, each in both forms."""
     out = []
-    for name, (m, n, k, kw) in SHAPES.items():
-        for prec in PRECISIONS:
-            p = spatialc.build(spatialc.gemm(m, n, k, prec), tgt, **kw)
-            out.append((f"{name}/{prec}", lower(p, spatialc.target(tgt))))
-    for prec, c in OUTPUTS:  # C stored as torch stores it, or as asked
-        p = spatialc.build(spatialc.gemm(33, 17, 49, prec, out=c), tgt)
-        out.append((f"odd/{prec}-out-{c}", lower(p, spatialc.target(tgt))))
+    programs = [
+        (f"{name}/{prec}", spatialc.build(spatialc.gemm(m, n, k, prec), tgt, **kw))
+        for name, (m, n, k, kw) in SHAPES.items()
+        for prec in PRECISIONS
+    ]
+    # C stored as torch stores it, or as asked
+    programs += [
+        (f"odd/{prec}-out-{c}", spatialc.build(spatialc.gemm(33, 17, 49, prec, out=c), tgt)) for prec, c in OUTPUTS
+    ]
+    # Epilogues on one-tile blocks, which only the general form prints (its stages page to page).
+    for prec, chain in (("int8", [bias(), relu(), requant(0.01, 2)]), ("bf16", [bias(), scalar("mul", 0.5), relu()])):
+        gemm = spatialc.gemm(40, 48, 64, prec, epilogue=chain)
+        programs.append((f"one_tile_epilogue/{prec}", spatialc.build(gemm, tgt, block=(1, 1, 1), sites=3)))
+    for name, p in programs:
+        art = spatialc.lower(p)
+        if art.budget.form == "general":
+            out.append((f"{name}/general", art))
+            continue
+        assert art.general is not None, art.notes
+        out += [(name, art), (f"{name}/general", art.general)]
     return out
 
 
 def in_namespace(text, i, kind):
     """`text` inside namespace spatialc_case_<i>_<kind>, its macros undefined after it. The kernel is extern "C", a
     name no namespace encloses, so it is renamed spatialc_case_<i>_<kind>_kernel (ptxas then names the case)."""
-    text = re.sub(rf"\b{KERNEL_NAME}\b", f"spatialc_case_{i}_{kind}_kernel", text)
+    text = re.sub(rf"\b({KERNEL_NAME}|{GENERAL_KERNEL})\b", f"spatialc_case_{i}_{kind}_kernel", text)
     undef = "".join(f"#undef {d}\n" for d in sorted(set(re.findall(r"^#define (\w+)", text, re.M))))
     return f"namespace spatialc_case_{i}_{kind} {{\n{text}}}\n{undef}"
 

@@ -6,7 +6,7 @@ from . import lower as _lower_package  # noqa: F401
 from .accuracy import Tolerance, tolerance
 from .api import build, emulate, evaluate, from_json, gemm, lower, run, to_json, verify
 from .errors import DeadlockError, PlanError, ProgramError, SpatialError, VerifyError
-from .frontend import bias, relu, requant, scalar
+from .frontend import activation, bias, relu, requant, scalar
 from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
 from .runtime.tilize import tilize_array as tilize
@@ -26,6 +26,7 @@ __all__ = [
     "Tolerance",
     "UnknownTarget",
     "VerifyError",
+    "activation",
     "bias",
     "build",
     "emulate",

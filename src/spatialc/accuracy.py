@@ -11,6 +11,10 @@
   float32 units of |A|@|B| of the float64 reference, and the interpreter's within 4.
 - **Epilogues** run in float32 for fp16 / bf16 programs (a scalar multiply scales the error with the values; each op
   rounds once more) and in exact integers for int8 programs (requant is TFLite's fixed point, bit-exact).
+- **Activations** (gelu, silu, sigmoid, tanh; float programs) are computed in float64 from the float32 value and
+  rounded once, in the interpreter, the kernel and the emulation alike: a kernel's activation is within one float32
+  ulp of the interpreter's, or 2^-50·|x| where the formula cancels (`spatialc.epilogue`). An error already in x
+  grows by at most the activation's largest slope (1.13 for gelu, 1.1 silu, 1 tanh, 0.25 sigmoid).
 
 `tolerance(program)` turns this into a bound per element of C, for the inputs at hand.
 """
@@ -23,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from .ir.nodes import DType, SpatialProgram
-from .ir.ops import Precision, Scalar
+from .epilogue import ACTIVATION_SLOPE, ACTIVATION_TAIL
+from .ir.nodes import DType, SpatialProgram, TensorRole
+from .ir.ops import Activation, Precision, Scalar
 
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
 OUT_EPS = {DType.FLOAT32: EPS32, DType.FP16: 2.0**-10, DType.BF16: 2.0**-7}  # one ulp at 1.0 of C's type
@@ -44,6 +49,7 @@ class Tolerance:
     ulps: int
     scale: float
     out_eps: float = EPS32
+    activations: int = 0  # activation stages: each may add its cancelling tail, ACTIVATION_TAIL · |x|
 
     @property
     def text(self) -> str:
@@ -67,7 +73,13 @@ class Tolerance:
         if self.exact:
             return ref, np.zeros(ref.shape)
         size = np.abs(ref.astype(np.float64))
-        sums = self.ulps * EPS32 * self.scale * (np.abs(a) @ np.abs(b))
+        magnitude = np.abs(a) @ np.abs(b)
+        sums = self.ulps * EPS32 * self.scale * magnitude
+        if self.activations:
+            # |x| at an activation is at most the products' magnitude, scaled, plus the largest parameter (a bias).
+            names = [t.name for t in self.program.tensors if t.role == TensorRole.PARAMETER]
+            params = [np.max(np.abs(np.asarray(inputs[n], np.float64)), initial=0.0) for n in names if n in inputs]
+            sums = sums + self.activations * ACTIVATION_TAIL * (self.scale * magnitude + max(params, default=0.0))
         return ref, sums + 2 * self.out_eps * size + np.finfo(np.float32).tiny
 
     def atol(self, inputs: Mapping[str, Any]) -> float:
@@ -101,6 +113,8 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False) -> Tolerance:
     k = program.tensor(decl.a).elems[1]  # type: ignore[arg-type]  # A: the matmul stage's first operand
     ops = [s.kind.op for s in decl.chain]  # type: ignore[union-attr]
     muls = [abs(op.value) for op in ops if isinstance(op, Scalar) and op.op == "mul"]
+    muls += [ACTIVATION_SLOPE[op.name] for op in ops if isinstance(op, Activation)]
     out = program.output_tensor()
     eps = OUT_EPS.get(out.dtype, EPS32) if out is not None else EPS32
-    return Tolerance(program, False, k + 4 if kernel else 4, max(float(np.prod(muls or [1.0])), 1.0), eps)
+    acts = sum(1 for op in ops if isinstance(op, Activation))
+    return Tolerance(program, False, k + 4 if kernel else 4, max(float(np.prod(muls or [1.0])), 1.0), eps, acts)

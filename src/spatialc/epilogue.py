@@ -3,7 +3,12 @@ reference share (the CUDA printer spells the same formulas in C, and tests compa
 
 Integer programs (int8 operands): values are exact integers (int64); bias is int32, scalar values whole numbers,
 and requantisation is `spatialc.quant.requantize`. Float programs (fp16/bf16): the float32 accumulator, and every
-op in float32 arithmetic, as the kernel does it.
+op in float32 arithmetic, as the kernel does it — except the activations (float programs only), each computed in
+float64 from the float32 value by the formula below and rounded once to float32. The kernel spells the same
+formulas in double with the same operation order and no contraction; only `tanh` and `exp` come from another
+library (CUDA's, or the host's in the emulation, each within 2 ulp of float64), so a kernel's activation is within
+one float32 ulp of this one — equal except where the float64 value lies within a few float64 ulp of a point half
+way between two float32 values.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .ir.errors import SpatialError
-from .ir.ops import Bias, ComputeOp, Relu, Requant, Scalar
+from .ir.ops import Activation, Bias, ComputeOp, Relu, Requant, Scalar
 from .quant import requantize
 
 _SCALAR = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -20,6 +25,27 @@ _SCALAR = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minim
 class EpilogueError(SpatialError, ValueError):
     """An op that is not an elementwise epilogue op, or an integer result beyond what int64 holds exactly."""
 
+
+GELU_C = 0.7978845608028654  # sqrt(2 / pi), as PyTorch's tanh-form gelu writes it
+
+
+def _gelu(v: np.ndarray) -> np.ndarray:
+    return 0.5 * v * (1.0 + np.tanh(GELU_C * (v + 0.044715 * (v * v * v))))
+
+
+# Each on float64 values. The kernel's C (lower/cuda/activations.cuh) has the same operations in the same order.
+# Where 1 + tanh or 1 + exp cancels (gelu's and silu's far negative tail) a float64 ulp of tanh / exp is a large
+# part of a tiny result: there the kernel's value is within 2^-50·|x| of this one rather than one float32 ulp.
+ACTIVATION_FORMULAS = {
+    "gelu": _gelu,  # PyTorch's approximate="tanh" form
+    "silu": lambda v: v / (1.0 + np.exp(-v)),
+    "sigmoid": lambda v: 1.0 / (1.0 + np.exp(-v)),
+    "tanh": np.tanh,
+}
+
+# The largest |f'(x)| of each: how much an error in x can grow through it (`spatialc.tolerance` uses it).
+ACTIVATION_SLOPE = {"gelu": 1.13, "silu": 1.1, "sigmoid": 0.25, "tanh": 1.0}
+ACTIVATION_TAIL = 2.0**-50  # the absolute error, relative to |x|, where the formula cancels (see above)
 
 EXACT_LIMIT = 2.0**62  # integer epilogue values must stay well inside int64: beyond this they may have wrapped
 
@@ -75,6 +101,11 @@ def apply(op: ComputeOp, x: np.ndarray, integer: bool, bias_row: np.ndarray | No
             return _exact(_SCALAR[name](x, v), _SCALAR[name](x.astype(np.float64), float(v)), op)
         case Requant(multiplier, shift, zero_point):
             return requantize(x, multiplier, shift, zero_point)
+        case Activation(name) if name in ACTIVATION_FORMULAS:
+            if integer:
+                raise EpilogueError(f"activation {name} is float arithmetic; an int8 program's epilogue is integer")
+            with np.errstate(over="ignore", invalid="ignore"):
+                return ACTIVATION_FORMULAS[name](np.asarray(x, np.float32).astype(np.float64)).astype(np.float32)
     raise EpilogueError(f"{op!r} is not an elementwise epilogue op")
 
 

@@ -25,7 +25,7 @@ from .ir.nodes import (
     Tile,
     WriteStage,
 )
-from .ir.ops import Bias, BlockShape, ComputeOp, MatmulTiles, Precision, Relu, Requant, Scalar
+from .ir.ops import ACTIVATIONS, Activation, Bias, BlockShape, ComputeOp, MatmulTiles, Precision, Relu, Requant, Scalar
 from .quant import QuantError, quantize_multiplier
 
 TILE = Tile(16, 16)
@@ -56,7 +56,7 @@ class BiasOf:
     name: str
 
 
-Epilogue = BiasOf | Relu | Scalar | Requant
+Epilogue = BiasOf | Relu | Scalar | Activation | Requant
 
 
 def bias(name: str = "bias") -> BiasOf:
@@ -70,6 +70,14 @@ def bias(name: str = "bias") -> BiasOf:
 def relu() -> Relu:
     """max(x, 0)."""
     return Relu()
+
+
+def activation(name: str) -> Activation:
+    """An elementwise activation by name: gelu (PyTorch's tanh form), silu, sigmoid or tanh. Float programs only;
+    `spatialc.epilogue` gives each formula and the tolerance a kernel keeps to it."""
+    if name not in ACTIVATIONS:
+        raise ProgramError(f"unknown activation {name!r}; use one of {', '.join(ACTIVATIONS)}")
+    return Activation(name)
 
 
 def scalar(op: str, value: float) -> Scalar:
@@ -99,8 +107,14 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
     for i, stage in enumerate(epilogue):
-        if not isinstance(stage, BiasOf | Relu | Scalar | Requant):
-            raise ProgramError(f"epilogue stage {i} is {stage!r}; use spatialc.bias, relu, scalar or requant")
+        if not isinstance(stage, BiasOf | Relu | Scalar | Activation | Requant):
+            raise ProgramError(
+                f"epilogue stage {i} is {stage!r}; use spatialc.bias, relu, scalar, activation or requant"
+            )
+        if isinstance(stage, Activation) and prec == Precision.INT8:
+            raise ProgramError(
+                f"activation {stage.name} is float arithmetic; an int8 program's epilogue is integer (use fp16 or bf16)"
+            )
         if isinstance(stage, Requant):
             if prec != Precision.INT8:
                 raise ProgramError(
@@ -222,6 +236,8 @@ def gemm(
 
 
 def _stage_name(stage: Epilogue) -> str:
+    if isinstance(stage, Activation):
+        return stage.name
     return {BiasOf: "bias", Relu: "relu", Scalar: "scalar", Requant: "requant"}[type(stage)]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..errors import SpatialError
+from ..ir.ops import ACTIVATIONS
 from ..target import TARGETS
 
 EPILOG = (
@@ -107,12 +108,20 @@ def _gemm_parser(sub) -> None:
     g.add_argument("--bias", action="store_true", help="epilogue: add a bias vector (one value per column), first")
     g.add_argument("--relu", action="store_true", help="epilogue: max(x, 0), after the bias")
     g.add_argument(
+        "--activation",
+        action="append",
+        choices=ACTIVATIONS,
+        default=[],
+        metavar="NAME",
+        help=f"epilogue: an activation ({', '.join(ACTIVATIONS)}; float programs), after relu; may repeat",
+    )
+    g.add_argument(
         "--scalar",
         action="append",
         type=_scalar,
         default=[],
         metavar="OP,VALUE",
-        help="epilogue: x OP VALUE (OP one of add, mul, max, min), after relu; may repeat",
+        help="epilogue: x OP VALUE (OP one of add, mul, max, min), after the activations; may repeat",
     )
     g.add_argument(
         "--requant", type=_requant, metavar="SCALE[,ZP]", help="epilogue: requantise to int8 (int8 programs), last"

@@ -25,11 +25,12 @@ MAX_DOCUMENT_BYTES = 512 << 20
 
 
 def epilogue_of(args: argparse.Namespace) -> list:
-    """The epilogue the flags ask for, in the fixed order bias → relu → scalars → requant."""
+    """The epilogue the flags ask for, in the fixed order bias → relu → activations → scalars → requant."""
     from .. import frontend
 
     stages: list = [frontend.bias()] if args.bias else []
     stages += [frontend.relu()] if args.relu else []
+    stages += [frontend.activation(name) for name in args.activation]
     stages += [frontend.scalar(op, value) for op, value in args.scalar]
     stages += [frontend.requant(*args.requant)] if args.requant else []
     return stages

@@ -32,6 +32,7 @@ from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
 from ..ir.nodes import Accumulator, Buffer, Fifo, Interm
 from ..ir.ops import (
     AcquireAcc,
+    Activation,
     Barrier,
     Bias,
     ChoreoOp,
@@ -361,7 +362,7 @@ class Emitter:
 
     def compute(self, op: Compute, i: int) -> None:
         mm = op.op
-        if isinstance(mm, Bias | Relu | Scalar | Requant):
+        if isinstance(mm, Bias | Relu | Scalar | Requant | Activation):
             self.elementwise(op, mm, i)
             return
         if not isinstance(mm, MatmulTiles):
@@ -379,7 +380,7 @@ class Emitter:
         self.front("y", rb, op.ins[1], i, geom[2] * geom[1])
         self.emit(f"if {a}.geom is not {g}:", f"    set_geom(E, {i}, {a}, {g})", f"{a}.a.append(x)", f"{a}.b.append(y)")
 
-    def elementwise(self, op: Compute, cop: Bias | Relu | Scalar | Requant, i: int) -> None:
+    def elementwise(self, op: Compute, cop: Bias | Relu | Scalar | Requant | Activation, i: int) -> None:
         """An epilogue stage: the front page of its one input ring, op by element, into its output ring."""
         if len(op.ins) != 1 or len(op.outs) != 1 or op.acc is not None:
             raise EvalError(f"{self.where(op)}: an elementwise stage reads one ring and writes one")

@@ -74,6 +74,16 @@ class Scalar:
     value: float
 
 
+ACTIVATIONS = ("gelu", "silu", "sigmoid", "tanh")
+
+
+@dataclass(frozen=True, slots=True)
+class Activation:
+    """An elementwise activation by name, one of ACTIVATIONS (`spatialc.epilogue` defines each one's formula)."""
+
+    name: str
+
+
 @dataclass(frozen=True, slots=True)
 class Generic:
     """A compute the compiler knows only by name (the general lowering's business)."""
@@ -82,7 +92,7 @@ class Generic:
     params: tuple[float, ...] = ()
 
 
-ComputeOp = MatmulTiles | Bias | Relu | Requant | Scalar | Generic
+ComputeOp = MatmulTiles | Bias | Relu | Requant | Scalar | Activation | Generic
 
 # ---- addresses and loop counts -----------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from .ids import LV_ITEM_X, LV_ITEM_Y, loop_var_name
 from .nodes import Accumulator, Buffer, ComputeStage, Fifo, Interm, ReadStage, SpatialProgram, Stage, WriteStage
 from .ops import (
     AcquireAcc,
+    Activation,
     Barrier,
     Bias,
     ChoreoOp,
@@ -57,6 +58,8 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
             return f"bias {_tensor(p, t) if p else int(t)}[{addr_text(at)} +{width}]"
         case Relu():
             return "relu"
+        case Activation(name):
+            return name
         case Requant(mult, shift, zp):
             return f"requant x{mult} shift {shift} zero point {zp}"
         case Scalar(sop, value):

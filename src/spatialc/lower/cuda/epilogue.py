@@ -17,17 +17,19 @@ import numpy as np
 
 from ...epilogue import dot_range, integer_range
 from ...ir.nodes import ComputeStage, DType, SpatialProgram, Stage, TensorRole
-from ...ir.ops import Bias, ComputeOp, MatmulTiles, Relu, Requant, Scalar
+from ...ir.ops import Activation, Bias, ComputeOp, MatmulTiles, Relu, Requant, Scalar
 from ...ir.printer import compute_text
 from ..errors import NeedsGeneral, Precision, TooBig, Unsupported
 
-EPILOGUE_OPS = (Bias, Relu, Scalar, Requant)
+EPILOGUE_OPS = (Bias, Relu, Scalar, Requant)  # what the persistent kernel's fused store applies
+ELEMENTWISE_OPS = (*EPILOGUE_OPS, Activation)  # what the general form's stages apply page to page
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
-def chain(p: SpatialProgram, mm: Stage) -> tuple[Stage, ...]:
-    """The elementwise stages from the matmul's output to the written buffer, in order (empty: no epilogue)."""
+def chain(p: SpatialProgram, mm: Stage, ops: tuple[type, ...] = EPILOGUE_OPS) -> tuple[Stage, ...]:
+    """The elementwise stages from the matmul's output to the written buffer, in order (empty: no epilogue); a stage
+    of none of `ops` needs the general form."""
     readers: dict[int, list[Stage]] = {}
     for s in p.stages:
         for b in s.ins:
@@ -44,7 +46,7 @@ def chain(p: SpatialProgram, mm: Stage) -> tuple[Stage, ...]:
         (s,) = after
         if not isinstance(s.kind, ComputeStage):
             return tuple(stages)
-        if not isinstance(s.kind.op, EPILOGUE_OPS) or len(s.ins) != 1 or len(s.outs) != 1:
+        if not isinstance(s.kind.op, ops) or len(s.ins) != 1 or len(s.outs) != 1:
             raise NeedsGeneral(
                 f"a {compute_text(s.kind.op, p)} stage ({s.name})",
                 "the fused epilogue applies only elementwise bias, relu, scalar and requant stages",
@@ -69,6 +71,8 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
             )
         if isinstance(op, Requant) and not integer:
             raise Precision("requant", "it requantises an integer accumulator; this program's is float32")
+        if isinstance(op, Activation) and integer:
+            raise Precision(f"activation {op.name}", "it is float arithmetic; an int8 program's epilogue is integer")
         if isinstance(op, Bias):
             _check_bias(p, op, integer)
         if isinstance(op, Scalar):
@@ -166,9 +170,13 @@ def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
 # ---- C --------------------------------------------------------------------------------------------------------
 
 
-def helpers() -> str:
-    """The device functions the chain's statements call, inlined into the kernel text."""
-    return resources.files(__package__).joinpath("persistent_epilogue.cuh").read_text()
+def helpers(stages: tuple[ComputeOp, ...] = ()) -> str:
+    """The device functions the chain's statements call, inlined into the kernel text (the activations' only when
+    a stage is one)."""
+    files = ["persistent_epilogue.cuh"] + (
+        ["activations.cuh"] if any(isinstance(s, Activation) for s in stages) else []
+    )
+    return "\n".join(resources.files(__package__).joinpath(f).read_text() for f in files)
 
 
 def c_int(n: int) -> str:
@@ -213,6 +221,8 @@ def statement(op: ComputeOp, integer: bool, bias_at: str = "") -> str:
             return _FLOAT_SCALAR[name].format(c=c_float(value))
         case Requant(multiplier, shift, zero_point):
             return f"v = spatialc_requant(v, {multiplier}, {shift}, {zero_point});"
+        case Activation(name) if not integer:
+            return f"v = spatialc_{name}(v);"
         case MatmulTiles():
             pass
     raise Unsupported(f"a {type(op).__name__} epilogue stage", "the fused epilogue has no statement for it")

@@ -33,6 +33,7 @@ from ...ir.ops import (
     Bias,
     ChoreoOp,
     Compute,
+    ComputeOp,
     Flush,
     Loop,
     MatmulTiles,
@@ -106,7 +107,7 @@ class GeneralKernel:
     barrier_bytes: int
     blocks_per_sm: int
     integer: bool
-    has_epilogue: bool
+    stages: tuple[ComputeOp, ...]  # the epilogue's compute ops, in order
 
     @property
     def threads(self) -> int:
@@ -224,7 +225,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
     types = operand_types(p, mm.kind.op)
     check_int8_reduction(p, mm.kind.op)
     integer = mm.kind.op.operand.value == "int8"
-    chain = epilogue.chain(p, mm)
+    chain = epilogue.chain(p, mm, epilogue.ELEMENTWISE_OPS)
     epilogue.check(p, chain, integer)
     if integer:
         epilogue.check_int64(p, chain, logical_k(p))
@@ -285,7 +286,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
         off - ring_bytes,
         per_sm,
         integer,
-        bool(chain),
+        tuple(s.kind.op for s in chain),  # type: ignore[union-attr]
     )
 
 
@@ -375,7 +376,7 @@ class EnginePrinter(TilePrinter):
 
     def elementwise(self, op: Compute, stage, src: Ring, dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
         """An epilogue stage page to page: each thread of the engine a strided share of the elements."""
-        if not isinstance(stage, epilogue.EPILOGUE_OPS):
+        if not isinstance(stage, epilogue.ELEMENTWISE_OPS):
             raise Unsupported(f"a {compute_text(stage, self.k.program)} stage", "the general form has no image for it")
         n = src.page
         value = "long long" if self.k.integer else "float"
@@ -408,8 +409,8 @@ def preamble(k: GeneralKernel) -> list[str]:
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     lines += [f"typedef {epit} EPIT;"]
-    if k.has_epilogue:
-        lines += ["", *epilogue.helpers().rstrip("\n").split("\n"), ""]
+    if k.stages:
+        lines += ["", *epilogue.helpers(k.stages).rstrip("\n").split("\n"), ""]
     lines += [f"#define NTHREAD {k.threads}", f"#define NWARP {k.lanes}", f"#define PERW {k.perw}"]
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]

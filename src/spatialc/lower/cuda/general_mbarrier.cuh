@@ -16,9 +16,8 @@ __device__ __forceinline__ void spatialc_mbar_init(unsigned long long* bar, unsi
 // One arrival, ordered after the thread's earlier shared-memory writes and reads.
 __device__ __forceinline__ void spatialc_mbar_arrive(unsigned long long* bar)
 {
-    unsigned long long state;
-    asm volatile("mbarrier.arrive.shared.b64 %0, [%1];" : "=l"(state) : "r"(spatialc_smem_addr(bar)) : "memory");
-    (void)state;
+    asm volatile("{\n\t.reg .b64 state;\n\tmbarrier.arrive.shared.b64 state, [%0];\n\t}" ::"r"(spatialc_smem_addr(bar))
+                 : "memory");
 }
 
 // One arrival made when every cp.async this thread issued before it has landed (the count already includes it).

@@ -17,6 +17,7 @@ from ...ir.ids import BufferId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, WriteStage
 from ...ir.ops import (
+    Activation,
     Bias,
     MatmulTiles,
     Precision,
@@ -32,7 +33,7 @@ def _unsure(what: str) -> StrongerCheckNeeded:
     return StrongerCheckNeeded(f"the stages: {what}; the semantic rule (verify's rule 8) cannot state what C is")
 
 
-EPILOGUE_OPS = (Bias, Relu, Scalar, Requant)
+EPILOGUE_OPS = (Bias, Relu, Scalar, Requant, Activation)
 
 
 def declared(index: ProgramIndex) -> Declared:
@@ -71,7 +72,8 @@ def declared(index: ProgramIndex) -> Declared:
                 ring = index.ring(stage.ins[0])
             case ComputeStage(op):
                 raise _unsure(
-                    f"stage {stage.name} ({compute_text(op, p)}) is no elementwise bias, relu, scalar or requant"
+                    f"stage {stage.name} ({compute_text(op, p)}) is no elementwise bias, relu, scalar, activation or"
+                    " requant"
                 )
             case _:
                 raise _unsure(

@@ -29,8 +29,10 @@ from ...ir.nodes import (
     WriteStage,
 )
 from ...ir.ops import (
+    ACTIVATIONS,
     CHOREO_OPS,
     AcquireAcc,
+    Activation,
     Barrier,
     Bias,
     ChoreoOp,
@@ -205,6 +207,11 @@ def compute_fault(op: ComputeOp, precision: Precision) -> str | None:
             ):
                 if not lo <= v <= hi:
                     return f"a requant {what} lies in [{lo}, {hi}], not {v}"
+        case Activation(name):
+            if name not in ACTIVATIONS:
+                return f"activation {name!r} is none of {', '.join(ACTIVATIONS)}"
+            if precision == Precision.INT8:
+                return f"activation {name} is float arithmetic; an int8 program's epilogue is integer arithmetic"
         case MatmulTiles(block, sub_blocks, _):
             if min(block.osh, block.osw, block.ibw, *sub_blocks) < 1:
                 return (

@@ -1,0 +1,124 @@
+"""Activation epilogues (gelu, silu, sigmoid, tanh): refused where they cannot run, the interpreter against an
+independent float64 reference, and the general form's kernel under the emulation within the stated tolerance."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.cli import main
+from spatialc.errors import ProgramError
+from spatialc.ir.ops import ACTIVATIONS, Activation, Relu
+from spatialc.lower.errors import NeedsGeneral
+
+from .rewrite import swap_compute
+
+emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+
+# Written out with math, one element at a time: no numpy, no shared code with spatialc.epilogue.
+INDEPENDENT = {
+    "gelu": lambda x: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x / (1.0 + math.exp(-x)) if x > -700 else -0.0 * x,
+    "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0,
+    "tanh": math.tanh,
+}
+
+
+def program(name: str, prec: str = "fp16", **build):
+    chain = [spatialc.bias(), spatialc.activation(name), spatialc.scalar("mul", 2)]
+    return spatialc.build(spatialc.gemm(40, 48, 64, prec, epilogue=chain), "sm_86", **build)
+
+
+def integer_inputs(seed: int) -> dict[str, np.ndarray]:
+    """Integer-valued operands (every fp32 sum exact, so the matmul is exact everywhere) and a real bias."""
+    rng = np.random.default_rng(seed)
+    return {
+        "A": rng.integers(-3, 4, (40, 64)).astype(np.float64),
+        "B": rng.integers(-2, 3, (64, 48)).astype(np.float64),
+        "bias": rng.normal(scale=4.0, size=(1, 48)).astype(np.float32),
+    }
+
+
+def test_unknown_and_integer_activations_are_refused_by_name():
+    with pytest.raises(ProgramError, match="unknown activation 'relu6'; use one of gelu, silu, sigmoid, tanh"):
+        spatialc.activation("relu6")
+    with pytest.raises(ProgramError, match="activation gelu is float arithmetic; an int8 program's epilogue"):
+        spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.activation("gelu")])
+
+
+def test_a_hand_edited_activation_in_an_int8_program_is_refused_by_verify():
+    p = spatialc.build(spatialc.gemm(32, 32, 32, "int8", epilogue=[spatialc.relu()]), "sm_86")
+    broken = swap_compute(p, Relu(), Activation("gelu"))
+    with pytest.raises(spatialc.VerifyError, match="activation gelu is float arithmetic"):
+        spatialc.verify(broken)
+    fp16 = spatialc.build(spatialc.gemm(32, 32, 32, "fp16", epilogue=[spatialc.relu()]), "sm_86")
+    unknown = swap_compute(fp16, Relu(), Activation("swish"))
+    with pytest.raises(spatialc.VerifyError, match="activation 'swish' is none of gelu, silu, sigmoid, tanh"):
+        spatialc.verify(unknown)
+
+
+def test_an_activation_program_round_trips_through_json():
+    p = program("silu")
+    back = spatialc.from_json(spatialc.to_json(p))
+    stages = [s.kind.op for s in back.stages if isinstance(getattr(s.kind, "op", None), Activation)]
+    assert back == p and p.name.endswith("_bias_silu_scalar") and stages == [Activation("silu")]
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_the_interpreter_equals_an_independent_float64_formula(name):
+    p = program(name)
+    x = integer_inputs(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", spatialc.InexactInputWarning)
+        c = spatialc.evaluate(p, x)
+    pre = (x["A"] @ x["B"]).astype(np.float32) + x["bias"]  # exact products, float32 bias add, as declared
+    want = np.vectorize(lambda v: np.float32(INDEPENDENT[name](float(v))))(pre).astype(np.float32) * np.float32(2)
+    # The formula, in float64, rounded once: equal but where math's tanh / exp and numpy's differ in the last
+    # float64 ulp across a float32 rounding boundary, or in gelu's cancelling tail (2^-50·|x|).
+    bound = np.spacing(np.abs(want)) + 2.0**-49 * np.abs(pre)
+    assert (np.abs(c.astype(np.float64) - want) <= bound).all()
+    assert np.mean(c == want) > 0.95 and len(np.unique(c)) > 100
+
+
+@pytest.mark.parametrize("prec", ["fp16", "bf16"])
+def test_an_activation_is_printed_by_the_general_form_only(prec):
+    p = program("gelu", prec)
+    with pytest.raises(NeedsGeneral, match="a gelu stage"):
+        spatialc.lower(p, form="persistent")
+    art = spatialc.lower(p)
+    assert art.budget.form == "general"
+    assert "v = spatialc_gelu(v);" in art.kernel_cu and "__dadd_rn" in art.kernel_cu
+    assert art.census.printed_stages == {"Activation": 1, "Bias": 1, "MatmulTiles": 1, "Scalar": 1}
+
+
+@emulation
+@pytest.mark.emulation
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_the_kernel_is_within_the_stated_tolerance_of_the_interpreter(name):
+    p = program(name, block=(2, 4, 1), sites=2)
+    x = integer_inputs(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", spatialc.InexactInputWarning)
+        ref = spatialc.evaluate(p, x)
+        c = spatialc.emulate(spatialc.lower(p), x, mode="late")
+        ok, text = spatialc.tolerance(p, kernel=True).check(c, x)
+    assert ok, text
+    pre = np.abs((x["A"] @ x["B"]) + x["bias"])
+    assert (np.abs(c.astype(np.float64) - ref) <= 2 * np.spacing(np.abs(ref)) + 2.0**-48 * pre).all()
+    assert np.mean(c == ref) > 0.95
+
+
+@emulation
+@pytest.mark.emulation
+def test_the_cli_runs_an_activation_epilogue(capsys):
+    status = main(["gemm", "40", "48", "64", "--precision", "bf16", "--activation", "tanh", "--run", "--form", "auto"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "general form: each engine on its own warps" in out and "epilogue tanh" in out
+    assert main(["gemm", "8", "8", "8", "--activation", "swish"]) == 2
+    assert "invalid choice: 'swish'" in capsys.readouterr().err
