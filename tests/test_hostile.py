@@ -127,7 +127,7 @@ def test_an_elementwise_compute_naming_an_accumulator_is_ill_formed():
 def test_a_generic_epilogue_stage_is_refused_by_name():
     p = spatialc.build(spatialc.gemm(64, 48, 40, "fp16", epilogue=[spatialc.relu()]), "sm_86", sites=3)
     q = swap_compute(p, Relu(), Generic("gelu", ()))
-    _refused(q, StrongerCheckNeeded, "(generic gelu) is no elementwise bias, relu, scalar or requant")
+    _refused(q, StrongerCheckNeeded, "(generic gelu) is no elementwise bias, relu, scalar, activation or requant")
 
 
 def test_a_bias_that_is_not_int32_is_refused():

@@ -26,7 +26,6 @@ from ..target import SpatialTarget
 from .verify.wellformed import MAX_ITEMS
 
 OPERAND_BYTES = {Precision.INT8: 1, Precision.FP16: 2, Precision.BF16: 2}
-ACC_BYTES = 4  # int32 / fp32 fragments on the GPU
 BLOCK_SIDES = (1, 2, 4, 8)
 IBWS = (1, 2, 4)
 SUB_BLOCKS = ((1, 1), (1, 2), (2, 1), (2, 2))
@@ -60,16 +59,11 @@ def fused_output(target: SpatialTarget, block: BlockShape) -> bool:
 
 
 def smem_bytes(target: SpatialTarget, plan: Plan, prec: Precision) -> int:
-    """Shared memory of the persistent kernel for `plan`: operand rings, then the output ring or epilogue scratch."""
-    ob = OPERAND_BYTES[prec]
-    h, w = plan.item_tiles
-    elems = 256
-    operands = plan.depth * (h * plan.block.ibw + plan.block.ibw * w) * elems * ob
-    if fused_output(target, plan.block):
-        out = target.accumulator_lanes * elems * ACC_BYTES
-    else:
-        out = min(plan.depth, 2) * h * w * elems * ACC_BYTES
-    return operands + out
+    """Shared memory of a block of the kernel `plan` would print: the CUDA backend's own answer (the persistent
+    kernel's layout), so the planner keeps no copy of a kernel's memory model."""
+    from ..lower.cuda.persistent import plan_smem
+
+    return plan_smem(target, plan, prec)
 
 
 def sites_per_unit(target: SpatialTarget, plan: Plan, prec: Precision) -> int:

@@ -22,6 +22,7 @@ from ...ir.ops import (
     McastSend,
     McastSetValid,
     PackAcc,
+    Precision,
     ReadTiles,
     SemInc,
     SemSet,
@@ -49,7 +50,7 @@ from .program import (
     printed_site_programs,
     site_items,
 )
-from .rings import TILE_ELEMS, Rings, WmmaTypes, prove, ring_table, smem_layout
+from .rings import TILE_ELEMS, WMMA, Ring, Rings, WmmaTypes, prove, ring_table, smem_layout
 
 WMMA_TILE = Tile(16, 16)
 
@@ -284,3 +285,25 @@ def launch_of(k: Kernel, target: SpatialTarget) -> Launch:
     return launch_for(
         k.program, target, KERNEL_NAME, k.types, k.lanes * 32, k.smem.dyn_bytes, k.smem.opt_in, k.blocks_per_sm
     )
+
+
+def plan_smem(target: SpatialTarget, plan: Plan, precision: Precision) -> int:
+    """Shared memory of one block of the persistent kernel for `plan`: what the tile planner asks before it offers a
+    plan. The rings are the ones `passes/tile.apply_plan` sizes (A and B `depth` deep, the output two deep), laid out
+    by the same `smem_layout` the kernel is printed with; where the lane grid divides the block the output ring is
+    fused away and each warp's epilogue scratch tile takes its place."""
+    types = WMMA[precision]
+    h, w = plan.item_tiles
+    ibw = plan.block.ibw
+    shapes = {0: (plan.depth, h * ibw, "OPT"), 1: (plan.depth, ibw * w, "OPT"), 2: (min(plan.depth, 2), h * w, "ACCT")}
+    fused = target.accumulator_in_registers and target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
+    rings = {
+        rid: Ring(
+            rid, f"ring{rid}", depth, pages * TILE_ELEMS, ty, types.acc_bytes if ty == "ACCT" else types.operand_bytes
+        )
+        for rid, (depth, pages, ty) in shapes.items()
+        if not (fused and rid == 2)
+    }
+    epi = target.accumulator_lanes * TILE_ELEMS * types.acc_bytes if fused else 0
+    layout = smem_layout(Rings(rings, {}), epi, target)
+    return layout.static_bytes + layout.dyn_bytes
