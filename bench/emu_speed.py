@@ -1,9 +1,11 @@
-"""How long the host emulation takes to run one 256³ int8 GEMM on 8 sites (sm_86: 4 warps, 128 threads a block).
+"""How long the host emulation takes to run one 256³ int8 GEMM on 8 sites (sm_86: 4 compute warps), in each form.
 
     python bench/emu_speed.py [runs]
 
 Compiles once (not timed), then prints the median over `runs` (default 5) of a whole `spatialc.emulate` call
-(input files, the run, parsing C) in each mode, checking every result against the reference interpreter.
+(input files, the run, parsing C) in each mode, for the persistent kernel (4 warps, 128 threads a block) and its
+general form (4 compute warps, a reader and a writer warp: 192 threads), checking every result against the
+reference interpreter.
 Baseline, measured in the same run: the reference interpreter (`spatialc.evaluate`) on the same program and
 inputs, median of the same number of runs; the ratio says what running the real kernel text costs over the IR.
 """
@@ -35,10 +37,13 @@ def main(runs: int = 5) -> None:
         spatialc.evaluate(program, x)
         base.append(time.perf_counter() - t0)
     interp = statistics.median(base)
-    print(
-        f"256x256x256 int8, sm_86, {artifact.launch.grid} sites x {artifact.launch.block} threads, "
-        f"plan {program.plan.block}, sub-blocks {program.plan.sub_blocks}"
-    )
+    print(f"256x256x256 int8, sm_86, plan {program.plan.block}, sub-blocks {program.plan.sub_blocks}")
+    for art in (artifact, artifact.general):
+        print(f"{art.budget.form} form: {art.launch.grid} sites x {art.launch.block} threads")
+        _modes(art, x, ref, interp, runs)
+
+
+def _modes(artifact, x, ref, interp: float, runs: int) -> None:
     for mode in MODES:
         t0 = time.perf_counter()
         compile_program(artifact.program_cu, mode)

@@ -271,3 +271,31 @@ def test_a_wait_on_the_wrong_phase_is_caught(gemm64, general_text):
         "spatialc_mbar_wait(&full_0[wt_0 % DEPTH_0], ((wt_0 / DEPTH_0) & 1) ^ 1);",
     )
     assert outcome(gemm64, one, "early")[0] == EmulationDeadlock.kind
+
+
+@pytest.mark.parametrize("prec", ["int8", "fp16"])
+def test_a_program_planned_for_the_general_form_gets_the_resources_the_backend_reports(prec):
+    from spatialc.passes.tile import resources
+
+    chain = [bias(), relu()]
+    for tgt, block, depth, epi in [
+        ("sm_80", (1, 1, 1), 3, chain),
+        ("sm_86", (2, 4, 2), 2, []),
+        ("sm_90", None, 2, chain),
+    ]:
+        p = spatialc.build(
+            spatialc.gemm(128, 96, 128, prec, epilogue=epi), tgt, block=block, depth=depth, form="general"
+        )
+        art = spatialc.lower(p, form="general")
+        want = (art.budget.total_bytes, art.budget.blocks_per_sm)
+        assert resources(spatialc.target(tgt), p.plan, p.precision, "general", len(epi)) == want
+
+
+def test_the_default_8192_cube_plan_leaves_the_general_form_out_and_a_general_plan_fits():
+    gemm = spatialc.gemm(8192, 8192, 8192, "fp16")
+    art = spatialc.lower(spatialc.build(gemm, "sm_90"))
+    assert art.general is None and "no general form: shared memory" in art.notes[0]
+    planned = spatialc.build(gemm, "sm_90", form="general")
+    assert spatialc.lower(planned, form="general").budget.form == "general"
+    with pytest.raises(spatialc.ProgramError, match="unknown form 'fast'"):
+        spatialc.build(gemm, "sm_90", form="fast")

@@ -23,13 +23,23 @@ def build(
     depth: int | None = None,
     sites: int | None = None,
     placement: str | None = None,
+    form: str = "auto",
 ) -> SpatialProgram:
-    """tile → place → schedule → verify; returns the verified program."""
+    """tile → place → schedule → verify; returns the verified program. The plan is chosen for the CUDA kernel of
+    `form` ("auto" and "persistent": the persistent kernel; "general": the general form, whose rings include the
+    output's and each epilogue stage's)."""
     from .passes.pipeline import build as run_passes
 
     expect_program("build", program, "from spatialc.gemm")
     return run_passes(
-        program, get_target(target), block=block, sub_blocks=sub_blocks, depth=depth, sites=sites, placement=placement
+        program,
+        get_target(target),
+        block=block,
+        sub_blocks=sub_blocks,
+        depth=depth,
+        sites=sites,
+        placement=placement,
+        form=form,
     )
 
 

@@ -50,6 +50,7 @@ def cmd_gemm(args: argparse.Namespace) -> int:
         depth=args.depth,
         sites=args.sites,
         placement=args.placement,
+        form=args.form,
     )
     t_build = time.perf_counter() - t0
     tgt = target(p.target)

@@ -19,13 +19,14 @@ def build(
     depth: int | None = None,
     sites: int | None = None,
     placement: str | None = None,
+    form: str = "auto",
 ) -> SpatialProgram:
-    """Run every pass in order and return the verified program."""
+    """Run every pass in order and return the verified program, planned for the `form` CUDA kernel."""
     p = program.evolve(target=target.name)
     # The plan comes first: the item grid it fixes is what placement distributes.
-    p = tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth)
+    p = tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=form)
     # Placement before schedule: each site's ITEM loop count is the number of items placed on it.
-    p = place(p, target, sites=sites, placement=placement)
+    p = place(p, target, sites=sites, placement=placement, form=form)
     p = schedule(p)
     # Last, and the only pass that sets `verified`: everything after this (eval, lower) may rely on it.
     return verify(p, target)

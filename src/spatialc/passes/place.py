@@ -7,17 +7,18 @@ from ..ir.ids import ItemId, Site
 from ..ir.nodes import Placement, SpatialProgram
 from ..ir.worklist import RULES, split_items
 from ..target import SpatialTarget
-from .tile import matmul_stage, sites_per_unit, too_many_items
+from .tile import check_form, epilogue_stages, matmul_stage, sites_per_unit, too_many_items
 
 PLACEMENTS = RULES
 MAX_SITES = 1 << 16  # far more sites than any device has multiprocessors (the work list follows the device)
 
 
-def default_sites(p: SpatialProgram, target: SpatialTarget) -> int:
-    """What the target keeps resident for this plan (SMs × blocks per SM), capped at the number of items."""
+def default_sites(p: SpatialProgram, target: SpatialTarget, form: str = "persistent") -> int:
+    """What the target keeps resident for this plan's `form` kernel (SMs × blocks per SM), capped at the number of
+    items."""
     plan = p.plan
     assert plan is not None
-    per_unit = sites_per_unit(target, plan, p.precision)
+    per_unit = sites_per_unit(target, plan, p.precision, check_form(form), epilogue_stages(p))
     return max(1, min(plan.items, target.units * max(per_unit, 1)))
 
 
@@ -27,9 +28,14 @@ def split(items: int, sites: int, kind: str) -> tuple[tuple[Site, tuple[ItemId, 
 
 
 def place(
-    p: SpatialProgram, target: SpatialTarget, sites: int | None = None, placement: str | None = None
+    p: SpatialProgram,
+    target: SpatialTarget,
+    sites: int | None = None,
+    placement: str | None = None,
+    form: str = "persistent",
 ) -> SpatialProgram:
-    """The program with a placement. More sites than items leaves the extra sites empty."""
+    """The program with a placement (by default over what the `form` kernel keeps resident). More sites than items
+    leaves the extra sites empty."""
     kind = placement or "contiguous"
     if kind not in PLACEMENTS:
         raise ProgramError(f"unknown placement {kind!r}; use contiguous or round_robin")
@@ -40,7 +46,7 @@ def place(
     if too_many:  # refused before split() lists the items, which would take minutes and gigabytes
         raise PlanError(f"place cannot list this plan's items: {too_many}")
     if sites is None:
-        sites = default_sites(p, target)
+        sites = default_sites(p, target, form)
     if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:
         raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
     return p.evolve(placement=Placement(split(p.plan.items, sites, kind), (), kind))

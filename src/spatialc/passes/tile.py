@@ -48,9 +48,14 @@ def matmul_stage(p: SpatialProgram):
     return found[0]
 
 
+def epilogue_stages(p: SpatialProgram) -> int:
+    """The program's compute stages after its matmul."""
+    return sum(1 for s in p.stages if isinstance(s.kind, ComputeStage)) - 1
+
+
 def has_epilogue(p: SpatialProgram) -> bool:
     """Whether the program has compute stages after its matmul."""
-    return sum(1 for s in p.stages if isinstance(s.kind, ComputeStage)) > 1
+    return epilogue_stages(p) > 0
 
 
 def fused_output(target: SpatialTarget, block: BlockShape) -> bool:
@@ -58,21 +63,50 @@ def fused_output(target: SpatialTarget, block: BlockShape) -> bool:
     return target.accumulator_in_registers and target.accumulator_lane_grid(block.osh, block.osw) is not None
 
 
-def smem_bytes(target: SpatialTarget, plan: Plan, prec: Precision) -> int:
-    """Shared memory of a block of the kernel `plan` would print: the CUDA backend's own answer (the persistent
-    kernel's layout), so the planner keeps no copy of a kernel's memory model."""
-    from ..lower.cuda.persistent import plan_smem
-
-    return plan_smem(target, plan, prec)
+FORMS = ("persistent", "general")  # the CUDA kernel forms a plan can be made for (spatialc.lower's)
 
 
-def sites_per_unit(target: SpatialTarget, plan: Plan, prec: Precision) -> int:
-    """Blocks of `plan`'s kernel resident per SM (0: one does not fit), from its shared memory and accumulator."""
-    smem = smem_bytes(target, plan, prec)
-    return target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks)
+def check_form(form: str) -> str:
+    """`form` when a plan can be made for it; "auto" plans for the persistent kernel, which auto prints first."""
+    if form == "auto":
+        return "persistent"
+    if form not in FORMS:
+        raise ProgramError(f"unknown form {form!r}; plan for one of auto, {', '.join(FORMS)}")
+    return form
 
 
-def plan_cost(target: SpatialTarget, plan: Plan, m_t: int, n_t: int, k_t: int, prec: Precision) -> tuple[float, int]:
+def resources(target: SpatialTarget, plan: Plan, prec: Precision, form: str = "persistent", stages: int = 0):
+    """What a block of the `form` kernel for `plan` costs: (shared memory bytes, blocks resident per SM; 0 when one
+    does not fit) — the backend's own answer, so the planner keeps no copy of a kernel's memory model. `stages`:
+    the epilogue's stages, which the general form keeps in rings of their own."""
+    from ..lower.cuda import general, persistent
+
+    backend = {"persistent": persistent, "general": general}[form]
+    return backend.plan_resources(target, plan, prec, stages)
+
+
+def smem_bytes(target: SpatialTarget, plan: Plan, prec: Precision, form: str = "persistent", stages: int = 0) -> int:
+    """Shared memory of a block of the `form` kernel `plan` would print."""
+    return resources(target, plan, prec, form, stages)[0]
+
+
+def sites_per_unit(
+    target: SpatialTarget, plan: Plan, prec: Precision, form: str = "persistent", stages: int = 0
+) -> int:
+    """Blocks of `plan`'s `form` kernel resident per SM (0: one does not fit)."""
+    return resources(target, plan, prec, form, stages)[1]
+
+
+def plan_cost(
+    target: SpatialTarget,
+    plan: Plan,
+    m_t: int,
+    n_t: int,
+    k_t: int,
+    prec: Precision,
+    form: str = "persistent",
+    stages: int = 0,
+) -> tuple[float, int]:
     """Estimated run time (arbitrary units) of `plan`, and the blocks it keeps resident per SM (0: does not fit).
 
     time = waves × sharing × item_work × traffic × latency × fallback / (occupancy × issue), where
@@ -89,7 +123,7 @@ def plan_cost(target: SpatialTarget, plan: Plan, m_t: int, n_t: int, k_t: int, p
       operand fragments for every product instead of reusing them across a rectangle.
     """
     h, w = plan.item_tiles
-    per_unit = sites_per_unit(target, plan, prec)
+    per_unit = sites_per_unit(target, plan, prec, form, stages)
     if per_unit == 0:
         return math.inf, 0
     items = plan.items
@@ -127,9 +161,12 @@ def candidates(
     block: tuple[int, int, int] | None = None,
     sub_blocks: tuple[int, int] | None = None,
     depth: int | None = None,
+    form: str = "persistent",
 ) -> list[Candidate]:
-    """Every plan that fits, best first. Forced fields are taken as given. A plan of more than MAX_ITEMS items is
-    never offered: verify would refuse it, after place had spent minutes and gigabytes listing its items."""
+    """Every plan that fits the `form` kernel, best first. Forced fields are taken as given. A plan of more than
+    MAX_ITEMS items is never offered: verify would refuse it, after place had spent minutes and gigabytes listing
+    its items."""
+    form = check_form(form)
     _positive("block", block, 3)
     _positive("sub_blocks", sub_blocks, 2)
     _positive("depth", None if depth is None else (depth,), 1)
@@ -144,9 +181,10 @@ def candidates(
     )
     subs = [tuple(sub_blocks)] if sub_blocks else list(SUB_BLOCKS)
     depths = [depth] if depth else list(DEPTHS)
-    # An epilogue is applied where the accumulators are, in the fused store, which needs a warp grid dividing the
-    # block: unless the block is forced, plans the CUDA kernel would have to refuse are not offered.
-    fuse_only = block is None and has_epilogue(p)
+    # The persistent kernel applies an epilogue where the accumulators are, in the fused store, which needs a warp
+    # grid dividing the block: unless the block is forced, plans it would leave to the general form are not offered.
+    stages = epilogue_stages(p)
+    fuse_only = block is None and stages > 0 and form == "persistent"
     found = []
     for b, s, d in itertools.product(blocks, subs, depths):
         if fuse_only and not fused_output(target, b):
@@ -154,25 +192,28 @@ def candidates(
         plan = make_plan(b, s, d, m_t, n_t, k_t)  # type: ignore[arg-type]
         if plan.items > MAX_ITEMS:
             continue
-        cost, per_unit = plan_cost(target, plan, m_t, n_t, k_t, p.precision)
+        cost, per_unit = plan_cost(target, plan, m_t, n_t, k_t, p.precision, form, stages)
         if per_unit:
-            found.append(Candidate(plan, smem_bytes(target, plan, p.precision), per_unit, cost))
+            found.append(Candidate(plan, smem_bytes(target, plan, p.precision, form, stages), per_unit, cost))
     # Ties go to the smaller block, then the shallower ring: less padding and less shared memory for the same time.
     found.sort(key=lambda c: (c.cost, c.plan.block.osh * c.plan.block.osw, c.plan.depth, repr(c.plan)))
     return found
 
 
-def choose(p: SpatialProgram, target: SpatialTarget, block=None, sub_blocks=None, depth=None) -> Candidate:
+def choose(
+    p: SpatialProgram, target: SpatialTarget, block=None, sub_blocks=None, depth=None, form: str = "persistent"
+) -> Candidate:
     """The best candidate, or PlanError saying why none fits."""
-    found = candidates(p, target, block, sub_blocks, depth)
+    found = candidates(p, target, block, sub_blocks, depth, form)
     if not found:
         forced = {"block": block, "sub_blocks": sub_blocks, "depth": depth}
         shown = ", ".join(f"{k}={v}" for k, v in forced.items() if v is not None) or "any block"
-        raise PlanError(f"no plan with {shown} fits {target.name}: {_why_not(p, target, block, sub_blocks, depth)}")
+        why = _why_not(p, target, block, sub_blocks, depth, check_form(form))
+        raise PlanError(f"no plan with {shown} fits {target.name}: {why}")
     return found[0]
 
 
-def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth) -> str:
+def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, form: str) -> str:
     """What the smallest plan with the forced fields runs out of, and what to do about it."""
     too_many = _too_many_items(p, block, sub_blocks)
     if too_many:
@@ -187,7 +228,7 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth)
             f"its accumulator of {tiles} tiles needs about {regs} registers a thread and {target.name} has"
             f" {target.regs_per_thread_max}; force a smaller block or fewer sub-blocks"
         )
-    need = smem_bytes(target, probe, p.precision)
+    need = smem_bytes(target, probe, p.precision, form, epilogue_stages(p))
     return (
         f"it needs {need} bytes of shared memory per block and {target.name} has {target.smem_per_site_max};"
         " force a smaller block or depth"
@@ -255,6 +296,8 @@ def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     return p.evolve(plans=(plan,), buffers=tuple(buffers), stages=stages, tensors=tuple(tensors))
 
 
-def tile(p: SpatialProgram, target: SpatialTarget, block=None, sub_blocks=None, depth=None) -> SpatialProgram:
-    """The program with its best (or forced) plan applied."""
-    return apply_plan(p, choose(p, target, block, sub_blocks, depth).plan)
+def tile(
+    p: SpatialProgram, target: SpatialTarget, block=None, sub_blocks=None, depth=None, form: str = "persistent"
+) -> SpatialProgram:
+    """The program with its best (or forced) plan for the `form` kernel applied."""
+    return apply_plan(p, choose(p, target, block, sub_blocks, depth, form).plan)

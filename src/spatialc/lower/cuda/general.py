@@ -41,6 +41,7 @@ from ...ir.ops import (
     McastSetValid,
     PackAcc,
     Pop,
+    Precision,
     Push,
     ReadBarrier,
     ReadTiles,
@@ -65,6 +66,7 @@ from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_e
 from .host import bench_main, helpers, program_main
 from .program import all_ops, check_int8_reduction, launch_for, logical_k, matmul_stage, operand_types, site_engines
 from .rings import TILE_ELEMS, Ring, Rings, WmmaTypes, aligned, ring_table
+from .rings import WMMA as WMMA_TYPES
 from .tiles import WMMA, TilePrinter
 
 KERNEL_NAME = "spatialc_general"
@@ -204,16 +206,49 @@ def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
     return dataclasses.replace(rings, rings=table)
 
 
-def blocks_per_sm(target: SpatialTarget, smem: int, threads: int, regs: int) -> int:
+def blocks_per_sm(target: SpatialTarget, smem: int, threads: int, acc_tiles: int) -> int:
     """Blocks of the general kernel one SM holds: by threads, shared memory and registers (every warp is counted
-    at the compute warps' estimate, which is generous for the reader and writer)."""
-    if smem > target.smem_per_site_max:
+    at the compute warps' estimate, which is generous for the reader and writer); 0 when one does not fit."""
+    if smem > target.smem_per_site_max or target.registers_needed(acc_tiles) > target.regs_per_thread_max:
         return 0
+    regs = target.registers_per_thread(acc_tiles)
     by_threads = target.threads_per_unit_max // threads
     by_smem = target.smem_per_unit // (smem + target.smem_reserved_per_site)
     regs_per_warp = math.ceil(regs * WARP / 256) * 256
     by_regs = target.regs_per_unit // (regs_per_warp * (threads // WARP))
     return max(0, min(target.sites_per_unit_max, by_threads, by_smem, by_regs))
+
+
+def layout(rings: dict[int, Ring]) -> tuple[dict[str, int], int, int]:
+    """The dynamic block: every ring (by id), then each ring's full and empty barriers; (region name → offset,
+    total bytes, barrier bytes). Every region starts on 32 bytes, as WMMA and cp.async want."""
+    offsets: dict[str, int] = {}
+    off = 0
+    for rid in sorted(rings):
+        offsets[f"ring_{rid}"] = off
+        off += aligned(rings[rid].bytes)
+    ring_bytes = off
+    for rid in sorted(rings):
+        for kind in ("full", "empty"):
+            offsets[f"{kind}_{rid}"] = off
+            off += aligned(rings[rid].depth * BARRIER_BYTES)
+    return offsets, off, off - ring_bytes
+
+
+def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0) -> tuple[int, int]:
+    """What one block of the general form for `plan` costs, as the tile planner asks: (shared memory bytes, blocks
+    resident per SM — 0 when one does not fit) for the standard schedule's rings (A and B `depth` deep, the output
+    and each of the epilogue's `stages` two deep) and engines (the compute warps, a reader and a writer warp)."""
+    types = WMMA_TYPES[precision]
+    h, w = plan.item_tiles
+    ibw, out = plan.block.ibw, min(plan.depth, 2)
+    epit = 8 if precision == Precision.INT8 else 4
+    shapes = [(plan.depth, h * ibw, types.operand_bytes), (plan.depth, ibw * w, types.operand_bytes)]
+    shapes += [(out, h * w, types.acc_bytes)] + [(out, h * w, epit)] * stages
+    rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}
+    smem = layout(rings)[1]
+    threads = (target.accumulator_lanes + 2 * SIDE_WARPS) * WARP
+    return smem, blocks_per_sm(target, smem, threads, h * w)
 
 
 def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
@@ -241,21 +276,11 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
     roles = roles_of(site_engines(p), lanes)
     prod, cons = _ring_ends(p, rings, roles)
     copied = frozenset(rings.template[op.into] for role in roles for op in walk(role.ops) if isinstance(op, ReadTiles))
-    offsets: dict[str, int] = {}
-    off = 0
-    for rid in sorted(rings.rings):
-        offsets[f"ring_{rid}"] = off
-        off += aligned(rings.rings[rid].bytes)
-    ring_bytes = off
-    for rid in sorted(rings.rings):
-        for kind in ("full", "empty"):
-            offsets[f"{kind}_{rid}"] = off
-            off += aligned(rings.rings[rid].depth * BARRIER_BYTES)
+    offsets, off, barrier_bytes = layout(rings.rings)
     threads = sum(r.threads for r in roles)
     if threads > 1024:
         raise TooBig(f"threads of one block of the general form on {target.name}", threads, 1024, "use fewer lanes")
-    regs = target.registers_per_thread(h * w)
-    per_sm = blocks_per_sm(target, off, threads, regs)
+    per_sm = blocks_per_sm(target, off, threads, h * w)
     if per_sm == 0:
         raise TooBig(
             f"shared memory of one block of the general form on {target.name} (rings and their barriers)",
@@ -283,7 +308,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
         copied,
         offsets,
         off,
-        off - ring_bytes,
+        barrier_bytes,
         per_sm,
         integer,
         tuple(s.kind.op for s in chain),  # type: ignore[union-attr]

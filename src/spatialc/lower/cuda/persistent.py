@@ -287,11 +287,19 @@ def launch_of(k: Kernel, target: SpatialTarget) -> Launch:
     )
 
 
+def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0) -> tuple[int, int]:
+    """What one block of the persistent kernel for `plan` costs, as the tile planner asks before it offers a plan:
+    (shared memory bytes, blocks resident per SM — 0 when one does not fit), the same figures `make_kernel` finds.
+    The epilogue's `stages` cost nothing here: fused, they live in registers."""
+    smem = plan_smem(target, plan, precision)
+    return smem, target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks)
+
+
 def plan_smem(target: SpatialTarget, plan: Plan, precision: Precision) -> int:
-    """Shared memory of one block of the persistent kernel for `plan`: what the tile planner asks before it offers a
-    plan. The rings are the ones `passes/tile.apply_plan` sizes (A and B `depth` deep, the output two deep), laid out
-    by the same `smem_layout` the kernel is printed with; where the lane grid divides the block the output ring is
-    fused away and each warp's epilogue scratch tile takes its place."""
+    """Shared memory of one block of the persistent kernel for `plan`. The rings are the ones `passes/tile.apply_plan`
+    sizes (A and B `depth` deep, the output two deep), laid out by the same `smem_layout` the kernel is printed with;
+    where the lane grid divides the block the output ring is fused away and each warp's epilogue scratch tile takes
+    its place."""
     types = WMMA[precision]
     h, w = plan.item_tiles
     ibw = plan.block.ibw
