@@ -80,10 +80,15 @@ class Launch:
     placement: str = "contiguous"  # the rule that gives each site its items (ir/worklist.py)
     per_sm: int = 0  # sites per multiprocessor when the grid follows the device; 0: always `grid` sites
     work: tuple[int, ...] = ()  # a placement no rule makes: its work list as it stands (then `grid` is fixed)
+    # Sites that wait on each other (a group barrier): the kernel takes one more argument after the work list, an
+    # int array of `sync_words` the host zeroes before every launch, and every site must be resident at once — a
+    # cooperative launch of exactly `grid` blocks, refused where the device cannot hold them all.
+    sync_words: int = 0
+    cooperative: bool = False
 
     def sites(self, sms: int | None = None) -> int:
         """The blocks to launch on a device of `sms` multiprocessors (None, or a fixed placement: `grid`)."""
-        if sms is None or not self.per_sm or self.work:
+        if sms is None or not self.per_sm or self.work or self.cooperative:
             return self.grid
         return launch_sites(self.items, sms, self.per_sm)
 

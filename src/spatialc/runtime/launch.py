@@ -165,6 +165,9 @@ class Device(Protocol):
 
     def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None: ...
 
+    # A cooperative launch (every block resident at once) goes through `launch_cooperative`, which a device that
+    # runs such kernels has (CupyDevice does).
+
 
 @dataclass
 class Prepared:
@@ -176,6 +179,7 @@ class Prepared:
     args: list[Arg]
     grid: int = 0  # the blocks to launch: one per site the device runs
     work: Any = None  # the work list on the device, the kernel's last argument (None: a kernel printed without one)
+    sync: Any = None  # sites that wait on each other: their arrival counts, zeroed before each launch, passed last
 
     @property
     def xp(self) -> Any:
@@ -205,12 +209,26 @@ class Prepared:
         tensors = tuple(
             out if a.role == "output" else next(it) if a.role == "input" else params[a.name] for a in self.args
         )
-        return tensors if self.work is None else (*tensors, self.work)
+        extra = tuple(x for x in (self.work, self.sync) if x is not None)
+        return (*tensors, *extra)
 
     def run(self, args: tuple[Any, ...]) -> None:
-        """Launch once (asynchronously) with buffers in parameter order."""
+        """Launch once (asynchronously) with buffers in parameter order; a kernel whose sites wait on each other has
+        its arrival counts zeroed and is launched cooperatively."""
         ls = self.launch_spec
-        self.device.launch(self.kernel, self.grid or ls.grid, ls.block, ls.dyn_smem, args)
+        if self.sync is None:
+            self.device.launch(self.kernel, self.grid or ls.grid, ls.block, ls.dyn_smem, args)
+            return
+        self.sync.fill(0)
+        cooperative = getattr(self.device, "launch_cooperative", None)
+        if cooperative is None:
+            raise LaunchError("this device cannot launch a kernel whose sites wait on each other (cooperatively)")
+        try:
+            cooperative(self.kernel, self.grid, ls.block, ls.dyn_smem, args)
+        except Exception as e:
+            if "COOPERATIVE_LAUNCH_TOO_LARGE" in str(e).upper().replace(" ", "_"):
+                raise LaunchError(not_resident(self.grid, getattr(self.device, "sms", None))) from None
+            raise
 
     def result(self, out: Any) -> Any:
         """The logical C of a tiled output buffer (still on the device)."""
@@ -232,7 +250,22 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
         return Prepared(device, kernel, ls, args, ls.grid)
     sms = getattr(device, "sms", None)  # the sites follow the device's multiprocessors, by the placement's rule
     grid, work = work_list(ls, sms)
-    return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work))
+    if not getattr(ls, "cooperative", False):
+        return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work))
+    occupancy = getattr(device, "occupancy", None)  # blocks of this kernel one multiprocessor holds
+    if occupancy is not None and sms is not None and sms * occupancy(kernel, ls.block, ls.dyn_smem) < grid:
+        raise LaunchError(not_resident(grid, sms, occupancy(kernel, ls.block, ls.dyn_smem)))
+    sync = device.xp.zeros(ls.sync_words, dtype=device.xp.int32)
+    return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work), sync)
+
+
+def not_resident(sites: int, sms: int | None, per_sm: int | None = None) -> str:
+    """Why a kernel whose sites wait on each other cannot run here."""
+    held = f"{sms * per_sm} ({sms} SMs x {per_sm} blocks)" if sms is not None and per_sm is not None else "fewer"
+    return (
+        f"the {sites} sites of this kernel wait on each other, so all must be resident at once; this device holds"
+        f" {held}: place the program over fewer sites"
+    )
 
 
 def run(artifact: Any, a: Any, b: Any, **params: Any) -> Any:
@@ -660,3 +693,7 @@ class CupyDevice:
 
     def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
         kernel((grid,), (block,), args, shared_mem=dyn_smem)
+
+    def launch_cooperative(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
+        """Every block resident at once (cudaLaunchCooperativeKernel), or CUDA refuses the launch."""
+        kernel((grid,), (block,), args, shared_mem=dyn_smem, enable_cooperative_groups=True)

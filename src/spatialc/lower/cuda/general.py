@@ -110,6 +110,13 @@ class GeneralKernel:
     blocks_per_sm: int
     integer: bool
     stages: tuple[ComputeOp, ...]  # the epilogue's compute ops, in order
+    groups: dict[int, int]  # group of a Barrier → its first word in spatialc_sync (one arrival count per site)
+    sites: int  # the grid: every site runs, in blockIdx order
+
+    @property
+    def sync_words(self) -> int:
+        """Ints of the `spatialc_sync` argument: each barrier group's arrival counts (0: the kernel takes none)."""
+        return len(self.groups) * self.sites
 
     @property
     def threads(self) -> int:
@@ -125,17 +132,26 @@ def refuse(p: SpatialProgram) -> None:
         raise Unverified(p.name)
     if p.placement is None or p.schedule is None or not p.plans:
         raise Unsupported("a program without a plan, placement or schedule", "the kernel is printed from all three")
+    ops = all_ops(p)
+    multicast = any(isinstance(op, McastSend | McastSetValid) for op in ops)
     for g in p.placement.groups:
-        if len(g.sites) > 1:
+        if len(g.sites) > 1 and multicast:
             raise GroupSpansSites(int(g.id), tuple(int(s) for s in g.sites))
+    sites = {s for s, _ in p.placement.items_of_site}
+    for g in {op.group for op in ops if isinstance(op, Barrier)}:
+        members = next(x.sites for x in p.placement.groups if x.id == g)
+        if set(members) != sites or len(members) != len(sites):
+            raise Unsupported(
+                f"a barrier of group {int(g)} over {len(members)} of the {len(sites)} sites",
+                "the general form prints group barriers over every site so far",
+            )
     if len(p.plans) > 1:
         raise Unsupported(f"a program with {len(p.plans)} plans", "the general form prints one block shape so far")
-    ops = all_ops(p)
     later = "the general form does not print it yet"
     if p.semaphores or any(isinstance(op, SemSet | SemInc | SemWait) for op in ops):
         raise Unsupported("a semaphore handshake", later)
-    if any(isinstance(op, Barrier | McastSend | McastSetValid) for op in ops):
-        raise Unsupported("a group barrier or multicast", later)
+    if multicast:
+        raise Unsupported("a multicast", later)
     if any(isinstance(op, Loop) and isinstance(op.count, Trip) for op in ops):
         raise Unsupported("a loop whose trip count is read from data", later)
     matmuls = [s for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)]
@@ -312,7 +328,14 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
         per_sm,
         integer,
         tuple(s.kind.op for s in chain),  # type: ignore[union-attr]
+        {g: i * len(p.placement.items_of_site) for i, g in enumerate(barrier_groups(p))},  # type: ignore[union-attr]
+        len(p.placement.items_of_site),  # type: ignore[union-attr]
     )
+
+
+def barrier_groups(p: SpatialProgram) -> list[int]:
+    """The groups the program's Barriers name, in id order."""
+    return sorted({int(op.group) for op in all_ops(p) if isinstance(op, Barrier)})
 
 
 # ---- printing --------------------------------------------------------------------------------------------------
@@ -325,6 +348,7 @@ class EnginePrinter(TilePrinter):
         super().__init__(k.plan, k.rings, k.lane_grid, w, tid="etid", nthreads=str(role.threads))
         self.k = k
         self.role = role
+        self.bar_id = 1 + k.roles.index(role)  # the engine's named barrier (0 is __syncthreads)
 
     def read_slot(self, r: int) -> str:
         return f"(pop_{r} % DEPTH_{r})"
@@ -345,6 +369,8 @@ class EnginePrinter(TilePrinter):
         for r in sorted(used):
             names = [f"{n}_{r} = 0" for n in ("rsv", "psh", "wt", "pop") if n in used[r]]
             self.w.line(f"unsigned {', '.join(names)};")
+        for g in sorted({int(op.group) for op in walk(self.role.ops) if isinstance(op, Barrier)}):
+            self.w.line(f"int crossed_{g} = 0;  // this site's crossings of group {g}'s barrier (the first thread's)")
 
     def ops(self, ops: tuple[ChoreoOp, ...], env: dict[LoopVar, str]) -> None:
         for op in ops:
@@ -396,8 +422,24 @@ class EnginePrinter(TilePrinter):
                 self.elementwise(op, stage, self.ring(src), self.ring(dst), env, mark)
             case PackAcc(to=buf):
                 self.pack(self.ring(buf), mark)
+            case Barrier(group):
+                self.barrier(int(group), mark)
             case _:
                 raise Unsupported(f"a {type(op).__name__} op", "the general form has no image for it yet")
+
+    def barrier(self, group: int, mark: str) -> None:
+        """Every site of the group arrives, and waits until every site has arrived as often: the engine's threads
+        meet first (so what they did is released with the arrival), its first thread adds the site's arrival at
+        device scope and waits on the others' with acquire loads, and the engine's threads meet again."""
+        base, sync = self.k.groups[group], f"spatialc_engine_sync({self.bar_id}, {self.role.threads});"
+        with self.w.block("", mark):
+            self.w.line(sync)
+            with self.w.block("if (etid == 0)"):
+                self.w.line(f"spatialc_grid_arrive(spatialc_sync + {base} + site);")
+                self.w.line(f"++crossed_{group};")
+                with self.w.block(f"for (int s = 0; s < {self.k.sites}; ++s)"):
+                    self.w.line(f"spatialc_grid_wait(spatialc_sync + {base} + s, crossed_{group});")
+            self.w.line(sync)
 
     def elementwise(self, op: Compute, stage, src: Ring, dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
         """An epilogue stage page to page: each thread of the engine a strided share of the elements."""
@@ -457,6 +499,7 @@ def kernel_text(k: GeneralKernel) -> str:
             for t in k.program.tensors
         ]
         + ["const int* __restrict__ spatialc_work"]
+        + (["int* __restrict__ spatialc_sync"] if k.sync_words else [])
     )
     w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}) void {KERNEL_NAME}({params})')
     with w.block():
@@ -544,7 +587,9 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
         )
     host = kernel_cu + "\n" + helpers() + "\n"
     opt_in = k.dyn_bytes > target.smem_static_max
-    launch = launch_for(program, target, KERNEL_NAME, k.types, k.threads, k.dyn_bytes, opt_in, k.blocks_per_sm)
+    launch = launch_for(
+        program, target, KERNEL_NAME, k.types, k.threads, k.dyn_bytes, opt_in, k.blocks_per_sm, k.sync_words
+    )
     return CudaArtifact(
         target.name,
         host + program_main(program, launch),

@@ -1,5 +1,6 @@
-// The ring barriers of the general form: an mbarrier (sm_80 and later) per ring slot for "full" and one for
-// "empty", waited on by phase parity. The host emulation defines SPATIALC_MBARRIER and its own versions.
+// The general form's synchronisation: an mbarrier (sm_80 and later) per ring slot for "full" and one for "empty",
+// waited on by phase parity; a named barrier per engine; and, for sites that wait on each other, arrival counts in
+// global memory. The host emulation defines SPATIALC_MBARRIER and its own versions of every function here.
 #ifndef SPATIALC_MBARRIER
 #define SPATIALC_MBARRIER
 __device__ __forceinline__ unsigned spatialc_smem_addr(const void* p)
@@ -41,6 +42,34 @@ __device__ __forceinline__ void spatialc_mbar_wait(unsigned long long* bar, unsi
         }
         if (spin >= 16) {
             __nanosleep(64);
+        }
+    }
+}
+
+// The `threads` threads of one engine meet (named barrier `id`; 0 is __syncthreads').
+__device__ __forceinline__ void spatialc_engine_sync(unsigned id, unsigned threads)
+{
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// One arrival of this site at a grid barrier: a release add at device scope, ordered after everything the engine's
+// threads did before they met.
+__device__ __forceinline__ void spatialc_grid_arrive(int* word)
+{
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(word) : "memory");
+}
+
+// Until another site's arrival count reaches `value`: acquire loads at device scope, backing off with __nanosleep.
+__device__ __forceinline__ void spatialc_grid_wait(const int* word, int value)
+{
+    for (int spin = 0;; ++spin) {
+        int now;
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(now) : "l"(word) : "memory");
+        if (now >= value) {
+            return;
+        }
+        if (spin >= 16) {
+            __nanosleep(128);
         }
     }
 }

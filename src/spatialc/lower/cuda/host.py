@@ -64,10 +64,38 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
         w.line(f"SPATIALC_CHECK(cudaMemcpy(d{i}, x{i}.data(), x{i}.size() * sizeof({ty}), cudaMemcpyHostToDevice));")
 
 
-def _launch(p: SpatialProgram, launch: Launch) -> str:
-    dyn = f", {launch.dyn_smem}" if launch.dyn_smem else ""
-    args = ", ".join([f"d{int(t.id)}" for t in p.tensors] + ["d_work"])
-    return f"{launch.kernel_name}<<<GRID, {launch.block}{dyn}>>>({args});"
+def _launch(p: SpatialProgram, launch: Launch, w: Writer, note: str = "") -> None:
+    """One launch. A kernel whose sites wait on each other gets its arrival counts zeroed and is launched
+    cooperatively (every block resident at once, or the launch fails)."""
+    args = [f"d{int(t.id)}" for t in p.tensors] + ["d_work"]
+    if not launch.cooperative:
+        dyn = f", {launch.dyn_smem}" if launch.dyn_smem else ""
+        w.line(f"{launch.kernel_name}<<<GRID, {launch.block}{dyn}>>>({', '.join(args)});{note}")
+        return
+    w.line(f"SPATIALC_CHECK(cudaMemset(d_sync, 0, {launch.sync_words} * sizeof(int)));{note}")
+    w.line(f"void* args[] = {{{', '.join(f'&{a}' for a in [*args, 'd_sync'])}}};")
+    w.line(
+        f"SPATIALC_CHECK(cudaLaunchCooperativeKernel({launch.kernel_name}, dim3(GRID), dim3({launch.block}), args, "
+        f"{launch.dyn_smem}, 0));"
+    )
+
+
+def _co_resident(launch: Launch, w: Writer) -> None:
+    """Refuse, before launching, a device that cannot hold every site at once: they wait on each other."""
+    w.line("int sms_here = 0, per_sm = 0;")
+    w.line("SPATIALC_CHECK(cudaDeviceGetAttribute(&sms_here, cudaDevAttrMultiProcessorCount, 0));")
+    w.line(
+        f"SPATIALC_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, {launch.kernel_name}, "
+        f"{launch.block}, {launch.dyn_smem}));"
+    )
+    with w.block("if ((long long)sms_here * per_sm < GRID)"):
+        w.line(
+            r'fprintf(stderr, "spatialc: the %d sites of this kernel wait on each other, so all must be resident at '
+            r'once; this device holds %d (%d SMs x %d blocks)\n", GRID, sms_here * per_sm, sms_here, per_sm);'
+        )
+        w.line("return 1;")
+    w.line("int* d_sync = nullptr;")
+    w.line(f"SPATIALC_CHECK(cudaMalloc(&d_sync, {launch.sync_words} * sizeof(int)));")
 
 
 def _work(launch: Launch, w: Writer) -> None:
@@ -96,9 +124,13 @@ def _setup(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -> None:
             f"SPATIALC_CHECK(cudaFuncSetAttribute({launch.kernel_name}, cudaFuncAttributeMaxDynamicSharedMemorySize, "
             f"{launch.dyn_smem}));"
         )
+    if launch.cooperative:
+        _co_resident(launch, w)
 
 
-def _free(p: SpatialProgram, w: Writer) -> None:
+def _free(p: SpatialProgram, launch: Launch, w: Writer) -> None:
+    if launch.cooperative:
+        w.line("SPATIALC_CHECK(cudaFree(d_sync));")
     for t in p.tensors:
         w.line(f"SPATIALC_CHECK(cudaFree(d{int(t.id)}));")
     w.line("SPATIALC_CHECK(cudaFree(d_work));")
@@ -115,7 +147,7 @@ def program_main(p: SpatialProgram, launch: Launch) -> str:
     w = Writer()
     with w.block("int main()"):
         _setup(p, launch, w, bench=False)
-        w.line(_launch(p, launch))
+        _launch(p, launch, w)
         w.line("SPATIALC_CHECK(cudaGetLastError());")
         w.line("SPATIALC_CHECK(cudaDeviceSynchronize());")
         w.line(f"std::vector<{ty}> y({_elems(out)});")
@@ -123,7 +155,7 @@ def program_main(p: SpatialProgram, launch: Launch) -> str:
         rows, cols = out.elems
         with w.block(f"for (int i = 0; i < {rows}; ++i)"), w.block(f"for (int j = 0; j < {cols}; ++j)"):
             w.line(f'printf("{fmt}\\n", ({cast})y[spatialc_tiled_index(i, j, {out.tiles[1]})]);')
-        _free(p, w)
+        _free(p, launch, w)
         w.line("return 0;")
     return w.text()
 
@@ -138,13 +170,13 @@ def bench_main(p: SpatialProgram, launch: Launch) -> str:
         w.line("cudaEvent_t e0, e1;")
         w.line("SPATIALC_CHECK(cudaEventCreate(&e0));")
         w.line("SPATIALC_CHECK(cudaEventCreate(&e1));")
-        w.line(_launch(p, launch) + "  // warm-up")
+        _launch(p, launch, w, "  // warm-up")
         w.line("SPATIALC_CHECK(cudaGetLastError());")
         w.line("SPATIALC_CHECK(cudaDeviceSynchronize());")
         w.line(f"const int ITERS = {BENCH_ITERS};")
         w.line("SPATIALC_CHECK(cudaEventRecord(e0));")
         with w.block("for (int it = 0; it < ITERS; ++it)"):
-            w.line(_launch(p, launch))
+            _launch(p, launch, w)
         w.line("SPATIALC_CHECK(cudaEventRecord(e1));")
         # A failed launch times nothing: checked before any rate is printed, so no rate follows a failure.
         w.line("SPATIALC_CHECK(cudaGetLastError());")
@@ -156,7 +188,7 @@ def bench_main(p: SpatialProgram, launch: Launch) -> str:
         w.line('printf("GOPS %.1f\\n", ops / ((double)ms * 1e6));')
         w.line("SPATIALC_CHECK(cudaEventDestroy(e0));")
         w.line("SPATIALC_CHECK(cudaEventDestroy(e1));")
-        _free(p, w)
+        _free(p, launch, w)
         w.line("return 0;")
     return w.text()
 

@@ -104,12 +104,12 @@ def refuse(p: SpatialProgram) -> None:
         raise Unverified(p.name)
     if p.placement is None or p.schedule is None or not p.plans:
         raise Unsupported("a program without a plan, placement or schedule", "the kernel is printed from all three")
-    for g in p.placement.groups:
-        if len(g.sites) > 1:
-            raise GroupSpansSites(int(g.id), tuple(int(s) for s in g.sites))
     general = needs_general(p)
     if general is not None:
         raise NeedsGeneral(*general)
+    for g in p.placement.groups:
+        if len(g.sites) > 1:
+            raise GroupSpansSites(int(g.id), tuple(int(s) for s in g.sites))
     ops = all_ops(p)
     accs = {op.buf for op in ops if isinstance(op, AcquireAcc)} | {op.acc for op in ops if isinstance(op, PackAcc)}
     accs |= {op.acc for op in ops if isinstance(op, Compute) and op.acc is not None}
@@ -117,8 +117,8 @@ def refuse(p: SpatialProgram) -> None:
         raise Unsupported(
             f"{len(accs)} accumulators", "the kernel holds one accumulator block per warp, in its fragments"
         )
-    if any(isinstance(op, McastSend | McastSetValid | Barrier) for op in ops):
-        raise Unsupported("a multicast or group barrier", "the blocks of a persistent kernel share no pages")
+    if any(isinstance(op, McastSend | McastSetValid) for op in ops):
+        raise Unsupported("a multicast", "the blocks of a persistent kernel share no pages")
     if p.tile != WMMA_TILE:
         raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "WMMA fragments are 16x16; tile the program 16x16")
 
@@ -143,6 +143,8 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
         return "a loop whose trip count is read from data", "the tile kernel's loop bounds are fixed when printed"
     if p.semaphores or any(isinstance(op, SemSet | SemInc | SemWait) for op in ops):
         return "a semaphore handshake", "the tile kernel's engines hand pages over only in the order it proves"
+    if any(isinstance(op, Barrier) for op in ops):
+        return "a group barrier", "the persistent kernel's blocks never wait on each other"
     return None
 
 

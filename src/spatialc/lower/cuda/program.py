@@ -143,10 +143,12 @@ def launch_for(
     dyn_smem: int,
     opt_in: bool,
     blocks_per_sm: int,
+    sync_words: int = 0,
 ) -> Launch:
     """How a host language launches a kernel printed from `p`. A placement the rules make, over as many sites as the
     target keeps resident, follows the device at launch (its multiprocessors × the blocks each holds); any other
-    keeps its list. Inputs hold the operand type, the output the output tensor's type, parameters their own."""
+    keeps its list. Inputs hold the operand type, the output the output tensor's type, parameters their own. A kernel
+    with `sync_words` (sites that wait on each other) runs exactly its sites, cooperatively."""
     params = tuple(
         KernelParam(
             t.name,
@@ -162,7 +164,7 @@ def launch_for(
     items = site_items(p)
     n_items = p.plans[0].items
     ruled = placement.kind in RULES and [list(i) for i in items] == split_items(n_items, len(items), placement.kind)
-    follows = ruled and len(items) == launch_sites(n_items, target.units, blocks_per_sm)
+    follows = ruled and not sync_words and len(items) == launch_sites(n_items, target.units, blocks_per_sm)
     return Launch(
         kernel_name,
         len(items),
@@ -175,4 +177,6 @@ def launch_for(
         placement.kind if ruled else "listed",
         blocks_per_sm if follows else 0,
         () if ruled else tuple(work_table([list(i) for i in items])),
+        sync_words,
+        bool(sync_words),
     )

@@ -1,7 +1,8 @@
 // spatialc host emulation — the core: CUDA qualifiers, the mode, per-thread and per-block state, the built-in
 // variables and barriers. The functions declared here are defined in emu_runtime.h.
 //
-// Blocks run one after another, so every piece of emulator state describes the ONE running block.
+// Blocks run one after another (`the_block`), except in a cooperative launch, which runs every block of the grid at
+// once, each a Block of its own; `blk()` is the calling thread's.
 #ifndef SPATIALC_EMU_CORE_H
 #define SPATIALC_EMU_CORE_H
 
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -103,6 +105,18 @@ struct ThreadState {
     std::vector<PendingStore> stores;
 };
 
+// An mbarrier (emu_mbarrier.h), or an engine's named barrier (arrivals of a fixed number of threads).
+struct MBar {
+    unsigned count = 0, pending = 0;
+    unsigned long long phase = 0;
+    int waiters = 0;
+    std::atomic<unsigned> gen{0};
+    std::vector<Copy> async;  // copies whose arrival is counted; in late mode they land when the phase completes
+    std::vector<unsigned> vc_acc;
+    std::vector<unsigned> vc_done[2];  // the clock of the last completed phase of each parity
+    std::vector<struct ThreadState*> arrived;  // a named barrier's threads this phase (their stores are released)
+};
+
 // Arrivals are counted under `mu`; a waiter sleeps on its barrier's generation word, outside the lock, so the
 // completing thread wakes everyone with one notify and nobody queues for the lock on the way out.
 struct Block {
@@ -116,10 +130,15 @@ struct Block {
     std::unique_ptr<std::atomic<unsigned>[]> warp_gen;
     std::unique_ptr<ThreadState[]> threads;
     unsigned long block_linear = 0;
+    char* dyn = nullptr;  // its dynamic shared memory (null: the one block at a time uses `dyn_base`)
+    std::map<const void*, std::unique_ptr<MBar>> mbars;  // by address: mbarriers in its shared memory
+    std::map<unsigned, std::unique_ptr<MBar>> named;     // by id: its engines' named barriers
 };
 
 inline thread_local ThreadState* self = nullptr;
 inline Block the_block;
+inline thread_local Block* cur_block = &the_block;
+inline Block& blk() { return *cur_block; }
 inline std::atomic<unsigned long> progress{0};  // barrier completions, exits, blocks: what the watchdog watches
 inline std::atomic<bool> in_launch{false};
 
@@ -141,7 +160,7 @@ using spatialc_emu::dim3;
 using spatialc_emu::uint3;
 
 inline thread_local uint3 threadIdx{0, 0, 0};
-inline uint3 blockIdx{0, 0, 0};
+inline thread_local uint3 blockIdx{0, 0, 0};
 inline dim3 blockDim{1, 1, 1};
 inline dim3 gridDim{1, 1, 1};
 constexpr int warpSize = spatialc_emu::kWarp;

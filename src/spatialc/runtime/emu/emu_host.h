@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include "emu_pipeline.h"
 
@@ -53,7 +55,8 @@ inline cudaError_t sticky_error = cudaSuccess;  // what cudaDeviceSynchronize re
 SPATIALC_EMU_FN cudaError_t fail(cudaError_t e, const std::string& why);
 SPATIALC_EMU_FN void set_max_dynamic_smem(const void* kernel, int bytes);
 // Run `body(ctx)` once per CUDA thread: the grid's blocks one after another, each block's threads at once.
-SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem, const void* kernel);
+SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem, const void* kernel,
+                              bool cooperative = false);
 
 template <class... P>
 struct Launch {
@@ -76,6 +79,26 @@ struct Launch {
 template <class... P>
 Launch<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0, cudaStream_t = nullptr) {
     return Launch<P...>{kernel, grid, block, smem};
+}
+
+// cudaLaunchCooperativeKernel: the arguments come as pointers to each, the blocks run all at once.
+template <class... P, size_t... I>
+void launch_cooperative(void (*kernel)(P...), dim3 grid, dim3 block, void** args, size_t smem,
+                        std::index_sequence<I...>) {
+    struct Call {
+        void (*kernel)(P...);
+        std::tuple<P...> params;
+    } call{kernel, std::tuple<P...>(*static_cast<std::remove_reference_t<P>*>(args[I])...)};
+    run_grid([](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->params); }, &call, grid,
+             block, smem, reinterpret_cast<const void*>(kernel), true);
+}
+
+// Blocks of a kernel one emulated multiprocessor holds: an H100's limits (2048 threads, 228 KiB of shared memory,
+// 1 KiB reserved a block, at most 32 blocks).
+inline int blocks_per_sm(int block_threads, size_t smem) {
+    int n = 32;
+    if (block_threads > 0) n = std::min(n, 2048 / block_threads);
+    return std::min<int>(n, (int)((228 * 1024) / (smem + 1024)));
 }
 
 }  // namespace spatialc_emu
@@ -116,6 +139,18 @@ inline cudaError_t cudaGetLastError() {
 }
 inline cudaError_t cudaPeekAtLastError() { return spatialc_emu::last_error; }
 inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+template <class... P>
+cudaError_t cudaLaunchCooperativeKernel(void (*kernel)(P...), dim3 grid, dim3 block, void** args, size_t smem = 0,
+                                        cudaStream_t = nullptr) {
+    spatialc_emu::launch_cooperative(kernel, grid, block, args, smem, std::index_sequence_for<P...>{});
+    return spatialc_emu::last_error;
+}
+template <class F>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, F* kernel, int block_threads, size_t smem) {
+    (void)kernel;
+    *n = spatialc_emu::blocks_per_sm(block_threads, smem);
+    return cudaSuccess;
+}
 // The emulated device has SPATIALC_EMU_SMS multiprocessors (132, an H100 / H200's, when unset): a kernel that follows
 // the device's multiprocessor count then runs with as many sites as it would on that GPU.
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {

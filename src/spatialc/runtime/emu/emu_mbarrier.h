@@ -1,4 +1,5 @@
-// spatialc host emulation — mbarriers, as the general form's rings use them (lower/cuda/general_mbarrier.cuh).
+// spatialc host emulation — the general form's synchronisation (lower/cuda/general_mbarrier.cuh): mbarriers, as its
+// rings use them; an engine's named barrier; arrival counts in global memory for sites that wait on each other.
 //
 // An mbarrier counts arrivals; the one that completes a phase flips its parity and wakes every waiter. A waiter
 // names the parity of the phase it waits for and passes at once if that phase is already complete. Arrivals
@@ -20,6 +21,9 @@ SPATIALC_EMU_FN void mbar_init(void* bar, unsigned count, int line);
 SPATIALC_EMU_FN void mbar_arrive(void* bar, int line);
 SPATIALC_EMU_FN void mbar_cp_async_arrive(void* bar, int line);
 SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line);
+SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line);
+SPATIALC_EMU_FN void grid_arrive(int* word, int line);
+SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line);
 
 }  // namespace spatialc_emu
 
@@ -36,6 +40,13 @@ inline void spatialc_cp_async_arrive(unsigned long long* bar, int line = __built
 }
 inline void spatialc_mbar_wait(unsigned long long* bar, unsigned parity, int line = __builtin_LINE()) {
     spatialc_emu::mbar_wait(bar, parity, line);
+}
+inline void spatialc_engine_sync(unsigned id, unsigned threads, int line = __builtin_LINE()) {
+    spatialc_emu::engine_sync(id, threads, line);
+}
+inline void spatialc_grid_arrive(int* word, int line = __builtin_LINE()) { spatialc_emu::grid_arrive(word, line); }
+inline void spatialc_grid_wait(const int* word, int value, int line = __builtin_LINE()) {
+    spatialc_emu::grid_wait(word, value, line);
 }
 inline void __nanosleep(unsigned) {}
 

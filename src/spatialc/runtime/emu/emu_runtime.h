@@ -73,12 +73,12 @@ SPATIALC_EMU_FN std::string describe_threads(Block& b) {
     return out;
 }
 
-SPATIALC_EMU_FN std::string describe_mbarriers();
+SPATIALC_EMU_FN std::string describe_mbarriers(Block& b);
 
 [[noreturn]] SPATIALC_EMU_FN void deadlock(Block& b) {
     fatal(kExitDeadlock, "DEADLOCK in block " + std::to_string(b.block_linear) +
                              ": every live thread waits at a barrier that can never complete: " + describe_threads(b) +
-                             describe_mbarriers());
+                             describe_mbarriers(b));
 }
 
 // ---- barriers -----------------------------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ SPATIALC_EMU_FN void await_generation(std::atomic<unsigned>& gen, unsigned seen)
 
 SPATIALC_EMU_FN void block_barrier(int line) {
     ThreadState& t = me("__syncthreads()");
-    Block& b = the_block;
+    Block& b = blk();
     std::unique_lock<std::mutex> lk(b.mu);
     t.where = "__syncthreads()";
     t.where_line = line;
@@ -138,7 +138,7 @@ SPATIALC_EMU_FN void warp_barrier(unsigned mask, int line) {
     ThreadState& t = me("__syncwarp()");
     if (mask != 0xffffffffu)
         fatal(kExitMisuse, "__syncwarp with a partial mask is not emulated (line " + std::to_string(line) + ")");
-    Block& b = the_block;
+    Block& b = blk();
     const size_t w = (size_t)t.warp;
     std::unique_lock<std::mutex> lk(b.mu);
     t.where = "__syncwarp()";
@@ -157,7 +157,7 @@ SPATIALC_EMU_FN void warp_barrier(unsigned mask, int line) {
 
 // ---- shared regions and the race check -----------------------------------------------------------------------------
 
-constexpr int kMaxRegions = 256;
+constexpr int kMaxRegions = 8192;  // a cooperative launch registers every block's dynamic rings
 inline Region* regions[kMaxRegions];
 inline std::atomic<int> n_regions{0};
 inline std::mutex regions_mu;  // registration
@@ -178,6 +178,8 @@ SPATIALC_EMU_FN Region* find_region(const void* p) {
 }
 
 inline const void* running_kernel = nullptr;
+inline std::mutex coop_mu;                // guards coop_blocks
+inline std::vector<Block*> coop_blocks;  // the blocks of a running cooperative launch (the watchdog reads them)
 
 SPATIALC_EMU_FN void register_region(const char* name, void* base, size_t elem, size_t depth, size_t page,
                                      bool dynamic) {
@@ -194,13 +196,15 @@ SPATIALC_EMU_FN void register_region(const char* name, void* base, size_t elem, 
     r->page = page;
     r->bytes = elem * depth * page;
     r->dynamic = dynamic;
+    r->origin = dynamic ? dynamic_shared() : r->base;
+    r->owner = blk().dyn ? &blk() : nullptr;
     r->kernel = running_kernel;
     r->shadow.assign(r->bytes, ByteShadow{});
     regions[n] = r;
     n_regions.store(n + 1, std::memory_order_release);
 }
 
-SPATIALC_EMU_FN char* dynamic_shared() { return dyn_base; }
+SPATIALC_EMU_FN char* dynamic_shared() { return blk().dyn ? blk().dyn : dyn_base; }
 
 SPATIALC_EMU_FN void prepare_dynamic(size_t bytes) {
     if (bytes > dyn_capacity || !dyn_base) {
@@ -212,7 +216,7 @@ SPATIALC_EMU_FN void prepare_dynamic(size_t bytes) {
 }
 
 SPATIALC_EMU_FN void check_dynamic_ring(const char* name, char* base, size_t off, size_t bytes) {
-    if (base != dyn_base || off + bytes > dyn_bytes)
+    if (base != dynamic_shared() || off + bytes > dyn_bytes)
         fatal(kExitMisuse, std::string("shared ring '") + name + "' needs bytes [" + std::to_string(off) + ", " +
                                std::to_string(off + bytes) + ") of the dynamic block, but the launch gave " +
                                std::to_string(dyn_bytes) + " bytes");
@@ -228,7 +232,7 @@ SPATIALC_EMU_FN void reset_shared_for_block() {
         std::fill(regions[i]->shadow.begin(), regions[i]->shadow.end(), ByteShadow{});
         std::memset(regions[i]->base, kPoison, regions[i]->bytes);
     }
-    if (dyn_base && dyn_bytes) std::memset(dyn_base, kPoison, dyn_bytes);
+    if (dynamic_shared() && dyn_bytes) std::memset(dynamic_shared(), kPoison, dyn_bytes);
 }
 
 // Whether the earlier access `a` and the access `b` that thread `t` makes now race.
@@ -253,7 +257,7 @@ SPATIALC_EMU_FN std::string who(const Access& a) {
     const size_t slot = page_bytes ? off / page_bytes : 0;
     fatal(kExitRace, "RACE on shared ring '" + std::string(r.name) + "' slot " + std::to_string(slot) + " (byte " +
                          std::to_string(page_bytes ? off % page_bytes : off) + " of the page; depth " +
-                         std::to_string(r.depth) + "; block " + std::to_string(the_block.block_linear) + "): " +
+                         std::to_string(r.depth) + "; block " + std::to_string(blk().block_linear) + "): " +
                          who(earlier) + " and " + who(now) +
                          " touch the same bytes with no __syncthreads() between them (both after " +
                          std::to_string(now.bi) + " block barriers) and no mbarrier phase ordering them");
@@ -296,7 +300,7 @@ SPATIALC_EMU_FN void check_wmma_pointer(const void* p, unsigned ldm, size_t elem
                                std::to_string(ldm) + " is not a multiple of 16 bytes");
     const Region* r = find_region(p);
     if (!r) return;
-    const char* origin = r->dynamic ? dyn_base : r->base;
+    const char* origin = r->dynamic ? r->origin : r->base;
     const size_t off = (size_t)(static_cast<const char*>(p) - origin);
     if (off % 32)
         fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + ": pointer into shared ring '" +
@@ -344,20 +348,6 @@ SPATIALC_EMU_FN void pipeline_wait(size_t prior) {
 
 // ---- mbarriers ------------------------------------------------------------------------------------------------------
 
-struct MBar {
-    unsigned count = 0, pending = 0;
-    unsigned long long phase = 0;
-    int waiters = 0;
-    int init_line = 0;
-    std::atomic<unsigned> gen{0};
-    std::vector<Copy> async;  // copies whose arrival is counted; in late mode they land when the phase completes
-    std::vector<unsigned> vc_acc;
-    std::vector<unsigned> vc_done[2];  // the clock of the last completed phase of each parity
-};
-
-// The running block's barriers by address (blocks run one after another); guarded by the block's mutex.
-inline std::map<const void*, std::unique_ptr<MBar>> mbars;
-
 SPATIALC_EMU_FN void join(std::vector<unsigned>& into, const std::vector<unsigned>& from) {
     if (into.size() < from.size()) into.resize(from.size(), 0);
     for (size_t i = 0; i < from.size(); ++i) into[i] = std::max(into[i], from[i]);
@@ -375,9 +365,9 @@ SPATIALC_EMU_FN std::string mbar_name(const void* bar) {
     return std::string(r->name) + "[" + std::to_string(off / 8) + "]";
 }
 
-SPATIALC_EMU_FN std::string describe_mbarriers() {
+SPATIALC_EMU_FN std::string describe_mbarriers(Block& b) {
     std::string out;
-    for (const auto& [bar, m] : mbars) {
+    for (const auto& [bar, m] : b.mbars) {
         if (!m->waiters) continue;
         out += "; " + mbar_name(bar) + " in phase " + std::to_string(m->phase) + " (parity " +
                std::to_string(m->phase & 1) + ") has " + std::to_string(m->count - m->pending) + " of " +
@@ -387,8 +377,8 @@ SPATIALC_EMU_FN std::string describe_mbarriers() {
 }
 
 SPATIALC_EMU_FN MBar& find_mbar(const void* bar, const char* what, int line) {
-    auto it = mbars.find(bar);
-    if (it == mbars.end())
+    auto it = blk().mbars.find(bar);
+    if (it == blk().mbars.end())
         fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + " on " + mbar_name(bar) +
                                ", which spatialc_mbar_init never initialised in this block");
     return *it->second;
@@ -401,11 +391,10 @@ SPATIALC_EMU_FN void mbar_init(void* bar, unsigned count, int line) {
     if (count == 0 || count >= (1u << 20))
         fatal(kExitMisuse, "spatialc_mbar_init at line " + std::to_string(line) + ": arrival count " +
                                std::to_string(count) + " (1 to 2^20 - 1)");
-    std::lock_guard<std::mutex> lk(the_block.mu);
-    auto& m = mbars[bar];
+    std::lock_guard<std::mutex> lk(blk().mu);
+    auto& m = blk().mbars[bar];
     m.reset(new MBar{});
     m->count = m->pending = count;
-    m->init_line = line;
 }
 
 // With the block's lock held, by the arrival that completes the phase.
@@ -429,12 +418,12 @@ SPATIALC_EMU_FN void arrive_locked(ThreadState& t, MBar& m) {
     if (m.vc_acc.size() <= (size_t)t.tid) m.vc_acc.resize((size_t)t.tid + 1, 0);
     m.vc_acc[(size_t)t.tid] = std::max(m.vc_acc[(size_t)t.tid], t.clk);
     ++t.clk;  // what this thread does from now on is not ordered by this arrival
-    if (--m.pending == 0) complete_mbar(the_block, m);
+    if (--m.pending == 0) complete_mbar(blk(), m);
 }
 
 SPATIALC_EMU_FN void mbar_arrive(void* bar, int line) {
     ThreadState& t = me("spatialc_mbar_arrive");
-    std::lock_guard<std::mutex> lk(the_block.mu);
+    std::lock_guard<std::mutex> lk(blk().mu);
     arrive_locked(t, find_mbar(bar, "spatialc_mbar_arrive", line));
 }
 
@@ -449,7 +438,7 @@ SPATIALC_EMU_FN void mbar_cp_async_arrive(void* bar, int line) {
         const void* p = c.dst;
         track(&p, 1, (size_t)c.size, true, AccessKind::cp_async, c.line);
     }
-    std::lock_guard<std::mutex> lk(the_block.mu);
+    std::lock_guard<std::mutex> lk(blk().mu);
     MBar& m = find_mbar(bar, "spatialc_cp_async_arrive", line);
     m.async.insert(m.async.end(), copies.begin(), copies.end());
     arrive_locked(t, m);
@@ -457,7 +446,7 @@ SPATIALC_EMU_FN void mbar_cp_async_arrive(void* bar, int line) {
 
 SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
     ThreadState& t = me("spatialc_mbar_wait");
-    Block& b = the_block;
+    Block& b = blk();
     std::unique_lock<std::mutex> lk(b.mu);
     MBar& m = find_mbar(bar, "spatialc_mbar_wait", line);
     while ((m.phase & 1) == (parity & 1)) {
@@ -477,6 +466,84 @@ SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
     t.where = "running";
 }
 
+// ---- an engine's named barrier (bar.sync id, threads) ---------------------------------------------------------------
+
+SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line) {
+    ThreadState& t = me("spatialc_engine_sync");
+    Block& b = blk();
+    std::unique_lock<std::mutex> lk(b.mu);
+    auto& slot = b.named[id];
+    if (!slot) slot.reset(new MBar{});
+    MBar& m = *slot;
+    if (threads == 0 || threads % kWarp || (int)threads > b.nthreads)
+        fatal(kExitMisuse, "spatialc_engine_sync at line " + std::to_string(line) + ": " + std::to_string(threads) +
+                               " threads (a multiple of 32, at most the block's)");
+    if (m.arrived.empty()) m.count = threads;
+    if (m.count != threads)
+        fatal(kExitMisuse, "spatialc_engine_sync at line " + std::to_string(line) + ": barrier " +
+                               std::to_string(id) + " is used with " + std::to_string(threads) + " and " +
+                               std::to_string(m.count) + " threads at once");
+    join(m.vc_acc, t.vc);
+    if (m.vc_acc.size() <= (size_t)t.tid) m.vc_acc.resize((size_t)t.tid + 1, 0);
+    m.vc_acc[(size_t)t.tid] = std::max(m.vc_acc[(size_t)t.tid], t.clk);
+    ++t.clk;
+    m.arrived.push_back(&t);
+    const unsigned long long phase = m.phase;
+    if (m.arrived.size() == threads) {
+        for (ThreadState* x : m.arrived) apply_stores(*x);
+        m.arrived.clear();
+        m.pending = 0;
+        complete_mbar(b, m);
+    } else {
+        std::snprintf(t.where_buf, sizeof t.where_buf, "waits at its engine's barrier %u (%zu of %u threads there)", id,
+                      m.arrived.size(), threads);
+        t.where = t.where_buf;
+        t.where_line = line;
+        ++m.waiters;
+        if (++b.blocked == b.live) deadlock(b);
+        while (m.phase == phase) {
+            const unsigned seen = m.gen.load(std::memory_order_relaxed);
+            lk.unlock();
+            await_generation(m.gen, seen);
+            lk.lock();
+        }
+    }
+    if (t.vc.size() < (size_t)b.nthreads) t.vc.resize((size_t)b.nthreads, 0);
+    join(t.vc, m.vc_done[phase & 1]);
+    t.where = "running";
+}
+
+// ---- sites that wait on each other: arrival counts in global memory --------------------------------------------------
+
+inline std::atomic<unsigned> grid_gen{0};  // moves at every arrival: what a site waiting on another sleeps on
+
+SPATIALC_EMU_FN void grid_arrive(int* word, int) {
+    me("spatialc_grid_arrive");
+    std::atomic_ref<int>(*word).fetch_add(1, std::memory_order_release);
+    grid_gen.fetch_add(1, std::memory_order_release);
+    grid_gen.notify_all();
+    progress.fetch_add(1, std::memory_order_relaxed);
+}
+
+// A waiting thread is not "blocked" for its block's deadlock check: another block may yet release it. A grid that
+// never moves again is the watchdog's to report, naming what each thread waits for.
+SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line) {
+    ThreadState& t = me("spatialc_grid_wait");
+    std::atomic_ref<int> w(*const_cast<int*>(word));
+    for (;;) {
+        const unsigned seen = grid_gen.load(std::memory_order_acquire);
+        const int now = w.load(std::memory_order_acquire);
+        if (now >= value) break;
+        std::snprintf(t.where_buf, sizeof t.where_buf,
+                      "waits for the arrival count at global %p to reach %d (it is %d)", static_cast<const void*>(word),
+                      value, now);
+        t.where = t.where_buf;
+        t.where_line = line;
+        grid_gen.wait(seen, std::memory_order_acquire);
+    }
+    t.where = "running";
+}
+
 // ---- thread exit --------------------------------------------------------------------------------------------------------
 
 // A returning thread leaves every barrier's count, and its leaving may complete one. Copies it has in flight
@@ -489,7 +556,7 @@ SPATIALC_EMU_FN void thread_exit() {
     for (const Copy& c : t.open) land(c);
     t.groups.clear();
     t.open.clear();
-    Block& b = the_block;
+    Block& b = blk();
     std::lock_guard<std::mutex> lk(b.mu);
     t.where = "returned";
     const size_t w = (size_t)t.warp;
@@ -529,10 +596,16 @@ SPATIALC_EMU_FN void watch(double limit, double stall) {
         const double idle = std::chrono::duration<double>(now - last_change).count();
         if (ran <= limit && idle <= stall) continue;
         std::string state;
-        if (in_launch.load() && the_block.mu.try_lock()) {
-            state = " Threads of block " + std::to_string(the_block.block_linear) + ": " +
-                    describe_threads(the_block) + describe_mbarriers() + ".";
-            the_block.mu.unlock();
+        if (in_launch.load()) {
+            std::lock_guard<std::mutex> lk(coop_mu);
+            std::vector<Block*> running = coop_blocks;
+            if (running.empty()) running.push_back(&the_block);
+            for (Block* b : running) {
+                if (!b->mu.try_lock()) continue;
+                state += " Threads of block " + std::to_string(b->block_linear) + ": " + describe_threads(*b) +
+                         describe_mbarriers(*b) + ".";
+                b->mu.unlock();
+            }
         }
         char when[64];
         if (idle > stall) {
@@ -596,7 +669,8 @@ SPATIALC_EMU_FN cudaError_t fail(cudaError_t e, const std::string& why) {
 SPATIALC_EMU_FN void set_max_dynamic_smem(const void* kernel, int bytes) { max_dynamic_smem[kernel] = bytes; }
 
 SPATIALC_EMU_FN void reset_block(Block& b, int n, unsigned long linear) {
-    mbars.clear();
+    b.mbars.clear();
+    b.named.clear();
     b.nthreads = n;
     b.nwarps = (n + kWarp - 1) / kWarp;
     b.live = n;
@@ -617,24 +691,79 @@ SPATIALC_EMU_FN void reset_block(Block& b, int n, unsigned long linear) {
     }
 }
 
-SPATIALC_EMU_FN void run_block(void (*body)(void*), void* ctx, dim3 block, unsigned long linear) {
+// Start one OS thread per CUDA thread of block `b` (block index `at`), appending them to `threads`.
+SPATIALC_EMU_FN void start_block(Block& b, uint3 at, void (*body)(void*), void* ctx, dim3 block,
+                                 std::vector<std::thread>& threads) {
+    for (int i = 0; i < b.nthreads; ++i)
+        threads.emplace_back([&b, at, body, ctx, block, i] {
+            cur_block = &b;
+            self = &b.threads[i];
+            blockIdx = at;
+            threadIdx = uint3{(unsigned)i % block.x, ((unsigned)i / block.x) % block.y,
+                              (unsigned)i / (block.x * block.y)};
+            body(ctx);
+            thread_exit();
+        });
+}
+
+SPATIALC_EMU_FN void run_block(void (*body)(void*), void* ctx, dim3 block, uint3 at, unsigned long linear) {
     Block& b = the_block;
     const int n = (int)(block.x * block.y * block.z);
     reset_block(b, n, linear);
     reset_shared_for_block();
     std::vector<std::thread> threads;
     threads.reserve((size_t)n);
-    for (int i = 0; i < n; ++i)
-        threads.emplace_back([&b, body, ctx, block, i] {
-            self = &b.threads[i];
-            threadIdx = uint3{(unsigned)i % block.x, ((unsigned)i / block.x) % block.y,
-                              (unsigned)i / (block.x * block.y)};
-            body(ctx);
-            thread_exit();
-        });
+    start_block(b, at, body, ctx, block, threads);
     for (std::thread& t : threads) t.join();
     for (int i = 0; i < n; ++i) apply_stores(b.threads[i]);
     progress.fetch_add(1, std::memory_order_relaxed);
+}
+
+// A cooperative launch: every block at once, each with its own dynamic shared memory, so that blocks waiting on
+// each other can all make progress. Its blocks' shared regions are forgotten when it ends.
+SPATIALC_EMU_FN void run_blocks_at_once(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem) {
+    const int n = (int)(block.x * block.y * block.z);
+    const unsigned long nblocks = (unsigned long)grid.x * grid.y * grid.z;
+    std::vector<std::unique_ptr<Block>> blocks;
+    for (unsigned long i = 0; i < nblocks; ++i) {
+        blocks.emplace_back(new Block);
+        Block& b = *blocks.back();
+        reset_block(b, n, i);
+        b.dyn = static_cast<char*>(std::aligned_alloc(128, std::max<size_t>(128, (smem + 127) & ~size_t(127))));
+        std::memset(b.dyn, kPoison, smem);
+    }
+    {
+        std::lock_guard<std::mutex> lk(coop_mu);
+        for (auto& b : blocks) coop_blocks.push_back(b.get());
+    }
+    std::vector<std::thread> threads;
+    threads.reserve((size_t)n * nblocks);
+    unsigned long linear = 0;
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x, ++linear)
+                start_block(*blocks[linear], uint3{x, y, z}, body, ctx, block, threads);
+    for (std::thread& t : threads) t.join();
+    {
+        std::lock_guard<std::mutex> lk(coop_mu);
+        coop_blocks.clear();
+    }
+    std::lock_guard<std::mutex> lk(regions_mu);
+    int kept = 0;
+    const int count = n_regions.load();
+    for (int i = 0; i < count; ++i) {
+        if (regions[i]->owner) {
+            delete regions[i];
+            continue;
+        }
+        regions[kept++] = regions[i];
+    }
+    n_regions.store(kept);
+    for (auto& b : blocks) {
+        for (int i = 0; i < n; ++i) apply_stores(b->threads[i]);
+        std::free(b->dyn);
+    }
+    progress.fetch_add(nblocks, std::memory_order_relaxed);
 }
 
 // Dynamic shared memory a launch may use: the attribute when set, else what 48 KiB leaves beside the kernel's
@@ -658,7 +787,7 @@ SPATIALC_EMU_FN cudaError_t refuse_dynamic(size_t smem, const void* kernel) {
 }
 
 SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem,
-                              const void* kernel) {
+                              const void* kernel, bool cooperative) {
     const unsigned long nthreads = (unsigned long)block.x * block.y * block.z;
     if (nthreads == 0 || nthreads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
         fail(cudaErrorInvalidConfiguration, "launch refused: " + std::to_string(nthreads) + " threads per block");
@@ -677,13 +806,17 @@ SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 bl
     const unsigned long nblocks = (unsigned long)grid.x * grid.y * grid.z;
     report_blocks(0, nblocks);
     unsigned long linear = 0;
-    for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x, ++linear) {
-                blockIdx = uint3{x, y, z};
-                run_block(body, ctx, block, linear);
-                report_blocks(linear + 1, nblocks);
-            }
+    if (cooperative) {
+        run_blocks_at_once(body, ctx, grid, block, smem);
+        report_blocks(nblocks, nblocks);
+    } else {
+        for (unsigned z = 0; z < grid.z; ++z)
+            for (unsigned y = 0; y < grid.y; ++y)
+                for (unsigned x = 0; x < grid.x; ++x, ++linear) {
+                    run_block(body, ctx, block, uint3{x, y, z}, linear);
+                    report_blocks(linear + 1, nblocks);
+                }
+    }
     in_launch = false;
     // A kernel's static rings are only known once it has run: a GPU would have refused this launch up front.
     if (smem > dynamic_allowed(kernel)) refuse_dynamic(smem, kernel);

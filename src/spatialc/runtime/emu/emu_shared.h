@@ -34,6 +34,8 @@ struct Region {
     char* base;
     size_t bytes, elem, depth, page;  // depth in pages, page in elements, as the kernel declares them
     bool dynamic;                     // carved out of the dynamic block (else a static __shared__ array)
+    const char* origin;               // where alignment is counted from: the dynamic block's start, or `base`
+    const void* owner;                // the Block of a cooperative launch whose dynamic block it is (else null)
     const void* kernel;               // the kernel whose launch registered it
     std::vector<ByteShadow> shadow;
 };
