@@ -122,3 +122,28 @@ def test_the_cli_runs_an_activation_epilogue(capsys):
     assert "general form: each engine on its own warps" in out and "epilogue tanh" in out
     assert main(["gemm", "8", "8", "8", "--activation", "swish"]) == 2
     assert "invalid choice: 'swish'" in capsys.readouterr().err
+
+
+def test_the_tolerance_allows_gelus_tail_where_a_scalar_constant_makes_x_large():
+    """Rows of A that are zero give x = the scalar add's constant exactly, in gelu's cancelling tail: there a float64
+    ulp of tanh moves the result by about 2^-50·|x|, which the bound must allow with |A|@|B| = 0."""
+    chain = [spatialc.scalar("add", -6.8125), spatialc.activation("gelu")]
+    p = spatialc.build(spatialc.gemm(32, 32, 32, "fp16", epilogue=chain), "sm_86")
+    x = {"A": np.zeros((32, 32)), "B": np.ones((32, 32))}
+    ref = spatialc.evaluate(p, x)
+    off_by_tail = ref.astype(np.float64) * (1 + 2.0**-6)  # 1.6 % of a value near -2e-14: 3e-16, under 2^-50·6.8
+    ok, text = spatialc.tolerance(p, kernel=True).check(off_by_tail, x)
+    assert ok, text
+    assert not spatialc.tolerance(p, kernel=True).check(ref.astype(np.float64) + 1e-12, x)[0]
+
+
+def test_equal_infinities_and_nans_are_within_the_tolerance():
+    chain = [spatialc.scalar("mul", 1e38), spatialc.activation("gelu")]
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "fp16", epilogue=chain), "sm_86")
+    x = {"A": np.eye(16) * np.where(np.arange(16) % 2, 1.0, -1.0)[:, None] * 8, "B": np.ones((16, 16))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = spatialc.evaluate(p, x)
+        assert np.isinf(ref).any() and np.isnan(ref).any()
+        assert spatialc.tolerance(p).check(ref, x)[0]
+        assert not spatialc.tolerance(p).check(np.where(np.isnan(ref), 1.0, ref), x)[0]

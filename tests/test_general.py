@@ -299,3 +299,42 @@ def test_the_default_8192_cube_plan_leaves_the_general_form_out_and_a_general_pl
     assert spatialc.lower(planned, form="general").budget.form == "general"
     with pytest.raises(spatialc.ProgramError, match="unknown form 'fast'"):
         spatialc.build(gemm, "sm_90", form="fast")
+
+
+def move_up(text: str, line_with: str, above_last: str) -> str:
+    """`text` with the line holding `line_with` moved above the last line before it that holds `above_last`."""
+    lines = text.split("\n")
+    i = next(i for i, line in enumerate(lines) if line_with in line)
+    j = max(j for j, line in enumerate(lines[:i]) if above_last in line)
+    return "\n".join([*lines[:j], lines[i], *lines[j:i], *lines[i + 1 :]])
+
+
+EPILOGUE_INPUTS = {
+    "A": RNG.integers(-128, 128, (40, 64)).astype(np.int8),
+    "B": RNG.integers(-128, 128, (64, 48)).astype(np.int8),
+    "bias": RNG.integers(-5000, 5000, (1, 48)).astype(np.int32),
+}
+# Faults on the rings the epilogue stages and the writer read and write element by element (SPATIALC_PAGE_LD/ST):
+# ring 6 is the requant's output, which the writer stores.
+PAGE_FAULTS = {
+    "a Push before the stage filled the page": lambda t: move_up(t, "arrive(&full_6[psh_6", "op:Compute:Requant"),
+    "the writer's Pop before it stored the page": lambda t: move_up(t, "arrive(&empty_6[pop_6", "op:WriteTiles"),
+    "the writer's Wait left out": lambda t: planted(
+        t, "spatialc_mbar_wait(&full_6[wt_6 % DEPTH_6], (wt_6 / DEPTH_6) & 1);", ""
+    ),
+    "the stage's Reserve left out": lambda t: planted(
+        t, "spatialc_mbar_wait(&empty_6[rsv_6 % DEPTH_6], ((rsv_6 / DEPTH_6) & 1) ^ 1);", ""
+    ),
+}
+
+
+@emulation
+@pytest.mark.emulation
+@pytest.mark.parametrize("mode", ["late", "early"])
+@pytest.mark.parametrize("fault", list(PAGE_FAULTS))
+def test_faults_on_pages_read_and_written_element_by_element_are_races(one_tile_epilogue, fault, mode):
+    art = spatialc.lower(one_tile_epilogue)
+    text = PAGE_FAULTS[fault](art.program_cu)
+    assert text != art.program_cu
+    with pytest.raises(EmulationRace, match=r"RACE on shared ring 'ring_6'.*a page (load|store) by thread"):
+        spatialc.emulate(dataclasses.replace(art, program_cu=text), EPILOGUE_INPUTS, mode=mode, timeout=60)

@@ -34,8 +34,8 @@ def _gelu(v: np.ndarray) -> np.ndarray:
 
 
 # Each on float64 values. The kernel's C (lower/cuda/activations.cuh) has the same operations in the same order.
-# Where 1 + tanh or 1 + exp cancels (gelu's and silu's far negative tail) a float64 ulp of tanh / exp is a large
-# part of a tiny result: there the kernel's value is within 2^-50·|x| of this one rather than one float32 ulp.
+# Where 1 + tanh cancels (gelu's far negative tail) a float64 ulp of tanh is a large part of a tiny result: there
+# the kernel's value is within 2^-50·|x| of this one rather than one float32 ulp.
 ACTIVATION_FORMULAS = {
     "gelu": _gelu,  # PyTorch's approximate="tanh" form
     "silu": lambda v: v / (1.0 + np.exp(-v)),
@@ -45,7 +45,7 @@ ACTIVATION_FORMULAS = {
 
 # The largest |f'(x)| of each: how much an error in x can grow through it (`spatialc.tolerance` uses it).
 ACTIVATION_SLOPE = {"gelu": 1.13, "silu": 1.1, "sigmoid": 0.25, "tanh": 1.0}
-ACTIVATION_TAIL = 2.0**-50  # the absolute error, relative to |x|, where the formula cancels (see above)
+ACTIVATION_TAIL = 2.0**-50  # the absolute error, relative to |x|, where gelu's formula cancels (see above)
 
 EXACT_LIMIT = 2.0**62  # integer epilogue values must stay well inside int64: beyond this they may have wrapped
 

@@ -53,7 +53,9 @@ __all__ = [
 
 HEADER_DIR = Path(__file__).parent / "emu"
 MODES = ("late", "early")
-CXX_FLAGS = ("-std=c++20", "-O2", "-pthread")
+# -ffp-contract=off: no multiply and add fused into one rounding, on any host (the kernel's float arithmetic is
+# printed so that nvcc fuses none either), as numpy rounds each.
+CXX_FLAGS = ("-std=c++20", "-O2", "-pthread", "-ffp-contract=off")
 
 DYN_DECL = "extern __shared__ __align__(32) char spatialc_dyn_smem[];"
 # The declaration as earlier kernels printed it (16-byte aligned); still recognised, so saved .cu files run.

@@ -70,6 +70,12 @@ from .rings import WMMA as WMMA_TYPES
 from .tiles import WMMA, TilePrinter
 
 KERNEL_NAME = "spatialc_general"
+# Plain reads and writes of page elements (the writer's, and the epilogue stages'), so that the emulation, which
+# defines its own, can check them for races as it checks cp.async landings and fragment loads.
+PAGE_MACROS = """#ifndef SPATIALC_PAGE_LD
+#define SPATIALC_PAGE_LD(p) (*(p))
+#define SPATIALC_PAGE_ST(p, v) (*(p) = (v))
+#endif"""
 BARRIER_BYTES = 8  # one mbarrier object
 SIDE_WARPS = 1  # warps of an engine other than the compute engine (reader, writer)
 
@@ -353,6 +359,10 @@ class EnginePrinter(TilePrinter):
     def read_slot(self, r: int) -> str:
         return f"(pop_{r} % DEPTH_{r})"
 
+    def load(self, pointer: str, element: str) -> str:
+        """Page elements are read through SPATIALC_PAGE_LD, which the emulation's race check sees."""
+        return f"SPATIALC_PAGE_LD({pointer})"
+
     def write_slot(self, r: int) -> str:
         return f"((rsv_{r} - 1) % DEPTH_{r})"
 
@@ -455,9 +465,9 @@ class EnginePrinter(TilePrinter):
         with self.w.block("", mark), self.w.block(f"for (int e = etid; e < {n}; e += {self.nthreads})"):
             if bias:
                 self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
-            self.w.line(f"{value} v = ring_{src.id}[{self.read_slot(src.id)} * PAGE_{src.id} + e];")
+            self.w.line(f"{value} v = SPATIALC_PAGE_LD(ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id} + e);")
             self.w.line(epilogue.statement(stage, self.k.integer, bias))
-            self.w.line(f"ring_{dst.id}[{self.write_slot(dst.id)} * PAGE_{dst.id} + e] = v;")
+            self.w.line(f"SPATIALC_PAGE_ST(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id} + e, (EPIT)v);")
 
 
 def mbarrier_helpers() -> str:
@@ -472,7 +482,7 @@ def preamble(k: GeneralKernel) -> list[str]:
         " engine runs on warps of its own and the rings hand pages over through mbarriers."
     ]
     lines += [f"#include <{h}>" for h in INCLUDES]
-    lines += ["", RING_MACROS, CHECK_MACRO, "", *mbarrier_helpers().rstrip("\n").split("\n"), ""]
+    lines += ["", RING_MACROS, PAGE_MACROS, CHECK_MACRO, "", *mbarrier_helpers().rstrip("\n").split("\n"), ""]
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     lines += [f"typedef {epit} EPIT;"]

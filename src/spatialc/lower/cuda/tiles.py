@@ -56,6 +56,10 @@ class TilePrinter:
         """The slot of ring `r`'s newest reserved page."""
         return f"wslot_{r}"
 
+    def load(self, pointer: str, element: str) -> str:
+        """A plain read of one page element (`element`, at `pointer`): the element itself, here."""
+        return element
+
     def read_page(self, r: int) -> str:
         return f"ring_{r} + {self.read_slot(r)} * PAGE_{r}"
 
@@ -108,7 +112,9 @@ class TilePrinter:
         with self.w.block("", mark), self.w.block(f"for (int e = {self.tid}; e < {n}; e += {self.nthreads})"):
             self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
             self.w.line(f"const long long tile = {self.tile_expr(op.at, env, op.block_w, op.stride_h, op.stride_w)};")
-            page = f"ring_{r}[{self.read_slot(r)} * PAGE_{r} + e]"
+            page = self.load(
+                f"ring_{r} + {self.read_slot(r)} * PAGE_{r} + e", f"ring_{r}[{self.read_slot(r)} * PAGE_{r} + e]"
+            )
             self.w.line(f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el] = (OUT_T){page};")
 
     # ---- the tile matmul and its accumulators --------------------------------------------------------------

@@ -7,8 +7,10 @@
 // wait joins the phase's clock, so the race check orders what the phase orders and nothing else.
 //
 // cp.async copies a thread hands to a barrier (cp.async.mbarrier.arrive.noinc) are checked as its writes when it
-// hands them over; in late mode they land when the phase completes (the latest a GPU may land them), in early
-// mode they landed when issued. A thread blocked in a wait counts as blocked for the deadlock check, and a
+// hands them over; in late mode they land when the phase completes, in early mode they landed when issued. Late
+// mode is stricter than the hardware: a thread's next cp.async arrive, on any barrier, also waits for its earlier
+// copies, so a page one phase's waiters read may be there sooner on a GPU — a kernel that relied on that would fail
+// here; none spatialc prints does. A thread blocked in a wait counts as blocked for the deadlock check, and a
 // deadlock report lists every barrier someone waits on, with its phase and the arrivals it still lacks.
 #ifndef SPATIALC_EMU_MBARRIER_H
 #define SPATIALC_EMU_MBARRIER_H

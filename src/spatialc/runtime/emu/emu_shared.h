@@ -14,7 +14,7 @@
 
 namespace spatialc_emu {
 
-enum class AccessKind : unsigned char { none, cp_async, frag_load, frag_store };
+enum class AccessKind : unsigned char { none, cp_async, frag_load, frag_store, page_load, page_store };
 
 struct Access {
     int tid = -1;
@@ -70,7 +70,24 @@ T* dynamic_ring(const char* name, char* base, size_t off, size_t depth, size_t p
     return p;
 }
 
+// The general form's plain page accesses (kernel-abi.md, "The general form"), each checked like a fragment's.
+template <class T>
+T page_load(const T* p, int line) {
+    const void* q = p;
+    track(&q, 1, sizeof(T), false, AccessKind::page_load, line);
+    return *p;
+}
+template <class T, class V>
+void page_store(T* p, V v, int line) {
+    const void* q = p;
+    track(&q, 1, sizeof(T), true, AccessKind::page_store, line);
+    *p = static_cast<T>(v);
+}
+
 }  // namespace spatialc_emu
+
+#define SPATIALC_PAGE_LD(p) ::spatialc_emu::page_load((p), __LINE__)
+#define SPATIALC_PAGE_ST(p, v) ::spatialc_emu::page_store((p), (v), __LINE__)
 
 // The kernel's ring declarations (kernel-abi.md §2), registering each region for the race reports.
 #define SPATIALC_SHARED_RING(T, name, depth, page)                      \
