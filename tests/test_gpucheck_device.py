@@ -4,6 +4,7 @@ and compiles stopped at the budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,7 +23,7 @@ from spatialc.gpucheck import dryrun as DR
 from spatialc.gpucheck.cases import Case, Deadline
 from spatialc.runtime import launch as L
 
-from .test_gpucheck_fakes import exit_raises
+from .test_gpucheck_fakes import exit_raises, lowered_as, without_general
 from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
 
 
@@ -39,38 +40,58 @@ def probes(header):
     return {p["name"].split(":")[0]: p for p in header["preflight"]}
 
 
+FORMS = ("spatialc persistent", "spatialc general")  # spatialc's two contestants, in the report's order
+
+
 def test_every_contestant_is_checked_and_timed_both_ways(fake_gpu, tmp_path, capsys):
     status, header, rows = run(tmp_path, "--sizes", "64", "40x24x36", "--precisions", "int8", "bf16")
     assert status == 0
     assert header["gpu"] == "Fake H200" and header["sms"] == 132 and header["target"] == "sm_90"
     assert header["warnings"] == [] and header["kernel_timing"] == "CUDA graphs"
     found = probes(header)
-    for ok in ("device", "CuPy cuBLAS", "spatialc kernel", "torch.matmul", "torch._int_mm (B column-major)"):
+    kernels = ("spatialc persistent kernel", "spatialc general kernel")
+    for ok in ("device", "CuPy cuBLAS", *kernels, "torch.matmul", "torch._int_mm (B column-major)"):
         assert found[ok]["ok"], found[ok]
     assert found["cublasGemmEx TN"]["ok"] and found["CUDA graphs"]["ok"] and found["Triton matmul"]["ok"]
     assert found["torch._int_mm (B row-major)"]["ok"] is False  # cuBLASLt without NN int8 kernels
     assert "CUBLAS_STATUS_NOT_SUPPORTED" in found["torch._int_mm (B row-major)"]["detail"]
     assert [(r["precision"], r["status"]) for r in rows] == [("int8", "ok"), ("bf16", "ok")] * 2
-    for r in rows:
-        assert r["check"]["correct"] and r["check"]["stable"] and r["check"]["unwritten"] == 0
-        mine = r["by_name"]["spatialc"]
-        assert mine["ok"] and mine["kernel"]["method"] == "graph" and mine["end_to_end"]["method"] == "events"
-        assert mine["kernel"]["median_s"] > 0 and mine["end_to_end"]["median_s"] > 0
-        assert r["timings"]["end_to_end"]["pct_of_cublas"] is not None and r["timings"]["kernel"]["pct_of_triton"]
+    for r in rows:  # both of spatialc's kernels, each checked against the reference and timed both ways
+        assert [c["name"] for c in r["contestants"][:2]] == list(FORMS)
+        for name in FORMS:
+            mine = r["by_name"][name]
+            assert mine["check"]["correct"] and mine["check"]["stable"] and mine["check"]["unwritten"] == 0
+            assert mine["ok"] and mine["kernel"]["method"] == "graph" and mine["end_to_end"]["method"] == "events"
+            assert mine["kernel"]["median_s"] > 0 and mine["end_to_end"]["median_s"] > 0
+        for form in ("persistent", "general"):
+            summary = r["timings"]["end_to_end"]["spatialc"][form]
+            assert summary["rate"] > 0 and summary["pct_of_cublas"] is not None
+            assert r["timings"]["kernel"]["spatialc"][form]["pct_of_triton"]
     int8 = rows[0]["by_name"]
     for name in ("torch._int_mm (B column-major)", "cublasGemmEx TN", "Triton matmul"):
         assert int8[name]["ok"] and int8[name]["kernel"]["method"] == "graph", int8[name]
     assert int8["torch._int_mm (B row-major)"]["note"].startswith("unavailable: torch._int_mm (B row-major): int8")
-    assert rows[0]["kernel"]["c_elem"] == "int32" and rows[1]["kernel"]["c_elem"] == "bfloat16"
+    for name in FORMS:
+        assert rows[0]["by_name"][name]["facts"]["c_elem"] == "int32"
+        assert rows[1]["by_name"][name]["facts"]["c_elem"] == "bfloat16"
     odd = rows[2]["by_name"]  # 40×24×36: k = 36 is no multiple of 8
     assert odd["torch._int_mm (B column-major)"]["note"].startswith("n/a: torch._int_mm needs m > 16 and k, n")
     assert odd["cublasGemmEx TN"]["ok"] and "no padding needed" in odd["cublasGemmEx TN"]["detail"]
     assert fake_gpu["cp"].freed == 4  # memory released after every row
-    k = rows[0]["kernel"]  # the plan and the budget, and why ptxas said nothing: no nvcc here
-    assert k["block"].count("×") == 2 and k["threads"] > 0 and k["blocks_per_sm"] > 0 and k["depth"] > 0
-    assert k["ptxas"] == "no nvcc (NVRTC)" and "registers" not in k
+    plan = rows[0]["kernel"]  # the plan, which both kernels share
+    assert plan["block"].count("×") == 2 and plan["depth"] > 0 and plan["sites"] > 0
+    persistent, general = (rows[0]["by_name"][name]["facts"] for name in FORMS)
+    for k in (persistent, general):  # each kernel's budget, and why ptxas said nothing: no nvcc here
+        assert k["threads"] > 0 and k["blocks_per_sm"] > 0 and k["launch"].startswith("grid ")
+        assert k["ptxas"] == "no nvcc (NVRTC)" and "registers" not in k
+    assert persistent["threads"] != general["threads"]  # the general form adds the reader's and writer's warps
     out = capsys.readouterr().out
     assert "| bf16 | 40×24×36 |" in out and "| int8 | 64×64×64 | torch._int_mm (B row-major) |" in out
+    head = (
+        "| precision | m×n×k | spatialc persistent e2e | spatialc general e2e | cuBLAS e2e (fastest) | % cuBLAS e2e |"
+    )
+    assert head in out and "| 100% / 100% |" in out and "| 0 / 0 | yes / yes | ok |" in out
+    assert "| int8 | 64×64×64 | persistent | " in out and "| int8 | 64×64×64 | general | " in out  # kernel table
 
 
 def test_gemm_ex_runs_on_padded_operands_and_the_stand_in_refuses_them_unpadded(
@@ -137,8 +158,8 @@ def test_when_graphs_fail_every_contestant_is_timed_launch_by_launch(fake_gpu, t
     assert status == 0
     assert probes(header)["CUDA graphs"]["ok"] is False
     assert header["kernel_timing"] == (
-        "events (graphs unavailable: CUDA graphs: every contestant captured and replayed: spatialc: FakeError: "
-        "cudaErrorStreamCaptureUnsupported: operation not permitted when capturing)"
+        "events (graphs unavailable: CUDA graphs: every contestant captured and replayed: spatialc persistent: "
+        "FakeError: cudaErrorStreamCaptureUnsupported: operation not permitted when capturing)"
     )
     for c in rows[0]["contestants"]:
         assert c["kernel"]["method"] == "events" and c["kernel"]["note"] == "", c
@@ -158,7 +179,8 @@ def test_graphs_take_in_every_contestant_that_passed_its_step(fake_gpu, tmp_path
     status, header, rows = run(tmp_path, "--sizes", "64", "--precisions", "int8")
     detail = probes(header)["CUDA graphs"]["detail"]
     assert detail == (
-        "spatialc, torch._int_mm (B column-major), cublasGemmEx TN, Triton matmul: captured, replayed, correct"
+        "spatialc persistent, spatialc general, torch._int_mm (B column-major), cublasGemmEx TN, Triton matmul: "
+        "captured, replayed, correct"
     )
     capsys.readouterr()
 
@@ -168,9 +190,10 @@ def test_without_gemm_out_the_end_to_end_time_includes_the_conversion(fake_gpu, 
     monkeypatch.setattr(DR, "gemm_takes_out", lambda: False)
     status, header, rows = run(tmp_path, "--sizes", "48", "--precisions", "bf16")
     assert status == 0 and "spatialc.gemm takes no `out` yet" in header["outputs"]
-    mine = rows[0]["by_name"]["spatialc"]
-    assert rows[0]["kernel"]["c_elem"] == "float32" and mine["ok"]
-    assert "untilize C, convert float32 → bfloat16 (spatialc.run's argument checks" in mine["detail"]
+    for name in FORMS:
+        mine = rows[0]["by_name"][name]
+        assert mine["facts"]["c_elem"] == "float32" and mine["ok"]
+        assert "untilize C, convert float32 → bfloat16 (spatialc.run's argument checks" in mine["detail"]
     capsys.readouterr()
 
 
@@ -183,12 +206,15 @@ def test_a_device_with_fewer_sms_than_planned_is_warned_about(fake_gpu, tmp_path
         "sites this device runs (the kernel table's sites column: planned (run)), but its block, sub-blocks and ring "
         "depth were chosen for 132"
     ]
-    k = rows[0]["kernel"]
-    assert k["sites"] == 32 and k["sites_run"] == 28 < k["sites"]  # 7 SMs × 4 blocks each run the 32 items
-    assert set(fake_gpu["grids"]) == {2, 28}  # the preflight's 64³ (two items), the row's 256³
-    assert rows[0]["check"]["correct"]  # every item computed, on fewer sites
+    assert rows[0]["kernel"]["sites"] == 32
+    persistent, general = (rows[0]["by_name"][name] for name in FORMS)
+    assert persistent["facts"]["sites_run"] == 28  # 7 SMs × 4 blocks each run the 32 items …
+    assert general["facts"]["sites_run"] == 21  # … and the general form's 7 SMs × 3
+    assert set(fake_gpu["grids"]) == {2, 28, 21}  # the preflight's 64³ (two items), the row's 256³ in each form
+    assert persistent["check"]["correct"] and general["check"]["correct"]  # every item computed, on fewer sites
     out = capsys.readouterr()
-    assert "gpucheck: ⚠ the device has 7 SMs" in out.err and "| 3 | 32 (28) | 256 |" in out.out
+    assert "gpucheck: ⚠ the device has 7 SMs" in out.err
+    assert "| 3 | 32 (28) | 256 |" in out.out and "| 3 | 32 (21) | 320 |" in out.out
 
 
 def test_a_kernel_that_misses_an_element_fails_its_row(fake_gpu, tmp_path, capsys):
@@ -196,7 +222,84 @@ def test_a_kernel_that_misses_an_element_fails_its_row(fake_gpu, tmp_path, capsy
     status, header, rows = run(tmp_path, "--sizes", "32", "--precisions", "fp16")
     assert status == 1
     row = rows[0]
-    assert row["status"] == "wrong" and row["check"]["unwritten"] == 1 and not row["check"]["correct"]
+    assert row["status"] == "wrong"
+    for name in FORMS:
+        check = row["by_name"][name]["check"]
+        assert check["unwritten"] == 1 and not check["correct"]
+    capsys.readouterr()
+
+
+def test_a_wrong_general_form_fails_its_row_beside_a_right_persistent_kernel(fake_gpu, tmp_path, capsys):
+    fake_gpu["fault"] = ("miss", "32x32", "spatialc_general")
+    status, header, rows = run(tmp_path, "--sizes", "32", "--precisions", "fp16")
+    assert status == 1 and probes(header)["spatialc general kernel"]["ok"]  # the preflight's 64³ is right
+    row = rows[0]
+    persistent, general = (row["by_name"][name] for name in FORMS)
+    assert row["status"] == "wrong" and persistent["check"]["correct"] and not general["check"]["correct"]
+    assert general["check"]["unwritten"] == 1 and general["kernel"]["median_s"] > 0  # still timed, like spatialc was
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| fp16 | 32×32×32 |"))
+    assert line.endswith(" / nan | yes / no | wrong: spatialc general: end-to-end C wrong (max err nan) |")
+
+
+def test_a_general_form_that_fails_costs_only_its_own_contestant(fake_gpu, tmp_path, capsys):
+    fake_gpu["fault"] = ("fails", "32x32", "spatialc_general")
+    status, header, rows = run(tmp_path, "--sizes", "32", "--precisions", "int8")
+    assert status == 1
+    row = rows[0]
+    persistent, general = (row["by_name"][name] for name in FORMS)
+    assert row["status"] == "error" and "spatialc general: failed: FakeError: CUDA_ERROR_INVALID_IMAGE" in row["note"]
+    assert general["note"].startswith("failed: FakeError: CUDA_ERROR_INVALID_IMAGE") and general["kernel"] is None
+    assert persistent["ok"] and persistent["check"]["correct"] and persistent["kernel"]["median_s"] > 0
+    assert row["by_name"]["cublasGemmEx TN"]["ok"]  # and the libraries still ran
+    out = capsys.readouterr().out
+    assert "| int8 | 32×32×32 | spatialc general | — | — | — | — | failed: FakeError: CUDA_ERROR_INVALID_IMAGE" in out
+
+
+def test_a_general_form_that_fails_the_preflight_is_left_out_of_every_row(fake_gpu, tmp_path, capsys):
+    fake_gpu["fault"] = ("fails", "spatialc_general")
+    status, header, rows = run(tmp_path, "--sizes", "32", "--precisions", "bf16")
+    assert status == 1 and probes(header)["spatialc persistent kernel"]["ok"]
+    assert probes(header)["spatialc general kernel"]["ok"] is False
+    graphs = probes(header)["CUDA graphs"]
+    assert graphs["ok"] and graphs["detail"].startswith("spatialc persistent, torch.matmul")
+    row = rows[0]
+    assert row["status"] == "error" and row["by_name"]["spatialc persistent"]["ok"]
+    assert row["by_name"]["spatialc general"]["note"].startswith(
+        "unavailable: spatialc general kernel: bf16 64x64x64: FakeError: CUDA_ERROR_INVALID_IMAGE"
+    )
+    capsys.readouterr()
+
+
+def test_a_case_without_a_general_form_says_why_in_its_general_contestant(fake_gpu, tmp_path, monkeypatch, capsys):
+    why = "no general form: shared memory of one block of the general form on sm_90: needs 299200, has 232448"
+    lowered_as(monkeypatch, without_general(why))
+    status, header, rows = run(tmp_path, "--sizes", "48", "--precisions", "fp16")
+    assert status == 0 and probes(header)["spatialc general kernel"]["detail"] == why
+    row = rows[0]
+    assert row["status"] == "ok" and row["by_name"]["spatialc persistent"]["ok"]
+    general = row["by_name"]["spatialc general"]
+    assert general["note"] == f"n/a: {why}" and general["end_to_end"] is None and general["facts"] == {}
+    assert row["timings"]["kernel"]["spatialc"]["general"] == {
+        "rate": None,
+        "pct_of_cublas": None,
+        "pct_of_triton": None,
+    }
+    out = capsys.readouterr().out
+    assert f"| fp16 | 48×48×48 | spatialc general | — | — | — | — | n/a: {why} |" in out
+    line = next(x for x in out.splitlines() if x.startswith("| fp16 | 48×48×48 |") and "TFLOP/s" in x)
+    assert "| — TFLOP/s |" in line and "% / — |" in line and "| yes / — | ok |" in line
+    assert "| fp16 | 48×48×48 | persistent |" in out and "| fp16 | 48×48×48 | general |" not in out
+
+
+def test_a_case_lower_gives_only_in_the_general_form_runs_that_alone(fake_gpu, tmp_path, monkeypatch, capsys):
+    why = "the general form, as the persistent kernel refuses: a planted refusal"
+    lowered_as(monkeypatch, lambda lower, p, t: dataclasses.replace(lower(p, t, form="general"), notes=(why,)))
+    status, header, rows = run(tmp_path, "--sizes", "48", "--precisions", "int8")
+    assert status == 0 and probes(header)["spatialc persistent kernel"]["detail"] == why
+    row = rows[0]
+    assert row["status"] == "ok" and row["note"] == why
+    assert "spatialc persistent" not in row["by_name"] and row["by_name"]["spatialc general"]["ok"]
+    assert row["by_name"]["spatialc general"]["facts"]["threads"] == 320
     capsys.readouterr()
 
 
@@ -252,18 +355,19 @@ def fake_prepared(folder, cases, target="sm_90", tamper=None):
     folder.mkdir(parents=True, exist_ok=True)
     kernels = []
     for case in cases:
-        built = B.build_case(case, target)
-        name = built.artifact.launch.kernel_name
-        cubin = folder / f"{case.size}-{case.precision}.cubin"
-        cubin.write_bytes(b"\x7fELF\x00" + name.encode() + b"\x00")
-        source = built.artifact.kernel_cu if tamper != "source" else built.artifact.kernel_cu + "// changed"
-        ptxas = {"registers": 96, "spill_stores": 0, "spill_loads": 0, "static_smem": 4608, "stack": 0}
-        kernels.append(
-            {"case": str(case), "source_sha256": source_hash(source), "arch": target, "kernel_name": name,
-             "cubin": cubin.name, "cubin_sha256": file_hash(cubin), "ptxas": ptxas, "seconds": 1.0, "error": ""}
-        )  # fmt: skip
-        if tamper == "cubin":
-            cubin.write_bytes(cubin.read_bytes() + b"changed")
+        for form in B.build_case(case, target).forms:
+            name = form.artifact.launch.kernel_name
+            cubin = folder / f"{case.size}-{case.precision}-{form.name}.cubin"
+            cubin.write_bytes(b"\x7fELF\x00" + name.encode() + b"\x00")
+            source = form.artifact.kernel_cu if tamper != "source" else form.artifact.kernel_cu + "// changed"
+            ptxas = {"registers": 96, "spill_stores": 0, "spill_loads": 0, "static_smem": 4608, "stack": 0}
+            kernels.append(
+                {"case": str(case), "source_sha256": source_hash(source), "arch": target, "kernel_name": name,
+                 "form": form.name, "cubin": cubin.name, "cubin_sha256": file_hash(cubin), "ptxas": ptxas,
+                 "seconds": 1.0, "error": ""}
+            )  # fmt: skip
+            if tamper == "cubin":
+                cubin.write_bytes(cubin.read_bytes() + b"changed")
     data = {
         "format": FORMAT,
         "arch": target,
@@ -280,7 +384,7 @@ def fake_prepared(folder, cases, target="sm_90", tamper=None):
     [
         (None, "prepared"),
         ("source", "compiled here: not prepared (its source changed since, or the case was not in the prepared run)"),
-        ("cubin", "compiled here: prepared cubin 32x32x32-fp16.cubin does not match its recorded hash"),
+        ("cubin", "compiled here: prepared cubin 32x32x32-fp16-{form}.cubin does not match its recorded hash"),
     ],
 )
 def test_a_prepared_cubin_is_used_only_when_its_hashes_match(fake_gpu, tmp_path, tamper, origin, capsys):
@@ -289,9 +393,10 @@ def test_a_prepared_cubin_is_used_only_when_its_hashes_match(fake_gpu, tmp_path,
     argv = ["--prepared", str(tmp_path / "prep"), "--sizes", "32", "--precisions", "fp16"]
     status, header, rows = run(tmp_path / "out", *argv)
     assert status == 0 and header["prepared"].startswith(f"{tmp_path / 'prep'}: ")
-    k = rows[0]["kernel"]
-    assert k["cubin"] == origin
-    assert (k.get("registers") == 96) == (tamper is None)  # ptxas's numbers come from the manifest
+    for form in ("persistent", "general"):  # each kernel loaded from its own cubin
+        k = rows[0]["by_name"][f"spatialc {form}"]["facts"]
+        assert k["cubin"] == origin.format(form=form)
+        assert (k.get("registers") == 96) == (tamper is None)  # ptxas's numbers come from the manifest
     capsys.readouterr()
 
 
@@ -384,7 +489,7 @@ def test_compiles_still_running_at_the_budget_are_killed(slow_nvcc, tmp_path, mo
     elapsed = time.monotonic() - t0
     assert elapsed < 3 + 1.5, elapsed  # the budget, plus a small margin; not the minute the compiles want
     data = json.loads((tmp_path / "out" / "gpucheck.json").read_text())
-    spatialc_step = probes(data["header"])["spatialc kernel"]
+    spatialc_step = probes(data["header"])["spatialc persistent kernel"]
     assert (
         spatialc_step["ok"] is None
         or "compile" in spatialc_step["detail"]
@@ -397,7 +502,9 @@ def test_compiles_still_running_at_the_budget_are_killed(slow_nvcc, tmp_path, mo
     pool = made[0].builds
     assert pool.futures[Case(48, 48, 48, "int8")].cancelled()
     assert all(not t.is_alive() for t in pool.executor._threads)  # so the interpreter's exit waits on nothing
-    assert "compile: stopped at the end of the run" in pool.futures[Case(64, 64, 64, "int8")].result().error
+    persistent, general = pool.futures[Case(64, 64, 64, "int8")].result().forms
+    assert persistent.error == "compile: stopped at the end of the run"
+    assert general.error == "compile: not started: time budget spent"  # the general form's, after it
     capsys.readouterr()
 
 
@@ -407,9 +514,10 @@ def test_a_compile_never_outlives_the_budget_on_its_own(slow_nvcc, monkeypatch):
     t0 = time.monotonic()
     case = Case(64, 64, 64, "fp16")
     pool.start([case], Deadline(t0 + 1.5, time.monotonic))
-    built = pool.futures[case].result(timeout=30)
+    persistent, general = pool.futures[case].result(timeout=30).forms
     assert time.monotonic() - t0 < 1.5 + 0.5 + 1.0
-    assert re.fullmatch(r"compile: nvcc ran past [12] s", built.error)  # its limit: the time left plus the grace
+    assert re.fullmatch(r"compile: nvcc ran past [12] s", persistent.error)  # its limit: the time left plus the grace
+    assert general.error == "compile: not started: time budget spent"  # and none was left for the general form
     assert len(slow_nvcc()) == 2
     pool.close()
 
@@ -418,6 +526,7 @@ def test_no_compile_starts_once_the_budget_is_spent(slow_nvcc):
     pool = B.BuildPool("sm_90", "sm_90", workers=1)
     case = Case(64, 64, 64, "bf16")
     pool.start([case], Deadline(time.monotonic() - 1, time.monotonic))
-    assert pool.futures[case].result(timeout=30).error == "compile: not started: time budget spent"
+    forms = pool.futures[case].result(timeout=30).forms
+    assert [f.error for f in forms] == ["compile: not started: time budget spent"] * 2
     pool.close()
     assert slow_nvcc() == []

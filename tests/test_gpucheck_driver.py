@@ -31,7 +31,7 @@ from spatialc.gpucheck.cases import (
 from spatialc.gpucheck.timing import Timing
 from spatialc.runtime import launch as L
 
-from .test_gpucheck_fakes import exit_raises
+from .test_gpucheck_fakes import exit_raises, lowered_as, without_general
 
 # ---- cases -----------------------------------------------------------------------------------------------------
 
@@ -115,9 +115,10 @@ class FakeRunner:
             if fail is not None:
                 raise fail
         row = Row(case.precision, case.m, case.n, case.k, status="ok", plan="block 1×1×1")
-        row.check = Check(True, 0.0, 0.0, 0, 0, 0, True)
+        right = Check(True, 0.0, 0.0, 0, 0, 0, True)
         row.contestants = [
-            Contestant("spatialc", "spatialc", timing(2e-3), timing(1e-3), 0.0, True),
+            Contestant("spatialc persistent", "spatialc", timing(2e-3), timing(1e-3), 0.0, True, check=right),
+            Contestant("spatialc general", "spatialc", timing(4e-3), timing(2e-3), 0.0, True, check=right),
             Contestant("torch.matmul", "cublas", timing(1e-3), timing(5e-4), 0.0, True),
         ]
         return row
@@ -239,7 +240,8 @@ def test_dry_run_lists_the_preflight_the_timings_and_each_case(capsys, monkeypat
     assert preflight.split(": ", 1)[1].split("; ") == [
         "device",
         "CuPy cuBLAS: float64 matmul 64³",
-        "spatialc kernel: int8 64x64x64",
+        "spatialc persistent kernel: int8 64x64x64",
+        "spatialc general kernel: int8 64x64x64",
         "torch.matmul: bf16 64x64x64",
         "torch._int_mm (B column-major): int8 64x64x64",
         "cublasGemmEx TN: int8 33x35x37",
@@ -249,11 +251,24 @@ def test_dry_run_lists_the_preflight_the_timings_and_each_case(capsys, monkeypat
     ]
     assert "timings: end to end: row-major A and B in, row-major C out in torch's type" in out
     assert "kernel only: operands already in each contestant's layout" in out
-    assert out.count("  plan      block") == 4 and out.count("  launch    ") == 4
-    assert out.count("  ptxas     no nvcc here") == 4 and out.count("  cubin     compiled on the GPU machine") == 4
+    assert out.count("  plan      block") == 4 and out.count("  launch    ") == 8  # each case's two kernels
+    assert out.count("  ptxas     no nvcc here") == 8 and out.count("  cubin     compiled on the GPU machine") == 8
+    assert out.count("\n  spatialc persistent\n    launch    grid ") == 4
+    assert out.count("\n  spatialc general\n    launch    grid ") == 4
     assert "torch._int_mm (B column-major): n/a (torch._int_mm needs m > 16 and k, n multiples of 8" in out
     assert "cublasGemmEx TN: end to end + kernel only, no padding needed" in out
-    assert out.count("spatialc: end to end + kernel only") == 4 and "torch.matmul: end to end + kernel only" in out
+    assert out.count("spatialc persistent: end to end + kernel only; spatialc general: end to end + kernel only") == 4
+    assert "torch.matmul: end to end + kernel only" in out
+
+
+def test_dry_run_says_why_a_case_has_no_general_form(capsys, monkeypatch):
+    why = "no general form: shared memory of one block of the general form on sm_90: needs 299200, has 232448"
+    lowered_as(monkeypatch, without_general(why))
+    monkeypatch.setattr(L, "find_nvcc", lambda: None)
+    assert gpucheck.main(["d", "--dry-run", "--sizes", "48", "--precisions", "fp16"]) == 0
+    out = capsys.readouterr().out
+    assert f"\n  spatialc general: {why}\n" in out and out.count("  launch    ") == 1
+    assert "  timed     spatialc persistent: end to end + kernel only; spatialc general: n/a (no kernel); " in out
 
 
 def test_dry_run_names_gemm_ex_padding(capsys, monkeypatch):
@@ -392,9 +407,11 @@ def test_main_writes_the_table_with_an_injected_runner(capsys, tmp_path):
     data = json.loads((tmp_path / "gpucheck.json").read_text())
     assert data["header"]["commit"] == "c0ffee" and data["header"]["gpu"] == "Fake GPU"
     assert [p["name"] for p in data["header"]["preflight"]] == [p.name for p in PROBES]
-    assert data["rows"][0]["timings"]["end_to_end"]["pct_of_cublas"] == pytest.approx(50.0)
-    assert data["rows"][0]["timings"]["kernel"]["pct_of_cublas"] == pytest.approx(50.0)
-    assert "| fp16 | 32×32×32 |" in out and "wrote" in out
+    timings = data["rows"][0]["timings"]
+    assert timings["end_to_end"]["spatialc"]["persistent"]["pct_of_cublas"] == pytest.approx(50.0)
+    assert timings["kernel"]["spatialc"]["persistent"]["pct_of_cublas"] == pytest.approx(50.0)
+    assert timings["kernel"]["spatialc"]["general"]["pct_of_cublas"] == pytest.approx(25.0)
+    assert "| fp16 | 32×32×32 |" in out and "| 50% / 25% |" in out and "wrote" in out
 
 
 def test_the_report_is_on_disk_after_the_preflight_and_every_row(capsys, tmp_path):

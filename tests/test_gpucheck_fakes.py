@@ -370,12 +370,14 @@ class FakeTriton:
 
 
 class FakeKernel:
-    """The tiled product a correct kernel computes, stored in C's type; `fault` plants a missed element, a hang or
-    an illegal address — in every kernel, or (a pair) only in the kernel of that `MxN` C."""
+    """The tiled product a correct kernel computes, stored in C's type; `fault` plants a missed element, a hang, an
+    illegal address or a plain failure — in every kernel, or (a tuple: the fault, then where) only in the kernels
+    that match each of where: the `MxN` of their C or their name (`spatialc_general`)."""
 
-    def __init__(self, cp, args, fault):
+    def __init__(self, cp, args, fault, name="spatialc_persistent"):
         if isinstance(fault, tuple):
-            fault = fault[0] if "x".join(map(str, args[2].elems)) == fault[1] else None
+            here = {"x".join(map(str, args[2].elems)), name}
+            fault = fault[0] if set(fault[1:]) <= here else None
         self.cp, self.args, self.fault = cp, args, fault
 
     def __call__(self, buffers):
@@ -399,6 +401,8 @@ class FakeKernel:
             FakeEvent.hang = True
         if self.fault == "illegal":
             raise FakeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+        if self.fault == "fails":
+            raise FakeError("CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid")
 
 
 class FakeDevice:
@@ -445,7 +449,7 @@ def install_fake_gpu(monkeypatch):
 
     def prepare(artifact, dev):
         """The launcher's own prepare (the work list for the device's SMs, the grid), with FakeKernel loaded."""
-        kernel = FakeKernel(cp, L.kernel_args(artifact.launch), state["fault"])
+        kernel = FakeKernel(cp, L.kernel_args(artifact.launch), state["fault"], artifact.launch.kernel_name)
         return real_prepare(artifact, _Loading(dev, kernel))
 
     monkeypatch.setitem(sys.modules, "cupy", cp)
@@ -468,6 +472,22 @@ def fake_gpu(monkeypatch):
     """The stand-ins installed (`install_fake_gpu`); a test module takes it with
     `from .test_gpucheck_fakes import fake_gpu as fake_gpu`."""
     return install_fake_gpu(monkeypatch)
+
+
+def lowered_as(monkeypatch, change):
+    """spatialc.lower, as the GPU check's builds call it, replaced by `change(lower, program, target)` (`lower`: the
+    real one): artifacts without a general form, or in the general form alone."""
+    import spatialc
+
+    real = spatialc.lower
+    monkeypatch.setattr(spatialc, "lower", lambda program, target: change(real, program, target))
+
+
+def without_general(why):
+    """A `change` for `lowered_as`: lower's artifact as when the general form could not print it (`why`)."""
+    import dataclasses
+
+    return lambda lower, program, target: dataclasses.replace(lower(program, target), general=None, notes=(why,))
 
 
 def exit_raises(monkeypatch):

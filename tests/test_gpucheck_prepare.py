@@ -16,6 +16,7 @@ from spatialc.gpucheck.prepare import MANIFEST, Manifest, file_hash, source_hash
 from spatialc.runtime import launch as L
 
 from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
+from .test_gpucheck_fakes import lowered_as, without_general
 
 NVCC = L.find_nvcc()
 
@@ -25,30 +26,40 @@ NVCC = L.find_nvcc()
 def test_prepare_compiles_every_kernel_and_the_gpu_run_loads_them(tmp_path, capsys, monkeypatch):
     prep = tmp_path / "prep"
     argv = [str(prep), "--prepare", "--sizes", "64", "--precisions", "fp16", "--commit", "abc"]
-    assert gpucheck.main(argv) == 0  # one case, which is also the preflight's: one compile
+    assert gpucheck.main(argv) == 0  # one case, which is also the preflight's: its two kernels, two compiles
     out = capsys.readouterr().out
-    assert f"gpucheck prepare: 1 kernels for sm_90 with {L.nvcc_version(NVCC)} into {prep}" in out
-    assert f"wrote {prep / MANIFEST}: 1 compiled, 0 failed" in out
+    assert f"gpucheck prepare: 2 kernels for sm_90 with {L.nvcc_version(NVCC)} into {prep}" in out
+    assert f"wrote {prep / MANIFEST}: 2 compiled, 0 failed" in out
     data = json.loads((prep / MANIFEST).read_text())
     assert data["arch"] == "sm_90" and data["commit"] == "abc" and data["nvcc"] == L.nvcc_version(NVCC)
-    (entry,) = data["kernels"]
-    built = B.build_case(Case(64, 64, 64, "fp16"), "sm_90")
-    assert entry["case"] == "fp16 64x64x64" and entry["source_sha256"] == source_hash(built.artifact.kernel_cu)
-    assert entry["cubin_sha256"] == file_hash(prep / entry["cubin"]) and entry["arch"] == "sm_90"
-    assert 0 < entry["ptxas"]["registers"] <= 255 and entry["ptxas"]["spill_stores"] >= 0 and not entry["error"]
-    assert f"fp16 64x64x64: {entry['cubin']} in " in out and f"{entry['ptxas']['registers']} regs" in out
-
+    entries = data["kernels"]
+    forms = B.build_case(Case(64, 64, 64, "fp16"), "sm_90").forms
+    assert [(e["form"], e["kernel_name"]) for e in entries] == [
+        ("persistent", "spatialc_persistent"),
+        ("general", "spatialc_general"),
+    ]
     manifest = Manifest.load(prep)
-    path, found, why = manifest.find(built.artifact.kernel_cu, "sm_90")
-    assert path == prep / entry["cubin"] and found.ptxas == entry["ptxas"] and why == ""
-    assert manifest.find(built.artifact.kernel_cu, "sm_89")[2] == "prepared for sm_90, the device is sm_89"
-
     monkeypatch.setattr(L, "find_nvcc", lambda: None)  # the dry run reads ptxas from the manifest, compiles nothing
     assert gpucheck.main(["unused", "--dry-run", "--prepared", str(prep), "--sizes", "64", "--precisions", "fp16"]) == 0
     dry = capsys.readouterr().out
-    assert f"cubins: prepared in {prep} (1 kernels for sm_90" in dry
-    assert f"  cubin     prepared: {entry['cubin']} (source hash checked)" in dry
-    assert f"  ptxas     {entry['ptxas']['registers']} regs" in dry
+    assert f"cubins: prepared in {prep} (2 kernels for sm_90" in dry
+    assert dry.count("  cubin     prepared: ") == 2
+    for entry, form in zip(entries, forms, strict=True):  # each kernel: its own source hash, cubin and ptxas report
+        assert entry["case"] == "fp16 64x64x64" and entry["source_sha256"] == source_hash(form.artifact.kernel_cu)
+        assert entry["cubin_sha256"] == file_hash(prep / entry["cubin"]) and entry["arch"] == "sm_90"
+        assert 0 < entry["ptxas"]["registers"] <= 255 and entry["ptxas"]["spill_stores"] >= 0 and not entry["error"]
+        said = f"fp16 64x64x64 {form.name}: {entry['cubin']} in "
+        assert said in out and f"{entry['ptxas']['registers']} regs" in out.split(said)[1].splitlines()[0]
+
+        path, found, why = manifest.find(form.artifact.kernel_cu, "sm_90")
+        assert path == prep / entry["cubin"] and found.ptxas == entry["ptxas"] and why == ""
+        assert manifest.find(form.artifact.kernel_cu, "sm_89")[2] == "prepared for sm_90, the device is sm_89"
+
+        shown = dry.split(f"  spatialc {form.name}\n")[1]
+        assert shown.startswith("    launch    grid ")
+        assert f"    ptxas     {entry['ptxas']['registers']} regs" in shown.splitlines()[1]
+        assert shown.splitlines()[2] == f"    cubin     prepared: {entry['cubin']} (source hash checked)"
+    assert entries[0]["source_sha256"] != entries[1]["source_sha256"]
 
 
 @pytest.mark.nvcc
@@ -60,8 +71,11 @@ def test_a_run_in_the_prepared_folder_finds_its_cubins(fake_gpu, tmp_path, capsy
     status = gpucheck.main([str(tmp_path), "--sizes", "64", "--precisions", "int8"], make_runner=D.GpuRunner)
     assert status == 0
     data = json.loads((tmp_path / "gpucheck.json").read_text())
-    assert data["header"]["prepared"].startswith(f"{tmp_path}: 1 kernels for sm_90")
-    assert data["rows"][0]["kernel"]["cubin"] == "prepared" and data["rows"][0]["kernel"]["registers"] > 0
+    assert data["header"]["prepared"].startswith(f"{tmp_path}: 2 kernels for sm_90")
+    spatialc = [c for c in data["rows"][0]["contestants"] if c["family"] == "spatialc"]
+    assert [c["name"] for c in spatialc] == ["spatialc persistent", "spatialc general"]
+    for c in spatialc:  # both kernels loaded from their cubins, nothing compiled there
+        assert c["ok"] and c["facts"]["cubin"] == "prepared" and c["facts"]["registers"] > 0
     capsys.readouterr()
 
 
@@ -75,11 +89,36 @@ def test_a_kernel_that_does_not_compile_is_recorded_and_the_prepare_exits_1(tmp_
     monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", refuse)
     assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "32", "--precisions", "bf16"]) == 1
     out = capsys.readouterr().out
-    assert "bf16 32x32x32: compile: nvcc failed: error: something" in out and "0 compiled, 2 failed" in out
+    assert "gpucheck prepare: 4 kernels for sm_90 with fake nvcc" in out  # the preflight's 64³ and 32³, two forms each
+    assert "bf16 32x32x32 persistent: compile: nvcc failed: error: something" in out and "0 compiled, 4 failed" in out
+    assert "bf16 32x32x32 general: compile: nvcc failed: error: something" in out
     manifest = Manifest.load(tmp_path)
-    assert [e.error for e in manifest.entries] == ["compile: nvcc failed: error: something"] * 2
-    built = B.build_case(Case(32, 32, 32, "bf16"), "sm_90")
-    assert manifest.find(built.artifact.kernel_cu, "sm_90")[0] is None
+    assert [e.error for e in manifest.entries] == ["compile: nvcc failed: error: something"] * 4
+    assert [e.form for e in manifest.entries] == ["persistent", "general"] * 2
+    for form in B.build_case(Case(32, 32, 32, "bf16"), "sm_90").forms:
+        assert manifest.find(form.artifact.kernel_cu, "sm_90")[0] is None
+
+
+def test_a_case_without_a_general_form_prepares_its_persistent_kernel_alone(tmp_path, capsys, monkeypatch):
+    why = "no general form: shared memory of one block of the general form on sm_90: needs 299200, has 232448"
+    lowered_as(monkeypatch, without_general(why))
+    monkeypatch.setattr(L, "find_nvcc", lambda: "/nonexistent/nvcc")
+    monkeypatch.setattr(L, "nvcc_version", lambda nvcc: "fake nvcc")
+    compiled = []
+
+    def compile_kernel(form, arch, timeout_s, cache):
+        compiled.append(form.name)
+        path = cache / f"{form.name}.cubin"
+        path.write_bytes(b"cubin")
+        form.facts["ptxas"] = "not reported"
+        return path
+
+    monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", compile_kernel)
+    assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "64", "--precisions", "int8"]) == 0
+    out = capsys.readouterr().out
+    assert "gpucheck prepare: 1 kernels for sm_90" in out and f"int8 64x64x64 general: {why}" in out
+    assert compiled == ["persistent"] and "1 compiled, 0 failed" in out
+    assert [e.form for e in Manifest.load(tmp_path).entries] == ["persistent"]
 
 
 def test_a_manifest_of_another_format_is_refused(tmp_path):

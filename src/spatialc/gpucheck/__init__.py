@@ -3,18 +3,20 @@
     spatialc gpucheck DIR --prepare                     # here, with nvcc: compile every kernel beforehand
     spatialc gpucheck OUTDIR --prepared DIR [--budget 240] [--sizes 256 1000 4097x513x1031 …] [--dry-run]
 
-First a preflight of at most a minute tries every path once (the device, CuPy's cuBLAS, one spatialc kernel, each
-library in the layout the rows use, CUDA graphs, a Triton compile); a path that fails is marked unavailable, with its
-reason, and the run goes on with the rest. Then for every size × precision (int8, fp16, bf16) it builds
-`gemm(m, n, k, p)` for the target (storing C in torch's type where gemm takes `out`), loads its prepared cubin (after
-checking the source hash) or compiles it, runs it on fresh random inputs with the output poisoned first, compares C
-with a float64 reference, and times spatialc and each library two ways, like for like: end to end (row-major A and
-B in, row-major C out in torch's type, tilize / untilize and every copy included) and kernel only (operands in each
-contestant's own layout; CUDA graph replays, so that small products are not timed by their launching). Inputs
-rotate over copies so that the L2 cache does not flatter them. Each row also records its kernel's plan, its budget
-and what ptxas said of it (registers, spills, static shared memory), shown in a kernel table whose notes flag
-spills and register counts that cost resident blocks. The report warns when the device has fewer SMs than the target
-plans for.
+First a preflight of at most a minute tries every path once (the device, CuPy's cuBLAS, spatialc's kernel in each
+form, each library in the layout the rows use, CUDA graphs, a Triton compile); a path that fails is marked
+unavailable, with its reason, and the run goes on with the rest. Then for every size × precision (int8, fp16, bf16)
+it builds `gemm(m, n, k, p)` for the target (storing C in torch's type where gemm takes `out`) and lowers it to its
+two kernels, the persistent kernel and the same program in the general form (where lower prints one; the report
+says why not), loads each one's prepared cubin (after checking its source hash) or compiles it, runs each on fresh
+random inputs with the output poisoned first, compares C with a float64 reference, and times each kernel, as a
+contestant of its own, and each library two ways, like for like: end to end (row-major A and B in, row-major C out
+in torch's type, tilize / untilize and every copy included) and kernel only (operands in each contestant's own
+layout; CUDA graph replays, so that small products are not timed by their launching). Inputs rotate over copies so
+that the L2 cache does not flatter them. Each row also records its plan and each kernel's budget and what ptxas said
+of it (registers, spills, static shared memory), shown in a kernel table, a line per form, whose notes flag spills
+and register counts that cost resident blocks. The report warns when the device has fewer SMs than the target plans
+for.
 
 The table goes to stdout and, as JSON and Markdown, to OUTDIR, which is checked and created before the first row
 and rewritten after the preflight and every row (rows not reached yet are marked pending), so a run cut short still

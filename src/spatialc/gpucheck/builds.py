@@ -1,5 +1,6 @@
-"""The GPU check's CPU work: building and lowering each case, compiling its kernel (or finding it prepared), and the
-pool that does this in background threads while the GPU runs earlier rows.
+"""The GPU check's CPU work: building and lowering each case, compiling its kernels — the persistent kernel and its
+general form — (or finding them prepared), and the pool that does this in background threads while the GPU runs
+earlier rows.
 
 Each nvcc gets no more than the budget's time left; `close` cancels the builds not started and kills the nvcc
 processes still running (with the cicc and ptxas they started), so a run ends within its budget.
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import launch
-from .cases import ELEM_OF, TORCH_OUT, BudgetExceeded, Case, Deadline, one_line
+from .cases import ELEM_OF, TORCH_OUT, BudgetExceeded, Case, Deadline, one_line, spatialc_name
 
 COMPILE_S = 300.0  # the most one nvcc may take …
 COMPILE_GRACE_S = 2.0  # … and never past the deadline plus this (the deadline keeps RESERVE_S ≥ this back)
@@ -36,17 +37,35 @@ PTXAS_FIELDS = {
 
 
 @dataclass
+class Form:
+    """One of a built case's kernels (`name` of FORMS): its artifact (None: lower printed none, `absent` says why),
+    its numbers for the report and where its cubin is."""
+
+    name: str
+    artifact: Any = None
+    absent: str = ""  # why lower printed no kernel in this form
+    error: str = ""  # why it cannot run: its compile failed or was not started
+    facts: dict[str, Any] = field(default_factory=dict)  # launch, budget, C's type, ptxas numbers, the cubin's origin
+    cubin: Path | None = None  # a prepared cubin to load instead of compiling
+
+    @property
+    def contestant(self) -> str:
+        return spatialc_name(self.name)
+
+
+@dataclass
 class Built:
-    """A case built and lowered (or the reason it was not), and where its cubin is."""
+    """A case built and lowered (or the reason it was not): its plan and its kernels, one per form lower gave."""
 
     case: Case
-    artifact: Any = None
     plan: str = ""
-    launch: str = ""
     error: str = ""
-    note: str = ""  # how it was built when not as asked (without `out`)
-    kernel: dict[str, Any] = field(default_factory=dict)  # plan, budget, C's type, ptxas numbers, the cubin's origin
-    cubin: Path | None = None  # a prepared cubin to load instead of compiling
+    note: str = ""  # how it was built when not as asked (without `out`, or in the general form alone)
+    kernel: dict[str, Any] = field(default_factory=dict)  # the plan's numbers and the type C was asked in
+    forms: list[Form] = field(default_factory=list)
+
+    def form(self, name: str) -> Form | None:
+        return next((f for f in self.forms if f.name == name), None)
 
 
 def gemm_takes_out() -> bool:
@@ -66,7 +85,8 @@ def build_case(case: Case, target: str) -> Built:
     if built.error and "out" in built.kernel:
         plain = _build(case, target, None)
         if not plain.error:
-            plain.note = f"built without out={built.kernel['out']!r}: {built.error}"
+            without = f"built without out={built.kernel['out']!r}: {built.error}"
+            plain.note = "; ".join(x for x in (without, plain.note) if x)
             return plain
     return built
 
@@ -82,13 +102,32 @@ def _build(case: Case, target: str, out: str | None) -> Built:
         program = spatialc.build(spatialc.gemm(case.m, case.n, case.k, case.precision, **kw), target)
         built.plan = describe_plan(program)
         built.kernel.update(plan_facts(program))
-        built.artifact = spatialc.lower(program, target)
-        built.launch = describe_launch(built.artifact)
-        built.kernel.update(budget_facts(built.artifact))
-        built.kernel["c_elem"] = output_elem(built.artifact)
+        artifact = spatialc.lower(program, target)
+        built.forms = forms_of(artifact)
     except Exception as e:
         built.error = ("lower: " if built.plan else "build: ") + one_line(e)
+        return built
+    if artifact.budget.form == "general":
+        built.note = "; ".join(artifact.notes)  # why the persistent kernel refused it
     return built
+
+
+def forms_of(artifact: Any) -> list[Form]:
+    """The kernels of what lower returned: the persistent kernel and its general form (absent, with lower's reason,
+    where it printed none), or the general form alone where lower gave only that."""
+    if artifact.budget.form == "general":
+        return [_form("general", artifact)]
+    general = artifact.general
+    why = next((n for n in artifact.notes if n.startswith("no general form")), "no general form")
+    return [_form("persistent", artifact), _form("general", general) if general else Form("general", absent=why)]
+
+
+def _form(name: str, artifact: Any) -> Form:
+    form = Form(name, artifact)
+    form.facts["launch"] = describe_launch(artifact)
+    form.facts.update(budget_facts(artifact))
+    form.facts["c_elem"] = output_elem(artifact)
+    return form
 
 
 def output_elem(artifact: Any) -> str:
@@ -125,15 +164,15 @@ def ptxas_facts(info: Any) -> dict[str, Any]:
     return {key: getattr(info, name) for key, name in PTXAS_FIELDS.items()}
 
 
-def compile_kernel(built: Built, arch: str, timeout_s: float = COMPILE_S, cache: Path | None = None) -> Path:
-    """Compile a built case's kernel with nvcc for `arch` (or take it from the cache) and add what ptxas said of it
-    to `built.kernel`. KernelBuildError when nvcc refuses or runs too long."""
-    path = launch.compile_cubin(built.artifact.kernel_cu, arch, timeout_s=timeout_s, cache=cache)
-    info = launch.kernel_ptxas(path, built.artifact.launch.kernel_name)
+def compile_kernel(form: Form, arch: str, timeout_s: float = COMPILE_S, cache: Path | None = None) -> Path:
+    """Compile one kernel with nvcc for `arch` (or take it from the cache) and add what ptxas said of it to
+    `form.facts`. KernelBuildError when nvcc refuses or runs too long."""
+    path = launch.compile_cubin(form.artifact.kernel_cu, arch, timeout_s=timeout_s, cache=cache)
+    info = launch.kernel_ptxas(path, form.artifact.launch.kernel_name)
     if info is None:
-        built.kernel["ptxas"] = "not reported"
+        form.facts["ptxas"] = "not reported"
     else:
-        built.kernel.update(ptxas_facts(info))
+        form.facts.update(ptxas_facts(info))
     return path
 
 
@@ -226,39 +265,43 @@ class BuildPool:
 
     def _build(self, case: Case) -> Built:
         built = build_case(case, self.target)
-        if built.artifact is None or self._prepared(built):
-            return built
-        if launch.find_nvcc() is None:
-            built.kernel["ptxas"] = "no nvcc (NVRTC)"
-            return built
-        limit = self._compile_limit()
-        if self.closed or limit < MIN_COMPILE_S:
-            built.error = "compile: not started: time budget spent"
-            return built
-        try:
-            compile_kernel(built, self.arch, timeout_s=limit)
-        except launch.KernelBuildError as e:
-            built.error = "compile: stopped at the end of the run" if self.closed else f"compile: {e}"
+        for form in built.forms:
+            if form.artifact is not None and not self._prepared(form):
+                self._compile(form)
         return built
 
-    def _prepared(self, built: Built) -> bool:
+    def _compile(self, form: Form) -> None:
+        """Compile one kernel for the device, within the time left (NVRTC compiles it at its launch without nvcc)."""
+        if launch.find_nvcc() is None:
+            form.facts["ptxas"] = "no nvcc (NVRTC)"
+            return
+        limit = self._compile_limit()
+        if self.closed or limit < MIN_COMPILE_S:
+            form.error = "compile: not started: time budget spent"
+            return
+        try:
+            compile_kernel(form, self.arch, timeout_s=limit)
+        except launch.KernelBuildError as e:
+            form.error = "compile: stopped at the end of the run" if self.closed else f"compile: {e}"
+
+    def _prepared(self, form: Form) -> bool:
         """Take the kernel's cubin from the prepared folder when its source hash matches; else say why not."""
         if self.manifest is None:
             return False
-        use_prepared(built, self.manifest, self.arch)
-        return built.cubin is not None
+        use_prepared(form, self.manifest, self.arch)
+        return form.cubin is not None
 
 
-def use_prepared(built: Built, manifest: Any, arch: str) -> str:
-    """Take a built kernel's cubin for `arch` (`built.cubin`) and what ptxas said of it from the prepared folder
-    `manifest` when its source hash matches; else return why not. `built.kernel['cubin']` says which."""
-    path, entry, why = manifest.find(built.artifact.kernel_cu, arch)
+def use_prepared(form: Form, manifest: Any, arch: str) -> str:
+    """Take a kernel's cubin for `arch` (`form.cubin`) and what ptxas said of it from the prepared folder `manifest`
+    when its source hash matches; else return why not. `form.facts['cubin']` says which."""
+    path, entry, why = manifest.find(form.artifact.kernel_cu, arch)
     if path is None or entry is None:
-        built.kernel["cubin"] = f"compiled here: {why}"
+        form.facts["cubin"] = f"compiled here: {why}"
         return why
-    built.cubin = path
-    built.kernel["cubin"] = "prepared"
-    built.kernel.update(entry.ptxas or {"ptxas": "not reported"})
+    form.cubin = path
+    form.facts["cubin"] = "prepared"
+    form.facts.update(entry.ptxas or {"ptxas": "not reported"})
     return ""
 
 

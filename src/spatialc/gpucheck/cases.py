@@ -21,6 +21,9 @@ TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16"}
 # spatialc's type names (`fp16`) as the launcher names element types (`float16`; spatialc.runtime.tilize).
 ELEM_OF = {dtype.value: elem for elem, dtype in ELEMENT_DTYPES.items()}
 WAYS = ("end_to_end", "kernel")  # the two timings of every contestant
+# spatialc's two kernels of a product, in the report's order: the persistent tile kernel and the same program in the
+# general form (`spatialc.lower`'s artifact and its `general`); each is a contestant of its own.
+FORMS = ("persistent", "general")
 
 # ‖C−R‖_F/‖R‖_F and max|C−R|/max|R| that a float result may reach, by the element type C is stored in: float32 keeps
 # the fp32 accumulation's rounding only; fp16 and bf16 add one rounding of each element (2^-11, 2^-8 relative).
@@ -171,10 +174,18 @@ class Timing:
         return self.method == "events" and self.host_s is not None and self.host_s >= 0.8 * self.median_s
 
 
+def spatialc_name(form: str) -> str:
+    """The contestant, preflight path and kernel that run spatialc's kernel in `form` (`spatialc general`)."""
+    return f"spatialc {form}"
+
+
 @dataclass
 class Contestant:
-    """One way to compute a row's product — spatialc's kernel or a library's — timed end to end and kernel only
-    (None: not timed; `note` says why)."""
+    """One way to compute a row's product — one of spatialc's kernels or a library's — timed end to end and kernel
+    only (None: not timed; `note` says why). A spatialc kernel also carries its own poisoned output's `check` and its
+    `facts`: launch, budget (threads, blocks_per_sm, dyn_smem, regs_est), C's element type (`c_elem`), the sites it
+    ran and, once nvcc compiled it, ptxas's (registers, spill_stores, spill_loads, static_smem, stack); `ptxas` says
+    why those are missing, `cubin` where the cubin came from."""
 
     name: str
     family: str  # spatialc | cublas | triton
@@ -184,6 +195,8 @@ class Contestant:
     ok: bool | None = None  # its result agreed with the reference
     detail: str = ""  # what each timing holds (layouts, padding, conversions)
     note: str = ""  # why it was not timed, or what went wrong
+    check: Check | None = None  # a spatialc kernel's own (poisoned) output against the reference
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def timing(self, way: str) -> Timing | None:
         return self.end_to_end if way == "end_to_end" else self.kernel
@@ -214,17 +227,15 @@ class Row(_Product):
     k: int
     status: str = "pending"  # ok | wrong | error | hung | skipped | pending (not reached yet)
     plan: str = ""
-    launch: str = ""
-    check: Check | None = None  # the kernel's own (poisoned) output against the reference
     contestants: list[Contestant] = field(default_factory=list)
     note: str = ""
-    # The kernel's numbers: plan (block, sub_blocks, depth, sites), budget (threads, blocks_per_sm, dyn_smem,
-    # regs_est), C's element type (`out`) and, once nvcc compiled it, ptxas's (registers, spill_stores,
-    # spill_loads, static_smem, stack); `ptxas` says why those are missing, `cubin` where the cubin came from.
+    # What the row's kernels share: the plan's numbers (block, sub_blocks, depth, sites) and the type C was asked
+    # in (`out`); each kernel's own are in its contestant's `facts`.
     kernel: dict[str, Any] = field(default_factory=dict)
 
-    def spatialc(self) -> Contestant | None:
-        return next((c for c in self.contestants if c.family == "spatialc"), None)
+    def spatialc(self, form: str) -> Contestant | None:
+        """The contestant of spatialc's kernel in `form` (None: the row has none)."""
+        return next((c for c in self.contestants if c.name == spatialc_name(form)), None)
 
 
 def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:

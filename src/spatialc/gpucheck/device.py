@@ -1,5 +1,5 @@
-"""The GPU check's device side: CuPy runs, checks and times spatialc's kernels; torch, CuPy's cuBLAS and Triton the
-libraries they are compared with.
+"""The GPU check's device side: CuPy runs, checks and times spatialc's kernels (the persistent kernel and its general
+form); torch, CuPy's cuBLAS and Triton the libraries they are compared with.
 
 Imported only on a machine that runs the check (it needs CuPy; torch and Triton are used when present). All work
 goes to one stream that both CuPy and torch use, so events order both; it is a stream of its own (not the legacy
@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 import zlib
 from collections.abc import Callable, Sequence
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from ..errors import SpatialError
@@ -22,9 +22,10 @@ from ..runtime.tilize import bf16_bits, poison_value
 from ..target import target as target_of
 from . import preflight as pf
 from .baselines import Libraries, baselines_for, refusal
-from .builds import BuildPool, Built, conversion
+from .builds import BuildPool, Built, Form, conversion
 from .cases import (
     ELEM_OF,
+    FORMS,
     TORCH_OUT,
     BudgetExceeded,
     Case,
@@ -41,6 +42,7 @@ from .cases import (
     one_line,
     preflight_case,
     row_of,
+    spatialc_name,
     values64,
 )
 from .cuda import CupyGraphs, EventTimer, Inputs, PreparedDevice, SpatialcEndToEnd
@@ -82,7 +84,9 @@ class GpuRunner:
         self.unavailable: dict[str, str] = {}
         self.cases: list[Case] = []
         self.first = Case(64, 64, 64, "fp16")
-        self.probed: dict[str, Any] = {}  # what the preflight's steps ran, for the graph step
+        # What the preflight's steps ran, for the graph step: spatialc's kernels and the libraries, by name.
+        self.probed_kernels: dict[str, tuple[Any, ...]] = {}
+        self.probed: dict[str, tuple[Any, ...]] = {}
 
     def _one_stream(self) -> Any:
         """A stream of its own, made current for CuPy and (when present) torch."""
@@ -170,9 +174,10 @@ class GpuRunner:
         return probes
 
     def run(self, case: Case, deadline: Deadline) -> Row:
-        """One row: the kernel checked and timed both ways, then every library; frees its memory whatever happens."""
+        """One row: each of spatialc's kernels checked and timed both ways, then every library; frees its memory
+        whatever happens."""
         built = self.builds.result(case, deadline)
-        row = row_of(case, "pending", built.note, plan=built.plan, launch=built.launch, kernel=built.kernel)
+        row = row_of(case, "pending", built.note, plan=built.plan, kernel=built.kernel)
         if pf.REFERENCE in self.unavailable:
             row.status, row.note = "error", f"no float64 reference: {self.unavailable[pf.REFERENCE]}"
             return row
@@ -191,55 +196,80 @@ class GpuRunner:
     def _measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
         inputs = self._inputs(case, self._copies(case))
         ref = self._reference(inputs, case)
-        off = self.unavailable.get(pf.SPATIALC)
-        failure = built.error or (f"spatialc: {off}" if off else "")
-        if failure:
-            row.status, row.note = "error", "; ".join(x for x in (row.note, failure) if x)
-        else:
-            row.contestants.append(self._spatialc(case, built, inputs, ref, row, deadline))
+        verdicts = [("error", built.error)] if built.error else []
+        for form in built.forms:
+            mine, verdict = self._spatialc(case, form, inputs, ref, deadline)
+            row.contestants.append(mine)
+            verdicts.append(verdict)
+        row.status, row.note = settle(row.note, verdicts)
         for name, family in baselines_for(case.precision):
             row.contestants.append(self._baseline(name, family, case, inputs, ref, deadline))
 
     # ---- spatialc ------------------------------------------------------------------------------------------
 
-    def _prepare(self, built: Built) -> Any:
+    def _prepare(self, form: Form) -> Any:
         """The kernel loaded (from its prepared cubin when there is one) with the work list for this device's SMs;
-        the blocks it launches go into the row's kernel facts beside the plan's sites."""
-        if built.cubin is not None:
-            self.device.cubins[source_hash(built.artifact.kernel_cu)] = built.cubin
-        prep = launch.prepare(built.artifact, self.device)
-        built.kernel["sites_run"] = getattr(prep, "grid", 0) or built.artifact.launch.grid
+        the blocks it launches go into its facts beside the plan's sites."""
+        if form.cubin is not None:
+            self.device.cubins[source_hash(form.artifact.kernel_cu)] = form.cubin
+        prep = launch.prepare(form.artifact, self.device)
+        form.facts["sites_run"] = getattr(prep, "grid", 0) or form.artifact.launch.grid
         return prep
 
-    def _spatialc(self, case: Case, built: Built, inputs: Inputs, ref: Any, row: Row, deadline: Deadline) -> Contestant:
-        prep = self._prepare(built)
+    def _spatialc(
+        self, case: Case, form: Form, inputs: Inputs, ref: Any, deadline: Deadline
+    ) -> tuple[Contestant, tuple[str, str]]:
+        """spatialc's kernel in one form, checked and timed both ways: its contestant and its verdict for the row
+        (ok, wrong or error, and what the row's note says of it; '' for a form lower printed no kernel in). A kernel
+        that fails without losing the GPU costs only its own contestant."""
+        name = form.contestant
+        if form.artifact is None:
+            return Contestant(name, "spatialc", note=f"n/a: {form.absent}"), ("", "")
+        off = self.unavailable.get(name)
+        failure = form.error or (f"unavailable: {off}" if off else "")
+        if not failure:
+            try:
+                return self._measure_kernel(case, form, inputs, ref, deadline)
+            except (GpuLost, BudgetExceeded):
+                raise
+            except Exception as e:
+                if is_sticky(e):
+                    raise GpuLost(f"{name}: {one_line(e)}") from None
+                failure = f"failed: {one_line(e)}"
+        return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
+
+    def _measure_kernel(
+        self, case: Case, form: Form, inputs: Inputs, ref: Any, deadline: Deadline
+    ) -> tuple[Contestant, tuple[str, str]]:
+        name = form.contestant
+        prep = self._prepare(form)
         a_arg, b_arg = (x for x in prep.args if x.role == "input")
         out = prep.output_buffer(poison=True)
         pairs = zip(inputs.a, inputs.b, strict=True)
         sets = [prep.order((prep.tiled(a_arg, a), prep.tiled(b_arg, b)), out) for a, b in pairs]
         c_elem, want = prep.output.elem, ELEM_OF[TORCH_OUT[case.precision]]
-        row.check = self._checked_run(prep, sets[0], out, ref, deadline)
+        check = self._checked_run(prep, sets[0], out, ref, deadline)
         kernel = self._time(lambda i: prep.run(sets[i]), len(sets), deadline)
         again = self._checked_run(prep, sets[0], out, ref, deadline)
-        row.check.stable = again.correct == row.check.correct and again.max_abs == row.check.max_abs
+        check.stable = again.correct == check.correct and again.max_abs == check.max_abs
         e2e = SpatialcEndToEnd(prep, inputs, want, self.cp)
         e2e(0)
         self._sync(deadline)
         ok, max_abs = agrees(e2e.result, want, ref, self.cp)
         end_to_end = self._time(e2e, len(sets), deadline, graphs=False)
-        row.status = "ok" if row.check.correct and row.check.stable and ok else "wrong"
-        notes = [row.note] if row.note else []
-        if row.check.pad_unwritten:
-            notes.append(f"{row.check.pad_unwritten} padding elements unwritten")
+        notes = []
+        if check.pad_unwritten:
+            notes.append(f"{check.pad_unwritten} padding elements unwritten")
         if not ok:
             notes.append(f"end-to-end C wrong (max err {max_abs:.3g})")
-        row.note = "; ".join(notes)
         conv = conversion(case, c_elem)
         detail = f"C stored as {c_elem}; end to end: tilize A and B, the kernel, untilize C" + (
             f", convert {conv}" if conv else ""
         )
         detail += " (spatialc.run's argument checks, which wait on the device, left out)"
-        return Contestant("spatialc", "spatialc", end_to_end, kernel, max_abs, ok, detail)
+        mine = Contestant(name, "spatialc", end_to_end, kernel, max_abs, ok, detail, check=check, facts=form.facts)
+        status = "ok" if check.correct and check.stable and ok else "wrong"
+        return mine, (status, f"{name}: {'; '.join(notes)}" if notes else "")
 
     def _checked_run(self, prep: Any, args: tuple[Any, ...], out: Any, ref: Any, deadline: Deadline) -> Check:
         out.fill(poison_value(prep.output.storage))
@@ -288,11 +318,15 @@ class GpuRunner:
         steps = [
             pf.Step(pf.DEVICE_STEP, (), self._probe_device),
             pf.Step(pf.CUPY_STEP, (pf.REFERENCE,), self._probe_cupy),
-            pf.Step(f"{pf.SPATIALC_STEP}: {self.first}", (pf.SPATIALC,), lambda: self._probe_spatialc(deadline)),
+            *(self._spatialc_step(form, deadline) for form in FORMS),
         ]
         steps += [self._library_step(name, case, deadline) for name, case in pf.library_steps(self.cases)]
         graphs: Callable[[], str] | str = (lambda: self._probe_graphs(deadline)) if self.graphs else self.graphs_note
         return [*steps, pf.Step(pf.GRAPHS_STEP, (pf.GRAPHS,), graphs)]
+
+    def _spatialc_step(self, form: str, deadline: Deadline) -> pf.Step:
+        run = partial(self._probe_spatialc, form, deadline)
+        return pf.Step(pf.spatialc_step(form, self.first), (spatialc_name(form),), run)
 
     def _library_step(self, name: str, case: Case, deadline: Deadline) -> pf.Step:
         missing = self.libs.missing(name)
@@ -316,22 +350,25 @@ class GpuRunner:
             raise SpatialError("cp.matmul of 64³ float64 differs from numpy's")
         return "correct"
 
-    def _probe_spatialc(self, deadline: Deadline) -> str:
+    def _probe_spatialc(self, name: str, deadline: Deadline) -> str:
+        """Launch spatialc's kernel in form `name` on the preflight's product and check it."""
         case = self.first
         built = self.builds.result(case, deadline)
-        if built.error:
-            raise SpatialError(built.error)
+        form = built.form(name)
+        why = built.error or (built.note if form is None else form.error or form.absent)
+        if form is None or why:
+            raise SpatialError(why or f"lower printed no {name} kernel")
         inputs = self._inputs(case, 1)
         ref = self._reference(inputs, case)
-        prep = self._prepare(built)
+        prep = self._prepare(form)
         a_arg, b_arg = (x for x in prep.args if x.role == "input")
         out = prep.output_buffer(poison=True)
         args = prep.order((prep.tiled(a_arg, inputs.a[0]), prep.tiled(b_arg, inputs.b[0])), out)
         check = self._checked_run(prep, args, out, ref, deadline)
         if not check.correct:
             raise SpatialError(f"wrong result: max err {check.max_abs:.3g}, {check.unwritten} elements unwritten")
-        self.probed["spatialc"] = (prep, args, out, ref)
-        origin = built.kernel.get("cubin", "compiled here" if "registers" in built.kernel else "NVRTC")
+        self.probed_kernels[form.contestant] = (prep, args, out, ref)
+        origin = form.facts.get("cubin", "compiled here" if "registers" in form.facts else "NVRTC")
         return f"correct; cubin {origin}"
 
     def _probe_library(self, name: str, case: Case, deadline: Deadline) -> str:
@@ -345,23 +382,23 @@ class GpuRunner:
         return f"correct both ways ({made.detail})"
 
     def _probe_graphs(self, deadline: Deadline) -> str:
-        """Capture the kernel-only call of spatialc and of every library that passed its step, replay each, check
-        the results: graphs time kernel-only for all of them alike, or (this step failing) for none."""
-        if "spatialc" not in self.probed or self.graphs is None:
-            raise SpatialError("no spatialc kernel to capture: its own step failed")
-        prep, args, out, ref = self.probed["spatialc"]
+        """Capture the kernel-only call of each spatialc kernel and of every library that passed its step, replay
+        each, check the results: graphs time kernel-only for all of them alike, or (this step failing) for none."""
+        if not self.probed_kernels or self.graphs is None:
+            raise SpatialError("no spatialc kernel to capture: their own steps failed")
+        for name, probed in self.probed_kernels.items():
+            self._replay_kernel(name, probed, deadline)
+        for name, (made, lib_ref) in self.probed.items():
+            self._replay_library(name, made, lib_ref, deadline)
+        return f"{', '.join([*self.probed_kernels, *self.probed])}: captured, replayed, correct"
+
+    def _replay_kernel(self, name: str, probed: tuple[Any, ...], deadline: Deadline) -> None:
+        prep, args, out, ref = probed
         out.fill(poison_value(prep.output.storage))
-        self._capture("spatialc", lambda: prep.run(args))()
+        self._capture(name, lambda: prep.run(args))()
         self._sync(deadline)
         if not check_result(prep.result(out), ref, out, prep.output.elem, self.cp).correct:
-            raise SpatialError("spatialc's replayed kernel left a wrong result")
-        names = ["spatialc"]
-        for name, probed in self.probed.items():
-            if name != "spatialc":
-                made, lib_ref = probed
-                self._replay_library(name, made, lib_ref, deadline)
-                names.append(name)
-        return f"{', '.join(names)}: captured, replayed, correct"
+            raise SpatialError(f"{name}'s replayed kernel left a wrong result")
 
     def _replay_library(self, name: str, made: Any, ref: Any, deadline: Deadline) -> None:
         made.kernel_result().fill(0)
@@ -416,6 +453,14 @@ class GpuRunner:
         self.cp.get_default_memory_pool().free_all_blocks()
         if self.torch is not None:
             self.torch.cuda.empty_cache()
+
+
+def settle(note: str, verdicts: Sequence[tuple[str, str]]) -> tuple[str, str]:
+    """A row's status and note from its spatialc kernels' verdicts (status, what to note): wrong when one was
+    wrong, else error when one could not run, else ok; the row's `note` first, then each kernel's."""
+    found = {status for status, _ in verdicts}
+    status = next((s for s in ("wrong", "error") if s in found), "ok")
+    return status, "; ".join(x for x in (note, *(said for _, said in verdicts)) if x)
 
 
 def sm_warnings(sms: int | None, planned: int, target: str) -> list[str]:

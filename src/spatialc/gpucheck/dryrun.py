@@ -1,5 +1,6 @@
 """The GPU check's dry run: what a GPU run would do, said on a CPU: the preflight's steps, the two timings, and for
-each case its plan, launch, ptxas's numbers, where its cubin would come from and what it is timed against."""
+each case its plan, for each of its kernels (the persistent kernel and its general form) the launch, ptxas's
+numbers and where its cubin would come from, and what they are timed against."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import baselines as bl
-from .builds import build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out, use_prepared
-from .cases import Case
+from .builds import Built, Form, build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out, use_prepared
+from .cases import FORMS, Case, spatialc_name
 from .preflight import PREFLIGHT_S, step_names
 
 # ---- the dry run -----------------------------------------------------------------------------------------------
@@ -39,9 +40,9 @@ def _say(line: str) -> None:
 
 
 def dry_run(cases: Sequence[Case], target: str, manifest: Any = None, out: Callable[[str], None] = _say) -> None:
-    """Say what a GPU run would do: the preflight's steps, the timings, and for each case its plan and launch
-    (built here, on the CPU), what ptxas says of its kernel (from the prepared folder, or compiled for `target` when
-    nvcc is here), where its cubin would come from, and what it is timed against."""
+    """Say what a GPU run would do: the preflight's steps, the timings, and for each case its plan and, for each of
+    its kernels, the launch (built here, on the CPU), what ptxas says of it (from the prepared folder, or compiled for
+    `target` when nvcc is here) and where its cubin would come from; then what they are timed against."""
     out(f"gpucheck dry run: {len(cases)} rows on {target}; would write gpucheck.json and gpucheck.md")
     steps = "; ".join(step_names(cases))
     out(f"preflight (first, at most {PREFLIGHT_S:.0f} s; a step that fails marks its path unavailable): {steps}")
@@ -57,43 +58,52 @@ def _unprepared() -> str:
 
 
 def _dry_case(case: Case, target: str, manifest: Any, out: Callable[[str], None]) -> None:
-    from ..runtime import launch
-
     built = build_case(case, target)
-    cubin = ""
-    if built.artifact is not None:
-        why = use_prepared(built, manifest, target) if manifest else ""
-        if built.cubin is not None:
-            cubin = f"prepared: {built.cubin.name} (source hash checked)"
-        else:
-            cubin = f"compiled on the GPU machine{': ' + why if why else ''}"
-            _dry_compile(built, target, launch)
     out(str(case))
     out(f"  plan      {built.plan or '—'}")
-    out(f"  launch    {built.launch or built.error}")
-    if built.artifact is not None:
-        out(f"  ptxas     {describe_ptxas(built.kernel)}")
-        out(f"  cubin     {cubin}")
-        conv = conversion(case, built.kernel.get("c_elem", ""))
-        out(f"  C         stored as {built.kernel.get('c_elem')}" + (f"; end to end converts {conv}" if conv else ""))
+    if built.error:
+        out(f"  launch    {built.error}")
+    for form in built.forms:
+        _dry_form(case, form, target, manifest, out)
     if built.note:
         out(f"  note      {built.note}")
-    out(f"  timed     {'; '.join(contenders(case))}")
+    out(f"  timed     {'; '.join(contenders(case, built))}")
 
 
-def _dry_compile(built: Any, target: str, launch: Any) -> None:
+def _dry_form(case: Case, form: Form, target: str, manifest: Any, out: Callable[[str], None]) -> None:
+    """One kernel of a case: its launch, ptxas's numbers, its cubin's origin and C's type (or why there is none)."""
+    if form.artifact is None:
+        out(f"  {form.contestant}: {form.absent}")
+        return
+    why = use_prepared(form, manifest, target) if manifest else ""
+    if form.cubin is not None:
+        cubin = f"prepared: {form.cubin.name} (source hash checked)"
+    else:
+        cubin = f"compiled on the GPU machine{': ' + why if why else ''}"
+        _dry_compile(form, target)
+    conv = conversion(case, form.facts["c_elem"])
+    out(f"  {form.contestant}")
+    out(f"    launch    {form.facts['launch']}")
+    out(f"    ptxas     {describe_ptxas(form.facts)}")
+    out(f"    cubin     {cubin}")
+    out(f"    C         stored as {form.facts['c_elem']}" + (f"; end to end converts {conv}" if conv else ""))
+
+
+def _dry_compile(form: Form, target: str) -> None:
+    from ..runtime import launch
+
     if launch.find_nvcc() is None:
-        built.kernel["ptxas"] = "no nvcc here"
+        form.facts["ptxas"] = "no nvcc here"
         return
     try:
-        compile_kernel(built, target)
+        compile_kernel(form, target)
     except launch.KernelBuildError as e:
-        built.kernel["ptxas"] = f"compile: {e}"
+        form.facts["ptxas"] = f"compile: {e}"
 
 
-def contenders(case: Case) -> list[str]:
+def contenders(case: Case, built: Built) -> list[str]:
     """Each contestant of a case and what it is timed for (or why it cannot take the shape)."""
-    said = ["spatialc: end to end + kernel only"]
+    said = [f"{spatialc_name(name)}: {_kernel_timed(built.form(name))}" for name in FORMS]
     for name, _family in bl.baselines_for(case.precision):
         why = bl.refusal(name, case)
         if why:
@@ -103,3 +113,8 @@ def contenders(case: Case) -> list[str]:
         else:
             said.append(f"{name}: end to end + kernel only, where the preflight finds it works")
     return said
+
+
+def _kernel_timed(form: Form | None) -> str:
+    """What one of spatialc's kernels is timed for: both ways, or nothing where lower printed none."""
+    return "end to end + kernel only" if form is not None and form.artifact is not None else "n/a (no kernel)"

@@ -1,11 +1,12 @@
 """The preflight: the first thing a GPU run does, in at most a minute, so that the run counts.
 
 Every path the run will take is tried once on a small product before any row: the device itself, CuPy and its
-cuBLAS (the float64 references), one spatialc kernel launched and checked, torch.matmul, each int8 library path in
-the exact layout the rows will use, a CUDA graph capture (the kernel-only timings), one Triton compile. A path that
-fails is marked unavailable with its reason; the rows skip it, the report says why, and the run goes on with what
-works. A step not reached within the minute counts as failed ("not tried"). Only a lost GPU (a hang, a sticky
-error) stops the run. The steps are the device side's; their order, limit and bookkeeping are here.
+cuBLAS (the float64 references), spatialc's kernel in each form (persistent, general) launched and checked,
+torch.matmul, each int8 library path in the exact layout the rows will use, a CUDA graph capture (the kernel-only
+timings), one Triton compile. A path that fails is marked unavailable with its reason; the rows skip it, the report
+says why, and the run goes on with what works. A step not reached within the minute counts as failed ("not
+tried"). Only a lost GPU (a hang, a sticky error) stops the run. The steps are the device side's; their order,
+limit and bookkeeping are here.
 """
 
 from __future__ import annotations
@@ -15,17 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .baselines import GEMM_EX, INT_MM_COL, INT_MM_ROW, TORCH_MATMUL, TRITON
-from .cases import Case, GpuLost, Probe, is_sticky, one_line, preflight_case
+from .cases import FORMS, Case, GpuLost, Probe, is_sticky, one_line, preflight_case, spatialc_name
 
 PREFLIGHT_S = 60.0
-# Paths the steps decide, beside the contenders' own names.
+# Paths the steps decide, beside the contenders' own names (spatialc's kernels among them: `spatialc general`).
 REFERENCE = "reference"  # the float64 references, through CuPy's cuBLAS
-SPATIALC = "spatialc"
 GRAPHS = "graphs"  # CUDA graphs for the kernel-only timings
 TINY_INT8_EX = Case(33, 35, 37, "int8")  # odd sizes, so that cublasGemmEx's padding runs in the preflight too
 DEVICE_STEP = "device"
 CUPY_STEP = "CuPy cuBLAS: float64 matmul 64³"
-SPATIALC_STEP = "spatialc kernel"
 GRAPHS_STEP = "CUDA graphs: every contestant captured and replayed"
 
 
@@ -80,6 +79,11 @@ def unavailable(probes: Sequence[Probe]) -> dict[str, str]:
     return out
 
 
+def spatialc_step(form: str, case: Case) -> str:
+    """The name of the step that launches and checks spatialc's kernel in `form` for `case`."""
+    return f"{spatialc_name(form)} kernel: {case}"
+
+
 def library_steps(cases: Sequence[Case]) -> list[tuple[str, Case]]:
     """Each library the rows of `cases` use, with the small product its step tries, in the preflight's order."""
     precisions = {c.precision for c in cases}
@@ -92,8 +96,9 @@ def library_steps(cases: Sequence[Case]) -> list[tuple[str, Case]]:
 
 def step_names(cases: Sequence[Case]) -> list[str]:
     """The steps a GPU run of `cases` takes, by name, in order (what the dry run lists)."""
-    first = f"{SPATIALC_STEP}: {preflight_case(list(cases))}"
-    return [DEVICE_STEP, CUPY_STEP, first, *(f"{n}: {c}" for n, c in library_steps(cases)), GRAPHS_STEP]
+    first = preflight_case(list(cases))
+    kernels = [spatialc_step(form, first) for form in FORMS]
+    return [DEVICE_STEP, CUPY_STEP, *kernels, *(f"{n}: {c}" for n, c in library_steps(cases)), GRAPHS_STEP]
 
 
 def tiny_float(cases: Sequence[Case]) -> str:

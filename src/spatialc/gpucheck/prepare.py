@@ -1,12 +1,14 @@
 """Kernels compiled beforehand: `spatialc gpucheck DIR --prepare` on a CPU machine with nvcc, loaded by the GPU run.
 
 The GPU machine's time is short and its first minutes would otherwise go to nvcc. `--prepare` builds every case of
-the run (and the preflight's) exactly as the GPU run will, compiles each kernel for the target's architecture with
+the run (and the preflight's) exactly as the GPU run will, compiles each of its kernels — the persistent kernel and
+its general form, where lower printed one — for the target's architecture with
 `spatialc.runtime.launch.compile_cubin` into DIR (the cubin and what ptxas said of it, side by side), and writes
-DIR/manifest.json: per kernel the SHA-256 of its CUDA source and of its cubin, the architecture, nvcc's version,
-ptxas's registers and spills. The GPU run (`--prepared DIR`) builds each case again, hashes the kernel text it got,
-and loads the cubin only when the manifest holds that very text for the device's architecture and the cubin file
-still has its recorded hash; every other kernel it compiles itself, and its report says which and why.
+DIR/manifest.json: per kernel its case and form, the SHA-256 of its CUDA source and of its cubin, the architecture,
+nvcc's version, ptxas's registers and spills. The GPU run (`--prepared DIR`) builds each case again, hashes each
+kernel text it got, and loads a cubin only when the manifest holds that very text for the device's architecture and
+the cubin file still has its recorded hash; every other kernel it compiles itself, and its report says which and
+why.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 from ..errors import SpatialError
 from ..runtime import launch
-from .builds import PTXAS_FIELDS, Built, build_case, compile_kernel, describe_ptxas
+from .builds import PTXAS_FIELDS, Built, Form, build_case, compile_kernel, describe_ptxas
 from .cases import Case, preflight_case
 from .report import write_whole
 
@@ -50,6 +52,7 @@ class Entry:
     source_sha256: str
     arch: str
     kernel_name: str
+    form: str = ""  # persistent | general ('' when the case did not lower)
     cubin: str = ""  # the file's name in the folder ('' when it did not compile)
     cubin_sha256: str = ""
     ptxas: dict[str, Any] | None = None  # registers, spill_stores, spill_loads, static_smem, stack
@@ -111,22 +114,29 @@ def prepare(
     workers: int | None = None,
     commit: str = "",
 ) -> int:
-    """Compile every case's kernel (and the preflight's) for `target` into `folder` and write its manifest.
-    Returns 0 when every kernel compiled, 1 when some did not; SpatialError when there is no nvcc."""
+    """Compile every kernel of every case (and of the preflight's) for `target` into `folder` and write its
+    manifest. Returns 0 when every kernel compiled, 1 when some did not (or a case did not lower); SpatialError when
+    there is no nvcc."""
     nvcc = launch.find_nvcc()
     if nvcc is None:
         raise SpatialError("--prepare compiles with nvcc, which was not found (PATH, CUDA_HOME, /usr/local/cuda)")
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    todo = list(dict.fromkeys([preflight_case(list(cases)), *cases]))
-    say(f"gpucheck prepare: {len(todo)} kernels for {target} with {launch.nvcc_version(nvcc)} into {out}")
+    builds = [build_case(c, target) for c in dict.fromkeys([preflight_case(list(cases)), *cases])]
+    kernels = [(b.case, f) for b in builds for f in b.forms if f.artifact is not None]
+    unbuilt = [b for b in builds if b.error]
+    version = launch.nvcc_version(nvcc)
+    say(f"gpucheck prepare: {len(kernels) + len(unbuilt)} kernels for {target} with {version} into {out}")
+    for b in builds:
+        _say_unbuilt(b, say)
     with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 2)) as pool:
-        entries = list(pool.map(lambda c: _prepare_one(c, target, out, say), todo))
+        compiled = list(pool.map(lambda kernel: _prepare_one(*kernel, target, out, say), kernels))
+    entries = [Entry(str(b.case), "", target, "", error=b.error) for b in unbuilt] + compiled
     data = {
         "format": FORMAT,
         "target": target,
         "arch": target,
-        "nvcc": launch.nvcc_version(nvcc),
+        "nvcc": version,
         "commit": commit,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "kernels": [asdict(e) for e in entries],
@@ -137,27 +147,34 @@ def prepare(
     return 1 if failed else 0
 
 
-def _prepare_one(case: Case, target: str, out: Path, say: Callable[[str], None]) -> Entry:
-    """Build, lower and compile one case into `out`; errors become the entry's `error`."""
+def _say_unbuilt(built: Built, say: Callable[[str], None]) -> None:
+    """Say why a case has no kernel to compile, or no kernel in some form."""
+    if built.error:
+        say(f"{built.case}: {built.error}")
+    for form in built.forms:
+        if form.artifact is None:
+            say(f"{built.case} {form.name}: {form.absent}")
+
+
+def _prepare_one(case: Case, form: Form, target: str, out: Path, say: Callable[[str], None]) -> Entry:
+    """Compile one kernel of a case into `out`; a failed compile becomes the entry's `error`."""
     t0 = time.monotonic()
-    built = build_case(case, target)
-    if built.artifact is None:
-        say(f"{case}: {built.error}")
-        return Entry(str(case), "", target, "", error=built.error)
-    base = Entry(str(case), source_hash(built.artifact.kernel_cu), target, built.artifact.launch.kernel_name)
+    art = form.artifact
+    base = Entry(str(case), source_hash(art.kernel_cu), target, art.launch.kernel_name, form=form.name)
+    label = f"{case} {form.name}"
     try:
-        path = compile_kernel(built, target, timeout_s=PREPARE_COMPILE_S, cache=out)
+        path = compile_kernel(form, target, timeout_s=PREPARE_COMPILE_S, cache=out)
     except launch.KernelBuildError as e:
-        say(f"{case}: compile: {e}")
+        say(f"{label}: compile: {e}")
         return _with(base, error=f"compile: {e}", seconds=time.monotonic() - t0)
-    ptxas = _ptxas_of(built)
+    ptxas = _ptxas_of(form)
     seconds = round(time.monotonic() - t0, 2)
-    say(f"{case}: {path.name} in {seconds:.1f} s: {describe_ptxas(built.kernel)}")
+    say(f"{label}: {path.name} in {seconds:.1f} s: {describe_ptxas(form.facts)}")
     return _with(base, cubin=path.name, cubin_sha256=file_hash(path), ptxas=ptxas, seconds=seconds)
 
 
-def _ptxas_of(built: Built) -> dict[str, Any] | None:
-    return {k: built.kernel[k] for k in PTXAS_FIELDS} if "registers" in built.kernel else None
+def _ptxas_of(form: Form) -> dict[str, Any] | None:
+    return {k: form.facts[k] for k in PTXAS_FIELDS} if "registers" in form.facts else None
 
 
 def _with(entry: Entry, **changes: Any) -> Entry:

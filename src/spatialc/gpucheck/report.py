@@ -1,8 +1,9 @@
 """The GPU check's report: rows in; rates, the fastest library each way, % of it, JSON and Markdown out. No GPU.
 
-Every row compares spatialc with each library twice, like for like: end to end (row-major A and B in, row-major C
-out in torch's type, every copy and conversion included) and kernel only (operands already in each contestant's own
-layout). Of each family the fastest contestant whose result was right counts, and its name is in the table.
+Every row compares spatialc's two kernels — the persistent kernel and its general form, side by side — with each
+library twice, like for like: end to end (row-major A and B in, row-major C out in torch's type, every copy and
+conversion included) and kernel only (operands already in each contestant's own layout). Of each library family the
+fastest contestant whose result was right counts, and its name is in the table.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from .builds import spilled
-from .cases import PROBE_RESULT, TOLERANCE, WAYS, Check, Contestant, Row, Timing
+from .cases import FORMS, PROBE_RESULT, TOLERANCE, WAYS, Check, Contestant, Row, Timing, spatialc_name
 
 UNIT = {"int8": "TOP/s", "fp16": "TFLOP/s", "bf16": "TFLOP/s"}
 HEADER_KEYS = ("date", "state", "gpu", "sms", "clocks", "commit", "target", "budget_s", "elapsed_s", "versions")
 NOTE_KEYS = ("prepared", "outputs", "timing", "kernel_timing")
+LIBRARIES = ("cublas", "triton")  # the families spatialc's kernels are compared with
 
 
 def rate(ops: int, seconds: float | None) -> float | None:
@@ -39,9 +41,9 @@ def best(row: Row, family: str, way: str = "end_to_end") -> Contestant | None:
     return min(timed, key=lambda c: _median(c.timing(way)) or math.inf, default=None)
 
 
-def percent_of(row: Row, family: str, way: str = "end_to_end") -> float | None:
-    """spatialc's speed `way` as a percentage of the fastest `family` contestant's."""
-    mine, ref = row.spatialc(), best(row, family, way)
+def percent_of(row: Row, family: str, way: str, form: str) -> float | None:
+    """The speed `way` of spatialc's kernel in `form` as a percentage of the fastest `family` contestant's."""
+    mine, ref = row.spatialc(form), best(row, family, way)
     ours, theirs = _median(mine.timing(way) if mine else None), _median(ref.timing(way) if ref else None)
     if not ours or not theirs:
         return None
@@ -49,19 +51,28 @@ def percent_of(row: Row, family: str, way: str = "end_to_end") -> float | None:
 
 
 def row_dict(row: Row) -> dict[str, Any]:
-    """A row with its derived rates, for the JSON report."""
+    """A row with its derived rates, for the JSON report: each way, the fastest right contestant of each library
+    family and each spatialc kernel's rate and percentage of them."""
     d = asdict(row)
     d["size"], d["unit"] = row.size, UNIT.get(row.precision, "TOP/s")
-    mine, d["timings"] = row.spatialc(), {}
+    d["timings"] = {}
     for way in WAYS:
-        summary: dict[str, Any] = {"spatialc_rate": rate(row.ops, _median(mine.timing(way) if mine else None))}
-        for family in ("cublas", "triton"):
+        summary: dict[str, Any] = {"spatialc": {form: _form_summary(row, way, form) for form in FORMS}}
+        for family in LIBRARIES:
             ref = best(row, family, way)
             fastest = None if ref is None else {"name": ref.name, "rate": rate(row.ops, _median(ref.timing(way)))}
             summary[f"{family}_best"] = fastest
-            summary[f"pct_of_{family}"] = percent_of(row, family, way)
         d["timings"][way] = summary
     return d
+
+
+def _form_summary(row: Row, way: str, form: str) -> dict[str, Any]:
+    """The rate `way` of spatialc's kernel in `form` and its percentage of each library family's fastest."""
+    mine = row.spatialc(form)
+    summary: dict[str, Any] = {"rate": rate(row.ops, _median(mine.timing(way) if mine else None))}
+    for family in LIBRARIES:
+        summary[f"pct_of_{family}"] = percent_of(row, family, way, form)
+    return summary
 
 
 def _clean(x: Any) -> Any:
@@ -85,10 +96,10 @@ def to_json(header: dict[str, Any], rows: list[Row]) -> str:
 COLUMNS = (
     "precision",
     "m×n×k",
-    "spatialc e2e",
+    *(f"{spatialc_name(form)} e2e" for form in FORMS),
     "cuBLAS e2e (fastest)",
     "% cuBLAS e2e",
-    "spatialc kernel",
+    *(f"{spatialc_name(form)} kernel" for form in FORMS),
     "cuBLAS kernel (fastest)",
     "% cuBLAS kernel",
     "Triton e2e",
@@ -97,6 +108,8 @@ COLUMNS = (
     "correct",
     "status",
 )
+# Below the table: how its cells that hold a value per spatialc kernel read.
+PER_FORM = f"% columns, max err and correct give each spatialc kernel's: {' / '.join(FORMS)}."
 
 
 def _rate(x: float | None) -> str:
@@ -116,15 +129,20 @@ def _err(c: Check | None) -> str:
     return f"{c.max_abs:.3g}" if math.isfinite(c.max_abs) else str(c.max_abs)
 
 
-def _correct(row: Row) -> str:
-    if row.check is None:
+def _correct(mine: Contestant | None) -> str:
+    """Whether a spatialc kernel's result was right: its own output, a second run's, and end to end."""
+    if mine is None or mine.check is None:
         return "—"
-    mine = row.spatialc()
-    if not row.check.correct:
+    if not mine.check.correct:
         return "no"
-    if row.check.stable is False:
+    if mine.check.stable is False:
         return "no (unstable)"
-    return "no (end to end)" if mine is not None and mine.ok is False else "yes"
+    return "no (end to end)" if mine.ok is False else "yes"
+
+
+def _per_form(values: list[str]) -> str:
+    """One cell of a value per spatialc kernel (`a / b`, in FORMS' order), or one — when none has any."""
+    return "—" if all(v == "—" for v in values) else " / ".join(values)
 
 
 def _timed(ops: int, t: Timing | None) -> str:
@@ -137,18 +155,20 @@ def _cell(text: str) -> str:
 
 
 def table_cells(row: Row) -> list[str]:
-    """One line of the main table."""
-    mine = row.spatialc()
+    """One line of the main table: each spatialc kernel's rate beside the fastest library's, each way."""
+    unit, mine = UNIT.get(row.precision, "TOP/s"), [row.spatialc(form) for form in FORMS]
     cells = [row.precision, row.size.replace("x", "×")]
     for way in WAYS:
+        cells += [f"{_timed(row.ops, c.timing(way) if c else None)} {unit}" for c in mine]
         ref = best(row, "cublas", way)
-        cells.append(f"{_timed(row.ops, mine.timing(way) if mine else None)} {UNIT.get(row.precision, 'TOP/s')}")
         cells.append("—" if ref is None else f"{_timed(row.ops, ref.timing(way))} ({ref.name})")
-        cells.append(_pct(percent_of(row, "cublas", way)))
+        cells.append(_per_form([_pct(percent_of(row, "cublas", way, form)) for form in FORMS]))
     tri = best(row, "triton", "end_to_end")
-    cells += ["—" if tri is None else _timed(row.ops, tri.end_to_end), _pct(percent_of(row, "triton", "end_to_end"))]
+    cells.append("—" if tri is None else _timed(row.ops, tri.end_to_end))
+    cells.append(_per_form([_pct(percent_of(row, "triton", "end_to_end", form)) for form in FORMS]))
+    errors = _per_form([_err(c.check if c else None) for c in mine])
     status = row.status + (f": {row.note}" if row.note else "")
-    return [_cell(c) for c in [*cells, _err(row.check), _correct(row), status]]
+    return [_cell(c) for c in [*cells, errors, _per_form([_correct(c) for c in mine]), status]]
 
 
 def _how(t: Timing | None) -> str:
@@ -204,6 +224,7 @@ def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
     lines = ["# spatialc GPU check", "", *header_lines(header), *preflight_lines(header), ""]
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
+    lines += ["", PER_FORM]
     timings = [c.timing(w) for r in rows for c in r.contestants for w in WAYS]
     if any(t is not None and t.launch_bound for t in timings):
         lines += ["", "‡ launch-bound: the host issued the launches no faster than the device ran them."]
@@ -217,6 +238,7 @@ def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
 KERNEL_COLUMNS = (
     "precision",
     "m×n×k",
+    "form",
     "block",
     "sub",
     "depth",
@@ -238,19 +260,26 @@ def _get(kernel: dict[str, Any], key: str) -> str:
     return "—" if value is None else str(value)
 
 
-def kernel_cells(row: Row) -> list[str]:
-    """One line of the kernel table: the plan, the budget, C's type, what ptxas said (bytes), the cubin's origin."""
-    k = row.kernel
+def kernels(row: Row) -> list[tuple[str, dict[str, Any]]]:
+    """Each of a row's spatialc kernels that has numbers, by form, with the plan's numbers they share; the plan's
+    alone (form —) when none has any."""
+    found = [(form, {**row.kernel, **c.facts}) for form in FORMS if (c := row.spatialc(form)) and c.facts]
+    return found or ([("—", row.kernel)] if row.kernel else [])
+
+
+def kernel_cells(row: Row, form: str, k: dict[str, Any]) -> list[str]:
+    """One line of the kernel table: the plan, the budget, C's type, what ptxas said (bytes), the cubin's origin
+    of the row's kernel in `form` (`k`: its numbers)."""
     if "registers" in k:
         regs = f"{k['registers']} ({_get(k, 'regs_est')})"
         spills = f"{k['spill_stores']}/{k['spill_loads']}" + (" ⚠" if spilled(k) else "")
         static = str(k["static_smem"])
     else:
         regs, spills, static = f"— ({_get(k, 'regs_est')})", str(k.get("ptxas", "")) or "—", "—"
-    cells = [row.precision, row.size.replace("x", "×"), _get(k, "block"), _get(k, "sub_blocks"), _get(k, "depth")]
+    cells = [row.precision, row.size.replace("x", "×"), form, _get(k, "block"), _get(k, "sub_blocks")]
     sites = _get(k, "sites") + (f" ({k['sites_run']})" if k.get("sites_run", k.get("sites")) != k.get("sites") else "")
-    cells += [sites, _get(k, "threads"), _get(k, "blocks_per_sm"), _get(k, "dyn_smem"), _get(k, "c_elem")]
-    return [_cell(c) for c in [*cells, regs, spills, static, _get(k, "cubin")]]
+    cells += [_get(k, "depth"), sites, _get(k, "threads"), _get(k, "blocks_per_sm"), _get(k, "dyn_smem")]
+    return [_cell(c) for c in [*cells, _get(k, "c_elem"), regs, spills, static, _get(k, "cubin")]]
 
 
 def register_blocks(kernel: dict[str, Any]) -> int | None:
@@ -261,9 +290,10 @@ def register_blocks(kernel: dict[str, Any]) -> int | None:
     return REGS_PER_SM // (-(-regs // 8) * 8 * threads)
 
 
-def kernel_notes(row: Row) -> list[str]:
-    """What in a row's kernel numbers needs a look: spills, or fewer resident blocks than the budget planned."""
-    k, where, notes = row.kernel, str(row), []
+def kernel_notes(row: Row, form: str, k: dict[str, Any]) -> list[str]:
+    """What in the numbers `k` of a row's kernel in `form` needs a look: spills, or fewer resident blocks than the
+    budget planned."""
+    where, notes = f"{row} {form}", []
     if spilled(k):
         notes.append(
             f"- {where}: ptxas spills {k['spill_stores']} B stored / {k['spill_loads']} B loaded per thread "
@@ -280,12 +310,13 @@ def kernel_notes(row: Row) -> list[str]:
 
 def kernel_table(rows: list[Row]) -> list[str]:
     """The kernel table's lines (none when no row has kernel numbers) and its notes."""
-    with_kernel = [r for r in rows if r.kernel]
-    if not with_kernel:
+    found = [(r, form, k) for r in rows for form, k in kernels(r)]
+    if not found:
         return []
     lines = [
         "",
-        "Kernels (plan: block osh×osw×ibw, sub-blocks, ring depth, sites (those run, where the device made them "
+        "Kernels (form: the persistent kernel or its general form, one line each; "
+        "plan: block osh×osw×ibw, sub-blocks, ring depth, sites (those run, where the device made them "
         "differ); budget: threads, blocks/SM, dynamic smem B; "
         "C's element type; ptxas: registers per thread (the budget's estimate), spill stores/loads B, static smem B; "
         "where the cubin came from):",
@@ -293,8 +324,8 @@ def kernel_table(rows: list[Row]) -> list[str]:
         "| " + " | ".join(KERNEL_COLUMNS) + " |",
         "|" + "---|" * len(KERNEL_COLUMNS),
     ]
-    lines += ["| " + " | ".join(kernel_cells(r)) + " |" for r in with_kernel]
-    notes = [n for r in with_kernel for n in kernel_notes(r)]
+    lines += ["| " + " | ".join(kernel_cells(r, form, k)) + " |" for r, form, k in found]
+    notes = [n for r, form, k in found for n in kernel_notes(r, form, k)]
     if notes:
         lines += ["", "Kernel notes:", *notes]
     return lines
