@@ -530,3 +530,11 @@ def test_no_compile_starts_once_the_budget_is_spent(slow_nvcc):
     assert [f.error for f in forms] == ["compile: not started: time budget spent"] * 2
     pool.close()
     assert slow_nvcc() == []
+
+
+def test_a_case_whose_plan_leaves_the_general_form_no_room_gets_it_a_plan_of_its_own():
+    built = B.build_case(Case(2048, 2048, 2048, "fp16"), "sm_90")
+    persistent, general = (built.form(f) for f in ("persistent", "general"))
+    assert persistent.artifact is not None and persistent.artifact.general is None
+    assert general.artifact is not None and general.artifact.budget.form == "general"
+    assert general.facts["own_plan"] != built.plan and general.facts["block"] != built.kernel["block"]

@@ -478,9 +478,12 @@ def lowered_as(monkeypatch, change):
     """spatialc.lower, as the GPU check's builds call it, replaced by `change(lower, program, target)` (`lower`: the
     real one): artifacts without a general form, or in the general form alone."""
     import spatialc
+    from spatialc.gpucheck import builds
 
     real = spatialc.lower
     monkeypatch.setattr(spatialc, "lower", lambda program, target: change(real, program, target))
+    # What lower returns is all there is: no plan of the general form's own where the case's leaves it no room.
+    monkeypatch.setattr(builds, "general_planned", lambda gemm, target: None)
 
 
 def without_general(why):

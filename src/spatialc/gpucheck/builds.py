@@ -99,11 +99,12 @@ def _build(case: Case, target: str, out: str | None) -> Built:
         built.kernel["out"] = out
     try:
         kw: dict[str, Any] = {} if out is None else {"out": out}
-        program = spatialc.build(spatialc.gemm(case.m, case.n, case.k, case.precision, **kw), target)
+        gemm = spatialc.gemm(case.m, case.n, case.k, case.precision, **kw)
+        program = spatialc.build(gemm, target)
         built.plan = describe_plan(program)
         built.kernel.update(plan_facts(program))
         artifact = spatialc.lower(program, target)
-        built.forms = forms_of(artifact)
+        built.forms = forms_of(artifact, lambda: general_planned(gemm, target))
     except Exception as e:
         built.error = ("lower: " if built.plan else "build: ") + one_line(e)
         return built
@@ -112,14 +113,37 @@ def _build(case: Case, target: str, out: str | None) -> Built:
     return built
 
 
-def forms_of(artifact: Any) -> list[Form]:
-    """The kernels of what lower returned: the persistent kernel and its general form (absent, with lower's reason,
-    where it printed none), or the general form alone where lower gave only that."""
+def forms_of(artifact: Any, replan: Any = None) -> list[Form]:
+    """The kernels of what lower returned: the persistent kernel and its general form, or the general form alone
+    where lower gave only that. Where the persistent kernel's plan leaves the general form no room (its rings keep
+    the output in shared memory), `replan()` gives the program planned for the general form (its plan is named in
+    the kernel's facts, `own_plan`; None: there is none); failing that the general form is absent, with lower's
+    reason."""
     if artifact.budget.form == "general":
         return [_form("general", artifact)]
-    general = artifact.general
+    if artifact.general is not None:
+        return [_form("persistent", artifact), _form("general", artifact.general)]
     why = next((n for n in artifact.notes if n.startswith("no general form")), "no general form")
-    return [_form("persistent", artifact), _form("general", general) if general else Form("general", absent=why)]
+    try:
+        planned = replan() if replan is not None else None
+    except Exception as e:
+        why = f"{why}; planned for it: {one_line(e)}"
+        planned = None
+    if planned is None:
+        return [_form("persistent", artifact), Form("general", absent=why)]
+    program, general = planned
+    form = _form("general", general)
+    form.facts.update(plan_facts(program))  # the kernel table shows the general form's own plan
+    form.facts["own_plan"] = describe_plan(program)
+    return [_form("persistent", artifact), form]
+
+
+def general_planned(gemm: Any, target: str) -> tuple[Any, Any]:
+    """The GEMM planned for the general form, and its general-form artifact."""
+    import spatialc
+
+    program = spatialc.build(gemm, target, form="general")
+    return program, spatialc.lower(program, target, form="general")
 
 
 def _form(name: str, artifact: Any) -> Form:

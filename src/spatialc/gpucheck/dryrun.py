@@ -83,6 +83,8 @@ def _dry_form(case: Case, form: Form, target: str, manifest: Any, out: Callable[
         _dry_compile(form, target)
     conv = conversion(case, form.facts["c_elem"])
     out(f"  {form.contestant}")
+    if "own_plan" in form.facts:
+        out(f"    plan      its own (the case's leaves it no room): {form.facts['own_plan']}")
     out(f"    launch    {form.facts['launch']}")
     out(f"    ptxas     {describe_ptxas(form.facts)}")
     out(f"    cubin     {cubin}")
