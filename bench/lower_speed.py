@@ -11,21 +11,12 @@ schedule → verify).
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
+
+from build_speed import median_time  # bench/ is the script's folder, first on sys.path
 
 import spatialc
 from spatialc.lower.cuda import general, persistent
-
-
-def median_time(fn, runs: int) -> float:
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(runs: int = 5) -> None:

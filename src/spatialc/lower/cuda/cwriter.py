@@ -89,3 +89,16 @@ def addr_expr(at: TileAddr, env: dict[LoopVar, str]) -> str:
         if env[var] != "0":
             terms.append(f"{env[var]} * {stride}" if stride != 1 else env[var])
     return c_sum(*terms)
+
+
+def site_prologue(w: Writer) -> None:
+    """The thread's coordinates and its site's share of the work list (docs/kernel-abi.md), which is an argument
+    built at launch for the sites the device has: each site's offset into the item list, each site's count, then
+    the items. A site with no items returns at once."""
+    w.line("const int tid = threadIdx.x;")
+    w.line("const int warp = tid / 32;")
+    w.line("const int site = blockIdx.x;")
+    w.line("const int item_off = spatialc_work[site];")
+    w.line("const int n_items = spatialc_work[gridDim.x + site];")
+    w.line("const int* ITEM_LIST = spatialc_work + 2 * gridDim.x;")
+    w.line("if (n_items == 0) { return; }")

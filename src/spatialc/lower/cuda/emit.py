@@ -11,28 +11,21 @@ from dataclasses import dataclass
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
 from ...ir.nodes import Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
-    AcquireAcc,
     Bias,
     Compute,
     ComputeOp,
-    Flush,
-    MatmulTiles,
     PackAcc,
     Pop,
     Push,
-    ReadBarrier,
-    ReadTiles,
-    ReleaseAcc,
     Reserve,
     Wait,
-    WriteBarrier,
     WriteTiles,
 )
 from ...ir.printer import compute_text
 from ..census import OP, PAD, PRE, marker
 from ..errors import Unsupported
 from . import epilogue
-from .cwriter import CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, c_mod, c_mul, c_sum
+from .cwriter import CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, c_mod, c_mul, c_sum, site_prologue
 from .merge import SerialLoop, SerialOp
 from .rings import TILE_ELEMS, Rings, SmemLayout, WmmaTypes, barrier_free_pops, commits, rotation
 from .tiles import WMMA, TilePrinter
@@ -118,20 +111,10 @@ class OpPrinter(TilePrinter):
                     self.w.line(line, f"{mark} (no barrier: {POP_PROOF})")
                 else:
                     self.w.line(f"{line} __syncthreads();", mark)
-            case ReadTiles():
-                self.read_tiles(op, env, mark)
             case WriteTiles(src=buf) if rings.is_fused(buf):
                 self.fused_store(op, env, mark)
-            case WriteTiles():
-                self.write_tiles(op, env, mark)
-            case AcquireAcc():
-                self.acquire(mark)
-            case ReleaseAcc():
-                self.w.line("", f"{mark} (accumulators stay in registers)")
-            case ReadBarrier() | WriteBarrier() | Flush():
-                self.w.line("", f"{mark} (ordered by the pipeline waits and barriers)")
-            case Compute(op=MatmulTiles() as mm, ins=(a, b)):
-                self.matmul(mm, self.kept(a), self.kept(b), mark)
+            case _ if self.common(op, env, mark, "ordered by the pipeline waits and barriers"):
+                pass
             case Compute(op=stage, ins=(buf,)) if rings.is_fused(buf):
                 # Applied element by element where the store reads the accumulators back; its image is there.
                 self.w.line(f"// {compute_text(stage, self.k.program)}: applied in the fused store below")
@@ -312,15 +295,7 @@ def kernel_text(k: Kernel, ops: tuple[SerialOp, ...]) -> str:
 
 def kernel_prologue(k: Kernel, w: Writer) -> None:
     """Thread coordinates, the site's slice of the work list, rings, counters and accumulators."""
-    w.line("const int tid = threadIdx.x;")
-    w.line("const int warp = tid / 32;")
-    w.line("const int site = blockIdx.x;")
-    # The work list is an argument, built at launch for the sites the device has (docs/kernel-abi.md): each site's
-    # offset into the item list, then each site's count, then the items.
-    w.line("const int item_off = spatialc_work[site];")
-    w.line("const int n_items = spatialc_work[gridDim.x + site];")
-    w.line("const int* ITEM_LIST = spatialc_work + 2 * gridDim.x;")
-    w.line("if (n_items == 0) { return; }")
+    site_prologue(w)
     if k.smem.dyn_bytes:
         w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
     for rid in sorted(k.rings.rings):

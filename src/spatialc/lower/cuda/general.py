@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 
-from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
+from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
 from ...ir.nodes import ComputeStage, Engine, Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
@@ -34,7 +34,6 @@ from ...ir.ops import (
     ChoreoOp,
     Compute,
     ComputeOp,
-    Flush,
     Loop,
     MatmulTiles,
     McastSend,
@@ -43,28 +42,33 @@ from ...ir.ops import (
     Pop,
     Precision,
     Push,
-    ReadBarrier,
     ReadTiles,
-    ReleaseAcc,
     Reserve,
     SemInc,
     SemSet,
     SemWait,
     Trip,
     Wait,
-    WriteBarrier,
-    WriteTiles,
     walk,
 )
 from ...ir.printer import compute_text
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact
-from ..census import census, marker
-from ..errors import GroupSpansSites, InternalError, TooBig, Unsupported, Unverified
+from ..census import marker
+from ..errors import GroupSpansSites, TooBig, Unsupported
 from . import epilogue
-from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr
-from .host import bench_main, helpers, program_main
-from .program import all_ops, check_int8_reduction, launch_for, logical_k, matmul_stage, operand_types, site_engines
+from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, site_prologue
+from .host import assemble
+from .program import (
+    all_ops,
+    check_int8_reduction,
+    check_printable,
+    launch_for,
+    logical_k,
+    matmul_stage,
+    operand_types,
+    site_engines,
+)
 from .rings import TILE_ELEMS, Ring, Rings, WmmaTypes, aligned, ring_table
 from .rings import WMMA as WMMA_TYPES
 from .tiles import WMMA, TilePrinter
@@ -134,10 +138,7 @@ class GeneralKernel:
 
 def refuse(p: SpatialProgram) -> None:
     """Raise the first reason the general form cannot print `p` yet."""
-    if not p.verified:
-        raise Unverified(p.name)
-    if p.placement is None or p.schedule is None or not p.plans:
-        raise Unsupported("a program without a plan, placement or schedule", "the kernel is printed from all three")
+    check_printable(p)
     ops = all_ops(p)
     multicast = any(isinstance(op, McastSend | McastSetValid) for op in ops)
     for g in p.placement.groups:
@@ -366,9 +367,6 @@ class EnginePrinter(TilePrinter):
     def write_slot(self, r: int) -> str:
         return f"((rsv_{r} - 1) % DEPTH_{r})"
 
-    def ring(self, buf: BufferId) -> Ring:
-        return self.k.rings.rings[self.k.rings.template[buf]]
-
     def counters(self) -> None:
         """One counter per ring and op kind the engine uses, so that none is unused."""
         kinds = {Reserve: "rsv", Push: "psh", Wait: "wt", Pop: "pop"}
@@ -399,39 +397,29 @@ class EnginePrinter(TilePrinter):
                         inner |= {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
                     self.ops(body, inner)
             case Reserve(buf):
-                r = self.ring(buf).id
+                r = self.kept(buf).id
                 self.w.line(
                     f"spatialc_mbar_wait(&empty_{r}[rsv_{r} % DEPTH_{r}], ((rsv_{r} / DEPTH_{r}) & 1) ^ 1); ++rsv_{r};",
                     mark,
                 )
             case Push(buf):
-                r = self.ring(buf).id
+                r = self.kept(buf).id
                 arrive = "spatialc_cp_async_arrive" if r in self.k.copied else "spatialc_mbar_arrive"
                 self.w.line(f"{arrive}(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
             case Wait(buf):
-                r = self.ring(buf).id
+                r = self.kept(buf).id
                 self.w.line(
                     f"spatialc_mbar_wait(&full_{r}[wt_{r} % DEPTH_{r}], (wt_{r} / DEPTH_{r}) & 1); ++wt_{r};", mark
                 )
             case Pop(buf):
-                r = self.ring(buf).id
+                r = self.kept(buf).id
                 self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)
-            case ReadTiles():
-                self.read_tiles(op, env, mark)
-            case WriteTiles():
-                self.write_tiles(op, env, mark)
-            case AcquireAcc():
-                self.acquire(mark)
-            case ReleaseAcc():
-                self.w.line("", f"{mark} (accumulators stay in registers)")
-            case ReadBarrier() | WriteBarrier() | Flush():
-                self.w.line("", f"{mark} (ordered by the ring barriers)")
-            case Compute(op=MatmulTiles() as mm, ins=(a, b)):
-                self.matmul(mm, self.ring(a), self.ring(b), mark)
+            case _ if self.common(op, env, mark, "ordered by the ring barriers"):
+                pass
             case Compute(op=stage, ins=(src,), outs=(dst,)):
-                self.elementwise(op, stage, self.ring(src), self.ring(dst), env, mark)
+                self.elementwise(op, stage, self.kept(src), self.kept(dst), env, mark)
             case PackAcc(to=buf):
-                self.pack(self.ring(buf), mark)
+                self.pack(self.kept(buf), mark)
             case Barrier(group):
                 self.barrier(int(group), mark)
             case _:
@@ -513,13 +501,7 @@ def kernel_text(k: GeneralKernel) -> str:
     )
     w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}) void {KERNEL_NAME}({params})')
     with w.block():
-        w.line("const int tid = threadIdx.x;")
-        w.line("const int warp = tid / 32;")
-        w.line("const int site = blockIdx.x;")
-        w.line("const int item_off = spatialc_work[site];")
-        w.line("const int n_items = spatialc_work[gridDim.x + site];")
-        w.line("const int* ITEM_LIST = spatialc_work + 2 * gridDim.x;")
-        w.line("if (n_items == 0) { return; }")
+        site_prologue(w)
         w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
         for rid in sorted(k.rings.rings):
             ring = k.rings.rings[rid]
@@ -588,24 +570,9 @@ def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:
 def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     """The general-form CUDA artifact of a verified program, or a typed error saying what it cannot print yet."""
     k = make_kernel(program, target)
-    kernel_cu = kernel_text(k)
-    counted = census([role.ops for role in k.roles], kernel_cu)
-    if not counted.agrees:
-        raise InternalError(
-            f"the general form's census disagrees: program {counted.program} with stages {counted.stages}, "
-            f"printed {counted.printed} with stages {counted.printed_stages}"
-        )
-    host = kernel_cu + "\n" + helpers() + "\n"
     opt_in = k.dyn_bytes > target.smem_static_max
     launch = launch_for(
         program, target, KERNEL_NAME, k.types, k.threads, k.dyn_bytes, opt_in, k.blocks_per_sm, k.sync_words
     )
-    return CudaArtifact(
-        target.name,
-        host + program_main(program, launch),
-        host + bench_main(program, launch),
-        kernel_cu,
-        launch,
-        budget_of(k, target),
-        counted,
-    )
+    programs = tuple(role.ops for role in k.roles)
+    return assemble(program, target.name, kernel_text(k), programs, launch, budget_of(k, target))

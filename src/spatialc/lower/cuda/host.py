@@ -12,7 +12,10 @@ from pathlib import Path
 from string import ascii_lowercase
 
 from ...ir.nodes import SpatialProgram, Tensor, TensorRole
-from ..artifact import CudaArtifact, Launch
+from ...ir.ops import ChoreoOp
+from ..artifact import Budget, CudaArtifact, Launch
+from ..census import census
+from ..errors import InternalError
 from .cwriter import Writer
 
 BENCH_ITERS = 20
@@ -22,6 +25,28 @@ INTEGER_OUTPUTS = ("long long", "int", "signed char")
 def helpers() -> str:
     """The checked-in host helpers, inlined so that each program is one self-contained text."""
     return resources.files(__package__).joinpath("persistent_host.cuh").read_text()
+
+
+def assemble(
+    p: SpatialProgram,
+    target: str,
+    kernel_cu: str,
+    programs: tuple[tuple[ChoreoOp, ...], ...],
+    launch: Launch,
+    budget: Budget,
+) -> CudaArtifact:
+    """The artifact of a kernel text printed from `programs`: the census checked (every op printed once, or an
+    InternalError before a wrong kernel is handed out) and the host programs around the kernel."""
+    counted = census(programs, kernel_cu)
+    if not counted.agrees:
+        raise InternalError(
+            f"the {budget.form} kernel's census disagrees: program {counted.program} with stages {counted.stages}, "
+            f"printed {counted.printed} with stages {counted.printed_stages}"
+        )
+    host = kernel_cu + "\n" + helpers() + "\n"
+    return CudaArtifact(
+        target, host + program_main(p, launch), host + bench_main(p, launch), kernel_cu, launch, budget, counted
+    )
 
 
 def input_files(p: SpatialProgram) -> dict[int, str]:

@@ -33,16 +33,16 @@ from ...ir.ops import (
 from ...ir.printer import compute_text
 from ...target import SpatialTarget
 from ..artifact import Budget, CudaArtifact, Launch
-from ..census import census
-from ..errors import GroupSpansSites, InternalError, NeedsGeneral, TooBig, Unsupported, Unverified
+from ..errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
 from . import epilogue
 from .cwriter import C_TYPES
 from .emit import KERNEL_NAME, Kernel, kernel_text
-from .host import bench_main, helpers, program_main
+from .host import assemble
 from .merge import SerialLoop, SerialOp, serialise
 from .program import (
     all_ops,
     check_int8_reduction,
+    check_printable,
     launch_for,
     logical_k,
     matmul_stage,
@@ -76,23 +76,7 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     prove(rings, ops)
     kernel = make_kernel(program, target, plan, types, rings, lane_grid, integer, bool(chain))
     kernel_cu = kernel_text(kernel, ops)
-    counted = census(programs, kernel_cu)
-    if not counted.agrees:
-        raise InternalError(
-            f"the census disagrees: program {counted.program} with stages {counted.stages}, "
-            f"printed {counted.printed} with stages {counted.printed_stages}"
-        )
-    host = kernel_cu + "\n" + helpers() + "\n"
-    launch = launch_of(kernel, target)
-    return CudaArtifact(
-        target.name,
-        host + program_main(program, launch),
-        host + bench_main(program, launch),
-        kernel_cu,
-        launch,
-        budget_of(kernel, target),
-        counted,
-    )
+    return assemble(program, target.name, kernel_cu, programs, launch_of(kernel, target), budget_of(kernel, target))
 
 
 # ---- refusals ----------------------------------------------------------------------------------------------
@@ -100,10 +84,7 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
 
 def refuse(p: SpatialProgram) -> None:
     """Raise the first reason the persistent tile kernel cannot hold `p`."""
-    if not p.verified:
-        raise Unverified(p.name)
-    if p.placement is None or p.schedule is None or not p.plans:
-        raise Unsupported("a program without a plan, placement or schedule", "the kernel is printed from all three")
+    check_printable(p)
     general = needs_general(p)
     if general is not None:
         raise NeedsGeneral(*general)

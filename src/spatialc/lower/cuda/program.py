@@ -11,9 +11,17 @@ from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, walk
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...target import SpatialTarget
 from ..artifact import KernelParam, Launch
-from ..errors import Precision, TooBig, Unsupported
+from ..errors import Precision, TooBig, Unsupported, Unverified
 from .cwriter import C_TYPES
 from .rings import WMMA, WmmaTypes
+
+
+def check_printable(p: SpatialProgram) -> None:
+    """Refuse a program no backend prints: one not verified, or without its plan, placement or schedule."""
+    if not p.verified:
+        raise Unverified(p.name)
+    if p.placement is None or p.schedule is None or not p.plans:
+        raise Unsupported("a program without a plan, placement or schedule", "the kernel is printed from all three")
 
 
 def all_ops(p: SpatialProgram) -> list[ChoreoOp]:

@@ -14,7 +14,19 @@ from contextlib import contextmanager
 
 from ...ir.ids import LoopVar
 from ...ir.nodes import Plan
-from ...ir.ops import MatmulTiles, ReadTiles, TileAddr, WriteTiles
+from ...ir.ops import (
+    AcquireAcc,
+    ChoreoOp,
+    Compute,
+    Flush,
+    MatmulTiles,
+    ReadBarrier,
+    ReadTiles,
+    ReleaseAcc,
+    TileAddr,
+    WriteBarrier,
+    WriteTiles,
+)
 from ..errors import Unsupported
 from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
 from .rings import TILE_ELEMS, Ring, Rings
@@ -47,6 +59,26 @@ class TilePrinter:
         self.w.line(f"const int item_id = {index};")
         self.w.line(f"const int item_y = item_id / {nx}, item_x = item_id % {nx};")
         self.w.line("(void)item_y; (void)item_x;")
+
+    def common(self, op: ChoreoOp, env: dict[LoopVar, str], mark: str, ordered_by: str) -> bool:
+        """Print `op` if it is one every backend prints alike — tile copies in and out, the accumulators' fill,
+        release and matmul step, the fences (`ordered_by` says what orders them) — and say whether it was."""
+        match op:
+            case ReadTiles():
+                self.read_tiles(op, env, mark)
+            case WriteTiles():
+                self.write_tiles(op, env, mark)
+            case AcquireAcc():
+                self.acquire(mark)
+            case ReleaseAcc():
+                self.w.line("", f"{mark} (accumulators stay in registers)")
+            case ReadBarrier() | WriteBarrier() | Flush():
+                self.w.line("", f"{mark} ({ordered_by})")
+            case Compute(op=MatmulTiles() as mm, ins=(a, b)):
+                self.matmul(mm, self.kept(a), self.kept(b), mark)
+            case _:
+                return False
+        return True
 
     def read_slot(self, r: int) -> str:
         """The slot of ring `r`'s front page (what Wait made visible and Pop frees)."""

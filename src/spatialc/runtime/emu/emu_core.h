@@ -105,7 +105,7 @@ struct ThreadState {
     std::vector<PendingStore> stores;
 };
 
-// An mbarrier (emu_mbarrier.h), or an engine's named barrier (arrivals of a fixed number of threads).
+// An mbarrier (emu_mbarrier.h), or an engine's named barrier (the same arrivals, its threads waiting on each other).
 struct MBar {
     unsigned count = 0, pending = 0;
     unsigned long long phase = 0;
@@ -114,7 +114,6 @@ struct MBar {
     std::vector<Copy> async;  // copies whose arrival is counted; in late mode they land when the phase completes
     std::vector<unsigned> vc_acc;
     std::vector<unsigned> vc_done[2];  // the clock of the last completed phase of each parity
-    std::vector<struct ThreadState*> arrived;  // a named barrier's threads this phase (their stores are released)
 };
 
 // Arrivals are counted under `mu`; a waiter sleeps on its barrier's generation word, outside the lock, so the

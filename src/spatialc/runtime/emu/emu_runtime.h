@@ -446,6 +446,26 @@ SPATIALC_EMU_FN void mbar_cp_async_arrive(void* bar, int line) {
     arrive_locked(t, m);
 }
 
+// With the lock held: wait, counted as blocked, until `m` completes the phase it is in (`t.where` says what for).
+SPATIALC_EMU_FN void sleep_through_phase(Block& b, MBar& m, std::unique_lock<std::mutex>& lk) {
+    const unsigned long long phase = m.phase;
+    ++m.waiters;
+    if (++b.blocked == b.live) deadlock(b);
+    while (m.phase == phase) {
+        const unsigned seen = m.gen.load(std::memory_order_relaxed);
+        lk.unlock();
+        await_generation(m.gen, seen);
+        lk.lock();
+    }
+}
+
+// What a thread learns by passing a completed phase of `parity`: the clocks of every arrival in it.
+SPATIALC_EMU_FN void learn(ThreadState& t, Block& b, const MBar& m, unsigned parity) {
+    if (t.vc.size() < (size_t)b.nthreads) t.vc.resize((size_t)b.nthreads, 0);
+    join(t.vc, m.vc_done[parity & 1]);
+    t.where = "running";
+}
+
 SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
     ThreadState& t = me("spatialc_mbar_wait");
     Block& b = blk();
@@ -456,20 +476,14 @@ SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
                       mbar_name(bar).c_str(), m.phase, parity & 1);
         t.where = t.where_buf;
         t.where_line = line;
-        ++m.waiters;
-        if (++b.blocked == b.live) deadlock(b);
-        const unsigned seen = m.gen.load(std::memory_order_relaxed);
-        lk.unlock();
-        await_generation(m.gen, seen);
-        lk.lock();
+        sleep_through_phase(b, m, lk);
     }
-    if (t.vc.size() < (size_t)b.nthreads) t.vc.resize((size_t)b.nthreads, 0);
-    join(t.vc, m.vc_done[parity & 1]);
-    t.where = "running";
+    learn(t, b, m, parity);
 }
 
 // ---- an engine's named barrier (bar.sync id, threads) ---------------------------------------------------------------
 
+// A phase of arrivals like an mbarrier's, its count the engine's threads, each waiting for the others.
 SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line) {
     ThreadState& t = me("spatialc_engine_sync");
     Block& b = blk();
@@ -480,39 +494,21 @@ SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line) {
     if (threads == 0 || threads % kWarp || (int)threads > b.nthreads)
         fatal(kExitMisuse, "spatialc_engine_sync at line " + std::to_string(line) + ": " + std::to_string(threads) +
                                " threads (a multiple of 32, at most the block's)");
-    if (m.arrived.empty()) m.count = threads;
+    if (m.pending == m.count) m.count = m.pending = threads;  // no thread there yet
     if (m.count != threads)
         fatal(kExitMisuse, "spatialc_engine_sync at line " + std::to_string(line) + ": barrier " +
                                std::to_string(id) + " is used with " + std::to_string(threads) + " and " +
                                std::to_string(m.count) + " threads at once");
-    join(m.vc_acc, t.vc);
-    if (m.vc_acc.size() <= (size_t)t.tid) m.vc_acc.resize((size_t)t.tid + 1, 0);
-    m.vc_acc[(size_t)t.tid] = std::max(m.vc_acc[(size_t)t.tid], t.clk);
-    ++t.clk;
-    m.arrived.push_back(&t);
     const unsigned long long phase = m.phase;
-    if (m.arrived.size() == threads) {
-        for (ThreadState* x : m.arrived) apply_stores(*x);
-        m.arrived.clear();
-        m.pending = 0;
-        complete_mbar(b, m);
-    } else {
-        std::snprintf(t.where_buf, sizeof t.where_buf, "waits at its engine's barrier %u (%zu of %u threads there)", id,
-                      m.arrived.size(), threads);
+    arrive_locked(t, m);
+    if (m.phase == phase) {
+        std::snprintf(t.where_buf, sizeof t.where_buf, "waits at its engine's barrier %u (%u of %u threads there)", id,
+                      m.count - m.pending, threads);
         t.where = t.where_buf;
         t.where_line = line;
-        ++m.waiters;
-        if (++b.blocked == b.live) deadlock(b);
-        while (m.phase == phase) {
-            const unsigned seen = m.gen.load(std::memory_order_relaxed);
-            lk.unlock();
-            await_generation(m.gen, seen);
-            lk.lock();
-        }
+        sleep_through_phase(b, m, lk);
     }
-    if (t.vc.size() < (size_t)b.nthreads) t.vc.resize((size_t)b.nthreads, 0);
-    join(t.vc, m.vc_done[phase & 1]);
-    t.where = "running";
+    learn(t, b, m, (unsigned)(phase & 1));
 }
 
 // ---- sites that wait on each other: arrival counts in global memory --------------------------------------------------
