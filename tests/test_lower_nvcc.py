@@ -20,7 +20,7 @@ from spatialc.frontend import bias, relu, requant, scalar
 from spatialc.lower.cuda.emit import INCLUDES, KERNEL_NAME
 from spatialc.lower.cuda.general import KERNEL_NAME as GENERAL_KERNEL
 
-from .test_general_barrier import with_barrier
+from .test_general_sync import handshake, with_barrier
 
 NVCC = shutil.which("nvcc")
 pytestmark = [pytest.mark.nvcc, pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")]
@@ -62,9 +62,12 @@ def artifacts(tgt):
     for prec, chain in (("int8", [bias(), relu(), requant(0.01, 2)]), ("bf16", [bias(), scalar("mul", 0.5), relu()])):
         gemm = spatialc.gemm(40, 48, 64, prec, epilogue=chain)
         programs.append((f"one_tile_epilogue/{prec}", spatialc.build(gemm, tgt, block=(1, 1, 1), sites=3)))
-    # Sites that wait on each other: a group barrier after each item, a cooperative launch (the general form only).
+    # Sites that hand over to each other — a group barrier after each item, over every site or two; a semaphore
+    # handshake — in cooperative launches (the general form only).
     base = spatialc.build(spatialc.gemm(64, 64, 64, "fp16"), tgt, block=(1, 1, 1), sites=4)
     programs.append(("group_barrier/fp16", spatialc.verify(with_barrier(base))))
+    programs.append(("partial_barrier/fp16", spatialc.verify(with_barrier(base, members=2, crossing=(0, 1)))))
+    programs.append(("handshake/fp16", spatialc.verify(handshake(base, waiter=3))))
     for name, p in programs:
         art = spatialc.lower(p)
         if art.budget.form == "general":

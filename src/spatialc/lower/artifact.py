@@ -80,11 +80,17 @@ class Launch:
     placement: str = "contiguous"  # the rule that gives each site its items (ir/worklist.py)
     per_sm: int = 0  # sites per multiprocessor when the grid follows the device; 0: always `grid` sites
     work: tuple[int, ...] = ()  # a placement no rule makes: its work list as it stands (then `grid` is fixed)
-    # Sites that wait on each other (a group barrier): the kernel takes one more argument after the work list, an
-    # int array of `sync_words` the host zeroes before every launch, and every site must be resident at once — a
-    # cooperative launch of exactly `grid` blocks, refused where the device cannot hold them all.
-    sync_words: int = 0
+    # Sites that hand over to each other (group barriers, semaphores): the kernel takes one more argument after the
+    # work list, an int array the host sets to `sync` before every launch (arrival counts at 0, semaphores at their
+    # initial values), and every site must be resident at once — a cooperative launch of exactly `grid` blocks,
+    # refused where the device cannot hold them all.
+    sync: tuple[int, ...] = ()
     cooperative: bool = False
+
+    @property
+    def sync_words(self) -> int:
+        """Ints of the kernel's `spatialc_sync` argument (0: it takes none)."""
+        return len(self.sync)
 
     def sites(self, sms: int | None = None) -> int:
         """The blocks to launch on a device of `sms` multiprocessors (None, or a fixed placement: `grid`)."""

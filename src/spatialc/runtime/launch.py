@@ -179,7 +179,7 @@ class Prepared:
     args: list[Arg]
     grid: int = 0  # the blocks to launch: one per site the device runs
     work: Any = None  # the work list on the device, the kernel's last argument (None: a kernel printed without one)
-    sync: Any = None  # sites that wait on each other: their arrival counts, zeroed before each launch, passed last
+    sync: Any = None  # sites that hand over to each other: their sync words, set before each launch, passed last
 
     @property
     def xp(self) -> Any:
@@ -214,12 +214,12 @@ class Prepared:
 
     def run(self, args: tuple[Any, ...]) -> None:
         """Launch once (asynchronously) with buffers in parameter order; a kernel whose sites wait on each other has
-        its arrival counts zeroed and is launched cooperatively."""
+        its sync words set (arrival counts to 0, semaphores to their initial values) and is launched cooperatively."""
         ls = self.launch_spec
         if self.sync is None:
             self.device.launch(self.kernel, self.grid or ls.grid, ls.block, ls.dyn_smem, args)
             return
-        self.sync.fill(0)
+        self.sync[:] = self.xp.asarray(ls.sync, dtype=self.xp.int32)
         cooperative = getattr(self.device, "launch_cooperative", None)
         if cooperative is None:
             raise LaunchError("this device cannot launch a kernel whose sites wait on each other (cooperatively)")
@@ -255,7 +255,7 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
     occupancy = getattr(device, "occupancy", None)  # blocks of this kernel one multiprocessor holds
     if occupancy is not None and sms is not None and sms * occupancy(kernel, ls.block, ls.dyn_smem) < grid:
         raise LaunchError(not_resident(grid, sms, occupancy(kernel, ls.block, ls.dyn_smem)))
-    sync = device.xp.zeros(ls.sync_words, dtype=device.xp.int32)
+    sync = device.xp.asarray(ls.sync, dtype=device.xp.int32)
     return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work), sync)
 
 

@@ -60,6 +60,7 @@ from . import epilogue
 from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, site_prologue
 from .host import assemble
 from .program import (
+    SiteClass,
     all_ops,
     check_int8_reduction,
     check_printable,
@@ -67,7 +68,7 @@ from .program import (
     logical_k,
     matmul_stage,
     operand_types,
-    site_engines,
+    site_classes,
 )
 from .rings import TILE_ELEMS, Ring, Rings, WmmaTypes, aligned, ring_table
 from .rings import WMMA as WMMA_TYPES
@@ -86,16 +87,22 @@ SIDE_WARPS = 1  # warps of an engine other than the compute engine (reader, writ
 
 @dataclass(frozen=True, slots=True)
 class Role:
-    """One engine's warps: `first_warp` … `first_warp + warps - 1`, and its program."""
+    """One engine's warps: `first_warp` … `first_warp + warps - 1`, and its program in each site class (the same
+    order as `GeneralKernel.classes`; () where that class's sites do not run the engine)."""
 
     engine: Engine
     first_warp: int
     warps: int
-    ops: tuple[ChoreoOp, ...]
+    programs: tuple[tuple[ChoreoOp, ...], ...]
 
     @property
     def threads(self) -> int:
         return self.warps * WARP
+
+    def walk(self):
+        """Every op of every class's program."""
+        for ops in self.programs:
+            yield from walk(ops)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,13 +127,11 @@ class GeneralKernel:
     blocks_per_sm: int
     integer: bool
     stages: tuple[ComputeOp, ...]  # the epilogue's compute ops, in order
-    groups: dict[int, int]  # group of a Barrier → its first word in spatialc_sync (one arrival count per site)
+    classes: tuple[SiteClass, ...]  # the sites with items, by the programs they run
     sites: int  # the grid: every site runs, in blockIdx order
-
-    @property
-    def sync_words(self) -> int:
-        """Ints of the `spatialc_sync` argument: each barrier group's arrival counts (0: the kernel takes none)."""
-        return len(self.groups) * self.sites
+    words: dict[tuple[str, int], int]  # ("group" | "sem", id) → its first word in spatialc_sync (one per site)
+    members: dict[int, tuple[int, ...]]  # group of a Barrier → its sites
+    sync: tuple[int, ...]  # the initial value of every word of spatialc_sync (() when the kernel takes none)
 
     @property
     def threads(self) -> int:
@@ -144,19 +149,11 @@ def refuse(p: SpatialProgram) -> None:
     for g in p.placement.groups:
         if len(g.sites) > 1 and multicast:
             raise GroupSpansSites(int(g.id), tuple(int(s) for s in g.sites))
-    sites = {s for s, _ in p.placement.items_of_site}
-    for g in {op.group for op in ops if isinstance(op, Barrier)}:
-        members = next(x.sites for x in p.placement.groups if x.id == g)
-        if set(members) != sites or len(members) != len(sites):
-            raise Unsupported(
-                f"a barrier of group {int(g)} over {len(members)} of the {len(sites)} sites",
-                "the general form prints group barriers over every site so far",
-            )
     if len(p.plans) > 1:
         raise Unsupported(f"a program with {len(p.plans)} plans", "the general form prints one block shape so far")
     later = "the general form does not print it yet"
-    if p.semaphores or any(isinstance(op, SemSet | SemInc | SemWait) for op in ops):
-        raise Unsupported("a semaphore handshake", later)
+    if any(isinstance(op, SemSet) for op in ops):
+        raise Unsupported("a SemSet", "a semaphore only counts up in the general form (SemInc, SemWait)")
     if multicast:
         raise Unsupported("a multicast", later)
     if any(isinstance(op, Loop) and isinstance(op.count, Trip) for op in ops):
@@ -181,16 +178,19 @@ def refuse(p: SpatialProgram) -> None:
 # ---- resources -------------------------------------------------------------------------------------------------
 
 
-def roles_of(engines: tuple[tuple[Engine, tuple[ChoreoOp, ...]], ...], lanes: int) -> tuple[Role, ...]:
+def roles_of(classes: tuple[SiteClass, ...], lanes: int) -> tuple[Role, ...]:
     """The compute engine (the one holding the accumulators) on warps 0 … lanes − 1, every other engine with a
-    program on SIDE_WARPS warps after it, in the schedule's order."""
-    holds = [e for e, ops in engines if any(isinstance(op, AcquireAcc) for op in walk(ops))]
+    program in some site class on SIDE_WARPS warps after it, in the schedule's order."""
+    engines: list[Engine] = []
+    for c in classes:
+        engines += [e for e, ops in c.engines if ops and e not in engines]
+    programs = {e: tuple(dict(c.engines).get(e, ()) for c in classes) for e in engines}
+    holds = [e for e in engines if any(isinstance(op, AcquireAcc) for ops in programs[e] for op in walk(ops))]
     first = holds[0] if holds else None
-    ordered = sorted((x for x in engines if x[1]), key=lambda x: x[0] != first)
     roles, warp = [], 0
-    for engine, ops in ordered:
+    for engine in sorted(engines, key=lambda e: e != first):
         n = lanes if engine == first else SIDE_WARPS
-        roles.append(Role(engine, warp, n, ops))
+        roles.append(Role(engine, warp, n, programs[engine]))
         warp += n
     return tuple(roles)
 
@@ -200,7 +200,7 @@ def _ring_ends(p: SpatialProgram, rings: Rings, roles: tuple[Role, ...]) -> tupl
     prod: dict[int, Role] = {}
     cons: dict[int, Role] = {}
     for role in roles:
-        for op in walk(role.ops):
+        for op in role.walk():
             if isinstance(op, Push | Pop):
                 ends = prod if isinstance(op, Push) else cons
                 r = rings.template[op.buf]
@@ -296,9 +296,10 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
         perw = plan.sub_blocks[0] * plan.sub_blocks[1] * (plan.block.osh // lane_grid[0])
         perw *= plan.block.osw // lane_grid[1]
     rings = epilogue_rings(p, ring_table(p, types, ()), integer)
-    roles = roles_of(site_engines(p), lanes)
+    classes = site_classes(p)
+    roles = roles_of(classes, lanes)
     prod, cons = _ring_ends(p, rings, roles)
-    copied = frozenset(rings.template[op.into] for role in roles for op in walk(role.ops) if isinstance(op, ReadTiles))
+    copied = frozenset(rings.template[op.into] for role in roles for op in role.walk() if isinstance(op, ReadTiles))
     offsets, off, barrier_bytes = layout(rings.rings)
     threads = sum(r.threads for r in roles)
     if threads > 1024:
@@ -335,14 +336,27 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
         per_sm,
         integer,
         tuple(s.kind.op for s in chain),  # type: ignore[union-attr]
-        {g: i * len(p.placement.items_of_site) for i, g in enumerate(barrier_groups(p))},  # type: ignore[union-attr]
-        len(p.placement.items_of_site),  # type: ignore[union-attr]
+        classes,
+        *sync_words(p),
     )
 
 
-def barrier_groups(p: SpatialProgram) -> list[int]:
-    """The groups the program's Barriers name, in id order."""
-    return sorted({int(op.group) for op in all_ops(p) if isinstance(op, Barrier)})
+def sync_words(
+    p: SpatialProgram,
+) -> tuple[int, dict[tuple[str, int], int], dict[int, tuple[int, ...]], tuple[int, ...]]:
+    """The sites, where each barrier group's arrival counts and each semaphore's copies start in `spatialc_sync`
+    (one word per site each), each group's sites, and every word's initial value: counts at 0, a semaphore's copies
+    at its initial value."""
+    assert p.placement is not None
+    n = len(p.placement.items_of_site)
+    ops = all_ops(p)
+    groups = sorted({int(op.group) for op in ops if isinstance(op, Barrier)})
+    sems = [s for s in p.semaphores if any(isinstance(op, SemInc | SemWait) and op.sem == s.id for op in ops)]
+    words = {("group", g): i * n for i, g in enumerate(groups)}
+    words |= {("sem", int(s.id)): (len(groups) + i) * n for i, s in enumerate(sems)}
+    members = {g: tuple(int(s) for s in next(x.sites for x in p.placement.groups if int(x.id) == g)) for g in groups}
+    initial = (0,) * (len(groups) * n) + tuple(s.initial for s in sems for _ in range(n))
+    return n, words, members, initial
 
 
 # ---- printing --------------------------------------------------------------------------------------------------
@@ -371,13 +385,13 @@ class EnginePrinter(TilePrinter):
         """One counter per ring and op kind the engine uses, so that none is unused."""
         kinds = {Reserve: "rsv", Push: "psh", Wait: "wt", Pop: "pop"}
         used: dict[int, set[str]] = {}
-        for op in walk(self.role.ops):
+        for op in self.role.walk():
             if isinstance(op, Reserve | Push | Wait | Pop):
                 used.setdefault(self.k.rings.template[op.buf], set()).add(kinds[type(op)])
         for r in sorted(used):
             names = [f"{n}_{r} = 0" for n in ("rsv", "psh", "wt", "pop") if n in used[r]]
             self.w.line(f"unsigned {', '.join(names)};")
-        for g in sorted({int(op.group) for op in walk(self.role.ops) if isinstance(op, Barrier)}):
+        for g in sorted({int(op.group) for op in self.role.walk() if isinstance(op, Barrier)}):
             self.w.line(f"int crossed_{g} = 0;  // this site's crossings of group {g}'s barrier (the first thread's)")
 
     def ops(self, ops: tuple[ChoreoOp, ...], env: dict[LoopVar, str]) -> None:
@@ -422,6 +436,18 @@ class EnginePrinter(TilePrinter):
                 self.pack(self.kept(buf), mark)
             case Barrier(group):
                 self.barrier(int(group), mark)
+            case SemInc(sem, at, by):
+                # The engine's threads meet first, so that what they did is released with the add.
+                with self.w.block("", mark):
+                    self.w.line(self.engine_sync())
+                    base = self.k.words[("sem", int(sem))]
+                    self.w.line(f"if (etid == 0) {{ spatialc_grid_add(spatialc_sync + {base} + {int(at)}, {by}); }}")
+            case SemWait(sem, value):
+                # The first thread waits on the site's own copy; the others wait for it at the engine's barrier.
+                with self.w.block("", mark):
+                    base = self.k.words[("sem", int(sem))]
+                    self.w.line(f"if (etid == 0) {{ spatialc_grid_wait(spatialc_sync + {base} + site, {value}); }}")
+                    self.w.line(self.engine_sync())
             case _:
                 raise Unsupported(f"a {type(op).__name__} op", "the general form has no image for it yet")
 
@@ -429,15 +455,24 @@ class EnginePrinter(TilePrinter):
         """Every site of the group arrives, and waits until every site has arrived as often: the engine's threads
         meet first (so what they did is released with the arrival), its first thread adds the site's arrival at
         device scope and waits on the others' with acquire loads, and the engine's threads meet again."""
-        base, sync = self.k.groups[group], f"spatialc_engine_sync({self.bar_id}, {self.role.threads});"
+        base, sync = self.k.words[("group", group)], self.engine_sync()
+        members = self.k.members[group]
         with self.w.block("", mark):
             self.w.line(sync)
             with self.w.block("if (etid == 0)"):
-                self.w.line(f"spatialc_grid_arrive(spatialc_sync + {base} + site);")
+                self.w.line(f"spatialc_grid_add(spatialc_sync + {base} + site, 1);")
                 self.w.line(f"++crossed_{group};")
-                with self.w.block(f"for (int s = 0; s < {self.k.sites}; ++s)"):
-                    self.w.line(f"spatialc_grid_wait(spatialc_sync + {base} + s, crossed_{group});")
+                if members == tuple(range(len(members))):
+                    with self.w.block(f"for (int s = 0; s < {len(members)}; ++s)"):
+                        self.w.line(f"spatialc_grid_wait(spatialc_sync + {base} + s, crossed_{group});")
+                else:
+                    for s in members:
+                        self.w.line(f"spatialc_grid_wait(spatialc_sync + {base} + {s}, crossed_{group});")
             self.w.line(sync)
+
+    def engine_sync(self) -> str:
+        """The engine's threads meet (its named barrier)."""
+        return f"spatialc_engine_sync({self.bar_id}, {self.role.threads});"
 
     def elementwise(self, op: Compute, stage, src: Ring, dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
         """An epilogue stage page to page: each thread of the engine a strided share of the elements."""
@@ -497,8 +532,13 @@ def kernel_text(k: GeneralKernel) -> str:
             for t in k.program.tensors
         ]
         + ["const int* __restrict__ spatialc_work"]
-        + (["int* __restrict__ spatialc_sync"] if k.sync_words else [])
+        + (["int* __restrict__ spatialc_sync"] if k.sync else [])
     )
+    if len(k.classes) > 1:
+        # Sites that run different programs: each site's class (-1: no items, it returns at once).
+        cls = {s: i for i, c in enumerate(k.classes) for s in c.sites}
+        table = ", ".join(str(cls.get(s, -1)) for s in range(k.sites))
+        w.line(f"__device__ const int spatialc_site_class[{k.sites}] = {{{table}}};")
     w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}) void {KERNEL_NAME}({params})')
     with w.block():
         site_prologue(w)
@@ -533,18 +573,34 @@ def _param_type(k: GeneralKernel, t) -> str:
 
 
 def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
-    """One engine's branch: its thread index, counters, accumulators, and its program."""
+    """One engine's branch: its thread index, counters, accumulators, and its program — the site's class's, where
+    sites run different programs."""
     w.line(f"const int etid = tid - {role.first_warp * WARP};")
     w.line("(void)etid;")
     printer = EnginePrinter(k, role, w)
     printer.counters()
-    if any(isinstance(op, AcquireAcc) for op in walk(role.ops)):
+    if any(isinstance(op, AcquireAcc) for op in role.walk()):
         w.line(f"{WMMA}fragment<{WMMA}accumulator, 16, 16, 16, ACCT> accf[PERW];")
+    if len(k.classes) == 1:
+        _program(printer, role.programs[0])
+        return
+    first = True
+    for i, (c, ops) in enumerate(zip(k.classes, role.programs, strict=True)):
+        if not ops:
+            continue
+        sites = ", ".join(map(str, c.sites))
+        with w.block(f"{'if' if first else 'else if'} (spatialc_site_class[site] == {i})", f"// sites {sites}"):
+            _program(printer, ops)
+        first = False
+
+
+def _program(printer: EnginePrinter, ops: tuple[ChoreoOp, ...]) -> None:
+    """One engine program, its item's coordinates bound first when it has no ITEM loop (a site's only item)."""
     env: dict[LoopVar, str] = {}
-    if not any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(role.ops)):
+    if not any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(ops)):
         printer.item_header("ITEM_LIST[item_off]")
         env = {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
-    printer.ops(role.ops, env)
+    printer.ops(ops, env)
 
 
 def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:
@@ -571,8 +627,9 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     """The general-form CUDA artifact of a verified program, or a typed error saying what it cannot print yet."""
     k = make_kernel(program, target)
     opt_in = k.dyn_bytes > target.smem_static_max
+    fixed = len(k.classes) > 1  # the sites run different programs: exactly these sites run
     launch = launch_for(
-        program, target, KERNEL_NAME, k.types, k.threads, k.dyn_bytes, opt_in, k.blocks_per_sm, k.sync_words
+        program, target, KERNEL_NAME, k.types, k.threads, k.dyn_bytes, opt_in, k.blocks_per_sm, k.sync, fixed
     )
-    programs = tuple(role.ops for role in k.roles)
+    programs = tuple(ops for role in k.roles for ops in role.programs)
     return assemble(program, target.name, kernel_text(k), programs, launch, budget_of(k, target))

@@ -52,14 +52,14 @@ __device__ __forceinline__ void spatialc_engine_sync(unsigned id, unsigned threa
     asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// One arrival of this site at a grid barrier: a release add at device scope, ordered after everything the engine's
-// threads did before they met.
-__device__ __forceinline__ void spatialc_grid_arrive(int* word)
+// Add `by` to a site's count (a barrier's arrivals, a semaphore): a release add at device scope, ordered after
+// everything the engine's threads did before they met.
+__device__ __forceinline__ void spatialc_grid_add(int* word, int by)
 {
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(word) : "memory");
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(word), "r"(by) : "memory");
 }
 
-// Until another site's arrival count reaches `value`: acquire loads at device scope, backing off with __nanosleep.
+// Until a site's count reaches `value`: acquire loads at device scope, backing off with __nanosleep.
 __device__ __forceinline__ void spatialc_grid_wait(const int* word, int value)
 {
     for (int spin = 0;; ++spin) {

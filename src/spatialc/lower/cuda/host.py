@@ -90,14 +90,15 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
 
 
 def _launch(p: SpatialProgram, launch: Launch, w: Writer, note: str = "") -> None:
-    """One launch. A kernel whose sites wait on each other gets its arrival counts zeroed and is launched
-    cooperatively (every block resident at once, or the launch fails)."""
+    """One launch. A kernel whose sites hand over to each other gets its sync words set (arrival counts to 0,
+    semaphores to their initial values) and is launched cooperatively (every block resident at once, or it fails)."""
     args = [f"d{int(t.id)}" for t in p.tensors] + ["d_work"]
     if not launch.cooperative:
         dyn = f", {launch.dyn_smem}" if launch.dyn_smem else ""
         w.line(f"{launch.kernel_name}<<<GRID, {launch.block}{dyn}>>>({', '.join(args)});{note}")
         return
-    w.line(f"SPATIALC_CHECK(cudaMemset(d_sync, 0, {launch.sync_words} * sizeof(int)));{note}")
+    copy = "cudaMemcpy(d_sync, sync_init, sizeof(sync_init), cudaMemcpyHostToDevice)"
+    w.line(f"SPATIALC_CHECK({copy});{note}")
     w.line(f"void* args[] = {{{', '.join(f'&{a}' for a in [*args, 'd_sync'])}}};")
     w.line(
         f"SPATIALC_CHECK(cudaLaunchCooperativeKernel({launch.kernel_name}, dim3(GRID), dim3({launch.block}), args, "
@@ -119,8 +120,11 @@ def _co_resident(launch: Launch, w: Writer) -> None:
             r'once; this device holds %d (%d SMs x %d blocks)\n", GRID, sms_here * per_sm, sms_here, per_sm);'
         )
         w.line("return 1;")
+    w.line(
+        f"static const int sync_init[] = {{{', '.join(map(str, launch.sync))}}};  // counts at 0, semaphores' initial"
+    )
     w.line("int* d_sync = nullptr;")
-    w.line(f"SPATIALC_CHECK(cudaMalloc(&d_sync, {launch.sync_words} * sizeof(int)));")
+    w.line("SPATIALC_CHECK(cudaMalloc(&d_sync, sizeof(sync_init)));")
 
 
 def _work(launch: Launch, w: Writer) -> None:

@@ -4,6 +4,8 @@ launch contract of a kernel printed from it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...epilogue import dot_range
 from ...ir.ids import LV_ITEM
 from ...ir.nodes import ComputeStage, Engine, ReadStage, SpatialProgram, Stage, TensorRole
@@ -99,28 +101,55 @@ def _normal(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
     )
 
 
-def site_engines(p: SpatialProgram) -> tuple[tuple[Engine, tuple[ChoreoOp, ...]], ...]:
-    """Each engine of the first site with items and its program (in an ITEM loop), after checking every other site
-    runs the same ones: one kernel text runs every site."""
+@dataclass(frozen=True, slots=True)
+class SiteClass:
+    """Sites that run the same engine programs (their ITEM loop counts aside), in blockIdx order, and those programs
+    (each in an ITEM loop)."""
+
+    sites: tuple[int, ...]
+    engines: tuple[tuple[Engine, tuple[ChoreoOp, ...]], ...]
+
+
+def site_classes(p: SpatialProgram) -> tuple[SiteClass, ...]:
+    """The sites with items, grouped by the engine programs they run, in the order of their first site — after
+    checking that every site's ITEM loops run its share of the items and that a site without items runs nothing
+    (the kernel returns at once for it)."""
     assert p.placement is not None and p.schedule is not None
-    sites = [(s, items) for s, items in p.placement.items_of_site]
-    site = next(s for s, items in sites if items)
-    shown = tuple((prog.engine, _normal(prog.ops)) for prog in p.schedule.programs_of(site))
-    for s, items in sites:
+    groups: dict[tuple, list[int]] = {}
+    programs: dict[tuple, tuple] = {}
+    for s, items in p.placement.items_of_site:
         progs = p.schedule.programs_of(s)
-        same = tuple((prog.engine, _normal(prog.ops)) for prog in progs) == shown
-        if not (same or (not items and all(not prog.ops for prog in progs))):
-            raise Unsupported(
-                f"site {int(s)}, whose engine programs differ from site {int(site)}'s",
-                "one kernel text runs every site; only the number of items may differ",
-            )
         counts = {op.count for prog in progs for op in walk(prog.ops) if isinstance(op, Loop) and op.var == LV_ITEM}
         if counts - {Const(len(items))} or (not counts and len(items) > 1):
             raise Unsupported(
                 f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
                 "the kernel's ITEM loop runs the site's share of the work list",
             )
-    return tuple((prog.engine, _per_item(prog.ops)) for prog in p.schedule.programs_of(site))
+        if not items:  # the kernel returns at once for it: nothing outside an ITEM loop (run no times) may be lost
+            if any(not (isinstance(op, Loop) and op.var == LV_ITEM) for prog in progs for op in prog.ops):
+                raise Unsupported(
+                    f"site {int(s)}, which has no items and ops outside its ITEM loops", "it returns at once"
+                )
+            continue
+        key = tuple((prog.engine, _normal(prog.ops)) for prog in progs)
+        groups.setdefault(key, []).append(int(s))
+        programs.setdefault(key, progs)
+    return tuple(
+        SiteClass(tuple(sites), tuple((prog.engine, _per_item(prog.ops)) for prog in programs[key]))
+        for key, sites in groups.items()
+    )
+
+
+def site_engines(p: SpatialProgram) -> tuple[tuple[Engine, tuple[ChoreoOp, ...]], ...]:
+    """Each engine and its program (in an ITEM loop), which every site with items runs: one kernel text, whose
+    flow every site shares, runs them all."""
+    classes = site_classes(p)
+    if len(classes) > 1:
+        raise Unsupported(
+            f"site {classes[1].sites[0]}, whose engine programs differ from site {classes[0].sites[0]}'s",
+            "one kernel text runs every site; only the number of items may differ",
+        )
+    return classes[0].engines
 
 
 def printed_site_programs(p: SpatialProgram) -> tuple[tuple[ChoreoOp, ...], ...]:
@@ -151,12 +180,14 @@ def launch_for(
     dyn_smem: int,
     opt_in: bool,
     blocks_per_sm: int,
-    sync_words: int = 0,
+    sync: tuple[int, ...] = (),
+    fixed: bool = False,
 ) -> Launch:
     """How a host language launches a kernel printed from `p`. A placement the rules make, over as many sites as the
     target keeps resident, follows the device at launch (its multiprocessors × the blocks each holds); any other
     keeps its list. Inputs hold the operand type, the output the output tensor's type, parameters their own. A kernel
-    with `sync_words` (sites that wait on each other) runs exactly its sites, cooperatively."""
+    `fixed` to its sites (they run different programs), or with `sync` words (they hand over to each other: then
+    cooperatively), runs exactly its sites."""
     params = tuple(
         KernelParam(
             t.name,
@@ -172,7 +203,7 @@ def launch_for(
     items = site_items(p)
     n_items = p.plans[0].items
     ruled = placement.kind in RULES and [list(i) for i in items] == split_items(n_items, len(items), placement.kind)
-    follows = ruled and not sync_words and len(items) == launch_sites(n_items, target.units, blocks_per_sm)
+    follows = ruled and not (fixed or sync) and len(items) == launch_sites(n_items, target.units, blocks_per_sm)
     return Launch(
         kernel_name,
         len(items),
@@ -185,6 +216,6 @@ def launch_for(
         placement.kind if ruled else "listed",
         blocks_per_sm if follows else 0,
         () if ruled else tuple(work_table([list(i) for i in items])),
-        sync_words,
-        bool(sync_words),
+        sync,
+        bool(sync),
     )

@@ -1,5 +1,6 @@
 // spatialc host emulation — the general form's synchronisation (lower/cuda/general_mbarrier.cuh): mbarriers, as its
-// rings use them; an engine's named barrier; arrival counts in global memory for sites that wait on each other.
+// rings use them; an engine's named barrier; counts in global memory (barrier arrivals, semaphores) for sites that
+// hand over to each other.
 //
 // An mbarrier counts arrivals; the one that completes a phase flips its parity and wakes every waiter. A waiter
 // names the parity of the phase it waits for and passes at once if that phase is already complete. Arrivals
@@ -24,7 +25,7 @@ SPATIALC_EMU_FN void mbar_arrive(void* bar, int line);
 SPATIALC_EMU_FN void mbar_cp_async_arrive(void* bar, int line);
 SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line);
 SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line);
-SPATIALC_EMU_FN void grid_arrive(int* word, int line);
+SPATIALC_EMU_FN void grid_add(int* word, int by, int line);
 SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line);
 
 }  // namespace spatialc_emu
@@ -46,7 +47,9 @@ inline void spatialc_mbar_wait(unsigned long long* bar, unsigned parity, int lin
 inline void spatialc_engine_sync(unsigned id, unsigned threads, int line = __builtin_LINE()) {
     spatialc_emu::engine_sync(id, threads, line);
 }
-inline void spatialc_grid_arrive(int* word, int line = __builtin_LINE()) { spatialc_emu::grid_arrive(word, line); }
+inline void spatialc_grid_add(int* word, int by, int line = __builtin_LINE()) {
+    spatialc_emu::grid_add(word, by, line);
+}
 inline void spatialc_grid_wait(const int* word, int value, int line = __builtin_LINE()) {
     spatialc_emu::grid_wait(word, value, line);
 }

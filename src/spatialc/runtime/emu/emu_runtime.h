@@ -515,9 +515,9 @@ SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line) {
 
 inline std::atomic<unsigned> grid_gen{0};  // moves at every arrival: what a site waiting on another sleeps on
 
-SPATIALC_EMU_FN void grid_arrive(int* word, int) {
-    me("spatialc_grid_arrive");
-    std::atomic_ref<int>(*word).fetch_add(1, std::memory_order_release);
+SPATIALC_EMU_FN void grid_add(int* word, int by, int) {
+    me("spatialc_grid_add");
+    std::atomic_ref<int>(*word).fetch_add(by, std::memory_order_release);
     grid_gen.fetch_add(1, std::memory_order_release);
     grid_gen.notify_all();
     progress.fetch_add(1, std::memory_order_relaxed);
@@ -533,7 +533,7 @@ SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line) {
         const int now = w.load(std::memory_order_acquire);
         if (now >= value) break;
         std::snprintf(t.where_buf, sizeof t.where_buf,
-                      "waits for the arrival count at global %p to reach %d (it is %d)", static_cast<const void*>(word),
+                      "waits for the count at global %p to reach %d (it is %d)", static_cast<const void*>(word),
                       value, now);
         t.where = t.where_buf;
         t.where_line = line;

@@ -1,5 +1,6 @@
-"""Sites that wait on each other: a hand-written program with a group barrier, which only the general form prints —
-a cooperative launch of blocks that all run at once, in the emulation too — and what goes wrong when they cannot."""
+"""Sites that hand over to each other: hand-written programs with a group barrier or a semaphore handshake, which
+only the general form prints — a cooperative launch of blocks that all run at once, in the emulation too — and what
+goes wrong when they cannot."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import numpy as np
 import pytest
 
 import spatialc
-from spatialc.ir.ids import LV_ITEM, GroupId, Site
-from spatialc.ir.nodes import Engine, Group
-from spatialc.ir.ops import Barrier, Loop
-from spatialc.lower.cuda import general
-from spatialc.lower.errors import NeedsGeneral, Unsupported
+from spatialc.ir.ids import LV_ITEM, GroupId, SemId, Site
+from spatialc.ir.nodes import Engine, Group, Semaphore
+from spatialc.ir.ops import Barrier, Loop, SemInc, SemWait
+from spatialc.lower.errors import NeedsGeneral
 from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationError, EmulationFault, EmulationTimeout
 
@@ -29,8 +29,11 @@ INPUTS = {
 }
 
 
-def with_barrier(p, engine: Engine = Engine.WRITER, members: int | None = None):
-    """`p` with a group of its first `members` sites (all) and a Barrier of it at the end of each item of `engine`."""
+def with_barrier(
+    p, engine: Engine = Engine.WRITER, members: int | None = None, crossing: tuple[int, ...] | None = None
+):
+    """`p` with a group of its first `members` sites (all) and a Barrier of it at the end of each item of `engine`,
+    on the `crossing` sites (all)."""
     n = len(p.placement.items_of_site)
     group = Group(GroupId(0), tuple(Site(s) for s in range(members or n)))
     q = p.evolve(placement=dataclasses.replace(p.placement, groups=(group,)), verified=False)
@@ -45,7 +48,15 @@ def with_barrier(p, engine: Engine = Engine.WRITER, members: int | None = None):
             for op in ops
         )
 
-    return edit(q, engine, add)
+    return edit(q, engine, add, None if crossing is None else tuple(Site(s) for s in crossing))
+
+
+def handshake(p, waiter: int = 1):
+    """`p` with a semaphore: site 0's writer adds 1 to site `waiter`'s copy when it has stored all its items, and
+    site `waiter`'s reader waits for it before it reads anything."""
+    q = p.evolve(semaphores=(Semaphore(SemId(0), "done0"),), verified=False)
+    q = edit(q, Engine.WRITER, lambda ops: (*ops, SemInc(SemId(0), Site(waiter), 1)), sites=(Site(0),))
+    return edit(q, Engine.READER, lambda ops: (SemWait(SemId(0), 1), *ops), sites=(Site(waiter),))
 
 
 @pytest.fixture(scope="module")
@@ -66,25 +77,42 @@ def test_only_the_general_form_prints_a_barrier_as_a_cooperative_launch(program)
         spatialc.lower(program, form="persistent")
     art = spatialc.lower(program)
     ls = art.launch
-    assert art.budget.form == "general" and ls.cooperative and ls.sync_words == 4 and ls.per_sm == 0
+    assert art.budget.form == "general" and ls.cooperative and ls.sync == (0, 0, 0, 0) and ls.per_sm == 0
     assert ls.sites(132) == ls.sites(1) == ls.grid == 4  # the sites do not follow the device: they name each other
     assert "int* __restrict__ spatialc_sync)" in art.kernel_cu
-    assert art.kernel_cu.count("spatialc_grid_arrive(spatialc_sync + 0 + site);") == 1
+    assert art.kernel_cu.count("spatialc_grid_add(spatialc_sync + 0 + site, 1);") == 1
     assert "spatialc_engine_sync(3, 32);" in art.kernel_cu  # the writer, third engine, one warp
     assert "cudaLaunchCooperativeKernel(spatialc_general, dim3(GRID)" in art.program_cu
     assert "cudaOccupancyMaxActiveBlocksPerMultiprocessor" in art.program_cu
     assert art.census.agrees and art.census.program["Barrier"] == 1
 
 
-def test_a_barrier_over_some_of_the_sites_is_refused_by_name():
+def test_a_barrier_crossed_by_some_sites_only_is_printed_for_those_sites():
     base = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(1, 1, 1), sites=4)
-    some = with_barrier(base, members=2)
-    # Every site runs the same program, so sites outside the group would cross its barrier: verify refuses that,
-    # and the general backend, called on such a program directly, names what it does not print.
+    # Sites outside the group may not cross its barrier: verify refuses that.
     with pytest.raises(spatialc.VerifyError, match="site 2 is not in group 0"):
-        spatialc.verify(some)
-    with pytest.raises(Unsupported, match="a barrier of group 0 over 2 of the 4 sites"):
-        general.lower(some.evolve(verified=True), spatialc.target("sm_86"))
+        spatialc.verify(with_barrier(base, members=2))
+    p = spatialc.verify(with_barrier(base, members=2, crossing=(0, 1)))
+    art = spatialc.lower(p)
+    assert "__device__ const int spatialc_site_class[4] = {0, 0, 1, 1};" in art.kernel_cu
+    assert art.kernel_cu.count("if (spatialc_site_class[site] == 0) {  // sites 0, 1") == 3  # each engine's branch
+    assert art.launch.sync == (0, 0, 0, 0) and art.launch.per_sm == 0 and art.census.agrees
+    assert art.census.program["Barrier"] == 1 and "for (int s = 0; s < 2; ++s)" in art.kernel_cu
+
+
+def test_a_semaphore_handshake_is_printed_with_its_initial_value():
+    base = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(1, 1, 1), sites=2)
+    p = spatialc.verify(handshake(base))
+    with pytest.raises(NeedsGeneral, match="a semaphore handshake"):
+        spatialc.lower(p, form="persistent")
+    art = spatialc.lower(p)
+    assert art.budget.form == "general" and art.launch.cooperative and art.launch.sync == (0, 0)
+    assert "spatialc_grid_add(spatialc_sync + 0 + 1, 1);" in art.kernel_cu
+    assert "spatialc_grid_wait(spatialc_sync + 0 + site, 1);" in art.kernel_cu
+    assert art.census.agrees and art.census.program["SemInc"] == art.census.program["SemWait"] == 1
+    started = spatialc.verify(p.evolve(semaphores=(Semaphore(SemId(0), "done0", initial=3),), verified=False))
+    assert spatialc.lower(started).launch.sync == (3, 3)
+    assert "static const int sync_init[] = {3, 3};" in spatialc.lower(started).program_cu
 
 
 @emulation
@@ -101,13 +129,13 @@ def test_blocks_that_wait_on_each_other_run_at_once_and_equal_the_interpreter(pr
 def test_an_arrival_at_the_wrong_sites_count_is_a_hang_the_watchdog_names(program):
     art = spatialc.lower(program)
     text = art.program_cu.replace(
-        "spatialc_grid_arrive(spatialc_sync + 0 + site);", "spatialc_grid_arrive(spatialc_sync);"
+        "spatialc_grid_add(spatialc_sync + 0 + site, 1);", "spatialc_grid_add(spatialc_sync, 1);"
     )
     assert text != art.program_cu
     with pytest.raises(EmulationTimeout) as info:
         spatialc.emulate(dataclasses.replace(art, program_cu=text), INPUTS, timeout=6)
     report = str(info.value)
-    assert "TIMEOUT: no progress" in report and "waits for the arrival count at global" in report
+    assert "TIMEOUT: no progress" in report and "waits for the count at global" in report
     assert "to reach 1 (it is 0)" in report and "waits at its engine's barrier 3" in report
 
 
@@ -121,6 +149,34 @@ def test_a_device_that_cannot_hold_every_site_refuses_before_launching():
     with pytest.raises(EmulationFault, match=r"the 16 sites of this kernel wait on each other.*holds 10 \(1 SMs x 10"):
         spatialc.emulate(art, INPUTS, sms=1, timeout=30)
     np.testing.assert_array_equal(spatialc.emulate(art, INPUTS, sms=2, timeout=60), spatialc.evaluate(p, INPUTS))
+
+
+@emulation
+@pytest.mark.emulation
+@pytest.mark.parametrize("mode", ["late", "early"])
+def test_a_handshake_and_a_partial_barrier_equal_the_interpreter(mode):
+    base = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(1, 1, 1), sites=4)
+    for p in (
+        spatialc.verify(handshake(base, waiter=3)),
+        spatialc.verify(with_barrier(base, members=2, crossing=(0, 1))),
+    ):
+        c = spatialc.emulate(spatialc.lower(p), INPUTS, mode=mode, timeout=60)
+        np.testing.assert_array_equal(c, spatialc.evaluate(p, INPUTS))
+
+
+@emulation
+@pytest.mark.emulation
+def test_a_semaphore_added_at_the_wrong_site_is_a_hang_the_watchdog_names():
+    base = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(1, 1, 1), sites=2)
+    art = spatialc.lower(spatialc.verify(handshake(base)))
+    right = "spatialc_grid_add(spatialc_sync + 0 + 1, 1);"
+    text = art.program_cu.replace(right, "spatialc_grid_add(spatialc_sync + 0 + 0, 1);")
+    assert text != art.program_cu
+    with pytest.raises(EmulationTimeout) as info:
+        spatialc.emulate(dataclasses.replace(art, program_cu=text), INPUTS, timeout=6)
+    report = str(info.value)
+    assert "waits for the count at global" in report and "to reach 1 (it is 0)" in report
+    assert "Threads of block 1:" in report
 
 
 class CooperativeDevice(NumpyDevice):
