@@ -8,8 +8,6 @@ import pytest
 
 import spatialc
 from spatialc.cli import main
-from spatialc.ir.ids import SemId
-from spatialc.ir.nodes import Semaphore
 
 
 def run_cli(capsys, *argv):
@@ -192,12 +190,14 @@ def test_verify_says_which_form_takes_a_program_and_why(capsys, tmp_path):
 
 
 def test_verify_says_why_no_lowering_takes_a_program(capsys, tmp_path):
-    p = spatialc.build(spatialc.gemm(40, 48, 64, "int8"), "sm_80")
-    p = spatialc.verify(p.evolve(semaphores=(Semaphore(SemId(0), "s"),), verified=False))
+    # An activation the persistent kernel leaves to the general form, on a plan whose rings the general form's
+    # shared memory cannot hold (it keeps the output and the activation's pages).
+    gemm = spatialc.gemm(256, 256, 256, "fp16", epilogue=[spatialc.activation("gelu")])
+    p = spatialc.build(gemm, "sm_86", block=(4, 4, 4), depth=5)
     path = tmp_path / "p.json"
     path.write_text(spatialc.to_json(p))
     status, out, _ = run_cli(capsys, "verify", str(path))
-    assert status == 0 and "lowering  none yet: cannot lower a semaphore handshake" in out
+    assert status == 0 and "lowering  none yet: shared memory of one block of the general form on sm_86" in out
 
 
 def test_lower_writes_a_saved_programs_kernel_and_names_each_file(capsys, saved, tmp_path):
