@@ -86,6 +86,9 @@ class Launch:
     # refused where the device cannot hold them all.
     sync: tuple[int, ...] = ()
     cooperative: bool = False
+    # A loop count read from data: words `trip_error` and `trip_error + 1` of the sync array hold, after the launch,
+    # a flag and the offending count when one was outside its bound (the loop then ran no times); -1: no such loop.
+    trip_error: int = -1
 
     @property
     def sync_words(self) -> int:

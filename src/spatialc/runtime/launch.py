@@ -216,10 +216,11 @@ class Prepared:
         """Launch once (asynchronously) with buffers in parameter order; a kernel whose sites wait on each other has
         its sync words set (arrival counts to 0, semaphores to their initial values) and is launched cooperatively."""
         ls = self.launch_spec
-        if self.sync is None:
+        if self.sync is not None:
+            self.sync[:] = self.xp.asarray(ls.sync, dtype=self.xp.int32)
+        if not getattr(ls, "cooperative", False):
             self.device.launch(self.kernel, self.grid or ls.grid, ls.block, ls.dyn_smem, args)
             return
-        self.sync[:] = self.xp.asarray(ls.sync, dtype=self.xp.int32)
         cooperative = getattr(self.device, "launch_cooperative", None)
         if cooperative is None:
             raise LaunchError("this device cannot launch a kernel whose sites wait on each other (cooperatively)")
@@ -229,6 +230,15 @@ class Prepared:
             if "COOPERATIVE_LAUNCH_TOO_LARGE" in str(e).upper().replace(" ", "_"):
                 raise LaunchError(not_resident(self.grid, getattr(self.device, "sms", None))) from None
             raise
+
+    def check(self) -> None:
+        """After a launch (it waits for it): LaunchError when a loop count read from data was beyond its bound."""
+        at = getattr(self.launch_spec, "trip_error", -1)
+        if self.sync is None or at < 0:
+            return
+        flag, count = (int(x) for x in self.sync[at : at + 2].tolist())
+        if flag:
+            raise LaunchError(f"a loop count read from data is {count}, beyond its bound; the loop ran no times")
 
     def result(self, out: Any) -> Any:
         """The logical C of a tiled output buffer (still on the device)."""
@@ -250,12 +260,11 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
         return Prepared(device, kernel, ls, args, ls.grid)
     sms = getattr(device, "sms", None)  # the sites follow the device's multiprocessors, by the placement's rule
     grid, work = work_list(ls, sms)
-    if not getattr(ls, "cooperative", False):
-        return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work))
+    sync = device.xp.asarray(ls.sync, dtype=device.xp.int32) if getattr(ls, "sync", ()) else None
     occupancy = getattr(device, "occupancy", None)  # blocks of this kernel one multiprocessor holds
-    if occupancy is not None and sms is not None and sms * occupancy(kernel, ls.block, ls.dyn_smem) < grid:
-        raise LaunchError(not_resident(grid, sms, occupancy(kernel, ls.block, ls.dyn_smem)))
-    sync = device.xp.asarray(ls.sync, dtype=device.xp.int32)
+    per_sm = occupancy(kernel, ls.block, ls.dyn_smem) if occupancy is not None else None
+    if getattr(ls, "cooperative", False) and per_sm is not None and sms is not None and sms * per_sm < grid:
+        raise LaunchError(not_resident(grid, sms, per_sm))
     return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work), sync)
 
 
@@ -292,6 +301,7 @@ def run_with(device: Any, artifact: Any, a: Any, b: Any, **params: Any) -> Any:
         x, is_bf16 = device.upload(value)
         buffers.append(prep.tiled(arg, _converted(arg, x, is_bf16, device.xp)))
     prep.run(tuple(buffers))
+    prep.check()
     c = prep.result(out)
     like = [v for _, v in bound if v is not None]
     if prep.output.elem != "bfloat16":

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
-from ...ir.nodes import ComputeStage, Engine, Plan, SpatialProgram, TensorRole
+from ...ir.nodes import ComputeStage, DType, Engine, Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
     Barrier,
@@ -132,6 +132,12 @@ class GeneralKernel:
     words: dict[tuple[str, int], int]  # ("group" | "sem", id) → its first word in spatialc_sync (one per site)
     members: dict[int, tuple[int, ...]]  # group of a Barrier → its sites
     sync: tuple[int, ...]  # the initial value of every word of spatialc_sync (() when the kernel takes none)
+    trip_error: int  # the word of spatialc_sync flagging a trip count out of its bound, the count after it (-1: none)
+
+    @property
+    def cooperative(self) -> bool:
+        """Whether sites hand over to each other (barriers, semaphores): every one must be resident at once."""
+        return bool(self.words)
 
     @property
     def threads(self) -> int:
@@ -156,8 +162,15 @@ def refuse(p: SpatialProgram) -> None:
         raise Unsupported("a SemSet", "a semaphore only counts up in the general form (SemInc, SemWait)")
     if multicast:
         raise Unsupported("a multicast", later)
-    if any(isinstance(op, Loop) and isinstance(op.count, Trip) for op in ops):
-        raise Unsupported("a loop whose trip count is read from data", later)
+    for op in ops:
+        if isinstance(op, Loop) and isinstance(op.count, Trip):
+            t = p.tensor(op.count.tensor)
+            if t.role != TensorRole.PARAMETER or t.dtype != DType.INT32:
+                raise Unsupported(f"a loop count read from {t.name}", "trip counts are read from an int32 parameter")
+            if not 0 <= op.count.index < t.elems[0] * t.elems[1]:
+                raise Unsupported(
+                    f"a loop count read from element {op.count.index} of {t.name}", "it has no such element"
+                )
     matmuls = [s for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)]
     if len(matmuls) > 1:
         raise Unsupported("several tile matmuls", "the compute warps hold one accumulator block per item so far")
@@ -341,12 +354,14 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
     )
 
 
-def sync_words(
-    p: SpatialProgram,
-) -> tuple[int, dict[tuple[str, int], int], dict[int, tuple[int, ...]], tuple[int, ...]]:
+Words = dict[tuple[str, int], int]  # ("group" | "sem", id) → its first word in spatialc_sync
+
+
+def sync_words(p: SpatialProgram) -> tuple[int, Words, dict[int, tuple[int, ...]], tuple[int, ...], int]:
     """The sites, where each barrier group's arrival counts and each semaphore's copies start in `spatialc_sync`
-    (one word per site each), each group's sites, and every word's initial value: counts at 0, a semaphore's copies
-    at its initial value."""
+    (one word per site each), each group's sites, every word's initial value (counts at 0, a semaphore's copies at
+    its initial value) and, for a program with loop counts read from data, the first of the two words after them
+    for an error (-1: none)."""
     assert p.placement is not None
     n = len(p.placement.items_of_site)
     ops = all_ops(p)
@@ -356,7 +371,9 @@ def sync_words(
     words |= {("sem", int(s.id)): (len(groups) + i) * n for i, s in enumerate(sems)}
     members = {g: tuple(int(s) for s in next(x.sites for x in p.placement.groups if int(x.id) == g)) for g in groups}
     initial = (0,) * (len(groups) * n) + tuple(s.initial for s in sems for _ in range(n))
-    return n, words, members, initial
+    if not any(isinstance(op, Loop) and isinstance(op.count, Trip) for op in ops):
+        return n, words, members, initial, -1
+    return n, words, members, (*initial, 0, 0), len(initial)
 
 
 # ---- printing --------------------------------------------------------------------------------------------------
@@ -401,6 +418,17 @@ class EnginePrinter(TilePrinter):
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
         match op:
+            case Loop(var, Trip() as trip, body):
+                # Every thread of the engine reads the count itself: they all run the loop as often.
+                v = loop_var_name(var)
+                t = self.k.program.tensor(trip.tensor)
+                row, col = divmod(trip.index, t.elems[1])
+                at = ((row // 16) * t.tiles[1] + col // 16) * TILE_ELEMS + (row % 16) * 16 + col % 16
+                with self.w.block():
+                    read = f"t{int(trip.tensor)}[{at}], {trip.bound}, spatialc_sync + {self.k.trip_error}"
+                    self.w.line(f"const int trip_{v} = spatialc_trip({read});  // {t.name}[{trip.index}]")
+                    with self.w.block(f"for (int {v} = 0; {v} < trip_{v}; ++{v})", mark):
+                        self.ops(body, env | {var: v})
             case Loop(var, count, body):
                 v = loop_var_name(var)
                 bound = "n_items" if var == LV_ITEM else str(count.n)  # type: ignore[union-attr]
@@ -629,7 +657,18 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     opt_in = k.dyn_bytes > target.smem_static_max
     fixed = len(k.classes) > 1  # the sites run different programs: exactly these sites run
     launch = launch_for(
-        program, target, KERNEL_NAME, k.types, k.threads, k.dyn_bytes, opt_in, k.blocks_per_sm, k.sync, fixed
+        program,
+        target,
+        KERNEL_NAME,
+        k.types,
+        k.threads,
+        k.dyn_bytes,
+        opt_in,
+        k.blocks_per_sm,
+        k.sync,
+        fixed or k.cooperative,
+        k.cooperative,
+        k.trip_error,
     )
     programs = tuple(ops for role in k.roles for ops in role.programs)
     return assemble(program, target.name, kernel_text(k), programs, launch, budget_of(k, target))

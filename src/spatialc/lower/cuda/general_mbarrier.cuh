@@ -74,3 +74,15 @@ __device__ __forceinline__ void spatialc_grid_wait(const int* word, int value)
     }
 }
 #endif
+
+// A loop count read from data: `value` where it lies in 0..bound; otherwise 0 — the loop runs no times, so no access
+// ever uses a count beyond its bound — with a flag and the count left in error[0], error[1] for the host to report.
+__device__ __forceinline__ int spatialc_trip(int value, int bound, int* error)
+{
+    if (value >= 0 && value <= bound) {
+        return value;
+    }
+    error[0] = 1;
+    error[1] = value;
+    return 0;
+}

@@ -90,16 +90,18 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
 
 
 def _launch(p: SpatialProgram, launch: Launch, w: Writer, note: str = "") -> None:
-    """One launch. A kernel whose sites hand over to each other gets its sync words set (arrival counts to 0,
-    semaphores to their initial values) and is launched cooperatively (every block resident at once, or it fails)."""
-    args = [f"d{int(t.id)}" for t in p.tensors] + ["d_work"]
+    """One launch. A kernel with sync words gets them set first (arrival counts and error flags to 0, semaphores
+    to their initial values); one whose sites hand over to each other is launched cooperatively (every block
+    resident at once, or it fails)."""
+    args = [f"d{int(t.id)}" for t in p.tensors] + ["d_work"] + (["d_sync"] if launch.sync else [])
+    if launch.sync:
+        w.line(f"SPATIALC_CHECK(cudaMemcpy(d_sync, sync_init, sizeof(sync_init), cudaMemcpyHostToDevice));{note}")
+        note = ""
     if not launch.cooperative:
         dyn = f", {launch.dyn_smem}" if launch.dyn_smem else ""
         w.line(f"{launch.kernel_name}<<<GRID, {launch.block}{dyn}>>>({', '.join(args)});{note}")
         return
-    copy = "cudaMemcpy(d_sync, sync_init, sizeof(sync_init), cudaMemcpyHostToDevice)"
-    w.line(f"SPATIALC_CHECK({copy});{note}")
-    w.line(f"void* args[] = {{{', '.join(f'&{a}' for a in [*args, 'd_sync'])}}};")
+    w.line(f"void* args[] = {{{', '.join(f'&{a}' for a in args)}}};")
     w.line(
         f"SPATIALC_CHECK(cudaLaunchCooperativeKernel({launch.kernel_name}, dim3(GRID), dim3({launch.block}), args, "
         f"{launch.dyn_smem}, 0));"
@@ -120,11 +122,33 @@ def _co_resident(launch: Launch, w: Writer) -> None:
             r'once; this device holds %d (%d SMs x %d blocks)\n", GRID, sms_here * per_sm, sms_here, per_sm);'
         )
         w.line("return 1;")
+
+
+def _sync_words(launch: Launch, w: Writer) -> None:
+    """The kernel's sync words on the device, and their values before a launch."""
+    initial = ", ".join(map(str, launch.sync))
     w.line(
-        f"static const int sync_init[] = {{{', '.join(map(str, launch.sync))}}};  // counts at 0, semaphores' initial"
+        f"static const int sync_init[] = {{{initial}}};  // counts and error flags at 0, semaphores at their initial"
     )
     w.line("int* d_sync = nullptr;")
     w.line("SPATIALC_CHECK(cudaMalloc(&d_sync, sizeof(sync_init)));")
+
+
+def _trip_check(launch: Launch, w: Writer) -> None:
+    """After a launch: a loop count read from data outside its bound is an error, reported in one line."""
+    if launch.trip_error < 0:
+        return
+    w.line("int trip_error[2] = {0, 0};")
+    w.line(
+        f"SPATIALC_CHECK(cudaMemcpy(trip_error, d_sync + {launch.trip_error}, sizeof(trip_error), "
+        "cudaMemcpyDeviceToHost));"
+    )
+    with w.block("if (trip_error[0])"):
+        w.line(
+            r'fprintf(stderr, "spatialc: a loop count read from data is %d, beyond its bound; the loop ran no '
+            r'times\n", trip_error[1]);'
+        )
+        w.line("return 1;")
 
 
 def _work(launch: Launch, w: Writer) -> None:
@@ -155,10 +179,12 @@ def _setup(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -> None:
         )
     if launch.cooperative:
         _co_resident(launch, w)
+    if launch.sync:
+        _sync_words(launch, w)
 
 
 def _free(p: SpatialProgram, launch: Launch, w: Writer) -> None:
-    if launch.cooperative:
+    if launch.sync:
         w.line("SPATIALC_CHECK(cudaFree(d_sync));")
     for t in p.tensors:
         w.line(f"SPATIALC_CHECK(cudaFree(d{int(t.id)}));")
@@ -179,6 +205,7 @@ def program_main(p: SpatialProgram, launch: Launch) -> str:
         _launch(p, launch, w)
         w.line("SPATIALC_CHECK(cudaGetLastError());")
         w.line("SPATIALC_CHECK(cudaDeviceSynchronize());")
+        _trip_check(launch, w)
         w.line(f"std::vector<{ty}> y({_elems(out)});")
         w.line(f"SPATIALC_CHECK(cudaMemcpy(y.data(), d{o}, y.size() * sizeof({ty}), cudaMemcpyDeviceToHost));")
         rows, cols = out.elems

@@ -182,12 +182,14 @@ def launch_for(
     blocks_per_sm: int,
     sync: tuple[int, ...] = (),
     fixed: bool = False,
+    cooperative: bool = False,
+    trip_error: int = -1,
 ) -> Launch:
     """How a host language launches a kernel printed from `p`. A placement the rules make, over as many sites as the
     target keeps resident, follows the device at launch (its multiprocessors × the blocks each holds); any other
     keeps its list. Inputs hold the operand type, the output the output tensor's type, parameters their own. A kernel
-    `fixed` to its sites (they run different programs), or with `sync` words (they hand over to each other: then
-    cooperatively), runs exactly its sites."""
+    `fixed` to its sites (they run different programs), or `cooperative` (they hand over to each other through its
+    `sync` words), runs exactly its sites."""
     params = tuple(
         KernelParam(
             t.name,
@@ -203,7 +205,7 @@ def launch_for(
     items = site_items(p)
     n_items = p.plans[0].items
     ruled = placement.kind in RULES and [list(i) for i in items] == split_items(n_items, len(items), placement.kind)
-    follows = ruled and not (fixed or sync) and len(items) == launch_sites(n_items, target.units, blocks_per_sm)
+    follows = ruled and not (fixed or cooperative) and len(items) == launch_sites(n_items, target.units, blocks_per_sm)
     return Launch(
         kernel_name,
         len(items),
@@ -217,5 +219,6 @@ def launch_for(
         blocks_per_sm if follows else 0,
         () if ruled else tuple(work_table([list(i) for i in items])),
         sync,
-        bool(sync),
+        cooperative,
+        trip_error,
     )
