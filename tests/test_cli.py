@@ -1,6 +1,7 @@
 """The command line: reports, saved programs, and one clear line with exit status 2 for anything wrong."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -273,3 +274,22 @@ def test_the_report_shows_the_kernels_memory_and_the_rings_it_fused(capsys, tmp_
 def test_verify_pictures_on_a_program_that_passes_says_why_nothing_was_drawn(capsys, saved, tmp_path):
     status, out, _ = run_cli(capsys, "verify", str(saved), "--pictures", str(tmp_path / "pics"))
     assert status == 0 and "pictures  none drawn" in out and "there is none" in out
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_emitting_with_nvcc_here_adds_ptxas_registers_to_the_ledger(capsys, saved, tmp_path):
+    status, out, err = run_cli(capsys, "lower", str(saved), "--emit", str(tmp_path / "k"))
+    assert status == 0, err
+    budget = json.loads((tmp_path / "k" / "budget.json").read_text())
+    general = json.loads((tmp_path / "k" / "general" / "budget.json").read_text())
+    assert budget["regs_ptxas"] > 0 and budget["spills_ptxas"] == 0 and general["regs_ptxas"] > 0
+    assert f"~{budget['regs_est']} registers a thread (ptxas: {budget['regs_ptxas']}, spills 0 B)" in out
+
+
+def test_without_nvcc_the_ledger_keeps_the_estimate_alone(capsys, saved, tmp_path, monkeypatch):
+    from spatialc.runtime import launch
+
+    monkeypatch.setattr(launch, "find_nvcc", lambda: None)
+    assert run_cli(capsys, "lower", str(saved), "--emit", str(tmp_path / "k"))[0] == 0
+    assert json.loads((tmp_path / "k" / "budget.json").read_text())["regs_ptxas"] is None

@@ -98,6 +98,8 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.nda
         print(f"  kernel    none: {e}")
         return 0
     times.append(f"lower {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    if args.emit:
+        art = _ptxas(art, times)
     print("\n".join(kernel_lines(p, art)))
     if args.emit:
         from ..lower.cuda.host import write_artifact
@@ -213,12 +215,24 @@ def _lowering(p: SpatialProgram, path: Path) -> str:
     )
 
 
+def _ptxas(art, times: list[str]):
+    """The artifact with ptxas's register counts in its budget, where nvcc is here to compile its kernels."""
+    from ..runtime.launch import find_nvcc, with_ptxas
+
+    if find_nvcc() is None:
+        return art
+    t0 = time.perf_counter()
+    art = with_ptxas(art)
+    times.append(f"nvcc {(time.perf_counter() - t0):.1f} s")
+    return art
+
+
 def cmd_lower(args: argparse.Namespace) -> int:
     """Lower a saved program and write its kernel's files."""
     from ..lower.cuda.host import write_artifact
 
     p = _verified(args.file)
-    art = api.lower(p, form=args.form)
+    art = _ptxas(api.lower(p, form=args.form), [])
     print(f"{p.name}: lowered for {art.target} in {art.budget.form} form")
     print("\n".join(kernel_lines(p, art)))
     for f in sorted(write_artifact(art, args.emit)):

@@ -71,6 +71,11 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             f"            shared memory {bud.total_bytes} bytes a block (budget.json: all dynamic{opt_in}):"
             f" {kept}, barriers {bud.barrier_bytes} B",
         ]
+        if art.launch.cooperative:
+            memory.append(
+                f"            its {art.launch.grid} sites hand over to each other: a cooperative launch, every site"
+                f" resident at once ({plural(art.launch.sync_words, 'sync word')} in global memory)"
+            )
     else:
         memory = [
             f"  kernel    shared memory {bud.total_bytes} bytes a block (budget.json: {bud.static_bytes} static +"
@@ -80,7 +85,8 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
     return [
         *memory,
         f"  occupancy {plural(bud.blocks_per_sm, 'block')} per SM of {target(p.target).name},"
-        f" {bud.threads} threads each, ~{bud.regs_est} registers a thread",
+        f" {bud.threads} threads each, ~{bud.regs_est} registers a thread"
+        + (f" (ptxas: {bud.regs_ptxas}, spills {bud.spills_ptxas} B)" if bud.regs_ptxas is not None else ""),
         f"  census    {sum(art.census.program.values())} ops, printed kernel"
         f" {'agrees' if art.census.agrees else 'DISAGREES'} (each op printed as its own statement)",
     ]

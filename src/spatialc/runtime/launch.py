@@ -498,6 +498,26 @@ def nvrtc_source(source: str) -> str:
     return pattern.sub("", source)
 
 
+def with_ptxas(artifact: Any, timeout_s: float = 300.0) -> Any:
+    """`artifact` (and the general form it carries) with ptxas's register and spill counts in its budget, its kernel
+    compiled by nvcc for the artifact's target; as it was where nvcc is missing or refuses (then the estimate
+    stands alone)."""
+    import dataclasses
+
+    if artifact is None or find_nvcc() is None:
+        return artifact
+    try:
+        path = compile_cubin(artifact.kernel_cu, artifact.target, timeout_s=timeout_s)
+    except KernelBuildError:
+        return artifact
+    info = kernel_ptxas(path, artifact.launch.kernel_name)
+    budget = artifact.budget
+    if info is not None:
+        spills = info.spill_stores + info.spill_loads
+        budget = dataclasses.replace(budget, regs_ptxas=info.registers, spills_ptxas=spills)
+    return dataclasses.replace(artifact, budget=budget, general=with_ptxas(artifact.general, timeout_s))
+
+
 def needs_smem_attribute(dyn_smem: int) -> bool:
     """Whether to raise the kernel's dynamic shared-memory limit to `dyn_smem` before launching.
 
