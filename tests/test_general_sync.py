@@ -14,7 +14,8 @@ import spatialc
 from spatialc.ir.ids import LV_ITEM, GroupId, SemId, Site
 from spatialc.ir.nodes import Engine, Group, Semaphore
 from spatialc.ir.ops import Barrier, Loop, SemInc, SemWait
-from spatialc.lower.errors import NeedsGeneral
+from spatialc.lower.cuda import general
+from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationError, EmulationFault, EmulationTimeout
 
@@ -213,3 +214,22 @@ def test_the_launcher_zeroes_the_counts_launches_cooperatively_and_refuses_too_f
     with pytest.raises(L.LaunchError, match="cannot launch a kernel whose sites wait on each other"):
         L.run_with(plain, art, INPUTS["A"], INPUTS["B"])
     assert EmulationError  # the emulation's errors are a family of their own, checked above
+
+
+def test_a_barrier_two_engines_of_one_site_cross_is_refused_by_name():
+    base = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(1, 1, 1), sites=2)
+    both = with_barrier(with_barrier(base), engine=Engine.READER)
+    with pytest.raises(Unsupported, match="a barrier of group 0 crossed by two engines of site 0"):
+        general.lower(both.evolve(verified=True), spatialc.target("sm_86"))
+
+
+@emulation
+@pytest.mark.emulation
+def test_the_emulated_cooperative_launch_itself_refuses_a_grid_the_device_cannot_hold():
+    base = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(1, 1, 1), sites=16)
+    art = spatialc.lower(spatialc.verify(with_barrier(base)))  # 16 sites; one emulated SM holds 10
+    lines = art.program_cu.split("\n")
+    check = next(i for i, line in enumerate(lines) if "(long long)sms_here * per_sm < GRID" in line)
+    unchecked = "\n".join([*lines[:check], "if (false) {", *lines[check + 1 :]])  # the host's own check gone
+    with pytest.raises(EmulationFault, match="cooperative launch refused: 16 blocks, and the device holds 10 at once"):
+        spatialc.emulate(dataclasses.replace(art, program_cu=unchecked), INPUTS, sms=1, timeout=30)

@@ -107,3 +107,13 @@ def test_the_launcher_sets_the_error_words_and_reports_a_count_beyond_its_bound(
         prep.check()
     prep.sync[:] = [0, 0]
     prep.check()  # a count within its bound leaves the flag down
+
+
+@emulation
+@pytest.mark.emulation
+def test_the_bench_runs_a_trip_loop_at_its_bound_and_checks_the_count():
+    from spatialc.runtime.emulate import compile_program, run_program
+
+    art = lowered(trip_program())
+    assert "h3[0] = 4;" in art.bench_cu and art.bench_cu.count("trip_error[0]") == 1
+    assert run_program(compile_program(art.bench_cu, "early"), {}, 60).stdout.startswith("GOPS ")

@@ -262,7 +262,7 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
     grid, work = work_list(ls, sms)
     sync = device.xp.asarray(ls.sync, dtype=device.xp.int32) if getattr(ls, "sync", ()) else None
     occupancy = getattr(device, "occupancy", None)  # blocks of this kernel one multiprocessor holds
-    per_sm = occupancy(kernel, ls.block, ls.dyn_smem) if occupancy is not None else None
+    per_sm = occupancy(kernel, ls.block, ls.dyn_smem) if occupancy is not None else None  # None: CUDA will say
     if getattr(ls, "cooperative", False) and per_sm is not None and sms is not None and sms * per_sm < grid:
         raise LaunchError(not_resident(grid, sms, per_sm))
     return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work), sync)
@@ -723,6 +723,13 @@ class CupyDevice:
 
     def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
         kernel((grid,), (block,), args, shared_mem=dyn_smem)
+
+    def occupancy(self, kernel: Any, block: int, dyn_smem: int) -> int | None:
+        """Blocks of `kernel` one multiprocessor holds at once (None where CuPy cannot say)."""
+        try:
+            return int(self.cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, block, dyn_smem))
+        except Exception:
+            return None
 
     def launch_cooperative(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
         """Every block resident at once (cudaLaunchCooperativeKernel), or CUDA refuses the launch."""

@@ -155,6 +155,16 @@ def refuse(p: SpatialProgram) -> None:
     for g in p.placement.groups:
         if len(g.sites) > 1 and multicast:
             raise GroupSpansSites(int(g.id), tuple(int(s) for s in g.sites))
+    for prog in p.schedule.programs:  # type: ignore[union-attr]
+        for other in p.schedule.programs_of(prog.site):  # type: ignore[union-attr]
+            shared = {op.group for op in walk(prog.ops) if isinstance(op, Barrier)} & {
+                op.group for op in walk(other.ops) if isinstance(op, Barrier)
+            }
+            if other.engine != prog.engine and shared:
+                raise Unsupported(
+                    f"a barrier of group {int(min(shared))} crossed by two engines of site {int(prog.site)}",
+                    "its arrival count is the site's, kept by one engine",
+                )
     if len(p.plans) > 1:
         raise Unsupported(f"a program with {len(p.plans)} plans", "the general form prints one block shape so far")
     later = "the general form does not print it yet"

@@ -12,7 +12,7 @@ from pathlib import Path
 from string import ascii_lowercase
 
 from ...ir.nodes import SpatialProgram, Tensor, TensorRole
-from ...ir.ops import ChoreoOp
+from ...ir.ops import ChoreoOp, Loop, Trip, walk
 from ..artifact import Budget, CudaArtifact, Launch
 from ..census import census
 from ..errors import InternalError
@@ -62,6 +62,18 @@ def out_type(launch: Launch) -> str:
     return next(q.c_type for q in launch.params if q.role == TensorRole.OUTPUT.value)
 
 
+def _trips(p: SpatialProgram, t: Tensor) -> list[tuple[int, int]]:
+    """(element, bound) of each loop count the program reads from `t`."""
+    assert p.schedule is not None
+    found = {
+        (op.count.index, op.count.bound)
+        for prog in p.schedule.programs
+        for op in walk(prog.ops)
+        if isinstance(op, Loop) and isinstance(op.count, Trip) and op.count.tensor == t.id
+    }
+    return sorted(found)
+
+
 def _elems(t: Tensor) -> str:
     return f"(size_t){t.tiles[0]} * {t.tiles[1]} * 256"
 
@@ -80,6 +92,8 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
         w.line(f"std::vector<double> h{i}((size_t){t.elems[0]} * {t.elems[1]});")
         if bench:
             w.line(f"spatialc_bench_input(h{i}, {i});")
+            for index, bound in _trips(p, t):  # a loop count read from data: its largest, the whole work
+                w.line(f"h{i}[{index}] = {bound};")
         else:
             w.line(f'if (!spatialc_read("{files[i]}", h{i})) {{ return 2; }}')
         w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
@@ -95,7 +109,8 @@ def _launch(p: SpatialProgram, launch: Launch, w: Writer, note: str = "") -> Non
     resident at once, or it fails)."""
     args = [f"d{int(t.id)}" for t in p.tensors] + ["d_work"] + (["d_sync"] if launch.sync else [])
     if launch.sync:
-        w.line(f"SPATIALC_CHECK(cudaMemcpy(d_sync, sync_init, sizeof(sync_init), cudaMemcpyHostToDevice));{note}")
+        reset = "cudaMemcpyAsync(d_sync, d_sync_init, sizeof(sync_init), cudaMemcpyDeviceToDevice, 0)"
+        w.line(f"SPATIALC_CHECK({reset});{note}  // in stream order: no wait on the host")
         note = ""
     if not launch.cooperative:
         dyn = f", {launch.dyn_smem}" if launch.dyn_smem else ""
@@ -131,7 +146,10 @@ def _sync_words(launch: Launch, w: Writer) -> None:
         f"static const int sync_init[] = {{{initial}}};  // counts and error flags at 0, semaphores at their initial"
     )
     w.line("int* d_sync = nullptr;")
+    w.line("int* d_sync_init = nullptr;")
     w.line("SPATIALC_CHECK(cudaMalloc(&d_sync, sizeof(sync_init)));")
+    w.line("SPATIALC_CHECK(cudaMalloc(&d_sync_init, sizeof(sync_init)));")
+    w.line("SPATIALC_CHECK(cudaMemcpy(d_sync_init, sync_init, sizeof(sync_init), cudaMemcpyHostToDevice));")
 
 
 def _trip_check(launch: Launch, w: Writer) -> None:
@@ -186,6 +204,7 @@ def _setup(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -> None:
 def _free(p: SpatialProgram, launch: Launch, w: Writer) -> None:
     if launch.sync:
         w.line("SPATIALC_CHECK(cudaFree(d_sync));")
+        w.line("SPATIALC_CHECK(cudaFree(d_sync_init));")
     for t in p.tensors:
         w.line(f"SPATIALC_CHECK(cudaFree(d{int(t.id)}));")
     w.line("SPATIALC_CHECK(cudaFree(d_work));")
@@ -237,6 +256,7 @@ def bench_main(p: SpatialProgram, launch: Launch) -> str:
         # A failed launch times nothing: checked before any rate is printed, so no rate follows a failure.
         w.line("SPATIALC_CHECK(cudaGetLastError());")
         w.line("SPATIALC_CHECK(cudaEventSynchronize(e1));")
+        _trip_check(launch, w)
         w.line("float ms = 0.0f;")
         w.line("SPATIALC_CHECK(cudaEventElapsedTime(&ms, e0, e1));")
         w.line('if (ms <= 0.0f) { fprintf(stderr, "no time measured\\n"); return 1; }')

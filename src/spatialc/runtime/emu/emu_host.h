@@ -20,6 +20,7 @@ enum cudaError_t {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorLaunchFailure = 719,
+    cudaErrorCooperativeLaunchTooLarge = 720,
 };
 typedef cudaError_t cudaError;
 
@@ -121,6 +122,9 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKi
     std::memmove(dst, src, n);
     return cudaSuccess;
 }
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t = nullptr) {
+    return cudaMemcpy(dst, src, n, kind);  // launches finish before they return: every stream is in order already
+}
 inline cudaError_t cudaMemset(void* p, int v, size_t n) {
     std::memset(p, v, n);
     return cudaSuccess;
@@ -139,18 +143,6 @@ inline cudaError_t cudaGetLastError() {
 }
 inline cudaError_t cudaPeekAtLastError() { return spatialc_emu::last_error; }
 inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
-template <class... P>
-cudaError_t cudaLaunchCooperativeKernel(void (*kernel)(P...), dim3 grid, dim3 block, void** args, size_t smem = 0,
-                                        cudaStream_t = nullptr) {
-    spatialc_emu::launch_cooperative(kernel, grid, block, args, smem, std::index_sequence_for<P...>{});
-    return spatialc_emu::last_error;
-}
-template <class F>
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, F* kernel, int block_threads, size_t smem) {
-    (void)kernel;
-    *n = spatialc_emu::blocks_per_sm(block_threads, smem);
-    return cudaSuccess;
-}
 // The emulated device has SPATIALC_EMU_SMS multiprocessors (132, an H100 / H200's, when unset): a kernel that follows
 // the device's multiprocessor count then runs with as many sites as it would on that GPU.
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
@@ -160,6 +152,25 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) 
     *value = sms > 0 ? sms : 132;
     return cudaSuccess;
 }
+template <class... P>
+cudaError_t cudaLaunchCooperativeKernel(void (*kernel)(P...), dim3 grid, dim3 block, void** args, size_t smem = 0,
+                                        cudaStream_t = nullptr) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    const long long held = (long long)sms * spatialc_emu::blocks_per_sm((int)(block.x * block.y * block.z), smem);
+    if ((long long)grid.x * grid.y * grid.z > held)
+        return spatialc_emu::fail(cudaErrorCooperativeLaunchTooLarge,
+                                  "cooperative launch refused: " + std::to_string(grid.x * grid.y * grid.z) +
+                                      " blocks, and the device holds " + std::to_string(held) + " at once");
+    spatialc_emu::launch_cooperative(kernel, grid, block, args, smem, std::index_sequence_for<P...>{});
+    return spatialc_emu::last_error;
+}
+template <class F>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, F* kernel, int block_threads, size_t smem) {
+    (void)kernel;
+    *n = spatialc_emu::blocks_per_sm(block_threads, smem);
+    return cudaSuccess;
+}
 inline const char* cudaGetErrorString(cudaError_t e) {
     switch (e) {
         case cudaSuccess: return "no error";
@@ -167,6 +178,7 @@ inline const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorMemoryAllocation: return "out of memory";
         case cudaErrorInvalidConfiguration: return "invalid configuration argument";
         case cudaErrorLaunchFailure: return "unspecified launch failure";
+        case cudaErrorCooperativeLaunchTooLarge: return "too many blocks in cooperative launch";
     }
     return "unknown error";
 }

@@ -187,7 +187,7 @@ SPATIALC_EMU_FN void register_region(const char* name, void* base, size_t elem, 
     const int n = n_regions.load(std::memory_order_relaxed);
     for (int i = 0; i < n; ++i)
         if (regions[i]->base == base && std::strcmp(regions[i]->name, name) == 0) return;
-    if (n == kMaxRegions) fatal(kExitMisuse, "more than 256 shared regions registered");
+    if (n == kMaxRegions) fatal(kExitMisuse, "more than " + std::to_string(kMaxRegions) + " shared regions registered");
     Region* r = new Region{};
     std::snprintf(r->name, sizeof r->name, "%s", name);
     r->base = static_cast<char*>(base);
@@ -369,6 +369,10 @@ SPATIALC_EMU_FN std::string mbar_name(const void* bar) {
 
 SPATIALC_EMU_FN std::string describe_mbarriers(Block& b) {
     std::string out;
+    for (const auto& [id, m] : b.named)
+        if (m->waiters)
+            out += "; engine barrier " + std::to_string(id) + " has " + std::to_string(m->count - m->pending) +
+                   " of " + std::to_string(m->count) + " threads";
     for (const auto& [bar, m] : b.mbars) {
         if (!m->waiters) continue;
         out += "; " + mbar_name(bar) + " in phase " + std::to_string(m->phase) + " (parity " +
@@ -502,8 +506,7 @@ SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line) {
     const unsigned long long phase = m.phase;
     arrive_locked(t, m);
     if (m.phase == phase) {
-        std::snprintf(t.where_buf, sizeof t.where_buf, "waits at its engine's barrier %u (%u of %u threads there)", id,
-                      m.count - m.pending, threads);
+        std::snprintf(t.where_buf, sizeof t.where_buf, "waits at its engine's barrier %u", id);
         t.where = t.where_buf;
         t.where_line = line;
         sleep_through_phase(b, m, lk);
