@@ -131,11 +131,19 @@ def _co_resident(launch: Launch, w: Writer) -> None:
         f"SPATIALC_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, {launch.kernel_name}, "
         f"{launch.block}, {launch.dyn_smem}));"
     )
-    with w.block("if ((long long)sms_here * per_sm < GRID)"):
-        w.line(
-            r'fprintf(stderr, "spatialc: the %d sites of this kernel wait on each other, so all must be resident at '
-            r'once; this device holds %d (%d SMs x %d blocks)\n", GRID, sms_here * per_sm, sms_here, per_sm);'
-        )
+    _exit_if(
+        w,
+        "(long long)sms_here * per_sm < GRID",
+        "the %d sites of this kernel wait on each other, so all must be resident at once; this device holds %d"
+        " (%d SMs x %d blocks)",
+        "GRID, sms_here * per_sm, sms_here, per_sm",
+    )
+
+
+def _exit_if(w: Writer, condition: str, message: str, args: str) -> None:
+    """`if (condition)`: one line `spatialc: message` (printf-formatted with `args`) on stderr, and exit status 1."""
+    with w.block(f"if ({condition})"):
+        w.line(f'fprintf(stderr, "spatialc: {message}\\n", {args});')
         w.line("return 1;")
 
 
@@ -161,12 +169,8 @@ def _trip_check(launch: Launch, w: Writer) -> None:
         f"SPATIALC_CHECK(cudaMemcpy(trip_error, d_sync + {launch.trip_error}, sizeof(trip_error), "
         "cudaMemcpyDeviceToHost));"
     )
-    with w.block("if (trip_error[0])"):
-        w.line(
-            r'fprintf(stderr, "spatialc: a loop count read from data is %d, beyond its bound; the loop ran no '
-            r'times\n", trip_error[1]);'
-        )
-        w.line("return 1;")
+    why = "a loop count read from data is %d, beyond its bound; the loop ran no times"
+    _exit_if(w, "trip_error[0]", why, "trip_error[1]")
 
 
 def _work(launch: Launch, w: Writer) -> None:
