@@ -86,7 +86,7 @@ class Activation:
 
 @dataclass(frozen=True, slots=True)
 class Generic:
-    """A compute the compiler knows only by name (the general lowering's business)."""
+    """A compute the compiler knows only by name: no backend prints one yet (activations have an op of their own)."""
 
     name: str
     params: tuple[float, ...] = ()

@@ -105,7 +105,7 @@ def refuse(p: SpatialProgram) -> None:
 
 
 def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
-    """(what, why) when `p` has something only the general lowering could print, else None."""
+    """(what, why) when `p` has something the persistent kernel leaves to the general form, else None."""
     if len(p.plans) > 1:
         return f"a program with {len(p.plans)} plans", "the persistent kernel prints one block shape for every site"
     compute = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
