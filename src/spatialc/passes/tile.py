@@ -104,10 +104,10 @@ def plan_cost(
     n_t: int,
     k_t: int,
     prec: Precision,
-    form: str = "persistent",
-    stages: int = 0,
-) -> tuple[float, int]:
-    """Estimated run time (arbitrary units) of `plan`, and the blocks it keeps resident per SM (0: does not fit).
+    per_unit: int,
+) -> float:
+    """Estimated run time (arbitrary units) of `plan`, whose kernel keeps `per_unit` blocks resident per SM
+    (infinite when 0: one does not fit).
 
     time = waves × sharing × item_work × traffic × latency × fallback / (occupancy × issue), where
     - item_work: multiply-accumulates of one item in padded tiles, h·w·k_tiles (padding is paid for, not free);
@@ -123,9 +123,8 @@ def plan_cost(
       operand fragments for every product instead of reusing them across a rectangle.
     """
     h, w = plan.item_tiles
-    per_unit = sites_per_unit(target, plan, prec, form, stages)
     if per_unit == 0:
-        return math.inf, 0
+        return math.inf
     items = plan.items
     waves = math.ceil(items / (target.units * per_unit))
     sharing = min(per_unit, math.ceil(items / target.units))
@@ -137,7 +136,7 @@ def plan_cost(
     busy = min(target.accumulator_lanes, plan.block.osh * plan.block.osw)
     issue = min(1.0, sharing * busy / 8)
     fallback = 1.0 if target.accumulator_lane_grid(plan.block.osh, plan.block.osw) else 1.3
-    return waves * sharing * item_work * traffic * latency * fallback / (occupancy * issue), per_unit
+    return waves * sharing * item_work * traffic * latency * fallback / (occupancy * issue)
 
 
 def make_plan(block: BlockShape, sub: tuple[int, int], depth: int, m_t: int, n_t: int, k_t: int) -> Plan:
@@ -192,9 +191,9 @@ def candidates(
         plan = make_plan(b, s, d, m_t, n_t, k_t)  # type: ignore[arg-type]
         if plan.items > MAX_ITEMS:
             continue
-        cost, per_unit = plan_cost(target, plan, m_t, n_t, k_t, p.precision, form, stages)
+        smem, per_unit = resources(target, plan, p.precision, form, stages)  # the backend asked once a plan
         if per_unit:
-            found.append(Candidate(plan, smem_bytes(target, plan, p.precision, form, stages), per_unit, cost))
+            found.append(Candidate(plan, smem, per_unit, plan_cost(target, plan, m_t, n_t, k_t, p.precision, per_unit)))
     # Ties go to the smaller block, then the shallower ring: less padding and less shared memory for the same time.
     found.sort(key=lambda c: (c.cost, c.plan.block.osh * c.plan.block.osw, c.plan.depth, repr(c.plan)))
     return found

@@ -262,9 +262,10 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
     grid, work = work_list(ls, sms)
     sync = device.xp.asarray(ls.sync, dtype=device.xp.int32) if getattr(ls, "sync", ()) else None
     occupancy = getattr(device, "occupancy", None)  # blocks of this kernel one multiprocessor holds
-    per_sm = occupancy(kernel, ls.block, ls.dyn_smem) if occupancy is not None else None  # None: CUDA will say
-    if getattr(ls, "cooperative", False) and per_sm is not None and sms is not None and sms * per_sm < grid:
-        raise LaunchError(not_resident(grid, sms, per_sm))
+    if getattr(ls, "cooperative", False) and occupancy is not None and sms is not None:
+        per_sm = occupancy(kernel, ls.block, ls.dyn_smem)  # None: CUDA will refuse the launch itself
+        if per_sm is not None and sms * per_sm < grid:
+            raise LaunchError(not_resident(grid, sms, per_sm))
     return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work), sync)
 
 

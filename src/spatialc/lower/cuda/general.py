@@ -21,7 +21,6 @@ flipped: the first round passes on a fresh barrier), a consumer for the full pha
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from importlib import resources
 
@@ -62,12 +61,10 @@ from .host import assemble
 from .program import (
     SiteClass,
     all_ops,
-    check_int8_reduction,
     check_printable,
+    checked_gemm,
+    fragments_per_warp,
     launch_for,
-    logical_k,
-    matmul_stage,
-    operand_types,
     site_classes,
 )
 from .rings import TILE_ELEMS, Ring, Rings, WmmaTypes, aligned, ring_table
@@ -167,11 +164,10 @@ def refuse(p: SpatialProgram) -> None:
                 )
     if len(p.plans) > 1:
         raise Unsupported(f"a program with {len(p.plans)} plans", "the general form prints one block shape so far")
-    later = "the general form does not print it yet"
     if any(isinstance(op, SemSet) for op in ops):
         raise Unsupported("a SemSet", "a semaphore only counts up in the general form (SemInc, SemWait)")
     if multicast:
-        raise Unsupported("a multicast", later)
+        raise Unsupported("a multicast", "the general form does not print it yet")
     for op in ops:
         if isinstance(op, Loop) and isinstance(op.count, Trip):
             t = p.tensor(op.count.tensor)
@@ -235,6 +231,11 @@ def _ring_ends(p: SpatialProgram, rings: Rings, roles: tuple[Role, ...]) -> tupl
     return prod, cons
 
 
+def epit_bytes(integer: bool) -> int:
+    """Bytes of one value of an epilogue stage's ring (EPIT): long long in an integer program, float otherwise."""
+    return 8 if integer else 4
+
+
 def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
     """The rings an elementwise stage fills hold its values: int64 (EPIT) in an integer program, whose bias may
     leave int32, float32 in a float one."""
@@ -244,25 +245,11 @@ def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
         if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, MatmulTiles)
         for b in s.outs
     }
-    size = 8 if integer else 4
     table = {
-        r: dataclasses.replace(ring, c_type="EPIT", elem_bytes=size) if r in elementwise else ring
+        r: dataclasses.replace(ring, c_type="EPIT", elem_bytes=epit_bytes(integer)) if r in elementwise else ring
         for r, ring in rings.rings.items()
     }
     return dataclasses.replace(rings, rings=table)
-
-
-def blocks_per_sm(target: SpatialTarget, smem: int, threads: int, acc_tiles: int) -> int:
-    """Blocks of the general kernel one SM holds: by threads, shared memory and registers (every warp is counted
-    at the compute warps' estimate, which is generous for the reader and writer); 0 when one does not fit."""
-    if smem > target.smem_per_site_max or target.registers_needed(acc_tiles) > target.regs_per_thread_max:
-        return 0
-    regs = target.registers_per_thread(acc_tiles)
-    by_threads = target.threads_per_unit_max // threads
-    by_smem = target.smem_per_unit // (smem + target.smem_reserved_per_site)
-    regs_per_warp = math.ceil(regs * WARP / 256) * 256
-    by_regs = target.regs_per_unit // (regs_per_warp * (threads // WARP))
-    return max(0, min(target.sites_per_unit_max, by_threads, by_smem, by_regs))
 
 
 def layout(rings: dict[int, Ring]) -> tuple[dict[str, int], int, int]:
@@ -288,36 +275,23 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     types = WMMA_TYPES[precision]
     h, w = plan.item_tiles
     ibw, out = plan.block.ibw, min(plan.depth, 2)
-    epit = 8 if precision == Precision.INT8 else 4
+    epit = epit_bytes(precision == Precision.INT8)
     shapes = [(plan.depth, h * ibw, types.operand_bytes), (plan.depth, ibw * w, types.operand_bytes)]
     shapes += [(out, h * w, types.acc_bytes)] + [(out, h * w, epit)] * stages
     rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}
     smem = layout(rings)[1]
-    threads = (target.accumulator_lanes + 2 * SIDE_WARPS) * WARP
-    return smem, blocks_per_sm(target, smem, threads, h * w)
+    warps = target.accumulator_lanes + 2 * SIDE_WARPS
+    return smem, target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks, warps)
 
 
 def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
     """Check what the general form needs and lay out its block."""
     refuse(p)
     plan = p.plans[0]
-    mm = matmul_stage(p)
-    assert isinstance(mm.kind, ComputeStage) and isinstance(mm.kind.op, MatmulTiles)
-    types = operand_types(p, mm.kind.op)
-    check_int8_reduction(p, mm.kind.op)
-    integer = mm.kind.op.operand.value == "int8"
-    chain = epilogue.chain(p, mm, epilogue.ELEMENTWISE_OPS)
-    epilogue.check(p, chain, integer)
-    if integer:
-        epilogue.check_int64(p, chain, logical_k(p))
+    _, types, integer, chain = checked_gemm(p, epilogue.ELEMENTWISE_OPS)
     lanes = target.accumulator_lanes
     lane_grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
-    h, w = plan.item_tiles
-    if lane_grid is None:
-        perw = math.ceil(h * w / lanes)
-    else:
-        perw = plan.sub_blocks[0] * plan.sub_blocks[1] * (plan.block.osh // lane_grid[0])
-        perw *= plan.block.osw // lane_grid[1]
+    perw = fragments_per_warp(plan, lanes, lane_grid)
     rings = epilogue_rings(p, ring_table(p, types, ()), integer)
     classes = site_classes(p)
     roles = roles_of(classes, lanes)
@@ -327,7 +301,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
     threads = sum(r.threads for r in roles)
     if threads > 1024:
         raise TooBig(f"threads of one block of the general form on {target.name}", threads, 1024, "use fewer lanes")
-    per_sm = blocks_per_sm(target, off, threads, h * w)
+    per_sm = target.resident_sites_per_unit(off, plan.block.osh, plan.block.osw, plan.sub_blocks, threads // WARP)
     if per_sm == 0:
         raise TooBig(
             f"shared memory of one block of the general form on {target.name} (rings and their barriers)",

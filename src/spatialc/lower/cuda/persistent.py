@@ -10,8 +10,6 @@ and that an int8 reduction cannot overflow int32 — and refuses, with a typed e
 
 from __future__ import annotations
 
-import math
-
 from ...ir.nodes import ComputeStage, Plan, SpatialProgram, Stage, TensorRole, Tile
 from ...ir.ops import (
     AcquireAcc,
@@ -41,12 +39,10 @@ from .host import assemble
 from .merge import SerialLoop, SerialOp, serialise
 from .program import (
     all_ops,
-    check_int8_reduction,
     check_printable,
+    checked_gemm,
+    fragments_per_warp,
     launch_for,
-    logical_k,
-    matmul_stage,
-    operand_types,
     printed_site_programs,
     site_items,
 )
@@ -59,15 +55,7 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     """The CUDA artifact of a verified program, or a typed error saying what the persistent kernel cannot hold."""
     refuse(program)
     plan = program.plans[0]
-    mm = matmul_stage(program)
-    assert isinstance(mm.kind, ComputeStage) and isinstance(mm.kind.op, MatmulTiles)
-    chain = epilogue.chain(program, mm)
-    types = operand_types(program, mm.kind.op)
-    check_int8_reduction(program, mm.kind.op)
-    integer = mm.kind.op.operand.value == "int8"
-    epilogue.check(program, chain, integer)
-    if integer:
-        epilogue.check_int64(program, chain, logical_k(program))
+    mm, types, integer, chain = checked_gemm(program, epilogue.EPILOGUE_OPS)
     programs = printed_site_programs(program)
     lane_grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
     rings = ring_table(program, types, fused_chain(program, target, mm, chain, lane_grid))
@@ -200,16 +188,7 @@ def make_kernel(
 ) -> Kernel:
     """Everything the printers need, with the shared memory laid out and the work list sized."""
     lanes = target.accumulator_lanes
-    h, w = plan.item_tiles
-    if lane_grid is None:
-        perw = math.ceil(h * w / lanes)
-    else:
-        perw = (
-            plan.sub_blocks[0]
-            * plan.sub_blocks[1]
-            * (plan.block.osh // lane_grid[0])
-            * (plan.block.osw // lane_grid[1])
-        )
+    perw = fragments_per_warp(plan, lanes, lane_grid)
     epi = lanes * TILE_ELEMS * types.acc_bytes if rings.fused else 0
     smem = smem_layout(rings, epi, target)
     total = smem.static_bytes + smem.dyn_bytes

@@ -4,16 +4,18 @@ launch contract of a kernel printed from it."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...epilogue import dot_range
 from ...ir.ids import LV_ITEM
-from ...ir.nodes import ComputeStage, Engine, ReadStage, SpatialProgram, Stage, TensorRole
+from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole
 from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, walk
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...target import SpatialTarget
 from ..artifact import KernelParam, Launch
 from ..errors import Precision, TooBig, Unsupported, Unverified
+from . import epilogue
 from .cwriter import C_TYPES
 from .rings import WMMA, WmmaTypes
 
@@ -163,6 +165,32 @@ def _per_item(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
     if not ops or any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(ops)):
         return ops
     return (Loop(LV_ITEM, Const(0), ops),)
+
+
+def checked_gemm(p: SpatialProgram, elementwise: tuple[type, ...]) -> tuple[Stage, WmmaTypes, bool, tuple[Stage, ...]]:
+    """The matmul stage, its fragment types, whether it is int8 (exact integer epilogue) and its epilogue chain —
+    after the checks every backend makes: operand types, an int8 reduction that fits int32, a chain of `elementwise`
+    ops whose C computes what `spatialc.epilogue` defines, an integer chain that stays in int64."""
+    mm = matmul_stage(p)
+    assert isinstance(mm.kind, ComputeStage) and isinstance(mm.kind.op, MatmulTiles)
+    chain = epilogue.chain(p, mm, elementwise)
+    types = operand_types(p, mm.kind.op)
+    check_int8_reduction(p, mm.kind.op)
+    integer = mm.kind.op.operand.value == "int8"
+    epilogue.check(p, chain, integer)
+    if integer:
+        epilogue.check_int64(p, chain, logical_k(p))
+    return mm, types, integer, chain
+
+
+def fragments_per_warp(plan: Plan, lanes: int, lane_grid: tuple[int, int] | None) -> int:
+    """Accumulator fragments each of the `lanes` compute warps holds: a rectangle of every sub-block where the lane
+    grid divides the block, else the item's tiles dealt round the warps."""
+    h, w = plan.item_tiles
+    if lane_grid is None:
+        return math.ceil(h * w / lanes)
+    rect = (plan.block.osh // lane_grid[0]) * (plan.block.osw // lane_grid[1])
+    return plan.sub_blocks[0] * plan.sub_blocks[1] * rect
 
 
 def site_items(p: SpatialProgram) -> tuple[tuple[int, ...], ...]:

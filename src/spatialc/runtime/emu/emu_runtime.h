@@ -302,7 +302,7 @@ SPATIALC_EMU_FN void check_wmma_pointer(const void* p, unsigned ldm, size_t elem
                                std::to_string(ldm) + " is not a multiple of 16 bytes");
     const Region* r = find_region(p);
     if (!r) return;
-    const char* origin = r->dynamic ? r->origin : r->base;
+    const char* origin = r->origin;
     const size_t off = (size_t)(static_cast<const char*>(p) - origin);
     if (off % 32)
         fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + ": pointer into shared ring '" +
