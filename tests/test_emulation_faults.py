@@ -40,7 +40,7 @@ def fused():
 
 @pytest.fixture(scope="module")
 def plain():
-    """64³ int8 on sm_86: one-tile items and an output ring that store_matrix_sync fills (no fused epilogue)."""
+    """64³ int8 on sm_86: one-tile items and an output ring that the accumulator stores fill (no fused epilogue)."""
     return spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(1, 1, 1), depth=2, sites=4)
 
 
@@ -150,7 +150,7 @@ def test_a_ring_one_page_shallower_overwrites_the_page_being_read_in_early_mode(
 
 def test_no_syncwarp_after_the_fragment_store_reads_stale_scratch_in_late_mode(fused):
     lines = spatialc.lower(fused).program_cu.split("\n")
-    i = first_after(lines, 0, "store_matrix_sync(scratch")
+    i = first_after(lines, 0, "spatialc_store_acc(scratch")
     assert lines[i + 1].strip() == "__syncwarp();"
     lines[i + 1] = ""
     # Late mode lands a lane's store at its next barrier, so every lane reads the scratch as it was. (Early mode
@@ -159,7 +159,7 @@ def test_no_syncwarp_after_the_fragment_store_reads_stale_scratch_in_late_mode(f
 
 
 def test_no_barrier_after_the_output_wait_reads_unstored_fragments_in_late_mode(plain):
-    # The non-fused epilogue: store_matrix_sync into the output ring, then Wait C, whose barrier publishes it.
+    # The non-fused epilogue: accumulator stores into the output ring, then Wait C, whose barrier publishes it.
     text = drop_on_line(spatialc.lower(plain).program_cu, "// op:Wait", "__syncthreads();", after_k_loop=True)
     assert outcome(plain, text, "late") == "mismatch"
 

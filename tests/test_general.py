@@ -255,7 +255,7 @@ def test_a_pop_before_the_matmul_read_the_page_is_a_race(gemm64, general_text, m
     text = "\n".join([*lines[:mm], lines[pop], *lines[mm:pop], *lines[pop + 1 :]])
     kind, report = outcome(gemm64, text, mode)
     assert kind == EmulationRace.kind
-    assert "a cp.async landing by thread" in report and "a fragment load (load_matrix_sync)" in report
+    assert "a cp.async landing by thread" in report and "a fragment load (ldmatrix)" in report
 
 
 @emulation

@@ -389,7 +389,7 @@ class FakeKernel:
         a_arg, b_arg, c_arg = self.args
         vals = []
         for arg, buf in zip((a_arg, b_arg), buffers[:2], strict=True):
-            x = untilize(buf, arg.tiles, (arg.tiles[0] * 16, arg.tiles[1] * 16), np)
+            x = untilize(buf, arg.tiles, (arg.tiles[0] * 16, arg.tiles[1] * 16), np, order=arg.order)
             vals.append(bf16_to_float32(x, np).astype(np.float64) if arg.storage == "uint16" else x.astype(np.float64))
         c = vals[0] @ vals[1]
         c = bf16_bits(c.astype(np.float32), np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)

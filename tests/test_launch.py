@@ -76,8 +76,8 @@ class NumpyDevice:
         self.launches.append((kernel, grid, block, dyn_smem, [a.copy() for a in args]))
         a_arg, b_arg, c_arg = self.args[:3]
         full = {x.name: (x.tiles[0] * 16, x.tiles[1] * 16) for x in self.args}
-        a = self._values(untilize(args[0], a_arg.tiles, full["A"], np), a_arg.storage)
-        b = self._values(untilize(args[1], b_arg.tiles, full["B"], np), b_arg.storage)
+        a = self._values(untilize(args[0], a_arg.tiles, full["A"], np, order=a_arg.order), a_arg.storage)
+        b = self._values(untilize(args[1], b_arg.tiles, full["B"], np, order=b_arg.order), b_arg.storage)
         c = a @ b
         if len(args) > 3:  # the bias parameter, one value per column
             c = c + untilize(args[3], self.args[3].tiles, full["bias"], np)[0]

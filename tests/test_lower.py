@@ -17,7 +17,7 @@ from spatialc.lower.census import count_printed
 from spatialc.lower.cuda.host import write_artifact
 from spatialc.lower.cuda.merge import serialise
 from spatialc.lower.cuda.persistent import lower, printed_site_programs
-from spatialc.lower.cuda.rings import WMMA, barrier_free_pops, ring_table
+from spatialc.lower.cuda.rings import MMA_TYPES, barrier_free_pops, ring_table
 from spatialc.lower.errors import (
     GroupSpansSites,
     NeedsGeneral,
@@ -148,7 +148,7 @@ def test_ring_ops_of_several_pages_accumulating_packs_and_spills_are_refused():
     assert "acc_reload" in str(refusal(spill))
 
 
-def test_an_operand_precision_wmma_lacks_is_refused():
+def test_an_operand_precision_the_tensor_cores_lack_is_refused():
     p = built()
     mm = p.plan.block
     err = refusal(matmul_replaced(p, MatmulTiles(mm, (1, 1), "fp8")))
@@ -235,7 +235,7 @@ def test_a_rotated_k_loop_two_deep_keeps_its_pop_barrier():
 def test_pop_barriers_are_elided_only_for_rings_of_a_rotated_loop_three_deep():
     for depth, free in ((1, set()), (2, set()), (3, {0, 1}), (4, {0, 1})):
         p = built(depth=depth)
-        rings = ring_table(p, WMMA[Operand.INT8], ())
+        rings = ring_table(p, MMA_TYPES[Operand.INT8], ())
         ops = serialise(printed_site_programs(p))
         assert barrier_free_pops(rings, ops) == free, depth
     # One K step is printed as written (not rotated): each run of pops keeps its barrier (A, B in a run; C).
@@ -278,9 +278,9 @@ def test_each_warp_owns_a_rectangle_of_every_sub_block_without_aliasing():
             seen[tile] = (warp, q)
     assert sorted(seen) == [(r, c) for r in range(4) for c in range(8)]
     # The multiply indexes its accumulators by the same map: fragment q of (row r, column c) is that tile.
-    row = re.search(
-        r"load_matrix_sync\(af, ring_0 \+ rslot_0 \* PAGE_0 \+ \(\((.*?)\)(?: \* \d+)? \+ kk\)", text
-    ).group(1)
+    row = re.search(r"spatialc_load_a\(af, ring_0 \+ rslot_0 \* PAGE_0 \+ \(\((.*?)\)(?: \* \d+)? \+ kk\)", text).group(
+        1
+    )
     col = re.search(r"\(kk \* 8 \+ ([^)]*)\) \* 256", text).group(1)
     q_of = re.search(r"const int q = (.*);", text).group(1)
     for warp in range(4):

@@ -8,7 +8,7 @@ import spatialc
 from spatialc.errors import PlanError, ProgramError
 from spatialc.ir import ops
 from spatialc.ir.ids import LV_ITEM, LV_K
-from spatialc.ir.nodes import Accumulator, Engine, Fifo
+from spatialc.ir.nodes import Accumulator, Engine, Fifo, PageLayout, TileOrder
 from spatialc.passes.place import place, split
 from spatialc.passes.schedule import schedule
 from spatialc.passes.tile import candidates, smem_bytes, tile
@@ -24,9 +24,19 @@ def test_tile_pads_tensors_to_whole_blocks_and_sizes_the_rings():
     assert a.tiles == (8, 4) and b.tiles == (4, 6) and c.tiles == (8, 6)
     assert a.elems == (100, 50)  # the logical shape is kept
     rings = {buf.name: buf.kind for buf in p.buffers}
-    assert rings["A_ring"] == Fifo(3, 2 * 2) and rings["B_ring"] == Fifo(3, 2 * 2)
+    # 16-bit operand pages are swizzled for the fragment loads; every tensor stays row-major.
+    assert rings["A_ring"] == Fifo(3, 2 * 2, PageLayout.SWIZZLED) and rings["B_ring"] == Fifo(3, 2 * 2, "swizzled")
     assert rings["acc"] == Accumulator(2 * 2) and rings["C_ring"] == Fifo(2, 4)
+    assert {t.order for t in p.tensors} == {TileOrder.ROW}
     assert not p.verified
+
+
+def test_int8_b_is_k_major_in_its_tensor_and_its_pages():
+    p = tile(spatialc.gemm(100, 70, 50, "int8"), T90)
+    a, b, c = p.tensors
+    assert (a.order, b.order, c.order) == (TileOrder.ROW, TileOrder.COL, TileOrder.ROW)
+    rings = {buf.name: buf.kind.layout for buf in p.buffers if not isinstance(buf.kind, Accumulator)}
+    assert rings == {"A_ring": PageLayout.ROW, "B_ring": PageLayout.COL, "C_ring": PageLayout.ROW}
 
 
 def test_every_candidate_fits_and_they_come_best_first():

@@ -14,6 +14,182 @@
 #endif
 #define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error: %s (%s)\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)
 
+// The tensor-core layer: one 16×16 tile's operand fragment loaded from shared memory with ldmatrix, the MMA that
+// multiplies a pair into a 16×16 accumulator held as registers (two m16n8 halves), and the accumulator's store.
+// Every lane of the warp calls each function with the same tile pointers; the function works out its own row
+// address. The host emulation defines SPATIALC_TENSOR_CORE and implements the same functions in C++ with the
+// hardware's fragment layouts (emu_mma.h), so this kernel text runs on the CPU too.
+//
+// Page layouts (kernel-abi.md, "Page layouts"): a 16-bit tile is row-major with the two 16-byte halves of row r
+// exchanged when bit 2 of r is set (swizzled: every 8×8 matrix of a load then spans all 32 banks once); an 8-bit A
+// tile is row-major, an 8-bit B tile column-major (K-major), since ldmatrix cannot transpose 8-bit data.
+#ifndef SPATIALC_TENSOR_CORE
+#define SPATIALC_TENSOR_CORE
+
+template <class T>
+struct spatialc_frag {
+    unsigned r[4];  // 16-bit: A 16×16 (a0..a3) or B 16×16 (b0, b1 of columns 0-7, then of 8-15); int8: the k32 pair
+};
+template <class T>
+struct spatialc_acc {
+    T x[8];  // columns 0-7: x[0..3] (c0..c3 of the first m16n8 half); columns 8-15: x[4..7]
+};
+
+__device__ __forceinline__ unsigned spatialc_lane() { return threadIdx.x & 31u; }
+
+// The element offset of 16-byte chunk `half` (0 or 1) of row `row` in a swizzled 16-bit tile.
+__device__ __forceinline__ unsigned spatialc_swizzled(unsigned row, unsigned half)
+{
+    return row * 16u + ((half ^ ((row >> 2) & 1u)) << 3);
+}
+
+__device__ __forceinline__ void spatialc_ldsm_x4(unsigned (&r)[4], const void* row)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(row)));
+}
+
+__device__ __forceinline__ void spatialc_ldsm_x4_trans(unsigned (&r)[4], const void* row)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(row)));
+}
+
+__device__ __forceinline__ void spatialc_ldsm_x2(unsigned& r0, unsigned& r1, const void* row)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(r0), "=r"(r1)
+                 : "r"((unsigned)__cvta_generic_to_shared(row)));
+}
+
+// ---- 16-bit operands: one 16×16 tile, swizzled ----------------------------------------------------------------
+// Lane j names row (j % 8) + 8 ((j / 8) % 2), half j / 16: matrices 0..3 are rows 0-7 / 8-15 of half 0, then of
+// half 1 — A's a0..a3, and, transposed, B's b0 b1 for columns 0-7 and b0 b1 for columns 8-15.
+template <class T>
+__device__ __forceinline__ void spatialc_load_a(spatialc_frag<T>& f, const T* tile)
+{
+    const unsigned j = spatialc_lane();
+    spatialc_ldsm_x4(f.r, tile + spatialc_swizzled((j & 7u) + ((j >> 3) & 1u) * 8u, j >> 4));
+}
+
+template <class T>
+__device__ __forceinline__ void spatialc_load_b(spatialc_frag<T>& f, const T* tile)
+{
+    const unsigned j = spatialc_lane();
+    spatialc_ldsm_x4_trans(f.r, tile + spatialc_swizzled((j & 7u) + ((j >> 3) & 1u) * 8u, j >> 4));
+}
+
+__device__ __forceinline__ void spatialc_mma_half(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
+                                                  const __half*)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void spatialc_mma_half(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
+                                                  const __nv_bfloat16*)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a·b over one 16×16×16 step.
+template <class T>
+__device__ __forceinline__ void spatialc_mma(spatialc_acc<float>& d, const spatialc_frag<T>& a,
+                                             const spatialc_frag<T>& b)
+{
+    float(&lo)[4] = *reinterpret_cast<float(*)[4]>(&d.x[0]);
+    float(&hi)[4] = *reinterpret_cast<float(*)[4]>(&d.x[4]);
+    spatialc_mma_half(lo, a.r, b.r[0], b.r[1], static_cast<const T*>(nullptr));
+    spatialc_mma_half(hi, a.r, b.r[2], b.r[3], static_cast<const T*>(nullptr));
+}
+
+// ---- 8-bit operands: A row-major, B K-major; a K step of 32 (two tiles) or 16 (one) ----------------------------
+// A, k32: lane j names row j % 16 of tile j / 16 (matrices: rows 0-7, 8-15 of the first tile, then of the second).
+__device__ __forceinline__ void spatialc_load_a2(spatialc_frag<signed char>& f, const signed char* t0,
+                                                 const signed char* t1)
+{
+    const unsigned j = spatialc_lane();
+    spatialc_ldsm_x4(f.r, (j < 16u ? t0 : t1) + (j & 15u) * 16u);
+}
+
+// B, k32 (K-major tiles: row n holds column n's 16 k): matrices are columns 0-7 of the first tile, of the second,
+// then columns 8-15 of each — b0 b1 of the first m16n8 half, then of the second.
+__device__ __forceinline__ void spatialc_load_b2(spatialc_frag<signed char>& f, const signed char* t0,
+                                                 const signed char* t1)
+{
+    const unsigned j = spatialc_lane();
+    spatialc_ldsm_x4(f.r, ((j >> 3) & 1u ? t1 : t0) + ((j & 7u) + (j >> 4) * 8u) * 16u);
+}
+
+// One tile each (k16): A's rows 0-15 (a0, a1), B's columns 0-15 (b0 of each half), from lanes 0-15's addresses.
+__device__ __forceinline__ void spatialc_load_a(spatialc_frag<signed char>& f, const signed char* tile)
+{
+    spatialc_ldsm_x2(f.r[0], f.r[1], tile + (spatialc_lane() & 15u) * 16u);
+}
+
+__device__ __forceinline__ void spatialc_load_b(spatialc_frag<signed char>& f, const signed char* tile)
+{
+    spatialc_ldsm_x2(f.r[0], f.r[2], tile + (spatialc_lane() & 15u) * 16u);
+}
+
+// d += a·b over 16×16×32 (int32 accumulators wrap as the hardware's do; the lowering proves they never need to).
+__device__ __forceinline__ void spatialc_mma2(spatialc_acc<int>& d, const spatialc_frag<signed char>& a,
+                                              const spatialc_frag<signed char>& b)
+{
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                     "{%0, %1, %2, %3};"
+                     : "+r"(d.x[4 * h]), "+r"(d.x[4 * h + 1]), "+r"(d.x[4 * h + 2]), "+r"(d.x[4 * h + 3])
+                     : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[2 * h]), "r"(b.r[2 * h + 1]));
+    }
+}
+
+// d += a·b over 16×16×16.
+__device__ __forceinline__ void spatialc_mma(spatialc_acc<int>& d, const spatialc_frag<signed char>& a,
+                                             const spatialc_frag<signed char>& b)
+{
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                     "{%0, %1, %2, %3};"
+                     : "+r"(d.x[4 * h]), "+r"(d.x[4 * h + 1]), "+r"(d.x[4 * h + 2]), "+r"(d.x[4 * h + 3])
+                     : "r"(a.r[0]), "r"(a.r[1]), "r"(b.r[2 * h]));
+    }
+}
+
+// ---- accumulators ----------------------------------------------------------------------------------------------
+template <class T>
+__device__ __forceinline__ void spatialc_acc_zero(spatialc_acc<T>& d)
+{
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        d.x[i] = T(0);
+    }
+}
+
+// Element i of the lane's accumulator: row (lane / 4) + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (lane % 4) + i % 2.
+// Stored row-major into a 16×16 tile, two adjacent elements at a time.
+template <class T>
+__device__ __forceinline__ void spatialc_store_acc(T* tile, const spatialc_acc<T>& d)
+{
+    const unsigned lane = spatialc_lane(), g = lane >> 2, c = 2u * (lane & 3u);
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+        const unsigned row = g + 8u * ((i >> 1) & 1), col = 8u * (i >> 2) + c;
+        tile[row * 16u + col] = d.x[i];
+        tile[row * 16u + col + 1u] = d.x[i + 1];
+    }
+}
+#endif
+
 typedef signed char OPT;
 typedef int ACCT;
 typedef int OUT_T;
@@ -42,14 +218,14 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(con
     SPATIALC_SHARED_RING(OPT, ring_1, DEPTH_1, PAGE_1);
     int wslot_1 = DEPTH_1 - 1, rslot_1 = 0;
     SPATIALC_DYNAMIC_RING(ACCT, epi_scratch, spatialc_dyn_smem, SMEM_OFF_EPI, NWARP, 256);
-    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, ACCT> accf[PERW];
+    spatialc_acc<ACCT> accf[PERW];
     for (int item = 0; item < n_items; ++item) {  // op:Loop x3
         const int item_id = ITEM_LIST[item_off + item];
         const int item_y = item_id / 1, item_x = item_id % 1;
         (void)item_y; (void)item_x;
         #pragma unroll
         for (int q = 0; q < PERW; ++q) {  // op:AcquireAcc
-            nvcuda::wmma::fill_fragment(accf[q], 0);
+            spatialc_acc_zero(accf[q]);
         }
         for (int k = 0; k < 1; ++k) {  // op:Loop x2
             wslot_0 = (wslot_0 + 1) % DEPTH_0;  // op:Reserve
@@ -80,20 +256,20 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(con
                 const int wi = warp / 2;
                 const int wj = warp % 2;
                 #pragma unroll
-                for (int kk = 0; kk < 1; ++kk) {
-                    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, OPT, nvcuda::wmma::row_major> bf[1];
+                for (int kk = 0; kk < 1; kk += 1) {
+                    spatialc_frag<OPT> bf[1];
                     #pragma unroll
                     for (int c = 0; c < 1; ++c) {
-                        nvcuda::wmma::load_matrix_sync(bf[c], ring_1 + rslot_1 * PAGE_1 + (kk * 2 + wj) * 256, 16);
+                        spatialc_load_b(bf[c], ring_1 + rslot_1 * PAGE_1 + (kk * 2 + wj) * 256);
                     }
                     #pragma unroll
                     for (int r = 0; r < 1; ++r) {
-                        nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, OPT, nvcuda::wmma::row_major> af;
-                        nvcuda::wmma::load_matrix_sync(af, ring_0 + rslot_0 * PAGE_0 + ((wi) + kk) * 256, 16);
+                        spatialc_frag<OPT> af;
+                        spatialc_load_a(af, ring_0 + rslot_0 * PAGE_0 + ((wi) + kk) * 256);
                         #pragma unroll
                         for (int c = 0; c < 1; ++c) {
                             const int q = 0;
-                            nvcuda::wmma::mma_sync(accf[q], af, bf[c], accf[q]);
+                            spatialc_mma(accf[q], af, bf[c]);
                         }
                     }
                 }
@@ -115,7 +291,7 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(con
             for (int q = 0; q < PERW; ++q) {
                 const int bh = wi, bw = wj;
                 const long long tile = (long long)(item_y * 4 + item_x * 2) + (long long)bh * 2 + (long long)bw;
-                nvcuda::wmma::store_matrix_sync(scratch, accf[q], 16, nvcuda::wmma::mem_row_major);
+                spatialc_store_acc(scratch, accf[q]);
                 __syncwarp();
                 #pragma unroll 1
                 for (int el = lane; el < 256; el += 32) {
@@ -147,17 +323,20 @@ inline int spatialc_read(const char* path, std::vector<double>& v)
     return 1;
 }
 
-inline size_t spatialc_tiled_index(int i, int j, int cols_t)
+inline size_t spatialc_tiled_index(int i, int j, int cols_t, bool col = false)
 {
-    return ((size_t)(i / 16) * (size_t)cols_t + (size_t)(j / 16)) * 256 + (size_t)(i % 16) * 16 + (size_t)(j % 16);
+    const size_t inside = col ? (size_t)(j % 16) * 16 + (size_t)(i % 16) : (size_t)(i % 16) * 16 + (size_t)(j % 16);
+    return ((size_t)(i / 16) * (size_t)cols_t + (size_t)(j / 16)) * 256 + inside;
 }
 
+// `col`: each tile column-major (the K-major B operand of an int8 kernel).
 template <typename T>
-inline void spatialc_tilize(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t)
+inline void spatialc_tilize(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t,
+                            bool col = false)
 {
     for (int i = 0; i < rows; ++i) {
         for (int j = 0; j < cols; ++j) {
-            t[spatialc_tiled_index(i, j, cols_t)] = (T)x[(size_t)i * cols + j];
+            t[spatialc_tiled_index(i, j, cols_t, col)] = (T)x[(size_t)i * cols + j];
         }
     }
 }
@@ -219,7 +398,7 @@ int main() {
     std::vector<double> h1((size_t)16 * 16);
     if (!spatialc_read("b.txt", h1)) { return 2; }
     std::vector<signed char> x1((size_t)1 * 2 * 256);  // zero padding: value-initialised
-    spatialc_tilize(h1, 16, 16, 2, x1);
+    spatialc_tilize(h1, 16, 16, 2, x1, true);
     signed char* d1 = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d1, x1.size() * sizeof(signed char)));
     SPATIALC_CHECK(cudaMemcpy(d1, x1.data(), x1.size() * sizeof(signed char), cudaMemcpyHostToDevice));

@@ -27,6 +27,32 @@ class DType(StrEnum):
     FLOAT32 = "float32"
 
 
+class TileOrder(StrEnum):
+    """How a tile's elements lie in memory: row by row (the default) or column by column — K-major for a B
+    operand, whose columns are K (the int8 tensor-core operand path needs B that way; DESIGN §2)."""
+
+    ROW = "row"
+    COL = "col"
+
+
+class PageLayout(StrEnum):
+    """How each tile of a ring's page lies in shared memory.
+
+    `row` and `col` are the tile as its tensor stores it (TileOrder); `swizzled` is `row` with the two 16-byte
+    halves of row r exchanged when bit 2 of r is set — for 16-bit operands, whose 32-byte rows would otherwise put
+    rows r and r+4 of every 8×8 fragment load in the same shared-memory banks.
+    """
+
+    ROW = "row"
+    COL = "col"
+    SWIZZLED = "swizzled"
+
+    @property
+    def order(self) -> TileOrder:
+        """The tile order the page holds (a swizzle permutes 16-byte chunks within rows, not the order)."""
+        return TileOrder.COL if self is PageLayout.COL else TileOrder.ROW
+
+
 class Engine(StrEnum):
     READER = "reader"
     COMPUTE = "compute"
@@ -45,7 +71,8 @@ class Tile:
 
 @dataclass(frozen=True, slots=True)
 class Tensor:
-    """Stored tiled: tile (ti, tj) is the contiguous run at (ti·cols_t + tj)·elems, row-major inside the tile.
+    """Stored tiled: tile (ti, tj) is the contiguous run at (ti·cols_t + tj)·elems, row-major inside the tile
+    (column-major when `order` is COL).
 
     `elems` is the logical (rows, cols); `tiles` is the (possibly padded, zero-filled) tile grid (rows_t, cols_t).
     """
@@ -56,6 +83,7 @@ class Tensor:
     elems: tuple[int, int]
     tiles: tuple[int, int]
     dtype: DType
+    order: TileOrder = TileOrder.ROW
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +118,14 @@ class Stage:
 class Fifo:
     depth_pages: int
     page_tiles: int
+    layout: PageLayout = PageLayout.ROW
 
 
 @dataclass(frozen=True, slots=True)
 class Interm:
     depth_pages: int
     page_tiles: int
+    layout: PageLayout = PageLayout.ROW
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 from .ids import LV_ITEM_X, LV_ITEM_Y, loop_var_name
-from .nodes import Accumulator, Buffer, ComputeStage, Fifo, Interm, ReadStage, SpatialProgram, Stage, WriteStage
+from .nodes import (
+    Accumulator,
+    Buffer,
+    ComputeStage,
+    Fifo,
+    Interm,
+    PageLayout,
+    ReadStage,
+    SpatialProgram,
+    Stage,
+    TileOrder,
+    WriteStage,
+)
 from .ops import (
     AcquireAcc,
     Activation,
@@ -140,8 +152,9 @@ def ops_lines(p: SpatialProgram, ops: tuple[ChoreoOp, ...], depth: int = 0) -> l
 
 def _kind_text(b: Buffer) -> str:
     match b.kind:
-        case Fifo(d, pt) | Interm(d, pt):
-            return f"{type(b.kind).__name__.lower()} {d} x {pt} tiles"
+        case Fifo(d, pt, layout) | Interm(d, pt, layout):
+            shown = "" if layout == PageLayout.ROW else f", {layout.value}"
+            return f"{type(b.kind).__name__.lower()} {d} x {pt} tiles{shown}"
         case Accumulator(tiles):
             return f"accumulator {tiles} tiles"
     return str(b.kind)
@@ -170,7 +183,7 @@ def program_text(p: SpatialProgram, sites: int | None = None) -> str:
     for t in p.tensors:
         out.append(
             f"  tensor {t.name}: {t.role.value} {t.dtype.value} {t.elems[0]}x{t.elems[1]}"
-            f" in {t.tiles[0]}x{t.tiles[1]} tiles"
+            f" in {t.tiles[0]}x{t.tiles[1]} tiles" + (", column-major tiles" if t.order == TileOrder.COL else "")
         )
     for b in p.buffers:
         origin = f" (copy of {int(b.origin)})" if b.origin is not None else ""

@@ -52,7 +52,8 @@ class KernelParam:
     """One kernel argument: a device pointer to a tiled tensor (`tiles` = padded (rows_t, cols_t)).
 
     The buffer holds `tiles[0] * tiles[1]` tiles of `Launch.tile` elements each, laid out as `spatialc.tilize(x,
-    grid=tiles)` lays them; the output comes back with `spatialc.untilize(buf, elems, grid=tiles)`. The grid may be
+    grid=tiles, order=order)` lays them (`order` "col": each tile column-major, the K-major B of an int8 kernel); the
+    output comes back with `spatialc.untilize(buf, elems, grid=tiles)`. The grid may be
     larger than `elems` needs (the plan's items cover it), so pass it rather than let it default."""
 
     name: str  # the tensor's name in the program ("A", "B", "C", "bias")
@@ -60,6 +61,7 @@ class KernelParam:
     role: str  # input / output / parameter
     elems: tuple[int, int]  # logical (rows, cols)
     tiles: tuple[int, int]  # padded tile grid (rows_t, cols_t): the `grid` of spatialc.tilize / spatialc.untilize
+    order: str = "row"  # inside each tile: "row" (row-major) or "col" (column-major): the `order` of spatialc.tilize
 
 
 @dataclass(frozen=True, slots=True)

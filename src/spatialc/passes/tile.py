@@ -17,6 +17,7 @@ from ..ir.nodes import (
     ComputeStage,
     Fifo,
     Interm,
+    PageLayout,
     Plan,
     SpatialProgram,
     TensorRole,
@@ -256,6 +257,15 @@ def too_many_items(plan: Plan) -> str | None:
     )
 
 
+def operand_layouts(operand: Precision) -> tuple[PageLayout, PageLayout]:
+    """The page layouts of the A and B rings: the tensor cores' operand loads (`ldmatrix`) read 16-bit tiles
+    conflict-free only swizzled, and 8-bit B only K-major, since they cannot transpose 8-bit data (the B tensor is
+    stored K-major to match: its tile order follows the ring's)."""
+    if operand == Precision.INT8:
+        return PageLayout.ROW, PageLayout.COL
+    return PageLayout.SWIZZLED, PageLayout.SWIZZLED
+
+
 def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     """Size rings, accumulator and tensors (padded to whole blocks) by `plan`."""
     mm = matmul_stage(p)
@@ -267,26 +277,30 @@ def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     pages = {a_buf: h * ibw, b_buf: ibw * w}
     for out in mm.outs:
         pages[out] = h * w
+    a_t = mm.kind.op  # type: ignore[union-attr]
+    layouts = operand_layouts(a_t.operand)
+    layout_of = {a_buf: layouts[0], b_buf: layouts[1]}
     buffers = []
     for b in p.buffers:
         match b.kind:
             case Fifo() | Interm() if b.ring in pages:
                 depth = plan.depth if b.ring in (a_buf, b_buf) else min(plan.depth, 2)
-                b = dataclasses.replace(b, kind=type(b.kind)(depth, pages[b.ring]))
+                layout = layout_of.get(b.ring, PageLayout.ROW)
+                b = dataclasses.replace(b, kind=type(b.kind)(depth, pages[b.ring], layout))
             case Fifo() | Interm():
-                b = dataclasses.replace(b, kind=type(b.kind)(min(plan.depth, 2), h * w))
+                b = dataclasses.replace(b, kind=type(b.kind)(min(plan.depth, 2), h * w, b.kind.layout))
             case Accumulator():
                 b = dataclasses.replace(b, kind=Accumulator(h * w))
         buffers.append(b)
-    a_t = mm.kind.op  # type: ignore[union-attr]
     new_op = MatmulTiles(plan.block, plan.sub_blocks, a_t.operand)
     stages = tuple(dataclasses.replace(s, kind=ComputeStage(new_op)) if s.id == mm.id else s for s in p.stages)
     inputs = [t for t in p.tensors if t.role == TensorRole.INPUT]
     padded = {inputs[0].id: (rows_t, plan.k_tiles), inputs[1].id: (plan.k_tiles, cols_t)}
     tensors = []
+    order = {inputs[0].id: layouts[0].order, inputs[1].id: layouts[1].order}
     for t in p.tensors:
         if t.id in padded:
-            t = dataclasses.replace(t, tiles=padded[t.id])
+            t = dataclasses.replace(t, tiles=padded[t.id], order=order[t.id])
         elif t.role == TensorRole.OUTPUT:
             t = dataclasses.replace(t, tiles=(rows_t, cols_t))
         elif t.role == TensorRole.PARAMETER and t.elems[0] == 1:  # a per-column vector: one row of tiles

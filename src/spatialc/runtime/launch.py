@@ -33,6 +33,7 @@ from ..errors import SpatialError
 from ..inputs import InputError, TensorSpec, check_values, match_names, rounding_watched, shaped, warn_if_rounded
 from .tilize import (
     TILE,
+    TILE_ORDERS,
     LaunchError,
     bf16_to_float32,
     check_tiles,
@@ -85,6 +86,7 @@ class Arg:
     tiles: tuple[int, int]
     elem: str  # int8, float16, bfloat16, int64, float32, …
     storage: str  # the device array's dtype (bf16 → uint16)
+    order: str = "row"  # inside each tile: row- or column-major ("col": the K-major B of an int8 kernel)
 
     @property
     def spec(self) -> TensorSpec:
@@ -99,7 +101,10 @@ def kernel_args(launch: Any) -> list[Arg]:
         if p.role not in ("input", "output", "parameter"):
             raise LaunchError(f"kernel parameter {p.name} has role {p.role!r}; expected input, output or parameter")
         elem = element_type(p.c_type)
-        out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, storage_dtype(elem)))
+        order = getattr(p, "order", "row")
+        if order not in TILE_ORDERS:
+            raise LaunchError(f"kernel parameter {p.name} has tile order {order!r}; expected 'row' or 'col'")
+        out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, storage_dtype(elem), order))
     if sum(a.role == "output" for a in out) != 1:
         raise LaunchError(
             f"the launcher runs kernels with one output; this one has {sum(a.role == 'output' for a in out)}"
@@ -191,7 +196,7 @@ class Prepared:
 
     def tiled(self, arg: Arg, x: Any) -> Any:
         """The device-side tiled copy of `x`, already in `arg`'s storage dtype."""
-        return tilize(x, arg.tiles, self.xp, _tile(self.launch_spec))
+        return tilize(x, arg.tiles, self.xp, _tile(self.launch_spec), arg.order)
 
     def output_buffer(self, poison: bool = True) -> Any:
         """A tiled output buffer, filled with a value no result can take when `poison`."""
@@ -243,7 +248,7 @@ class Prepared:
     def result(self, out: Any) -> Any:
         """The logical C of a tiled output buffer (still on the device)."""
         o = self.output
-        return untilize(out, o.tiles, o.elems, self.xp, _tile(self.launch_spec))
+        return untilize(out, o.tiles, o.elems, self.xp, _tile(self.launch_spec), o.order)
 
 
 def _tile(launch: Any) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """Array math of the GPU launch, written once for any numpy-compatible array module `xp` (numpy here, CuPy on a GPU).
 
 The tiled layout (DESIGN §2): a tensor of `tiles = (rows_t, cols_t)` 16×16 tiles is one flat run where tile
-`(ti, tj)` starts at `(ti * cols_t + tj) * 256` and is row-major inside; the tile grid may be larger than the
+`(ti, tj)` starts at `(ti * cols_t + tj) * 256` and is row-major inside (column-major for order "col": the K-major B
+of an int8 kernel); the tile grid may be larger than the
 logical shape needs, and the padding is zero. Operand rounding is round-to-nearest-even, done so that a float64
 input is rounded once (not first to float32 and then again), and bf16 is kept as its 16 raw bits in a uint16
 array because CuPy has no bfloat16 type.
@@ -23,6 +24,7 @@ from ..inputs import InputError, TensorSpec
 from ..ir.nodes import DType
 
 TILE = (16, 16)
+TILE_ORDERS = ("row", "col")  # inside a tile: row-major, or column-major
 
 # Pointee C types of kernel parameters (docs/kernel-abi.md §4, §6) → the element type of the logical tensor.
 C_TYPES = {
@@ -105,10 +107,11 @@ def storage_dtype(elem: str) -> str:
 # ---- the tiled layout --------------------------------------------------------------------------------------
 
 
-def tile_offset(i: int, j: int, cols_t: int, tile: tuple[int, int] = TILE) -> int:
+def tile_offset(i: int, j: int, cols_t: int, tile: tuple[int, int] = TILE, order: str = "row") -> int:
     """Flat index of element (i, j) in the tiled layout: the definition the array versions are tested against."""
     tr, tc = tile
-    return ((i // tr) * cols_t + j // tc) * (tr * tc) + (i % tr) * tc + j % tc
+    inside = (i % tr) * tc + j % tc if order == "row" else (j % tc) * tr + i % tr
+    return ((i // tr) * cols_t + j // tc) * (tr * tc) + inside
 
 
 def check_tiles(name: str, shape: tuple[int, ...], tiles: tuple[int, int], tile: tuple[int, int] = TILE) -> None:
@@ -120,34 +123,45 @@ def check_tiles(name: str, shape: tuple[int, ...], tiles: tuple[int, int], tile:
         )
 
 
-def tilize(x: Any, tiles: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE) -> Any:
-    """The flat tiled copy of the 2-D array `x`, zero-padded to the `tiles` grid."""
+def tilize(x: Any, tiles: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE, order: str = "row") -> Any:
+    """The flat tiled copy of the 2-D array `x`, zero-padded to the `tiles` grid, each tile in `order`."""
     check_tiles("array", x.shape, tiles, tile)
     (rt, ct), (tr, tc) = tiles, tile
     padded = xp.zeros((rt * tr, ct * tc), dtype=x.dtype)
     padded[: x.shape[0], : x.shape[1]] = x
-    return xp.ascontiguousarray(padded.reshape(rt, tr, ct, tc).transpose(0, 2, 1, 3)).reshape(-1)
+    axes = (0, 2, 1, 3) if order == "row" else (0, 2, 3, 1)
+    return xp.ascontiguousarray(padded.reshape(rt, tr, ct, tc).transpose(*axes)).reshape(-1)
 
 
-def untilize(flat: Any, tiles: tuple[int, int], shape: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE) -> Any:
-    """The logical `shape` corner of the flat tiled array `flat`, row-major."""
+def untilize(
+    flat: Any, tiles: tuple[int, int], shape: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE, order: str = "row"
+) -> Any:
+    """The logical `shape` corner of the flat tiled array `flat` (tiles in `order`), row-major."""
     (rt, ct), (tr, tc) = tiles, tile
     if flat.size != rt * ct * tr * tc:
         raise LaunchError(f"a tiled buffer of {rt}×{ct} tiles holds {rt * ct * tr * tc} elements, not {flat.size}")
     check_tiles("result", shape, tiles, tile)
-    grid = flat.reshape(rt, ct, tr, tc).transpose(0, 2, 1, 3).reshape(rt * tr, ct * tc)
+    if order == "row":
+        grid = flat.reshape(rt, ct, tr, tc).transpose(0, 2, 1, 3)
+    else:
+        grid = flat.reshape(rt, ct, tc, tr).transpose(0, 3, 1, 2)
+    grid = grid.reshape(rt * tr, ct * tc)
     return xp.ascontiguousarray(grid[: shape[0], : shape[1]])
 
 
 # ---- the public helpers: numpy in, numpy out -----------------------------------------------------------------
 
 
-def tilize_array(array: Any, tile: tuple[int, int] = TILE, grid: tuple[int, int] | None = None) -> Any:
+def tilize_array(
+    array: Any, tile: tuple[int, int] = TILE, grid: tuple[int, int] | None = None, order: str = "row"
+) -> Any:
     """`spatialc.tilize`: the flat tiled copy of the 2-D numpy `array`, zero-padded to `grid` (rows_t, cols_t) tiles
     (default: the smallest grid that holds it; a kernel parameter's is `artifact.launch.params[i].tiles`).
 
-    Tile (ti, tj) is the contiguous run at (ti * cols_t + tj) * tile_elems, row-major inside; the dtype is kept.
-    InputError for a non-array, an array that is not 2-D, a bad tile, or a grid smaller than the array needs."""
+    Tile (ti, tj) is the contiguous run at (ti * cols_t + tj) * tile_elems, row-major inside — column-major for
+    `order="col"` (a kernel parameter's order is `artifact.launch.params[i].order`); the dtype is kept.
+    InputError for a non-array, an array that is not 2-D, a bad tile or order, or a grid smaller than the array
+    needs."""
     x = _numpy_array("tilize", array)
     if x.ndim != 2:
         raise InputError(
@@ -156,11 +170,15 @@ def tilize_array(array: Any, tile: tuple[int, int] = TILE, grid: tuple[int, int]
         )
     tile = _pair("tile", tile, least=1)
     grid = _grid_for("array", x.shape, tile, grid)
-    return tilize(x, grid, np, tile)
+    return tilize(x, grid, np, tile, _order(order))
 
 
 def untilize_array(
-    tiled: Any, shape: tuple[int, int], tile: tuple[int, int] = TILE, grid: tuple[int, int] | None = None
+    tiled: Any,
+    shape: tuple[int, int],
+    tile: tuple[int, int] = TILE,
+    grid: tuple[int, int] | None = None,
+    order: str = "row",
 ) -> Any:
     """`spatialc.untilize`: the logical `shape` (rows, cols) corner of the flat tiled numpy array `tiled`, as a new
     row-major array; `grid` is the tile grid `tiled` holds (default: the smallest that holds `shape`; a kernel's
@@ -178,13 +196,19 @@ def untilize_array(
             f"a tiled buffer of {grid[0]}×{grid[1]} tiles of {tile[0]}×{tile[1]} holds {holds} elements, not "
             f"{flat.size}; pass grid=(rows_t, cols_t) — a kernel parameter's is artifact.launch.params[i].tiles"
         )
-    out = untilize(flat, grid, shape, np, tile)
+    out = untilize(flat, grid, shape, np, tile, _order(order))
     return out.copy() if np.may_share_memory(out, flat) else out
 
 
 def smallest_grid(shape: tuple[int, int], tile: tuple[int, int] = TILE) -> tuple[int, int]:
     """The fewest (rows_t, cols_t) tiles that hold a `shape` array."""
     return (math.ceil(shape[0] / tile[0]), math.ceil(shape[1] / tile[1]))
+
+
+def _order(order: Any) -> str:
+    if order not in TILE_ORDERS:
+        raise InputError(f"order must be 'row' or 'col' (inside each tile), not {order!r}")
+    return str(order)
 
 
 def _numpy_array(func: str, x: Any) -> Any:

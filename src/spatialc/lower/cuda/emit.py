@@ -27,8 +27,8 @@ from ..errors import Unsupported
 from . import epilogue
 from .cwriter import CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, c_mod, c_mul, c_sum, site_prologue
 from .merge import SerialLoop, SerialOp
-from .rings import TILE_ELEMS, Rings, SmemLayout, WmmaTypes, barrier_free_pops, commits, rotation
-from .tiles import WMMA, TilePrinter
+from .rings import TILE_ELEMS, MmaTypes, Rings, SmemLayout, barrier_free_pops, commits, rotation
+from .tiles import TilePrinter, tensor_core_helpers
 
 KERNEL_NAME = "spatialc_persistent"
 POP_PROOF = "these slots are refilled only after the next wait barrier"
@@ -40,7 +40,7 @@ class Kernel:
 
     program: SpatialProgram
     plan: Plan
-    types: WmmaTypes
+    types: MmaTypes
     out_type: str  # OUT_T, the output tensor's element type
     param_types: tuple[str, ...]  # each tensor's pointee type, in tensor-id order
     rings: Rings
@@ -195,9 +195,9 @@ class OpPrinter(TilePrinter):
                 base = addr_expr(op.at, env)
                 rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
                 self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
-                self.w.line(f"{WMMA}store_matrix_sync(scratch, accf[q], 16, {WMMA}mem_row_major);")
-                # store_matrix_sync is warp-collective but no fence for the lanes' reads that follow; and the next
-                # fragment's store must not overwrite the scratch before every lane has read it out.
+                self.w.line("spatialc_store_acc(scratch, accf[q]);")
+                # Each lane stores its own accumulator elements: the warp meets before any lane reads another's, and
+                # again before the next fragment's store overwrites what a lane may still be reading.
                 self.w.line("__syncwarp();")
                 # Kept rolled: unrolled, its eight 64-bit addresses sit beside every live fragment and the kernel
                 # spills; the loop is bound by its stores anyway.
@@ -252,7 +252,7 @@ def preamble(k: Kernel) -> list[str]:
     p = k.program
     lines = [f"// {p.name}: a persistent CUDA kernel printed by spatialc from the spatial IR; each block is one site."]
     lines += [f"#include <{h}>" for h in INCLUDES]
-    lines += ["", RING_MACROS, CHECK_MACRO, ""]
+    lines += ["", RING_MACROS, CHECK_MACRO, "", *tensor_core_helpers().rstrip("\n").split("\n"), ""]
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     if k.has_epilogue:
         lines += ["", *epilogue.helpers().rstrip("\n").split("\n"), ""]
@@ -311,4 +311,4 @@ def kernel_prologue(k: Kernel, w: Writer) -> None:
         w.line(f"int wslot_{rid} = DEPTH_{rid} - 1, rslot_{rid} = 0;")
     if k.smem.epi_off is not None:
         w.line(f"SPATIALC_DYNAMIC_RING(ACCT, epi_scratch, spatialc_dyn_smem, SMEM_OFF_EPI, NWARP, {TILE_ELEMS});")
-    w.line(f"{WMMA}fragment<{WMMA}accumulator, 16, 16, 16, ACCT> accf[PERW];")
+    w.line("spatialc_acc<ACCT> accf[PERW];")

@@ -67,9 +67,8 @@ from .program import (
     launch_for,
     site_classes,
 )
-from .rings import TILE_ELEMS, Ring, Rings, WmmaTypes, aligned, ring_table
-from .rings import WMMA as WMMA_TYPES
-from .tiles import WMMA, TilePrinter
+from .rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, ring_table
+from .tiles import TilePrinter, tensor_core_helpers
 
 KERNEL_NAME = "spatialc_general"
 # Plain reads and writes of page elements (the writer's, and the epilogue stages'), so that the emulation, which
@@ -108,7 +107,7 @@ class GeneralKernel:
 
     program: SpatialProgram
     plan: Plan
-    types: WmmaTypes
+    types: MmaTypes
     out_type: str
     rings: Rings
     lane_grid: tuple[int, int] | None
@@ -181,7 +180,7 @@ def refuse(p: SpatialProgram) -> None:
     if len(matmuls) > 1:
         raise Unsupported("several tile matmuls", "the compute warps hold one accumulator block per item so far")
     if p.tile.rows != 16 or p.tile.cols != 16:
-        raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "WMMA fragments are 16x16; tile the program 16x16")
+        raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "MMA fragments are 16x16; tile the program 16x16")
     for op in ops:
         if isinstance(op, Reserve | Push | Wait | Pop) and op.pages != 1:
             raise Unsupported(
@@ -189,9 +188,9 @@ def refuse(p: SpatialProgram) -> None:
                 "a ring slot of the general form is one page with its own barriers",
             )
         if isinstance(op, Compute) and op.acc_reload is not None:
-            raise Unsupported("an accumulator spill (acc_reload)", "WMMA fragments never leave the registers")
+            raise Unsupported("an accumulator spill (acc_reload)", "accumulators never leave the registers")
         if isinstance(op, PackAcc) and op.accumulate:
-            raise Unsupported("an accumulating PackAcc", "WMMA fragments are stored, never added to a page")
+            raise Unsupported("an accumulating PackAcc", "accumulator fragments are stored, never added to a page")
 
 
 # ---- resources -------------------------------------------------------------------------------------------------
@@ -254,7 +253,7 @@ def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
 
 def layout(rings: dict[int, Ring]) -> tuple[dict[str, int], int, int]:
     """The dynamic block: every ring (by id), then each ring's full and empty barriers; (region name → offset,
-    total bytes, barrier bytes). Every region starts on 32 bytes, as WMMA and cp.async want."""
+    total bytes, barrier bytes). Every region starts on 32 bytes, as cp.async and the fragment loads want."""
     offsets: dict[str, int] = {}
     off = 0
     for rid in sorted(rings):
@@ -272,7 +271,7 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     """What one block of the general form for `plan` costs, as the tile planner asks: (shared memory bytes, blocks
     resident per SM — 0 when one does not fit) for the standard schedule's rings (A and B `depth` deep, the output
     and each of the epilogue's `stages` two deep) and engines (the compute warps, a reader and a writer warp)."""
-    types = WMMA_TYPES[precision]
+    types = MMA_TYPES[precision]
     h, w = plan.item_tiles
     ibw, out = plan.block.ibw, min(plan.depth, 2)
     epit = epit_bytes(precision == Precision.INT8)
@@ -518,6 +517,7 @@ def preamble(k: GeneralKernel) -> list[str]:
     ]
     lines += [f"#include <{h}>" for h in INCLUDES]
     lines += ["", RING_MACROS, PAGE_MACROS, CHECK_MACRO, "", *mbarrier_helpers().rstrip("\n").split("\n"), ""]
+    lines += [*tensor_core_helpers().rstrip("\n").split("\n"), ""]
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     lines += [f"typedef {epit} EPIT;"]
@@ -592,7 +592,7 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
     printer = EnginePrinter(k, role, w)
     printer.counters()
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
-        w.line(f"{WMMA}fragment<{WMMA}accumulator, 16, 16, 16, ACCT> accf[PERW];")
+        w.line("spatialc_acc<ACCT> accf[PERW];")
     if len(k.classes) == 1:
         _program(printer, role.programs[0])
         return

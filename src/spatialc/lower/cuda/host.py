@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from string import ascii_lowercase
 
-from ...ir.nodes import SpatialProgram, Tensor, TensorRole
+from ...ir.nodes import SpatialProgram, Tensor, TensorRole, TileOrder
 from ...ir.ops import ChoreoOp, Loop, Trip, walk
 from ..artifact import Budget, CudaArtifact, Launch
 from ..census import census
@@ -97,7 +97,8 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
         else:
             w.line(f'if (!spatialc_read("{files[i]}", h{i})) {{ return 2; }}')
         w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
-        w.line(f"spatialc_tilize(h{i}, {t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i});")
+        col = ", true" if t.order == TileOrder.COL else ""
+        w.line(f"spatialc_tilize(h{i}, {t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i}{col});")
         w.line(f"{ty}* d{i} = nullptr;")
         w.line(f"SPATIALC_CHECK(cudaMalloc(&d{i}, x{i}.size() * sizeof({ty})));")
         w.line(f"SPATIALC_CHECK(cudaMemcpy(d{i}, x{i}.data(), x{i}.size() * sizeof({ty}), cudaMemcpyHostToDevice));")

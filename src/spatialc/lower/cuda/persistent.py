@@ -1,6 +1,6 @@
 """The persistent tile kernel: a verified GEMM program as one CUDA block per site, looping over its items.
 
-Each ring is a shared-memory array of pages filled by 16-byte cp.async copies; the tile matmul is WMMA fragments
+Each ring is a shared-memory array of pages filled by 16-byte cp.async copies; the tile matmul is tensor-core fragments
 held per warp across the whole reduction; the K loop is software-pipelined when the rings are deep enough; the
 output is stored straight from the accumulators where they live in registers, through the chain of elementwise
 epilogue stages (bias, relu, scalar, requant) applied element by element on the way. Before a line is printed the
@@ -46,9 +46,9 @@ from .program import (
     printed_site_programs,
     site_items,
 )
-from .rings import TILE_ELEMS, WMMA, Ring, Rings, WmmaTypes, prove, ring_table, smem_layout
+from .rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, prove, ring_table, smem_layout
 
-WMMA_TILE = Tile(16, 16)
+MMA_TILE = Tile(16, 16)
 
 
 def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
@@ -88,8 +88,8 @@ def refuse(p: SpatialProgram) -> None:
         )
     if any(isinstance(op, McastSend | McastSetValid) for op in ops):
         raise Unsupported("a multicast", "the blocks of a persistent kernel share no pages")
-    if p.tile != WMMA_TILE:
-        raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "WMMA fragments are 16x16; tile the program 16x16")
+    if p.tile != MMA_TILE:
+        raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "MMA fragments are 16x16; tile the program 16x16")
 
 
 def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
@@ -102,7 +102,7 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
         if not isinstance(c, (MatmulTiles, *epilogue.EPILOGUE_OPS)):
             return (
                 f"a {compute_text(c, p)} stage",
-                "the tile kernel computes WMMA tile matmuls and fuses elementwise epilogue stages into their "
+                "the tile kernel computes tensor-core tile matmuls and fuses elementwise epilogue stages into their "
                 "store, nothing else",
             )
     if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
@@ -150,11 +150,11 @@ def check_shapes(ops: tuple[SerialOp, ...], plan: Plan, mm: Stage, rings: Rings)
     for op in _serial_walk(ops):
         match op:
             case Compute(acc_reload=reload) if reload is not None:
-                raise Unsupported("an accumulator spill (acc_reload)", "WMMA fragments never leave the registers")
+                raise Unsupported("an accumulator spill (acc_reload)", "accumulators never leave the registers")
             case Compute(op=MatmulTiles(block, sub)) if (block, sub) != (plan.block, plan.sub_blocks):
                 raise Unsupported(f"a matmul of block {block} x {sub}", "it differs from the plan's block")
             case PackAcc(accumulate=True):
-                raise Unsupported("an accumulating PackAcc", "WMMA fragments are stored, never added to a page")
+                raise Unsupported("an accumulating PackAcc", "accumulator fragments are stored, never added to a page")
             case PackAcc(tiles=n) if n != h * w:
                 raise Unsupported(f"a PackAcc of {n} tiles", f"the accumulator holds the item's {h * w} tiles")
             case ReadTiles(into=buf, block_h=bh, block_w=bw) | WriteTiles(src=buf, block_h=bh, block_w=bw):
@@ -180,7 +180,7 @@ def make_kernel(
     p: SpatialProgram,
     target: SpatialTarget,
     plan: Plan,
-    types: WmmaTypes,
+    types: MmaTypes,
     rings: Rings,
     lane_grid: tuple[int, int] | None,
     integer: bool,
@@ -262,7 +262,7 @@ def plan_smem(target: SpatialTarget, plan: Plan, precision: Precision) -> int:
     sizes (A and B `depth` deep, the output two deep), laid out by the same `smem_layout` the kernel is printed with;
     where the lane grid divides the block the output ring is fused away and each warp's epilogue scratch tile takes
     its place."""
-    types = WMMA[precision]
+    types = MMA_TYPES[precision]
     h, w = plan.item_tiles
     ibw = plan.block.ibw
     shapes = {0: (plan.depth, h * ibw, "OPT"), 1: (plan.depth, ibw * w, "OPT"), 2: (min(plan.depth, 2), h * w, "ACCT")}

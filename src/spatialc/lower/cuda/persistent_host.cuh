@@ -17,17 +17,20 @@ inline int spatialc_read(const char* path, std::vector<double>& v)
     return 1;
 }
 
-inline size_t spatialc_tiled_index(int i, int j, int cols_t)
+inline size_t spatialc_tiled_index(int i, int j, int cols_t, bool col = false)
 {
-    return ((size_t)(i / 16) * (size_t)cols_t + (size_t)(j / 16)) * 256 + (size_t)(i % 16) * 16 + (size_t)(j % 16);
+    const size_t inside = col ? (size_t)(j % 16) * 16 + (size_t)(i % 16) : (size_t)(i % 16) * 16 + (size_t)(j % 16);
+    return ((size_t)(i / 16) * (size_t)cols_t + (size_t)(j / 16)) * 256 + inside;
 }
 
+// `col`: each tile column-major (the K-major B operand of an int8 kernel).
 template <typename T>
-inline void spatialc_tilize(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t)
+inline void spatialc_tilize(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t,
+                            bool col = false)
 {
     for (int i = 0; i < rows; ++i) {
         for (int j = 0; j < cols; ++j) {
-            t[spatialc_tiled_index(i, j, cols_t)] = (T)x[(size_t)i * cols + j];
+            t[spatialc_tiled_index(i, j, cols_t, col)] = (T)x[(size_t)i * cols + j];
         }
     }
 }

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ...epilogue import dot_range
 from ...ir.ids import LV_ITEM
-from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole
+from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole, TileOrder
 from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, walk
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...target import SpatialTarget
@@ -17,7 +17,7 @@ from ..artifact import KernelParam, Launch
 from ..errors import Precision, TooBig, Unsupported, Unverified
 from . import epilogue
 from .cwriter import C_TYPES
-from .rings import WMMA, WmmaTypes
+from .rings import MMA_TYPES, MmaTypes
 
 
 def check_printable(p: SpatialProgram) -> None:
@@ -26,6 +26,13 @@ def check_printable(p: SpatialProgram) -> None:
         raise Unverified(p.name)
     if p.placement is None or p.schedule is None or not p.plans:
         raise Unsupported("a program without a plan, placement or schedule", "the kernel is printed from all three")
+    read = {s.kind.tensor for s in p.stages if isinstance(s.kind, ReadStage)}
+    for t in p.tensors:
+        if t.order != TileOrder.ROW and t.id not in read:
+            raise Unsupported(
+                f"{t.role.value} tensor {t.name} stored {t.order.value}-major",
+                "only tensors read through rings into operand pages may be column-major",
+            )
 
 
 def all_ops(p: SpatialProgram) -> list[ChoreoOp]:
@@ -44,7 +51,7 @@ def matmul_stage(p: SpatialProgram) -> Stage:
                     "a tile matmul reads an A and a B ring and fills one output",
                 )
             return s
-    raise Unsupported("a program without a tile matmul", "the persistent kernel is a WMMA tile GEMM")
+    raise Unsupported("a program without a tile matmul", "the persistent kernel is a tensor-core tile GEMM")
 
 
 def logical_k(p: SpatialProgram) -> int:
@@ -56,11 +63,11 @@ def logical_k(p: SpatialProgram) -> int:
     return p.tensor(read.kind.tensor).elems[1]  # type: ignore[union-attr]
 
 
-def operand_types(p: SpatialProgram, mm: MatmulTiles) -> WmmaTypes:
-    """The WMMA fragment types of the matmul's operand precision; its input tensors must hold that type."""
-    types = WMMA.get(mm.operand)
+def operand_types(p: SpatialProgram, mm: MatmulTiles) -> MmaTypes:
+    """The MMA fragment types of the matmul's operand precision; its input tensors must hold that type."""
+    types = MMA_TYPES.get(mm.operand)
     if types is None:
-        raise Precision(mm.operand, "WMMA has 16x16x16 fragments for int8, fp16 and bf16 operands only")
+        raise Precision(mm.operand, "the tensor-core path has fragments for int8, fp16 and bf16 operands only")
     for t in p.tensors:
         if t.role == TensorRole.INPUT and t.dtype.value != mm.operand.value:
             raise Precision(
@@ -91,7 +98,7 @@ def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
             f"the largest int8 dot product over K = {k} (K·128·128) in an int32 accumulator",
             need,
             2**31 - 1,
-            "int8 WMMA accumulates in int32; keep K ≤ 131071 or use fp16",
+            "int8 MMA accumulates in int32; keep K ≤ 131071 or use fp16",
         )
 
 
@@ -167,7 +174,7 @@ def _per_item(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
     return (Loop(LV_ITEM, Const(0), ops),)
 
 
-def checked_gemm(p: SpatialProgram, elementwise: tuple[type, ...]) -> tuple[Stage, WmmaTypes, bool, tuple[Stage, ...]]:
+def checked_gemm(p: SpatialProgram, elementwise: tuple[type, ...]) -> tuple[Stage, MmaTypes, bool, tuple[Stage, ...]]:
     """The matmul stage, its fragment types, whether it is int8 (exact integer epilogue) and its epilogue chain —
     after the checks every backend makes: operand types, an int8 reduction that fits int32, a chain of `elementwise`
     ops whose C computes what `spatialc.epilogue` defines, an integer chain that stays in int64."""
@@ -203,7 +210,7 @@ def launch_for(
     p: SpatialProgram,
     target: SpatialTarget,
     kernel_name: str,
-    types: WmmaTypes,
+    types: MmaTypes,
     threads: int,
     dyn_smem: int,
     opt_in: bool,
@@ -225,6 +232,7 @@ def launch_for(
             t.role.value,
             t.elems,
             t.tiles,
+            t.order.value,
         )
         for t in p.tensors
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...ir.ids import LV_ITEM, BufferId, loop_var_name
-from ...ir.nodes import ComputeStage, Fifo, Interm, SpatialProgram
+from ...ir.nodes import ComputeStage, Fifo, Interm, PageLayout, SpatialProgram
 from ...ir.ops import (
     AcquireAcc,
     Compute,
@@ -31,8 +31,8 @@ from ..errors import TooBig, Unsupported
 from .merge import SerialLoop, SerialOp
 
 TILE_ELEMS = 256
-# Every shared region starts on 32 bytes: cp.async moves 16-byte chunks, and WMMA's load_matrix_sync /
-# store_matrix_sync want 256-bit aligned pointers (CUDA C++ Programming Guide, "Warp Matrix Functions").
+# Every shared region starts on 32 bytes: cp.async moves 16-byte chunks and ldmatrix reads 16-byte rows (32 keeps
+# every tile of every page on the alignment both want, and on the one WMMA would).
 ALIGN = 32
 
 
@@ -42,7 +42,7 @@ def aligned(n: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class WmmaTypes:
+class MmaTypes:
     """The C types of a precision's operand and accumulator fragments, with their sizes."""
 
     operand: str
@@ -51,10 +51,10 @@ class WmmaTypes:
     acc_bytes: int
 
 
-WMMA = {
-    Precision.INT8: WmmaTypes("signed char", 1, "int", 4),
-    Precision.FP16: WmmaTypes("__half", 2, "float", 4),
-    Precision.BF16: WmmaTypes("__nv_bfloat16", 2, "float", 4),
+MMA_TYPES = {
+    Precision.INT8: MmaTypes("signed char", 1, "int", 4),
+    Precision.FP16: MmaTypes("__half", 2, "float", 4),
+    Precision.BF16: MmaTypes("__nv_bfloat16", 2, "float", 4),
 }
 
 
@@ -68,6 +68,7 @@ class Ring:
     page: int
     c_type: str
     elem_bytes: int
+    layout: PageLayout = PageLayout.ROW
 
     @property
     def bytes(self) -> int:
@@ -106,7 +107,7 @@ class Rings:
         return self.names.get(self.template[buf], f"buffer {int(buf)}")
 
 
-def ring_table(p: SpatialProgram, types: WmmaTypes, fused: tuple[int, ...]) -> Rings:
+def ring_table(p: SpatialProgram, types: MmaTypes, fused: tuple[int, ...]) -> Rings:
     """One ring per Fifo / Interm template outside the fused chain; a compute stage's output carries accumulators,
     the rest operands."""
     computed = {b for s in p.stages if isinstance(s.kind, ComputeStage) for b in s.outs}
@@ -126,6 +127,7 @@ def ring_table(p: SpatialProgram, types: WmmaTypes, fused: tuple[int, ...]) -> R
             elems,
             "ACCT" if acc else "OPT",
             types.acc_bytes if acc else types.operand_bytes,
+            b.kind.layout,
         )
         if rings.setdefault(ring.id, ring) != ring:
             raise Unsupported(

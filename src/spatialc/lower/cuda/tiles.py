@@ -1,5 +1,6 @@
 """The tile printers every CUDA backend shares: a page of tiles copied in with cp.async, stored out to global
-memory, multiplied by WMMA fragments into accumulators held per warp, and packed back into a page.
+memory, multiplied on the tensor cores (ldmatrix fragments, mma.sync; `tensor_core.cuh`) into accumulators held per
+warp, and packed back into a page.
 
 Each printer is written against a page reference — `read_page(ring)` for the front page a consumer reads,
 `write_page(ring)` for the newest page a producer reserved — and against the thread index and count of the engine
@@ -13,13 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ...ir.ids import LoopVar
-from ...ir.nodes import Plan
+from ...ir.nodes import PageLayout, Plan
 from ...ir.ops import (
     AcquireAcc,
     ChoreoOp,
     Compute,
     Flush,
     MatmulTiles,
+    Precision,
     ReadBarrier,
     ReadTiles,
     ReleaseAcc,
@@ -27,11 +29,17 @@ from ...ir.ops import (
     WriteBarrier,
     WriteTiles,
 )
+from ...passes.tile import operand_layouts
 from ..errors import Unsupported
 from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
 from .rings import TILE_ELEMS, Ring, Rings
 
-WMMA = "nvcuda::wmma::"
+
+def tensor_core_helpers() -> str:
+    """The tensor-core layer's device functions (ldmatrix, mma.sync, accumulator stores), inlined into the kernel."""
+    from importlib import resources
+
+    return resources.files(__package__).joinpath("tensor_core.cuh").read_text()
 
 
 class TilePrinter:
@@ -116,6 +124,8 @@ class TilePrinter:
         r, bw = ring.id, op.block_w
         if ring.c_type != "OPT":
             raise Unsupported(f"a ReadTiles into {ring.name}", "only operand rings are filled from global memory")
+        # A swizzled page exchanges the two 16-byte chunks of row r (chunks 2r, 2r + 1) when bit 2 of r is set.
+        dst = "(off ^ ((off >> 3) & 1))" if ring.layout == PageLayout.SWIZZLED else "off"
         with self.w.block("", mark):
             self.w.line(f"constexpr int CHUNKS = (int)(sizeof(OPT) * {TILE_ELEMS} / 16);")
             self.w.line(
@@ -126,7 +136,7 @@ class TilePrinter:
                 self.w.line(f"const long long tile = {self.tile_expr(op.at, env, bw, op.stride_h, op.stride_w)};")
                 self.w.line(
                     f"__pipeline_memcpy_async(reinterpret_cast<char*>({self.write_page(r)} + tl * "
-                    f"{TILE_ELEMS}) + off * 16, reinterpret_cast<const char*>(t{int(op.tensor)} + tile * "
+                    f"{TILE_ELEMS}) + {dst} * 16, reinterpret_cast<const char*>(t{int(op.tensor)} + tile * "
                     f"{TILE_ELEMS}) + off * 16, 16);"
                 )
 
@@ -140,6 +150,10 @@ class TilePrinter:
         """The front page of a ring to global memory, every thread a strided share of its elements."""
         ring = self.kept(op.src)
         r = ring.id
+        if ring.layout != PageLayout.ROW:
+            raise Unsupported(
+                f"a WriteTiles from {ring.name}'s {ring.layout.value} pages", "output pages are row-major"
+            )
         n = op.block_h * op.block_w * TILE_ELEMS
         with self.w.block("", mark), self.w.block(f"for (int e = {self.tid}; e < {n}; e += {self.nthreads})"):
             self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
@@ -183,20 +197,44 @@ class TilePrinter:
         row, col, _ = self.place(a, c_mod(c_div("q", rm * rn), sw), c_mod(c_div("q", rn), rm), c_mod("q", rn))
         return f"const int bh = {row}, bw = {col};"
 
-    def frag(self, use: str, name: str) -> str:
-        """The declaration of operand fragment(s) `name` for `use` (matrix_a / matrix_b)."""
-        return f"{WMMA}fragment<{WMMA}{use}, 16, 16, 16, OPT, {WMMA}row_major> {name};"
-
     def matmul(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
         """One K step for every sub-block of the item, accumulating in registers."""
+        check_operand_layouts(mm.operand, a, b)
         with self.w.block("", mark):
             if self.lane_grid is None:
                 self.matmul_strided(mm, a, b)
             else:
                 self.matmul_grid(mm, a, b)
 
+    @staticmethod
+    def k_pairs(mm: MatmulTiles) -> int:
+        """K tiles taken two at a time: int8's native MMA is k32, two 16-wide tiles (the rest goes one at a time)."""
+        return 2 if mm.operand == Precision.INT8 and mm.block.ibw >= 2 else 1
+
+    def k_loop(self, mm: MatmulTiles, body) -> None:
+        """`body(kk, step)` for each K step of the page: steps of two tiles where the MMA takes them, then one."""
+        ibw, pair = mm.block.ibw, self.k_pairs(mm)
+        whole = ibw - ibw % pair
+        with self.unrolled(f"for (int kk = 0; kk < {whole}; kk += {pair})"):
+            body("kk", pair)
+        if whole < ibw:
+            with self.w.block(""):
+                self.w.line(f"const int kk = {whole};")
+                body("kk", 1)
+
+    @staticmethod
+    def operand_load(which: str, frag: str, tile, kk: str, step: int) -> str:
+        """A fragment load of `step` K tiles from page tile `tile(kk)` on (`which`: a or b)."""
+        if step == 1:
+            return f"spatialc_load_{which}({frag}, {tile(kk)});"
+        return f"spatialc_load_{which}2({frag}, {tile(kk)}, {tile(f'({kk} + 1)')});"
+
+    @staticmethod
+    def mma(acc: str, a: str, b: str, step: int) -> str:
+        return f"spatialc_mma{'2' if step == 2 else ''}({acc}, {a}, {b});"
+
     def matmul_grid(self, mm: MatmulTiles, a_ring: Ring, b_ring: Ring) -> None:
-        """A warp owns one rectangle of every sub-block: per K tile it loads each B fragment of its columns once and
+        """A warp owns one rectangle of every sub-block: per K step it loads each B fragment of its columns once and
         each A fragment of its rows once, and makes every product of them."""
         _, _, rm, rn, sh, sw = self.rect()
         blk = mm.block
@@ -204,43 +242,48 @@ class TilePrinter:
         b, j = (c_div("c", rn) if sw > 1 else ""), c_mod("c", rn)
         row, col, q = self.place(a, b, i, j)
         self.warp_coords()
-        with self.unrolled(f"for (int kk = 0; kk < {blk.ibw}; ++kk)"):
-            self.w.line(self.frag("matrix_b", f"bf[{sw * rn}]"))
+
+        def a_tile(kk: str) -> str:
+            return f"{self.read_page(a_ring.id)} + ({c_mul(f'({row})', blk.ibw)} + {kk}) * {TILE_ELEMS}"
+
+        def b_tile(kk: str) -> str:
+            return f"{self.read_page(b_ring.id)} + ({kk} * {sw * blk.osw} + {col}) * {TILE_ELEMS}"
+
+        def step(kk: str, n: int) -> None:
+            self.w.line(f"spatialc_frag<OPT> bf[{sw * rn}];")
             with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
-                self.w.line(
-                    f"{WMMA}load_matrix_sync(bf[c], {self.read_page(b_ring.id)} + "
-                    f"(kk * {sw * blk.osw} + {col}) * {TILE_ELEMS}, 16);"
-                )
+                self.w.line(self.operand_load("b", "bf[c]", b_tile, kk, n))
             with self.unrolled(f"for (int r = 0; r < {sh * rm}; ++r)"):
-                self.w.line(self.frag("matrix_a", "af"))
-                self.w.line(
-                    f"{WMMA}load_matrix_sync(af, {self.read_page(a_ring.id)} + "
-                    f"({c_mul(f'({row})', blk.ibw)} + kk) * {TILE_ELEMS}, 16);"
-                )
+                self.w.line("spatialc_frag<OPT> af;")
+                self.w.line(self.operand_load("a", "af", a_tile, kk, n))
                 with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
                     self.w.line(f"const int q = {q};")
-                    self.w.line(f"{WMMA}mma_sync(accf[q], af, bf[c], accf[q]);")
+                    self.w.line(self.mma("accf[q]", "af", "bf[c]", n))
+
+        self.k_loop(mm, step)
 
     def matmul_strided(self, mm: MatmulTiles, a: Ring, b: Ring) -> None:
         """No lane grid divides the block: warp w owns item tiles w, w + NWARP, … — correct, and slower."""
         h, w = self.plan.item_tiles
         ibw = mm.block.ibw
+
+        def a_tile(kk: str) -> str:
+            return f"{self.read_page(a.id)} + ({c_mul('oi', ibw)} + {kk}) * {TILE_ELEMS}"
+
+        def b_tile(kk: str) -> str:
+            return f"{self.read_page(b.id)} + ({c_mul(kk, w)} + oj) * {TILE_ELEMS}"
+
+        def step(kk: str, n: int) -> None:
+            self.w.line("spatialc_frag<OPT> af, bf;")
+            self.w.line(self.operand_load("a", "af", a_tile, kk, n))
+            self.w.line(self.operand_load("b", "bf", b_tile, kk, n))
+            self.w.line(self.mma("accf[q]", "af", "bf", n))
+
         with self.unrolled("for (int q = 0; q < PERW; ++q)"):
             self.w.line("const int ot = warp + q * NWARP;")
             with self.w.block(f"if (ot < {h * w})"):
                 self.w.line(f"const int oi = ot / {w}, oj = ot % {w};")
-                with self.unrolled(f"for (int kk = 0; kk < {ibw}; ++kk)"):
-                    self.w.line(self.frag("matrix_a", "af"))
-                    self.w.line(self.frag("matrix_b", "bf"))
-                    self.w.line(
-                        f"{WMMA}load_matrix_sync(af, {self.read_page(a.id)} + "
-                        f"({c_mul('oi', ibw)} + kk) * {TILE_ELEMS}, 16);"
-                    )
-                    self.w.line(
-                        f"{WMMA}load_matrix_sync(bf, {self.read_page(b.id)} + "
-                        f"({c_mul('kk', w)} + oj) * {TILE_ELEMS}, 16);"
-                    )
-                    self.w.line(f"{WMMA}mma_sync(accf[q], af, bf, accf[q]);")
+                self.k_loop(mm, step)
 
     @contextmanager
     def unrolled(self, head: str, mark: str = "") -> Iterator[None]:
@@ -253,9 +296,9 @@ class TilePrinter:
         """Store every accumulator fragment into its tile of the reserved page (row-major tiles of the item)."""
         h, w = self.plan.item_tiles
         r = ring.id
-        store = (
-            f"{WMMA}store_matrix_sync({self.write_page(r)} + {{}} * {TILE_ELEMS}, accf[q], 16, {WMMA}mem_row_major);"
-        )
+        if ring.layout != PageLayout.ROW:
+            raise Unsupported(f"a PackAcc into {ring.name}'s {ring.layout.value} pages", "accumulators pack row-major")
+        store = f"spatialc_store_acc({self.write_page(r)} + {{}} * {TILE_ELEMS}, accf[q]);"
         with self.w.block("", mark):
             if self.lane_grid is None:
                 with self.unrolled("for (int q = 0; q < PERW; ++q)"):
@@ -271,4 +314,15 @@ class TilePrinter:
     def acquire(self, mark: str) -> None:
         """Zero the warp's accumulator fragments."""
         with self.unrolled("for (int q = 0; q < PERW; ++q)", mark):
-            self.w.line(f"{WMMA}fill_fragment(accf[q], 0);")
+            self.w.line("spatialc_acc_zero(accf[q]);")
+
+
+def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:
+    """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor)."""
+    want = operand_layouts(operand)
+    for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
+        if ring.layout != layout:
+            raise Unsupported(
+                f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",
+                f"the tensor-core loads read {what} from {layout.value} pages; build the program with spatialc.build",
+            )

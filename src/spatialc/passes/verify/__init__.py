@@ -5,7 +5,8 @@
                  output  (IllFormedError)
 2. `coverage`    the placement covers every item exactly once, as the ITEM loops say  (CoverageError)
 3. `ownership`   each ring has one producer and one consumer engine per site, the ones its stages declare, and is
-                 filled from / emptied to its stage's tensor; accumulators only via their ops  (RingOwnershipError)
+                 filled from / emptied to its stage's tensor, in that tensor's tile order; accumulators only via
+                 their ops  (RingOwnershipError)
 4. `depth`       no op moves more pages than its ring holds  (RingDepthError)
 5. `balance`     each engine pairs Reserve/Push and Wait/Pop, co-iterating loops balance, every ring ends empty
                  (UnbalancedError)

@@ -1,13 +1,16 @@
 """verify's rule 3, ownership: at each site a ring has one producer engine and one consumer engine — the ones its
-stages declare — a ring is filled from (emptied to) the tensor of its read (write) stage, and an accumulator is
-touched only through its own ops, by one engine."""
+stages declare — a ring is filled from (emptied to) the tensor of its read (write) stage, its pages holding tiles
+in that tensor's tile order, and an accumulator is touched only through its own ops, by one engine.
+
+The order matters because tiles move as raw bytes: a K-major B tensor copied into a row-major page would give the
+matmul Bᵀ's tiles, and every run would agree on the wrong answer."""
 
 from __future__ import annotations
 
 from ...errors import RingOwnershipError
 from ...ir.ids import BufferId, Site, TensorId
 from ...ir.index import ProgramIndex, where
-from ...ir.nodes import ReadStage, WriteStage
+from ...ir.nodes import Accumulator, ReadStage, WriteStage
 from ...ir.ops import ChoreoOp, ReadTiles, WriteTiles
 from .facts import Side, SiteProgs, Use
 
@@ -70,6 +73,29 @@ def _check_tensor(
             engine,
             use,
             f"{ring} is {verb} {ctx.tensors[want].name} (stage {declared[1]}), not {ctx.tensors[got].name}",
+        )
+    _check_order(ctx, site, engine, use, op)
+
+
+def _check_order(ctx: ProgramIndex, site: Site, engine: str, use: Use, op: ReadTiles | WriteTiles) -> None:
+    """The page holds tiles in the order its tensor stores them, and a per-site copy lays pages out as its ring."""
+    kind, ring_kind = ctx.buffers[use.buf].kind, ctx.buffers[ctx.ring(use.buf)].kind
+    tensor = ctx.tensors[op.tensor]
+    assert not isinstance(kind, Accumulator) and not isinstance(ring_kind, Accumulator)  # _check_kind ran
+    name = ctx.name(use.buf)
+    if kind.layout != ring_kind.layout:
+        ring = ctx.name(ctx.ring(use.buf))
+        why = f"{name} lays its pages out {kind.layout.value}, its ring {ring} {ring_kind.layout.value}"
+        raise _owner_error(ctx, site, engine, use, why)
+    if kind.layout.order != tensor.order:
+        verb = "filled from" if isinstance(op, ReadTiles) else "written to"
+        raise _owner_error(
+            ctx,
+            site,
+            engine,
+            use,
+            f"{name} holds {kind.layout.order.value}-major tiles ({kind.layout.value} pages) but is {verb}"
+            f" {tensor.name}, stored {tensor.order.value}-major: the tiles would arrive transposed",
         )
 
 

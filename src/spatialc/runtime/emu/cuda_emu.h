@@ -9,6 +9,7 @@
 #include "emu_pipeline.h"  // __pipeline_memcpy_async / commit / wait_prior
 #include "emu_mbarrier.h"  // the general form's ring barriers
 #include "emu_wmma.h"      // nvcuda::wmma
+#include "emu_mma.h"       // the tensor-core layer: ldmatrix, mma.sync, accumulator stores
 #include "emu_host.h"      // runtime API, launch
 
 // The definitions, unless they come from a separately compiled object (see emu_core.h).

@@ -247,6 +247,8 @@ SPATIALC_EMU_FN std::string who(const Access& a) {
     const char* what = a.kind == AccessKind::cp_async     ? "a cp.async landing"
                        : a.kind == AccessKind::frag_load  ? "a fragment load (load_matrix_sync)"
                        : a.kind == AccessKind::frag_store ? "a fragment store (store_matrix_sync)"
+                       : a.kind == AccessKind::ldmatrix   ? "a fragment load (ldmatrix)"
+                       : a.kind == AccessKind::acc_store  ? "an accumulator store (spatialc_store_acc)"
                        : a.kind == AccessKind::page_load  ? "a page load"
                        : a.kind == AccessKind::page_store ? "a page store"
                                                           : "an access";

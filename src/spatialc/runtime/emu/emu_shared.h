@@ -14,7 +14,7 @@
 
 namespace spatialc_emu {
 
-enum class AccessKind : unsigned char { none, cp_async, frag_load, frag_store, page_load, page_store };
+enum class AccessKind : unsigned char { none, cp_async, frag_load, frag_store, ldmatrix, acc_store, page_load, page_store };
 
 struct Access {
     int tid = -1;
@@ -46,6 +46,8 @@ constexpr unsigned char kPoison = 0xCD;
 SPATIALC_EMU_FN void register_region(const char* name, void* base, size_t elem, size_t depth, size_t page,
                                      bool dynamic);
 SPATIALC_EMU_FN char* dynamic_shared();
+// The registered shared region holding `p`, or null.
+SPATIALC_EMU_FN Region* find_region(const void* p);
 SPATIALC_EMU_FN void check_dynamic_ring(const char* name, char* base, size_t off, size_t bytes);
 // Record that the calling thread wrote (or read) `size` bytes at each of `ptrs`; report the first conflict.
 SPATIALC_EMU_FN void track(const void* const* ptrs, int count, size_t size, bool write, AccessKind kind, int line);

@@ -1,0 +1,201 @@
+// spatialc host emulation — the kernels' tensor-core layer (lower/cuda/tensor_core.cuh): ldmatrix operand loads
+// from swizzled or K-major tiles, mma.sync m16n8k16 (fp16, bf16, int8) and m16n8k32 (int8), accumulator stores.
+//
+// Each lane receives what the hardware gives it: ldmatrix row addresses are worked out for every lane from the one
+// tile pointer all lanes pass, and a lane's load is recorded as reads of exactly the bytes its registers receive
+// (so a race on them is reported like any other). As with WMMA (emu_wmma.h), an operand fragment also keeps the
+// whole tile as the lane saw it when it loaded, so the multiply needs no exchange between lanes; the accumulator
+// is the lane's own eight elements in the hardware's m16n8 layout, and the kernel text may index it as such. In
+// late mode an accumulator store's writes become visible at the lane's next __syncwarp / __syncthreads.
+#ifndef SPATIALC_EMU_MMA_H
+#define SPATIALC_EMU_MMA_H
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "emu_half.h"
+#include "emu_shared.h"
+
+#define SPATIALC_TENSOR_CORE 1
+
+template <class T>
+struct spatialc_frag {
+    // A: 16 rows × kd k-elements (row-major, stride 32); B: kd k-elements × 16 columns (row-major, stride 16).
+    T v[16 * 32];
+    int kd = 0;
+};
+
+template <class T>
+struct spatialc_acc {
+    T x[8];
+};
+
+namespace spatialc_emu {
+
+// The element offset of 16-byte chunk `half` of row `row` in a swizzled 16-bit tile (as tensor_core.cuh).
+constexpr unsigned swizzled(unsigned row, unsigned half) { return row * 16u + ((half ^ ((row >> 2) & 1u)) << 3); }
+
+// Row and column of accumulator element i of `lane` (m16n8 halves: columns 0-7, then 8-15).
+constexpr int acc_row(int lane, int i) { return lane / 4 + 8 * ((i >> 1) & 1); }
+constexpr int acc_col(int lane, int i) { return 8 * (i >> 2) + 2 * (lane % 4) + (i & 1); }
+
+// ldmatrix reads shared memory only, from 16-byte aligned rows.
+inline void check_ldsm(const void* tile, const char* what, int line) {
+    const Region* r = find_region(tile);
+    if (!r)
+        fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) +
+                               ": the tile is not in a shared ring (ldmatrix reads shared memory only)");
+    if ((size_t)(static_cast<const char*>(tile) - r->origin) % 16)
+        fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + ": tile in shared ring '" +
+                               r->name + "' is not 16-byte aligned");
+}
+
+inline int lane_of(const char* what) { return me(what).lane; }
+
+}  // namespace spatialc_emu
+
+// ---- 16-bit operands ------------------------------------------------------------------------------------------
+template <class T>
+[[gnu::noinline]] void spatialc_load_a(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
+    using namespace spatialc_emu;
+    static_assert(sizeof(T) == 2, "16-bit operands");
+    const int l = lane_of("spatialc_load_a");
+    check_ldsm(tile, "spatialc_load_a", line);
+    f.kd = 16;
+    for (int r = 0; r < 16; ++r)
+        for (int k = 0; k < 16; ++k) f.v[r * 32 + k] = tile[swizzled(r, k / 8) + k % 8];
+    // Matrix i of the x4 load is rows 0-7 / 8-15 of half i / 2; the lane gets row l / 4, elements 2 (l % 4), +1.
+    const void* mine[4];
+    for (int i = 0; i < 4; ++i) mine[i] = tile + swizzled(l / 4 + 8 * (i & 1), i >> 1) + 2 * (l % 4);
+    track(mine, 4, 4, false, AccessKind::ldmatrix, line);
+}
+
+template <class T>
+[[gnu::noinline]] void spatialc_load_b(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
+    using namespace spatialc_emu;
+    static_assert(sizeof(T) == 2, "16-bit operands");
+    const int l = lane_of("spatialc_load_b");
+    check_ldsm(tile, "spatialc_load_b", line);
+    f.kd = 16;
+    for (int k = 0; k < 16; ++k)
+        for (int n = 0; n < 16; ++n) f.v[k * 16 + n] = tile[swizzled(k, n / 8) + n % 8];
+    // Transposed: from matrix i (k rows 0-7 / 8-15 of column half i / 2) the lane gets column l / 4 of k rows
+    // 2 (l % 4) and 2 (l % 4) + 1.
+    const void* mine[8];
+    for (int i = 0; i < 4; ++i)
+        for (int e = 0; e < 2; ++e) mine[2 * i + e] = tile + swizzled(2 * (l % 4) + e + 8 * (i & 1), i >> 1) + l / 4;
+    track(mine, 8, 2, false, AccessKind::ldmatrix, line);
+}
+
+// ---- 8-bit operands: A row-major, B K-major ---------------------------------------------------------------------
+namespace spatialc_emu {
+
+// `tiles` k-tiles of A (rows g, g+8 of each: 4 bytes at 4 (l % 4)) or of K-major B (columns g, g+8 likewise).
+[[gnu::noinline]] inline void load_int8(spatialc_frag<signed char>& f, const signed char* const* t, int tiles, bool is_a,
+                                        const char* what, int line) {
+    const int l = lane_of(what);
+    f.kd = 16 * tiles;
+    const void* mine[4];
+    int n = 0;
+    for (int s = 0; s < tiles; ++s) {
+        check_ldsm(t[s], what, line);
+        for (int r = 0; r < 16; ++r)
+            for (int k = 0; k < 16; ++k) {
+                // A: tile row r is row r, column k is k; B (K-major): tile row r is column n = r, column k is k.
+                if (is_a)
+                    f.v[r * 32 + 16 * s + k] = t[s][r * 16 + k];
+                else
+                    f.v[(16 * s + k) * 16 + r] = t[s][r * 16 + k];
+            }
+        for (int h = 0; h < 2; ++h) mine[n++] = t[s] + (l / 4 + 8 * h) * 16 + 4 * (l % 4);
+    }
+    track(mine, n, 4, false, AccessKind::ldmatrix, line);
+}
+
+}  // namespace spatialc_emu
+
+inline void spatialc_load_a2(spatialc_frag<signed char>& f, const signed char* t0, const signed char* t1,
+                             int line = __builtin_LINE()) {
+    const signed char* t[2] = {t0, t1};
+    spatialc_emu::load_int8(f, t, 2, true, "spatialc_load_a2", line);
+}
+inline void spatialc_load_b2(spatialc_frag<signed char>& f, const signed char* t0, const signed char* t1,
+                             int line = __builtin_LINE()) {
+    const signed char* t[2] = {t0, t1};
+    spatialc_emu::load_int8(f, t, 2, false, "spatialc_load_b2", line);
+}
+inline void spatialc_load_a(spatialc_frag<signed char>& f, const signed char* tile, int line = __builtin_LINE()) {
+    spatialc_emu::load_int8(f, &tile, 1, true, "spatialc_load_a", line);
+}
+inline void spatialc_load_b(spatialc_frag<signed char>& f, const signed char* tile, int line = __builtin_LINE()) {
+    spatialc_emu::load_int8(f, &tile, 1, false, "spatialc_load_b", line);
+}
+
+// ---- the multiply: the lane's own eight accumulator elements ------------------------------------------------------
+namespace spatialc_emu {
+
+template <class T, class A>
+[[gnu::noinline]] void mma(spatialc_acc<A>& d, const spatialc_frag<T>& a, const spatialc_frag<T>& b, int kd,
+                           const char* what) {
+    const int l = lane_of(what);
+    if (a.kd != kd || b.kd != kd)
+        fatal(kExitMisuse, std::string(what) + ": operands of " + std::to_string(a.kd) + " and " +
+                               std::to_string(b.kd) + " k-elements for a step of " + std::to_string(kd));
+    for (int i = 0; i < 8; ++i) {
+        const int r = acc_row(l, i), c = acc_col(l, i);
+        if constexpr (std::is_same_v<A, int>) {
+            // int32 accumulation wraps like the hardware's (the lowering proves it never needs to).
+            uint32_t acc = (uint32_t)d.x[i];
+            for (int k = 0; k < kd; ++k) acc += (uint32_t)((int)a.v[r * 32 + k] * (int)b.v[k * 16 + c]);
+            d.x[i] = (int)acc;
+        } else {
+            float acc = d.x[i];
+            for (int k = 0; k < kd; ++k) acc += float(a.v[r * 32 + k]) * float(b.v[k * 16 + c]);
+            d.x[i] = acc;
+        }
+    }
+}
+
+}  // namespace spatialc_emu
+
+template <class T>
+inline void spatialc_mma(spatialc_acc<float>& d, const spatialc_frag<T>& a, const spatialc_frag<T>& b) {
+    static_assert(sizeof(T) == 2, "16-bit operands accumulate in float");
+    spatialc_emu::mma(d, a, b, 16, "spatialc_mma");
+}
+inline void spatialc_mma(spatialc_acc<int>& d, const spatialc_frag<signed char>& a,
+                         const spatialc_frag<signed char>& b) {
+    spatialc_emu::mma(d, a, b, 16, "spatialc_mma");
+}
+inline void spatialc_mma2(spatialc_acc<int>& d, const spatialc_frag<signed char>& a,
+                          const spatialc_frag<signed char>& b) {
+    spatialc_emu::mma(d, a, b, 32, "spatialc_mma2");
+}
+
+// ---- accumulators -------------------------------------------------------------------------------------------------
+template <class T>
+inline void spatialc_acc_zero(spatialc_acc<T>& d) {
+    for (T& e : d.x) e = T(0);
+}
+
+template <class T>
+[[gnu::noinline]] void spatialc_store_acc(T* tile, const spatialc_acc<T>& d, int line = __builtin_LINE()) {
+    using namespace spatialc_emu;
+    ThreadState& t = me("spatialc_store_acc");
+    const void* mine[8];
+    for (int i = 0; i < 8; ++i) {
+        T* dst = tile + acc_row(t.lane, i) * 16 + acc_col(t.lane, i);
+        mine[i] = dst;
+        if (kLate) {
+            PendingStore s{dst, {}, (int)sizeof(T)};
+            std::memcpy(s.data, &d.x[i], sizeof(T));
+            t.stores.push_back(s);
+        } else {
+            *dst = d.x[i];
+        }
+    }
+    track(mine, 8, sizeof(T), true, AccessKind::acc_store, line);
+}
+
+#endif  // SPATIALC_EMU_MMA_H
