@@ -31,6 +31,7 @@ BLOCK_SIDES = (1, 2, 4, 8)
 IBWS = (1, 2, 4)
 SUB_BLOCKS = ((1, 1), (1, 2), (2, 1), (2, 2))
 DEPTHS = (2, 3, 4)
+K_STEP_OVERHEAD = 0.25  # a K step's fixed cost (wait, barrier, loop) in K tiles of MMAs (plan_cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +111,16 @@ def plan_cost(
     """Estimated run time (arbitrary units) of `plan`, whose kernel keeps `per_unit` blocks resident per SM
     (infinite when 0: one does not fit).
 
-    time = waves × sharing × item_work × traffic × latency × fallback / (occupancy × issue), where
+    time = waves × sharing × item_work × traffic × latency × k_step × fallback / (occupancy × issue), where
     - item_work: multiply-accumulates of one item in padded tiles, h·w·k_tiles (padding is paid for, not free);
     - waves: rounds of items over every resident site, ceil(items / (SMs × blocks per SM));
     - sharing: resident blocks that really share an SM's tensor cores, min(blocks per SM, items per SM);
     - traffic: 1 + operand bytes loaded per MAC / 0.02 — a K step loads (h + w)·ibw tiles for h·w·ibw tile
       products, so small or skinny blocks are bound by memory, square large ones by math;
     - latency: 1.5 for a single-page ring (no prefetch can overlap the loads), 1.0 for two pages, 0.98 for more;
+    - k_step: 1 + 0.25 / ibw — each K step pays a wait, a block barrier and its loop overhead, about a quarter of
+      one K tile's MMAs, amortised over the ibw tiles of the step; ×1.25 more for int8 with an odd ibw, whose last
+      tile goes through the k16 MMA at half the rate of the native k32 one;
     - occupancy: sqrt(min(1, resident warps / 8)), too few warps per SM leave the load latency exposed;
     - issue: min(1, warps that issue MMAs per SM / 8) — a block of osh·osw tiles keeps at most that many of its
       warps multiplying, so a 1×1 block on 8 warps leaves 7 idle and the tensor cores mostly waiting;
@@ -133,11 +137,12 @@ def plan_cost(
     bytes_per_mac = (h + w) * OPERAND_BYTES[prec] / (16 * h * w)
     traffic = 1 + bytes_per_mac / 0.02
     latency = 1.5 if plan.depth == 1 else (1.0 if plan.depth == 2 else 0.98)
+    k_step = (1 + K_STEP_OVERHEAD / plan.block.ibw) * (1.25 if prec == Precision.INT8 and plan.block.ibw % 2 else 1)
     occupancy = math.sqrt(min(1.0, sharing * target.accumulator_lanes / 8))
     busy = min(target.accumulator_lanes, plan.block.osh * plan.block.osw)
     issue = min(1.0, sharing * busy / 8)
     fallback = 1.0 if target.accumulator_lane_grid(plan.block.osh, plan.block.osw) else 1.3
-    return waves * sharing * item_work * traffic * latency * fallback / (occupancy * issue)
+    return waves * sharing * item_work * traffic * latency * k_step * fallback / (occupancy * issue)
 
 
 def make_plan(block: BlockShape, sub: tuple[int, int], depth: int, m_t: int, n_t: int, k_t: int) -> Plan:

@@ -78,15 +78,12 @@ def _check_tensor(
 
 
 def _check_order(ctx: ProgramIndex, site: Site, engine: str, use: Use, op: ReadTiles | WriteTiles) -> None:
-    """The page holds tiles in the order its tensor stores them, and a per-site copy lays pages out as its ring."""
-    kind, ring_kind = ctx.buffers[use.buf].kind, ctx.buffers[ctx.ring(use.buf)].kind
+    """The page holds tiles in the order its tensor stores them (a per-site copy has its template's kind, layout
+    included: rule 1)."""
+    kind = ctx.buffers[use.buf].kind
     tensor = ctx.tensors[op.tensor]
-    assert not isinstance(kind, Accumulator) and not isinstance(ring_kind, Accumulator)  # _check_kind ran
+    assert not isinstance(kind, Accumulator)  # _check_kind ran
     name = ctx.name(use.buf)
-    if kind.layout != ring_kind.layout:
-        ring = ctx.name(ctx.ring(use.buf))
-        why = f"{name} lays its pages out {kind.layout.value}, its ring {ring} {ring_kind.layout.value}"
-        raise _owner_error(ctx, site, engine, use, why)
     if kind.layout.order != tensor.order:
         verb = "filled from" if isinstance(op, ReadTiles) else "written to"
         raise _owner_error(

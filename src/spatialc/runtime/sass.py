@@ -1,0 +1,115 @@
+"""Read a compiled kernel's SASS: what the GPU will really execute, checked on a machine without one.
+
+`cuobjdump -sass` (the `nvidia-cuda-cuobjdump` wheel, which needs `nvidia-cuda-nvdisasm` beside it, or a CUDA
+toolkit's) prints one instruction a line; `Sass` keeps each as (address, predicate, mnemonic, operands) and answers
+the questions the operand path is judged by (bench/README.md, "The operand path"): which loads feed the MMAs, which
+MMA shape runs, how many barriers a main-loop iteration crosses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SpatialError
+
+# One instruction line: /*0ab0*/  @!P1 BRA 0xaa0 ;
+_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\s*([^;]*);")
+MMA = ("HMMA", "IMMA")
+
+
+class SassError(SpatialError):
+    """cuobjdump is missing, or could not read the cubin."""
+
+
+@dataclass(frozen=True, slots=True)
+class Instr:
+    addr: int
+    predicate: str  # "@!P1", "" when unconditional
+    op: str  # the mnemonic with its modifiers: "LDSM.16.MT88.4"
+    operands: str
+
+    @property
+    def base(self) -> str:
+        """The mnemonic without modifiers: "LDSM"."""
+        return self.op.split(".", 1)[0]
+
+    @property
+    def never(self) -> bool:
+        """An instruction under the always-false predicate (`@!PT`): scheduling padding that never executes."""
+        return self.predicate == "@!PT"
+
+
+@dataclass(frozen=True, slots=True)
+class Sass:
+    instrs: tuple[Instr, ...]
+
+    @staticmethod
+    def parse(text: str) -> Sass:
+        out = []
+        for line in text.splitlines():
+            m = _LINE.match(line)
+            if m:
+                out.append(Instr(int(m.group(1), 16), (m.group(2) or "").strip(), m.group(3), m.group(4).strip()))
+        return Sass(tuple(out))
+
+    def ops(self, lo: int = 0, hi: int | None = None) -> Counter[str]:
+        """How often each mnemonic (with modifiers) executes-or-may in [lo, hi), padding left out."""
+        hi = max((i.addr for i in self.instrs), default=0) + 1 if hi is None else hi
+        return Counter(i.op for i in self.instrs if lo <= i.addr < hi and not i.never)
+
+    def count(self, prefix: str, lo: int = 0, hi: int | None = None) -> int:
+        """Instructions whose mnemonic starts with `prefix` ("IMMA.16832", "LDSM") in [lo, hi)."""
+        return sum(n for op, n in self.ops(lo, hi).items() if op == prefix or op.startswith(prefix + "."))
+
+    def loops(self) -> list[tuple[int, int]]:
+        """[start, end] address ranges of backward branches: the loops, innermost ones included."""
+        out = []
+        for i in self.instrs:
+            if i.base == "BRA" and not i.never:
+                target = re.match(r"(?:`\(\w+\)\s*)?0x([0-9a-f]+)", i.operands)
+                if target and int(target.group(1), 16) <= i.addr:
+                    out.append((int(target.group(1), 16), i.addr + 1))
+        return out
+
+    def main_loops(self) -> list[tuple[int, int]]:
+        """The innermost loops that hold tensor-core MMAs: the K loops."""
+        with_mma = [r for r in self.loops() if any(self.count(m, *r) for m in MMA)]
+        return [r for r in with_mma if not any(o != r and r[0] <= o[0] and o[1] <= r[1] for o in with_mma)]
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump on PATH, in a CUDA toolkit, or from NVIDIA's pip wheel (its `nvidia/cu*/bin`)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and Path(root, "bin", "cuobjdump").is_file():
+            return str(Path(root, "bin", "cuobjdump"))
+    for site in sys.path:
+        for hit in sorted(Path(site).glob("nvidia/*/bin/cuobjdump")) if site and Path(site).is_dir() else ():
+            return str(hit)
+    return None
+
+
+def disassemble(cubin: Path, cuobjdump: str | None = None) -> Sass:
+    """The SASS of every kernel in `cubin`."""
+    tool = cuobjdump or find_cuobjdump()
+    if tool is None:
+        raise SassError("cuobjdump was not found; pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
+    env = dict(os.environ)
+    # cuobjdump runs nvdisasm, which the wheels put beside it.
+    env["PATH"] = f"{Path(tool).parent}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, env=env, timeout=120)
+    if proc.returncode != 0:
+        raise SassError(f"cuobjdump could not read {cubin.name}: {(proc.stderr or proc.stdout).strip()[:300]}")
+    sass = Sass.parse(proc.stdout)
+    if not sass.instrs:
+        raise SassError(f"cuobjdump printed no instructions for {cubin.name}")
+    return sass

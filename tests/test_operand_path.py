@@ -1,0 +1,227 @@
+"""The tensor-core operand path (issue "operand path"): ldmatrix fragments from swizzled 16-bit pages and K-major
+int8 B pages, mma.sync (k32 for int8), the page layouts in the IR, the tilize that stores B K-major, and the SASS
+nvcc makes of it.
+
+The emulation implements the hardware's fragment layouts (emu_mma.h); that it is trusted is shown here by the faults
+it must catch: a reader that forgets the swizzle, and a B stored in the order its pages do not hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.errors import RingOwnershipError
+from spatialc.inputs import InputError
+from spatialc.ir.nodes import Fifo, PageLayout, TileOrder
+from spatialc.lower.errors import LowerError
+from spatialc.runtime.emulate import EmulationError
+from spatialc.runtime.launch import compile_cubin, find_nvcc, kernel_ptxas
+from spatialc.runtime.sass import Sass, disassemble, find_cuobjdump
+from spatialc.runtime.tilize import tile_offset
+
+GPP = shutil.which("g++")
+needs_gpp = pytest.mark.skipif(GPP is None, reason="g++ is not installed")
+
+
+def inputs(p, seed=0):
+    rng = np.random.default_rng(seed)
+    a, b = (t for t in p.tensors if t.role.value == "input")
+    lo, hi = (-128, 128) if p.precision.value == "int8" else (-4, 5)
+    return {t.name: rng.integers(lo, hi, t.elems).astype(np.float32) for t in (a, b)}
+
+
+def exact(art, p, x, mode="late"):
+    return np.array_equal(np.asarray(spatialc.emulate(art, x, mode=mode, timeout=120)), spatialc.evaluate(p, x))
+
+
+# ---- the layouts in the IR and their check -----------------------------------------------------------------------
+
+
+def test_each_operand_page_is_laid_out_for_its_fragment_load():
+    for prec, want in (
+        ("fp16", ("swizzled", "swizzled")),
+        ("bf16", ("swizzled", "swizzled")),
+        ("int8", ("row", "col")),
+    ):
+        p = spatialc.build(spatialc.gemm(40, 30, 50, prec), "sm_86")
+        rings = {b.name: b.kind.layout.value for b in p.buffers if isinstance(b.kind, Fifo)}
+        assert (rings["A_ring"], rings["B_ring"]) == want
+        assert p.tensor_named("B").order == (TileOrder.COL if prec == "int8" else TileOrder.ROW)
+        # and they survive a save and a load
+        assert spatialc.from_json(spatialc.to_json(p)) == p
+
+
+def b_flipped(p):
+    """`p` with its B tensor stored in the other tile order, its pages unchanged."""
+    flip = {TileOrder.ROW: TileOrder.COL, TileOrder.COL: TileOrder.ROW}
+    return p.evolve(
+        tensors=tuple(dataclasses.replace(t, order=flip[t.order]) if t.name == "B" else t for t in p.tensors)
+    )
+
+
+@pytest.mark.parametrize("prec", ["int8", "fp16"])
+def test_verify_refuses_a_tensor_stored_in_another_order_than_its_pages(prec):
+    p = spatialc.build(spatialc.gemm(48, 32, 64, prec), "sm_90")
+    with pytest.raises(RingOwnershipError, match=r"B_ring holds .*-major tiles .* filled from B, stored .*transposed"):
+        spatialc.verify(b_flipped(p))
+
+
+def test_verify_refuses_an_a_ring_of_column_major_pages_filled_from_row_major_a():
+    p = spatialc.build(spatialc.gemm(48, 32, 64, "int8"), "sm_90")
+    col = tuple(
+        dataclasses.replace(b, kind=dataclasses.replace(b.kind, layout=PageLayout.COL)) if b.name == "A_ring" else b
+        for b in p.buffers
+    )
+    with pytest.raises(RingOwnershipError, match="A_ring holds col-major tiles .* filled from A, stored row-major"):
+        spatialc.verify(p.evolve(buffers=col))
+
+
+@needs_gpp
+def test_the_order_guards_a_real_fault_the_emulation_sees():
+    """B stored row-major into K-major pages (the host's tilize told to forget the order) computes A·B with every
+    B tile transposed: the wrong answer the verify rule exists to refuse, seen by the emulation."""
+    p = spatialc.build(spatialc.gemm(32, 32, 32, "int8"), "sm_90", block=(2, 2, 2))
+    art = spatialc.lower(p)
+    tilize_b = "spatialc_tilize(h1, 32, 32, 2, x1, true);"
+    assert tilize_b in art.program_cu
+    broken = dataclasses.replace(art, program_cu=art.program_cu.replace(tilize_b, tilize_b.replace(", true", "")))
+    x = inputs(p)
+    assert exact(art, p, x)
+    assert not exact(broken, p, x)
+
+
+def test_lowering_refuses_pages_the_fragment_loads_cannot_read():
+    p = spatialc.build(spatialc.gemm(48, 32, 64, "fp16"), "sm_90")
+    plain = tuple(
+        dataclasses.replace(b, kind=dataclasses.replace(b.kind, layout=PageLayout.ROW)) if b.name == "B_ring" else b
+        for b in p.buffers
+    )
+    q = spatialc.verify(p.evolve(buffers=plain))  # consistent: row-major B in row-major pages
+    with pytest.raises(LowerError, match="operand B in row pages .* swizzled"):
+        spatialc.lower(q, form="persistent")
+
+
+# ---- the tilize that matches ------------------------------------------------------------------------------------
+
+
+def test_a_column_major_tile_holds_each_column_contiguously():
+    x = np.arange(20 * 37, dtype=np.int32).reshape(20, 37)
+    flat = spatialc.tilize(x, order="col")
+    for i, j in ((0, 0), (0, 1), (1, 0), (15, 16), (19, 36)):
+        assert flat[tile_offset(i, j, 3, order="col")] == x[i, j]
+    assert flat[tile_offset(1, 0, 3, order="col")] == flat[tile_offset(0, 0, 3, order="col") + 1]
+    np.testing.assert_array_equal(spatialc.untilize(flat, x.shape, order="col"), x)
+    assert not np.array_equal(flat, spatialc.tilize(x))
+    with pytest.raises(InputError, match="order must be 'row' or 'col'"):
+        spatialc.tilize(x, order="k-major")
+
+
+def test_the_launch_contract_names_the_order_of_each_parameter():
+    art = spatialc.lower(spatialc.build(spatialc.gemm(48, 32, 64, "int8"), "sm_90"))
+    assert [(q.name, q.order) for q in art.launch.params] == [("A", "row"), ("B", "col"), ("C", "row")]
+
+
+# ---- the kernel text and its emulation --------------------------------------------------------------------------
+
+
+@needs_gpp
+@pytest.mark.parametrize("ibw", [1, 2, 3])
+@pytest.mark.parametrize("form", ["persistent", "general"])
+def test_int8_takes_k_in_pairs_of_tiles_and_the_odd_one_alone(ibw, form):
+    p = spatialc.build(spatialc.gemm(40, 40, 16 * ibw * 2 + 5, "int8"), "sm_90", block=(2, 2, ibw), form=form)
+    art = spatialc.lower(p, form=form)
+    text = art.kernel_cu
+    assert ("spatialc_mma2(accf[q]" in text) == (ibw >= 2)
+    assert ("spatialc_mma(accf[q]" in text) == (ibw % 2 == 1)
+    assert exact(art, p, inputs(p, seed=ibw))
+
+
+@needs_gpp
+@pytest.mark.parametrize("mode", ["late", "early"])
+def test_a_reader_that_forgets_the_swizzle_is_a_wrong_answer(mode):
+    p = spatialc.build(spatialc.gemm(32, 32, 48, "bf16"), "sm_86", block=(2, 2, 1))
+    art = spatialc.lower(p)
+    swizzle = "(off ^ ((off >> 3) & 1)) * 16"
+    assert art.program_cu.count(swizzle) == 4  # the A and B readers, before the K loop and in it
+    broken = dataclasses.replace(art, program_cu=art.program_cu.replace(swizzle, "off * 16"))
+    x = inputs(p)
+    assert exact(art, p, x, mode)
+    assert not exact(broken, p, x, mode)
+
+
+@needs_gpp
+def test_an_operand_load_from_global_memory_is_refused_by_the_emulation():
+    p = spatialc.build(spatialc.gemm(32, 32, 32, "fp16"), "sm_86", block=(2, 2, 1))
+    art = spatialc.lower(p)
+    text = art.program_cu.replace("spatialc_load_b(bf[c], ring_1 + rslot_1 * PAGE_1 +", "spatialc_load_b(bf[c], t1 +")
+    assert text != art.program_cu
+    with pytest.raises(EmulationError, match="ldmatrix reads shared memory only"):
+        spatialc.emulate(dataclasses.replace(art, program_cu=text), inputs(p), timeout=60)
+
+
+def test_the_planner_takes_deep_k_steps_and_even_ones_for_int8():
+    for prec in ("fp16", "bf16", "int8"):
+        plan = spatialc.build(spatialc.gemm(4096, 4096, 4096, prec), "sm_90").plan
+        assert plan.block.ibw >= 2 and plan.block.ibw % 2 == 0, (prec, plan)
+
+
+# ---- SASS: what nvcc makes of it --------------------------------------------------------------------------------
+
+NVCC, CUOBJDUMP = find_nvcc(), find_cuobjdump()
+SASS_CASES = [
+    (p, f, a) for p in ("fp16", "bf16", "int8") for f in ("persistent", "general") for a in ("sm_80", "sm_90")
+]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """(precision, form, arch) → (Sass, PtxasInfo) of the default 4096³ kernel."""
+
+    def one(case):
+        prec, form, arch = case
+        art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, prec), arch, form=form), form=form)
+        cubin = compile_cubin(art.kernel_cu, arch)
+        return case, (disassemble(cubin), kernel_ptxas(cubin, art.launch.kernel_name))
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(one, SASS_CASES))
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None or CUOBJDUMP is None, reason="nvcc or cuobjdump is not installed")
+@pytest.mark.parametrize("case", SASS_CASES, ids=["-".join(c) for c in SASS_CASES])
+def test_the_main_loop_feeds_the_tensor_cores_from_shared_memory(compiled, case):
+    prec, form, _ = case
+    sass, ptxas = compiled[case]
+    (loop,) = sass.main_loops()
+    assert sass.count("LDSM", *loop) > 0  # operand fragments by ldmatrix
+    assert sass.count("LD") == 0  # no generic loads anywhere (the bf16 WMMA builtins made them)
+    assert not any(sass.count(f"LDS.{w}", *loop) for w in ("U8", "S8", "U16", "S16"))  # no byte / half gathers
+    if prec == "int8":
+        assert sass.count("IMMA.16832", *loop) > 0 and sass.count("IMMA.16816", *loop) == 0
+    else:
+        assert sass.count("HMMA.16816.F32", *loop) > 0
+    if form == "persistent":
+        assert sass.count("BAR.SYNC", *loop) == 1  # one block barrier a K step
+    assert ptxas is not None and ptxas.spill_stores == 0 and ptxas.spill_loads == 0
+
+
+def test_the_sass_reader_finds_loops_and_skips_padding():
+    text = """
+        /*0000*/                   S2R R0, SR_TID.X ;
+        /*0010*/              @!PT LDS RZ, [RZ] ;
+        /*0020*/                   LDSM.16.M88.4 R4, [R2] ;
+        /*0030*/                   HMMA.16816.F32.BF16 R8, R4, R6, R8 ;
+        /*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0050*/              @!P1 BRA 0x20 ;
+        /*0060*/                   EXIT ;
+    """
+    sass = Sass.parse(text)
+    assert len(sass.instrs) == 7 and sass.count("LDS") == 0 and sass.count("LDSM") == 1
+    assert sass.main_loops() == [(0x20, 0x51)] and sass.count("BAR.SYNC", 0x20, 0x51) == 1
