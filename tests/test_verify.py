@@ -328,7 +328,9 @@ def test_write_off_the_grid_for_the_last_item_only():
 
 
 def test_read_stride_off_the_tensor_for_the_last_row_of_items():
-    p = spatialc.build(spatialc.gemm(1024, 1024, 1024, "fp16"), "sm_90")  # A: 64x64 tiles, 4x1 blocks
+    p = spatialc.build(
+        spatialc.gemm(1024, 1024, 1024, "fp16"), "sm_90", block=(2, 4, 1), sub_blocks=(2, 2)
+    )  # A: 64x64 tiles, 4x1 blocks
     p = replace(
         p,
         R,
@@ -575,7 +577,7 @@ def _net_outcome(p: SpatialProgram, fast: bool):
 
 
 def test_fast_forward_skips_and_agrees_with_the_exact_run():
-    p = spatialc.build(spatialc.gemm(2048, 2048, 2048, "fp16"), "sm_90", sites=4)
+    p = spatialc.build(spatialc.gemm(2048, 2048, 2048, "fp16"), "sm_90", block=(2, 4, 1), sites=4)
     assert p.schedule is not None and p.plan is not None
     p = p.evolve(schedule=Schedule(p.schedule.programs[:3]))  # one site: a quarter of the items, every K step
     (fast, fast_steps), (exact, exact_steps) = _net_outcome(p, True), _net_outcome(p, False)
@@ -712,7 +714,7 @@ def test_padding_is_less_than_one_item_or_k_step():
 
 def test_scalar_requant_and_matmul_fields():
     epi = [spatialc.bias(), spatialc.scalar("add", 3), spatialc.requant(0.01)]
-    p = spatialc.build(spatialc.gemm(32, 64, 32, "int8", epilogue=epi), "sm_86")
+    p = spatialc.build(spatialc.gemm(32, 64, 32, "int8", epilogue=epi), "sm_86", block=(2, 2, 1))
     assert p.verified
 
     def swap(kind: type, new) -> SpatialProgram:

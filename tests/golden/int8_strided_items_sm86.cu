@@ -197,13 +197,13 @@ typedef int OUT_T;
 #define NWARP 4
 #define PERW 1
 #define DEPTH_0 3
-#define PAGE_0 512
+#define PAGE_0 2048
 #define DEPTH_1 3
-#define PAGE_1 512
+#define PAGE_1 2048
 #define SMEM_OFF_EPI 0
 #define DYN_SMEM 4096
 
-extern "C" __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
+extern "C" __global__ __launch_bounds__(NTHREAD, 5) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
@@ -227,84 +227,55 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(con
         for (int q = 0; q < PERW; ++q) {  // op:AcquireAcc
             spatialc_acc_zero(accf[q]);
         }
-        // the loop over k is pipelined: step 0's copies are issued before it
-        wslot_0 = (wslot_0 + 1) % DEPTH_0;  // pre:Reserve
-        {  // pre:ReadTiles
-            constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
-            static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-            for (int c = tid; c < 2 * CHUNKS; c += NTHREAD) {
-                const int tl = c / CHUNKS, off = c % CHUNKS;
-                const long long tile = (long long)(item_y * 6) + (long long)(tl) * 3;
-                __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + off * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
-            }
-        }
-        __pipeline_commit();  // pre:Push
-        wslot_1 = (wslot_1 + 1) % DEPTH_1;  // pre:Reserve
-        {  // pre:ReadTiles
-            constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
-            static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-            for (int c = tid; c < 2 * CHUNKS; c += NTHREAD) {
-                const int tl = c / CHUNKS, off = c % CHUNKS;
-                const long long tile = (long long)(item_x * 2) + (long long)(tl / 2) * 4 + (long long)(tl % 2);
-                __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + off * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
-            }
-        }
-        __pipeline_commit();  // pre:Push
-        for (int k = 0; k < 3; ++k) {  // op:Loop x2
-            if (k + 1 < 3) {
-                wslot_0 = (wslot_0 + 1) % DEPTH_0;  // op:Reserve
-                {  // op:ReadTiles
-                    constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
-                    static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-                    for (int c = tid; c < 2 * CHUNKS; c += NTHREAD) {
-                        const int tl = c / CHUNKS, off = c % CHUNKS;
-                        const long long tile = (long long)(item_y * 6 + (k + 1)) + (long long)(tl) * 3;
-                        __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + off * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
-                    }
+        for (int k = 0; k < 1; ++k) {  // op:Loop x2
+            wslot_0 = (wslot_0 + 1) % DEPTH_0;  // op:Reserve
+            {  // op:ReadTiles
+                constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
+                static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
+                for (int c = tid; c < 8 * CHUNKS; c += NTHREAD) {
+                    const int tl = c / CHUNKS, off = c % CHUNKS;
+                    const long long tile = (long long)(item_y * 8 + k * 4) + (long long)(tl / 4) * 4 + (long long)(tl % 4);
+                    __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + off * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
                 }
-                __pipeline_commit();  // op:Push
-                wslot_1 = (wslot_1 + 1) % DEPTH_1;  // op:Reserve
-                {  // op:ReadTiles
-                    constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
-                    static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-                    for (int c = tid; c < 2 * CHUNKS; c += NTHREAD) {
-                        const int tl = c / CHUNKS, off = c % CHUNKS;
-                        const long long tile = (long long)((k + 1) * 4 + item_x * 2) + (long long)(tl / 2) * 4 + (long long)(tl % 2);
-                        __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + off * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
-                    }
+            }
+            __pipeline_commit();  // op:Push
+            wslot_1 = (wslot_1 + 1) % DEPTH_1;  // op:Reserve
+            {  // op:ReadTiles
+                constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
+                static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
+                for (int c = tid; c < 8 * CHUNKS; c += NTHREAD) {
+                    const int tl = c / CHUNKS, off = c % CHUNKS;
+                    const long long tile = (long long)(k * 16 + item_x * 2) + (long long)(tl / 2) * 4 + (long long)(tl % 2);
+                    __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + off * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
                 }
-                __pipeline_commit();  // op:Push
             }
-            else {
-                __pipeline_commit();  // pad:Push
-                __pipeline_commit();  // pad:Push
-            }
-            __pipeline_wait_prior(2);  // op:Wait
+            __pipeline_commit();  // op:Push
+            __pipeline_wait_prior(0);  // op:Wait
             __syncthreads();  // op:Wait
             {  // op:Compute:MatmulTiles
                 const int wi = warp / 2;
                 const int wj = warp % 2;
                 #pragma unroll
-                for (int kk = 0; kk < 1; kk += 1) {
+                for (int kk = 0; kk < 4; kk += 2) {
                     spatialc_frag<OPT> bf[1];
                     #pragma unroll
                     for (int c = 0; c < 1; ++c) {
-                        spatialc_load_b(bf[c], ring_1 + rslot_1 * PAGE_1 + (kk * 2 + wj) * 256);
+                        spatialc_load_b2(bf[c], ring_1 + rslot_1 * PAGE_1 + (kk * 2 + wj) * 256, ring_1 + rslot_1 * PAGE_1 + ((kk + 1) * 2 + wj) * 256);
                     }
                     #pragma unroll
                     for (int r = 0; r < 1; ++r) {
                         spatialc_frag<OPT> af;
-                        spatialc_load_a(af, ring_0 + rslot_0 * PAGE_0 + ((wi) + kk) * 256);
+                        spatialc_load_a2(af, ring_0 + rslot_0 * PAGE_0 + ((wi) * 4 + kk) * 256, ring_0 + rslot_0 * PAGE_0 + ((wi) * 4 + (kk + 1)) * 256);
                         #pragma unroll
                         for (int c = 0; c < 1; ++c) {
                             const int q = 0;
-                            spatialc_mma(accf[q], af, bf[c]);
+                            spatialc_mma2(accf[q], af, bf[c]);
                         }
                     }
                 }
             }
             rslot_0 = (rslot_0 + 1) % DEPTH_0;  // op:Pop
-            rslot_1 = (rslot_1 + 1) % DEPTH_1;  // op:Pop (no barrier: these slots are refilled only after the next wait barrier)
+            rslot_1 = (rslot_1 + 1) % DEPTH_1; __syncthreads();  // op:Pop
         }
         // op:Reserve (fused output: no ring)
         // op:PackAcc (fused output: no ring)
@@ -419,14 +390,14 @@ inline std::vector<int> spatialc_work_list(int items, int sites, int round_robin
 int main() {
     std::vector<double> h0((size_t)48 * 48);
     if (!spatialc_read("a.txt", h0)) { return 2; }
-    std::vector<signed char> x0((size_t)4 * 3 * 256);  // zero padding: value-initialised
-    spatialc_tilize(h0, 48, 48, 3, x0);
+    std::vector<signed char> x0((size_t)4 * 4 * 256);  // zero padding: value-initialised
+    spatialc_tilize(h0, 48, 48, 4, x0);
     signed char* d0 = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d0, x0.size() * sizeof(signed char)));
     SPATIALC_CHECK(cudaMemcpy(d0, x0.data(), x0.size() * sizeof(signed char), cudaMemcpyHostToDevice));
     std::vector<double> h1((size_t)48 * 40);
     if (!spatialc_read("b.txt", h1)) { return 2; }
-    std::vector<signed char> x1((size_t)3 * 4 * 256);  // zero padding: value-initialised
+    std::vector<signed char> x1((size_t)4 * 4 * 256);  // zero padding: value-initialised
     spatialc_tilize(h1, 48, 40, 4, x1, true);
     signed char* d1 = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d1, x1.size() * sizeof(signed char)));
