@@ -96,7 +96,7 @@ HAND_PICKED = [
         "every item written to the same tile",
         lambda p: _ops(p, W, WriteTiles, lambda op: dataclasses.replace(op, at=TileAddr(0))),
         SemanticError,
-        ["item 1 (y 0, x 1) writes C tile (0, 0), outside its block"],
+        ["site 0 writer", "writes C tile (0, 0), outside its block"],
     ),
     (
         "the K step dropped from the A address",

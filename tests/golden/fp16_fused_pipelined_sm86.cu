@@ -388,9 +388,26 @@ inline int spatialc_sites(int items, int sms, int per_sm, int planned)
 }
 
 // The work list of ir/worklist.py's placement rules: each site's offset into the item list, then each site's
-// count, then the items — contiguous runs (the first items % sites sites one longer) or item i on site i % sites.
-inline std::vector<int> spatialc_work_list(int items, int sites, int round_robin)
+// count, then the items — contiguous runs (the first items % sites sites one longer), item i on site i % sites
+// (rule 1), or (rule 2) the items of the ny × nx grid in bands of `band` rows, each band column by column, dealt
+// out the same way.
+inline std::vector<int> spatialc_work_list(int items, int sites, int rule, int ny = 0, int nx = 0, int band = 0)
 {
+    std::vector<int> order((size_t)items);
+    for (int i = 0; i < items; ++i) {
+        order[(size_t)i] = i;
+    }
+    if (rule == 2) {
+        size_t v = 0;
+        for (int top = 0; top < ny; top += band) {
+            const int rows = ny - top < band ? ny - top : band;
+            for (int x = 0; x < nx; ++x) {
+                for (int r = 0; r < rows; ++r) {
+                    order[v++] = (top + r) * nx + x;
+                }
+            }
+        }
+    }
     std::vector<int> w(2 * (size_t)sites + (size_t)items);
     int* off = w.data();
     int* count = off + sites;
@@ -399,9 +416,9 @@ inline std::vector<int> spatialc_work_list(int items, int sites, int round_robin
     const int q = items / sites, r = items % sites;
     for (int s = 0; s < sites; ++s) {
         off[s] = at;
-        if (round_robin) {
+        if (rule != 0) {
             for (int i = s; i < items; i += sites) {
-                list[at++] = i;
+                list[at++] = order[(size_t)i];
             }
         } else {
             const int start = s * q + (s < r ? s : r);

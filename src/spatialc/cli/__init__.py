@@ -101,9 +101,10 @@ def _gemm_parser(sub) -> None:
     g.add_argument("--sites", type=int, help="number of sites (default: as many as the target keeps resident)")
     g.add_argument(
         "--placement",
-        choices=["contiguous", "round_robin"],
-        default="contiguous",
-        help="how items go to sites (default: contiguous)",
+        choices=["contiguous", "round_robin", "grouped"],
+        default=None,
+        help="how items go to sites (default: grouped — round-robin over bands of rows — where the sites take more"
+        " than one wave of items, else contiguous)",
     )
     g.add_argument("--bias", action="store_true", help="epilogue: add a bias vector (one value per column), first")
     g.add_argument("--relu", action="store_true", help="epilogue: max(x, 0), after the bias")

@@ -197,6 +197,7 @@ class Placement:
     items_of_site: tuple[tuple[Site, tuple[ItemId, ...]], ...]
     groups: tuple[Group, ...] = ()
     kind: str = "contiguous"
+    band: int = 0  # a grouped placement's rows per band (ir/worklist.py); 0 for the other rules
 
     def items_at(self, site: Site) -> tuple[ItemId, ...]:
         for s, items in self.items_of_site:

@@ -4,14 +4,33 @@ really has — so a kernel planned for 132 SMs runs right (and fills the device)
 
 from __future__ import annotations
 
-RULES = ("contiguous", "round_robin")
+RULES = ("contiguous", "round_robin", "grouped")
 
 
-def split_items(items: int, sites: int, kind: str) -> list[list[int]]:
+def grouped_order(grid: tuple[int, int], band: int) -> list[int]:
+    """The items of a `grid` (ny, nx) in bands of `band` rows, each band column by column: consecutive items then
+    make a compact `band` × k patch of the grid, whose A and B strips a wave of sites shares in L2."""
+    ny, nx = grid
+    out = []
+    for top in range(0, ny, band):
+        rows = min(band, ny - top)
+        out += [(top + r) * nx + x for x in range(nx) for r in range(rows)]
+    return out
+
+
+def split_items(
+    items: int, sites: int, kind: str, grid: tuple[int, int] | None = None, band: int = 0
+) -> list[list[int]]:
     """Items 0..items-1 over `sites` sites: near-equal contiguous runs (the first items % sites sites get one more),
-    or item i on site i mod sites."""
+    item i on site i mod sites, or (grouped) the `grouped_order` of the item `grid` dealt round-robin, so the sites
+    work on one patch of it at a time."""
     if kind == "round_robin":
         return [list(range(s, items, sites)) for s in range(sites)]
+    if kind == "grouped":
+        if grid is None or grid[0] * grid[1] != items or band < 1:
+            raise ValueError(f"a grouped placement needs the item grid and a band of ≥ 1 rows, not {grid}, {band}")
+        order = grouped_order(grid, band)
+        return [order[s::sites] for s in range(sites)]
     q, r = divmod(items, sites)
     out, start = [], 0
     for s in range(sites):

@@ -93,6 +93,9 @@ class Launch:
     # A loop count read from data: words `trip_error` and `trip_error + 1` of the sync array hold, after the launch,
     # a flag and the offending count when one was outside its bound (the loop then ran no times); -1: no such loop.
     trip_error: int = -1
+    # A grouped placement's item grid (the plan's rows and columns of items) and rows per band.
+    item_grid: tuple[int, int] = (0, 0)
+    band: int = 0
 
     @property
     def sync_words(self) -> int:
@@ -109,7 +112,7 @@ class Launch:
         """The kernel's last argument for that launch: each site's offset into the item list, its count, the items."""
         if self.work:
             return list(self.work)
-        return work_table(split_items(self.items, self.sites(sms), self.placement))
+        return work_table(split_items(self.items, self.sites(sms), self.placement, self.item_grid, self.band))
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)

@@ -1,10 +1,14 @@
-"""place: assign items (output blocks of the plan's grid) to sites, as contiguous runs or round-robin."""
+"""place: assign items (output blocks of the plan's grid) to sites, as contiguous runs, round-robin, or grouped:
+round-robin over the grid taken in bands of a few rows, so that the items the sites run at one time form a compact
+patch whose A and B strips they share in L2 (the default where the sites take more than one wave of items)."""
 
 from __future__ import annotations
 
+import math
+
 from ..errors import PlanError, ProgramError
 from ..ir.ids import ItemId, Site
-from ..ir.nodes import Placement, SpatialProgram
+from ..ir.nodes import Placement, Plan, SpatialProgram
 from ..ir.worklist import RULES, split_items
 from ..target import SpatialTarget
 from .tile import check_form, epilogue_stages, matmul_stage, sites_per_unit, too_many_items
@@ -22,9 +26,19 @@ def default_sites(p: SpatialProgram, target: SpatialTarget, form: str = "persist
     return max(1, min(plan.items, target.units * max(per_unit, 1)))
 
 
-def split(items: int, sites: int, kind: str) -> tuple[tuple[Site, tuple[ItemId, ...]], ...]:
+def split(
+    items: int, sites: int, kind: str, grid: tuple[int, int] | None = None, band: int = 0
+) -> tuple[tuple[Site, tuple[ItemId, ...]], ...]:
     """Items 0..items-1 over `sites` sites by the placement rule `kind` (`ir.worklist.split_items`), as ids."""
-    return tuple((Site(s), tuple(ItemId(i) for i in part)) for s, part in enumerate(split_items(items, sites, kind)))
+    parts = split_items(items, sites, kind, grid, band)
+    return tuple((Site(s), tuple(ItemId(i) for i in part)) for s, part in enumerate(parts))
+
+
+def default_band(plan: Plan, sites: int) -> int:
+    """Rows per band of a grouped placement: a wave of `sites` items as `band` rows × sites / band columns reads
+    band·h + (sites / band)·w tiles of A and B strips, least at band = √(sites · w / h)."""
+    h, w = plan.item_tiles
+    return max(1, min(plan.grid[0], round(math.sqrt(sites * w / h))))
 
 
 def place(
@@ -36,9 +50,8 @@ def place(
 ) -> SpatialProgram:
     """The program with a placement (by default over what the `form` kernel keeps resident). More sites than items
     leaves the extra sites empty."""
-    kind = placement or "contiguous"
-    if kind not in PLACEMENTS:
-        raise ProgramError(f"unknown placement {kind!r}; use contiguous or round_robin")
+    if placement is not None and placement not in PLACEMENTS:
+        raise ProgramError(f"unknown placement {placement!r}; use {', '.join(PLACEMENTS)}")
     if p.plan is None:
         raise PlanError("place needs a program with one plan (run tile first)")
     matmul_stage(p)
@@ -49,4 +62,7 @@ def place(
         sites = default_sites(p, target, form)
     if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:
         raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
-    return p.evolve(placement=Placement(split(p.plan.items, sites, kind), (), kind))
+    plan = p.plan
+    kind = placement or ("grouped" if plan.items > sites else "contiguous")
+    band = default_band(plan, sites) if kind == "grouped" else 0
+    return p.evolve(placement=Placement(split(plan.items, sites, kind, plan.grid, band), (), kind, band))

@@ -79,7 +79,9 @@ def work_list(launch: Any, sms: int | None = None) -> tuple[int, Any]:
         from ..lower.artifact import Launch
 
         fields = {f: launch[f] for f in ("kernel_name", "grid", "block", "dyn_smem") if f in launch}
-        extra = {f: launch[f] for f in ("items", "placement", "per_sm") if f in launch}
+        extra = {f: launch[f] for f in ("items", "placement", "per_sm", "band") if f in launch}
+        if "item_grid" in launch:
+            extra["item_grid"] = tuple(launch["item_grid"])
         launch = Launch(**fields, params=(), **extra, work=tuple(launch.get("work", ())))
     if not launch.items and not launch.work:
         raise LaunchError("this launch has no work list: its kernel was printed before kernels took one")

@@ -184,8 +184,9 @@ def _work(launch: Launch, w: Writer) -> None:
         w.line("int sms = 0;")
         w.line("SPATIALC_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));")
         w.line(f"const int GRID = spatialc_sites({launch.items}, sms, {launch.per_sm}, {launch.grid});")
-        rr = int(launch.placement == "round_robin")
-        w.line(f"std::vector<int> work = spatialc_work_list({launch.items}, GRID, {rr});")
+        rule = ("contiguous", "round_robin", "grouped").index(launch.placement)
+        grouped = f", {launch.item_grid[0]}, {launch.item_grid[1]}, {launch.band}" if rule == 2 else ""
+        w.line(f"std::vector<int> work = spatialc_work_list({launch.items}, GRID, {rule}{grouped});")
     w.line("int* d_work = nullptr;")
     w.line("SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));")
     w.line("SPATIALC_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));")

@@ -240,7 +240,12 @@ def launch_for(
     assert placement is not None and p.plans
     items = site_items(p)
     n_items = p.plans[0].items
-    ruled = placement.kind in RULES and [list(i) for i in items] == split_items(n_items, len(items), placement.kind)
+    grid = p.plans[0].grid
+    try:
+        rule = split_items(n_items, len(items), placement.kind, grid, placement.band)
+    except ValueError:  # a grouped placement without a band (edited by hand): its list is passed as it stands
+        rule = None
+    ruled = placement.kind in RULES and [list(i) for i in items] == rule
     follows = ruled and not (fixed or cooperative) and len(items) == launch_sites(n_items, target.units, blocks_per_sm)
     return Launch(
         kernel_name,
@@ -257,4 +262,6 @@ def launch_for(
         sync,
         cooperative,
         trip_error,
+        grid if ruled else (0, 0),
+        placement.band if ruled else 0,
     )
