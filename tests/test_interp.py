@@ -305,6 +305,7 @@ def test_rounding_agrees_with_the_exact_reference_near_ties():
 
 def one_site(m=40, n=20, k=100, **kw):
     """A one-site int8 GEMM with 1-tile pages (K steps = ceil(k / 16))."""
+    kw.setdefault("depth", 3)
     return spatialc.build(spatialc.gemm(m, n, k), "sm_86", block=(1, 1, 1), sub_blocks=(1, 1), sites=1, **kw)
 
 
@@ -407,7 +408,7 @@ def test_two_engines_producing_one_ring_are_refused():
 def test_trace_spans_and_ring_occupancy():
     # A compute engine slower than its reader (16 tile products per step against 4 + 4 tiles read) fills the
     # operand rings; at the end they drain.
-    p = spatialc.build(spatialc.gemm(64, 64, 256), "sm_90", block=(4, 4, 1), sub_blocks=(1, 1), sites=1)
+    p = spatialc.build(spatialc.gemm(64, 64, 256), "sm_90", block=(4, 4, 1), sub_blocks=(1, 1), sites=1, depth=3)
     a, b = operands(np.random.default_rng(4), 64, 64, 256, -128, 128)
     c, trace = spatialc.evaluate(p, {"A": a, "B": b}, trace=True)
     np.testing.assert_array_equal(c, a @ b)

@@ -208,7 +208,7 @@ def test_every_golden_file_declares_the_kernel_extern_c():
 def test_nvccs_cubin_holds_the_plain_symbol(tmp_path, precision, needs_optin):
     if NVCC is None:
         pytest.skip("nvcc is not installed")
-    kw = {"block": (4, 4, 4), "depth": 4} if needs_optin else {}
+    kw = {"block": (4, 4, 4), "depth": 4} if needs_optin else {"block": (2, 2, 2), "depth": 3}
     art = spatialc.lower(spatialc.build(spatialc.gemm(64, 64, 128, precision), "sm_90", **kw))
     assert art.launch.smem_opt_in == needs_optin
     path = L.compile_cubin(art.kernel_cu, "sm_90", cache=tmp_path)

@@ -208,12 +208,19 @@ def k_step(text: str) -> list[str]:
     raise AssertionError("the K loop never closes")
 
 
-@pytest.mark.parametrize("depth", [3, 4])
+@pytest.mark.parametrize("depth", [3, 4, 5])
 def test_a_rotated_k_loop_three_deep_waits_once_and_crosses_one_barrier_per_step(depth):
+    """Rings of depth D are filled D − 2 steps ahead (two copy groups a step: A and B), and the pops still need no
+    barrier."""
     text = lowered(depth=depth).kernel_cu
     step = k_step(text)
     waits = [line for line in step if "// op:Wait" in line]
-    assert [line.strip() for line in waits] == ["__pipeline_wait_prior(2);  // op:Wait", "__syncthreads();  // op:Wait"]
+    left = 2 * (depth - 2)
+    assert [line.strip() for line in waits] == [
+        f"__pipeline_wait_prior({left});  // op:Wait",
+        "__syncthreads();  // op:Wait",
+    ]
+    assert f"if (k + {depth - 2} < " in "\n".join(step)
     pops = [line for line in step if "// op:Pop" in line]
     assert len(pops) == 2 and not any("__syncthreads" in line for line in pops)
     assert sum(line.count("__syncthreads") for line in step) == 1

@@ -115,10 +115,21 @@ def test_the_proof_refuses_a_ring_filled_past_its_depth():
 def test_rotation_needs_twice_a_step_of_pages_and_the_proof_follows_it():
     (k_loop,) = [op for op in serialise([READER, COMPUTE, WRITER]) if isinstance(op, SerialLoop)]
     assert rotation(rings(depth_a=1), k_loop) is None
-    prod, cons = rotation(rings(depth_a=2), k_loop)
-    assert prod == (Reserve(A), Push(A), Reserve(B), Push(B)) and cons[0] == Wait(A)
+    rot = rotation(rings(depth_a=2), k_loop)
+    assert rot is not None and rot.prod == (Reserve(A), Push(A), Reserve(B), Push(B)) and rot.cons[0] == Wait(A)
     prove(rings(depth_a=2), (k_loop,))
     prove(rings(depth_a=1), (k_loop,))
+
+
+def test_the_rotation_runs_as_far_ahead_as_its_pops_stay_barrier_free():
+    """Depth D, one page a step: D − 2 steps ahead (at least 1), never more than the loop's steps less one; and the
+    occupancy proof, which replays the prologue, every steady step and the drain, accepts exactly that."""
+    (k_loop,) = [op for op in serialise([READER, COMPUTE, WRITER]) if isinstance(op, SerialLoop)]
+    steps = k_loop.count.n
+    for depth in (2, 3, 4, 5, 8):
+        rot = rotation(rings(depth_a=depth), k_loop)
+        assert rot is not None and rot.ahead == max(1, min(depth - 2, steps - 1)), depth
+        prove(rings(depth_a=depth), (k_loop,))
 
 
 def test_the_proof_refuses_an_unbalanced_loop_and_a_wait_with_no_page():

@@ -20,7 +20,7 @@ from spatialc.errors import RingOwnershipError
 from spatialc.inputs import InputError
 from spatialc.ir.nodes import Fifo, PageLayout, TileOrder
 from spatialc.lower.errors import LowerError
-from spatialc.runtime.emulate import EmulationError
+from spatialc.runtime.emulate import EmulationError, EmulationRace
 from spatialc.runtime.launch import compile_cubin, find_nvcc, kernel_ptxas
 from spatialc.runtime.sass import Sass, disassemble, find_cuobjdump
 from spatialc.runtime.tilize import tile_offset
@@ -225,3 +225,23 @@ def test_the_sass_reader_finds_loops_and_skips_padding():
     sass = Sass.parse(text)
     assert len(sass.instrs) == 7 and sass.count("LDS") == 0 and sass.count("LDSM") == 1
     assert sass.main_loops() == [(0x20, 0x51)] and sass.count("BAR.SYNC", 0x20, 0x51) == 1
+
+
+# ---- the deeper pipeline ----------------------------------------------------------------------------------------
+
+
+@needs_gpp
+@pytest.mark.parametrize("depth", [4, 5])
+def test_a_pipeline_two_or_three_steps_deep_is_exact_and_needs_every_page_of_its_rings(depth):
+    """Rings of depth D are filled D − 2 steps ahead; the same kernel on rings one page shallower overwrites a page
+    still in use, which the emulation catches."""
+    p = spatialc.build(spatialc.gemm(32, 32, 16 * 9, "fp16"), "sm_86", block=(2, 2, 1), depth=depth)
+    art = spatialc.lower(p)
+    assert f"is pipelined {depth - 2} steps deep" in art.kernel_cu
+    x = inputs(p)
+    assert exact(art, p, x, "late") and exact(art, p, x, "early")
+    shallow = art.program_cu.replace(f"#define DEPTH_0 {depth}\n", f"#define DEPTH_0 {depth - 1}\n")
+    assert shallow != art.program_cu
+    # Early mode lands each copy when issued: the prefetch lands on the slot a warp is still reading.
+    with pytest.raises(EmulationRace, match="RACE on shared ring 'ring_0'.*fragment load \\(ldmatrix\\)"):
+        spatialc.emulate(dataclasses.replace(art, program_cu=shallow), x, mode="early", timeout=120)

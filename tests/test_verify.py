@@ -96,6 +96,7 @@ def small(**kw) -> SpatialProgram:
     """C[100×70] = A @ B in int8 on sm_86: 1x1x1 blocks, a 7x5 grid, 4 K steps, one item per site."""
     kw.setdefault("block", (1, 1, 1))
     kw.setdefault("placement", "contiguous")
+    kw.setdefault("depth", 3)
     return spatialc.build(spatialc.gemm(100, 70, 50, "int8"), "sm_86", **kw)
 
 

@@ -247,9 +247,9 @@ __device__ __forceinline__ long long spatialc_requant(long long x, long long mul
 #define NTHREAD 128
 #define NWARP 4
 #define PERW 2
-#define DEPTH_0 3
+#define DEPTH_0 4
 #define PAGE_0 512
-#define DEPTH_1 3
+#define DEPTH_1 4
 #define PAGE_1 1024
 #define SMEM_OFF_EPI 0
 #define DYN_SMEM 4096

@@ -196,9 +196,9 @@ typedef int OUT_T;
 #define NTHREAD 128
 #define NWARP 4
 #define PERW 1
-#define DEPTH_0 3
+#define DEPTH_0 4
 #define PAGE_0 512
-#define DEPTH_1 3
+#define DEPTH_1 4
 #define PAGE_1 512
 #define SMEM_OFF_EPI 0
 #define DYN_SMEM 4096

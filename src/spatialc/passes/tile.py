@@ -117,7 +117,9 @@ def plan_cost(
     - sharing: resident blocks that really share an SM's tensor cores, min(blocks per SM, items per SM);
     - traffic: 1 + operand bytes loaded per MAC / 0.02 — a K step loads (h + w)·ibw tiles for h·w·ibw tile
       products, so small or skinny blocks are bound by memory, square large ones by math;
-    - latency: 1.5 for a single-page ring (no prefetch can overlap the loads), 1.0 for two pages, 0.98 for more;
+    - latency: 1.5 for a single-page ring (no prefetch can overlap the loads), 1.0 for two pages (one step ahead,
+      a barrier after the pops), 0.98 for three (one step ahead, none), 0.95 for four (two steps ahead: the
+      persistent kernel prefetches depth − 2 steps, as deep as its pops stay barrier-free);
     - k_step: 1 + 0.25 / ibw — each K step pays a wait, a block barrier and its loop overhead, about a quarter of
       one K tile's MMAs, amortised over the ibw tiles of the step; ×1.25 more for int8 with an odd ibw, whose last
       tile goes through the k16 MMA at half the rate of the native k32 one;
@@ -136,7 +138,7 @@ def plan_cost(
     item_work = h * w * plan.k_tiles
     bytes_per_mac = (h + w) * OPERAND_BYTES[prec] / (16 * h * w)
     traffic = 1 + bytes_per_mac / 0.02
-    latency = 1.5 if plan.depth == 1 else (1.0 if plan.depth == 2 else 0.98)
+    latency = {1: 1.5, 2: 1.0, 3: 0.98}.get(plan.depth, 0.95)
     k_step = (1 + K_STEP_OVERHEAD / plan.block.ibw) * (1.25 if prec == Precision.INT8 and plan.block.ibw % 2 else 1)
     occupancy = math.sqrt(min(1.0, sharing * target.accumulator_lanes / 8))
     busy = min(target.accumulator_lanes, plan.block.osh * plan.block.osw)

@@ -27,7 +27,7 @@ from ..errors import Unsupported
 from . import epilogue
 from .cwriter import CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, c_mod, c_mul, c_sum, site_prologue
 from .merge import SerialLoop, SerialOp
-from .rings import TILE_ELEMS, MmaTypes, Rings, SmemLayout, barrier_free_pops, commits, rotation
+from .rings import TILE_ELEMS, MmaTypes, Rings, Rotation, SmemLayout, barrier_free_pops, commits, rotation
 from .tiles import TilePrinter, tensor_core_helpers
 
 KERNEL_NAME = "spatialc_persistent"
@@ -151,9 +151,9 @@ class OpPrinter(TilePrinter):
         v = loop_var_name(lp.var)
         bound = "n_items" if lp.var == LV_ITEM else str(lp.count.n)  # type: ignore[union-attr]
         mark = marker("Loop", tag, lp.merged)
-        halves = rotation(self.k.rings, lp)
-        if halves is not None:
-            self.rotated(lp, halves, env, mark)
+        rot = rotation(self.k.rings, lp)
+        if rot is not None:
+            self.rotated(lp, rot, env, mark)
             return
         with self.w.block(f"for (int {v} = 0; {v} < {bound}; ++{v})", mark):
             inner = env | {lp.var: v}
@@ -162,26 +162,30 @@ class OpPrinter(TilePrinter):
                 inner |= {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
             self.ops(lp.body, inner, 0, tag)
 
-    def rotated(self, lp: SerialLoop, halves, env: dict[LoopVar, str], mark: str) -> None:
-        """The loop software-pipelined: step i+1's producer half is issued before step i's consumer half waits.
+    def rotated(self, lp: SerialLoop, rot: Rotation, env: dict[LoopVar, str], mark: str) -> None:
+        """The loop software-pipelined: step i+a's producer half is issued before step i's consumer half waits.
 
         Without it each step would issue its copies and wait for them at once, exposing the whole load latency
         every step. The producer's addresses are functions of the loop variable, so issuing it ahead needs only
-        that variable rebound. The last step has nothing to fetch and commits empty groups instead, so the
-        consumer's `wait_prior(n)` leaves exactly the groups issued ahead in flight on every step.
+        that variable rebound. The last a steps have nothing to fetch and commit empty groups instead, so the
+        consumer's `wait_prior(n)` leaves exactly the groups of the a steps issued ahead in flight on every step.
         """
-        prod, cons = halves
-        v, n = loop_var_name(lp.var), lp.count.n  # type: ignore[union-attr]
-        ahead = commits(self.k.rings, prod)
-        self.w.line(f"// the loop over {v} is pipelined: step 0's copies are issued before it")
-        self.ops(prod, env | {lp.var: "0"}, 0, PRE)
+        v, n, a = loop_var_name(lp.var), lp.count.n, rot.ahead  # type: ignore[union-attr]
+        groups = commits(self.k.rings, rot.prod)
+        if a == 1:
+            self.w.line(f"// the loop over {v} is pipelined: step 0's copies are issued before it")
+            self.ops(rot.prod, env | {lp.var: "0"}, 0, PRE)
+        else:
+            self.w.line(f"// the loop over {v} is pipelined {a} steps deep: steps 0 to {a - 1}'s copies go first")
+            with self.unrolled(f"for (int {v}_pre = 0; {v}_pre < {a}; ++{v}_pre)"):
+                self.ops(rot.prod, env | {lp.var: f"{v}_pre"}, 0, PRE)
         with self.w.block(f"for (int {v} = 0; {v} < {n}; ++{v})", mark):
-            with self.w.block(f"if ({v} + 1 < {n})"):
-                self.ops(prod, env | {lp.var: f"({v} + 1)"}, 0, OP)
+            with self.w.block(f"if ({v} + {a} < {n})"):
+                self.ops(rot.prod, env | {lp.var: f"({v} + {a})"}, 0, OP)
             with self.w.block("else"):
-                for _ in range(ahead):
+                for _ in range(groups):
                     self.w.line("__pipeline_commit();", marker("Push", PAD))
-            self.ops(cons, env | {lp.var: v}, ahead, OP)
+            self.ops(rot.cons, env | {lp.var: v}, a * groups, OP)
 
     def fused_store(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
         """The fused epilogue: each warp stores its fragments one at a time through its own one-tile scratch."""

@@ -143,12 +143,25 @@ PRODUCER_OPS = (Reserve, Push, ReadTiles, ReadBarrier)
 CONSUMER_OPS = (Wait, Pop, Compute)
 
 
-def rotation(rings: Rings, loop: SerialLoop) -> tuple[tuple[SerialOp, ...], tuple[SerialOp, ...]] | None:
-    """The producer and consumer halves of a loop the printer pipelines, or None to print it as written.
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    """A loop software-pipelined `ahead` steps deep: its producer half runs `ahead` steps before its consumer half."""
 
-    Pipelined, step i+1's copies are in flight while step i is computed, so a ring holds two steps' pages at once:
-    every ring the producer half fills must hold twice what one step reserves. The producer half must end with a
-    Push so that all its copies are committed inside it, which is what keeps the consumer's wait count exact.
+    prod: tuple[SerialOp, ...]
+    cons: tuple[SerialOp, ...]
+    ahead: int
+
+
+def rotation(rings: Rings, loop: SerialLoop) -> Rotation | None:
+    """The producer and consumer halves of a loop the printer pipelines, and how many steps ahead its producer
+    runs; None to print the loop as written.
+
+    Pipelined `a` steps ahead, steps i+1 … i+a's copies are in flight while step i is computed, so a ring holds
+    a + 1 steps' pages at once: every ring the producer half fills must hold (a + 1)·r pages, r being what one step
+    reserves on it. The producer half must end with a Push so that all its copies are committed inside it, which is
+    what keeps the consumer's wait count exact. The distance taken is the deepest whose pops still need no barrier
+    (`barrier_free_pops`: depth ≥ (a + 2)·r), so a step crosses one block barrier however deep the rings; at depth
+    2r it is 1 and the pops keep their barrier. It never exceeds the loop's steps less one.
     """
     if loop.var == LV_ITEM or not isinstance(loop.count, Const) or loop.count.n < 2:
         return None
@@ -166,7 +179,8 @@ def rotation(rings: Rings, loop: SerialLoop) -> tuple[tuple[SerialOp, ...], tupl
             reserved[ring.id] = reserved.get(ring.id, 0) + op.pages
     if not all(2 * n <= rings.rings[r].depth for r, n in reserved.items()):
         return None
-    return prod, cons
+    ahead = min((rings.rings[r].depth // n - 2 for r, n in reserved.items()), default=1)
+    return Rotation(prod, cons, max(1, min(ahead, loop.count.n - 1)))
 
 
 def commits(rings: Rings, ops: tuple[SerialOp, ...]) -> int:
@@ -179,39 +193,42 @@ def barrier_free_pops(rings: Rings, ops: tuple[SerialOp, ...]) -> frozenset[int]
 
     The barrier after a run of Pops is there so that no thread refills a slot another thread still reads. A ring
     qualifies when all its Reserves are in the producer half P and all its Pops in the consumer half C of one
-    rotated loop, C holds a Wait on a kept ring (so C(i) crosses a barrier: the one ending its run of waits),
-    and the ring's depth D is at least 3r, r being the pages P reserves on it per step. Then:
+    loop rotated a steps ahead, C holds a Wait on a kept ring (so C(i) crosses a barrier: the one ending its run of
+    waits), and the ring's depth D is at least (a + 2)·r, r being the pages P reserves on it per step. Then:
 
     - The ring is filled only by P, r pages a step, and read only in C, between its Wait and its Pop; since nothing
       else reserves it, the steps of every run of the loop (every item's) number its pages consecutively: step s
       owns pages sr … sr + r − 1, slot = page mod D.
-    - Printed, step i of the loop runs P(s + 1) then C(s) (s = global step), with P(s + 1) inside the `if`.
-      A thread X that issues P(s + 1) has crossed C(s − 1)'s wait barrier (the loop's previous step; for the
+    - Printed, step i of the loop runs P(s + a) then C(s) (s = global step), with P(s + a) inside the `if`.
+      A thread X that issues P(s + a) has crossed C(s − 1)'s wait barrier (the loop's previous step; for the
       first step of a run, the previous run's last step, or a barrier after it), so every thread has finished
       C(s − 2) and all before it: no page of step s − 2 or earlier is still read.
     - No thread has passed C(s)'s wait barrier, which X has not reached, so the pages read meanwhile are step
-      s − 1's and step s's. X writes step s + 1's: their pages differ by r + 1 … 3r − 1 from step s − 1's and by
-      1 … 2r − 1 from step s's, never a multiple of D when D ≥ 3r (2r ≤ D is the rotation's own condition).
-    - P(s) in the prologue of a run writes step s, 1 … 2r − 1 pages from step s − 1: the same argument.
+      s − 1's and step s's. X writes step s + a's: their pages differ by a·r + 1 … (a + 2)·r − 1 from step s − 1's
+      and by (a − 1)·r + 1 … (a + 1)·r − 1 from step s's, never a multiple of D when D ≥ (a + 2)·r.
+    - The prologue's P(s), … P(s + a − 1) of a run write pages within (a + 1)·r − 1 of step s − 1's: the same.
 
-    At D = 2r the prefetch refills the slot read one step earlier, and the barrier is needed (the emulation's race
-    check catches its removal: tests/test_emulation_faults.py). Anything else — a ring filled or drained outside
-    one rotated loop, a non-rotated loop, the output ring, a consumer half without a barrier — keeps it.
+    At D < (a + 2)·r (a = 1, D = 2r: the shallowest rotation) the prefetch refills a slot read one step earlier, and
+    the barrier is needed (the emulation's race check catches its removal: tests/test_emulation_faults.py).
+    Anything else — a ring filled or drained outside one rotated loop, a non-rotated loop, the output ring, a
+    consumer half without a barrier — keeps it.
     """
     # Where each kept ring is reserved and popped: (a rotated loop's id, "fill" or "drain"), or ELSEWHERE.
     places: dict[int, set[tuple[int, str]]] = {}
     per_step: dict[int, int] = {}
     fenced: set[int] = set()  # the rotated loops whose consumer half crosses a barrier
+    ahead: dict[int, int] = {0: 1}  # each rotated loop's distance
 
     def visit(body: tuple[SerialOp, ...], at: tuple[int, str]) -> None:
         for op in body:
             if isinstance(op, SerialLoop):
-                halves = rotation(rings, op)
-                if halves is None:
+                rot = rotation(rings, op)
+                if rot is None:
                     visit(op.body, _ELSEWHERE)
                 else:
-                    visit(halves[0], (id(op), "fill"))
-                    visit(halves[1], (id(op), "drain"))
+                    ahead[id(op)] = rot.ahead
+                    visit(rot.prod, (id(op), "fill"))
+                    visit(rot.cons, (id(op), "drain"))
             elif isinstance(op, Wait) and rings.kept(op.buf) is not None and at[1] == "drain":
                 fenced.add(at[0])
             elif isinstance(op, Reserve | Pop) and rings.kept(op.buf) is not None:
@@ -224,7 +241,7 @@ def barrier_free_pops(rings: Rings, ops: tuple[SerialOp, ...]) -> frozenset[int]
     free = set()
     for rid, where in places.items():
         loop = next(iter(where))[0]
-        deep = rings.rings[rid].depth >= 3 * per_step[rid]
+        deep = rings.rings[rid].depth >= (ahead[loop] + 2) * per_step[rid]
         if where == {(loop, "fill"), (loop, "drain")} and loop in fenced and deep:
             free.add(rid)
     return frozenset(free)
@@ -348,22 +365,23 @@ class _Occupancy:
         if not multi and loop.count == Const(0):
             return
         entry = self.state()
-        halves = rotation(self.rings, loop)
-        if halves is None:
+        rot = rotation(self.rings, loop)
+        if rot is None:
             self.run(loop.body)
         else:
-            # Printed: P(0); then P(i+1) C(i) for each step but the last; then C(last). One P C from the steady
-            # state must return to it, so every middle step is the same.
-            prod, cons = halves
-            self.run(prod)
+            # Printed: P(0) … P(a − 1); then P(i + a) C(i) for each step but the last a; then C of those. One P C
+            # from the steady state must return to it, so every middle step is the same.
+            for _ in range(rot.ahead):
+                self.run(rot.prod)
             steady = self.state()
-            self.run(prod)
-            self.run(cons)
+            self.run(rot.prod)
+            self.run(rot.cons)
             if self.state() != steady:
                 raise Unsupported(
                     f"the pipelined loop over {loop_var_name(loop.var)}", "one step does not drain what it fills"
                 )
-            self.run(cons)
+            for _ in range(rot.ahead):
+                self.run(rot.cons)
         if multi and self.state() != entry:
             raise Unsupported(
                 f"the loop over {loop_var_name(loop.var)}",
