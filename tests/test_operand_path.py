@@ -245,3 +245,21 @@ def test_a_pipeline_two_or_three_steps_deep_is_exact_and_needs_every_page_of_its
     # Early mode lands each copy when issued: the prefetch lands on the slot a warp is still reading.
     with pytest.raises(EmulationRace, match="RACE on shared ring 'ring_0'.*fragment load \\(ldmatrix\\)"):
         spatialc.emulate(dataclasses.replace(art, program_cu=shallow), x, mode="early", timeout=120)
+
+
+def test_the_interpreter_trace_and_its_picture_name_each_ring_layout():
+    from spatialc import viz
+
+    for prec, want in (("int8", {"A_ring": "row", "B_ring": "col"}), ("bf16", {"A_ring": "swizzled"})):
+        p = spatialc.build(spatialc.gemm(32, 32, 64, prec), "sm_90", sites=1)
+        _, trace = spatialc.evaluate(p, inputs(p), trace=True)
+        layouts = {r.ring: r.layout for r in trace.rings if r.site == 0}
+        assert want.items() <= layouts.items()
+        svg = viz.timeline_svg(trace, 0)
+        assert (", K-major" in svg) == (prec == "int8") and (", swizzled" in svg) == (prec == "bf16")
+
+
+def test_the_budget_names_each_ring_layout():
+    art = spatialc.lower(spatialc.build(spatialc.gemm(48, 32, 64, "int8"), "sm_90"))
+    assert dict(art.budget.layouts) == {"A_ring": "row", "B_ring": "col"}
+    assert art.budget.to_dict()["layouts"] == {"A_ring": "row", "B_ring": "col"}

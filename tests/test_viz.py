@@ -142,13 +142,14 @@ def test_timeline_has_a_key_lanes_and_ring_axes(trace):
                  "ring pages published", "ring pages reserved", "ring depth"):  # fmt: skip
         assert word in keyed, (word, keyed)
     assert {"reader", "compute", "writer"} <= set(texts(root))
-    rings = {r.ring: r.depth for r in trace.rings if r.site == 0}
+    rings = {r.ring: (r.depth, r.layout) for r in trace.rings if r.site == 0}
     drawn = {el.get("data-ring"): el for el in with_class(root, "ring")}
     assert drawn.keys() == rings.keys()
-    for name, depth in rings.items():
+    for name, (depth, layout) in rings.items():
         (levels,) = with_class(drawn[name], "ring-axis")
         assert [int(t) for t in texts(levels)] == list(range(depth + 1))  # 0..depth, each page level
-        assert f"depth {depth}" in texts(drawn[name])
+        shown = {"row": "", "col": ", K-major", "swizzled": ", swizzled"}[layout]
+        assert f"depth {depth}{shown}" in texts(drawn[name])
     # Every op kind drawn has its colour in the key.
     fills = {r.get("fill") for e in with_class(root, "legend-entry") for r in e.iter(f"{NS}rect")}
     assert {r.get("fill") for r in with_class(root, "span")} <= fills

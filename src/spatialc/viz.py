@@ -144,6 +144,7 @@ _OTHER = "#e6d5b8"
 _RING_KEY = [("box", "#1f77b4", "ring pages published (ready)"), ("box", "#aec7e8", "ring pages reserved"),
              ("dash", "#c00", "ring depth")]  # fmt: skip
 _LEFT, _LANE, _RING = 150, 24, 50
+_LAYOUT = {"col": ", K-major", "swizzled": ", swizzled"}  # a page layout other than row-major, beside the depth
 Scale = Callable[[float], float]  # tick -> x
 
 
@@ -183,7 +184,7 @@ def _ring_row(r: RingTrace, y0: float, end: int, x: Scale) -> list[str]:
     occ = sorted(levels.items())
     out = [
         _text(10, y0 + _RING / 2, r.ring, "lane"),
-        _text(10, y0 + _RING / 2 + 13, f"depth {r.depth}", "lane", fill="#666"),
+        _text(10, y0 + _RING / 2 + 13, f"depth {r.depth}" + _LAYOUT.get(r.layout, ""), "lane", fill="#666"),
         _step_polygon([(t, a + b) for t, (a, b) in occ], end, x, base, unit, "#aec7e8"),
         _step_polygon([(t, b) for t, (_, b) in occ], end, x, base, unit, "#1f77b4"),
         f'<line x1="{_LEFT}" y1="{base}" x2="{right:.1f}" y2="{base}" stroke="#999"/>',

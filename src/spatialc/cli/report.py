@@ -35,6 +35,10 @@ def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
+# How a page's tiles lie in shared memory, where it is not plain row-major (ir.nodes.PageLayout).
+LAYOUT_NOTE = {"col": " (K-major)", "swizzled": " (swizzled)"}
+
+
 def program_lines(p: SpatialProgram) -> list[str]:
     """The plan, the placement and the IR's rings, a line each."""
     plan = p.plan
@@ -45,14 +49,16 @@ def program_lines(p: SpatialProgram) -> list[str]:
     held = f"{min(counts)}..{max(counts)}" if min(counts) != max(counts) else str(counts[0])
     rings = [
         f"{buf.name} {plural(buf.kind.depth_pages, 'page')} of {plural(buf.kind.page_tiles, 'tile')}"
+        + LAYOUT_NOTE.get(buf.kind.layout.value, "")
         for buf in p.buffers
         if isinstance(buf.kind, Fifo | Interm)
     ]
+    placement = p.placement.kind + (f", bands of {p.placement.band} rows" if p.placement.kind == "grouped" else "")
     return [
         f"  plan      block {b.osh}x{b.osw}x{b.ibw} tiles, sub-blocks {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
         f" (items of {h * p.tile.rows}x{w * p.tile.cols} outputs), grid {plan.grid[0]}x{plan.grid[1]} items,"
         f" {plural(plan.k_steps, 'K step')}, operand rings {plural(plan.depth, 'page')} deep",
-        f"  sites     {len(counts)} ({p.placement.kind}), {held} {'item' if held == '1' else 'items'} per site",
+        f"  sites     {len(counts)} ({placement}), {held} {'item' if held == '1' else 'items'} per site",
         f"  rings     {', '.join(rings)} (the program's; the kernel's are below)",
     ]
 
@@ -60,7 +66,9 @@ def program_lines(p: SpatialProgram) -> list[str]:
 def kernel_lines(p: SpatialProgram, art) -> list[str]:
     """The kernel's memory as budget.json has it: its rings, the ones fused away, its shared memory and occupancy."""
     bud = art.budget
-    kept = ", ".join(f"{name} {size} B" for name, size in bud.rings) or "no rings"
+    layout = dict(bud.layouts)
+    kept = ", ".join(f"{name} {size} B{LAYOUT_NOTE.get(layout.get(name, ''), '')}" for name, size in bud.rings)
+    kept = kept or "no rings"
     fused = f"; fused into the store (no ring): {', '.join(bud.fused)}" if bud.fused else ""
     scratch = bud.dyn_bytes - (bud.smem_bytes if bud.rings_dynamic else 0)
     opt_in = ", opt-in" if bud.dynamic_opt_in else ""

@@ -153,7 +153,8 @@ class Machine:
         if key not in self.rings:
             kind = self.ring_kind(buf.id)
             name = self.buffers[buf.ring].name if buf.ring in self.buffers else buf.name
-            self.rings[key] = Ring(name, site, kind.depth_pages, kind.page_tiles, self.recorder is not None)
+            tracing = self.recorder is not None
+            self.rings[key] = Ring(name, site, kind.depth_pages, kind.page_tiles, tracing, kind.layout.value)
         return self.rings[key]
 
     def acc(self, site: Site, buf: Buffer) -> Acc:

@@ -37,10 +37,12 @@ class Ring:
         "free_ticks",
         "pub_ticks",
         "events",
+        "layout",
     )
 
-    def __init__(self, name: str, site: Site, depth: int, page_tiles: int, tracing: bool) -> None:
+    def __init__(self, name: str, site: Site, depth: int, page_tiles: int, tracing: bool, layout: str = "row") -> None:
         self.name, self.site, self.depth, self.page_tiles = name, site, depth, page_tiles
+        self.layout = layout  # how a page's tiles lie (PageLayout): the interpreter moves whole tiles, the trace says
         self.tail = self.pushed = self.popped = 0
         self.slots: list[object] = [None] * depth
         self.free_ticks: deque[int] | None = deque([0] * depth) if tracing else None

@@ -47,6 +47,7 @@ class RingTrace:
     ring: str
     depth: int
     samples: tuple[RingSample, ...]
+    layout: str = "row"  # the ring's page layout (ir.nodes.PageLayout): row, col (K-major) or swizzled
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +92,7 @@ def _ring_trace(r: Ring) -> RingTrace:
     for tick, _, dr, dp in sorted(r.events):
         reserved, published = reserved + dr, published + dp
         samples.append(RingSample(tick, reserved, published))
-    return RingTrace(int(r.site), r.name, r.depth, tuple(samples))
+    return RingTrace(int(r.site), r.name, r.depth, tuple(samples), r.layout)
 
 
 def op_ticks(op: ChoreoOp) -> int:

@@ -153,7 +153,7 @@ def ops_lines(p: SpatialProgram, ops: tuple[ChoreoOp, ...], depth: int = 0) -> l
 def _kind_text(b: Buffer) -> str:
     match b.kind:
         case Fifo(d, pt, layout) | Interm(d, pt, layout):
-            shown = "" if layout == PageLayout.ROW else f", {layout.value}"
+            shown = {PageLayout.ROW: "", PageLayout.COL: ", col-major (K-major) tiles"}.get(layout, f", {layout.value}")
             return f"{type(b.kind).__name__.lower()} {d} x {pt} tiles{shown}"
         case Accumulator(tiles):
             return f"accumulator {tiles} tiles"

@@ -30,6 +30,7 @@ class Budget:
     barrier_bytes: int = 0  # the general form's mbarriers: a full and an empty one per ring slot
     regs_ptxas: int | None = None  # registers a thread as ptxas counts them, where nvcc compiled the kernel
     spills_ptxas: int | None = None  # spill stores + loads in bytes, likewise
+    layouts: tuple[tuple[str, str], ...] = ()  # (name, page layout) of each ring: row, col (K-major) or swizzled
 
     @property
     def total_bytes(self) -> int:
@@ -42,6 +43,7 @@ class Budget:
         out["rings"] = {name: size for name, size in self.rings}
         out["fused"] = list(self.fused)
         out["engines"] = {name: warps for name, warps in self.engines}
+        out["layouts"] = {name: layout for name, layout in self.layouts}
         out["launch_bounds"] = [self.threads, self.blocks_per_sm]
         out["total_bytes"] = self.total_bytes
         return out

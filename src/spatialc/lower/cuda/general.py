@@ -632,6 +632,7 @@ def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:
         "general",
         tuple((role.engine.value, role.warps) for role in k.roles),
         k.barrier_bytes,
+        layouts=tuple((r.name, r.layout.value) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
     )
 
 

@@ -239,6 +239,7 @@ def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
         k.lanes * 32,
         tuple((r.name, r.bytes) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
         tuple(k.rings.names[t] for t in k.rings.fused),
+        layouts=tuple((r.name, r.layout.value) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
     )
 
 
