@@ -232,10 +232,19 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(con
         {  // pre:ReadTiles
             constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
             static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-            for (int c = tid; c < 4 * CHUNKS; c += NTHREAD) {
-                const int tl = c / CHUNKS, off = c % CHUNKS;
-                const long long tile = (long long)(item_y * 8) + (long long)(tl / 2) * 4 + (long long)(tl % 2);
-                __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + (off ^ ((off >> 3) & 1)) * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
+            static_assert((NTHREAD) % CHUNKS == 0, "a thread copies one chunk of each tile it visits");
+            const int off = tid % CHUNKS;
+            char* page = reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0) + (off ^ ((off >> 3) & 1)) * 16;
+            const char* src = reinterpret_cast<const char*>(t0) + off * 16;
+            const int base = item_y * 8;
+            constexpr int STEP = (NTHREAD) / CHUNKS, TILES = 4;
+            #pragma unroll
+            for (int i = 0; i < (TILES + STEP - 1) / STEP; ++i) {
+                const int tl = tid / CHUNKS + i * STEP;
+                if (TILES % STEP == 0 || tl < TILES) {
+                    const int tile = base + tl / 2 * 4 + (tl % 2);
+                    __pipeline_memcpy_async(page + tl * (int)sizeof(OPT) * 256, src + (long long)tile * (long long)sizeof(OPT) * 256, 16);
+                }
             }
         }
         __pipeline_commit();  // pre:Push
@@ -243,10 +252,19 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(con
         {  // pre:ReadTiles
             constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
             static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-            for (int c = tid; c < 8 * CHUNKS; c += NTHREAD) {
-                const int tl = c / CHUNKS, off = c % CHUNKS;
-                const long long tile = (long long)(item_x * 4) + (long long)(tl / 4) * 4 + (long long)(tl % 4);
-                __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + (off ^ ((off >> 3) & 1)) * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
+            static_assert((NTHREAD) % CHUNKS == 0, "a thread copies one chunk of each tile it visits");
+            const int off = tid % CHUNKS;
+            char* page = reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1) + (off ^ ((off >> 3) & 1)) * 16;
+            const char* src = reinterpret_cast<const char*>(t1) + off * 16;
+            const int base = item_x * 4;
+            constexpr int STEP = (NTHREAD) / CHUNKS, TILES = 8;
+            #pragma unroll
+            for (int i = 0; i < (TILES + STEP - 1) / STEP; ++i) {
+                const int tl = tid / CHUNKS + i * STEP;
+                if (TILES % STEP == 0 || tl < TILES) {
+                    const int tile = base + tl / 4 * 4 + (tl % 4);
+                    __pipeline_memcpy_async(page + tl * (int)sizeof(OPT) * 256, src + (long long)tile * (long long)sizeof(OPT) * 256, 16);
+                }
             }
         }
         __pipeline_commit();  // pre:Push
@@ -256,10 +274,19 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(con
                 {  // op:ReadTiles
                     constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
                     static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-                    for (int c = tid; c < 4 * CHUNKS; c += NTHREAD) {
-                        const int tl = c / CHUNKS, off = c % CHUNKS;
-                        const long long tile = (long long)(item_y * 8 + (k + 1) * 2) + (long long)(tl / 2) * 4 + (long long)(tl % 2);
-                        __pipeline_memcpy_async(reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0 + tl * 256) + (off ^ ((off >> 3) & 1)) * 16, reinterpret_cast<const char*>(t0 + tile * 256) + off * 16, 16);
+                    static_assert((NTHREAD) % CHUNKS == 0, "a thread copies one chunk of each tile it visits");
+                    const int off = tid % CHUNKS;
+                    char* page = reinterpret_cast<char*>(ring_0 + wslot_0 * PAGE_0) + (off ^ ((off >> 3) & 1)) * 16;
+                    const char* src = reinterpret_cast<const char*>(t0) + off * 16;
+                    const int base = item_y * 8 + (k + 1) * 2;
+                    constexpr int STEP = (NTHREAD) / CHUNKS, TILES = 4;
+                    #pragma unroll
+                    for (int i = 0; i < (TILES + STEP - 1) / STEP; ++i) {
+                        const int tl = tid / CHUNKS + i * STEP;
+                        if (TILES % STEP == 0 || tl < TILES) {
+                            const int tile = base + tl / 2 * 4 + (tl % 2);
+                            __pipeline_memcpy_async(page + tl * (int)sizeof(OPT) * 256, src + (long long)tile * (long long)sizeof(OPT) * 256, 16);
+                        }
                     }
                 }
                 __pipeline_commit();  // op:Push
@@ -267,10 +294,19 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(con
                 {  // op:ReadTiles
                     constexpr int CHUNKS = (int)(sizeof(OPT) * 256 / 16);
                     static_assert(sizeof(OPT) * 256 % 16 == 0, "a tile is a whole number of 16-byte chunks");
-                    for (int c = tid; c < 8 * CHUNKS; c += NTHREAD) {
-                        const int tl = c / CHUNKS, off = c % CHUNKS;
-                        const long long tile = (long long)((k + 1) * 8 + item_x * 4) + (long long)(tl / 4) * 4 + (long long)(tl % 4);
-                        __pipeline_memcpy_async(reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1 + tl * 256) + (off ^ ((off >> 3) & 1)) * 16, reinterpret_cast<const char*>(t1 + tile * 256) + off * 16, 16);
+                    static_assert((NTHREAD) % CHUNKS == 0, "a thread copies one chunk of each tile it visits");
+                    const int off = tid % CHUNKS;
+                    char* page = reinterpret_cast<char*>(ring_1 + wslot_1 * PAGE_1) + (off ^ ((off >> 3) & 1)) * 16;
+                    const char* src = reinterpret_cast<const char*>(t1) + off * 16;
+                    const int base = (k + 1) * 8 + item_x * 4;
+                    constexpr int STEP = (NTHREAD) / CHUNKS, TILES = 8;
+                    #pragma unroll
+                    for (int i = 0; i < (TILES + STEP - 1) / STEP; ++i) {
+                        const int tl = tid / CHUNKS + i * STEP;
+                        if (TILES % STEP == 0 || tl < TILES) {
+                            const int tile = base + tl / 4 * 4 + (tl % 4);
+                            __pipeline_memcpy_async(page + tl * (int)sizeof(OPT) * 256, src + (long long)tile * (long long)sizeof(OPT) * 256, 16);
+                        }
                     }
                 }
                 __pipeline_commit();  // op:Push

@@ -126,19 +126,32 @@ class TilePrinter:
             raise Unsupported(f"a ReadTiles into {ring.name}", "only operand rings are filled from global memory")
         # A swizzled page exchanges the two 16-byte chunks of row r (chunks 2r, 2r + 1) when bit 2 of r is set.
         dst = "(off ^ ((off >> 3) & 1))" if ring.layout == PageLayout.SWIZZLED else "off"
+        # Every thread count here is a multiple of 32 and a tile is 16 or 32 chunks, so a thread copies the same
+        # chunk of every tile it visits: its offsets are fixed once, and the loop steps over whole tiles.
+        n = f"({self.nthreads})"
         with self.w.block("", mark):
             self.w.line(f"constexpr int CHUNKS = (int)(sizeof(OPT) * {TILE_ELEMS} / 16);")
             self.w.line(
                 f'static_assert(sizeof(OPT) * {TILE_ELEMS} % 16 == 0, "a tile is a whole number of 16-byte chunks");'
             )
-            with self.w.block(f"for (int c = {self.tid}; c < {op.block_h * bw} * CHUNKS; c += {self.nthreads})"):
-                self.w.line("const int tl = c / CHUNKS, off = c % CHUNKS;")
-                self.w.line(f"const long long tile = {self.tile_expr(op.at, env, bw, op.stride_h, op.stride_w)};")
-                self.w.line(
-                    f"__pipeline_memcpy_async(reinterpret_cast<char*>({self.write_page(r)} + tl * "
-                    f"{TILE_ELEMS}) + {dst} * 16, reinterpret_cast<const char*>(t{int(op.tensor)} + tile * "
-                    f"{TILE_ELEMS}) + off * 16, 16);"
-                )
+            self.w.line(f'static_assert({n} % CHUNKS == 0, "a thread copies one chunk of each tile it visits");')
+            self.w.line(f"const int off = {self.tid} % CHUNKS;")
+            self.w.line(f"char* page = reinterpret_cast<char*>({self.write_page(r)}) + {dst} * 16;")
+            self.w.line(f"const char* src = reinterpret_cast<const char*>(t{int(op.tensor)}) + off * 16;")
+            # Tile indices fit a C int (verify's rule 1 bounds every tensor's grid); bytes are counted in 64 bits.
+            self.w.line(f"const int base = {addr_expr(op.at, env)};")
+            self.w.line(f"constexpr int STEP = {n} / CHUNKS, TILES = {op.block_h * bw};")
+            self.w.line("#pragma unroll")
+            with self.w.block("for (int i = 0; i < (TILES + STEP - 1) / STEP; ++i)"):
+                self.w.line(f"const int tl = {self.tid} / CHUNKS + i * STEP;")
+                with self.w.block("if (TILES % STEP == 0 || tl < TILES)"):
+                    row = c_mul(c_div("tl", bw), op.stride_h)
+                    col = c_mul(f"(tl % {bw})" if bw > 1 else "", op.stride_w)
+                    self.w.line(f"const int tile = {c_sum('base', row, col)};")
+                    self.w.line(
+                        f"__pipeline_memcpy_async(page + tl * (int)sizeof(OPT) * {TILE_ELEMS}, src + (long long)tile"
+                        f" * (long long)sizeof(OPT) * {TILE_ELEMS}, 16);"
+                    )
 
     def tile_expr(self, at: TileAddr, env: dict[LoopVar, str], bw: int, sh: int, sw: int) -> str:
         """The global tile index of page tile `tl` of a `? × bw` block at `at` with strides (sh, sw)."""
