@@ -1,0 +1,258 @@
+"""verify's rule 7 decides a deadlock by one run of its counters; the argument (passes/verify/deadlock.py) is that
+rings with one producer and one consumer, and semaphores that only count up, make the engines' moves commute, so
+every interleaving ends in the same state. This checks the argument against an oracle that knows nothing of it: an
+exhaustive search of every interleaving of small random programs — rings between engines, semaphore handshakes
+across sites, planted faults (a wait for a count nobody reaches, a ring too shallow for the order its engines
+take) — op by op, with its own model of what each op waits for.
+
+The oracle and rule 7 must agree on every program: deadlock or not, and which engines are stuck at which op. And
+the oracle shows why rule 7 refuses `SemSet` (StrongerCheckNeeded): with a count that can go down, interleavings
+of one program end in different states.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+import spatialc
+from spatialc.errors import StrongerCheckNeeded
+from spatialc.ir.ids import LV_K, BufferId, SemId, Site
+from spatialc.ir.index import ProgramIndex
+from spatialc.ir.nodes import Buffer, Engine, EngineProgram, Fifo, Schedule, Semaphore
+from spatialc.ir.ops import Const, Loop, Pop, Push, Reserve, SemInc, SemSet, SemWait, Wait
+from spatialc.passes.verify import deadlock
+
+ENGINES = (Engine.READER, Engine.COMPUTE, Engine.WRITER)
+STATE_CAP = 60_000  # states the oracle explores before an example is set aside (rarely reached)
+
+
+# ---- the oracle -------------------------------------------------------------------------------------------------
+
+
+def flat(ops):
+    """An engine's ops with every loop unrolled (the oracle steps op by op)."""
+    out = []
+    for op in ops:
+        if isinstance(op, Loop):
+            for _ in range(op.count.n):
+                out += flat(op.body)
+        else:
+            out.append(op)
+    return out
+
+
+def explore(programs, depth, initial):
+    """Every state every interleaving reaches; the set of terminal states (no engine can move), each as the tuple of
+    engine positions. `depth[(site, ring)]` is a ring's pages, `initial[(site, sem)]` a semaphore's start."""
+    engines = [(p.site, flat(p.ops)) for p in programs]
+    rings = sorted({(s, op.buf) for s, ops in engines for op in ops if hasattr(op, "buf")})
+    sems = sorted(set(initial) | {(op.at, op.sem) for _, ops in engines for op in ops if isinstance(op, SemInc)})
+    sems = sorted(set(sems) | {(s, op.sem) for s, ops in engines for op in ops if isinstance(op, SemWait | SemSet)})
+    ri = {r: i for i, r in enumerate(rings)}
+    si = {s: i for i, s in enumerate(sems)}
+
+    def step(state, e):
+        """The state after engine e's next op, or None when it cannot move."""
+        pcs, held, ready, count = state
+        site, ops = engines[e]
+        if pcs[e] == len(ops):
+            return None
+        op = ops[pcs[e]]
+        held, ready, count = list(held), list(ready), list(count)
+        match op:
+            case Reserve(buf, n):
+                r = ri[(site, buf)]
+                if held[r] + n > depth[(site, buf)]:
+                    return None
+                held[r] += n
+            case Push(buf, n):
+                ready[ri[(site, buf)]] += n
+            case Wait(buf, n):
+                if ready[ri[(site, buf)]] < n:
+                    return None
+            case Pop(buf, n):
+                r = ri[(site, buf)]
+                held[r] -= n
+                ready[r] -= n
+            case SemInc(sem, at, by):
+                count[si[(at, sem)]] += by
+            case SemWait(sem, value):
+                if count[si[(site, sem)]] < value:
+                    return None
+            case SemSet(sem, value):
+                count[si[(site, sem)]] = value
+        new_pcs = pcs[:e] + (pcs[e] + 1,) + pcs[e + 1 :]
+        return new_pcs, tuple(held), tuple(ready), tuple(count)
+
+    start = (
+        tuple(0 for _ in engines),
+        tuple(0 for _ in rings),
+        tuple(0 for _ in rings),
+        tuple(initial.get(s, 0) for s in sems),
+    )
+    seen, todo, terminal = {start}, deque([start]), set()
+    while todo:
+        state = todo.popleft()
+        moved = False
+        for e in range(len(engines)):
+            nxt = step(state, e)
+            if nxt is not None:
+                moved = True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        if not moved:
+            terminal.add(state[0])
+        if len(seen) > STATE_CAP:
+            return None
+    return terminal, [len(ops) for _, ops in engines]
+
+
+# ---- random programs ------------------------------------------------------------------------------------------
+
+RING_A, RING_B, SEM = BufferId(0), BufferId(1), SemId(0)
+
+
+@st.composite
+def programs(draw, setting=False):
+    """1–3 sites, each a reader → compute → writer pipeline over rings A and B (depth 1–2), a K loop of 1–3 steps,
+    and semaphore raises and waits between sites dropped in anywhere — the waits sometimes for counts the raises
+    never reach, the rings sometimes too shallow for the order the ops were drawn in."""
+    sites = [Site(s) for s in range(draw(st.integers(1, 3)))]
+    steps = draw(st.integers(1, 3))
+    depth = {(s, r): draw(st.integers(1, 2)) for s in sites for r in (RING_A, RING_B)}
+    progs = []
+    for s in sites:
+        per = {
+            Engine.READER: [Reserve(RING_A), Push(RING_A)],
+            Engine.COMPUTE: [Wait(RING_A), Pop(RING_A), Reserve(RING_B), Push(RING_B)],
+            Engine.WRITER: [Wait(RING_B), Pop(RING_B)],
+        }
+        # The compute engine may claim its output page before it has its input.
+        if draw(st.booleans()):
+            per[Engine.COMPUTE] = [Reserve(RING_B), Wait(RING_A), Pop(RING_A), Push(RING_B)]
+        pre = {e: [] for e in ENGINES}
+        post = {e: [] for e in ENGINES}
+        for _ in range(draw(st.integers(0, 3))):
+            e = draw(st.sampled_from(ENGINES))
+            where = draw(st.sampled_from(["pre", "body", "post"]))
+            kind = draw(st.sampled_from(["inc", "wait"] + (["set"] if setting else [])))
+            if kind == "inc":
+                op = SemInc(SEM, draw(st.sampled_from(sites)), draw(st.integers(1, 2)))
+            elif kind == "wait":
+                op = SemWait(SEM, draw(st.integers(1, 4)))
+            else:
+                op = SemSet(SEM, draw(st.integers(0, 2)))
+            if where == "body":
+                body = per[e]
+                body.insert(draw(st.integers(0, len(body))), op)
+            else:
+                (pre if where == "pre" else post)[e].append(op)
+        for e in ENGINES:
+            ops = (*pre[e], Loop(LV_K, Const(steps), tuple(per[e])), *post[e])
+            progs.append(EngineProgram(s, e, ops))
+    initial = {(s, SEM): draw(st.integers(0, 1)) for s in sites}
+    return progs, depth, initial
+
+
+def network(progs, depth, initial):
+    """Rule 7's counter run over `progs`, on a program whose tables hold its rings and semaphore."""
+    base = spatialc.build(spatialc.gemm(16, 16, 16, "int8"), "sm_86", sites=1)
+    d = {r: max(v for (s, rr), v in depth.items() if rr == r) for r in (RING_A, RING_B)}
+    assert all(v == d[r] for (s, r), v in depth.items()), "one depth per ring template"
+    init = set(initial.values())
+    assert len(init) == 1
+    p = base.evolve(
+        buffers=(Buffer(RING_A, "A", Fifo(d[RING_A], 1)), Buffer(RING_B, "B", Fifo(d[RING_B], 1))),
+        semaphores=(Semaphore(SEM, "s", init.pop()),),
+        schedule=Schedule(tuple(progs)),
+    )
+    net = deadlock.Network(ProgramIndex.of(p), progs)
+    blocked = net.run()
+    return {(int(e.site), e.name, e.pc) for e in blocked}, net
+
+
+def same_depths(depth):
+    """Ring depths as rule 7 sees them: one per ring template (its copies at every site share it)."""
+    return {(s, r): max(v for (_, rr), v in depth.items() if rr == r) for (s, r) in depth}
+
+
+def same_initial(initial):
+    v = max(initial.values())
+    return {k: v for k in initial}
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs())
+def test_one_run_of_the_counters_decides_what_every_interleaving_does(drawn):
+    progs, depth, initial = drawn
+    depth, initial = same_depths(depth), same_initial(initial)
+    found = explore(progs, depth, initial)
+    assume(found is not None)
+    terminal, lengths = found
+    # The argument: every interleaving ends in one state.
+    assert len(terminal) == 1, terminal
+    (end,) = terminal
+    blocked, net = network(progs, depth, initial)
+    stuck = {i for i, (pc, n) in enumerate(zip(end, lengths, strict=True)) if pc < n}
+    event("deadlock" if stuck else "every engine finishes")
+    # The same verdict, and the same engines stuck (rule 7's program counters count loop instructions too, so
+    # only who is stuck is compared, and that the run found a deadlock exactly when the oracle did).
+    assert bool(blocked) == bool(stuck)
+    names = [(int(p.site), p.engine.value) for p in progs]
+    assert {(s, n) for s, n, _ in blocked} == {names[i] for i in stuck}
+    # And with the fast-forward off, the run agrees with itself.
+    slow = deadlock.Network(net.ctx, progs, fast_forward=False)
+    assert {(int(e.site), e.name, e.pc) for e in slow.run()} == blocked
+
+
+def test_the_oracle_finds_planted_deadlocks_and_clean_handshakes():
+    """Hand-made examples the random ones are sure to contain, so a broken oracle cannot pass by saying "fine"."""
+    s0, s1 = Site(0), Site(1)
+    k = Loop(LV_K, Const(2), (Reserve(RING_A), Push(RING_A)))
+    handshake = [
+        EngineProgram(s0, Engine.READER, (k, SemInc(SEM, s1))),
+        EngineProgram(s0, Engine.COMPUTE, (Loop(LV_K, Const(2), (Wait(RING_A), Pop(RING_A))),)),
+        EngineProgram(s1, Engine.READER, (SemWait(SEM, 1), k)),
+        EngineProgram(s1, Engine.COMPUTE, (Loop(LV_K, Const(2), (Wait(RING_A), Pop(RING_A))),)),
+    ]
+    depth = {(s, r): 1 for s in (s0, s1) for r in (RING_A, RING_B)}
+    initial = {(s0, SEM): 0, (s1, SEM): 0}
+    terminal, lengths = explore(handshake, depth, initial)
+    assert terminal == {tuple(lengths)}  # everyone finishes
+    assert network(handshake, depth, initial)[0] == set()
+    # Site 1 waits for 2: the raise comes once. The oracle and the run both find site 1's reader stuck (and its
+    # compute engine, which waits for the reader's pages).
+    stuck = [p for p in handshake]
+    stuck[2] = EngineProgram(s1, Engine.READER, (SemWait(SEM, 2), k))
+    terminal, lengths = explore(stuck, depth, initial)
+    (end,) = terminal
+    assert [pc < n for pc, n in zip(end, lengths, strict=True)] == [False, False, True, True]
+    assert {(s, n) for s, n, _ in network(stuck, depth, initial)[0]} == {(1, "reader"), (1, "compute")}
+
+
+def test_a_count_that_can_go_down_makes_the_outcome_depend_on_the_interleaving():
+    """Why rule 7 refuses SemSet: site 0's writer resets the count its own reader waits for, racing the raise from
+    its compute engine; one interleaving finishes, another leaves the reader waiting forever."""
+    s0 = Site(0)
+    progs = [
+        EngineProgram(s0, Engine.READER, (SemWait(SEM, 1),)),
+        EngineProgram(s0, Engine.COMPUTE, (SemInc(SEM, s0),)),
+        EngineProgram(s0, Engine.WRITER, (SemSet(SEM, 0),)),
+    ]
+    terminal, lengths = explore(progs, {}, {(s0, SEM): 0})
+    assert len(terminal) == 2 and tuple(lengths) in terminal
+    # verify refuses such a program by name rather than run it once.
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "int8"), "sm_86", sites=1)
+    assert p.schedule is not None
+    reader = next(q for q in p.schedule.programs if q.engine == Engine.READER)
+    edited = tuple(
+        EngineProgram(q.site, q.engine, (SemSet(SEM, 0), *q.ops)) if q is reader else q for q in p.schedule.programs
+    )
+    q = p.evolve(semaphores=(Semaphore(SEM, "s"),), schedule=Schedule(edited))
+    with pytest.raises(StrongerCheckNeeded, match="SemSet"):
+        spatialc.verify(q)
