@@ -340,12 +340,17 @@ def _converted(arg: Arg, x: Any, is_bf16: bool, xp: Any) -> Any:
 
 def find_nvcc() -> str | None:
     """nvcc on PATH, else under CUDA_HOME / CUDA_PATH or /usr/local/cuda."""
-    found = shutil.which("nvcc")
+    return find_cuda_tool("nvcc")
+
+
+def find_cuda_tool(name: str) -> str | None:
+    """A CUDA toolkit program (`nvcc`, `cuobjdump`) on PATH, else under CUDA_HOME / CUDA_PATH or /usr/local/cuda."""
+    found = shutil.which(name)
     if found:
         return found
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and Path(root, "bin", "nvcc").is_file():
-            return str(Path(root, "bin", "nvcc"))
+        if root and Path(root, "bin", name).is_file():
+            return str(Path(root, "bin", name))
     return None
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -86,12 +85,11 @@ class Sass:
 
 def find_cuobjdump() -> str | None:
     """cuobjdump on PATH, in a CUDA toolkit, or from NVIDIA's pip wheel (its `nvidia/cu*/bin`)."""
-    found = shutil.which("cuobjdump")
+    from .launch import find_cuda_tool
+
+    found = find_cuda_tool("cuobjdump")
     if found:
         return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and Path(root, "bin", "cuobjdump").is_file():
-            return str(Path(root, "bin", "cuobjdump"))
     for site in sys.path:
         for hit in sorted(Path(site).glob("nvidia/*/bin/cuobjdump")) if site and Path(site).is_dir() else ():
             return str(hit)
