@@ -28,11 +28,13 @@ GXX = shutil.which("g++")
 NM = shutil.which("nm")
 
 
-def tiled_index(i, j, cols_t, tile):
-    """Where element (i, j) lies in the tiled layout, from DESIGN.md §2 (written here, not taken from spatialc)."""
+def tiled_index(i, j, cols_t, tile, order="row"):
+    """Where element (i, j) lies in the tiled layout, from DESIGN.md §2 (written here, not taken from spatialc):
+    row-major inside each tile, or column-major for order "col" (kernel-abi.md, "Tile order")."""
     tr, tc = tile
     tile_start = ((i // tr) * cols_t + (j // tc)) * (tr * tc)
-    return tile_start + (i % tr) * tc + (j % tc)
+    inside = (i % tr) * tc + (j % tc) if order == "row" else (j % tc) * tr + (i % tr)
+    return tile_start + inside
 
 
 def values_of(shape, dtype, seed=0):
@@ -279,7 +281,7 @@ class FakeKernel:
                 out = (p, buf)
                 continue
             i, j = np.indices((rows_t * 16, cols_t * 16))
-            grid_values = buf[tiled_index(i, j, cols_t, (16, 16))]
+            grid_values = buf[tiled_index(i, j, cols_t, (16, 16), p.get("order", "row"))]  # as the kernel reads it
             rows, cols = p["elems"]
             assert not grid_values[rows:].any() and not grid_values[:, cols:].any()  # the padding is zero
             logical = grid_values[:rows, :cols]

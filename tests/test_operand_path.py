@@ -9,6 +9,7 @@ it must catch: a reader that forgets the swizzle, and a B stored in the order it
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -293,8 +294,6 @@ def test_every_layout_edit_is_refused_or_still_exact_in_the_emulated_kernel():
     """The interpreter moves whole tiles and cannot see a layout, so the mutation suite's judge would call any
     accepted layout edit harmless; here each is taken to the emulated kernel. Refused by verify, refused by the
     lowering, or exact: never accepted and wrong."""
-    import json
-
     from spatialc.reference import reference
     from tests import mutants
 
@@ -321,3 +320,30 @@ def test_every_layout_edit_is_refused_or_still_exact_in_the_emulated_kernel():
             assert np.array_equal(c.astype(ref.dtype), ref), f"{name}: {what}: accepted, lowered, and wrong"
             outcomes["exact"] += 1
     assert outcomes["verify"] > 0 and outcomes["lower"] > 0 and outcomes["exact"] > 0, outcomes
+
+
+def test_a_program_saved_before_page_layouts_loads_laid_out_and_verified():
+    """Version 1 documents (no layouts, no tile orders) are read and laid out as the tile pass lays them out now."""
+
+    for prec in ("int8", "bf16"):
+        p = spatialc.build(spatialc.gemm(48, 32, 64, prec), "sm_90")
+        doc = json.loads(spatialc.to_json(p))
+        assert doc["version"] == 2
+        doc["version"] = 1
+        for b in doc["program"]["buffers"]:
+            b["kind"].pop("layout", None)
+        for t in doc["program"]["tensors"]:
+            t.pop("order", None)
+        old = spatialc.from_json(json.dumps(doc))
+        assert old == p and old.verified
+        assert dict(spatialc.lower(old).budget.layouts)["B_ring"] == ("col" if prec == "int8" else "swizzled")
+
+
+def test_a_grouped_launch_without_its_grid_is_one_launch_error():
+    from spatialc.runtime.tilize import LaunchError
+
+    art = spatialc.lower(spatialc.build(spatialc.gemm(1024, 1024, 256, "fp16"), "sm_90", sites=8))
+    assert art.launch.placement == "grouped" and art.launch.band > 0
+    broken = {"kernel_name": "k", "grid": 8, "block": 256, "dyn_smem": 0, "items": 128, "placement": "grouped"}
+    with pytest.raises(LaunchError, match="grouped placement needs the item grid"):
+        spatialc.work_list(broken, 8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ProgramError
+from .errors import ProgramError, SpatialError
 from .frontend import gemm
 from .ir import serde
 from .ir.nodes import SpatialProgram
@@ -91,13 +91,26 @@ def from_json(text: str) -> SpatialProgram:
     from .errors import VerifyError
     from .passes.verify import verify
 
-    p = serde.from_json(text)
+    p = serde.from_json(text, _upgrade)
     if not p.verified:
         return p
     try:
         return verify(p.evolve())
     except VerifyError:
         return p.evolve(verified=False)
+
+
+def _upgrade(p: SpatialProgram, version: int) -> SpatialProgram:
+    """A version-1 program (saved before page layouts) with its operand rings laid out as the tile pass lays them
+    out now, and its tensors stored to match; its verified mark is kept for from_json to check again."""
+    from .passes.tile import lay_out_operands
+
+    if version >= 2 or p.plan is None:
+        return p
+    try:
+        return lay_out_operands(p).evolve(verified=p.verified)
+    except (SpatialError, KeyError, AttributeError, ValueError):
+        return p  # not a program the tile pass lays out (verify or lower will say why)
 
 
 def emulate(artifact, inputs: dict[str, Any], mode: str = "late", **kwargs: Any):

@@ -196,14 +196,14 @@ typedef float OUT_T;
 #define NTHREAD 128
 #define NWARP 4
 #define PERW 2
-#define DEPTH_0 4
+#define DEPTH_0 3
 #define PAGE_0 1024
-#define DEPTH_1 4
+#define DEPTH_1 3
 #define PAGE_1 2048
 #define SMEM_OFF_EPI 0
 #define DYN_SMEM 4096
 
-extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
+extern "C" __global__ __launch_bounds__(NTHREAD, 4) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
@@ -433,7 +433,7 @@ inline std::vector<int> spatialc_work_list(int items, int sites, int rule, int n
     for (int i = 0; i < items; ++i) {
         order[(size_t)i] = i;
     }
-    if (rule == 2) {
+    if (rule == 2 && band > 0 && (long long)ny * nx == items) {  // else (not printed so) the plain order
         size_t v = 0;
         for (int top = 0; top < ny; top += band) {
             const int rows = ny - top < band ? ny - top : band;
@@ -487,7 +487,7 @@ int main() {
     SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)4 * 4 * 256 * sizeof(float)));
     int sms = 0;
     SPATIALC_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const int GRID = spatialc_sites(2, sms, 3, 2);
+    const int GRID = spatialc_sites(2, sms, 4, 2);
     std::vector<int> work = spatialc_work_list(2, GRID, 0);
     int* d_work = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));

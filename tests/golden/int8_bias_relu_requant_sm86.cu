@@ -247,9 +247,9 @@ __device__ __forceinline__ long long spatialc_requant(long long x, long long mul
 #define NTHREAD 128
 #define NWARP 4
 #define PERW 2
-#define DEPTH_0 4
+#define DEPTH_0 3
 #define PAGE_0 512
-#define DEPTH_1 4
+#define DEPTH_1 3
 #define PAGE_1 1024
 #define SMEM_OFF_EPI 0
 #define DYN_SMEM 4096
@@ -503,7 +503,7 @@ inline std::vector<int> spatialc_work_list(int items, int sites, int rule, int n
     for (int i = 0; i < items; ++i) {
         order[(size_t)i] = i;
     }
-    if (rule == 2) {
+    if (rule == 2 && band > 0 && (long long)ny * nx == items) {  // else (not printed so) the plain order
         size_t v = 0;
         for (int top = 0; top < ny; top += band) {
             const int rows = ny - top < band ? ny - top : band;

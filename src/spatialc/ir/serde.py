@@ -1,4 +1,4 @@
-"""JSON for every IR value. A document is `{"format": "spatialc.program", "version": 1, "program": {...}}`.
+"""JSON for every IR value. A document is `{"format": "spatialc.program", "version": 2, "program": {...}}`.
 
 Encoding is driven by the dataclasses' annotations: a dataclass becomes an object whose `type` names its class,
 a tuple a list, an enum its value, an id its integer. Decoding walks the same annotations and names the path of
@@ -11,6 +11,7 @@ import dataclasses
 import json
 import types
 import typing
+from collections.abc import Callable
 from enum import Enum
 from functools import cache
 from typing import Any
@@ -21,7 +22,10 @@ from .nodes import SpatialProgram
 
 FORMAT = "spatialc.program"
 TAG = "type"  # the key naming a node's class (fields may be called `kind`)
-VERSION = 1
+VERSION = 2
+# Versions this spatialc reads. Version 1 (before page layouts) decodes with every layout and tile order row-major;
+# `upgrade` (spatialc.from_json passes the tile pass's) lays its operands out as version 2 does.
+READS = (1, 2)
 # How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into
 # one), and far from Python's recursion limit for decoding and for everything that walks the program after it.
@@ -178,17 +182,23 @@ def to_json(program: SpatialProgram, indent: int | None = None) -> str:
     return json.dumps(doc, indent=indent)
 
 
-def from_json(text: str | bytes | bytearray) -> SpatialProgram:
-    """Read a document written by `to_json`; SerdeError says what is wrong with any other."""
+def from_json(
+    text: str | bytes | bytearray, upgrade: Callable[[SpatialProgram, int], SpatialProgram] | None = None
+) -> SpatialProgram:
+    """Read a document written by `to_json` (of this version or an older one it reads, passed through `upgrade`
+    with its version); SerdeError says what is wrong with any other."""
     doc = _load(text)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise SerdeError(f'not a spatialc program (no "format": "{FORMAT}" at the top)')
     version = doc.get("version")
-    if type(version) is not int or version != VERSION:  # not `true` or `1.0`, which equal 1 in Python
-        raise SerdeError(f"spatialc program version {shown(version)}; this spatialc reads version {VERSION}")
+    if type(version) is not int or version not in READS:  # not `true` or `1.0`, which equal 1 in Python
+        raise SerdeError(
+            f"spatialc program version {shown(version)}; this spatialc reads versions {', '.join(map(str, READS))}"
+        )
     if "program" not in doc:
         raise SerdeError('a spatialc document with no "program"')
-    return decode(doc["program"], SpatialProgram, "program", 2)
+    program = decode(doc["program"], SpatialProgram, "program", 2)
+    return upgrade(program, version) if upgrade is not None and version < VERSION else program
 
 
 def _load(text: str | bytes | bytearray) -> Any:

@@ -36,7 +36,10 @@ def split(
 
 def default_band(plan: Plan, sites: int) -> int:
     """Rows per band of a grouped placement: a wave of `sites` items as `band` rows × sites / band columns reads
-    band·h + (sites / band)·w tiles of A and B strips, least at band = √(sites · w / h)."""
+    band·h + (sites / band)·w tiles of A and B strips, least at band = √(sites · w / h).
+
+    The band is chosen for the sites placed here and kept when a launch follows a device with other counts of
+    multiprocessors: the work list is right for any band, only L2 reuse is less than it could be there."""
     h, w = plan.item_tiles
     return max(1, min(plan.grid[0], round(math.sqrt(sites * w / h))))
 

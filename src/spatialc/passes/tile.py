@@ -19,6 +19,7 @@ from ..ir.nodes import (
     Interm,
     PageLayout,
     Plan,
+    ReadStage,
     SpatialProgram,
     TensorRole,
 )
@@ -118,8 +119,9 @@ def plan_cost(
     - traffic: 1 + operand bytes loaded per MAC / 0.02 — a K step loads (h + w)·ibw tiles for h·w·ibw tile
       products, so small or skinny blocks are bound by memory, square large ones by math;
     - latency: 1.5 for a single-page ring (no prefetch can overlap the loads), 1.0 for two pages (one step ahead,
-      a barrier after the pops), 0.98 for three (one step ahead, none), 0.95 for four (two steps ahead: the
-      persistent kernel prefetches depth − 2 steps, as deep as its pops stay barrier-free);
+      a barrier after the pops), 0.98 for three (one step ahead, none), 0.95 for four or more where the K loop has
+      three steps or more (two steps ahead: the persistent kernel prefetches depth − 2 steps, as deep as its pops
+      stay barrier-free, and never more than the steps less one);
     - k_step: 1 + 0.25 / ibw — each K step pays a wait, a block barrier and its loop overhead, about a quarter of
       one K tile's MMAs, amortised over the ibw tiles of the step; ×1.25 more for int8 with an odd ibw, whose last
       tile goes through the k16 MMA at half the rate of the native k32 one;
@@ -138,7 +140,8 @@ def plan_cost(
     item_work = h * w * plan.k_tiles
     bytes_per_mac = (h + w) * OPERAND_BYTES[prec] / (16 * h * w)
     traffic = 1 + bytes_per_mac / 0.02
-    latency = {1: 1.5, 2: 1.0, 3: 0.98}.get(plan.depth, 0.95)
+    ahead = min(plan.depth - 2, plan.k_steps - 1)  # the steps the persistent kernel prefetches, past one
+    latency = {1: 1.5, 2: 1.0}.get(plan.depth, 0.95 if ahead >= 2 else 0.98)
     k_step = (1 + K_STEP_OVERHEAD / plan.block.ibw) * (1.25 if prec == Precision.INT8 and plan.block.ibw % 2 else 1)
     occupancy = math.sqrt(min(1.0, sharing * target.accumulator_lanes / 8))
     busy = min(target.accumulator_lanes, plan.block.osh * plan.block.osw)
@@ -285,17 +288,18 @@ def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     for out in mm.outs:
         pages[out] = h * w
     a_t = mm.kind.op  # type: ignore[union-attr]
-    layouts = operand_layouts(a_t.operand)
-    layout_of = {a_buf: layouts[0], b_buf: layouts[1]}
     buffers = []
     for b in p.buffers:
         match b.kind:
             case Fifo() | Interm() if b.ring in pages:
                 depth = plan.depth if b.ring in (a_buf, b_buf) else min(plan.depth, 2)
-                layout = layout_of.get(b.ring, PageLayout.ROW)
-                b = dataclasses.replace(b, kind=type(b.kind)(depth, pages[b.ring], layout))
+                b = dataclasses.replace(
+                    b, kind=dataclasses.replace(b.kind, depth_pages=depth, page_tiles=pages[b.ring])
+                )
             case Fifo() | Interm():
-                b = dataclasses.replace(b, kind=type(b.kind)(min(plan.depth, 2), h * w, b.kind.layout))
+                b = dataclasses.replace(
+                    b, kind=dataclasses.replace(b.kind, depth_pages=min(plan.depth, 2), page_tiles=h * w)
+                )
             case Accumulator():
                 b = dataclasses.replace(b, kind=Accumulator(h * w))
         buffers.append(b)
@@ -304,16 +308,43 @@ def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     inputs = [t for t in p.tensors if t.role == TensorRole.INPUT]
     padded = {inputs[0].id: (rows_t, plan.k_tiles), inputs[1].id: (plan.k_tiles, cols_t)}
     tensors = []
-    order = {inputs[0].id: layouts[0].order, inputs[1].id: layouts[1].order}
     for t in p.tensors:
         if t.id in padded:
-            t = dataclasses.replace(t, tiles=padded[t.id], order=order[t.id])
+            t = dataclasses.replace(t, tiles=padded[t.id])
         elif t.role == TensorRole.OUTPUT:
             t = dataclasses.replace(t, tiles=(rows_t, cols_t))
         elif t.role == TensorRole.PARAMETER and t.elems[0] == 1:  # a per-column vector: one row of tiles
             t = dataclasses.replace(t, tiles=(1, cols_t))
         tensors.append(t)
-    return p.evolve(plans=(plan,), buffers=tuple(buffers), stages=stages, tensors=tuple(tensors))
+    planned = p.evolve(plans=(plan,), buffers=tuple(buffers), stages=stages, tensors=tuple(tensors))
+    return lay_out_operands(planned)
+
+
+def _sized(kind: Fifo | Interm, depth: int, page_tiles: int) -> Fifo | Interm:
+    return dataclasses.replace(kind, depth_pages=depth, page_tiles=page_tiles)
+
+
+def lay_out_operands(p: SpatialProgram) -> SpatialProgram:
+    """The matmul's A and B rings (and their per-site copies) laid out for the fragment loads (`operand_layouts`),
+    and each tensor read into them stored in the tile order its pages hold."""
+    mm = matmul_stage(p)
+    layouts = operand_layouts(mm.kind.op.operand)  # type: ignore[union-attr]
+    layout_of = {p.buffer(buf).ring: layout for buf, layout in zip(mm.ins, layouts, strict=True)}
+    buffers = tuple(
+        dataclasses.replace(b, kind=dataclasses.replace(b.kind, layout=layout_of[b.ring]))
+        if b.ring in layout_of and isinstance(b.kind, Fifo | Interm)
+        else b
+        for b in p.buffers
+    )
+    order = {
+        s.kind.tensor: layout_of[p.buffer(out).ring].order
+        for s in p.stages
+        if isinstance(s.kind, ReadStage)
+        for out in s.outs
+        if p.buffer(out).ring in layout_of
+    }
+    tensors = tuple(dataclasses.replace(t, order=order[t.id]) if t.id in order else t for t in p.tensors)
+    return p.evolve(buffers=buffers, tensors=tensors)
 
 
 def tile(

@@ -85,7 +85,11 @@ def work_list(launch: Any, sms: int | None = None) -> tuple[int, Any]:
         launch = Launch(**fields, params=(), **extra, work=tuple(launch.get("work", ())))
     if not launch.items and not launch.work:
         raise LaunchError("this launch has no work list: its kernel was printed before kernels took one")
-    return launch.sites(sms), np.asarray(launch.work_list(sms), dtype=np.int32)
+    try:
+        work = launch.work_list(sms)
+    except ValueError as e:  # a placement rule without what it needs (a grouped one without its grid or band)
+        raise LaunchError(f"this launch's work list cannot be made: {e}") from None
+    return launch.sites(sms), np.asarray(work, dtype=np.int32)
 
 
 def launch_specs(launch: Any) -> list[TensorSpec]:

@@ -64,7 +64,7 @@ inline std::vector<int> spatialc_work_list(int items, int sites, int rule, int n
     for (int i = 0; i < items; ++i) {
         order[(size_t)i] = i;
     }
-    if (rule == 2) {
+    if (rule == 2 && band > 0 && (long long)ny * nx == items) {  // else (not printed so) the plain order
         size_t v = 0;
         for (int top = 0; top < ny; top += band) {
             const int rows = ny - top < band ? ny - top : band;
