@@ -34,7 +34,7 @@ EXACT = "exact"
 def fused():
     """64³ int8 on sm_86 (4 warps): 2×2-tile items, two per site, depth-2 rings, the fused epilogue."""
     program = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(2, 2, 1), depth=2, sites=2)
-    assert "epi_scratch" in spatialc.lower(program).program_cu
+    assert "(fused output: no ring)" in spatialc.lower(program).program_cu
     return program
 
 
@@ -148,14 +148,14 @@ def test_a_ring_one_page_shallower_overwrites_the_page_being_read_in_early_mode(
     assert outcome(fused, text, "late") == EXACT  # it lands only after step k's reads
 
 
-def test_no_syncwarp_after_the_fragment_store_reads_stale_scratch_in_late_mode(fused):
-    lines = spatialc.lower(fused).program_cu.split("\n")
-    i = first_after(lines, 0, "spatialc_store_acc(scratch")
-    assert lines[i + 1].strip() == "__syncwarp();"
-    lines[i + 1] = ""
-    # Late mode lands a lane's store at its next barrier, so every lane reads the scratch as it was. (Early mode
-    # lands it at once; whether a lane reads before its neighbours stored is then timing, so it is not asserted.)
-    assert outcome(fused, "\n".join(lines), "late") == "mismatch"
+def test_a_fused_store_that_misplaces_an_accumulator_element_is_a_mismatch(fused):
+    """The fused store writes each lane's own accumulator elements where the mma layout puts them; a store that
+    takes element i's row from the wrong bit puts half of them in the wrong rows, in both modes."""
+    text = spatialc.lower(fused).program_cu
+    where = "const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);"
+    assert where in text
+    broken = text.replace(where, where.replace("((i >> 1) & 1) * 128", "((i >> 2) & 1) * 128"))
+    assert [outcome(fused, broken, mode) for mode in ("late", "early")] == ["mismatch", "mismatch"]
 
 
 def test_no_barrier_after_the_output_wait_reads_unstored_fragments_in_late_mode(plain):

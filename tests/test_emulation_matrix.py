@@ -87,7 +87,7 @@ def built():
 def test_the_cases_cover_what_they_claim(built):
     program, forms = built["fp16-dynamic-rings-int"]
     assert forms["persistent"].budget.rings_dynamic and forms["persistent"].budget.dynamic_opt_in
-    assert "epi_scratch" in built["int8-fused-round-robin"][1]["persistent"].program_cu
+    assert "(fused output: no ring)" in built["int8-fused-round-robin"][1]["persistent"].program_cu
     rr = built["int8-fused-round-robin"][0].placement
     assert rr.kind == "round_robin" and [int(i) for i in rr.items_at(rr.items_of_site[0][0])] == [0, 4]
     more = built["int8-more-sites-than-items-odd"]

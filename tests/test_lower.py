@@ -255,15 +255,15 @@ def test_the_fused_epilogue_has_no_output_ring():
     a = lowered(block=(2, 4, 2))  # sm_86: four warps in a 1x4 grid over a 2x4 block
     text = a.kernel_cu
     assert "ring_3" not in text and "DEPTH_3" not in text
-    assert "SPATIALC_DYNAMIC_RING(ACCT, epi_scratch, spatialc_dyn_smem, SMEM_OFF_EPI, NWARP, 256);" in text
     assert text.count("(fused output: no ring)") == 5  # Reserve, PackAcc, Push, Wait, Pop C: handled, empty
-    assert text.count("__syncwarp();") == 2
-    assert a.census.agrees and a.budget.dyn_bytes == 4 * 256 * 4
+    # Each lane stores its own accumulator elements: no staging in shared memory, no warp barrier, no dynamic block.
+    assert "accf[q].x[i]" in text and "__syncwarp();" not in text and "spatialc_dyn_smem" not in text
+    assert a.census.agrees and a.budget.dyn_bytes == 0
 
 
 def test_no_fused_epilogue_without_a_lane_grid():
     text = lowered(block=(1, 1, 1)).kernel_cu  # four warps cannot split one tile
-    assert "SPATIALC_SHARED_RING(ACCT, ring_3, DEPTH_3, PAGE_3);" in text and "epi_scratch" not in text
+    assert "SPATIALC_SHARED_RING(ACCT, ring_3, DEPTH_3, PAGE_3);" in text and "accf[q].x[i]" not in text
     assert "const int ot = warp + q * NWARP;" in text
 
 
@@ -364,15 +364,15 @@ def test_rings_stay_static_up_to_48_kib_and_move_to_the_dynamic_block_beyond():
     # sm_90, fp16, 4x4x4 blocks: the operand rings are depth x 32 tiles x 512 bytes.
     static = lowered(128, 128, 128, "fp16", "sm_90", block=(4, 4, 4), depth=3)
     assert static.budget.smem_bytes == 48 * 1024 and not static.budget.rings_dynamic
-    assert static.budget.static_bytes == 48 * 1024 and static.budget.dyn_bytes == 8 * 1024
+    assert static.budget.static_bytes == 48 * 1024 and static.budget.dyn_bytes == 0
     assert "SPATIALC_SHARED_RING(OPT, ring_0, DEPTH_0, PAGE_0);" in static.kernel_cu
-    # 48 KiB static and 8 KiB of epilogue scratch are more than a block gets without opting in.
-    assert static.budget.dynamic_opt_in and "cudaFuncSetAttribute" in static.program_cu
+    # 48 KiB of static rings is what a block gets without opting in.
+    assert not static.budget.dynamic_opt_in and "cudaFuncSetAttribute" not in static.program_cu
     dynamic = lowered(128, 128, 128, "fp16", "sm_90", block=(4, 4, 4), depth=4)
     b = dynamic.budget
-    assert b.rings_dynamic and b.static_bytes == 0 and b.dyn_bytes == 8 * 1024 + 64 * 1024 and b.dynamic_opt_in
+    assert b.rings_dynamic and b.static_bytes == 0 and b.dyn_bytes == 64 * 1024 and b.dynamic_opt_in
     assert "SPATIALC_DYNAMIC_RING(OPT, ring_0, spatialc_dyn_smem, SMEM_OFF_0, DEPTH_0, PAGE_0);" in dynamic.kernel_cu
-    assert "#define SMEM_OFF_0 8192" in dynamic.kernel_cu and "#define SMEM_OFF_1 40960" in dynamic.kernel_cu
+    assert "#define SMEM_OFF_0 0" in dynamic.kernel_cu and "#define SMEM_OFF_1 32768" in dynamic.kernel_cu
     assert dynamic.launch.dyn_smem == b.dyn_bytes and dynamic.launch.smem_opt_in
     small = lowered(block=(2, 4, 2)).budget
     assert not small.dynamic_opt_in and "cudaFuncSetAttribute" not in lowered(block=(2, 4, 2)).program_cu
@@ -443,7 +443,7 @@ def test_the_texts_follow_the_kernel_abi():
 def test_the_bench_times_twenty_launches_and_reports_only_after_checking_them():
     bench = lowered(64, 64, 64, "fp16", "sm_86", block=(2, 4, 2)).bench_cu
     assert "a.txt" not in bench and "spatialc_bench_input(h0, 0);" in bench
-    assert "const int ITERS = 20;" in bench and bench.count("<<<GRID, 128, 4096>>>") == 2
+    assert "const int ITERS = 20;" in bench and bench.count("<<<GRID, 128>>>") == 2  # fused: no dynamic block
     checked, rate = bench.index("SPATIALC_CHECK(cudaEventSynchronize(e1));"), bench.index('printf("GOPS')
     assert bench.index("SPATIALC_CHECK(cudaGetLastError());", bench.index("cudaEventRecord(e1)")) < checked < rate
 

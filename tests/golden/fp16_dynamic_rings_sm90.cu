@@ -200,10 +200,9 @@ typedef float OUT_T;
 #define PAGE_0 4096
 #define DEPTH_1 4
 #define PAGE_1 4096
-#define SMEM_OFF_EPI 0
-#define SMEM_OFF_0 8192
-#define SMEM_OFF_1 40960
-#define DYN_SMEM 73728
+#define SMEM_OFF_0 0
+#define SMEM_OFF_1 32768
+#define DYN_SMEM 65536
 
 extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
 {
@@ -219,7 +218,6 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(con
     int wslot_0 = DEPTH_0 - 1, rslot_0 = 0;
     SPATIALC_DYNAMIC_RING(OPT, ring_1, spatialc_dyn_smem, SMEM_OFF_1, DEPTH_1, PAGE_1);
     int wslot_1 = DEPTH_1 - 1, rslot_1 = 0;
-    SPATIALC_DYNAMIC_RING(ACCT, epi_scratch, spatialc_dyn_smem, SMEM_OFF_EPI, NWARP, 256);
     spatialc_acc<ACCT> accf[PERW];
     for (int item = 0; item < n_items; ++item) {  // op:Loop x3
         const int item_id = ITEM_LIST[item_off + item];
@@ -353,18 +351,16 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(con
             const int wi = warp / 4;
             const int wj = warp % 4;
             const int lane = tid % 32;
-            ACCT* scratch = epi_scratch + warp * 256;
+            const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element
             #pragma unroll
             for (int q = 0; q < PERW; ++q) {
                 const int bh = wi * 2 + q % 2, bw = wj;
                 const long long tile = (long long)(item_y * 16 + item_x * 4) + (long long)bh * 4 + (long long)bw;
-                spatialc_store_acc(scratch, accf[q]);
-                __syncwarp();
-                #pragma unroll 1
-                for (int el = lane; el < 256; el += 32) {
-                    t2[tile * 256 + el] = (OUT_T)scratch[el];
+                #pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);
+                    t2[tile * 256 + el] = (OUT_T)accf[q].x[i];
                 }
-                __syncwarp();
             }
         }
         // op:Pop (fused output: no ring)
@@ -496,8 +492,8 @@ int main() {
     int* d_work = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));
     SPATIALC_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));
-    SPATIALC_CHECK(cudaFuncSetAttribute(spatialc_persistent, cudaFuncAttributeMaxDynamicSharedMemorySize, 73728));
-    spatialc_persistent<<<GRID, 256, 73728>>>(d0, d1, d2, d_work);
+    SPATIALC_CHECK(cudaFuncSetAttribute(spatialc_persistent, cudaFuncAttributeMaxDynamicSharedMemorySize, 65536));
+    spatialc_persistent<<<GRID, 256, 65536>>>(d0, d1, d2, d_work);
     SPATIALC_CHECK(cudaGetLastError());
     SPATIALC_CHECK(cudaDeviceSynchronize());
     std::vector<float> y((size_t)4 * 4 * 256);

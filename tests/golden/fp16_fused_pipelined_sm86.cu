@@ -200,10 +200,8 @@ typedef float OUT_T;
 #define PAGE_0 1024
 #define DEPTH_1 3
 #define PAGE_1 2048
-#define SMEM_OFF_EPI 0
-#define DYN_SMEM 4096
 
-extern "C" __global__ __launch_bounds__(NTHREAD, 4) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
+extern "C" __global__ __launch_bounds__(NTHREAD, 5) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
@@ -212,12 +210,10 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 4) void spatialc_persistent(con
     const int n_items = spatialc_work[gridDim.x + site];
     const int* ITEM_LIST = spatialc_work + 2 * gridDim.x;
     if (n_items == 0) { return; }
-    extern __shared__ __align__(32) char spatialc_dyn_smem[];
     SPATIALC_SHARED_RING(OPT, ring_0, DEPTH_0, PAGE_0);
     int wslot_0 = DEPTH_0 - 1, rslot_0 = 0;
     SPATIALC_SHARED_RING(OPT, ring_1, DEPTH_1, PAGE_1);
     int wslot_1 = DEPTH_1 - 1, rslot_1 = 0;
-    SPATIALC_DYNAMIC_RING(ACCT, epi_scratch, spatialc_dyn_smem, SMEM_OFF_EPI, NWARP, 256);
     spatialc_acc<ACCT> accf[PERW];
     for (int item = 0; item < n_items; ++item) {  // op:Loop x3
         const int item_id = ITEM_LIST[item_off + item];
@@ -349,18 +345,16 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 4) void spatialc_persistent(con
         {  // op:WriteTiles
             const int wj = warp % 4;
             const int lane = tid % 32;
-            ACCT* scratch = epi_scratch + warp * 256;
+            const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element
             #pragma unroll
             for (int q = 0; q < PERW; ++q) {
                 const int bh = q % 2, bw = wj;
                 const long long tile = (long long)(item_y * 8 + item_x * 4) + (long long)bh * 4 + (long long)bw;
-                spatialc_store_acc(scratch, accf[q]);
-                __syncwarp();
-                #pragma unroll 1
-                for (int el = lane; el < 256; el += 32) {
-                    t2[tile * 256 + el] = (OUT_T)scratch[el];
+                #pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);
+                    t2[tile * 256 + el] = (OUT_T)accf[q].x[i];
                 }
-                __syncwarp();
             }
         }
         // op:Pop (fused output: no ring)
@@ -487,12 +481,12 @@ int main() {
     SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)4 * 4 * 256 * sizeof(float)));
     int sms = 0;
     SPATIALC_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const int GRID = spatialc_sites(2, sms, 4, 2);
+    const int GRID = spatialc_sites(2, sms, 5, 2);
     std::vector<int> work = spatialc_work_list(2, GRID, 0);
     int* d_work = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));
     SPATIALC_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));
-    spatialc_persistent<<<GRID, 128, 4096>>>(d0, d1, d2, d_work);
+    spatialc_persistent<<<GRID, 128>>>(d0, d1, d2, d_work);
     SPATIALC_CHECK(cudaGetLastError());
     SPATIALC_CHECK(cudaDeviceSynchronize());
     std::vector<float> y((size_t)4 * 4 * 256);

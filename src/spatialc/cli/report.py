@@ -70,7 +70,6 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
     kept = ", ".join(f"{name} {size} B{LAYOUT_NOTE.get(layout.get(name, ''), '')}" for name, size in bud.rings)
     kept = kept or "no rings"
     fused = f"; fused into the store (no ring): {', '.join(bud.fused)}" if bud.fused else ""
-    scratch = bud.dyn_bytes - (bud.smem_bytes if bud.rings_dynamic else 0)
     opt_in = ", opt-in" if bud.dynamic_opt_in else ""
     if bud.form == "general":
         warps = ", ".join(f"{name} {plural(n, 'warp')}" for name, n in bud.engines)
@@ -88,7 +87,7 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
         memory = [
             f"  kernel    shared memory {bud.total_bytes} bytes a block (budget.json: {bud.static_bytes} static +"
             f" {bud.dyn_bytes} dynamic{opt_in})",
-            f"            {kept} ({'dynamic' if bud.rings_dynamic else 'static'}), epilogue scratch {scratch} B{fused}",
+            f"            {kept} ({'dynamic' if bud.rings_dynamic else 'static'}){fused}",
         ]
     return [
         *memory,

@@ -18,7 +18,7 @@ class Budget:
     smem_bytes: int  # bytes of the rings
     dynamic_opt_in: bool  # static + dynamic exceeds 48 KiB: cudaFuncSetAttribute is needed before the launch
     rings_dynamic: bool  # the rings left static memory (over 48 KiB) for the dynamic block
-    dyn_bytes: int  # the dynamic block: epilogue scratch, plus the rings when they moved
+    dyn_bytes: int  # the dynamic block: the rings when they moved there (the general form: rings and barriers)
     static_bytes: int  # static __shared__ (the rings when they stayed static); what `ptxas -v` reports as smem
     regs_est: int
     blocks_per_sm: int

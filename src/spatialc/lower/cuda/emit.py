@@ -188,27 +188,36 @@ class OpPrinter(TilePrinter):
             self.ops(rot.cons, env | {lp.var: v}, a * groups, OP)
 
     def fused_store(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
-        """The fused epilogue: each warp stores its fragments one at a time through its own one-tile scratch."""
+        """The fused epilogue: each lane takes its own accumulator elements through the chain and stores them.
+
+        Element i of a lane's fragment is row lane/4 + 8·((i/2) mod 2), column 8·(i/4) + 2·(lane mod 4) + i mod 2 of
+        its tile (tensor_core.cuh): no lane needs another's, so nothing is staged through shared memory."""
         chain = self.fused_chain()
         with self.w.block("", mark):
             self.warp_coords()
             self.w.line("const int lane = tid % 32;")
-            self.w.line(f"ACCT* scratch = epi_scratch + warp * {TILE_ELEMS};")
+            self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
             with self.unrolled("for (int q = 0; q < PERW; ++q)"):
                 self.w.line(self.owned_tile())
                 base = addr_expr(op.at, env)
                 rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
                 self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
-                self.w.line("spatialc_store_acc(scratch, accf[q]);")
-                # Each lane stores its own accumulator elements: the warp meets before any lane reads another's, and
-                # again before the next fragment's store overwrites what a lane may still be reading.
-                self.w.line("__syncwarp();")
-                # Kept rolled: unrolled, its eight 64-bit addresses sit beside every live fragment and the kernel
-                # spills; the loop is bound by its stores anyway.
-                self.w.line("#pragma unroll 1")
-                with self.w.block(f"for (int el = lane; el < {TILE_ELEMS}; el += 32)"):
-                    self.read_out(op, chain)
-                self.w.line("__syncwarp();")
+                if chain and self.k.integer:
+                    # An integer chain's 64-bit arithmetic, unrolled over every element of every fragment, needs
+                    # more registers than the accumulators leave: the fragment's elements go through it one at a
+                    # time, from a private copy (eight words of the thread's stack, not a spill).
+                    self.w.line("ACCT frag[8];")
+                    with self.unrolled("for (int i = 0; i < 8; ++i)"):
+                        self.w.line("frag[i] = accf[q].x[i];")
+                    self.w.line("#pragma unroll 1")
+                    value = "frag[i]"
+                    loop = self.w.block("for (int i = 0; i < 8; ++i)")
+                else:
+                    value = "accf[q].x[i]"
+                    loop = self.unrolled("for (int i = 0; i < 8; ++i)")
+                with loop:
+                    self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);")
+                    self.read_out(op, chain, value)
 
     def fused_chain(self) -> list[tuple[Compute, dict[LoopVar, str]]]:
         """The epilogue stages to apply in this store, taken from the printer's pending list."""
@@ -220,17 +229,17 @@ class OpPrinter(TilePrinter):
             )
         return [(stage, env) for stage, env, _ in chain]
 
-    def read_out(self, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]]) -> None:
-        """One element of the scratch tile, through the epilogue chain, to the output.
+    def read_out(self, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]], value: str) -> None:
+        """Accumulator element i, through the epilogue chain, to the output.
 
-        Lane `el` holds page tile (bh, bw)'s element at row el / 16 and column el % 16; only the bias needs the
-        column. Each stage's statement is its op's image and carries its census marker.
+        It is page tile (bh, bw)'s element `el`, at row el / 16 and column el % 16; only the bias needs the column.
+        Each stage's statement is its op's image and carries its census marker.
         """
         out = f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el]"
         if not chain:
-            self.w.line(f"{out} = (OUT_T)scratch[el];")
+            self.w.line(f"{out} = (OUT_T){value};")
             return
-        self.w.line(f"{'long long' if self.k.integer else 'float'} v = scratch[el];")
+        self.w.line(f"{'long long' if self.k.integer else 'float'} v = {value};")
         for stage, env in chain:
             self.w.line(epilogue.statement(stage.op, self.k.integer, self.bias_at(stage.op, env)), marker(stage))
         self.w.line(f"{out} = (OUT_T)v;")
@@ -264,8 +273,6 @@ def preamble(k: Kernel) -> list[str]:
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]
         lines += [f"#define DEPTH_{rid} {ring.depth}", f"#define PAGE_{rid} {ring.page}"]
-    if k.smem.epi_off is not None:
-        lines.append(f"#define SMEM_OFF_EPI {k.smem.epi_off}")
     lines += [f"#define SMEM_OFF_{rid} {off}" for rid, off in sorted(k.smem.ring_off.items())]
     if k.smem.dyn_bytes:
         lines.append(f"#define DYN_SMEM {k.smem.dyn_bytes}")
@@ -313,6 +320,4 @@ def kernel_prologue(k: Kernel, w: Writer) -> None:
             w.line(f"SPATIALC_SHARED_RING({ring.c_type}, ring_{rid}, DEPTH_{rid}, PAGE_{rid});")
         # wslot names the page the last Reserve claimed (so it starts one before slot 0); rslot the front page.
         w.line(f"int wslot_{rid} = DEPTH_{rid} - 1, rslot_{rid} = 0;")
-    if k.smem.epi_off is not None:
-        w.line(f"SPATIALC_DYNAMIC_RING(ACCT, epi_scratch, spatialc_dyn_smem, SMEM_OFF_EPI, NWARP, {TILE_ELEMS});")
     w.line("spatialc_acc<ACCT> accf[PERW];")

@@ -1,8 +1,8 @@
 """The fused epilogue chain: which stages it holds, what the kernel may assume of them, and their C statements.
 
 The chain is the run of elementwise stages (bias, relu, scalar, requant) from the matmul's output ring to the ring
-the writer stores. Fused, none of those rings exists: each warp stores a fragment to its scratch tile, and each lane
-applies the whole chain to the elements it reads back before writing them out. The statements spell
+the writer stores. Fused, none of those rings exists: each lane applies the whole chain to its own accumulator
+elements (their places in the tile are the mma layout's) before writing them out. The statements spell
 `spatialc.epilogue` in C: integer programs on exact 64-bit values (`long long`), proved here never to overflow, and
 `spatialc.quant.requantize` as the device function `spatialc_requant`; float programs in float32, with additions and
 multiplications that nvcc may not contract into a fused multiply-add (numpy rounds each one).

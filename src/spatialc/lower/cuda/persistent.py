@@ -189,13 +189,12 @@ def make_kernel(
     """Everything the printers need, with the shared memory laid out and the work list sized."""
     lanes = target.accumulator_lanes
     perw = fragments_per_warp(plan, lanes, lane_grid)
-    epi = lanes * TILE_ELEMS * types.acc_bytes if rings.fused else 0
-    smem = smem_layout(rings, epi, target)
+    smem = smem_layout(rings, target)
     total = smem.static_bytes + smem.dyn_bytes
     blocks = target.resident_sites_per_unit(total, plan.block.osh, plan.block.osw, plan.sub_blocks)
     if blocks == 0:
         raise TooBig(
-            f"shared memory of one block on {target.name} (rings + epilogue scratch)",
+            f"shared memory of one block on {target.name} (its rings)",
             total,
             target.smem_per_site_max,
             "choose a smaller block, fewer sub-blocks or shallower rings",
@@ -261,8 +260,7 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
 def plan_smem(target: SpatialTarget, plan: Plan, precision: Precision) -> int:
     """Shared memory of one block of the persistent kernel for `plan`. The rings are the ones `passes/tile.apply_plan`
     sizes (A and B `depth` deep, the output two deep), laid out by the same `smem_layout` the kernel is printed with;
-    where the lane grid divides the block the output ring is fused away and each warp's epilogue scratch tile takes
-    its place."""
+    where the lane grid divides the block the output ring is fused away (the store reads the accumulators)."""
     types = MMA_TYPES[precision]
     h, w = plan.item_tiles
     ibw = plan.block.ibw
@@ -275,6 +273,5 @@ def plan_smem(target: SpatialTarget, plan: Plan, precision: Precision) -> int:
         for rid, (depth, pages, ty) in shapes.items()
         if not (fused and rid == 2)
     }
-    epi = target.accumulator_lanes * TILE_ELEMS * types.acc_bytes if fused else 0
-    layout = smem_layout(Rings(rings, {}), epi, target)
+    layout = smem_layout(Rings(rings, {}), target)
     return layout.static_bytes + layout.dyn_bytes

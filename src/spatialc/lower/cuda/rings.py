@@ -402,28 +402,25 @@ def prove(rings: Rings, ops: tuple[SerialOp, ...]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SmemLayout:
-    """Where the rings and the epilogue scratch live: static rings up to the static cap, the dynamic block after."""
+    """Where the rings live: static up to the static cap, else in the dynamic block."""
 
     ring_bytes: int
-    epi_bytes: int
     rings_dynamic: bool
     static_bytes: int
     dyn_bytes: int
-    epi_off: int | None
     ring_off: dict[int, int]
     opt_in: bool  # more than a block gets by default: the host must raise the dynamic limit before launching
 
 
-def smem_layout(rings: Rings, epi_bytes: int, target: SpatialTarget) -> SmemLayout:
-    """The shared-memory layout: epilogue scratch first in the dynamic block, rings static unless over the cap.
+def smem_layout(rings: Rings, target: SpatialTarget) -> SmemLayout:
+    """The shared-memory layout: rings static unless over the cap, then all of them in the dynamic block.
 
     ptxas caps static `__shared__` at 48 KiB whatever attribute the host sets, so rings beyond it must be carved
-    from the dynamic block. The scratch is dynamic always: it is small, touched once an item, and keeping it out of
-    the static block keeps the static block the rings alone.
+    from the dynamic block.
     """
     ring_bytes = sum(aligned(r.bytes) for r in rings.rings.values())
     rings_dynamic = ring_bytes > target.smem_static_max
-    off = aligned(epi_bytes)
+    off = 0
     ring_off: dict[int, int] = {}
     if rings_dynamic:
         for rid in sorted(rings.rings):
@@ -431,6 +428,6 @@ def smem_layout(rings: Rings, epi_bytes: int, target: SpatialTarget) -> SmemLayo
             off += aligned(rings.rings[rid].bytes)
     static = 0 if rings_dynamic else ring_bytes
     # A block's shared memory over 48 KiB in all needs the opt-in (CUDA C++ Programming Guide, compute capability
-    # 8.x / 9.0): the sum decides, not the dynamic block alone — 44 KiB of static rings and 8 of scratch need it.
+    # 8.x / 9.0): the sum decides, not the dynamic block alone.
     opt_in = static + off > target.smem_static_max
-    return SmemLayout(ring_bytes, epi_bytes, rings_dynamic, static, off, 0 if epi_bytes else None, ring_off, opt_in)
+    return SmemLayout(ring_bytes, rings_dynamic, static, off, ring_off, opt_in)
