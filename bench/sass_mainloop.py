@@ -37,13 +37,6 @@ def _sass_reader():
 
 sass = _sass_reader()
 
-# Tile-MACs (16×16×16) one MMA instruction does.
-MACS = {"HMMA.16816": 0.5, "HMMA.1688": 0.25, "IMMA.16832": 1.0, "IMMA.16816": 0.5, "IMMA.8816": 0.125}
-
-
-def tile_macs(counts) -> float:
-    return sum(n * MACS.get(".".join(op.split(".")[:2]), 0.0) for op, n in counts.items())
-
 
 def main(size: int = 4096, arch: str = "sm_90") -> None:
     print(f"default plans at {size}³ for {arch}; spatialc from {Path(spatialc.__file__).parent}")
@@ -69,7 +62,7 @@ def main(size: int = 4096, arch: str = "sm_90") -> None:
             lo, hi = loops[0]
             counts = code.ops(lo, hi)
             total = sum(counts.values())
-            macs = tile_macs(counts)
+            macs = sass.tile_macs(counts)
             lds = sum(n for op, n in counts.items() if op.split(".")[0] == "LDS")
             plan = p.plan
             ptx = kernel_ptxas(cubin, art.launch.kernel_name)

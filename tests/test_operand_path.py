@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -347,3 +348,28 @@ def test_a_grouped_launch_without_its_grid_is_one_launch_error():
     broken = {"kernel_name": "k", "grid": 8, "block": 256, "dyn_smem": 0, "items": 128, "placement": "grouped"}
     with pytest.raises(LaunchError, match="grouped placement needs the item grid"):
         spatialc.work_list(broken, 8)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None or CUOBJDUMP is None, reason="nvcc or cuobjdump is not installed")
+def test_the_cli_counts_the_main_loop_of_the_kernel_it_prints(capsys):
+    from spatialc.cli import main
+
+    assert (
+        main(["gemm", "128", "128", "2048", "--precision", "int8", "--block", "2,4,2", "--depth", "3", "--sass"]) == 0
+    )
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  sass")]
+    assert "IMMA.16832" in line and "0 generic loads" in line and "spills 0 B" in line
+    steps = re.search(r"(one|\d+) K steps? a trip", line).group(1)  # nvcc may unroll the K loop
+    steps = 1 if steps == "one" else int(steps)
+    assert f" {steps} block barrier" in line  # one a K step
+
+
+def test_the_cli_says_in_one_line_what_sass_needs(capsys, monkeypatch):
+    from spatialc.cli import main
+    from spatialc.runtime import sass
+
+    monkeypatch.setattr(sass, "find_cuobjdump", lambda: None)
+    assert main(["gemm", "64", "64", "64", "--sass"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sass needs nvcc and cuobjdump" in err[0] and "Traceback" not in err[0]

@@ -131,6 +131,12 @@ def _gemm_parser(sub) -> None:
     g.add_argument("--json", type=Path, metavar="FILE", help="save the verified program as JSON")
     g.add_argument("--show", action="store_true", help="print the program's choreography (its first two sites)")
     g.add_argument(
+        "--sass",
+        action="store_true",
+        help="compile the kernel here and count its main loop's SASS (needs nvcc and cuobjdump: pip install "
+        "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)",
+    )
+    g.add_argument(
         "--pictures",
         type=Path,
         metavar="DIR",
@@ -196,6 +202,7 @@ def make_parser() -> argparse.ArgumentParser:
     low = sub.add_parser("lower", help="lower a saved program to CUDA and write its files", epilog=EPILOG)
     low.add_argument("file", type=Path, help="the program's JSON document")
     low.add_argument("--emit", type=Path, metavar="DIR", required=True, help="where to write the kernel's files")
+    low.add_argument("--sass", action="store_true", help="count the main loop's SASS (needs nvcc and cuobjdump)")
     _form_option(low)
     r = sub.add_parser(
         "run",

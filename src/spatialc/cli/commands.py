@@ -101,6 +101,7 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.nda
     if args.emit:
         art = _ptxas(art, times)
     print("\n".join(kernel_lines(p, art)))
+    _sass(p, art, args)
     if args.emit:
         from ..lower.cuda.host import write_artifact
 
@@ -227,6 +228,24 @@ def _ptxas(art, times: list[str]):
     return art
 
 
+def _sass(p: SpatialProgram, art, args: argparse.Namespace) -> None:
+    """With --sass: one line on the main loop of the kernel as nvcc compiles it here (runtime/sass.py)."""
+    if not getattr(args, "sass", False):
+        return
+    from ..runtime.launch import find_nvcc
+    from ..runtime.sass import SassError, find_cuobjdump, main_loop_summary
+
+    if find_nvcc() is None or find_cuobjdump() is None:
+        raise SassError(
+            "--sass needs nvcc and cuobjdump (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm);"
+            f" found nvcc: {find_nvcc() is not None}, cuobjdump: {find_cuobjdump() is not None}"
+        )
+    plan, bud = p.plan, art.budget
+    warps = dict(bud.engines).get("compute", bud.threads // 32)
+    step = plan.item_tiles[0] * plan.item_tiles[1] * plan.block.ibw / warps if plan else None
+    print(f"  sass      {main_loop_summary(art, step)}")
+
+
 def cmd_lower(args: argparse.Namespace) -> int:
     """Lower a saved program and write its kernel's files."""
     from ..lower.cuda.host import write_artifact
@@ -235,6 +254,7 @@ def cmd_lower(args: argparse.Namespace) -> int:
     art = _ptxas(api.lower(p, form=args.form), [])
     print(f"{p.name}: lowered for {art.target} in {art.budget.form} form")
     print("\n".join(kernel_lines(p, art)))
+    _sass(p, art, args)
     for f in sorted(write_artifact(art, args.emit)):
         print(f"  wrote     {f}")
     return 0

@@ -111,3 +111,44 @@ def disassemble(cubin: Path, cuobjdump: str | None = None) -> Sass:
     if not sass.instrs:
         raise SassError(f"cuobjdump printed no instructions for {cubin.name}")
     return sass
+
+
+# Tile-MACs (16×16×16 multiply-accumulates) one MMA instruction does, by shape.
+TILE_MACS = {"HMMA.16816": 0.5, "HMMA.1688": 0.25, "IMMA.16832": 1.0, "IMMA.16816": 0.5, "IMMA.8816": 0.125}
+
+
+def tile_macs(counts: Counter[str]) -> float:
+    """The 16×16×16 tile-MACs the MMA instructions in `counts` do."""
+    return sum(n * TILE_MACS.get(".".join(op.split(".")[:2]), 0.0) for op, n in counts.items())
+
+
+def main_loop_summary(artifact, step_macs: float | None = None) -> str:
+    """One line on the main loop of an artifact's kernel, compiled for its target here: its instructions, the MMAs
+    and the issue slots each tile-MAC takes, operand loads and barriers, registers and spills. `step_macs`, the
+    tile-MACs a warp does in one K step, says how many K steps a trip of the loop is (nvcc unrolls short loops)."""
+    from .launch import compile_cubin, kernel_ptxas
+
+    cubin = compile_cubin(artifact.kernel_cu, artifact.target)
+    code = disassemble(cubin)
+    ptx = kernel_ptxas(cubin, artifact.launch.kernel_name)
+    regs = f"; {ptx.registers} registers, spills {ptx.spill_stores + ptx.spill_loads} B" if ptx else ""
+    loops = code.main_loops()
+    if len(loops) != 1:
+        return f"{len(loops)} loops hold MMAs (no one main loop to count){regs}"
+    lo, hi = loops[0]
+    counts = code.ops(lo, hi)
+    total, macs = sum(counts.values()), tile_macs(counts)
+    mmas = ", ".join(f"{n} {op}" for op, n in sorted(counts.items()) if op.split(".")[0] in MMA)
+    lds = sum(n for op, n in counts.items() if op.split(".")[0] == "LDS")
+    steps = macs / step_macs if step_macs else 1.0
+    trip = "one K step a trip" if steps == 1 else f"{steps:g} K steps a trip" if steps > 1 else "part of a K step"
+    return (
+        f"main loop ({artifact.target}, {trip}, per warp): {total} instructions, {mmas}"
+        f" ({macs:g} tile-MACs: {total / macs:.2f} issue slots each), {code.count('LDSM', lo, hi)} LDSM,"
+        f" {lds} other shared loads, {code.count('LD', lo, hi)} generic loads,"
+        f" {_plural(code.count('BAR.SYNC', lo, hi), 'block barrier')}{regs}"
+    )
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
