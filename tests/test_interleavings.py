@@ -2,8 +2,8 @@
 rings with one producer and one consumer, and semaphores that only count up, make the engines' moves commute, so
 every interleaving ends in the same state. This checks the argument against an oracle that knows nothing of it: an
 exhaustive search of every interleaving of small random programs — rings between engines, semaphore handshakes
-across sites, planted faults (a wait for a count nobody reaches, a ring too shallow for the order its engines
-take) — op by op, with its own model of what each op waits for.
+across sites, a group barrier, planted faults (a wait for a count nobody reaches, a barrier some sites never
+cross) — op by op, with its own model of what each op waits for.
 
 The oracle and rule 7 must agree on every program: deadlock or not, and which engines are stuck at which op. And
 the oracle shows why rule 7 refuses `SemSet` (StrongerCheckNeeded): with a count that can go down, interleavings
@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 import spatialc
 from spatialc.errors import StrongerCheckNeeded
-from spatialc.ir.ids import LV_K, BufferId, SemId, Site
+from spatialc.ir.ids import LV_K, BufferId, GroupId, SemId, Site
 from spatialc.ir.index import ProgramIndex
-from spatialc.ir.nodes import Buffer, Engine, EngineProgram, Fifo, Schedule, Semaphore
-from spatialc.ir.ops import Const, Loop, Pop, Push, Reserve, SemInc, SemSet, SemWait, Wait
+from spatialc.ir.nodes import Buffer, Engine, EngineProgram, Fifo, Group, Placement, Schedule, Semaphore
+from spatialc.ir.ops import Barrier, Const, Loop, Pop, Push, Reserve, SemInc, SemSet, SemWait, Wait
 from spatialc.passes.verify import deadlock
 
 ENGINES = (Engine.READER, Engine.COMPUTE, Engine.WRITER)
@@ -45,10 +45,13 @@ def flat(ops):
     return out
 
 
-def explore(programs, depth, initial):
+def explore(programs, depth, initial, group=()):
     """Every state every interleaving reaches; the set of terminal states (no engine can move), each as the tuple of
-    engine positions. `depth[(site, ring)]` is a ring's pages, `initial[(site, sem)]` a semaphore's start."""
+    engine positions. `depth[(site, ring)]` is a ring's pages, `initial[(site, sem)]` a semaphore's start, `group`
+    the sites a Barrier joins: an engine's n-th Barrier first arrives (a move of its own), then waits until every
+    site of the group has arrived n times."""
     engines = [(p.site, flat(p.ops)) for p in programs]
+    gi = {s: i for i, s in enumerate(group)}
     rings = sorted({(s, op.buf) for s, ops in engines for op in ops if hasattr(op, "buf")})
     sems = sorted(set(initial) | {(op.at, op.sem) for _, ops in engines for op in ops if isinstance(op, SemInc)})
     sems = sorted(set(sems) | {(s, op.sem) for s, ops in engines for op in ops if isinstance(op, SemWait | SemSet)})
@@ -57,12 +60,21 @@ def explore(programs, depth, initial):
 
     def step(state, e):
         """The state after engine e's next op, or None when it cannot move."""
-        pcs, held, ready, count = state
+        pcs, held, ready, count, arrived, waiting = state
         site, ops = engines[e]
         if pcs[e] == len(ops):
             return None
         op = ops[pcs[e]]
         held, ready, count = list(held), list(ready), list(count)
+        if isinstance(op, Barrier):
+            mine = arrived[gi[site]]
+            if not waiting[e]:  # arrive
+                arrived = arrived[: gi[site]] + (mine + 1,) + arrived[gi[site] + 1 :]
+                waiting = waiting[:e] + (mine + 1,) + waiting[e + 1 :]
+                return pcs, tuple(held), tuple(ready), tuple(count), arrived, waiting
+            if min(arrived) < waiting[e]:
+                return None
+            waiting = waiting[:e] + (0,) + waiting[e + 1 :]
         match op:
             case Reserve(buf, n):
                 r = ri[(site, buf)]
@@ -86,13 +98,15 @@ def explore(programs, depth, initial):
             case SemSet(sem, value):
                 count[si[(site, sem)]] = value
         new_pcs = pcs[:e] + (pcs[e] + 1,) + pcs[e + 1 :]
-        return new_pcs, tuple(held), tuple(ready), tuple(count)
+        return new_pcs, tuple(held), tuple(ready), tuple(count), arrived, waiting
 
     start = (
         tuple(0 for _ in engines),
         tuple(0 for _ in rings),
         tuple(0 for _ in rings),
         tuple(initial.get(s, 0) for s in sems),
+        tuple(0 for _ in group),
+        tuple(0 for _ in engines),
     )
     seen, todo, terminal = {start}, deque([start]), set()
     while todo:
@@ -114,11 +128,11 @@ def explore(programs, depth, initial):
 
 # ---- random programs ------------------------------------------------------------------------------------------
 
-RING_A, RING_B, SEM = BufferId(0), BufferId(1), SemId(0)
+RING_A, RING_B, SEM, GROUP = BufferId(0), BufferId(1), SemId(0), GroupId(0)
 
 
 @st.composite
-def programs(draw, setting=False):
+def programs(draw, setting=False, barriers=True):
     """1–3 sites, each a reader → compute → writer pipeline over rings A and B (depth 1–2), a K loop of 1–3 steps,
     and semaphore raises and waits between sites dropped in anywhere — the waits sometimes for counts the raises
     never reach, the rings sometimes too shallow for the order the ops were drawn in."""
@@ -152,15 +166,23 @@ def programs(draw, setting=False):
                 body.insert(draw(st.integers(0, len(body))), op)
             else:
                 (pre if where == "pre" else post)[e].append(op)
+        # A group barrier over every site, crossed by each site's compute engine — by some sites only, or a
+        # different number of times, when the draw plants that fault.
+        if barriers and draw(st.booleans()):
+            where = draw(st.sampled_from(["pre", "body", "post"]))
+            if where == "body":
+                per[Engine.COMPUTE].insert(draw(st.integers(0, len(per[Engine.COMPUTE]))), Barrier(GROUP))
+            else:
+                (pre if where == "pre" else post)[Engine.COMPUTE].append(Barrier(GROUP))
         for e in ENGINES:
             ops = (*pre[e], Loop(LV_K, Const(steps), tuple(per[e])), *post[e])
             progs.append(EngineProgram(s, e, ops))
     initial = {(s, SEM): draw(st.integers(0, 1)) for s in sites}
-    return progs, depth, initial
+    return progs, depth, initial, tuple(sites)
 
 
-def network(progs, depth, initial):
-    """Rule 7's counter run over `progs`, on a program whose tables hold its rings and semaphore."""
+def network(progs, depth, initial, group=()):
+    """Rule 7's counter run over `progs`, on a program whose tables hold its rings, semaphore and group."""
     base = spatialc.build(spatialc.gemm(16, 16, 16, "int8"), "sm_86", sites=1)
     d = {r: max(v for (s, rr), v in depth.items() if rr == r) for r in (RING_A, RING_B)}
     assert all(v == d[r] for (s, r), v in depth.items()), "one depth per ring template"
@@ -171,6 +193,8 @@ def network(progs, depth, initial):
         semaphores=(Semaphore(SEM, "s", init.pop()),),
         schedule=Schedule(tuple(progs)),
     )
+    if group:
+        p = p.evolve(placement=Placement(tuple((s, ()) for s in group), (Group(GROUP, tuple(group)),)))
     net = deadlock.Network(ProgramIndex.of(p), progs)
     blocked = net.run()
     return {(int(e.site), e.name, e.pc) for e in blocked}, net
@@ -189,15 +213,15 @@ def same_initial(initial):
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
 def test_one_run_of_the_counters_decides_what_every_interleaving_does(drawn):
-    progs, depth, initial = drawn
+    progs, depth, initial, group = drawn
     depth, initial = same_depths(depth), same_initial(initial)
-    found = explore(progs, depth, initial)
+    found = explore(progs, depth, initial, group)
     assume(found is not None)
     terminal, lengths = found
     # The argument: every interleaving ends in one state.
     assert len(terminal) == 1, terminal
     (end,) = terminal
-    blocked, net = network(progs, depth, initial)
+    blocked, net = network(progs, depth, initial, group)
     stuck = {i for i, (pc, n) in enumerate(zip(end, lengths, strict=True)) if pc < n}
     event("deadlock" if stuck else "every engine finishes")
     # The same verdict, and the same engines stuck (rule 7's program counters count loop instructions too, so
