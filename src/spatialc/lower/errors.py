@@ -47,7 +47,7 @@ class TooBig(LowerError):
 
 
 class Precision(LowerError):
-    """An operand precision (or element type) the tensor cores' WMMA fragments do not offer."""
+    """An operand precision (or element type) the tensor cores' MMA fragments do not offer."""
 
     def __init__(self, precision: object, why: str):
         kind = "precision" if str(precision) in ("int8", "fp16", "bf16") else "element type"
