@@ -180,7 +180,8 @@ def test_sites_whose_programs_differ_are_refused():
 
 def test_the_k_loop_is_pipelined_at_depth_two_or_more_and_printed_as_written_at_depth_one():
     deep = lowered(depth=2).kernel_cu
-    assert "if (k + 1 < 4)" in deep and "__pipeline_wait_prior(2);" in deep
+    # Two deep: step k+1's copies go out right after step k's waits, which leave nothing in flight.
+    assert "if (k + 1 < 4)" in deep and "__pipeline_wait_prior(0);" in deep
     assert count_printed(deep, "pre") == {"Push": 2, "ReadTiles": 2, "Reserve": 2}
     assert count_printed(deep, "pad") == {"Push": 2}
     shallow = lowered(depth=1).kernel_cu
@@ -208,19 +209,21 @@ def k_step(text: str) -> list[str]:
     raise AssertionError("the K loop never closes")
 
 
-@pytest.mark.parametrize("depth", [3, 4, 5])
-def test_a_rotated_k_loop_three_deep_waits_once_and_crosses_one_barrier_per_step(depth):
-    """Rings of depth D are filled D − 2 steps ahead (two copy groups a step: A and B), and the pops still need no
-    barrier."""
+@pytest.mark.parametrize("depth", [2, 3, 4, 5])
+def test_a_rotated_k_loop_waits_once_and_crosses_one_barrier_per_step(depth):
+    """Rings of depth D are filled D − 1 steps ahead (at most the loop's 4 steps less one), step k + D − 1's copies
+    issued right after step k's wait barrier; its waits leave the D − 2 steps before it in flight (two copy groups
+    a step: A and B), and the pops need no barrier."""
     text = lowered(depth=depth).kernel_cu
     step = k_step(text)
+    ahead = min(depth - 1, 3)
     waits = [line for line in step if "// op:Wait" in line]
-    left = 2 * (depth - 2)
     assert [line.strip() for line in waits] == [
-        f"__pipeline_wait_prior({left});  // op:Wait",
+        f"__pipeline_wait_prior({2 * (ahead - 1)});  // op:Wait",
         "__syncthreads();  // op:Wait",
     ]
-    assert f"if (k + {depth - 2} < " in "\n".join(step)
+    joined = "\n".join(step)
+    assert f"if (k + {ahead} < " in joined and joined.index("__syncthreads") < joined.index(f"if (k + {ahead} < ")
     pops = [line for line in step if "// op:Pop" in line]
     assert len(pops) == 2 and not any("__syncthreads" in line for line in pops)
     assert sum(line.count("__syncthreads") for line in step) == 1
@@ -230,17 +233,8 @@ def test_a_rotated_k_loop_three_deep_waits_once_and_crosses_one_barrier_per_step
     assert after and all("__syncthreads();" in line for line in after)
 
 
-def test_a_rotated_k_loop_two_deep_keeps_its_pop_barrier():
-    # Depth 2: step k+1's prefetch refills the slot read in step k-1, which slower warps may still be reading.
-    step = k_step(lowered(depth=2).kernel_cu)
-    pops = [line for line in step if "// op:Pop" in line]
-    assert ["__syncthreads" in line for line in pops] == [False, True]
-    assert sum(line.count("__syncthreads") for line in step) == 2
-    assert sum(line.count("__pipeline_wait_prior") for line in step) == 1
-
-
-def test_pop_barriers_are_elided_only_for_rings_of_a_rotated_loop_three_deep():
-    for depth, free in ((1, set()), (2, set()), (3, {0, 1}), (4, {0, 1})):
+def test_pop_barriers_are_elided_only_for_rings_of_a_rotated_loop():
+    for depth, free in ((1, set()), (2, {0, 1}), (3, {0, 1}), (4, {0, 1})):
         p = built(depth=depth)
         rings = ring_table(p, MMA_TYPES[Operand.INT8], ())
         ops = serialise(printed_site_programs(p))

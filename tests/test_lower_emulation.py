@@ -64,24 +64,30 @@ def test_lowered_kernels_equal_numpy_in_the_emulation():
 
 
 def test_the_printed_barriers_and_wait_counts_are_needed():
-    # Depth 2: the slot refilled one step ahead is the one read the step before, so every barrier matters.
+    # Depth 2: the slot refilled one step ahead is the one read the step before; the step's one barrier (after its
+    # waits) is what lets the refill go out, and its wait must leave nothing in flight.
     art = lower(
         spatialc.build(spatialc.gemm(48, 64, 96, "fp16"), "sm_86", block=(2, 4, 1), sites=2, depth=2),
         spatialc.target("sm_86"),
     )
     a, b = inputs(48, 64, 96, "fp16")
     text = art.program_cu
-    no_pop_barrier = text.replace(
-        "rslot_1 = (rslot_1 + 1) % DEPTH_1; __syncthreads();", "rslot_1 = (rslot_1 + 1) % DEPTH_1;"
+    wait_barrier = "            __syncthreads();  // op:Wait\n"
+    assert text.count(wait_barrier) == 1  # the K loop's: the fused output has no ring to wait on
+    no_wait_barrier = text.replace(wait_barrier, "")
+    short_wait = text.replace(
+        "__pipeline_wait_prior(0);  // op:Wait\n            __syncthreads",
+        "__pipeline_wait_prior(1);  // op:Wait\n            __syncthreads",
     )
-    short_wait = text.replace("__pipeline_wait_prior(2);", "__pipeline_wait_prior(3);")
-    assert no_pop_barrier != text and short_wait != text
+    assert no_wait_barrier != text and short_wait != text
     with ThreadPoolExecutor(2) as pool:
-        race = pool.submit(run, no_pop_barrier, a, b, "early", False)
-        wrong = pool.submit(run, short_wait, a, b, "late", False)
-        with pytest.raises(EmulationRace, match="RACE on shared ring .ring_[01]."):
-            race.result()
-        assert not np.array_equal(wrong.result(), a @ b)
+        race = pool.submit(run, no_wait_barrier, a, b, "early", False)
+        # A wait that leaves step k's copies in flight: they land (late mode) at the next wait, onto the page
+        # warps are reading.
+        late = pool.submit(run, short_wait, a, b, "late", False)
+        for result in (race, late):
+            with pytest.raises(EmulationRace, match="RACE on shared ring .ring_[01]."):
+                result.result()
 
 
 # Rings three and four deep: the K loop's pops print no barrier (rings.barrier_free_pops), and the emulation, in

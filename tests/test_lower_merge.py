@@ -122,13 +122,15 @@ def test_rotation_needs_twice_a_step_of_pages_and_the_proof_follows_it():
 
 
 def test_the_rotation_runs_as_far_ahead_as_its_pops_stay_barrier_free():
-    """Depth D, one page a step: D − 2 steps ahead (at least 1), never more than the loop's steps less one; and the
-    occupancy proof, which replays the prologue, every steady step and the drain, accepts exactly that."""
+    """Depth D, one page a step: D − 1 steps ahead (the producer printed behind the consumer's wait barrier, a ring
+    holds D steps' pages), never more than the loop's steps less one; and the occupancy proof, which replays the
+    prologue, every steady step and the drain, accepts exactly that."""
     (k_loop,) = [op for op in serialise([READER, COMPUTE, WRITER]) if isinstance(op, SerialLoop)]
     steps = k_loop.count.n
     for depth in (2, 3, 4, 5, 8):
         rot = rotation(rings(depth_a=depth), k_loop)
-        assert rot is not None and rot.ahead == max(1, min(depth - 2, steps - 1)), depth
+        assert rot is not None and rot.ahead == max(1, min(depth - 1, steps - 1)), depth
+        assert rot.head == (Wait(A), Wait(B)) and rot.head + rot.rest == rot.cons
         prove(rings(depth_a=depth), (k_loop,))
 
 

@@ -234,12 +234,12 @@ def test_the_sass_reader_finds_loops_and_skips_padding():
 
 @needs_gpp
 @pytest.mark.parametrize("depth", [4, 5])
-def test_a_pipeline_two_or_three_steps_deep_is_exact_and_needs_every_page_of_its_rings(depth):
-    """Rings of depth D are filled D − 2 steps ahead; the same kernel on rings one page shallower overwrites a page
+def test_a_pipeline_depth_less_one_steps_deep_is_exact_and_needs_every_page_of_its_rings(depth):
+    """Rings of depth D are filled D − 1 steps ahead; the same kernel on rings one page shallower overwrites a page
     still in use, which the emulation catches."""
     p = spatialc.build(spatialc.gemm(32, 32, 16 * 9, "fp16"), "sm_86", block=(2, 2, 1), depth=depth)
     art = spatialc.lower(p)
-    assert f"is pipelined {depth - 2} steps deep" in art.kernel_cu
+    assert f"is pipelined {depth - 1} steps deep" in art.kernel_cu
     x = inputs(p)
     assert exact(art, p, x, "late") and exact(art, p, x, "early")
     shallow = art.program_cu.replace(f"#define DEPTH_0 {depth}\n", f"#define DEPTH_0 {depth - 1}\n")

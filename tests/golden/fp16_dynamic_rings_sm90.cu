@@ -269,6 +269,8 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(con
         }
         __pipeline_commit();  // pre:Push
         for (int k = 0; k < 2; ++k) {  // op:Loop x2
+            __pipeline_wait_prior(0);  // op:Wait
+            __syncthreads();  // op:Wait
             if (k + 1 < 2) {
                 wslot_0 = (wslot_0 + 1) % DEPTH_0;  // op:Reserve
                 {  // op:ReadTiles
@@ -315,8 +317,6 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(con
                 __pipeline_commit();  // pad:Push
                 __pipeline_commit();  // pad:Push
             }
-            __pipeline_wait_prior(2);  // op:Wait
-            __syncthreads();  // op:Wait
             {  // op:Compute:MatmulTiles
                 const int wi = warp / 4;
                 const int wj = warp % 4;

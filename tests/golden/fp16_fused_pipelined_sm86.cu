@@ -196,12 +196,12 @@ typedef float OUT_T;
 #define NTHREAD 128
 #define NWARP 4
 #define PERW 2
-#define DEPTH_0 3
+#define DEPTH_0 2
 #define PAGE_0 1024
-#define DEPTH_1 3
+#define DEPTH_1 2
 #define PAGE_1 2048
 
-extern "C" __global__ __launch_bounds__(NTHREAD, 5) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
+extern "C" __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;
@@ -265,6 +265,8 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 5) void spatialc_persistent(con
         }
         __pipeline_commit();  // pre:Push
         for (int k = 0; k < 2; ++k) {  // op:Loop x2
+            __pipeline_wait_prior(0);  // op:Wait
+            __syncthreads();  // op:Wait
             if (k + 1 < 2) {
                 wslot_0 = (wslot_0 + 1) % DEPTH_0;  // op:Reserve
                 {  // op:ReadTiles
@@ -311,8 +313,6 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 5) void spatialc_persistent(con
                 __pipeline_commit();  // pad:Push
                 __pipeline_commit();  // pad:Push
             }
-            __pipeline_wait_prior(2);  // op:Wait
-            __syncthreads();  // op:Wait
             {  // op:Compute:MatmulTiles
                 const int wj = warp % 4;
                 #pragma unroll
@@ -481,7 +481,7 @@ int main() {
     SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)4 * 4 * 256 * sizeof(float)));
     int sms = 0;
     SPATIALC_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    const int GRID = spatialc_sites(2, sms, 5, 2);
+    const int GRID = spatialc_sites(2, sms, 6, 2);
     std::vector<int> work = spatialc_work_list(2, GRID, 0);
     int* d_work = nullptr;
     SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));

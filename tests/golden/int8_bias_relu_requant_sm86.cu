@@ -247,9 +247,9 @@ __device__ __forceinline__ long long spatialc_requant(long long x, long long mul
 #define NTHREAD 128
 #define NWARP 4
 #define PERW 2
-#define DEPTH_0 3
+#define DEPTH_0 2
 #define PAGE_0 512
-#define DEPTH_1 3
+#define DEPTH_1 2
 #define PAGE_1 1024
 
 extern "C" __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ t3, const int* __restrict__ spatialc_work)
@@ -316,6 +316,8 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(con
         }
         __pipeline_commit();  // pre:Push
         for (int k = 0; k < 2; ++k) {  // op:Loop x2
+            __pipeline_wait_prior(0);  // op:Wait
+            __syncthreads();  // op:Wait
             if (k + 1 < 2) {
                 wslot_0 = (wslot_0 + 1) % DEPTH_0;  // op:Reserve
                 {  // op:ReadTiles
@@ -362,8 +364,6 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(con
                 __pipeline_commit();  // pad:Push
                 __pipeline_commit();  // pad:Push
             }
-            __pipeline_wait_prior(2);  // op:Wait
-            __syncthreads();  // op:Wait
             {  // op:Compute:MatmulTiles
                 const int wj = warp % 4;
                 #pragma unroll

@@ -196,12 +196,12 @@ typedef int OUT_T;
 #define NTHREAD 128
 #define NWARP 4
 #define PERW 1
-#define DEPTH_0 3
+#define DEPTH_0 2
 #define PAGE_0 2048
-#define DEPTH_1 3
+#define DEPTH_1 2
 #define PAGE_1 2048
 
-extern "C" __global__ __launch_bounds__(NTHREAD, 7) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
+extern "C" __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(const OPT* __restrict__ t0, const OPT* __restrict__ t1, OUT_T* __restrict__ t2, const int* __restrict__ spatialc_work)
 {
     const int tid = threadIdx.x;
     const int warp = tid / 32;

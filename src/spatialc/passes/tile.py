@@ -118,10 +118,9 @@ def plan_cost(
     - sharing: resident blocks that really share an SM's tensor cores, min(blocks per SM, items per SM);
     - traffic: 1 + operand bytes loaded per MAC / 0.02 — a K step loads (h + w)·ibw tiles for h·w·ibw tile
       products, so small or skinny blocks are bound by memory, square large ones by math;
-    - latency: 1.5 for a single-page ring (no prefetch can overlap the loads), 1.0 for two pages (one step ahead,
-      a barrier after the pops), 0.98 for three (one step ahead, none), 0.95 for four or more where the K loop has
-      three steps or more (two steps ahead: the persistent kernel prefetches depth − 2 steps, as deep as its pops
-      stay barrier-free, and never more than the steps less one);
+    - latency: 1.5 for a single-page ring (no prefetch can overlap the loads), 0.98 where the K loop is fetched
+      one step ahead, 0.95 where two or more (the persistent kernel prefetches depth − 1 steps, never more than the
+      K steps less one);
     - k_step: 1 + 0.25 / ibw — each K step pays a wait, a block barrier and its loop overhead, about a quarter of
       one K tile's MMAs, amortised over the ibw tiles of the step; ×1.25 more for int8 with an odd ibw, whose last
       tile goes through the k16 MMA at half the rate of the native k32 one;
@@ -140,8 +139,8 @@ def plan_cost(
     item_work = h * w * plan.k_tiles
     bytes_per_mac = (h + w) * OPERAND_BYTES[prec] / (16 * h * w)
     traffic = 1 + bytes_per_mac / 0.02
-    ahead = min(plan.depth - 2, plan.k_steps - 1)  # the steps the persistent kernel prefetches, past one
-    latency = {1: 1.5, 2: 1.0}.get(plan.depth, 0.95 if ahead >= 2 else 0.98)
+    ahead = min(plan.depth - 1, plan.k_steps - 1)  # the steps the persistent kernel prefetches
+    latency = 1.5 if plan.depth == 1 else 0.95 if ahead >= 2 else 0.98
     k_step = (1 + K_STEP_OVERHEAD / plan.block.ibw) * (1.25 if prec == Precision.INT8 and plan.block.ibw % 2 else 1)
     occupancy = math.sqrt(min(1.0, sharing * target.accumulator_lanes / 8))
     busy = min(target.accumulator_lanes, plan.block.osh * plan.block.osw)

@@ -163,12 +163,13 @@ class OpPrinter(TilePrinter):
             self.ops(lp.body, inner, 0, tag)
 
     def rotated(self, lp: SerialLoop, rot: Rotation, env: dict[LoopVar, str], mark: str) -> None:
-        """The loop software-pipelined: step i+a's producer half is issued before step i's consumer half waits.
+        """The loop software-pipelined: step i+a's producer half is issued right after step i's waits.
 
         Without it each step would issue its copies and wait for them at once, exposing the whole load latency
         every step. The producer's addresses are functions of the loop variable, so issuing it ahead needs only
-        that variable rebound. The last a steps have nothing to fetch and commit empty groups instead, so the
-        consumer's `wait_prior(n)` leaves exactly the groups of the a steps issued ahead in flight on every step.
+        that variable rebound; behind the waits' barrier it may refill the slot step i − 1 read (rings.rotation).
+        The last a steps have nothing to fetch and commit empty groups instead, so the waits' `wait_prior(n)` leaves
+        exactly the a − 1 steps issued ahead of step i in flight on every step.
         """
         v, n, a = loop_var_name(lp.var), lp.count.n, rot.ahead  # type: ignore[union-attr]
         groups = commits(self.k.rings, rot.prod)
@@ -180,12 +181,13 @@ class OpPrinter(TilePrinter):
             with self.unrolled(f"for (int {v}_pre = 0; {v}_pre < {a}; ++{v}_pre)"):
                 self.ops(rot.prod, env | {lp.var: f"{v}_pre"}, 0, PRE)
         with self.w.block(f"for (int {v} = 0; {v} < {n}; ++{v})", mark):
+            self.ops(rot.head, env | {lp.var: v}, (a - 1) * groups, OP)
             with self.w.block(f"if ({v} + {a} < {n})"):
                 self.ops(rot.prod, env | {lp.var: f"({v} + {a})"}, 0, OP)
             with self.w.block("else"):
                 for _ in range(groups):
                     self.w.line("__pipeline_commit();", marker("Push", PAD))
-            self.ops(rot.cons, env | {lp.var: v}, a * groups, OP)
+            self.ops(rot.rest, env | {lp.var: v}, 0, OP)
 
     def fused_store(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
         """The fused epilogue: each lane takes its own accumulator elements through the chain and stores them.
@@ -202,10 +204,11 @@ class OpPrinter(TilePrinter):
                 base = addr_expr(op.at, env)
                 rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
                 self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
-                if chain and self.k.integer:
-                    # An integer chain's 64-bit arithmetic, unrolled over every element of every fragment, needs
-                    # more registers than the accumulators leave: the fragment's elements go through it one at a
-                    # time, from a private copy (eight words of the thread's stack, not a spill).
+                if chain:
+                    # A chain unrolled over every element of every fragment (its bias addresses, an integer chain's
+                    # 64-bit arithmetic) needs more registers than the accumulators leave: the fragment's elements
+                    # go through it one at a time, from a private copy (eight words of the thread's stack, not a
+                    # spill). A bare store stays unrolled, straight from the registers.
                     self.w.line("ACCT frag[8];")
                     with self.unrolled("for (int i = 0; i < 8; ++i)"):
                         self.w.line("frag[i] = accf[q].x[i];")

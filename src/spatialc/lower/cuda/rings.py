@@ -145,23 +145,35 @@ CONSUMER_OPS = (Wait, Pop, Compute)
 
 @dataclass(frozen=True, slots=True)
 class Rotation:
-    """A loop software-pipelined `ahead` steps deep: its producer half runs `ahead` steps before its consumer half."""
+    """A loop software-pipelined `ahead` steps deep. Printed, step i runs the consumer's waits `head` (whose run ends
+    with the block barrier), then the producer half `prod` for step i + ahead, then the rest of the consumer half."""
 
     prod: tuple[SerialOp, ...]
     cons: tuple[SerialOp, ...]
     ahead: int
+
+    @property
+    def head(self) -> tuple[SerialOp, ...]:
+        """The consumer half's leading waits: the producer of step i + ahead is printed after them."""
+        n = next((i for i, op in enumerate(self.cons) if not isinstance(op, Wait)), len(self.cons))
+        return self.cons[:n]
+
+    @property
+    def rest(self) -> tuple[SerialOp, ...]:
+        return self.cons[len(self.head) :]
 
 
 def rotation(rings: Rings, loop: SerialLoop) -> Rotation | None:
     """The producer and consumer halves of a loop the printer pipelines, and how many steps ahead its producer
     runs; None to print the loop as written.
 
-    Pipelined `a` steps ahead, steps i+1 … i+a's copies are in flight while step i is computed, so a ring holds
-    a + 1 steps' pages at once: every ring the producer half fills must hold (a + 1)·r pages, r being what one step
-    reserves on it. The producer half must end with a Push so that all its copies are committed inside it, which is
-    what keeps the consumer's wait count exact. The distance taken is the deepest whose pops still need no barrier
-    (`barrier_free_pops`: depth ≥ (a + 2)·r), so a step crosses one block barrier however deep the rings; at depth
-    2r it is 1 and the pops keep their barrier. It never exceeds the loop's steps less one.
+    Pipelined `a` steps ahead, step i + a's copies are issued right after step i's wait barrier and steps i+1 …
+    i+a are in flight while step i is computed, so a ring holds a + 1 steps' pages at once: every ring the producer
+    half fills must hold (a + 1)·r pages, r being what one step reserves on it — and that is also what keeps its pops
+    free of barriers (`barrier_free_pops`), so a step crosses one block barrier at any depth. The distance is the
+    deepest the rings hold: depth // r − 1, never more than the loop's steps less one. The producer half must end
+    with a Push so that all its copies are committed inside it, which keeps the consumer's wait count exact, and the
+    consumer half must begin with a wait on a kept ring, whose barrier the producer is printed behind.
     """
     if loop.var == LV_ITEM or not isinstance(loop.count, Const) or loop.count.n < 2:
         return None
@@ -169,6 +181,8 @@ def rotation(rings: Rings, loop: SerialLoop) -> Rotation | None:
     split = next((i for i, op in enumerate(body) if not isinstance(op, PRODUCER_OPS)), len(body))
     prod, cons = body[:split], body[split:]
     if not prod or not cons or not all(isinstance(op, CONSUMER_OPS) for op in cons) or not isinstance(prod[-1], Push):
+        return None
+    if not isinstance(cons[0], Wait) or rings.kept(cons[0].buf) is None:
         return None
     reserved: dict[int, int] = {}
     for op in prod:
@@ -179,7 +193,7 @@ def rotation(rings: Rings, loop: SerialLoop) -> Rotation | None:
             reserved[ring.id] = reserved.get(ring.id, 0) + op.pages
     if not all(2 * n <= rings.rings[r].depth for r, n in reserved.items()):
         return None
-    ahead = min((rings.rings[r].depth // n - 2 for r, n in reserved.items()), default=1)
+    ahead = min((rings.rings[r].depth // n - 1 for r, n in reserved.items()), default=1)
     return Rotation(prod, cons, max(1, min(ahead, loop.count.n - 1)))
 
 
@@ -192,26 +206,25 @@ def barrier_free_pops(rings: Rings, ops: tuple[SerialOp, ...]) -> frozenset[int]
     """The rings whose Pops need no barrier after them: the next refill of a popped slot waits at another barrier.
 
     The barrier after a run of Pops is there so that no thread refills a slot another thread still reads. A ring
-    qualifies when all its Reserves are in the producer half P and all its Pops in the consumer half C of one
-    loop rotated a steps ahead, C holds a Wait on a kept ring (so C(i) crosses a barrier: the one ending its run of
-    waits), and the ring's depth D is at least (a + 2)·r, r being the pages P reserves on it per step. Then:
+    qualifies when all its Reserves are in the producer half P and all its Pops in the consumer half C = W R of one
+    loop rotated a steps ahead — W its leading waits, whose run ends with a block barrier — and the ring's depth D
+    is at least (a + 1)·r, r being the pages P reserves on it per step. Then:
 
     - The ring is filled only by P, r pages a step, and read only in C, between its Wait and its Pop; since nothing
       else reserves it, the steps of every run of the loop (every item's) number its pages consecutively: step s
       owns pages sr … sr + r − 1, slot = page mod D.
-    - Printed, step i of the loop runs P(s + a) then C(s) (s = global step), with P(s + a) inside the `if`.
-      A thread X that issues P(s + a) has crossed C(s − 1)'s wait barrier (the loop's previous step; for the
-      first step of a run, the previous run's last step, or a barrier after it), so every thread has finished
-      C(s − 2) and all before it: no page of step s − 2 or earlier is still read.
-    - No thread has passed C(s)'s wait barrier, which X has not reached, so the pages read meanwhile are step
-      s − 1's and step s's. X writes step s + a's: their pages differ by a·r + 1 … (a + 2)·r − 1 from step s − 1's
-      and by (a − 1)·r + 1 … (a + 1)·r − 1 from step s's, never a multiple of D when D ≥ (a + 2)·r.
-    - The prologue's P(s), … P(s + a − 1) of a run write pages within (a + 1)·r − 1 of step s − 1's: the same.
+    - Printed, step i of the loop runs W(s), then P(s + a) inside the `if`, then R(s) (s = global step). A thread X
+      that issues P(s + a) has crossed W(s)'s barrier, which every thread reached only after finishing R(s − 1):
+      no page of step s − 1 or earlier is still read, only step s's (by threads in R(s)). X writes step s + a's
+      pages, which differ from step s's by (a − 1)·r + 1 … (a + 1)·r − 1: never a multiple of D when
+      D ≥ (a + 1)·r. Its copies land by X's wait in W(s + a), while steps s … s + a — (a + 1)·r consecutive pages,
+      each in a slot of its own — are the only ones in use.
+    - The prologue's P(s) … P(s + a − 1) of a run are issued behind the previous run's last wait barrier W(s − 1)
+      (or before any read at all): only step s − 1's pages may still be read, within (a + 1)·r − 1 pages of them.
 
-    At D < (a + 2)·r (a = 1, D = 2r: the shallowest rotation) the prefetch refills a slot read one step earlier, and
-    the barrier is needed (the emulation's race check catches its removal: tests/test_emulation_faults.py).
-    Anything else — a ring filled or drained outside one rotated loop, a non-rotated loop, the output ring, a
-    consumer half without a barrier — keeps it.
+    At D < (a + 1)·r the prefetch would refill a slot still read (the emulation's race check catches such a ring:
+    tests/test_emulation_faults.py). Anything else — a ring filled or drained outside one rotated loop, a
+    non-rotated loop, the output ring — keeps its barrier.
     """
     # Where each kept ring is reserved and popped: (a rotated loop's id, "fill" or "drain"), or ELSEWHERE.
     places: dict[int, set[tuple[int, str]]] = {}
@@ -241,7 +254,7 @@ def barrier_free_pops(rings: Rings, ops: tuple[SerialOp, ...]) -> frozenset[int]
     free = set()
     for rid, where in places.items():
         loop = next(iter(where))[0]
-        deep = rings.rings[rid].depth >= (ahead[loop] + 2) * per_step[rid]
+        deep = rings.rings[rid].depth >= (ahead[loop] + 1) * per_step[rid]
         if where == {(loop, "fill"), (loop, "drain")} and loop in fenced and deep:
             free.add(rid)
     return frozenset(free)
@@ -369,13 +382,14 @@ class _Occupancy:
         if rot is None:
             self.run(loop.body)
         else:
-            # Printed: P(0) … P(a − 1); then P(i + a) C(i) for each step but the last a; then C of those. One P C
-            # from the steady state must return to it, so every middle step is the same.
+            # Printed: P(0) … P(a − 1); then W(i) P(i + a) R(i) for each step but the last a; then W R of those.
+            # One W P R from the steady state must return to it, so every middle step is the same.
             for _ in range(rot.ahead):
                 self.run(rot.prod)
             steady = self.state()
+            self.run(rot.head)
             self.run(rot.prod)
-            self.run(rot.cons)
+            self.run(rot.rest)
             if self.state() != steady:
                 raise Unsupported(
                     f"the pipelined loop over {loop_var_name(loop.var)}", "one step does not drain what it fills"
