@@ -54,23 +54,17 @@ def main(size: int = 4096, arch: str = "sm_90") -> None:
                 p = spatialc.build(spatialc.gemm(size, size, size, prec), arch)
                 art = spatialc.lower(p)
             cubin = compile_cubin(art.kernel_cu, arch)
-            code = sass.disassemble(cubin)
-            loops = code.main_loops()
-            if len(loops) != 1:
-                print(f"| {prec} {form} | — | {len(loops)} main loops found |")
+            c = sass.main_loop_census(sass.disassemble(cubin))
+            if c is None:
+                print(f"| {prec} {form} | — | not one main loop |")
                 continue
-            lo, hi = loops[0]
-            counts = code.ops(lo, hi)
-            total = sum(counts.values())
-            macs = sass.tile_macs(counts)
-            lds = sum(n for op, n in counts.items() if op.split(".")[0] == "LDS")
             plan = p.plan
             ptx = kernel_ptxas(cubin, art.launch.kernel_name)
             blk = plan.block
             print(
                 f"| {prec} {form} | {blk.osh}×{blk.osw}×{blk.ibw}, sub {plan.sub_blocks[0]}×{plan.sub_blocks[1]},"
-                f" depth {plan.depth} | {total} | {macs:g} | {total / macs:.2f} | {code.count('LDSM', lo, hi)} |"
-                f" {lds} | {code.count('LD', lo, hi)} | {code.count('BAR.SYNC', lo, hi)} |"
+                f" depth {plan.depth} | {c.instrs} | {c.tile_macs:g} | {c.instrs / c.tile_macs:.2f} | {c.ldsm} |"
+                f" {c.other_lds} | {c.generic} | {c.barriers} |"
                 f" {ptx.registers if ptx else '?'} |"
             )
 

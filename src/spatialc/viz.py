@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import DeadlockError
 from .interp.trace import RingTrace, Trace
-from .ir.nodes import SpatialProgram, TensorRole
+from .ir.nodes import PageLayout, SpatialProgram, TensorRole
 from .ir.ops import ChoreoOp, Pop, Push, Reserve, SemInc, SemWait, Wait, walk
 from .ir.printer import op_text
 
@@ -144,7 +144,6 @@ _OTHER = "#e6d5b8"
 _RING_KEY = [("box", "#1f77b4", "ring pages published (ready)"), ("box", "#aec7e8", "ring pages reserved"),
              ("dash", "#c00", "ring depth")]  # fmt: skip
 _LEFT, _LANE, _RING = 150, 24, 50
-_LAYOUT = {"col": ", K-major", "swizzled": ", swizzled"}  # a page layout other than row-major, beside the depth
 Scale = Callable[[float], float]  # tick -> x
 
 
@@ -184,7 +183,7 @@ def _ring_row(r: RingTrace, y0: float, end: int, x: Scale) -> list[str]:
     occ = sorted(levels.items())
     out = [
         _text(10, y0 + _RING / 2, r.ring, "lane"),
-        _text(10, y0 + _RING / 2 + 13, f"depth {r.depth}" + _LAYOUT.get(r.layout, ""), "lane", fill="#666"),
+        _text(10, y0 + _RING / 2 + 13, _depth_text(r), "lane", fill="#666"),
         _step_polygon([(t, a + b) for t, (a, b) in occ], end, x, base, unit, "#aec7e8"),
         _step_polygon([(t, b) for t, (_, b) in occ], end, x, base, unit, "#1f77b4"),
         f'<line x1="{_LEFT}" y1="{base}" x2="{right:.1f}" y2="{base}" stroke="#999"/>',
@@ -208,6 +207,12 @@ def _tick_axis(y: float, end: int, x: Scale, top: float) -> list[str]:
         out.append(_text(x(t), y + 15, str(t), "tick", text_anchor="middle"))
     axis_title = "logical tick (one tick ~ one tile moved or multiplied)"
     return [*out, "</g>", _text(x(end / 2), y + 31, axis_title, "axis-title", text_anchor="middle")]
+
+
+def _depth_text(r) -> str:
+    """A ring's depth, with its page layout where that is not plain row-major (ir.nodes.PageLayout.note)."""
+    note = PageLayout(r.layout).note
+    return f"depth {r.depth}" + (f", {note}" if note else "")
 
 
 def timeline_svg(

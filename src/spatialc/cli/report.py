@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.nodes import Fifo, Interm, SpatialProgram
+from ..ir.nodes import Fifo, Interm, PageLayout, SpatialProgram
 from ..target import target
 
 
@@ -35,8 +35,9 @@ def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-# How a page's tiles lie in shared memory, where it is not plain row-major (ir.nodes.PageLayout).
-LAYOUT_NOTE = {"col": " (K-major)", "swizzled": " (swizzled)"}
+def _layout_note(layout: PageLayout) -> str:
+    """The layout in brackets beside a ring (" (K-major)", " (swizzled)"), nothing for plain row-major pages."""
+    return f" ({layout.note})" if layout.note else ""
 
 
 def program_lines(p: SpatialProgram) -> list[str]:
@@ -49,7 +50,7 @@ def program_lines(p: SpatialProgram) -> list[str]:
     held = f"{min(counts)}..{max(counts)}" if min(counts) != max(counts) else str(counts[0])
     rings = [
         f"{buf.name} {plural(buf.kind.depth_pages, 'page')} of {plural(buf.kind.page_tiles, 'tile')}"
-        + LAYOUT_NOTE.get(buf.kind.layout.value, "")
+        + _layout_note(buf.kind.layout)
         for buf in p.buffers
         if isinstance(buf.kind, Fifo | Interm)
     ]
@@ -67,7 +68,7 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
     """The kernel's memory as budget.json has it: its rings, the ones fused away, its shared memory and occupancy."""
     bud = art.budget
     layout = dict(bud.layouts)
-    kept = ", ".join(f"{name} {size} B{LAYOUT_NOTE.get(layout.get(name, ''), '')}" for name, size in bud.rings)
+    kept = ", ".join(f"{name} {size} B{_layout_note(PageLayout(layout.get(name, 'row')))}" for name, size in bud.rings)
     kept = kept or "no rings"
     fused = f"; fused into the store (no ring): {', '.join(bud.fused)}" if bud.fused else ""
     opt_in = ", opt-in" if bud.dynamic_opt_in else ""

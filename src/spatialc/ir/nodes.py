@@ -48,6 +48,11 @@ class PageLayout(StrEnum):
     SWIZZLED = "swizzled"
 
     @property
+    def note(self) -> str:
+        """The layout as listings and pictures name it beside a ring: "" for plain row-major pages."""
+        return {PageLayout.ROW: "", PageLayout.COL: "K-major", PageLayout.SWIZZLED: "swizzled"}[self]
+
+    @property
     def order(self) -> TileOrder:
         """The tile order the page holds (a swizzle permutes 16-byte chunks within rows, not the order)."""
         return TileOrder.COL if self is PageLayout.COL else TileOrder.ROW

@@ -9,7 +9,6 @@ from .nodes import (
     ComputeStage,
     Fifo,
     Interm,
-    PageLayout,
     ReadStage,
     SpatialProgram,
     Stage,
@@ -153,7 +152,7 @@ def ops_lines(p: SpatialProgram, ops: tuple[ChoreoOp, ...], depth: int = 0) -> l
 def _kind_text(b: Buffer) -> str:
     match b.kind:
         case Fifo(d, pt, layout) | Interm(d, pt, layout):
-            shown = {PageLayout.ROW: "", PageLayout.COL: ", col-major (K-major) tiles"}.get(layout, f", {layout.value}")
+            shown = f", {layout.note}" if layout.note else ""
             return f"{type(b.kind).__name__.lower()} {d} x {pt} tiles{shown}"
         case Accumulator(tiles):
             return f"accumulator {tiles} tiles"

@@ -122,6 +122,37 @@ def tile_macs(counts: Counter[str]) -> float:
     return sum(n * TILE_MACS.get(".".join(op.split(".")[:2]), 0.0) for op, n in counts.items())
 
 
+@dataclass(frozen=True, slots=True)
+class LoopCensus:
+    """What one trip of a kernel's main loop executes, per warp."""
+
+    instrs: int
+    tile_macs: float  # 16×16×16 multiply-accumulates its MMAs do
+    mmas: tuple[tuple[str, int], ...]  # each MMA instruction and how often
+    ldsm: int
+    other_lds: int  # shared loads other than LDSM
+    generic: int  # generic (`LD`) loads
+    barriers: int  # BAR.SYNC
+
+
+def main_loop_census(code: Sass) -> LoopCensus | None:
+    """The census of `code`'s one main loop; None when not exactly one loop holds MMAs."""
+    loops = code.main_loops()
+    if len(loops) != 1:
+        return None
+    lo, hi = loops[0]
+    counts = code.ops(lo, hi)
+    return LoopCensus(
+        sum(counts.values()),
+        tile_macs(counts),
+        tuple((op, n) for op, n in sorted(counts.items()) if op.split(".")[0] in MMA),
+        code.count("LDSM", lo, hi),
+        sum(n for op, n in counts.items() if op.split(".")[0] == "LDS"),
+        code.count("LD", lo, hi),
+        code.count("BAR.SYNC", lo, hi),
+    )
+
+
 def main_loop_summary(artifact, step_macs: float | None = None) -> str:
     """One line on the main loop of an artifact's kernel, compiled for its target here: its instructions, the MMAs
     and the issue slots each tile-MAC takes, operand loads and barriers, registers and spills. `step_macs`, the
@@ -132,21 +163,16 @@ def main_loop_summary(artifact, step_macs: float | None = None) -> str:
     code = disassemble(cubin)
     ptx = kernel_ptxas(cubin, artifact.launch.kernel_name)
     regs = f"; {ptx.registers} registers, spills {ptx.spill_stores + ptx.spill_loads} B" if ptx else ""
-    loops = code.main_loops()
-    if len(loops) != 1:
-        return f"{len(loops)} loops hold MMAs (no one main loop to count){regs}"
-    lo, hi = loops[0]
-    counts = code.ops(lo, hi)
-    total, macs = sum(counts.values()), tile_macs(counts)
-    mmas = ", ".join(f"{n} {op}" for op, n in sorted(counts.items()) if op.split(".")[0] in MMA)
-    lds = sum(n for op, n in counts.items() if op.split(".")[0] == "LDS")
-    steps = macs / step_macs if step_macs else 1.0
+    c = main_loop_census(code)
+    if c is None:
+        return f"{len(code.main_loops())} loops hold MMAs (no one main loop to count){regs}"
+    mmas = ", ".join(f"{n} {op}" for op, n in c.mmas)
+    steps = c.tile_macs / step_macs if step_macs else 1.0
     trip = "one K step a trip" if steps == 1 else f"{steps:g} K steps a trip" if steps > 1 else "part of a K step"
     return (
-        f"main loop ({artifact.target}, {trip}, per warp): {total} instructions, {mmas}"
-        f" ({macs:g} tile-MACs: {total / macs:.2f} issue slots each), {code.count('LDSM', lo, hi)} LDSM,"
-        f" {lds} other shared loads, {code.count('LD', lo, hi)} generic loads,"
-        f" {_plural(code.count('BAR.SYNC', lo, hi), 'block barrier')}{regs}"
+        f"main loop ({artifact.target}, {trip}, per warp): {c.instrs} instructions, {mmas}"
+        f" ({c.tile_macs:g} tile-MACs: {c.instrs / c.tile_macs:.2f} issue slots each), {c.ldsm} LDSM,"
+        f" {c.other_lds} other shared loads, {c.generic} generic loads, {_plural(c.barriers, 'block barrier')}{regs}"
     )
 
 

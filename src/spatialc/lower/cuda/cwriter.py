@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
+from importlib import resources
 
 from ...ir.ids import LoopVar, loop_var_name
 from ...ir.nodes import DType
@@ -102,3 +104,14 @@ def site_prologue(w: Writer) -> None:
     w.line("const int n_items = spatialc_work[gridDim.x + site];")
     w.line("const int* ITEM_LIST = spatialc_work + 2 * gridDim.x;")
     w.line("if (n_items == 0) { return; }")
+
+
+@cache
+def inlined(*names: str) -> str:
+    """The checked-in C files `names` of this package (`*.cuh`), joined: text a printed program inlines, read once."""
+    return "\n".join(resources.files(__package__).joinpath(name).read_text() for name in names)
+
+
+def inlined_lines(*names: str) -> list[str]:
+    """`inlined(*names)` as the lines of a preamble."""
+    return inlined(*names).rstrip("\n").split("\n")

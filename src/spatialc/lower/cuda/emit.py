@@ -25,10 +25,21 @@ from ...ir.printer import compute_text
 from ..census import OP, PAD, PRE, marker
 from ..errors import Unsupported
 from . import epilogue
-from .cwriter import CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, c_mod, c_mul, c_sum, site_prologue
+from .cwriter import (
+    CHECK_MACRO,
+    INCLUDES,
+    RING_MACROS,
+    Writer,
+    addr_expr,
+    c_mod,
+    c_mul,
+    c_sum,
+    inlined_lines,
+    site_prologue,
+)
 from .merge import SerialLoop, SerialOp
 from .rings import TILE_ELEMS, MmaTypes, Rings, Rotation, SmemLayout, barrier_free_pops, commits, rotation
-from .tiles import TilePrinter, tensor_core_helpers
+from .tiles import TilePrinter
 
 KERNEL_NAME = "spatialc_persistent"
 POP_PROOF = "these slots are refilled only after the next wait barrier"
@@ -268,7 +279,7 @@ def preamble(k: Kernel) -> list[str]:
     p = k.program
     lines = [f"// {p.name}: a persistent CUDA kernel printed by spatialc from the spatial IR; each block is one site."]
     lines += [f"#include <{h}>" for h in INCLUDES]
-    lines += ["", RING_MACROS, CHECK_MACRO, "", *tensor_core_helpers().rstrip("\n").split("\n"), ""]
+    lines += ["", RING_MACROS, CHECK_MACRO, "", *inlined_lines("tensor_core.cuh"), ""]
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     if k.has_epilogue:
         lines += ["", *epilogue.helpers().rstrip("\n").split("\n"), ""]

@@ -11,7 +11,6 @@ multiplications that nvcc may not contract into a fused multiply-add (numpy roun
 from __future__ import annotations
 
 import math
-from importlib import resources
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from ...ir.nodes import ComputeStage, DType, SpatialProgram, Stage, TensorRole
 from ...ir.ops import Activation, Bias, ComputeOp, MatmulTiles, Relu, Requant, Scalar
 from ...ir.printer import compute_text
 from ..errors import NeedsGeneral, Precision, TooBig, Unsupported
+from .cwriter import inlined
 
 EPILOGUE_OPS = (Bias, Relu, Scalar, Requant)  # what the persistent kernel's fused store applies
 ELEMENTWISE_OPS = (*EPILOGUE_OPS, Activation)  # what the general form's stages apply page to page
@@ -176,7 +176,7 @@ def helpers(stages: tuple[ComputeOp, ...] = ()) -> str:
     files = ["persistent_epilogue.cuh"] + (
         ["activations.cuh"] if any(isinstance(s, Activation) for s in stages) else []
     )
-    return "\n".join(resources.files(__package__).joinpath(f).read_text() for f in files)
+    return inlined(*files)
 
 
 def c_int(n: int) -> str:

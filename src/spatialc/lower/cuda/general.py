@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from importlib import resources
 
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
 from ...ir.nodes import ComputeStage, DType, Engine, Plan, SpatialProgram, TensorRole
@@ -56,7 +55,7 @@ from ..artifact import Budget, CudaArtifact
 from ..census import marker
 from ..errors import GroupSpansSites, TooBig, Unsupported
 from . import epilogue
-from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, site_prologue
+from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, inlined_lines, site_prologue
 from .host import assemble
 from .program import (
     SiteClass,
@@ -68,7 +67,7 @@ from .program import (
     site_classes,
 )
 from .rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, ring_table
-from .tiles import TilePrinter, tensor_core_helpers
+from .tiles import TilePrinter
 
 KERNEL_NAME = "spatialc_general"
 # Plain reads and writes of page elements (the writer's, and the epilogue stages'), so that the emulation, which
@@ -504,11 +503,6 @@ class EnginePrinter(TilePrinter):
             self.w.line(f"SPATIALC_PAGE_ST(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id} + e, (EPIT)v);")
 
 
-def mbarrier_helpers() -> str:
-    """The device functions of the ring barriers, inlined into the kernel text."""
-    return resources.files(__package__).joinpath("general_mbarrier.cuh").read_text()
-
-
 def preamble(k: GeneralKernel) -> list[str]:
     p = k.program
     lines = [
@@ -516,8 +510,8 @@ def preamble(k: GeneralKernel) -> list[str]:
         " engine runs on warps of its own and the rings hand pages over through mbarriers."
     ]
     lines += [f"#include <{h}>" for h in INCLUDES]
-    lines += ["", RING_MACROS, PAGE_MACROS, CHECK_MACRO, "", *mbarrier_helpers().rstrip("\n").split("\n"), ""]
-    lines += [*tensor_core_helpers().rstrip("\n").split("\n"), ""]
+    lines += ["", RING_MACROS, PAGE_MACROS, CHECK_MACRO, "", *inlined_lines("general_mbarrier.cuh"), ""]
+    lines += [*inlined_lines("tensor_core.cuh"), ""]
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     lines += [f"typedef {epit} EPIT;"]

@@ -7,7 +7,6 @@ alone (its name, block, dynamic shared memory and each argument's C type), whate
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 from string import ascii_lowercase
 
@@ -16,7 +15,7 @@ from ...ir.ops import ChoreoOp, Loop, Trip, walk
 from ..artifact import Budget, CudaArtifact, Launch
 from ..census import census
 from ..errors import InternalError
-from .cwriter import Writer
+from .cwriter import Writer, inlined
 
 BENCH_ITERS = 20
 INTEGER_OUTPUTS = ("long long", "int", "signed char")
@@ -24,7 +23,7 @@ INTEGER_OUTPUTS = ("long long", "int", "signed char")
 
 def helpers() -> str:
     """The checked-in host helpers, inlined so that each program is one self-contained text."""
-    return resources.files(__package__).joinpath("persistent_host.cuh").read_text()
+    return inlined("persistent_host.cuh")
 
 
 def assemble(

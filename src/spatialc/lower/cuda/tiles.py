@@ -25,7 +25,6 @@ from ...ir.ops import (
     ReadBarrier,
     ReadTiles,
     ReleaseAcc,
-    TileAddr,
     WriteBarrier,
     WriteTiles,
 )
@@ -33,13 +32,6 @@ from ...passes.tile import operand_layouts
 from ..errors import Unsupported
 from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
 from .rings import TILE_ELEMS, Ring, Rings
-
-
-def tensor_core_helpers() -> str:
-    """The tensor-core layer's device functions (ldmatrix, mma.sync, accumulator stores), inlined into the kernel."""
-    from importlib import resources
-
-    return resources.files(__package__).joinpath("tensor_core.cuh").read_text()
 
 
 class TilePrinter:
@@ -138,26 +130,24 @@ class TilePrinter:
             self.w.line(f"const int off = {self.tid} % CHUNKS;")
             self.w.line(f"char* page = reinterpret_cast<char*>({self.write_page(r)}) + {dst} * 16;")
             self.w.line(f"const char* src = reinterpret_cast<const char*>(t{int(op.tensor)}) + off * 16;")
-            # Tile indices fit a C int (verify's rule 1 bounds every tensor's grid); bytes are counted in 64 bits.
             self.w.line(f"const int base = {addr_expr(op.at, env)};")
             self.w.line(f"constexpr int STEP = {n} / CHUNKS, TILES = {op.block_h * bw};")
             self.w.line("#pragma unroll")
             with self.w.block("for (int i = 0; i < (TILES + STEP - 1) / STEP; ++i)"):
                 self.w.line(f"const int tl = {self.tid} / CHUNKS + i * STEP;")
                 with self.w.block("if (TILES % STEP == 0 || tl < TILES)"):
-                    row = c_mul(c_div("tl", bw), op.stride_h)
-                    col = c_mul(f"(tl % {bw})" if bw > 1 else "", op.stride_w)
-                    self.w.line(f"const int tile = {c_sum('base', row, col)};")
+                    self.w.line(f"const int tile = {self.tile_index(bw, op.stride_h, op.stride_w)};")
                     self.w.line(
                         f"__pipeline_memcpy_async(page + tl * (int)sizeof(OPT) * {TILE_ELEMS}, src + (long long)tile"
                         f" * (long long)sizeof(OPT) * {TILE_ELEMS}, 16);"
                     )
 
-    def tile_expr(self, at: TileAddr, env: dict[LoopVar, str], bw: int, sh: int, sw: int) -> str:
-        """The global tile index of page tile `tl` of a `? × bw` block at `at` with strides (sh, sw)."""
-        row = c_mul(f"(long long)({c_div('tl', bw)})", sh)
-        col = c_mul(f"(long long)(tl % {bw})" if bw > 1 else "", sw)
-        return c_sum(f"(long long)({addr_expr(at, env)})", row, col)
+    @staticmethod
+    def tile_index(bw: int, sh: int, sw: int) -> str:
+        """The tensor's tile index of page tile `tl` of a `? × bw` block whose first tile is `base`, with strides
+        (sh, sw). Tile indices fit a C int (verify's rule 1 bounds every tensor's grid); bytes are counted in 64
+        bits where it is used."""
+        return c_sum("base", c_mul(c_div("tl", bw), sh), c_mul(f"(tl % {bw})" if bw > 1 else "", sw))
 
     def write_tiles(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
         """The front page of a ring to global memory, every thread a strided share of its elements."""
@@ -168,13 +158,15 @@ class TilePrinter:
                 f"a WriteTiles from {ring.name}'s {ring.layout.value} pages", "output pages are row-major"
             )
         n = op.block_h * op.block_w * TILE_ELEMS
-        with self.w.block("", mark), self.w.block(f"for (int e = {self.tid}; e < {n}; e += {self.nthreads})"):
-            self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
-            self.w.line(f"const long long tile = {self.tile_expr(op.at, env, op.block_w, op.stride_h, op.stride_w)};")
-            page = self.load(
-                f"ring_{r} + {self.read_slot(r)} * PAGE_{r} + e", f"ring_{r}[{self.read_slot(r)} * PAGE_{r} + e]"
-            )
-            self.w.line(f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el] = (OUT_T){page};")
+        with self.w.block("", mark):
+            self.w.line(f"const int base = {addr_expr(op.at, env)};")
+            with self.w.block(f"for (int e = {self.tid}; e < {n}; e += {self.nthreads})"):
+                self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
+                self.w.line(f"const int tile = {self.tile_index(op.block_w, op.stride_h, op.stride_w)};")
+                page = self.load(
+                    f"ring_{r} + {self.read_slot(r)} * PAGE_{r} + e", f"ring_{r}[{self.read_slot(r)} * PAGE_{r} + e]"
+                )
+                self.w.line(f"t{int(op.tensor)}[(long long)tile * {TILE_ELEMS} + el] = (OUT_T){page};")
 
     # ---- the tile matmul and its accumulators --------------------------------------------------------------
 
