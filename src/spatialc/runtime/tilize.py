@@ -21,10 +21,10 @@ import numpy as np
 
 from ..errors import SpatialError
 from ..inputs import InputError, TensorSpec
-from ..ir.nodes import DType
+from ..ir.nodes import DType, TileOrder
 
 TILE = (16, 16)
-TILE_ORDERS = ("row", "col")  # inside a tile: row-major, or column-major
+TILE_ORDERS = tuple(o.value for o in TileOrder)  # inside a tile: "row"-major, or "col"umn-major
 
 # Pointee C types of kernel parameters (docs/kernel-abi.md §4, §6) → the element type of the logical tensor.
 C_TYPES = {
