@@ -160,10 +160,16 @@ def test_an_operand_precision_the_tensor_cores_lack_is_refused():
 
 def test_an_int8_reduction_that_can_overflow_int32_is_refused():
     # K·128·128 (the product of two -128s, K times) must stay within int32: K = 131071 fits, 131072 does not.
-    assert lowered(16, 16, 131071, "int8", "sm_86").census.agrees
-    err = refusal(built(16, 16, 131072, "int8", "sm_86"))
+    assert lowered(16, 16, 131071, "int8", "sm_86", split_k=1).census.agrees
+    err = refusal(built(16, 16, 131072, "int8", "sm_86", split_k=1))
     assert isinstance(err, TooBig) and err.need == 131072 * 128 * 128 and err.have == 2**31 - 1
-    assert lowered(16, 16, 131072, "fp16", "sm_86").census.agrees  # fp32 accumulators: no such limit
+    assert lowered(16, 16, 131072, "fp16", "sm_86", split_k=1).census.agrees  # fp32 accumulators: no such limit
+    # Split over sites, the partial sums are smaller, but the owner adds them all in int32: the same bound holds.
+    split = built(16, 16, 131072, "int8", "sm_86", split_k=4)
+    assert split.placement.splits == 4
+    with pytest.raises(TooBig) as info:
+        spatialc.lower(split)  # the general form, which prints split-K
+    assert info.value.need == 131072 * 128 * 128
 
 
 def test_sites_whose_programs_differ_are_refused():

@@ -329,7 +329,7 @@ def test_a_program_saved_before_page_layouts_loads_laid_out_and_verified():
     for prec in ("int8", "bf16"):
         p = spatialc.build(spatialc.gemm(48, 32, 64, prec), "sm_90")
         doc = json.loads(spatialc.to_json(p))
-        assert doc["version"] == 2
+        assert doc["version"] == 3
         doc["version"] = 1
         for b in doc["program"]["buffers"]:
             b["kind"].pop("layout", None)
@@ -356,7 +356,24 @@ def test_the_cli_counts_the_main_loop_of_the_kernel_it_prints(capsys):
     from spatialc.cli import main
 
     assert (
-        main(["gemm", "128", "128", "2048", "--precision", "int8", "--block", "2,4,2", "--depth", "3", "--sass"]) == 0
+        main(
+            [
+                "gemm",
+                "128",
+                "128",
+                "2048",
+                "--precision",
+                "int8",
+                "--block",
+                "2,4,2",
+                "--depth",
+                "3",
+                "--split-k",
+                "1",
+                "--sass",
+            ]
+        )
+        == 0
     )
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  sass")]
     assert "IMMA.16832" in line and "0 generic loads" in line and "spills 0 B" in line

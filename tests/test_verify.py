@@ -646,7 +646,7 @@ def test_reads_come_from_inputs_and_writes_go_to_the_output():
         IllFormedError,
         "site 0 reader: ReadTiles C",
         "reads C, the output tensor, into B_ring",
-        "input or a parameter tensor",
+        "an input, a parameter or a workspace tensor",
     )
     assert (e.site, e.engine, e.buffer) == (0, "reader", "B_ring")
     p = replace(small(), W, lambda op: (dataclasses.replace(op, tensor=T_A),) if isinstance(op, WriteTiles) else None)
@@ -655,7 +655,7 @@ def test_reads_come_from_inputs_and_writes_go_to_the_output():
         IllFormedError,
         "site 0 writer: WriteTiles C_ring -> A",
         "writes C_ring to A, an input tensor",
-        "only the output tensor is written",
+        "only the output tensor and workspace tensors are written",
     )
     assert (e.engine, e.buffer) == ("writer", "C_ring")
     # Right roles, wrong tensor for the ring: the stages say read_B fills B_ring from B.

@@ -24,10 +24,13 @@ def build(
     sites: int | None = None,
     placement: str | None = None,
     form: str = "auto",
+    split_k: int | None = None,
 ) -> SpatialProgram:
     """tile → place → schedule → verify; returns the verified program. The plan is chosen for the CUDA kernel of
     `form` ("auto" and "persistent": the persistent kernel; "general": the general form, whose rings include the
-    output's and each epilogue stage's)."""
+    output's and each epilogue stage's). `split_k=S` reduces each item's K on S sites whose partial sums meet in a
+    workspace tensor (general form); by default the planner splits a GEMM with too few items to fill the machine
+    and a long K (docs/design.md, "Split-K")."""
     from .passes.pipeline import build as run_passes
 
     expect_program("build", program, "from spatialc.gemm")
@@ -40,6 +43,7 @@ def build(
         sites=sites,
         placement=placement,
         form=form,
+        split_k=split_k,
     )
 
 

@@ -188,6 +188,20 @@ __device__ __forceinline__ void spatialc_store_acc(T* tile, const spatialc_acc<T
         tile[row * 16u + col + 1u] = d.x[i + 1];
     }
 }
+
+// The reverse of the store, added: each lane adds its elements of a row-major 16×16 tile to its accumulator
+// (split-K's partial sums, which reach the owner as pages of the layout the store writes).
+template <class T>
+__device__ __forceinline__ void spatialc_add_acc(spatialc_acc<T>& d, const T* tile)
+{
+    const unsigned lane = spatialc_lane(), g = lane >> 2, c = 2u * (lane & 3u);
+#pragma unroll
+    for (int i = 0; i < 8; i += 2) {
+        const unsigned row = g + 8u * ((i >> 1) & 1), col = 8u * (i >> 2) + c;
+        d.x[i] += tile[row * 16u + col];
+        d.x[i + 1] += tile[row * 16u + col + 1u];
+    }
+}
 #endif
 
 typedef __half OPT;

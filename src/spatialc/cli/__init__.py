@@ -106,6 +106,13 @@ def _gemm_parser(sub) -> None:
         help="how items go to sites (default: grouped — round-robin over bands of rows — where the sites take more"
         " than one wave of items, else contiguous)",
     )
+    g.add_argument(
+        "--split-k",
+        type=int,
+        metavar="S",
+        help="reduce each item's K on S sites whose partial sums meet in a workspace (general form); default: the"
+        " planner splits a GEMM whose items fill less than half the machine while K is long, 1 never splits",
+    )
     g.add_argument("--bias", action="store_true", help="epilogue: add a bias vector (one value per column), first")
     g.add_argument("--relu", action="store_true", help="epilogue: max(x, 0), after the bias")
     g.add_argument(

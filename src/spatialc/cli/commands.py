@@ -51,6 +51,7 @@ def cmd_gemm(args: argparse.Namespace) -> int:
         sites=args.sites,
         placement=args.placement,
         form=args.form,
+        split_k=args.split_k,
     )
     t_build = time.perf_counter() - t0
     tgt = target(p.target)

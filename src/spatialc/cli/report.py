@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.nodes import Fifo, Interm, PageLayout, SpatialProgram
+from ..passes.split import split_ranges, workspace_bytes
 from ..target import target
 
 
@@ -55,12 +56,20 @@ def program_lines(p: SpatialProgram) -> list[str]:
         if isinstance(buf.kind, Fifo | Interm)
     ]
     placement = p.placement.kind + (f", bands of {p.placement.band} rows" if p.placement.kind == "grouped" else "")
+    split = []
+    if p.placement.splits > 1:
+        most = max(n for _, n in split_ranges(plan.k_steps, p.placement.splits))
+        split = [
+            f"  split-K   {p.placement.splits} sites per item, at most {plural(most, 'K step')} each; the owner adds"
+            f" the others' partial sums in split order from a workspace of {workspace_bytes(p)} bytes"
+        ]
     return [
         f"  plan      block {b.osh}x{b.osw}x{b.ibw} tiles, sub-blocks {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
         f" (items of {h * p.tile.rows}x{w * p.tile.cols} outputs), grid {plan.grid[0]}x{plan.grid[1]} items,"
         f" {plural(plan.k_steps, 'K step')}, operand rings {plural(plan.depth, 'page')} deep",
         f"  sites     {len(counts)} ({placement}), {held} {'item' if held == '1' else 'items'} per site",
         f"  rings     {', '.join(rings)} (the program's; the kernel's are below)",
+        *split,
     ]
 
 
@@ -79,6 +88,10 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             f"            shared memory {bud.total_bytes} bytes a block (budget.json: all dynamic{opt_in}):"
             f" {kept}, barriers {bud.barrier_bytes} B",
         ]
+        if bud.workspace_bytes:
+            memory.append(
+                f"            workspace {bud.workspace_bytes} bytes of global memory (split-K's partial sums)"
+            )
         if art.launch.cooperative:
             memory.append(
                 f"            its {art.launch.grid} sites hand over to each other: a cooperative launch, every site"

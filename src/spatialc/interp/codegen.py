@@ -33,6 +33,7 @@ from ..ir.nodes import Accumulator, Buffer, Fifo, Interm
 from ..ir.ops import (
     AcquireAcc,
     Activation,
+    AddPartial,
     Barrier,
     Bias,
     ChoreoOp,
@@ -271,7 +272,7 @@ class Emitter:
                 self.write_tiles(op, i)
             case AcquireAcc(buf):
                 a = self.acc(buf, op)
-                self.emit(f"{a}.live = True", f"{a}.a = []", f"{a}.b = []", f"{a}.geom = None")
+                self.emit(f"{a}.live = True", f"{a}.a = []", f"{a}.b = []", f"{a}.geom = None", f"{a}.parts = []")
             case ReleaseAcc(buf):
                 self.emit(f"{self.acc(buf, op)}.live = False")
             case Compute():
@@ -365,6 +366,9 @@ class Emitter:
         if isinstance(mm, Bias | Relu | Scalar | Requant | Activation):
             self.elementwise(op, mm, i)
             return
+        if isinstance(mm, AddPartial):
+            self.add_partial(op, i)
+            return
         if not isinstance(mm, MatmulTiles):
             raise UnsupportedOp(f"{self.where(op)}: the interpreter does not run {type(mm).__name__} yet")
         if op.acc_reload is not None:
@@ -379,6 +383,17 @@ class Emitter:
         self.front("x", ra, op.ins[0], i, geom[0] * geom[2])
         self.front("y", rb, op.ins[1], i, geom[2] * geom[1])
         self.emit(f"if {a}.geom is not {g}:", f"    set_geom(E, {i}, {a}, {g})", f"{a}.a.append(x)", f"{a}.b.append(y)")
+
+    def add_partial(self, op: Compute, i: int) -> None:
+        """acc += the front page of its one ring: kept beside the products, added in order when it is packed."""
+        if len(op.ins) != 1 or op.outs or op.acc is None:
+            raise EvalError(f"{self.where(op)}: adding a partial sum reads one ring into an accumulator")
+        r = self.ring(op.ins[0], op, "consume")
+        a = self.acc(op.acc, op)
+        n = self.m.buffers[op.acc].kind.tiles  # type: ignore[union-attr]
+        self.emit(f"if not {a}.live:", f"    fail(E, {i}, {a}.name + ' is not acquired')")
+        self.front("x", r, op.ins[0], i, 1)
+        self.emit(f"{a}.parts.append(partial(E, {i}, x, {n}))")
 
     def elementwise(self, op: Compute, cop: Bias | Relu | Scalar | Requant | Activation, i: int) -> None:
         """An epilogue stage: the front page of its one input ring, op by element, into its output ring."""
@@ -476,6 +491,7 @@ _HELPERS: dict[str, object] = {
             "item_coords",
             "set_geom",
             "pack",
+            "partial",
             "mcast_send",
             "barrier_arrive",
             "trip",

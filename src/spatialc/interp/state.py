@@ -78,12 +78,13 @@ class Ring:
 class Acc:
     """An accumulator: the A / B pages multiplied into it since it was acquired, and their geometry."""
 
-    __slots__ = ("name", "tiles", "live", "a", "b", "geom")
+    __slots__ = ("name", "tiles", "live", "a", "b", "geom", "parts")
 
     def __init__(self, name: str, tiles: int) -> None:
         self.name, self.tiles, self.live = name, tiles, False
         self.a: list[object] = []
         self.b: list[object] = []
+        self.parts: list[Any] = []  # partial sums added (split-K), in the order they were added
         self.geom: tuple[int, int, int, int, int] | None = None  # h, w, ibw, tile side, int8 elements per step
 
 

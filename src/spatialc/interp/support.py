@@ -67,6 +67,11 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
     base = r.slots[slot] if accumulate else None
     if accumulate and (base is None or base.count < n):  # type: ignore[attr-defined]
         fail(E, i, f"accumulates onto a page of {r.name} that holds no {n} tiles")
+    if acc.parts:  # partial sums added (split-K), in their order, onto whatever the pack adds to
+        total = base.tiles()[:n].copy() if base is not None else np.zeros_like(acc.parts[0][:n])  # type: ignore[attr-defined]
+        for part in acc.parts:
+            total += part[:n]
+        base = Tiles(total)
     geom = acc.geom
     if geom is None:  # acquired, never multiplied into: zeros
         t = E.m.p.tile
@@ -85,6 +90,13 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
             f" in float64 (limit {INT8_EXACT_K})"
         )
     r.slots[slot] = AccValue(geom[:4], tuple(acc.a), tuple(acc.b), base, n)
+
+
+def partial(E: EngineState, i: int, x: object, n: int) -> np.ndarray:
+    """The n tiles of a page of partial sums (split-K), copied: the page is freed before the sum is packed."""
+    if x.count < n:  # type: ignore[attr-defined]
+        fail(E, i, f"adds a page of {x.count} tiles to an accumulator of {n}")  # type: ignore[attr-defined]
+    return np.array(tiles_of(x, n), dtype=np.float64)
 
 
 def mcast_send(E: EngineState, i: int, r: Ring, others: list[Ring]) -> None:

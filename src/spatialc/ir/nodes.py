@@ -14,6 +14,9 @@ class TensorRole(StrEnum):
     INPUT = "input"
     OUTPUT = "output"
     PARAMETER = "parameter"
+    # Written and read by the program itself, in global memory, never by the caller: split-K's partial sums. Its
+    # bytes count in the ledger; evaluate, emulate and run allocate it.
+    WORKSPACE = "workspace"
 
 
 class DType(StrEnum):
@@ -203,6 +206,7 @@ class Placement:
     groups: tuple[Group, ...] = ()
     kind: str = "contiguous"
     band: int = 0  # a grouped placement's rows per band (ir/worklist.py); 0 for the other rules
+    splits: int = 1  # sites per item: split-K places each item on `splits` sites, each reducing a part of K
 
     def items_at(self, site: Site) -> tuple[ItemId, ...]:
         for s, items in self.items_of_site:

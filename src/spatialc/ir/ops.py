@@ -92,7 +92,13 @@ class Generic:
     params: tuple[float, ...] = ()
 
 
-ComputeOp = MatmulTiles | Bias | Relu | Requant | Scalar | Activation | Generic
+@dataclass(frozen=True, slots=True)
+class AddPartial:
+    """acc += the front page of `ins[0]`: a partial sum of the accumulator's own output tiles over another part of
+    K (split-K: a site adds the partials other sites left in a workspace tensor, in a fixed order)."""
+
+
+ComputeOp = MatmulTiles | Bias | Relu | Requant | Scalar | Activation | Generic | AddPartial
 
 # ---- addresses and loop counts -----------------------------------------------------------------------------
 

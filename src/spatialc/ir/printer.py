@@ -18,6 +18,7 @@ from .nodes import (
 from .ops import (
     AcquireAcc,
     Activation,
+    AddPartial,
     Barrier,
     Bias,
     ChoreoOp,
@@ -77,6 +78,8 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
             return f"{sop} {value:g}"
         case Generic(name, params):
             return f"generic {name}{list(params) if params else ''}"
+        case AddPartial():
+            return "add partial sum"
     raise TypeError(f"not a compute op: {op!r}")
 
 

@@ -31,6 +31,7 @@ class Budget:
     regs_ptxas: int | None = None  # registers a thread as ptxas counts them, where nvcc compiled the kernel
     spills_ptxas: int | None = None  # spill stores + loads in bytes, likewise
     layouts: tuple[tuple[str, str], ...] = ()  # (name, page layout) of each ring: row, col (K-major) or swizzled
+    workspace_bytes: int = 0  # global memory the kernel keeps for itself: split-K's partial sums
 
     @property
     def total_bytes(self) -> int:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from ..errors import ProgramError
 from ..ir.nodes import SpatialProgram
 from ..target import SpatialTarget
 from .place import place
 from .schedule import schedule
-from .tile import tile
+from .split import add_split, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
+from .tile import epilogue_stages, sites_per_unit, tile
 from .verify import verify
 
 
@@ -20,13 +22,51 @@ def build(
     sites: int | None = None,
     placement: str | None = None,
     form: str = "auto",
+    split_k: int | None = None,
 ) -> SpatialProgram:
-    """Run every pass in order and return the verified program, planned for the `form` CUDA kernel."""
+    """Run every pass in order and return the verified program, planned for the `form` CUDA kernel. `split_k`
+    gives each item that many sites (`passes/split.py`); None lets the planner split a GEMM whose items fill less
+    than half the machine while K is long."""
     p = program.evolve(target=target.name)
     # The plan comes first: the item grid it fixes is what placement distributes.
     p = tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=form)
-    # Placement before schedule: each site's ITEM loop count is the number of items placed on it.
-    p = place(p, target, sites=sites, placement=placement, form=form)
+    splits = _splits(p, target, split_k, form, sites, placement)
+    if splits > 1:
+        # Split-K's sites wait on each other: the general form, with room for the partial rings.
+        p = tile(program.evolve(target=target.name), target, block, sub_blocks, depth, "general", extra_ring_stages())
+        assert p.plan is not None
+        splits = check_splits(splits, p.plan)
+        per_unit = sites_per_unit(target, p.plan, p.precision, "general", epilogue_stages(p) + extra_ring_stages())
+        crowded = fits_at_once(target, p.plan.items * splits, per_unit)
+        if crowded:
+            raise ProgramError(crowded)
+        p = add_split(p, splits)
+        p = p.evolve(placement=split_placement(p.plan, splits, sites))  # type: ignore[arg-type]
+    else:
+        # Placement before schedule: each site's ITEM loop count is the number of items placed on it.
+        p = place(p, target, sites=sites, placement=placement, form=form)
     p = schedule(p)
     # Last, and the only pass that sets `verified`: everything after this (eval, lower) may rely on it.
     return verify(p, target)
+
+
+def _splits(
+    p: SpatialProgram, target: SpatialTarget, split_k: int | None, form: str, sites: int | None, placement: str | None
+) -> int:
+    """The sites per item: `split_k` as asked (checked against the plan), or the planner's choice (`auto_splits`)
+    where nothing forces a form, a site count or a placement."""
+    assert p.plan is not None
+    if split_k is not None:
+        check_splits(split_k, p.plan)
+        if split_k > 1 and form == "persistent":
+            raise ProgramError(
+                f"split_k={split_k}: split-K's sites wait on each other, which the persistent kernel cannot print;"
+                " use form='general' or 'auto'"
+            )
+        if split_k > 1 and placement is not None:
+            raise ProgramError(f"split_k={split_k} places items itself; it takes no placement rule ({placement!r})")
+        return split_k
+    if form == "persistent" or sites is not None or placement is not None:
+        return 1
+    per_unit = sites_per_unit(target, p.plan, p.precision, "general", epilogue_stages(p) + extra_ring_stages())
+    return auto_splits(p.plan, target.units * per_unit) if per_unit else 1

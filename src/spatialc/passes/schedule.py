@@ -16,10 +16,20 @@ gets empty programs.
 from __future__ import annotations
 
 from ..errors import PlanError
-from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K, BufferId
-from ..ir.nodes import Accumulator, ComputeStage, EngineProgram, ReadStage, Schedule, SpatialProgram, WriteStage
+from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K, BufferId, Site
+from ..ir.nodes import (
+    Accumulator,
+    ComputeStage,
+    EngineProgram,
+    ReadStage,
+    Schedule,
+    SpatialProgram,
+    TensorRole,
+    WriteStage,
+)
 from ..ir.ops import (
     AcquireAcc,
+    AddPartial,
     Bias,
     ChoreoOp,
     Compute,
@@ -31,31 +41,38 @@ from ..ir.ops import (
     ReadTiles,
     ReleaseAcc,
     Reserve,
+    SemInc,
+    SemWait,
     TileAddr,
     Wait,
+    WriteBarrier,
     WriteTiles,
 )
+from .split import SEM_PARTIALS, owner_of, partial_rings, split_of, split_ranges
 from .tile import matmul_stage
 
 
-def engine_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
-    """The per-item body of each engine's program."""
+def engine_bodies(p: SpatialProgram, k_first: int = 0, k_steps: int | None = None) -> dict[str, tuple[ChoreoOp, ...]]:
+    """The per-item body of each engine's program, reducing K steps k_first … k_first + k_steps − 1 (all of K by
+    default; split-K gives each site of an item its own run of them)."""
     plan = p.plan
     if plan is None or p.placement is None:
         raise PlanError("schedule needs a tiled, placed program")
     mm = matmul_stage(p)
     a_buf, b_buf = mm.ins
-    (c_buf,) = mm.outs
+    c_buf = mm.outs[0]  # (a split program's matmul also fills partial_out)
     acc = next(b.id for b in p.buffers if isinstance(b.kind, Accumulator))
     reads = {s.outs[0]: s.kind.tensor for s in p.stages if isinstance(s.kind, ReadStage)}
-    write = next(s for s in p.stages if isinstance(s.kind, WriteStage))
+    out_id = p.output_tensor().id  # type: ignore[union-attr]
+    write = next(s for s in p.stages if isinstance(s.kind, WriteStage) and s.kind.tensor == out_id)
     ta, tb, tc = p.tensor(reads[a_buf]), p.tensor(reads[b_buf]), p.tensor(write.kind.tensor)  # type: ignore[union-attr]
     h, w = plan.item_tiles
     ibw = plan.block.ibw
     a_cols, b_cols, c_cols = ta.tiles[1], tb.tiles[1], tc.tiles[1]
-    read_a = ReadTiles(ta.id, TileAddr(0, ((LV_ITEM_Y, h * a_cols), (LV_K, ibw))), h, ibw, a_cols, 1, a_buf)
-    read_b = ReadTiles(tb.id, TileAddr(0, ((LV_K, ibw * b_cols), (LV_ITEM_X, w))), ibw, w, b_cols, 1, b_buf)
-    k_loop = Const(plan.k_steps)
+    k0 = k_first * ibw  # the first k-tile
+    read_a = ReadTiles(ta.id, TileAddr(k0, ((LV_ITEM_Y, h * a_cols), (LV_K, ibw))), h, ibw, a_cols, 1, a_buf)
+    read_b = ReadTiles(tb.id, TileAddr(k0 * b_cols, ((LV_K, ibw * b_cols), (LV_ITEM_X, w))), ibw, w, b_cols, 1, b_buf)
+    k_loop = Const(plan.k_steps if k_steps is None else k_steps)
     reader = (Loop(LV_K, k_loop, (Reserve(a_buf), read_a, Push(a_buf), Reserve(b_buf), read_b, Push(b_buf))),)
     compute = (
         AcquireAcc(acc),
@@ -98,12 +115,70 @@ def _epilogue_ops(p: SpatialProgram, first: BufferId, w: int) -> tuple[tuple[Cho
     return tuple(ops), cur
 
 
+def split_bodies(p: SpatialProgram, site: Site) -> dict[str, tuple[ChoreoOp, ...]]:
+    """Split-K (`passes/split.py`): the programs of the site that reduces split s of its item. The owner (s = 0)
+    waits for the others' partials, adds them in split order and runs the epilogue; any other site leaves its
+    partial sum in the workspace and raises the owner's semaphore once the write is visible."""
+    placement, plan = p.placement, p.plan
+    assert placement is not None and plan is not None
+    splits = placement.splits
+    s = split_of(placement, site)
+    first, steps = split_ranges(plan.k_steps, splits)[s]
+    bodies = dict(engine_bodies(p, first, steps))
+    rings = partial_rings(p)
+    assert rings is not None
+    p_out, p_in = rings
+    work = next(t for t in p.tensors if t.role == TensorRole.WORKSPACE)
+    out = p.output_tensor()
+    assert out is not None
+    h, w = plan.item_tiles
+    rows, cols = out.tiles
+
+    def slot(j: int) -> TileAddr:  # contributor j's block of the item in the workspace
+        return TileAddr((j - 1) * rows * cols, ((LV_ITEM_Y, h * cols), (LV_ITEM_X, w)))
+
+    compute = bodies["compute"]
+    k_at = next(i for i, op in enumerate(compute) if isinstance(op, Loop))
+    acc = compute[0].buf  # type: ignore[union-attr]
+    if s == 0:
+        reads: list[ChoreoOp] = [SemWait(SEM_PARTIALS, splits - 1)] if splits > 1 else []
+        adds: list[ChoreoOp] = []
+        for j in range(1, splits):
+            reads += [Reserve(p_in), ReadTiles(work.id, slot(j), h, w, cols, 1, p_in), Push(p_in)]
+            adds += [Wait(p_in), Compute(AddPartial(), (p_in,), acc=acc), Pop(p_in)]
+        bodies["reader"] = bodies["reader"] + tuple(reads)
+        bodies["compute"] = compute[: k_at + 1] + tuple(adds) + compute[k_at + 1 :]
+        return bodies
+    bodies["compute"] = (
+        *compute[: k_at + 1],
+        Reserve(p_out),
+        PackAcc(acc, p_out, h * w),
+        Push(p_out),
+        ReleaseAcc(acc),
+    )
+    bodies["writer"] = (
+        Wait(p_out),
+        WriteTiles(p_out, work.id, slot(s), h, w, cols, 1),
+        Pop(p_out),
+        WriteBarrier(),
+        SemInc(SEM_PARTIALS, owner_of(placement, site), 1),
+    )
+    return bodies
+
+
 def schedule(p: SpatialProgram) -> SpatialProgram:
-    """The program with the standard GEMM schedule."""
+    """The program with the standard GEMM schedule (split-K's where the placement splits items)."""
     from ..ir.nodes import Engine
 
-    bodies = engine_bodies(p)
     assert p.placement is not None
+    if p.placement.splits > 1:
+        programs = []
+        for site, items in p.placement.items_of_site:
+            bodies = split_bodies(p, site) if items else {e.value: () for e in Engine}
+            for engine in (Engine.READER, Engine.COMPUTE, Engine.WRITER):
+                programs.append(EngineProgram(site, engine, bodies[engine.value]))
+        return p.evolve(schedule=Schedule(tuple(programs)))
+    bodies = engine_bodies(p)
     item_loop = any(len(items) > 1 for _, items in p.placement.items_of_site)
     wrapped: dict[int, dict[str, tuple[ChoreoOp, ...]]] = {}
     programs = []

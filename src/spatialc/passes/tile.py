@@ -23,7 +23,7 @@ from ..ir.nodes import (
     SpatialProgram,
     TensorRole,
 )
-from ..ir.ops import BlockShape, MatmulTiles, Precision
+from ..ir.ops import AddPartial, BlockShape, MatmulTiles, Precision
 from ..target import SpatialTarget
 from .verify.wellformed import MAX_ITEMS
 
@@ -52,8 +52,8 @@ def matmul_stage(p: SpatialProgram):
 
 
 def epilogue_stages(p: SpatialProgram) -> int:
-    """The program's compute stages after its matmul."""
-    return sum(1 for s in p.stages if isinstance(s.kind, ComputeStage)) - 1
+    """The program's compute stages after its matmul (its epilogue; split-K's add_partials is no part of it)."""
+    return sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, AddPartial)) - 1
 
 
 def has_epilogue(p: SpatialProgram) -> bool:
@@ -171,6 +171,7 @@ def candidates(
     sub_blocks: tuple[int, int] | None = None,
     depth: int | None = None,
     form: str = "persistent",
+    extra: int = 0,
 ) -> list[Candidate]:
     """Every plan that fits the `form` kernel, best first. Forced fields are taken as given. A plan of more than
     MAX_ITEMS items is never offered: verify would refuse it, after place had spent minutes and gigabytes listing
@@ -192,7 +193,7 @@ def candidates(
     depths = [depth] if depth else list(DEPTHS)
     # The persistent kernel applies an epilogue where the accumulators are, in the fused store, which needs a warp
     # grid dividing the block: unless the block is forced, plans it would leave to the general form are not offered.
-    stages = epilogue_stages(p)
+    stages = epilogue_stages(p) + extra
     fuse_only = block is None and stages > 0 and form == "persistent"
     found = []
     for b, s, d in itertools.product(blocks, subs, depths):
@@ -210,19 +211,26 @@ def candidates(
 
 
 def choose(
-    p: SpatialProgram, target: SpatialTarget, block=None, sub_blocks=None, depth=None, form: str = "persistent"
+    p: SpatialProgram,
+    target: SpatialTarget,
+    block=None,
+    sub_blocks=None,
+    depth=None,
+    form: str = "persistent",
+    extra: int = 0,
 ) -> Candidate:
-    """The best candidate, or PlanError saying why none fits."""
-    found = candidates(p, target, block, sub_blocks, depth, form)
+    """The best candidate, or PlanError saying why none fits. `extra`: output-sized rings the kernel keeps beyond
+    the epilogue's (split-K's partial rings)."""
+    found = candidates(p, target, block, sub_blocks, depth, form, extra)
     if not found:
         forced = {"block": block, "sub_blocks": sub_blocks, "depth": depth}
         shown = ", ".join(f"{k}={v}" for k, v in forced.items() if v is not None) or "any block"
-        why = _why_not(p, target, block, sub_blocks, depth, check_form(form))
+        why = _why_not(p, target, block, sub_blocks, depth, check_form(form), extra)
         raise PlanError(f"no plan with {shown} fits {target.name}: {why}")
     return found[0]
 
 
-def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, form: str) -> str:
+def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, form: str, extra: int = 0) -> str:
     """What the smallest plan with the forced fields runs out of, and what to do about it."""
     too_many = _too_many_items(p, block, sub_blocks)
     if too_many:
@@ -237,7 +245,7 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
             f"its accumulator of {tiles} tiles needs about {regs} registers a thread and {target.name} has"
             f" {target.regs_per_thread_max}; force a smaller block or fewer sub-blocks"
         )
-    need = smem_bytes(target, probe, p.precision, form, epilogue_stages(p))
+    need = smem_bytes(target, probe, p.precision, form, epilogue_stages(p) + extra)
     return (
         f"it needs {need} bytes of shared memory per block and {target.name} has {target.smem_per_site_max};"
         " force a smaller block or depth"
@@ -347,7 +355,13 @@ def lay_out_operands(p: SpatialProgram) -> SpatialProgram:
 
 
 def tile(
-    p: SpatialProgram, target: SpatialTarget, block=None, sub_blocks=None, depth=None, form: str = "persistent"
+    p: SpatialProgram,
+    target: SpatialTarget,
+    block=None,
+    sub_blocks=None,
+    depth=None,
+    form: str = "persistent",
+    extra: int = 0,
 ) -> SpatialProgram:
     """The program with its best (or forced) plan for the `form` kernel applied."""
-    return apply_plan(p, choose(p, target, block, sub_blocks, depth, form).plan)
+    return apply_plan(p, choose(p, target, block, sub_blocks, depth, form, extra).plan)

@@ -401,13 +401,18 @@ def emulate_source(
     return parse_output(run.stdout, out_shape, out_dtype)
 
 
+# The OS threads a cooperative launch may start at once (one per CUDA thread of every block): about what a Linux
+# machine gives a process before thread creation fails for stacks and process limits.
+COOPERATIVE_THREADS = 16384
+
+
 def _input_files(artifact, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The program's input files (name → values), from `inputs` checked as the interpreter checks them."""
     values = check_inputs("this kernel", launch_specs(artifact.launch), inputs)
     files: dict[str, np.ndarray] = {}
     operand_files = iter(("a.txt", "b.txt"))
     for p in artifact.launch.params:
-        if p.role == "output":
+        if p.role in ("output", "workspace"):  # made by program_cu itself
             continue
         file = next(operand_files, None) if p.role == "input" else f"{p.name}.txt"
         if file is None:
@@ -437,6 +442,13 @@ def emulate(
     out = next((p for p in artifact.launch.params if p.role == "output"), None)
     if out is None:
         raise EmulationFault("the artifact's launch names no output tensor")
+    threads = artifact.launch.grid * artifact.launch.block
+    if getattr(artifact.launch, "cooperative", False) and threads > COOPERATIVE_THREADS:
+        raise EmulationFault(
+            f"the {artifact.launch.grid} sites of this kernel wait on each other, so the emulation runs them all at"
+            f" once: {threads} threads, more than the {COOPERATIVE_THREADS} it starts at a time; emulate the program"
+            " placed over fewer sites (a smaller split_k, or fewer sites)"
+        )
     # The interpreter's types for the same output: fp16 as float16, bf16 as its values in float32.
     dtype = OUTPUT_DTYPES.get(out.c_type, np.float32)
     files = _input_files(artifact, inputs)

@@ -98,8 +98,10 @@ def kernel_args(launch: Any) -> list[Arg]:
     """The launch's parameters with their element types resolved, in launch order."""
     out = []
     for p in launch.params:
-        if p.role not in ("input", "output", "parameter"):
-            raise LaunchError(f"kernel parameter {p.name} has role {p.role!r}; expected input, output or parameter")
+        if p.role not in ("input", "output", "parameter", "workspace"):
+            raise LaunchError(
+                f"kernel parameter {p.name} has role {p.role!r}; expected input, output, parameter or workspace"
+            )
         elem = element_type(p.c_type)
         order = getattr(p, "order", "row")
         if order not in TILE_ORDERS:
@@ -122,10 +124,10 @@ def bind(args: Sequence[Arg], a: Any, b: Any, params: Mapping[str, Any]) -> list
     if twice:
         raise InputError(f"{', '.join(twice)} given twice: the operands come as run(artifact, a, b), by position")
     values = {**operands, **params}
-    match_names("this kernel", [x.spec for x in args if x.role != "output"], values)
+    match_names("this kernel", [x.spec for x in args if x.role not in ("output", "workspace")], values)
     bound: list[tuple[Arg, Any]] = []
     for x in args:
-        if x.role == "output":
+        if x.role in ("output", "workspace"):  # the launcher makes them
             bound.append((x, None))
             continue
         library_of(x.name, values[x.name])
@@ -185,6 +187,7 @@ class Prepared:
     grid: int = 0  # the blocks to launch: one per site the device runs
     work: Any = None  # the work list on the device, the kernel's last argument (None: a kernel printed without one)
     sync: Any = None  # sites that hand over to each other: their sync words, set before each launch, passed last
+    spaces: dict[str, Any] | None = None  # each workspace tensor's device buffer (split-K's partial sums)
 
     @property
     def xp(self) -> Any:
@@ -210,12 +213,30 @@ class Prepared:
 
     def order(self, inputs: Sequence[Any], out: Any, params: Mapping[str, Any] | None = None) -> tuple[Any, ...]:
         """Tiled buffers in the kernel's parameter order."""
-        it, params = iter(inputs), params or {}
+        it, params, spaces = iter(inputs), params or {}, self.workspaces()
         tensors = tuple(
-            out if a.role == "output" else next(it) if a.role == "input" else params[a.name] for a in self.args
+            out
+            if a.role == "output"
+            else next(it)
+            if a.role == "input"
+            else spaces[a.name]
+            if a.role == "workspace"
+            else params[a.name]
+            for a in self.args
         )
         extra = tuple(x for x in (self.work, self.sync) if x is not None)
         return (*tensors, *extra)
+
+    def workspaces(self) -> dict[str, Any]:
+        """The workspace buffers, made (zeroed) at first use and kept: the kernel writes every element it reads."""
+        if self.spaces is None:
+            tr, tc = _tile(self.launch_spec)
+            self.spaces = {
+                a.name: self.xp.zeros(a.tiles[0] * a.tiles[1] * tr * tc, dtype=a.storage)
+                for a in self.args
+                if a.role == "workspace"
+            }
+        return self.spaces
 
     def run(self, args: tuple[Any, ...]) -> None:
         """Launch once (asynchronously) with buffers in parameter order; a kernel whose sites wait on each other has
@@ -303,6 +324,9 @@ def run_with(device: Any, artifact: Any, a: Any, b: Any, **params: Any) -> Any:
         if arg.role == "output":
             out = prep.output_buffer()
             buffers.append(out)
+            continue
+        if arg.role == "workspace":
+            buffers.append(prep.workspaces()[arg.name])
             continue
         x, is_bf16 = device.upload(value)
         buffers.append(prep.tiled(arg, _converted(arg, x, is_bf16, device.xp)))

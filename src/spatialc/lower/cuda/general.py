@@ -27,11 +27,13 @@ from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
 from ...ir.nodes import ComputeStage, DType, Engine, Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
+    AddPartial,
     Barrier,
     Bias,
     ChoreoOp,
     Compute,
     ComputeOp,
+    Flush,
     Loop,
     MatmulTiles,
     McastSend,
@@ -47,9 +49,11 @@ from ...ir.ops import (
     SemWait,
     Trip,
     Wait,
+    WriteBarrier,
     walk,
 )
 from ...ir.printer import compute_text
+from ...passes.split import workspace_bytes
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact
 from ..census import marker
@@ -128,6 +132,7 @@ class GeneralKernel:
     members: dict[int, tuple[int, ...]]  # group of a Barrier → its sites
     sync: tuple[int, ...]  # the initial value of every word of spatialc_sync (() when the kernel takes none)
     trip_error: int  # the word of spatialc_sync flagging a trip count out of its bound, the count after it (-1: none)
+    relative: bool = False  # the classes' SemInc sites are offsets from the site running them (`site_classes`)
 
     @property
     def cooperative(self) -> bool:
@@ -291,7 +296,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
     lane_grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
     perw = fragments_per_warp(plan, lanes, lane_grid)
     rings = epilogue_rings(p, ring_table(p, types, ()), integer)
-    classes = site_classes(p)
+    classes, relative = site_classes(p, relative_sems=True)
     roles = roles_of(classes, lanes)
     prod, cons = _ring_ends(p, rings, roles)
     copied = frozenset(rings.template[op.into] for role in roles for op in role.walk() if isinstance(op, ReadTiles))
@@ -333,6 +338,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
         tuple(s.kind.op for s in chain),  # type: ignore[union-attr]
         classes,
         *sync_words(p),
+        relative,
     )
 
 
@@ -438,8 +444,13 @@ class EnginePrinter(TilePrinter):
             case Pop(buf):
                 r = self.kept(buf).id
                 self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)
+            case WriteBarrier() | Flush():
+                # Each thread's global writes are visible at device scope before any later signal of its engine.
+                self.w.line("__threadfence();", mark)
             case _ if self.common(op, env, mark, "ordered by the ring barriers"):
                 pass
+            case Compute(op=AddPartial(), ins=(src,)):
+                self.add_partial(self.kept(src), mark)
             case Compute(op=stage, ins=(src,), outs=(dst,)):
                 self.elementwise(op, stage, self.kept(src), self.kept(dst), env, mark)
             case PackAcc(to=buf):
@@ -451,7 +462,8 @@ class EnginePrinter(TilePrinter):
                 with self.w.block("", mark):
                     self.w.line(self.engine_sync())
                     base = self.k.words[("sem", int(sem))]
-                    self.w.line(f"if (etid == 0) {{ spatialc_grid_add(spatialc_sync + {base} + {int(at)}, {by}); }}")
+                    to = self.site_expr(at)
+                    self.w.line(f"if (etid == 0) {{ spatialc_grid_add(spatialc_sync + {base} + {to}, {by}); }}")
             case SemWait(sem, value):
                 # The first thread waits on the site's own copy; the others wait for it at the engine's barrier.
                 with self.w.block("", mark):
@@ -460,6 +472,13 @@ class EnginePrinter(TilePrinter):
                     self.w.line(self.engine_sync())
             case _:
                 raise Unsupported(f"a {type(op).__name__} op", "the general form has no image for it yet")
+
+    def site_expr(self, at) -> str:
+        """A SemInc's site: itself, or — where the site classes hold SemIncs relative to their site (`relative`) —
+        this site plus the offset."""
+        if not self.k.relative:
+            return str(int(at))
+        return "site" if int(at) == 0 else f"(site {'+' if int(at) > 0 else '-'} {abs(int(at))})"
 
     def barrier(self, group: int, mark: str) -> None:
         """Every site of the group arrives, and waits until every site has arrived as often: the engine's threads
@@ -533,10 +552,7 @@ def kernel_text(k: GeneralKernel) -> str:
     for line in preamble(k):
         w.line(line)
     params = ", ".join(
-        [
-            f"{'OUT_T' if t.role == TensorRole.OUTPUT else 'const ' + _param_type(k, t)}* __restrict__ t{int(t.id)}"
-            for t in k.program.tensors
-        ]
+        [f"{_param_head(k, t)}* __restrict__ t{int(t.id)}" for t in k.program.tensors]
         + ["const int* __restrict__ spatialc_work"]
         + (["int* __restrict__ spatialc_sync"] if k.sync else [])
     )
@@ -578,12 +594,22 @@ def _param_type(k: GeneralKernel, t) -> str:
     return "OPT" if t.role == TensorRole.INPUT else C_TYPES[t.dtype]
 
 
+def _param_head(k: GeneralKernel, t) -> str:
+    """A tensor parameter's pointer type: the output and workspaces are written, the others read."""
+    if t.role == TensorRole.OUTPUT:
+        return "OUT_T"
+    if t.role == TensorRole.WORKSPACE:
+        return "ACCT"
+    return "const " + _param_type(k, t)
+
+
 def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
     """One engine's branch: its thread index, counters, accumulators, and its program — the site's class's, where
     sites run different programs."""
     w.line(f"const int etid = tid - {role.first_warp * WARP};")
     w.line("(void)etid;")
     printer = EnginePrinter(k, role, w)
+    printer.workspace = frozenset(int(t.id) for t in k.program.tensors if t.role == TensorRole.WORKSPACE)
     printer.counters()
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
         w.line("spatialc_acc<ACCT> accf[PERW];")
@@ -627,6 +653,7 @@ def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:
         tuple((role.engine.value, role.warps) for role in k.roles),
         k.barrier_bytes,
         layouts=tuple((r.name, r.layout.value) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
+        workspace_bytes=workspace_bytes(k.program),
     )
 
 

@@ -83,7 +83,7 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
     for t, param in zip(p.tensors, launch.params, strict=True):
         ty = param.c_type
         i = int(t.id)
-        if t.role == TensorRole.OUTPUT:
+        if t.role in (TensorRole.OUTPUT, TensorRole.WORKSPACE):  # written by the kernel (a workspace: read back)
             w.line(f"{ty}* d{i} = nullptr;")
             w.line(f"SPATIALC_CHECK(cudaMalloc(&d{i}, {_elems(t)} * sizeof({ty})));")
             w.line(f"SPATIALC_CHECK(cudaMemset(d{i}, 0, {_elems(t)} * sizeof({ty})));")

@@ -96,6 +96,11 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     """(what, why) when `p` has something the persistent kernel leaves to the general form, else None."""
     if len(p.plans) > 1:
         return f"a program with {len(p.plans)} plans", "the persistent kernel prints one block shape for every site"
+    if p.placement is not None and p.placement.splits > 1:
+        return (
+            f"split-K over {p.placement.splits} sites per item",
+            "its sites wait on each other's partial sums, and the persistent kernel's blocks never wait on each other",
+        )
     compute = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
     compute += [op.op for op in all_ops(p) if isinstance(op, Compute)]
     for c in compute:

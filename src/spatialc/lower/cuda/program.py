@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass
 
 from ...epilogue import dot_range
-from ...ir.ids import LV_ITEM
+from ...ir.ids import LV_ITEM, Site
 from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole, TileOrder
-from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, walk
+from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, SemInc, walk
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...target import SpatialTarget
 from ..artifact import KernelParam, Launch
@@ -43,12 +43,13 @@ def all_ops(p: SpatialProgram) -> list[ChoreoOp]:
 
 def matmul_stage(p: SpatialProgram) -> Stage:
     """The program's one tile-matmul stage."""
+    outs = 2 if any(t.role == TensorRole.WORKSPACE for t in p.tensors) else 1  # split-K: partial sums too
     for s in p.stages:
         if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles):
-            if len(s.ins) != 2 or len(s.outs) != 1:
+            if len(s.ins) != 2 or len(s.outs) != outs:
                 raise Unsupported(
                     f"matmul stage {s.name} with {len(s.ins)} inputs and {len(s.outs)} outputs",
-                    "a tile matmul reads an A and a B ring and fills one output",
+                    "a tile matmul reads an A and a B ring and fills one output (and split-K's partial sums)",
                 )
             return s
     raise Unsupported("a program without a tile matmul", "the persistent kernel is a tensor-core tile GEMM")
@@ -119,10 +120,34 @@ class SiteClass:
     engines: tuple[tuple[Engine, tuple[ChoreoOp, ...]], ...]
 
 
-def site_classes(p: SpatialProgram) -> tuple[SiteClass, ...]:
+def site_classes(p: SpatialProgram, relative_sems: bool = False):
     """The sites with items, grouped by the engine programs they run, in the order of their first site — after
     checking that every site's ITEM loops run its share of the items and that a site without items runs nothing
-    (the kernel returns at once for it)."""
+    (the kernel returns at once for it).
+
+    With `relative_sems`, returns (classes, relative): where reading every SemInc's site as an offset from the
+    site that runs it makes fewer classes (split-K: every contributor raises the owner a fixed number of sites
+    before it), the classes hold those offsets and `relative` is True."""
+    absolute = _classes(p, lambda site, ops: ops)
+    if not relative_sems:
+        return absolute
+    relative = _classes(p, _relative_sems)
+    return (relative, True) if len(relative) < len(absolute) else (absolute, False)
+
+
+def _relative_sems(site: int, ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+    """`ops` with every SemInc's site given as its offset from `site`."""
+    out: list[ChoreoOp] = []
+    for op in ops:
+        if isinstance(op, Loop):
+            op = Loop(op.var, op.count, _relative_sems(site, op.body))
+        elif isinstance(op, SemInc):
+            op = SemInc(op.sem, Site(int(op.at) - site), op.by)
+        out.append(op)
+    return tuple(out)
+
+
+def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:
     assert p.placement is not None and p.schedule is not None
     groups: dict[tuple, list[int]] = {}
     programs: dict[tuple, tuple] = {}
@@ -140,11 +165,12 @@ def site_classes(p: SpatialProgram) -> tuple[SiteClass, ...]:
                     f"site {int(s)}, which has no items and ops outside its ITEM loops", "it returns at once"
                 )
             continue
-        key = tuple((prog.engine, _normal(prog.ops)) for prog in progs)
+        seen = tuple((prog.engine, view(int(s), prog.ops)) for prog in progs)
+        key = tuple((engine, _normal(ops)) for engine, ops in seen)
         groups.setdefault(key, []).append(int(s))
-        programs.setdefault(key, progs)
+        programs.setdefault(key, seen)
     return tuple(
-        SiteClass(tuple(sites), tuple((prog.engine, _per_item(prog.ops)) for prog in programs[key]))
+        SiteClass(tuple(sites), tuple((engine, _per_item(ops)) for engine, ops in programs[key]))
         for key, sites in groups.items()
     )
 

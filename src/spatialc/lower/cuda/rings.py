@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...ir.ids import LV_ITEM, BufferId, loop_var_name
-from ...ir.nodes import ComputeStage, Fifo, Interm, PageLayout, SpatialProgram
+from ...ir.nodes import ComputeStage, Fifo, Interm, PageLayout, ReadStage, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
     Compute,
@@ -111,6 +111,8 @@ def ring_table(p: SpatialProgram, types: MmaTypes, fused: tuple[int, ...]) -> Ri
     """One ring per Fifo / Interm template outside the fused chain; a compute stage's output carries accumulators,
     the rest operands."""
     computed = {b for s in p.stages if isinstance(s.kind, ComputeStage) for b in s.outs}
+    work = {t.id for t in p.tensors if t.role == TensorRole.WORKSPACE}  # partial sums, read back as accumulators
+    computed |= {b for s in p.stages if isinstance(s.kind, ReadStage) and s.kind.tensor in work for b in s.outs}
     computed = {p.buffer(b).ring for b in computed}
     rings: dict[int, Ring] = {}
     template = {b.id: int(b.ring) for b in p.buffers}

@@ -52,6 +52,7 @@ class TilePrinter:
         self.w = w
         self.tid = tid  # the thread's index among the threads that run the op
         self.nthreads = nthreads  # how many threads run it
+        self.workspace: frozenset[int] = frozenset()  # tensors of partial sums (ACCT), read and written as such
 
     def item_header(self, index: str) -> None:
         """The current item and its grid coordinates, read from the work list at `index`."""
@@ -114,6 +115,9 @@ class TilePrinter:
         """Every thread issues its share of the page as 16-byte copies, the width one cp.async moves."""
         ring = self.kept(op.into)
         r, bw = ring.id, op.block_w
+        if int(op.tensor) in self.workspace and ring.c_type == "ACCT" and ring.layout == PageLayout.ROW:
+            self.read_partials(op, ring, env, mark)
+            return
         if ring.c_type != "OPT":
             raise Unsupported(f"a ReadTiles into {ring.name}", "only operand rings are filled from global memory")
         # A swizzled page exchanges the two 16-byte chunks of row r (chunks 2r, 2r + 1) when bit 2 of r is set.
@@ -142,6 +146,23 @@ class TilePrinter:
                         f" * (long long)sizeof(OPT) * {TILE_ELEMS}, 16);"
                     )
 
+    def read_partials(self, op: ReadTiles, ring: Ring, env: dict[LoopVar, str], mark: str) -> None:
+        """Partial sums from a workspace into a row-major accumulator page: 16-byte copies dealt round the threads,
+        which the sites that wrote them made visible before the semaphore this engine waited on was raised."""
+        r, bw = ring.id, op.block_w
+        with self.w.block("", mark):
+            self.w.line(f"constexpr int CHUNKS = (int)(sizeof(ACCT) * {TILE_ELEMS} / 16), TILES = {op.block_h * bw};")
+            self.w.line(f"char* page = reinterpret_cast<char*>({self.write_page(r)});")
+            self.w.line(f"const char* src = reinterpret_cast<const char*>(t{int(op.tensor)});")
+            self.w.line(f"const int base = {addr_expr(op.at, env)};")
+            with self.w.block(f"for (int c = {self.tid}; c < TILES * CHUNKS; c += {self.nthreads})"):
+                self.w.line("const int tl = c / CHUNKS, off = c % CHUNKS;")
+                self.w.line(f"const int tile = {self.tile_index(bw, op.stride_h, op.stride_w)};")
+                self.w.line(
+                    f"__pipeline_memcpy_async(page + (tl * (int)sizeof(ACCT) * {TILE_ELEMS} + off * 16), src +"
+                    f" ((long long)tile * (long long)sizeof(ACCT) * {TILE_ELEMS} + off * 16), 16);"
+                )
+
     @staticmethod
     def tile_index(bw: int, sh: int, sw: int) -> str:
         """The tensor's tile index of page tile `tl` of a `? × bw` block whose first tile is `base`, with strides
@@ -166,7 +187,8 @@ class TilePrinter:
                 page = self.load(
                     f"ring_{r} + {self.read_slot(r)} * PAGE_{r} + e", f"ring_{r}[{self.read_slot(r)} * PAGE_{r} + e]"
                 )
-                self.w.line(f"t{int(op.tensor)}[(long long)tile * {TILE_ELEMS} + el] = (OUT_T){page};")
+                cast = "ACCT" if int(op.tensor) in self.workspace else "OUT_T"
+                self.w.line(f"t{int(op.tensor)}[(long long)tile * {TILE_ELEMS} + el] = ({cast}){page};")
 
     # ---- the tile matmul and its accumulators --------------------------------------------------------------
 
@@ -315,6 +337,26 @@ class TilePrinter:
             with self.unrolled("for (int q = 0; q < PERW; ++q)"):
                 self.w.line(self.owned_tile())
                 self.w.line(store.format(f"(bh * {w} + bw)"))
+
+    def add_partial(self, ring: Ring, mark: str) -> None:
+        """Add the front page of `ring` (partial sums of the item's tiles, row-major as `pack` stores them) to every
+        accumulator fragment."""
+        h, w = self.plan.item_tiles
+        r = ring.id
+        if ring.layout != PageLayout.ROW or ring.c_type != "ACCT":
+            raise Unsupported(f"adding {ring.name}'s pages to accumulators", "partial sums are row-major ACCT pages")
+        add = f"spatialc_add_acc(accf[q], {self.read_page(r)} + {{}} * {TILE_ELEMS});"
+        with self.w.block("", mark):
+            if self.lane_grid is None:
+                with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+                    self.w.line("const int ot = warp + q * NWARP;")
+                    with self.w.block(f"if (ot < {h * w})"):
+                        self.w.line(add.format("ot"))
+                return
+            self.warp_coords()
+            with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+                self.w.line(self.owned_tile())
+                self.w.line(add.format(f"(bh * {w} + bw)"))
 
     def acquire(self, mark: str) -> None:
         """Zero the warp's accumulator fragments."""

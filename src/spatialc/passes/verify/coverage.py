@@ -1,5 +1,7 @@
-"""verify's rule 2, coverage: the placement puts every item of the plan's grid on exactly one site, and each site's
-programs loop over as many items as it holds (so every item is run exactly once, by the site that holds it)."""
+"""verify's rule 2, coverage: the placement puts every item of the plan's grid on exactly one site — on exactly
+`splits` sites where split-K divides its K among them — and each site's programs loop over as many items as it holds
+(so every item is run exactly once, by the site that holds it; that the split sites of an item reduce its K between
+them exactly once, and that one of them writes it, is rule 8's)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from ...errors import CoverageError
 from ...ir.ids import ItemId, Site
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import EngineProgram
+from ..split import MAX_SPLITS
 from .facts import Facts, Programs
 
 
@@ -20,9 +23,13 @@ def check_coverage(index: ProgramIndex, programs: Programs) -> None:
         return
     ny, nx = p.plan.grid
     n = ny * nx
+    splits = p.placement.splits
+    if not 1 <= splits <= MAX_SPLITS:
+        raise CoverageError(f"the placement splits each item over {splits} sites; a split is 1 to {MAX_SPLITS} sites")
     placed = sorted(itertools.chain.from_iterable(items for _, items in p.placement.items_of_site))
-    if len(placed) != n or placed != list(range(n)):  # the length first: n can be far more than are placed
-        _coverage_fault(p.placement.items_of_site, ny, nx)
+    want = [i for i in range(n) for _ in range(splits)]
+    if len(placed) != n * splits or placed != want:  # the length first: n can be far more than are placed
+        _coverage_fault(p.placement.items_of_site, ny, nx, splits)
     for site, items in p.placement.items_of_site:
         progs = programs.by_site.get(site, [])
         if items and p.schedule is not None and not any(prog.ops for prog, _ in progs):
@@ -33,7 +40,9 @@ def check_coverage(index: ProgramIndex, programs: Programs) -> None:
             _check_item_loops(index, site, len(items), prog, facts)
 
 
-def _coverage_fault(items_of_site: Sequence[tuple[Site, tuple[ItemId, ...]]], ny: int, nx: int) -> None:
+def _coverage_fault(
+    items_of_site: Sequence[tuple[Site, tuple[ItemId, ...]]], ny: int, nx: int, splits: int = 1
+) -> None:
     n = ny * nx
     owners: dict[int, list[int]] = {}
     for site, items in items_of_site:
@@ -46,11 +55,11 @@ def _coverage_fault(items_of_site: Sequence[tuple[Site, tuple[ItemId, ...]]], ny
             owners.setdefault(i, []).append(int(site))
     for i in range(n):
         sites = owners.get(i, [])
-        if len(sites) != 1:
+        if len(sites) != splits:
             which = f"on sites {', '.join(map(str, sites))}" if sites else "on no site"
+            once = "exactly once" if splits == 1 else f"on exactly {splits} sites (split-K)"
             raise CoverageError(
-                f"item {i} (y {i // nx}, x {i % nx}) of the {ny}x{nx} grid is {which}; each item is"
-                " placed exactly once",
+                f"item {i} (y {i // nx}, x {i % nx}) of the {ny}x{nx} grid is {which}; each item is placed {once}",
                 site=sites[-1] if sites else None,
             )
 

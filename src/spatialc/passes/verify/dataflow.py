@@ -34,7 +34,7 @@ from ...ir.ops import (
     WriteTiles,
 )
 from .facts import Side, SiteProgs
-from .symbolic import Aff, Cell, Page, Product, Sym
+from .symbolic import Aff, Cell, Page, Partial, Product, Sym
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,21 @@ class Declared:
     acc_shape: tuple[int, int, int] = (1, 1, 1)  # the matmul's h, w, ibw in tiles
     k_need: int = 0  # k-tiles holding K's elements; a reduction covers 0..N-1 with k_need ≤ N ≤ k_max
     k_max: int = 0
+    acc_ring: BufferId | None = None  # the ring the matmul's result leaves by on its way to C
+    split: SplitDecl | None = None  # split-K's partial path, where the stages declare one
+
+
+@dataclass(frozen=True, slots=True)
+class SplitDecl:
+    """Split-K's stages: the matmul also fills `out_ring`, which `write` empties into the workspace tensor `work`;
+    `read` fills `in_ring` from it and `add` adds that to the accumulator (a partial sum of other k-tiles)."""
+
+    work: TensorId
+    out_ring: BufferId
+    in_ring: BufferId
+    write: Stage
+    read: Stage
+    add: Stage
 
 
 def same_op(scheduled: ComputeOp, declared_op: ComputeOp) -> bool:
@@ -98,7 +113,7 @@ class Acc:
     loops they are summed over, and whether PackAcc has read it."""
 
     opened: tuple[object, ...]
-    terms: list[Product] = field(default_factory=list)
+    terms: list[Product | Partial] = field(default_factory=list)
     summed: dict[Sym, ChoreoOp] = field(default_factory=dict)
     packed: bool = False
     live: bool = True
@@ -106,7 +121,8 @@ class Acc:
 
 @dataclass(frozen=True, slots=True)
 class Write:
-    """One WriteTiles, followed: the tile of C it writes (row, col) and the formula it writes there."""
+    """One WriteTiles, followed: the tile of C (or of a workspace) it writes (row, col) and the formula it writes
+    there."""
 
     op: WriteTiles
     head: str
@@ -139,7 +155,9 @@ class SiteRun:
         self.grid, self.block = plan.grid, plan.item_tiles
         self.ranges: dict[Sym, int] = {}
         self.pushed: dict[BufferId, list[Entry]] = {}
-        self.writes: list[Write] = []
+        self.writes: list[Write] = []  # of C
+        self.partials: list[Write] = []  # of the workspace (split-K)
+        self.split = bool(index.p.placement and index.p.placement.splits > 1)
         self.counter = itertools.count()
         self._per: dict[int, tuple[dict[BufferId, int], dict[BufferId, int], set[BufferId]]] = {}
 
@@ -219,7 +237,7 @@ class SiteRun:
                 engine=w.engine,
                 op=self.index.op(w.op),
             )
-        if not self.writes and self.items:
+        if not self.writes and self.items and not (self.split and self.partials):
             y, x = divmod(int(self.items[0]), self.grid[1])
             rows, cols = self.block
             raise SemanticError(

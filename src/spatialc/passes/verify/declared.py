@@ -2,22 +2,26 @@
 computes it with numpy).
 
 The stages must be one pipeline: reads of tensors, one tile matmul, a chain of elementwise bias / relu / scalar /
-requant stages, and one write — every stage on the way to C, the chain read by its rings (not by the order
-the stages are listed in), the operands by the matmul stage's rings (not by their names). Its types and integer
+requant stages, and one write of the output — every stage on the way to C, the chain read by its rings (not by the
+order the stages are listed in), the operands by the matmul stage's rings (not by their names). Split-K adds its
+partial path beside it: a write of the matmul's partial sums to a workspace, a read of them back, an add into the
+accumulator. Its types and integer
 bounds are checked here too: the function must be one the interpreter computes exactly and the output can hold.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ...epilogue import EXACT_LIMIT, dot_range, integer_range
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId
 from ...ir.index import ProgramIndex
-from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, WriteStage
+from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, TensorRole, WriteStage
 from ...ir.ops import (
     Activation,
+    AddPartial,
     Bias,
     MatmulTiles,
     Precision,
@@ -26,7 +30,7 @@ from ...ir.ops import (
     Scalar,
 )
 from ...ir.printer import compute_text
-from .dataflow import Declared
+from .dataflow import Declared, SplitDecl
 
 
 def _unsure(what: str) -> StrongerCheckNeeded:
@@ -40,9 +44,10 @@ def declared(index: ProgramIndex) -> Declared:
     """The stages' function, or StrongerCheckNeeded when they are not one pipeline ending in one write: reads of
     tensors, one tile matmul, a chain of elementwise stages, one write — every stage on the way to C."""
     p = index.p
-    writes = [s for s in p.stages if isinstance(s.kind, WriteStage)]
+    work = {t.id for t in p.tensors if t.role == TensorRole.WORKSPACE}
+    writes = [s for s in p.stages if isinstance(s.kind, WriteStage) and s.kind.tensor not in work]
     if len(writes) != 1 or len(writes[0].ins) != 1:
-        raise _unsure(f"{len(writes)} write stages (one, emptying one ring, is what it proves)")
+        raise _unsure(f"{len(writes)} write stages of the output (one, emptying one ring, is what it proves)")
     if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
         raise _unsure("several tile matmuls (one is what it proves)")
     out = index.tensors[writes[0].kind.tensor]  # type: ignore[union-attr]
@@ -67,6 +72,7 @@ def declared(index: ProgramIndex) -> Declared:
                 )
             case ComputeStage(MatmulTiles() as mm):
                 decl = _gemm(index, stage, mm, out, last, producer, tuple(chain[::-1]))
+                decl = dataclasses.replace(decl, acc_ring=ring, split=_split(index, stage, ring, producer, work))
             case ComputeStage(op) if isinstance(op, EPILOGUE_OPS) and len(stage.ins) == len(stage.outs) == 1:
                 chain.append(stage)
                 ring = index.ring(stage.ins[0])
@@ -90,6 +96,8 @@ def _every_stage_used(index: ProgramIndex, decl: Declared, write: Stage) -> None
     used = {id(write), *(id(s) for s in decl.chain)}
     assert decl.matmul is not None
     used.add(id(decl.matmul))
+    if decl.split is not None:
+        used.update(id(s) for s in (decl.split.write, decl.split.read, decl.split.add))
     used.update(id(decl.producer[index.ring(b)]) for b in decl.matmul.ins)
     for s in index.p.stages:
         if id(s) not in used:
@@ -97,6 +105,42 @@ def _every_stage_used(index: ProgramIndex, decl: Declared, write: Stage) -> None
                 f"stage {s.name} is not on the way from the inputs to {decl.out.name}: every stage must be part of the"
                 " one pipeline the program declares"
             )
+
+
+def _split(
+    index: ProgramIndex, mm: Stage, acc_ring: BufferId, producer: dict[BufferId, Stage], work: set
+) -> SplitDecl | None:
+    """Split-K's partial path (`passes/split.py`), None where the stages declare none: the matmul fills one more
+    ring, emptied into a workspace tensor by a write stage; a read stage fills a ring from that tensor, and an
+    add-partial stage adds the ring to the accumulator. Anything else with a workspace is refused by name."""
+    p = index.p
+    others = [b for b in mm.outs if index.ring(b) != acc_ring]
+    if not work and not others:
+        return None
+    unsure = _unsure
+    if len(work) != 1 or len(others) != 1:
+        raise unsure(
+            f"{len(work)} workspace tensor(s) and {len(others)} more ring(s) out of matmul stage {mm.name}; split-K"
+            " has one of each"
+        )
+    (tid,) = work
+    out_ring = index.ring(others[0])
+    writes = [s for s in p.stages if isinstance(s.kind, WriteStage) and s.kind.tensor == tid]
+    reads = [s for s in p.stages if isinstance(s.kind, ReadStage) and s.kind.tensor == tid]
+    adds = [s for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, AddPartial)]
+    if len(writes) != 1 or len(reads) != 1 or len(adds) != 1:
+        raise unsure(
+            f"{len(writes)} write, {len(reads)} read and {len(adds)} add-partial stage(s) of workspace"
+            f" {index.tensors[tid].name}; split-K has one of each"
+        )
+    write, read, add = writes[0], reads[0], adds[0]
+    if tuple(map(index.ring, write.ins)) != (out_ring,):
+        raise unsure(f"stage {write.name} writes the workspace from a ring matmul stage {mm.name} does not fill")
+    if len(read.outs) != 1 or tuple(map(index.ring, add.ins)) != (index.ring(read.outs[0]),) or add.outs:
+        raise unsure(f"stage {add.name} does not add exactly the ring stage {read.name} fills from the workspace")
+    if producer.get(index.ring(read.outs[0])) is not read:
+        raise unsure(f"stage {read.name}'s ring is filled by another stage too")
+    return SplitDecl(tid, out_ring, index.ring(read.outs[0]), write, read, add)
 
 
 def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:

@@ -17,6 +17,7 @@ from ...ir.index import where
 from ...ir.nodes import ComputeStage, EngineProgram, Stage, Tensor
 from ...ir.ops import (
     AcquireAcc,
+    AddPartial,
     Bias,
     ChoreoOp,
     Compute,
@@ -34,7 +35,7 @@ from ...ir.ops import (
 )
 from ...ir.printer import compute_text
 from .dataflow import ZERO, Acc, Entry, Seq, SiteRun, Write, same_op
-from .symbolic import PC, PR, AccSum, Aff, Copy, Elem, Page, Product, Sym, TileRef, split
+from .symbolic import PC, PR, AccSum, Aff, Copy, Elem, Page, Partial, Product, Sym, TileRef, split
 
 # Symbols of an accumulator tile's row and column inside the item (replaced by the page's at PackAcc).
 ACC_ROW = Sym("acc", "row", "acc row")
@@ -145,6 +146,8 @@ class EngineRun:
                 self.accs[buf].live = False
             case Compute(op=MatmulTiles()):
                 self.matmul(op)
+            case Compute(op=AddPartial()):
+                self.add_partial(op)
             case Compute():
                 self.elementwise(op)
             case PackAcc():
@@ -240,7 +243,9 @@ class EngineRun:
             )
 
     def write(self, op: WriteTiles) -> None:
-        self.declared_ring(op, op.src, self.decl.last)
+        split = self.decl.split
+        partial = split is not None and op.tensor == split.work
+        self.declared_ring(op, op.src, split.out_ring if partial else self.decl.last)  # type: ignore[union-attr]
         page = self.front(op, op.src)
         cell = page.view(op.block_h, op.block_w)
         if cell is None:
@@ -255,7 +260,7 @@ class EngineRun:
         row, col = self.tile_of(op, self.index.tensors[op.tensor], flat, {})
         loops = tuple(sym for _, sym, _ in self.frames if sym is not None)
         w = Write(op, self.head(op), self.engine, loops, self.item, row, col, cell.subst({PR: bh, PC: bw}), (bh, bw))
-        self.site.writes.append(w)
+        (self.site.partials if partial else self.site.writes).append(w)
 
     def stage_of(self, op: Compute) -> Stage:
         """The stage `op` runs, by the rings it reads and fills, after checking it does what that stage declares."""
@@ -357,16 +362,15 @@ class EngineRun:
                 " rows, and accumulating packs of all of it",
                 op.to,
             )
-        self.declared_ring(op, op.to, self.decl.matmul.outs[0] if self.decl.matmul else None)
+        split = self.decl.split
+        to_partial = split is not None and self.index.ring(op.to) == split.out_ring
+        self.declared_ring(op, op.to, split.out_ring if to_partial else self.decl.acc_ring)  # type: ignore[union-attr]
         rename: dict[Sym, Aff] = {ACC_ROW: Aff.of(PR), ACC_COL: Aff.of(PC)}
         for t in acc.terms:
             for s in t.sums:
                 if s not in rename:
                     rename[s] = self.site.fresh(s.label, self.site.ranges[s])
-        terms = tuple(
-            Product(t.a.subst(rename), t.b.subst(rename), tuple(x for s in t.sums for x in rename[s].syms()))
-            for t in acc.terms
-        )
+        terms = tuple(renamed(t, rename) for t in acc.terms)
         if op.accumulate:
             base = self.pending.get(self.index.ring(op.to), [[None, None]])[-1][1]
             shape = (op.tiles // w, w)
@@ -375,6 +379,33 @@ class EngineRun:
             terms = base.cell.terms + terms
         self.fill(op, op.to, Page(op.tiles // w, w, AccSum(terms)))
         acc.packed = True
+
+    def add_partial(self, op: Compute) -> None:
+        """acc += a page of partial sums read from the workspace: recorded as a reference to the workspace's tiles,
+        which the proof at the write replaces by what the site that wrote them summed there."""
+        self.stage_of(op)
+        assert op.acc is not None
+        acc = self.live_acc(op, op.acc)
+        if acc.packed:
+            raise self.wrong(op, f"it adds a partial sum after PackAcc has read {self.index.name(op.acc)}", op.acc)
+        h, w, _ = self.decl.acc_shape
+        page = self.front(op, op.ins[0])
+        cell = page.view(h, w)
+        if cell is None:
+            raise self.unsure(
+                op,
+                f"it adds {h}x{w} tiles from a page of {page.rows} rows of {page.width}; the semantic rule follows"
+                " pages read in the layout they were filled in",
+                op.ins[0],
+            )
+        split = self.decl.split
+        if not isinstance(cell, Copy) or split is None or cell.ref.tensor != split.work:
+            raise self.unsure(op, "it adds a page that holds no tiles read from the workspace", op.ins[0])
+        row = Aff.of(ACC_ROW) if h > 1 else Aff(0)
+        col = Aff.of(ACC_COL) if w > 1 else Aff(0)
+        summed = [(sym, lp) for token, sym, lp in self.frames[len(acc.opened) :] if sym is not None]
+        acc.terms.append(Partial(cell.ref.subst({PR: row, PC: col}), tuple(s for s, _ in summed)))
+        acc.summed.update(summed)
 
     def elementwise(self, op: Compute) -> None:
         self.stage_of(op)
@@ -390,3 +421,11 @@ class EngineRun:
                 )
             col = self.addr(op, op.op.at) + Aff.of(PC)
         self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(op.op, page.cell, col)))
+
+
+def renamed(term: Product | Partial, rename: dict[Sym, Aff]) -> Product | Partial:
+    """A term of an accumulator with its symbols renamed (its summed ones to the symbols they become)."""
+    sums = tuple(x for s in term.sums for x in rename[s].syms())
+    if isinstance(term, Partial):
+        return Partial(term.ref.subst(rename), sums)
+    return Product(term.a.subst(rename), term.b.subst(rename), sums)

@@ -27,6 +27,7 @@ loops around a ring differ in shape, pages whose layout a consumer reads differe
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import Counter
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...errors import SemanticError, StrongerCheckNeeded
-from ...ir.ids import BufferId, ItemId, Site
+from ...ir.ids import BufferId, ItemId, SemId, Site
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import ComputeStage, EngineProgram
 from ...ir.ops import (
@@ -51,7 +52,8 @@ from ...ir.printer import compute_text
 from .dataflow import SiteRun, Write, same_op
 from .declared import declared
 from .facts import Programs
-from .symbolic import AccSum, Aff, Cell, Copy, Elem, Sym, one_to_one
+from .partials import Workspace, check_handshake, item_values, raises
+from .symbolic import AccSum, Aff, Cell, Copy, Elem, Partial, Product, Sym, one_to_one
 
 WITNESS_LIMIT = 1 << 14  # iterations a message may enumerate to name a concrete tile (the proof never does)
 ENUM_LIMIT = 1 << 22  # k-tiles listed when interleaved products are not one mixed radix (an unrolled K loop)
@@ -76,21 +78,73 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
     for site in sorted(programs.keys):
         if not items.get(site):
             idle.setdefault(programs.keys[site], site)
+    runs: list[tuple[SiteRun, Write | None]] = []
     for site, progs in programs.distinct_sites():
         run = SiteRun(index, decl, site, progs, items.get(site, ()), _sample(shared[programs.keys[site]]))
-        write = run.run()
+        runs.append((run, run.run()))
+    space, counts = None, Counter[tuple[Site, SemId]]()
+    if decl.split is not None:
+        counts = raises(index)
+        classes = {key: tuple(s for s in sorted(programs.keys) if programs.keys[s] == key) for key in shared}
+        space = Workspace(index, [(run, classes[programs.keys[run.site]]) for run, _ in runs])
+        _one_writer_per_item(index, programs, runs)
+    for run, write in runs:
         if write is None:
             continue
-        other = idle.get(programs.keys[site])
+        other = idle.get(programs.keys[run.site])
         if other is not None:  # it runs the same programs, so it writes the same tiles again
             raise SemanticError(
-                f"{write.head} — site {int(other)} holds no item, yet runs site {int(site)}'s programs, which write"
+                f"{write.head} — site {int(other)} holds no item, yet runs site {int(run.site)}'s programs, which write"
                 f" {decl.out.name}: each tile is written once, by the site that holds its item",
                 site=int(other),
                 engine=write.engine,
                 op=index.op(write.op),
             )
-        _Proof(run, write).check()
+        if space is None or not _has_partials(write.cell):
+            _Proof(run, write).check()
+            continue
+        # A split owner: its sum is completed by other sites' partials, found item by item.
+        _Proof(run, write).coverage()
+        for site in sorted(s for s in programs.keys if programs.keys[s] == programs.keys[run.site]):
+            for item in items.get(site, ()):
+                values = item_values(run, write.item, item)
+                fixed = dataclasses.replace(
+                    write, row=write.row.subst(values), col=write.col.subst(values), cell=write.cell.subst(values)
+                )
+                _Proof(run, fixed, space, site, counts).value(fixed.cell, decl.last)
+
+
+def _has_partials(cell: Cell) -> bool:
+    match cell:
+        case Elem(inner=inner):
+            return _has_partials(inner)
+        case AccSum(terms):
+            return any(isinstance(t, Partial) for t in terms)
+    return False
+
+
+def _one_writer_per_item(index: ProgramIndex, programs: Programs, runs: list[tuple[SiteRun, Write | None]]) -> None:
+    """With items on several sites (split-K), exactly one of them writes each item's block of the output."""
+    p = index.p
+    assert p.placement is not None
+    writes = {run.site for run, w in runs if w is not None}
+    writing = {programs.keys[s] for s in writes}
+    by_item: dict[ItemId, list[Site]] = {}
+    for site, items in p.placement.items_of_site:
+        if programs.keys.get(site) in writing:
+            for item in items:
+                by_item.setdefault(item, []).append(site)
+    nx = p.plan.grid[1]  # type: ignore[union-attr]
+    for i in range(p.plan.items):  # type: ignore[union-attr]
+        item = ItemId(i)
+        sites = by_item.get(item, [])
+        if len(sites) != 1:
+            who = f"sites {', '.join(str(int(s)) for s in sites)}" if sites else "no site"
+            raise SemanticError(
+                f"item {item} (y {item // nx}, x {item % nx}) is written to {index.p.output_tensor().name} by"  # type: ignore[union-attr]
+                f" {who}; of the sites an item is split over, exactly one adds up the partial sums and writes it",
+                site=int(sites[-1]) if sites else None,
+            )
 
 
 def _sample(items: list[ItemId], n: int = 16) -> tuple[ItemId, ...]:
@@ -125,10 +179,19 @@ def _followable(index: ProgramIndex, prog: EngineProgram) -> None:
 
 
 class _Proof:
-    """The proof at the write: each item's block of C written once, each tile with the declared value."""
+    """The proof at the write: each item's block of C written once, each tile with the declared value. For a split
+    owner, `space` resolves the partial sums it adds (of the concrete item written by `owner`)."""
 
-    def __init__(self, site: SiteRun, w: Write) -> None:
+    def __init__(
+        self,
+        site: SiteRun,
+        w: Write,
+        space: Workspace | None = None,
+        owner: Site | None = None,
+        counts: Counter | None = None,
+    ) -> None:
         self.site, self.w, self.decl = site, w, site.decl
+        self.space, self.owner, self.counts = space, owner, counts
         self.ranges = site.ranges
         self.iy, self.ix = site.item_coords(w.item)
 
@@ -263,7 +326,7 @@ class _Proof:
         """Σ_k A[row, k]·B[k, col] over k = 0..N-1, each k once, with k_need ≤ N ≤ k_max."""
         index = self.site.index
         ks: list[tuple[Aff, tuple[Sym, ...]]] = []
-        for t in acc.terms:
+        for t in self.resolved(acc):
             if (t.a.tensor, t.b.tensor) != (self.decl.a, self.decl.b):
                 names = f"{index.tensors[t.a.tensor].name} × {index.tensors[t.b.tensor].name}"
                 want = f"{index.tensors[self.decl.a].name} @ {index.tensors[self.decl.b].name}"  # type: ignore[index]
@@ -294,6 +357,20 @@ class _Proof:
                 f"{self.item_text(values)}: {self.tile_text(values)} sums {fault} of 0..{self.decl.k_max - 1};"
                 f" K needs 0..{self.decl.k_need - 1} each exactly once"
             )
+
+    def resolved(self, acc: AccSum) -> tuple[Product, ...]:
+        """The accumulator's products, each partial sum replaced by the products its writer summed (split-K)."""
+        out: list[Product] = []
+        for t in acc.terms:
+            if isinstance(t, Product):
+                out.append(t)
+                continue
+            if self.space is None or self.owner is None or self.counts is None:
+                raise self.fail(f"{self.tile_text(self.base())} adds a partial sum, but no stage declares split-K")
+            for products, src in self.space.resolve(self.site, t, self.fail):
+                check_handshake(self.site.index, self.owner, src, self.counts)
+                out.extend(products)
+        return tuple(out)
 
     def k_fault(self, ks: list[tuple[Aff, tuple[Sym, ...]]]) -> str | None:
         """What is wrong with the k-tiles the products run over (None: 0..N-1 each once, k_need ≤ N ≤ k_max).

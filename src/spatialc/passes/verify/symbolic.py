@@ -177,10 +177,22 @@ class Copy:
 
 
 @dataclass(frozen=True, slots=True)
-class AccSum:
-    """A packed accumulator tile: the sum of its products (none: zero)."""
+class Partial:
+    """Σ over the `sums` symbols of the workspace tile `ref`: a partial sum another site left there (split-K), which
+    the semantic rule replaces by the products that site wrote to that tile."""
 
-    terms: tuple[Product, ...]
+    ref: TileRef
+    sums: tuple[Sym, ...]
+
+    def subst(self, m: Mapping[Sym, Aff]) -> Partial:
+        return Partial(self.ref.subst(m), self.sums)
+
+
+@dataclass(frozen=True, slots=True)
+class AccSum:
+    """A packed accumulator tile: the sum of its products and added partial sums (none: zero)."""
+
+    terms: tuple[Product | Partial, ...]
 
     def subst(self, m: Mapping[Sym, Aff]) -> AccSum:
         return AccSum(tuple(t.subst(m) for t in self.terms))

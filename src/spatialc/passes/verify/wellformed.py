@@ -3,8 +3,8 @@
 On the tables: a known target, a sane tile, each tensor's shape and padding, the plan, unique ids, buffers that are
 whole rings or accumulators, stages that read inputs and write the output with compute ops the machine knows. On
 every op: ids that resolve, counts and pages of at least one, loop variables bound where they are read, loop bounds
-the kernel's `int` counters hold, reads from input or parameter tensors, writes to the output, Trip loops that read
-a parameter tensor, sites and groups the placement has. All of it is checked before any later rule walks an op, so
+the kernel's `int` counters hold, reads from input, parameter or workspace tensors, writes to the output or a
+workspace, Trip loops that read a parameter tensor, sites and groups the placement has. All of it is checked before any later rule walks an op, so
 no later rule (and nothing after verify) meets an id it cannot resolve or a size it cannot hold.
 """
 
@@ -20,12 +20,14 @@ from ...ir.index import ProgramIndex, where
 from ...ir.nodes import (
     Accumulator,
     ComputeStage,
+    DType,
     EngineProgram,
     Plan,
     ReadStage,
     SpatialProgram,
     Tensor,
     TensorRole,
+    TileOrder,
     WriteStage,
 )
 from ...ir.ops import (
@@ -33,6 +35,7 @@ from ...ir.ops import (
     CHOREO_OPS,
     AcquireAcc,
     Activation,
+    AddPartial,
     Barrier,
     Bias,
     ChoreoOp,
@@ -179,8 +182,12 @@ def _grid_fault(
 
 
 def role_text(t: Tensor) -> str:
-    """'the output tensor', 'an input tensor', 'a parameter tensor'."""
-    texts = {TensorRole.OUTPUT: "the output tensor", TensorRole.INPUT: "an input tensor"}
+    """'the output tensor', 'an input tensor', 'a workspace tensor', 'a parameter tensor'."""
+    texts = {
+        TensorRole.OUTPUT: "the output tensor",
+        TensorRole.INPUT: "an input tensor",
+        TensorRole.WORKSPACE: "a workspace tensor",
+    }
     return texts.get(t.role, "a parameter tensor")
 
 
@@ -319,15 +326,22 @@ def _check_stages(p: SpatialProgram) -> None:
             case ReadStage(t) if tensors[t].role == TensorRole.OUTPUT:
                 raise IllFormedError(
                     f"stage {s.name} reads {tensors[t].name}, the output tensor; a read stage reads"
-                    " an input or a parameter tensor"
+                    " an input, a parameter or a workspace tensor"
                 )
-            case WriteStage(t) if tensors[t].role != TensorRole.OUTPUT:
+            case WriteStage(t) if tensors[t].role not in (TensorRole.OUTPUT, TensorRole.WORKSPACE):
                 raise IllFormedError(
                     f"stage {s.name} writes {tensors[t].name}, {role_text(tensors[t])}; a write"
-                    " stage writes the output tensor"
+                    " stage writes the output tensor or a workspace tensor"
                 )
             case ComputeStage(op) if (why := compute_fault(op, p.precision)) is not None:
                 raise IllFormedError(f"stage {s.name}: {why}")
+    want = DType.INT32 if p.precision == Precision.INT8 else DType.FLOAT32
+    for w in p.tensors:
+        if w.role == TensorRole.WORKSPACE and (w.dtype != want or w.order != TileOrder.ROW):
+            raise IllFormedError(
+                f"workspace tensor {w.name} holds {w.dtype.value} tiles stored {w.order.value}-major; a"
+                f" {p.precision.value} program's partial sums are {want.value}, stored row-major like its accumulator"
+            )
 
 
 def _check_layout(p: SpatialProgram) -> None:
@@ -489,7 +503,8 @@ class _OpCheck:
             raise self.fail(op, f"site {int(op.at)} is not a site of the placement")
 
     def block(self, op: ReadTiles | WriteTiles, bound: tuple[LoopVar, ...]) -> None:
-        """A read from an input or parameter tensor, a write to the output, of a block of at least one tile."""
+        """A read from an input, parameter or workspace tensor, a write to the output or a workspace, of a block of at
+        least one tile."""
         buf = op.into if isinstance(op, ReadTiles) else op.src
         self.buf(op, buf)
         t = self.tensor(op, op.tensor)
@@ -497,13 +512,14 @@ class _OpCheck:
             raise self.fail(
                 op,
                 f"it reads {t.name}, the output tensor, into {self.index.name(buf)}; a read comes"
-                " from an input or a parameter tensor",
+                " from an input, a parameter or a workspace tensor",
                 buf,
             )
-        if isinstance(op, WriteTiles) and t.role != TensorRole.OUTPUT:
+        if isinstance(op, WriteTiles) and t.role not in (TensorRole.OUTPUT, TensorRole.WORKSPACE):
             raise self.fail(
                 op,
-                f"it writes {self.index.name(buf)} to {t.name}, {role_text(t)}; only the output tensor is written",
+                f"it writes {self.index.name(buf)} to {t.name}, {role_text(t)}; only the output tensor and workspace"
+                " tensors are written",
                 buf,
             )
         self.addr(op, op.at, bound)
@@ -521,7 +537,10 @@ class _OpCheck:
             self.buf(op, b)
         if isinstance(op.op, MatmulTiles) and (len(op.ins) != 2 or op.outs or op.acc is None):
             raise self.fail(op, "a tile matmul reads two rings (A, B) and adds into an accumulator; it fills no ring")
-        if not isinstance(op.op, MatmulTiles) and (len(op.ins) != 1 or len(op.outs) != 1 or op.acc is not None):
+        if isinstance(op.op, AddPartial) and (len(op.ins) != 1 or op.outs or op.acc is None):
+            raise self.fail(op, "adding a partial sum reads one ring into an accumulator; it fills no ring")
+        elementwise = not isinstance(op.op, MatmulTiles | AddPartial)
+        if elementwise and (len(op.ins) != 1 or len(op.outs) != 1 or op.acc is not None):
             raise self.fail(op, "an elementwise compute reads one ring and fills one; it names no accumulator")
         why = compute_fault(op.op, self.index.p.precision)
         if why is not None:

@@ -169,5 +169,6 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE())
     spatialc_emu::warp_barrier(mask, line);
 }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 #endif  // SPATIALC_EMU_CORE_H

@@ -198,4 +198,17 @@ template <class T>
     track(mine, 8, sizeof(T), true, AccessKind::acc_store, line);
 }
 
+template <class T>
+[[gnu::noinline]] void spatialc_add_acc(spatialc_acc<T>& d, const T* tile, int line = __builtin_LINE()) {
+    using namespace spatialc_emu;
+    ThreadState& t = me("spatialc_add_acc");
+    const void* mine[8];
+    for (int i = 0; i < 8; ++i) {
+        const T* src = tile + acc_row(t.lane, i) * 16 + acc_col(t.lane, i);
+        mine[i] = src;
+        d.x[i] += *src;
+    }
+    track(mine, 8, sizeof(T), false, AccessKind::page_load, line);
+}
+
 #endif  // SPATIALC_EMU_MMA_H
