@@ -4,8 +4,9 @@ On the tables: a known target, a sane tile, each tensor's shape and padding, the
 whole rings or accumulators, stages that read inputs and write the output with compute ops the machine knows. On
 every op: ids that resolve, counts and pages of at least one, loop variables bound where they are read, loop bounds
 the kernel's `int` counters hold, reads from input, parameter or workspace tensors, writes to the output or a
-workspace, Trip loops that read a parameter tensor, sites and groups the placement has. All of it is checked before any later rule walks an op, so
-no later rule (and nothing after verify) meets an id it cannot resolve or a size it cannot hold.
+workspace, Trip loops that read a parameter tensor, sites and groups the placement has. All of it is checked before
+any later rule walks an op, so no later rule (and nothing after verify) meets an id it cannot resolve or a size it
+cannot hold.
 """
 
 from __future__ import annotations
