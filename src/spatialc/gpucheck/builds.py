@@ -174,6 +174,7 @@ def plan_facts(program: Any) -> dict[str, Any]:
         "sub_blocks": f"{p.sub_blocks[0]}×{p.sub_blocks[1]}",
         "depth": p.depth,
         "sites": len(program.placement.items_of_site) if program.placement else 0,
+        "splits": program.placement.splits if program.placement else 1,
     }
 
 
@@ -222,6 +223,8 @@ def describe_plan(program: Any) -> str:
     b = p.block
     sites = len(program.placement.items_of_site) if program.placement else 0
     kind = program.placement.kind if program.placement else "?"
+    if program.placement is not None and program.placement.splits > 1:
+        kind = f"split-K: {program.placement.splits} sites per item"
     return (
         f"block {b.osh}×{b.osw}×{b.ibw}, sub {p.sub_blocks[0]}×{p.sub_blocks[1]}, items {p.grid[0]}×{p.grid[1]}, "
         f"depth {p.depth}, {sites} sites ({kind})"

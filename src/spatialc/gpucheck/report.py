@@ -278,6 +278,7 @@ def kernel_cells(row: Row, form: str, k: dict[str, Any]) -> list[str]:
         regs, spills, static = f"— ({_get(k, 'regs_est')})", str(k.get("ptxas", "")) or "—", "—"
     cells = [row.precision, row.size.replace("x", "×"), form, _get(k, "block"), _get(k, "sub_blocks")]
     sites = _get(k, "sites") + (f" ({k['sites_run']})" if k.get("sites_run", k.get("sites")) != k.get("sites") else "")
+    sites += f", split-K {k['splits']}" if k.get("splits", 1) > 1 else ""
     cells += [_get(k, "depth"), sites, _get(k, "threads"), _get(k, "blocks_per_sm"), _get(k, "dyn_smem")]
     return [_cell(c) for c in [*cells, _get(k, "c_elem"), regs, spills, static, _get(k, "cubin")]]
 
