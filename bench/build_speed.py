@@ -1,6 +1,7 @@
 """How long `spatialc.build` takes (tile → place → schedule → verify), against building the unplanned program.
 
-Baseline: `spatialc.gemm(...)` alone (making the IR), measured in the same run. Median of 5.
+Baseline: `spatialc.gemm(...)` alone (making the IR), measured in the same run. Median of 5. Split-K programs (many
+sites that wait on each other, each checked across sites by rules 7 and 8) against the same GEMM built unsplit.
 Usage: python bench/build_speed.py
 """
 
@@ -28,6 +29,16 @@ def main() -> None:
         print(
             f"build {m}x{n}x{k} {prec} sm_90: {full * 1e3:8.1f} ms  (gemm() alone {base * 1e3:.2f} ms,"
             f" ratio {full / base:.0f}x)"
+        )
+    for m, n, k, prec in [(128, 128, 65536, "bf16"), (512, 512, 32768, "int8")]:
+        g = spatialc.gemm(m, n, k, prec)
+        split = spatialc.build(g, "sm_90")
+        plain = median_time(lambda g=g: spatialc.build(g, "sm_90", split_k=1))
+        full = median_time(lambda g=g: spatialc.build(g, "sm_90"))
+        sites = len(split.placement.items_of_site)
+        print(
+            f"build {m}x{n}x{k} {prec} sm_90 split-K {split.placement.splits} ({sites} sites): {full * 1e3:8.1f} ms"
+            f"  (unsplit {plain * 1e3:.1f} ms, ratio {full / plain:.0f}x)"
         )
 
 
