@@ -558,3 +558,14 @@ def test_the_cli_splits_k_and_says_so(capsys):
     assert main(["gemm", "64", "64", "2048", "--split-k", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "split_k must be a whole number" in err[0]
+
+
+def test_the_listing_and_the_placement_picture_say_how_items_are_split():
+    from spatialc.ir.printer import program_text
+    from spatialc.viz import placement_svg
+
+    text = program_text(BASE, sites=1)
+    assert "each item on 3 sites (split-K)" in text and "semaphore sem0 partials" in text
+    assert "add partial sum (partial_in) -> the accumulator" in text
+    svg = placement_svg(BASE)
+    assert "split-K: by the first of its 3 sites" in svg and "sites 0-2 (split-K; site 0 adds" in svg

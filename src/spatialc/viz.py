@@ -98,13 +98,18 @@ def placement_svg(p: SpatialProgram, cell: int = 40) -> str:
         raise ValueError("a placement picture needs a tiled and placed program")
     (ny, nx), sites = p.plan.grid, len(p.placement.items_of_site)
     cell = max(6, min(cell, 900 // max(ny, nx)))
-    owner = {int(i): int(s) for s, items in p.placement.items_of_site for i in items}
+    owner: dict[int, int] = {}  # item → its site (split-K: the owner, the first of its sites)
+    for s, items in p.placement.items_of_site:
+        for i in items:
+            owner.setdefault(int(i), int(s))
+    splits = p.placement.splits
     c = next((t for t in p.tensors if t.role == TensorRole.OUTPUT), None)
     ih, iw = p.plan.item_tiles[0] * p.tile.rows, p.plan.item_tiles[1] * p.tile.cols
     title = f"Placement of {p.name}: which of {sites} sites computes each item ({p.placement.kind})"
     subtitle = (
         f"{f'{c.name} ({c.elems[0]}x{c.elems[1]})' if c else 'The output'} is cut into {ny}x{nx} items of {ih}x{iw}"
         " outputs; one cell per item, coloured and numbered by the site that computes it"
+        + (f" (split-K: by the first of its {splits} sites, which adds the others' partial sums)" if splits > 1 else "")
     )
     width = max(nx * cell + 90, len(subtitle) * CHAR_W + 40, 520)
     legend, legend_h = _legend(10, 50, width - 20, _placement_key(p, len(owner) < ny * nx))
@@ -120,12 +125,19 @@ def placement_svg(p: SpatialProgram, cell: int = 40) -> str:
         px, py = 60 + x * cell, top + y * cell
         out.append(
             f'<rect class="item" x="{px}" y="{py}" width="{cell}" height="{cell}" stroke="#333"'
-            f' fill="{"#ffffff" if s is None else _colour(s)}"><title>item ({y}, {x}): site {s}</title></rect>'
+            f' fill="{"#ffffff" if s is None else _colour(s)}"><title>item ({y}, {x}): {_sites_text(s, splits)}</title>'
+            "</rect>"
         )
         if cell >= 14 and s is not None:
             out.append(_text(px + cell / 2, py + cell / 2 + font / 3, str(s), "site", text_anchor="middle",
                              font_size=str(font)))  # fmt: skip
     return "\n".join([*out, "</svg>"]) + "\n"
+
+
+def _sites_text(s: int | None, splits: int) -> str:
+    if s is None or splits == 1:
+        return f"site {s}"
+    return f"sites {s}-{s + splits - 1} (split-K; site {s} adds the partial sums and writes it)"
 
 
 # ---- timeline ----------------------------------------------------------------------------------------------------

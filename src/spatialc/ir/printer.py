@@ -169,10 +169,8 @@ def _stage_text(p: SpatialProgram, s: Stage) -> str:
         case WriteStage(t):
             return f"write {', '.join(_buf(p, b) for b in s.ins)} -> {_tensor(p, t)}"
         case ComputeStage(op):
-            return (
-                f"{compute_text(op, p)} ({', '.join(_buf(p, b) for b in s.ins)})"
-                f" -> {', '.join(_buf(p, b) for b in s.outs)}"
-            )
+            into = ", ".join(_buf(p, b) for b in s.outs) or "the accumulator"
+            return f"{compute_text(op, p)} ({', '.join(_buf(p, b) for b in s.ins)}) -> {into}"
     return str(s.kind)
 
 
@@ -190,6 +188,8 @@ def program_text(p: SpatialProgram, sites: int | None = None) -> str:
     for b in p.buffers:
         origin = f" (copy of {int(b.origin)})" if b.origin is not None else ""
         out.append(f"  buffer {b.name}: {_kind_text(b)}{origin}")
+    for sem in p.semaphores:
+        out.append(f"  semaphore sem{int(sem.id)} {sem.name}: one count per site, from {sem.initial}")
     for s in p.stages:
         out.append(f"  stage {s.name} on {s.engine.value}: {_stage_text(p, s)}")
     for pl in p.plans:
@@ -200,7 +200,8 @@ def program_text(p: SpatialProgram, sites: int | None = None) -> str:
         )
     if p.placement is not None:
         used = sum(1 for _, items in p.placement.items_of_site if items)
-        out.append(f"  placement {p.placement.kind}: {len(p.placement.items_of_site)} sites, {used} with items")
+        split = f", each item on {p.placement.splits} sites (split-K)" if p.placement.splits > 1 else ""
+        out.append(f"  placement {p.placement.kind}: {len(p.placement.items_of_site)} sites, {used} with items{split}")
     if p.schedule is not None:
         placed = p.placement.items_of_site if p.placement else ()
         for shown, (site, items) in enumerate(placed):
