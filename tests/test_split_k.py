@@ -203,7 +203,7 @@ def test_the_planted_handshake_faults_are_refused_by_name():
             BASE, 0, Engine.READER, lambda ops: tuple(SemWait(o.sem, 1) if isinstance(o, SemWait) else o for o in ops)
         ),
         SemanticError,
-        "after only 1",
+        "at a count of only 1",
     )
     # no wait at all
     refused(only(BASE, 0, Engine.READER, drop(SemWait)), SemanticError, "without first waiting")

@@ -187,14 +187,52 @@ def gemm(
     target: str = "sm_90",
     out: str | None = None,
 ) -> SpatialProgram:
+    return _gemm(m, n, k, precision, epilogue, target, out, 1)
+
+
+MAX_GROUPS = 1 << 16  # experts of a mixture-of-experts layer: far fewer; more is a typo
+SIZES = "sizes"  # the parameter tensor of a grouped GEMM's row counts
+
+
+def grouped_gemm(
+    groups: int,
+    max_rows: int,
+    n: int,
+    k: int,
+    precision: str | Precision = "bf16",
+    *,
+    epilogue: list[Epilogue] | tuple[Epilogue, ...] = (),
+    target: str = "sm_90",
+    out: str | None = None,
+) -> SpatialProgram:
+    """The program C[g, :m_g] = epilogue(A[g, :m_g] @ B[g]) for g = 0 … groups − 1 (a mixture-of-experts layer),
+    before tiling. A is (groups, max_rows, k), B (groups, k, n), C (groups, max_rows, n); the row counts m_g ≤
+    max_rows arrive at run time, as the int32 parameter tensor `sizes` of `groups` values. Rows of A at or past m_g
+    are not read, rows of C there not written. A bias is one row of n values that every group adds."""
+    groups = _dim("groups", groups)
+    if groups > MAX_GROUPS:
+        raise ProgramError(f"groups must be at most {MAX_GROUPS}, not {groups}")
+    return _gemm(max_rows, n, k, precision, epilogue, target, out, groups)
+
+
+def _gemm(
+    m: int,
+    n: int,
+    k: int,
+    precision: str | Precision,
+    epilogue: list[Epilogue] | tuple[Epilogue, ...],
+    target: str,
+    out: str | None,
+    groups: int,
+) -> SpatialProgram:
     """The program C[m×n] = epilogue(A[m×k] @ B[k×n]), before tiling (ring sizes are the tile pass's to choose).
 
     `out` is C's element type: for int8 programs "int32" (the default without an epilogue, while K ≤ 131071) or
     "int64" (the default with one: integer epilogues are exact 64-bit arithmetic); int8 after a requant; for fp16 /
     bf16 programs "float32" (the default), "fp16" or "bf16" (the float32 result rounded to nearest even). The
     accumulator is int32 or float32 whatever C holds."""
-    m, n, k = _dim("m", m), _dim("n", n), _dim("k", k)
-    _check_size(m, n, k)
+    m, n, k = _dim("max_rows" if groups > 1 else "m", m), _dim("n", n), _dim("k", k)
+    _check_size(m * groups, n, k * groups)
     prec = precision_of(precision)
     if not isinstance(epilogue, list | tuple):
         raise ProgramError(f"epilogue is a list of stages (e.g. [spatialc.bias(), spatialc.relu()]), not {epilogue!r}")
@@ -204,7 +242,8 @@ def gemm(
     out_dtype = _output_dtype(prec, epi, out, k)
 
     def tensor(tid: TensorId, name: str, role: TensorRole, rows: int, cols: int, dtype: DType) -> Tensor:
-        return Tensor(tid, name, role, (rows, cols), (math.ceil(rows / TILE.rows), math.ceil(cols / TILE.cols)), dtype)
+        tiles = (groups * math.ceil(rows / TILE.rows), math.ceil(cols / TILE.cols))
+        return Tensor(tid, name, role, (rows, cols), tiles, dtype, groups=groups)
 
     tensors = (
         tensor(T_A, "A", TensorRole.INPUT, m, k, op_dtype),
@@ -232,6 +271,11 @@ def gemm(
     tensors, buffers, last = _epilogue_stages(epi, prec, n, tensors, buffers, stages)
     stages.append(Stage(StageId(len(stages)), "write_C", WriteStage(T_C), Engine.WRITER, ins=(last,)))
     name = f"gemm_{m}x{n}x{k}_{prec.value}" + "".join(f"_{_stage_name(s)}" for s in epi)
+    if groups > 1:
+        tid = TensorId(len(tensors))
+        cols = math.ceil(groups / TILE.cols)
+        tensors = (*tensors, Tensor(tid, SIZES, TensorRole.PARAMETER, (1, groups), (1, cols), DType.INT32))
+        name = f"grouped_gemm_{groups}x{m}x{n}x{k}_{prec.value}" + "".join(f"_{_stage_name(s)}" for s in epi)
     return SpatialProgram(name, target, TILE, prec, tensors, tuple(stages), buffers)
 
 

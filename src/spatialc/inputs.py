@@ -28,12 +28,15 @@ import numpy as np
 
 from .errors import SpatialError
 from .ir.nodes import DType, SpatialProgram, TensorRole
+from .ir.ops import ReadTiles, WriteTiles, walk
 
 __all__ = [
     "InexactInputWarning",
     "InputError",
     "TensorSpec",
     "check_inputs",
+    "check_row_counts",
+    "row_limits",
     "check_values",
     "host_array",
     "match_names",
@@ -70,12 +73,43 @@ class TensorSpec:
     role: str
     elems: tuple[int, int]
     dtype: DType
+    groups: int = 1  # a grouped tensor's arrays are (groups, *elems)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.groups, *self.elems) if self.groups > 1 else tuple(self.elems)
 
 
 def specs_of(p: SpatialProgram) -> list[TensorSpec]:
     """The input and parameter tensors of a program, in its order."""
     wanted = (TensorRole.INPUT, TensorRole.PARAMETER)
-    return [TensorSpec(t.name, t.role.value, t.elems, t.dtype) for t in p.tensors if t.role in wanted]
+    return [TensorSpec(t.name, t.role.value, t.elems, t.dtype, t.groups) for t in p.tensors if t.role in wanted]
+
+
+def row_limits(p: SpatialProgram) -> dict[str, int]:
+    """Each tensor of row counts (a grouped GEMM's `sizes`) → the most rows a count may give: the rows of the
+    grouped tensors it limits."""
+    out: dict[str, int] = {}
+    for prog in p.schedule.programs if p.schedule else ():
+        for op in walk(prog.ops):
+            if isinstance(op, ReadTiles | WriteTiles) and op.rows_from is not None:
+                name = p.tensor(op.rows_from).name
+                out[name] = min(out.get(name, 1 << 62), p.tensor(op.tensor).elems[0])
+    return out
+
+
+def check_row_counts(limits: Mapping[str, int], values: Mapping[str, np.ndarray]) -> None:
+    """InputError unless every row count lies in 0 … its tensor's rows (a row count past them would name rows
+    that do not exist)."""
+    for name, limit in limits.items():
+        counts = np.asarray(values[name]).reshape(-1)
+        bad = np.flatnonzero((counts < 0) | (counts > limit))
+        if bad.size:
+            g = int(bad[0])
+            raise InputError(
+                f"tensor {name}: group {g} has {counts[g]:g} rows; each group's row count lies in 0..{limit}"
+                f" (its max_rows)"
+            )
 
 
 def check_inputs(owner: str, specs: list[TensorSpec], inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -113,10 +147,10 @@ def shaped(spec: TensorSpec, value: Any) -> Any:
     if not hasattr(value, "shape"):
         value = host_array(spec.name, value)
     shape = tuple(int(d) for d in value.shape)
-    if len(shape) == 1 and spec.elems[0] == 1:  # a row vector (a bias) may be given as a plain vector
-        value, shape = value.reshape(1, -1), (1, *shape)
-    if shape != tuple(spec.elems):
-        raise InputError(f"tensor {spec.name}: expected shape {tuple(spec.elems)}, got {shape}")
+    if len(shape) == 1 and spec.elems[0] == 1 and spec.groups == 1:  # a row vector (a bias, row counts) may come
+        value, shape = value.reshape(1, -1), (1, *shape)  # as a plain vector
+    if shape != spec.shape:
+        raise InputError(f"tensor {spec.name}: expected shape {spec.shape}, got {shape}")
     return value
 
 

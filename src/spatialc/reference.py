@@ -1,4 +1,5 @@
-"""The numpy reference of a GEMM program: C = epilogue(A @ B) on whole matrices, no tiles, no engines.
+"""The numpy reference of a GEMM program: C = epilogue(A @ B) on whole matrices, no tiles, no engines (a grouped
+GEMM's: C[g] = epilogue(A[g] @ B[g]) on each group's rows below its row count, zeros past it).
 
 It is what the CLI and the GPU check compare against; the interpreter is checked against it in the tests.
 """
@@ -12,7 +13,7 @@ import numpy as np
 
 from . import epilogue
 from .errors import ProgramError
-from .inputs import operand_values
+from .inputs import operand_values, row_limits
 from .interp.numerics import output_values
 from .ir.nodes import SpatialProgram
 from .ir.ops import Bias, Precision
@@ -59,4 +60,10 @@ def reference_of(p: SpatialProgram, a: np.ndarray, b: np.ndarray, inputs: Mappin
         x = epilogue.apply(op, x, integer, row)
     out = p.output_tensor()
     assert out is not None
+    if out.groups > 1:  # a grouped GEMM: each group's rows at or past its row count are left zero
+        x = np.array(x, copy=True)
+        for name in row_limits(p):
+            counts = np.asarray(inputs[name]).reshape(-1)
+            for g, count in enumerate(counts[: out.groups]):
+                x[g, int(count) :] = 0
     return output_values(out.name, x, out.dtype)  # C's element type, rounded as the interpreter rounds it

@@ -412,6 +412,33 @@ inline void spatialc_tilize(const std::vector<double>& x, int rows, int cols, in
     }
 }
 
+// A grouped tensor: `groups` matrices of rows × cols one after another in x, each tiled on its own grid of rows_t ×
+// cols_t tiles, the grids one after another in t.
+template <typename T>
+inline void spatialc_tilize_groups(const std::vector<double>& x, int groups, int rows, int cols, int rows_t,
+                                   int cols_t, std::vector<T>& t, bool col = false)
+{
+    for (int g = 0; g < groups; ++g) {
+        const size_t base = (size_t)g * (size_t)rows_t * (size_t)cols_t * 256;
+        for (int i = 0; i < rows; ++i) {
+            for (int j = 0; j < cols; ++j) {
+                t[base + spatialc_tiled_index(i, j, cols_t, col)] = (T)x[((size_t)g * rows + i) * cols + j];
+            }
+        }
+    }
+}
+
+// Whether every value of `v` (a grouped GEMM's row counts) is a whole number in 0..limit.
+inline bool spatialc_counts_in(const std::vector<double>& v, int limit)
+{
+    for (double x : v) {
+        if (x < 0 || x > limit || x != (double)(long long)x) {
+            return false;
+        }
+    }
+    return true;
+}
+
 // Deterministic, non-zero, small inputs for timing: exact in every operand type.
 inline void spatialc_bench_input(std::vector<double>& v, int salt)
 {

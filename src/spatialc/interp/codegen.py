@@ -240,7 +240,9 @@ class Emitter:
                 count = str(n)
             case Trip():
                 self.m.store(op.count.tensor, lambda: self.where(op))
-                count = f"trip(E, {i})"
+                if op.count.steps and LV_ITEM not in self.scope:
+                    self.item_coords_free = True  # the site's only item's coordinates, bound up front
+                count = f"trip(E, {i}, iy, ix)" if op.count.steps else f"trip(E, {i}, 0, 0)"
             case _:
                 raise EvalError(f"{self.where(op)}: a loop count of {op.count!r}")
         if op.var != LV_ITEM and all(isinstance(inner, Loop) for inner in walk(op.body)):
@@ -350,6 +352,11 @@ class Emitter:
     def read_tiles(self, op: ReadTiles, i: int) -> None:
         r, s, o = self.block_of(op, op.into, i, "produce")
         slot = self.newest_reserved(r, op.into, i)
+        if op.rows_from is not None:  # a grouped tensor's rows past their group's count: zeros, never read
+            counts = self.const(self.m.row_counts(op.rows_from, lambda: self.where(op)), "n")
+            flush = f"{s}.flush()" if self.m.stores[op.tensor].written else "pass"
+            self.emit(flush, f"{slot} = masked_read(E, {i}, {s}, at, {o}, {counts})")
+            return
         if self.m.stores[op.tensor].written:  # its contents change: copy now, after the writes issued before
             self.emit(f"{s}.flush()", f"{slot} = Tiles({s}.gather(at + {o}))")
         else:
@@ -359,6 +366,9 @@ class Emitter:
         r, s, o = self.block_of(op, op.src, i, "consume")
         n = op.block_h * op.block_w
         self.front("v", r, op.src, i, n)
+        if op.rows_from is not None:  # only the rows below their group's count are written
+            counts = self.const(self.m.row_counts(op.rows_from, lambda: self.where(op)), "n")
+            self.emit(f"v = masked_write(E, {i}, {s}, at, {o}, {counts}, v)")
         self.emit(f"{s}.pending.append((at, {o}, {op.block_h}, {op.block_w}, v))")
 
     def compute(self, op: Compute, i: int) -> None:
@@ -492,6 +502,8 @@ _HELPERS: dict[str, object] = {
             "set_geom",
             "pack",
             "partial",
+            "masked_read",
+            "masked_write",
             "mcast_send",
             "barrier_arrive",
             "trip",

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DeadlockError
-from ..inputs import check_inputs, specs_of
+from ..inputs import check_inputs, check_row_counts, row_limits, specs_of
 from ..ir.ids import TensorId
 from ..ir.nodes import SpatialProgram
 from .errors import EvalError, NotReady, TooLarge
@@ -72,6 +72,7 @@ def load_inputs(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[dict[Tens
     """Tiled, zero-padded storage for every tensor, the inputs and parameters filled from `inputs`."""
     check_memory(p)
     values = check_inputs(p.name, specs_of(p), inputs)
+    check_row_counts(row_limits(p), values)
     written = written_tensors(p)
     stores, params = {}, {}
     for t in p.tensors:
@@ -82,7 +83,10 @@ def load_inputs(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[dict[Tens
             )
         store = Store(t, p.tile.rows, p.tile.cols, t.id in written)
         if t.name in values:
-            store.mat[: t.elems[0], : t.elems[1]] = values[t.name]
+            given = values[t.name].reshape(t.groups, *t.elems)
+            step = t.group_tiles[0] * p.tile.rows  # a grouped tensor's groups, each padded, one after another
+            for g in range(t.groups):
+                store.mat[g * step : g * step + t.elems[0], : t.elems[1]] = given[g]
             params[t.id] = values[t.name].reshape(-1)
         stores[t.id] = store
     return stores, params
@@ -119,7 +123,12 @@ def result(p: SpatialProgram, stores: dict[TensorId, Store]) -> np.ndarray:
     out = p.output_tensor()
     assert out is not None
     rows, cols = out.elems
-    return output_values(out.name, stores[out.id].mat[:rows, :cols], out.dtype)
+    mat = stores[out.id].mat
+    if out.groups > 1:  # (groups, rows, cols): each group's rows from its own padded run
+        step = out.group_tiles[0] * p.tile.rows
+        mat = mat.reshape(out.groups, step, mat.shape[1])
+        return output_values(out.name, mat[:, :rows, :cols], out.dtype)
+    return output_values(out.name, mat[:rows, :cols], out.dtype)
 
 
 def run(engines: list[tuple[EngineState, Iterator[int | None]]], m: Machine) -> None:

@@ -188,17 +188,27 @@ class Machine:
             self.barriers[gid] = BarrierState(self.groups[gid])
         return self.barriers[gid]
 
-    def trip(self, trip: Trip, where: Where) -> int:
-        """A data-dependent loop count: element `index` (row-major) of a parameter tensor, 0..bound."""
+    def trip(self, trip: Trip, where: Where, iy: int = 0, ix: int = 0) -> int:
+        """A data-dependent loop count: ceil(v / per) for v the element `index + Σ stride·(item_y | item_x)`
+        (row-major) of a parameter tensor, 0..bound."""
         if trip.tensor not in self.params:
             raise TripError(f"{where()}: the trip count's tensor {int(trip.tensor)} is not an input or parameter")
         values = self.params[trip.tensor]
-        if not 0 <= trip.index < values.size:
-            raise TripError(f"{where()}: element {trip.index} is outside a tensor of {values.size} elements")
-        v = float(values[trip.index])
-        if v != int(v) or not 0 <= v <= trip.bound:
-            raise TripError(f"{where()}: the trip count is {v:g}, not a whole number in 0..{trip.bound}")
-        return int(v)
+        at = trip.index + sum(stride * (iy if var == LV_ITEM_Y else ix) for var, stride in trip.steps)
+        if not 0 <= at < values.size:
+            raise TripError(f"{where()}: element {at} is outside a tensor of {values.size} elements")
+        v = float(values[at])
+        count = -(-int(v) // trip.per) if v == int(v) else -1
+        if count < 0 or count > trip.bound:
+            shown = f"{v:g}" if trip.per == 1 else f"ceil({v:g} / {trip.per})"
+            raise TripError(f"{where()}: the trip count is {shown}, not a whole number in 0..{trip.bound}")
+        return count
+
+    def row_counts(self, tid: TensorId, where: Where) -> np.ndarray:
+        """A grouped tensor's row counts: the values of parameter tensor `tid`, one per group."""
+        if tid not in self.params:
+            raise TripError(f"{where()}: the row counts' tensor {int(tid)} is not an input or parameter")
+        return self.params[tid]
 
 
 def _loop_vars(p: SpatialProgram) -> list[LoopVar]:

@@ -120,11 +120,39 @@ def barrier_arrive(E: EngineState, st: BarrierState) -> int:
     return gen
 
 
-def trip(E: EngineState, i: int) -> int:
-    """The count of a Loop with a Trip count: element `index` (row-major) of a parameter tensor, 0..bound."""
+def trip(E: EngineState, i: int, iy: int, ix: int) -> int:
+    """The count of a Loop with a Trip count (`Machine.trip`), for the item at (iy, ix)."""
     op = E.code.ops[i]
     assert isinstance(op, Loop) and isinstance(op.count, Trip)
-    return E.m.trip(op.count, lambda: where(E, i))
+    return E.m.trip(op.count, lambda: where(E, i), iy, ix)
+
+
+def row_mask(store: Store, flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Which rows of the tiles at `flat` of a grouped tensor lie below their group's row count: (n, tile rows)."""
+    rows_t = store.tensor.group_tiles[0]
+    ti = flat // store.cols_t
+    group, first = np.divmod(ti, rows_t)
+    rows = first[:, None] * store.tr + np.arange(store.tr)[None, :]
+    return rows < counts[group][:, None]
+
+
+def masked_read(E: EngineState, i: int, store: Store, at: int, off: np.ndarray, counts: np.ndarray) -> Tiles:
+    """ReadTiles of a grouped tensor with row counts: its tiles, the rows at or past their group's count zero."""
+    flat = at + off
+    tiles = store.gather(flat).copy()
+    tiles[~row_mask(store, flat, counts)] = 0.0
+    return Tiles(tiles)
+
+
+def masked_write(E: EngineState, i: int, store: Store, at: int, off: np.ndarray, counts: np.ndarray, v: object):
+    """A page to write to a grouped tensor with row counts: the rows at or past their group's count keep what the
+    tensor holds (the write leaves them alone)."""
+    flat = at + off
+    tiles = np.array(tiles_of(v, len(off)), dtype=np.float64)
+    keep = row_mask(store, flat, counts)
+    store.flush()
+    tiles[~keep] = store.gather(flat)[~keep]
+    return Tiles(tiles)
 
 
 def why(E: EngineState, i: int) -> str:

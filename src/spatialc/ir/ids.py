@@ -58,8 +58,17 @@ LV_ITEM_X = LoopVar(2)
 LV_SUB_H = LoopVar(3)
 LV_SUB_W = LoopVar(4)
 LV_K = LoopVar(5)
+LV_ROW = LoopVar(6)  # a grouped GEMM's row blocks of one group (a loop whose count is read at run time)
 
-LOOP_VAR_NAMES = {LV_ITEM: "item", LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x", LV_SUB_H: "sh", LV_SUB_W: "sw", LV_K: "k"}
+LOOP_VAR_NAMES = {
+    LV_ITEM: "item",
+    LV_ITEM_Y: "item_y",
+    LV_ITEM_X: "item_x",
+    LV_SUB_H: "sh",
+    LV_SUB_W: "sw",
+    LV_K: "k",
+    LV_ROW: "row",
+}
 
 
 def loop_var_name(v: LoopVar) -> str:

@@ -92,6 +92,14 @@ class Tensor:
     tiles: tuple[int, int]
     dtype: DType
     order: TileOrder = TileOrder.ROW
+    # A grouped tensor holds `groups` matrices of `elems` each, stacked: `tiles` is the whole grid, each group's
+    # tiles[0] / groups rows of tiles after the one before (a grouped GEMM's A, B and C).
+    groups: int = 1
+
+    @property
+    def group_tiles(self) -> tuple[int, int]:
+        """One group's tile grid."""
+        return (self.tiles[0] // self.groups, self.tiles[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,10 +183,13 @@ class Plan:
     grid: tuple[int, int]
     k_tiles: int
     depth: int
+    # A grouped GEMM: `groups` products of one shape, `grid` each. What placement distributes is then a strip per
+    # group and column of items (`placed`), whose row blocks a loop counts at run time.
+    groups: int = 1
 
     @property
     def item_tiles(self) -> tuple[int, int]:
-        """Output tiles of one item: (sh·osh, sw·osw)."""
+        """Output tiles of one block of accumulators: (sh·osh, sw·osw)."""
         return (self.sub_blocks[0] * self.block.osh, self.sub_blocks[1] * self.block.osw)
 
     @property
@@ -186,8 +197,20 @@ class Plan:
         return self.k_tiles // self.block.ibw
 
     @property
+    def placed(self) -> tuple[int, int]:
+        """The grid of what placement distributes: the items, or (groups, columns) of a grouped GEMM's strips."""
+        return (self.groups, self.grid[1]) if self.groups > 1 else self.grid
+
+    @property
+    def placed_tiles(self) -> tuple[int, int]:
+        """Output tiles of one placed item: a block, or a grouped GEMM's strip (its group's rows, a block wide)."""
+        h, w = self.item_tiles
+        return (h * self.grid[0], w) if self.groups > 1 else (h, w)
+
+    @property
     def items(self) -> int:
-        return self.grid[0] * self.grid[1]
+        """What placement distributes: items, or a grouped GEMM's strips."""
+        return self.placed[0] * self.placed[1]
 
 
 @dataclass(frozen=True, slots=True)

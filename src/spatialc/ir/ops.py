@@ -120,11 +120,15 @@ class Const:
 
 @dataclass(frozen=True, slots=True)
 class Trip:
-    """A loop whose count is read at run time from element `index` of a parameter tensor, at most `bound`."""
+    """A loop whose count is read at run time: ceil(v / per) for v the element `index + Σ stride·var` (over `steps`,
+    loop variables or item coordinates) of a parameter tensor, at most `bound`. A grouped GEMM's row blocks: v is
+    the group's row count, `per` the rows of one block."""
 
     tensor: TensorId
     index: int
     bound: int
+    per: int = 1
+    steps: tuple[tuple[LoopVar, int], ...] = ()
 
 
 LoopCount = Const | Trip
@@ -158,7 +162,10 @@ class Pop:
 
 @dataclass(frozen=True, slots=True)
 class ReadTiles:
-    """Copy tile `at + bh·stride_h + bw·stride_w` of `tensor` to page slot `bh·block_w + bw` of the reserved page."""
+    """Copy tile `at + bh·stride_h + bw·stride_w` of `tensor` to page slot `bh·block_w + bw` of the reserved page.
+
+    `rows_from`: a grouped tensor's rows at or past its group's row count — element g of that parameter tensor —
+    are not read; the page holds zeros there."""
 
     tensor: TensorId
     at: TileAddr
@@ -167,11 +174,13 @@ class ReadTiles:
     stride_h: int
     stride_w: int
     into: BufferId
+    rows_from: TensorId | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class WriteTiles:
-    """The reverse of ReadTiles, from the front (waited) page of `src`."""
+    """The reverse of ReadTiles, from the front (waited) page of `src`; rows past `rows_from`'s count are not
+    written."""
 
     src: BufferId
     tensor: TensorId
@@ -180,6 +189,7 @@ class WriteTiles:
     block_w: int
     stride_h: int
     stride_w: int
+    rows_from: TensorId | None = None
 
 
 @dataclass(frozen=True, slots=True)

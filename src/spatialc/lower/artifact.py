@@ -65,6 +65,7 @@ class KernelParam:
     elems: tuple[int, int]  # logical (rows, cols)
     tiles: tuple[int, int]  # padded tile grid (rows_t, cols_t): the `grid` of spatialc.tilize / spatialc.untilize
     order: str = "row"  # inside each tile: "row" (row-major) or "col" (column-major): the `order` of spatialc.tilize
+    groups: int = 1  # a grouped tensor: `groups` matrices of `elems`, each tilized on tiles[0] / groups rows, stacked
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,9 @@ class Launch:
     # A grouped placement's item grid (the plan's rows and columns of items) and rows per band.
     item_grid: tuple[int, int] = (0, 0)
     band: int = 0
+    # A grouped GEMM: each tensor of row counts (by name) and the most rows a count may give; the host refuses a
+    # count outside 0 … that before launching.
+    row_counts: tuple[tuple[str, int], ...] = ()
 
     @property
     def sync_words(self) -> int:

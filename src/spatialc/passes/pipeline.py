@@ -56,6 +56,10 @@ def _splits(
     """The sites per item: `split_k` as asked (checked against the plan), or the planner's choice (`auto_splits`)
     where nothing forces a form, a site count or a placement."""
     assert p.plan is not None
+    if p.plan.groups > 1:
+        if split_k is not None and split_k > 1:
+            raise ProgramError(f"split_k={split_k}: a grouped GEMM's row counts arrive at run time; it is not split")
+        return 1
     if split_k is not None:
         check_splits(split_k, p.plan)
         if split_k > 1 and form == "persistent":

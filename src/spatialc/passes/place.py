@@ -40,8 +40,8 @@ def default_band(plan: Plan, sites: int) -> int:
 
     The band is chosen for the sites placed here and kept when a launch follows a device with other counts of
     multiprocessors: the work list is right for any band, only L2 reuse is less than it could be there."""
-    h, w = plan.item_tiles
-    return max(1, min(plan.grid[0], round(math.sqrt(sites * w / h))))
+    h, w = plan.placed_tiles
+    return max(1, min(plan.placed[0], round(math.sqrt(sites * w / h))))
 
 
 def place(
@@ -68,4 +68,4 @@ def place(
     plan = p.plan
     kind = placement or ("grouped" if plan.items > sites else "contiguous")
     band = default_band(plan, sites) if kind == "grouped" else 0
-    return p.evolve(placement=Placement(split(plan.items, sites, kind, plan.grid, band), (), kind, band))
+    return p.evolve(placement=Placement(split(plan.items, sites, kind, plan.placed, band), (), kind, band))

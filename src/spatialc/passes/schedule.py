@@ -15,8 +15,11 @@ gets empty programs.
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..errors import PlanError
-from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K, BufferId, Site
+from ..frontend import SIZES
+from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW, BufferId, Site
 from ..ir.nodes import (
     Accumulator,
     ComputeStage,
@@ -44,9 +47,11 @@ from ..ir.ops import (
     SemInc,
     SemWait,
     TileAddr,
+    Trip,
     Wait,
     WriteBarrier,
     WriteTiles,
+    walk,
 )
 from .split import SEM_PARTIALS, owner_of, partial_rings, split_of, split_ranges
 from .tile import matmul_stage
@@ -95,7 +100,57 @@ def engine_bodies(p: SpatialProgram, k_first: int = 0, k_steps: int | None = Non
     epilogue, last = _epilogue_ops(p, c_buf, w)
     write_c = WriteTiles(last, tc.id, TileAddr(0, ((LV_ITEM_Y, h * c_cols), (LV_ITEM_X, w))), h, w, c_cols, 1)
     writer = (Wait(last), write_c, Pop(last))
+    if plan.groups > 1:
+        return _grouped(p, read_a, read_b, write_c, reader, compute + epilogue, writer)
     return {"reader": reader, "compute": compute + epilogue, "writer": writer}
+
+
+def _grouped(p: SpatialProgram, read_a, read_b, write_c, reader, compute, writer) -> dict[str, tuple[ChoreoOp, ...]]:
+    """A grouped GEMM's bodies: an item is a strip of one group (item_y) and one column of blocks (item_x); each
+    engine loops over the group's row blocks, as many as its row count fills — ceil(sizes[item_y] / rows a block),
+    read at run time — and A's and C's rows past the count are neither read nor written."""
+    plan = p.plan
+    assert plan is not None
+    h, _ = plan.item_tiles
+    ny = plan.grid[0]
+    sizes = p.tensor_named(SIZES)
+    rows = Trip(sizes.id, 0, ny, h * p.tile.rows, ((LV_ITEM_Y, 1),))
+
+    def strip(op: ReadTiles | WriteTiles, cols: int) -> ReadTiles | WriteTiles:  # group item_y, row block `row`
+        steps = tuple((v, s * ny if v == LV_ITEM_Y else s) for v, s in op.at.steps) + ((LV_ROW, h * cols),)
+        return dataclasses.replace(op, at=TileAddr(op.at.base, steps), rows_from=sizes.id)
+
+    b_rows = read_b.at  # B: group item_y's K tiles
+    read_b = dataclasses.replace(
+        read_b, at=TileAddr(b_rows.base, (*b_rows.steps, (LV_ITEM_Y, plan.k_tiles * read_b.stride_h)))
+    )
+    a_cols = read_a.stride_h
+    reader = _swap(
+        reader,
+        {
+            id(x): y
+            for x, y in ((_find(reader, ReadTiles, 0), strip(read_a, a_cols)), (_find(reader, ReadTiles, 1), read_b))
+        },
+    )
+    writer = _swap(writer, {id(_find(writer, WriteTiles, 0)): strip(write_c, write_c.stride_h)})
+    return {
+        e: (Loop(LV_ROW, rows, body),) for e, body in (("reader", reader), ("compute", compute), ("writer", writer))
+    }
+
+
+def _find(ops, kind, n: int):
+    """The n-th op of `kind` in `ops` (loops included)."""
+    return [op for op in walk(ops) if isinstance(op, kind)][n]
+
+
+def _swap(ops, new: dict[int, ChoreoOp]):
+    """`ops` with each op whose id is in `new` replaced."""
+    out = []
+    for op in ops:
+        if isinstance(op, Loop):
+            op = Loop(op.var, op.count, _swap(op.body, new))
+        out.append(new.get(id(op), op))
+    return tuple(out)
 
 
 def _epilogue_ops(p: SpatialProgram, first: BufferId, w: int) -> tuple[tuple[ChoreoOp, ...], BufferId]:

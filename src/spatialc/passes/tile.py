@@ -183,7 +183,8 @@ def candidates(
     a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
     out = p.output_tensor()
     assert out is not None
-    m_t, k_t, n_t = a.tiles[0], a.tiles[1], out.tiles[1]
+    m_t, k_t, n_t = a.group_tiles[0], a.tiles[1], out.tiles[1]
+    groups = a.groups
     blocks = (
         [BlockShape(*block)]
         if block
@@ -200,11 +201,14 @@ def candidates(
         if fuse_only and not fused_output(target, b):
             continue
         plan = make_plan(b, s, d, m_t, n_t, k_t)  # type: ignore[arg-type]
-        if plan.items > MAX_ITEMS:
+        if plan.items * groups > MAX_ITEMS:
             continue
         smem, per_unit = resources(target, plan, p.precision, form, stages)  # the backend asked once a plan
         if per_unit:
-            found.append(Candidate(plan, smem, per_unit, plan_cost(target, plan, m_t, n_t, k_t, p.precision, per_unit)))
+            # A grouped GEMM costs what its groups stacked into one tall GEMM would (every row present).
+            stacked = dataclasses.replace(plan, grid=(plan.grid[0] * groups, plan.grid[1]))
+            cost = plan_cost(target, stacked, m_t * groups, n_t, k_t, p.precision, per_unit)
+            found.append(Candidate(dataclasses.replace(plan, groups=groups), smem, per_unit, cost))
     # Ties go to the smaller block, then the shallower ring: less padding and less shared memory for the same time.
     found.sort(key=lambda c: (c.cost, c.plan.block.osh * c.plan.block.osw, c.plan.depth, repr(c.plan)))
     return found
@@ -237,7 +241,7 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
         return too_many
     a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
     b = BlockShape(*(block or (1, 1, 1)))
-    probe = make_plan(b, tuple(sub_blocks or (1, 1)), depth or 2, a.tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
+    probe = make_plan(b, tuple(sub_blocks or (1, 1)), depth or 2, a.group_tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
     tiles = b.osh * b.osw * probe.sub_blocks[0] * probe.sub_blocks[1]
     regs = target.registers_needed(tiles)
     if regs > target.regs_per_thread_max:
@@ -259,8 +263,8 @@ def _too_many_items(p: SpatialProgram, block, sub_blocks) -> str | None:
     side = max(BLOCK_SIDES)
     b = BlockShape(*(block or (side, side, 1)))
     sub = sub_blocks or max(SUB_BLOCKS, key=lambda s: s[0] * s[1])
-    plan = make_plan(b, tuple(sub), 1, a.tiles[0], out.tiles[1], a.tiles[1])  # type: ignore[arg-type]
-    return too_many_items(plan)
+    plan = make_plan(b, tuple(sub), 1, a.group_tiles[0], out.tiles[1], a.tiles[1])  # type: ignore[arg-type]
+    return too_many_items(dataclasses.replace(plan, grid=(plan.grid[0] * a.groups, plan.grid[1])))
 
 
 def too_many_items(plan: Plan) -> str | None:
@@ -313,14 +317,15 @@ def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     new_op = MatmulTiles(plan.block, plan.sub_blocks, a_t.operand)
     stages = tuple(dataclasses.replace(s, kind=ComputeStage(new_op)) if s.id == mm.id else s for s in p.stages)
     inputs = [t for t in p.tensors if t.role == TensorRole.INPUT]
+    out_cols = p.output_tensor().elems[1]  # type: ignore[union-attr]
     padded = {inputs[0].id: (rows_t, plan.k_tiles), inputs[1].id: (plan.k_tiles, cols_t)}
     tensors = []
-    for t in p.tensors:
+    for t in p.tensors:  # a grouped tensor: each group padded so, stacked
         if t.id in padded:
-            t = dataclasses.replace(t, tiles=padded[t.id])
+            t = dataclasses.replace(t, tiles=(padded[t.id][0] * t.groups, padded[t.id][1]))
         elif t.role == TensorRole.OUTPUT:
-            t = dataclasses.replace(t, tiles=(rows_t, cols_t))
-        elif t.role == TensorRole.PARAMETER and t.elems[0] == 1:  # a per-column vector: one row of tiles
+            t = dataclasses.replace(t, tiles=(rows_t * t.groups, cols_t))
+        elif t.role == TensorRole.PARAMETER and t.elems[0] == 1 and t.elems[1] == out_cols:  # a per-column vector
             t = dataclasses.replace(t, tiles=(1, cols_t))
         tensors.append(t)
     planned = p.evolve(plans=(plan,), buffers=tuple(buffers), stages=stages, tensors=tuple(tensors))

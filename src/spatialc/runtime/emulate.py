@@ -30,7 +30,7 @@ from typing import IO, Any
 import numpy as np
 
 from ..errors import SpatialError
-from ..inputs import check_inputs
+from ..inputs import check_inputs, check_row_counts
 from .tilize import launch_specs
 
 __all__ = [
@@ -409,6 +409,7 @@ COOPERATIVE_THREADS = 16384
 def _input_files(artifact, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The program's input files (name → values), from `inputs` checked as the interpreter checks them."""
     values = check_inputs("this kernel", launch_specs(artifact.launch), inputs)
+    check_row_counts(dict(getattr(artifact.launch, "row_counts", ())), values)
     files: dict[str, np.ndarray] = {}
     operand_files = iter(("a.txt", "b.txt"))
     for p in artifact.launch.params:
@@ -452,8 +453,10 @@ def emulate(
     # The interpreter's types for the same output: fp16 as float16, bf16 as its values in float32.
     dtype = OUTPUT_DTYPES.get(out.c_type, np.float32)
     files = _input_files(artifact, inputs)
+    groups = int(getattr(out, "groups", 1))
+    shape = (groups, *out.elems) if groups > 1 else tuple(out.elems)
     return emulate_source(
-        artifact.program_cu, files, tuple(out.elems), dtype, mode=mode, timeout=timeout, progress=progress, sms=sms
+        artifact.program_cu, files, shape, dtype, mode=mode, timeout=timeout, progress=progress, sms=sms
     )
 
 

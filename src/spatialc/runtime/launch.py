@@ -30,7 +30,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import SpatialError
-from ..inputs import InputError, TensorSpec, check_values, match_names, rounding_watched, shaped, warn_if_rounded
+from ..inputs import (
+    InputError,
+    TensorSpec,
+    check_row_counts,
+    check_values,
+    host_array,
+    match_names,
+    rounding_watched,
+    shaped,
+    warn_if_rounded,
+)
 from .tilize import (
     TILE,
     TILE_ORDERS,
@@ -87,11 +97,12 @@ class Arg:
     elem: str  # int8, float16, bfloat16, int64, float32, …
     storage: str  # the device array's dtype (bf16 → uint16)
     order: str = "row"  # inside each tile: row- or column-major ("col": the K-major B of an int8 kernel)
+    groups: int = 1  # a grouped tensor's arrays are (groups, *elems)
 
     @property
     def spec(self) -> TensorSpec:
         """What `spatialc.inputs` checks this argument's array against."""
-        return tensor_spec(self.name, self.role, self.elem, self.elems)
+        return tensor_spec(self.name, self.role, self.elem, self.elems, self.groups)
 
 
 def kernel_args(launch: Any) -> list[Arg]:
@@ -106,7 +117,8 @@ def kernel_args(launch: Any) -> list[Arg]:
         order = getattr(p, "order", "row")
         if order not in TILE_ORDERS:
             raise LaunchError(f"kernel parameter {p.name} has tile order {order!r}; expected 'row' or 'col'")
-        out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, storage_dtype(elem), order))
+        groups = int(getattr(p, "groups", 1))
+        out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, storage_dtype(elem), order, groups))
     if sum(a.role == "output" for a in out) != 1:
         raise LaunchError(
             f"the launcher runs kernels with one output; this one has {sum(a.role == 'output' for a in out)}"
@@ -199,7 +211,7 @@ class Prepared:
 
     def tiled(self, arg: Arg, x: Any) -> Any:
         """The device-side tiled copy of `x`, already in `arg`'s storage dtype."""
-        return tilize(x, arg.tiles, self.xp, _tile(self.launch_spec), arg.order)
+        return tilize(x, arg.tiles, self.xp, _tile(self.launch_spec), arg.order, arg.groups)
 
     def output_buffer(self, poison: bool = True) -> Any:
         """A tiled output buffer, filled with a value no result can take when `poison`."""
@@ -269,7 +281,7 @@ class Prepared:
     def result(self, out: Any) -> Any:
         """The logical C of a tiled output buffer (still on the device)."""
         o = self.output
-        return untilize(out, o.tiles, o.elems, self.xp, _tile(self.launch_spec), o.order)
+        return untilize(out, o.tiles, o.elems, self.xp, _tile(self.launch_spec), o.order, o.groups)
 
 
 def _tile(launch: Any) -> tuple[int, int]:
@@ -317,6 +329,9 @@ def run_with(device: Any, artifact: Any, a: Any, b: Any, **params: Any) -> Any:
     """`run` on a given device (tests pass a numpy stand-in)."""
     args = kernel_args(artifact.launch)
     bound = bind(args, a, b, params)
+    limits = dict(getattr(artifact.launch, "row_counts", ()))
+    if limits:  # a grouped GEMM's row counts, checked on the host before anything is launched
+        check_row_counts(limits, {x.name: host_array(x.name, v) for x, v in bound if x.name in limits})
     library = result_library(bound)
     prep = prepare(artifact, device)
     buffers, out = [], None

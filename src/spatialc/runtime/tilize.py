@@ -95,14 +95,14 @@ def work_list(launch: Any, sms: int | None = None) -> tuple[int, Any]:
 def launch_specs(launch: Any) -> list[TensorSpec]:
     """The input and parameter tensors of a launch contract, as `spatialc.inputs` checks them."""
     taken = [p for p in launch.params if p.role in ("input", "parameter")]
-    return [tensor_spec(p.name, p.role, element_type(p.c_type), p.elems) for p in taken]
+    return [tensor_spec(p.name, p.role, element_type(p.c_type), p.elems, getattr(p, "groups", 1)) for p in taken]
 
 
-def tensor_spec(name: str, role: str, elem: str, elems: Any) -> TensorSpec:
+def tensor_spec(name: str, role: str, elem: str, elems: Any, groups: int = 1) -> TensorSpec:
     """One kernel parameter of element type `elem` as a TensorSpec; LaunchError for a type no tensor has."""
     if elem not in ELEMENT_DTYPES:
         raise LaunchError(f"kernel parameter {name} holds {elem}, an element type no spatialc tensor has")
-    return TensorSpec(name, role, (int(elems[0]), int(elems[1])), ELEMENT_DTYPES[elem])
+    return TensorSpec(name, role, (int(elems[0]), int(elems[1])), ELEMENT_DTYPES[elem], int(groups))
 
 
 def storage_dtype(elem: str) -> str:
@@ -129,8 +129,14 @@ def check_tiles(name: str, shape: tuple[int, ...], tiles: tuple[int, int], tile:
         )
 
 
-def tilize(x: Any, tiles: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE, order: str = "row") -> Any:
-    """The flat tiled copy of the 2-D array `x`, zero-padded to the `tiles` grid, each tile in `order`."""
+def tilize(
+    x: Any, tiles: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE, order: str = "row", groups: int = 1
+) -> Any:
+    """The flat tiled copy of the 2-D array `x`, zero-padded to the `tiles` grid, each tile in `order`; of a grouped
+    tensor's (groups, rows, cols) array, each group on its own tiles[0] / groups rows of tiles, one after another."""
+    if groups > 1:
+        part = (tiles[0] // groups, tiles[1])
+        return xp.concatenate([tilize(x[g], part, xp, tile, order) for g in range(groups)])
     check_tiles("array", x.shape, tiles, tile)
     (rt, ct), (tr, tc) = tiles, tile
     padded = xp.zeros((rt * tr, ct * tc), dtype=x.dtype)
@@ -140,9 +146,26 @@ def tilize(x: Any, tiles: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE
 
 
 def untilize(
-    flat: Any, tiles: tuple[int, int], shape: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE, order: str = "row"
+    flat: Any,
+    tiles: tuple[int, int],
+    shape: tuple[int, int],
+    xp: Any,
+    tile: tuple[int, int] = TILE,
+    order: str = "row",
+    groups: int = 1,
 ) -> Any:
-    """The logical `shape` corner of the flat tiled array `flat` (tiles in `order`), row-major."""
+    """The logical `shape` corner of the flat tiled array `flat` (tiles in `order`), row-major; of a grouped
+    tensor's, (groups, *shape), each group from its own run of tiles."""
+    if groups > 1:
+        part = (tiles[0] // groups, tiles[1])
+        size = part[0] * part[1] * tile[0] * tile[1]
+        if flat.size != size * groups:
+            raise LaunchError(
+                f"a tiled buffer of {tiles[0]}×{tiles[1]} tiles holds {size * groups} elements, not {flat.size}"
+            )
+        return xp.stack(
+            [untilize(flat[g * size : (g + 1) * size], part, shape, xp, tile, order) for g in range(groups)]
+        )
     (rt, ct), (tr, tc) = tiles, tile
     if flat.size != rt * ct * tr * tc:
         raise LaunchError(f"a tiled buffer of {rt}×{ct} tiles holds {rt * ct * tr * tc} elements, not {flat.size}")

@@ -47,12 +47,13 @@ from ...ir.ops import (
     SemInc,
     SemSet,
     SemWait,
+    TileAddr,
     Trip,
     Wait,
     WriteBarrier,
     walk,
 )
-from ...ir.printer import compute_text
+from ...ir.printer import addr_text, compute_text
 from ...passes.split import workspace_bytes
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact
@@ -410,11 +411,22 @@ class EnginePrinter(TilePrinter):
                 # Every thread of the engine reads the count itself: they all run the loop as often.
                 v = loop_var_name(var)
                 t = self.k.program.tensor(trip.tensor)
-                row, col = divmod(trip.index, t.elems[1])
-                at = ((row // 16) * t.tiles[1] + col // 16) * TILE_ELEMS + (row % 16) * 16 + col % 16
+                error = f"spatialc_sync + {self.k.trip_error}"
                 with self.w.block():
-                    read = f"t{int(trip.tensor)}[{at}], {trip.bound}, spatialc_sync + {self.k.trip_error}"
-                    self.w.line(f"const int trip_{v} = spatialc_trip({read});  // {t.name}[{trip.index}]")
+                    if trip.steps:  # the element follows the item: its tiled place worked out here
+                        self.w.line(f"const int e_{v} = {addr_expr(TileAddr(trip.index, trip.steps), env)};")
+                        at = self.element(t, f"e_{v}")
+                        shown = f"{t.name}[{addr_text(TileAddr(trip.index, trip.steps))}]"
+                    else:
+                        row, col = divmod(trip.index, t.elems[1])
+                        at = str(((row // 16) * t.tiles[1] + col // 16) * TILE_ELEMS + (row % 16) * 16 + col % 16)
+                        shown = f"{t.name}[{trip.index}]"
+                    if trip.per > 1:
+                        read = f"t{int(trip.tensor)}[{at}], {trip.per}, {trip.bound}, {error}"
+                        self.w.line(f"const int trip_{v} = spatialc_trip_per({read});  // ceil({shown} / {trip.per})")
+                    else:
+                        read = f"t{int(trip.tensor)}[{at}], {trip.bound}, {error}"
+                        self.w.line(f"const int trip_{v} = spatialc_trip({read});  // {shown}")
                     with self.w.block(f"for (int {v} = 0; {v} < trip_{v}; ++{v})", mark):
                         self.ops(body, env | {var: v})
             case Loop(var, count, body):
@@ -472,6 +484,13 @@ class EnginePrinter(TilePrinter):
                     self.w.line(self.engine_sync())
             case _:
                 raise Unsupported(f"a {type(op).__name__} op", "the general form has no image for it yet")
+
+    @staticmethod
+    def element(t, flat: str) -> str:
+        """Where element `flat` (row-major) of tensor `t` lies in its tiled buffer, as a C expression."""
+        cols = t.elems[1]
+        row, col = f"({flat} / {cols})", f"({flat} % {cols})"
+        return f"(({row} / 16) * {t.tiles[1]} + {col} / 16) * {TILE_ELEMS} + ({row} % 16) * 16 + {col} % 16"
 
     def site_expr(self, at) -> str:
         """A SemInc's site: itself, or — where the site classes hold SemIncs relative to their site (`relative`) —
@@ -610,6 +629,7 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
     w.line("(void)etid;")
     printer = EnginePrinter(k, role, w)
     printer.workspace = frozenset(int(t.id) for t in k.program.tensors if t.role == TensorRole.WORKSPACE)
+    printer.tensors = {int(t.id): t for t in k.program.tensors}
     printer.counters()
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
         w.line("spatialc_acc<ACCT> accf[PERW];")

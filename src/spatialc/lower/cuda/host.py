@@ -6,10 +6,12 @@ alone (its name, block, dynamic shared memory and each argument's C type), whate
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from string import ascii_lowercase
 
+from ...inputs import row_limits
 from ...ir.nodes import SpatialProgram, Tensor, TensorRole, TileOrder
 from ...ir.ops import ChoreoOp, Loop, Trip, walk
 from ..artifact import Budget, CudaArtifact, Launch
@@ -80,6 +82,7 @@ def _elems(t: Tensor) -> str:
 def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -> None:
     """Read (or make) each input, tilize it with zero padding, and copy it to the device; allocate the output."""
     files = input_files(p)
+    limits = row_limits(p)
     for t, param in zip(p.tensors, launch.params, strict=True):
         ty = param.c_type
         i = int(t.id)
@@ -88,16 +91,29 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
             w.line(f"SPATIALC_CHECK(cudaMalloc(&d{i}, {_elems(t)} * sizeof({ty})));")
             w.line(f"SPATIALC_CHECK(cudaMemset(d{i}, 0, {_elems(t)} * sizeof({ty})));")
             continue
-        w.line(f"std::vector<double> h{i}((size_t){t.elems[0]} * {t.elems[1]});")
+        w.line(f"std::vector<double> h{i}((size_t){t.groups * t.elems[0]} * {t.elems[1]});")
         if bench:
             w.line(f"spatialc_bench_input(h{i}, {i});")
             for index, bound in _trips(p, t):  # a loop count read from data: its largest, the whole work
                 w.line(f"h{i}[{index}] = {bound};")
+            if t.name in limits:  # row counts: every group full
+                w.line(f"for (size_t g = 0; g < h{i}.size(); ++g) {{ h{i}[g] = {limits[t.name]}; }}")
         else:
             w.line(f'if (!spatialc_read("{files[i]}", h{i})) {{ return 2; }}')
+            if t.name in limits:
+                _exit_if(
+                    w,
+                    f"!spatialc_counts_in(h{i}, {limits[t.name]})",
+                    f"{t.name}: a group's row count lies outside 0..{limits[t.name]} (its max_rows)",
+                    "0",
+                )
         w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
         col = ", true" if t.order == TileOrder.COL else ""
-        w.line(f"spatialc_tilize(h{i}, {t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i}{col});")
+        if t.groups > 1:
+            shape = f"{t.groups}, {t.elems[0]}, {t.elems[1]}, {t.group_tiles[0]}, {t.tiles[1]}"
+            w.line(f"spatialc_tilize_groups(h{i}, {shape}, x{i}{col});")
+        else:
+            w.line(f"spatialc_tilize(h{i}, {t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i}{col});")
         w.line(f"{ty}* d{i} = nullptr;")
         w.line(f"SPATIALC_CHECK(cudaMalloc(&d{i}, x{i}.size() * sizeof({ty})));")
         w.line(f"SPATIALC_CHECK(cudaMemcpy(d{i}, x{i}.data(), x{i}.size() * sizeof({ty}), cudaMemcpyHostToDevice));")
@@ -233,8 +249,13 @@ def program_main(p: SpatialProgram, launch: Launch) -> str:
         w.line(f"std::vector<{ty}> y({_elems(out)});")
         w.line(f"SPATIALC_CHECK(cudaMemcpy(y.data(), d{o}, y.size() * sizeof({ty}), cudaMemcpyDeviceToHost));")
         rows, cols = out.elems
-        with w.block(f"for (int i = 0; i < {rows}; ++i)"), w.block(f"for (int j = 0; j < {cols}; ++j)"):
-            w.line(f'printf("{fmt}\\n", ({cast})y[spatialc_tiled_index(i, j, {out.tiles[1]})]);')
+        group = f"(size_t)g * {out.group_tiles[0] * out.tiles[1] * 256} + " if out.groups > 1 else ""
+        with contextlib.ExitStack() as loops:
+            if out.groups > 1:  # a grouped C: group after group, each on its own grid of tiles
+                loops.enter_context(w.block(f"for (int g = 0; g < {out.groups}; ++g)"))
+            loops.enter_context(w.block(f"for (int i = 0; i < {rows}; ++i)"))
+            loops.enter_context(w.block(f"for (int j = 0; j < {cols}; ++j)"))
+            w.line(f'printf("{fmt}\\n", ({cast})y[{group}spatialc_tiled_index(i, j, {out.tiles[1]})]);')
         _free(p, launch, w)
         w.line("return 0;")
     return w.text()
@@ -243,7 +264,7 @@ def program_main(p: SpatialProgram, launch: Launch) -> str:
 def bench_main(p: SpatialProgram, launch: Launch) -> str:
     """`main` of bench_cu: fixed inputs, a warm-up launch, 20 timed launches, `GOPS <value>` — only if all ran."""
     a, b = [t for t in p.tensors if t.role == TensorRole.INPUT][:2]
-    m, kk, n = a.elems[0], a.elems[1], b.elems[1]
+    m, kk, n = a.groups * a.elems[0], a.elems[1], b.elems[1]  # a grouped GEMM: every group full
     w = Writer()
     with w.block("int main()"):
         _setup(p, launch, w, bench=True)

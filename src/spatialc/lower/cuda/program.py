@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from ...epilogue import dot_range
+from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, Site
 from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole, TileOrder
 from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, SemInc, walk
@@ -259,6 +260,7 @@ def launch_for(
             t.elems,
             t.tiles,
             t.order.value,
+            t.groups,
         )
         for t in p.tensors
     )
@@ -266,7 +268,7 @@ def launch_for(
     assert placement is not None and p.plans
     items = site_items(p)
     n_items = p.plans[0].items
-    grid = p.plans[0].grid
+    grid = p.plans[0].placed
     try:
         rule = split_items(n_items, len(items), placement.kind, grid, placement.band)
     except ValueError:  # a grouped placement without a band (edited by hand): its list is passed as it stands
@@ -290,4 +292,5 @@ def launch_for(
         trip_error,
         grid if ruled else (0, 0),
         placement.band if ruled else 0,
+        tuple(sorted(row_limits(p).items())),
     )

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ...ir.ids import LoopVar
-from ...ir.nodes import PageLayout, Plan
+from ...ir.nodes import PageLayout, Plan, Tensor
 from ...ir.ops import (
     AcquireAcc,
     ChoreoOp,
@@ -53,6 +53,7 @@ class TilePrinter:
         self.tid = tid  # the thread's index among the threads that run the op
         self.nthreads = nthreads  # how many threads run it
         self.workspace: frozenset[int] = frozenset()  # tensors of partial sums (ACCT), read and written as such
+        self.tensors: dict[int, Tensor] = {}  # the program's tensors, where an op limits a grouped tensor's rows
 
     def item_header(self, index: str) -> None:
         """The current item and its grid coordinates, read from the work list at `index`."""
@@ -141,9 +142,13 @@ class TilePrinter:
                 self.w.line(f"const int tl = {self.tid} / CHUNKS + i * STEP;")
                 with self.w.block("if (TILES % STEP == 0 || tl < TILES)"):
                     self.w.line(f"const int tile = {self.tile_index(bw, op.stride_h, op.stride_w)};")
+                    zfill = ""
+                    if op.rows_from is not None:  # rows past their group's count: zeros, not read
+                        self.w.line(f"const bool keep = {self.row_kept(op, 'tile', 'off / (CHUNKS / 16)')};")
+                        zfill = ", keep ? 0 : 16"
                     self.w.line(
                         f"__pipeline_memcpy_async(page + tl * (int)sizeof(OPT) * {TILE_ELEMS}, src + (long long)tile"
-                        f" * (long long)sizeof(OPT) * {TILE_ELEMS}, 16);"
+                        f" * (long long)sizeof(OPT) * {TILE_ELEMS}, 16{zfill});"
                     )
 
     def read_partials(self, op: ReadTiles, ring: Ring, env: dict[LoopVar, str], mark: str) -> None:
@@ -162,6 +167,15 @@ class TilePrinter:
                     f"__pipeline_memcpy_async(page + (tl * (int)sizeof(ACCT) * {TILE_ELEMS} + off * 16), src +"
                     f" ((long long)tile * (long long)sizeof(ACCT) * {TILE_ELEMS} + off * 16), 16);"
                 )
+
+    def row_kept(self, op: ReadTiles | WriteTiles, tile: str, row: str) -> str:
+        """Whether row `row` of tile `tile` of a grouped tensor lies below its group's row count (a C expression):
+        the stacked tile row gives the group and the row within it; the count is element `group` of `rows_from`."""
+        t = self.tensors[int(op.tensor)]
+        ti = f"({tile} / {t.tiles[1]})"
+        group = f"({ti} / {t.group_tiles[0]})"
+        at = f"({group} / 16) * {TILE_ELEMS} + {group} % 16"  # element (0, group) of a 1 × groups tensor
+        return f"({ti} % {t.group_tiles[0]}) * 16 + {row} < t{int(op.rows_from)}[{at}]"
 
     @staticmethod
     def tile_index(bw: int, sh: int, sw: int) -> str:
@@ -188,7 +202,10 @@ class TilePrinter:
                     f"ring_{r} + {self.read_slot(r)} * PAGE_{r} + e", f"ring_{r}[{self.read_slot(r)} * PAGE_{r} + e]"
                 )
                 cast = "ACCT" if int(op.tensor) in self.workspace else "OUT_T"
-                self.w.line(f"t{int(op.tensor)}[(long long)tile * {TILE_ELEMS} + el] = ({cast}){page};")
+                store = f"t{int(op.tensor)}[(long long)tile * {TILE_ELEMS} + el] = ({cast}){page};"
+                if op.rows_from is not None:  # rows past their group's count are left alone
+                    store = f"if ({self.row_kept(op, 'tile', 'el / 16')}) {{ {store} }}"
+                self.w.line(store)
 
     # ---- the tile matmul and its accumulators --------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from .depth import check_depths
 from .facts import Programs
 from .ownership import check_owners, stage_owners
 from .semantics import check_semantics
-from .wellformed import check_ops, check_site_groups, check_tables, check_types
+from .wellformed import check_ops, check_sem_counts, check_site_groups, check_tables, check_types
 
 __all__ = ["verify"]
 
@@ -62,6 +62,7 @@ def _verify(p: SpatialProgram, target: SpatialTarget | None) -> SpatialProgram:
     programs = Programs(p)
     check_ops(index, programs.distinct())  # 1, on the ops
     check_site_groups(index, (q for progs in programs.listed.values() for q in progs))
+    check_sem_counts(index, (q for progs in programs.listed.values() for q in progs))
     programs.gather(index)
     check_coverage(index, programs)  # 2
     distinct = programs.distinct_sites()

@@ -21,7 +21,7 @@ def check_coverage(index: ProgramIndex, programs: Programs) -> None:
     p = index.p
     if p.placement is None or p.plan is None:
         return
-    ny, nx = p.plan.grid
+    ny, nx = p.plan.placed  # items, or a grouped GEMM's strips (a group and a column of blocks)
     n = ny * nx
     splits = p.placement.splits
     if not 1 <= splits <= MAX_SPLITS:

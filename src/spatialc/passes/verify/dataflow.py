@@ -31,6 +31,7 @@ from ...ir.ops import (
     Push,
     ReadTiles,
     Reserve,
+    Trip,
     WriteTiles,
 )
 from .facts import Side, SiteProgs
@@ -133,6 +134,8 @@ class Write:
     col: Aff
     cell: Cell
     block: tuple[Aff, Aff]
+    trips: tuple[tuple[Trip, Aff, Sym | None], ...] = ()  # the loops around it counted at run time: (count, the
+    # element of its tensor it reads, as a form; its symbol, None for a bound of 1)
 
 
 class SiteRun:
@@ -152,7 +155,8 @@ class SiteRun:
         self.witnesses = witnesses
         plan = index.p.plan
         assert plan is not None
-        self.grid, self.block = plan.grid, plan.item_tiles
+        # What placement distributes: items of a block each, or a grouped GEMM's strips (a group's rows, a block wide).
+        self.grid, self.block = plan.placed, plan.placed_tiles
         self.ranges: dict[Sym, int] = {}
         self.pushed: dict[BufferId, list[Entry]] = {}
         self.writes: list[Write] = []  # of C

@@ -173,6 +173,12 @@ def _gemm(
     if tensors[0] is None or tensors[1] is None:
         raise _unsure(f"matmul stage {stage.name} multiplies rings that no read stage fills from a tensor")
     a, b = index.tensors[tensors[0]], index.tensors[tensors[1]]
+    if not a.groups == b.groups == out.groups or a.group_tiles[0] != out.group_tiles[0]:
+        raise SemanticError(
+            f"stage {stage.name} multiplies {a.name} ({a.groups} group(s) of {a.group_tiles[0]} tile rows) by"
+            f" {b.name} ({b.groups} group(s)) into {out.name} ({out.groups} group(s) of {out.group_tiles[0]} tile"
+            " rows): a grouped GEMM's operands and output have the same groups, A and C the same rows"
+        )
     if (a.elems[0], b.elems[1]) != out.elems or a.elems[1] != b.elems[0]:
         raise SemanticError(
             f"stage {stage.name} multiplies {a.name} ({a.elems[0]}x{a.elems[1]}) by {b.name}"
@@ -198,7 +204,7 @@ def _gemm(
             raise SemanticError(f"{t.name} holds {t.dtype.value} values, but the {p.precision.value} matmul reads it")
     shape = (mm.sub_blocks[0] * mm.block.osh, mm.sub_blocks[1] * mm.block.osw, mm.block.ibw)
     k_need = math.ceil(a.elems[1] / p.tile.cols)
-    return Declared(out, last, producer, chain, a.id, b.id, stage, shape, k_need, min(a.tiles[1], b.tiles[0]))
+    return Declared(out, last, producer, chain, a.id, b.id, stage, shape, k_need, min(a.tiles[1], b.group_tiles[0]))
 
 
 # The interpreter checks exactness on a float64 estimate of each value, whose rounding near 2^62 is 2^10: the bound

@@ -31,6 +31,7 @@ from ...ir.ops import (
     ReleaseAcc,
     Reserve,
     TileAddr,
+    Trip,
     WriteTiles,
 )
 from ...ir.printer import compute_text
@@ -56,6 +57,7 @@ class EngineRun:
         self.popped: dict[BufferId, Seq] = {}
         self.pending: dict[BufferId, list[list]] = {}  # reserved, unpushed pages: [position, value, filler]
         self.accs: dict[BufferId, Acc] = {}
+        self.trips: list[tuple[Trip, Aff, Sym | None]] = []  # the run-time counted loops open here
 
     # ---- messages ------------------------------------------------------------------------------------------------
 
@@ -86,8 +88,9 @@ class EngineRun:
                 self.leaf(op)
 
     def loop(self, op: Loop) -> None:
-        assert isinstance(op.count, Const)  # Trip loops were refused up front
-        n = op.count.n
+        # A loop counted at run time is followed at its bound: what every row present computes. The proof at the
+        # write shows the count and the rows it masks leave exactly the rows the data asks for (`semantics`).
+        n = op.count.n if isinstance(op.count, Const) else op.count.bound
         if n == 0:
             return
         per_reserve, per_pop, touched = self.site.per_iteration(op)
@@ -114,7 +117,11 @@ class EngineRun:
         if op.var == LV_ITEM:
             self.item = sym
         self.frames.append((object(), sym, op))
+        if isinstance(op.count, Trip):
+            self.trips.append((op.count, self.addr(op, TileAddr(op.count.index, op.count.steps)), sym))
         self.body(op.body)
+        if isinstance(op.count, Trip):
+            self.trips.pop()
         self.frames.pop()
         self.item = outer_item
         if outer_var is None:
@@ -259,7 +266,18 @@ class EngineRun:
         flat = self.addr(op, op.at) + bh * op.stride_h + bw * op.stride_w
         row, col = self.tile_of(op, self.index.tensors[op.tensor], flat, {})
         loops = tuple(sym for _, sym, _ in self.frames if sym is not None)
-        w = Write(op, self.head(op), self.engine, loops, self.item, row, col, cell.subst({PR: bh, PC: bw}), (bh, bw))
+        w = Write(
+            op,
+            self.head(op),
+            self.engine,
+            loops,
+            self.item,
+            row,
+            col,
+            cell.subst({PR: bh, PC: bw}),
+            (bh, bw),
+            tuple(self.trips),
+        )
         (self.site.partials if partial else self.site.writes).append(w)
 
     def stage_of(self, op: Compute) -> Stage:

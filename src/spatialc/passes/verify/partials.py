@@ -106,6 +106,15 @@ class Workspace:
         items = dict(index.p.placement.items_of_site)  # type: ignore[union-attr]
         for run, sites in runs:
             for w in run.partials:
+                idle = [s for s in sites if not items.get(s)]
+                if idle:  # its write would land where no item says, unchecked: refused outright
+                    raise SemanticError(
+                        f"{w.head} — site {int(idle[0])} holds no item, yet runs programs that write the workspace:"
+                        " a partial sum is written by a site of the item it belongs to",
+                        site=int(idle[0]),
+                        engine=w.engine,
+                        op=self.index.op(w.op),
+                    )
                 held: dict[ItemId, list[Site]] = {}
                 for site in sites:
                     for item in items.get(site, ()):
@@ -263,11 +272,13 @@ def check_handshake(index: ProgramIndex, reader: Site, src: Written, counts: Cou
                 site=int(reader),
                 engine=prog.engine.value,
             )
-        need = counts[(reader, wait.sem)]
+        start = index.sems[wait.sem].initial
+        need = start + counts[(reader, wait.sem)]
         if wait.value < need:
+            raised = f"it starts at {start} and {counts[(reader, wait.sem)]}" if start else f"{need}"
             raise SemanticError(
-                f"{head}: {index.op(wait)} — {need} raises of it come to site {int(reader)}, and it reads the"
-                f" workspace after only {wait.value}: it may add a partial sum before it is written",
+                f"{head}: {index.op(wait)} — {raised} raises of it come to site {int(reader)}, and it reads the"
+                f" workspace at a count of only {wait.value}: it may add a partial sum before it is written",
                 site=int(reader),
                 engine=prog.engine.value,
                 op=index.op(wait),
@@ -290,10 +301,11 @@ def _writer_raises(index: ProgramIndex, site: Site, src: Written, reader: Site, 
             engine=prog.engine.value,
         )
     visible = False
+    source = index.ring(src.write.op.src)
     for op in prog.ops[at + 1 :]:
-        if isinstance(op, WriteBarrier | Flush):
+        if isinstance(op, WriteBarrier) or (isinstance(op, Flush) and index.ring(op.buf) == source):
             visible = True
-        elif isinstance(op, SemInc) and op.sem == sem and op.at == reader:
+        elif isinstance(op, SemInc) and op.sem == sem and op.at == reader and op.by >= 1:
             if not visible:
                 raise SemanticError(
                     f"{head} — {index.op(op)} raises site {int(reader)}'s semaphore before a WriteBarrier makes the"

@@ -53,7 +53,7 @@ from .dataflow import SiteRun, Write, same_op
 from .declared import declared
 from .facts import Programs
 from .partials import Workspace, check_handshake, item_values, raises
-from .symbolic import AccSum, Aff, Cell, Copy, Elem, Partial, Product, Sym, one_to_one
+from .symbolic import AccSum, Aff, Cell, Copy, Elem, Partial, Product, Sym, one_to_one, split
 
 WITNESS_LIMIT = 1 << 14  # iterations a message may enumerate to name a concrete tile (the proof never does)
 ENUM_LIMIT = 1 << 22  # k-tiles listed when interleaved products are not one mixed radix (an unrolled K loop)
@@ -159,10 +159,10 @@ def _followable(index: ProgramIndex, prog: EngineProgram) -> None:
     """Refuse what the rule cannot follow, before following anything."""
     for op in walk(prog.ops):
         why = None
-        if isinstance(op, Loop) and isinstance(op.count, Trip):
+        if isinstance(op, Loop) and isinstance(op.count, Trip) and index.p.plan.groups == 1:  # type: ignore[union-attr]
             why = (
                 "its trip count is read from data, so what the program computes would depend on the data; the"
-                " semantic rule proves a fixed function of the inputs"
+                " semantic rule proves a fixed function of the inputs, or a grouped GEMM's rows counted at run time"
             )
         elif isinstance(op, McastSend):
             why = "multicast moves pages between sites; the semantic rule follows pages within a site"
@@ -197,7 +197,67 @@ class _Proof:
 
     def check(self) -> None:
         self.coverage()
+        self.rows()
         self.value(self.w.cell, self.decl.last)
+
+    # ---- a grouped GEMM: the rows each group's count leaves ---------------------------------------------------------
+
+    def group_of(self, row: Aff) -> Aff:
+        """The group of a tile row of the (stacked) output, as a form."""
+        out = self.decl.out
+        parts = split(row, out.group_tiles[0], self.ranges)
+        if parts is None:
+            raise self.unsure(f"its rows {row.text()} cross the groups of {out.name} within a block")
+        return parts[0]
+
+    def unsure(self, why: str) -> StrongerCheckNeeded:
+        return StrongerCheckNeeded(
+            f"{self.w.head} — {why}", site=int(self.site.site), engine=self.w.engine, op=self.site.index.op(self.w.op)
+        )
+
+    def rows(self) -> None:
+        """A grouped output is written in the loop its group's row count counts — ceil(count / rows a block) blocks
+        — and past the count its rows are masked: so for any count, exactly the rows 0 … count − 1 of the group are
+        written, each once (coverage above holds at the loop's bound, every row present)."""
+        out, op = self.decl.out, self.w.op
+        if out.groups == 1:
+            if self.w.trips:
+                raise self.unsure("it runs in a loop counted at run time, and only a grouped output's rows are")
+            return
+        if op.rows_from is None:
+            raise self.fail(
+                f"it writes every row of {out.name}'s groups; a grouped output's rows at or past its group's count"
+                " must be left alone (rows_from)"
+            )
+        group = self.group_of(self.w.row)
+        inner = split(self.w.row, out.group_tiles[0], self.ranges)[1]  # type: ignore[index]
+        found = [(t, e, s) for t, e, s in self.w.trips if t.tensor == op.rows_from]
+        if len(found) != 1 or len(self.w.trips) != 1:
+            raise self.unsure(
+                f"it writes {out.name} inside {len(self.w.trips)} loop(s) counted at run time; the rule follows one, "
+                f"counting its group's rows from {self.site.index.tensors[op.rows_from].name}"
+            )
+        trip, element, sym = found[0]
+        if element != group:
+            raise self.fail(
+                f"its loop counts rows of group {element.text()} ({self.site.index.tensors[trip.tensor].name}), but"
+                f" it writes group {group.text()}"
+            )
+        tile = self.site.index.p.tile.rows
+        step = trip.per // tile
+        rest = inner - (Aff.of(sym, inner.coef(sym)) if sym is not None else Aff(0))
+        ok = (
+            trip.per % tile == 0
+            and (sym is None or inner.coef(sym) == step)
+            and one_to_one(rest, self.ranges) == (0, step)
+            and trip.bound * trip.per >= out.elems[0]
+        )
+        if not ok:
+            raise self.fail(
+                f"its loop runs ceil(count / {trip.per}) times, at most {trip.bound}, and writes tile rows"
+                f" {inner.text()} of the group: the blocks it writes must be {trip.per} rows each, one after"
+                f" another from row 0, and reach the group's {out.elems[0]} rows"
+            )
 
     # ---- witnesses, for messages ----------------------------------------------------------------------------------
 
@@ -341,10 +401,14 @@ class _Proof:
                         f" {got.at(values)}, not {want_form.at(values)}"
                     )
             k = t.a.col
-            if t.b.row != k:
-                values = self.differ([(t.b.row, k)], set(t.sums))
+            b_k = t.b.row
+            if self.decl.out.groups > 1:  # B's rows are stacked: group g's K tiles from g · (its tile rows)
+                b = index.tensors[self.decl.b]  # type: ignore[index]
+                b_k = t.b.row - self.group_of(self.w.row) * b.group_tiles[0]
+            if b_k != k:
+                values = self.differ([(b_k, k)], set(t.sums))
                 raise self.fail(
-                    f"{self.tile_text(values)} multiplies A's k-tile {k.at(values)} by B's k-tile {t.b.row.at(values)}"
+                    f"{self.tile_text(values)} multiplies A's k-tile {k.at(values)} by B's k-tile {b_k.at(values)}"
                 )
             if k.syms() - set(t.sums):
                 moves = ", ".join(sorted(s.label for s in k.syms() - set(t.sums)))

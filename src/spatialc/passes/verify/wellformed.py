@@ -117,6 +117,7 @@ def check_plans(p: SpatialProgram) -> None:
         _positive(f"{name}'s grid", plan.grid)
         _positive(f"{name}'s k_tiles", (plan.k_tiles,))
         _positive(f"{name}'s depth", (plan.depth,))
+        _positive(f"{name}'s groups", (plan.groups,))
         h, w = plan.item_tiles
         if max(h, w, b.ibw) > MAX_ITEM_SIDE:
             raise IllFormedError(
@@ -132,10 +133,13 @@ def check_plans(p: SpatialProgram) -> None:
             )
         if out is None:
             raise IllFormedError(f"{name} lays out an output tensor, but the program has none")
-        if out.tiles != (plan.grid[0] * h, plan.grid[1] * w):
+        if out.groups != plan.groups:
+            raise IllFormedError(f"{name} plans {plan.groups} group(s), but the output {out.name} holds {out.groups}")
+        if out.tiles != (plan.groups * plan.grid[0] * h, plan.grid[1] * w):
+            each = f" in each of {plan.groups} groups" if plan.groups > 1 else ""
             raise IllFormedError(
                 f"{name}'s {plan.grid[0]}x{plan.grid[1]} items of {h}x{w} tiles cover"
-                f" {plan.grid[0] * h}x{plan.grid[1] * w} tiles, but the output tensor {out.name} has"
+                f" {plan.grid[0] * h}x{plan.grid[1] * w} tiles{each}, but the output tensor {out.name} has"
                 f" {out.tiles[0]}x{out.tiles[1]}"
             )
 
@@ -156,9 +160,14 @@ def check_tensors(p: SpatialProgram) -> None:
     for t in p.tensors:
         _positive(f"tensor {t.name}'s elements", t.elems)
         _positive(f"tensor {t.name}'s tile grid", t.tiles)
+        _positive(f"tensor {t.name}'s groups", (t.groups,))
+        if t.tiles[0] % t.groups:
+            raise IllFormedError(
+                f"tensor {t.name} stacks {t.groups} groups in {t.tiles[0]} rows of tiles, not a whole number each"
+            )
         need = tuple(math.ceil(e / s) for e, s in zip(t.elems, tile, strict=True))
         for dim in (0, 1):
-            if not need[dim] <= t.tiles[dim] <= need[dim] + pad[dim]:
+            if not need[dim] <= t.group_tiles[dim] <= need[dim] + pad[dim]:
                 raise IllFormedError(_grid_fault(t, tile, need, pad, dim, bool(p.plans)))
         if t.tiles[0] * t.tiles[1] > MAX_INT:
             raise IllFormedError(
@@ -171,11 +180,13 @@ def _grid_fault(
     t: Tensor, tile: tuple[int, int], need: tuple[int, ...], pad: tuple[int, int], dim: int, planned: bool
 ) -> str:
     side = ("rows", "columns")[dim]
+    grid = t.group_tiles
+    each = f" (each of its {t.groups} groups)" if t.groups > 1 else ""
     head = (
-        f"tensor {t.name}: {t.elems[0]}x{t.elems[1]} elements in {tile[0]}x{tile[1]} tiles take {need[0]}x"
-        f"{need[1]} tiles, but its tile grid is {t.tiles[0]}x{t.tiles[1]}"
+        f"tensor {t.name}{each}: {t.elems[0]}x{t.elems[1]} elements in {tile[0]}x{tile[1]} tiles take {need[0]}x"
+        f"{need[1]} tiles, but its tile grid is {grid[0]}x{grid[1]}"
     )
-    if t.tiles[dim] < need[dim]:
+    if grid[dim] < need[dim]:
         return f"{head}, too few {side} of tiles to hold it"
     if pad[dim]:
         return f"{head}; whole blocks pad at most {pad[dim]} more {side} of tiles"
@@ -281,6 +292,9 @@ def check_tables(p: SpatialProgram, target: SpatialTarget | None = None) -> None
     _unique("tensor", (t.id for t in p.tensors))
     _unique("buffer", (b.id for b in p.buffers))
     _unique("semaphore", (s.id for s in p.semaphores))
+    for sem in p.semaphores:
+        if not -MAX_INT <= sem.initial <= MAX_INT:
+            raise IllFormedError(f"semaphore {sem.name} starts at {sem.initial}; a count is kept in a C int")
     _unique("stage", (s.id for s in p.stages))
     _check_buffers(p)
     _check_stages(p)
@@ -389,6 +403,31 @@ def check_ops(index: ProgramIndex, programs: Iterable[EngineProgram]) -> None:
         _OpCheck(index, prog).body(prog.ops, ())
 
 
+def check_sem_counts(index: ProgramIndex, programs: Iterable[EngineProgram]) -> None:
+    """No site's copy of a semaphore can pass what a C int holds: its start plus every raise any site makes of it
+    (loops run their counts, run-time counts their bounds) — the kernel keeps the count in an `int`."""
+    total: dict[tuple[Site, object], int] = {}
+
+    def walk_ops(ops: tuple[ChoreoOp, ...], times: int) -> None:
+        for op in ops:
+            if isinstance(op, Loop):
+                n = op.count.n if isinstance(op.count, Const) else op.count.bound
+                walk_ops(op.body, times * max(n, 0))
+            elif isinstance(op, SemInc) and op.by > 0:
+                total[(op.at, op.sem)] = total.get((op.at, op.sem), 0) + op.by * times
+
+    for prog in programs:
+        walk_ops(prog.ops, 1)
+    for (site, sem), raised in total.items():
+        start = index.sems[sem].initial  # type: ignore[index]
+        if start + raised > MAX_INT:
+            raise IllFormedError(
+                f"site {int(site)}'s copy of semaphore {index.sems[sem].name} can reach {start + raised}"  # type: ignore[index]
+                f" ({start} and the raises of it); the kernel keeps a count in a C int, at most {MAX_INT}",
+                site=int(site),
+            )
+
+
 def check_site_groups(index: ProgramIndex, programs: Iterable[EngineProgram]) -> None:
     """A site names only groups it belongs to (the one part of rule 1 that depends on the site, not the ops)."""
     for prog in programs:
@@ -456,12 +495,24 @@ class _OpCheck:
                         f"its trip count reads {t.name}, an {t.role.value} tensor; trip counts come from a"
                         " parameter tensor",
                     )
-                if not 0 <= index < t.elems[0] * t.elems[1]:
+                lo, hi = index, index
+                placed = self.index.p.plan.placed if self.index.p.plan is not None else (1, 1)
+                for var, stride in op.count.steps:
+                    if var not in (LV_ITEM_Y, LV_ITEM_X):
+                        raise self.fail(
+                            op, f"its trip count's element steps with {loop_var_name(var)}; only item_y and item_x may"
+                        )
+                    reach = stride * (placed[0 if var == LV_ITEM_Y else 1] - 1)
+                    lo, hi = lo + min(reach, 0), hi + max(reach, 0)
+                if not 0 <= lo <= hi < t.elems[0] * t.elems[1]:
                     raise self.fail(
-                        op, f"its trip count reads element {index} of {t.name}, which has {t.elems[0] * t.elems[1]}"
+                        op,
+                        f"its trip count reads elements {lo}..{hi} of {t.name}, which has {t.elems[0] * t.elems[1]}",
                     )
                 if not 0 <= limit <= MAX_INT:
                     raise self.fail(op, f"a trip bound must be ≥ 0 and at most {MAX_INT}, not {limit}")
+                if not 1 <= op.count.per <= MAX_INT:
+                    raise self.fail(op, f"a trip count's divisor must be ≥ 1 and at most {MAX_INT}, not {op.count.per}")
 
     def buf(self, op: ChoreoOp, bid) -> None:
         if bid not in self.index.buffers:
@@ -492,6 +543,10 @@ class _OpCheck:
                 self.compute(op, bound)
             case ReadBarrier() | WriteBarrier():
                 pass
+            case SemSet(_, v) | SemWait(_, v) | McastSetValid(_, _, v) if not -MAX_INT <= v <= MAX_INT:
+                raise self.fail(op, f"a semaphore count must be within ±{MAX_INT} (the kernel keeps it in a C int)")
+            case SemInc(_, _, by) if not -MAX_INT <= by <= MAX_INT:
+                raise self.fail(op, f"a semaphore raise must be within ±{MAX_INT} (the kernel adds it to a C int)")
             case SemSet() | SemInc() | SemWait() | McastSetValid() | Barrier():
                 pass
             case _:
@@ -526,6 +581,18 @@ class _OpCheck:
         self.addr(op, op.at, bound)
         if op.block_h < 1 or op.block_w < 1:
             raise self.fail(op, f"a block must be at least 1x1 tiles, not {op.block_h}x{op.block_w}")
+        if op.rows_from is not None:
+            sizes = self.tensor(op, op.rows_from)
+            if sizes.role != TensorRole.PARAMETER or sizes.dtype != DType.INT32 or sizes.elems != (1, t.groups):
+                raise self.fail(
+                    op,
+                    f"its row counts come from {sizes.name}, {role_text(sizes)} of {sizes.elems[0]}x{sizes.elems[1]}"
+                    f" {sizes.dtype.value}; they are an int32 parameter of one value per group of {t.name}"
+                    f" (1x{t.groups})",
+                    buf,
+                )
+            if t.order != TileOrder.ROW:
+                raise self.fail(op, f"it limits the rows of {t.name}, whose tiles are column-major", buf)
 
     def addr(self, op: ChoreoOp, at: TileAddr, bound: tuple[LoopVar, ...]) -> None:
         """Every variable of an address is an item coordinate or bound by an enclosing loop."""
