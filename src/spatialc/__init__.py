@@ -4,7 +4,7 @@
 # imported next rebinds it for good; loaded later (by the first call), the package would replace the function.
 from . import lower as _lower_package  # noqa: F401
 from .accuracy import Tolerance, tolerance
-from .api import build, emulate, evaluate, from_json, gemm, lower, run, to_json, verify
+from .api import build, emulate, evaluate, from_json, gemm, grouped_gemm, lower, run, to_json, verify
 from .errors import DeadlockError, PlanError, ProgramError, SpatialError, VerifyError
 from .frontend import activation, bias, relu, requant, scalar
 from .inputs import InexactInputWarning, InputError
@@ -33,6 +33,7 @@ __all__ = [
     "evaluate",
     "from_json",
     "gemm",
+    "grouped_gemm",
     "lower",
     "relu",
     "requant",

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import ProgramError, SpatialError
-from .frontend import gemm
+from .frontend import gemm, grouped_gemm
 from .ir import serde
 from .ir.nodes import SpatialProgram
 from .target import SpatialTarget
 from .target import target as get_target
 
-__all__ = ["build", "emulate", "evaluate", "from_json", "gemm", "lower", "run", "to_json", "verify"]
+__all__ = ["build", "emulate", "evaluate", "from_json", "gemm", "grouped_gemm", "lower", "run", "to_json", "verify"]
 
 
 def build(
@@ -134,6 +134,7 @@ def run(artifact, a, b, **params: Any):
 
 
 gemm = gemm
+grouped_gemm = grouped_gemm
 
 
 def expect_program(name: str, program: object, whence: str) -> None:

@@ -212,6 +212,8 @@ def grouped_gemm(
     groups = _dim("groups", groups)
     if groups > MAX_GROUPS:
         raise ProgramError(f"groups must be at most {MAX_GROUPS}, not {groups}")
+    if any(isinstance(s, BiasOf) and s.name.lower() == SIZES for s in epilogue if isinstance(epilogue, list | tuple)):
+        raise ProgramError(f"a grouped GEMM's row counts are the tensor {SIZES!r}; name the bias otherwise")
     return _gemm(max_rows, n, k, precision, epilogue, target, out, groups)
 
 

@@ -383,15 +383,15 @@ inline void spatialc_tilize_groups(const std::vector<double>& x, int groups, int
     }
 }
 
-// Whether every value of `v` (a grouped GEMM's row counts) is a whole number in 0..limit.
-inline bool spatialc_counts_in(const std::vector<double>& v, int limit)
+// The first value of `v` (a grouped GEMM's row counts) that is no whole number in 0..limit, or -1.
+inline long long spatialc_count_out(const std::vector<double>& v, int limit)
 {
-    for (double x : v) {
-        if (x < 0 || x > limit || x != (double)(long long)x) {
-            return false;
+    for (size_t i = 0; i < v.size(); ++i) {
+        if (v[i] < 0 || v[i] > limit || v[i] != (double)(long long)v[i]) {
+            return (long long)i;
         }
     }
-    return true;
+    return -1;
 }
 
 // Deterministic, non-zero, small inputs for timing: exact in every operand type.

@@ -83,7 +83,45 @@ def _gemm_parser(sub) -> None:
     g.add_argument("m", type=int, help="M: rows of A and of C (elements)")
     g.add_argument("n", type=int, help="N: columns of B and of C (elements)")
     g.add_argument("k", type=int, help="K: columns of A, rows of B: the reduction's length (elements)")
-    g.add_argument("--precision", default="int8", choices=["int8", "fp16", "bf16"], help="operand type (default: int8)")
+    _program_options(g, "int8", split=True)
+
+
+def _grouped_parser(sub) -> None:
+    g = sub.add_parser(
+        "grouped-gemm",
+        help="build, verify and check a grouped GEMM whose row counts arrive at run time (a mixture-of-experts layer)",
+        description="Build C[g, :m_g] = epilogue(A[g, :m_g] @ B[g]) for G groups of at most MAXROWS rows each"
+        " (A: G×MAXROWS×K, B: G×K×N, C: G×MAXROWS×N; the row counts m_g are the int32 tensor `sizes`, read at run"
+        " time: rows at or past m_g are neither read nor written), verify it, evaluate it with the reference"
+        " interpreter and check it against numpy; with --emit / --run, lower it to CUDA (the general form) and run"
+        " it.",
+        epilog=EPILOG,
+    )
+    g.add_argument("groups", type=int, help="G: the number of groups (experts)")
+    g.add_argument("max_rows", type=int, help="MAXROWS: the most rows a group has (elements)")
+    g.add_argument("n", type=int, help="N: columns of each B and C (elements)")
+    g.add_argument("k", type=int, help="K: columns of each A, rows of each B (elements)")
+    g.add_argument(
+        "--sizes",
+        type=_sizes,
+        metavar="M0,M1,…",
+        help="each group's row count, G whole numbers in 0..MAXROWS (default: drawn at random from --seed)",
+    )
+    _program_options(g, "bf16", split=False)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes takes whole numbers separated by commas, not {text!r}") from None
+
+
+def _program_options(g: argparse.ArgumentParser, precision: str, *, split: bool) -> None:
+    """The options `gemm` and `grouped-gemm` share: precision, target, plan, placement, epilogue, run, outputs."""
+    g.add_argument(
+        "--precision", default=precision, choices=["int8", "fp16", "bf16"], help=f"operand type (default: {precision})"
+    )
     g.add_argument("--target", default="sm_90", help=f"GPU to plan for, one of {', '.join(TARGETS)} (default: sm_90)")
     g.add_argument(
         "--block",
@@ -106,13 +144,14 @@ def _gemm_parser(sub) -> None:
         help="how items go to sites (default: grouped — round-robin over bands of rows — where the sites take more"
         " than one wave of items, else contiguous)",
     )
-    g.add_argument(
-        "--split-k",
-        type=int,
-        metavar="S",
-        help="reduce each item's K on S sites whose partial sums meet in a workspace (general form); default: the"
-        " planner splits a GEMM whose items fill less than half the machine while K is long, 1 never splits",
-    )
+    if split:
+        g.add_argument(
+            "--split-k",
+            type=int,
+            metavar="S",
+            help="reduce each item's K on S sites whose partial sums meet in a workspace (general form); default:"
+            " the planner splits a GEMM whose items fill less than half the machine while K is long, 1 never splits",
+        )
     g.add_argument("--bias", action="store_true", help="epilogue: add a bias vector (one value per column), first")
     g.add_argument("--relu", action="store_true", help="epilogue: max(x, 0), after the bias")
     g.add_argument(
@@ -196,6 +235,7 @@ def make_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     _gemm_parser(sub)
+    _grouped_parser(sub)
     s = sub.add_parser("show", help="print a saved program", epilog=EPILOG)
     s.add_argument("file", type=Path, help="a program saved by `spatialc gemm --json` or spatialc.to_json")
     s.add_argument("--sites", type=_count, default=2, help="how many sites' programs to list (default: 2)")
@@ -266,7 +306,7 @@ def _dispatch(argv: list[str]) -> int:
     args = make_parser().parse_args(argv)
     if getattr(args, "mode", None) is not None and args.command == "gemm" and not args.run:
         raise UsageError("spatialc gemm: --mode says how the emulation runs the kernel; it goes with --run")
-    return getattr(commands, f"cmd_{args.command}")(args)
+    return getattr(commands, f"cmd_{args.command.replace('-', '_')}")(args)
 
 
 def _closed_stdout() -> int:

@@ -17,19 +17,23 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:
     """Inputs for a GEMM: int8 over its whole range, fp16/bf16 standard normal rounded to the operand type (float32
     arrays: they were chosen at random, so they are not rounded again, with a warning, on the way in); a bias of n
-    values (int32 within ±2^15 for int8 programs)."""
-    from ..inputs import operand_values
+    values (int32 within ±2^15 for int8 programs); a grouped GEMM's row counts uniform in 0..max_rows."""
+    from ..inputs import operand_values, row_limits
 
     rng = np.random.default_rng(seed)
     out = {}
     integer = p.precision.value == "int8"
+    counts = row_limits(p)
     for t in p.tensors:
+        shape = (t.groups, *t.elems) if t.groups > 1 else t.elems
         if t.role.value == "input":
             out[t.name] = (
-                rng.integers(-128, 128, size=t.elems, dtype=np.int8)
+                rng.integers(-128, 128, size=shape, dtype=np.int8)
                 if integer
-                else operand_values(t.name, rng.standard_normal(t.elems), t.dtype).astype(np.float32)
+                else operand_values(t.name, rng.standard_normal(shape), t.dtype).astype(np.float32)
             )
+        elif t.name in counts:  # a grouped GEMM's row counts: anything from none to all of a group's rows
+            out[t.name] = rng.integers(0, counts[t.name] + 1, size=t.elems[1]).astype(np.int32)
         elif t.role.value == "parameter":
             n = t.elems[1]
             out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)
@@ -63,14 +67,25 @@ def program_lines(p: SpatialProgram) -> list[str]:
             f"  split-K   {p.placement.splits} sites per item, at most {plural(most, 'K step')} each; the owner adds"
             f" the others' partial sums in split order from a workspace of {workspace_bytes(p)} bytes"
         ]
+    if plan.groups > 1:
+        split = [
+            f"  groups    {plan.groups}, each up to {plan.grid[0]}x{plan.grid[1]} items; a site takes strips (one"
+            f" group, one column of items) and runs as many of a strip's {plan.grid[0]} items as its row count"
+            " fills, read at run time"
+        ]
     return [
         f"  plan      block {b.osh}x{b.osw}x{b.ibw} tiles, sub-blocks {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
         f" (items of {h * p.tile.rows}x{w * p.tile.cols} outputs), grid {plan.grid[0]}x{plan.grid[1]} items,"
         f" {plural(plan.k_steps, 'K step')}, operand rings {plural(plan.depth, 'page')} deep",
-        f"  sites     {len(counts)} ({placement}), {held} {'item' if held == '1' else 'items'} per site",
+        f"  sites     {len(counts)} ({placement}), {held} {_unit(plan, held)} per site",
         f"  rings     {', '.join(rings)} (the program's; the kernel's are below)",
         *split,
     ]
+
+
+def _unit(plan, held: str) -> str:
+    word = "strip" if plan.groups > 1 else "item"
+    return word if held == "1" else word + "s"
 
 
 def kernel_lines(p: SpatialProgram, art) -> list[str]:

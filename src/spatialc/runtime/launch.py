@@ -144,7 +144,10 @@ def bind(args: Sequence[Arg], a: Any, b: Any, params: Mapping[str, Any]) -> list
             continue
         library_of(x.name, values[x.name])
         value = shaped(x.spec, values[x.name])
-        check_tiles(x.name, tuple(value.shape), x.tiles)
+        if x.groups > 1:  # each group on its own share of the stacked grid
+            check_tiles(x.name, tuple(value.shape[1:]), (x.tiles[0] // x.groups, x.tiles[1]))
+        else:
+            check_tiles(x.name, tuple(value.shape), x.tiles)
         bound.append((x, value))
     return bound
 

@@ -101,11 +101,13 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
         else:
             w.line(f'if (!spatialc_read("{files[i]}", h{i})) {{ return 2; }}')
             if t.name in limits:
+                w.line(f"const long long out{i} = spatialc_count_out(h{i}, {limits[t.name]});")
                 _exit_if(
                     w,
-                    f"!spatialc_counts_in(h{i}, {limits[t.name]})",
-                    f"{t.name}: a group's row count lies outside 0..{limits[t.name]} (its max_rows)",
-                    "0",
+                    f"out{i} >= 0",
+                    f"tensor {t.name}: group %lld has %g rows; each group's row count lies in 0..{limits[t.name]}"
+                    " (its max_rows)",
+                    f"out{i}, h{i}[(size_t)out{i}]",
                 )
         w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
         col = ", true" if t.order == TileOrder.COL else ""
