@@ -389,3 +389,15 @@ def test_the_cli_runs_a_grouped_gemm_and_refuses_bad_sizes(capsys):
         assert main(["grouped-gemm", "3", "40", "32", "48", "--sizes", sizes]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
+
+
+def test_a_grouped_gemm_is_planned_for_the_general_form_and_sized_per_group():
+    """Its rows are counted at run time, which only the general form prints: the plan is made for it (a persistent
+    plan would not fit its rings), and forcing the persistent form is one clear error. Sizes are checked per
+    tensor: groups × rows × columns."""
+    p = spatialc.build(spatialc.grouped_gemm(8, 4096, 4096, 4096, "bf16", out="bf16"), "sm_90")
+    assert spatialc.lower(p).budget.form == "general"
+    with pytest.raises(ProgramError, match="form='general' or 'auto'"):
+        spatialc.build(spatialc.grouped_gemm(2, 64, 64, 64), "sm_90", form="persistent")
+    with pytest.raises(ProgramError, match="A would be 65536x512x1024"):
+        spatialc.grouped_gemm(65536, 512, 16, 1024)

@@ -154,11 +154,12 @@ def _dim(name: str, v: object) -> int:
     return v
 
 
-def _check_size(m: int, n: int, k: int) -> None:
+def _check_size(m: int, n: int, k: int, groups: int = 1) -> None:
     for name, rows, cols in (("A", m, k), ("B", k, n), ("C", m, n)):
-        if rows * cols > MAX_TENSOR_ELEMS:
+        if groups * rows * cols > MAX_TENSOR_ELEMS:
+            shape = f"{groups}x{rows}x{cols}" if groups > 1 else f"{rows}x{cols}"
             raise ProgramError(
-                f"{name} would be {rows}x{cols} = {rows * cols} elements; spatialc takes tensors of at most"
+                f"{name} would be {shape} = {groups * rows * cols} elements; spatialc takes tensors of at most"
                 f" 2^34 = {MAX_TENSOR_ELEMS} elements (beyond what any GPU holds)"
             )
 
@@ -234,7 +235,7 @@ def _gemm(
     bf16 programs "float32" (the default), "fp16" or "bf16" (the float32 result rounded to nearest even). The
     accumulator is int32 or float32 whatever C holds."""
     m, n, k = _dim("max_rows" if groups > 1 else "m", m), _dim("n", n), _dim("k", k)
-    _check_size(m * groups, n, k * groups)
+    _check_size(m, n, k, groups)
     prec = precision_of(precision)
     if not isinstance(epilogue, list | tuple):
         raise ProgramError(f"epilogue is a list of stages (e.g. [spatialc.bias(), spatialc.relu()]), not {epilogue!r}")

@@ -28,6 +28,13 @@ def build(
     gives each item that many sites (`passes/split.py`); None lets the planner split a GEMM whose items fill less
     than half the machine while K is long."""
     p = program.evolve(target=target.name)
+    if any(t.groups > 1 for t in p.tensors):  # rows counted at run time: only the general form prints them
+        if form == "persistent":
+            raise ProgramError(
+                "a grouped GEMM's rows are counted at run time, which the persistent kernel cannot print; use"
+                " form='general' or 'auto'"
+            )
+        form = "general"
     # The plan comes first: the item grid it fixes is what placement distributes.
     p = tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=form)
     splits = _splits(p, target, split_k, form, sites, placement)
