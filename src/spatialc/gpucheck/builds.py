@@ -99,7 +99,10 @@ def _build(case: Case, target: str, out: str | None) -> Built:
         built.kernel["out"] = out
     try:
         kw: dict[str, Any] = {} if out is None else {"out": out}
-        gemm = spatialc.gemm(case.m, case.n, case.k, case.precision, **kw)
+        if case.groups > 1:
+            gemm = spatialc.grouped_gemm(case.groups, case.m, case.n, case.k, case.precision, **kw)
+        else:
+            gemm = spatialc.gemm(case.m, case.n, case.k, case.precision, **kw)
         program = spatialc.build(gemm, target)
         built.plan = describe_plan(program)
         built.kernel.update(plan_facts(program))

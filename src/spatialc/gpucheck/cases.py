@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,8 +15,9 @@ from ..errors import SpatialError
 from ..runtime.tilize import ELEMENT_DTYPES
 
 PRECISIONS = ("int8", "fp16", "bf16")
-# The last two have few output items and a long K: the planner splits their K over sites (split-K), so their rows
-# compare that against cuBLAS (which splits such shapes too).
+# 128x128x65536 and 512x512x32768 have few output items and a long K: the planner splits their K over sites
+# (split-K), so their rows compare that against cuBLAS (which splits such shapes too). Then grouped GEMMs
+# (gG:MAXROWSxNxK): G groups with row counts drawn from 0..MAXROWS, fp16 / bf16 only.
 DEFAULT_SIZES = (
     "256",
     "512",
@@ -27,7 +29,10 @@ DEFAULT_SIZES = (
     "4097x513x1031",
     "128x128x65536",
     "512x512x32768",
+    "g8:4096x4096x4096",
+    "g64:4096x4096x4096",
 )
+GROUPED_PRECISIONS = ("fp16", "bf16")  # the grouped rows' baselines (torch.matmul per group, torch._grouped_mm)
 # What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
 # spatialc's kernels are built for it (`spatialc.gemm(..., out=…)`) where gemm takes `out`.
 TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16"}
@@ -71,21 +76,25 @@ class BudgetExceeded(Exception):
 
 
 class _Product:
-    """What a case and its row say of their product C = A·B: `size` (`MxNxK`), `ops`, and `precision size`."""
+    """What a case and its row say of their product C = A·B: `size` (`MxNxK`, a grouped GEMM's `gG:MAXROWSxNxK`),
+    `ops` (a grouped GEMM's: over the rows its drawn counts give), and `precision size`."""
 
     __slots__ = ()  # no fields of its own: the dataclasses below keep theirs (and their slots)
     m: int
     n: int
     k: int
     precision: str
+    groups: int
 
     @property
     def size(self) -> str:
-        return f"{self.m}x{self.n}x{self.k}"
+        head = f"g{self.groups}:" if self.groups > 1 else ""
+        return f"{head}{self.m}x{self.n}x{self.k}"
 
     @property
     def ops(self) -> int:
-        return 2 * self.m * self.n * self.k
+        rows = int(grouped_sizes(self.groups, self.m).sum()) if self.groups > 1 else self.m
+        return 2 * rows * self.n * self.k
 
     def __str__(self) -> str:
         return f"{self.precision} {self.size}"
@@ -93,12 +102,36 @@ class _Product:
 
 @dataclass(frozen=True, slots=True)
 class Case(_Product):
-    """One product to check."""
+    """One product to check (`groups` > 1: a grouped GEMM of that many groups of at most m rows)."""
 
     m: int
     n: int
     k: int
     precision: str
+    groups: int = 1
+
+
+def grouped_sizes(groups: int, max_rows: int) -> Any:
+    """A grouped row's row counts: uniform in 0..max_rows, the same on every machine for the same shape (numpy's
+    PCG64 seeded from the shape)."""
+    import numpy as np
+
+    rng = np.random.default_rng(zlib.crc32(f"grouped {groups} {max_rows}".encode()))
+    return rng.integers(0, max_rows + 1, groups).astype(np.int32)
+
+
+def parse_grouped(text: str) -> tuple[int, tuple[int, int, int]] | None:
+    """`g8:4096x4096x4096` → (8, (4096, 4096, 4096)); None for a plain size."""
+    if not text.lower().startswith("g"):
+        return None
+    head, _, rest = text[1:].partition(":")
+    try:
+        groups = int(head)
+    except ValueError:
+        raise SpatialError(f"size {text!r} is not gG:MAXROWSxNxK (a grouped GEMM)") from None
+    if groups < 2 or not rest:
+        raise SpatialError(f"size {text!r} is not gG:MAXROWSxNxK with at least 2 groups")
+    return groups, parse_size(rest)
 
 
 def parse_size(text: str) -> tuple[int, int, int]:
@@ -121,8 +154,14 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
     for p in precs:
         if p not in PRECISIONS:
             raise SpatialError(f"unknown precision {p!r}; use {', '.join(PRECISIONS)}")
-    dims = [parse_size(s) for s in sizes]
-    return list(dict.fromkeys(Case(*d, p) for d in dims for p in precs))
+    out = []
+    for s in sizes:
+        grouped = parse_grouped(s)
+        if grouped is None:
+            out += [Case(*parse_size(s), p) for p in precs]
+        else:
+            out += [Case(*grouped[1], p, grouped[0]) for p in precs if p in GROUPED_PRECISIONS]
+    return list(dict.fromkeys(out))
 
 
 def preflight_case(cases: list[Case]) -> Case:
@@ -232,12 +271,13 @@ class Probe:
 
 @dataclass
 class Row(_Product):
-    """One (precision, m, n, k) of the check."""
+    """One (precision, m, n, k) of the check (a grouped GEMM's: `groups` of at most m rows)."""
 
     precision: str
     m: int
     n: int
     k: int
+    groups: int = 1
     status: str = "pending"  # ok | wrong | error | hung | skipped | pending (not reached yet)
     plan: str = ""
     contestants: list[Contestant] = field(default_factory=list)
@@ -253,7 +293,7 @@ class Row(_Product):
 
 def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
     """A row with nothing measured (pending, skipped or failed, and why), or only the `facts` given (plan, …)."""
-    return Row(case.precision, case.m, case.n, case.k, status=status, note=note, **facts)
+    return Row(case.precision, case.m, case.n, case.k, case.groups, status=status, note=note, **facts)
 
 
 # ---- checking a result -----------------------------------------------------------------------------------------

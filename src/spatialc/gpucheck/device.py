@@ -194,6 +194,11 @@ class GpuRunner:
         return row
 
     def _measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
+        if case.groups > 1:  # a grouped GEMM's row counts, its own contestants (grouped.py)
+            from .grouped import GroupedRows
+
+            GroupedRows(self).measure(case, built, row, deadline)
+            return
         inputs = self._inputs(case, self._copies(case))
         ref = self._reference(inputs, case)
         verdicts = [("error", built.error)] if built.error else []

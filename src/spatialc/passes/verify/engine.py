@@ -359,8 +359,20 @@ class EngineRun:
         col = Aff.of(ACC_COL) if w > 1 else Aff(0)
         a, b = cells[0].subst({PR: row, PC: kk}), cells[1].subst({PR: kk, PC: col})
         summed = [(sym, lp) for token, sym, lp in self.frames[len(acc.opened) :] if sym is not None]
+        self.fixed_sum(op, [lp for _, _, lp in self.frames[len(acc.opened) :]])
         acc.terms.append(Product(a, b, (*(s for s, _ in summed), *kk.syms())))
         acc.summed.update(summed)
+
+    def fixed_sum(self, op: ChoreoOp, loops: list[Loop]) -> None:
+        """A sum must not run in a loop counted at run time: followed at its bound it would be proved whole, yet run
+        only as often as the data says."""
+        counted = [lp for lp in loops if isinstance(lp.count, Trip)]
+        if counted:
+            raise self.unsure(
+                op,
+                f"it adds to an accumulator inside {self.index.op(counted[0])}, whose count is read at run time: the"
+                " sum's length would depend on the data (only whole rows may be counted so)",
+            )
 
     def pack(self, op: PackAcc) -> None:
         acc = self.live_acc(op, op.acc)
@@ -422,6 +434,7 @@ class EngineRun:
         row = Aff.of(ACC_ROW) if h > 1 else Aff(0)
         col = Aff.of(ACC_COL) if w > 1 else Aff(0)
         summed = [(sym, lp) for token, sym, lp in self.frames[len(acc.opened) :] if sym is not None]
+        self.fixed_sum(op, [lp for _, _, lp in self.frames[len(acc.opened) :]])
         acc.terms.append(Partial(cell.ref.subst({PR: row, PC: col}), tuple(s for s, _ in summed)))
         acc.summed.update(summed)
 

@@ -38,13 +38,14 @@ import numpy as np
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId, ItemId, SemId, Site
 from ...ir.index import ProgramIndex, where
-from ...ir.nodes import ComputeStage, EngineProgram
+from ...ir.nodes import ComputeStage, EngineProgram, ReadStage
 from ...ir.ops import (
     Bias,
     Compute,
     Loop,
     MatmulTiles,
     McastSend,
+    ReadTiles,
     Trip,
     walk,
 )
@@ -82,6 +83,8 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
     for site, progs in programs.distinct_sites():
         run = SiteRun(index, decl, site, progs, items.get(site, ()), _sample(shared[programs.keys[site]]))
         runs.append((run, run.run()))
+    if decl.out.groups > 1:
+        _grouped_reads(index, decl, [w for _, w in runs if w is not None])
     space, counts = None, Counter[tuple[Site, SemId]]()
     if decl.split is not None:
         counts = raises(index)
@@ -105,6 +108,7 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
             continue
         # A split owner: its sum is completed by other sites' partials, found item by item.
         _Proof(run, write).coverage()
+        _Proof(run, write).rows()
         for site in sorted(s for s in programs.keys if programs.keys[s] == programs.keys[run.site]):
             for item in items.get(site, ()):
                 values = item_values(run, write.item, item)
@@ -112,6 +116,46 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
                     write, row=write.row.subst(values), col=write.col.subst(values), cell=write.cell.subst(values)
                 )
                 _Proof(run, fixed, space, site, counts).value(fixed.cell, decl.last)
+
+
+def _grouped_reads(index: ProgramIndex, decl, writes: list[Write]) -> None:
+    """A grouped output's row counts are one tensor, which no stage reads: every loop counted at run time counts
+    rows with the writes' own count (`_Proof.rows` checks it there), every read of A masks its rows with it, and no
+    other read masks anything. (Without these a count, or a mask, taken from another tensor — a bias — would pass
+    the proof at the write unseen.)"""
+    masks = {w.op.rows_from for w in writes}
+    if len(masks) != 1 or None in masks:
+        return  # `_Proof.rows` refuses an unmasked write by name
+    (counts,) = masks
+    assert counts is not None
+    name = index.tensors[counts].name
+    for s in index.p.stages:
+        read = s.kind.tensor if isinstance(s.kind, ReadStage) else getattr(getattr(s.kind, "op", None), "tensor", None)
+        if read == counts:
+            raise SemanticError(
+                f"the row counts come from {name}, which stage {s.name} also reads: a grouped GEMM's row counts are a"
+                " tensor of their own"
+            )
+    trips = [w.trips[0][0] for w in writes if w.trips]
+    for prog in index.p.schedule.programs:  # type: ignore[union-attr]
+        for op in walk(prog.ops):
+            why = None
+            if isinstance(op, Loop) and isinstance(op.count, Trip) and trips and op.count != trips[0]:
+                t = trips[0]
+                shown = f"ceil({index.tensors[t.tensor].name}[…] / {t.per}), at most {t.bound}"
+                why = f"its count is not the one the output's rows are written by ({shown})"
+            elif isinstance(op, ReadTiles) and op.tensor == decl.a and op.rows_from != counts:
+                why = f"it reads {index.tensors[op.tensor].name}'s rows without masking them with {name}"  # type: ignore[index]
+            elif isinstance(op, ReadTiles) and op.tensor != decl.a and op.rows_from is not None:
+                why = f"it masks rows of {index.tensors[op.tensor].name}, whose rows are not the output's"
+            if why is not None:
+                text = index.op(op)
+                raise SemanticError(
+                    f"{where(prog.site, prog.engine.value)}: {text} — {why}",
+                    site=int(prog.site),
+                    engine=prog.engine.value,
+                    op=text,
+                )
 
 
 def _has_partials(cell: Cell) -> bool:
