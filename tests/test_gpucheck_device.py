@@ -538,3 +538,32 @@ def test_a_case_whose_plan_leaves_the_general_form_no_room_gets_it_a_plan_of_its
     assert persistent.artifact is not None and persistent.artifact.general is None
     assert general.artifact is not None and general.artifact.budget.form == "general"
     assert general.facts["own_plan"] != built.plan and general.facts["block"] != built.kernel["block"]
+
+
+def test_a_grouped_row_checks_each_groups_rows_and_times_the_grouped_ways(fake_gpu, tmp_path):
+    """A grouped GEMM's row: spatialc's general form on drawn row counts (rows past each count must keep the poison),
+    torch.matmul per group and torch._grouped_mm, each checked against the float64 reference and timed kernel only."""
+    from spatialc.gpucheck.cases import grouped_sizes
+
+    status, header, rows = run(tmp_path, "--sizes", "g3:40x32x48", "--precisions", "bf16")
+    assert status == 0, rows
+    (row,) = rows
+    assert row["status"] == "ok" and row["size"] == "g3:40x32x48"
+    sizes = grouped_sizes(3, 40)
+    assert row["ops"] == 2 * int(sizes.sum()) * 32 * 48
+    mine = row["by_name"]["spatialc general"]
+    assert mine["ok"] and mine["check"]["correct"] and mine["check"]["unwritten"] == 0
+    assert mine["kernel"]["median_s"] > 0 and mine["end_to_end"] is None
+    for name in ("torch.matmul per group", "torch._grouped_mm"):
+        assert row["by_name"][name]["ok"] and row["by_name"][name]["kernel"]["median_s"] > 0, row["by_name"][name]
+    assert "row counts " in row["note"]
+
+
+def test_a_grouped_kernel_that_writes_past_a_count_is_wrong(fake_gpu, tmp_path, monkeypatch):
+    fake_gpu["fault"] = "spill"
+    monkeypatch.delattr(type(fake_gpu["torch"]), "_grouped_mm")
+    status, _, rows = run(tmp_path, "--sizes", "g3:40x32x48", "--precisions", "fp16")
+    assert status == 1
+    (row,) = rows
+    assert row["status"] == "wrong" and "rows past their group's count were written" in row["note"]
+    assert row["by_name"]["torch._grouped_mm"]["note"].startswith("unavailable: this torch (fake) has no _grouped_mm")

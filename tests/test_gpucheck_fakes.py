@@ -256,6 +256,9 @@ class FakeTensor:
     def view(self, dtype):
         return FakeTensor(self.torch, self.a.view(dtype.np))
 
+    def __getitem__(self, index):
+        return FakeTensor(self.torch, self.a[index])
+
 
 class FakeTorch(type(sys)):
     """torch's CUDA matmul and _int_mm as the real ones take them: _int_mm refuses what aten's _int_mm_out_cuda
@@ -289,6 +292,23 @@ class FakeTorch(type(sys)):
 
     def from_dlpack(self, x):
         return FakeTensor(self, x)
+
+    def cat(self, tensors):
+        return FakeTensor(self, np.concatenate([t.a for t in tensors]))
+
+    def tensor(self, values, dtype, device=None):
+        return FakeTensor(self, np.array(values, dtype=dtype.np))
+
+    def _grouped_mm(self, a, b, offs):
+        """torch's grouped GEMM: A's rows packed group after group (ends at `offs`), B one matrix a group."""
+        ends = [int(x) for x in offs.a]
+        product = np.concatenate(
+            [
+                a.a[s:e].astype(np.float64) @ b.a[g].astype(np.float64)
+                for g, (s, e) in enumerate(zip([0, *ends[:-1]], ends, strict=True))
+            ]
+        )
+        return self._result(product.astype(np.float32), None, a.dtype)
 
     def empty(self, shape, dtype, device=None):
         return FakeTensor(self, np.empty(shape, dtype=dtype.np))
@@ -386,6 +406,9 @@ class FakeKernel:
     def _compute(self, buffers):
         from spatialc.runtime.tilize import bf16_bits
 
+        if self.args[0].groups > 1:
+            self._grouped(buffers)
+            return
         a_arg, b_arg, c_arg = self.args
         vals = []
         for arg, buf in zip((a_arg, b_arg), buffers[:2], strict=True):
@@ -403,6 +426,27 @@ class FakeKernel:
             raise FakeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
         if self.fault == "fails":
             raise FakeError("CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid")
+
+    def _grouped(self, buffers):
+        """A grouped GEMM's kernel: each group's rows below its count (the `sizes` buffer) written, the rest left
+        alone (`fault` "spill": one row past a count written too)."""
+        from spatialc.runtime.tilize import bf16_bits
+
+        a_arg, b_arg, c_arg, s_arg = self.args[:4]
+        vals = []
+        for arg, buf in zip((a_arg, b_arg), buffers[:2], strict=True):
+            full = (arg.tiles[0] // arg.groups * 16, arg.tiles[1] * 16)
+            x = untilize(buf, arg.tiles, full, np, order=arg.order, groups=arg.groups)
+            vals.append(bf16_to_float32(x, np).astype(np.float64) if arg.storage == "uint16" else x.astype(np.float64))
+        counts = untilize(buffers[3], s_arg.tiles, (1, s_arg.elems[1]), np)[0]
+        full_c = (c_arg.tiles[0] // c_arg.groups * 16, c_arg.tiles[1] * 16)
+        c_now = untilize(buffers[2], c_arg.tiles, full_c, np, groups=c_arg.groups)
+        c = vals[0] @ vals[1]
+        c = bf16_bits(c.astype(np.float32), np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
+        for g, m in enumerate(counts):
+            keep = m + 1 if self.fault == "spill" else m
+            c_now[g, :keep] = c[g, :keep]
+        buffers[2][:] = tilize(c_now, c_arg.tiles, np, groups=c_arg.groups)
 
 
 class FakeDevice:

@@ -9,7 +9,7 @@ from typing import Any
 
 from . import baselines as bl
 from .builds import Built, Form, build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out, use_prepared
-from .cases import FORMS, Case, spatialc_name
+from .cases import FORMS, Case, grouped_sizes, spatialc_name
 from .preflight import PREFLIGHT_S, step_names
 
 # ---- the dry run -----------------------------------------------------------------------------------------------
@@ -105,6 +105,18 @@ def _dry_compile(form: Form, target: str) -> None:
 
 def contenders(case: Case, built: Built) -> list[str]:
     """Each contestant of a case and what it is timed for (or why it cannot take the shape)."""
+    if case.groups > 1:  # grouped.py: kernel only, against the grouped ways of torch
+        from .grouped import GROUPED_MM, TORCH_LOOP
+
+        form = built.form("general")
+        mine = "kernel only" if form is not None and form.artifact is not None else "n/a (no kernel)"
+        sizes = grouped_sizes(case.groups, case.m)
+        return [
+            f"row counts {', '.join(map(str, sizes[:8]))}{', …' if len(sizes) > 8 else ''} ({int(sizes.sum())} rows)",
+            f"{spatialc_name('general')}: {mine}, rows past each count checked to keep the poison",
+            f"{TORCH_LOOP}: kernel only",
+            f"{GROUPED_MM}: kernel only, where this torch has it",
+        ]
     said = [f"{spatialc_name(name)}: {_kernel_timed(built.form(name))}" for name in FORMS]
     for name, _family in bl.baselines_for(case.precision):
         why = bl.refusal(name, case)

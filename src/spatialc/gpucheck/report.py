@@ -54,7 +54,7 @@ def row_dict(row: Row) -> dict[str, Any]:
     """A row with its derived rates, for the JSON report: each way, the fastest right contestant of each library
     family and each spatialc kernel's rate and percentage of them."""
     d = asdict(row)
-    d["size"], d["unit"] = row.size, UNIT.get(row.precision, "TOP/s")
+    d["size"], d["unit"], d["ops"] = row.size, UNIT.get(row.precision, "TOP/s"), row.ops  # ops: the rates' work
     d["timings"] = {}
     for way in WAYS:
         summary: dict[str, Any] = {"spatialc": {form: _form_summary(row, way, form) for form in FORMS}}
