@@ -13,7 +13,7 @@ from ..ir.ops import Barrier, Loop, Reserve, SemWait, Trip, Wait
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
 from .numerics import INT8_EXACT_K
 from .state import Acc, BarrierState, EngineState, Ring
-from .values import AccValue, Store, Tiles, tiles_of
+from .values import AccValue, Masked, Store, TileRefs, Tiles, tiles_of
 
 
 def where(E: EngineState, i: int) -> str:
@@ -136,23 +136,24 @@ def row_mask(store: Store, flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return rows < counts[group][:, None]
 
 
-def masked_read(E: EngineState, i: int, store: Store, at: int, off: np.ndarray, counts: np.ndarray) -> Tiles:
-    """ReadTiles of a grouped tensor with row counts: its tiles, the rows at or past their group's count zero."""
+def masked_read(
+    E: EngineState, i: int, store: Store, at: int, off: np.ndarray, counts: np.ndarray
+) -> Tiles | TileRefs:
+    """ReadTiles of a grouped tensor with row counts: its tiles, the rows at or past their group's count zero (a
+    block all below its count is read as any other, by reference)."""
     flat = at + off
+    keep = row_mask(store, flat, counts)
+    if keep.all() and not store.written:
+        return TileRefs(store, at, off)
     tiles = store.gather(flat).copy()
-    tiles[~row_mask(store, flat, counts)] = 0.0
+    tiles[~keep] = 0.0
     return Tiles(tiles)
 
 
 def masked_write(E: EngineState, i: int, store: Store, at: int, off: np.ndarray, counts: np.ndarray, v: object):
-    """A page to write to a grouped tensor with row counts: the rows at or past their group's count keep what the
-    tensor holds (the write leaves them alone)."""
-    flat = at + off
-    tiles = np.array(tiles_of(v, len(off)), dtype=np.float64)
-    keep = row_mask(store, flat, counts)
-    store.flush()
-    tiles[~keep] = store.gather(flat)[~keep]
-    return Tiles(tiles)
+    """A page to write to a grouped tensor with row counts: only its rows below their group's count are written
+    (still lazy: the store computes the value with the other pending writes)."""
+    return Masked(v, row_mask(store, at + off, counts))
 
 
 def why(E: EngineState, i: int) -> str:

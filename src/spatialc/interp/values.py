@@ -65,7 +65,8 @@ class Store:
         """Apply the pending writes in order, computing their lazy values first (in one batch)."""
         if not self.pending:
             return
-        placed = realise([v for *_, v in self.pending if isinstance(v, AccValue)], self._direct_targets())
+        lazy = [v.value if isinstance(v, Masked) else v for *_, v in self.pending]
+        placed = realise([v for v in lazy if isinstance(v, AccValue)], self._direct_targets())
         for at, off, bh, bw, value in self.pending:
             if id(value) not in placed:
                 self._write(at, off, bh, bw, value)
@@ -90,6 +91,13 @@ class Store:
         return targets if cover.max(initial=0) <= 1 else {}
 
     def _write(self, at: int, off: np.ndarray, bh: int, bw: int, value: object) -> None:
+        if isinstance(value, Masked):  # only the kept rows of each tile
+            ti, tj = np.divmod(at + off, self.cols_t)
+            tiles = tiles_of(value.value, len(off))
+            here = self.arr[ti, :, tj, :]
+            here[value.keep] = tiles[value.keep]
+            self.arr[ti, :, tj, :] = here
+            return
         if isinstance(value, AccValue) and (value.h, value.w) == (bh, bw) and value.count == bh * bw:
             corner = self.rect(at, off, bh, bw)
             if corner is not None:
@@ -98,6 +106,16 @@ class Store:
                 return
         ti, tj = np.divmod(at + off, self.cols_t)
         self.arr[ti, :, tj, :] = tiles_of(value, len(off))
+
+
+class Masked:
+    """A page written with some rows left alone (a grouped tensor's rows past their group's count): its value, and
+    per tile and row whether that row is written."""
+
+    __slots__ = ("value", "keep")
+
+    def __init__(self, value: object, keep: np.ndarray) -> None:
+        self.value, self.keep = value, keep
 
 
 class TileRefs:
