@@ -396,3 +396,20 @@ def test_a_grouped_gemm_is_planned_for_the_general_form_and_sized_per_group():
         spatialc.build(spatialc.grouped_gemm(2, 64, 64, 64), "sm_90", form="persistent")
     with pytest.raises(ProgramError, match="A would be 65536x512x1024"):
         spatialc.grouped_gemm(65536, 512, 16, 1024)
+
+
+@emulation
+@pytest.mark.emulation
+def test_the_kernel_itself_flags_a_count_past_max_rows_that_the_host_let_through():
+    """With the host's check taken out of program_cu, a count of 101 for 100 rows (still within the loop's bound of
+    whole blocks) is flagged by the kernel: its loop runs no times and the host reports it."""
+    from spatialc.runtime.emulate import EmulationFault, emulate_source
+
+    p = grouped(3, 100, 32, 48)
+    text = spatialc.lower(p).program_cu
+    assert "spatialc_count_out(h3, 100)" in text
+    text = text.replace("spatialc_count_out(h3, 100)", "-1LL")
+    ins = operands("int8", 3, 100, 32, 48)
+    files = {"a.txt": ins["A"], "b.txt": ins["B"], "sizes.txt": np.array([3, 101, 0])}
+    with pytest.raises(EmulationFault, match="a loop count read from data is 101"):
+        emulate_source(text, files, (3, 100, 32), np.int32)

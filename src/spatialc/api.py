@@ -126,7 +126,9 @@ def emulate(artifact, inputs: dict[str, Any], mode: str = "late", **kwargs: Any)
 
 
 def run(artifact, a, b, **params: Any):
-    """Run the artifact's kernel on a GPU; numpy, torch or CuPy arrays in, the same library out."""
+    """Run the artifact's kernel on a GPU; numpy, torch or CuPy arrays in, the same library out. The output buffer
+    is poisoned first (NaN, or the most negative integer), so an element the kernel never writes shows: a grouped
+    GEMM's rows at or past their group's count come back so (the interpreter and the emulation return zeros)."""
     from .runtime.launch import run as run_gpu
 
     _artifact("run", artifact)

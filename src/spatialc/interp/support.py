@@ -136,9 +136,7 @@ def row_mask(store: Store, flat: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return rows < counts[group][:, None]
 
 
-def masked_read(
-    E: EngineState, i: int, store: Store, at: int, off: np.ndarray, counts: np.ndarray
-) -> Tiles | TileRefs:
+def masked_read(E: EngineState, i: int, store: Store, at: int, off: np.ndarray, counts: np.ndarray) -> Tiles | TileRefs:
     """ReadTiles of a grouped tensor with row counts: its tiles, the rows at or past their group's count zero (a
     block all below its count is read as any other, by reference)."""
     flat = at + off

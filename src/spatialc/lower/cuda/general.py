@@ -53,6 +53,7 @@ from ...ir.ops import (
     WriteBarrier,
     walk,
 )
+from ...inputs import row_limits
 from ...ir.printer import addr_text, compute_text
 from ...passes.split import workspace_bytes
 from ...target import WARP, SpatialTarget
@@ -421,8 +422,9 @@ class EnginePrinter(TilePrinter):
                         row, col = divmod(trip.index, t.elems[1])
                         at = str(((row // 16) * t.tiles[1] + col // 16) * TILE_ELEMS + (row % 16) * 16 + col % 16)
                         shown = f"{t.name}[{trip.index}]"
-                    if trip.per > 1:
-                        read = f"t{int(trip.tensor)}[{at}], {trip.per}, {trip.bound}, {error}"
+                    if trip.per > 1:  # a row count: at most the rows it counts (`inputs.row_limits`)
+                        limit = row_limits(self.k.program).get(t.name, trip.per * trip.bound)
+                        read = f"t{int(trip.tensor)}[{at}], {trip.per}, {trip.bound}, {limit}, {error}"
                         self.w.line(f"const int trip_{v} = spatialc_trip_per({read});  // ceil({shown} / {trip.per})")
                     else:
                         read = f"t{int(trip.tensor)}[{at}], {trip.bound}, {error}"

@@ -77,10 +77,11 @@ __device__ __forceinline__ void spatialc_grid_wait(const int* word, int value)
 
 // A loop count read from data: `value` where it lies in 0..bound; otherwise 0 — the loop runs no times, so no access
 // ever uses a count beyond its bound — with a flag and the count left in error[0], error[1] for the host to report.
-__device__ __forceinline__ int spatialc_trip_per(int value, int per, int bound, int* error)
+__device__ __forceinline__ int spatialc_trip_per(int value, int per, int bound, int limit, int* error)
 {
-    // ceil(value / per) blocks of `per` rows (a grouped GEMM's row count), flagged like spatialc_trip
-    if (value >= 0) {
+    // ceil(value / per) blocks of `per` rows (a grouped GEMM's row count, at most `limit`), flagged like
+    // spatialc_trip
+    if (value >= 0 && value <= limit) {
         const int count = value / per + (value % per != 0);
         if (count <= bound) {
             return count;
