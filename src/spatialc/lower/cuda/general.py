@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
 from ...ir.nodes import ComputeStage, DType, Engine, Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
@@ -53,7 +54,6 @@ from ...ir.ops import (
     WriteBarrier,
     walk,
 )
-from ...inputs import row_limits
 from ...ir.printer import addr_text, compute_text
 from ...passes.split import workspace_bytes
 from ...target import WARP, SpatialTarget
