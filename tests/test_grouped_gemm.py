@@ -13,7 +13,6 @@ import dataclasses
 import json
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from spatialc.passes.verify import verify
 from spatialc.runtime import launch as L
 
 from .rewrite import edit, map_ops
+from .test_split_k import compile_clean
 
 emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -347,22 +347,14 @@ NVCC = shutil.which("nvcc")
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_grouped_kernels_compile_without_a_warning_or_a_spill(tmp_path):
-    for p in (
-        grouped(8, 100, 64, 48, "bf16", "sm_90"),
-        grouped(4, 40, 32, 70, "int8", "sm_80", sites=2),
-        grouped(3, 33, 17, 50, "fp16", "sm_86", epilogue=[spatialc.bias()]),
-    ):
-        src = tmp_path / f"{p.name}.cu"
-        src.write_text(spatialc.lower(p).program_cu)
-        cc = p.target.removeprefix("sm_")
-        out = subprocess.run(
-            [NVCC, "-c", "-o", str(tmp_path / "x.o"), "-gencode", f"arch=compute_{cc},code=sm_{cc}", "-Werror",
-             "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror", "-Xptxas", "-v", str(src)],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr[-2000:]
-        spills = [int(x) for x in re.findall(r"(\d+) bytes spill", out.stderr)]
-        assert spills and not any(spills), out.stderr[-2000:]
+    compile_clean(
+        tmp_path,
+        [
+            grouped(8, 100, 64, 48, "bf16", "sm_90"),
+            grouped(4, 40, 32, 70, "int8", "sm_80", sites=2),
+            grouped(3, 33, 17, 50, "fp16", "sm_86", epilogue=[spatialc.bias()]),
+        ],
+    )
 
 
 # ---- the command line ----------------------------------------------------------------------------------------

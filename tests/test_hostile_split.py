@@ -15,19 +15,17 @@ no item.
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 
 import numpy as np
 import pytest
 
 import spatialc
 from spatialc.errors import SpatialError
-from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, BufferId, ItemId, SemId, Site, TensorId
+from spatialc.ir.ids import BufferId, ItemId, SemId, Site, TensorId
 from spatialc.ir.nodes import DType, Engine, Schedule, Semaphore, TensorRole
 from spatialc.ir.ops import (
     AcquireAcc,
     Flush,
-    Loop,
     PackAcc,
     Pop,
     Push,
@@ -44,6 +42,7 @@ from spatialc.ir.ops import (
 from spatialc.passes.verify import verify
 
 from .rewrite import edit, map_ops
+from .test_split_interleavings import explore
 
 # ---- helpers -----------------------------------------------------------------------------------------------------
 
@@ -98,111 +97,8 @@ def wait_for(value: int):
 # ---- the oracle ----------------------------------------------------------------------------------------------------
 
 
-def _slot(p, site, at) -> int:
-    items = dict(p.placement.items_of_site).get(site, ())
-    y, x = divmod(int(items[0]), p.plan.grid[1]) if items else (0, 0)
-    return at.base + sum(stride * {LV_ITEM_Y: y, LV_ITEM_X: x}.get(var, 0) for var, stride in at.steps)
-
-
-def _flat(p, site, ops, work):
-    out = []
-    for op in ops:
-        if isinstance(op, Loop):
-            for _ in range(op.count.n):
-                out += _flat(p, site, op.body, work)
-        elif isinstance(op, WriteTiles) and op.tensor == work:
-            out.append(("write", p.buffer(op.src).ring, _slot(p, site, op.at)))
-        elif isinstance(op, ReadTiles) and op.tensor == work:
-            out.append(("read", None, _slot(p, site, op.at)))
-        elif isinstance(op, Reserve | Push | Wait | Pop | SemInc | SemWait | WriteBarrier | Flush):
-            out.append(op)
-    return out
-
-
-def explore(p, cap: int = 400_000):
-    """(deadlocks, races) over every interleaving of `p`'s engines (see the module docstring)."""
-    work = work_of(p)
-    engines = [(q.site, _flat(p, q.site, q.ops, work)) for q in p.schedule.programs if q.ops]
-    rings = sorted(
-        {(s, p.buffer(op.buf).ring) for s, ops in engines for op in ops if isinstance(op, Reserve | Push | Wait | Pop)}
-    )
-    ri = {r: i for i, r in enumerate(rings)}
-    depth = {r: p.buffer(r[1]).kind.depth_pages for r in rings}
-    sems = sorted(
-        {(op.at, op.sem) for _, ops in engines for op in ops if isinstance(op, SemInc)}
-        | {(s, op.sem) for s, ops in engines for op in ops if isinstance(op, SemWait)}
-    )
-    si = {s: i for i, s in enumerate(sems)}
-    initial = {s.id: s.initial for s in p.semaphores}
-
-    def step(state, e):
-        pcs, held, ready, count, pending, visible = state
-        site, ops = engines[e]
-        if pcs[e] == len(ops):
-            return None, False
-        op = ops[pcs[e]]
-        held, ready, count = list(held), list(ready), list(count)
-        race = False
-        match op:
-            case ("write", ring, tile):
-                pending = pending | {(e, ring, tile)}
-            case ("read", _, tile):
-                race = tile not in visible
-            case WriteBarrier():
-                visible = visible | {t for (x, _, t) in pending if x == e}
-                pending = frozenset(w for w in pending if w[0] != e)
-            case Flush(buf):
-                ring = p.buffer(buf).ring
-                visible = visible | {t for (x, r, t) in pending if x == e and r == ring}
-                pending = frozenset(w for w in pending if not (w[0] == e and w[1] == ring))
-            case Reserve(buf, n):
-                r = ri[(site, p.buffer(buf).ring)]
-                if held[r] + n > depth[rings[r]]:
-                    return None, False
-                held[r] += n
-            case Push(buf, n):
-                ready[ri[(site, p.buffer(buf).ring)]] += n
-            case Wait(buf, n):
-                if ready[ri[(site, p.buffer(buf).ring)]] < n:
-                    return None, False
-            case Pop(buf, n):
-                r = ri[(site, p.buffer(buf).ring)]
-                held[r] -= n
-                ready[r] -= n
-            case SemInc(sem, at, by):
-                count[si[(at, sem)]] += by
-            case SemWait(sem, value):
-                if count[si[(site, sem)]] < value:
-                    return None, False
-        new = (pcs[:e] + (pcs[e] + 1,) + pcs[e + 1 :], tuple(held), tuple(ready), tuple(count), pending, visible)
-        return new, race
-
-    start = (
-        tuple(0 for _ in engines),
-        tuple(0 for _ in rings),
-        tuple(0 for _ in rings),
-        tuple(initial[sem] for _, sem in sems),
-        frozenset(),
-        frozenset(),
-    )
-    seen, todo = {start}, deque([start])
-    deadlocks = races = False
-    ends = tuple(len(ops) for _, ops in engines)
-    while todo:
-        state = todo.popleft()
-        moved = False
-        for e in range(len(engines)):
-            nxt, race = step(state, e)
-            races |= race
-            if nxt is not None:
-                moved = True
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        if not moved and state[0] != ends:
-            deadlocks = True
-        assert len(seen) <= cap, "state space too large for the oracle"
-    return deadlocks, races
+# The oracle is tests/test_split_interleavings.py's: semaphores from their initial values, a Flush fencing only its
+# own ring's writes, sites that hold no item.
 
 
 # ---- the hole programs (built once; the tests below assert the oracle's and verify's verdicts on them) -----------

@@ -22,7 +22,19 @@ import spatialc
 from spatialc.errors import SpatialError
 from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, Site
 from spatialc.ir.nodes import TensorRole
-from spatialc.ir.ops import Loop, Pop, Push, ReadTiles, Reserve, SemInc, SemWait, Wait, WriteBarrier, WriteTiles
+from spatialc.ir.ops import (
+    Flush,
+    Loop,
+    Pop,
+    Push,
+    ReadTiles,
+    Reserve,
+    SemInc,
+    SemWait,
+    Wait,
+    WriteBarrier,
+    WriteTiles,
+)
 from spatialc.passes.verify import verify
 
 from .rewrite import edit
@@ -31,39 +43,41 @@ STATE_CAP = 400_000
 
 
 def slot(p, site, at) -> int:
-    """The flat workspace tile an address names at `site` (its one item's coordinates put in)."""
-    (item,) = dict(p.placement.items_of_site)[site]
-    y, x = divmod(int(item), p.plan.grid[1])
-    return at.base + sum(stride * {LV_ITEM_Y: y, LV_ITEM_X: x}[var] for var, stride in at.steps)
+    items = dict(p.placement.items_of_site).get(site, ())
+    y, x = divmod(int(items[0]), p.plan.grid[1]) if items else (0, 0)
+    return at.base + sum(stride * {LV_ITEM_Y: y, LV_ITEM_X: x}.get(var, 0) for var, stride in at.steps)
 
 
 def flat(p, site, ops, work):
-    """The ops that block or touch the workspace, loops unrolled; a workspace access as ("write"|"read", tile)."""
     out = []
     for op in ops:
         if isinstance(op, Loop):
             for _ in range(op.count.n):
                 out += flat(p, site, op.body, work)
         elif isinstance(op, WriteTiles) and op.tensor == work:
-            out.append(("write", slot(p, site, op.at)))
+            out.append(("write", p.buffer(op.src).ring, slot(p, site, op.at)))
         elif isinstance(op, ReadTiles) and op.tensor == work:
-            out.append(("read", slot(p, site, op.at)))
-        elif isinstance(op, Reserve | Push | Wait | Pop | SemInc | SemWait | WriteBarrier):
+            out.append(("read", None, slot(p, site, op.at)))
+        elif isinstance(op, Reserve | Push | Wait | Pop | SemInc | SemWait | WriteBarrier | Flush):
             out.append(op)
     return out
 
 
-def explore(p):
-    """(deadlocks, races) over every interleaving: whether some interleaving stops short, whether some reads a
-    workspace tile that no fence has yet made visible. None when the state space is past STATE_CAP."""
+def explore(p, cap: int = STATE_CAP):
+    """(deadlocks, races) over every interleaving of `p`'s engines (see the module docstring)."""
     work = next(t.id for t in p.tensors if t.role == TensorRole.WORKSPACE)
     engines = [(q.site, flat(p, q.site, q.ops, work)) for q in p.schedule.programs if q.ops]
-    rings = sorted({(s, p.buffer(op.buf).ring) for s, ops in engines for op in ops if hasattr(op, "buf")})
+    rings = sorted(
+        {(s, p.buffer(op.buf).ring) for s, ops in engines for op in ops if isinstance(op, Reserve | Push | Wait | Pop)}
+    )
     ri = {r: i for i, r in enumerate(rings)}
     depth = {r: p.buffer(r[1]).kind.depth_pages for r in rings}
-    sems = sorted({(op.at, op.sem) for _, ops in engines for op in ops if isinstance(op, SemInc)})
-    sems = sorted(set(sems) | {(s, op.sem) for s, ops in engines for op in ops if isinstance(op, SemWait)})
+    sems = sorted(
+        {(op.at, op.sem) for _, ops in engines for op in ops if isinstance(op, SemInc)}
+        | {(s, op.sem) for s, ops in engines for op in ops if isinstance(op, SemWait)}
+    )
     si = {s: i for i, s in enumerate(sems)}
+    initial = {s.id: s.initial for s in p.semaphores}
 
     def step(state, e):
         pcs, held, ready, count, pending, visible = state
@@ -74,13 +88,17 @@ def explore(p):
         held, ready, count = list(held), list(ready), list(count)
         race = False
         match op:
-            case ("write", tile):
-                pending = pending | {(e, tile)}
-            case ("read", tile):
+            case ("write", ring, tile):
+                pending = pending | {(e, ring, tile)}
+            case ("read", _, tile):
                 race = tile not in visible
             case WriteBarrier():
-                visible = visible | {t for (x, t) in pending if x == e}
-                pending = frozenset((x, t) for (x, t) in pending if x != e)
+                visible = visible | {t for (x, _, t) in pending if x == e}
+                pending = frozenset(w for w in pending if w[0] != e)
+            case Flush(buf):
+                ring = p.buffer(buf).ring
+                visible = visible | {t for (x, r, t) in pending if x == e and r == ring}
+                pending = frozenset(w for w in pending if not (w[0] == e and w[1] == ring))
             case Reserve(buf, n):
                 r = ri[(site, p.buffer(buf).ring)]
                 if held[r] + n > depth[rings[r]]:
@@ -107,7 +125,7 @@ def explore(p):
         tuple(0 for _ in engines),
         tuple(0 for _ in rings),
         tuple(0 for _ in rings),
-        tuple(0 for _ in sems),
+        tuple(initial[sem] for _, sem in sems),
         frozenset(),
         frozenset(),
     )
@@ -127,8 +145,7 @@ def explore(p):
                     todo.append(nxt)
         if not moved and state[0] != ends:
             deadlocks = True
-        if len(seen) > STATE_CAP:
-            return None
+        assert len(seen) <= cap, "state space too large for the oracle"
     return deadlocks, races
 
 

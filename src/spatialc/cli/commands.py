@@ -38,70 +38,54 @@ def epilogue_of(args: argparse.Namespace) -> list:
 
 def cmd_gemm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a GEMM; lower, emit and run its kernel as asked."""
-    from ..interp.evaluate import check_memory
-
-    t0 = time.perf_counter()
     prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=epilogue_of(args))
-    p = api.build(
-        prog,
-        args.target,
-        block=args.block,
-        sub_blocks=args.sub_blocks,
-        depth=args.depth,
-        sites=args.sites,
-        placement=args.placement,
-        form=args.form,
-        split_k=args.split_k,
-    )
-    t_build = time.perf_counter() - t0
-    tgt = target(p.target)
     epi = prog.name.split("_", 3)[3].replace("_", " → ") if prog.name.count("_") > 2 else ""
-    print(f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision} on {tgt.name} ({tgt.board})", end="")
-    print(f", epilogue {epi}" if epi else "")
-    print("\n".join(program_lines(p)))
-    if args.json:
-        args.json.write_text(to_json(p, indent=1))
-        print(f"  saved     {args.json}")
-    check_memory(p)  # refused now, before the random inputs take gigabytes of their own
-    inputs = random_inputs(p, args.seed)
-    return _check_and_run(p, args, inputs, [f"build {t_build * 1e3:.0f} ms"])
+    head = f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision}"
+    p, inputs, times = _built(args, prog, head, f", epilogue {epi}" if epi else "", split_k=args.split_k)
+    return _check_and_run(p, args, inputs, times)
 
 
 def cmd_grouped_gemm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a grouped GEMM on random operands and the given (or random) row counts."""
-    from ..interp.evaluate import check_memory
-
-    t0 = time.perf_counter()
     prog = api.grouped_gemm(args.groups, args.max_rows, args.n, args.k, args.precision, epilogue=epilogue_of(args))
-    p = api.build(
-        prog,
-        args.target,
-        block=args.block,
-        sub_blocks=args.sub_blocks,
-        depth=args.depth,
-        sites=args.sites,
-        placement=args.placement,
-        form=args.form,
-    )
-    t_build = time.perf_counter() - t0
-    tgt = target(p.target)
-    print(
-        f"spatialc grouped-gemm {args.groups} groups of at most {args.max_rows}x{args.n}x{args.k} {args.precision}"
-        f" on {tgt.name} ({tgt.board})"
-    )
-    print("\n".join(program_lines(p)))
-    if args.json:
-        args.json.write_text(to_json(p, indent=1))
-        print(f"  saved     {args.json}")
-    check_memory(p)
-    inputs = random_inputs(p, args.seed)
+    head = f"spatialc grouped-gemm {args.groups} groups of at most {args.max_rows}x{args.n}x{args.k} {args.precision}"
+    p, inputs, times = _built(args, prog, head, "")
     if args.sizes is not None:
         if len(args.sizes) != args.groups:
             raise UsageError(f"--sizes gives {len(args.sizes)} row counts for {args.groups} groups")
         inputs["sizes"] = np.array(args.sizes, dtype=np.int64)
     shown = ", ".join(map(str, inputs["sizes"][:16])) + (", …" if args.groups > 16 else "")
     print(f"  sizes     {shown} ({int(np.sum(inputs['sizes']))} rows in all, of {args.groups * args.max_rows})")
-    return _check_and_run(p, args, inputs, [f"build {t_build * 1e3:.0f} ms"])
+    return _check_and_run(p, args, inputs, times)
+
+
+def _built(
+    args: argparse.Namespace, prog: SpatialProgram, head: str, tail: str, **extra
+) -> tuple[SpatialProgram, dict, list[str]]:
+    """`prog` built as the options say, its plan printed (and saved with --json); the random inputs it runs on."""
+    from ..interp.evaluate import check_memory
+
+    t0 = time.perf_counter()
+    p = api.build(
+        prog,
+        args.target,
+        block=args.block,
+        sub_blocks=args.sub_blocks,
+        depth=args.depth,
+        sites=args.sites,
+        placement=args.placement,
+        form=args.form,
+        **extra,
+    )
+    t_build = time.perf_counter() - t0
+    tgt = target(p.target)
+    print(f"{head} on {tgt.name} ({tgt.board}){tail}")
+    print("\n".join(program_lines(p)))
+    if args.json:
+        args.json.write_text(to_json(p, indent=1))
+        print(f"  saved     {args.json}")
+    check_memory(p)  # refused now, before the random inputs take gigabytes of their own
+    return p, random_inputs(p, args.seed), [f"build {t_build * 1e3:.0f} ms"]
 
 
 def _check_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, times: list[str]) -> int:
