@@ -27,7 +27,7 @@ from spatialc.passes.verify import verify
 from spatialc.runtime import launch as L
 
 from .rewrite import edit, map_ops
-from .test_split_k import compile_clean
+from .test_split_k import SplitDevice, compile_clean
 
 emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -266,23 +266,8 @@ def test_grouped_programs_lower_to_the_general_form_with_their_counts_in_the_lau
     assert "spatialc_count_out(h3, 100)" in art.program_cu
 
 
-class GroupedDevice:
+class GroupedDevice(SplitDevice):
     """A GPU stand-in: checks the stacked tiled buffers it is given and writes C = A @ B group by group (all rows)."""
-
-    xp = np
-    sms = 132
-
-    def __init__(self, art):
-        self.args = L.kernel_args(art.launch)
-
-    def upload(self, x):
-        return np.asarray(x).view(np.ndarray), False
-
-    def download(self, x, library, like):
-        return x
-
-    def load(self, kernel_cu, kernel_name, dyn_smem):
-        return kernel_name
 
     def launch(self, kernel, grid, block, dyn_smem, args):
         from spatialc.runtime.tilize import tilize, untilize
