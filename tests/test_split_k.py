@@ -227,7 +227,9 @@ def test_the_planted_handshake_faults_are_refused_by_name():
     )
     assert "the count is 1, it needs 2" in str(err)
     # no raise at all
-    refused(only(BASE, 2, Engine.WRITER, drop(SemInc)), VerifyError, "deadlock")
+    refused(
+        only(BASE, 2, Engine.WRITER, drop(SemInc)), VerifyError, "deadlock", "raised only by site 1 writer (finished)"
+    )
     # a wait for more than ever comes
     refused(
         only(

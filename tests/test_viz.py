@@ -249,8 +249,12 @@ def test_arrows_between_sites_keep_their_labels_clear():
     e = refused(p)
     root = parse(viz.deadlock_svg(p, e.blocked, reasons=viz.reasons_of(e)))
     labels = edge_labels(root)
-    assert labels[("0 reader", "1 compute")] == "waits for sem0 the count is 0, it needs 1"
-    assert labels[("1 reader", "0 compute")] == "waits for sem0 the count is 0, it needs 1"
+    assert (
+        labels[("0 reader", "1 compute")] == "waits for sem0 the count is 0, it needs 1; raised only by site 1 compute"
+    )
+    assert (
+        labels[("1 reader", "0 compute")] == "waits for sem0 the count is 0, it needs 1; raised only by site 0 compute"
+    )
     assert "SemWait: for a semaphore" in " ".join(key(root))
     boxes = label_boxes(root)
     assert not any(overlap(a, b) for a, b in itertools.combinations(boxes, 2))

@@ -132,6 +132,7 @@ class Network:
         self.steps = 0  # instructions run
         self.recorded = 0  # back-edges at which the state was recorded
         self.thresholds: dict[int, set[int]] = {}  # semaphore slot → the counts SemWaits wait for
+        self.raisers: dict[int, list[_Engine]] = {}  # semaphore slot → the engines whose programs raise it
         self.engines = [self._compile(p) for p in programs]
 
     # ---- compiling ---------------------------------------------------------------------------------------------
@@ -170,7 +171,10 @@ class Network:
                     code = {Reserve: RESERVE, Push: PUSH, Wait: WAIT, Pop: POP}[type(op)]
                     self._put(e, op, (code, self._ring(site, buf), n, ()))
                 case SemInc(sem, at, by):
-                    self._put(e, op, (SEMINC, self._sem(at, sem), by, ()))
+                    slot = self._sem(at, sem)
+                    if not any(r is e for r in self.raisers.setdefault(slot, [])):
+                        self.raisers[slot].append(e)
+                    self._put(e, op, (SEMINC, slot, by, ()))
                 case SemWait(sem, value):
                     slot = self._sem(site, sem)
                     self.thresholds.setdefault(slot, set()).add(value)
@@ -337,7 +341,11 @@ class Network:
         elif op == WAIT:
             why = f"{self.ready[a]} of {b} page(s) published"
         elif op == SEMWAIT:
-            why = f"the count is {self.sem[a]}, it needs {b}"
+            who = [
+                where(r.site, r.name) + (" (finished)" if r.pc >= len(r.code) else "") for r in self.raisers.get(a, [])
+            ]
+            raised = f"raised only by {', '.join(who)}" if who else "no engine raises it"
+            why = f"the count is {self.sem[a]}, it needs {b}; {raised}"
         else:
             late = [
                 int(s) for (_, s), slot in self.arrive_slots.items() if slot in c and self.arrived[slot] < e.pending
