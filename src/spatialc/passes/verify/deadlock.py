@@ -387,6 +387,28 @@ def _components(sites: Sequence[Site], facts: dict[Site, list[Facts]], ctx: Prog
     return sorted(groups.values())
 
 
+def _relative(comp: list[Site], progs: list[EngineProgram]) -> tuple[object, ...]:
+    """What a set of sites that hand over to each other runs, with every site it names given by its place in the
+    set: two sets alike in this (split-K's items, each on its own sites) have the same run, so one is simulated."""
+    pos = {s: i for i, s in enumerate(comp)}
+
+    def norm(ops: tuple[ChoreoOp, ...]) -> tuple[object, ...]:
+        out: list[object] = []
+        for op in ops:
+            match op:
+                case Loop(var, count, body):
+                    out.append(("loop", var, count, norm(body)))
+                case SemInc(sem, at, by):
+                    out.append(("raise", sem, pos.get(at, ("outside", int(at))), by))
+                case Barrier():
+                    out.append(("site", int(comp[0]), op))  # a group names its sites: such sets are not merged
+                case _:
+                    out.append(op)
+        return tuple(out)
+
+    return ("sites", len(comp), tuple((pos[p.site], p.engine, norm(p.ops)) for p in progs))
+
+
 def check_deadlock(ctx: ProgramIndex, programs: dict[Site, SiteProgs], keys: dict[Site, tuple[object, ...]]) -> int:
     """Rule 7: simulate each independent set of sites once; raise VerifyDeadlockError naming each blocked engine.
 
@@ -397,7 +419,7 @@ def check_deadlock(ctx: ProgramIndex, programs: dict[Site, SiteProgs], keys: dic
     runs = 0
     for comp in _components(sites, facts, ctx):
         progs = [p for s in comp for p, _ in programs[s]]
-        key = keys[comp[0]] if len(comp) == 1 else (tuple(comp),)
+        key = keys[comp[0]] if len(comp) == 1 else _relative(comp, progs)
         if key in done:
             continue
         done.add(key)

@@ -41,11 +41,13 @@ from ...ir.index import ProgramIndex, where
 from ...ir.nodes import ComputeStage, EngineProgram, ReadStage
 from ...ir.ops import (
     Bias,
+    ChoreoOp,
     Compute,
     Loop,
     MatmulTiles,
     McastSend,
     ReadTiles,
+    SemInc,
     Trip,
     walk,
 )
@@ -72,29 +74,33 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
         _followable(index, prog)
     decl = declared(index)
     items = dict(p.placement.items_of_site)
+    keys = _keys(programs)
     shared: dict[tuple[object, ...], list[ItemId]] = {}
-    for site, key in programs.keys.items():
+    for site, key in keys.items():
         shared.setdefault(key, []).extend(items.get(site, ()))
     idle: dict[tuple[object, ...], Site] = {}  # per set of programs, a site that runs it holding no item
-    for site in sorted(programs.keys):
+    for site in sorted(keys):
         if not items.get(site):
-            idle.setdefault(programs.keys[site], site)
+            idle.setdefault(keys[site], site)
     runs: list[tuple[SiteRun, Write | None]] = []
-    for site, progs in programs.distinct_sites():
-        run = SiteRun(index, decl, site, progs, items.get(site, ()), _sample(shared[programs.keys[site]]))
+    first: dict[tuple[object, ...], Site] = {}
+    for site in sorted(keys):
+        first.setdefault(keys[site], site)
+    for key, site in first.items():
+        run = SiteRun(index, decl, site, programs.by_site[site], items.get(site, ()), _sample(shared[key]))
         runs.append((run, run.run()))
     if decl.out.groups > 1:
         _grouped_reads(index, decl, [w for _, w in runs if w is not None])
     space, counts = None, Counter[tuple[Site, SemId]]()
     if decl.split is not None:
         counts = raises(index)
-        classes = {key: tuple(s for s in sorted(programs.keys) if programs.keys[s] == key) for key in shared}
-        space = Workspace(index, [(run, classes[programs.keys[run.site]]) for run, _ in runs])
-        _one_writer_per_item(index, programs, runs)
+        classes = {key: tuple(s for s in sorted(keys) if keys[s] == key) for key in shared}
+        space = Workspace(index, [(run, classes[keys[run.site]]) for run, _ in runs])
+        _one_writer_per_item(index, keys, runs)
     for run, write in runs:
         if write is None:
             continue
-        other = idle.get(programs.keys[run.site])
+        other = idle.get(keys[run.site])
         if other is not None:  # it runs the same programs, so it writes the same tiles again
             raise SemanticError(
                 f"{write.head} — site {int(other)} holds no item, yet runs site {int(run.site)}'s programs, which write"
@@ -109,7 +115,7 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
         # A split owner: its sum is completed by other sites' partials, found item by item.
         _Proof(run, write).coverage()
         _Proof(run, write).rows()
-        for site in sorted(s for s in programs.keys if programs.keys[s] == programs.keys[run.site]):
+        for site in sorted(s for s in keys if keys[s] == keys[run.site]):
             for item in items.get(site, ()):
                 values = item_values(run, write.item, item)
                 fixed = dataclasses.replace(
@@ -167,15 +173,46 @@ def _has_partials(cell: Cell) -> bool:
     return False
 
 
-def _one_writer_per_item(index: ProgramIndex, programs: Programs, runs: list[tuple[SiteRun, Write | None]]) -> None:
+def _keys(programs: Programs) -> dict[Site, tuple[object, ...]]:
+    """Which sites the rule follows as one: those whose programs are the same but for the sites their SemIncs raise
+    (which compute nothing; split-K's contributors of one split, each raising its own owner). The handshakes are
+    checked site by site (`partials.check_handshake`), with the concrete programs."""
+    norm: dict[int, int] = {}
+    seen: dict[tuple[ChoreoOp, ...], int] = {}
+
+    def strip(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+        return tuple(
+            Loop(op.var, op.count, strip(op.body))
+            if isinstance(op, Loop)
+            else SemInc(op.sem, Site(0), op.by)
+            if isinstance(op, SemInc)
+            else op
+            for op in ops
+        )
+
+    out: dict[Site, tuple[object, ...]] = {}
+    for site, progs in programs.listed.items():
+        key = []
+        for q in progs:
+            n = programs.number(q.ops)
+            if n not in norm:
+                norm[n] = seen.setdefault(strip(q.ops), len(seen))
+            key.append((q.engine, norm[n]))
+        out[site] = tuple(key)
+    return out
+
+
+def _one_writer_per_item(
+    index: ProgramIndex, keys: dict[Site, tuple[object, ...]], runs: list[tuple[SiteRun, Write | None]]
+) -> None:
     """With items on several sites (split-K), exactly one of them writes each item's block of the output."""
     p = index.p
     assert p.placement is not None
     writes = {run.site for run, w in runs if w is not None}
-    writing = {programs.keys[s] for s in writes}
+    writing = {keys[s] for s in writes}
     by_item: dict[ItemId, list[Site]] = {}
     for site, items in p.placement.items_of_site:
-        if programs.keys.get(site) in writing:
+        if keys.get(site) in writing:
             for item in items:
                 by_item.setdefault(item, []).append(site)
     nx = p.plan.grid[1]  # type: ignore[union-attr]
