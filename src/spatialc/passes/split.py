@@ -180,10 +180,6 @@ def extra_ring_stages() -> int:
     return 1
 
 
-def is_split(p: SpatialProgram) -> bool:
-    return p.placement is not None and p.placement.splits > 1
-
-
 __all__ = [
     "MAX_SPLITS",
     "acc_dtype",
@@ -191,7 +187,6 @@ __all__ = [
     "auto_splits",
     "check_splits",
     "fits_at_once",
-    "is_split",
     "owner_of",
     "partial_rings",
     "split_of",
