@@ -14,6 +14,7 @@ from spatialc.gpucheck import device as D
 from spatialc.gpucheck.cases import Case
 from spatialc.gpucheck.prepare import MANIFEST, Manifest, file_hash, source_hash
 from spatialc.runtime import launch as L
+from spatialc.runtime import sass
 
 from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
 from .test_gpucheck_fakes import lowered_as, without_general
@@ -58,7 +59,13 @@ def test_prepare_compiles_every_kernel_and_the_gpu_run_loads_them(tmp_path, caps
         shown = dry.split(f"  spatialc {form.name}\n")[1]
         assert shown.startswith("    launch    grid ")
         assert f"    ptxas     {entry['ptxas']['registers']} regs" in shown.splitlines()[1]
-        assert shown.splitlines()[2] == f"    cubin     prepared: {entry['cubin']} (source hash checked)"
+        lines = shown.splitlines()
+        assert f"    cubin     prepared: {entry['cubin']} (source hash checked)" in lines[2:4]
+        if entry["sass"]:  # cuobjdump here: the main loop's census, in the manifest and the dry run
+            assert "issue slots a tile-MAC" in entry["sass"] and "HMMA.16816.F32" in entry["sass"]
+            assert lines[2] == f"    sass      {entry['sass']}"
+        else:
+            assert sass.find_cuobjdump() is None
     assert entries[0]["source_sha256"] != entries[1]["source_sha256"]
 
 

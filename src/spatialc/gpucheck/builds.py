@@ -332,6 +332,8 @@ def use_prepared(form: Form, manifest: Any, arch: str) -> str:
     form.cubin = path
     form.facts["cubin"] = "prepared"
     form.facts.update(entry.ptxas or {"ptxas": "not reported"})
+    if getattr(entry, "sass", ""):
+        form.facts["sass"] = entry.sass
     return ""
 
 

@@ -87,6 +87,8 @@ def _dry_form(case: Case, form: Form, target: str, manifest: Any, out: Callable[
         out(f"    plan      its own (the case's leaves it no room): {form.facts['own_plan']}")
     out(f"    launch    {form.facts['launch']}")
     out(f"    ptxas     {describe_ptxas(form.facts)}")
+    if form.facts.get("sass"):
+        out(f"    sass      {form.facts['sass']}")
     out(f"    cubin     {cubin}")
     out(f"    C         stored as {form.facts['c_elem']}" + (f"; end to end converts {conv}" if conv else ""))
 

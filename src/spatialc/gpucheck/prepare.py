@@ -58,6 +58,7 @@ class Entry:
     ptxas: dict[str, Any] | None = None  # registers, spill_stores, spill_loads, static_smem, stack
     seconds: float = 0.0
     error: str = ""
+    sass: str = ""  # the main loop's SASS census in one line, where cuobjdump was at hand ('' when not)
 
 
 class Manifest:
@@ -168,9 +169,32 @@ def _prepare_one(case: Case, form: Form, target: str, out: Path, say: Callable[[
         say(f"{label}: compile: {e}")
         return _with(base, error=f"compile: {e}", seconds=time.monotonic() - t0)
     ptxas = _ptxas_of(form)
+    census = sass_census(path)
     seconds = round(time.monotonic() - t0, 2)
     say(f"{label}: {path.name} in {seconds:.1f} s: {describe_ptxas(form.facts)}")
-    return _with(base, cubin=path.name, cubin_sha256=file_hash(path), ptxas=ptxas, seconds=seconds)
+    return _with(base, cubin=path.name, cubin_sha256=file_hash(path), ptxas=ptxas, seconds=seconds, sass=census)
+
+
+def sass_census(cubin: Path) -> str:
+    """The kernel's main loop counted from its SASS (`runtime.sass`), one line for the manifest and the dry run: the
+    first GPU table can then be read against what the loop issues. '' without cuobjdump."""
+    from ..runtime import sass
+
+    if sass.find_cuobjdump() is None:
+        return ""
+    try:
+        code = sass.disassemble(cubin)
+    except (sass.SassError, OSError) as e:
+        return f"unread: {e}"
+    c = sass.main_loop_census(code)
+    if c is None:
+        return f"{len(code.main_loops())} loops hold MMAs (no one main loop)"
+    per = f", {c.instrs / c.tile_macs:.1f} issue slots a tile-MAC" if c.tile_macs else ""
+    mmas = ", ".join(f"{n} {op}" for op, n in c.mmas)
+    return (
+        f"main loop {c.instrs} instructions a trip{per}; {mmas}; {c.ldsm} LDSM, {c.other_lds} other shared loads,"
+        f" {c.generic} generic loads, {c.barriers} block barriers"
+    )
 
 
 def _ptxas_of(form: Form) -> dict[str, Any] | None:
