@@ -140,7 +140,7 @@ def test_a_bias_named_like_the_row_counts_and_split_k_are_refused():
         ([0, 101, 3, 4], "group 1 has 101 rows"),
         ([-1, 1, 3, 4], "group 0 has -1 rows"),
         ([1.5, 1, 3, 4], "whole numbers"),
-        ([1, 2, 3], "expected shape (1, 4)"),
+        ([1, 2, 3], "expected 4 values, got 3"),
     ],
 )
 def test_row_counts_out_of_range_are_refused_by_evaluate(sizes, words):

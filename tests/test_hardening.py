@@ -325,7 +325,7 @@ ONES = np.ones((16, 16), dtype=np.int8)
         ({"A": ONES, "B": ONES, "bias": np.full(16, np.inf)}, r"bias is int32 but holds values outside"),
         ({"A": ONES * 0.5, "B": ONES, "bias": np.zeros(16)}, r"A is int8 but holds values that are not whole"),
         ({"A": ONES, "B": ONES[:8], "bias": np.zeros(16)}, r"tensor B: expected shape \(16, 16\), got \(8, 16\)"),
-        ({"A": ONES, "B": ONES, "bias": np.zeros(15)}, r"tensor bias: expected shape \(1, 16\), got \(1, 15\)"),
+        ({"A": ONES, "B": ONES, "bias": np.zeros(15)}, r"tensor bias: expected 16 values, got 15"),
         ({"A": ONES, "B": ONES, "bias": np.zeros(16), "scale": 2}, "no input or parameter tensor named scale"),
         ({"A": ONES, "B": ONES}, "needs tensor bias"),
         ({"A": ONES, "B": ONES, "bias": np.array(["x"] * 16)}, "tensor bias: expected numbers"),

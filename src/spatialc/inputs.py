@@ -148,7 +148,9 @@ def shaped(spec: TensorSpec, value: Any) -> Any:
         value = host_array(spec.name, value)
     shape = tuple(int(d) for d in value.shape)
     if len(shape) == 1 and spec.elems[0] == 1 and spec.groups == 1:  # a row vector (a bias, row counts) may come
-        value, shape = value.reshape(1, -1), (1, *shape)  # as a plain vector
+        if shape[0] != spec.elems[1]:  # as a plain vector
+            raise InputError(f"tensor {spec.name}: expected {spec.elems[1]} values, got {shape[0]}")
+        value, shape = value.reshape(1, -1), (1, *shape)
     if shape != spec.shape:
         raise InputError(f"tensor {spec.name}: expected shape {spec.shape}, got {shape}")
     return value

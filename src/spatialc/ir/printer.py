@@ -102,10 +102,12 @@ def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
     match op:
         case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n):
             return f"{type(op).__name__} {_buf(p, buf)}" + (f" x{n}" if n != 1 else "")
-        case ReadTiles(t, at, bh, bw, sh, sw, into):
-            return f"ReadTiles {_tensor(p, t)}[{addr_text(at)}] {bh}x{bw} (strides {sh},{sw}) -> {_buf(p, into)}"
-        case WriteTiles(src, t, at, bh, bw, sh, sw):
-            return f"WriteTiles {_buf(p, src)} -> {_tensor(p, t)}[{addr_text(at)}] {bh}x{bw} (strides {sh},{sw})"
+        case ReadTiles(t, at, bh, bw, sh, sw, into, rows):
+            text = f"ReadTiles {_tensor(p, t)}[{addr_text(at)}] {bh}x{bw} (strides {sh},{sw}) -> {_buf(p, into)}"
+            return text + (f" rows < {_tensor(p, rows)}[group]" if rows is not None else "")
+        case WriteTiles(src, t, at, bh, bw, sh, sw, rows):
+            text = f"WriteTiles {_buf(p, src)} -> {_tensor(p, t)}[{addr_text(at)}] {bh}x{bw} (strides {sh},{sw})"
+            return text + (f" rows < {_tensor(p, rows)}[group]" if rows is not None else "")
         case AcquireAcc(buf) | ReleaseAcc(buf):
             return f"{type(op).__name__} {_buf(p, buf)}"
         case Compute(cop, ins, outs, acc, reload):
@@ -138,8 +140,11 @@ def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
         case Loop(var, count, _):
             if isinstance(count, Const):
                 return f"Loop {loop_var_name(var)} < {count.n}:"
-            trip = f"trip({_tensor(p, count.tensor)}[{count.index}]<={count.bound})"
-            return f"Loop {loop_var_name(var)} < {trip}:"
+            element = addr_text(TileAddr(count.index, count.steps))
+            value = f"{_tensor(p, count.tensor)}[{element}]"
+            if count.per > 1:
+                value = f"ceil({value} / {count.per})"
+            return f"Loop {loop_var_name(var)} < trip({value}<={count.bound}):"
     raise TypeError(f"not a choreography op: {op!r}")
 
 
@@ -181,8 +186,11 @@ def program_text(p: SpatialProgram, sites: int | None = None) -> str:
         f"  {'verified' if p.verified else 'unverified'}"
     ]
     for t in p.tensors:
+        shape = f"{t.elems[0]}x{t.elems[1]}"
+        if t.groups > 1:  # one group's shape, every group's tiles (stacked)
+            shape = f"{t.groups} groups of {shape}, stacked"
         out.append(
-            f"  tensor {t.name}: {t.role.value} {t.dtype.value} {t.elems[0]}x{t.elems[1]}"
+            f"  tensor {t.name}: {t.role.value} {t.dtype.value} {shape}"
             f" in {t.tiles[0]}x{t.tiles[1]} tiles" + (", column-major tiles" if t.order == TileOrder.COL else "")
         )
     for b in p.buffers:
@@ -197,6 +205,7 @@ def program_text(p: SpatialProgram, sites: int | None = None) -> str:
         out.append(
             f"  plan block {blk.osh}x{blk.osw}x{blk.ibw} sub-blocks {pl.sub_blocks[0]}x{pl.sub_blocks[1]}"
             f" grid {pl.grid[0]}x{pl.grid[1]} k_tiles {pl.k_tiles} depth {pl.depth}"
+            + (f" groups {pl.groups} (items: strips of a group and a column)" if pl.groups > 1 else "")
         )
     if p.placement is not None:
         used = sum(1 for _, items in p.placement.items_of_site if items)

@@ -32,7 +32,7 @@ def build(
         if form == "persistent":
             raise ProgramError(
                 "a grouped GEMM's rows are counted at run time, which the persistent kernel cannot print; use"
-                " form='general' or 'auto'"
+                " form='general' or 'auto' (--form general)"
             )
         form = "general"
     # The plan comes first: the item grid it fixes is what placement distributes.
@@ -72,7 +72,7 @@ def _splits(
         if split_k > 1 and form == "persistent":
             raise ProgramError(
                 f"split_k={split_k}: split-K's sites wait on each other, which the persistent kernel cannot print;"
-                " use form='general' or 'auto'"
+                " use form='general' or 'auto' (--form general)"
             )
         if split_k > 1 and placement is not None:
             raise ProgramError(f"split_k={split_k} places items itself; it takes no placement rule ({placement!r})")

@@ -448,7 +448,7 @@ def emulate(
         raise EmulationFault(
             f"the {artifact.launch.grid} sites of this kernel wait on each other, so the emulation runs them all at"
             f" once: {threads} threads, more than the {COOPERATIVE_THREADS} it starts at a time; emulate the program"
-            " placed over fewer sites (a smaller split_k, or fewer sites)"
+            " with fewer sites that wait on each other (a split-K program: a smaller split_k)"
         )
     # The interpreter's types for the same output: fp16 as float16, bf16 as its values in float32.
     dtype = OUTPUT_DTYPES.get(out.c_type, np.float32)
