@@ -390,3 +390,13 @@ def test_the_kernel_itself_flags_a_count_past_max_rows_that_the_host_let_through
     files = {"a.txt": ins["A"], "b.txt": ins["B"], "sizes.txt": np.array([3, 101, 0])}
     with pytest.raises(EmulationFault, match="a loop count read from data is 101"):
         emulate_source(text, files, (3, 100, 32), np.int32)
+
+
+def test_the_planner_counts_a_grouped_gemms_strips_not_its_items():
+    """Placement deals strips (a group's column of items), each running its row blocks one after another: a plan
+    whose strips leave most sites idle costs what it would take, so small groups get narrow, tall items."""
+    p = spatialc.build(spatialc.grouped_gemm(8, 512, 256, 256, "bf16"), "sm_90")
+    assert p.plan.items >= 64 and len(p.placement.items_of_site) >= 64  # 8 groups of 512 x 256: 16 strips before
+    big = spatialc.build(spatialc.grouped_gemm(64, 4096, 4096, 4096, "bf16"), "sm_90")
+    assert big.plan.items >= 132 * 4  # many strips already: large square items, as for one GEMM
+    assert big.plan.item_tiles == (8, 8)

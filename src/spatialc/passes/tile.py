@@ -205,9 +205,12 @@ def candidates(
             continue
         smem, per_unit = resources(target, plan, p.precision, form, stages)  # the backend asked once a plan
         if per_unit:
-            # A grouped GEMM costs what its groups stacked into one tall GEMM would (every row present).
-            stacked = dataclasses.replace(plan, grid=(plan.grid[0] * groups, plan.grid[1]))
-            cost = plan_cost(target, stacked, m_t * groups, n_t, k_t, p.precision, per_unit)
+            cost = plan_cost(target, plan, m_t, n_t, k_t, p.precision, per_unit)
+            if groups > 1:
+                # A grouped GEMM's placement deals strips (a group's column of items) and each runs its group's
+                # row blocks one after another: waves of strips, each ny items long (every row present).
+                strips = dataclasses.replace(plan, grid=(groups, plan.grid[1]))
+                cost = plan.grid[0] * plan_cost(target, strips, m_t, n_t, k_t, p.precision, per_unit)
             found.append(Candidate(dataclasses.replace(plan, groups=groups), smem, per_unit, cost))
     # Ties go to the smaller block, then the shallower ring: less padding and less shared memory for the same time.
     found.sort(key=lambda c: (c.cost, c.plan.block.osh * c.plan.block.osw, c.plan.depth, repr(c.plan)))
