@@ -30,8 +30,8 @@ from .rewrite import edit, map_ops
 
 
 def grouped(groups=3, rows=40, n=32, k=48, prec="int8", tgt="sm_86", **kw):
-    """A grouped program on one block of 2x2 tiles an item (unless asked otherwise): 32-row blocks, so a group of more than 32
-    rows has several, and the row loop a symbol the attacks can bend."""
+    """A grouped program of one 2x2-tile block an item (unless asked otherwise): 32-row blocks, so a group of more
+    than 32 rows has several, and the row loop a symbol the attacks can bend."""
     build = {key: kw.pop(key) for key in ("sites", "placement", "block", "sub_blocks", "depth") if key in kw}
     build.setdefault("block", (2, 2, 1))
     build.setdefault("sub_blocks", (1, 1))
