@@ -156,13 +156,15 @@ def test_the_planner_splits_a_gemm_whose_items_leave_the_machine_idle():
         ({"split_k": True}, "a whole number ≥ 1"),
         ({"split_k": 2.0}, "a whole number ≥ 1"),
         ({"split_k": MAX_SPLITS + 1}, f"at most {MAX_SPLITS} sites"),
-        ({"split_k": 9, "block": (1, 1, 4)}, "each split needs at least one"),
+        ({"split_k": 9, "block": (1, 1, 4)}, "has at most 8 K step(s), and each split needs one (use split_k ≤ 8)"),
         ({"split_k": 2, "form": "persistent"}, "form='general'"),
         ({"split_k": 2, "placement": "grouped"}, "takes no placement rule"),
         ({"split_k": 2, "sites": 3}, "sites, not 3"),
     ],
 )
 def test_a_split_the_program_cannot_take_is_one_clear_error(kw, words):
+    """(K = 512 is 32 tiles: a plan of K steps of one tile gives 32 splits a step each, so split_k=9 fits unless a
+    block forces 4-tile steps.)"""
     with pytest.raises(ProgramError) as info:
         spatialc.build(spatialc.gemm(64, 32, 512, "int8"), "sm_86", **kw)
     assert words in str(info.value)
@@ -563,3 +565,12 @@ def test_the_listing_and_the_placement_picture_say_how_items_are_split():
     assert "add partial sum (partial_in) -> the accumulator" in text
     svg = placement_svg(BASE)
     assert "split-K: by the first of its 3 sites" in svg and "sites 0-2 (split-K; site 0 adds" in svg
+
+
+def test_a_split_asked_for_gets_a_plan_with_a_k_step_for_each_split():
+    """The planner's best plan may step through K in few large steps; a split asks for a K step per site, so the
+    plan made for it steps more finely where it must — and where no plan can, says how far it can go."""
+    p = spatialc.build(spatialc.gemm(16, 16, 256, "bf16"), "sm_90", split_k=7)
+    assert p.placement.splits == 7 and p.plan.k_steps >= 7
+    with pytest.raises(ProgramError, match=r"at most 4 K step\(s\), and each split needs one \(use split_k ≤ 4\)"):
+        spatialc.build(spatialc.gemm(16, 16, 64, "bf16"), "sm_90", split_k=7)

@@ -8,7 +8,7 @@ from ..target import SpatialTarget
 from .place import place
 from .schedule import schedule
 from .split import add_split, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
-from .tile import epilogue_stages, sites_per_unit, tile
+from .tile import apply_plan, candidates, epilogue_stages, sites_per_unit, tile
 from .verify import verify
 
 
@@ -40,7 +40,7 @@ def build(
     splits = _splits(p, target, split_k, form, sites, placement)
     if splits > 1:
         # Split-K's sites wait on each other: the general form, with room for the partial rings.
-        p = tile(program.evolve(target=target.name), target, block, sub_blocks, depth, "general", extra_ring_stages())
+        p = _split_plan(program.evolve(target=target.name), target, block, sub_blocks, depth, splits)
         assert p.plan is not None
         splits = check_splits(splits, p.plan)
         per_unit = sites_per_unit(target, p.plan, p.precision, "general", epilogue_stages(p) + extra_ring_stages())
@@ -57,6 +57,25 @@ def build(
     return verify(p, target)
 
 
+def _split_plan(
+    program: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, splits: int
+) -> SpatialProgram:
+    """The program planned for the general form with split-K's rings: the best plan whose K steps each of the
+    `splits` sites can have one of (a shorter K step where the best has too few), else the best (refused by name)."""
+    found = candidates(program, target, block, sub_blocks, depth, "general", extra_ring_stages())
+    fit = next((c.plan for c in found if c.plan.k_steps >= splits), None)
+    if fit is not None:
+        return apply_plan(program, fit)
+    if not found:  # no plan fits at all: the planner's own refusal says why
+        return tile(program, target, block, sub_blocks, depth, "general", extra_ring_stages())
+    most = max(c.plan.k_steps for c in found)
+    forced = " with the forced block" if block else ""
+    raise ProgramError(
+        f"split_k={splits}: every plan that fits{forced} has at most {most} K step(s), and each split needs one"
+        f" (use split_k ≤ {most})"
+    )
+
+
 def _splits(
     p: SpatialProgram, target: SpatialTarget, split_k: int | None, form: str, sites: int | None, placement: str | None
 ) -> int:
@@ -68,7 +87,7 @@ def _splits(
             raise ProgramError(f"split_k={split_k}: a grouped GEMM's row counts arrive at run time; it is not split")
         return 1
     if split_k is not None:
-        check_splits(split_k, p.plan)
+        check_splits(split_k)  # against the K steps of the plan made for it, below
         if split_k > 1 and form == "persistent":
             raise ProgramError(
                 f"split_k={split_k}: split-K's sites wait on each other, which the persistent kernel cannot print;"
