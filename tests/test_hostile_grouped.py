@@ -387,3 +387,37 @@ def test_groups_and_row_count_shapes_tampered_are_refused():
     for name, change in (("B", {"groups": 1}), ("C", {"groups": 1}), ("sizes", {"elems": (1, 6)})):
         tens = tuple(dataclasses.replace(t, **change) if t.name == name else t for t in p.tensors)
         refused(p.evolve(verified=False, tensors=tens))
+
+
+def test_one_site_counting_its_rows_from_another_tensor_is_refused():
+    """(Found by a later review.) Site 1 alone takes its row loop and both masks from the bias, the other sites from
+    `sizes`: the output's rows are then counted by two tensors, which is refused."""
+    shape = (3, 40, 3, 48)
+    p = grouped(*shape, epilogue=[spatialc.bias()], sites=3)
+    bias, a, c = tid(p, "bias"), tid(p, "A"), tid(p, "C")
+    q = p.evolve(verified=False)
+    for e in Engine:
+        q = rw(
+            q,
+            e,
+            lambda op: (
+                (dataclasses.replace(op, count=dataclasses.replace(op.count, tensor=bias)),) if _row_loop(op) else None
+            ),
+            (1,),
+        )
+    q = rw(
+        q,
+        Engine.READER,
+        lambda op: (dataclasses.replace(op, rows_from=bias),) if isinstance(op, ReadTiles) and op.tensor == a else None,
+        (1,),
+    )
+    q = rw(
+        q,
+        Engine.WRITER,
+        lambda op: (
+            (dataclasses.replace(op, rows_from=bias),) if isinstance(op, WriteTiles) and op.tensor == c else None
+        ),
+        (1,),
+    )
+    extra = {"bias": np.array([5, 40, 17], np.int32)}
+    assert refused_or_right(q, shape, extra=extra, bias_name="bias") == "refused"

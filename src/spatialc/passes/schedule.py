@@ -193,8 +193,8 @@ def split_bodies(p: SpatialProgram, site: Site) -> dict[str, tuple[ChoreoOp, ...
         return TileAddr((j - 1) * rows * cols, ((LV_ITEM_Y, h * cols), (LV_ITEM_X, w)))
 
     compute = bodies["compute"]
-    k_at = next(i for i, op in enumerate(compute) if isinstance(op, Loop))
-    acc = compute[0].buf  # type: ignore[union-attr]
+    k_at = next(i for i, op in enumerate(compute) if isinstance(op, Loop) and op.var == LV_K)  # the K loop
+    acc = next(b.id for b in p.buffers if isinstance(b.kind, Accumulator))
     if s == 0:
         reads: list[ChoreoOp] = [SemWait(SEM_PARTIALS, splits - 1)] if splits > 1 else []
         adds: list[ChoreoOp] = []

@@ -6,7 +6,9 @@ other S − 1 have left their partial sums in the workspace, adds them to its ow
 split order (so a float result is the same on every run, and an int8 one stays exact), runs the epilogue and writes
 C. Each contributor packs its accumulator, writes it to its slot of the workspace, makes the write visible and
 raises the owner's `partials` semaphore. The owner's reader waits until the count reaches S − 1 before it reads a
-partial. The counter only ever rises, so one run of the deadlock rule decides the handshake (DESIGN §5).
+partial. The counter only ever rises, so one run of the deadlock rule decides the handshake (DESIGN §5). (The
+interpreter, the float64 reference, adds the partials to each other and then to the owner's products: another order,
+whose difference is float64 rounding, far inside the float32 bound a kernel is held to.)
 
 The program's stages say so: the matmul stage fills the output ring and `partial_out`; `write_partials` empties
 `partial_out` into the workspace; `read_partials` fills `partial_in` from it; `add_partials` adds `partial_in` to
@@ -47,7 +49,7 @@ WORKSPACE_NAME = "partials"
 
 
 def split_ranges(k_steps: int, splits: int) -> tuple[tuple[int, int], ...]:
-    """(first K step, steps) of each split: as equal as whole steps allow, the longer ones first."""
+    """(first K step, steps) of each split: as equal as whole steps allow, the longer ones last."""
     return tuple((s * k_steps // splits, (s + 1) * k_steps // splits - s * k_steps // splits) for s in range(splits))
 
 

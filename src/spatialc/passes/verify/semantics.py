@@ -130,8 +130,14 @@ def _grouped_reads(index: ProgramIndex, decl, writes: list[Write]) -> None:
     other read masks anything. (Without these a count, or a mask, taken from another tensor — a bias — would pass
     the proof at the write unseen.)"""
     masks = {w.op.rows_from for w in writes}
-    if len(masks) != 1 or None in masks:
+    if None in masks:
         return  # `_Proof.rows` refuses an unmasked write by name
+    if len(masks) > 1:
+        names = ", ".join(sorted(index.tensors[m].name for m in masks if m is not None))
+        raise SemanticError(
+            f"the output's rows are masked by different tensors at different sites ({names}): a grouped GEMM's row"
+            " counts are one tensor"
+        )
     (counts,) = masks
     assert counts is not None
     name = index.tensors[counts].name
@@ -142,7 +148,12 @@ def _grouped_reads(index: ProgramIndex, decl, writes: list[Write]) -> None:
                 f"the row counts come from {name}, which stage {s.name} also reads: a grouped GEMM's row counts are a"
                 " tensor of their own"
             )
-    trips = [w.trips[0][0] for w in writes if w.trips]
+    trips = [t for w in writes for t, _, _ in w.trips]
+    if len(set(trips)) > 1:
+        raise SemanticError(
+            "the output's rows are written in loops counted differently at different sites: a grouped GEMM's rows"
+            " are counted one way"
+        )
     for prog in index.p.schedule.programs:  # type: ignore[union-attr]
         for op in walk(prog.ops):
             why = None
