@@ -574,3 +574,20 @@ def test_a_split_asked_for_gets_a_plan_with_a_k_step_for_each_split():
     assert p.placement.splits == 7 and p.plan.k_steps >= 7
     with pytest.raises(ProgramError, match=r"at most 4 K step\(s\), and each split needs one \(use split_k ≤ 4\)"):
         spatialc.build(spatialc.gemm(16, 16, 64, "bf16"), "sm_90", split_k=7)
+
+
+def test_the_planners_own_split_never_refuses_a_build():
+    """The split is chosen on one plan and the program planned again for it: where the new plan's items would not
+    all be resident split so, the planner splits less (or not at all) rather than refusing a build nobody asked to
+    split. Every split it makes keeps all its sites resident."""
+    from spatialc.passes.tile import sites_per_unit
+
+    split_seen = 0
+    for m, n, k, prec, tgt in [(700, 1024, 40000, "int8", "sm_86"), (256, 300, 5000, "bf16", "sm_80"),
+                               (100, 3000, 20000, "bf16", "sm_90"), (16, 16, 40000, "int8", "sm_90")]:  # fmt: skip
+        p = spatialc.build(spatialc.gemm(m, n, k, prec), tgt)  # never raises
+        if p.placement.splits > 1:
+            split_seen += 1
+            per_unit = sites_per_unit(spatialc.target(tgt), p.plan, p.precision, "general", 1)
+            assert len(p.placement.items_of_site) <= spatialc.target(tgt).units * per_unit
+    assert split_seen >= 2

@@ -38,17 +38,22 @@ def build(
     # The plan comes first: the item grid it fixes is what placement distributes.
     p = tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=form)
     splits = _splits(p, target, split_k, form, sites, placement)
+    split = None
     if splits > 1:
         # Split-K's sites wait on each other: the general form, with room for the partial rings.
-        p = _split_plan(program.evolve(target=target.name), target, block, sub_blocks, depth, splits)
-        assert p.plan is not None
-        splits = check_splits(splits, p.plan)
-        per_unit = sites_per_unit(target, p.plan, p.precision, "general", epilogue_stages(p) + extra_ring_stages())
-        crowded = fits_at_once(target, p.plan.items * splits, per_unit)
+        split = _split_plan(program.evolve(target=target.name), target, block, sub_blocks, depth, splits)
+        assert split.plan is not None
+        per_unit = sites_per_unit(target, split.plan, p.precision, "general", epilogue_stages(p) + extra_ring_stages())
+        if split_k is None:  # the planner's own choice, made again on the plan made for it; never a refusal
+            splits = min(splits, auto_splits(split.plan, target.units * per_unit))
+            split = split if splits > 1 else None
+    if split is not None and split.plan is not None:
+        splits = check_splits(splits, split.plan)
+        crowded = fits_at_once(target, split.plan.items * splits, per_unit)
         if crowded:
             raise ProgramError(crowded)
-        p = add_split(p, splits)
-        p = p.evolve(placement=split_placement(p.plan, splits, sites))  # type: ignore[arg-type]
+        p = add_split(split, splits)
+        p = p.evolve(placement=split_placement(split.plan, splits, sites))
     else:
         # Placement before schedule: each site's ITEM loop count is the number of items placed on it.
         p = place(p, target, sites=sites, placement=placement, form=form)
