@@ -7,6 +7,7 @@ published pages are at the front, `Pop` frees them. Only `Reserve`, `Wait` and `
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -325,6 +326,12 @@ ChoreoOp = (
 CHOREO_OPS: tuple[type, ...] = ChoreoOp.__args__  # type: ignore[attr-defined]
 COMPUTE_OPS: tuple[type, ...] = ComputeOp.__args__  # type: ignore[attr-defined]
 FLOW_OPS = (Reserve, Push, Wait, Pop)
+
+
+def rewrite(ops: tuple[ChoreoOp, ...], f) -> tuple[ChoreoOp, ...]:
+    """`ops` with every op that is not a loop replaced by f(op), loops kept (every field) around their bodies
+    rewritten the same way."""
+    return tuple(dataclasses.replace(op, body=rewrite(op.body, f)) if isinstance(op, Loop) else f(op) for op in ops)
 
 
 def walk(ops: tuple[ChoreoOp, ...]):

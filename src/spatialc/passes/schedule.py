@@ -51,6 +51,7 @@ from ..ir.ops import (
     Wait,
     WriteBarrier,
     WriteTiles,
+    rewrite,
     walk,
 )
 from .split import SEM_PARTIALS, owner_of, partial_rings, split_of, split_ranges
@@ -143,14 +144,9 @@ def _find(ops, kind, n: int):
     return [op for op in walk(ops) if isinstance(op, kind)][n]
 
 
-def _swap(ops, new: dict[int, ChoreoOp]):
+def _swap(ops: tuple[ChoreoOp, ...], new: dict[int, ChoreoOp]) -> tuple[ChoreoOp, ...]:
     """`ops` with each op whose id is in `new` replaced."""
-    out = []
-    for op in ops:
-        if isinstance(op, Loop):
-            op = Loop(op.var, op.count, _swap(op.body, new))
-        out.append(new.get(id(op), op))
-    return tuple(out)
+    return rewrite(ops, lambda op: new.get(id(op), op))
 
 
 def _epilogue_ops(p: SpatialProgram, first: BufferId, w: int) -> tuple[tuple[ChoreoOp, ...], BufferId]:

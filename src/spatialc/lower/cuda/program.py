@@ -4,6 +4,7 @@ launch contract of a kernel printed from it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ from ...epilogue import dot_range
 from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, Site
 from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole, TileOrder
-from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, SemInc, walk
+from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, SemInc, rewrite, walk
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...target import SpatialTarget
 from ..artifact import KernelParam, Launch
@@ -138,14 +139,9 @@ def site_classes(p: SpatialProgram, relative_sems: bool = False):
 
 def _relative_sems(site: int, ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
     """`ops` with every SemInc's site given as its offset from `site`."""
-    out: list[ChoreoOp] = []
-    for op in ops:
-        if isinstance(op, Loop):
-            op = Loop(op.var, op.count, _relative_sems(site, op.body))
-        elif isinstance(op, SemInc):
-            op = SemInc(op.sem, Site(int(op.at) - site), op.by)
-        out.append(op)
-    return tuple(out)
+    return rewrite(
+        ops, lambda op: dataclasses.replace(op, at=Site(int(op.at) - site)) if isinstance(op, SemInc) else op
+    )
 
 
 def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:

@@ -49,6 +49,7 @@ from ...ir.ops import (
     ReadTiles,
     SemInc,
     Trip,
+    rewrite,
     walk,
 )
 from ...ir.printer import compute_text
@@ -192,14 +193,7 @@ def _keys(programs: Programs) -> dict[Site, tuple[object, ...]]:
     seen: dict[tuple[ChoreoOp, ...], int] = {}
 
     def strip(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
-        return tuple(
-            Loop(op.var, op.count, strip(op.body))
-            if isinstance(op, Loop)
-            else SemInc(op.sem, Site(0), op.by)
-            if isinstance(op, SemInc)
-            else op
-            for op in ops
-        )
+        return rewrite(ops, lambda op: dataclasses.replace(op, at=Site(0)) if isinstance(op, SemInc) else op)
 
     out: dict[Site, tuple[object, ...]] = {}
     for site, progs in programs.listed.items():
