@@ -24,6 +24,7 @@ from .ir.nodes import (
     TensorRole,
     Tile,
     WriteStage,
+    accumulator_dtype,
 )
 from .ir.ops import ACTIVATIONS, Activation, Bias, BlockShape, ComputeOp, MatmulTiles, Precision, Relu, Requant, Scalar
 from .quant import QuantError, quantize_multiplier
@@ -295,7 +296,7 @@ def _epilogue_stages(epi, prec, n, tensors, buffers, stages) -> tuple[tuple[Tens
         op: ComputeOp
         if isinstance(stage, BiasOf):
             tid = TensorId(len(tensors))
-            dtype = DType.INT32 if prec == Precision.INT8 else DType.FLOAT32
+            dtype = accumulator_dtype(prec)
             tensors = (
                 *tensors,
                 Tensor(tid, stage.name, TensorRole.PARAMETER, (1, n), (1, math.ceil(n / TILE.cols)), dtype),

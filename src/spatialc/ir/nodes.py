@@ -30,6 +30,12 @@ class DType(StrEnum):
     FLOAT32 = "float32"
 
 
+def accumulator_dtype(precision: Precision) -> DType:
+    """What a program of `precision` accumulates in, and so what its partial sums and biases hold: int32 for int8
+    operands, float32 for fp16 and bf16."""
+    return DType.INT32 if precision == Precision.INT8 else DType.FLOAT32
+
+
 class TileOrder(StrEnum):
     """How a tile's elements lie in memory: row by row (the default) or column by column — K-major for a B
     operand, whose columns are K (the int8 tensor-core operand path needs B that way; DESIGN §2)."""

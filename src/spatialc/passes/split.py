@@ -25,7 +25,6 @@ from ..ir.ids import BufferId, ItemId, SemId, Site, StageId, TensorId
 from ..ir.nodes import (
     Buffer,
     ComputeStage,
-    DType,
     Engine,
     Fifo,
     Placement,
@@ -37,8 +36,9 @@ from ..ir.nodes import (
     Tensor,
     TensorRole,
     WriteStage,
+    accumulator_dtype,
 )
-from ..ir.ops import AddPartial, Precision
+from ..ir.ops import AddPartial
 from ..target import SpatialTarget
 
 MAX_SPLITS = 32  # sites per item: past this the owner's serial adds cost more than the split saves
@@ -76,11 +76,6 @@ def auto_splits(plan: Plan, resident: int) -> int:
     return max(1, min(resident // plan.items, plan.k_steps // MIN_SPLIT_STEPS, MAX_SPLITS))
 
 
-def acc_dtype(precision: Precision) -> DType:
-    """What a partial sum holds: the accumulator's type."""
-    return DType.INT32 if precision == Precision.INT8 else DType.FLOAT32
-
-
 def add_split(p: SpatialProgram, splits: int) -> SpatialProgram:
     """The tiled program with split-K's workspace tensor, rings, semaphore and stages (see the module docstring)."""
     from .tile import matmul_stage  # (the verifier imports this module, and tile imports the verifier)
@@ -102,7 +97,7 @@ def add_split(p: SpatialProgram, splits: int) -> SpatialProgram:
         TensorRole.WORKSPACE,
         ((splits - 1) * rows * p.tile.rows, cols * p.tile.cols),
         ((splits - 1) * rows, cols),
-        acc_dtype(p.precision),
+        accumulator_dtype(p.precision),
     )
     first = max(int(b.id) for b in p.buffers) + 1
     p_out, p_in = BufferId(first), BufferId(first + 1)
@@ -185,7 +180,6 @@ def extra_ring_stages() -> int:
 
 __all__ = [
     "MAX_SPLITS",
-    "acc_dtype",
     "add_split",
     "auto_splits",
     "check_splits",

@@ -18,7 +18,7 @@ from ...epilogue import EXACT_LIMIT, dot_range, integer_range
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId
 from ...ir.index import ProgramIndex
-from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, TensorRole, WriteStage
+from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, TensorRole, WriteStage, accumulator_dtype
 from ...ir.ops import (
     Activation,
     AddPartial,
@@ -145,7 +145,7 @@ def _split(
 
 def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:
     """A bias holds int32 values in an int8 program, float32 in a float one (the bounds and the kernel rely on it)."""
-    want = DType.INT32 if index.p.precision == Precision.INT8 else DType.FLOAT32
+    want = accumulator_dtype(index.p.precision)
     for s in decl.chain:
         op = s.kind.op  # type: ignore[union-attr]
         if isinstance(op, Bias) and index.tensors[op.tensor].dtype != want:

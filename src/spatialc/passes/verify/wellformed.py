@@ -30,6 +30,7 @@ from ...ir.nodes import (
     TensorRole,
     TileOrder,
     WriteStage,
+    accumulator_dtype,
 )
 from ...ir.ops import (
     ACTIVATIONS,
@@ -350,7 +351,7 @@ def _check_stages(p: SpatialProgram) -> None:
                 )
             case ComputeStage(op) if (why := compute_fault(op, p.precision)) is not None:
                 raise IllFormedError(f"stage {s.name}: {why}")
-    want = DType.INT32 if p.precision == Precision.INT8 else DType.FLOAT32
+    want = accumulator_dtype(p.precision)
     for w in p.tensors:
         if w.role == TensorRole.WORKSPACE and (w.dtype != want or w.order != TileOrder.ROW):
             raise IllFormedError(
