@@ -31,9 +31,10 @@ from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import ItemId, SemId, Site
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import EngineProgram
-from ...ir.ops import ChoreoOp, Const, Flush, Loop, ReadTiles, SemInc, SemWait, WriteBarrier, walk
+from ...ir.ops import Flush, ReadTiles, SemInc, SemWait, WriteBarrier, walk
 from .dataflow import SiteRun, Write
 from .symbolic import AccSum, Aff, Partial, Product, Sym, one_to_one
+from .wellformed import raise_counts
 
 MAX_SPLIT = 64  # iterations of a loop of partial adds the rule follows one by one
 
@@ -225,20 +226,8 @@ def cell_sums(t: Product, rename: dict[Sym, Aff]) -> tuple[Sym, ...]:
 
 
 def raises(index: ProgramIndex) -> Counter[tuple[Site, SemId]]:
-    """How often every (site, semaphore) is raised, over every site's programs (loops run their counts)."""
-    total: Counter[tuple[Site, SemId]] = Counter()
-    for prog in index.p.schedule.programs:  # type: ignore[union-attr]
-        _count(prog.ops, 1, total)
-    return total
-
-
-def _count(ops: tuple[ChoreoOp, ...], times: int, total: Counter) -> None:
-    for op in ops:
-        if isinstance(op, Loop):
-            n = op.count.n if isinstance(op.count, Const) else op.count.bound
-            _count(op.body, times * n, total)
-        elif isinstance(op, SemInc):
-            total[(op.at, op.sem)] += op.by * times
+    """How often every (site, semaphore) is raised, over every site's programs (`raise_counts`)."""
+    return raise_counts(index.p.schedule.programs)  # type: ignore[union-attr]
 
 
 def reader_wait(index: ProgramIndex, prog: EngineProgram, work) -> SemWait | None:

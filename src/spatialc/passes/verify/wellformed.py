@@ -12,11 +12,12 @@ cannot hold.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 
 from ...epilogue import EXACT_LIMIT
 from ...errors import CoverageError, IllFormedError
-from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, Site, loop_var_name
+from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, SemId, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import (
     Accumulator,
@@ -404,10 +405,10 @@ def check_ops(index: ProgramIndex, programs: Iterable[EngineProgram]) -> None:
         _OpCheck(index, prog).body(prog.ops, ())
 
 
-def check_sem_counts(index: ProgramIndex, programs: Iterable[EngineProgram]) -> None:
-    """No site's copy of a semaphore can pass what a C int holds: its start plus every raise any site makes of it
-    (loops run their counts, run-time counts their bounds) — the kernel keeps the count in an `int`."""
-    total: dict[tuple[Site, object], int] = {}
+def raise_counts(programs: Iterable[EngineProgram]) -> Counter[tuple[Site, SemId]]:
+    """How far every (site, semaphore) is raised over `programs`, at most: loops run their counts, run-time counts
+    their bounds."""
+    total: Counter[tuple[Site, SemId]] = Counter()
 
     def walk_ops(ops: tuple[ChoreoOp, ...], times: int) -> None:
         for op in ops:
@@ -415,10 +416,17 @@ def check_sem_counts(index: ProgramIndex, programs: Iterable[EngineProgram]) -> 
                 n = op.count.n if isinstance(op.count, Const) else op.count.bound
                 walk_ops(op.body, times * max(n, 0))
             elif isinstance(op, SemInc) and op.by > 0:
-                total[(op.at, op.sem)] = total.get((op.at, op.sem), 0) + op.by * times
+                total[(op.at, op.sem)] += op.by * times
 
     for prog in programs:
         walk_ops(prog.ops, 1)
+    return total
+
+
+def check_sem_counts(index: ProgramIndex, programs: Iterable[EngineProgram]) -> None:
+    """No site's copy of a semaphore can pass what a C int holds: its start plus every raise any site makes of it
+    (`raise_counts`) — the kernel keeps the count in an `int`."""
+    total = raise_counts(programs)
     for (site, sem), raised in total.items():
         start = index.sems[sem].initial  # type: ignore[index]
         if start + raised > MAX_INT:
