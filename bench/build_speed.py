@@ -1,7 +1,8 @@
 """How long `spatialc.build` takes (tile → place → schedule → verify), against building the unplanned program.
 
 Baseline: `spatialc.gemm(...)` alone (making the IR), measured in the same run. Median of 5. Split-K programs (many
-sites that wait on each other, each checked across sites by rules 7 and 8) against the same GEMM built unsplit.
+sites that wait on each other, each checked across sites by rules 7 and 8) against the same GEMM built unsplit;
+multicast builds (rule 7's run with vector clocks, step by step) against the same GEMM in the general form.
 Usage: python bench/build_speed.py
 """
 
@@ -39,6 +40,14 @@ def main() -> None:
         print(
             f"build {m}x{n}x{k} {prec} sm_90 split-K {split.placement.splits} ({sites} sites): {full * 1e3:8.1f} ms"
             f"  (unsplit {plain * 1e3:.1f} ms, ratio {full / plain:.0f}x)"
+        )
+    for m, n, k, prec, group in [(4096, 4096, 4096, "fp16", (2, 1)), (4096, 4096, 4096, "fp16", (2, 2))]:
+        g = spatialc.gemm(m, n, k, prec)
+        plain = median_time(lambda g=g: spatialc.build(g, "sm_90", form="general"))
+        full = median_time(lambda g=g, group=group: spatialc.build(g, "sm_90", multicast=group))
+        print(
+            f"build {m}x{n}x{k} {prec} sm_90 multicast {group[0]}x{group[1]}: {full * 1e3:8.1f} ms"
+            f"  (no groups {plain * 1e3:.1f} ms, ratio {full / plain:.0f}x)"
         )
 
 

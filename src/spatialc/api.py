@@ -25,12 +25,14 @@ def build(
     placement: str | None = None,
     form: str = "auto",
     split_k: int | None = None,
+    multicast: tuple[int, int] | None = None,
 ) -> SpatialProgram:
     """tile → place → schedule → verify; returns the verified program. The plan is chosen for the CUDA kernel of
     `form` ("auto" and "persistent": the persistent kernel; "general": the general form, whose rings include the
     output's and each epilogue stage's). `split_k=S` reduces each item's K on S sites whose partial sums meet in a
     workspace tensor (general form); by default the planner splits a GEMM with too few items to fill the machine
-    and a long K (docs/design.md, "Split-K")."""
+    and a long K (docs/design.md, "Split-K"). `multicast=(gy, gx)` gives each gy × gx block of items a group of
+    sites that read each shared A and B page once and multicast it to the others (docs/design.md, "Multicast")."""
     from .passes.pipeline import build as run_passes
 
     expect_program("build", program, "from spatialc.gemm")
@@ -44,6 +46,7 @@ def build(
         placement=placement,
         form=form,
         split_k=split_k,
+        multicast=multicast,
     )
 
 

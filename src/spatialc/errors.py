@@ -75,6 +75,12 @@ class StrongerCheckNeeded(VerifyRuleError):
     handed over in a loop structure it cannot match)."""
 
 
+class HandshakeError(VerifyRuleError):
+    """Rule 7: a handshake between sites that races under some interleaving — a semaphore reset by a site that does
+    not own it, a count raised again before its owner reset it (the raise is lost), a multicast page sent into a
+    page the receiver has not reserved (an overwrite) or published before the copy landed."""
+
+
 class VerifyDeadlockError(DeadlockError, VerifyError):
     """Rule 7: the counter run of the choreography ends with engines blocked for good."""
 

@@ -152,6 +152,13 @@ def _program_options(g: argparse.ArgumentParser, precision: str, *, split: bool)
             help="reduce each item's K on S sites whose partial sums meet in a workspace (general form); default:"
             " the planner splits a GEMM whose items fill less than half the machine while K is long, 1 never splits",
         )
+        g.add_argument(
+            "--multicast",
+            type=_ints(2, "--multicast"),
+            metavar="GY,GX",
+            help="share operand pages over groups of GY x GX sites: one site of a group row reads each A page and"
+            " multicasts it along the row, one of a group column each B page (default: no groups)",
+        )
     g.add_argument("--bias", action="store_true", help="epilogue: add a bias vector (one value per column), first")
     g.add_argument("--relu", action="store_true", help="epilogue: max(x, 0), after the bias")
     g.add_argument(

@@ -41,7 +41,9 @@ def cmd_gemm(args: argparse.Namespace) -> int:
     prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=epilogue_of(args))
     epi = prog.name.split("_", 3)[3].replace("_", " → ") if prog.name.count("_") > 2 else ""
     head = f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision}"
-    p, inputs, times = _built(args, prog, head, f", epilogue {epi}" if epi else "", split_k=args.split_k)
+    p, inputs, times = _built(
+        args, prog, head, f", epilogue {epi}" if epi else "", split_k=args.split_k, multicast=args.multicast
+    )
     return _check_and_run(p, args, inputs, times)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.nodes import Fifo, Interm, PageLayout, SpatialProgram
+from ..ir.traffic import global_read_bytes, read_bytes
 from ..passes.split import split_ranges, workspace_bytes
 from ..target import target
 
@@ -66,6 +67,14 @@ def program_lines(p: SpatialProgram) -> list[str]:
         split = [
             f"  split-K   {p.placement.splits} sites per item, at most {plural(most, 'K step')} each; the owner adds"
             f" the others' partial sums in split order from a workspace of {workspace_bytes(p)} bytes"
+        ]
+    if p.placement.multicast != (1, 1):
+        gy, gx = p.placement.multicast
+        reads = read_bytes(p)
+        said = ", ".join(f"{name} {n / 2**20:.1f} MiB" for name, n in reads.items())
+        split = [
+            f"  multicast {gy}x{gx} sites a group: a group row shares its A pages, a group column its B pages, each"
+            f" read once and multicast; global reads {said} ({global_read_bytes(p)} bytes)"
         ]
     if plan.groups > 1:
         split = [

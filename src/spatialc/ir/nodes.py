@@ -236,6 +236,7 @@ class Placement:
     kind: str = "contiguous"
     band: int = 0  # a grouped placement's rows per band (ir/worklist.py); 0 for the other rules
     splits: int = 1  # sites per item: split-K places each item on `splits` sites, each reducing a part of K
+    multicast: tuple[int, int] = (1, 1)  # sites per multicast group (gy, gx): passes/multicast.py
 
     def items_at(self, site: Site) -> tuple[ItemId, ...]:
         for s, items in self.items_of_site:

@@ -32,6 +32,7 @@ class Budget:
     spills_ptxas: int | None = None  # spill stores + loads in bytes, likewise
     layouts: tuple[tuple[str, str], ...] = ()  # (name, page layout) of each ring: row, col (K-major) or swizzled
     workspace_bytes: int = 0  # global memory the kernel keeps for itself: split-K's partial sums
+    global_read_bytes: int = 0  # bytes its ReadTiles read from global memory in one launch (`ir.traffic`)
 
     @property
     def total_bytes(self) -> int:

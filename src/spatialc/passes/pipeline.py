@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..errors import ProgramError
 from ..ir.nodes import SpatialProgram
 from ..target import SpatialTarget
-from .place import place
+from .multicast import add_semaphores, check_multicast, multicast_placement
+from .place import default_sites, place
 from .schedule import schedule
 from .split import add_split, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
 from .tile import apply_plan, candidates, epilogue_stages, sites_per_unit, tile
@@ -23,10 +24,15 @@ def build(
     placement: str | None = None,
     form: str = "auto",
     split_k: int | None = None,
+    multicast: tuple[int, int] | None = None,
 ) -> SpatialProgram:
     """Run every pass in order and return the verified program, planned for the `form` CUDA kernel. `split_k`
     gives each item that many sites (`passes/split.py`); None lets the planner split a GEMM whose items fill less
-    than half the machine while K is long."""
+    than half the machine while K is long. `multicast=(gy, gx)` shares operand pages over groups of gy × gx sites
+    (`passes/multicast.py`)."""
+    group = (1, 1) if multicast is None else check_multicast(multicast)
+    if group != (1, 1):
+        return _multicast(program, target, group, block, sub_blocks, depth, sites, placement, form, split_k)
     p = program.evolve(target=target.name)
     if any(t.groups > 1 for t in p.tensors):  # rows counted at run time: only the general form prints them
         if form == "persistent":
@@ -60,6 +66,46 @@ def build(
     p = schedule(p)
     # Last, and the only pass that sets `verified`: everything after this (eval, lower) may rely on it.
     return verify(p, target)
+
+
+def _multicast(
+    program: SpatialProgram,
+    target: SpatialTarget,
+    group: tuple[int, int],
+    block,
+    sub_blocks,
+    depth,
+    sites: int | None,
+    placement: str | None,
+    form: str,
+    split_k: int | None,
+) -> SpatialProgram:
+    """build with multicast groups: planned for the general form (a group's sites wait on each other), placed by
+    groups, the handshake scheduled."""
+    gy, gx = group
+    said = f"multicast=({gy}, {gx})"
+    if any(t.groups > 1 for t in program.tensors):
+        raise ProgramError(f"{said}: a grouped GEMM's row counts arrive at run time; its sites are not grouped")
+    if split_k is not None and split_k > 1:
+        raise ProgramError(f"{said} and split_k={split_k}: a build takes one of them")
+    if placement is not None:
+        raise ProgramError(f"{said} places items itself; it takes no placement rule ({placement!r})")
+    if form == "persistent":
+        raise ProgramError(
+            f"{said}: a group's sites wait on each other, which the persistent kernel cannot print; use"
+            " form='general' or 'auto' (--form general)"
+        )
+    p = tile(
+        program.evolve(target=target.name), target, block=block, sub_blocks=sub_blocks, depth=depth, form="general"
+    )
+    assert p.plan is not None
+    resident = default_sites(p, target, "general") if sites is None else sites
+    per_unit = sites_per_unit(target, p.plan, p.precision, "general", epilogue_stages(p))
+    crowded = fits_at_once(target, resident, per_unit, f"a {said} build", "fewer sites")
+    if crowded:
+        raise ProgramError(crowded)
+    p = add_semaphores(p).evolve(placement=multicast_placement(p.plan, gy, gx, resident))
+    return verify(schedule(p), target)
 
 
 def _split_plan(

@@ -54,6 +54,7 @@ from ..ir.ops import (
     rewrite,
     walk,
 )
+from .multicast import SEM_A_READY, SEM_A_VALID, SEM_B_READY, SEM_B_VALID, roles, share
 from .split import SEM_PARTIALS, owner_of, partial_rings, split_of, split_ranges
 from .tile import matmul_stage
 
@@ -217,8 +218,25 @@ def split_bodies(p: SpatialProgram, site: Site) -> dict[str, tuple[ChoreoOp, ...
     return bodies
 
 
+def multicast_reader(p: SpatialProgram, site: Site, reader: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+    """The reader of a site of a multicast group (`passes/multicast.py`): its A page shared over its group row,
+    its B page over its group column."""
+    assert p.placement is not None
+    row, col = roles(p.placement, site)
+    read_a, read_b = (op for op in walk(reader) if isinstance(op, ReadTiles))
+
+    def step(op: ChoreoOp) -> ChoreoOp:
+        if not (isinstance(op, Loop) and op.var == LV_K):
+            return op
+        body = share(op.body, read_a, row, site, SEM_A_READY, SEM_A_VALID)
+        return dataclasses.replace(op, body=share(body, read_b, col, site, SEM_B_READY, SEM_B_VALID))
+
+    return tuple(step(op) for op in reader)
+
+
 def schedule(p: SpatialProgram) -> SpatialProgram:
-    """The program with the standard GEMM schedule (split-K's where the placement splits items)."""
+    """The program with the standard GEMM schedule (split-K's where the placement splits items, the multicast
+    handshake where it groups sites)."""
     from ..ir.nodes import Engine
 
     assert p.placement is not None
@@ -240,6 +258,10 @@ def schedule(p: SpatialProgram) -> SpatialProgram:
                 wrapped[n] = {e: (Loop(LV_ITEM, Const(n), body),) for e, body in bodies.items()}
             else:
                 wrapped[n] = {e: (body if n else ()) for e, body in bodies.items()}
+        mine = dict(wrapped[n])
+        if p.placement.multicast != (1, 1) and n:
+            reader = multicast_reader(p, site, bodies["reader"])
+            mine["reader"] = (Loop(LV_ITEM, Const(n), reader),) if item_loop else reader
         for engine in (Engine.READER, Engine.COMPUTE, Engine.WRITER):
-            programs.append(EngineProgram(site, engine, wrapped[n][engine.value]))
+            programs.append(EngineProgram(site, engine, mine[engine.value]))
     return p.evolve(schedule=Schedule(tuple(programs)))

@@ -161,14 +161,16 @@ def workspace_bytes(p: SpatialProgram) -> int:
     return sum(t.tiles[0] * t.tiles[1] * p.tile.elems * 4 for t in p.tensors if t.role == TensorRole.WORKSPACE)
 
 
-def fits_at_once(target: SpatialTarget, sites: int, per_unit: int) -> str | None:
+def fits_at_once(
+    target: SpatialTarget, sites: int, per_unit: int, who: str = "split-K", fix: str = "a smaller split_k"
+) -> str | None:
     """Why `sites` blocks that wait on each other cannot all be resident on `target`, or None."""
     room = target.units * per_unit
     if sites <= room:
         return None
     return (
-        f"split-K runs its {sites} sites at once (they wait on each other) and {target.name} keeps {room} of this"
-        f" plan's blocks resident ({target.units} SMs × {per_unit}); use a smaller split_k or a larger block"
+        f"{who} runs its {sites} sites at once (they wait on each other) and {target.name} keeps {room} of this"
+        f" plan's blocks resident ({target.units} SMs × {per_unit}); use {fix} or a larger block"
     )
 
 

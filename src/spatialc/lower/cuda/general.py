@@ -55,11 +55,12 @@ from ...ir.ops import (
     walk,
 )
 from ...ir.printer import addr_text, compute_text
+from ...ir.traffic import global_read_bytes
 from ...passes.split import workspace_bytes
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact
 from ..census import marker
-from ..errors import GroupSpansSites, TooBig, Unsupported
+from ..errors import TooBig, Unsupported
 from . import epilogue
 from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, inlined_lines, site_prologue
 from .host import assemble
@@ -153,10 +154,13 @@ def refuse(p: SpatialProgram) -> None:
     """Raise the first reason the general form cannot print `p` yet."""
     check_printable(p)
     ops = all_ops(p)
-    multicast = any(isinstance(op, McastSend | McastSetValid) for op in ops)
-    for g in p.placement.groups:
-        if len(g.sites) > 1 and multicast:
-            raise GroupSpansSites(int(g.id), tuple(int(s) for s in g.sites))
+    if any(isinstance(op, McastSend | McastSetValid) for op in ops):
+        raise Unsupported(
+            "multicast groups",
+            "the general form does not print them yet (on sm_90 they need thread-block clusters and distributed"
+            " shared memory, on sm_80/86 a staging buffer in global memory); the program is verified, and"
+            " spatialc.evaluate runs it",
+        )
     for prog in p.schedule.programs:  # type: ignore[union-attr]
         for other in p.schedule.programs_of(prog.site):  # type: ignore[union-attr]
             shared = {op.group for op in walk(prog.ops) if isinstance(op, Barrier)} & {
@@ -171,8 +175,6 @@ def refuse(p: SpatialProgram) -> None:
         raise Unsupported(f"a program with {len(p.plans)} plans", "the general form prints one block shape so far")
     if any(isinstance(op, SemSet) for op in ops):
         raise Unsupported("a SemSet", "a semaphore only counts up in the general form (SemInc, SemWait)")
-    if multicast:
-        raise Unsupported("a multicast", "the general form does not print it yet")
     for op in ops:
         if isinstance(op, Loop) and isinstance(op.count, Trip):
             t = p.tensor(op.count.tensor)
@@ -676,6 +678,7 @@ def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:
         k.barrier_bytes,
         layouts=tuple((r.name, r.layout.value) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
         workspace_bytes=workspace_bytes(k.program),
+        global_read_bytes=global_read_bytes(k.program),
     )
 
 

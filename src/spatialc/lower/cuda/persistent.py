@@ -29,6 +29,7 @@ from ...ir.ops import (
     WriteTiles,
 )
 from ...ir.printer import compute_text
+from ...ir.traffic import global_read_bytes
 from ...target import SpatialTarget
 from ..artifact import Budget, CudaArtifact, Launch
 from ..errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
@@ -76,18 +77,18 @@ def refuse(p: SpatialProgram) -> None:
     general = needs_general(p)
     if general is not None:
         raise NeedsGeneral(*general)
+    ops = all_ops(p)
+    if any(isinstance(op, McastSend | McastSetValid) for op in ops):
+        raise NeedsGeneral("a multicast", "the blocks of a persistent kernel share no pages")
     for g in p.placement.groups:
         if len(g.sites) > 1:
             raise GroupSpansSites(int(g.id), tuple(int(s) for s in g.sites))
-    ops = all_ops(p)
     accs = {op.buf for op in ops if isinstance(op, AcquireAcc)} | {op.acc for op in ops if isinstance(op, PackAcc)}
     accs |= {op.acc for op in ops if isinstance(op, Compute) and op.acc is not None}
     if len({p.buffer(b).ring for b in accs}) > 1:
         raise Unsupported(
             f"{len(accs)} accumulators", "the kernel holds one accumulator block per warp, in its fragments"
         )
-    if any(isinstance(op, McastSend | McastSetValid) for op in ops):
-        raise Unsupported("a multicast", "the blocks of a persistent kernel share no pages")
     if p.tile != MMA_TILE:
         raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "MMA fragments are 16x16; tile the program 16x16")
 
@@ -244,6 +245,7 @@ def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
         tuple((r.name, r.bytes) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
         tuple(k.rings.names[t] for t in k.rings.fused),
         layouts=tuple((r.name, r.layout.value) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
+        global_read_bytes=global_read_bytes(k.program),
     )
 
 

@@ -35,7 +35,7 @@ from ...ir.ops import (
     WriteTiles,
 )
 from .facts import Side, SiteProgs
-from .symbolic import Aff, Cell, Page, Partial, Product, Sym
+from .symbolic import PC, PR, Aff, Cell, Copy, Page, Partial, Product, Sym
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +162,9 @@ class SiteRun:
         self.writes: list[Write] = []  # of C
         self.partials: list[Write] = []  # of the workspace (split-K)
         self.split = bool(index.p.placement and index.p.placement.splits > 1)
+        self.senders: dict[BufferId, SiteRun] = {}  # ring → the run of the site whose McastSends fill it here
+        self.sent: dict[BufferId, list[Entry]] = {}  # ring → the pages this site's McastSends copied out of it
+        self.received: dict[BufferId, set[str]] = {}  # ring → the item coordinates its received pages name
         self.counter = itertools.count()
         self._per: dict[int, tuple[dict[BufferId, int], dict[BufferId, int], set[BufferId]]] = {}
 
@@ -214,6 +217,40 @@ class SiteRun:
                     touched.add(ring(buf))
                 case Compute(outs=outs):
                     touched.update(ring(b) for b in outs)
+
+    def receive(self, ring: BufferId, at: Seq) -> tuple[Page | None, str]:
+        """The page the sender's McastSend put at position `at` of `ring` here, in this site's symbols, or None and
+        why not. The item coordinates it names are recorded: the sender's item must agree with this site's in them,
+        item for item (checked by `semantics` for every pair of sites, concretely)."""
+        sender = self.senders[ring]
+        for entry in sender.sent.get(ring, []):
+            if entry.seq.shape() != at.shape():
+                continue
+            if entry.page is None or not isinstance(entry.page.cell, Copy):
+                return None, f"site {int(sender.site)} multicasts a page that holds no tiles it read"
+            rename: dict[Sym, Aff] = {}
+            coords: set[str] = set()
+            for (theirs, _, _), (mine, _, _) in zip(entry.seq.levels, at.levels, strict=True):
+                rename[theirs] = Aff.of(mine)
+                for old, new in zip(sender.item_coords(theirs), self.item_coords(mine), strict=True):
+                    rename.update({s: new for s in old.syms()})
+            ref = entry.page.cell.ref
+            for s in ref.row.syms() | ref.col.syms():
+                only = s.kind in ("item_y", "item_x") and s.ident is None  # both sites' only item
+                if s not in rename and s not in (PR, PC) and not only:
+                    return None, (
+                        f"its tiles at site {int(sender.site)} depend on {s.label}, a loop the ring's pages do not"
+                        " follow"
+                    )
+                if s.kind in ("item_y", "item_x"):
+                    coords.add(s.kind)
+            self.received.setdefault(ring, set()).update(coords)
+            return Page(entry.page.rows, entry.page.width, entry.page.cell.subst(rename)), ""
+        shapes = "; ".join(sorted({e.seq.text() for e in sender.sent.get(ring, [])})) or "none"
+        return None, (
+            f"site {int(sender.site)} sends no page of it at the same position in the same loops (pages sent at:"
+            f" {shapes}); the semantic rule matches sender and receiver loop for loop"
+        )
 
     # ---- the whole site -----------------------------------------------------------------------------------------
 

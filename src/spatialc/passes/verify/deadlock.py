@@ -11,15 +11,20 @@ engines done or every one ends with the same engines blocked. Running one interl
 decides it. The ring depths are part of the state (a full ring blocks Reserve), which is how a program that only
 deadlocks because a ring is one page too shallow is caught. Data plays no part: a page counter is all a ring is.
 
+Resets. A semaphore its owner resets right after each wait (`SemWait s ≥ v; SemSet s = 0`) and `McastSetValid`
+onto such a copy are counters with an epoch: counted from the start they only rise, as long as no raise comes
+before the reset it belongs after. The run follows them as such and checks that condition with vector clocks, along
+with the order of multicast pages (`handshake`). Such a run goes step by step (the clocks have no period to skip).
+
 Limits. What one run cannot decide is refused with `StrongerCheckNeeded`, not guessed at:
-- `SemSet`, `McastSetValid` and a negative `SemInc` can lower a count, which breaks "once enabled, stays enabled":
-  whether a `SemWait` passes then depends on the interleaving, and one run proves nothing.
+- any other `SemSet`, a `McastSetValid` onto a copy waited on without resets, and a negative `SemInc` can lower a
+  count, which breaks "once enabled, stays enabled": whether a `SemWait` passes then depends on the interleaving.
 - `Trip` loops run at their `bound`. A ring whose producer and consumer are not both inside the same Trip loops
   would balance for some trip counts and not others, and a `SemInc` or `Barrier` inside a Trip loop raises a
   count that depends on the data, so such programs are refused. What is left is proved with every trip count at
   its bound; for the smaller counts the data may hold, the run is evidence, not proof.
-Not modelled: `McastSend` moves data, not counters; that a receiver has its page reserved when the data lands is
-the program's semaphores' business, and races on data are outside what counters can see.
+`McastSend` moves data, not counters: the run checks only its order against the receivers' reserves and pushes
+(`handshake`); what the page holds is rule 8's.
 
 Sites that share no semaphore, multicast group or barrier are independent networks; each is simulated once per
 distinct set of engine programs (sites share op tuples). Sites that interact are simulated together.
@@ -42,10 +47,27 @@ from ...errors import StrongerCheckNeeded, VerifyDeadlockError
 from ...ir.ids import BufferId, GroupId, SemId, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import EngineProgram
-from ...ir.ops import Barrier, ChoreoOp, Const, Loop, Pop, Push, Reserve, SemInc, SemWait, Wait
+from ...ir.ops import (
+    Barrier,
+    ChoreoOp,
+    Const,
+    Loop,
+    McastSend,
+    McastSetValid,
+    Pop,
+    Push,
+    Reserve,
+    SemInc,
+    SemSet,
+    SemWait,
+    Wait,
+)
 from .facts import Facts, SiteProgs
+from .handshake import Clocks, epoch_copies
 
-RESERVE, PUSH, WAIT, POP, LOOP, NEXT, SEMINC, SEMWAIT, BARRIER = range(9)
+RESERVE, PUSH, WAIT, POP, LOOP, NEXT, SEMINC, SEMWAIT, BARRIER, EPOCHWAIT, MCSET, MCSEND = range(12)
+# Instructions a run with clocks may take (it cannot skip periods) before it gives up.
+MAX_CLOCKED_STEPS = 30_000_000
 _SEEN_CAP = 1 << 14  # recorded back-edge states kept before the table is cleared (it only speeds the run up)
 # Back-edges the run may record before it gives up: a program whose state never repeats (a count that grows each
 # iteration past a threshold, barriers in a long loop) would otherwise take as long as running it.
@@ -116,8 +138,14 @@ class _Engine:
 class Network:
     """The counters of one set of interacting sites, and one run of their engines."""
 
-    def __init__(self, ctx: ProgramIndex, programs: Sequence[EngineProgram], fast_forward: bool = True):
-        self.ctx, self.fast = ctx, fast_forward
+    def __init__(
+        self,
+        ctx: ProgramIndex,
+        programs: Sequence[EngineProgram],
+        fast_forward: bool = True,
+        epochs: set[tuple[Site, SemId]] | frozenset = frozenset(),
+    ):
+        self.ctx, self.fast, self.epoch_copies = ctx, fast_forward, epochs
         self.rings: dict[tuple[Site, BufferId], int] = {}
         self.held: list[int] = []  # pages reserved and not yet popped
         self.ready: list[int] = []  # pages pushed and not yet popped
@@ -133,7 +161,14 @@ class Network:
         self.recorded = 0  # back-edges at which the state was recorded
         self.thresholds: dict[int, set[int]] = {}  # semaphore slot → the counts SemWaits wait for
         self.raisers: dict[int, list[_Engine]] = {}  # semaphore slot → the engines whose programs raise it
+        self.receiving: set[int] = set()  # ring slots McastSends fill
+        self.clocked = False  # whether the program has resets or multicast: then the run keeps vector clocks
         self.engines = [self._compile(p) for p in programs]
+        self.clocks: Clocks | None = None
+        if self.clocked:
+            slots = {slot for key, slot in self.sem_slots.items() if key in epochs}
+            self.clocks = Clocks(len(self.engines), slots, self.receiving, self._where)
+            self.fast = False
 
     # ---- compiling ---------------------------------------------------------------------------------------------
 
@@ -165,7 +200,7 @@ class Network:
 
     def _emit(self, e: _Engine, ops: Sequence[ChoreoOp]) -> None:
         site = e.site
-        for op in ops:
+        for i, op in enumerate(ops):
             match op:
                 case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n):
                     code = {Reserve: RESERVE, Push: PUSH, Wait: WAIT, Pop: POP}[type(op)]
@@ -175,10 +210,27 @@ class Network:
                     if not any(r is e for r in self.raisers.setdefault(slot, [])):
                         self.raisers[slot].append(e)
                     self._put(e, op, (SEMINC, slot, by, ()))
+                case SemWait(sem, value) if (site, sem) in self.epoch_copies:
+                    self.clocked = True  # its reset, next, is what EPOCHWAIT does after passing
+                    self._put(e, op, (EPOCHWAIT, self._sem(site, sem), value, ()))
+                case SemSet(sem):
+                    assert i and e.src[-1] == ops[i - 1], "handshake.epoch_copies admits only resets after a wait"
                 case SemWait(sem, value):
                     slot = self._sem(site, sem)
                     self.thresholds.setdefault(slot, set()).add(value)
                     self._put(e, op, (SEMWAIT, slot, value, ()))
+                case McastSetValid(sem, group, _):
+                    self.clocked = True
+                    slots = tuple(self._sem(s, sem) for s in self.ctx.groups[group].sites)
+                    for slot in slots:
+                        if not any(r is e for r in self.raisers.setdefault(slot, [])):
+                            self.raisers[slot].append(e)
+                    self._put(e, op, (MCSET, 0, 0, slots))
+                case McastSend(buf, group):
+                    self.clocked = True
+                    rings = tuple(self._ring(s, buf) for s in self.ctx.groups[group].sites if s != site)
+                    self.receiving.update(rings)
+                    self._put(e, op, (MCSEND, 0, 0, rings))
                 case Barrier(group):
                     others = tuple(self._arrive(group, s) for s in self.ctx.groups[group].sites)
                     self._put(e, op, (BARRIER, self._arrive(group, site), 0, others))
@@ -212,23 +264,34 @@ class Network:
         return [e for e in self.engines if e.pc < len(e.code)]
 
     def _advance(self, index: int, e: _Engine) -> bool:
-        """Run `e` until it blocks or ends; whether it moved at all. (One flat loop on purpose: it is the hot path.)"""
+        """Run `e` until it blocks or ends; whether it moved at all. (One flat loop on purpose: it is the hot path;
+        `clk`, the vector clocks, is there only for programs with resets or multicast.)"""
         code, held, ready, depth, sem, arrived = e.code, self.held, self.ready, self.depth, self.sem, self.arrived
-        pc, stack, end, steps = e.pc, e.stack, len(e.code), 0
+        pc, stack, end, steps, clk = e.pc, e.stack, len(e.code), 0, self.clocks
         while pc < end:
             op, a, b, c = code[pc]
             if op == RESERVE:
                 if held[a] + b > depth[a]:
                     break
                 held[a] += b
+                if clk is not None:
+                    e.pc = pc
+                    clk.reserve(index, a, b, depth[a])
             elif op == PUSH:
                 ready[a] += b
+                if clk is not None:
+                    e.pc = pc
+                    clk.push(index, a, b)
             elif op == WAIT:
                 if ready[a] < b:
                     break
+                if clk is not None:
+                    clk.wait(index, a, b)
             elif op == POP:
                 held[a] -= b
                 ready[a] -= b
+                if clk is not None:
+                    clk.pop(index, a, b)
             elif op == LOOP:
                 if a == 0:
                     pc, steps = b, steps + 1
@@ -247,22 +310,53 @@ class Network:
                 stack.pop()
             elif op == SEMINC:
                 sem[a] += b
+                if clk is not None:
+                    clk.raised(index, pc, (a,))
             elif op == SEMWAIT:
                 if sem[a] < b:
                     break
+                if clk is not None:
+                    clk.plain_wait(index)
             elif op == BARRIER:
                 if not e.pending:
                     arrived[a] += 1
                     e.pending = arrived[a]
                     steps += 1  # an arrival is a move: it may free the others
+                    if clk is not None:
+                        clk.arrive(index, a)
                 if any(arrived[s] < e.pending for s in c):
                     break
+                if clk is not None:
+                    clk.cross(index, c, e.pending)
                 e.pending = 0
+            elif op == EPOCHWAIT:
+                if sem[a] < b:
+                    break
+                assert clk is not None
+                clk.epoch_wait(index, pc, a, b, sem[a])
+                sem[a] = 0
+            elif op == MCSET:
+                for slot in c:
+                    sem[slot] += 1
+                assert clk is not None
+                clk.raised(index, pc, c)
+            elif op == MCSEND:
+                assert clk is not None
+                e.pc = pc
+                clk.send(index, c)
             pc += 1
             steps += 1
         e.pc = pc
         self.steps += steps
+        if clk is not None and self.steps > MAX_CLOCKED_STEPS:
+            raise _Unsettled(self.steps)
         return steps > 0
+
+    def _where(self, index: int, pc: int | None) -> tuple[str, int, str, str]:
+        """For the clocks' messages: (head, site, engine, op text) of engine `index`'s op at pc (None: where it is)."""
+        e = self.engines[index]
+        text = self.ctx.op(e.src[e.pc if pc is None else pc])
+        return f"{where(e.site, e.name)}: {text}", int(e.site), e.name, text
 
     def _fast_forward(self, index: int) -> None:
         """At a back-edge of engine `index`: skip the periods that will repeat exactly (see the module docstring).
@@ -340,7 +434,7 @@ class Network:
             why = f"needs {b} free page(s), but {self.held[a]} of {self.depth[a]} are held"
         elif op == WAIT:
             why = f"{self.ready[a]} of {b} page(s) published"
-        elif op == SEMWAIT:
+        elif op in (SEMWAIT, EPOCHWAIT):
             who = [
                 where(r.site, r.name) + (" (finished)" if r.pc >= len(r.code) else "") for r in self.raisers.get(a, [])
             ]
@@ -387,10 +481,11 @@ def _components(sites: Sequence[Site], facts: dict[Site, list[Facts]], ctx: Prog
     return sorted(groups.values())
 
 
-def _relative(comp: list[Site], progs: list[EngineProgram]) -> tuple[object, ...]:
+def _relative(ctx: ProgramIndex, comp: list[Site], progs: list[EngineProgram]) -> tuple[object, ...]:
     """What a set of sites that hand over to each other runs, with every site it names given by its place in the
     set: two sets alike in this (split-K's items, each on its own sites) have the same run, so one is simulated."""
     pos = {s: i for i, s in enumerate(comp)}
+    groups = ctx.groups
 
     def norm(ops: tuple[ChoreoOp, ...]) -> tuple[object, ...]:
         out: list[object] = []
@@ -402,6 +497,10 @@ def _relative(comp: list[Site], progs: list[EngineProgram]) -> tuple[object, ...
                     out.append(("raise", sem, pos.get(at, ("outside", int(at))), by))
                 case Barrier():
                     out.append(("site", int(comp[0]), op))  # a group names its sites: such sets are not merged
+                case McastSend(buf, group) | McastSetValid(sem=buf, group=group):  # a group by its sites' places
+                    value = op.value if isinstance(op, McastSetValid) else None
+                    places = tuple(pos.get(s, ("outside", int(s))) for s in groups[group].sites)
+                    out.append((type(op).__name__, buf, value, places))
                 case _:
                     out.append(op)
         return tuple(out)
@@ -415,25 +514,30 @@ def check_deadlock(ctx: ProgramIndex, programs: dict[Site, SiteProgs], keys: dic
     `keys` says which sites run the same programs. Returns the number of networks simulated."""
     sites = sorted(programs)
     facts = {s: [f for _, f in programs[s]] for s in sites}
+    epochs = epoch_copies(ctx, (p for s in sites for p, _ in programs[s]))
     done: set[tuple[object, ...]] = set()
     runs = 0
     for comp in _components(sites, facts, ctx):
         progs = [p for s in comp for p, _ in programs[s]]
-        key = keys[comp[0]] if len(comp) == 1 else _relative(comp, progs)
+        key = keys[comp[0]] if len(comp) == 1 else _relative(ctx, comp, progs)
         if key in done:
             continue
         done.add(key)
-        net = Network(ctx, progs)
+        net = Network(ctx, progs, epochs=epochs)
         runs += 1
         try:
             blocked = net.run()
         except _Unsettled as stop:
-            raise StrongerCheckNeeded(
-                f"site(s) {', '.join(str(int(s)) for s in comp[:8])}: after {stop.recorded} loop iterations the counter"
-                " run still finds no period that repeats (a count that keeps growing past what a SemWait waits for,"
-                " or barriers in a long loop), so it cannot decide deadlock-freedom in reasonable time",
-                site=int(comp[0]),
-            ) from None
+            named = ", ".join(str(int(s)) for s in comp[:8])
+            why = (
+                f"its handshakes (resets or multicast) are followed step by step, and after {stop.recorded} steps the"
+                " run is still going: the program is too long to decide in reasonable time (fewer items a site)"
+                if net.clocks is not None
+                else f"after {stop.recorded} loop iterations the counter run still finds no period that repeats (a"
+                " count that keeps growing past what a SemWait waits for, or barriers in a long loop), so it cannot"
+                " decide deadlock-freedom in reasonable time"
+            )
+            raise StrongerCheckNeeded(f"site(s) {named}: {why}", site=int(comp[0])) from None
         if blocked:
             others = sum(1 for s in sites if len(comp) == 1 and s not in comp and keys[s] == key)
             note = f" (and on {others} other site(s) with the same programs)" if others else ""

@@ -24,6 +24,7 @@ from ...ir.ops import (
     Const,
     Loop,
     MatmulTiles,
+    McastSend,
     PackAcc,
     Pop,
     Push,
@@ -159,6 +160,8 @@ class EngineRun:
                 self.elementwise(op)
             case PackAcc():
                 self.pack(op)
+            case McastSend(buf):
+                self.send(op, ring(buf))
             case _:
                 pass  # Wait, semaphores, barriers and ordering points order the work; they compute nothing
 
@@ -167,14 +170,35 @@ class EngineRun:
         if len(pages) < n:  # rule 5 refuses this first; kept so a page is never invented
             raise self.wrong(op, f"it pushes {n} page(s) of {self.index.name(ring)} with {len(pages)} reserved", ring)
         for at, page, _ in pages[:n]:
+            if page is None and ring in self.site.senders:
+                page, why = self.site.receive(ring, at)
+                if page is None:
+                    raise self.unsure(
+                        op, f"it publishes page {at.text()} of {self.index.name(ring)}, which {why}", ring
+                    )
             self.site.pushed.setdefault(ring, []).append(Entry(at, page, self.engine, op))
         del pages[:n]
+
+    def send(self, op: McastSend, ring: BufferId) -> None:
+        """McastSend: the newest reserved page, as it is now, is what the group's other sites receive."""
+        pages = self.pending.get(ring)
+        if not pages or pages[-1][1] is None:
+            raise self.wrong(op, f"it sends a page of {self.index.name(ring)} that nothing filled", ring)
+        at, page, _ = pages[-1]
+        self.site.sent.setdefault(ring, []).append(Entry(at, page, self.engine, op))
 
     def fill(self, op: ChoreoOp, buf: BufferId, page: Page) -> None:
         """`page` into the newest reserved page of `buf`'s ring."""
         pages = self.pending.get(self.index.ring(buf))
         if not pages:  # rule 5 refuses this first
             raise self.wrong(op, f"it fills a page of {self.index.name(buf)} it has not reserved", buf)
+        sender = self.site.senders.get(self.index.ring(buf))
+        if sender is not None:
+            raise self.wrong(
+                op,
+                f"it fills a page of {self.index.name(buf)}, whose pages site {int(sender.site)} multicasts here",
+                buf,
+            )
         pages[-1][1:] = [page, op]
 
     def front(self, op: ChoreoOp, buf: BufferId) -> Page:

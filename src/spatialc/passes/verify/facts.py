@@ -33,7 +33,6 @@ from ...ir.ops import (
     ReleaseAcc,
     Reserve,
     SemInc,
-    SemSet,
     TileAddr,
     Trip,
     Wait,
@@ -105,7 +104,7 @@ class Facts:
     item_free: list[ChoreoOp] = field(default_factory=list)  # item_y / item_x outside any ITEM loop
     sem_targets: set[Site] = field(default_factory=set)
     groups: set[GroupId] = field(default_factory=set)
-    sets: list[ChoreoOp] = field(default_factory=list)  # ops that can lower a semaphore
+    sets: list[ChoreoOp] = field(default_factory=list)  # ops that lower a semaphore by a negative raise
     trip_counted: list[ChoreoOp] = field(default_factory=list)  # SemInc / Barrier inside a Trip loop
 
 
@@ -193,18 +192,15 @@ class _Walk:
 
     def handshake(self, op: ChoreoOp, loops: tuple[Frame, ...]) -> None:
         """Semaphores and barriers: who they join, and what the deadlock rule cannot decide."""
-        if isinstance(op, SemInc | Barrier) and any(f.trip is not None for f in loops):
+        if isinstance(op, SemInc | Barrier | McastSetValid) and any(f.trip is not None for f in loops):
             self.facts.trip_counted.append(op)
         match op:
-            case SemSet():
-                self.facts.sets.append(op)
             case SemInc(_, at, by):
                 self.facts.sem_targets.add(at)
                 if by < 0:
                     self.facts.sets.append(op)
-            case McastSetValid(_, group, _):
+            case McastSetValid(_, group, _):  # SemSet and McastSetValid: `handshake.epoch_copies` decides them
                 self.facts.groups.add(group)
-                self.facts.sets.append(op)
             case Barrier(group):
                 self.facts.groups.add(group)
 

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ...errors import SemanticError, StrongerCheckNeeded
-from ...ir.ids import BufferId, ItemId, SemId, Site
+from ...ir.ids import BufferId, GroupId, ItemId, SemId, Site
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import ComputeStage, EngineProgram, ReadStage
 from ...ir.ops import (
@@ -46,6 +46,7 @@ from ...ir.ops import (
     Loop,
     MatmulTiles,
     McastSend,
+    McastSetValid,
     ReadTiles,
     SemInc,
     Trip,
@@ -75,7 +76,8 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
         _followable(index, prog)
     decl = declared(index)
     items = dict(p.placement.items_of_site)
-    keys = _keys(programs)
+    senders = _senders(index)
+    keys = _keys(programs, senders)
     shared: dict[tuple[object, ...], list[ItemId]] = {}
     for site, key in keys.items():
         shared.setdefault(key, []).extend(items.get(site, ()))
@@ -83,13 +85,30 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
     for site in sorted(keys):
         if not items.get(site):
             idle.setdefault(keys[site], site)
-    runs: list[tuple[SiteRun, Write | None]] = []
     first: dict[tuple[object, ...], Site] = {}
     for site in sorted(keys):
         first.setdefault(keys[site], site)
-    for key, site in first.items():
-        run = SiteRun(index, decl, site, programs.by_site[site], items.get(site, ()), _sample(shared[key]))
-        runs.append((run, run.run()))
+    made: dict[Site, tuple[SiteRun, Write | None]] = {}
+
+    def run_of(site: Site, chain: tuple[Site, ...] = ()) -> SiteRun:
+        """The site's run, after the runs of the sites that multicast into it."""
+        if site not in made:
+            if site in chain:
+                raise StrongerCheckNeeded(
+                    f"sites {', '.join(str(int(s)) for s in chain)} multicast pages to each other in a cycle; the"
+                    " semantic rule follows pages sent from a site that read them",
+                    site=int(site),
+                )
+            run = SiteRun(index, decl, site, programs.by_site[site], items.get(site, ()), _sample(shared[keys[site]]))
+            run.senders = {ring: run_of(s, (*chain, site)) for ring, s in senders.get(site, {}).items()}
+            made[site] = (run, run.run())
+        return made[site][0]
+
+    runs: list[tuple[SiteRun, Write | None]] = []
+    for site in first.values():
+        run_of(site)
+        runs.append(made[site])
+    _multicast_items(index, senders, {s: made[first[keys[s]]][0] for s in keys})
     if decl.out.groups > 1:
         _grouped_reads(index, decl, [w for _, w in runs if w is not None])
     space, counts = None, Counter[tuple[Site, SemId]]()
@@ -185,15 +204,24 @@ def _has_partials(cell: Cell) -> bool:
     return False
 
 
-def _keys(programs: Programs) -> dict[Site, tuple[object, ...]]:
+def _keys(programs: Programs, senders: dict[Site, dict[BufferId, Site]]) -> dict[Site, tuple[object, ...]]:
     """Which sites the rule follows as one: those whose programs are the same but for the sites their SemIncs raise
-    (which compute nothing; split-K's contributors of one split, each raising its own owner). The handshakes are
-    checked site by site (`partials.check_handshake`), with the concrete programs."""
+    and the groups they multicast to (which compute nothing; split-K's contributors of one split, each raising its
+    own owner; the senders of like multicast groups), and whose senders are alike so. The handshakes are checked
+    site by site (`partials.check_handshake`, rule 7), with the concrete programs, and the items of each sender and
+    receiver by `_multicast_items`."""
     norm: dict[int, int] = {}
     seen: dict[tuple[ChoreoOp, ...], int] = {}
 
+    def anywhere(op: ChoreoOp) -> ChoreoOp:
+        if isinstance(op, SemInc):
+            return dataclasses.replace(op, at=Site(0))
+        if isinstance(op, McastSend | McastSetValid):
+            return dataclasses.replace(op, group=GroupId(0))
+        return op
+
     def strip(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
-        return rewrite(ops, lambda op: dataclasses.replace(op, at=Site(0)) if isinstance(op, SemInc) else op)
+        return rewrite(ops, anywhere)
 
     out: dict[Site, tuple[object, ...]] = {}
     for site, progs in programs.listed.items():
@@ -204,7 +232,47 @@ def _keys(programs: Programs) -> dict[Site, tuple[object, ...]]:
                 norm[n] = seen.setdefault(strip(q.ops), len(seen))
             key.append((q.engine, norm[n]))
         out[site] = tuple(key)
+    # A receiver's pages are its senders' (sorted by ring): its key names theirs, so sites alike receive alike.
+    return {site: (*key, *((r, out[s]) for r, s in sorted(senders.get(site, {}).items()))) for site, key in out.items()}
+
+
+def _senders(index: ProgramIndex) -> dict[Site, dict[BufferId, Site]]:
+    """Receiver site → ring → the site whose McastSends fill it (rule 7 has shown there is one)."""
+    out: dict[Site, dict[BufferId, Site]] = {}
+    for prog in index.p.schedule.programs:  # type: ignore[union-attr]
+        for op in walk(prog.ops):
+            if isinstance(op, McastSend):
+                for s in index.groups[op.group].sites:
+                    if s != prog.site:
+                        out.setdefault(s, {})[index.ring(op.buf)] = prog.site
     return out
+
+
+def _multicast_items(index: ProgramIndex, senders: dict[Site, dict[BufferId, Site]], runs: dict[Site, SiteRun]) -> None:
+    """A received page holds the tiles of the sender's item (its row of A, its column of B): for every receiver,
+    every ring it receives and every item it runs, the sender's item in the same place of its ITEM loop agrees with
+    the receiver's in the coordinates the page names. (The run of the receiver's programs followed the page with the
+    sender's item coordinates renamed to its own; this is what makes the renaming right.)"""
+    p = index.p
+    assert p.placement is not None and p.plan is not None
+    nx = p.plan.placed[1]
+    items = dict(p.placement.items_of_site)
+    for site, rings in sorted(senders.items()):
+        for ring, sender in sorted(rings.items()):
+            coords = runs[site].received.get(ring, set())
+            mine, theirs = items.get(site, ()), items.get(sender, ())
+            for j, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+                (ya, xa), (yb, xb) = divmod(int(a), nx), divmod(int(b), nx)
+                wrong = [c for c, u, v in (("item_y", ya, yb), ("item_x", xa, xb)) if c in coords and u != v]
+                if wrong:
+                    name = "row" if wrong[0] == "item_y" else "column"
+                    raise SemanticError(
+                        f"site {int(site)}: {index.name(ring)} — its item {j} (y {ya}, x {xa}) receives the pages site"
+                        f" {int(sender)} multicasts for its item {j} (y {yb}, x {xb}): tiles of another {name} than"
+                        " the item needs",
+                        site=int(site),
+                        buffer=index.name(ring),
+                    )
 
 
 def _one_writer_per_item(
@@ -250,8 +318,6 @@ def _followable(index: ProgramIndex, prog: EngineProgram) -> None:
                 "its trip count is read from data, so what the program computes would depend on the data; the"
                 " semantic rule proves a fixed function of the inputs, or a grouped GEMM's rows counted at run time"
             )
-        elif isinstance(op, McastSend):
-            why = "multicast moves pages between sites; the semantic rule follows pages within a site"
         elif isinstance(op, Compute) and op.acc_reload is not None:
             why = "the semantic rule does not follow an accumulator spilled to a ring and reloaded"
         if why is not None:
