@@ -96,7 +96,9 @@ def test_a_barrier_crossed_by_some_sites_only_is_printed_for_those_sites():
     p = spatialc.verify(with_barrier(base, members=2, crossing=(0, 1)))
     art = spatialc.lower(p)
     assert "__device__ const int spatialc_site_class[4] = {0, 0, 1, 1};" in art.kernel_cu
-    assert art.kernel_cu.count("if (spatialc_site_class[site] == 0) {  // sites 0, 1") == 3  # each engine's branch
+    # Only the engine whose program differs by class (compute crosses the barrier) branches on it; the others run
+    # alike everywhere and are printed once.
+    assert art.kernel_cu.count("if (spatialc_site_class[site] == 0) {  // sites 0, 1") == 1
     assert art.launch.sync == (0, 0, 0, 0) and art.launch.per_sm == 0 and art.census.agrees
     assert art.census.program["Barrier"] == 1 and "for (int s = 0; s < 2; ++s)" in art.kernel_cu
 

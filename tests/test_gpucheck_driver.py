@@ -54,7 +54,7 @@ def test_sizes_parse_and_cases_are_size_major():
 
 
 def test_default_plan_covers_the_asked_sizes():
-    sizes = {parse_size(s) for s in DEFAULT_SIZES if not s.startswith("g")}
+    sizes = {parse_size(s) for s in DEFAULT_SIZES if not s.startswith(("g", "mc"))}
     assert {(256,) * 3, (8192,) * 3, (1000,) * 3, (4097, 513, 1031), (128, 128, 65536), (512, 512, 32768)} <= sizes
     grouped = [c for c in cases_of(DEFAULT_SIZES, ["int8", "bf16"]) if c.groups > 1]
     assert [(c.groups, c.m, c.n, c.k, c.precision) for c in grouped] == [
@@ -63,6 +63,17 @@ def test_default_plan_covers_the_asked_sizes():
     ]
     with pytest.raises(SpatialError, match="at least 2 groups"):
         cases_of(["g1:8x8x8"], ["bf16"])
+    # Multicast rows (issue: 4096³ and 8192³ with 2×1 and 2×2 groups), each beside the same size without groups.
+    multicast = [c for c in cases_of(DEFAULT_SIZES, ["bf16"]) if c.multicast != (1, 1)]
+    assert [(c.multicast, c.m, c.n, c.k) for c in multicast] == [
+        ((2, 1), 4096, 4096, 4096),
+        ((2, 2), 4096, 4096, 4096),
+        ((2, 1), 8192, 8192, 8192),
+        ((2, 2), 8192, 8192, 8192),
+    ]
+    assert all((c.m, c.n, c.k) in sizes for c in multicast) and multicast[1].size == "mc2x2:4096x4096x4096"
+    with pytest.raises(SpatialError, match="not mcGYxGX:SIZE"):
+        cases_of(["mc2:64"], ["bf16"])
 
 
 # ---- the budget loop -------------------------------------------------------------------------------------------

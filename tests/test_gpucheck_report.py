@@ -177,3 +177,16 @@ def test_a_probe_list_renders_in_order():
         "| CUDA graphs: capture and replay | unavailable | 0.3 | refused |"
     )
     assert "Preflight (0.5 s):" in text
+
+
+def test_a_multicast_row_is_set_against_the_same_gemm_without_groups():
+    from spatialc.gpucheck.report import multicast_lines
+
+    def row(multicast, kernel_s, ok=True):
+        general = Contestant("spatialc general", "spatialc", t(2 * kernel_s), t(kernel_s), 0.0, ok)
+        return Row("bf16", 4096, 4096, 4096, 1, multicast, status="ok", contestants=[general])
+
+    lines = multicast_lines([row((1, 1), 3e-3), row((2, 2), 2e-3), row((2, 1), 1e-3, ok=False)])
+    assert "- bf16 mc2x2:4096x4096x4096: general form without groups / with them, kernel time: 1.50×" in lines
+    assert any(line.startswith("- bf16 mc2x1:4096x4096x4096") and "no right, timed kernel" in line for line in lines)
+    assert multicast_lines([row((1, 1), 3e-3)]) == []

@@ -70,6 +70,12 @@ def artifacts(tgt):
     programs.append(("group_barrier/fp16", spatialc.verify(with_barrier(base))))
     programs.append(("partial_barrier/fp16", spatialc.verify(with_barrier(base, members=2, crossing=(0, 1)))))
     programs.append(("handshake/fp16", spatialc.verify(handshake(base, waiter=3))))
+    # Multicast groups, printed as thread-block clusters with distributed shared memory: sm_90 only.
+    if tgt == "sm_90":
+        for prec, group in (("fp16", (2, 2)), ("int8", (1, 2)), ("bf16", (2, 1))):
+            gemm = spatialc.gemm(256, 256, 128, prec)
+            name = f"multicast_{group[0]}x{group[1]}/{prec}"
+            programs.append((name, spatialc.build(gemm, tgt, multicast=group, sites=8)))
     # A loop count read from data (verify does not accept it yet: the general backend prints it directly).
     extra = [("trip_loop/int8", general.lower(trip_program(), spatialc.target(tgt)))]
     for name, p in programs:

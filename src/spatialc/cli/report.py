@@ -132,6 +132,14 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
         f"  occupancy {plural(bud.blocks_per_sm, 'block')} per SM of {target(p.target).name},"
         f" {bud.threads} threads each, ~{bud.regs_est} registers a thread"
         + (f" (ptxas: {bud.regs_ptxas}, spills {bud.spills_ptxas} B)" if bud.regs_ptxas is not None else ""),
+        *(
+            [
+                f"  clusters  {art.launch.cluster} sites each (__cluster_dims__): a multicast group's pages travel"
+                f" through distributed shared memory; the kernel reads {bud.global_read_bytes} bytes from global memory"
+            ]
+            if getattr(art.launch, "cluster", 1) > 1
+            else []
+        ),
         f"  census    {sum(art.census.program.values())} ops, printed kernel"
         f" {'agrees' if art.census.agrees else 'DISAGREES'} (each op printed as its own statement)",
     ]

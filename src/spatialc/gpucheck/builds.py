@@ -103,7 +103,8 @@ def _build(case: Case, target: str, out: str | None) -> Built:
             gemm = spatialc.grouped_gemm(case.groups, case.m, case.n, case.k, case.precision, **kw)
         else:
             gemm = spatialc.gemm(case.m, case.n, case.k, case.precision, **kw)
-        program = spatialc.build(gemm, target)
+        grouped = {"multicast": case.multicast} if case.multicast != (1, 1) else {}
+        program = spatialc.build(gemm, target, **grouped)
         built.plan = describe_plan(program)
         built.kernel.update(plan_facts(program))
         artifact = spatialc.lower(program, target)
@@ -228,6 +229,9 @@ def describe_plan(program: Any) -> str:
     kind = program.placement.kind if program.placement else "?"
     if program.placement is not None and program.placement.splits > 1:
         kind = f"split-K: {program.placement.splits} sites per item"
+    if program.placement is not None and program.placement.multicast != (1, 1):
+        gy, gx = program.placement.multicast
+        kind = f"multicast: clusters of {gy}×{gx} sites"
     return (
         f"block {b.osh}×{b.osw}×{b.ibw}, sub {p.sub_blocks[0]}×{p.sub_blocks[1]}, items {p.grid[0]}×{p.grid[1]}, "
         f"depth {p.depth}, {sites} sites ({kind})"

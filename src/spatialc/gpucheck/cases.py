@@ -17,7 +17,8 @@ from ..runtime.tilize import ELEMENT_DTYPES
 PRECISIONS = ("int8", "fp16", "bf16")
 # 128x128x65536 and 512x512x32768 have few output items and a long K: the planner splits their K over sites
 # (split-K), so their rows compare that against cuBLAS (which splits such shapes too). Then grouped GEMMs
-# (gG:MAXROWSxNxK): G groups with row counts drawn from 0..MAXROWS, fp16 / bf16 only.
+# (gG:MAXROWSxNxK): G groups with row counts drawn from 0..MAXROWS, fp16 / bf16 only. Last, multicast groups
+# (mcGYxGX:SIZE, sm_90's thread-block clusters): compared with the same size's row, the same GEMM without groups.
 DEFAULT_SIZES = (
     "256",
     "512",
@@ -31,6 +32,10 @@ DEFAULT_SIZES = (
     "512x512x32768",
     "g8:4096x4096x4096",
     "g64:4096x4096x4096",
+    "mc2x1:4096",
+    "mc2x2:4096",
+    "mc2x1:8192",
+    "mc2x2:8192",
 )
 GROUPED_PRECISIONS = ("fp16", "bf16")  # the grouped rows' baselines (torch.matmul per group, torch._grouped_mm)
 # What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
@@ -85,10 +90,13 @@ class _Product:
     k: int
     precision: str
     groups: int
+    multicast: tuple[int, int]
 
     @property
     def size(self) -> str:
         head = f"g{self.groups}:" if self.groups > 1 else ""
+        if self.multicast != (1, 1):
+            head = f"mc{self.multicast[0]}x{self.multicast[1]}:"
         return f"{head}{self.m}x{self.n}x{self.k}"
 
     @property
@@ -109,6 +117,7 @@ class Case(_Product):
     k: int
     precision: str
     groups: int = 1
+    multicast: tuple[int, int] = (1, 1)  # sites of a multicast group (gy, gx): `spatialc.build(multicast=…)`
 
 
 def grouped_sizes(groups: int, max_rows: int) -> Any:
@@ -134,6 +143,17 @@ def parse_grouped(text: str) -> tuple[int, tuple[int, int, int]] | None:
     return groups, parse_size(rest)
 
 
+def parse_multicast(text: str) -> tuple[tuple[int, int], tuple[int, int, int]] | None:
+    """`mc2x2:4096` → ((2, 2), (4096, 4096, 4096)); None for a size without groups."""
+    if not text.lower().startswith("mc"):
+        return None
+    head, _, rest = text[2:].partition(":")
+    parts = head.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts) or not rest:
+        raise SpatialError(f"size {text!r} is not mcGYxGX:SIZE (a multicast group of GY x GX sites)")
+    return (int(parts[0]), int(parts[1])), parse_size(rest)
+
+
 def parse_size(text: str) -> tuple[int, int, int]:
     """`256` → 256³; `4097x513x1031` (or with commas) → (m, n, k)."""
     parts = text.lower().replace(",", "x").replace("×", "x").split("x")
@@ -156,8 +176,11 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
             raise SpatialError(f"unknown precision {p!r}; use {', '.join(PRECISIONS)}")
     out = []
     for s in sizes:
-        grouped = parse_grouped(s)
-        if grouped is None:
+        multicast = parse_multicast(s)
+        grouped = parse_grouped(s) if multicast is None else None
+        if multicast is not None:
+            out += [Case(*multicast[1], p, 1, multicast[0]) for p in precs]
+        elif grouped is None:
             out += [Case(*parse_size(s), p) for p in precs]
         else:
             out += [Case(*grouped[1], p, grouped[0]) for p in precs if p in GROUPED_PRECISIONS]
@@ -278,6 +301,7 @@ class Row(_Product):
     n: int
     k: int
     groups: int = 1
+    multicast: tuple[int, int] = (1, 1)
     status: str = "pending"  # ok | wrong | error | hung | skipped | pending (not reached yet)
     plan: str = ""
     contestants: list[Contestant] = field(default_factory=list)
@@ -293,7 +317,7 @@ class Row(_Product):
 
 def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
     """A row with nothing measured (pending, skipped or failed, and why), or only the `facts` given (plan, …)."""
-    return Row(case.precision, case.m, case.n, case.k, case.groups, status=status, note=note, **facts)
+    return Row(case.precision, case.m, case.n, case.k, case.groups, case.multicast, status=status, note=note, **facts)
 
 
 # ---- checking a result -----------------------------------------------------------------------------------------

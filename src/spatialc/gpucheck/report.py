@@ -231,8 +231,31 @@ def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
     contestants = contestant_lines(rows)
     if contestants:
         lines += ["", "Contestants (rates as in the table; e2e = end to end):", "", *contestants]
+    lines += multicast_lines(rows)
     lines += kernel_table(rows)
     return "\n".join(lines) + "\n"
+
+
+def multicast_lines(rows: list[Row]) -> list[str]:
+    """Each multicast row's general-form kernel against the same GEMM's without groups, in the same run: the ratio
+    of their median kernel times (above 1: the groups are faster)."""
+    plain = {(r.precision, r.m, r.n, r.k): r for r in rows if r.multicast == (1, 1) and r.groups == 1}
+    out = []
+    for r in rows:
+        if r.multicast == (1, 1):
+            continue
+        base = plain.get((r.precision, r.m, r.n, r.k))
+        ours = r.spatialc("general")
+        theirs = base.spatialc("general") if base is not None else None
+        t_ours = _median(ours.timing("kernel")) if ours is not None and ours.ok else None
+        t_base = _median(theirs.timing("kernel")) if theirs is not None and theirs.ok else None
+        said = f"{t_base / t_ours:.2f}×" if t_ours and t_base else "— (one of the two has no right, timed kernel)"
+        out.append(f"- {r.precision} {r.size}: general form without groups / with them, kernel time: {said}")
+    return (
+        ["", "Multicast groups against the same GEMM without groups (general form, kernel only):", "", *out]
+        if out
+        else []
+    )
 
 
 KERNEL_COLUMNS = (

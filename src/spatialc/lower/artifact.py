@@ -104,6 +104,10 @@ class Launch:
     # A grouped GEMM: each tensor of row counts (by name) and the most rows a count may give; the host refuses a
     # count outside 0 … that before launching.
     row_counts: tuple[tuple[str, int], ...] = ()
+    # Multicast groups (sm_90): the kernel is compiled with __cluster_dims__(cluster, 1, 1), so every `cluster`
+    # consecutive sites run as one thread-block cluster, co-scheduled, sharing shared memory; `grid` is a multiple of
+    # it. Sites wait only on sites of their own cluster, so no cooperative launch is needed. 1: no clusters.
+    cluster: int = 1
 
     @property
     def sync_words(self) -> int:
@@ -112,7 +116,7 @@ class Launch:
 
     def sites(self, sms: int | None = None) -> int:
         """The blocks to launch on a device of `sms` multiprocessors (None, or a fixed placement: `grid`)."""
-        if sms is None or not self.per_sm or self.work or self.cooperative:
+        if sms is None or not self.per_sm or self.work or self.cooperative or self.cluster > 1:
             return self.grid
         return launch_sites(self.items, sms, self.per_sm)
 

@@ -79,7 +79,7 @@ def multicast_placement(plan: Plan, gy: int, gx: int, sites: int) -> Placement:
         rows = [tuple(Site(first + r * gx + c) for c in range(gx)) for r in range(gy)] if gx > 1 else []
         cols = [tuple(Site(first + r * gx + c) for r in range(gy)) for c in range(gx)] if gy > 1 else []
         groups += [Group(GroupId(len(groups) + i), g) for i, g in enumerate(rows + cols)]
-    listed += [(Site(s), ()) for s in range(n_groups * per, sites)]
+    # No idle sites after the groups: a kernel's grid is a whole number of clusters (one a group).
     return Placement(tuple(listed), tuple(groups), "multicast", 0, 1, (gy, gx))
 
 

@@ -296,6 +296,13 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
     device = device if device is not None else cupy_device()
     args = kernel_args(artifact.launch)
     ls = artifact.launch
+    arch = getattr(device, "arch", None)
+    cc = arch.removeprefix("sm_").rstrip("a") if isinstance(arch, str) else ""
+    if getattr(ls, "cluster", 1) > 1 and cc.isdigit() and int(cc) < 90:
+        raise LaunchError(
+            f"this kernel runs its multicast groups as thread-block clusters of {ls.cluster} sites, which need sm_90;"
+            f" this device is {arch}"
+        )
     kernel = device.load(artifact.kernel_cu, ls.kernel_name, ls.dyn_smem)
     if not getattr(ls, "items", 0):  # printed before kernels took their work list as an argument
         return Prepared(device, kernel, ls, args, ls.grid)

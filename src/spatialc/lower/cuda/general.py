@@ -43,6 +43,7 @@ from ...ir.ops import (
     Pop,
     Precision,
     Push,
+    ReadBarrier,
     ReadTiles,
     Reserve,
     SemInc,
@@ -71,6 +72,7 @@ from .program import (
     checked_gemm,
     fragments_per_warp,
     launch_for,
+    relative_groups,
     site_classes,
 )
 from .rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, ring_table
@@ -136,11 +138,14 @@ class GeneralKernel:
     sync: tuple[int, ...]  # the initial value of every word of spatialc_sync (() when the kernel takes none)
     trip_error: int  # the word of spatialc_sync flagging a trip count out of its bound, the count after it (-1: none)
     relative: bool = False  # the classes' SemInc sites are offsets from the site running them (`site_classes`)
+    cluster: int = 1  # sites per thread-block cluster (multicast groups, `clusters`); 1: none
+    groups: tuple[tuple[int, ...], ...] = ()  # relative classes' multicast groups: offsets from the site, by id
 
     @property
     def cooperative(self) -> bool:
-        """Whether sites hand over to each other (barriers, semaphores): every one must be resident at once."""
-        return bool(self.words)
+        """Whether sites hand over to each other (barriers, semaphores) across clusters: every one must be resident
+        at once. Sites that wait only on their own cluster's are co-scheduled by the hardware."""
+        return bool(self.words) and self.cluster == 1
 
     @property
     def threads(self) -> int:
@@ -154,13 +159,6 @@ def refuse(p: SpatialProgram) -> None:
     """Raise the first reason the general form cannot print `p` yet."""
     check_printable(p)
     ops = all_ops(p)
-    if any(isinstance(op, McastSend | McastSetValid) for op in ops):
-        raise Unsupported(
-            "multicast groups",
-            "the general form does not print them yet (on sm_90 they need thread-block clusters and distributed"
-            " shared memory, on sm_80/86 a staging buffer in global memory); the program is verified, and"
-            " spatialc.evaluate runs it",
-        )
     for prog in p.schedule.programs:  # type: ignore[union-attr]
         for other in p.schedule.programs_of(prog.site):  # type: ignore[union-attr]
             shared = {op.group for op in walk(prog.ops) if isinstance(op, Barrier)} & {
@@ -173,8 +171,6 @@ def refuse(p: SpatialProgram) -> None:
                 )
     if len(p.plans) > 1:
         raise Unsupported(f"a program with {len(p.plans)} plans", "the general form prints one block shape so far")
-    if any(isinstance(op, SemSet) for op in ops):
-        raise Unsupported("a SemSet", "a semaphore only counts up in the general form (SemInc, SemWait)")
     for op in ops:
         if isinstance(op, Loop) and isinstance(op.count, Trip):
             t = p.tensor(op.count.tensor)
@@ -301,6 +297,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
     perw = fragments_per_warp(plan, lanes, lane_grid)
     rings = epilogue_rings(p, ring_table(p, types, ()), integer)
     classes, relative = site_classes(p, relative_sems=True)
+    cluster = clusters(p, target)
     roles = roles_of(classes, lanes)
     prod, cons = _ring_ends(p, rings, roles)
     copied = frozenset(rings.template[op.into] for role in roles for op in role.walk() if isinstance(op, ReadTiles))
@@ -343,7 +340,44 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
         classes,
         *sync_words(p),
         relative,
+        cluster,
+        relative_groups(p),
     )
+
+
+def clusters(p: SpatialProgram, target: SpatialTarget) -> int:
+    """Sites per thread-block cluster: 1 without multicast; with it, the group shape's sites, where every group
+    (and every site a semaphore of a group's site raises) lies within one aligned run of that many sites — a page
+    multicast travels through distributed shared memory, which only a cluster's blocks share (sm_90)."""
+    assert p.placement is not None
+    ops = all_ops(p)
+    if not any(isinstance(op, McastSend | McastSetValid) for op in ops):
+        return 1
+    if not target.name.startswith("sm_9"):
+        raise Unsupported(
+            f"multicast groups on {target.name}",
+            "a group is a thread-block cluster whose sites share shared memory, which sm_90 has and sm_80/86 do not;"
+            " build for sm_90 (a staging buffer in global memory would read the shared pages from L2 again)",
+        )
+    gy, gx = p.placement.multicast
+    size = gy * gx
+    sites = len(p.placement.items_of_site)
+    far = [g for g in p.placement.groups if len({int(s) // size for s in g.sites}) > 1]
+    if size < 2 or sites % size or far or any(isinstance(op, Barrier) for op in ops):
+        what = f"group {int(far[0].id)}" if far else "this placement"
+        raise Unsupported(
+            f"{what} as thread-block clusters",
+            f"each group must lie within one aligned run of {size} sites (the multicast shape {gy}x{gx}) of a grid"
+            " that is a whole number of them, without group barriers",
+        )
+    for q in p.schedule.programs:  # type: ignore[union-attr]
+        for op in walk(q.ops):
+            if isinstance(op, SemInc) and int(op.at) // size != int(q.site) // size:
+                raise Unsupported(
+                    f"a semaphore raise from site {int(q.site)} to site {int(op.at)}",
+                    f"the sites of a multicast kernel wait only within their cluster of {size}",
+                )
+    return size
 
 
 Words = dict[tuple[str, int], int]  # ("group" | "sem", id) → its first word in spatialc_sync
@@ -400,12 +434,19 @@ class EnginePrinter(TilePrinter):
         for r in sorted(used):
             names = [f"{n}_{r} = 0" for n in ("rsv", "psh", "wt", "pop") if n in used[r]]
             self.w.line(f"unsigned {', '.join(names)};")
+        for r in sorted({self.k.rings.template[op.buf] for op in self.role.walk() if isinstance(op, McastSend)}):
+            self.w.line(f"unsigned snd_{r} = 0;  // pages of ring {r} multicast so far")
         for g in sorted({int(op.group) for op in self.role.walk() if isinstance(op, Barrier)}):
             self.w.line(f"int crossed_{g} = 0;  // this site's crossings of group {g}'s barrier (the first thread's)")
 
     def ops(self, ops: tuple[ChoreoOp, ...], env: dict[LoopVar, str]) -> None:
+        before: ChoreoOp | None = None
         for op in ops:
-            self.op(op, env)
+            if isinstance(op, SemSet):
+                self.reset(op, before)
+            else:
+                self.op(op, env)
+            before = op
 
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
@@ -463,6 +504,25 @@ class EnginePrinter(TilePrinter):
             case WriteBarrier() | Flush():
                 # Each thread's global writes are visible at device scope before any later signal of its engine.
                 self.w.line("__threadfence();", mark)
+            case ReadBarrier():
+                # Every thread's cp.async copies have landed, and the engine's threads see each other's.
+                with self.w.block("", mark):
+                    self.w.line("__pipeline_commit();")
+                    self.w.line("__pipeline_wait_prior(0);")
+                    self.w.line(self.engine_sync())
+            case McastSend(buf, group):
+                self.multicast(self.kept(buf).id, self.k.groups[int(group)], mark)
+            case McastSetValid(sem, group, value):
+                # Adding `value` sets it: verify proved the copy is 0 whenever a set lands (passes/verify/handshake.py).
+                with self.w.block("", mark):
+                    self.w.line("__threadfence();  // each thread's multicast stores are visible before the flags")
+                    self.w.line(self.engine_sync())
+                    base = self.k.words[("sem", int(sem))]
+                    to = [
+                        f"spatialc_grid_add(spatialc_sync + {base} + {self.offset(o)}, {value});"
+                        for o in self.k.groups[int(group)]
+                    ]
+                    self.w.line(f"if (etid == 0) {{ {' '.join(to)} }}")
             case _ if self.common(op, env, mark, "ordered by the ring barriers"):
                 pass
             case Compute(op=AddPartial(), ins=(src,)):
@@ -488,6 +548,39 @@ class EnginePrinter(TilePrinter):
                     self.w.line(self.engine_sync())
             case _:
                 raise Unsupported(f"a {type(op).__name__} op", "the general form has no image for it yet")
+
+    @staticmethod
+    def offset(o: int) -> str:
+        return "site" if o == 0 else f"(site {'+' if o > 0 else '-'} {abs(o)})"
+
+    def multicast(self, r: int, offsets: tuple[int, ...], mark: str) -> None:
+        """McastSend: the newest reserved page, 16 bytes a thread at a time, into the page of the same slot as this
+        ring's n-th send in each other site of the group — its n-th reserved page, as verify proved — through
+        distributed shared memory (the group is a cluster of `k.cluster` sites)."""
+        with self.w.block("", mark):
+            # The page's own copies have landed, every thread's (verify does not ask for the ReadBarrier before it).
+            self.w.line("__pipeline_commit();")
+            self.w.line("__pipeline_wait_prior(0);")
+            self.w.line(self.engine_sync())
+            self.w.line(f"const char* src = (const char*)(ring_{r} + ((rsv_{r} - 1) % DEPTH_{r}) * PAGE_{r});")
+            self.w.line(f"const char* dst = (const char*)(ring_{r} + (snd_{r} % DEPTH_{r}) * PAGE_{r});")
+            chunks = f"(int)(PAGE_{r} * sizeof(*ring_{r}) / 16)"
+            with self.w.block(f"for (int i = etid; i < {chunks}; i += {self.role.threads})"):
+                for o in offsets:
+                    if o:
+                        at = self.offset(o)
+                        rank = f"{at} % {self.k.cluster}"
+                        self.w.line(f"spatialc_dsmem_copy16(src + 16 * i, dst + 16 * i, {at}, {rank});")
+            self.w.line(f"++snd_{r};")
+
+    def reset(self, op: SemSet, before: ChoreoOp | None) -> None:
+        """SemSet: only a reset to 0 right after the engine's own wait for v on it passes verify — so the count is
+        v then (`handshake`), and taking v away resets it."""
+        if not (isinstance(before, SemWait) and before.sem == op.sem and op.value == 0):
+            raise Unsupported("a SemSet not right after its own wait", "only a reset after the wait is printed")
+        base = self.k.words[("sem", int(op.sem))]
+        add = f"spatialc_grid_add(spatialc_sync + {base} + site, {-before.value});"
+        self.w.line(f"if (etid == 0) {{ {add} }}", marker(op))
 
     @staticmethod
     def element(t, flat: str) -> str:
@@ -584,7 +677,9 @@ def kernel_text(k: GeneralKernel) -> str:
         cls = {s: i for i, c in enumerate(k.classes) for s in c.sites}
         table = ", ".join(str(cls.get(s, -1)) for s in range(k.sites))
         w.line(f"__device__ const int spatialc_site_class[{k.sites}] = {{{table}}};")
-    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}) void {KERNEL_NAME}({params})')
+    # Multicast groups are thread-block clusters of `cluster` consecutive sites (the emulation runs each at once).
+    dims = f" __cluster_dims__({k.cluster}, 1, 1)" if k.cluster > 1 else ""
+    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}){dims} void {KERNEL_NAME}({params})')
     with w.block():
         site_prologue(w)
         w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
@@ -610,6 +705,8 @@ def kernel_text(k: GeneralKernel) -> str:
             head = f"{'if' if i == 0 else 'else if'} (warp < {last})"
             with w.block(head, f"// {role.engine.value}: warps {role.first_warp}-{last - 1}"):
                 _engine(k, role, w)
+    if k.cluster > 1:
+        w.line(f"SPATIALC_CLUSTER_KERNEL({KERNEL_NAME}, {k.cluster})")
     return w.text()
 
 
@@ -637,7 +734,7 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
     printer.counters()
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
         w.line("spatialc_acc<ACCT> accf[PERW];")
-    if len(k.classes) == 1:
+    if len(printed(role)) == 1:
         _program(printer, role.programs[0])
         return
     first = True
@@ -648,6 +745,12 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
         with w.block(f"{'if' if first else 'else if'} (spatialc_site_class[site] == {i})", f"// sites {sites}"):
             _program(printer, ops)
         first = False
+
+
+def printed(role: Role) -> tuple[tuple[ChoreoOp, ...], ...]:
+    """The programs the kernel prints for `role`: one, where every site class runs the engine alike (a multicast's
+    compute and writer), else each class's."""
+    return role.programs[:1] if len(set(role.programs)) == 1 else role.programs
 
 
 def _program(printer: EnginePrinter, ops: tuple[ChoreoOp, ...]) -> None:
@@ -697,9 +800,10 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
         opt_in,
         k.blocks_per_sm,
         k.sync,
-        fixed or k.cooperative,
+        fixed or k.cooperative or k.cluster > 1,
         k.cooperative,
         k.trip_error,
+        k.cluster,
     )
-    programs = tuple(ops for role in k.roles for ops in role.programs)
+    programs = tuple(ops for role in k.roles for ops in printed(role))
     return assemble(program, target.name, kernel_text(k), programs, launch, budget_of(k, target))

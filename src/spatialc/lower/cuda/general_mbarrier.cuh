@@ -73,6 +73,32 @@ __device__ __forceinline__ void spatialc_grid_wait(const int* word, int value)
         }
     }
 }
+
+// 16 bytes of this block's shared memory at `src` to the same place as `dst` in the shared memory of block `rank`
+// of the cluster (distributed shared memory, sm_90); `site` is that block's index in the grid (the emulation's).
+__device__ __forceinline__ void spatialc_dsmem_copy16(const void* src, const void* dst, int site, unsigned rank)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned a, b, c, d, remote;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "r"(spatialc_smem_addr(src))
+                 : "memory");
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(spatialc_smem_addr(dst)), "r"(rank));
+    asm volatile("st.shared::cluster.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "r"(a), "r"(b), "r"(c), "r"(d)
+                 : "memory");
+#endif
+    (void)src;
+    (void)dst;
+    (void)site;
+    (void)rank;
+}
+#endif
+
+// A kernel whose sites run as thread-block clusters (__cluster_dims__): nothing here; the emulation runs each
+// launch of it with every block at once.
+#ifndef SPATIALC_CLUSTER_KERNEL
+#define SPATIALC_CLUSTER_KERNEL(kernel, sites)
 #endif
 
 // A loop count read from data: `value` where it lies in 0..bound; otherwise 0 — the loop runs no times, so no access

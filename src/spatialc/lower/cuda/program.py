@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from ...epilogue import dot_range
 from ...inputs import row_limits
-from ...ir.ids import LV_ITEM, Site
+from ...ir.ids import LV_ITEM, GroupId, Site
 from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole, TileOrder
-from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, SemInc, rewrite, walk
+from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, McastSend, McastSetValid, SemInc, rewrite, walk
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...target import SpatialTarget
 from ..artifact import KernelParam, Launch
@@ -133,15 +133,39 @@ def site_classes(p: SpatialProgram, relative_sems: bool = False):
     absolute = _classes(p, lambda site, ops: ops)
     if not relative_sems:
         return absolute
-    relative = _classes(p, _relative_sems)
+    table = {offsets: i for i, offsets in enumerate(relative_groups(p))}
+    relative = _classes(p, lambda site, ops: _relative_sems(p, table, site, ops))
     return (relative, True) if len(relative) < len(absolute) else (absolute, False)
 
 
-def _relative_sems(site: int, ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
-    """`ops` with every SemInc's site given as its offset from `site`."""
-    return rewrite(
-        ops, lambda op: dataclasses.replace(op, at=Site(int(op.at) - site)) if isinstance(op, SemInc) else op
-    )
+def relative_groups(p: SpatialProgram) -> tuple[tuple[int, ...], ...]:
+    """Every multicast group a McastSend or McastSetValid names, seen from each site that names it: the offsets of
+    its sites from that site, sorted; relative classes name a group by its place in this list."""
+    assert p.placement is not None and p.schedule is not None
+    groups = {g.id: g.sites for g in p.placement.groups}
+    seen = {
+        tuple(int(t) - int(q.site) for t in groups[op.group])
+        for q in p.schedule.programs
+        for op in walk(q.ops)
+        if isinstance(op, McastSend | McastSetValid)
+    }
+    return tuple(sorted(seen))
+
+
+def _relative_sems(p: SpatialProgram, table: dict[tuple[int, ...], int], site: int, ops: tuple[ChoreoOp, ...]):
+    """`ops` with every SemInc's site given as its offset from `site`, and every multicast group as its place in
+    `relative_groups`."""
+    assert p.placement is not None
+    groups = {g.id: g.sites for g in p.placement.groups}
+
+    def relative(op: ChoreoOp) -> ChoreoOp:
+        if isinstance(op, SemInc):
+            return dataclasses.replace(op, at=Site(int(op.at) - site))
+        if isinstance(op, McastSend | McastSetValid):
+            return dataclasses.replace(op, group=GroupId(table[tuple(int(t) - site for t in groups[op.group])]))
+        return op
+
+    return rewrite(ops, relative)
 
 
 def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:
@@ -242,6 +266,7 @@ def launch_for(
     fixed: bool = False,
     cooperative: bool = False,
     trip_error: int = -1,
+    cluster: int = 1,
 ) -> Launch:
     """How a host language launches a kernel printed from `p`. A placement the rules make, over as many sites as the
     target keeps resident, follows the device at launch (its multiprocessors × the blocks each holds); any other
@@ -289,4 +314,5 @@ def launch_for(
         grid if ruled else (0, 0),
         placement.band if ruled else 0,
         tuple(sorted(row_limits(p).items())),
+        cluster,
     )

@@ -311,7 +311,7 @@ class Network:
             elif op == SEMINC:
                 sem[a] += b
                 if clk is not None:
-                    clk.raised(index, pc, (a,))
+                    clk.raised(index, pc, (a,), b)
             elif op == SEMWAIT:
                 if sem[a] < b:
                     break

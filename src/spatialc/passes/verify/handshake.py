@@ -55,6 +55,8 @@ def epoch_copies(ctx: ProgramIndex, programs: Iterable[EngineProgram]) -> set[tu
     progs = list(programs)
     epochs: dict[tuple[Site, SemId], str] = {}  # copy → the engine that waits on and resets it
     plain: dict[tuple[Site, SemId], tuple[EngineProgram, SemWait]] = {}
+    resets: list[tuple[EngineProgram, SemWait]] = []  # each epoch wait (the wait a reset follows)
+    flagged: set[tuple[Site, SemId]] = set()  # copies a McastSetValid sets
     for prog in progs:
         for ops in _bodies(prog.ops):
             for i, op in enumerate(ops):
@@ -70,6 +72,7 @@ def epoch_copies(ctx: ProgramIndex, programs: Iterable[EngineProgram]) -> set[tu
                             " passes can depend on how the engines interleave",
                         )
                     copy = (prog.site, op.sem)
+                    resets.append((prog, before))
                     if epochs.setdefault(copy, prog.engine.value) != prog.engine.value:
                         raise _unsure(ctx, prog, op, f"two engines of site {int(prog.site)} reset this semaphore")
                 elif isinstance(op, SemWait) and not (i + 1 < len(ops) and _resets(ops[i + 1], op.sem)):
@@ -111,6 +114,15 @@ def epoch_copies(ctx: ProgramIndex, programs: Iterable[EngineProgram]) -> set[tu
                             f"it sets {ctx.sems[op.sem].name} on site {int(s)}, which waits on it without resetting"
                             " it: a set is a raise only onto a copy its owner resets after each wait",
                         )
+                    flagged.add((s, op.sem))
+    for prog, wait in resets:
+        if wait.value < 1 or ((prog.site, wait.sem) in flagged and wait.value != 1):
+            why = (
+                "a count with an epoch is waited for at least 1"
+                if wait.value < 1
+                else "a McastSetValid sets this copy to 1, and sets do not add up: a flag is waited for 1"
+            )
+            raise _unsure(ctx, prog, wait, why)
     _one_sender(ctx, progs)
     return set(epochs)
 
@@ -189,9 +201,7 @@ class Clocks:
 
     def _join(self, e: int, other: list[int]) -> None:
         v = self.vc[e]
-        for i, x in enumerate(other):
-            if x > v[i]:
-                v[i] = x
+        v[:] = map(max, v, other)
 
     def _after(self, e: int, who: int, time: int) -> bool:
         """Whether engine e's present is after engine `who`'s own time `time`."""
@@ -272,7 +282,10 @@ class Clocks:
 
     # ---- semaphores ----------------------------------------------------------------------------------------------
 
-    def raised(self, e: int, pc: int, slots: Iterable[int]) -> None:
+    def raised(self, e: int, pc: int, slots: Iterable[int], by: int = 1) -> None:
+        """A raise by `by` of each slot; one of 0 changes no count, so no wait needs it and it orders nothing."""
+        if by == 0:
+            return
         clock = list(self._tick(e))
         for slot in slots:
             if slot in self.epochs:
@@ -283,6 +296,15 @@ class Clocks:
         resets it."""
         resets = self.resets.setdefault(slot, [])
         raises = self.pending.pop(slot, [])
+        if count != value and not raises:  # the count was there before any raise: its initial value
+            head, site, engine, op = self.text(e, pc)
+            raise HandshakeError(
+                f"{head} — the count is {count} when it waits for {value} and resets it, before any raise: a"
+                " counter with an epoch starts at 0 and is waited for what its raises add",
+                site=site,
+                engine=engine,
+                op=op,
+            )
         if count != value:
             who, clock, at = raises[-1]
             raise self._early(who, at, e, pc, f"the count is {count} when it waits for {value}", None)

@@ -379,6 +379,8 @@ def _check_layout(p: SpatialProgram) -> None:
                 raise IllFormedError(
                     f"group {int(g.id)} names site {int(s)}, which the placement does not have", site=int(s)
                 )
+            if g.sites.count(s) > 1:  # a multicast would set its flag twice, a barrier count it twice
+                raise IllFormedError(f"group {int(g.id)} names site {int(s)} twice", site=int(s))
     seen: set[tuple[Site, str]] = set()
     for prog in p.schedule.programs if p.schedule else ():
         if prog.site not in sites:

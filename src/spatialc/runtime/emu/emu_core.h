@@ -34,6 +34,7 @@
 #define __noinline__ __attribute__((noinline))
 #define __forceinline__ inline __attribute__((always_inline))
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __align__(n) __attribute__((aligned(n)))
 // A block's threads share it; blocks run one after another, so a function-static is one block's memory.
 #define __shared__ static

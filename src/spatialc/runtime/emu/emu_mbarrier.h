@@ -27,6 +27,11 @@ SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line);
 SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line);
 SPATIALC_EMU_FN void grid_add(int* word, int by, int line);
 SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line);
+// Distributed shared memory (multicast pages): `n` bytes at `src` in this block's dynamic shared memory to the
+// same place as `dst` in block `site`'s, a block of the same launch running at once (a cluster kernel's).
+SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, size_t n, int line);
+// A cluster kernel (SPATIALC_CLUSTER_KERNEL): its launches run every block at once.
+SPATIALC_EMU_FN bool set_cluster(const void* kernel, int sites);
 
 }  // namespace spatialc_emu
 
@@ -53,6 +58,12 @@ inline void spatialc_grid_add(int* word, int by, int line = __builtin_LINE()) {
 inline void spatialc_grid_wait(const int* word, int value, int line = __builtin_LINE()) {
     spatialc_emu::grid_wait(word, value, line);
 }
+inline void spatialc_dsmem_copy16(const void* src, const void* dst, int site, unsigned, int line = __builtin_LINE()) {
+    spatialc_emu::dsmem_copy(src, dst, site, 16, line);
+}
 inline void __nanosleep(unsigned) {}
+#define SPATIALC_CLUSTER_KERNEL(kernel, sites)                     \
+    [[maybe_unused]] static const bool spatialc_emu_cluster_##kernel = \
+        ::spatialc_emu::set_cluster(reinterpret_cast<const void*>(&kernel), (sites));
 
 #endif  // SPATIALC_EMU_MBARRIER_H

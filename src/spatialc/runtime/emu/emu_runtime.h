@@ -789,8 +789,38 @@ SPATIALC_EMU_FN cudaError_t refuse_dynamic(size_t smem, const void* kernel) {
                     "static shared memory), or more than the attribute set");
 }
 
+// SPATIALC_CLUSTER_KERNEL, per kernel: filled by static initialisers of the program, which may run before this
+// file's own, hence a function's static.
+inline std::map<const void*, int>& cluster_sites() {
+    static std::map<const void*, int> sites;
+    return sites;
+}
+
+SPATIALC_EMU_FN bool set_cluster(const void* kernel, int sites) {
+    cluster_sites()[kernel] = sites;
+    return true;
+}
+
+SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, size_t n, int line) {
+    const void* q = src;
+    track(&q, 1, n, false, AccessKind::page_load, line);
+    Block& me = blk();
+    Block* other = nullptr;
+    {
+        std::lock_guard<std::mutex> lk(coop_mu);
+        if (me.dyn && site >= 0 && (size_t)site < coop_blocks.size()) other = coop_blocks[(size_t)site];
+    }
+    if (!other || !other->dyn)
+        fatal(kExitMisuse, "distributed shared memory store at line " + std::to_string(line) + " to site " +
+                               std::to_string(site) + ", which is not a block of this launch running at once");
+    const size_t off = (size_t)(static_cast<const char*>(dst) - me.dyn);
+    // (Not race-checked on the receiving side: the handshake that orders it is in global memory.)
+    std::memcpy(other->dyn + off, src, n);
+}
+
 SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem,
                               const void* kernel, bool cooperative) {
+    if (cluster_sites().count(kernel)) cooperative = true;  // a cluster's blocks wait on each other: all at once
     const unsigned long nthreads = (unsigned long)block.x * block.y * block.z;
     if (nthreads == 0 || nthreads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0) {
         fail(cudaErrorInvalidConfiguration, "launch refused: " + std::to_string(nthreads) + " threads per block");
