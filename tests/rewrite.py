@@ -68,3 +68,30 @@ def k_body(p: SpatialProgram, engine: Engine) -> tuple[ChoreoOp, ...]:
     prog = next(q for q in p.schedule.programs if q.engine == engine)
     loop = next(op for op in walk(prog.ops) if isinstance(op, Loop) and op.var == LV_K)
     return loop.body
+
+
+def edit_k_steps(
+    p: SpatialProgram, site: int, f: Callable[[list[ChoreoOp]], list[ChoreoOp]], engine: Engine = Engine.READER
+) -> SpatialProgram:
+    """`p` with the body of every K loop of site `site`'s `engine` rewritten by f (a list of ops in, one out)."""
+
+    def k_loops(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+        return map_ops(
+            ops,
+            lambda op: (
+                (dataclasses.replace(op, body=tuple(f(list(k_loops(op.body))))),)
+                if isinstance(op, Loop) and op.var == LV_K
+                else None
+            ),
+        )
+
+    return edit(p, engine, k_loops, (site,))
+
+
+def engine_orders(p: SpatialProgram) -> list[SpatialProgram]:
+    """`p` with its engine programs listed in other orders: the interpreter resumes engines round-robin in the
+    listed order, so each is another deterministic interleaving of the same program."""
+    assert p.schedule is not None
+    progs = p.schedule.programs
+    orders = (progs[::-1], progs[1::2] + progs[::2], tuple(sorted(progs, key=lambda q: (q.engine.value, -q.site))))
+    return [p.evolve(schedule=dataclasses.replace(p.schedule, programs=order)) for order in orders]

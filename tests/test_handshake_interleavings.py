@@ -16,8 +16,6 @@ interleaving really has.
 
 from __future__ import annotations
 
-from collections import deque
-
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +27,7 @@ from spatialc.ir.nodes import Buffer, Engine, EngineProgram, Fifo, Group, Placem
 from spatialc.ir.ops import Const, Loop, McastSend, McastSetValid, Pop, Push, Reserve, SemInc, SemSet, SemWait, Wait
 from spatialc.passes.verify import deadlock, handshake
 
-from .test_interleavings import flat
+from .test_interleavings import flat, search
 
 X, READY, VALID, GROUP = BufferId(0), SemId(1), SemId(2), GroupId(0)
 STATE_CAP = 80_000
@@ -100,22 +98,8 @@ def explore(programs, depth, group):
 
     zero = tuple(0 for _ in rings)
     start = (tuple(0 for _ in engines), zero, zero, zero, zero, tuple(0 for _ in sems))
-    seen, todo, terminal = {start}, deque([start]), set()
-    while todo:
-        state = todo.popleft()
-        moved = False
-        for e in range(len(engines)):
-            nxt = step(state, e)
-            if nxt is not None:
-                moved = True
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        if not moved:
-            terminal.add(state[0])
-        if len(seen) > STATE_CAP:
-            return None
-    return terminal, [len(ops) for _, ops in engines], bad
+    terminal = search(start, step, len(engines), STATE_CAP)
+    return None if terminal is None else (terminal, [len(ops) for _, ops in engines], bad)
 
 
 def _sends(ops) -> bool:

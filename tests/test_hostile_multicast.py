@@ -22,9 +22,11 @@ from spatialc.errors import (
     VerifyError,
 )
 from spatialc.ir.ids import LV_K, GroupId, SemId, Site
-from spatialc.ir.nodes import Group, Schedule
-from spatialc.ir.ops import Loop, McastSetValid, ReadTiles, SemInc, SemWait
+from spatialc.ir.nodes import Group
+from spatialc.ir.ops import McastSetValid, ReadTiles, SemInc, SemWait
 from spatialc.passes.verify import verify
+
+from .rewrite import edit_k_steps
 
 # semaphores of passes/multicast.py
 A_READY, A_VALID = SemId(1), SemId(2)
@@ -48,22 +50,7 @@ def _1x3():
 
 def _k_body(p, site, f):
     """`p` with the K-loop body of site `site`'s reader rewritten by f (a list of ops in, a list out)."""
-
-    def walk(ops):
-        out = []
-        for op in ops:
-            if isinstance(op, Loop):
-                body = walk(op.body)
-                out.append(dataclasses.replace(op, body=tuple(f(list(body)) if op.var == LV_K else body)))
-            else:
-                out.append(op)
-        return tuple(out)
-
-    progs = tuple(
-        dataclasses.replace(q, ops=walk(q.ops)) if int(q.site) == site and q.engine.value == "reader" else q
-        for q in p.schedule.programs
-    )
-    return p.evolve(schedule=Schedule(progs), verified=False)
+    return edit_k_steps(p, site, f).evolve(verified=False)
 
 
 def _change(kind, nth=0, **fields):

@@ -108,11 +108,18 @@ def explore(programs, depth, initial, group=()):
         tuple(0 for _ in group),
         tuple(0 for _ in engines),
     )
+    terminal = search(start, step, len(engines), STATE_CAP)
+    return None if terminal is None else (terminal, [len(ops) for _, ops in engines])
+
+
+def search(start, step, engines: int, cap: int):
+    """Every state reachable from `start` by `step(state, engine)` (None: that engine cannot move); the first field
+    of each state where no engine can move, or None past `cap` states."""
     seen, todo, terminal = {start}, deque([start]), set()
     while todo:
         state = todo.popleft()
         moved = False
-        for e in range(len(engines)):
+        for e in range(engines):
             nxt = step(state, e)
             if nxt is not None:
                 moved = True
@@ -121,9 +128,9 @@ def explore(programs, depth, initial, group=()):
                     todo.append(nxt)
         if not moved:
             terminal.add(state[0])
-        if len(seen) > STATE_CAP:
+        if len(seen) > cap:
             return None
-    return terminal, [len(ops) for _, ops in engines]
+    return terminal
 
 
 # ---- random programs ------------------------------------------------------------------------------------------

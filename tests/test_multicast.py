@@ -20,8 +20,7 @@ from spatialc.errors import (
     StrongerCheckNeeded,
     VerifyDeadlockError,
 )
-from spatialc.ir.ids import LV_K, Site
-from spatialc.ir.nodes import Schedule
+from spatialc.ir.ids import Site
 from spatialc.ir.ops import Loop, McastSend, McastSetValid, Push, ReadBarrier, ReadTiles, SemInc, SemSet, SemWait
 from spatialc.ir.traffic import read_bytes
 from spatialc.lower.errors import NeedsGeneral, Unsupported
@@ -29,6 +28,7 @@ from spatialc.passes.verify import verify
 from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationTimeout
 
+from .rewrite import edit_k_steps, engine_orders
 from .test_launch import NumpyDevice
 
 
@@ -83,9 +83,7 @@ def test_the_result_does_not_depend_on_the_order_engines_run_in():
     rng = np.random.default_rng(5)
     ins = {"A": rng.normal(size=(256, 192)), "B": rng.normal(size=(192, 256))}
     first = spatialc.evaluate(p, ins)
-    progs = p.schedule.programs
-    for order in (progs[::-1], progs[1::2] + progs[::2], tuple(sorted(progs, key=lambda q: (q.engine.value, -q.site)))):
-        q = p.evolve(schedule=dataclasses.replace(p.schedule, programs=order))
+    for q in engine_orders(p):
         assert np.array_equal(spatialc.evaluate(verify(q), ins), first)
 
 
@@ -206,22 +204,7 @@ BASE = build(256, 256, 128, "fp16", (2, 2), sites=4)
 
 def edit(site: int, f):
     """BASE with the K-step body of site `site`'s reader rewritten by f."""
-
-    def k_loops(ops):
-        out = []
-        for op in ops:
-            if isinstance(op, Loop):
-                body = k_loops(op.body)
-                out.append(dataclasses.replace(op, body=tuple(f(list(body)) if op.var == LV_K else body)))
-            else:
-                out.append(op)
-        return tuple(out)
-
-    progs = tuple(
-        dataclasses.replace(q, ops=k_loops(q.ops)) if int(q.site) == site and q.engine.value == "reader" else q
-        for q in BASE.schedule.programs
-    )
-    return BASE.evolve(schedule=Schedule(progs))
+    return edit_k_steps(BASE, site, f)
 
 
 def drop(kind, nth=0):

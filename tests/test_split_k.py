@@ -38,7 +38,7 @@ from spatialc.passes.split import MAX_SPLITS, split_ranges, workspace_bytes
 from spatialc.passes.verify import verify
 from spatialc.runtime import launch as L
 
-from .rewrite import edit
+from .rewrite import edit, engine_orders
 
 RNG = np.random.default_rng(11)
 emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
@@ -123,9 +123,7 @@ def test_the_result_does_not_depend_on_the_order_engines_run_in():
     rng = np.random.default_rng(3)
     ins = {"A": rng.normal(size=(48, 1200)), "B": rng.normal(size=(1200, 48))}
     first = spatialc.evaluate(p, ins)
-    progs = p.schedule.programs
-    for order in (progs[::-1], progs[1::2] + progs[::2], tuple(sorted(progs, key=lambda q: (q.engine.value, -q.site)))):
-        q = p.evolve(schedule=dataclasses.replace(p.schedule, programs=order))
+    for q in engine_orders(p):
         assert np.array_equal(spatialc.evaluate(verify(q), ins), first)
 
 
@@ -591,3 +589,37 @@ def test_the_planners_own_split_never_refuses_a_build():
             per_unit = sites_per_unit(spatialc.target(tgt), p.plan, p.precision, "general", 1)
             assert len(p.placement.items_of_site) <= spatialc.target(tgt).units * per_unit
     assert split_seen >= 2
+
+
+# ---- a missing release, in the mode where plain stores become visible late ------------------------------------
+
+
+def _released(text: str, fence: bool, release: bool) -> str:
+    """`text` with each contributor's fence (WriteBarrier) and release add (SemInc) kept or taken away."""
+    if not fence:
+        text = text.replace("__threadfence();  // op:WriteBarrier", "// (no fence)")
+    if not release:
+        text = re.sub(
+            r"spatialc_grid_add\((spatialc_sync \+ 0 \+ \(site - \d\), 1)\)", r"spatialc_grid_add_relaxed(\1)", text
+        )
+    return text
+
+
+@emulation
+@pytest.mark.emulation
+@pytest.mark.parametrize(("fence", "release"), [(True, False), (False, True), (False, False)])
+def test_a_missing_release_before_the_raise_is_caught_where_plain_stores_land_late(fence, release):
+    """The workspace's stores are plain; in late mode the emulation keeps them invisible at device scope until a
+    thread holding them fences or releases — its own, or one that crossed the engine's barrier with it (PTX's
+    cumulativity). The contributor fences and raises with a release add: either alone is enough; with neither, the
+    owner adds partial sums that are not there in late mode, while early mode (stores visible at once) hides it."""
+    p = split(64, 64, 2048, "int8", 3, "sm_86")
+    ins = operands("int8", 64, 64, 2048, 5)
+    art = spatialc.lower(p)
+    text = _released(art.program_cu, fence, release)
+    assert text != art.program_cu
+    planted = dataclasses.replace(art, program_cu=text)
+    want = spatialc.evaluate(p, ins)
+    assert np.array_equal(spatialc.emulate(planted, ins, mode="early"), want)
+    late = spatialc.emulate(planted, ins, mode="late")
+    assert np.array_equal(late, want) == (fence or release)

@@ -38,17 +38,13 @@ from ...ir.ops import (
     Loop,
     MatmulTiles,
     McastSend,
-    McastSetValid,
     PackAcc,
     Pop,
     Precision,
     Push,
-    ReadBarrier,
     ReadTiles,
     Reserve,
-    SemInc,
     SemSet,
-    SemWait,
     TileAddr,
     Trip,
     Wait,
@@ -64,6 +60,7 @@ from ..census import marker
 from ..errors import TooBig, Unsupported
 from . import epilogue
 from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, inlined_lines, site_prologue
+from .handover import HandoverPrinter, clusters, sync_words
 from .host import assemble
 from .program import (
     SiteClass,
@@ -80,10 +77,15 @@ from .tiles import TilePrinter
 
 KERNEL_NAME = "spatialc_general"
 # Plain reads and writes of page elements (the writer's, and the epilogue stages'), so that the emulation, which
-# defines its own, can check them for races as it checks cp.async landings and fragment loads.
+# defines its own, can check them for races as it checks cp.async landings and fragment loads; and plain stores to
+# global memory other sites read in the same launch (split-K's workspace), which the emulation keeps invisible at
+# device scope until the storing thread (or one that crossed a barrier with it) releases them.
 PAGE_MACROS = """#ifndef SPATIALC_PAGE_LD
 #define SPATIALC_PAGE_LD(p) (*(p))
 #define SPATIALC_PAGE_ST(p, v) (*(p) = (v))
+#endif
+#ifndef SPATIALC_GLOBAL_ST
+#define SPATIALC_GLOBAL_ST(p, v) (*(p) = (v))
 #endif"""
 BARRIER_BYTES = 8  # one mbarrier object
 SIDE_WARPS = 1  # warps of an engine other than the compute engine (reader, writer)
@@ -345,67 +347,10 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
     )
 
 
-def clusters(p: SpatialProgram, target: SpatialTarget) -> int:
-    """Sites per thread-block cluster: 1 without multicast; with it, the group shape's sites, where every group
-    (and every site a semaphore of a group's site raises) lies within one aligned run of that many sites — a page
-    multicast travels through distributed shared memory, which only a cluster's blocks share (sm_90)."""
-    assert p.placement is not None
-    ops = all_ops(p)
-    if not any(isinstance(op, McastSend | McastSetValid) for op in ops):
-        return 1
-    if not target.name.startswith("sm_9"):
-        raise Unsupported(
-            f"multicast groups on {target.name}",
-            "a group is a thread-block cluster whose sites share shared memory, which sm_90 has and sm_80/86 do not;"
-            " build for sm_90 (a staging buffer in global memory would read the shared pages from L2 again)",
-        )
-    gy, gx = p.placement.multicast
-    size = gy * gx
-    sites = len(p.placement.items_of_site)
-    far = [g for g in p.placement.groups if len({int(s) // size for s in g.sites}) > 1]
-    if size < 2 or sites % size or far or any(isinstance(op, Barrier) for op in ops):
-        what = f"group {int(far[0].id)}" if far else "this placement"
-        raise Unsupported(
-            f"{what} as thread-block clusters",
-            f"each group must lie within one aligned run of {size} sites (the multicast shape {gy}x{gx}) of a grid"
-            " that is a whole number of them, without group barriers",
-        )
-    for q in p.schedule.programs:  # type: ignore[union-attr]
-        for op in walk(q.ops):
-            if isinstance(op, SemInc) and int(op.at) // size != int(q.site) // size:
-                raise Unsupported(
-                    f"a semaphore raise from site {int(q.site)} to site {int(op.at)}",
-                    f"the sites of a multicast kernel wait only within their cluster of {size}",
-                )
-    return size
-
-
-Words = dict[tuple[str, int], int]  # ("group" | "sem", id) → its first word in spatialc_sync
-
-
-def sync_words(p: SpatialProgram) -> tuple[int, Words, dict[int, tuple[int, ...]], tuple[int, ...], int]:
-    """The sites, where each barrier group's arrival counts and each semaphore's copies start in `spatialc_sync`
-    (one word per site each), each group's sites, every word's initial value (counts at 0, a semaphore's copies at
-    its initial value) and, for a program with loop counts read from data, the first of the two words after them
-    for an error (-1: none)."""
-    assert p.placement is not None
-    n = len(p.placement.items_of_site)
-    ops = all_ops(p)
-    groups = sorted({int(op.group) for op in ops if isinstance(op, Barrier)})
-    sems = [s for s in p.semaphores if any(isinstance(op, SemInc | SemWait) and op.sem == s.id for op in ops)]
-    words = {("group", g): i * n for i, g in enumerate(groups)}
-    words |= {("sem", int(s.id)): (len(groups) + i) * n for i, s in enumerate(sems)}
-    members = {g: tuple(int(s) for s in next(x.sites for x in p.placement.groups if int(x.id) == g)) for g in groups}
-    initial = (0,) * (len(groups) * n) + tuple(s.initial for s in sems for _ in range(n))
-    if not any(isinstance(op, Loop) and isinstance(op.count, Trip) for op in ops):
-        return n, words, members, initial, -1
-    return n, words, members, (*initial, 0, 0), len(initial)
-
-
 # ---- printing --------------------------------------------------------------------------------------------------
 
 
-class EnginePrinter(TilePrinter):
+class EnginePrinter(HandoverPrinter, TilePrinter):
     """Prints one engine's program on its own warps: its ops in order, its loops as its own `for`s."""
 
     def __init__(self, k: GeneralKernel, role: Role, w: Writer):
@@ -504,25 +449,8 @@ class EnginePrinter(TilePrinter):
             case WriteBarrier() | Flush():
                 # Each thread's global writes are visible at device scope before any later signal of its engine.
                 self.w.line("__threadfence();", mark)
-            case ReadBarrier():
-                # Every thread's cp.async copies have landed, and the engine's threads see each other's.
-                with self.w.block("", mark):
-                    self.w.line("__pipeline_commit();")
-                    self.w.line("__pipeline_wait_prior(0);")
-                    self.w.line(self.engine_sync())
-            case McastSend(buf, group):
-                self.multicast(self.kept(buf).id, self.k.groups[int(group)], mark)
-            case McastSetValid(sem, group, value):
-                # Adding `value` sets it: verify proved the copy is 0 whenever a set lands (passes/verify/handshake.py).
-                with self.w.block("", mark):
-                    self.w.line("__threadfence();  // each thread's multicast stores are visible before the flags")
-                    self.w.line(self.engine_sync())
-                    base = self.k.words[("sem", int(sem))]
-                    to = [
-                        f"spatialc_grid_add(spatialc_sync + {base} + {self.offset(o)}, {value});"
-                        for o in self.k.groups[int(group)]
-                    ]
-                    self.w.line(f"if (etid == 0) {{ {' '.join(to)} }}")
+            case _ if self.handover(op, mark):
+                pass
             case _ if self.common(op, env, mark, "ordered by the ring barriers"):
                 pass
             case Compute(op=AddPartial(), ins=(src,)):
@@ -531,56 +459,8 @@ class EnginePrinter(TilePrinter):
                 self.elementwise(op, stage, self.kept(src), self.kept(dst), env, mark)
             case PackAcc(to=buf):
                 self.pack(self.kept(buf), mark)
-            case Barrier(group):
-                self.barrier(int(group), mark)
-            case SemInc(sem, at, by):
-                # The engine's threads meet first, so that what they did is released with the add.
-                with self.w.block("", mark):
-                    self.w.line(self.engine_sync())
-                    base = self.k.words[("sem", int(sem))]
-                    to = self.site_expr(at)
-                    self.w.line(f"if (etid == 0) {{ spatialc_grid_add(spatialc_sync + {base} + {to}, {by}); }}")
-            case SemWait(sem, value):
-                # The first thread waits on the site's own copy; the others wait for it at the engine's barrier.
-                with self.w.block("", mark):
-                    base = self.k.words[("sem", int(sem))]
-                    self.w.line(f"if (etid == 0) {{ spatialc_grid_wait(spatialc_sync + {base} + site, {value}); }}")
-                    self.w.line(self.engine_sync())
             case _:
                 raise Unsupported(f"a {type(op).__name__} op", "the general form has no image for it yet")
-
-    @staticmethod
-    def offset(o: int) -> str:
-        return "site" if o == 0 else f"(site {'+' if o > 0 else '-'} {abs(o)})"
-
-    def multicast(self, r: int, offsets: tuple[int, ...], mark: str) -> None:
-        """McastSend: the newest reserved page, 16 bytes a thread at a time, into the page of the same slot as this
-        ring's n-th send in each other site of the group — its n-th reserved page, as verify proved — through
-        distributed shared memory (the group is a cluster of `k.cluster` sites)."""
-        with self.w.block("", mark):
-            # The page's own copies have landed, every thread's (verify does not ask for the ReadBarrier before it).
-            self.w.line("__pipeline_commit();")
-            self.w.line("__pipeline_wait_prior(0);")
-            self.w.line(self.engine_sync())
-            self.w.line(f"const char* src = (const char*)(ring_{r} + ((rsv_{r} - 1) % DEPTH_{r}) * PAGE_{r});")
-            self.w.line(f"const char* dst = (const char*)(ring_{r} + (snd_{r} % DEPTH_{r}) * PAGE_{r});")
-            chunks = f"(int)(PAGE_{r} * sizeof(*ring_{r}) / 16)"
-            with self.w.block(f"for (int i = etid; i < {chunks}; i += {self.role.threads})"):
-                for o in offsets:
-                    if o:
-                        at = self.offset(o)
-                        rank = f"{at} % {self.k.cluster}"
-                        self.w.line(f"spatialc_dsmem_copy16(src + 16 * i, dst + 16 * i, {at}, {rank});")
-            self.w.line(f"++snd_{r};")
-
-    def reset(self, op: SemSet, before: ChoreoOp | None) -> None:
-        """SemSet: only a reset to 0 right after the engine's own wait for v on it passes verify — so the count is
-        v then (`handshake`), and taking v away resets it."""
-        if not (isinstance(before, SemWait) and before.sem == op.sem and op.value == 0):
-            raise Unsupported("a SemSet not right after its own wait", "only a reset after the wait is printed")
-        base = self.k.words[("sem", int(op.sem))]
-        add = f"spatialc_grid_add(spatialc_sync + {base} + site, {-before.value});"
-        self.w.line(f"if (etid == 0) {{ {add} }}", marker(op))
 
     @staticmethod
     def element(t, flat: str) -> str:
@@ -588,32 +468,6 @@ class EnginePrinter(TilePrinter):
         cols = t.elems[1]
         row, col = f"({flat} / {cols})", f"({flat} % {cols})"
         return f"(({row} / 16) * {t.tiles[1]} + {col} / 16) * {TILE_ELEMS} + ({row} % 16) * 16 + {col} % 16"
-
-    def site_expr(self, at) -> str:
-        """A SemInc's site: itself, or — where the site classes hold SemIncs relative to their site (`relative`) —
-        this site plus the offset."""
-        if not self.k.relative:
-            return str(int(at))
-        return "site" if int(at) == 0 else f"(site {'+' if int(at) > 0 else '-'} {abs(int(at))})"
-
-    def barrier(self, group: int, mark: str) -> None:
-        """Every site of the group arrives, and waits until every site has arrived as often: the engine's threads
-        meet first (so what they did is released with the arrival), its first thread adds the site's arrival at
-        device scope and waits on the others' with acquire loads, and the engine's threads meet again."""
-        base, sync = self.k.words[("group", group)], self.engine_sync()
-        members = self.k.members[group]
-        with self.w.block("", mark):
-            self.w.line(sync)
-            with self.w.block("if (etid == 0)"):
-                self.w.line(f"spatialc_grid_add(spatialc_sync + {base} + site, 1);")
-                self.w.line(f"++crossed_{group};")
-                if members == tuple(range(len(members))):
-                    with self.w.block(f"for (int s = 0; s < {len(members)}; ++s)"):
-                        self.w.line(f"spatialc_grid_wait(spatialc_sync + {base} + s, crossed_{group});")
-                else:
-                    for s in members:
-                        self.w.line(f"spatialc_grid_wait(spatialc_sync + {base} + {s}, crossed_{group});")
-            self.w.line(sync)
 
     def engine_sync(self) -> str:
         """The engine's threads meet (its named barrier)."""

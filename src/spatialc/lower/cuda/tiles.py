@@ -201,8 +201,11 @@ class TilePrinter:
                 page = self.load(
                     f"ring_{r} + {self.read_slot(r)} * PAGE_{r} + e", f"ring_{r}[{self.read_slot(r)} * PAGE_{r} + e]"
                 )
-                cast = "ACCT" if int(op.tensor) in self.workspace else "OUT_T"
-                store = f"t{int(op.tensor)}[(long long)tile * {TILE_ELEMS} + el] = ({cast}){page};"
+                at = f"t{int(op.tensor)}[(long long)tile * {TILE_ELEMS} + el]"
+                if int(op.tensor) in self.workspace:  # read by other sites in this launch (`PAGE_MACROS`)
+                    store = f"SPATIALC_GLOBAL_ST(&{at}, (ACCT){page});"
+                else:
+                    store = f"{at} = (OUT_T){page};"
                 if op.rows_from is not None:  # rows past their group's count are left alone
                     store = f"if ({self.row_kept(op, 'tile', 'el / 16')}) {{ {store} }}"
                 self.w.line(store)

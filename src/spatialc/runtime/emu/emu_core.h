@@ -82,6 +82,17 @@ struct Copy {
     int line;
 };
 
+// A plain store to global memory (a workspace's partial sum) not yet visible at device scope (late mode): it lands
+// when a thread that holds it fences or releases (__threadfence, a release add) or exits. A barrier an engine's
+// threads cross shares each one's stores with the others, which may then release them (PTX's cumulativity).
+struct GlobalStore {
+    void* dst;
+    unsigned char data[8];
+    int size;
+    std::atomic<bool> done{false};
+};
+using GlobalStores = std::vector<std::shared_ptr<GlobalStore>>;
+
 // A fragment-store element not yet visible to other lanes (late mode): it lands at the lane's next barrier.
 struct PendingStore {
     void* dst;
@@ -104,6 +115,7 @@ struct ThreadState {
     std::vector<Copy> open;                 // issued, not yet committed
     std::vector<std::vector<Copy>> groups;  // committed groups, oldest first, not yet landed
     std::vector<PendingStore> stores;
+    GlobalStores gstores;  // plain global stores not yet visible at device scope (late mode)
 };
 
 // An mbarrier (emu_mbarrier.h), or an engine's named barrier (the same arrivals, its threads waiting on each other).
@@ -113,6 +125,7 @@ struct MBar {
     int waiters = 0;
     std::atomic<unsigned> gen{0};
     std::vector<Copy> async;  // copies whose arrival is counted; in late mode they land when the phase completes
+    GlobalStores gacc, gdone[2];  // the arrivals' pending global stores, and each completed phase's (by parity)
     std::vector<unsigned> vc_acc;
     std::vector<unsigned> vc_done[2];  // the clock of the last completed phase of each parity
 };
@@ -146,6 +159,10 @@ inline std::atomic<bool> in_launch{false};
 [[noreturn]] SPATIALC_EMU_FN void fatal(int code, const std::string& what);
 [[noreturn]] SPATIALC_EMU_FN void outside_kernel(const char* what);
 SPATIALC_EMU_FN void block_barrier(int line);
+// A plain store of `size` bytes to global memory (SPATIALC_GLOBAL_ST): at once in early mode, pending in late mode.
+SPATIALC_EMU_FN void global_store(void* dst, const void* value, int size);
+// The calling thread's pending global stores (and those a barrier shared with it) become visible.
+SPATIALC_EMU_FN void release_stores();
 SPATIALC_EMU_FN void warp_barrier(unsigned mask, int line);
 
 inline ThreadState& me(const char* what) {
@@ -170,6 +187,9 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE())
     spatialc_emu::warp_barrier(mask, line);
 }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence() {
+    spatialc_emu::release_stores();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 #endif  // SPATIALC_EMU_CORE_H

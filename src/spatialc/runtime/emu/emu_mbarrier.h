@@ -27,6 +27,7 @@ SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line);
 SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line);
 SPATIALC_EMU_FN void grid_add(int* word, int by, int line);
 SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line);
+SPATIALC_EMU_FN void grid_add_relaxed(int* word, int by);  // (planted faults only: see spatialc_grid_add_relaxed)
 // Distributed shared memory (multicast pages): `n` bytes at `src` in this block's dynamic shared memory to the
 // same place as `dst` in block `site`'s, a block of the same launch running at once (a cluster kernel's).
 SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, size_t n, int line);
@@ -55,6 +56,8 @@ inline void spatialc_engine_sync(unsigned id, unsigned threads, int line = __bui
 inline void spatialc_grid_add(int* word, int by, int line = __builtin_LINE()) {
     spatialc_emu::grid_add(word, by, line);
 }
+// Not in the kernel texts: a relaxed add, which releases nothing — for tests that plant a missing release.
+inline void spatialc_grid_add_relaxed(int* word, int by) { spatialc_emu::grid_add_relaxed(word, by); }
 inline void spatialc_grid_wait(const int* word, int value, int line = __builtin_LINE()) {
     spatialc_emu::grid_wait(word, value, line);
 }

@@ -89,6 +89,48 @@ SPATIALC_EMU_FN void apply_stores(ThreadState& t) {
     t.stores.clear();
 }
 
+// ---- plain global stores: visible at device scope only once released (late mode) -----------------------------------
+
+SPATIALC_EMU_FN void global_store(void* dst, const void* value, int size) {
+    ThreadState& t = me("SPATIALC_GLOBAL_ST");
+    if (size < 1 || size > 8) fatal(kExitMisuse, "SPATIALC_GLOBAL_ST of " + std::to_string(size) + " bytes");
+    if (!kLate) {
+        std::memcpy(dst, value, (size_t)size);
+        return;
+    }
+    auto s = std::make_shared<GlobalStore>();
+    s->dst = dst;
+    s->size = size;
+    std::memcpy(s->data, value, (size_t)size);
+    t.gstores.push_back(std::move(s));
+}
+
+// The stores `t` holds land (each once, whichever thread holding it gets there first).
+SPATIALC_EMU_FN void release_stores_of(ThreadState& t) {
+    for (const auto& s : t.gstores)
+        if (!s->done.exchange(true)) std::memcpy(s->dst, s->data, (size_t)s->size);
+    t.gstores.clear();
+}
+
+SPATIALC_EMU_FN void release_stores() { release_stores_of(me("__threadfence")); }
+
+// What threads still held when they returned: visible once the launch is over (not before another block of it reads).
+inline std::mutex exit_stores_mu;
+inline GlobalStores exit_stores;
+
+SPATIALC_EMU_FN void keep_until_launch_ends(ThreadState& t) {
+    std::lock_guard<std::mutex> lk(exit_stores_mu);
+    exit_stores.insert(exit_stores.end(), t.gstores.begin(), t.gstores.end());
+    t.gstores.clear();
+}
+
+SPATIALC_EMU_FN void release_exit_stores() {
+    std::lock_guard<std::mutex> lk(exit_stores_mu);
+    for (const auto& s : exit_stores)
+        if (!s->done.exchange(true)) std::memcpy(s->dst, s->data, (size_t)s->size);
+    exit_stores.clear();
+}
+
 // With the lock held, by the thread whose arrival (or return) completes the barrier.
 SPATIALC_EMU_FN void complete_block_barrier(Block& b, int waiters) {
     for (int i = 0; i < b.nthreads; ++i) apply_stores(b.threads[i]);
@@ -409,6 +451,8 @@ SPATIALC_EMU_FN void mbar_init(void* bar, unsigned count, int line) {
 SPATIALC_EMU_FN void complete_mbar(Block& b, MBar& m) {
     for (const Copy& c : m.async) std::memcpy(c.dst, c.data, (size_t)c.size);
     m.async.clear();
+    m.gdone[m.phase & 1] = std::move(m.gacc);
+    m.gacc.clear();
     m.vc_done[m.phase & 1] = std::move(m.vc_acc);
     m.vc_acc.clear();
     ++m.phase;
@@ -422,6 +466,7 @@ SPATIALC_EMU_FN void complete_mbar(Block& b, MBar& m) {
 
 SPATIALC_EMU_FN void arrive_locked(ThreadState& t, MBar& m) {
     apply_stores(t);  // an arrival releases: the thread's fragment stores are visible to whoever waits on the phase
+    m.gacc.insert(m.gacc.end(), t.gstores.begin(), t.gstores.end());  // its global ones it shares, still pending
     join(m.vc_acc, t.vc);
     if (m.vc_acc.size() <= (size_t)t.tid) m.vc_acc.resize((size_t)t.tid + 1, 0);
     m.vc_acc[(size_t)t.tid] = std::max(m.vc_acc[(size_t)t.tid], t.clk);
@@ -469,6 +514,8 @@ SPATIALC_EMU_FN void sleep_through_phase(Block& b, MBar& m, std::unique_lock<std
 SPATIALC_EMU_FN void learn(ThreadState& t, Block& b, const MBar& m, unsigned parity) {
     if (t.vc.size() < (size_t)b.nthreads) t.vc.resize((size_t)b.nthreads, 0);
     join(t.vc, m.vc_done[parity & 1]);
+    const GlobalStores& shared = m.gdone[parity & 1];
+    t.gstores.insert(t.gstores.end(), shared.begin(), shared.end());  // it may release them now
     t.where = "running";
 }
 
@@ -521,8 +568,16 @@ SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line) {
 inline std::atomic<unsigned> grid_gen{0};  // moves at every arrival: what a site waiting on another sleeps on
 
 SPATIALC_EMU_FN void grid_add(int* word, int by, int) {
-    me("spatialc_grid_add");
+    release_stores_of(me("spatialc_grid_add"));  // a release add: what the thread holds lands first
     std::atomic_ref<int>(*word).fetch_add(by, std::memory_order_release);
+    grid_gen.fetch_add(1, std::memory_order_release);
+    grid_gen.notify_all();
+    progress.fetch_add(1, std::memory_order_relaxed);
+}
+
+SPATIALC_EMU_FN void grid_add_relaxed(int* word, int by) {
+    me("spatialc_grid_add_relaxed");  // releases nothing: the thread's pending stores stay pending
+    std::atomic_ref<int>(*word).fetch_add(by, std::memory_order_relaxed);
     grid_gen.fetch_add(1, std::memory_order_release);
     grid_gen.notify_all();
     progress.fetch_add(1, std::memory_order_relaxed);
@@ -554,6 +609,7 @@ SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line) {
 // block ends, so whether another lane sees them never depends on when this one happened to return.
 SPATIALC_EMU_FN void thread_exit() {
     ThreadState& t = *self;
+    keep_until_launch_ends(t);  // the kernel's end makes every store visible
     for (auto& g : t.groups)
         for (const Copy& c : g) land(c);
     for (const Copy& c : t.open) land(c);
@@ -850,6 +906,7 @@ SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 bl
                     report_blocks(linear + 1, nblocks);
                 }
     }
+    release_exit_stores();
     in_launch = false;
     // A kernel's static rings are only known once it has run: a GPU would have refused this launch up front.
     if (smem > dynamic_allowed(kernel)) refuse_dynamic(smem, kernel);

@@ -86,8 +86,17 @@ void page_store(T* p, V v, int line) {
     *p = static_cast<T>(v);
 }
 
+// A plain store to global memory another site reads in the same launch (a workspace's partial sums), visible at
+// device scope only once released (late mode: emu_core.h's GlobalStore).
+template <class T, class V>
+void global_store_value(T* p, V v) {
+    const T x = static_cast<T>(v);
+    ::spatialc_emu::global_store(p, &x, (int)sizeof(T));
+}
+
 }  // namespace spatialc_emu
 
+#define SPATIALC_GLOBAL_ST(p, v) ::spatialc_emu::global_store_value((p), (v))
 #define SPATIALC_PAGE_LD(p) ::spatialc_emu::page_load((p), __LINE__)
 #define SPATIALC_PAGE_ST(p, v) ::spatialc_emu::page_store((p), (v), __LINE__)
 
