@@ -26,7 +26,7 @@ from spatialc.ir.traffic import read_bytes
 from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.passes.verify import verify
 from spatialc.runtime import launch as L
-from spatialc.runtime.emulate import EmulationTimeout
+from spatialc.runtime.emulate import EmulationError, EmulationTimeout
 
 from .rewrite import edit_k_steps, engine_orders
 from .test_launch import NumpyDevice
@@ -110,7 +110,7 @@ def test_a_saved_multicast_program_loads_verified():
     [
         ({"multicast": (3, 1)}, "does not fall into groups"),
         ({"multicast": (0, 2)}, "two whole numbers"),
-        ({"multicast": (8, 4)}, "at most 16 sites"),
+        ({"multicast": (4, 4)}, "at most 8 sites"),
         ({"multicast": "2x2"}, "two whole numbers"),
         ({"multicast": (2, 2), "split_k": 2}, "takes one of them"),
         ({"multicast": (2, 2), "placement": "round_robin"}, "no placement rule"),
@@ -142,6 +142,23 @@ def test_a_multicast_is_printed_as_clusters_on_sm90_and_refused_by_name_elsewher
         q = spatialc.build(spatialc.gemm(256, 256, 128, "fp16"), tgt, multicast=(2, 1))
         with pytest.raises(Unsupported, match=f"multicast groups on {tgt}: a group is a thread-block cluster"):
             spatialc.lower(q)
+
+
+@pytest.mark.parametrize("shape, group, sites", [((256, 256, 128), (2, 2), 4), ((128, 1024, 64), (1, 8), None)])
+def test_one_cluster_and_absolute_site_classes_lower_with_their_groups_relative(shape, group, sites):
+    """Where the sites' programs are told apart by their own sites (one cluster: relative offsets make no fewer
+    classes), the multicast groups are still printed as offsets from the site (a hostile review's crash)."""
+    art = spatialc.lower(build(*shape, "fp16", group, sites=sites))
+    assert art.launch.cluster == group[0] * group[1] and art.census.agrees
+    assert "spatialc_dsmem_copy16(src + 16 * i, dst + 16 * i, (site + 1), (site + 1) %" in art.kernel_cu
+
+
+def test_two_multicasts_of_one_ring_at_a_site_are_refused_by_the_kernel():
+    from spatialc.lower.cuda import general
+
+    twice = edit(0, lambda body: [x for op in body for x in ((op, op) if isinstance(op, McastSend) else (op,))])
+    with pytest.raises(Unsupported, match="two multicasts of one ring"):
+        general.lower(twice.evolve(verified=True), spatialc.target("sm_90"))
 
 
 def test_the_launcher_refuses_a_cluster_kernel_on_a_device_before_sm90():
@@ -183,6 +200,17 @@ def test_a_page_multicast_into_the_wrong_slot_is_a_wrong_answer_in_emulation():
     text = art.program_cu.replace(right, "((snd_0 + 1) % DEPTH_0) * PAGE_0")
     got = spatialc.emulate(dataclasses.replace(art, program_cu=text), FAULT_INPUTS, timeout=30)
     assert not np.array_equal(got, spatialc.evaluate(FAULT_PROGRAM, FAULT_INPUTS))
+
+
+@emulation
+@pytest.mark.emulation
+def test_a_copy_to_the_wrong_rank_of_the_cluster_is_refused_by_the_emulation():
+    art = spatialc.lower(FAULT_PROGRAM)
+    right = "(site + 1), (site + 1) % 2);"
+    assert right in art.program_cu
+    text = art.program_cu.replace(right, "(site + 1), 0);")
+    with pytest.raises(EmulationError, match="not that site's rank in this block's cluster of 2"):
+        spatialc.emulate(dataclasses.replace(art, program_cu=text), FAULT_INPUTS, timeout=30)
 
 
 @emulation

@@ -17,7 +17,7 @@ A receiver offers its reserved page by raising the sender's `ready`; the sender 
 copies its page into each receiver's reserved page and sets their `valid`; a receiver waits for valid, resets it
 and publishes the page to its compute engine, which cannot tell a received page from one it read. Each reset is
 done by the site that owns the semaphore, right after its wait: a counter with an epoch, which verify's rule 7
-decides (passes/verify/epochs.py). The global reads of A fall by a factor gx and of B by gy
+decides (passes/verify/handshake.py). The global reads of A fall by a factor gx and of B by gy
 (`budget.global_read_bytes`).
 """
 
@@ -28,7 +28,7 @@ from ..ir.ids import GroupId, ItemId, SemId, Site
 from ..ir.nodes import Group, Placement, Plan, Semaphore, SpatialProgram
 from ..ir.ops import ChoreoOp, McastSend, McastSetValid, ReadBarrier, ReadTiles, Reserve, SemInc, SemSet, SemWait
 
-MAX_GROUP = 16  # sites of a group: a thread-block cluster holds at most 16 (8 portably) on sm_90
+MAX_GROUP = 8  # sites of a group: a thread-block cluster holds 8 portably on sm_90 (16 only with an opt-in)
 SEM_A_READY, SEM_A_VALID, SEM_B_READY, SEM_B_VALID = SemId(1), SemId(2), SemId(3), SemId(4)
 SEMAPHORES = (
     Semaphore(SEM_A_READY, "a_ready", 0),

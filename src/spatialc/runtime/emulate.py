@@ -444,11 +444,13 @@ def emulate(
     if out is None:
         raise EmulationFault("the artifact's launch names no output tensor")
     threads = artifact.launch.grid * artifact.launch.block
-    if getattr(artifact.launch, "cooperative", False) and threads > COOPERATIVE_THREADS:
+    together = getattr(artifact.launch, "cooperative", False) or getattr(artifact.launch, "cluster", 1) > 1
+    if together and threads > COOPERATIVE_THREADS:
         raise EmulationFault(
             f"the {artifact.launch.grid} sites of this kernel wait on each other, so the emulation runs them all at"
             f" once: {threads} threads, more than the {COOPERATIVE_THREADS} it starts at a time; emulate the program"
-            " with fewer sites that wait on each other (a split-K program: a smaller split_k)"
+            " with fewer sites that wait on each other (a split-K program: a smaller split_k; a multicast one:"
+            " fewer sites)"
         )
     # The interpreter's types for the same output: fp16 as float16, bf16 as its values in float32.
     dtype = OUTPUT_DTYPES.get(out.c_type, np.float32)

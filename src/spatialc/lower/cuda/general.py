@@ -126,7 +126,6 @@ class GeneralKernel:
     roles: tuple[Role, ...]
     full_count: dict[int, int]  # ring → arrivals that complete a full phase (the producer's threads)
     empty_count: dict[int, int]  # ring → arrivals that complete an empty phase (the consumer's threads)
-    copied: frozenset[int]  # rings filled by ReadTiles: their Push arrives when the copies land
     offsets: dict[str, int]  # region name (ring_3, full_3, empty_3) → byte offset in the dynamic block
     dyn_bytes: int
     barrier_bytes: int
@@ -302,7 +301,6 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
     cluster = clusters(p, target)
     roles = roles_of(classes, lanes)
     prod, cons = _ring_ends(p, rings, roles)
-    copied = frozenset(rings.template[op.into] for role in roles for op in role.walk() if isinstance(op, ReadTiles))
     offsets, off, barrier_bytes = layout(rings.rings)
     threads = sum(r.threads for r in roles)
     if threads > 1024:
@@ -332,7 +330,6 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
         roles,
         {r: prod[r].threads for r in rings.rings},
         {r: cons[r].threads for r in rings.rings},
-        copied,
         offsets,
         off,
         barrier_bytes,
@@ -358,6 +355,7 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
         self.k = k
         self.role = role
         self.bar_id = 1 + k.roles.index(role)  # the engine's named barrier (0 is __syncthreads)
+        self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
 
     def read_slot(self, r: int) -> str:
         return f"(pop_{r} % DEPTH_{r})"
@@ -436,7 +434,9 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
                 )
             case Push(buf):
                 r = self.kept(buf).id
-                arrive = "spatialc_cp_async_arrive" if r in self.k.copied else "spatialc_mbar_arrive"
+                # A page this engine's cp.asyncs fill is published when they land; any other (a multicast
+                # receiver's, copied in by another site and waited for) at once.
+                arrive = "spatialc_cp_async_arrive" if r in self.fills else "spatialc_mbar_arrive"
                 self.w.line(f"{arrive}(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
             case Wait(buf):
                 r = self.kept(buf).id
@@ -609,6 +609,7 @@ def printed(role: Role) -> tuple[tuple[ChoreoOp, ...], ...]:
 
 def _program(printer: EnginePrinter, ops: tuple[ChoreoOp, ...]) -> None:
     """One engine program, its item's coordinates bound first when it has no ITEM loop (a site's only item)."""
+    printer.fills = frozenset(printer.k.rings.template[op.into] for op in walk(ops) if isinstance(op, ReadTiles))
     env: dict[LoopVar, str] = {}
     if not any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(ops)):
         printer.item_header("ITEM_LIST[item_off]")

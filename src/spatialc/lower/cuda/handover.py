@@ -56,6 +56,12 @@ def clusters(p: SpatialProgram, target: SpatialTarget) -> int:
             " that is a whole number of them, without group barriers",
         )
     for q in p.schedule.programs:  # type: ignore[union-attr]
+        sends = [op for op in walk(q.ops) if isinstance(op, McastSend)]
+        if len({p.buffer(op.buf).ring for op in sends}) < len(sends):
+            raise Unsupported(
+                f"site {int(q.site)}'s two multicasts of one ring",
+                "the kernel counts a ring's sends to find each receiver's page: one McastSend a ring",
+            )
         for op in walk(q.ops):
             if isinstance(op, SemInc) and int(op.at) // size != int(q.site) // size:
                 raise Unsupported(
@@ -106,7 +112,8 @@ class HandoverPrinter:
             case McastSend(buf, group):
                 self.multicast(self.kept(buf).id, self.k.groups[int(group)], mark)
             case McastSetValid(sem, group, value):
-                # Adding `value` sets it: verify proved the copy is 0 whenever a set lands (passes/verify/handshake.py).
+                # Adding `value` sets it where anything waits on it: verify proved such a copy is 0 whenever a set
+                # lands (passes/verify/handshake.py). A copy nothing waits on (the sender's own) only counts.
                 with self.w.block("", mark):
                     self.w.line("__threadfence();  // each thread's multicast stores are visible before the flags")
                     self.w.line(self.engine_sync())

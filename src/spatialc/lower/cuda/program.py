@@ -130,10 +130,11 @@ def site_classes(p: SpatialProgram, relative_sems: bool = False):
     With `relative_sems`, returns (classes, relative): where reading every SemInc's site as an offset from the
     site that runs it makes fewer classes (split-K: every contributor raises the owner a fixed number of sites
     before it), the classes hold those offsets and `relative` is True."""
-    absolute = _classes(p, lambda site, ops: ops)
     if not relative_sems:
-        return absolute
+        return _classes(p, lambda site, ops: ops)
+    # Multicast groups are named by their place in `relative_groups` either way (the printer reads them so).
     table = {offsets: i for i, offsets in enumerate(relative_groups(p))}
+    absolute = _classes(p, lambda site, ops: _relative_sems(p, table, site, ops, sems=False))
     relative = _classes(p, lambda site, ops: _relative_sems(p, table, site, ops))
     return (relative, True) if len(relative) < len(absolute) else (absolute, False)
 
@@ -152,14 +153,16 @@ def relative_groups(p: SpatialProgram) -> tuple[tuple[int, ...], ...]:
     return tuple(sorted(seen))
 
 
-def _relative_sems(p: SpatialProgram, table: dict[tuple[int, ...], int], site: int, ops: tuple[ChoreoOp, ...]):
-    """`ops` with every SemInc's site given as its offset from `site`, and every multicast group as its place in
-    `relative_groups`."""
+def _relative_sems(
+    p: SpatialProgram, table: dict[tuple[int, ...], int], site: int, ops: tuple[ChoreoOp, ...], sems: bool = True
+):
+    """`ops` with every multicast group as its place in `relative_groups` and (with `sems`) every SemInc's site
+    given as its offset from `site`."""
     assert p.placement is not None
     groups = {g.id: g.sites for g in p.placement.groups}
 
     def relative(op: ChoreoOp) -> ChoreoOp:
-        if isinstance(op, SemInc):
+        if isinstance(op, SemInc) and sems:
             return dataclasses.replace(op, at=Site(int(op.at) - site))
         if isinstance(op, McastSend | McastSetValid):
             return dataclasses.replace(op, group=GroupId(table[tuple(int(t) - site for t in groups[op.group])]))

@@ -29,8 +29,8 @@ SPATIALC_EMU_FN void grid_add(int* word, int by, int line);
 SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line);
 SPATIALC_EMU_FN void grid_add_relaxed(int* word, int by);  // (planted faults only: see spatialc_grid_add_relaxed)
 // Distributed shared memory (multicast pages): `n` bytes at `src` in this block's dynamic shared memory to the
-// same place as `dst` in block `site`'s, a block of the same launch running at once (a cluster kernel's).
-SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, size_t n, int line);
+// same place as `dst` in block `site`'s, which must be rank `rank` of this block's cluster (what mapa is given).
+SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, unsigned rank, size_t n, int line);
 // A cluster kernel (SPATIALC_CLUSTER_KERNEL): its launches run every block at once.
 SPATIALC_EMU_FN bool set_cluster(const void* kernel, int sites);
 
@@ -61,8 +61,9 @@ inline void spatialc_grid_add_relaxed(int* word, int by) { spatialc_emu::grid_ad
 inline void spatialc_grid_wait(const int* word, int value, int line = __builtin_LINE()) {
     spatialc_emu::grid_wait(word, value, line);
 }
-inline void spatialc_dsmem_copy16(const void* src, const void* dst, int site, unsigned, int line = __builtin_LINE()) {
-    spatialc_emu::dsmem_copy(src, dst, site, 16, line);
+inline void spatialc_dsmem_copy16(const void* src, const void* dst, int site, unsigned rank,
+                                  int line = __builtin_LINE()) {
+    spatialc_emu::dsmem_copy(src, dst, site, rank, 16, line);
 }
 inline void __nanosleep(unsigned) {}
 #define SPATIALC_CLUSTER_KERNEL(kernel, sites)                     \

@@ -105,11 +105,28 @@ SPATIALC_EMU_FN void global_store(void* dst, const void* value, int size) {
     t.gstores.push_back(std::move(s));
 }
 
+inline std::mutex land_mu;  // a store lands whole before any holder's release goes on (`done` set after the copy)
+
+SPATIALC_EMU_FN void land_stores(const GlobalStores& stores) {
+    std::lock_guard<std::mutex> lk(land_mu);
+    for (const auto& s : stores)
+        if (!s->done.load(std::memory_order_relaxed)) {
+            std::memcpy(s->dst, s->data, (size_t)s->size);
+            s->done.store(true, std::memory_order_release);
+        }
+}
+
 // The stores `t` holds land (each once, whichever thread holding it gets there first).
 SPATIALC_EMU_FN void release_stores_of(ThreadState& t) {
-    for (const auto& s : t.gstores)
-        if (!s->done.exchange(true)) std::memcpy(s->dst, s->data, (size_t)s->size);
+    if (t.gstores.empty()) return;
+    land_stores(t.gstores);
     t.gstores.clear();
+}
+
+// `from`'s stores that have not landed, added to `into` (what a barrier shares).
+SPATIALC_EMU_FN void share_stores(GlobalStores& into, const GlobalStores& from) {
+    for (const auto& s : from)
+        if (!s->done.load(std::memory_order_acquire)) into.push_back(s);
 }
 
 SPATIALC_EMU_FN void release_stores() { release_stores_of(me("__threadfence")); }
@@ -126,14 +143,18 @@ SPATIALC_EMU_FN void keep_until_launch_ends(ThreadState& t) {
 
 SPATIALC_EMU_FN void release_exit_stores() {
     std::lock_guard<std::mutex> lk(exit_stores_mu);
-    for (const auto& s : exit_stores)
-        if (!s->done.exchange(true)) std::memcpy(s->dst, s->data, (size_t)s->size);
+    land_stores(exit_stores);
     exit_stores.clear();
 }
 
 // With the lock held, by the thread whose arrival (or return) completes the barrier.
 SPATIALC_EMU_FN void complete_block_barrier(Block& b, int waiters) {
-    for (int i = 0; i < b.nthreads; ++i) apply_stores(b.threads[i]);
+    GlobalStores all;  // every thread's pending global stores, now every thread's to release
+    for (int i = 0; i < b.nthreads; ++i) share_stores(all, b.threads[i].gstores);
+    for (int i = 0; i < b.nthreads; ++i) {
+        apply_stores(b.threads[i]);
+        if (!all.empty()) b.threads[i].gstores = all;
+    }
     b.blocked -= waiters;
     b.bar_arrived = 0;
     b.bar_gen.fetch_add(1, std::memory_order_release);
@@ -466,7 +487,7 @@ SPATIALC_EMU_FN void complete_mbar(Block& b, MBar& m) {
 
 SPATIALC_EMU_FN void arrive_locked(ThreadState& t, MBar& m) {
     apply_stores(t);  // an arrival releases: the thread's fragment stores are visible to whoever waits on the phase
-    m.gacc.insert(m.gacc.end(), t.gstores.begin(), t.gstores.end());  // its global ones it shares, still pending
+    share_stores(m.gacc, t.gstores);  // its global ones it shares, still pending
     join(m.vc_acc, t.vc);
     if (m.vc_acc.size() <= (size_t)t.tid) m.vc_acc.resize((size_t)t.tid + 1, 0);
     m.vc_acc[(size_t)t.tid] = std::max(m.vc_acc[(size_t)t.tid], t.clk);
@@ -514,8 +535,7 @@ SPATIALC_EMU_FN void sleep_through_phase(Block& b, MBar& m, std::unique_lock<std
 SPATIALC_EMU_FN void learn(ThreadState& t, Block& b, const MBar& m, unsigned parity) {
     if (t.vc.size() < (size_t)b.nthreads) t.vc.resize((size_t)b.nthreads, 0);
     join(t.vc, m.vc_done[parity & 1]);
-    const GlobalStores& shared = m.gdone[parity & 1];
-    t.gstores.insert(t.gstores.end(), shared.begin(), shared.end());  // it may release them now
+    share_stores(t.gstores, m.gdone[parity & 1]);  // it may release them now
     t.where = "running";
 }
 
@@ -857,10 +877,17 @@ SPATIALC_EMU_FN bool set_cluster(const void* kernel, int sites) {
     return true;
 }
 
-SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, size_t n, int line) {
+SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, unsigned rank, size_t n, int line) {
     const void* q = src;
     track(&q, 1, n, false, AccessKind::page_load, line);
     Block& me = blk();
+    const auto size = cluster_sites().find(running_kernel);
+    const unsigned long cluster = size == cluster_sites().end() ? 0 : (unsigned long)size->second;
+    if (!cluster || (unsigned long)site / cluster != me.block_linear / cluster || rank != (unsigned long)site % cluster)
+        fatal(kExitMisuse, "distributed shared memory store at line " + std::to_string(line) + " from block " +
+                               std::to_string(me.block_linear) + " to site " + std::to_string(site) + " as rank " +
+                               std::to_string(rank) + ": not that site's rank in this block's cluster of " +
+                               std::to_string(cluster));
     Block* other = nullptr;
     {
         std::lock_guard<std::mutex> lk(coop_mu);
