@@ -136,6 +136,7 @@ def test_a_multicast_is_printed_as_clusters_on_sm90_and_refused_by_name_elsewher
     # Site (0, 0) sends A and B, (0, 1) B down its column, (1, 0) A along its row: four copies printed.
     assert art.kernel_cu.count("spatialc_dsmem_copy16(src + 16 * i, dst + 16 * i,") == 4
     assert "<<<GRID" in art.program_cu and "cudaLaunchCooperativeKernel" not in art.program_cu
+    assert "thread-block clusters of %d sites, which need sm_90" in art.program_cu  # checked before launching
     with pytest.raises(NeedsGeneral):
         spatialc.lower(p, form="persistent")
     for tgt in ("sm_80", "sm_86"):

@@ -158,6 +158,19 @@ def _co_resident(launch: Launch, w: Writer) -> None:
     )
 
 
+def _clusters_here(launch: Launch, w: Writer) -> None:
+    """Refuse, before launching, a device without thread-block clusters (before sm_90) for a multicast kernel."""
+    w.line("int cc_major = 0;")
+    w.line("SPATIALC_CHECK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));")
+    _exit_if(
+        w,
+        "cc_major < 9",
+        "this kernel runs its multicast groups as thread-block clusters of %d sites, which need sm_90; this"
+        " device's compute capability is %d.x",
+        f"{launch.cluster}, cc_major",
+    )
+
+
 def _exit_if(w: Writer, condition: str, message: str, args: str) -> None:
     """`if (condition)`: one line `spatialc: message` (printf-formatted with `args`) on stderr, and exit status 1."""
     with w.block(f"if ({condition})"):
@@ -220,6 +233,8 @@ def _setup(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -> None:
         )
     if launch.cooperative:
         _co_resident(launch, w)
+    if getattr(launch, "cluster", 1) > 1:
+        _clusters_here(launch, w)
     if launch.sync:
         _sync_words(launch, w)
 

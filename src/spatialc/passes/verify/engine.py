@@ -182,6 +182,14 @@ class EngineRun:
     def send(self, op: McastSend, ring: BufferId) -> None:
         """McastSend: the newest reserved page, as it is now, is what the group's other sites receive."""
         pages = self.pending.get(ring)
+        sender = self.site.senders.get(ring)
+        if sender is not None:
+            raise self.unsure(
+                op,
+                f"it forwards pages of {self.index.name(ring)} that site {int(sender.site)} multicasts here; the"
+                " semantic rule follows pages a site sends of what it read itself (no relays)",
+                ring,
+            )
         if not pages or pages[-1][1] is None:
             raise self.wrong(op, f"it sends a page of {self.index.name(ring)} that nothing filled", ring)
         at, page, _ = pages[-1]

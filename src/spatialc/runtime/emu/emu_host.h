@@ -39,6 +39,7 @@ enum cudaFuncAttribute {
 
 enum cudaDeviceAttr {
     cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrComputeCapabilityMajor = 75,
 };
 
 struct CUevent_st {
@@ -146,6 +147,10 @@ inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
 // The emulated device has SPATIALC_EMU_SMS multiprocessors (132, an H100 / H200's, when unset): a kernel that follows
 // the device's multiprocessor count then runs with as many sites as it would on that GPU.
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+    if (attr == cudaDevAttrComputeCapabilityMajor) {  // an H100 / H200: sm_90, with thread-block clusters
+        *value = 9;
+        return cudaSuccess;
+    }
     if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
     const char* v = std::getenv("SPATIALC_EMU_SMS");
     const int sms = v ? std::atoi(v) : 132;
