@@ -8,11 +8,15 @@ still say which op it is about.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
+from .errors import SpatialError
 from .ids import BufferId, GroupId, SemId, Site, TensorId
-from .nodes import Accumulator, Buffer, Group, Semaphore, SpatialProgram, Tensor
+from .nodes import Accumulator, Buffer, EngineProgram, Group, Semaphore, SpatialProgram, Tensor
 from .ops import ChoreoOp
 from .printer import op_text
+
+E = TypeVar("E", bound=SpatialError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +72,16 @@ class ProgramIndex:
             return op_text(self.p, op)
         except (KeyError, TypeError):
             return repr(op)
+
+    def at_op(self, cls: type[E], prog: EngineProgram, op: ChoreoOp, why: str) -> E:
+        """The error `cls` (a located verify error) 'site 3 compute: <op> — why', naming site, engine and op."""
+        text = self.op(op)
+        return cls(
+            f"{where(prog.site, prog.engine.value)}: {text} — {why}",
+            site=int(prog.site),
+            engine=prog.engine.value,
+            op=text,
+        )  # type: ignore[call-arg]
 
 
 def where(site: Site | int, engine: str) -> str:

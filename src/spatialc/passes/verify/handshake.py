@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 
 from ...errors import HandshakeError, StrongerCheckNeeded
 from ...ir.ids import BufferId, SemId, Site
-from ...ir.index import ProgramIndex, where
+from ...ir.index import ProgramIndex
 from ...ir.nodes import EngineProgram
 from ...ir.ops import ChoreoOp, Loop, McastSend, McastSetValid, SemSet, SemWait
 
@@ -93,15 +93,13 @@ def epoch_copies(ctx: ProgramIndex, programs: Iterable[EngineProgram]) -> set[tu
                     continue
                 sites = ctx.groups[op.group].sites
                 if op.value == 0:
-                    text = ctx.op(op)
-                    raise HandshakeError(
-                        f"{where(prog.site, prog.engine.value)}: {text} — a reset by a site that does not own the"
-                        f" semaphore: it sets {ctx.sems[op.sem].name} to 0 on site(s)"
-                        f" {', '.join(str(int(s)) for s in sites if s != prog.site)}; only the site that waits on a"
-                        " copy resets it, right after its wait",
-                        site=int(prog.site),
-                        engine=prog.engine.value,
-                        op=text,
+                    others = ", ".join(str(int(s)) for s in sites if s != prog.site)
+                    raise ctx.at_op(
+                        HandshakeError,
+                        prog,
+                        op,
+                        f"a reset by a site that does not own the semaphore: it sets {ctx.sems[op.sem].name} to 0 on"
+                        f" site(s) {others}; only the site that waits on a copy resets it, right after its wait",
                     )
                 if op.value != 1:
                     raise _unsure(ctx, prog, op, "a multicast flag is set to 1 (a raise of a counter with an epoch)")
@@ -154,13 +152,7 @@ def _one_sender(ctx: ProgramIndex, progs: Sequence[EngineProgram]) -> None:
 
 
 def _unsure(ctx: ProgramIndex, prog: EngineProgram, op: ChoreoOp, why: str) -> StrongerCheckNeeded:
-    text = ctx.op(op)
-    return StrongerCheckNeeded(
-        f"{where(prog.site, prog.engine.value)}: {text} — {why}; a stronger check (over every interleaving) is needed",
-        site=int(prog.site),
-        engine=prog.engine.value,
-        op=text,
-    )
+    return ctx.at_op(StrongerCheckNeeded, prog, op, f"{why}; a stronger check (over every interleaving) is needed")
 
 
 def _undecided(head: str, site: int, engine: str, op: str, why: str) -> StrongerCheckNeeded:

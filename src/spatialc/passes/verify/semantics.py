@@ -37,7 +37,7 @@ import numpy as np
 
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId, GroupId, ItemId, SemId, Site
-from ...ir.index import ProgramIndex, where
+from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, EngineProgram, ReadStage
 from ...ir.ops import (
     Bias,
@@ -186,13 +186,7 @@ def _grouped_reads(index: ProgramIndex, decl, writes: list[Write]) -> None:
             elif isinstance(op, ReadTiles) and op.tensor != decl.a and op.rows_from is not None:
                 why = f"it masks rows of {index.tensors[op.tensor].name}, whose rows are not the output's"
             if why is not None:
-                text = index.op(op)
-                raise SemanticError(
-                    f"{where(prog.site, prog.engine.value)}: {text} — {why}",
-                    site=int(prog.site),
-                    engine=prog.engine.value,
-                    op=text,
-                )
+                raise index.at_op(SemanticError, prog, op, why)
 
 
 def _has_partials(cell: Cell) -> bool:
@@ -321,13 +315,7 @@ def _followable(index: ProgramIndex, prog: EngineProgram) -> None:
         elif isinstance(op, Compute) and op.acc_reload is not None:
             why = "the semantic rule does not follow an accumulator spilled to a ring and reloaded"
         if why is not None:
-            text = index.op(op)
-            raise StrongerCheckNeeded(
-                f"{where(prog.site, prog.engine.value)}: {text} — {why}",
-                site=int(prog.site),
-                engine=prog.engine.value,
-                op=text,
-            )
+            raise index.at_op(StrongerCheckNeeded, prog, op, why)
 
 
 class _Proof:

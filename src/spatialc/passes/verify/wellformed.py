@@ -444,14 +444,7 @@ def check_site_groups(index: ProgramIndex, programs: Iterable[EngineProgram]) ->
     for prog in programs:
         for op in _group_ops(prog.ops):
             if prog.site not in index.groups[op.group].sites:
-                text = index.op(op)
-                raise IllFormedError(
-                    f"{where(prog.site, prog.engine.value)}: {text} — site {int(prog.site)} is not in group"
-                    f" {int(op.group)}",
-                    site=int(prog.site),
-                    engine=prog.engine.value,
-                    op=text,
-                )
+                raise index.at_op(IllFormedError, prog, op, f"site {int(prog.site)} is not in group {int(op.group)}")
 
 
 def _group_ops(ops: tuple[ChoreoOp, ...]) -> Iterable[McastSetValid | McastSend | Barrier]:
