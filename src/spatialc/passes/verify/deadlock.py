@@ -261,7 +261,10 @@ class Network:
             for index, e in enumerate(self.engines):
                 if e.pc < len(e.code) and self._advance(index, e):
                     moved = True
-        return [e for e in self.engines if e.pc < len(e.code)]
+        blocked = [e for e in self.engines if e.pc < len(e.code)]
+        if self.clocks is not None and not blocked:
+            self.clocks.finish()
+        return blocked
 
     def _advance(self, index: int, e: _Engine) -> bool:
         """Run `e` until it blocks or ends; whether it moved at all. (One flat loop on purpose: it is the hot path;

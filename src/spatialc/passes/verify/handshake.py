@@ -182,7 +182,7 @@ class Clocks:
         self.reserved: dict[int, list[tuple[int, int]]] = {}  # ring → (engine, its own time) of each page's reserve
         self.waited: dict[int, int] = {}  # ring → pages waited for so far (the consumer's position)
         self.pending: dict[int, list[tuple[int, list[int], int]]] = {}  # epoch slot → raises: (engine, clock, pc)
-        self.resets: dict[int, list[tuple[int, int]]] = {}  # epoch slot → (owner, own time) of each reset
+        self.resets: dict[int, list[tuple[int, int, int]]] = {}  # epoch slot → (owner, own time, pc) of each reset
         self.arrivals: dict[int, list[list[int]]] = {}
         self.sends: dict[int, list[tuple[int, int]]] = {}  # receiving ring → (sender, its own time) of each send
 
@@ -301,13 +301,26 @@ class Clocks:
             who, clock, at = raises[-1]
             raise self._early(who, at, e, pc, f"the count is {count} when it waits for {value}", None)
         if resets:
-            owner, time = resets[-1]
+            owner, time, _ = resets[-1]
             for who, clock, at in raises:
                 if clock[owner] < time:
                     raise self._early(who, at, e, pc, "nothing orders this raise after the owner's last reset", clock)
         for _, clock, _ in raises:
             self._join(e, clock)
-        resets.append((e, self._tick(e)[e]))
+        resets.append((e, self._tick(e)[e], pc))
+
+    def finish(self) -> None:
+        """After a run that ends with every engine done: a raise no wait counted must still come after the owner's
+        last reset — else, in another interleaving, it lands before that reset and an earlier wait counts it in
+        place of the raise it was waiting for."""
+        for slot, raises in self.pending.items():
+            if not self.resets.get(slot):
+                continue
+            owner, time, pc = self.resets[slot][-1]
+            for who, clock, at in raises:
+                if clock[owner] < time:
+                    why = "no wait counts this raise, and nothing orders it after the owner's last reset"
+                    raise self._early(who, at, owner, pc, why, clock)
 
     def _early(
         self, who: int, at: int, owner: int, pc: int, why: str, clock: list[int] | None
