@@ -27,7 +27,7 @@ from spatialc.ir.nodes import Buffer, Engine, EngineProgram, Fifo, Group, Placem
 from spatialc.ir.ops import Const, Loop, McastSend, McastSetValid, Pop, Push, Reserve, SemInc, SemSet, SemWait, Wait
 from spatialc.passes.verify import deadlock, handshake
 
-from .test_interleavings import flat, search
+from .test_interleavings import ENGINES, flat, search
 
 X, READY, VALID, GROUP = BufferId(0), SemId(1), SemId(2), GroupId(0)
 STATE_CAP = 80_000
@@ -109,7 +109,8 @@ def _sends(ops) -> bool:
 @st.composite
 def handshakes(draw):
     """A sender (site 0) multicasting ring X to 1–2 receivers with the standard handshake, each site's compute
-    engine consuming X, and 0–2 planted faults in the readers."""
+    engine consuming X, and 0–2 planted faults in the readers (and, half the time, an extra raise before or after the
+    loop of a reader or compute engine)."""
     n = draw(st.integers(2, 3))
     sites = [Site(s) for s in range(n)]
     steps = draw(st.integers(1, 3))
@@ -137,10 +138,21 @@ def handshakes(draw):
             body.insert(i, body[i])
         elif kind == "count" and isinstance(body[i], SemWait):
             body[i] = SemWait(body[i].sem, draw(st.integers(0, n)))
+    # A raise outside the loops, before or after them, in some site's reader or compute engine (one after them is
+    # what no wait may count).
+    extra: dict[tuple[Site, Engine, str], tuple] = {}
+    if draw(st.booleans()):
+        at = (draw(st.sampled_from(sites)), draw(st.sampled_from(ENGINES[:2])), draw(st.sampled_from(["pre", "post"])))
+        extra[at] = (draw(st.sampled_from([SemInc(READY, Site(0)), SemInc(VALID, draw(st.sampled_from(sites)))])),)
     progs = []
     for s in sites:
-        progs.append(EngineProgram(s, Engine.READER, (Loop(LV_K, Const(steps), tuple(bodies[s])),)))
-        progs.append(EngineProgram(s, Engine.COMPUTE, (Loop(LV_K, Const(steps), (Wait(X), Pop(X))),)))
+        for engine, body in ((Engine.READER, tuple(bodies[s])), (Engine.COMPUTE, (Wait(X), Pop(X)))):
+            ops = (
+                *extra.get((s, engine, "pre"), ()),
+                Loop(LV_K, Const(steps), body),
+                *extra.get((s, engine, "post"), ()),
+            )
+            progs.append(EngineProgram(s, engine, ops))
     return progs, depth, tuple(sites)
 
 
