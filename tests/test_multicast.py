@@ -370,3 +370,15 @@ def test_a_raise_that_never_comes_is_drawn_as_a_deadlock(capsys, tmp_path):
     assert "site 0 reader [item 0, k 0]: SemWait" in capsys.readouterr().err
     svg = (tmp_path / "pics" / "deadlock.svg").read_text()
     assert "site 0 reader" in svg and "SemWait" in svg
+
+
+def test_the_placement_picture_frames_each_group_s_block_and_names_its_senders():
+    from spatialc import viz
+
+    p = build(256, 256, 128, "int8", (2, 2), sites=8)
+    svg = viz.placement_svg(p)
+    blocks = sum(len(items) for _, items in p.placement.items_of_site) // 4
+    assert svg.count('class="group"') == blocks == 8
+    assert "multicast group of sites 4-7, block 0: A from sites 4, 6 along their rows; B from sites 4, 5" in svg
+    assert "a multicast group&#x27;s 2x2 items at one time" in svg  # the key (its apostrophe escaped)
+    assert 'class="group"' not in viz.placement_svg(spatialc.build(spatialc.gemm(256, 256, 128, "int8"), "sm_90"))

@@ -60,6 +60,8 @@ def _swatch(x: float, y: float, kind: str, colour: str) -> str:
             return line + f'/><path d="M{x + 12},{y} L{x + 19},{y + 5} L{x + 12},{y + 10} z" fill="{colour}"/>'
         case "hollow":
             return f'<rect x="{x}" y="{y}" width="18" height="10" fill="#fff" stroke="#555" stroke-dasharray="3 2"/>'
+        case "frame":
+            return f'<rect x="{x}" y="{y}" width="18" height="10" fill="#fff" stroke="{colour}" stroke-width="3"/>'
     return f'<rect x="{x}" y="{y}" width="18" height="10" fill="{colour}" stroke="#555" stroke-width="0.5"/>'
 
 
@@ -89,7 +91,44 @@ def _placement_key(p: SpatialProgram, holes: bool) -> list[Entry]:
     if len(entries) > _KEY_SITES:
         more = f"... and {len(entries) - _KEY_SITES} more sites: the number in a cell is its site"
         entries = [*entries[:_KEY_SITES], ("hollow", "", more)]
+    if p.placement.multicast != (1, 1):
+        gy, gx = p.placement.multicast
+        entries.append(
+            (
+                "frame",
+                GROUP_FRAME,
+                f"a multicast group's {gy}x{gx} items at one time: A shared along rows, B down columns",
+            )
+        )
     return entries + ([("box", "#ffffff", "no site (computed by nobody)")] if holes else [])
+
+
+GROUP_FRAME = "#111111"
+
+
+def _group_frames(p: SpatialProgram, left: float, top: float, cell: int) -> list[str]:
+    """A frame around each block of items a multicast group runs at one time (its sites' j-th items), naming the
+    sites that send A along its rows and B down its columns."""
+    assert p.placement is not None and p.plan is not None
+    gy, gx = p.placement.multicast
+    per, nx = gy * gx, p.plan.grid[1]
+    listed = p.placement.items_of_site
+    out = []
+    for first in range(0, len(listed) - per + 1, per):
+        sites = [int(listed[first + i][0]) for i in range(per)]
+        for j, item in enumerate(listed[first][1]):
+            y, x = divmod(int(item), nx)
+            senders = []
+            if gx > 1:
+                senders.append(f"A from sites {', '.join(str(sites[r * gx]) for r in range(gy))} along their rows")
+            if gy > 1:
+                senders.append(f"B from sites {', '.join(str(sites[c]) for c in range(gx))} down their columns")
+            out.append(
+                f'<rect class="group" x="{left + x * cell}" y="{top + y * cell}" width="{gx * cell}"'
+                f' height="{gy * cell}" fill="none" stroke="{GROUP_FRAME}" stroke-width="3"><title>multicast group of'
+                f" sites {sites[0]}-{sites[-1]}, block {j}: {'; '.join(senders)}</title></rect>"
+            )
+    return out
 
 
 def placement_svg(p: SpatialProgram, cell: int = 40) -> str:
@@ -131,6 +170,8 @@ def placement_svg(p: SpatialProgram, cell: int = 40) -> str:
         if cell >= 14 and s is not None:
             out.append(_text(px + cell / 2, py + cell / 2 + font / 3, str(s), "site", text_anchor="middle",
                              font_size=str(font)))  # fmt: skip
+    if p.placement.multicast != (1, 1):
+        out += _group_frames(p, 60, top, cell)
     return "\n".join([*out, "</svg>"]) + "\n"
 
 
