@@ -192,26 +192,27 @@ FAULT_PROGRAM = build(128, 128, 64, "int8", (1, 2), sites=2)
 FAULT_INPUTS = operands(128, 128, 64, "int8", seed=4)
 
 
+def planted(right: str, wrong: str):
+    """FAULT_PROGRAM's kernel with the printed text `right` replaced by `wrong` (which must be there)."""
+    art = spatialc.lower(FAULT_PROGRAM)
+    assert right in art.program_cu
+    return dataclasses.replace(art, program_cu=art.program_cu.replace(right, wrong))
+
+
 @emulation
 @pytest.mark.emulation
 def test_a_page_multicast_into_the_wrong_slot_is_a_wrong_answer_in_emulation():
-    art = spatialc.lower(FAULT_PROGRAM)
-    right = "(snd_0 % DEPTH_0) * PAGE_0"
-    assert right in art.program_cu
-    text = art.program_cu.replace(right, "((snd_0 + 1) % DEPTH_0) * PAGE_0")
-    got = spatialc.emulate(dataclasses.replace(art, program_cu=text), FAULT_INPUTS, timeout=30)
+    art = planted("(snd_0 % DEPTH_0) * PAGE_0", "((snd_0 + 1) % DEPTH_0) * PAGE_0")
+    got = spatialc.emulate(art, FAULT_INPUTS, timeout=30)
     assert not np.array_equal(got, spatialc.evaluate(FAULT_PROGRAM, FAULT_INPUTS))
 
 
 @emulation
 @pytest.mark.emulation
 def test_a_copy_to_the_wrong_rank_of_the_cluster_is_refused_by_the_emulation():
-    art = spatialc.lower(FAULT_PROGRAM)
-    right = "(site + 1), (site + 1) % 2);"
-    assert right in art.program_cu
-    text = art.program_cu.replace(right, "(site + 1), 0);")
+    art = planted("(site + 1), (site + 1) % 2);", "(site + 1), 0);")
     with pytest.raises(EmulationError, match="not that site's rank in this block's cluster of 2"):
-        spatialc.emulate(dataclasses.replace(art, program_cu=text), FAULT_INPUTS, timeout=30)
+        spatialc.emulate(art, FAULT_INPUTS, timeout=30)
 
 
 @emulation
