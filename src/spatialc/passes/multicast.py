@@ -76,8 +76,8 @@ def multicast_placement(plan: Plan, gy: int, gx: int, sites: int) -> Placement:
                     items.append(ItemId((by * gy + r) * nx + bx * gx + c))
                 listed.append((Site(q * per + r * gx + c), tuple(items)))
         first = q * per
-        rows = [tuple(Site(first + r * gx + c) for c in range(gx)) for r in range(gy)] if gx > 1 else []
-        cols = [tuple(Site(first + r * gx + c) for r in range(gy)) for c in range(gx)] if gy > 1 else []
+        rows = [_row_col(first + r * gx, gy, gx)[0] for r in range(gy)] if gx > 1 else []
+        cols = [_row_col(first + c, gy, gx)[1] for c in range(gx)] if gy > 1 else []
         groups += [Group(GroupId(len(groups) + i), g) for i, g in enumerate(rows + cols)]
     # No idle sites after the groups: a kernel's grid is a whole number of clusters (one a group).
     return Placement(tuple(listed), tuple(groups), "multicast", 0, 1, (gy, gx))
@@ -91,19 +91,22 @@ def add_semaphores(p: SpatialProgram) -> SpatialProgram:
     return p.evolve(semaphores=(*p.semaphores, *SEMAPHORES))
 
 
+def _row_col(site: int, gy: int, gx: int) -> tuple[tuple[Site, ...], tuple[Site, ...]]:
+    """The sites of `site`'s group row and group column (site q·gy·gx + r·gx + c is site (r, c) of group q)."""
+    per = gy * gx
+    first, (r, c) = site - site % per, divmod(site % per, gx)
+    row = tuple(Site(first + r * gx + j) for j in range(gx))
+    col = tuple(Site(first + i * gx + c) for i in range(gy))
+    return row, col
+
+
 def roles(placement: Placement, site: Site) -> tuple[Group | None, Group | None]:
     """The multicast groups `site` shares A in (its group row) and B in (its group column); None where it shares
     nothing. A group's first site is its sender."""
     gy, gx = placement.multicast
-    row = col = None
-    for g in placement.groups:
-        if site in g.sites:
-            consecutive = int(g.sites[-1]) - int(g.sites[0]) == len(g.sites) - 1
-            if gx > 1 and consecutive and len(g.sites) == gx:
-                row = g
-            elif gy > 1:
-                col = g
-    return row, col
+    row, col = _row_col(int(site), gy, gx)
+    by_sites = {g.sites: g for g in placement.groups}
+    return (by_sites.get(row) if gx > 1 else None), (by_sites.get(col) if gy > 1 else None)
 
 
 def share(

@@ -134,8 +134,8 @@ def site_classes(p: SpatialProgram, relative_sems: bool = False):
         return _classes(p, lambda site, ops: ops)
     # Multicast groups are named by their place in `relative_groups` either way (the printer reads them so).
     table = {offsets: i for i, offsets in enumerate(relative_groups(p))}
-    absolute = _classes(p, lambda site, ops: _relative_sems(p, table, site, ops, sems=False))
-    relative = _classes(p, lambda site, ops: _relative_sems(p, table, site, ops))
+    absolute = _classes(p, lambda site, ops: _relative_view(p, table, site, ops, sems=False))
+    relative = _classes(p, lambda site, ops: _relative_view(p, table, site, ops))
     return (relative, True) if len(relative) < len(absolute) else (absolute, False)
 
 
@@ -153,11 +153,11 @@ def relative_groups(p: SpatialProgram) -> tuple[tuple[int, ...], ...]:
     return tuple(sorted(seen))
 
 
-def _relative_sems(
+def _relative_view(
     p: SpatialProgram, table: dict[tuple[int, ...], int], site: int, ops: tuple[ChoreoOp, ...], sems: bool = True
 ):
-    """`ops` with every multicast group as its place in `relative_groups` and (with `sems`) every SemInc's site
-    given as its offset from `site`."""
+    """The view of `ops` site classes compare: every multicast group as its place in `relative_groups` and (with
+    `sems`) every SemInc's site given as its offset from `site`."""
     assert p.placement is not None
     groups = {g.id: g.sites for g in p.placement.groups}
 

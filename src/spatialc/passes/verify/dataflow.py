@@ -218,6 +218,16 @@ class SiteRun:
                 case Compute(outs=outs):
                     touched.update(ring(b) for b in outs)
 
+    def renaming(self, producer: SiteRun, theirs: Seq, mine: Seq) -> dict[Sym, Aff]:
+        """The producer's loop and item symbols at position `theirs` of a ring, as this site's at `mine` (the same
+        shape): loop for loop, each loop's item coordinates with it."""
+        rename: dict[Sym, Aff] = {}
+        for (their, _, _), (my, _, _) in zip(theirs.levels, mine.levels, strict=True):
+            rename[their] = Aff.of(my)
+            for old, new in zip(producer.item_coords(their), self.item_coords(my), strict=True):
+                rename.update({s: new for s in old.syms()})
+        return rename
+
     def receive(self, ring: BufferId, at: Seq) -> tuple[Page | None, str]:
         """The page the sender's McastSend put at position `at` of `ring` here, in this site's symbols, or None and
         why not. The item coordinates it names are recorded: the sender's item must agree with this site's in them,
@@ -228,12 +238,8 @@ class SiteRun:
                 continue
             if entry.page is None or not isinstance(entry.page.cell, Copy):
                 return None, f"site {int(sender.site)} multicasts a page that holds no tiles it read"
-            rename: dict[Sym, Aff] = {}
+            rename = self.renaming(sender, entry.seq, at)
             coords: set[str] = set()
-            for (theirs, _, _), (mine, _, _) in zip(entry.seq.levels, at.levels, strict=True):
-                rename[theirs] = Aff.of(mine)
-                for old, new in zip(sender.item_coords(theirs), self.item_coords(mine), strict=True):
-                    rename.update({s: new for s in old.syms()})
             ref = entry.page.cell.ref
             for s in ref.row.syms() | ref.col.syms():
                 only = s.kind in ("item_y", "item_x") and s.ident is None  # both sites' only item

@@ -207,8 +207,7 @@ class Network:
                     self._put(e, op, (code, self._ring(site, buf), n, ()))
                 case SemInc(sem, at, by):
                     slot = self._sem(at, sem)
-                    if not any(r is e for r in self.raisers.setdefault(slot, [])):
-                        self.raisers[slot].append(e)
+                    self._raiser(slot, e)
                     self._put(e, op, (SEMINC, slot, by, ()))
                 case SemWait(sem, value) if (site, sem) in self.epoch_copies:
                     self.clocked = True  # its reset, next, is what EPOCHWAIT does after passing
@@ -223,8 +222,7 @@ class Network:
                     self.clocked = True
                     slots = tuple(self._sem(s, sem) for s in self.ctx.groups[group].sites)
                     for slot in slots:
-                        if not any(r is e for r in self.raisers.setdefault(slot, [])):
-                            self.raisers[slot].append(e)
+                        self._raiser(slot, e)
                     self._put(e, op, (MCSET, 0, 0, slots))
                 case McastSend(buf, group):
                     self.clocked = True
@@ -245,6 +243,11 @@ class Network:
                         continue
                     self._put(e, op, (NEXT, head, n, ()))
                     e.code[head] = (LOOP, n, len(e.code), ())
+
+    def _raiser(self, slot: int, e: _Engine) -> None:
+        """Engine e's program raises semaphore `slot` (named when a wait on it deadlocks)."""
+        if not any(r is e for r in self.raisers.setdefault(slot, [])):
+            self.raisers[slot].append(e)
 
     @staticmethod
     def _put(e: _Engine, op: ChoreoOp, instr: Instr) -> None:

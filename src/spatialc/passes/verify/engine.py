@@ -224,11 +224,7 @@ class EngineRun:
                     f" {self.index.op(entry.push)} pushed without anything filling it",
                     buf,
                 )
-            rename: dict[Sym, Aff] = {}
-            for (theirs, _, _), (mine, _, _) in zip(entry.seq.levels, at.levels, strict=True):
-                rename[theirs] = Aff.of(mine)
-                for old, new in zip(self.site.item_coords(theirs), self.site.item_coords(mine), strict=True):
-                    rename.update({s: new for s in old.syms()})
+            rename = self.site.renaming(self.site, entry.seq, at)
             return Page(entry.page.rows, entry.page.width, entry.page.cell.subst(rename))
         pushed = "; ".join(sorted({f"{e.seq.text()} by {e.engine}" for e in entries})) or "none"
         raise self.unsure(

@@ -38,7 +38,7 @@ from ...errors import HandshakeError, StrongerCheckNeeded
 from ...ir.ids import BufferId, SemId, Site
 from ...ir.index import ProgramIndex
 from ...ir.nodes import EngineProgram
-from ...ir.ops import ChoreoOp, Loop, McastSend, McastSetValid, SemSet, SemWait
+from ...ir.ops import ChoreoOp, Loop, McastSend, McastSetValid, SemSet, SemWait, walk
 
 
 def _bodies(ops: tuple[ChoreoOp, ...]) -> Iterable[tuple[ChoreoOp, ...]]:
@@ -121,7 +121,7 @@ def epoch_copies(ctx: ProgramIndex, programs: Iterable[EngineProgram]) -> set[tu
                 else "a McastSetValid sets this copy to 1, and sets do not add up: a flag is waited for 1"
             )
             raise _unsure(ctx, prog, wait, why)
-    _one_sender(ctx, progs)
+    multicast_senders(ctx, progs)
     return set(epochs)
 
 
@@ -129,45 +129,50 @@ def _resets(op: ChoreoOp, sem: SemId) -> bool:
     return isinstance(op, SemSet) and op.sem == sem
 
 
-def _one_sender(ctx: ProgramIndex, progs: Sequence[EngineProgram]) -> None:
-    """Each receiving ring of a site is sent into by one site."""
-    senders: dict[tuple[Site, BufferId], Site] = {}
+def multicast_senders(ctx: ProgramIndex, progs: Iterable[EngineProgram]) -> dict[Site, dict[BufferId, Site]]:
+    """Receiver site → ring → the site whose McastSends fill it; refused where a receiving ring has two senders."""
+    senders: dict[Site, dict[BufferId, Site]] = {}
     for prog in progs:
-        for ops in _bodies(prog.ops):
-            for op in ops:
-                if not isinstance(op, McastSend):
+        for op in walk(prog.ops):
+            if not isinstance(op, McastSend):
+                continue
+            for s in ctx.groups[op.group].sites:
+                if s == prog.site:
                     continue
-                for s in ctx.groups[op.group].sites:
-                    if s == prog.site:
-                        continue
-                    first = senders.setdefault((s, ctx.ring(op.buf)), prog.site)
-                    if first != prog.site:
-                        raise _unsure(
-                            ctx,
-                            prog,
-                            op,
-                            f"site {int(first)} also sends into site {int(s)}'s {ctx.name(op.buf)}; a receiving ring"
-                            " has one sender",
-                        )
+                first = senders.setdefault(s, {}).setdefault(ctx.ring(op.buf), prog.site)
+                if first != prog.site:
+                    raise _unsure(
+                        ctx,
+                        prog,
+                        op,
+                        f"site {int(first)} also sends into site {int(s)}'s {ctx.name(op.buf)}; a receiving ring"
+                        " has one sender",
+                    )
+    return senders
 
 
 def _unsure(ctx: ProgramIndex, prog: EngineProgram, op: ChoreoOp, why: str) -> StrongerCheckNeeded:
     return ctx.at_op(StrongerCheckNeeded, prog, op, f"{why}; a stronger check (over every interleaving) is needed")
 
 
-def _undecided(head: str, site: int, engine: str, op: str, why: str) -> StrongerCheckNeeded:
-    return StrongerCheckNeeded(
-        f"{head} — {why}, unless a wait on a semaphore that is never reset orders it, which one run cannot follow;"
-        " a stronger check (over every interleaving) is needed",
-        site=site,
-        engine=engine,
-        op=op,
-    )
+def _refusal(
+    where: tuple[str, int, str, str], why: str, undecided: bool = False
+) -> HandshakeError | StrongerCheckNeeded:
+    """A handshake refused at `where` (head, site, engine, op text): a race (`HandshakeError`), or — `undecided`, an
+    order a wait on a never-reset semaphore may give, which one run cannot follow — `StrongerCheckNeeded`."""
+    head, site, engine, op = where
+    if undecided:
+        why = (
+            f"{why}, unless a wait on a semaphore that is never reset orders it, which one run cannot follow; a"
+            " stronger check (over every interleaving) is needed"
+        )
+        return StrongerCheckNeeded(f"{head} — {why}", site=site, engine=engine, op=op)
+    return HandshakeError(f"{head} — {why}", site=site, engine=engine, op=op)
 
 
 class Clocks:
     """The vector clocks of one counter run (`deadlock.Network`), and the checks of the module docstring. Engines
-    are numbered as the network lists them; `text(e)` names engine e's current op for messages."""
+    are numbered as the network lists them; `text(e, pc)` names engine e's op at pc for messages."""
 
     def __init__(self, n: int, epochs: set[int], receivers: set[int], text) -> None:
         """`epochs`: the semaphore slots that are counters with an epoch; `receivers`: the ring slots McastSends
@@ -180,7 +185,6 @@ class Clocks:
         self.pushed: dict[int, list[list[int]]] = {}  # ring → the pushing clock of each page
         self.popped: dict[int, list[list[int]]] = {}
         self.reserved: dict[int, list[tuple[int, int]]] = {}  # ring → (engine, its own time) of each page's reserve
-        self.waited: dict[int, int] = {}  # ring → pages waited for so far (the consumer's position)
         self.pending: dict[int, list[tuple[int, list[int], int]]] = {}  # epoch slot → raises: (engine, clock, pc)
         self.resets: dict[int, list[tuple[int, int, int]]] = {}  # epoch slot → (owner, own time, pc) of each reset
         self.arrivals: dict[int, list[list[int]]] = {}
@@ -221,12 +225,11 @@ class Clocks:
             got.append(list(self._tick(e)))
 
     def wait(self, e: int, ring: int, pages: int) -> None:
-        at = self.waited.get(ring, 0)
+        at = len(self.popped.get(ring, ()))  # the consumer's place: its pops so far
         self._join(e, self.pushed[ring][at + pages - 1])
 
     def pop(self, e: int, ring: int, pages: int) -> None:
         got = self.popped.setdefault(ring, [])
-        self.waited[ring] = self.waited.get(ring, 0) + pages
         for _ in range(pages):
             got.append(list(self._tick(e)))
 
@@ -264,9 +267,7 @@ class Clocks:
         """The error for an order the run could not show. Where the events did come in order in this run but a
         wait on a plain semaphore is in the history, the order may hold all the same: refused as undecided."""
         head, site, engine, op = self.text(e, None)
-        if in_order and self.vc[e][-1]:
-            return _undecided(head, site, engine, op, why)
-        return HandshakeError(f"{head} — {why}", site=site, engine=engine, op=op)
+        return _refusal((head, site, engine, op), why, undecided=in_order and bool(self.vc[e][-1]))
 
     def plain_wait(self, e: int) -> None:
         """Engine e passed a wait on a plain semaphore: its clock may now miss an edge."""
@@ -286,41 +287,38 @@ class Clocks:
     def epoch_wait(self, e: int, pc: int, slot: int, value: int, count: int) -> None:
         """The owner e passes its wait for `value` on `slot` (whose count since the last reset is `count`) and
         resets it."""
-        resets = self.resets.setdefault(slot, [])
         raises = self.pending.pop(slot, [])
         if count != value and not raises:  # the count was there before any raise: its initial value
-            head, site, engine, op = self.text(e, pc)
-            raise HandshakeError(
-                f"{head} — the count is {count} when it waits for {value} and resets it, before any raise: a"
-                " counter with an epoch starts at 0 and is waited for what its raises add",
-                site=site,
-                engine=engine,
-                op=op,
+            why = (
+                f"the count is {count} when it waits for {value} and resets it, before any raise: a counter with an"
+                " epoch starts at 0 and is waited for what its raises add"
             )
+            raise _refusal(self.text(e, pc), why)
         if count != value:
             who, clock, at = raises[-1]
             raise self._early(who, at, e, pc, f"the count is {count} when it waits for {value}", None)
-        if resets:
-            owner, time, _ = resets[-1]
-            for who, clock, at in raises:
-                if clock[owner] < time:
-                    raise self._early(who, at, e, pc, "nothing orders this raise after the owner's last reset", clock)
+        self._after_last_reset(slot, raises, "nothing orders this raise after the owner's last reset")
         for _, clock, _ in raises:
             self._join(e, clock)
-        resets.append((e, self._tick(e)[e], pc))
+        self.resets.setdefault(slot, []).append((e, self._tick(e)[e], pc))
 
     def finish(self) -> None:
         """After a run that ends with every engine done: a raise no wait counted must still come after the owner's
         last reset — else, in another interleaving, it lands before that reset and an earlier wait counts it in
         place of the raise it was waiting for."""
         for slot, raises in self.pending.items():
-            if not self.resets.get(slot):
-                continue
-            owner, time, pc = self.resets[slot][-1]
-            for who, clock, at in raises:
-                if clock[owner] < time:
-                    why = "no wait counts this raise, and nothing orders it after the owner's last reset"
-                    raise self._early(who, at, owner, pc, why, clock)
+            self._after_last_reset(
+                slot, raises, "no wait counts this raise, and nothing orders it after the owner's last reset"
+            )
+
+    def _after_last_reset(self, slot: int, raises: list[tuple[int, list[int], int]], why: str) -> None:
+        """Each of `raises` happened after the owner's last reset of `slot` (if it was ever reset)."""
+        if not self.resets.get(slot):
+            return
+        owner, time, pc = self.resets[slot][-1]
+        for who, clock, at in raises:
+            if clock[owner] < time:
+                raise self._early(who, at, owner, pc, why, clock)
 
     def _early(
         self, who: int, at: int, owner: int, pc: int, why: str, clock: list[int] | None
@@ -332,9 +330,7 @@ class Clocks:
             f"it can raise the semaphore again before its owner resets it ({owner_head}; {why}): under some"
             " interleaving the raise lands before the reset and is lost"
         )
-        if clock is not None and clock[-1]:
-            return _undecided(head, site, engine, op, said)
-        return HandshakeError(f"{head} — {said}", site=site, engine=engine, op=op)
+        return _refusal((head, site, engine, op), said, undecided=clock is not None and bool(clock[-1]))
 
     # ---- barriers ------------------------------------------------------------------------------------------------
 

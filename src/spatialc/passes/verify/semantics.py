@@ -57,6 +57,7 @@ from ...ir.printer import compute_text
 from .dataflow import SiteRun, Write, same_op
 from .declared import declared
 from .facts import Programs
+from .handshake import multicast_senders
 from .partials import Workspace, check_handshake, item_values, raises
 from .symbolic import AccSum, Aff, Cell, Copy, Elem, Partial, Product, Sym, one_to_one, split
 
@@ -76,7 +77,7 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
         _followable(index, prog)
     decl = declared(index)
     items = dict(p.placement.items_of_site)
-    senders = _senders(index)
+    senders = multicast_senders(index, p.schedule.programs)  # (rule 7 has refused two senders into one ring)
     keys = _keys(programs, senders)
     shared: dict[tuple[object, ...], list[ItemId]] = {}
     for site, key in keys.items():
@@ -228,18 +229,6 @@ def _keys(programs: Programs, senders: dict[Site, dict[BufferId, Site]]) -> dict
         out[site] = tuple(key)
     # A receiver's pages are its senders' (sorted by ring): its key names theirs, so sites alike receive alike.
     return {site: (*key, *((r, out[s]) for r, s in sorted(senders.get(site, {}).items()))) for site, key in out.items()}
-
-
-def _senders(index: ProgramIndex) -> dict[Site, dict[BufferId, Site]]:
-    """Receiver site → ring → the site whose McastSends fill it (rule 7 has shown there is one)."""
-    out: dict[Site, dict[BufferId, Site]] = {}
-    for prog in index.p.schedule.programs:  # type: ignore[union-attr]
-        for op in walk(prog.ops):
-            if isinstance(op, McastSend):
-                for s in index.groups[op.group].sites:
-                    if s != prog.site:
-                        out.setdefault(s, {})[index.ring(op.buf)] = prog.site
-    return out
 
 
 def _multicast_items(index: ProgramIndex, senders: dict[Site, dict[BufferId, Site]], runs: dict[Site, SiteRun]) -> None:
