@@ -1,15 +1,20 @@
 """Targets: the published figures they carry and the occupancy questions planner and lowering both ask."""
 
+import dataclasses
+
 import pytest
 
 import spatialc
 from spatialc.target import TARGETS, UnknownTarget
 
 
-def test_the_four_targets_and_their_figures():
-    assert set(TARGETS) == {"sm_80", "sm_86", "sm_89", "sm_90"}
+def test_the_targets_and_their_figures():
+    assert set(TARGETS) == {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"}
     h = spatialc.target("sm_90")
     assert (h.units, h.smem_per_unit, h.smem_per_site_max) == (132, 228 * 1024, 227 * 1024)
+    hopper = spatialc.target("sm_90a")  # the same chip, with its architecture-specific instructions
+    assert hopper.hopper and not h.hopper
+    assert dataclasses.replace(hopper, name="sm_90", hopper=False) == h
     a = spatialc.target("sm_80")
     assert (a.units, a.smem_per_unit, a.threads_per_unit_max) == (108, 164 * 1024, 2048)
     assert spatialc.target("sm_86").threads_per_unit_max == 1536

@@ -35,6 +35,9 @@ class SpatialTarget:
     threads_per_unit_max: int
     accumulator_lanes: int  # warps per block, each holding a rectangle of the accumulator block
     accumulator_in_registers: bool = True
+    # Hopper's architecture-specific instructions (sm_90a: TMA, wgmma, setmaxnreg): the planner and `lower` then
+    # default to the sm_90a form (lower/cuda/hopper.py), and nvcc must be given compute_90a.
+    hopper: bool = False
 
     @property
     def threads_per_site(self) -> int:
@@ -102,11 +105,14 @@ TARGETS: dict[str, SpatialTarget] = {
     "sm_86": SpatialTarget("sm_86", "RTX 3090", 82, 100 * _KIB, 99 * _KIB, 48 * _KIB, _KIB, 65536, 255, 16, 1536, 4),
     "sm_89": SpatialTarget("sm_89", "RTX 4090", 128, 100 * _KIB, 99 * _KIB, 48 * _KIB, _KIB, 65536, 255, 24, 1536, 4),
     "sm_90": SpatialTarget("sm_90", "H100/H200", 132, 228 * _KIB, 227 * _KIB, 48 * _KIB, _KIB, 65536, 255, 32, 2048, 8),
+    "sm_90a": SpatialTarget(
+        "sm_90a", "H100/H200", 132, 228 * _KIB, 227 * _KIB, 48 * _KIB, _KIB, 65536, 255, 32, 2048, 8, hopper=True
+    ),
 }
 
 
 def target(name: str | SpatialTarget) -> SpatialTarget:
-    """The target called `name` (sm_80, sm_86, sm_89, sm_90)."""
+    """The target called `name` (sm_80, sm_86, sm_89, sm_90, sm_90a)."""
     if isinstance(name, SpatialTarget):
         return name
     if not isinstance(name, str):

@@ -225,10 +225,11 @@ def _run_options(p: argparse.ArgumentParser, *, with_run: bool) -> None:
 def _form_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--form",
-        choices=["auto", "persistent", "general"],
+        choices=["auto", "persistent", "general", "sm90a"],
         default="auto",
-        help="the CUDA kernel: auto (the persistent tile kernel where it holds the program, else the general form "
-        "with each engine on its own warps), persistent or general (default: auto)",
+        help="the CUDA kernel: auto (on --target sm_90a the sm_90a form — a TMA producer and wgmma consumers — where "
+        "it holds the program; else the persistent tile kernel where it holds it, else the general form with each "
+        "engine on its own warps), persistent, general or sm90a (default: auto)",
     )
 
 

@@ -52,6 +52,19 @@ class Budget:
 
 
 @dataclass(frozen=True, slots=True)
+class TensorMap:
+    """A TMA tensor map the sm_90a kernel takes by value (`const __grid_constant__ CUtensorMap spatialc_tmap_<index>`,
+    after the work list, in index order): tensor `tensor`'s tiled buffer as a 4-D tensor — 16 elements of a tile row
+    (innermost), 16 rows, the tile columns, the tile rows — loaded in boxes of one tile × `box` (rows, columns of
+    tiles); `swizzle` 1: 32-byte swizzle (16-bit operands), 0: none. docs/kernel-abi.md, "The sm_90a form"."""
+
+    index: int
+    tensor: int
+    box: tuple[int, int]
+    swizzle: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class KernelParam:
     """One kernel argument: a device pointer to a tiled tensor (`tiles` = padded (rows_t, cols_t)).
 
@@ -108,6 +121,8 @@ class Launch:
     # consecutive sites run as one thread-block cluster, co-scheduled, sharing shared memory; `grid` is a multiple of
     # it. Sites wait only on sites of their own cluster, so no cooperative launch is needed. 1: no clusters.
     cluster: int = 1
+    # The sm_90a form: tensor maps the host encodes (cuTensorMapEncodeTiled) and passes after the work list.
+    tensor_maps: tuple[TensorMap, ...] = ()
 
     @property
     def sync_words(self) -> int:

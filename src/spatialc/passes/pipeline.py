@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import ProgramError
+from ..errors import PlanError, ProgramError
 from ..ir.nodes import SpatialProgram
 from ..target import SpatialTarget
 from .multicast import add_semaphores, check_multicast, multicast_placement
@@ -42,7 +42,17 @@ def build(
             )
         form = "general"
     # The plan comes first: the item grid it fixes is what placement distributes.
-    p = tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=form)
+    asked = form
+    if form == "auto" and target.hopper:  # the sm_90a form where its wgmma layout takes the plan
+        form = "sm90a"
+    try:
+        p = tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=form)
+    except PlanError:
+        if asked != "auto" or form != "sm90a" or (block is None and sub_blocks is None):
+            raise
+        # A forced block the wgmma layout does not take: the persistent kernel's plan, which sm_90a also runs.
+        form = "persistent"
+        p = tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=form)
     splits = _splits(p, target, split_k, form, sites, placement)
     split = None
     if splits > 1:
@@ -147,7 +157,7 @@ def _splits(
         if split_k > 1 and placement is not None:
             raise ProgramError(f"split_k={split_k} places items itself; it takes no placement rule ({placement!r})")
         return split_k
-    if form == "persistent" or sites is not None or placement is not None:
+    if form in ("persistent", "sm90a") or sites is not None or placement is not None:
         return 1
     per_unit = sites_per_unit(target, p.plan, p.precision, "general", epilogue_stages(p) + extra_ring_stages())
     return auto_splits(p.plan, target.units * per_unit) if per_unit else 1

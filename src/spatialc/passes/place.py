@@ -22,7 +22,7 @@ def default_sites(p: SpatialProgram, target: SpatialTarget, form: str = "persist
     items."""
     plan = p.plan
     assert plan is not None
-    per_unit = sites_per_unit(target, plan, p.precision, check_form(form), epilogue_stages(p))
+    per_unit = sites_per_unit(target, plan, p.precision, check_form(form, target), epilogue_stages(p))
     return max(1, min(plan.items, target.units * max(per_unit, 1)))
 
 

@@ -66,13 +66,14 @@ def fused_output(target: SpatialTarget, block: BlockShape) -> bool:
     return target.accumulator_in_registers and target.accumulator_lane_grid(block.osh, block.osw) is not None
 
 
-FORMS = ("persistent", "general")  # the CUDA kernel forms a plan can be made for (spatialc.lower's)
+FORMS = ("persistent", "general", "sm90a")  # the CUDA kernel forms a plan can be made for (spatialc.lower's)
 
 
-def check_form(form: str) -> str:
-    """`form` when a plan can be made for it; "auto" plans for the persistent kernel, which auto prints first."""
+def check_form(form: str, target: SpatialTarget | None = None) -> str:
+    """`form` when a plan can be made for it; "auto" plans for the kernel auto prints first: the sm_90a form on a
+    Hopper target, the persistent kernel elsewhere."""
     if form == "auto":
-        return "persistent"
+        return "sm90a" if target is not None and target.hopper else "persistent"
     if form not in FORMS:
         raise ProgramError(f"unknown form {form!r}; plan for one of auto, {', '.join(FORMS)}")
     return form
@@ -82,9 +83,9 @@ def resources(target: SpatialTarget, plan: Plan, prec: Precision, form: str = "p
     """What a block of the `form` kernel for `plan` costs: (shared memory bytes, blocks resident per SM; 0 when one
     does not fit) — the backend's own answer, so the planner keeps no copy of a kernel's memory model. `stages`:
     the epilogue's stages, which the general form keeps in rings of their own."""
-    from ..lower.cuda import general, persistent
+    from ..lower.cuda import general, hopper, persistent
 
-    backend = {"persistent": persistent, "general": general}[form]
+    backend = {"persistent": persistent, "general": general, "sm90a": hopper}[form]
     return backend.plan_resources(target, plan, prec, stages)
 
 
@@ -176,7 +177,7 @@ def candidates(
     """Every plan that fits the `form` kernel, best first. Forced fields are taken as given. A plan of more than
     MAX_ITEMS items is never offered: verify would refuse it, after place had spent minutes and gigabytes listing
     its items."""
-    form = check_form(form)
+    form = check_form(form, target)
     _positive("block", block, 3)
     _positive("sub_blocks", sub_blocks, 2)
     _positive("depth", None if depth is None else (depth,), 1)
@@ -232,7 +233,7 @@ def choose(
     if not found:
         forced = {"block": block, "sub_blocks": sub_blocks, "depth": depth}
         shown = ", ".join(f"{k}={v}" for k, v in forced.items() if v is not None) or "any block"
-        why = _why_not(p, target, block, sub_blocks, depth, check_form(form), extra)
+        why = _why_not(p, target, block, sub_blocks, depth, check_form(form, target), extra)
         raise PlanError(f"no plan with {shown} fits {target.name}: {why}")
     return found[0]
 

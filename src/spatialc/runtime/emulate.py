@@ -59,7 +59,11 @@ CXX_FLAGS = ("-std=c++20", "-O2", "-pthread", "-ffp-contract=off")
 
 DYN_DECL = "extern __shared__ __align__(32) char spatialc_dyn_smem[];"
 # The declaration as earlier kernels printed it (16-byte aligned); still recognised, so saved .cu files run.
-DYN_DECLS = (DYN_DECL, "extern __shared__ __align__(16) char spatialc_dyn_smem[];")
+DYN_DECLS = (
+    DYN_DECL,
+    "extern __shared__ __align__(16) char spatialc_dyn_smem[];",
+    "extern __shared__ __align__(1024) char spatialc_dyn_smem[];",  # the sm_90a form's swizzled stages
+)
 DYN_HOST = "char* spatialc_dyn_smem = ::spatialc_emu::dynamic_shared();"
 LAUNCH = re.compile(r"\b([A-Za-z_]\w*)\s*<<<([^;<>]*?)>>>\s*\(")
 

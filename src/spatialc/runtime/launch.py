@@ -337,6 +337,12 @@ def run(artifact: Any, a: Any, b: Any, **params: Any) -> Any:
 
 def run_with(device: Any, artifact: Any, a: Any, b: Any, **params: Any) -> Any:
     """`run` on a given device (tests pass a numpy stand-in)."""
+    if getattr(artifact.launch, "tensor_maps", ()):
+        raise LaunchError(
+            "this sm_90a kernel takes TMA tensor maps, which spatialc.run does not encode yet; run its host program"
+            " (artifact.program_cu / bench_cu, built with nvcc -gencode=arch=compute_90a,code=sm_90a) or lower"
+            " for sm_90"
+        )
     args = kernel_args(artifact.launch)
     bound = bind(args, a, b, params)
     limits = dict(getattr(artifact.launch, "row_counts", ()))

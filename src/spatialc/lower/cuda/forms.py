@@ -1,5 +1,6 @@
 """Which CUDA form prints a program: the persistent tile kernel where it can hold the program, the general form
-otherwise — or the one asked for.
+otherwise — or the one asked for. On a Hopper target (sm_90a) auto tries the sm_90a form first: the general form's
+engines with a TMA producer and wgmma consumers (`hopper.py`).
 
 The persistent form serialises a site's engines onto one instruction stream and proves that order safe before
 printing, which buys a software-pipelined K loop and an epilogue fused into the store; it refuses what it cannot
@@ -16,9 +17,9 @@ from ...ir.nodes import SpatialProgram
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
 from ..errors import LowerError, NeedsGeneral
-from . import general, persistent
+from . import general, hopper, persistent
 
-FORMS = ("auto", "persistent", "general")
+FORMS = ("auto", "persistent", "general", "sm90a")
 
 
 class UnknownForm(LowerError, ValueError):
@@ -30,11 +31,20 @@ class UnknownForm(LowerError, ValueError):
 
 
 def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") -> CudaArtifact:
-    """The CUDA artifact of a verified program in `form` (auto: persistent where it can, else general)."""
+    """The CUDA artifact of a verified program in `form` (auto: sm_90a on a Hopper target where it can, else
+    persistent where it can, else general)."""
     if form not in FORMS:
         raise UnknownForm(form)
     if form == "general":
         return general.lower(program, target)
+    if form == "sm90a":
+        return _with_general(hopper.lower(program, target), program, target)
+    passed_over: tuple[str, ...] = ()
+    if form == "auto" and target.hopper:
+        try:
+            return _with_general(hopper.lower(program, target), program, target)
+        except LowerError as why:
+            passed_over = (f"not the sm_90a form: {why}",)
     try:
         art = persistent.lower(program, target)
     except NeedsGeneral as why:
@@ -42,8 +52,14 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
             raise
         art = general.lower(program, target)
         return dataclasses.replace(
-            art, notes=(*art.notes, f"the general form, as the persistent kernel refuses: {why}")
+            art, notes=(*art.notes, *passed_over, f"the general form, as the persistent kernel refuses: {why}")
         )
+    art = _with_general(art, program, target)
+    return dataclasses.replace(art, notes=(*art.notes, *passed_over))
+
+
+def _with_general(art: CudaArtifact, program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
+    """`art` carrying the same program in general form, to run beside it (or a note why there is none)."""
     try:
         return dataclasses.replace(art, general=general.lower(program, target))
     except LowerError as e:

@@ -126,6 +126,7 @@ def _launch(p: SpatialProgram, launch: Launch, w: Writer, note: str = "") -> Non
     to their initial values); one whose sites hand over to each other is launched cooperatively (every block
     resident at once, or it fails)."""
     args = [f"d{int(t.id)}" for t in p.tensors] + ["d_work"] + (["d_sync"] if launch.sync else [])
+    args += [f"tmap_{m.index}" for m in launch.tensor_maps]
     if launch.sync:
         reset = "cudaMemcpyAsync(d_sync, d_sync_init, sizeof(sync_init), cudaMemcpyDeviceToDevice, 0)"
         w.line(f"SPATIALC_CHECK({reset});{note}  // in stream order: no wait on the host")
@@ -237,6 +238,48 @@ def _setup(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -> None:
         _clusters_here(launch, w)
     if launch.sync:
         _sync_words(launch, w)
+    if launch.tensor_maps:
+        _tensor_maps(p, launch, w)
+
+
+TMA_TYPES = {"__nv_bfloat16": "BFLOAT16", "__half": "FLOAT16", "signed char": "UINT8"}
+
+
+def _tensor_maps(p: SpatialProgram, launch: Launch, w: Writer) -> None:
+    """Encode each tensor map of an sm_90a kernel (`Launch.tensor_maps`) over its device buffer, through the driver
+    entry point the runtime hands out (no link against libcuda). A tile is 16 × 16 elements stored contiguously, so
+    the tensor is 4-D: a tile row's 16 elements, its 16 rows, the tile columns, the tile rows."""
+    w.line("PFN_cuTensorMapEncodeTiled_v12000 encode_tiled = nullptr;")
+    w.line("cudaDriverEntryPointQueryResult found_encode;")
+    w.line(
+        'SPATIALC_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode_tiled, 12000, '
+        "cudaEnableDefault, &found_encode));"
+    )
+    _exit_if(
+        w,
+        "found_encode != cudaDriverEntryPointSuccess || !encode_tiled",
+        "this driver has no cuTensorMapEncodeTiled, which the sm_90a kernel's tensor maps need (%d)",
+        "(int)found_encode",
+    )
+    for m in launch.tensor_maps:
+        at = [int(x.id) for x in p.tensors].index(m.tensor)
+        t, param = p.tensors[at], launch.params[at]
+        size = 1 if param.c_type == "signed char" else 2
+        rows_t, cols_t = t.tiles
+        w.line(f"CUtensorMap tmap_{m.index};")
+        with w.block():
+            w.line(f"const cuuint64_t dims[4] = {{16, 16, {cols_t}, {rows_t}}};")
+            w.line(f"const cuuint64_t strides[3] = {{{16 * size}, {256 * size}, {cols_t * 256 * size}}};")
+            w.line(f"const cuuint32_t box[4] = {{16, 16, {m.box[1]}, {m.box[0]}}};")
+            w.line("const cuuint32_t unit[4] = {1, 1, 1, 1};")
+            swizzle = "CU_TENSOR_MAP_SWIZZLE_32B" if m.swizzle else "CU_TENSOR_MAP_SWIZZLE_NONE"
+            kind = TMA_TYPES[param.c_type]
+            w.line(
+                f"const CUresult made = encode_tiled(&tmap_{m.index}, CU_TENSOR_MAP_DATA_TYPE_{kind}, "
+                f"4, d{m.tensor}, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, {swizzle}, "
+                "CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);"
+            )
+            _exit_if(w, "made != CUDA_SUCCESS", f"cuTensorMapEncodeTiled refused the map of {t.name} (%d)", "(int)made")
 
 
 def _free(p: SpatialProgram, launch: Launch, w: Writer) -> None:

@@ -11,6 +11,7 @@
 #include "emu_wmma.h"      // nvcuda::wmma
 #include "emu_mma.h"       // the tensor-core layer: ldmatrix, mma.sync, accumulator stores
 #include "emu_host.h"      // runtime API, launch
+#include "emu_hopper.h"    // sm_90a: tensor maps, TMA loads, transaction counts, wgmma
 
 // The definitions, unless they come from a separately compiled object (see emu_core.h).
 #if !defined(SPATIALC_EMU_LINKED) || defined(SPATIALC_EMU_IMPLEMENTATION)

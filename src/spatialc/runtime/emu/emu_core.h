@@ -128,6 +128,12 @@ struct MBar {
     GlobalStores gacc, gdone[2];  // the arrivals' pending global stores, and each completed phase's (by parity)
     std::vector<unsigned> vc_acc;
     std::vector<unsigned> vc_done[2];  // the clock of the last completed phase of each parity
+    // sm_90a: bytes the current phase still expects from the copy engine (expect_tx adds, a landing box takes away;
+    // the phase completes when they and the arrivals are all in), and whether a fence.proxy.async by the thread that
+    // initialised it has made the barrier visible to the copy engine.
+    long long tx = 0;
+    bool async_visible = false;
+    int init_tid = -1, init_line = 0;
 };
 
 // Arrivals are counted under `mu`; a waiter sleeps on its barrier's generation word, outside the lock, so the

@@ -15,6 +15,7 @@
 
 #include "emu_host.h"
 #include "emu_mbarrier.h"
+#include "emu_hopper.h"
 
 namespace spatialc_emu {
 
@@ -272,8 +273,9 @@ SPATIALC_EMU_FN char* dynamic_shared() { return blk().dyn ? blk().dyn : dyn_base
 SPATIALC_EMU_FN void prepare_dynamic(size_t bytes) {
     if (bytes > dyn_capacity || !dyn_base) {
         std::free(dyn_base);
-        dyn_capacity = std::max<size_t>(128, (bytes + 127) & ~size_t(127));
-        dyn_base = static_cast<char*>(std::aligned_alloc(128, dyn_capacity));
+        // On 1024 bytes, as the sm_90a form's swizzled stages need (and check): the GPU's dynamic block is there too.
+        dyn_capacity = std::max<size_t>(1024, (bytes + 1023) & ~size_t(1023));
+        dyn_base = static_cast<char*>(std::aligned_alloc(1024, dyn_capacity));
     }
     dyn_bytes = bytes;
 }
@@ -314,6 +316,8 @@ SPATIALC_EMU_FN std::string who(const Access& a) {
                        : a.kind == AccessKind::acc_store  ? "an accumulator store (spatialc_store_acc)"
                        : a.kind == AccessKind::page_load  ? "a page load"
                        : a.kind == AccessKind::page_store ? "a page store"
+                       : a.kind == AccessKind::tma        ? "a TMA load landing (issued)"
+                       : a.kind == AccessKind::wgmma      ? "a wgmma operand read (retired at wait_group)"
                                                           : "an access";
     return std::string(what) + " by thread " + std::to_string(a.tid) + " (warp " + std::to_string(a.tid / kWarp) +
            ", lane " + std::to_string(a.tid % kWarp) + ") at line " + std::to_string(a.line);
@@ -443,6 +447,7 @@ SPATIALC_EMU_FN std::string describe_mbarriers(Block& b) {
         out += "; " + mbar_name(bar) + " in phase " + std::to_string(m->phase) + " (parity " +
                std::to_string(m->phase & 1) + ") has " + std::to_string(m->count - m->pending) + " of " +
                std::to_string(m->count) + " arrivals";
+        if (m->tx > 0) out += " and waits for " + std::to_string(m->tx) + " more bytes of TMA loads (expect_tx)";
     }
     return out;
 }
@@ -466,6 +471,8 @@ SPATIALC_EMU_FN void mbar_init(void* bar, unsigned count, int line) {
     auto& m = blk().mbars[bar];
     m.reset(new MBar{});
     m->count = m->pending = count;
+    m->init_tid = self->tid;
+    m->init_line = line;
 }
 
 // With the block's lock held, by the arrival that completes the phase.
@@ -485,6 +492,14 @@ SPATIALC_EMU_FN void complete_mbar(Block& b, MBar& m) {
     progress.fetch_add(1, std::memory_order_relaxed);
 }
 
+// With the lock held, once every arrival is in: the phase completes if every expected byte has landed too.
+SPATIALC_EMU_FN void settle_mbar(MBar& m) {
+    if (m.tx < 0)
+        fatal(kExitMisuse, "an mbarrier phase received " + std::to_string(-m.tx) +
+                               " bytes of TMA loads more than its expect_tx announced");
+    if (m.tx == 0) complete_mbar(blk(), m);
+}
+
 SPATIALC_EMU_FN void arrive_locked(ThreadState& t, MBar& m) {
     apply_stores(t);  // an arrival releases: the thread's fragment stores are visible to whoever waits on the phase
     share_stores(m.gacc, t.gstores);  // its global ones it shares, still pending
@@ -492,7 +507,10 @@ SPATIALC_EMU_FN void arrive_locked(ThreadState& t, MBar& m) {
     if (m.vc_acc.size() <= (size_t)t.tid) m.vc_acc.resize((size_t)t.tid + 1, 0);
     m.vc_acc[(size_t)t.tid] = std::max(m.vc_acc[(size_t)t.tid], t.clk);
     ++t.clk;  // what this thread does from now on is not ordered by this arrival
-    if (--m.pending == 0) complete_mbar(blk(), m);
+    if (m.pending == 0)
+        fatal(kExitMisuse, "an arrival on an mbarrier whose phase has all its arrivals (thread " +
+                               std::to_string(t.tid) + "): the barrier was initialised with too small a count");
+    if (--m.pending == 0) settle_mbar(m);
 }
 
 SPATIALC_EMU_FN void mbar_arrive(void* bar, int line) {
@@ -552,6 +570,116 @@ SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
         sleep_through_phase(b, m, lk);
     }
     learn(t, b, m, parity);
+}
+
+// ---- sm_90a: tensor maps, TMA loads and transaction counts (emu_hopper.h) -------------------------------------------
+
+SPATIALC_EMU_FN CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* base,
+                                      const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                      const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                      CUtensorMapSwizzle swizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+    // The driver's own refusals (cuTensorMapEncodeTiled's documented requirements), so a map the GPU would refuse
+    // is refused here too.
+    static const uint32_t sizes[] = {1, 2, 4, 4, 8, 8, 2, 4, 8, 2};
+    if (!map || (unsigned)type > 9 || rank < 1 || rank > 5 || !base || reinterpret_cast<uintptr_t>(base) % 16 ||
+        interleave != CU_TENSOR_MAP_INTERLEAVE_NONE)
+        return CUDA_ERROR_INVALID_VALUE;
+    TensorMapFields f{};
+    f.magic = kTensorMapMagic;
+    f.elem = sizes[type];
+    f.rank = rank;
+    f.swizzle = swizzle == CU_TENSOR_MAP_SWIZZLE_NONE ? 0 : 16u << (unsigned)swizzle;
+    f.base = static_cast<const char*>(base);
+    f.stride[0] = f.elem;
+    for (cuuint32_t i = 0; i < rank; ++i) {
+        if (dims[i] == 0 || dims[i] > (1ull << 32) || box[i] == 0 || box[i] > 256 || element_strides[i] != 1)
+            return CUDA_ERROR_INVALID_VALUE;
+        f.dim[i] = dims[i];
+        f.box[i] = box[i];
+        if (i > 0) {
+            if (strides[i - 1] % 16 || strides[i - 1] >= (1ull << 40)) return CUDA_ERROR_INVALID_VALUE;
+            f.stride[i] = strides[i - 1];
+        }
+    }
+    if ((box[0] * f.elem) % 16 || (f.swizzle && box[0] * f.elem > f.swizzle)) return CUDA_ERROR_INVALID_VALUE;
+    std::memset(map, 0, sizeof *map);
+    std::memcpy(map, &f, sizeof f);
+    return CUDA_SUCCESS;
+}
+
+// With the block's lock held: a barrier the copy engine signals must be visible to the async proxy.
+SPATIALC_EMU_FN void check_async_visible(const void* bar, const MBar& m, const char* what, int line) {
+    if (!m.async_visible)
+        fatal(kExitRace, "RACE between the proxies: " + std::string(what) + " at line " + std::to_string(line) +
+                             " signals " + mbar_name(bar) + " through the copy engine (the async proxy), but no "
+                             "fence.proxy.async followed its initialisation at line " + std::to_string(m.init_line) +
+                             " by thread " + std::to_string(m.init_tid) + ": the copy engine may see it uninitialised");
+}
+
+SPATIALC_EMU_FN void mbar_expect_tx(void* bar, unsigned bytes, int line) {
+    me("spatialc_mbar_expect_tx");
+    std::lock_guard<std::mutex> lk(blk().mu);
+    MBar& m = find_mbar(bar, "spatialc_mbar_expect_tx", line);
+    check_async_visible(bar, m, "spatialc_mbar_expect_tx", line);
+    m.tx += bytes;
+}
+
+SPATIALC_EMU_FN void fence_proxy_async(int) {
+    ThreadState& t = me("spatialc_fence_proxy_async");
+    std::lock_guard<std::mutex> lk(blk().mu);
+    for (auto& [bar, m] : blk().mbars)
+        if (m->init_tid == t.tid) m->async_visible = true;
+}
+
+SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar, int line) {
+    ThreadState& t = me("spatialc_tma_load");
+    TensorMapFields f;
+    std::memcpy(&f, map, sizeof f);
+    const std::string where = "spatialc_tma_load_" + std::to_string(rank) + "d at line " + std::to_string(line);
+    if (f.magic != kTensorMapMagic) fatal(kExitMisuse, where + ": not a tensor map cuTensorMapEncodeTiled made");
+    if ((int)f.rank != rank)
+        fatal(kExitMisuse, where + ": a map of rank " + std::to_string(f.rank) + " used with " +
+                               std::to_string(rank) + " coordinates");
+    const Region* region = find_region(dst);
+    char* out = static_cast<char*>(dst);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(out);
+    // The destination: shared memory, 128-byte aligned; a swizzled box on the pattern's period (8 rows of its span).
+    if (!region) fatal(kExitMisuse, where + ": the destination is not in a shared ring");
+    if (at % 128 || (f.swizzle && at % (8 * f.swizzle)))
+        fatal(kExitMisuse, where + ": the destination is not aligned to " +
+                               std::to_string(f.swizzle ? 8 * f.swizzle : 128) + " bytes");
+    size_t n = f.elem;
+    for (uint32_t i = 0; i < f.rank; ++i) n *= f.box[i];
+    std::vector<const void*> written;
+    written.reserve(n / 16 + 1);
+    uint32_t idx[5] = {0, 0, 0, 0, 0};
+    for (size_t e = 0; e * f.elem < n; ++e) {
+        bool inside = true;
+        size_t src = 0;
+        for (uint32_t d = 0; d < f.rank; ++d) {
+            const long long c = (long long)coords[d] + idx[d];
+            if (c < 0 || (uint64_t)c >= f.dim[d]) inside = false;
+            else src += (size_t)c * f.stride[d];
+        }
+        uintptr_t a = at + e * f.elem;
+        if (f.swizzle) a ^= ((a >> 7) & (f.swizzle / 16 - 1)) << 4;
+        char* p = reinterpret_cast<char*>(a);
+        if (inside) std::memcpy(p, f.base + src, f.elem);
+        else std::memset(p, 0, f.elem);
+        if ((a & 15) == 0) written.push_back(p);
+        for (uint32_t d = 0; d < f.rank && ++idx[d] == f.box[d]; ++d) idx[d] = 0;
+    }
+    // Checked as the issuing thread's write now: the hardware may land it any time before the phase completes.
+    track(written.data(), (int)written.size(), 16, true, AccessKind::tma, line);
+    std::lock_guard<std::mutex> lk(blk().mu);
+    MBar& m = find_mbar(bar, where.c_str(), line);
+    check_async_visible(bar, m, where.c_str(), line);
+    join(m.vc_acc, t.vc);
+    if (m.vc_acc.size() <= (size_t)t.tid) m.vc_acc.resize((size_t)t.tid + 1, 0);
+    m.vc_acc[(size_t)t.tid] = std::max(m.vc_acc[(size_t)t.tid], t.clk);
+    ++t.clk;
+    m.tx -= (long long)n;
+    if (m.pending == 0) settle_mbar(m);
 }
 
 // ---- an engine's named barrier (bar.sync id, threads) ---------------------------------------------------------------
@@ -808,7 +936,7 @@ SPATIALC_EMU_FN void run_blocks_at_once(void (*body)(void*), void* ctx, dim3 gri
         blocks.emplace_back(new Block);
         Block& b = *blocks.back();
         reset_block(b, n, i);
-        b.dyn = static_cast<char*>(std::aligned_alloc(128, std::max<size_t>(128, (smem + 127) & ~size_t(127))));
+        b.dyn = static_cast<char*>(std::aligned_alloc(1024, std::max<size_t>(1024, (smem + 1023) & ~size_t(1023))));
         std::memset(b.dyn, kPoison, smem);
     }
     {

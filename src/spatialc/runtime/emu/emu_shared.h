@@ -14,7 +14,9 @@
 
 namespace spatialc_emu {
 
-enum class AccessKind : unsigned char { none, cp_async, frag_load, frag_store, ldmatrix, acc_store, page_load, page_store };
+enum class AccessKind : unsigned char {
+    none, cp_async, frag_load, frag_store, ldmatrix, acc_store, page_load, page_store, tma, wgmma
+};
 
 struct Access {
     int tid = -1;

@@ -1,0 +1,480 @@
+"""The sm_90a form: the general form's engines on warps of their own, with Hopper's data path.
+
+- The reader is one thread of a producer warpgroup. Each `ReadTiles` of an operand page is one tensor-memory-accelerator
+  load of the whole page (a 4-D box over the tiled tensor: the 16 × 16 elements of a tile, its columns of tiles, its
+  rows of tiles), announced on the slot's full barrier with `expect_tx` of exactly the page's bytes; `Push` is the
+  reader's one arrival on it. The phase completes when the arrival and every byte are in. 16-bit pages land 32-byte
+  swizzled — the same `swizzled` layout the IR names and the ldmatrix path reads — since the copy engine swizzles by
+  shared-memory address and every stage starts on 1024 bytes.
+- The compute engine is two consumer warpgroups (the eight accumulator warps). Warp w holds the item's tile row w,
+  every column, in wgmma's accumulator layout, which is the m16n8 layout `spatialc_acc` already names. A K step
+  loads each warp's A fragments from the page with ldmatrix and issues one `wgmma.mma_async` per 16 (int8: 32) K
+  elements with B read from shared memory through a matrix descriptor: 16-bit B pages are N-major (transposed,
+  32-byte swizzle), int8 B pages K-major (no swizzle), as the ring's layout says. The first `Pop` after a step waits
+  for the group (`wgmma.wait_group 0`) before it releases the slot: until then the MMA may still read it.
+- `setmaxnreg` gives the consumers the producer warpgroup's registers; the writer, the epilogue stages and every flow
+  op are the general form's.
+
+Rule 7 of `verify` proves the engines' handover free of deadlock and overrun exactly as for the general form; what is
+new here is checked before printing (`check_resources`): threads × registers, the setmaxnreg split, stage bytes
+against shared memory, 1024-byte stage bases, and transaction counts equal to the bytes each page receives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ...ir.ids import LoopVar
+from ...ir.nodes import PageLayout, Plan, SpatialProgram, TensorRole
+from ...ir.ops import (
+    AcquireAcc,
+    Barrier,
+    ChoreoOp,
+    Compute,
+    Loop,
+    MatmulTiles,
+    McastSend,
+    McastSetValid,
+    PackAcc,
+    Pop,
+    Precision,
+    Push,
+    ReadTiles,
+    SemInc,
+    SemSet,
+    SemWait,
+    Trip,
+)
+from ...target import WARP, SpatialTarget
+from ..artifact import Budget, CudaArtifact, TensorMap
+from ..census import marker
+from ..errors import TooBig, Unsupported
+from . import general
+from .cwriter import Writer, addr_expr, inlined_lines, site_prologue
+from .host import assemble
+from .program import all_ops, launch_for
+from .rings import MMA_TYPES, TILE_ELEMS, Ring
+
+KERNEL_NAME = "spatialc_hopper"
+WARPGROUP = 4  # warps that issue one wgmma together
+CONSUMER_GROUPS = 2  # warpgroups of the compute engine: its eight accumulator warps
+PRODUCER_REGS = 40  # registers a producer-warpgroup thread keeps after setmaxnreg.dec
+CONSUMER_REGS = 232  # registers a consumer thread gets with setmaxnreg.inc
+STAGE_ALIGN = 1024  # bytes: every ring starts on the largest swizzle pattern's period
+SWIZZLE_PERIOD = 256  # bytes after which the 32-byte swizzle repeats (8 rows of 32 bytes): where each page starts
+BARRIER_BYTES = 8
+WGMMA_N_MAX = 256
+SWIZZLE_NONE, SWIZZLE_32B = 0, 3  # the descriptor's (and, as 0 and 1, the tensor map's) swizzle modes
+
+
+@dataclass(frozen=True, slots=True)
+class HopperKernel:
+    """The general form's kernel, re-laid-out for sm_90a, with what only this form needs."""
+
+    base: general.GeneralKernel
+    maps: tuple[TensorMap, ...]  # one per (tensor, box) a ReadTiles loads, in kernel-parameter order
+    tma_rings: frozenset[int]  # rings filled by the copy engine (full barrier: one arrival + bytes)
+    threads: int  # warpgroups × 128
+    n: int  # the wgmma width: the item's columns
+
+    @property
+    def program(self) -> SpatialProgram:
+        return self.base.program
+
+
+# ---- what the form takes ------------------------------------------------------------------------------------
+
+
+def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
+    """Raise the first reason the sm_90a form cannot print `p`."""
+    if not target.hopper:
+        raise Unsupported(
+            f"the sm_90a form on {target.name}", "its TMA, wgmma and setmaxnreg instructions exist on sm_90a only"
+        )
+    general.refuse(p)
+    for op in all_ops(p):
+        match op:
+            case SemInc() | SemWait() | SemSet() | Barrier():
+                raise Unsupported("a handshake between sites", "the sm_90a form prints single sites so far")
+            case McastSend() | McastSetValid():
+                raise Unsupported("a multicast group", "the sm_90a form has no cluster multicast yet")
+            case Loop(count=Trip()):
+                raise Unsupported("a loop count read from data", "the sm_90a form prints fixed loops so far")
+            case ReadTiles(rows_from=rows) if rows is not None:
+                raise Unsupported("a grouped tensor's row limit", "a TMA box reads whole tiles")
+    if any(t.role == TensorRole.WORKSPACE for t in p.tensors):
+        raise Unsupported("split-K's workspace", "the sm_90a form reads operand pages only")
+    plan = p.plans[0]
+    check_plan(plan, p.precision)
+
+
+def check_plan(plan: Plan, precision: Precision) -> None:
+    """The item shapes the wgmma layout takes: 128 rows (two warpgroups of 64), at most 256 columns, K steps whole
+    MMAs."""
+    h, w = plan.item_tiles
+    if plan.sub_blocks != (1, 1):
+        raise Unsupported(f"sub-blocks {plan.sub_blocks}", "an sm_90a item is one block of accumulators")
+    if h != CONSUMER_GROUPS * WARPGROUP:
+        raise Unsupported(
+            f"items of {h * 16} rows", f"the two consumer warpgroups hold 64 rows each: use blocks of {8} tile rows"
+        )
+    if w * 16 > WGMMA_N_MAX:
+        raise Unsupported(f"items of {w * 16} columns", f"one wgmma is at most {WGMMA_N_MAX} columns wide")
+    if precision == Precision.INT8 and plan.block.ibw % 2:
+        raise Unsupported(f"int8 K steps of {plan.block.ibw} tiles", "an int8 wgmma takes K in pairs of tiles (k32)")
+
+
+# ---- resources -------------------------------------------------------------------------------------------------
+
+
+def stage_layout(rings: dict[int, Ring]) -> tuple[dict[str, int], int, int]:
+    """Every ring on a 1024-byte boundary, then each ring's full and empty barriers on 16 bytes: (region → offset,
+    bytes, barrier bytes)."""
+    offsets: dict[str, int] = {}
+    off = 0
+    for rid in sorted(rings):
+        off = -(-off // STAGE_ALIGN) * STAGE_ALIGN
+        offsets[f"ring_{rid}"] = off
+        off += rings[rid].bytes
+    start = off = -(-off // 16) * 16
+    for rid in sorted(rings):
+        for kind in ("full", "empty"):
+            offsets[f"{kind}_{rid}"] = off
+            off += -(-rings[rid].depth * BARRIER_BYTES // 16) * 16
+    return offsets, off, off - start
+
+
+def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0) -> tuple[int, int]:
+    """(shared memory bytes, blocks per SM) of the sm_90a form for `plan`, as the tile planner asks: the general
+    form's rings (A and B `depth` deep, the output and each epilogue stage two deep) on 1024-byte boundaries; 0 blocks
+    where the wgmma layout does not take the plan."""
+    try:
+        check_plan(plan, precision)
+    except Unsupported:
+        return 0, 0
+    types = MMA_TYPES[precision]
+    h, w = plan.item_tiles
+    ibw, out = plan.block.ibw, min(plan.depth, 2)
+    epit = general.epit_bytes(precision == Precision.INT8)
+    shapes = [(plan.depth, h * ibw, types.operand_bytes), (plan.depth, ibw * w, types.operand_bytes)]
+    shapes += [(out, h * w, types.acc_bytes)] + [(out, h * w, epit)] * stages
+    rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}
+    smem = stage_layout(rings)[1]
+    if smem > target.smem_per_site_max:
+        return smem, 0
+    return smem, 1
+
+
+def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
+    """The static checks before printing, each refusal naming the fix."""
+    threads = k.threads
+    if threads * (target.regs_per_unit // threads) < threads or target.regs_per_unit // threads < PRODUCER_REGS:
+        raise TooBig(f"registers of {threads} threads", threads * PRODUCER_REGS, target.regs_per_unit, "fewer warps")
+    split = WARPGROUP * WARP * (PRODUCER_REGS + CONSUMER_GROUPS * CONSUMER_REGS)
+    if split > target.regs_per_unit:
+        raise TooBig("registers after setmaxnreg", split, target.regs_per_unit, "lower the consumers' setmaxnreg")
+    if k.base.dyn_bytes > target.smem_per_site_max:
+        raise TooBig(
+            f"shared memory of one block of the sm_90a form on {target.name} (stages and barriers)",
+            k.base.dyn_bytes,
+            target.smem_per_site_max,
+            "choose fewer stages (depth) or a narrower block",
+        )
+    for rid in k.tma_rings:
+        off = k.base.offsets[f"ring_{rid}"]
+        if off % STAGE_ALIGN:
+            raise Unsupported(f"ring {rid} at byte {off}", f"a swizzled stage starts on {STAGE_ALIGN} bytes")
+        ring = k.base.rings.rings[rid]
+        if (ring.page * ring.elem_bytes) % SWIZZLE_PERIOD and ring.layout == PageLayout.SWIZZLED:
+            raise Unsupported(
+                f"pages of {ring.page * ring.elem_bytes} bytes on {ring.name}",
+                f"every swizzled page starts on {SWIZZLE_PERIOD} bytes",
+            )
+
+
+def _maps(p: SpatialProgram, rings, reader_ops) -> tuple[tuple[TensorMap, ...], frozenset[int]]:
+    """One tensor map per (tensor, box) the reader loads, and the rings the copy engine fills."""
+    maps: dict[tuple[int, int, int], TensorMap] = {}
+    filled: set[int] = set()
+    for op in reader_ops:
+        if not isinstance(op, ReadTiles):
+            continue
+        t = p.tensor(op.tensor)
+        ring = rings.kept(op.into)
+        if t.role != TensorRole.INPUT or ring is None or ring.c_type != "OPT":
+            raise Unsupported(f"a ReadTiles of {t.name}", "the copy engine fills operand pages only")
+        if (op.stride_h, op.stride_w) != (t.tiles[1], 1) or t.tiles[1] % op.block_w:
+            raise Unsupported(
+                f"a ReadTiles of {t.name} with strides ({op.stride_h}, {op.stride_w})",
+                "a TMA box is a rectangle of the tensor's tile grid",
+            )
+        if op.block_h * op.block_w * TILE_ELEMS != ring.page:
+            raise Unsupported(
+                f"a ReadTiles of {op.block_h}x{op.block_w} tiles into {ring.name}'s pages of {ring.page // TILE_ELEMS}",
+                "the full barrier expects the whole page's bytes, and the box must bring exactly those",
+            )
+        if op.block_h > 256 or op.block_w > 256:
+            raise Unsupported(f"a {op.block_h}x{op.block_w}-tile page of {t.name}", "a TMA box side is at most 256")
+        key = (int(t.id), op.block_h, op.block_w)
+        swizzle = 1 if ring.layout == PageLayout.SWIZZLED else 0
+        maps.setdefault(key, TensorMap(len(maps), int(t.id), (op.block_h, op.block_w), swizzle))
+        filled.add(ring.id)
+    return tuple(maps.values()), frozenset(filled)
+
+
+def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
+    refuse(p, target)
+    k = general.make_kernel(p, target)
+    compute = k.roles[0]
+    if compute.warps != CONSUMER_GROUPS * WARPGROUP or compute.first_warp != 0:
+        raise Unsupported(f"a compute engine on {compute.warps} warps", "the sm_90a form's consumers are 8 warps")
+    side = k.roles[1:]
+    if len(side) > WARPGROUP:
+        raise Unsupported(f"{len(side)} engines beside the compute engine", "they share one producer warpgroup")
+    reader = [r for r in side if any(isinstance(op, ReadTiles) for op in r.walk())]
+    maps, filled = _maps(p, k.rings, [op for r in reader for op in r.walk()])
+    offsets, dyn, barrier_bytes = stage_layout(k.rings.rings)
+    h, w = k.plan.item_tiles
+    full = {r: (1 if r in filled else n) for r, n in k.full_count.items()}
+    base = dataclasses.replace(
+        k,
+        lane_grid=(h, 1),
+        perw=w,
+        full_count=full,
+        offsets=offsets,
+        dyn_bytes=dyn,
+        barrier_bytes=barrier_bytes,
+        blocks_per_sm=1,
+    )
+    hk = HopperKernel(base, maps, filled, (CONSUMER_GROUPS + 1) * WARPGROUP * WARP, w * 16)
+    check_resources(hk, target)
+    return hk
+
+
+# ---- printing --------------------------------------------------------------------------------------------------
+
+
+class HopperPrinter(general.EnginePrinter):
+    """The general form's engine printer, with operand pages loaded by the copy engine and multiplied by wgmma."""
+
+    def __init__(self, hk: HopperKernel, role: general.Role, w: Writer):
+        super().__init__(hk.base, role, w)
+        self.hk = hk
+        self.in_flight = False  # a wgmma group issued and not yet waited for (printing order is program order)
+
+    def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
+        mark = marker(op)
+        match op:
+            case ReadTiles(into=buf) if self.kept(buf).id in self.hk.tma_rings:
+                self.tma(op, env, mark)
+            case Push(buf) if self.kept(buf).id in self.hk.tma_rings:
+                r = self.kept(buf).id
+                self.w.line(f"spatialc_mbar_arrive(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
+            case Compute(op=MatmulTiles() as mm, ins=(a, b)):
+                self.wgmma(mm, self.kept(a), self.kept(b), mark)
+            case Pop() | PackAcc() if self.in_flight:
+                # The slot (or the accumulators) stay the MMA's until its group has retired.
+                self.w.line("spatialc_wgmma_wait<0>();  // the K step's wgmma have read the stage")
+                self.in_flight = False
+                super().op(op, env)
+            case _:
+                super().op(op, env)
+
+    def tma(self, op: ReadTiles, env: dict[LoopVar, str], mark: str) -> None:
+        """The whole page as one box: its bytes announced on the slot's full barrier, then the load."""
+        t = self.k.program.tensor(op.tensor)
+        ring = self.kept(op.into)
+        r = ring.id
+        m = next(m for m in self.hk.maps if (m.tensor, m.box) == (int(t.id), (op.block_h, op.block_w)))
+        nbytes = op.block_h * op.block_w * TILE_ELEMS * ring.elem_bytes
+        slot = self.write_slot(r)
+        with self.w.block("", mark):
+            self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {t.name}")
+            self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
+            self.w.line(
+                f"spatialc_tma_load_4d({self.write_page(r)}, &spatialc_tmap_{m.index}, 0, 0, at % {t.tiles[1]}, "
+                f"at / {t.tiles[1]}, &full_{r}[{slot}]);"
+            )
+
+    def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
+        """One K step: each warp's A fragments of its tile row by ldmatrix, then a wgmma per 16 (int8: 32) K elements
+        over the whole B page, committed as one group."""
+        from .tiles import check_operand_layouts
+
+        check_operand_layouts(mm.operand, a, b)
+        ibw, w = mm.block.ibw, self.plan.item_tiles[1]
+        integer = mm.operand == Precision.INT8
+        step = 2 if integer else 1
+        a_tile = f"{self.read_page(a.id)} + (warp * {ibw} + {{}}) * {TILE_ELEMS}"
+        b_row = f"{self.read_page(b.id)} + {{}} * {w * TILE_ELEMS}"
+        if integer:  # K-major tiles: 8 columns of 16 bytes per core matrix, the next pair's tile w tiles on
+            lbo, sbo, swizzle = w * TILE_ELEMS * b.elem_bytes, 128, SWIZZLE_NONE
+        else:  # N-major swizzled: the next 16 columns one tile on, the next 8 rows half a tile on
+            lbo, sbo, swizzle = TILE_ELEMS * b.elem_bytes, TILE_ELEMS * b.elem_bytes // 2, SWIZZLE_32B
+        with self.w.block("", mark):
+            self.w.line(f"spatialc_frag<OPT> af[{ibw // step}];")
+            with self.unrolled(f"for (int kk = 0; kk < {ibw}; kk += {step})"):
+                if integer:
+                    self.w.line(f"spatialc_load_a2(af[kk / 2], {a_tile.format('kk')}, {a_tile.format('(kk + 1)')});")
+                else:
+                    self.w.line(f"spatialc_load_a(af[kk], {a_tile.format('kk')});")
+            self.w.line("spatialc_wgmma_fence();  // the fragments and accumulators were written by plain instructions")
+            with self.unrolled(f"for (int kk = 0; kk < {ibw}; kk += {step})"):
+                desc = f"spatialc_wgmma_desc({b_row.format('kk')}, {lbo}u, {sbo}u, {swizzle}u)"
+                self.w.line(f"spatialc_wgmma<{self.hk.n}>(accf, af[kk / {step}], {desc});")
+            self.w.line("spatialc_wgmma_commit();")
+        self.in_flight = True
+
+
+def wgmma_specialisations(n: int, operand: str, integer: bool) -> list[str]:
+    """The wgmma of width `n` for the kernel's operand type, as inline PTX: its accumulator list is `n / 2` registers
+    long, which is why it is printed rather than written out in sm90a.cuh."""
+    regs = n // 2
+    acc = ", ".join(f"%{i}" for i in range(regs))
+    a = ", ".join(f"%{regs + i}" for i in range(4))
+    if integer:
+        shape, dtype, tail, out = f"m64n{n}k32", "s32.s8.s8", "p", '"+r"'
+    else:
+        ty = "bf16" if "bfloat16" in operand else "f16"
+        shape, dtype, tail, out = f"m64n{n}k16", f"f32.{ty}.{ty}", "p, 1, 1, 1", '"+f"'
+    accum = "int" if integer else "float"
+    outs = ", ".join(f"{out}(d[{i // 8}].x[{i % 8}])" for i in range(regs))
+    lines = [
+        "template <>",
+        f"__device__ __forceinline__ void spatialc_wgmma<{n}, {operand}, {accum}>(",
+        f"    spatialc_acc<{accum}> (&d)[{n // 16}], const spatialc_frag<{operand}>& a, unsigned long long b)",
+        "{",
+        "    asm volatile(",
+        '        "{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"',
+        f'        "wgmma.mma_async.sync.aligned.{shape}.{dtype} {{{acc}}}, {{{a}}}, %{regs + 4}, {tail};\\n}}"',
+        f"        : {outs}",
+        '        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b));',
+        "}",
+    ]
+    return [
+        "#ifndef SPATIALC_SM90A_EMULATED",
+        "template <int N, class T, class A>",
+        "__device__ void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], const spatialc_frag<T>& a,",
+        "                               unsigned long long b);",
+        *lines,
+        "#endif",
+    ]
+
+
+def preamble(hk: HopperKernel) -> list[str]:
+    k = hk.base
+    lines = general.preamble(k)
+    head, rest = lines[0], lines[1:]
+    head = (
+        f"// {k.program.name}: the sm_90a CUDA form printed by spatialc from the spatial IR; each block is one site, "
+        "its reader a TMA producer, its compute engine two wgmma consumer warpgroups."
+    )
+    at = rest.index("#include <cstring>") + 1
+    rest = [*rest[:at], "#include <cuda.h>", "#include <cudaTypedefs.h>", *rest[at:]]
+    at = rest.index("typedef " + f"{k.types.operand} OPT;")
+    extra = [*inlined_lines("sm90a.cuh"), *wgmma_specialisations(hk.n, k.types.operand, k.integer), ""]
+    rest = [*rest[:at], *extra, *rest[at:]]
+    return [head, *(line.replace(f"#define NTHREAD {k.threads}", f"#define NTHREAD {hk.threads}") for line in rest)]
+
+
+def kernel_text(hk: HopperKernel) -> str:
+    k = hk.base
+    w = Writer()
+    for line in preamble(hk):
+        w.line(line)
+    params = ", ".join(
+        [f"{general._param_head(k, t)}* __restrict__ t{int(t.id)}" for t in k.program.tensors]
+        + ["const int* __restrict__ spatialc_work"]
+        + [f"const __grid_constant__ CUtensorMap spatialc_tmap_{m.index}" for m in hk.maps]
+    )
+    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, 1) void {KERNEL_NAME}({params})')
+    with w.block():
+        site_prologue(w)
+        w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
+        w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
+        for rid in sorted(k.rings.rings):
+            ring = k.rings.rings[rid]
+            w.line(
+                f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_RING_{rid}, "
+                f"DEPTH_{rid}, PAGE_{rid});"
+            )
+            for kind in ("full", "empty"):
+                w.line(
+                    f"SPATIALC_DYNAMIC_RING(unsigned long long, {kind}_{rid}, spatialc_dyn_smem, "
+                    f"SMEM_OFF_{kind.upper()}_{rid}, DEPTH_{rid}, 1);"
+                )
+        with w.block("if (tid == 0)"):
+            for rid in sorted(k.rings.rings):
+                with w.block(f"for (unsigned s = 0; s < DEPTH_{rid}; ++s)"):
+                    w.line(f"spatialc_mbar_init(&full_{rid}[s], FULL_COUNT_{rid});")
+                    w.line(f"spatialc_mbar_init(&empty_{rid}[s], EMPTY_COUNT_{rid});")
+            w.line("spatialc_fence_barrier_init();  // the initialised barriers, before any other thread's use")
+            w.line("spatialc_fence_proxy_async();  // and before the copy engine's transaction counts on them")
+        w.line("__syncthreads();")
+        consumers = CONSUMER_GROUPS * WARPGROUP
+        with w.block(f"if (warp >= {consumers})", "// the producer warpgroup"):
+            w.line(f"spatialc_regs_dec<{PRODUCER_REGS}>();")
+            for i, role in enumerate(k.roles[1:]):
+                with w.block(f"{'if' if i == 0 else 'else if'} (warp == {role.first_warp})", f"// {role.engine.value}"):
+                    _engine(hk, role, w)
+        with w.block("else", f"// {k.roles[0].engine.value}: the consumer warpgroups"):
+            w.line(f"spatialc_regs_inc<{CONSUMER_REGS}>();")
+            _engine(hk, k.roles[0], w)
+    return w.text()
+
+
+def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
+    """One engine's branch. The reader runs on one thread: the copy engine moves its pages."""
+    k = hk.base
+    w.line(f"const int etid = tid - {role.first_warp * WARP};")
+    w.line("(void)etid;")
+    printer = HopperPrinter(hk, role, w)
+    printer.tensors = {int(t.id): t for t in k.program.tensors}
+    printer.counters()
+    if any(isinstance(op, AcquireAcc) for op in role.walk()):
+        w.line(f"spatialc_acc<ACCT> accf[{hk.n // 16}];")
+    single = any(isinstance(op, ReadTiles) for op in role.walk())
+    if single:
+        printer.nthreads = "1"
+    programs = general.printed(role)
+    if len(programs) != 1:
+        raise Unsupported("sites running different programs", "the sm_90a form prints one program per engine so far")
+    if single:
+        with w.block("if (etid == 0)", "// the copy engine moves the pages; one thread issues"):
+            general._program(printer, programs[0])
+    else:
+        general._program(printer, programs[0])
+
+
+def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
+    k = hk.base
+    bud = general.budget_of(k, target)
+    return dataclasses.replace(
+        bud,
+        smem_bytes=sum(r.bytes for r in k.rings.rings.values()),
+        dynamic_opt_in=k.dyn_bytes > target.smem_static_max,
+        regs_est=CONSUMER_REGS,
+        blocks_per_sm=1,
+        threads=hk.threads,
+        form="sm90a",
+    )
+
+
+def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
+    """The sm_90a CUDA artifact of a verified program, or a typed error saying what the form cannot print."""
+    hk = make_kernel(program, target)
+    k = hk.base
+    launch = launch_for(
+        program,
+        target,
+        KERNEL_NAME,
+        k.types,
+        hk.threads,
+        k.dyn_bytes,
+        k.dyn_bytes > target.smem_static_max,
+        1,
+    )
+    launch = dataclasses.replace(launch, tensor_maps=hk.maps)
+    programs = tuple(ops for role in k.roles for ops in general.printed(role))
+    return assemble(program, target.name, kernel_text(hk), programs, launch, budget_of(hk, target))

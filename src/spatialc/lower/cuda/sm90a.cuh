@@ -1,0 +1,86 @@
+// The Hopper layer (sm_90a): the tensor memory accelerator's tile loads, the mbarrier transaction count they complete
+// on, the asynchronous warpgroup MMA (wgmma) reading B from shared memory through a matrix descriptor, the fences
+// between the generic and the async proxy, and the register split between producer and consumer warpgroups. The
+// kernel text calls only these named functions; the host emulation defines SPATIALC_SM90A and implements the same
+// names in C++ (runtime/emu/emu_hopper.h), so the text printed for nvcc is the text the CPU runs.
+//
+// The wgmma of a given width is printed beside this header by the lowering (spatialc_wgmma_<n>, one per width and
+// operand type), since its accumulator list is as long as the width.
+#ifndef SPATIALC_SM90A
+#define SPATIALC_SM90A
+
+// (spatialc_smem_addr, the shared-window address of a pointer, is the mbarrier layer's: general_mbarrier.cuh.)
+
+// Swizzled stages repeat their pattern every 1024 bytes of the shared window at most, and the copy engine and the
+// MMA both swizzle by address: the dynamic block must start on such a boundary. A block that does not stops here.
+__device__ __forceinline__ void spatialc_check_stage_base(const void* base)
+{
+    if (spatialc_smem_addr(base) & 1023u) {
+        __trap();
+    }
+}
+
+// The next `bytes` bytes an asynchronous copy delivers to the barrier's current phase: the phase completes only once
+// every expected byte has arrived, as well as every arrival.
+__device__ __forceinline__ void spatialc_mbar_expect_tx(unsigned long long* bar, unsigned bytes)
+{
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(spatialc_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+// A box of a tiled tensor (four coordinates, innermost first) into shared memory by the copy engine; its bytes are
+// counted on `bar` when they land. The tensor map lives in the kernel's parameter space (__grid_constant__).
+__device__ __forceinline__ void spatialc_tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                                     unsigned long long* bar)
+{
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}],"
+        " [%6];" ::"r"(spatialc_smem_addr(dst)),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(spatialc_smem_addr(bar))
+        : "memory");
+}
+
+// Generic-proxy writes to shared memory (here: the barriers' initialisation) made visible to the async proxy, which
+// the copy engine's transaction counts go through.
+__device__ __forceinline__ void spatialc_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// Barrier initialisation visible to the other threads' (and the copy engine's) first use of them.
+__device__ __forceinline__ void spatialc_fence_barrier_init()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// Registers move from the producer warpgroup (it only issues copies) to the consumers (they hold the accumulators).
+// Every warp of a warpgroup executes the same one.
+template <unsigned N>
+__device__ __forceinline__ void spatialc_regs_dec()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <unsigned N>
+__device__ __forceinline__ void spatialc_regs_inc()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+// ---- wgmma ---------------------------------------------------------------------------------------------------
+// A shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units) and the swizzle
+// mode (0: none, 3: 32-byte), as the PTX ISA's "Matrix Descriptor Format" lays them out.
+__device__ __forceinline__ unsigned long long spatialc_wgmma_desc(const void* p, unsigned lbo, unsigned sbo,
+                                                                  unsigned swizzle)
+{
+    return (unsigned long long)((spatialc_smem_addr(p) & 0x3FFFFu) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swizzle << 62);
+}
+
+// Before a batch of wgmma: the registers they read (accumulators, A fragments) were last written by ordinary
+// instructions, which must be done first.
+__device__ __forceinline__ void spatialc_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void spatialc_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+// Until at most N committed groups are in flight: their accumulators are written and their operands read.
+template <int N>
+__device__ __forceinline__ void spatialc_wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+#endif

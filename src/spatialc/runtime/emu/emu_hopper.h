@@ -1,0 +1,253 @@
+// spatialc host emulation — the sm_90a layer (lower/cuda/sm90a.cuh): tensor maps and TMA tile loads, mbarrier
+// transaction counts, the asynchronous warpgroup MMA (wgmma) with shared-memory matrix descriptors, and the fences
+// between the generic and the async proxy. Together with cuda.h / cudaTypedefs.h here, the host programs' tensor-map
+// encoding through the driver entry point.
+//
+// What is emulated because correctness depends on it:
+// - a TMA load copies its box element by element from the tensor map's strides, zero where a coordinate is past the
+//   tensor, and swizzles 16-byte chunks by shared-memory address bits as the hardware does (32, 64, 128 bytes); its
+//   bytes count on the barrier's transaction count (the phase waits for them), and its writes are checked for races
+//   as the issuing thread's, ordered before whoever waits on the phase;
+// - a barrier the copy engine signals must have been made visible to the async proxy (fence.proxy.async after its
+//   initialisation), or the run stops with a race report; a phase that gets more bytes than announced is a misuse,
+//   one that gets fewer never completes and the deadlock report says how many bytes it still waits for;
+// - a wgmma reads B through its descriptor (start address, leading and stride byte offsets, swizzle) in the canonical
+//   layouts of the PTX ISA, A from the lane's registers (the m16n8 fragment the warp loaded, its 16 rows), and in late
+//   mode runs only at the wait_group that retires its group: its accumulators are not written and its shared-memory
+//   reads not made before that — so a slot released before the wait is a race, and reading accumulators early gives
+//   stale values. In early mode it runs when issued.
+#ifndef SPATIALC_EMU_HOPPER_H
+#define SPATIALC_EMU_HOPPER_H
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "emu_host.h"
+#include "emu_mbarrier.h"
+#include "emu_mma.h"
+
+#define SPATIALC_SM90A 1
+#define SPATIALC_SM90A_EMULATED 1
+#define __grid_constant__
+
+// ---- cuda.h's tensor maps ------------------------------------------------------------------------------------
+typedef uint32_t cuuint32_t;
+typedef uint64_t cuuint64_t;
+enum CUresult { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1 };
+enum CUtensorMapDataType {
+    CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0,
+    CU_TENSOR_MAP_DATA_TYPE_UINT16,
+    CU_TENSOR_MAP_DATA_TYPE_UINT32,
+    CU_TENSOR_MAP_DATA_TYPE_INT32,
+    CU_TENSOR_MAP_DATA_TYPE_UINT64,
+    CU_TENSOR_MAP_DATA_TYPE_INT64,
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
+    CU_TENSOR_MAP_DATA_TYPE_FLOAT64,
+    CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+};
+enum CUtensorMapInterleave { CU_TENSOR_MAP_INTERLEAVE_NONE = 0, CU_TENSOR_MAP_INTERLEAVE_16B, CU_TENSOR_MAP_INTERLEAVE_32B };
+enum CUtensorMapSwizzle {
+    CU_TENSOR_MAP_SWIZZLE_NONE = 0,
+    CU_TENSOR_MAP_SWIZZLE_32B,
+    CU_TENSOR_MAP_SWIZZLE_64B,
+    CU_TENSOR_MAP_SWIZZLE_128B,
+};
+enum CUtensorMapL2promotion {
+    CU_TENSOR_MAP_L2_PROMOTION_NONE = 0,
+    CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
+    CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+    CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+};
+enum CUtensorMapFloatOOBfill { CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0, CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA };
+struct alignas(64) CUtensorMap {
+    unsigned long long opaque[16];
+};
+typedef CUresult (*PFN_cuTensorMapEncodeTiled_v12000)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                                      const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                                      const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                                      CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+enum cudaDriverEntryPointQueryResult {
+    cudaDriverEntryPointSuccess = 0,
+    cudaDriverEntryPointSymbolNotFound = 1,
+    cudaDriverEntryPointVersionNotSufficent = 2,
+};
+constexpr unsigned long long cudaEnableDefault = 0;
+
+namespace spatialc_emu {
+
+// What the emulated encoder keeps in a CUtensorMap's 128 opaque bytes.
+struct TensorMapFields {
+    uint32_t magic, elem, rank, swizzle;  // swizzle: the span in bytes (0: none)
+    const char* base;
+    uint64_t dim[5], stride[5];  // stride[0] is the element size; the others the caller's, in bytes
+    uint32_t box[5];
+};
+static_assert(sizeof(TensorMapFields) <= sizeof(CUtensorMap), "a tensor map holds its fields");
+constexpr uint32_t kTensorMapMagic = 0x590a7a9u;
+
+SPATIALC_EMU_FN CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* base,
+                                      const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                                      const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                                      CUtensorMapSwizzle swizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+SPATIALC_EMU_FN void mbar_expect_tx(void* bar, unsigned bytes, int line);
+SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar, int line);
+SPATIALC_EMU_FN void fence_proxy_async(int line);
+
+// ---- wgmma ------------------------------------------------------------------------------------------------------
+// The calling thread's wgmma not yet retired: issued since the last commit, then committed groups, oldest first.
+inline thread_local std::vector<std::function<void()>> wgmma_open;
+inline thread_local std::vector<std::vector<std::function<void()>>> wgmma_groups;
+
+inline std::string at_line(const char* what, int line) { return std::string(what) + " at line " + std::to_string(line); }
+
+// The byte holding element (k, n) of a B operand: `mn_major` (16-bit B, transposed: N contiguous) or K-major, in the
+// canonical layout of the descriptor's swizzle mode, then swizzled by address like the copy engine's stores.
+inline const char* wgmma_b_byte(const char* start, unsigned long long desc, int k, int n, int elem, bool mn_major,
+                                int line) {
+    const size_t lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
+    const unsigned mode = (unsigned)(desc >> 62);
+    const int per = 16 / elem;  // elements in a 16-byte chunk
+    size_t off;
+    if (((desc >> 49) & 7u) != 0) fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": a non-zero base offset");
+    if (mn_major && mode == 3)  // atoms of 2 chunks along N × 8 rows of K; the next atom along N at LBO, K at SBO
+        off = (size_t)(n % per) * elem + (size_t)((n / per) % 2) * 16 + (size_t)(n / (2 * per)) * lbo +
+              (size_t)(k % 8) * 32 + (size_t)(k / 8) * sbo;
+    else if (!mn_major && mode == 0)  // core matrices of 8 rows × 16 bytes; the next 8 rows at SBO, next K chunk LBO
+        off = (size_t)(n % 8) * 16 + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * lbo;
+    else if (!mn_major && mode == 3)  // rows of 32 bytes (two chunks of K); the next 8 rows at SBO
+        off = (size_t)(n % 8) * 32 + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * 16;
+    else
+        fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": the emulation knows B K-major unswizzled or 32-byte"
+                                                             " swizzled, and N-major 32-byte swizzled (mode " +
+                               std::to_string(mode) + (mn_major ? ", N-major)" : ", K-major)"));
+    uintptr_t a = reinterpret_cast<uintptr_t>(start) + off;
+    const unsigned span = mode == 1 ? 8 : mode == 2 ? 4 : mode == 3 ? 2 : 1;  // 16-byte chunks a swizzle permutes
+    a ^= ((a >> 7) & (span - 1)) << 4;
+    return reinterpret_cast<const char*>(a);
+}
+
+// One wgmma of the lane: its eight accumulator elements of every 16-column tile, over the K of the fragment.
+template <int N, class T, class A>
+void wgmma_run(spatialc_acc<A>* d, const spatialc_frag<T>& a, unsigned long long desc, int lane, int line) {
+    constexpr int kd = sizeof(T) == 1 ? 32 : 16;
+    constexpr bool mn_major = sizeof(T) == 2;  // 16-bit B is transposed (imm-trans-b 1); 8-bit B is K-major
+    if (a.kd != kd)
+        fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": an A fragment of " + std::to_string(a.kd) +
+                               " K elements for a wgmma of k" + std::to_string(kd));
+    const uintptr_t low = reinterpret_cast<uintptr_t>(dynamic_shared()) & 0x3FFFFu;  // the block's place in the window
+    const char* start = dynamic_shared() + ((((desc & 0x3FFFu) << 4) - low) & 0x3FFFFu);
+    static thread_local std::vector<const void*> reads;
+    reads.clear();
+    for (int c = 0; c < N / 16; ++c)
+        for (int i = 0; i < 8; ++i) {
+            const int r = acc_row(lane, i), col = 16 * c + acc_col(lane, i);
+            if constexpr (std::is_same_v<A, int>) {
+                uint32_t acc = (uint32_t)d[c].x[i];
+                for (int k = 0; k < kd; ++k) {
+                    const auto* b = reinterpret_cast<const T*>(wgmma_b_byte(start, desc, k, col, 1, false, line));
+                    acc += (uint32_t)((int)a.v[r * 32 + k] * (int)*b);
+                }
+                d[c].x[i] = (int)acc;
+            } else {
+                float acc = d[c].x[i];
+                for (int k = 0; k < kd; ++k) {
+                    const auto* b = reinterpret_cast<const T*>(wgmma_b_byte(start, desc, k, col, 2, mn_major, line));
+                    acc += float(a.v[r * 32 + k]) * float(*b);
+                }
+                d[c].x[i] = acc;
+            }
+        }
+    if (lane == 0) {  // the warp's read of the whole B operand, checked once
+        for (int k = 0; k < kd; ++k)
+            for (int n = 0; n < N; ++n) reads.push_back(wgmma_b_byte(start, desc, k, n, (int)sizeof(T), mn_major, line));
+        track(reads.data(), (int)reads.size(), sizeof(T), false, AccessKind::wgmma, line);
+    }
+}
+
+}  // namespace spatialc_emu
+
+inline cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned, unsigned long long,
+                                                    cudaDriverEntryPointQueryResult* found) {
+    const bool known = std::string(symbol) == "cuTensorMapEncodeTiled";
+    *fn = known ? reinterpret_cast<void*>(&spatialc_emu::encode_tiled) : nullptr;
+    if (found) *found = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    return cudaSuccess;
+}
+
+// ---- the kernel text's sm_90a layer -----------------------------------------------------------------------------
+inline void __trap() { spatialc_emu::fatal(spatialc_emu::kExitMisuse, "the kernel trapped (__trap)"); }
+
+inline void spatialc_check_stage_base(const void* base, int line = __builtin_LINE()) {
+    if (reinterpret_cast<uintptr_t>(base) % 1024)
+        spatialc_emu::fatal(spatialc_emu::kExitMisuse,
+                            spatialc_emu::at_line("spatialc_check_stage_base", line) +
+                                ": the dynamic block does not start on 1024 bytes, which swizzled stages need");
+}
+inline void spatialc_mbar_expect_tx(unsigned long long* bar, unsigned bytes, int line = __builtin_LINE()) {
+    spatialc_emu::mbar_expect_tx(bar, bytes, line);
+}
+inline void spatialc_tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                 unsigned long long* bar, int line = __builtin_LINE()) {
+    const int c[4] = {c0, c1, c2, c3};
+    spatialc_emu::tma_load(dst, map, c, 4, bar, line);
+}
+inline void spatialc_fence_proxy_async(int line = __builtin_LINE()) { spatialc_emu::fence_proxy_async(line); }
+inline void spatialc_fence_barrier_init() {}
+template <unsigned N>
+inline void spatialc_regs_dec() {
+    static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg takes 24 to 256 registers, a multiple of 8");
+}
+template <unsigned N>
+inline void spatialc_regs_inc() {
+    static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg takes 24 to 256 registers, a multiple of 8");
+}
+
+// As the hardware encodes it; the start address is the offset in the 256 KiB shared window (here: from the dynamic
+// block, whose low bits match), so an emulated descriptor is checked bit for bit like a real one.
+inline unsigned long long spatialc_wgmma_desc(const void* p, unsigned lbo, unsigned sbo, unsigned swizzle,
+                                              int line = __builtin_LINE()) {
+    using namespace spatialc_emu;
+    const char* base = dynamic_shared();
+    const char* q = static_cast<const char*>(p);
+    if (!base || q < base || (size_t)(q - base) >= (1u << 18))
+        fatal(kExitMisuse, at_line("spatialc_wgmma_desc", line) + ": the operand is not in the dynamic block");
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(q) & 0x3FFFFu;
+    if (addr % 16 || lbo % 16 || sbo % 16 || (lbo >> 4) > 0x3FFFu || (sbo >> 4) > 0x3FFFu || swizzle > 3)
+        fatal(kExitMisuse, at_line("spatialc_wgmma_desc", line) + ": address, leading or stride offset not a multiple"
+                                                                  " of 16 bytes, or past 14 bits, or a swizzle mode"
+                                                                  " past 3");
+    return (unsigned long long)(addr >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swizzle << 62);
+}
+inline void spatialc_wgmma_fence() {}
+inline void spatialc_wgmma_commit() {
+    using namespace spatialc_emu;
+    if (!wgmma_open.empty()) wgmma_groups.push_back(std::move(wgmma_open));
+    wgmma_open.clear();
+}
+template <int N>
+inline void spatialc_wgmma_wait() {
+    using namespace spatialc_emu;
+    while (wgmma_groups.size() > (size_t)N) {
+        for (auto& run : wgmma_groups.front()) run();
+        wgmma_groups.erase(wgmma_groups.begin());
+    }
+}
+template <int N, class T, class A>
+void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], const spatialc_frag<T>& a, unsigned long long desc,
+                    int line = __builtin_LINE()) {
+    using namespace spatialc_emu;
+    static_assert(N % 16 == 0 && N >= 16 && N <= 256, "a wgmma is 16 to 256 columns wide here");
+    const int lane = me("spatialc_wgmma").lane;
+    spatialc_acc<A>* acc = d;
+    if (!kLate) {
+        wgmma_run<N>(acc, a, desc, lane, line);
+        return;
+    }
+    wgmma_open.push_back([acc, a, desc, lane, line] { wgmma_run<N>(acc, a, desc, lane, line); });
+}
+
+#endif  // SPATIALC_EMU_HOPPER_H

@@ -1,0 +1,352 @@
+"""The sm_90a form (lower/cuda/hopper.py): a TMA producer and wgmma consumers, run through the host emulation's sm_90a
+layer (runtime/emu/emu_hopper.h) against the interpreter, with planted faults the emulation must catch, the static
+refusals before printing, and nvcc / SASS checks where the toolchain is present."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.lower.cuda import hopper
+from spatialc.lower.errors import TooBig, Unsupported
+from spatialc.runtime.emulate import EmulationError
+from spatialc.runtime.launch import LaunchError, run_with
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+EXACT = "exact"
+
+
+def inputs(prec: str, m: int, n: int, k: int, seed: int = 5) -> dict[str, np.ndarray]:
+    """Small whole numbers: every product and sum is exact in float32, so emulation and interpreter agree exactly."""
+    rng = np.random.default_rng(seed)
+    if prec == "int8":
+        return {
+            "A": rng.integers(-128, 128, (m, k)).astype(np.int8),
+            "B": rng.integers(-128, 128, (k, n)).astype(np.int8),
+        }
+    return {"A": rng.integers(-4, 5, (m, k)).astype(np.float32), "B": rng.integers(-4, 5, (k, n)).astype(np.float32)}
+
+
+# ---- the plan and the form ---------------------------------------------------------------------------------------
+
+
+def test_sm90a_is_a_target_that_plans_for_wgmma_items():
+    t = spatialc.target("sm_90a")
+    assert t.hopper and t.units == 132 and t.smem_per_site_max == 227 * 1024
+    p = spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16"), "sm_90a")
+    plan = p.plans[0]
+    assert plan.item_tiles[0] == 8 and plan.block.ibw in (2, 4)  # 128 rows: two warpgroups of 64
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a" and art.budget.threads == 384 and art.budget.blocks_per_sm == 1
+    assert art.budget.total_bytes <= t.smem_per_site_max
+    assert art.general is not None  # the same program in general form rides along
+    assert [m.box for m in art.launch.tensor_maps] == [(8, plan.block.ibw), (plan.block.ibw, plan.item_tiles[1])]
+
+
+def test_sm90_keeps_its_persistent_kernel_and_other_targets_refuse_the_form():
+    p = spatialc.build(spatialc.gemm(256, 256, 256, "bf16"), "sm_90")
+    assert spatialc.lower(p).budget.form == "persistent"
+    with pytest.raises(Unsupported, match="sm_90a only"):
+        spatialc.lower(p, form="sm90a")
+
+
+def test_what_the_wgmma_layout_does_not_take_falls_back_with_a_note():
+    # Forced 4-row blocks: not two warpgroups of 64 rows, so auto plans and prints the persistent kernel.
+    p = spatialc.build(spatialc.gemm(128, 128, 64, "fp16"), "sm_90a", block=(4, 4, 2))
+    art = spatialc.lower(p)
+    assert art.budget.form == "persistent"
+    assert any("not the sm_90a form" in n and "64 rows each" in n for n in art.notes)
+    with pytest.raises(Unsupported, match="64 rows each"):
+        spatialc.lower(p, form="sm90a")
+
+
+def test_int8_k_steps_come_in_pairs():
+    with pytest.raises(Unsupported, match="pairs of tiles"):
+        hopper.check_plan(
+            dataclasses.replace(
+                spatialc.build(spatialc.gemm(128, 64, 64, "int8"), "sm_90a").plans[0],
+                block=spatialc.ir.ops.BlockShape(8, 4, 1),
+            ),
+            spatialc.ir.ops.Precision.INT8,
+        )
+
+
+def test_static_checks_refuse_before_printing():
+    p = spatialc.build(spatialc.gemm(256, 256, 256, "bf16"), "sm_90a", block=(8, 8, 4), depth=3)
+    k = hopper.make_kernel(p, spatialc.target("sm_90a"))
+    t = spatialc.target("sm_90a")
+    # Stage bytes against the block's shared memory.
+    big = dataclasses.replace(k, base=dataclasses.replace(k.base, dyn_bytes=t.smem_per_site_max + 16))
+    with pytest.raises(TooBig, match="fewer stages"):
+        hopper.check_resources(big, t)
+    # A stage off its 1024-byte boundary.
+    moved = dict(k.base.offsets, ring_0=512)
+    with pytest.raises(Unsupported, match="1024 bytes"):
+        hopper.check_resources(dataclasses.replace(k, base=dataclasses.replace(k.base, offsets=moved)), t)
+    # The setmaxnreg split over the register file.
+    small = dataclasses.replace(t, regs_per_unit=32768)
+    with pytest.raises(TooBig, match="setmaxnreg"):
+        hopper.check_resources(k, small)
+
+
+def test_the_gpu_launcher_refuses_tensor_map_kernels_by_name():
+    art = spatialc.lower(spatialc.build(spatialc.gemm(64, 64, 64, "bf16"), "sm_90a"))
+    with pytest.raises(LaunchError, match="tensor maps"):
+        run_with(object(), art, np.zeros((64, 64)), np.zeros((64, 64)))
+
+
+def test_host_program_encodes_each_tensor_map_through_the_driver_entry_point():
+    art = spatialc.lower(spatialc.build(spatialc.gemm(200, 72, 100, "fp16"), "sm_90a"))
+    text = art.program_cu
+    assert 'cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled"' in text
+    assert text.count("encode_tiled(&tmap_") == len(art.launch.tensor_maps) == 2
+    assert "CU_TENSOR_MAP_SWIZZLE_32B" in text and "CU_TENSOR_MAP_DATA_TYPE_FLOAT16" in text
+    assert re.search(r"spatialc_hopper<<<GRID, 384, \d+>>>\(d0, d1, d2, d_work, tmap_0, tmap_1\);", text)
+
+
+# ---- emulation against the interpreter --------------------------------------------------------------------------
+
+CASES = [
+    ("bf16", (200, 136, 100), {}),  # the planner's own plan, odd sizes everywhere
+    ("fp16", (130, 300, 70), {}),
+    ("int8", (129, 250, 190), {}),
+    ("bf16", (300, 260, 200), {"block": (8, 8, 4), "depth": 3}),  # the 4096³ plan: 224 KiB of stages and rings
+    ("int8", (150, 100, 300), {"block": (8, 4, 4), "depth": 4}),
+    ("fp16", (1, 1, 1), {}),
+]
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize(("prec", "shape", "kw"), CASES, ids=[f"{c[0]}-{'x'.join(map(str, c[1]))}" for c in CASES])
+def test_emulated_sm90a_kernel_equals_the_interpreter(prec, shape, kw):
+    p = spatialc.build(spatialc.gemm(*shape, prec), "sm_90a", **kw)
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a"
+    x = inputs(prec, *shape)
+    want = spatialc.evaluate(p, x)
+    for mode in ("late", "early"):
+        got = spatialc.emulate(art, x, mode=mode, timeout=120)
+        assert got.dtype == want.dtype and np.array_equal(got, want), mode
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_emulated_sm90a_epilogue_and_several_items_per_site():
+    from spatialc.frontend import bias, relu
+
+    g = spatialc.gemm(256, 96, 64, "bf16", epilogue=[bias(), relu()])
+    p = spatialc.build(g, "sm_90a", sites=1)
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a"
+    x = inputs("bf16", 256, 96, 64) | {"bias": np.arange(96, dtype=np.float32) - 40}
+    assert np.array_equal(spatialc.emulate(art, x, timeout=120), spatialc.evaluate(p, x))
+
+
+# ---- planted faults ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def faulty():
+    """bf16 150×100×120 in 8×2-tile items, K steps of 2 tiles over depth-2 rings: every slot is refilled."""
+    p = spatialc.build(spatialc.gemm(150, 100, 120, "bf16"), "sm_90a", block=(8, 2, 2), depth=2)
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a" and p.plans[0].k_steps > 2
+    return p, art, inputs("bf16", 150, 100, 120)
+
+
+def outcome(case, text: str, mode: str = "late") -> str:
+    p, art, x = case
+    try:
+        got = spatialc.emulate(dataclasses.replace(art, program_cu=text), x, mode=mode, timeout=60)
+    except EmulationError as e:
+        return f"{e.kind}: {e}"
+    return EXACT if np.array_equal(got, spatialc.evaluate(p, x)) else "mismatch"
+
+
+def replaced(text: str, old: str, new: str, count: int = 1) -> str:
+    assert text.count(old) >= count, old
+    return text.replace(old, new, count)
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_unplanted_kernel_is_exact(faulty):
+    assert outcome(faulty, faulty[1].program_cu) == EXACT
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_expect_tx_more_than_loaded_hangs_and_the_report_says_how_many_bytes(faulty):
+    page = re.search(r"spatialc_mbar_expect_tx\(&full_0\[[^\]]*\], (\d+)u\);", faulty[1].program_cu)
+    assert page
+    text = faulty[1].program_cu.replace(f", {page[1]}u);", f", {int(page[1]) + 16}u);", 1)
+    got = outcome(faulty, text)
+    assert got.startswith("deadlock") and "16 more bytes of TMA loads" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_expect_tx_fewer_than_loaded_is_refused(faulty):
+    page = re.search(r"spatialc_mbar_expect_tx\(&full_1\[[^\]]*\], (\d+)u\);", faulty[1].program_cu)
+    assert page
+    text = faulty[1].program_cu.replace(f", {page[1]}u);", f", {int(page[1]) - 512}u);", 1)
+    got = outcome(faulty, text)
+    assert got.startswith("fault") and "512 bytes of TMA loads more than its expect_tx" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_stage_released_before_wait_group_is_a_race(faulty):
+    # The wait moved after both releases: the copy engine may refill a slot the MMA still reads.
+    text = faulty[1].program_cu
+    wait = "spatialc_wgmma_wait<0>();  // the K step's wgmma have read the stage"
+    pops = re.findall(r"spatialc_mbar_arrive\(&empty_1\[pop_1 % DEPTH_1\]\); \+\+pop_1;  // op:Pop", text)
+    assert len(pops) == 1 and text.count(wait) == 1
+    text = replaced(text, wait, "")
+    text = replaced(text, pops[0], pops[0] + "\n" + wait)
+    late = outcome(faulty, text, "late")
+    assert late.startswith("race") and "wgmma operand read" in late, late
+    # Early mode runs each wgmma when issued: it cannot see this one (documented in emu_hopper.h).
+    assert outcome(faulty, text, "early") == EXACT
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_missing_proxy_fence_after_barrier_init_is_a_race(faulty):
+    text = replaced(faulty[1].program_cu, "spatialc_fence_proxy_async();", "")
+    for mode in ("late", "early"):
+        got = outcome(faulty, text, mode)
+        assert got.startswith("race") and "fence.proxy.async" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_consumer_reading_a_stage_it_did_not_wait_for_is_a_race(faulty):
+    # The wait on B's full barrier dropped, its counter kept: the MMA may read the page before the copy engine
+    # wrote it, or after without the phase ordering them — a race either way, on every run.
+    text = faulty[1].program_cu
+    wait = "spatialc_mbar_wait(&full_1[wt_1 % DEPTH_1], (wt_1 / DEPTH_1) & 1); ++wt_1;"
+    assert text.count(wait) == 1
+    for mode in ("late", "early"):
+        got = outcome(faulty, text.replace(wait, "++wt_1;"), mode)
+        assert got.startswith("race") and "TMA load" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_wrong_descriptor_offset_and_wrong_swizzle_give_wrong_results(faulty):
+    text = faulty[1].program_cu
+    assert outcome(faulty, replaced(text, "512u, 256u, 3u)", "256u, 256u, 3u)")) == "mismatch"  # B's LBO
+    swz = re.search(r"encode_tiled\(&tmap_0, [^;]*CU_TENSOR_MAP_SWIZZLE_32B", text)
+    assert swz
+    unswizzled = text.replace(swz[0], swz[0].replace("SWIZZLE_32B", "SWIZZLE_NONE"), 1)
+    assert outcome(faulty, unswizzled) == "mismatch"  # A lands unswizzled, ldmatrix reads it swizzled
+
+
+# ---- nvcc and SASS -----------------------------------------------------------------------------------------------
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.parametrize("prec", ["bf16", "fp16", "int8"])
+def test_sm90a_kernel_compiles_clean_and_its_sass_has_the_hopper_instructions(prec, tmp_path):
+    from spatialc.runtime.sass import disassemble, find_cuobjdump
+
+    art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, prec), "sm_90a"))
+    src = tmp_path / "k.cu"
+    src.write_text(art.kernel_cu)
+    cubin = tmp_path / "k.cubin"
+    cmd = [NVCC, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Werror", "all-warnings"]
+    done = subprocess.run([*cmd, "-Xptxas", "-v", "-o", str(cubin), str(src)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "0 bytes spill stores, 0 bytes spill loads" in done.stderr
+    for code in ("C7508", "C7510", "C7515", "C7520"):  # setmaxnreg ignored, wgmma serialised
+        assert code not in done.stderr
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    ops = Counter(i.base for i in disassemble(cubin, tool).instrs)
+    mma = "IGMMA" if prec == "int8" else "HGMMA"
+    assert ops[mma] >= 1 and ops["UTMALDG"] >= 2 and ops["SYNCS"] >= 1 and ops["USETMAXREG"] == 2, ops
+    assert ops["HMMA"] == ops["IMMA"] == 0  # no mma.sync fallback
+
+
+# ---- the emulated copy engine on its own -------------------------------------------------------------------------
+
+TMA_PROBE = r"""
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cstdio>
+#include <vector>
+extern "C" __global__ void probe(unsigned char* out, const __grid_constant__ CUtensorMap map)
+{
+    extern __shared__ __align__(1024) char spatialc_dyn_smem[];
+    SPATIALC_DYNAMIC_RING(unsigned char, page, spatialc_dyn_smem, 0, 1, 1024);
+    SPATIALC_DYNAMIC_RING(unsigned long long, bar, spatialc_dyn_smem, 1024, 1, 1);
+    if (threadIdx.x == 0) {
+        spatialc_mbar_init(bar, 1);
+        spatialc_fence_proxy_async();
+        spatialc_mbar_expect_tx(bar, 1024);
+        spatialc_tma_load_4d(page, &map, 0, 0, 2, 1, bar);  // tile column 2, tile row 1: a 2x2-tile box
+        spatialc_mbar_arrive(bar);
+    }
+    spatialc_mbar_wait(bar, 0);
+    for (int i = threadIdx.x; i < 1024; i += 32) out[i] = page[i];
+}
+int main()
+{
+    std::vector<unsigned char> h(6 * 256);  // 2 x 3 tiles of 16 x 16 bytes
+    for (size_t i = 0; i < h.size(); ++i) h[i] = (unsigned char)(1 + i % 251);
+    unsigned char *src = nullptr, *out = nullptr;
+    cudaMalloc(&src, h.size());
+    cudaMalloc(&out, 1024);
+    cudaMemcpy(src, h.data(), h.size(), cudaMemcpyHostToDevice);
+    PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found);
+    const cuuint64_t dims[4] = {16, 16, 3, 2};
+    const cuuint64_t strides[3] = {16, 256, 768};
+    const cuuint32_t box[4] = {16, 16, 2, 2}, unit[4] = {1, 1, 1, 1};
+    CUtensorMap map;
+    if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, src, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               SWIZZLE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return 3;
+    probe<<<1, 32, 2048>>>(out, map);
+    cudaDeviceSynchronize();
+    std::vector<unsigned char> y(1024);
+    cudaMemcpy(y.data(), out, 1024, cudaMemcpyDeviceToHost);
+    for (unsigned char v : y) printf("%d\n", v);
+    return 0;
+}
+"""
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize("swizzle", ["NONE", "32B"])
+def test_emulated_tma_box_fills_past_the_tensor_with_zeros_and_swizzles_by_address(swizzle):
+    from spatialc.runtime.emulate import emulate_source
+
+    text = TMA_PROBE.replace("SWIZZLE,", f"CU_TENSOR_MAP_SWIZZLE_{swizzle},")
+    got = emulate_source(text, {}, (1024,), np.int64)
+    src = (1 + np.arange(6 * 256) % 251).reshape(2, 3, 256)
+    want = np.zeros((2, 2, 256), dtype=np.int64)  # [box tile row][box tile column][element]
+    want[0, 0] = src[1, 2]  # the box's only tile inside the 2 x 3 tensor; the other three are past it: zeros
+    flat = want.reshape(-1)
+    if swizzle == "32B":  # 16-byte chunks exchanged within each 32-byte span where address bit 7 is set
+        chunks = flat.reshape(-1, 16).copy()
+        for c in range(len(chunks)):
+            if (c * 16 >> 7) & 1:
+                chunks[c] = flat.reshape(-1, 16)[c ^ 1]
+        flat = chunks.reshape(-1)
+    assert np.array_equal(got, flat)
