@@ -4,6 +4,7 @@ refusals before printing, and nvcc / SASS checks where the toolchain is present.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import re
 import shutil
@@ -14,10 +15,13 @@ import numpy as np
 import pytest
 
 import spatialc
+import spatialc.runtime.launch as L
 from spatialc.lower.cuda import hopper
 from spatialc.lower.errors import TooBig, Unsupported
 from spatialc.runtime.emulate import EmulationError
-from spatialc.runtime.launch import LaunchError, run_with
+from spatialc.runtime.launch import LaunchError
+
+from .test_launch import NumpyDevice
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 EXACT = "exact"
@@ -96,10 +100,78 @@ def test_static_checks_refuse_before_printing():
         hopper.check_resources(k, small)
 
 
-def test_the_gpu_launcher_refuses_tensor_map_kernels_by_name():
+class MapDevice(NumpyDevice):
+    """The launcher tests' numpy GPU, which also encodes tensor maps: it keeps what it was asked for."""
+
+    arch = "sm_90"
+
+    def __init__(self, art):
+        super().__init__(art)
+        self.maps = []
+
+    def launch(self, kernel, grid, block, dyn_smem, args):
+        super().launch(kernel, grid, block, dyn_smem, args[:3])  # the product of A and B into C
+        self.launches[-1] = (kernel, grid, block, dyn_smem, [a.copy() for a in args])
+
+    def tensor_map(self, buffer, dims, strides, box, elem, swizzle):
+        self.maps.append((buffer.copy(), dims, strides, box, elem, swizzle))
+        return np.array([1000 + len(self.maps) - 1])  # a stand-in for the 128 bytes, told apart by value
+
+
+def test_the_launcher_passes_each_tensor_map_after_the_work_list_encoded_over_its_buffer():
+    art = spatialc.lower(spatialc.build(spatialc.gemm(200, 72, 100, "fp16"), "sm_90a"))
+    x = inputs("fp16", 200, 72, 100)
+    dev = MapDevice(art)
+    c = L.run_with(dev, art, x["A"], x["B"])
+    np.testing.assert_allclose(c, x["A"] @ x["B"], rtol=1e-3)
+    (kernel, grid, block, dyn, args) = dev.launches[0]
+    assert block == 384 and [int(a[0]) for a in args[-2:]] == [1000, 1001]
+    # Each map over the buffer of its own tensor (A, then B), with the geometry the host program prints.
+    for (buffer, dims, strides, box, elem, swizzle), m in zip(dev.maps, art.launch.tensor_maps, strict=True):
+        assert elem == 2 and swizzle == 1
+        assert np.array_equal(buffer, args[m.tensor])
+        text = f"const cuuint64_t dims[4] = {{{', '.join(map(str, dims))}}};"
+        assert text in art.program_cu and f"const cuuint32_t box[4] = {{{', '.join(map(str, box))}}};" in art.program_cu
+        assert f"const cuuint64_t strides[3] = {{{', '.join(map(str, strides))}}};" in art.program_cu
+    a_dims = dev.maps[0][1]
+    assert a_dims[2:] == (art.launch.params[0].tiles[0], art.launch.params[0].tiles[1])  # A by column: rows inner
+
+
+def test_the_launcher_refuses_what_cannot_take_an_sm90a_kernel():
     art = spatialc.lower(spatialc.build(spatialc.gemm(64, 64, 64, "bf16"), "sm_90a"))
-    with pytest.raises(LaunchError, match="tensor maps"):
-        run_with(object(), art, np.zeros((64, 64)), np.zeros((64, 64)))
+    a = b = np.ones((64, 64), dtype=np.float32)
+    with pytest.raises(LaunchError, match="cannot encode the TMA tensor maps"):
+        L.run_with(NumpyDevice(art), art, a, b)
+    older = MapDevice(art)
+    older.arch = "sm_80"
+    with pytest.raises(LaunchError, match="printed for sm_90a.*this device is sm_80"):
+        L.run_with(older, art, a, b)
+
+
+class FakeDriver:
+    """Stands in for libcuda's cuTensorMapEncodeTiled: checks the arguments as ctypes passes them, fills the map."""
+
+    def __init__(self, code=0):
+        self.code = code
+        self.seen = None
+
+    def cuTensorMapEncodeTiled(self, out, dtype, rank, address, dims, strides, box, unit, inter, swz, l2, oob):
+        self.seen = (dtype.value, rank.value, address.value, list(dims), list(strides), list(box), list(unit))
+        self.seen += (inter.value, swz.value, l2.value, oob.value)
+        assert out.value % 64 == 0  # the driver wants the map on 64 bytes
+        ctypes.memmove(out.value, bytes(range(128)), 128)
+        return self.code
+
+
+def test_tensor_maps_are_encoded_through_the_driver_and_passed_as_128_bytes():
+    drv = FakeDriver()
+    m = L.encode_tensor_map(drv, 4096, (16, 16, 7, 3), (32, 512, 3584), (16, 16, 4, 8), 2, 1)
+    assert m.dtype.itemsize == 128 and m.tobytes() == bytes(range(128))
+    assert drv.seen == (1, 4, 4096, [16, 16, 7, 3], [32, 512, 3584], [16, 16, 4, 8], [1, 1, 1, 1], 0, 1, 2, 0)
+    L.encode_tensor_map(drv, 4096, (16, 16, 7, 3), (16, 256, 1792), (16, 16, 4, 8), 1, 0)
+    assert drv.seen[0] == 0 and drv.seen[8] == 0  # uint8, no swizzle
+    with pytest.raises(LaunchError, match="CUresult 1"):
+        L.encode_tensor_map(FakeDriver(code=1), 4096, (16, 16, 7, 3), (32, 512, 3584), (16, 16, 4, 8), 2, 1)
 
 
 def test_host_program_encodes_each_tensor_map_through_the_driver_entry_point():
@@ -119,6 +191,7 @@ CASES = [
     ("int8", (129, 250, 190), {}),
     ("bf16", (300, 260, 200), {"block": (8, 8, 4), "depth": 3}),  # the 4096³ plan: 224 KiB of stages and rings
     ("int8", (150, 100, 300), {"block": (8, 4, 4), "depth": 4}),
+    ("int8", (70, 40, 96), {"block": (8, 2, 2), "depth": 1}),  # one-page rings: no group kept in flight
     ("fp16", (1, 1, 1), {}),
 ]
 
@@ -205,17 +278,30 @@ def test_expect_tx_fewer_than_loaded_is_refused(faulty):
 @needs_gxx
 @pytest.mark.emulation
 def test_stage_released_before_wait_group_is_a_race(faulty):
-    # The wait moved after both releases: the copy engine may refill a slot the MMA still reads.
+    # Two groups left in flight instead of one: the previous K step's stages go back to the copy engine while the
+    # MMA that reads them may still be running.
     text = faulty[1].program_cu
-    wait = "spatialc_wgmma_wait<0>();  // the K step's wgmma have read the stage"
-    pops = re.findall(r"spatialc_mbar_arrive\(&empty_1\[pop_1 % DEPTH_1\]\); \+\+pop_1;  // op:Pop", text)
-    assert len(pops) == 1 and text.count(wait) == 1
-    text = replaced(text, wait, "")
-    text = replaced(text, pops[0], pops[0] + "\n" + wait)
+    assert text.count("spatialc_wgmma_wait<1>();") == 1
+    text = replaced(text, "spatialc_wgmma_wait<1>();", "spatialc_wgmma_wait<2>();")
     late = outcome(faulty, text, "late")
     assert late.startswith("race") and "wgmma operand read" in late, late
     # Early mode runs each wgmma when issued: it cannot see this one (documented in emu_hopper.h).
     assert outcome(faulty, text, "early") == EXACT
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_unpipelined_k_loop_releases_after_its_group_retired():
+    # One-page rings: no step can stay in flight, so each release waits for its own group (wait_group 0).
+    p = spatialc.build(spatialc.gemm(150, 100, 120, "bf16"), "sm_90a", block=(8, 2, 2), depth=1)
+    art = spatialc.lower(p)
+    assert "spatialc_wgmma_wait<1>" not in art.program_cu
+    assert "spatialc_wgmma_wait<0>();  // the K step's wgmma have read the stage" in art.program_cu
+    x = inputs("bf16", 150, 100, 120)
+    assert np.array_equal(spatialc.emulate(art, x, timeout=60), spatialc.evaluate(p, x))
+    # Without the wait, late mode never retires the groups: the accumulators never receive the sums.
+    text = replaced(art.program_cu, "spatialc_wgmma_wait<0>();  // the K step's wgmma have read the stage", "")
+    assert outcome((p, art, x), text, "late") == "mismatch"
 
 
 @needs_gxx
@@ -296,6 +382,9 @@ extern "C" __global__ void probe(unsigned char* out, const __grid_constant__ CUt
     if (threadIdx.x == 0) {
         spatialc_mbar_init(bar, 1);
         spatialc_fence_proxy_async();
+    }
+    __syncthreads();  // the barrier initialised before anyone waits on it
+    if (threadIdx.x == 0) {
         spatialc_mbar_expect_tx(bar, 1024);
         spatialc_tma_load_4d(page, &map, 0, 0, 2, 1, bar);  // tile column 2, tile row 1: a 2x2-tile box
         spatialc_mbar_arrive(bar);
@@ -350,3 +439,12 @@ def test_emulated_tma_box_fills_past_the_tensor_with_zeros_and_swizzles_by_addre
                 chunks[c] = flat.reshape(-1, 16)[c ^ 1]
         flat = chunks.reshape(-1)
     assert np.array_equal(got, flat)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_the_launcher_compiles_an_sm90a_kernel_for_the_architecture_specific_target(tmp_path):
+    art = spatialc.lower(spatialc.build(spatialc.gemm(256, 256, 256, "int8"), "sm_90a"))
+    cubin = L.compile_cubin(art.kernel_cu, "sm_90a", cache=tmp_path)
+    ptxas = L.kernel_ptxas(cubin, "spatialc_hopper")
+    assert cubin.stat().st_size > 0 and ptxas is not None and ptxas.spill_stores == 0

@@ -50,16 +50,39 @@ class PageLayout(StrEnum):
     `row` and `col` are the tile as its tensor stores it (TileOrder); `swizzled` is `row` with the two 16-byte
     halves of row r exchanged when bit 2 of r is set — for 16-bit operands, whose 32-byte rows would otherwise put
     rows r and r+4 of every 8×8 fragment load in the same shared-memory banks.
+
+    The page's tiles lie in its slot order (ReadTiles' slot bh·block_w + bw) one after another, except in the
+    `_cols` layouts, which hold the same slots column by column (block tile (bh, bw) at bw·block_h + bh): the A
+    operand of the sm_90a form, whose wgmma reads 64 rows of a K step as one matrix with a single stride between its
+    8-row groups. `swizzled_cols` has `swizzled` tiles, `row_cols` `row` ones (int8).
     """
 
     ROW = "row"
     COL = "col"
     SWIZZLED = "swizzled"
+    SWIZZLED_COLS = "swizzled_cols"
+    ROW_COLS = "row_cols"
 
     @property
     def note(self) -> str:
         """The layout as listings and pictures name it beside a ring: "" for plain row-major pages."""
-        return {PageLayout.ROW: "", PageLayout.COL: "K-major", PageLayout.SWIZZLED: "swizzled"}[self]
+        return {
+            PageLayout.ROW: "",
+            PageLayout.COL: "K-major",
+            PageLayout.SWIZZLED: "swizzled",
+            PageLayout.SWIZZLED_COLS: "swizzled, tiles by column",
+            PageLayout.ROW_COLS: "tiles by column",
+        }[self]
+
+    @property
+    def swizzled(self) -> bool:
+        """Whether each tile's rows have their 16-byte halves exchanged (bit 2 of the row)."""
+        return self in (PageLayout.SWIZZLED, PageLayout.SWIZZLED_COLS)
+
+    @property
+    def by_column(self) -> bool:
+        """Whether the page holds its tiles column by column."""
+        return self in (PageLayout.SWIZZLED_COLS, PageLayout.ROW_COLS)
 
     @property
     def order(self) -> TileOrder:

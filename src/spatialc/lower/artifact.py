@@ -54,14 +54,26 @@ class Budget:
 @dataclass(frozen=True, slots=True)
 class TensorMap:
     """A TMA tensor map the sm_90a kernel takes by value (`const __grid_constant__ CUtensorMap spatialc_tmap_<index>`,
-    after the work list, in index order): tensor `tensor`'s tiled buffer as a 4-D tensor — 16 elements of a tile row
-    (innermost), 16 rows, the tile columns, the tile rows — loaded in boxes of one tile × `box` (rows, columns of
-    tiles); `swizzle` 1: 32-byte swizzle (16-bit operands), 0: none. docs/kernel-abi.md, "The sm_90a form"."""
+    after the work list, in index order): the tiled buffer of the tensor whose parameter is `Launch.params[tensor]`
+    as a 4-D tensor — 16 elements of a tile row
+    (innermost), 16 rows, the tile columns, the tile rows (`by_column`: the tile rows, then the tile columns, so that
+    a box lands column by column) — loaded in boxes of one tile × `box` (rows, columns of tiles); `swizzle` 1: 32-byte
+    swizzle (16-bit operands), 0: none. docs/kernel-abi.md, "The sm_90a form"."""
 
     index: int
     tensor: int
     box: tuple[int, int]
     swizzle: int = 0
+    by_column: bool = False
+
+    def geometry(self, tiles: tuple[int, int], elem: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """(dims, byte strides of dims 1–3, box) of the map over a tensor of `tiles` (rows, columns of tiles) whose
+        elements are `elem` bytes: what cuTensorMapEncodeTiled is given, by the host programs and the launcher."""
+        rows_t, cols_t = tiles
+        tile_col, tile_row = (cols_t, 256 * elem), (rows_t, cols_t * 256 * elem)  # (extent, stride in bytes)
+        outer = (tile_row, tile_col) if self.by_column else (tile_col, tile_row)  # by column: tile rows innermost
+        box = (self.box[0], self.box[1]) if self.by_column else (self.box[1], self.box[0])
+        return (16, 16, outer[0][0], outer[1][0]), (16 * elem, outer[0][1], outer[1][1]), (16, 16, *box)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,9 @@ parsing C. Three tags exist:
   engines were serialised onto one block.
 - `// pre:Kind` — a second copy of a producer op that a software-pipelined loop prints before itself for its
   first step. Counted apart: it is the same op, printed twice on purpose.
+- `// post:Kind` — a second copy of a consumer op that a pipelined loop prints after itself for its last step (the
+  sm_90a form releases each K step's stages one step late, once the next step's MMAs are issued). Counted with
+  the `pre` copies: the same op, printed twice on purpose.
 - `// pad:Push` — an empty commit that keeps the pipeline's wait count exact on a loop's last step; the image of
   no op, so not counted as one.
 
@@ -27,8 +30,8 @@ from collections.abc import Iterable
 from ..ir.ops import ChoreoOp, Compute, walk
 from .artifact import Census
 
-OP, PRE, PAD = "op", "pre", "pad"
-_MARK = re.compile(r"// (op|pre|pad):(\w+)(?::(\w+))?(?: x(\d+))?")
+OP, PRE, POST, PAD = "op", "pre", "post", "pad"
+_MARK = re.compile(r"// (op|pre|post|pad):(\w+)(?::(\w+))?(?: x(\d+))?")
 
 
 def marker(op_or_kind: object, tag: str = OP, times: int = 1) -> str:
@@ -85,7 +88,7 @@ def census(programs: Iterable[tuple[ChoreoOp, ...]], text: str) -> Census:
     return Census(
         program=count_ops(programs),
         printed=count_printed(text),
-        rotated=count_printed(text, PRE),
+        rotated=dict(sorted((Counter(count_printed(text, PRE)) + Counter(count_printed(text, POST))).items())),
         stages=count_stages(programs),
         printed_stages=count_printed_stages(text),
     )

@@ -282,17 +282,21 @@ def too_many_items(plan: Plan) -> str | None:
     )
 
 
-def operand_layouts(operand: Precision) -> tuple[PageLayout, PageLayout]:
+def operand_layouts(operand: Precision, form: str = "persistent") -> tuple[PageLayout, PageLayout]:
     """The page layouts of the A and B rings: the tensor cores' operand loads (`ldmatrix`) read 16-bit tiles
     conflict-free only swizzled, and 8-bit B only K-major, since they cannot transpose 8-bit data (the B tensor is
-    stored K-major to match: its tile order follows the ring's)."""
-    if operand == Precision.INT8:
-        return PageLayout.ROW, PageLayout.COL
-    return PageLayout.SWIZZLED, PageLayout.SWIZZLED
+    stored K-major to match: its tile order follows the ring's). The sm_90a form's wgmma reads A from shared memory
+    as 64-row matrices, so its A pages hold their tiles column by column (`PageLayout.by_column`); the ldmatrix
+    loads of the other forms read those too."""
+    int8 = operand == Precision.INT8
+    if form == "sm90a":
+        return (PageLayout.ROW_COLS, PageLayout.COL) if int8 else (PageLayout.SWIZZLED_COLS, PageLayout.SWIZZLED)
+    return (PageLayout.ROW, PageLayout.COL) if int8 else (PageLayout.SWIZZLED, PageLayout.SWIZZLED)
 
 
-def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
-    """Size rings, accumulator and tensors (padded to whole blocks) by `plan`."""
+def apply_plan(p: SpatialProgram, plan: Plan, form: str = "persistent") -> SpatialProgram:
+    """Size rings, accumulator and tensors (padded to whole blocks) by `plan`, the operand pages laid out for the
+    `form` kernel (`operand_layouts`)."""
     mm = matmul_stage(p)
     a_buf, b_buf = mm.ins
     h, w = plan.item_tiles
@@ -333,18 +337,18 @@ def apply_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
             t = dataclasses.replace(t, tiles=(1, cols_t))
         tensors.append(t)
     planned = p.evolve(plans=(plan,), buffers=tuple(buffers), stages=stages, tensors=tuple(tensors))
-    return lay_out_operands(planned)
+    return lay_out_operands(planned, form)
 
 
 def _sized(kind: Fifo | Interm, depth: int, page_tiles: int) -> Fifo | Interm:
     return dataclasses.replace(kind, depth_pages=depth, page_tiles=page_tiles)
 
 
-def lay_out_operands(p: SpatialProgram) -> SpatialProgram:
+def lay_out_operands(p: SpatialProgram, form: str = "persistent") -> SpatialProgram:
     """The matmul's A and B rings (and their per-site copies) laid out for the fragment loads (`operand_layouts`),
     and each tensor read into them stored in the tile order its pages hold."""
     mm = matmul_stage(p)
-    layouts = operand_layouts(mm.kind.op.operand)  # type: ignore[union-attr]
+    layouts = operand_layouts(mm.kind.op.operand, form)  # type: ignore[union-attr]
     layout_of = {p.buffer(buf).ring: layout for buf, layout in zip(mm.ins, layouts, strict=True)}
     buffers = tuple(
         dataclasses.replace(b, kind=dataclasses.replace(b.kind, layout=layout_of[b.ring]))
@@ -373,4 +377,4 @@ def tile(
     extra: int = 0,
 ) -> SpatialProgram:
     """The program with its best (or forced) plan for the `form` kernel applied."""
-    return apply_plan(p, choose(p, target, block, sub_blocks, depth, form, extra).plan)
+    return apply_plan(p, choose(p, target, block, sub_blocks, depth, form, extra).plan, check_form(form, target))

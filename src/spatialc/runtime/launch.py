@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from ..errors import SpatialError
 from ..inputs import (
     InputError,
@@ -255,8 +257,10 @@ class Prepared:
 
     def run(self, args: tuple[Any, ...]) -> None:
         """Launch once (asynchronously) with buffers in parameter order; a kernel whose sites wait on each other has
-        its sync words set (arrival counts to 0, semaphores to their initial values) and is launched cooperatively."""
+        its sync words set (arrival counts to 0, semaphores to their initial values) and is launched cooperatively;
+        an sm_90a kernel gets its tensor maps, encoded over these buffers, after them."""
         ls = self.launch_spec
+        args = (*args, *self.tensor_maps(args))
         if self.sync is not None:
             self.sync[:] = self.xp.asarray(ls.sync, dtype=self.xp.int32)
         if not getattr(ls, "cooperative", False):
@@ -271,6 +275,24 @@ class Prepared:
             if "COOPERATIVE_LAUNCH_TOO_LARGE" in str(e).upper().replace(" ", "_"):
                 raise LaunchError(not_resident(self.grid, getattr(self.device, "sms", None))) from None
             raise
+
+    def tensor_maps(self, args: tuple[Any, ...]) -> list[Any]:
+        """The kernel's TMA tensor maps (`Launch.tensor_maps`) over the tensor buffers among `args`, encoded by the
+        device (its `tensor_map(buffer, dims, strides, box, elem, swizzle)`), in parameter order."""
+        maps = getattr(self.launch_spec, "tensor_maps", ())
+        if not maps:
+            return []
+        encode = getattr(self.device, "tensor_map", None)
+        if encode is None:
+            raise LaunchError("this device cannot encode the TMA tensor maps an sm_90a kernel takes")
+        out = []
+        for m in maps:
+            at = m.tensor  # its parameter's position
+            arg = self.args[at]
+            elem = self.xp.dtype(arg.storage).itemsize
+            dims, strides, box = m.geometry(arg.tiles, elem)
+            out.append(encode(args[at], dims, strides, box, elem, m.swizzle))
+        return out
 
     def check(self) -> None:
         """After a launch (it waits for it): LaunchError when a loop count read from data was beyond its bound."""
@@ -302,6 +324,10 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
         raise LaunchError(
             f"this kernel runs its multicast groups as thread-block clusters of {ls.cluster} sites, which need sm_90;"
             f" this device is {arch}"
+        )
+    if getattr(ls, "tensor_maps", ()) and isinstance(arch, str) and arch != "sm_90":
+        raise LaunchError(
+            f"this kernel was printed for sm_90a (TMA, wgmma, setmaxnreg: H100 / H200); this device is {arch}"
         )
     kernel = device.load(artifact.kernel_cu, ls.kernel_name, ls.dyn_smem)
     if not getattr(ls, "items", 0):  # printed before kernels took their work list as an argument
@@ -337,12 +363,6 @@ def run(artifact: Any, a: Any, b: Any, **params: Any) -> Any:
 
 def run_with(device: Any, artifact: Any, a: Any, b: Any, **params: Any) -> Any:
     """`run` on a given device (tests pass a numpy stand-in)."""
-    if getattr(artifact.launch, "tensor_maps", ()):
-        raise LaunchError(
-            "this sm_90a kernel takes TMA tensor maps, which spatialc.run does not encode yet; run its host program"
-            " (artifact.program_cu / bench_cu, built with nvcc -gencode=arch=compute_90a,code=sm_90a) or lower"
-            " for sm_90"
-        )
     args = kernel_args(artifact.launch)
     bound = bind(args, a, b, params)
     limits = dict(getattr(artifact.launch, "row_counts", ()))
@@ -436,7 +456,11 @@ def compile_cubin(
     with tempfile.TemporaryDirectory(prefix="spatialc-") as tmp:
         src, dst = Path(tmp, "kernel.cu"), Path(tmp, "kernel.cubin")
         src.write_text(source)
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", "-std=c++17", "-Xptxas", "-v", "-o", str(dst), str(src)]
+        # An architecture-specific target (sm_90a) is named in full: `-arch=sm_90a` has been seen to run a plain
+        # sm_90 pass as well, which refuses wgmma.
+        cc = arch.removeprefix("sm_")
+        gpu = [f"-gencode=arch=compute_{cc},code={arch}"] if arch.endswith("a") else [f"-arch={arch}"]
+        cmd = [nvcc, "-cubin", *gpu, "-O3", "-std=c++17", "-Xptxas", "-v", "-o", str(dst), str(src)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -715,6 +739,51 @@ def _one_line(e: BaseException) -> str:
     return (text[0] if text else type(e).__name__)[:200]
 
 
+# cuda.h's enumerators, by value (CUtensorMapDataType, …Swizzle, …L2promotion): the element size's type (the bits
+# move unchanged, so an unsigned integer type of the width does), 32-byte swizzle, 128-byte L2 promotion.
+TMA_DATA_TYPE = {1: 0, 2: 1}  # CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16
+TMA_SWIZZLE = {0: 0, 1: 1}  # CU_TENSOR_MAP_SWIZZLE_NONE, _32B
+TMA_L2_128B = 2
+TENSOR_MAP_DTYPE = np.dtype([("opaque", np.uint64, (16,))], align=True)  # 128 bytes
+
+
+def driver_library() -> Any:
+    """libcuda, where cuTensorMapEncodeTiled lives (the CUDA runtime CuPy loads has no binding for it)."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        raise GpuUnavailable(f"the CUDA driver library could not be loaded ({e})") from None
+
+
+def encode_tensor_map(
+    lib: Any, address: int, dims: Sequence[int], strides: Sequence[int], box: Sequence[int], elem: int, swizzle: int
+) -> Any:
+    """cuTensorMapEncodeTiled through `lib` (libcuda or a stand-in): the 4-D tiled map as a structured scalar, or
+    LaunchError with the driver's code."""
+    rank = len(dims)
+    raw = np.zeros(32, dtype=np.uint64)  # room to place the 128-byte map on the 64 bytes the driver requires
+    start = (-raw.ctypes.data % 64) // 8
+    out = raw[start : start + 16]
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    code = lib.cuTensorMapEncodeTiled(
+        ctypes.c_void_p(out.ctypes.data),
+        ctypes.c_int(TMA_DATA_TYPE[elem]),
+        u32(rank),
+        ctypes.c_void_p(address),
+        (u64 * rank)(*dims),
+        (u64 * (rank - 1))(*strides),
+        (u32 * rank)(*box),
+        (u32 * rank)(*([1] * rank)),
+        ctypes.c_int(0),  # CU_TENSOR_MAP_INTERLEAVE_NONE
+        ctypes.c_int(TMA_SWIZZLE[swizzle]),
+        ctypes.c_int(TMA_L2_128B),
+        ctypes.c_int(0),  # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE
+    )
+    if code != 0:
+        raise LaunchError(f"cuTensorMapEncodeTiled refused a tensor map (CUresult {code}): dims {tuple(dims)}")
+    return np.frombuffer(out.tobytes(), dtype=TENSOR_MAP_DTYPE)[0]
+
+
 class CupyDevice:
     """The current CUDA device, driven through CuPy."""
 
@@ -783,12 +852,21 @@ class CupyDevice:
                 return module.get_function(kernel_name)
             except Exception as e:
                 raise KernelBuildError(f"NVRTC failed (no nvcc on PATH): {_first_error(str(e))}") from None
-        path = compile_cubin(kernel_cu, self.arch)
+        # The sm_90a form's text (TMA tensor maps, wgmma) builds for the architecture-specific target only.
+        arch = self.arch + "a" if self.arch == "sm_90" and "CUtensorMap" in kernel_cu else self.arch
+        path = compile_cubin(kernel_cu, arch)
         symbol = kernel_symbol(path.read_bytes(), kernel_name)
         return self.cp.RawModule(path=str(path)).get_function(symbol)
 
     def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
         kernel((grid,), (block,), args, shared_mem=dyn_smem)
+
+    def tensor_map(
+        self, buffer: Any, dims: Sequence[int], strides: Sequence[int], box: Sequence[int], elem: int, swizzle: int
+    ) -> Any:
+        """A CUtensorMap over `buffer`, passed by value: cuTensorMapEncodeTiled of the driver (libcuda, through
+        ctypes), its 128 bytes as a numpy structured scalar, which CuPy passes to a kernel as they are."""
+        return encode_tensor_map(driver_library(), int(buffer.data.ptr), dims, strides, box, elem, swizzle)
 
     def occupancy(self, kernel: Any, block: int, dyn_smem: int) -> int | None:
         """Blocks of `kernel` one multiprocessor holds at once (None where CuPy cannot say)."""

@@ -4,14 +4,21 @@
   load of the whole page (a 4-D box over the tiled tensor: the 16 × 16 elements of a tile, its columns of tiles, its
   rows of tiles), announced on the slot's full barrier with `expect_tx` of exactly the page's bytes; `Push` is the
   reader's one arrival on it. The phase completes when the arrival and every byte are in. 16-bit pages land 32-byte
-  swizzled — the same `swizzled` layout the IR names and the ldmatrix path reads — since the copy engine swizzles by
-  shared-memory address and every stage starts on 1024 bytes.
+  swizzled — the same `swizzled` tiles the IR names and the ldmatrix path reads — since the copy engine swizzles by
+  shared-memory address and every stage starts on 1024 bytes. A's pages hold their tiles by column
+  (`PageLayout.by_column`: the map's tile rows are its inner dimension), so that 64 rows of a K step are one matrix.
 - The compute engine is two consumer warpgroups (the eight accumulator warps). Warp w holds the item's tile row w,
   every column, in wgmma's accumulator layout, which is the m16n8 layout `spatialc_acc` already names. A K step
-  loads each warp's A fragments from the page with ldmatrix and issues one `wgmma.mma_async` per 16 (int8: 32) K
-  elements with B read from shared memory through a matrix descriptor: 16-bit B pages are N-major (transposed,
-  32-byte swizzle), int8 B pages K-major (no swizzle), as the ring's layout says. The first `Pop` after a step waits
-  for the group (`wgmma.wait_group 0`) before it releases the slot: until then the MMA may still read it.
+  issues one `wgmma.mma_async` per 16 (int8: 32) K elements with both operands read from shared memory through
+  matrix descriptors: A K-major (32-byte swizzle; int8 none), 16-bit B N-major (transposed, 32-byte swizzle), int8 B
+  K-major (none), as the rings' layouts say. Where the K loop is not pipelined (below), the first `Pop` after a step
+  waits for its group (`wgmma.wait_group 0`) before it releases the slot: until then the MMA may still read it.
+- The K loop keeps one wgmma group in flight where the operand rings are at least two pages deep: a step issues
+  its MMAs, waits until only they are in flight (`wait_group 1`) and then releases the previous step's stages; the
+  last step's are released after the loop, once its group has retired. Each release is the IR's `Pop`, one step
+  late: the producer then runs at most depth − 1 pages ahead instead of depth, which cannot deadlock as long as
+  depth ≥ 2 (the stage the producer waits for was released no later than the step the consumer has finished).
+  Pages are read at the slot of the last `Wait` (`wt − 1`), which with the release deferred is no longer `pop`'s.
 - `setmaxnreg` gives the consumers the producer warpgroup's registers; the writer, the epilogue stages and every flow
   op are the general form's.
 
@@ -25,8 +32,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ...ir.ids import LoopVar
-from ...ir.nodes import PageLayout, Plan, SpatialProgram, TensorRole
+from ...ir.ids import LoopVar, loop_var_name
+from ...ir.nodes import Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
     Barrier,
@@ -45,10 +52,12 @@ from ...ir.ops import (
     SemSet,
     SemWait,
     Trip,
+    Wait,
 )
+from ...passes.tile import operand_layouts
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact, TensorMap
-from ..census import marker
+from ..census import POST, marker
 from ..errors import TooBig, Unsupported
 from . import general
 from .cwriter import Writer, addr_expr, inlined_lines, site_prologue
@@ -186,7 +195,7 @@ def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
         if off % STAGE_ALIGN:
             raise Unsupported(f"ring {rid} at byte {off}", f"a swizzled stage starts on {STAGE_ALIGN} bytes")
         ring = k.base.rings.rings[rid]
-        if (ring.page * ring.elem_bytes) % SWIZZLE_PERIOD and ring.layout == PageLayout.SWIZZLED:
+        if (ring.page * ring.elem_bytes) % SWIZZLE_PERIOD and ring.layout.swizzled:
             raise Unsupported(
                 f"pages of {ring.page * ring.elem_bytes} bytes on {ring.name}",
                 f"every swizzled page starts on {SWIZZLE_PERIOD} bytes",
@@ -216,9 +225,10 @@ def _maps(p: SpatialProgram, rings, reader_ops) -> tuple[tuple[TensorMap, ...], 
             )
         if op.block_h > 256 or op.block_w > 256:
             raise Unsupported(f"a {op.block_h}x{op.block_w}-tile page of {t.name}", "a TMA box side is at most 256")
-        key = (int(t.id), op.block_h, op.block_w)
-        swizzle = 1 if ring.layout == PageLayout.SWIZZLED else 0
-        maps.setdefault(key, TensorMap(len(maps), int(t.id), (op.block_h, op.block_w), swizzle))
+        at = [int(x.id) for x in p.tensors].index(int(t.id))  # its parameter's position (Launch.params)
+        key = (at, op.block_h, op.block_w)
+        swizzle = 1 if ring.layout.swizzled else 0
+        maps.setdefault(key, TensorMap(len(maps), at, (op.block_h, op.block_w), swizzle, ring.layout.by_column))
         filled.add(ring.id)
     return tuple(maps.values()), frozenset(filled)
 
@@ -263,9 +273,17 @@ class HopperPrinter(general.EnginePrinter):
         self.hk = hk
         self.in_flight = False  # a wgmma group issued and not yet waited for (printing order is program order)
 
+    def read_slot(self, r: int) -> str:
+        """The front page: the slot of the engine's last Wait (its release may come a step later)."""
+        if any(isinstance(op, Wait) and self.k.rings.template[op.buf] == r for op in self.role.walk()):
+            return f"((wt_{r} - 1) % DEPTH_{r})"
+        return super().read_slot(r)
+
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
         match op:
+            case Loop() if self.pipelined(op):
+                self.k_loop_pipelined(op, env, mark)
             case ReadTiles(into=buf) if self.kept(buf).id in self.hk.tma_rings:
                 self.tma(op, env, mark)
             case Push(buf) if self.kept(buf).id in self.hk.tma_rings:
@@ -281,83 +299,133 @@ class HopperPrinter(general.EnginePrinter):
             case _:
                 super().op(op, env)
 
+    def pipelined(self, loop: Loop) -> bool:
+        """Whether `loop` is a K loop whose releases can wait a step: its body waits, multiplies once and pops exactly
+        the matmul's rings, each at least two pages deep, and its count is fixed."""
+        if isinstance(loop.count, Trip) or loop.count.n < 1:  # type: ignore[union-attr]
+            return False
+        body = loop.body
+        mms = [i for i, op in enumerate(body) if isinstance(op, Compute) and isinstance(op.op, MatmulTiles)]
+        if len(mms) != 1:
+            return False
+        at = mms[0]
+        waits, pops = body[:at], body[at + 1 :]
+        mm = body[at]
+        assert isinstance(mm, Compute)
+        if not all(isinstance(o, Wait) for o in waits) or not all(isinstance(o, Pop) for o in pops):
+            return False
+        rings = {self.kept(b).id for b in mm.ins}
+        popped = [self.kept(o.buf).id for o in pops]  # type: ignore[union-attr]
+        return sorted(popped) == sorted(rings) and all(self.kept(b).depth >= 2 for b in mm.ins)
+
+    def k_loop_pipelined(self, loop: Loop, env: dict[LoopVar, str], mark: str) -> None:
+        """The K loop with each step's releases printed one step late (one wgmma group in flight)."""
+        v = loop_var_name(loop.var)
+        at = next(i for i, op in enumerate(loop.body) if isinstance(op, Compute))
+        waits, mm, pops = loop.body[:at], loop.body[at], loop.body[at + 1 :]
+        with self.w.block(f"for (int {v} = 0; {v} < {loop.count.n}; ++{v})", mark):  # type: ignore[union-attr]
+            inner = env | {loop.var: v}
+            for op in waits:
+                self.op(op, inner)
+            self.op(mm, inner)
+            self.w.line("spatialc_wgmma_wait<1>();  // the previous K step's group has retired; this one runs on")
+            self.in_flight = False
+            with self.w.block(f"if ({v} > 0)", "// the previous K step's stages go back to the producer"):
+                for op in pops:
+                    self.release(op, marker(op))
+        self.w.line("spatialc_wgmma_wait<0>();  // the last K step's group")
+        for op in pops:
+            self.release(op, marker(op, POST))
+
+    def release(self, op: ChoreoOp, mark: str) -> None:
+        """A Pop: one arrival of each consumer thread on the slot's empty barrier."""
+        assert isinstance(op, Pop)
+        r = self.kept(op.buf).id
+        self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)
+
     def tma(self, op: ReadTiles, env: dict[LoopVar, str], mark: str) -> None:
         """The whole page as one box: its bytes announced on the slot's full barrier, then the load."""
         t = self.k.program.tensor(op.tensor)
         ring = self.kept(op.into)
         r = ring.id
-        m = next(m for m in self.hk.maps if (m.tensor, m.box) == (int(t.id), (op.block_h, op.block_w)))
+        at = [int(x.id) for x in self.k.program.tensors].index(int(t.id))
+        m = next(m for m in self.hk.maps if (m.tensor, m.box) == (at, (op.block_h, op.block_w)))
         nbytes = op.block_h * op.block_w * TILE_ELEMS * ring.elem_bytes
         slot = self.write_slot(r)
         with self.w.block("", mark):
             self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {t.name}")
             self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
-            self.w.line(
-                f"spatialc_tma_load_4d({self.write_page(r)}, &spatialc_tmap_{m.index}, 0, 0, at % {t.tiles[1]}, "
-                f"at / {t.tiles[1]}, &full_{r}[{slot}]);"
-            )
+            col, row = f"at % {t.tiles[1]}", f"at / {t.tiles[1]}"
+            outer = f"{row}, {col}" if m.by_column else f"{col}, {row}"  # the map's third and fourth dimensions
+            page, bar = self.write_page(r), f"&full_{r}[{slot}]"
+            self.w.line(f"spatialc_tma_load_4d({page}, &spatialc_tmap_{m.index}, 0, 0, {outer}, {bar});")
 
     def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
-        """One K step: each warp's A fragments of its tile row by ldmatrix, then a wgmma per 16 (int8: 32) K elements
-        over the whole B page, committed as one group."""
-        from .tiles import check_operand_layouts
-
-        check_operand_layouts(mm.operand, a, b)
-        ibw, w = mm.block.ibw, self.plan.item_tiles[1]
+        """One K step: a wgmma per 16 (int8: 32) K elements, each warpgroup's 64 rows of A and the whole B page read
+        from shared memory through descriptors, committed as one group."""
+        check_page_layouts(mm.operand, a, b)
+        ibw, (h, w) = mm.block.ibw, self.plan.item_tiles
         integer = mm.operand == Precision.INT8
         step = 2 if integer else 1
-        a_tile = f"{self.read_page(a.id)} + (warp * {ibw} + {{}}) * {TILE_ELEMS}"
-        b_row = f"{self.read_page(b.id)} + {{}} * {w * TILE_ELEMS}"
-        if integer:  # K-major tiles: 8 columns of 16 bytes per core matrix, the next pair's tile w tiles on
-            lbo, sbo, swizzle = w * TILE_ELEMS * b.elem_bytes, 128, SWIZZLE_NONE
-        else:  # N-major swizzled: the next 16 columns one tile on, the next 8 rows half a tile on
-            lbo, sbo, swizzle = TILE_ELEMS * b.elem_bytes, TILE_ELEMS * b.elem_bytes // 2, SWIZZLE_32B
+        tile = TILE_ELEMS * a.elem_bytes  # bytes of one tile
+        # A: the page's tiles by column, so 64 rows of a K step are 4 consecutive tiles from the warpgroup's first.
+        a_at = f"{self.read_page(a.id)} + (kk * {h} + (warp / {WARPGROUP}) * {WARPGROUP}) * {TILE_ELEMS}"
+        b_at = f"{self.read_page(b.id)} + kk * {w * TILE_ELEMS}"
+        if integer:  # K-major core matrices of 8 rows x 16 bytes: the next 8 rows half a tile on, the next 16 K one
+            a_desc = (h * tile, tile // 2, SWIZZLE_NONE)  # column of tiles on
+            b_desc = (w * tile, tile // 2, SWIZZLE_NONE)  # (B K-major: its rows are columns; next K a tile row on)
+        else:  # 32-byte swizzled rows: A K-major (8-row groups half a tile apart), B N-major (16 columns a tile)
+            a_desc = (16, tile // 2, SWIZZLE_32B)  # (the leading offset is unused: a K step fits one swizzled row)
+            b_desc = (tile, tile // 2, SWIZZLE_32B)
+        desc = "spatialc_wgmma_desc({}, {}u, {}u, {}u)"
         with self.w.block("", mark):
-            self.w.line(f"spatialc_frag<OPT> af[{ibw // step}];")
+            self.w.line("spatialc_wgmma_fence();  // the accumulators were last written by plain instructions")
             with self.unrolled(f"for (int kk = 0; kk < {ibw}; kk += {step})"):
-                if integer:
-                    self.w.line(f"spatialc_load_a2(af[kk / 2], {a_tile.format('kk')}, {a_tile.format('(kk + 1)')});")
-                else:
-                    self.w.line(f"spatialc_load_a(af[kk], {a_tile.format('kk')});")
-            self.w.line("spatialc_wgmma_fence();  // the fragments and accumulators were written by plain instructions")
-            with self.unrolled(f"for (int kk = 0; kk < {ibw}; kk += {step})"):
-                desc = f"spatialc_wgmma_desc({b_row.format('kk')}, {lbo}u, {sbo}u, {swizzle}u)"
-                self.w.line(f"spatialc_wgmma<{self.hk.n}>(accf, af[kk / {step}], {desc});")
+                a_of, b_of = desc.format(a_at, *a_desc), desc.format(b_at, *b_desc)
+                self.w.line(f"spatialc_wgmma<{self.hk.n}, OPT>(accf, {a_of}, {b_of});")
             self.w.line("spatialc_wgmma_commit();")
         self.in_flight = True
 
 
+def check_page_layouts(operand: Precision, a: Ring, b: Ring) -> None:
+    """Refuse operand pages the descriptors cannot describe: A must hold its tiles by column (64 rows of a K step
+    one strided matrix), B as the ldmatrix path reads it."""
+    want = operand_layouts(operand, "sm90a")
+    for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
+        if ring.layout != layout:
+            raise Unsupported(
+                f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",
+                f"the sm_90a form's wgmma reads {what} from {layout.value} pages; build the program for sm_90a",
+            )
+
+
 def wgmma_specialisations(n: int, operand: str, integer: bool) -> list[str]:
     """The wgmma of width `n` for the kernel's operand type, as inline PTX: its accumulator list is `n / 2` registers
-    long, which is why it is printed rather than written out in sm90a.cuh."""
+    long, which is why it is printed rather than written out in sm90a.cuh. A and B both come from shared memory;
+    16-bit B is N-major (transposed), int8 operands are K-major (the only way int8 wgmma reads them)."""
     regs = n // 2
     acc = ", ".join(f"%{i}" for i in range(regs))
-    a = ", ".join(f"%{regs + i}" for i in range(4))
     if integer:
         shape, dtype, tail, out = f"m64n{n}k32", "s32.s8.s8", "p", '"+r"'
     else:
         ty = "bf16" if "bfloat16" in operand else "f16"
-        shape, dtype, tail, out = f"m64n{n}k16", f"f32.{ty}.{ty}", "p, 1, 1, 1", '"+f"'
+        shape, dtype, tail, out = f"m64n{n}k16", f"f32.{ty}.{ty}", "p, 1, 1, 0, 1", '"+f"'
     accum = "int" if integer else "float"
     outs = ", ".join(f"{out}(d[{i // 8}].x[{i % 8}])" for i in range(regs))
-    lines = [
-        "template <>",
-        f"__device__ __forceinline__ void spatialc_wgmma<{n}, {operand}, {accum}>(",
-        f"    spatialc_acc<{accum}> (&d)[{n // 16}], const spatialc_frag<{operand}>& a, unsigned long long b)",
-        "{",
-        "    asm volatile(",
-        '        "{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"',
-        f'        "wgmma.mma_async.sync.aligned.{shape}.{dtype} {{{acc}}}, {{{a}}}, %{regs + 4}, {tail};\\n}}"',
-        f"        : {outs}",
-        '        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b));',
-        "}",
-    ]
     return [
         "#ifndef SPATIALC_SM90A_EMULATED",
         "template <int N, class T, class A>",
-        "__device__ void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], const spatialc_frag<T>& a,",
-        "                               unsigned long long b);",
-        *lines,
+        "__device__ void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b);",
+        "template <>",
+        f"__device__ __forceinline__ void spatialc_wgmma<{n}, {operand}, {accum}>(",
+        f"    spatialc_acc<{accum}> (&d)[{n // 16}], unsigned long long a, unsigned long long b)",
+        "{",
+        "    asm volatile(",
+        '        "{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"',
+        f'        "wgmma.mma_async.sync.aligned.{shape}.{dtype} {{{acc}}}, %{regs}, %{regs + 1}, {tail};\\n}}"',
+        f"        : {outs}",
+        '        : "l"(a), "l"(b));',
+        "}",
         "#endif",
     ]
 

@@ -262,21 +262,20 @@ def _tensor_maps(p: SpatialProgram, launch: Launch, w: Writer) -> None:
         "(int)found_encode",
     )
     for m in launch.tensor_maps:
-        at = [int(x.id) for x in p.tensors].index(m.tensor)
-        t, param = p.tensors[at], launch.params[at]
+        t, param = p.tensors[m.tensor], launch.params[m.tensor]
         size = 1 if param.c_type == "signed char" else 2
-        rows_t, cols_t = t.tiles
+        dims, strides, box = m.geometry(t.tiles, size)
         w.line(f"CUtensorMap tmap_{m.index};")
         with w.block():
-            w.line(f"const cuuint64_t dims[4] = {{16, 16, {cols_t}, {rows_t}}};")
-            w.line(f"const cuuint64_t strides[3] = {{{16 * size}, {256 * size}, {cols_t * 256 * size}}};")
-            w.line(f"const cuuint32_t box[4] = {{16, 16, {m.box[1]}, {m.box[0]}}};")
+            w.line(f"const cuuint64_t dims[4] = {{{', '.join(map(str, dims))}}};")
+            w.line(f"const cuuint64_t strides[3] = {{{', '.join(map(str, strides))}}};")
+            w.line(f"const cuuint32_t box[4] = {{{', '.join(map(str, box))}}};")
             w.line("const cuuint32_t unit[4] = {1, 1, 1, 1};")
             swizzle = "CU_TENSOR_MAP_SWIZZLE_32B" if m.swizzle else "CU_TENSOR_MAP_SWIZZLE_NONE"
             kind = TMA_TYPES[param.c_type]
             w.line(
                 f"const CUresult made = encode_tiled(&tmap_{m.index}, CU_TENSOR_MAP_DATA_TYPE_{kind}, "
-                f"4, d{m.tensor}, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, {swizzle}, "
+                f"4, d{int(t.id)}, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, {swizzle}, "
                 "CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);"
             )
             _exit_if(w, "made != CUDA_SUCCESS", f"cuTensorMapEncodeTiled refused the map of {t.name} (%d)", "(int)made")

@@ -122,7 +122,7 @@ class TilePrinter:
         if ring.c_type != "OPT":
             raise Unsupported(f"a ReadTiles into {ring.name}", "only operand rings are filled from global memory")
         # A swizzled page exchanges the two 16-byte chunks of row r (chunks 2r, 2r + 1) when bit 2 of r is set.
-        dst = "(off ^ ((off >> 3) & 1))" if ring.layout == PageLayout.SWIZZLED else "off"
+        dst = "(off ^ ((off >> 3) & 1))" if ring.layout.swizzled else "off"
         # Every thread count here is a multiple of 32 and a tile is 16 or 32 chunks, so a thread copies the same
         # chunk of every tile it visits: its offsets are fixed once, and the loop steps over whole tiles.
         n = f"({self.nthreads})"
@@ -141,7 +141,8 @@ class TilePrinter:
             with self.w.block("for (int i = 0; i < (TILES + STEP - 1) / STEP; ++i)"):
                 self.w.line(f"const int tl = {self.tid} / CHUNKS + i * STEP;")
                 with self.w.block("if (TILES % STEP == 0 || tl < TILES)"):
-                    self.w.line(f"const int tile = {self.tile_index(bw, op.stride_h, op.stride_w)};")
+                    index = self.tile_index(bw, op.stride_h, op.stride_w, op.block_h if ring.layout.by_column else 0)
+                    self.w.line(f"const int tile = {index};")
                     zfill = ""
                     if op.rows_from is not None:  # rows past their group's count: zeros, not read
                         self.w.line(f"const bool keep = {self.row_kept(op, 'tile', 'off / (CHUNKS / 16)')};")
@@ -178,11 +179,20 @@ class TilePrinter:
         return f"({ti} % {t.group_tiles[0]}) * 16 + {row} < t{int(op.rows_from)}[{at}]"
 
     @staticmethod
-    def tile_index(bw: int, sh: int, sw: int) -> str:
+    def tile_index(bw: int, sh: int, sw: int, by_column: int = 0) -> str:
         """The tensor's tile index of page tile `tl` of a `? × bw` block whose first tile is `base`, with strides
-        (sh, sw). Tile indices fit a C int (verify's rule 1 bounds every tensor's grid); bytes are counted in 64
-        bits where it is used."""
+        (sh, sw); `by_column`: the block's rows, where the page holds its tiles column by column. Tile indices fit
+        a C int (verify's rule 1 bounds every tensor's grid); bytes are counted in 64 bits where it is used."""
+        if by_column:
+            bh = by_column
+            return c_sum("base", c_mul(f"(tl % {bh})" if bh > 1 else "", sh), c_mul(c_div("tl", bh), sw))
         return c_sum("base", c_mul(c_div("tl", bw), sh), c_mul(f"(tl % {bw})" if bw > 1 else "", sw))
+
+    def a_slot(self, ring: Ring, row: str, kk: str) -> str:
+        """The page slot of A's tile (row, kk): row-major over the page's ibw columns, or column by column."""
+        if ring.layout.by_column:
+            return f"({c_mul(kk, self.plan.item_tiles[0])} + {row})"
+        return f"({c_mul(f'({row})', self.plan.block.ibw)} + {kk})"
 
     def write_tiles(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
         """The front page of a ring to global memory, every thread a strided share of its elements."""
@@ -291,7 +301,7 @@ class TilePrinter:
         self.warp_coords()
 
         def a_tile(kk: str) -> str:
-            return f"{self.read_page(a_ring.id)} + ({c_mul(f'({row})', blk.ibw)} + {kk}) * {TILE_ELEMS}"
+            return f"{self.read_page(a_ring.id)} + {self.a_slot(a_ring, row, kk)} * {TILE_ELEMS}"
 
         def b_tile(kk: str) -> str:
             return f"{self.read_page(b_ring.id)} + ({kk} * {sw * blk.osw} + {col}) * {TILE_ELEMS}"
@@ -312,10 +322,9 @@ class TilePrinter:
     def matmul_strided(self, mm: MatmulTiles, a: Ring, b: Ring) -> None:
         """No lane grid divides the block: warp w owns item tiles w, w + NWARP, … — correct, and slower."""
         h, w = self.plan.item_tiles
-        ibw = mm.block.ibw
 
         def a_tile(kk: str) -> str:
-            return f"{self.read_page(a.id)} + ({c_mul('oi', ibw)} + {kk}) * {TILE_ELEMS}"
+            return f"{self.read_page(a.id)} + {self.a_slot(a, 'oi', kk)} * {TILE_ELEMS}"
 
         def b_tile(kk: str) -> str:
             return f"{self.read_page(b.id)} + ({c_mul(kk, w)} + oj) * {TILE_ELEMS}"
@@ -385,10 +394,12 @@ class TilePrinter:
 
 
 def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:
-    """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor)."""
+    """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor). A's
+    pages may hold their tiles either way (the sm_90a form's, by column, or row by row)."""
     want = operand_layouts(operand)
+    cols = operand_layouts(operand, "sm90a")[0]
     for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
-        if ring.layout != layout:
+        if ring.layout != layout and not (what == "A" and ring.layout == cols):
             raise Unsupported(
                 f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",
                 f"the tensor-core loads read {what} from {layout.value} pages; build the program with spatialc.build",

@@ -11,11 +11,12 @@
 // - a barrier the copy engine signals must have been made visible to the async proxy (fence.proxy.async after its
 //   initialisation), or the run stops with a race report; a phase that gets more bytes than announced is a misuse,
 //   one that gets fewer never completes and the deadlock report says how many bytes it still waits for;
-// - a wgmma reads B through its descriptor (start address, leading and stride byte offsets, swizzle) in the canonical
-//   layouts of the PTX ISA, A from the lane's registers (the m16n8 fragment the warp loaded, its 16 rows), and in late
-//   mode runs only at the wait_group that retires its group: its accumulators are not written and its shared-memory
-//   reads not made before that — so a slot released before the wait is a race, and reading accumulators early gives
-//   stale values. In early mode it runs when issued.
+// - a wgmma reads A and B through their descriptors (start address, leading and stride byte offsets, swizzle) in
+//   the canonical layouts of the PTX ISA — A K-major, 16-bit B N-major (transposed), int8 B K-major — and in late mode
+//   runs only at the wait_group that retires its group: its accumulators are not written before that, and its
+//   shared-memory reads are checked there against what the thread knew when it issued the wgmma — the hardware may
+//   read at any time in between — so a slot released before the wait, or refilled in between, is a race, and
+//   reading accumulators early gives stale values. In early mode it runs when issued.
 #ifndef SPATIALC_EMU_HOPPER_H
 #define SPATIALC_EMU_HOPPER_H
 
@@ -95,6 +96,11 @@ SPATIALC_EMU_FN CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type
 SPATIALC_EMU_FN void mbar_expect_tx(void* bar, unsigned bytes, int line);
 SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar, int line);
 SPATIALC_EMU_FN void fence_proxy_async(int line);
+// An asynchronous read (a wgmma's operands) made now, at its retirement, by the calling thread, which may have
+// happened at any time since its issue: checked against the writes the thread `known` of when it issued it (its
+// vector clock then), so a write that landed in between is a race; recorded as a read made now.
+SPATIALC_EMU_FN void track_async_read(const void* const* ptrs, int count, size_t size, AccessKind kind, int line,
+                                      const std::vector<unsigned>& known);
 
 // ---- wgmma ------------------------------------------------------------------------------------------------------
 // The calling thread's wgmma not yet retired: issued since the last commit, then committed groups, oldest first.
@@ -103,9 +109,10 @@ inline thread_local std::vector<std::vector<std::function<void()>>> wgmma_groups
 
 inline std::string at_line(const char* what, int line) { return std::string(what) + " at line " + std::to_string(line); }
 
-// The byte holding element (k, n) of a B operand: `mn_major` (16-bit B, transposed: N contiguous) or K-major, in the
-// canonical layout of the descriptor's swizzle mode, then swizzled by address like the copy engine's stores.
-inline const char* wgmma_b_byte(const char* start, unsigned long long desc, int k, int n, int elem, bool mn_major,
+// The byte holding element (k, n) of an operand — (k, m) of A, (k, n) of B: `mn_major` (16-bit B, transposed: N
+// contiguous) or K-major, in the canonical layout of the descriptor's swizzle mode, then swizzled by address like
+// the copy engine's stores.
+inline const char* wgmma_byte(const char* start, unsigned long long desc, int k, int n, int elem, bool mn_major,
                                 int line) {
     const size_t lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
     const unsigned mode = (unsigned)(desc >> 62);
@@ -129,41 +136,53 @@ inline const char* wgmma_b_byte(const char* start, unsigned long long desc, int 
     return reinterpret_cast<const char*>(a);
 }
 
-// One wgmma of the lane: its eight accumulator elements of every 16-column tile, over the K of the fragment.
-template <int N, class T, class A>
-void wgmma_run(spatialc_acc<A>* d, const spatialc_frag<T>& a, unsigned long long desc, int lane, int line) {
-    constexpr int kd = sizeof(T) == 1 ? 32 : 16;
-    constexpr bool mn_major = sizeof(T) == 2;  // 16-bit B is transposed (imm-trans-b 1); 8-bit B is K-major
-    if (a.kd != kd)
-        fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": an A fragment of " + std::to_string(a.kd) +
-                               " K elements for a wgmma of k" + std::to_string(kd));
+// The shared-memory operand a descriptor names: its start, found from the descriptor's 14-bit window address.
+inline const char* wgmma_start(unsigned long long desc) {
     const uintptr_t low = reinterpret_cast<uintptr_t>(dynamic_shared()) & 0x3FFFFu;  // the block's place in the window
-    const char* start = dynamic_shared() + ((((desc & 0x3FFFu) << 4) - low) & 0x3FFFFu);
+    return dynamic_shared() + ((((desc & 0x3FFFu) << 4) - low) & 0x3FFFFu);
+}
+
+// One wgmma of the lane: its eight accumulator elements of every 16-column tile, over the K of one instruction. The
+// lane's rows are its warp's 16 of the warpgroup's 64 (warp w of the warpgroup: rows 16w …).
+template <int N, class T, class A>
+void wgmma_run(spatialc_acc<A>* d, unsigned long long a_desc, unsigned long long b_desc, int warp_in_group, int lane,
+               int line, const std::vector<unsigned>* known = nullptr) {
+    constexpr int kd = sizeof(T) == 1 ? 32 : 16;
+    constexpr int elem = (int)sizeof(T);
+    constexpr bool b_mn_major = sizeof(T) == 2;  // 16-bit B is transposed (imm-trans-b 1); 8-bit B is K-major
+    const char* a_start = wgmma_start(a_desc);
+    const char* b_start = wgmma_start(b_desc);
     static thread_local std::vector<const void*> reads;
     reads.clear();
     for (int c = 0; c < N / 16; ++c)
         for (int i = 0; i < 8; ++i) {
-            const int r = acc_row(lane, i), col = 16 * c + acc_col(lane, i);
+            const int r = 16 * warp_in_group + acc_row(lane, i), col = 16 * c + acc_col(lane, i);
+            auto a_at = [&](int k) {
+                return *reinterpret_cast<const T*>(wgmma_byte(a_start, a_desc, k, r, elem, false, line));
+            };
+            auto b_at = [&](int k) {
+                return *reinterpret_cast<const T*>(wgmma_byte(b_start, b_desc, k, col, elem, b_mn_major, line));
+            };
             if constexpr (std::is_same_v<A, int>) {
-                uint32_t acc = (uint32_t)d[c].x[i];
-                for (int k = 0; k < kd; ++k) {
-                    const auto* b = reinterpret_cast<const T*>(wgmma_b_byte(start, desc, k, col, 1, false, line));
-                    acc += (uint32_t)((int)a.v[r * 32 + k] * (int)*b);
-                }
+                uint32_t acc = (uint32_t)d[c].x[i];  // int32 accumulation wraps like the hardware's
+                for (int k = 0; k < kd; ++k) acc += (uint32_t)((int)a_at(k) * (int)b_at(k));
                 d[c].x[i] = (int)acc;
             } else {
                 float acc = d[c].x[i];
-                for (int k = 0; k < kd; ++k) {
-                    const auto* b = reinterpret_cast<const T*>(wgmma_b_byte(start, desc, k, col, 2, mn_major, line));
-                    acc += float(a.v[r * 32 + k]) * float(*b);
-                }
+                for (int k = 0; k < kd; ++k) acc += float(a_at(k)) * float(b_at(k));
                 d[c].x[i] = acc;
             }
         }
-    if (lane == 0) {  // the warp's read of the whole B operand, checked once
-        for (int k = 0; k < kd; ++k)
-            for (int n = 0; n < N; ++n) reads.push_back(wgmma_b_byte(start, desc, k, n, (int)sizeof(T), mn_major, line));
-        track(reads.data(), (int)reads.size(), sizeof(T), false, AccessKind::wgmma, line);
+    if (lane == 0) {  // the warp's reads, checked once: its 16 rows of A and the whole of B
+        for (int k = 0; k < kd; ++k) {
+            for (int r = 0; r < 16; ++r)
+                reads.push_back(wgmma_byte(a_start, a_desc, k, 16 * warp_in_group + r, elem, false, line));
+            for (int n = 0; n < N; ++n) reads.push_back(wgmma_byte(b_start, b_desc, k, n, elem, b_mn_major, line));
+        }
+        if (known)
+            track_async_read(reads.data(), (int)reads.size(), sizeof(T), AccessKind::wgmma, line, *known);
+        else
+            track(reads.data(), (int)reads.size(), sizeof(T), false, AccessKind::wgmma, line);
     }
 }
 
@@ -237,17 +256,22 @@ inline void spatialc_wgmma_wait() {
     }
 }
 template <int N, class T, class A>
-void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], const spatialc_frag<T>& a, unsigned long long desc,
+void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b,
                     int line = __builtin_LINE()) {
     using namespace spatialc_emu;
     static_assert(N % 16 == 0 && N >= 16 && N <= 256, "a wgmma is 16 to 256 columns wide here");
-    const int lane = me("spatialc_wgmma").lane;
+    static_assert(sizeof(T) == 1 ? std::is_same_v<A, int> : std::is_same_v<A, float>, "int8 into int32, 16-bit float");
+    const ThreadState& t = me("spatialc_wgmma");
+    const int warp = t.warp % 4, lane = t.lane;
     spatialc_acc<A>* acc = d;
     if (!kLate) {
-        wgmma_run<N>(acc, a, desc, lane, line);
+        wgmma_run<N, T>(acc, a, b, warp, lane, line);
         return;
     }
-    wgmma_open.push_back([acc, a, desc, lane, line] { wgmma_run<N>(acc, a, desc, lane, line); });
+    // Run at its wait_group, its reads checked against what the thread knew when it issued it.
+    wgmma_open.push_back([acc, a, b, warp, lane, line, known = t.vc] {
+        wgmma_run<N, T>(acc, a, b, warp, lane, line, &known);
+    });
 }
 
 #endif  // SPATIALC_EMU_HOPPER_H

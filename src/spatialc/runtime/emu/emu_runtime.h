@@ -574,6 +574,25 @@ SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
 
 // ---- sm_90a: tensor maps, TMA loads and transaction counts (emu_hopper.h) -------------------------------------------
 
+SPATIALC_EMU_FN void track_async_read(const void* const* ptrs, int count, size_t size, AccessKind kind, int line,
+                                      const std::vector<unsigned>& known) {
+    const ThreadState& t = *self;
+    const Access a{t.tid, t.bi.load(std::memory_order_relaxed), t.wi.load(std::memory_order_relaxed), line, kind, t.clk};
+    ThreadState then;  // the thread as it was when it issued the read: only its knowledge of the others matters
+    then.vc = known;
+    std::lock_guard<std::mutex> lk(shadow_mu);
+    for (int k = 0; k < count; ++k) {
+        Region* r = find_region(ptrs[k]);
+        if (!r) continue;
+        const size_t off = (size_t)(static_cast<const char*>(ptrs[k]) - r->base);
+        if (off + size > r->bytes)
+            fatal(kExitMisuse, who(a) + " runs past the end of shared ring '" + r->name + "'");
+        for (size_t i = 0; i < size; ++i)  // the write a read issued then could have missed
+            if (conflicts(r->shadow[off + i].w, a, then)) race(*r, off + i, r->shadow[off + i].w, a);
+        track_bytes(*r, off, size, false, a, t);
+    }
+}
+
 SPATIALC_EMU_FN CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* base,
                                       const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
                                       const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
