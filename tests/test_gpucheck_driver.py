@@ -137,6 +137,7 @@ class FakeRunner:
         row.contestants = [
             Contestant("spatialc persistent", "spatialc", timing(2e-3), timing(1e-3), 0.0, True, check=right),
             Contestant("spatialc general", "spatialc", timing(4e-3), timing(2e-3), 0.0, True, check=right),
+            Contestant("spatialc sm90a", "spatialc", timing(1e-3), timing(2.5e-4), 0.0, True, check=right),
             Contestant("torch.matmul", "cublas", timing(1e-3), timing(5e-4), 0.0, True),
         ]
         return row
@@ -260,6 +261,7 @@ def test_dry_run_lists_the_preflight_the_timings_and_each_case(capsys, monkeypat
         "CuPy cuBLAS: float64 matmul 64³",
         "spatialc persistent kernel: int8 64x64x64",
         "spatialc general kernel: int8 64x64x64",
+        "spatialc sm90a kernel: int8 64x64x64",
         "torch.matmul: bf16 64x64x64",
         "torch._int_mm (B column-major): int8 64x64x64",
         "cublasGemmEx TN: int8 33x35x37",
@@ -269,13 +271,17 @@ def test_dry_run_lists_the_preflight_the_timings_and_each_case(capsys, monkeypat
     ]
     assert "timings: end to end: row-major A and B in, row-major C out in torch's type" in out
     assert "kernel only: operands already in each contestant's layout" in out
-    assert out.count("  plan      block") == 4 and out.count("  launch    ") == 8  # each case's two kernels
-    assert out.count("  ptxas     no nvcc here") == 8 and out.count("  cubin     compiled on the GPU machine") == 8
+    # Each case's three kernels: the persistent one, its general form and, on sm_90, the sm90a form's (4 × 3).
+    assert out.count("  plan      block") == 4 and out.count("  launch    ") == 12
+    assert out.count("  ptxas     no nvcc here") == 12 and out.count("  cubin     compiled on the GPU machine") == 12
     assert out.count("\n  spatialc persistent\n    launch    grid ") == 4
     assert out.count("\n  spatialc general\n    launch    grid ") == 4
+    hopper = r"\n  spatialc sm90a\n    plan      its own [^\n]*: block 8×1×\d[^\n]*\n    launch    grid \d+ × 384 "
+    assert len(re.findall(hopper, out)) == 4  # its own plan, for target sm_90a, above its launch
     assert "torch._int_mm (B column-major): n/a (torch._int_mm needs m > 16 and k, n multiples of 8" in out
     assert "cublasGemmEx TN: end to end + kernel only, no padding needed" in out
-    assert out.count("spatialc persistent: end to end + kernel only; spatialc general: end to end + kernel only") == 4
+    timed = "spatialc persistent: end to end + kernel only; spatialc general: end to end + kernel only; "
+    assert out.count(timed + "spatialc sm90a: end to end + kernel only; ") == 4
     assert "torch.matmul: end to end + kernel only" in out
 
 
@@ -285,8 +291,11 @@ def test_dry_run_says_why_a_case_has_no_general_form(capsys, monkeypatch):
     monkeypatch.setattr(L, "find_nvcc", lambda: None)
     assert gpucheck.main(["d", "--dry-run", "--sizes", "48", "--precisions", "fp16"]) == 0
     out = capsys.readouterr().out
-    assert f"\n  spatialc general: {why}\n" in out and out.count("  launch    ") == 1
-    assert "  timed     spatialc persistent: end to end + kernel only; spatialc general: n/a (no kernel); " in out
+    # Two launches: the persistent kernel's and the sm90a form's (lowered apart, for sm_90a); none of a general form.
+    assert f"\n  spatialc general: {why}\n" in out and out.count("  launch    ") == 2
+    assert out.count("\n  spatialc persistent\n    launch    ") == 1 and out.count("\n  spatialc sm90a\n") == 1
+    timed = "  timed     spatialc persistent: end to end + kernel only; spatialc general: n/a (no kernel); "
+    assert timed + "spatialc sm90a: end to end + kernel only; " in out
 
 
 def test_dry_run_names_gemm_ex_padding(capsys, monkeypatch):
@@ -429,7 +438,10 @@ def test_main_writes_the_table_with_an_injected_runner(capsys, tmp_path):
     assert timings["end_to_end"]["spatialc"]["persistent"]["pct_of_cublas"] == pytest.approx(50.0)
     assert timings["kernel"]["spatialc"]["persistent"]["pct_of_cublas"] == pytest.approx(50.0)
     assert timings["kernel"]["spatialc"]["general"]["pct_of_cublas"] == pytest.approx(25.0)
-    assert "| fp16 | 32×32×32 |" in out and "| 50% / 25% |" in out and "wrote" in out
+    assert timings["end_to_end"]["spatialc"]["sm90a"]["pct_of_cublas"] == pytest.approx(100.0)
+    assert timings["kernel"]["spatialc"]["sm90a"]["pct_of_cublas"] == pytest.approx(200.0)
+    assert "| fp16 | 32×32×32 |" in out and "| 50% / 25% / 100% |" in out and "| 50% / 25% / 200% |" in out
+    assert "wrote" in out
 
 
 def test_the_report_is_on_disk_after_the_preflight_and_every_row(capsys, tmp_path):

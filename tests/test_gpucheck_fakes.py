@@ -463,6 +463,21 @@ class FakeDevice:
         self.state["grids"].append(grid)
         kernel(args)
 
+    def tensor_map(self, buffer, dims, strides, box, elem, swizzle):
+        """An sm_90a kernel's tensor map, refused where cuTensorMapEncodeTiled would refuse it (cuda.h: strides
+        multiples of 16 bytes, box sides 1 to 256, the inner box a multiple of 16 bytes and within the swizzle's
+        span) and where its last element lies past the buffer; the 128 bytes are the stand-in's zeros."""
+        from spatialc.runtime.launch import TENSOR_MAP_DTYPE
+
+        inner = box[0] * elem
+        last = (dims[0] - 1) * elem + sum((d - 1) * s for d, s in zip(dims[1:], strides, strict=True)) + elem
+        if any(s % 16 for s in strides) or not all(1 <= b <= 256 for b in box) or inner % 16:
+            raise FakeError("CUDA_ERROR_INVALID_VALUE: cuTensorMapEncodeTiled")
+        if (swizzle and inner > 32) or last > buffer.nbytes:
+            raise FakeError("CUDA_ERROR_INVALID_VALUE: cuTensorMapEncodeTiled")
+        self.state.setdefault("tensor_maps", []).append((tuple(dims), tuple(strides), tuple(box), swizzle))
+        return np.zeros(1, dtype=TENSOR_MAP_DTYPE)[0]
+
 
 class _Loading:
     """A device whose `load` gives the fake kernel, the rest passed on (what `launch.prepare` is handed)."""
@@ -476,6 +491,9 @@ class _Loading:
 
     def launch(self, *args):
         self.device.launch(*args)
+
+    def tensor_map(self, *spec):
+        return self.device.tensor_map(*spec)
 
 
 def install_fake_gpu(monkeypatch):
@@ -519,13 +537,19 @@ def fake_gpu(monkeypatch):
 
 
 def lowered_as(monkeypatch, change):
-    """spatialc.lower, as the GPU check's builds call it, replaced by `change(lower, program, target)` (`lower`: the
-    real one): artifacts without a general form, or in the general form alone."""
+    """spatialc.lower, as the GPU check's builds call it for a case's artifact, replaced by `change(lower, program,
+    target)` (`lower`: the real one): artifacts without a general form, or in the general form alone. A call that
+    names its form (the sm90a contestant's, `lower(program, "sm_90a", form="sm90a")`) is a kernel of its own, built
+    apart from the case's artifact: the real lower prints it, untouched by the change."""
     import spatialc
     from spatialc.gpucheck import builds
 
     real = spatialc.lower
-    monkeypatch.setattr(spatialc, "lower", lambda program, target: change(real, program, target))
+
+    def lower(program, target, **form):
+        return real(program, target, **form) if form else change(real, program, target)
+
+    monkeypatch.setattr(spatialc, "lower", lower)
     # What lower returns is all there is: no plan of the general form's own where the case's leaves it no room.
     monkeypatch.setattr(builds, "general_planned", lambda gemm, target: None)
 

@@ -11,7 +11,7 @@ from spatialc import gpucheck
 from spatialc.errors import SpatialError
 from spatialc.gpucheck import builds as B
 from spatialc.gpucheck import device as D
-from spatialc.gpucheck.cases import Case
+from spatialc.gpucheck.cases import Case, kernel_arch
 from spatialc.gpucheck.prepare import MANIFEST, Manifest, file_hash, source_hash
 from spatialc.runtime import launch as L
 from spatialc.runtime import sass
@@ -27,10 +27,12 @@ NVCC = L.find_nvcc()
 def test_prepare_compiles_every_kernel_and_the_gpu_run_loads_them(tmp_path, capsys, monkeypatch):
     prep = tmp_path / "prep"
     argv = [str(prep), "--prepare", "--sizes", "64", "--precisions", "fp16", "--commit", "abc"]
-    assert gpucheck.main(argv) == 0  # one case, which is also the preflight's: its two kernels, two compiles
+    # One case, which is also the preflight's: its three kernels (persistent, general and, on sm_90, the sm90a
+    # form's, for sm_90a), three compiles.
+    assert gpucheck.main(argv) == 0
     out = capsys.readouterr().out
-    assert f"gpucheck prepare: 2 kernels for sm_90 with {L.nvcc_version(NVCC)} into {prep}" in out
-    assert f"wrote {prep / MANIFEST}: 2 compiled, 0 failed" in out
+    assert f"gpucheck prepare: 3 kernels for sm_90 with {L.nvcc_version(NVCC)} into {prep}" in out
+    assert f"wrote {prep / MANIFEST}: 3 compiled, 0 failed" in out
     data = json.loads((prep / MANIFEST).read_text())
     assert data["arch"] == "sm_90" and data["commit"] == "abc" and data["nvcc"] == L.nvcc_version(NVCC)
     entries = data["kernels"]
@@ -38,35 +40,42 @@ def test_prepare_compiles_every_kernel_and_the_gpu_run_loads_them(tmp_path, caps
     assert [(e["form"], e["kernel_name"]) for e in entries] == [
         ("persistent", "spatialc_persistent"),
         ("general", "spatialc_general"),
+        ("sm90a", "spatialc_hopper"),
     ]
+    assert [e["arch"] for e in entries] == ["sm_90", "sm_90", "sm_90a"]
     manifest = Manifest.load(prep)
     monkeypatch.setattr(L, "find_nvcc", lambda: None)  # the dry run reads ptxas from the manifest, compiles nothing
     assert gpucheck.main(["unused", "--dry-run", "--prepared", str(prep), "--sizes", "64", "--precisions", "fp16"]) == 0
     dry = capsys.readouterr().out
-    assert f"cubins: prepared in {prep} (2 kernels for sm_90" in dry
-    assert dry.count("  cubin     prepared: ") == 2
+    assert f"cubins: prepared in {prep} (3 kernels for sm_90" in dry
+    assert dry.count("  cubin     prepared: ") == 3
     for entry, form in zip(entries, forms, strict=True):  # each kernel: its own source hash, cubin and ptxas report
+        arch = kernel_arch(form.name, "sm_90")  # the sm90a form's: sm_90a
         assert entry["case"] == "fp16 64x64x64" and entry["source_sha256"] == source_hash(form.artifact.kernel_cu)
-        assert entry["cubin_sha256"] == file_hash(prep / entry["cubin"]) and entry["arch"] == "sm_90"
+        assert entry["cubin_sha256"] == file_hash(prep / entry["cubin"]) and entry["arch"] == arch
         assert 0 < entry["ptxas"]["registers"] <= 255 and entry["ptxas"]["spill_stores"] >= 0 and not entry["error"]
         said = f"fp16 64x64x64 {form.name}: {entry['cubin']} in "
         assert said in out and f"{entry['ptxas']['registers']} regs" in out.split(said)[1].splitlines()[0]
 
-        path, found, why = manifest.find(form.artifact.kernel_cu, "sm_90")
+        path, found, why = manifest.find(form.artifact.kernel_cu, arch)
         assert path == prep / entry["cubin"] and found.ptxas == entry["ptxas"] and why == ""
-        assert manifest.find(form.artifact.kernel_cu, "sm_89")[2] == "prepared for sm_90, the device is sm_89"
+        assert manifest.find(form.artifact.kernel_cu, "sm_89")[2] == f"prepared for {arch}, the device is sm_89"
 
         shown = dry.split(f"  spatialc {form.name}\n")[1]
+        if form.name == "sm90a":  # its own plan (built for sm_90a) comes first
+            plan, shown = shown.split("\n", 1)
+            assert plan == f"    plan      its own (built for sm_90a): {form.facts['own_plan']}"
         assert shown.startswith("    launch    grid ")
         assert f"    ptxas     {entry['ptxas']['registers']} regs" in shown.splitlines()[1]
         lines = shown.splitlines()
         assert f"    cubin     prepared: {entry['cubin']} (source hash checked)" in lines[2:4]
         if entry["sass"]:  # cuobjdump here: the main loop's census, in the manifest and the dry run
-            assert "issue slots a tile-MAC" in entry["sass"] and "HMMA.16816.F32" in entry["sass"]
+            mma = "HGMMA.64x" if form.name == "sm90a" else "HMMA.16816.F32"  # wgmma, or mma.sync
+            assert "issue slots a tile-MAC" in entry["sass"] and mma in entry["sass"]
             assert lines[2] == f"    sass      {entry['sass']}"
         else:
             assert sass.find_cuobjdump() is None
-    assert entries[0]["source_sha256"] != entries[1]["source_sha256"]
+    assert len({e["source_sha256"] for e in entries}) == 3
 
 
 @pytest.mark.nvcc
@@ -78,10 +87,10 @@ def test_a_run_in_the_prepared_folder_finds_its_cubins(fake_gpu, tmp_path, capsy
     status = gpucheck.main([str(tmp_path), "--sizes", "64", "--precisions", "int8"], make_runner=D.GpuRunner)
     assert status == 0
     data = json.loads((tmp_path / "gpucheck.json").read_text())
-    assert data["header"]["prepared"].startswith(f"{tmp_path}: 2 kernels for sm_90")
+    assert data["header"]["prepared"].startswith(f"{tmp_path}: 3 kernels for sm_90")  # 64³: its three kernels
     spatialc = [c for c in data["rows"][0]["contestants"] if c["family"] == "spatialc"]
-    assert [c["name"] for c in spatialc] == ["spatialc persistent", "spatialc general"]
-    for c in spatialc:  # both kernels loaded from their cubins, nothing compiled there
+    assert [c["name"] for c in spatialc] == ["spatialc persistent", "spatialc general", "spatialc sm90a"]
+    for c in spatialc:  # every kernel loaded from its cubin (the sm90a one's for sm_90a), nothing compiled there
         assert c["ok"] and c["facts"]["cubin"] == "prepared" and c["facts"]["registers"] > 0
     capsys.readouterr()
 
@@ -90,23 +99,30 @@ def test_a_kernel_that_does_not_compile_is_recorded_and_the_prepare_exits_1(tmp_
     monkeypatch.setattr(L, "find_nvcc", lambda: "/nonexistent/nvcc")
     monkeypatch.setattr(L, "nvcc_version", lambda nvcc: "fake nvcc")
 
+    tried = []
+
     def refuse(built, arch, timeout_s, cache):
+        tried.append((built.name, arch))
         raise L.KernelBuildError("nvcc failed: error: something")
 
     monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", refuse)
     assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "32", "--precisions", "bf16"]) == 1
     out = capsys.readouterr().out
-    assert "gpucheck prepare: 4 kernels for sm_90 with fake nvcc" in out  # the preflight's 64³ and 32³, two forms each
-    assert "bf16 32x32x32 persistent: compile: nvcc failed: error: something" in out and "0 compiled, 4 failed" in out
+    # The preflight's 64³ and 32³, three forms each (persistent, general, and the sm90a form's, for sm_90a).
+    assert "gpucheck prepare: 6 kernels for sm_90 with fake nvcc" in out
+    assert "bf16 32x32x32 persistent: compile: nvcc failed: error: something" in out and "0 compiled, 6 failed" in out
     assert "bf16 32x32x32 general: compile: nvcc failed: error: something" in out
+    assert "bf16 32x32x32 sm90a: compile: nvcc failed: error: something" in out
+    forms = [("persistent", "sm_90"), ("general", "sm_90"), ("sm90a", "sm_90a")]
+    assert sorted(tried) == sorted(forms * 2)  # each tried once, for its own architecture
     manifest = Manifest.load(tmp_path)
-    assert [e.error for e in manifest.entries] == ["compile: nvcc failed: error: something"] * 4
-    assert [e.form for e in manifest.entries] == ["persistent", "general"] * 2
+    assert [e.error for e in manifest.entries] == ["compile: nvcc failed: error: something"] * 6
+    assert [(e.form, e.arch) for e in manifest.entries] == forms * 2
     for form in B.build_case(Case(32, 32, 32, "bf16"), "sm_90").forms:
-        assert manifest.find(form.artifact.kernel_cu, "sm_90")[0] is None
+        assert manifest.find(form.artifact.kernel_cu, kernel_arch(form.name, "sm_90"))[0] is None
 
 
-def test_a_case_without_a_general_form_prepares_its_persistent_kernel_alone(tmp_path, capsys, monkeypatch):
+def test_a_case_without_a_general_form_prepares_its_other_kernels_alone(tmp_path, capsys, monkeypatch):
     why = "no general form: shared memory of one block of the general form on sm_90: needs 299200, has 232448"
     lowered_as(monkeypatch, without_general(why))
     monkeypatch.setattr(L, "find_nvcc", lambda: "/nonexistent/nvcc")
@@ -123,9 +139,10 @@ def test_a_case_without_a_general_form_prepares_its_persistent_kernel_alone(tmp_
     monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", compile_kernel)
     assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "64", "--precisions", "int8"]) == 0
     out = capsys.readouterr().out
-    assert "gpucheck prepare: 1 kernels for sm_90" in out and f"int8 64x64x64 general: {why}" in out
-    assert compiled == ["persistent"] and "1 compiled, 0 failed" in out
-    assert [e.form for e in Manifest.load(tmp_path).entries] == ["persistent"]
+    # Two kernels: the persistent one and the sm90a form's (lowered apart, for sm_90a); no general form.
+    assert "gpucheck prepare: 2 kernels for sm_90" in out and f"int8 64x64x64 general: {why}" in out
+    assert sorted(compiled) == ["persistent", "sm90a"] and "2 compiled, 0 failed" in out
+    assert [e.form for e in Manifest.load(tmp_path).entries] == ["persistent", "sm90a"]
 
 
 def test_a_manifest_of_another_format_is_refused(tmp_path):

@@ -28,6 +28,7 @@ def int8_row():
         Contestant(
             "spatialc general", "spatialc", t(8e-3, "events"), t(1e-3), 0.0, True, "C stored as int32", "", RIGHT
         ),
+        Contestant("spatialc sm90a", "spatialc", t(2e-3, "events"), t(5e-4), 0.0, True, "C stored as int32", "", RIGHT),
         Contestant("torch._int_mm (B column-major)", "cublas", t(3e-3, "events"), t(4e-3), 0.0, True),
         Contestant("cublasGemmEx TN", "cublas", t(5e-3, "events"), t(1e-3), 0.0, True, "no padding needed"),
         Contestant("torch._int_mm (B row-major)", "cublas", note="unavailable: CUBLAS_STATUS_NOT_SUPPORTED"),
@@ -44,6 +45,8 @@ def test_the_fastest_right_library_counts_each_way_and_is_named():
     assert percent_of(row, "cublas", "kernel", "persistent") == pytest.approx(50.0)
     assert percent_of(row, "cublas", "end_to_end", "general") == pytest.approx(37.5)  # each form against the same
     assert percent_of(row, "cublas", "kernel", "general") == pytest.approx(100.0)
+    assert percent_of(row, "cublas", "end_to_end", "sm90a") == pytest.approx(150.0)  # faster than the library
+    assert percent_of(row, "cublas", "kernel", "sm90a") == pytest.approx(200.0)
     assert best(row, "triton", "end_to_end") is None  # its result was wrong
     assert percent_of(row, "triton", "end_to_end", "persistent") is None
     d = row_dict(row)
@@ -53,6 +56,11 @@ def test_the_fastest_right_library_counts_each_way_and_is_named():
     assert kernel["cublas_best"]["name"] == "cublasGemmEx TN"
     assert kernel["spatialc"]["persistent"]["pct_of_cublas"] == pytest.approx(50)
     assert kernel["spatialc"]["general"]["pct_of_cublas"] == pytest.approx(100)
+    assert kernel["spatialc"]["sm90a"] == {
+        "rate": pytest.approx(2 * 1024**3 / 5e-4 / 1e12),
+        "pct_of_cublas": 200.0,
+        "pct_of_triton": None,
+    }
     assert e2e["cublas_best"]["name"] == "torch._int_mm (B column-major)"
     assert e2e["spatialc"]["general"] == {
         "rate": pytest.approx(0.268, rel=1e-2),
@@ -80,6 +88,7 @@ def test_report_files_hold_the_header_the_preflight_and_every_row(tmp_path):
     wrong.contestants = [
         Contestant("spatialc persistent", "spatialc", t(1e-5), t(1e-5), float("nan"), False, check=broken),
         Contestant("spatialc general", "spatialc", note="n/a: no general form: planted"),
+        Contestant("spatialc sm90a", "spatialc", t(2e-5), t(1e-5), 0.0, True, check=RIGHT),
     ]
     js, md = write_report(tmp_path / "out", header, [int8_row(), wrong, skipped])
     data = json.loads(js.read_text())  # strict JSON: NaN written as a string
@@ -90,21 +99,25 @@ def test_report_files_hold_the_header_the_preflight_and_every_row(tmp_path):
     assert "- outputs: spatialc.gemm(…, out=…)" in text
     assert "| device | ok | 0.1 | Fake GPU |" in text and "| Triton matmul: int8 64x64x64 | not tried | 0 |" in text
     head = (
-        "| precision | m×n×k | spatialc persistent e2e | spatialc general e2e | cuBLAS e2e (fastest) | % cuBLAS e2e | "
-        "spatialc persistent kernel | spatialc general kernel | cuBLAS kernel (fastest) | % cuBLAS kernel | "
-        "Triton e2e | % Triton e2e | max err | correct | status |"
+        "| precision | m×n×k | spatialc persistent e2e | spatialc general e2e | spatialc sm90a e2e | "
+        "cuBLAS e2e (fastest) | % cuBLAS e2e | spatialc persistent kernel | spatialc general kernel | "
+        "spatialc sm90a kernel | cuBLAS kernel (fastest) | % cuBLAS kernel | Triton e2e | % Triton e2e | max err | "
+        "correct | status |"
     )
-    assert head in text and "% columns, max err and correct give each spatialc kernel's: persistent / general." in text
+    per_form = "% columns, max err and correct give each spatialc kernel's: persistent / general / sm90a."
+    assert head in text and per_form in text
     line = next(x for x in text.splitlines() if x.startswith("| int8 | 1024×1024×1024 |"))
-    assert "| 0.537 TOP/s | 0.268 TOP/s | 0.716 (torch._int_mm (B column-major)) | 75% / 38% |" in line
-    assert "| 1.07 TOP/s | 2.15 TOP/s | 2.15 (cublasGemmEx TN) | 50% / 100% |" in line
-    assert line.endswith("| — | — | 0 / 0 | yes / yes | ok |")
-    assert "| nan / — | no / — | wrong |" in text and "skipped: not run: time budget" in text
+    e2e = "| 0.537 TOP/s | 0.268 TOP/s | 1.07 TOP/s | 0.716 (torch._int_mm (B column-major)) | 75% / 38% / 150% |"
+    assert e2e in line
+    assert "| 1.07 TOP/s | 2.15 TOP/s | 4.29 TOP/s | 2.15 (cublasGemmEx TN) | 50% / 100% / 200% |" in line
+    assert line.endswith("| — | — | 0 / 0 / 0 | yes / yes / yes | ok |")
+    assert "| nan / — / 0 | no / — / yes | wrong |" in text and "skipped: not run: time budget" in text
     assert "| — | — | — | skipped: not run: time budget of 270 s spent |" in text  # a row with no kernel: one —
     assert "| torch._int_mm (B row-major) | — | — | — | — | unavailable: CUBLAS_STATUS_NOT_SUPPORTED |" in text
     assert "| Triton matmul | — | — | — | WRONG (9) | wrong; not timed |" in text
     assert "| spatialc persistent | 0.537 | 1.07 | events ×4, 10 reps; graph ×4, 10 reps | right (0) | C stored" in text
     assert "| spatialc general | 0.268 | 2.15 | events ×4, 10 reps; graph ×4, 10 reps | right (0) | C stored" in text
+    assert "| spatialc sm90a | 1.07 | 4.29 | events ×4, 10 reps; graph ×4, 10 reps | right (0) | C stored" in text
     assert "| fp16 | 64×64×64 | spatialc general | — | — | — | — | n/a: no general form: planted |" in text
     assert text == to_markdown(header, [int8_row(), wrong, skipped])
 
@@ -144,7 +157,8 @@ def test_the_kernel_table_shows_plan_budget_and_ptxas_and_flags_spills(tmp_path)
     head = (
         "| precision | m×n×k | form | block | sub | depth | sites | threads | blocks/SM | dyn smem | C | regs (est) |"
     )
-    assert head in text and "Kernels (form: the persistent kernel or its general form, one line each; plan:" in text
+    kernels = "Kernels (form: the persistent kernel, its general form or the sm_90a form, one line each; plan:"
+    assert head in text and kernels in text
     cells = "| persistent | 4×8×1 | 2×2 | 3 | 99 | 256 |"
     assert f"| bf16 | 1024×1024×1024 {cells} 1 | 8192 | bfloat16 | 212 (244) | 0/0 | 36864 | prepared |" in text
     assert f"| int8 | 2048×2048×2048 {cells} 2 | 8192 | bfloat16 | 255 (244) | 672/736 ⚠ | 18432 |" in text

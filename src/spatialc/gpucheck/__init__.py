@@ -7,9 +7,10 @@ First a preflight of at most a minute tries every path once (the device, CuPy's 
 form, each library in the layout the rows use, CUDA graphs, a Triton compile); a path that fails is marked
 unavailable, with its reason, and the run goes on with the rest. Then for every size × precision (int8, fp16, bf16)
 it builds `gemm(m, n, k, p)` for the target (storing C in torch's type where gemm takes `out`) and lowers it to its
-two kernels, the persistent kernel and the same program in the general form (where lower prints one; the report
-says why not), loads each one's prepared cubin (after checking its source hash) or compiles it, runs each on fresh
-random inputs with the output poisoned first, compares C with a float64 reference, and times each kernel, as a
+kernels, the persistent kernel and the same program in the general form (where lower prints one; the report says why
+not) and, on an sm_90 target, the same GEMM built for sm_90a in the sm_90a form (TMA and wgmma: its own plan,
+compiled for sm_90a), loads each one's prepared cubin (after checking its source hash) or compiles it, runs each on
+fresh random inputs with the output poisoned first, compares C with a float64 reference, and times each kernel, as a
 contestant of its own, and each library two ways, like for like: end to end (row-major A and B in, row-major C out
 in torch's type, tilize / untilize and every copy included) and kernel only (operands in each contestant's own
 layout; CUDA graph replays, so that small products are not timed by their launching). Inputs rotate over copies so

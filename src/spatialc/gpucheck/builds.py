@@ -20,7 +20,17 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import launch
-from .cases import ELEM_OF, TORCH_OUT, BudgetExceeded, Case, Deadline, one_line, spatialc_name
+from .cases import (
+    ELEM_OF,
+    HOPPER_FORM,
+    TORCH_OUT,
+    BudgetExceeded,
+    Case,
+    Deadline,
+    kernel_arch,
+    one_line,
+    spatialc_name,
+)
 
 COMPILE_S = 300.0  # the most one nvcc may take …
 COMPILE_GRACE_S = 2.0  # … and never past the deadline plus this (the deadline keeps RESERVE_S ≥ this back)
@@ -109,6 +119,10 @@ def _build(case: Case, target: str, out: str | None) -> Built:
         built.kernel.update(plan_facts(program))
         artifact = spatialc.lower(program, target)
         built.forms = forms_of(artifact, lambda: general_planned(gemm, target))
+        if target == "sm_90":  # a Hopper: the same GEMM built for sm_90a, in its own form
+            split = program.placement is not None and program.placement.splits > 1
+            why = "the sm_90a form does not split K yet (the case's plan splits it)"
+            built.forms.append(Form(HOPPER_FORM, absent=why) if split else hopper_form(gemm, grouped))
     except Exception as e:
         built.error = ("lower: " if built.plan else "build: ") + one_line(e)
         return built
@@ -140,6 +154,22 @@ def forms_of(artifact: Any, replan: Any = None) -> list[Form]:
     form.facts.update(plan_facts(program))  # the kernel table shows the general form's own plan
     form.facts["own_plan"] = describe_plan(program)
     return [_form("persistent", artifact), form]
+
+
+def hopper_form(gemm: Any, options: dict[str, Any]) -> Form:
+    """The GEMM built for sm_90a and lowered in the sm_90a form (TMA, wgmma): its own plan, named in its facts; or
+    absent, with the reason (the form leaves multicast, split-K and grouped GEMMs to the others so far)."""
+    import spatialc
+
+    try:
+        program = spatialc.build(gemm, "sm_90a", **options)
+        artifact = spatialc.lower(program, "sm_90a", form="sm90a")
+    except Exception as e:
+        return Form(HOPPER_FORM, absent=one_line(e))
+    form = _form(HOPPER_FORM, artifact)
+    form.facts.update(plan_facts(program))
+    form.facts["own_plan"] = describe_plan(program)
+    return form
 
 
 def general_planned(gemm: Any, target: str) -> tuple[Any, Any]:
@@ -314,7 +344,7 @@ class BuildPool:
             form.error = "compile: not started: time budget spent"
             return
         try:
-            compile_kernel(form, self.arch, timeout_s=limit)
+            compile_kernel(form, kernel_arch(form.name, self.arch), timeout_s=limit)
         except launch.KernelBuildError as e:
             form.error = "compile: stopped at the end of the run" if self.closed else f"compile: {e}"
 
@@ -322,7 +352,7 @@ class BuildPool:
         """Take the kernel's cubin from the prepared folder when its source hash matches; else say why not."""
         if self.manifest is None:
             return False
-        use_prepared(form, self.manifest, self.arch)
+        use_prepared(form, self.manifest, kernel_arch(form.name, self.arch))
         return form.cubin is not None
 
 

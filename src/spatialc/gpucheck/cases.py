@@ -44,9 +44,18 @@ TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16"}
 # spatialc's type names (`fp16`) as the launcher names element types (`float16`; spatialc.runtime.tilize).
 ELEM_OF = {dtype.value: elem for elem, dtype in ELEMENT_DTYPES.items()}
 WAYS = ("end_to_end", "kernel")  # the two timings of every contestant
-# spatialc's two kernels of a product, in the report's order: the persistent tile kernel and the same program in the
-# general form (`spatialc.lower`'s artifact and its `general`); each is a contestant of its own.
-FORMS = ("persistent", "general")
+# spatialc's kernels of a product, in the report's order: the persistent tile kernel and the same program in the
+# general form (`spatialc.lower`'s artifact and its `general`), and on a Hopper (sm_90) the same GEMM built for
+# target sm_90a in the sm_90a form (TMA and wgmma); each is a contestant of its own.
+FORMS = ("persistent", "general", "sm90a")
+# What each form's kernel is compiled for on a device of architecture `arch`: the sm_90a form for sm_90a.
+HOPPER_FORM = "sm90a"
+
+
+def kernel_arch(form: str, arch: str) -> str:
+    """The architecture a kernel of `form` is compiled for on a device of `arch` (the sm_90a form: `sm_90a`)."""
+    return arch + "a" if form == HOPPER_FORM and arch == "sm_90" else arch
+
 
 # ‖C−R‖_F/‖R‖_F and max|C−R|/max|R| that a float result may reach, by the element type C is stored in: float32 keeps
 # the fp32 accumulation's rounding only; fp16 and bf16 add one rounding of each element (2^-11, 2^-8 relative).

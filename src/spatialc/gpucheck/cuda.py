@@ -98,6 +98,10 @@ class PreparedDevice:
     def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
         self.base.launch(kernel, grid, block, dyn_smem, args)
 
+    def tensor_map(self, *spec: Any) -> Any:
+        """An sm_90a kernel's tensor map, encoded by the CuPy device."""
+        return self.base.tensor_map(*spec)
+
 
 @dataclass
 class Inputs:

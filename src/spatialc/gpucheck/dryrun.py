@@ -1,5 +1,6 @@
 """The GPU check's dry run: what a GPU run would do, said on a CPU: the preflight's steps, the two timings, and for
-each case its plan, for each of its kernels (the persistent kernel and its general form) the launch, ptxas's
+each case its plan, for each of its kernels (the persistent kernel, its general form and, on sm_90, the sm_90a form's
+kernel of the same GEMM built for sm_90a) the launch, ptxas's
 numbers and where its cubin would come from, and what they are timed against."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any
 
 from . import baselines as bl
 from .builds import Built, Form, build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out, use_prepared
-from .cases import FORMS, Case, grouped_sizes, spatialc_name
+from .cases import FORMS, HOPPER_FORM, Case, grouped_sizes, kernel_arch, spatialc_name
 from .preflight import PREFLIGHT_S, step_names
 
 # ---- the dry run -----------------------------------------------------------------------------------------------
@@ -75,16 +76,18 @@ def _dry_form(case: Case, form: Form, target: str, manifest: Any, out: Callable[
     if form.artifact is None:
         out(f"  {form.contestant}: {form.absent}")
         return
-    why = use_prepared(form, manifest, target) if manifest else ""
+    arch = kernel_arch(form.name, target)  # the sm_90a form's kernels are built for sm_90a
+    why = use_prepared(form, manifest, arch) if manifest else ""
     if form.cubin is not None:
         cubin = f"prepared: {form.cubin.name} (source hash checked)"
     else:
         cubin = f"compiled on the GPU machine{': ' + why if why else ''}"
-        _dry_compile(form, target)
+        _dry_compile(form, arch)
     conv = conversion(case, form.facts["c_elem"])
     out(f"  {form.contestant}")
     if "own_plan" in form.facts:
-        out(f"    plan      its own (the case's leaves it no room): {form.facts['own_plan']}")
+        whose = "built for sm_90a" if form.name == HOPPER_FORM else "the case's leaves it no room"
+        out(f"    plan      its own ({whose}): {form.facts['own_plan']}")
     out(f"    launch    {form.facts['launch']}")
     out(f"    ptxas     {describe_ptxas(form.facts)}")
     if form.facts.get("sass"):

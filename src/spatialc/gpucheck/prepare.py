@@ -1,8 +1,8 @@
 """Kernels compiled beforehand: `spatialc gpucheck DIR --prepare` on a CPU machine with nvcc, loaded by the GPU run.
 
 The GPU machine's time is short and its first minutes would otherwise go to nvcc. `--prepare` builds every case of
-the run (and the preflight's) exactly as the GPU run will, compiles each of its kernels — the persistent kernel and
-its general form, where lower printed one — for the target's architecture with
+the run (and the preflight's) exactly as the GPU run will, compiles each of its kernels — the persistent kernel, its
+general form where lower printed one, and the sm_90a form's (for sm_90a) — for the target's architecture with
 `spatialc.runtime.launch.compile_cubin` into DIR (the cubin and what ptxas said of it, side by side), and writes
 DIR/manifest.json: per kernel its case and form, the SHA-256 of its CUDA source and of its cubin, the architecture,
 nvcc's version, ptxas's registers and spills. The GPU run (`--prepared DIR`) builds each case again, hashes each
@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import SpatialError
 from ..runtime import launch
 from .builds import PTXAS_FIELDS, Built, Form, build_case, compile_kernel, describe_ptxas
-from .cases import Case, preflight_case
+from .cases import Case, kernel_arch, preflight_case
 from .report import write_whole
 
 MANIFEST = "manifest.json"
@@ -161,10 +161,11 @@ def _prepare_one(case: Case, form: Form, target: str, out: Path, say: Callable[[
     """Compile one kernel of a case into `out`; a failed compile becomes the entry's `error`."""
     t0 = time.monotonic()
     art = form.artifact
-    base = Entry(str(case), source_hash(art.kernel_cu), target, art.launch.kernel_name, form=form.name)
+    arch = kernel_arch(form.name, target)
+    base = Entry(str(case), source_hash(art.kernel_cu), arch, art.launch.kernel_name, form=form.name)
     label = f"{case} {form.name}"
     try:
-        path = compile_kernel(form, target, timeout_s=PREPARE_COMPILE_S, cache=out)
+        path = compile_kernel(form, arch, timeout_s=PREPARE_COMPILE_S, cache=out)
     except launch.KernelBuildError as e:
         say(f"{label}: compile: {e}")
         return _with(base, error=f"compile: {e}", seconds=time.monotonic() - t0)

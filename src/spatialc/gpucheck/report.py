@@ -1,6 +1,7 @@
 """The GPU check's report: rows in; rates, the fastest library each way, % of it, JSON and Markdown out. No GPU.
 
-Every row compares spatialc's two kernels — the persistent kernel and its general form, side by side — with each
+Every row compares spatialc's kernels — the persistent kernel, its general form and (on sm_90) the sm_90a form of
+the same GEMM built for sm_90a, side by side — with each
 library twice, like for like: end to end (row-major A and B in, row-major C out in torch's type, every copy and
 conversion included) and kernel only (operands already in each contestant's own layout). Of each library family the
 fastest contestant whose result was right counts, and its name is in the table.
@@ -339,7 +340,7 @@ def kernel_table(rows: list[Row]) -> list[str]:
         return []
     lines = [
         "",
-        "Kernels (form: the persistent kernel or its general form, one line each; "
+        "Kernels (form: the persistent kernel, its general form or the sm_90a form, one line each; "
         "plan: block osh×osw×ibw, sub-blocks, ring depth, sites (those run, where the device made them "
         "differ); budget: threads, blocks/SM, dynamic smem B; "
         "C's element type; ptxas: registers per thread (the budget's estimate), spill stores/loads B, static smem B; "

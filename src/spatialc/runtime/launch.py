@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -205,6 +205,7 @@ class Prepared:
     work: Any = None  # the work list on the device, the kernel's last argument (None: a kernel printed without one)
     sync: Any = None  # sites that hand over to each other: their sync words, set before each launch, passed last
     spaces: dict[str, Any] | None = None  # each workspace tensor's device buffer (split-K's partial sums)
+    encoded: dict[tuple[int, Any], Any] = field(default_factory=dict)  # tensor maps by (index, buffer address)
 
     @property
     def xp(self) -> Any:
@@ -278,7 +279,9 @@ class Prepared:
 
     def tensor_maps(self, args: tuple[Any, ...]) -> list[Any]:
         """The kernel's TMA tensor maps (`Launch.tensor_maps`) over the tensor buffers among `args`, encoded by the
-        device (its `tensor_map(buffer, dims, strides, box, elem, swizzle)`), in parameter order."""
+        device (its `tensor_map(buffer, dims, strides, box, elem, swizzle)`), in parameter order. A map depends on
+        nothing but its buffer's address, so one encoded over a device buffer is kept for later launches on it (the
+        GPU check's timed loops launch on the same buffers again and again)."""
         maps = getattr(self.launch_spec, "tensor_maps", ())
         if not maps:
             return []
@@ -290,8 +293,12 @@ class Prepared:
             at = m.tensor  # its parameter's position
             arg = self.args[at]
             elem = self.xp.dtype(arg.storage).itemsize
-            dims, strides, box = m.geometry(arg.tiles, elem)
-            out.append(encode(args[at], dims, strides, box, elem, m.swizzle))
+            ptr = getattr(getattr(args[at], "data", None), "ptr", None)  # a CuPy buffer's device address
+            key = (m.index, ptr)
+            if ptr is None or key not in self.encoded:
+                dims, strides, box = m.geometry(arg.tiles, elem)
+                self.encoded[key] = encode(args[at], dims, strides, box, elem, m.swizzle)
+            out.append(self.encoded[key])
         return out
 
     def check(self) -> None:

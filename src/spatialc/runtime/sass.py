@@ -18,9 +18,9 @@ from pathlib import Path
 
 from ..errors import SpatialError
 
-# One instruction line: /*0ab0*/  @!P1 BRA 0xaa0 ;
-_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\s*([^;]*);")
-MMA = ("HMMA", "IMMA")
+# One instruction line: /*0ab0*/  @!P1 BRA 0xaa0 ; (modifiers may hold a shape: HGMMA.64x128x16.F32.BF16)
+_LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)\s*([^;]*);")
+MMA = ("HMMA", "IMMA", "HGMMA", "IGMMA")  # mma.sync's, and wgmma's (a warpgroup's asynchronous MMA)
 
 
 class SassError(SpatialError):
@@ -118,8 +118,16 @@ TILE_MACS = {"HMMA.16816": 0.5, "HMMA.1688": 0.25, "IMMA.16832": 1.0, "IMMA.1681
 
 
 def tile_macs(counts: Counter[str]) -> float:
-    """The 16×16×16 tile-MACs the MMA instructions in `counts` do."""
-    return sum(n * TILE_MACS.get(".".join(op.split(".")[:2]), 0.0) for op, n in counts.items())
+    """The 16×16×16 tile-MACs the MMA instructions in `counts` do, per warp: a wgmma (`HGMMA.64x128x16…`) is one
+    instruction of each of the warpgroup's four warps for 64·N·K multiply-accumulates."""
+    total = 0.0
+    for op, n in counts.items():
+        gmma = re.match(r"[HI]GMMA\.64x(\d+)x(\d+)", op)
+        if gmma:
+            total += n * 64 * int(gmma.group(1)) * int(gmma.group(2)) / 4096 / 4
+        else:
+            total += n * TILE_MACS.get(".".join(op.split(".")[:2]), 0.0)
+    return total
 
 
 @dataclass(frozen=True, slots=True)
