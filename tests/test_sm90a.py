@@ -94,10 +94,13 @@ def test_static_checks_refuse_before_printing():
     moved = dict(k.base.offsets, ring_0=512)
     with pytest.raises(Unsupported, match="1024 bytes"):
         hopper.check_resources(dataclasses.replace(k, base=dataclasses.replace(k.base, offsets=moved)), t)
-    # The setmaxnreg split over the register file.
-    small = dataclasses.replace(t, regs_per_unit=32768)
-    with pytest.raises(TooBig, match="setmaxnreg"):
+    # The setmaxnreg split over the register file (on a file that still gives each thread 40 to 232 at launch).
+    small = dataclasses.replace(t, regs_per_unit=61440)
+    with pytest.raises(TooBig, match="registers after setmaxnreg: needs 64512, has 61440"):
         hopper.check_resources(k, small)
+    # Registers at launch outside what setmaxnreg moves between (a file of 8K: 21 a thread).
+    with pytest.raises(Unsupported, match="16 registers a thread at launch"):
+        hopper.check_resources(k, dataclasses.replace(t, regs_per_unit=8192))
 
 
 class MapDevice(NumpyDevice):

@@ -178,8 +178,14 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
 def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
     """The static checks before printing, each refusal naming the fix."""
     threads = k.threads
-    if threads * (target.regs_per_unit // threads) < threads or target.regs_per_unit // threads < PRODUCER_REGS:
-        raise TooBig(f"registers of {threads} threads", threads * PRODUCER_REGS, target.regs_per_unit, "fewer warps")
+    # At launch every thread has what `__launch_bounds__(threads, 1)` leaves it (whole multiples of 8, at most the
+    # target's per-thread cap); setmaxnreg.dec must lower that and .inc raise it.
+    at_launch = min(target.regs_per_thread_max, target.regs_per_unit // threads) // 8 * 8
+    if not PRODUCER_REGS <= at_launch <= CONSUMER_REGS:
+        raise Unsupported(
+            f"{at_launch} registers a thread at launch ({threads} threads)",
+            f"setmaxnreg moves the producer down to {PRODUCER_REGS} and the consumers up to {CONSUMER_REGS}",
+        )
     split = WARPGROUP * WARP * (PRODUCER_REGS + CONSUMER_GROUPS * CONSUMER_REGS)
     if split > target.regs_per_unit:
         raise TooBig("registers after setmaxnreg", split, target.regs_per_unit, "lower the consumers' setmaxnreg")
