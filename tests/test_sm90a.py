@@ -46,12 +46,16 @@ def test_sm90a_is_a_target_that_plans_for_wgmma_items():
     assert t.hopper and t.units == 132 and t.smem_per_site_max == 227 * 1024
     p = spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16"), "sm_90a")
     plan = p.plans[0]
-    assert plan.item_tiles[0] == 8 and plan.block.ibw in (2, 4)  # 128 rows: two warpgroups of 64
+    # Hopper's plan: 128 × 256 items (two warpgroups of 64 rows, one m64n256 wgmma each), K steps of 64, 4 stages.
+    assert (plan.item_tiles, plan.block.ibw, plan.depth) == ((8, 16), 4, 4)
     art = spatialc.lower(p)
     assert art.budget.form == "sm90a" and art.budget.threads == 384 and art.budget.blocks_per_sm == 1
-    assert art.budget.total_bytes <= t.smem_per_site_max
-    assert art.general is not None  # the same program in general form rides along
+    assert art.budget.total_bytes <= t.smem_per_site_max  # the stages alone: the output goes from the registers
+    assert art.budget.rings == (("A_ring", 4 * 128 * 64 * 2), ("B_ring", 4 * 64 * 256 * 2))
+    assert art.general is None and any("no general form" in n for n in art.notes)  # its rings would not fit
     assert [m.box for m in art.launch.tensor_maps] == [(8, plan.block.ibw), (plan.block.ibw, plan.item_tiles[1])]
+    small = spatialc.lower(spatialc.build(spatialc.gemm(300, 200, 100, "bf16"), "sm_90a"))
+    assert small.budget.form == "sm90a" and small.general is not None  # where it fits, the general form rides along
 
 
 def test_sm90_keeps_its_persistent_kernel_and_other_targets_refuse_the_form():
@@ -451,3 +455,19 @@ def test_the_launcher_compiles_an_sm90a_kernel_for_the_architecture_specific_tar
     cubin = L.compile_cubin(art.kernel_cu, "sm_90a", cache=tmp_path)
     ptxas = L.kernel_ptxas(cubin, "spatialc_hopper")
     assert cubin.stat().st_size > 0 and ptxas is not None and ptxas.spill_stores == 0
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_an_epilogue_the_fused_store_cannot_apply_keeps_its_rings_and_the_writer():
+    from spatialc.frontend import activation, bias
+
+    g = spatialc.gemm(130, 64, 64, "bf16", epilogue=[bias(), activation("gelu")])
+    p = spatialc.build(g, "sm_90a")
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a" and "C_ring" in dict(art.budget.rings)  # page to page, as the general form
+    assert "fused output" not in art.kernel_cu
+    fused = spatialc.lower(spatialc.build(spatialc.gemm(130, 64, 64, "bf16", epilogue=[bias()]), "sm_90a"))
+    assert "C_ring" not in dict(fused.budget.rings) and "(fused output: no ring)" in fused.kernel_cu
+    x = inputs("bf16", 130, 64, 64) | {"bias": np.arange(64, dtype=np.float32) / 8 - 4}
+    np.testing.assert_allclose(spatialc.emulate(art, x, timeout=120), spatialc.evaluate(p, x), rtol=1e-6, atol=1e-6)

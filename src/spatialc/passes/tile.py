@@ -186,10 +186,11 @@ def candidates(
     assert out is not None
     m_t, k_t, n_t = a.group_tiles[0], a.tiles[1], out.tiles[1]
     groups = a.groups
+    sides = (*BLOCK_SIDES, 16) if form == "sm90a" else BLOCK_SIDES  # a wgmma is up to 256 columns wide
     blocks = (
         [BlockShape(*block)]
         if block
-        else [BlockShape(h, w, i) for h, w, i in itertools.product(BLOCK_SIDES, BLOCK_SIDES, IBWS)]
+        else [BlockShape(h, w, i) for h, w, i in itertools.product(BLOCK_SIDES, sides, IBWS)]
     )
     subs = [tuple(sub_blocks)] if sub_blocks else list(SUB_BLOCKS)
     depths = [depth] if depth else list(DEPTHS)
@@ -207,6 +208,10 @@ def candidates(
         smem, per_unit = resources(target, plan, p.precision, form, stages)  # the backend asked once a plan
         if per_unit:
             cost = plan_cost(target, plan, m_t, n_t, k_t, p.precision, per_unit)
+            if form == "sm90a":  # its own time model: wgmma's width and the stages in flight (lower/cuda/hopper.py)
+                from ..lower.cuda import hopper
+
+                cost = hopper.plan_cost(target, plan)
             if groups > 1:
                 # A grouped GEMM's placement deals strips (a group's column of items) and each runs its group's
                 # row blocks one after another: waves of strips, each ny items long (every row present).

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
 from ...ir.nodes import Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
-    Bias,
     Compute,
-    ComputeOp,
     PackAcc,
     Pop,
     Push,
@@ -30,15 +28,11 @@ from .cwriter import (
     INCLUDES,
     RING_MACROS,
     Writer,
-    addr_expr,
-    c_mod,
-    c_mul,
-    c_sum,
     inlined_lines,
     site_prologue,
 )
 from .merge import SerialLoop, SerialOp
-from .rings import TILE_ELEMS, MmaTypes, Rings, Rotation, SmemLayout, barrier_free_pops, commits, rotation
+from .rings import MmaTypes, Rings, Rotation, SmemLayout, barrier_free_pops, commits, rotation
 from .tiles import TilePrinter
 
 KERNEL_NAME = "spatialc_persistent"
@@ -76,6 +70,7 @@ class OpPrinter(TilePrinter):
     def __init__(self, k: Kernel, w: Writer, free_pops: frozenset[int] = frozenset()):
         super().__init__(k.plan, k.rings, k.lane_grid, w)
         self.k = k
+        self.integer = k.integer
         # The rings whose pops need no barrier (`rings.barrier_free_pops` proves it from the printed order).
         self.free_pops = free_pops
         # The fused chain's stages met since the last store: (op, its addresses' variables, its C scope depth).
@@ -123,7 +118,7 @@ class OpPrinter(TilePrinter):
                 else:
                     self.w.line(f"{line} __syncthreads();", mark)
             case WriteTiles(src=buf) if rings.is_fused(buf):
-                self.fused_store(op, env, mark)
+                self.fused_store(op, env, mark, self.fused_chain())
             case _ if self.common(op, env, mark, "ordered by the pipeline waits and barriers"):
                 pass
             case Compute(op=stage, ins=(buf,)) if rings.is_fused(buf):
@@ -200,39 +195,6 @@ class OpPrinter(TilePrinter):
                     self.w.line("__pipeline_commit();", marker("Push", PAD))
             self.ops(rot.rest, env | {lp.var: v}, 0, OP)
 
-    def fused_store(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
-        """The fused epilogue: each lane takes its own accumulator elements through the chain and stores them.
-
-        Element i of a lane's fragment is row lane/4 + 8·((i/2) mod 2), column 8·(i/4) + 2·(lane mod 4) + i mod 2 of
-        its tile (tensor_core.cuh): no lane needs another's, so nothing is staged through shared memory."""
-        chain = self.fused_chain()
-        with self.w.block("", mark):
-            self.warp_coords()
-            self.w.line("const int lane = tid % 32;")
-            self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
-            with self.unrolled("for (int q = 0; q < PERW; ++q)"):
-                self.w.line(self.owned_tile())
-                base = addr_expr(op.at, env)
-                rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
-                self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
-                if chain:
-                    # A chain unrolled over every element of every fragment (its bias addresses, an integer chain's
-                    # 64-bit arithmetic) needs more registers than the accumulators leave: the fragment's elements
-                    # go through it one at a time, from a private copy (eight words of the thread's stack, not a
-                    # spill). A bare store stays unrolled, straight from the registers.
-                    self.w.line("ACCT frag[8];")
-                    with self.unrolled("for (int i = 0; i < 8; ++i)"):
-                        self.w.line("frag[i] = accf[q].x[i];")
-                    self.w.line("#pragma unroll 1")
-                    value = "frag[i]"
-                    loop = self.w.block("for (int i = 0; i < 8; ++i)")
-                else:
-                    value = "accf[q].x[i]"
-                    loop = self.unrolled("for (int i = 0; i < 8; ++i)")
-                with loop:
-                    self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);")
-                    self.read_out(op, chain, value)
-
     def fused_chain(self) -> list[tuple[Compute, dict[LoopVar, str]]]:
         """The epilogue stages to apply in this store, taken from the printer's pending list."""
         chain, self.chain = self.chain, []
@@ -242,33 +204,6 @@ class OpPrinter(TilePrinter):
                 "the fused store applies the stages where it reads the accumulators back",
             )
         return [(stage, env) for stage, env, _ in chain]
-
-    def read_out(self, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]], value: str) -> None:
-        """Accumulator element i, through the epilogue chain, to the output.
-
-        It is page tile (bh, bw)'s element `el`, at row el / 16 and column el % 16; only the bias needs the column.
-        Each stage's statement is its op's image and carries its census marker.
-        """
-        out = f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el]"
-        if not chain:
-            self.w.line(f"{out} = (OUT_T){value};")
-            return
-        self.w.line(f"{'long long' if self.k.integer else 'float'} v = {value};")
-        for stage, env in chain:
-            self.w.line(epilogue.statement(stage.op, self.k.integer, self.bias_at(stage.op, env)), marker(stage))
-        self.w.line(f"{out} = (OUT_T)v;")
-
-    def bias_at(self, stage: ComputeOp, env: dict[LoopVar, str]) -> str:
-        """The flat index of the element's bias: tile column `at + s mod width` of page tile s, row 0, column el % 16.
-
-        The page is the item's h x w tiles in row-major order, so page tile s = bh * w + bw.
-        """
-        if not isinstance(stage, Bias):
-            return ""
-        w = self.k.item_tiles[1]
-        s = "bw" if stage.width == w else (c_mod(f"(bh * {w} + bw)", stage.width) or "0")
-        at = addr_expr(stage.at, env)
-        return f"(long long)({c_sum(at if at != '0' else '', s)}) * {TILE_ELEMS} + el % 16"
 
 
 # ---- the kernel text ---------------------------------------------------------------------------------------

@@ -288,8 +288,9 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     return smem, target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks, warps)
 
 
-def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
-    """Check what the general form needs and lay out its block."""
+def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> GeneralKernel:
+    """Check what the general form needs and lay out its block; `fit` False leaves the shared-memory check to a
+    form that lays the block out again (the sm_90a form's fused output keeps fewer rings)."""
     refuse(p)
     plan = p.plans[0]
     _, types, integer, chain = checked_gemm(p, epilogue.ELEMENTWISE_OPS)
@@ -306,7 +307,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> GeneralKernel:
     if threads > 1024:
         raise TooBig(f"threads of one block of the general form on {target.name}", threads, 1024, "use fewer lanes")
     per_sm = target.resident_sites_per_unit(off, plan.block.osh, plan.block.osw, plan.sub_blocks, threads // WARP)
-    if per_sm == 0:
+    if per_sm == 0 and fit:
         raise TooBig(
             f"shared memory of one block of the general form on {target.name} (rings and their barriers)",
             off,

@@ -19,8 +19,12 @@
   late: the producer then runs at most depth − 1 pages ahead instead of depth, which cannot deadlock as long as
   depth ≥ 2 (the stage the producer waits for was released no later than the step the consumer has finished).
   Pages are read at the slot of the last `Wait` (`wt − 1`), which with the release deferred is no longer `pop`'s.
-- `setmaxnreg` gives the consumers the producer warpgroup's registers; the writer, the epilogue stages and every flow
-  op are the general form's.
+- The epilogue is fused where it can be (`fused_store_of`): where the writer only waits for each output page, stores
+  it and frees it, and the chain is one the fused store applies (bias, relu, scalar, requant), the consumers apply
+  it to their own accumulator elements and store them to global memory (the tile printers' `fused_store`, the
+  persistent kernel's), and the output and epilogue rings leave shared memory. Otherwise (an activation) the
+  writer, the epilogue stages page to page and their rings are the general form's.
+- `setmaxnreg` gives the consumers the producer warpgroup's registers; every other flow op is the general form's.
 
 Rule 7 of `verify` proves the engines' handover free of deadlock and overrun exactly as for the general form; what is
 new here is checked before printing (`check_resources`): threads × registers, the setmaxnreg split, stage bytes
@@ -30,6 +34,7 @@ against shared memory, 1024-byte stage bases, and transaction counts equal to th
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from ...ir.ids import LoopVar, loop_var_name
@@ -48,22 +53,25 @@ from ...ir.ops import (
     Precision,
     Push,
     ReadTiles,
+    Reserve,
     SemInc,
     SemSet,
     SemWait,
     Trip,
     Wait,
+    WriteTiles,
 )
+from ...ir.printer import compute_text
 from ...passes.tile import operand_layouts
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact, TensorMap
 from ..census import POST, marker
-from ..errors import TooBig, Unsupported
-from . import general
+from ..errors import LowerError, TooBig, Unsupported
+from . import epilogue, general
 from .cwriter import Writer, addr_expr, inlined_lines, site_prologue
 from .host import assemble
-from .program import all_ops, launch_for
-from .rings import MMA_TYPES, TILE_ELEMS, Ring
+from .program import all_ops, checked_gemm, launch_for
+from .rings import MMA_TYPES, TILE_ELEMS, Ring, ring_table
 
 KERNEL_NAME = "spatialc_hopper"
 WARPGROUP = 4  # warps that issue one wgmma together
@@ -86,6 +94,7 @@ class HopperKernel:
     tma_rings: frozenset[int]  # rings filled by the copy engine (full barrier: one arrival + bytes)
     threads: int  # warpgroups × 128
     n: int  # the wgmma width: the item's columns
+    store: WriteTiles | None = None  # the writer's store the fused epilogue takes over (None: not fused)
 
     @property
     def program(self) -> SpatialProgram:
@@ -155,24 +164,42 @@ def stage_layout(rings: dict[int, Ring]) -> tuple[dict[str, int], int, int]:
 
 
 def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0) -> tuple[int, int]:
-    """(shared memory bytes, blocks per SM) of the sm_90a form for `plan`, as the tile planner asks: the general
-    form's rings (A and B `depth` deep, the output and each epilogue stage two deep) on 1024-byte boundaries; 0 blocks
-    where the wgmma layout does not take the plan."""
+    """(shared memory bytes, blocks per SM) of the sm_90a form for `plan`, as the tile planner asks: A's and B's
+    stages, `depth` deep on 1024-byte boundaries, and their barriers — the output and the epilogue's `stages` go from
+    the accumulators straight to global memory (`fused_store_of`; a chain with an activation keeps its rings, and a
+    plan too large for them is refused when lowered); 0 blocks where the wgmma layout does not take the plan."""
     try:
         check_plan(plan, precision)
     except Unsupported:
         return 0, 0
     types = MMA_TYPES[precision]
     h, w = plan.item_tiles
-    ibw, out = plan.block.ibw, min(plan.depth, 2)
-    epit = general.epit_bytes(precision == Precision.INT8)
+    ibw = plan.block.ibw
     shapes = [(plan.depth, h * ibw, types.operand_bytes), (plan.depth, ibw * w, types.operand_bytes)]
-    shapes += [(out, h * w, types.acc_bytes)] + [(out, h * w, epit)] * stages
     rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}
     smem = stage_layout(rings)[1]
     if smem > target.smem_per_site_max:
         return smem, 0
     return smem, 1
+
+
+# How much of the tensor cores' rate a wgmma of width N keeps busy (B is read from shared memory for 64 rows of A:
+# narrow ones are bound by that traffic), and a pipeline of `depth` stages (one in the MMA, one in flight, the rest
+# hiding the copy engine's latency). Guesses from published Hopper GEMM progressions, to be fitted to the first GPU
+# table (bench/README.md, "The sm_90a form").
+WGMMA_N_RATE = {16: 0.35, 32: 0.55, 64: 0.75, 128: 0.92, 256: 1.0}
+DEPTH_RATE = {1: 0.5, 2: 0.8, 3: 0.93, 4: 1.0, 5: 1.0}
+K_STEP_RATE = {1: 0.8, 2: 0.93, 4: 1.0}  # K steps of 16, 32, 64 elements: a wait and a release per step
+
+
+def plan_cost(target: SpatialTarget, plan: Plan) -> float:
+    """Estimated run time (arbitrary units) of `plan` in the sm_90a form: waves of items over the SMs (one block
+    each) × one item's multiply-accumulates (in padded tiles) / the rate its wgmma width, stage depth and K step
+    keep."""
+    h, w = plan.item_tiles
+    waves = math.ceil(plan.items / target.units)
+    rate = WGMMA_N_RATE.get(w * 16, 0.9) * DEPTH_RATE.get(plan.depth, 1.0) * K_STEP_RATE.get(plan.block.ibw, 1.0)
+    return waves * h * w * plan.k_tiles / rate
 
 
 def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
@@ -239,9 +266,47 @@ def _maps(p: SpatialProgram, rings, reader_ops) -> tuple[tuple[TensorMap, ...], 
     return tuple(maps.values()), frozenset(filled)
 
 
+def fused_store_of(p: SpatialProgram, k: general.GeneralKernel) -> WriteTiles | None:
+    """The writer's store of the matmul's output (after its elementwise epilogue), where the consumers can make it
+    themselves from their accumulators: a chain of stages the fused store applies, run by the compute engine at
+    its item level, and a writer that only waits for each page, stores it and frees it. None otherwise (the general
+    form's output ring and writer stay)."""
+    try:
+        mm, _, _, chain = checked_gemm(p, epilogue.EPILOGUE_OPS)
+    except LowerError:
+        return None  # a stage the fused store does not apply (an activation): page to page, as the general form
+    last = int(p.buffer((chain[-1] if chain else mm).outs[0]).ring)
+    compute, *side = k.roles
+    writers = [r for r in side if any(isinstance(op, WriteTiles) for op in r.walk())]
+    if len(writers) != 1 or len(general.printed(writers[0])) != 1 or len(general.printed(compute)) != 1:
+        return None
+    body = writers[0].programs[0]
+    if len(body) == 1 and isinstance(body[0], Loop):
+        body = body[0].body
+    if len(body) != 3 or not isinstance(body[1], WriteTiles):
+        return None
+    wait, store, pop = body
+    ring = int(p.buffer(store.src).ring)
+    if not (isinstance(wait, Wait) and isinstance(pop, Pop) and ring == last):
+        return None
+    # The compute engine pushes the last ring at its item level, where the writer's store has its loop variables.
+    top = general.printed(compute)[0]
+    level = top[0].body if len(top) == 1 and isinstance(top[0], Loop) else top
+    if not any(isinstance(op, Push) and int(p.buffer(op.buf).ring) == last for op in level):
+        return None
+    return store
+
+
 def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
     refuse(p, target)
-    k = general.make_kernel(p, target)
+    k = general.make_kernel(p, target, fit=False)  # its shared memory is laid out again below, and checked then
+    store = fused_store_of(p, k)
+    if store is not None:  # the output and epilogue rings leave shared memory: the consumers store from registers
+        mm, types, integer, chain = checked_gemm(p, epilogue.EPILOGUE_OPS)
+        fused = tuple(int(p.buffer(b).ring) for b in (mm.outs[0], *(s.outs[0] for s in chain)))
+        rings = general.epilogue_rings(p, ring_table(p, types, fused), integer)
+        kept = {r: n for r, n in k.full_count.items() if r in rings.rings}
+        k = dataclasses.replace(k, rings=rings, full_count=kept, empty_count={r: k.empty_count[r] for r in kept})
     compute = k.roles[0]
     if compute.warps != CONSUMER_GROUPS * WARPGROUP or compute.first_warp != 0:
         raise Unsupported(f"a compute engine on {compute.warps} warps", "the sm_90a form's consumers are 8 warps")
@@ -263,7 +328,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         barrier_bytes=barrier_bytes,
         blocks_per_sm=1,
     )
-    hk = HopperKernel(base, maps, filled, (CONSUMER_GROUPS + 1) * WARPGROUP * WARP, w * 16)
+    hk = HopperKernel(base, maps, filled, (CONSUMER_GROUPS + 1) * WARPGROUP * WARP, w * 16, store)
     check_resources(hk, target)
     return hk
 
@@ -278,6 +343,8 @@ class HopperPrinter(general.EnginePrinter):
         super().__init__(hk.base, role, w)
         self.hk = hk
         self.in_flight = False  # a wgmma group issued and not yet waited for (printing order is program order)
+        self.integer = hk.base.integer
+        self.chain: list[tuple[Compute, dict[LoopVar, str]]] = []  # epilogue stages met since the last store
 
     def read_slot(self, r: int) -> str:
         """The front page: the slot of the engine's last Wait (its release may come a step later)."""
@@ -285,9 +352,41 @@ class HopperPrinter(general.EnginePrinter):
             return f"((wt_{r} - 1) % DEPTH_{r})"
         return super().read_slot(r)
 
+    def counters(self) -> None:
+        """The general form's counters, without those of the rings the fused store replaced."""
+        if not self.k.rings.fused:
+            super().counters()
+            return
+        fused = set(self.k.rings.fused)
+        role = self.role
+        self.role = dataclasses.replace(
+            role,
+            programs=tuple(tuple(_without(ops, lambda b: self.k.rings.template[b] in fused)) for ops in role.programs),
+        )
+        super().counters()
+        self.role = role
+
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
+        rings = self.k.rings
         match op:
+            case PackAcc(to=buf) if rings.is_fused(buf) and self.in_flight:
+                self.w.line("spatialc_wgmma_wait<0>();  // the accumulators are complete")
+                self.in_flight = False
+                self.op(op, env)
+            case Push(buf) if rings.is_fused(buf) and rings.chain_step(buf) == len(rings.fused) - 1:
+                # The last page of the chain is the one the writer would store: the consumers store it themselves.
+                assert self.hk.store is not None
+                chain, self.chain = self.chain, []
+                self.fused_store(self.hk.store, env, marker(self.hk.store), chain)
+                self.w.line("", f"{mark} (fused output: no ring)")
+            case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) | PackAcc(to=buf) if rings.is_fused(buf):
+                self.w.line("", f"{mark} (fused output: no ring)")
+            case Compute(op=stage, ins=(buf,)) if rings.is_fused(buf):
+                self.w.line(f"// {compute_text(stage, self.k.program)}: applied in the fused store below")
+                self.chain.append((op, env))
+            case WriteTiles(src=buf) if rings.is_fused(buf):
+                pass  # its image, with its census marker, is the consumers' fused store
             case Loop() if self.pipelined(op):
                 self.k_loop_pipelined(op, env, mark)
             case ReadTiles(into=buf) if self.kept(buf).id in self.hk.tma_rings:
@@ -391,6 +490,17 @@ class HopperPrinter(general.EnginePrinter):
                 self.w.line(f"spatialc_wgmma<{self.hk.n}, OPT>(accf, {a_of}, {b_of});")
             self.w.line("spatialc_wgmma_commit();")
         self.in_flight = True
+
+
+def _without(ops: tuple[ChoreoOp, ...], drop) -> list[ChoreoOp]:
+    """`ops` without the ring flow ops whose buffer `drop` names (loops kept, their bodies filtered)."""
+    out: list[ChoreoOp] = []
+    for op in ops:
+        if isinstance(op, Loop):
+            out.append(dataclasses.replace(op, body=tuple(_without(op.body, drop))))
+        elif not (isinstance(op, Reserve | Push | Wait | Pop) and drop(op.buf)):
+            out.append(op)
+    return out
 
 
 def check_page_layouts(operand: Precision, a: Ring, b: Ring) -> None:

@@ -17,8 +17,10 @@ from ...ir.ids import LoopVar
 from ...ir.nodes import PageLayout, Plan, Tensor
 from ...ir.ops import (
     AcquireAcc,
+    Bias,
     ChoreoOp,
     Compute,
+    ComputeOp,
     Flush,
     MatmulTiles,
     Precision,
@@ -29,7 +31,9 @@ from ...ir.ops import (
     WriteTiles,
 )
 from ...passes.tile import operand_layouts
+from ..census import marker
 from ..errors import Unsupported
+from . import epilogue
 from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
 from .rings import TILE_ELEMS, Ring, Rings
 
@@ -54,6 +58,7 @@ class TilePrinter:
         self.nthreads = nthreads  # how many threads run it
         self.workspace: frozenset[int] = frozenset()  # tensors of partial sums (ACCT), read and written as such
         self.tensors: dict[int, Tensor] = {}  # the program's tensors, where an op limits a grouped tensor's rows
+        self.integer = False  # the fused epilogue's arithmetic: exact int64 (int8 programs) or float32
 
     def item_header(self, index: str) -> None:
         """The current item and its grid coordinates, read from the work list at `index`."""
@@ -386,6 +391,68 @@ class TilePrinter:
             with self.unrolled("for (int q = 0; q < PERW; ++q)"):
                 self.w.line(self.owned_tile())
                 self.w.line(add.format(f"(bh * {w} + bw)"))
+
+    def fused_store(
+        self, op: WriteTiles, env: dict[LoopVar, str], mark: str, chain: list[tuple[Compute, dict[LoopVar, str]]]
+    ) -> None:
+        """The fused epilogue: each lane takes its own accumulator elements through the `chain` of elementwise stages
+        (each with the loop variables of where it stood) and stores them where `op` would have written its page.
+
+        Element i of a lane's fragment is row lane/4 + 8·((i/2) mod 2), column 8·(i/4) + 2·(lane mod 4) + i mod 2 of
+        its tile (tensor_core.cuh): no lane needs another's, so nothing is staged through shared memory."""
+        with self.w.block("", mark):
+            self.warp_coords()
+            self.w.line("const int lane = tid % 32;")
+            self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
+            with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+                self.w.line(self.owned_tile())
+                base = addr_expr(op.at, env)
+                rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
+                self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
+                if chain:
+                    # A chain unrolled over every element of every fragment (its bias addresses, an integer chain's
+                    # 64-bit arithmetic) needs more registers than the accumulators leave: the fragment's elements
+                    # go through it one at a time, from a private copy (eight words of the thread's stack, not a
+                    # spill). A bare store stays unrolled, straight from the registers.
+                    self.w.line("ACCT frag[8];")
+                    with self.unrolled("for (int i = 0; i < 8; ++i)"):
+                        self.w.line("frag[i] = accf[q].x[i];")
+                    self.w.line("#pragma unroll 1")
+                    value = "frag[i]"
+                    loop = self.w.block("for (int i = 0; i < 8; ++i)")
+                else:
+                    value = "accf[q].x[i]"
+                    loop = self.unrolled("for (int i = 0; i < 8; ++i)")
+                with loop:
+                    self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);")
+                    self.read_out(op, chain, value)
+
+    def read_out(self, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]], value: str) -> None:
+        """Accumulator element i, through the epilogue chain, to the output.
+
+        It is page tile (bh, bw)'s element `el`, at row el / 16 and column el % 16; only the bias needs the column.
+        Each stage's statement is its op's image and carries its census marker.
+        """
+        out = f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el]"
+        if not chain:
+            self.w.line(f"{out} = (OUT_T){value};")
+            return
+        self.w.line(f"{'long long' if self.integer else 'float'} v = {value};")
+        for stage, env in chain:
+            self.w.line(epilogue.statement(stage.op, self.integer, self.bias_at(stage.op, env)), marker(stage))
+        self.w.line(f"{out} = (OUT_T)v;")
+
+    def bias_at(self, stage: ComputeOp, env: dict[LoopVar, str]) -> str:
+        """The flat index of the element's bias: tile column `at + s mod width` of page tile s, row 0, column el % 16.
+
+        The page is the item's h x w tiles in row-major order, so page tile s = bh * w + bw.
+        """
+        if not isinstance(stage, Bias):
+            return ""
+        w = self.plan.item_tiles[1]
+        s = "bw" if stage.width == w else (c_mod(f"(bh * {w} + bw)", stage.width) or "0")
+        at = addr_expr(stage.at, env)
+        return f"(long long)({c_sum(at if at != '0' else '', s)}) * {TILE_ELEMS} + el % 16"
 
     def acquire(self, mark: str) -> None:
         """Zero the warp's accumulator fragments."""
