@@ -264,21 +264,24 @@ def test_unplanted_kernel_is_exact(faulty):
 
 @needs_gxx
 @pytest.mark.emulation
-def test_expect_tx_more_than_loaded_hangs_and_the_report_says_how_many_bytes(faulty):
-    page = re.search(r"spatialc_mbar_expect_tx\(&full_0\[[^\]]*\], (\d+)u\);", faulty[1].program_cu)
+def expecting(text: str, ring: int, more: int) -> str:
+    """`text` with ring `ring`'s expect_tx announcing `more` bytes more (fewer, when negative) than a page has."""
+    page = re.search(rf"spatialc_mbar_expect_tx\(&full_{ring}\[[^\]]*\], (\d+)u\);", text)
     assert page
-    text = faulty[1].program_cu.replace(f", {page[1]}u);", f", {int(page[1]) + 16}u);", 1)
-    got = outcome(faulty, text)
+    return text.replace(f", {page[1]}u);", f", {int(page[1]) + more}u);", 1)
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_expect_tx_more_than_loaded_hangs_and_the_report_says_how_many_bytes(faulty):
+    got = outcome(faulty, expecting(faulty[1].program_cu, 0, 16))
     assert got.startswith("deadlock") and "16 more bytes of TMA loads" in got, got
 
 
 @needs_gxx
 @pytest.mark.emulation
 def test_expect_tx_fewer_than_loaded_is_refused(faulty):
-    page = re.search(r"spatialc_mbar_expect_tx\(&full_1\[[^\]]*\], (\d+)u\);", faulty[1].program_cu)
-    assert page
-    text = faulty[1].program_cu.replace(f", {page[1]}u);", f", {int(page[1]) - 512}u);", 1)
-    got = outcome(faulty, text)
+    got = outcome(faulty, expecting(faulty[1].program_cu, 1, -512))
     assert got.startswith("fault") and "512 bytes of TMA loads more than its expect_tx" in got, got
 
 

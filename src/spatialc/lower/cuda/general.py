@@ -538,22 +538,9 @@ def kernel_text(k: GeneralKernel) -> str:
     with w.block():
         site_prologue(w)
         w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
-        for rid in sorted(k.rings.rings):
-            ring = k.rings.rings[rid]
-            w.line(
-                f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_RING_{rid}, "
-                f"DEPTH_{rid}, PAGE_{rid});"
-            )
-            for kind in ("full", "empty"):
-                w.line(
-                    f"SPATIALC_DYNAMIC_RING(unsigned long long, {kind}_{rid}, spatialc_dyn_smem, "
-                    f"SMEM_OFF_{kind.upper()}_{rid}, DEPTH_{rid}, 1);"
-                )
+        declare_rings(k, w)
         with w.block("if (tid == 0)"):
-            for rid in sorted(k.rings.rings):
-                with w.block(f"for (unsigned s = 0; s < DEPTH_{rid}; ++s)"):
-                    w.line(f"spatialc_mbar_init(&full_{rid}[s], FULL_COUNT_{rid});")
-                    w.line(f"spatialc_mbar_init(&empty_{rid}[s], EMPTY_COUNT_{rid});")
+            init_barriers(k, w)
         w.line("__syncthreads();  // the barriers are initialised before any engine uses them")
         for i, role in enumerate(k.roles):
             last = role.first_warp + role.warps
@@ -563,6 +550,29 @@ def kernel_text(k: GeneralKernel) -> str:
     if k.cluster > 1:
         w.line(f"SPATIALC_CLUSTER_KERNEL({KERNEL_NAME}, {k.cluster})")
     return w.text()
+
+
+def declare_rings(k: GeneralKernel, w: Writer) -> None:
+    """Each ring's pages and its full and empty barriers, in the dynamic block at their offsets."""
+    for rid in sorted(k.rings.rings):
+        ring = k.rings.rings[rid]
+        w.line(
+            f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_RING_{rid}, "
+            f"DEPTH_{rid}, PAGE_{rid});"
+        )
+        for kind in ("full", "empty"):
+            w.line(
+                f"SPATIALC_DYNAMIC_RING(unsigned long long, {kind}_{rid}, spatialc_dyn_smem, "
+                f"SMEM_OFF_{kind.upper()}_{rid}, DEPTH_{rid}, 1);"
+            )
+
+
+def init_barriers(k: GeneralKernel, w: Writer) -> None:
+    """Every slot's barriers initialised with their arrival counts (by one thread)."""
+    for rid in sorted(k.rings.rings):
+        with w.block(f"for (unsigned s = 0; s < DEPTH_{rid}; ++s)"):
+            w.line(f"spatialc_mbar_init(&full_{rid}[s], FULL_COUNT_{rid});")
+            w.line(f"spatialc_mbar_init(&empty_{rid}[s], EMPTY_COUNT_{rid});")
 
 
 def _param_type(k: GeneralKernel, t) -> str:

@@ -577,22 +577,9 @@ def kernel_text(hk: HopperKernel) -> str:
         site_prologue(w)
         w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
-        for rid in sorted(k.rings.rings):
-            ring = k.rings.rings[rid]
-            w.line(
-                f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_RING_{rid}, "
-                f"DEPTH_{rid}, PAGE_{rid});"
-            )
-            for kind in ("full", "empty"):
-                w.line(
-                    f"SPATIALC_DYNAMIC_RING(unsigned long long, {kind}_{rid}, spatialc_dyn_smem, "
-                    f"SMEM_OFF_{kind.upper()}_{rid}, DEPTH_{rid}, 1);"
-                )
+        general.declare_rings(k, w)
         with w.block("if (tid == 0)"):
-            for rid in sorted(k.rings.rings):
-                with w.block(f"for (unsigned s = 0; s < DEPTH_{rid}; ++s)"):
-                    w.line(f"spatialc_mbar_init(&full_{rid}[s], FULL_COUNT_{rid});")
-                    w.line(f"spatialc_mbar_init(&empty_{rid}[s], EMPTY_COUNT_{rid});")
+            general.init_barriers(k, w)
             w.line("spatialc_fence_barrier_init();  // the initialised barriers, before any other thread's use")
             w.line("spatialc_fence_proxy_async();  // and before the copy engine's transaction counts on them")
         w.line("__syncthreads();")

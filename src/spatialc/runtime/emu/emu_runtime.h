@@ -351,9 +351,16 @@ SPATIALC_EMU_FN void track_bytes(Region& r, size_t off, size_t n, bool write, co
     }
 }
 
-SPATIALC_EMU_FN void track(const void* const* ptrs, int count, size_t size, bool write, AccessKind kind, int line) {
+// The calling thread's access now, of `kind`, at `line`.
+inline Access access_now(AccessKind kind, int line) {
     const ThreadState& t = *self;
-    const Access a{t.tid, t.bi.load(std::memory_order_relaxed), t.wi.load(std::memory_order_relaxed), line, kind, t.clk};
+    return Access{t.tid, t.bi.load(std::memory_order_relaxed), t.wi.load(std::memory_order_relaxed), line, kind, t.clk};
+}
+
+// `each(region, offset)` for every pointer of an access `a` of `size` bytes that lands in a registered shared region,
+// under the shadow lock; an access past a region's end is a misuse.
+template <class Each>
+void each_tracked(const void* const* ptrs, int count, size_t size, const Access& a, Each&& each) {
     std::lock_guard<std::mutex> lk(shadow_mu);
     for (int k = 0; k < count; ++k) {
         Region* r = find_region(ptrs[k]);
@@ -361,8 +368,13 @@ SPATIALC_EMU_FN void track(const void* const* ptrs, int count, size_t size, bool
         const size_t off = (size_t)(static_cast<const char*>(ptrs[k]) - r->base);
         if (off + size > r->bytes)
             fatal(kExitMisuse, who(a) + " runs past the end of shared ring '" + r->name + "'");
-        track_bytes(*r, off, size, write, a, t);
+        each(*r, off);
     }
+}
+
+SPATIALC_EMU_FN void track(const void* const* ptrs, int count, size_t size, bool write, AccessKind kind, int line) {
+    const Access a = access_now(kind, line);
+    each_tracked(ptrs, count, size, a, [&](Region& r, size_t off) { track_bytes(r, off, size, write, a, *self); });
 }
 
 SPATIALC_EMU_FN void check_wmma_pointer(const void* p, unsigned ldm, size_t elem, const char* what, int line) {
@@ -576,21 +588,14 @@ SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
 
 SPATIALC_EMU_FN void track_async_read(const void* const* ptrs, int count, size_t size, AccessKind kind, int line,
                                       const std::vector<unsigned>& known) {
-    const ThreadState& t = *self;
-    const Access a{t.tid, t.bi.load(std::memory_order_relaxed), t.wi.load(std::memory_order_relaxed), line, kind, t.clk};
+    const Access a = access_now(kind, line);
     ThreadState then;  // the thread as it was when it issued the read: only its knowledge of the others matters
     then.vc = known;
-    std::lock_guard<std::mutex> lk(shadow_mu);
-    for (int k = 0; k < count; ++k) {
-        Region* r = find_region(ptrs[k]);
-        if (!r) continue;
-        const size_t off = (size_t)(static_cast<const char*>(ptrs[k]) - r->base);
-        if (off + size > r->bytes)
-            fatal(kExitMisuse, who(a) + " runs past the end of shared ring '" + r->name + "'");
+    each_tracked(ptrs, count, size, a, [&](Region& r, size_t off) {
         for (size_t i = 0; i < size; ++i)  // the write a read issued then could have missed
-            if (conflicts(r->shadow[off + i].w, a, then)) race(*r, off + i, r->shadow[off + i].w, a);
-        track_bytes(*r, off, size, false, a, t);
-    }
+            if (conflicts(r.shadow[off + i].w, a, then)) race(r, off + i, r.shadow[off + i].w, a);
+        track_bytes(r, off, size, false, a, *self);
+    });
 }
 
 SPATIALC_EMU_FN CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* base,
