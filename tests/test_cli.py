@@ -181,6 +181,18 @@ def test_verify_says_which_lowering_takes_a_saved_program(capsys, saved):
     assert "lowering  the persistent CUDA kernel for sm_86 takes it: 3 blocks of" in out
 
 
+def test_hopper_target_on_the_command_line(capsys, tmp_path):
+    path = tmp_path / "h.json"
+    status, out, err = run_cli(capsys, "gemm", "200", "72", "96", "--target", "sm_90a", "--json", str(path))
+    assert status == 0, err
+    assert "kernel    sm_90a form: one thread of a producer warpgroup loads each page by TMA" in out
+    status, out, err = run_cli(capsys, "verify", str(path))
+    assert status == 0 and "lowering  the sm_90a CUDA form (TMA, wgmma) for sm_90a takes it: " in out
+    # The form on a target without its instructions: one line, exit status 2.
+    status, out, err = run_cli(capsys, "gemm", "64", "64", "64", "--target", "sm_90", "--form", "sm90a")
+    assert status == 2 and err.count("\n") == 1 and "which target sm_90 has not; use target sm_90a" in err, err
+
+
 def test_verify_says_which_form_takes_a_program_and_why(capsys, tmp_path):
     p = spatialc.build(spatialc.gemm(40, 48, 64, "int8", epilogue=[spatialc.relu()]), "sm_80", block=(1, 1, 1))
     path = tmp_path / "p.json"

@@ -232,7 +232,9 @@ def _lowering(p: SpatialProgram, path: Path) -> str:
     except SpatialError as e:
         return f"none yet: {e}"
     bud = art.budget
-    kind = "persistent CUDA kernel" if bud.form == "persistent" else "general CUDA form"
+    kind = {"persistent": "persistent CUDA kernel", "sm90a": "sm_90a CUDA form (TMA, wgmma)"}.get(
+        bud.form, "general CUDA form"
+    )
     why = "".join(f"; {note}" for note in art.notes if note.startswith("the general form, as"))
     return (
         f"the {kind} for {art.target} takes it: {art.launch.grid} blocks of {bud.threads} threads,"

@@ -76,6 +76,8 @@ def check_form(form: str, target: SpatialTarget | None = None) -> str:
         return "sm90a" if target is not None and target.hopper else "persistent"
     if form not in FORMS:
         raise ProgramError(f"unknown form {form!r}; plan for one of auto, {', '.join(FORMS)}")
+    if form == "sm90a" and target is not None and not target.hopper:
+        raise ProgramError(f"form 'sm90a' uses TMA and wgmma, which target {target.name} has not; use target sm_90a")
     return form
 
 
