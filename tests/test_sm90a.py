@@ -474,3 +474,62 @@ def test_an_epilogue_the_fused_store_cannot_apply_keeps_its_rings_and_the_writer
     assert "C_ring" not in dict(fused.budget.rings) and "(fused output: no ring)" in fused.kernel_cu
     x = inputs("bf16", 130, 64, 64) | {"bias": np.arange(64, dtype=np.float32) / 8 - 4}
     np.testing.assert_allclose(spatialc.emulate(art, x, timeout=120), spatialc.evaluate(p, x), rtol=1e-6, atol=1e-6)
+
+
+# ---- holes an adversarial review found, closed ---------------------------------------------------------------------
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_tma_write_is_ordered_only_by_its_own_barrier(faulty):
+    # A's full barrier no longer waited for (its counter kept): B's barrier, which the producer arrives on after
+    # issuing A's load, says nothing of A's bytes — the copy engine's write is its own, published only by full_0.
+    text = faulty[1].program_cu
+    wait = "spatialc_mbar_wait(&full_0[wt_0 % DEPTH_0], (wt_0 / DEPTH_0) & 1); ++wt_0;"
+    got = outcome(faulty, replaced(text, wait, "++wt_0;"))
+    assert got.startswith("race") and "TMA load landing (the copy engine)" in got, got
+    # The producer's arrival before its expect_tx: the phase completes with no bytes, before the load is issued.
+    expect = re.search(r"spatialc_mbar_expect_tx\(&full_0\[[^\]]*\], \d+u\);", text)
+    push = "spatialc_mbar_arrive(&full_0[psh_0 % DEPTH_0]); ++psh_0;  // op:Push"
+    assert expect and text.count(push) == 1
+    early = replaced(replaced(text, push, "// (moved)"), expect[0], expect[0].replace("(&full_0[", "(&full_0[") + "")
+    early = early.replace(expect[0], "spatialc_mbar_arrive(&full_0[psh_0 % DEPTH_0]); ++psh_0;\n" + expect[0], 1)
+    assert outcome(faulty, early) != EXACT
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_wgmma_after_ordinary_accumulator_writes_needs_the_fence(faulty):
+    got = outcome(faulty, replaced(faulty[1].program_cu, "spatialc_wgmma_fence();", ""))
+    assert got.startswith("fault") and "no spatialc_wgmma_fence() since" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_accumulators_never_zeroed_hold_garbage(faulty):
+    got = outcome(faulty, replaced(faulty[1].program_cu, "spatialc_acc_zero(accf[q]);", ""))
+    assert got == "mismatch", got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_box_reading_past_its_allocation_is_refused(faulty):
+    # A's buffer allocated (and filled) at half its size while its map still spans all of it: the boxes of the
+    # second half read past the allocation.
+    text = faulty[1].program_cu
+    for call in ("cudaMalloc(&d0, x0.size() * sizeof", "cudaMemcpy(d0, x0.data(), x0.size() * sizeof"):
+        text = replaced(text, call, call.replace("x0.size() * sizeof", "x0.size() / 2 * sizeof"))
+    got = outcome(faulty, text)
+    assert got.startswith("fault") and "reads past the end of the tensor's allocation" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_barrier_used_before_the_block_barrier_after_its_initialisation_is_a_race(faulty):
+    text = faulty[1].program_cu
+    sync = "    __syncthreads();\n    if (warp >= 8) {"
+    assert text.count(sync) == 1
+    got = outcome(faulty, text.replace(sync, "    if (warp >= 8) {", 1))
+    # Used after thread 0 initialised it, with no block barrier between (a race), or before (never initialised).
+    raced = got.startswith("race") and "with no __syncthreads() between them" in got
+    assert raced or (got.startswith("fault") and "never initialised" in got), got

@@ -134,6 +134,8 @@ struct MBar {
     long long tx = 0;
     bool async_visible = false;
     int init_tid = -1, init_line = 0;
+    unsigned init_bi = 0;  // the initialising thread's barrier interval: others may use it only after a __syncthreads
+    int engine = -1;       // the copy engine signalling it, as a thread of the race check (nthreads + its index)
 };
 
 // Arrivals are counted under `mu`; a waiter sleeps on its barrier's generation word, outside the lock, so the

@@ -9,8 +9,15 @@
 //   bytes count on the barrier's transaction count (the phase waits for them), and its writes are checked for races
 //   as the issuing thread's, ordered before whoever waits on the phase;
 // - a barrier the copy engine signals must have been made visible to the async proxy (fence.proxy.async after its
-//   initialisation), or the run stops with a race report; a phase that gets more bytes than announced is a misuse,
-//   one that gets fewer never completes and the deadlock report says how many bytes it still waits for;
+//   initialisation, as the CUDA programming guide's TMA example does; whether fence.mbarrier_init alone suffices is
+//   not settled by the documentation, so the emulation asks for the stronger fence), or the run stops with a race
+//   report; a phase that gets more bytes than announced is a misuse, one that gets fewer never completes and the
+//   deadlock report says how many bytes it still waits for;
+// - a TMA box's bytes are written by the copy engine, a thread of its own for the race check (one per barrier),
+//   ordered before whoever completes a wait on the phase they complete on and nothing else; a box reading past the
+//   cudaMalloc allocation its map was made over is refused;
+// - accumulators are garbage until written (spatialc_acc poisons them), and a wgmma after ordinary writes to them
+//   (spatialc_acc_zero) needs a wgmma fence in between;
 // - a wgmma reads A and B through their descriptors (start address, leading and stride byte offsets, swizzle) in
 //   the canonical layouts of the PTX ISA — A K-major, 16-bit B N-major (transposed), int8 B K-major — and in late mode
 //   runs only at the wait_group that retires its group: its accumulators are not written before that, and its
@@ -84,7 +91,8 @@ struct TensorMapFields {
     uint32_t magic, elem, rank, swizzle;  // swizzle: the span in bytes (0: none)
     const char* base;
     uint64_t dim[5], stride[5];  // stride[0] is the element size; the others the caller's, in bytes
-    uint32_t box[5];
+    uint16_t box[5];  // at most 256 each
+    const char* end;  // the end of the cudaMalloc allocation holding `base` (null: not one)
 };
 static_assert(sizeof(TensorMapFields) <= sizeof(CUtensorMap), "a tensor map holds its fields");
 constexpr uint32_t kTensorMapMagic = 0x590a7a9u;
@@ -241,7 +249,7 @@ inline unsigned long long spatialc_wgmma_desc(const void* p, unsigned lbo, unsig
     return (unsigned long long)(addr >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
            ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swizzle << 62);
 }
-inline void spatialc_wgmma_fence() {}
+inline void spatialc_wgmma_fence() { spatialc_emu::acc_written = false; }
 inline void spatialc_wgmma_commit() {
     using namespace spatialc_emu;
     if (!wgmma_open.empty()) wgmma_groups.push_back(std::move(wgmma_open));
@@ -263,6 +271,9 @@ void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned
     static_assert(sizeof(T) == 1 ? std::is_same_v<A, int> : std::is_same_v<A, float>, "int8 into int32, 16-bit float");
     const ThreadState& t = me("spatialc_wgmma");
     const int warp = t.warp % 4, lane = t.lane;
+    if (acc_written)  // the PTX ISA: undefined unless wgmma.fence orders those writes before the wgmma
+        fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": its accumulators were written by ordinary "
+                                                             "instructions with no spatialc_wgmma_fence() since");
     spatialc_acc<A>* acc = d;
     if (!kLate) {
         wgmma_run<N, T>(acc, a, b, warp, lane, line);

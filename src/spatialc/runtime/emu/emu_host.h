@@ -107,15 +107,28 @@ inline int blocks_per_sm(int block_threads, size_t smem) {
 
 // ---- the runtime API (device memory is host memory) --------------------------------------------------------
 
+namespace spatialc_emu {
+// Device allocations by start, with their sizes: what a TMA box may read (emu_hopper.h checks it).
+inline std::map<const char*, size_t> allocations;
+inline std::mutex allocations_mu;
+}  // namespace spatialc_emu
+
 inline cudaError_t cudaMalloc(void** p, size_t n) {
     *p = std::aligned_alloc(256, (n + 255) & ~size_t(255));
-    return *p ? cudaSuccess : spatialc_emu::fail(cudaErrorMemoryAllocation, "cudaMalloc failed");
+    if (!*p) return spatialc_emu::fail(cudaErrorMemoryAllocation, "cudaMalloc failed");
+    std::lock_guard<std::mutex> lk(spatialc_emu::allocations_mu);
+    spatialc_emu::allocations[static_cast<const char*>(*p)] = n;
+    return cudaSuccess;
 }
 template <class T>
 cudaError_t cudaMalloc(T** p, size_t n) {
     return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
 inline cudaError_t cudaFree(void* p) {
+    {
+        std::lock_guard<std::mutex> lk(spatialc_emu::allocations_mu);
+        spatialc_emu::allocations.erase(static_cast<const char*>(p));
+    }
     std::free(p);
     return cudaSuccess;
 }

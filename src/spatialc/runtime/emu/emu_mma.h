@@ -28,10 +28,17 @@ struct spatialc_frag {
 
 template <class T>
 struct spatialc_acc {
+    // Registers hold garbage until written: a kernel that accumulates into ones it never zeroed reads this.
     T x[8];
+    spatialc_acc() {
+        for (T& e : x) std::memset(static_cast<void*>(&e), 0xCD, sizeof(T));
+    }
 };
 
 namespace spatialc_emu {
+
+// Whether the calling thread wrote accumulators with ordinary instructions since its last wgmma fence.
+inline thread_local bool acc_written = false;
 
 // The element offset of 16-byte chunk `half` of row `row` in a swizzled 16-bit tile (as tensor_core.cuh).
 constexpr unsigned swizzled(unsigned row, unsigned half) { return row * 16u + ((half ^ ((row >> 2) & 1u)) << 3); }
@@ -177,6 +184,7 @@ inline void spatialc_mma2(spatialc_acc<int>& d, const spatialc_frag<signed char>
 template <class T>
 inline void spatialc_acc_zero(spatialc_acc<T>& d) {
     for (T& e : d.x) e = T(0);
+    spatialc_emu::acc_written = true;  // by an ordinary instruction: a wgmma must be fenced from it (emu_hopper.h)
 }
 
 template <class T>

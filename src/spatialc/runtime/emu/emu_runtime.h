@@ -316,9 +316,10 @@ SPATIALC_EMU_FN std::string who(const Access& a) {
                        : a.kind == AccessKind::acc_store  ? "an accumulator store (spatialc_store_acc)"
                        : a.kind == AccessKind::page_load  ? "a page load"
                        : a.kind == AccessKind::page_store ? "a page store"
-                       : a.kind == AccessKind::tma        ? "a TMA load landing (issued)"
+                       : a.kind == AccessKind::tma        ? "a TMA load landing (the copy engine)"
                        : a.kind == AccessKind::wgmma      ? "a wgmma operand read (retired at wait_group)"
                                                           : "an access";
+    if (a.kind == AccessKind::tma) return std::string(what) + " issued at line " + std::to_string(a.line);
     return std::string(what) + " by thread " + std::to_string(a.tid) + " (warp " + std::to_string(a.tid / kWarp) +
            ", lane " + std::to_string(a.tid % kWarp) + ") at line " + std::to_string(a.line);
 }
@@ -469,6 +470,12 @@ SPATIALC_EMU_FN MBar& find_mbar(const void* bar, const char* what, int line) {
     if (it == blk().mbars.end())
         fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + " on " + mbar_name(bar) +
                                ", which spatialc_mbar_init never initialised in this block");
+    const MBar& m = *it->second;
+    if (self && self->tid != m.init_tid && self->bi.load(std::memory_order_relaxed) <= m.init_bi)
+        fatal(kExitRace, "RACE: " + std::string(what) + " at line " + std::to_string(line) + " by thread " +
+                             std::to_string(self->tid) + " uses " + mbar_name(bar) + ", which thread " +
+                             std::to_string(m.init_tid) + " initialised at line " + std::to_string(m.init_line) +
+                             " with no __syncthreads() between them");
     return *it->second;
 }
 
@@ -485,6 +492,8 @@ SPATIALC_EMU_FN void mbar_init(void* bar, unsigned count, int line) {
     m->count = m->pending = count;
     m->init_tid = self->tid;
     m->init_line = line;
+    m->init_bi = self->bi.load(std::memory_order_relaxed);
+    m->engine = blk().nthreads + (int)blk().mbars.size() - 1;
 }
 
 // With the block's lock held, by the arrival that completes the phase.
@@ -619,13 +628,18 @@ SPATIALC_EMU_FN CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type
         if (dims[i] == 0 || dims[i] > (1ull << 32) || box[i] == 0 || box[i] > 256 || element_strides[i] != 1)
             return CUDA_ERROR_INVALID_VALUE;
         f.dim[i] = dims[i];
-        f.box[i] = box[i];
+        f.box[i] = (uint16_t)box[i];
         if (i > 0) {
             if (strides[i - 1] % 16 || strides[i - 1] >= (1ull << 40)) return CUDA_ERROR_INVALID_VALUE;
             f.stride[i] = strides[i - 1];
         }
     }
     if ((box[0] * f.elem) % 16 || (f.swizzle && box[0] * f.elem > f.swizzle)) return CUDA_ERROR_INVALID_VALUE;
+    {
+        std::lock_guard<std::mutex> lk(allocations_mu);
+        auto it = allocations.upper_bound(f.base);
+        if (it != allocations.begin() && f.base < (--it)->first + it->second) f.end = it->first + it->second;
+    }
     std::memset(map, 0, sizeof *map);
     std::memcpy(map, &f, sizeof f);
     return CUDA_SUCCESS;
@@ -685,6 +699,9 @@ SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coor
             if (c < 0 || (uint64_t)c >= f.dim[d]) inside = false;
             else src += (size_t)c * f.stride[d];
         }
+        if (inside && f.end && f.base + src + f.elem > f.end)
+            fatal(kExitMisuse, where + ": the box reads past the end of the tensor's allocation (the map's "
+                                       "dimensions and strides describe more than was allocated)");
         uintptr_t a = at + e * f.elem;
         if (f.swizzle) a ^= ((a >> 7) & (f.swizzle / 16 - 1)) << 4;
         char* p = reinterpret_cast<char*>(a);
@@ -693,15 +710,22 @@ SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coor
         if ((a & 15) == 0) written.push_back(p);
         for (uint32_t d = 0; d < f.rank && ++idx[d] == f.box[d]; ++d) idx[d] = 0;
     }
-    // Checked as the issuing thread's write now: the hardware may land it any time before the phase completes.
-    track(written.data(), (int)written.size(), 16, true, AccessKind::tma, line);
-    std::lock_guard<std::mutex> lk(blk().mu);
+    // The copy engine writes, not the issuing thread: its write is checked now (it may land any time before the
+    // phase completes) as a thread of its own — one per barrier — whose clock is that phase's number, and only that
+    // barrier's completed phase publishes it. Waiting on another barrier (one the issuing thread arrives on later)
+    // orders nothing.
+    std::unique_lock<std::mutex> lk(blk().mu);
     MBar& m = find_mbar(bar, where.c_str(), line);
     check_async_visible(bar, m, where.c_str(), line);
-    join(m.vc_acc, t.vc);
-    if (m.vc_acc.size() <= (size_t)t.tid) m.vc_acc.resize((size_t)t.tid + 1, 0);
-    m.vc_acc[(size_t)t.tid] = std::max(m.vc_acc[(size_t)t.tid], t.clk);
-    ++t.clk;
+    const unsigned clk = (unsigned)m.phase + 1;
+    const int engine = m.engine;
+    lk.unlock();
+    const Access a{engine, t.bi.load(std::memory_order_relaxed), 0, line, AccessKind::tma, clk};
+    each_tracked(written.data(), (int)written.size(), 16, a,
+                 [&](Region& r, size_t off) { track_bytes(r, off, 16, true, a, t); });
+    lk.lock();
+    if (m.vc_acc.size() <= (size_t)engine) m.vc_acc.resize((size_t)engine + 1, 0);
+    m.vc_acc[(size_t)engine] = std::max(m.vc_acc[(size_t)engine], clk);
     m.tx -= (long long)n;
     if (m.pending == 0) settle_mbar(m);
 }
