@@ -135,7 +135,7 @@ def check_plan(plan: Plan, precision: Precision) -> None:
         raise Unsupported(f"sub-blocks {plan.sub_blocks}", "an sm_90a item is one block of accumulators")
     if h != CONSUMER_GROUPS * WARPGROUP:
         raise Unsupported(
-            f"items of {h * 16} rows", f"the two consumer warpgroups hold 64 rows each: use blocks of {8} tile rows"
+            f"items of {h * 16} rows", "the two consumer warpgroups hold 64 rows each: use blocks of 8 tile rows"
         )
     if w * 16 > WGMMA_N_MAX:
         raise Unsupported(f"items of {w * 16} columns", f"one wgmma is at most {WGMMA_N_MAX} columns wide")
