@@ -533,3 +533,19 @@ def test_a_barrier_used_before_the_block_barrier_after_its_initialisation_is_a_r
     # Used after thread 0 initialised it, with no block barrier between (a race), or before (never initialised).
     raced = got.startswith("race") and "with no __syncthreads() between them" in got
     assert raced or (got.startswith("fault") and "never initialised" in got), got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_setmaxnreg_faults_are_caught(faulty):
+    text = faulty[1].program_cu
+    assert text.count("spatialc_regs_inc<232>();") == 1 and text.count("spatialc_regs_dec<40>();") == 1
+    # More than the register file once every warp has moved: the increase would wait forever.
+    got = outcome(faulty, replaced(text, "spatialc_regs_inc<232>();", "spatialc_regs_inc<240>();"))
+    assert got.startswith("deadlock") and "66560 registers" in got and "waits forever" in got, got
+    # A decrease above what the launch gave (168 a thread at 384 threads).
+    got = outcome(faulty, replaced(text, "spatialc_regs_dec<40>();", "spatialc_regs_dec<240>();"))
+    assert got.startswith("fault") and "holds 168 registers a thread: undefined" in got, got
+    # One warp of the producer warpgroup alone.
+    got = outcome(faulty, replaced(text, "spatialc_regs_dec<40>();", "if (warp == 8) spatialc_regs_dec<40>();"))
+    assert got.startswith("fault") and "of one warpgroup hold 40 and 168 registers" in got, got

@@ -154,6 +154,7 @@ struct Block {
     char* dyn = nullptr;  // its dynamic shared memory (null: the one block at a time uses `dyn_base`)
     std::map<const void*, std::unique_ptr<MBar>> mbars;  // by address: mbarriers in its shared memory
     std::map<unsigned, std::unique_ptr<MBar>> named;     // by id: its engines' named barriers
+    std::vector<int> regs;  // each warp's registers a thread after setmaxnreg (empty: the block never used it)
 };
 
 inline thread_local ThreadState* self = nullptr;

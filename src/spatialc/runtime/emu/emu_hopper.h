@@ -18,6 +18,9 @@
 //   cudaMalloc allocation its map was made over is refused;
 // - accumulators are garbage until written (spatialc_acc poisons them), and a wgmma after ordinary writes to them
 //   (spatialc_acc_zero) needs a wgmma fence in between;
+// - setmaxnreg: a decrease above (an increase below) what the warp holds is a misuse; at the block's end every warp
+//   of a warpgroup must hold the same count and the counts must fit the register file, else the increase would
+//   have waited forever on the GPU;
 // - a wgmma reads A and B through their descriptors (start address, leading and stride byte offsets, swizzle) in
 //   the canonical layouts of the PTX ISA — A K-major, 16-bit B N-major (transposed), int8 B K-major — and in late mode
 //   runs only at the wait_group that retires its group: its accumulators are not written before that, and its
@@ -104,6 +107,9 @@ SPATIALC_EMU_FN CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type
 SPATIALC_EMU_FN void mbar_expect_tx(void* bar, unsigned bytes, int line);
 SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar, int line);
 SPATIALC_EMU_FN void fence_proxy_async(int line);
+// setmaxnreg by the calling warp (lane 0 speaks for it); the block's end checks each warpgroup ran the same one and
+// the counts fit the register file.
+SPATIALC_EMU_FN void setmaxnreg(unsigned n, bool inc, int line);
 // An asynchronous read (a wgmma's operands) made now, at its retirement, by the calling thread, which may have
 // happened at any time since its issue: checked against the writes the thread `known` of when it issued it (its
 // vector clock then), so a write that landed in between is a race; recorded as a read made now.
@@ -224,12 +230,14 @@ inline void spatialc_tma_load_4d(void* dst, const CUtensorMap* map, int c0, int 
 inline void spatialc_fence_proxy_async(int line = __builtin_LINE()) { spatialc_emu::fence_proxy_async(line); }
 inline void spatialc_fence_barrier_init() {}
 template <unsigned N>
-inline void spatialc_regs_dec() {
+inline void spatialc_regs_dec(int line = __builtin_LINE()) {
     static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg takes 24 to 256 registers, a multiple of 8");
+    spatialc_emu::setmaxnreg(N, false, line);
 }
 template <unsigned N>
-inline void spatialc_regs_inc() {
+inline void spatialc_regs_inc(int line = __builtin_LINE()) {
     static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg takes 24 to 256 registers, a multiple of 8");
+    spatialc_emu::setmaxnreg(N, true, line);
 }
 
 // As the hardware encodes it; the start address is the offset in the 256 KiB shared window (here: from the dynamic

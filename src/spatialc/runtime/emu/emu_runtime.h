@@ -923,8 +923,46 @@ SPATIALC_EMU_FN cudaError_t fail(cudaError_t e, const std::string& why) {
 
 SPATIALC_EMU_FN void set_max_dynamic_smem(const void* kernel, int bytes) { max_dynamic_smem[kernel] = bytes; }
 
+// ---- setmaxnreg (emu_hopper.h) -----------------------------------------------------------------------------------
+
+constexpr int kRegisterFile = 65536;  // 32-bit registers of one SM, which one block of the sm_90a form holds alone
+
+SPATIALC_EMU_FN void setmaxnreg(unsigned n, bool inc, int line) {
+    ThreadState& t = me("spatialc_regs_inc/dec");
+    if (t.lane != 0) return;  // one warp's instruction: its lane 0 speaks for it
+    Block& b = blk();
+    std::lock_guard<std::mutex> lk(b.mu);
+    if (b.regs.empty())  // what __launch_bounds__(threads, 1) leaves each thread, in whole multiples of 8
+        b.regs.assign((size_t)b.nwarps, std::min(255, kRegisterFile / b.nthreads) / 8 * 8);
+    int& now = b.regs[(size_t)t.warp];
+    if (inc ? (int)n < now : (int)n > now)
+        fatal(kExitMisuse, std::string("setmaxnreg.") + (inc ? "inc" : "dec") + " to " + std::to_string(n) +
+                               " at line " + std::to_string(line) + " by warp " + std::to_string(t.warp) +
+                               ", which holds " + std::to_string(now) + " registers a thread: undefined");
+    now = (int)n;
+}
+
+// At the block's end: every warp of a warpgroup ran the same setmaxnreg (.sync.aligned), and the counts they hold
+// fit the register file — else an increase would have waited forever for registers no warp gave back.
+SPATIALC_EMU_FN void check_registers(const Block& b) {
+    if (b.regs.empty()) return;
+    long total = 0;
+    for (size_t w = 0; w < b.regs.size(); ++w) {
+        total += (long)b.regs[w] * kWarp;
+        if (b.regs[w] != b.regs[w / 4 * 4])
+            fatal(kExitMisuse, "setmaxnreg: warps " + std::to_string(w / 4 * 4) + " and " + std::to_string(w) +
+                                   " of one warpgroup hold " + std::to_string(b.regs[w / 4 * 4]) + " and " +
+                                   std::to_string(b.regs[w]) + " registers a thread: each warpgroup runs one");
+    }
+    if (total > kRegisterFile)
+        fatal(kExitDeadlock, "setmaxnreg: the block's warps would hold " + std::to_string(total) +
+                                 " registers, more than the " + std::to_string(kRegisterFile) +
+                                 " of the file: on the GPU the increase waits forever");
+}
+
 SPATIALC_EMU_FN void reset_block(Block& b, int n, unsigned long linear) {
     b.mbars.clear();
+    b.regs.clear();
     b.named.clear();
     b.nthreads = n;
     b.nwarps = (n + kWarp - 1) / kWarp;
@@ -971,6 +1009,7 @@ SPATIALC_EMU_FN void run_block(void (*body)(void*), void* ctx, dim3 block, uint3
     start_block(b, at, body, ctx, block, threads);
     for (std::thread& t : threads) t.join();
     for (int i = 0; i < n; ++i) apply_stores(b.threads[i]);
+    check_registers(b);
     progress.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -999,6 +1038,7 @@ SPATIALC_EMU_FN void run_blocks_at_once(void (*body)(void*), void* ctx, dim3 gri
             for (unsigned x = 0; x < grid.x; ++x, ++linear)
                 start_block(*blocks[linear], uint3{x, y, z}, body, ctx, block, threads);
     for (std::thread& t : threads) t.join();
+    for (auto& b : blocks) check_registers(*b);
     {
         std::lock_guard<std::mutex> lk(coop_mu);
         coop_blocks.clear();
