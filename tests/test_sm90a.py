@@ -492,8 +492,8 @@ def test_a_tma_write_is_ordered_only_by_its_own_barrier(faulty):
     expect = re.search(r"spatialc_mbar_expect_tx\(&full_0\[[^\]]*\], \d+u\);", text)
     push = "spatialc_mbar_arrive(&full_0[psh_0 % DEPTH_0]); ++psh_0;  // op:Push"
     assert expect and text.count(push) == 1
-    early = replaced(replaced(text, push, "// (moved)"), expect[0], expect[0].replace("(&full_0[", "(&full_0[") + "")
-    early = early.replace(expect[0], "spatialc_mbar_arrive(&full_0[psh_0 % DEPTH_0]); ++psh_0;\n" + expect[0], 1)
+    arrive = "spatialc_mbar_arrive(&full_0[psh_0 % DEPTH_0]); ++psh_0;\n"
+    early = replaced(replaced(text, push, "// (moved)"), expect[0], arrive + expect[0])
     assert outcome(faulty, early) != EXACT
 
 

@@ -200,6 +200,11 @@ def candidates(
     # grid dividing the block: unless the block is forced, plans it would leave to the general form are not offered.
     stages = epilogue_stages(p) + extra
     fuse_only = block is None and stages > 0 and form == "persistent"
+    own_cost = None  # the sm_90a form's own time model: wgmma's width and the stages in flight (lower/cuda/hopper.py)
+    if form == "sm90a":
+        from ..lower.cuda import hopper
+
+        own_cost = hopper.plan_cost
     found = []
     for b, s, d in itertools.product(blocks, subs, depths):
         if fuse_only and not fused_output(target, b):
@@ -210,10 +215,8 @@ def candidates(
         smem, per_unit = resources(target, plan, p.precision, form, stages)  # the backend asked once a plan
         if per_unit:
             cost = plan_cost(target, plan, m_t, n_t, k_t, p.precision, per_unit)
-            if form == "sm90a":  # its own time model: wgmma's width and the stages in flight (lower/cuda/hopper.py)
-                from ..lower.cuda import hopper
-
-                cost = hopper.plan_cost(target, plan)
+            if own_cost is not None:
+                cost = own_cost(target, plan)
             if groups > 1:
                 # A grouped GEMM's placement deals strips (a group's column of items) and each runs its group's
                 # row blocks one after another: waves of strips, each ny items long (every row present).

@@ -72,7 +72,7 @@ from .program import (
     relative_groups,
     site_classes,
 )
-from .rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, ring_table
+from .rings import ALIGN, MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, ring_table
 from .tiles import TilePrinter
 
 KERNEL_NAME = "spatialc_general"
@@ -256,20 +256,29 @@ def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
     return dataclasses.replace(rings, rings=table)
 
 
-def layout(rings: dict[int, Ring]) -> tuple[dict[str, int], int, int]:
-    """The dynamic block: every ring (by id), then each ring's full and empty barriers; (region name → offset,
-    total bytes, barrier bytes). Every region starts on 32 bytes, as cp.async and the fragment loads want."""
+def layout(
+    rings: dict[int, Ring], ring_align: int = ALIGN, barrier_align: int = ALIGN
+) -> tuple[dict[str, int], int, int]:
+    """The dynamic block: every ring (by id), each starting on `ring_align` bytes, then each ring's full and empty
+    barriers, each array on `barrier_align`; (region name → offset, total bytes, barrier bytes). By default every
+    region starts on 32 bytes, as cp.async and the fragment loads want (the sm_90a form's swizzled stages want
+    1024)."""
+
+    def up(n: int, to: int) -> int:
+        return -(-n // to) * to
+
     offsets: dict[str, int] = {}
     off = 0
     for rid in sorted(rings):
+        off = up(off, ring_align)
         offsets[f"ring_{rid}"] = off
-        off += aligned(rings[rid].bytes)
-    ring_bytes = off
+        off += rings[rid].bytes
+    start = off = up(off, barrier_align)
     for rid in sorted(rings):
         for kind in ("full", "empty"):
             offsets[f"{kind}_{rid}"] = off
-            off += aligned(rings[rid].depth * BARRIER_BYTES)
-    return offsets, off, off - ring_bytes
+            off += up(rings[rid].depth * BARRIER_BYTES, barrier_align)
+    return offsets, off, off - start
 
 
 def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0) -> tuple[int, int]:
@@ -369,11 +378,12 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
         return f"((rsv_{r} - 1) % DEPTH_{r})"
 
     def counters(self) -> None:
-        """One counter per ring and op kind the engine uses, so that none is unused."""
+        """One counter per kept ring and op kind the engine uses, so that none is unused (a ring a fused store
+        replaced has none)."""
         kinds = {Reserve: "rsv", Push: "psh", Wait: "wt", Pop: "pop"}
         used: dict[int, set[str]] = {}
         for op in self.role.walk():
-            if isinstance(op, Reserve | Push | Wait | Pop):
+            if isinstance(op, Reserve | Push | Wait | Pop) and not self.k.rings.is_fused(op.buf):
                 used.setdefault(self.k.rings.template[op.buf], set()).add(kinds[type(op)])
         for r in sorted(used):
             names = [f"{n}_{r} = 0" for n in ("rsv", "psh", "wt", "pop") if n in used[r]]

@@ -19,7 +19,7 @@
   late: the producer then runs at most depth − 1 pages ahead instead of depth, which cannot deadlock as long as
   depth ≥ 2 (the stage the producer waits for was released no later than the step the consumer has finished).
   Pages are read at the slot of the last `Wait` (`wt − 1`), which with the release deferred is no longer `pop`'s.
-- The epilogue is fused where it can be (`fused_store_of`): where the writer only waits for each output page, stores
+- The epilogue is fused where it can be (`fused_output`): where the writer only waits for each output page, stores
   it and frees it, and the chain is one the fused store applies (bias, relu, scalar, requant), the consumers apply
   it to their own accumulator elements and store them to global memory (the tile printers' `fused_store`, the
   persistent kernel's), and the output and epilogue rings leave shared memory. Otherwise (an activation) the
@@ -71,7 +71,7 @@ from . import epilogue, general
 from .cwriter import Writer, addr_expr, inlined_lines, site_prologue
 from .host import assemble
 from .program import all_ops, checked_gemm, launch_for
-from .rings import MMA_TYPES, TILE_ELEMS, Ring, ring_table
+from .rings import MMA_TYPES, TILE_ELEMS, Ring, Rings, ring_table
 
 KERNEL_NAME = "spatialc_hopper"
 WARPGROUP = 4  # warps that issue one wgmma together
@@ -80,7 +80,7 @@ PRODUCER_REGS = 40  # registers a producer-warpgroup thread keeps after setmaxnr
 CONSUMER_REGS = 232  # registers a consumer thread gets with setmaxnreg.inc
 STAGE_ALIGN = 1024  # bytes: every ring starts on the largest swizzle pattern's period
 SWIZZLE_PERIOD = 256  # bytes after which the 32-byte swizzle repeats (8 rows of 32 bytes): where each page starts
-BARRIER_BYTES = 8
+BARRIER_ALIGN = 16  # each barrier array: the emulation's (and the layout's) least region alignment
 WGMMA_N_MAX = 256
 SWIZZLE_NONE, SWIZZLE_32B = 0, 3  # the descriptor's (and, as 0 and 1, the tensor map's) swizzle modes
 
@@ -146,27 +146,10 @@ def check_plan(plan: Plan, precision: Precision) -> None:
 # ---- resources -------------------------------------------------------------------------------------------------
 
 
-def stage_layout(rings: dict[int, Ring]) -> tuple[dict[str, int], int, int]:
-    """Every ring on a 1024-byte boundary, then each ring's full and empty barriers on 16 bytes: (region → offset,
-    bytes, barrier bytes)."""
-    offsets: dict[str, int] = {}
-    off = 0
-    for rid in sorted(rings):
-        off = -(-off // STAGE_ALIGN) * STAGE_ALIGN
-        offsets[f"ring_{rid}"] = off
-        off += rings[rid].bytes
-    start = off = -(-off // 16) * 16
-    for rid in sorted(rings):
-        for kind in ("full", "empty"):
-            offsets[f"{kind}_{rid}"] = off
-            off += -(-rings[rid].depth * BARRIER_BYTES // 16) * 16
-    return offsets, off, off - start
-
-
 def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0) -> tuple[int, int]:
     """(shared memory bytes, blocks per SM) of the sm_90a form for `plan`, as the tile planner asks: A's and B's
     stages, `depth` deep on 1024-byte boundaries, and their barriers — the output and the epilogue's `stages` go from
-    the accumulators straight to global memory (`fused_store_of`; a chain with an activation keeps its rings, and a
+    the accumulators straight to global memory (`fused_output`; a chain with an activation keeps its rings, and a
     plan too large for them is refused when lowered); 0 blocks where the wgmma layout does not take the plan."""
     try:
         check_plan(plan, precision)
@@ -177,7 +160,7 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     ibw = plan.block.ibw
     shapes = [(plan.depth, h * ibw, types.operand_bytes), (plan.depth, ibw * w, types.operand_bytes)]
     rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}
-    smem = stage_layout(rings)[1]
+    smem = general.layout(rings, STAGE_ALIGN, BARRIER_ALIGN)[1]
     if smem > target.smem_per_site_max:
         return smem, 0
     return smem, 1
@@ -235,6 +218,11 @@ def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
             )
 
 
+def param_at(p: SpatialProgram, tensor) -> int:
+    """The position of `tensor`'s parameter among the kernel's (Launch.params: tensor order), what TensorMap names."""
+    return [t.id for t in p.tensors].index(tensor)
+
+
 def _maps(p: SpatialProgram, rings, reader_ops) -> tuple[tuple[TensorMap, ...], frozenset[int]]:
     """One tensor map per (tensor, box) the reader loads, and the rings the copy engine fills."""
     maps: dict[tuple[int, int, int], TensorMap] = {}
@@ -258,7 +246,7 @@ def _maps(p: SpatialProgram, rings, reader_ops) -> tuple[tuple[TensorMap, ...], 
             )
         if op.block_h > 256 or op.block_w > 256:
             raise Unsupported(f"a {op.block_h}x{op.block_w}-tile page of {t.name}", "a TMA box side is at most 256")
-        at = [int(x.id) for x in p.tensors].index(int(t.id))  # its parameter's position (Launch.params)
+        at = param_at(p, op.tensor)
         key = (at, op.block_h, op.block_w)
         swizzle = 1 if ring.layout.swizzled else 0
         maps.setdefault(key, TensorMap(len(maps), at, (op.block_h, op.block_w), swizzle, ring.layout.by_column))
@@ -266,13 +254,13 @@ def _maps(p: SpatialProgram, rings, reader_ops) -> tuple[tuple[TensorMap, ...], 
     return tuple(maps.values()), frozenset(filled)
 
 
-def fused_store_of(p: SpatialProgram, k: general.GeneralKernel) -> WriteTiles | None:
+def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTiles, Rings] | None:
     """The writer's store of the matmul's output (after its elementwise epilogue), where the consumers can make it
-    themselves from their accumulators: a chain of stages the fused store applies, run by the compute engine at
-    its item level, and a writer that only waits for each page, stores it and frees it. None otherwise (the general
-    form's output ring and writer stay)."""
+    themselves from their accumulators — a chain of stages the fused store applies, run by the compute engine at
+    its item level, and a writer that only waits for each page, stores it and frees it — and the kernel's rings
+    without that chain's. None otherwise (the general form's output ring and writer stay)."""
     try:
-        mm, _, _, chain = checked_gemm(p, epilogue.EPILOGUE_OPS)
+        mm, types, integer, chain = checked_gemm(p, epilogue.EPILOGUE_OPS)
     except LowerError:
         return None  # a stage the fused store does not apply (an activation): page to page, as the general form
     last = int(p.buffer((chain[-1] if chain else mm).outs[0]).ring)
@@ -294,17 +282,17 @@ def fused_store_of(p: SpatialProgram, k: general.GeneralKernel) -> WriteTiles | 
     level = top[0].body if len(top) == 1 and isinstance(top[0], Loop) else top
     if not any(isinstance(op, Push) and int(p.buffer(op.buf).ring) == last for op in level):
         return None
-    return store
+    fused = tuple(int(p.buffer(b).ring) for b in (mm.outs[0], *(s.outs[0] for s in chain)))
+    return store, general.epilogue_rings(p, ring_table(p, types, fused), integer)
 
 
 def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
     refuse(p, target)
     k = general.make_kernel(p, target, fit=False)  # its shared memory is laid out again below, and checked then
-    store = fused_store_of(p, k)
-    if store is not None:  # the output and epilogue rings leave shared memory: the consumers store from registers
-        mm, types, integer, chain = checked_gemm(p, epilogue.EPILOGUE_OPS)
-        fused = tuple(int(p.buffer(b).ring) for b in (mm.outs[0], *(s.outs[0] for s in chain)))
-        rings = general.epilogue_rings(p, ring_table(p, types, fused), integer)
+    fused = fused_output(p, k)
+    store = None
+    if fused is not None:  # the output and epilogue rings leave shared memory: the consumers store from registers
+        store, rings = fused
         kept = {r: n for r, n in k.full_count.items() if r in rings.rings}
         k = dataclasses.replace(k, rings=rings, full_count=kept, empty_count={r: k.empty_count[r] for r in kept})
     compute = k.roles[0]
@@ -315,7 +303,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         raise Unsupported(f"{len(side)} engines beside the compute engine", "they share one producer warpgroup")
     reader = [r for r in side if any(isinstance(op, ReadTiles) for op in r.walk())]
     maps, filled = _maps(p, k.rings, [op for r in reader for op in r.walk()])
-    offsets, dyn, barrier_bytes = stage_layout(k.rings.rings)
+    offsets, dyn, barrier_bytes = general.layout(k.rings.rings, STAGE_ALIGN, BARRIER_ALIGN)
     h, w = k.plan.item_tiles
     full = {r: (1 if r in filled else n) for r, n in k.full_count.items()}
     base = dataclasses.replace(
@@ -352,26 +340,13 @@ class HopperPrinter(general.EnginePrinter):
             return f"((wt_{r} - 1) % DEPTH_{r})"
         return super().read_slot(r)
 
-    def counters(self) -> None:
-        """The general form's counters, without those of the rings the fused store replaced."""
-        if not self.k.rings.fused:
-            super().counters()
-            return
-        fused = set(self.k.rings.fused)
-        role = self.role
-        self.role = dataclasses.replace(
-            role,
-            programs=tuple(tuple(_without(ops, lambda b: self.k.rings.template[b] in fused)) for ops in role.programs),
-        )
-        super().counters()
-        self.role = role
-
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
         rings = self.k.rings
         match op:
-            case PackAcc(to=buf) if rings.is_fused(buf) and self.in_flight:
-                self.w.line("spatialc_wgmma_wait<0>();  // the accumulators are complete")
+            case Pop() | PackAcc() if self.in_flight:
+                # The slot (or the accumulators) stay the MMA's until its group has retired.
+                self.w.line("spatialc_wgmma_wait<0>();  // the K step's wgmma have read the stage")
                 self.in_flight = False
                 self.op(op, env)
             case Push(buf) if rings.is_fused(buf) and rings.chain_step(buf) == len(rings.fused) - 1:
@@ -396,11 +371,6 @@ class HopperPrinter(general.EnginePrinter):
                 self.w.line(f"spatialc_mbar_arrive(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
             case Compute(op=MatmulTiles() as mm, ins=(a, b)):
                 self.wgmma(mm, self.kept(a), self.kept(b), mark)
-            case Pop() | PackAcc() if self.in_flight:
-                # The slot (or the accumulators) stay the MMA's until its group has retired.
-                self.w.line("spatialc_wgmma_wait<0>();  // the K step's wgmma have read the stage")
-                self.in_flight = False
-                super().op(op, env)
             case _:
                 super().op(op, env)
 
@@ -453,7 +423,7 @@ class HopperPrinter(general.EnginePrinter):
         t = self.k.program.tensor(op.tensor)
         ring = self.kept(op.into)
         r = ring.id
-        at = [int(x.id) for x in self.k.program.tensors].index(int(t.id))
+        at = param_at(self.k.program, op.tensor)
         m = next(m for m in self.hk.maps if (m.tensor, m.box) == (at, (op.block_h, op.block_w)))
         nbytes = op.block_h * op.block_w * TILE_ELEMS * ring.elem_bytes
         slot = self.write_slot(r)
@@ -490,17 +460,6 @@ class HopperPrinter(general.EnginePrinter):
                 self.w.line(f"spatialc_wgmma<{self.hk.n}, OPT>(accf, {a_of}, {b_of});")
             self.w.line("spatialc_wgmma_commit();")
         self.in_flight = True
-
-
-def _without(ops: tuple[ChoreoOp, ...], drop) -> list[ChoreoOp]:
-    """`ops` without the ring flow ops whose buffer `drop` names (loops kept, their bodies filtered)."""
-    out: list[ChoreoOp] = []
-    for op in ops:
-        if isinstance(op, Loop):
-            out.append(dataclasses.replace(op, body=tuple(_without(op.body, drop))))
-        elif not (isinstance(op, Reserve | Push | Wait | Pop) and drop(op.buf)):
-            out.append(op)
-    return out
 
 
 def check_page_layouts(operand: Precision, a: Ring, b: Ring) -> None:
