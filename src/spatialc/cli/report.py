@@ -149,8 +149,13 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
         + (f" (ptxas: {bud.regs_ptxas}, spills {bud.spills_ptxas} B)" if bud.regs_ptxas is not None else ""),
         *(
             [
-                f"  clusters  {art.launch.cluster} sites each (__cluster_dims__): a multicast group's pages travel"
-                f" through distributed shared memory; the kernel reads {bud.global_read_bytes} bytes from global memory"
+                f"  clusters  {art.launch.cluster} sites each (__cluster_dims__): a multicast group's pages "
+                + (
+                    "land in each of its blocks from one TMA load (.multicast::cluster)"
+                    if bud.form == "sm90a"
+                    else "travel through distributed shared memory"
+                )
+                + f"; the kernel reads {bud.global_read_bytes} bytes from global memory"
             ]
             if getattr(art.launch, "cluster", 1) > 1
             else []

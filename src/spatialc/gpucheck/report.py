@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .builds import spilled
-from .cases import FORMS, PROBE_RESULT, TOLERANCE, WAYS, Check, Contestant, Row, Timing, spatialc_name
+from .cases import FORMS, HOPPER_FORM, PROBE_RESULT, TOLERANCE, WAYS, Check, Contestant, Row, Timing, spatialc_name
 
 UNIT = {"int8": "TOP/s", "fp16": "TFLOP/s", "bf16": "TFLOP/s"}
 HEADER_KEYS = ("date", "state", "gpu", "sms", "clocks", "commit", "target", "budget_s", "elapsed_s", "versions")
@@ -238,25 +238,25 @@ def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
 
 
 def multicast_lines(rows: list[Row]) -> list[str]:
-    """Each multicast row's general-form kernel against the same GEMM's without groups, in the same run: the ratio
-    of their median kernel times (above 1: the groups are faster)."""
+    """Each multicast row's kernels against the same GEMM's without groups, in the same run, form by form (the
+    general form's groups copy pages through distributed shared memory, the sm_90a form's are TMA multicasts): the
+    ratio of their median kernel times (above 1: the groups are faster)."""
     plain = {(r.precision, r.m, r.n, r.k): r for r in rows if r.multicast == (1, 1) and r.groups == 1}
     out = []
     for r in rows:
         if r.multicast == (1, 1):
             continue
         base = plain.get((r.precision, r.m, r.n, r.k))
-        ours = r.spatialc("general")
-        theirs = base.spatialc("general") if base is not None else None
-        t_ours = _median(ours.timing("kernel")) if ours is not None and ours.ok else None
-        t_base = _median(theirs.timing("kernel")) if theirs is not None and theirs.ok else None
-        said = f"{t_base / t_ours:.2f}×" if t_ours and t_base else "— (one of the two has no right, timed kernel)"
-        out.append(f"- {r.precision} {r.size}: general form without groups / with them, kernel time: {said}")
-    return (
-        ["", "Multicast groups against the same GEMM without groups (general form, kernel only):", "", *out]
-        if out
-        else []
-    )
+        for form in ("general", HOPPER_FORM):
+            ours = r.spatialc(form)
+            if ours is None:
+                continue
+            theirs = base.spatialc(form) if base is not None else None
+            t_ours = _median(ours.timing("kernel")) if ours.ok else None
+            t_base = _median(theirs.timing("kernel")) if theirs is not None and theirs.ok else None
+            said = f"{t_base / t_ours:.2f}×" if t_ours and t_base else "— (one of the two has no right, timed kernel)"
+            out.append(f"- {r.precision} {r.size}: {form} form without groups / with them, kernel time: {said}")
+    return ["", "Multicast groups against the same GEMM without groups (kernel only):", "", *out] if out else []
 
 
 KERNEL_COLUMNS = (

@@ -105,12 +105,20 @@ def _multicast(
             f"{said}: a group's sites wait on each other, which the persistent kernel cannot print; use"
             " form='general' or 'auto' (--form general)"
         )
-    p = tile(
-        program.evolve(target=target.name), target, block=block, sub_blocks=sub_blocks, depth=depth, form="general"
-    )
+    # On a Hopper target the groups are the sm_90a form's clusters, whose TMA loads multicast (as `build`, falling
+    # back to the general form's plan where a forced block does not take the wgmma layout).
+    planned = "sm90a" if target.hopper and form in ("auto", "sm90a") else "general"
+    base = program.evolve(target=target.name)
+    try:
+        p = tile(base, target, block=block, sub_blocks=sub_blocks, depth=depth, form=planned)
+    except PlanError:
+        if form != "auto" or planned != "sm90a" or (block is None and sub_blocks is None):
+            raise
+        planned = "general"
+        p = tile(base, target, block=block, sub_blocks=sub_blocks, depth=depth, form=planned)
     assert p.plan is not None
-    resident = default_sites(p, target, "general") if sites is None else sites
-    per_unit = sites_per_unit(target, p.plan, p.precision, "general", epilogue_stages(p))
+    resident = default_sites(p, target, planned) if sites is None else sites
+    per_unit = sites_per_unit(target, p.plan, p.precision, planned, epilogue_stages(p))
     crowded = fits_at_once(target, resident, per_unit, f"a {said} build", "fewer sites")
     if crowded:
         raise ProgramError(crowded)

@@ -447,8 +447,11 @@ def emulate(
     out = next((p for p in artifact.launch.params if p.role == "output"), None)
     if out is None:
         raise EmulationFault("the artifact's launch names no output tensor")
-    threads = artifact.launch.grid * artifact.launch.block
-    together = getattr(artifact.launch, "cooperative", False) or getattr(artifact.launch, "cluster", 1) > 1
+    # A cooperative launch runs every site at once; a cluster launch one cluster at a time (its sites wait only on
+    # each other).
+    cluster = getattr(artifact.launch, "cluster", 1)
+    threads = (cluster if cluster > 1 else artifact.launch.grid) * artifact.launch.block
+    together = getattr(artifact.launch, "cooperative", False) or cluster > 1
     if together and threads > COOPERATIVE_THREADS:
         raise EmulationFault(
             f"the {artifact.launch.grid} sites of this kernel wait on each other, so the emulation runs them all at"

@@ -257,12 +257,12 @@ def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
 
 
 def layout(
-    rings: dict[int, Ring], ring_align: int = ALIGN, barrier_align: int = ALIGN
+    rings: dict[int, Ring], ring_align: int = ALIGN, barrier_align: int = ALIGN, ready: tuple[int, ...] = ()
 ) -> tuple[dict[str, int], int, int]:
     """The dynamic block: every ring (by id), each starting on `ring_align` bytes, then each ring's full and empty
-    barriers, each array on `barrier_align`; (region name → offset, total bytes, barrier bytes). By default every
-    region starts on 32 bytes, as cp.async and the fragment loads want (the sm_90a form's swizzled stages want
-    1024)."""
+    barriers (and a `ready` one for the rings named there: the sm_90a form's multicast stages), each array on
+    `barrier_align`; (region name → offset, total bytes, barrier bytes). By default every region starts on 32 bytes,
+    as cp.async and the fragment loads want (the sm_90a form's swizzled stages want 1024)."""
 
     def up(n: int, to: int) -> int:
         return -(-n // to) * to
@@ -275,7 +275,7 @@ def layout(
         off += rings[rid].bytes
     start = off = up(off, barrier_align)
     for rid in sorted(rings):
-        for kind in ("full", "empty"):
+        for kind in ("full", "empty", "ready") if rid in ready else ("full", "empty"):
             offsets[f"{kind}_{rid}"] = off
             off += up(rings[rid].depth * BARRIER_BYTES, barrier_align)
     return offsets, off, off - start
@@ -360,6 +360,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
 class EnginePrinter(HandoverPrinter, TilePrinter):
     """Prints one engine's program on its own warps: its ops in order, its loops as its own `for`s."""
 
+    counts_sends = True  # each multicast ring's sends are counted (the receiver's page is the send's number)
+
     def __init__(self, k: GeneralKernel, role: Role, w: Writer):
         super().__init__(k.plan, k.rings, k.lane_grid, w, tid="etid", nthreads=str(role.threads))
         self.k = k
@@ -388,7 +390,8 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
         for r in sorted(used):
             names = [f"{n}_{r} = 0" for n in ("rsv", "psh", "wt", "pop") if n in used[r]]
             self.w.line(f"unsigned {', '.join(names)};")
-        for r in sorted({self.k.rings.template[op.buf] for op in self.role.walk() if isinstance(op, McastSend)}):
+        sent = {self.k.rings.template[op.buf] for op in self.role.walk() if isinstance(op, McastSend)}
+        for r in sorted(sent) if self.counts_sends else ():
             self.w.line(f"unsigned snd_{r} = 0;  // pages of ring {r} multicast so far")
         for g in sorted({int(op.group) for op in self.role.walk() if isinstance(op, Barrier)}):
             self.w.line(f"int crossed_{g} = 0;  // this site's crossings of group {g}'s barrier (the first thread's)")
@@ -537,11 +540,7 @@ def kernel_text(k: GeneralKernel) -> str:
         + ["const int* __restrict__ spatialc_work"]
         + (["int* __restrict__ spatialc_sync"] if k.sync else [])
     )
-    if len(k.classes) > 1:
-        # Sites that run different programs: each site's class (-1: no items, it returns at once).
-        cls = {s: i for i, c in enumerate(k.classes) for s in c.sites}
-        table = ", ".join(str(cls.get(s, -1)) for s in range(k.sites))
-        w.line(f"__device__ const int spatialc_site_class[{k.sites}] = {{{table}}};")
+    class_table(k, w)
     # Multicast groups are thread-block clusters of `cluster` consecutive sites (the emulation runs each at once).
     dims = f" __cluster_dims__({k.cluster}, 1, 1)" if k.cluster > 1 else ""
     w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}){dims} void {KERNEL_NAME}({params})')
@@ -560,6 +559,30 @@ def kernel_text(k: GeneralKernel) -> str:
     if k.cluster > 1:
         w.line(f"SPATIALC_CLUSTER_KERNEL({KERNEL_NAME}, {k.cluster})")
     return w.text()
+
+
+def class_table(k: GeneralKernel, w: Writer) -> None:
+    """Where sites run different programs: each site's class (-1: no items, it returns at once)."""
+    if len(k.classes) > 1:
+        cls = {s: i for i, c in enumerate(k.classes) for s in c.sites}
+        table = ", ".join(str(cls.get(s, -1)) for s in range(k.sites))
+        w.line(f"__device__ const int spatialc_site_class[{k.sites}] = {{{table}}};")
+
+
+def by_class(k: GeneralKernel, role: Role, w: Writer, body) -> None:
+    """`body(ops)` for the one program every site runs on `role`, else for each class's under a test of the site's
+    class."""
+    if len(printed(role)) == 1:
+        body(role.programs[0])
+        return
+    first = True
+    for i, (c, ops) in enumerate(zip(k.classes, role.programs, strict=True)):
+        if not ops:
+            continue
+        sites = ", ".join(map(str, c.sites))
+        with w.block(f"{'if' if first else 'else if'} (spatialc_site_class[site] == {i})", f"// sites {sites}"):
+            body(ops)
+        first = False
 
 
 def declare_rings(k: GeneralKernel, w: Writer) -> None:
@@ -609,17 +632,7 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
     printer.counters()
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
         w.line("spatialc_acc<ACCT> accf[PERW];")
-    if len(printed(role)) == 1:
-        _program(printer, role.programs[0])
-        return
-    first = True
-    for i, (c, ops) in enumerate(zip(k.classes, role.programs, strict=True)):
-        if not ops:
-            continue
-        sites = ", ".join(map(str, c.sites))
-        with w.block(f"{'if' if first else 'else if'} (spatialc_site_class[site] == {i})", f"// sites {sites}"):
-            _program(printer, ops)
-        first = False
+    by_class(k, role, w, lambda ops: _program(printer, ops))
 
 
 def printed(role: Role) -> tuple[tuple[ChoreoOp, ...], ...]:

@@ -41,25 +41,23 @@ from ...ir.ids import LoopVar, loop_var_name
 from ...ir.nodes import Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
-    Barrier,
     ChoreoOp,
     Compute,
     Loop,
     MatmulTiles,
     McastSend,
-    McastSetValid,
     PackAcc,
     Pop,
     Precision,
     Push,
+    ReadBarrier,
     ReadTiles,
     Reserve,
-    SemInc,
     SemSet,
-    SemWait,
     Trip,
     Wait,
     WriteTiles,
+    walk,
 )
 from ...ir.printer import compute_text
 from ...passes.tile import operand_layouts
@@ -68,6 +66,7 @@ from ..artifact import Budget, CudaArtifact, TensorMap
 from ..census import POST, marker
 from ..errors import LowerError, TooBig, Unsupported
 from . import epilogue, general
+from .clusters import ClusterPrinter, Multicast, check_cluster, multicast
 from .cwriter import Writer, addr_expr, inlined_lines, site_prologue
 from .host import assemble
 from .program import all_ops, checked_gemm, launch_for
@@ -95,6 +94,7 @@ class HopperKernel:
     threads: int  # warpgroups × 128
     n: int  # the wgmma width: the item's columns
     store: WriteTiles | None = None  # the writer's store the fused epilogue takes over (None: not fused)
+    multicast: Multicast | None = None  # the multicast handshake (clusters.py), None without groups
 
     @property
     def program(self) -> SpatialProgram:
@@ -113,10 +113,6 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
     general.refuse(p)
     for op in all_ops(p):
         match op:
-            case SemInc() | SemWait() | SemSet() | Barrier():
-                raise Unsupported("a handshake between sites", "the sm_90a form prints single sites so far")
-            case McastSend() | McastSetValid():
-                raise Unsupported("a multicast group", "the sm_90a form has no cluster multicast yet")
             case Loop(count=Trip()):
                 raise Unsupported("a loop count read from data", "the sm_90a form prints fixed loops so far")
             case ReadTiles(rows_from=rows) if rows is not None:
@@ -303,7 +299,13 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         raise Unsupported(f"{len(side)} engines beside the compute engine", "they share one producer warpgroup")
     reader = [r for r in side if any(isinstance(op, ReadTiles) for op in r.walk())]
     maps, filled = _maps(p, k.rings, [op for r in reader for op in r.walk()])
-    offsets, dyn, barrier_bytes = general.layout(k.rings.rings, STAGE_ALIGN, BARRIER_ALIGN)
+    mc = multicast(p, k.rings.template)
+    if mc is not None:
+        check_cluster(k.cluster)
+        if not set(mc.rings) <= filled:
+            raise Unsupported("a multicast ring the copy engine does not fill", "only operand pages are multicast")
+    ready = mc.rings if mc is not None else ()
+    offsets, dyn, barrier_bytes = general.layout(k.rings.rings, STAGE_ALIGN, BARRIER_ALIGN, ready)
     h, w = k.plan.item_tiles
     full = {r: (1 if r in filled else n) for r, n in k.full_count.items()}
     base = dataclasses.replace(
@@ -316,7 +318,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         barrier_bytes=barrier_bytes,
         blocks_per_sm=1,
     )
-    hk = HopperKernel(base, maps, filled, (CONSUMER_GROUPS + 1) * WARPGROUP * WARP, w * 16, store)
+    hk = HopperKernel(base, maps, filled, (CONSUMER_GROUPS + 1) * WARPGROUP * WARP, w * 16, store, mc)
     check_resources(hk, target)
     return hk
 
@@ -324,12 +326,16 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
 # ---- printing --------------------------------------------------------------------------------------------------
 
 
-class HopperPrinter(general.EnginePrinter):
+class HopperPrinter(ClusterPrinter, general.EnginePrinter):
     """The general form's engine printer, with operand pages loaded by the copy engine and multiplied by wgmma."""
+
+    counts_sends = False  # a multicast page lands at the sender's own stage in every block
 
     def __init__(self, hk: HopperKernel, role: general.Role, w: Writer):
         super().__init__(hk.base, role, w)
         self.hk = hk
+        self.sends: frozenset[int] = frozenset()  # rings the program being printed multicasts
+        self.deferred: dict[int, tuple[ChoreoOp, dict[LoopVar, str]]] = {}  # a sender's loads, issued at the send
         self.in_flight = False  # a wgmma group issued and not yet waited for (printing order is program order)
         self.integer = hk.base.integer
         self.chain: list[tuple[Compute, dict[LoopVar, str]]] = []  # epilogue stages met since the last store
@@ -364,8 +370,16 @@ class HopperPrinter(general.EnginePrinter):
                 pass  # its image, with its census marker, is the consumers' fused store
             case Loop() if self.pipelined(op):
                 self.k_loop_pipelined(op, env, mark)
+            case ReadTiles(into=buf) if self.kept(buf).id in self.sends:
+                # The sender's page goes to every block of its group at once: loaded where the IR sends it.
+                self.deferred[self.kept(buf).id] = (op, env)
+                self.w.line("", f"{mark} (loaded into the group's blocks by the multicast below)")
             case ReadTiles(into=buf) if self.kept(buf).id in self.hk.tma_rings:
                 self.tma(op, env, mark)
+            case ReadBarrier() if self.role.first_warp >= CONSUMER_GROUPS * WARPGROUP:
+                self.w.line("", f"{mark} (no cp.async: the copy engine's bytes count on the full barrier)")
+            case _ if self.handshake(op, env, mark):
+                pass
             case Push(buf) if self.kept(buf).id in self.hk.tma_rings:
                 r = self.kept(buf).id
                 self.w.line(f"spatialc_mbar_arrive(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
@@ -412,14 +426,19 @@ class HopperPrinter(general.EnginePrinter):
         for op in pops:
             self.release(op, marker(op, POST))
 
+    def reset(self, op: SemSet, before: ChoreoOp | None) -> None:
+        if not self.handshake_reset(op):
+            super().reset(op, before)
+
     def release(self, op: ChoreoOp, mark: str) -> None:
         """A Pop: one arrival of each consumer thread on the slot's empty barrier."""
         assert isinstance(op, Pop)
         r = self.kept(op.buf).id
         self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)
 
-    def tma(self, op: ReadTiles, env: dict[LoopVar, str], mark: str) -> None:
-        """The whole page as one box: its bytes announced on the slot's full barrier, then the load."""
+    def tma(self, op: ReadTiles, env: dict[LoopVar, str], mark: str, mask: str | None = None) -> None:
+        """The whole page as one box: its bytes announced on the slot's full barrier, then the load — multicast to
+        the blocks of `mask` where one is given."""
         t = self.k.program.tensor(op.tensor)
         ring = self.kept(op.into)
         r = ring.id
@@ -433,7 +452,12 @@ class HopperPrinter(general.EnginePrinter):
             col, row = f"at % {t.tiles[1]}", f"at / {t.tiles[1]}"
             outer = f"{row}, {col}" if m.by_column else f"{col}, {row}"  # the map's third and fourth dimensions
             page, bar = self.write_page(r), f"&full_{r}[{slot}]"
-            self.w.line(f"spatialc_tma_load_4d({page}, &spatialc_tmap_{m.index}, 0, 0, {outer}, {bar});")
+            if mask is None:
+                self.w.line(f"spatialc_tma_load_4d({page}, &spatialc_tmap_{m.index}, 0, 0, {outer}, {bar});")
+            else:
+                self.w.line(f"const unsigned short group = {mask};")
+                load = f"spatialc_tma_load_4d_multicast({page}, &spatialc_tmap_{m.index}, 0, 0, {outer}, {bar}, group);"
+                self.w.line(load)
 
     def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
         """One K step: a wgmma per 16 (int8: 32) K elements, each warpgroup's 64 rows of A and the whole B page read
@@ -518,6 +542,10 @@ def preamble(hk: HopperKernel) -> list[str]:
     at = rest.index("typedef " + f"{k.types.operand} OPT;")
     extra = [*inlined_lines("sm90a.cuh"), *wgmma_specialisations(hk.n, k.types.operand, k.integer), ""]
     rest = [*rest[:at], *extra, *rest[at:]]
+    if hk.multicast is not None:  # each multicast ring's ready barriers count its receivers
+        at = next(i for i, line in enumerate(rest) if line.startswith("#define SMEM_OFF_"))
+        counts = [f"#define READY_COUNT_{r} {n}u" for r, n in sorted(hk.multicast.receivers.items())]
+        rest = [*rest[:at], *counts, *rest[at:]]
     return [head, *(line.replace(f"#define NTHREAD {k.threads}", f"#define NTHREAD {hk.threads}") for line in rest)]
 
 
@@ -531,17 +559,31 @@ def kernel_text(hk: HopperKernel) -> str:
         + ["const int* __restrict__ spatialc_work"]
         + [f"const __grid_constant__ CUtensorMap spatialc_tmap_{m.index}" for m in hk.maps]
     )
-    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, 1) void {KERNEL_NAME}({params})')
+    general.class_table(k, w)
+    mc = hk.multicast
+    # Multicast groups are clusters of `cluster` consecutive sites: a page lands in each of its group's blocks.
+    dims = f" __cluster_dims__({k.cluster}, 1, 1)" if mc is not None else ""
+    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, 1){dims} void {KERNEL_NAME}({params})')
     with w.block():
         site_prologue(w)
         w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
         general.declare_rings(k, w)
+        for r in mc.rings if mc is not None else ():
+            w.line(
+                f"SPATIALC_DYNAMIC_RING(unsigned long long, ready_{r}, spatialc_dyn_smem, SMEM_OFF_READY_{r}, "
+                f"DEPTH_{r}, 1);"
+            )
         with w.block("if (tid == 0)"):
             general.init_barriers(k, w)
+            for r in mc.rings if mc is not None else ():
+                with w.block(f"for (unsigned s = 0; s < DEPTH_{r}; ++s)", "// a stage free in every receiver"):
+                    w.line(f"spatialc_mbar_init(&ready_{r}[s], READY_COUNT_{r});")
             w.line("spatialc_fence_barrier_init();  // the initialised barriers, before any other thread's use")
             w.line("spatialc_fence_proxy_async();  // and before the copy engine's transaction counts on them")
         w.line("__syncthreads();")
+        if mc is not None:
+            w.line("spatialc_cluster_sync();  // and before a peer block arrives on them or multicasts into this one")
         consumers = CONSUMER_GROUPS * WARPGROUP
         with w.block(f"if (warp >= {consumers})", "// the producer warpgroup"):
             w.line(f"spatialc_regs_dec<{PRODUCER_REGS}>();")
@@ -551,6 +593,13 @@ def kernel_text(hk: HopperKernel) -> str:
         with w.block("else", f"// {k.roles[0].engine.value}: the consumer warpgroups"):
             w.line(f"spatialc_regs_inc<{CONSUMER_REGS}>();")
             _engine(hk, k.roles[0], w)
+        if mc is not None:
+            # Every page a peer sends this block was waited for, and every arrival it made on a peer's barrier was
+            # waited for there; CUDA still asks that no block of a cluster exits while a peer may use its shared
+            # memory, which this barrier makes true whatever the schedule.
+            w.line("spatialc_cluster_sync();  // no block leaves while its peers may still reach its shared memory")
+    if mc is not None:
+        w.line(f"SPATIALC_CLUSTER_KERNEL({KERNEL_NAME}, {k.cluster})")
     return w.text()
 
 
@@ -567,14 +616,17 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
     single = any(isinstance(op, ReadTiles) for op in role.walk())
     if single:
         printer.nthreads = "1"
-    programs = general.printed(role)
-    if len(programs) != 1:
-        raise Unsupported("sites running different programs", "the sm_90a form prints one program per engine so far")
-    if single:
-        with w.block("if (etid == 0)", "// the copy engine moves the pages; one thread issues"):
-            general._program(printer, programs[0])
-    else:
-        general._program(printer, programs[0])
+
+    def body(ops: tuple[ChoreoOp, ...]) -> None:
+        printer.sends = frozenset(k.rings.template[op.buf] for op in walk(ops) if isinstance(op, McastSend))
+        if single:
+            with w.block("if (etid == 0)", "// the copy engine moves the pages; one thread issues"):
+                general._program(printer, ops)
+        else:
+            general._program(printer, ops)
+        assert not printer.deferred, "a sender's load with no send"
+
+    general.by_class(k, role, w, body)
 
 
 def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
@@ -595,6 +647,7 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     """The sm_90a CUDA artifact of a verified program, or a typed error saying what the form cannot print."""
     hk = make_kernel(program, target)
     k = hk.base
+    clustered = hk.multicast is not None
     launch = launch_for(
         program,
         target,
@@ -604,6 +657,8 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
         k.dyn_bytes,
         k.dyn_bytes > target.smem_static_max,
         1,
+        fixed=clustered or len(k.classes) > 1,
+        cluster=k.cluster if clustered else 1,
     )
     launch = dataclasses.replace(launch, tensor_maps=hk.maps)
     programs = tuple(ops for role in k.roles for ops in general.printed(role))

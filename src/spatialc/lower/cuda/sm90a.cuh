@@ -40,6 +40,56 @@ __device__ __forceinline__ void spatialc_tma_load_4d(void* dst, const CUtensorMa
         : "memory");
 }
 
+// The same box into the same place of the shared memory of every block of the cluster whose rank is set in `mask`
+// (bit r: rank r, this block's own included), read from global memory once; its bytes count on the barrier at the
+// same place in each of those blocks, each of which announced them with its own expect_tx.
+__device__ __forceinline__ void spatialc_tma_load_4d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                                               int c3, unsigned long long* bar, unsigned short mask)
+{
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(spatialc_smem_addr(dst)),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(spatialc_smem_addr(bar)),
+        "h"(mask)
+        : "memory");
+}
+
+// One arrival on the barrier at the same place as `bar` in block `rank` of the cluster, releasing at cluster scope
+// what this thread did before (its waits on its own barriers included): a receiver telling the sender its stage is
+// free.
+__device__ __forceinline__ void spatialc_mbar_arrive_cluster(unsigned long long* bar, unsigned rank)
+{
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(spatialc_smem_addr(bar)), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+}
+
+// Until the phase of parity `parity` has completed, acquiring at cluster scope what the arrivals released (the
+// arrivals come from other blocks of the cluster).
+__device__ __forceinline__ void spatialc_mbar_wait_cluster(unsigned long long* bar, unsigned parity)
+{
+    for (;;) {
+        unsigned done;
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;"
+                     "\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(spatialc_smem_addr(bar)), "r"(parity)
+                     : "memory");
+        if (done) {
+            return;
+        }
+    }
+}
+
+// Every thread of every block of the cluster meets: what each did before is released at cluster scope and acquired
+// by all. After the barriers' initialisation (a peer's arrival or multicast bytes must find them initialised) and
+// before a block exits (CUDA's rule for distributed shared memory: no block leaves while a peer may still use its
+// shared memory).
+__device__ __forceinline__ void spatialc_cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
 // Generic-proxy writes to shared memory (here: the barriers' initialisation) made visible to the async proxy, which
 // the copy engine's transaction counts go through.
 __device__ __forceinline__ void spatialc_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }

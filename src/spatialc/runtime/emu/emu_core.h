@@ -116,6 +116,10 @@ struct ThreadState {
     std::vector<std::vector<Copy>> groups;  // committed groups, oldest first, not yet landed
     std::vector<PendingStore> stores;
     GlobalStores gstores;  // plain global stores not yet visible at device scope (late mode)
+    // Clusters (sm_90a): cluster barriers passed, and what the thread has learnt of the threads of other blocks of
+    // its cluster (by block, their clocks as their own block counts them) through their remote arrivals.
+    unsigned cbi = 0;
+    std::map<unsigned long, std::vector<unsigned>> peer_vc;
 };
 
 // An mbarrier (emu_mbarrier.h), or an engine's named barrier (the same arrivals, its threads waiting on each other).
@@ -136,6 +140,16 @@ struct MBar {
     int init_tid = -1, init_line = 0;
     unsigned init_bi = 0;  // the initialising thread's barrier interval: others may use it only after a __syncthreads
     int engine = -1;       // the copy engine signalling it, as a thread of the race check (nthreads + its index)
+    // Clusters: the initialising thread's cluster barriers (a peer may use it only after one more); the clocks
+    // remote arrivals bring, by block (the current phase's, each completed parity's); the phases completed so far
+    // with bytes a peer multicast (the latest, as a phase count, and the line that sent them) and the phases some
+    // thread of this block has waited through — a block must not exit before it waited for what a peer sent it.
+    unsigned init_cbi = 0;
+    std::map<unsigned long, std::vector<unsigned>> peer_acc, peer_done[2];
+    bool peer_bytes = false;
+    unsigned long long peer_phase = 0, waited = 0;
+    int peer_line = 0;
+    unsigned long peer_from = 0;
 };
 
 // Arrivals are counted under `mu`; a waiter sleeps on its barrier's generation word, outside the lock, so the
@@ -155,6 +169,8 @@ struct Block {
     std::map<const void*, std::unique_ptr<MBar>> mbars;  // by address: mbarriers in its shared memory
     std::map<unsigned, std::unique_ptr<MBar>> named;     // by id: its engines' named barriers
     std::vector<int> regs;  // each warp's registers a thread after setmaxnreg (empty: the block never used it)
+    bool in_cluster = false;  // its threads crossed a cluster barrier: a peer may wake them (deadlock is cluster-wide)
+    bool exited = false;      // every thread returned: its shared memory is gone
 };
 
 inline thread_local ThreadState* self = nullptr;

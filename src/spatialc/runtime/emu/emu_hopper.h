@@ -107,6 +107,11 @@ SPATIALC_EMU_FN CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type
 SPATIALC_EMU_FN void mbar_expect_tx(void* bar, unsigned bytes, int line);
 SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar, int line);
 SPATIALC_EMU_FN void fence_proxy_async(int line);
+// Clusters (emu_cluster.h): the cluster barrier, an arrival on a peer block's barrier, a multicast box.
+SPATIALC_EMU_FN void cluster_sync(int line);
+SPATIALC_EMU_FN void mbar_arrive_cluster(void* bar, unsigned rank, int line);
+SPATIALC_EMU_FN void tma_load_multicast(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar,
+                                        unsigned mask, int line);
 // setmaxnreg by the calling warp (lane 0 speaks for it); the block's end checks each warpgroup ran the same one and
 // the counts fit the register file.
 SPATIALC_EMU_FN void setmaxnreg(unsigned n, bool inc, int line);
@@ -227,6 +232,18 @@ inline void spatialc_tma_load_4d(void* dst, const CUtensorMap* map, int c0, int 
     const int c[4] = {c0, c1, c2, c3};
     spatialc_emu::tma_load(dst, map, c, 4, bar, line);
 }
+inline void spatialc_tma_load_4d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                           unsigned long long* bar, unsigned short mask, int line = __builtin_LINE()) {
+    const int c[4] = {c0, c1, c2, c3};
+    spatialc_emu::tma_load_multicast(dst, map, c, 4, bar, mask, line);
+}
+inline void spatialc_mbar_arrive_cluster(unsigned long long* bar, unsigned rank, int line = __builtin_LINE()) {
+    spatialc_emu::mbar_arrive_cluster(bar, rank, line);
+}
+inline void spatialc_mbar_wait_cluster(unsigned long long* bar, unsigned parity, int line = __builtin_LINE()) {
+    spatialc_emu::mbar_wait(bar, parity, line);  // what remote arrivals released is learnt as any phase's
+}
+inline void spatialc_cluster_sync(int line = __builtin_LINE()) { spatialc_emu::cluster_sync(line); }
 inline void spatialc_fence_proxy_async(int line = __builtin_LINE()) { spatialc_emu::fence_proxy_async(line); }
 inline void spatialc_fence_barrier_init() {}
 template <unsigned N>

@@ -76,10 +76,41 @@ SPATIALC_EMU_FN std::string describe_threads(Block& b) {
 
 SPATIALC_EMU_FN std::string describe_mbarriers(Block& b);
 
+// The blocks of `b`'s cluster, `b` first (just `b` outside a cluster launch, or before its threads crossed a cluster
+// barrier: until then no peer can reach its barriers).
+SPATIALC_EMU_FN std::vector<Block*> cluster_of(Block& b);
+SPATIALC_EMU_FN void cluster_leave(Block& b);
+SPATIALC_EMU_FN void check_exit(Block& b);
+SPATIALC_EMU_FN void prepare_clusters(unsigned long nblocks, int threads);
+
 [[noreturn]] SPATIALC_EMU_FN void deadlock(Block& b) {
-    fatal(kExitDeadlock, "DEADLOCK in block " + std::to_string(b.block_linear) +
-                             ": every live thread waits at a barrier that can never complete: " + describe_threads(b) +
-                             describe_mbarriers(b));
+    const std::vector<Block*> blocks = cluster_of(b);
+    if (blocks.size() == 1)
+        fatal(kExitDeadlock, "DEADLOCK in block " + std::to_string(b.block_linear) +
+                                 ": every live thread waits at a barrier that can never complete: " +
+                                 describe_threads(b) + describe_mbarriers(b));
+    // Every block of the cluster is stuck (`stuck` checked it): their states no longer change.
+    std::string all;
+    for (Block* o : blocks)
+        all += " Block " + std::to_string(o->block_linear) + ": " +
+               (o->live ? describe_threads(*o) + describe_mbarriers(*o) : std::string("exited")) + ".";
+    fatal(kExitDeadlock, "DEADLOCK in the cluster of block " + std::to_string(b.block_linear) +
+                             ": every live thread of its blocks waits at a barrier that can never complete." + all);
+}
+
+// With `b`'s lock held, once every live thread of `b` waits: whether nothing can wake them — always outside a
+// cluster; in one, when every other block of the cluster has exited or waits too (a peer's arrival, multicast bytes
+// or cluster barrier could wake `b`). A peer whose lock is busy is running: not stuck (its last thread to wait will
+// look again).
+SPATIALC_EMU_FN bool stuck(Block& b) {
+    for (Block* o : cluster_of(b)) {
+        if (o == &b) continue;
+        if (!o->mu.try_lock()) return false;
+        const bool waits = o->live == 0 || o->blocked == o->live;
+        o->mu.unlock();
+        if (!waits) return false;
+    }
+    return true;
 }
 
 // ---- barriers -----------------------------------------------------------------------------------------------------
@@ -188,7 +219,7 @@ SPATIALC_EMU_FN void block_barrier(int line) {
     if (++b.bar_arrived == b.live) {
         complete_block_barrier(b, b.bar_arrived - 1);
     } else {
-        if (++b.blocked == b.live) deadlock(b);
+        if (++b.blocked == b.live && stuck(b)) deadlock(b);
         const unsigned seen = b.bar_gen.load(std::memory_order_relaxed);
         lk.unlock();
         await_generation(b.bar_gen, seen);
@@ -210,7 +241,7 @@ SPATIALC_EMU_FN void warp_barrier(unsigned mask, int line) {
     if (++b.warp_arrived[w] == b.warp_live[w]) {
         complete_warp_barrier(b, (int)w, b.warp_arrived[w] - 1);
     } else {
-        if (++b.blocked == b.live) deadlock(b);
+        if (++b.blocked == b.live && stuck(b)) deadlock(b);
         const unsigned seen = b.warp_gen[w].load(std::memory_order_relaxed);
         lk.unlock();
         await_generation(b.warp_gen[w], seen);
@@ -244,6 +275,13 @@ SPATIALC_EMU_FN Region* find_region(const void* p) {
 inline const void* running_kernel = nullptr;
 inline std::mutex coop_mu;                // guards coop_blocks
 inline std::vector<Block*> coop_blocks;  // the blocks of a running cooperative launch (the watchdog reads them)
+inline unsigned long coop_first = 0;     // the linear index of coop_blocks[0] (a cluster launch runs a cluster)
+
+// With coop_mu held: the running block of linear index `linear`, or null.
+SPATIALC_EMU_FN Block* coop_block(unsigned long linear) {
+    return linear >= coop_first && linear - coop_first < coop_blocks.size() ? coop_blocks[linear - coop_first]
+                                                                            : nullptr;
+}
 
 SPATIALC_EMU_FN void register_region(const char* name, void* base, size_t elem, size_t depth, size_t page,
                                      bool dynamic) {
@@ -329,7 +367,10 @@ SPATIALC_EMU_FN std::string who(const Access& a) {
     const size_t slot = page_bytes ? off / page_bytes : 0;
     fatal(kExitRace, "RACE on shared ring '" + std::string(r.name) + "' slot " + std::to_string(slot) + " (byte " +
                          std::to_string(page_bytes ? off % page_bytes : off) + " of the page; depth " +
-                         std::to_string(r.depth) + "; block " + std::to_string(blk().block_linear) + "): " +
+                         std::to_string(r.depth) + "; block " +
+                         std::to_string(r.owner ? static_cast<const Block*>(r.owner)->block_linear
+                                                : blk().block_linear) +
+                         "): " +
                          who(earlier) + " and " + who(now) +
                          " touch the same bytes with no __syncthreads() between them (both after " +
                          std::to_string(now.bi) + " block barriers) and no mbarrier phase ordering them");
@@ -465,6 +506,15 @@ SPATIALC_EMU_FN std::string describe_mbarriers(Block& b) {
     return out;
 }
 
+SPATIALC_EMU_FN MBar& find_mbar_in(Block& b, const void* bar, const char* what, int line) {
+    auto it = b.mbars.find(bar);
+    if (it == b.mbars.end())
+        fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + " on " + mbar_name(bar) +
+                               ", which spatialc_mbar_init never initialised in block " +
+                               std::to_string(b.block_linear));
+    return *it->second;
+}
+
 SPATIALC_EMU_FN MBar& find_mbar(const void* bar, const char* what, int line) {
     auto it = blk().mbars.find(bar);
     if (it == blk().mbars.end())
@@ -493,6 +543,7 @@ SPATIALC_EMU_FN void mbar_init(void* bar, unsigned count, int line) {
     m->init_tid = self->tid;
     m->init_line = line;
     m->init_bi = self->bi.load(std::memory_order_relaxed);
+    m->init_cbi = self->cbi;
     m->engine = blk().nthreads + (int)blk().mbars.size() - 1;
 }
 
@@ -504,7 +555,11 @@ SPATIALC_EMU_FN void complete_mbar(Block& b, MBar& m) {
     m.gacc.clear();
     m.vc_done[m.phase & 1] = std::move(m.vc_acc);
     m.vc_acc.clear();
+    m.peer_done[m.phase & 1] = std::move(m.peer_acc);
+    m.peer_acc.clear();
     ++m.phase;
+    if (m.peer_bytes) m.peer_phase = m.phase;
+    m.peer_bytes = false;
     m.pending = m.count;
     b.blocked -= m.waiters;
     m.waiters = 0;
@@ -514,11 +569,11 @@ SPATIALC_EMU_FN void complete_mbar(Block& b, MBar& m) {
 }
 
 // With the lock held, once every arrival is in: the phase completes if every expected byte has landed too.
-SPATIALC_EMU_FN void settle_mbar(MBar& m) {
+SPATIALC_EMU_FN void settle_mbar(Block& b, MBar& m) {
     if (m.tx < 0)
         fatal(kExitMisuse, "an mbarrier phase received " + std::to_string(-m.tx) +
                                " bytes of TMA loads more than its expect_tx announced");
-    if (m.tx == 0) complete_mbar(blk(), m);
+    if (m.tx == 0) complete_mbar(b, m);
 }
 
 SPATIALC_EMU_FN void arrive_locked(ThreadState& t, MBar& m) {
@@ -531,7 +586,7 @@ SPATIALC_EMU_FN void arrive_locked(ThreadState& t, MBar& m) {
     if (m.pending == 0)
         fatal(kExitMisuse, "an arrival on an mbarrier whose phase has all its arrivals (thread " +
                                std::to_string(t.tid) + "): the barrier was initialised with too small a count");
-    if (--m.pending == 0) settle_mbar(m);
+    if (--m.pending == 0) settle_mbar(blk(), m);
 }
 
 SPATIALC_EMU_FN void mbar_arrive(void* bar, int line) {
@@ -561,7 +616,7 @@ SPATIALC_EMU_FN void mbar_cp_async_arrive(void* bar, int line) {
 SPATIALC_EMU_FN void sleep_through_phase(Block& b, MBar& m, std::unique_lock<std::mutex>& lk) {
     const unsigned long long phase = m.phase;
     ++m.waiters;
-    if (++b.blocked == b.live) deadlock(b);
+    if (++b.blocked == b.live && stuck(b)) deadlock(b);
     while (m.phase == phase) {
         const unsigned seen = m.gen.load(std::memory_order_relaxed);
         lk.unlock();
@@ -574,6 +629,7 @@ SPATIALC_EMU_FN void sleep_through_phase(Block& b, MBar& m, std::unique_lock<std
 SPATIALC_EMU_FN void learn(ThreadState& t, Block& b, const MBar& m, unsigned parity) {
     if (t.vc.size() < (size_t)b.nthreads) t.vc.resize((size_t)b.nthreads, 0);
     join(t.vc, m.vc_done[parity & 1]);
+    for (const auto& [from, vc] : m.peer_done[parity & 1]) join(t.peer_vc[from], vc);
     share_stores(t.gstores, m.gdone[parity & 1]);  // it may release them now
     t.where = "running";
 }
@@ -590,6 +646,7 @@ SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
         t.where_line = line;
         sleep_through_phase(b, m, lk);
     }
+    m.waited = std::max(m.waited, m.phase);  // the thread passed phase m.phase - 1
     learn(t, b, m, parity);
 }
 
@@ -669,27 +726,26 @@ SPATIALC_EMU_FN void fence_proxy_async(int) {
         if (m->init_tid == t.tid) m->async_visible = true;
 }
 
-SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar, int line) {
-    ThreadState& t = me("spatialc_tma_load");
+// The bytes a TMA load of `map` at `coords` lands at `dst`, in place (swizzled by address as the copy engine does,
+// which for a destination on the pattern's period is the same at that offset of any block), after the checks every
+// load makes.
+SPATIALC_EMU_FN std::vector<char> tma_box(void* dst, const CUtensorMap* map, const int* coords, int rank,
+                                          const std::string& where) {
     TensorMapFields f;
     std::memcpy(&f, map, sizeof f);
-    const std::string where = "spatialc_tma_load_" + std::to_string(rank) + "d at line " + std::to_string(line);
     if (f.magic != kTensorMapMagic) fatal(kExitMisuse, where + ": not a tensor map cuTensorMapEncodeTiled made");
     if ((int)f.rank != rank)
         fatal(kExitMisuse, where + ": a map of rank " + std::to_string(f.rank) + " used with " +
                                std::to_string(rank) + " coordinates");
-    const Region* region = find_region(dst);
-    char* out = static_cast<char*>(dst);
-    const uintptr_t at = reinterpret_cast<uintptr_t>(out);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(dst);
     // The destination: shared memory, 128-byte aligned; a swizzled box on the pattern's period (8 rows of its span).
-    if (!region) fatal(kExitMisuse, where + ": the destination is not in a shared ring");
+    if (!find_region(dst)) fatal(kExitMisuse, where + ": the destination is not in a shared ring");
     if (at % 128 || (f.swizzle && at % (8 * f.swizzle)))
         fatal(kExitMisuse, where + ": the destination is not aligned to " +
                                std::to_string(f.swizzle ? 8 * f.swizzle : 128) + " bytes");
     size_t n = f.elem;
     for (uint32_t i = 0; i < f.rank; ++i) n *= f.box[i];
-    std::vector<const void*> written;
-    written.reserve(n / 16 + 1);
+    std::vector<char> image(n);
     uint32_t idx[5] = {0, 0, 0, 0, 0};
     for (size_t e = 0; e * f.elem < n; ++e) {
         bool inside = true;
@@ -704,30 +760,60 @@ SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coor
                                        "dimensions and strides describe more than was allocated)");
         uintptr_t a = at + e * f.elem;
         if (f.swizzle) a ^= ((a >> 7) & (f.swizzle / 16 - 1)) << 4;
-        char* p = reinterpret_cast<char*>(a);
+        char* p = image.data() + (a - at);
         if (inside) std::memcpy(p, f.base + src, f.elem);
         else std::memset(p, 0, f.elem);
-        if ((a & 15) == 0) written.push_back(p);
         for (uint32_t d = 0; d < f.rank && ++idx[d] == f.box[d]; ++d) idx[d] = 0;
     }
-    // The copy engine writes, not the issuing thread: its write is checked now (it may land any time before the
-    // phase completes) as a thread of its own — one per barrier — whose clock is that phase's number, and only that
-    // barrier's completed phase publishes it. Waiting on another barrier (one the issuing thread arrives on later)
-    // orders nothing.
-    std::unique_lock<std::mutex> lk(blk().mu);
-    MBar& m = find_mbar(bar, where.c_str(), line);
+    return image;
+}
+
+// A box landing at `dst` in block `b`, counted on its barrier `bar` there. The copy engine writes, not the issuing
+// thread: its write is checked now (it may land any time before the phase completes) as a thread of its own — one
+// per barrier — whose clock is that phase's number, and only that barrier's completed phase publishes it. Waiting on
+// another barrier (one the issuing thread arrives on later) orders nothing. `knows` is what the issuing thread knew
+// of `b`'s threads: its own clocks in its own block, what remote arrivals told it in a peer.
+SPATIALC_EMU_FN void land_box(Block& b, char* dst, const std::vector<char>& image, void* bar, const ThreadState& knows,
+                              bool peer, int line, const std::string& where) {
+    ThreadState& t = *self;
+    std::unique_lock<std::mutex> lk(b.mu);
+    if (b.exited)
+        fatal(kExitMisuse, where + ": block " + std::to_string(blk().block_linear) + " multicasts into block " +
+                               std::to_string(b.block_linear) + ", which has exited (its shared memory is gone; "
+                               "a block must wait for every page a peer sends it before it exits)");
+    MBar& m = find_mbar_in(b, bar, where.c_str(), line);
     check_async_visible(bar, m, where.c_str(), line);
+    if (peer && t.cbi <= m.init_cbi)
+        fatal(kExitRace, "RACE between blocks: " + where + " signals " + mbar_name(bar) + " in block " +
+                             std::to_string(b.block_linear) + ", initialised at line " + std::to_string(m.init_line) +
+                             " with no cluster barrier since (spatialc_cluster_sync): the peer may find it "
+                             "uninitialised");
     const unsigned clk = (unsigned)m.phase + 1;
     const int engine = m.engine;
     lk.unlock();
     const Access a{engine, t.bi.load(std::memory_order_relaxed), 0, line, AccessKind::tma, clk};
+    std::vector<const void*> written;
+    for (size_t off = 0; off < image.size(); off += 16) written.push_back(dst + off);
     each_tracked(written.data(), (int)written.size(), 16, a,
-                 [&](Region& r, size_t off) { track_bytes(r, off, 16, true, a, t); });
+                 [&](Region& r, size_t off) { track_bytes(r, off, 16, true, a, knows); });
+    std::memcpy(dst, image.data(), image.size());
     lk.lock();
     if (m.vc_acc.size() <= (size_t)engine) m.vc_acc.resize((size_t)engine + 1, 0);
     m.vc_acc[(size_t)engine] = std::max(m.vc_acc[(size_t)engine], clk);
-    m.tx -= (long long)n;
-    if (m.pending == 0) settle_mbar(m);
+    m.tx -= (long long)image.size();
+    if (peer) {
+        m.peer_bytes = true;
+        m.peer_line = line;
+        m.peer_from = blk().block_linear;
+    }
+    if (m.pending == 0) settle_mbar(b, m);
+}
+
+SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar, int line) {
+    ThreadState& t = me("spatialc_tma_load");
+    const std::string where = "spatialc_tma_load_" + std::to_string(rank) + "d at line " + std::to_string(line);
+    const std::vector<char> image = tma_box(dst, map, coords, rank, where);
+    land_box(blk(), static_cast<char*>(dst), image, bar, t, false, line, where);
 }
 
 // ---- an engine's named barrier (bar.sync id, threads) ---------------------------------------------------------------
@@ -812,16 +898,17 @@ SPATIALC_EMU_FN void thread_exit() {
     t.groups.clear();
     t.open.clear();
     Block& b = blk();
+    cluster_leave(b);
     std::lock_guard<std::mutex> lk(b.mu);
     t.where = "returned";
     const size_t w = (size_t)t.warp;
-    --b.live;
+    if (--b.live == 0) check_exit(b);
     --b.warp_live[w];
     progress.fetch_add(1, std::memory_order_relaxed);
     if (b.bar_arrived > 0 && b.bar_arrived == b.live) complete_block_barrier(b, b.bar_arrived);
     if (b.warp_arrived[w] > 0 && b.warp_arrived[w] == b.warp_live[w])
         complete_warp_barrier(b, (int)w, b.warp_arrived[w]);
-    if (b.live > 0 && b.blocked == b.live) deadlock(b);
+    if (b.live > 0 && b.blocked == b.live && stuck(b)) deadlock(b);
 }
 
 // ---- the watchdog: a wall-clock limit on the whole run, and one on a launch that stops making progress -----------
@@ -970,6 +1057,7 @@ SPATIALC_EMU_FN void reset_block(Block& b, int n, unsigned long linear) {
     b.blocked = 0;
     b.bar_arrived = 0;
     b.block_linear = linear;
+    b.in_cluster = b.exited = false;
     b.warp_live.assign((size_t)b.nwarps, 0);
     b.warp_arrived.assign((size_t)b.nwarps, 0);
     b.warp_gen.reset(new std::atomic<unsigned>[(size_t)b.nwarps]);
@@ -1013,30 +1101,33 @@ SPATIALC_EMU_FN void run_block(void (*body)(void*), void* ctx, dim3 block, uint3
     progress.fetch_add(1, std::memory_order_relaxed);
 }
 
-// A cooperative launch: every block at once, each with its own dynamic shared memory, so that blocks waiting on
-// each other can all make progress. Its blocks' shared regions are forgotten when it ends.
-SPATIALC_EMU_FN void run_blocks_at_once(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem) {
+// A cooperative launch: blocks first … first + nblocks - 1 (in blockIdx order) at once — every block, or one
+// cluster's — each with its own dynamic shared memory, so that blocks waiting on each other can all make progress.
+// Their shared regions are forgotten when they end.
+SPATIALC_EMU_FN void run_blocks_at_once(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem,
+                                        unsigned long first, unsigned long nblocks) {
     const int n = (int)(block.x * block.y * block.z);
-    const unsigned long nblocks = (unsigned long)grid.x * grid.y * grid.z;
     std::vector<std::unique_ptr<Block>> blocks;
     for (unsigned long i = 0; i < nblocks; ++i) {
         blocks.emplace_back(new Block);
         Block& b = *blocks.back();
-        reset_block(b, n, i);
+        reset_block(b, n, first + i);
         b.dyn = static_cast<char*>(std::aligned_alloc(1024, std::max<size_t>(1024, (smem + 1023) & ~size_t(1023))));
         std::memset(b.dyn, kPoison, smem);
     }
     {
         std::lock_guard<std::mutex> lk(coop_mu);
+        coop_first = first;
         for (auto& b : blocks) coop_blocks.push_back(b.get());
     }
     std::vector<std::thread> threads;
     threads.reserve((size_t)n * nblocks);
-    unsigned long linear = 0;
-    for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x, ++linear)
-                start_block(*blocks[linear], uint3{x, y, z}, body, ctx, block, threads);
+    for (unsigned long i = 0; i < nblocks; ++i) {
+        const unsigned long linear = first + i;
+        const uint3 at{(unsigned)(linear % grid.x), (unsigned)(linear / grid.x % grid.y),
+                       (unsigned)(linear / ((unsigned long)grid.x * grid.y))};
+        start_block(*blocks[i], at, body, ctx, block, threads);
+    }
     for (std::thread& t : threads) t.join();
     for (auto& b : blocks) check_registers(*b);
     {
@@ -1107,7 +1198,7 @@ SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, unsi
     Block* other = nullptr;
     {
         std::lock_guard<std::mutex> lk(coop_mu);
-        if (me.dyn && site >= 0 && (size_t)site < coop_blocks.size()) other = coop_blocks[(size_t)site];
+        if (me.dyn && site >= 0) other = coop_block((unsigned long)site);
     }
     if (!other || !other->dyn)
         fatal(kExitMisuse, "distributed shared memory store at line " + std::to_string(line) + " to site " +
@@ -1116,6 +1207,8 @@ SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, unsi
     // (Not race-checked on the receiving side: the handshake that orders it is in global memory.)
     std::memcpy(other->dyn + off, src, n);
 }
+
+SPATIALC_EMU_FN unsigned long cluster_size();
 
 SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem,
                               const void* kernel, bool cooperative) {
@@ -1138,8 +1231,15 @@ SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 bl
     const unsigned long nblocks = (unsigned long)grid.x * grid.y * grid.z;
     report_blocks(0, nblocks);
     unsigned long linear = 0;
-    if (cooperative) {
-        run_blocks_at_once(body, ctx, grid, block, smem);
+    const unsigned long cluster = cluster_size();
+    if (cluster > 1) {  // a cluster's blocks wait only on each other: one cluster at a time
+        prepare_clusters(nblocks, (int)nthreads);
+        for (unsigned long first = 0; first < nblocks; first += cluster) {
+            run_blocks_at_once(body, ctx, grid, block, smem, first, std::min(cluster, nblocks - first));
+            report_blocks(std::min(first + cluster, nblocks), nblocks);
+        }
+    } else if (cooperative) {
+        run_blocks_at_once(body, ctx, grid, block, smem, 0, nblocks);
         report_blocks(nblocks, nblocks);
     } else {
         for (unsigned z = 0; z < grid.z; ++z)
@@ -1156,5 +1256,7 @@ SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 bl
 }
 
 }  // namespace spatialc_emu
+
+#include "emu_cluster.h"
 
 #endif  // SPATIALC_EMU_RUNTIME_H

@@ -1,0 +1,204 @@
+"""The sm_90a form's multicast groups (lower/cuda/clusters.py): thread-block clusters whose shared operand pages the
+copy engine multicasts, run through the host emulation's cluster layer (runtime/emu/emu_cluster.h) against the
+interpreter, with the planted faults it must catch, and nvcc / SASS checks where the toolchain is present."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.lower.cuda import clusters
+from spatialc.lower.errors import Unsupported
+from spatialc.runtime.emulate import EmulationError
+
+from .test_sm90a import EXACT, inputs, needs_gxx, replaced
+
+NVCC = shutil.which("nvcc")
+
+
+def built(prec: str, shape: tuple[int, int, int], group: tuple[int, int], **kw):
+    p = spatialc.build(spatialc.gemm(*shape, prec), "sm_90a", multicast=group, **kw)
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a" and art.launch.cluster == group[0] * group[1]
+    return p, art
+
+
+# ---- what is printed ---------------------------------------------------------------------------------------------
+
+
+def test_a_multicast_build_on_sm90a_plans_for_the_form_and_prints_clusters():
+    p, art = built("bf16", (256, 512, 128), (1, 2))
+    text = art.kernel_cu
+    assert "__cluster_dims__(2, 1, 1)" in text and "SPATIALC_CLUSTER_KERNEL(spatialc_hopper, 2)" in text
+    # The sender loads where the IR sends; the receiver announces the bytes, then tells the sender its stage is free.
+    assert text.count("spatialc_tma_load_4d_multicast(ring_") == 1
+    assert re.search(r"spatialc_mbar_expect_tx\(&full_0\[[^\]]*\], \d+u\);  // the page the sender sends", text)
+    assert text.count("spatialc_mbar_arrive_cluster(&ready_0") == 1
+    assert text.count("spatialc_mbar_wait_cluster(&ready_0") == 1
+    assert "#define READY_COUNT_0 1u" in text
+    # A cluster barrier after the barriers' initialisation and one before exit.
+    assert text.count("spatialc_cluster_sync();") == 2
+    assert art.launch.grid % 2 == 0 and p.placement is not None and p.placement.multicast == (1, 2)
+
+
+def test_the_ready_count_is_the_group_size_less_the_sender():
+    _, art = built("fp16", (512, 256, 64), (1, 4), block=(8, 1, 4))
+    assert "#define READY_COUNT_0 3u" in art.kernel_cu
+
+
+def test_a_cluster_larger_than_a_portable_one_is_refused():
+    with pytest.raises(Unsupported, match="portable cluster holds at most 8"):
+        clusters.check_cluster(9)
+
+
+def test_a_semaphore_other_than_the_handshake_is_refused():
+    p, _ = built("bf16", (256, 256, 64), (1, 2))
+    mc = clusters.multicast(p, _template(p))
+    assert mc is not None and mc.receivers == {0: 1}
+    # A split-K program's semaphores are no multicast handshake: refused by name.
+    split = spatialc.build(spatialc.gemm(128, 64, 2048, "bf16"), "sm_90", split_k=2)
+    with pytest.raises(Unsupported, match="multicast handshakes only"):
+        clusters.multicast(split, _template(split))
+
+
+def _template(p):
+    return {b.id: int(b.ring) for b in p.buffers}
+
+
+# ---- emulated against the interpreter ----------------------------------------------------------------------------
+
+CASES = [
+    ("bf16", (256, 256, 128), (1, 2), {}),  # A shared along a group row
+    ("fp16", (256, 256, 200), (2, 1), {}),  # B shared down a group column; odd K
+    ("int8", (256, 512, 256), (1, 2), {}),
+    ("bf16", (250, 500, 100), (2, 2), {}),  # both operands multicast, odd sizes
+    ("bf16", (256, 256, 192), (1, 2), {"block": (8, 2, 2), "depth": 2}),  # every stage refilled
+]
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize(
+    ("prec", "shape", "group", "kw"),
+    CASES,
+    ids=[f"{c[0]}-{'x'.join(map(str, c[1]))}-mc{c[2][0]}x{c[2][1]}" for c in CASES],
+)
+def test_emulated_multicast_kernel_equals_the_interpreter(prec, shape, group, kw):
+    p, art = built(prec, shape, group, **kw)
+    x = inputs(prec, *shape)
+    want = spatialc.evaluate(p, x)
+    for mode in ("late", "early"):
+        got = spatialc.emulate(art, x, mode=mode, timeout=120)
+        assert got.dtype == want.dtype and np.array_equal(got, want), mode
+
+
+# ---- planted faults ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grouped():
+    """bf16 256×256×192, pairs of sites sharing A, K steps of 2 tiles over depth-2 rings: every stage refilled."""
+    p, art = built("bf16", (256, 256, 192), (1, 2), block=(8, 2, 2), depth=2)
+    assert p.plans[0].k_steps > 2
+    return p, art, inputs("bf16", 256, 256, 192)
+
+
+def outcome(case, text: str, mode: str = "late") -> str:
+    p, art, x = case
+    try:
+        got = spatialc.emulate(dataclasses.replace(art, program_cu=text), x, mode=mode, timeout=60)
+    except EmulationError as e:
+        return f"{e.kind}: {e}"
+    return EXACT if np.array_equal(got, spatialc.evaluate(p, x)) else "mismatch"
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_sender_that_does_not_wait_for_its_receivers_races_with_their_readers(grouped):
+    # The multicast refills a receiver's stage while its wgmma may still read the page before: nothing the sender
+    # waited for told it the receiver had released it.
+    text = re.sub(r"spatialc_mbar_wait_cluster\(&ready_0\[[^;]*;", "", grouped[1].program_cu, count=1)
+    got = outcome(grouped, text)
+    assert got.startswith(("race", "fault")) and ("RACE" in got or "more than its expect_tx" in got), got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_receiver_announcing_more_bytes_than_the_multicast_brings_hangs_with_the_bytes_named(grouped):
+    sends = "  // the page the sender sends"
+    text = replaced(grouped[1].program_cu, f"u);{sends}", f" + 16u);{sends}")
+    got = outcome(grouped, text)
+    assert got.startswith("deadlock") and "16 more bytes of TMA loads" in got and "cluster" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_multicast_that_leaves_out_the_receiver_hangs_it(grouped):
+    text = re.sub(
+        r"const unsigned short group = [^;]*;", "const unsigned short group = 1u << (site % 2);", grouped[1].program_cu
+    )
+    got = outcome(grouped, text)
+    assert got.startswith("deadlock") and "more bytes of TMA loads" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_peer_using_barriers_before_the_cluster_barrier_after_their_initialisation_is_a_race(grouped):
+    text = replaced(grouped[1].program_cu, "spatialc_cluster_sync();  // and before a peer", "// and before a peer")
+    for mode in ("late", "early"):
+        got = outcome(grouped, text, mode)
+        assert got.startswith("race") and "no cluster barrier since" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_block_exiting_while_a_peer_still_multicasts_into_it_is_caught(grouped):
+    # The receivers' consumers stop a K step early: the last page their sender multicasts to them is never waited
+    # for, so nothing orders its bytes before the receiver's exit — with or without the cluster barrier at exit.
+    text = grouped[1].program_cu
+    loop = re.search(r"for \(int k = 0; k < (\d+); \+\+k\) \{  // op:Loop\n(?:(?!for \(int k).)*wgmma", text, re.S)
+    assert loop, "the consumers' K loop"
+    at = loop.start(1)
+    text = f"{text[:at]}{loop[1]} - (site % 2){text[loop.end(1) :]}"
+    got = outcome(grouped, text)
+    assert got.startswith("fault") and "exit" in got and "multicast" in got, got
+    bare = replaced(text, "spatialc_cluster_sync();  // no block leaves", "// no block leaves")
+    got = outcome(grouped, bare)
+    assert got.startswith("fault") and "exit" in got and "multicast" in got, got
+
+
+# ---- nvcc and SASS -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.parametrize("prec", ["bf16", "int8"])
+def test_multicast_kernel_compiles_clean_and_its_sass_multicasts(prec, tmp_path):
+    from spatialc.runtime.sass import disassemble, find_cuobjdump
+
+    art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, prec), "sm_90a", multicast=(1, 2)))
+    assert art.budget.form == "sm90a" and art.launch.cluster == 2
+    src = tmp_path / "k.cu"
+    src.write_text(art.kernel_cu)
+    cubin = tmp_path / "k.cubin"
+    cmd = [NVCC, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Werror", "all-warnings"]
+    done = subprocess.run([*cmd, "-Xptxas", "-v", "-o", str(cubin), str(src)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "0 bytes spill stores, 0 bytes spill loads" in done.stderr
+    for code in ("C7508", "C7510", "C7515", "C7520"):
+        assert code not in done.stderr
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    instrs = disassemble(cubin, tool).instrs
+    ops = Counter(i.base for i in instrs)
+    assert any(i.op.startswith("UTMALDG") and "MULTICAST" in i.op for i in instrs), ops
+    assert ops["UCGABAR_ARV"] >= 2 and ops["UCGABAR_WAIT"] >= 2, ops  # the cluster barriers
+    assert ops["IGMMA" if prec == "int8" else "HGMMA"] >= 1 and ops["USETMAXREG"] == 2, ops
