@@ -50,10 +50,11 @@ def test_sm90a_is_a_target_that_plans_for_wgmma_items():
     assert (plan.item_tiles, plan.block.ibw, plan.depth) == ((8, 16), 4, 4)
     art = spatialc.lower(p)
     assert art.budget.form == "sm90a" and art.budget.threads == 384 and art.budget.blocks_per_sm == 1
-    assert art.budget.total_bytes <= t.smem_per_site_max  # the stages alone: the output goes from the registers
+    assert art.budget.total_bytes <= t.smem_per_site_max  # the stages and the output's staging (no output ring)
     assert art.budget.rings == (("A_ring", 4 * 128 * 64 * 2), ("B_ring", 4 * 64 * 256 * 2))
     assert art.general is None and any("no general form" in n for n in art.notes)  # its rings would not fit
-    assert [m.box for m in art.launch.tensor_maps] == [(8, plan.block.ibw), (plan.block.ibw, plan.item_tiles[1])]
+    loads = [(8, plan.block.ibw), (plan.block.ibw, plan.item_tiles[1])]
+    assert [m.box for m in art.launch.tensor_maps] == [*loads, (1, 4)]  # then the store's: a tile row, 4 tiles
     small = spatialc.lower(spatialc.build(spatialc.gemm(300, 200, 100, "bf16"), "sm_90a"))
     assert small.budget.form == "sm90a" and small.general is not None  # where it fits, the general form rides along
 
@@ -132,11 +133,14 @@ def test_the_launcher_passes_each_tensor_map_after_the_work_list_encoded_over_it
     c = L.run_with(dev, art, x["A"], x["B"])
     np.testing.assert_allclose(c, x["A"] @ x["B"], rtol=1e-3)
     (kernel, grid, block, dyn, args) = dev.launches[0]
-    assert block == 384 and [int(a[0]) for a in args[-2:]] == [1000, 1001]
-    # Each map over the buffer of its own tensor (A, then B), with the geometry the host program prints.
+    assert block == 384 and [int(a[0]) for a in args[-3:]] == [1000, 1001, 1002]
+    # Each map over the buffer of its own tensor (A, then B, then the output C the store writes), with the geometry
+    # the host program prints.
     for (buffer, dims, strides, box, elem, swizzle), m in zip(dev.maps, art.launch.tensor_maps, strict=True):
-        assert elem == 2 and swizzle == 1
-        assert np.array_equal(buffer, args[m.tensor])
+        out = art.launch.params[m.tensor].role == "output"
+        assert (elem, swizzle) == ((4, 0) if out else (2, 1))
+        # (the output's buffer was encoded poisoned, before the kernel wrote it)
+        assert buffer.shape == args[m.tensor].shape and (out or np.array_equal(buffer, args[m.tensor]))
         text = f"const cuuint64_t dims[4] = {{{', '.join(map(str, dims))}}};"
         assert text in art.program_cu and f"const cuuint32_t box[4] = {{{', '.join(map(str, box))}}};" in art.program_cu
         assert f"const cuuint64_t strides[3] = {{{', '.join(map(str, strides))}}};" in art.program_cu
@@ -185,9 +189,10 @@ def test_host_program_encodes_each_tensor_map_through_the_driver_entry_point():
     art = spatialc.lower(spatialc.build(spatialc.gemm(200, 72, 100, "fp16"), "sm_90a"))
     text = art.program_cu
     assert 'cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled"' in text
-    assert text.count("encode_tiled(&tmap_") == len(art.launch.tensor_maps) == 2
+    assert text.count("encode_tiled(&tmap_") == len(art.launch.tensor_maps) == 3  # A, B; C for the TMA store
     assert "CU_TENSOR_MAP_SWIZZLE_32B" in text and "CU_TENSOR_MAP_DATA_TYPE_FLOAT16" in text
-    assert re.search(r"spatialc_hopper<<<GRID, 384, \d+>>>\(d0, d1, d2, d_work, tmap_0, tmap_1\);", text)
+    assert "CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, d2," in text  # C's map over its float32 output
+    assert re.search(r"spatialc_hopper<<<GRID, 384, \d+>>>\(d0, d1, d2, d_work, tmap_0, tmap_1, tmap_2\);", text)
 
 
 # ---- emulation against the interpreter --------------------------------------------------------------------------
@@ -549,3 +554,64 @@ def test_setmaxnreg_faults_are_caught(faulty):
     # One warp of the producer warpgroup alone.
     got = outcome(faulty, replaced(text, "spatialc_regs_dec<40>();", "if (warp == 8) spatialc_regs_dec<40>();"))
     assert got.startswith("fault") and "of one warpgroup hold 40 and 168 registers" in got, got
+
+
+# ---- the output through shared memory and a TMA store ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wide():
+    """bf16 150×200×64 in 8×8-tile items: each consumer warp stages its row of 8 tiles in two boxes of 4."""
+    p = spatialc.build(spatialc.gemm(150, 200, 64, "bf16"), "sm_90a", block=(8, 8, 2), depth=2)
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a" and "#define OUT_CHUNK 4" in art.kernel_cu
+    return p, art, inputs("bf16", 150, 200, 64)
+
+
+def test_the_fused_store_goes_out_by_tma_store_from_each_warps_staging():
+    art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16"), "sm_90a"))
+    text = art.kernel_cu
+    assert "spatialc_tma_store_4d(&spatialc_tmap_2, 0, 0, (int)(tile % 256), (int)(tile / 256), staged);" in text
+    assert art.launch.tensor_maps[-1].box == (1, 4) and art.launch.tensor_maps[-1].tensor == 2  # C, 4 tiles a box
+    assert "SPATIALC_PAGE_ST(staged + c * 256 + el, (OUT_T)accf[q].x[i]);" in text
+    # Stages, their barriers and 8 warps × 4 KiB of staging fit the 227 KiB a block may have.
+    assert art.launch.dyn_smem == 196608 + 1024 + 8 * 4096 and art.launch.dyn_smem <= 232448
+    # An int8 GEMM's int32 output stages 4 tiles too; int64 (asked for) 2.
+    assert hopper.store_chunk(16, "int") == 4 and hopper.store_chunk(16, "long long") == 2
+    assert hopper.store_chunk(16, "__nv_bfloat16") == 8 and hopper.store_chunk(6, "float") == 2
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_staged_store_unplanted_is_exact(wide):
+    for mode in ("late", "early"):
+        assert outcome(wide, wide[1].program_cu, mode) == EXACT
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_staged_box_stored_without_the_proxy_fence_is_a_race(wide):
+    text = replaced(wide[1].program_cu, "spatialc_fence_proxy_async();  // the lane's staged values", "//")
+    for mode in ("late", "early"):
+        got = outcome(wide, text, mode)
+        assert got.startswith("race") and "no fence.proxy.async since" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_staging_written_again_before_the_store_read_it_is_caught(wide):
+    # The next box is staged while the copy engine may still read the previous one.
+    text = replaced(wide[1].program_cu, "if (lane == 0) { spatialc_bulk_wait_read<0>(); }\n", "\n")
+    for mode in ("late", "early"):
+        got = outcome(wide, text, mode)
+        assert got.startswith("race") and "TMA store issued at line" in got and "may still be reading" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_warp_that_never_waits_for_its_last_store_is_refused_at_exit(wide):
+    last = "if (lane == 0) { spatialc_bulk_wait_read<0>(); }  // the staging is free"
+    text = replaced(wide[1].program_cu, last, "//")
+    for mode in ("late", "early"):
+        got = outcome(wide, text, mode)
+        assert got.startswith("fault") and "never waited for (spatialc_bulk_wait_read)" in got, got

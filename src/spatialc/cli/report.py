@@ -126,13 +126,20 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
         h, w = plan.item_tiles
         k_per = 32 if p.precision.value == "int8" else 16
         params = art.launch.params
-        maps = ", ".join(f"{params[m.tensor].name} {m.box[0]}x{m.box[1]} tiles" for m in art.launch.tensor_maps)
+        loads = [m for m in art.launch.tensor_maps if params[m.tensor].role != "output"]
+        stores = [m for m in art.launch.tensor_maps if params[m.tensor].role == "output"]
+        maps = ", ".join(f"{params[m.tensor].name} {m.box[0]}x{m.box[1]} tiles" for m in loads)
+        out = (
+            f"; each consumer warp stages its output {stores[0].box[1]} tiles at a time and stores them by TMA"
+            if stores
+            else ""
+        )
         memory = [
             "  kernel    sm_90a form: one thread of a producer warpgroup loads each page by TMA (boxes: "
             f"{maps}), two consumer warpgroups multiply with wgmma m64n{w * 16}k{k_per}",
             f"            ({plan.block.ibw * 16 // k_per} a K step, A and B from shared memory by descriptor,"
             " one group in flight),"
-            f" setmaxnreg moves registers to them; items of {h * 16}x{w * 16}: the two warpgroups' 64 rows each",
+            f" setmaxnreg moves registers to them; items of {h * 16}x{w * 16}: the two warpgroups' 64 rows each{out}",
             f"            shared memory {bud.total_bytes} bytes a block (budget.json: all dynamic{opt_in}, stages on"
             f" 1024 bytes): {kept}, barriers {bud.barrier_bytes} B",
         ]

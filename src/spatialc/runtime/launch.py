@@ -748,7 +748,7 @@ def _one_line(e: BaseException) -> str:
 
 # cuda.h's enumerators, by value (CUtensorMapDataType, …Swizzle, …L2promotion): the element size's type (the bits
 # move unchanged, so an unsigned integer type of the width does), 32-byte swizzle, 128-byte L2 promotion.
-TMA_DATA_TYPE = {1: 0, 2: 1}  # CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16
+TMA_DATA_TYPE = {1: 0, 2: 1, 4: 2, 8: 4}  # CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16, _UINT32, _UINT64: by element size
 TMA_SWIZZLE = {0: 0, 1: 1}  # CU_TENSOR_MAP_SWIZZLE_NONE, _32B
 TMA_L2_128B = 2
 TENSOR_MAP_DTYPE = np.dtype([("opaque", np.uint64, (16,))], align=True)  # 128 bytes

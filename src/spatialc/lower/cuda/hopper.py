@@ -21,9 +21,13 @@
   Pages are read at the slot of the last `Wait` (`wt − 1`), which with the release deferred is no longer `pop`'s.
 - The epilogue is fused where it can be (`fused_output`): where the writer only waits for each output page, stores
   it and frees it, and the chain is one the fused store applies (bias, relu, scalar, requant), the consumers apply
-  it to their own accumulator elements and store them to global memory (the tile printers' `fused_store`, the
-  persistent kernel's), and the output and epilogue rings leave shared memory. Otherwise (an activation) the
-  writer, the epilogue stages page to page and their rings are the general form's.
+  it to their own accumulator elements, and the output and epilogue rings leave shared memory. Where the output's
+  page is a run of whole tiles of its row-major tile grid (`staged`), each consumer warp stages `chunk` tiles of its
+  row at a time in shared memory of its own, fences them over to the async proxy and its first lane stores the box
+  with a TMA store (a bulk group, waited for before the staging is written again and before the item ends);
+  otherwise the lanes store their elements to global memory themselves (the tile printers' `fused_store`, the
+  persistent kernel's). Otherwise (an activation) the writer, the epilogue stages page to page and their rings are
+  the general form's.
 - `setmaxnreg` gives the consumers the producer warpgroup's registers; every other flow op is the general form's.
 
 Rule 7 of `verify` proves the engines' handover free of deadlock and overrun exactly as for the general form; what is
@@ -67,7 +71,7 @@ from ..census import POST, marker
 from ..errors import LowerError, TooBig, Unsupported
 from . import epilogue, general
 from .clusters import ClusterPrinter, Multicast, check_cluster, multicast
-from .cwriter import Writer, addr_expr, inlined_lines, site_prologue
+from .cwriter import Writer, addr_expr, c_mul, c_sum, inlined_lines, site_prologue
 from .host import assemble
 from .program import all_ops, checked_gemm, launch_for
 from .rings import MMA_TYPES, TILE_ELEMS, Ring, Rings, ring_table
@@ -82,6 +86,8 @@ SWIZZLE_PERIOD = 256  # bytes after which the 32-byte swizzle repeats (8 rows of
 BARRIER_ALIGN = 16  # each barrier array: the emulation's (and the layout's) least region alignment
 WGMMA_N_MAX = 256
 SWIZZLE_NONE, SWIZZLE_32B = 0, 3  # the descriptor's (and, as 0 and 1, the tensor map's) swizzle modes
+STORE_STAGE = 4096  # bytes of shared memory each consumer warp stages its output in, for the TMA store
+OUT_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "long long": 8}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,11 +95,12 @@ class HopperKernel:
     """The general form's kernel, re-laid-out for sm_90a, with what only this form needs."""
 
     base: general.GeneralKernel
-    maps: tuple[TensorMap, ...]  # one per (tensor, box) a ReadTiles loads, in kernel-parameter order
+    maps: tuple[TensorMap, ...]  # one per (tensor, box) a ReadTiles loads, then the TMA store's (`chunk`), in order
     tma_rings: frozenset[int]  # rings filled by the copy engine (full barrier: one arrival + bytes)
     threads: int  # warpgroups × 128
     n: int  # the wgmma width: the item's columns
     store: WriteTiles | None = None  # the writer's store the fused epilogue takes over (None: not fused)
+    chunk: int = 0  # tiles a consumer warp stages at a time for the fused store's TMA store (0: stored directly)
     multicast: Multicast | None = None  # the multicast handshake (clusters.py), None without groups
 
     @property
@@ -156,7 +163,7 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     ibw = plan.block.ibw
     shapes = [(plan.depth, h * ibw, types.operand_bytes), (plan.depth, ibw * w, types.operand_bytes)]
     rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}
-    smem = general.layout(rings, STAGE_ALIGN, BARRIER_ALIGN)[1]
+    smem = general.layout(rings, STAGE_ALIGN, BARRIER_ALIGN)[1] + store_stage_bytes()
     if smem > target.smem_per_site_max:
         return smem, 0
     return smem, 1
@@ -169,6 +176,22 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
 WGMMA_N_RATE = {16: 0.35, 32: 0.55, 64: 0.75, 128: 0.92, 256: 1.0}
 DEPTH_RATE = {1: 0.5, 2: 0.8, 3: 0.93, 4: 1.0, 5: 1.0}
 K_STEP_RATE = {1: 0.8, 2: 0.93, 4: 1.0}  # K steps of 16, 32, 64 elements: a wait and a release per step
+
+
+def store_stage_bytes() -> int:
+    """The fused store's staging: STORE_STAGE bytes for each consumer warp, on a 1024-byte boundary (the planner
+    counts it whatever the epilogue; a chain the fused store cannot apply keeps rings instead, checked when
+    lowered)."""
+    return CONSUMER_GROUPS * WARPGROUP * STORE_STAGE + STAGE_ALIGN
+
+
+def store_chunk(w: int, out_type: str) -> int:
+    """Tiles of its row a consumer warp stages at a time: the most (a power of two dividing the item's `w` columns of
+    tiles) whose `out_type` elements fit its STORE_STAGE bytes."""
+    chunk = 1
+    while w % (2 * chunk) == 0 and 2 * chunk * TILE_ELEMS * OUT_BYTES[out_type] <= STORE_STAGE:
+        chunk *= 2
+    return chunk
 
 
 def plan_cost(target: SpatialTarget, plan: Plan) -> float:
@@ -250,6 +273,13 @@ def _maps(p: SpatialProgram, rings, reader_ops) -> tuple[tuple[TensorMap, ...], 
     return tuple(maps.values()), frozenset(filled)
 
 
+def staged(p: SpatialProgram, store: WriteTiles) -> bool:
+    """Whether the fused store can go out by TMA: a page of whole tiles in the output's row-major tile grid (a box
+    of one tile row and consecutive tile columns)."""
+    t = p.tensor(store.tensor)
+    return (store.stride_h, store.stride_w) == (t.tiles[1], 1) and t.groups == 1
+
+
 def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTiles, Rings] | None:
     """The writer's store of the matmul's output (after its elementwise epilogue), where the consumers can make it
     themselves from their accumulators — a chain of stages the fused store applies, run by the compute engine at
@@ -307,6 +337,13 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
     ready = mc.rings if mc is not None else ()
     offsets, dyn, barrier_bytes = general.layout(k.rings.rings, STAGE_ALIGN, BARRIER_ALIGN, ready)
     h, w = k.plan.item_tiles
+    chunk = 0
+    if store is not None and staged(p, store):
+        # The consumers' output goes out by TMA store: each warp stages `chunk` tiles at a time.
+        chunk = store_chunk(w, k.out_type)
+        offsets["out_stage"] = -(-dyn // STAGE_ALIGN) * STAGE_ALIGN
+        dyn = offsets["out_stage"] + CONSUMER_GROUPS * WARPGROUP * chunk * TILE_ELEMS * OUT_BYTES[k.out_type]
+        maps = (*maps, TensorMap(len(maps), param_at(p, store.tensor), (1, chunk)))
     full = {r: (1 if r in filled else n) for r, n in k.full_count.items()}
     base = dataclasses.replace(
         k,
@@ -318,7 +355,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         barrier_bytes=barrier_bytes,
         blocks_per_sm=1,
     )
-    hk = HopperKernel(base, maps, filled, (CONSUMER_GROUPS + 1) * WARPGROUP * WARP, w * 16, store, mc)
+    hk = HopperKernel(base, maps, filled, (CONSUMER_GROUPS + 1) * WARPGROUP * WARP, w * 16, store, chunk, mc)
     check_resources(hk, target)
     return hk
 
@@ -425,6 +462,58 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
         self.w.line("spatialc_wgmma_wait<0>();  // the last K step's group")
         for op in pops:
             self.release(op, marker(op, POST))
+
+    def fused_store(
+        self, op: WriteTiles, env: dict[LoopVar, str], mark: str, chain: list[tuple[Compute, dict[LoopVar, str]]]
+    ) -> None:
+        """The fused store through shared memory: each consumer warp takes `chunk` tiles of its row at a time
+        through the chain into its staging box (the tiles one after another, each row-major: the output map's box),
+        fences them over to the async proxy, and its first lane stores the box by TMA. The box is written again only
+        once the store has read it (`bulk_wait_read`), and the last one is waited for before the item ends."""
+        chunk = self.hk.chunk
+        if not chunk:
+            super().fused_store(op, env, mark, chain)
+            return
+        cols = self.k.program.tensor(op.tensor).tiles[1]
+        m = self.hk.maps[-1]
+        with self.w.block("", mark):
+            self.warp_coords()
+            self.w.line("const int lane = tid % 32;")
+            self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
+            self.w.line(f"OUT_T* const staged = out_stage + warp * (OUT_CHUNK * {TILE_ELEMS});  // this warp's box")
+            base = addr_expr(op.at, env)
+            with self.unrolled("for (int q0 = 0; q0 < PERW; q0 += OUT_CHUNK)"):
+                with self.w.block("if (q0 > 0)", "// the previous box's store has read the staging"):
+                    self.w.line("if (lane == 0) { spatialc_bulk_wait_read<0>(); }")
+                    self.w.line("__syncwarp();")
+                with self.unrolled("for (int c = 0; c < OUT_CHUNK; ++c)"):
+                    self.w.line("const int q = q0 + c;")
+                    value = "accf[q].x[i]"
+                    if chain:  # one element at a time, as the direct fused store does (registers)
+                        self.w.line(self.owned_tile() + "  // (a bias reads its column)")
+                        self.w.line("(void)bh; (void)bw;")
+                        self.w.line("ACCT frag[8];")
+                        with self.unrolled("for (int i = 0; i < 8; ++i)"):
+                            self.w.line("frag[i] = accf[q].x[i];")
+                        self.w.line("#pragma unroll 1")
+                        value = "frag[i]"
+                    with (
+                        self.w.block("for (int i = 0; i < 8; ++i)")
+                        if chain
+                        else self.unrolled("for (int i = 0; i < 8; ++i)")
+                    ):
+                        self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);")
+                        self.read_out(op, chain, value, f"SPATIALC_PAGE_ST(staged + c * {TILE_ELEMS} + el, {{}});")
+                self.w.line("spatialc_fence_proxy_async();  // the lane's staged values, visible to the copy engine")
+                self.w.line("__syncwarp();")
+                with self.w.block("if (lane == 0)", "// one box: the warp's tile row, tile columns q0 …"):
+                    rows, cols_at = c_mul("(long long)wi", op.stride_h), c_mul("(long long)q0", op.stride_w)
+                    self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols_at)};")
+                    at = f"(int)(tile % {cols}), (int)(tile / {cols})"
+                    self.w.line(f"spatialc_tma_store_4d(&spatialc_tmap_{m.index}, 0, 0, {at}, staged);")
+                    self.w.line("spatialc_bulk_commit();")
+            self.w.line("if (lane == 0) { spatialc_bulk_wait_read<0>(); }  // the staging is free for the next item")
+            self.w.line("__syncwarp();")
 
     def reset(self, op: SemSet, before: ChoreoOp | None) -> None:
         if not self.handshake_reset(op):
@@ -542,6 +631,9 @@ def preamble(hk: HopperKernel) -> list[str]:
     at = rest.index("typedef " + f"{k.types.operand} OPT;")
     extra = [*inlined_lines("sm90a.cuh"), *wgmma_specialisations(hk.n, k.types.operand, k.integer), ""]
     rest = [*rest[:at], *extra, *rest[at:]]
+    if hk.chunk:  # tiles of the output box each consumer warp stages for the TMA store
+        at = next(i for i, line in enumerate(rest) if line.startswith("#define SMEM_OFF_"))
+        rest = [*rest[:at], f"#define OUT_CHUNK {hk.chunk}", *rest[at:]]
     if hk.multicast is not None:  # each multicast ring's ready barriers count its receivers
         at = next(i for i, line in enumerate(rest) if line.startswith("#define SMEM_OFF_"))
         counts = [f"#define READY_COUNT_{r} {n}u" for r, n in sorted(hk.multicast.receivers.items())]
@@ -569,6 +661,12 @@ def kernel_text(hk: HopperKernel) -> str:
         w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
         general.declare_rings(k, w)
+        if hk.chunk:
+            boxes = CONSUMER_GROUPS * WARPGROUP
+            w.line(
+                f"SPATIALC_DYNAMIC_RING(OUT_T, out_stage, spatialc_dyn_smem, SMEM_OFF_OUT_STAGE, {boxes}, "
+                f"OUT_CHUNK * {TILE_ELEMS});  // each consumer warp's output box"
+            )
         for r in mc.rings if mc is not None else ():
             w.line(
                 f"SPATIALC_DYNAMIC_RING(unsigned long long, ready_{r}, spatialc_dyn_smem, SMEM_OFF_READY_{r}, "

@@ -242,7 +242,15 @@ def _setup(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -> None:
         _tensor_maps(p, launch, w)
 
 
-TMA_TYPES = {"__nv_bfloat16": "BFLOAT16", "__half": "FLOAT16", "signed char": "UINT8"}
+# A map's element type, by its tensor's C type (operands; and the output a TMA store writes): its size is what counts.
+TMA_TYPES = {
+    "__nv_bfloat16": ("BFLOAT16", 2),
+    "__half": ("FLOAT16", 2),
+    "signed char": ("UINT8", 1),
+    "float": ("FLOAT32", 4),
+    "int": ("INT32", 4),
+    "long long": ("INT64", 8),
+}
 
 
 def _tensor_maps(p: SpatialProgram, launch: Launch, w: Writer) -> None:
@@ -263,7 +271,7 @@ def _tensor_maps(p: SpatialProgram, launch: Launch, w: Writer) -> None:
     )
     for m in launch.tensor_maps:
         t, param = p.tensors[m.tensor], launch.params[m.tensor]
-        size = 1 if param.c_type == "signed char" else 2
+        kind, size = TMA_TYPES[param.c_type]
         dims, strides, box = m.geometry(t.tiles, size)
         w.line(f"CUtensorMap tmap_{m.index};")
         with w.block():
@@ -272,7 +280,6 @@ def _tensor_maps(p: SpatialProgram, launch: Launch, w: Writer) -> None:
             w.line(f"const cuuint32_t box[4] = {{{', '.join(map(str, box))}}};")
             w.line("const cuuint32_t unit[4] = {1, 1, 1, 1};")
             swizzle = "CU_TENSOR_MAP_SWIZZLE_32B" if m.swizzle else "CU_TENSOR_MAP_SWIZZLE_NONE"
-            kind = TMA_TYPES[param.c_type]
             w.line(
                 f"const CUresult made = encode_tiled(&tmap_{m.index}, CU_TENSOR_MAP_DATA_TYPE_{kind}, "
                 f"4, d{int(t.id)}, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, {swizzle}, "

@@ -90,8 +90,30 @@ __device__ __forceinline__ void spatialc_cluster_sync()
     asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
-// Generic-proxy writes to shared memory (here: the barriers' initialisation) made visible to the async proxy, which
-// the copy engine's transaction counts go through.
+// A box of this block's shared memory at `src` (laid out as the map's box, on 128 bytes) into the tensor by the copy
+// engine, which reads `src` asynchronously: the store joins the thread's open bulk group.
+__device__ __forceinline__ void spatialc_tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                                      const void* src)
+{
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(
+                     reinterpret_cast<unsigned long long>(map)),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(spatialc_smem_addr(src))
+                 : "memory");
+}
+
+// The thread's stores issued since its last commit, as one bulk group.
+__device__ __forceinline__ void spatialc_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Until at most N of the thread's committed bulk groups still read their shared-memory sources: the others' sources
+// may be written again (their global writes complete before the kernel does).
+template <int N>
+__device__ __forceinline__ void spatialc_bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+// Generic-proxy writes to shared memory (the barriers' initialisation; a staged output box) made visible to the
+// async proxy, which the copy engine's transaction counts and stores go through.
 __device__ __forceinline__ void spatialc_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // Barrier initialisation visible to the other threads' (and the copy engine's) first use of them.

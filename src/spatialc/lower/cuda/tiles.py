@@ -427,20 +427,24 @@ class TilePrinter:
                     self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);")
                     self.read_out(op, chain, value)
 
-    def read_out(self, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]], value: str) -> None:
-        """Accumulator element i, through the epilogue chain, to the output.
+    def read_out(
+        self, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]], value: str, store: str | None = None
+    ) -> None:
+        """Accumulator element i, through the epilogue chain, to the output — or to where `store` (a format string
+        of the value) puts it.
 
         It is page tile (bh, bw)'s element `el`, at row el / 16 and column el % 16; only the bias needs the column.
         Each stage's statement is its op's image and carries its census marker.
         """
-        out = f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el]"
+        if store is None:
+            store = f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el] = {{}};"
         if not chain:
-            self.w.line(f"{out} = (OUT_T){value};")
+            self.w.line(store.format(f"(OUT_T){value}"))
             return
         self.w.line(f"{'long long' if self.integer else 'float'} v = {value};")
         for stage, env in chain:
             self.w.line(epilogue.statement(stage.op, self.integer, self.bias_at(stage.op, env)), marker(stage))
-        self.w.line(f"{out} = (OUT_T)v;")
+        self.w.line(store.format("(OUT_T)v"))
 
     def bias_at(self, stage: ComputeOp, env: dict[LoopVar, str]) -> str:
         """The flat index of the element's bias: tile column `at + s mod width` of page tile s, row 0, column el % 16.

@@ -120,6 +120,9 @@ struct ThreadState {
     // its cluster (by block, their clocks as their own block counts them) through their remote arrivals.
     unsigned cbi = 0;
     std::map<unsigned long, std::vector<unsigned>> peer_vc;
+    // sm_90a: the clock at the thread's last fence.proxy.async (which ticks it): its shared-memory writes at that
+    // clock or before are visible to the copy engine.
+    std::atomic<unsigned> fenced_clk{0};
 };
 
 // An mbarrier (emu_mbarrier.h), or an engine's named barrier (the same arrivals, its threads waiting on each other).
@@ -171,6 +174,15 @@ struct Block {
     std::vector<int> regs;  // each warp's registers a thread after setmaxnreg (empty: the block never used it)
     bool in_cluster = false;  // its threads crossed a cluster barrier: a peer may wake them (deadlock is cluster-wide)
     bool exited = false;      // every thread returned: its shared memory is gone
+    // TMA stores whose shared-memory reads are in flight (source, bytes, issuing thread, line), under shadow_mu: a
+    // write there before the issuing thread waited for them is a race.
+    struct StoreRead {
+        const char* src;
+        size_t bytes;
+        int tid, line;
+    };
+    std::vector<StoreRead> store_reads;
+    std::atomic<int> n_store_reads{0};  // its size, for a look without the lock
 };
 
 inline thread_local ThreadState* self = nullptr;

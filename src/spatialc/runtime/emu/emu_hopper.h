@@ -109,6 +109,11 @@ SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coor
 SPATIALC_EMU_FN void fence_proxy_async(int line);
 // Clusters (emu_cluster.h): the cluster barrier, an arrival on a peer block's barrier, a multicast box.
 SPATIALC_EMU_FN void cluster_sync(int line);
+// TMA stores (emu_runtime.h): a box of shared memory into a tensor, read by the copy engine in late mode only when
+// its bulk group is waited for.
+SPATIALC_EMU_FN void tma_store(const CUtensorMap* map, const int* coords, int rank, const void* src, int line);
+SPATIALC_EMU_FN void bulk_commit();
+SPATIALC_EMU_FN void bulk_wait_read(size_t n);
 SPATIALC_EMU_FN void mbar_arrive_cluster(void* bar, unsigned rank, int line);
 SPATIALC_EMU_FN void tma_load_multicast(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar,
                                         unsigned mask, int line);
@@ -244,6 +249,16 @@ inline void spatialc_mbar_wait_cluster(unsigned long long* bar, unsigned parity,
     spatialc_emu::mbar_wait(bar, parity, line);  // what remote arrivals released is learnt as any phase's
 }
 inline void spatialc_cluster_sync(int line = __builtin_LINE()) { spatialc_emu::cluster_sync(line); }
+inline void spatialc_tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src,
+                                  int line = __builtin_LINE()) {
+    const int c[4] = {c0, c1, c2, c3};
+    spatialc_emu::tma_store(map, c, 4, src, line);
+}
+inline void spatialc_bulk_commit() { spatialc_emu::bulk_commit(); }
+template <int N>
+inline void spatialc_bulk_wait_read() {
+    spatialc_emu::bulk_wait_read((size_t)N);
+}
 inline void spatialc_fence_proxy_async(int line = __builtin_LINE()) { spatialc_emu::fence_proxy_async(line); }
 inline void spatialc_fence_barrier_init() {}
 template <unsigned N>

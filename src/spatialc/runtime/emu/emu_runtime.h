@@ -356,6 +356,7 @@ SPATIALC_EMU_FN std::string who(const Access& a) {
                        : a.kind == AccessKind::page_store ? "a page store"
                        : a.kind == AccessKind::tma        ? "a TMA load landing (the copy engine)"
                        : a.kind == AccessKind::wgmma      ? "a wgmma operand read (retired at wait_group)"
+                       : a.kind == AccessKind::tma_store  ? "a TMA store's read (retired at wait_group.read)"
                                                           : "an access";
     if (a.kind == AccessKind::tma) return std::string(what) + " issued at line " + std::to_string(a.line);
     return std::string(what) + " by thread " + std::to_string(a.tid) + " (warp " + std::to_string(a.tid / kWarp) +
@@ -414,8 +415,22 @@ void each_tracked(const void* const* ptrs, int count, size_t size, const Access&
     }
 }
 
+// A write into the source of a TMA store still in flight (its group not yet waited for by its issuing thread).
+SPATIALC_EMU_FN void check_store_reads(const void* const* ptrs, int count, size_t size, const Access& a) {
+    std::lock_guard<std::mutex> lk(shadow_mu);
+    for (const Block::StoreRead& s : blk().store_reads)
+        for (int k = 0; k < count; ++k) {
+            const char* p = static_cast<const char*>(ptrs[k]);
+            if (p + size > s.src && p < s.src + s.bytes)
+                fatal(kExitRace, "RACE: " + who(a) + " writes shared memory the TMA store issued at line " +
+                                     std::to_string(s.line) + " by thread " + std::to_string(s.tid) +
+                                     " may still be reading (no spatialc_bulk_wait_read has retired it)");
+        }
+}
+
 SPATIALC_EMU_FN void track(const void* const* ptrs, int count, size_t size, bool write, AccessKind kind, int line) {
     const Access a = access_now(kind, line);
+    if (write && blk().n_store_reads.load(std::memory_order_acquire)) check_store_reads(ptrs, count, size, a);
     each_tracked(ptrs, count, size, a, [&](Region& r, size_t off) { track_bytes(r, off, size, write, a, *self); });
 }
 
@@ -724,6 +739,122 @@ SPATIALC_EMU_FN void fence_proxy_async(int) {
     std::lock_guard<std::mutex> lk(blk().mu);
     for (auto& [bar, m] : blk().mbars)
         if (m->init_tid == t.tid) m->async_visible = true;
+    t.fenced_clk.store(t.clk, std::memory_order_release);  // what it wrote so far; its next writes come after
+    ++t.clk;
+}
+
+// ---- sm_90a: TMA stores from shared memory, in bulk groups -----------------------------------------------------
+
+// A box of shared memory a TMA store reads when its group is waited for (late mode) or at once (early mode).
+struct BulkStore {
+    TensorMapFields f;
+    int coords[5];
+    const char* src;
+    int line;
+    std::vector<unsigned> known;  // the issuing thread's clocks when it issued the store
+};
+inline thread_local std::vector<BulkStore> bulk_open;
+inline thread_local std::vector<std::vector<BulkStore>> bulk_groups;
+
+// The copy engine reads the box (checked as a read the issuing thread may make any time from its issue on) and
+// writes the elements inside the tensor to global memory.
+SPATIALC_EMU_FN void run_bulk_store(const BulkStore& s) {
+    const TensorMapFields& f = s.f;
+    size_t n = f.elem;
+    for (uint32_t i = 0; i < f.rank; ++i) n *= f.box[i];
+    std::vector<const void*> chunks;
+    for (size_t off = 0; off < n; off += 16) chunks.push_back(s.src + off);
+    track_async_read(chunks.data(), (int)chunks.size(), 16, AccessKind::tma_store, s.line, s.known);
+    uint32_t idx[5] = {0, 0, 0, 0, 0};
+    for (size_t e = 0; e * f.elem < n; ++e) {
+        bool inside = true;
+        size_t dst = 0;
+        for (uint32_t d = 0; d < f.rank; ++d) {
+            const long long c = (long long)s.coords[d] + idx[d];
+            if (c < 0 || (uint64_t)c >= f.dim[d]) inside = false;
+            else dst += (size_t)c * f.stride[d];
+        }
+        if (inside) {
+            if (f.end && f.base + dst + f.elem > f.end)
+                fatal(kExitMisuse, "spatialc_tma_store at line " + std::to_string(s.line) + ": the box writes past "
+                                   "the end of the tensor's allocation");
+            std::memcpy(const_cast<char*>(f.base) + dst, s.src + e * f.elem, f.elem);
+        }
+        for (uint32_t d = 0; d < f.rank && ++idx[d] == f.box[d]; ++d) idx[d] = 0;
+    }
+}
+
+SPATIALC_EMU_FN void tma_store(const CUtensorMap* map, const int* coords, int rank, const void* src, int line) {
+    ThreadState& t = me("spatialc_tma_store");
+    const std::string where = "spatialc_tma_store_" + std::to_string(rank) + "d at line " + std::to_string(line);
+    BulkStore s;
+    std::memcpy(&s.f, map, sizeof s.f);
+    if (s.f.magic != kTensorMapMagic) fatal(kExitMisuse, where + ": not a tensor map cuTensorMapEncodeTiled made");
+    if ((int)s.f.rank != rank || s.f.swizzle)
+        fatal(kExitMisuse, where + ": a map of rank " + std::to_string(s.f.rank) + " used with " +
+                               std::to_string(rank) + " coordinates, or a swizzled one (stored unswizzled here)");
+    std::copy(coords, coords + rank, s.coords);
+    s.src = static_cast<const char*>(src);
+    s.line = line;
+    s.known = t.vc;
+    if (!find_region(src)) fatal(kExitMisuse, where + ": the source is not in a shared ring");
+    if (reinterpret_cast<uintptr_t>(src) % 128) fatal(kExitMisuse, where + ": the source is not on 128 bytes");
+    // The copy engine reads through the async proxy: every byte's last writer must have fenced since writing it.
+    size_t n = s.f.elem;
+    for (uint32_t i = 0; i < s.f.rank; ++i) n *= s.f.box[i];
+    {
+        std::lock_guard<std::mutex> lk(shadow_mu);
+        for (size_t off = 0; off < n; ++off) {
+            Region* r = find_region(s.src + off);
+            if (!r) fatal(kExitMisuse, where + ": the box runs past its shared ring");
+            const Access& w = r->shadow[(size_t)(s.src + off - r->base)].w;
+            if (w.tid < 0 || w.tid >= blk().nthreads || w.kind == AccessKind::tma) continue;
+            if (w.clk > blk().threads[w.tid].fenced_clk.load(std::memory_order_acquire))
+                fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
+                                     " wrote with no fence.proxy.async since: the copy engine may read them stale");
+        }
+    }
+    if (!kLate) run_bulk_store(s);
+    {
+        std::lock_guard<std::mutex> lk(shadow_mu);
+        blk().store_reads.push_back({s.src, n, t.tid, line});
+        blk().n_store_reads.fetch_add(1, std::memory_order_release);
+    }
+    bulk_open.push_back(std::move(s));
+}
+
+SPATIALC_EMU_FN void bulk_commit() {
+    me("spatialc_bulk_commit");
+    if (!bulk_open.empty()) bulk_groups.push_back(std::move(bulk_open));
+    bulk_open.clear();
+}
+
+SPATIALC_EMU_FN void bulk_wait_read(size_t n) {
+    me("spatialc_bulk_wait_read");
+    while (bulk_groups.size() > n) {
+        for (const BulkStore& s : bulk_groups.front()) {
+            if (kLate) run_bulk_store(s);
+            std::lock_guard<std::mutex> lk(shadow_mu);
+            auto& reads = blk().store_reads;
+            const int tid = self->tid;
+            reads.erase(std::find_if(reads.begin(), reads.end(),
+                                     [&](const Block::StoreRead& r) { return r.src == s.src && r.tid == tid; }));
+            blk().n_store_reads.fetch_sub(1, std::memory_order_release);
+        }
+        bulk_groups.erase(bulk_groups.begin());
+    }
+}
+
+// A returning thread must have waited for its stores' reads: the shared memory they read may be gone after.
+SPATIALC_EMU_FN void check_bulk_at_exit(const ThreadState& t) {
+    const BulkStore* left = !bulk_open.empty() ? &bulk_open.front()
+                            : !bulk_groups.empty() ? &bulk_groups.front().front()
+                                                   : nullptr;
+    if (left)
+        fatal(kExitMisuse, "thread " + std::to_string(t.tid) + " returns with the TMA store of line " +
+                               std::to_string(left->line) + (bulk_open.empty() ? "" : " never committed and") +
+                               " never waited for (spatialc_bulk_wait_read): its shared-memory source may be gone "
+                               "before the copy engine read it");
 }
 
 // The bytes a TMA load of `map` at `coords` lands at `dst`, in place (swizzled by address as the copy engine does,
@@ -889,8 +1020,11 @@ SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line) {
 // A returning thread leaves every barrier's count, and its leaving may complete one. Copies it has in flight
 // still land. Its pending fragment stores stay pending until a barrier of its warp or block completes, or the
 // block ends, so whether another lane sees them never depends on when this one happened to return.
+SPATIALC_EMU_FN void check_bulk_at_exit(const ThreadState& t);
+
 SPATIALC_EMU_FN void thread_exit() {
     ThreadState& t = *self;
+    check_bulk_at_exit(t);
     keep_until_launch_ends(t);  // the kernel's end makes every store visible
     for (auto& g : t.groups)
         for (const Copy& c : g) land(c);
@@ -1058,6 +1192,8 @@ SPATIALC_EMU_FN void reset_block(Block& b, int n, unsigned long linear) {
     b.bar_arrived = 0;
     b.block_linear = linear;
     b.in_cluster = b.exited = false;
+    b.store_reads.clear();
+    b.n_store_reads.store(0);
     b.warp_live.assign((size_t)b.nwarps, 0);
     b.warp_arrived.assign((size_t)b.nwarps, 0);
     b.warp_gen.reset(new std::atomic<unsigned>[(size_t)b.nwarps]);

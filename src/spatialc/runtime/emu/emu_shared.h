@@ -15,7 +15,7 @@
 namespace spatialc_emu {
 
 enum class AccessKind : unsigned char {
-    none, cp_async, frag_load, frag_store, ldmatrix, acc_store, page_load, page_store, tma, wgmma
+    none, cp_async, frag_load, frag_store, ldmatrix, acc_store, page_load, page_store, tma, wgmma, tma_store
 };
 
 struct Access {
