@@ -615,3 +615,38 @@ def test_a_warp_that_never_waits_for_its_last_store_is_refused_at_exit(wide):
     for mode in ("late", "early"):
         got = outcome(wide, text, mode)
         assert got.startswith("fault") and "never waited for (spatialc_bulk_wait_read)" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_16_bit_output_is_staged_by_stmatrix_and_equals_the_interpreter():
+    from spatialc.frontend import bias, relu
+
+    g = spatialc.gemm(150, 200, 64, "fp16", epilogue=[bias(), relu()], out="fp16")
+    p = spatialc.build(g, "sm_90a", block=(8, 8, 2), depth=2)
+    art = spatialc.lower(p)
+    assert "spatialc_stmatrix_tile(staged + c * 256, out);" in art.kernel_cu and "#define OUT_CHUNK 8" in art.kernel_cu
+    x = inputs("fp16", 150, 200, 64) | {"bias": np.arange(200, dtype=np.float32) - 40}
+    want = spatialc.evaluate(p, x)
+    for mode in ("late", "early"):
+        got = spatialc.emulate(art, x, mode=mode, timeout=120)
+        assert got.dtype == want.dtype == np.float16 and np.array_equal(got, want), mode
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_the_staged_store_compiles_to_stmatrix_and_tma_stores(tmp_path):
+    from spatialc.runtime.sass import disassemble, find_cuobjdump
+
+    art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16"), "sm_90a"))
+    src, cubin = tmp_path / "k.cu", tmp_path / "k.cubin"
+    src.write_text(art.kernel_cu)
+    cmd = [NVCC, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Werror", "all-warnings"]
+    done = subprocess.run([*cmd, "-o", str(cubin), str(src)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tool = find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    ops = Counter(i.base for i in disassemble(cubin, tool).instrs)
+    # A warp's row of 16 tiles: 16 stmatrix and 2 TMA stores of 8 tiles; no store to global from the registers.
+    assert ops["STSM"] == 16 and ops["UTMASTG"] == 2 and ops["STG"] == 0, ops

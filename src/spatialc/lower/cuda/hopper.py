@@ -479,7 +479,9 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
         with self.w.block("", mark):
             self.warp_coords()
             self.w.line("const int lane = tid % 32;")
-            self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
+            matrix = OUT_BYTES[self.k.out_type] == 2  # 16-bit values go out by stmatrix, a tile a warp at once
+            if chain or not matrix:
+                self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
             self.w.line(f"OUT_T* const staged = out_stage + warp * (OUT_CHUNK * {TILE_ELEMS});  // this warp's box")
             base = addr_expr(op.at, env)
             with self.unrolled("for (int q0 = 0; q0 < PERW; q0 += OUT_CHUNK)"):
@@ -488,6 +490,8 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                     self.w.line("__syncwarp();")
                 with self.unrolled("for (int c = 0; c < OUT_CHUNK; ++c)"):
                     self.w.line("const int q = q0 + c;")
+                    if matrix:
+                        self.w.line("OUT_T out[8];")
                     value = "accf[q].x[i]"
                     if chain:  # one element at a time, as the direct fused store does (registers)
                         self.w.line(self.owned_tile() + "  // (a bias reads its column)")
@@ -502,8 +506,16 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                         if chain
                         else self.unrolled("for (int i = 0; i < 8; ++i)")
                     ):
-                        self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);")
-                        self.read_out(op, chain, value, f"SPATIALC_PAGE_ST(staged + c * {TILE_ELEMS} + el, {{}});")
+                        if chain or not matrix:  # (a bias reads the element's column)
+                            self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);")
+                        if matrix:
+                            if chain:
+                                self.w.line("(void)el;")
+                            self.read_out(op, chain, value, "out[i] = {};")
+                        else:
+                            self.read_out(op, chain, value, f"SPATIALC_PAGE_ST(staged + c * {TILE_ELEMS} + el, {{}});")
+                    if matrix:
+                        self.w.line(f"spatialc_stmatrix_tile(staged + c * {TILE_ELEMS}, out);")
                 self.w.line("spatialc_fence_proxy_async();  // the lane's staged values, visible to the copy engine")
                 self.w.line("__syncwarp();")
                 with self.w.block("if (lane == 0)", "// one box: the warp's tile row, tile columns q0 …"):

@@ -101,6 +101,23 @@ __device__ __forceinline__ void spatialc_tma_store_4d(const CUtensorMap* map, in
                  : "memory");
 }
 
+// A 16×16 tile of 16-bit values, row-major at `tile`, from the accumulator layout in which each lane holds its
+// eight (v[i]: row lane/4 + 8·((i/2) mod 2), column 8·(i/4) + 2·(lane mod 4) + i mod 2): one stmatrix of four
+// 8×8 matrices — (rows 0–7, 8–15) × (columns 0–7, 8–15), register j holding v[2j], v[2j+1] — each lane giving the
+// address of one of their rows (lanes 8j … 8j + 7 matrix j's).
+template <class T>
+__device__ __forceinline__ void spatialc_stmatrix_tile(T* tile, const T (&v)[8])
+{
+    static_assert(sizeof(T) == 2, "stmatrix stores 16-bit values");
+    const unsigned lane = threadIdx.x % 32u, j = lane / 8u;
+    T* row = tile + ((lane % 8u) + 8u * (j % 2u)) * 16u + 8u * (j / 2u);
+    unsigned r[4];
+    memcpy(r, v, sizeof r);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(spatialc_smem_addr(row)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
 // The thread's stores issued since its last commit, as one bulk group.
 __device__ __forceinline__ void spatialc_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 

@@ -255,6 +255,15 @@ inline void spatialc_tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2
     spatialc_emu::tma_store(map, c, 4, src, line);
 }
 inline void spatialc_bulk_commit() { spatialc_emu::bulk_commit(); }
+// stmatrix, lane by lane: each lane's eight values land where the four 8×8 matrices put them (its own elements of
+// the tile), recorded as its stores.
+template <class T>
+inline void spatialc_stmatrix_tile(T* tile, const T (&v)[8], int line = __builtin_LINE()) {
+    static_assert(sizeof(T) == 2, "stmatrix stores 16-bit values");
+    using namespace spatialc_emu;
+    const ThreadState& t = me("spatialc_stmatrix_tile");
+    for (int i = 0; i < 8; ++i) page_store(tile + acc_row(t.lane, i) * 16 + acc_col(t.lane, i), v[i], line);
+}
 template <int N>
 inline void spatialc_bulk_wait_read() {
     spatialc_emu::bulk_wait_read((size_t)N);
