@@ -1,0 +1,643 @@
+"""The embedded language's builder: a spatial program declared and its engines traced, in Python, into the IR.
+
+A program is a Python function decorated with `spatialc.lang.program`. It receives a `Builder` and declares, in
+order, the tensors, the rings, accumulators and semaphores, the stages (what the program computes: what verify's
+rule 8 proves the engines compute), the plan and where the items go; then it writes each engine as a function of
+an `Engine` context. An engine function runs once per site at trace time: Python values (the site, `range`, `if`)
+are compile-time and unroll; `engine.range(n)` and `engine.items()` become IR loops whose variables are symbolic
+(`Affine`), so tile addresses such as `8 * item.y + 4 * k` become the IR's affine `TileAddr`s.
+
+Every op recorded remembers the line of the user's file that made it (`Traced.lines`), so that a refusal made while
+tracing, and any error `verify` raises about an op, name the user's file and line (`located`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DeadlockError, ProgramError, SpatialError, VerifyRuleError
+from ..ir.ids import (
+    LOOP_VAR_NAMES,
+    LV_ITEM,
+    LV_ITEM_X,
+    LV_ITEM_Y,
+    BufferId,
+    GroupId,
+    ItemId,
+    LoopVar,
+    SemId,
+    Site,
+    StageId,
+    TensorId,
+)
+from ..ir.nodes import (
+    Accumulator,
+    Buffer,
+    ComputeStage,
+    DType,
+    EngineProgram,
+    Fifo,
+    Group,
+    PageLayout,
+    Placement,
+    Plan,
+    ReadStage,
+    Schedule,
+    Semaphore,
+    SpatialProgram,
+    Stage,
+    Tensor,
+    TensorRole,
+    Tile,
+    TileOrder,
+    WriteStage,
+)
+from ..ir.nodes import Engine as IREngine
+from ..ir.ops import (
+    AcquireAcc,
+    BlockShape,
+    ChoreoOp,
+    Compute,
+    ComputeOp,
+    Const,
+    Loop,
+    MatmulTiles,
+    McastSend,
+    McastSetValid,
+    PackAcc,
+    Pop,
+    Precision,
+    Push,
+    ReadBarrier,
+    ReadTiles,
+    ReleaseAcc,
+    Reserve,
+    SemInc,
+    SemSet,
+    SemWait,
+    TileAddr,
+    Wait,
+    WriteTiles,
+)
+from ..ir.printer import op_text
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+TILE = 16  # elements a tile side: the IR's unit
+
+
+class LangError(ProgramError):
+    """A program the embedded language cannot trace, named at the user's line (`file`, `line`)."""
+
+    def __init__(self, message: str, where: tuple[str, int] | None = None):
+        self.file, self.line = where if where is not None else ("", 0)
+        super().__init__(f"{self.file}:{self.line}: {message}" if where is not None else message)
+
+
+def user_line() -> tuple[str, int]:
+    """The file and line of the innermost frame outside this package: the user's statement being traced."""
+    frame = inspect.currentframe()
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _HERE:
+        frame = frame.f_back
+    if frame is None:
+        return ("<unknown>", 0)
+    return (frame.f_code.co_filename, frame.f_lineno)
+
+
+def refuse(message: str) -> LangError:
+    return LangError(message, user_line())
+
+
+# ---- symbolic tile addresses ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Affine:
+    """`base + Σ stride · var` over loop variables: a tile index that depends on where the engine's loops are."""
+
+    base: int = 0
+    steps: tuple[tuple[LoopVar, int], ...] = ()
+
+    def __add__(self, other: Affine | int) -> Affine:
+        if isinstance(other, int):
+            return Affine(self.base + other, self.steps)
+        if isinstance(other, Affine):
+            steps = dict(self.steps)
+            for v, s in other.steps:
+                steps[v] = steps.get(v, 0) + s
+            return Affine(self.base + other.base, tuple((v, s) for v, s in steps.items() if s))
+        return NotImplemented
+
+    __radd__ = __add__
+
+    def __mul__(self, n: int) -> Affine:
+        if not isinstance(n, int):
+            raise refuse(f"a tile address is scaled by whole numbers only, not {type(n).__name__}")
+        return Affine(self.base * n, tuple((v, s * n) for v, s in self.steps if s * n))
+
+    __rmul__ = __mul__
+
+    def __sub__(self, n: int) -> Affine:
+        return self + (-n)
+
+    def __bool__(self) -> bool:
+        raise refuse(
+            "a loop variable has no value while the program is traced: use Python's `if` on compile-time values"
+            " (the site, a Python loop's index), not on an engine loop's"
+        )
+
+    def __index__(self) -> int:
+        raise refuse("a loop variable is not a number while the program is traced (engine.range gives symbols)")
+
+
+def address(at: Affine | int) -> TileAddr:
+    if isinstance(at, bool) or not isinstance(at, int | Affine):
+        raise refuse(f"a tile address is a whole number or a loop expression, not {type(at).__name__}")
+    if isinstance(at, int):
+        return TileAddr(at)
+    return TileAddr(at.base, at.steps)
+
+
+def var(v: LoopVar) -> Affine:
+    return Affine(0, ((v, 1),))
+
+
+@dataclass(frozen=True)
+class Item:
+    """The item an engine is on: its row `y` and column `x` in the plan's grid of items (symbolic)."""
+
+    y: Affine = field(default_factory=lambda: var(LV_ITEM_Y))
+    x: Affine = field(default_factory=lambda: var(LV_ITEM_X))
+
+
+# ---- handles of what the program declares ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    builder: Builder
+    id: TensorId
+    name: str
+
+
+@dataclass(frozen=True)
+class StageRef:
+    builder: Builder
+    id: StageId
+    name: str
+    op: ComputeOp | None = None
+
+
+@dataclass(frozen=True)
+class SemRef:
+    builder: Builder
+    id: SemId
+    name: str
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    builder: Builder
+    id: GroupId
+    sites: tuple[int, ...]
+
+
+class Page:
+    """A page of a ring an engine holds: reserved (to fill, published by `push` or at the end of its `with`) or
+    waited for (to read, freed by `pop` or at the end of its `with`)."""
+
+    def __init__(self, ring: RingRef, pages: int, reserved: bool):
+        self.ring, self.pages, self.reserved, self.done = ring, pages, reserved, False
+
+    def __enter__(self) -> Page:
+        return self
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        if kind is None and not self.done:
+            self.push() if self.reserved else self.pop()
+
+    def push(self) -> None:
+        """Publish the reserved page to the ring's consumer."""
+        self._end(True, Push(self.ring.id, self.pages))
+
+    def pop(self) -> None:
+        """Give the waited page back to the ring's producer."""
+        self._end(False, Pop(self.ring.id, self.pages))
+
+    def _end(self, reserved: bool, op: ChoreoOp) -> None:
+        what = "push" if reserved else "pop"
+        if self.reserved != reserved:
+            raise refuse(f"{what} of a page of {self.ring.name} this engine {'waited for' if reserved else 'reserved'}")
+        if self.done:
+            raise refuse(f"a second {what} of the same page of {self.ring.name}")
+        self.done = True
+        self.ring.builder.emit(op)
+
+    def read(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides: tuple[int, int] | None = None):
+        """Copy `rows` × `cols` tiles of `tensor`, from its tile `at` (a flat index into its tile grid), into this
+        reserved page; `strides` (between tile rows, between tile columns) default to the tensor's grid."""
+        self._need(True, "read into")
+        sh, sw = strides if strides is not None else (self.ring.builder.tensor_cols(tensor), 1)
+        self.ring.builder.emit(ReadTiles(tensor.id, address(at), rows, cols, sh, sw, self.ring.id))
+
+    def write(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides: tuple[int, int] | None = None):
+        """Copy this waited page's `rows` × `cols` tiles to `tensor` at tile `at` (the reverse of `read`)."""
+        self._need(False, "write from")
+        sh, sw = strides if strides is not None else (self.ring.builder.tensor_cols(tensor), 1)
+        self.ring.builder.emit(WriteTiles(self.ring.id, tensor.id, address(at), rows, cols, sh, sw))
+
+    def send(self, group: GroupRef) -> None:
+        """Multicast this reserved page into the page of the same ring each other site of `group` has reserved."""
+        self._need(True, "send")
+        self.ring.builder.emit(McastSend(self.ring.id, group.id))
+
+    def _need(self, reserved: bool, what: str) -> None:
+        if self.reserved != reserved:
+            raise refuse(f"{what} a page of {self.ring.name} this engine {'waited for' if reserved else 'reserved'}")
+        if self.done:
+            raise refuse(f"{what} a page of {self.ring.name} after its {'push' if reserved else 'pop'}")
+
+
+@dataclass(frozen=True)
+class RingRef:
+    """A ring of pages between two engines of a site (`depth` pages of `tiles` tiles)."""
+
+    builder: Builder
+    id: BufferId
+    name: str
+    depth: int
+    tiles: int
+
+    def reserve(self, pages: int = 1) -> Page:
+        """Wait for `pages` free pages and hold them to fill (`with ring.reserve() as page:` publishes them at the end
+        of the block; without `with`, call `page.push()`)."""
+        self.builder.emit(Reserve(self.id, pages))
+        return Page(self, pages, True)
+
+    def wait(self, pages: int = 1) -> Page:
+        """Wait for `pages` filled pages and hold them to read (`with ring.wait() as page:` frees them at the end of
+        the block; without `with`, call `page.pop()`)."""
+        self.builder.emit(Wait(self.id, pages))
+        return Page(self, pages, False)
+
+
+@dataclass(frozen=True)
+class AccRef:
+    """An accumulator: tiles of sums an engine keeps across a reduction."""
+
+    builder: Builder
+    id: BufferId
+    name: str
+    tiles: int
+
+    def acquire(self) -> None:
+        """Zero the accumulator (the start of an item's reduction)."""
+        self.builder.emit(AcquireAcc(self.id))
+
+    def release(self) -> None:
+        self.builder.emit(ReleaseAcc(self.id))
+
+    def matmul(self, stage: StageRef, a: Page, b: Page) -> None:
+        """Add the product of the waited pages `a` and `b` (one K step of matmul `stage`) to the accumulator."""
+        if not isinstance(stage.op, MatmulTiles):
+            raise refuse(f"stage {stage.name} is not a matmul")
+        for page in (a, b):
+            page._need(False, "multiply")
+        self.builder.emit(Compute(stage.op, (a.ring.id, b.ring.id), (), self.id))
+
+    def pack(self, into: Page, tiles: int | None = None) -> None:
+        """Move the accumulator's tiles into the reserved page `into` (rounded to the ring's type)."""
+        into._need(True, "pack into")
+        self.builder.emit(PackAcc(self.id, into.ring.id, self.tiles if tiles is None else tiles))
+
+
+# ---- engines ---------------------------------------------------------------------------------------------------
+
+
+class Engine:
+    """What an engine function is given: its `site`, its items and loops, and the ops that are not a ring's."""
+
+    def __init__(self, builder: Builder, site: int, name: IREngine):
+        self.builder, self.site, self.name = builder, site, name
+        self.used: set[LoopVar] = set()
+
+    @property
+    def item(self) -> Item:
+        """The site's only item (no loop: a site with one item)."""
+        return Item()
+
+    def items(self) -> Iterator[Item]:
+        """The site's items, one after another (the IR's ITEM loop)."""
+        yield from self._loop(LV_ITEM, len(self.builder.items_of(self.site)), Item())
+
+    def range(self, n: int, name: str | None = None) -> Iterator[Affine]:
+        """An engine loop of `n` steps, its index symbolic (`name` "k" is the reduction's K loop; others are the
+        loops listings name "lv<n>")."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise refuse(f"an engine loop runs a whole number of times, not {n!r}")
+        v = self.builder.loop_var(name)
+        yield from self._loop(v, n, var(v))
+
+    def _loop(self, v: LoopVar, n: int, value: Any) -> Iterator[Any]:
+        if v in self.used:
+            raise refuse(f"loop variable {LOOP_VAR_NAMES.get(v, v)} inside a loop of itself")
+        self.used.add(v)
+        body = self.builder.open()
+        yield value
+        self.builder.close(body, Loop(v, Const(n), ()))
+        self.used.discard(v)
+
+    def compute(self, stage: StageRef, src: Page, dst: Page) -> None:
+        """Elementwise `stage` from the waited page `src` into the reserved page `dst`."""
+        if stage.op is None or isinstance(stage.op, MatmulTiles):
+            raise refuse(f"stage {stage.name} is not an elementwise stage")
+        src._need(False, "read")
+        dst._need(True, "write")
+        self.builder.emit(Compute(stage.op, (src.ring.id,), (dst.ring.id,)))
+
+    def read_barrier(self) -> None:
+        """The reads issued so far have landed."""
+        self.builder.emit(ReadBarrier())
+
+    def sem_inc(self, sem: SemRef, site: int, by: int = 1) -> None:
+        """Add `by` to site `site`'s copy of `sem`."""
+        self.builder.emit(SemInc(sem.id, Site(site), by))
+
+    def sem_wait(self, sem: SemRef, value: int) -> None:
+        """Until this site's copy of `sem` is at least `value`."""
+        self.builder.emit(SemWait(sem.id, value))
+
+    def sem_set(self, sem: SemRef, value: int) -> None:
+        self.builder.emit(SemSet(sem.id, value))
+
+    def set_valid(self, sem: SemRef, group: GroupRef, value: int = 1) -> None:
+        """Set `sem` to `value` on every site of `group` (a multicast's "the page is there")."""
+        self.builder.emit(McastSetValid(sem.id, group.id, value))
+
+
+# ---- the builder ---------------------------------------------------------------------------------------------
+
+
+class Builder:
+    """What a program function is given: it declares the program and traces its engines."""
+
+    def __init__(self, name: str, target: str, precision: str):
+        try:
+            self.precision = Precision(precision)
+        except ValueError:
+            raise refuse(f"precision {precision!r} (int8, fp16 or bf16)") from None
+        self.name, self.target = name, target
+        self.tensors: list[Tensor] = []
+        self.buffers: list[Buffer] = []
+        self.semaphores: list[Semaphore] = []
+        self.stages: list[Stage] = []
+        self.plans: list[Plan] = []
+        self.placement: Placement | None = None
+        self.groups: list[Group] = []
+        self.programs: list[EngineProgram] = []
+        self.lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]] = {}
+        self.frames: list[list[ChoreoOp]] = []
+        self.engine: tuple[int, str] | None = None
+        self.vars: dict[str, LoopVar] = {}
+
+    # -- tensors and buffers --
+
+    def tensor(self, name: str, role: str, rows: int, cols: int, dtype: str | None, order: str) -> TensorRef:
+        if any(t.name == name for t in self.tensors):
+            raise refuse(f"a second tensor named {name!r}")
+        if min(rows, cols) < 1:
+            raise refuse(f"tensor {name} of {rows} x {cols} elements")
+        default = {"input": self.precision.value, "output": "int32" if self.precision == Precision.INT8 else "float32"}
+        try:
+            kind = DType(dtype or default.get(role, "float32"))
+            order_ = TileOrder(order)
+        except ValueError as e:
+            raise refuse(f"tensor {name}: {e}") from None
+        tiles = (-(-rows // TILE), -(-cols // TILE))
+        t = Tensor(TensorId(len(self.tensors)), name, TensorRole(role), (rows, cols), tiles, kind, order_)
+        self.tensors.append(t)
+        return TensorRef(self, t.id, name)
+
+    def input(self, name: str, rows: int, cols: int, dtype: str | None = None, order: str = "row") -> TensorRef:
+        """An input tensor of `rows` × `cols` elements (the program's precision by default), stored in 16 × 16 tiles
+        (`order` "col": each tile column-major, an int8 B)."""
+        return self.tensor(name, "input", rows, cols, dtype, order)
+
+    def output(self, name: str, rows: int, cols: int, dtype: str | None = None) -> TensorRef:
+        """The output tensor (float32, or int32 for int8, by default)."""
+        return self.tensor(name, "output", rows, cols, dtype, "row")
+
+    def parameter(self, name: str, rows: int, cols: int, dtype: str = "float32") -> TensorRef:
+        """A parameter tensor (a bias, a row count)."""
+        return self.tensor(name, "parameter", rows, cols, dtype, "row")
+
+    def ring(self, name: str, depth: int, tiles: int, layout: str = "row") -> RingRef:
+        """A ring of `depth` pages of `tiles` tiles each (`layout`: how a page holds its tiles, ir.nodes.PageLayout)."""
+        if depth < 1 or tiles < 1:
+            raise refuse(f"ring {name} of {depth} pages of {tiles} tiles")
+        try:
+            kind = Fifo(depth, tiles, PageLayout(layout))
+        except ValueError:
+            raise refuse(f"ring {name}: layout {layout!r} ({', '.join(x.value for x in PageLayout)})") from None
+        b = self._buffer(name, kind)
+        return RingRef(self, b.id, name, depth, tiles)
+
+    def accumulator(self, name: str, tiles: int) -> AccRef:
+        b = self._buffer(name, Accumulator(tiles))
+        return AccRef(self, b.id, name, tiles)
+
+    def _buffer(self, name: str, kind: Any) -> Buffer:
+        if any(b.name == name for b in self.buffers):
+            raise refuse(f"a second buffer named {name!r}")
+        b = Buffer(BufferId(len(self.buffers)), name, kind)
+        self.buffers.append(b)
+        return b
+
+    def semaphore(self, name: str, initial: int = 0) -> SemRef:
+        """A count each site keeps a copy of (`SemInc` raises another site's, `SemWait` waits on its own)."""
+        s = Semaphore(SemId(len(self.semaphores) + 1), name, initial)
+        self.semaphores.append(s)
+        return SemRef(self, s.id, name)
+
+    # -- what the program computes --
+
+    def _stage(self, name: str, kind: Any, engine: str, ins: tuple, outs: tuple) -> StageRef:
+        s = Stage(StageId(len(self.stages)), name, kind, IREngine(engine), ins, outs)
+        self.stages.append(s)
+        return StageRef(self, s.id, name, getattr(kind, "op", None))
+
+    def read(self, name: str, tensor: TensorRef, into: RingRef, engine: str = "reader") -> StageRef:
+        """Stage: `tensor` is read into the pages of `into`."""
+        return self._stage(name, ReadStage(tensor.id), engine, (), (into.id,))
+
+    def matmul(
+        self, name: str, a: RingRef, b: RingRef, out: RingRef, block: tuple[int, int, int], sub_blocks=(1, 1)
+    ) -> StageRef:
+        """Stage: the product of A's and B's pages, `block` = (output tile rows, columns, K tiles a step), into
+        `out`'s pages."""
+        op = MatmulTiles(BlockShape(*block), tuple(sub_blocks), self.precision)  # type: ignore[arg-type]
+        return self._stage(name, ComputeStage(op), "compute", (a.id, b.id), (out.id,))
+
+    def elementwise(self, name: str, op: ComputeOp, src: RingRef, dst: RingRef) -> StageRef:
+        """Stage: `op` (ir.ops Relu, Bias, Scalar, …) applied to `src`'s pages into `dst`'s."""
+        return self._stage(name, ComputeStage(op), "compute", (src.id,), (dst.id,))
+
+    def write(self, name: str, src: RingRef, tensor: TensorRef, engine: str = "writer") -> StageRef:
+        """Stage: the pages of `src` are written to `tensor`."""
+        return self._stage(name, WriteStage(tensor.id), engine, (src.id,), ())
+
+    def plan(
+        self,
+        block: tuple[int, int, int],
+        grid: tuple[int, int],
+        k_tiles: int,
+        depth: int,
+        sub_blocks: tuple[int, int] = (1, 1),
+    ) -> None:
+        """The items: a `grid` of blocks of `block[0]` × `block[1]` output tiles, K reduced `block[2]` tiles a step
+        over `k_tiles` tiles, operand rings `depth` pages deep."""
+        self.plans.append(Plan(BlockShape(*block), tuple(sub_blocks), tuple(grid), k_tiles, depth))  # type: ignore[arg-type]
+
+    def place(self, items_of_site: list[list[int]], kind: str = "contiguous", band: int = 0) -> None:
+        """Which items each site runs: `items_of_site[s]` for site s (`kind`, `band`: the placement rule they
+        follow, ir/worklist.py, which lets a launch spread them over the device's sites; any other list runs as
+        listed)."""
+        listed = tuple((Site(s), tuple(ItemId(i) for i in items)) for s, items in enumerate(items_of_site))
+        self.placement = Placement(listed, (), kind, band)
+
+    def group(self, sites: list[int]) -> GroupRef:
+        """A group of sites (a multicast's or a barrier's)."""
+        g = Group(GroupId(len(self.groups)), tuple(Site(s) for s in sites))
+        self.groups.append(g)
+        return GroupRef(self, g.id, tuple(sites))
+
+    def items_of(self, site: int) -> tuple[ItemId, ...]:
+        if self.placement is None:
+            raise refuse("the engines are traced after the items are placed (builder.place)")
+        for s, items in self.placement.items_of_site:
+            if int(s) == site:
+                return items
+        return ()
+
+    def tensor_cols(self, tensor: TensorRef) -> int:
+        return self.tensors[int(tensor.id)].tiles[1]
+
+    def loop_var(self, name: str | None) -> LoopVar:
+        fixed = {n: v for v, n in LOOP_VAR_NAMES.items() if v not in (LV_ITEM, LV_ITEM_Y, LV_ITEM_X)}
+        if name is None:
+            name = f"lv{7 + len([n for n in self.vars if n not in fixed])}"
+        if name in fixed:
+            return fixed[name]
+        return self.vars.setdefault(name, LoopVar(7 + len([n for n in self.vars if n not in fixed])))
+
+    # -- engines --
+
+    def engine_fn(self, name: str, sites: list[int] | None, fn: Any) -> Any:
+        """Trace `fn(engine)` for each site (all placed sites by default) as its `name` engine's program."""
+        try:
+            engine = IREngine(name)
+        except ValueError:
+            raise refuse(f"engine {name!r} ({', '.join(e.value for e in IREngine)})") from None
+        if self.placement is None:
+            raise refuse("the engines are traced after the items are placed (builder.place)")
+        for site in sites if sites is not None else [int(s) for s, _ in self.placement.items_of_site]:
+            self.engine = (site, engine.value)
+            self.lines[self.engine] = []
+            frame = self.open()
+            fn(Engine(self, site, engine))
+            if len(self.frames) != 1:
+                raise refuse("an engine loop left open (a loop body that did not finish)")
+            self.frames.pop()
+            self.programs.append(EngineProgram(Site(site), engine, tuple(frame)))
+            self.engine = None
+        return fn
+
+    def reader(self, fn: Any = None, *, sites: list[int] | None = None) -> Any:
+        """Decorator: `fn(engine)` is the reader engine of every site (or of `sites`)."""
+        return self._decorator("reader", fn, sites)
+
+    def compute(self, fn: Any = None, *, sites: list[int] | None = None) -> Any:
+        return self._decorator("compute", fn, sites)
+
+    def writer(self, fn: Any = None, *, sites: list[int] | None = None) -> Any:
+        return self._decorator("writer", fn, sites)
+
+    def _decorator(self, name: str, fn: Any, sites: list[int] | None) -> Any:
+        if fn is None:
+            return lambda f: self.engine_fn(name, sites, f)
+        return self.engine_fn(name, sites, fn)
+
+    def open(self) -> list[ChoreoOp]:
+        frame: list[ChoreoOp] = []
+        self.frames.append(frame)
+        return frame
+
+    def close(self, body: list[ChoreoOp], loop: Loop) -> None:
+        if not self.frames or self.frames[-1] is not body:
+            raise refuse("engine loops closed out of order")
+        self.frames.pop()
+        self.emit(Loop(loop.var, loop.count, tuple(body)))
+
+    def emit(self, op: ChoreoOp) -> None:
+        if self.engine is None or not self.frames:
+            raise refuse(f"{type(op).__name__} outside an engine function")
+        self.frames[-1].append(op)
+        self.lines[self.engine].append((op, user_line()))
+
+    # -- the program --
+
+    def program(self) -> SpatialProgram:
+        if self.placement is None:
+            raise LangError("the program places no items (builder.place)")
+        placement = Placement(
+            self.placement.items_of_site, tuple(self.groups), self.placement.kind, self.placement.band
+        )
+        return SpatialProgram(
+            self.name,
+            self.target,
+            Tile(TILE, TILE),
+            self.precision,
+            tuple(self.tensors),
+            tuple(self.stages),
+            tuple(self.buffers),
+            tuple(self.semaphores),
+            tuple(self.plans),
+            placement,
+            Schedule(tuple(self.programs)),
+        )
+
+
+# ---- errors at the user's lines --------------------------------------------------------------------------------
+
+
+def located(error: SpatialError, lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]], p) -> Exception:
+    """`error` (from verify) with the user's lines of the ops it names appended, as the same kind of error."""
+    found: list[str] = []
+
+    def lines_of(site: int | None, engine: str | None, text: str | None) -> None:
+        for (s, e), ops in lines.items():
+            if (site is not None and s != site) or (engine is not None and e != engine):
+                continue
+            for op, (file, line) in ops:
+                if text is None or op_text(p, op) == text:
+                    found.append(f"{file}:{line}: site {s} {e}: {op_text(p, op)}")
+
+    if isinstance(error, DeadlockError):
+        for site, engine, text in error.blocked:
+            lines_of(site, engine, text)
+    elif isinstance(error, VerifyRuleError) and error.op is not None:
+        lines_of(error.site, error.engine, error.op)
+    if not found:
+        return error
+    message = f"{error}\n" + "\n".join(f"  {f}" for f in dict.fromkeys(found))
+    if isinstance(error, DeadlockError):
+        out: Exception = type(error)(message, error.blocked)
+    elif isinstance(error, VerifyRuleError):
+        out = type(error)(message, site=error.site, engine=error.engine, op=error.op, buffer=error.buffer)
+    else:
+        out = type(error)(message)
+    out.lines = list(dict.fromkeys(found))  # type: ignore[attr-defined]
+    return out
