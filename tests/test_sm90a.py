@@ -650,3 +650,18 @@ def test_the_staged_store_compiles_to_stmatrix_and_tma_stores(tmp_path):
     ops = Counter(i.base for i in disassemble(cubin, tool).instrs)
     # A warp's row of 16 tiles: 16 stmatrix and 2 TMA stores of 8 tiles; no store to global from the registers.
     assert ops["STSM"] == 16 and ops["UTMASTG"] == 2 and ops["STG"] == 0, ops
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_fence_after_the_warps_barrier_does_not_order_the_staging_before_the_store(wide):
+    fence = "spatialc_fence_proxy_async();  // the lane's staged values, visible to the copy engine\n"
+    text = wide[1].program_cu
+    at = text.index(fence)
+    sync = text.index("__syncwarp();\n", at)
+    # The barrier first, then each lane's fence: lane 0 may issue the store before another lane's fence.
+    swapped = (
+        text[:at] + "__syncwarp();\n" + text[at + len(fence) : sync] + fence + text[sync + len("__syncwarp();\n") :]
+    )
+    got = outcome(wide, swapped)
+    assert got.startswith("race") and "fence.proxy.async" in got, got

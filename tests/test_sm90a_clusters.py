@@ -202,3 +202,15 @@ def test_multicast_kernel_compiles_clean_and_its_sass_multicasts(prec, tmp_path)
     assert any(i.op.startswith("UTMALDG") and "MULTICAST" in i.op for i in instrs), ops
     assert ops["UCGABAR_ARV"] >= 2 and ops["UCGABAR_WAIT"] >= 2, ops  # the cluster barriers
     assert ops["IGMMA" if prec == "int8" else "HGMMA"] >= 1 and ops["USETMAXREG"] == 2, ops
+
+
+def test_sites_of_a_cluster_with_unequal_items_are_refused():
+    p, _ = built("bf16", (256, 512, 64), (1, 2), block=(8, 1, 4), sites=4)
+    assert p.placement is not None
+    listed = list(p.placement.items_of_site)
+    (s0, i0), (s1, i1) = listed[0], listed[1]
+    uneven = [(s0, i0 + i1[:1]), (s1, i1[1:]), *listed[2:]]
+    q = dataclasses.replace(p, placement=dataclasses.replace(p.placement, items_of_site=tuple(uneven)))
+    with pytest.raises(Unsupported, match="every site of a cluster takes part"):
+        clusters.check_items(q, 2)
+    clusters.check_items(p, 2)  # the placement multicast builds: as many items on each

@@ -128,12 +128,31 @@ def check_cluster(cluster: int) -> None:
 def mask_expr(offsets: tuple[int, ...], cluster: int) -> str:
     """The multicast's block mask: bit r for each cluster rank of the group's sites (offsets from this site; every
     group lies within one cluster, the `cluster` consecutive sites of blockIdx.x)."""
-    bits = " | ".join(f"(1u << ({site_at(o)} % {cluster}))" for o in offsets)
+    bits = " | ".join(f"(1u << {rank_of(site_at(o), cluster)})" for o in offsets)
     return f"(unsigned short)({bits})"
 
 
 def site_at(o: int) -> str:
     return "site" if o == 0 else f"(site {'+' if o > 0 else '-'} {abs(o)})"
+
+
+def rank_of(site: str, cluster: int) -> str:
+    """The cluster rank of the site `site` (an int expression): never negative, whatever the offset."""
+    return f"((({site}) % {cluster} + {cluster}) % {cluster})"
+
+
+def check_items(p: SpatialProgram, cluster: int) -> None:
+    """Every site of a cluster holds as many items: a site with none returns at once, and its peers would wait for
+    it at the handshake (or multicast into a block that has exited)."""
+    assert p.placement is not None
+    counts = [len(items) for _, items in p.placement.items_of_site]
+    for first in range(0, len(counts), cluster):
+        run = counts[first : first + cluster]
+        if len(set(run)) > 1:
+            raise Unsupported(
+                f"sites {first}..{first + len(run) - 1} holding {run} items",
+                "every site of a cluster takes part in each page's handshake: give them as many items",
+            )
 
 
 class ClusterPrinter:
@@ -169,7 +188,7 @@ class ClusterPrinter:
                 with self.w.block("", mark):
                     nbytes = ring.page * ring.elem_bytes
                     self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);  // the page the sender sends")
-                    rank = f"{self.site_expr(at)} % {cluster}"
+                    rank = rank_of(self.site_expr(at), cluster)
                     self.w.line(f"spatialc_mbar_arrive_cluster(&ready_{r}[{slot}], {rank});  // this stage is free")
             case McastSend(buf, group):
                 r = self.kept(buf).id

@@ -70,7 +70,7 @@ from ..artifact import Budget, CudaArtifact, TensorMap
 from ..census import POST, marker
 from ..errors import LowerError, TooBig, Unsupported
 from . import epilogue, general
-from .clusters import ClusterPrinter, Multicast, check_cluster, multicast
+from .clusters import ClusterPrinter, Multicast, check_cluster, check_items, multicast
 from .cwriter import Writer, addr_expr, c_mul, c_sum, inlined_lines, site_prologue
 from .host import assemble
 from .program import all_ops, checked_gemm, launch_for
@@ -332,6 +332,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
     mc = multicast(p, k.rings.template)
     if mc is not None:
         check_cluster(k.cluster)
+        check_items(p, k.cluster)
         if not set(mc.rings) <= filled:
             raise Unsupported("a multicast ring the copy engine does not fill", "only operand pages are multicast")
     ready = mc.rings if mc is not None else ()
@@ -407,6 +408,11 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                 pass  # its image, with its census marker, is the consumers' fused store
             case Loop() if self.pipelined(op):
                 self.k_loop_pipelined(op, env, mark)
+            case Wait(buf) if self.hk.multicast is not None and self.kept(buf).id in self.hk.multicast.rings:
+                # The page may come from a peer's multicast, whose bytes complete the barrier at cluster scope.
+                r = self.kept(buf).id
+                wait = f"spatialc_mbar_wait_cluster(&full_{r}[wt_{r} % DEPTH_{r}], (wt_{r} / DEPTH_{r}) & 1); ++wt_{r};"
+                self.w.line(wait, mark)
             case ReadTiles(into=buf) if self.kept(buf).id in self.sends:
                 # The sender's page goes to every block of its group at once: loaded where the IR sends it.
                 self.deferred[self.kept(buf).id] = (op, env)

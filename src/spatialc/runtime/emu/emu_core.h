@@ -123,6 +123,7 @@ struct ThreadState {
     // sm_90a: the clock at the thread's last fence.proxy.async (which ticks it): its shared-memory writes at that
     // clock or before are visible to the copy engine.
     std::atomic<unsigned> fenced_clk{0};
+    std::atomic<unsigned> fenced_bi{0}, fenced_wi{0};  // its barrier intervals then: what orders the fence for others
 };
 
 // An mbarrier (emu_mbarrier.h), or an engine's named barrier (the same arrivals, its threads waiting on each other).

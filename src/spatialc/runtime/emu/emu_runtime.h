@@ -79,6 +79,7 @@ SPATIALC_EMU_FN std::string describe_mbarriers(Block& b);
 // The blocks of `b`'s cluster, `b` first (just `b` outside a cluster launch, or before its threads crossed a cluster
 // barrier: until then no peer can reach its barriers).
 SPATIALC_EMU_FN std::vector<Block*> cluster_of(Block& b);
+SPATIALC_EMU_FN unsigned long cluster_size();  // blocks per cluster of the running launch (0: none)
 SPATIALC_EMU_FN void cluster_leave(Block& b);
 SPATIALC_EMU_FN void check_exit(Block& b);
 SPATIALC_EMU_FN void prepare_clusters(unsigned long nblocks, int threads);
@@ -739,6 +740,8 @@ SPATIALC_EMU_FN void fence_proxy_async(int) {
     std::lock_guard<std::mutex> lk(blk().mu);
     for (auto& [bar, m] : blk().mbars)
         if (m->init_tid == t.tid) m->async_visible = true;
+    t.fenced_bi.store(t.bi.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    t.fenced_wi.store(t.wi.load(std::memory_order_relaxed), std::memory_order_relaxed);
     t.fenced_clk.store(t.clk, std::memory_order_release);  // what it wrote so far; its next writes come after
     ++t.clk;
 }
@@ -809,9 +812,23 @@ SPATIALC_EMU_FN void tma_store(const CUtensorMap* map, const int* coords, int ra
             if (!r) fatal(kExitMisuse, where + ": the box runs past its shared ring");
             const Access& w = r->shadow[(size_t)(s.src + off - r->base)].w;
             if (w.tid < 0 || w.tid >= blk().nthreads || w.kind == AccessKind::tma) continue;
-            if (w.clk > blk().threads[w.tid].fenced_clk.load(std::memory_order_acquire))
+            const ThreadState& writer = blk().threads[w.tid];
+            const unsigned fenced = writer.fenced_clk.load(std::memory_order_acquire);
+            if (w.clk > fenced)
                 fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
                                      " wrote with no fence.proxy.async since: the copy engine may read them stale");
+            // The writer's fence must also come before the issue: the issuing thread's own, one a warp or block
+            // barrier separates from it, or one an mbarrier phase it waited on carried.
+            const bool ordered =
+                w.tid == t.tid ||
+                (w.tid / kWarp == t.tid / kWarp && writer.fenced_wi.load(std::memory_order_relaxed) <
+                                                       t.wi.load(std::memory_order_relaxed)) ||
+                writer.fenced_bi.load(std::memory_order_relaxed) < t.bi.load(std::memory_order_relaxed) ||
+                ((size_t)w.tid < t.vc.size() && t.vc[(size_t)w.tid] > fenced);
+            if (!ordered)
+                fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
+                                     " wrote and fenced, but nothing orders that fence before the store's issue "
+                                     "(a __syncwarp / __syncthreads after it)");
         }
     }
     if (!kLate) run_bulk_store(s);
@@ -1033,16 +1050,27 @@ SPATIALC_EMU_FN void thread_exit() {
     t.open.clear();
     Block& b = blk();
     cluster_leave(b);
-    std::lock_guard<std::mutex> lk(b.mu);
-    t.where = "returned";
-    const size_t w = (size_t)t.warp;
-    if (--b.live == 0) check_exit(b);
-    --b.warp_live[w];
-    progress.fetch_add(1, std::memory_order_relaxed);
-    if (b.bar_arrived > 0 && b.bar_arrived == b.live) complete_block_barrier(b, b.bar_arrived);
-    if (b.warp_arrived[w] > 0 && b.warp_arrived[w] == b.warp_live[w])
-        complete_warp_barrier(b, (int)w, b.warp_arrived[w]);
-    if (b.live > 0 && b.blocked == b.live && stuck(b)) deadlock(b);
+    bool gone = false;
+    {
+        std::lock_guard<std::mutex> lk(b.mu);
+        t.where = "returned";
+        const size_t w = (size_t)t.warp;
+        if (--b.live == 0) check_exit(b);
+        gone = b.live == 0;
+        --b.warp_live[w];
+        progress.fetch_add(1, std::memory_order_relaxed);
+        if (b.bar_arrived > 0 && b.bar_arrived == b.live) complete_block_barrier(b, b.bar_arrived);
+        if (b.warp_arrived[w] > 0 && b.warp_arrived[w] == b.warp_live[w])
+            complete_warp_barrier(b, (int)w, b.warp_arrived[w]);
+        if (b.live > 0 && b.blocked == b.live && stuck(b)) deadlock(b);
+    }
+    if (!gone) return;
+    // The block has gone: a peer whose threads all wait may have been waiting for it alone.
+    for (Block* o : cluster_of(b)) {
+        if (o == &b) continue;
+        std::lock_guard<std::mutex> lk(o->mu);
+        if (o->live > 0 && o->blocked == o->live && stuck(*o)) deadlock(*o);
+    }
 }
 
 // ---- the watchdog: a wall-clock limit on the whole run, and one on a launch that stops making progress -----------
@@ -1084,6 +1112,19 @@ SPATIALC_EMU_FN void watch(double limit, double stall) {
             }
         }
         char when[64];
+        if (idle > stall && in_launch.load() && cluster_size() > 1) {
+            // A cluster whose every block has exited or waits: the block-by-block check can miss it when two
+            // blocks' last threads go to sleep at once (each saw the other busy).
+            std::lock_guard<std::mutex> lk(coop_mu);
+            bool all = !coop_blocks.empty();
+            for (Block* b : coop_blocks) all = all && (b->live == 0 || b->blocked == b->live);
+            if (all)
+                for (Block* b : coop_blocks)
+                    if (b->live > 0) {
+                        coop_mu.unlock();  // deadlock() looks the cluster up itself (and never returns)
+                        deadlock(*b);
+                    }
+        }
         if (idle > stall) {
             std::snprintf(when, sizeof when, "no progress for %.1f s", stall);
             fatal(kExitTimeout, std::string("TIMEOUT: ") + when +
@@ -1344,8 +1385,6 @@ SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, unsi
     std::memcpy(other->dyn + off, src, n);
 }
 
-SPATIALC_EMU_FN unsigned long cluster_size();
-
 SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem,
                               const void* kernel, bool cooperative) {
     if (cluster_sites().count(kernel)) cooperative = true;  // a cluster's blocks wait on each other: all at once
@@ -1368,6 +1407,13 @@ SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 bl
     report_blocks(0, nblocks);
     unsigned long linear = 0;
     const unsigned long cluster = cluster_size();
+    if (cluster > 1 && nblocks % cluster) {
+        fail(cudaErrorInvalidConfiguration, "launch refused: a grid of " + std::to_string(nblocks) +
+                                                " blocks is not a whole number of clusters of " +
+                                                std::to_string(cluster));
+        in_launch = false;
+        return;
+    }
     if (cluster > 1) {  // a cluster's blocks wait only on each other: one cluster at a time
         prepare_clusters(nblocks, (int)nthreads);
         for (unsigned long first = 0; first < nblocks; first += cluster) {
