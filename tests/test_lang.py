@@ -3,6 +3,7 @@ run like any program, and refused at the user's own lines."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shutil
 from pathlib import Path
@@ -134,3 +135,32 @@ def test_a_program_rule_8_cannot_state_is_refused_by_name():
     # so rather than pass a program whose result it cannot state.
     with pytest.raises(spatialc.errors.StrongerCheckNeeded, match="rule 8"):
         lang.trace(small, name="copy").verify()
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_the_multicast_gemm_written_by_hand_is_the_built_one(steps):
+    traced = example("multicast_gemm").multicast_gemm(steps=steps)
+    built = spatialc.build(
+        spatialc.gemm(32, 128, 64 * steps, "bf16"), "sm_90", multicast=(1, 2), block=(2, 4, 4), depth=2
+    )
+    assert traced.verified and dataclasses.replace(traced, name=built.name) == built
+    x = ints(32, 128, 64 * steps)
+    assert np.array_equal(spatialc.evaluate(traced, x), x["A"] @ x["B"])
+
+
+def test_a_receiver_that_never_says_its_page_is_free_deadlocks_the_sender_at_its_wait():
+    with pytest.raises(spatialc.DeadlockError) as caught:
+        example("multicast_gemm").multicast_gemm(receiver_ready=False)
+    path = EXAMPLES / "multicast_gemm.py"
+    wait = line_of(path, "e.sem_wait(a_ready, 1)")
+    assert f"{path}:{wait}: site 0 reader: SemWait sem1 >= 1" in str(caught.value), str(caught.value)
+
+
+@pytest.mark.emulation
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+def test_the_multicast_gemm_runs_as_a_cluster_under_the_emulation():
+    program = example("multicast_gemm").multicast_gemm(steps=2)
+    art = spatialc.lower(program)
+    assert art.launch.cluster == 2
+    x = ints(32, 128, 128)
+    assert np.array_equal(spatialc.emulate(art, x, timeout=120), x["A"] @ x["B"])

@@ -501,12 +501,19 @@ class Builder:
         over `k_tiles` tiles, operand rings `depth` pages deep."""
         self.plans.append(Plan(BlockShape(*block), tuple(sub_blocks), tuple(grid), k_tiles, depth))  # type: ignore[arg-type]
 
-    def place(self, items_of_site: list[list[int]], kind: str = "contiguous", band: int = 0) -> None:
+    def place(
+        self,
+        items_of_site: list[list[int]],
+        kind: str = "contiguous",
+        band: int = 0,
+        multicast: tuple[int, int] = (1, 1),
+    ) -> None:
         """Which items each site runs: `items_of_site[s]` for site s (`kind`, `band`: the placement rule they
         follow, ir/worklist.py, which lets a launch spread them over the device's sites; any other list runs as
-        listed)."""
+        listed). `multicast` (gy, gx): the sites form groups of gy × gx that share pages (kind "multicast"; the
+        kernels run each group as a thread-block cluster)."""
         listed = tuple((Site(s), tuple(ItemId(i) for i in items)) for s, items in enumerate(items_of_site))
-        self.placement = Placement(listed, (), kind, band)
+        self.placement = Placement(listed, (), kind, band, 1, tuple(multicast))  # type: ignore[arg-type]
 
     def group(self, sites: list[int]) -> GroupRef:
         """A group of sites (a multicast's or a barrier's)."""
@@ -593,7 +600,12 @@ class Builder:
         if self.placement is None:
             raise LangError("the program places no items (builder.place)")
         placement = Placement(
-            self.placement.items_of_site, tuple(self.groups), self.placement.kind, self.placement.band
+            self.placement.items_of_site,
+            tuple(self.groups),
+            self.placement.kind,
+            self.placement.band,
+            1,
+            self.placement.multicast,
         )
         return SpatialProgram(
             self.name,
@@ -606,7 +618,7 @@ class Builder:
             tuple(self.semaphores),
             tuple(self.plans),
             placement,
-            Schedule(tuple(self.programs)),
+            Schedule(tuple(sorted(self.programs, key=lambda q: int(q.site)))),  # by site; engines as declared
         )
 
 
