@@ -164,3 +164,65 @@ def test_the_multicast_gemm_runs_as_a_cluster_under_the_emulation():
     assert art.launch.cluster == 2
     x = ints(32, 128, 128)
     assert np.array_equal(spatialc.emulate(art, x, timeout=120), x["A"] @ x["B"])
+
+
+def test_the_deadlock_picture_names_the_users_lines(tmp_path):
+    from spatialc.viz import write_deadlock
+
+    module = example("shallow_ring")
+    traced = module.pipeline.trace(a_depth=module.STEPS - 1)
+    with pytest.raises(spatialc.DeadlockError) as caught:
+        traced.verify()
+    svg = write_deadlock(tmp_path, traced.program, caught.value).read_text()
+    reserve = line_of(EXAMPLES / "shallow_ring.py", "with a_ring.reserve() as page:")
+    assert f"Reserve A_ring (shallow_ring.py:{reserve})" in svg
+
+
+TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "tutorial.md"
+
+
+def tutorial_program(blocks_wanted: int = 5) -> str:
+    """The tutorial's program as a newcomer would type it: its first Python blocks, one after another (the first
+    five: the program and its check; the sixth: its pictures)."""
+    blocks, inside, block = [], False, []
+    for line in TUTORIAL.read_text().splitlines():
+        if line.strip() == "```python":
+            inside, block = True, []
+        elif line.strip() == "```" and inside:
+            inside = False
+            blocks.append("\n".join(block))
+        elif inside:
+            block.append(line)
+    return "\n".join(blocks[:blocks_wanted])
+
+
+def test_the_tutorials_program_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "my_gemm.py"
+    path.write_text(tutorial_program(6))
+    scope: dict[str, object] = {}
+    exec(compile(path.read_text(), str(path), "exec"), scope)  # its asserts check C against numpy
+    assert (tmp_path / "pictures" / "placement.svg").exists() and (tmp_path / "pictures" / "timeline.svg").exists()
+    program = scope["program"]
+    built = spatialc.build(spatialc.gemm(64, 64, 64, "bf16"), "sm_90", sites=1)
+    # The same program but for its name and its placement's rule: the tutorial's lists the items (contiguous),
+    # build's says they follow the grouped rule (the same list on one site).
+    assert program.placement.items_of_site == built.placement.items_of_site  # type: ignore[attr-defined]
+    assert dataclasses.replace(program, name=built.name, placement=built.placement) == built  # type: ignore[type-var]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "error", "engine"),
+    [
+        ("page.write(C, 2 * b_cols * item.y + 4 * item.x, 2, 4)", "page.write(C, 4 * item.x, 2, 4)", "SemanticError",
+         "writer: WriteTiles C_ring"),
+        ("2 * a_cols * item.y + 4 * kk", "2 * a_cols * item.y + 4 * kk + 1", "TileBoundsError", "reader: ReadTiles A"),
+    ],
+)  # fmt: skip
+def test_the_tutorials_wrong_addresses_are_refused_at_their_lines(tmp_path, old, new, error, engine):
+    path = tmp_path / "my_gemm.py"
+    path.write_text(tutorial_program().replace(old, new))
+    with pytest.raises(spatialc.VerifyError) as caught:
+        exec(compile(path.read_text(), str(path), "exec"), {})
+    assert type(caught.value).__name__ == error
+    assert f"{path}:{line_of(path, new)}: site 0 {engine}" in str(caught.value), str(caught.value)

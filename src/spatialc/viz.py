@@ -505,11 +505,14 @@ def deadlock_svg(
     reasons: Sequence[str] | None = None,
     note: str = "",
     max_sites: int = 4,
+    where: dict[tuple[int, str], tuple[str, int]] | None = None,
 ) -> str:
     """The wait-for graph of a deadlock: each blocked engine, and an arrow to the engine it waits on (the producer
     of the ring it waits for data from, the consumer of the ring it waits for room in, the raiser of the semaphore
     it waits on), labelled with what it waits for and, given `reasons` (parallel to `blocked`, see `reasons_of`),
-    the page counts. The first `max_sites` sites are drawn; `note` goes under the title; `size` is the least width."""
+    the page counts. The first `max_sites` sites are drawn; `note` goes under the title; `size` is the least width;
+    `where` gives, by (site, engine), the file and line of the op it is stuck at (a program written with
+    spatialc.lang), named beside the op."""
     why = dict(zip(((int(s), e) for s, e, _ in blocked), reasons or [""] * len(blocked), strict=True))
     g = _Graph(p, blocked, max_sites)
     width = max(size, 110 + 2 * _COL_W + _NODE_W / 2 + 150)
@@ -537,6 +540,9 @@ def deadlock_svg(
     for n, at in pos.items():
         state = "done" if n in g.done else "hot" if n in hot else "stuck"
         op = op_text(p, g.ops[n]) if n in g.ops else ""
+        if where and (n[0], n[1]) in where:
+            file, line = where[(n[0], n[1])]
+            op += f" ({Path(file).name}:{line})"
         labels += _node_svg(n, at, op, "" if n in waits else why.get(n, ""), state)
     return "\n".join([*out, *labels, "</svg>"]) + "\n"
 
@@ -581,5 +587,6 @@ def write_deadlock(folder: str | Path, program: SpatialProgram, error: DeadlockE
     (made if missing); returns its path."""
     path = Path(folder) / "deadlock.svg"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(deadlock_svg(program, error.blocked, reasons=reasons_of(error), note=_note_of(error)))
+    where = getattr(error, "where", None)  # the user's lines, for a program written with spatialc.lang
+    path.write_text(deadlock_svg(program, error.blocked, reasons=reasons_of(error), note=_note_of(error), where=where))
     return path

@@ -628,6 +628,7 @@ class Builder:
 def located(error: SpatialError, lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]], p) -> Exception:
     """`error` (from verify) with the user's lines of the ops it names appended, as the same kind of error."""
     found: list[str] = []
+    where: dict[tuple[int, str], tuple[str, int]] = {}
 
     def lines_of(site: int | None, engine: str | None, text: str | None) -> None:
         for (s, e), ops in lines.items():
@@ -636,6 +637,7 @@ def located(error: SpatialError, lines: dict[tuple[int, str], list[tuple[ChoreoO
             for op, (file, line) in ops:
                 if text is None or op_text(p, op) == text:
                     found.append(f"{file}:{line}: site {s} {e}: {op_text(p, op)}")
+                    where.setdefault((s, e), (file, line))
 
     if isinstance(error, DeadlockError):
         for site, engine, text in error.blocked:
@@ -652,4 +654,5 @@ def located(error: SpatialError, lines: dict[tuple[int, str], list[tuple[ChoreoO
     else:
         out = type(error)(message)
     out.lines = list(dict.fromkeys(found))  # type: ignore[attr-defined]
+    out.where = where  # type: ignore[attr-defined]  # (site, engine) → its op's file and line: deadlock.svg names them
     return out
