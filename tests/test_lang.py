@@ -226,3 +226,42 @@ def test_the_tutorials_wrong_addresses_are_refused_at_their_lines(tmp_path, old,
         exec(compile(path.read_text(), str(path), "exec"), {})
     assert type(caught.value).__name__ == error
     assert f"{path}:{line_of(path, new)}: site 0 {engine}" in str(caught.value), str(caught.value)
+
+
+def built_programs():
+    from spatialc.frontend import bias, relu, requant
+
+    gemm = spatialc.gemm
+    return {
+        "one site": lambda: spatialc.build(gemm(64, 64, 64, "bf16"), "sm_90", sites=1),
+        "odd sizes, many sites": lambda: spatialc.build(gemm(200, 136, 100, "fp16"), "sm_90"),
+        "bias and relu": lambda: spatialc.build(gemm(64, 64, 64, "bf16", epilogue=[bias(), relu()]), "sm_90", sites=1),
+        "int8 requant": lambda: spatialc.build(gemm(129, 250, 190, "int8", epilogue=[bias(), requant(0.01)]), "sm_90"),
+        "multicast": lambda: spatialc.build(gemm(64, 256, 128, "bf16"), "sm_90", multicast=(1, 2), block=(2, 4, 4)),
+        "sm_90a": lambda: spatialc.build(gemm(300, 260, 200, "bf16"), "sm_90a"),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(built_programs()))
+def test_a_program_printed_as_python_traces_back_to_itself(case):
+    from spatialc.lang.source import python_source
+
+    program = built_programs()[case]()
+    scope: dict[str, object] = {}
+    exec(compile(python_source(program), f"<{case}>", "exec"), scope)
+    assert scope["program"]() == program  # type: ignore[operator]
+
+
+def test_show_python_prints_a_saved_program_as_source_and_refuses_what_the_language_lacks(tmp_path, capsys):
+    from spatialc.cli import main
+
+    saved = tmp_path / "gemm.json"
+    saved.write_text(spatialc.to_json(built_programs()["bias and relu"]()))
+    assert main(["show", "--python", str(saved)]) == 0
+    source = capsys.readouterr().out
+    assert "@lang.program(" in source and "e.compute(Bias(" in source
+    split = tmp_path / "split.json"
+    split.write_text(spatialc.to_json(spatialc.build(spatialc.gemm(128, 64, 4096, "bf16"), "sm_90", split_k=2)))
+    assert main(["show", "--python", str(split)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no form in spatialc.lang yet" in err

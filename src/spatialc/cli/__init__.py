@@ -247,6 +247,11 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("show", help="print a saved program", epilog=EPILOG)
     s.add_argument("file", type=Path, help="a program saved by `spatialc gemm --json` or spatialc.to_json")
     s.add_argument("--sites", type=_count, default=2, help="how many sites' programs to list (default: 2)")
+    s.add_argument(
+        "--python",
+        action="store_true",
+        help="print it as spatialc.lang source instead: a Python module whose program() traces it again",
+    )
     v = sub.add_parser(
         "verify",
         help="verify a saved (possibly hand-edited) program and say which lowering takes it",

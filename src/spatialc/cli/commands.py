@@ -207,8 +207,14 @@ def _verified(path: Path, pictures: Path | None = None) -> SpatialProgram:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """Print a saved program."""
-    print(program_text(_read_program(args.file), sites=args.sites), end="")
+    """Print a saved program (with --python, as the embedded language's source)."""
+    program = _read_program(args.file)
+    if getattr(args, "python", False):
+        from ..lang.source import python_source
+
+        print(python_source(program), end="")
+        return 0
+    print(program_text(program, sites=args.sites), end="")
     return 0
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ from ..ir.nodes import (
     EngineProgram,
     Fifo,
     Group,
+    Interm,
     PageLayout,
     Placement,
     Plan,
@@ -81,6 +83,7 @@ from ..ir.ops import (
     SemWait,
     TileAddr,
     Wait,
+    WriteBarrier,
     WriteTiles,
 )
 from ..ir.printer import op_text
@@ -350,13 +353,19 @@ class Engine:
         self.builder.close(body, Loop(v, Const(n), ()))
         self.used.discard(v)
 
-    def compute(self, stage: StageRef, src: Page, dst: Page) -> None:
-        """Elementwise `stage` from the waited page `src` into the reserved page `dst`."""
-        if stage.op is None or isinstance(stage.op, MatmulTiles):
-            raise refuse(f"stage {stage.name} is not an elementwise stage")
+    def compute(self, stage: StageRef | ComputeOp, src: Page, dst: Page) -> None:
+        """Elementwise `stage` from the waited page `src` into the reserved page `dst` — or the op given itself (a
+        bias names the tile columns of the page at hand: `Bias(tensor, at, width)`, ir.ops)."""
+        op = stage.op if isinstance(stage, StageRef) else stage
+        if op is None or isinstance(op, MatmulTiles):
+            raise refuse(f"{getattr(stage, 'name', op)} is not an elementwise stage")
         src._need(False, "read")
         dst._need(True, "write")
-        self.builder.emit(Compute(stage.op, (src.ring.id,), (dst.ring.id,)))
+        self.builder.emit(Compute(op, (src.ring.id,), (dst.ring.id,)))
+
+    def write_barrier(self) -> None:
+        """The writes issued so far are visible."""
+        self.builder.emit(WriteBarrier())
 
     def read_barrier(self) -> None:
         """The reads issued so far have landed."""
@@ -405,7 +414,9 @@ class Builder:
 
     # -- tensors and buffers --
 
-    def tensor(self, name: str, role: str, rows: int, cols: int, dtype: str | None, order: str) -> TensorRef:
+    def tensor(
+        self, name: str, role: str, rows: int, cols: int, dtype: str | None, order: str, tiles=None
+    ) -> TensorRef:
         if any(t.name == name for t in self.tensors):
             raise refuse(f"a second tensor named {name!r}")
         if min(rows, cols) < 1:
@@ -416,33 +427,40 @@ class Builder:
             order_ = TileOrder(order)
         except ValueError as e:
             raise refuse(f"tensor {name}: {e}") from None
-        tiles = (-(-rows // TILE), -(-cols // TILE))
-        t = Tensor(TensorId(len(self.tensors)), name, TensorRole(role), (rows, cols), tiles, kind, order_)
+        least = (-(-rows // TILE), -(-cols // TILE))
+        grid = least if tiles is None else tuple(tiles)
+        if len(grid) != 2 or grid[0] < least[0] or grid[1] < least[1]:
+            raise refuse(f"tensor {name}: a grid of {tiles} tiles does not hold {rows} x {cols} elements")
+        t = Tensor(TensorId(len(self.tensors)), name, TensorRole(role), (rows, cols), grid, kind, order_)
         self.tensors.append(t)
         return TensorRef(self, t.id, name)
 
-    def input(self, name: str, rows: int, cols: int, dtype: str | None = None, order: str = "row") -> TensorRef:
+    def input(
+        self, name: str, rows: int, cols: int, dtype: str | None = None, order: str = "row", tiles=None
+    ) -> TensorRef:
         """An input tensor of `rows` × `cols` elements (the program's precision by default), stored in 16 × 16 tiles
-        (`order` "col": each tile column-major, an int8 B)."""
-        return self.tensor(name, "input", rows, cols, dtype, order)
+        (`order` "col": each tile column-major, an int8 B; `tiles`: a grid of tiles larger than the elements need,
+        padded to whole items)."""
+        return self.tensor(name, "input", rows, cols, dtype, order, tiles)
 
-    def output(self, name: str, rows: int, cols: int, dtype: str | None = None) -> TensorRef:
+    def output(self, name: str, rows: int, cols: int, dtype: str | None = None, tiles=None) -> TensorRef:
         """The output tensor (float32, or int32 for int8, by default)."""
-        return self.tensor(name, "output", rows, cols, dtype, "row")
+        return self.tensor(name, "output", rows, cols, dtype, "row", tiles)
 
-    def parameter(self, name: str, rows: int, cols: int, dtype: str = "float32") -> TensorRef:
+    def parameter(self, name: str, rows: int, cols: int, dtype: str = "float32", tiles=None) -> TensorRef:
         """A parameter tensor (a bias, a row count)."""
-        return self.tensor(name, "parameter", rows, cols, dtype, "row")
+        return self.tensor(name, "parameter", rows, cols, dtype, "row", tiles)
 
-    def ring(self, name: str, depth: int, tiles: int, layout: str = "row") -> RingRef:
-        """A ring of `depth` pages of `tiles` tiles each (`layout`: how a page holds its tiles, ir.nodes.PageLayout)."""
-        if depth < 1 or tiles < 1:
-            raise refuse(f"ring {name} of {depth} pages of {tiles} tiles")
+    def ring(self, name: str, depth: int, tiles: int, layout: str = "row", kind: str = "fifo") -> RingRef:
+        """A ring of `depth` pages of `tiles` tiles each (`layout`: how a page holds its tiles, ir.nodes.PageLayout;
+        `kind` "interm": an epilogue stage's ring, between two steps of the compute engine)."""
+        if depth < 1 or tiles < 1 or kind not in ("fifo", "interm"):
+            raise refuse(f"ring {name} of {depth} pages of {tiles} tiles ({kind})")
         try:
-            kind = Fifo(depth, tiles, PageLayout(layout))
+            ring_kind = (Fifo if kind == "fifo" else Interm)(depth, tiles, PageLayout(layout))
         except ValueError:
             raise refuse(f"ring {name}: layout {layout!r} ({', '.join(x.value for x in PageLayout)})") from None
-        b = self._buffer(name, kind)
+        b = self._buffer(name, ring_kind)
         return RingRef(self, b.id, name, depth, tiles)
 
     def accumulator(self, name: str, tiles: int) -> AccRef:
@@ -533,12 +551,21 @@ class Builder:
         return self.tensors[int(tensor.id)].tiles[1]
 
     def loop_var(self, name: str | None) -> LoopVar:
+        """The loop variable a loop named `name` binds: "k", "sh", "sw", "row" have their fixed meanings (ir.ids);
+        "lv<n>" is variable n; any other name (or none) a variable of its own, from 7 up."""
         fixed = {n: v for v, n in LOOP_VAR_NAMES.items() if v not in (LV_ITEM, LV_ITEM_Y, LV_ITEM_X)}
-        if name is None:
-            name = f"lv{7 + len([n for n in self.vars if n not in fixed])}"
         if name in fixed:
             return fixed[name]
-        return self.vars.setdefault(name, LoopVar(7 + len([n for n in self.vars if n not in fixed])))
+        numbered = re.fullmatch(r"lv(\d+)", name or "")
+        if numbered and int(numbered[1]) >= 7:
+            return LoopVar(int(numbered[1]))
+        if name is None or name not in self.vars:
+            taken = {int(v) for v in self.vars.values()}
+            v = LoopVar(next(i for i in range(7, 10_000) if i not in taken))
+            if name is None:
+                return v
+            self.vars[name] = v
+        return self.vars[name]
 
     # -- engines --
 
@@ -599,6 +626,9 @@ class Builder:
     def program(self) -> SpatialProgram:
         if self.placement is None:
             raise LangError("the program places no items (builder.place)")
+        rank: dict[IREngine, int] = {}  # each site's engines in the order their functions were first declared
+        for q in self.programs:
+            rank.setdefault(q.engine, len(rank))
         placement = Placement(
             self.placement.items_of_site,
             tuple(self.groups),
@@ -618,7 +648,7 @@ class Builder:
             tuple(self.semaphores),
             tuple(self.plans),
             placement,
-            Schedule(tuple(sorted(self.programs, key=lambda q: int(q.site)))),  # by site; engines as declared
+            Schedule(tuple(sorted(self.programs, key=lambda q: (int(q.site), rank[q.engine])))),
         )
 
 

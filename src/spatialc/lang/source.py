@@ -1,0 +1,287 @@
+"""A program printed as the embedded language's Python source (`spatialc show --python FILE.json`): declarations,
+then one engine function per engine and group of sites that run the same ops, with explicit page handling. Run,
+the source traces back to a program equal to the one printed (tests/test_lang.py)."""
+
+from __future__ import annotations
+
+import keyword
+import re
+from collections import deque
+
+from ..ir.ids import LOOP_VAR_NAMES, LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
+from ..ir.nodes import Accumulator, ComputeStage, Fifo, Interm, ReadStage, SpatialProgram, TensorRole, WriteStage
+from ..ir.ops import (
+    AcquireAcc,
+    ChoreoOp,
+    Compute,
+    Const,
+    Loop,
+    MatmulTiles,
+    McastSend,
+    McastSetValid,
+    PackAcc,
+    Pop,
+    Push,
+    ReadBarrier,
+    ReadTiles,
+    ReleaseAcc,
+    Reserve,
+    SemInc,
+    SemSet,
+    SemWait,
+    TileAddr,
+    Wait,
+    WriteBarrier,
+    WriteTiles,
+)
+from .builder import TILE, LangError
+
+DEFAULT_OUT = {"int8": "int32"}
+
+
+def identifier(name: str, taken: set[str]) -> str:
+    """`name` as a Python identifier not yet `taken` (and now taken)."""
+    base = re.sub(r"\W", "_", name) or "x"
+    if base[0].isdigit() or keyword.iskeyword(base):
+        base = f"_{base}"
+    out, n = base, 1
+    while out in taken:
+        n += 1
+        out = f"{base}_{n}"
+    taken.add(out)
+    return out
+
+
+class SourcePrinter:
+    """One program's source."""
+
+    def __init__(self, p: SpatialProgram):
+        self.p = p
+        self.taken: set[str] = {"p", "e", "lang", "program", "item"}
+        self.lines: list[str] = []
+        self.tensors = {t.id: identifier(t.name, self.taken) for t in p.tensors}
+        self.buffers = {b.id: identifier(b.name, self.taken) for b in p.buffers}
+        self.sems = {s.id: identifier(s.name, self.taken) for s in p.semaphores}
+        self.stages = {s.id: identifier(s.name, self.taken) for s in p.stages}
+        assert p.placement is not None
+        self.groups = {g.id: identifier(f"group{int(g.id)}", self.taken) for g in p.placement.groups}
+        self.matmuls = {s.ins: self.stages[s.id] for s in p.stages if isinstance(s.kind, ComputeStage) and
+                        isinstance(s.kind.op, MatmulTiles)}  # fmt: skip
+
+    def refuse(self, what: str) -> LangError:
+        return LangError(f"program {self.p.name}: {what} has no form in spatialc.lang yet")
+
+    def text(self) -> str:
+        p = self.p
+        name = f'"{p.name}"'
+        self.lines += [
+            f'"""{p.name}: printed by spatialc from its IR (spatialc show --python). Run it to trace it again."""',
+            "",
+            "from spatialc import lang",
+            "from spatialc.ir.ids import *  # noqa: F403 (the ids an elementwise op's fields name)",
+            "from spatialc.ir.ops import *  # noqa: F403 (elementwise ops: Bias, Relu, Scalar, Requant, Activation)",
+            "",
+            "",
+            f'@lang.program(target="{p.target}", precision="{p.precision.value}", name={name})',
+            "def program(p: lang.Builder):",
+        ]
+        self.declarations()
+        self.engines()
+        self.lines += ["", "", 'if __name__ == "__main__":', '    print(f"{program().name}: verified")']
+        return "\n".join(self.lines) + "\n"
+
+    def line(self, depth: int, text: str) -> None:
+        self.lines.append("    " * depth + text)
+
+    # ---- what the program declares ----
+
+    def declarations(self) -> None:
+        p = self.p
+        for t in p.tensors:
+            if t.groups != 1 or t.role not in (TensorRole.INPUT, TensorRole.OUTPUT, TensorRole.PARAMETER):
+                raise self.refuse(f"tensor {t.name} ({t.role.value}, {t.groups} groups)")
+            args = [f'"{t.name}"', str(t.elems[0]), str(t.elems[1])]
+            if t.role == TensorRole.INPUT and t.dtype.value != p.precision.value:
+                args.append(f'dtype="{t.dtype.value}"')
+            if t.role == TensorRole.OUTPUT and t.dtype.value != DEFAULT_OUT.get(p.precision.value, "float32"):
+                args.append(f'dtype="{t.dtype.value}"')
+            if t.role == TensorRole.PARAMETER:
+                args.append(f'dtype="{t.dtype.value}"')
+            if t.role == TensorRole.INPUT and t.order.value != "row":
+                args.append(f'order="{t.order.value}"')
+            if t.tiles != (-(-t.elems[0] // TILE), -(-t.elems[1] // TILE)):
+                args.append(f"tiles={t.tiles}")
+            self.line(1, f"{self.tensors[t.id]} = p.{t.role.value}({', '.join(args)})")
+        for b in p.buffers:
+            if b.origin is not None:
+                raise self.refuse(f"buffer {b.name}, a per-site copy")
+            match b.kind:
+                case Fifo(depth, tiles, layout) | Interm(depth, tiles, layout):
+                    extra = f', layout="{layout.value}"' if layout.value != "row" else ""
+                    extra += ', kind="interm"' if isinstance(b.kind, Interm) else ""
+                    self.line(1, f'{self.buffers[b.id]} = p.ring("{b.name}", depth={depth}, tiles={tiles}{extra})')
+                case Accumulator(tiles):
+                    self.line(1, f'{self.buffers[b.id]} = p.accumulator("{b.name}", tiles={tiles})')
+        for s in p.semaphores:
+            initial = f", initial={s.initial}" if s.initial else ""
+            self.line(1, f'{self.sems[s.id]} = p.semaphore("{s.name}"{initial})')
+            if int(s.id) != p.semaphores.index(s) + 1:
+                raise self.refuse(f"semaphore {s.name} numbered {int(s.id)}")
+        for s in p.stages:
+            name, engine = f'"{s.name}"', s.engine.value
+            match s.kind:
+                case ReadStage(tensor):
+                    at = "" if engine == "reader" else f', engine="{engine}"'
+                    call = f"p.read({name}, {self.tensors[tensor]}, {self.buffers[s.outs[0]]}{at})"
+                case WriteStage(tensor):
+                    at = "" if engine == "writer" else f', engine="{engine}"'
+                    call = f"p.write({name}, {self.buffers[s.ins[0]]}, {self.tensors[tensor]}{at})"
+                case ComputeStage(MatmulTiles(block, sub_blocks, _)):
+                    a, b, out = (self.buffers[x] for x in (*s.ins, s.outs[0]))
+                    blk = (block.osh, block.osw, block.ibw)
+                    call = f"p.matmul({name}, {a}, {b}, {out}, block={blk}, sub_blocks={sub_blocks})"
+                case ComputeStage(op):
+                    src, dst = self.buffers[s.ins[0]], self.buffers[s.outs[0]]
+                    call = f"p.elementwise({name}, {op!r}, {src}, {dst})"
+                case _:
+                    raise self.refuse(f"stage {s.name}")
+            self.line(1, f"{self.stages[s.id]} = {call}")
+        for plan in p.plans:
+            blk = (plan.block.osh, plan.block.osw, plan.block.ibw)
+            self.line(
+                1,
+                f"p.plan(block={blk}, grid={plan.grid}, k_tiles={plan.k_tiles}, depth={plan.depth},"
+                f" sub_blocks={plan.sub_blocks})",
+            )
+            if plan.groups != 1:
+                raise self.refuse("a grouped plan")
+        pl = self.p.placement
+        assert pl is not None
+        if pl.splits != 1:
+            raise self.refuse("a split-K placement")
+        items = [[int(i) for i in items] for _, items in pl.items_of_site]
+        if [int(s) for s, _ in pl.items_of_site] != list(range(len(items))):
+            raise self.refuse("a placement whose sites are not 0, 1, …")
+        self.line(1, f'p.place({items}, kind="{pl.kind}", band={pl.band}, multicast={tuple(pl.multicast)})')
+        for g in pl.groups:
+            if int(g.id) != pl.groups.index(g):
+                raise self.refuse(f"group {int(g.id)} out of order")
+            self.line(1, f"{self.groups[g.id]} = p.group({[int(s) for s in g.sites]})")
+
+    # ---- the engines ----
+
+    def engines(self) -> None:
+        assert self.p.schedule is not None
+        classes: dict[tuple[str, tuple[ChoreoOp, ...]], list[int]] = {}
+        for q in self.p.schedule.programs:
+            classes.setdefault((q.engine.value, q.ops), []).append(int(q.site))
+        for (engine, ops), sites in classes.items():
+            fn = identifier(f"{engine}_{sites[0]}", self.taken)
+            self.line(0, "")
+            self.line(1, f"@p.{engine}(sites={sites})")
+            self.line(1, f"def {fn}(e: lang.Engine):")
+            self.pages: dict[int, deque[str]] = {}
+            self.n = 0
+            start = len(self.lines)
+            self.body(ops, 2, in_item=False)
+            if len(self.lines) == start:
+                self.line(2, "pass")
+
+    def body(self, ops: tuple[ChoreoOp, ...], depth: int, in_item: bool) -> None:
+        for op in ops:
+            self.op(op, depth, in_item)
+
+    def page(self, ring, reserved: bool) -> str:
+        queue = self.pages.get((int(ring), reserved))  # type: ignore[call-overload]
+        if not queue:
+            state = "reserved" if reserved else "waited for"
+            raise self.refuse(f"a page of {self.buffers[ring]} used before it is {state}")
+        return queue[-1] if reserved else queue[0]
+
+    def acquire(self, ring, reserved: bool, pages: int, depth: int) -> None:
+        self.n += 1
+        var = f"{self.buffers[ring]}_{'w' if reserved else 'r'}{self.n}"
+        more = f"{pages}" if pages != 1 else ""
+        self.line(depth, f"{var} = {self.buffers[ring]}.{'reserve' if reserved else 'wait'}({more})")
+        self.pages.setdefault((int(ring), reserved), deque()).append(var)  # type: ignore[arg-type]
+
+    def release(self, ring, reserved: bool, depth: int) -> None:
+        queue = self.pages.get((int(ring), reserved))  # type: ignore[call-overload]
+        if not queue:
+            what = "push" if reserved else "pop"
+            raise self.refuse(f"a {what} of {self.buffers[ring]} before its page in the engine")
+        self.line(depth, f"{queue.popleft()}.{'push' if reserved else 'pop'}()")
+
+    def addr(self, at: TileAddr, in_item: bool) -> str:
+        terms = [f"{s} * {self.var(v, in_item)}" if s != 1 else self.var(v, in_item) for v, s in at.steps]
+        if at.base or not terms:
+            terms.append(str(at.base))
+        return " + ".join(terms)
+
+    def var(self, v: LoopVar, in_item: bool) -> str:
+        if v in (LV_ITEM_Y, LV_ITEM_X):
+            item = "item" if in_item else "e.item"
+            return f"{item}.{'y' if v == LV_ITEM_Y else 'x'}"
+        return loop_var_name(v)
+
+    def op(self, op: ChoreoOp, depth: int, in_item: bool) -> None:
+        b = self.buffers
+        match op:
+            case Loop(var, Const(n), body) if var == LV_ITEM:
+                self.line(depth, "for item in e.items():")
+                self.body(body, depth + 1, True)
+            case Loop(var, Const(n), body):
+                name = loop_var_name(var)
+                named = f'"{name}"' if var in LOOP_VAR_NAMES or name.startswith("lv") else "None"
+                self.line(depth, f"for {name} in e.range({n}, {named}):")
+                self.body(body, depth + 1, in_item)
+                if not body:
+                    self.line(depth + 1, "pass")
+            case Reserve(ring, pages):
+                self.acquire(ring, True, pages, depth)
+            case Wait(ring, pages):
+                self.acquire(ring, False, pages, depth)
+            case Push(ring, _):
+                self.release(ring, True, depth)
+            case Pop(ring, _):
+                self.release(ring, False, depth)
+            case ReadTiles(tensor, at, bh, bw, sh, sw, into, None):
+                args = f"{self.tensors[tensor]}, {self.addr(at, in_item)}, {bh}, {bw}, strides=({sh}, {sw})"
+                self.line(depth, f"{self.page(into, True)}.read({args})")
+            case WriteTiles(src, tensor, at, bh, bw, sh, sw, None):
+                args = f"{self.tensors[tensor]}, {self.addr(at, in_item)}, {bh}, {bw}, strides=({sh}, {sw})"
+                self.line(depth, f"{self.page(src, False)}.write({args})")
+            case AcquireAcc(acc):
+                self.line(depth, f"{b[acc]}.acquire()")
+            case ReleaseAcc(acc):
+                self.line(depth, f"{b[acc]}.release()")
+            case Compute(MatmulTiles(), (x, y), (), acc, None) if acc is not None:
+                stage = self.matmuls.get((x, y))
+                if stage is None:
+                    raise self.refuse("a matmul of rings no matmul stage names")
+                self.line(depth, f"{b[acc]}.matmul({stage}, {self.page(x, False)}, {self.page(y, False)})")
+            case Compute(stage_op, (src,), (dst,), None, None) if not isinstance(stage_op, MatmulTiles):
+                self.line(depth, f"e.compute({stage_op!r}, {self.page(src, False)}, {self.page(dst, True)})")
+            case PackAcc(acc, to, tiles, False):
+                self.line(depth, f"{b[acc]}.pack({self.page(to, True)}, tiles={tiles})")
+            case McastSend(ring, group):
+                self.line(depth, f"{self.page(ring, True)}.send({self.groups[group]})")
+            case McastSetValid(sem, group, value):
+                self.line(depth, f"e.set_valid({self.sems[sem]}, {self.groups[group]}, {value})")
+            case SemInc(sem, at, by):
+                self.line(depth, f"e.sem_inc({self.sems[sem]}, {int(at)}, {by})")
+            case SemWait(sem, value):
+                self.line(depth, f"e.sem_wait({self.sems[sem]}, {value})")
+            case SemSet(sem, value):
+                self.line(depth, f"e.sem_set({self.sems[sem]}, {value})")
+            case ReadBarrier():
+                self.line(depth, "e.read_barrier()")
+            case WriteBarrier():
+                self.line(depth, "e.write_barrier()")
+            case _:
+                raise self.refuse(f"the op {type(op).__name__}")
+
+
+def python_source(p: SpatialProgram) -> str:
+    """`p` as the embedded language's source: a module whose `program()` traces and verifies it again."""
+    return SourcePrinter(p).text()
