@@ -239,6 +239,7 @@ def built_programs():
         "int8 requant": lambda: spatialc.build(gemm(129, 250, 190, "int8", epilogue=[bias(), requant(0.01)]), "sm_90"),
         "multicast": lambda: spatialc.build(gemm(64, 256, 128, "bf16"), "sm_90", multicast=(1, 2), block=(2, 4, 4)),
         "sm_90a": lambda: spatialc.build(gemm(300, 260, 200, "bf16"), "sm_90a"),
+        "split-K": lambda: spatialc.build(gemm(32, 64, 2048, "bf16"), "sm_90", split_k=4),
     }  # fmt: skip
 
 
@@ -260,8 +261,24 @@ def test_show_python_prints_a_saved_program_as_source_and_refuses_what_the_langu
     assert main(["show", "--python", str(saved)]) == 0
     source = capsys.readouterr().out
     assert "@lang.program(" in source and "e.compute(Bias(" in source
-    split = tmp_path / "split.json"
-    split.write_text(spatialc.to_json(spatialc.build(spatialc.gemm(128, 64, 4096, "bf16"), "sm_90", split_k=2)))
-    assert main(["show", "--python", str(split)]) == 2
+    grouped = tmp_path / "grouped.json"
+    grouped.write_text(spatialc.to_json(spatialc.build(spatialc.grouped_gemm(4, 64, 64, 64, "bf16"), "sm_90")))
+    assert main(["show", "--python", str(grouped)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has no form in spatialc.lang yet" in err
+
+
+def test_split_k_written_by_hand_is_the_built_one_and_sums_both_halves():
+    traced = example("split_k").split_k()
+    built = spatialc.build(spatialc.gemm(32, 64, 256, "bf16"), "sm_90", split_k=2, block=(2, 4, 4), depth=2)
+    assert traced.verified and dataclasses.replace(traced, name=built.name) == built
+    x = ints(32, 64, 256)
+    assert np.array_equal(spatialc.evaluate(traced, x), x["A"] @ x["B"])
+
+
+@pytest.mark.emulation
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+def test_split_k_written_by_hand_runs_under_the_emulation():
+    program = example("split_k").split_k()
+    x = ints(32, 64, 256)
+    assert np.array_equal(spatialc.emulate(spatialc.lower(program), x, timeout=120), x["A"] @ x["B"])

@@ -61,6 +61,7 @@ from ..ir.nodes import (
 from ..ir.nodes import Engine as IREngine
 from ..ir.ops import (
     AcquireAcc,
+    AddPartial,
     BlockShape,
     ChoreoOp,
     Compute,
@@ -311,6 +312,11 @@ class AccRef:
             page._need(False, "multiply")
         self.builder.emit(Compute(stage.op, (a.ring.id, b.ring.id), (), self.id))
 
+    def add(self, page: Page) -> None:
+        """Add the partial sums of the waited page to the accumulator (split-K)."""
+        page._need(False, "add")
+        self.builder.emit(Compute(AddPartial(), (page.ring.id,), (), self.id))
+
     def pack(self, into: Page, tiles: int | None = None) -> None:
         """Move the accumulator's tiles into the reserved page `into` (rounded to the ring's type)."""
         into._need(True, "pack into")
@@ -451,6 +457,11 @@ class Builder:
         """A parameter tensor (a bias, a row count)."""
         return self.tensor(name, "parameter", rows, cols, dtype, "row", tiles)
 
+    def workspace(self, name: str, rows: int, cols: int, dtype: str | None = None, tiles=None) -> TensorRef:
+        """A workspace in global memory the sites hand partial sums through (split-K), of the accumulators' type."""
+        acc = "int32" if self.precision == Precision.INT8 else "float32"
+        return self.tensor(name, "workspace", rows, cols, dtype or acc, "row", tiles)
+
     def ring(self, name: str, depth: int, tiles: int, layout: str = "row", kind: str = "fifo") -> RingRef:
         """A ring of `depth` pages of `tiles` tiles each (`layout`: how a page holds its tiles, ir.nodes.PageLayout;
         `kind` "interm": an epilogue stage's ring, between two steps of the compute engine)."""
@@ -474,9 +485,13 @@ class Builder:
         self.buffers.append(b)
         return b
 
-    def semaphore(self, name: str, initial: int = 0) -> SemRef:
-        """A count each site keeps a copy of (`SemInc` raises another site's, `SemWait` waits on its own)."""
-        s = Semaphore(SemId(len(self.semaphores) + 1), name, initial)
+    def semaphore(self, name: str, initial: int = 0, number: int | None = None) -> SemRef:
+        """A count each site keeps a copy of (`SemInc` raises another site's, `SemWait` waits on its own); numbered
+        1, 2, … in declaration order unless `number` says."""
+        n = len(self.semaphores) + 1 if number is None else number
+        if any(int(x.id) == n for x in self.semaphores):
+            raise refuse(f"a second semaphore numbered {n}")
+        s = Semaphore(SemId(n), name, initial)
         self.semaphores.append(s)
         return SemRef(self, s.id, name)
 
@@ -492,12 +507,24 @@ class Builder:
         return self._stage(name, ReadStage(tensor.id), engine, (), (into.id,))
 
     def matmul(
-        self, name: str, a: RingRef, b: RingRef, out: RingRef, block: tuple[int, int, int], sub_blocks=(1, 1)
+        self,
+        name: str,
+        a: RingRef,
+        b: RingRef,
+        out: RingRef,
+        block: tuple[int, int, int],
+        sub_blocks=(1, 1),
+        partial: RingRef | None = None,
     ) -> StageRef:
         """Stage: the product of A's and B's pages, `block` = (output tile rows, columns, K tiles a step), into
-        `out`'s pages."""
+        `out`'s pages — and, split over sites (split-K), a part of K's sum into `partial`'s."""
         op = MatmulTiles(BlockShape(*block), tuple(sub_blocks), self.precision)  # type: ignore[arg-type]
-        return self._stage(name, ComputeStage(op), "compute", (a.id, b.id), (out.id,))
+        outs = (out.id,) if partial is None else (out.id, partial.id)
+        return self._stage(name, ComputeStage(op), "compute", (a.id, b.id), outs)
+
+    def add_partials(self, name: str, src: RingRef) -> StageRef:
+        """Stage: the partial sums in `src`'s pages are added to the accumulator (split-K's owner site)."""
+        return self._stage(name, ComputeStage(AddPartial()), "compute", (src.id,), ())
 
     def elementwise(self, name: str, op: ComputeOp, src: RingRef, dst: RingRef) -> StageRef:
         """Stage: `op` (ir.ops Relu, Bias, Scalar, …) applied to `src`'s pages into `dst`'s."""
@@ -525,13 +552,15 @@ class Builder:
         kind: str = "contiguous",
         band: int = 0,
         multicast: tuple[int, int] = (1, 1),
+        splits: int = 1,
     ) -> None:
         """Which items each site runs: `items_of_site[s]` for site s (`kind`, `band`: the placement rule they
         follow, ir/worklist.py, which lets a launch spread them over the device's sites; any other list runs as
         listed). `multicast` (gy, gx): the sites form groups of gy × gx that share pages (kind "multicast"; the
-        kernels run each group as a thread-block cluster)."""
+        kernels run each group as a thread-block cluster). `splits` S (kind "split"): each item is on S sites, each
+        reducing a part of K (split-K)."""
         listed = tuple((Site(s), tuple(ItemId(i) for i in items)) for s, items in enumerate(items_of_site))
-        self.placement = Placement(listed, (), kind, band, 1, tuple(multicast))  # type: ignore[arg-type]
+        self.placement = Placement(listed, (), kind, band, splits, tuple(multicast))  # type: ignore[arg-type]
 
     def group(self, sites: list[int]) -> GroupRef:
         """A group of sites (a multicast's or a barrier's)."""
@@ -634,7 +663,7 @@ class Builder:
             tuple(self.groups),
             self.placement.kind,
             self.placement.band,
-            1,
+            self.placement.splits,
             self.placement.multicast,
         )
         return SpatialProgram(

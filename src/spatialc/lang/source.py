@@ -12,6 +12,7 @@ from ..ir.ids import LOOP_VAR_NAMES, LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loo
 from ..ir.nodes import Accumulator, ComputeStage, Fifo, Interm, ReadStage, SpatialProgram, TensorRole, WriteStage
 from ..ir.ops import (
     AcquireAcc,
+    AddPartial,
     ChoreoOp,
     Compute,
     Const,
@@ -98,14 +99,16 @@ class SourcePrinter:
     def declarations(self) -> None:
         p = self.p
         for t in p.tensors:
-            if t.groups != 1 or t.role not in (TensorRole.INPUT, TensorRole.OUTPUT, TensorRole.PARAMETER):
-                raise self.refuse(f"tensor {t.name} ({t.role.value}, {t.groups} groups)")
+            if t.groups != 1:
+                raise self.refuse(f"tensor {t.name} of {t.groups} groups (a grouped GEMM's)")
             args = [f'"{t.name}"', str(t.elems[0]), str(t.elems[1])]
             if t.role == TensorRole.INPUT and t.dtype.value != p.precision.value:
                 args.append(f'dtype="{t.dtype.value}"')
             if t.role == TensorRole.OUTPUT and t.dtype.value != DEFAULT_OUT.get(p.precision.value, "float32"):
                 args.append(f'dtype="{t.dtype.value}"')
             if t.role == TensorRole.PARAMETER:
+                args.append(f'dtype="{t.dtype.value}"')
+            if t.role == TensorRole.WORKSPACE and t.dtype.value != DEFAULT_OUT.get(p.precision.value, "float32"):
                 args.append(f'dtype="{t.dtype.value}"')
             if t.role == TensorRole.INPUT and t.order.value != "row":
                 args.append(f'order="{t.order.value}"')
@@ -122,11 +125,10 @@ class SourcePrinter:
                     self.line(1, f'{self.buffers[b.id]} = p.ring("{b.name}", depth={depth}, tiles={tiles}{extra})')
                 case Accumulator(tiles):
                     self.line(1, f'{self.buffers[b.id]} = p.accumulator("{b.name}", tiles={tiles})')
-        for s in p.semaphores:
-            initial = f", initial={s.initial}" if s.initial else ""
-            self.line(1, f'{self.sems[s.id]} = p.semaphore("{s.name}"{initial})')
-            if int(s.id) != p.semaphores.index(s) + 1:
-                raise self.refuse(f"semaphore {s.name} numbered {int(s.id)}")
+        for i, s in enumerate(p.semaphores):
+            extra = f", initial={s.initial}" if s.initial else ""
+            extra += f", number={int(s.id)}" if int(s.id) != i + 1 else ""
+            self.line(1, f'{self.sems[s.id]} = p.semaphore("{s.name}"{extra})')
         for s in p.stages:
             name, engine = f'"{s.name}"', s.engine.value
             match s.kind:
@@ -139,7 +141,10 @@ class SourcePrinter:
                 case ComputeStage(MatmulTiles(block, sub_blocks, _)):
                     a, b, out = (self.buffers[x] for x in (*s.ins, s.outs[0]))
                     blk = (block.osh, block.osw, block.ibw)
-                    call = f"p.matmul({name}, {a}, {b}, {out}, block={blk}, sub_blocks={sub_blocks})"
+                    partial = f", partial={self.buffers[s.outs[1]]}" if len(s.outs) > 1 else ""
+                    call = f"p.matmul({name}, {a}, {b}, {out}, block={blk}, sub_blocks={sub_blocks}{partial})"
+                case ComputeStage(AddPartial()):
+                    call = f"p.add_partials({name}, {self.buffers[s.ins[0]]})"
                 case ComputeStage(op):
                     src, dst = self.buffers[s.ins[0]], self.buffers[s.outs[0]]
                     call = f"p.elementwise({name}, {op!r}, {src}, {dst})"
@@ -157,12 +162,11 @@ class SourcePrinter:
                 raise self.refuse("a grouped plan")
         pl = self.p.placement
         assert pl is not None
-        if pl.splits != 1:
-            raise self.refuse("a split-K placement")
         items = [[int(i) for i in items] for _, items in pl.items_of_site]
         if [int(s) for s, _ in pl.items_of_site] != list(range(len(items))):
             raise self.refuse("a placement whose sites are not 0, 1, …")
-        self.line(1, f'p.place({items}, kind="{pl.kind}", band={pl.band}, multicast={tuple(pl.multicast)})')
+        rule = f'kind="{pl.kind}", band={pl.band}, multicast={tuple(pl.multicast)}, splits={pl.splits}'
+        self.line(1, f"p.place({items}, {rule})")
         for g in pl.groups:
             if int(g.id) != pl.groups.index(g):
                 raise self.refuse(f"group {int(g.id)} out of order")
@@ -260,6 +264,8 @@ class SourcePrinter:
                 if stage is None:
                     raise self.refuse("a matmul of rings no matmul stage names")
                 self.line(depth, f"{b[acc]}.matmul({stage}, {self.page(x, False)}, {self.page(y, False)})")
+            case Compute(AddPartial(), (src,), (), acc, None) if acc is not None:
+                self.line(depth, f"{b[acc]}.add({self.page(src, False)})")
             case Compute(stage_op, (src,), (dst,), None, None) if not isinstance(stage_op, MatmulTiles):
                 self.line(depth, f"e.compute({stage_op!r}, {self.page(src, False)}, {self.page(dst, True)})")
             case PackAcc(acc, to, tiles, False):
