@@ -76,7 +76,14 @@ def test_a_ring_one_page_too_shallow_deadlocks_at_the_users_lines():
     assert len(caught.value.lines) == 3  # type: ignore[attr-defined]
 
 
-def small(p: lang.Builder, forget_push: bool = False, read_waited: bool = False, branch: bool = False):
+def small(
+    p: lang.Builder,
+    forget_push: bool = False,
+    read_waited: bool = False,
+    branch: bool = False,
+    compare: bool = False,
+    two_pages: bool = False,
+):
     """One site copies A (one tile row) to C through a ring: the smallest program, with a fault where asked."""
     A = p.input("A", 16, 16 * 4)
     C = p.output("C", 16, 16 * 4, dtype="bf16")
@@ -91,6 +98,10 @@ def small(p: lang.Builder, forget_push: bool = False, read_waited: bool = False,
         for item in e.items():
             if branch and item.x:
                 pass
+            if compare and item.x == 0:
+                pass
+            if two_pages:
+                ring.reserve()
             page = ring.reserve()
             page.read(A, item.x, 1, 1)
             if not forget_push:
@@ -125,9 +136,16 @@ def test_what_cannot_be_traced_is_refused_at_its_line():
     assert "read into a page of ring this engine waited for" in str(caught.value)
     with pytest.raises(lang.LangError) as caught:
         lang.trace(small, name="copy", branch=True)
-    assert caught.value.line == line_of(
-        here, "if branch and item.x:"
-    ) and "no value while the program is traced" in str(caught.value)
+    assert caught.value.line == line_of(here, "if branch and item.x:")
+    assert "no value while the program is traced" in str(caught.value)
+    with pytest.raises(lang.LangError) as caught:
+        lang.trace(small, name="copy", compare=True)
+    assert caught.value.line == line_of(here, "if compare and item.x == 0:")
+    assert "cannot be compared" in str(caught.value)
+    with pytest.raises(lang.LangError) as caught:
+        lang.trace(small, name="copy", two_pages=True)
+    assert caught.value.line == line_of(here, "page = ring.reserve()", "if two_pages")
+    assert "a second page of ring reserved while this engine holds one" in str(caught.value)
 
 
 def test_a_program_rule_8_cannot_state_is_refused_by_name():
@@ -282,3 +300,18 @@ def test_split_k_written_by_hand_runs_under_the_emulation():
     program = example("split_k").split_k()
     x = ints(32, 64, 256)
     assert np.array_equal(spatialc.emulate(spatialc.lower(program), x, timeout=120), x["A"] @ x["B"])
+
+
+def test_an_error_about_the_plan_names_the_plan_line(tmp_path):
+    path = tmp_path / "my_gemm.py"
+    path.write_text(tutorial_program().replace("program = my_gemm()", "program = my_gemm(m=48)"))
+    with pytest.raises(spatialc.VerifyError) as caught:
+        exec(compile(path.read_text(), str(path), "exec"), {})
+    assert f"{path}:{line_of(path, 'p.plan(')}: the plan" in str(caught.value), str(caught.value)
+
+
+def test_a_program_the_persistent_kernel_cannot_serialise_lowers_in_the_general_form():
+    module = example("shallow_ring")
+    art = spatialc.lower(module.pipeline(a_depth=module.STEPS))  # its reader runs all of A ahead of B
+    assert art.budget.form == "general"
+    assert any("the general form, as the persistent kernel refuses" in n for n in art.notes)

@@ -4,16 +4,18 @@
     from spatialc import lang
 
     @lang.program(target="sm_90", precision="bf16")
-    def copy(p: lang.Builder, m: int = 64):
-        A = p.input("A", m, 16)
-        ...
+    def my_gemm(p: lang.Builder, m: int = 64, n: int = 64, k: int = 64):
+        A = p.input("A", m, k)
+        ...                                              # B, C, rings, stages, plan, placement
         @p.reader
         def read(e: lang.Engine):
             for item in e.items():
-                with ring.reserve() as page:
-                    page.read(A, item.y, 1, 1)
+                for kk in e.range(k // 64, "k"):
+                    with a_ring.reserve() as page:
+                        page.read(A, 2 * (k // 16) * item.y + 4 * kk, 2, 4)
+        ...                                              # the compute engine and the writer
 
-    program = copy(m=128)          # traced, then verified: a SpatialProgram like spatialc.build's
+    program = my_gemm(k=128)       # traced, then verified: a SpatialProgram like spatialc.build's
 
 The program is the IR's (docs/design.md): everything `spatialc.verify`, `evaluate`, `lower`, `emulate` and `run`
 do applies to it unchanged. An error `verify` finds — a deadlock, an overrun, a page read that nothing filled, a
@@ -73,6 +75,7 @@ class Traced:
 
     program: SpatialProgram
     lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]]
+    declared: dict[str, tuple[str, int]]  # the user's line of the plan and of the placement
 
     def verify(self, target: str | None = None) -> SpatialProgram:
         """The program verified, or verify's error with the user's lines of the ops it names."""
@@ -81,7 +84,7 @@ class Traced:
         try:
             return verify(self.program, target)
         except SpatialError as e:
-            raise located(e, self.lines, self.program) from None
+            raise located(e, self.lines, self.program, self.declared) from None
 
 
 def trace(
@@ -90,7 +93,7 @@ def trace(
     """Run the program function `fn(builder, **kwargs)` and return what it declared and traced, unverified."""
     builder = Builder(name or fn.__name__, target, precision)
     fn(builder, **kwargs)
-    return Traced(builder.program(), builder.lines)
+    return Traced(builder.program(), builder.lines, builder.declared)
 
 
 def program(*, target: str = "sm_90", precision: str = "bf16", name: str | None = None):

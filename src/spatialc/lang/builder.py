@@ -118,9 +118,10 @@ def refuse(message: str) -> LangError:
 # ---- symbolic tile addresses ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Affine:
-    """`base + Σ stride · var` over loop variables: a tile index that depends on where the engine's loops are."""
+    """`base + Σ stride · var` over loop variables: a tile index that depends on where the engine's loops are. It
+    adds, subtracts and scales by whole numbers; it has no value while tracing, so it cannot be compared or tested."""
 
     base: int = 0
     steps: tuple[tuple[LoopVar, int], ...] = ()
@@ -129,7 +130,7 @@ class Affine:
         if isinstance(other, int):
             return Affine(self.base + other, self.steps)
         if isinstance(other, Affine):
-            steps = dict(self.steps)
+            steps: dict[LoopVar, int] = dict(self.steps)
             for v, s in other.steps:
                 steps[v] = steps.get(v, 0) + s
             return Affine(self.base + other.base, tuple((v, s) for v, s in steps.items() if s))
@@ -138,14 +139,29 @@ class Affine:
     __radd__ = __add__
 
     def __mul__(self, n: int) -> Affine:
-        if not isinstance(n, int):
+        if isinstance(n, bool) or not isinstance(n, int):
             raise refuse(f"a tile address is scaled by whole numbers only, not {type(n).__name__}")
         return Affine(self.base * n, tuple((v, s * n) for v, s in self.steps if s * n))
 
     __rmul__ = __mul__
 
-    def __sub__(self, n: int) -> Affine:
-        return self + (-n)
+    def __sub__(self, other: Affine | int) -> Affine:
+        return self + (-1) * other
+
+    def __rsub__(self, n: int) -> Affine:
+        return (-1) * self + n
+
+    def __neg__(self) -> Affine:
+        return (-1) * self
+
+    def _compared(self, *_: Any) -> bool:
+        raise refuse(
+            "a loop variable has no value while the program is traced, so it cannot be compared: use Python's `if`"
+            " on compile-time values (the site, a Python loop's index), not on an engine loop's"
+        )
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compared  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
 
     def __bool__(self) -> bool:
         raise refuse(
@@ -169,7 +185,7 @@ def var(v: LoopVar) -> Affine:
     return Affine(0, ((v, 1),))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Item:
     """The item an engine is on: its row `y` and column `x` in the plan's grid of items (symbolic)."""
 
@@ -238,6 +254,7 @@ class Page:
         if self.done:
             raise refuse(f"a second {what} of the same page of {self.ring.name}")
         self.done = True
+        self.ring.builder.held[(self.ring.id, reserved)] -= 1
         self.ring.builder.emit(op)
 
     def read(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides: tuple[int, int] | None = None):
@@ -278,12 +295,14 @@ class RingRef:
     def reserve(self, pages: int = 1) -> Page:
         """Wait for `pages` free pages and hold them to fill (`with ring.reserve() as page:` publishes them at the end
         of the block; without `with`, call `page.push()`)."""
+        self.builder.hold(self, True)
         self.builder.emit(Reserve(self.id, pages))
         return Page(self, pages, True)
 
     def wait(self, pages: int = 1) -> Page:
         """Wait for `pages` filled pages and hold them to read (`with ring.wait() as page:` frees them at the end of
         the block; without `with`, call `page.pop()`)."""
+        self.builder.hold(self, False)
         self.builder.emit(Wait(self.id, pages))
         return Page(self, pages, False)
 
@@ -417,6 +436,20 @@ class Builder:
         self.frames: list[list[ChoreoOp]] = []
         self.engine: tuple[int, str] | None = None
         self.vars: dict[str, LoopVar] = {}
+        self.held: dict[tuple[BufferId, bool], int] = {}  # pages the engine being traced holds, by ring and side
+        self.declared: dict[str, tuple[str, int]] = {}  # the user's line of the plan and the placement
+
+    def hold(self, ring: RingRef, reserved: bool) -> None:
+        """One page more held of `ring` (reserved or waited for): one at a time, since the ops name the ring, not
+        the page (`reserve(2)` holds two at once)."""
+        key = (ring.id, reserved)
+        if self.held.get(key, 0):
+            verb, end = ("reserved", "push") if reserved else ("waited for", "pop")
+            raise refuse(
+                f"a second page of {ring.name} {verb} while this engine holds one: {end} it first, or take two at"
+                f" once ({'reserve' if reserved else 'wait'}(2))"
+            )
+        self.held[key] = 1
 
     # -- tensors and buffers --
 
@@ -545,6 +578,7 @@ class Builder:
         """The items: a `grid` of blocks of `block[0]` × `block[1]` output tiles, K reduced `block[2]` tiles a step
         over `k_tiles` tiles, operand rings `depth` pages deep."""
         self.plans.append(Plan(BlockShape(*block), tuple(sub_blocks), tuple(grid), k_tiles, depth))  # type: ignore[arg-type]
+        self.declared["plan"] = user_line()
 
     def place(
         self,
@@ -561,6 +595,7 @@ class Builder:
         reducing a part of K (split-K)."""
         listed = tuple((Site(s), tuple(ItemId(i) for i in items)) for s, items in enumerate(items_of_site))
         self.placement = Placement(listed, (), kind, band, splits, tuple(multicast))  # type: ignore[arg-type]
+        self.declared["placement"] = user_line()
 
     def group(self, sites: list[int]) -> GroupRef:
         """A group of sites (a multicast's or a barrier's)."""
@@ -609,6 +644,7 @@ class Builder:
         for site in sites if sites is not None else [int(s) for s, _ in self.placement.items_of_site]:
             self.engine = (site, engine.value)
             self.lines[self.engine] = []
+            self.held = {}
             frame = self.open()
             fn(Engine(self, site, engine))
             if len(self.frames) != 1:
@@ -684,8 +720,14 @@ class Builder:
 # ---- errors at the user's lines --------------------------------------------------------------------------------
 
 
-def located(error: SpatialError, lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]], p) -> Exception:
-    """`error` (from verify) with the user's lines of the ops it names appended, as the same kind of error."""
+def located(
+    error: SpatialError,
+    lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]],
+    p,
+    declared: dict[str, tuple[str, int]] | None = None,
+) -> Exception:
+    """`error` (from verify) with the user's lines of the ops it names appended — or, for an error about the plan
+    or the placement rather than an op, the line that declared it — as the same kind of error."""
     found: list[str] = []
     where: dict[tuple[int, str], tuple[str, int]] = {}
 
@@ -703,6 +745,11 @@ def located(error: SpatialError, lines: dict[tuple[int, str], list[tuple[ChoreoO
             lines_of(site, engine, text)
     elif isinstance(error, VerifyRuleError) and error.op is not None:
         lines_of(error.site, error.engine, error.op)
+    if not found:
+        text = str(error).lower()
+        for what, (file, line) in (declared or {}).items():
+            if what in text or (what == "placement" and "site" in text and "item" in text):
+                found.append(f"{file}:{line}: the {what}")
     if not found:
         return error
     message = f"{error}\n" + "\n".join(f"  {f}" for f in dict.fromkeys(found))
