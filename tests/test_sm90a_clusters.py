@@ -16,9 +16,8 @@ import pytest
 import spatialc
 from spatialc.lower.cuda import clusters
 from spatialc.lower.errors import Unsupported
-from spatialc.runtime.emulate import EmulationError
 
-from .test_sm90a import EXACT, inputs, needs_gxx, replaced
+from .test_sm90a import inputs, needs_gxx, outcome, replaced
 
 NVCC = shutil.which("nvcc")
 
@@ -108,15 +107,6 @@ def grouped():
     p, art = built("bf16", (256, 256, 192), (1, 2), block=(8, 2, 2), depth=2)
     assert p.plans[0].k_steps > 2
     return p, art, inputs("bf16", 256, 256, 192)
-
-
-def outcome(case, text: str, mode: str = "late") -> str:
-    p, art, x = case
-    try:
-        got = spatialc.emulate(dataclasses.replace(art, program_cu=text), x, mode=mode, timeout=60)
-    except EmulationError as e:
-        return f"{e.kind}: {e}"
-    return EXACT if np.array_equal(got, spatialc.evaluate(p, x)) else "mismatch"
 
 
 @needs_gxx
