@@ -346,3 +346,23 @@ def test_faults_on_pages_read_and_written_element_by_element_are_races(one_tile_
     assert text != art.program_cu
     with pytest.raises(EmulationRace, match=r"RACE on shared ring 'ring_6'.*a page (load|store) by thread"):
         spatialc.emulate(dataclasses.replace(art, program_cu=text), EPILOGUE_INPUTS, mode=mode, timeout=60)
+
+
+def test_a_repeated_wait_on_a_held_page_is_refused_by_the_general_form():
+    # In the IR a second Wait finds the page the engine holds and passes (verify accepts it); the general form counts
+    # its waits, so it would wait for the next page and hang — it refuses by name instead (found by the mutation
+    # suite once the persistent kernel's serialised-order refusals reached the general form).
+    from spatialc.ir.nodes import Engine
+    from spatialc.ir.ops import Wait
+    from spatialc.lower.errors import Unsupported
+
+    from .rewrite import replace
+
+    base = spatialc.build(spatialc.gemm(32, 32, 48, "int8"), "sm_86", block=(1, 1, 1), depth=3)
+    b_ring = next(b.id for b in base.buffers if b.name == "B_ring")
+    q = replace(base, Engine.COMPUTE, lambda op: (op, op) if isinstance(op, Wait) and op.buf == b_ring else None)
+    q = spatialc.verify(q)
+    with pytest.raises(Unsupported, match="a second Wait on B_ring while the engine holds its page"):
+        spatialc.lower(q, form="general")
+    with pytest.raises(Unsupported):
+        spatialc.lower(q)  # auto: the persistent kernel hands it to the general form, which refuses

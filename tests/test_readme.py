@@ -21,8 +21,12 @@ def test_the_quick_start_is_the_first_two_fenced_blocks_and_ci_runs_the_second()
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="the example runs the host emulation, which needs g++")
 def test_the_python_example_runs():
-    (example,) = [body for lang, body in re.findall(r"```(\w*)\n(.*?)```", README, re.S) if lang == "python"]
+    # The first Python block is the README's example, run whole; any later one is a sketch (spatialc.lang's, whose
+    # whole program is docs/tutorial.md's, run by tests/test_lang.py), which must at least be Python.
+    example, *sketches = [body for lang, body in re.findall(r"```(\w*)\n(.*?)```", README, re.S) if lang == "python"]
     exec(compile(example, "README.md", "exec"), {})
+    for sketch in sketches:
+        compile(sketch, "README.md", "exec")
 
 
 def test_every_link_of_the_readme_leads_somewhere():

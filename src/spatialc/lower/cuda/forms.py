@@ -16,7 +16,7 @@ import dataclasses
 from ...ir.nodes import SpatialProgram
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
-from ..errors import LowerError
+from ..errors import LowerError, NeedsGeneral
 from . import general, hopper, persistent
 
 FORMS = ("auto", "persistent", "general", "sm90a")
@@ -47,8 +47,8 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
             passed_over = (f"not the sm_90a form: {why}",)
     try:
         art = persistent.lower(program, target)
-    except LowerError as why:  # NeedsGeneral, or any other reason it cannot hold the program (a serialised order
-        if form == "persistent":  # that would read a slot out of turn): the general form runs every engine apart
+    except NeedsGeneral as why:
+        if form == "persistent":
             raise
         art = general.lower(program, target)
         return dataclasses.replace(

@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ...inputs import row_limits
-from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
+from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
 from ...ir.nodes import ComputeStage, DType, Engine, Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
@@ -161,6 +161,8 @@ def refuse(p: SpatialProgram) -> None:
     check_printable(p)
     ops = all_ops(p)
     for prog in p.schedule.programs:  # type: ignore[union-attr]
+        check_waits(p, prog.ops)
+    for prog in p.schedule.programs:  # type: ignore[union-attr]
         for other in p.schedule.programs_of(prog.site):  # type: ignore[union-attr]
             shared = {op.group for op in walk(prog.ops) if isinstance(op, Barrier)} & {
                 op.group for op in walk(other.ops) if isinstance(op, Barrier)
@@ -196,6 +198,23 @@ def refuse(p: SpatialProgram) -> None:
             raise Unsupported("an accumulator spill (acc_reload)", "accumulators never leave the registers")
         if isinstance(op, PackAcc) and op.accumulate:
             raise Unsupported("an accumulating PackAcc", "accumulator fragments are stored, never added to a page")
+
+
+def check_waits(p: SpatialProgram, ops: tuple[ChoreoOp, ...]) -> None:
+    """Refuse a Wait on a ring whose page the engine already holds (waited for, not yet popped), in program order.
+    In the IR such a wait finds the page it holds and passes; the general form counts waits, so it would wait for
+    the next page instead (and deadlock)."""
+    held: dict[BufferId, int] = {}
+    for op in walk(ops):
+        if isinstance(op, Wait):
+            if held.get(op.buf, 0):
+                raise Unsupported(
+                    f"a second Wait on {p.buffer(op.buf).name} while the engine holds its page",
+                    "the general form waits for the next page at each Wait: pop the page before waiting again",
+                )
+            held[op.buf] = op.pages
+        elif isinstance(op, Pop):
+            held[op.buf] = max(0, held.get(op.buf, 0) - op.pages)
 
 
 # ---- resources -------------------------------------------------------------------------------------------------

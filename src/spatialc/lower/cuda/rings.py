@@ -27,7 +27,7 @@ from ...ir.ops import (
     WriteTiles,
 )
 from ...target import SpatialTarget
-from ..errors import TooBig, Unsupported
+from ..errors import NeedsGeneral, TooBig, Unsupported
 from .merge import SerialLoop, SerialOp
 
 TILE_ELEMS = 256
@@ -347,7 +347,9 @@ class _Occupancy:
     @staticmethod
     def check(ok: bool, ring: Ring, op: SerialOp, what: str) -> None:
         if not ok:
-            raise Unsupported(
+            # The engines run one after another here; the general form runs each on warps of its own, handing
+            # pages over at run time, which verify proved free of deadlock for every interleaving.
+            raise NeedsGeneral(
                 f"{type(op).__name__} on ring {ring.name} in the serialised order",
                 f"it needs {what} there, and the block would read or overwrite the wrong slot",
             )
