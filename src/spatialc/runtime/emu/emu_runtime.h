@@ -827,7 +827,8 @@ SPATIALC_EMU_FN void tma_store(const CUtensorMap* map, const int* coords, int ra
                 ((size_t)w.tid < t.vc.size() && t.vc[(size_t)w.tid] > fenced);
             if (!ordered)
                 fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
-                                     " wrote and fenced, but nothing orders that fence before the store's issue "
+                                     " wrote and fenced (fence.proxy.async), but nothing orders that fence before the "
+                                     "store's issue "
                                      "(a __syncwarp / __syncthreads after it)");
         }
     }
