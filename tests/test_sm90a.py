@@ -357,16 +357,13 @@ def test_wrong_descriptor_offset_and_wrong_swizzle_give_wrong_results(faulty):
 NVCC = shutil.which("nvcc")
 
 
-@pytest.mark.nvcc
-@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-@pytest.mark.parametrize("prec", ["bf16", "fp16", "int8"])
-def test_sm90a_kernel_compiles_clean_and_its_sass_has_the_hopper_instructions(prec, tmp_path):
+def compiled_clean(art, tmp_path):
+    """The SASS instructions of `art`'s kernel, compiled for sm_90a with -Werror: no spills, no ptxas warning that
+    setmaxnreg was ignored or wgmma serialised (skips where cuobjdump is missing)."""
     from spatialc.runtime.sass import disassemble, find_cuobjdump
 
-    art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, prec), "sm_90a"))
-    src = tmp_path / "k.cu"
+    src, cubin = tmp_path / "k.cu", tmp_path / "k.cubin"
     src.write_text(art.kernel_cu)
-    cubin = tmp_path / "k.cubin"
     cmd = [NVCC, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Werror", "all-warnings"]
     done = subprocess.run([*cmd, "-Xptxas", "-v", "-o", str(cubin), str(src)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -376,7 +373,15 @@ def test_sm90a_kernel_compiles_clean_and_its_sass_has_the_hopper_instructions(pr
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    ops = Counter(i.base for i in disassemble(cubin, tool).instrs)
+    return disassemble(cubin, tool).instrs
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.parametrize("prec", ["bf16", "fp16", "int8"])
+def test_sm90a_kernel_compiles_clean_and_its_sass_has_the_hopper_instructions(prec, tmp_path):
+    art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, prec), "sm_90a"))
+    ops = Counter(i.base for i in compiled_clean(art, tmp_path))
     mma = "IGMMA" if prec == "int8" else "HGMMA"
     assert ops[mma] >= 1 and ops["UTMALDG"] >= 2 and ops["SYNCS"] >= 1 and ops["USETMAXREG"] == 2, ops
     assert ops["HMMA"] == ops["IMMA"] == 0  # no mma.sync fallback
@@ -636,18 +641,8 @@ def test_a_16_bit_output_is_staged_by_stmatrix_and_equals_the_interpreter():
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_the_staged_store_compiles_to_stmatrix_and_tma_stores(tmp_path):
-    from spatialc.runtime.sass import disassemble, find_cuobjdump
-
     art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16"), "sm_90a"))
-    src, cubin = tmp_path / "k.cu", tmp_path / "k.cubin"
-    src.write_text(art.kernel_cu)
-    cmd = [NVCC, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Werror", "all-warnings"]
-    done = subprocess.run([*cmd, "-o", str(cubin), str(src)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    tool = find_cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    ops = Counter(i.base for i in disassemble(cubin, tool).instrs)
+    ops = Counter(i.base for i in compiled_clean(art, tmp_path))
     # A warp's row of 16 tiles: 16 stmatrix and 2 TMA stores of 8 tiles; no store to global from the registers.
     assert ops["STSM"] == 16 and ops["UTMASTG"] == 2 and ops["STG"] == 0, ops
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
-import subprocess
 from collections import Counter
 
 import numpy as np
@@ -17,9 +15,7 @@ import spatialc
 from spatialc.lower.cuda import clusters
 from spatialc.lower.errors import Unsupported
 
-from .test_sm90a import inputs, needs_gxx, outcome, replaced
-
-NVCC = shutil.which("nvcc")
+from .test_sm90a import NVCC, compiled_clean, inputs, needs_gxx, outcome, replaced
 
 
 def built(prec: str, shape: tuple[int, int, int], group: tuple[int, int], **kw):
@@ -171,23 +167,9 @@ def test_a_block_exiting_while_a_peer_still_multicasts_into_it_is_caught(grouped
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize("prec", ["bf16", "int8"])
 def test_multicast_kernel_compiles_clean_and_its_sass_multicasts(prec, tmp_path):
-    from spatialc.runtime.sass import disassemble, find_cuobjdump
-
     art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, prec), "sm_90a", multicast=(1, 2)))
     assert art.budget.form == "sm90a" and art.launch.cluster == 2
-    src = tmp_path / "k.cu"
-    src.write_text(art.kernel_cu)
-    cubin = tmp_path / "k.cubin"
-    cmd = [NVCC, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Werror", "all-warnings"]
-    done = subprocess.run([*cmd, "-Xptxas", "-v", "-o", str(cubin), str(src)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "0 bytes spill stores, 0 bytes spill loads" in done.stderr
-    for code in ("C7508", "C7510", "C7515", "C7520"):
-        assert code not in done.stderr
-    tool = find_cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    instrs = disassemble(cubin, tool).instrs
+    instrs = compiled_clean(art, tmp_path)
     ops = Counter(i.base for i in instrs)
     assert any(i.op.startswith("UTMALDG") and "MULTICAST" in i.op for i in instrs), ops
     assert ops["UCGABAR_ARV"] >= 2 and ops["UCGABAR_WAIT"] >= 2, ops  # the cluster barriers

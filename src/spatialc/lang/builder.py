@@ -115,6 +115,21 @@ def refuse(message: str) -> LangError:
     return LangError(message, user_line())
 
 
+def default_dtype(role: TensorRole, precision: Precision) -> DType:
+    """A tensor's element type unless its declaration says: an input the program's precision, an output or a
+    workspace the accumulators' (int32 for int8, else float32), a parameter float32."""
+    if role == TensorRole.INPUT:
+        return DType(precision.value)
+    if role in (TensorRole.OUTPUT, TensorRole.WORKSPACE):
+        return DType.INT32 if precision == Precision.INT8 else DType.FLOAT32
+    return DType.FLOAT32
+
+
+def least_tiles(rows: int, cols: int) -> tuple[int, int]:
+    """The grid of 16 × 16 tiles that holds `rows` × `cols` elements."""
+    return (-(-rows // TILE), -(-cols // TILE))
+
+
 # ---- symbolic tile addresses ----------------------------------------------------------------------------------
 
 
@@ -460,13 +475,12 @@ class Builder:
             raise refuse(f"a second tensor named {name!r}")
         if min(rows, cols) < 1:
             raise refuse(f"tensor {name} of {rows} x {cols} elements")
-        default = {"input": self.precision.value, "output": "int32" if self.precision == Precision.INT8 else "float32"}
         try:
-            kind = DType(dtype or default.get(role, "float32"))
+            kind = DType(dtype) if dtype else default_dtype(TensorRole(role), self.precision)
             order_ = TileOrder(order)
         except ValueError as e:
             raise refuse(f"tensor {name}: {e}") from None
-        least = (-(-rows // TILE), -(-cols // TILE))
+        least = least_tiles(rows, cols)
         grid = least if tiles is None else tuple(tiles)
         if len(grid) != 2 or grid[0] < least[0] or grid[1] < least[1]:
             raise refuse(f"tensor {name}: a grid of {tiles} tiles does not hold {rows} x {cols} elements")
@@ -486,14 +500,13 @@ class Builder:
         """The output tensor (float32, or int32 for int8, by default)."""
         return self.tensor(name, "output", rows, cols, dtype, "row", tiles)
 
-    def parameter(self, name: str, rows: int, cols: int, dtype: str = "float32", tiles=None) -> TensorRef:
-        """A parameter tensor (a bias, a row count)."""
+    def parameter(self, name: str, rows: int, cols: int, dtype: str | None = None, tiles=None) -> TensorRef:
+        """A parameter tensor (a bias, a row count; float32 by default)."""
         return self.tensor(name, "parameter", rows, cols, dtype, "row", tiles)
 
     def workspace(self, name: str, rows: int, cols: int, dtype: str | None = None, tiles=None) -> TensorRef:
         """A workspace in global memory the sites hand partial sums through (split-K), of the accumulators' type."""
-        acc = "int32" if self.precision == Precision.INT8 else "float32"
-        return self.tensor(name, "workspace", rows, cols, dtype or acc, "row", tiles)
+        return self.tensor(name, "workspace", rows, cols, dtype, "row", tiles)
 
     def ring(self, name: str, depth: int, tiles: int, layout: str = "row", kind: str = "fifo") -> RingRef:
         """A ring of `depth` pages of `tiles` tiles each (`layout`: how a page holds its tiles, ir.nodes.PageLayout;

@@ -35,9 +35,7 @@ from ..ir.ops import (
     WriteBarrier,
     WriteTiles,
 )
-from .builder import TILE, LangError
-
-DEFAULT_OUT = {"int8": "int32"}
+from .builder import LangError, default_dtype, least_tiles
 
 
 def identifier(name: str, taken: set[str]) -> str:
@@ -102,17 +100,11 @@ class SourcePrinter:
             if t.groups != 1:
                 raise self.refuse(f"tensor {t.name} of {t.groups} groups (a grouped GEMM's)")
             args = [f'"{t.name}"', str(t.elems[0]), str(t.elems[1])]
-            if t.role == TensorRole.INPUT and t.dtype.value != p.precision.value:
-                args.append(f'dtype="{t.dtype.value}"')
-            if t.role == TensorRole.OUTPUT and t.dtype.value != DEFAULT_OUT.get(p.precision.value, "float32"):
-                args.append(f'dtype="{t.dtype.value}"')
-            if t.role == TensorRole.PARAMETER:
-                args.append(f'dtype="{t.dtype.value}"')
-            if t.role == TensorRole.WORKSPACE and t.dtype.value != DEFAULT_OUT.get(p.precision.value, "float32"):
+            if t.dtype != default_dtype(t.role, p.precision):
                 args.append(f'dtype="{t.dtype.value}"')
             if t.role == TensorRole.INPUT and t.order.value != "row":
                 args.append(f'order="{t.order.value}"')
-            if t.tiles != (-(-t.elems[0] // TILE), -(-t.elems[1] // TILE)):
+            if t.tiles != least_tiles(*t.elems):
                 args.append(f"tiles={t.tiles}")
             self.line(1, f"{self.tensors[t.id]} = p.{t.role.value}({', '.join(args)})")
         for b in p.buffers:

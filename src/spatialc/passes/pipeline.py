@@ -41,18 +41,9 @@ def build(
                 " form='general' or 'auto' (--form general)"
             )
         form = "general"
-    # The plan comes first: the item grid it fixes is what placement distributes.
-    asked = form
-    if form == "auto" and target.hopper:  # the sm_90a form where its wgmma layout takes the plan
-        form = "sm90a"
-    try:
-        p = tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=form)
-    except PlanError:
-        if asked != "auto" or form != "sm90a" or (block is None and sub_blocks is None):
-            raise
-        # A forced block the wgmma layout does not take: the persistent kernel's plan, which sm_90a also runs.
-        form = "persistent"
-        p = tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=form)
+    # The plan comes first: the item grid it fixes is what placement distributes. A forced block the wgmma layout
+    # does not take gets the persistent kernel's plan, which sm_90a also runs.
+    p, form = _tile_hopper_first(p, target, block, sub_blocks, depth, form, "persistent")
     splits = _splits(p, target, split_k, form, sites, placement)
     split = None
     if splits > 1:
@@ -107,15 +98,10 @@ def _multicast(
         )
     # On a Hopper target the groups are the sm_90a form's clusters, whose TMA loads multicast (as `build`, falling
     # back to the general form's plan where a forced block does not take the wgmma layout).
-    planned = "sm90a" if target.hopper and form in ("auto", "sm90a") else "general"
-    base = program.evolve(target=target.name)
-    try:
-        p = tile(base, target, block=block, sub_blocks=sub_blocks, depth=depth, form=planned)
-    except PlanError:
-        if form != "auto" or planned != "sm90a" or (block is None and sub_blocks is None):
-            raise
-        planned = "general"
-        p = tile(base, target, block=block, sub_blocks=sub_blocks, depth=depth, form=planned)
+    wanted = form if target.hopper and form in ("auto", "sm90a") else "general"
+    p, planned = _tile_hopper_first(
+        program.evolve(target=target.name), target, block, sub_blocks, depth, wanted, "general"
+    )
     assert p.plan is not None
     resident = default_sites(p, target, planned) if sites is None else sites
     per_unit = sites_per_unit(target, p.plan, p.precision, planned, epilogue_stages(p))
@@ -124,6 +110,21 @@ def _multicast(
         raise ProgramError(crowded)
     p = add_semaphores(p).evolve(placement=multicast_placement(p.plan, gy, gx, resident))
     return verify(schedule(p), target)
+
+
+def _tile_hopper_first(
+    p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, form: str, fallback: str
+) -> tuple[SpatialProgram, str]:
+    """`p` planned for `form` — "auto" on a Hopper target being the sm_90a form — and the form it was planned for:
+    `fallback` where the form was chosen for the user ("auto") and a forced block or sub-blocks do not take the
+    wgmma layout."""
+    planned = "sm90a" if form == "auto" and target.hopper else form
+    try:
+        return tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=planned), planned
+    except PlanError:
+        if form != "auto" or planned != "sm90a" or (block is None and sub_blocks is None):
+            raise
+        return tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=fallback), fallback
 
 
 def _split_plan(

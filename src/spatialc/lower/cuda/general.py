@@ -391,6 +391,10 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
     def read_slot(self, r: int) -> str:
         return f"(pop_{r} % DEPTH_{r})"
 
+    def full_wait(self, r: int) -> str:
+        """The device function a Wait on ring `r`'s full barrier calls."""
+        return "spatialc_mbar_wait"
+
     def load(self, pointer: str, element: str) -> str:
         """Page elements are read through SPATIALC_PAGE_LD, which the emulation's race check sees."""
         return f"SPATIALC_PAGE_LD({pointer})"
@@ -473,9 +477,8 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
                 self.w.line(f"{arrive}(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
             case Wait(buf):
                 r = self.kept(buf).id
-                self.w.line(
-                    f"spatialc_mbar_wait(&full_{r}[wt_{r} % DEPTH_{r}], (wt_{r} / DEPTH_{r}) & 1); ++wt_{r};", mark
-                )
+                wait = self.full_wait(r)
+                self.w.line(f"{wait}(&full_{r}[wt_{r} % DEPTH_{r}], (wt_{r} / DEPTH_{r}) & 1); ++wt_{r};", mark)
             case Pop(buf):
                 r = self.kept(buf).id
                 self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)

@@ -408,11 +408,6 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                 pass  # its image, with its census marker, is the consumers' fused store
             case Loop() if self.pipelined(op):
                 self.k_loop_pipelined(op, env, mark)
-            case Wait(buf) if self.hk.multicast is not None and self.kept(buf).id in self.hk.multicast.rings:
-                # The page may come from a peer's multicast, whose bytes complete the barrier at cluster scope.
-                r = self.kept(buf).id
-                wait = f"spatialc_mbar_wait_cluster(&full_{r}[wt_{r} % DEPTH_{r}], (wt_{r} / DEPTH_{r}) & 1); ++wt_{r};"
-                self.w.line(wait, mark)
             case ReadTiles(into=buf) if self.kept(buf).id in self.sends:
                 # The sender's page goes to every block of its group at once: loaded where the IR sends it.
                 self.deferred[self.kept(buf).id] = (op, env)
@@ -532,6 +527,12 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                     self.w.line("spatialc_bulk_commit();")
             self.w.line("if (lane == 0) { spatialc_bulk_wait_read<0>(); }  // the staging is free for the next item")
             self.w.line("__syncwarp();")
+
+    def full_wait(self, r: int) -> str:
+        # A multicast ring's page may come from a peer, whose bytes complete the barrier at cluster scope.
+        if self.hk.multicast is not None and r in self.hk.multicast.rings:
+            return "spatialc_mbar_wait_cluster"
+        return super().full_wait(r)
 
     def reset(self, op: SemSet, before: ChoreoOp | None) -> None:
         if not self.handshake_reset(op):
