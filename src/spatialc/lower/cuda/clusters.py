@@ -42,6 +42,7 @@ from ...ir.ops import (
 )
 from ..census import marker
 from ..errors import Unsupported
+from .handover import HandoverPrinter
 from .program import all_ops
 
 CLUSTER_MAX = 8  # blocks of a portable cluster (larger ones need an opt-in the form does not make)
@@ -128,12 +129,8 @@ def check_cluster(cluster: int) -> None:
 def mask_expr(offsets: tuple[int, ...], cluster: int) -> str:
     """The multicast's block mask: bit r for each cluster rank of the group's sites (offsets from this site; every
     group lies within one cluster, the `cluster` consecutive sites of blockIdx.x)."""
-    bits = " | ".join(f"(1u << {rank_of(site_at(o), cluster)})" for o in offsets)
+    bits = " | ".join(f"(1u << {rank_of(HandoverPrinter.offset(o), cluster)})" for o in offsets)
     return f"(unsigned short)({bits})"
-
-
-def site_at(o: int) -> str:
-    return "site" if o == 0 else f"(site {'+' if o > 0 else '-'} {abs(o)})"
 
 
 def rank_of(site: str, cluster: int) -> str:
