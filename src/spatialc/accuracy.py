@@ -16,6 +16,10 @@
   ulp of the interpreter's, or 2^-50·|x| in gelu's far negative tail, where the formula cancels
   (`spatialc.epilogue`). An error already in x
   grows by at most the activation's largest slope (1.13 for gelu, 1.1 silu, 1 tanh, 0.25 sigmoid).
+- **Computed operands** (a matmul of an earlier matmul's result, as in an MLP) are rounded from float32 to the
+  operand type, nearest even, as the kernel stores them. Where the earlier result may differ from the reference's,
+  the two roundings may land on neighbouring values: the bound carries each stage's error through, plus one
+  rounding step (2^-8 bf16, 2^-11 fp16, relative) wherever that error is not zero.
 
 `tolerance(program)` turns this into a bound per element of C, for the inputs at hand.
 """
@@ -29,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from .epilogue import ACTIVATION_SLOPE, ACTIVATION_TAIL
+from .inputs import operand_values
 from .ir.nodes import DType, SpatialProgram, TensorRole
-from .ir.ops import Activation, Precision, Scalar
+from .ir.ops import Activation, Bias, Precision, Scalar
 
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
 OUT_EPS = {DType.FLOAT32: EPS32, DType.FP16: 2.0**-10, DType.BF16: 2.0**-7}  # one ulp at 1.0 of C's type
@@ -52,12 +57,19 @@ class Tolerance:
     out_eps: float = EPS32
     activations: int = 0  # activation stages: each may add its cancelling tail, ACTIVATION_TAIL · |x|
     offsets: float = 0.0  # the scalar add / max / min constants, which can make |x| larger than the products
+    chained: bool = False  # a matmul of computed operands: the bound is carried stage by stage (`_chained`)
 
     @property
     def text(self) -> str:
         """The bound in words, as the CLI prints it."""
         if self.exact:
             return "exact"
+        if self.chained:
+            out = OUT_NAMES.get(self.out_eps, "float32")
+            return (
+                f"carried through each matmul ({'K + 4' if self.ulps else '4'} float32 ulps of its |A|@|B|), each"
+                f" epilogue op and each computed operand's rounding, plus 2 {out} ulps of |C|"
+            )
         scaled = f" × {self.scale:g} (the epilogue's multiplies)" if self.scale != 1 else ""
         out = OUT_NAMES.get(self.out_eps, "float32")
         return f"{self.ulps} float32 ulps of |A|@|B|{scaled}, plus 2 {out} ulps of |C|"
@@ -68,8 +80,12 @@ class Tolerance:
 
     def _against(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """The reference and the bound of each element, from the operands rounded once."""
-        from .reference import reference_of, rounded_operands
+        from .reference import reference, reference_of, rounded_operands
 
+        if self.chained:
+            ref = reference(self.program, inputs)
+            size = np.abs(ref.astype(np.float64))
+            return ref, _chained(self.program, inputs, bool(self.ulps)) + 2 * self.out_eps * size + _TINY
         a, b = rounded_operands(self.program, inputs)
         ref = reference_of(self.program, a, b, inputs)
         if self.exact:
@@ -84,7 +100,7 @@ class Tolerance:
             params = [np.max(np.abs(np.asarray(inputs[n], np.float64)), initial=0.0) for n in names if n in inputs]
             x = self.scale * (magnitude + max(params, default=0.0) + self.offsets)
             sums = sums + self.activations * ACTIVATION_TAIL * x
-        return ref, sums + 2 * self.out_eps * size + np.finfo(np.float32).tiny
+        return ref, sums + 2 * self.out_eps * size + _TINY
 
     def atol(self, inputs: Mapping[str, Any]) -> float:
         """One absolute tolerance for `np.allclose(c, ref, rtol=0, atol=...)`: the largest element's bound."""
@@ -117,13 +133,66 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False) -> Tolerance:
     from .reference import _declared
 
     decl = _declared(program)
+    out = program.output_tensor()
+    eps = OUT_EPS.get(out.dtype, EPS32) if out is not None else EPS32
+    if len(decl.matmuls) > 1:  # ulps: 1 marks the kernel's bound (K + 4 per matmul, each its own K)
+        return Tolerance(program, False, int(kernel), 1.0, eps, chained=True)
     k = program.tensor(decl.a).elems[1]  # type: ignore[arg-type]  # A: the matmul stage's first operand
     ops = [s.kind.op for s in decl.chain]  # type: ignore[union-attr]
     muls = [abs(op.value) for op in ops if isinstance(op, Scalar) and op.op == "mul"]
     muls += [ACTIVATION_SLOPE[op.name] for op in ops if isinstance(op, Activation)]
-    out = program.output_tensor()
-    eps = OUT_EPS.get(out.dtype, EPS32) if out is not None else EPS32
     acts = sum(1 for op in ops if isinstance(op, Activation))
     offsets = sum(abs(op.value) for op in ops if isinstance(op, Scalar) and op.op != "mul")
     scale = max(float(np.prod(muls or [1.0])), 1.0)
     return Tolerance(program, False, k + 4 if kernel else 4, scale, eps, acts, offsets)
+
+
+_TINY = float(np.finfo(np.float32).tiny)
+_ROUNDING = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11}  # an operand type's unit roundoff
+
+
+def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.ndarray:
+    """The error bound of each element of C before its rounding to C's type, carried from the inputs through each
+    matmul, each elementwise op and each computed operand's rounding (see the module docstring)."""
+    from . import epilogue
+    from .reference import _as_operand, _declared
+
+    decl = _declared(p)
+
+    def matmul(mm: Any) -> tuple[np.ndarray, np.ndarray]:
+        values, errors = [], []
+        for tensor, source, chain in zip(mm.operands, mm.sources, mm.chains, strict=True):
+            if tensor is not None:
+                t = p.tensor(tensor)
+                values.append(operand_values(t.name, inputs[t.name], t.dtype).astype(np.float64))
+                errors.append(np.zeros(1))
+                continue
+            x, e = through(*matmul(decl.matmuls[source]), [s.kind.op for s in chain])
+            u = _ROUNDING[p.precision]
+            values.append(_as_operand(x, p.precision))
+            errors.append(np.where(e > 0, e + u * (2 * np.abs(x) + e), 0.0))
+        (a, b), (ea, eb) = values, errors
+        magnitude = np.abs(a) @ np.abs(b)
+        ulps = mm.k_elems + 4 if kernel else 4
+        err = (
+            ulps * EPS32 * magnitude + (ea @ np.abs(b) if ea.ndim == 2 else 0) + (np.abs(a) @ eb if eb.ndim == 2 else 0)
+        )
+        if ea.ndim == 2 and eb.ndim == 2:
+            err = err + ea @ eb
+        return a @ b, err
+
+    def through(x: np.ndarray, e: np.ndarray, ops: list) -> tuple[np.ndarray, np.ndarray]:
+        for op in ops:
+            row = np.asarray(inputs[p.tensor(op.tensor).name]).reshape(-1) if isinstance(op, Bias) else None
+            y = epilogue.apply(op, epilogue.start(x, False), False, row).astype(np.float64)
+            if isinstance(op, Activation):
+                e = ACTIVATION_SLOPE[op.name] * e + EPS32 * np.abs(y) + ACTIVATION_TAIL * (np.abs(x) + e)
+            elif isinstance(op, Scalar) and op.op == "mul":
+                e = abs(op.value) * e + EPS32 * np.abs(y)
+            elif isinstance(op, Bias | Scalar) and not (isinstance(op, Scalar) and op.op in ("max", "min")):
+                e = e + EPS32 * np.abs(y)
+            x = y
+        return x, e
+
+    assert decl.matmul is not None
+    return through(*matmul(decl.matmuls[decl.matmul.id]), [s.kind.op for s in decl.chain])[1]

@@ -1,5 +1,7 @@
 """The numpy reference of a GEMM program: C = epilogue(A @ B) on whole matrices, no tiles, no engines (a grouped
-GEMM's: C[g] = epilogue(A[g] @ B[g]) on each group's rows below its row count, zeros past it).
+GEMM's: C[g] = epilogue(A[g] @ B[g]) on each group's rows below its row count, zeros past it). A program whose
+matmul multiplies a computed operand (an MLP's gelu(X @ W1) @ W2) is evaluated stage by stage the same way, the
+computed operand rounded from float32 to the operand type (nearest even) as the kernel stores it.
 
 It is what the CLI and the GPU check compare against; the interpreter is checked against it in the tests.
 """
@@ -13,7 +15,7 @@ import numpy as np
 
 from . import epilogue
 from .errors import ProgramError
-from .inputs import operand_values, row_limits
+from .inputs import operand_values, round_bf16, round_fp16, row_limits
 from .interp.numerics import output_values
 from .ir.nodes import SpatialProgram
 from .ir.ops import Bias, Precision
@@ -36,28 +38,66 @@ def rounded_operands(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[np.n
     """A and B — the tensors the matmul stage multiplies, in that order, whatever their names — as float64 holding
     exactly the operand type's values (float64 sums int8 products exactly)."""
     decl = _declared(p)
-    if decl.a is None or decl.b is None:
-        raise ProgramError(f"program {p.name} declares no tile matmul, so it has no A and B")
+    if decl.a is None or decl.b is None or len(decl.matmuls) > 1:
+        raise ProgramError(f"program {p.name} declares no single tile matmul of two tensors, so it has no A and B")
     tensors = (p.tensor(decl.a), p.tensor(decl.b))
     return tuple(operand_values(t.name, inputs[t.name], t.dtype).astype(np.float64) for t in tensors)  # type: ignore[return-value]
 
 
 def reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
     """epilogue(A @ B) in the output's element type, from float64 products of the operand-rounded inputs."""
-    a, b = rounded_operands(p, inputs)
-    return reference_of(p, a, b, inputs)
+    decl = _declared(p)
+    if len(decl.matmuls) == 1:
+        a, b = rounded_operands(p, inputs)
+        return reference_of(p, a, b, inputs)
+    assert decl.matmul is not None
+    x = applied(p, matmul_value(p, decl, decl.matmuls[decl.matmul.id], inputs), epilogue_ops(p), inputs)
+    out = p.output_tensor()
+    assert out is not None
+    return output_values(out.name, x, out.dtype)
+
+
+def matmul_value(p: SpatialProgram, decl: Any, mm: Any, inputs: Mapping[str, Any]) -> np.ndarray:
+    """The sum a matmul stage (`mm`, a `MatmulDecl` of `decl`) computes, in float64 (int8: exact integers): its
+    computed operands evaluated first, through their chains, and rounded to the operand type."""
+    operands = []
+    for tensor, source, chain in zip(mm.operands, mm.sources, mm.chains, strict=True):
+        if tensor is not None:
+            t = p.tensor(tensor)
+            operands.append(operand_values(t.name, inputs[t.name], t.dtype).astype(np.float64))
+            continue
+        x = applied(p, matmul_value(p, decl, decl.matmuls[source], inputs), [s.kind.op for s in chain], inputs)
+        operands.append(_as_operand(np.asarray(x), p.precision))
+    x = operands[0] @ operands[1]
+    return np.rint(x) if p.precision == Precision.INT8 else x
+
+
+def _as_operand(x: np.ndarray, precision: Precision) -> np.ndarray:
+    """A computed operand as the matmul multiplies it: float32 rounded to bf16 / fp16 (nearest even); int8 values
+    are a requant's already."""
+    match precision:
+        case Precision.BF16:
+            return round_bf16(x.astype(np.float32))
+        case Precision.FP16:
+            return round_fp16(x.astype(np.float32))
+    return x.astype(np.float64)
+
+
+def applied(p: SpatialProgram, x: np.ndarray, ops: list, inputs: Mapping[str, Any]) -> np.ndarray:
+    """Elementwise `ops` on a matmul's sum, in the accumulator's type (int64, or float32 as the kernel's)."""
+    integer = p.precision == Precision.INT8
+    if ops:
+        x = epilogue.start(x, integer)
+    for op in ops:
+        row = np.asarray(inputs[p.tensor(op.tensor).name]).reshape(-1) if isinstance(op, Bias) else None
+        x = epilogue.apply(op, x, integer, row)
+    return x
 
 
 def reference_of(p: SpatialProgram, a: np.ndarray, b: np.ndarray, inputs: Mapping[str, Any]) -> np.ndarray:
     """`reference` from A and B already rounded by `rounded_operands` (the other inputs, a bias, from `inputs`)."""
     integer = p.precision == Precision.INT8
-    ops = epilogue_ops(p)
-    x = np.rint(a @ b) if integer else a @ b
-    if ops:  # the epilogue works on the accumulator's type: int64, or float32 as the kernel's does
-        x = epilogue.start(x, integer)
-    for op in ops:
-        row = np.asarray(inputs[p.tensor(op.tensor).name]).reshape(-1) if isinstance(op, Bias) else None
-        x = epilogue.apply(op, x, integer, row)
+    x = applied(p, np.rint(a @ b) if integer else a @ b, epilogue_ops(p), inputs)
     out = p.output_tensor()
     assert out is not None
     if out.groups > 1:  # a grouped GEMM: each group's rows at or past its row count are left zero

@@ -392,6 +392,8 @@ class Emitter:
         self.emit(f"if not {a}.live:", f"    fail(E, {i}, {a}.name + ' is not acquired')")
         self.front("x", ra, op.ins[0], i, geom[0] * geom[2])
         self.front("y", rb, op.ins[1], i, geom[2] * geom[1])
+        prec = str(mm.operand.value)  # a computed page is rounded to it, a tensor's tiles are taken as they are
+        self.emit(f"x = operand(E, {i}, x, {prec!r})", f"y = operand(E, {i}, y, {prec!r})")
         self.emit(f"if {a}.geom is not {g}:", f"    set_geom(E, {i}, {a}, {g})", f"{a}.a.append(x)", f"{a}.b.append(y)")
 
     def add_partial(self, op: Compute, i: int) -> None:
@@ -502,6 +504,7 @@ _HELPERS: dict[str, object] = {
             "set_geom",
             "pack",
             "partial",
+            "operand",
             "masked_read",
             "masked_write",
             "mcast_send",

@@ -11,7 +11,7 @@ import numpy as np
 from .. import epilogue
 from ..ir.ops import Barrier, Loop, Reserve, SemWait, Trip, Wait
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
-from .numerics import INT8_EXACT_K
+from .numerics import INT8_EXACT_K, round_bf16, round_fp16
 from .state import Acc, BarrierState, EngineState, Ring
 from .values import AccValue, Masked, Store, TileRefs, Tiles, tiles_of
 
@@ -97,6 +97,24 @@ def partial(E: EngineState, i: int, x: object, n: int) -> np.ndarray:
     if x.count < n:  # type: ignore[attr-defined]
         fail(E, i, f"adds a page of {x.count} tiles to an accumulator of {n}")  # type: ignore[attr-defined]
     return np.array(tiles_of(x, n), dtype=np.float64)
+
+
+def operand(E: EngineState, i: int, x: object, precision: str) -> object:
+    """A page as a matmul multiplies it: a tensor's tiles as they are (their values are the operand type's already);
+    a computed page (an elementwise stage's, or a packed accumulator) as float32, rounded to the operand type, nearest
+    even — as the kernel stores it into the operand page — or, for int8, checked to hold int8 integers (a
+    requant's)."""
+    if isinstance(x, TileRefs):
+        return x
+    tiles = tiles_of(x, x.count)  # type: ignore[attr-defined]
+    match precision:  # from the float32 the kernel holds (a packed accumulator's sum is float32 there)
+        case "bf16":
+            return Tiles(round_bf16(tiles.astype(np.float32)))
+        case "fp16":
+            return Tiles(round_fp16(tiles.astype(np.float32)))
+    if tiles.size and (np.any(tiles != np.rint(tiles)) or tiles.min() < -128 or tiles.max() > 127):
+        raise NumericError(f"{where(E, i)}: it multiplies a computed page whose values are not int8 integers")
+    return x
 
 
 def mcast_send(E: EngineState, i: int, r: Ring, others: list[Ring]) -> None:

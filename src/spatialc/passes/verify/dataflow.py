@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ...errors import SemanticError, StrongerCheckNeeded
-from ...ir.ids import BufferId, ItemId, Site, TensorId
+from ...ir.ids import BufferId, ItemId, Site, StageId, TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import EngineProgram, Stage, Tensor
 from ...ir.ops import (
@@ -39,6 +39,25 @@ from .symbolic import PC, PR, Aff, Cell, Copy, Page, Partial, Product, Sym
 
 
 @dataclass(frozen=True, slots=True)
+class MatmulDecl:
+    """One tile matmul stage on the way to C: the ring its accumulator is packed into, each operand's tensor (None:
+    computed, by `chains[i]` applied to another matmul's result), its item geometry, and the k-tiles a reduction
+    must cover (k_need ≤ N ≤ k_max, over `k_elems` elements)."""
+
+    stage: Stage
+    ring: BufferId
+    operands: tuple[TensorId | None, TensorId | None]
+    chains: tuple[tuple[Stage, ...], tuple[Stage, ...]]
+    sources: tuple[StageId | None, StageId | None]  # the matmul each computed operand starts from
+    shape: tuple[int, int, int]  # h, w, ibw in tiles
+    k_need: int
+    k_max: int
+    k_elems: int
+    value: tuple[tuple[int, int], tuple[int, int]]  # the result's elements and tile grid
+    a_tiles: tuple[int, int]  # operand A's tile grid
+
+
+@dataclass(frozen=True, slots=True)
 class Declared:
     """What the stages say C is: the stage producing each ring, the ring the write stage empties, and for a GEMM
     the operand tensors, the matmul's item geometry and the range of k-tiles a reduction must cover."""
@@ -55,6 +74,7 @@ class Declared:
     k_max: int = 0
     acc_ring: BufferId | None = None  # the ring the matmul's result leaves by on its way to C
     split: SplitDecl | None = None  # split-K's partial path, where the stages declare one
+    matmuls: dict[StageId, MatmulDecl] = field(default_factory=dict)  # every matmul on the way to C, by stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +131,11 @@ class Entry:
 @dataclass
 class Acc:
     """An accumulator between AcquireAcc and ReleaseAcc: the loops open at its AcquireAcc, its products so far, the
-    loops they are summed over, and whether PackAcc has read it."""
+    loops they are summed over, the matmul stage they are products of, and whether PackAcc has read it."""
 
     opened: tuple[object, ...]
     terms: list[Product | Partial] = field(default_factory=list)
+    stage: MatmulDecl | None = None
     summed: dict[Sym, ChoreoOp] = field(default_factory=dict)
     packed: bool = False
     live: bool = True

@@ -1,12 +1,15 @@
 """What a program's stages declare C to be (verify's rule 8 proves the schedule computes it; the numpy reference
 computes it with numpy).
 
-The stages must be one pipeline: reads of tensors, one tile matmul, a chain of elementwise bias / relu / scalar /
-requant stages, and one write of the output — every stage on the way to C, the chain read by its rings (not by the
-order the stages are listed in), the operands by the matmul stage's rings (not by their names). Split-K adds its
-partial path beside it: a write of the matmul's partial sums to a workspace, a read of them back, an add into the
-accumulator. Its types and integer
-bounds are checked here too: the function must be one the interpreter computes exactly and the output can hold.
+The stages must be one pipeline: reads of tensors, a tile matmul, a chain of elementwise bias / relu / scalar /
+activation / requant stages, and one write of the output — every stage on the way to C, the chain read by its rings
+(not by the order the stages are listed in), the operands by the matmul stage's rings (not by their names). An
+operand may itself be computed: a ring filled by a chain of elementwise stages from another tile matmul (a two-layer
+MLP: gelu(X @ W1) @ W2), whose operands may be computed in turn. A computed operand is multiplied in the operand
+precision — rounded to bf16 / fp16 with round-to-nearest-even, or, in an int8 program, the int8 values a requant
+made. Split-K adds its partial path beside a single matmul: a write of its partial sums to a workspace, a read of
+them back, an add into the accumulator. Its types and integer bounds are checked here too: the function must be one
+the interpreter computes exactly and the output can hold.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import math
 
 from ...epilogue import EXACT_LIMIT, dot_range, integer_range
 from ...errors import SemanticError, StrongerCheckNeeded
-from ...ir.ids import BufferId
+from ...ir.ids import BufferId, StageId, TensorId
 from ...ir.index import ProgramIndex
-from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, TensorRole, WriteStage, accumulator_dtype
+from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, TensorRole, WriteStage, accumulator_dtype
 from ...ir.ops import (
     Activation,
     AddPartial,
@@ -30,7 +33,7 @@ from ...ir.ops import (
     Scalar,
 )
 from ...ir.printer import compute_text
-from .dataflow import Declared, SplitDecl
+from .dataflow import Declared, MatmulDecl, SplitDecl
 
 
 def _unsure(what: str) -> StrongerCheckNeeded:
@@ -42,14 +45,12 @@ EPILOGUE_OPS = (Bias, Relu, Scalar, Requant, Activation)
 
 def declared(index: ProgramIndex) -> Declared:
     """The stages' function, or StrongerCheckNeeded when they are not one pipeline ending in one write: reads of
-    tensors, one tile matmul, a chain of elementwise stages, one write — every stage on the way to C."""
+    tensors, tile matmuls, chains of elementwise stages, one write — every stage on the way to C."""
     p = index.p
     work = {t.id for t in p.tensors if t.role == TensorRole.WORKSPACE}
     writes = [s for s in p.stages if isinstance(s.kind, WriteStage) and s.kind.tensor not in work]
     if len(writes) != 1 or len(writes[0].ins) != 1:
         raise _unsure(f"{len(writes)} write stages of the output (one, emptying one ring, is what it proves)")
-    if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
-        raise _unsure("several tile matmuls (one is what it proves)")
     out = index.tensors[writes[0].kind.tensor]  # type: ignore[union-attr]
     producer: dict[BufferId, Stage] = {}
     for s in p.stages:
@@ -57,48 +58,141 @@ def declared(index: ProgramIndex) -> Declared:
             if producer.setdefault(index.ring(b), s) is not s:
                 raise _unsure(f"stages {producer[index.ring(b)].name} and {s.name} both fill {index.name(b)}")
     last = index.ring(writes[0].ins[0])
-    ring, chain, decl = last, list[Stage](), None
-    while decl is None:
-        stage = producer.get(ring)
-        if stage is None:
-            raise _unsure(f"no stage fills {index.name(ring)}, which the way to {writes[0].name} reads")
-        if stage in chain:
-            raise _unsure("the stages form a cycle")
-        match stage.kind:
-            case ReadStage():
-                raise _unsure(
-                    f"{out.name} is read from a tensor with no tile matmul on the way (stage {stage.name}); the rule"
-                    " proves GEMM pipelines: reads, one tile matmul, elementwise stages, one write"
-                )
-            case ComputeStage(MatmulTiles() as mm):
-                decl = _gemm(index, stage, mm, out, last, producer, tuple(chain[::-1]))
-                decl = dataclasses.replace(decl, acc_ring=ring, split=_split(index, stage, ring, producer, work))
-            case ComputeStage(op) if isinstance(op, EPILOGUE_OPS) and len(stage.ins) == len(stage.outs) == 1:
-                chain.append(stage)
-                ring = index.ring(stage.ins[0])
-            case ComputeStage(op):
-                raise _unsure(
-                    f"stage {stage.name} ({compute_text(op, p)}) is no elementwise bias, relu, scalar, activation or"
-                    " requant"
-                )
-            case _:
-                raise _unsure(
-                    f"stage {stage.name} fills {index.name(ring)}, and only read or compute stages fill rings"
-                )
+    way = _Way(index, producer)
+    stage, ring, chain = way.to_matmul(last, f"the way to {writes[0].name}")
+    top = way.matmul(stage, ring, chain)
+    decl = Declared(
+        out, last, producer, chain, *top.operands, stage, top.shape, top.k_need, top.k_max, ring, None, way.matmuls
+    )
+    _gemm(index, decl, top)
+    if len(way.matmuls) > 1 and (work or out.groups > 1):
+        raise _unsure("a matmul of computed tiles in a split-K or grouped GEMM (the rule proves each apart)")
+    decl = dataclasses.replace(decl, split=_split(index, stage, ring, producer, work))
     _every_stage_used(index, decl, writes[0])
     _epilogue_types(index, decl)
     _integer_bounds(index, decl)
     return decl
 
 
+class _Way:
+    """The stages on the way back from a ring to the reads: each matmul found, with its operands, by its stage."""
+
+    def __init__(self, index: ProgramIndex, producer: dict[BufferId, Stage]) -> None:
+        self.index, self.producer = index, producer
+        self.matmuls: dict[StageId, MatmulDecl] = {}
+        self.elems: dict[BufferId, tuple[tuple[int, int], tuple[int, int]]] = {}  # ring → (elements, tiles)
+
+    def to_matmul(self, ring: BufferId, whose: str) -> tuple[Stage, BufferId, tuple[Stage, ...]]:
+        """The matmul stage whose result reaches `ring` through elementwise stages, the ring it leaves the matmul
+        by, and those stages (first applied first)."""
+        p, chain = self.index.p, list[Stage]()
+        while True:
+            stage = self.producer.get(ring)
+            if stage is None:
+                raise _unsure(f"no stage fills {self.index.name(ring)}, which {whose} reads")
+            if stage in chain:
+                raise _unsure("the stages form a cycle")
+            match stage.kind:
+                case ReadStage():
+                    raise _unsure(
+                        f"{whose} reads a tensor with no tile matmul on the way (stage {stage.name}); the rule"
+                        " proves GEMM pipelines: reads, tile matmuls, elementwise stages, one write"
+                    )
+                case ComputeStage(MatmulTiles()):
+                    return stage, ring, tuple(chain[::-1])
+                case ComputeStage(op) if isinstance(op, EPILOGUE_OPS) and len(stage.ins) == len(stage.outs) == 1:
+                    chain.append(stage)
+                    ring = self.index.ring(stage.ins[0])
+                case ComputeStage(op):
+                    raise _unsure(
+                        f"stage {stage.name} ({compute_text(op, p)}) is no elementwise bias, relu, scalar,"
+                        " activation or requant"
+                    )
+                case _:
+                    raise _unsure(
+                        f"stage {stage.name} fills {self.index.name(ring)}, and only read or compute stages fill rings"
+                    )
+
+    def matmul(self, stage: Stage, ring: BufferId, chain: tuple[Stage, ...]) -> MatmulDecl:
+        """The matmul of `stage` (packed into `ring`, then `chain` applied), its computed operands found first."""
+        if stage.id in self.matmuls:
+            raise _unsure(f"the result of matmul stage {stage.name} is used twice")
+        p, mm = self.index.p, stage.kind.op  # type: ignore[union-attr]
+        assert isinstance(mm, MatmulTiles)
+        if mm.operand != p.precision:
+            raise SemanticError(
+                f"stage {stage.name} multiplies {mm.operand.value} tiles in a {p.precision.value} program"
+            )
+        if p.tile.rows != p.tile.cols:
+            raise _unsure(f"tiles of {p.tile.rows}x{p.tile.cols} (a tile matmul multiplies square tiles)")
+        if len(stage.ins) != 2:
+            raise _unsure(f"matmul stage {stage.name} reads {len(stage.ins)} rings, not an A and a B")
+        operands: list[TensorId | None] = []
+        sources: list[StageId | None] = []
+        chains: list[tuple[Stage, ...]] = []
+        shapes = []
+        for which, b in zip("AB", stage.ins, strict=True):
+            src = self.producer.get(self.index.ring(b))
+            if src is not None and isinstance(src.kind, ReadStage):
+                t = self.index.tensors[src.kind.tensor]
+                operands.append(t.id)
+                sources.append(None)
+                chains.append(())
+                shapes.append((t.elems, (t.group_tiles[0], t.tiles[1]) if which == "B" else t.tiles))
+                if t.dtype.value != p.precision.value:
+                    raise SemanticError(
+                        f"{t.name} holds {t.dtype.value} values, but the {p.precision.value} matmul reads it"
+                    )
+                continue
+            inner, inner_ring, inner_chain = self.to_matmul(
+                self.index.ring(b), f"matmul stage {stage.name}'s operand {which}"
+            )
+            self.matmul(inner, inner_ring, inner_chain)
+            operands.append(None)
+            sources.append(inner.id)
+            chains.append(inner_chain)
+            shapes.append(self.elems[inner_ring])
+        (a_elems, a_tiles), (b_elems, b_tiles) = shapes
+        if a_elems[1] != b_elems[0]:
+            raise SemanticError(
+                f"stage {stage.name} multiplies {a_elems[0]}x{a_elems[1]} values by {b_elems[0]}x{b_elems[1]}: the"
+                " shapes do not agree"
+            )
+        tile = self.index.p.tile.cols
+        for which, op, elems in (("A", operands[0], a_elems[1]), ("B", operands[1], b_elems[0])):
+            if op is None and elems % tile:
+                raise _unsure(
+                    f"matmul stage {stage.name}'s computed operand {which} reduces {elems} elements, not a whole"
+                    f" number of {tile}-element tiles (a computed tile's padding is not known to be zero)"
+                )
+        value = ((a_elems[0], b_elems[1]), (a_tiles[0], b_tiles[1]))
+        self.elems[ring] = value
+        decl = MatmulDecl(
+            stage=stage,
+            ring=ring,
+            operands=(operands[0], operands[1]),
+            chains=(chains[0], chains[1]),
+            sources=(sources[0], sources[1]),
+            shape=(mm.sub_blocks[0] * mm.block.osh, mm.sub_blocks[1] * mm.block.osw, mm.block.ibw),
+            k_need=math.ceil(a_elems[1] / tile),
+            k_max=min(a_tiles[1], b_tiles[0]),
+            k_elems=a_elems[1],
+            value=value,
+            a_tiles=a_tiles,
+        )
+        self.matmuls[stage.id] = decl
+        return decl
+
+
 def _every_stage_used(index: ProgramIndex, decl: Declared, write: Stage) -> None:
     """No stage is off the way to C: each one declares part of what C is, and the reference applies them all."""
     used = {id(write), *(id(s) for s in decl.chain)}
-    assert decl.matmul is not None
-    used.add(id(decl.matmul))
+    for mm in decl.matmuls.values():
+        used.add(id(mm.stage))
+        used.update(id(s) for chain in mm.chains for s in chain)
+        used.update(id(decl.producer[index.ring(b)]) for b in mm.stage.ins)
     if decl.split is not None:
         used.update(id(s) for s in (decl.split.write, decl.split.read, decl.split.add))
-    used.update(id(decl.producer[index.ring(b)]) for b in decl.matmul.ins)
     for s in index.p.stages:
         if id(s) not in used:
             raise SemanticError(
@@ -146,7 +240,7 @@ def _split(
 def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:
     """A bias holds int32 values in an int8 program, float32 in a float one (the bounds and the kernel rely on it)."""
     want = accumulator_dtype(index.p.precision)
-    for s in decl.chain:
+    for s in _chains(decl):
         op = s.kind.op  # type: ignore[union-attr]
         if isinstance(op, Bias) and index.tensors[op.tensor].dtype != want:
             t = index.tensors[op.tensor]
@@ -156,36 +250,29 @@ def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:
             )
 
 
-def _gemm(
-    index: ProgramIndex,
-    stage: Stage,
-    mm: MatmulTiles,
-    out: Tensor,
-    last: BufferId,
-    producer: dict[BufferId, Stage],
-    chain: tuple[Stage, ...],
-) -> Declared:
-    p = index.p
-    if len(stage.ins) != 2:
-        raise _unsure(f"matmul stage {stage.name} reads {len(stage.ins)} rings, not an A and a B")
-    reads = [producer.get(index.ring(b)) for b in stage.ins]
-    tensors = [s.kind.tensor if s is not None and isinstance(s.kind, ReadStage) else None for s in reads]
-    if tensors[0] is None or tensors[1] is None:
-        raise _unsure(f"matmul stage {stage.name} multiplies rings that no read stage fills from a tensor")
-    a, b = index.tensors[tensors[0]], index.tensors[tensors[1]]
-    if not a.groups == b.groups == out.groups or a.group_tiles[0] != out.group_tiles[0]:
+def _gemm(index: ProgramIndex, decl: Declared, top: MatmulDecl) -> None:
+    """What the last matmul (the one whose result reaches C) must agree on with C and the plan."""
+    p, stage, out = index.p, top.stage, decl.out
+    mm = stage.kind.op  # type: ignore[union-attr]
+    assert isinstance(mm, MatmulTiles)
+    a, b = (index.tensors[t] if t is not None else None for t in top.operands)
+    grouped = (
+        a is not None
+        and b is not None
+        and (a.groups, b.groups, a.group_tiles[0]) != (out.groups,) * 2 + (out.group_tiles[0],)
+    )
+    if grouped:
         raise SemanticError(
-            f"stage {stage.name} multiplies {a.name} ({a.groups} group(s) of {a.group_tiles[0]} tile rows) by"
-            f" {b.name} ({b.groups} group(s)) into {out.name} ({out.groups} group(s) of {out.group_tiles[0]} tile"
+            f"stage {stage.name} multiplies {a.name} ({a.groups} group(s) of {a.group_tiles[0]} tile rows) by"  # type: ignore[union-attr]
+            f" {b.name} ({b.groups} group(s)) into {out.name} ({out.groups} group(s) of {out.group_tiles[0]} tile"  # type: ignore[union-attr]
             " rows): a grouped GEMM's operands and output have the same groups, A and C the same rows"
         )
-    if (a.elems[0], b.elems[1]) != out.elems or a.elems[1] != b.elems[0]:
+    elems, _ = top.value
+    if elems != out.elems:
         raise SemanticError(
-            f"stage {stage.name} multiplies {a.name} ({a.elems[0]}x{a.elems[1]}) by {b.name}"
-            f" ({b.elems[0]}x{b.elems[1]}) into {out.name} ({out.elems[0]}x{out.elems[1]}): the shapes do not agree"
+            f"stage {stage.name} computes {elems[0]}x{elems[1]} values into {out.name} ({out.elems[0]}x"
+            f"{out.elems[1]}): the shapes do not agree"
         )
-    if p.tile.rows != p.tile.cols:
-        raise _unsure(f"tiles of {p.tile.rows}x{p.tile.cols} (a tile matmul multiplies square tiles)")
     plan = p.plan
     if plan is not None and (mm.block, mm.sub_blocks) != (plan.block, plan.sub_blocks):
         raise SemanticError(
@@ -193,18 +280,9 @@ def _gemm(
             f" {plan.block.osh}x{plan.block.osw}x{plan.block.ibw} with {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
             " sub-blocks"
         )
-    if plan is not None and plan.k_tiles != a.tiles[1]:
-        raise SemanticError(
-            f"the plan reduces {plan.k_tiles} k-tiles, but {a.name}'s tile grid has {a.tiles[1]} columns of them"
-        )
-    if mm.operand != p.precision:
-        raise SemanticError(f"stage {stage.name} multiplies {mm.operand.value} tiles in a {p.precision.value} program")
-    for t in (a, b):
-        if t.dtype.value != p.precision.value:
-            raise SemanticError(f"{t.name} holds {t.dtype.value} values, but the {p.precision.value} matmul reads it")
-    shape = (mm.sub_blocks[0] * mm.block.osh, mm.sub_blocks[1] * mm.block.osw, mm.block.ibw)
-    k_need = math.ceil(a.elems[1] / p.tile.cols)
-    return Declared(out, last, producer, chain, a.id, b.id, stage, shape, k_need, min(a.tiles[1], b.group_tiles[0]))
+    if plan is not None and plan.k_tiles != top.a_tiles[1]:
+        what = f"{a.name}'s tile grid" if a is not None else f"the computed operand A of stage {stage.name}"
+        raise SemanticError(f"the plan reduces {plan.k_tiles} k-tiles, but {what} has {top.a_tiles[1]} columns of them")
 
 
 # The interpreter checks exactness on a float64 estimate of each value, whose rounding near 2^62 is 2^10: the bound
@@ -213,15 +291,21 @@ EXACT_MARGIN = 2**12
 _INT_RANGE = {DType.INT8: 2**7, DType.INT32: 2**31, DType.INT64: 2**63}  # values lie in -r..r-1
 
 
+def _chains(decl: Declared) -> list[Stage]:
+    """Every elementwise stage: C's chain and the chains that make computed operands."""
+    return [*decl.chain, *(s for mm in decl.matmuls.values() for chain in mm.chains for s in chain)]
+
+
 def _integer_bounds(index: ProgramIndex, decl: Declared) -> None:
     """What the epilogue produces, and its range: every integer value stays inside what the interpreter computes
     exactly (±2^62) and what the output tensor holds; a float program's output is float32.
 
     The bounds start from the K-long int8 dot product and follow the stages; a bias adds any int32, requant
-    saturates to int8. The output type must be the chain's own: int8 after requant, a wide integer before."""
-    p, out, chain = index.p, decl.out, decl.chain
+    saturates to int8. The output type must be the chain's own: int8 after requant, a wide integer before. A
+    computed operand of an int8 matmul is int8: its chain ends in a requant."""
+    p, out = index.p, decl.out
     if p.precision != Precision.INT8:
-        requant = any(isinstance(s.kind.op, Requant) for s in chain)  # type: ignore[union-attr]
+        requant = any(isinstance(s.kind.op, Requant) for s in _chains(decl))  # type: ignore[union-attr]
         if out.dtype not in (DType.FLOAT32, DType.FP16, DType.BF16) or requant:
             raise SemanticError(
                 f"a {p.precision.value} program computes float32 values (stored as float32, fp16 or bf16); its"
@@ -229,7 +313,30 @@ def _integer_bounds(index: ProgramIndex, decl: Declared) -> None:
                 + ("; a requant needs an integer accumulator" if requant else "")
             )
         return
-    lo, hi = dot_range(index.tensors[decl.a].elems[1])  # type: ignore[index]
+    for mm in decl.matmuls.values():
+        for which, chain, source in zip("AB", mm.chains, mm.sources, strict=True):
+            if source is None:
+                continue
+            if not (chain and isinstance(chain[-1].kind.op, Requant)):  # type: ignore[union-attr]
+                raise SemanticError(
+                    f"stage {mm.stage.name} multiplies int8 tiles, and its computed operand {which} is not"
+                    " requantised to int8 last"
+                )
+            _chain_range(index, chain, decl.matmuls[source].k_elems)
+    assert decl.matmul is not None
+    lo, hi = _chain_range(index, decl.chain, decl.matmuls[decl.matmul.id].k_elems)
+    requantised = bool(decl.chain) and isinstance(decl.chain[-1].kind.op, Requant)  # type: ignore[union-attr]
+    fits = out.dtype in _INT_RANGE and -_INT_RANGE[out.dtype] <= lo and hi < _INT_RANGE[out.dtype]
+    if (out.dtype == DType.INT8) != requantised or not fits:
+        raise SemanticError(
+            f"the output {out.name} holds {out.dtype.value}, but the declared values lie in {lo}..{hi}"
+            + ("" if requantised else " (int8 output comes from a requant, last)")
+        )
+
+
+def _chain_range(index: ProgramIndex, chain: tuple[Stage, ...], k: int) -> tuple[int, int]:
+    """The range of integer values after `chain`, applied to a K-long int8 dot product."""
+    lo, hi = dot_range(k)
     for s in chain:
         op = s.kind.op  # type: ignore[union-attr]
         after = integer_range(op, lo, hi)
@@ -238,13 +345,7 @@ def _integer_bounds(index: ProgramIndex, decl: Declared) -> None:
         lo, hi = after
         if max(-lo, hi) >= EXACT_LIMIT - EXACT_MARGIN:
             raise SemanticError(
-                f"after stage {s.name} ({compute_text(s.kind.op, p)}) a value can reach {max(-lo, hi)}, beyond"  # type: ignore[union-attr]
+                f"after stage {s.name} ({compute_text(op, index.p)}) a value can reach {max(-lo, hi)}, beyond"
                 " ±(2^62 - 2^12), where integer epilogues are exact"
             )
-    requantised = bool(chain) and isinstance(chain[-1].kind.op, Requant)  # type: ignore[union-attr]
-    fits = out.dtype in _INT_RANGE and -_INT_RANGE[out.dtype] <= lo and hi < _INT_RANGE[out.dtype]
-    if (out.dtype == DType.INT8) != requantised or not fits:
-        raise SemanticError(
-            f"the output {out.name} holds {out.dtype.value}, but the declared values lie in {lo}..{hi}"
-            + ("" if requantised else " (int8 output comes from a requant, last)")
-        )
+    return lo, hi

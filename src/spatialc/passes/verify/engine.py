@@ -36,8 +36,8 @@ from ...ir.ops import (
     WriteTiles,
 )
 from ...ir.printer import compute_text
-from .dataflow import ZERO, Acc, Entry, Seq, SiteRun, Write, same_op
-from .symbolic import PC, PR, AccSum, Aff, Copy, Elem, Page, Partial, Product, Sym, TileRef, split
+from .dataflow import ZERO, Acc, Entry, MatmulDecl, Seq, SiteRun, Write, same_op
+from .symbolic import PC, PR, AccSum, Aff, Cell, Copy, Elem, Page, Partial, Product, Sym, TileRef, split
 
 # Symbols of an accumulator tile's row and column inside the item (replaced by the page's at PackAcc).
 ACC_ROW = Sym("acc", "row", "acc row")
@@ -340,6 +340,12 @@ class EngineRun:
             )
         return stage
 
+    @property
+    def top(self) -> MatmulDecl:
+        """The matmul whose result reaches C."""
+        assert self.decl.matmul is not None
+        return self.decl.matmuls[self.decl.matmul.id]
+
     def live_acc(self, op: ChoreoOp, buf: BufferId) -> Acc:
         acc = self.accs.get(buf)
         name = self.index.name(buf)
@@ -356,19 +362,28 @@ class EngineRun:
         return acc
 
     def matmul(self, op: Compute) -> None:
-        self.stage_of(op)
+        stage = self.stage_of(op)
         assert op.acc is not None and isinstance(op.op, MatmulTiles)
         acc = self.live_acc(op, op.acc)
         if acc.packed:
             raise self.wrong(op, f"it adds a product after PackAcc has read {self.index.name(op.acc)}", op.acc)
-        h, w, ibw = self.decl.acc_shape
+        mm = self.decl.matmuls[stage.id]  # (`declared` saw to it that every stage is on the way to C)
+        if acc.stage is not None and acc.stage is not mm:
+            raise self.wrong(
+                op,
+                f"{self.index.name(op.acc)} already sums products of stage {acc.stage.stage.name}, and this op adds"
+                f" stage {stage.name}'s",
+                op.acc,
+            )
+        acc.stage = mm
+        h, w, ibw = mm.shape
         if self.index.page_tiles(op.acc) < h * w:
             raise self.wrong(
                 op,
                 f"{self.index.name(op.acc)} holds {self.index.page_tiles(op.acc)} tiles, the matmul's {h}x{w}",
                 op.acc,
             )
-        cells = []
+        cells: list[TileRef | Cell] = []
         for buf, shape in ((op.ins[0], (h, ibw)), (op.ins[1], (ibw, w))):
             page = self.front(op, buf)
             cell = page.view(*shape)
@@ -379,9 +394,7 @@ class EngineRun:
                     " semantic rule follows pages read in the layout they were filled in",
                     buf,
                 )
-            if not isinstance(cell, Copy):
-                raise self.unsure(op, f"it multiplies computed tiles of {self.index.name(buf)}", buf)
-            cells.append(cell.ref)
+            cells.append(cell.ref if isinstance(cell, Copy) else cell)  # read tiles, or computed ones
         kk = self.site.fresh("kk", ibw)
         row = Aff.of(ACC_ROW) if h > 1 else Aff(0)
         col = Aff.of(ACC_COL) if w > 1 else Aff(0)
@@ -412,7 +425,12 @@ class EngineRun:
                 f" {self.index.name(op.acc)}",
                 op.acc,
             )
-        h, w, _ = self.decl.acc_shape
+        split = self.decl.split
+        to_partial = split is not None and self.index.ring(op.to) == split.out_ring
+        mm = acc.stage or next(
+            (m for m in self.decl.matmuls.values() if m.ring == self.index.ring(op.to)), self.top
+        )  # no product yet: the shape of the matmul whose ring it fills
+        h, w, _ = mm.shape
         if op.tiles % w or op.tiles > h * w or (op.accumulate and op.tiles != h * w):
             raise self.unsure(
                 op,
@@ -420,9 +438,7 @@ class EngineRun:
                 " rows, and accumulating packs of all of it",
                 op.to,
             )
-        split = self.decl.split
-        to_partial = split is not None and self.index.ring(op.to) == split.out_ring
-        self.declared_ring(op, op.to, split.out_ring if to_partial else self.decl.acc_ring)  # type: ignore[union-attr]
+        self.declared_ring(op, op.to, split.out_ring if to_partial else mm.ring)  # type: ignore[union-attr]
         rename: dict[Sym, Aff] = {ACC_ROW: Aff.of(PR), ACC_COL: Aff.of(PC)}
         for t in acc.terms:
             for s in t.sums:

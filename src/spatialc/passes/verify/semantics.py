@@ -22,7 +22,13 @@ item on exactly one site, each site's ITEM loop over exactly its items), every t
 
 What it does not follow — and refuses with StrongerCheckNeeded rather than guess: loops whose trip count is read
 from data (the result would depend on the data), multicast (pages crossing sites), a producer and consumer whose
-loops around a ring differ in shape, pages whose layout a consumer reads differently, a matmul of computed tiles.
+loops around a ring differ in shape, pages whose layout a consumer reads differently, a matmul of two computed
+operands.
+
+A matmul may multiply one computed operand — a page an elementwise chain filled from another matmul's accumulator
+(an MLP's gelu(X @ W1) @ W2). Its products then hold the computed tile's formula in place of a tensor tile; the
+proof takes the k-tile from the tensor operand, shows the k-tiles whole as above, and then proves the computed tile
+at (row, k) or (k, column) the way it proves a tile of C: its chain op for op, its own sum over its own K.
 """
 
 from __future__ import annotations
@@ -54,12 +60,12 @@ from ...ir.ops import (
     walk,
 )
 from ...ir.printer import compute_text
-from .dataflow import SiteRun, Write, same_op
+from .dataflow import MatmulDecl, SiteRun, Write, same_op
 from .declared import declared
 from .facts import Programs
 from .handshake import multicast_senders
 from .partials import Workspace, check_handshake, item_values, raises
-from .symbolic import AccSum, Aff, Cell, Copy, Elem, Partial, Product, Sym, one_to_one, split
+from .symbolic import AccSum, Aff, Cell, Copy, Elem, Partial, Product, Sym, TileRef, one_to_one, split
 
 WITNESS_LIMIT = 1 << 14  # iterations a message may enumerate to name a concrete tile (the proof never does)
 ENUM_LIMIT = 1 << 22  # k-tiles listed when interleaved products are not one mixed radix (an unrolled K loop)
@@ -486,70 +492,141 @@ class _Proof:
 
     # ---- the value of each tile --------------------------------------------------------------------------------
 
-    def value(self, cell: Cell, ring: BufferId) -> None:
+    def value(self, cell: Cell, ring: BufferId, at: tuple[Aff, Aff] | None = None, path: str = "") -> None:
+        """`cell` is what the stages declare tile `at` (default: the C tile written) of `ring`'s value to be. `path`
+        names, for messages, the computed operand the tile is part of."""
+        row, col = at or (self.w.row, self.w.col)
         stage = self.decl.producer[ring]
         op = stage.kind.op if isinstance(stage.kind, ComputeStage) else None
         if isinstance(op, MatmulTiles):
             if not isinstance(cell, AccSum):
                 raise self.fail(
-                    f"{self.tile_text(self.base())} gets {_cell_text(cell)}, not the matmul of stage {stage.name}"
+                    f"{self.tile_text(self.base())}{path} gets {_cell_text(cell)}, not the matmul of stage {stage.name}"
                 )
-            self.reduction(cell)
-        else:  # an elementwise stage: `declared` saw to it that the chain ends in the matmul
+            self.reduction(cell, self.decl.matmuls[stage.id], row, col, path)
+        else:  # an elementwise stage: `declared` saw to it that the chain ends in a matmul
             assert op is not None
             if not isinstance(cell, Elem) or not same_op(cell.op, op):
                 raise self.fail(
-                    f"{self.tile_text(self.base())} gets {_cell_text(cell)} where stage {stage.name} declares"
+                    f"{self.tile_text(self.base())}{path} gets {_cell_text(cell)} where stage {stage.name} declares"
                     f" {compute_text(op, self.site.index.p)}"
                 )
-            if isinstance(op, Bias) and cell.bias_col != self.w.col:
+            if isinstance(op, Bias) and cell.bias_col != col:
                 assert cell.bias_col is not None
-                values = self.differ([(cell.bias_col, self.w.col)], set(self.ranges))
+                values = self.differ([(cell.bias_col, col)], set(self.ranges))
                 raise self.fail(
-                    f"{self.tile_text(values)} ({self.item_text(values)}) gets bias tile column"
-                    f" {cell.bias_col.at(values)}, not its own column {self.w.col.at(values)}"
+                    f"{self.tile_text(values)}{path} ({self.item_text(values)}) gets bias tile column"
+                    f" {cell.bias_col.at(values)}, not its own column {col.at(values)}"
                 )
-            self.value(cell.inner, self.site.index.ring(stage.ins[0]))
+            self.value(cell.inner, self.site.index.ring(stage.ins[0]), (row, col), path)
 
-    def reduction(self, acc: AccSum) -> None:
-        """Σ_k A[row, k]·B[k, col] over k = 0..N-1, each k once, with k_need ≤ N ≤ k_max."""
+    def reduction(self, acc: AccSum, mm: MatmulDecl, row: Aff, col: Aff, path: str) -> None:
+        """Σ_k A[row, k]·B[k, col] over k = 0..N-1, each k once, with k_need ≤ N ≤ k_max; a computed operand's
+        tile (row, k) or (k, col) is followed to the matmul it starts from."""
         index = self.site.index
         ks: list[tuple[Aff, tuple[Sym, ...]]] = []
-        for t in self.resolved(acc):
-            if (t.a.tensor, t.b.tensor) != (self.decl.a, self.decl.b):
-                names = f"{index.tensors[t.a.tensor].name} × {index.tensors[t.b.tensor].name}"
-                want = f"{index.tensors[self.decl.a].name} @ {index.tensors[self.decl.b].name}"  # type: ignore[index]
+        top = mm.stage is self.decl.matmul
+        mixed: list[tuple[Product, Aff]] = []  # products with a computed operand, followed once K is shown whole
+        for t in self.resolved(acc) if top else self.products(acc, path):
+            if None in mm.operands:
+                k = self.k_of(t, mm, path)
+                mixed.append((t, k))
+                ks.append((k, t.sums))
+                continue
+            if not isinstance(t.a, TileRef) or not isinstance(t.b, TileRef):
                 raise self.fail(
-                    f"{self.tile_text(self.base())} sums tiles of {names}; the matmul stage declares {want}"
+                    f"{self.tile_text(self.base())}{path} sums products of computed tiles; stage {mm.stage.name}"
+                    " multiplies tiles read from tensors"
                 )
-            for what, got, want_form in (("A row", t.a.row, self.w.row), ("B column", t.b.col, self.w.col)):
+            if (t.a.tensor, t.b.tensor) != mm.operands:
+                names = f"{index.tensors[t.a.tensor].name} × {index.tensors[t.b.tensor].name}"
+                want = " @ ".join(index.tensors[x].name for x in mm.operands if x is not None)
+                raise self.fail(
+                    f"{self.tile_text(self.base())}{path} sums tiles of {names}; the matmul stage declares {want}"
+                )
+            for what, got, want_form in (("A row", t.a.row, row), ("B column", t.b.col, col)):
                 if got != want_form:
                     values = self.differ([(got, want_form)], set(self.ranges))
                     raise self.fail(
-                        f"{self.tile_text(values)} ({self.item_text(values)}) sums tiles of {what}"
+                        f"{self.tile_text(values)}{path} ({self.item_text(values)}) sums tiles of {what}"
                         f" {got.at(values)}, not {want_form.at(values)}"
                     )
             k = t.a.col
             b_k = t.b.row
             if self.decl.out.groups > 1:  # B's rows are stacked: group g's K tiles from g · (its tile rows)
-                b = index.tensors[self.decl.b]  # type: ignore[index]
+                b = index.tensors[mm.operands[1]]  # type: ignore[index]
                 b_k = t.b.row - self.group_of(self.w.row) * b.group_tiles[0]
             if b_k != k:
                 values = self.differ([(b_k, k)], set(t.sums))
                 raise self.fail(
-                    f"{self.tile_text(values)} multiplies A's k-tile {k.at(values)} by B's k-tile {b_k.at(values)}"
+                    f"{self.tile_text(values)}{path} multiplies A's k-tile {k.at(values)} by B's k-tile"
+                    f" {b_k.at(values)}"
                 )
-            if k.syms() - set(t.sums):
-                moves = ", ".join(sorted(s.label for s in k.syms() - set(t.sums)))
-                raise self.fail(f"the k-tiles {self.tile_text(self.base())} sums move with {moves}")
+            self.moves(k, t.sums, path)
             ks.append((k, t.sums))
-        fault = self.k_fault(ks)
+        fault = self.k_fault(ks, mm)
         if fault is not None:
             values = self.base()
             raise self.fail(
-                f"{self.item_text(values)}: {self.tile_text(values)} sums {fault} of 0..{self.decl.k_max - 1};"
-                f" K needs 0..{self.decl.k_need - 1} each exactly once"
+                f"{self.item_text(values)}: {self.tile_text(values)}{path} sums {fault} of 0..{mm.k_max - 1};"
+                f" K needs 0..{mm.k_need - 1} each exactly once"
             )
+        for t, k in mixed:
+            self.computed(t, mm, row, col, k, path)
+
+    def k_of(self, t: Product, mm: MatmulDecl, path: str) -> Aff:
+        """The k-tile of a product with a computed operand: its tensor operand's (a column of A, a row of B)."""
+        if not isinstance(t.a, TileRef) and not isinstance(t.b, TileRef):
+            raise self.unsure(f"stage {mm.stage.name} multiplies two computed operands; the rule follows one")
+        k = t.a.col if isinstance(t.a, TileRef) else t.b.row  # type: ignore[union-attr]
+        self.moves(k, t.sums, path)
+        return k
+
+    def computed(self, t: Product, mm: MatmulDecl, row: Aff, col: Aff, k: Aff, path: str) -> None:
+        """Each operand of a product with a computed operand is the declared tile at k-tile `k`: a tensor's tile
+        (row, k) / (k, col), or the computed value's, followed to its own matmul."""
+        for i, (x, at) in enumerate(((t.a, (row, k)), (t.b, (k, col)))):
+            which = "AB"[i]
+            tensor, ring = mm.operands[i], self.site.index.ring(mm.stage.ins[i])
+            name = self.site.index.tensors[tensor].name if tensor is not None else None
+            if tensor is None and isinstance(x, TileRef):
+                raise self.fail(
+                    f"{self.tile_text(self.base())}{path} multiplies tiles of {self.site.index.tensors[x.tensor].name}"
+                    f" as operand {which} of stage {mm.stage.name}, which declares it computed"
+                    f" ({self.site.index.name(ring)})"
+                )
+            if tensor is not None and (not isinstance(x, TileRef) or x.tensor != tensor):
+                got = (
+                    "computed tiles"
+                    if not isinstance(x, TileRef)
+                    else f"tiles of {self.site.index.tensors[x.tensor].name}"
+                )
+                raise self.fail(
+                    f"{self.tile_text(self.base())}{path} multiplies {got} as operand {which} of stage"
+                    f" {mm.stage.name}, which declares {name}"
+                )
+            if isinstance(x, TileRef):
+                for what, got_form, want in (("row", x.row, at[0]), ("column", x.col, at[1])):
+                    if got_form != want:
+                        values = self.differ([(got_form, want)], set(self.ranges))
+                        raise self.fail(
+                            f"{self.tile_text(values)}{path} ({self.item_text(values)}) multiplies {name}'s tile"
+                            f" {what} {got_form.at(values)}, not {want.at(values)}"
+                        )
+            else:
+                self.value(x, ring, at, f"{path}, in its operand {which} of stage {mm.stage.name}")
+
+    def moves(self, k: Aff, sums: tuple[Sym, ...], path: str) -> None:
+        """A product's k-tile moves with its own reduction only."""
+        if k.syms() - set(sums):
+            moves = ", ".join(sorted(s.label for s in k.syms() - set(sums)))
+            raise self.fail(f"the k-tiles {self.tile_text(self.base())}{path} sums move with {moves}")
+
+    def products(self, acc: AccSum, path: str) -> tuple[Product, ...]:
+        """The products of a computed operand's accumulator (split-K's partial sums reach C's only)."""
+        if any(isinstance(t, Partial) for t in acc.terms):
+            raise self.fail(f"{self.tile_text(self.base())}{path} adds a partial sum into a computed operand")
+        return tuple(t for t in acc.terms if isinstance(t, Product))
 
     def resolved(self, acc: AccSum) -> tuple[Product, ...]:
         """The accumulator's products, each partial sum replaced by the products its writer summed (split-K)."""
@@ -565,7 +642,7 @@ class _Proof:
                 out.extend(products)
         return tuple(out)
 
-    def k_fault(self, ks: list[tuple[Aff, tuple[Sym, ...]]]) -> str | None:
+    def k_fault(self, ks: list[tuple[Aff, tuple[Sym, ...]]], mm: MatmulDecl) -> str | None:
         """What is wrong with the k-tiles the products run over (None: 0..N-1 each once, k_need ≤ N ≤ k_max).
 
         Each product's k-tile is affine in its own reduction symbols. Where each is one to one onto an interval
@@ -575,7 +652,7 @@ class _Proof:
         lo = min((k.span(self.ranges)[0] for k, _ in ks), default=0)
         hi = max((k.span(self.ranges)[1] for k, _ in ks), default=-1)
         what = f"k-tiles {lo}..{hi} ({total} products)" if ks else "no products"
-        if not self.decl.k_need <= total <= self.decl.k_max:
+        if not mm.k_need <= total <= mm.k_max:
             return what
         spans = [one_to_one(k, self.ranges) if set(sums) == k.syms() else None for k, sums in ks]
         if all(span is not None for span in spans):

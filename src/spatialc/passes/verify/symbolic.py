@@ -156,10 +156,11 @@ class TileRef:
 
 @dataclass(frozen=True, slots=True)
 class Product:
-    """Σ over the `sums` symbols (each over its range) of tile a × tile b."""
+    """Σ over the `sums` symbols (each over its range) of tile a × tile b: each a tensor's tile, or a computed one
+    (what a page filled by an elementwise stage holds: the second matmul of an MLP multiplies gelu(…))."""
 
-    a: TileRef
-    b: TileRef
+    a: TileRef | Cell
+    b: TileRef | Cell
     sums: tuple[Sym, ...]
 
     def subst(self, m: Mapping[Sym, Aff]) -> Product:
