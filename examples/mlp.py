@@ -109,7 +109,8 @@ def numpy_mlp(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
 if __name__ == "__main__":
     program = mlp()
     rng = np.random.default_rng(0)
-    x = {name: rng.integers(-4, 5, shape).astype(np.float32) / 4 for name, shape in
-         (("X", (M, K)), ("W1", (K, H)), ("W2", (H, N)))}
-    y = spatialc.evaluate(program, x)
-    print(f"{program.name}: verified; the interpreter's Y equals numpy's: {np.array_equal(y, numpy_mlp(**{k.lower(): v for k, v in x.items()}))}")
+    x = rng.integers(-4, 5, (M, K)) / 4
+    w1, w2 = rng.integers(-4, 5, (K, H)) / 4, rng.integers(-4, 5, (H, N)) / 4
+    y = spatialc.evaluate(program, {"X": x, "W1": w1, "W2": w2})
+    same = np.array_equal(y, numpy_mlp(x, w1, w2))
+    print(f"{program.name}: verified; the interpreter's Y equals numpy's: {same}")
