@@ -62,6 +62,7 @@ from ..ir.nodes import Engine as IREngine
 from ..ir.ops import (
     AcquireAcc,
     AddPartial,
+    Barrier,
     BlockShape,
     ChoreoOp,
     Compute,
@@ -83,6 +84,7 @@ from ..ir.ops import (
     SemSet,
     SemWait,
     TileAddr,
+    Trip,
     Wait,
     WriteBarrier,
     WriteTiles,
@@ -272,18 +274,39 @@ class Page:
         self.ring.builder.held[(self.ring.id, reserved)] -= 1
         self.ring.builder.emit(op)
 
-    def read(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides: tuple[int, int] | None = None):
+    def read(
+        self,
+        tensor: TensorRef,
+        at: Affine | int,
+        rows: int,
+        cols: int,
+        strides: tuple[int, int] | None = None,
+        rows_from: TensorRef | None = None,
+    ):
         """Copy `rows` × `cols` tiles of `tensor`, from its tile `at` (a flat index into its tile grid), into this
-        reserved page; `strides` (between tile rows, between tile columns) default to the tensor's grid."""
+        reserved page; `strides` (between tile rows, between tile columns) default to the tensor's grid.
+        `rows_from`: a grouped tensor's row counts (a parameter, one int32 per group) — rows at or past their
+        group's count read as zeros."""
         self._need(True, "read into")
         sh, sw = strides if strides is not None else (self.ring.builder.tensor_cols(tensor), 1)
-        self.ring.builder.emit(ReadTiles(tensor.id, address(at), rows, cols, sh, sw, self.ring.id))
+        counts = rows_from.id if rows_from is not None else None
+        self.ring.builder.emit(ReadTiles(tensor.id, address(at), rows, cols, sh, sw, self.ring.id, counts))
 
-    def write(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides: tuple[int, int] | None = None):
-        """Copy this waited page's `rows` × `cols` tiles to `tensor` at tile `at` (the reverse of `read`)."""
+    def write(
+        self,
+        tensor: TensorRef,
+        at: Affine | int,
+        rows: int,
+        cols: int,
+        strides: tuple[int, int] | None = None,
+        rows_from: TensorRef | None = None,
+    ):
+        """Copy this waited page's `rows` × `cols` tiles to `tensor` at tile `at` (the reverse of `read`);
+        `rows_from`: rows at or past their group's count are left alone."""
         self._need(False, "write from")
         sh, sw = strides if strides is not None else (self.ring.builder.tensor_cols(tensor), 1)
-        self.ring.builder.emit(WriteTiles(self.ring.id, tensor.id, address(at), rows, cols, sh, sw))
+        counts = rows_from.id if rows_from is not None else None
+        self.ring.builder.emit(WriteTiles(self.ring.id, tensor.id, address(at), rows, cols, sh, sw, counts))
 
     def send(self, group: GroupRef) -> None:
         """Multicast this reserved page into the page of the same ring each other site of `group` has reserved."""
@@ -384,14 +407,30 @@ class Engine:
         v = self.builder.loop_var(name)
         yield from self._loop(v, n, var(v))
 
-    def _loop(self, v: LoopVar, n: int, value: Any) -> Iterator[Any]:
+    def range_from(
+        self, tensor: TensorRef, element: Affine | int, bound: int, per: int = 1, name: str | None = None
+    ) -> Iterator[Affine]:
+        """A loop counted at run time: ceil(v / `per`) steps for v the int32 `element` (a flat index, which may
+        name loop variables and item coordinates) of the parameter `tensor`, at most `bound` — a grouped GEMM's
+        blocks of `per` rows, v its group's row count. Its index is symbolic, as `range`'s."""
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in (bound, per)) or bound < 0 or per < 1:
+            raise refuse(f"a loop counted at run time has a whole bound ≥ 0 and rows per step ≥ 1, not {bound}, {per}")
+        v = self.builder.loop_var(name)
+        at = address(element)
+        yield from self._loop(v, Trip(tensor.id, at.base, bound, per, at.steps), var(v))
+
+    def _loop(self, v: LoopVar, n: int | Trip, value: Any) -> Iterator[Any]:
         if v in self.used:
             raise refuse(f"loop variable {LOOP_VAR_NAMES.get(v, v)} inside a loop of itself")
         self.used.add(v)
         body = self.builder.open()
         yield value
-        self.builder.close(body, Loop(v, Const(n), ()))
+        self.builder.close(body, Loop(v, n if isinstance(n, Trip) else Const(n), ()))
         self.used.discard(v)
+
+    def barrier(self, group: GroupRef) -> None:
+        """Until every site of `group` has arrived here."""
+        self.builder.emit(Barrier(group.id))
 
     def compute(self, stage: StageRef | ComputeOp, src: Page, dst: Page) -> None:
         """Elementwise `stage` from the waited page `src` into the reserved page `dst` — or the op given itself (a
@@ -469,36 +508,49 @@ class Builder:
     # -- tensors and buffers --
 
     def tensor(
-        self, name: str, role: str, rows: int, cols: int, dtype: str | None, order: str, tiles=None
+        self, name: str, role: str, rows: int, cols: int, dtype: str | None, order: str, tiles=None, groups: int = 1
     ) -> TensorRef:
         if any(t.name == name for t in self.tensors):
             raise refuse(f"a second tensor named {name!r}")
         if min(rows, cols) < 1:
             raise refuse(f"tensor {name} of {rows} x {cols} elements")
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise refuse(f"tensor {name} of {groups!r} groups (a whole number ≥ 1)")
         try:
             kind = DType(dtype) if dtype else default_dtype(TensorRole(role), self.precision)
             order_ = TileOrder(order)
         except ValueError as e:
             raise refuse(f"tensor {name}: {e}") from None
         least = least_tiles(rows, cols)
+        least = (least[0] * groups, least[1])
         grid = least if tiles is None else tuple(tiles)
-        if len(grid) != 2 or grid[0] < least[0] or grid[1] < least[1]:
-            raise refuse(f"tensor {name}: a grid of {tiles} tiles does not hold {rows} x {cols} elements")
-        t = Tensor(TensorId(len(self.tensors)), name, TensorRole(role), (rows, cols), grid, kind, order_)
+        if len(grid) != 2 or grid[0] < least[0] or grid[1] < least[1] or grid[0] % groups:
+            what = f"{groups} groups of {rows} x {cols}" if groups > 1 else f"{rows} x {cols}"
+            raise refuse(f"tensor {name}: a grid of {tiles} tiles does not hold {what} elements")
+        t = Tensor(TensorId(len(self.tensors)), name, TensorRole(role), (rows, cols), grid, kind, order_, groups)
         self.tensors.append(t)
         return TensorRef(self, t.id, name)
 
     def input(
-        self, name: str, rows: int, cols: int, dtype: str | None = None, order: str = "row", tiles=None
+        self,
+        name: str,
+        rows: int,
+        cols: int,
+        dtype: str | None = None,
+        order: str = "row",
+        tiles=None,
+        groups: int = 1,
     ) -> TensorRef:
         """An input tensor of `rows` × `cols` elements (the program's precision by default), stored in 16 × 16 tiles
         (`order` "col": each tile column-major, an int8 B; `tiles`: a grid of tiles larger than the elements need,
-        padded to whole items)."""
-        return self.tensor(name, "input", rows, cols, dtype, order, tiles)
+        padded to whole items; `groups` G: G matrices of `rows` × `cols` stacked, a grouped GEMM's)."""
+        return self.tensor(name, "input", rows, cols, dtype, order, tiles, groups)
 
-    def output(self, name: str, rows: int, cols: int, dtype: str | None = None, tiles=None) -> TensorRef:
-        """The output tensor (float32, or int32 for int8, by default)."""
-        return self.tensor(name, "output", rows, cols, dtype, "row", tiles)
+    def output(
+        self, name: str, rows: int, cols: int, dtype: str | None = None, tiles=None, groups: int = 1
+    ) -> TensorRef:
+        """The output tensor (float32, or int32 for int8, by default; `groups` as for an input)."""
+        return self.tensor(name, "output", rows, cols, dtype, "row", tiles, groups)
 
     def parameter(self, name: str, rows: int, cols: int, dtype: str | None = None, tiles=None) -> TensorRef:
         """A parameter tensor (a bias, a row count; float32 by default)."""
@@ -587,10 +639,12 @@ class Builder:
         k_tiles: int,
         depth: int,
         sub_blocks: tuple[int, int] = (1, 1),
+        groups: int = 1,
     ) -> None:
         """The items: a `grid` of blocks of `block[0]` × `block[1]` output tiles, K reduced `block[2]` tiles a step
-        over `k_tiles` tiles, operand rings `depth` pages deep."""
-        self.plans.append(Plan(BlockShape(*block), tuple(sub_blocks), tuple(grid), k_tiles, depth))  # type: ignore[arg-type]
+        over `k_tiles` tiles, operand rings `depth` pages deep (`groups` G: a grouped GEMM, the grid one group's)."""
+        plan = Plan(BlockShape(*block), tuple(sub_blocks), tuple(grid), k_tiles, depth, groups)  # type: ignore[arg-type]
+        self.plans.append(plan)
         self.declared["plan"] = user_line()
 
     def place(

@@ -13,6 +13,7 @@ from ..ir.nodes import Accumulator, ComputeStage, Fifo, Interm, ReadStage, Spati
 from ..ir.ops import (
     AcquireAcc,
     AddPartial,
+    Barrier,
     ChoreoOp,
     Compute,
     Const,
@@ -97,15 +98,18 @@ class SourcePrinter:
     def declarations(self) -> None:
         p = self.p
         for t in p.tensors:
-            if t.groups != 1:
-                raise self.refuse(f"tensor {t.name} of {t.groups} groups (a grouped GEMM's)")
             args = [f'"{t.name}"', str(t.elems[0]), str(t.elems[1])]
             if t.dtype != default_dtype(t.role, p.precision):
                 args.append(f'dtype="{t.dtype.value}"')
             if t.role == TensorRole.INPUT and t.order.value != "row":
                 args.append(f'order="{t.order.value}"')
-            if t.tiles != least_tiles(*t.elems):
+            least = least_tiles(*t.elems)
+            if t.tiles != (least[0] * t.groups, least[1]):
                 args.append(f"tiles={t.tiles}")
+            if t.groups != 1:
+                if t.role not in (TensorRole.INPUT, TensorRole.OUTPUT):
+                    raise self.refuse(f"{t.role.value} {t.name} of {t.groups} groups")
+                args.append(f"groups={t.groups}")
             self.line(1, f"{self.tensors[t.id]} = p.{t.role.value}({', '.join(args)})")
         for b in p.buffers:
             if b.origin is not None:
@@ -145,13 +149,12 @@ class SourcePrinter:
             self.line(1, f"{self.stages[s.id]} = {call}")
         for plan in p.plans:
             blk = (plan.block.osh, plan.block.osw, plan.block.ibw)
+            grouped = f", groups={plan.groups}" if plan.groups != 1 else ""
             self.line(
                 1,
                 f"p.plan(block={blk}, grid={plan.grid}, k_tiles={plan.k_tiles}, depth={plan.depth},"
-                f" sub_blocks={plan.sub_blocks})",
+                f" sub_blocks={plan.sub_blocks}{grouped})",
             )
-            if plan.groups != 1:
-                raise self.refuse("a grouped plan")
         pl = self.p.placement
         assert pl is not None
         items = [[int(i) for i in items] for _, items in pl.items_of_site]
@@ -223,13 +226,21 @@ class SourcePrinter:
     def op(self, op: ChoreoOp, depth: int, in_item: bool) -> None:
         b = self.buffers
         match op:
-            case Loop(var, Const(n), body) if var == LV_ITEM:
+            case Loop(var, Const(), body) if var == LV_ITEM:
                 self.line(depth, "for item in e.items():")
                 self.body(body, depth + 1, True)
-            case Loop(var, Const(n), body):
+            case Loop(var, count, body) if var != LV_ITEM:
                 name = loop_var_name(var)
                 named = f'"{name}"' if var in LOOP_VAR_NAMES or name.startswith("lv") else "None"
-                self.line(depth, f"for {name} in e.range({n}, {named}):")
+                if isinstance(count, Const):
+                    self.line(depth, f"for {name} in e.range({count.n}, {named}):")
+                else:
+                    element = self.addr(TileAddr(count.index, count.steps), in_item)
+                    self.line(
+                        depth,
+                        f"for {name} in e.range_from({self.tensors[count.tensor]}, {element}, {count.bound},"
+                        f" per={count.per}, name={named}):",
+                    )
                 self.body(body, depth + 1, in_item)
                 if not body:
                     self.line(depth + 1, "pass")
@@ -241,12 +252,16 @@ class SourcePrinter:
                 self.release(ring, True, depth)
             case Pop(ring, _):
                 self.release(ring, False, depth)
-            case ReadTiles(tensor, at, bh, bw, sh, sw, into, None):
+            case ReadTiles(tensor, at, bh, bw, sh, sw, into, counts):
                 args = f"{self.tensors[tensor]}, {self.addr(at, in_item)}, {bh}, {bw}, strides=({sh}, {sw})"
+                args += f", rows_from={self.tensors[counts]}" if counts is not None else ""
                 self.line(depth, f"{self.page(into, True)}.read({args})")
-            case WriteTiles(src, tensor, at, bh, bw, sh, sw, None):
+            case WriteTiles(src, tensor, at, bh, bw, sh, sw, counts):
                 args = f"{self.tensors[tensor]}, {self.addr(at, in_item)}, {bh}, {bw}, strides=({sh}, {sw})"
+                args += f", rows_from={self.tensors[counts]}" if counts is not None else ""
                 self.line(depth, f"{self.page(src, False)}.write({args})")
+            case Barrier(group):
+                self.line(depth, f"e.barrier({self.groups[group]})")
             case AcquireAcc(acc):
                 self.line(depth, f"{b[acc]}.acquire()")
             case ReleaseAcc(acc):

@@ -515,7 +515,7 @@ class _Proof:
                 assert cell.bias_col is not None
                 values = self.differ([(cell.bias_col, col)], set(self.ranges))
                 raise self.fail(
-                    f"{self.tile_text(values)}{path} ({self.item_text(values)}) gets bias tile column"
+                    f"{self.tile_text(values)} ({self.item_text(values)}){path} gets bias tile column"
                     f" {cell.bias_col.at(values)}, not its own column {col.at(values)}"
                 )
             self.value(cell.inner, self.site.index.ring(stage.ins[0]), (row, col), path)
@@ -544,11 +544,12 @@ class _Proof:
                 raise self.fail(
                     f"{self.tile_text(self.base())}{path} sums tiles of {names}; the matmul stage declares {want}"
                 )
-            for what, got, want_form in (("A row", t.a.row, row), ("B column", t.b.col, col)):
+            a_name, b_name = index.tensors[t.a.tensor].name, index.tensors[t.b.tensor].name
+            for what, got, want_form in ((f"{a_name} row", t.a.row, row), (f"{b_name} column", t.b.col, col)):
                 if got != want_form:
                     values = self.differ([(got, want_form)], set(self.ranges))
                     raise self.fail(
-                        f"{self.tile_text(values)}{path} ({self.item_text(values)}) sums tiles of {what}"
+                        f"{self.tile_text(values)} ({self.item_text(values)}){path} sums tiles of {what}"
                         f" {got.at(values)}, not {want_form.at(values)}"
                     )
             k = t.a.col
@@ -610,7 +611,7 @@ class _Proof:
                     if got_form != want:
                         values = self.differ([(got_form, want)], set(self.ranges))
                         raise self.fail(
-                            f"{self.tile_text(values)}{path} ({self.item_text(values)}) multiplies {name}'s tile"
+                            f"{self.tile_text(values)} ({self.item_text(values)}){path} multiplies {name}'s tile"
                             f" {what} {got_form.at(values)}, not {want.at(values)}"
                         )
             else:
