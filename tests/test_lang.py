@@ -395,3 +395,20 @@ def test_a_group_barrier_is_traced_and_one_site_skipping_it_deadlocks_at_its_lin
     text = str(caught.value)
     here = Path(__file__).resolve()
     assert f"{here}:{line_of(here, 'e.barrier(both)')}:" in text, text
+
+
+def test_a_forgotten_pop_names_both_loops_it_unbalances(tmp_path):
+    source = (EXAMPLES / "gemm_by_hand.py").read_text()
+    assert source.count("                a.pop()\n") == 1
+    path = tmp_path / "no_pop.py"
+    path.write_text(source.replace("                a.pop()\n", ""))
+    scope: dict[str, object] = {"__name__": "no_pop"}
+    exec(compile(path.read_text(), str(path), "exec"), scope)
+    with pytest.raises(UnbalancedError) as caught:
+        scope["gemm"]()  # type: ignore[operator]
+    text = str(caught.value)
+    reader = line_of(path, 'for kk in e.range(steps, "k"):', "def read")
+    compute = line_of(path, 'for _ in e.range(steps, "k"):', "def multiply")
+    assert f"{path}:{reader}: site 0 reader: Loop k" in text and f"{path}:{compute}: site 0 compute: Loop k" in text, (
+        text
+    )

@@ -112,8 +112,13 @@ def test_a_wrong_mlp_is_refused_at_its_line(tmp_path: Path, old, new, error, whe
     assert says in text, text
     if where.startswith(("writer", "compute")):
         assert f"{path}:" in text and where in text, text
+    if new.startswith("page.read("):  # the wrong read is named too, at its line
+        assert f"{path}:{line_of(path, new)}: site 0 reader: ReadTiles" in text, text
     if where == "compute: Compute":
         assert f"{path}:{line_of(path, new)}:" in text, text
+    if "pushed" in says:  # the ring's pushes and pops, each at its line
+        assert f"{path}:{line_of(path, 'g.pop()')}: site 0 compute: Pop sums" in text, text
+        assert f"{path}:{line_of(path, 'with sums.reserve() as page:')}: site 0 compute: Push sums" in text, text
 
 
 def int8_mlp(requant: bool):

@@ -136,7 +136,10 @@ HAND_PICKED = [
         "the bias address losing its column step",
         lambda p: _computes(p, Bias, lambda op: dataclasses.replace(op, op=dataclasses.replace(op.op, at=TileAddr(0)))),
         SemanticError,
-        ["C tile (0, 2) (item 1 (y 0, x 1)) gets bias tile column 0, not its own column 2"],
+        [
+            "C tile (0, 2) (item 1 (y 0, x 1) of site 2 (whose programs are site 0's))",
+            " gets bias tile column 0, not its own column 2",
+        ],
     ),
     (
         "the K step wrapped in a loop of 4200 trips",

@@ -912,3 +912,19 @@ def test_a_run_that_never_repeats_is_refused_by_name(monkeypatch):
     p = p.evolve(placement=dataclasses.replace(p.placement, groups=(g,)))
     p = edit(p, W, lambda ops: (Loop(LoopVar(9), Const(10**6), (Barrier(g.id),)), *ops), sites=(0, 1))
     refused(p, StrongerCheckNeeded, "no period that repeats", "cannot decide deadlock-freedom in reasonable time")
+
+
+def test_a_fault_in_another_sites_item_names_that_site():
+    # Sites 0 and 1 run the same programs, followed once as site 0's; the wrong row step shows only on site 1's
+    # items (item_y = 1), and the message says whose item it is.
+    p = spatialc.build(spatialc.gemm(64, 128, 64, "bf16"), "sm_90", sites=2, block=(2, 4, 4), placement="contiguous")
+    assert [len(items) for _, items in p.placement.items_of_site] == [2, 2]  # type: ignore[union-attr]
+
+    def halve_row_step(op):
+        if not isinstance(op, WriteTiles):
+            return None
+        steps = tuple((v, s // 2 if v == LV_ITEM_Y else s) for v, s in op.at.steps)
+        return (dataclasses.replace(op, at=TileAddr(op.at.base, steps)),)
+
+    with pytest.raises(SemanticError, match=r"item 2 \(y 1, x 0\) of site 1 \(whose programs are site 0's\) writes"):
+        verify(replace(p, Engine.WRITER, halve_row_step))

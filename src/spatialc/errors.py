@@ -29,7 +29,9 @@ class DeadlockError(SpatialError):
 
 
 class VerifyRuleError(VerifyError):
-    """A broken verify rule, located: the site, engine, op text and buffer name it is about."""
+    """A broken verify rule, located: the site, engine, op text and buffer name it is about, and `related` — the
+    other side of the fault, (site, engine, op text) each: the consumer of an unbalanced ring, the read whose tile
+    a wrong sum holds."""
 
     def __init__(
         self,
@@ -39,9 +41,11 @@ class VerifyRuleError(VerifyError):
         engine: str | None = None,
         op: str | None = None,
         buffer: str | None = None,
+        related: tuple[tuple[int | None, str | None, str], ...] = (),
     ):
         super().__init__(message)
         self.site, self.engine, self.op, self.buffer = site, engine, op, buffer
+        self.related = related
 
 
 class IllFormedError(VerifyRuleError):

@@ -810,8 +810,11 @@ def located(
     if isinstance(error, DeadlockError):
         for site, engine, text in error.blocked:
             lines_of(site, engine, text)
-    elif isinstance(error, VerifyRuleError) and error.op is not None:
-        lines_of(error.site, error.engine, error.op)
+    elif isinstance(error, VerifyRuleError):
+        if error.op is not None:
+            lines_of(error.site, error.engine, error.op)
+        for site, engine, text in error.related:
+            lines_of(site, engine, text)
     if not found:
         text = str(error).lower()
         for what, (file, line) in (declared or {}).items():
@@ -823,7 +826,9 @@ def located(
     if isinstance(error, DeadlockError):
         out: Exception = type(error)(message, error.blocked)
     elif isinstance(error, VerifyRuleError):
-        out = type(error)(message, site=error.site, engine=error.engine, op=error.op, buffer=error.buffer)
+        out = type(error)(
+            message, site=error.site, engine=error.engine, op=error.op, buffer=error.buffer, related=error.related
+        )
     else:
         out = type(error)(message)
     out.lines = list(dict.fromkeys(found))  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ from ...ir.ops import (
     Reserve,
     Wait,
     WriteTiles,
+    walk,
 )
 from .facts import Facts, Frame, Side, SiteProgs
 from .ownership import Engines
@@ -67,12 +68,19 @@ def check_balance(ctx: ProgramIndex, site: Site, progs: SiteProgs, engines: Engi
         if pushed != popped:
             producer = engines.get((Side.PRODUCE, ring), "no engine")
             consumer = engines.get((Side.CONSUME, ring), "no engine")
+            moves = tuple(
+                (int(site), prog.engine.value, ctx.op(op))
+                for prog, _ in progs
+                for op in walk(prog.ops)
+                if isinstance(op, Push | Pop) and ctx.ring(op.buf) == ring
+            )
             raise UnbalancedError(
                 f"site {int(site)}: {ctx.name(ring)} has {pushed} page(s) pushed (by {producer}) but"
                 f" {popped} popped (by {consumer}); every ring must end empty",
                 site=int(site),
                 engine=producer,
                 buffer=ctx.name(ring),
+                related=moves,  # every push and pop of it: the user sees which loops they are in
             )
 
 
@@ -102,6 +110,7 @@ def _check_coiteration(
         popped = cons[1].per_iter[frame.key].get(ring, [0, 0])[1]
         if pushed != popped:
             text = ctx.op(frame.op)
+            theirs = [f for f in _flow_loops(cons[1], ring, Side.CONSUME, ctx) if f.key == frame.key]
             raise UnbalancedError(
                 f"{where(site, prod[0])}: {text} — each iteration pushes {pushed} page(s) of"
                 f" {ctx.name(ring)}, but each iteration of {cons[0]}'s co-iterating loop"
@@ -110,6 +119,7 @@ def _check_coiteration(
                 engine=prod[0],
                 op=text,
                 buffer=ctx.name(ring),
+                related=tuple((int(site), cons[0], ctx.op(f.op)) for f in theirs),  # the consumer's loop
             )
 
 

@@ -266,7 +266,8 @@ class EngineRun:
         pc = Aff.of(PC) if op.block_w > 1 else Aff(0)
         flat = self.addr(op, op.at) + pr * op.stride_h + pc * op.stride_w
         row, col = self.tile_of(op, t, flat, {PR: op.block_h, PC: op.block_w})
-        self.fill(op, op.into, Page(op.block_h, op.block_w, Copy(TileRef(t.id, row, col))))
+        origin = (int(self.site.site), self.engine, self.index.op(op))
+        self.fill(op, op.into, Page(op.block_h, op.block_w, Copy(TileRef(t.id, row, col, origin))))
 
     def declared_ring(self, op: ChoreoOp, buf: BufferId, want: BufferId | None) -> None:
         """`buf` is the ring the stages say this op's data flows through (the kernel keeps only declared rings)."""

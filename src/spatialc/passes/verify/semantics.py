@@ -407,9 +407,17 @@ class _Proof:
         return values
 
     def item_text(self, values: dict[Sym, int]) -> str:
+        """'item 5 (y 1, x 2)', and the site that holds it where that is not the site the message names (one run
+        of a site's programs stands for every site that runs the same ones)."""
         y = self.iy.at(values)
         x = self.ix.at(values)
-        return f"item {y * self.site.grid[1] + x} (y {y}, x {x})"
+        item = y * self.site.grid[1] + x
+        text = f"item {item} (y {y}, x {x})"
+        if ItemId(item) in self.site.items:
+            return text
+        p = self.site.index.p
+        holders = [int(s) for s, items in (p.placement.items_of_site if p.placement else ()) if ItemId(item) in items]
+        return f"{text} of site {holders[0]} (whose programs are site {int(self.site.site)}'s)" if holders else text
 
     def tile_text(self, values: dict[Sym, int]) -> str:
         return f"C tile ({self.w.row.at(values)}, {self.w.col.at(values)})"
@@ -425,12 +433,15 @@ class _Proof:
                 return values
         return base
 
-    def fail(self, why: str) -> SemanticError:
+    def fail(self, why: str, *reads: object) -> SemanticError:
+        """The fault, at the write; `reads`: the tiles (TileRefs) whose reads it is about, named too."""
+        related = tuple(dict.fromkeys(r.origin for r in reads if isinstance(r, TileRef) and r.origin is not None))
         return SemanticError(
             f"{self.w.head} — {why}",
             site=int(self.site.site),
             engine=self.w.engine,
             op=self.site.index.op(self.w.op),
+            related=related,
         )
 
     # ---- each item's block written once ------------------------------------------------------------------------
@@ -527,7 +538,9 @@ class _Proof:
         ks: list[tuple[Aff, tuple[Sym, ...]]] = []
         top = mm.stage is self.decl.matmul
         mixed: list[tuple[Product, Aff]] = []  # products with a computed operand, followed once K is shown whole
+        reads: list[object] = []  # the tiles summed, whose reads a fault in K names
         for t in self.resolved(acc) if top else self.products(acc, path):
+            reads += [t.a, t.b]
             if None in mm.operands:
                 k = self.k_of(t, mm, path)
                 mixed.append((t, k))
@@ -550,7 +563,8 @@ class _Proof:
                     values = self.differ([(got, want_form)], set(self.ranges))
                     raise self.fail(
                         f"{self.tile_text(values)} ({self.item_text(values)}){path} sums tiles of {what}"
-                        f" {got.at(values)}, not {want_form.at(values)}"
+                        f" {got.at(values)}, not {want_form.at(values)}",
+                        t.a if what.endswith("row") else t.b,
                     )
             k = t.a.col
             b_k = t.b.row
@@ -561,7 +575,9 @@ class _Proof:
                 values = self.differ([(b_k, k)], set(t.sums))
                 raise self.fail(
                     f"{self.tile_text(values)}{path} multiplies A's k-tile {k.at(values)} by B's k-tile"
-                    f" {b_k.at(values)}"
+                    f" {b_k.at(values)}",
+                    t.a,
+                    t.b,
                 )
             self.moves(k, t.sums, path)
             ks.append((k, t.sums))
@@ -570,7 +586,8 @@ class _Proof:
             values = self.base()
             raise self.fail(
                 f"{self.item_text(values)}: {self.tile_text(values)}{path} sums {fault} of 0..{mm.k_max - 1};"
-                f" K needs 0..{mm.k_need - 1} each exactly once"
+                f" K needs 0..{mm.k_need - 1} each exactly once",
+                *reads,
             )
         for t, k in mixed:
             self.computed(t, mm, row, col, k, path)
@@ -612,7 +629,8 @@ class _Proof:
                         values = self.differ([(got_form, want)], set(self.ranges))
                         raise self.fail(
                             f"{self.tile_text(values)} ({self.item_text(values)}){path} multiplies {name}'s tile"
-                            f" {what} {got_form.at(values)}, not {want.at(values)}"
+                            f" {what} {got_form.at(values)}, not {want.at(values)}",
+                            x,
                         )
             else:
                 self.value(x, ring, at, f"{path}, in its operand {which} of stage {mm.stage.name}")

@@ -144,14 +144,16 @@ def _parts(value: int, cols: int, toward_zero: bool) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class TileRef:
-    """Tile (row, col) of a tensor's tile grid."""
+    """Tile (row, col) of a tensor's tile grid; `origin`, for messages only, the read that fetched it (site,
+    engine, op text)."""
 
     tensor: TensorId
     row: Aff
     col: Aff
+    origin: tuple[int, str, str] | None = field(default=None, compare=False)
 
     def subst(self, m: Mapping[Sym, Aff]) -> TileRef:
-        return TileRef(self.tensor, self.row.subst(m), self.col.subst(m))
+        return TileRef(self.tensor, self.row.subst(m), self.col.subst(m), self.origin)
 
 
 @dataclass(frozen=True, slots=True)
