@@ -412,3 +412,17 @@ def test_a_forgotten_pop_names_both_loops_it_unbalances(tmp_path):
     assert f"{path}:{reader}: site 0 reader: Loop k" in text and f"{path}:{compute}: site 0 compute: Loop k" in text, (
         text
     )
+
+
+def test_an_address_missing_its_row_step_is_refused_at_its_line_with_a_tile_it_lands_on(tmp_path):
+    source = (EXAMPLES / "gemm_by_hand.py").read_text()
+    old, new = "page.read(B, 4 * b_cols * kk + 4 * item.x, 4, 4)", "page.read(B, 4 * kk + 4 * item.x, 4, 4)"
+    path = tmp_path / "no_row_step.py"
+    path.write_text(source.replace(old, new))
+    scope: dict[str, object] = {"__name__": "no_row_step"}
+    exec(compile(path.read_text(), str(path), "exec"), scope)
+    with pytest.raises(spatialc.errors.StrongerCheckNeeded) as caught:
+        scope["gemm"](m=96, n=128, k=128)  # type: ignore[operator]
+    text = str(caught.value)
+    assert "e.g. at item_x(item) 1, k 1: tile 8 is (1, 0) of B, not column 8 of row 0" in text, text
+    assert "is a row step missing?" in text and f"{path}:{line_of(path, new)}: site 0 reader: ReadTiles B" in text

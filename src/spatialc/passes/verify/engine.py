@@ -8,6 +8,8 @@ Every Compute is checked against the stage that declares it, by the rings it rea
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import ChainMap
 from typing import TypeVar
 
@@ -37,7 +39,7 @@ from ...ir.ops import (
 )
 from ...ir.printer import compute_text
 from .dataflow import ZERO, Acc, Entry, MatmulDecl, Seq, SiteRun, Write, same_op
-from .symbolic import PC, PR, AccSum, Aff, Cell, Copy, Elem, Page, Partial, Product, Sym, TileRef, split
+from .symbolic import PC, PR, WITNESS_LIMIT, AccSum, Aff, Cell, Copy, Elem, Page, Partial, Product, Sym, TileRef, split
 
 # Symbols of an accumulator tile's row and column inside the item (replaced by the page's at PackAcc).
 ACC_ROW = Sym("acc", "row", "acc row")
@@ -249,14 +251,36 @@ class EngineRun:
 
     def tile_of(self, op: ChoreoOp, t: Tensor, flat: Aff, extra: dict[Sym, int]) -> tuple[Aff, Aff]:
         """A flat tile index of `t` as (row, col), or refuse when a step of it crosses rows of the grid."""
-        rc = split(flat, t.tiles[1], ChainMap(extra, self.site.ranges))
+        ranges = ChainMap(extra, self.site.ranges)
+        rc = split(flat, t.tiles[1], ranges)
         if rc is None:
             raise self.unsure(
                 op,
-                f"its tiles {flat.text()} step across rows of {t.name}'s grid of {t.tiles[1]} tiles a row; the semantic"
-                " rule follows tile rows and columns apart",
+                f"its tiles {flat.text()} step across rows of {t.name}'s grid of {t.tiles[1]} tiles a row"
+                f"{self.crossing(flat, t, ranges)}; the semantic rule follows tile rows and columns apart (tile (r, c)"
+                f" of {t.name} is r · {t.tiles[1]} + c: is a row step missing?)",
             )
         return rc
+
+    def crossing(self, flat: Aff, t: Tensor, ranges: ChainMap) -> str:
+        """Where the tile index lands in another row than its steps say: ', e.g. at k 1, item_x 1: tile 8 is (1, 0)
+        of B, not column 8 of row 0', or '' where too many points would have to be listed to find one."""
+        syms = sorted(flat.syms(), key=repr)
+        if math.prod(ranges[s] for s in syms) > WITNESS_LIMIT:
+            return ""
+        cols = t.tiles[1]
+        row0, col0 = divmod(flat.const, cols)
+        steps = {s: divmod(c, cols) for s, c in flat.terms.items()}  # each step: (rows, columns) it moves
+        for values in itertools.product(*(range(ranges[s]) for s in syms)):
+            point = dict(zip(syms, values, strict=True))
+            n = flat.at(point)
+            row = row0 + sum(steps[s][0] * v for s, v in point.items())
+            moved = col0 + sum(steps[s][1] * v for s, v in point.items())
+            if not 0 <= moved < cols:
+                where_ = ", ".join(f"{s.label} {v}" for s, v in point.items() if v) or "the start"
+                r, c = divmod(n, t.tiles[1])
+                return f", e.g. at {where_}: tile {n} is ({r}, {c}) of {t.name}, not column {moved} of row {row}"
+        return ""
 
     # ---- data ops ------------------------------------------------------------------------------------------------
 

@@ -65,9 +65,8 @@ from .declared import declared
 from .facts import Programs
 from .handshake import multicast_senders
 from .partials import Workspace, check_handshake, item_values, raises
-from .symbolic import AccSum, Aff, Cell, Copy, Elem, Partial, Product, Sym, TileRef, one_to_one, split
+from .symbolic import WITNESS_LIMIT, AccSum, Aff, Cell, Copy, Elem, Partial, Product, Sym, TileRef, one_to_one, split
 
-WITNESS_LIMIT = 1 << 14  # iterations a message may enumerate to name a concrete tile (the proof never does)
 ENUM_LIMIT = 1 << 22  # k-tiles listed when interleaved products are not one mixed radix (an unrolled K loop)
 
 

@@ -28,6 +28,8 @@ class Sym:
         return self.label
 
 
+WITNESS_LIMIT = 1 << 14  # points a message may enumerate to name a concrete tile (the proof never does)
+
 # The tile a page value describes: row and column inside the page. A page's value is a formula in these two,
 # instantiated at each read (a consumer puts its own symbols in their place).
 PR = Sym("page", "row", "page row")
