@@ -426,3 +426,16 @@ def test_an_address_missing_its_row_step_is_refused_at_its_line_with_a_tile_it_l
     text = str(caught.value)
     assert "e.g. at item_x(item) 1, k 1: tile 8 is (1, 0) of B, not column 8 of row 0" in text, text
     assert "is a row step missing?" in text and f"{path}:{line_of(path, new)}: site 0 reader: ReadTiles B" in text
+
+
+def test_the_interpreter_running_the_shallow_ring_deadlocks_at_the_same_lines():
+    # Run as traced, past verify: the interpreter meets the deadlock verify predicts, at the same three lines.
+    module = example("shallow_ring")
+    traced = module.pipeline.trace(a_depth=module.STEPS - 1)
+    x = {t.name: np.ones(t.elems, np.float32) for t in traced.program.tensors if t.role.value == "input"}
+    with pytest.raises(spatialc.DeadlockError) as caught:
+        traced.evaluate(x)
+    path = EXAMPLES / "shallow_ring.py"
+    assert len(caught.value.lines) == 3  # type: ignore[attr-defined]
+    for engine, text in (("reader", "with a_ring.reserve() as page:"), ("writer", "with c_ring.wait() as page:")):
+        assert f"{path}:{line_of(path, text)}: site 0 {engine}:" in str(caught.value), str(caught.value)

@@ -20,7 +20,8 @@
 The program is the IR's (docs/design.md): everything `spatialc.verify`, `evaluate`, `lower`, `emulate` and `run`
 do applies to it unchanged. An error `verify` finds — a deadlock, an overrun, a page read that nothing filled, a
 result other than the stages declare — comes back as the same error with the user's file and line of each op it
-names (`error.lines`); a program the language cannot trace is a `LangError` at the line that made it.
+names (`error.lines`); a program the language cannot trace is a `LangError` at the line that made it. The
+interpreter's deadlocks come back so too, from `.trace(...).evaluate(inputs)` (the program run as traced).
 docs/tutorial.md walks through writing one.
 """
 
@@ -83,6 +84,17 @@ class Traced:
 
         try:
             return verify(self.program, target)
+        except SpatialError as e:
+            raise located(e, self.lines, self.program, self.declared) from None
+
+    def evaluate(self, inputs: dict[str, Any], **kwargs: Any) -> Any:
+        """The interpreter's run of the program as traced, verified or not (`spatialc.evaluate`): a deadlock it
+        meets comes back with the user's line of each blocked engine's op — what running a program verify refuses
+        shows."""
+        from ..api import evaluate
+
+        try:
+            return evaluate(self.program, inputs, **kwargs)
         except SpatialError as e:
             raise located(e, self.lines, self.program, self.declared) from None
 
