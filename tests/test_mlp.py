@@ -128,6 +128,17 @@ def int8_mlp(requant: bool):
     source = source.replace(
         "from spatialc.ir.ops import Activation", "from spatialc.ir.ops import Activation, Relu, Requant"
     )
+    # int8 tensor cores read A from row pages and B K-major (ir.nodes.PageLayout), as build lays an int8 GEMM out.
+    layouts = {
+        'p.input("W1", K, H)': 'p.input("W1", K, H, order="col")',
+        'p.input("W2", H, N)': 'p.input("W2", H, N, order="col")',
+        '"W1_ring", depth=2, tiles=4 * 4, layout="swizzled"': '"W1_ring", depth=2, tiles=4 * 4, layout="col"',
+        '"W2_ring", depth=2, tiles=4 * 4, layout="swizzled"': '"W2_ring", depth=2, tiles=4 * 4, layout="col"',
+        '"X_ring", depth=2, tiles=2 * 4, layout="swizzled"': '"X_ring", depth=2, tiles=2 * 4',
+    }
+    for old, new in layouts.items():
+        assert old in source
+        source = source.replace(old, new)
     scope: dict[str, object] = {"__name__": "mlp_int8"}
     exec(compile(source, str(MLP), "exec"), scope)
     return scope["mlp"]

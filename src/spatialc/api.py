@@ -128,14 +128,15 @@ def emulate(artifact, inputs: dict[str, Any], mode: str = "late", **kwargs: Any)
     return run_emulation(artifact, inputs, mode=mode, **kwargs)
 
 
-def run(artifact, a, b, **params: Any):
-    """Run the artifact's kernel on a GPU; numpy, torch or CuPy arrays in, the same library out. The output buffer
+def run(artifact, *operands: Any, **params: Any):
+    """Run the artifact's kernel on a GPU: its inputs by position (A, B — or an MLP's X, W1, W2) or by name, its
+    parameters by name; numpy, torch or CuPy arrays in, the same library out. The output buffer
     is poisoned first (NaN, or the most negative integer), so an element the kernel never writes shows: a grouped
     GEMM's rows at or past their group's count come back so (the interpreter and the emulation return zeros)."""
     from .runtime.launch import run as run_gpu
 
     _artifact("run", artifact)
-    return run_gpu(artifact, a, b, **params)
+    return run_gpu(artifact, *operands, **params)
 
 
 gemm = gemm

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from string import ascii_lowercase
 from typing import IO, Any
 
 import numpy as np
@@ -415,13 +416,14 @@ def _input_files(artifact, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     values = check_inputs("this kernel", launch_specs(artifact.launch), inputs)
     check_row_counts(dict(getattr(artifact.launch, "row_counts", ())), values)
     files: dict[str, np.ndarray] = {}
-    operand_files = iter(("a.txt", "b.txt"))
+    # Inputs in the order the launch lists them: a.txt, b.txt, … (an MLP's X, W1, W2 are a, b and c).
+    operand_files = iter(f"{letter}.txt" for letter in ascii_lowercase)
     for p in artifact.launch.params:
         if p.role in ("output", "workspace"):  # made by program_cu itself
             continue
         file = next(operand_files, None) if p.role == "input" else f"{p.name}.txt"
         if file is None:
-            raise EmulationFault(f"tensor {p.name!r}: program_cu reads only two operand files (a.txt, b.txt)")
+            raise EmulationFault(f"tensor {p.name!r}: program_cu reads at most 26 operand files (a.txt … z.txt)")
         files[file] = values[p.name]
     return files
 

@@ -125,19 +125,26 @@ def kernel_args(launch: Any) -> list[Arg]:
         raise LaunchError(
             f"the launcher runs kernels with one output; this one has {sum(a.role == 'output' for a in out)}"
         )
-    if sum(a.role == "input" for a in out) != 2:
-        raise LaunchError("the launcher runs kernels of two inputs, A and B")
+    if not any(a.role == "input" for a in out):
+        raise LaunchError("the launcher runs kernels with at least one input")
     return out
 
 
-def bind(args: Sequence[Arg], a: Any, b: Any, params: Mapping[str, Any]) -> list[tuple[Arg, Any]]:
-    """Pair each input/parameter Arg with the caller's array (output Args get None); check names and shapes with
+def bind(args: Sequence[Arg], operands: Sequence[Any], params: Mapping[str, Any]) -> list[tuple[Arg, Any]]:
+    """Pair each input/parameter Arg with the caller's array (output Args get None): `operands` are the inputs in
+    the kernel's order (A, B; an MLP's X, W1, W2), `params` any tensor by name. Names and shapes are checked with
     `spatialc.inputs` (InputError), without moving any array off its device."""
-    operands = dict(zip((x.name for x in args if x.role == "input"), (a, b), strict=False))
-    twice = sorted(set(operands) & set(params))
+    inputs = [x.name for x in args if x.role == "input"]
+    if len(operands) > len(inputs):
+        raise InputError(
+            f"{len(operands)} arrays given by position, but this kernel has {len(inputs)} input(s):"
+            f" {', '.join(inputs)}"
+        )
+    given = {name: x for name, x in zip(inputs, operands, strict=False) if x is not None}
+    twice = sorted(set(given) & set(params))
     if twice:
-        raise InputError(f"{', '.join(twice)} given twice: the operands come as run(artifact, a, b), by position")
-    values = {**operands, **params}
+        raise InputError(f"{', '.join(twice)} given twice: by position and by name")
+    values = {**given, **params}
     match_names("this kernel", [x.spec for x in args if x.role not in ("output", "workspace")], values)
     bound: list[tuple[Arg, Any]] = []
     for x in args:
@@ -359,19 +366,20 @@ def not_resident(sites: int, sms: int | None, per_sm: int | None = None) -> str:
     )
 
 
-def run(artifact: Any, a: Any, b: Any, **params: Any) -> Any:
-    """C = the artifact's kernel on A, B (and named parameter tensors), run on the GPU.
+def run(artifact: Any, *operands: Any, **params: Any) -> Any:
+    """C = the artifact's kernel on its inputs — by position in the kernel's order (A, B), or by name — and named
+    parameter tensors, run on the GPU.
 
     Inputs are converted to the operand type (round-to-nearest-even), tiled and zero-padded on the device; the
     output buffer is poisoned before the launch, so an element the kernel misses reads NaN (or the most negative
     integer). numpy in → numpy out; torch or CuPy in → the same library out (torch on the inputs' device)."""
-    return run_with(cupy_device(), artifact, a, b, **params)
+    return run_with(cupy_device(), artifact, *operands, **params)
 
 
-def run_with(device: Any, artifact: Any, a: Any, b: Any, **params: Any) -> Any:
+def run_with(device: Any, artifact: Any, *operands: Any, **params: Any) -> Any:
     """`run` on a given device (tests pass a numpy stand-in)."""
     args = kernel_args(artifact.launch)
-    bound = bind(args, a, b, params)
+    bound = bind(args, operands, params)
     limits = dict(getattr(artifact.launch, "row_counts", ()))
     if limits:  # a grouped GEMM's row counts, checked on the host before anything is launched
         check_row_counts(limits, {x.name: host_array(x.name, v) for x, v in bound if x.name in limits})

@@ -28,12 +28,11 @@ from .cwriter import (
     INCLUDES,
     RING_MACROS,
     Writer,
-    inlined_lines,
     site_prologue,
 )
 from .merge import SerialLoop, SerialOp
 from .rings import MmaTypes, Rings, Rotation, SmemLayout, barrier_free_pops, commits, rotation
-from .tiles import TilePrinter
+from .tiles import TilePrinter, tensor_core_lines
 
 KERNEL_NAME = "spatialc_persistent"
 POP_PROOF = "these slots are refilled only after the next wait barrier"
@@ -214,7 +213,7 @@ def preamble(k: Kernel) -> list[str]:
     p = k.program
     lines = [f"// {p.name}: a persistent CUDA kernel printed by spatialc from the spatial IR; each block is one site."]
     lines += [f"#include <{h}>" for h in INCLUDES]
-    lines += ["", RING_MACROS, CHECK_MACRO, "", *inlined_lines("tensor_core.cuh"), ""]
+    lines += ["", RING_MACROS, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types), ""]
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     if k.has_epilogue:
         lines += ["", *epilogue.helpers().rstrip("\n").split("\n"), ""]

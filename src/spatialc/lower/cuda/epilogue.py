@@ -28,8 +28,9 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 def chain(p: SpatialProgram, mm: Stage, ops: tuple[type, ...] = EPILOGUE_OPS) -> tuple[Stage, ...]:
-    """The elementwise stages from the matmul's output to the written buffer, in order (empty: no epilogue); a stage
-    of none of `ops` needs the general form."""
+    """The elementwise stages from the matmul's output to the written buffer — or to the page the next matmul reads
+    (an MLP's hidden layer, `feeds`) — in order (empty: no epilogue); a stage of none of `ops` needs the general
+    form."""
     readers: dict[int, list[Stage]] = {}
     for s in p.stages:
         for b in s.ins:
@@ -44,7 +45,7 @@ def chain(p: SpatialProgram, mm: Stage, ops: tuple[type, ...] = EPILOGUE_OPS) ->
                 "the tile kernel's output flows down one chain of stages to one writer",
             )
         (s,) = after
-        if not isinstance(s.kind, ComputeStage):
+        if not isinstance(s.kind, ComputeStage) or isinstance(s.kind.op, MatmulTiles):
             return tuple(stages)
         if not isinstance(s.kind.op, ops) or len(s.ins) != 1 or len(s.outs) != 1:
             raise NeedsGeneral(
@@ -60,8 +61,23 @@ def names(p: SpatialProgram, stages: tuple[Stage, ...]) -> str:
     return " → ".join(compute_text(s.kind.op, p) for s in stages)  # type: ignore[union-attr]
 
 
-def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
-    """Refuse a chain whose C statements would not compute exactly what `spatialc.epilogue` defines."""
+def feeds(p: SpatialProgram, stages: tuple[Stage, ...], mm: Stage) -> Stage | None:
+    """The matmul stage that reads the last page of `mm`'s chain as an operand, or None: the chain is written out."""
+    last = (stages[-1] if stages else mm).outs[0]
+    return next(
+        (
+            s
+            for s in p.stages
+            if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles) and last in s.ins
+        ),
+        None,
+    )
+
+
+def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool, mm: Stage) -> None:
+    """Refuse a chain (after matmul `mm`) whose C statements would not compute exactly what `spatialc.epilogue`
+    defines, or whose last page does not hold what its reader takes: the output's type, or another matmul's
+    operands."""
     ops: list[ComputeOp] = [s.kind.op for s in stages]  # type: ignore[union-attr]
     for i, op in enumerate(ops):
         if isinstance(op, Requant) and i != len(ops) - 1:
@@ -79,6 +95,10 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
             _check_scalar(op, integer)
         if isinstance(op, Requant):
             _check_requant(op)
+    reader = feeds(p, stages, mm)
+    if reader is not None:
+        _check_operand_page(p, stages, integer, mm, reader)
+        return
     # What the kernel stores C as: a float accumulator as float32, or rounded to nearest even into fp16 / bf16 by the
     # store's conversion; an integer one as int32 or widened to int64 (verify has shown the values fit), int8 after
     # a requant.
@@ -94,6 +114,24 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool) -> None:
             (f"after the epilogue {names(p, stages)}" if stages else "without an epilogue")
             + f" the output {out.name} holds {' or '.join(d.value for d in want)} values, which is what the kernel"
             " writes",
+        )
+
+
+def _check_operand_page(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool, mm: Stage, reader: Stage) -> None:
+    """A page another matmul reads holds its operands: an elementwise stage stores them (a float one rounding to
+    nearest even to the operand type, as the interpreter rounds a computed operand page where a matmul reads it),
+    and in an int8 program a requant, whose results are int8 already."""
+    if not stages:
+        raise Unsupported(
+            f"matmul {mm.name}'s accumulator packed straight into an operand page of {reader.name}",
+            "an elementwise stage between them stores the page in the operand type",
+        )
+    last = stages[-1].kind.op  # type: ignore[union-attr]
+    if integer and not isinstance(last, Requant):
+        raise Unsupported(
+            f"the operand page {p.buffer(stages[-1].outs[0]).name} of int8 matmul {reader.name}, filled by a "
+            f"{compute_text(last, p)} stage",
+            "an int8 matmul multiplies int8 values: end the stages before it with a requant",
         )
 
 

@@ -21,7 +21,7 @@ flipped: the first round passes on a fresh barrier), a consumer for the full pha
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
@@ -43,6 +43,7 @@ from ...ir.ops import (
     Precision,
     Push,
     ReadTiles,
+    ReleaseAcc,
     Reserve,
     SemSet,
     TileAddr,
@@ -66,14 +67,14 @@ from .program import (
     SiteClass,
     all_ops,
     check_printable,
-    checked_gemm,
+    checked_layers,
     fragments_per_warp,
     launch_for,
     relative_groups,
     site_classes,
 )
 from .rings import ALIGN, MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, ring_table
-from .tiles import TilePrinter
+from .tiles import Fragments, TilePrinter, tensor_core_lines
 
 KERNEL_NAME = "spatialc_general"
 # Plain reads and writes of page elements (the writer's, and the epilogue stages'), so that the emulation, which
@@ -122,7 +123,7 @@ class GeneralKernel:
     rings: Rings
     lane_grid: tuple[int, int] | None
     lanes: int  # the compute engine's warps: the accumulator lanes
-    perw: int  # accumulator fragments a compute warp holds
+    perw: int  # accumulator fragments a compute warp holds (of the one accumulator; see `layers`)
     roles: tuple[Role, ...]
     full_count: dict[int, int]  # ring → arrivals that complete a full phase (the producer's threads)
     empty_count: dict[int, int]  # ring → arrivals that complete an empty phase (the consumer's threads)
@@ -131,7 +132,7 @@ class GeneralKernel:
     barrier_bytes: int
     blocks_per_sm: int
     integer: bool
-    stages: tuple[ComputeOp, ...]  # the epilogue's compute ops, in order
+    stages: tuple[ComputeOp, ...]  # the epilogue's compute ops, in order (every matmul's chain, in stage order)
     classes: tuple[SiteClass, ...]  # the sites with items, by the programs they run
     sites: int  # the grid: every site runs, in blockIdx order
     words: dict[tuple[str, int], int]  # ("group" | "sem", id) → its first word in spatialc_sync (one per site)
@@ -141,6 +142,9 @@ class GeneralKernel:
     relative: bool = False  # the classes' SemInc sites are offsets from the site running them (`site_classes`)
     cluster: int = 1  # sites per thread-block cluster (multicast groups, `clusters`); 1: none
     groups: tuple[tuple[int, ...], ...] = ()  # relative classes' multicast groups: offsets from the site, by id
+    # Each accumulator's fragments by template, where the compute warps hold several (an MLP's layers); empty where
+    # they hold one: the plan's block, `lane_grid` and `perw`, in accf[PERW].
+    layers: dict[int, Fragments] = field(default_factory=dict)
 
     @property
     def cooperative(self) -> bool:
@@ -151,6 +155,16 @@ class GeneralKernel:
     @property
     def threads(self) -> int:
         return sum(r.threads for r in self.roles)
+
+    @property
+    def fragments(self) -> tuple[Fragments, ...]:
+        """Every accumulator the compute warps hold: each layer's, or the one of the plan's block in accf[PERW]."""
+        return tuple(self.layers.values()) or (Fragments(self.plan, self.lane_grid, self.perw, "accf", "PERW"),)
+
+    @property
+    def acc_tiles(self) -> int:
+        """Accumulator tiles the compute warps hold at once: every accumulator's (they may all be live)."""
+        return held_tiles(self.plan, self.layers)
 
 
 # ---- what the general form takes ----------------------------------------------------------------------------
@@ -183,9 +197,6 @@ def refuse(p: SpatialProgram) -> None:
                 raise Unsupported(
                     f"a loop count read from element {op.count.index} of {t.name}", "it has no such element"
                 )
-    matmuls = [s for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)]
-    if len(matmuls) > 1:
-        raise Unsupported("several tile matmuls", "the compute warps hold one accumulator block per item so far")
     if p.tile.rows != 16 or p.tile.cols != 16:
         raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "MMA fragments are 16x16; tile the program 16x16")
     for op in ops:
@@ -261,7 +272,7 @@ def epit_bytes(integer: bool) -> int:
 
 def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
     """The rings an elementwise stage fills hold its values: int64 (EPIT) in an integer program, whose bias may
-    leave int32, float32 in a float one."""
+    leave int32, float32 in a float one — except a page a matmul reads, which holds its operands (`ring_table`)."""
     elementwise = {
         rings.template[b]
         for s in p.stages
@@ -269,7 +280,9 @@ def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
         for b in s.outs
     }
     table = {
-        r: dataclasses.replace(ring, c_type="EPIT", elem_bytes=epit_bytes(integer)) if r in elementwise else ring
+        r: dataclasses.replace(ring, c_type="EPIT", elem_bytes=epit_bytes(integer))
+        if r in elementwise and ring.c_type == "ACCT"
+        else ring
         for r, ring in rings.rings.items()
     }
     return dataclasses.replace(rings, rings=table)
@@ -316,15 +329,63 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     return smem, target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks, warps)
 
 
+def accumulator_of(op: ChoreoOp) -> BufferId | None:
+    """The accumulator `op` zeroes, adds into, packs or lets go; None for an op that touches none."""
+    match op:
+        case AcquireAcc(buf) | ReleaseAcc(buf):
+            return buf
+        case PackAcc(acc=acc) | Compute(acc=acc):
+            return acc
+    return None
+
+
+def accumulator_layers(p: SpatialProgram, target: SpatialTarget, plan: Plan) -> dict[int, Fragments]:
+    """Each accumulator's fragments by template where the program has several (`GeneralKernel.layers`): the block
+    and sub-blocks of the matmul whose Compute ops add into it, the compute warps split over that block as over the
+    plan's — and {} where it has one."""
+    served: dict[int, MatmulTiles] = {}
+    accs: set[int] = set()
+    for op in all_ops(p):
+        acc = accumulator_of(op)
+        if acc is None:
+            continue
+        t = int(p.buffer(acc).ring)
+        accs.add(t)
+        if isinstance(op, Compute) and isinstance(op.op, MatmulTiles):
+            mm = served.setdefault(t, op.op)
+            if (mm.block, mm.sub_blocks) != (op.op.block, op.op.sub_blocks):
+                raise Unsupported(
+                    f"accumulator {p.buffer(acc).name} added into by matmuls of two block shapes",
+                    "an accumulator's fragments have its matmul's shape",
+                )
+    if len(accs) < 2:
+        return {}
+    layers = {}
+    for t in sorted(accs):
+        serves = served.get(t)
+        shaped = dataclasses.replace(plan, block=serves.block, sub_blocks=serves.sub_blocks) if serves else plan
+        grid = target.accumulator_lane_grid(shaped.block.osh, shaped.block.osw)
+        perw = fragments_per_warp(shaped, target.accumulator_lanes, grid)
+        layers[t] = Fragments(shaped, grid, perw, f"accf_{t}", f"PERW_{t}")
+    return layers
+
+
+def held_tiles(plan: Plan, layers: dict[int, Fragments]) -> int:
+    """Accumulator tiles the compute warps hold at once: every layer's, or the plan's item."""
+    h, w = plan.item_tiles
+    return sum(f.tiles for f in layers.values()) if layers else h * w
+
+
 def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> GeneralKernel:
     """Check what the general form needs and lay out its block; `fit` False leaves the shared-memory check to a
     form that lays the block out again (the sm_90a form's fused output keeps fewer rings)."""
     refuse(p)
     plan = p.plans[0]
-    _, types, integer, chain = checked_gemm(p, epilogue.ELEMENTWISE_OPS)
+    types, integer, layers = checked_layers(p, epilogue.ELEMENTWISE_OPS)
     lanes = target.accumulator_lanes
     lane_grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
     perw = fragments_per_warp(plan, lanes, lane_grid)
+    accumulators = accumulator_layers(p, target, plan)
     rings = epilogue_rings(p, ring_table(p, types, ()), integer)
     classes, relative = site_classes(p, relative_sems=True)
     cluster = clusters(p, target)
@@ -334,7 +395,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     threads = sum(r.threads for r in roles)
     if threads > 1024:
         raise TooBig(f"threads of one block of the general form on {target.name}", threads, 1024, "use fewer lanes")
-    per_sm = target.resident_sites_per_unit(off, plan.block.osh, plan.block.osw, plan.sub_blocks, threads // WARP)
+    # The registers hold every accumulator tile at once; only their number matters, so they go in as one column.
+    per_sm = target.resident_sites_per_unit(off, held_tiles(plan, accumulators), 1, (1, 1), threads // WARP)
     if per_sm == 0 and fit:
         raise TooBig(
             f"shared memory of one block of the general form on {target.name} (rings and their barriers)",
@@ -364,12 +426,13 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
         barrier_bytes,
         per_sm,
         integer,
-        tuple(s.kind.op for s in chain),  # type: ignore[union-attr]
+        tuple(s.kind.op for _, chain in layers for s in chain),  # type: ignore[union-attr]
         classes,
         *sync_words(p),
         relative,
         cluster,
         relative_groups(p),
+        accumulators,
     )
 
 
@@ -425,8 +488,14 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
             if isinstance(op, SemSet):
                 self.reset(op, before)
             else:
-                self.op(op, env)
+                with self.holding(self.layer(op)):
+                    self.op(op, env)
             before = op
+
+    def layer(self, op: ChoreoOp) -> Fragments | None:
+        """The fragments of the accumulator `op` touches, where the compute warps hold several; else None."""
+        acc = accumulator_of(op)
+        return None if acc is None or not self.k.layers else self.k.layers[self.k.rings.template[acc]]
 
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
@@ -525,7 +594,10 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
                 self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
             self.w.line(f"{value} v = SPATIALC_PAGE_LD(ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id} + e);")
             self.w.line(epilogue.statement(stage, self.k.integer, bias))
-            self.w.line(f"SPATIALC_PAGE_ST(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id} + e, (EPIT)v);")
+            # A page a matmul reads holds operands: the value converted to their type (float32 rounded to nearest
+            # even, `MmaTypes.to_operand`), as the interpreter rounds a computed operand page where a matmul reads it.
+            value = f"{self.k.types.to_operand}(v)" if dst.c_type == "OPT" else "(EPIT)v"
+            self.w.line(f"SPATIALC_PAGE_ST(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id} + e, {value});")
 
 
 def preamble(k: GeneralKernel) -> list[str]:
@@ -536,13 +608,14 @@ def preamble(k: GeneralKernel) -> list[str]:
     ]
     lines += [f"#include <{h}>" for h in INCLUDES]
     lines += ["", RING_MACROS, PAGE_MACROS, CHECK_MACRO, "", *inlined_lines("general_mbarrier.cuh"), ""]
-    lines += [*inlined_lines("tensor_core.cuh"), ""]
+    lines += [*tensor_core_lines(k.rings, k.types), ""]
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     lines += [f"typedef {epit} EPIT;"]
     if k.stages:
         lines += ["", *epilogue.helpers(k.stages).rstrip("\n").split("\n"), ""]
-    lines += [f"#define NTHREAD {k.threads}", f"#define NWARP {k.lanes}", f"#define PERW {k.perw}"]
+    lines += [f"#define NTHREAD {k.threads}", f"#define NWARP {k.lanes}"]
+    lines += [f"#define {f.count} {f.perw}" for f in k.fragments]
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]
         lines += [f"#define DEPTH_{rid} {ring.depth}u", f"#define PAGE_{rid} {ring.page}"]
@@ -653,7 +726,8 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
     printer.tensors = {int(t.id): t for t in k.program.tensors}
     printer.counters()
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
-        w.line("spatialc_acc<ACCT> accf[PERW];")
+        for f in k.fragments:
+            w.line(f"spatialc_acc<ACCT> {f.name}[{f.count}];")
     by_class(k, role, w, lambda ops: _program(printer, ops))
 
 
@@ -675,14 +749,13 @@ def _program(printer: EnginePrinter, ops: tuple[ChoreoOp, ...]) -> None:
 
 def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:
     ring_bytes = sum(aligned(r.bytes) for r in k.rings.rings.values())
-    h, w = k.plan.item_tiles
     return Budget(
         ring_bytes,
         k.dyn_bytes > target.smem_static_max,
         True,
         k.dyn_bytes,
         0,
-        target.registers_per_thread(h * w),
+        target.registers_per_thread(k.acc_tiles),
         k.blocks_per_sm,
         k.threads,
         tuple((r.name, r.bytes) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),

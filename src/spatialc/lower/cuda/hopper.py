@@ -73,7 +73,7 @@ from . import epilogue, general
 from .clusters import ClusterPrinter, Multicast, check_cluster, check_items, multicast
 from .cwriter import Writer, addr_expr, c_mul, c_sum, inlined_lines, site_prologue
 from .host import assemble
-from .program import all_ops, checked_gemm, launch_for
+from .program import all_ops, checked_gemm, launch_for, matmul_stages
 from .rings import MMA_TYPES, TILE_ELEMS, Ring, Rings, ring_table
 
 KERNEL_NAME = "spatialc_hopper"
@@ -118,6 +118,8 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
             f"the sm_90a form on {target.name}", "its TMA, wgmma and setmaxnreg instructions exist on sm_90a only"
         )
     general.refuse(p)
+    if len(matmul_stages(p)) > 1:
+        raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
     for op in all_ops(p):
         match op:
             case Loop(count=Trip()):

@@ -102,6 +102,8 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
             f"split-K over {p.placement.splits} sites per item",
             "its sites wait on each other's partial sums, and the persistent kernel's blocks never wait on each other",
         )
+    if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
+        return "several tile matmuls", "the tile kernel holds one accumulator block per item"
     compute = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
     compute += [op.op for op in all_ops(p) if isinstance(op, Compute)]
     for c in compute:
@@ -111,8 +113,6 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
                 "the tile kernel computes tensor-core tile matmuls and fuses elementwise epilogue stages into their "
                 "store, nothing else",
             )
-    if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
-        return "several tile matmuls", "the tile kernel holds one accumulator block per item"
     ops = all_ops(p)
     if any(isinstance(op, Loop) and isinstance(op.count, Trip) for op in ops):
         return "a loop whose trip count is read from data", "the tile kernel's loop bounds are fixed when printed"

@@ -1,4 +1,4 @@
-"""What every CUDA backend reads of a verified program: its one tile matmul and operand types, the engine programs
+"""What every CUDA backend reads of a verified program: its tile matmuls and operand types, the engine programs
 every site runs, the checks that hold whatever the kernel's shape (an int8 reduction that fits int32), and the
 launch contract of a kernel printed from it."""
 
@@ -43,27 +43,37 @@ def all_ops(p: SpatialProgram) -> list[ChoreoOp]:
     return [op for prog in p.schedule.programs for op in walk(prog.ops)]
 
 
-def matmul_stage(p: SpatialProgram) -> Stage:
-    """The program's one tile-matmul stage."""
+def matmul_stages(p: SpatialProgram) -> tuple[Stage, ...]:
+    """The program's tile-matmul stages, in the order declared: one in a GEMM, a layer each in an MLP."""
     outs = 2 if any(t.role == TensorRole.WORKSPACE for t in p.tensors) else 1  # split-K: partial sums too
-    for s in p.stages:
-        if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles):
-            if len(s.ins) != 2 or len(s.outs) != outs:
-                raise Unsupported(
-                    f"matmul stage {s.name} with {len(s.ins)} inputs and {len(s.outs)} outputs",
-                    "a tile matmul reads an A and a B ring and fills one output (and split-K's partial sums)",
-                )
-            return s
-    raise Unsupported("a program without a tile matmul", "the persistent kernel is a tensor-core tile GEMM")
+    found = tuple(s for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles))
+    for s in found:
+        if len(s.ins) != 2 or len(s.outs) != outs:
+            raise Unsupported(
+                f"matmul stage {s.name} with {len(s.ins)} inputs and {len(s.outs)} outputs",
+                "a tile matmul reads an A and a B ring and fills one output (and split-K's partial sums)",
+            )
+    if not found:
+        raise Unsupported("a program without a tile matmul", "the persistent kernel is a tensor-core tile GEMM")
+    return found
 
 
-def logical_k(p: SpatialProgram) -> int:
-    """The reduction's length: the columns of the matmul's first operand (the zero padding adds nothing) — found
-    through the stage that fills its ring, not by the order tensors are listed in."""
-    mm = matmul_stage(p)
-    ring = p.buffer(mm.ins[0]).ring
-    read = next(s for s in p.stages if isinstance(s.kind, ReadStage) and any(p.buffer(b).ring == ring for b in s.outs))
-    return p.tensor(read.kind.tensor).elems[1]  # type: ignore[union-attr]
+def matmul_stage(p: SpatialProgram) -> Stage:
+    """The program's first tile-matmul stage: a GEMM's one."""
+    return matmul_stages(p)[0]
+
+
+def logical_k(p: SpatialProgram, mm: Stage | None = None) -> int:
+    """The length of matmul `mm`'s reduction (the program's first by default): the columns of its A operand's
+    tensor, or where A is a page the site computes (an MLP's hidden layer) the rows of B's — the zero padding adds
+    nothing — found through the stage that fills the operand's ring, not by the order tensors are listed in."""
+    mm = mm or matmul_stage(p)
+    for buf, axis in zip(mm.ins, (1, 0), strict=True):
+        ring = p.buffer(buf).ring
+        for s in p.stages:
+            if isinstance(s.kind, ReadStage) and any(p.buffer(b).ring == ring for b in s.outs):
+                return p.tensor(s.kind.tensor).elems[axis]
+    raise Unsupported(f"matmul stage {mm.name} with neither operand read from a tensor", "K is an operand's length")
 
 
 def operand_types(p: SpatialProgram, mm: MatmulTiles) -> MmaTypes:
@@ -84,7 +94,7 @@ def operand_types(p: SpatialProgram, mm: MatmulTiles) -> MmaTypes:
     return types  # the output's element type is `epilogue.check`'s, with or without an epilogue
 
 
-def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
+def check_int8_reduction(p: SpatialProgram, mm: Stage) -> None:
     """Refuse an int8 GEMM whose int32 fragment accumulators could overflow where the IR's int64 would not.
 
     The largest sum a K-long int8 dot product reaches is K·128·128, every product being (−128)·(−128); the most
@@ -92,9 +102,9 @@ def check_int8_reduction(p: SpatialProgram, mm: MatmulTiles) -> None:
     accumulator sums exactly K products — each k-tile once, whatever loops the schedule wraps around its K step — is
     what verify's rule 8 proved before this program reached the lowering.
     """
-    if mm.operand.value != "int8":
+    if mm.kind.op.operand.value != "int8":  # type: ignore[union-attr]
         return
-    k = logical_k(p)
+    k = logical_k(p, mm)
     need = dot_range(k)[1]
     if need > 2**31 - 1:
         raise TooBig(
@@ -224,19 +234,37 @@ def _per_item(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
     return (Loop(LV_ITEM, Const(0), ops),)
 
 
+Layer = tuple[Stage, tuple[Stage, ...]]  # a matmul stage and its epilogue chain
+
+
+def checked_layers(p: SpatialProgram, elementwise: tuple[type, ...]) -> tuple[MmaTypes, bool, tuple[Layer, ...]]:
+    """The fragment types, whether the program is int8 (exact integer epilogue), and each matmul stage with its
+    epilogue chain (to the written output, or to the page the next matmul reads) — after the checks every backend
+    makes: one operand type for every matmul, held by the inputs, int8 reductions that fit int32, chains of
+    `elementwise` ops whose C computes what `spatialc.epilogue` defines, integer chains that stay in int64."""
+    layers = tuple((mm, epilogue.chain(p, mm, elementwise)) for mm in matmul_stages(p))
+    operands = {mm.kind.op.operand for mm, _ in layers}  # type: ignore[union-attr]
+    if len(operands) > 1:
+        raise Precision(
+            " and ".join(sorted(o.value for o in operands)),
+            "the kernel's fragments hold one operand type: every matmul of a program multiplies the same",
+        )
+    first = layers[0][0].kind.op  # type: ignore[union-attr]
+    assert isinstance(first, MatmulTiles)
+    types = operand_types(p, first)
+    integer = first.operand.value == "int8"
+    for mm, chain in layers:
+        check_int8_reduction(p, mm)
+        epilogue.check(p, chain, integer, mm)
+        if integer:
+            epilogue.check_int64(p, chain, logical_k(p, mm))
+    return types, integer, layers
+
+
 def checked_gemm(p: SpatialProgram, elementwise: tuple[type, ...]) -> tuple[Stage, MmaTypes, bool, tuple[Stage, ...]]:
-    """The matmul stage, its fragment types, whether it is int8 (exact integer epilogue) and its epilogue chain —
-    after the checks every backend makes: operand types, an int8 reduction that fits int32, a chain of `elementwise`
-    ops whose C computes what `spatialc.epilogue` defines, an integer chain that stays in int64."""
-    mm = matmul_stage(p)
-    assert isinstance(mm.kind, ComputeStage) and isinstance(mm.kind.op, MatmulTiles)
-    chain = epilogue.chain(p, mm, elementwise)
-    types = operand_types(p, mm.kind.op)
-    check_int8_reduction(p, mm.kind.op)
-    integer = mm.kind.op.operand.value == "int8"
-    epilogue.check(p, chain, integer)
-    if integer:
-        epilogue.check_int64(p, chain, logical_k(p))
+    """The matmul stage of a one-matmul program, its fragment types, whether it is int8 and its epilogue chain,
+    checked as `checked_layers` checks them."""
+    types, integer, ((mm, chain), *_) = checked_layers(p, elementwise)
     return mm, types, integer, chain
 
 

@@ -16,6 +16,7 @@ from ...ir.ops import (
     AcquireAcc,
     Compute,
     Const,
+    MatmulTiles,
     PackAcc,
     Pop,
     Precision,
@@ -43,18 +44,21 @@ def aligned(n: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class MmaTypes:
-    """The C types of a precision's operand and accumulator fragments, with their sizes."""
+    """The C types of a precision's operand and accumulator fragments, with their sizes, and `to_operand`: what
+    turns an epilogue value into an operand (float32 rounded to nearest even; an int8 program's int64 requant
+    result, already in -128..127, converted exactly)."""
 
     operand: str
     operand_bytes: int
     acc: str
     acc_bytes: int
+    to_operand: str
 
 
 MMA_TYPES = {
-    Precision.INT8: MmaTypes("signed char", 1, "int", 4),
-    Precision.FP16: MmaTypes("__half", 2, "float", 4),
-    Precision.BF16: MmaTypes("__nv_bfloat16", 2, "float", 4),
+    Precision.INT8: MmaTypes("signed char", 1, "int", 4, "(signed char)"),
+    Precision.FP16: MmaTypes("__half", 2, "float", 4, "__float2half_rn"),
+    Precision.BF16: MmaTypes("__nv_bfloat16", 2, "float", 4, "__float2bfloat16_rn"),
 }
 
 
@@ -109,11 +113,15 @@ class Rings:
 
 def ring_table(p: SpatialProgram, types: MmaTypes, fused: tuple[int, ...]) -> Rings:
     """One ring per Fifo / Interm template outside the fused chain; a compute stage's output carries accumulators,
-    the rest operands."""
+    the rest operands — and so does a computed page a matmul reads (an MLP's hidden layer, rounded to the operand
+    type where it is stored)."""
     computed = {b for s in p.stages if isinstance(s.kind, ComputeStage) for b in s.outs}
     work = {t.id for t in p.tensors if t.role == TensorRole.WORKSPACE}  # partial sums, read back as accumulators
     computed |= {b for s in p.stages if isinstance(s.kind, ReadStage) and s.kind.tensor in work for b in s.outs}
-    computed = {p.buffer(b).ring for b in computed}
+    operands = {
+        b for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles) for b in s.ins
+    }
+    computed = {p.buffer(b).ring for b in computed} - {p.buffer(b).ring for b in operands}
     rings: dict[int, Ring] = {}
     template = {b.id: int(b.ring) for b in p.buffers}
     names = {int(b.ring): p.buffer(b.ring).name for b in p.buffers}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from ...ir.ids import LoopVar
 from ...ir.nodes import PageLayout, Plan, Tensor
@@ -34,8 +35,27 @@ from ...passes.tile import operand_layouts
 from ..census import marker
 from ..errors import Unsupported
 from . import epilogue
-from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
-from .rings import TILE_ELEMS, Ring, Rings
+from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum, inlined_lines
+from .rings import TILE_ELEMS, MmaTypes, Ring, Rings
+
+
+@dataclass(frozen=True, slots=True)
+class Fragments:
+    """One accumulator as the compute warps hold it (an MLP holds one per layer): `plan` is the program's plan with
+    the block and sub-blocks of the matmul that adds into it (what the tile printers read of a plan), `lane_grid` the
+    warps over that block (None: its tiles dealt round them), `perw` the fragments each warp holds; `name` is its
+    fragment array in C and `count` the macro of the array's length."""
+
+    plan: Plan
+    lane_grid: tuple[int, int] | None
+    perw: int
+    name: str
+    count: str
+
+    @property
+    def tiles(self) -> int:
+        h, w = self.plan.item_tiles
+        return h * w
 
 
 class TilePrinter:
@@ -59,6 +79,22 @@ class TilePrinter:
         self.workspace: frozenset[int] = frozenset()  # tensors of partial sums (ACCT), read and written as such
         self.tensors: dict[int, Tensor] = {}  # the program's tensors, where an op limits a grouped tensor's rows
         self.integer = False  # the fused epilogue's arithmetic: exact int64 (int8 programs) or float32
+        self.accf = "accf"  # the accumulator fragments the printers name, and the macro of their count
+        self.perw = "PERW"
+
+    @contextmanager
+    def holding(self, frags: Fragments | None) -> Iterator[None]:
+        """Print ops on the accumulator `frags`: its matmul's block, lane grid and names stand for the plan's (None:
+        the plan's one accumulator)."""
+        if frags is None:
+            yield
+            return
+        kept = self.plan, self.lane_grid, self.accf, self.perw
+        self.plan, self.lane_grid, self.accf, self.perw = frags.plan, frags.lane_grid, frags.name, frags.count
+        try:
+            yield
+        finally:
+            self.plan, self.lane_grid, self.accf, self.perw = kept
 
     def item_header(self, index: str) -> None:
         """The current item and its grid coordinates, read from the work list at `index`."""
@@ -285,8 +321,14 @@ class TilePrinter:
                 body("kk", 1)
 
     @staticmethod
+    def a_loader(mm: MatmulTiles, a: Ring) -> str:
+        """How A's fragments are loaded (`operand_load`'s `which`): from swizzled 16-bit tiles or plain 8-bit ones
+        (a), or from plain 16-bit ones (a_row: a page an engine computed, stored as the accumulator's rows)."""
+        return "a_row" if mm.operand != Precision.INT8 and not a.layout.swizzled else "a"
+
+    @staticmethod
     def operand_load(which: str, frag: str, tile, kk: str, step: int) -> str:
-        """A fragment load of `step` K tiles from page tile `tile(kk)` on (`which`: a or b)."""
+        """A fragment load of `step` K tiles from page tile `tile(kk)` on (`which`: a, a_row or b)."""
         if step == 1:
             return f"spatialc_load_{which}({frag}, {tile(kk)});"
         return f"spatialc_load_{which}2({frag}, {tile(kk)}, {tile(f'({kk} + 1)')});"
@@ -317,10 +359,10 @@ class TilePrinter:
                 self.w.line(self.operand_load("b", "bf[c]", b_tile, kk, n))
             with self.unrolled(f"for (int r = 0; r < {sh * rm}; ++r)"):
                 self.w.line("spatialc_frag<OPT> af;")
-                self.w.line(self.operand_load("a", "af", a_tile, kk, n))
+                self.w.line(self.operand_load(self.a_loader(mm, a_ring), "af", a_tile, kk, n))
                 with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
                     self.w.line(f"const int q = {q};")
-                    self.w.line(self.mma("accf[q]", "af", "bf[c]", n))
+                    self.w.line(self.mma(f"{self.accf}[q]", "af", "bf[c]", n))
 
         self.k_loop(mm, step)
 
@@ -336,11 +378,11 @@ class TilePrinter:
 
         def step(kk: str, n: int) -> None:
             self.w.line("spatialc_frag<OPT> af, bf;")
-            self.w.line(self.operand_load("a", "af", a_tile, kk, n))
+            self.w.line(self.operand_load(self.a_loader(mm, a), "af", a_tile, kk, n))
             self.w.line(self.operand_load("b", "bf", b_tile, kk, n))
-            self.w.line(self.mma("accf[q]", "af", "bf", n))
+            self.w.line(self.mma(f"{self.accf}[q]", "af", "bf", n))
 
-        with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+        with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
             self.w.line("const int ot = warp + q * NWARP;")
             with self.w.block(f"if (ot < {h * w})"):
                 self.w.line(f"const int oi = ot / {w}, oj = ot % {w};")
@@ -359,16 +401,16 @@ class TilePrinter:
         r = ring.id
         if ring.layout != PageLayout.ROW:
             raise Unsupported(f"a PackAcc into {ring.name}'s {ring.layout.value} pages", "accumulators pack row-major")
-        store = f"spatialc_store_acc({self.write_page(r)} + {{}} * {TILE_ELEMS}, accf[q]);"
+        store = f"spatialc_store_acc({self.write_page(r)} + {{}} * {TILE_ELEMS}, {self.accf}[q]);"
         with self.w.block("", mark):
             if self.lane_grid is None:
-                with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+                with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
                     self.w.line("const int ot = warp + q * NWARP;")
                     with self.w.block(f"if (ot < {h * w})"):
                         self.w.line(store.format("ot"))
                 return
             self.warp_coords()
-            with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+            with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
                 self.w.line(self.owned_tile())
                 self.w.line(store.format(f"(bh * {w} + bw)"))
 
@@ -379,16 +421,16 @@ class TilePrinter:
         r = ring.id
         if ring.layout != PageLayout.ROW or ring.c_type != "ACCT":
             raise Unsupported(f"adding {ring.name}'s pages to accumulators", "partial sums are row-major ACCT pages")
-        add = f"spatialc_add_acc(accf[q], {self.read_page(r)} + {{}} * {TILE_ELEMS});"
+        add = f"spatialc_add_acc({self.accf}[q], {self.read_page(r)} + {{}} * {TILE_ELEMS});"
         with self.w.block("", mark):
             if self.lane_grid is None:
-                with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+                with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
                     self.w.line("const int ot = warp + q * NWARP;")
                     with self.w.block(f"if (ot < {h * w})"):
                         self.w.line(add.format("ot"))
                 return
             self.warp_coords()
-            with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+            with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
                 self.w.line(self.owned_tile())
                 self.w.line(add.format(f"(bh * {w} + bw)"))
 
@@ -404,7 +446,7 @@ class TilePrinter:
             self.warp_coords()
             self.w.line("const int lane = tid % 32;")
             self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
-            with self.unrolled("for (int q = 0; q < PERW; ++q)"):
+            with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
                 self.w.line(self.owned_tile())
                 base = addr_expr(op.at, env)
                 rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
@@ -416,12 +458,12 @@ class TilePrinter:
                     # spill). A bare store stays unrolled, straight from the registers.
                     self.w.line("ACCT frag[8];")
                     with self.unrolled("for (int i = 0; i < 8; ++i)"):
-                        self.w.line("frag[i] = accf[q].x[i];")
+                        self.w.line(f"frag[i] = {self.accf}[q].x[i];")
                     self.w.line("#pragma unroll 1")
                     value = "frag[i]"
                     loop = self.w.block("for (int i = 0; i < 8; ++i)")
                 else:
-                    value = "accf[q].x[i]"
+                    value = f"{self.accf}[q].x[i]"
                     loop = self.unrolled("for (int i = 0; i < 8; ++i)")
                 with loop:
                     self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);")
@@ -460,17 +502,27 @@ class TilePrinter:
 
     def acquire(self, mark: str) -> None:
         """Zero the warp's accumulator fragments."""
-        with self.unrolled("for (int q = 0; q < PERW; ++q)", mark):
-            self.w.line("spatialc_acc_zero(accf[q]);")
+        with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)", mark):
+            self.w.line(f"spatialc_acc_zero({self.accf}[q]);")
+
+
+def tensor_core_lines(rings: Rings, types: MmaTypes) -> list[str]:
+    """The tensor-core layer a kernel inlines: `tensor_core.cuh`, and `tensor_core_row.cuh` where a 16-bit operand
+    page is plain row-major (only A may be: a page an engine computed, which `a_loader` reads with its loads)."""
+    rows = types.operand_bytes == 2 and any(
+        r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values()
+    )
+    return inlined_lines("tensor_core.cuh", *(["tensor_core_row.cuh"] if rows else []))
 
 
 def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:
     """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor). A's
-    pages may hold their tiles either way (the sm_90a form's, by column, or row by row)."""
+    pages may hold their tiles either way (the sm_90a form's, by column, or row by row), and plain row-major ones
+    (`a_loader`: a page an engine computed)."""
     want = operand_layouts(operand)
-    cols = operand_layouts(operand, "sm90a")[0]
+    also_a = (operand_layouts(operand, "sm90a")[0], PageLayout.ROW)
     for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
-        if ring.layout != layout and not (what == "A" and ring.layout == cols):
+        if ring.layout != layout and not (what == "A" and ring.layout in also_a):
             raise Unsupported(
                 f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",
                 f"the tensor-core loads read {what} from {layout.value} pages; build the program with spatialc.build",

@@ -1,5 +1,6 @@
 // spatialc host emulation — the kernels' tensor-core layer (lower/cuda/tensor_core.cuh): ldmatrix operand loads
-// from swizzled or K-major tiles, mma.sync m16n8k16 (fp16, bf16, int8) and m16n8k32 (int8), accumulator stores.
+// from swizzled, row-major or K-major tiles, mma.sync m16n8k16 (fp16, bf16, int8) and m16n8k32 (int8), accumulator
+// stores.
 //
 // Each lane receives what the hardware gives it: ldmatrix row addresses are worked out for every lane from the one
 // tile pointer all lanes pass, and a lane's load is recorded as reads of exactly the bytes its registers receive
@@ -18,6 +19,7 @@
 #include "emu_shared.h"
 
 #define SPATIALC_TENSOR_CORE 1
+#define SPATIALC_TENSOR_CORE_ROW 1  // tensor_core_row.cuh's loads, below
 
 template <class T>
 struct spatialc_frag {
@@ -63,19 +65,38 @@ inline int lane_of(const char* what) { return me(what).lane; }
 }  // namespace spatialc_emu
 
 // ---- 16-bit operands ------------------------------------------------------------------------------------------
+namespace spatialc_emu {
+
+// The element offset of 16-byte chunk `half` of row `row` in a 16-bit tile, swizzled or plain row-major.
+constexpr unsigned chunk(bool swz, unsigned row, unsigned half) {
+    return swz ? swizzled(row, half) : row * 16u + half * 8u;
+}
+
 template <class T>
-[[gnu::noinline]] void spatialc_load_a(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
-    using namespace spatialc_emu;
+[[gnu::noinline]] void load_a16(spatialc_frag<T>& f, const T* tile, bool swz, const char* what, int line) {
     static_assert(sizeof(T) == 2, "16-bit operands");
-    const int l = lane_of("spatialc_load_a");
-    check_ldsm(tile, "spatialc_load_a", line);
+    const int l = lane_of(what);
+    check_ldsm(tile, what, line);
     f.kd = 16;
     for (int r = 0; r < 16; ++r)
-        for (int k = 0; k < 16; ++k) f.v[r * 32 + k] = tile[swizzled(r, k / 8) + k % 8];
+        for (int k = 0; k < 16; ++k) f.v[r * 32 + k] = tile[chunk(swz, r, k / 8) + k % 8];
     // Matrix i of the x4 load is rows 0-7 / 8-15 of half i / 2; the lane gets row l / 4, elements 2 (l % 4), +1.
     const void* mine[4];
-    for (int i = 0; i < 4; ++i) mine[i] = tile + swizzled(l / 4 + 8 * (i & 1), i >> 1) + 2 * (l % 4);
+    for (int i = 0; i < 4; ++i) mine[i] = tile + chunk(swz, l / 4 + 8 * (i & 1), i >> 1) + 2 * (l % 4);
     track(mine, 4, 4, false, AccessKind::ldmatrix, line);
+}
+
+}  // namespace spatialc_emu
+
+template <class T>
+void spatialc_load_a(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
+    spatialc_emu::load_a16(f, tile, true, "spatialc_load_a", line);
+}
+
+// A from a plain row-major tile (a page an engine computed).
+template <class T>
+void spatialc_load_a_row(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
+    spatialc_emu::load_a16(f, tile, false, "spatialc_load_a_row", line);
 }
 
 template <class T>
