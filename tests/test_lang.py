@@ -439,3 +439,23 @@ def test_the_interpreter_running_the_shallow_ring_deadlocks_at_the_same_lines():
     assert len(caught.value.lines) == 3  # type: ignore[attr-defined]
     for engine, text in (("reader", "with a_ring.reserve() as page:"), ("writer", "with c_ring.wait() as page:")):
         assert f"{path}:{line_of(path, text)}: site 0 {engine}:" in str(caught.value), str(caught.value)
+
+
+@pytest.mark.emulation
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+def test_an_emulation_hang_names_the_users_lines_of_the_waits_it_hangs_in():
+    # A kernel whose compute warps never free A's pages (a planted fault): the reader hangs in its Reserve of
+    # A_ring and the compute warps in their Waits for pages that never come.
+    traced = example("gemm_by_hand").gemm.trace(m=96, n=128, k=128)  # 12 pages of A through a ring of 2
+    art = spatialc.lower(traced.verify(), form="general")
+    free = "spatialc_mbar_arrive(&empty_0[pop_0 % DEPTH_0]); ++pop_0;"
+    assert art.program_cu.count(free) == 1
+    broken = dataclasses.replace(art, program_cu=art.program_cu.replace(free, "++pop_0;"))
+    from spatialc.runtime.emulate import EmulationDeadlock
+
+    with pytest.raises(EmulationDeadlock) as caught:
+        traced.emulate(ints(96, 128, 128), artifact=broken, timeout=60)
+    path = EXAMPLES / "gemm_by_hand.py"
+    text = str(caught.value)
+    assert f"{path}:{line_of(path, 'with a_ring.reserve() as page:')}: site 0 reader: Reserve A_ring" in text, text
+    assert "waits on empty_0[" in text  # the emulator's own words are kept

@@ -21,20 +21,23 @@ The program is the IR's (docs/design.md): everything `spatialc.verify`, `evaluat
 do applies to it unchanged. An error `verify` finds — a deadlock, an overrun, a page read that nothing filled, a
 result other than the stages declare — comes back as the same error with the user's file and line of each op it
 names (`error.lines`); a program the language cannot trace is a `LangError` at the line that made it. The
-interpreter's deadlocks come back so too, from `.trace(...).evaluate(inputs)` (the program run as traced).
+interpreter's deadlocks come back so too, from `.trace(...).evaluate(inputs)` (the program run as traced), and the
+emulation's hangs from `.trace(...).emulate(inputs)`.
 docs/tutorial.md walks through writing one.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SpatialError
 from ..ir.nodes import SpatialProgram
-from ..ir.ops import ChoreoOp
+from ..ir.ops import ChoreoOp, Reserve, Wait
+from ..ir.printer import op_text
 from .builder import (
     AccRef,
     Affine,
@@ -87,6 +90,21 @@ class Traced:
         except SpatialError as e:
             raise located(e, self.lines, self.program, self.declared) from None
 
+    def emulate(self, inputs: dict[str, Any], artifact: Any = None, **kwargs: Any) -> Any:
+        """The host emulation's run (`spatialc.emulate`) of `artifact` — by default the program verified and lowered
+        (`spatialc.lower`). A hang it reports (every thread waiting on a barrier that cannot complete) comes back
+        with the user's line of each op the blocked engines wait in: a ring's full barrier is its consumer's Wait,
+        its empty barrier its producer's Reserve."""
+        from ..api import emulate, lower
+        from ..runtime.emulate import EmulationDeadlock
+
+        art = artifact if artifact is not None else lower(self.verify())
+        try:
+            return emulate(art, inputs, **kwargs)
+        except EmulationDeadlock as e:
+            blocked = hung_ops(str(e), self.program, dict(art.budget.engines), self.lines)
+            raise located(e, self.lines, self.program, self.declared, blocked) from None
+
     def evaluate(self, inputs: dict[str, Any], **kwargs: Any) -> Any:
         """The interpreter's run of the program as traced, verified or not (`spatialc.evaluate`): a deadlock it
         meets comes back with the user's line of each blocked engine's op — what running a program verify refuses
@@ -97,6 +115,34 @@ class Traced:
             return evaluate(self.program, inputs, **kwargs)
         except SpatialError as e:
             raise located(e, self.lines, self.program, self.declared) from None
+
+
+HUNG = re.compile(r"(\d+) threads? \(([\d,-]+)\) waits on (full|empty)_(\d+)\[")
+
+
+def hung_ops(
+    report: str, p: SpatialProgram, engines: dict[str, int], lines: dict[tuple[int, str], list]
+) -> tuple[tuple[int, str, str], ...]:
+    """The ops an emulation hang `report` finds engines blocked in, as (site, engine, op text): the threads waiting
+    on a ring's full barrier are its consumer in a Wait of it, those on its empty barrier its producer in a Reserve
+    (the general form: each engine on warps of its own, in `engines`' order, a ring's barriers named by its id)."""
+    first, owner = 0, []
+    for engine, warps in engines.items():
+        owner.append((first, first + warps * 32, engine))
+        first += warps * 32
+    found = []
+    for match in HUNG.finditer(report):
+        tid = int(match[2].split(",")[0].split("-")[0])
+        engine = next((e for lo, hi, e in owner if lo <= tid < hi), None)
+        kind = Wait if match[3] == "full" else Reserve
+        ring = int(match[4])
+        for (site, name), ops in lines.items():
+            if name != engine:
+                continue
+            for op, _ in ops:
+                if isinstance(op, kind) and int(p.buffer(op.buf).ring) == ring:
+                    found.append((site, name, op_text(p, op)))
+    return tuple(dict.fromkeys(found))
 
 
 def trace(

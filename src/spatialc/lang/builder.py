@@ -792,9 +792,11 @@ def located(
     lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]],
     p,
     declared: dict[str, tuple[str, int]] | None = None,
+    blocked: tuple[tuple[int, str, str], ...] = (),
 ) -> Exception:
-    """`error` (from verify) with the user's lines of the ops it names appended — or, for an error about the plan
-    or the placement rather than an op, the line that declared it — as the same kind of error."""
+    """`error` (from verify, the interpreter or the emulation) with the user's lines of the ops it names appended —
+    or, for an error about the plan or the placement rather than an op, the line that declared it — as the same
+    kind of error. `blocked`: (site, engine, op text) of ops an error names only in its words (an emulation hang)."""
     found: list[str] = []
     where: dict[tuple[int, str], tuple[str, int]] = {}
 
@@ -807,6 +809,8 @@ def located(
                     found.append(f"{file}:{line}: site {s} {e}: {op_text(p, op)}")
                     where.setdefault((s, e), (file, line))
 
+    for site, engine, text in blocked:
+        lines_of(site, engine, text)
     if isinstance(error, DeadlockError):
         for site, engine, text in error.blocked:
             lines_of(site, engine, text)
@@ -829,6 +833,8 @@ def located(
         out = type(error)(
             message, site=error.site, engine=error.engine, op=error.op, buffer=error.buffer, related=error.related
         )
+    elif hasattr(error, "stderr"):  # the emulation's: the run's own output and status kept
+        out = type(error)(message, stderr=error.stderr, status=error.status)  # type: ignore[call-arg, attr-defined]
     else:
         out = type(error)(message)
     out.lines = list(dict.fromkeys(found))  # type: ignore[attr-defined]
