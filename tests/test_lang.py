@@ -328,6 +328,15 @@ def test_a_program_the_persistent_kernel_cannot_serialise_lowers_in_the_general_
     assert any("the general form, as the persistent kernel refuses" in n for n in art.notes)
 
 
+@pytest.mark.emulation
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+def test_the_pipeline_with_its_deep_ring_runs_under_the_emulation():
+    module = example("shallow_ring")
+    program = module.pipeline(a_depth=module.STEPS)
+    x = ints(32, 64, 64 * module.STEPS)
+    assert np.array_equal(spatialc.emulate(spatialc.lower(program), x, timeout=120), x["A"] @ x["B"])
+
+
 def test_a_grouped_gemm_written_with_run_time_row_counts_runs_each_groups_rows():
     from spatialc.lang.source import python_source
 
