@@ -288,3 +288,28 @@ def test_run_binds_the_mlps_three_inputs_by_position_or_by_name():
         L.run_with(RecordingDevice(), art, x["X"], x["W1"], W1=x["W1"], W2=x["W2"])
     with pytest.raises(spatialc.InputError, match="W2"):
         L.run_with(RecordingDevice(), art, x["X"], x["W1"])
+
+
+def test_a_hidden_page_laid_out_swizzled_is_refused_by_the_lowering():
+    """An elementwise stage stores its page row by row; a swizzled hidden ring (which verify accepts: the layout is
+    the kernel's business) would be read by the swizzled A load from places the stage never wrote."""
+    source = EXAMPLE.read_text()
+    old = 'hidden = p.ring("hidden", depth=1, tiles=2 * 4, kind="interm")'
+    assert old in source
+    scope: dict[str, object] = {"__name__": "swizzled_hidden"}
+    exec(compile(source.replace(old, old[:-1] + ', layout="swizzled")'), str(EXAMPLE), "exec"), scope)
+    with pytest.raises(Unsupported, match="the operand page hidden of matmul layer2, laid out swizzled"):
+        spatialc.lower(scope["mlp"]())  # type: ignore[operator]
+
+
+@emulation
+@pytest.mark.emulation
+def test_a_bias_in_the_hidden_chain_as_wide_as_the_hidden_layer_is_emulated_within_tolerance():
+    from .test_hostile_mlp import edited, factory, hidden_bias
+    from .test_hostile_mlp import inputs as hostile_inputs
+
+    program = factory(edited(*hidden_bias("4 * h", "M, K, H, N = 64, 128, 128, 64", width="H")))()
+    x = hostile_inputs(program, 0)
+    y = spatialc.emulate(spatialc.lower(program), x, mode="late")
+    ok, said = spatialc.tolerance(program, kernel=True).check(y, x)
+    assert ok, said

@@ -248,7 +248,8 @@ def _rect_key(v: AccValue) -> tuple[tuple, tuple[int, int, int, int]] | None:
     s, h, w, ibw = len(v.a), v.h, v.w, v.ibw
     # A pages side by side along K are the h × (s·ibw) block; B pages stacked along K are (s·ibw) × w.
     ra = _run(v.a, h, ibw, ibw)
-    rb = _run(v.b, ibw, w, ibw * v.b[0].store.cols_t) if ra is not None else None
+    tensor_b = ra is not None and isinstance(v.b[0], TileRefs)  # (a computed B page has no store)
+    rb = _run(v.b, ibw, w, ibw * v.b[0].store.cols_t) if tensor_b else None
     if ra is None or rb is None:
         return None
     (sa, r0, k0), (sb, kb0, c0) = ra, rb

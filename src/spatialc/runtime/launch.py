@@ -137,8 +137,7 @@ def bind(args: Sequence[Arg], operands: Sequence[Any], params: Mapping[str, Any]
     inputs = [x.name for x in args if x.role == "input"]
     if len(operands) > len(inputs):
         raise InputError(
-            f"{len(operands)} arrays given by position, but this kernel has {len(inputs)} input(s):"
-            f" {', '.join(inputs)}"
+            f"{len(operands)} arrays given by position, but this kernel has {len(inputs)} input(s): {', '.join(inputs)}"
         )
     given = {name: x for name, x in zip(inputs, operands, strict=False) if x is not None}
     twice = sorted(set(given) & set(params))

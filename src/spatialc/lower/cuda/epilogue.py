@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from ...epilogue import dot_range, integer_range
-from ...ir.nodes import ComputeStage, DType, SpatialProgram, Stage, TensorRole
+from ...ir.nodes import ComputeStage, DType, PageLayout, SpatialProgram, Stage, TensorRole
 from ...ir.ops import Activation, Bias, ComputeOp, MatmulTiles, Relu, Requant, Scalar
 from ...ir.printer import compute_text
 from ..errors import NeedsGeneral, Precision, TooBig, Unsupported
@@ -125,6 +125,12 @@ def _check_operand_page(p: SpatialProgram, stages: tuple[Stage, ...], integer: b
         raise Unsupported(
             f"matmul {mm.name}'s accumulator packed straight into an operand page of {reader.name}",
             "an elementwise stage between them stores the page in the operand type",
+        )
+    page = p.buffer(stages[-1].outs[0])
+    if page.kind.layout != PageLayout.ROW:  # type: ignore[union-attr]
+        raise Unsupported(
+            f"the operand page {page.name} of matmul {reader.name}, laid out {page.kind.layout.value}",  # type: ignore[union-attr]
+            "an elementwise stage stores its page row by row: lay the ring out by rows (the default)",
         )
     last = stages[-1].kind.op  # type: ignore[union-attr]
     if integer and not isinstance(last, Requant):

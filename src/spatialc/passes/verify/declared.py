@@ -17,8 +17,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
+from ... import epilogue
 from ...epilogue import EXACT_LIMIT, dot_range, integer_range
 from ...errors import SemanticError, StrongerCheckNeeded
+from ...inputs import round_bf16, round_fp16
 from ...ir.ids import BufferId, StageId, TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, TensorRole, WriteStage, accumulator_dtype
@@ -113,6 +117,20 @@ class _Way:
                         f"stage {stage.name} fills {self.index.name(ring)}, and only read or compute stages fill rings"
                     )
 
+    def finite_padding(self, chain: tuple[Stage, ...]) -> bool:
+        """Whether `chain`, applied to a zero accumulator (a padding tile: zero products, a bias's zero padding)
+        and rounded to the operand type, is finite."""
+        integer = self.index.p.precision == Precision.INT8
+        x = epilogue.start(np.zeros((1, 1)), integer)
+        with np.errstate(all="ignore"):
+            for s in chain:
+                op = s.kind.op  # type: ignore[union-attr]
+                x = epilogue.apply(op, x, integer, np.zeros(1) if isinstance(op, Bias) else None)
+            value = {Precision.BF16: round_bf16, Precision.FP16: round_fp16}.get(self.index.p.precision, np.asarray)(
+                np.asarray(x, np.float64)
+            )
+        return bool(np.isfinite(value).all())
+
     def matmul(self, stage: Stage, ring: BufferId, chain: tuple[Stage, ...]) -> MatmulDecl:
         """The matmul of `stage` (packed into `ring`, then `chain` applied), its computed operands found first."""
         if stage.id in self.matmuls:
@@ -175,7 +193,13 @@ class _Way:
             sources=(sources[0], sources[1]),
             shape=(mm.sub_blocks[0] * mm.block.osh, mm.sub_blocks[1] * mm.block.osw, mm.block.ibw),
             k_need=math.ceil(a_elems[1] / tile),
-            k_max=min(a_tiles[1], b_tiles[0]),
+            # Past K a tensor's padding is zero, so a sum may run over it: a product with zero is zero. A computed
+            # operand's padding holds its chain's value of zero (gelu(0) = 0, sigmoid(0) = 1/2, a scalar add's
+            # constant), which the zeros of the other operand's padding cancel — unless it is not finite (inf × 0
+            # is NaN): then a sum over the padding is refused.
+            k_max=min(a_tiles[1], b_tiles[0])
+            if all(map(self.finite_padding, chains))
+            else math.ceil(a_elems[1] / tile),
             k_elems=a_elems[1],
             value=value,
             a_tiles=a_tiles,
@@ -238,8 +262,25 @@ def _split(
 
 
 def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:
-    """A bias holds int32 values in an int8 program, float32 in a float one (the bounds and the kernel rely on it)."""
+    """A bias holds one value per column of what it is added to, int32 values in an int8 program, float32 in a float
+    one (the bounds and the kernel rely on it)."""
     want = accumulator_dtype(index.p.precision)
+    assert decl.matmul is not None
+    widths = [(decl.chain, decl.matmuls[decl.matmul.id].value[0][1])]
+    widths += [
+        (chain, decl.matmuls[source].value[0][1])
+        for mm in decl.matmuls.values()
+        for chain, source in zip(mm.chains, mm.sources, strict=True)
+        if source is not None
+    ]
+    for chain, width in widths:  # a bias holds one value per column of what it is added to
+        for s in chain:
+            op = s.kind.op  # type: ignore[union-attr]
+            if isinstance(op, Bias) and index.tensors[op.tensor].elems[1] != width:
+                t = index.tensors[op.tensor]
+                raise SemanticError(
+                    f"stage {s.name} adds {t.name}, a row of {t.elems[1]} values, to values {width} columns wide"
+                )
     for s in _chains(decl):
         op = s.kind.op  # type: ignore[union-attr]
         if isinstance(op, Bias) and index.tensors[op.tensor].dtype != want:

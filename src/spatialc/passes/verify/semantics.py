@@ -578,7 +578,7 @@ class _Proof:
                     t.a,
                     t.b,
                 )
-            self.moves(k, t.sums, path)
+            self.moves(k, t.sums, path, t.a, t.b)
             ks.append((k, t.sums))
         fault = self.k_fault(ks, mm)
         if fault is not None:
@@ -596,7 +596,7 @@ class _Proof:
         if not isinstance(t.a, TileRef) and not isinstance(t.b, TileRef):
             raise self.unsure(f"stage {mm.stage.name} multiplies two computed operands; the rule follows one")
         k = t.a.col if isinstance(t.a, TileRef) else t.b.row  # type: ignore[union-attr]
-        self.moves(k, t.sums, path)
+        self.moves(k, t.sums, path, t.a, t.b)
         return k
 
     def computed(self, t: Product, mm: MatmulDecl, row: Aff, col: Aff, k: Aff, path: str) -> None:
@@ -634,11 +634,15 @@ class _Proof:
             else:
                 self.value(x, ring, at, f"{path}, in its operand {which} of stage {mm.stage.name}")
 
-    def moves(self, k: Aff, sums: tuple[Sym, ...], path: str) -> None:
+    def moves(self, k: Aff, sums: tuple[Sym, ...], path: str, *reads: object) -> None:
         """A product's k-tile moves with its own reduction only."""
         if k.syms() - set(sums):
             moves = ", ".join(sorted(s.label for s in k.syms() - set(sums)))
-            raise self.fail(f"the k-tiles {self.tile_text(self.base())}{path} sums move with {moves}")
+            raise self.fail(
+                f"{self.tile_text(self.base())}{path}: the k-tiles it sums move with {moves}, a loop that does not"
+                " add into its accumulator",
+                *reads,
+            )
 
     def products(self, acc: AccSum, path: str) -> tuple[Product, ...]:
         """The products of a computed operand's accumulator (split-K's partial sums reach C's only)."""
