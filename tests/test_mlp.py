@@ -159,3 +159,24 @@ def test_an_int8_mlp_multiplies_requantised_int8_and_is_exact():
 def test_an_int8_mlp_whose_hidden_layer_is_not_int8_is_refused():
     with pytest.raises(SemanticError, match="computed operand A is not requantised to int8 last"):
         int8_mlp(False)()
+
+
+def test_a_message_names_the_users_loops_by_their_names(tmp_path: Path):
+    # acc1 zeroed once per item instead of once per hidden step: its pack reads a sum the h loop still adds to.
+    source = MLP.read_text()
+    for old, new in (
+        ("            acc2.acquire()\n", "            acc2.acquire()\n            acc1.acquire()\n"),
+        ("                acc1.acquire()\n", ""),
+        ("                acc1.release()\n", ""),
+    ):
+        assert source.count(old) == 1
+        source = source.replace(old, new)
+    path = tmp_path / "mlp.py"
+    path.write_text(source)
+    scope: dict[str, object] = {"__name__": "acc_per_item"}
+    exec(compile(source, str(path), "exec"), scope)
+    with pytest.raises(SemanticError) as caught:
+        scope["mlp"]()  # type: ignore[operator]
+    text = str(caught.value)
+    assert "site 0 compute [in item, h]: PackAcc acc1" in text and "the loop Loop h < 2: around it" in text, text
+    assert "lv" not in text and f"{path}:{line_of(path, 'acc1.pack(page)')}:" in text

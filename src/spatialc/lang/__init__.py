@@ -28,6 +28,7 @@ docs/tutorial.md walks through writing one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SpatialError
+from ..ir.ids import loop_var_name
 from ..ir.nodes import SpatialProgram
 from ..ir.ops import ChoreoOp, Reserve, Wait
 from ..ir.printer import op_text
@@ -80,6 +82,11 @@ class Traced:
     program: SpatialProgram
     lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]]
     declared: dict[str, tuple[str, int]]  # the user's line of the plan and of the placement
+    names: dict[str, str] = dataclasses.field(default_factory=dict)  # "lv7" → the user's name of that loop, "h"
+
+    def located(self, error: SpatialError, blocked: tuple[tuple[int, str, str], ...] = ()) -> Exception:
+        """`error` with the user's lines of the ops it names, and the user's names of its loops."""
+        return located(error, self.lines, self.program, self.declared, blocked, self.names)
 
     def verify(self, target: str | None = None) -> SpatialProgram:
         """The program verified, or verify's error with the user's lines of the ops it names."""
@@ -88,7 +95,7 @@ class Traced:
         try:
             return verify(self.program, target)
         except SpatialError as e:
-            raise located(e, self.lines, self.program, self.declared) from None
+            raise self.located(e) from None
 
     def emulate(self, inputs: dict[str, Any], artifact: Any = None, **kwargs: Any) -> Any:
         """The host emulation's run (`spatialc.emulate`) of `artifact` — by default the program verified and lowered
@@ -103,7 +110,7 @@ class Traced:
             return emulate(art, inputs, **kwargs)
         except EmulationDeadlock as e:
             blocked = hung_ops(str(e), self.program, dict(art.budget.engines), self.lines)
-            raise located(e, self.lines, self.program, self.declared, blocked) from None
+            raise self.located(e, blocked) from None
 
     def evaluate(self, inputs: dict[str, Any], **kwargs: Any) -> Any:
         """The interpreter's run of the program as traced, verified or not (`spatialc.evaluate`): a deadlock it
@@ -114,7 +121,7 @@ class Traced:
         try:
             return evaluate(self.program, inputs, **kwargs)
         except SpatialError as e:
-            raise located(e, self.lines, self.program, self.declared) from None
+            raise self.located(e) from None
 
 
 HUNG = re.compile(r"(\d+) threads? \(([\d,-]+)\) waits on (full|empty)_(\d+)\[")
@@ -151,7 +158,8 @@ def trace(
     """Run the program function `fn(builder, **kwargs)` and return what it declared and traced, unverified."""
     builder = Builder(name or fn.__name__, target, precision)
     fn(builder, **kwargs)
-    return Traced(builder.program(), builder.lines, builder.declared)
+    names = {loop_var_name(v): name for name, v in builder.vars.items() if loop_var_name(v) != name}
+    return Traced(builder.program(), builder.lines, builder.declared, names)
 
 
 def program(*, target: str = "sm_90", precision: str = "bf16", name: str | None = None):

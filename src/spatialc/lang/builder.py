@@ -274,39 +274,31 @@ class Page:
         self.ring.builder.held[(self.ring.id, reserved)] -= 1
         self.ring.builder.emit(op)
 
-    def read(
-        self,
-        tensor: TensorRef,
-        at: Affine | int,
-        rows: int,
-        cols: int,
-        strides: tuple[int, int] | None = None,
-        rows_from: TensorRef | None = None,
-    ):
+    def read(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides=None, rows_from=None) -> None:
         """Copy `rows` × `cols` tiles of `tensor`, from its tile `at` (a flat index into its tile grid), into this
-        reserved page; `strides` (between tile rows, between tile columns) default to the tensor's grid.
+        reserved page; `strides` (between tile rows, between tile columns) default to the tensor's grid;
         `rows_from`: a grouped tensor's row counts (a parameter, one int32 per group) — rows at or past their
         group's count read as zeros."""
         self._need(True, "read into")
-        sh, sw = strides if strides is not None else (self.ring.builder.tensor_cols(tensor), 1)
-        counts = rows_from.id if rows_from is not None else None
-        self.ring.builder.emit(ReadTiles(tensor.id, address(at), rows, cols, sh, sw, self.ring.id, counts))
+        t, addr, sh, sw, counts = self._block(tensor, at, strides, rows_from)
+        self.ring.builder.emit(ReadTiles(t, addr, rows, cols, sh, sw, self.ring.id, counts))
 
-    def write(
+    def write(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides=None, rows_from=None) -> None:
+        """Copy this waited page's `rows` × `cols` tiles to `tensor` at tile `at` (the reverse of `read`; `rows_from`:
+        rows at or past their group's count are left alone)."""
+        self._need(False, "write from")
+        t, addr, sh, sw, counts = self._block(tensor, at, strides, rows_from)
+        self.ring.builder.emit(WriteTiles(self.ring.id, t, addr, rows, cols, sh, sw, counts))
+
+    def _block(
         self,
         tensor: TensorRef,
         at: Affine | int,
-        rows: int,
-        cols: int,
         strides: tuple[int, int] | None = None,
         rows_from: TensorRef | None = None,
-    ):
-        """Copy this waited page's `rows` × `cols` tiles to `tensor` at tile `at` (the reverse of `read`);
-        `rows_from`: rows at or past their group's count are left alone."""
-        self._need(False, "write from")
+    ) -> tuple[Any, TileAddr, int, int, Any]:
         sh, sw = strides if strides is not None else (self.ring.builder.tensor_cols(tensor), 1)
-        counts = rows_from.id if rows_from is not None else None
-        self.ring.builder.emit(WriteTiles(self.ring.id, tensor.id, address(at), rows, cols, sh, sw, counts))
+        return tensor.id, address(at), sh, sw, rows_from.id if rows_from is not None else None
 
     def send(self, group: GroupRef) -> None:
         """Multicast this reserved page into the page of the same ring each other site of `group` has reserved."""
@@ -793,10 +785,12 @@ def located(
     p,
     declared: dict[str, tuple[str, int]] | None = None,
     blocked: tuple[tuple[int, str, str], ...] = (),
+    names: dict[str, str] | None = None,
 ) -> Exception:
     """`error` (from verify, the interpreter or the emulation) with the user's lines of the ops it names appended —
     or, for an error about the plan or the placement rather than an op, the line that declared it — as the same
-    kind of error. `blocked`: (site, engine, op text) of ops an error names only in its words (an emulation hang)."""
+    kind of error. `blocked`: (site, engine, op text) of ops an error names only in its words (an emulation hang);
+    `names`: the user's names of loop variables the IR numbers ("lv7" → "h"), put back in the message."""
     found: list[str] = []
     where: dict[tuple[int, str], tuple[str, int]] = {}
 
@@ -824,9 +818,14 @@ def located(
         for what, (file, line) in (declared or {}).items():
             if what in text or (what == "placement" and "site" in text and "item" in text):
                 found.append(f"{file}:{line}: the {what}")
-    if not found:
+
+    def named(text: str) -> str:
+        return re.sub(r"\blv\d+\b", lambda m: (names or {}).get(m[0], m[0]), text)
+
+    found = [named(f) for f in dict.fromkeys(found)]
+    message = "\n".join([named(str(error)), *(f"  {f}" for f in found)])
+    if message == str(error):
         return error
-    message = f"{error}\n" + "\n".join(f"  {f}" for f in dict.fromkeys(found))
     if isinstance(error, DeadlockError):
         out: Exception = type(error)(message, error.blocked)
     elif isinstance(error, VerifyRuleError):
@@ -837,6 +836,6 @@ def located(
         out = type(error)(message, stderr=error.stderr, status=error.status)  # type: ignore[call-arg, attr-defined]
     else:
         out = type(error)(message)
-    out.lines = list(dict.fromkeys(found))  # type: ignore[attr-defined]
+    out.lines = found  # type: ignore[attr-defined]
     out.where = where  # type: ignore[attr-defined]  # (site, engine) → its op's file and line: deadlock.svg names them
     return out
