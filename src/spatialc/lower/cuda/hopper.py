@@ -153,9 +153,10 @@ def check_plan(plan: Plan, precision: Precision) -> None:
 
 def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0) -> tuple[int, int]:
     """(shared memory bytes, blocks per SM) of the sm_90a form for `plan`, as the tile planner asks: A's and B's
-    stages, `depth` deep on 1024-byte boundaries, and their barriers — the output and the epilogue's `stages` go from
-    the accumulators straight to global memory (`fused_output`; a chain with an activation keeps its rings, and a
-    plan too large for them is refused when lowered); 0 blocks where the wgmma layout does not take the plan."""
+    stages, `depth` deep on 1024-byte boundaries, and their barriers (a multicast's ready ones too) — the output and
+    the epilogue's `stages` go from the accumulators straight to global memory (`fused_output`; a chain with an
+    activation keeps its rings, and a plan too large for them is refused when lowered); 0 blocks where the wgmma
+    layout does not take the plan."""
     try:
         check_plan(plan, precision)
     except Unsupported:
@@ -165,7 +166,8 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     ibw = plan.block.ibw
     shapes = [(plan.depth, h * ibw, types.operand_bytes), (plan.depth, ibw * w, types.operand_bytes)]
     rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}
-    smem = general.layout(rings, STAGE_ALIGN, BARRIER_ALIGN)[1] + store_stage_bytes()
+    # Both operands' ready barriers are counted: the plan is made before the placement says whether they multicast.
+    smem = general.layout(rings, STAGE_ALIGN, BARRIER_ALIGN, ready=tuple(rings))[1] + store_stage_bytes()
     if smem > target.smem_per_site_max:
         return smem, 0
     return smem, 1
