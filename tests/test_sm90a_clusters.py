@@ -145,6 +145,17 @@ def test_a_peer_using_barriers_before_the_cluster_barrier_after_their_initialisa
 
 @needs_gxx
 @pytest.mark.emulation
+def test_barriers_a_peer_uses_without_the_cluster_fence_after_their_initialisation_are_a_race(grouped):
+    # fence.mbarrier_init.release.cluster makes the initialised barriers visible to the cluster's other blocks; the
+    # cluster barrier alone does not promise it.
+    fence = "spatialc_fence_barrier_init();  // the initialised barriers, before any other thread's use"
+    text = replaced(grouped[1].program_cu, fence, "// (no fence)")
+    got = outcome(grouped, text)
+    assert got.startswith("race") and "with no fence.mbarrier_init after it" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
 def test_a_block_exiting_while_a_peer_still_multicasts_into_it_is_caught(grouped):
     # The receivers' consumers stop a K step early: the last page their sender multicasts to them is never waited
     # for, so nothing orders its bytes before the receiver's exit — with or without the cluster barrier at exit.

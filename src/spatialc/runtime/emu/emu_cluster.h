@@ -167,10 +167,7 @@ SPATIALC_EMU_FN void mbar_arrive_cluster(void* bar, unsigned rank, int line) {
         fatal(kExitMisuse, where + ": block " + std::to_string(b.block_linear) + " arrives on a barrier of block " +
                                std::to_string(o.block_linear) + ", which has exited");
     MBar& m = find_mbar_in(o, at, where.c_str(), line);
-    if (t.cbi <= m.init_cbi)
-        fatal(kExitRace, "RACE between blocks: " + where + " arrives on " + mbar_name(at) + " of block " +
-                             std::to_string(o.block_linear) + ", initialised at line " + std::to_string(m.init_line) +
-                             " with no cluster barrier since (spatialc_cluster_sync): it may be uninitialised");
+    check_peer_use(t, o, at, m, where, "arrives on");
     std::vector<unsigned>& vc = m.peer_acc[b.block_linear];
     join(vc, t.vc);
     if (vc.size() <= (size_t)t.tid) vc.resize((size_t)t.tid + 1, 0);

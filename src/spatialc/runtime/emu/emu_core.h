@@ -149,6 +149,7 @@ struct MBar {
     // with bytes a peer multicast (the latest, as a phase count, and the line that sent them) and the phases some
     // thread of this block has waited through — a block must not exit before it waited for what a peer sent it.
     unsigned init_cbi = 0;
+    bool cluster_visible = false;  // a fence.mbarrier_init by its initialising thread since: peers may see it
     std::map<unsigned long, std::vector<unsigned>> peer_acc, peer_done[2];
     bool peer_bytes = false;
     unsigned long long peer_phase = 0, waited = 0;

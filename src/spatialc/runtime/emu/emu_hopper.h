@@ -8,6 +8,9 @@
 //   tensor, and swizzles 16-byte chunks by shared-memory address bits as the hardware does (32, 64, 128 bytes); its
 //   bytes count on the barrier's transaction count (the phase waits for them), and its writes are checked for races
 //   as the issuing thread's, ordered before whoever waits on the phase;
+// - a barrier a peer block of the cluster arrives on or multicasts into must have been fenced for the cluster
+//   (fence.mbarrier_init by the thread that initialised it) and a cluster barrier must lie between, or the run stops
+//   with a race report;
 // - a barrier the copy engine signals must have been made visible to the async proxy (fence.proxy.async after its
 //   initialisation, as the CUDA programming guide's TMA example does; whether fence.mbarrier_init alone suffices is
 //   not settled by the documentation, so the emulation asks for the stronger fence), or the run stops with a race
@@ -107,6 +110,7 @@ SPATIALC_EMU_FN CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type
 SPATIALC_EMU_FN void mbar_expect_tx(void* bar, unsigned bytes, int line);
 SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar, int line);
 SPATIALC_EMU_FN void fence_proxy_async(int line);
+SPATIALC_EMU_FN void fence_barrier_init();
 // Clusters (emu_cluster.h): the cluster barrier, an arrival on a peer block's barrier, a multicast box.
 SPATIALC_EMU_FN void cluster_sync(int line);
 // TMA stores (emu_runtime.h): a box of shared memory into a tensor, read by the copy engine in late mode only when
@@ -269,7 +273,7 @@ inline void spatialc_bulk_wait_read() {
     spatialc_emu::bulk_wait_read((size_t)N);
 }
 inline void spatialc_fence_proxy_async(int line = __builtin_LINE()) { spatialc_emu::fence_proxy_async(line); }
-inline void spatialc_fence_barrier_init() {}
+inline void spatialc_fence_barrier_init() { spatialc_emu::fence_barrier_init(); }
 template <unsigned N>
 inline void spatialc_regs_dec(int line = __builtin_LINE()) {
     static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg takes 24 to 256 registers, a multiple of 8");

@@ -735,6 +735,28 @@ SPATIALC_EMU_FN void mbar_expect_tx(void* bar, unsigned bytes, int line) {
     m.tx += bytes;
 }
 
+// fence.mbarrier_init.release.cluster: the barriers this thread initialised become visible to the cluster's other
+// blocks (after a cluster barrier), which may then arrive on them or complete their transactions.
+SPATIALC_EMU_FN void fence_barrier_init() {
+    ThreadState& t = me("spatialc_fence_barrier_init");
+    std::lock_guard<std::mutex> lk(blk().mu);
+    for (auto& [bar, m] : blk().mbars)
+        if (m->init_tid == t.tid) m->cluster_visible = true;
+}
+
+// A peer block's use of barrier `m` of block `o`: only after its initialisation was fenced for the cluster and a
+// cluster barrier followed (else the peer may find it uninitialised).
+SPATIALC_EMU_FN void check_peer_use(const ThreadState& t, Block& o, const void* bar, const MBar& m,
+                                    const std::string& where, const char* does) {
+    const std::string head = "RACE between blocks: " + where + " " + does + " " + mbar_name(bar) + " of block " +
+                             std::to_string(o.block_linear) + ", initialised at line " + std::to_string(m.init_line);
+    if (!m.cluster_visible)
+        fatal(kExitRace, head + " with no fence.mbarrier_init after it (spatialc_fence_barrier_init): the "
+                                "initialisation need not be visible to the peer");
+    if (t.cbi <= m.init_cbi)
+        fatal(kExitRace, head + " with no cluster barrier since (spatialc_cluster_sync): it may be uninitialised");
+}
+
 SPATIALC_EMU_FN void fence_proxy_async(int) {
     ThreadState& t = me("spatialc_fence_proxy_async");
     std::lock_guard<std::mutex> lk(blk().mu);
@@ -932,11 +954,7 @@ SPATIALC_EMU_FN void land_box(Block& b, char* dst, const std::vector<char>& imag
                                "a block must wait for every page a peer sends it before it exits)");
     MBar& m = find_mbar_in(b, bar, where.c_str(), line);
     check_async_visible(bar, m, where.c_str(), line);
-    if (peer && t.cbi <= m.init_cbi)
-        fatal(kExitRace, "RACE between blocks: " + where + " signals " + mbar_name(bar) + " in block " +
-                             std::to_string(b.block_linear) + ", initialised at line " + std::to_string(m.init_line) +
-                             " with no cluster barrier since (spatialc_cluster_sync): the peer may find it "
-                             "uninitialised");
+    if (peer) check_peer_use(t, b, bar, m, where, "signals");
     const unsigned clk = (unsigned)m.phase + 1;
     const int engine = m.engine;
     lk.unlock();
