@@ -156,6 +156,17 @@ def test_barriers_a_peer_uses_without_the_cluster_fence_after_their_initialisati
 
 @needs_gxx
 @pytest.mark.emulation
+def test_a_consumer_waiting_at_cta_scope_for_a_page_a_peer_multicast_is_a_race(grouped):
+    # The page's bytes came from the sender's block: only an acquire at cluster scope orders them before the
+    # consumer's reads.
+    text = grouped[1].program_cu
+    assert "spatialc_mbar_wait_cluster(&full_" in text
+    got = outcome(grouped, text.replace("spatialc_mbar_wait_cluster(&full_", "spatialc_mbar_wait(&full_"))
+    assert got.startswith("race") and "acquiring at CTA scope only" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
 def test_a_block_exiting_while_a_peer_still_multicasts_into_it_is_caught(grouped):
     # The receivers' consumers stop a K step early: the last page their sender multicasts to them is never waited
     # for, so nothing orders its bytes before the receiver's exit — with or without the cluster barrier at exit.

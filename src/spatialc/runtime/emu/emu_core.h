@@ -150,6 +150,7 @@ struct MBar {
     // thread of this block has waited through — a block must not exit before it waited for what a peer sent it.
     unsigned init_cbi = 0;
     bool cluster_visible = false;  // a fence.mbarrier_init by its initialising thread since: peers may see it
+    bool peer_touched[2] = {false, false};  // the last completed phase of each parity had a peer's arrival or bytes
     std::map<unsigned long, std::vector<unsigned>> peer_acc, peer_done[2];
     bool peer_bytes = false;
     unsigned long long peer_phase = 0, waited = 0;

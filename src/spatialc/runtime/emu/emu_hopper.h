@@ -9,8 +9,8 @@
 //   bytes count on the barrier's transaction count (the phase waits for them), and its writes are checked for races
 //   as the issuing thread's, ordered before whoever waits on the phase;
 // - a barrier a peer block of the cluster arrives on or multicasts into must have been fenced for the cluster
-//   (fence.mbarrier_init by the thread that initialised it) and a cluster barrier must lie between, or the run stops
-//   with a race report;
+//   (fence.mbarrier_init by the thread that initialised it) and a cluster barrier must lie between, and a thread
+//   passing a phase a peer completed must wait at cluster scope, or the run stops with a race report;
 // - a barrier the copy engine signals must have been made visible to the async proxy (fence.proxy.async after its
 //   initialisation, as the CUDA programming guide's TMA example does; whether fence.mbarrier_init alone suffices is
 //   not settled by the documentation, so the emulation asks for the stronger fence), or the run stops with a race
@@ -250,7 +250,7 @@ inline void spatialc_mbar_arrive_cluster(unsigned long long* bar, unsigned rank,
     spatialc_emu::mbar_arrive_cluster(bar, rank, line);
 }
 inline void spatialc_mbar_wait_cluster(unsigned long long* bar, unsigned parity, int line = __builtin_LINE()) {
-    spatialc_emu::mbar_wait(bar, parity, line);  // what remote arrivals released is learnt as any phase's
+    spatialc_emu::mbar_wait(bar, parity, line, true);  // what remote arrivals released is learnt as any phase's
 }
 inline void spatialc_cluster_sync(int line = __builtin_LINE()) { spatialc_emu::cluster_sync(line); }
 inline void spatialc_tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src,

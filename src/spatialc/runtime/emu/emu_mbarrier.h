@@ -23,7 +23,8 @@ namespace spatialc_emu {
 SPATIALC_EMU_FN void mbar_init(void* bar, unsigned count, int line);
 SPATIALC_EMU_FN void mbar_arrive(void* bar, int line);
 SPATIALC_EMU_FN void mbar_cp_async_arrive(void* bar, int line);
-SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line);
+// `cluster`: acquiring at cluster scope (spatialc_mbar_wait_cluster), as a phase a peer block completed needs.
+SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line, bool cluster = false);
 SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line);
 SPATIALC_EMU_FN void grid_add(int* word, int by, int line);
 SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line);

@@ -573,6 +573,7 @@ SPATIALC_EMU_FN void complete_mbar(Block& b, MBar& m) {
     m.vc_acc.clear();
     m.peer_done[m.phase & 1] = std::move(m.peer_acc);
     m.peer_acc.clear();
+    m.peer_touched[m.phase & 1] = !m.peer_done[m.phase & 1].empty() || m.peer_bytes;
     ++m.phase;
     if (m.peer_bytes) m.peer_phase = m.phase;
     m.peer_bytes = false;
@@ -650,7 +651,7 @@ SPATIALC_EMU_FN void learn(ThreadState& t, Block& b, const MBar& m, unsigned par
     t.where = "running";
 }
 
-SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
+SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line, bool cluster) {
     ThreadState& t = me("spatialc_mbar_wait");
     Block& b = blk();
     std::unique_lock<std::mutex> lk(b.mu);
@@ -663,6 +664,11 @@ SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line) {
         sleep_through_phase(b, m, lk);
     }
     m.waited = std::max(m.waited, m.phase);  // the thread passed phase m.phase - 1
+    if (!cluster && m.peer_touched[parity & 1])
+        fatal(kExitRace, "RACE between blocks: spatialc_mbar_wait at line " + std::to_string(line) + " passes a "
+                         "phase of " + mbar_name(bar) + " that a peer block completed (its arrival or its multicast "
+                         "bytes), acquiring at CTA scope only: what the peer wrote is not ordered before this thread's "
+                         "reads (wait at cluster scope: spatialc_mbar_wait_cluster)");
     learn(t, b, m, parity);
 }
 
