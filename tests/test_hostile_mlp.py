@@ -416,7 +416,7 @@ REFUSED: dict[str, tuple[list[Edit], type[Exception], str]] = {
     "two hidden pages per h step, both multiplied": (
         twice_per_h(),
         SemanticError,
-        "C tile (0, 0) sums k-tiles 0..7 (16 products) of 0..7; K needs 0..7 each exactly once",
+        "Y tile (0, 0) sums k-tiles 0..7 (16 products) of 0..7; K needs 0..7 each exactly once",
     ),
     "the hidden bias at column 0 whatever the h step": (
         hidden_bias("0"),

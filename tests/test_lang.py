@@ -468,3 +468,119 @@ def test_an_emulation_hang_names_the_users_lines_of_the_waits_it_hangs_in():
     text = str(caught.value)
     assert f"{path}:{line_of(path, 'with a_ring.reserve() as page:')}: site 0 reader: Reserve A_ring" in text, text
     assert "waits on empty_0[" in text  # the emulator's own words are kept
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says", "line"),
+    [
+        ("acc.matmul(mm, a, b)", "acc.matmul(mm, a, b_ring)",
+         "operand B of a matmul is a page (ring.reserve() or ring.wait()), not ring B_ring — wait for a page", None),
+        ("acc.matmul(mm, a, b)", 'acc.matmul("matmul", a, b)', "the first argument of a matmul is a stage", None),
+        ("page.read(A, 2 * a_cols", 'page.read("A", 2 * a_cols', "the tensor a page reads is a tensor", None),
+        ("2 * a_cols * item.y + 4 * kk", "2 * a_cols * item.y + kk // 1 * 4", "a loop variable cannot be divided",
+         None),
+        ('acc = p.accumulator("acc", tiles=2 * 4)', 'acc = p.accumulator("acc", tiles=8.0)',
+         "accumulator acc's tiles is a whole number of at least 1, not 8.0", None),
+        ("    @p.writer", "    @p.reader", "a second reader engine for site 0", "def write(e: lang.Engine):"),
+        ('target="sm_90", precision="bf16"', 'target="sm90", precision="bf16"', "target 'sm90' (", None),
+        ('target="sm_90", precision="bf16"', 'target="sm_90", precision="bfloat16"', "precision 'bfloat16'", None),
+    ],
+    ids=["a ring for a page", "a stage's name for the stage", "a tensor's name for the tensor", "a divided loop",
+         "fractional tiles", "two readers", "an unknown target", "an unknown precision"],
+)  # fmt: skip
+def test_what_a_newcomer_gets_wrong_is_refused_at_its_line(tmp_path, old, new, says, line):
+    source = (EXAMPLES / "gemm_by_hand.py").read_text()
+    assert source.count(old) == 1
+    path = tmp_path / "mine.py"
+    path.write_text(source.replace(old, new))
+    with pytest.raises(lang.LangError) as caught:
+        scope: dict[str, object] = {"__name__": "mine"}
+        exec(compile(path.read_text(), str(path), "exec"), scope)
+        scope["gemm"]()  # type: ignore[operator]
+    assert says in str(caught.value), str(caught.value)
+    want = line_of(path, line if line is not None else new.strip().split("\n")[-1])
+    # (a decorator's refusal is at the decorator, the line before its function's)
+    assert caught.value.file == str(path) and caught.value.line in (want - 1, want, want + 1), (caught.value.line, want)
+
+
+def test_a_matmul_given_pages_of_another_stage_is_refused_at_its_line(tmp_path):
+    source = (EXAMPLES / "mlp.py").read_text()
+    old = "acc2.matmul(layer2, g, w2)"
+    assert source.count(old) == 1
+    path = tmp_path / "mlp.py"
+    path.write_text(source.replace(old, "acc2.matmul(layer1, g, w2)"))
+    scope: dict[str, object] = {"__name__": "mine"}
+    exec(compile(path.read_text(), str(path), "exec"), scope)
+    with pytest.raises(lang.LangError, match="stage layer1 multiplies pages of X_ring and W1_ring; these are of"):
+        scope["mlp"]()  # type: ignore[operator]
+
+
+def test_a_bias_may_name_its_tile_column_with_loop_variables(tmp_path):
+    from spatialc.lang.source import python_source
+
+    program = spatialc.build(spatialc.gemm(64, 64, 64, "bf16", epilogue=[spatialc.bias()]), "sm_90", sites=1)
+    source = python_source(program)
+    printed = "at=TileAddr(base=0, steps=((LoopVar(2), 4),))"  # item_x's 4 tiles a step, as the IR spells it
+    assert source.count(printed) == 1
+    scope: dict[str, object] = {}
+    exec(compile(source.replace(printed, "at=4 * item.x"), "<bias>", "exec"), scope)
+    assert scope["program"]() == program  # type: ignore[operator]
+
+
+def epilogue_gemm(p: lang.Builder, n: int = 64):
+    """The tutorial's epilogue (section 8) on its GEMM: relu(A @ B + bias)."""
+    from spatialc.ir.ops import Bias, Relu
+
+    A, B, C = p.input("A", 64, 64), p.input("B", 64, n), p.output("C", 64, n)
+    bias = p.parameter("bias", 1, n)
+    a_ring = p.ring("A_ring", depth=2, tiles=8, layout="swizzled")
+    b_ring = p.ring("B_ring", depth=2, tiles=16, layout="swizzled")
+    acc, c_ring = p.accumulator("acc", tiles=8), p.ring("C_ring", depth=2, tiles=8)
+    packed = p.ring("packed", depth=2, tiles=8, kind="interm")
+    biased = p.ring("biased", depth=2, tiles=8, kind="interm")
+    p.read("read_A", A, a_ring)
+    p.read("read_B", B, b_ring)
+    mm = p.matmul("matmul", a_ring, b_ring, packed, block=(2, 4, 4))
+    p.elementwise("add_bias", Bias(bias.id), packed, biased)
+    p.elementwise("relu", Relu(), biased, c_ring)
+    p.write("write_C", c_ring, C)
+    grid = (2, n // 64)
+    p.plan(block=(2, 4, 4), grid=grid, k_tiles=4, depth=2)
+    p.place([list(range(grid[0] * grid[1]))])
+
+    @p.reader
+    def read(e: lang.Engine):
+        for item in e.items():
+            with a_ring.reserve() as page:
+                page.read(A, 8 * item.y, 2, 4)
+            with b_ring.reserve() as page:
+                page.read(B, 4 * item.x, 4, 4)
+
+    @p.compute
+    def multiply(e: lang.Engine):
+        for item in e.items():
+            acc.acquire()
+            a, b = a_ring.wait(), b_ring.wait()
+            acc.matmul(mm, a, b)
+            a.pop()
+            b.pop()
+            with packed.reserve() as page:
+                acc.pack(page)
+            acc.release()
+            with packed.wait() as src, biased.reserve() as dst:
+                e.compute(Bias(bias.id, 4 * item.x, 4), src, dst)
+            with biased.wait() as src, c_ring.reserve() as dst:
+                e.compute(Relu(), src, dst)
+
+    @p.writer
+    def write(e: lang.Engine):
+        for item in e.items():
+            with c_ring.wait() as page:
+                page.write(C, 2 * (n // 16) * item.y + 4 * item.x, 2, 4)
+
+
+def test_the_tutorials_epilogue_computes_relu_of_the_product_plus_the_bias():
+    program = lang.trace(epilogue_gemm, n=128).verify()
+    rng = np.random.default_rng(3)
+    x = ints(64, 128, 64) | {"bias": rng.integers(-40, 40, 128).astype(np.float32)}
+    assert np.array_equal(spatialc.evaluate(program, x), np.maximum(x["A"] @ x["B"] + x["bias"], 0))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import spatialc
+from spatialc import lang
 from spatialc.errors import SemanticError
 from spatialc.lang.source import python_source
 from spatialc.reference import reference
@@ -91,10 +92,12 @@ def test_the_mlp_printed_as_python_traces_back_to_itself():
         # another activation than the stage declares
         ('e.compute(Activation("gelu"), s, g)', 'e.compute(Activation("tanh"), s, g)', SemanticError,
          "compute: Compute", "declares gelu"),
-        # the second matmul multiplies the packed sums, skipping the gelu page: sums is popped twice as often as
-        # it is pushed (rule 5 finds it first)
-        ("g, w2 = hidden.wait(), w2_ring.wait()", "g, w2 = sums.wait(), w2_ring.wait()", spatialc.VerifyError,
-         "", "sums has 4 page(s) pushed"),
+        # the second matmul multiplies the packed sums, skipping the gelu page: refused where it is traced, since
+        # layer2's stage multiplies hidden's pages
+        ("g, w2 = hidden.wait(), w2_ring.wait()", "g, w2 = sums.wait(), w2_ring.wait()", lang.LangError,
+         "", "stage layer2 multiplies pages of hidden and W2_ring; these are of sums and W2_ring"),
+        # the hidden page is never freed (rule 5: the ring does not end empty, named where it is pushed)
+        ("                g.pop()\n", "", spatialc.VerifyError, "", "hidden has 4 page(s) pushed (by compute) but 0"),
         # W2 of the wrong height: the hidden width and W2's rows disagree
         ('W2 = p.input("W2", H, N)', 'W2 = p.input("W2", H // 2, N)', spatialc.VerifyError, "", "W2"),
     ],
@@ -116,9 +119,11 @@ def test_a_wrong_mlp_is_refused_at_its_line(tmp_path: Path, old, new, error, whe
         assert f"{path}:{line_of(path, new)}: site 0 reader: ReadTiles" in text, text
     if where == "compute: Compute":
         assert f"{path}:{line_of(path, new)}:" in text, text
-    if "pushed" in says:  # the ring's pushes and pops, each at its line
-        assert f"{path}:{line_of(path, 'g.pop()')}: site 0 compute: Pop sums" in text, text
-        assert f"{path}:{line_of(path, 'with sums.reserve() as page:')}: site 0 compute: Push sums" in text, text
+    if "pushed" in says:  # the ring's pushes (and pops, of which there are none), each at its line
+        push = line_of(path, "with sums.wait() as s, hidden.reserve() as g:")
+        assert f"{path}:{push}: site 0 compute: Push hidden" in text, text
+    if error is lang.LangError:
+        assert caught.value.line == line_of(path, "acc2.matmul(layer2, g, w2)"), text
 
 
 def int8_mlp(requant: bool):

@@ -559,7 +559,7 @@ def test_trip_loops():
         _with_trips(small(), (R,)),
         StrongerCheckNeeded,
         "site 0",
-        "not inside the same Trip loops",
+        "not inside the same loops counted at run time (Trip loops)",
         "depends on the data",
     )
     s = SemId(0)

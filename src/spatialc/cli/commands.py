@@ -243,7 +243,8 @@ def _lowering(p: SpatialProgram, path: Path) -> str:
     )
     why = "".join(f"; {note}" for note in art.notes if note.startswith("the general form, as"))
     return (
-        f"the {kind} for {art.target} takes it: {art.launch.grid} blocks of {bud.threads} threads,"
+        f"the {kind} for {art.target} takes it: {art.launch.grid} block{'s' if art.launch.grid != 1 else ''} of"
+        f" {bud.threads} threads,"
         f" {bud.total_bytes} bytes of shared memory a block (`spatialc lower {path} --emit DIR` writes it){why}"
     )
 

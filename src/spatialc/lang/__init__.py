@@ -53,6 +53,7 @@ from .builder import (
     SemRef,
     StageRef,
     TensorRef,
+    checked,
     located,
 )
 
@@ -166,6 +167,8 @@ def program(*, target: str = "sm_90", precision: str = "bf16", name: str | None 
     """Decorator: the function becomes one that traces and verifies the program (its keyword arguments are the
     program function's, after the builder) and returns the verified SpatialProgram; `.trace(**kwargs)` gives the
     unverified `Traced` program with its lines."""
+
+    checked(target, precision)  # an unknown target or precision is refused at the decorator's line
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., SpatialProgram]:
         @functools.wraps(fn)

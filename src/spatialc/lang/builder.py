@@ -13,6 +13,7 @@ tracing, and any error `verify` raises about an op, name the user's file and lin
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import re
@@ -63,6 +64,7 @@ from ..ir.ops import (
     AcquireAcc,
     AddPartial,
     Barrier,
+    Bias,
     BlockShape,
     ChoreoOp,
     Compute,
@@ -115,6 +117,44 @@ def user_line() -> tuple[str, int]:
 
 def refuse(message: str) -> LangError:
     return LangError(message, user_line())
+
+
+WHAT = {  # what each kind of argument is, for messages
+    "Page": "a page (ring.reserve() or ring.wait())",
+    "TensorRef": "a tensor (p.input, p.output, p.parameter, p.workspace)",
+    "StageRef": "a stage (p.matmul, p.elementwise, …)",
+    "RingRef": "a ring (p.ring)",
+    "GroupRef": "a group of sites (p.group)",
+    "SemRef": "a semaphore (p.semaphore)",
+}
+
+
+def expect(value: Any, kind: type, what: str) -> Any:
+    """`value`, or a LangError at the user's line saying `what` must be (a page where a ring was given, …)."""
+    if isinstance(value, kind):
+        return value
+    given = f"ring {value.name}" if type(value).__name__ == "RingRef" else f"{type(value).__name__} {value!r}"
+    hint = " — wait for a page of it, or reserve one" if type(value).__name__ == "RingRef" and kind is Page else ""
+    raise refuse(f"{what} is {WHAT.get(kind.__name__, kind.__name__)}, not {given}{hint}")
+
+
+def whole(value: Any, what: str, least: int = 1) -> int:
+    """`value` when it is a whole number of at least `least`, else a LangError at the user's line."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise refuse(f"{what} is a whole number of at least {least}, not {value!r}")
+    return value
+
+
+def checked(target: str, precision: str) -> Precision:
+    """The program's precision, after its target and precision are shown to be ones spatialc knows."""
+    from ..target import TARGETS
+
+    if target not in TARGETS:
+        raise refuse(f"target {target!r} ({', '.join(TARGETS)})")
+    try:
+        return Precision(precision)
+    except ValueError:
+        raise refuse(f"precision {precision!r} (int8, fp16 or bf16)") from None
 
 
 def default_dtype(role: TensorRole, precision: Precision) -> DType:
@@ -188,6 +228,14 @@ class Affine:
 
     def __index__(self) -> int:
         raise refuse("a loop variable is not a number while the program is traced (engine.range gives symbols)")
+
+    def _divided(self, *_: Any) -> Affine:
+        raise refuse(
+            "a loop variable cannot be divided while the program is traced: a tile address adds, subtracts and scales"
+            " loop variables by whole numbers (write the loop over the quotient instead)"
+        )
+
+    __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _divided  # type: ignore[assignment]
 
 
 def address(at: Affine | int) -> TileAddr:
@@ -280,30 +328,34 @@ class Page:
         `rows_from`: a grouped tensor's row counts (a parameter, one int32 per group) — rows at or past their
         group's count read as zeros."""
         self._need(True, "read into")
-        t, addr, sh, sw, counts = self._block(tensor, at, strides, rows_from)
+        t, addr, sh, sw, counts = self._block(tensor, at, strides, rows_from, "the tensor a page reads")
         self.ring.builder.emit(ReadTiles(t, addr, rows, cols, sh, sw, self.ring.id, counts))
 
     def write(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides=None, rows_from=None) -> None:
         """Copy this waited page's `rows` × `cols` tiles to `tensor` at tile `at` (the reverse of `read`; `rows_from`:
         rows at or past their group's count are left alone)."""
         self._need(False, "write from")
-        t, addr, sh, sw, counts = self._block(tensor, at, strides, rows_from)
+        t, addr, sh, sw, counts = self._block(tensor, at, strides, rows_from, "the tensor a page writes")
         self.ring.builder.emit(WriteTiles(self.ring.id, t, addr, rows, cols, sh, sw, counts))
 
     def _block(
         self,
         tensor: TensorRef,
         at: Affine | int,
-        strides: tuple[int, int] | None = None,
-        rows_from: TensorRef | None = None,
+        strides: tuple[int, int] | None,
+        rows_from: TensorRef | None,
+        what: str,
     ) -> tuple[Any, TileAddr, int, int, Any]:
+        expect(tensor, TensorRef, what)
+        if rows_from is not None:
+            expect(rows_from, TensorRef, "rows_from (the row counts)")
         sh, sw = strides if strides is not None else (self.ring.builder.tensor_cols(tensor), 1)
         return tensor.id, address(at), sh, sw, rows_from.id if rows_from is not None else None
 
     def send(self, group: GroupRef) -> None:
         """Multicast this reserved page into the page of the same ring each other site of `group` has reserved."""
         self._need(True, "send")
-        self.ring.builder.emit(McastSend(self.ring.id, group.id))
+        self.ring.builder.emit(McastSend(self.ring.id, expect(group, GroupRef, "the group a page is sent to").id))
 
     def _need(self, reserved: bool, what: str) -> None:
         if self.reserved != reserved:
@@ -354,22 +406,34 @@ class AccRef:
         self.builder.emit(ReleaseAcc(self.id))
 
     def matmul(self, stage: StageRef, a: Page, b: Page) -> None:
-        """Add the product of the waited pages `a` and `b` (one K step of matmul `stage`) to the accumulator."""
+        """Add the product of the waited pages `a` and `b` (one K step of matmul `stage`, whose rings they are) to
+        the accumulator."""
+        expect(stage, StageRef, "the first argument of a matmul")
         if not isinstance(stage.op, MatmulTiles):
             raise refuse(f"stage {stage.name} is not a matmul")
-        for page in (a, b):
+        for which, page in (("A", a), ("B", b)):
+            expect(page, Page, f"operand {which} of a matmul")
             page._need(False, "multiply")
+        ins = self.builder.stage(stage).ins
+        if (a.ring.id, b.ring.id) != ins:
+            names = " and ".join(self.builder.buffer_name(x) for x in ins)
+            raise refuse(
+                f"stage {stage.name} multiplies pages of {names}; these are of {a.ring.name} and {b.ring.name}"
+            )
         self.builder.emit(Compute(stage.op, (a.ring.id, b.ring.id), (), self.id))
 
     def add(self, page: Page) -> None:
         """Add the partial sums of the waited page to the accumulator (split-K)."""
+        expect(page, Page, "what an accumulator adds")
         page._need(False, "add")
         self.builder.emit(Compute(AddPartial(), (page.ring.id,), (), self.id))
 
     def pack(self, into: Page, tiles: int | None = None) -> None:
         """Move the accumulator's tiles into the reserved page `into` (rounded to the ring's type)."""
+        expect(into, Page, "what an accumulator is packed into")
         into._need(True, "pack into")
-        self.builder.emit(PackAcc(self.id, into.ring.id, self.tiles if tiles is None else tiles))
+        n = self.tiles if tiles is None else whole(tiles, "the tiles a pack moves")
+        self.builder.emit(PackAcc(self.id, into.ring.id, n))
 
 
 # ---- engines ---------------------------------------------------------------------------------------------------
@@ -407,6 +471,7 @@ class Engine:
         blocks of `per` rows, v its group's row count. Its index is symbolic, as `range`'s."""
         if any(isinstance(x, bool) or not isinstance(x, int) for x in (bound, per)) or bound < 0 or per < 1:
             raise refuse(f"a loop counted at run time has a whole bound ≥ 0 and rows per step ≥ 1, not {bound}, {per}")
+        expect(tensor, TensorRef, "the tensor a loop's count is read from")
         v = self.builder.loop_var(name)
         at = address(element)
         yield from self._loop(v, Trip(tensor.id, at.base, bound, per, at.steps), var(v))
@@ -422,14 +487,18 @@ class Engine:
 
     def barrier(self, group: GroupRef) -> None:
         """Until every site of `group` has arrived here."""
-        self.builder.emit(Barrier(group.id))
+        self.builder.emit(Barrier(expect(group, GroupRef, "what a barrier waits for").id))
 
     def compute(self, stage: StageRef | ComputeOp, src: Page, dst: Page) -> None:
         """Elementwise `stage` from the waited page `src` into the reserved page `dst` — or the op given itself (a
         bias names the tile columns of the page at hand: `Bias(tensor, at, width)`, ir.ops)."""
         op = stage.op if isinstance(stage, StageRef) else stage
-        if op is None or isinstance(op, MatmulTiles):
-            raise refuse(f"{getattr(stage, 'name', op)} is not an elementwise stage")
+        if op is None or isinstance(op, MatmulTiles) or not dataclasses.is_dataclass(op):
+            raise refuse(f"{getattr(stage, 'name', op)!s} is not an elementwise stage or op (Relu(), Bias(...), …)")
+        if isinstance(op, Bias) and not isinstance(op.at, TileAddr):
+            op = dataclasses.replace(op, at=address(op.at))  # a bias's tile column may name loop variables
+        expect(src, Page, "what an elementwise op reads")
+        expect(dst, Page, "what an elementwise op writes")
         src._need(False, "read")
         dst._need(True, "write")
         self.builder.emit(Compute(op, (src.ring.id,), (dst.ring.id,)))
@@ -444,18 +513,19 @@ class Engine:
 
     def sem_inc(self, sem: SemRef, site: int, by: int = 1) -> None:
         """Add `by` to site `site`'s copy of `sem`."""
-        self.builder.emit(SemInc(sem.id, Site(site), by))
+        self.builder.emit(SemInc(expect(sem, SemRef, "what sem_inc raises").id, Site(site), by))
 
     def sem_wait(self, sem: SemRef, value: int) -> None:
         """Until this site's copy of `sem` is at least `value`."""
-        self.builder.emit(SemWait(sem.id, value))
+        self.builder.emit(SemWait(expect(sem, SemRef, "what sem_wait waits for").id, value))
 
     def sem_set(self, sem: SemRef, value: int) -> None:
-        self.builder.emit(SemSet(sem.id, value))
+        self.builder.emit(SemSet(expect(sem, SemRef, "what sem_set sets").id, value))
 
     def set_valid(self, sem: SemRef, group: GroupRef, value: int = 1) -> None:
         """Set `sem` to `value` on every site of `group` (a multicast's "the page is there")."""
-        self.builder.emit(McastSetValid(sem.id, group.id, value))
+        expect(group, GroupRef, "the group set_valid sets")
+        self.builder.emit(McastSetValid(expect(sem, SemRef, "what set_valid sets").id, group.id, value))
 
 
 # ---- the builder ---------------------------------------------------------------------------------------------
@@ -465,10 +535,7 @@ class Builder:
     """What a program function is given: it declares the program and traces its engines."""
 
     def __init__(self, name: str, target: str, precision: str):
-        try:
-            self.precision = Precision(precision)
-        except ValueError:
-            raise refuse(f"precision {precision!r} (int8, fp16 or bf16)") from None
+        self.precision = checked(target, precision)
         self.name, self.target = name, target
         self.tensors: list[Tensor] = []
         self.buffers: list[Buffer] = []
@@ -555,7 +622,9 @@ class Builder:
     def ring(self, name: str, depth: int, tiles: int, layout: str = "row", kind: str = "fifo") -> RingRef:
         """A ring of `depth` pages of `tiles` tiles each (`layout`: how a page holds its tiles, ir.nodes.PageLayout;
         `kind` "interm": an epilogue stage's ring, between two steps of the compute engine)."""
-        if depth < 1 or tiles < 1 or kind not in ("fifo", "interm"):
+        whole(depth, f"ring {name}'s depth")
+        whole(tiles, f"ring {name}'s tiles a page")
+        if kind not in ("fifo", "interm"):
             raise refuse(f"ring {name} of {depth} pages of {tiles} tiles ({kind})")
         try:
             ring_kind = (Fifo if kind == "fifo" else Interm)(depth, tiles, PageLayout(layout))
@@ -565,7 +634,8 @@ class Builder:
         return RingRef(self, b.id, name, depth, tiles)
 
     def accumulator(self, name: str, tiles: int) -> AccRef:
-        b = self._buffer(name, Accumulator(tiles))
+        """An accumulator of `tiles` tiles of sums (an item's block)."""
+        b = self._buffer(name, Accumulator(whole(tiles, f"accumulator {name}'s tiles")))
         return AccRef(self, b.id, name, tiles)
 
     def _buffer(self, name: str, kind: Any) -> Buffer:
@@ -587,6 +657,12 @@ class Builder:
 
     # -- what the program computes --
 
+    def stage(self, ref: StageRef) -> Stage:
+        return self.stages[int(ref.id)]
+
+    def buffer_name(self, bid: BufferId) -> str:
+        return self.buffers[int(bid)].name
+
     def _stage(self, name: str, kind: Any, engine: str, ins: tuple, outs: tuple) -> StageRef:
         s = Stage(StageId(len(self.stages)), name, kind, IREngine(engine), ins, outs)
         self.stages.append(s)
@@ -594,6 +670,8 @@ class Builder:
 
     def read(self, name: str, tensor: TensorRef, into: RingRef, engine: str = "reader") -> StageRef:
         """Stage: `tensor` is read into the pages of `into`."""
+        expect(tensor, TensorRef, f"the tensor stage {name} reads")
+        expect(into, RingRef, f"the ring stage {name} fills")
         return self._stage(name, ReadStage(tensor.id), engine, (), (into.id,))
 
     def matmul(
@@ -608,6 +686,8 @@ class Builder:
     ) -> StageRef:
         """Stage: the product of A's and B's pages, `block` = (output tile rows, columns, K tiles a step), into
         `out`'s pages — and, split over sites (split-K), a part of K's sum into `partial`'s."""
+        for what, ring in (("operand A", a), ("operand B", b), ("output", out)):
+            expect(ring, RingRef, f"the {what} ring of stage {name}")
         op = MatmulTiles(BlockShape(*block), tuple(sub_blocks), self.precision)  # type: ignore[arg-type]
         outs = (out.id,) if partial is None else (out.id, partial.id)
         return self._stage(name, ComputeStage(op), "compute", (a.id, b.id), outs)
@@ -618,10 +698,14 @@ class Builder:
 
     def elementwise(self, name: str, op: ComputeOp, src: RingRef, dst: RingRef) -> StageRef:
         """Stage: `op` (ir.ops Relu, Bias, Scalar, …) applied to `src`'s pages into `dst`'s."""
+        expect(src, RingRef, f"the ring stage {name} reads")
+        expect(dst, RingRef, f"the ring stage {name} fills")
         return self._stage(name, ComputeStage(op), "compute", (src.id,), (dst.id,))
 
     def write(self, name: str, src: RingRef, tensor: TensorRef, engine: str = "writer") -> StageRef:
         """Stage: the pages of `src` are written to `tensor`."""
+        expect(src, RingRef, f"the ring stage {name} empties")
+        expect(tensor, TensorRef, f"the tensor stage {name} writes")
         return self._stage(name, WriteStage(tensor.id), engine, (src.id,), ())
 
     def plan(
@@ -701,6 +785,8 @@ class Builder:
         if self.placement is None:
             raise refuse("the engines are traced after the items are placed (builder.place)")
         for site in sites if sites is not None else [int(s) for s, _ in self.placement.items_of_site]:
+            if (site, engine.value) in self.lines:
+                raise refuse(f"a second {engine.value} engine for site {site} (each site has one of each)")
             self.engine = (site, engine.value)
             self.lines[self.engine] = []
             self.held = {}

@@ -309,8 +309,8 @@ class SiteRun:
             y, x = divmod(int(self.items[0]), self.grid[1])
             rows, cols = self.block
             raise SemanticError(
-                f"site {int(self.site)}: C tile ({y * rows}, {x * cols}) is never written — the site holds"
-                f" {len(self.items)} item(s) and no WriteTiles of it runs",
+                f"site {int(self.site)}: {self.decl.out.name} tile ({y * rows}, {x * cols}) is never written — the"
+                f" site holds {len(self.items)} item(s) and no WriteTiles of it runs",
                 site=int(self.site),
             )
         return self.writes[0] if self.writes else None

@@ -114,7 +114,8 @@ def check_decidable(ctx: ProgramIndex, site: Site, progs: SiteProgs) -> None:
             if first[2] != sig:
                 text, engine = ctx.op(use.op), prog.engine.value
                 raise StrongerCheckNeeded(
-                    f"{where(site, engine)}: {text} — it is not inside the same Trip loops as {first[0]}'s"
+                    f"{where(site, engine)}: {text} — it is not inside the same loops counted at run time (Trip"
+                    f" loops) as {first[0]}'s"
                     f" {ctx.op(first[1])}, so whether {ctx.name(use.buf)} balances depends on the data; one counter"
                     " run at the trip bounds cannot decide it",
                     site=int(site),

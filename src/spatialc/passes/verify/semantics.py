@@ -419,7 +419,7 @@ class _Proof:
         return f"{text} of site {holders[0]} (whose programs are site {int(self.site.site)}'s)" if holders else text
 
     def tile_text(self, values: dict[Sym, int]) -> str:
-        return f"C tile ({self.w.row.at(values)}, {self.w.col.at(values)})"
+        return f"{self.decl.out.name} tile ({self.w.row.at(values)}, {self.w.col.at(values)})"
 
     def differ(self, pairs: Sequence[tuple[Aff, Aff]], syms: set[Sym]) -> dict[Sym, int]:
         """Values (the site's first item, one symbol at 1 at most) where some pair of forms differs."""
@@ -492,13 +492,14 @@ class _Proof:
         for (r, c), n in sorted(seen.items()):
             if (r, c) not in block:
                 return (
-                    f"{who} writes C tile ({r}, {c}), outside its block of tile rows {y * rows}..{(y + 1) * rows - 1},"
-                    f" columns {x * cols}..{(x + 1) * cols - 1}"
+                    f"{who} writes {self.decl.out.name} tile ({r}, {c}), outside its block of tile rows"
+                    f" {y * rows}..{(y + 1) * rows - 1}, columns {x * cols}..{(x + 1) * cols - 1}"
                 )
             if n > 1:
-                return f"C tile ({r}, {c}) is written {n} times by {who}"
+                return f"{self.decl.out.name} tile ({r}, {c}) is written {n} times by {who}"
         missing = sorted(block - set(seen))
-        return f"C tile ({missing[0][0]}, {missing[0][1]}) is never written (it is {who}'s)" if missing else None
+        name = self.decl.out.name
+        return f"{name} tile ({missing[0][0]}, {missing[0][1]}) is never written (it is {who}'s)" if missing else None
 
     # ---- the value of each tile --------------------------------------------------------------------------------
 
