@@ -584,3 +584,83 @@ def test_the_tutorials_epilogue_computes_relu_of_the_product_plus_the_bias():
     rng = np.random.default_rng(3)
     x = ints(64, 128, 64) | {"bias": rng.integers(-40, 40, 128).astype(np.float32)}
     assert np.array_equal(spatialc.evaluate(program, x), np.maximum(x["A"] @ x["B"] + x["bias"], 0))
+
+
+def two_readers(p: lang.Builder, rows: int = 2, k: int = 128):
+    """A GEMM whose A and B are read by two engines: the reader reads A, a mover (a further data-movement engine)
+    reads B. Items of `rows` × 4 tiles."""
+    m, n = 16 * rows * 2, 64
+    A, B, C = p.input("A", m, k), p.input("B", k, n), p.output("C", m, n)
+    a_ring = p.ring("A_ring", depth=2, tiles=rows * 4, layout="swizzled")
+    b_ring = p.ring("B_ring", depth=2, tiles=16, layout="swizzled")
+    acc, c_ring = p.accumulator("acc", tiles=rows * 4), p.ring("C_ring", depth=2, tiles=rows * 4)
+    p.read("read_A", A, a_ring)
+    p.read("read_B", B, b_ring, engine="mover")
+    mm = p.matmul("matmul", a_ring, b_ring, c_ring, block=(rows, 4, 4))
+    p.write("write_C", c_ring, C)
+    p.plan(block=(rows, 4, 4), grid=(2, 1), k_tiles=k // 16, depth=2)
+    p.place([[0, 1]])
+    a_cols, steps = k // 16, k // 64
+
+    @p.reader
+    def read(e: lang.Engine):
+        for item in e.items():
+            for kk in e.range(steps, "k"):
+                with a_ring.reserve() as page:
+                    page.read(A, rows * a_cols * item.y + 4 * kk, rows, 4)
+
+    @p.mover
+    def read_b(e: lang.Engine):
+        for _ in e.items():
+            for kk in e.range(steps, "k"):
+                with b_ring.reserve() as page:
+                    page.read(B, 16 * kk, 4, 4)
+
+    @p.compute
+    def multiply(e: lang.Engine):
+        for _ in e.items():
+            acc.acquire()
+            for _ in e.range(steps, "k"):
+                a, b = a_ring.wait(), b_ring.wait()
+                acc.matmul(mm, a, b)
+                a.pop()
+                b.pop()
+            with c_ring.reserve() as page:
+                acc.pack(page)
+            acc.release()
+
+    @p.writer
+    def write(e: lang.Engine):
+        for item in e.items():
+            with c_ring.wait() as page:
+                page.write(C, rows * 4 * item.y, rows, 4)
+
+
+def test_a_fourth_engine_moves_data_beside_the_reader_and_is_pictured_and_printed(tmp_path):
+    from spatialc.lang.source import python_source
+    from spatialc.viz import timeline_svg
+
+    program = lang.trace(two_readers).verify()
+    assert sorted({q.engine.value for q in program.schedule.programs}) == ["compute", "mover", "reader", "writer"]
+    x = ints(64, 64, 128)
+    c, trace = spatialc.evaluate(program, x, trace=True)
+    assert np.array_equal(c, x["A"] @ x["B"])
+    assert ">mover<" in timeline_svg(trace)  # its own lane
+    source = python_source(program)
+    scope: dict[str, object] = {}
+    exec(compile(source, "<two readers>", "exec"), scope)
+    assert "@p.mover(" in source and scope["program"]() == program  # type: ignore[operator]
+
+
+@pytest.mark.emulation
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+def test_a_fourth_engine_runs_on_warps_of_its_own_in_every_form():
+    program = lang.trace(two_readers).verify()
+    x = ints(64, 64, 128)
+    for form in ("persistent", "general"):
+        art = spatialc.lower(program, form=form)
+        assert np.array_equal(spatialc.emulate(art, x, timeout=120), x["A"] @ x["B"]), form
+    assert ("mover", 1) in spatialc.lower(program, form="general").budget.engines
+    hopper = lang.trace(two_readers, name="two_readers_sm90a", target="sm_90a", rows=8).verify()
+    y = ints(256, 64, 128)
+    assert np.array_equal(spatialc.emulate(spatialc.lower(hopper), y, timeout=120), y["A"] @ y["B"])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .errors import DeadlockError
 from .interp.trace import RingTrace, Trace
-from .ir.nodes import PageLayout, SpatialProgram, TensorRole
+from .ir.nodes import Engine, PageLayout, SpatialProgram, TensorRole
 from .ir.ops import ChoreoOp, Pop, Push, Reserve, SemInc, SemWait, Wait, walk
 from .ir.printer import op_text
 
@@ -275,7 +275,7 @@ def timeline_svg(
 
     `trace` is what `spatialc.evaluate(..., trace=True)` returns beside C; `name` (the program's) goes in the title.
     Waits and reserves that blocked show as long grey spans: that is where an engine starved or a ring was full."""
-    engines = [e for e in ("reader", "compute", "writer") if trace.engine(site, e)]
+    engines = [e.value for e in Engine if trace.engine(site, e.value)]
     rings = [r for r in trace.rings if r.site == site]
     total = trace.ticks
     end = min(total, max_ticks) if max_ticks else total
@@ -323,7 +323,7 @@ _ENTRY = re.compile(_HEAD + r"(.+?) — (.+?)(?=; " + _HEAD + r"| \(and on \d+ o
 _OTHER_SITES = re.compile(r"\(and on (\d+) other site\(s\)[^)]*\)")
 
 Node = tuple[int, str]  # (site, engine)
-_ENGINE_COL = {"reader": 0, "compute": 1, "writer": 2}
+_ENGINE_COL = {"reader": 0, "compute": 1, "writer": 2}  # any other engine (a mover) in a fourth column
 _EDGE = {  # blocking op -> (colour, what the blocked engine waits for, key label)
     "Wait": ("#1f5fa8", "data in", "Wait: for pages the engine pointed at has not published"),
     "Reserve": ("#c0392b", "room in", "Reserve: for room the engine pointed at has not freed"),

@@ -91,9 +91,14 @@ class PageLayout(StrEnum):
 
 
 class Engine(StrEnum):
+    """A site's engines: a reader, a compute engine, a writer — the three of a Tenstorrent core's kernels — and a
+    mover, a further data-movement engine where a program needs one (a second reader or writer, a forwarder). Each
+    runs its own program; nothing but rings and semaphores orders them."""
+
     READER = "reader"
     COMPUTE = "compute"
     WRITER = "writer"
+    MOVER = "mover"
 
 
 @dataclass(frozen=True, slots=True)

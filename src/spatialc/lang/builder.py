@@ -809,6 +809,10 @@ class Builder:
     def writer(self, fn: Any = None, *, sites: list[int] | None = None) -> Any:
         return self._decorator("writer", fn, sites)
 
+    def mover(self, fn: Any = None, *, sites: list[int] | None = None) -> Any:
+        """Decorator: `fn(engine)` is a further data-movement engine (a second reader or writer, a forwarder)."""
+        return self._decorator("mover", fn, sites)
+
     def _decorator(self, name: str, fn: Any, sites: list[int] | None) -> Any:
         if fn is None:
             return lambda f: self.engine_fn(name, sites, f)
