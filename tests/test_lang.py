@@ -664,3 +664,28 @@ def test_a_fourth_engine_runs_on_warps_of_its_own_in_every_form():
     hopper = lang.trace(two_readers, name="two_readers_sm90a", target="sm_90a", rows=8).verify()
     y = ints(256, 64, 128)
     assert np.array_equal(spatialc.emulate(spatialc.lower(hopper), y, timeout=120), y["A"] @ y["B"])
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "error", "at"),
+    [
+        ("with a_ring.reserve() as page:", "with a_ring.reserve(3) as page:", "RingDepthError",
+         "with a_ring.reserve(3) as page:"),
+        ('p.place([list(range(grid[0] * grid[1]))], kind="grouped", band=1)', 'p.place([[0]], kind="grouped", band=1)',
+         "CoverageError", "p.place([[0]]"),
+        ('p.read("read_B", B, b_ring)', 'p.read("read_B", B, b_ring, engine="mover")', "RingOwnershipError",
+         "with b_ring.reserve() as page:"),
+    ],
+    ids=["an overrun", "an item on no site", "a ring filled by another engine than its stage says"],
+)  # fmt: skip
+def test_each_rules_error_points_at_the_users_line(tmp_path, old, new, error, at):
+    source = (EXAMPLES / "gemm_by_hand.py").read_text()
+    assert source.count(old) == 1
+    path = tmp_path / "mine.py"
+    path.write_text(source.replace(old, new))
+    scope: dict[str, object] = {"__name__": "mine"}
+    exec(compile(path.read_text(), str(path), "exec"), scope)
+    with pytest.raises(spatialc.VerifyError) as caught:
+        scope["gemm"](m=96, n=128, k=128)  # type: ignore[operator]
+    assert type(caught.value).__name__ == error
+    assert f"{path}:{line_of(path, at)}:" in str(caught.value), str(caught.value)
