@@ -354,7 +354,7 @@ def test_a_grouped_gemm_written_with_run_time_row_counts_runs_each_groups_rows()
     assert np.array_equal(c, want)
 
 
-def barrier_gemm(p: lang.Builder, wait: bool = True):
+def barrier_gemm(p: lang.Builder, wait: bool = True, group: tuple[int, ...] = (0, 1)):
     """Two sites, one item each; every writer waits at a barrier of both sites after its write."""
     A, B, C = p.input("A", 64, 64), p.input("B", 64, 64), p.output("C", 64, 64)
     a_ring = p.ring("A_ring", depth=2, tiles=8, layout="swizzled")
@@ -366,7 +366,7 @@ def barrier_gemm(p: lang.Builder, wait: bool = True):
     p.write("write_C", c_ring, C)
     p.plan(block=(2, 4, 4), grid=(2, 1), k_tiles=4, depth=2)
     p.place([[0], [1]])
-    both = p.group([0, 1])
+    both = p.group(list(group))
 
     @p.reader
     def read(e: lang.Engine):
@@ -689,3 +689,18 @@ def test_each_rules_error_points_at_the_users_line(tmp_path, old, new, error, at
         scope["gemm"](m=96, n=128, k=128)  # type: ignore[operator]
     assert type(caught.value).__name__ == error
     assert f"{path}:{line_of(path, at)}:" in str(caught.value), str(caught.value)
+
+
+def test_an_error_about_a_group_or_a_stage_names_its_line():
+    here = Path(__file__).resolve()
+    with pytest.raises(spatialc.VerifyError) as caught:
+        lang.trace(barrier_gemm, group=(0, 2)).verify()
+    assert f"{here}:{line_of(here, 'both = p.group(list(group))')}: the group 0" in str(caught.value)
+    source = (EXAMPLES / "gemm_by_hand.py").read_text()
+    old = 'mm = p.matmul("matmul", a_ring, b_ring, c_ring, block=(2, 4, 4))'
+    scope: dict[str, object] = {"__name__": "mine"}
+    exec(compile(source.replace(old, old.replace("(2, 4, 4)", "(4, 2, 4)")), "mine.py", "exec"), scope)
+    with pytest.raises(spatialc.errors.SemanticError) as wrong:
+        scope["gemm"]()  # type: ignore[operator]
+    stage, plan = line_of(EXAMPLES / "gemm_by_hand.py", old), line_of(EXAMPLES / "gemm_by_hand.py", "p.plan(")
+    assert f"mine.py:{stage}: the stage matmul" in str(wrong.value) and f"mine.py:{plan}: the plan" in str(wrong.value)

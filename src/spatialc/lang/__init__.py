@@ -82,7 +82,7 @@ class Traced:
 
     program: SpatialProgram
     lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]]
-    declared: dict[str, tuple[str, int]]  # the user's line of the plan and of the placement
+    declared: dict[str, tuple[str, int]]  # the user's line of the plan, the placement, each stage and group
     names: dict[str, str] = dataclasses.field(default_factory=dict)  # "lv7" → the user's name of that loop, "h"
 
     def located(self, error: SpatialError, blocked: tuple[tuple[int, str, str], ...] = ()) -> Exception:

@@ -550,7 +550,7 @@ class Builder:
         self.engine: tuple[int, str] | None = None
         self.vars: dict[str, LoopVar] = {}
         self.held: dict[tuple[BufferId, bool], int] = {}  # pages the engine being traced holds, by ring and side
-        self.declared: dict[str, tuple[str, int]] = {}  # the user's line of the plan and the placement
+        self.declared: dict[str, tuple[str, int]] = {}  # the user's line of the plan, placement, stages, groups
 
     def hold(self, ring: RingRef, reserved: bool) -> None:
         """One page more held of `ring` (reserved or waited for): one at a time, since the ops name the ring, not
@@ -666,6 +666,7 @@ class Builder:
     def _stage(self, name: str, kind: Any, engine: str, ins: tuple, outs: tuple) -> StageRef:
         s = Stage(StageId(len(self.stages)), name, kind, IREngine(engine), ins, outs)
         self.stages.append(s)
+        self.declared[f"stage {name}"] = user_line()  # an error about the stage names it so
         return StageRef(self, s.id, name, getattr(kind, "op", None))
 
     def read(self, name: str, tensor: TensorRef, into: RingRef, engine: str = "reader") -> StageRef:
@@ -744,6 +745,7 @@ class Builder:
         """A group of sites (a multicast's or a barrier's)."""
         g = Group(GroupId(len(self.groups)), tuple(Site(s) for s in sites))
         self.groups.append(g)
+        self.declared[f"group {int(g.id)}"] = user_line()
         return GroupRef(self, g.id, tuple(sites))
 
     def items_of(self, site: int) -> tuple[ItemId, ...]:
@@ -905,9 +907,14 @@ def located(
             lines_of(site, engine, text)
     if not found:
         text = str(error).lower()
-        for what, (file, line) in (declared or {}).items():
-            if what in text or (what == "placement" and "site" in text and "item" in text):
-                found.append(f"{file}:{line}: the {what}")
+        named = [w for w in (declared or {}) if re.search(rf"\b{re.escape(w)}\b", text)]  # the most precise first
+        if "placement" in named and len(named) > 1:
+            named.remove("placement")  # a group's or a stage's own line says more than the placement's
+        if not named and "placement" in (declared or {}) and "site" in text and "item" in text:
+            named = ["placement"]
+        for what in named:
+            file, line = (declared or {})[what]
+            found.append(f"{file}:{line}: the {what}")
 
     def named(text: str) -> str:
         return re.sub(r"\blv\d+\b", lambda m: (names or {}).get(m[0], m[0]), text)
