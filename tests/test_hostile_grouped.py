@@ -294,8 +294,8 @@ def test_row_trip_edits_in_every_engine_are_refused(change):
     refused(all_row_trips(p, f))
 
 
-@pytest.mark.parametrize("engine", list(Engine), ids=lambda e: e.value)
-def test_row_trip_edited_in_one_engine_is_refused(engine):
+@pytest.mark.parametrize("engine", [Engine.READER, Engine.COMPUTE, Engine.WRITER], ids=lambda e: e.value)
+def test_row_trip_edited_in_one_engine_is_refused(engine):  # (the engines a built grouped GEMM runs)
     p = grouped(5, 40, 64, 48, sites=2)
     for f in (
         lambda t: dataclasses.replace(t, per=t.per * 2),
