@@ -68,10 +68,12 @@ class Ring:
     def why_blocked(self, kind: str, n: int) -> str:
         """Why a Reserve / Wait of n pages cannot go on."""
         if kind == "Reserve":
-            free = self.depth - self.published - self.reserved
+            held = self.published + self.reserved
             extra = f"; the ring has only {self.depth}" if n > self.depth else ""
-            held = f"{self.published} published, {self.reserved} reserved"
-            return f"{self.name}: {free} of {n} pages free ({held}{extra})"
+            return (
+                f"{self.name}: needs {n} free page(s), but {held} of {self.depth} are held ({self.published}"
+                f" published, {self.reserved} reserved{extra})"
+            )
         return f"{self.name}: {self.published} of {n} pages published"
 
 
