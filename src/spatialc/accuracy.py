@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from .epilogue import ACTIVATION_SLOPE, ACTIVATION_TAIL
-from .inputs import operand_values
 from .ir.nodes import DType, SpatialProgram, TensorRole
 from .ir.ops import Activation, Bias, Precision, Scalar
 
@@ -154,8 +153,8 @@ _ROUNDING = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11}  # an operand ty
 def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.ndarray:
     """The error bound of each element of C before its rounding to C's type, carried from the inputs through each
     matmul, each elementwise op and each computed operand's rounding (see the module docstring)."""
-    from . import epilogue
-    from .reference import _as_operand, _declared
+    from .interp.numerics import computed_operand
+    from .reference import _declared, applied, tensor_operand
 
     decl = _declared(p)
 
@@ -163,13 +162,12 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
         values, errors = [], []
         for tensor, source, chain in zip(mm.operands, mm.sources, mm.chains, strict=True):
             if tensor is not None:
-                t = p.tensor(tensor)
-                values.append(operand_values(t.name, inputs[t.name], t.dtype).astype(np.float64))
+                values.append(tensor_operand(p, tensor, inputs))
                 errors.append(np.zeros(1))
                 continue
             x, e = through(*matmul(decl.matmuls[source]), [s.kind.op for s in chain])
             u = _ROUNDING[p.precision]
-            values.append(_as_operand(x, p.precision))
+            values.append(computed_operand(x, p.precision.value))
             errors.append(np.where(e > 0, e + u * (2 * np.abs(x) + e), 0.0))
         (a, b), (ea, eb) = values, errors
         magnitude = np.abs(a) @ np.abs(b)
@@ -183,8 +181,7 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
 
     def through(x: np.ndarray, e: np.ndarray, ops: list) -> tuple[np.ndarray, np.ndarray]:
         for op in ops:
-            row = np.asarray(inputs[p.tensor(op.tensor).name]).reshape(-1) if isinstance(op, Bias) else None
-            y = epilogue.apply(op, epilogue.start(x, False), False, row).astype(np.float64)
+            y = np.asarray(applied(p, x, [op], inputs), np.float64)
             if isinstance(op, Activation):
                 e = ACTIVATION_SLOPE[op.name] * e + EPS32 * np.abs(y) + ACTIVATION_TAIL * (np.abs(x) + e)
             elif isinstance(op, Scalar) and op.op == "mul":

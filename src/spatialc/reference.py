@@ -15,8 +15,8 @@ import numpy as np
 
 from . import epilogue
 from .errors import ProgramError
-from .inputs import operand_values, round_bf16, round_fp16, row_limits
-from .interp.numerics import output_values
+from .inputs import operand_values, row_limits
+from .interp.numerics import computed_operand, output_values
 from .ir.nodes import SpatialProgram
 from .ir.ops import Bias, Precision
 
@@ -40,8 +40,13 @@ def rounded_operands(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[np.n
     decl = _declared(p)
     if decl.a is None or decl.b is None or len(decl.matmuls) > 1:
         raise ProgramError(f"program {p.name} declares no single tile matmul of two tensors, so it has no A and B")
-    tensors = (p.tensor(decl.a), p.tensor(decl.b))
-    return tuple(operand_values(t.name, inputs[t.name], t.dtype).astype(np.float64) for t in tensors)  # type: ignore[return-value]
+    return tensor_operand(p, decl.a, inputs), tensor_operand(p, decl.b, inputs)
+
+
+def tensor_operand(p: SpatialProgram, tensor: Any, inputs: Mapping[str, Any]) -> np.ndarray:
+    """A matmul's operand read from `tensor`: the given array rounded to its element type, as float64."""
+    t = p.tensor(tensor)
+    return operand_values(t.name, inputs[t.name], t.dtype).astype(np.float64)
 
 
 def reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
@@ -63,24 +68,12 @@ def matmul_value(p: SpatialProgram, decl: Any, mm: Any, inputs: Mapping[str, Any
     operands = []
     for tensor, source, chain in zip(mm.operands, mm.sources, mm.chains, strict=True):
         if tensor is not None:
-            t = p.tensor(tensor)
-            operands.append(operand_values(t.name, inputs[t.name], t.dtype).astype(np.float64))
+            operands.append(tensor_operand(p, tensor, inputs))
             continue
         x = applied(p, matmul_value(p, decl, decl.matmuls[source], inputs), [s.kind.op for s in chain], inputs)
-        operands.append(_as_operand(np.asarray(x), p.precision))
+        operands.append(computed_operand(x, p.precision.value))
     x = operands[0] @ operands[1]
     return np.rint(x) if p.precision == Precision.INT8 else x
-
-
-def _as_operand(x: np.ndarray, precision: Precision) -> np.ndarray:
-    """A computed operand as the matmul multiplies it: float32 rounded to bf16 / fp16 (nearest even); int8 values
-    are a requant's already."""
-    match precision:
-        case Precision.BF16:
-            return round_bf16(x.astype(np.float32))
-        case Precision.FP16:
-            return round_fp16(x.astype(np.float32))
-    return x.astype(np.float64)
 
 
 def applied(p: SpatialProgram, x: np.ndarray, ops: list, inputs: Mapping[str, Any]) -> np.ndarray:

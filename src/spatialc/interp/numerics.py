@@ -17,9 +17,29 @@ from .errors import NumericError
 
 # The operand rounding and the input checks live in spatialc.inputs, shared with the emulation and the GPU launch;
 # they are re-exported here, where the interpreter's numerics are stated.
-__all__ = ["BF16_MAX", "INT8_EXACT_K", "operand_values", "output_values", "round_bf16", "round_fp16"]
+__all__ = [
+    "BF16_MAX",
+    "INT8_EXACT_K",
+    "computed_operand",
+    "operand_values",
+    "output_values",
+    "round_bf16",
+    "round_fp16",
+]
 
 INT8_EXACT_K = 2**53 // 2**14  # longest int8 reduction float64 sums exactly
+
+
+def computed_operand(x: np.ndarray, precision: str) -> np.ndarray:
+    """Computed values (a packed accumulator, an elementwise stage's) as a matmul multiplies them, in float64: as the
+    float32 the kernel holds, rounded to bf16 / fp16 with round-to-nearest-even; int8 values (a requant's) as they
+    are. The interpreter, the reference, the tolerance and verify's padding check all round so."""
+    match precision:
+        case "bf16":
+            return round_bf16(np.asarray(x, np.float32))
+        case "fp16":
+            return round_fp16(np.asarray(x, np.float32))
+    return np.asarray(x, np.float64)
 
 
 def output_values(name: str, x: np.ndarray, dtype: DType) -> np.ndarray:

@@ -11,7 +11,7 @@ import numpy as np
 from .. import epilogue
 from ..ir.ops import Barrier, Loop, Reserve, SemWait, Trip, Wait
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
-from .numerics import INT8_EXACT_K, round_bf16, round_fp16
+from .numerics import INT8_EXACT_K, computed_operand
 from .state import Acc, BarrierState, EngineState, Ring
 from .values import AccValue, Masked, Store, TileRefs, Tiles, tiles_of
 
@@ -107,11 +107,8 @@ def operand(E: EngineState, i: int, x: object, precision: str) -> object:
     if isinstance(x, TileRefs):
         return x
     tiles = tiles_of(x, x.count)  # type: ignore[attr-defined]
-    match precision:  # from the float32 the kernel holds (a packed accumulator's sum is float32 there)
-        case "bf16":
-            return Tiles(round_bf16(tiles.astype(np.float32)))
-        case "fp16":
-            return Tiles(round_fp16(tiles.astype(np.float32)))
+    if precision != "int8":
+        return Tiles(computed_operand(tiles, precision))
     if tiles.size and (np.any(tiles != np.rint(tiles)) or tiles.min() < -128 or tiles.max() > 127):
         raise NumericError(f"{where(E, i)}: it multiplies a computed page whose values are not int8 integers")
     return x

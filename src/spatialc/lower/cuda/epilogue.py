@@ -135,8 +135,7 @@ def _check_operand_page(p: SpatialProgram, stages: tuple[Stage, ...], integer: b
     last = stages[-1].kind.op  # type: ignore[union-attr]
     if integer and not isinstance(last, Requant):
         raise Unsupported(
-            f"the operand page {p.buffer(stages[-1].outs[0]).name} of int8 matmul {reader.name}, filled by a "
-            f"{compute_text(last, p)} stage",
+            f"the operand page {page.name} of int8 matmul {reader.name}, filled by a {compute_text(last, p)} stage",
             "an int8 matmul multiplies int8 values: end the stages before it with a requant",
         )
 

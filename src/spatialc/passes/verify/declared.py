@@ -22,7 +22,7 @@ import numpy as np
 from ... import epilogue
 from ...epilogue import EXACT_LIMIT, dot_range, integer_range
 from ...errors import SemanticError, StrongerCheckNeeded
-from ...inputs import round_bf16, round_fp16
+from ...interp.numerics import computed_operand
 from ...ir.ids import BufferId, StageId, TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, TensorRole, WriteStage, accumulator_dtype
@@ -126,9 +126,7 @@ class _Way:
             for s in chain:
                 op = s.kind.op  # type: ignore[union-attr]
                 x = epilogue.apply(op, x, integer, np.zeros(1) if isinstance(op, Bias) else None)
-            value = {Precision.BF16: round_bf16, Precision.FP16: round_fp16}.get(self.index.p.precision, np.asarray)(
-                np.asarray(x, np.float64)
-            )
+            value = computed_operand(x, self.index.p.precision.value)
         return bool(np.isfinite(value).all())
 
     def matmul(self, stage: Stage, ring: BufferId, chain: tuple[Stage, ...]) -> MatmulDecl:
@@ -265,15 +263,8 @@ def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:
     """A bias holds one value per column of what it is added to, int32 values in an int8 program, float32 in a float
     one (the bounds and the kernel rely on it)."""
     want = accumulator_dtype(index.p.precision)
-    assert decl.matmul is not None
-    widths = [(decl.chain, decl.matmuls[decl.matmul.id].value[0][1])]
-    widths += [
-        (chain, decl.matmuls[source].value[0][1])
-        for mm in decl.matmuls.values()
-        for chain, source in zip(mm.chains, mm.sources, strict=True)
-        if source is not None
-    ]
-    for chain, width in widths:  # a bias holds one value per column of what it is added to
+    for chain, source in _applied_chains(decl):  # a bias holds one value per column of what it is added to
+        width = source.value[0][1]
         for s in chain:
             op = s.kind.op  # type: ignore[union-attr]
             if isinstance(op, Bias) and index.tensors[op.tensor].elems[1] != width:
@@ -332,9 +323,19 @@ EXACT_MARGIN = 2**12
 _INT_RANGE = {DType.INT8: 2**7, DType.INT32: 2**31, DType.INT64: 2**63}  # values lie in -r..r-1
 
 
+def _applied_chains(decl: Declared) -> list[tuple[tuple[Stage, ...], MatmulDecl]]:
+    """Each chain of elementwise stages with the matmul whose result it is applied to: C's, and each computed
+    operand's."""
+    assert decl.matmul is not None
+    out = [(decl.chain, decl.matmuls[decl.matmul.id])]
+    for mm in decl.matmuls.values():
+        out += [(c, decl.matmuls[s]) for c, s in zip(mm.chains, mm.sources, strict=True) if s is not None]
+    return out
+
+
 def _chains(decl: Declared) -> list[Stage]:
     """Every elementwise stage: C's chain and the chains that make computed operands."""
-    return [*decl.chain, *(s for mm in decl.matmuls.values() for chain in mm.chains for s in chain)]
+    return [s for chain, _ in _applied_chains(decl) for s in chain]
 
 
 def _integer_bounds(index: ProgramIndex, decl: Declared) -> None:
