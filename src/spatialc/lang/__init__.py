@@ -40,6 +40,7 @@ from ..ir.ids import loop_var_name
 from ..ir.nodes import SpatialProgram
 from ..ir.ops import ChoreoOp, Reserve, Wait
 from ..ir.printer import op_text
+from ..target import WARP
 from .builder import (
     AccRef,
     Affine,
@@ -136,8 +137,8 @@ def hung_ops(
     (the general form: each engine on warps of its own, in `engines`' order, a ring's barriers named by its id)."""
     first, owner = 0, []
     for engine, warps in engines.items():
-        owner.append((first, first + warps * 32, engine))
-        first += warps * 32
+        owner.append((first, first + warps * WARP, engine))
+        first += warps * WARP
     found = []
     for match in HUNG.finditer(report):
         tid = int(match[2].split(",")[0].split("-")[0])

@@ -133,8 +133,9 @@ def expect(value: Any, kind: type, what: str) -> Any:
     """`value`, or a LangError at the user's line saying `what` must be (a page where a ring was given, …)."""
     if isinstance(value, kind):
         return value
-    given = f"ring {value.name}" if type(value).__name__ == "RingRef" else f"{type(value).__name__} {value!r}"
-    hint = " — wait for a page of it, or reserve one" if type(value).__name__ == "RingRef" and kind is Page else ""
+    ring = isinstance(value, RingRef)
+    given = f"ring {value.name}" if ring else f"{type(value).__name__} {value!r}"
+    hint = " — wait for a page of it, or reserve one" if ring and kind is Page else ""
     raise refuse(f"{what} is {WHAT.get(kind.__name__, kind.__name__)}, not {given}{hint}")
 
 

@@ -364,10 +364,14 @@ def accumulator_layers(p: SpatialProgram, target: SpatialTarget, plan: Plan) -> 
     for t in sorted(accs):
         serves = served.get(t)
         shaped = dataclasses.replace(plan, block=serves.block, sub_blocks=serves.sub_blocks) if serves else plan
-        grid = target.accumulator_lane_grid(shaped.block.osh, shaped.block.osw)
-        perw = fragments_per_warp(shaped, target.accumulator_lanes, grid)
-        layers[t] = Fragments(shaped, grid, perw, f"accf_{t}", f"PERW_{t}")
+        layers[t] = fragments_of(shaped, target, f"accf_{t}", f"PERW_{t}")
     return layers
+
+
+def fragments_of(plan: Plan, target: SpatialTarget, name: str = "accf", count: str = "PERW") -> Fragments:
+    """The fragments of an accumulator of `plan`'s block: the compute warps laid over it, the tiles each holds."""
+    grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
+    return Fragments(plan, grid, fragments_per_warp(plan, target.accumulator_lanes, grid), name, count)
 
 
 def held_tiles(plan: Plan, layers: dict[int, Fragments]) -> int:
@@ -383,8 +387,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     plan = p.plans[0]
     types, integer, layers = checked_layers(p, epilogue.ELEMENTWISE_OPS)
     lanes = target.accumulator_lanes
-    lane_grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
-    perw = fragments_per_warp(plan, lanes, lane_grid)
+    one = fragments_of(plan, target)  # the plan's block: the accumulator of a one-matmul program
+    lane_grid, perw = one.lane_grid, one.perw
     accumulators = accumulator_layers(p, target, plan)
     rings = epilogue_rings(p, ring_table(p, types, ()), integer)
     classes, relative = site_classes(p, relative_sems=True)
