@@ -393,7 +393,9 @@ class Emitter:
         self.front("x", ra, op.ins[0], i, geom[0] * geom[2])
         self.front("y", rb, op.ins[1], i, geom[2] * geom[1])
         prec = str(mm.operand.value)  # a computed page is rounded to it, a tensor's tiles are taken as they are
-        self.emit(f"x = operand(E, {i}, x, {prec!r})", f"y = operand(E, {i}, y, {prec!r})")
+        for name, buf in (("x", op.ins[0]), ("y", op.ins[1])):
+            if self.m.buffers[buf].ring in self.m.computed:
+                self.emit(f"{name} = operand(E, {i}, {name}, {prec!r})")
         self.emit(f"if {a}.geom is not {g}:", f"    set_geom(E, {i}, {a}, {g})", f"{a}.a.append(x)", f"{a}.b.append(y)")
 
     def add_partial(self, op: Compute, i: int) -> None:

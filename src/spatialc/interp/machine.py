@@ -8,7 +8,7 @@ import numpy as np
 
 from ..ir.ids import LV_ITEM_X, LV_ITEM_Y, BufferId, GroupId, LoopVar, SemId, Site, TensorId
 from ..ir.nodes import Accumulator, Buffer, Fifo, Interm, SpatialProgram
-from ..ir.ops import ChoreoOp, Loop, ReadTiles, Trip, WriteTiles, walk
+from ..ir.ops import ChoreoOp, Compute, Loop, PackAcc, ReadTiles, Trip, WriteTiles, walk
 from ..ir.printer import op_text
 from .codegen import Code, Emitter, Ref
 from .errors import EvalError, TripError
@@ -40,6 +40,14 @@ class Machine:
         self._texts: dict[ChoreoOp, str] = {}
         self._slots = {v: i for i, v in enumerate(_loop_vars(p))}
         self._sides: dict[tuple[int, str], EngineState] = {}
+        # Rings whose pages hold computed values (a pack's, an elementwise stage's): a matmul rounds those to its
+        # operand type (`support.operand`), and takes a tensor's tiles as they are.
+        self.computed = {
+            p.buffer(b).ring
+            for prog in p.schedule.programs
+            for op in walk(prog.ops)
+            for b in (op.outs if isinstance(op, Compute) else (op.to,) if isinstance(op, PackAcc) else ())
+        }
 
     def engines(self) -> list[tuple[EngineState, Iterator[int | None]]]:
         """Every engine program of every site as (state, run generator), in schedule order. Sites that run the
