@@ -466,14 +466,15 @@ class FakeDevice:
     def tensor_map(self, buffer, dims, strides, box, elem, swizzle):
         """An sm_90a kernel's tensor map, refused where cuTensorMapEncodeTiled would refuse it (cuda.h: strides
         multiples of 16 bytes, box sides 1 to 256, the inner box a multiple of 16 bytes and within the swizzle's
-        span) and where its last element lies past the buffer; the 128 bytes are the stand-in's zeros."""
+        span of 32, 64 or 128 bytes) and where its last element lies past the buffer; the 128 bytes are the
+        stand-in's zeros."""
         from spatialc.runtime.launch import TENSOR_MAP_DTYPE
 
         inner = box[0] * elem
         last = (dims[0] - 1) * elem + sum((d - 1) * s for d, s in zip(dims[1:], strides, strict=True)) + elem
         if any(s % 16 for s in strides) or not all(1 <= b <= 256 for b in box) or inner % 16:
             raise FakeError("CUDA_ERROR_INVALID_VALUE: cuTensorMapEncodeTiled")
-        if (swizzle and inner > 32) or last > buffer.nbytes:
+        if swizzle not in (0, 32, 64, 128) or (swizzle and inner > swizzle) or last > buffer.nbytes:
             raise FakeError("CUDA_ERROR_INVALID_VALUE: cuTensorMapEncodeTiled")
         self.state.setdefault("tensor_maps", []).append((tuple(dims), tuple(strides), tuple(box), swizzle))
         return np.zeros(1, dtype=TENSOR_MAP_DTYPE)[0]

@@ -138,6 +138,22 @@ def test_tile_offset_is_the_documented_formula():
 def test_untilize_inverts_tilize():
     x = np.arange(33 * 19, dtype=np.float32).reshape(33, 19)
     np.testing.assert_array_equal(untilize(tilize(x, (3, 2), np), (3, 2), (33, 19), np), x)
+    for order in ("col", "rows", "cols"):
+        np.testing.assert_array_equal(
+            untilize(tilize(x, (3, 2), np, order=order), (3, 2), (33, 19), np, order=order), x
+        )
+
+
+def test_rows_and_cols_are_the_padded_matrix_and_its_transpose_not_tiles():
+    x = np.arange(1, 33 * 19 + 1).reshape(33, 19)
+    rows, cols = tilize(x, (3, 2), np, order="rows"), tilize(x, (3, 2), np, order="cols")
+    padded = np.zeros((48, 32), dtype=x.dtype)
+    padded[:33, :19] = x
+    np.testing.assert_array_equal(rows, padded.reshape(-1))  # element (i, j) at i * 32 + j
+    np.testing.assert_array_equal(cols, padded.T.reshape(-1))  # element (i, j) at j * 48 + i
+    assert rows[5 * 32 + 7] == x[5, 7] and cols[7 * 48 + 5] == x[5, 7]
+    with pytest.raises(InputError, match="'rows' or 'cols'"):
+        spatialc.tilize(x, order="diagonal")
 
 
 def test_tilize_refuses_a_grid_too_small():

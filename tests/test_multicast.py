@@ -101,7 +101,7 @@ def test_a_group_reads_each_shared_operand_gx_or_gy_times_less(group):
 def test_a_saved_multicast_program_loads_verified():
     p = build(256, 256, 128, "int8", (2, 2))
     doc = json.loads(spatialc.to_json(p))
-    assert doc["version"] == 5 and doc["program"]["placement"]["multicast"] == [2, 2]
+    assert doc["version"] == 6 and doc["program"]["placement"]["multicast"] == [2, 2]
     assert spatialc.from_json(json.dumps(doc)).verified
 
 

@@ -16,8 +16,10 @@ import pytest
 
 import spatialc
 import spatialc.runtime.launch as L
+from spatialc.ir.nodes import panel_bytes, panel_offset
 from spatialc.lower.cuda import hopper
 from spatialc.lower.errors import TooBig, Unsupported
+from spatialc.passes import pipeline
 from spatialc.runtime.emulate import EmulationError
 from spatialc.runtime.launch import LaunchError
 
@@ -52,11 +54,13 @@ def test_sm90a_is_a_target_that_plans_for_wgmma_items():
     assert art.budget.form == "sm90a" and art.budget.threads == 384 and art.budget.blocks_per_sm == 1
     assert art.budget.total_bytes <= t.smem_per_site_max  # the stages and the output's staging (no output ring)
     assert art.budget.rings == (("A_ring", 4 * 128 * 64 * 2), ("B_ring", 4 * 64 * 256 * 2))
-    assert art.general is None and any("no general form" in n for n in art.notes)  # its rings would not fit
-    loads = [(8, plan.block.ibw), (plan.block.ibw, plan.item_tiles[1])]
-    assert [m.box for m in art.launch.tensor_maps] == [*loads, (1, 4)]  # then the store's: a tile row, 4 tiles
-    small = spatialc.lower(spatialc.build(spatialc.gemm(300, 200, 100, "bf16"), "sm_90a"))
-    assert small.budget.form == "sm90a" and small.general is not None  # where it fits, the general form rides along
+    assert art.general is None and any("no general form" in n for n in art.notes)  # it reads tiles, not panels
+    # A's page is one 128-byte swizzled panel of 128 rows; B's 64 rows of 256 columns are four, a box each; then
+    # the store's map: a tile row, 4 tiles.
+    maps = [(m.box, m.swizzle, m.matrix) for m in art.launch.tensor_maps]
+    assert maps == [((128, 64), 128, True), ((64, 64), 128, True), ((1, 4), 0, False)]
+    assert [q.order for q in art.launch.params] == ["rows", "rows", "row"]  # A and B as matrices, C tiled
+    assert art.kernel_cu.count("spatialc_tma_load_2d((char*)") == 5
 
 
 def test_sm90_keeps_its_persistent_kernel_and_other_targets_refuse_the_form():
@@ -74,6 +78,38 @@ def test_what_the_wgmma_layout_does_not_take_falls_back_with_a_note():
     assert any("not the sm_90a form" in n and "64 rows each" in n for n in art.notes)
     with pytest.raises(Unsupported, match="64 rows each"):
         spatialc.lower(p, form="sm90a")
+
+
+def test_panels_are_the_sm90a_forms_alone_and_auto_plans_for_the_others_where_it_refuses():
+    # Planned for sm_90a, the operand pages are swizzled panels (int8 B transposed), which only that form reads.
+    p = spatialc.build(spatialc.gemm(200, 72, 100, "int8"), "sm_90a")
+    layouts = {b.name: b.kind.layout.value for b in p.buffers if b.name in ("A_ring", "B_ring")}
+    assert layouts == {"A_ring": "panels", "B_ring": "panels_t"}
+    assert {t.name: t.order.value for t in p.tensors if t.name in "AB"} == {"A": "row", "B": "col"}  # B K-major
+    with pytest.raises(Unsupported, match="swizzled panels, which only it reads.*form='general'"):
+        spatialc.lower(p, form="general")
+    assert pipeline.sm90a_refusal(p, spatialc.target("sm_90a")) is None  # what it prints it is planned for
+    # A plan the form then refuses (a gelu's rings past shared memory at 128 × 256 items) is made again for the
+    # others: auto still prints the program.
+    g = spatialc.gemm(1024, 2048, 256, "bf16", epilogue=[spatialc.activation("gelu")])
+    own = spatialc.build(g, "sm_90a", form="sm90a")
+    assert "shared memory" in (pipeline.sm90a_refusal(own, spatialc.target("sm_90a")) or "")
+    auto = spatialc.build(g, "sm_90a")
+    assert not any(getattr(b.kind, "layout", None) in pipeline.SM90A_LAYOUTS for b in auto.buffers)
+    art = spatialc.lower(auto)
+    assert art.budget.form == "general" and any(n.startswith("not the sm_90a form") for n in art.notes)
+
+
+def test_a_panel_is_the_widest_swizzle_its_rows_take():
+    assert [panel_bytes(n) for n in (16, 32, 64, 96, 128, 256, 384, 512)] == [None, 32, 64, 32, 128, 128, 128, 128]
+    # 8 rows of one 128-byte panel: chunk c of row r lands at chunk c ^ r — a permutation of the page's bytes.
+    where = [panel_offset(r, c, 8, 128) for r in range(8) for c in range(128)]
+    assert sorted(where) == list(range(1024)) and panel_offset(3, 16, 8, 128) == 3 * 128 + (1 ^ 3) * 16
+    # Rows of 256 bytes are two panels, the second a whole panel (rows × 128 bytes) on.
+    assert panel_offset(0, 128, 16, 256) == 16 * 128 and panel_offset(1, 0, 16, 64) == 64  # 64-byte: rows 0, 1 kept
+    assert panel_offset(2, 0, 16, 64) == 128 + 16  # rows 2 and 3 of a 64-byte panel swap their chunks 0 and 1
+    with pytest.raises(ValueError, match="16 bytes"):
+        panel_offset(0, 0, 8, 16)
 
 
 def test_int8_k_steps_come_in_pairs():
@@ -138,14 +174,17 @@ def test_the_launcher_passes_each_tensor_map_after_the_work_list_encoded_over_it
     # the host program prints.
     for (buffer, dims, strides, box, elem, swizzle), m in zip(dev.maps, art.launch.tensor_maps, strict=True):
         out = art.launch.params[m.tensor].role == "output"
-        assert (elem, swizzle) == ((4, 0) if out else (2, 1))
+        assert (elem, swizzle) == ((4, 0) if out else (2, m.swizzle)) and (out or swizzle in (32, 64, 128))
         # (the output's buffer was encoded poisoned, before the kernel wrote it)
         assert buffer.shape == args[m.tensor].shape and (out or np.array_equal(buffer, args[m.tensor]))
-        text = f"const cuuint64_t dims[4] = {{{', '.join(map(str, dims))}}};"
-        assert text in art.program_cu and f"const cuuint32_t box[4] = {{{', '.join(map(str, box))}}};" in art.program_cu
-        assert f"const cuuint64_t strides[3] = {{{', '.join(map(str, strides))}}};" in art.program_cu
-    a_dims = dev.maps[0][1]
-    assert a_dims[2:] == (art.launch.params[0].tiles[0], art.launch.params[0].tiles[1])  # A by column: rows inner
+        n = len(dims)
+        text = f"const cuuint64_t dims[{n}] = {{{', '.join(map(str, dims))}}};"
+        assert text in art.program_cu
+        assert f"const cuuint32_t box[{n}] = {{{', '.join(map(str, box))}}};" in art.program_cu
+        assert f"const cuuint64_t strides[{n - 1}] = {{{', '.join(map(str, strides))}}};" in art.program_cu
+    (rows_t, cols_t), (_, a_dims, a_strides, *_) = art.launch.params[0].tiles, dev.maps[0]
+    assert (a_dims, a_strides) == ((cols_t * 16, rows_t * 16), (cols_t * 16 * 2,))  # A row-major: columns inner
+    assert np.array_equal(args[0].reshape(rows_t * 16, cols_t * 16)[:200, :100], x["A"].astype(np.float16))
 
 
 def test_the_launcher_refuses_what_cannot_take_an_sm90a_kernel():
@@ -176,13 +215,15 @@ class FakeDriver:
 
 def test_tensor_maps_are_encoded_through_the_driver_and_passed_as_128_bytes():
     drv = FakeDriver()
-    m = L.encode_tensor_map(drv, 4096, (16, 16, 7, 3), (32, 512, 3584), (16, 16, 4, 8), 2, 1)
+    m = L.encode_tensor_map(drv, 4096, (16, 16, 7, 3), (32, 512, 3584), (16, 16, 4, 8), 2, 32)
     assert m.dtype.itemsize == 128 and m.tobytes() == bytes(range(128))
     assert drv.seen == (1, 4, 4096, [16, 16, 7, 3], [32, 512, 3584], [16, 16, 4, 8], [1, 1, 1, 1], 0, 1, 2, 0)
     L.encode_tensor_map(drv, 4096, (16, 16, 7, 3), (16, 256, 1792), (16, 16, 4, 8), 1, 0)
     assert drv.seen[0] == 0 and drv.seen[8] == 0  # uint8, no swizzle
+    L.encode_tensor_map(drv, 4096, (112, 48), (224,), (64, 16), 2, 128)  # a 2-D panel map, 128-byte swizzle
+    assert drv.seen[1:6] == (2, 4096, [112, 48], [224], [64, 16]) and drv.seen[8] == 3
     with pytest.raises(LaunchError, match="CUresult 1"):
-        L.encode_tensor_map(FakeDriver(code=1), 4096, (16, 16, 7, 3), (32, 512, 3584), (16, 16, 4, 8), 2, 1)
+        L.encode_tensor_map(FakeDriver(code=1), 4096, (16, 16, 7, 3), (32, 512, 3584), (16, 16, 4, 8), 2, 32)
 
 
 def test_host_program_encodes_each_tensor_map_through_the_driver_entry_point():
@@ -190,7 +231,8 @@ def test_host_program_encodes_each_tensor_map_through_the_driver_entry_point():
     text = art.program_cu
     assert 'cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled"' in text
     assert text.count("encode_tiled(&tmap_") == len(art.launch.tensor_maps) == 3  # A, B; C for the TMA store
-    assert "CU_TENSOR_MAP_SWIZZLE_32B" in text and "CU_TENSOR_MAP_DATA_TYPE_FLOAT16" in text
+    assert "CU_TENSOR_MAP_SWIZZLE_128B" in text and "CU_TENSOR_MAP_DATA_TYPE_FLOAT16" in text
+    assert "spatialc_store_matrix(h0, 200, 100, 128, x0, false);" in text  # A padded to whole K steps, not tiled
     assert "CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, d2," in text  # C's map over its float32 output
     assert re.search(r"spatialc_hopper<<<GRID, 384, \d+>>>\(d0, d1, d2, d_work, tmap_0, tmap_1, tmap_2\);", text)
 
@@ -204,6 +246,8 @@ CASES = [
     ("bf16", (300, 260, 200), {"block": (8, 8, 4), "depth": 3}),  # the 4096³ plan: 224 KiB of stages and rings
     ("int8", (150, 100, 300), {"block": (8, 4, 4), "depth": 4}),
     ("int8", (70, 40, 96), {"block": (8, 2, 2), "depth": 1}),  # one-page rings: no group kept in flight
+    ("int8", (140, 70, 300), {"block": (8, 8, 8), "depth": 2}),  # K steps of 128 bytes: A and Bᵀ in 128-byte panels
+    ("fp16", (100, 200, 300), {"block": (8, 4, 8), "depth": 2}),  # K steps of 256 bytes: A's rows two panels
     ("fp16", (1, 1, 1), {}),
 ]
 
@@ -344,12 +388,28 @@ def test_consumer_reading_a_stage_it_did_not_wait_for_is_a_race(faulty):
 @needs_gxx
 @pytest.mark.emulation
 def test_wrong_descriptor_offset_and_wrong_swizzle_give_wrong_results(faulty):
-    text = faulty[1].program_cu
-    assert outcome(faulty, replaced(text, "512u, 256u, 3u)", "256u, 256u, 3u)")) == "mismatch"  # B's LBO
-    swz = re.search(r"encode_tiled\(&tmap_0, [^;]*CU_TENSOR_MAP_SWIZZLE_32B", text)
+    text = faulty[1].program_cu  # 64-byte panels: A's rows and B's hold 32 bf16
+    assert outcome(faulty, replaced(text, "2048u, 512u, 2u)", "2048u, 256u, 2u)")) == "mismatch"  # B's SBO
+    assert outcome(faulty, replaced(text, "16u, 512u, 2u)", "16u, 512u, 3u)")) == "mismatch"  # A read 32B-swizzled
+    swz = re.search(r"encode_tiled\(&tmap_0, [^;]*CU_TENSOR_MAP_SWIZZLE_64B", text)
     assert swz
-    unswizzled = text.replace(swz[0], swz[0].replace("SWIZZLE_32B", "SWIZZLE_NONE"), 1)
-    assert outcome(faulty, unswizzled) == "mismatch"  # A lands unswizzled, ldmatrix reads it swizzled
+    unswizzled = text.replace(swz[0], swz[0].replace("SWIZZLE_64B", "SWIZZLE_NONE"), 1)
+    assert outcome(faulty, unswizzled) == "mismatch"  # A lands unswizzled, wgmma reads it swizzled
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_128_byte_panels_and_the_leading_offset_between_them_are_what_wgmma_reads():
+    """bf16 items 128 columns wide: A's rows and each of B's two panels are 128 bytes (64 elements)."""
+    p = spatialc.build(spatialc.gemm(130, 140, 70, "bf16"), "sm_90a", block=(8, 8, 4), depth=2)
+    case = (p, spatialc.lower(p), inputs("bf16", 130, 140, 70))
+    text = case[1].program_cu
+    assert "+ 8192, &spatialc_tmap_1, (at % 16) * 16 + 64," in text  # B's second panel: its own box, 8 KiB on
+    assert outcome(case, text) == EXACT
+    assert outcome(case, replaced(text, "8192u, 1024u, 1u)", "4096u, 1024u, 1u)")) == "mismatch"  # B's LBO
+    assert outcome(case, replaced(text, "16u, 1024u, 1u)", "16u, 1024u, 2u)")) == "mismatch"  # A read 64B-swizzled
+    one_box = re.sub(r"spatialc_tma_load_2d\([^;]*\+ 8192,[^;]*;", "", text)
+    assert one_box != text and outcome(case, one_box).startswith("deadlock")  # a panel never loaded: bytes missing
 
 
 # ---- nvcc and SASS -----------------------------------------------------------------------------------------------
@@ -397,43 +457,43 @@ TMA_PROBE = r"""
 extern "C" __global__ void probe(unsigned char* out, const __grid_constant__ CUtensorMap map)
 {
     extern __shared__ __align__(1024) char spatialc_dyn_smem[];
-    SPATIALC_DYNAMIC_RING(unsigned char, page, spatialc_dyn_smem, 0, 1, 1024);
-    SPATIALC_DYNAMIC_RING(unsigned long long, bar, spatialc_dyn_smem, 1024, 1, 1);
+    SPATIALC_DYNAMIC_RING(unsigned char, page, spatialc_dyn_smem, 0, 1, 2048);
+    SPATIALC_DYNAMIC_RING(unsigned long long, bar, spatialc_dyn_smem, 2048, 1, 1);
     if (threadIdx.x == 0) {
         spatialc_mbar_init(bar, 1);
         spatialc_fence_proxy_async();
     }
     __syncthreads();  // the barrier initialised before anyone waits on it
     if (threadIdx.x == 0) {
-        spatialc_mbar_expect_tx(bar, 1024);
-        spatialc_tma_load_4d(page, &map, 0, 0, 2, 1, bar);  // tile column 2, tile row 1: a 2x2-tile box
+        spatialc_mbar_expect_tx(bar, 16 * WIDTH);
+        spatialc_tma_load_2d(page, &map, 208 - WIDTH / 2, 16, bar);  // 16 rows from row 16, half past the last column
         spatialc_mbar_arrive(bar);
     }
     spatialc_mbar_wait(bar, 0);
-    for (int i = threadIdx.x; i < 1024; i += 32) out[i] = page[i];
+    for (int i = threadIdx.x; i < 16 * WIDTH; i += 32) out[i] = page[i];
 }
 int main()
 {
-    std::vector<unsigned char> h(6 * 256);  // 2 x 3 tiles of 16 x 16 bytes
+    std::vector<unsigned char> h(24 * 208);  // a 24 x 208 byte matrix, row-major
     for (size_t i = 0; i < h.size(); ++i) h[i] = (unsigned char)(1 + i % 251);
     unsigned char *src = nullptr, *out = nullptr;
     cudaMalloc(&src, h.size());
-    cudaMalloc(&out, 1024);
+    cudaMalloc(&out, 16 * WIDTH);
     cudaMemcpy(src, h.data(), h.size(), cudaMemcpyHostToDevice);
     PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
     cudaDriverEntryPointQueryResult found;
     cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found);
-    const cuuint64_t dims[4] = {16, 16, 3, 2};
-    const cuuint64_t strides[3] = {16, 256, 768};
-    const cuuint32_t box[4] = {16, 16, 2, 2}, unit[4] = {1, 1, 1, 1};
+    const cuuint64_t dims[2] = {208, 24};
+    const cuuint64_t strides[1] = {208};
+    const cuuint32_t box[2] = {WIDTH, 16}, unit[2] = {1, 1};
     CUtensorMap map;
-    if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, src, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+    if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, src, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                SWIZZLE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
         return 3;
-    probe<<<1, 32, 2048>>>(out, map);
+    probe<<<1, 32, 4096>>>(out, map);
     cudaDeviceSynchronize();
-    std::vector<unsigned char> y(1024);
-    cudaMemcpy(y.data(), out, 1024, cudaMemcpyDeviceToHost);
+    std::vector<unsigned char> y(16 * WIDTH);
+    cudaMemcpy(y.data(), out, y.size(), cudaMemcpyDeviceToHost);
     for (unsigned char v : y) printf("%d\n", v);
     return 0;
 }
@@ -442,23 +502,27 @@ int main()
 
 @needs_gxx
 @pytest.mark.emulation
-@pytest.mark.parametrize("swizzle", ["NONE", "32B"])
-def test_emulated_tma_box_fills_past_the_tensor_with_zeros_and_swizzles_by_address(swizzle):
+@pytest.mark.parametrize("width", [0, 32, 64, 128])
+def test_emulated_tma_box_fills_past_the_tensor_with_zeros_and_lands_as_a_swizzled_panel(width):
+    """A 2-D box of 16 rows × `width` bytes (0: 32 bytes, unswizzled) lands as `PageLayout.panels` says a page of
+    one panel lies: row r's byte c at `panel_offset(r, c, ...)`; past the matrix's rows and columns, zeros."""
+    from spatialc.ir.nodes import panel_offset
     from spatialc.runtime.emulate import emulate_source
 
-    text = TMA_PROBE.replace("SWIZZLE,", f"CU_TENSOR_MAP_SWIZZLE_{swizzle},")
-    got = emulate_source(text, {}, (1024,), np.int64)
-    src = (1 + np.arange(6 * 256) % 251).reshape(2, 3, 256)
-    want = np.zeros((2, 2, 256), dtype=np.int64)  # [box tile row][box tile column][element]
-    want[0, 0] = src[1, 2]  # the box's only tile inside the 2 x 3 tensor; the other three are past it: zeros
-    flat = want.reshape(-1)
-    if swizzle == "32B":  # 16-byte chunks exchanged within each 32-byte span where address bit 7 is set
-        chunks = flat.reshape(-1, 16).copy()
-        for c in range(len(chunks)):
-            if (c * 16 >> 7) & 1:
-                chunks[c] = flat.reshape(-1, 16)[c ^ 1]
-        flat = chunks.reshape(-1)
-    assert np.array_equal(got, flat)
+    wide = width or 32
+    swizzle = f"CU_TENSOR_MAP_SWIZZLE_{width}B" if width else "CU_TENSOR_MAP_SWIZZLE_NONE"
+    text = TMA_PROBE.replace("SWIZZLE,", f"{swizzle},").replace("WIDTH", str(wide))
+    got = emulate_source(text, {}, (16 * wide,), np.int64)
+    src = (1 + np.arange(24 * 208) % 251).reshape(24, 208)
+    box = np.zeros((16, wide), dtype=np.int64)
+    box[:8, : wide // 2] = src[16:24, 208 - wide // 2 :]  # rows 16–23 and the columns up to 208: the rest is past
+    want = np.zeros(16 * wide, dtype=np.int64)
+    for r in range(16):
+        for c in range(wide):
+            want[panel_offset(r, c, 16, wide) if width else r * wide + c] = box[r, c]
+    assert np.array_equal(got, want)
+    if width:  # and the swizzle is not the identity: something moved
+        assert not np.array_equal(got, box.reshape(-1))
 
 
 @pytest.mark.nvcc

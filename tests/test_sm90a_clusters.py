@@ -33,7 +33,7 @@ def test_a_multicast_build_on_sm90a_plans_for_the_form_and_prints_clusters():
     text = art.kernel_cu
     assert "__cluster_dims__(2, 1, 1)" in text and "SPATIALC_CLUSTER_KERNEL(spatialc_hopper, 2)" in text
     # The sender loads where the IR sends; the receiver announces the bytes, then tells the sender its stage is free.
-    assert text.count("spatialc_tma_load_4d_multicast(ring_") == 1
+    assert text.count("spatialc_tma_load_2d_multicast((char*)(ring_") == 1  # A: one 128-byte panel a page
     assert re.search(r"spatialc_mbar_expect_tx\(&full_0\[[^\]]*\], \d+u\);  // the page the sender sends", text)
     assert text.count("spatialc_mbar_arrive_cluster(&ready_0") == 1
     assert text.count("spatialc_mbar_wait_cluster(&ready_0") == 1

@@ -128,14 +128,17 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
         params = art.launch.params
         loads = [m for m in art.launch.tensor_maps if params[m.tensor].role != "output"]
         stores = [m for m in art.launch.tensor_maps if params[m.tensor].role == "output"]
-        maps = ", ".join(f"{params[m.tensor].name} {m.box[0]}x{m.box[1]} tiles" for m in loads)
+        maps = ", ".join(
+            f"{params[m.tensor].name}{'ᵀ' if m.transposed else ''} {m.box[0]}x{m.box[1]} {m.swizzle}-byte swizzled"
+            for m in loads
+        )
         out = (
             f"; each consumer warp stages its output {stores[0].box[1]} tiles at a time and stores them by TMA"
             if stores
             else ""
         )
         memory = [
-            "  kernel    sm_90a form: one thread of a producer warpgroup loads each page by TMA (boxes: "
+            "  kernel    sm_90a form: one thread of a producer warpgroup loads each page by TMA, a box a panel (boxes: "
             f"{maps}), two consumer warpgroups multiply with wgmma m64n{w * 16}k{k_per}",
             f"            ({plan.block.ibw * 16 // k_per} a K step, A and B from shared memory by descriptor,"
             " one group in flight),"

@@ -55,6 +55,13 @@ class PageLayout(StrEnum):
     `_cols` layouts, which hold the same slots column by column (block tile (bh, bw) at bw·block_h + bh): the A
     operand of the sm_90a form, whose wgmma reads 64 rows of a K step as one matrix with a single stride between its
     8-row groups. `swizzled_cols` has `swizzled` tiles, `row_cols` `row` ones (int8).
+
+    `panels` is not made of tiles: the page is one row-major matrix (block_h·16 rows of block_w·16 elements) cut
+    into panels as wide as its rows allow, up to 128 bytes (`panel_bytes`), panel after panel, each row of a panel
+    `panel_bytes` long; within a panel the 16-byte chunks of each row are exchanged by the swizzle the copy engine
+    and wgmma both apply (`panel_offset`). `panels_t` is the same for the page's transpose: each column of the page
+    is a row of its panels (K-major: the int8 B of the sm_90a form). The sm_90a form's operands, loaded by TMA from
+    row-major tensors; what the other forms' fragment loads read is tiles.
     """
 
     ROW = "row"
@@ -62,6 +69,8 @@ class PageLayout(StrEnum):
     SWIZZLED = "swizzled"
     SWIZZLED_COLS = "swizzled_cols"
     ROW_COLS = "row_cols"
+    PANELS = "panels"
+    PANELS_T = "panels_t"
 
     @property
     def note(self) -> str:
@@ -72,6 +81,8 @@ class PageLayout(StrEnum):
             PageLayout.SWIZZLED: "swizzled",
             PageLayout.SWIZZLED_COLS: "swizzled, tiles by column",
             PageLayout.ROW_COLS: "tiles by column",
+            PageLayout.PANELS: "swizzled panels",
+            PageLayout.PANELS_T: "K-major, swizzled panels",
         }[self]
 
     @property
@@ -85,9 +96,35 @@ class PageLayout(StrEnum):
         return self in (PageLayout.SWIZZLED_COLS, PageLayout.ROW_COLS)
 
     @property
+    def panels(self) -> bool:
+        """Whether the page is a swizzled row-major matrix in panels (`panels`, `panels_t`), not tiles."""
+        return self in (PageLayout.PANELS, PageLayout.PANELS_T)
+
+    @property
     def order(self) -> TileOrder:
         """The tile order the page holds (a swizzle permutes 16-byte chunks within rows, not the order)."""
-        return TileOrder.COL if self is PageLayout.COL else TileOrder.ROW
+        return TileOrder.COL if self in (PageLayout.COL, PageLayout.PANELS_T) else TileOrder.ROW
+
+
+PANEL_WIDTHS = (128, 64, 32)  # bytes: the swizzle spans of the copy engine and wgmma, widest first
+
+
+def panel_bytes(row_bytes: int) -> int | None:
+    """The width of a `panels` page's panels: the widest swizzle span dividing its rows' `row_bytes`; None where
+    none does (rows of 16 bytes, or of an odd number of 16-byte chunks past 32)."""
+    return next((w for w in PANEL_WIDTHS if row_bytes % w == 0), None)
+
+
+def panel_offset(row: int, col_byte: int, rows: int, row_bytes: int) -> int:
+    """The byte of a `panels` page (`rows` rows of `row_bytes`) holding row `row`'s byte `col_byte`: its panel,
+    its row there, its byte in that row — with the 16-byte chunk index (offset bits 4 up) XORed with the offset's
+    bits 7 up, as many bits as the panel has chunks: the copy engine's and wgmma's swizzle, which works on shared
+    memory addresses and is the page's own where the page starts on 1024 bytes."""
+    width = panel_bytes(row_bytes)
+    if width is None:
+        raise ValueError(f"rows of {row_bytes} bytes cannot be cut into swizzled panels")
+    off = (col_byte // width) * rows * width + row * width + col_byte % width
+    return off ^ (((off >> 7) & (width // 16 - 1)) << 4)
 
 
 class Engine(StrEnum):

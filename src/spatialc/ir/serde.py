@@ -22,13 +22,15 @@ from .nodes import SpatialProgram
 
 FORMAT = "spatialc.program"
 TAG = "type"  # the key naming a node's class (fields may be called `kind`)
-VERSION = 5
+VERSION = 6
 # Versions this spatialc reads. Version 1 (before page layouts) decodes with every layout and tile order row-major;
 # `upgrade` (spatialc.from_json passes the tile pass's) lays its operands out as version 2 does. Version 3 added
 # split-K (a placement's `splits`, workspace tensors, AddPartial): a version-2 document is a version-3 one without.
 # Version 4 added multicast groups (a placement's `multicast`); a version-3 document is a version-4 one without.
-# Version 5 added the page layouts whose tiles lie by column (`swizzled_cols`, `row_cols`: sm_90a's A pages).
-READS = (1, 2, 3, 4, 5)
+# Version 5 added the page layouts whose tiles lie by column (`swizzled_cols`, `row_cols`: sm_90a's A pages then).
+# Version 6 added the swizzled panels (`panels`, `panels_t`) the sm_90a form's operand pages now are; a version-5
+# document is a version-6 one without them (its `_cols` pages are read by the other forms, as they were).
+READS = (1, 2, 3, 4, 5, 6)
 # How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into
 # one), and far from Python's recursion limit for decoding and for everything that walks the program after it.

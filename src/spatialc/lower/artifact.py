@@ -54,26 +54,34 @@ class Budget:
 @dataclass(frozen=True, slots=True)
 class TensorMap:
     """A TMA tensor map the sm_90a kernel takes by value (`const __grid_constant__ CUtensorMap spatialc_tmap_<index>`,
-    after the work list, in index order): the tiled buffer of the tensor whose parameter is `Launch.params[tensor]`
-    as a 4-D tensor — 16 elements of a tile row
-    (innermost), 16 rows, the tile columns, the tile rows (`by_column`: the tile rows, then the tile columns, so that
-    a box lands column by column) — loaded in boxes of one tile × `box` (rows, columns of tiles); `swizzle` 1: 32-byte
-    swizzle (16-bit operands), 0: none. docs/kernel-abi.md, "The sm_90a form"."""
+    after the work list, in index order) over the buffer of the tensor whose parameter is `Launch.params[tensor]`.
+
+    A `matrix` map reads an operand stored as a matrix (`KernelParam.order` "rows", or "cols" where `transposed`):
+    2-D, its columns innermost, loaded in boxes of `box` = (rows, columns) of the stored matrix, `swizzle` bytes
+    wide (the page's panels). Otherwise the map is over a tiled buffer as a 4-D tensor — 16 elements of a tile row
+    (innermost), 16 rows, the tile columns, the tile rows — in boxes of one tile × `box` (rows, columns of tiles):
+    the fused store's output. `swizzle`: the span in bytes (0: none). docs/kernel-abi.md, "The sm_90a form"."""
 
     index: int
     tensor: int
     box: tuple[int, int]
     swizzle: int = 0
-    by_column: bool = False
+    matrix: bool = False
+    transposed: bool = False
 
     def geometry(self, tiles: tuple[int, int], elem: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-        """(dims, byte strides of dims 1–3, box) of the map over a tensor of `tiles` (rows, columns of tiles) whose
-        elements are `elem` bytes: what cuTensorMapEncodeTiled is given, by the host programs and the launcher."""
+        """(dims, byte strides of the dims past the first, box) of the map over a tensor of `tiles` (rows, columns
+        of tiles) whose elements are `elem` bytes: what cuTensorMapEncodeTiled is given, by the host programs and
+        the launcher."""
         rows_t, cols_t = tiles
-        tile_col, tile_row = (cols_t, 256 * elem), (rows_t, cols_t * 256 * elem)  # (extent, stride in bytes)
-        outer = (tile_row, tile_col) if self.by_column else (tile_col, tile_row)  # by column: tile rows innermost
-        box = (self.box[0], self.box[1]) if self.by_column else (self.box[1], self.box[0])
-        return (16, 16, outer[0][0], outer[1][0]), (16 * elem, outer[0][1], outer[1][1]), (16, 16, *box)
+        if self.matrix:
+            rows, cols = (cols_t * 16, rows_t * 16) if self.transposed else (rows_t * 16, cols_t * 16)
+            return (cols, rows), (cols * elem,), (self.box[1], self.box[0])
+        return (
+            (16, 16, cols_t, rows_t),
+            (16 * elem, 256 * elem, cols_t * 256 * elem),
+            (16, 16, self.box[1], self.box[0]),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,16 +89,17 @@ class KernelParam:
     """One kernel argument: a device pointer to a tiled tensor (`tiles` = padded (rows_t, cols_t)).
 
     The buffer holds `tiles[0] * tiles[1]` tiles of `Launch.tile` elements each, laid out as `spatialc.tilize(x,
-    grid=tiles, order=order)` lays them (`order` "col": each tile column-major, the K-major B of an int8 kernel); the
-    output comes back with `spatialc.untilize(buf, elems, grid=tiles)`. The grid may be
-    larger than `elems` needs (the plan's items cover it), so pass it rather than let it default."""
+    grid=tiles, order=order)` lays them (`order` "col": each tile column-major, the K-major B of an int8 kernel;
+    "rows": not tiled but the padded matrix row-major, "cols": its transpose row-major — the operands the sm_90a
+    form's copy engine loads); the output comes back with `spatialc.untilize(buf, elems, grid=tiles)`. The grid may
+    be larger than `elems` needs (the plan's items cover it), so pass it rather than let it default."""
 
     name: str  # the tensor's name in the program ("A", "B", "C", "bias")
     c_type: str  # the pointee's C type
     role: str  # input / output / parameter
     elems: tuple[int, int]  # logical (rows, cols)
     tiles: tuple[int, int]  # padded tile grid (rows_t, cols_t): the `grid` of spatialc.tilize / spatialc.untilize
-    order: str = "row"  # inside each tile: "row" (row-major) or "col" (column-major): the `order` of spatialc.tilize
+    order: str = "row"  # "row" / "col": inside each tile; "rows" / "cols": a padded matrix (transposed): see above
     groups: int = 1  # a grouped tensor: `groups` matrices of `elems`, each tilized on tiles[0] / groups rows, stacked
 
 

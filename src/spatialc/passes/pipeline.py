@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from ..errors import PlanError, ProgramError
-from ..ir.nodes import SpatialProgram
+from ..ir.nodes import PageLayout, SpatialProgram
+from ..ir.ops import Activation
 from ..target import SpatialTarget
 from .multicast import add_semaphores, check_multicast, multicast_placement
 from .place import default_sites, place
@@ -29,10 +30,54 @@ def build(
     """Run every pass in order and return the verified program, planned for the `form` CUDA kernel. `split_k`
     gives each item that many sites (`passes/split.py`); None lets the planner split a GEMM whose items fill less
     than half the machine while K is long. `multicast=(gy, gx)` shares operand pages over groups of gy × gx sites
-    (`passes/multicast.py`)."""
+    (`passes/multicast.py`).
+
+    On a Hopper target "auto" plans for the sm_90a form first, whose operand pages only that form reads (swizzled
+    panels); where that form then refuses the program (an activation's rings past shared memory, a placement its
+    clusters cannot take), the program is planned again for the other forms (`sm90a_refusal`)."""
+    args = (program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
+    p = _build(*args, sm90a=True)
+    if form == "auto" and sm90a_refusal(p, target) is not None:
+        p = _build(*args, sm90a=False)
+    return p
+
+
+def sm90a_refusal(p: SpatialProgram, target: SpatialTarget) -> str | None:
+    """Why the sm_90a form cannot print `p`, planned for it (its pages in panels); None where it can, or where `p`
+    was planned for another form."""
+    from ..errors import SpatialError
+    from ..lower.cuda import hopper
+
+    if not target.hopper or not any(getattr(b.kind, "layout", None) in SM90A_LAYOUTS for b in p.buffers):
+        return None
+    try:
+        hopper.make_kernel(p, target)
+    except SpatialError as why:
+        return str(why)
+    return None
+
+
+SM90A_LAYOUTS = frozenset({PageLayout.PANELS, PageLayout.PANELS_T})
+
+
+def _build(
+    program: SpatialProgram,
+    target: SpatialTarget,
+    block,
+    sub_blocks,
+    depth,
+    sites: int | None,
+    placement: str | None,
+    form: str,
+    split_k: int | None,
+    multicast: tuple[int, int] | None,
+    *,
+    sm90a: bool,
+) -> SpatialProgram:
+    """`build`, the sm_90a form's plan tried first on a Hopper target where `sm90a` (and form is "auto")."""
     group = (1, 1) if multicast is None else check_multicast(multicast)
     if group != (1, 1):
-        return _multicast(program, target, group, block, sub_blocks, depth, sites, placement, form, split_k)
+        return _multicast(program, target, group, block, sub_blocks, depth, sites, placement, form, split_k, sm90a)
     p = program.evolve(target=target.name)
     if any(t.groups > 1 for t in p.tensors):  # rows counted at run time: only the general form prints them
         if form == "persistent":
@@ -43,7 +88,7 @@ def build(
         form = "general"
     # The plan comes first: the item grid it fixes is what placement distributes. A forced block the wgmma layout
     # does not take gets the persistent kernel's plan, which sm_90a also runs.
-    p, form = _tile_hopper_first(p, target, block, sub_blocks, depth, form, "persistent")
+    p, form = _tile_hopper_first(p, target, block, sub_blocks, depth, form, "persistent", sm90a)
     splits = _splits(p, target, split_k, form, sites, placement)
     split = None
     if splits > 1:
@@ -80,6 +125,7 @@ def _multicast(
     placement: str | None,
     form: str,
     split_k: int | None,
+    sm90a: bool = True,
 ) -> SpatialProgram:
     """build with multicast groups: planned for the general form (a group's sites wait on each other), placed by
     groups, the handshake scheduled."""
@@ -100,7 +146,7 @@ def _multicast(
     # back to the general form's plan where a forced block does not take the wgmma layout).
     wanted = form if target.hopper and form in ("auto", "sm90a") else "general"
     p, planned = _tile_hopper_first(
-        program.evolve(target=target.name), target, block, sub_blocks, depth, wanted, "general"
+        program.evolve(target=target.name), target, block, sub_blocks, depth, wanted, "general", sm90a
     )
     assert p.plan is not None
     resident = default_sites(p, target, planned) if sites is None else sites
@@ -113,11 +159,17 @@ def _multicast(
 
 
 def _tile_hopper_first(
-    p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, form: str, fallback: str
+    p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, form: str, fallback: str, sm90a: bool = True
 ) -> tuple[SpatialProgram, str]:
-    """`p` planned for `form` — "auto" on a Hopper target being the sm_90a form — and the form it was planned for:
-    `fallback` where the form was chosen for the user ("auto") and a forced block or sub-blocks do not take the
-    wgmma layout."""
+    """`p` planned for `form` — "auto" on a Hopper target being the sm_90a form where `sm90a` — and the form it was
+    planned for: `fallback` where the form was chosen for the user ("auto") and a forced block or sub-blocks do not
+    take the wgmma layout, or `sm90a` is False — the general form where an activation needs it."""
+    if form == "auto" and not fused_by_persistent(p):  # only the general form prints it: plan for its rings
+        fallback = "general"
+        if not target.hopper:
+            return tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=fallback), fallback
+    if form == "auto" and target.hopper and not sm90a:
+        return tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=fallback), fallback
     planned = "sm90a" if form == "auto" and target.hopper else form
     try:
         return tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=planned), planned
@@ -125,6 +177,12 @@ def _tile_hopper_first(
         if form != "auto" or planned != "sm90a" or (block is None and sub_blocks is None):
             raise
         return tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=fallback), fallback
+
+
+def fused_by_persistent(p: SpatialProgram) -> bool:
+    """Whether every elementwise stage of `p` is one the persistent kernel fuses into its store (not an activation,
+    which only the general form prints: "auto" then plans for the general form, whose rings the plan must hold)."""
+    return not any(isinstance(getattr(s.kind, "op", None), Activation) for s in p.stages)
 
 
 def _split_plan(

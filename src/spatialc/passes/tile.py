@@ -189,10 +189,12 @@ def candidates(
     m_t, k_t, n_t = a.group_tiles[0], a.tiles[1], out.tiles[1]
     groups = a.groups
     sides = (*BLOCK_SIDES, 16) if form == "sm90a" else BLOCK_SIDES  # a wgmma is up to 256 columns wide
+    # An sm_90a K step of int8 may be 128 elements: 128 bytes, its panels' widest swizzle, as 64 16-bit ones are.
+    ibws = (*IBWS, 8) if form == "sm90a" and p.precision == Precision.INT8 else IBWS
     blocks = (
         [BlockShape(*block)]
         if block
-        else [BlockShape(h, w, i) for h, w, i in itertools.product(BLOCK_SIDES, sides, IBWS)]
+        else [BlockShape(h, w, i) for h, w, i in itertools.product(BLOCK_SIDES, sides, ibws)]
     )
     subs = [tuple(sub_blocks)] if sub_blocks else list(SUB_BLOCKS)
     depths = [depth] if depth else list(DEPTHS)
@@ -216,7 +218,7 @@ def candidates(
         if per_unit:
             cost = plan_cost(target, plan, m_t, n_t, k_t, p.precision, per_unit)
             if own_cost is not None:
-                cost = own_cost(target, plan)
+                cost = own_cost(target, plan, p.precision)
             if groups > 1:
                 # A grouped GEMM's placement deals strips (a group's column of items) and each runs its group's
                 # row blocks one after another: waves of strips, each ny items long (every row present).
@@ -295,12 +297,12 @@ def too_many_items(plan: Plan) -> str | None:
 def operand_layouts(operand: Precision, form: str = "persistent") -> tuple[PageLayout, PageLayout]:
     """The page layouts of the A and B rings: the tensor cores' operand loads (`ldmatrix`) read 16-bit tiles
     conflict-free only swizzled, and 8-bit B only K-major, since they cannot transpose 8-bit data (the B tensor is
-    stored K-major to match: its tile order follows the ring's). The sm_90a form's wgmma reads A from shared memory
-    as 64-row matrices, so its A pages hold their tiles column by column (`PageLayout.by_column`); the ldmatrix
-    loads of the other forms read those too."""
+    stored K-major to match: its tile order follows the ring's). The sm_90a form's copy engine loads row-major
+    matrices into swizzled panels, up to 128 bytes wide, which its wgmma reads (`PageLayout.panels`): A and 16-bit
+    B as they are, int8 B transposed (K-major, `panels_t`)."""
     int8 = operand == Precision.INT8
     if form == "sm90a":
-        return (PageLayout.ROW_COLS, PageLayout.COL) if int8 else (PageLayout.SWIZZLED_COLS, PageLayout.SWIZZLED)
+        return (PageLayout.PANELS, PageLayout.PANELS_T) if int8 else (PageLayout.PANELS, PageLayout.PANELS)
     return (PageLayout.ROW, PageLayout.COL) if int8 else (PageLayout.SWIZZLED, PageLayout.SWIZZLED)
 
 

@@ -44,8 +44,8 @@ from ..inputs import (
     warn_if_rounded,
 )
 from .tilize import (
+    ORDERS,
     TILE,
-    TILE_ORDERS,
     LaunchError,
     bf16_to_float32,
     check_tiles,
@@ -98,7 +98,7 @@ class Arg:
     tiles: tuple[int, int]
     elem: str  # int8, float16, bfloat16, int64, float32, …
     storage: str  # the device array's dtype (bf16 → uint16)
-    order: str = "row"  # inside each tile: row- or column-major ("col": the K-major B of an int8 kernel)
+    order: str = "row"  # KernelParam.order: "row" / "col" inside each tile; "rows" / "cols" a padded matrix
     groups: int = 1  # a grouped tensor's arrays are (groups, *elems)
 
     @property
@@ -117,8 +117,10 @@ def kernel_args(launch: Any) -> list[Arg]:
             )
         elem = element_type(p.c_type)
         order = getattr(p, "order", "row")
-        if order not in TILE_ORDERS:
-            raise LaunchError(f"kernel parameter {p.name} has tile order {order!r}; expected 'row' or 'col'")
+        if order not in ORDERS:
+            raise LaunchError(
+                f"kernel parameter {p.name} has order {order!r}; expected 'row' or 'col' (tiled), 'rows' or 'cols'"
+            )
         groups = int(getattr(p, "groups", 1))
         out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, storage_dtype(elem), order, groups))
     if sum(a.role == "output" for a in out) != 1:
@@ -756,7 +758,7 @@ def _one_line(e: BaseException) -> str:
 # cuda.h's enumerators, by value (CUtensorMapDataType, …Swizzle, …L2promotion): the element size's type (the bits
 # move unchanged, so an unsigned integer type of the width does), 32-byte swizzle, 128-byte L2 promotion.
 TMA_DATA_TYPE = {1: 0, 2: 1, 4: 2, 8: 4}  # CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16, _UINT32, _UINT64: by element size
-TMA_SWIZZLE = {0: 0, 1: 1}  # CU_TENSOR_MAP_SWIZZLE_NONE, _32B
+TMA_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}  # a span in bytes → CU_TENSOR_MAP_SWIZZLE_NONE, _32B, _64B, _128B
 TMA_L2_128B = 2
 TENSOR_MAP_DTYPE = np.dtype([("opaque", np.uint64, (16,))], align=True)  # 128 bytes
 

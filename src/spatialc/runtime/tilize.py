@@ -3,7 +3,9 @@
 The tiled layout (DESIGN §2): a tensor of `tiles = (rows_t, cols_t)` 16×16 tiles is one flat run where tile
 `(ti, tj)` starts at `(ti * cols_t + tj) * 256` and is row-major inside (column-major for order "col": the K-major B
 of an int8 kernel); the tile grid may be larger than the
-logical shape needs, and the padding is zero. Operand rounding is round-to-nearest-even, done so that a float64
+logical shape needs, and the padding is zero. The operands of the sm_90a form, which its copy engine loads as
+matrices, are not tiled: order "rows" is the padded matrix row-major, "cols" its transpose row-major (the K-major B
+of an int8 kernel). Operand rounding is round-to-nearest-even, done so that a float64
 input is rounded once (not first to float32 and then again), and bf16 is kept as its 16 raw bits in a uint16
 array because CuPy has no bfloat16 type.
 
@@ -25,6 +27,8 @@ from ..ir.nodes import DType, TileOrder
 
 TILE = (16, 16)
 TILE_ORDERS = tuple(o.value for o in TileOrder)  # inside a tile: "row"-major, or "col"umn-major
+MATRIX_ORDERS = ("rows", "cols")  # not tiled: the padded matrix row-major, or its transpose
+ORDERS = TILE_ORDERS + MATRIX_ORDERS
 
 # Pointee C types of kernel parameters (docs/kernel-abi.md §4, §6) → the element type of the logical tensor.
 C_TYPES = {
@@ -141,6 +145,8 @@ def tilize(
     (rt, ct), (tr, tc) = tiles, tile
     padded = xp.zeros((rt * tr, ct * tc), dtype=x.dtype)
     padded[: x.shape[0], : x.shape[1]] = x
+    if order in MATRIX_ORDERS:
+        return xp.ascontiguousarray(padded if order == "rows" else padded.T).reshape(-1)
     axes = (0, 2, 1, 3) if order == "row" else (0, 2, 3, 1)
     return xp.ascontiguousarray(padded.reshape(rt, tr, ct, tc).transpose(*axes)).reshape(-1)
 
@@ -170,7 +176,11 @@ def untilize(
     if flat.size != rt * ct * tr * tc:
         raise LaunchError(f"a tiled buffer of {rt}×{ct} tiles holds {rt * ct * tr * tc} elements, not {flat.size}")
     check_tiles("result", shape, tiles, tile)
-    if order == "row":
+    if order == "rows":
+        grid = flat.reshape(rt * tr, ct * tc)
+    elif order == "cols":
+        grid = flat.reshape(ct * tc, rt * tr).T
+    elif order == "row":
         grid = flat.reshape(rt, ct, tr, tc).transpose(0, 2, 1, 3)
     else:
         grid = flat.reshape(rt, ct, tc, tr).transpose(0, 3, 1, 2)
@@ -188,7 +198,8 @@ def tilize_array(
     (default: the smallest grid that holds it; a kernel parameter's is `artifact.launch.params[i].tiles`).
 
     Tile (ti, tj) is the contiguous run at (ti * cols_t + tj) * tile_elems, row-major inside — column-major for
-    `order="col"` (a kernel parameter's order is `artifact.launch.params[i].order`); the dtype is kept.
+    `order="col"`; `order="rows"` is not tiled but the padded array row-major, `"cols"` its transpose (the sm_90a
+    form's operands). A kernel parameter's order is `artifact.launch.params[i].order`; the dtype is kept.
     InputError for a non-array, an array that is not 2-D, a bad tile or order, or a grid smaller than the array
     needs."""
     x = _numpy_array("tilize", array)
@@ -235,8 +246,10 @@ def smallest_grid(shape: tuple[int, int], tile: tuple[int, int] = TILE) -> tuple
 
 
 def _order(order: Any) -> str:
-    if order not in TILE_ORDERS:
-        raise InputError(f"order must be 'row' or 'col' (inside each tile), not {order!r}")
+    if order not in ORDERS:
+        raise InputError(
+            f"order must be 'row' or 'col' (inside each tile), or 'rows' or 'cols' (a padded matrix), not {order!r}"
+        )
     return str(order)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...ir.nodes import SpatialProgram
+from ...ir.nodes import PageLayout, SpatialProgram
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
 from ..errors import LowerError, NeedsGeneral
@@ -42,7 +42,14 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
     passed_over: tuple[str, ...] = ()
     if form == "auto" and target.hopper:
         try:
-            return _with_general(hopper.lower(program, target), program, target)
+            hopper.refuse(program, target)
+            if not any(getattr(b.kind, "layout", PageLayout.ROW).panels for b in program.buffers):
+                passed_over = (
+                    "not the sm_90a form: the program was planned for the others (build it with form='sm90a' to"
+                    " plan for that form, or to see why it does not print it)",
+                )
+            else:
+                return _with_general(hopper.lower(program, target), program, target)
         except LowerError as why:
             passed_over = (f"not the sm_90a form: {why}",)
     try:

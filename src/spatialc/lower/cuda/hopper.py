@@ -1,17 +1,18 @@
 """The sm_90a form: the general form's engines on warps of their own, with Hopper's data path.
 
-- The reader is one thread of a producer warpgroup. Each `ReadTiles` of an operand page is one tensor-memory-accelerator
-  load of the whole page (a 4-D box over the tiled tensor: the 16 × 16 elements of a tile, its columns of tiles, its
-  rows of tiles), announced on the slot's full barrier with `expect_tx` of exactly the page's bytes; `Push` is the
-  reader's one arrival on it. The phase completes when the arrival and every byte are in. 16-bit pages land 32-byte
-  swizzled — the same `swizzled` tiles the IR names and the ldmatrix path reads — since the copy engine swizzles by
-  shared-memory address and every stage starts on 1024 bytes. A's pages hold their tiles by column
-  (`PageLayout.by_column`: the map's tile rows are its inner dimension), so that 64 rows of a K step are one matrix.
+- The reader is one thread of a producer warpgroup. The operands it loads are not tiled in global memory but stored
+  as matrices (`KernelParam.order` "rows"; int8 B "cols", its transpose), and each page lands as the IR's
+  `panels` layout says (`panels_t` for int8 B): one row-major matrix in panels as wide as its rows allow, up to 128
+  bytes, swizzled by the copy engine as wgmma reads them — the layout of every fast Hopper GEMM. Each `ReadTiles`
+  is one 2-D TMA box a panel (`Panels`), all announced on the slot's full barrier by one `expect_tx` of exactly the
+  page's bytes; `Push` is the reader's one arrival on it. The phase completes when the arrival and every byte are
+  in. Each stage starts on 1024 bytes, so the swizzle by address is the page's own.
 - The compute engine is two consumer warpgroups (the eight accumulator warps). Warp w holds the item's tile row w,
   every column, in wgmma's accumulator layout, which is the m16n8 layout `spatialc_acc` already names. A K step
-  issues one `wgmma.mma_async` per 16 (int8: 32) K elements with both operands read from shared memory through
-  matrix descriptors: A K-major (32-byte swizzle; int8 none), 16-bit B N-major (transposed, 32-byte swizzle), int8 B
-  K-major (none), as the rings' layouts say. Where the K loop is not pipelined (below), the first `Pop` after a step
+  issues one `wgmma.mma_async` per 32 bytes of K (16 elements; int8 32) with both operands read from shared memory
+  through matrix descriptors of the panels' swizzle: A K-major (a warpgroup's 64 rows, 8-row groups a panel row ×
+  8 apart), 16-bit B N-major (transposed: its K rows are panel rows, the next panel of columns the leading
+  offset on), int8 B K-major like A. Where the K loop is not pipelined (below), the first `Pop` after a step
   waits for its group (`wgmma.wait_group 0`) before it releases the slot: until then the MMA may still read it.
 - The K loop keeps one wgmma group in flight where the operand rings are at least two pages deep: a step issues
   its MMAs, waits until only they are in flight (`wait_group 1`) and then releases the previous step's stages; the
@@ -32,7 +33,9 @@
 
 Rule 7 of `verify` proves the engines' handover free of deadlock and overrun exactly as for the general form; what is
 new here is checked before printing (`check_resources`): threads × registers, the setmaxnreg split, stage bytes
-against shared memory, 1024-byte stage bases, and transaction counts equal to the bytes each page receives.
+against shared memory, 1024-byte stage bases and pages on their swizzle's period, and transaction counts equal to
+the bytes each page receives. Since only this form reads panels, `build` plans for it only where it prints the
+program (`passes.pipeline.sm90a_refusal`); the general form does not ride along with its artifacts.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import math
 from dataclasses import dataclass
 
 from ...ir.ids import LoopVar, loop_var_name
-from ...ir.nodes import Plan, SpatialProgram, TensorRole
+from ...ir.nodes import PageLayout, Plan, SpatialProgram, TensorRole, panel_bytes
 from ...ir.ops import (
     AcquireAcc,
     ChoreoOp,
@@ -82,10 +85,9 @@ CONSUMER_GROUPS = 2  # warpgroups of the compute engine: its eight accumulator w
 PRODUCER_REGS = 40  # registers a producer-warpgroup thread keeps after setmaxnreg.dec
 CONSUMER_REGS = 232  # registers a consumer thread gets with setmaxnreg.inc
 STAGE_ALIGN = 1024  # bytes: every ring starts on the largest swizzle pattern's period
-SWIZZLE_PERIOD = 256  # bytes after which the 32-byte swizzle repeats (8 rows of 32 bytes): where each page starts
 BARRIER_ALIGN = 16  # each barrier array: the emulation's (and the layout's) least region alignment
 WGMMA_N_MAX = 256
-SWIZZLE_NONE, SWIZZLE_32B = 0, 3  # the descriptor's (and, as 0 and 1, the tensor map's) swizzle modes
+DESC_SWIZZLE = {128: 1, 64: 2, 32: 3}  # a matrix descriptor's swizzle mode, by the panels' width in bytes
 STORE_STAGE = 4096  # bytes of shared memory each consumer warp stages its output in, for the TMA store
 OUT_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "long long": 8}
 
@@ -102,6 +104,8 @@ class HopperKernel:
     store: WriteTiles | None = None  # the writer's store the fused epilogue takes over (None: not fused)
     chunk: int = 0  # tiles a consumer warp stages at a time for the fused store's TMA store (0: stored directly)
     multicast: Multicast | None = None  # the multicast handshake (clusters.py), None without groups
+    panels: dict[int, Panels] = dataclasses.field(default_factory=dict)  # each TMA-filled ring's panels
+    stored: dict[int, str] = dataclasses.field(default_factory=dict)  # parameter → "rows" / "cols" (KernelParam)
 
     @property
     def program(self) -> SpatialProgram:
@@ -179,7 +183,7 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
 # table (bench/README.md, "The sm_90a form").
 WGMMA_N_RATE = {16: 0.35, 32: 0.55, 64: 0.75, 128: 0.92, 256: 1.0}
 DEPTH_RATE = {1: 0.5, 2: 0.8, 3: 0.93, 4: 1.0, 5: 1.0}
-K_STEP_RATE = {1: 0.8, 2: 0.93, 4: 1.0}  # K steps of 16, 32, 64 elements: a wait and a release per step
+K_STEP_RATE = {32: 0.8, 64: 0.93, 128: 1.0}  # K steps of 32, 64, 128 bytes: a wait and a release per step
 
 
 def store_stage_bytes() -> int:
@@ -198,13 +202,14 @@ def store_chunk(w: int, out_type: str) -> int:
     return chunk
 
 
-def plan_cost(target: SpatialTarget, plan: Plan) -> float:
+def plan_cost(target: SpatialTarget, plan: Plan, precision: Precision) -> float:
     """Estimated run time (arbitrary units) of `plan` in the sm_90a form: waves of items over the SMs (one block
     each) × one item's multiply-accumulates (in padded tiles) / the rate its wgmma width, stage depth and K step
     keep."""
     h, w = plan.item_tiles
     waves = math.ceil(plan.items / target.units)
-    rate = WGMMA_N_RATE.get(w * 16, 0.9) * DEPTH_RATE.get(plan.depth, 1.0) * K_STEP_RATE.get(plan.block.ibw, 1.0)
+    step = plan.block.ibw * 16 * MMA_TYPES[precision].operand_bytes  # bytes of K a step: its panels' width
+    rate = WGMMA_N_RATE.get(w * 16, 0.9) * DEPTH_RATE.get(plan.depth, 1.0) * K_STEP_RATE.get(step, 1.0)
     return waves * h * w * plan.k_tiles / rate
 
 
@@ -234,10 +239,11 @@ def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
         if off % STAGE_ALIGN:
             raise Unsupported(f"ring {rid} at byte {off}", f"a swizzled stage starts on {STAGE_ALIGN} bytes")
         ring = k.base.rings.rings[rid]
-        if (ring.page * ring.elem_bytes) % SWIZZLE_PERIOD and ring.layout.swizzled:
+        period = 8 * k.panels[rid].width  # the swizzle repeats every 8 rows of a panel
+        if (ring.page * ring.elem_bytes) % period:
             raise Unsupported(
                 f"pages of {ring.page * ring.elem_bytes} bytes on {ring.name}",
-                f"every swizzled page starts on {SWIZZLE_PERIOD} bytes",
+                f"every page of {k.panels[rid].width}-byte panels starts on {period} bytes",
             )
 
 
@@ -246,10 +252,47 @@ def param_at(p: SpatialProgram, tensor) -> int:
     return [t.id for t in p.tensors].index(tensor)
 
 
-def _maps(p: SpatialProgram, rings, reader_ops) -> tuple[tuple[TensorMap, ...], frozenset[int]]:
-    """One tensor map per (tensor, box) the reader loads, and the rings the copy engine fills."""
-    maps: dict[tuple[int, int, int], TensorMap] = {}
+@dataclass(frozen=True, slots=True)
+class Panels:
+    """How a ring's page lies as the copy engine lands it: `rows` rows of `row_bytes` (the page, or its transpose
+    for `panels_t`), in panels `width` bytes wide, each one TMA box."""
+
+    rows: int
+    row_bytes: int
+    width: int
+    transposed: bool
+
+    @property
+    def count(self) -> int:
+        return self.row_bytes // self.width
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of one panel: where the next one starts."""
+        return self.rows * self.width
+
+
+def panels_of(op: ReadTiles, layout: PageLayout, elem: int, name: str) -> Panels:
+    """The panels of a page of `op`'s tiles in `layout` (`panels`, or `panels_t`: stored transposed), refused by
+    name where its rows take no swizzle span."""
+    rows, cols = op.block_h * 16, op.block_w * 16
+    if layout == PageLayout.PANELS_T:
+        rows, cols = cols, rows
+    width = panel_bytes(cols * elem)
+    if width is None:
+        raise Unsupported(f"rows of {cols * elem} bytes in {name}'s pages", "a swizzled panel is 32, 64 or 128 wide")
+    return Panels(rows, cols * elem, width, layout == PageLayout.PANELS_T)
+
+
+def _maps(
+    p: SpatialProgram, rings, reader_ops
+) -> tuple[tuple[TensorMap, ...], frozenset[int], dict[int, Panels], dict[int, str]]:
+    """One tensor map per (tensor, box) the reader loads, the rings the copy engine fills, each one's panels, and
+    the stored layout (`KernelParam.order`) of each tensor the maps read: "rows" (row-major), "cols" (transposed)."""
+    maps: dict[tuple[int, int, int, int], TensorMap] = {}
     filled: set[int] = set()
+    panels: dict[int, Panels] = {}
+    stored: dict[int, str] = {}
     for op in reader_ops:
         if not isinstance(op, ReadTiles):
             continue
@@ -257,6 +300,12 @@ def _maps(p: SpatialProgram, rings, reader_ops) -> tuple[tuple[TensorMap, ...], 
         ring = rings.kept(op.into)
         if t.role != TensorRole.INPUT or ring is None or ring.c_type != "OPT":
             raise Unsupported(f"a ReadTiles of {t.name}", "the copy engine fills operand pages only")
+        if not ring.layout.panels:
+            raise Unsupported(
+                f"{t.name}'s pages in {ring.layout.value} layout ({ring.name}), planned for the other forms",
+                "the sm_90a form's copy engine lands swizzled panels; build with form='sm90a' (--form sm90a) to"
+                " plan for it, or to see why it is not",
+            )
         if (op.stride_h, op.stride_w) != (t.tiles[1], 1) or t.tiles[1] % op.block_w:
             raise Unsupported(
                 f"a ReadTiles of {t.name} with strides ({op.stride_h}, {op.stride_w})",
@@ -265,16 +314,22 @@ def _maps(p: SpatialProgram, rings, reader_ops) -> tuple[tuple[TensorMap, ...], 
         if op.block_h * op.block_w * TILE_ELEMS != ring.page:
             raise Unsupported(
                 f"a ReadTiles of {op.block_h}x{op.block_w} tiles into {ring.name}'s pages of {ring.page // TILE_ELEMS}",
-                "the full barrier expects the whole page's bytes, and the box must bring exactly those",
+                "the full barrier expects the whole page's bytes, and the boxes must bring exactly those",
             )
-        if op.block_h > 256 or op.block_w > 256:
-            raise Unsupported(f"a {op.block_h}x{op.block_w}-tile page of {t.name}", "a TMA box side is at most 256")
+        pan = panels_of(op, ring.layout, ring.elem_bytes, t.name)
+        if pan.rows > 256:
+            raise Unsupported(f"pages of {pan.rows} rows of {t.name}", "a TMA box side is at most 256")
         at = param_at(p, op.tensor)
-        key = (at, op.block_h, op.block_w)
-        swizzle = 1 if ring.layout.swizzled else 0
-        maps.setdefault(key, TensorMap(len(maps), at, (op.block_h, op.block_w), swizzle, ring.layout.by_column))
+        order = "cols" if pan.transposed else "rows"
+        if stored.setdefault(at, order) != order:
+            raise Unsupported(f"{t.name} read both as it is and transposed", "a tensor is stored one way")
+        box = (pan.rows, pan.width // ring.elem_bytes)
+        key = (at, *box, pan.width)
+        maps.setdefault(key, TensorMap(len(maps), at, box, pan.width, matrix=True, transposed=pan.transposed))
+        if panels.setdefault(ring.id, pan) != pan:
+            raise Unsupported(f"pages of two shapes in {ring.name}", "each stage is laid out for one box")
         filled.add(ring.id)
-    return tuple(maps.values()), frozenset(filled)
+    return tuple(maps.values()), frozenset(filled), panels, stored
 
 
 def staged(p: SpatialProgram, store: WriteTiles) -> bool:
@@ -332,7 +387,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
     if len(side) > WARPGROUP:
         raise Unsupported(f"{len(side)} engines beside the compute engine", "they share one producer warpgroup")
     reader = [r for r in side if any(isinstance(op, ReadTiles) for op in r.walk())]
-    maps, filled = _maps(p, k.rings, [op for r in reader for op in r.walk()])
+    maps, filled, panels, stored = _maps(p, k.rings, [op for r in reader for op in r.walk()])
     mc = multicast(p, k.rings.template)
     if mc is not None:
         check_cluster(k.cluster)
@@ -360,7 +415,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         barrier_bytes=barrier_bytes,
         blocks_per_sm=1,
     )
-    hk = HopperKernel(base, maps, filled, (CONSUMER_GROUPS + 1) * WARPGROUP * WARP, w * 16, store, chunk, mc)
+    threads = (CONSUMER_GROUPS + 1) * WARPGROUP * WARP
+    hk = HopperKernel(base, maps, filled, threads, w * 16, store, chunk, mc, panels, stored)
     check_resources(hk, target)
     return hk
 
@@ -549,58 +605,68 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
         self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)
 
     def tma(self, op: ReadTiles, env: dict[LoopVar, str], mark: str, mask: str | None = None) -> None:
-        """The whole page as one box: its bytes announced on the slot's full barrier, then the load — multicast to
-        the blocks of `mask` where one is given."""
+        """The whole page's bytes announced on the slot's full barrier, then one box a panel — multicast to the
+        blocks of `mask` where one is given."""
         t = self.k.program.tensor(op.tensor)
         ring = self.kept(op.into)
         r = ring.id
+        pan = self.hk.panels[r]
         at = param_at(self.k.program, op.tensor)
-        m = next(m for m in self.hk.maps if (m.tensor, m.box) == (at, (op.block_h, op.block_w)))
+        box = (pan.rows, pan.width // ring.elem_bytes)
+        m = next(m for m in self.hk.maps if (m.tensor, m.box, m.swizzle) == (at, box, pan.width))
         nbytes = op.block_h * op.block_w * TILE_ELEMS * ring.elem_bytes
         slot = self.write_slot(r)
         with self.w.block("", mark):
             self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {t.name}")
             self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
-            col, row = f"at % {t.tiles[1]}", f"at / {t.tiles[1]}"
-            outer = f"{row}, {col}" if m.by_column else f"{col}, {row}"  # the map's third and fourth dimensions
-            page, bar = self.write_page(r), f"&full_{r}[{slot}]"
-            if mask is None:
-                self.w.line(f"spatialc_tma_load_4d({page}, &spatialc_tmap_{m.index}, 0, 0, {outer}, {bar});")
-            else:
+            row, col = f"(at / {t.tiles[1]}) * 16", f"(at % {t.tiles[1]}) * 16"
+            inner, outer = (row, col) if pan.transposed else (col, row)  # the stored matrix's column, row
+            page, bar = f"(char*)({self.write_page(r)})", f"&full_{r}[{slot}]"
+            if mask is not None:
                 self.w.line(f"const unsigned short group = {mask};")
-                load = f"spatialc_tma_load_4d_multicast({page}, &spatialc_tmap_{m.index}, 0, 0, {outer}, {bar}, group);"
-                self.w.line(load)
+            for i in range(pan.count):
+                dst = f"{page} + {i * pan.bytes}" if i else page
+                c0 = f"{inner} + {i * box[1]}" if i else inner
+                if mask is None:
+                    self.w.line(f"spatialc_tma_load_2d({dst}, &spatialc_tmap_{m.index}, {c0}, {outer}, {bar});")
+                else:
+                    load = (
+                        f"spatialc_tma_load_2d_multicast({dst}, &spatialc_tmap_{m.index}, {c0}, {outer}, {bar}, group);"
+                    )
+                    self.w.line(load)
 
     def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
-        """One K step: a wgmma per 16 (int8: 32) K elements, each warpgroup's 64 rows of A and the whole B page read
-        from shared memory through descriptors, committed as one group."""
+        """One K step: a wgmma per 16 (int8: 32) K elements — 32 bytes of K — each warpgroup's 64 rows of A and the
+        whole B page read from shared memory through descriptors, committed as one group. A (and int8 B) K-major:
+        an instruction's K is 32 bytes of a panel row, the next 8 rows a panel row × 8 on; 16-bit B N-major: its
+        16 K rows are panel rows, the next 8 K rows 8 panel rows on, the next panel of N columns a panel on."""
         check_page_layouts(mm.operand, a, b)
-        ibw, (h, w) = mm.block.ibw, self.plan.item_tiles
-        integer = mm.operand == Precision.INT8
-        step = 2 if integer else 1
-        tile = TILE_ELEMS * a.elem_bytes  # bytes of one tile
-        # A: the page's tiles by column, so 64 rows of a K step are 4 consecutive tiles from the warpgroup's first.
-        a_at = f"{self.read_page(a.id)} + (kk * {h} + (warp / {WARPGROUP}) * {WARPGROUP}) * {TILE_ELEMS}"
-        b_at = f"{self.read_page(b.id)} + kk * {w * TILE_ELEMS}"
-        if integer:  # K-major core matrices of 8 rows x 16 bytes: the next 8 rows half a tile on, the next 16 K one
-            a_desc = (h * tile, tile // 2, SWIZZLE_NONE)  # column of tiles on
-            b_desc = (w * tile, tile // 2, SWIZZLE_NONE)  # (B K-major: its rows are columns; next K a tile row on)
-        else:  # 32-byte swizzled rows: A K-major (8-row groups half a tile apart), B N-major (16 columns a tile)
-            a_desc = (16, tile // 2, SWIZZLE_32B)  # (the leading offset is unused: a K step fits one swizzled row)
-            b_desc = (tile, tile // 2, SWIZZLE_32B)
-        desc = "spatialc_wgmma_desc({}, {}u, {}u, {}u)"
+        ibw = mm.block.ibw
+        step = 2 if mm.operand == Precision.INT8 else 1  # tiles of K an instruction takes: 32 bytes
+        pa, pb = self.hk.panels[a.id], self.hk.panels[b.id]
+        kb = "(kk * 16 * (int)sizeof(OPT))"  # the instruction's first byte of K
+
+        def k_major(page: str, pan: Panels, first_row: str) -> str:
+            at = f"{page} + ({kb} / {pan.width}) * {pan.bytes} + {first_row} * {pan.width} + {kb} % {pan.width}"
+            return f"spatialc_wgmma_desc({at}, 16u, {8 * pan.width}u, {DESC_SWIZZLE[pan.width]}u)"
+
+        a_page, b_page = f"(const char*)({self.read_page(a.id)})", f"(const char*)({self.read_page(b.id)})"
+        a_of = k_major(a_page, pa, f"(warp / {WARPGROUP}) * 64")  # the warpgroup's 64 rows
+        if pb.transposed:  # int8 B: its rows are N, K-major like A
+            b_of = k_major(b_page, pb, "0")
+        else:
+            at = f"{b_page} + kk * 16 * {pb.width}"
+            b_of = f"spatialc_wgmma_desc({at}, {pb.bytes}u, {8 * pb.width}u, {DESC_SWIZZLE[pb.width]}u)"
         with self.w.block("", mark):
             self.w.line("spatialc_wgmma_fence();  // the accumulators were last written by plain instructions")
             with self.unrolled(f"for (int kk = 0; kk < {ibw}; kk += {step})"):
-                a_of, b_of = desc.format(a_at, *a_desc), desc.format(b_at, *b_desc)
                 self.w.line(f"spatialc_wgmma<{self.hk.n}, OPT>(accf, {a_of}, {b_of});")
             self.w.line("spatialc_wgmma_commit();")
         self.in_flight = True
 
 
 def check_page_layouts(operand: Precision, a: Ring, b: Ring) -> None:
-    """Refuse operand pages the descriptors cannot describe: A must hold its tiles by column (64 rows of a K step
-    one strided matrix), B as the ldmatrix path reads it."""
+    """Refuse operand pages the descriptors cannot describe: swizzled panels, int8 B transposed."""
     want = operand_layouts(operand, "sm90a")
     for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
         if ring.layout != layout:
@@ -781,6 +847,11 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
         fixed=clustered or len(k.classes) > 1,
         cluster=k.cluster if clustered else 1,
     )
-    launch = dataclasses.replace(launch, tensor_maps=hk.maps)
+    # The operands the copy engine loads are stored as matrices (row-major, or transposed), not tiled.
+    params = tuple(
+        dataclasses.replace(param, order=hk.stored[i]) if i in hk.stored else param
+        for i, param in enumerate(launch.params)
+    )
+    launch = dataclasses.replace(launch, params=params, tensor_maps=hk.maps)
     programs = tuple(ops for role in k.roles for ops in general.printed(role))
     return assemble(program, target.name, kernel_text(hk), programs, launch, budget_of(hk, target))

@@ -23,9 +23,11 @@ BENCH_ITERS = 20
 INTEGER_OUTPUTS = ("long long", "int", "signed char")
 
 
-def helpers() -> str:
-    """The checked-in host helpers, inlined so that each program is one self-contained text."""
-    return inlined("persistent_host.cuh")
+def helpers(launch: Launch) -> str:
+    """The checked-in host helpers, inlined so that each program is one self-contained text (with the matrix
+    store where a parameter is stored as a matrix)."""
+    matrices = any(param.order in ("rows", "cols") for param in launch.params)
+    return inlined("persistent_host.cuh") + ("\n" + inlined("matrix_host.cuh") if matrices else "")
 
 
 def assemble(
@@ -44,7 +46,7 @@ def assemble(
             f"the {budget.form} kernel's census disagrees: program {counted.program} with stages {counted.stages}, "
             f"printed {counted.printed} with stages {counted.printed_stages}"
         )
-    host = kernel_cu + "\n" + helpers() + "\n"
+    host = kernel_cu + "\n" + helpers(launch) + "\n"
     return CudaArtifact(
         target, host + program_main(p, launch), host + bench_main(p, launch), kernel_cu, launch, budget, counted
     )
@@ -111,7 +113,12 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
                 )
         w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
         col = ", true" if t.order == TileOrder.COL else ""
-        if t.groups > 1:
+        stored = param.order
+        if stored in ("rows", "cols"):  # a matrix the copy engine loads: padded, transposed for "cols"
+            pitch = t.tiles[0] * 16 if stored == "cols" else t.tiles[1] * 16
+            flip = "true" if stored == "cols" else "false"
+            w.line(f"spatialc_store_matrix(h{i}, {t.elems[0]}, {t.elems[1]}, {pitch}, x{i}, {flip});")
+        elif t.groups > 1:
             shape = f"{t.groups}, {t.elems[0]}, {t.elems[1]}, {t.group_tiles[0]}, {t.tiles[1]}"
             w.line(f"spatialc_tilize_groups(h{i}, {shape}, x{i}{col});")
         else:
@@ -255,8 +262,8 @@ TMA_TYPES = {
 
 def _tensor_maps(p: SpatialProgram, launch: Launch, w: Writer) -> None:
     """Encode each tensor map of an sm_90a kernel (`Launch.tensor_maps`) over its device buffer, through the driver
-    entry point the runtime hands out (no link against libcuda). A tile is 16 × 16 elements stored contiguously, so
-    the tensor is 4-D: a tile row's 16 elements, its 16 rows, the tile columns, the tile rows."""
+    entry point the runtime hands out (no link against libcuda), as `TensorMap.geometry` gives it: 2-D over an
+    operand stored as a matrix, 4-D over a tiled output."""
     w.line("PFN_cuTensorMapEncodeTiled_v12000 encode_tiled = nullptr;")
     w.line("cudaDriverEntryPointQueryResult found_encode;")
     w.line(
@@ -273,16 +280,17 @@ def _tensor_maps(p: SpatialProgram, launch: Launch, w: Writer) -> None:
         t, param = p.tensors[m.tensor], launch.params[m.tensor]
         kind, size = TMA_TYPES[param.c_type]
         dims, strides, box = m.geometry(t.tiles, size)
+        rank = len(dims)
         w.line(f"CUtensorMap tmap_{m.index};")
         with w.block():
-            w.line(f"const cuuint64_t dims[4] = {{{', '.join(map(str, dims))}}};")
-            w.line(f"const cuuint64_t strides[3] = {{{', '.join(map(str, strides))}}};")
-            w.line(f"const cuuint32_t box[4] = {{{', '.join(map(str, box))}}};")
-            w.line("const cuuint32_t unit[4] = {1, 1, 1, 1};")
-            swizzle = "CU_TENSOR_MAP_SWIZZLE_32B" if m.swizzle else "CU_TENSOR_MAP_SWIZZLE_NONE"
+            w.line(f"const cuuint64_t dims[{rank}] = {{{', '.join(map(str, dims))}}};")
+            w.line(f"const cuuint64_t strides[{rank - 1}] = {{{', '.join(map(str, strides))}}};")
+            w.line(f"const cuuint32_t box[{rank}] = {{{', '.join(map(str, box))}}};")
+            w.line(f"const cuuint32_t unit[{rank}] = {{{', '.join(['1'] * rank)}}};")
+            swizzle = f"CU_TENSOR_MAP_SWIZZLE_{m.swizzle}B" if m.swizzle else "CU_TENSOR_MAP_SWIZZLE_NONE"
             w.line(
                 f"const CUresult made = encode_tiled(&tmap_{m.index}, CU_TENSOR_MAP_DATA_TYPE_{kind}, "
-                f"4, d{int(t.id)}, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, {swizzle}, "
+                f"{rank}, d{int(t.id)}, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, {swizzle}, "
                 "CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);"
             )
             _exit_if(w, "made != CUDA_SUCCESS", f"cuTensorMapEncodeTiled refused the map of {t.name} (%d)", "(int)made")

@@ -28,29 +28,29 @@ __device__ __forceinline__ void spatialc_mbar_expect_tx(unsigned long long* bar,
                  : "memory");
 }
 
-// A box of a tiled tensor (four coordinates, innermost first) into shared memory by the copy engine; its bytes are
-// counted on `bar` when they land. The tensor map lives in the kernel's parameter space (__grid_constant__).
-__device__ __forceinline__ void spatialc_tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+// A box of a matrix (column, row: innermost first) into shared memory by the copy engine, swizzled as its tensor
+// map says; its bytes are counted on `bar` when they land. The tensor map lives in the kernel's parameter space
+// (__grid_constant__).
+__device__ __forceinline__ void spatialc_tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1,
                                                      unsigned long long* bar)
 {
     asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}],"
-        " [%6];" ::"r"(spatialc_smem_addr(dst)),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(spatialc_smem_addr(bar))
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}],"
+        " [%4];" ::"r"(spatialc_smem_addr(dst)),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(spatialc_smem_addr(bar))
         : "memory");
 }
 
 // The same box into the same place of the shared memory of every block of the cluster whose rank is set in `mask`
 // (bit r: rank r, this block's own included), read from global memory once; its bytes count on the barrier at the
 // same place in each of those blocks, each of which announced them with its own expect_tx.
-__device__ __forceinline__ void spatialc_tma_load_4d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
-                                                               int c3, unsigned long long* bar, unsigned short mask)
+__device__ __forceinline__ void spatialc_tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c0, int c1,
+                                                               unsigned long long* bar, unsigned short mask)
 {
     asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-        " [%0], [%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(spatialc_smem_addr(dst)),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(spatialc_smem_addr(bar)),
-        "h"(mask)
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(spatialc_smem_addr(dst)),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(spatialc_smem_addr(bar)), "h"(mask)
         : "memory");
 }
 

@@ -517,11 +517,17 @@ def tensor_core_lines(rings: Rings, types: MmaTypes) -> list[str]:
 
 def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:
     """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor). A's
-    pages may hold their tiles either way (the sm_90a form's, by column, or row by row), and plain row-major ones
-    (`a_loader`: a page an engine computed)."""
+    pages may hold their tiles either way (by column, as programs saved for sm_90a before version 6 of the JSON
+    format do, or row by row), and plain row-major ones (`a_loader`: a page an engine computed)."""
     want = operand_layouts(operand)
-    also_a = (operand_layouts(operand, "sm90a")[0], PageLayout.ROW)
+    also_a = (PageLayout.ROW_COLS if operand == Precision.INT8 else PageLayout.SWIZZLED_COLS, PageLayout.ROW)
     for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
+        if ring.layout.panels:
+            raise Unsupported(
+                f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",
+                "those are the sm_90a form's swizzled panels, which only it reads; build the program with"
+                " form='general' (--form general) for this form",
+            )
         if ring.layout != layout and not (what == "A" and ring.layout in also_a):
             raise Unsupported(
                 f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",

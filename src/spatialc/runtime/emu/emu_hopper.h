@@ -147,19 +147,19 @@ inline const char* wgmma_byte(const char* start, unsigned long long desc, int k,
     const int per = 16 / elem;  // elements in a 16-byte chunk
     size_t off;
     if (((desc >> 49) & 7u) != 0) fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": a non-zero base offset");
-    if (mn_major && mode == 3)  // atoms of 2 chunks along N × 8 rows of K; the next atom along N at LBO, K at SBO
-        off = (size_t)(n % per) * elem + (size_t)((n / per) % 2) * 16 + (size_t)(n / (2 * per)) * lbo +
-              (size_t)(k % 8) * 32 + (size_t)(k / 8) * sbo;
+    const unsigned span = mode == 1 ? 8 : mode == 2 ? 4 : mode == 3 ? 2 : 1;  // 16-byte chunks a swizzle permutes
+    const size_t row = 16 * span;  // bytes of a swizzled row: a panel's width
+    if (mn_major && mode != 0)  // rows of K, N contiguous: the next panel of N at LBO, the next 8 rows of K at SBO
+        off = (size_t)(n % (row / elem)) * elem + (size_t)(n / (row / elem)) * lbo + (size_t)(k % 8) * row +
+              (size_t)(k / 8) * sbo;
     else if (!mn_major && mode == 0)  // core matrices of 8 rows × 16 bytes; the next 8 rows at SBO, next K chunk LBO
         off = (size_t)(n % 8) * 16 + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * lbo;
-    else if (!mn_major && mode == 3)  // rows of 32 bytes (two chunks of K); the next 8 rows at SBO
-        off = (size_t)(n % 8) * 32 + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * 16;
+    else if (!mn_major)  // rows of N (or M), K contiguous within the swizzled row; the next 8 rows at SBO
+        off = (size_t)(n % 8) * row + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * 16;
     else
-        fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": the emulation knows B K-major unswizzled or 32-byte"
-                                                             " swizzled, and N-major 32-byte swizzled (mode " +
-                               std::to_string(mode) + (mn_major ? ", N-major)" : ", K-major)"));
+        fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": an N-major operand without swizzle, which the"
+                                                             " emulation does not know");
     uintptr_t a = reinterpret_cast<uintptr_t>(start) + off;
-    const unsigned span = mode == 1 ? 8 : mode == 2 ? 4 : mode == 3 ? 2 : 1;  // 16-byte chunks a swizzle permutes
     a ^= ((a >> 7) & (span - 1)) << 4;
     return reinterpret_cast<const char*>(a);
 }
@@ -236,15 +236,15 @@ inline void spatialc_check_stage_base(const void* base, int line = __builtin_LIN
 inline void spatialc_mbar_expect_tx(unsigned long long* bar, unsigned bytes, int line = __builtin_LINE()) {
     spatialc_emu::mbar_expect_tx(bar, bytes, line);
 }
-inline void spatialc_tma_load_4d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
-                                 unsigned long long* bar, int line = __builtin_LINE()) {
-    const int c[4] = {c0, c1, c2, c3};
-    spatialc_emu::tma_load(dst, map, c, 4, bar, line);
+inline void spatialc_tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, unsigned long long* bar,
+                                 int line = __builtin_LINE()) {
+    const int c[2] = {c0, c1};
+    spatialc_emu::tma_load(dst, map, c, 2, bar, line);
 }
-inline void spatialc_tma_load_4d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
-                                           unsigned long long* bar, unsigned short mask, int line = __builtin_LINE()) {
-    const int c[4] = {c0, c1, c2, c3};
-    spatialc_emu::tma_load_multicast(dst, map, c, 4, bar, mask, line);
+inline void spatialc_tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, unsigned long long* bar,
+                                           unsigned short mask, int line = __builtin_LINE()) {
+    const int c[2] = {c0, c1};
+    spatialc_emu::tma_load_multicast(dst, map, c, 2, bar, mask, line);
 }
 inline void spatialc_mbar_arrive_cluster(unsigned long long* bar, unsigned rank, int line = __builtin_LINE()) {
     spatialc_emu::mbar_arrive_cluster(bar, rank, line);
