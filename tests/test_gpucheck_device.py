@@ -87,12 +87,12 @@ def test_every_contestant_is_checked_and_timed_both_ways(fake_gpu, tmp_path, cap
         assert k["ptxas"] == "no nvcc (NVRTC)" and "registers" not in k
     assert persistent["threads"] != general["threads"]  # the general form adds the reader's and writer's warps
     assert hopper["threads"] == 384 and hopper["own_plan"].startswith("block 8×")  # its own plan: 128-row items
-    # Its tensor maps, encoded by the device under cuTensorMapEncodeTiled's rules: the operands' 2-D over the
-    # stored matrix, A's box 128 rows of one swizzled panel; the output's 4-D over its tiles, unswizzled.
+    # Its tensor maps, encoded by the device under cuTensorMapEncodeTiled's rules, each 2-D over a stored matrix: A's
+    # box 128 rows of one swizzled panel; the output's a tile, unswizzled.
     maps = fake_gpu["tensor_maps"]
-    assert maps and any(len(box) == 2 and box[1] == 128 for _, _, box, _ in maps)
-    assert {swizzle for _, _, box, swizzle in maps if len(box) == 2} <= {32, 64, 128}
-    assert {swizzle for _, _, box, swizzle in maps if len(box) == 4} == {0}
+    assert maps and all(len(box) == 2 for _, _, box, _ in maps) and any(box[1] == 128 for _, _, box, _ in maps)
+    swizzles = {swizzle for *_, swizzle in maps}
+    assert swizzles <= {0, 32, 64, 128} and 128 in swizzles and 0 in swizzles
     out = capsys.readouterr().out
     assert "| bf16 | 40×24×36 |" in out and "| int8 | 64×64×64 | torch._int_mm (B row-major) |" in out
     head = (

@@ -390,7 +390,7 @@ class FakeTriton:
 
 
 class FakeKernel:
-    """The tiled product a correct kernel computes, stored in C's type; `fault` plants a missed element, a hang, an
+    """The product a correct kernel computes, stored in C's type and layout; `fault` plants a missed element, a hang, an
     illegal address or a plain failure — in every kernel, or (a tuple: the fault, then where) only in the kernels
     that match each of where: the `MxN` of their C or their name (`spatialc_general`)."""
 
@@ -417,7 +417,7 @@ class FakeKernel:
         c = vals[0] @ vals[1]
         c = bf16_bits(c.astype(np.float32), np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
         out = buffers[2]
-        out[:] = tilize(c, c_arg.tiles, np)
+        out[:] = tilize(c, c_arg.tiles, np, order=c_arg.order)
         if self.fault == "miss":
             out[17] = poison_value(c_arg.storage)
         if self.fault == "hang":

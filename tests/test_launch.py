@@ -80,9 +80,9 @@ class NumpyDevice:
         b = self._values(untilize(args[1], b_arg.tiles, full["B"], np, order=b_arg.order), b_arg.storage)
         c = a @ b
         if len(args) > 3:  # the bias parameter, one value per column
-            c = c + untilize(args[3], self.args[3].tiles, full["bias"], np)[0]
+            c = c + untilize(args[3], self.args[3].tiles, full["bias"], np, order=self.args[3].order)[0]
         stored = quantize(c, c_arg.elem, np) if c_arg.elem == "bfloat16" else c.astype(c_arg.storage)
-        args[2][:] = tilize(stored, c_arg.tiles, np)
+        args[2][:] = tilize(stored, c_arg.tiles, np, order=c_arg.order)
 
     @staticmethod
     def _values(x, storage):

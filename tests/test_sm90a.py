@@ -57,9 +57,10 @@ def test_sm90a_is_a_target_that_plans_for_wgmma_items():
     assert art.general is None and any("no general form" in n for n in art.notes)  # it reads tiles, not panels
     # A's page is one 128-byte swizzled panel of 128 rows; B's 64 rows of 256 columns are four, a box each; then
     # the store's map: a tile row, 4 tiles.
-    maps = [(m.box, m.swizzle, m.matrix) for m in art.launch.tensor_maps]
-    assert maps == [((128, 64), 128, True), ((64, 64), 128, True), ((1, 4), 0, False)]
-    assert [q.order for q in art.launch.params] == ["rows", "rows", "row"]  # A and B as matrices, C tiled
+    maps = [(m.box, m.swizzle) for m in art.launch.tensor_maps]
+    assert maps == [((128, 64), 128), ((64, 64), 128), ((16, 16), 0)]
+    # A, B and C stored as matrices, every map 2-D over one (C's stored a tile a box).
+    assert [q.order for q in art.launch.params] == ["rows", "rows", "rows"]
     assert art.kernel_cu.count("spatialc_tma_load_2d((char*)") == 5
 
 
@@ -233,7 +234,7 @@ def test_host_program_encodes_each_tensor_map_through_the_driver_entry_point():
     assert text.count("encode_tiled(&tmap_") == len(art.launch.tensor_maps) == 3  # A, B; C for the TMA store
     assert "CU_TENSOR_MAP_SWIZZLE_128B" in text and "CU_TENSOR_MAP_DATA_TYPE_FLOAT16" in text
     assert "spatialc_store_matrix(h0, 200, 100, 128, x0, false);" in text  # A padded to whole K steps, not tiled
-    assert "CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, d2," in text  # C's map over its float32 output
+    assert "CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, d2," in text  # C's map over its float32 output
     assert re.search(r"spatialc_hopper<<<GRID, 384, \d+>>>\(d0, d1, d2, d_work, tmap_0, tmap_1, tmap_2\);", text)
 
 
@@ -640,8 +641,9 @@ def wide():
 def test_the_fused_store_goes_out_by_tma_store_from_each_warps_staging():
     art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16"), "sm_90a"))
     text = art.kernel_cu
-    assert "spatialc_tma_store_4d(&spatialc_tmap_2, 0, 0, (int)(tile % 256), (int)(tile / 256), staged);" in text
-    assert art.launch.tensor_maps[-1].box == (1, 4) and art.launch.tensor_maps[-1].tensor == 2  # C, 4 tiles a box
+    assert "const int row = (int)(tile / 256) * 16, col = (int)(tile % 256) * 16;" in text
+    assert "spatialc_tma_store_2d(&spatialc_tmap_2, col + c * 16, row, staged + c * 256);" in text
+    assert art.launch.tensor_maps[-1].box == (16, 16) and art.launch.tensor_maps[-1].tensor == 2  # C, a tile a box
     assert "SPATIALC_PAGE_ST(staged + c * 256 + el, (OUT_T)accf[q].x[i]);" in text
     # Stages, their barriers and 8 warps × 4 KiB of staging fit the 227 KiB a block may have.
     assert art.launch.dyn_smem == 196608 + 1024 + 8 * 4096 and art.launch.dyn_smem <= 232448
@@ -655,6 +657,19 @@ def test_the_fused_store_goes_out_by_tma_store_from_each_warps_staging():
 def test_staged_store_unplanted_is_exact(wide):
     for mode in ("late", "early"):
         assert outcome(wide, wide[1].program_cu, mode) == EXACT
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_c_is_stored_row_major_a_tile_a_box(wide):
+    """C is stored row-major (no untilize for the caller): its map's rows are a padded matrix row apart; a wrong
+    pitch in its place puts C's values elsewhere."""
+    text, cols_t = wide[1].program_cu, wide[1].launch.params[2].tiles[1]
+    pitch = cols_t * 16 * 4  # float32 C
+    row_major = f"const cuuint64_t strides[1] = {{{pitch}}};"
+    assert wide[1].launch.params[2].order == "rows" and text.count(row_major) == 1
+    assert text.count("spatialc_tma_store_2d(&spatialc_tmap_2, col + c * 16, row, staged + c * 256);") == 1
+    assert outcome(wide, text.replace(row_major, f"const cuuint64_t strides[1] = {{{pitch - 64}}};")) == "mismatch"
 
 
 @needs_gxx
@@ -707,8 +722,9 @@ def test_a_16_bit_output_is_staged_by_stmatrix_and_equals_the_interpreter():
 def test_the_staged_store_compiles_to_stmatrix_and_tma_stores(tmp_path):
     art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16"), "sm_90a"))
     ops = Counter(i.base for i in compiled_clean(art, tmp_path))
-    # A warp's row of 16 tiles: 16 stmatrix and 2 TMA stores of 8 tiles; no store to global from the registers.
-    assert ops["STSM"] == 16 and ops["UTMASTG"] == 2 and ops["STG"] == 0, ops
+    # A warp's row of 16 tiles: 16 stmatrix and 16 TMA stores, a tile each (two boxes' worth of staging, 8 tiles
+    # each); no store to global from the registers.
+    assert ops["STSM"] == 16 and ops["UTMASTG"] == 16 and ops["STG"] == 0, ops
 
 
 @needs_gxx

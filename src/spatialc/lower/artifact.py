@@ -54,34 +54,23 @@ class Budget:
 @dataclass(frozen=True, slots=True)
 class TensorMap:
     """A TMA tensor map the sm_90a kernel takes by value (`const __grid_constant__ CUtensorMap spatialc_tmap_<index>`,
-    after the work list, in index order) over the buffer of the tensor whose parameter is `Launch.params[tensor]`.
-
-    A `matrix` map reads an operand stored as a matrix (`KernelParam.order` "rows", or "cols" where `transposed`):
-    2-D, its columns innermost, loaded in boxes of `box` = (rows, columns) of the stored matrix, `swizzle` bytes
-    wide (the page's panels). Otherwise the map is over a tiled buffer as a 4-D tensor — 16 elements of a tile row
-    (innermost), 16 rows, the tile columns, the tile rows — in boxes of one tile × `box` (rows, columns of tiles):
-    the fused store's output. `swizzle`: the span in bytes (0: none). docs/kernel-abi.md, "The sm_90a form"."""
+    after the work list, in index order) over the buffer of the tensor whose parameter is `Launch.params[tensor]`,
+    stored as a matrix (`KernelParam.order` "rows", or "cols" where `transposed`): 2-D, its columns innermost, in
+    boxes of `box` = (rows, columns) of the stored matrix, swizzled `swizzle` bytes wide (0: not; an operand page's
+    panels, 32 to 128). docs/kernel-abi.md, "The sm_90a form"."""
 
     index: int
     tensor: int
     box: tuple[int, int]
     swizzle: int = 0
-    matrix: bool = False
     transposed: bool = False
 
     def geometry(self, tiles: tuple[int, int], elem: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-        """(dims, byte strides of the dims past the first, box) of the map over a tensor of `tiles` (rows, columns
-        of tiles) whose elements are `elem` bytes: what cuTensorMapEncodeTiled is given, by the host programs and
-        the launcher."""
+        """(dims, byte stride of the rows, box) of the map over a tensor of `tiles` (rows, columns of tiles) whose
+        elements are `elem` bytes: what cuTensorMapEncodeTiled is given, by the host programs and the launcher."""
         rows_t, cols_t = tiles
-        if self.matrix:
-            rows, cols = (cols_t * 16, rows_t * 16) if self.transposed else (rows_t * 16, cols_t * 16)
-            return (cols, rows), (cols * elem,), (self.box[1], self.box[0])
-        return (
-            (16, 16, cols_t, rows_t),
-            (16 * elem, 256 * elem, cols_t * 256 * elem),
-            (16, 16, self.box[1], self.box[0]),
-        )
+        rows, cols = (cols_t * 16, rows_t * 16) if self.transposed else (rows_t * 16, cols_t * 16)
+        return (cols, rows), (cols * elem,), (self.box[1], self.box[0])
 
 
 @dataclass(frozen=True, slots=True)

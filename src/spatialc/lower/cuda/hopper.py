@@ -23,9 +23,10 @@
 - The epilogue is fused where it can be (`fused_output`): where the writer only waits for each output page, stores
   it and frees it, and the chain is one the fused store applies (bias, relu, scalar, requant), the consumers apply
   it to their own accumulator elements, and the output and epilogue rings leave shared memory. Where the output's
-  page is a run of whole tiles of its row-major tile grid (`staged`), each consumer warp stages `chunk` tiles of its
-  row at a time in shared memory of its own, fences them over to the async proxy and its first lane stores the box
-  with a TMA store (a bulk group, waited for before the staging is written again and before the item ends);
+  page is a run of whole tiles of its row-major tile grid (`staged`), C is stored as a row-major matrix ("rows")
+  and each consumer warp stages `chunk` tiles of its row at a time in shared memory of its own, fences them over
+  to the async proxy and its first lane stores them with a TMA store a tile (one bulk group, waited for before the
+  staging is written again and before the item ends);
   otherwise the lanes store their elements to global memory themselves (the tile printers' `fused_store`, the
   persistent kernel's). Otherwise (an activation) the writer, the epilogue stages page to page and their rings are
   the general form's.
@@ -97,7 +98,7 @@ class HopperKernel:
     """The general form's kernel, re-laid-out for sm_90a, with what only this form needs."""
 
     base: general.GeneralKernel
-    maps: tuple[TensorMap, ...]  # one per (tensor, box) a ReadTiles loads, then the TMA store's (`chunk`), in order
+    maps: tuple[TensorMap, ...]  # one per (tensor, box) a ReadTiles loads, then the TMA store's (a tile), in order
     tma_rings: frozenset[int]  # rings filled by the copy engine (full barrier: one arrival + bytes)
     threads: int  # warpgroups × 128
     n: int  # the wgmma width: the item's columns
@@ -325,7 +326,7 @@ def _maps(
             raise Unsupported(f"{t.name} read both as it is and transposed", "a tensor is stored one way")
         box = (pan.rows, pan.width // ring.elem_bytes)
         key = (at, *box, pan.width)
-        maps.setdefault(key, TensorMap(len(maps), at, box, pan.width, matrix=True, transposed=pan.transposed))
+        maps.setdefault(key, TensorMap(len(maps), at, box, pan.width, transposed=pan.transposed))
         if panels.setdefault(ring.id, pan) != pan:
             raise Unsupported(f"pages of two shapes in {ring.name}", "each stage is laid out for one box")
         filled.add(ring.id)
@@ -403,7 +404,9 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         chunk = store_chunk(w, k.out_type)
         offsets["out_stage"] = -(-dyn // STAGE_ALIGN) * STAGE_ALIGN
         dyn = offsets["out_stage"] + CONSUMER_GROUPS * WARPGROUP * chunk * TILE_ELEMS * OUT_BYTES[k.out_type]
-        maps = (*maps, TensorMap(len(maps), param_at(p, store.tensor), (1, chunk)))
+        # C is stored as a row-major matrix (what the caller gets needs no untilize), a tile a box.
+        maps = (*maps, TensorMap(len(maps), param_at(p, store.tensor), (16, 16)))
+        stored[param_at(p, store.tensor)] = "rows"
     full = {r: (1 if r in filled else n) for r, n in k.full_count.items()}
     base = dataclasses.replace(
         k,
@@ -528,9 +531,10 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
         self, op: WriteTiles, env: dict[LoopVar, str], mark: str, chain: list[tuple[Compute, dict[LoopVar, str]]]
     ) -> None:
         """The fused store through shared memory: each consumer warp takes `chunk` tiles of its row at a time
-        through the chain into its staging box (the tiles one after another, each row-major: the output map's box),
-        fences them over to the async proxy, and its first lane stores the box by TMA. The box is written again only
-        once the store has read it (`bulk_wait_read`), and the last one is waited for before the item ends."""
+        through the chain into its staging (the tiles one after another, each row-major: the output map's box),
+        fences them over to the async proxy, and its first lane stores them by TMA, a tile a box, as one bulk group.
+        The staging is written again only once the stores have read it (`bulk_wait_read`), and the last group is
+        waited for before the item ends."""
         chunk = self.hk.chunk
         if not chunk:
             super().fused_store(op, env, mark, chain)
@@ -579,11 +583,13 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                         self.w.line(f"spatialc_stmatrix_tile(staged + c * {TILE_ELEMS}, out);")
                 self.w.line("spatialc_fence_proxy_async();  // the lane's staged values, visible to the copy engine")
                 self.w.line("__syncwarp();")
-                with self.w.block("if (lane == 0)", "// one box: the warp's tile row, tile columns q0 …"):
+                with self.w.block("if (lane == 0)", "// a box a tile: the warp's tile row, tile columns q0 …"):
                     rows, cols_at = c_mul("(long long)wi", op.stride_h), c_mul("(long long)q0", op.stride_w)
                     self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols_at)};")
-                    at = f"(int)(tile % {cols}), (int)(tile / {cols})"
-                    self.w.line(f"spatialc_tma_store_4d(&spatialc_tmap_{m.index}, 0, 0, {at}, staged);")
+                    self.w.line(f"const int row = (int)(tile / {cols}) * 16, col = (int)(tile % {cols}) * 16;")
+                    with self.unrolled("for (int c = 0; c < OUT_CHUNK; ++c)"):
+                        at = f"col + c * 16, row, staged + c * {TILE_ELEMS}"
+                        self.w.line(f"spatialc_tma_store_2d(&spatialc_tmap_{m.index}, {at});")
                     self.w.line("spatialc_bulk_commit();")
             self.w.line("if (lane == 0) { spatialc_bulk_wait_read<0>(); }  // the staging is free for the next item")
             self.w.line("__syncwarp();")

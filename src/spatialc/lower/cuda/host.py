@@ -329,7 +329,12 @@ def program_main(p: SpatialProgram, launch: Launch) -> str:
                 loops.enter_context(w.block(f"for (int g = 0; g < {out.groups}; ++g)"))
             loops.enter_context(w.block(f"for (int i = 0; i < {rows}; ++i)"))
             loops.enter_context(w.block(f"for (int j = 0; j < {cols}; ++j)"))
-            w.line(f'printf("{fmt}\\n", ({cast})y[{group}spatialc_tiled_index(i, j, {out.tiles[1]})]);')
+            at = (
+                f"(size_t)i * {out.tiles[1] * 16} + j"  # stored as a row-major matrix
+                if launch.params[p.tensors.index(out)].order == "rows"
+                else f"{group}spatialc_tiled_index(i, j, {out.tiles[1]})"
+            )
+            w.line(f'printf("{fmt}\\n", ({cast})y[{at}]);')
         _free(p, launch, w)
         w.line("return 0;")
     return w.text()

@@ -90,14 +90,13 @@ __device__ __forceinline__ void spatialc_cluster_sync()
     asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
 
-// A box of this block's shared memory at `src` (laid out as the map's box, on 128 bytes) into the tensor by the copy
-// engine, which reads `src` asynchronously: the store joins the thread's open bulk group.
-__device__ __forceinline__ void spatialc_tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3,
-                                                      const void* src)
+// A box of this block's shared memory at `src` (laid out as the map's box, on 128 bytes) into the matrix at (column,
+// row) by the copy engine, which reads `src` asynchronously: the store joins the thread's open bulk group.
+__device__ __forceinline__ void spatialc_tma_store_2d(const CUtensorMap* map, int c0, int c1, const void* src)
 {
-    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];" ::"l"(
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
                      reinterpret_cast<unsigned long long>(map)),
-                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(spatialc_smem_addr(src))
+                 "r"(c0), "r"(c1), "r"(spatialc_smem_addr(src))
                  : "memory");
 }
 

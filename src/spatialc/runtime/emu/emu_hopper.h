@@ -253,10 +253,9 @@ inline void spatialc_mbar_wait_cluster(unsigned long long* bar, unsigned parity,
     spatialc_emu::mbar_wait(bar, parity, line, true);  // what remote arrivals released is learnt as any phase's
 }
 inline void spatialc_cluster_sync(int line = __builtin_LINE()) { spatialc_emu::cluster_sync(line); }
-inline void spatialc_tma_store_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3, const void* src,
-                                  int line = __builtin_LINE()) {
-    const int c[4] = {c0, c1, c2, c3};
-    spatialc_emu::tma_store(map, c, 4, src, line);
+inline void spatialc_tma_store_2d(const CUtensorMap* map, int c0, int c1, const void* src, int line = __builtin_LINE()) {
+    const int c[2] = {c0, c1};
+    spatialc_emu::tma_store(map, c, 2, src, line);
 }
 inline void spatialc_bulk_commit() { spatialc_emu::bulk_commit(); }
 // stmatrix, lane by lane: each lane's eight values land where the four 8×8 matrices put them (its own elements of
