@@ -133,7 +133,7 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             for m in loads
         )
         out = (
-            f"; each consumer warp stages its output {stores[0].box[1]} tiles at a time and stores them by TMA"
+            "; each consumer warp stages its output in shared memory and stores it by TMA, a tile a box"
             if stores
             else ""
         )
