@@ -756,7 +756,7 @@ def _one_line(e: BaseException) -> str:
 
 
 # cuda.h's enumerators, by value (CUtensorMapDataType, …Swizzle, …L2promotion): the element size's type (the bits
-# move unchanged, so an unsigned integer type of the width does), 32-byte swizzle, 128-byte L2 promotion.
+# move unchanged, so an unsigned integer type of the width does), the swizzles by span, 128-byte L2 promotion.
 TMA_DATA_TYPE = {1: 0, 2: 1, 4: 2, 8: 4}  # CU_TENSOR_MAP_DATA_TYPE_UINT8, _UINT16, _UINT32, _UINT64: by element size
 TMA_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}  # a span in bytes → CU_TENSOR_MAP_SWIZZLE_NONE, _32B, _64B, _128B
 TMA_L2_128B = 2
@@ -774,7 +774,7 @@ def driver_library() -> Any:
 def encode_tensor_map(
     lib: Any, address: int, dims: Sequence[int], strides: Sequence[int], box: Sequence[int], elem: int, swizzle: int
 ) -> Any:
-    """cuTensorMapEncodeTiled through `lib` (libcuda or a stand-in): the 4-D tiled map as a structured scalar, or
+    """cuTensorMapEncodeTiled through `lib` (libcuda or a stand-in): the map as a structured scalar, or
     LaunchError with the driver's code."""
     rank = len(dims)
     raw = np.zeros(32, dtype=np.uint64)  # room to place the 128-byte map on the 64 bytes the driver requires

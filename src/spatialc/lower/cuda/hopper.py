@@ -408,11 +408,15 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         maps = (*maps, TensorMap(len(maps), param_at(p, store.tensor), (16, 16)))
         stored[param_at(p, store.tensor)] = "rows"
     full = {r: (1 if r in filled else n) for r, n in k.full_count.items()}
+    # A stage the copy engine fills is read by wgmma only, whose reads a warp has all retired once its wait_group
+    # returns: one arrival a consumer warp frees it (`release`), not one a thread.
+    empty = {r: (n // WARP if r in filled else n) for r, n in k.empty_count.items()}
     base = dataclasses.replace(
         k,
         lane_grid=(h, 1),
         perw=w,
         full_count=full,
+        empty_count=empty,
         offsets=offsets,
         dyn_bytes=dyn,
         barrier_bytes=barrier_bytes,
@@ -481,6 +485,8 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                 self.w.line("", f"{mark} (no cp.async: the copy engine's bytes count on the full barrier)")
             case _ if self.handshake(op, env, mark):
                 pass
+            case Pop(buf) if self.kept(buf).id in self.hk.tma_rings:
+                self.release(op, mark)
             case Push(buf) if self.kept(buf).id in self.hk.tma_rings:
                 r = self.kept(buf).id
                 self.w.line(f"spatialc_mbar_arrive(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
@@ -605,10 +611,14 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
             super().reset(op, before)
 
     def release(self, op: ChoreoOp, mark: str) -> None:
-        """A Pop: one arrival of each consumer thread on the slot's empty barrier."""
+        """A Pop of a stage the copy engine fills: one arrival of the warp on the slot's empty barrier. The
+        wait_group that retired the wgmma reading the stage is warp-synchronous (.sync.aligned): when lane 0 is
+        past it, so is every lane."""
         assert isinstance(op, Pop)
         r = self.kept(op.buf).id
-        self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)
+        with self.w.block("if ((threadIdx.x & 31) == 0)", "// one arrival a warp (EMPTY_COUNT: the consumer warps)"):
+            self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]);", mark)
+        self.w.line(f"++pop_{r};")
 
     def tma(self, op: ReadTiles, env: dict[LoopVar, str], mark: str, mask: str | None = None) -> None:
         """The whole page's bytes announced on the slot's full barrier, then one box a panel — multicast to the

@@ -262,8 +262,8 @@ TMA_TYPES = {
 
 def _tensor_maps(p: SpatialProgram, launch: Launch, w: Writer) -> None:
     """Encode each tensor map of an sm_90a kernel (`Launch.tensor_maps`) over its device buffer, through the driver
-    entry point the runtime hands out (no link against libcuda), as `TensorMap.geometry` gives it: 2-D over an
-    operand stored as a matrix, 4-D over a tiled output."""
+    entry point the runtime hands out (no link against libcuda), as `TensorMap.geometry` gives it: 2-D over a
+    tensor stored as a matrix."""
     w.line("PFN_cuTensorMapEncodeTiled_v12000 encode_tiled = nullptr;")
     w.line("cudaDriverEntryPointQueryResult found_encode;")
     w.line(

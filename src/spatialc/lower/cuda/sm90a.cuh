@@ -153,7 +153,7 @@ __device__ __forceinline__ void spatialc_regs_inc()
 
 // ---- wgmma ---------------------------------------------------------------------------------------------------
 // A shared-memory matrix descriptor: start address, leading and stride byte offsets (16-byte units) and the swizzle
-// mode (0: none, 3: 32-byte), as the PTX ISA's "Matrix Descriptor Format" lays them out.
+// mode (0: none, 1: 128-byte, 2: 64-byte, 3: 32-byte), as the PTX ISA's "Matrix Descriptor Format" lays them out.
 __device__ __forceinline__ unsigned long long spatialc_wgmma_desc(const void* p, unsigned lbo, unsigned sbo,
                                                                   unsigned swizzle)
 {

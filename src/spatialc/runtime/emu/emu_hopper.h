@@ -26,7 +26,8 @@
 //   have waited forever on the GPU;
 // - a wgmma reads A and B through their descriptors (start address, leading and stride byte offsets, swizzle) in
 //   the canonical layouts of the PTX ISA — A K-major, 16-bit B N-major (transposed), int8 B K-major — and in late mode
-//   runs only at the wait_group that retires its group: its accumulators are not written before that, and its
+//   runs only at the wait_group that retires its group (which the warp's lanes pass together, as .sync.aligned
+//   says): its accumulators are not written before that, and its
 //   shared-memory reads are checked there against what the thread knew when it issued the wgmma — the hardware may
 //   read at any time in between — so a slot released before the wait, or refilled in between, is a race, and
 //   reading accumulators early gives stale values. In early mode it runs when issued.
@@ -307,13 +308,16 @@ inline void spatialc_wgmma_commit() {
     if (!wgmma_open.empty()) wgmma_groups.push_back(std::move(wgmma_open));
     wgmma_open.clear();
 }
+// wgmma.wait_group is .sync.aligned: the warp's lanes execute it together, so when any lane is past it, every lane's
+// retired groups have run — the lanes meet here, after retiring their own.
 template <int N>
-inline void spatialc_wgmma_wait() {
+inline void spatialc_wgmma_wait(int line = __builtin_LINE()) {
     using namespace spatialc_emu;
     while (wgmma_groups.size() > (size_t)N) {
         for (auto& run : wgmma_groups.front()) run();
         wgmma_groups.erase(wgmma_groups.begin());
     }
+    warp_barrier(0xffffffffu, line);
 }
 template <int N, class T, class A>
 void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b,
