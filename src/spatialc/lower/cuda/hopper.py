@@ -107,6 +107,7 @@ class HopperKernel:
     multicast: Multicast | None = None  # the multicast handshake (clusters.py), None without groups
     panels: dict[int, Panels] = dataclasses.field(default_factory=dict)  # each TMA-filled ring's panels
     stored: dict[int, str] = dataclasses.field(default_factory=dict)  # parameter → "rows" / "cols" (KernelParam)
+    warp_freed: frozenset[int] = frozenset()  # rings whose stages a consumer warp frees with one arrival (`release`)
 
     @property
     def program(self) -> SpatialProgram:
@@ -408,9 +409,18 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         maps = (*maps, TensorMap(len(maps), param_at(p, store.tensor), (16, 16)))
         stored[param_at(p, store.tensor)] = "rows"
     full = {r: (1 if r in filled else n) for r, n in k.full_count.items()}
-    # A stage the copy engine fills is read by wgmma only, whose reads a warp has all retired once its wait_group
-    # returns: one arrival a consumer warp frees it (`release`), not one a thread.
-    empty = {r: (n // WARP if r in filled else n) for r, n in k.empty_count.items()}
+    # A stage the copy engine fills and only the consumers' wgmma read has all its reads retired, warp by warp, once
+    # a warp's wait_group returns: one arrival a consumer warp frees it (`release`), not one a thread.
+    template = k.rings.template
+    wgmma_read = {
+        template[b]
+        for op in compute.walk()
+        if isinstance(op, Compute) and isinstance(op.op, MatmulTiles)
+        for b in op.ins
+    }
+    popped_elsewhere = {template[op.buf] for r in side for op in r.walk() if isinstance(op, Pop)}
+    warp_freed = frozenset((set(filled) & wgmma_read) - popped_elsewhere)
+    empty = {r: (n // WARP if r in warp_freed else n) for r, n in k.empty_count.items()}
     base = dataclasses.replace(
         k,
         lane_grid=(h, 1),
@@ -423,7 +433,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         blocks_per_sm=1,
     )
     threads = (CONSUMER_GROUPS + 1) * WARPGROUP * WARP
-    hk = HopperKernel(base, maps, filled, threads, w * 16, store, chunk, mc, panels, stored)
+    hk = HopperKernel(base, maps, filled, threads, w * 16, store, chunk, mc, panels, stored, warp_freed)
     check_resources(hk, target)
     return hk
 
@@ -485,7 +495,7 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                 self.w.line("", f"{mark} (no cp.async: the copy engine's bytes count on the full barrier)")
             case _ if self.handshake(op, env, mark):
                 pass
-            case Pop(buf) if self.kept(buf).id in self.hk.tma_rings:
+            case Pop(buf) if self.kept(buf).id in self.hk.warp_freed:
                 self.release(op, mark)
             case Push(buf) if self.kept(buf).id in self.hk.tma_rings:
                 r = self.kept(buf).id
@@ -611,11 +621,14 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
             super().reset(op, before)
 
     def release(self, op: ChoreoOp, mark: str) -> None:
-        """A Pop of a stage the copy engine fills: one arrival of the warp on the slot's empty barrier. The
-        wait_group that retired the wgmma reading the stage is warp-synchronous (.sync.aligned): when lane 0 is
-        past it, so is every lane."""
+        """A Pop: where only wgmma reads the stage (`warp_freed`), one arrival of the warp on the slot's empty
+        barrier — the wait_group that retired the wgmma reading it is warp-synchronous (.sync.aligned): when lane 0
+        is past it, so is every lane; otherwise one arrival a thread."""
         assert isinstance(op, Pop)
         r = self.kept(op.buf).id
+        if r not in self.hk.warp_freed:
+            self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)
+            return
         with self.w.block("if ((threadIdx.x & 31) == 0)", "// one arrival a warp (EMPTY_COUNT: the consumer warps)"):
             self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]);", mark)
         self.w.line(f"++pop_{r};")
