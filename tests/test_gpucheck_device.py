@@ -203,7 +203,7 @@ def test_without_gemm_out_the_end_to_end_time_includes_the_conversion(fake_gpu, 
     for name in FORMS:
         mine = rows[0]["by_name"][name]
         assert mine["facts"]["c_elem"] == "float32" and mine["ok"]
-        assert "untilize C, convert float32 → bfloat16 (spatialc.run's argument checks" in mine["detail"]
+        assert "read C back, convert float32 → bfloat16 (spatialc.run's argument checks" in mine["detail"]
     capsys.readouterr()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import re
 import shutil
 import subprocess
@@ -54,9 +55,9 @@ def test_sm90a_is_a_target_that_plans_for_wgmma_items():
     assert art.budget.form == "sm90a" and art.budget.threads == 384 and art.budget.blocks_per_sm == 1
     assert art.budget.total_bytes <= t.smem_per_site_max  # the stages and the output's staging (no output ring)
     assert art.budget.rings == (("A_ring", 4 * 128 * 64 * 2), ("B_ring", 4 * 64 * 256 * 2))
-    assert art.general is None and any("no general form" in n for n in art.notes)  # it reads tiles, not panels
+    assert art.general is None and art.notes == ()  # no general form rides along: it reads tiles, not panels
     # A's page is one 128-byte swizzled panel of 128 rows; B's 64 rows of 256 columns are four, a box each; then
-    # the store's map: a tile row, 4 tiles.
+    # the store's map: a tile a box.
     maps = [(m.box, m.swizzle) for m in art.launch.tensor_maps]
     assert maps == [((128, 64), 128), ((64, 64), 128), ((16, 16), 0)]
     # A, B and C stored as matrices, every map 2-D over one (C's stored a tile a box).
@@ -87,8 +88,12 @@ def test_panels_are_the_sm90a_forms_alone_and_auto_plans_for_the_others_where_it
     layouts = {b.name: b.kind.layout.value for b in p.buffers if b.name in ("A_ring", "B_ring")}
     assert layouts == {"A_ring": "panels", "B_ring": "panels_t"}
     assert {t.name: t.order.value for t in p.tensors if t.name in "AB"} == {"A": "row", "B": "col"}  # B K-major
-    with pytest.raises(Unsupported, match="swizzled panels, which only it reads.*form='general'"):
+    with pytest.raises(Unsupported, match="swizzled panels, which only it reads.*form='persistent' or 'general'"):
         spatialc.lower(p, form="general")
+    # Auto prints it in that form, or says why not: the form's own reason, not another form's.
+    g = spatialc.gemm(1024, 2048, 256, "bf16", epilogue=[spatialc.activation("gelu")])
+    with pytest.raises(TooBig, match="one block of the sm_90a form"):
+        spatialc.lower(spatialc.build(g, "sm_90a", form="sm90a"))
     assert pipeline.sm90a_refusal(p, spatialc.target("sm_90a")) is None  # what it prints it is planned for
     # A plan the form then refuses (a gelu's rings past shared memory at 128 × 256 items) is made again for the
     # others: auto still prints the program.
@@ -99,6 +104,20 @@ def test_panels_are_the_sm90a_forms_alone_and_auto_plans_for_the_others_where_it
     assert not any(getattr(b.kind, "layout", None) in pipeline.SM90A_LAYOUTS for b in auto.buffers)
     art = spatialc.lower(auto)
     assert art.budget.form == "general" and any(n.startswith("not the sm_90a form") for n in art.notes)
+
+
+def test_a_version_5_document_built_for_sm90a_is_laid_out_in_panels_when_read():
+    """Version 5 saved sm_90a programs with A's tiles by column (`swizzled_cols`, `row_cols`), which no form reads
+    now: from_json lays them out again as the tile pass does for the form, and they verify and print in it."""
+    for prec, a_then, b_then in (("bf16", "swizzled_cols", "swizzled"), ("int8", "row_cols", "col")):
+        doc = json.loads(spatialc.to_json(spatialc.build(spatialc.gemm(200, 72, 100, prec), "sm_90a")))
+        doc["version"] = 5
+        rings = {b["name"]: b["kind"] for b in doc["program"]["buffers"]}
+        rings["A_ring"]["layout"], rings["B_ring"]["layout"] = a_then, b_then
+        p = spatialc.from_json(json.dumps(doc))
+        layouts = {b.name: b.kind.layout for b in p.buffers if b.name in ("A_ring", "B_ring")}
+        assert p.verified and set(layouts.values()) <= pipeline.SM90A_LAYOUTS, layouts
+        assert spatialc.lower(p).budget.form == "sm90a"
 
 
 def test_a_panel_is_the_widest_swizzle_its_rows_take():
@@ -380,7 +399,7 @@ def test_unpipelined_k_loop_releases_after_its_group_retired():
     # that never comes while its warp meets at the next wait.
     text = replaced(art.program_cu, "spatialc_wgmma_wait<0>();  // the K step's wgmma have read the stage", "")
     got = outcome((p, art, x), text, "late")
-    assert got == "mismatch" or got.startswith("deadlock"), got
+    assert got == "mismatch" or (got.startswith("deadlock") and "waits on full_" in got), got
 
 
 @needs_gxx

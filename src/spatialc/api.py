@@ -72,8 +72,10 @@ def evaluate(program: SpatialProgram, inputs: dict[str, Any], **kwargs: Any):
 def lower(program: SpatialProgram, target: str | SpatialTarget | None = None, form: str = "auto"):
     """The CUDA artifact of a verified program (target defaults to the one it was built for).
 
-    `form` chooses the kernel: "auto" (the persistent tile kernel where it can hold the program, the general form
-    otherwise), "persistent" or "general". A persistent artifact carries the general form in `artifact.general`.
+    `form` chooses the kernel: "auto" (on a Hopper target the sm_90a form where the program was planned for it;
+    else the persistent tile kernel where it can hold the program, the general form otherwise), "persistent",
+    "general" or "sm90a". A persistent artifact carries the general form in `artifact.general` (an sm_90a one does
+    not: its swizzled panels are read by no other form).
     The `verified` mark is checked again here, not trusted: a program changed after verify (by
     `dataclasses.replace`, or a hand-edited file) is verified anew, and refused if it no longer passes."""
     from .lower.cuda.forms import lower as lower_cuda
@@ -108,14 +110,24 @@ def from_json(text: str) -> SpatialProgram:
 
 
 def _upgrade(p: SpatialProgram, version: int) -> SpatialProgram:
-    """A version-1 program (saved before page layouts) with its operand rings laid out as the tile pass lays them
-    out now, and its tensors stored to match; its verified mark is kept for from_json to check again."""
+    """A program saved by an older spatialc with its operand rings laid out as the tile pass lays them out now, and
+    its tensors stored to match; its verified mark is kept for from_json to check again. Version 1 had no page
+    layouts; version 5 laid out a program built for sm_90a with A's tiles by column (`swizzled_cols`, `row_cols`),
+    which the sm_90a form now reads as swizzled panels."""
+    from .ir.nodes import PageLayout
     from .passes.tile import lay_out_operands
 
-    if version >= 2 or p.plan is None:
+    if p.plan is None:
+        return p
+    by_column = (PageLayout.SWIZZLED_COLS, PageLayout.ROW_COLS)
+    if version == 5 and any(getattr(b.kind, "layout", None) in by_column for b in p.buffers):
+        form = "sm90a"
+    elif version == 1:
+        form = "persistent"
+    else:
         return p
     try:
-        return lay_out_operands(p).evolve(verified=p.verified)
+        return lay_out_operands(p, form).evolve(verified=p.verified)
     except (SpatialError, KeyError, AttributeError, ValueError):
         return p  # not a program the tile pass lays out (verify or lower will say why)
 

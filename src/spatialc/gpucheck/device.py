@@ -268,9 +268,8 @@ class GpuRunner:
         if not ok:
             notes.append(f"end-to-end C wrong (max err {max_abs:.3g})")
         conv = conversion(case, c_elem)
-        detail = f"C stored as {c_elem}; end to end: tilize A and B, the kernel, untilize C" + (
-            f", convert {conv}" if conv else ""
-        )
+        lay = "store A and B as the kernel takes them (tiled, or padded matrices), the kernel, read C back"
+        detail = f"C stored as {c_elem}; end to end: {lay}" + (f", convert {conv}" if conv else "")
         detail += " (spatialc.run's argument checks, which wait on the device, left out)"
         mine = Contestant(name, "spatialc", end_to_end, kernel, max_abs, ok, detail, check=check, facts=form.facts)
         status = "ok" if check.correct and check.stable and ok else "wrong"

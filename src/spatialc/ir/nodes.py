@@ -51,10 +51,9 @@ class PageLayout(StrEnum):
     halves of row r exchanged when bit 2 of r is set — for 16-bit operands, whose 32-byte rows would otherwise put
     rows r and r+4 of every 8×8 fragment load in the same shared-memory banks.
 
-    The page's tiles lie in its slot order (ReadTiles' slot bh·block_w + bw) one after another, except in the
-    `_cols` layouts, which hold the same slots column by column (block tile (bh, bw) at bw·block_h + bh): the A
-    operand of the sm_90a form, whose wgmma reads 64 rows of a K step as one matrix with a single stride between its
-    8-row groups. `swizzled_cols` has `swizzled` tiles, `row_cols` `row` ones (int8).
+    The page's tiles lie in its slot order (ReadTiles' slot bh·block_w + bw) one after another. The `_cols` layouts
+    (the same slots column by column) are what version-5 documents built for sm_90a hold; `from_json` lays such a
+    program out again in panels, and no form reads them.
 
     `panels` is not made of tiles: the page is one row-major matrix (block_h·16 rows of block_w·16 elements) cut
     into panels as wide as its rows allow, up to 128 bytes (`panel_bytes`), panel after panel, each row of a panel
@@ -89,11 +88,6 @@ class PageLayout(StrEnum):
     def swizzled(self) -> bool:
         """Whether each tile's rows have their 16-byte halves exchanged (bit 2 of the row)."""
         return self in (PageLayout.SWIZZLED, PageLayout.SWIZZLED_COLS)
-
-    @property
-    def by_column(self) -> bool:
-        """Whether the page holds its tiles column by column."""
-        return self in (PageLayout.SWIZZLED_COLS, PageLayout.ROW_COLS)
 
     @property
     def panels(self) -> bool:

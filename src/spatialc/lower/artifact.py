@@ -80,8 +80,9 @@ class KernelParam:
     The buffer holds `tiles[0] * tiles[1]` tiles of `Launch.tile` elements each, laid out as `spatialc.tilize(x,
     grid=tiles, order=order)` lays them (`order` "col": each tile column-major, the K-major B of an int8 kernel;
     "rows": not tiled but the padded matrix row-major, "cols": its transpose row-major — the operands the sm_90a
-    form's copy engine loads); the output comes back with `spatialc.untilize(buf, elems, grid=tiles)`. The grid may
-    be larger than `elems` needs (the plan's items cover it), so pass it rather than let it default."""
+    form's copy engine loads, and C where it stores C by TMA); the output comes back with `spatialc.untilize(buf,
+    elems, grid=tiles, order=order)`. The grid may be larger than `elems` needs (the plan's items cover it), so pass
+    it rather than let it default."""
 
     name: str  # the tensor's name in the program ("A", "B", "C", "bias")
     c_type: str  # the pointee's C type

@@ -1,12 +1,14 @@
 """Which CUDA form prints a program: the persistent tile kernel where it can hold the program, the general form
-otherwise — or the one asked for. On a Hopper target (sm_90a) auto tries the sm_90a form first: the general form's
-engines with a TMA producer and wgmma consumers (`hopper.py`).
+otherwise — or the one asked for. A program planned for the sm_90a form (its operand pages in swizzled panels,
+which no other form reads) is printed by that form: the general form's engines with a TMA producer and wgmma
+consumers (`hopper.py`).
 
 The persistent form serialises a site's engines onto one instruction stream and proves that order safe before
 printing, which buys a software-pipelined K loop and an epilogue fused into the store; it refuses what it cannot
 serialise (`NeedsGeneral`). The general form runs every engine on warps of its own, handing pages over at run time,
 and takes what the persistent form refuses as far as it prints it. A persistent artifact carries the same program
-in general form in `artifact.general`, so that the two can be run on the same inputs and compared.
+in general form in `artifact.general`, so that the two can be run on the same inputs and compared (an sm_90a one
+does not: its pages are panels).
 """
 
 from __future__ import annotations
@@ -37,19 +39,19 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
         raise UnknownForm(form)
     if form == "general":
         return general.lower(program, target)
-    if form == "sm90a":
-        return _with_general(hopper.lower(program, target), program, target)
+    panels = any(getattr(b.kind, "layout", PageLayout.ROW).panels for b in program.buffers)
+    if form == "sm90a" or (form == "auto" and panels):
+        # Pages in panels: only the sm_90a form reads them, so its refusal is the answer and no general form
+        # rides along.
+        return hopper.lower(program, target)
     passed_over: tuple[str, ...] = ()
     if form == "auto" and target.hopper:
         try:
             hopper.refuse(program, target)
-            if not any(getattr(b.kind, "layout", PageLayout.ROW).panels for b in program.buffers):
-                passed_over = (
-                    "not the sm_90a form: the program was planned for the others (build it with form='sm90a' to"
-                    " plan for that form, or to see why it does not print it)",
-                )
-            else:
-                return _with_general(hopper.lower(program, target), program, target)
+            passed_over = (
+                "not the sm_90a form: the program was planned for the others (build it with form='sm90a' to plan"
+                " for that form, or to see why it does not print it)",
+            )
         except LowerError as why:
             passed_over = (f"not the sm_90a form: {why}",)
     try:

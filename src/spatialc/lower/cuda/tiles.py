@@ -182,7 +182,7 @@ class TilePrinter:
             with self.w.block("for (int i = 0; i < (TILES + STEP - 1) / STEP; ++i)"):
                 self.w.line(f"const int tl = {self.tid} / CHUNKS + i * STEP;")
                 with self.w.block("if (TILES % STEP == 0 || tl < TILES)"):
-                    index = self.tile_index(bw, op.stride_h, op.stride_w, op.block_h if ring.layout.by_column else 0)
+                    index = self.tile_index(bw, op.stride_h, op.stride_w)
                     self.w.line(f"const int tile = {index};")
                     zfill = ""
                     if op.rows_from is not None:  # rows past their group's count: zeros, not read
@@ -220,19 +220,14 @@ class TilePrinter:
         return f"({ti} % {t.group_tiles[0]}) * 16 + {row} < t{int(op.rows_from)}[{at}]"
 
     @staticmethod
-    def tile_index(bw: int, sh: int, sw: int, by_column: int = 0) -> str:
+    def tile_index(bw: int, sh: int, sw: int) -> str:
         """The tensor's tile index of page tile `tl` of a `? × bw` block whose first tile is `base`, with strides
-        (sh, sw); `by_column`: the block's rows, where the page holds its tiles column by column. Tile indices fit
-        a C int (verify's rule 1 bounds every tensor's grid); bytes are counted in 64 bits where it is used."""
-        if by_column:
-            bh = by_column
-            return c_sum("base", c_mul(f"(tl % {bh})" if bh > 1 else "", sh), c_mul(c_div("tl", bh), sw))
+        (sh, sw). Tile indices fit a C int (verify's rule 1 bounds every tensor's grid); bytes are counted in 64 bits
+        where it is used."""
         return c_sum("base", c_mul(c_div("tl", bw), sh), c_mul(f"(tl % {bw})" if bw > 1 else "", sw))
 
     def a_slot(self, ring: Ring, row: str, kk: str) -> str:
-        """The page slot of A's tile (row, kk): row-major over the page's ibw columns, or column by column."""
-        if ring.layout.by_column:
-            return f"({c_mul(kk, self.plan.item_tiles[0])} + {row})"
+        """The page slot of A's tile (row, kk): row-major over the page's ibw columns."""
         return f"({c_mul(f'({row})', self.plan.block.ibw)} + {kk})"
 
     def write_tiles(self, op: WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
@@ -517,16 +512,15 @@ def tensor_core_lines(rings: Rings, types: MmaTypes) -> list[str]:
 
 def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:
     """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor). A's
-    pages may hold their tiles either way (by column, as programs saved for sm_90a before version 6 of the JSON
-    format do, or row by row), and plain row-major ones (`a_loader`: a page an engine computed)."""
+    pages may also be plain row-major (`a_loader`: a page an engine computed)."""
     want = operand_layouts(operand)
-    also_a = (PageLayout.ROW_COLS if operand == Precision.INT8 else PageLayout.SWIZZLED_COLS, PageLayout.ROW)
+    also_a = (PageLayout.ROW,)
     for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
         if ring.layout.panels:
             raise Unsupported(
                 f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",
-                "those are the sm_90a form's swizzled panels, which only it reads; build the program with"
-                " form='general' (--form general) for this form",
+                "those are the sm_90a form's swizzled panels, which only it reads; build the program for this"
+                " form (form='persistent' or 'general'; --form on the command line)",
             )
         if ring.layout != layout and not (what == "A" and ring.layout in also_a):
             raise Unsupported(
