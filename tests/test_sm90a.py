@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import json
 import re
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 
 import spatialc
 import spatialc.runtime.launch as L
+from spatialc.errors import PlanError
 from spatialc.ir.nodes import panel_bytes, panel_offset
 from spatialc.lower.cuda import hopper
 from spatialc.lower.errors import TooBig, Unsupported
@@ -90,34 +90,39 @@ def test_panels_are_the_sm90a_forms_alone_and_auto_plans_for_the_others_where_it
     assert {t.name: t.order.value for t in p.tensors if t.name in "AB"} == {"A": "row", "B": "col"}  # B K-major
     with pytest.raises(Unsupported, match="swizzled panels, which only it reads.*form='persistent' or 'general'"):
         spatialc.lower(p, form="general")
-    # Auto prints it in that form, or says why not: the form's own reason, not another form's.
-    g = spatialc.gemm(1024, 2048, 256, "bf16", epilogue=[spatialc.activation("gelu")])
-    with pytest.raises(TooBig, match="one block of the sm_90a form"):
-        spatialc.lower(spatialc.build(g, "sm_90a", form="sm90a"))
     assert pipeline.sm90a_refusal(p, spatialc.target("sm_90a")) is None  # what it prints it is planned for
-    # A plan the form then refuses (a gelu's rings past shared memory at 128 × 256 items) is made again for the
-    # others: auto still prints the program.
-    g = spatialc.gemm(1024, 2048, 256, "bf16", epilogue=[spatialc.activation("gelu")])
-    own = spatialc.build(g, "sm_90a", form="sm90a")
-    assert "shared memory" in (pipeline.sm90a_refusal(own, spatialc.target("sm_90a")) or "")
+
+
+def test_a_plan_the_sm90a_form_refuses_is_made_again_for_the_others(monkeypatch):
+    """Where the form refuses its own plan once made (a placement its clusters cannot take, say), build plans the
+    program for the other forms; lower of a program in panels gives the form's own refusal, not another form's."""
+    g = spatialc.gemm(300, 200, 100, "bf16")
+    planned = spatialc.build(g, "sm_90a")
+    refused = Unsupported("a planted refusal", "a test refuses it")
+
+    def refuse(*_):
+        raise refused
+
+    monkeypatch.setattr(hopper, "make_kernel", refuse)
+    assert pipeline.sm90a_refusal(planned, spatialc.target("sm_90a")) == str(refused)
+    with pytest.raises(Unsupported, match="a planted refusal"):
+        spatialc.lower(planned)  # no other form reads its panels: the form's own reason
     auto = spatialc.build(g, "sm_90a")
     assert not any(getattr(b.kind, "layout", None) in pipeline.SM90A_LAYOUTS for b in auto.buffers)
     art = spatialc.lower(auto)
-    assert art.budget.form == "general" and any(n.startswith("not the sm_90a form") for n in art.notes)
+    # (its note: why the form cannot print the plan made for the persistent kernel)
+    assert art.budget.form == "persistent" and any(n.startswith("not the sm_90a form: ") for n in art.notes)
 
 
-def test_a_version_5_document_built_for_sm90a_is_laid_out_in_panels_when_read():
-    """Version 5 saved sm_90a programs with A's tiles by column (`swizzled_cols`, `row_cols`), which no form reads
-    now: from_json lays them out again as the tile pass does for the form, and they verify and print in it."""
-    for prec, a_then, b_then in (("bf16", "swizzled_cols", "swizzled"), ("int8", "row_cols", "col")):
-        doc = json.loads(spatialc.to_json(spatialc.build(spatialc.gemm(200, 72, 100, prec), "sm_90a")))
-        doc["version"] = 5
-        rings = {b["name"]: b["kind"] for b in doc["program"]["buffers"]}
-        rings["A_ring"]["layout"], rings["B_ring"]["layout"] = a_then, b_then
-        p = spatialc.from_json(json.dumps(doc))
-        layouts = {b.name: b.kind.layout for b in p.buffers if b.name in ("A_ring", "B_ring")}
-        assert p.verified and set(layouts.values()) <= pipeline.SM90A_LAYOUTS, layouts
-        assert spatialc.lower(p).budget.form == "sm90a"
+def test_the_sm90a_plan_holds_an_activations_rings():
+    # The fused store does not apply an activation: its output and epilogue rings stay, and the plan counts them.
+    g = spatialc.gemm(1024, 2048, 256, "bf16", epilogue=[spatialc.activation("gelu")])
+    p = spatialc.build(g, "sm_90a")
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a" and p.plan.item_tiles == (8, 4)  # 128 × 256 items would not hold them
+    assert art.budget.total_bytes <= spatialc.target("sm_90a").smem_per_site_max
+    with pytest.raises(PlanError, match="no plan with block=\\(8, 16, 4\\)"):
+        spatialc.build(g, "sm_90a", form="sm90a", block=(8, 16, 4))
 
 
 def test_a_panel_is_the_widest_swizzle_its_rows_take():

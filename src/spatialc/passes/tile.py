@@ -23,7 +23,7 @@ from ..ir.nodes import (
     SpatialProgram,
     TensorRole,
 )
-from ..ir.ops import AddPartial, BlockShape, MatmulTiles, Precision
+from ..ir.ops import Activation, AddPartial, BlockShape, MatmulTiles, Precision
 from ..target import SpatialTarget
 from .verify.wellformed import MAX_ITEMS
 
@@ -201,6 +201,8 @@ def candidates(
     # The persistent kernel applies an epilogue where the accumulators are, in the fused store, which needs a warp
     # grid dividing the block: unless the block is forced, plans it would leave to the general form are not offered.
     stages = epilogue_stages(p) + extra
+    if form == "sm90a" and not any(isinstance(getattr(s.kind, "op", None), Activation) for s in p.stages):
+        stages = 0  # the sm_90a form's fused store applies the chain from the accumulators: no rings for it
     fuse_only = block is None and stages > 0 and form == "persistent"
     own_cost = None  # the sm_90a form's own time model: wgmma's width and the stages in flight (lower/cuda/hopper.py)
     if form == "sm90a":

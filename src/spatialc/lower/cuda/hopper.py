@@ -159,10 +159,10 @@ def check_plan(plan: Plan, precision: Precision) -> None:
 
 def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0) -> tuple[int, int]:
     """(shared memory bytes, blocks per SM) of the sm_90a form for `plan`, as the tile planner asks: A's and B's
-    stages, `depth` deep on 1024-byte boundaries, and their barriers (a multicast's ready ones too) — the output and
-    the epilogue's `stages` go from the accumulators straight to global memory (`fused_output`; a chain with an
-    activation keeps its rings, and a plan too large for them is refused when lowered); 0 blocks where the wgmma
-    layout does not take the plan."""
+    stages, `depth` deep on 1024-byte boundaries, and their barriers (a multicast's ready ones too), then the fused
+    store's staging — or, where the epilogue keeps `stages` rings (a chain with an activation, which the fused store
+    does not apply; the planner passes 0 otherwise), the output's ring and those, two deep, as the general form's;
+    0 blocks where the wgmma layout does not take the plan."""
     try:
         check_plan(plan, precision)
     except Unsupported:
@@ -171,9 +171,13 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     h, w = plan.item_tiles
     ibw = plan.block.ibw
     shapes = [(plan.depth, h * ibw, types.operand_bytes), (plan.depth, ibw * w, types.operand_bytes)]
+    out = min(plan.depth, 2)
+    if stages:
+        epit = general.epit_bytes(precision == Precision.INT8)
+        shapes += [(out, h * w, types.acc_bytes)] + [(out, h * w, epit)] * stages
     rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}
     # Both operands' ready barriers are counted: the plan is made before the placement says whether they multicast.
-    smem = general.layout(rings, STAGE_ALIGN, BARRIER_ALIGN, ready=tuple(rings))[1] + store_stage_bytes()
+    smem = general.layout(rings, STAGE_ALIGN, BARRIER_ALIGN, ready=(0, 1))[1] + (0 if stages else store_stage_bytes())
     if smem > target.smem_per_site_max:
         return smem, 0
     return smem, 1
