@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import json
 import re
 import shutil
 import subprocess
@@ -114,6 +115,32 @@ def test_a_plan_the_sm90a_form_refuses_is_made_again_for_the_others(monkeypatch)
     assert art.budget.form == "persistent" and any(n.startswith("not the sm_90a form: ") for n in art.notes)
 
 
+def test_a_replan_that_fails_too_says_the_sm90a_form_refused_first(monkeypatch):
+    real = pipeline._build
+
+    def build(*args, sm90a):
+        if not sm90a:
+            raise PlanError("no plan fits (planted)")
+        return real(*args, sm90a=sm90a)
+
+    def refuse(*_):
+        raise Unsupported("a planted refusal", "a test refuses it")
+
+    monkeypatch.setattr(pipeline, "_build", build)
+    monkeypatch.setattr(hopper, "make_kernel", refuse)
+    said = r"no plan fits \(planted\) \(planned for the other forms because the sm_90a form refused its own plan: "
+    with pytest.raises(PlanError, match=said + "cannot lower a planted refusal"):
+        spatialc.build(spatialc.gemm(300, 200, 100, "bf16"), "sm_90a")
+
+
+def test_panels_on_a_ring_the_copy_engine_does_not_fill_are_refused():
+    doc = json.loads(spatialc.to_json(spatialc.build(spatialc.gemm(200, 72, 100, "bf16"), "sm_90a")))
+    next(b for b in doc["program"]["buffers"] if b["name"] == "C_ring")["kind"]["layout"] = "panels"
+    p = spatialc.from_json(json.dumps(doc))  # verify sees a row-major tile order, as C's
+    with pytest.raises(Unsupported, match="C_ring's pages in panels layout: panels are operand pages TMA fills"):
+        spatialc.lower(p)
+
+
 def test_the_sm90a_plan_holds_an_activations_rings():
     # The fused store does not apply an activation: its output and epilogue rings stay, and the plan counts them.
     g = spatialc.gemm(1024, 2048, 256, "bf16", epilogue=[spatialc.activation("gelu")])
@@ -123,6 +150,20 @@ def test_the_sm90a_plan_holds_an_activations_rings():
     assert art.budget.total_bytes <= spatialc.target("sm_90a").smem_per_site_max
     with pytest.raises(PlanError, match="no plan with block=\\(8, 16, 4\\)"):
         spatialc.build(g, "sm_90a", form="sm90a", block=(8, 16, 4))
+
+
+def test_a_version_5_document_built_for_sm90a_is_laid_out_in_panels_when_read():
+    """Version 5 saved sm_90a programs with A's tiles by column (`swizzled_cols`, `row_cols`), which no form reads
+    now: from_json lays them out again as the tile pass does for the form, and they verify and print in it."""
+    for prec, a_then, b_then in (("bf16", "swizzled_cols", "swizzled"), ("int8", "row_cols", "col")):
+        doc = json.loads(spatialc.to_json(spatialc.build(spatialc.gemm(200, 72, 100, prec), "sm_90a")))
+        doc["version"] = 5
+        rings = {b["name"]: b["kind"] for b in doc["program"]["buffers"]}
+        rings["A_ring"]["layout"], rings["B_ring"]["layout"] = a_then, b_then
+        p = spatialc.from_json(json.dumps(doc))
+        layouts = {b.name: b.kind.layout for b in p.buffers if b.name in ("A_ring", "B_ring")}
+        assert p.verified and set(layouts.values()) <= pipeline.SM90A_LAYOUTS, layouts
+        assert spatialc.lower(p).budget.form == "sm90a"
 
 
 def test_a_panel_is_the_widest_swizzle_its_rows_take():

@@ -37,9 +37,13 @@ def build(
     clusters cannot take), the program is planned again for the other forms (`sm90a_refusal`)."""
     args = (program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     p = _build(*args, sm90a=True)
-    if form == "auto" and sm90a_refusal(p, target) is not None:
-        p = _build(*args, sm90a=False)
-    return p
+    why = sm90a_refusal(p, target) if form == "auto" else None
+    if why is None:
+        return p
+    try:
+        return _build(*args, sm90a=False)
+    except (PlanError, ProgramError) as e:
+        raise type(e)(f"{e} (planned for the other forms because the sm_90a form refused its own plan: {why})") from e
 
 
 def sm90a_refusal(p: SpatialProgram, target: SpatialTarget) -> str | None:

@@ -394,6 +394,10 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         raise Unsupported(f"{len(side)} engines beside the compute engine", "they share one producer warpgroup")
     reader = [r for r in side if any(isinstance(op, ReadTiles) for op in r.walk())]
     maps, filled, panels, stored = _maps(p, k.rings, [op for r in reader for op in r.walk()])
+    for b in p.buffers:  # only the copy engine lands panels
+        layout = getattr(b.kind, "layout", PageLayout.ROW)
+        if layout.panels and k.rings.template.get(b.id) not in filled:
+            raise Unsupported(f"{b.name}'s pages in {layout.value} layout", "panels are operand pages TMA fills")
     mc = multicast(p, k.rings.template)
     if mc is not None:
         check_cluster(k.cluster)
