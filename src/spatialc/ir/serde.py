@@ -29,7 +29,7 @@ VERSION = 6
 # Version 4 added multicast groups (a placement's `multicast`); a version-3 document is a version-4 one without.
 # Version 5 added the page layouts whose tiles lie by column (`swizzled_cols`, `row_cols`: sm_90a's A pages then).
 # Version 6 added the swizzled panels (`panels`, `panels_t`) the sm_90a form's operand pages now are; a version-5
-# document is a version-6 one without them (its `_cols` pages are read by the other forms, as they were).
+# document is a version-6 one without them (`spatialc.from_json` lays a version-5 sm_90a one out in panels).
 READS = (1, 2, 3, 4, 5, 6)
 # How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into
