@@ -22,6 +22,7 @@ from spatialc.ir.nodes import panel_bytes, panel_offset
 from spatialc.lower.cuda import hopper
 from spatialc.lower.errors import TooBig, Unsupported
 from spatialc.passes import pipeline
+from spatialc.passes.tile import in_panels
 from spatialc.runtime.emulate import EmulationError
 from spatialc.runtime.launch import LaunchError
 
@@ -109,7 +110,7 @@ def test_a_plan_the_sm90a_form_refuses_is_made_again_for_the_others(monkeypatch)
     with pytest.raises(Unsupported, match="a planted refusal"):
         spatialc.lower(planned)  # no other form reads its panels: the form's own reason
     auto = spatialc.build(g, "sm_90a")
-    assert not any(getattr(b.kind, "layout", None) in pipeline.SM90A_LAYOUTS for b in auto.buffers)
+    assert not in_panels(auto)
     art = spatialc.lower(auto)
     # (its note: why the form cannot print the plan made for the persistent kernel)
     assert art.budget.form == "persistent" and any(n.startswith("not the sm_90a form: ") for n in art.notes)
@@ -162,7 +163,7 @@ def test_a_version_5_document_built_for_sm90a_is_laid_out_in_panels_when_read():
         rings["A_ring"]["layout"], rings["B_ring"]["layout"] = a_then, b_then
         p = spatialc.from_json(json.dumps(doc))
         layouts = {b.name: b.kind.layout for b in p.buffers if b.name in ("A_ring", "B_ring")}
-        assert p.verified and set(layouts.values()) <= pipeline.SM90A_LAYOUTS, layouts
+        assert p.verified and all(layout.panels for layout in layouts.values()), layouts
         assert spatialc.lower(p).budget.form == "sm90a"
 
 

@@ -73,6 +73,9 @@ class TensorMap:
         return (cols, rows), (cols * elem,), (self.box[1], self.box[0])
 
 
+MATRIX_ORDERS = ("rows", "cols")  # KernelParam.order of a tensor stored as a padded matrix (transposed), not tiled
+
+
 @dataclass(frozen=True, slots=True)
 class KernelParam:
     """One kernel argument: a device pointer to a tiled tensor (`tiles` = padded (rows_t, cols_t)).

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from ..errors import PlanError, ProgramError
-from ..ir.nodes import PageLayout, SpatialProgram
-from ..ir.ops import Activation
+from ..ir.nodes import SpatialProgram
 from ..target import SpatialTarget
 from .multicast import add_semaphores, check_multicast, multicast_placement
 from .place import default_sites, place
 from .schedule import schedule
 from .split import add_split, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
-from .tile import apply_plan, candidates, epilogue_stages, sites_per_unit, tile
+from .tile import apply_plan, candidates, epilogue_stages, fused_by_persistent, in_panels, sites_per_unit, tile
 from .verify import verify
 
 
@@ -52,16 +51,13 @@ def sm90a_refusal(p: SpatialProgram, target: SpatialTarget) -> str | None:
     from ..errors import SpatialError
     from ..lower.cuda import hopper
 
-    if not target.hopper or not any(getattr(b.kind, "layout", None) in SM90A_LAYOUTS for b in p.buffers):
+    if not target.hopper or not in_panels(p):
         return None
     try:
         hopper.make_kernel(p, target)
     except SpatialError as why:
         return str(why)
     return None
-
-
-SM90A_LAYOUTS = frozenset({PageLayout.PANELS, PageLayout.PANELS_T})
 
 
 def _build(
@@ -181,12 +177,6 @@ def _tile_hopper_first(
         if form != "auto" or planned != "sm90a" or (block is None and sub_blocks is None):
             raise
         return tile(p, target, block=block, sub_blocks=sub_blocks, depth=depth, form=fallback), fallback
-
-
-def fused_by_persistent(p: SpatialProgram) -> bool:
-    """Whether every elementwise stage of `p` is one the persistent kernel fuses into its store (not an activation,
-    which only the general form prints: "auto" then plans for the general form, whose rings the plan must hold)."""
-    return not any(isinstance(getattr(s.kind, "op", None), Activation) for s in p.stages)
 
 
 def _split_plan(

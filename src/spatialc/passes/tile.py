@@ -61,6 +61,18 @@ def has_epilogue(p: SpatialProgram) -> bool:
     return epilogue_stages(p) > 0
 
 
+def fused_by_persistent(p: SpatialProgram) -> bool:
+    """Whether every elementwise stage of `p` is one the persistent kernel (and the sm_90a form's fused store) applies
+    from the accumulators: not an activation, which only the general form prints page to page, in rings of its own
+    that a plan must hold ("auto" then plans for that form)."""
+    return not any(isinstance(getattr(s.kind, "op", None), Activation) for s in p.stages)
+
+
+def in_panels(p: SpatialProgram) -> bool:
+    """Whether `p` was planned for the sm_90a form: a page of it in swizzled panels, which only that form reads."""
+    return any(getattr(b.kind, "layout", PageLayout.ROW).panels for b in p.buffers)
+
+
 def fused_output(target: SpatialTarget, block: BlockShape) -> bool:
     """Whether the CUDA lowering drops the output ring (accumulators in registers, lane grid divides the block)."""
     return target.accumulator_in_registers and target.accumulator_lane_grid(block.osh, block.osw) is not None
@@ -201,7 +213,7 @@ def candidates(
     # The persistent kernel applies an epilogue where the accumulators are, in the fused store, which needs a warp
     # grid dividing the block: unless the block is forced, plans it would leave to the general form are not offered.
     stages = epilogue_stages(p) + extra
-    if form == "sm90a" and not any(isinstance(getattr(s.kind, "op", None), Activation) for s in p.stages):
+    if form == "sm90a" and fused_by_persistent(p):
         stages = 0  # the sm_90a form's fused store applies the chain from the accumulators: no rings for it
     fuse_only = block is None and stages > 0 and form == "persistent"
     own_cost = None  # the sm_90a form's own time model: wgmma's width and the stages in flight (lower/cuda/hopper.py)

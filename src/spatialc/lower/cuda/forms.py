@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...ir.nodes import PageLayout, SpatialProgram
+from ...ir.nodes import SpatialProgram
+from ...passes.tile import in_panels
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
 from ..errors import LowerError, NeedsGeneral
@@ -39,8 +40,7 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
         raise UnknownForm(form)
     if form == "general":
         return general.lower(program, target)
-    panels = any(getattr(b.kind, "layout", PageLayout.ROW).panels for b in program.buffers)
-    if form == "sm90a" or (form == "auto" and panels):
+    if form == "sm90a" or (form == "auto" and in_panels(program)):
         # Pages in panels: only the sm_90a form reads them, so its refusal is the answer and no general form
         # rides along.
         return hopper.lower(program, target)

@@ -267,10 +267,16 @@ class Panels:
     row_bytes: int
     width: int
     transposed: bool
+    elem: int  # bytes of an element
 
     @property
     def count(self) -> int:
         return self.row_bytes // self.width
+
+    @property
+    def box(self) -> tuple[int, int]:
+        """The TMA box of one panel: (rows, columns) of the stored matrix."""
+        return self.rows, self.width // self.elem
 
     @property
     def bytes(self) -> int:
@@ -287,7 +293,7 @@ def panels_of(op: ReadTiles, layout: PageLayout, elem: int, name: str) -> Panels
     width = panel_bytes(cols * elem)
     if width is None:
         raise Unsupported(f"rows of {cols * elem} bytes in {name}'s pages", "a swizzled panel is 32, 64 or 128 wide")
-    return Panels(rows, cols * elem, width, layout == PageLayout.PANELS_T)
+    return Panels(rows, cols * elem, width, layout == PageLayout.PANELS_T, elem)
 
 
 def _maps(
@@ -329,9 +335,7 @@ def _maps(
         order = "cols" if pan.transposed else "rows"
         if stored.setdefault(at, order) != order:
             raise Unsupported(f"{t.name} read both as it is and transposed", "a tensor is stored one way")
-        box = (pan.rows, pan.width // ring.elem_bytes)
-        key = (at, *box, pan.width)
-        maps.setdefault(key, TensorMap(len(maps), at, box, pan.width, transposed=pan.transposed))
+        maps.setdefault((at, *pan.box, pan.width), TensorMap(len(maps), at, pan.box, pan.width, pan.transposed))
         if panels.setdefault(ring.id, pan) != pan:
             raise Unsupported(f"pages of two shapes in {ring.name}", "each stage is laid out for one box")
         filled.add(ring.id)
@@ -649,8 +653,7 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
         r = ring.id
         pan = self.hk.panels[r]
         at = param_at(self.k.program, op.tensor)
-        box = (pan.rows, pan.width // ring.elem_bytes)
-        m = next(m for m in self.hk.maps if (m.tensor, m.box, m.swizzle) == (at, box, pan.width))
+        m = next(m for m in self.hk.maps if (m.tensor, m.box, m.swizzle) == (at, pan.box, pan.width))
         nbytes = op.block_h * op.block_w * TILE_ELEMS * ring.elem_bytes
         slot = self.write_slot(r)
         with self.w.block("", mark):
@@ -663,7 +666,7 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                 self.w.line(f"const unsigned short group = {mask};")
             for i in range(pan.count):
                 dst = f"{page} + {i * pan.bytes}" if i else page
-                c0 = f"{inner} + {i * box[1]}" if i else inner
+                c0 = f"{inner} + {i * pan.box[1]}" if i else inner
                 if mask is None:
                     self.w.line(f"spatialc_tma_load_2d({dst}, &spatialc_tmap_{m.index}, {c0}, {outer}, {bar});")
                 else:

@@ -14,7 +14,7 @@ from string import ascii_lowercase
 from ...inputs import row_limits
 from ...ir.nodes import SpatialProgram, Tensor, TensorRole, TileOrder
 from ...ir.ops import ChoreoOp, Loop, Trip, walk
-from ..artifact import Budget, CudaArtifact, Launch
+from ..artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch
 from ..census import census
 from ..errors import InternalError
 from .cwriter import Writer, inlined
@@ -26,7 +26,7 @@ INTEGER_OUTPUTS = ("long long", "int", "signed char")
 def helpers(launch: Launch) -> str:
     """The checked-in host helpers, inlined so that each program is one self-contained text (with the matrix
     store where a parameter is stored as a matrix)."""
-    matrices = any(param.order in ("rows", "cols") for param in launch.params)
+    matrices = any(param.order in MATRIX_ORDERS for param in launch.params)
     return inlined("persistent_host.cuh") + ("\n" + inlined("matrix_host.cuh") if matrices else "")
 
 
@@ -114,7 +114,7 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
         w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
         col = ", true" if t.order == TileOrder.COL else ""
         stored = param.order
-        if stored in ("rows", "cols"):  # a matrix the copy engine loads: padded, transposed for "cols"
+        if stored in MATRIX_ORDERS:  # a matrix the copy engine loads: padded, transposed for "cols"
             pitch = t.tiles[0] * 16 if stored == "cols" else t.tiles[1] * 16
             flip = "true" if stored == "cols" else "false"
             w.line(f"spatialc_store_matrix(h{i}, {t.elems[0]}, {t.elems[1]}, {pitch}, x{i}, {flip});")
