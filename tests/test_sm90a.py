@@ -716,10 +716,13 @@ def test_setmaxnreg_faults_are_caught(faulty):
 
 @pytest.fixture(scope="module")
 def wide():
-    """bf16 150×200×64 in 8×8-tile items: each consumer warp stages its row of 8 tiles in two boxes of 4."""
-    p = spatialc.build(spatialc.gemm(150, 200, 64, "bf16"), "sm_90a", block=(8, 8, 2), depth=2)
+    """bf16 150×200×64 in 8×6-tile items, three on each of two sites: each consumer warp stages its row of 6 tiles
+    (fp32) in three boxes of 2 — an odd count, so an item's first box is the other staging box than the last
+    item's first."""
+    p = spatialc.build(spatialc.gemm(150, 200, 64, "bf16"), "sm_90a", block=(8, 6, 2), depth=2, sites=2)
     art = spatialc.lower(p)
-    assert art.budget.form == "sm90a" and "#define OUT_CHUNK 4" in art.kernel_cu
+    assert art.launch.grid == 2 and art.launch.params[2].tiles == (16, 18)
+    assert art.budget.form == "sm90a" and "#define OUT_CHUNK 2" in art.kernel_cu
     return p, art, inputs("bf16", 150, 200, 64)
 
 
@@ -730,11 +733,13 @@ def test_the_fused_store_goes_out_by_tma_store_from_each_warps_staging():
     assert "spatialc_tma_store_2d(&spatialc_tmap_2, col + c * 16, row, staged + c * 256);" in text
     assert art.launch.tensor_maps[-1].box == (16, 16) and art.launch.tensor_maps[-1].tensor == 2  # C, a tile a box
     assert "SPATIALC_PAGE_ST(staged + c * 256 + el, (OUT_T)accf[q].x[i]);" in text
-    # Stages, their barriers and 8 warps × 4 KiB of staging fit the 227 KiB a block may have.
-    assert art.launch.dyn_smem == 196608 + 1024 + 8 * 4096 and art.launch.dyn_smem <= 232448
-    # An int8 GEMM's int32 output stages 4 tiles too; int64 (asked for) 2.
-    assert hopper.store_chunk(16, "int") == 4 and hopper.store_chunk(16, "long long") == 2
-    assert hopper.store_chunk(16, "__nv_bfloat16") == 8 and hopper.store_chunk(6, "float") == 2
+    # Stages, their barriers and 8 warps × 2 boxes × 2 KiB of staging fit the 227 KiB a block may have.
+    assert art.launch.dyn_smem == 196608 + 1024 + 8 * 2 * 2048 and art.launch.dyn_smem <= 232448
+    assert "#define OUT_CHUNK 2" in text and "spatialc_bulk_wait_read<1>();" in text
+    # A box is 2 KiB: an int8 GEMM's int32 output stages 2 tiles a box too; int64 (asked for) 1.
+    assert hopper.store_chunk(16, "int") == 2 and hopper.store_chunk(16, "long long") == 1
+    assert hopper.store_chunk(16, "__nv_bfloat16") == 4 and hopper.store_chunk(6, "float") == 2
+    assert hopper.store_chunk(1, "float") == 1 and hopper.store_chunk(3, "__nv_bfloat16") == 1
 
 
 @needs_gxx
@@ -768,9 +773,15 @@ def test_a_staged_box_stored_without_the_proxy_fence_is_a_race(wide):
 
 @needs_gxx
 @pytest.mark.emulation
-def test_staging_written_again_before_the_store_read_it_is_caught(wide):
-    # The next box is staged while the copy engine may still read the previous one.
-    text = replaced(wide[1].program_cu, "if (lane == 0) { spatialc_bulk_wait_read<0>(); }\n", "\n")
+@pytest.mark.parametrize(
+    "wait",
+    [
+        "//",  # no wait: the box is staged while the copy engine may still read the previous one
+        "if (lane == 0) { spatialc_bulk_wait_read<2>(); }",  # two groups left in flight: the box's last one too
+    ],
+)
+def test_staging_written_again_before_the_store_read_it_is_caught(wide, wait):
+    text = replaced(wide[1].program_cu, "if (lane == 0) { spatialc_bulk_wait_read<1>(); }", wait)
     for mode in ("late", "early"):
         got = outcome(wide, text, mode)
         assert got.startswith("race") and "TMA store issued at line" in got and "may still be reading" in got, got
@@ -778,8 +789,19 @@ def test_staging_written_again_before_the_store_read_it_is_caught(wide):
 
 @needs_gxx
 @pytest.mark.emulation
+def test_the_staging_boxes_alternate_across_items(wide):
+    """The boxes are used in turn across items (the count is the warp's, not the item's): with three boxes an item,
+    starting every item on the same box writes it while the item before's last store may still read it."""
+    text = wide[1].program_cu
+    assert text.count("++boxes_out;") == 1
+    got = outcome(wide, replaced(text, "++boxes_out;", "boxes_out = (q0 / OUT_CHUNK + 1) % 2;"))
+    assert got.startswith("race") and "may still be reading" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
 def test_a_warp_that_never_waits_for_its_last_store_is_refused_at_exit(wide):
-    last = "if (lane == 0) { spatialc_bulk_wait_read<0>(); }  // the staging is free"
+    last = "if ((threadIdx.x & 31) == 0) { spatialc_bulk_wait_read<0>(); }  // the last boxes' stores"
     text = replaced(wide[1].program_cu, last, "//")
     for mode in ("late", "early"):
         got = outcome(wide, text, mode)
@@ -794,7 +816,7 @@ def test_a_16_bit_output_is_staged_by_stmatrix_and_equals_the_interpreter():
     g = spatialc.gemm(150, 200, 64, "fp16", epilogue=[bias(), relu()], out="fp16")
     p = spatialc.build(g, "sm_90a", block=(8, 8, 2), depth=2)
     art = spatialc.lower(p)
-    assert "spatialc_stmatrix_tile(staged + c * 256, out);" in art.kernel_cu and "#define OUT_CHUNK 8" in art.kernel_cu
+    assert "spatialc_stmatrix_tile(staged + c * 256, out);" in art.kernel_cu and "#define OUT_CHUNK 4" in art.kernel_cu
     x = inputs("fp16", 150, 200, 64) | {"bias": np.arange(200, dtype=np.float32) - 40}
     want = spatialc.evaluate(p, x)
     for mode in ("late", "early"):
@@ -807,8 +829,8 @@ def test_a_16_bit_output_is_staged_by_stmatrix_and_equals_the_interpreter():
 def test_the_staged_store_compiles_to_stmatrix_and_tma_stores(tmp_path):
     art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16"), "sm_90a"))
     ops = Counter(i.base for i in compiled_clean(art, tmp_path))
-    # A warp's row of 16 tiles: 16 stmatrix and 16 TMA stores, a tile each (two boxes' worth of staging, 8 tiles
-    # each); no store to global from the registers.
+    # A warp's row of 16 tiles: 16 stmatrix and 16 TMA stores, a tile each (four boxes of 4 tiles, two staging
+    # boxes in turn); no store to global from the registers.
     assert ops["STSM"] == 16 and ops["UTMASTG"] == 16 and ops["STG"] == 0, ops
 
 

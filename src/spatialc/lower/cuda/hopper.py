@@ -24,9 +24,9 @@
   it and frees it, and the chain is one the fused store applies (bias, relu, scalar, requant), the consumers apply
   it to their own accumulator elements, and the output and epilogue rings leave shared memory. Where the output's
   page is a run of whole tiles of its row-major tile grid (`staged`), C is stored as a row-major matrix ("rows")
-  and each consumer warp stages `chunk` tiles of its row at a time in shared memory of its own, fences them over
-  to the async proxy and its first lane stores them with a TMA store a tile (one bulk group, waited for before the
-  staging is written again and before the item ends);
+  and each consumer warp stages `chunk` tiles of its row at a time in one of its two boxes of shared memory, in
+  turn, fences them over to the async proxy and its first lane stores them with a TMA store a tile (one bulk group,
+  waited for before that box is written again — the next item's K loop runs meanwhile — and before the warp ends);
   otherwise the lanes store their elements to global memory themselves (the tile printers' `fused_store`, the
   persistent kernel's). Otherwise (an activation) the writer, the epilogue stages page to page and their rings are
   the general form's.
@@ -90,6 +90,7 @@ BARRIER_ALIGN = 16  # each barrier array: the emulation's (and the layout's) lea
 WGMMA_N_MAX = 256
 DESC_SWIZZLE = {128: 1, 64: 2, 32: 3}  # a matrix descriptor's swizzle mode, by the panels' width in bytes
 STORE_STAGE = 4096  # bytes of shared memory each consumer warp stages its output in, for the TMA store
+STORE_BUFFERS = 2  # the staging's halves, used in turn: a box is staged while the store of the one before reads
 OUT_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "long long": 8}
 
 
@@ -200,10 +201,10 @@ def store_stage_bytes() -> int:
 
 
 def store_chunk(w: int, out_type: str) -> int:
-    """Tiles of its row a consumer warp stages at a time: the most (a power of two dividing the item's `w` columns of
-    tiles) whose `out_type` elements fit its STORE_STAGE bytes."""
+    """Tiles of its row a consumer warp stages at a time, one box: the most (a power of two dividing the item's `w`
+    columns of tiles) whose `out_type` elements fit one of its STORE_BUFFERS halves of STORE_STAGE bytes."""
     chunk = 1
-    while w % (2 * chunk) == 0 and 2 * chunk * TILE_ELEMS * OUT_BYTES[out_type] <= STORE_STAGE:
+    while w % (2 * chunk) == 0 and 2 * chunk * TILE_ELEMS * OUT_BYTES[out_type] <= STORE_STAGE // STORE_BUFFERS:
         chunk *= 2
     return chunk
 
@@ -416,7 +417,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         # The consumers' output goes out by TMA store: each warp stages `chunk` tiles at a time.
         chunk = store_chunk(w, k.out_type)
         offsets["out_stage"] = -(-dyn // STAGE_ALIGN) * STAGE_ALIGN
-        dyn = offsets["out_stage"] + CONSUMER_GROUPS * WARPGROUP * chunk * TILE_ELEMS * OUT_BYTES[k.out_type]
+        boxes = CONSUMER_GROUPS * WARPGROUP * STORE_BUFFERS
+        dyn = offsets["out_stage"] + boxes * chunk * TILE_ELEMS * OUT_BYTES[k.out_type]
         # C is stored as a row-major matrix (what the caller gets needs no untilize), a tile a box.
         maps = (*maps, TensorMap(len(maps), param_at(p, store.tensor), (16, 16)))
         stored[param_at(p, store.tensor)] = "rows"
@@ -559,10 +561,12 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
         self, op: WriteTiles, env: dict[LoopVar, str], mark: str, chain: list[tuple[Compute, dict[LoopVar, str]]]
     ) -> None:
         """The fused store through shared memory: each consumer warp takes `chunk` tiles of its row at a time
-        through the chain into its staging (the tiles one after another, each row-major: the output map's box),
-        fences them over to the async proxy, and its first lane stores them by TMA, a tile a box, as one bulk group.
-        The staging is written again only once the stores have read it (`bulk_wait_read`), and the last group is
-        waited for before the item ends."""
+        through the chain into one of its STORE_BUFFERS staging boxes, in turn (the tiles one after another, each
+        row-major: the output map's box), fences them over to the async proxy, and its first lane stores them by
+        TMA, a tile a box, as one bulk group. A box is written again only once the group that last read it has
+        (`bulk_wait_read<STORE_BUFFERS - 1>`: the groups after it may still be reading the other box) — across
+        items too, so the item's last stores go on while the next item's K loop runs; the engine waits for the
+        last of them before it ends (`_engine`)."""
         chunk = self.hk.chunk
         if not chunk:
             super().fused_store(op, env, mark, chain)
@@ -575,12 +579,15 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
             matrix = OUT_BYTES[self.k.out_type] == 2  # 16-bit values go out by stmatrix, a tile a warp at once
             if chain or not matrix:
                 self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
-            self.w.line(f"OUT_T* const staged = out_stage + warp * (OUT_CHUNK * {TILE_ELEMS});  // this warp's box")
             base = addr_expr(op.at, env)
             with self.unrolled("for (int q0 = 0; q0 < PERW; q0 += OUT_CHUNK)"):
-                with self.w.block("if (q0 > 0)", "// the previous box's store has read the staging"):
-                    self.w.line("if (lane == 0) { spatialc_bulk_wait_read<0>(); }")
-                    self.w.line("__syncwarp();")
+                self.w.line(
+                    f"OUT_T* const staged = out_stage + (warp * {STORE_BUFFERS} + boxes_out % {STORE_BUFFERS}) * "
+                    f"(OUT_CHUNK * {TILE_ELEMS});  // this warp's box in turn"
+                )
+                wait = f"spatialc_bulk_wait_read<{STORE_BUFFERS - 1}>();"
+                self.w.line(f"if (lane == 0) {{ {wait} }}  // the store that last read this box has read it")
+                self.w.line("__syncwarp();")
                 with self.unrolled("for (int c = 0; c < OUT_CHUNK; ++c)"):
                     self.w.line("const int q = q0 + c;")
                     if matrix:
@@ -619,8 +626,7 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                         at = f"col + c * 16, row, staged + c * {TILE_ELEMS}"
                         self.w.line(f"spatialc_tma_store_2d(&spatialc_tmap_{m.index}, {at});")
                     self.w.line("spatialc_bulk_commit();")
-            self.w.line("if (lane == 0) { spatialc_bulk_wait_read<0>(); }  // the staging is free for the next item")
-            self.w.line("__syncwarp();")
+                self.w.line("++boxes_out;")
 
     def full_wait(self, r: int) -> str:
         # A multicast ring's page may come from a peer, whose bytes complete the barrier at cluster scope.
@@ -791,10 +797,10 @@ def kernel_text(hk: HopperKernel) -> str:
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
         general.declare_rings(k, w)
         if hk.chunk:
-            boxes = CONSUMER_GROUPS * WARPGROUP
+            boxes = CONSUMER_GROUPS * WARPGROUP * STORE_BUFFERS
             w.line(
                 f"SPATIALC_DYNAMIC_RING(OUT_T, out_stage, spatialc_dyn_smem, SMEM_OFF_OUT_STAGE, {boxes}, "
-                f"OUT_CHUNK * {TILE_ELEMS});  // each consumer warp's output box"
+                f"OUT_CHUNK * {TILE_ELEMS});  // each consumer warp's {STORE_BUFFERS} output boxes"
             )
         for r in mc.rings if mc is not None else ():
             w.line(
@@ -838,6 +844,9 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
     printer = HopperPrinter(hk, role, w)
     printer.tensors = {int(t.id): t for t in k.program.tensors}
     printer.counters()
+    stores = hk.chunk and role is k.roles[0]  # the consumers' fused store, through the staging boxes
+    if stores:
+        w.line("unsigned boxes_out = 0;  // output boxes this warp has staged (its boxes are used in turn)")
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
         w.line(f"spatialc_acc<ACCT> accf[{hk.n // 16}];")
     single = any(isinstance(op, ReadTiles) for op in role.walk())
@@ -854,6 +863,10 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
         assert not printer.deferred, "a sender's load with no send"
 
     general.by_class(k, role, w, body)
+    if stores:
+        # The shared memory a store reads must outlive its reading: the warp's last stores, before it ends.
+        last = "if ((threadIdx.x & 31) == 0) { spatialc_bulk_wait_read<0>(); }"
+        w.line(f"{last}  // the last boxes' stores have read them")
 
 
 def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
