@@ -380,6 +380,16 @@ def test_unplanted_kernel_is_exact(faulty):
 
 @needs_gxx
 @pytest.mark.emulation
+def test_a_prefetch_of_what_is_not_a_tensor_map_is_refused(faulty):
+    text = faulty[1].program_cu
+    assert text.count("spatialc_prefetch_tensormap(&spatialc_tmap_") == len(faulty[1].launch.tensor_maps)
+    planted = replaced(
+        text, "spatialc_prefetch_tensormap(&spatialc_tmap_0);", "spatialc_prefetch_tensormap((const CUtensorMap*)t0);"
+    )
+    got = outcome(faulty, planted)
+    assert got.startswith("fault") and "spatialc_prefetch_tensormap at line" in got and "not a tensor map" in got, got
+
+
 def expecting(text: str, ring: int, more: int) -> str:
     """`text` with ring `ring`'s expect_tx announcing `more` bytes more (fewer, when negative) than a page has."""
     page = re.search(rf"spatialc_mbar_expect_tx\(&full_{ring}\[[^\]]*\], (\d+)u\);", text)
@@ -531,6 +541,7 @@ def test_sm90a_kernel_compiles_clean_and_its_sass_has_the_hopper_instructions(pr
     mma = "IGMMA" if prec == "int8" else "HGMMA"
     assert ops[mma] >= 1 and ops["UTMALDG"] >= 2 and ops["SYNCS"] >= 1 and ops["USETMAXREG"] == 2, ops
     assert ops["HMMA"] == ops["IMMA"] == 0  # no mma.sync fallback
+    assert ops["UTMACCTL"] == len(art.launch.tensor_maps) == 3  # each map's descriptor prefetched (A, B, C)
 
 
 # ---- the emulated copy engine on its own -------------------------------------------------------------------------

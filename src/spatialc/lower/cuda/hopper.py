@@ -857,6 +857,8 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
         printer.sends = frozenset(k.rings.template[op.buf] for op in walk(ops) if isinstance(op, McastSend))
         if single:
             with w.block("if (etid == 0)", "// the copy engine moves the pages; one thread issues"):
+                for m in hk.maps:  # every map this block's copies use (the loads' and the store's)
+                    w.line(f"spatialc_prefetch_tensormap(&spatialc_tmap_{m.index});")
                 general._program(printer, ops)
         else:
             general._program(printer, ops)

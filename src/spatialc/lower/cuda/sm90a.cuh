@@ -28,6 +28,13 @@ __device__ __forceinline__ void spatialc_mbar_expect_tx(unsigned long long* bar,
                  : "memory");
 }
 
+// The map's descriptor fetched ahead into the cache the copy engine reads descriptors from, so that the first copy
+// of it does not wait for that fetch. A hint: nothing else depends on it.
+__device__ __forceinline__ void spatialc_prefetch_tensormap(const CUtensorMap* map)
+{
+    asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+
 // A box of a matrix (column, row: innermost first) into shared memory by the copy engine, swizzled as its tensor
 // map says; its bytes are counted on `bar` when they land. The tensor map lives in the kernel's parameter space
 // (__grid_constant__).

@@ -237,6 +237,14 @@ inline void spatialc_check_stage_base(const void* base, int line = __builtin_LIN
 inline void spatialc_mbar_expect_tx(unsigned long long* bar, unsigned bytes, int line = __builtin_LINE()) {
     spatialc_emu::mbar_expect_tx(bar, bytes, line);
 }
+// Only a hint on the GPU; here the map is checked to be one.
+inline void spatialc_prefetch_tensormap(const CUtensorMap* map, int line = __builtin_LINE()) {
+    spatialc_emu::TensorMapFields f;
+    std::memcpy(&f, map, sizeof f);
+    if (f.magic != spatialc_emu::kTensorMapMagic)
+        spatialc_emu::fatal(spatialc_emu::kExitMisuse, spatialc_emu::at_line("spatialc_prefetch_tensormap", line) +
+                                                           ": not a tensor map cuTensorMapEncodeTiled made");
+}
 inline void spatialc_tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, unsigned long long* bar,
                                  int line = __builtin_LINE()) {
     const int c[2] = {c0, c1};
