@@ -187,6 +187,8 @@ def test_hopper_target_on_the_command_line(capsys, tmp_path):
     status, out, err = run_cli(capsys, "gemm", "200", "72", "96", "--target", "sm_90a", "--json", str(path))
     assert status == 0, err
     assert "kernel    sm_90a form: one thread of a producer warpgroup loads each page by TMA" in out
+    # The registers are what setmaxnreg makes of the launch's (ptxas's count, with --emit, is the launch's).
+    assert "384 threads each, 232 registers a consumer thread and 40 a producer thread after setmaxnreg" in out
     status, out, err = run_cli(capsys, "verify", str(path))
     assert status == 0 and "lowering  the sm_90a CUDA form (TMA, wgmma) for sm_90a takes it: " in out
     # The form on a target without its instructions: one line, exit status 2.

@@ -152,11 +152,18 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             f" {bud.dyn_bytes} dynamic{opt_in})",
             f"            {kept} ({'dynamic' if bud.rings_dynamic else 'static'}){fused}",
         ]
+    if bud.form == "sm90a":  # ptxas allocates for the launch; setmaxnreg then moves registers to the consumers
+        from ..lower.cuda.hopper import CONSUMER_REGS, PRODUCER_REGS
+
+        regs = f"{CONSUMER_REGS} registers a consumer thread and {PRODUCER_REGS} a producer thread after setmaxnreg"
+        at = " a thread at launch"
+    else:
+        regs, at = f"~{bud.regs_est} registers a thread", ""
     return [
         *memory,
         f"  occupancy {plural(bud.blocks_per_sm, 'block')} per SM of {target(p.target).name},"
-        f" {bud.threads} threads each, ~{bud.regs_est} registers a thread"
-        + (f" (ptxas: {bud.regs_ptxas}, spills {bud.spills_ptxas} B)" if bud.regs_ptxas is not None else ""),
+        f" {bud.threads} threads each, {regs}"
+        + (f" (ptxas: {bud.regs_ptxas}{at}, spills {bud.spills_ptxas} B)" if bud.regs_ptxas is not None else ""),
         *(
             [
                 f"  clusters  {art.launch.cluster} sites each (__cluster_dims__): a multicast group's pages "
