@@ -92,6 +92,7 @@ DESC_SWIZZLE = {128: 1, 64: 2, 32: 3}  # a matrix descriptor's swizzle mode, by 
 STORE_STAGE = 4096  # bytes of shared memory each consumer warp stages its output in, for the TMA store
 STORE_BUFFERS = 2  # the staging's halves, used in turn: a box is staged while the store of the one before reads
 OUT_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "long long": 8}
+ACC_FENCE = "spatialc_acc_fence(accf);"  # the accumulators' registers pinned there (sm90a.cuh)
 
 
 @dataclass(frozen=True, slots=True)
@@ -482,6 +483,7 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
             case Pop() | PackAcc() if self.in_flight:
                 # The slot (or the accumulators) stay the MMA's until its group has retired.
                 self.w.line("spatialc_wgmma_wait<0>();  // the K step's wgmma have read the stage")
+                self.w.line(ACC_FENCE + "  // and written the accumulators: nothing reads them before")
                 self.in_flight = False
                 self.op(op, env)
             case Push(buf) if rings.is_fused(buf) and rings.chain_step(buf) == len(rings.fused) - 1:
@@ -554,6 +556,7 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                 for op in pops:
                     self.release(op, marker(op))
         self.w.line("spatialc_wgmma_wait<0>();  // the last K step's group")
+        self.w.line(ACC_FENCE + "  // the accumulators are whole: nothing reads them before")
         for op in pops:
             self.release(op, marker(op, POST))
 
@@ -704,6 +707,7 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
             at = f"{b_page} + kk * 16 * {pb.width}"
             b_of = f"spatialc_wgmma_desc({at}, {pb.bytes}u, {8 * pb.width}u, {DESC_SWIZZLE[pb.width]}u)"
         with self.w.block("", mark):
+            self.w.line(ACC_FENCE + "  // their last plain writes (the zeroing) stay before the fence")
             self.w.line("spatialc_wgmma_fence();  // the accumulators were last written by plain instructions")
             with self.unrolled(f"for (int kk = 0; kk < {ibw}; kk += {step})"):
                 self.w.line(f"spatialc_wgmma<{self.hk.n}, OPT>(accf, {a_of}, {b_of});")

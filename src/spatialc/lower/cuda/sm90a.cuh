@@ -168,6 +168,25 @@ __device__ __forceinline__ unsigned long long spatialc_wgmma_desc(const void* p,
            ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swizzle << 62);
 }
 
+// The accumulators' registers pinned at this point of the program, as if read and written here: the compiler may
+// not move an ordinary instruction that writes them (an item's zeroing) below it, past the wgmma.fence that must
+// follow such writes, nor one that reads them (the epilogue) above it, before the wgmma.wait_group that completed
+// them. (Without it nvcc has been seen to sink the zeroing past the fence, and ptxas then injects a
+// warpgroup.arrive of its own: warning C7519.)
+__device__ __forceinline__ void spatialc_reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void spatialc_reg_fence(int& x) { asm volatile("" : "+r"(x)::"memory"); }
+template <class T, int N>
+__device__ __forceinline__ void spatialc_acc_fence(spatialc_acc<T> (&d)[N])
+{
+#pragma unroll
+    for (int q = 0; q < N; ++q) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            spatialc_reg_fence(d[q].x[i]);
+        }
+    }
+}
+
 // Before a batch of wgmma: the registers they read (accumulators, A fragments) were last written by ordinary
 // instructions, which must be done first.
 __device__ __forceinline__ void spatialc_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

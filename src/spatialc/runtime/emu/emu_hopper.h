@@ -310,6 +310,9 @@ inline unsigned long long spatialc_wgmma_desc(const void* p, unsigned lbo, unsig
     return (unsigned long long)(addr >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
            ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swizzle << 62);
 }
+// Only an ordering constraint for the compiler on the GPU; here every statement runs in program order already.
+template <class T, int N>
+inline void spatialc_acc_fence(spatialc_acc<T> (&)[N]) {}
 inline void spatialc_wgmma_fence() { spatialc_emu::acc_written = false; }
 inline void spatialc_wgmma_commit() {
     using namespace spatialc_emu;
