@@ -481,3 +481,21 @@ def test_the_planner_asks_the_backend_and_gets_the_kernels_own_shared_memory(pre
     for tgt, block, depth in [("sm_80", (1, 1, 1), 3), ("sm_86", (2, 4, 2), 2), ("sm_90", (4, 4, 4), 4)]:
         p = spatialc.build(spatialc.gemm(128, 128, 128, prec), tgt, block=block, depth=depth)
         assert smem_bytes(spatialc.target(tgt), p.plan, p.precision) == spatialc.lower(p).budget.total_bytes
+
+
+def test_lowering_many_sites_groups_the_schedule_by_site_once(monkeypatch):
+    """The forms take each site's programs from one grouping of the schedule (`Schedule.by_site`), not a scan of it
+    per site: lowering was quadratic in the sites (65,536 of them, which `build` accepts, never finished)."""
+    from spatialc.ir.nodes import Schedule
+
+    p = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_90", sites=300)
+    grouped = p.schedule.by_site()
+    assert list(grouped) == [s for s, _ in p.placement.items_of_site]
+    assert all(grouped[s] == p.schedule.programs_of(s) for s in grouped)
+
+    def scan(self, site):
+        raise AssertionError(f"the schedule scanned for site {int(site)}")
+
+    monkeypatch.setattr(Schedule, "programs_of", scan)
+    art = spatialc.lower(p)
+    assert art.launch.grid == 300 and art.general is not None

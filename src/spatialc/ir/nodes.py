@@ -320,7 +320,15 @@ class Schedule:
     programs: tuple[EngineProgram, ...]
 
     def programs_of(self, site: Site) -> tuple[EngineProgram, ...]:
+        """One site's programs (a scan: over many sites, take `by_site` once)."""
         return tuple(p for p in self.programs if p.site == site)
+
+    def by_site(self) -> dict[Site, tuple[EngineProgram, ...]]:
+        """Every site's programs, in schedule order."""
+        out: dict[Site, list[EngineProgram]] = {}
+        for p in self.programs:
+            out.setdefault(p.site, []).append(p)
+        return {s: tuple(ps) for s, ps in out.items()}
 
 
 @dataclass(frozen=True, slots=True)

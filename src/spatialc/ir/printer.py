@@ -213,13 +213,14 @@ def program_text(p: SpatialProgram, sites: int | None = None) -> str:
         out.append(f"  placement {p.placement.kind}: {len(p.placement.items_of_site)} sites, {used} with items{split}")
     if p.schedule is not None:
         placed = p.placement.items_of_site if p.placement else ()
+        by_site = p.schedule.by_site()
         for shown, (site, items) in enumerate(placed):
             if sites is not None and shown >= sites:
                 out.append(f"  ... {len(placed) - shown} more sites")
                 break
             listed = ", ".join(str(int(i)) for i in items[:16]) + (" ..." if len(items) > 16 else "")
             out.append(f"site {int(site)}  items [{listed}]")
-            for prog in p.schedule.programs_of(site):
+            for prog in by_site.get(site, ()):
                 out.append(f"  {prog.engine.value}:")
                 out.extend("    " + line for line in ops_lines(p, prog.ops))
     return "\n".join(out) + "\n"

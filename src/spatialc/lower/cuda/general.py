@@ -176,8 +176,9 @@ def refuse(p: SpatialProgram) -> None:
     ops = all_ops(p)
     for prog in p.schedule.programs:  # type: ignore[union-attr]
         check_waits(p, prog.ops)
+    by_site = p.schedule.by_site()  # type: ignore[union-attr]
     for prog in p.schedule.programs:  # type: ignore[union-attr]
-        for other in p.schedule.programs_of(prog.site):  # type: ignore[union-attr]
+        for other in by_site[prog.site]:
             shared = {op.group for op in walk(prog.ops) if isinstance(op, Barrier)} & {
                 op.group for op in walk(other.ops) if isinstance(op, Barrier)
             }

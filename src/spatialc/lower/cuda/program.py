@@ -185,8 +185,9 @@ def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:
     assert p.placement is not None and p.schedule is not None
     groups: dict[tuple, list[int]] = {}
     programs: dict[tuple, tuple] = {}
+    by_site = p.schedule.by_site()
     for s, items in p.placement.items_of_site:
-        progs = p.schedule.programs_of(s)
+        progs = by_site.get(s, ())
         counts = {op.count for prog in progs for op in walk(prog.ops) if isinstance(op, Loop) and op.var == LV_ITEM}
         if counts - {Const(len(items))} or (not counts and len(items) > 1):
             raise Unsupported(
