@@ -305,6 +305,34 @@ def test_emitting_with_nvcc_here_adds_ptxas_registers_to_the_ledger(capsys, save
     assert f"~{budget['regs_est']} registers a thread (ptxas: {budget['regs_ptxas']}, spills 0 B)" in out
 
 
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_ledger_holds_the_stack_frame_of_a_fused_epilogue(capsys, tmp_path):
+    """The persistent kernel's fused epilogue takes each fragment through the chain from a private 8-word copy:
+    32 bytes of stack, no spill — said in budget.json and the occupancy line, not hidden behind "spills 0 B"."""
+    status, out, err = run_cli(capsys, "gemm", "256", "256", "256", "--relu", "--emit", str(tmp_path / "k"))
+    assert status == 0, err
+    budget = json.loads((tmp_path / "k" / "budget.json").read_text())
+    assert budget["form"] == "persistent" and budget["spills_ptxas"] == 0 and budget["stack_ptxas"] == 32
+    assert f"(ptxas: {budget['regs_ptxas']}, spills 0 B, stack 32 B)" in out
+    general = json.loads((tmp_path / "k" / "general" / "budget.json").read_text())
+    assert general["stack_ptxas"] == 0  # the general form's epilogue stage reads its page from shared memory
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_sass_counts_the_k_steps_of_a_trip_by_the_busiest_warp(capsys):
+    """A 1 × 1 × 3 block: one warp multiplies the item's one tile, 3 tile-MACs a K step; the main loop (the K loop
+    unrolled) is one item's 3 K steps — not 24, as sharing the tile-MACs over all 8 warps would say."""
+    from spatialc.runtime.sass import find_cuobjdump
+
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    status, out, err = run_cli(capsys, "gemm", "100", "100", "100", "--precision", "int8", "--block", "1,1,3", "--sass")
+    assert status == 0, err
+    assert "3 K steps, " in out and "main loop (sm_90, 3 K steps a trip, per warp)" in out and "(9 tile-MACs" in out
+
+
 def test_without_nvcc_the_ledger_keeps_the_estimate_alone(capsys, saved, tmp_path, monkeypatch):
     from spatialc.runtime import launch
 

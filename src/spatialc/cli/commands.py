@@ -275,7 +275,9 @@ def _sass(p: SpatialProgram, art, args: argparse.Namespace) -> None:
         )
     plan, bud = p.plan, art.budget
     warps = dict(bud.engines).get("compute", bud.threads // 32)
-    step = plan.item_tiles[0] * plan.item_tiles[1] * plan.block.ibw / warps if plan else None
+    # The busiest warp's tile-MACs in one K step: an item's tiles shared out over the compute warps, the first ones
+    # taking one more where they do not divide (a 1 × 1 block: one warp multiplies, the others wait).
+    step = -(-plan.item_tiles[0] * plan.item_tiles[1] // warps) * plan.block.ibw if plan else None
     print(f"  sass      {main_loop_summary(art, step)}")
 
 

@@ -163,7 +163,13 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
         *memory,
         f"  occupancy {plural(bud.blocks_per_sm, 'block')} per SM of {target(p.target).name},"
         f" {bud.threads} threads each, {regs}"
-        + (f" (ptxas: {bud.regs_ptxas}{at}, spills {bud.spills_ptxas} B)" if bud.regs_ptxas is not None else ""),
+        + (
+            f" (ptxas: {bud.regs_ptxas}{at}, spills {bud.spills_ptxas} B"
+            + (f", stack {bud.stack_ptxas} B" if bud.stack_ptxas else "")
+            + ")"
+            if bud.regs_ptxas is not None
+            else ""
+        ),
         *(
             [
                 f"  clusters  {art.launch.cluster} sites each (__cluster_dims__): a multicast group's pages "

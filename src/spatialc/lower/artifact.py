@@ -30,6 +30,9 @@ class Budget:
     barrier_bytes: int = 0  # the general form's mbarriers: a full and an empty one per ring slot
     regs_ptxas: int | None = None  # registers a thread as ptxas counts them, where nvcc compiled the kernel
     spills_ptxas: int | None = None  # spill stores + loads in bytes, likewise
+    # ptxas's stack frame in bytes, likewise: local memory a thread uses without spilling (the persistent kernel's
+    # fused epilogue takes each fragment through the chain from a private copy of 8 words: 32 bytes)
+    stack_ptxas: int | None = None
     layouts: tuple[tuple[str, str], ...] = ()  # (name, page layout) of each ring: row, col (K-major) or swizzled
     workspace_bytes: int = 0  # global memory the kernel keeps for itself: split-K's partial sums
     global_read_bytes: int = 0  # bytes its ReadTiles read from global memory in one launch (`ir.traffic`)

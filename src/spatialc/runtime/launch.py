@@ -620,7 +620,7 @@ def with_ptxas(artifact: Any, timeout_s: float = 300.0) -> Any:
     budget = artifact.budget
     if info is not None:
         spills = info.spill_stores + info.spill_loads
-        budget = dataclasses.replace(budget, regs_ptxas=info.registers, spills_ptxas=spills)
+        budget = dataclasses.replace(budget, regs_ptxas=info.registers, spills_ptxas=spills, stack_ptxas=info.stack)
     return dataclasses.replace(artifact, budget=budget, general=with_ptxas(artifact.general, timeout_s))
 
 

@@ -170,7 +170,8 @@ def main_loop_summary(artifact, step_macs: float | None = None) -> str:
     cubin = compile_cubin(artifact.kernel_cu, artifact.target)
     code = disassemble(cubin)
     ptx = kernel_ptxas(cubin, artifact.launch.kernel_name)
-    regs = f"; {ptx.registers} registers, spills {ptx.spill_stores + ptx.spill_loads} B" if ptx else ""
+    stack = f", stack {ptx.stack} B" if ptx and ptx.stack else ""  # local memory without spilling
+    regs = f"; {ptx.registers} registers, spills {ptx.spill_stores + ptx.spill_loads} B{stack}" if ptx else ""
     c = main_loop_census(code)
     if c is None:
         return f"{len(code.main_loops())} loops hold MMAs (no one main loop to count){regs}"
