@@ -115,12 +115,28 @@ def test_a_saved_multicast_program_loads_verified():
         ({"multicast": (2, 2), "split_k": 2}, "takes one of them"),
         ({"multicast": (2, 2), "placement": "round_robin"}, "no placement rule"),
         ({"multicast": (2, 2), "form": "persistent"}, "persistent kernel"),
-        ({"multicast": (2, 2), "sites": 3}, "needs 4 sites"),
+        ({"multicast": (2, 2), "sites": 3}, "sites=3 is not a whole number of groups of 4 sites"),
+        ({"multicast": (2, 1), "sites": 3}, "sites=3 is not a whole number of groups of 2 sites"),  # not 2, quietly
     ],
 )
 def test_a_multicast_that_cannot_be_built_is_refused_by_name(kw, words):
     with pytest.raises(ProgramError, match=words):
         spatialc.build(spatialc.gemm(256, 256, 128, "fp16"), "sm_90", **kw)
+
+
+@pytest.mark.parametrize(("target", "form", "group"), [("sm_90", "general", (2, 1)), ("sm_90a", "auto", (1, 2))])
+def test_the_planner_takes_a_block_whose_grid_falls_into_the_groups(target, form, group):
+    """129 × 100: the best plan of the form a multicast build plans for has a grid of items the group does not
+    divide; with the block left to the planner, the group takes the best plan whose grid it divides (it was refused,
+    naming a block the user never chose)."""
+    g = spatialc.gemm(129, 100, 33, "fp16")
+    best = spatialc.build(g, target, form=form).plan
+    assert best is not None and (best.grid[0] % group[0] or best.grid[1] % group[1])
+    p = spatialc.build(g, target, multicast=group)
+    assert p.plan is not None and p.plan.grid[0] % group[0] == p.plan.grid[1] % group[1] == 0
+    assert p.placement is not None and p.placement.multicast == group
+    with pytest.raises(ProgramError, match="does not fall into groups"):  # a forced block is taken as given
+        spatialc.build(g, target, multicast=group, block=(best.block.osh, best.block.osw, best.block.ibw))
 
 
 # ---- the general form: groups as thread-block clusters (sm_90) ---------------------------------------------------

@@ -508,6 +508,20 @@ def test_128_byte_panels_and_the_leading_offset_between_them_are_what_wgmma_read
     assert one_box != text and outcome(case, one_box).startswith("deadlock")  # a panel never loaded: bytes missing
 
 
+def test_a_forced_plan_the_form_cannot_hold_is_refused_with_the_forms_reason():
+    """Not "needs 0 bytes of shared memory": the wgmma layout's reason, or the bytes the plan would need."""
+    g = spatialc.gemm(512, 512, 512, "bf16")
+    with pytest.raises(PlanError, match=r"takes no plan of items of 64 rows: .* use blocks of 8 tile rows"):
+        spatialc.build(g, "sm_90a", form="sm90a", block=(4, 4, 2))
+    with pytest.raises(PlanError, match=r"takes no plan of sub-blocks \(2, 1\): an sm_90a item is one block"):
+        spatialc.build(g, "sm_90a", form="sm90a", sub_blocks=(2, 1))
+    with pytest.raises(PlanError, match=r"int8 K steps of 1 tiles"):
+        spatialc.build(spatialc.gemm(512, 512, 512, "int8"), "sm_90a", form="sm90a", block=(8, 4, 1))
+    with pytest.raises(PlanError, match=r"depth=100 fits sm_90a: it needs (\d+) bytes") as e:
+        spatialc.build(g, "sm_90a", depth=100)
+    assert int(re.search(r"needs (\d+) bytes", str(e.value))[1]) > 232448
+
+
 # ---- nvcc and SASS -----------------------------------------------------------------------------------------------
 
 NVCC = shutil.which("nvcc")

@@ -94,6 +94,25 @@ def test_emulated_multicast_kernel_equals_the_interpreter(prec, shape, group, kw
         assert got.dtype == want.dtype and np.array_equal(got, want), mode
 
 
+@needs_gxx
+@pytest.mark.emulation
+def test_a_multicast_build_with_a_fused_epilogue_plans_without_the_epilogues_rings():
+    """The fused store applies bias and relu from the accumulators, so a multicast build's residency check counts no
+    rings for them — it counted them, found no block resident and refused the planner's own plan ("keeps 0 of this
+    plan's blocks resident") for every multicast build with an epilogue the fused store applies."""
+    from spatialc.frontend import bias, relu
+
+    g = spatialc.gemm(256, 256, 160, "bf16", epilogue=[bias(), relu()])
+    p = spatialc.build(g, "sm_90a", multicast=(2, 1), block=(8, 8, 2))
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a" and art.launch.cluster == 2 and art.launch.grid == 4
+    assert spatialc.build(spatialc.gemm(2048, 2048, 2048, "bf16", epilogue=[bias()]), "sm_90a", multicast=(2, 1))
+    x = inputs("bf16", 256, 256, 160) | {"bias": np.arange(256, dtype=np.float32) - 100}
+    want = spatialc.evaluate(p, x)
+    got = spatialc.emulate(art, x, timeout=120)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
 # ---- planted faults ----------------------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from .multicast import add_semaphores, check_multicast, multicast_placement
 from .place import default_sites, place
 from .schedule import schedule
 from .split import add_split, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
-from .tile import apply_plan, candidates, epilogue_stages, fused_by_persistent, in_panels, sites_per_unit, tile
+from .tile import apply_plan, candidates, fused_by_persistent, in_panels, ring_stages, sites_per_unit, tile
 from .verify import verify
 
 
@@ -95,7 +95,9 @@ def _build(
         # Split-K's sites wait on each other: the general form, with room for the partial rings.
         split = _split_plan(program.evolve(target=target.name), target, block, sub_blocks, depth, splits)
         assert split.plan is not None
-        per_unit = sites_per_unit(target, split.plan, p.precision, "general", epilogue_stages(p) + extra_ring_stages())
+        per_unit = sites_per_unit(
+            target, split.plan, p.precision, "general", ring_stages(p, "general", extra_ring_stages())
+        )
         if split_k is None:  # the planner's own choice, made again on the plan made for it; never a refusal
             splits = min(splits, auto_splits(split.plan, target.units * per_unit))
             split = split if splits > 1 else None
@@ -149,8 +151,17 @@ def _multicast(
         program.evolve(target=target.name), target, block, sub_blocks, depth, wanted, "general", sm90a
     )
     assert p.plan is not None
+    if block is None and (p.plan.grid[0] % gy or p.plan.grid[1] % gx):
+        # The group is the user's, the block the planner's: the best plan whose grid of items falls into groups.
+        base = program.evolve(target=target.name)
+        found = candidates(base, target, None, sub_blocks, depth, planned)
+        fit = next((c.plan for c in found if c.plan.grid[0] % gy == 0 and c.plan.grid[1] % gx == 0), None)
+        if fit is not None:
+            p = apply_plan(base, fit, planned)
+    if sites is not None and sites % (gy * gx):  # a kernel's grid is whole clusters: never a site quietly dropped
+        raise ProgramError(f"{said}: sites={sites} is not a whole number of groups of {gy * gx} sites")
     resident = default_sites(p, target, planned) if sites is None else sites
-    per_unit = sites_per_unit(target, p.plan, p.precision, planned, epilogue_stages(p))
+    per_unit = sites_per_unit(target, p.plan, p.precision, planned, ring_stages(p, planned))
     crowded = fits_at_once(target, resident, per_unit, f"a {said} build", "fewer sites")
     if crowded:
         raise ProgramError(crowded)
@@ -220,5 +231,5 @@ def _splits(
         return split_k
     if form in ("persistent", "sm90a") or sites is not None or placement is not None:
         return 1
-    per_unit = sites_per_unit(target, p.plan, p.precision, "general", epilogue_stages(p) + extra_ring_stages())
+    per_unit = sites_per_unit(target, p.plan, p.precision, "general", ring_stages(p, "general", extra_ring_stages()))
     return auto_splits(p.plan, target.units * per_unit) if per_unit else 1

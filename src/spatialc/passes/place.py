@@ -11,7 +11,7 @@ from ..ir.ids import ItemId, Site
 from ..ir.nodes import Placement, Plan, SpatialProgram
 from ..ir.worklist import RULES, split_items
 from ..target import SpatialTarget
-from .tile import check_form, epilogue_stages, matmul_stage, sites_per_unit, too_many_items
+from .tile import check_form, matmul_stage, ring_stages, sites_per_unit, too_many_items
 
 PLACEMENTS = RULES
 MAX_SITES = 1 << 16  # far more sites than any device has multiprocessors (the work list follows the device)
@@ -22,7 +22,8 @@ def default_sites(p: SpatialProgram, target: SpatialTarget, form: str = "persist
     items."""
     plan = p.plan
     assert plan is not None
-    per_unit = sites_per_unit(target, plan, p.precision, check_form(form, target), epilogue_stages(p))
+    form = check_form(form, target)
+    per_unit = sites_per_unit(target, plan, p.precision, form, ring_stages(p, form))
     return max(1, min(plan.items, target.units * max(per_unit, 1)))
 
 

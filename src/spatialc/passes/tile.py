@@ -68,6 +68,14 @@ def fused_by_persistent(p: SpatialProgram) -> bool:
     return not any(isinstance(getattr(s.kind, "op", None), Activation) for s in p.stages)
 
 
+def ring_stages(p: SpatialProgram, form: str, extra: int = 0) -> int:
+    """The epilogue stages a block of the `form` kernel keeps in rings of their own, plus `extra` output-sized ones
+    (split-K's): none where the sm_90a form's fused store applies the chain from the accumulators."""
+    if form == "sm90a" and fused_by_persistent(p):
+        return extra
+    return epilogue_stages(p) + extra
+
+
 def in_panels(p: SpatialProgram) -> bool:
     """Whether `p` was planned for the sm_90a form: a page of it in swizzled panels, which only that form reads."""
     return any(getattr(b.kind, "layout", PageLayout.ROW).panels for b in p.buffers)
@@ -212,9 +220,7 @@ def candidates(
     depths = [depth] if depth else list(DEPTHS)
     # The persistent kernel applies an epilogue where the accumulators are, in the fused store, which needs a warp
     # grid dividing the block: unless the block is forced, plans it would leave to the general form are not offered.
-    stages = epilogue_stages(p) + extra
-    if form == "sm90a" and fused_by_persistent(p):
-        stages = 0  # the sm_90a form's fused store applies the chain from the accumulators: no rings for it
+    stages = ring_stages(p, form, extra)
     fuse_only = block is None and stages > 0 and form == "persistent"
     own_cost = None  # the sm_90a form's own time model: wgmma's width and the stages in flight (lower/cuda/hopper.py)
     if form == "sm90a":
@@ -270,8 +276,18 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
     if too_many:
         return too_many
     a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
-    b = BlockShape(*(block or (1, 1, 1)))
+    # The smallest block of the form: the sm_90a form's items are 8 tile rows, an int8 K step two tiles.
+    least = (8, 1, 2 if p.precision == Precision.INT8 else 1) if form == "sm90a" else (1, 1, 1)
+    b = BlockShape(*(block or least))
     probe = make_plan(b, tuple(sub_blocks or (1, 1)), depth or 2, a.group_tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
+    if form == "sm90a":
+        from ..lower.cuda import hopper
+        from ..lower.errors import Unsupported
+
+        try:
+            hopper.check_plan(probe, p.precision)
+        except Unsupported as e:
+            return f"the sm_90a form takes no plan of {e.what}: {e.why}"
     tiles = b.osh * b.osw * probe.sub_blocks[0] * probe.sub_blocks[1]
     regs = target.registers_needed(tiles)
     if regs > target.regs_per_thread_max:
@@ -279,7 +295,7 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
             f"its accumulator of {tiles} tiles needs about {regs} registers a thread and {target.name} has"
             f" {target.regs_per_thread_max}; force a smaller block or fewer sub-blocks"
         )
-    need = smem_bytes(target, probe, p.precision, form, epilogue_stages(p) + extra)
+    need = smem_bytes(target, probe, p.precision, form, ring_stages(p, form, extra))
     return (
         f"it needs {need} bytes of shared memory per block and {target.name} has {target.smem_per_site_max};"
         " force a smaller block or depth"
