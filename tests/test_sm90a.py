@@ -827,11 +827,30 @@ def test_staging_written_again_before_the_store_read_it_is_caught(wide, wait):
 @needs_gxx
 @pytest.mark.emulation
 def test_the_staging_boxes_alternate_across_items(wide):
-    """The boxes are used in turn across items (the count is the warp's, not the item's): with three boxes an item,
-    starting every item on the same box writes it while the item before's last store may still read it."""
+    """Three boxes an item (an odd count): the turn is counted over all the warp's items, so the next item starts on
+    the other box than the one the item before ended on. Restarting the count with each item writes that box while
+    its store may still read it."""
     text = wide[1].program_cu
-    assert text.count("++boxes_out;") == 1
-    got = outcome(wide, replaced(text, "++boxes_out;", "boxes_out = (q0 / OUT_CHUNK + 1) % 2;"))
+    assert text.count("++boxes_out;") == 1 and "(boxes_out) % 2" in text
+    got = outcome(wide, replaced(text, "++boxes_out;", "boxes_out = (q0 / OUT_CHUNK + 1) % (PERW / OUT_CHUNK);"))
+    assert got.startswith("race") and "may still be reading" in got, got
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_an_even_count_of_boxes_restarts_each_item_on_the_first_box():
+    """Four boxes an item: a whole number of turns, so the box is known where printed (no count) and each item
+    starts on the first box, which the last store of the item before (on the second box) does not read."""
+    p = spatialc.build(spatialc.gemm(150, 200, 64, "bf16"), "sm_90a", block=(8, 8, 2), depth=2, sites=2)
+    art = spatialc.lower(p)
+    text = art.kernel_cu
+    assert "#define OUT_CHUNK 2" in text and "#define PERW 8" in text and "boxes_out" not in text
+    assert "(warp * 2 + (q0 / OUT_CHUNK) % 2)" in text and art.launch.grid == 2
+    case = (p, art, inputs("bf16", 150, 200, 64))
+    for mode in ("late", "early"):
+        assert outcome(case, art.program_cu, mode) == EXACT
+    # Always the same box: written while the store of the box before may still read it.
+    got = outcome(case, replaced(art.program_cu, "(q0 / OUT_CHUNK) % 2", "0"))
     assert got.startswith("race") and "may still be reading" in got, got
 
 

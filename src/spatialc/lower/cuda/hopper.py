@@ -115,6 +115,12 @@ class HopperKernel:
     def program(self) -> SpatialProgram:
         return self.base.program
 
+    @property
+    def odd_turns(self) -> bool:
+        """Whether a consumer warp's output boxes of one item are not a whole number of turns of its STORE_BUFFERS
+        staging boxes: then the turn is counted over all its items, else it restarts with each item."""
+        return bool(self.chunk) and (self.n // 16 // self.chunk) % STORE_BUFFERS != 0
+
 
 # ---- what the form takes ------------------------------------------------------------------------------------
 
@@ -584,8 +590,10 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                 self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
             base = addr_expr(op.at, env)
             with self.unrolled("for (int q0 = 0; q0 < PERW; q0 += OUT_CHUNK)"):
+                # An item of a whole number of turns starts on the first box: the box is known where printed.
+                turn = "q0 / OUT_CHUNK" if not self.hk.odd_turns else "boxes_out"
                 self.w.line(
-                    f"OUT_T* const staged = out_stage + (warp * {STORE_BUFFERS} + boxes_out % {STORE_BUFFERS}) * "
+                    f"OUT_T* const staged = out_stage + (warp * {STORE_BUFFERS} + ({turn}) % {STORE_BUFFERS}) * "
                     f"(OUT_CHUNK * {TILE_ELEMS});  // this warp's box in turn"
                 )
                 wait = f"spatialc_bulk_wait_read<{STORE_BUFFERS - 1}>();"
@@ -629,7 +637,8 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                         at = f"col + c * 16, row, staged + c * {TILE_ELEMS}"
                         self.w.line(f"spatialc_tma_store_2d(&spatialc_tmap_{m.index}, {at});")
                     self.w.line("spatialc_bulk_commit();")
-                self.w.line("++boxes_out;")
+                if self.hk.odd_turns:
+                    self.w.line("++boxes_out;")
 
     def full_wait(self, r: int) -> str:
         # A multicast ring's page may come from a peer, whose bytes complete the barrier at cluster scope.
@@ -849,7 +858,7 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
     printer.tensors = {int(t.id): t for t in k.program.tensors}
     printer.counters()
     stores = hk.chunk and role is k.roles[0]  # the consumers' fused store, through the staging boxes
-    if stores:
+    if stores and hk.odd_turns:
         w.line("unsigned boxes_out = 0;  // output boxes this warp has staged (its boxes are used in turn)")
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
         w.line(f"spatialc_acc<ACCT> accf[{hk.n // 16}];")
