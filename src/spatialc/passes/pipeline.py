@@ -158,6 +158,7 @@ def _multicast(
         fit = next((c.plan for c in found if c.plan.grid[0] % gy == 0 and c.plan.grid[1] % gx == 0), None)
         if fit is not None:
             p = apply_plan(base, fit, planned)
+    assert p.plan is not None
     if sites is not None and sites % (gy * gx):  # a kernel's grid is whole clusters: no group left short
         raise ProgramError(f"{said}: sites={sites} is not a whole number of groups of {gy * gx} sites")
     resident = default_sites(p, target, planned) if sites is None else sites
