@@ -392,3 +392,37 @@ def test_a_raise_of_a_site_without_items_in_place_of_the_owner_is_refused():
             lambda ops: tuple(SemInc(o.sem, Site(2), o.by) if isinstance(o, SemInc) else o for o in ops),
         )
     )
+
+
+@pytest.mark.parametrize("renamed", [{0: 5}, {1: 5}, {0: 1, 1: 0}])
+def test_sites_not_numbered_as_the_kernels_blocks_are_refused_by_the_lowering(renamed):
+    """Site ids renamed consistently (placement, programs, the raise's target) keep the IR's meaning — the interpreter
+    still equals numpy — but the kernel runs site i as block i: its wait used the block's sync word and its raise the
+    id's, out of bounds (a wrong C, or a hang). The lowering refuses such a numbering."""
+    from spatialc.lower.errors import Unsupported
+
+    p = spatialc.build(spatialc.gemm(32, 64, 512, "bf16"), "sm_90", split_k=2, block=(2, 4, 4))
+    assert p.placement is not None and p.schedule is not None
+
+    def site(s: Site) -> Site:
+        return Site(renamed.get(int(s), int(s)))
+
+    def ops(body):
+        out = []
+        for op in body:
+            if isinstance(op, SemInc):
+                op = dataclasses.replace(op, at=site(op.at))
+            elif hasattr(op, "body"):
+                op = dataclasses.replace(op, body=tuple(ops(op.body)))
+            out.append(op)
+        return out
+
+    placed = tuple((site(s), items) for s, items in p.placement.items_of_site)
+    programs = tuple(dataclasses.replace(q, site=site(q.site), ops=tuple(ops(q.ops))) for q in p.schedule.programs)
+    q = spatialc.verify(
+        p.evolve(placement=dataclasses.replace(p.placement, items_of_site=placed), schedule=Schedule(programs))
+    )
+    x = {"A": np.ones((32, 512), np.float32), "B": np.ones((512, 64), np.float32)}
+    assert np.array_equal(spatialc.evaluate(q, x), np.full((32, 64), 512.0))
+    with pytest.raises(Unsupported, match=r"site \d is numbered \d: the kernel runs site i as its block i"):
+        spatialc.lower(q)

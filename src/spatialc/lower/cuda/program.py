@@ -28,6 +28,14 @@ def check_printable(p: SpatialProgram) -> None:
         raise Unverified(p.name)
     if p.placement is None or p.schedule is None or not p.plans:
         raise Unsupported("a program without a plan, placement or schedule", "the kernel is printed from all three")
+    # A kernel's block i is site i — its work list, and every site a semaphore or a multicast group names.
+    sites = [int(s) for s, _ in p.placement.items_of_site]
+    if sites != list(range(len(sites))):
+        at = next(i for i, s in enumerate(sites) if s != i)
+        raise Unsupported(
+            f"a placement whose site {at} is numbered {sites[at]}",
+            "the kernel runs site i as its block i: number the sites 0, 1, … in the order placed",
+        )
     read = {s.kind.tensor for s in p.stages if isinstance(s.kind, ReadStage)}
     for t in p.tensors:
         if t.order != TileOrder.ROW and t.id not in read:
