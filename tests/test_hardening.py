@@ -268,6 +268,43 @@ def test_the_memory_estimate_is_every_padded_tile_in_float64(program, monkeypatc
     assert (spatialc.evaluate(program, {"A": a, "B": b}) == 20).all()
 
 
+@pytest.mark.parametrize("nested", [1, 3])
+def test_evaluate_refuses_a_program_that_would_run_too_many_ops_before_running(program, nested):
+    """A loop of 2³¹ − 1 no-ops appended to each reader verifies in milliseconds (and its kernel runs in a second);
+    the interpreter would spin for minutes — three nested, forever. Refused at once."""
+    from spatialc.ir.ids import LoopVar
+    from spatialc.ir.nodes import Schedule
+    from spatialc.ir.ops import Const, Loop, ReadBarrier
+
+    spin = (ReadBarrier(),)
+    for v in range(nested):
+        spin = (Loop(LoopVar(9 + v), Const(2**31 - 1), spin),)
+    spin = spin[0]
+    programs = tuple(
+        dataclasses.replace(q, ops=(*q.ops, spin)) if q.engine.value == "reader" else q
+        for q in program.schedule.programs
+    )
+    slow = spatialc.verify(program.evolve(schedule=Schedule(programs)))
+    t0 = time.perf_counter()
+    with pytest.raises(TooLarge, match=r"runs more than 2.68e\+08 ops \(loop trips included\)"):
+        spatialc.evaluate(slow, {"A": np.ones((40, 20)), "B": np.ones((20, 30))})
+    assert time.perf_counter() - t0 < 1.0
+    assert interp_evaluate.run_steps(program) < 1000  # the program as built: a few hundred ops
+
+
+@pytest.mark.parametrize("depth", [2**28, 2**62, 2**70])
+def test_evaluate_refuses_rings_deeper_than_it_keeps_before_allocating(program, depth):
+    """A verified ring depth of 2²⁸ pages allocated gigabytes slot by slot; 2⁶² and 2⁷⁰ escaped as MemoryError and
+    OverflowError."""
+    ring = program.buffers[0]
+    deep = dataclasses.replace(ring, kind=dataclasses.replace(ring.kind, depth_pages=depth))
+    q = program.evolve(buffers=(deep, *program.buffers[1:]))
+    t0 = time.perf_counter()
+    with pytest.raises(TooLarge, match=r"keeps more than 16777216 ring page slots"):
+        spatialc.evaluate(q, {"A": np.ones((40, 20)), "B": np.ones((20, 30))})
+    assert time.perf_counter() - t0 < 1.0
+
+
 def test_physical_memory_is_known_here_or_none():
     have = interp_evaluate.physical_memory()
     assert have is None or have > 2**20

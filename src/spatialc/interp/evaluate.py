@@ -20,6 +20,7 @@ from ..errors import DeadlockError
 from ..inputs import check_inputs, check_row_counts, row_limits, specs_of
 from ..ir.ids import TensorId
 from ..ir.nodes import SpatialProgram
+from ..ir.ops import Const, Loop
 from .errors import EvalError, NotReady, TooLarge
 from .machine import Machine, written_tensors
 from .numerics import output_values
@@ -32,6 +33,10 @@ __all__ = ["Trace", "evaluate"]
 
 DEADLOCK_LINES = 12  # blocked engines a DeadlockError message spells out
 STORE_ITEM_BYTES = 8  # every store is float64
+# The ops the interpreter runs at most (loop iterations counted as ops): a 32768³ GEMM's default plan runs about
+# 2.2·10⁸; a loop of 2³¹ no-ops, which verifies in milliseconds, would run for minutes.
+MAX_STEPS = 1 << 28
+MAX_RING_SLOTS = 1 << 24  # page slots of all the rings of all sites the interpreter keeps (a list entry each)
 
 
 def evaluate(
@@ -108,14 +113,57 @@ def physical_memory() -> int | None:
 
 
 def check_memory(p: SpatialProgram) -> None:
-    """Refuse, before allocating, a program whose stores exceed physical memory: numpy would reserve them lazily
-    and the run would swap or be killed long after it started, instead of saying so now."""
+    """Refuse, before allocating or running, a program whose stores exceed physical memory (numpy would reserve them
+    lazily and the run would swap or be killed long after it started, instead of saying so now), whose rings hold
+    more page slots than MAX_RING_SLOTS, or that would run more than MAX_STEPS ops."""
     need, have = store_bytes(p), physical_memory()
     if have is not None and need > have:
         raise TooLarge(
             f"evaluating {p.name} needs {need} bytes ({need / 2**30:.1f} GiB) for its tensors' float64 tiles;"
             f" this machine has {have} bytes ({have / 2**30:.1f} GiB) of memory"
         )
+    if ring_slots(p) > MAX_RING_SLOTS:
+        raise TooLarge(
+            f"evaluating {p.name} keeps more than {MAX_RING_SLOTS} ring page slots (each ring's depth, on each site);"
+            " the interpreter keeps at most that many"
+        )
+    if run_steps(p) > MAX_STEPS:
+        raise TooLarge(
+            f"evaluating {p.name} runs more than {MAX_STEPS:.3g} ops (loop trips included), the most the interpreter"
+            " runs (a 32768³ GEMM runs about 2.2e+08)"
+        )
+
+
+def run_steps(p: SpatialProgram) -> int:
+    """The ops every engine of every site runs, each loop trip counted as one more (a data-dependent count at its
+    bound), or MAX_STEPS + 1 where more: an upper bound of the interpreter's work, found without running it."""
+    cap = MAX_STEPS + 1
+
+    def steps(ops) -> int:
+        total = 0
+        for op in ops:
+            if isinstance(op, Loop):
+                n = op.count.n if isinstance(op.count, Const) else op.count.bound
+                total += min(max(n, 0), cap) * (1 + steps(op.body))
+            else:
+                total += 1
+            if total >= cap:
+                return cap
+        return total
+
+    return min(sum(steps(prog.ops) for prog in p.schedule.programs), cap) if p.schedule is not None else 0
+
+
+def ring_slots(p: SpatialProgram) -> int:
+    """The page slots of the rings the interpreter may make (one ring per site and ring template, as
+    `Machine.ring`: every template's depth on every site), or MAX_RING_SLOTS + 1 where more."""
+    if p.schedule is None:
+        return 0
+    cap = MAX_RING_SLOTS + 1
+    kinds = {b.id: b.kind for b in p.buffers}
+    depth = {b.ring: getattr(kinds.get(b.ring, b.kind), "depth_pages", 0) for b in p.buffers}
+    sites = {prog.site for prog in p.schedule.programs}
+    return min(len(sites) * sum(min(max(d, 0), cap) for d in depth.values()), cap)
 
 
 def result(p: SpatialProgram, stores: dict[TensorId, Store]) -> np.ndarray:
