@@ -357,6 +357,7 @@ def test_the_cli_runs_a_grouped_gemm_and_refuses_bad_sizes(capsys):
         ("1,2", "gives 2 row counts for 3 groups"),
         ("1,2,41", "group 2 has 41 rows"),
         ("a", "--sizes"),
+        ("1,99999999999999999999,1", "a row count of 99999999999999999999 is past what an int32 holds"),
     ):
         assert main(["grouped-gemm", "3", "40", "32", "48", "--sizes", sizes]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -612,3 +612,41 @@ def test_the_command_refuses_an_evaluation_past_memory_before_making_inputs(caps
         capsys, "gemm", "20000", "20000", "64", says="float64 tiles; this machine has 1073741824 bytes"
     )
     assert "GiB) of memory" in err
+
+
+@pytest.mark.parametrize(
+    ("field", "entries", "words"),
+    [
+        ("sites", lambda d: d["placement"]["items_of_site"] + [[i, []] for i in range(2, 70_000)], "70000 sites"),
+        ("semaphores", lambda d: [{"type": "Semaphore", "id": i, "name": f"s{i}"} for i in range(5000)], "5000 sema"),
+    ],
+)
+def test_a_document_larger_than_any_program_is_refused_before_it_is_decoded(program, field, entries, words):
+    """A placement of a million empty sites took a minute to decode and type-check before verify refused it (and
+    the CLI caps --sites at 65,536): refused at once, by count."""
+    doc = json.loads(spatialc.to_json(program))
+    key = "items_of_site" if field == "sites" else "semaphores"
+    (doc["program"]["placement"] if field == "sites" else doc["program"])[key] = entries(doc["program"])
+    t0 = time.perf_counter()
+    with pytest.raises(SerdeError, match=rf"{words}\w*; a spatialc program has at most"):
+        spatialc.from_json(json.dumps(doc))
+    assert time.perf_counter() - t0 < 2.0
+
+
+@pytest.mark.parametrize(("edit", "words"), [({"kind": "bogus"}, "kind 'bogus'"), ({"band": -5}, "band -5")])
+def test_a_placement_of_no_known_kind_or_a_negative_band_is_ill_formed(program, edit, words):
+    from spatialc.errors import IllFormedError
+
+    q = program.evolve(placement=dataclasses.replace(program.placement, **edit))
+    with pytest.raises(IllFormedError, match=rf"{words}.*the kind is one of contiguous, round_robin, grouped"):
+        spatialc.verify(q)
+
+
+def test_more_sites_than_any_build_takes_are_ill_formed_in_python_too(program):
+    from spatialc.errors import IllFormedError
+    from spatialc.ir.ids import Site
+
+    listed = program.placement.items_of_site + tuple((Site(i), ()) for i in range(2, 70_000))
+    q = program.evolve(placement=dataclasses.replace(program.placement, items_of_site=listed))
+    with pytest.raises(IllFormedError, match="a placement of 70000 sites; at most 65536"):
+        spatialc.verify(q)

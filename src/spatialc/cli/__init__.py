@@ -112,9 +112,13 @@ def _grouped_parser(sub) -> None:
 
 def _sizes(text: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(","))
+        sizes = tuple(int(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"--sizes takes whole numbers separated by commas, not {text!r}") from None
+    wide = next((v for v in sizes if not -(2**31) <= v < 2**31), None)  # the kernel reads the counts as int32
+    if wide is not None:
+        raise argparse.ArgumentTypeError(f"a row count of {wide} is past what an int32 holds")
+    return sizes
 
 
 def _program_options(g: argparse.ArgumentParser, precision: str, *, split: bool) -> None:

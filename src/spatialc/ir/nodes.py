@@ -239,6 +239,10 @@ class Semaphore:
     initial: int = 0
 
 
+# Far beyond the handful of semaphores a program declares (each site keeps its own copy of each): more is refused.
+MAX_SEMAPHORES = 1 << 12
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """Block shape, sub-blocks per item, the item grid `(ny, nx)`, K tiles (padded) and ring depth."""

@@ -18,7 +18,8 @@ from typing import Any
 
 from . import ids, nodes, ops
 from .errors import SpatialError
-from .nodes import SpatialProgram
+from .nodes import MAX_SEMAPHORES, Engine, SpatialProgram
+from .worklist import MAX_SITES
 
 FORMAT = "spatialc.program"
 TAG = "type"  # the key naming a node's class (fields may be called `kind`)
@@ -202,8 +203,28 @@ def from_json(
         )
     if "program" not in doc:
         raise SerdeError('a spatialc document with no "program"')
+    too_large = _too_large(doc["program"])
+    if too_large:  # before decoding (and type-checking) a million entries one by one
+        raise SerdeError(f"program: {too_large}")
     program = decode(doc["program"], SpatialProgram, "program", 2)
     return upgrade(program, version) if upgrade is not None and version < VERSION else program
+
+
+def _too_large(program: Any) -> str | None:
+    """What makes the document's program larger than any spatialc verifies — more sites than MAX_SITES (and
+    more engine programs than they hold), more semaphores than MAX_SEMAPHORES — or None."""
+    if not isinstance(program, dict):
+        return None
+    placement, schedule = program.get("placement"), program.get("schedule")
+    counts = (
+        ("sites", placement.get("items_of_site") if isinstance(placement, dict) else None, MAX_SITES),
+        ("engine programs", schedule.get("programs") if isinstance(schedule, dict) else None, MAX_SITES * len(Engine)),
+        ("semaphores", program.get("semaphores"), MAX_SEMAPHORES),
+    )
+    for what, listed, most in counts:
+        if isinstance(listed, list) and len(listed) > most:
+            return f"{len(listed)} {what}; a spatialc program has at most {most}"
+    return None
 
 
 def _load(text: str | bytes | bytearray) -> Any:

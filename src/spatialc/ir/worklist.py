@@ -5,6 +5,7 @@ really has — so a kernel planned for 132 SMs runs right (and fills the device)
 from __future__ import annotations
 
 RULES = ("contiguous", "round_robin", "grouped")
+MAX_SITES = 1 << 16  # far more sites than any device has multiprocessors (the work list follows the device)
 
 
 def grouped_order(grid: tuple[int, int], band: int) -> list[int]:

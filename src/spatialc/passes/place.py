@@ -9,12 +9,11 @@ import math
 from ..errors import PlanError, ProgramError
 from ..ir.ids import ItemId, Site
 from ..ir.nodes import Placement, Plan, SpatialProgram
-from ..ir.worklist import RULES, split_items
+from ..ir.worklist import MAX_SITES, RULES, split_items
 from ..target import SpatialTarget
 from .tile import check_form, matmul_stage, ring_stages, sites_per_unit, too_many_items
 
 PLACEMENTS = RULES
-MAX_SITES = 1 << 16  # far more sites than any device has multiprocessors (the work list follows the device)
 
 
 def default_sites(p: SpatialProgram, target: SpatialTarget, form: str = "persistent") -> int:

@@ -20,6 +20,7 @@ from ...errors import CoverageError, IllFormedError
 from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, SemId, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import (
+    MAX_SEMAPHORES,
     Accumulator,
     ComputeStage,
     DType,
@@ -70,6 +71,7 @@ from ...ir.ops import (
     WriteTiles,
 )
 from ...ir.validate import op_fault, type_fault
+from ...ir.worklist import MAX_SITES, RULES
 from ...target import TARGETS, SpatialTarget
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -87,6 +89,9 @@ MAX_NESTING = 32  # loops inside loops: far more than any schedule needs, few en
 # An item's side or K step, in tiles: above what any target's shared memory can stage one K step of (about 900
 # one-byte tiles), so no plan the tile pass makes is refused, yet an item — and with it a tensor's padding — is small.
 MAX_ITEM_SIDE = 1024
+# Placements: the rules a launch may follow (ir/worklist.py) and the two a build makes itself; any of them runs as
+# listed where its items are not the rule's. At most as many sites as `build` takes (ir.worklist.MAX_SITES).
+PLACEMENT_KINDS = (*RULES, "split", "multicast")
 
 
 def check_target(p: SpatialProgram, target: SpatialTarget | None = None) -> None:
@@ -368,6 +373,15 @@ def _check_layout(p: SpatialProgram) -> None:
         return
     if p.plan is None:
         raise IllFormedError(f"a placed program needs exactly one plan, not {len(p.plans)}")
+    if p.placement.kind not in PLACEMENT_KINDS or p.placement.band < 0:
+        raise IllFormedError(
+            f"a placement of kind {p.placement.kind!r}, band {p.placement.band}: the kind is one of"
+            f" {', '.join(PLACEMENT_KINDS)}, the band at least 0"
+        )
+    if len(p.placement.items_of_site) > MAX_SITES:
+        raise IllFormedError(f"a placement of {len(p.placement.items_of_site)} sites; at most {MAX_SITES}")
+    if len(p.semaphores) > MAX_SEMAPHORES:
+        raise IllFormedError(f"a program of {len(p.semaphores)} semaphores; at most {MAX_SEMAPHORES}")
     sites = set(p.placement.sites)
     if len(sites) != len(p.placement.items_of_site):
         dup = next(s for s in p.placement.sites if p.placement.sites.count(s) > 1)
