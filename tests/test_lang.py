@@ -83,6 +83,7 @@ def small(
     branch: bool = False,
     compare: bool = False,
     two_pages: bool = False,
+    ill: str = "",
 ):
     """One site copies A (one tile row) to C through a ring: the smallest program, with a fault where asked."""
     A = p.input("A", 16, 16 * 4)
@@ -90,7 +91,11 @@ def small(
     ring = p.ring("ring", depth=2, tiles=1)
     p.read("read_A", A, ring)
     p.write("write_C", ring, C)
+    if ill == "plan":
+        p.plan(block=(1, 1), grid=(1, 4), k_tiles=1, depth=2)  # a block of two numbers
     p.plan(block=(1, 1, 1), grid=(1, 4), k_tiles=1, depth=2)
+    if ill == "place":
+        p.place("ab")  # type: ignore[arg-type]  # a string for the sites' item lists
     p.place([[0, 1, 2, 3]])
 
     @p.reader
@@ -103,6 +108,10 @@ def small(
             if two_pages:
                 ring.reserve()
             page = ring.reserve()
+            if ill == "float":
+                page.read(A, item.x + 0.5, 1, 1)  # type: ignore[operator]  # a tile address of a float
+            if ill == "strides":
+                page.read(A, item.x, 1, 1, strides=(4,))  # type: ignore[arg-type]  # one stride of two
             page.read(A, item.x, 1, 1)
             if not forget_push:
                 page.push()
@@ -124,6 +133,39 @@ def test_a_missing_push_is_refused_by_verify_at_the_loop_it_unbalances():
     loop = line_of(here, "for item in e.items():", "def small")  # the reader's: each pass leaves a page unpushed
     assert f"{here}:{loop}: site 0 reader: Loop item < 4:" in str(caught.value), str(caught.value)
     assert "unpushed" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("ill", "statement", "words"),
+    [
+        ("float", "page.read(A, item.x + 0.5, 1, 1)", "adds whole numbers and addresses only, not float"),
+        ("strides", "page.read(A, item.x, 1, 1, strides=(4,))", "ValueError: not enough values to unpack"),
+        ("place", 'p.place("ab")', "ValueError: invalid literal for int()"),
+        ("plan", "p.plan(block=(1, 1), grid=(1, 4)", "missing 1 required positional argument"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_refused_at_the_users_line(ill, statement, words):
+    """A float address, one stride for two, a string for the item lists, a block of two numbers: raw TypeError /
+    ValueError from inside the tracer before; a LangError at the user's statement now."""
+    here = Path(__file__)
+    with pytest.raises(lang.LangError) as caught:
+        lang.trace(small, name="copy", ill=ill)
+    assert caught.value.file == str(here) and caught.value.line == line_of(here, statement), str(caught.value)
+    assert words in str(caught.value), str(caught.value)
+
+
+def test_an_error_of_the_users_own_code_passes_through_the_tracer_as_it_is():
+    def mine(p: lang.Builder):
+        return {}["no such key"]
+
+    with pytest.raises(KeyError):
+        lang.trace(mine)
+
+    def my_type_error(p: lang.Builder):
+        return len(3)  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match="has no len"):
+        lang.trace(my_type_error)
 
 
 def test_what_cannot_be_traced_is_refused_at_its_line():

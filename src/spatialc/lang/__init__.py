@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +59,8 @@ from .builder import (
     checked,
     located,
 )
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))  # frames in it are the tracer's, not the user's
 
 __all__ = [
     "AccRef",
@@ -154,12 +158,35 @@ def hung_ops(
     return tuple(dict.fromkeys(found))
 
 
+def _at_user_line(e: Exception) -> Exception:
+    """A Python error raised inside this package while it took a value of the user's (a tuple of the wrong length,
+    a string where numbers belong) as a LangError at the user's statement; an error of the user's own code as it
+    is."""
+    frames = traceback.extract_tb(e.__traceback__)
+    ours = [os.path.dirname(os.path.abspath(f.filename)) == _PACKAGE for f in frames]
+    if not ours or not ours[-1]:  # raised in the user's own code (the tracer's frame is only outside it)
+        return e
+    user = next((f for f, mine in zip(reversed(frames), reversed(ours), strict=True) if not mine), frames[0])
+    what = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return LangError(
+        f"spatialc.lang cannot take a value given here ({type(e).__name__}: {what})", (user.filename, user.lineno or 0)
+    )
+
+
 def trace(
     fn: Callable[..., Any], *, name: str | None = None, target: str = "sm_90", precision: str = "bf16", **kwargs: Any
 ) -> Traced:
     """Run the program function `fn(builder, **kwargs)` and return what it declared and traced, unverified."""
     builder = Builder(name or fn.__name__, target, precision)
-    fn(builder, **kwargs)
+    try:
+        fn(builder, **kwargs)
+    except SpatialError:
+        raise
+    except (TypeError, ValueError, ArithmeticError) as e:
+        converted = _at_user_line(e)
+        if converted is e:
+            raise
+        raise converted from None
     names = {loop_var_name(v): name for name, v in builder.vars.items() if loop_var_name(v) != name}
     return Traced(builder.program(), builder.lines, builder.declared, names)
 

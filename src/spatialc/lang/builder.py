@@ -192,7 +192,7 @@ class Affine:
             for v, s in other.steps:
                 steps[v] = steps.get(v, 0) + s
             return Affine(self.base + other.base, tuple((v, s) for v, s in steps.items() if s))
-        return NotImplemented
+        raise refuse(f"a tile address adds whole numbers and addresses only, not {type(other).__name__} {other!r}")
 
     __radd__ = __add__
 
