@@ -13,7 +13,7 @@ import pytest
 
 import spatialc
 from spatialc import lang
-from spatialc.errors import UnbalancedError
+from spatialc.errors import IllFormedError, UnbalancedError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -107,7 +107,7 @@ def small(
                 pass
             if two_pages:
                 ring.reserve()
-            page = ring.reserve()
+            page = ring.reserve() if ill != "pages" else ring.reserve(1.0)  # type: ignore[arg-type]
             if ill == "float":
                 page.read(A, item.x + 0.5, 1, 1)  # type: ignore[operator]  # a tile address of a float
             if ill == "strides":
@@ -152,6 +152,17 @@ def test_a_value_of_the_wrong_kind_is_refused_at_the_users_line(ill, statement, 
         lang.trace(small, name="copy", ill=ill)
     assert caught.value.file == str(here) and caught.value.line == line_of(here, statement), str(caught.value)
     assert words in str(caught.value), str(caught.value)
+
+
+def test_an_op_of_an_ill_typed_field_is_refused_by_verify_at_the_users_line():
+    """A float page count reaches the IR (the tracer passes it on); rule 1's type check names the op, so the error
+    carries the user's line of it."""
+    here = Path(__file__)
+    with pytest.raises(IllFormedError) as caught:
+        lang.trace(small, name="copy", ill="pages").verify()
+    line = line_of(here, 'page = ring.reserve() if ill != "pages" else ring.reserve(1.0)')
+    assert f"{here}:{line}: site 0 reader: Reserve" in str(caught.value), str(caught.value)
+    assert "Reserve.pages: expected a whole number, found 1.0" in str(caught.value)
 
 
 def test_an_error_of_the_users_own_code_passes_through_the_tracer_as_it_is():

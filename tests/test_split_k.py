@@ -205,8 +205,9 @@ def test_the_planted_handshake_faults_are_refused_by_name():
         SemanticError,
         "at a count of only 1",
     )
-    # no wait at all
-    refused(only(BASE, 0, Engine.READER, drop(SemWait)), SemanticError, "without first waiting")
+    # no wait at all: the error names the read of the workspace it must come before (a user's line, in spatialc.lang)
+    e = refused(only(BASE, 0, Engine.READER, drop(SemWait)), SemanticError, "without first waiting")
+    assert e.op is not None and e.op.startswith("ReadTiles partials[") and e.op in str(e), str(e)
     # the raise before the write is visible
     refused(only(BASE, 1, Engine.WRITER, drop(WriteBarrier)), SemanticError, "before a WriteBarrier")
     # the raise before the write

@@ -255,11 +255,14 @@ def check_handshake(index: ProgramIndex, reader: Site, src: Written, counts: Cou
         wait = reader_wait(index, prog, work)
         head = where(reader, prog.engine.value)
         if wait is None:
+            read = next(x for x in walk(prog.ops) if isinstance(x, ReadTiles) and x.tensor == work)
             raise SemanticError(
-                f"{head}: it reads the workspace {index.tensors[work].name} without first waiting (SemWait, outside"
-                " any loop) for the sites that write it: it may add a partial sum before it is written",
+                f"{head}: {index.op(read)} — it reads the workspace {index.tensors[work].name} without first waiting"
+                " (SemWait, outside any loop) for the sites that write it: it may add a partial sum before it is"
+                " written",
                 site=int(reader),
                 engine=prog.engine.value,
+                op=index.op(read),
             )
         start = index.sems[wait.sem].initial
         need = start + counts[(reader, wait.sem)]

@@ -70,6 +70,7 @@ from ...ir.ops import (
     WriteBarrier,
     WriteTiles,
 )
+from ...ir.printer import op_text
 from ...ir.validate import op_fault, type_fault
 from ...ir.worklist import MAX_SITES, RULES
 from ...target import TARGETS, SpatialTarget
@@ -273,12 +274,14 @@ def check_types(p: SpatialProgram) -> None:
         while stack:
             ops, depth = stack.pop()
             fault = f"loops nested more than {MAX_NESTING} deep" if depth > MAX_NESTING else None
+            bad = None  # the op holding the fault, where one does
             for op in ops:
                 if fault is None:
                     fault = op_fault(op, type(op).__name__ if isinstance(op, CHOREO_OPS) else "an op")
+                    bad = op if fault is not None else None
                 if fault is None and isinstance(op, Loop):
                     if not isinstance(op.body, tuple):
-                        fault = f"Loop.body: expected a tuple, found {type(op.body).__name__}"
+                        fault, bad = f"Loop.body: expected a tuple, found {type(op.body).__name__}", op
                     else:
                         stack.append((op.body, depth + 1))
             if fault is not None:
@@ -286,7 +289,18 @@ def check_types(p: SpatialProgram) -> None:
                     f"{where(prog.site, prog.engine.value)}: {fault}: ops must hold the IR's own types (spatialc.ir)",
                     site=int(prog.site),
                     engine=prog.engine.value,
+                    op=_shown(p, bad),
                 )
+
+
+def _shown(p: SpatialProgram, op: object) -> str | None:
+    """The op's text as the printer gives it (what errors name ops by), where an op of ill-typed fields prints."""
+    if op is None:
+        return None
+    try:
+        return op_text(p, op)  # type: ignore[arg-type]
+    except Exception:  # fields of no type the printer knows: the error names the engine only
+        return None
 
 
 def check_tables(p: SpatialProgram, target: SpatialTarget | None = None) -> None:
