@@ -633,13 +633,20 @@ def test_a_document_larger_than_any_program_is_refused_before_it_is_decoded(prog
     assert time.perf_counter() - t0 < 2.0
 
 
-@pytest.mark.parametrize(("edit", "words"), [({"kind": "bogus"}, "kind 'bogus'"), ({"band": -5}, "band -5")])
-def test_a_placement_of_no_known_kind_or_a_negative_band_is_ill_formed(program, edit, words):
+def test_a_placement_of_a_negative_band_is_ill_formed(program):
     from spatialc.errors import IllFormedError
 
-    q = program.evolve(placement=dataclasses.replace(program.placement, **edit))
-    with pytest.raises(IllFormedError, match=rf"{words}.*the kind is one of contiguous, round_robin, grouped"):
+    q = program.evolve(placement=dataclasses.replace(program.placement, band=-5))
+    with pytest.raises(IllFormedError, match="a placement of band -5: a grouped placement's rows a band, at least 0"):
         spatialc.verify(q)
+
+
+def test_a_placement_kind_no_rule_has_is_a_label_and_its_items_run_as_listed(program):
+    """The kind names the rule a placement follows; any other is a label (a hand placement's "strided"): the work
+    list is passed as listed, never redistributed by a rule the items do not follow."""
+    q = spatialc.verify(program.evolve(placement=dataclasses.replace(program.placement, kind="bogus")))
+    art = spatialc.lower(q)
+    assert art.launch.placement == "listed" and art.launch.work and art.launch.per_sm == 0
 
 
 def test_more_sites_than_any_build_takes_are_ill_formed_in_python_too(program):

@@ -72,7 +72,7 @@ from ...ir.ops import (
 )
 from ...ir.printer import op_text
 from ...ir.validate import op_fault, type_fault
-from ...ir.worklist import MAX_SITES, RULES
+from ...ir.worklist import MAX_SITES
 from ...target import TARGETS, SpatialTarget
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -90,9 +90,6 @@ MAX_NESTING = 32  # loops inside loops: far more than any schedule needs, few en
 # An item's side or K step, in tiles: above what any target's shared memory can stage one K step of (about 900
 # one-byte tiles), so no plan the tile pass makes is refused, yet an item — and with it a tensor's padding — is small.
 MAX_ITEM_SIDE = 1024
-# Placements: the rules a launch may follow (ir/worklist.py) and the two a build makes itself; any of them runs as
-# listed where its items are not the rule's. At most as many sites as `build` takes (ir.worklist.MAX_SITES).
-PLACEMENT_KINDS = (*RULES, "split", "multicast")
 
 
 def check_target(p: SpatialProgram, target: SpatialTarget | None = None) -> None:
@@ -387,12 +384,10 @@ def _check_layout(p: SpatialProgram) -> None:
         return
     if p.plan is None:
         raise IllFormedError(f"a placed program needs exactly one plan, not {len(p.plans)}")
-    if p.placement.kind not in PLACEMENT_KINDS or p.placement.band < 0:
-        raise IllFormedError(
-            f"a placement of kind {p.placement.kind!r}, band {p.placement.band}: the kind is one of"
-            f" {', '.join(PLACEMENT_KINDS)}, the band at least 0"
-        )
-    if len(p.placement.items_of_site) > MAX_SITES:
+    # The kind names the rule the items follow (ir/worklist.py), else it is a label and the items run as listed.
+    if p.placement.band < 0:
+        raise IllFormedError(f"a placement of band {p.placement.band}: a grouped placement's rows a band, at least 0")
+    if len(p.placement.items_of_site) > MAX_SITES:  # as many sites as `build` takes
         raise IllFormedError(f"a placement of {len(p.placement.items_of_site)} sites; at most {MAX_SITES}")
     if len(p.semaphores) > MAX_SEMAPHORES:
         raise IllFormedError(f"a program of {len(p.semaphores)} semaphores; at most {MAX_SEMAPHORES}")
