@@ -657,3 +657,20 @@ def test_more_sites_than_any_build_takes_are_ill_formed_in_python_too(program):
     q = program.evolve(placement=dataclasses.replace(program.placement, items_of_site=listed))
     with pytest.raises(IllFormedError, match="a placement of 70000 sites; at most 65536"):
         spatialc.verify(q)
+
+
+def test_a_loop_count_of_more_digits_than_python_prints_is_refused_in_one_line(program):
+    """2²⁰⁰⁰⁰ has more digits than Python turns into a string by default (a ValueError from the message itself):
+    the count is named by its size."""
+    from spatialc.errors import IllFormedError
+    from spatialc.ir.ids import LoopVar
+    from spatialc.ir.nodes import Schedule
+    from spatialc.ir.ops import Const, Loop, ReadBarrier
+
+    spin = Loop(LoopVar(9), Const(2**20000), (ReadBarrier(),))
+    programs = tuple(
+        dataclasses.replace(q, ops=(*q.ops, spin)) if q.engine.value == "reader" else q
+        for q in program.schedule.programs
+    )
+    with pytest.raises(IllFormedError, match=r"Loop lv9 < \(huge\): .* not a number of 20001 bits$"):
+        spatialc.verify(program.evolve(schedule=Schedule(programs)))

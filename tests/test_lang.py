@@ -140,8 +140,8 @@ def test_a_missing_push_is_refused_by_verify_at_the_loop_it_unbalances():
     [
         ("float", "page.read(A, item.x + 0.5, 1, 1)", "adds whole numbers and addresses only, not float"),
         ("strides", "page.read(A, item.x, 1, 1, strides=(4,))", "ValueError: not enough values to unpack"),
-        ("place", 'p.place("ab")', "ValueError: invalid literal for int()"),
-        ("plan", "p.plan(block=(1, 1), grid=(1, 4)", "missing 1 required positional argument"),
+        ("place", 'p.place("ab")', "p.place takes a list of each site's item list, not 'ab'"),
+        ("plan", "p.plan(block=(1, 1), grid=(1, 4)", "p.plan's block is 3 whole numbers, not (1, 1)"),
     ],
 )
 def test_a_value_of_the_wrong_kind_is_refused_at_the_users_line(ill, statement, words):

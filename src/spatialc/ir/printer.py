@@ -139,7 +139,8 @@ def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
             return f"Flush {_buf(p, buf)}"
         case Loop(var, count, _):
             if isinstance(count, Const):
-                return f"Loop {loop_var_name(var)} < {count.n}:"
+                huge = isinstance(count.n, int) and count.n.bit_length() > 64  # past what Python may print
+                return f"Loop {loop_var_name(var)} < {'(huge)' if huge else count.n}:"
             element = addr_text(TileAddr(count.index, count.steps))
             value = f"{_tensor(p, count.tensor)}[{element}]"
             if count.per > 1:

@@ -721,6 +721,9 @@ class Builder:
     ) -> None:
         """The items: a `grid` of blocks of `block[0]` × `block[1]` output tiles, K reduced `block[2]` tiles a step
         over `k_tiles` tiles, operand rings `depth` pages deep (`groups` G: a grouped GEMM, the grid one group's)."""
+        for name, value, n in (("block", block, 3), ("grid", grid, 2), ("sub_blocks", sub_blocks, 2)):
+            if not isinstance(value, tuple | list) or len(value) != n:
+                raise refuse(f"p.plan's {name} is {n} whole numbers, not {value!r}")
         plan = Plan(BlockShape(*block), tuple(sub_blocks), tuple(grid), k_tiles, depth, groups)  # type: ignore[arg-type]
         self.plans.append(plan)
         self.declared["plan"] = user_line()
@@ -738,6 +741,8 @@ class Builder:
         listed). `multicast` (gy, gx): the sites form groups of gy × gx that share pages (kind "multicast"; the
         kernels run each group as a thread-block cluster). `splits` S (kind "split"): each item is on S sites, each
         reducing a part of K (split-K)."""
+        if not isinstance(items_of_site, list | tuple) or not all(isinstance(i, list | tuple) for i in items_of_site):
+            raise refuse(f"p.place takes a list of each site's item list, not {items_of_site!r}")
         listed = tuple((Site(s), tuple(ItemId(i) for i in items)) for s, items in enumerate(items_of_site))
         self.placement = Placement(listed, (), kind, band, splits, tuple(multicast))  # type: ignore[arg-type]
         self.declared["placement"] = user_line()
