@@ -139,7 +139,7 @@ def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
             return f"Flush {_buf(p, buf)}"
         case Loop(var, count, _):
             if isinstance(count, Const):
-                huge = isinstance(count.n, int) and count.n.bit_length() > 64  # past what Python may print
+                huge = isinstance(count.n, int) and count.n.bit_length() > 4096  # near what Python prints at all
                 return f"Loop {loop_var_name(var)} < {'(huge)' if huge else count.n}:"
             element = addr_text(TileAddr(count.index, count.steps))
             value = f"{_tensor(p, count.tensor)}[{element}]"
