@@ -268,23 +268,28 @@ def test_the_memory_estimate_is_every_padded_tile_in_float64(program, monkeypatc
     assert (spatialc.evaluate(program, {"A": a, "B": b}) == 20).all()
 
 
+def readers_ending_with(program, op):
+    """`program` with `op` appended to every reader's program."""
+    from spatialc.ir.nodes import Schedule
+
+    programs = tuple(
+        dataclasses.replace(q, ops=(*q.ops, op)) if q.engine.value == "reader" else q for q in program.schedule.programs
+    )
+    return program.evolve(schedule=Schedule(programs))
+
+
 @pytest.mark.parametrize("nested", [1, 3])
 def test_evaluate_refuses_a_program_that_would_run_too_many_ops_before_running(program, nested):
     """A loop of 2³¹ − 1 no-ops appended to each reader verifies in milliseconds (and its kernel runs in a second);
     the interpreter would spin for minutes — three nested, forever. Refused at once."""
     from spatialc.ir.ids import LoopVar
-    from spatialc.ir.nodes import Schedule
     from spatialc.ir.ops import Const, Loop, ReadBarrier
 
     spin = (ReadBarrier(),)
     for v in range(nested):
         spin = (Loop(LoopVar(9 + v), Const(2**31 - 1), spin),)
     spin = spin[0]
-    programs = tuple(
-        dataclasses.replace(q, ops=(*q.ops, spin)) if q.engine.value == "reader" else q
-        for q in program.schedule.programs
-    )
-    slow = spatialc.verify(program.evolve(schedule=Schedule(programs)))
+    slow = spatialc.verify(readers_ending_with(program, spin))
     t0 = time.perf_counter()
     with pytest.raises(TooLarge, match=r"runs more than 2.68e\+08 ops \(loop trips included\)"):
         spatialc.evaluate(slow, {"A": np.ones((40, 20)), "B": np.ones((20, 30))})
@@ -664,13 +669,8 @@ def test_a_loop_count_of_more_digits_than_python_prints_is_refused_in_one_line(p
     the count is named by its size."""
     from spatialc.errors import IllFormedError
     from spatialc.ir.ids import LoopVar
-    from spatialc.ir.nodes import Schedule
     from spatialc.ir.ops import Const, Loop, ReadBarrier
 
     spin = Loop(LoopVar(9), Const(2**20000), (ReadBarrier(),))
-    programs = tuple(
-        dataclasses.replace(q, ops=(*q.ops, spin)) if q.engine.value == "reader" else q
-        for q in program.schedule.programs
-    )
     with pytest.raises(IllFormedError, match=r"Loop lv9 < \(huge\): .* not a number of 20001 bits$"):
-        spatialc.verify(program.evolve(schedule=Schedule(programs)))
+        spatialc.verify(readers_ending_with(program, spin))

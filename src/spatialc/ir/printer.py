@@ -50,6 +50,9 @@ from .ops import (
     WriteTiles,
 )
 
+# A whole number of more bits is named by its size, not printed: Python refuses to print past 4,300 digits.
+PRINTED_BITS = 4096
+
 
 def addr_text(at: TileAddr) -> str:
     """`base + stride·var …` with the item coordinates spelled out."""
@@ -139,7 +142,7 @@ def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
             return f"Flush {_buf(p, buf)}"
         case Loop(var, count, _):
             if isinstance(count, Const):
-                huge = isinstance(count.n, int) and count.n.bit_length() > 4096  # near what Python prints at all
+                huge = isinstance(count.n, int) and count.n.bit_length() > PRINTED_BITS
                 return f"Loop {loop_var_name(var)} < {'(huge)' if huge else count.n}:"
             element = addr_text(TileAddr(count.index, count.steps))
             value = f"{_tensor(p, count.tensor)}[{element}]"

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import re
 import traceback
 from collections.abc import Callable
@@ -57,10 +56,9 @@ from .builder import (
     StageRef,
     TensorRef,
     checked,
+    in_tracer,
     located,
 )
-
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))  # frames in it are the tracer's, not the user's
 
 __all__ = [
     "AccRef",
@@ -163,7 +161,7 @@ def _at_user_line(e: Exception) -> Exception:
     a string where numbers belong) as a LangError at the user's statement; an error of the user's own code as it
     is."""
     frames = traceback.extract_tb(e.__traceback__)
-    ours = [os.path.dirname(os.path.abspath(f.filename)) == _PACKAGE for f in frames]
+    ours = [in_tracer(f.filename) for f in frames]
     if not ours or not ours[-1]:  # raised in the user's own code (the tracer's frame is only outside it)
         return e
     user = next((f for f, mine in zip(reversed(frames), reversed(ours), strict=True) if not mine), frames[0])

@@ -105,10 +105,15 @@ class LangError(ProgramError):
         super().__init__(f"{self.file}:{self.line}: {message}" if where is not None else message)
 
 
+def in_tracer(filename: str) -> bool:
+    """Whether code of `filename` is this package's (the tracer's), not the user's."""
+    return os.path.dirname(os.path.abspath(filename)) == _HERE
+
+
 def user_line() -> tuple[str, int]:
     """The file and line of the innermost frame outside this package: the user's statement being traced."""
     frame = inspect.currentframe()
-    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _HERE:
+    while frame is not None and in_tracer(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
         return ("<unknown>", 0)

@@ -70,7 +70,7 @@ from ...ir.ops import (
     WriteBarrier,
     WriteTiles,
 )
-from ...ir.printer import op_text
+from ...ir.printer import PRINTED_BITS, op_text
 from ...ir.validate import op_fault, type_fault
 from ...ir.worklist import MAX_SITES
 from ...target import TARGETS, SpatialTarget
@@ -511,7 +511,7 @@ class _OpCheck:
             case Const(n) if n < 0:
                 raise self.fail(op, f"a loop count must be ≥ 0, not {n}")
             case Const(n) if n > MAX_INT:
-                shown = n if n.bit_length() <= 4096 else f"a number of {n.bit_length()} bits"
+                shown = n if n.bit_length() <= PRINTED_BITS else f"a number of {n.bit_length()} bits"
                 raise self.fail(
                     op, f"a loop count must be at most {MAX_INT} (the kernel counts in a C int), not {shown}"
                 )
