@@ -392,11 +392,12 @@ class FakeTriton:
 class FakeKernel:
     """The product a correct kernel computes, stored in C's type and layout; `fault` plants a missed element, a hang, an
     illegal address or a plain failure — in every kernel, or (a tuple: the fault, then where) only in the kernels
-    that match each of where: the `MxN` of their C or their name (`spatialc_general`)."""
+    that match each of where: the `MxN` of their C, their name (`spatialc_general`) or their dynamic shared memory
+    (`smem181248`: one plan of a sweep)."""
 
-    def __init__(self, cp, args, fault, name="spatialc_persistent"):
+    def __init__(self, cp, args, fault, name="spatialc_persistent", dyn_smem=0):
         if isinstance(fault, tuple):
-            here = {"x".join(map(str, args[2].elems)), name}
+            here = {"x".join(map(str, args[2].elems)), name, f"smem{dyn_smem}"}
             fault = fault[0] if set(fault[1:]) <= here else None
         self.cp, self.args, self.fault = cp, args, fault
 
@@ -512,7 +513,8 @@ def install_fake_gpu(monkeypatch):
 
     def prepare(artifact, dev):
         """The launcher's own prepare (the work list for the device's SMs, the grid), with FakeKernel loaded."""
-        kernel = FakeKernel(cp, L.kernel_args(artifact.launch), state["fault"], artifact.launch.kernel_name)
+        ls = artifact.launch
+        kernel = FakeKernel(cp, L.kernel_args(ls), state["fault"], ls.kernel_name, ls.dyn_smem)
         return real_prepare(artifact, _Loading(dev, kernel))
 
     monkeypatch.setitem(sys.modules, "cupy", cp)

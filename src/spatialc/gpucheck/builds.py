@@ -57,10 +57,12 @@ class Form:
     error: str = ""  # why it cannot run: its compile failed or was not started
     facts: dict[str, Any] = field(default_factory=dict)  # launch, budget, C's type, ptxas numbers, the cubin's origin
     cubin: Path | None = None  # a prepared cubin to load instead of compiling
+    variant: str = ""  # a sweep's plan other than the planner's, in the contestant's name (`8×16×4 d3`)
+    kernel_only: bool = False  # timed kernel only (a sweep's other plans: their end to end is the planner's)
 
     @property
     def contestant(self) -> str:
-        return spatialc_name(self.name)
+        return spatialc_name(self.name) + (f" {self.variant}" if self.variant else "")
 
 
 @dataclass
@@ -113,6 +115,10 @@ def _build(case: Case, target: str, out: str | None) -> Built:
             gemm = spatialc.grouped_gemm(case.groups, case.m, case.n, case.k, case.precision, **kw)
         else:
             gemm = spatialc.gemm(case.m, case.n, case.k, case.precision, **kw)
+        if case.sweep:
+            from .sweep import sweep_case
+
+            return sweep_case(built, gemm, target)
         grouped = {"multicast": case.multicast} if case.multicast != (1, 1) else {}
         program = spatialc.build(gemm, target, **grouped)
         built.plan = describe_plan(program)
@@ -158,18 +164,26 @@ def forms_of(artifact: Any, replan: Any = None) -> list[Form]:
 
 def hopper_form(gemm: Any, options: dict[str, Any]) -> Form:
     """The GEMM built for sm_90a and lowered in the sm_90a form (TMA, wgmma): its own plan, named in its facts; or
-    absent, with the reason (the form leaves multicast, split-K and grouped GEMMs to the others so far)."""
+    absent, with the reason (the form leaves split-K and grouped GEMMs to the others so far)."""
+    return form_built(gemm, HOPPER_FORM, options)[1]
+
+
+def form_built(gemm: Any, name: str, options: dict[str, Any]) -> tuple[Any, Form]:
+    """The GEMM built with `options` and lowered in form `name` — the sm_90a form for sm_90a, the persistent kernel
+    for sm_90 — its plan named in its facts; with the program (None where the build or the lowering refused: the
+    form is then absent, with the reason)."""
     import spatialc
 
+    target = "sm_90a" if name == HOPPER_FORM else "sm_90"
     try:
-        program = spatialc.build(gemm, "sm_90a", **options)
-        artifact = spatialc.lower(program, "sm_90a", form="sm90a")
+        program = spatialc.build(gemm, target, **options)
+        artifact = spatialc.lower(program, target, form=name)
     except Exception as e:
-        return Form(HOPPER_FORM, absent=one_line(e))
-    form = _form(HOPPER_FORM, artifact)
+        return None, Form(name, absent=one_line(e))
+    form = _form(name, artifact)
     form.facts.update(plan_facts(program))
     form.facts["own_plan"] = describe_plan(program)
-    return form
+    return program, form
 
 
 def general_planned(gemm: Any, target: str) -> tuple[Any, Any]:

@@ -37,6 +37,11 @@ DEFAULT_SIZES = (
     "mc2x1:8192",
     "mc2x2:8192",
 )
+# The plan sweep (`sweep:SIZE`): the persistent kernel and the sm_90a form at their planners' plans and the plans one
+# change away (gpucheck/sweep.py), beside cuBLAS. Not in the default run: a session's second GPU run, prepared with
+# the first (`--prepare` compiles these kernels too when no `--sizes` is given).
+SWEEP_SIZES = ("sweep:4096", "sweep:8192")
+PLANNERS_PLAN = "the planner's plan"  # a sweep's plan that is its form's planner's own choice (the others: one change)
 GROUPED_PRECISIONS = ("fp16", "bf16")  # the grouped rows' baselines (torch.matmul per group, torch._grouped_mm)
 # What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
 # spatialc's kernels are built for it (`spatialc.gemm(..., out=…)`) where gemm takes `out`.
@@ -100,12 +105,15 @@ class _Product:
     precision: str
     groups: int
     multicast: tuple[int, int]
+    sweep: bool
 
     @property
     def size(self) -> str:
         head = f"g{self.groups}:" if self.groups > 1 else ""
         if self.multicast != (1, 1):
             head = f"mc{self.multicast[0]}x{self.multicast[1]}:"
+        if self.sweep:
+            head = "sweep:"
         return f"{head}{self.m}x{self.n}x{self.k}"
 
     @property
@@ -127,6 +135,7 @@ class Case(_Product):
     precision: str
     groups: int = 1
     multicast: tuple[int, int] = (1, 1)  # sites of a multicast group (gy, gx): `spatialc.build(multicast=…)`
+    sweep: bool = False  # the sm_90a form at the planner's plan and its neighbours (gpucheck/sweep.py)
 
 
 def grouped_sizes(groups: int, max_rows: int) -> Any:
@@ -163,6 +172,16 @@ def parse_multicast(text: str) -> tuple[tuple[int, int], tuple[int, int, int]] |
     return (int(parts[0]), int(parts[1])), parse_size(rest)
 
 
+def parse_sweep(text: str) -> tuple[int, int, int] | None:
+    """`sweep:4096` → (4096, 4096, 4096); None for a size without the prefix."""
+    head, colon, rest = text.partition(":")
+    if not colon or head.lower() != "sweep":
+        return None
+    if not rest:
+        raise SpatialError(f"size {text!r} is not sweep:SIZE (the sm_90a form's plans at one size)")
+    return parse_size(rest)
+
+
 def parse_size(text: str) -> tuple[int, int, int]:
     """`256` → 256³; `4097x513x1031` (or with commas) → (m, n, k)."""
     parts = text.lower().replace(",", "x").replace("×", "x").split("x")
@@ -185,9 +204,12 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
             raise SpatialError(f"unknown precision {p!r}; use {', '.join(PRECISIONS)}")
     out = []
     for s in sizes:
-        multicast = parse_multicast(s)
-        grouped = parse_grouped(s) if multicast is None else None
-        if multicast is not None:
+        sweep = parse_sweep(s)
+        multicast = parse_multicast(s) if sweep is None else None
+        grouped = parse_grouped(s) if multicast is None and sweep is None else None
+        if sweep is not None:
+            out += [Case(*sweep, p, sweep=True) for p in precs]
+        elif multicast is not None:
             out += [Case(*multicast[1], p, 1, multicast[0]) for p in precs]
         elif grouped is None:
             out += [Case(*parse_size(s), p) for p in precs]
@@ -311,6 +333,7 @@ class Row(_Product):
     k: int
     groups: int = 1
     multicast: tuple[int, int] = (1, 1)
+    sweep: bool = False
     status: str = "pending"  # ok | wrong | error | hung | skipped | pending (not reached yet)
     plan: str = ""
     contestants: list[Contestant] = field(default_factory=list)
@@ -326,7 +349,9 @@ class Row(_Product):
 
 def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
     """A row with nothing measured (pending, skipped or failed, and why), or only the `facts` given (plan, …)."""
-    return Row(case.precision, case.m, case.n, case.k, case.groups, case.multicast, status=status, note=note, **facts)
+    return Row(
+        case.precision, case.m, case.n, case.k, case.groups, case.multicast, case.sweep, status, note=note, **facts
+    )
 
 
 # ---- checking a result -----------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from .cases import (
     DEFAULT_SIZES,
     PRECISIONS,
     PROBE_RESULT,
+    SWEEP_SIZES,
     BudgetExceeded,
     Case,
     Deadline,
@@ -200,7 +201,14 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> argparse.Na
     ap.add_argument(
         "--budget", type=_budget, default=DEFAULT_BUDGET_S, help="seconds for the whole run, preflight included (240)"
     )
-    ap.add_argument("--sizes", nargs="+", default=list(DEFAULT_SIZES), help="N (for N³) or MxNxK, several")
+    ap.add_argument(
+        "--sizes",
+        nargs="+",
+        default=None,
+        help="N (for N³) or MxNxK, several; gG:MAXROWSxNxK a grouped GEMM, mcGYxGX:SIZE multicast groups, "
+        "sweep:SIZE each form's plans around its planner's (default: the check's own list; with --prepare also "
+        f"{' '.join(SWEEP_SIZES)}, for a second run)",
+    )
     ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), help=f"of {', '.join(PRECISIONS)}")
     ap.add_argument("--target", default=None, help="spatialc target (default: from the GPU; sm_90 without one)")
     ap.add_argument("--seed", type=int, default=0)
@@ -293,7 +301,10 @@ def _setup(argv: Sequence[str] | None, description: str) -> tuple[argparse.Names
     from .prepare import MANIFEST, Manifest
 
     args = parse_args(argv, description)
-    cases = cases_of(args.sizes, args.precisions)
+    sizes = args.sizes or list(DEFAULT_SIZES)
+    if args.prepare and args.sizes is None:  # the session's second run, the sweep, is prepared with the first
+        sizes += SWEEP_SIZES
+    cases = cases_of(sizes, args.precisions)
     if args.target is not None:
         from ..target import target
 

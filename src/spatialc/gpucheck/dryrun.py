@@ -85,7 +85,11 @@ def _dry_form(case: Case, form: Form, target: str, manifest: Any, out: Callable[
         _dry_compile(form, arch)
     conv = conversion(case, form.facts["c_elem"])
     out(f"  {form.contestant}")
-    if "own_plan" in form.facts:
+    if "sweep" in form.facts:
+        sweep = form.facts["sweep"]
+        out(f"    plan      {sweep['change']}: {form.facts['own_plan']}")
+        out(f"    predicted {sweep['predicted']:.2f}× the speed of its planner's plan, by the planner's own cost")
+    elif "own_plan" in form.facts:
         whose = "built for sm_90a" if form.name == HOPPER_FORM else "the case's leaves it no room"
         out(f"    plan      its own ({whose}): {form.facts['own_plan']}")
     out(f"    launch    {form.facts['launch']}")
@@ -122,7 +126,10 @@ def contenders(case: Case, built: Built) -> list[str]:
             f"{TORCH_LOOP}: kernel only",
             f"{GROUPED_MM}: kernel only, where this torch has it",
         ]
-    said = [f"{spatialc_name(name)}: {_kernel_timed(built.form(name))}" for name in FORMS]
+    if case.sweep:  # the sm_90a form at each plan of the sweep (sweep.py)
+        said = [f"{f.contestant}: {_kernel_timed(f)}" for f in built.forms]
+    else:
+        said = [f"{spatialc_name(name)}: {_kernel_timed(built.form(name))}" for name in FORMS]
     for name, _family in bl.baselines_for(case.precision):
         why = bl.refusal(name, case)
         if why:
@@ -135,5 +142,8 @@ def contenders(case: Case, built: Built) -> list[str]:
 
 
 def _kernel_timed(form: Form | None) -> str:
-    """What one of spatialc's kernels is timed for: both ways, or nothing where lower printed none."""
-    return "end to end + kernel only" if form is not None and form.artifact is not None else "n/a (no kernel)"
+    """What one of spatialc's kernels is timed for: both ways (a sweep's other plans: kernel only), or nothing where
+    lower printed none."""
+    if form is None or form.artifact is None:
+        return "n/a (no kernel)"
+    return "kernel only" if form.kernel_only else "end to end + kernel only"

@@ -163,7 +163,7 @@ def _prepare_one(case: Case, form: Form, target: str, out: Path, say: Callable[[
     art = form.artifact
     arch = kernel_arch(form.name, target)
     base = Entry(str(case), source_hash(art.kernel_cu), arch, art.launch.kernel_name, form=form.name)
-    label = f"{case} {form.name}"
+    label = f"{case} {form.contestant.removeprefix('spatialc ')}"  # a sweep's plans by their own names
     try:
         path = compile_kernel(form, arch, timeout_s=PREPARE_COMPILE_S, cache=out)
     except launch.KernelBuildError as e:

@@ -17,7 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from .builds import spilled
-from .cases import FORMS, HOPPER_FORM, PROBE_RESULT, TOLERANCE, WAYS, Check, Contestant, Row, Timing, spatialc_name
+from .cases import (
+    FORMS,
+    HOPPER_FORM,
+    PLANNERS_PLAN,
+    PROBE_RESULT,
+    TOLERANCE,
+    WAYS,
+    Check,
+    Contestant,
+    Row,
+    Timing,
+    spatialc_name,
+)
 
 UNIT = {"int8": "TOP/s", "fp16": "TFLOP/s", "bf16": "TFLOP/s"}
 HEADER_KEYS = ("date", "state", "gpu", "sms", "clocks", "commit", "target", "budget_s", "elapsed_s", "versions")
@@ -64,7 +76,78 @@ def row_dict(row: Row) -> dict[str, Any]:
             fastest = None if ref is None else {"name": ref.name, "rate": rate(row.ops, _median(ref.timing(way)))}
             summary[f"{family}_best"] = fastest
         d["timings"][way] = summary
+    if row.sweep:
+        d["sweep"] = sweep_summary(row)
     return d
+
+
+# ---- a sweep row's plans ---------------------------------------------------------------------------------------
+
+
+def sweep_plans(row: Row) -> list[Contestant]:
+    """A sweep row's kernels, form by form, each form's planner's plan first (each carries `facts['sweep']`)."""
+    return [c for c in row.contestants if c.family == "spatialc" and "sweep" in c.facts]
+
+
+def _kernel_s(c: Contestant) -> float | None:
+    """A plan's kernel time, where its result was right (a wrong kernel's speed says nothing)."""
+    right = c.check is not None and c.check.correct and c.check.stable is not False
+    return _median(c.kernel) if right else None
+
+
+def sweep_summary(row: Row) -> list[dict[str, Any]]:
+    """Each plan of a sweep row: its form, what changed, its planner's predicted speed against the planner's own
+    plan, the measured one (the planner's plan's kernel time over this plan's), its rate and its share of the
+    fastest cuBLAS kernel."""
+    plans = sweep_plans(row)
+    base = {c.facts["sweep"]["form"]: _kernel_s(c) for c in plans if c.facts["sweep"]["change"] == PLANNERS_PLAN}
+    out = []
+    for c in plans:
+        sweep, t = c.facts["sweep"], _kernel_s(c)
+        planner = base.get(sweep["form"])
+        out.append(
+            {
+                "contestant": c.name,
+                "form": sweep["form"],
+                "plan": _plan_label(c),
+                "change": sweep["change"],
+                "predicted": sweep["predicted"],
+                "measured": planner / t if planner and t else None,
+                "rate": rate(row.ops, t),
+                "pct_of_cublas": _pct_of(row, t),
+            }
+        )
+    return out
+
+
+def _plan_label(c: Contestant) -> str:
+    """A sweep plan as its contestant names it (`sm90a 8×16×4 d3`); the planner's own by its numbers."""
+    label, form = c.name.removeprefix("spatialc ").strip(), c.facts["sweep"]["form"]
+    if label != form:
+        return label
+    k = c.facts
+    sub = "" if k.get("sub_blocks", "1×1") == "1×1" else f" sub {k['sub_blocks']}"
+    return f"{form} {k.get('block', '?')}{sub} d{k.get('depth', '?')} (the planner's)"
+
+
+def _pct_of(row: Row, seconds: float | None) -> float | None:
+    ref = best(row, "cublas", "kernel")
+    theirs = _median(ref.kernel) if ref else None
+    return 100.0 * theirs / seconds if theirs and seconds else None
+
+
+def concordance(plans: list[dict[str, Any]]) -> tuple[int, int]:
+    """Of the pairs of plans the cost model tells apart and both of which were measured, how many it ordered as the
+    kernel times did (agreeing, compared)."""
+    known = [p for p in plans if p["predicted"] is not None and p["measured"] is not None]
+    agree = total = 0
+    for i, p in enumerate(known):
+        for q in known[i + 1 :]:
+            if p["predicted"] == q["predicted"] or p["measured"] == q["measured"]:
+                continue
+            total += 1
+            agree += (p["predicted"] > q["predicted"]) == (p["measured"] > q["measured"])
+    return agree, total
 
 
 def _form_summary(row: Row, way: str, form: str) -> dict[str, Any]:
@@ -233,6 +316,7 @@ def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
     if contestants:
         lines += ["", "Contestants (rates as in the table; e2e = end to end):", "", *contestants]
     lines += multicast_lines(rows)
+    lines += sweep_lines(rows)
     lines += kernel_table(rows)
     return "\n".join(lines) + "\n"
 
@@ -257,6 +341,72 @@ def multicast_lines(rows: list[Row]) -> list[str]:
             said = f"{t_base / t_ours:.2f}×" if t_ours and t_base else "— (one of the two has no right, timed kernel)"
             out.append(f"- {r.precision} {r.size}: {form} form without groups / with them, kernel time: {said}")
     return ["", "Multicast groups against the same GEMM without groups (kernel only):", "", *out] if out else []
+
+
+SWEEP_COLUMNS = (
+    "precision",
+    "m×n×k",
+    "plan",
+    "change",
+    "predicted",
+    "measured",
+    "kernel",
+    "% cuBLAS kernel",
+    "correct",
+    "regs",
+    "spill st/ld",
+    "dyn smem",
+)
+
+
+def _ratio(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}×"
+
+
+def sweep_lines(rows: list[Row]) -> list[str]:
+    """The sweep rows' plans, one line each: the planner's prediction beside the measured speed, both against the
+    form's planner's own plan; then, per row and form, the fastest right plan and how often the planner's cost
+    ordered two plans as measured."""
+    swept = [r for r in rows if r.sweep and sweep_plans(r)]
+    if not swept:
+        return []
+    lines = [
+        "",
+        "The plan sweep (sweep rows, kernel only; each form's plans against its planner's own choice — predicted: by "
+        "the planner's cost, measured: the planner's plan's kernel time over this plan's; ★ a form's fastest right "
+        "plan; a plan the form or the machine cannot take says why):",
+        "",
+        "| " + " | ".join(SWEEP_COLUMNS) + " |",
+        "|" + "---|" * len(SWEEP_COLUMNS),
+    ]
+    verdicts = []
+    for r in swept:
+        unit = UNIT.get(r.precision, "TOP/s")
+        summary = sweep_summary(r)
+        fastest = {}
+        for form in dict.fromkeys(s["form"] for s in summary):
+            mine = [s for s in summary if s["form"] == form]
+            best_one = max((s for s in mine if s["rate"]), key=lambda s: s["rate"], default=None)
+            if best_one is None:
+                continue
+            fastest[form] = best_one
+            agree, total = concordance(mine)
+            model = f"; its planner's cost ordered {agree} of {total} pairs of plans as measured" if total else ""
+            verdicts.append(
+                f"- {r.precision} {r.size}, {form}: fastest {best_one['plan']} at {_rate(best_one['rate'])} {unit}, "
+                f"{_ratio(best_one['measured'])} the planner's plan{model}"
+            )
+        for c, s in zip(sweep_plans(r), summary, strict=True):
+            k = c.facts
+            star = " ★" if fastest.get(s["form"]) is s else ""
+            regs = str(k["registers"]) if "registers" in k else "—"
+            spills = f"{k['spill_stores']}/{k['spill_loads']}" if "registers" in k else "—"
+            kernel = f"{_rate(s['rate'])} {unit}{star}" if s["rate"] else (c.note or "—")
+            cells = [r.precision, r.size.replace("x", "×"), s["plan"]]
+            cells += [s["change"], _ratio(s["predicted"]), _ratio(s["measured"]), kernel, _pct(s["pct_of_cublas"])]
+            cells += [_correct(c), regs, spills, _get(k, "dyn_smem")]
+            lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
+    return lines + (["", *verdicts] if verdicts else [])
 
 
 KERNEL_COLUMNS = (

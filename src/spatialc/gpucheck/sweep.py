@@ -1,0 +1,135 @@
+"""The plan sweep (`sweep:SIZE` rows): the persistent kernel and the sm_90a form, each at the plan its planner chose
+and at the plans one step from it, timed kernel only in the same run beside cuBLAS.
+
+The planners' costs (`passes/tile.py`'s `plan_cost` for the persistent kernel, `lower/cuda/hopper.py`'s for the
+sm_90a form) are built on guessed rates — stage depth, K step, item shape — and the GPU is lent for minutes at a
+time. One sweep row times, for each form, the plan its planner chose and the plans one change away: a stage fewer
+and more, K steps halved (with twice the stages: the same bytes in flight) and doubled, items half as wide, items
+visited in row-major waves instead of bands of rows. Each plan's line says what the planner's own cost predicted for
+it (its speed against the planner's choice) beside what it measured, so a single run says which guesses to fit and
+whether the planner's choice was the best of its neighbours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .builds import Built, Form, describe_plan, form_built, plan_facts
+from .cases import HOPPER_FORM, PLANNERS_PLAN
+
+SWEPT_FORMS = ("persistent", HOPPER_FORM)  # in the report's order (cases.FORMS)
+BUILT_FOR = {"persistent": "sm_90", HOPPER_FORM: "sm_90a"}  # the target each form's plans are made for
+
+
+@dataclass(frozen=True, slots=True)
+class Neighbour:
+    """One plan next to the planner's: what changes, and the `spatialc.build` options that make it (None: the
+    planner chooses)."""
+
+    change: str
+    block: tuple[int, int, int] | None = None
+    sub_blocks: tuple[int, int] | None = None
+    depth: int | None = None
+    placement: str | None = None
+
+    def options(self) -> dict[str, Any]:
+        chosen = {"block": self.block, "sub_blocks": self.sub_blocks, "depth": self.depth, "placement": self.placement}
+        return {key: value for key, value in chosen.items() if value is not None}
+
+
+def neighbours(program: Any, form: str) -> list[Neighbour]:
+    """The plans one step from `program`'s (built for `form`): its stage depth ±1, its K step halved (where the
+    form's MMA still takes it) with twice the stages and doubled, its items half as wide (the sm_90a form: a narrower
+    block; the persistent kernel: half the sub-blocks across, or a narrower block where there is one across), and —
+    where the planner visits items in bands of rows — row-major waves. Where the depth is not named the planner
+    chooses it, as a user forcing that block would get it."""
+    plan = program.plan
+    b, depth, sub = plan.block, plan.depth, plan.sub_blocks
+    block = (b.osh, b.osw, b.ibw)
+    # An int8 wgmma takes K in pairs of tiles (k32); the persistent kernel's k16 path takes one.
+    least_k = 2 if form == HOPPER_FORM and program.precision.value == "int8" else 1
+    out = [Neighbour("a stage more", block, sub, depth + 1)]
+    if depth > 2:
+        out.insert(0, Neighbour("a stage fewer", block, sub, depth - 1))
+    if b.ibw % 2 == 0 and b.ibw // 2 >= least_k:
+        out.append(Neighbour("K steps halved, twice the stages", (b.osh, b.osw, b.ibw // 2), sub, 2 * depth))
+    out.append(Neighbour("K steps doubled", (b.osh, b.osw, b.ibw * 2), sub))  # the planner lowers the depth to fit
+    if form != HOPPER_FORM and sub[1] % 2 == 0:
+        out.append(Neighbour("items half as wide", block, (sub[0], sub[1] // 2)))
+    elif b.osw % 2 == 0:
+        out.append(Neighbour("items half as wide", (b.osh, b.osw // 2, b.ibw), sub))
+    if program.placement is not None and program.placement.kind == "grouped":
+        out.append(Neighbour("row-major waves, not bands", block, sub, depth, "round_robin"))
+    return out
+
+
+def variant_name(program: Any, planner: Any) -> str:
+    """A sweep plan's name in its contestant: block (sub-blocks where there are several), depth, and the item order
+    where it is not the planner's."""
+    plan = program.plan
+    b = plan.block
+    name = f"{b.osh}×{b.osw}×{b.ibw}"
+    if plan.sub_blocks != (1, 1):
+        name += f" sub {plan.sub_blocks[0]}×{plan.sub_blocks[1]}"
+    name += f" d{plan.depth}"
+    if program.placement.kind != planner.placement.kind:
+        name += f" {program.placement.kind}"
+    return name
+
+
+def sweep_case(built: Built, gemm: Any, target: str) -> Built:
+    """A sweep row's kernels, form by form: the form at its planner's plan (timed both ways, as in any row) and at
+    each neighbour (kernel only), each with its planner's cost prediction; a neighbour the form or the machine cannot
+    take stays in the list as absent, with the reason. Only on a Hopper (target sm_90)."""
+    if target != "sm_90":
+        why = f"a sweep times plans of the persistent kernel and the sm_90a form on a Hopper, not {target}"
+        built.forms = [Form(HOPPER_FORM, absent=why)]
+        return built
+    for form in SWEPT_FORMS:
+        planner, chosen = form_built(gemm, form, {})
+        if planner is None:
+            built.forms.append(chosen)
+            continue
+        if form == HOPPER_FORM or not built.plan:
+            built.plan = describe_plan(planner)  # the row's plan: the sm_90a form's, the one it is mostly about
+            built.kernel.update(plan_facts(planner))
+        built.forms += _swept(gemm, form, planner, chosen)
+    return built
+
+
+def _swept(gemm: Any, form: str, planner: Any, chosen: Form) -> list[Form]:
+    """One form's kernels of a sweep: the planner's plan, then each neighbour once."""
+    cost = _cost(gemm, form, planner)
+    chosen.facts["sweep"] = {"form": form, "change": PLANNERS_PLAN, "predicted": 1.0}
+    forms = [chosen]
+    seen = {_key(planner)}
+    for n in neighbours(planner, form):
+        program, variant = form_built(gemm, form, n.options())
+        if program is not None:
+            if _key(program) in seen:
+                continue  # the planner made the change back into a plan already in the list
+            seen.add(_key(program))
+            variant.variant = variant_name(program, planner)
+            predicted = round(cost / _cost(gemm, form, program), 3)
+        else:
+            variant.variant, predicted = f"({n.change})", None
+        variant.facts["sweep"] = {"form": form, "change": n.change, "predicted": predicted}
+        variant.kernel_only = True
+        forms.append(variant)
+    return forms
+
+
+def _cost(gemm: Any, form: str, program: Any) -> float:
+    """The planner's own estimate of `program`'s plan in `form` (the cost it ranked its candidates by)."""
+    from ..passes.tile import candidates
+    from ..target import target
+
+    plan = program.plan
+    block = (plan.block.osh, plan.block.osw, plan.block.ibw)
+    found = candidates(gemm, target(BUILT_FOR[form]), block, plan.sub_blocks, plan.depth, form)
+    return found[0].cost
+
+
+def _key(program: Any) -> tuple[Any, ...]:
+    return (program.plan, program.placement.kind)

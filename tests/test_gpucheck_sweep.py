@@ -1,0 +1,252 @@
+"""The GPU check's plan sweep (`sweep:SIZE` rows): the sm_90a form at the planner's plan and at its neighbours,
+each with the cost model's prediction, timed kernel only beside cuBLAS on the stand-ins; the report's sweep table.
+No GPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import spatialc
+from spatialc.errors import SpatialError
+from spatialc.gpucheck import builds as B
+from spatialc.gpucheck import device as D
+from spatialc.gpucheck import driver as G
+from spatialc.gpucheck import sweep as S
+from spatialc.gpucheck.cases import (
+    DEFAULT_SIZES,
+    PLANNERS_PLAN,
+    SWEEP_SIZES,
+    Case,
+    Check,
+    Contestant,
+    Row,
+    cases_of,
+)
+from spatialc.gpucheck.report import concordance, sweep_lines, sweep_summary
+from spatialc.gpucheck.timing import Timing
+from spatialc.lower.cuda import hopper
+from spatialc.passes import tile
+from spatialc.target import target
+
+from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
+
+
+def test_sweep_sizes_parse_apart_from_the_plain_size():
+    cases = cases_of(["sweep:4096", "4096", "sweep:300x200x100"], ["bf16"])
+    assert [(c.size, c.sweep) for c in cases] == [
+        ("sweep:4096x4096x4096", True),
+        ("4096x4096x4096", False),
+        ("sweep:300x200x100", True),
+    ]
+    with pytest.raises(SpatialError, match="not sweep:SIZE"):
+        cases_of(["sweep:"], ["bf16"])
+    with pytest.raises(SpatialError, match="not N or MxNxK"):
+        cases_of(["sweep:12x3"], ["bf16"])
+
+
+def test_the_sweep_is_prepared_with_the_default_run_but_not_run_with_it(tmp_path):
+    _, prepared, _ = G._setup([str(tmp_path / "p"), "--prepare"], "")
+    _, run, _ = G._setup([str(tmp_path / "r")], "")
+    _, asked, _ = G._setup([str(tmp_path / "a"), "--prepare", "--sizes", "64"], "")
+    swept = {c.size for c in prepared if c.sweep}
+    assert swept == {"sweep:4096x4096x4096", "sweep:8192x8192x8192"} and len(SWEEP_SIZES) == 2
+    assert not any(c.sweep for c in run) and {c for c in prepared if not c.sweep} == set(run)
+    assert len(run) == len(cases_of(DEFAULT_SIZES, ["int8", "fp16", "bf16"]))
+    assert [c.size for c in asked] == ["64x64x64"] * 3  # sizes asked for: those alone
+
+
+def built_sweep(m, n, k, precision):
+    built = B.build_case(Case(m, n, k, precision, sweep=True), "sm_90")
+    assert not built.error, built.error
+    return built
+
+
+CHANGES = [
+    "a stage fewer",
+    "a stage more",
+    "K steps halved, twice the stages",
+    "K steps doubled",
+    "items half as wide",
+    "row-major waves, not bands",
+]
+
+
+def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_models_prediction():
+    built = built_sweep(4096, 4096, 4096, "bf16")
+    forms = [f for f in built.forms if f.name == "sm90a"]
+    planner = forms[0]
+    assert planner.contestant == "spatialc sm90a" and not planner.kernel_only  # timed both ways, as in any row
+    assert built.plan == planner.facts["own_plan"] and planner.facts["sweep"]["predicted"] == 1.0
+    assert [f.facts["sweep"]["change"] for f in forms[1:]] == CHANGES
+    assert all(f.kernel_only for f in forms[1:])
+    more = forms[2]  # four stages of 128×256×64 already fill shared memory: the fifth is refused, with the reason
+    assert more.artifact is None and "shared memory" in more.absent
+    assert more.contestant == "spatialc sm90a (a stage more)"
+    names = [f.contestant for f in built.forms]
+    assert forms[1].contestant == "spatialc sm90a 8×16×4 d3" and "spatialc sm90a 8×16×2 d8" in names
+    assert forms[-1].contestant == "spatialc sm90a 8×16×4 d4 round_robin" and len(set(names)) == len(names)
+    # Each prediction is the form's cost model's own ratio, recomputed here from the plan each kernel was built with.
+    sm90a = target("sm_90a")
+    gemm = spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16")
+    base = hopper.plan_cost(sm90a, spatialc.build(gemm, "sm_90a").plan, gemm.precision)
+    for n, f in zip(S.neighbours(spatialc.build(gemm, "sm_90a"), "sm90a"), forms[1:], strict=True):
+        if f.artifact is None:
+            assert f.facts["sweep"]["predicted"] is None
+            continue
+        program = spatialc.build(gemm, "sm_90a", **n.options())
+        assert f.facts["own_plan"] == B.describe_plan(program)
+        cost = hopper.plan_cost(sm90a, program.plan, gemm.precision)
+        assert f.facts["sweep"]["predicted"] == pytest.approx(base / cost, abs=1e-3)
+    assert forms[1].facts["sweep"]["predicted"] < 1 and forms[-1].facts["sweep"]["predicted"] == 1.0  # order unseen
+
+
+def test_the_persistent_kernel_is_swept_beside_it_by_its_own_planners_cost():
+    built = built_sweep(4096, 4096, 4096, "bf16")
+    forms = [f for f in built.forms if f.name == "persistent"]
+    assert built.forms[: len(forms)] == forms  # first, as in the report's order of forms
+    planner = forms[0]
+    assert planner.contestant == "spatialc persistent" and not planner.kernel_only
+    assert [f.facts["sweep"]["change"] for f in forms[1:]] == CHANGES
+    assert forms[1].contestant == "spatialc persistent 4×8×4 sub 2×2 d2"  # the planner's: 4×8×4, 2×2, depth 3
+    assert "spatialc persistent 4×8×4 sub 2×1 d3" in [f.contestant for f in forms]  # half the sub-blocks across
+    sm90 = target("sm_90")
+    gemm = spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16")
+
+    def cost(program, artifact):  # passes/tile.py's plan_cost, with the blocks per SM the kernel's budget keeps
+        per_unit = artifact.budget.blocks_per_sm
+        return tile.plan_cost(sm90, program.plan, 256, 256, 256, gemm.precision, per_unit)
+
+    base = cost(spatialc.build(gemm, "sm_90"), planner.artifact)
+    for n, f in zip(S.neighbours(spatialc.build(gemm, "sm_90"), "persistent"), forms[1:], strict=True):
+        program = spatialc.build(gemm, "sm_90", **n.options())
+        assert f.facts["own_plan"] == B.describe_plan(program) and f.artifact.budget.form == "persistent"
+        assert f.facts["sweep"]["predicted"] == pytest.approx(base / cost(program, f.artifact), abs=1e-3)
+
+
+def test_an_int8_k_step_is_never_halved_below_one_wgmma():
+    program = spatialc.build(spatialc.gemm(512, 512, 512, "int8"), "sm_90a", block=(8, 4, 2))
+    changes = [n.change for n in S.neighbours(program, "sm90a")]
+    assert "K steps halved, twice the stages" not in changes and "K steps doubled" in changes
+    wide = spatialc.build(spatialc.gemm(512, 512, 512, "int8"), "sm_90a", block=(8, 4, 4))
+    halved = [n for n in S.neighbours(wide, "sm90a") if n.change.startswith("K steps halved")]
+    assert [n.block for n in halved] == [(8, 4, 2)]
+    # The persistent kernel's int8 takes K steps of one tile (its k16 MMA), so it halves 2 to 1.
+    persistent = spatialc.build(spatialc.gemm(512, 512, 512, "int8"), "sm_90", block=(2, 4, 2))
+    assert [n.block for n in S.neighbours(persistent, "persistent") if n.change.startswith("K steps halved")] == [
+        (2, 4, 1)
+    ]
+
+
+def test_a_sweep_needs_a_hopper():
+    built = B.build_case(Case(256, 256, 256, "bf16", sweep=True), "sm_80")
+    assert [f.artifact for f in built.forms] == [None] and "on a Hopper, not sm_80" in built.forms[0].absent
+
+
+def run(tmp_path, *argv):
+    status = G.main([str(tmp_path), "--commit", "x", *argv], make_runner=D.GpuRunner)
+    data = json.loads((tmp_path / "gpucheck.json").read_text())
+    return status, data["rows"], (tmp_path / "gpucheck.md").read_text()
+
+
+def test_a_sweep_row_times_every_plan_kernel_only_beside_cublas(fake_gpu, tmp_path):
+    status, rows, md = run(tmp_path, "--sizes", "sweep:300x200x100", "--precisions", "bf16")
+    assert status == 0 and [r["status"] for r in rows] == ["ok"]
+    row = rows[0]
+    mine = [c for c in row["contestants"] if c["family"] == "spatialc"]
+    assert len(mine) == len(built_sweep(300, 200, 100, "bf16").forms) >= 8
+    planners = [c for c in mine if c["facts"]["sweep"]["change"] == PLANNERS_PLAN]
+    assert [c["name"] for c in planners] == ["spatialc persistent", "spatialc sm90a"]  # each form's, in the table
+    for c in mine:  # every plan checked; the planners' timed both ways, the others kernel only
+        assert c["check"]["correct"] and c["check"]["stable"] and c["kernel"]["median_s"] > 0
+        assert (c["end_to_end"] is not None) == (c in planners) and ("kernel only" in c["detail"]) != (c in planners)
+    assert (
+        row["timings"]["kernel"]["spatialc"]["sm90a"]["rate"]
+        and row["timings"]["end_to_end"]["spatialc"]["persistent"]["rate"]
+    )
+    assert any(c["family"] == "cublas" and c["kernel"] for c in row["contestants"])
+    summary = row["sweep"]
+    assert [s["contestant"] for s in summary] == [c["name"] for c in mine]
+    assert all(s["measured"] > 0 and s["pct_of_cublas"] > 0 for s in summary)
+    assert [s["measured"] for s in summary if s["change"] == PLANNERS_PLAN] == [1.0, 1.0]
+    sm90a = f"sm90a {row['kernel']['block']} d{row['kernel']['depth']} (the planner's)"  # the row's plan: sm_90a's
+    assert "The plan sweep (sweep rows" in md and f"| bf16 | sweep:300×200×100 | {sm90a} |" in md
+    for form in ("persistent", "sm90a"):  # (the stand-in's equal times leave the cost nothing to order)
+        assert f"- bf16 sweep:300x200x100, {form}: fastest {form} " in md
+    variants = [c["name"].removeprefix("spatialc ") for c in mine if c not in planners]
+    assert [s["plan"] for s in summary if s["change"] != PLANNERS_PLAN] == variants
+
+
+def test_a_wrong_plan_fails_the_row_and_is_never_the_fastest(fake_gpu, tmp_path):
+    forms = built_sweep(300, 200, 100, "bf16").forms
+    fewer = next(f for f in forms if f.name == "sm90a" and f.facts["sweep"]["change"] == "a stage fewer")
+    smem = fewer.facts["dyn_smem"]
+    assert sum(f.facts.get("dyn_smem") == smem for f in forms) == 1  # the fault lands in that plan alone
+    fake_gpu["fault"] = ("miss", f"smem{smem}")
+    status, rows, md = run(tmp_path, "--sizes", "sweep:300x200x100", "--precisions", "bf16")
+    assert status == 1 and rows[0]["status"] == "wrong" and fewer.contestant in rows[0]["note"]
+    by_name = {s["contestant"]: s for s in rows[0]["sweep"]}
+    assert by_name[fewer.contestant]["measured"] is None and by_name[fewer.contestant]["rate"] is None
+    line = next(x for x in md.splitlines() if x.startswith(f"| bf16 | sweep:300×200×100 | sm90a {fewer.variant} |"))
+    assert "| no |" in line and "★" not in line
+
+
+def t(s):
+    return Timing(s, 10, 4, s, s, "graph")
+
+
+RIGHT = Check(True, 0.0, 0.0, 0, 0, 0, True)
+WRONG = Check(False, 1.0, 1.0, 3, 0, 0, True)
+
+
+def plan(name, change, predicted, seconds, check=RIGHT, form="sm90a"):
+    facts = {"sweep": {"form": form, "change": change, "predicted": predicted}, "block": "8×16×4", "depth": 4}
+    facts |= {"sub_blocks": "1×1" if form == "sm90a" else "2×2", "dyn_smem": 1}
+    return Contestant(f"spatialc {form}{name}", "spatialc", None, t(seconds), 0.0, check.correct, "", "", check, facts)
+
+
+def test_the_sweep_table_sets_prediction_beside_measurement_form_by_form():
+    row = Row("bf16", 4096, 4096, 4096, sweep=True, status="wrong")
+    refused = {"form": "sm90a", "change": "a stage more", "predicted": None}
+    row.contestants = [
+        plan("", PLANNERS_PLAN, 1.0, 4e-3, form="persistent"),
+        plan(" p", "a stage fewer", 0.97, 3e-3, form="persistent"),  # against the persistent planner's: 1.33×
+        plan("", PLANNERS_PLAN, 1.0, 2e-3),
+        plan(" a", "a stage fewer", 0.9, 2.5e-3),  # predicted slower, measured slower: agrees with the planner's
+        plan(" b", "K steps doubled", 0.8, 1e-3),  # predicted slower, measured twice as fast
+        plan(" c", "items half as wide", 0.95, 5e-4, WRONG),  # the fastest kernel, but wrong: no speed counts
+        Contestant("spatialc sm90a (a stage more)", "spatialc", note="n/a: too big", facts={"sweep": refused}),
+        Contestant("torch.matmul", "cublas", t(3e-3), t(1.6e-3), 0.0, True),
+    ]
+    summary = sweep_summary(row)
+    assert [s["form"] for s in summary] == ["persistent"] * 2 + ["sm90a"] * 5
+    assert [s["measured"] for s in summary] == [
+        1.0,
+        pytest.approx(4 / 3),
+        1.0,
+        pytest.approx(0.8),
+        pytest.approx(2.0),
+        None,
+        None,
+    ]
+    assert [s["pct_of_cublas"] for s in summary][2:5] == [pytest.approx(80), pytest.approx(64), pytest.approx(160)]
+    assert summary[0]["plan"] == "persistent 8×16×4 sub 2×2 d4 (the planner's)"
+    assert summary[2]["plan"] == "sm90a 8×16×4 d4 (the planner's)" and summary[4]["plan"] == "sm90a b"
+    # Of the sm_90a plans, the pairs the model tells apart and both measured: (planner, a), (planner, b), (a, b): it
+    # got (planner, a) right and ranked b below both where b measured faster.
+    assert concordance(summary[2:]) == (1, 3)
+    lines = sweep_lines([row])
+    stars = [x for x in lines if x.startswith("|") and "★" in x]
+    assert len(stars) == 2 and "| persistent p | a stage fewer | 0.97× | 1.33× |" in stars[0]
+    assert "| sm90a b | K steps doubled | 0.80× | 2.00× |" in stars[1]
+    wrong = next(x for x in lines if "items half as wide" in x)
+    assert "| no |" in wrong and "| — | — |" in wrong  # neither a measured ratio nor a rate for a wrong kernel
+    assert any("a stage more" in x and "n/a: too big" in x for x in lines)
+    assert lines[-2:] == [
+        "- bf16 sweep:4096x4096x4096, persistent: fastest persistent p at 45.8 TFLOP/s, 1.33× the planner's plan; "
+        "its planner's cost ordered 0 of 1 pairs of plans as measured",
+        "- bf16 sweep:4096x4096x4096, sm90a: fastest sm90a b at 137.4 TFLOP/s, 2.00× the planner's plan; "
+        "its planner's cost ordered 1 of 3 pairs of plans as measured",
+    ]
+    assert sweep_lines([Row("bf16", 8, 8, 8, status="ok")]) == []
