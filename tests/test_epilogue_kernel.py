@@ -29,7 +29,7 @@ from spatialc.lower.census import census, count_printed
 from spatialc.lower.cuda.emit import INCLUDES
 from spatialc.lower.cuda.epilogue import helpers
 from spatialc.lower.cuda.persistent import lower, printed_site_programs
-from spatialc.lower.errors import NeedsGeneral, Precision, TooBig, Unsupported
+from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
 from spatialc.quant import quantize_multiplier, requantize
 from spatialc.reference import epilogue_ops, reference
 from spatialc.runtime.emulate import emulate
@@ -201,7 +201,7 @@ def test_chains_whose_c_would_differ_from_the_epilogue_semantics_are_refused():
         tensors=tuple(dataclasses.replace(t, dtype=type(t.dtype)("float32")) if t is out else t for t in p.tensors),
         verified=True,
     )
-    with pytest.raises(Precision, match="holds int64 or int32 values"):
+    with pytest.raises(UnsupportedPrecision, match="holds int64 or int32 values"):
         lower(wrong, spatialc.target(p.target))
     stages = tuple(
         dataclasses.replace(s, kind=type(s.kind)(Requant(2**31, 0, 0))) if s.name.startswith("scalar") else s

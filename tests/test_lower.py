@@ -11,8 +11,7 @@ import spatialc
 from spatialc.frontend import relu
 from spatialc.ir.ids import LV_K, GroupId, ItemId, SemId, Site
 from spatialc.ir.nodes import ComputeStage, DType, Group, Placement, Semaphore, Tile
-from spatialc.ir.ops import Compute, Const, Generic, Loop, MatmulTiles, McastSend, PackAcc, Reserve, Trip
-from spatialc.ir.ops import Precision as Operand
+from spatialc.ir.ops import Compute, Const, Generic, Loop, MatmulTiles, McastSend, PackAcc, Precision, Reserve, Trip
 from spatialc.lower.census import count_printed
 from spatialc.lower.cuda.host import write_artifact
 from spatialc.lower.cuda.merge import serialise
@@ -21,9 +20,9 @@ from spatialc.lower.cuda.rings import MMA_TYPES, barrier_free_pops, ring_table
 from spatialc.lower.errors import (
     GroupSpansSites,
     NeedsGeneral,
-    Precision,
     TooBig,
     Unsupported,
+    UnsupportedPrecision,
     Unverified,
 )
 from spatialc.passes.place import place
@@ -152,10 +151,10 @@ def test_an_operand_precision_the_tensor_cores_lack_is_refused():
     p = built()
     mm = p.plan.block
     err = refusal(matmul_replaced(p, MatmulTiles(mm, (1, 1), "fp8")))
-    assert isinstance(err, Precision) and "fp8" in str(err)
+    assert isinstance(err, UnsupportedPrecision) and "fp8" in str(err)
     a = dataclasses.replace(p.tensors[0], dtype=DType.FP16)
     err = refusal(p.evolve(tensors=(a, *p.tensors[1:]), verified=True))
-    assert isinstance(err, Precision) and "input A" in str(err)
+    assert isinstance(err, UnsupportedPrecision) and "input A" in str(err)
 
 
 def test_an_int8_reduction_that_can_overflow_int32_is_refused():
@@ -242,7 +241,7 @@ def test_a_rotated_k_loop_waits_once_and_crosses_one_barrier_per_step(depth):
 def test_pop_barriers_are_elided_only_for_rings_of_a_rotated_loop():
     for depth, free in ((1, set()), (2, {0, 1}), (3, {0, 1}), (4, {0, 1})):
         p = built(depth=depth)
-        rings = ring_table(p, MMA_TYPES[Operand.INT8], ())
+        rings = ring_table(p, MMA_TYPES[Precision.INT8], ())
         ops = serialise(printed_site_programs(p))
         assert barrier_free_pops(rings, ops) == free, depth
     # One K step is printed as written (not rotated): each run of pops keeps its barrier (A, B in a run; C).

@@ -46,7 +46,7 @@ class TooBig(LowerError):
         self.have = have
 
 
-class Precision(LowerError):
+class UnsupportedPrecision(LowerError):
     """An operand precision (or element type) the tensor cores' MMA fragments do not offer."""
 
     def __init__(self, precision: object, why: str):
@@ -54,6 +54,10 @@ class Precision(LowerError):
         super().__init__(f"{kind} {precision!s} cannot be lowered: {why}")
         self.precision = precision
         self.why = why
+
+
+# The name it had first; it shadowed the IR's `Precision` enum wherever both were imported.
+Precision = UnsupportedPrecision
 
 
 class GroupSpansSites(LowerError):

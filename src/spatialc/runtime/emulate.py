@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import SpatialError
 from ..inputs import check_inputs, check_row_counts
+from .cache import cache_dir as cache_of
 from .tilize import launch_specs
 
 __all__ = [
@@ -142,13 +143,8 @@ def host_source(program_cu: str) -> str:
 
 
 def cache_dir() -> Path:
-    """Where binaries are kept: $SPATIALC_CACHE/emu, else ~/.cache/spatialc/emu."""
-    root = os.environ.get("SPATIALC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "spatialc"
-    )
-    path = Path(root) / "emu"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Where the emulation's binaries are kept: `emu` under spatialc's cache root (runtime/cache.py), made here."""
+    return cache_of("emu", create=True)
 
 
 @cache

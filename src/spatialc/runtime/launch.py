@@ -43,6 +43,7 @@ from ..inputs import (
     shaped,
     warn_if_rounded,
 )
+from .cache import cache_dir as cache_of
 from .tilize import (
     ORDERS,
     TILE,
@@ -446,9 +447,8 @@ def find_cuda_tool(name: str) -> str | None:
 
 
 def cache_dir() -> Path:
-    """Where cubins are kept between runs."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "spatialc" / "cubin"
+    """Where cubins are kept between runs: `cubin` under spatialc's cache root (runtime/cache.py)."""
+    return cache_of("cubin")
 
 
 def compile_cubin(

@@ -18,7 +18,7 @@ from ...epilogue import dot_range, integer_range
 from ...ir.nodes import ComputeStage, DType, PageLayout, SpatialProgram, Stage, TensorRole
 from ...ir.ops import Activation, Bias, ComputeOp, MatmulTiles, Relu, Requant, Scalar
 from ...ir.printer import compute_text
-from ..errors import NeedsGeneral, Precision, TooBig, Unsupported
+from ..errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
 from .cwriter import inlined
 
 EPILOGUE_OPS = (Bias, Relu, Scalar, Requant)  # what the persistent kernel's fused store applies
@@ -86,9 +86,11 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool, mm: Stage
                 "requant's int8 result ends the epilogue; apply the other stages before it",
             )
         if isinstance(op, Requant) and not integer:
-            raise Precision("requant", "it requantises an integer accumulator; this program's is float32")
+            raise UnsupportedPrecision("requant", "it requantises an integer accumulator; this program's is float32")
         if isinstance(op, Activation) and integer:
-            raise Precision(f"activation {op.name}", "it is float arithmetic; an int8 program's epilogue is integer")
+            raise UnsupportedPrecision(
+                f"activation {op.name}", "it is float arithmetic; an int8 program's epilogue is integer"
+            )
         if isinstance(op, Bias):
             _check_bias(p, op, integer)
         if isinstance(op, Scalar):
@@ -109,7 +111,7 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool, mm: Stage
     else:
         want = (DType.INT8,) if ops and isinstance(ops[-1], Requant) else (DType.INT64, DType.INT32)
     if out.dtype not in want:
-        raise Precision(
+        raise UnsupportedPrecision(
             out.dtype.value,
             (f"after the epilogue {names(p, stages)}" if stages else "without an epilogue")
             + f" the output {out.name} holds {' or '.join(d.value for d in want)} values, which is what the kernel"
@@ -149,7 +151,7 @@ def _check_bias(p: SpatialProgram, op: Bias, integer: bool) -> None:
             "the kernel reads a bias's values from one row of tiles, one tile per output tile column",
         )
     if t.role != TensorRole.PARAMETER or t.dtype != want:
-        raise Precision(
+        raise UnsupportedPrecision(
             t.dtype.value,
             f"bias tensor {t.name} must be a {want.value} parameter "
             f"({'int8' if integer else 'float'} programs add {want.value} biases)",

@@ -16,7 +16,7 @@ from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, McastSend, McastSetVal
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...target import SpatialTarget
 from ..artifact import KernelParam, Launch
-from ..errors import Precision, TooBig, Unsupported, Unverified
+from ..errors import TooBig, Unsupported, UnsupportedPrecision, Unverified
 from . import epilogue
 from .cwriter import C_TYPES
 from .rings import MMA_TYPES, MmaTypes
@@ -88,10 +88,12 @@ def operand_types(p: SpatialProgram, mm: MatmulTiles) -> MmaTypes:
     """The MMA fragment types of the matmul's operand precision; its input tensors must hold that type."""
     types = MMA_TYPES.get(mm.operand)
     if types is None:
-        raise Precision(mm.operand, "the tensor-core path has fragments for int8, fp16 and bf16 operands only")
+        raise UnsupportedPrecision(
+            mm.operand, "the tensor-core path has fragments for int8, fp16 and bf16 operands only"
+        )
     for t in p.tensors:
         if t.role == TensorRole.INPUT and t.dtype.value != mm.operand.value:
-            raise Precision(
+            raise UnsupportedPrecision(
                 t.dtype.value,
                 f"input {t.name} must hold the matmul's {mm.operand.value} operands: "
                 "tiles are copied into the operand rings byte for byte",
@@ -254,7 +256,7 @@ def checked_layers(p: SpatialProgram, elementwise: tuple[type, ...]) -> tuple[Mm
     layers = tuple((mm, epilogue.chain(p, mm, elementwise)) for mm in matmul_stages(p))
     operands = {mm.kind.op.operand for mm, _ in layers}  # type: ignore[union-attr]
     if len(operands) > 1:
-        raise Precision(
+        raise UnsupportedPrecision(
             " and ".join(sorted(o.value for o in operands)),
             "the kernel's fragments hold one operand type: every matmul of a program multiplies the same",
         )
