@@ -491,7 +491,7 @@ def slow_nvcc(fake_gpu, tmp_path, monkeypatch):
     )
     nvcc.chmod(0o755)
     monkeypatch.setattr(L, "find_nvcc", lambda: str(nvcc))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPATIALC_CACHE", str(tmp_path / "cache"))
 
     def pids():
         return [int(x) for x in pidfile.read_text().split()] if pidfile.exists() else []

@@ -307,7 +307,7 @@ def test_dry_run_names_gemm_ex_padding(capsys, monkeypatch):
 @pytest.mark.nvcc
 @pytest.mark.skipif(L.find_nvcc() is None, reason="nvcc is not installed")
 def test_dry_run_shows_what_ptxas_says_when_nvcc_is_here(capsys, monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("SPATIALC_CACHE", str(tmp_path))
     assert gpucheck.main(["unused-dir", "--dry-run", "--sizes", "40x24x56", "--precisions", "bf16"]) == 0
     out = capsys.readouterr().out
     found = re.search(r"  ptxas     (\d+) regs \(est \d+\), spills (\d+)/(\d+) B \(st/ld\), static smem (\d+) B", out)
