@@ -313,7 +313,7 @@ def test_dry_run_shows_what_ptxas_says_when_nvcc_is_here(capsys, monkeypatch, tm
     found = re.search(r"  ptxas     (\d+) regs \(est \d+\), spills (\d+)/(\d+) B \(st/ld\), static smem (\d+) B", out)
     assert found, out
     assert 0 < int(found.group(1)) <= 255 and int(found.group(4)) > 0
-    assert list(tmp_path.glob("spatialc/cubin/*-sm_90.ptxas.json"))  # compiled for sm_90, numbers cached
+    assert list(tmp_path.glob("cubin/*-sm_90.ptxas.json"))  # compiled for sm_90, numbers cached under SPATIALC_CACHE
 
 
 # ---- the command line ------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The GPU check's plan sweep (`sweep:SIZE` rows): the sm_90a form at the planner's plan and at its neighbours,
-each with the cost model's prediction, timed kernel only beside cuBLAS on the stand-ins; the report's sweep table.
-No GPU."""
+"""The GPU check's plan sweep (`sweep:SIZE` rows): the persistent kernel and the sm_90a form, each at its planner's
+plan and at its neighbours, each with the planner's cost prediction, timed kernel only beside cuBLAS on the
+stand-ins; the report's sweep table and verdicts. No GPU."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ from spatialc.gpucheck.cases import (
     DEFAULT_SIZES,
     PLANNERS_PLAN,
     SWEEP_SIZES,
+    TIMED_AGAIN,
     Case,
     Check,
     Contestant,
     Row,
     cases_of,
 )
-from spatialc.gpucheck.report import concordance, sweep_lines, sweep_summary
+from spatialc.gpucheck.report import concordance, sweep_lines, sweep_summary, sweep_verdict
 from spatialc.gpucheck.timing import Timing
 from spatialc.lower.cuda import hopper
 from spatialc.passes import tile
@@ -79,8 +80,11 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     planner = forms[0]
     assert planner.contestant == "spatialc sm90a" and not planner.kernel_only  # timed both ways, as in any row
     assert built.plan == planner.facts["own_plan"] and planner.facts["sweep"]["predicted"] == 1.0
-    assert [f.facts["sweep"]["change"] for f in forms[1:]] == CHANGES
+    assert [f.facts["sweep"]["change"] for f in forms[1:]] == [*CHANGES, TIMED_AGAIN]
     assert all(f.kernel_only for f in forms[1:])
+    again = forms[-1]  # the planner's kernel once more, after its neighbours: the same text, kernel only
+    assert again.artifact is planner.artifact and again.contestant == "spatialc sm90a (the planner's, again)"
+    forms = forms[:-1]
     more = forms[2]  # four stages of 128×256×64 already fill shared memory: the fifth is refused, with the reason
     assert more.artifact is None and "shared memory" in more.absent
     assert more.contestant == "spatialc sm90a (a stage more)"
@@ -108,7 +112,8 @@ def test_the_persistent_kernel_is_swept_beside_it_by_its_own_planners_cost():
     assert built.forms[: len(forms)] == forms  # first, as in the report's order of forms
     planner = forms[0]
     assert planner.contestant == "spatialc persistent" and not planner.kernel_only
-    assert [f.facts["sweep"]["change"] for f in forms[1:]] == CHANGES
+    assert [f.facts["sweep"]["change"] for f in forms[1:]] == [*CHANGES, TIMED_AGAIN]
+    forms = forms[:-1]
     assert forms[1].contestant == "spatialc persistent 4×8×4 sub 2×2 d2"  # the planner's: 4×8×4, 2×2, depth 3
     assert "spatialc persistent 4×8×4 sub 2×1 d3" in [f.contestant for f in forms]  # half the sub-blocks across
     sm90 = target("sm_90")
@@ -139,9 +144,46 @@ def test_an_int8_k_step_is_never_halved_below_one_wgmma():
     ]
 
 
-def test_a_sweep_needs_a_hopper():
+def test_a_sweep_away_from_a_hopper_is_skipped_with_the_reason(fake_gpu, tmp_path, capsys):
     built = B.build_case(Case(256, 256, 256, "bf16", sweep=True), "sm_80")
-    assert [f.artifact for f in built.forms] == [None] and "on a Hopper, not sm_80" in built.forms[0].absent
+    assert built.forms == [] and "runs on a Hopper's own target, sm_90" in built.skip and built.skip.endswith("sm_80")
+    status, rows, md = run(tmp_path, "--sizes", "sweep:64", "64", "--precisions", "bf16", "--target", "sm_80")
+    assert status == 0 and [r["status"] for r in rows] == ["skipped", "ok"] and rows[0]["note"] == built.skip
+    capsys.readouterr()
+    G.main(["unused", "--dry-run", "--sizes", "sweep:64", "--precisions", "bf16", "--target", "sm_90a"])
+    assert "  skipped   a sweep runs on a Hopper's own target" in capsys.readouterr().out
+
+
+def test_a_long_k_is_swept_unsplit_and_each_neighbour_keeps_the_planners_item_order():
+    built = built_sweep(256, 256, 65536, "bf16")  # the sm_90 planner alone would split this K over sites
+    planners = [f for f in built.forms if f.facts["sweep"]["change"] == PLANNERS_PLAN]
+    assert [f.contestant for f in planners] == ["spatialc persistent", "spatialc sm90a"]
+    assert all(f.artifact is not None and f.facts["splits"] == 1 for f in planners)
+    odd = built_sweep(17, 4099, 33, "bf16")
+    for f in odd.forms:
+        if f.artifact is not None and f.facts["sweep"]["change"] != "row-major waves, not bands":
+            planner = next(p for p in planners_of(odd) if p.name == f.name)
+            assert f.facts["own_plan"].split("(")[-1] == planner.facts["own_plan"].split("(")[-1], f.contestant
+
+
+def planners_of(built):
+    return [f for f in built.forms if f.facts["sweep"]["change"] == PLANNERS_PLAN]
+
+
+def test_a_form_the_preflight_found_unavailable_is_not_run_in_any_of_its_plans(fake_gpu, tmp_path):
+    fake_gpu["fault"] = ("fails", "spatialc_hopper")  # the sm_90a kernel fails its preflight step
+    status, rows, md = run(tmp_path, "--sizes", "sweep:64", "--precisions", "bf16")
+    mine = [c for c in rows[0]["contestants"] if c["name"].startswith("spatialc sm90a") and c["note"]]
+    assert mine and all(c["note"].startswith("unavailable: ") for c in mine)
+    assert not any(c["kernel"] for c in rows[0]["contestants"] if c["name"].startswith("spatialc sm90a"))
+    assert all(c["kernel"] for c in rows[0]["contestants"] if c["name"] == "spatialc persistent")
+
+
+def test_a_sweep_row_is_no_multicast_rows_baseline(fake_gpu, tmp_path):
+    status, rows, md = run(tmp_path, "--sizes", "256", "mc2x1:256", "sweep:256", "--precisions", "bf16")
+    assert status == 0
+    said = next(x for x in md.splitlines() if x.startswith("- bf16 mc2x1:256x256x256: sm90a form"))
+    assert said.split(": ")[-1].endswith("×"), said  # a ratio against the plain 256³ row, not the sweep's
 
 
 def run(tmp_path, *argv):
@@ -169,11 +211,12 @@ def test_a_sweep_row_times_every_plan_kernel_only_beside_cublas(fake_gpu, tmp_pa
     summary = row["sweep"]
     assert [s["contestant"] for s in summary] == [c["name"] for c in mine]
     assert all(s["measured"] > 0 and s["pct_of_cublas"] > 0 for s in summary)
-    assert [s["measured"] for s in summary if s["change"] == PLANNERS_PLAN] == [1.0, 1.0]
+    own = [s["measured"] for s in summary if s["change"] in (PLANNERS_PLAN, TIMED_AGAIN)]  # 2 timings a form
+    assert len(own) == 4 and all(x == pytest.approx(1.0, rel=0.05) for x in own)
     sm90a = f"sm90a {row['kernel']['block']} d{row['kernel']['depth']} (the planner's)"  # the row's plan: sm_90a's
     assert "The plan sweep (sweep rows" in md and f"| bf16 | sweep:300×200×100 | {sm90a} |" in md
     for form in ("persistent", "sm90a"):  # (the stand-in's equal times leave the cost nothing to order)
-        assert f"- bf16 sweep:300x200x100, {form}: fastest {form} " in md
+        assert f"- bf16 sweep:300x200x100, {form}: ★ {form} " in md
     variants = [c["name"].removeprefix("spatialc ") for c in mine if c not in planners]
     assert [s["plan"] for s in summary if s["change"] != PLANNERS_PLAN] == variants
 
@@ -217,24 +260,19 @@ def test_the_sweep_table_sets_prediction_beside_measurement_form_by_form():
         plan(" b", "K steps doubled", 0.8, 1e-3),  # predicted slower, measured twice as fast
         plan(" c", "items half as wide", 0.95, 5e-4, WRONG),  # the fastest kernel, but wrong: no speed counts
         Contestant("spatialc sm90a (a stage more)", "spatialc", note="n/a: too big", facts={"sweep": refused}),
+        plan(" (the planner's, again)", TIMED_AGAIN, 1.0, 2e-3),
         Contestant("torch.matmul", "cublas", t(3e-3), t(1.6e-3), 0.0, True),
     ]
     summary = sweep_summary(row)
-    assert [s["form"] for s in summary] == ["persistent"] * 2 + ["sm90a"] * 5
-    assert [s["measured"] for s in summary] == [
-        1.0,
-        pytest.approx(4 / 3),
-        1.0,
-        pytest.approx(0.8),
-        pytest.approx(2.0),
-        None,
-        None,
-    ]
+    assert [s["form"] for s in summary] == ["persistent"] * 2 + ["sm90a"] * 6
+    measured = [1.0, pytest.approx(4 / 3), 1.0, pytest.approx(0.8), pytest.approx(2.0), None, None, 1.0]
+    assert [s["measured"] for s in summary] == measured
     assert [s["pct_of_cublas"] for s in summary][2:5] == [pytest.approx(80), pytest.approx(64), pytest.approx(160)]
     assert summary[0]["plan"] == "persistent 8×16×4 sub 2×2 d4 (the planner's)"
     assert summary[2]["plan"] == "sm90a 8×16×4 d4 (the planner's)" and summary[4]["plan"] == "sm90a b"
-    # Of the sm_90a plans, the pairs the model tells apart and both measured: (planner, a), (planner, b), (a, b): it
-    # got (planner, a) right and ranked b below both where b measured faster.
+    # Of the sm_90a plans, the pairs the cost tells apart and both measured: (planner, a), (planner, b), (a, b) —
+    # the planner's second timing is no plan of its own: it got (planner, a) right and ranked b below both where b
+    # measured faster.
     assert concordance(summary[2:]) == (1, 3)
     lines = sweep_lines([row])
     stars = [x for x in lines if x.startswith("|") and "★" in x]
@@ -244,9 +282,45 @@ def test_the_sweep_table_sets_prediction_beside_measurement_form_by_form():
     assert "| no |" in wrong and "| — | — |" in wrong  # neither a measured ratio nor a rate for a wrong kernel
     assert any("a stage more" in x and "n/a: too big" in x for x in lines)
     assert lines[-2:] == [
-        "- bf16 sweep:4096x4096x4096, persistent: fastest persistent p at 45.8 TFLOP/s, 1.33× the planner's plan; "
-        "its planner's cost ordered 0 of 1 pairs of plans as measured",
-        "- bf16 sweep:4096x4096x4096, sm90a: fastest sm90a b at 137.4 TFLOP/s, 2.00× the planner's plan; "
-        "its planner's cost ordered 1 of 3 pairs of plans as measured",
+        "- bf16 sweep:4096x4096x4096, persistent: ★ persistent p at 45.8 TFLOP/s: 1.33× the planner's plan (the "
+        "planner's plan timed once); its planner's cost ordered 0 of 1 pairs of plans as measured",
+        "- bf16 sweep:4096x4096x4096, sm90a: ★ sm90a b at 137.4 TFLOP/s: 2.00× the planner's plan (the planner's two "
+        "timings 0.0% apart); its planner's cost ordered 1 of 3 pairs of plans as measured",
     ]
     assert sweep_lines([Row("bf16", 8, 8, 8, status="ok")]) == []
+
+
+def test_timing_noise_is_no_order():
+    """A neighbour within the tie (2%, or twice the spread of the planner's two timings) of the planner's plan does
+    not beat it, and the cost's ordering is not scored on pairs that measured, or were predicted, that close."""
+
+    def row(*plans):
+        r = Row("bf16", 4096, 4096, 4096, sweep=True, status="ok")
+        r.contestants = [*plans, Contestant("torch.matmul", "cublas", t(3e-3), t(2e-3), 0.0, True)]
+        return r
+
+    close = row(
+        plan("", PLANNERS_PLAN, 1.0, 2e-3),
+        plan(" a", "a stage more", 0.999, 1.99e-3),  # 0.5% faster, predicted 0.1% slower: both ties
+        plan(" b", "K steps doubled", 0.8, 2.5e-3),
+        plan(" (the planner's, again)", TIMED_AGAIN, 1.0, 2e-3),
+    )
+    summary = sweep_summary(close)
+    assert concordance(summary) == (2, 2)  # (planner, b) and (a, b); (planner, a) is a tie both ways
+    lines = sweep_lines([close])
+    starred = [x for x in lines if x.startswith("|") and "★" in x]
+    assert (
+        len(starred) == 1 and "| sm90a 8×16×4 d4 (the planner's) | the planner's plan | 1.00× | 1.00× |" in starred[0]
+    )
+    assert lines[-1].startswith(
+        "- bf16 sweep:4096x4096x4096, sm90a: ★ sm90a 8×16×4 d4 (the planner's) at 68.7 TFLOP/s: no neighbour "
+        "more than 2% faster (the planner's two timings 0.0% apart); the nearest, sm90a a, 1.01×"
+    )
+    # The planner's two timings 6% apart: a neighbour 5% faster than their mean is inside that noise.
+    noisy = row(
+        plan("", PLANNERS_PLAN, 1.0, 2.06e-3),
+        plan(" a", "a stage more", 1.0, 1.91e-3),
+        plan(" (the planner's, again)", TIMED_AGAIN, 1.0, 1.94e-3),
+    )
+    winner, said = sweep_verdict(sweep_summary(noisy))
+    assert winner["change"] == PLANNERS_PLAN and said.startswith("no neighbour more than 6% faster")

@@ -73,6 +73,7 @@ class Built:
     plan: str = ""
     error: str = ""
     note: str = ""  # how it was built when not as asked (without `out`, or in the general form alone)
+    skip: str = ""  # why the row is not run at all on this target (a sweep away from a Hopper)
     kernel: dict[str, Any] = field(default_factory=dict)  # the plan's numbers and the type C was asked in
     forms: list[Form] = field(default_factory=list)
 

@@ -42,6 +42,8 @@ DEFAULT_SIZES = (
 # the first (`--prepare` compiles these kernels too when no `--sizes` is given).
 SWEEP_SIZES = ("sweep:4096", "sweep:8192")
 PLANNERS_PLAN = "the planner's plan"  # a sweep's plan that is its form's planner's own choice (the others: one change)
+TIMED_AGAIN = "the planner's plan, timed again"  # … and its kernel once more, after the neighbours
+SAME_SPEED = 0.02  # two speeds closer than this (relative) are a tie in a sweep's verdicts: timing noise, not order
 GROUPED_PRECISIONS = ("fp16", "bf16")  # the grouped rows' baselines (torch.matmul per group, torch._grouped_mm)
 # What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
 # spatialc's kernels are built for it (`spatialc.gemm(..., out=…)`) where gemm takes `out`.
@@ -135,7 +137,7 @@ class Case(_Product):
     precision: str
     groups: int = 1
     multicast: tuple[int, int] = (1, 1)  # sites of a multicast group (gy, gx): `spatialc.build(multicast=…)`
-    sweep: bool = False  # the sm_90a form at the planner's plan and its neighbours (gpucheck/sweep.py)
+    sweep: bool = False  # each form at its planner's plan and the plans one change away (gpucheck/sweep.py)
 
 
 def grouped_sizes(groups: int, max_rows: int) -> Any:
@@ -178,7 +180,7 @@ def parse_sweep(text: str) -> tuple[int, int, int] | None:
     if not colon or head.lower() != "sweep":
         return None
     if not rest:
-        raise SpatialError(f"size {text!r} is not sweep:SIZE (the sm_90a form's plans at one size)")
+        raise SpatialError(f"size {text!r} is not sweep:SIZE (each form's plans around its planner's, at one size)")
     return parse_size(rest)
 
 

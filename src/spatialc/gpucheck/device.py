@@ -178,6 +178,8 @@ class GpuRunner:
         """One row: each of spatialc's kernels checked and timed both ways, then every library; frees its memory
         whatever happens."""
         built = self.builds.result(case, deadline)
+        if built.skip:
+            return row_of(case, "skipped", built.skip)
         row = row_of(case, "pending", built.note, plan=built.plan, kernel=built.kernel)
         if pf.REFERENCE in self.unavailable:
             row.status, row.note = "error", f"no float64 reference: {self.unavailable[pf.REFERENCE]}"
@@ -231,7 +233,7 @@ class GpuRunner:
         name = form.contestant
         if form.artifact is None:
             return Contestant(name, "spatialc", note=f"n/a: {form.absent}", facts=form.facts), ("", "")
-        off = self.unavailable.get(name)
+        off = self.unavailable.get(name) or self.unavailable.get(spatialc_name(form.name))  # a sweep's plan: its form's
         failure = form.error or (f"unavailable: {off}" if off else "")
         if not failure:
             try:

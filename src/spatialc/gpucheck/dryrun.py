@@ -61,6 +61,9 @@ def _unprepared() -> str:
 def _dry_case(case: Case, target: str, manifest: Any, out: Callable[[str], None]) -> None:
     built = build_case(case, target)
     out(str(case))
+    if built.skip:
+        out(f"  skipped   {built.skip}")
+        return
     out(f"  plan      {built.plan or '—'}")
     if built.error:
         out(f"  launch    {built.error}")
@@ -126,7 +129,7 @@ def contenders(case: Case, built: Built) -> list[str]:
             f"{TORCH_LOOP}: kernel only",
             f"{GROUPED_MM}: kernel only, where this torch has it",
         ]
-    if case.sweep:  # the sm_90a form at each plan of the sweep (sweep.py)
+    if case.sweep:  # each form at each plan of the sweep (sweep.py)
         said = [f"{f.contestant}: {_kernel_timed(f)}" for f in built.forms]
     else:
         said = [f"{spatialc_name(name)}: {_kernel_timed(built.form(name))}" for name in FORMS]

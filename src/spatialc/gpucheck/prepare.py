@@ -154,7 +154,7 @@ def _say_unbuilt(built: Built, say: Callable[[str], None]) -> None:
         say(f"{built.case}: {built.error}")
     for form in built.forms:
         if form.artifact is None:
-            say(f"{built.case} {form.name}: {form.absent}")
+            say(f"{built.case} {form.contestant.removeprefix('spatialc ')}: {form.absent}")
 
 
 def _prepare_one(case: Case, form: Form, target: str, out: Path, say: Callable[[str], None]) -> Entry:

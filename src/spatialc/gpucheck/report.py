@@ -22,6 +22,8 @@ from .cases import (
     HOPPER_FORM,
     PLANNERS_PLAN,
     PROBE_RESULT,
+    SAME_SPEED,
+    TIMED_AGAIN,
     TOLERANCE,
     WAYS,
     Check,
@@ -97,10 +99,10 @@ def _kernel_s(c: Contestant) -> float | None:
 
 def sweep_summary(row: Row) -> list[dict[str, Any]]:
     """Each plan of a sweep row: its form, what changed, its planner's predicted speed against the planner's own
-    plan, the measured one (the planner's plan's kernel time over this plan's), its rate and its share of the
-    fastest cuBLAS kernel."""
+    plan, the measured one (the planner's plan's kernel time — the mean of its two timings, before and after the
+    neighbours — over this plan's), its rate and its share of the fastest cuBLAS kernel."""
     plans = sweep_plans(row)
-    base = {c.facts["sweep"]["form"]: _kernel_s(c) for c in plans if c.facts["sweep"]["change"] == PLANNERS_PLAN}
+    base = {form: _planner_s(plans, form) for form in dict.fromkeys(c.facts["sweep"]["form"] for c in plans)}
     out = []
     for c in plans:
         sweep, t = c.facts["sweep"], _kernel_s(c)
@@ -120,6 +122,16 @@ def sweep_summary(row: Row) -> list[dict[str, Any]]:
     return out
 
 
+OWN = (PLANNERS_PLAN, TIMED_AGAIN)  # a sweep's timings of the planner's own plan
+
+
+def _planner_s(plans: list[Contestant], form: str) -> float | None:
+    """A form's planner's kernel time: the mean of its timings (before and after the neighbours) that were right."""
+    times = [_kernel_s(c) for c in plans if c.facts["sweep"]["form"] == form and c.facts["sweep"]["change"] in OWN]
+    right = [t for t in times if t]
+    return sum(right) / len(right) if right else None
+
+
 def _plan_label(c: Contestant) -> str:
     """A sweep plan as its contestant names it (`sm90a 8×16×4 d3`); the planner's own by its numbers."""
     label, form = c.name.removeprefix("spatialc ").strip(), c.facts["sweep"]["form"]
@@ -136,18 +148,43 @@ def _pct_of(row: Row, seconds: float | None) -> float | None:
     return 100.0 * theirs / seconds if theirs and seconds else None
 
 
-def concordance(plans: list[dict[str, Any]]) -> tuple[int, int]:
-    """Of the pairs of plans the cost model tells apart and both of which were measured, how many it ordered as the
-    kernel times did (agreeing, compared)."""
-    known = [p for p in plans if p["predicted"] is not None and p["measured"] is not None]
+def concordance(plans: list[dict[str, Any]], tie: float = SAME_SPEED) -> tuple[int, int]:
+    """Of the pairs of a form's plans that the planner's cost tells apart and that measured apart, each by more than
+    `tie` (relative), how many the cost ordered as the kernel times did (agreeing, compared). The planner's plan
+    timed again is not a plan of its own."""
+    known = [
+        p for p in plans if p["predicted"] is not None and p["measured"] is not None and p["change"] != TIMED_AGAIN
+    ]
     agree = total = 0
     for i, p in enumerate(known):
         for q in known[i + 1 :]:
-            if p["predicted"] == q["predicted"] or p["measured"] == q["measured"]:
+            if _close(p["predicted"], q["predicted"], tie) or _close(p["measured"], q["measured"], tie):
                 continue
             total += 1
             agree += (p["predicted"] > q["predicted"]) == (p["measured"] > q["measured"])
     return agree, total
+
+
+def _close(x: float, y: float, tie: float) -> bool:
+    return abs(x - y) <= tie * max(abs(x), abs(y))
+
+
+def sweep_verdict(plans: list[dict[str, Any]], tie: float = SAME_SPEED) -> tuple[dict[str, Any] | None, str]:
+    """A form's winner among its right plans and what to say of it: a neighbour only where it beat the planner's
+    plan by more than `tie` (or by more than the planner's two timings differ), else the planner's plan."""
+    own = [p for p in plans if p["change"] in OWN and p["measured"]]
+    drift = max((abs(p["measured"] - 1) for p in own), default=0.0)  # each of the two against their mean
+    margin = max(tie, 2 * drift)
+    rivals = [p for p in plans if p["change"] not in OWN and p["measured"]]
+    best = max(rivals, key=lambda p: p["measured"], default=None)
+    planner = next((p for p in plans if p["change"] == PLANNERS_PLAN and p["measured"]), None)
+    again = f"the planner's two timings {2 * drift:.1%} apart" if len(own) > 1 else "the planner's plan timed once"
+    if best is not None and (planner is None or best["measured"] > 1 + margin):
+        return best, f"{best['measured']:.2f}× the planner's plan ({again})"
+    if planner is None:
+        return None, "no plan ran right"
+    near = f"; the nearest, {best['plan']}, {best['measured']:.2f}×" if best is not None else ""
+    return planner, f"no neighbour more than {margin:.0%} faster ({again}){near}"
 
 
 def _form_summary(row: Row, way: str, form: str) -> dict[str, Any]:
@@ -325,7 +362,7 @@ def multicast_lines(rows: list[Row]) -> list[str]:
     """Each multicast row's kernels against the same GEMM's without groups, in the same run, form by form (the
     general form's groups copy pages through distributed shared memory, the sm_90a form's are TMA multicasts): the
     ratio of their median kernel times (above 1: the groups are faster)."""
-    plain = {(r.precision, r.m, r.n, r.k): r for r in rows if r.multicast == (1, 1) and r.groups == 1}
+    plain = {(r.precision, r.m, r.n, r.k): r for r in rows if r.multicast == (1, 1) and r.groups == 1 and not r.sweep}
     out = []
     for r in rows:
         if r.multicast == (1, 1):
@@ -365,16 +402,17 @@ def _ratio(x: float | None) -> str:
 
 def sweep_lines(rows: list[Row]) -> list[str]:
     """The sweep rows' plans, one line each: the planner's prediction beside the measured speed, both against the
-    form's planner's own plan; then, per row and form, the fastest right plan and how often the planner's cost
-    ordered two plans as measured."""
+    form's planner's own plan; then, per row and form, the winner (a neighbour only beyond timing noise) and how often
+    the planner's cost ordered two plans as measured."""
     swept = [r for r in rows if r.sweep and sweep_plans(r)]
     if not swept:
         return []
     lines = [
         "",
         "The plan sweep (sweep rows, kernel only; each form's plans against its planner's own choice — predicted: by "
-        "the planner's cost, measured: the planner's plan's kernel time over this plan's; ★ a form's fastest right "
-        "plan; a plan the form or the machine cannot take says why):",
+        "the planner's cost, measured: the planner's plan's kernel time, the mean of its timings before and after "
+        f"its neighbours, over this plan's; ★ a form's fastest right plan, a neighbour only when more than "
+        f"{SAME_SPEED:.0%} faster; a plan the form or the machine cannot take says why):",
         "",
         "| " + " | ".join(SWEEP_COLUMNS) + " |",
         "|" + "---|" * len(SWEEP_COLUMNS),
@@ -383,22 +421,18 @@ def sweep_lines(rows: list[Row]) -> list[str]:
     for r in swept:
         unit = UNIT.get(r.precision, "TOP/s")
         summary = sweep_summary(r)
-        fastest = {}
+        winners = []
         for form in dict.fromkeys(s["form"] for s in summary):
             mine = [s for s in summary if s["form"] == form]
-            best_one = max((s for s in mine if s["rate"]), key=lambda s: s["rate"], default=None)
-            if best_one is None:
-                continue
-            fastest[form] = best_one
+            winner, said = sweep_verdict(mine)
+            winners.append(winner)
             agree, total = concordance(mine)
             model = f"; its planner's cost ordered {agree} of {total} pairs of plans as measured" if total else ""
-            verdicts.append(
-                f"- {r.precision} {r.size}, {form}: fastest {best_one['plan']} at {_rate(best_one['rate'])} {unit}, "
-                f"{_ratio(best_one['measured'])} the planner's plan{model}"
-            )
+            head = f"★ {winner['plan']} at {_rate(winner['rate'])} {unit}: " if winner is not None else ""
+            verdicts.append(f"- {r.precision} {r.size}, {form}: {head}{said}{model}")
         for c, s in zip(sweep_plans(r), summary, strict=True):
             k = c.facts
-            star = " ★" if fastest.get(s["form"]) is s else ""
+            star = " ★" if any(w is s for w in winners) else ""
             regs = str(k["registers"]) if "registers" in k else "—"
             spills = f"{k['spill_stores']}/{k['spill_loads']}" if "registers" in k else "—"
             kernel = f"{_rate(s['rate'])} {unit}{star}" if s["rate"] else (c.note or "—")

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from .builds import Built, Form, describe_plan, form_built, plan_facts
-from .cases import HOPPER_FORM, PLANNERS_PLAN
+from .cases import HOPPER_FORM, PLANNERS_PLAN, TIMED_AGAIN
 
 SWEPT_FORMS = ("persistent", HOPPER_FORM)  # in the report's order (cases.FORMS)
+UNSPLIT = {"split_k": 1}  # neither form's kernel splits K: a long-K shape is swept unsplit, not left out
 BUILT_FOR = {"persistent": "sm_90", HOPPER_FORM: "sm_90a"}  # the target each form's plans are made for
 
 
@@ -42,24 +43,26 @@ def neighbours(program: Any, form: str) -> list[Neighbour]:
     """The plans one step from `program`'s (built for `form`): its stage depth ±1, its K step halved (where the
     form's MMA still takes it) with twice the stages and doubled, its items half as wide (the sm_90a form: a narrower
     block; the persistent kernel: half the sub-blocks across, or a narrower block where there is one across), and —
-    where the planner visits items in bands of rows — row-major waves. Where the depth is not named the planner
-    chooses it, as a user forcing that block would get it."""
+    where the planner visits items in bands of rows — row-major waves. Each keeps the planner's item order but the
+    last; where the depth is not named the planner chooses it, as a user forcing that block would get it."""
     plan = program.plan
-    b, depth, sub = plan.block, plan.depth, plan.sub_blocks
+    b, depth, sub, kind = plan.block, plan.depth, plan.sub_blocks, program.placement.kind
     block = (b.osh, b.osw, b.ibw)
     # An int8 wgmma takes K in pairs of tiles (k32); the persistent kernel's k16 path takes one.
     least_k = 2 if form == HOPPER_FORM and program.precision.value == "int8" else 1
-    out = [Neighbour("a stage more", block, sub, depth + 1)]
+    out = [Neighbour("a stage more", block, sub, depth + 1, kind)]
     if depth > 2:
-        out.insert(0, Neighbour("a stage fewer", block, sub, depth - 1))
+        out.insert(0, Neighbour("a stage fewer", block, sub, depth - 1, kind))
     if b.ibw % 2 == 0 and b.ibw // 2 >= least_k:
-        out.append(Neighbour("K steps halved, twice the stages", (b.osh, b.osw, b.ibw // 2), sub, 2 * depth))
-    out.append(Neighbour("K steps doubled", (b.osh, b.osw, b.ibw * 2), sub))  # the planner lowers the depth to fit
+        halved = (b.osh, b.osw, b.ibw // 2)
+        out.append(Neighbour("K steps halved, twice the stages", halved, sub, 2 * depth, kind))
+    # The planner lowers the depth to fit the doubled step.
+    out.append(Neighbour("K steps doubled", (b.osh, b.osw, b.ibw * 2), sub, placement=kind))
     if form != HOPPER_FORM and sub[1] % 2 == 0:
-        out.append(Neighbour("items half as wide", block, (sub[0], sub[1] // 2)))
+        out.append(Neighbour("items half as wide", block, (sub[0], sub[1] // 2), placement=kind))
     elif b.osw % 2 == 0:
-        out.append(Neighbour("items half as wide", (b.osh, b.osw // 2, b.ibw), sub))
-    if program.placement is not None and program.placement.kind == "grouped":
+        out.append(Neighbour("items half as wide", (b.osh, b.osw // 2, b.ibw), sub, placement=kind))
+    if kind == "grouped":
         out.append(Neighbour("row-major waves, not bands", block, sub, depth, "round_robin"))
     return out
 
@@ -83,12 +86,15 @@ def sweep_case(built: Built, gemm: Any, target: str) -> Built:
     each neighbour (kernel only), each with its planner's cost prediction; a neighbour the form or the machine cannot
     take stays in the list as absent, with the reason. Only on a Hopper (target sm_90)."""
     if target != "sm_90":
-        why = f"a sweep times plans of the persistent kernel and the sm_90a form on a Hopper, not {target}"
-        built.forms = [Form(HOPPER_FORM, absent=why)]
+        built.skip = (
+            f"a sweep runs on a Hopper's own target, sm_90 (the persistent kernel's; the sm_90a form's plans are built "
+            f"for sm_90a beside it), not {target}"
+        )
         return built
     for form in SWEPT_FORMS:
-        planner, chosen = form_built(gemm, form, {})
-        if planner is None:
+        planner, chosen = form_built(gemm, form, dict(UNSPLIT))
+        if planner is None:  # in the sweep table all the same, with the reason
+            chosen.facts["sweep"] = {"form": form, "change": PLANNERS_PLAN, "predicted": None}
             built.forms.append(chosen)
             continue
         if form == HOPPER_FORM or not built.plan:
@@ -105,7 +111,7 @@ def _swept(gemm: Any, form: str, planner: Any, chosen: Form) -> list[Form]:
     forms = [chosen]
     seen = {_key(planner)}
     for n in neighbours(planner, form):
-        program, variant = form_built(gemm, form, n.options())
+        program, variant = form_built(gemm, form, {**n.options(), **UNSPLIT})
         if program is not None:
             if _key(program) in seen:
                 continue  # the planner made the change back into a plan already in the list
@@ -117,7 +123,11 @@ def _swept(gemm: Any, form: str, planner: Any, chosen: Form) -> list[Form]:
         variant.facts["sweep"] = {"form": form, "change": n.change, "predicted": predicted}
         variant.kernel_only = True
         forms.append(variant)
-    return forms
+    # The planner's kernel timed once more after its neighbours: every measured ratio of the form divides by its
+    # time, so the report takes the mean of both and shows how far apart they were (the clock's drift, the noise).
+    again = Form(form, chosen.artifact, facts={**chosen.facts}, variant="(the planner's, again)", kernel_only=True)
+    again.facts["sweep"] = {"form": form, "change": TIMED_AGAIN, "predicted": 1.0}
+    return [*forms, again]
 
 
 def _cost(gemm: Any, form: str, program: Any) -> float:
