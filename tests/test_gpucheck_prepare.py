@@ -152,3 +152,26 @@ def test_a_manifest_of_another_format_is_refused(tmp_path):
     (tmp_path / MANIFEST).write_text("{not json")
     with pytest.raises(SpatialError, match="cannot read"):
         Manifest.load(tmp_path)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_a_kernel_text_two_plans_share_is_compiled_once_and_found_by_both(tmp_path, capsys, monkeypatch):
+    prep = tmp_path / "prep"
+    # A sweep row's planner's kernel is timed twice and its row-major neighbour differs only in the work list: the
+    # same text three times a form.
+    argv = [str(prep), "--prepare", "--sizes", "sweep:48x80x96", "--precisions", "bf16", "--commit", "abc"]
+    assert gpucheck.main(argv) == 0
+    out = capsys.readouterr().out
+    built = B.build_case(Case(48, 80, 96, "bf16", sweep=True), "sm_90")
+    texts = {(source_hash(f.artifact.kernel_cu), kernel_arch(f.name, "sm_90")) for f in built.forms if f.artifact}
+    entries = json.loads((prep / MANIFEST).read_text())["kernels"]
+    keys = [(e["source_sha256"], e["arch"]) for e in entries]
+    assert len(keys) == len(set(keys)) and texts <= set(keys)  # each text once, every one of the row's there
+    shared = sum(f.artifact is not None for f in built.forms) - len(texts)
+    assert shared > 0 and "more share a text with one of them" in out
+    monkeypatch.setattr(L, "find_nvcc", lambda: None)
+    argv = ["unused", "--dry-run", "--prepared", str(prep), "--sizes", "sweep:48x80x96", "--precisions", "bf16"]
+    assert gpucheck.main(argv) == 0
+    dry = capsys.readouterr().out
+    assert dry.count("    cubin     prepared: ") == sum(f.artifact is not None for f in built.forms)

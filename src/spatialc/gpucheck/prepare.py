@@ -124,10 +124,12 @@ def prepare(
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     builds = [build_case(c, target) for c in dict.fromkeys([preflight_case(list(cases)), *cases])]
-    kernels = [(b.case, f) for b in builds for f in b.forms if f.artifact is not None]
+    kernels = _distinct([(b.case, f) for b in builds for f in b.forms if f.artifact is not None], target)
+    shared = sum(f.artifact is not None for b in builds for f in b.forms) - len(kernels)
     unbuilt = [b for b in builds if b.error]
     version = launch.nvcc_version(nvcc)
-    say(f"gpucheck prepare: {len(kernels) + len(unbuilt)} kernels for {target} with {version} into {out}")
+    also = f" ({shared} more share a text with one of them)" if shared else ""
+    say(f"gpucheck prepare: {len(kernels) + len(unbuilt)} kernels{also} for {target} with {version} into {out}")
     for b in builds:
         _say_unbuilt(b, say)
     with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 2)) as pool:
@@ -146,6 +148,20 @@ def prepare(
     failed = [e for e in entries if e.error]
     say(f"gpucheck prepare: wrote {out / MANIFEST}: {len(entries) - len(failed)} compiled, {len(failed)} failed")
     return 1 if failed else 0
+
+
+def _distinct(kernels: list[tuple[Case, Form]], target: str) -> list[tuple[Case, Form]]:
+    """Each kernel text once for its architecture (the first case that has it names it): the GPU run finds a cubin by
+    its text's hash, so a kernel two cases share — a sweep's row-major neighbour, its planner's second timing, a
+    size in two lists — is compiled once."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for case, form in kernels:
+        key = (source_hash(form.artifact.kernel_cu), kernel_arch(form.name, target))
+        if key not in seen:
+            seen.add(key)
+            out.append((case, form))
+    return out
 
 
 def _say_unbuilt(built: Built, say: Callable[[str], None]) -> None:
