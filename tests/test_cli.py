@@ -1,6 +1,7 @@
 """The command line: reports, saved programs, and one clear line with exit status 2 for anything wrong."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def test_gemm_checks_float_precisions_within_the_stated_bound(capsys, precision)
 
 
 def test_saved_program_shows_and_round_trips(capsys, tmp_path):
-    path = tmp_path / "p.json"
+    path = tmp_path / "saved" / "p.json"  # a folder not made yet: made, as --emit and --pictures make theirs
     status, _, err = run_cli(capsys, "gemm", "40", "40", "40", "--block", "1,1,1", "--json", str(path))
     assert status == 0, err
     p = spatialc.from_json(path.read_text())
@@ -189,6 +190,13 @@ def test_hopper_target_on_the_command_line(capsys, tmp_path):
     assert "kernel    sm_90a form: one thread of a producer warpgroup loads each page by TMA" in out
     # The registers are what setmaxnreg makes of the launch's (ptxas's count, with --emit, is the launch's).
     assert "384 threads each, 232 registers a consumer thread and 40 a producer thread after setmaxnreg" in out
+    # Every byte of shared memory named: the rings, the barriers, the output's staging (8 consumer warps × 2 boxes of
+    # one fp32 tile: the items are 5 tiles wide) and the padding to each stage's 1024-byte boundary.
+    said = next(line for line in out.splitlines() if "shared memory" in line and "bytes a block" in line)
+    total = int(re.search(r"shared memory (\d+) bytes a block", said).group(1))
+    parts = {name: int(n) for name, n in re.findall(r"(\w[\w ]*?) (\d+) B\b", said.split("1024 bytes): ")[1])}
+    assert parts["output staging"] == 8 * 2 * 1 * 256 * 4 and 0 <= parts["alignment"] < 1024 * 3
+    assert sum(parts.values()) == total, said
     status, out, err = run_cli(capsys, "verify", str(path))
     assert status == 0 and "lowering  the sm_90a CUDA form (TMA, wgmma) for sm_90a takes it: " in out
     # The form on a target without its instructions: one line, exit status 2.

@@ -180,3 +180,39 @@ def test_a_closed_or_missing_stderr_is_no_error(monkeypatch):
     closed = io.StringIO()
     closed.close()
     StderrProgress(stream=closed)(1, 2)
+
+
+def test_the_first_run_of_a_kernel_text_says_it_waits_on_g_plus_plus(monkeypatch):
+    """g++ takes seconds the first time a kernel text is emulated: the reporter says so before it starts, once."""
+    from spatialc.runtime import emulate as E
+
+    said: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def compile_program(program_cu, mode):
+        said.append("compiled")
+        raise Stop
+
+    out = io.StringIO()
+    report = StderrProgress("emulating", force=True, stream=out)
+    monkeypatch.setattr(E, "compile_program", compile_program)
+    for cached in (False, True):
+        monkeypatch.setattr(E, "is_compiled", lambda program_cu, mode, cached=cached: cached)
+        with pytest.raises(Stop):
+            E.emulate_source(PROBE, {}, (1,), progress=report)
+    assert said == ["compiled", "compiled"]
+    assert (
+        out.getvalue() == "emulating: compiling the emulation with g++ (seconds, once for each kernel text: cached)\n"
+    )
+
+
+def test_whether_a_kernel_text_is_compiled_follows_the_cache(monkeypatch, tmp_path):
+    from spatialc.runtime import emulate as E
+
+    monkeypatch.setenv("SPATIALC_CACHE", str(tmp_path))
+    assert not E.is_compiled(PROBE)
+    if shutil.which("g++") is not None:
+        E.compile_program(PROBE)
+        assert E.is_compiled(PROBE) and not E.is_compiled(PROBE + "\n// another text")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -154,7 +155,7 @@ def _program_options(g: argparse.ArgumentParser, precision: str, *, split: bool)
             type=int,
             metavar="S",
             help="reduce each item's K on S sites whose partial sums meet in a workspace (general form); default:"
-            " the planner splits a GEMM whose items fill less than half the machine while K is long, 1 never splits",
+            " the planner splits a GEMM whose items fill at most half the machine while K is long, 1 never splits",
         )
         g.add_argument(
             "--multicast",
@@ -349,5 +350,8 @@ def _internal_error(e: Exception) -> int:
 
 def _fail(message: str) -> int:
     text = "; ".join(line.strip() for line in message.splitlines() if line.strip())
-    print(text if text.startswith("spatialc") else f"spatialc: error: {text}", file=sys.stderr)
+    # A message that names its own command (`spatialc gpucheck: …`) keeps it; any other gets the error prefix, even
+    # one that starts with the word (`spatialc program version 99; …`).
+    named = re.match(r"spatialc(?: [\w-]+)?: ", text)
+    print(text if named else f"spatialc: error: {text}", file=sys.stderr)
     return 2

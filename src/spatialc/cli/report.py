@@ -72,9 +72,11 @@ def program_lines(p: SpatialProgram) -> list[str]:
         gy, gx = p.placement.multicast
         reads = read_bytes(p)
         said = ", ".join(f"{name} {n / 2**20:.1f} MiB" for name, n in reads.items())
+        rows_cols = (("each group row shares its A pages", gx), ("each group column shares its B pages", gy))
+        shared = [what for what, n in rows_cols if n > 1]
         split = [
-            f"  multicast {gy}x{gx} sites a group: a group row shares its A pages, a group column its B pages, each"
-            f" read once and multicast; global reads {said} ({global_read_bytes(p)} bytes)"
+            f"  multicast {gy}x{gx} sites a group: {', '.join(shared)}, each read once and multicast; global reads"
+            f" {said} ({global_read_bytes(p)} bytes)"
         ]
     if plan.groups > 1:
         split = [
@@ -95,6 +97,14 @@ def program_lines(p: SpatialProgram) -> list[str]:
 def _unit(plan, held: str) -> str:
     word = "strip" if plan.groups > 1 else "item"
     return word if held == "1" else word + "s"
+
+
+def _staging(bud) -> str:
+    """The sm_90a form's shared memory past its rings and barriers: the output staging, and the padding that puts
+    each stage on its 1024-byte boundary."""
+    pad = bud.total_bytes - sum(size for _, size in bud.rings) - bud.barrier_bytes - bud.staging_bytes
+    said = f", output staging {bud.staging_bytes} B" if bud.staging_bytes else ""
+    return said + (f", alignment {pad} B" if pad else "")
 
 
 def kernel_lines(p: SpatialProgram, art) -> list[str]:
@@ -144,7 +154,7 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             " one group in flight),"
             f" setmaxnreg moves registers to them; items of {h * 16}x{w * 16}: the two warpgroups' 64 rows each{out}",
             f"            shared memory {bud.total_bytes} bytes a block (budget.json: all dynamic{opt_in}, stages on"
-            f" 1024 bytes): {kept}, barriers {bud.barrier_bytes} B",
+            f" 1024 bytes): {kept}, barriers {bud.barrier_bytes} B{_staging(bud)}",
         ]
     else:
         memory = [

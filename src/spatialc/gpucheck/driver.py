@@ -215,7 +215,12 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> argparse.Na
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton contender")
     ap.add_argument("--no-graphs", action="store_true", help="time kernel-only launch by launch, without CUDA graphs")
     ap.add_argument("--commit", default=None, help="the commit to record (default: git's)")
-    ap.add_argument("--dry-run", action="store_true", help="list what would run, build the plans, and exit")
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list what would run, build the plans, and exit (without --prepared, nvcc compiles each kernel here for "
+        "ptxas's numbers: seconds a kernel, minutes for the default list)",
+    )
     ap.add_argument(
         "--prepare", action="store_true", help="compile every kernel of the run into OUTDIR (needs nvcc, no GPU)"
     )

@@ -44,7 +44,8 @@ def dry_run(cases: Sequence[Case], target: str, manifest: Any = None, out: Calla
     """Say what a GPU run would do: the preflight's steps, the timings, and for each case its plan and, for each of
     its kernels, the launch (built here, on the CPU), what ptxas says of it (from the prepared folder, or compiled for
     `target` when nvcc is here) and where its cubin would come from; then what they are timed against."""
-    out(f"gpucheck dry run: {len(cases)} rows on {target}; would write gpucheck.json and gpucheck.md")
+    rows = f"{len(cases)} row{'s' * (len(cases) != 1)}"
+    out(f"gpucheck dry run: {rows} on {target}; would write gpucheck.json and gpucheck.md")
     steps = "; ".join(step_names(cases))
     out(f"preflight (first, at most {PREFLIGHT_S:.0f} s; a step that fails marks its path unavailable): {steps}")
     out(f"timings: {END_TO_END}; {KERNEL_ONLY}")
@@ -55,7 +56,17 @@ def dry_run(cases: Sequence[Case], target: str, manifest: Any = None, out: Calla
 
 
 def _unprepared() -> str:
-    return "cubins: none prepared: the GPU run compiles them (`spatialc gpucheck DIR --prepare` does it beforehand)"
+    from ..runtime import launch
+
+    here = (
+        "; this dry run compiles each kernel here with nvcc for ptxas's numbers, a few seconds each (`--prepared DIR` "
+        "reads them from a prepared folder instead)"
+        if launch.find_nvcc() is not None
+        else ""
+    )
+    return (
+        f"cubins: none prepared: the GPU run compiles them (`spatialc gpucheck DIR --prepare` does it beforehand){here}"
+    )
 
 
 def _dry_case(case: Case, target: str, manifest: Any, out: Callable[[str], None]) -> None:

@@ -102,8 +102,11 @@ class Manifest:
         return path, entry, ""
 
     def summary(self) -> str:
+        archs = ", ".join(sorted({arch for _, arch in self.by_source}))  # sm_90, and sm_90a for the sm_90a form
         ok = len(self.by_source)
-        return f"{ok} kernels for {self.data.get('arch')} by {self.data.get('nvcc')} ({self.data.get('created')})"
+        return (
+            f"{ok} kernels for {archs or self.data.get('arch')} by {self.data.get('nvcc')} ({self.data.get('created')})"
+        )
 
 
 def prepare(
@@ -210,7 +213,7 @@ def sass_census(cubin: Path) -> str:
     mmas = ", ".join(f"{n} {op}" for op, n in c.mmas)
     return (
         f"main loop {c.instrs} instructions a trip{per}; {mmas}; {c.ldsm} LDSM, {c.other_lds} other shared loads,"
-        f" {c.generic} generic loads, {c.barriers} block barriers"
+        f" {c.generic} generic loads, {c.barriers} block barrier{'s' * (c.barriers != 1)}"
     )
 
 

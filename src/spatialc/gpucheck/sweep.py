@@ -33,6 +33,7 @@ class Neighbour:
     sub_blocks: tuple[int, int] | None = None
     depth: int | None = None
     placement: str | None = None
+    why_not: str = ""  # why the planner's plan has no such neighbour (listed all the same)
 
     def options(self) -> dict[str, Any]:
         chosen = {"block": self.block, "sub_blocks": self.sub_blocks, "depth": self.depth, "placement": self.placement}
@@ -50,20 +51,30 @@ def neighbours(program: Any, form: str) -> list[Neighbour]:
     block = (b.osh, b.osw, b.ibw)
     # An int8 wgmma takes K in pairs of tiles (k32); the persistent kernel's k16 path takes one.
     least_k = 2 if form == HOPPER_FORM and program.precision.value == "int8" else 1
-    out = [Neighbour("a stage more", block, sub, depth + 1, kind)]
-    if depth > 2:
-        out.insert(0, Neighbour("a stage fewer", block, sub, depth - 1, kind))
+    out = [Neighbour("a stage fewer", block, sub, depth - 1, kind)]
+    if depth <= 2:
+        out[0] = Neighbour("a stage fewer", why_not=f"the planner's {depth} stages are the fewest that overlap a load")
+    out.append(Neighbour("a stage more", block, sub, depth + 1, kind))
+    halved = "K steps halved, twice the stages"
     if b.ibw % 2 == 0 and b.ibw // 2 >= least_k:
-        halved = (b.osh, b.osw, b.ibw // 2)
-        out.append(Neighbour("K steps halved, twice the stages", halved, sub, 2 * depth, kind))
+        out.append(Neighbour(halved, (b.osh, b.osw, b.ibw // 2), sub, 2 * depth, kind))
+    else:
+        out.append(Neighbour(halved, why_not=f"the form's MMA takes K steps of {least_k} tiles or more, whole"))
     # The planner lowers the depth to fit the doubled step.
     out.append(Neighbour("K steps doubled", (b.osh, b.osw, b.ibw * 2), sub, placement=kind))
+    narrower = "items half as wide"
     if form != HOPPER_FORM and sub[1] % 2 == 0:
-        out.append(Neighbour("items half as wide", block, (sub[0], sub[1] // 2), placement=kind))
+        out.append(Neighbour(narrower, block, (sub[0], sub[1] // 2), placement=kind))
     elif b.osw % 2 == 0:
-        out.append(Neighbour("items half as wide", (b.osh, b.osw // 2, b.ibw), sub, placement=kind))
+        out.append(Neighbour(narrower, (b.osh, b.osw // 2, b.ibw), sub, placement=kind))
+    else:
+        wide = b.osw * sub[1]
+        out.append(Neighbour(narrower, why_not=f"the planner's items are {wide} tile{'s' * (wide != 1)} wide: no half"))
+    waves = "row-major waves, not bands"
     if kind == "grouped":
-        out.append(Neighbour("row-major waves, not bands", block, sub, depth, "round_robin"))
+        out.append(Neighbour(waves, block, sub, depth, "round_robin"))
+    else:
+        out.append(Neighbour(waves, why_not=f"the planner's item order is {kind}, not bands of rows"))
     return out
 
 
@@ -97,8 +108,8 @@ def sweep_case(built: Built, gemm: Any, target: str) -> Built:
             chosen.facts["sweep"] = {"form": form, "change": PLANNERS_PLAN, "predicted": None}
             built.forms.append(chosen)
             continue
-        if form == HOPPER_FORM or not built.plan:
-            built.plan = describe_plan(planner)  # the row's plan: the sm_90a form's, the one it is mostly about
+        if not built.plan:  # the row's plan: the persistent kernel's, as in any row; each kernel names its own
+            built.plan = describe_plan(planner)
             built.kernel.update(plan_facts(planner))
         built.forms += _swept(gemm, form, planner, chosen)
     return built
@@ -111,7 +122,10 @@ def _swept(gemm: Any, form: str, planner: Any, chosen: Form) -> list[Form]:
     forms = [chosen]
     seen = {_key(planner)}
     for n in neighbours(planner, form):
-        program, variant = form_built(gemm, form, {**n.options(), **UNSPLIT})
+        if n.why_not:
+            program, variant = None, Form(form, absent=n.why_not)
+        else:
+            program, variant = form_built(gemm, form, {**n.options(), **UNSPLIT})
         if program is not None:
             if _key(program) in seen:
                 continue  # the planner made the change back into a plan already in the list

@@ -28,6 +28,7 @@ class Budget:
     form: str = "persistent"  # persistent or general
     engines: tuple[tuple[str, int], ...] = ()  # (engine, warps) of the general form, in warp order
     barrier_bytes: int = 0  # the general form's mbarriers: a full and an empty one per ring slot
+    staging_bytes: int = 0  # the sm_90a form's output staging: each consumer warp's boxes for its TMA stores
     regs_ptxas: int | None = None  # registers a thread as ptxas counts them, where nvcc compiled the kernel
     spills_ptxas: int | None = None  # spill stores + loads in bytes, likewise
     # ptxas's stack frame in bytes, likewise: local memory a thread uses without spilling (the persistent kernel's

@@ -27,8 +27,8 @@ def build(
     multicast: tuple[int, int] | None = None,
 ) -> SpatialProgram:
     """Run every pass in order and return the verified program, planned for the `form` CUDA kernel. `split_k`
-    gives each item that many sites (`passes/split.py`); None lets the planner split a GEMM whose items fill less
-    than half the machine while K is long. `multicast=(gy, gx)` shares operand pages over groups of gy × gx sites
+    gives each item that many sites (`passes/split.py`); None lets the planner split a GEMM whose items fill at most
+    half the machine while K is long. `multicast=(gy, gx)` shares operand pages over groups of gy × gx sites
     (`passes/multicast.py`).
 
     On a Hopper target "auto" plans for the sm_90a form first, whose operand pages only that form reads (swizzled

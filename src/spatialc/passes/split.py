@@ -69,7 +69,7 @@ def check_splits(splits: object, plan: Plan | None = None) -> int:
 
 
 def auto_splits(plan: Plan, resident: int) -> int:
-    """How many sites the planner gives each item: 1 unless the items fill less than half of the `resident` sites
+    """How many sites the planner gives each item: 1 unless the items fill at most half of the `resident` sites
     and K is long; then as many as fill the sites, each split keeping MIN_SPLIT_STEPS K steps."""
     if plan.items * 2 > resident:
         return 1

@@ -205,8 +205,7 @@ def _prepared(mode: str) -> Path:
     emulator's threads, barriers and race check every time.
     """
     headers = _headers()
-    key = _digest(_compiler()[1], mode, *CXX_FLAGS, *(h.name.encode() + h.read_bytes() for h in headers))
-    folder = cache_dir() / f"rt-{mode}-{key}"
+    folder = _runtime_folder(mode)
     if (folder / "runtime.o").exists():
         return folder
     with _lock(str(folder)):
@@ -228,12 +227,30 @@ def _prepared(mode: str) -> Path:
     return folder
 
 
+def _runtime_folder(mode: str) -> Path:
+    """Where `_prepared` keeps the runtime of `mode`: named by the compiler, the flags and the headers' text."""
+    headers = _headers()
+    key = _digest(_compiler()[1], mode, *CXX_FLAGS, *(h.name.encode() + h.read_bytes() for h in headers))
+    return cache_dir() / f"rt-{mode}-{key}"
+
+
+def _binary_path(rt: Path, program_cu: str, mode: str) -> Path:
+    return cache_dir() / f"prog-{mode}-{_digest(rt.name, host_source(program_cu))}"
+
+
+def is_compiled(program_cu: str, mode: str = "late") -> bool:
+    """Whether `compile_program` would find `program_cu`'s binary in the cache (else g++ takes seconds first)."""
+    _check_mode(mode)
+    rt = _runtime_folder(mode)
+    return (rt / "runtime.o").exists() and _binary_path(rt, program_cu, mode).exists()
+
+
 def compile_program(program_cu: str, mode: str = "late") -> Path:
     """The emulation binary of `program_cu` in `mode`, compiled once and cached by source, mode and header hash."""
     _check_mode(mode)
     source = host_source(program_cu)
     rt = _prepared(mode)
-    binary = cache_dir() / f"prog-{mode}-{_digest(rt.name, source)}"
+    binary = _binary_path(rt, program_cu, mode)
     if binary.exists():
         return binary
     with _lock(str(binary)):
@@ -398,6 +415,9 @@ def emulate_source(
     `progress(done, total)` hears of the blocks done as the run goes (see `run_program`); `sms` is the emulated
     device's multiprocessor count (132 when None)."""
     texts = {name: v if isinstance(v, str) else format_values(v) for name, v in files.items()}
+    note = getattr(progress, "note", None)
+    if note is not None and not is_compiled(program_cu, mode):  # the first run of a kernel text waits on g++
+        note("compiling the emulation with g++ (seconds, once for each kernel text: cached)")
     run = run_program(compile_program(program_cu, mode), texts, timeout, progress=progress, sms=sms)
     return parse_output(run.stdout, out_shape, out_dtype)
 
@@ -501,6 +521,14 @@ class StderrProgress:
             return stream if self.force or stream.isatty() else None
         except (AttributeError, ValueError):  # no isatty, or closed
             return None
+
+    def note(self, text: str) -> None:
+        """A line of its own before the count (what the run waits on first), where the count would be shown."""
+        stream = self._out()
+        if stream is not None:
+            with self._lock:
+                stream.write(f"{self.label}: {text}\n")
+                stream.flush()
 
     def __call__(self, done: int, total: int) -> None:
         stream = self._out()

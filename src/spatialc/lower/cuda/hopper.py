@@ -887,8 +887,10 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
 def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
     k = hk.base
     bud = general.budget_of(k, target)
+    staging = CONSUMER_GROUPS * WARPGROUP * STORE_BUFFERS * hk.chunk * TILE_ELEMS * OUT_BYTES[k.out_type]
     return dataclasses.replace(
         bud,
+        staging_bytes=staging,
         smem_bytes=sum(r.bytes for r in k.rings.rings.values()),
         dynamic_opt_in=k.dyn_bytes > target.smem_static_max,
         regs_est=CONSUMER_REGS,
