@@ -74,6 +74,11 @@ def test_default_plan_covers_the_asked_sizes():
     assert all((c.m, c.n, c.k) in sizes for c in multicast) and multicast[1].size == "mc2x2:4096x4096x4096"
     with pytest.raises(SpatialError, match="not mcGYxGX:SIZE"):
         cases_of(["mc2:64"], ["bf16"])
+    # A budget cut drops the tail: what the open goals are judged by comes first (4096³ and 8192³, then with groups),
+    # split-K and grouped GEMMs last.
+    order = [c.size for c in cases_of(DEFAULT_SIZES, ["bf16"])]
+    assert order[:2] == ["4096x4096x4096", "8192x8192x8192"] and all(s.startswith("mc") for s in order[2:6])
+    assert order[-4:] == ["128x128x65536", "512x512x32768", "g8:4096x4096x4096", "g64:4096x4096x4096"]
 
 
 # ---- the budget loop -------------------------------------------------------------------------------------------
