@@ -577,7 +577,7 @@ def test_the_module_runs_as_a_script(tmp_path):
         env={**os.environ, "PATH": "/usr/bin:/bin"},  # no nvcc on this PATH: nothing compiles
     )
     assert done.returncode == 0, done.stderr
-    assert "gpucheck dry run: 1 rows on sm_90" in done.stdout and "fp16 32x32x32" in done.stdout
+    assert "gpucheck dry run: 1 row on sm_90" in done.stdout and "fp16 32x32x32" in done.stdout
 
 
 def test_the_preflight_case_is_64_cubed_in_the_first_precision():
