@@ -169,13 +169,18 @@ def hopper_form(gemm: Any, options: dict[str, Any]) -> Form:
     return form_built(gemm, HOPPER_FORM, options)[1]
 
 
+def built_for(name: str) -> str:
+    """The target a Hopper's kernel in form `name` is built for: sm_90a for the sm_90a form, sm_90 for the others."""
+    return "sm_90a" if name == HOPPER_FORM else "sm_90"
+
+
 def form_built(gemm: Any, name: str, options: dict[str, Any]) -> tuple[Any, Form]:
     """The GEMM built with `options` and lowered in form `name` — the sm_90a form for sm_90a, the persistent kernel
     for sm_90 — its plan named in its facts; with the program (None where the build or the lowering refused: the
     form is then absent, with the reason)."""
     import spatialc
 
-    target = "sm_90a" if name == HOPPER_FORM else "sm_90"
+    target = built_for(name)
     try:
         program = spatialc.build(gemm, target, **options)
         artifact = spatialc.lower(program, target, form=name)
