@@ -8,7 +8,7 @@ from ..target import SpatialTarget
 from .multicast import add_semaphores, check_multicast, multicast_placement
 from .place import default_sites, place
 from .schedule import schedule
-from .split import add_split, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
+from .split import add_split, asked, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
 from .tile import apply_plan, candidates, fused_by_persistent, in_panels, ring_stages, sites_per_unit, tile
 from .verify import verify
 
@@ -132,11 +132,11 @@ def _multicast(
     """build with multicast groups: planned for the general form (a group's sites wait on each other), placed by
     groups, the handshake scheduled."""
     gy, gx = group
-    said = f"multicast=({gy}, {gx})"
+    said = f"multicast=({gy}, {gx}) (--multicast {gy},{gx})"
     if any(t.groups > 1 for t in program.tensors):
         raise ProgramError(f"{said}: a grouped GEMM's row counts arrive at run time; its sites are not grouped")
     if split_k is not None and split_k > 1:
-        raise ProgramError(f"{said} and split_k={split_k}: a build takes one of them")
+        raise ProgramError(f"{said} and {asked(split_k)}: a build takes one of them")
     if placement is not None:
         raise ProgramError(f"{said} places items itself; it takes no placement rule ({placement!r})")
     if form == "persistent":
@@ -205,7 +205,7 @@ def _split_plan(
     most = max(c.plan.k_steps for c in found)
     forced = " with the forced block" if block else ""
     raise ProgramError(
-        f"split_k={splits}: every plan that fits{forced} has at most {most} K step(s), and each split needs one"
+        f"{asked(splits)}: every plan that fits{forced} has at most {most} K step(s), and each split needs one"
         f" (use split_k ≤ {most})"
     )
 
@@ -218,17 +218,17 @@ def _splits(
     assert p.plan is not None
     if p.plan.groups > 1:
         if split_k is not None and split_k > 1:
-            raise ProgramError(f"split_k={split_k}: a grouped GEMM's row counts arrive at run time; it is not split")
+            raise ProgramError(f"{asked(split_k)}: a grouped GEMM's row counts arrive at run time; it is not split")
         return 1
     if split_k is not None:
         check_splits(split_k)  # against the K steps of the plan made for it, below
         if split_k > 1 and form == "persistent":
             raise ProgramError(
-                f"split_k={split_k}: split-K's sites wait on each other, which the persistent kernel cannot print;"
+                f"{asked(split_k)}: split-K's sites wait on each other, which the persistent kernel cannot print;"
                 " use form='general' or 'auto' (--form general)"
             )
         if split_k > 1 and placement is not None:
-            raise ProgramError(f"split_k={split_k} places items itself; it takes no placement rule ({placement!r})")
+            raise ProgramError(f"{asked(split_k)} places items itself; it takes no placement rule ({placement!r})")
         return split_k
     if form in ("persistent", "sm90a") or sites is not None or placement is not None:
         return 1

@@ -53,16 +53,21 @@ def split_ranges(k_steps: int, splits: int) -> tuple[tuple[int, int], ...]:
     return tuple((s * k_steps // splits, (s + 1) * k_steps // splits - s * k_steps // splits) for s in range(splits))
 
 
+def asked(splits: int) -> str:
+    """A split count as the API and the command line each spell it, for the head of a refusal."""
+    return f"split_k={splits} (--split-k {splits})"
+
+
 def check_splits(splits: object, plan: Plan | None = None) -> int:
     """`splits` as a count of sites per item, or ProgramError: a whole number from 1 to MAX_SPLITS and to the
     plan's K steps."""
     if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
         raise ProgramError(f"split_k must be a whole number ≥ 1, not {splits!r}")
     if splits > MAX_SPLITS:
-        raise ProgramError(f"split_k={splits}: at most {MAX_SPLITS} sites share an item")
+        raise ProgramError(f"{asked(splits)}: at most {MAX_SPLITS} sites share an item")
     if plan is not None and splits > plan.k_steps:
         raise ProgramError(
-            f"split_k={splits}: the plan reduces K in {plan.k_steps} step(s) of {plan.block.ibw} tile(s); each split"
+            f"{asked(splits)}: the plan reduces K in {plan.k_steps} step(s) of {plan.block.ibw} tile(s); each split"
             f" needs at least one (use split_k ≤ {plan.k_steps}, or a smaller block ibw)"
         )
     return splits
