@@ -339,6 +339,8 @@ def test_sass_counts_the_k_steps_of_a_trip_by_the_busiest_warp(capsys):
     status, out, err = run_cli(capsys, "gemm", "100", "100", "100", "--precision", "int8", "--block", "1,1,3", "--sass")
     assert status == 0, err
     assert "3 K steps, " in out and "main loop (sm_90, 3 K steps a trip, per warp)" in out and "(9 tile-MACs" in out
+    occupancy = next(line for line in out.splitlines() if line.startswith("  occupancy"))
+    assert "(ptxas: " in occupancy  # the kernel was compiled for --sass: its count beside the estimate, as --emit has
 
 
 def test_without_nvcc_the_ledger_keeps_the_estimate_alone(capsys, saved, tmp_path, monkeypatch):
