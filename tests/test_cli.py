@@ -76,6 +76,10 @@ def test_saved_program_shows_and_round_trips(capsys, tmp_path):
         (["gemm", "4", "x", "4"], "invalid int value: 'x'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         (["show", "/nonexistent/p.json"], "cannot read /nonexistent/p.json"),
+        # The API's option named as the command line spells it too.
+        (["gemm", "64", "64", "640", "--split-k", "40"], "split_k=40 (--split-k 40): at most 32 sites share an item"),
+        (["gemm", "256", "256", "256", "--multicast", "4,4"], "multicast=(4, 4) (--multicast 4,4): a group holds"),
+        (["gemm", "64", "64", "640", "--split-k", "4", "--sites", "2"], "split_k=4 (--split-k 4) places each"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(capsys, argv, says):
@@ -329,7 +333,7 @@ def test_the_ledger_holds_the_stack_frame_of_a_fused_epilogue(capsys, tmp_path):
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_sass_counts_the_k_steps_of_a_trip_by_the_busiest_warp(capsys):
+def test_sass_counts_the_k_steps_of_a_trip_by_the_busiest_warp(capsys, monkeypatch, tmp_path):
     """A 1 × 1 × 3 block: one warp multiplies the item's one tile, 3 tile-MACs a K step; the main loop (the K loop
     unrolled) is one item's 3 K steps — not 24, as sharing the tile-MACs over all 8 warps would say."""
     from spatialc.runtime.sass import find_cuobjdump
@@ -341,6 +345,10 @@ def test_sass_counts_the_k_steps_of_a_trip_by_the_busiest_warp(capsys):
     assert "3 K steps, " in out and "main loop (sm_90, 3 K steps a trip, per warp)" in out and "(9 tile-MACs" in out
     occupancy = next(line for line in out.splitlines() if line.startswith("  occupancy"))
     assert "(ptxas: " in occupancy  # the kernel was compiled for --sass: its count beside the estimate, as --emit has
+    # …and only that kernel: not the general form it carries for --emit, whose numbers --sass never shows.
+    monkeypatch.setenv("SPATIALC_CACHE", str(tmp_path))
+    status, out, err = run_cli(capsys, "gemm", "100", "100", "100", "--precision", "int8", "--block", "1,1,3", "--sass")
+    assert status == 0 and len(list((tmp_path / "cubin").glob("*.cubin"))) == 1, err
 
 
 def test_without_nvcc_the_ledger_keeps_the_estimate_alone(capsys, saved, tmp_path, monkeypatch):
@@ -349,3 +357,32 @@ def test_without_nvcc_the_ledger_keeps_the_estimate_alone(capsys, saved, tmp_pat
     monkeypatch.setattr(launch, "find_nvcc", lambda: None)
     assert run_cli(capsys, "lower", str(saved), "--emit", str(tmp_path / "k"))[0] == 0
     assert json.loads((tmp_path / "k" / "budget.json").read_text())["regs_ptxas"] is None
+
+
+def test_a_message_that_starts_with_the_word_spatialc_still_gets_the_error_prefix(capsys, tmp_path):
+    path = tmp_path / "p.json"
+    assert run_cli(capsys, "gemm", "32", "32", "32", "--json", str(path))[0] == 0
+    doc = json.loads(path.read_text())
+    doc["version"] = 99
+    path.write_text(json.dumps(doc))
+    status, _, err = run_cli(capsys, "verify", str(path))
+    assert status == 2 and err.startswith("spatialc: error: spatialc program version 99; this spatialc reads")
+    file = tmp_path / "a-file"
+    file.write_text("")
+    status, _, err = run_cli(capsys, "gemm", "32", "32", "32", "--json", str(file / "p.json"))
+    assert status == 2 and err == f"spatialc: error: --json {file / 'p.json'}: {file} is a file, not a folder\n"
+
+
+@pytest.mark.parametrize(
+    ("group", "says"),
+    [
+        ("2,1", "each group column shares its B pages, each read"),
+        ("1,2", "each group row shares its A pages, each read"),
+        ("2,2", "each group row shares its A pages, each group column shares its B pages"),
+    ],
+)
+def test_the_multicast_line_names_only_what_a_group_shares(capsys, group, says):
+    status, out, err = run_cli(capsys, "gemm", "128", "128", "128", "--precision", "bf16", "--multicast", group)
+    assert status == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("  multicast"))
+    assert says in line and line.count("shares") == says.count("shares"), line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -84,6 +85,8 @@ def _built(
     print(f"{head} on {tgt.name} ({tgt.board}){tail}")
     print("\n".join(program_lines(p)))
     if args.json:
+        if args.json.parent.exists() and not args.json.parent.is_dir():
+            raise UsageError(f"--json {args.json}: {args.json.parent} is a file, not a folder")
         args.json.parent.mkdir(parents=True, exist_ok=True)  # as --emit and --pictures make their folders
         args.json.write_text(to_json(p, indent=1))
         print(f"  saved     {args.json}")
@@ -123,8 +126,11 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.nda
         print(f"  kernel    none: {e}")
         return 0
     times.append(f"lower {(time.perf_counter() - t0) * 1e3:.0f} ms")
-    if args.emit or getattr(args, "sass", False):  # --sass compiles the kernel anyway: ptxas's count comes free
+    if args.emit:
         art = _ptxas(art, times)
+    elif getattr(args, "sass", False):  # --sass compiles the kernel anyway: ptxas's count comes with it (not the
+        # general form's, which only --emit writes)
+        art = dataclasses.replace(_ptxas(dataclasses.replace(art, general=None), times), general=art.general)
     print("\n".join(kernel_lines(p, art)))
     _sass(p, art, args)
     if args.emit:

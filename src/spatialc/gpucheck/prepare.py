@@ -169,8 +169,8 @@ def _distinct(kernels: list[tuple[Case, Form]], target: str) -> list[tuple[Case,
 
 def _say_unbuilt(built: Built, say: Callable[[str], None]) -> None:
     """Say why a case has no kernel to compile, or no kernel in some form."""
-    if built.error:
-        say(f"{built.case}: {built.error}")
+    if built.error or built.skip:
+        say(f"{built.case}: {built.error or 'skipped: ' + built.skip}")
     for form in built.forms:
         if form.artifact is None:
             say(f"{built.case} {form.contestant.removeprefix('spatialc ')}: {form.absent}")

@@ -38,6 +38,11 @@ SEMAPHORES = (
 )
 
 
+def asked(gy: int, gx: int) -> str:
+    """A multicast group as the API and the command line each spell it, for the head of a refusal."""
+    return f"multicast=({gy}, {gx}) (--multicast {gy},{gx})"
+
+
 def check_multicast(multicast: object) -> tuple[int, int]:
     """`multicast` as (gy, gx), or ProgramError: two whole numbers ≥ 1 whose product is at most MAX_GROUP."""
     values = list(multicast) if isinstance(multicast, tuple | list) else []
@@ -45,7 +50,7 @@ def check_multicast(multicast: object) -> tuple[int, int]:
         raise ProgramError(f"multicast must be two whole numbers (gy, gx) ≥ 1, not {multicast!r}")
     gy, gx = int(values[0]), int(values[1])
     if gy * gx > MAX_GROUP:
-        raise ProgramError(f"multicast=({gy}, {gx}): a group holds at most {MAX_GROUP} sites, not {gy * gx}")
+        raise ProgramError(f"{asked(gy, gx)}: a group holds at most {MAX_GROUP} sites, not {gy * gx}")
     return gy, gx
 
 
@@ -56,14 +61,14 @@ def multicast_placement(plan: Plan, gy: int, gx: int, sites: int) -> Placement:
     ny, nx = plan.grid
     if ny % gy or nx % gx:
         raise ProgramError(
-            f"multicast=({gy}, {gx}): the plan's grid of {ny}×{nx} items does not fall into groups of {gy}×{gx}"
+            f"{asked(gy, gx)}: the plan's grid of {ny}×{nx} items does not fall into groups of {gy}×{gx}"
             f" items (use a group that divides it, or a block that makes it divisible)"
         )
     per = gy * gx
     blocks = (ny // gy) * (nx // gx)
     n_groups = min(blocks, sites // per)
     if n_groups < 1:
-        raise ProgramError(f"multicast=({gy}, {gx}): a group needs {per} sites and there are {sites}")
+        raise ProgramError(f"{asked(gy, gx)}: a group needs {per} sites and there are {sites}")
     listed: list[tuple[Site, tuple[ItemId, ...]]] = []
     groups: list[Group] = []
     for q in range(n_groups):

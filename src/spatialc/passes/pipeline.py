@@ -6,6 +6,7 @@ from ..errors import PlanError, ProgramError
 from ..ir.nodes import SpatialProgram
 from ..target import SpatialTarget
 from .multicast import add_semaphores, check_multicast, multicast_placement
+from .multicast import asked as asked_multicast
 from .place import default_sites, place
 from .schedule import schedule
 from .split import add_split, asked, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
@@ -132,7 +133,7 @@ def _multicast(
     """build with multicast groups: planned for the general form (a group's sites wait on each other), placed by
     groups, the handshake scheduled."""
     gy, gx = group
-    said = f"multicast=({gy}, {gx}) (--multicast {gy},{gx})"
+    said = asked_multicast(gy, gx)
     if any(t.groups > 1 for t in program.tensors):
         raise ProgramError(f"{said}: a grouped GEMM's row counts arrive at run time; its sites are not grouped")
     if split_k is not None and split_k > 1:
@@ -206,7 +207,7 @@ def _split_plan(
     forced = " with the forced block" if block else ""
     raise ProgramError(
         f"{asked(splits)}: every plan that fits{forced} has at most {most} K step(s), and each split needs one"
-        f" (use split_k ≤ {most})"
+        f" (use split_k ≤ {most}, --split-k {most})"
     )
 
 

@@ -68,7 +68,7 @@ def check_splits(splits: object, plan: Plan | None = None) -> int:
     if plan is not None and splits > plan.k_steps:
         raise ProgramError(
             f"{asked(splits)}: the plan reduces K in {plan.k_steps} step(s) of {plan.block.ibw} tile(s); each split"
-            f" needs at least one (use split_k ≤ {plan.k_steps}, or a smaller block ibw)"
+            f" needs at least one (use split_k ≤ {plan.k_steps}, --split-k {plan.k_steps}, or a smaller block ibw)"
         )
     return splits
 
@@ -130,8 +130,7 @@ def split_placement(plan: Plan, splits: int, sites: int | None = None) -> Placem
     need = plan.items * splits
     if sites is not None and sites < need:
         raise ProgramError(
-            f"split_k={splits} places each of the plan's {plan.items} items on {splits} sites: {need} sites, not"
-            f" {sites}"
+            f"{asked(splits)} places each of the plan's {plan.items} items on {splits} sites: {need} sites, not {sites}"
         )
     total = need if sites is None else sites
     items: list[tuple[Site, tuple[ItemId, ...]]] = [

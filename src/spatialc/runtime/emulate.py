@@ -527,7 +527,8 @@ class StderrProgress:
         stream = self._out()
         if stream is not None:
             with self._lock:
-                stream.write(f"{self.label}: {text}\n")
+                stream.write(("\n" if self.width else "") + f"{self.label}: {text}\n")  # after a count left open
+                self.width = 0
                 stream.flush()
 
     def __call__(self, done: int, total: int) -> None:
