@@ -91,6 +91,7 @@ WGMMA_N_MAX = 256
 DESC_SWIZZLE = {128: 1, 64: 2, 32: 3}  # a matrix descriptor's swizzle mode, by the panels' width in bytes
 STORE_STAGE = 4096  # bytes of shared memory each consumer warp stages its output in, for the TMA store
 STORE_BUFFERS = 2  # the staging's halves, used in turn: a box is staged while the store of the one before reads
+STAGING_BOXES = CONSUMER_GROUPS * WARPGROUP * STORE_BUFFERS  # the output boxes of a block: each consumer warp's
 OUT_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "long long": 8}
 ACC_FENCE = "spatialc_acc_fence(accf);"  # the accumulators' registers pinned there (sm90a.cuh)
 
@@ -205,6 +206,11 @@ def store_stage_bytes() -> int:
     counts it whatever the epilogue; a chain the fused store cannot apply keeps rings instead, checked when
     lowered)."""
     return CONSUMER_GROUPS * WARPGROUP * STORE_STAGE + STAGE_ALIGN
+
+
+def staging_bytes(chunk: int, out_type: str) -> int:
+    """Shared memory of the output staging: every consumer warp's boxes of `chunk` tiles of `out_type` (0: none)."""
+    return STAGING_BOXES * chunk * TILE_ELEMS * OUT_BYTES[out_type]
 
 
 def store_chunk(w: int, out_type: str) -> int:
@@ -424,8 +430,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         # The consumers' output goes out by TMA store: each warp stages `chunk` tiles at a time.
         chunk = store_chunk(w, k.out_type)
         offsets["out_stage"] = -(-dyn // STAGE_ALIGN) * STAGE_ALIGN
-        boxes = CONSUMER_GROUPS * WARPGROUP * STORE_BUFFERS
-        dyn = offsets["out_stage"] + boxes * chunk * TILE_ELEMS * OUT_BYTES[k.out_type]
+        dyn = offsets["out_stage"] + staging_bytes(chunk, k.out_type)
         # C is stored as a row-major matrix (what the caller gets needs no untilize), a tile a box.
         maps = (*maps, TensorMap(len(maps), param_at(p, store.tensor), (16, 16)))
         stored[param_at(p, store.tensor)] = "rows"
@@ -810,9 +815,8 @@ def kernel_text(hk: HopperKernel) -> str:
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
         general.declare_rings(k, w)
         if hk.chunk:
-            boxes = CONSUMER_GROUPS * WARPGROUP * STORE_BUFFERS
             w.line(
-                f"SPATIALC_DYNAMIC_RING(OUT_T, out_stage, spatialc_dyn_smem, SMEM_OFF_OUT_STAGE, {boxes}, "
+                f"SPATIALC_DYNAMIC_RING(OUT_T, out_stage, spatialc_dyn_smem, SMEM_OFF_OUT_STAGE, {STAGING_BOXES}, "
                 f"OUT_CHUNK * {TILE_ELEMS});  // each consumer warp's {STORE_BUFFERS} output boxes"
             )
         for r in mc.rings if mc is not None else ():
@@ -887,10 +891,9 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
 def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
     k = hk.base
     bud = general.budget_of(k, target)
-    staging = CONSUMER_GROUPS * WARPGROUP * STORE_BUFFERS * hk.chunk * TILE_ELEMS * OUT_BYTES[k.out_type]
     return dataclasses.replace(
         bud,
-        staging_bytes=staging,
+        staging_bytes=staging_bytes(hk.chunk, k.out_type),
         smem_bytes=sum(r.bytes for r in k.rings.rings.values()),
         dynamic_opt_in=k.dyn_bytes > target.smem_static_max,
         regs_est=CONSUMER_REGS,
