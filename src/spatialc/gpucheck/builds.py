@@ -61,8 +61,13 @@ class Form:
     kernel_only: bool = False  # timed kernel only (a sweep's other plans: their end to end is the planner's)
 
     @property
+    def label(self) -> str:
+        """The form, and a sweep plan's own name after it (`sm90a 8×16×4 d3`)."""
+        return self.name + (f" {self.variant}" if self.variant else "")
+
+    @property
     def contestant(self) -> str:
-        return spatialc_name(self.name) + (f" {self.variant}" if self.variant else "")
+        return spatialc_name(self.label)
 
 
 @dataclass
@@ -169,18 +174,13 @@ def hopper_form(gemm: Any, options: dict[str, Any]) -> Form:
     return form_built(gemm, HOPPER_FORM, options)[1]
 
 
-def built_for(name: str) -> str:
-    """The target a Hopper's kernel in form `name` is built for: sm_90a for the sm_90a form, sm_90 for the others."""
-    return "sm_90a" if name == HOPPER_FORM else "sm_90"
-
-
 def form_built(gemm: Any, name: str, options: dict[str, Any]) -> tuple[Any, Form]:
     """The GEMM built with `options` and lowered in form `name` — the sm_90a form for sm_90a, the persistent kernel
     for sm_90 — its plan named in its facts; with the program (None where the build or the lowering refused: the
     form is then absent, with the reason)."""
     import spatialc
 
-    target = built_for(name)
+    target = kernel_arch(name, "sm_90")  # a Hopper's target, as its architecture: sm_90a for the sm_90a form
     try:
         program = spatialc.build(gemm, target, **options)
         artifact = spatialc.lower(program, target, form=name)

@@ -173,7 +173,7 @@ def _say_unbuilt(built: Built, say: Callable[[str], None]) -> None:
         say(f"{built.case}: {built.error or 'skipped: ' + built.skip}")
     for form in built.forms:
         if form.artifact is None:
-            say(f"{built.case} {form.contestant.removeprefix('spatialc ')}: {form.absent}")
+            say(f"{built.case} {form.label}: {form.absent}")
 
 
 def _prepare_one(case: Case, form: Form, target: str, out: Path, say: Callable[[str], None]) -> Entry:
@@ -182,7 +182,7 @@ def _prepare_one(case: Case, form: Form, target: str, out: Path, say: Callable[[
     art = form.artifact
     arch = kernel_arch(form.name, target)
     base = Entry(str(case), source_hash(art.kernel_cu), arch, art.launch.kernel_name, form=form.name)
-    label = f"{case} {form.contestant.removeprefix('spatialc ')}"  # a sweep's plans by their own names
+    label = f"{case} {form.label}"  # a sweep's plans by their own names
     try:
         path = compile_kernel(form, arch, timeout_s=PREPARE_COMPILE_S, cache=out)
     except launch.KernelBuildError as e:

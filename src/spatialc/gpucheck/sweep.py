@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .builds import Built, Form, built_for, describe_plan, form_built, plan_facts
-from .cases import HOPPER_FORM, PLANNERS_PLAN, TIMED_AGAIN
+from .builds import Built, Form, describe_plan, form_built, plan_facts
+from .cases import HOPPER_FORM, PLANNERS_PLAN, TIMED_AGAIN, kernel_arch
 
 SWEPT_FORMS = ("persistent", HOPPER_FORM)  # in the report's order (cases.FORMS)
 UNSPLIT = {"split_k": 1}  # neither form's kernel splits K: a long-K shape is swept unsplit, not left out
@@ -150,7 +150,7 @@ def _cost(gemm: Any, form: str, program: Any) -> float:
 
     plan = program.plan
     block = (plan.block.osh, plan.block.osw, plan.block.ibw)
-    found = candidates(gemm, target(built_for(form)), block, plan.sub_blocks, plan.depth, form)
+    found = candidates(gemm, target(kernel_arch(form, "sm_90")), block, plan.sub_blocks, plan.depth, form)
     return found[0].cost
 
 
