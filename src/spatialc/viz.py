@@ -17,7 +17,7 @@ from .errors import DeadlockError
 from .interp.trace import RingTrace, Trace
 from .ir.nodes import Engine, PageLayout, SpatialProgram, TensorRole
 from .ir.ops import ChoreoOp, Pop, Push, Reserve, SemInc, SemWait, Wait, walk
-from .ir.printer import op_text
+from .ir.printer import op_text, plural
 
 CHAR_W = 7  # the width of a character of the 11px monospace font, a little over, to lay text out without measuring
 Entry = tuple[str, str, str]  # a colour key's (swatch kind, colour, label)
@@ -87,7 +87,7 @@ def _placement_key(p: SpatialProgram, holes: bool) -> list[Entry]:
     """A swatch per site with its item count (the first few, where there are many), and white if an item has none."""
     assert p.placement is not None
     sites = p.placement.items_of_site
-    entries = [("box", _colour(int(s)), f"site {s}: {len(i)} item{'s' * (len(i) != 1)}") for s, i in sites]
+    entries = [("box", _colour(int(s)), f"site {s}: {plural(len(i), 'item')}") for s, i in sites]
     if len(entries) > _KEY_SITES:
         more = f"... and {len(entries) - _KEY_SITES} more sites: the number in a cell is its site"
         entries = [*entries[:_KEY_SITES], ("hollow", "", more)]
@@ -521,7 +521,7 @@ def deadlock_svg(
     top = 30 + 16 * len(lines) + legend_h + 16
     pos = {n: (110.0 + _ENGINE_COL.get(n[1], 3) * _COL_W, top + (g.sites.index(n[0]) + 0.5) * _ROW_H)
            for n in [*g.stuck, *g.done]}  # fmt: skip
-    engines = f"{len(blocked)} engine{'s' * (len(blocked) != 1)}"
+    engines = plural(len(blocked), "engine")
     title = f"Deadlock in {p.name}: {engines} can never go on (who waits on whom)"
     out = [*_open(width, top + _ROW_H * len(g.sites) + 10, title, *lines), *legend, _MARKERS]
     for i, s in enumerate(g.sites):

@@ -14,7 +14,7 @@ from .. import api
 from ..accuracy import tolerance
 from ..errors import DeadlockError, SpatialError
 from ..ir.nodes import SpatialProgram
-from ..ir.printer import program_text
+from ..ir.printer import plural, program_text
 from ..ir.serde import to_json
 from ..target import target
 from . import UsageError
@@ -250,7 +250,7 @@ def _lowering(p: SpatialProgram, path: Path) -> str:
     )
     why = "".join(f"; {note}" for note in art.notes if note.startswith("the general form, as"))
     return (
-        f"the {kind} for {art.target} takes it: {art.launch.grid} block{'s' if art.launch.grid != 1 else ''} of"
+        f"the {kind} for {art.target} takes it: {plural(art.launch.grid, 'block')} of"
         f" {bud.threads} threads,"
         f" {bud.total_bytes} bytes of shared memory a block (`spatialc lower {path} --emit DIR` writes it){why}"
     )

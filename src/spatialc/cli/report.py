@@ -5,14 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.nodes import Fifo, Interm, PageLayout, SpatialProgram
+from ..ir.printer import plural
 from ..ir.traffic import global_read_bytes, read_bytes
 from ..passes.split import split_ranges, workspace_bytes
 from ..target import target
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """'1 site', '3 sites' (`many` for irregular plurals)."""
-    return f"{n} {word if n == 1 else many or word + 's'}"
 
 
 def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:

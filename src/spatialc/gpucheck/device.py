@@ -18,6 +18,7 @@ from functools import cached_property, partial
 from typing import Any
 
 from ..errors import SpatialError
+from ..ir.printer import plural
 from ..runtime import launch
 from ..runtime.tilize import bf16_bits, poison_value
 from ..target import target as target_of
@@ -270,8 +271,7 @@ class GpuRunner:
             end_to_end = self._time(e2e, len(sets), deadline, graphs=False)
         notes = []
         if not check.correct:
-            unwritten = f"{check.unwritten} element{'' if check.unwritten == 1 else 's'} unwritten"
-            notes.append(f"C wrong (max err {check.max_abs:.3g}, {unwritten})")
+            notes.append(f"C wrong (max err {check.max_abs:.3g}, {plural(check.unwritten, 'element')} unwritten)")
         if not check.stable:
             notes.append("a second run on the same inputs gave another C")
         if check.pad_unwritten:

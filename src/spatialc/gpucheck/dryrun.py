@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..ir.printer import plural
 from . import baselines as bl
 from .builds import Built, Form, build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out, use_prepared
 from .cases import FORMS, HOPPER_FORM, Case, grouped_sizes, kernel_arch, spatialc_name
@@ -44,8 +45,7 @@ def dry_run(cases: Sequence[Case], target: str, manifest: Any = None, out: Calla
     """Say what a GPU run would do: the preflight's steps, the timings, and for each case its plan and, for each of
     its kernels, the launch (built here, on the CPU), what ptxas says of it (from the prepared folder, or compiled for
     `target` when nvcc is here) and where its cubin would come from; then what they are timed against."""
-    rows = f"{len(cases)} row{'s' * (len(cases) != 1)}"
-    out(f"gpucheck dry run: {rows} on {target}; would write gpucheck.json and gpucheck.md")
+    out(f"gpucheck dry run: {plural(len(cases), 'row')} on {target}; would write gpucheck.json and gpucheck.md")
     steps = "; ".join(step_names(cases))
     out(f"preflight (first, at most {PREFLIGHT_S:.0f} s; a step that fails marks its path unavailable): {steps}")
     out(f"timings: {END_TO_END}; {KERNEL_ONLY}")

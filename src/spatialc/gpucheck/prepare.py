@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpatialError
+from ..ir.printer import plural
 from ..runtime import launch
 from .builds import PTXAS_FIELDS, Built, Form, build_case, compile_kernel, describe_ptxas
 from .cases import Case, kernel_arch, preflight_case
@@ -213,7 +214,7 @@ def sass_census(cubin: Path) -> str:
     mmas = ", ".join(f"{n} {op}" for op, n in c.mmas)
     return (
         f"main loop {c.instrs} instructions a trip{per}; {mmas}; {c.ldsm} LDSM, {c.other_lds} other shared loads,"
-        f" {c.generic} generic loads, {c.barriers} block barrier{'s' * (c.barriers != 1)}"
+        f" {c.generic} generic loads, {plural(c.barriers, 'block barrier')}"
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..ir.printer import plural
 from .builds import Built, Form, describe_plan, form_built, plan_facts
 from .cases import HOPPER_FORM, PLANNERS_PLAN, TIMED_AGAIN, kernel_arch
 
@@ -68,7 +69,7 @@ def neighbours(program: Any, form: str) -> list[Neighbour]:
         out.append(Neighbour(narrower, (b.osh, b.osw // 2, b.ibw), sub, placement=kind))
     else:
         wide = b.osw * sub[1]
-        out.append(Neighbour(narrower, why_not=f"the planner's items are {wide} tile{'s' * (wide != 1)} wide: no half"))
+        out.append(Neighbour(narrower, why_not=f"the planner's items are {plural(wide, 'tile')} wide: no half"))
     waves = "row-major waves, not bands"
     if kind == "grouped":
         out.append(Neighbour(waves, block, sub, depth, "round_robin"))

@@ -54,6 +54,11 @@ from .ops import (
 PRINTED_BITS = 4096
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 site', '3 sites' (`many` for irregular plurals): how every report of spatialc counts things."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
 def addr_text(at: TileAddr) -> str:
     """`base + stride·var …` with the item coordinates spelled out."""
     terms = [str(at.base)] if at.base or not at.steps else []

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpatialError
+from ..ir.printer import plural
 
 # One instruction line: /*0ab0*/  @!P1 BRA 0xaa0 ; (modifiers may hold a shape: HGMMA.64x128x16.F32.BF16)
 _LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)\s*([^;]*);")
@@ -181,9 +182,5 @@ def main_loop_summary(artifact, step_macs: float | None = None) -> str:
     return (
         f"main loop ({artifact.target}, {trip}, per warp): {c.instrs} instructions, {mmas}"
         f" ({c.tile_macs:g} tile-MACs: {c.instrs / c.tile_macs:.2f} issue slots each), {c.ldsm} LDSM,"
-        f" {c.other_lds} other shared loads, {c.generic} generic loads, {_plural(c.barriers, 'block barrier')}{regs}"
+        f" {c.other_lds} other shared loads, {c.generic} generic loads, {plural(c.barriers, 'block barrier')}{regs}"
     )
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
