@@ -278,12 +278,13 @@ class GpuRunner:
             notes.append(f"{check.pad_unwritten} padding elements unwritten")
         if end_to_end is not None and not ok:
             notes.append(f"end-to-end C wrong (max err {max_abs:.3g})")
-        conv = conversion(case, c_elem)
-        lay = "store A and B as the kernel takes them (tiled, or padded matrices), the kernel, read C back"
-        detail = f"C stored as {c_elem}; end to end: {lay}" + (f", convert {conv}" if conv else "")
-        detail += " (spatialc.run's argument checks, which wait on the device, left out)"
         if end_to_end is None:
             detail = f"C stored as {c_elem}; kernel only: {form.facts['sweep']['change']} (a sweep's plan)"
+        else:
+            conv = conversion(case, c_elem)
+            lay = "store A and B as the kernel takes them (tiled, or padded matrices), the kernel, read C back"
+            detail = f"C stored as {c_elem}; end to end: {lay}" + (f", convert {conv}" if conv else "")
+            detail += " (spatialc.run's argument checks, which wait on the device, left out)"
         mine = Contestant(name, "spatialc", end_to_end, kernel, max_abs, ok, detail, check=check, facts=form.facts)
         status = "ok" if check.correct and check.stable and ok else "wrong"
         return mine, (status, f"{name}: {'; '.join(notes)}" if notes else "")

@@ -58,11 +58,15 @@ def best(row: Row, family: str, way: str = "end_to_end") -> Contestant | None:
 
 def percent_of(row: Row, family: str, way: str, form: str) -> float | None:
     """The speed `way` of spatialc's kernel in `form` as a percentage of the fastest `family` contestant's."""
-    mine, ref = row.spatialc(form), best(row, family, way)
-    ours, theirs = _median(mine.timing(way) if mine else None), _median(ref.timing(way) if ref else None)
-    if not ours or not theirs:
-        return None
-    return 100.0 * theirs / ours
+    mine = row.spatialc(form)
+    return share_of(row, family, way, _median(mine.timing(way) if mine else None))
+
+
+def share_of(row: Row, family: str, way: str, seconds: float | None) -> float | None:
+    """A time of `seconds` (timed `way`) as a percentage of the fastest `family` contestant's speed."""
+    ref = best(row, family, way)
+    theirs = _median(ref.timing(way) if ref else None)
+    return 100.0 * theirs / seconds if seconds and theirs else None
 
 
 def row_dict(row: Row) -> dict[str, Any]:
@@ -116,7 +120,7 @@ def sweep_summary(row: Row) -> list[dict[str, Any]]:
                 "predicted": sweep["predicted"],
                 "measured": planner / t if planner and t else None,
                 "rate": rate(row.ops, t),
-                "pct_of_cublas": _pct_of(row, t),
+                "pct_of_cublas": share_of(row, "cublas", "kernel", t),
             }
         )
     return out
@@ -140,12 +144,6 @@ def _plan_label(c: Contestant) -> str:
     k = c.facts
     sub = "" if k.get("sub_blocks", "1×1") == "1×1" else f" sub {k['sub_blocks']}"
     return f"{form} {k.get('block', '?')}{sub} d{k.get('depth', '?')} (the planner's)"
-
-
-def _pct_of(row: Row, seconds: float | None) -> float | None:
-    ref = best(row, "cublas", "kernel")
-    theirs = _median(ref.kernel) if ref else None
-    return 100.0 * theirs / seconds if theirs and seconds else None
 
 
 def concordance(plans: list[dict[str, Any]], tie: float = SAME_SPEED) -> tuple[int, int]:
