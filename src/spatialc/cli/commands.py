@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -126,11 +125,8 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.nda
         print(f"  kernel    none: {e}")
         return 0
     times.append(f"lower {(time.perf_counter() - t0) * 1e3:.0f} ms")
-    if args.emit:
-        art = _ptxas(art, times)
-    elif getattr(args, "sass", False):  # --sass compiles the kernel anyway: ptxas's count comes with it (not the
-        # general form's, which only --emit writes)
-        art = dataclasses.replace(_ptxas(dataclasses.replace(art, general=None), times), general=art.general)
+    if args.emit or getattr(args, "sass", False):  # --sass compiles the kernel anyway: ptxas's count comes with it
+        art = _ptxas(art, times, general=bool(args.emit))  # the general form's only where --emit writes it
     print("\n".join(kernel_lines(p, art)))
     _sass(p, art, args)
     if args.emit:
@@ -256,14 +252,15 @@ def _lowering(p: SpatialProgram, path: Path) -> str:
     )
 
 
-def _ptxas(art, times: list[str]):
-    """The artifact with ptxas's register counts in its budget, where nvcc is here to compile its kernels."""
+def _ptxas(art, times: list[str], *, general: bool = True):
+    """The artifact with ptxas's register counts in its budget (and, with `general`, its general form's), where nvcc
+    is here to compile its kernels."""
     from ..runtime.launch import find_nvcc, with_ptxas
 
     if find_nvcc() is None:
         return art
     t0 = time.perf_counter()
-    art = with_ptxas(art)
+    art = with_ptxas(art, general=general)
     took = time.perf_counter() - t0
     times.append(f"nvcc {took:.1f} s" + (" (cached)" if took < 0.05 else ""))  # no compile runs in 50 ms
     return art

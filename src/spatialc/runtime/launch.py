@@ -604,10 +604,10 @@ def nvrtc_source(source: str) -> str:
     return pattern.sub("", source)
 
 
-def with_ptxas(artifact: Any, timeout_s: float = 300.0) -> Any:
-    """`artifact` (and the general form it carries) with ptxas's register and spill counts in its budget, its kernel
-    compiled by nvcc for the artifact's target; as it was where nvcc is missing or refuses (then the estimate
-    stands alone)."""
+def with_ptxas(artifact: Any, timeout_s: float = 300.0, *, general: bool = True) -> Any:
+    """`artifact` (and, with `general`, the general form it carries) with ptxas's register and spill counts in its
+    budget, its kernel compiled by nvcc for the artifact's target; as it was where nvcc is missing or refuses (then
+    the estimate stands alone)."""
     import dataclasses
 
     if artifact is None or find_nvcc() is None:
@@ -621,7 +621,8 @@ def with_ptxas(artifact: Any, timeout_s: float = 300.0) -> Any:
     if info is not None:
         spills = info.spill_stores + info.spill_loads
         budget = dataclasses.replace(budget, regs_ptxas=info.registers, spills_ptxas=spills, stack_ptxas=info.stack)
-    return dataclasses.replace(artifact, budget=budget, general=with_ptxas(artifact.general, timeout_s))
+    carried = with_ptxas(artifact.general, timeout_s) if general else artifact.general
+    return dataclasses.replace(artifact, budget=budget, general=carried)
 
 
 def needs_smem_attribute(dyn_smem: int) -> bool:
