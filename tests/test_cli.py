@@ -369,8 +369,15 @@ def test_a_message_that_starts_with_the_word_spatialc_still_gets_the_error_prefi
     assert status == 2 and err.startswith("spatialc: error: spatialc program version 99; this spatialc reads")
     file = tmp_path / "a-file"
     file.write_text("")
-    status, _, err = run_cli(capsys, "gemm", "32", "32", "32", "--json", str(file / "p.json"))
-    assert status == 2 and err == f"spatialc: error: --json {file / 'p.json'}: {file} is a file, not a folder\n"
+    # A file where an output folder must be: the one line names it, whichever option's folder it is.
+    for option, given in (
+        ("--json", file / "p.json"),
+        ("--emit", file),
+        ("--emit", file / "sub"),
+        ("--pictures", file),
+    ):
+        status, _, err = run_cli(capsys, "gemm", "32", "32", "32", option, str(given))
+        assert status == 2 and err == f"spatialc: error: {file} is a file, not a folder\n", (option, err)
 
 
 @pytest.mark.parametrize(

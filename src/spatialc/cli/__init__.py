@@ -298,7 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         return _closed_stdout()
     except (UsageError, SpatialError) as e:
         return _fail(str(e))
-    except OSError as e:  # an output path that is a file, a folder that cannot be made, a full disk
+    except (FileExistsError, NotADirectoryError) as e:  # an output folder (--emit, --pictures, --json's) is a file
+        return _fail(_in_the_way(Path(str(e.filename))) if e.filename else str(e))
+    except OSError as e:  # a folder that cannot be made, a full disk
         return _fail(f"{e.filename or 'a file'}: {e.strerror or e}")
     except MemoryError:
         return _fail("out of memory: this problem is too large for this machine's memory")
@@ -306,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         if show_traceback:
             raise
         return _internal_error(e)
+
+
+def _in_the_way(path: Path) -> str:
+    """What stops a folder being made at `path`: the nearest of it and its parents that exists and is a file."""
+    blocker = next((at for at in (path, *path.parents) if at.exists() and not at.is_dir()), path)
+    return f"{blocker} is a file, not a folder"
 
 
 def _leading_options(argv: list[str]) -> list[str]:

@@ -84,8 +84,6 @@ def _built(
     print(f"{head} on {tgt.name} ({tgt.board}){tail}")
     print("\n".join(program_lines(p)))
     if args.json:
-        if args.json.parent.exists() and not args.json.parent.is_dir():
-            raise UsageError(f"--json {args.json}: {args.json.parent} is a file, not a folder")
         args.json.parent.mkdir(parents=True, exist_ok=True)  # as --emit and --pictures make their folders
         args.json.write_text(to_json(p, indent=1))
         print(f"  saved     {args.json}")
