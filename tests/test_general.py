@@ -239,10 +239,18 @@ def test_an_arrival_count_one_too_high_is_a_deadlock_and_one_too_low_a_race(gemm
     kind, report = outcome(gemm64, high, "late")
     assert kind == EmulationDeadlock.kind and "full_0[0] in phase 0 (parity 0) has 32 of 33 arrivals" in report
     # One short, the empty phase completes before the last compute thread has read the page: the reader refills
-    # it under that thread's fragment load.
+    # it under that thread's fragment load. Which way it shows depends on how far that thread lags, here as on a
+    # GPU: mostly a race, but a thread that lags two fills behind waits on a parity that has come round again and
+    # never completes (about one run in fifty on two loaded cores). Either is caught; the race must be seen.
     low = planted(general_text, "#define EMPTY_COUNT_0 128", "#define EMPTY_COUNT_0 127")
-    kind, report = outcome(gemm64, low, "early")
-    assert kind == EmulationRace.kind and "shared ring 'ring_0'" in report and "no mbarrier phase ordering" in report
+    for _ in range(4):
+        kind, report = outcome(gemm64, low, "early")
+        if kind == EmulationRace.kind:
+            assert "shared ring 'ring_0'" in report and "no mbarrier phase ordering" in report
+            break
+        assert kind == EmulationDeadlock.kind and re.search(r"waits on full_0\[\d\] for phase [2-9]", report), report
+    else:
+        pytest.fail("four runs of a one-short empty count deadlocked and none showed the race")
 
 
 @emulation
