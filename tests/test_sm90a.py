@@ -392,7 +392,7 @@ def test_a_prefetch_of_what_is_not_a_tensor_map_is_refused(faulty):
 
 def expecting(text: str, ring: int, more: int) -> str:
     """`text` with ring `ring`'s expect_tx announcing `more` bytes more (fewer, when negative) than a page has."""
-    page = re.search(rf"spatialc_mbar_expect_tx\(&full_{ring}\[[^\]]*\], (\d+)u\);", text)
+    page = re.search(rf"spatialc_mbar_arrive_expect_tx\(&full_{ring}\[[^\]]*\], (\d+)u\);", text)
     assert page
     return text.replace(f", {page[1]}u);", f", {int(page[1]) + more}u);", 1)
 
@@ -551,9 +551,13 @@ def compiled_clean(art, tmp_path):
 @pytest.mark.parametrize("prec", ["bf16", "fp16", "int8"])
 def test_sm90a_kernel_compiles_clean_and_its_sass_has_the_hopper_instructions(prec, tmp_path):
     art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, prec), "sm_90a"))
-    ops = Counter(i.base for i in compiled_clean(art, tmp_path))
+    instrs = compiled_clean(art, tmp_path)
+    ops = Counter(i.base for i in instrs)
     mma = "IGMMA" if prec == "int8" else "HGMMA"
     assert ops[mma] >= 1 and ops["UTMALDG"] >= 2 and ops["SYNCS"] >= 1 and ops["USETMAXREG"] == 2, ops
+    # Each operand's arrival and expect_tx in one instruction: no expect_tx of its own (arrive 0, bytes: A0TR).
+    syncs = Counter(i.op for i in instrs if i.base == "SYNCS")
+    assert syncs["SYNCS.ARRIVE.TRANS64"] >= 2 and not any(".A0TR" in op for op in syncs), syncs
     assert ops["HMMA"] == ops["IMMA"] == 0  # no mma.sync fallback
     assert ops["UTMACCTL"] == len(art.launch.tensor_maps) == 3  # each map's descriptor prefetched (A, B, C)
 
@@ -685,13 +689,28 @@ def test_a_tma_write_is_ordered_only_by_its_own_barrier(faulty):
     wait = "spatialc_mbar_wait(&full_0[wt_0 % DEPTH_0], (wt_0 / DEPTH_0) & 1); ++wt_0;"
     got = outcome(faulty, replaced(text, wait, "++wt_0;"))
     assert got.startswith("race") and "TMA load landing (the copy engine)" in got, got
-    # The producer's arrival before its expect_tx: the phase completes with no bytes, before the load is issued.
-    expect = re.search(r"spatialc_mbar_expect_tx\(&full_0\[[^\]]*\], \d+u\);", text)
-    push = "spatialc_mbar_arrive(&full_0[psh_0 % DEPTH_0]); ++psh_0;  // op:Push"
-    assert expect and text.count(push) == 1
-    arrive = "spatialc_mbar_arrive(&full_0[psh_0 % DEPTH_0]); ++psh_0;\n"
-    early = replaced(replaced(text, push, "// (moved)"), expect[0], arrive + expect[0])
-    assert outcome(faulty, early) != EXACT
+    # The producer's arrival made before its expect_tx instead of with it: the phase completes with no bytes,
+    # before the load is issued.
+    fused = re.search(r"spatialc_mbar_arrive_expect_tx\((&full_0\[[^\]]*\]), (\d+)u\);", text)
+    assert fused
+    apart = f"spatialc_mbar_arrive({fused[1]}); spatialc_mbar_expect_tx({fused[1]}, {fused[2]}u);"
+    assert outcome(faulty, replaced(text, fused[0], apart)) != EXACT
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_the_producers_arrival_goes_with_its_expect_tx(faulty):
+    text = faulty[1].program_cu
+    fused = re.search(r"spatialc_mbar_arrive_expect_tx\((&full_1\[[^\]]*\]), (\d+)u\);", text)
+    assert fused and "++psh_1;  // op:Push (its arrival went with the expect_tx above)" in text
+    # The bytes announced without the arrival: the phase waits for the one arrival its count says, forever.
+    got = outcome(faulty, replaced(text, fused[0], f"spatialc_mbar_expect_tx({fused[1]}, {fused[2]}u);"))
+    assert got.startswith("deadlock") and "has 0 of 1 arrivals" in got, got
+    # The two made apart, the arrival after the loads as a Push of its own would: the same kernel.
+    push = "++psh_1;  // op:Push (its arrival went with the expect_tx above)"
+    arrive = "spatialc_mbar_arrive(&full_1[psh_1 % DEPTH_1]); ++psh_1;"
+    apart = replaced(replaced(text, fused[0], f"spatialc_mbar_expect_tx({fused[1]}, {fused[2]}u);"), push, arrive)
+    assert outcome(faulty, apart) == EXACT
 
 
 @needs_gxx

@@ -455,6 +455,7 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
         self.role = role
         self.bar_id = 1 + k.roles.index(role)  # the engine's named barrier (0 is __syncthreads)
         self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
+        self.after: ChoreoOp | None = None  # the op after the one being printed, in its own body (None: the last)
 
     def read_slot(self, r: int) -> str:
         return f"(pop_{r} % DEPTH_{r})"
@@ -489,7 +490,8 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
 
     def ops(self, ops: tuple[ChoreoOp, ...], env: dict[LoopVar, str]) -> None:
         before: ChoreoOp | None = None
-        for op in ops:
+        for i, op in enumerate(ops):
+            self.after = ops[i + 1] if i + 1 < len(ops) else None
             if isinstance(op, SemSet):
                 self.reset(op, before)
             else:

@@ -480,6 +480,7 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
         self.in_flight = False  # a wgmma group issued and not yet waited for (printing order is program order)
         self.integer = hk.base.integer
         self.chain: list[tuple[Compute, dict[LoopVar, str]]] = []  # epilogue stages met since the last store
+        self.arrived: set[int] = set()  # rings whose next Push already arrived, with its load's expect_tx
 
     def read_slot(self, r: int) -> str:
         """The front page: the slot of the engine's last Wait (its release may come a step later)."""
@@ -524,6 +525,10 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
                 pass
             case Pop(buf) if self.kept(buf).id in self.hk.warp_freed:
                 self.release(op, mark)
+            case Push(buf) if self.kept(buf).id in self.arrived:
+                r = self.kept(buf).id
+                self.arrived.discard(r)
+                self.w.line(f"++psh_{r};", f"{mark} (its arrival went with the expect_tx above)")
             case Push(buf) if self.kept(buf).id in self.hk.tma_rings:
                 r = self.kept(buf).id
                 self.w.line(f"spatialc_mbar_arrive(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
@@ -679,9 +684,15 @@ class HopperPrinter(ClusterPrinter, general.EnginePrinter):
         m = next(m for m in self.hk.maps if (m.tensor, m.box, m.swizzle) == (at, pan.box, pan.width))
         nbytes = op.block_h * op.block_w * TILE_ELEMS * ring.elem_bytes
         slot = self.write_slot(r)
+        # A load its ring's Push follows at once makes that Push's arrival with its expect_tx, in one instruction.
+        pushed = mask is None and isinstance(self.after, Push) and self.kept(self.after.buf).id == r
         with self.w.block("", mark):
             self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {t.name}")
-            self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
+            if pushed:
+                self.w.line(f"spatialc_mbar_arrive_expect_tx(&full_{r}[{slot}], {nbytes}u);  // and the Push below")
+                self.arrived.add(r)
+            else:
+                self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
             row, col = f"(at / {t.tiles[1]}) * 16", f"(at % {t.tiles[1]}) * 16"
             inner, outer = (row, col) if pan.transposed else (col, row)  # the stored matrix's column, row
             page, bar = f"(char*)({self.write_page(r)})", f"&full_{r}[{slot}]"
@@ -880,6 +891,7 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
         else:
             general._program(printer, ops)
         assert not printer.deferred, "a sender's load with no send"
+        assert not printer.arrived, "an arrival made with a load's expect_tx and no Push after it"
 
     general.by_class(k, role, w, body)
     if stores:

@@ -28,6 +28,16 @@ __device__ __forceinline__ void spatialc_mbar_expect_tx(unsigned long long* bar,
                  : "memory");
 }
 
+// The producer's one arrival and the bytes its copies will deliver, announced in one instruction: the phase cannot
+// complete on the arrival alone, since the bytes it adds are pending until the copy engine has delivered them. It
+// releases the thread's earlier accesses, as an arrival does.
+__device__ __forceinline__ void spatialc_mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(spatialc_smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
 // The map's descriptor fetched ahead into the cache the copy engine reads descriptors from, so that the first copy
 // of it does not wait for that fetch. A hint: nothing else depends on it.
 __device__ __forceinline__ void spatialc_prefetch_tensormap(const CUtensorMap* map)

@@ -109,6 +109,7 @@ SPATIALC_EMU_FN CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type
                                       const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
                                       CUtensorMapSwizzle swizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 SPATIALC_EMU_FN void mbar_expect_tx(void* bar, unsigned bytes, int line);
+SPATIALC_EMU_FN void mbar_arrive_expect_tx(void* bar, unsigned bytes, int line);
 SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coords, int rank, void* bar, int line);
 SPATIALC_EMU_FN void fence_proxy_async(int line);
 SPATIALC_EMU_FN void fence_barrier_init();
@@ -236,6 +237,9 @@ inline void spatialc_check_stage_base(const void* base, int line = __builtin_LIN
 }
 inline void spatialc_mbar_expect_tx(unsigned long long* bar, unsigned bytes, int line = __builtin_LINE()) {
     spatialc_emu::mbar_expect_tx(bar, bytes, line);
+}
+inline void spatialc_mbar_arrive_expect_tx(unsigned long long* bar, unsigned bytes, int line = __builtin_LINE()) {
+    spatialc_emu::mbar_arrive_expect_tx(bar, bytes, line);
 }
 // Only a hint on the GPU; here the map is checked to be one.
 inline void spatialc_prefetch_tensormap(const CUtensorMap* map, int line = __builtin_LINE()) {

@@ -741,6 +741,17 @@ SPATIALC_EMU_FN void mbar_expect_tx(void* bar, unsigned bytes, int line) {
     m.tx += bytes;
 }
 
+// The bytes added and the arrival made under one hold of the lock, as the one instruction does: no landing can come
+// between them.
+SPATIALC_EMU_FN void mbar_arrive_expect_tx(void* bar, unsigned bytes, int line) {
+    ThreadState& t = me("spatialc_mbar_arrive_expect_tx");
+    std::lock_guard<std::mutex> lk(blk().mu);
+    MBar& m = find_mbar(bar, "spatialc_mbar_arrive_expect_tx", line);
+    check_async_visible(bar, m, "spatialc_mbar_arrive_expect_tx", line);
+    m.tx += bytes;
+    arrive_locked(t, m);
+}
+
 // fence.mbarrier_init.release.cluster: the barriers this thread initialised become visible to the cluster's other
 // blocks (after a cluster barrier), which may then arrive on them or complete their transactions.
 SPATIALC_EMU_FN void fence_barrier_init() {
