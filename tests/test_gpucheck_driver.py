@@ -113,7 +113,7 @@ class FakeRunner:
     def start(self, cases, deadline):
         self.started, self.deadline = list(cases), deadline
 
-    def preflight(self, deadline, say):
+    def preflight(self, deadline, say, lost):
         say("preflight: device")
         self.clock.t += self.preflight_cost
         self.flown = True

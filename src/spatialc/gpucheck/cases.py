@@ -87,7 +87,17 @@ def is_sticky(e: BaseException) -> bool:
 
 
 class GpuLost(Exception):
-    """The GPU can no longer be trusted (a kernel hung, or the CUDA context holds a sticky error)."""
+    """The GPU can no longer be trusted (a kernel hung, or the CUDA context holds a sticky error). `path` is the
+    contestant or preflight path that lost it, where known (a later process can go on without it)."""
+
+    def __init__(self, *args: object, path: str | None = None):
+        super().__init__(*args)
+        self.path = path
+
+    def blame(self, path: str) -> GpuLost:
+        """Itself, naming `path` as what lost the GPU unless an inner frame named it first."""
+        self.path = self.path or path
+        return self
 
 
 class GpuHung(GpuLost):

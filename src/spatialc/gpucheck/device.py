@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import subprocess
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property, partial
 from typing import Any
 
@@ -167,10 +167,14 @@ class GpuRunner:
     def close(self) -> None:
         self.builds.close()
 
-    def preflight(self, deadline: Deadline, say: Callable[[str], None] = lambda s: None) -> list[Probe]:
-        """The preflight's steps, at most PREFLIGHT_S (and never past the deadline); marks what failed unavailable."""
-        probes = pf.run_steps(self._steps(deadline), limit_s=min(pf.PREFLIGHT_S, max(0.0, deadline.left())), say=say)
-        self.unavailable = pf.unavailable(probes)
+    def preflight(
+        self, deadline: Deadline, say: Callable[[str], None] = lambda s: None, lost: Mapping[str, str] | None = None
+    ) -> list[Probe]:
+        """The preflight's steps, at most PREFLIGHT_S (and never past the deadline); marks what failed unavailable,
+        and what `lost` names (paths that lost the GPU in an earlier process: their steps are not tried)."""
+        steps = pf.leaving_out(self._steps(deadline), lost or {})
+        probes = pf.run_steps(steps, limit_s=min(pf.PREFLIGHT_S, max(0.0, deadline.left())), say=say)
+        self.unavailable = pf.unavailable(probes) | dict(lost or {})
         if pf.GRAPHS in self.unavailable and self.graphs is not None:
             self.graphs, self.graphs_note = None, f"graphs unavailable: {self.unavailable[pf.GRAPHS]}"
         return probes
@@ -239,11 +243,13 @@ class GpuRunner:
         if not failure:
             try:
                 return self._measure_kernel(case, form, inputs, ref, deadline)
-            except (GpuLost, BudgetExceeded):
+            except GpuLost as e:
+                raise e.blame(name) from None
+            except BudgetExceeded:
                 raise
             except Exception as e:
                 if is_sticky(e):
-                    raise GpuLost(f"{name}: {one_line(e)}") from None
+                    raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
                 failure = f"failed: {one_line(e)}"
         return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
 
@@ -314,11 +320,11 @@ class GpuRunner:
             kernel = self._time(made.kernel, len(inputs.a), deadline)
             end_to_end = self._time(made.end_to_end, len(inputs.a), deadline, graphs=False)
             return Contestant(name, family, end_to_end, kernel, max_abs, True, made.detail)
-        except GpuHung:
-            raise
+        except GpuHung as e:
+            raise e.blame(name) from None
         except Exception as e:
             if is_sticky(e):
-                raise GpuLost(f"{name}: {one_line(e)}") from None
+                raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
             return Contestant(name, family, note=f"failed: {one_line(e)}")
 
     def _check_contender(self, made: Any, ref: Any, deadline: Deadline) -> tuple[bool, float]:

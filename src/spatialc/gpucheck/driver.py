@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +40,7 @@ from .cases import (
 )
 from .dryrun import END_TO_END, KERNEL_ONLY, dry_run, outputs_note
 from .report import to_json, to_markdown, write_report
+from .restart import DEFAULT_RESTARTS
 
 DEFAULT_BUDGET_S = 240.0  # the whole run, preflight included: with Python's start and the end, under 5 minutes
 RESERVE_S = 5.0  # kept back at the end for writing the table
@@ -52,7 +53,7 @@ class Runner(Protocol):
 
     def start(self, cases: Sequence[Case], deadline: Deadline) -> None: ...
 
-    def preflight(self, deadline: Deadline, say: Callable[[str], None]) -> list[Probe]: ...
+    def preflight(self, deadline: Deadline, say: Callable[[str], None], lost: Mapping[str, str]) -> list[Probe]: ...
 
     def run(self, case: Case, deadline: Deadline) -> Row: ...
 
@@ -75,27 +76,34 @@ def run_all(
     on_row: Callable[[list[Row]], None] | None = None,
     progress: Callable[[str], None] | None = None,
     on_preflight: Callable[[list[Probe]], None] | None = None,
+    done: Sequence[Row] = (),
+    left_out: Mapping[str, str] | None = None,
+    on_loss: Callable[[int | None, GpuLost], None] | None = None,
 ) -> tuple[list[Row], str]:
     """The preflight, then every case within `budget_s` seconds (from `started`), calling `on_preflight` with the
     preflight's findings, `on_row` with the rows so far after each, and `progress` with each step of the preflight
-    and `row i/n: precision size, t s so far` as each row starts (main prints those on stderr).
+    and `row i/n: precision size, t s so far` as each row starts (main prints those on stderr). A run that resumes
+    an earlier process's (restart.py) keeps its rows `done` (the first cases') and leaves out the paths `left_out`
+    names; `on_loss` hears where the GPU was lost (a row's index, None in the preflight) and what lost it.
 
     Returns a row for every case and why the run stopped early: "" (it did not), "lost" (the GPU hung or lost its
     context; the rest are skipped) or "interrupted" (KeyboardInterrupt, which main also raises on SIGTERM)."""
     t0 = clock() if started is None else started
     deadline = Deadline(t0 + budget_s - RESERVE_S, clock)
     say = progress or (lambda s: None)
-    rows: list[Row] = []
+    rows: list[Row] = list(done)
     lost = ""
     running = False  # a row was started and has not come back
     try:
-        runner.start(cases, deadline)
-        probes, lost = _preflight(runner, deadline, say)
+        runner.start(cases[len(done) :], deadline)
+        probes, lost, loss = _preflight(runner, deadline, say, left_out or {})
+        if loss is not None and on_loss is not None:
+            on_loss(None, loss)
         for p in probes:
             log(f"[{clock() - t0:6.1f} s] preflight: {p.name}: {_probe_result(p)}")
         if on_preflight is not None:
             on_preflight(probes)
-        for case in cases:
+        for case in cases[len(done) :]:
             if lost:
                 row = row_of(case, "skipped", f"not run: {lost}")
             elif deadline.left() < MIN_ROW_S:
@@ -103,7 +111,9 @@ def run_all(
             else:
                 running = True
                 say(f"row {len(rows) + 1}/{len(cases)}: {case}, {clock() - t0:.0f} s so far")
-                row, lost = _run_one(case, runner, deadline)
+                row, lost, loss = _run_one(case, runner, deadline)
+                if loss is not None and on_loss is not None:
+                    on_loss(len(rows), loss)
             running = False
             rows.append(row)
             _log_row(log, clock() - t0, row)
@@ -118,12 +128,14 @@ def run_all(
     return rows, "lost" if lost else ""
 
 
-def _preflight(runner: Runner, deadline: Deadline, say: Callable[[str], None]) -> tuple[list[Probe], str]:
-    """The runner's preflight, and why the run cannot go on ('' when it can)."""
+def _preflight(
+    runner: Runner, deadline: Deadline, say: Callable[[str], None], left_out: Mapping[str, str]
+) -> tuple[list[Probe], str, GpuLost | None]:
+    """The runner's preflight, why the run cannot go on ('' when it can) and the loss that stopped it."""
     try:
-        return runner.preflight(deadline, say), ""
+        return runner.preflight(deadline, say, left_out), "", None
     except GpuLost as e:
-        return [Probe("preflight", False, one_line(e))], f"the GPU was lost in the preflight ({one_line(e)})"
+        return [Probe("preflight", False, one_line(e))], f"the GPU was lost in the preflight ({one_line(e)})", e
 
 
 def _probe_result(p: Probe) -> str:
@@ -134,17 +146,24 @@ def _log_row(log: Callable[[str], None], t: float, r: Row) -> None:
     log(f"[{t:6.1f} s] {r}: {r.status}" + (f" ({r.note})" if r.note else ""))
 
 
-def _run_one(case: Case, runner: Runner, deadline: Deadline) -> tuple[Row, str]:
+def _run_one(case: Case, runner: Runner, deadline: Deadline) -> tuple[Row, str, GpuLost | None]:
+    """The case's row, why the run cannot go on ('' when it can) and the loss that stopped it."""
     try:
-        return runner.run(case, deadline), ""
+        return runner.run(case, deadline), "", None
     except GpuHung as e:
-        return row_of(case, "hung", str(e)), "the GPU hung on an earlier row"
+        return row_of(case, "hung", _blamed(e)), "the GPU hung on an earlier row", e
     except GpuLost as e:
-        return row_of(case, "error", str(e)), "the CUDA context was lost on an earlier row"
+        return row_of(case, "error", _blamed(e)), "the CUDA context was lost on an earlier row", e
     except BudgetExceeded:
-        return row_of(case, "skipped", "not finished: time budget spent"), ""
+        return row_of(case, "skipped", "not finished: time budget spent"), "", None
     except Exception as e:  # one broken row must not cost the table
-        return row_of(case, "error", one_line(e)), ""
+        return row_of(case, "error", one_line(e)), "", None
+
+
+def _blamed(e: GpuLost) -> str:
+    """The loss in words, led by what it is blamed on where its message does not already name it."""
+    said = str(e)
+    return said if e.path is None or said.startswith(f"{e.path}:") else f"{e.path}: {said}"
 
 
 def pending(case: Case) -> Row:
@@ -192,6 +211,16 @@ def _budget(text: str) -> float:
     return value
 
 
+def _restarts(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None, description: str = "") -> argparse.Namespace:
     ap = _Parser(prog="spatialc gpucheck", description=description)
     ap.add_argument(
@@ -225,6 +254,15 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> argparse.Na
         "--prepare", action="store_true", help="compile every kernel of the run into OUTDIR (needs nvcc, no GPU)"
     )
     ap.add_argument("--prepared", metavar="DIR", help="load the kernels --prepare compiled into DIR (hash-checked)")
+    ap.add_argument(
+        "--restarts",
+        type=_restarts,
+        metavar="N",
+        default=DEFAULT_RESTARTS,
+        help=f"after a hang or a lost CUDA context, go on in a fresh process without the kernel or library that lost "
+        f"it, at most this many times ({DEFAULT_RESTARTS}; 0: stop there, in one process)",
+    )
+    ap.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)  # a supervised run's process (restart.py)
     args = ap.parse_args(argv)
     if args.prepare and (args.dry_run or args.prepared):
         raise SpatialError("--prepare compiles the kernels into OUTDIR; it goes with neither --dry-run nor --prepared")
@@ -294,7 +332,11 @@ def no_gpu(e: BaseException, argv: Sequence[str]) -> str:
     """The refusal without a GPU, in one line: why (GpuUnavailable's reason), and the dry run of the same command,
     which needs none."""
     why = str(e).removeprefix("no GPU: ")
-    dry = shlex.join(["spatialc", "gpucheck", *argv, "--dry-run"])
+    own = list(argv)
+    if "--worker" in own:  # a supervised run's process: the command to name is the user's
+        at = own.index("--worker")
+        del own[at : at + 2]
+    dry = shlex.join(["spatialc", "gpucheck", *own, "--dry-run"])
     return f"{why}; `{dry}` lists what a GPU run would do"
 
 
@@ -341,9 +383,15 @@ def main(
     if args.dry_run:
         dry_run(cases, args.target or "sm_90", manifest)
         return 0
-    from ..runtime.launch import GpuUnavailable
+    from ..runtime.launch import GpuUnavailable, require_cupy
 
+    own = list(sys.argv[1:] if argv is None else argv)
     try:
+        if make_runner is None and args.worker is None and args.restarts > 0:
+            from .restart import supervise
+
+            require_cupy()  # the supervisor never uses the GPU, but without one it says so here, once
+            return supervise(own, cases, budget_s=args.budget, restarts=args.restarts, started=started)
         if make_runner is None:
             from .device import GpuRunner
 
@@ -352,12 +400,17 @@ def main(
             args.target, seed=args.seed, triton=not args.no_triton, prepared=manifest, graphs=not args.no_graphs
         )
     except GpuUnavailable as e:
-        print(f"gpucheck: {no_gpu(e, sys.argv[1:] if argv is None else argv)}", file=sys.stderr)
+        print(f"gpucheck: {no_gpu(e, own)}", file=sys.stderr)
         return 2
     return _run(args, cases, runner, started)
 
 
 def _run(args: argparse.Namespace, cases: list[Case], runner: Any, started: float) -> int:
+    from .restart import Progress, load_resume, save_progress
+
+    resume = load_resume(args.worker) if args.worker else None
+    if resume is not None and (at := resume.started()) is not None:
+        started = at  # the budget counts from the supervisor's start
     header = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "state": "running (pending rows not reached yet)",
@@ -367,6 +420,8 @@ def _run(args: argparse.Namespace, cases: list[Case], runner: Any, started: floa
         "timing": f"{END_TO_END}; {KERNEL_ONLY}",
         **runner.info(),
     }
+    if resume is not None and resume.restarts:
+        header["restarts"] = list(resume.restarts)
     try:
         open_outdir(args.outdir, header, cases)
     except SpatialError as e:
@@ -381,11 +436,23 @@ def _run(args: argparse.Namespace, cases: list[Case], runner: Any, started: floa
     for warning in header.get("warnings", []):
         print(f"gpucheck: ⚠ {warning}", file=sys.stderr, flush=True)
     save = _Saver(args.outdir, header, cases, started)
+    progress = Progress()
+
+    def saved(rows: list[Row]) -> None:
+        save(rows)
+        if args.worker:  # what a restart keeps; after the report, which matters more
+            progress.rows = list(rows)
+            save_progress(args.worker, progress)
+
+    def lost(index: int | None, e: GpuLost) -> None:
+        from .restart import Loss
+
+        progress.loss = Loss(index, e.path, one_line(e))
 
     def preflown(probes: list[Probe]) -> None:
         header.update(runner.info())
         header["preflight"] = [asdict(p) for p in probes]
-        save([])
+        saved(list(resume.rows) if resume is not None else [])
 
     old_handler = _sigterm_interrupts()
     try:
@@ -395,9 +462,12 @@ def _run(args: argparse.Namespace, cases: list[Case], runner: Any, started: floa
             budget_s=args.budget,
             started=started,
             log=lambda s: print(s, flush=True),
-            on_row=save,
+            on_row=saved,
             progress=lambda s: print(f"gpucheck: {s}", file=sys.stderr, flush=True),
             on_preflight=preflown,
+            done=resume.rows if resume is not None else (),
+            left_out=resume.lost if resume is not None else None,
+            on_loss=lost,
         )
     finally:
         if old_handler is not None:

@@ -112,15 +112,18 @@ class GroupedRows:
         name = form.contestant
         if form.artifact is None:
             return Contestant(name, "spatialc", note=f"n/a: {form.absent}"), ("", "")
-        failure = form.error or ""
+        off = self.r.unavailable.get(name)  # a kernel that lost the GPU in an earlier process
+        failure = form.error or (f"unavailable: {off}" if off else "")
         if not failure:
             try:
                 return self._kernel(case, form, a, b, sizes, refs, deadline)
-            except (GpuLost, BudgetExceeded):
+            except GpuLost as e:
+                raise e.blame(name) from None
+            except BudgetExceeded:
                 raise
             except Exception as e:
                 if is_sticky(e):
-                    raise GpuLost(f"{name}: {one_line(e)}") from None
+                    raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
                 failure = f"failed: {one_line(e)}"
         return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
 
@@ -172,6 +175,8 @@ class GroupedRows:
             return Contestant(name, "cublas", note="unavailable: torch is not installed (or sees no GPU)")
         if name == GROUPED_MM and not hasattr(torch, "_grouped_mm"):
             return Contestant(name, "cublas", note=f"unavailable: this torch ({torch.__version__}) has no _grouped_mm")
+        if name in self.r.unavailable:
+            return Contestant(name, "cublas", note=f"unavailable: {self.r.unavailable[name]}")
         if deadline.passed():
             return Contestant(name, "cublas", note="skipped: time budget spent")
         try:
@@ -188,11 +193,13 @@ class GroupedRows:
                 )
             kernel = self.r._time(lambda i: call(), 1, deadline, graphs=False)
             return Contestant(name, "cublas", None, kernel, errs.max_abs, True, detail)
-        except (GpuLost, BudgetExceeded):  # a hung or lost GPU (GpuHung is one) ends the run, as device.py's
+        except GpuLost as e:  # a hung or lost GPU (GpuHung is one) ends the process's run, as device.py's
+            raise e.blame(name) from None
+        except BudgetExceeded:
             raise
         except Exception as e:
             if is_sticky(e):
-                raise GpuLost(f"{name}: {one_line(e)}") from None
+                raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
             return Contestant(name, "cublas", note=f"failed: {one_line(e)}")
 
     def _make(self, name: str, case: Case, a: Any, b: Any, sizes: Any) -> tuple[Callable[[], None], Any, str]:

@@ -12,7 +12,7 @@ limit and bookkeeping are here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .baselines import GEMM_EX, INT_MM_COL, INT_MM_ROW, TORCH_MATMUL, TRITON
@@ -59,14 +59,24 @@ def run_steps(
         start = clock()
         try:
             detail, ok = step.run(), True
-        except GpuLost:
-            raise
+        except GpuLost as e:
+            raise (e.blame(step.paths[0]) if len(step.paths) == 1 else e) from None
         except Exception as e:
             if is_sticky(e):
-                raise GpuLost(f"{step.name}: {one_line(e)}") from None
+                path = step.paths[0] if len(step.paths) == 1 else None
+                raise GpuLost(f"{step.name}: {one_line(e)}", path=path) from None
             detail, ok = one_line(e), False
         probes.append(Probe(step.name, ok, detail, round(clock() - start, 2), step.paths))
     return probes
+
+
+def leaving_out(steps: Sequence[Step], lost: Mapping[str, str]) -> list[Step]:
+    """The steps, each that decides a path `lost` names replaced by that reason (not tried, so not lost again)."""
+    out = []
+    for step in steps:
+        why = next((lost[p] for p in step.paths if p in lost), None)
+        out.append(step if why is None else Step(step.name, step.paths, why))
+    return out
 
 
 def unavailable(probes: Sequence[Probe]) -> dict[str, str]:

@@ -332,6 +332,7 @@ def preflight_lines(header: dict[str, Any]) -> list[str]:
 def header_lines(header: dict[str, Any]) -> list[str]:
     lines = [f"- {key}: {header[key]}" for key in HEADER_KEYS if key in header]
     lines += [f"- ⚠ {w}" for w in header.get("warnings", [])]
+    lines += [f"- ⚠ restart {i}: {r}" for i, r in enumerate(header.get("restarts", []), 1)]
     lines += [f"- {key.replace('_', ' ')}: {header[key]}" for key in NOTE_KEYS if header.get(key)]
     tol = "; ".join(f"{elem} C: ‖C−R‖_F/‖R‖_F ≤ {r:g}, max|C−R| ≤ {a:g}·max|R|" for elem, (r, a) in TOLERANCE.items())
     lines.append(f"- tolerance: integer C exact; {tol} (operands exact; fp32 accumulation, one rounding of C)")
