@@ -19,7 +19,7 @@ import spatialc
 import spatialc.runtime.launch as L
 from spatialc.errors import PlanError
 from spatialc.ir.nodes import panel_bytes, panel_offset
-from spatialc.lower.cuda import hopper
+from spatialc.lower.cuda import hopper, hopper_plan
 from spatialc.lower.errors import TooBig, Unsupported
 from spatialc.passes import pipeline
 from spatialc.passes.tile import in_panels
@@ -181,7 +181,7 @@ def test_a_panel_is_the_widest_swizzle_its_rows_take():
 
 def test_int8_k_steps_come_in_pairs():
     with pytest.raises(Unsupported, match="pairs of tiles"):
-        hopper.check_plan(
+        hopper_plan.check_plan(
             dataclasses.replace(
                 spatialc.build(spatialc.gemm(128, 64, 64, "int8"), "sm_90a").plans[0],
                 block=spatialc.ir.ops.BlockShape(8, 4, 1),
@@ -793,9 +793,9 @@ def test_the_fused_store_goes_out_by_tma_store_from_each_warps_staging():
     assert art.launch.dyn_smem == 196608 + 1024 + 8 * 2 * 2048 and art.launch.dyn_smem <= 232448
     assert "#define OUT_CHUNK 2" in text and "spatialc_bulk_wait_read<1>();" in text
     # A box is 2 KiB: an int8 GEMM's int32 output stages 2 tiles a box too; int64 (asked for) 1.
-    assert hopper.store_chunk(16, "int") == 2 and hopper.store_chunk(16, "long long") == 1
-    assert hopper.store_chunk(16, "__nv_bfloat16") == 4 and hopper.store_chunk(6, "float") == 2
-    assert hopper.store_chunk(1, "float") == 1 and hopper.store_chunk(3, "__nv_bfloat16") == 1
+    assert hopper_plan.store_chunk(16, "int") == 2 and hopper_plan.store_chunk(16, "long long") == 1
+    assert hopper_plan.store_chunk(16, "__nv_bfloat16") == 4 and hopper_plan.store_chunk(6, "float") == 2
+    assert hopper_plan.store_chunk(1, "float") == 1 and hopper_plan.store_chunk(3, "__nv_bfloat16") == 1
 
 
 @needs_gxx

@@ -159,7 +159,7 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             f"            {kept} ({'dynamic' if bud.rings_dynamic else 'static'}){fused}",
         ]
     if bud.form == "sm90a":  # ptxas allocates for the launch; setmaxnreg then moves registers to the consumers
-        from ..lower.cuda.hopper import CONSUMER_REGS, PRODUCER_REGS
+        from ..lower.cuda.hopper_plan import CONSUMER_REGS, PRODUCER_REGS
 
         regs = f"{CONSUMER_REGS} registers a consumer thread and {PRODUCER_REGS} a producer thread after setmaxnreg"
         at = " a thread at launch"

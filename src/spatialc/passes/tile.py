@@ -105,9 +105,9 @@ def resources(target: SpatialTarget, plan: Plan, prec: Precision, form: str = "p
     """What a block of the `form` kernel for `plan` costs: (shared memory bytes, blocks resident per SM; 0 when one
     does not fit) — the backend's own answer, so the planner keeps no copy of a kernel's memory model. `stages`:
     the epilogue's stages, which the general form keeps in rings of their own."""
-    from ..lower.cuda import general, hopper, persistent
+    from ..lower.cuda import general, hopper_plan, persistent
 
-    backend = {"persistent": persistent, "general": general, "sm90a": hopper}[form]
+    backend = {"persistent": persistent, "general": general, "sm90a": hopper_plan}[form]
     return backend.plan_resources(target, plan, prec, stages)
 
 
@@ -222,11 +222,11 @@ def candidates(
     # grid dividing the block: unless the block is forced, plans it would leave to the general form are not offered.
     stages = ring_stages(p, form, extra)
     fuse_only = block is None and stages > 0 and form == "persistent"
-    own_cost = None  # the sm_90a form's own time model: wgmma's width and the stages in flight (lower/cuda/hopper.py)
+    own_cost = None  # the sm_90a form's own time model: wgmma's width and the stages in flight (hopper_plan.py)
     if form == "sm90a":
-        from ..lower.cuda import hopper
+        from ..lower.cuda import hopper_plan
 
-        own_cost = hopper.plan_cost
+        own_cost = hopper_plan.plan_cost
     found = []
     for b, s, d in itertools.product(blocks, subs, depths):
         if fuse_only and not fused_output(target, b):
@@ -281,11 +281,11 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
     b = BlockShape(*(block or least))
     probe = make_plan(b, tuple(sub_blocks or (1, 1)), depth or 2, a.group_tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
     if form == "sm90a":
-        from ..lower.cuda import hopper
+        from ..lower.cuda import hopper_plan
         from ..lower.errors import Unsupported
 
         try:
-            hopper.check_plan(probe, p.precision)
+            hopper_plan.check_plan(probe, p.precision)
         except Unsupported as e:
             return f"the sm_90a form takes no plan of {e.what}: {e.why}"
     tiles = b.osh * b.osw * probe.sub_blocks[0] * probe.sub_blocks[1]

@@ -153,7 +153,7 @@ def check_items(p: SpatialProgram, cluster: int) -> None:
 
 
 class ClusterPrinter:
-    """The handshake's ops of one engine of the sm_90a form (a mixin of `hopper.HopperPrinter`)."""
+    """The handshake's ops of one engine of the sm_90a form (a mixin of `hopper_printer.HopperPrinter`)."""
 
     hk: Any
     k: Any

@@ -1,0 +1,328 @@
+"""The sm_90a form's engine printer: the general form's, with operand pages loaded by the copy engine (TMA boxes
+announced on the full barrier with the producer's arrival), multiplied by wgmma from shared-memory descriptors, a K
+loop that keeps one wgmma group in flight, and the consumers' fused store through staging boxes and TMA stores.
+`hopper.py` describes the kernel and prints the rest of it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...ir.ids import LoopVar, loop_var_name
+from ...ir.ops import (
+    ChoreoOp,
+    Compute,
+    Loop,
+    MatmulTiles,
+    PackAcc,
+    Pop,
+    Precision,
+    Push,
+    ReadBarrier,
+    ReadTiles,
+    Reserve,
+    SemSet,
+    Trip,
+    Wait,
+    WriteTiles,
+)
+from ...ir.printer import compute_text
+from ...passes.tile import operand_layouts
+from ..census import POST, marker
+from ..errors import Unsupported
+from . import general
+from .clusters import ClusterPrinter
+from .cwriter import Writer, addr_expr, c_mul, c_sum
+from .hopper_plan import CONSUMER_GROUPS, OUT_BYTES, STORE_BUFFERS, WARPGROUP
+from .hopper_tma import Panels, param_at
+from .rings import TILE_ELEMS, Ring
+
+if TYPE_CHECKING:
+    from .hopper import HopperKernel
+
+DESC_SWIZZLE = {128: 1, 64: 2, 32: 3}  # a matrix descriptor's swizzle mode, by the panels' width in bytes
+ACC_FENCE = "spatialc_acc_fence(accf);"  # the accumulators' registers pinned there (sm90a.cuh)
+
+
+class HopperPrinter(ClusterPrinter, general.EnginePrinter):
+    """The general form's engine printer, with operand pages loaded by the copy engine and multiplied by wgmma."""
+
+    counts_sends = False  # a multicast page lands at the sender's own stage in every block
+
+    def __init__(self, hk: HopperKernel, role: general.Role, w: Writer):
+        super().__init__(hk.base, role, w)
+        self.hk = hk
+        self.sends: frozenset[int] = frozenset()  # rings the program being printed multicasts
+        self.deferred: dict[int, tuple[ChoreoOp, dict[LoopVar, str]]] = {}  # a sender's loads, issued at the send
+        self.in_flight = False  # a wgmma group issued and not yet waited for (printing order is program order)
+        self.integer = hk.base.integer
+        self.chain: list[tuple[Compute, dict[LoopVar, str]]] = []  # epilogue stages met since the last store
+        self.arrived: set[int] = set()  # rings whose next Push already arrived, with its load's expect_tx
+
+    def read_slot(self, r: int) -> str:
+        """The front page: the slot of the engine's last Wait (its release may come a step later)."""
+        if any(isinstance(op, Wait) and self.k.rings.template[op.buf] == r for op in self.role.walk()):
+            return f"((wt_{r} - 1) % DEPTH_{r})"
+        return super().read_slot(r)
+
+    def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
+        mark = marker(op)
+        rings = self.k.rings
+        match op:
+            case Pop() | PackAcc() if self.in_flight:
+                # The slot (or the accumulators) stay the MMA's until its group has retired.
+                self.w.line("spatialc_wgmma_wait<0>();  // the K step's wgmma have read the stage")
+                self.w.line(ACC_FENCE + "  // and written the accumulators: nothing reads them before")
+                self.in_flight = False
+                self.op(op, env)
+            case Push(buf) if rings.is_fused(buf) and rings.chain_step(buf) == len(rings.fused) - 1:
+                # The last page of the chain is the one the writer would store: the consumers store it themselves.
+                assert self.hk.store is not None
+                chain, self.chain = self.chain, []
+                self.fused_store(self.hk.store, env, marker(self.hk.store), chain)
+                self.w.line("", f"{mark} (fused output: no ring)")
+            case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) | PackAcc(to=buf) if rings.is_fused(buf):
+                self.w.line("", f"{mark} (fused output: no ring)")
+            case Compute(op=stage, ins=(buf,)) if rings.is_fused(buf):
+                self.w.line(f"// {compute_text(stage, self.k.program)}: applied in the fused store below")
+                self.chain.append((op, env))
+            case WriteTiles(src=buf) if rings.is_fused(buf):
+                pass  # its image, with its census marker, is the consumers' fused store
+            case Loop() if self.pipelined(op):
+                self.k_loop_pipelined(op, env, mark)
+            case ReadTiles(into=buf) if self.kept(buf).id in self.sends:
+                # The sender's page goes to every block of its group at once: loaded where the IR sends it.
+                self.deferred[self.kept(buf).id] = (op, env)
+                self.w.line("", f"{mark} (loaded into the group's blocks by the multicast below)")
+            case ReadTiles(into=buf) if self.kept(buf).id in self.hk.tma_rings:
+                self.tma(op, env, mark)
+            case ReadBarrier() if self.role.first_warp >= CONSUMER_GROUPS * WARPGROUP:
+                self.w.line("", f"{mark} (no cp.async: the copy engine's bytes count on the full barrier)")
+            case _ if self.handshake(op, env, mark):
+                pass
+            case Pop(buf) if self.kept(buf).id in self.hk.warp_freed:
+                self.release(op, mark)
+            case Push(buf) if self.kept(buf).id in self.arrived:
+                r = self.kept(buf).id
+                self.arrived.discard(r)
+                self.w.line(f"++psh_{r};", f"{mark} (its arrival went with the expect_tx above)")
+            case Push(buf) if self.kept(buf).id in self.hk.tma_rings:
+                r = self.kept(buf).id
+                self.w.line(f"spatialc_mbar_arrive(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
+            case Compute(op=MatmulTiles() as mm, ins=(a, b)):
+                self.wgmma(mm, self.kept(a), self.kept(b), mark)
+            case _:
+                super().op(op, env)
+
+    def pipelined(self, loop: Loop) -> bool:
+        """Whether `loop` is a K loop whose releases can wait a step: its body waits, multiplies once and pops exactly
+        the matmul's rings, each at least two pages deep, and its count is fixed."""
+        if isinstance(loop.count, Trip) or loop.count.n < 1:  # type: ignore[union-attr]
+            return False
+        body = loop.body
+        mms = [i for i, op in enumerate(body) if isinstance(op, Compute) and isinstance(op.op, MatmulTiles)]
+        if len(mms) != 1:
+            return False
+        at = mms[0]
+        waits, pops = body[:at], body[at + 1 :]
+        mm = body[at]
+        assert isinstance(mm, Compute)
+        if not all(isinstance(o, Wait) for o in waits) or not all(isinstance(o, Pop) for o in pops):
+            return False
+        rings = {self.kept(b).id for b in mm.ins}
+        popped = [self.kept(o.buf).id for o in pops]  # type: ignore[union-attr]
+        return sorted(popped) == sorted(rings) and all(self.kept(b).depth >= 2 for b in mm.ins)
+
+    def k_loop_pipelined(self, loop: Loop, env: dict[LoopVar, str], mark: str) -> None:
+        """The K loop with each step's releases printed one step late (one wgmma group in flight)."""
+        v = loop_var_name(loop.var)
+        at = next(i for i, op in enumerate(loop.body) if isinstance(op, Compute))
+        waits, mm, pops = loop.body[:at], loop.body[at], loop.body[at + 1 :]
+        with self.w.block(f"for (int {v} = 0; {v} < {loop.count.n}; ++{v})", mark):  # type: ignore[union-attr]
+            inner = env | {loop.var: v}
+            for op in waits:
+                self.op(op, inner)
+            self.op(mm, inner)
+            self.w.line("spatialc_wgmma_wait<1>();  // the previous K step's group has retired; this one runs on")
+            self.in_flight = False
+            with self.w.block(f"if ({v} > 0)", "// the previous K step's stages go back to the producer"):
+                for op in pops:
+                    self.release(op, marker(op))
+        self.w.line("spatialc_wgmma_wait<0>();  // the last K step's group")
+        self.w.line(ACC_FENCE + "  // the accumulators are whole: nothing reads them before")
+        for op in pops:
+            self.release(op, marker(op, POST))
+
+    def fused_store(
+        self, op: WriteTiles, env: dict[LoopVar, str], mark: str, chain: list[tuple[Compute, dict[LoopVar, str]]]
+    ) -> None:
+        """The fused store through shared memory: each consumer warp takes `chunk` tiles of its row at a time
+        through the chain into one of its STORE_BUFFERS staging boxes, in turn (the tiles one after another, each
+        row-major: the output map's box), fences them over to the async proxy, and its first lane stores them by
+        TMA, a tile a box, as one bulk group. A box is written again only once the group that last read it has
+        (`bulk_wait_read<STORE_BUFFERS - 1>`: the groups after it may still be reading the other box) — across
+        items too, so the item's last stores go on while the next item's K loop runs; the engine waits for the
+        last of them before it ends (`_engine`)."""
+        chunk = self.hk.chunk
+        if not chunk:
+            super().fused_store(op, env, mark, chain)
+            return
+        cols = self.k.program.tensor(op.tensor).tiles[1]
+        m = self.hk.maps[-1]
+        with self.w.block("", mark):
+            self.warp_coords()
+            self.w.line("const int lane = tid % 32;")
+            matrix = OUT_BYTES[self.k.out_type] == 2  # 16-bit values go out by stmatrix, a tile a warp at once
+            if chain or not matrix:
+                self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
+            base = addr_expr(op.at, env)
+            with self.unrolled("for (int q0 = 0; q0 < PERW; q0 += OUT_CHUNK)"):
+                # An item of a whole number of turns starts on the first box: the box is known where printed.
+                turn = "q0 / OUT_CHUNK" if not self.hk.odd_turns else "boxes_out"
+                self.w.line(
+                    f"OUT_T* const staged = out_stage + (warp * {STORE_BUFFERS} + ({turn}) % {STORE_BUFFERS}) * "
+                    f"(OUT_CHUNK * {TILE_ELEMS});  // this warp's box in turn"
+                )
+                wait = f"spatialc_bulk_wait_read<{STORE_BUFFERS - 1}>();"
+                self.w.line(f"if (lane == 0) {{ {wait} }}  // the store that last read this box has read it")
+                self.w.line("__syncwarp();")
+                with self.unrolled("for (int c = 0; c < OUT_CHUNK; ++c)"):
+                    self.w.line("const int q = q0 + c;")
+                    if matrix:
+                        self.w.line("OUT_T out[8];")
+                    value = "accf[q].x[i]"
+                    if chain:  # one element at a time, as the direct fused store does (registers)
+                        self.w.line(self.owned_tile() + "  // (a bias reads its column)")
+                        self.w.line("(void)bh; (void)bw;")
+                        self.w.line("ACCT frag[8];")
+                        with self.unrolled("for (int i = 0; i < 8; ++i)"):
+                            self.w.line("frag[i] = accf[q].x[i];")
+                        self.w.line("#pragma unroll 1")
+                        value = "frag[i]"
+                    with (
+                        self.w.block("for (int i = 0; i < 8; ++i)")
+                        if chain
+                        else self.unrolled("for (int i = 0; i < 8; ++i)")
+                    ):
+                        if chain or not matrix:  # (a bias reads the element's column)
+                            self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);")
+                        if matrix:
+                            if chain:
+                                self.w.line("(void)el;")
+                            self.read_out(op, chain, value, "out[i] = {};")
+                        else:
+                            self.read_out(op, chain, value, f"SPATIALC_PAGE_ST(staged + c * {TILE_ELEMS} + el, {{}});")
+                    if matrix:
+                        self.w.line(f"spatialc_stmatrix_tile(staged + c * {TILE_ELEMS}, out);")
+                self.w.line("spatialc_fence_proxy_async();  // the lane's staged values, visible to the copy engine")
+                self.w.line("__syncwarp();")
+                with self.w.block("if (lane == 0)", "// a box a tile: the warp's tile row, tile columns q0 …"):
+                    rows, cols_at = c_mul("(long long)wi", op.stride_h), c_mul("(long long)q0", op.stride_w)
+                    self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols_at)};")
+                    self.w.line(f"const int row = (int)(tile / {cols}) * 16, col = (int)(tile % {cols}) * 16;")
+                    with self.unrolled("for (int c = 0; c < OUT_CHUNK; ++c)"):
+                        at = f"col + c * 16, row, staged + c * {TILE_ELEMS}"
+                        self.w.line(f"spatialc_tma_store_2d(&spatialc_tmap_{m.index}, {at});")
+                    self.w.line("spatialc_bulk_commit();")
+                if self.hk.odd_turns:
+                    self.w.line("++boxes_out;")
+
+    def full_wait(self, r: int) -> str:
+        # A multicast ring's page may come from a peer, whose bytes complete the barrier at cluster scope.
+        if self.hk.multicast is not None and r in self.hk.multicast.rings:
+            return "spatialc_mbar_wait_cluster"
+        return super().full_wait(r)
+
+    def reset(self, op: SemSet, before: ChoreoOp | None) -> None:
+        if not self.handshake_reset(op):
+            super().reset(op, before)
+
+    def release(self, op: ChoreoOp, mark: str) -> None:
+        """A Pop: where only wgmma reads the stage (`warp_freed`), one arrival of the warp on the slot's empty
+        barrier — the wait_group that retired the wgmma reading it is warp-synchronous (.sync.aligned): when lane 0
+        is past it, so is every lane; otherwise one arrival a thread."""
+        assert isinstance(op, Pop)
+        r = self.kept(op.buf).id
+        if r not in self.hk.warp_freed:
+            self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)
+            return
+        with self.w.block("if ((threadIdx.x & 31) == 0)", "// one arrival a warp (EMPTY_COUNT: the consumer warps)"):
+            self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]);", mark)
+        self.w.line(f"++pop_{r};")
+
+    def tma(self, op: ReadTiles, env: dict[LoopVar, str], mark: str, mask: str | None = None) -> None:
+        """The whole page's bytes announced on the slot's full barrier, then one box a panel — multicast to the
+        blocks of `mask` where one is given."""
+        t = self.k.program.tensor(op.tensor)
+        ring = self.kept(op.into)
+        r = ring.id
+        pan = self.hk.panels[r]
+        at = param_at(self.k.program, op.tensor)
+        m = next(m for m in self.hk.maps if (m.tensor, m.box, m.swizzle) == (at, pan.box, pan.width))
+        nbytes = op.block_h * op.block_w * TILE_ELEMS * ring.elem_bytes
+        slot = self.write_slot(r)
+        # A load its ring's Push follows at once makes that Push's arrival with its expect_tx, in one instruction.
+        pushed = mask is None and isinstance(self.after, Push) and self.kept(self.after.buf).id == r
+        with self.w.block("", mark):
+            self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {t.name}")
+            if pushed:
+                self.w.line(f"spatialc_mbar_arrive_expect_tx(&full_{r}[{slot}], {nbytes}u);  // and the Push below")
+                self.arrived.add(r)
+            else:
+                self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
+            row, col = f"(at / {t.tiles[1]}) * 16", f"(at % {t.tiles[1]}) * 16"
+            inner, outer = (row, col) if pan.transposed else (col, row)  # the stored matrix's column, row
+            page, bar = f"(char*)({self.write_page(r)})", f"&full_{r}[{slot}]"
+            if mask is not None:
+                self.w.line(f"const unsigned short group = {mask};")
+            for i in range(pan.count):
+                dst = f"{page} + {i * pan.bytes}" if i else page
+                c0 = f"{inner} + {i * pan.box[1]}" if i else inner
+                if mask is None:
+                    self.w.line(f"spatialc_tma_load_2d({dst}, &spatialc_tmap_{m.index}, {c0}, {outer}, {bar});")
+                else:
+                    load = (
+                        f"spatialc_tma_load_2d_multicast({dst}, &spatialc_tmap_{m.index}, {c0}, {outer}, {bar}, group);"
+                    )
+                    self.w.line(load)
+
+    def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
+        """One K step: a wgmma per 16 (int8: 32) K elements — 32 bytes of K — each warpgroup's 64 rows of A and the
+        whole B page read from shared memory through descriptors, committed as one group. A (and int8 B) K-major:
+        an instruction's K is 32 bytes of a panel row, the next 8 rows a panel row × 8 on; 16-bit B N-major: its
+        16 K rows are panel rows, the next 8 K rows 8 panel rows on, the next panel of N columns a panel on."""
+        check_page_layouts(mm.operand, a, b)
+        ibw = mm.block.ibw
+        step = 2 if mm.operand == Precision.INT8 else 1  # tiles of K an instruction takes: 32 bytes
+        pa, pb = self.hk.panels[a.id], self.hk.panels[b.id]
+        kb = "(kk * 16 * (int)sizeof(OPT))"  # the instruction's first byte of K
+
+        def k_major(page: str, pan: Panels, first_row: str) -> str:
+            at = f"{page} + ({kb} / {pan.width}) * {pan.bytes} + {first_row} * {pan.width} + {kb} % {pan.width}"
+            return f"spatialc_wgmma_desc({at}, 16u, {8 * pan.width}u, {DESC_SWIZZLE[pan.width]}u)"
+
+        a_page, b_page = f"(const char*)({self.read_page(a.id)})", f"(const char*)({self.read_page(b.id)})"
+        a_of = k_major(a_page, pa, f"(warp / {WARPGROUP}) * 64")  # the warpgroup's 64 rows
+        if pb.transposed:  # int8 B: its rows are N, K-major like A
+            b_of = k_major(b_page, pb, "0")
+        else:
+            at = f"{b_page} + kk * 16 * {pb.width}"
+            b_of = f"spatialc_wgmma_desc({at}, {pb.bytes}u, {8 * pb.width}u, {DESC_SWIZZLE[pb.width]}u)"
+        with self.w.block("", mark):
+            self.w.line(ACC_FENCE + "  // their last plain writes (the zeroing) stay before the fence")
+            self.w.line("spatialc_wgmma_fence();  // the accumulators were last written by plain instructions")
+            with self.unrolled(f"for (int kk = 0; kk < {ibw}; kk += {step})"):
+                self.w.line(f"spatialc_wgmma<{self.hk.n}, OPT>(accf, {a_of}, {b_of});")
+            self.w.line("spatialc_wgmma_commit();")
+        self.in_flight = True
+
+
+def check_page_layouts(operand: Precision, a: Ring, b: Ring) -> None:
+    """Refuse operand pages the descriptors cannot describe: swizzled panels, int8 B transposed."""
+    want = operand_layouts(operand, "sm90a")
+    for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
+        if ring.layout != layout:
+            raise Unsupported(
+                f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",
+                f"the sm_90a form's wgmma reads {what} from {layout.value} pages; build the program for sm_90a",
+            )
