@@ -113,7 +113,7 @@ HIDDEN = 'hidden = p.ring("hidden", depth=1, tiles=2 * 4, kind="interm")'
 PLACE = "p.place([list(range(grid[0] * grid[1]))])"
 IMPORTS = (
     "from spatialc.ir.ops import Activation",
-    "from spatialc.ir.ops import Activation, Bias, Relu, Requant, Scalar\nfrom spatialc.lang.builder import address",
+    "from spatialc.ir.ops import Activation, Bias, Relu, Requant, Scalar\nfrom spatialc.lang.handles import address",
 )
 NAMED = (  # the compute engine's item and h loop, named (a bias's address uses them)
     '        for _ in e.items():\n            acc2.acquire()\n            for _ in e.range(h_steps, "h"):',

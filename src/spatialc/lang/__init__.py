@@ -42,23 +42,10 @@ from ..ir.nodes import SpatialProgram
 from ..ir.ops import ChoreoOp, Reserve, Wait
 from ..ir.printer import op_text
 from ..target import WARP
-from .builder import (
-    AccRef,
-    Affine,
-    Builder,
-    Engine,
-    GroupRef,
-    Item,
-    LangError,
-    Page,
-    RingRef,
-    SemRef,
-    StageRef,
-    TensorRef,
-    checked,
-    in_tracer,
-    located,
-)
+from .builder import Builder, checked
+from .engine import Engine
+from .handles import AccRef, Affine, GroupRef, Item, Page, RingRef, SemRef, StageRef, TensorRef
+from .lines import LangError, in_tracer, located
 
 __all__ = [
     "AccRef",

@@ -36,7 +36,8 @@ from ..ir.ops import (
     WriteBarrier,
     WriteTiles,
 )
-from .builder import LangError, default_dtype, least_tiles
+from .builder import default_dtype, least_tiles
+from .lines import LangError
 
 
 def identifier(name: str, taken: set[str]) -> str:

@@ -1,0 +1,126 @@
+"""An engine of a traced program: the context an engine function writes its ops through, once per site."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ..ir.ids import (
+    LOOP_VAR_NAMES,
+    LV_ITEM,
+    LoopVar,
+    Site,
+)
+from ..ir.nodes import Engine as IREngine
+from ..ir.ops import (
+    Barrier,
+    Bias,
+    Compute,
+    ComputeOp,
+    Const,
+    Loop,
+    MatmulTiles,
+    McastSetValid,
+    ReadBarrier,
+    SemInc,
+    SemSet,
+    SemWait,
+    TileAddr,
+    Trip,
+    WriteBarrier,
+)
+from .handles import Affine, GroupRef, Item, Page, SemRef, StageRef, TensorRef, address, expect, var
+from .lines import refuse
+
+if TYPE_CHECKING:
+    from .builder import Builder
+
+
+class Engine:
+    """What an engine function is given: its `site`, its items and loops, and the ops that are not a ring's."""
+
+    def __init__(self, builder: Builder, site: int, name: IREngine):
+        self.builder, self.site, self.name = builder, site, name
+        self.used: set[LoopVar] = set()
+
+    @property
+    def item(self) -> Item:
+        """The site's only item (no loop: a site with one item)."""
+        return Item()
+
+    def items(self) -> Iterator[Item]:
+        """The site's items, one after another (the IR's ITEM loop)."""
+        yield from self._loop(LV_ITEM, len(self.builder.items_of(self.site)), Item())
+
+    def range(self, n: int, name: str | None = None) -> Iterator[Affine]:
+        """An engine loop of `n` steps, its index symbolic (`name` "k" is the reduction's K loop; others are the
+        loops listings name "lv<n>")."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise refuse(f"an engine loop runs a whole number of times, not {n!r}")
+        v = self.builder.loop_var(name)
+        yield from self._loop(v, n, var(v))
+
+    def range_from(
+        self, tensor: TensorRef, element: Affine | int, bound: int, per: int = 1, name: str | None = None
+    ) -> Iterator[Affine]:
+        """A loop counted at run time: ceil(v / `per`) steps for v the int32 `element` (a flat index, which may
+        name loop variables and item coordinates) of the parameter `tensor`, at most `bound` — a grouped GEMM's
+        blocks of `per` rows, v its group's row count. Its index is symbolic, as `range`'s."""
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in (bound, per)) or bound < 0 or per < 1:
+            raise refuse(f"a loop counted at run time has a whole bound ≥ 0 and rows per step ≥ 1, not {bound}, {per}")
+        expect(tensor, TensorRef, "the tensor a loop's count is read from")
+        v = self.builder.loop_var(name)
+        at = address(element)
+        yield from self._loop(v, Trip(tensor.id, at.base, bound, per, at.steps), var(v))
+
+    def _loop(self, v: LoopVar, n: int | Trip, value: Any) -> Iterator[Any]:
+        if v in self.used:
+            raise refuse(f"loop variable {LOOP_VAR_NAMES.get(v, v)} inside a loop of itself")
+        self.used.add(v)
+        body = self.builder.open()
+        yield value
+        self.builder.close(body, Loop(v, n if isinstance(n, Trip) else Const(n), ()))
+        self.used.discard(v)
+
+    def barrier(self, group: GroupRef) -> None:
+        """Until every site of `group` has arrived here."""
+        self.builder.emit(Barrier(expect(group, GroupRef, "what a barrier waits for").id))
+
+    def compute(self, stage: StageRef | ComputeOp, src: Page, dst: Page) -> None:
+        """Elementwise `stage` from the waited page `src` into the reserved page `dst` — or the op given itself (a
+        bias names the tile columns of the page at hand: `Bias(tensor, at, width)`, ir.ops)."""
+        op = stage.op if isinstance(stage, StageRef) else stage
+        if op is None or isinstance(op, MatmulTiles) or not dataclasses.is_dataclass(op):
+            raise refuse(f"{getattr(stage, 'name', op)!s} is not an elementwise stage or op (Relu(), Bias(...), …)")
+        if isinstance(op, Bias) and not isinstance(op.at, TileAddr):
+            op = dataclasses.replace(op, at=address(op.at))  # a bias's tile column may name loop variables
+        expect(src, Page, "what an elementwise op reads")
+        expect(dst, Page, "what an elementwise op writes")
+        src._need(False, "read")
+        dst._need(True, "write")
+        self.builder.emit(Compute(op, (src.ring.id,), (dst.ring.id,)))
+
+    def write_barrier(self) -> None:
+        """The writes issued so far are visible."""
+        self.builder.emit(WriteBarrier())
+
+    def read_barrier(self) -> None:
+        """The reads issued so far have landed."""
+        self.builder.emit(ReadBarrier())
+
+    def sem_inc(self, sem: SemRef, site: int, by: int = 1) -> None:
+        """Add `by` to site `site`'s copy of `sem`."""
+        self.builder.emit(SemInc(expect(sem, SemRef, "what sem_inc raises").id, Site(site), by))
+
+    def sem_wait(self, sem: SemRef, value: int) -> None:
+        """Until this site's copy of `sem` is at least `value`."""
+        self.builder.emit(SemWait(expect(sem, SemRef, "what sem_wait waits for").id, value))
+
+    def sem_set(self, sem: SemRef, value: int) -> None:
+        self.builder.emit(SemSet(expect(sem, SemRef, "what sem_set sets").id, value))
+
+    def set_valid(self, sem: SemRef, group: GroupRef, value: int = 1) -> None:
+        """Set `sem` to `value` on every site of `group` (a multicast's "the page is there")."""
+        expect(group, GroupRef, "the group set_valid sets")
+        self.builder.emit(McastSetValid(expect(sem, SemRef, "what set_valid sets").id, group.id, value))

@@ -1,0 +1,332 @@
+"""What a traced program holds of what it declares: symbolic tile addresses (`Affine`, over the IR's loop variables),
+the handles of tensors, stages, semaphores, groups, rings, pages and accumulators, and the checks of the values an
+engine passes them, each refused at the user's line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..ir.ids import (
+    LV_ITEM_X,
+    LV_ITEM_Y,
+    BufferId,
+    GroupId,
+    LoopVar,
+    SemId,
+    StageId,
+    TensorId,
+)
+from ..ir.ops import (
+    AcquireAcc,
+    AddPartial,
+    ChoreoOp,
+    Compute,
+    ComputeOp,
+    MatmulTiles,
+    McastSend,
+    PackAcc,
+    Pop,
+    Push,
+    ReadTiles,
+    ReleaseAcc,
+    Reserve,
+    TileAddr,
+    Wait,
+    WriteTiles,
+)
+from .lines import refuse
+
+if TYPE_CHECKING:
+    from .builder import Builder
+
+WHAT = {  # what each kind of argument is, for messages
+    "Page": "a page (ring.reserve() or ring.wait())",
+    "TensorRef": "a tensor (p.input, p.output, p.parameter, p.workspace)",
+    "StageRef": "a stage (p.matmul, p.elementwise, …)",
+    "RingRef": "a ring (p.ring)",
+    "GroupRef": "a group of sites (p.group)",
+    "SemRef": "a semaphore (p.semaphore)",
+}
+
+
+def expect(value: Any, kind: type, what: str) -> Any:
+    """`value`, or a LangError at the user's line saying `what` must be (a page where a ring was given, …)."""
+    if isinstance(value, kind):
+        return value
+    ring = isinstance(value, RingRef)
+    given = f"ring {value.name}" if ring else f"{type(value).__name__} {value!r}"
+    hint = " — wait for a page of it, or reserve one" if ring and kind is Page else ""
+    raise refuse(f"{what} is {WHAT.get(kind.__name__, kind.__name__)}, not {given}{hint}")
+
+
+def whole(value: Any, what: str, least: int = 1) -> int:
+    """`value` when it is a whole number of at least `least`, else a LangError at the user's line."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise refuse(f"{what} is a whole number of at least {least}, not {value!r}")
+    return value
+
+
+# ---- symbolic tile addresses ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Affine:
+    """`base + Σ stride · var` over loop variables: a tile index that depends on where the engine's loops are. It
+    adds, subtracts and scales by whole numbers; it has no value while tracing, so it cannot be compared or tested."""
+
+    base: int = 0
+    steps: tuple[tuple[LoopVar, int], ...] = ()
+
+    def __add__(self, other: Affine | int) -> Affine:
+        if isinstance(other, int):
+            return Affine(self.base + other, self.steps)
+        if isinstance(other, Affine):
+            steps: dict[LoopVar, int] = dict(self.steps)
+            for v, s in other.steps:
+                steps[v] = steps.get(v, 0) + s
+            return Affine(self.base + other.base, tuple((v, s) for v, s in steps.items() if s))
+        raise refuse(f"a tile address adds whole numbers and addresses only, not {type(other).__name__} {other!r}")
+
+    __radd__ = __add__
+
+    def __mul__(self, n: int) -> Affine:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise refuse(f"a tile address is scaled by whole numbers only, not {type(n).__name__}")
+        return Affine(self.base * n, tuple((v, s * n) for v, s in self.steps if s * n))
+
+    __rmul__ = __mul__
+
+    def __sub__(self, other: Affine | int) -> Affine:
+        return self + (-1) * other
+
+    def __rsub__(self, n: int) -> Affine:
+        return (-1) * self + n
+
+    def __neg__(self) -> Affine:
+        return (-1) * self
+
+    def _compared(self, *_: Any) -> bool:
+        raise refuse(
+            "a loop variable has no value while the program is traced, so it cannot be compared: use Python's `if`"
+            " on compile-time values (the site, a Python loop's index), not on an engine loop's"
+        )
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compared  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
+
+    def __bool__(self) -> bool:
+        raise refuse(
+            "a loop variable has no value while the program is traced: use Python's `if` on compile-time values"
+            " (the site, a Python loop's index), not on an engine loop's"
+        )
+
+    def __index__(self) -> int:
+        raise refuse("a loop variable is not a number while the program is traced (engine.range gives symbols)")
+
+    def _divided(self, *_: Any) -> Affine:
+        raise refuse(
+            "a loop variable cannot be divided while the program is traced: a tile address adds, subtracts and scales"
+            " loop variables by whole numbers (write the loop over the quotient instead)"
+        )
+
+    __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _divided  # type: ignore[assignment]
+
+
+def address(at: Affine | int) -> TileAddr:
+    if isinstance(at, bool) or not isinstance(at, int | Affine):
+        raise refuse(f"a tile address is a whole number or a loop expression, not {type(at).__name__}")
+    if isinstance(at, int):
+        return TileAddr(at)
+    return TileAddr(at.base, at.steps)
+
+
+def var(v: LoopVar) -> Affine:
+    return Affine(0, ((v, 1),))
+
+
+@dataclass(frozen=True, eq=False)
+class Item:
+    """The item an engine is on: its row `y` and column `x` in the plan's grid of items (symbolic)."""
+
+    y: Affine = field(default_factory=lambda: var(LV_ITEM_Y))
+    x: Affine = field(default_factory=lambda: var(LV_ITEM_X))
+
+
+# ---- handles of what the program declares ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    builder: Builder
+    id: TensorId
+    name: str
+
+
+@dataclass(frozen=True)
+class StageRef:
+    builder: Builder
+    id: StageId
+    name: str
+    op: ComputeOp | None = None
+
+
+@dataclass(frozen=True)
+class SemRef:
+    builder: Builder
+    id: SemId
+    name: str
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    builder: Builder
+    id: GroupId
+    sites: tuple[int, ...]
+
+
+class Page:
+    """A page of a ring an engine holds: reserved (to fill, published by `push` or at the end of its `with`) or
+    waited for (to read, freed by `pop` or at the end of its `with`)."""
+
+    def __init__(self, ring: RingRef, pages: int, reserved: bool):
+        self.ring, self.pages, self.reserved, self.done = ring, pages, reserved, False
+
+    def __enter__(self) -> Page:
+        return self
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        if kind is None and not self.done:
+            self.push() if self.reserved else self.pop()
+
+    def push(self) -> None:
+        """Publish the reserved page to the ring's consumer."""
+        self._end(True, Push(self.ring.id, self.pages))
+
+    def pop(self) -> None:
+        """Give the waited page back to the ring's producer."""
+        self._end(False, Pop(self.ring.id, self.pages))
+
+    def _end(self, reserved: bool, op: ChoreoOp) -> None:
+        what = "push" if reserved else "pop"
+        if self.reserved != reserved:
+            raise refuse(f"{what} of a page of {self.ring.name} this engine {'waited for' if reserved else 'reserved'}")
+        if self.done:
+            raise refuse(f"a second {what} of the same page of {self.ring.name}")
+        self.done = True
+        self.ring.builder.held[(self.ring.id, reserved)] -= 1
+        self.ring.builder.emit(op)
+
+    def read(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides=None, rows_from=None) -> None:
+        """Copy `rows` × `cols` tiles of `tensor`, from its tile `at` (a flat index into its tile grid), into this
+        reserved page; `strides` (between tile rows, between tile columns) default to the tensor's grid;
+        `rows_from`: a grouped tensor's row counts (a parameter, one int32 per group) — rows at or past their
+        group's count read as zeros."""
+        self._need(True, "read into")
+        t, addr, sh, sw, counts = self._block(tensor, at, strides, rows_from, "the tensor a page reads")
+        self.ring.builder.emit(ReadTiles(t, addr, rows, cols, sh, sw, self.ring.id, counts))
+
+    def write(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides=None, rows_from=None) -> None:
+        """Copy this waited page's `rows` × `cols` tiles to `tensor` at tile `at` (the reverse of `read`; `rows_from`:
+        rows at or past their group's count are left alone)."""
+        self._need(False, "write from")
+        t, addr, sh, sw, counts = self._block(tensor, at, strides, rows_from, "the tensor a page writes")
+        self.ring.builder.emit(WriteTiles(self.ring.id, t, addr, rows, cols, sh, sw, counts))
+
+    def _block(
+        self,
+        tensor: TensorRef,
+        at: Affine | int,
+        strides: tuple[int, int] | None,
+        rows_from: TensorRef | None,
+        what: str,
+    ) -> tuple[Any, TileAddr, int, int, Any]:
+        expect(tensor, TensorRef, what)
+        if rows_from is not None:
+            expect(rows_from, TensorRef, "rows_from (the row counts)")
+        sh, sw = strides if strides is not None else (self.ring.builder.tensor_cols(tensor), 1)
+        return tensor.id, address(at), sh, sw, rows_from.id if rows_from is not None else None
+
+    def send(self, group: GroupRef) -> None:
+        """Multicast this reserved page into the page of the same ring each other site of `group` has reserved."""
+        self._need(True, "send")
+        self.ring.builder.emit(McastSend(self.ring.id, expect(group, GroupRef, "the group a page is sent to").id))
+
+    def _need(self, reserved: bool, what: str) -> None:
+        if self.reserved != reserved:
+            raise refuse(f"{what} a page of {self.ring.name} this engine {'waited for' if reserved else 'reserved'}")
+        if self.done:
+            raise refuse(f"{what} a page of {self.ring.name} after its {'push' if reserved else 'pop'}")
+
+
+@dataclass(frozen=True)
+class RingRef:
+    """A ring of pages between two engines of a site (`depth` pages of `tiles` tiles)."""
+
+    builder: Builder
+    id: BufferId
+    name: str
+    depth: int
+    tiles: int
+
+    def reserve(self, pages: int = 1) -> Page:
+        """Wait for `pages` free pages and hold them to fill (`with ring.reserve() as page:` publishes them at the end
+        of the block; without `with`, call `page.push()`)."""
+        self.builder.hold(self, True)
+        self.builder.emit(Reserve(self.id, pages))
+        return Page(self, pages, True)
+
+    def wait(self, pages: int = 1) -> Page:
+        """Wait for `pages` filled pages and hold them to read (`with ring.wait() as page:` frees them at the end of
+        the block; without `with`, call `page.pop()`)."""
+        self.builder.hold(self, False)
+        self.builder.emit(Wait(self.id, pages))
+        return Page(self, pages, False)
+
+
+@dataclass(frozen=True)
+class AccRef:
+    """An accumulator: tiles of sums an engine keeps across a reduction."""
+
+    builder: Builder
+    id: BufferId
+    name: str
+    tiles: int
+
+    def acquire(self) -> None:
+        """Zero the accumulator (the start of an item's reduction)."""
+        self.builder.emit(AcquireAcc(self.id))
+
+    def release(self) -> None:
+        self.builder.emit(ReleaseAcc(self.id))
+
+    def matmul(self, stage: StageRef, a: Page, b: Page) -> None:
+        """Add the product of the waited pages `a` and `b` (one K step of matmul `stage`, whose rings they are) to
+        the accumulator."""
+        expect(stage, StageRef, "the first argument of a matmul")
+        if not isinstance(stage.op, MatmulTiles):
+            raise refuse(f"stage {stage.name} is not a matmul")
+        for which, page in (("A", a), ("B", b)):
+            expect(page, Page, f"operand {which} of a matmul")
+            page._need(False, "multiply")
+        ins = self.builder.stage(stage).ins
+        if (a.ring.id, b.ring.id) != ins:
+            names = " and ".join(self.builder.buffer_name(x) for x in ins)
+            raise refuse(
+                f"stage {stage.name} multiplies pages of {names}; these are of {a.ring.name} and {b.ring.name}"
+            )
+        self.builder.emit(Compute(stage.op, (a.ring.id, b.ring.id), (), self.id))
+
+    def add(self, page: Page) -> None:
+        """Add the partial sums of the waited page to the accumulator (split-K)."""
+        expect(page, Page, "what an accumulator adds")
+        page._need(False, "add")
+        self.builder.emit(Compute(AddPartial(), (page.ring.id,), (), self.id))
+
+    def pack(self, into: Page, tiles: int | None = None) -> None:
+        """Move the accumulator's tiles into the reserved page `into` (rounded to the ring's type)."""
+        expect(into, Page, "what an accumulator is packed into")
+        into._need(True, "pack into")
+        n = self.tiles if tiles is None else whole(tiles, "the tiles a pack moves")
+        self.builder.emit(PackAcc(self.id, into.ring.id, n))
