@@ -74,7 +74,7 @@ def in_process(fake_gpu, monkeypatch, faults):
     exit_raises(monkeypatch)
     seen = []
 
-    def run_worker(cmd, limit_s):
+    def run_worker(cmd, limit_s, signals):
         assert cmd[:3] == [sys.executable, "-m", "spatialc.gpucheck"] and limit_s > 0
         FakeEvent.hang = False
         fake_gpu["fault"] = faults[len(seen)]
@@ -90,7 +90,15 @@ def in_process(fake_gpu, monkeypatch, faults):
 
 def supervised(tmp_path, run_worker, *argv, restarts=2):
     args = [str(tmp_path), "--commit", "x", "--precisions", "bf16", *argv]
-    status = R.supervise(args, CASES, budget_s=240, restarts=restarts, started=time.monotonic(), run_worker=run_worker)
+    status = R.supervise(
+        args,
+        CASES,
+        outdir=str(tmp_path),
+        budget_s=240,
+        restarts=restarts,
+        started=time.monotonic(),
+        run_worker=run_worker,
+    )
     data = json.loads((tmp_path / "gpucheck.json").read_text())
     return status, data["header"], data["rows"]
 
@@ -139,21 +147,27 @@ def test_restarts_stop_at_the_limit_and_the_last_workers_table_stands(fake_gpu, 
 
 
 def test_the_worker_runs_as_its_own_process_and_is_killed_past_its_limit():
-    assert R._run_worker([sys.executable, "-c", "raise SystemExit(3)"], 30) == 3
+    assert R._run_worker([sys.executable, "-c", "raise SystemExit(3)"], 30, R.Signals()) == 3
     t0 = time.monotonic()
-    assert R._run_worker([sys.executable, "-c", "import time; time.sleep(60)"], 1.0) == -signal.SIGKILL
+    assert R._run_worker([sys.executable, "-c", "import time; time.sleep(60)"], 1.0, R.Signals()) == -signal.SIGKILL
     assert time.monotonic() - t0 < 20
 
 
 def test_a_worker_killed_past_the_budget_ends_the_run(tmp_path, capsys):
     seen = []
 
-    def run_worker(cmd, limit_s):
+    def run_worker(cmd, limit_s, signals):
         seen.append(limit_s)
         return -signal.SIGKILL
 
     status = R.supervise(
-        [str(tmp_path)], CASES, budget_s=100, restarts=2, started=time.monotonic(), run_worker=run_worker
+        [str(tmp_path)],
+        CASES,
+        outdir=str(tmp_path),
+        budget_s=100,
+        restarts=2,
+        started=time.monotonic(),
+        run_worker=run_worker,
     )
     assert status == 3 and len(seen) == 1 and 159 < seen[0] <= 160  # the budget left and OVERTIME_S
 

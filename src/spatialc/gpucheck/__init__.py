@@ -26,10 +26,11 @@ than the time left and are killed at the end, rows not reached are marked skippe
 Ctrl-C or SIGTERM stops it the same way. Exit status: 0 all run rows correct, 1 some wrong or failed (or the report
 could not be written; the table and the JSON then go to stdout; with --prepare: some kernel did not compile), 2 no
 GPU or a bad argument (one line on stderr; without a GPU it names the `--dry-run` that works anyway), 3 the GPU hung
-or lost its context and no restart could go on, 130 interrupted (the table is written first). The rows run in a
-worker process: when a kernel or library hangs or leaves a sticky CUDA error, a fresh worker goes on without it
-(at most `--restarts` times, 2 by default; 0 runs everything in this process), keeping the rows finished and running
-the one it was lost on again; the report's header lists each restart. As it goes, stderr says which preflight step and
+or lost its context and no restart could go on (or the run ran a minute past its budget and was killed), 130
+interrupted (the table is written first). The rows run in a worker process: when a kernel or library hangs or leaves
+a sticky CUDA error, a fresh worker goes on without it (at most `--restarts` times, 2 by default; 0 runs everything
+in this process), keeping the rows finished and running the one it was lost on again; the report's header lists
+each restart. As it goes, stderr says which preflight step and
 which row starts (`gpucheck: row 3/24: fp16 256x256x256, 41 s so far`) and stdout how each one ended.
 
 The package: `cases` (the shared value types), `driver` (command line, budget loop, dry run), `preflight`,

@@ -294,6 +294,17 @@ class Timing:
         return self.method == "events" and self.host_s is not None and self.host_s >= 0.8 * self.median_s
 
 
+def kernel_path(case: Case, name: str) -> str:
+    """What a lost GPU is blamed on when `name`'s kernel of `case` loses it (restart.py): the contestant, or, in a
+    multicast or grouped row, the contestant in that kind of row — a kernel of its own (clusters, row counts), whose
+    loss says nothing of the same form elsewhere."""
+    if case.multicast != (1, 1):
+        return f"{name} (multicast {case.multicast[0]}x{case.multicast[1]})"
+    if case.groups > 1:
+        return f"{name} (grouped)"
+    return name
+
+
 def spatialc_name(form: str) -> str:
     """The contestant, preflight path and kernel that run spatialc's kernel in `form` (`spatialc general`)."""
     return f"spatialc {form}"

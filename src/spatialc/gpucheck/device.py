@@ -41,6 +41,7 @@ from .cases import (
     agrees,
     check_result,
     is_sticky,
+    kernel_path,
     one_line,
     preflight_case,
     row_of,
@@ -189,16 +190,22 @@ class GpuRunner:
         if pf.REFERENCE in self.unavailable:
             row.status, row.note = "error", f"no float64 reference: {self.unavailable[pf.REFERENCE]}"
             return row
+        lost = False
         try:
             self._measure(case, built, row, deadline)
-        except (GpuLost, BudgetExceeded):
+        except GpuLost:
+            lost = True
+            raise
+        except BudgetExceeded:
             raise
         except Exception as e:
             if is_sticky(e):
+                lost = True
                 raise GpuLost(one_line(e)) from None
             raise
         finally:
-            self._free()
+            if not lost:  # freeing waits for the device, which a hung kernel would keep busy forever
+                self._free()
         return row
 
     def _measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
@@ -208,7 +215,7 @@ class GpuRunner:
             GroupedRows(self).measure(case, built, row, deadline)
             return
         inputs = self._inputs(case, self._copies(case))
-        ref = self._reference(inputs, case)
+        ref = self._reference(inputs, case, deadline)
         verdicts = [("error", built.error)] if built.error else []
         for form in built.forms:
             mine, verdict = self._spatialc(case, form, inputs, ref, deadline)
@@ -238,18 +245,20 @@ class GpuRunner:
         name = form.contestant
         if form.artifact is None:
             return Contestant(name, "spatialc", note=f"n/a: {form.absent}", facts=form.facts), ("", "")
-        off = self.unavailable.get(name) or self.unavailable.get(spatialc_name(form.name))  # a sweep's plan: its form's
+        path = kernel_path(case, name)
+        # Left out as this kernel, as its contestant anywhere, or (a sweep's plan) as its form.
+        off = self.unavailable.get(path) or self.unavailable.get(name) or self.unavailable.get(spatialc_name(form.name))
         failure = form.error or (f"unavailable: {off}" if off else "")
         if not failure:
             try:
                 return self._measure_kernel(case, form, inputs, ref, deadline)
             except GpuLost as e:
-                raise e.blame(name) from None
+                raise e.blame(path) from None
             except BudgetExceeded:
                 raise
             except Exception as e:
                 if is_sticky(e):
-                    raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
+                    raise GpuLost(f"{name}: {one_line(e)}", path=path) from None
                 failure = f"failed: {one_line(e)}"
         return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
 
@@ -383,7 +392,7 @@ class GpuRunner:
         if form is None or why:
             raise SpatialError(why or f"lower printed no {name} kernel")
         inputs = self._inputs(case, 1)
-        ref = self._reference(inputs, case)
+        ref = self._reference(inputs, case, deadline)
         prep = self._prepare(form)
         a_arg, b_arg = (x for x in prep.args if x.role == "input")
         out = prep.output_buffer(poison=True)
@@ -398,7 +407,7 @@ class GpuRunner:
     def _probe_library(self, name: str, case: Case, deadline: Deadline) -> str:
         inputs = self._inputs(case, 1)
         made = self.libs.make(name, case, inputs.a, inputs.b)
-        ref = self._reference(inputs, case)
+        ref = self._reference(inputs, case, deadline)
         ok, max_abs = self._check_contender(made, ref, deadline)
         if not ok:
             raise SpatialError(f"wrong result (max err {max_abs:.3g})")
@@ -411,9 +420,9 @@ class GpuRunner:
         if not self.probed_kernels or self.graphs is None:
             raise SpatialError("no spatialc kernel to capture: their own steps failed")
         for name, probed in self.probed_kernels.items():
-            self._replay_kernel(name, probed, deadline)
+            _blaming(name, partial(self._replay_kernel, name, probed, deadline))
         for name, (made, lib_ref) in self.probed.items():
-            self._replay_library(name, made, lib_ref, deadline)
+            _blaming(name, partial(self._replay_library, name, made, lib_ref, deadline))
         return f"{', '.join([*self.probed_kernels, *self.probed])}: captured, replayed, correct"
 
     def _replay_kernel(self, name: str, probed: tuple[Any, ...], deadline: Deadline) -> None:
@@ -458,10 +467,17 @@ class GpuRunner:
         x = rs.uniform(-1.0, 1.0, size=shape, dtype=cp.float32)
         return x.astype(cp.float16) if precision == "fp16" else bf16_bits(x, cp)
 
-    def _reference(self, inputs: Inputs, case: Case) -> Any:
-        """The float64 product of input set 0 (the operands are exact in float64)."""
+    def _reference(self, inputs: Inputs, case: Case, deadline: Deadline) -> Any:
+        """The float64 product of input set 0 (the operands are exact in float64), waited for: a loss in it is the
+        reference's, not the next kernel's."""
         elem = ELEM_OF[case.precision]
-        return self.cp.matmul(values64(inputs.a[0], elem, self.cp), values64(inputs.b[0], elem, self.cp))
+
+        def made() -> Any:
+            ref = self.cp.matmul(values64(inputs.a[0], elem, self.cp), values64(inputs.b[0], elem, self.cp))
+            self._sync(deadline)
+            return ref
+
+        return _blaming(pf.REFERENCE, made)
 
     def _time(self, launch_i: Callable[[int], None], copies: int, deadline: Deadline, graphs: bool = True) -> Timing:
         graphs_or_none = self.graphs if graphs else None
@@ -477,6 +493,18 @@ class GpuRunner:
         self.cp.get_default_memory_pool().free_all_blocks()
         if self.torch is not None:
             self.torch.cuda.empty_cache()
+
+
+def _blaming(path: str, call: Callable[[], Any]) -> Any:
+    """`call()`, a loss of the GPU in it blamed on `path` (unless something inside named its own)."""
+    try:
+        return call()
+    except GpuLost as e:
+        raise e.blame(path) from None
+    except Exception as e:
+        if is_sticky(e):
+            raise GpuLost(f"{path}: {one_line(e)}", path=path) from None
+        raise
 
 
 def same_error(x: float, y: float) -> bool:

@@ -79,12 +79,15 @@ def run_all(
     done: Sequence[Row] = (),
     left_out: Mapping[str, str] | None = None,
     on_loss: Callable[[int | None, GpuLost], None] | None = None,
+    fallback: Mapping[int, Row] | None = None,
 ) -> tuple[list[Row], str]:
     """The preflight, then every case within `budget_s` seconds (from `started`), calling `on_preflight` with the
     preflight's findings, `on_row` with the rows so far after each, and `progress` with each step of the preflight
     and `row i/n: precision size, t s so far` as each row starts (main prints those on stderr). A run that resumes
     an earlier process's (restart.py) keeps its rows `done` (the first cases') and leaves out the paths `left_out`
-    names; `on_loss` hears where the GPU was lost (a row's index, None in the preflight) and what lost it.
+    names; `on_loss` hears where the GPU was lost (a row's index, None in the preflight) and what lost it;
+    `fallback` holds, by index, the rows an earlier process lost the GPU on: they stand where this run does not
+    reach them again.
 
     Returns a row for every case and why the run stopped early: "" (it did not), "lost" (the GPU hung or lost its
     context; the rest are skipped) or "interrupted" (KeyboardInterrupt, which main also raises on SIGTERM)."""
@@ -115,6 +118,8 @@ def run_all(
                 if loss is not None and on_loss is not None:
                     on_loss(len(rows), loss)
             running = False
+            if row.status == "skipped" and fallback and len(rows) in fallback:
+                row = fallback[len(rows)]  # not reached again: its failure in the process that lost the GPU stands
             rows.append(row)
             _log_row(log, clock() - t0, row)
             if on_row is not None:
@@ -288,10 +293,11 @@ def check_outdir(outdir: str | Path) -> None:
         raise SpatialError(f"cannot create OUTDIR {str(out)!r}: {str(parent)!r} is not writable")
 
 
-def open_outdir(outdir: str | Path, header: dict[str, Any], cases: Sequence[Case]) -> None:
-    """Create OUTDIR and write the report with every row pending: the proof that the results will have a place."""
+def open_outdir(outdir: str | Path, header: dict[str, Any], cases: Sequence[Case], done: Sequence[Row] = ()) -> None:
+    """Create OUTDIR and write the report with every row pending (but those an earlier worker finished, `done`):
+    the proof that the results will have a place."""
     try:
-        write_report(outdir, header, [pending(c) for c in cases])
+        write_report(outdir, header, [*done, *(pending(c) for c in cases[len(done) :])])
     except OSError as e:
         raise SpatialError(f"cannot write to OUTDIR {str(outdir)!r}: {one_line(e)}") from None
 
@@ -391,7 +397,9 @@ def main(
             from .restart import supervise
 
             require_cupy()  # the supervisor never uses the GPU, but without one it says so here, once
-            return supervise(own, cases, budget_s=args.budget, restarts=args.restarts, started=started)
+            return supervise(
+                own, cases, outdir=args.outdir, budget_s=args.budget, restarts=args.restarts, started=started
+            )
         if make_runner is None:
             from .device import GpuRunner
 
@@ -423,7 +431,7 @@ def _run(args: argparse.Namespace, cases: list[Case], runner: Any, started: floa
     if resume is not None and resume.restarts:
         header["restarts"] = list(resume.restarts)
     try:
-        open_outdir(args.outdir, header, cases)
+        open_outdir(args.outdir, header, cases, resume.rows if resume is not None else ())
     except SpatialError as e:
         runner.close()
         print(f"gpucheck: {e}", file=sys.stderr)
@@ -441,7 +449,7 @@ def _run(args: argparse.Namespace, cases: list[Case], runner: Any, started: floa
     def saved(rows: list[Row]) -> None:
         save(rows)
         if args.worker:  # what a restart keeps; after the report, which matters more
-            progress.rows = list(rows)
+            progress.rows, progress.header = list(rows), dict(save.header)
             save_progress(args.worker, progress)
 
     def lost(index: int | None, e: GpuLost) -> None:
@@ -452,6 +460,7 @@ def _run(args: argparse.Namespace, cases: list[Case], runner: Any, started: floa
     def preflown(probes: list[Probe]) -> None:
         header.update(runner.info())
         header["preflight"] = [asdict(p) for p in probes]
+        progress.preflown = True
         saved(list(resume.rows) if resume is not None else [])
 
     old_handler = _sigterm_interrupts()
@@ -468,6 +477,7 @@ def _run(args: argparse.Namespace, cases: list[Case], runner: Any, started: floa
             done=resume.rows if resume is not None else (),
             left_out=resume.lost if resume is not None else None,
             on_loss=lost,
+            fallback=resume.lost_rows if resume is not None else None,
         )
     finally:
         if old_handler is not None:

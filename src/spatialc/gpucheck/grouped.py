@@ -32,9 +32,11 @@ from .cases import (
     _within,
     grouped_sizes,
     is_sticky,
+    kernel_path,
     one_line,
     values64,
 )
+from .preflight import REFERENCE
 
 TORCH_LOOP = "torch.matmul per group"
 GROUPED_MM = "torch._grouped_mm"
@@ -81,6 +83,7 @@ class GroupedRows:
         )  # fmt: skip
         a, b = self._operands(case)
         refs = _References(cp, a, b, sizes, ELEM_OF[case.precision])
+        refs.make_all(lambda: self.r._sync(deadline))  # a loss here is the references', not the first kernel's
         verdicts = [("error", built.error)] if built.error else []
         for form in built.forms:
             mine, verdict = self._spatialc(case, form, a, b, sizes, refs, deadline)
@@ -112,18 +115,19 @@ class GroupedRows:
         name = form.contestant
         if form.artifact is None:
             return Contestant(name, "spatialc", note=f"n/a: {form.absent}"), ("", "")
-        off = self.r.unavailable.get(name)  # a kernel that lost the GPU in an earlier process
+        path = kernel_path(case, name)
+        off = self.r.unavailable.get(path) or self.r.unavailable.get(name)  # it lost the GPU in an earlier process
         failure = form.error or (f"unavailable: {off}" if off else "")
         if not failure:
             try:
                 return self._kernel(case, form, a, b, sizes, refs, deadline)
             except GpuLost as e:
-                raise e.blame(name) from None
+                raise e.blame(path) from None
             except BudgetExceeded:
                 raise
             except Exception as e:
                 if is_sticky(e):
-                    raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
+                    raise GpuLost(f"{name}: {one_line(e)}", path=path) from None
                 failure = f"failed: {one_line(e)}"
         return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
 
@@ -239,6 +243,19 @@ class _References:
     def __init__(self, cp: Any, a: Any, b: Any, sizes: Any, elem: str):
         self.cp, self.a, self.b, self.sizes, self.elem = cp, a, b, sizes, elem
         self.cache: dict[int, Any] = {}
+
+    def make_all(self, sync: Callable[[], None]) -> None:
+        """Every group's reference, waited for (`sync`), a loss of the GPU in them blamed on the references."""
+        try:
+            for g in range(len(self.sizes)):
+                self.of(g)
+            sync()
+        except GpuLost as e:
+            raise e.blame(REFERENCE) from None
+        except Exception as e:
+            if is_sticky(e):
+                raise GpuLost(f"the float64 references: {one_line(e)}", path=REFERENCE) from None
+            raise
 
     def of(self, g: int) -> Any:
         if g not in self.cache:
