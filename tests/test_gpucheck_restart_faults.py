@@ -284,3 +284,14 @@ def test_a_fresh_worker_that_cannot_start_after_a_loss_still_ends_3(fake_gpu, mo
     assert seen == [3, 2] and status == 3, status
     assert header["state"] == "stopped: the GPU was lost, and a fresh worker did not start (exit status 2)"
     assert [r["status"] for r in rows] == ["ok", "hung"]
+
+
+def test_a_row_that_lost_the_gpu_does_not_free_its_memory(fake_gpu, monkeypatch, tmp_path, capsys):
+    # Freeing (cudaFree, torch's empty_cache) waits for the device, which a hung kernel keeps busy for good: the row
+    # that lost the GPU leaves its memory to the process's end, and the worker gets to write its table.
+    freed = []
+    monkeypatch.setattr(D.GpuRunner, "_free", lambda self: freed.append(True))
+    run_worker, seen = workers(fake_gpu, monkeypatch, [("hang", "48x48", "spatialc_hopper"), None])
+    status, header, rows = supervise(tmp_path, run_worker, ["32", "48"], restarts=0)
+    assert seen == [3] and status == 3
+    assert len(freed) == 1  # row 1's, not row 2's
