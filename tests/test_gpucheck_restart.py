@@ -5,9 +5,12 @@ the stand-in's hang, as a new process gets a fresh context); `_run_worker` itsel
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +180,35 @@ def test_restarts_must_be_a_whole_number_and_0_runs_in_one_process(capsys, tmp_p
     assert "--restarts: must be 0 or more, not -1" in capsys.readouterr().err
     assert gpucheck.main([str(tmp_path), "--restarts", "two"]) == 2
     assert "'two' is not a whole number" in capsys.readouterr().err
+
+
+def test_the_real_command_restarts_a_real_worker_process(tmp_path):
+    # `python -m spatialc.gpucheck` as a user runs it, its supervisor and workers real processes on the stand-in GPU
+    # (tests/fake_site): the first worker's sm90a kernel hangs on row 2 and the process ends with os._exit(3); a
+    # second process, started from what the first left, keeps row 1, runs row 2 without that kernel, and row 3.
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, SPATIALC_FAKE_GPU="hang,48x48,spatialc_hopper;", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "tests" / "fake_site"), str(root / "src")])
+    cmd = [
+        sys.executable,
+        "-m",
+        "spatialc.gpucheck",
+        str(tmp_path),
+        "--sizes",
+        "32",
+        "48",
+        "64",
+        "--precisions",
+        "bf16",
+    ]
+    done = subprocess.run([*cmd, "--commit", "x"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]  # the rows without the sm90a kernel are errors, not lost
+    assert "spatialc sm90a lost the GPU on row 2/3 (bf16 48x48x48)" in done.stderr
+    data = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert data["header"]["state"] == "complete" and len(data["header"]["restarts"]) == 1
+    rows = data["rows"]
+    assert [r["status"] for r in rows] == ["ok", "error", "error"]
+    again = {c["name"]: c for c in rows[1]["contestants"]}
+    assert again["spatialc sm90a"]["note"].startswith("unavailable: lost the GPU on row 2/3")
+    assert again["spatialc persistent"]["ok"] and again["torch.matmul"]["ok"]
+    assert done.stdout.count("| bf16 | 32×32×32 |") >= 2  # each worker printed its table: the first, then the whole
