@@ -104,6 +104,19 @@ class GpuHung(GpuLost):
     """A wait on the GPU ran past its limit: most likely a deadlocked kernel."""
 
 
+def blaming(path: str, call: Callable[[], Any]) -> Any:
+    """`call()`, a loss of the GPU in it (a GpuLost, or a sticky CUDA error) blamed on `path` unless something inside
+    named its own."""
+    try:
+        return call()
+    except GpuLost as e:
+        raise e.blame(path) from None
+    except Exception as e:
+        if is_sticky(e):
+            raise GpuLost(f"{path}: {one_line(e)}", path=path) from None
+        raise
+
+
 class BudgetExceeded(Exception):
     """The time budget ran out inside a row."""
 

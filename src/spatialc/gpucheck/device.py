@@ -39,6 +39,7 @@ from .cases import (
     Probe,
     Row,
     agrees,
+    blaming,
     check_result,
     is_sticky,
     kernel_path,
@@ -420,9 +421,9 @@ class GpuRunner:
         if not self.probed_kernels or self.graphs is None:
             raise SpatialError("no spatialc kernel to capture: their own steps failed")
         for name, probed in self.probed_kernels.items():
-            _blaming(name, partial(self._replay_kernel, name, probed, deadline))
+            blaming(name, partial(self._replay_kernel, name, probed, deadline))
         for name, (made, lib_ref) in self.probed.items():
-            _blaming(name, partial(self._replay_library, name, made, lib_ref, deadline))
+            blaming(name, partial(self._replay_library, name, made, lib_ref, deadline))
         return f"{', '.join([*self.probed_kernels, *self.probed])}: captured, replayed, correct"
 
     def _replay_kernel(self, name: str, probed: tuple[Any, ...], deadline: Deadline) -> None:
@@ -477,7 +478,7 @@ class GpuRunner:
             self._sync(deadline)
             return ref
 
-        return _blaming(pf.REFERENCE, made)
+        return blaming(pf.REFERENCE, made)
 
     def _time(self, launch_i: Callable[[int], None], copies: int, deadline: Deadline, graphs: bool = True) -> Timing:
         graphs_or_none = self.graphs if graphs else None
@@ -493,18 +494,6 @@ class GpuRunner:
         self.cp.get_default_memory_pool().free_all_blocks()
         if self.torch is not None:
             self.torch.cuda.empty_cache()
-
-
-def _blaming(path: str, call: Callable[[], Any]) -> Any:
-    """`call()`, a loss of the GPU in it blamed on `path` (unless something inside named its own)."""
-    try:
-        return call()
-    except GpuLost as e:
-        raise e.blame(path) from None
-    except Exception as e:
-        if is_sticky(e):
-            raise GpuLost(f"{path}: {one_line(e)}", path=path) from None
-        raise
 
 
 def same_error(x: float, y: float) -> bool:

@@ -30,6 +30,7 @@ from .cases import (
     GpuLost,
     Row,
     _within,
+    blaming,
     grouped_sizes,
     is_sticky,
     kernel_path,
@@ -246,16 +247,13 @@ class _References:
 
     def make_all(self, sync: Callable[[], None]) -> None:
         """Every group's reference, waited for (`sync`), a loss of the GPU in them blamed on the references."""
-        try:
+
+        def made() -> None:
             for g in range(len(self.sizes)):
                 self.of(g)
             sync()
-        except GpuLost as e:
-            raise e.blame(REFERENCE) from None
-        except Exception as e:
-            if is_sticky(e):
-                raise GpuLost(f"the float64 references: {one_line(e)}", path=REFERENCE) from None
-            raise
+
+        blaming(REFERENCE, made)
 
     def of(self, g: int) -> Any:
         if g not in self.cache:
