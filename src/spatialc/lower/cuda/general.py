@@ -23,45 +23,34 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ...inputs import row_limits
-from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
+from ...ir.ids import BufferId
 from ...ir.nodes import ComputeStage, DType, Engine, Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
-    AddPartial,
     Barrier,
-    Bias,
     ChoreoOp,
     Compute,
     ComputeOp,
-    Flush,
     Loop,
     MatmulTiles,
-    McastSend,
     PackAcc,
     Pop,
     Precision,
     Push,
-    ReadTiles,
-    ReleaseAcc,
     Reserve,
-    SemSet,
-    TileAddr,
     Trip,
     Wait,
-    WriteBarrier,
     walk,
 )
-from ...ir.printer import addr_text, compute_text
 from ...ir.traffic import global_read_bytes
 from ...passes.split import workspace_bytes
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact
-from ..census import marker
 from ..errors import TooBig, Unsupported
 from . import epilogue
-from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, inlined_lines, site_prologue
-from .handover import HandoverPrinter, clusters, sync_words
+from .cwriter import C_TYPES
+from .general_printer import KERNEL_NAME, accumulator_of, kernel_text, printed
+from .handover import clusters, sync_words
 from .host import assemble
 from .program import (
     SiteClass,
@@ -74,20 +63,8 @@ from .program import (
     site_classes,
 )
 from .rings import ALIGN, MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, ring_table
-from .tiles import Fragments, TilePrinter, tensor_core_lines
+from .tiles import Fragments
 
-KERNEL_NAME = "spatialc_general"
-# Plain reads and writes of page elements (the writer's, and the epilogue stages'), so that the emulation, which
-# defines its own, can check them for races as it checks cp.async landings and fragment loads; and plain stores to
-# global memory other sites read in the same launch (split-K's workspace), which the emulation keeps invisible at
-# device scope until the storing thread (or one that crossed a barrier with it) releases them.
-PAGE_MACROS = """#ifndef SPATIALC_PAGE_LD
-#define SPATIALC_PAGE_LD(p) (*(p))
-#define SPATIALC_PAGE_ST(p, v) (*(p) = (v))
-#endif
-#ifndef SPATIALC_GLOBAL_ST
-#define SPATIALC_GLOBAL_ST(p, v) (*(p) = (v))
-#endif"""
 BARRIER_BYTES = 8  # one mbarrier object
 SIDE_WARPS = 1  # warps of an engine other than the compute engine (reader, writer)
 
@@ -330,16 +307,6 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     return smem, target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks, warps)
 
 
-def accumulator_of(op: ChoreoOp) -> BufferId | None:
-    """The accumulator `op` zeroes, adds into, packs or lets go; None for an op that touches none."""
-    match op:
-        case AcquireAcc(buf) | ReleaseAcc(buf):
-            return buf
-        case PackAcc(acc=acc) | Compute(acc=acc):
-            return acc
-    return None
-
-
 def accumulator_layers(p: SpatialProgram, target: SpatialTarget, plan: Plan) -> dict[int, Fragments]:
     """Each accumulator's fragments by template where the program has several (`GeneralKernel.layers`): the block
     and sub-blocks of the matmul whose Compute ops add into it, the compute warps split over that block as over the
@@ -439,319 +406,6 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
         relative_groups(p),
         accumulators,
     )
-
-
-# ---- printing --------------------------------------------------------------------------------------------------
-
-
-class EnginePrinter(HandoverPrinter, TilePrinter):
-    """Prints one engine's program on its own warps: its ops in order, its loops as its own `for`s."""
-
-    counts_sends = True  # each multicast ring's sends are counted (the receiver's page is the send's number)
-
-    def __init__(self, k: GeneralKernel, role: Role, w: Writer):
-        super().__init__(k.plan, k.rings, k.lane_grid, w, tid="etid", nthreads=str(role.threads))
-        self.k = k
-        self.role = role
-        self.bar_id = 1 + k.roles.index(role)  # the engine's named barrier (0 is __syncthreads)
-        self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
-        self.after: ChoreoOp | None = None  # the op after the one being printed, in its own body (None: the last)
-
-    def read_slot(self, r: int) -> str:
-        return f"(pop_{r} % DEPTH_{r})"
-
-    def full_wait(self, r: int) -> str:
-        """The device function a Wait on ring `r`'s full barrier calls."""
-        return "spatialc_mbar_wait"
-
-    def load(self, pointer: str, element: str) -> str:
-        """Page elements are read through SPATIALC_PAGE_LD, which the emulation's race check sees."""
-        return f"SPATIALC_PAGE_LD({pointer})"
-
-    def write_slot(self, r: int) -> str:
-        return f"((rsv_{r} - 1) % DEPTH_{r})"
-
-    def counters(self) -> None:
-        """One counter per kept ring and op kind the engine uses, so that none is unused (a ring a fused store
-        replaced has none)."""
-        kinds = {Reserve: "rsv", Push: "psh", Wait: "wt", Pop: "pop"}
-        used: dict[int, set[str]] = {}
-        for op in self.role.walk():
-            if isinstance(op, Reserve | Push | Wait | Pop) and not self.k.rings.is_fused(op.buf):
-                used.setdefault(self.k.rings.template[op.buf], set()).add(kinds[type(op)])
-        for r in sorted(used):
-            names = [f"{n}_{r} = 0" for n in ("rsv", "psh", "wt", "pop") if n in used[r]]
-            self.w.line(f"unsigned {', '.join(names)};")
-        sent = {self.k.rings.template[op.buf] for op in self.role.walk() if isinstance(op, McastSend)}
-        for r in sorted(sent) if self.counts_sends else ():
-            self.w.line(f"unsigned snd_{r} = 0;  // pages of ring {r} multicast so far")
-        for g in sorted({int(op.group) for op in self.role.walk() if isinstance(op, Barrier)}):
-            self.w.line(f"int crossed_{g} = 0;  // this site's crossings of group {g}'s barrier (the first thread's)")
-
-    def ops(self, ops: tuple[ChoreoOp, ...], env: dict[LoopVar, str]) -> None:
-        before: ChoreoOp | None = None
-        for i, op in enumerate(ops):
-            self.after = ops[i + 1] if i + 1 < len(ops) else None
-            if isinstance(op, SemSet):
-                self.reset(op, before)
-            else:
-                with self.holding(self.layer(op)):
-                    self.op(op, env)
-            before = op
-
-    def layer(self, op: ChoreoOp) -> Fragments | None:
-        """The fragments of the accumulator `op` touches, where the compute warps hold several; else None."""
-        acc = accumulator_of(op)
-        return None if acc is None or not self.k.layers else self.k.layers[self.k.rings.template[acc]]
-
-    def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
-        mark = marker(op)
-        match op:
-            case Loop(var, Trip() as trip, body):
-                # Every thread of the engine reads the count itself: they all run the loop as often.
-                v = loop_var_name(var)
-                t = self.k.program.tensor(trip.tensor)
-                error = f"spatialc_sync + {self.k.trip_error}"
-                with self.w.block():
-                    if trip.steps:  # the element follows the item: its tiled place worked out here
-                        self.w.line(f"const int e_{v} = {addr_expr(TileAddr(trip.index, trip.steps), env)};")
-                        at = self.element(t, f"e_{v}")
-                        shown = f"{t.name}[{addr_text(TileAddr(trip.index, trip.steps))}]"
-                    else:
-                        row, col = divmod(trip.index, t.elems[1])
-                        at = str(((row // 16) * t.tiles[1] + col // 16) * TILE_ELEMS + (row % 16) * 16 + col % 16)
-                        shown = f"{t.name}[{trip.index}]"
-                    if trip.per > 1:  # a row count: at most the rows it counts (`inputs.row_limits`)
-                        limit = row_limits(self.k.program).get(t.name, trip.per * trip.bound)
-                        read = f"t{int(trip.tensor)}[{at}], {trip.per}, {trip.bound}, {limit}, {error}"
-                        self.w.line(f"const int trip_{v} = spatialc_trip_per({read});  // ceil({shown} / {trip.per})")
-                    else:
-                        read = f"t{int(trip.tensor)}[{at}], {trip.bound}, {error}"
-                        self.w.line(f"const int trip_{v} = spatialc_trip({read});  // {shown}")
-                    with self.w.block(f"for (int {v} = 0; {v} < trip_{v}; ++{v})", mark):
-                        self.ops(body, env | {var: v})
-            case Loop(var, count, body):
-                v = loop_var_name(var)
-                bound = "n_items" if var == LV_ITEM else str(count.n)  # type: ignore[union-attr]
-                with self.w.block(f"for (int {v} = 0; {v} < {bound}; ++{v})", mark):
-                    inner = env | {var: v}
-                    if var == LV_ITEM:
-                        self.item_header(f"ITEM_LIST[item_off + {v}]")
-                        inner |= {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
-                    self.ops(body, inner)
-            case Reserve(buf):
-                r = self.kept(buf).id
-                self.w.line(
-                    f"spatialc_mbar_wait(&empty_{r}[rsv_{r} % DEPTH_{r}], ((rsv_{r} / DEPTH_{r}) & 1) ^ 1); ++rsv_{r};",
-                    mark,
-                )
-            case Push(buf):
-                r = self.kept(buf).id
-                # A page this engine's cp.asyncs fill is published when they land; any other (a multicast
-                # receiver's, copied in by another site and waited for) at once.
-                arrive = "spatialc_cp_async_arrive" if r in self.fills else "spatialc_mbar_arrive"
-                self.w.line(f"{arrive}(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
-            case Wait(buf):
-                r = self.kept(buf).id
-                wait = self.full_wait(r)
-                self.w.line(f"{wait}(&full_{r}[wt_{r} % DEPTH_{r}], (wt_{r} / DEPTH_{r}) & 1); ++wt_{r};", mark)
-            case Pop(buf):
-                r = self.kept(buf).id
-                self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};", mark)
-            case WriteBarrier() | Flush():
-                # Each thread's global writes are visible at device scope before any later signal of its engine.
-                self.w.line("__threadfence();", mark)
-            case _ if self.handover(op, mark):
-                pass
-            case _ if self.common(op, env, mark, "ordered by the ring barriers"):
-                pass
-            case Compute(op=AddPartial(), ins=(src,)):
-                self.add_partial(self.kept(src), mark)
-            case Compute(op=stage, ins=(src,), outs=(dst,)):
-                self.elementwise(op, stage, self.kept(src), self.kept(dst), env, mark)
-            case PackAcc(to=buf):
-                self.pack(self.kept(buf), mark)
-            case _:
-                raise Unsupported(f"a {type(op).__name__} op", "the general form has no image for it yet")
-
-    @staticmethod
-    def element(t, flat: str) -> str:
-        """Where element `flat` (row-major) of tensor `t` lies in its tiled buffer, as a C expression."""
-        cols = t.elems[1]
-        row, col = f"({flat} / {cols})", f"({flat} % {cols})"
-        return f"(({row} / 16) * {t.tiles[1]} + {col} / 16) * {TILE_ELEMS} + ({row} % 16) * 16 + {col} % 16"
-
-    def engine_sync(self) -> str:
-        """The engine's threads meet (its named barrier)."""
-        return f"spatialc_engine_sync({self.bar_id}, {self.role.threads});"
-
-    def elementwise(self, op: Compute, stage, src: Ring, dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
-        """An epilogue stage page to page: each thread of the engine a strided share of the elements."""
-        if not isinstance(stage, epilogue.ELEMENTWISE_OPS):
-            raise Unsupported(f"a {compute_text(stage, self.k.program)} stage", "the general form has no image for it")
-        n = src.page
-        value = "long long" if self.k.integer else "float"
-        bias = ""
-        if isinstance(stage, Bias):
-            at = addr_expr(stage.at, env)
-            lead = f"{at} + " if at != "0" else ""
-            bias = f"(long long)({lead}tl % {stage.width}) * {TILE_ELEMS} + el % 16"
-        with self.w.block("", mark), self.w.block(f"for (int e = etid; e < {n}; e += {self.nthreads})"):
-            if bias:
-                self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
-            self.w.line(f"{value} v = SPATIALC_PAGE_LD(ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id} + e);")
-            self.w.line(epilogue.statement(stage, self.k.integer, bias))
-            # A page a matmul reads holds operands: the value converted to their type (float32 rounded to nearest
-            # even, `MmaTypes.to_operand`), as the interpreter rounds a computed operand page where a matmul reads it.
-            value = f"{self.k.types.to_operand}(v)" if dst.c_type == "OPT" else "(EPIT)v"
-            self.w.line(f"SPATIALC_PAGE_ST(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id} + e, {value});")
-
-
-def preamble(k: GeneralKernel) -> list[str]:
-    p = k.program
-    lines = [
-        f"// {p.name}: the general CUDA form printed by spatialc from the spatial IR; each block is one site, each"
-        " engine runs on warps of its own and the rings hand pages over through mbarriers."
-    ]
-    lines += [f"#include <{h}>" for h in INCLUDES]
-    lines += ["", RING_MACROS, PAGE_MACROS, CHECK_MACRO, "", *inlined_lines("general_mbarrier.cuh"), ""]
-    lines += [*tensor_core_lines(k.rings, k.types), ""]
-    epit = "long long" if k.integer else "float"
-    lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
-    lines += [f"typedef {epit} EPIT;"]
-    if k.stages:
-        lines += ["", *epilogue.helpers(k.stages).rstrip("\n").split("\n"), ""]
-    lines += [f"#define NTHREAD {k.threads}", f"#define NWARP {k.lanes}"]
-    lines += [f"#define {f.count} {f.perw}" for f in k.fragments]
-    for rid in sorted(k.rings.rings):
-        ring = k.rings.rings[rid]
-        lines += [f"#define DEPTH_{rid} {ring.depth}u", f"#define PAGE_{rid} {ring.page}"]
-        lines += [f"#define FULL_COUNT_{rid} {k.full_count[rid]}", f"#define EMPTY_COUNT_{rid} {k.empty_count[rid]}"]
-    lines += [f"#define SMEM_OFF_{name.upper()} {off}" for name, off in k.offsets.items()]
-    lines.append(f"#define DYN_SMEM {k.dyn_bytes}")
-    return lines + [""]
-
-
-def kernel_text(k: GeneralKernel) -> str:
-    """The kernel source (`kernel_cu`) of the general form."""
-    w = Writer()
-    for line in preamble(k):
-        w.line(line)
-    params = ", ".join(
-        [f"{_param_head(k, t)}* __restrict__ t{int(t.id)}" for t in k.program.tensors]
-        + ["const int* __restrict__ spatialc_work"]
-        + (["int* __restrict__ spatialc_sync"] if k.sync else [])
-    )
-    class_table(k, w)
-    # Multicast groups are thread-block clusters of `cluster` consecutive sites (the emulation runs each at once).
-    dims = f" __cluster_dims__({k.cluster}, 1, 1)" if k.cluster > 1 else ""
-    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}){dims} void {KERNEL_NAME}({params})')
-    with w.block():
-        site_prologue(w)
-        w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
-        declare_rings(k, w)
-        with w.block("if (tid == 0)"):
-            init_barriers(k, w)
-        w.line("__syncthreads();  // the barriers are initialised before any engine uses them")
-        for i, role in enumerate(k.roles):
-            last = role.first_warp + role.warps
-            head = f"{'if' if i == 0 else 'else if'} (warp < {last})"
-            with w.block(head, f"// {role.engine.value}: warps {role.first_warp}-{last - 1}"):
-                _engine(k, role, w)
-    if k.cluster > 1:
-        w.line(f"SPATIALC_CLUSTER_KERNEL({KERNEL_NAME}, {k.cluster})")
-    return w.text()
-
-
-def class_table(k: GeneralKernel, w: Writer) -> None:
-    """Where sites run different programs: each site's class (-1: no items, it returns at once)."""
-    if len(k.classes) > 1:
-        cls = {s: i for i, c in enumerate(k.classes) for s in c.sites}
-        table = ", ".join(str(cls.get(s, -1)) for s in range(k.sites))
-        w.line(f"__device__ const int spatialc_site_class[{k.sites}] = {{{table}}};")
-
-
-def by_class(k: GeneralKernel, role: Role, w: Writer, body) -> None:
-    """`body(ops)` for the one program every site runs on `role`, else for each class's under a test of the site's
-    class."""
-    if len(printed(role)) == 1:
-        body(role.programs[0])
-        return
-    first = True
-    for i, (c, ops) in enumerate(zip(k.classes, role.programs, strict=True)):
-        if not ops:
-            continue
-        sites = ", ".join(map(str, c.sites))
-        with w.block(f"{'if' if first else 'else if'} (spatialc_site_class[site] == {i})", f"// sites {sites}"):
-            body(ops)
-        first = False
-
-
-def declare_rings(k: GeneralKernel, w: Writer) -> None:
-    """Each ring's pages and its full and empty barriers, in the dynamic block at their offsets."""
-    for rid in sorted(k.rings.rings):
-        ring = k.rings.rings[rid]
-        w.line(
-            f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_RING_{rid}, "
-            f"DEPTH_{rid}, PAGE_{rid});"
-        )
-        for kind in ("full", "empty"):
-            w.line(
-                f"SPATIALC_DYNAMIC_RING(unsigned long long, {kind}_{rid}, spatialc_dyn_smem, "
-                f"SMEM_OFF_{kind.upper()}_{rid}, DEPTH_{rid}, 1);"
-            )
-
-
-def init_barriers(k: GeneralKernel, w: Writer) -> None:
-    """Every slot's barriers initialised with their arrival counts (by one thread)."""
-    for rid in sorted(k.rings.rings):
-        with w.block(f"for (unsigned s = 0; s < DEPTH_{rid}; ++s)"):
-            w.line(f"spatialc_mbar_init(&full_{rid}[s], FULL_COUNT_{rid});")
-            w.line(f"spatialc_mbar_init(&empty_{rid}[s], EMPTY_COUNT_{rid});")
-
-
-def _param_type(k: GeneralKernel, t) -> str:
-    return "OPT" if t.role == TensorRole.INPUT else C_TYPES[t.dtype]
-
-
-def _param_head(k: GeneralKernel, t) -> str:
-    """A tensor parameter's pointer type: the output and workspaces are written, the others read."""
-    if t.role == TensorRole.OUTPUT:
-        return "OUT_T"
-    if t.role == TensorRole.WORKSPACE:
-        return "ACCT"
-    return "const " + _param_type(k, t)
-
-
-def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
-    """One engine's branch: its thread index, counters, accumulators, and its program — the site's class's, where
-    sites run different programs."""
-    w.line(f"const int etid = tid - {role.first_warp * WARP};")
-    w.line("(void)etid;")
-    printer = EnginePrinter(k, role, w)
-    printer.workspace = frozenset(int(t.id) for t in k.program.tensors if t.role == TensorRole.WORKSPACE)
-    printer.tensors = {int(t.id): t for t in k.program.tensors}
-    printer.counters()
-    if any(isinstance(op, AcquireAcc) for op in role.walk()):
-        for f in k.fragments:
-            w.line(f"spatialc_acc<ACCT> {f.name}[{f.count}];")
-    by_class(k, role, w, lambda ops: _program(printer, ops))
-
-
-def printed(role: Role) -> tuple[tuple[ChoreoOp, ...], ...]:
-    """The programs the kernel prints for `role`: one, where every site class runs the engine alike (a multicast's
-    compute and writer), else each class's."""
-    return role.programs[:1] if len(set(role.programs)) == 1 else role.programs
-
-
-def _program(printer: EnginePrinter, ops: tuple[ChoreoOp, ...]) -> None:
-    """One engine program, its item's coordinates bound first when it has no ITEM loop (a site's only item)."""
-    printer.fills = frozenset(printer.k.rings.template[op.into] for op in walk(ops) if isinstance(op, ReadTiles))
-    env: dict[LoopVar, str] = {}
-    if not any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(ops)):
-        printer.item_header("ITEM_LIST[item_off]")
-        env = {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
-    printer.ops(ops, env)
 
 
 def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:

@@ -91,8 +91,8 @@ def sync_words(p: SpatialProgram) -> tuple[int, Words, dict[int, tuple[int, ...]
 
 
 class HandoverPrinter:
-    """The hand-over ops of one engine of the general form (a mixin of `general.EnginePrinter`, whose kernel `k`,
-    writer `w`, engine `role`, `engine_sync` and `kept` it uses)."""
+    """The hand-over ops of one engine of the general form (a mixin of `general_printer.EnginePrinter`, whose kernel
+    `k`, writer `w`, engine `role`, `engine_sync` and `kept` it uses)."""
 
     k: Any
     w: Writer

@@ -66,7 +66,7 @@ from ...ir.ops import (
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact, TensorMap
 from ..errors import LowerError, TooBig, Unsupported
-from . import epilogue, general
+from . import epilogue, general, general_printer
 from .clusters import Multicast, check_cluster, check_items, multicast
 from .cwriter import Writer, inlined_lines, site_prologue
 from .hopper_plan import (
@@ -195,7 +195,7 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
     last = int(p.buffer((chain[-1] if chain else mm).outs[0]).ring)
     compute, *side = k.roles
     writers = [r for r in side if any(isinstance(op, WriteTiles) for op in r.walk())]
-    if len(writers) != 1 or len(general.printed(writers[0])) != 1 or len(general.printed(compute)) != 1:
+    if len(writers) != 1 or len(general_printer.printed(writers[0])) != 1 or len(general_printer.printed(compute)) != 1:
         return None
     body = writers[0].programs[0]
     if len(body) == 1 and isinstance(body[0], Loop):
@@ -207,7 +207,7 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
     if not (isinstance(wait, Wait) and isinstance(pop, Pop) and ring == last):
         return None
     # The compute engine pushes the last ring at its item level, where the writer's store has its loop variables.
-    top = general.printed(compute)[0]
+    top = general_printer.printed(compute)[0]
     level = top[0].body if len(top) == 1 and isinstance(top[0], Loop) else top
     if not any(isinstance(op, Push) and int(p.buffer(op.buf).ring) == last for op in level):
         return None
@@ -317,7 +317,7 @@ def wgmma_specialisations(n: int, operand: str, integer: bool) -> list[str]:
 
 def preamble(hk: HopperKernel) -> list[str]:
     k = hk.base
-    lines = general.preamble(k)
+    lines = general_printer.preamble(k)
     head, rest = lines[0], lines[1:]
     head = (
         f"// {k.program.name}: the sm_90a CUDA form printed by spatialc from the spatial IR; each block is one site, "
@@ -344,11 +344,11 @@ def kernel_text(hk: HopperKernel) -> str:
     for line in preamble(hk):
         w.line(line)
     params = ", ".join(
-        [f"{general._param_head(k, t)}* __restrict__ t{int(t.id)}" for t in k.program.tensors]
+        [f"{general_printer._param_head(k, t)}* __restrict__ t{int(t.id)}" for t in k.program.tensors]
         + ["const int* __restrict__ spatialc_work"]
         + [f"const __grid_constant__ CUtensorMap spatialc_tmap_{m.index}" for m in hk.maps]
     )
-    general.class_table(k, w)
+    general_printer.class_table(k, w)
     mc = hk.multicast
     # Multicast groups are clusters of `cluster` consecutive sites: a page lands in each of its group's blocks.
     dims = f" __cluster_dims__({k.cluster}, 1, 1)" if mc is not None else ""
@@ -357,7 +357,7 @@ def kernel_text(hk: HopperKernel) -> str:
         site_prologue(w)
         w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
-        general.declare_rings(k, w)
+        general_printer.declare_rings(k, w)
         if hk.chunk:
             w.line(
                 f"SPATIALC_DYNAMIC_RING(OUT_T, out_stage, spatialc_dyn_smem, SMEM_OFF_OUT_STAGE, {STAGING_BOXES}, "
@@ -369,7 +369,7 @@ def kernel_text(hk: HopperKernel) -> str:
                 f"DEPTH_{r}, 1);"
             )
         with w.block("if (tid == 0)"):
-            general.init_barriers(k, w)
+            general_printer.init_barriers(k, w)
             for r in mc.rings if mc is not None else ():
                 with w.block(f"for (unsigned s = 0; s < DEPTH_{r}; ++s)", "// a stage free in every receiver"):
                     w.line(f"spatialc_mbar_init(&ready_{r}[s], READY_COUNT_{r});")
@@ -420,13 +420,13 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
             with w.block("if (etid == 0)", "// the copy engine moves the pages; one thread issues"):
                 for m in hk.maps:  # every map this block's copies use (the loads' and the store's)
                     w.line(f"spatialc_prefetch_tensormap(&spatialc_tmap_{m.index});")
-                general._program(printer, ops)
+                general_printer._program(printer, ops)
         else:
-            general._program(printer, ops)
+            general_printer._program(printer, ops)
         assert not printer.deferred, "a sender's load with no send"
         assert not printer.arrived, "an arrival made with a load's expect_tx and no Push after it"
 
-    general.by_class(k, role, w, body)
+    general_printer.by_class(k, role, w, body)
     if stores:
         # The shared memory a store reads must outlive its reading: the warp's last stores, before it ends.
         last = "if ((threadIdx.x & 31) == 0) { spatialc_bulk_wait_read<0>(); }"
@@ -471,5 +471,5 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
         for i, param in enumerate(launch.params)
     )
     launch = dataclasses.replace(launch, params=params, tensor_maps=hk.maps)
-    programs = tuple(ops for role in k.roles for ops in general.printed(role))
+    programs = tuple(ops for role in k.roles for ops in general_printer.printed(role))
     return assemble(program, target.name, kernel_text(hk), programs, launch, budget_of(hk, target))

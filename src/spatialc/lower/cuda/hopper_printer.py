@@ -30,7 +30,7 @@ from ...ir.printer import compute_text
 from ...passes.tile import operand_layouts
 from ..census import POST, marker
 from ..errors import Unsupported
-from . import general
+from . import general, general_printer
 from .clusters import ClusterPrinter
 from .cwriter import Writer, addr_expr, c_mul, c_sum
 from .hopper_plan import CONSUMER_GROUPS, OUT_BYTES, STORE_BUFFERS, WARPGROUP
@@ -44,7 +44,7 @@ DESC_SWIZZLE = {128: 1, 64: 2, 32: 3}  # a matrix descriptor's swizzle mode, by 
 ACC_FENCE = "spatialc_acc_fence(accf);"  # the accumulators' registers pinned there (sm90a.cuh)
 
 
-class HopperPrinter(ClusterPrinter, general.EnginePrinter):
+class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
     """The general form's engine printer, with operand pages loaded by the copy engine and multiplied by wgmma."""
 
     counts_sends = False  # a multicast page lands at the sender's own stage in every block
