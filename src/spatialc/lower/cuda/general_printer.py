@@ -126,6 +126,7 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
                 with self.holding(self.layer(op)):
                     self.op(op, env)
             before = op
+        self.after = None  # read only while an op of this body prints
 
     def layer(self, op: ChoreoOp) -> Fragments | None:
         """The fragments of the accumulator `op` touches, where the compute warps hold several; else None."""

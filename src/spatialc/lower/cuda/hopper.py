@@ -5,8 +5,9 @@
   `panels` layout says (`panels_t` for int8 B): one row-major matrix in panels as wide as its rows allow, up to 128
   bytes, swizzled by the copy engine as wgmma reads them — the layout of every fast Hopper GEMM. Each `ReadTiles`
   is one 2-D TMA box a panel (`Panels`), all announced on the slot's full barrier by one `expect_tx` of exactly the
-  page's bytes; `Push` is the reader's one arrival on it. The phase completes when the arrival and every byte are
-  in. Each stage starts on 1024 bytes, so the swizzle by address is the page's own.
+  page's bytes; `Push` is the reader's one arrival on it, made with the `expect_tx` (`mbarrier.arrive.expect_tx`)
+  where the Push follows the load at once. The phase completes when the arrival and every byte are in. Each stage
+  starts on 1024 bytes, so the swizzle by address is the page's own.
 - The compute engine is two consumer warpgroups (the eight accumulator warps). Warp w holds the item's tile row w,
   every column, in wgmma's accumulator layout, which is the m16n8 layout `spatialc_acc` already names. A K step
   issues one `wgmma.mma_async` per 32 bytes of K (16 elements; int8 32) with both operands read from shared memory
