@@ -80,6 +80,9 @@ def test_saved_program_shows_and_round_trips(capsys, tmp_path):
         (["gemm", "64", "64", "640", "--split-k", "40"], "split_k=40 (--split-k 40): at most 32 sites share an item"),
         (["gemm", "256", "256", "256", "--multicast", "4,4"], "multicast=(4, 4) (--multicast 4,4): a group holds"),
         (["gemm", "64", "64", "640", "--split-k", "4", "--sites", "2"], "split_k=4 (--split-k 4) places each"),
+        # A list starting with a negative value reaches its option's own check, not argparse's "expected one argument".
+        (["gemm", "64", "64", "64", "--requant", "-1,3"], "requant scale must be a finite number ≥ 0, not -1.0"),
+        (["gemm", "64", "64", "64", "--block", "-1,2,3"], "block must be 3 whole numbers ≥ 1, not (-1, 2, 3)"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_status_2(capsys, argv, says):

@@ -321,6 +321,22 @@ def _leading_options(argv: list[str]) -> list[str]:
     return list(itertools.takewhile(lambda a: a.startswith("-"), argv))
 
 
+NEGATIVE_LIST = re.compile(r"-\d[\d.eE+-]*(,[-+]?[\d.eE+-]*)+")  # `-1,3`: a list whose first value is negative
+
+
+def _negative_lists_attached(argv: list[str]) -> list[str]:
+    """`--requant -1,3` as `--requant=-1,3`: argparse takes a value starting with '-' for an option of its own
+    unless it is one plain negative number, and says only "expected one argument"; attached, the value reaches the
+    option's own check, which says what is wrong with it."""
+    out: list[str] = []
+    for tok in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and NEGATIVE_LIST.fullmatch(tok):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def _dispatch(argv: list[str]) -> int:
     from . import commands
 
@@ -329,7 +345,7 @@ def _dispatch(argv: list[str]) -> int:
         from .. import gpucheck
 
         return gpucheck.main(rest[1:])
-    args = make_parser().parse_args(argv)
+    args = make_parser().parse_args(_negative_lists_attached(argv))
     if getattr(args, "mode", None) is not None and args.command == "gemm" and not args.run:
         raise UsageError("spatialc gemm: --mode says how the emulation runs the kernel; it goes with --run")
     return getattr(commands, f"cmd_{args.command.replace('-', '_')}")(args)
