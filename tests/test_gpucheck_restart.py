@@ -212,3 +212,22 @@ def test_the_real_command_restarts_a_real_worker_process(tmp_path):
     assert again["spatialc sm90a"]["note"].startswith("unavailable: lost the GPU on row 2/3")
     assert again["spatialc persistent"]["ok"] and again["torch.matmul"]["ok"]
     assert done.stdout.count("| bf16 | 32×32×32 |") >= 2  # each worker printed its table: the first, then the whole
+
+
+def test_ctrl_c_between_two_workers_ends_130_without_a_traceback(tmp_path, capsys):
+    def run_worker(cmd, limit_s, signals):
+        return 3  # lost, and then Ctrl-C while the supervisor reads what the worker left
+
+    calls = []
+
+    def clock():  # the supervisor's start and the first worker's budget, then Ctrl-C
+        calls.append(1)
+        if len(calls) > 2:
+            raise KeyboardInterrupt
+        return 0.0
+
+    status = R.supervise(
+        [str(tmp_path)], CASES, outdir=str(tmp_path), budget_s=100, restarts=2, started=0.0,
+        run_worker=run_worker, clock=clock,
+    )  # fmt: skip
+    assert status == 130 and len(calls) == 3 and "gpucheck: interrupted" in capsys.readouterr().err

@@ -232,6 +232,23 @@ def supervise(
 ) -> int:
     """Run the check (`argv`, its own arguments) in workers until one ends other than lost, or no restart is left;
     the exit status is the last worker's (3 where a fresh one could not start, 130 after a signal)."""
+    try:
+        return _supervise(argv, cases, outdir, budget_s, restarts, started, run_worker, clock)
+    except KeyboardInterrupt:  # Ctrl-C between two workers: none was running, and none starts
+        print("gpucheck: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _supervise(
+    argv: Sequence[str],
+    cases: Sequence[Case],
+    outdir: str,
+    budget_s: float,
+    restarts: int,
+    started: float,
+    run_worker: Callable[[list[str], float, Signals], int],
+    clock: Callable[[], float],
+) -> int:
     with tempfile.TemporaryDirectory(prefix="spatialc-gpucheck-") as tmp, Signals() as signals:
         folder = Path(tmp)
         resume = Resume(wall_started=time.time() - (clock() - started))
