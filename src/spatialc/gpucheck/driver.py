@@ -40,7 +40,7 @@ from .cases import (
 )
 from .dryrun import END_TO_END, KERNEL_ONLY, dry_run, outputs_note
 from .report import to_json, to_markdown, write_report
-from .restart import DEFAULT_RESTARTS
+from .restart import DEFAULT_RESTARTS, Loss, Progress, load_resume, save_progress
 
 DEFAULT_BUDGET_S = 240.0  # the whole run, preflight included: with Python's start and the end, under 5 minutes
 RESERVE_S = 5.0  # kept back at the end for writing the table
@@ -414,8 +414,6 @@ def main(
 
 
 def _run(args: argparse.Namespace, cases: list[Case], runner: Any, started: float) -> int:
-    from .restart import Progress, load_resume, save_progress
-
     resume = load_resume(args.worker) if args.worker else None
     if resume is not None and (at := resume.started()) is not None:
         started = at  # the budget counts from the supervisor's start
@@ -453,8 +451,6 @@ def _run(args: argparse.Namespace, cases: list[Case], runner: Any, started: floa
             save_progress(args.worker, progress)
 
     def lost(index: int | None, e: GpuLost) -> None:
-        from .restart import Loss
-
         progress.loss = Loss(index, e.path, one_line(e))
 
     def preflown(probes: list[Probe]) -> None:
