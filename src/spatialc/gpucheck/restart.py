@@ -233,57 +233,50 @@ def supervise(
     """Run the check (`argv`, its own arguments) in workers until one ends other than lost, or no restart is left;
     the exit status is the last worker's (3 where a fresh one could not start, 130 after a signal)."""
     try:
-        return _supervise(argv, cases, outdir, budget_s, restarts, started, run_worker, clock)
+        with tempfile.TemporaryDirectory(prefix="spatialc-gpucheck-") as tmp, Signals() as signals:
+            folder = Path(tmp)
+            resume = Resume(wall_started=time.time() - (clock() - started))
+            last: Progress | None = None  # what the last worker that ended lost had left
+            _write(folder / RESUME, resume)
+            while True:
+                left = budget_s - (clock() - started)
+                status = run_worker(worker_command(argv, folder), left + OVERTIME_S, signals)
+                progress = _read(folder / PROGRESS, Progress)
+                if signals.seen:
+                    if status < 0:  # ended by the signal before it could write its table
+                        _stopped(outdir, progress or last, resume, cases, "interrupted")
+                    return EXIT_INTERRUPTED
+                if status < 0:
+                    why = (
+                        "killed past the budget"
+                        if status == -signal.SIGKILL
+                        else f"the worker died of signal {-status}"
+                    )
+                    print(f"gpucheck: {why}", file=sys.stderr, flush=True)
+                    _stopped(outdir, progress or last, resume, cases, why)
+                    return EXIT_LOST
+                if resume.restarts and status != EXIT_LOST and (progress is None or not progress.preflown):
+                    # A fresh worker that could not even run its preflight (no GPU any more, a crash): still lost.
+                    why = f"the GPU was lost, and a fresh worker did not start (exit status {status})"
+                    print(f"gpucheck: {why}", file=sys.stderr, flush=True)
+                    _stopped(outdir, progress or last, resume, cases, why)
+                    return EXIT_LOST
+                if status != EXIT_LOST:
+                    return status
+                step = next_resume(resume, progress or Progress(), cases, budget_s - (clock() - started), restarts)
+                if isinstance(step, str):
+                    print(f"gpucheck: {step}", file=sys.stderr, flush=True)
+                    return EXIT_LOST
+                last, resume = progress, step
+                print(
+                    f"gpucheck: {resume.restarts[-1]} (restart {len(resume.restarts)} of {restarts})", file=sys.stderr
+                )
+                try:
+                    _write(folder / RESUME, resume)
+                    (folder / PROGRESS).unlink(missing_ok=True)
+                except OSError as e:
+                    print(f"gpucheck: cannot restart: {one_line(e)}", file=sys.stderr)
+                    return EXIT_LOST
     except KeyboardInterrupt:  # Ctrl-C between two workers: none was running, and none starts
         print("gpucheck: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-
-
-def _supervise(
-    argv: Sequence[str],
-    cases: Sequence[Case],
-    outdir: str,
-    budget_s: float,
-    restarts: int,
-    started: float,
-    run_worker: Callable[[list[str], float, Signals], int],
-    clock: Callable[[], float],
-) -> int:
-    with tempfile.TemporaryDirectory(prefix="spatialc-gpucheck-") as tmp, Signals() as signals:
-        folder = Path(tmp)
-        resume = Resume(wall_started=time.time() - (clock() - started))
-        last: Progress | None = None  # what the last worker that ended lost had left
-        _write(folder / RESUME, resume)
-        while True:
-            left = budget_s - (clock() - started)
-            status = run_worker(worker_command(argv, folder), left + OVERTIME_S, signals)
-            progress = _read(folder / PROGRESS, Progress)
-            if signals.seen:
-                if status < 0:  # ended by the signal before it could write its table
-                    _stopped(outdir, progress or last, resume, cases, "interrupted")
-                return EXIT_INTERRUPTED
-            if status < 0:
-                why = "killed past the budget" if status == -signal.SIGKILL else f"the worker died of signal {-status}"
-                print(f"gpucheck: {why}", file=sys.stderr, flush=True)
-                _stopped(outdir, progress or last, resume, cases, why)
-                return EXIT_LOST
-            if resume.restarts and status != EXIT_LOST and (progress is None or not progress.preflown):
-                # A fresh worker that could not even run its preflight (no GPU any more, a crash): still lost.
-                why = f"the GPU was lost, and a fresh worker did not start (exit status {status})"
-                print(f"gpucheck: {why}", file=sys.stderr, flush=True)
-                _stopped(outdir, progress or last, resume, cases, why)
-                return EXIT_LOST
-            if status != EXIT_LOST:
-                return status
-            step = next_resume(resume, progress or Progress(), cases, budget_s - (clock() - started), restarts)
-            if isinstance(step, str):
-                print(f"gpucheck: {step}", file=sys.stderr, flush=True)
-                return EXIT_LOST
-            last, resume = progress, step
-            print(f"gpucheck: {resume.restarts[-1]} (restart {len(resume.restarts)} of {restarts})", file=sys.stderr)
-            try:
-                _write(folder / RESUME, resume)
-                (folder / PROGRESS).unlink(missing_ok=True)
-            except OSError as e:
-                print(f"gpucheck: cannot restart: {one_line(e)}", file=sys.stderr)
-                return EXIT_LOST
