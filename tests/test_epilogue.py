@@ -115,6 +115,23 @@ def test_int8_epilogues_equal_the_independent_formulas(m, n, k, stages, rq, plac
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
+def test_an_integer_chain_past_two_to_the_53_stays_exact():
+    """float64 holds only even integers past 2^53: the interpreter keeps an integer chain's values as int64, as the
+    kernels' long long does (an odd value there came back one less)."""
+    m, n, k = 16, 24, 520
+    chain = [scalar("mul", -(1 << 30)), scalar("add", 5)]
+    p = spatialc.build(spatialc.gemm(m, n, k, "int8", epilogue=chain), "sm_86")
+    rng = np.random.default_rng(7)
+    a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    a[0] = -128
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    b[:, 0] = 127
+    want = (a.astype(np.int64) @ b.astype(np.int64)) * -(1 << 30) + 5
+    assert want[0, 0] > 2**53 and want[0, 0] % 2 == 1  # -128 · 127 · 520 · -2^30 + 5: odd, past 2^53
+    got = spatialc.evaluate(p, {"A": a, "B": b})
+    assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.integers(1, 70),

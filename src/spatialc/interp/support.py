@@ -208,5 +208,7 @@ def elementwise(
             )
         row = bias.arr[0, 0, at : at + width, :].reshape(-1)
     out = epilogue.apply(op, epilogue.start(mat, integer), integer, row)  # type: ignore[arg-type]
-    back = out.astype(np.float64).reshape(h, t.rows, width, t.cols).transpose(0, 2, 1, 3)
+    # An integer chain's values stay int64: past 2^53 float64 would round them (the kernels' long long does not).
+    out = out if integer else out.astype(np.float64)
+    back = out.reshape(h, t.rows, width, t.cols).transpose(0, 2, 1, 3)
     return Tiles(back.reshape(n, t.rows, t.cols))

@@ -1,6 +1,7 @@
 """Tensor storage and the values ring pages hold.
 
-A tensor is stored as a float64 array of shape (rows_t, tile_rows, cols_t, tile_cols): tile (ti, tj) — flat tile
+A tensor is stored as a float64 array (int64 for an int64 tensor, whose values may pass 2^53, beyond which float64
+holds only even integers) of shape (rows_t, tile_rows, cols_t, tile_cols): tile (ti, tj) — flat tile
 index ti·cols_t + tj, as DESIGN §2 addresses it — is `arr[ti, :, tj, :]`, and the same memory read as a 2-D array
 is the padded logical matrix, so a block of tiles that forms a rectangle is a slice, not a gather.
 
@@ -19,7 +20,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..ir.nodes import Tensor
+from ..ir.nodes import DType, Tensor
 
 
 class Store:
@@ -30,7 +31,8 @@ class Store:
     def __init__(self, tensor: Tensor, tile_rows: int, tile_cols: int, written: bool) -> None:
         rows_t, cols_t = tensor.tiles
         self.tensor, self.tr, self.tc = tensor, tile_rows, tile_cols
-        self.arr = np.zeros((rows_t, tile_rows, cols_t, tile_cols))
+        exact = np.int64 if tensor.dtype == DType.INT64 else np.float64  # an integer chain's values, as they are
+        self.arr = np.zeros((rows_t, tile_rows, cols_t, tile_cols), dtype=exact)
         self.mat = self.arr.reshape(rows_t * tile_rows, cols_t * tile_cols)
         self.cols_t, self.ntiles, self.written = cols_t, rows_t * cols_t, written
         self.pending: list[tuple[int, np.ndarray, int, int, object]] = []
