@@ -125,3 +125,20 @@ def test_the_emulated_kernel_is_exact_on_devices_of_7_and_132_multiprocessors(sm
     a = rng.integers(-128, 128, (384, 32)).astype(np.int8)
     x = {"A": a, "B": rng.integers(-128, 128, (32, 256)).astype(np.int8)}
     assert np.array_equal(spatialc.emulate(art, x, sms=sms), spatialc.evaluate(p, x))
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "7", 1 << 20])
+def test_an_emulated_device_of_no_whole_number_of_multiprocessors_is_refused(bad):
+    """The emulator takes 0 or -1 for its default of 132 without a word; the API refuses them before compiling."""
+    art = spatialc.lower(spatialc.build(spatialc.gemm(32, 32, 32, "int8"), "sm_86"))
+    x = {"A": np.ones((32, 32), np.int8), "B": np.ones((32, 32), np.int8)}
+    with pytest.raises(spatialc.ProgramError, match=r"sms is the emulated device's multiprocessors, a whole number"):
+        spatialc.emulate(art, x, sms=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -5, float("inf"), float("nan"), "60", None])
+def test_an_emulation_watchdog_that_is_not_a_positive_number_of_seconds_is_refused(bad):
+    art = spatialc.lower(spatialc.build(spatialc.gemm(32, 32, 32, "int8"), "sm_86"))
+    x = {"A": np.ones((32, 32), np.int8), "B": np.ones((32, 32), np.int8)}
+    with pytest.raises(spatialc.ProgramError, match=r"timeout is the emulation's watchdog in seconds"):
+        spatialc.emulate(art, x, timeout=bad)

@@ -30,7 +30,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..errors import SpatialError
+from ..errors import ProgramError, SpatialError
 from ..inputs import check_inputs, check_row_counts
 from .cache import cache_dir as cache_of
 from .tilize import launch_specs
@@ -400,6 +400,21 @@ def format_values(values: np.ndarray) -> str:
     return "\n".join(repr(float(v)) for v in flat.astype(np.float64).tolist()) + "\n"
 
 
+MAX_SMS = 1 << 16  # far beyond any GPU's multiprocessors: an emulated device of more is a mistake
+
+
+def check_run_options(timeout: Any, sms: Any) -> None:
+    """ProgramError for a watchdog that is not a positive number of seconds, or a device whose multiprocessors are
+    not a whole number from 1 to MAX_SMS — before anything is compiled (the emulator itself would take 0 or -1 for
+    its default of 132 without a word)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
+        raise ProgramError(f"timeout is the emulation's watchdog in seconds, a positive number, not {timeout!r}")
+    if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int | np.integer) or not 1 <= sms <= MAX_SMS):
+        raise ProgramError(
+            f"sms is the emulated device's multiprocessors, a whole number from 1 to {MAX_SMS}, not {sms!r}"
+        )
+
+
 def emulate_source(
     program_cu: str,
     files: Mapping[str, str | np.ndarray],
@@ -414,6 +429,7 @@ def emulate_source(
     """Compile and run any program text that follows kernel-abi.md; `files` are its input files (name → values).
     `progress(done, total)` hears of the blocks done as the run goes (see `run_program`); `sms` is the emulated
     device's multiprocessor count (132 when None)."""
+    check_run_options(timeout, sms)
     texts = {name: v if isinstance(v, str) else format_values(v) for name, v in files.items()}
     note = getattr(progress, "note", None)
     if note is not None and not is_compiled(program_cu, mode):  # the first run of a kernel text waits on g++
