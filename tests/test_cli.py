@@ -192,9 +192,11 @@ def test_verify_says_which_lowering_takes_a_saved_program(capsys, saved):
 
 def test_hopper_target_on_the_command_line(capsys, tmp_path):
     path = tmp_path / "h.json"
-    status, out, err = run_cli(capsys, "gemm", "200", "72", "96", "--target", "sm_90a", "--json", str(path))
+    args = ("gemm", "200", "72", "96", "--target", "sm_90a")
+    status, out, err = run_cli(capsys, *args, "--block", "8,5,2", "--json", str(path))
     assert status == 0, err
     assert "kernel    sm_90a form: one thread of a producer warpgroup loads each page by TMA" in out
+    assert "two consumer warpgroups multiply with wgmma m64n80k32" in out
     # The registers are what setmaxnreg makes of the launch's (ptxas's count, with --emit, is the launch's).
     assert "384 threads each, 232 registers a consumer thread and 40 a producer thread after setmaxnreg" in out
     # Every byte of shared memory named: the rings, the barriers, the output's staging (8 consumer warps × 2 boxes of
@@ -206,6 +208,12 @@ def test_hopper_target_on_the_command_line(capsys, tmp_path):
     assert sum(parts.values()) == total, said
     status, out, err = run_cli(capsys, "verify", str(path))
     assert status == 0 and "lowering  the sm_90a CUDA form (TMA, wgmma) for sm_90a takes it: " in out
+    # Items of 64 rows: one consumer warpgroup, two blocks an SM, each keeping its launch's registers.
+    status, out, err = run_cli(capsys, *args, "--block", "4,5,2")
+    assert status == 0 and "one consumer warpgroup multiplies with wgmma m64n80k32" in out, err
+    assert "items of 64x80: one warpgroup's, two blocks sharing an SM" in out
+    assert "2 blocks per SM of sm_90a, 256 threads each, at most 128 registers a thread (the blocks share" in out
+    assert "setmaxnreg moves" not in out
     # The form on a target without its instructions: one line, exit status 2.
     status, out, err = run_cli(capsys, "gemm", "64", "64", "64", "--target", "sm_90", "--form", "sm90a")
     assert status == 2 and err.count("\n") == 1 and "which target sm_90 has not; use target sm_90a" in err, err

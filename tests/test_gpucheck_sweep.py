@@ -80,7 +80,11 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     planner = forms[0]
     assert planner.contestant == "spatialc sm90a" and not planner.kernel_only  # timed both ways, as in any row
     assert planner.facts["sweep"]["predicted"] == 1.0
-    assert [f.facts["sweep"]["change"] for f in forms[1:]] == [*CHANGES, TIMED_AGAIN]
+    # The sm_90a form's own neighbour: paired blocks of 64-row items, at most 8 tiles wide, two an SM.
+    assert [f.facts["sweep"]["change"] for f in forms[1:]] == [*CHANGES[:5], S.PAIRED, CHANGES[5], TIMED_AGAIN]
+    paired = forms[6]
+    assert paired.contestant.startswith("spatialc sm90a 4×8×4 d") and paired.artifact.budget.blocks_per_sm == 2
+    assert "spatialc_regs_inc" not in paired.artifact.kernel_cu.split("spatialc_hopper(")[1]  # no setmaxnreg
     assert all(f.kernel_only for f in forms[1:])
     again = forms[-1]  # the planner's kernel once more, after its neighbours: the same text, kernel only
     assert again.artifact is planner.artifact and again.contestant == "spatialc sm90a (the planner's, again)"

@@ -514,6 +514,20 @@ def test_nvcc_cubin_of_a_lowered_kernel_is_cached_and_its_kernel_found(tmp_path,
         L.compile_cubin("__global__ void k( { }", "sm_90", cache=tmp_path)
 
 
+def test_a_compile_failure_is_told_by_its_reason_not_by_the_line_that_says_it_stopped():
+    # What ptxas (CUDA 13.0) printed for a wgmma of 256 columns under launch bounds of 128 registers a thread.
+    said = (
+        "ptxas fatal   : (C7602) Insufficient registers (128) to compile instruction at line 853 in function"
+        " spatialc_hopper. Try to compile with register target of 154 or higher.\n"
+        "ptxas fatal   : Ptx assembly aborted due to errors\n"
+    )
+    assert L._first_error(said).startswith("ptxas fatal   : (C7602) Insufficient registers (128)")
+    assert L._first_error("k.cu(1): error: expected a )\n1 error detected\n") == "k.cu(1): error: expected a )"
+    assert L._first_error("ptxas fatal   : Ptx assembly aborted due to errors") == (
+        "ptxas fatal   : Ptx assembly aborted due to errors"  # nothing better said: the line itself
+    )
+
+
 # What `nvcc -cubin -arch=sm_90 -O3 -std=c++17 -Xptxas -v` (CUDA 13.0) printed for a lowered bf16 gemm(40, 24, 56),
 # for a file with a kernel, an extern "C" kernel and a non-inlined device function, and for a kernel made to spill
 # (__launch_bounds__(1024, 2) over 64 live floats).

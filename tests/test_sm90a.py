@@ -75,12 +75,12 @@ def test_sm90_keeps_its_persistent_kernel_and_other_targets_refuse_the_form():
 
 
 def test_what_the_wgmma_layout_does_not_take_falls_back_with_a_note():
-    # Forced 4-row blocks: not two warpgroups of 64 rows, so auto plans and prints the persistent kernel.
-    p = spatialc.build(spatialc.gemm(128, 128, 64, "fp16"), "sm_90a", block=(4, 4, 2))
+    # Forced 2-row blocks: not a warpgroup's 64 rows, so auto plans and prints the persistent kernel.
+    p = spatialc.build(spatialc.gemm(128, 128, 64, "fp16"), "sm_90a", block=(2, 4, 2))
     art = spatialc.lower(p)
     assert art.budget.form == "persistent"
-    assert any("not the sm_90a form" in n and "64 rows each" in n for n in art.notes)
-    with pytest.raises(Unsupported, match="64 rows each"):
+    assert any("not the sm_90a form" in n and "holds 64 rows" in n for n in art.notes)
+    with pytest.raises(Unsupported, match="a consumer warpgroup holds 64 rows and a block one or two"):
         spatialc.lower(p, form="sm90a")
 
 
@@ -230,7 +230,7 @@ class MapDevice(NumpyDevice):
 
 
 def test_the_launcher_passes_each_tensor_map_after_the_work_list_encoded_over_its_buffer():
-    art = spatialc.lower(spatialc.build(spatialc.gemm(200, 72, 100, "fp16"), "sm_90a"))
+    art = spatialc.lower(spatialc.build(spatialc.gemm(200, 72, 100, "fp16"), "sm_90a", block=(8, 5, 4)))
     x = inputs("fp16", 200, 72, 100)
     dev = MapDevice(art)
     c = L.run_with(dev, art, x["A"], x["B"])
@@ -294,7 +294,7 @@ def test_tensor_maps_are_encoded_through_the_driver_and_passed_as_128_bytes():
 
 
 def test_host_program_encodes_each_tensor_map_through_the_driver_entry_point():
-    art = spatialc.lower(spatialc.build(spatialc.gemm(200, 72, 100, "fp16"), "sm_90a"))
+    art = spatialc.lower(spatialc.build(spatialc.gemm(200, 72, 100, "fp16"), "sm_90a", block=(8, 5, 4)))
     text = art.program_cu
     assert 'cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled"' in text
     assert text.count("encode_tiled(&tmap_") == len(art.launch.tensor_maps) == 3  # A, B; C for the TMA store
@@ -511,8 +511,8 @@ def test_128_byte_panels_and_the_leading_offset_between_them_are_what_wgmma_read
 def test_a_forced_plan_the_form_cannot_hold_is_refused_with_the_forms_reason():
     """Not "needs 0 bytes of shared memory": the wgmma layout's reason, or the bytes the plan would need."""
     g = spatialc.gemm(512, 512, 512, "bf16")
-    with pytest.raises(PlanError, match=r"takes no plan of items of 64 rows: .* use blocks of 8 tile rows"):
-        spatialc.build(g, "sm_90a", form="sm90a", block=(4, 4, 2))
+    with pytest.raises(PlanError, match=r"takes no plan of items of 48 rows: .* use blocks of 4 or 8 tile rows"):
+        spatialc.build(g, "sm_90a", form="sm90a", block=(3, 4, 2))
     with pytest.raises(PlanError, match=r"takes no plan of sub-blocks \(2, 1\): an sm_90a item is one block"):
         spatialc.build(g, "sm_90a", form="sm90a", sub_blocks=(2, 1))
     with pytest.raises(PlanError, match=r"int8 K steps of 1 tiles"):

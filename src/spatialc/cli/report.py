@@ -143,12 +143,15 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             if stores
             else ""
         )
+        two = h * 16 > 64  # items of 128 rows: two consumer warpgroups; of 64: one, two blocks an SM
+        who = "two consumer warpgroups multiply" if two else "one consumer warpgroup multiplies"
+        rows = "the two warpgroups' 64 rows each" if two else "one warpgroup's, two blocks sharing an SM"
         memory = [
             "  kernel    sm_90a form: one thread of a producer warpgroup loads each page by TMA, a box a panel (boxes: "
-            f"{maps}), two consumer warpgroups multiply with wgmma m64n{w * 16}k{k_per}",
+            f"{maps}), {who} with wgmma m64n{w * 16}k{k_per}",
             f"            ({plan.block.ibw * 16 // k_per} a K step, A and B from shared memory by descriptor,"
             " one group in flight),"
-            f" setmaxnreg moves registers to them; items of {h * 16}x{w * 16}: the two warpgroups' 64 rows each{out}",
+            f"{' setmaxnreg moves registers to them;' if two else ''} items of {h * 16}x{w * 16}: {rows}{out}",
             f"            shared memory {bud.total_bytes} bytes a block (budget.json: all dynamic{opt_in}, stages on"
             f" 1024 bytes): {kept}, barriers {bud.barrier_bytes} B{_staging(bud)}",
         ]
@@ -159,9 +162,12 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             f"            {kept} ({'dynamic' if bud.rings_dynamic else 'static'}){fused}",
         ]
     if bud.form == "sm90a":  # ptxas allocates for the launch; setmaxnreg then moves registers to the consumers
-        from ..lower.cuda.hopper_plan import CONSUMER_REGS, PRODUCER_REGS
+        from ..lower.cuda.hopper_plan import PRODUCER_REGS
 
-        regs = f"{CONSUMER_REGS} registers a consumer thread and {PRODUCER_REGS} a producer thread after setmaxnreg"
+        if bud.blocks_per_sm > 1:  # paired blocks: no setmaxnreg, each keeps what the launch gives it
+            regs = f"at most {bud.regs_est} registers a thread (the blocks share the register file; no setmaxnreg)"
+        else:
+            regs = f"{bud.regs_est} registers a consumer thread and {PRODUCER_REGS} a producer thread after setmaxnreg"
         at = " a thread at launch"
     else:
         regs, at = f"~{bud.regs_est} registers a thread", ""

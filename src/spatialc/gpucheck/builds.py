@@ -23,10 +23,12 @@ from ..runtime import launch
 from .cases import (
     ELEM_OF,
     HOPPER_FORM,
+    PREFLIGHT_SM90A,
     TORCH_OUT,
     BudgetExceeded,
     Case,
     Deadline,
+    is_preflight,
     kernel_arch,
     one_line,
     spatialc_name,
@@ -134,7 +136,8 @@ def _build(case: Case, target: str, out: str | None) -> Built:
         if target == "sm_90":  # a Hopper: the same GEMM built for sm_90a, in its own form
             split = program.placement is not None and program.placement.splits > 1
             why = "the sm_90a form does not split K yet (the case's plan splits it)"
-            built.forms.append(Form(HOPPER_FORM, absent=why) if split else hopper_form(gemm, grouped))
+            own = PREFLIGHT_SM90A if is_preflight(case) else {}  # the large rows' design, probed first
+            built.forms.append(Form(HOPPER_FORM, absent=why) if split else hopper_form(gemm, grouped | own))
     except Exception as e:
         built.error = ("lower: " if built.plan else "build: ") + one_line(e)
         return built
@@ -252,6 +255,7 @@ def compile_kernel(form: Form, arch: str, timeout_s: float = COMPILE_S, cache: P
         form.facts["ptxas"] = "not reported"
     else:
         form.facts.update(ptxas_facts(info))
+    launch.check_entry_registers(form.artifact.budget, info)  # a kernel that would hang in setmaxnreg is not run
     return path
 
 

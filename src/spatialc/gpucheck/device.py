@@ -28,6 +28,7 @@ from .builds import BuildPool, Built, Form, conversion
 from .cases import (
     ELEM_OF,
     FORMS,
+    HOPPER_FORM,
     TORCH_OUT,
     BudgetExceeded,
     Case,
@@ -246,7 +247,7 @@ class GpuRunner:
         name = form.contestant
         if form.artifact is None:
             return Contestant(name, "spatialc", note=f"n/a: {form.absent}", facts=form.facts), ("", "")
-        path = kernel_path(case, name)
+        path = kernel_path(case, name, paired=form.name == HOPPER_FORM and form.artifact.budget.blocks_per_sm > 1)
         # Left out as this kernel, as its contestant anywhere, or (a sweep's plan) as its form.
         off = self.unavailable.get(path) or self.unavailable.get(name) or self.unavailable.get(spatialc_name(form.name))
         failure = form.error or (f"unavailable: {off}" if off else "")

@@ -40,10 +40,23 @@ class Neighbour:
         return {key: value for key, value in chosen.items() if value is not None}
 
 
+PAIRED = "items of 64 rows, two blocks an SM"
+ALONE = "items of 128 rows, a block an SM"
+
+
+def _other_pairing(osh: int, osw: int, ibw: int, kind: str) -> Neighbour:
+    """The sm_90a form's other block: paired blocks of 64-row items (one consumer warpgroup each, two blocks an SM,
+    at most 8 tiles wide) for a plan of 128-row items, and the reverse; the planner chooses the depth."""
+    if osh == 8:
+        return Neighbour(PAIRED, (4, min(osw, 8), ibw), (1, 1), placement=kind)
+    return Neighbour(ALONE, (8, osw, ibw), (1, 1), placement=kind)
+
+
 def neighbours(program: Any, form: str) -> list[Neighbour]:
     """The plans one step from `program`'s (built for `form`): its stage depth ±1, its K step halved (where the
     form's MMA still takes it) with twice the stages and doubled, its items half as wide (the sm_90a form: a narrower
-    block; the persistent kernel: half the sub-blocks across, or a narrower block where there is one across), and —
+    block; the persistent kernel: half the sub-blocks across, or a narrower block where there is one across), the
+    sm_90a form's other pairing (items of 64 rows, two blocks an SM, for 128-row ones, and the reverse), and —
     where the planner visits items in bands of rows — row-major waves. Each keeps the planner's item order but the
     last; where the depth is not named the planner chooses it, as a user forcing that block would get it."""
     plan = program.plan
@@ -70,6 +83,8 @@ def neighbours(program: Any, form: str) -> list[Neighbour]:
     else:
         wide = b.osw * sub[1]
         out.append(Neighbour(narrower, why_not=f"the planner's items are {plural(wide, 'tile')} wide: no half"))
+    if form == HOPPER_FORM:
+        out.append(_other_pairing(b.osh, b.osw, b.ibw, kind))
     waves = "row-major waves, not bands"
     if kind == "grouped":
         out.append(Neighbour(waves, block, sub, depth, "round_robin"))

@@ -276,7 +276,8 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
     if too_many:
         return too_many
     a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
-    # The smallest block of the form: the sm_90a form's items are 8 tile rows, an int8 K step two tiles.
+    # The smallest block of the form with a whole SM's shared memory: the sm_90a form's of 8 tile rows (its paired
+    # blocks of 4 have half), an int8 K step two tiles.
     least = (8, 1, 2 if p.precision == Precision.INT8 else 1) if form == "sm90a" else (1, 1, 1)
     b = BlockShape(*(block or least))
     probe = make_plan(b, tuple(sub_blocks or (1, 1)), depth or 2, a.group_tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
@@ -296,6 +297,10 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
             f" {target.regs_per_thread_max}; force a smaller block or fewer sub-blocks"
         )
     need = smem_bytes(target, probe, p.precision, form, ring_stages(p, form, extra))
+    if form == "sm90a":
+        crowded = hopper_plan.fits(target, need, hopper_plan.warpgroups(probe))
+        if crowded is not None:
+            return f"{crowded}; force a smaller block or depth"
     return (
         f"it needs {need} bytes of shared memory per block and {target.name} has {target.smem_per_site_max};"
         " force a smaller block or depth"

@@ -66,6 +66,7 @@ __all__ = [
     "LaunchError",
     "Prepared",
     "PtxasInfo",
+    "check_entry_registers",
     "compile_cubin",
     "kernel_ptxas",
     "kernel_symbol",
@@ -345,6 +346,10 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
         raise LaunchError(
             f"this kernel was printed for sm_90a (TMA, wgmma, setmaxnreg: H100 / H200); this device is {arch}"
         )
+    if getattr(artifact.budget, "regs_entry", 0) and find_nvcc() is not None:
+        # The device compiles the same text for the same target: this cubin is the one it loads, from the cache.
+        path = compile_cubin(artifact.kernel_cu, artifact.target)
+        check_entry_registers(artifact.budget, kernel_ptxas(path, ls.kernel_name))
     kernel = device.load(artifact.kernel_cu, ls.kernel_name, ls.dyn_smem)
     if not getattr(ls, "items", 0):  # printed before kernels took their work list as an argument
         return Prepared(device, kernel, ls, args, ls.grid)
@@ -565,6 +570,20 @@ def kernel_ptxas(cubin: Path, name: str) -> PtxasInfo | None:
     return None
 
 
+def check_entry_registers(budget: Any, info: PtxasInfo | None) -> None:
+    """Refuse a kernel whose setmaxnreg split assumes a register count at entry (`Budget.regs_entry`) that ptxas
+    did not give it: a block holds what its threads got at launch, and an increase past what the decreases freed
+    waits for registers no warp gives back — the kernel would hang on the GPU. Nothing to check where the kernel
+    moves no registers or ptxas's count is unknown."""
+    want = getattr(budget, "regs_entry", 0)
+    if not want or info is None or info.registers == want:
+        return
+    raise KernelBuildError(
+        f"ptxas gave the kernel {info.registers} registers a thread where its setmaxnreg split assumes {want} at"
+        " entry: the consumers' setmaxnreg.inc would wait forever on the GPU; not launched"
+    )
+
+
 _NVCC_VERSIONS: dict[str, str] = {}
 
 
@@ -580,8 +599,10 @@ def nvcc_version(nvcc: str) -> str:
 
 
 def _first_error(text: str) -> str:
+    """The line of a compiler's output that says what went wrong: its first error or fatal message, not the one
+    that says only that it stopped (ptxas's "Ptx assembly aborted due to errors" follows the reason)."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if "error" in ln.lower()]
+    errors = [ln for ln in lines if ("error" in ln.lower() or "fatal" in ln.lower()) and "aborted due to" not in ln]
     return (errors or lines or ["no message"])[0][:300]
 
 

@@ -8,8 +8,11 @@
   page's bytes; `Push` is the reader's one arrival on it, made with the `expect_tx` (`mbarrier.arrive.expect_tx`)
   where the Push follows the load at once. The phase completes when the arrival and every byte are in. Each stage
   starts on 1024 bytes, so the swizzle by address is the page's own.
-- The compute engine is two consumer warpgroups (the eight accumulator warps). Warp w holds the item's tile row w,
-  every column, in wgmma's accumulator layout, which is the m16n8 layout `spatialc_acc` already names. A K step
+- The compute engine is a consumer warpgroup per 64 rows of the item (`hopper_plan.Warpgroups`): two for items of
+  128 rows (the eight accumulator warps), their block alone on its SM; one for items of 64 rows, two blocks sharing
+  each SM, so that one block's epilogue runs while the other's wgmma keep the tensor cores busy — what a ping-pong
+  kernel's alternating consumers do, with one compute engine a site. Warp w holds the item's tile row w, every
+  column, in wgmma's accumulator layout, which is the m16n8 layout `spatialc_acc` already names. A K step
   issues one `wgmma.mma_async` per 32 bytes of K (16 elements; int8 32) with both operands read from shared memory
   through matrix descriptors of the panels' swizzle: A K-major (a warpgroup's 64 rows, 8-row groups a panel row ×
   8 apart), 16-bit B N-major (transposed: its K rows are panel rows, the next panel of columns the leading
@@ -31,7 +34,8 @@
   otherwise the lanes store their elements to global memory themselves (the tile printers' `fused_store`, the
   persistent kernel's). Otherwise (an activation) the writer, the epilogue stages page to page and their rings are
   the general form's.
-- `setmaxnreg` gives the consumers the producer warpgroup's registers; every other flow op is the general form's.
+- `setmaxnreg` gives two consumer warpgroups the producer warpgroup's registers (a paired block keeps what its
+  launch gives it); every other flow op is the general form's.
 
 Rule 7 of `verify` proves the engines' handover free of deadlock and overrun exactly as for the general form; what is
 new here is checked before printing (`check_resources`): threads × registers, the setmaxnreg split, stage bytes
@@ -72,16 +76,17 @@ from .clusters import Multicast, check_cluster, check_items, multicast
 from .cwriter import Writer, inlined_lines, site_prologue
 from .hopper_plan import (
     BARRIER_ALIGN,
-    CONSUMER_GROUPS,
     CONSUMER_REGS,
+    PAIRED_N_MAX,
     PRODUCER_REGS,
     STAGE_ALIGN,
-    STAGING_BOXES,
     STORE_BUFFERS,
     WARPGROUP,
+    Warpgroups,
     check_plan,
     staging_bytes,
     store_chunk,
+    warpgroups,
 )
 from .hopper_printer import HopperPrinter
 from .hopper_tma import Panels, param_at, tensor_maps
@@ -99,7 +104,7 @@ class HopperKernel:
     base: general.GeneralKernel
     maps: tuple[TensorMap, ...]  # one per (tensor, box) a ReadTiles loads, then the TMA store's (a tile), in order
     tma_rings: frozenset[int]  # rings filled by the copy engine (full barrier: one arrival + bytes)
-    threads: int  # warpgroups × 128
+    wg: Warpgroups  # the consumer warpgroups and blocks an SM
     n: int  # the wgmma width: the item's columns
     store: WriteTiles | None = None  # the writer's store the fused epilogue takes over (None: not fused)
     chunk: int = 0  # tiles a consumer warp stages at a time for the fused store's TMA store (0: stored directly)
@@ -111,6 +116,10 @@ class HopperKernel:
     @property
     def program(self) -> SpatialProgram:
         return self.base.program
+
+    @property
+    def threads(self) -> int:
+        return self.wg.threads
 
     @property
     def odd_turns(self) -> bool:
@@ -145,23 +154,28 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
 
 def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
     """The static checks before printing, each refusal naming the fix."""
-    threads = k.threads
-    # At launch every thread has what `__launch_bounds__(threads, 1)` leaves it (whole multiples of 8, at most the
-    # target's per-thread cap); setmaxnreg.dec must lower that and .inc raise it.
-    at_launch = min(target.regs_per_thread_max, target.regs_per_unit // threads) // 8 * 8
-    if not PRODUCER_REGS <= at_launch <= CONSUMER_REGS:
+    wg = k.wg
+    # At launch every thread has what `__launch_bounds__(threads, blocks)` leaves it; setmaxnreg.dec must lower
+    # that and .inc raise it (a paired block moves none: its consumers need no more than the launch gives).
+    at_launch = wg.at_launch(target)
+    if not wg.paired and not PRODUCER_REGS <= at_launch <= CONSUMER_REGS:
         raise Unsupported(
-            f"{at_launch} registers a thread at launch ({threads} threads)",
+            f"{at_launch} registers a thread at launch ({wg.threads} threads)",
             f"setmaxnreg moves the producer down to {PRODUCER_REGS} and the consumers up to {CONSUMER_REGS}",
         )
-    split = WARPGROUP * WARP * (PRODUCER_REGS + CONSUMER_GROUPS * CONSUMER_REGS)
-    if split > target.regs_per_unit:
+    split = WARPGROUP * WARP * (PRODUCER_REGS + wg.consumers * CONSUMER_REGS)
+    if not wg.paired and split > target.regs_per_unit:
         raise TooBig("registers after setmaxnreg", split, target.regs_per_unit, "lower the consumers' setmaxnreg")
-    if k.base.dyn_bytes > target.smem_per_site_max:
+    if wg.paired and k.n > PAIRED_N_MAX:
+        raise Unsupported(
+            f"a paired block's wgmma of {k.n} columns", f"{at_launch} registers a thread hold {PAIRED_N_MAX} columns"
+        )
+    if k.base.dyn_bytes > wg.smem_max(target):
+        blocks = f", {wg.blocks} blocks an SM" if wg.paired else ""
         raise TooBig(
-            f"shared memory of one block of the sm_90a form on {target.name} (stages and barriers)",
+            f"shared memory of one block of the sm_90a form on {target.name}{blocks} (stages and barriers)",
             k.base.dyn_bytes,
-            target.smem_per_site_max,
+            wg.smem_max(target),
             "choose fewer stages (depth) or a narrower block",
         )
     for rid in k.tma_rings:
@@ -218,7 +232,10 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
 
 def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
     refuse(p, target)
-    k = general.make_kernel(p, target, fit=False)  # its shared memory is laid out again below, and checked then
+    wg = warpgroups(p.plans[0])
+    # The compute engine is the consumer warpgroups' warps, one tile row of the item each.
+    lanes = dataclasses.replace(target, accumulator_lanes=wg.consumers * WARPGROUP)
+    k = general.make_kernel(p, lanes, fit=False)  # its shared memory is laid out again below, and checked then
     fused = fused_output(p, k)
     store = None
     if fused is not None:  # the output and epilogue rings leave shared memory: the consumers store from registers
@@ -226,8 +243,12 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         kept = {r: n for r, n in k.full_count.items() if r in rings.rings}
         k = dataclasses.replace(k, rings=rings, full_count=kept, empty_count={r: k.empty_count[r] for r in kept})
     compute = k.roles[0]
-    if compute.warps != CONSUMER_GROUPS * WARPGROUP or compute.first_warp != 0:
-        raise Unsupported(f"a compute engine on {compute.warps} warps", "the sm_90a form's consumers are 8 warps")
+    if compute.warps != wg.consumers * WARPGROUP or compute.first_warp != 0:
+        raise Unsupported(
+            f"a compute engine on {compute.warps} warps",
+            f"the sm_90a form's consumers for items of {k.plan.item_tiles[0] * 16} rows are {wg.consumers * WARPGROUP}"
+            " warps",
+        )
     side = k.roles[1:]
     if len(side) > WARPGROUP:
         raise Unsupported(f"{len(side)} engines beside the compute engine", "they share one producer warpgroup")
@@ -251,7 +272,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         # The consumers' output goes out by TMA store: each warp stages `chunk` tiles at a time.
         chunk = store_chunk(w, k.out_type)
         offsets["out_stage"] = -(-dyn // STAGE_ALIGN) * STAGE_ALIGN
-        dyn = offsets["out_stage"] + staging_bytes(chunk, k.out_type)
+        dyn = offsets["out_stage"] + staging_bytes(chunk, k.out_type, wg)
         # C is stored as a row-major matrix (what the caller gets needs no untilize), a tile a box.
         maps = (*maps, TensorMap(len(maps), param_at(p, store.tensor), (16, 16)))
         stored[param_at(p, store.tensor)] = "rows"
@@ -277,12 +298,16 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         offsets=offsets,
         dyn_bytes=dyn,
         barrier_bytes=barrier_bytes,
-        blocks_per_sm=1,
+        blocks_per_sm=wg.blocks,
     )
-    threads = (CONSUMER_GROUPS + 1) * WARPGROUP * WARP
-    hk = HopperKernel(base, maps, filled, threads, w * 16, store, chunk, mc, panels, stored, warp_freed)
+    hk = HopperKernel(base, maps, filled, wg, w * 16, store, chunk, mc, panels, stored, warp_freed)
     check_resources(hk, target)
     return hk
+
+
+def _consumers(wg: Warpgroups) -> str:
+    """The compute engine as the kernel's first line names it."""
+    return "one wgmma consumer warpgroup, two blocks an SM" if wg.paired else "two wgmma consumer warpgroups"
 
 
 def wgmma_specialisations(n: int, operand: str, integer: bool) -> list[str]:
@@ -322,7 +347,7 @@ def preamble(hk: HopperKernel) -> list[str]:
     head, rest = lines[0], lines[1:]
     head = (
         f"// {k.program.name}: the sm_90a CUDA form printed by spatialc from the spatial IR; each block is one site, "
-        "its reader a TMA producer, its compute engine two wgmma consumer warpgroups."
+        f"its reader a TMA producer, its compute engine {_consumers(hk.wg)}."
     )
     at = rest.index("#include <cstring>") + 1
     rest = [*rest[:at], "#include <cuda.h>", "#include <cudaTypedefs.h>", *rest[at:]]
@@ -353,15 +378,16 @@ def kernel_text(hk: HopperKernel) -> str:
     mc = hk.multicast
     # Multicast groups are clusters of `cluster` consecutive sites: a page lands in each of its group's blocks.
     dims = f" __cluster_dims__({k.cluster}, 1, 1)" if mc is not None else ""
-    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, 1){dims} void {KERNEL_NAME}({params})')
+    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {hk.wg.blocks}){dims} void {KERNEL_NAME}({params})')
     with w.block():
         site_prologue(w)
         w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
         general_printer.declare_rings(k, w)
         if hk.chunk:
+            boxes = hk.wg.staging_boxes
             w.line(
-                f"SPATIALC_DYNAMIC_RING(OUT_T, out_stage, spatialc_dyn_smem, SMEM_OFF_OUT_STAGE, {STAGING_BOXES}, "
+                f"SPATIALC_DYNAMIC_RING(OUT_T, out_stage, spatialc_dyn_smem, SMEM_OFF_OUT_STAGE, {boxes}, "
                 f"OUT_CHUNK * {TILE_ELEMS});  // each consumer warp's {STORE_BUFFERS} output boxes"
             )
         for r in mc.rings if mc is not None else ():
@@ -379,14 +405,17 @@ def kernel_text(hk: HopperKernel) -> str:
         w.line("__syncthreads();")
         if mc is not None:
             w.line("spatialc_cluster_sync();  // and before a peer block arrives on them or multicasts into this one")
-        consumers = CONSUMER_GROUPS * WARPGROUP
+        consumers = hk.wg.consumers * WARPGROUP
         with w.block(f"if (warp >= {consumers})", "// the producer warpgroup"):
-            w.line(f"spatialc_regs_dec<{PRODUCER_REGS}>();")
+            if not hk.wg.paired:  # a paired block's warps keep what the launch gave them
+                w.line(f"spatialc_regs_dec<{PRODUCER_REGS}>();")
             for i, role in enumerate(k.roles[1:]):
                 with w.block(f"{'if' if i == 0 else 'else if'} (warp == {role.first_warp})", f"// {role.engine.value}"):
                     _engine(hk, role, w)
-        with w.block("else", f"// {k.roles[0].engine.value}: the consumer warpgroups"):
-            w.line(f"spatialc_regs_inc<{CONSUMER_REGS}>();")
+        who = "the consumer warpgroup (two blocks an SM)" if hk.wg.paired else "the consumer warpgroups"
+        with w.block("else", f"// {k.roles[0].engine.value}: {who}"):
+            if not hk.wg.paired:
+                w.line(f"spatialc_regs_inc<{CONSUMER_REGS}>();")
             _engine(hk, k.roles[0], w)
         if mc is not None:
             # Every page a peer sends this block was waited for, and every arrival it made on a peer's barrier was
@@ -439,11 +468,12 @@ def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
     bud = general.budget_of(k, target)
     return dataclasses.replace(
         bud,
-        staging_bytes=staging_bytes(hk.chunk, k.out_type),
+        staging_bytes=staging_bytes(hk.chunk, k.out_type, hk.wg),
         smem_bytes=sum(r.bytes for r in k.rings.rings.values()),
         dynamic_opt_in=k.dyn_bytes > target.smem_static_max,
-        regs_est=CONSUMER_REGS,
-        blocks_per_sm=1,
+        regs_est=hk.wg.consumer_regs(target),
+        regs_entry=0 if hk.wg.paired else hk.wg.at_launch(target),
+        blocks_per_sm=hk.wg.blocks,
         threads=hk.threads,
         form="sm90a",
     )
@@ -462,7 +492,7 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
         hk.threads,
         k.dyn_bytes,
         k.dyn_bytes > target.smem_static_max,
-        1,
+        hk.wg.blocks,
         fixed=clustered or len(k.classes) > 1,
         cluster=k.cluster if clustered else 1,
     )

@@ -7,39 +7,106 @@ table). The lowering itself is `hopper.py`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ...ir.nodes import Plan
 from ...ir.ops import Precision
-from ...target import SpatialTarget
+from ...target import WARP, SpatialTarget
 from ..errors import Unsupported
 from . import general
 from .rings import MMA_TYPES, TILE_ELEMS, Ring
 
 WARPGROUP = 4  # warps that issue one wgmma together
-CONSUMER_GROUPS = 2  # warpgroups of the compute engine: its eight accumulator warps
+WARPGROUP_ROWS = 64  # rows of the item one consumer warpgroup holds: its m64 wgmma
 PRODUCER_REGS = 40  # registers a producer-warpgroup thread keeps after setmaxnreg.dec
-CONSUMER_REGS = 232  # registers a consumer thread gets with setmaxnreg.inc
+CONSUMER_REGS = 232  # registers a consumer thread gets with setmaxnreg.inc (two consumer warpgroups)
+PAIRED_N_MAX = 128  # the widest item of one consumer warpgroup: its accumulators within 128 registers a thread
 STAGE_ALIGN = 1024  # bytes: every ring starts on the largest swizzle pattern's period
 BARRIER_ALIGN = 16  # each barrier array: the emulation's (and the layout's) least region alignment
 WGMMA_N_MAX = 256
 STORE_STAGE = 4096  # bytes of shared memory each consumer warp stages its output in, for the TMA store
 STORE_BUFFERS = 2  # the staging's halves, used in turn: a box is staged while the store of the one before reads
-STAGING_BOXES = CONSUMER_GROUPS * WARPGROUP * STORE_BUFFERS  # the output boxes of a block: each consumer warp's
 OUT_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "long long": 8}
 
 
+@dataclass(frozen=True, slots=True)
+class Warpgroups:
+    """How a block of the sm_90a form is made: `consumers` warpgroups of the compute engine (one per 64 rows of the
+    item) and one producer warpgroup, `blocks` of them resident on an SM, which share its register file.
+
+    Items of 128 rows take two consumer warpgroups and the SM alone; setmaxnreg moves the producer's registers to
+    them. Items of 64 rows take one, and two blocks share each SM (`paired`): while one block's consumers store an
+    item, the other's keep the tensor cores busy — the overlap CUTLASS's ping-pong kernel gets from two consumer
+    warpgroups on alternating tiles, here from two blocks, with no second compute engine in a site (each ring keeps
+    one producer and one consumer, as verify proves them). A paired block keeps the 128 registers a thread its launch
+    gives it, and no setmaxnreg: ptxas counts the registers of a kernel that has one at the launch bounds' cap, and
+    lets no instruction use more — a wgmma wider than 128 columns (128 accumulators a thread and its operands) does
+    not compile there, and a kernel whose count came out lower would wait forever in the increase."""
+
+    consumers: int
+    blocks: int
+
+    @property
+    def warps(self) -> int:
+        """Warps of a block: the consumers' and the producer warpgroup's."""
+        return (self.consumers + 1) * WARPGROUP
+
+    @property
+    def threads(self) -> int:
+        return self.warps * WARP
+
+    @property
+    def paired(self) -> bool:
+        """Whether two blocks share an SM (one consumer warpgroup each, no setmaxnreg)."""
+        return self.blocks > 1
+
+    @property
+    def staging_boxes(self) -> int:
+        """The output boxes of a block: each consumer warp's STORE_BUFFERS."""
+        return self.consumers * WARPGROUP * STORE_BUFFERS
+
+    def smem_max(self, target: SpatialTarget) -> int:
+        """The most shared memory a block may have: the per-block maximum, or, for paired blocks, each one's share
+        of the SM's less the system's reserve."""
+        return min(target.smem_per_site_max, target.smem_per_unit // self.blocks - target.smem_reserved_per_site)
+
+    def at_launch(self, target: SpatialTarget) -> int:
+        """Registers a thread holds at launch: what `__launch_bounds__(threads, blocks)` leaves it of the SM's file,
+        in whole multiples of 8, at most the target's per-thread cap."""
+        return min(target.regs_per_thread_max, target.regs_per_unit // (self.threads * self.blocks)) // 8 * 8
+
+    def consumer_regs(self, target: SpatialTarget) -> int:
+        """Registers a consumer thread holds while it multiplies: CONSUMER_REGS after setmaxnreg.inc, or a paired
+        block's registers at launch."""
+        return self.at_launch(target) if self.paired else CONSUMER_REGS
+
+
+def warpgroups(plan: Plan) -> Warpgroups:
+    """The block `plan`'s items take (`check_plan` has taken the plan): a consumer warpgroup per 64 rows, two
+    blocks an SM where one warpgroup consumes."""
+    consumers = plan.item_tiles[0] * 16 // WARPGROUP_ROWS
+    return Warpgroups(consumers, 2 if consumers == 1 else 1)
+
+
 def check_plan(plan: Plan, precision: Precision) -> None:
-    """The item shapes the wgmma layout takes: 128 rows (two warpgroups of 64), at most 256 columns, K steps whole
-    MMAs."""
+    """The item shapes the wgmma layout takes: 64 or 128 rows (one or two warpgroups of 64), at most 256 columns
+    (128 for a paired block of 64 rows), K steps whole MMAs."""
     h, w = plan.item_tiles
     if plan.sub_blocks != (1, 1):
         raise Unsupported(f"sub-blocks {plan.sub_blocks}", "an sm_90a item is one block of accumulators")
-    if h != CONSUMER_GROUPS * WARPGROUP:
+    if h * 16 not in (WARPGROUP_ROWS, 2 * WARPGROUP_ROWS):
         raise Unsupported(
-            f"items of {h * 16} rows", "the two consumer warpgroups hold 64 rows each: use blocks of 8 tile rows"
+            f"items of {h * 16} rows",
+            "a consumer warpgroup holds 64 rows and a block one or two: use blocks of 4 or 8 tile rows",
         )
     if w * 16 > WGMMA_N_MAX:
         raise Unsupported(f"items of {w * 16} columns", f"one wgmma is at most {WGMMA_N_MAX} columns wide")
+    if h * 16 == WARPGROUP_ROWS and w * 16 > PAIRED_N_MAX:
+        raise Unsupported(
+            f"items of 64 rows and {w * 16} columns",
+            f"two blocks share an SM's registers, 128 a thread, which hold a wgmma of {PAIRED_N_MAX} columns at most:"
+            " use blocks of 8 tile rows, or at most 8 tile columns",
+        )
     if precision == Precision.INT8 and plan.block.ibw % 2:
         raise Unsupported(f"int8 K steps of {plan.block.ibw} tiles", "an int8 wgmma takes K in pairs of tiles (k32)")
 
@@ -67,10 +134,23 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
         shapes += [(out, h * w, types.acc_bytes)] + [(out, h * w, epit)] * stages
     rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}
     # Both operands' ready barriers are counted: the plan is made before the placement says whether they multicast.
-    smem = general.layout(rings, STAGE_ALIGN, BARRIER_ALIGN, ready=(0, 1))[1] + (0 if stages else store_stage_bytes())
-    if smem > target.smem_per_site_max:
-        return smem, 0
-    return smem, 1
+    wg = warpgroups(plan)
+    smem = general.layout(rings, STAGE_ALIGN, BARRIER_ALIGN, ready=(0, 1))[1]
+    smem += 0 if stages else store_stage_bytes(wg)
+    return smem, (wg.blocks if fits(target, smem, wg) is None else 0)
+
+
+def fits(target: SpatialTarget, smem: int, wg: Warpgroups) -> str | None:
+    """Why `wg.blocks` blocks of `smem` bytes do not fit an SM's shared memory (what to force instead), or None."""
+    most = wg.smem_max(target)
+    if smem <= most:
+        return None
+    if not wg.paired:
+        return f"it needs {smem} bytes of shared memory per block and {target.name} has {most}"
+    return (
+        f"its items of {WARPGROUP_ROWS} rows run {wg.blocks} blocks an SM, each within {most} bytes of shared memory,"
+        f" and it needs {smem}"
+    )
 
 
 # How much of the tensor cores' rate a wgmma of width N keeps busy (B is read from shared memory for 64 rows of A:
@@ -80,18 +160,23 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
 WGMMA_N_RATE = {16: 0.35, 32: 0.55, 64: 0.75, 128: 0.92, 256: 1.0}
 DEPTH_RATE = {1: 0.5, 2: 0.8, 3: 0.93, 4: 1.0, 5: 1.0}
 K_STEP_RATE = {32: 0.8, 64: 0.93, 128: 1.0}  # K steps of 32, 64, 128 bytes: a wait and a release per step
+# Items of 64 rows load (64 + N) operand rows a K step for 64·N products, against (128 + N) for 128·N: about 1.5
+# times the bytes a MAC from L2, where the wide fast plans are bound. Two blocks on an SM hide each one's epilogue
+# (a few per cent of an item at 4096³) behind the other's K loop.
+ROWS_RATE = {64: 0.9, 128: 1.0}
+PAIR_OVERLAP = 1.04
 
 
-def store_stage_bytes() -> int:
+def store_stage_bytes(wg: Warpgroups) -> int:
     """The fused store's staging: STORE_STAGE bytes for each consumer warp, on a 1024-byte boundary (the planner
     counts it whatever the epilogue; a chain the fused store cannot apply keeps rings instead, checked when
     lowered)."""
-    return CONSUMER_GROUPS * WARPGROUP * STORE_STAGE + STAGE_ALIGN
+    return wg.consumers * WARPGROUP * STORE_STAGE + STAGE_ALIGN
 
 
-def staging_bytes(chunk: int, out_type: str) -> int:
+def staging_bytes(chunk: int, out_type: str, wg: Warpgroups) -> int:
     """Shared memory of the output staging: every consumer warp's boxes of `chunk` tiles of `out_type` (0: none)."""
-    return STAGING_BOXES * chunk * TILE_ELEMS * OUT_BYTES[out_type]
+    return wg.staging_boxes * chunk * TILE_ELEMS * OUT_BYTES[out_type]
 
 
 def store_chunk(w: int, out_type: str) -> int:
@@ -104,11 +189,15 @@ def store_chunk(w: int, out_type: str) -> int:
 
 
 def plan_cost(target: SpatialTarget, plan: Plan, precision: Precision) -> float:
-    """Estimated run time (arbitrary units) of `plan` in the sm_90a form: waves of items over the SMs (one block
-    each) × one item's multiply-accumulates (in padded tiles) / the rate its wgmma width, stage depth and K step
-    keep."""
+    """Estimated run time (arbitrary units) of `plan` in the sm_90a form: waves of items over the resident blocks ×
+    the blocks that share an SM's tensor cores × one item's multiply-accumulates (in padded tiles) / the rate its
+    wgmma width, stage depth, K step and item height keep — where two blocks share an SM, each hiding its epilogue
+    behind the other's K loop (PAIR_OVERLAP)."""
     h, w = plan.item_tiles
-    waves = math.ceil(plan.items / target.units)
+    blocks = warpgroups(plan).blocks
+    waves = math.ceil(plan.items / (target.units * blocks))
+    sharing = min(blocks, math.ceil(plan.items / target.units))
     step = plan.block.ibw * 16 * MMA_TYPES[precision].operand_bytes  # bytes of K a step: its panels' width
     rate = WGMMA_N_RATE.get(w * 16, 0.9) * DEPTH_RATE.get(plan.depth, 1.0) * K_STEP_RATE.get(step, 1.0)
-    return waves * h * w * plan.k_tiles / rate
+    rate *= ROWS_RATE[h * 16] * (PAIR_OVERLAP if sharing > 1 else 1.0)
+    return waves * sharing * h * w * plan.k_tiles / rate

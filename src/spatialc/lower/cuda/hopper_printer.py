@@ -33,7 +33,7 @@ from ..errors import Unsupported
 from . import general, general_printer
 from .clusters import ClusterPrinter
 from .cwriter import Writer, addr_expr, c_mul, c_sum
-from .hopper_plan import CONSUMER_GROUPS, OUT_BYTES, STORE_BUFFERS, WARPGROUP
+from .hopper_plan import OUT_BYTES, STORE_BUFFERS, WARPGROUP
 from .hopper_tma import Panels, param_at
 from .rings import TILE_ELEMS, Ring
 
@@ -96,7 +96,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                 self.w.line("", f"{mark} (loaded into the group's blocks by the multicast below)")
             case ReadTiles(into=buf) if self.kept(buf).id in self.hk.tma_rings:
                 self.tma(op, env, mark)
-            case ReadBarrier() if self.role.first_warp >= CONSUMER_GROUPS * WARPGROUP:
+            case ReadBarrier() if self.role.first_warp >= self.hk.wg.consumers * WARPGROUP:
                 self.w.line("", f"{mark} (no cp.async: the copy engine's bytes count on the full barrier)")
             case _ if self.handshake(op, env, mark):
                 pass
