@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import spatialc
-from spatialc.runtime.launch import compile_cubin, kernel_ptxas
+from spatialc.runtime.nvcc import compile_cubin, kernel_ptxas
 
 
 def _sass_reader():

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spatialc.runtime import emulate, launch
+from spatialc.runtime import emulate, nvcc
 
 
 def test_every_cache_follows_spatialc_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("SPATIALC_CACHE", str(tmp_path / "mine"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert launch.cache_dir() == tmp_path / "mine" / "cubin"
+    assert nvcc.cache_dir() == tmp_path / "mine" / "cubin"
     assert emulate.cache_dir() == tmp_path / "mine" / "emu" and emulate.cache_dir().is_dir()
     monkeypatch.delenv("SPATIALC_CACHE")
-    assert launch.cache_dir() == tmp_path / "xdg" / "spatialc" / "cubin"
+    assert nvcc.cache_dir() == tmp_path / "xdg" / "spatialc" / "cubin"
     assert emulate.cache_dir() == tmp_path / "xdg" / "spatialc" / "emu"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert launch.cache_dir() == Path(tmp_path / "home" / ".cache" / "spatialc" / "cubin")
+    assert nvcc.cache_dir() == Path(tmp_path / "home" / ".cache" / "spatialc" / "cubin")

@@ -363,9 +363,9 @@ def test_sass_counts_the_k_steps_of_a_trip_by_the_busiest_warp(capsys, monkeypat
 
 
 def test_without_nvcc_the_ledger_keeps_the_estimate_alone(capsys, saved, tmp_path, monkeypatch):
-    from spatialc.runtime import launch
+    from spatialc.runtime import nvcc
 
-    monkeypatch.setattr(launch, "find_nvcc", lambda: None)
+    monkeypatch.setattr(nvcc, "find_nvcc", lambda: None)
     assert run_cli(capsys, "lower", str(saved), "--emit", str(tmp_path / "k"))[0] == 0
     assert json.loads((tmp_path / "k" / "budget.json").read_text())["regs_ptxas"] is None
 

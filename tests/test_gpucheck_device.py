@@ -21,7 +21,7 @@ from spatialc.gpucheck import device as D
 from spatialc.gpucheck import driver as G
 from spatialc.gpucheck import dryrun as DR
 from spatialc.gpucheck.cases import Case, Deadline, kernel_arch
-from spatialc.runtime import launch as L
+from spatialc.runtime import nvcc as N
 
 from .test_gpucheck_fakes import exit_raises, lowered_as, without_general
 from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
@@ -495,7 +495,7 @@ def slow_nvcc(fake_gpu, tmp_path, monkeypatch):
         "wait\n"
     )
     nvcc.chmod(0o755)
-    monkeypatch.setattr(L, "find_nvcc", lambda: str(nvcc))
+    monkeypatch.setattr(N, "find_nvcc", lambda: str(nvcc))
     monkeypatch.setenv("SPATIALC_CACHE", str(tmp_path / "cache"))
 
     def pids():

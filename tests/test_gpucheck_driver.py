@@ -30,6 +30,7 @@ from spatialc.gpucheck.cases import (
 )
 from spatialc.gpucheck.timing import Timing
 from spatialc.runtime import launch as L
+from spatialc.runtime import nvcc as N
 
 from .test_gpucheck_fakes import exit_raises, lowered_as, without_general
 
@@ -255,7 +256,7 @@ def test_run_all_announces_only_the_rows_it_starts():
 
 
 def test_dry_run_lists_the_preflight_the_timings_and_each_case(capsys, monkeypatch):
-    monkeypatch.setattr(L, "find_nvcc", lambda: None)
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)
     status = gpucheck.main(["unused-dir", "--dry-run", "--sizes", "64", "40x24x36", "--precisions", "int8", "bf16"])
     out = capsys.readouterr().out
     assert status == 0
@@ -295,7 +296,7 @@ def test_dry_run_lists_the_preflight_the_timings_and_each_case(capsys, monkeypat
 def test_dry_run_says_why_a_case_has_no_general_form(capsys, monkeypatch):
     why = "no general form: shared memory of one block of the general form on sm_90: needs 299200, has 232448"
     lowered_as(monkeypatch, without_general(why))
-    monkeypatch.setattr(L, "find_nvcc", lambda: None)
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)
     assert gpucheck.main(["d", "--dry-run", "--sizes", "48", "--precisions", "fp16"]) == 0
     out = capsys.readouterr().out
     # Two launches: the persistent kernel's and the sm90a form's (lowered apart, for sm_90a); none of a general form.
@@ -306,13 +307,13 @@ def test_dry_run_says_why_a_case_has_no_general_form(capsys, monkeypatch):
 
 
 def test_dry_run_names_gemm_ex_padding(capsys, monkeypatch):
-    monkeypatch.setattr(L, "find_nvcc", lambda: None)
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)
     assert gpucheck.main(["d", "--dry-run", "--sizes", "33x35x37", "--precisions", "int8"]) == 0
     assert "cublasGemmEx TN: end to end + kernel only, operands zero-padded to 36×36×40" in capsys.readouterr().out
 
 
 @pytest.mark.nvcc
-@pytest.mark.skipif(L.find_nvcc() is None, reason="nvcc is not installed")
+@pytest.mark.skipif(N.find_nvcc() is None, reason="nvcc is not installed")
 def test_dry_run_shows_what_ptxas_says_when_nvcc_is_here(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("SPATIALC_CACHE", str(tmp_path))
     assert gpucheck.main(["unused-dir", "--dry-run", "--sizes", "40x24x56", "--precisions", "bf16"]) == 0
@@ -339,7 +340,7 @@ def test_without_a_gpu_it_says_why_and_names_the_dry_run_in_one_line_and_exits_2
     monkeypatch.setitem(sys.modules, "cupy", None)
     monkeypatch.setattr(L, "_DEVICE", None)
     monkeypatch.setattr(L, "DEVICE_PROBES", (lambda: device,))
-    monkeypatch.setattr(L, "find_nvcc", lambda: None)
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)
     out = tmp_path / "my out"
     status = gpucheck.main([str(out), "--sizes", "64"])
     err = capsys.readouterr().err
@@ -389,7 +390,7 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys, tmp_path):
 
 
 def test_prepare_without_nvcc_is_one_line_and_exit_2(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr(L, "find_nvcc", lambda: None)
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)
     assert gpucheck.main([str(tmp_path / "p"), "--prepare", "--sizes", "32"], make_runner=no_runner) == 2
     err = capsys.readouterr().err
     assert err == "gpucheck: --prepare compiles with nvcc, which was not found (PATH, CUDA_HOME, /usr/local/cuda)\n"

@@ -504,6 +504,7 @@ def install_fake_gpu(monkeypatch):
     from spatialc.gpucheck import baselines as BL
     from spatialc.gpucheck import device as D
     from spatialc.runtime import launch as L
+    from spatialc.runtime import nvcc as N
 
     cp = FakeCupy()
     torch, triton = FakeTorch(cp), FakeTriton(cp)
@@ -520,7 +521,7 @@ def install_fake_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setattr(L, "_DEVICE", None)
     monkeypatch.setattr(L, "cupy_device", lambda: device)
-    monkeypatch.setattr(L, "find_nvcc", lambda: None)  # no cubins: the fake kernel needs none
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)  # no cubins: the fake kernel needs none
     monkeypatch.setattr(L, "prepare", prepare)
     monkeypatch.setattr(D, "_import_torch", lambda: state["torch"])
     monkeypatch.setattr(D, "_import_triton", lambda t: (state["triton"], "") if t else (None, "needs torch"))

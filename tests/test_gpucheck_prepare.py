@@ -13,13 +13,13 @@ from spatialc.gpucheck import builds as B
 from spatialc.gpucheck import device as D
 from spatialc.gpucheck.cases import Case, kernel_arch
 from spatialc.gpucheck.prepare import MANIFEST, Manifest, file_hash, source_hash
-from spatialc.runtime import launch as L
+from spatialc.runtime import nvcc as N
 from spatialc.runtime import sass
 
 from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
 from .test_gpucheck_fakes import lowered_as, without_general
 
-NVCC = L.find_nvcc()
+NVCC = N.find_nvcc()
 
 
 @pytest.mark.nvcc
@@ -31,10 +31,10 @@ def test_prepare_compiles_every_kernel_and_the_gpu_run_loads_them(tmp_path, caps
     # form's, for sm_90a), three compiles.
     assert gpucheck.main(argv) == 0
     out = capsys.readouterr().out
-    assert f"gpucheck prepare: 3 kernels for sm_90 with {L.nvcc_version(NVCC)} into {prep}" in out
+    assert f"gpucheck prepare: 3 kernels for sm_90 with {N.nvcc_version(NVCC)} into {prep}" in out
     assert f"wrote {prep / MANIFEST}: 3 compiled, 0 failed" in out
     data = json.loads((prep / MANIFEST).read_text())
-    assert data["arch"] == "sm_90" and data["commit"] == "abc" and data["nvcc"] == L.nvcc_version(NVCC)
+    assert data["arch"] == "sm_90" and data["commit"] == "abc" and data["nvcc"] == N.nvcc_version(NVCC)
     entries = data["kernels"]
     forms = B.build_case(Case(64, 64, 64, "fp16"), "sm_90").forms
     assert [(e["form"], e["kernel_name"]) for e in entries] == [
@@ -44,7 +44,7 @@ def test_prepare_compiles_every_kernel_and_the_gpu_run_loads_them(tmp_path, caps
     ]
     assert [e["arch"] for e in entries] == ["sm_90", "sm_90", "sm_90a"]
     manifest = Manifest.load(prep)
-    monkeypatch.setattr(L, "find_nvcc", lambda: None)  # the dry run reads ptxas from the manifest, compiles nothing
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)  # the dry run reads ptxas from the manifest, compiles nothing
     assert gpucheck.main(["unused", "--dry-run", "--prepared", str(prep), "--sizes", "64", "--precisions", "fp16"]) == 0
     dry = capsys.readouterr().out
     assert f"cubins: prepared in {prep} (3 kernels for sm_90" in dry
@@ -81,9 +81,9 @@ def test_prepare_compiles_every_kernel_and_the_gpu_run_loads_them(tmp_path, caps
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_a_run_in_the_prepared_folder_finds_its_cubins(fake_gpu, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(L, "find_nvcc", lambda: NVCC)  # here, with nvcc …
+    monkeypatch.setattr(N, "find_nvcc", lambda: NVCC)  # here, with nvcc …
     assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "64", "--precisions", "int8"]) == 0
-    monkeypatch.setattr(L, "find_nvcc", lambda: None)  # … there, without: nothing is left to compile
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)  # … there, without: nothing is left to compile
     status = gpucheck.main([str(tmp_path), "--sizes", "64", "--precisions", "int8"], make_runner=D.GpuRunner)
     assert status == 0
     data = json.loads((tmp_path / "gpucheck.json").read_text())
@@ -96,14 +96,14 @@ def test_a_run_in_the_prepared_folder_finds_its_cubins(fake_gpu, tmp_path, capsy
 
 
 def test_a_kernel_that_does_not_compile_is_recorded_and_the_prepare_exits_1(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(L, "find_nvcc", lambda: "/nonexistent/nvcc")
-    monkeypatch.setattr(L, "nvcc_version", lambda nvcc: "fake nvcc")
+    monkeypatch.setattr(N, "find_nvcc", lambda: "/nonexistent/nvcc")
+    monkeypatch.setattr(N, "nvcc_version", lambda nvcc: "fake nvcc")
 
     tried = []
 
     def refuse(built, arch, timeout_s, cache):
         tried.append((built.name, arch))
-        raise L.KernelBuildError("nvcc failed: error: something")
+        raise N.KernelBuildError("nvcc failed: error: something")
 
     monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", refuse)
     assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "32", "--precisions", "bf16"]) == 1
@@ -125,8 +125,8 @@ def test_a_kernel_that_does_not_compile_is_recorded_and_the_prepare_exits_1(tmp_
 def test_a_case_without_a_general_form_prepares_its_other_kernels_alone(tmp_path, capsys, monkeypatch):
     why = "no general form: shared memory of one block of the general form on sm_90: needs 299200, has 232448"
     lowered_as(monkeypatch, without_general(why))
-    monkeypatch.setattr(L, "find_nvcc", lambda: "/nonexistent/nvcc")
-    monkeypatch.setattr(L, "nvcc_version", lambda nvcc: "fake nvcc")
+    monkeypatch.setattr(N, "find_nvcc", lambda: "/nonexistent/nvcc")
+    monkeypatch.setattr(N, "nvcc_version", lambda nvcc: "fake nvcc")
     compiled = []
 
     def compile_kernel(form, arch, timeout_s, cache):
@@ -170,7 +170,7 @@ def test_a_kernel_text_two_plans_share_is_compiled_once_and_found_by_both(tmp_pa
     assert len(keys) == len(set(keys)) and texts <= set(keys)  # each text once, every one of the row's there
     shared = sum(f.artifact is not None for f in built.forms) - len(texts)
     assert shared > 0 and "more share a text with one of them" in out
-    monkeypatch.setattr(L, "find_nvcc", lambda: None)
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)
     argv = ["unused", "--dry-run", "--prepared", str(prep), "--sizes", "sweep:48x80x96", "--precisions", "bf16"]
     assert gpucheck.main(argv) == 0
     dry = capsys.readouterr().out

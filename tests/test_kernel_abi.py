@@ -17,7 +17,7 @@ import pytest
 import spatialc
 from spatialc.errors import SpatialError
 from spatialc.lower.cuda.emit import KERNEL_NAME
-from spatialc.runtime import launch as L
+from spatialc.runtime import nvcc as N
 from spatialc.runtime.emulate import emulate_source
 
 from .test_lower_nvcc import NVCC
@@ -213,11 +213,11 @@ def test_nvccs_cubin_holds_the_plain_symbol(tmp_path, precision, needs_optin):
     kw = {"block": (4, 4, 4), "depth": 4} if needs_optin else {"block": (2, 2, 2), "depth": 3}
     art = spatialc.lower(spatialc.build(spatialc.gemm(64, 64, 128, precision), "sm_90", **kw))
     assert art.launch.smem_opt_in == needs_optin
-    path = L.compile_cubin(art.kernel_cu, "sm_90", cache=tmp_path)
+    path = N.compile_cubin(art.kernel_cu, "sm_90", cache=tmp_path)
     cubin = path.read_bytes()
-    assert L.kernel_symbol(cubin, art.launch.kernel_name) == KERNEL_NAME
+    assert N.kernel_symbol(cubin, art.launch.kernel_name) == KERNEL_NAME
     assert b"_Z19" + KERNEL_NAME.encode() not in cubin  # no C++ mangling anywhere in the module
-    info = L.kernel_ptxas(path, KERNEL_NAME)  # ptxas names the entry function by the same symbol
+    info = N.kernel_ptxas(path, KERNEL_NAME)  # ptxas names the entry function by the same symbol
     assert info is not None and info.function == KERNEL_NAME
     if NM is not None:
         symbols = subprocess.run([NM, str(path)], capture_output=True, text=True, check=True).stdout
@@ -231,10 +231,10 @@ def test_a_kernel_saved_before_extern_c_is_still_found_by_its_mangled_name(tmp_p
     art = spatialc.lower(spatialc.build(spatialc.gemm(40, 24, 56, "fp16"), "sm_90"))
     old = art.kernel_cu.replace('extern "C" __global__', "__global__")
     assert old != art.kernel_cu
-    path = L.compile_cubin(old, "sm_90", cache=tmp_path)
-    symbol = L.kernel_symbol(path.read_bytes(), KERNEL_NAME)
+    path = N.compile_cubin(old, "sm_90", cache=tmp_path)
+    symbol = N.kernel_symbol(path.read_bytes(), KERNEL_NAME)
     assert symbol.startswith(f"_Z19{KERNEL_NAME}PK6__half")
-    assert L.kernel_ptxas(path, KERNEL_NAME).function == symbol
+    assert N.kernel_ptxas(path, KERNEL_NAME).function == symbol
 
 
 # ---- the doc's section, run -------------------------------------------------------------------------------------
@@ -313,7 +313,7 @@ def fake_cupy(launches):
         def get_function(self, name):
             cubin = self.path.read_bytes()
             if cubin != b"no nvcc":
-                assert L.kernel_symbol(cubin, name) == name  # found by the plain name, as CuPy looks it up
+                assert N.kernel_symbol(cubin, name) == name  # found by the plain name, as CuPy looks it up
             kernel = FakeKernel(self.path.parent, json.loads((self.path.parent / "launch.json").read_text()))
             launches.append(kernel)
             return kernel

@@ -23,7 +23,7 @@ from spatialc.inputs import InputError
 from spatialc.ir.nodes import Fifo, PageLayout, TileOrder
 from spatialc.lower.errors import LowerError
 from spatialc.runtime.emulate import EmulationError, EmulationRace
-from spatialc.runtime.launch import compile_cubin, find_nvcc, kernel_ptxas
+from spatialc.runtime.nvcc import compile_cubin, find_nvcc, kernel_ptxas
 from spatialc.runtime.sass import Sass, disassemble, find_cuobjdump
 from spatialc.runtime.tilize import tile_offset
 

@@ -23,6 +23,7 @@ from spatialc.lower.cuda import hopper, hopper_plan
 from spatialc.lower.errors import TooBig, Unsupported
 from spatialc.passes import pipeline
 from spatialc.passes.tile import in_panels
+from spatialc.runtime import nvcc as N
 from spatialc.runtime.emulate import EmulationError
 from spatialc.runtime.launch import LaunchError
 
@@ -656,8 +657,8 @@ def test_emulated_tma_box_fills_past_the_tensor_with_zeros_and_lands_as_a_swizzl
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_the_launcher_compiles_an_sm90a_kernel_for_the_architecture_specific_target(tmp_path):
     art = spatialc.lower(spatialc.build(spatialc.gemm(256, 256, 256, "int8"), "sm_90a"))
-    cubin = L.compile_cubin(art.kernel_cu, "sm_90a", cache=tmp_path)
-    ptxas = L.kernel_ptxas(cubin, "spatialc_hopper")
+    cubin = N.compile_cubin(art.kernel_cu, "sm_90a", cache=tmp_path)
+    ptxas = N.kernel_ptxas(cubin, "spatialc_hopper")
     assert cubin.stat().st_size > 0 and ptxas is not None and ptxas.spill_stores == 0
 
 

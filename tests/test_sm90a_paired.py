@@ -17,7 +17,8 @@ import spatialc.runtime.launch as L
 from spatialc.errors import PlanError
 from spatialc.lower.cuda import hopper_plan
 from spatialc.lower.errors import Unsupported
-from spatialc.runtime.launch import KernelBuildError, PtxasInfo
+from spatialc.runtime import nvcc as N
+from spatialc.runtime.nvcc import KernelBuildError, PtxasInfo
 
 from .test_sm90a import NVCC, MapDevice, compiled_clean, inputs, outcome, replaced
 
@@ -159,12 +160,12 @@ def test_a_paired_kernel_given_setmaxnreg_for_two_warpgroups_is_caught():
 def test_a_kernel_whose_entry_registers_are_not_its_splits_is_refused():
     _, art = paired("bf16", 200, 136, 100, block=(8, 8, 4))
     info = PtxasInfo("spatialc_hopper", 168)
-    L.check_entry_registers(art.budget, info)  # what the split assumes: accepted
-    L.check_entry_registers(art.budget, None)  # unknown: nothing to check
+    N.check_entry_registers(art.budget, info)  # what the split assumes: accepted
+    N.check_entry_registers(art.budget, None)  # unknown: nothing to check
     with pytest.raises(KernelBuildError, match=r"ptxas gave the kernel 154 registers .* assumes 168 at entry"):
-        L.check_entry_registers(art.budget, dataclasses.replace(info, registers=154))
+        N.check_entry_registers(art.budget, dataclasses.replace(info, registers=154))
     _, pair = paired("bf16", 200, 136, 100, block=(4, 8, 4))
-    L.check_entry_registers(pair.budget, dataclasses.replace(info, registers=98))  # no split: any count
+    N.check_entry_registers(pair.budget, dataclasses.replace(info, registers=98))  # no split: any count
 
 
 @pytest.mark.nvcc
@@ -176,7 +177,7 @@ def test_a_paired_kernel_compiles_clean_within_its_launchs_registers(prec, tmp_p
     instrs = compiled_clean(art, tmp_path)
     ops = Counter(i.base for i in instrs)
     assert ops["IGMMA" if prec == "int8" else "HGMMA"] >= 1 and ops["UTMALDG"] >= 2 and ops["USETMAXREG"] == 0, ops
-    info = L.kernel_ptxas(L.compile_cubin(art.kernel_cu, "sm_90a", cache=tmp_path), "spatialc_hopper")
+    info = N.kernel_ptxas(N.compile_cubin(art.kernel_cu, "sm_90a", cache=tmp_path), "spatialc_hopper")
     assert info is not None and info.registers <= 128  # two blocks of 256 threads fit the file
 
 
@@ -184,7 +185,7 @@ def test_a_paired_kernel_compiles_clean_within_its_launchs_registers(prec, tmp_p
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_ptxas_gives_the_split_its_registers_and_a_kernel_it_did_not_is_not_launched(tmp_path):
     _, art = paired("bf16", 4096, 4096, 4096)
-    info = L.kernel_ptxas(L.compile_cubin(art.kernel_cu, "sm_90a", cache=tmp_path), "spatialc_hopper")
+    info = N.kernel_ptxas(N.compile_cubin(art.kernel_cu, "sm_90a", cache=tmp_path), "spatialc_hopper")
     assert info is not None and info.registers == art.budget.regs_entry == 168  # the premise the split rests on
     # Launch bounds asking two blocks an SM of a narrow kernel (a wgmma of 32 columns): ptxas gives it at most 80 a
     # thread, and the consumers' increase to 232 would wait forever. The launcher refuses it before the device

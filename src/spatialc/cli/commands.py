@@ -253,7 +253,7 @@ def _lowering(p: SpatialProgram, path: Path) -> str:
 def _ptxas(art, times: list[str], *, general: bool = True):
     """The artifact with ptxas's register counts in its budget (and, with `general`, its general form's), where nvcc
     is here to compile its kernels."""
-    from ..runtime.launch import find_nvcc, with_ptxas
+    from ..runtime.nvcc import find_nvcc, with_ptxas
 
     if find_nvcc() is None:
         return art
@@ -268,7 +268,7 @@ def _sass(p: SpatialProgram, art, args: argparse.Namespace) -> None:
     """With --sass: one line on the main loop of the kernel as nvcc compiles it here (runtime/sass.py)."""
     if not getattr(args, "sass", False):
         return
-    from ..runtime.launch import find_nvcc
+    from ..runtime.nvcc import find_nvcc
     from ..runtime.sass import SassError, find_cuobjdump, main_loop_summary
 
     if find_nvcc() is None or find_cuobjdump() is None:

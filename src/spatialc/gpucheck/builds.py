@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..runtime import launch
+from ..runtime import launch, nvcc
 from .cases import (
     ELEM_OF,
     HOPPER_FORM,
@@ -249,13 +249,13 @@ def ptxas_facts(info: Any) -> dict[str, Any]:
 def compile_kernel(form: Form, arch: str, timeout_s: float = COMPILE_S, cache: Path | None = None) -> Path:
     """Compile one kernel with nvcc for `arch` (or take it from the cache) and add what ptxas said of it to
     `form.facts`. KernelBuildError when nvcc refuses or runs too long."""
-    path = launch.compile_cubin(form.artifact.kernel_cu, arch, timeout_s=timeout_s, cache=cache)
-    info = launch.kernel_ptxas(path, form.artifact.launch.kernel_name)
+    path = nvcc.compile_cubin(form.artifact.kernel_cu, arch, timeout_s=timeout_s, cache=cache)
+    info = nvcc.kernel_ptxas(path, form.artifact.launch.kernel_name)
     if info is None:
         form.facts["ptxas"] = "not reported"
     else:
         form.facts.update(ptxas_facts(info))
-    launch.check_entry_registers(form.artifact.budget, info)  # a kernel that would hang in setmaxnreg is not run
+    nvcc.check_entry_registers(form.artifact.budget, info)  # a kernel that would hang in setmaxnreg is not run
     return path
 
 
@@ -360,7 +360,7 @@ class BuildPool:
 
     def _compile(self, form: Form) -> None:
         """Compile one kernel for the device, within the time left (NVRTC compiles it at its launch without nvcc)."""
-        if launch.find_nvcc() is None:
+        if nvcc.find_nvcc() is None:
             form.facts["ptxas"] = "no nvcc (NVRTC)"
             return
         limit = self._compile_limit()
@@ -369,7 +369,7 @@ class BuildPool:
             return
         try:
             compile_kernel(form, kernel_arch(form.name, self.arch), timeout_s=limit)
-        except launch.KernelBuildError as e:
+        except nvcc.KernelBuildError as e:
             form.error = "compile: stopped at the end of the run" if self.closed else f"compile: {e}"
 
     def _prepared(self, form: Form) -> bool:

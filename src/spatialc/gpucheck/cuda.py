@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpatialError
-from ..runtime import launch
+from ..runtime import launch, nvcc
 from ..runtime.tilize import bf16_bits
 from .cases import GpuHung, one_line
 from .prepare import source_hash
@@ -88,7 +88,7 @@ class PreparedDevice:
         if path is None:
             return self.base.load(kernel_cu, kernel_name, dyn_smem)
         if str(path) not in self.loaded:
-            symbol = launch.kernel_symbol(path.read_bytes(), kernel_name)
+            symbol = nvcc.kernel_symbol(path.read_bytes(), kernel_name)
             kernel = self.cp.RawModule(path=str(path)).get_function(symbol)
             if launch.needs_smem_attribute(dyn_smem):
                 kernel.max_dynamic_shared_size_bytes = dyn_smem

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import SpatialError
 from ..ir.printer import plural
-from ..runtime import launch
+from ..runtime import launch, nvcc
 from ..runtime.tilize import bf16_bits, poison_value
 from ..target import target as target_of
 from . import preflight as pf
@@ -156,8 +156,8 @@ class GpuRunner:
             parts.append(f"torch {self.torch.__version__}")
         triton = self.libs.triton
         parts.append(f"triton {triton.VERSION}" if triton is not None else f"triton: {self.libs.triton_note}")
-        nvcc = launch.find_nvcc()
-        parts.append(f"nvcc {launch.nvcc_version(nvcc)}" if nvcc else "nvcc: none (NVRTC)")
+        found = nvcc.find_nvcc()
+        parts.append(f"nvcc {nvcc.nvcc_version(found)}" if found else "nvcc: none (NVRTC)")
         return ", ".join(parts)
 
     # ---- the run -------------------------------------------------------------------------------------------

@@ -56,12 +56,12 @@ def dry_run(cases: Sequence[Case], target: str, manifest: Any = None, out: Calla
 
 
 def _unprepared() -> str:
-    from ..runtime import launch
+    from ..runtime import nvcc
 
     here = (
         "; this dry run compiles each kernel here with nvcc for ptxas's numbers, a few seconds each (`--prepared DIR` "
         "reads them from a prepared folder instead)"
-        if launch.find_nvcc() is not None
+        if nvcc.find_nvcc() is not None
         else ""
     )
     return (
@@ -115,14 +115,14 @@ def _dry_form(case: Case, form: Form, target: str, manifest: Any, out: Callable[
 
 
 def _dry_compile(form: Form, target: str) -> None:
-    from ..runtime import launch
+    from ..runtime import nvcc
 
-    if launch.find_nvcc() is None:
+    if nvcc.find_nvcc() is None:
         form.facts["ptxas"] = "no nvcc here"
         return
     try:
         compile_kernel(form, target)
-    except launch.KernelBuildError as e:
+    except nvcc.KernelBuildError as e:
         form.facts["ptxas"] = f"compile: {e}"
 
 

@@ -3,7 +3,7 @@
 The GPU machine's time is short and its first minutes would otherwise go to nvcc. `--prepare` builds every case of
 the run (and the preflight's) exactly as the GPU run will, compiles each of its kernels — the persistent kernel, its
 general form where lower printed one, and the sm_90a form's (for sm_90a) — for the target's architecture with
-`spatialc.runtime.launch.compile_cubin` into DIR (the cubin and what ptxas said of it, side by side), and writes
+`spatialc.runtime.nvcc.compile_cubin` into DIR (the cubin and what ptxas said of it, side by side), and writes
 DIR/manifest.json: per kernel its case and form, the SHA-256 of its CUDA source and of its cubin, the architecture,
 nvcc's version, ptxas's registers and spills. The GPU run (`--prepared DIR`) builds each case again, hashes each
 kernel text it got, and loads a cubin only when the manifest holds that very text for the device's architecture and
@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import SpatialError
 from ..ir.printer import plural
-from ..runtime import launch
+from ..runtime import nvcc
 from .builds import PTXAS_FIELDS, Built, Form, build_case, compile_kernel, describe_ptxas
 from .cases import Case, kernel_arch, preflight_case
 from .report import write_whole
@@ -122,8 +122,8 @@ def prepare(
     """Compile every kernel of every case (and of the preflight's) for `target` into `folder` and write its
     manifest. Returns 0 when every kernel compiled, 1 when some did not (or a case did not lower); SpatialError when
     there is no nvcc."""
-    nvcc = launch.find_nvcc()
-    if nvcc is None:
+    found = nvcc.find_nvcc()
+    if found is None:
         raise SpatialError("--prepare compiles with nvcc, which was not found (PATH, CUDA_HOME, /usr/local/cuda)")
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
@@ -131,7 +131,7 @@ def prepare(
     kernels = _distinct([(b.case, f) for b in builds for f in b.forms if f.artifact is not None], target)
     shared = sum(f.artifact is not None for b in builds for f in b.forms) - len(kernels)
     unbuilt = [b for b in builds if b.error]
-    version = launch.nvcc_version(nvcc)
+    version = nvcc.nvcc_version(found)
     also = f" ({shared} more share a text with one of them)" if shared else ""
     say(f"gpucheck prepare: {len(kernels) + len(unbuilt)} kernels{also} for {target} with {version} into {out}")
     for b in builds:
@@ -186,7 +186,7 @@ def _prepare_one(case: Case, form: Form, target: str, out: Path, say: Callable[[
     label = f"{case} {form.label}"  # a sweep's plans by their own names
     try:
         path = compile_kernel(form, arch, timeout_s=PREPARE_COMPILE_S, cache=out)
-    except launch.KernelBuildError as e:
+    except nvcc.KernelBuildError as e:
         say(f"{label}: compile: {e}")
         return _with(base, error=f"compile: {e}", seconds=time.monotonic() - t0)
     ptxas = _ptxas_of(form)

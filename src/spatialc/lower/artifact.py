@@ -30,7 +30,7 @@ class Budget:
     barrier_bytes: int = 0  # the general form's mbarriers: a full and an empty one per ring slot
     staging_bytes: int = 0  # the sm_90a form's output staging: each consumer warp's boxes for its TMA stores
     # Registers a thread the kernel's setmaxnreg split takes it holds at entry — its launch bounds' cap, which ptxas
-    # must have given it (`launch.check_entry_registers`); 0: the kernel moves no registers.
+    # must have given it (`nvcc.check_entry_registers`); 0: the kernel moves no registers.
     regs_entry: int = 0
     regs_ptxas: int | None = None  # registers a thread as ptxas counts them, where nvcc compiled the kernel
     spills_ptxas: int | None = None  # spill stores + loads in bytes, likewise

@@ -86,7 +86,7 @@ class Sass:
 
 def find_cuobjdump() -> str | None:
     """cuobjdump on PATH, in a CUDA toolkit, or from NVIDIA's pip wheel (its `nvidia/cu*/bin`)."""
-    from .launch import find_cuda_tool
+    from .nvcc import find_cuda_tool
 
     found = find_cuda_tool("cuobjdump")
     if found:
@@ -166,7 +166,7 @@ def main_loop_summary(artifact, step_macs: float | None = None) -> str:
     """One line on the main loop of an artifact's kernel, compiled for its target here: its instructions, the MMAs
     and the issue slots each tile-MAC takes, operand loads and barriers, registers and spills. `step_macs`, the
     tile-MACs a warp does in one K step, says how many K steps a trip of the loop is (nvcc unrolls short loops)."""
-    from .launch import compile_cubin, kernel_ptxas
+    from .nvcc import compile_cubin, kernel_ptxas
 
     cubin = compile_cubin(artifact.kernel_cu, artifact.target)
     code = disassemble(cubin)
