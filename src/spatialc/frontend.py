@@ -26,7 +26,19 @@ from .ir.nodes import (
     WriteStage,
     accumulator_dtype,
 )
-from .ir.ops import ACTIVATIONS, Activation, Bias, BlockShape, ComputeOp, MatmulTiles, Precision, Relu, Requant, Scalar
+from .ir.ops import (
+    ACTIVATIONS,
+    SCALAR_OPS,
+    Activation,
+    Bias,
+    BlockShape,
+    ComputeOp,
+    MatmulTiles,
+    Precision,
+    Relu,
+    Requant,
+    Scalar,
+)
 from .quant import QuantError, quantize_multiplier
 
 TILE = Tile(16, 16)
@@ -40,8 +52,6 @@ OUTPUT_CHOICES = {"int8": ("int32", "int64"), "float": ("float32", "fp16", "bf16
 BUF_A, BUF_B, BUF_ACC, BUF_C = BufferId(0), BufferId(1), BufferId(2), BufferId(3)
 T_A, T_B, T_C = TensorId(0), TensorId(1), TensorId(2)
 
-
-SCALAR_OPS = ("add", "mul", "max", "min")
 
 # The most elements one tensor may have: 2^34, a 131072 x 131072 matrix. That is past the GEMMs GPUs run: a C of
 # 2^34 elements takes 64 GiB as float32 and 128 GiB as int64 (and the interpreter's float64 copy 128 GiB), about

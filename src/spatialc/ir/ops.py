@@ -69,12 +69,13 @@ class Requant:
 
 @dataclass(frozen=True, slots=True)
 class Scalar:
-    """An elementwise op with a constant: `add`, `mul`, `max`, `min`."""
+    """An elementwise op with a constant: one of SCALAR_OPS (`add`, `mul`, `max`, `min`)."""
 
     op: str
     value: float
 
 
+SCALAR_OPS = ("add", "mul", "max", "min")
 ACTIVATIONS = ("gelu", "silu", "sigmoid", "tanh")
 
 

@@ -37,6 +37,7 @@ from ...ir.nodes import (
 from ...ir.ops import (
     ACTIVATIONS,
     CHOREO_OPS,
+    SCALAR_OPS,
     AcquireAcc,
     Activation,
     AddPartial,
@@ -77,7 +78,6 @@ from ...target import TARGETS, SpatialTarget
 
 FLOAT32_MAX = 3.4028234663852886e38
 # The frontend's scalar ops; the interpreter, the host emulation and the kernel's epilogue know no others.
-SCALAR_OPS = ("add", "mul", "max", "min")
 # quantize_multiplier's ranges: a Q31 multiplier, a shift of at most 30 left or 31 right, an int8 zero point.
 REQUANT_MULTIPLIER = (0, 2**31 - 1)
 REQUANT_SHIFT = (-31, 30)
