@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from spatialc.runtime import emulate, nvcc
 
 
@@ -19,3 +21,13 @@ def test_every_cache_follows_spatialc_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert nvcc.cache_dir() == Path(tmp_path / "home" / ".cache" / "spatialc" / "cubin")
+
+
+@pytest.mark.skipif(nvcc.find_nvcc() is None, reason="nvcc is not installed")
+def test_a_cached_cubin_is_found_without_compiling(monkeypatch, tmp_path):
+    """What the launcher checks before a launch: the cubin the device compiled, looked up, never made again."""
+    monkeypatch.setenv("SPATIALC_CACHE", str(tmp_path))
+    source = "__global__ void k() {}"
+    assert nvcc.cached_cubin(source, "sm_90") is None
+    path = nvcc.compile_cubin(source, "sm_90")
+    assert nvcc.cached_cubin(source, "sm_90") == path and nvcc.cached_cubin(source, "sm_80") is None

@@ -86,11 +86,7 @@ def test_every_contestant_is_checked_and_timed_both_ways(fake_gpu, tmp_path, cap
         assert k["threads"] > 0 and k["blocks_per_sm"] > 0 and k["launch"].startswith("grid ")
         assert k["ptxas"] == "no nvcc (NVRTC)" and "registers" not in k
     assert persistent["threads"] != general["threads"]  # the general form adds the reader's and writer's warps
-    # Its own plan: 128-row items at the preflight's 64³, built with the large rows' design that it probes.
-    assert (hopper["threads"], hopper["blocks_per_sm"]) == (384, 1) and hopper["own_plan"].startswith("block 8×4×2")
-    # At 40×24×36 the planner's paired blocks: 64-row items, two blocks an SM.
-    odd_hopper = rows[2]["by_name"]["spatialc sm90a"]["facts"]
-    assert (odd_hopper["threads"], odd_hopper["blocks_per_sm"]) == (256, 2)
+    assert hopper["threads"] == 384 and hopper["own_plan"].startswith("block 8×")  # its own plan: 128-row items
     # Its tensor maps, encoded by the device under cuTensorMapEncodeTiled's rules, each 2-D over a stored matrix: A's
     # box 128 rows of one swizzled panel; the output's a tile, unswizzled.
     maps = fake_gpu["tensor_maps"]
@@ -224,16 +220,15 @@ def test_a_device_with_fewer_sms_than_planned_is_warned_about(fake_gpu, tmp_path
     persistent, general, hopper = (rows[0]["by_name"][name] for name in FORMS)
     assert persistent["facts"]["sites_run"] == 28  # 7 SMs × 4 blocks each run the 32 items …
     assert general["facts"]["sites_run"] == 21  # … and the general form's 7 SMs × 3 …
-    # … and the sm_90a form's own plan's 64 items of 64 rows on 7 × 2 (paired blocks: two an SM)
-    assert hopper["facts"]["sites"] == 64 and hopper["facts"]["sites_run"] == 14
-    # The preflight's 64³ (two items; the sm90a form's 128-row items: one), the row's 256³ in each form.
-    assert set(fake_gpu["grids"]) == {2, 1, 28, 21, 14}
+    assert hopper["facts"]["sites"] == 32 and hopper["facts"]["sites_run"] == 7  # … and its own plan's 32 on 7 × 1
+    # The preflight's 64³ (two items; the sm90a form's own plan: four), the row's 256³ in each form.
+    assert set(fake_gpu["grids"]) == {2, 4, 28, 21, 7}
     for mine in (persistent, general, hopper):  # every item computed, on fewer sites
         assert mine["check"]["correct"], mine
     out = capsys.readouterr()
     assert "gpucheck: ⚠ the device has 7 SMs" in out.err
     assert re.search(r"\| \d \| 32 \(28\) \| 256 \|", out.out) and re.search(r"\| \d \| 32 \(21\) \| 320 \|", out.out)
-    assert re.search(r"\| sm90a \| 4×1×4 \| 1×1 \| \d \| 64 \(14\) \| 256 \|", out.out)
+    assert re.search(r"\| sm90a \| 8×1×4 \| 1×1 \| \d \| 32 \(7\) \| 384 \|", out.out)
 
 
 def test_a_kernel_that_misses_an_element_fails_its_row(fake_gpu, tmp_path, capsys):

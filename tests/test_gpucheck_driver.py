@@ -282,10 +282,8 @@ def test_dry_run_lists_the_preflight_the_timings_and_each_case(capsys, monkeypat
     assert out.count("  ptxas     no nvcc here") == 12 and out.count("  cubin     compiled on the GPU machine") == 12
     assert out.count("\n  spatialc persistent\n    launch    grid ") == 4
     assert out.count("\n  spatialc general\n    launch    grid ") == 4
-    # Its own plan, for sm_90a, above its launch: at 64³ the preflight's 128-row items (the large rows' design), at
-    # 40×24×36 the planner's paired blocks of 64 rows.
-    hopper = r"\n  spatialc sm90a\n    plan      its own [^\n]*: block {}×\d×\d[^\n]*\n    launch    grid \d+ × {} "
-    assert len(re.findall(hopper.format(8, 384), out)) == len(re.findall(hopper.format(4, 256), out)) == 2
+    hopper = r"\n  spatialc sm90a\n    plan      its own [^\n]*: block 8×1×\d[^\n]*\n    launch    grid \d+ × 384 "
+    assert len(re.findall(hopper, out)) == 4  # its own plan, for target sm_90a, above its launch
     assert "torch._int_mm (B column-major): n/a (torch._int_mm needs m > 16 and k, n multiples of 8" in out
     assert "cublasGemmEx TN: end to end + kernel only, no padding needed" in out
     timed = "spatialc persistent: end to end + kernel only; spatialc general: end to end + kernel only; "

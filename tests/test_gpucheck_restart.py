@@ -128,15 +128,14 @@ def test_a_kernel_that_hangs_a_row_is_left_out_and_the_row_runs_again(fake_gpu, 
     run_worker, seen = in_process(fake_gpu, monkeypatch, [("hang", "48x48", "spatialc_hopper"), None])
     status, header, rows = supervised(tmp_path, run_worker, "--sizes", "32", "48", "64")
     assert seen == [3, 1] and status == 1
-    # 48³'s sm90a kernel is paired blocks (items of 64 rows, two an SM): blamed as that design.
-    assert header["restarts"][0].startswith("spatialc sm90a (paired blocks) lost the GPU on row 2/3 (bf16 48x48x48)")
-    # The first worker's row 1 kept, row 2 run again; a kernel that cannot run makes its row an error.
-    assert [r["status"] for r in rows] == ["ok", "error", "ok"]
+    assert header["restarts"][0].startswith("spatialc sm90a lost the GPU on row 2/3 (bf16 48x48x48)")
+    # The first worker's row 1 kept, row 2 run again; a form that cannot run makes its rows errors, as a preflight's.
+    assert [r["status"] for r in rows] == ["ok", "error", "error"]
     again = {c["name"]: c for c in rows[1]["contestants"]}
     assert again["spatialc sm90a"]["note"].startswith("unavailable: lost the GPU on row 2/3")
     assert again["spatialc persistent"]["ok"] and again["torch.matmul"]["ok"]
     last = {c["name"]: c for c in rows[2]["contestants"]}
-    assert last["spatialc sm90a"]["ok"]  # 64³ is built with 128-row items, as the preflight's: another design
+    assert "unavailable" in last["spatialc sm90a"]["note"]  # left out from then on, at every size
     capsys.readouterr()
 
 
@@ -186,8 +185,7 @@ def test_restarts_must_be_a_whole_number_and_0_runs_in_one_process(capsys, tmp_p
 def test_the_real_command_restarts_a_real_worker_process(tmp_path):
     # `python -m spatialc.gpucheck` as a user runs it, its supervisor and workers real processes on the stand-in GPU
     # (tests/fake_site): the first worker's sm90a kernel hangs on row 2 and the process ends with os._exit(3); a
-    # second process, started from what the first left, keeps row 1, runs row 2 without that kernel (paired
-    # blocks), and row 3, whose sm90a kernel (128-row items) is another design.
+    # second process, started from what the first left, keeps row 1, runs row 2 without that kernel, and row 3.
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, SPATIALC_FAKE_GPU="hang,48x48,spatialc_hopper;", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(root / "tests" / "fake_site"), str(root / "src")])
@@ -205,11 +203,11 @@ def test_the_real_command_restarts_a_real_worker_process(tmp_path):
     ]
     done = subprocess.run([*cmd, "--commit", "x"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr[-3000:]  # the rows without the sm90a kernel are errors, not lost
-    assert "spatialc sm90a (paired blocks) lost the GPU on row 2/3 (bf16 48x48x48)" in done.stderr
+    assert "spatialc sm90a lost the GPU on row 2/3 (bf16 48x48x48)" in done.stderr
     data = json.loads((tmp_path / "gpucheck.json").read_text())
     assert data["header"]["state"] == "complete" and len(data["header"]["restarts"]) == 1
     rows = data["rows"]
-    assert [r["status"] for r in rows] == ["ok", "error", "ok"]
+    assert [r["status"] for r in rows] == ["ok", "error", "error"]
     again = {c["name"]: c for c in rows[1]["contestants"]}
     assert again["spatialc sm90a"]["note"].startswith("unavailable: lost the GPU on row 2/3")
     assert again["spatialc persistent"]["ok"] and again["torch.matmul"]["ok"]

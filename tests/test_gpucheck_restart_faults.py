@@ -12,11 +12,10 @@ import threading
 import time
 
 from spatialc import gpucheck
-from spatialc.gpucheck import builds as B
 from spatialc.gpucheck import device as D
 from spatialc.gpucheck import grouped as GR
 from spatialc.gpucheck import restart as R
-from spatialc.gpucheck.cases import cases_of, preflight_case
+from spatialc.gpucheck.cases import cases_of
 
 from .test_gpucheck_fakes import FakeError, FakeEvent, exit_raises
 from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
@@ -223,13 +222,13 @@ def test_a_loss_in_a_rows_float64_reference_ends_the_run(fake_gpu, monkeypatch, 
 
 
 def test_a_sweep_plan_that_hangs_is_left_out_alone_and_its_row_runs_again(fake_gpu, monkeypatch, tmp_path, capsys):
-    run_worker, seen = workers(fake_gpu, monkeypatch, [("hang", "smem56320"), None])
+    run_worker, seen = workers(fake_gpu, monkeypatch, [("hang", "smem101376"), None])
     status, header, rows = supervise(tmp_path, run_worker, ["32", "sweep:64"])
     assert seen == [3, 1], (seen, header.get("restarts"))  # 1: a plan left out makes its row an error
-    assert header["restarts"][0].startswith("spatialc sm90a 4×1×4 d5 (paired blocks) lost the GPU on row 2/2")
+    assert header["restarts"][0].startswith("spatialc sm90a 8×1×4 d5 lost the GPU on row 2/2")
     sweep = by_name(rows[1])
-    assert sweep["spatialc sm90a 4×1×4 d5"]["note"].startswith("unavailable: lost the GPU on row 2/2")
-    assert sweep["spatialc sm90a"]["ok"] and sweep["spatialc sm90a 4×1×4 d3"]["ok"]
+    assert sweep["spatialc sm90a 8×1×4 d5"]["note"].startswith("unavailable: lost the GPU on row 2/2")
+    assert sweep["spatialc sm90a"]["ok"] and sweep["spatialc sm90a 8×1×4 d3"]["ok"]
     assert rows[0]["status"] == "ok" and rows[1]["status"] == "error"
 
 
@@ -296,23 +295,3 @@ def test_a_row_that_lost_the_gpu_does_not_free_its_memory(fake_gpu, monkeypatch,
     status, header, rows = supervise(tmp_path, run_worker, ["32", "48"], restarts=0)
     assert seen == [3] and status == 3
     assert len(freed) == 1  # row 1's, not row 2's
-
-
-def test_a_paired_kernel_that_hangs_leaves_out_paired_kernels_only(fake_gpu, monkeypatch, tmp_path, capsys):
-    """The planner takes paired blocks (64-row items, two an SM) for small products, and the large rows' 128-row
-    kernels are another design: the preflight probes that one (its 64³ built with 128-row items), and a paired
-    kernel's hang is blamed on paired kernels alone."""
-    run_worker, seen = workers(fake_gpu, monkeypatch, [("hang", "48x48", "spatialc_hopper"), None])
-    status, header, rows = supervise(tmp_path, run_worker, ["48", "32"])
-    assert seen == [3, 1], (seen, header.get("restarts"))
-    assert header["restarts"][0].startswith("spatialc sm90a (paired blocks) lost the GPU on row 1/2")
-    probe = next(p for p in header["preflight"] if p["name"].startswith("spatialc sm90a kernel"))
-    assert probe["ok"], probe  # the 128-row kernel, probed again by the second worker
-    first = B.build_case(preflight_case(cases_of(["48"], ["bf16"])), "sm_90")
-    probed = next(f for f in first.forms if f.name == "sm90a").artifact.budget
-    assert (probed.threads, probed.blocks_per_sm) == (384, 1)
-    for row in rows:  # both rows' sm_90a kernels are paired: both left out, with the reason
-        mine = by_name(row)["spatialc sm90a"]
-        assert mine["facts"]["blocks_per_sm"] == 2 and mine["note"].startswith("unavailable: lost the GPU on row 1/2")
-        assert by_name(row)["spatialc persistent"]["ok"] and by_name(row)["spatialc general"]["ok"]
-    capsys.readouterr()

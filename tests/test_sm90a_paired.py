@@ -6,8 +6,10 @@ did not give the registers it assumes (it would hang on the GPU)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,17 +56,19 @@ def test_items_of_64_rows_are_one_warpgroup_two_blocks_an_sm_without_setmaxnreg(
     assert TWO_A_BLOCK in two.kernel_cu and "spatialc_regs_inc<232>();" in two.kernel_cu
 
 
-def test_the_planner_pairs_small_problems_and_keeps_128_row_items_where_the_sms_are_full():
-    def rows(n):
-        return spatialc.build(spatialc.gemm(n, n, n, "bf16"), "sm_90a").plans[0].item_tiles[0] * 16
+def test_the_planner_takes_paired_blocks_only_when_forced():
+    """Its own choice stays two consumer warpgroups until a GPU table says where paired blocks win; its cost prices
+    them all the same (the sweep's prediction): dearer than 128 × 256 items where every SM has work."""
 
-    # 1024²: 128 items of 64×128 fill the 132 SMs where 64 items of 128×128 leave half of them idle; from 2048² on
-    # every SM has work either way and the 128×256 items' fewer bytes a MAC win.
-    assert rows(1024) == 64 and rows(2048) == rows(4096) == 128
+    def rows(n, **kw):
+        return spatialc.build(spatialc.gemm(n, n, n, "bf16"), "sm_90a", **kw).plans[0].item_tiles[0] * 16
+
+    assert rows(64) == rows(256) == rows(1024) == rows(4096) == 128
+    assert rows(1024, block=(4, 8, 4)) == 64
     t, prec = spatialc.target("sm_90a"), spatialc.ir.ops.Precision.BF16
     big = spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16"), "sm_90a").plans[0]
     pair = dataclasses.replace(big, block=spatialc.ir.ops.BlockShape(4, 8, 4), grid=(64, 32), depth=3)
-    assert hopper_plan.plan_cost(t, big, prec) < hopper_plan.plan_cost(t, pair, prec)
+    assert hopper_plan.plan_cost(t, pair, prec) / hopper_plan.plan_cost(t, big, prec) == pytest.approx(1 / 0.801, 1e-3)
 
 
 def test_what_a_paired_block_cannot_hold_is_refused_with_the_reason():
@@ -79,7 +83,7 @@ def test_what_a_paired_block_cannot_hold_is_refused_with_the_reason():
         spatialc.build(g, "sm_90a", form="sm90a", block=(4, 16, 4))
     # Shared memory for two blocks: each within half an SM's, less the system's kilobyte.
     with pytest.raises(PlanError, match=r"run 2 blocks an SM, each within 115712 bytes of shared memory, and it needs"):
-        spatialc.build(g, "sm_90a", form="sm90a", block=(4, 8, 4), depth=4)
+        spatialc.build(g, "sm_90a", form="sm90a", block=(4, 8, 4), depth=5)
     with pytest.raises(PlanError, match=r"takes no plan of items of 32 rows: a consumer warpgroup holds 64 rows"):
         spatialc.build(g, "sm_90a", form="sm90a", block=(2, 4, 2))
 
@@ -97,7 +101,7 @@ CASES = [
     ("fp16", (130, 300, 70), {"block": (4, 4, 2), "depth": 2}),
     ("int8", (129, 250, 190), {"block": (4, 8, 2), "depth": 3}),  # int8 B K-major, k32 MMAs
     ("int8", (70, 40, 96), {"block": (4, 2, 2), "depth": 1}),  # one-page rings: no group kept in flight
-    ("bf16", (1, 1, 1), {}),  # the planner's paired plan of one element
+    ("bf16", (1, 1, 1), {"block": (4, 1, 1)}),  # one element
 ]
 
 
@@ -188,14 +192,56 @@ def test_ptxas_gives_the_split_its_registers_and_a_kernel_it_did_not_is_not_laun
     info = N.kernel_ptxas(N.compile_cubin(art.kernel_cu, "sm_90a", cache=tmp_path), "spatialc_hopper")
     assert info is not None and info.registers == art.budget.regs_entry == 168  # the premise the split rests on
     # Launch bounds asking two blocks an SM of a narrow kernel (a wgmma of 32 columns): ptxas gives it at most 80 a
-    # thread, and the consumers' increase to 232 would wait forever. The launcher refuses it before the device
-    # loads it.
+    # thread, and the consumers' increase to 232 would wait forever. The launcher refuses the cubin the device
+    # loaded (here: compiled by nvcc, as CupyDevice does) before any launch.
     _, art = paired("bf16", 256, 64, 256, block=(8, 2, 4))
     planted = dataclasses.replace(art, kernel_cu=art.kernel_cu.replace(TWO_A_BLOCK, "__launch_bounds__(NTHREAD, 2)"))
     assert planted.kernel_cu != art.kernel_cu
     dev = MapDevice(planted)
-    loaded = []
-    dev.load = lambda *a: loaded.append(a)  # type: ignore[method-assign]
+    dev.load = lambda *a: "kernel"  # type: ignore[method-assign]
+    dev.cubin_of = lambda text: N.compile_cubin(text, "sm_90a", cache=tmp_path)  # type: ignore[attr-defined]
     with pytest.raises(KernelBuildError, match=r"setmaxnreg.inc would wait forever on the GPU; not launched"):
         L.prepare(planted, dev)
-    assert loaded == []
+    assert dev.launches == []
+
+
+def prepared_cubin(folder, registers: int):
+    """A cubin as `--prepare` leaves it, with what ptxas said of it beside it (no nvcc needed: the launcher reads
+    only that)."""
+    cubin = folder / "prepared.cubin"
+    cubin.write_bytes(b"")
+    said = {"arch": "sm_90a", "functions": {"spatialc_hopper": PtxasInfo("spatialc_hopper", registers).to_dict()}}
+    N.ptxas_path(cubin).write_text(json.dumps(said))
+    return cubin
+
+
+@pytest.mark.parametrize("registers", [168, 80])
+def test_the_launcher_checks_the_cubin_the_device_loaded_and_compiles_nothing(tmp_path, monkeypatch, registers):
+    """A GPU run from prepared cubins: the check reads the prepared cubin's ptxas numbers; no nvcc runs in the row."""
+    _, art = paired("bf16", 256, 64, 256, block=(8, 2, 4))
+    cubin = prepared_cubin(tmp_path, registers)
+    monkeypatch.setattr(N, "compile_cubin", lambda *a, **k: pytest.fail("compiled again on the GPU machine"))
+    dev = MapDevice(art)
+    dev.load = lambda *a: "kernel"  # type: ignore[method-assign]
+    dev.cubin_of = lambda text: cubin  # type: ignore[attr-defined]
+    if registers == art.budget.regs_entry:
+        assert L.prepare(art, dev).kernel == "kernel"
+    else:
+        with pytest.raises(KernelBuildError, match=r"ptxas gave the kernel 80 registers .* assumes 168 at entry"):
+            L.prepare(art, dev)
+
+
+def test_a_prepared_device_names_the_cubin_it_loads():
+    from spatialc.gpucheck.cuda import PreparedDevice
+    from spatialc.gpucheck.prepare import source_hash
+
+    class Base:
+        xp = np
+
+        def cubin_of(self, text):
+            return Path("compiled-here.cubin")
+
+    dev = PreparedDevice(Base(), cp=None)
+    dev.cubins[source_hash("prepared text")] = Path("prepared.cubin")
+    assert dev.cubin_of("prepared text") == Path("prepared.cubin")
+    assert dev.cubin_of("another text") == Path("compiled-here.cubin")  # not prepared: what the base device built

@@ -23,12 +23,10 @@ from ..runtime import launch, nvcc
 from .cases import (
     ELEM_OF,
     HOPPER_FORM,
-    PREFLIGHT_SM90A,
     TORCH_OUT,
     BudgetExceeded,
     Case,
     Deadline,
-    is_preflight,
     kernel_arch,
     one_line,
     spatialc_name,
@@ -136,8 +134,7 @@ def _build(case: Case, target: str, out: str | None) -> Built:
         if target == "sm_90":  # a Hopper: the same GEMM built for sm_90a, in its own form
             split = program.placement is not None and program.placement.splits > 1
             why = "the sm_90a form does not split K yet (the case's plan splits it)"
-            own = PREFLIGHT_SM90A if is_preflight(case) else {}  # the large rows' design, probed first
-            built.forms.append(Form(HOPPER_FORM, absent=why) if split else hopper_form(gemm, grouped | own))
+            built.forms.append(Form(HOPPER_FORM, absent=why) if split else hopper_form(gemm, grouped))
     except Exception as e:
         built.error = ("lower: " if built.plan else "build: ") + one_line(e)
         return built

@@ -250,16 +250,6 @@ def preflight_case(cases: list[Case]) -> Case:
     return Case(64, 64, 64, cases[0].precision if cases else "fp16")
 
 
-# The sm_90a form's block for the preflight's product (and a 64³ row): items of 128 rows, the design of the large rows
-# it probes for, where the planner would take paired blocks of 64 (blamed apart from it: `kernel_path`).
-PREFLIGHT_SM90A = {"block": (8, 4, 2), "sub_blocks": (1, 1)}
-
-
-def is_preflight(case: Case) -> bool:
-    """Whether `case` is the preflight's product (64³ in some precision, plain)."""
-    return case == preflight_case([case])
-
-
 class Deadline:
     """A point on a clock; rows ask how long is left."""
 
@@ -317,13 +307,10 @@ class Timing:
         return self.method == "events" and self.host_s is not None and self.host_s >= 0.8 * self.median_s
 
 
-def kernel_path(case: Case, name: str, paired: bool = False) -> str:
+def kernel_path(case: Case, name: str) -> str:
     """What a lost GPU is blamed on when `name`'s kernel of `case` loses it (restart.py): the contestant, or, in a
     multicast or grouped row, the contestant in that kind of row — a kernel of its own (clusters, row counts), whose
-    loss says nothing of the same form elsewhere; likewise the sm_90a form's `paired` blocks (items of 64 rows, two
-    blocks an SM), which the planner takes for small products: their loss leaves the large rows' kernels in."""
-    if paired:
-        return f"{name} (paired blocks)"
+    loss says nothing of the same form elsewhere."""
     if case.multicast != (1, 1):
         return f"{name} (multicast {case.multicast[0]}x{case.multicast[1]})"
     if case.groups > 1:

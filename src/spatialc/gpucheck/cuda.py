@@ -95,6 +95,14 @@ class PreparedDevice:
             self.loaded[str(path)] = kernel
         return self.loaded[str(path)]
 
+    def cubin_of(self, kernel_cu: str) -> Path | None:
+        """The cubin `load` loaded: the prepared one (its ptxas numbers beside it), else the base device's."""
+        path = self.cubins.get(source_hash(kernel_cu))
+        if path is not None:
+            return path
+        base = getattr(self.base, "cubin_of", None)
+        return None if base is None else base(kernel_cu)
+
     def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
         self.base.launch(kernel, grid, block, dyn_smem, args)
 

@@ -28,7 +28,6 @@ from .builds import BuildPool, Built, Form, conversion
 from .cases import (
     ELEM_OF,
     FORMS,
-    HOPPER_FORM,
     TORCH_OUT,
     BudgetExceeded,
     Case,
@@ -247,7 +246,7 @@ class GpuRunner:
         name = form.contestant
         if form.artifact is None:
             return Contestant(name, "spatialc", note=f"n/a: {form.absent}", facts=form.facts), ("", "")
-        path = kernel_path(case, name, paired=form.name == HOPPER_FORM and form.artifact.budget.blocks_per_sm > 1)
+        path = kernel_path(case, name)
         # Left out as this kernel, as its contestant anywhere, or (a sweep's plan) as its form.
         off = self.unavailable.get(path) or self.unavailable.get(name) or self.unavailable.get(spatialc_name(form.name))
         failure = form.error or (f"unavailable: {off}" if off else "")

@@ -227,6 +227,10 @@ def candidates(
         from ..lower.cuda import hopper_plan
 
         own_cost = hopper_plan.plan_cost
+        if not block:
+            # Paired blocks (items of 64 rows, two blocks an SM) are taken when forced, and timed by the GPU check's
+            # sweep; the planner's own choice stays two consumer warpgroups until a GPU table says where they win.
+            blocks = [b for b in blocks if not hopper_plan.pairs(b.osh)]
     found = []
     for b, s, d in itertools.product(blocks, subs, depths):
         if fuse_only and not fused_output(target, b):

@@ -344,11 +344,13 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
         raise LaunchError(
             f"this kernel was printed for sm_90a (TMA, wgmma, setmaxnreg: H100 / H200); this device is {arch}"
         )
-    if getattr(artifact.budget, "regs_entry", 0) and nvcc.find_nvcc() is not None:
-        # The device compiles the same text for the same target: this cubin is the one it loads, from the cache.
-        path = nvcc.compile_cubin(artifact.kernel_cu, artifact.target)
-        nvcc.check_entry_registers(artifact.budget, nvcc.kernel_ptxas(path, ls.kernel_name))
     kernel = device.load(artifact.kernel_cu, ls.kernel_name, ls.dyn_smem)
+    cubin_of = getattr(device, "cubin_of", None)  # the cubin it loaded (compiled here, or prepared), where it says
+    if getattr(artifact.budget, "regs_entry", 0) and cubin_of is not None:
+        # Before any launch: what ptxas gave the very cubin the device loaded (none from NVRTC: nothing to check).
+        path = cubin_of(artifact.kernel_cu)
+        info = None if path is None else nvcc.kernel_ptxas(path, ls.kernel_name)
+        nvcc.check_entry_registers(artifact.budget, info)
     if not getattr(ls, "items", 0):  # printed before kernels took their work list as an argument
         return Prepared(device, kernel, ls, args, ls.grid)
     sms = getattr(device, "sms", None)  # the sites follow the device's multiprocessors, by the placement's rule
@@ -665,6 +667,15 @@ class CupyDevice:
             self._kernels[key] = kernel
         return self._kernels[key]
 
+    def _arch_of(self, kernel_cu: str) -> str:
+        """The target a kernel text builds for here: the sm_90a form's (TMA tensor maps, wgmma) for the
+        architecture-specific one only."""
+        return self.arch + "a" if self.arch == "sm_90" and "CUtensorMap" in kernel_cu else self.arch
+
+    def cubin_of(self, kernel_cu: str) -> Path | None:
+        """The cubin `load` compiled `kernel_cu` to (None: NVRTC built it, or it was never loaded)."""
+        return nvcc.cached_cubin(kernel_cu, self._arch_of(kernel_cu))
+
     def _compile(self, kernel_cu: str, kernel_name: str) -> Any:
         if nvcc.find_nvcc() is None:
             try:
@@ -674,9 +685,7 @@ class CupyDevice:
                 return module.get_function(kernel_name)
             except Exception as e:
                 raise KernelBuildError(f"NVRTC failed (no nvcc on PATH): {nvcc.first_error(str(e))}") from None
-        # The sm_90a form's text (TMA tensor maps, wgmma) builds for the architecture-specific target only.
-        arch = self.arch + "a" if self.arch == "sm_90" and "CUtensorMap" in kernel_cu else self.arch
-        path = nvcc.compile_cubin(kernel_cu, arch)
+        path = nvcc.compile_cubin(kernel_cu, self._arch_of(kernel_cu))
         symbol = nvcc.kernel_symbol(path.read_bytes(), kernel_name)
         return self.cp.RawModule(path=str(path)).get_function(symbol)
 

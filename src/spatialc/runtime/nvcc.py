@@ -27,8 +27,10 @@ __all__ = [
     "HOST_ONLY_HEADERS",
     "KernelBuildError",
     "PtxasInfo",
+    "cached_cubin",
     "check_entry_registers",
     "compile_cubin",
+    "cubin_path",
     "find_cuda_tool",
     "find_nvcc",
     "first_error",
@@ -80,9 +82,8 @@ def compile_cubin(
     nvcc = nvcc or find_nvcc()
     if nvcc is None:
         raise KernelBuildError("nvcc was not found (PATH, CUDA_HOME, /usr/local/cuda)")
-    key = hashlib.sha256(f"{arch}\n{nvcc_version(nvcc)}\n{source}".encode()).hexdigest()[:32]
     cache = cache or cache_dir()
-    path = cache / f"{key}-{arch}.cubin"
+    path = cubin_path(source, arch, nvcc, cache)
     if path.is_file() and ptxas_path(path).is_file():
         return path
     cache.mkdir(parents=True, exist_ok=True)
@@ -106,6 +107,22 @@ def compile_cubin(
     _replace(ptxas_path(path), json.dumps(info, indent=1).encode())  # first: a cubin on disk has its ptxas file
     _replace(path, data)  # a concurrent compile of the same text writes the same bytes
     return path
+
+
+def cubin_path(source: str, arch: str, nvcc: str, cache: Path) -> Path:
+    """Where `compile_cubin` keeps the cubin of `source` for `arch` made by `nvcc`: named by the hash of all three."""
+    key = hashlib.sha256(f"{arch}\n{nvcc_version(nvcc)}\n{source}".encode()).hexdigest()[:32]
+    return cache / f"{key}-{arch}.cubin"
+
+
+def cached_cubin(source: str, arch: str) -> Path | None:
+    """The cubin `compile_cubin` made of `source` for `arch`, with what ptxas said of it; None where it made none
+    (or there is no nvcc). Compiles nothing."""
+    found = find_nvcc()
+    if found is None:
+        return None
+    path = cubin_path(source, arch, found, cache_dir())
+    return path if path.is_file() and ptxas_path(path).is_file() else None
 
 
 def _replace(path: Path, data: bytes) -> None:

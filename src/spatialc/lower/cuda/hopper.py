@@ -9,9 +9,10 @@
   where the Push follows the load at once. The phase completes when the arrival and every byte are in. Each stage
   starts on 1024 bytes, so the swizzle by address is the page's own.
 - The compute engine is a consumer warpgroup per 64 rows of the item (`hopper_plan.Warpgroups`): two for items of
-  128 rows (the eight accumulator warps), their block alone on its SM; one for items of 64 rows, two blocks sharing
-  each SM, so that one block's epilogue runs while the other's wgmma keep the tensor cores busy — what a ping-pong
-  kernel's alternating consumers do, with one compute engine a site. Warp w holds the item's tile row w, every
+  128 rows (the eight accumulator warps), their block alone on its SM; one for items of 64 rows (a forced block of 4
+  tile rows: the planner does not choose them), two blocks sharing each SM, so that one block's epilogue runs while
+  the other's wgmma keep the tensor cores busy — what a ping-pong kernel's alternating consumers do, with one
+  compute engine a site. Warp w holds the item's tile row w, every
   column, in wgmma's accumulator layout, which is the m16n8 layout `spatialc_acc` already names. A K step
   issues one `wgmma.mma_async` per 32 bytes of K (16 elements; int8 32) with both operands read from shared memory
   through matrix descriptors of the panels' swizzle: A K-major (a warpgroup's 64 rows, 8-row groups a panel row ×

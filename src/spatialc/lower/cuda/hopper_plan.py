@@ -81,6 +81,11 @@ class Warpgroups:
         return self.at_launch(target) if self.paired else CONSUMER_REGS
 
 
+def pairs(tile_rows: int) -> bool:
+    """Whether items of `tile_rows` rows of tiles run in paired blocks (one consumer warpgroup, two blocks an SM)."""
+    return tile_rows * 16 == WARPGROUP_ROWS
+
+
 def warpgroups(plan: Plan) -> Warpgroups:
     """The block `plan`'s items take (`check_plan` has taken the plan): a consumer warpgroup per 64 rows, two
     blocks an SM where one warpgroup consumes."""
@@ -136,7 +141,8 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     # Both operands' ready barriers are counted: the plan is made before the placement says whether they multicast.
     wg = warpgroups(plan)
     smem = general.layout(rings, STAGE_ALIGN, BARRIER_ALIGN, ready=(0, 1))[1]
-    smem += 0 if stages else store_stage_bytes(wg)
+    if not stages:  # the fused store's staging starts on the next 1024-byte boundary, as the lowering lays it out
+        smem = -(-smem // STAGE_ALIGN) * STAGE_ALIGN + store_stage_bytes(wg)
     return smem, (wg.blocks if fits(target, smem, wg) is None else 0)
 
 
@@ -168,10 +174,9 @@ PAIR_OVERLAP = 1.04
 
 
 def store_stage_bytes(wg: Warpgroups) -> int:
-    """The fused store's staging: STORE_STAGE bytes for each consumer warp, on a 1024-byte boundary (the planner
-    counts it whatever the epilogue; a chain the fused store cannot apply keeps rings instead, checked when
-    lowered)."""
-    return wg.consumers * WARPGROUP * STORE_STAGE + STAGE_ALIGN
+    """The most the fused store's staging takes: STORE_STAGE bytes for each consumer warp (the planner counts it
+    whatever the epilogue; a chain the fused store cannot apply keeps rings instead, checked when lowered)."""
+    return wg.consumers * WARPGROUP * STORE_STAGE
 
 
 def staging_bytes(chunk: int, out_type: str, wg: Warpgroups) -> int:
