@@ -307,6 +307,15 @@ def test_host_program_encodes_each_tensor_map_through_the_driver_entry_point():
 
 # ---- emulation against the interpreter --------------------------------------------------------------------------
 
+
+def exact_both_ways(p, art, x) -> None:
+    """The emulated kernel equals the interpreter bit for bit, its asynchronous results retired late and early."""
+    want = spatialc.evaluate(p, x)
+    for mode in ("late", "early"):
+        got = spatialc.emulate(art, x, mode=mode, timeout=120)
+        assert got.dtype == want.dtype and np.array_equal(got, want), mode
+
+
 CASES = [
     ("bf16", (200, 136, 100), {}),  # the planner's own plan, odd sizes everywhere
     ("fp16", (130, 300, 70), {}),
@@ -327,11 +336,7 @@ def test_emulated_sm90a_kernel_equals_the_interpreter(prec, shape, kw):
     p = spatialc.build(spatialc.gemm(*shape, prec), "sm_90a", **kw)
     art = spatialc.lower(p)
     assert art.budget.form == "sm90a"
-    x = inputs(prec, *shape)
-    want = spatialc.evaluate(p, x)
-    for mode in ("late", "early"):
-        got = spatialc.emulate(art, x, mode=mode, timeout=120)
-        assert got.dtype == want.dtype and np.array_equal(got, want), mode
+    exact_both_ways(p, art, inputs(prec, *shape))
 
 
 @needs_gxx

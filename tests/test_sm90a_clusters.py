@@ -15,7 +15,7 @@ import spatialc
 from spatialc.lower.cuda import clusters
 from spatialc.lower.errors import Unsupported
 
-from .test_sm90a import NVCC, compiled_clean, inputs, needs_gxx, outcome, replaced
+from .test_sm90a import NVCC, compiled_clean, exact_both_ways, inputs, needs_gxx, outcome, replaced
 
 
 def built(prec: str, shape: tuple[int, int, int], group: tuple[int, int], **kw):
@@ -87,11 +87,7 @@ CASES = [
 )
 def test_emulated_multicast_kernel_equals_the_interpreter(prec, shape, group, kw):
     p, art = built(prec, shape, group, **kw)
-    x = inputs(prec, *shape)
-    want = spatialc.evaluate(p, x)
-    for mode in ("late", "early"):
-        got = spatialc.emulate(art, x, mode=mode, timeout=120)
-        assert got.dtype == want.dtype and np.array_equal(got, want), mode
+    exact_both_ways(p, art, inputs(prec, *shape))
 
 
 @needs_gxx

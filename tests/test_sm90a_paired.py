@@ -22,7 +22,7 @@ from spatialc.lower.errors import Unsupported
 from spatialc.runtime import nvcc as N
 from spatialc.runtime.nvcc import KernelBuildError, PtxasInfo
 
-from .test_sm90a import NVCC, MapDevice, compiled_clean, inputs, outcome, replaced
+from .test_sm90a import NVCC, MapDevice, compiled_clean, exact_both_ways, inputs, outcome, replaced
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -111,11 +111,7 @@ CASES = [
 def test_an_emulated_paired_kernel_equals_the_interpreter(prec, shape, kw):
     p, art = paired(prec, *shape, **kw)
     assert art.budget.form == "sm90a" and art.budget.blocks_per_sm == 2
-    x = inputs(prec, *shape)
-    want = spatialc.evaluate(p, x)
-    for mode in ("late", "early"):
-        got = spatialc.emulate(art, x, mode=mode, timeout=120)
-        assert got.dtype == want.dtype and np.array_equal(got, want), mode
+    exact_both_ways(p, art, inputs(prec, *shape))
 
 
 @needs_gxx
