@@ -143,7 +143,7 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             if stores
             else ""
         )
-        two = h * 16 > 64  # items of 128 rows: two consumer warpgroups; of 64: one, two blocks an SM
+        two = bud.blocks_per_sm == 1  # items of 128 rows: two consumer warpgroups; of 64: one, two blocks an SM
         who = "two consumer warpgroups multiply" if two else "one consumer warpgroup multiplies"
         rows = "the two warpgroups' 64 rows each" if two else "one warpgroup's, two blocks sharing an SM"
         memory = [

@@ -78,7 +78,6 @@ from .cwriter import Writer, inlined_lines, site_prologue
 from .hopper_plan import (
     BARRIER_ALIGN,
     CONSUMER_REGS,
-    PAIRED_N_MAX,
     PRODUCER_REGS,
     STAGE_ALIGN,
     STORE_BUFFERS,
@@ -167,10 +166,6 @@ def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
     split = WARPGROUP * WARP * (PRODUCER_REGS + wg.consumers * CONSUMER_REGS)
     if not wg.paired and split > target.regs_per_unit:
         raise TooBig("registers after setmaxnreg", split, target.regs_per_unit, "lower the consumers' setmaxnreg")
-    if wg.paired and k.n > PAIRED_N_MAX:
-        raise Unsupported(
-            f"a paired block's wgmma of {k.n} columns", f"{at_launch} registers a thread hold {PAIRED_N_MAX} columns"
-        )
     if k.base.dyn_bytes > wg.smem_max(target):
         blocks = f", {wg.blocks} blocks an SM" if wg.paired else ""
         raise TooBig(

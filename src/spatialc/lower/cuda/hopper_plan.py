@@ -89,8 +89,8 @@ def pairs(tile_rows: int) -> bool:
 def warpgroups(plan: Plan) -> Warpgroups:
     """The block `plan`'s items take (`check_plan` has taken the plan): a consumer warpgroup per 64 rows, two
     blocks an SM where one warpgroup consumes."""
-    consumers = plan.item_tiles[0] * 16 // WARPGROUP_ROWS
-    return Warpgroups(consumers, 2 if consumers == 1 else 1)
+    h = plan.item_tiles[0]
+    return Warpgroups(h * 16 // WARPGROUP_ROWS, 2 if pairs(h) else 1)
 
 
 def check_plan(plan: Plan, precision: Precision) -> None:
@@ -106,7 +106,7 @@ def check_plan(plan: Plan, precision: Precision) -> None:
         )
     if w * 16 > WGMMA_N_MAX:
         raise Unsupported(f"items of {w * 16} columns", f"one wgmma is at most {WGMMA_N_MAX} columns wide")
-    if h * 16 == WARPGROUP_ROWS and w * 16 > PAIRED_N_MAX:
+    if pairs(h) and w * 16 > PAIRED_N_MAX:
         raise Unsupported(
             f"items of 64 rows and {w * 16} columns",
             f"two blocks share an SM's registers, 128 a thread, which hold a wgmma of {PAIRED_N_MAX} columns at most:"
