@@ -1,9 +1,15 @@
 """Tensor storage and the values ring pages hold.
 
-A tensor is stored as a float64 array (int64 for an int64 tensor, whose values may pass 2^53, beyond which float64
-holds only even integers) of shape (rows_t, tile_rows, cols_t, tile_cols): tile (ti, tj) — flat tile
+A tensor is stored as an array of shape (rows_t, tile_rows, cols_t, tile_cols): tile (ti, tj) — flat tile
 index ti·cols_t + tj, as DESIGN §2 addresses it — is `arr[ti, :, tj, :]`, and the same memory read as a 2-D array
-is the padded logical matrix, so a block of tiles that forms a rectangle is a slice, not a gather.
+is the padded logical matrix, so a block of tiles that forms a rectangle is a slice, not a gather. Its element type
+(`store_dtype`): an input tensor nothing writes holds only its element type's values, so it keeps them narrow — int8
+as int8, fp16 as float16, bf16 and float32 as float32, each exactly; a tensor something writes holds sums: float64,
+or int64 for an int64 tensor (its values may pass 2^53, beyond which float64 holds only even integers). Every matmul
+converts its operands to float64 a panel at a time (`matmul`), so the float64 copies stay small.
+
+An input's tile rows that the caller asked not to be read (a sample, `evaluate(rows=...)`) are not `live`: they stay
+zero, and products of them are skipped, which is exact (they are zero).
 
 Page values are immutable snapshots, so a page can be popped and its slot refilled while an accumulator still
 refers to what it held:
@@ -20,22 +26,34 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..ir.nodes import DType, Tensor
+from ..ir.nodes import DType, Tensor, TensorRole
+
+# An input's element type → the numpy type that holds each of its values exactly (an input nothing writes)
+NARROW = {DType.INT8: np.int8, DType.FP16: np.float16, DType.BF16: np.float32, DType.FLOAT32: np.float32}
+CHUNK_ELEMS = 1 << 23  # float64 operand elements one BLAS call converts at once (64 MiB)
+
+
+def store_dtype(tensor: Tensor, written: bool) -> type:
+    """The numpy type of a tensor's store: its values' narrow type for an input nothing writes, else float64 (int64
+    for an int64 tensor: an integer chain's values, as they are)."""
+    if not written and tensor.role == TensorRole.INPUT and tensor.dtype in NARROW:
+        return NARROW[tensor.dtype]
+    return np.int64 if tensor.dtype == DType.INT64 else np.float64
 
 
 class Store:
     """One tensor's tiled storage, and the writes to it not yet applied (their values may still be lazy)."""
 
-    __slots__ = ("tensor", "arr", "mat", "cols_t", "ntiles", "tr", "tc", "written", "pending", "_blocks")
+    __slots__ = ("tensor", "arr", "mat", "cols_t", "ntiles", "tr", "tc", "written", "pending", "live", "_blocks")
 
     def __init__(self, tensor: Tensor, tile_rows: int, tile_cols: int, written: bool) -> None:
         rows_t, cols_t = tensor.tiles
         self.tensor, self.tr, self.tc = tensor, tile_rows, tile_cols
-        exact = np.int64 if tensor.dtype == DType.INT64 else np.float64  # an integer chain's values, as they are
-        self.arr = np.zeros((rows_t, tile_rows, cols_t, tile_cols), dtype=exact)
+        self.arr = np.zeros((rows_t, tile_rows, cols_t, tile_cols), dtype=store_dtype(tensor, written))
         self.mat = self.arr.reshape(rows_t * tile_rows, cols_t * tile_cols)
         self.cols_t, self.ntiles, self.written = cols_t, rows_t * cols_t, written
         self.pending: list[tuple[int, np.ndarray, int, int, object]] = []
+        self.live: np.ndarray | None = None  # per tile row, whether it may be non-zero (None: every row)
         self._blocks: dict[tuple[int, int, int], tuple[np.ndarray, bool]] = {}
 
     def gather(self, flat: np.ndarray) -> np.ndarray:
@@ -196,6 +214,45 @@ HULL_DENSITY = 0.8  # a shared matmul may compute at most 1/0.8 of the tiles its
 HULL_MAX_ELEMS = 2**25  # and hold at most this many float64 results at once
 
 
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """a @ b summed in float64, from operands of any stored type, a panel of rows and K at a time so that the float64
+    copies of the operands stay within CHUNK_ELEMS; into `out` when given — float64, or int64 for int8 sums, which
+    float64 holds exactly (each below 2^53: `numerics.INT8_EXACT_K`)."""
+    m, k = a.shape
+    n = b.shape[1]
+    out = np.empty((m, n)) if out is None else out
+    rows = max(1, min(m, CHUNK_ELEMS // max(k, 1)))
+    ks = max(1, CHUNK_ELEMS // (rows + n))
+    for r0 in range(0, m, rows):
+        part = out[r0 : r0 + rows]
+        acc = part if part.dtype == np.float64 else np.empty(part.shape)
+        for k0 in range(0, max(k, 1), ks):
+            pa = np.asarray(a[r0 : r0 + rows, k0 : k0 + ks], np.float64)
+            pb = np.asarray(b[k0 : k0 + ks], np.float64)
+            if k0 == 0:
+                np.matmul(pa, pb, out=acc)
+            else:
+                acc += pa @ pb
+        if acc is not part:
+            part[...] = acc  # exact integers, below 2^53
+    return out
+
+
+def live_matmul(store: Store, rlo: int, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """`matmul(a, b, out)` for `a`, the tile rows rlo… of `store`: rows the store keeps zero are not multiplied."""
+    live = None if store.live is None else store.live[rlo : rlo + a.shape[0] // store.tr]
+    if live is None or live.all():
+        return matmul(a, b, out)
+    if out is None:
+        out = np.zeros((a.shape[0], b.shape[1]))
+    else:
+        out[...] = 0
+    t = store.tr
+    for r in np.flatnonzero(live):  # a sample's rows: few, so one call each
+        matmul(a[r * t : (r + 1) * t], b, out[r * t : (r + 1) * t])
+    return out
+
+
 def realise(values: list[AccValue], into: dict[int, tuple[Store, int, int]] | None = None) -> dict[int, AccValue]:
     """Compute every value's sum; products of tensor rectangles over one K range share matmuls where dense.
 
@@ -223,8 +280,8 @@ def realise(values: list[AccValue], into: dict[int, tuple[Store, int, int]] | No
     for v in todo:
         if v.base is not None:
             base = as_matrix(v.base, v.h, v.w, v.t)
-            if id(v) in placed:
-                v.result += base  # in place: the result is the tensor's memory
+            if id(v) in placed:  # in place: the result is the tensor's memory (int64: base holds exact integers)
+                np.add(v.result, base, out=v.result, casting="unsafe")
             else:
                 v.result = v.result + base
     return placed
@@ -280,14 +337,14 @@ def _hull_product(
         cover[r0 - rlo : r0 - rlo + h, c0 - clo : c0 - clo + w] = True
     if len(members) > 1 and (cover.mean() < HULL_DENSITY or cover.size * t * t > HULL_MAX_ELEMS):
         return False
-    a = np.ascontiguousarray(sa.mat[rlo * t : rhi * t, k0 * t : (k0 + ka) * t])
-    b = np.ascontiguousarray(sb.mat[kb0 * t : (kb0 + ka) * t, clo * t : chi * t])
+    a = sa.mat[rlo * t : rhi * t, k0 * t : (k0 + ka) * t]
+    b = sb.mat[kb0 * t : (kb0 + ka) * t, clo * t : chi * t]
     exact = cover.all() and sum(m[1] * m[3] for m in members) == cover.size
     out = _direct_out(members, into, rlo, clo, rhi, chi, t) if exact else None
     if out is None:
-        out = a @ b
+        out = live_matmul(sa, rlo, a, b)
     else:
-        np.matmul(a, b, out=out)
+        live_matmul(sa, rlo, a, b, out)
         placed.update((id(m[4]), m[4]) for m in members)
     for r0, h, c0, w, v in members:
         v.result = out[(r0 - rlo) * t : (r0 - rlo + h) * t, (c0 - clo) * t : (c0 - clo + w) * t]
@@ -319,4 +376,4 @@ def _product_general(v: AccValue) -> np.ndarray:
     b = np.stack([tiles_of(p, ibw * w) for p in v.b]).reshape(s, ibw, w, t, t)
     a2 = a.transpose(1, 3, 0, 2, 4).reshape(h * t, s * ibw * t)
     b2 = b.transpose(0, 1, 3, 2, 4).reshape(s * ibw * t, w * t)
-    return a2 @ b2
+    return matmul(a2, b2)
