@@ -42,8 +42,8 @@ def _build(annotation: object) -> st.SearchStrategy:
         return st.integers(-(2**40), 2**40).map(annotation)
     if annotation is float:
         return st.floats(allow_nan=False, allow_infinity=False)
-    if annotation is str:
-        return st.text(max_size=8)
+    if annotation is str:  # mostly names as ir/names.py allows them, sometimes any text (which must be refused)
+        return st.one_of(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,7}", fullmatch=True), st.text(max_size=8))
     if dataclasses.is_dataclass(annotation):
         hints = serde._hints(annotation)
         fields = {f.name: strategy_for(hints[f.name]) for f in dataclasses.fields(annotation)}

@@ -25,6 +25,7 @@ from spatialc.errors import SemanticError
 from spatialc.frontend import bias, relu, requant, scalar
 from spatialc.ir.nodes import ComputeStage
 from spatialc.ir.ops import Requant
+from spatialc.lower.artifact import operand_files
 from spatialc.lower.census import census, count_printed
 from spatialc.lower.cuda.emit import INCLUDES
 from spatialc.lower.cuda.epilogue import helpers
@@ -149,8 +150,10 @@ def test_the_census_counts_each_epilogue_stage_once_and_the_output_type_follows_
         ("C", out, "output"),
         *[(t.name, "int" if prec == "int8" else "float", "parameter") for t in biases],
     ]
+    files = operand_files([q.role for q in a.launch.params])  # by position: a bias is p3.txt, whatever its name
     for t in biases:
-        assert f'spatialc_read("{t.name}.txt", h{int(t.id)})' in a.program_cu
+        assert files[int(t.id)] == f"p{int(t.id)}.txt"
+        assert f'spatialc_read("p{int(t.id)}.txt", h{int(t.id)})' in a.program_cu
         assert f"spatialc_bench_input(h{int(t.id)}, {int(t.id)});" in a.bench_cu
     assert ("spatialc_requant(v," in a.kernel_cu) == any(isinstance(s, Requant) for s in chain)
 

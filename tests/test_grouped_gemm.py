@@ -315,12 +315,12 @@ def test_the_general_form_under_emulation_equals_the_interpreter(prec, groups, r
 @emulation
 @pytest.mark.emulation
 def test_program_cu_itself_refuses_a_row_count_past_max_rows():
-    """The printed host program checks the counts it reads (sizes.txt) before launching: one line, exit status 1."""
+    """The printed host program checks the counts it reads (p3.txt) before launching: one line, exit status 1."""
     from spatialc.runtime.emulate import EmulationFault, emulate_source
 
     p = grouped(3, 40, 32, 48)
     ins = operands("int8", 3, 40, 32, 48)
-    files = {"a.txt": ins["A"], "b.txt": ins["B"], "sizes.txt": np.array([3, 41, 0])}
+    files = {"a.txt": ins["A"], "b.txt": ins["B"], "p3.txt": np.array([3, 41, 0])}
     with pytest.raises(EmulationFault) as info:
         emulate_source(spatialc.lower(p).program_cu, files, (3, 40, 32), np.int32)
     assert "tensor sizes: group 1 has 41 rows; each group's row count lies in 0..40" in str(info.value)
@@ -388,7 +388,7 @@ def test_the_kernel_itself_flags_a_count_past_max_rows_that_the_host_let_through
     assert "spatialc_count_out(h3, 100)" in text
     text = text.replace("spatialc_count_out(h3, 100)", "-1LL")
     ins = operands("int8", 3, 100, 32, 48)
-    files = {"a.txt": ins["A"], "b.txt": ins["B"], "sizes.txt": np.array([3, 101, 0])}
+    files = {"a.txt": ins["A"], "b.txt": ins["B"], "p3.txt": np.array([3, 101, 0])}
     with pytest.raises(EmulationFault, match="a loop count read from data is 101"):
         emulate_source(text, files, (3, 100, 32), np.int32)
 

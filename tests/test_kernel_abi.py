@@ -16,6 +16,7 @@ import pytest
 
 import spatialc
 from spatialc.errors import SpatialError
+from spatialc.lower.artifact import operand_files
 from spatialc.lower.cuda.emit import KERNEL_NAME
 from spatialc.runtime import nvcc as N
 from spatialc.runtime.emulate import emulate_source
@@ -273,8 +274,9 @@ class FakeKernel:
             assert self.max_dynamic_shared_size_bytes >= ls["dyn_smem"]
         storage = {"signed char": "int8", "__half": "float16", "__nv_bfloat16": "uint16", "float": "float32"}
         storage |= {"int": "int32", "long long": "int64"}
-        files, operand_files, out = {}, iter(("a.txt", "b.txt")), None
-        for p, buf in zip(ls["params"], args[:-1], strict=True):
+        files, out = {}, None
+        names = operand_files([p["role"] for p in ls["params"]])
+        for p, buf, name in zip(ls["params"], args[:-1], names, strict=True):
             rows_t, cols_t = p["tiles"]
             assert buf.dtype == np.dtype(storage[p["c_type"]]) and buf.shape == (rows_t * cols_t * 256,)
             if p["role"] == "output":
@@ -287,7 +289,6 @@ class FakeKernel:
             logical = grid_values[:rows, :cols]
             if p["c_type"] == "__nv_bfloat16":
                 logical = (logical.astype(np.uint32) << 16).view(np.float32)
-            name = next(operand_files) if p["role"] == "input" else f"{p['name']}.txt"
             files[name] = logical.astype(np.float64)
         p, buf = out
         program = (self.directory / "program.cu").read_text()

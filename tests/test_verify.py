@@ -232,8 +232,8 @@ def test_tables_and_loop_variables():
         IllFormedError,
         "ring C_ring must have pages ≥ 1",
     )
-    copy = Buffer(BufferId(8), "A_ring@1", Fifo(1, 1), origin=BUF_A)
-    refused(p.evolve(buffers=(*p.buffers, copy)), IllFormedError, "A_ring@1 is a copy of A_ring but is Fifo")
+    copy = Buffer(BufferId(8), "A_ring_1", Fifo(1, 1), origin=BUF_A)
+    refused(p.evolve(buffers=(*p.buffers, copy)), IllFormedError, "A_ring_1 is a copy of A_ring but is Fifo")
     assert p.placement is not None
     g = Group(GroupId(0), (Site(0), Site(77)))
     refused(p.evolve(placement=dataclasses.replace(p.placement, groups=(g,))), IllFormedError, "names site 77")

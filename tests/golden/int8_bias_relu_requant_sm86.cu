@@ -577,6 +577,7 @@ inline std::vector<int> spatialc_work_list(int items, int sites, int rule, int n
     return w;
 }
 
+// Reads a.txt (A), b.txt (B), p3.txt (bias): one value a line, row-major. Prints the output C the same way.
 int main() {
     std::vector<double> h0((size_t)64 * 32);
     if (!spatialc_read("a.txt", h0)) { return 2; }
@@ -596,7 +597,7 @@ int main() {
     SPATIALC_CHECK(cudaMalloc(&d2, (size_t)4 * 8 * 256 * sizeof(signed char)));
     SPATIALC_CHECK(cudaMemset(d2, 0, (size_t)4 * 8 * 256 * sizeof(signed char)));
     std::vector<double> h3((size_t)1 * 72);
-    if (!spatialc_read("bias.txt", h3)) { return 2; }
+    if (!spatialc_read("p3.txt", h3)) { return 2; }
     std::vector<int> x3((size_t)1 * 8 * 256);  // zero padding: value-initialised
     spatialc_tilize(h3, 1, 72, 8, x3);
     int* d3 = nullptr;

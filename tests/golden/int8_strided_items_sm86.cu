@@ -457,6 +457,7 @@ inline std::vector<int> spatialc_work_list(int items, int sites, int rule, int n
     return w;
 }
 
+// Reads a.txt (A), b.txt (B): one value a line, row-major. Prints the output C the same way.
 int main() {
     std::vector<double> h0((size_t)48 * 48);
     if (!spatialc_read("a.txt", h0)) { return 2; }

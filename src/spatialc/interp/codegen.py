@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
+from ..ir.names import plain
 from ..ir.nodes import Accumulator, Buffer, Fifo, Interm
 from ..ir.ops import (
     AcquireAcc,
@@ -133,6 +134,10 @@ class Emitter:
 
     # ---- plumbing ------------------------------------------------------------------------------------------
 
+    def comment(self, op: ChoreoOp) -> str:
+        """The op's text for a `#` comment of the generated source: names in it can end no line (ir/names.py)."""
+        return plain(self.m.text(op))
+
     def emit(self, *lines: str) -> None:
         self.lines.extend("    " * self.indent + line for line in lines)
 
@@ -226,7 +231,7 @@ class Emitter:
                 self.loop(op)
             else:
                 i = self.index(op)
-                self.emit(f"# [{i}] {self.m.text(op)}")
+                self.emit(f"# [{i}] {self.comment(op)}")
                 self.leaf(op, i)
                 if self.tracing:
                     self.emit(self.trace_line(op, i))
@@ -247,10 +252,10 @@ class Emitter:
                 raise EvalError(f"{self.where(op)}: a loop count of {op.count!r}")
         if op.var != LV_ITEM and all(isinstance(inner, Loop) for inner in walk(op.body)):
             # Nothing happens inside: running it would only spin (a count of 2^31 - 1 is legal).
-            self.emit(f"# [{i}] {self.m.text(op)}: no operation inside, skipped")
+            self.emit(f"# [{i}] {self.comment(op)}: no operation inside, skipped")
             return
         v = f"v{self.m.slot(op.var)}"
-        self.emit(f"for {v} in range({count}):  # [{i}] {self.m.text(op)}")
+        self.emit(f"for {v} in range({count}):  # [{i}] {self.comment(op)}")
         self.indent += 1
         if op.var == LV_ITEM:
             self.emit(f"iy, ix = item_coords(E, co, {v}, {i})")

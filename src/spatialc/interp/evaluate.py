@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import DeadlockError
 from ..inputs import check_inputs, check_row_counts, row_limits, specs_of
 from ..ir.ids import TensorId
+from ..ir.names import names_fault
 from ..ir.nodes import SpatialProgram
 from ..ir.ops import Const, Loop
 from .errors import EvalError, NotReady, TooLarge
@@ -71,6 +72,9 @@ def _check_ready(p: SpatialProgram) -> None:
         )
     if p.output_tensor() is None:
         raise NotReady(f"program {p.name} has no output tensor")
+    fault = names_fault(p)  # inputs bind by name: two tensors of one name would read one array (ir/names.py)
+    if fault is not None:
+        raise EvalError(fault)
 
 
 def load_inputs(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[dict[TensorId, Store], dict]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import ids, nodes, ops
 from .errors import SpatialError
+from .names import names_fault
 from .nodes import MAX_SEMAPHORES, Engine, SpatialProgram
 from .worklist import MAX_SITES
 
@@ -207,6 +208,9 @@ def from_json(
     if too_large:  # before decoding (and type-checking) a million entries one by one
         raise SerdeError(f"program: {too_large}")
     program = decode(doc["program"], SpatialProgram, "program", 2)
+    fault = names_fault(program)  # before anything prints a name into generated code (ir/names.py)
+    if fault is not None:
+        raise SerdeError(f"program: {fault}")
     return upgrade(program, version) if upgrade is not None and version < VERSION else program
 
 

@@ -42,7 +42,7 @@ from ..ir.nodes import SpatialProgram
 from ..ir.ops import ChoreoOp, Reserve, Wait
 from ..ir.printer import op_text
 from ..target import WARP
-from .builder import Builder, checked
+from .builder import Builder, checked, named
 from .engine import Engine
 from .handles import AccRef, Affine, GroupRef, Item, Page, RingRef, SemRef, StageRef, TensorRef
 from .lines import LangError, in_tracer, located
@@ -182,6 +182,8 @@ def program(*, target: str = "sm_90", precision: str = "bf16", name: str | None 
     unverified `Traced` program with its lines."""
 
     checked(target, precision)  # an unknown target or precision is refused at the decorator's line
+    if name is not None:
+        named("program", name)  # and a name that is not identifier-like (ir/names.py)
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., SpatialProgram]:
         @functools.wraps(fn)

@@ -33,6 +33,7 @@ from ..ir.ids import (
     StageId,
     TensorId,
 )
+from ..ir.names import name_fault
 from ..ir.nodes import (
     Accumulator,
     Buffer,
@@ -100,6 +101,13 @@ def least_tiles(rows: int, cols: int) -> tuple[int, int]:
     return (-(-rows // TILE), -(-cols // TILE))
 
 
+def named(what: str, name: object) -> None:
+    """A name as ir/names.py allows it (identifier-like, bounded), or a LangError at the user's line."""
+    fault = name_fault(what, name)
+    if fault is not None:
+        raise refuse(fault)
+
+
 # ---- the builder ---------------------------------------------------------------------------------------------
 
 
@@ -108,6 +116,7 @@ class Builder:
 
     def __init__(self, name: str, target: str, precision: str):
         self.precision = checked(target, precision)
+        named("program", name)
         self.name, self.target = name, target
         self.tensors: list[Tensor] = []
         self.buffers: list[Buffer] = []
@@ -141,6 +150,7 @@ class Builder:
     def tensor(
         self, name: str, role: str, rows: int, cols: int, dtype: str | None, order: str, tiles=None, groups: int = 1
     ) -> TensorRef:
+        named("tensor", name)
         if any(t.name == name for t in self.tensors):
             raise refuse(f"a second tensor named {name!r}")
         if min(rows, cols) < 1:
@@ -211,6 +221,7 @@ class Builder:
         return AccRef(self, b.id, name, tiles)
 
     def _buffer(self, name: str, kind: Any) -> Buffer:
+        named("buffer", name)
         if any(b.name == name for b in self.buffers):
             raise refuse(f"a second buffer named {name!r}")
         b = Buffer(BufferId(len(self.buffers)), name, kind)
@@ -221,6 +232,9 @@ class Builder:
         """A count each site keeps a copy of (`SemInc` raises another site's, `SemWait` waits on its own); numbered
         1, 2, … in declaration order unless `number` says."""
         n = len(self.semaphores) + 1 if number is None else number
+        named("semaphore", name)
+        if any(x.name == name for x in self.semaphores):
+            raise refuse(f"a second semaphore named {name!r}")
         if any(int(x.id) == n for x in self.semaphores):
             raise refuse(f"a second semaphore numbered {n}")
         s = Semaphore(SemId(n), name, initial)
@@ -236,6 +250,9 @@ class Builder:
         return self.buffers[int(bid)].name
 
     def _stage(self, name: str, kind: Any, engine: str, ins: tuple, outs: tuple) -> StageRef:
+        named("stage", name)
+        if any(s.name == name for s in self.stages):
+            raise refuse(f"a second stage named {name!r}")
         s = Stage(StageId(len(self.stages)), name, kind, IREngine(engine), ins, outs)
         self.stages.append(s)
         self.declared[f"stage {name}"] = user_line()  # an error about the stage names it so

@@ -4,11 +4,13 @@ the source traces back to a program equal to the one printed (tests/test_lang.py
 
 from __future__ import annotations
 
+import json
 import keyword
 import re
 from collections import deque
 
 from ..ir.ids import LOOP_VAR_NAMES, LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
+from ..ir.names import plain
 from ..ir.nodes import Accumulator, ComputeStage, Fifo, Interm, ReadStage, SpatialProgram, TensorRole, WriteStage
 from ..ir.ops import (
     AcquireAcc,
@@ -40,9 +42,14 @@ from .builder import default_dtype, least_tiles
 from .lines import LangError
 
 
+def literal(text: str) -> str:
+    """`text` as a double-quoted Python literal of the same value: a name is printed as data, never as code."""
+    return json.dumps(text)  # every escape JSON writes (\n, \", \u2028, …) means the same in Python
+
+
 def identifier(name: str, taken: set[str]) -> str:
     """`name` as a Python identifier not yet `taken` (and now taken)."""
-    base = re.sub(r"\W", "_", name) or "x"
+    base = re.sub(r"[^A-Za-z0-9_]", "_", name) or "x"
     if base[0].isdigit() or keyword.iskeyword(base):
         base = f"_{base}"
     out, n = base, 1
@@ -74,16 +81,17 @@ class SourcePrinter:
 
     def text(self) -> str:
         p = self.p
-        name = f'"{p.name}"'
+        name = literal(p.name)  # a name is printed as a literal Python reads back, never as code (ir/names.py)
         self.lines += [
-            f'"""{p.name}: printed by spatialc from its IR (spatialc show --python). Run it to trace it again."""',
+            f'"""{plain(p.name)}: printed by spatialc from its IR (spatialc show --python). Run it to trace it'
+            ' again."""',
             "",
             "from spatialc import lang",
             "from spatialc.ir.ids import *  # noqa: F403 (the ids an elementwise op's fields name)",
             "from spatialc.ir.ops import *  # noqa: F403 (elementwise ops: Bias, Relu, Scalar, Requant, Activation)",
             "",
             "",
-            f'@lang.program(target="{p.target}", precision="{p.precision.value}", name={name})',
+            f"@lang.program(target={literal(p.target)}, precision={literal(p.precision.value)}, name={name})",
             "def program(p: lang.Builder):",
         ]
         self.declarations()
@@ -99,7 +107,7 @@ class SourcePrinter:
     def declarations(self) -> None:
         p = self.p
         for t in p.tensors:
-            args = [f'"{t.name}"', str(t.elems[0]), str(t.elems[1])]
+            args = [literal(t.name), str(t.elems[0]), str(t.elems[1])]
             if t.dtype != default_dtype(t.role, p.precision):
                 args.append(f'dtype="{t.dtype.value}"')
             if t.role == TensorRole.INPUT and t.order.value != "row":
@@ -119,15 +127,16 @@ class SourcePrinter:
                 case Fifo(depth, tiles, layout) | Interm(depth, tiles, layout):
                     extra = f', layout="{layout.value}"' if layout.value != "row" else ""
                     extra += ', kind="interm"' if isinstance(b.kind, Interm) else ""
-                    self.line(1, f'{self.buffers[b.id]} = p.ring("{b.name}", depth={depth}, tiles={tiles}{extra})')
+                    ring = f"p.ring({literal(b.name)}, depth={depth}, tiles={tiles}{extra})"
+                    self.line(1, f"{self.buffers[b.id]} = {ring}")
                 case Accumulator(tiles):
-                    self.line(1, f'{self.buffers[b.id]} = p.accumulator("{b.name}", tiles={tiles})')
+                    self.line(1, f"{self.buffers[b.id]} = p.accumulator({literal(b.name)}, tiles={tiles})")
         for i, s in enumerate(p.semaphores):
             extra = f", initial={s.initial}" if s.initial else ""
             extra += f", number={int(s.id)}" if int(s.id) != i + 1 else ""
-            self.line(1, f'{self.sems[s.id]} = p.semaphore("{s.name}"{extra})')
+            self.line(1, f"{self.sems[s.id]} = p.semaphore({literal(s.name)}{extra})")
         for s in p.stages:
-            name, engine = f'"{s.name}"', s.engine.value
+            name, engine = literal(s.name), s.engine.value
             match s.kind:
                 case ReadStage(tensor):
                     at = "" if engine == "reader" else f', engine="{engine}"'
@@ -161,7 +170,7 @@ class SourcePrinter:
         items = [[int(i) for i in items] for _, items in pl.items_of_site]
         if [int(s) for s, _ in pl.items_of_site] != list(range(len(items))):
             raise self.refuse("a placement whose sites are not 0, 1, …")
-        rule = f'kind="{pl.kind}", band={pl.band}, multicast={tuple(pl.multicast)}, splits={pl.splits}'
+        rule = f"kind={literal(pl.kind)}, band={pl.band}, multicast={tuple(pl.multicast)}, splits={pl.splits}"
         self.line(1, f"p.place({items}, {rule})")
         for g in pl.groups:
             if int(g.id) != pl.groups.index(g):

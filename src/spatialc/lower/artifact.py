@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from string import ascii_lowercase
 
 from ..ir.worklist import launch_sites, split_items, work_table
 
@@ -78,6 +80,22 @@ class TensorMap:
         rows_t, cols_t = tiles
         rows, cols = (cols_t * 16, rows_t * 16) if self.transposed else (rows_t * 16, cols_t * 16)
         return (cols, rows), (cols * elem,), (self.box[1], self.box[0])
+
+
+def operand_files(roles: Sequence[str]) -> tuple[str | None, ...]:
+    """The file `program_cu` reads each tensor from, given the tensors' roles in the order of `Launch.params`:
+    a.txt, b.txt, … z.txt for the inputs in order (in27.txt, … past the 26th), p<k>.txt for the parameter at position
+    k, None for an output or a workspace (the kernel makes them). Made from positions only: a tensor's name never
+    becomes a path, and no two tensors share a file whatever they are called."""
+    files: list[str | None] = []
+    inputs = 0
+    for k, role in enumerate(roles):
+        if role == "input":
+            inputs += 1
+            files.append(f"{ascii_lowercase[inputs - 1]}.txt" if inputs <= 26 else f"in{inputs}.txt")
+        else:
+            files.append(f"p{k}.txt" if role == "parameter" else None)
+    return tuple(files)
 
 
 MATRIX_ORDERS = ("rows", "cols")  # KernelParam.order of a tensor stored as a padded matrix (transposed), not tiled
@@ -200,7 +218,7 @@ class Census:
 @dataclass(frozen=True, slots=True)
 class CudaArtifact:
     target: str
-    program_cu: str  # whole program: reads a.txt / b.txt, prints C row-major, one value per line
+    program_cu: str  # whole program: reads a.txt, b.txt, … (`operand_files`), prints C row-major, a value a line
     bench_cu: str  # whole program: deterministic inputs, prints "GOPS <value>"
     kernel_cu: str  # the kernel alone, no host main, for launching from Python
     launch: Launch

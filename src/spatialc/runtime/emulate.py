@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from string import ascii_lowercase
 from typing import IO, Any
 
 import numpy as np
 
 from ..errors import ProgramError, SpatialError
 from ..inputs import check_inputs, check_row_counts
+from ..lower.artifact import operand_files
 from .cache import cache_dir as cache_of
 from .tilize import launch_specs
 
@@ -304,6 +304,12 @@ def run_program(
     With `progress`, the emulator reports blocks done and `progress(done, total)` is called (from a reader thread)
     as each report arrives; those lines are kept out of `Run.stderr` and out of the errors. A callback that raises
     stops the run, and its exception is raised here."""
+    for name in files:
+        if not isinstance(name, str) or _FILE_NAME.fullmatch(name) is None:
+            raise ProgramError(
+                f"input file name {ascii(name)}: a plain file name (letters, digits, _ . -, not starting with a dot)"
+                " inside the run's folder, never a path"
+            )
     with tempfile.TemporaryDirectory(prefix="spatialc-run-") as tmp:
         for name, text in files.items():
             Path(tmp, name).write_text(text)
@@ -438,6 +444,9 @@ def emulate_source(
     return parse_output(run.stdout, out_shape, out_dtype)
 
 
+# What the files a run is given may be called: names in its own folder, never a path out of it ("../x", "/etc/x").
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
 # The OS threads a cooperative launch may start at once (one per CUDA thread of every block): about what a Linux
 # machine gives a process before thread creation fails for stacks and process limits.
 COOPERATIVE_THREADS = 16384
@@ -447,17 +456,9 @@ def _input_files(artifact, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The program's input files (name → values), from `inputs` checked as the interpreter checks them."""
     values = check_inputs("this kernel", launch_specs(artifact.launch), inputs)
     check_row_counts(dict(getattr(artifact.launch, "row_counts", ())), values)
-    files: dict[str, np.ndarray] = {}
-    # Inputs in the order the launch lists them: a.txt, b.txt, … (an MLP's X, W1, W2 are a, b and c).
-    operand_files = iter(f"{letter}.txt" for letter in ascii_lowercase)
-    for p in artifact.launch.params:
-        if p.role in ("output", "workspace"):  # made by program_cu itself
-            continue
-        file = next(operand_files, None) if p.role == "input" else f"{p.name}.txt"
-        if file is None:
-            raise EmulationFault(f"tensor {p.name!r}: program_cu reads at most 26 operand files (a.txt … z.txt)")
-        files[file] = values[p.name]
-    return files
+    # Files by the tensors' positions (an MLP's X, W1, W2 are a.txt, b.txt and c.txt), never by their names.
+    files = operand_files([q.role for q in artifact.launch.params])
+    return {file: values[q.name] for q, file in zip(artifact.launch.params, files, strict=True) if file is not None}
 
 
 def emulate(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
+from ...ir.names import plain
 from ...ir.nodes import Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     Compute,
@@ -122,7 +123,7 @@ class OpPrinter(TilePrinter):
                 pass
             case Compute(op=stage, ins=(buf,)) if rings.is_fused(buf):
                 # Applied element by element where the store reads the accumulators back; its image is there.
-                self.w.line(f"// {compute_text(stage, self.k.program)}: applied in the fused store below")
+                self.w.line(f"// {plain(compute_text(stage, self.k.program))}: applied in the fused store below")
                 self.chain.append((op, env, self.w.depth))
             case PackAcc(to=buf):
                 self.pack(self.kept(buf), mark)
@@ -211,7 +212,9 @@ class OpPrinter(TilePrinter):
 def preamble(k: Kernel) -> list[str]:
     """Includes, the ABI's macros, type and size definitions, and the work list (docs/kernel-abi.md)."""
     p = k.program
-    lines = [f"// {p.name}: a persistent CUDA kernel printed by spatialc from the spatial IR; each block is one site."]
+    lines = [
+        f"// {plain(p.name)}: a persistent CUDA kernel printed by spatialc from the spatial IR; each block is one site."
+    ]
     lines += [f"#include <{h}>" for h in INCLUDES]
     lines += ["", RING_MACROS, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types), ""]
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
+from ...ir.names import plain
 from ...ir.nodes import TensorRole
 from ...ir.ops import (
     AcquireAcc,
@@ -145,11 +146,11 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
                     if trip.steps:  # the element follows the item: its tiled place worked out here
                         self.w.line(f"const int e_{v} = {addr_expr(TileAddr(trip.index, trip.steps), env)};")
                         at = self.element(t, f"e_{v}")
-                        shown = f"{t.name}[{addr_text(TileAddr(trip.index, trip.steps))}]"
+                        shown = f"{plain(t.name)}[{addr_text(TileAddr(trip.index, trip.steps))}]"
                     else:
                         row, col = divmod(trip.index, t.elems[1])
                         at = str(((row // 16) * t.tiles[1] + col // 16) * TILE_ELEMS + (row % 16) * 16 + col % 16)
-                        shown = f"{t.name}[{trip.index}]"
+                        shown = f"{plain(t.name)}[{trip.index}]"
                     if trip.per > 1:  # a row count: at most the rows it counts (`inputs.row_limits`)
                         limit = row_limits(self.k.program).get(t.name, trip.per * trip.bound)
                         read = f"t{int(trip.tensor)}[{at}], {trip.per}, {trip.bound}, {limit}, {error}"
@@ -239,8 +240,8 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
 def preamble(k: GeneralKernel) -> list[str]:
     p = k.program
     lines = [
-        f"// {p.name}: the general CUDA form printed by spatialc from the spatial IR; each block is one site, each"
-        " engine runs on warps of its own and the rings hand pages over through mbarriers."
+        f"// {plain(p.name)}: the general CUDA form printed by spatialc from the spatial IR; each block is one site,"
+        " each engine runs on warps of its own and the rings hand pages over through mbarriers."
     ]
     lines += [f"#include <{h}>" for h in INCLUDES]
     lines += ["", RING_MACROS, PAGE_MACROS, CHECK_MACRO, "", *inlined_lines("general_mbarrier.cuh"), ""]

@@ -53,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ...ir.names import plain
 from ...ir.nodes import PageLayout, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
@@ -342,8 +343,8 @@ def preamble(hk: HopperKernel) -> list[str]:
     lines = general_printer.preamble(k)
     head, rest = lines[0], lines[1:]
     head = (
-        f"// {k.program.name}: the sm_90a CUDA form printed by spatialc from the spatial IR; each block is one site, "
-        f"its reader a TMA producer, its compute engine {_consumers(hk.wg)}."
+        f"// {plain(k.program.name)}: the sm_90a CUDA form printed by spatialc from the spatial IR; each block is one"
+        f" site, its reader a TMA producer, its compute engine {_consumers(hk.wg)}."
     )
     at = rest.index("#include <cstring>") + 1
     rest = [*rest[:at], "#include <cuda.h>", "#include <cudaTypedefs.h>", *rest[at:]]

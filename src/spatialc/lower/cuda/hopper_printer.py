@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...ir.ids import LoopVar, loop_var_name
+from ...ir.names import plain
 from ...ir.ops import (
     ChoreoOp,
     Compute,
@@ -84,7 +85,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) | PackAcc(to=buf) if rings.is_fused(buf):
                 self.w.line("", f"{mark} (fused output: no ring)")
             case Compute(op=stage, ins=(buf,)) if rings.is_fused(buf):
-                self.w.line(f"// {compute_text(stage, self.k.program)}: applied in the fused store below")
+                self.w.line(f"// {plain(compute_text(stage, self.k.program))}: applied in the fused store below")
                 self.chain.append((op, env))
             case WriteTiles(src=buf) if rings.is_fused(buf):
                 pass  # its image, with its census marker, is the consumers' fused store
@@ -264,7 +265,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         # A load its ring's Push follows at once makes that Push's arrival with its expect_tx, in one instruction.
         pushed = mask is None and isinstance(self.after, Push) and self.kept(self.after.buf).id == r
         with self.w.block("", mark):
-            self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {t.name}")
+            self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {plain(t.name)}")
             if pushed:
                 self.w.line(f"spatialc_mbar_arrive_expect_tx(&full_{r}[{slot}], {nbytes}u);  // and the Push below")
                 self.arrived.add(r)

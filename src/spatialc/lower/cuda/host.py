@@ -9,12 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from string import ascii_lowercase
 
 from ...inputs import row_limits
+from ...ir.names import plain
 from ...ir.nodes import SpatialProgram, Tensor, TensorRole, TileOrder
 from ...ir.ops import ChoreoOp, Loop, Trip, walk
-from ..artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch
+from ..artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch, operand_files
 from ..census import census
 from ..errors import InternalError
 from .cwriter import Writer, inlined
@@ -53,11 +53,9 @@ def assemble(
 
 
 def input_files(p: SpatialProgram) -> dict[int, str]:
-    """The file each non-output tensor is read from: a.txt, b.txt, … for inputs, `<name>.txt` for parameters."""
-    inputs = [t for t in p.tensors if t.role == TensorRole.INPUT]
-    files = {int(t.id): f"{ascii_lowercase[i]}.txt" for i, t in enumerate(inputs)}
-    files |= {int(t.id): f"{t.name}.txt" for t in p.tensors if t.role == TensorRole.PARAMETER}
-    return files
+    """The file each tensor program_cu reads is read from (by tensor id): `operand_files`, made from positions."""
+    files = operand_files([t.role.value for t in p.tensors])
+    return {int(t.id): f for t, f in zip(p.tensors, files, strict=True) if f is not None}
 
 
 def out_type(launch: Launch) -> str:
@@ -107,8 +105,8 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
                 _exit_if(
                     w,
                     f"out{i} >= 0",
-                    f"tensor {t.name}: group %lld has %g rows; each group's row count lies in 0..{limits[t.name]}"
-                    " (its max_rows)",
+                    f"tensor {plain(t.name)}: group %lld has %g rows; each group's row count lies in"
+                    f" 0..{limits[t.name]} (its max_rows)",
                     f"out{i}, h{i}[(size_t)out{i}]",
                 )
         w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
@@ -293,7 +291,8 @@ def _tensor_maps(p: SpatialProgram, launch: Launch, w: Writer) -> None:
                 f"{rank}, d{int(t.id)}, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, {swizzle}, "
                 "CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);"
             )
-            _exit_if(w, "made != CUDA_SUCCESS", f"cuTensorMapEncodeTiled refused the map of {t.name} (%d)", "(int)made")
+            refused = f"cuTensorMapEncodeTiled refused the map of {plain(t.name)} (%d)"
+            _exit_if(w, "made != CUDA_SUCCESS", refused, "(int)made")
 
 
 def _free(p: SpatialProgram, launch: Launch, w: Writer) -> None:
@@ -306,7 +305,7 @@ def _free(p: SpatialProgram, launch: Launch, w: Writer) -> None:
 
 
 def program_main(p: SpatialProgram, launch: Launch) -> str:
-    """`main` of program_cu: read a.txt / b.txt, launch once, print C row-major one value per line."""
+    """`main` of program_cu: read a.txt, b.txt, … (`operand_files`), launch once, print C row-major a value a line."""
     out = p.output_tensor()
     assert out is not None
     o = int(out.id)
@@ -314,6 +313,9 @@ def program_main(p: SpatialProgram, launch: Launch) -> str:
     ty = out_type(launch)
     fmt, cast = ("%lld", "long long") if ty in INTEGER_OUTPUTS else ("%.9g", "double)(float")
     w = Writer()
+    files = input_files(p)
+    read = ", ".join(f"{files[int(t.id)]} ({plain(t.name)})" for t in p.tensors if int(t.id) in files)
+    w.line(f"// Reads {read}: one value a line, row-major. Prints the output {plain(out.name)} the same way.")
     with w.block("int main()"):
         _setup(p, launch, w, bench=False)
         _launch(p, launch, w)

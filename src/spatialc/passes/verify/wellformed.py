@@ -1,12 +1,12 @@
 """verify's rule 1, well-formed: everything the other rules, the interpreter and the lowering take for granted.
 
-On the tables: a known target, a sane tile, each tensor's shape and padding, the plan, unique ids, buffers that are
-whole rings or accumulators, stages that read inputs and write the output with compute ops the machine knows. On
-every op: ids that resolve, counts and pages of at least one, loop variables bound where they are read, loop bounds
-the kernel's `int` counters hold, reads from input, parameter or workspace tensors, writes to the output or a
-workspace, Trip loops that read a parameter tensor, sites and groups the placement has. All of it is checked before
-any later rule walks an op, so no later rule (and nothing after verify) meets an id it cannot resolve or a size it
-cannot hold.
+On the tables: a known target, names that are identifier-like and unique within their kind (ir/names.py), a sane
+tile, each tensor's shape and padding, the plan, unique ids, buffers that are whole rings or accumulators, stages
+that read inputs and write the output with compute ops the machine knows. On every op: ids that resolve, counts and
+pages of at least one, loop variables bound where they are read, loop bounds the kernel's `int` counters hold,
+reads from input, parameter or workspace tensors, writes to the output or a workspace, Trip loops that read a
+parameter tensor, sites and groups the placement has. All of it is checked before any later rule walks an op, so
+no later rule (and nothing after verify) meets an id it cannot resolve or a size it cannot hold.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ...epilogue import EXACT_LIMIT
 from ...errors import CoverageError, IllFormedError
 from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, SemId, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
+from ...ir.names import names_fault
 from ...ir.nodes import (
     MAX_SEMAPHORES,
     Accumulator,
@@ -314,6 +315,9 @@ def check_tables(p: SpatialProgram, target: SpatialTarget | None = None) -> None
         if not -MAX_INT <= sem.initial <= MAX_INT:
             raise IllFormedError(f"semaphore {sem.name} starts at {sem.initial}; a count is kept in a C int")
     _unique("stage", (s.id for s in p.stages))
+    fault = names_fault(p)
+    if fault is not None:
+        raise IllFormedError(fault)
     _check_buffers(p)
     _check_stages(p)
     _check_layout(p)
