@@ -188,9 +188,39 @@ def test_unknown_buffer():
 
 def test_bad_counts_and_pages():
     p = replace(small(), R, lambda op: (Push(BUF_A, 0),) if op == Push(BUF_A) else None)
-    refused(p, IllFormedError, "site 0 reader", "Push A_ring x0", "at least 1 page")
+    refused(p, IllFormedError, "site 0 reader", "Push A_ring x0", "moves 1 to 1024 pages")
     p = replace(small(), C, lambda op: (dataclasses.replace(op, count=Const(-1)),) if isinstance(op, Loop) else None)
     refused(p, IllFormedError, "site 0 compute", "loop count must be ≥ 0")
+
+
+def test_every_count_and_depth_is_bounded_by_what_a_target_could_hold():
+    """A ring of 2^62 pages verified and then could be neither evaluated nor lowered: rule 1 bounds each field."""
+    p = spatialc.build(spatialc.gemm(32, 32, 32, "int8"), "sm_86")
+    huge = 2**62
+
+    def buffer(name, **kinds):
+        return p.evolve(
+            buffers=tuple(
+                dataclasses.replace(b, kind=dataclasses.replace(b.kind, **kinds)) if b.name == name else b
+                for b in p.buffers
+            )
+        )
+
+    refused(buffer("A_ring", depth_pages=huge), IllFormedError, "ring A_ring must have 1 to 1024 pages")
+    refused(buffer("A_ring", depth_pages=1025), IllFormedError, "ring A_ring must have 1 to 1024 pages")
+    assert spatialc.verify(buffer("A_ring", depth_pages=1024)).verified  # the bound itself is legal
+    refused(buffer("A_ring", page_tiles=huge), IllFormedError, "of 1 to 1048576 tiles")
+    refused(buffer("acc", tiles=huge), IllFormedError, "accumulator acc must hold 1 to 1048576 tiles")
+    plan = p.plans[0]
+    refused(p.evolve(plans=(dataclasses.replace(plan, depth=huge),)), IllFormedError, "a ring holds at most 1024")
+    place = p.placement
+    refused(p.evolve(placement=dataclasses.replace(place, band=huge)), IllFormedError, "band")
+    refused(p.evolve(placement=dataclasses.replace(place, multicast=(huge, 1))), IllFormedError, "multicast groups")
+    refused(p.evolve(placement=dataclasses.replace(place, multicast=(0, 1))), IllFormedError, "each side ≥ 1")
+    big = replace(p, R, lambda op: (Reserve(op.buf, huge),) if isinstance(op, Reserve) else None)
+    refused(big, IllFormedError, "moves 1 to 1024 pages")
+    wide = replace(p, R, lambda op: (dataclasses.replace(op, block_h=huge),) if isinstance(op, ReadTiles) else None)
+    refused(wide, IllFormedError, "a block must be 1x1 to 1024x1024 tiles")
 
 
 def test_trip_reads_a_parameter_and_vars_are_bound():
@@ -230,7 +260,7 @@ def test_tables_and_loop_variables():
     refused(
         p.evolve(buffers=tuple(shallow if b.id == BUF_C else b for b in p.buffers)),
         IllFormedError,
-        "ring C_ring must have pages ≥ 1",
+        "ring C_ring must have 1 to 1024 pages",
     )
     copy = Buffer(BufferId(8), "A_ring_1", Fifo(1, 1), origin=BUF_A)
     refused(p.evolve(buffers=(*p.buffers, copy)), IllFormedError, "A_ring_1 is a copy of A_ring but is Fifo")

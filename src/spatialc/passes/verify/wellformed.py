@@ -91,6 +91,10 @@ MAX_NESTING = 32  # loops inside loops: far more than any schedule needs, few en
 # An item's side or K step, in tiles: above what any target's shared memory can stage one K step of (about 900
 # one-byte tiles), so no plan the tile pass makes is refused, yet an item — and with it a tensor's padding — is small.
 MAX_ITEM_SIDE = 1024
+# A ring's pages: above the ~900 one-tile pages of one-byte elements the largest shared memory of any target holds.
+MAX_RING_DEPTH = 1024
+# A page's or an accumulator's tiles: at most an item's, MAX_ITEM_SIDE a side (nothing holds more at once).
+MAX_BUFFER_TILES = MAX_ITEM_SIDE * MAX_ITEM_SIDE
 
 
 def check_target(p: SpatialProgram, target: SpatialTarget | None = None) -> None:
@@ -124,6 +128,12 @@ def check_plans(p: SpatialProgram) -> None:
         _positive(f"{name}'s k_tiles", (plan.k_tiles,))
         _positive(f"{name}'s depth", (plan.depth,))
         _positive(f"{name}'s groups", (plan.groups,))
+        if plan.depth > MAX_RING_DEPTH:
+            raise IllFormedError(f"{name}'s depth is {plan.depth} pages; a ring holds at most {MAX_RING_DEPTH}")
+        if plan.groups > MAX_ITEMS or plan.k_tiles > MAX_INT:
+            raise IllFormedError(
+                f"{name} has {plan.groups} groups and {plan.k_tiles} K tiles; at most {MAX_ITEMS} and {MAX_INT}"
+            )
         h, w = plan.item_tiles
         if max(h, w, b.ibw) > MAX_ITEM_SIDE:
             raise IllFormedError(
@@ -327,13 +337,17 @@ def _check_buffers(p: SpatialProgram) -> None:
     buffers = {b.id: b for b in p.buffers}
     for b in p.buffers:
         match b.kind:
-            case Accumulator(tiles) if tiles < 1:
-                raise IllFormedError(f"accumulator {b.name} must hold at least 1 tile, not {tiles}", buffer=b.name)
+            case Accumulator(tiles) if not 1 <= tiles <= MAX_BUFFER_TILES:
+                raise IllFormedError(
+                    f"accumulator {b.name} must hold 1 to {MAX_BUFFER_TILES} tiles (an item's), not {tiles}",
+                    buffer=b.name,
+                )
             case Accumulator():
                 pass
-            case kind if kind.depth_pages < 1 or kind.page_tiles < 1:
+            case kind if not (1 <= kind.depth_pages <= MAX_RING_DEPTH and 1 <= kind.page_tiles <= MAX_BUFFER_TILES):
                 raise IllFormedError(
-                    f"ring {b.name} must have pages ≥ 1 of tiles ≥ 1, not {kind.depth_pages} x {kind.page_tiles}",
+                    f"ring {b.name} must have 1 to {MAX_RING_DEPTH} pages of 1 to {MAX_BUFFER_TILES} tiles (no"
+                    f" target holds more), not {kind.depth_pages} x {kind.page_tiles}",
                     buffer=b.name,
                 )
         if b.origin is None:
@@ -389,8 +403,13 @@ def _check_layout(p: SpatialProgram) -> None:
     if p.plan is None:
         raise IllFormedError(f"a placed program needs exactly one plan, not {len(p.plans)}")
     # The kind names the rule the items follow (ir/worklist.py), else it is a label and the items run as listed.
-    if p.placement.band < 0:
-        raise IllFormedError(f"a placement of band {p.placement.band}: a grouped placement's rows a band, at least 0")
+    if not 0 <= p.placement.band <= MAX_ITEMS:
+        raise IllFormedError(
+            f"a placement of band {p.placement.band}: a grouped placement's rows a band, 0 to {MAX_ITEMS}"
+        )
+    gy, gx = p.placement.multicast
+    if gy < 1 or gx < 1 or gy * gx > MAX_SITES:
+        raise IllFormedError(f"a placement of multicast groups {gy}x{gx}: each side ≥ 1, at most {MAX_SITES} sites")
     if len(p.placement.items_of_site) > MAX_SITES:  # as many sites as `build` takes
         raise IllFormedError(f"a placement of {len(p.placement.items_of_site)} sites; at most {MAX_SITES}")
     if len(p.semaphores) > MAX_SEMAPHORES:
@@ -562,8 +581,8 @@ class _OpCheck:
         match op:
             case Reserve(buf, n) | Push(buf, n) | Wait(buf, n) | Pop(buf, n):
                 self.buf(op, buf)
-                if n < 1:
-                    raise self.fail(op, f"an op moves at least 1 page, not {n}", buf)
+                if not 1 <= n <= MAX_RING_DEPTH:
+                    raise self.fail(op, f"an op moves 1 to {MAX_RING_DEPTH} pages (a ring's most), not {n}", buf)
             case ReadTiles() | WriteTiles():
                 self.block(op, bound)
             case AcquireAcc(buf) | ReleaseAcc(buf) | Flush(buf) | McastSend(buf=buf):
@@ -571,8 +590,8 @@ class _OpCheck:
             case PackAcc(acc, to, tiles, _):
                 self.buf(op, acc)
                 self.buf(op, to)
-                if tiles < 1:
-                    raise self.fail(op, f"a pack moves at least 1 tile, not {tiles}", to)
+                if not 1 <= tiles <= MAX_BUFFER_TILES:
+                    raise self.fail(op, f"a pack moves 1 to {MAX_BUFFER_TILES} tiles, not {tiles}", to)
             case Compute():
                 self.compute(op, bound)
             case ReadBarrier() | WriteBarrier():
@@ -613,8 +632,10 @@ class _OpCheck:
                 buf,
             )
         self.addr(op, op.at, bound)
-        if op.block_h < 1 or op.block_w < 1:
-            raise self.fail(op, f"a block must be at least 1x1 tiles, not {op.block_h}x{op.block_w}")
+        if not (1 <= op.block_h <= MAX_ITEM_SIDE and 1 <= op.block_w <= MAX_ITEM_SIDE):
+            raise self.fail(
+                op, f"a block must be 1x1 to {MAX_ITEM_SIDE}x{MAX_ITEM_SIDE} tiles, not {op.block_h}x{op.block_w}"
+            )
         if op.rows_from is not None:
             sizes = self.tensor(op, op.rows_from)
             if sizes.role != TensorRole.PARAMETER or sizes.dtype != DType.INT32 or sizes.elems != (1, t.groups):
