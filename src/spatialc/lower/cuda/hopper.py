@@ -132,6 +132,9 @@ class HopperKernel:
 # ---- what the form takes ------------------------------------------------------------------------------------
 
 
+TMA_COORD_MAX = 2**31 - 1
+
+
 def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
     """Raise the first reason the sm_90a form cannot print `p`."""
     if not target.hopper:
@@ -149,6 +152,14 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
                 raise Unsupported("a grouped tensor's row limit", "a TMA box reads whole tiles")
     if any(t.role == TensorRole.WORKSPACE for t in p.tensors):
         raise Unsupported("split-K's workspace", "the sm_90a form reads operand pages only")
+    for t in p.tensors:  # a TMA map's dimensions and every coordinate in it are signed 32-bit (PTX's tensor ops)
+        rows, cols = t.tiles[0] * p.tile.rows, t.tiles[1] * p.tile.cols
+        if max(rows, cols) > TMA_COORD_MAX:
+            raise Unsupported(
+                f"tensor {t.name} of {rows} x {cols} elements (padded)",
+                f"a TMA coordinate is a signed 32-bit int, at most {TMA_COORD_MAX}: the general form (64-bit"
+                " addresses) prints it",
+            )
     plan = p.plans[0]
     check_plan(plan, p.precision)
 
