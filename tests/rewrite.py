@@ -95,3 +95,25 @@ def engine_orders(p: SpatialProgram) -> list[SpatialProgram]:
     progs = p.schedule.programs
     orders = (progs[::-1], progs[1::2] + progs[::2], tuple(sorted(progs, key=lambda q: (q.engine.value, -q.site))))
     return [p.evolve(schedule=dataclasses.replace(p.schedule, programs=order)) for order in orders]
+
+
+def unroll_k(p: SpatialProgram, order: list[int]) -> SpatialProgram:
+    """`p` with its K loops unrolled: the reader's steps in `order` (its reads addressed at each step's k), the
+    compute engine's in order. A correct program still (the sum is the same), which only a deeper ring or the
+    general form can hold when `order` is not 0, 1, …"""
+    from spatialc.ir.ops import ReadTiles, TileAddr
+
+    def at_k(op: ChoreoOp, k: int) -> ChoreoOp:
+        if not isinstance(op, ReadTiles):
+            return op
+        stride = dict(op.at.steps).get(LV_K, 0)
+        steps = tuple(s for s in op.at.steps if s[0] != LV_K)
+        return dataclasses.replace(op, at=TileAddr(op.at.base + k * stride, steps))
+
+    def unrolled(ks: list[int]) -> Callable[[ChoreoOp], tuple[ChoreoOp, ...] | None]:
+        return lambda op: (
+            tuple(at_k(o, k) for k in ks for o in op.body) if isinstance(op, Loop) and op.var == LV_K else None
+        )
+
+    p = replace(p, Engine.READER, unrolled(order))
+    return replace(p, Engine.COMPUTE, unrolled(list(range(len(order)))))

@@ -498,3 +498,30 @@ def test_lowering_many_sites_groups_the_schedule_by_site_once(monkeypatch):
     monkeypatch.setattr(Schedule, "programs_of", scan)
     art = spatialc.lower(p)
     assert art.launch.grid == 300 and art.general is not None
+
+
+@pytest.mark.emulation
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the host emulation needs g++")
+def test_auto_falls_back_to_the_general_form_where_the_persistent_kernel_cannot_hold_a_correct_program():
+    """K steps unrolled out of order hold more A pages than the ring has in the serialised order: the persistent
+    kernel's TooBig was auto's answer, though the general form (as the docstring says auto falls back to) runs it
+    exactly."""
+    import numpy as np
+
+    from .rewrite import unroll_k
+
+    p = spatialc.build(spatialc.gemm(32, 32, 128, "int8"), "sm_86", block=(2, 2, 2), sites=1, split_k=1)
+    q = verify(unroll_k(p, [3, 2, 1, 0]))
+    with pytest.raises(TooBig, match="held at once in the printed order"):
+        spatialc.lower(q, form="persistent")
+    a = spatialc.lower(q)
+    assert a.budget.form == "general"
+    assert a.notes == (
+        "the general form, as the persistent kernel cannot hold the program: pages of ring A_ring held at once in"
+        " the printed order: needs 4, has 3; deepen the ring or let its consumer drain it sooner",
+    )
+    rng = np.random.default_rng(0)
+    ins = {"A": rng.integers(-9, 9, (32, 128)), "B": rng.integers(-9, 9, (128, 32))}
+    want = spatialc.evaluate(q, ins)
+    assert np.array_equal(want, ins["A"] @ ins["B"])
+    assert np.array_equal(spatialc.emulate(a, ins), want)

@@ -19,7 +19,7 @@ from ...ir.nodes import SpatialProgram
 from ...passes.tile import in_panels
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
-from ..errors import LowerError, NeedsGeneral
+from ..errors import InternalError, LowerError, NeedsGeneral
 from . import general, hopper, persistent
 
 FORMS = ("auto", "persistent", "general", "sm90a")
@@ -63,6 +63,17 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
         return dataclasses.replace(
             art, notes=(*art.notes, *passed_over, f"the general form, as the persistent kernel refuses: {why}")
         )
+    except InternalError:
+        raise
+    except LowerError as why:  # a program the persistent kernel cannot hold (TooBig, Unsupported): auto tries on
+        if form == "persistent":
+            raise
+        try:
+            art = general.lower(program, target)
+        except LowerError:
+            raise why from None  # neither form prints it: the first form's reason is the answer
+        note = f"the general form, as the persistent kernel cannot hold the program: {why}"
+        return dataclasses.replace(art, notes=(*art.notes, *passed_over, note))
     art = _with_general(art, program, target)
     return dataclasses.replace(art, notes=(*art.notes, *passed_over))
 
