@@ -31,6 +31,7 @@ from ...ir.ops import (
     ChoreoOp,
     Compute,
     ComputeOp,
+    Const,
     Loop,
     MatmulTiles,
     PackAcc,
@@ -187,6 +188,43 @@ def refuse(p: SpatialProgram) -> None:
             raise Unsupported("an accumulator spill (acc_reload)", "accumulators never leave the registers")
         if isinstance(op, PackAcc) and op.accumulate:
             raise Unsupported("an accumulating PackAcc", "accumulator fragments are stored, never added to a page")
+    check_counter_wrap(p)
+
+
+# A ring's counters are C `unsigned`: they wrap at 2^32 pages, where a slot `count % DEPTH` and a phase
+# `(count / DEPTH) & 1` carry on unbroken only if DEPTH divides 2^32 — a power of two.
+COUNTER_WRAP = 2**32
+
+
+def check_counter_wrap(p: SpatialProgram) -> None:
+    """Unsupported where a ring whose depth is not a power of two could pass 2^32 pages on one site (every loop
+    at its largest count): its 32-bit counters would wrap onto the wrong slot and phase."""
+    for prog in p.schedule.programs:  # type: ignore[union-attr]
+        for bid, pages in reserved_pages(prog.ops).items():
+            kind = p.buffer(bid).kind
+            depth = getattr(kind, "depth_pages", 1)
+            if pages >= COUNTER_WRAP and depth & (depth - 1):
+                raise Unsupported(
+                    f"ring {p.buffer(bid).name} of {depth} pages passing up to {pages} pages on site {int(prog.site)}",
+                    "its 32-bit counters wrap at 2^32 pages, onto the right slot only for a power-of-two depth:"
+                    " give the ring a depth of 1, 2, 4, 8, …",
+                )
+
+
+def reserved_pages(ops: tuple[ChoreoOp, ...], times: int = 1) -> dict[BufferId, int]:
+    """Pages each ring is reserved over `ops` run `times` times, every loop taken at its largest count."""
+    out: dict[BufferId, int] = {}
+    for op in ops:
+        match op:
+            case Loop(count=Const(n), body=body) | Loop(count=Trip(bound=n), body=body):
+                inner = reserved_pages(body, times * n)
+            case Reserve(buf, n):
+                inner = {buf: times * n}
+            case _:
+                inner = {}
+        for bid, pages in inner.items():
+            out[bid] = out.get(bid, 0) + pages
+    return out
 
 
 def check_waits(p: SpatialProgram, ops: tuple[ChoreoOp, ...]) -> None:
