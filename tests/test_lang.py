@@ -13,7 +13,7 @@ import pytest
 
 import spatialc
 from spatialc import lang
-from spatialc.errors import IllFormedError, UnbalancedError
+from spatialc.errors import IllFormedError, SemanticError, UnbalancedError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -757,3 +757,56 @@ def test_an_error_about_a_group_or_a_stage_names_its_line():
         scope["gemm"]()  # type: ignore[operator]
     stage, plan = line_of(EXAMPLES / "gemm_by_hand.py", old), line_of(EXAMPLES / "gemm_by_hand.py", "p.plan(")
     assert f"mine.py:{stage}: the stage matmul" in str(wrong.value) and f"mine.py:{plan}: the plan" in str(wrong.value)
+
+
+def test_a_declared_type_refusal_names_the_users_lines_of_the_tensor_and_the_stage():
+    """rule 8's refusal of an operand of the wrong type named no line of the user's file."""
+
+    @lang.program(target="sm_90", precision="bf16")
+    def prog(p):
+        a = p.input("A", 16, 16)
+        b = p.input("B", 16, 16, dtype="int8")  # the line the refusal names first
+        c = p.output("C", 16, 16)
+        ra, rb = p.ring("ra", depth=1, tiles=1), p.ring("rb", depth=1, tiles=1)
+        rc = p.ring("rc", depth=1, tiles=1)
+        p.read("read_a", a, ra)
+        p.read("read_b", b, rb)
+        mm = p.matmul("mm", ra, rb, rc, block=(1, 1, 1))
+        p.write("write_c", rc, c)
+        acc = p.accumulator("acc", tiles=1)
+        p.plan(block=(1, 1, 1), grid=(1, 1), k_tiles=1, depth=1)
+        p.place([[0]])
+
+        @p.reader
+        def read(e):
+            for _ in e.items():
+                with ra.reserve() as page:
+                    page.read(a, 0, 1, 1)
+                with rb.reserve() as page:
+                    page.read(b, 0, 1, 1)
+
+        @p.compute
+        def multiply(e):
+            for _ in e.items():
+                acc.acquire()
+                x, y = ra.wait(), rb.wait()
+                acc.matmul(mm, x, y)
+                x.pop()
+                y.pop()
+                with rc.reserve() as page:
+                    acc.pack(page)
+                acc.release()
+
+        @p.writer
+        def write(e):
+            for _ in e.items():
+                with rc.wait() as page:
+                    page.write(c, 0, 1, 1)
+
+    with pytest.raises(SemanticError) as info:
+        prog()
+    here = __file__
+    lines = str(info.value).splitlines()
+    assert lines[0] == "tensor B holds int8 values, but the bf16 matmul stage mm reads it"
+    assert lines[1].startswith(f"  {here}:") and lines[1].endswith(": the tensor B")
+    assert lines[2].startswith(f"  {here}:") and lines[2].endswith(": the stage mm")

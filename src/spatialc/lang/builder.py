@@ -170,6 +170,7 @@ class Builder:
             raise refuse(f"tensor {name}: a grid of {tiles} tiles does not hold {what} elements")
         t = Tensor(TensorId(len(self.tensors)), name, TensorRole(role), (rows, cols), grid, kind, order_, groups)
         self.tensors.append(t)
+        self.declared[f"tensor {name}"] = user_line()  # an error about the tensor (its type, its shape) names it so
         return TensorRef(self, t.id, name)
 
     def input(

@@ -83,11 +83,11 @@ def located(
         for site, engine, text in error.related:
             lines_of(site, engine, text)
     if not found:
-        text = str(error).lower()
-        named = [w for w in (declared or {}) if re.search(rf"\b{re.escape(w)}\b", text)]  # the most precise first
+        text = str(error)
+        named = [w for w in (declared or {}) if re.search(rf"\b{re.escape(w)}\b", text, re.IGNORECASE)]
         if "placement" in named and len(named) > 1:
             named.remove("placement")  # a group's or a stage's own line says more than the placement's
-        if not named and "placement" in (declared or {}) and "site" in text and "item" in text:
+        if not named and "placement" in (declared or {}) and "site" in text.lower() and "item" in text.lower():
             named = ["placement"]
         for what in named:
             file, line = (declared or {})[what]

@@ -157,7 +157,8 @@ class _Way:
                 shapes.append((t.elems, (t.group_tiles[0], t.tiles[1]) if which == "B" else t.tiles))
                 if t.dtype.value != p.precision.value:
                     raise SemanticError(
-                        f"{t.name} holds {t.dtype.value} values, but the {p.precision.value} matmul reads it"
+                        f"tensor {t.name} holds {t.dtype.value} values, but the {p.precision.value} matmul stage"
+                        f" {stage.name} reads it"
                     )
                 continue
             inner, inner_ring, inner_chain = self.to_matmul(
