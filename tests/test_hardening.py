@@ -251,16 +251,18 @@ def test_evaluate_refuses_stores_past_physical_memory_before_allocating(program)
     a, b = np.ones((40, 20)), np.ones((20, 30))
     giant = [dataclasses.replace(t, tiles=(10**6, 10**6)) if t.name == "C" else t for t in program.tensors]
     t0 = time.perf_counter()
-    with pytest.raises(TooLarge, match=r"needs 20480000000\d+ bytes \(.* GiB\) .* this machine has \d+ bytes"):
+    with pytest.raises(TooLarge, match=r"needs \d+ bytes \(.* GiB: C's store .*\); the interpreter takes at most \d+"):
         spatialc.evaluate(program.evolve(tensors=tuple(giant)), {"A": a, "B": b})
     assert time.perf_counter() - t0 < 1.0
     assert issubclass(TooLarge, EvalError) and issubclass(TooLarge, SpatialError)
 
 
-def test_the_memory_estimate_is_every_padded_tile_in_float64(program, monkeypatch):
-    need = interp_evaluate.store_bytes(program)
-    assert need == sum(t.tiles[0] * t.tiles[1] for t in program.tensors) * 16 * 16 * 8
+def test_the_memory_estimate_counts_each_store_in_its_type_and_all_the_run_holds(program, monkeypatch):
+    """int8 A and B nothing writes are stored as int8, C (written) as float64; the estimate adds the rest."""
+    tiles = {t.name: t.tiles[0] * t.tiles[1] * 16 * 16 for t in program.tensors}
+    assert interp_evaluate.store_bytes(program) == tiles["A"] + tiles["B"] + tiles["C"] * 8
     a, b = np.ones((40, 20)), np.ones((20, 30))
+    need = sum(interp_evaluate.memory_ledger(program, inputs={"A": a, "B": b}).values())
     monkeypatch.setattr(interp_evaluate, "physical_memory", lambda: need - 1)
     with pytest.raises(TooLarge, match=f"needs {need} bytes"):
         spatialc.evaluate(program, {"A": a, "B": b})
@@ -613,10 +615,8 @@ def test_the_command_refuses_an_evaluation_past_memory_before_making_inputs(caps
     monkeypatch.setattr(interp_evaluate, "physical_memory", lambda: 2**30)
     too_early = lambda p, seed: pytest.fail("inputs made before the check")  # noqa: E731
     monkeypatch.setattr("spatialc.cli.commands.random_inputs", too_early)
-    err = refused_in_one_line(
-        capsys, "gemm", "20000", "20000", "64", says="float64 tiles; this machine has 1073741824 bytes"
-    )
-    assert "GiB) of memory" in err
+    err = refused_in_one_line(capsys, "gemm", "20000", "20000", "64", says="; this machine has 1073741824 bytes")
+    assert "C's store" in err and "--check none" in err
 
 
 @pytest.mark.parametrize(

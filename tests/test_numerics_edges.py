@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -26,3 +28,183 @@ def test_an_int64_output_of_long_int8_sums_is_exact(build):
     want = a.astype(np.int64) @ b.astype(np.int64)  # integer arithmetic: exact
     assert c.dtype == np.int64 and c[0, 0] == 2**31
     np.testing.assert_array_equal(c, want)
+
+
+# ---- memory, before anything is allocated (issue 30, point 6) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tall():
+    """65536 × 16 × 32768 int8: A alone is 2 GiB (16 GiB when the interpreter held it as float64)."""
+    return spatialc.build(spatialc.gemm(65536, 16, 32768, "int8"))
+
+
+def test_evaluate_refuses_past_its_memory_limit_before_allocating(tall):
+    import time
+    import tracemalloc
+
+    from spatialc.interp.errors import TooLarge
+
+    a = np.broadcast_to(np.int8(1), (65536, 32768))  # the shape without the memory
+    b = np.ones((32768, 16), np.int8)
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(
+            TooLarge, match=r"needs \d+ bytes \(.*A's store 2\.0 GiB.*\); the interpreter takes at most"
+        ):
+            spatialc.evaluate(tall, {"A": a, "B": b})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.perf_counter() - t0 < 2 and peak < 16 << 20  # refused from the plan, not from an allocation
+    with pytest.raises(TooLarge, match=r"rows=\.\.\..* max_bytes"):  # the way out is in the message
+        spatialc.evaluate(tall, {"A": a, "B": b})
+
+
+def test_max_bytes_bounds_a_small_evaluation_too():
+    from spatialc.interp.errors import TooLarge
+
+    p = spatialc.build(spatialc.gemm(64, 64, 64, "int8"))
+    inputs = {"A": np.ones((64, 64), np.int8), "B": np.ones((64, 64), np.int8)}
+    with pytest.raises(TooLarge, match="max_bytes is 1000 bytes"):
+        spatialc.evaluate(p, inputs, max_bytes=1000)
+    assert (spatialc.evaluate(p, inputs) == 64).all()
+
+
+@pytest.mark.parametrize(("precision", "kind"), [("int8", np.int8), ("fp16", np.float16), ("bf16", np.float32)])
+def test_operands_nothing_writes_are_stored_in_their_own_narrow_type(precision, kind):
+    from spatialc.interp.evaluate import load_inputs
+
+    p = spatialc.build(spatialc.gemm(32, 32, 48, precision))
+    stores, _ = load_inputs(p, {"A": np.ones((32, 48), kind), "B": np.ones((48, 32), kind)})
+    by_name = {s.tensor.name: s.arr.dtype for s in stores.values()}
+    assert by_name == {"A": kind, "B": kind, "C": np.float64}
+
+
+def test_a_whole_output_is_never_held_twice_in_pending_writes(monkeypatch):
+    """An epilogue's pages wait in the store's pending writes; past PENDING_ELEMS they are applied, same result."""
+    from spatialc.frontend import bias
+    from spatialc.interp import values
+
+    p = spatialc.build(spatialc.gemm(96, 96, 64, "int8", epilogue=[bias()]), "sm_86", block=(1, 1, 1))
+    rng = np.random.default_rng(1)
+    inputs = {
+        "A": rng.integers(-128, 128, (96, 64), dtype=np.int8),
+        "B": rng.integers(-128, 128, (64, 96), dtype=np.int8),
+        "bias": rng.integers(-1000, 1000, 96).astype(np.int32),
+    }
+    whole = spatialc.evaluate(p, inputs)
+    flushes = []
+    real = values.Store.flush
+    monkeypatch.setattr(values, "PENDING_ELEMS", 4 * 256)
+    monkeypatch.setattr(values.Store, "flush", lambda self: (flushes.append(len(self.pending)), real(self))[1])
+    np.testing.assert_array_equal(spatialc.evaluate(p, inputs), whole)
+    assert max(flushes) <= 5 and len(flushes) > 8  # applied a few pages at a time, not all 36 at the end
+
+
+# ---- a sample of C's rows (spatialc.evaluate(rows=...), spatialc gemm --check sampled) ----------------------------
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_a_sample_of_rows_is_exactly_those_rows_of_the_whole_run(precision):
+    p = spatialc.build(spatialc.gemm(200, 96, 320, precision), "sm_86")
+    rng = np.random.default_rng(2)
+    if precision == "int8":
+        a, b = (rng.integers(-128, 128, s, dtype=np.int8) for s in ((200, 320), (320, 96)))
+    else:
+        a, b = (spatialc.inputs.round_bf16(rng.standard_normal(s)).astype(np.float32) for s in ((200, 320), (320, 96)))
+    whole = spatialc.evaluate(p, {"A": a, "B": b})
+    rows = [199, 0, 17, 100, 101]
+    part = spatialc.evaluate(p, {"A": a[rows], "B": b}, rows=rows)
+    np.testing.assert_array_equal(part, whole[rows])
+    ok, _ = spatialc.tolerance(p).check(part, {"A": a[rows], "B": b}, rows=rows)
+    assert ok
+
+
+def test_a_sample_multiplies_only_its_rows(monkeypatch):
+    from spatialc.interp import values
+
+    p = spatialc.build(spatialc.gemm(512, 64, 256, "int8"), "sm_86")
+    rows = list(range(32, 48))
+    seen = []
+    real = values.matmul
+    monkeypatch.setattr(values, "matmul", lambda a, b, out=None: (seen.append(a.shape[0]), real(a, b, out))[1])
+    a = np.ones((16, 256), np.int8)
+    c = spatialc.evaluate(p, {"A": a, "B": np.ones((256, 64), np.int8)}, rows=rows)
+    assert (c == 256).all() and c.shape == (16, 64)
+    assert sum(seen) <= 2 * 16  # a tile row, not 512 rows
+
+
+def test_a_grouped_sample_takes_the_same_rows_of_every_group():
+    p = spatialc.build(spatialc.grouped_gemm(3, 40, 32, 48, "bf16"), "sm_86")
+    rng = np.random.default_rng(3)
+    a = spatialc.inputs.round_bf16(rng.standard_normal((3, 40, 48))).astype(np.float32)
+    b = spatialc.inputs.round_bf16(rng.standard_normal((3, 48, 32))).astype(np.float32)
+    sizes = np.array([40, 20, 0], np.int32)
+    whole = spatialc.evaluate(p, {"A": a, "B": b, "sizes": sizes})
+    rows = [0, 19, 20, 39]
+    part = spatialc.evaluate(p, {"A": a[:, rows], "B": b, "sizes": sizes}, rows=rows)
+    np.testing.assert_array_equal(part, whole[:, rows])
+    assert spatialc.tolerance(p).check(part, {"A": a[:, rows], "B": b, "sizes": sizes}, rows=rows)[0]
+
+
+@pytest.mark.parametrize("rows", [[0, 0], [64], "0"])
+def test_a_sample_of_rows_that_are_not_rows_is_refused(rows):
+    from spatialc.errors import SpatialError
+
+    p = spatialc.build(spatialc.gemm(64, 32, 32, "int8"), "sm_86")
+    with pytest.raises(SpatialError, match="rows"):
+        spatialc.evaluate(p, {"A": np.ones((len(rows), 32), np.int8), "B": np.ones((32, 32), np.int8)}, rows=rows)
+
+
+# ---- the command's --check ----------------------------------------------------------------------------------------
+
+
+def run_cli(capsys, *argv):
+    from spatialc.cli import main
+
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_a_full_check_past_memory_is_one_line_before_any_input_is_made(capsys, monkeypatch):
+    monkeypatch.setattr("spatialc.cli.commands.random_inputs", lambda *a: pytest.fail("inputs made before the check"))
+    status, out, err = run_cli(capsys, "gemm", "65536", "16", "32768", "--check", "full")
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "A's store 2.0 GiB" in err and "--check sampled" in err and "--check none" in err
+
+
+def test_the_default_above_a_billion_multiply_adds_is_a_sample(capsys):
+    status, out, err = run_cli(capsys, "gemm", "2048", "1024", "1024", "--target", "sm_86")
+    assert status == 0, err
+    check = next(line for line in out.splitlines() if "check " in line)
+    assert "on rows 0..15, " in check and "2032..2047 of C (--check sampled; the default above" in check
+    assert check.endswith("OK, exact")
+    assert re.search(r"time +build \d+ ms, evaluate \d+ ms, check \d+ ms, lower", out)
+
+
+def test_check_none_runs_no_interpreter_and_says_so(capsys, monkeypatch):
+    monkeypatch.setattr(spatialc.api, "evaluate", lambda *a, **k: pytest.fail("the interpreter ran"))
+    status, out, err = run_cli(capsys, "gemm", "64", "64", "64", "--check", "none")
+    assert status == 0, err
+    assert "check     none (--check none)" in out and re.search(r"time +build \d+ ms, check none, lower", out)
+
+
+def test_a_sampled_grouped_check(capsys):
+    status, out, err = run_cli(capsys, "grouped-gemm", "3", "100", "32", "32", "--check", "sampled")
+    assert status == 0, err
+    assert "interpreter vs numpy reference on rows 0..15, " in out and "..99 of C (--check sampled)" in out
+
+
+# ---- inputs that are not arrays (issue 30, point 9) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "said"), [(None, "got None"), ("A", "got a str ('A')"), (3.0, "got a float (3.0)")])
+def test_an_input_that_is_no_array_is_named_as_what_it_is(value, said):
+    from spatialc.inputs import InputError
+
+    p = spatialc.build(spatialc.gemm(32, 32, 64, "int8"), "sm_86")
+    with pytest.raises(InputError, match=rf"tensor A: expected an array of shape \(32, 64\), {re.escape(said)}$"):
+        spatialc.evaluate(p, {"A": value, "B": np.ones((64, 32), np.int8)})

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .epilogue import ACTIVATION_SLOPE, ACTIVATION_TAIL
+from .errors import ProgramError
 from .ir.nodes import DType, SpatialProgram, TensorRole
 from .ir.ops import Activation, Bias, Precision, Scalar
 
@@ -77,20 +78,24 @@ class Tolerance:
         """The allowed |C − ref| of each element for these inputs (zeros for an exact program)."""
         return self._against(inputs)[1]
 
-    def _against(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-        """The reference and the bound of each element, from the operands rounded once."""
+    def _against(self, inputs: Mapping[str, Any], rows: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """The reference and the bound of each element, from the operands rounded once (A, and so C, only the
+        sampled `rows` where given)."""
+        from .interp.values import matmul
         from .reference import reference, reference_of, rounded_operands
 
         if self.chained:
+            if rows is not None:
+                raise ProgramError(f"program {self.program.name} multiplies a computed operand: check it whole")
             ref = reference(self.program, inputs)
             size = np.abs(ref.astype(np.float64))
             return ref, _chained(self.program, inputs, bool(self.ulps)) + 2 * self.out_eps * size + _TINY
         a, b = rounded_operands(self.program, inputs)
-        ref = reference_of(self.program, a, b, inputs)
+        ref = reference_of(self.program, a, b, inputs, rows)
         if self.exact:
             return ref, np.zeros(ref.shape)
         size = np.abs(ref.astype(np.float64))
-        magnitude = np.abs(a) @ np.abs(b)
+        magnitude = _abs_product(a, b, matmul)  # float operands (an exact int8 program returned above)
         sums = self.ulps * EPS32 * self.scale * magnitude
         if self.activations:
             # |x| at an activation is at most the products' magnitude, scaled, plus the largest parameter (a bias)
@@ -105,9 +110,10 @@ class Tolerance:
         """One absolute tolerance for `np.allclose(c, ref, rtol=0, atol=...)`: the largest element's bound."""
         return float(np.max(self.bound(inputs), initial=0.0))
 
-    def check(self, c: np.ndarray, inputs: Mapping[str, Any]) -> tuple[bool, str]:
-        """Whether C is within the bound of the reference, and a one-line account of how close it is."""
-        ref, bound = self._against(inputs)
+    def check(self, c: np.ndarray, inputs: Mapping[str, Any], rows: Any = None) -> tuple[bool, str]:
+        """Whether C is within the bound of the reference, and a one-line account of how close it is. With `rows`,
+        `inputs` gives A as just those rows (in each group) and C is those rows of the result (a sample)."""
+        ref, bound = self._against(inputs, rows)
         if np.shape(c) != ref.shape:
             return False, f"C has shape {np.shape(c)}, the reference {ref.shape}"
         if self.exact:
@@ -154,6 +160,7 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
     """The error bound of each element of C before its rounding to C's type, carried from the inputs through each
     matmul, each elementwise op and each computed operand's rounding (see the module docstring)."""
     from .interp.numerics import computed_operand
+    from .interp.values import matmul as product
     from .reference import _declared, applied, tensor_operand
 
     decl = _declared(p)
@@ -170,14 +177,14 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
             values.append(computed_operand(x, p.precision.value))
             errors.append(np.where(e > 0, e + u * (2 * np.abs(x) + e), 0.0))
         (a, b), (ea, eb) = values, errors
-        magnitude = np.abs(a) @ np.abs(b)
+        magnitude = _abs_product(a, b, product)
         ulps = mm.k_elems + 4 if kernel else 4
         err = (
             ulps * EPS32 * magnitude + (ea @ np.abs(b) if ea.ndim == 2 else 0) + (np.abs(a) @ eb if eb.ndim == 2 else 0)
         )
         if ea.ndim == 2 and eb.ndim == 2:
             err = err + ea @ eb
-        return a @ b, err
+        return product(a, b) if a.ndim == 2 else a @ b, err
 
     def through(x: np.ndarray, e: np.ndarray, ops: list) -> tuple[np.ndarray, np.ndarray]:
         for op in ops:
@@ -193,3 +200,10 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
 
     assert decl.matmul is not None
     return through(*matmul(decl.matmuls[decl.matmul.id]), [s.kind.op for s in decl.chain])[1]
+
+
+def _abs_product(a: np.ndarray, b: np.ndarray, matmul: Any) -> np.ndarray:
+    """|A| @ |B| in float64 (each group's own for a grouped GEMM's operands)."""
+    if a.ndim == 2 and b.ndim == 2:
+        return matmul(np.abs(a), np.abs(b))
+    return np.abs(a) @ np.abs(b)

@@ -61,12 +61,39 @@ def verify(program: SpatialProgram, target: str | SpatialTarget | None = None) -
     return check(program, None if target is None else get_target(target))
 
 
-def evaluate(program: SpatialProgram, inputs: dict[str, Any], **kwargs: Any):
-    """The exact result of `program` on `inputs` (name → numpy array), from the reference interpreter."""
+def evaluate(program: SpatialProgram, inputs: dict[str, Any], *, rows: Any = None, **kwargs: Any):
+    """The exact result of `program` on `inputs` (name → numpy array), from the reference interpreter.
+
+    `rows` (row indices of C, within each group of a grouped GEMM) evaluates a sample: A comes as just those rows,
+    in that order, and so does C. `max_bytes` bounds the memory the run may take (2 GiB unless told; TooLarge,
+    before anything is allocated, past it); `trace=True` also returns the run's Trace."""
+    from .interp.evaluate import Sample
     from .interp.evaluate import evaluate as run_interpreter
 
     expect_program("evaluate", program, "from spatialc.build")
+    if rows is not None:
+        kwargs["sample"] = Sample(sampled_rows(rows), (row_operand(program),))
     return run_interpreter(program, inputs, **kwargs)
+
+
+def sampled_rows(rows: Any) -> tuple[int, ...]:
+    """`rows` as a tuple of whole numbers, or ProgramError."""
+    import numpy as np
+
+    arr = np.asarray(rows)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise ProgramError(f"rows is a list of whole numbers (row indices of C), not {_kind(rows)}")
+    return tuple(int(r) for r in arr)
+
+
+def row_operand(program: SpatialProgram) -> str:
+    """The name of the input whose rows are C's rows (the matmul's A), or ProgramError."""
+    from .reference import _declared
+
+    decl = _declared(program)
+    if decl.a is None or len(decl.matmuls) != 1:
+        raise ProgramError(f"rows samples a program of one tile matmul of two tensors; {program.name} is not one")
+    return program.tensor(decl.a).name
 
 
 def lower(program: SpatialProgram, target: str | SpatialTarget | None = None, form: str = "auto"):

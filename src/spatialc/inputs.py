@@ -116,11 +116,20 @@ def check_inputs(owner: str, specs: list[TensorSpec], inputs: Mapping[str, Any])
     """Each spec's array from `inputs`, checked and holding exactly its element type's values; else InputError."""
     out = {}
     for spec, value in match_names(owner, specs, inputs):
-        given = shaped(spec, host_array(spec.name, value))
+        given = shaped(spec, host_array(spec.name, _an_array(spec, value)))
         values = operand_values(spec.name, given, spec.dtype)
         warn_if_rounded(spec.dtype, given, values)
         out[spec.name] = values
     return out
+
+
+def _an_array(spec: TensorSpec, value: Any) -> Any:
+    """`value`, unless it is no array at all — None, a string, one number — which InputError names as what it is
+    (numpy would read it as an array of shape ())."""
+    if value is None or isinstance(value, str | bytes | int | float | complex):
+        what = "None" if value is None else f"a {type(value).__name__} ({value!r:.40})"
+        raise InputError(f"tensor {spec.name}: expected an array of shape {spec.shape}, got {what}")
+    return value
 
 
 def match_names(owner: str, specs: list[TensorSpec], inputs: Mapping[str, Any]) -> list[tuple[TensorSpec, Any]]:
@@ -192,17 +201,57 @@ def _first_line(e: BaseException) -> str:
 def operand_values(name: str, values: Any, dtype: DType) -> np.ndarray:
     """An array whose values, read as float64, are exactly what a tensor of `dtype` holds; or InputError.
 
-    Integer arrays that fit are returned as they are (the interpreter's float64 store is the only copy)."""
+    Integer arrays that fit are returned as they are, and so are float32 arrays of fp16 / bf16 values; other fp16 /
+    bf16 inputs come back rounded, as float32 (which holds every such value)."""
     arr = host_array(name, values)
     check_values(name, arr, dtype)
     match dtype:
         case DType.FP16:
-            return round_fp16(arr)
+            return _as_float32(arr, round_fp16)
         case DType.BF16:
-            return round_bf16(arr)
+            return _as_float32(arr, round_bf16)
         case DType.FLOAT32:
             return arr.astype(np.float32)
     return arr
+
+
+def _as_float32(arr: np.ndarray, rnd: Any) -> np.ndarray:
+    """`arr` rounded by `rnd` (to bf16 or fp16) as float32, which holds each such value exactly: `arr` itself where
+    it is a float32 array of such values already (no copy), else a new array made a chunk at a time."""
+    if arr.dtype == np.float32 and all(_holds(rnd, part) for part in _chunks(arr.reshape(-1))):
+        return arr
+    return _by_chunks(rnd, arr, np.empty(arr.shape, np.float32))
+
+
+def _holds(rnd: Any, part: np.ndarray) -> bool:
+    """Whether the float32 values `part` round to themselves: for bf16 (float32's top 16 bits, subnormals and
+    infinities alike) whether their low 16 bits are zero, NaNs aside."""
+    if rnd is round_bf16:
+        low = (part.view(np.uint32) & 0xFFFF) != 0
+        return not low.any() or bool(np.isnan(part[low]).all())
+    return np.array_equal(rnd(part), part, equal_nan=True)
+
+
+ROUND_CHUNK = 1 << 20  # elements rounded at once: the rounding's float64 temporaries stay a few MiB
+
+
+def _chunks(flat: np.ndarray) -> Any:
+    return (flat[i : i + ROUND_CHUNK] for i in range(0, flat.size, ROUND_CHUNK))
+
+
+def _by_chunks(fn: Any, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[...] = fn(x), a block of leading rows at a time, so that fn's temporaries stay within ROUND_CHUNK
+    elements whatever the size of x (a view, strided or not: nothing is copied whole)."""
+    if x.size <= ROUND_CHUNK or x.ndim == 0:
+        out[...] = fn(x)
+    elif x.ndim == 1:
+        for i in range(0, x.size, ROUND_CHUNK):
+            out[i : i + ROUND_CHUNK] = fn(x[i : i + ROUND_CHUNK])
+    else:
+        per = max(1, ROUND_CHUNK // max(1, x[0].size))
+        for i in range(0, x.shape[0], per):
+            _by_chunks(fn, x[i : i + per], out[i : i + per])
+    return out
 
 
 def check_values(name: str, x: Any, dtype: DType, xp: Any = np) -> None:
@@ -228,6 +277,13 @@ def check_values(name: str, x: Any, dtype: DType, xp: Any = np) -> None:
 
 def round_bf16(x: Any) -> np.ndarray:
     """float64 → the nearest bfloat16 value (ties to even) as float64; overflow → ±inf, nan stays nan."""
+    x = np.asarray(x)
+    if x.size > ROUND_CHUNK:
+        return _by_chunks(_round_bf16, x, np.empty(x.shape))
+    return _round_bf16(x)
+
+
+def _round_bf16(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     finite = np.isfinite(x)
     xf = np.where(finite, x, 0.0)
@@ -242,6 +298,9 @@ def round_bf16(x: Any) -> np.ndarray:
 
 def round_fp16(x: Any) -> np.ndarray:
     """float64 → the nearest float16 value (ties to even) as float64; numpy's cast rounds from float64 directly."""
+    x = np.asarray(x)
+    if x.size > ROUND_CHUNK:
+        return _by_chunks(round_fp16, x, np.empty(x.shape))
     with np.errstate(over="ignore"):
         return np.asarray(x, dtype=np.float64).astype(np.float16).astype(np.float64)
 
@@ -259,15 +318,19 @@ def rounding_watched(dtype: DType) -> bool:
 def warn_if_rounded(dtype: DType, before: Any, after: Any, xp: Any = np) -> None:
     """Warn once per process and precision when rounding `before` to fp16 / bf16 (giving `after`) changed a value;
     nothing is computed once the warning has been given."""
-    if not rounding_watched(dtype) or not before.size:
+    if not rounding_watched(dtype) or not before.size or after is before:
         return
     # float32 holds fp16 / bf16 / float32 inputs and their rounded values exactly, and halves a GPU's scratch
     kind, size = np.dtype(before.dtype).kind, np.dtype(before.dtype).itemsize
     wide = xp.float32 if kind == "f" and size <= 4 else xp.float64
-    with np.errstate(invalid="ignore", over="ignore"):
-        b = before.astype(wide)
-        change = xp.where(xp.isfinite(b), xp.abs(after.astype(wide) - b), 0)
-    largest = float(change.max())
+    largest = 0.0
+    # a chunk at a time on the host (the differences of a whole input would take gigabytes); whole on a GPU
+    pairs = zip(_chunks(before.reshape(-1)), _chunks(after.reshape(-1)), strict=True) if xp is np else [(before, after)]
+    for b0, a0 in pairs:
+        with np.errstate(invalid="ignore", over="ignore"):
+            b = b0.astype(wide)
+            change = xp.where(xp.isfinite(b), xp.abs(a0.astype(wide) - b), 0)
+        largest = max(largest, float(change.max()))
     if largest == 0:
         return
     _WARNED.add(dtype)

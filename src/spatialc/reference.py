@@ -17,6 +17,7 @@ from . import epilogue
 from .errors import ProgramError
 from .inputs import operand_values, row_limits
 from .interp.numerics import computed_operand, output_values
+from .interp.values import matmul
 from .ir.nodes import SpatialProgram
 from .ir.ops import Bias, Precision
 
@@ -35,8 +36,8 @@ def epilogue_ops(p: SpatialProgram) -> list:
 
 
 def rounded_operands(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """A and B — the tensors the matmul stage multiplies, in that order, whatever their names — as float64 holding
-    exactly the operand type's values (float64 sums int8 products exactly)."""
+    """A and B — the tensors the matmul stage multiplies, in that order, whatever their names — holding exactly the
+    operand type's values (int8 as given, fp16 / bf16 as float32), for `values.matmul`, which sums in float64."""
     decl = _declared(p)
     if decl.a is None or decl.b is None or len(decl.matmuls) > 1:
         raise ProgramError(f"program {p.name} declares no single tile matmul of two tensors, so it has no A and B")
@@ -44,9 +45,10 @@ def rounded_operands(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[np.n
 
 
 def tensor_operand(p: SpatialProgram, tensor: Any, inputs: Mapping[str, Any]) -> np.ndarray:
-    """A matmul's operand read from `tensor`: the given array rounded to its element type, as float64."""
+    """A matmul's operand read from `tensor`: the given array rounded to its element type (int8 stays int8: take
+    np.abs of it only wider, as -128 has no int8 magnitude)."""
     t = p.tensor(tensor)
-    return operand_values(t.name, inputs[t.name], t.dtype).astype(np.float64)
+    return operand_values(t.name, inputs[t.name], t.dtype)
 
 
 def reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
@@ -72,7 +74,7 @@ def matmul_value(p: SpatialProgram, decl: Any, mm: Any, inputs: Mapping[str, Any
             continue
         x = applied(p, matmul_value(p, decl, decl.matmuls[source], inputs), [s.kind.op for s in chain], inputs)
         operands.append(computed_operand(x, p.precision.value))
-    x = operands[0] @ operands[1]
+    x = matmul(*operands)
     return np.rint(x) if p.precision == Precision.INT8 else x
 
 
@@ -87,16 +89,27 @@ def applied(p: SpatialProgram, x: np.ndarray, ops: list, inputs: Mapping[str, An
     return x
 
 
-def reference_of(p: SpatialProgram, a: np.ndarray, b: np.ndarray, inputs: Mapping[str, Any]) -> np.ndarray:
-    """`reference` from A and B already rounded by `rounded_operands` (the other inputs, a bias, from `inputs`)."""
+def reference_of(
+    p: SpatialProgram, a: np.ndarray, b: np.ndarray, inputs: Mapping[str, Any], rows: Any = None
+) -> np.ndarray:
+    """`reference` from A and B already rounded by `rounded_operands` (the other inputs, a bias, from `inputs`); A
+    may be a sample of its rows (in each group), `rows`, which C's rows then are."""
     integer = p.precision == Precision.INT8
-    x = applied(p, np.rint(a @ b) if integer else a @ b, epilogue_ops(p), inputs)
+    x = applied(p, np.rint(_matmul(a, b)) if integer else _matmul(a, b), epilogue_ops(p), inputs)
     out = p.output_tensor()
     assert out is not None
     if out.groups > 1:  # a grouped GEMM: each group's rows at or past its row count are left zero
         x = np.array(x, copy=True)
+        at = np.arange(x.shape[1]) if rows is None else np.asarray(rows)
         for name in row_limits(p):
             counts = np.asarray(inputs[name]).reshape(-1)
             for g, count in enumerate(counts[: out.groups]):
-                x[g, int(count) :] = 0
+                x[g, at >= int(count)] = 0
     return output_values(out.name, x, out.dtype)  # C's element type, rounded as the interpreter rounds it
+
+
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b in float64 (`values.matmul`), each group's own for a grouped GEMM's (G, rows, K) @ (G, K, N)."""
+    if a.ndim == 2:
+        return matmul(a, b)
+    return np.stack([matmul(a[g], b[g]) for g in range(a.shape[0])])

@@ -185,6 +185,13 @@ def _program_options(g: argparse.ArgumentParser, precision: str, *, split: bool)
     g.add_argument(
         "--requant", type=_requant, metavar="SCALE[,ZP]", help="epilogue: requantise to int8 (int8 programs), last"
     )
+    g.add_argument(
+        "--check",
+        choices=["full", "sampled", "none"],
+        help="what the reference interpreter computes and checks against numpy: full (all of C), sampled (every op"
+        " runs, but only 4 tile rows of C are computed and checked: the first, the last and two drawn from --seed)"
+        " or none (default: full up to 2^30 multiply-adds, where it fits the interpreter's 2 GiB, else sampled)",
+    )
     _run_options(g, with_run=True)
     g.add_argument("--json", type=Path, metavar="FILE", help="save the verified program as JSON")
     g.add_argument("--show", action="store_true", help="print the program's choreography (its first two sites)")

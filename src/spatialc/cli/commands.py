@@ -17,6 +17,7 @@ from ..ir.printer import plural, program_text
 from ..ir.serde import to_json
 from ..target import target
 from . import UsageError
+from .check import CheckPlan, plan_check, sample_text
 from .report import kernel_lines, program_lines, random_inputs
 
 # The largest document `show` and `verify` read: a program of verify's MAX_ITEMS (2^24) items lists each in its
@@ -41,32 +42,31 @@ def cmd_gemm(args: argparse.Namespace) -> int:
     prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=epilogue_of(args))
     epi = prog.name.split("_", 3)[3].replace("_", " → ") if prog.name.count("_") > 2 else ""
     head = f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision}"
-    p, inputs, times = _built(
+    p, inputs, times, plan = _built(
         args, prog, head, f", epilogue {epi}" if epi else "", split_k=args.split_k, multicast=args.multicast
     )
-    return _check_and_run(p, args, inputs, times)
+    return _check_and_run(p, args, inputs, times, plan)
 
 
 def cmd_grouped_gemm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a grouped GEMM on random operands and the given (or random) row counts."""
     prog = api.grouped_gemm(args.groups, args.max_rows, args.n, args.k, args.precision, epilogue=epilogue_of(args))
     head = f"spatialc grouped-gemm {args.groups} groups of at most {args.max_rows}x{args.n}x{args.k} {args.precision}"
-    p, inputs, times = _built(args, prog, head, "")
+    p, inputs, times, plan = _built(args, prog, head, "")
     if args.sizes is not None:
         if len(args.sizes) != args.groups:
             raise UsageError(f"--sizes gives {len(args.sizes)} row counts for {args.groups} groups")
         inputs["sizes"] = np.array(args.sizes, dtype=np.int64)
     shown = ", ".join(map(str, inputs["sizes"][:16])) + (", …" if args.groups > 16 else "")
     print(f"  sizes     {shown} ({int(np.sum(inputs['sizes']))} rows in all, of {args.groups * args.max_rows})")
-    return _check_and_run(p, args, inputs, times)
+    return _check_and_run(p, args, inputs, times, plan)
 
 
 def _built(
     args: argparse.Namespace, prog: SpatialProgram, head: str, tail: str, **extra
-) -> tuple[SpatialProgram, dict, list[str]]:
-    """`prog` built as the options say, its plan printed (and saved with --json); the random inputs it runs on."""
-    from ..interp.evaluate import check_memory
-
+) -> tuple[SpatialProgram, dict, list[str], CheckPlan]:
+    """`prog` built as the options say, its plan printed (and saved with --json); the random inputs it runs on, and
+    how much of it is checked."""
     t0 = time.perf_counter()
     p = api.build(
         prog,
@@ -87,33 +87,66 @@ def _built(
         args.json.parent.mkdir(parents=True, exist_ok=True)  # as --emit and --pictures make their folders
         args.json.write_text(to_json(p, indent=1))
         print(f"  saved     {args.json}")
-    check_memory(p)  # refused now, before the random inputs take gigabytes of their own
-    return p, random_inputs(p, args.seed), [f"build {t_build * 1e3:.0f} ms"]
+    plan = plan_check(p, args.check, args.seed, full_inputs=args.run)  # refused now, before the inputs are made
+    # A kernel runs on whole inputs; a sample's are just its rows; with no check and no run, no operand is made.
+    inputs = random_inputs(p, args.seed, None if args.run else plan.sample, args.run or plan.mode != "none")
+    return p, inputs, [f"build {t_build * 1e3:.0f} ms"], plan
 
 
-def _check_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, times: list[str]) -> int:
-    """The interpreter against numpy, then (as asked) the kernel: printed, emitted, run."""
-    t0 = time.perf_counter()
+def _check_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, times: list[str], plan: CheckPlan) -> int:
+    """The interpreter against numpy (all of C, a sample of its rows, or neither), then (as asked) the kernel:
+    printed, emitted, run."""
     pictures = getattr(args, "pictures", None)
-    if pictures:
-        c, trace = api.evaluate(p, inputs, trace=True)
+    given = _sampled(inputs, plan)
+    c = _interpreted(p, given, plan, pictures, times) if plan.mode != "none" else None
+    if c is None:
+        ok = True
+        print("  check     none (--check none): the interpreter did not run, and nothing was compared with numpy")
+        times.append("check none")
     else:
-        c = api.evaluate(p, inputs)
-    times.append(f"evaluate {(time.perf_counter() - t0) * 1e3:.0f} ms")
-    if pictures:
-        _pictures(p, trace, pictures)
-    ok, how = tolerance(p).check(c, inputs)
-    print(f"  check     interpreter vs numpy reference: {'OK' if ok else 'MISMATCH'}, {how}")
+        t0 = time.perf_counter()
+        ok, how = tolerance(p).check(c, given, rows=plan.rows)
+        times.append(f"check {(time.perf_counter() - t0) * 1e3:.0f} ms")
+        what = f" on rows {sample_text(plan)} of C (--check sampled{plan.why})" if plan.sample else ""
+        print(f"  check     interpreter vs numpy reference{what}: {'OK' if ok else 'MISMATCH'}, {how}")
     if getattr(args, "show", False):
         print(program_text(p, sites=2), end="")
     status = 0 if ok else 1
-    status = max(status, _kernel(p, args, inputs, c, times))
+    status = max(status, _kernel(p, args, inputs, (c, given, plan), times))
     print(f"  time      {', '.join(times)}")
     return status
 
 
-def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.ndarray, times: list[str]) -> int:
-    """The kernel's memory; with --emit its files, with --run its result against the interpreter's."""
+def _interpreted(p: SpatialProgram, given: dict, plan: CheckPlan, pictures: Path | None, times: list[str]):
+    """C (or its sampled rows) from the reference interpreter, its run drawn into `pictures` where asked."""
+    t0 = time.perf_counter()
+    rows = {"rows": plan.rows} if plan.sample is not None else {}
+    if pictures:
+        c, trace = api.evaluate(p, given, trace=True, **rows)
+    else:
+        c = api.evaluate(p, given, **rows)
+    times.append(f"evaluate {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    if pictures:
+        _pictures(p, trace, pictures)
+    return c
+
+
+def _sampled(inputs: dict, plan: CheckPlan) -> dict:
+    """The inputs as a sampled check takes them: its tensors (A) as just the sampled rows (in each group)."""
+    if plan.sample is None:
+        return inputs
+    rows = list(plan.sample.rows)
+    out = dict(inputs)
+    for name in plan.sample.given:
+        a = inputs[name]
+        if a.shape[-2] != len(rows) or len(rows) == 0:
+            out[name] = a[rows] if a.ndim == 2 else a[:, rows]
+    return out
+
+
+def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, checked: tuple, times: list[str]) -> int:
+    """The kernel's memory; with --emit its files, with --run its result against the interpreter's (`checked`: C or
+    its sampled rows, the inputs they came from and the check's plan)."""
     t0 = time.perf_counter()
     try:
         art = api.lower(p, form=args.form)
@@ -137,12 +170,23 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, c: np.nda
     t0 = time.perf_counter()
     where, out = _run_somewhere(art, inputs, args.mode or "late", args.progress)
     times.append(f"run {(time.perf_counter() - t0) * 1e3:.0f} ms")
+    return _kernel_checked(p, where, out, *checked)
+
+
+def _kernel_checked(p: SpatialProgram, where: str, out: np.ndarray, c, given: dict, plan: CheckPlan) -> int:
+    """The kernel's C against the interpreter's (int8, exactly) or the reference (within the float32-sum bound)."""
+    if c is None:
+        print(f"  run       {where}: C not checked (--check none)")
+        return 0
+    if plan.rows is not None:
+        out = out[list(plan.rows)] if out.ndim == 2 else out[:, list(plan.rows)]
     if p.precision.value == "int8":
         same, how = bool(np.array_equal(out, c)), "the reference interpreter, exactly"
     else:
-        same, how = tolerance(p, kernel=True).check(out, inputs)
+        same, how = tolerance(p, kernel=True).check(out, given, rows=plan.rows)
         how = f"the numpy reference within the float32-sum bound: {how}"
-    print(f"  run       {where}: C {'equals' if same else 'DIFFERS FROM'} {how}")
+    rows = f" (rows {sample_text(plan)})" if plan.rows is not None else ""
+    print(f"  run       {where}: C{rows} {'equals' if same else 'DIFFERS FROM'} {how}")
     return 0 if same else 1
 
 
@@ -300,12 +344,10 @@ def cmd_lower(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a saved program on random inputs: the interpreter against numpy, then its kernel against the interpreter."""
-    from ..interp.evaluate import check_memory
-
     p = _verified(args.file)
     print(f"spatialc run {args.file}: {p.name} on {p.target}")
     print("\n".join(program_lines(p)))
-    check_memory(p)
+    plan = plan_check(p, getattr(args, "check", None), args.seed, full_inputs=True)
     args.run = True  # a saved program's kernel always runs
     print(f"  inputs    random, seed {args.seed}", file=sys.stdout)
-    return _check_and_run(p, args, random_inputs(p, args.seed), [])
+    return _check_and_run(p, args, random_inputs(p, args.seed), [], plan)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..ir.nodes import Fifo, Interm, PageLayout, SpatialProgram
@@ -11,29 +13,49 @@ from ..passes.split import split_ranges, workspace_bytes
 from ..target import target
 
 
-def random_inputs(p: SpatialProgram, seed: int) -> dict[str, np.ndarray]:
+def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bool = True) -> dict[str, np.ndarray]:
     """Inputs for a GEMM: int8 over its whole range, fp16/bf16 standard normal rounded to the operand type (float32
     arrays: they were chosen at random, so they are not rounded again, with a warning, on the way in); a bias of n
-    values (int32 within ±2^15 for int8 programs); a grouped GEMM's row counts uniform in 0..max_rows."""
-    from ..inputs import operand_values, row_limits
+    values (int32 within ±2^15 for int8 programs); a grouped GEMM's row counts uniform in 0..max_rows. With a
+    `sample` (an interpreter Sample), its tensors (A) are made as just the sampled rows (in each group); without
+    `operands`, only the parameters (nothing will multiply A and B)."""
+    from ..inputs import row_limits
 
     rng = np.random.default_rng(seed)
     out = {}
     integer = p.precision.value == "int8"
     counts = row_limits(p)
     for t in p.tensors:
-        shape = (t.groups, *t.elems) if t.groups > 1 else t.elems
+        rows = len(sample.rows) if sample is not None and t.name in sample.given else t.elems[0]
+        shape = (t.groups, rows, t.elems[1]) if t.groups > 1 else (rows, t.elems[1])
+        if t.role.value == "input" and not operands:
+            continue
         if t.role.value == "input":
             out[t.name] = (
-                rng.integers(-128, 128, size=shape, dtype=np.int8)
-                if integer
-                else operand_values(t.name, rng.standard_normal(shape), t.dtype).astype(np.float32)
+                rng.integers(-128, 128, size=shape, dtype=np.int8) if integer else _normal(rng, shape, t.name, t.dtype)
             )
         elif t.name in counts:  # a grouped GEMM's row counts: anything from none to all of a group's rows
             out[t.name] = rng.integers(0, counts[t.name] + 1, size=t.elems[1]).astype(np.int32)
         elif t.role.value == "parameter":
             n = t.elems[1]
             out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)
+    return out
+
+
+NORMAL_CHUNK = 1 << 20  # values drawn at once: the float64 draws of a whole operand would take gigabytes
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], name: str, dtype: Any) -> np.ndarray:
+    """Standard normal values rounded to `dtype`, as float32, drawn a block of rows at a time (the same values as
+    one draw of the whole shape: the generator fills row-major)."""
+    from ..inputs import operand_values
+
+    out = np.empty(shape, np.float32)
+    flat = out.reshape(-1, shape[-1])
+    per = max(1, NORMAL_CHUNK // max(shape[-1], 1))
+    for r in range(0, flat.shape[0], per):
+        block = rng.standard_normal((min(per, flat.shape[0] - r), shape[-1]))
+        flat[r : r + per] = operand_values(name, block, dtype)
     return out
 
 

@@ -30,7 +30,8 @@ from ..ir.nodes import DType, Tensor, TensorRole
 
 # An input's element type → the numpy type that holds each of its values exactly (an input nothing writes)
 NARROW = {DType.INT8: np.int8, DType.FP16: np.float16, DType.BF16: np.float32, DType.FLOAT32: np.float32}
-CHUNK_ELEMS = 1 << 23  # float64 operand elements one BLAS call converts at once (64 MiB)
+CHUNK_ELEMS = 1 << 22  # float64 operand elements one BLAS call converts at once (32 MiB), and its row panel's
+PENDING_ELEMS = 1 << 24  # computed values a store's pending writes may hold (128 MiB) before it applies them
 
 
 def store_dtype(tensor: Tensor, written: bool) -> type:
@@ -52,7 +53,7 @@ class Store:
         self.arr = np.zeros((rows_t, tile_rows, cols_t, tile_cols), dtype=store_dtype(tensor, written))
         self.mat = self.arr.reshape(rows_t * tile_rows, cols_t * tile_cols)
         self.cols_t, self.ntiles, self.written = cols_t, rows_t * cols_t, written
-        self.pending: list[tuple[int, np.ndarray, int, int, object]] = []
+        self.pending = Pending(self)
         self.live: np.ndarray | None = None  # per tile row, whether it may be non-zero (None: every row)
         self._blocks: dict[tuple[int, int, int], tuple[np.ndarray, bool]] = {}
 
@@ -126,6 +127,37 @@ class Store:
                 return
         ti, tj = np.divmod(at + off, self.cols_t)
         self.arr[ti, :, tj, :] = tiles_of(value, len(off))
+
+
+class Pending(list):
+    """A store's writes not yet applied: the engines append to it; past PENDING_ELEMS of computed values held (an
+    epilogue's pages, or sums to compute) it applies them at once, so a whole output is never held twice. Applying
+    them early changes nothing: every read of the tensor applies them first anyway, in the same order."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.store, self.held = store, 0
+
+    def append(self, write: tuple[int, np.ndarray, int, int, object]) -> None:
+        super().append(write)
+        self.held += held_elems(write[4])
+        if self.held > PENDING_ELEMS:
+            self.store.flush()
+
+    def clear(self) -> None:
+        super().clear()
+        self.held = 0
+
+
+def held_elems(value: object) -> int:
+    """The elements a pending value holds, or will once computed (a reference to a tensor's tiles holds none)."""
+    if isinstance(value, Masked):
+        return held_elems(value.value)
+    if isinstance(value, Tiles):
+        return value.arr.size
+    if isinstance(value, AccValue):
+        return value.h * value.w * value.t * value.t
+    return 0
 
 
 class Masked:
@@ -211,7 +243,7 @@ def as_matrix(value: object, h: int, w: int, t: int) -> np.ndarray:
 
 
 HULL_DENSITY = 0.8  # a shared matmul may compute at most 1/0.8 of the tiles its members need
-HULL_MAX_ELEMS = 2**25  # and hold at most this many float64 results at once
+HULL_MAX_ELEMS = 2**23  # and hold at most this many float64 results at once (64 MiB)
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -221,7 +253,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     m, k = a.shape
     n = b.shape[1]
     out = np.empty((m, n)) if out is None else out
-    rows = max(1, min(m, CHUNK_ELEMS // max(k, 1)))
+    rows = max(1, min(m, CHUNK_ELEMS // max(k, n, 1)))  # a panel of A and one of the result within CHUNK_ELEMS
     ks = max(1, CHUNK_ELEMS // (rows + n))
     for r0 in range(0, m, rows):
         part = out[r0 : r0 + rows]
