@@ -124,10 +124,11 @@ def number_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
     if not ints:
         return None
     path, old = rng.choice(ints)
-    change = rng.choice(["+1", "-1", "0", "x2", "neg", "any"])
+    change = rng.choice(["+1", "-1", "0", "x2", "neg", "any", "edge"])
     pick = rng.randint(-2, 2 * abs(old) + 3)
+    edge = rng.choice(NUMBER_EDGES)
     fns = {"+1": lambda v: v + 1, "-1": lambda v: v - 1, "0": lambda v: 0, "x2": lambda v: 2 * v}
-    fns |= {"neg": lambda v: -v, "any": lambda v: pick}
+    fns |= {"neg": lambda v: -v, "any": lambda v: pick, "edge": lambda v: edge}
     fn = fns[change]
     if fn(old) == old:
         return None
@@ -139,6 +140,51 @@ def number_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
             _set(out, p, fn(value))
     scope = f" in {len(where)} programs" if len(where) > 1 else ""
     return out, f"number {'.'.join(map(str, path[1:]))}: {old} -> {fn(old)}{scope}"
+
+
+# Where a C int, an unsigned counter, a 64-bit field or a ring's bound ends: a count there verifies or is refused,
+# never wraps into a wrong answer.
+NUMBER_EDGES = (2**31 - 1, 2**31, 2**32, 2**32 + 1, 2**53 + 1, 2**62, 2**63 - 1, -(2**63), 1024, 1025)
+# Names as a saved file might carry them: code and paths for every kind of sink, and names of the operand files.
+HOSTILE_NAMES = (
+    "A\n__import__('os').system('touch pwned')\n#",
+    'x");\n#include "/etc/passwd"\n//',
+    "x\\",
+    "../../escape",
+    "/tmp/escape",
+    "%s%n",
+    "",
+    "x" * 65,
+    "1x",
+    "a b",
+    "\u2028",
+)
+NAMED = ("tensors", "stages", "buffers", "semaphores")
+
+
+def name_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
+    """A name changed: to a hostile one (code, a path, too long), to another name of its kind (two of one name), or
+    — for what inputs are not bound by — to a fresh identifier, which must change nothing."""
+    prog = doc["program"]
+    kinds = [k for k in NAMED if prog[k]] + ["program", "placement"]
+    kind = rng.choice(kinds)
+    out = copy.deepcopy(doc)
+    if kind == "program":
+        where, field_ = out["program"], "name"
+    elif kind == "placement":
+        where, field_ = out["program"]["placement"], "kind"
+    else:
+        where, field_ = rng.choice(out["program"][kind]), "name"
+    old = where[field_]
+    others = [x["name"] for x in prog[kind] if x["name"] != old] if kind in NAMED else []
+    choices = [*HOSTILE_NAMES, *others, "a", "b", "p3"]
+    if kind != "tensors" and kind != "placement":  # inputs are bound by a tensor's name; the placement's kind is a rule
+        choices.append(f"renamed_{rng.randint(0, 99)}")
+    new = rng.choice(choices)
+    if new == old:
+        return None
+    where[field_] = new
+    return out, f"name of {kind} {old!r} -> {new!r}"
 
 
 def _op_lists(doc: Doc) -> list[Path]:
@@ -201,7 +247,7 @@ def placement_edit(doc: Doc, rng: random.Random) -> tuple[Doc, str] | None:
     return out, f"placement {kind} item {item}"
 
 
-EDITS = (number_edit, number_edit, list_edit, placement_edit)
+EDITS = (number_edit, number_edit, list_edit, placement_edit, name_edit)
 
 
 # ---- judging ----------------------------------------------------------------------------------------------------
@@ -236,6 +282,8 @@ def judge(
     if not q.verified:
         tally.counts["refused"] += 1
         return
+    if len(q.tensors) == len(p.tensors):  # a tensor renamed: its input goes by its new name (a name edit)
+        inputs = {t.name: inputs[old.name] for t, old in zip(q.tensors, p.tensors, strict=True) if old.name in inputs}
     try:
         c = spatialc.evaluate(q, inputs)
     except Exception as e:  # noqa: BLE001 — any failure of a verified program is a hole, whatever its type
