@@ -19,7 +19,7 @@ from ...ir.nodes import SpatialProgram
 from ...passes.tile import in_panels
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
-from ..errors import InternalError, LowerError, NeedsGeneral
+from ..errors import LowerError, NeedsGeneral, TooBig
 from . import general, hopper, persistent
 
 FORMS = ("auto", "persistent", "general", "sm90a")
@@ -63,9 +63,7 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
         return dataclasses.replace(
             art, notes=(*art.notes, *passed_over, f"the general form, as the persistent kernel refuses: {why}")
         )
-    except InternalError:
-        raise
-    except LowerError as why:  # a program the persistent kernel cannot hold (TooBig, Unsupported): auto tries on
+    except TooBig as why:  # a correct program too big for the persistent kernel's serialised order: auto tries on
         if form == "persistent":
             raise
         try:
