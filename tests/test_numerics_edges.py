@@ -208,3 +208,92 @@ def test_an_input_that_is_no_array_is_named_as_what_it_is(value, said):
     p = spatialc.build(spatialc.gemm(32, 32, 64, "int8"), "sm_86")
     with pytest.raises(InputError, match=rf"tensor A: expected an array of shape \(32, 64\), {re.escape(said)}$"):
         spatialc.evaluate(p, {"A": value, "B": np.ones((64, 32), np.int8)})
+
+
+# ---- bf16 at the edge of float32's range, and inputs that are not finite (issue 30, point 3) ---------------------
+
+
+@pytest.fixture
+def fresh_range_warnings(monkeypatch):
+    from spatialc import accuracy, inputs
+
+    monkeypatch.setattr(accuracy, "_RANGE_WARNED", [])
+    monkeypatch.setattr(inputs, "_NONFINITE_WARNED", [])
+
+
+def edge_inputs():
+    """C[0, 0] = 2^127 + 2^127 − 2^127 and C[1, 1] = 2^200 − 2^200 (bf16 has float32's exponents: 2^100 is one)."""
+    a, b = np.zeros((16, 16), np.float32), np.zeros((16, 16), np.float32)
+    a[0, :3], b[:3, 0] = 2.0**64, [2.0**63, 2.0**63, -(2.0**63)]
+    a[1, 3:5], b[3:5, 1] = 2.0**100, [2.0**100, -(2.0**100)]
+    return {"A": a, "B": b}
+
+
+def float32_sums(inputs):
+    """C as a kernel's float32 accumulator sums it, in K order."""
+    a, b = inputs["A"].astype(np.float32), inputs["B"].astype(np.float32)
+    c = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k in range(a.shape[1]):
+            c += a[:, k : k + 1] * b[k : k + 1, :]
+    return c
+
+
+def test_a_kernel_sum_past_float32s_range_is_said_once_and_named_in_the_check(fresh_range_warnings):
+    import warnings
+
+    from spatialc.accuracy import RangeWarning
+
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "bf16"), "sm_86")
+    x = edge_inputs()
+    c = spatialc.evaluate(p, x)
+    assert c[0, 0] == 2.0**127 and c[1, 1] == 0  # the interpreter's float64 sums
+    kernel = float32_sums(x)
+    assert np.isinf(kernel[0, 0]) and np.isnan(kernel[1, 1])
+    with pytest.warns(RangeWarning, match=r"2 of C's 256 elements .* float32's largest value .* C\[0, 0\]") as said:
+        ok, how = spatialc.tolerance(p, kernel=True).check(kernel, x)
+    assert not ok and "2 of the elements outside it lie past float32's range, where it does not hold" in how
+    assert said[0].filename == __file__  # the user's line, not spatialc's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per process
+        spatialc.tolerance(p, kernel=True).check(kernel, x)
+        assert spatialc.tolerance(p).check(c, x)[0]  # the interpreter's bound: float64 sums, no range to leave
+
+
+def test_strict_refuses_inputs_past_the_range_and_takes_those_within(fresh_range_warnings):
+    import warnings
+
+    from spatialc.inputs import InputError
+
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "bf16"), "sm_86")
+    with pytest.raises(InputError, match=r"float32's largest value .*\(strict: scale the inputs down\)$"):
+        spatialc.tolerance(p, kernel=True, strict=True).check(float32_sums(edge_inputs()), edge_inputs())
+    near = {"A": np.full((16, 16), 2.0**60, np.float32), "B": np.full((16, 16), 2.0**60, np.float32)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 16 · 2^120 = 2^124: within range, nothing said
+        assert spatialc.tolerance(p, kernel=True, strict=True).check(float32_sums(near), near)[0]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_non_finite_inputs_are_said_once_in_spatialcs_words_and_numpy_says_nothing(precision, fresh_range_warnings):
+    import warnings
+
+    from spatialc.frontend import bias, scalar
+    from spatialc.inputs import NonFiniteInputWarning
+
+    p = spatialc.build(spatialc.gemm(32, 16, 32, precision, epilogue=[bias(), scalar("mul", 0.0)]), "sm_86")
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((32, 32)).astype(np.float16).astype(np.float32)
+    b = rng.standard_normal((32, 16)).astype(np.float16).astype(np.float32)
+    a[0, 0], a[1, 1], b[2, 2] = np.nan, np.inf, -np.inf  # inf · 0 and inf − inf: NaN; NaN · 0 too
+    x = {"A": a, "B": b, "bias": np.full(16, np.inf)}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        c = spatialc.evaluate(p, x)
+        ok, _ = spatialc.tolerance(p).check(c, x)
+        spatialc.tolerance(p, kernel=True).check(c, x)
+        spatialc.evaluate(p, x)
+    said = [w for w in said if not issubclass(w.category, spatialc.inputs.InexactInputWarning)]  # fp16 into bf16
+    assert [w.category for w in said] == [NonFiniteInputWarning], [str(w.message) for w in said]
+    assert said[0].filename == __file__ and "holds NaN or ±inf" in str(said[0].message)
+    assert ok and np.isnan(c).all()  # everything times 0 after + inf: NaN, in the interpreter and the reference alike

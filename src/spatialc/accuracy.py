@@ -26,6 +26,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,9 +38,16 @@ from .errors import ProgramError
 from .ir.nodes import DType, SpatialProgram, TensorRole
 from .ir.ops import Activation, Bias, Precision, Scalar
 
+F32_MAX = float(np.finfo(np.float32).max)  # 3.4e38: a float32 sum at or past it is ±inf (or NaN)
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
 OUT_EPS = {DType.FLOAT32: EPS32, DType.FP16: 2.0**-10, DType.BF16: 2.0**-7}  # one ulp at 1.0 of C's type
 OUT_NAMES = {eps: d.value for d, eps in OUT_EPS.items()}
+
+
+class RangeWarning(UserWarning):
+    """Inputs past the range a kernel's bound holds in: |A|@|B| reaching float32's largest value (3.4e38), where the
+    kernel's float32 sum may overflow to ±inf (or NaN) while the float64 reference does not. bf16 shares float32's
+    exponent range, so two bf16 values of 2^64 already multiply to 2^128."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,8 @@ class Tolerance:
     activations: int = 0  # activation stages: each may add its cancelling tail, ACTIVATION_TAIL · |x|
     offsets: float = 0.0  # the scalar add / max / min constants, which can make |x| larger than the products
     chained: bool = False  # a matmul of computed operands: the bound is carried stage by stage (`_chained`)
+    kernel: bool = False  # a kernel's bound: it holds where |A|@|B| stays within float32's range
+    strict: bool = False  # inputs past that range are refused (InputError) rather than warned about
 
     @property
     def text(self) -> str:
@@ -79,6 +89,10 @@ class Tolerance:
         return self._against(inputs)[1]
 
     def _against(self, inputs: Mapping[str, Any], rows: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(over="ignore", invalid="ignore"):  # NaN / ±inf inputs: said once, by check_inputs
+            return self._reference_and_bound(inputs, rows)
+
+    def _reference_and_bound(self, inputs: Mapping[str, Any], rows: Any) -> tuple[np.ndarray, np.ndarray]:
         """The reference and the bound of each element, from the operands rounded once (A, and so C, only the
         sampled `rows` where given)."""
         from .interp.values import matmul
@@ -96,6 +110,7 @@ class Tolerance:
             return ref, np.zeros(ref.shape)
         size = np.abs(ref.astype(np.float64))
         magnitude = _abs_product(a, b, matmul)  # float operands (an exact int8 program returned above)
+        self._in_range(magnitude)
         sums = self.ulps * EPS32 * self.scale * magnitude
         if self.activations:
             # |x| at an activation is at most the products' magnitude, scaled, plus the largest parameter (a bias)
@@ -105,6 +120,35 @@ class Tolerance:
             x = self.scale * (magnitude + max(params, default=0.0) + self.offsets)
             sums = sums + self.activations * ACTIVATION_TAIL * x
         return ref, sums + 2 * self.out_eps * size + _TINY
+
+    def past_range(self, magnitude: np.ndarray) -> np.ndarray:
+        """Where a kernel's float32 sum of finite inputs may overflow: |A|@|B|, with the sum's own rounding, at
+        float32's largest value or past it (nowhere for the interpreter's bound: it sums in float64)."""
+        if not self.kernel:
+            return np.zeros(magnitude.shape, dtype=bool)
+        with np.errstate(over="ignore"):  # an infinite |A|@|B| is a non-finite input's, said already
+            return np.isfinite(magnitude) & (magnitude * (1 + self.ulps * EPS32) >= F32_MAX)
+
+    def _in_range(self, magnitude: np.ndarray) -> None:
+        """Say once (RangeWarning), or refuse under `strict` (InputError), where inputs leave the bound's range."""
+        past = self.past_range(magnitude)
+        if not past.any():
+            return
+        at = tuple(int(i) for i in np.argwhere(past)[0])
+        what = (
+            f"{int(past.sum())} of C's {past.size} elements have |A|@|B| at or past float32's largest value"
+            f" ({F32_MAX:.3g}; {float(magnitude[at]):.3g} at C{list(at)}): a kernel's float32 sum may overflow"
+            " there (to ±inf, or NaN) where the float64 reference does not, so the kernel's bound holds only below it"
+        )
+        if self.strict:
+            from .inputs import InputError
+
+            raise InputError(f"{what} (strict: scale the inputs down)")
+        if not _RANGE_WARNED:
+            _RANGE_WARNED.append(True)
+            from .inputs import _outside_spatialc
+
+            warnings.warn(f"{what}; said once per process", RangeWarning, stacklevel=_outside_spatialc())
 
     def atol(self, inputs: Mapping[str, Any]) -> float:
         """One absolute tolerance for `np.allclose(c, ref, rtol=0, atol=...)`: the largest element's bound."""
@@ -122,14 +166,32 @@ class Tolerance:
         c64, r64 = np.asarray(c, dtype=np.float64), ref.astype(np.float64)
         # Equal values pass, infinities and NaNs included (inf − inf is NaN, and NaN is within no bound).
         same = (c64 == r64) | (np.isnan(c64) & np.isnan(r64))
-        err = np.where(same, 0.0, np.abs(c64 - r64))
-        ok = bool(np.all(same | (err <= bound)))
-        return ok, f"max |error| {float(err.max(initial=0.0)):.3g} (bound: {self.text})"
+        with np.errstate(invalid="ignore"):
+            err = np.where(same, 0.0, np.abs(c64 - r64))
+        good = same | (err <= bound)
+        ok = bool(np.all(good))
+        how = f"max |error| {float(np.nanmax(err, initial=0.0)):.3g} (bound: {self.text})"
+        if not ok and self.kernel and not self.chained:
+            past = int(np.count_nonzero(~good & self._past(inputs)))
+            if past:
+                how += f"; {past} of the elements outside it lie past float32's range, where it does not hold"
+        return ok, how
+
+    def _past(self, inputs: Mapping[str, Any]) -> np.ndarray:
+        """`past_range` of these inputs' |A|@|B|."""
+        from .interp.values import matmul
+        from .reference import rounded_operands
+
+        a, b = rounded_operands(self.program, inputs)
+        return self.past_range(_abs_product(a, b, matmul))
 
 
-def tolerance(program: SpatialProgram, *, kernel: bool = False) -> Tolerance:
+def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = False) -> Tolerance:
     """The bound a result of `program` meets: the interpreter's (a float64 sum rounded once: 4 ulps), or with
-    `kernel` a GPU kernel's or its emulation's (a float32 sum of K terms: K + 4 ulps). int8 is exact either way."""
+    `kernel` a GPU kernel's or its emulation's (a float32 sum of K terms: K + 4 ulps). int8 is exact either way.
+
+    A kernel's bound holds while |A|@|B| stays below float32's largest value (3.4e38): past it the float32 sum may
+    overflow. Inputs past it are said once (RangeWarning), or with `strict` refused (InputError)."""
     from .api import expect_program
 
     expect_program("tolerance", program, "from spatialc.gemm or build")
@@ -141,7 +203,7 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False) -> Tolerance:
     out = program.output_tensor()
     eps = OUT_EPS.get(out.dtype, EPS32) if out is not None else EPS32
     if len(decl.matmuls) > 1:  # ulps: 1 marks the kernel's bound (K + 4 per matmul, each its own K)
-        return Tolerance(program, False, int(kernel), 1.0, eps, chained=True)
+        return Tolerance(program, False, int(kernel), 1.0, eps, chained=True, kernel=kernel, strict=strict)
     k = program.tensor(decl.a).elems[1]  # type: ignore[arg-type]  # A: the matmul stage's first operand
     ops = [s.kind.op for s in decl.chain]  # type: ignore[union-attr]
     muls = [abs(op.value) for op in ops if isinstance(op, Scalar) and op.op == "mul"]
@@ -149,10 +211,11 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False) -> Tolerance:
     acts = sum(1 for op in ops if isinstance(op, Activation))
     offsets = sum(abs(op.value) for op in ops if isinstance(op, Scalar) and op.op != "mul")
     scale = max(float(np.prod(muls or [1.0])), 1.0)
-    return Tolerance(program, False, k + 4 if kernel else 4, scale, eps, acts, offsets)
+    return Tolerance(program, False, k + 4 if kernel else 4, scale, eps, acts, offsets, kernel=kernel, strict=strict)
 
 
 _TINY = float(np.finfo(np.float32).tiny)
+_RANGE_WARNED: list[bool] = []  # whether a RangeWarning was given in this process
 _ROUNDING = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11}  # an operand type's unit roundoff
 
 

@@ -33,6 +33,7 @@ from .ir.ops import ReadTiles, WriteTiles, walk
 __all__ = [
     "InexactInputWarning",
     "InputError",
+    "NonFiniteInputWarning",
     "TensorSpec",
     "check_inputs",
     "check_row_counts",
@@ -63,6 +64,11 @@ class InputError(SpatialError, ValueError):
 
 class InexactInputWarning(UserWarning):
     """Inputs of an fp16 / bf16 program that were not values of that type, so were rounded (to nearest even)."""
+
+
+class NonFiniteInputWarning(UserWarning):
+    """Inputs holding NaN or ±inf: spatialc computes with them as IEEE arithmetic does (NaN where inf meets 0 or
+    −inf) in the interpreter, the reference and the kernels alike, and compares NaN with NaN as equal."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +125,7 @@ def check_inputs(owner: str, specs: list[TensorSpec], inputs: Mapping[str, Any])
         given = shaped(spec, host_array(spec.name, _an_array(spec, value)))
         values = operand_values(spec.name, given, spec.dtype)
         warn_if_rounded(spec.dtype, given, values)
+        warn_if_not_finite(spec.name, values)
         out[spec.name] = values
     return out
 
@@ -284,7 +291,11 @@ def round_bf16(x: Any) -> np.ndarray:
 
 
 def _round_bf16(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):  # a float64 value near its own largest rounds up past it: inf, as it should
+        return _round_bf16_core(np.asarray(x, dtype=np.float64))
+
+
+def _round_bf16_core(x: np.ndarray) -> np.ndarray:
     finite = np.isfinite(x)
     xf = np.where(finite, x, 0.0)
     _, e = np.frexp(xf)  # |x| in [2^(e-1), 2^e)
@@ -340,6 +351,26 @@ def warn_if_rounded(dtype: DType, before: Any, after: Any, xp: Any = np) -> None
         f"{name} inputs that are not {name} values were rounded to the nearest {name} value (ties to even), {how};"
         f" said once per process for {name}",
         InexactInputWarning,
+        stacklevel=_outside_spatialc(),
+    )
+
+
+_NONFINITE_WARNED: list[bool] = []  # whether a NonFiniteInputWarning was given in this process
+
+
+def warn_if_not_finite(name: str, values: np.ndarray) -> None:
+    """Say once per process, in spatialc's words, that an input holds NaN or ±inf (numpy would say it in a
+    RuntimeWarning from inside spatialc, once for every op that meets one)."""
+    if _NONFINITE_WARNED or values.dtype.kind != "f":
+        return
+    if all(np.isfinite(part).all() for part in _chunks(values.reshape(-1))):
+        return
+    _NONFINITE_WARNED.append(True)
+    warnings.warn(
+        f"tensor {name} holds NaN or ±inf: spatialc computes with them as IEEE arithmetic does (inf · 0 and inf − inf"
+        " are NaN), and a check counts NaN equal to NaN; the tolerance bound holds only where C is finite; said once"
+        " per process",
+        NonFiniteInputWarning,
         stacklevel=_outside_spatialc(),
     )
 

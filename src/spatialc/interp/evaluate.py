@@ -77,12 +77,15 @@ def evaluate(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        stores, params = load_inputs(program, inputs, sample)
-        m = Machine(program, stores, params, trace)
-        run(m.engines(), m)
-        for store in stores.values():
-            store.flush()
-        out = result(program, stores, sample)
+        # NaN and ±inf flow through as IEEE arithmetic says (check_inputs says so once, in spatialc's words); numpy's
+        # own RuntimeWarnings would name a line inside the interpreter, once for every op that meets one.
+        with np.errstate(over="ignore", invalid="ignore"):
+            stores, params = load_inputs(program, inputs, sample)
+            m = Machine(program, stores, params, trace)
+            run(m.engines(), m)
+            for store in stores.values():
+                store.flush()
+            out = result(program, stores, sample)
         return (out, m.trace()) if trace else out
     finally:
         if collecting:
