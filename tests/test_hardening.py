@@ -642,7 +642,9 @@ def test_a_placement_of_a_negative_band_is_ill_formed(program):
     from spatialc.errors import IllFormedError
 
     q = program.evolve(placement=dataclasses.replace(program.placement, band=-5))
-    with pytest.raises(IllFormedError, match="a placement of band -5: a grouped placement's rows a band, 0 to 16777216"):
+    with pytest.raises(
+        IllFormedError, match="a placement of band -5: a grouped placement's rows a band, 0 to 16777216"
+    ):
         spatialc.verify(q)
 
 
