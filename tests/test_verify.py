@@ -913,7 +913,9 @@ def test_the_output_type_holds_what_the_stages_compute():
     assert verify(_with_tensor(small(), "C", dtype=DType.INT32)).verified
     fp = spatialc.build(spatialc.gemm(40, 40, 40, "fp16"), "sm_86")
     refused(_with_tensor(fp, "C", dtype=DType.INT64), SemanticError, "fp16 program computes float32 values")
-    refused(_with_tensor(small(), "A", dtype=DType.INT32), SemanticError, "tensor A holds int32 values, but the int8 matmul")
+    refused(
+        _with_tensor(small(), "A", dtype=DType.INT32), SemanticError, "tensor A holds int32 values, but the int8 matmul"
+    )
 
 
 def _counted(n: int, by: int, waits: tuple[int, ...]) -> SpatialProgram:
