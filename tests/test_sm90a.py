@@ -815,13 +815,14 @@ def test_staged_store_unplanted_is_exact(wide):
 @pytest.mark.emulation
 def test_c_is_stored_row_major_a_tile_a_box(wide):
     """C is stored row-major (no untilize for the caller): its map's rows are a padded matrix row apart; a wrong
-    pitch in its place puts C's values elsewhere."""
+    pitch in its place puts C's values elsewhere, boxes over each other: elements of C stored twice, a race."""
     text, cols_t = wide[1].program_cu, wide[1].launch.params[2].tiles[1]
     pitch = cols_t * 16 * 4  # float32 C
     row_major = f"const cuuint64_t strides[1] = {{{pitch}}};"
     assert wide[1].launch.params[2].order == "rows" and text.count(row_major) == 1
     assert text.count("spatialc_tma_store_2d(&spatialc_tmap_2, col + c * 16, row, staged + c * 256);") == 1
-    assert outcome(wide, text.replace(row_major, f"const cuuint64_t strides[1] = {{{pitch - 64}}};")) == "mismatch"
+    got = outcome(wide, text.replace(row_major, f"const cuuint64_t strides[1] = {{{pitch - 64}}};"))
+    assert got.startswith("race") and "every element of an output is written once" in got, got
 
 
 @needs_gxx

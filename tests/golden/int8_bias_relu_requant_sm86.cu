@@ -12,6 +12,9 @@
 #define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
 #define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
 #endif
+#ifndef SPATIALC_OUT_ST
+#define SPATIALC_OUT_ST(p, v) (*(p) = (v))
+#endif
 #define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error: %s (%s)\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)
 
 // The tensor-core layer: one 16×16 tile's operand fragment loaded from shared memory with ldmatrix, the MMA that
@@ -442,7 +445,7 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(con
                     v = v + (long long)t3[(long long)(item_x * 4 + bw) * 256 + el % 16];  // op:Compute:Bias
                     v = v > 0 ? v : 0;  // op:Compute:Relu
                     v = spatialc_requant(v, 1099511628, -7, -3);  // op:Compute:Requant
-                    t2[tile * 256 + el] = (OUT_T)v;
+                    SPATIALC_OUT_ST(&t2[tile * 256 + el], (OUT_T)v);
                 }
             }
         }

@@ -12,6 +12,9 @@
 #define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
 #define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
 #endif
+#ifndef SPATIALC_OUT_ST
+#define SPATIALC_OUT_ST(p, v) (*(p) = (v))
+#endif
 #define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error: %s (%s)\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)
 
 // The tensor-core layer: one 16×16 tile's operand fragment loaded from shared memory with ldmatrix, the MMA that
@@ -322,7 +325,7 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 8) void spatialc_persistent(con
                 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
                     const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);
-                    t2[tile * 256 + el] = (OUT_T)accf[q].x[i];
+                    SPATIALC_OUT_ST(&t2[tile * 256 + el], (OUT_T)accf[q].x[i]);
                 }
             }
         }

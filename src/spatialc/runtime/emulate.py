@@ -33,7 +33,7 @@ from ..errors import ProgramError, SpatialError
 from ..inputs import check_inputs, check_row_counts
 from ..lower.artifact import operand_files
 from .cache import cache_dir as cache_of
-from .tilize import launch_specs
+from .tilize import element_type, launch_specs, poison_value, storage_dtype
 
 __all__ = [
     "EmulationCompileError",
@@ -298,8 +298,10 @@ def run_program(
     *,
     progress: Progress | None = None,
     sms: int | None = None,
+    tensors: str | None = None,
 ) -> Run:
     """Run `binary` in a fresh folder holding `files` (name → text); its stdout, or the typed error it ended with.
+    `tensors` (`tensor_spec`) names the launch's tensor arguments for the emulator's checks and poisons its outputs.
 
     With `progress`, the emulator reports blocks done and `progress(done, total)` is called (from a reader thread)
     as each report arrives; those lines are kept out of `Run.stderr` and out of the errors. A callback that raises
@@ -319,6 +321,9 @@ def run_program(
             env["SPATIALC_EMU_PROGRESS"] = "1"
         if sms is not None:  # the emulated device's multiprocessors (default 132): a kernel's sites follow them
             env["SPATIALC_EMU_SMS"] = str(sms)
+        env.pop("SPATIALC_EMU_TENSORS", None)
+        if tensors:
+            env["SPATIALC_EMU_TENSORS"] = tensors
         t0 = time.perf_counter()
         status, stdout, stderr = _watched([str(binary)], tmp, env, timeout + 15, progress)
         seconds = time.perf_counter() - t0
@@ -431,16 +436,17 @@ def emulate_source(
     timeout: float = 120.0,
     progress: Progress | None = None,
     sms: int | None = None,
+    tensors: str | None = None,
 ) -> np.ndarray:
     """Compile and run any program text that follows kernel-abi.md; `files` are its input files (name → values).
     `progress(done, total)` hears of the blocks done as the run goes (see `run_program`); `sms` is the emulated
-    device's multiprocessor count (132 when None)."""
+    device's multiprocessor count (132 when None); `tensors` names the kernel's tensor arguments (`tensor_spec`)."""
     check_run_options(timeout, sms)
     texts = {name: v if isinstance(v, str) else format_values(v) for name, v in files.items()}
     note = getattr(progress, "note", None)
     if note is not None and not is_compiled(program_cu, mode):  # the first run of a kernel text waits on g++
         note("compiling the emulation with g++ (seconds, once for each kernel text: cached)")
-    run = run_program(compile_program(program_cu, mode), texts, timeout, progress=progress, sms=sms)
+    run = run_program(compile_program(program_cu, mode), texts, timeout, progress=progress, sms=sms, tensors=tensors)
     return parse_output(run.stdout, out_shape, out_dtype)
 
 
@@ -499,9 +505,55 @@ def emulate(
     files = _input_files(artifact, inputs)
     groups = int(getattr(out, "groups", 1))
     shape = (groups, *out.elems) if groups > 1 else tuple(out.elems)
-    return emulate_source(
-        artifact.program_cu, files, shape, dtype, mode=mode, timeout=timeout, progress=progress, sms=sms
+    c = emulate_source(
+        artifact.program_cu,
+        files,
+        shape,
+        dtype,
+        mode=mode,
+        timeout=timeout,
+        progress=progress,
+        sms=sms,
+        tensors=tensor_spec(artifact.launch),
     )
+    return _rows_past_counts(artifact.launch, out, inputs, c)
+
+
+def tensor_spec(launch: Any) -> str:
+    """What the emulator is told of the kernel's tensor arguments, in launch order (SPATIALC_EMU_TENSORS, read by
+    emu_global.h): `hexname,role,element bytes,hex poison,tiled` each, `;` between. An output or workspace is poisoned
+    before the launch with what `spatialc.run` fills an output with on a GPU (NaN, the most negative integer)."""
+    entries = []
+    for p in launch.params:
+        storage = np.dtype(storage_dtype(element_type(p.c_type)))
+        poison = ""
+        if p.role in ("output", "workspace"):
+            poison = np.array([poison_value(storage.name)], dtype=storage).tobytes().hex()
+        tiled = int(getattr(p, "order", "row") in ("row", "col"))  # (else a matrix the copy engine stores)
+        entries.append(f"{p.name.encode().hex()},{p.role},{storage.itemsize},{poison},{tiled}")
+    return ";".join(entries)
+
+
+def _rows_past_counts(launch: Any, out: Any, inputs: Mapping[str, Any], c: np.ndarray) -> np.ndarray:
+    """A grouped C with the rows at or past each group's count as the interpreter has them (zeros), after checking
+    the kernel left them alone: they still hold the poison (EmulationFault naming the first written one)."""
+    counts = [name for name, _ in getattr(launch, "row_counts", ())]
+    if c.ndim != 3 or len(counts) != 1 or counts[0] not in inputs:
+        return c
+    sizes = np.asarray(inputs[counts[0]]).reshape(-1)
+    storage = storage_dtype(element_type(out.c_type))
+    poison = poison_value(storage)
+    for g, rows in enumerate(sizes[: c.shape[0]].astype(np.int64)):
+        rest = c[g, rows:]
+        left = np.isnan(rest) if isinstance(poison, float) or storage == "uint16" else rest == poison
+        if not left.all():
+            r, col = (int(x[0]) for x in np.nonzero(~left))
+            raise EmulationFault(
+                f"the kernel wrote row {rows + r} (column {col}) of group {g} of {out.name}, at or past the group's"
+                f" count of {rows} rows: rows past a group's count are left alone"
+            )
+        c[g, rows:] = 0
+    return c
 
 
 # ---- a progress line on a terminal ------------------------------------------------------------------------------

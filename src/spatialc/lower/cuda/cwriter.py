@@ -26,6 +26,11 @@ RING_MACROS = """#ifndef SPATIALC_SHARED_RING
 #define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
 #define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
 #endif"""
+# A plain store to an output tensor: an assignment for nvcc; the emulation, which defines its own, checks it against
+# the tensor's allocation and for a second write of the element (runtime/emu/emu_global.h).
+STORE_MACRO = """#ifndef SPATIALC_OUT_ST
+#define SPATIALC_OUT_ST(p, v) (*(p) = (v))
+#endif"""
 CHECK_MACRO = (
     "#define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "
     '"CUDA error: %s (%s)\\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)'

@@ -28,6 +28,7 @@ from .cwriter import (
     CHECK_MACRO,
     INCLUDES,
     RING_MACROS,
+    STORE_MACRO,
     Writer,
     site_prologue,
 )
@@ -216,7 +217,7 @@ def preamble(k: Kernel) -> list[str]:
         f"// {plain(p.name)}: a persistent CUDA kernel printed by spatialc from the spatial IR; each block is one site."
     ]
     lines += [f"#include <{h}>" for h in INCLUDES]
-    lines += ["", RING_MACROS, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types), ""]
+    lines += ["", RING_MACROS, STORE_MACRO, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types), ""]
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     if k.has_epilogue:
         lines += ["", *epilogue.helpers().rstrip("\n").split("\n"), ""]

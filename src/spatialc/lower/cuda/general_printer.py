@@ -41,7 +41,17 @@ from ...target import WARP
 from ..census import marker
 from ..errors import Unsupported
 from . import epilogue
-from .cwriter import C_TYPES, CHECK_MACRO, INCLUDES, RING_MACROS, Writer, addr_expr, inlined_lines, site_prologue
+from .cwriter import (
+    C_TYPES,
+    CHECK_MACRO,
+    INCLUDES,
+    RING_MACROS,
+    STORE_MACRO,
+    Writer,
+    addr_expr,
+    inlined_lines,
+    site_prologue,
+)
 from .handover import HandoverPrinter
 from .rings import TILE_ELEMS, Ring
 from .tiles import Fragments, TilePrinter, tensor_core_lines
@@ -244,7 +254,7 @@ def preamble(k: GeneralKernel) -> list[str]:
         " each engine runs on warps of its own and the rings hand pages over through mbarriers."
     ]
     lines += [f"#include <{h}>" for h in INCLUDES]
-    lines += ["", RING_MACROS, PAGE_MACROS, CHECK_MACRO, "", *inlined_lines("general_mbarrier.cuh"), ""]
+    lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *inlined_lines("general_mbarrier.cuh"), ""]
     lines += [*tensor_core_lines(k.rings, k.types), ""]
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]

@@ -250,8 +250,8 @@ class TilePrinter:
                 at = f"t{int(op.tensor)}[(long long)tile * {TILE_ELEMS} + el]"
                 if int(op.tensor) in self.workspace:  # read by other sites in this launch (`PAGE_MACROS`)
                     store = f"SPATIALC_GLOBAL_ST(&{at}, (ACCT){page});"
-                else:
-                    store = f"{at} = (OUT_T){page};"
+                else:  # (SPATIALC_OUT_ST: the emulation checks it)
+                    store = f"SPATIALC_OUT_ST(&{at}, (OUT_T){page});"
                 if op.rows_from is not None:  # rows past their group's count are left alone
                     store = f"if ({self.row_kept(op, 'tile', 'el / 16')}) {{ {store} }}"
                 self.w.line(store)
@@ -474,7 +474,7 @@ class TilePrinter:
         Each stage's statement is its op's image and carries its census marker.
         """
         if store is None:
-            store = f"t{int(op.tensor)}[tile * {TILE_ELEMS} + el] = {{}};"
+            store = f"SPATIALC_OUT_ST(&t{int(op.tensor)}[tile * {TILE_ELEMS} + el], {{}});"
         if not chain:
             self.w.line(store.format(f"(OUT_T){value}"))
             return

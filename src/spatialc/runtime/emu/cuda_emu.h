@@ -5,6 +5,7 @@
 
 #include "emu_core.h"      // qualifiers, thread and block state, built-in variables, barriers
 #include "emu_shared.h"    // rings, dynamic shared memory, race check
+#include "emu_global.h"    // the launch's tensors in global memory: poison, bounds, races between blocks
 #include "emu_half.h"      // __half, __nv_bfloat16
 #include "emu_pipeline.h"  // __pipeline_memcpy_async / commit / wait_prior
 #include "emu_mbarrier.h"  // the general form's ring barriers

@@ -84,6 +84,7 @@ SPATIALC_EMU_FN void complete_cluster(ClusterBar& cb, unsigned long first) {
         o->blocked -= cb.waiting[i];
         cb.waiting[i] = 0;
     }
+    cluster_release(first, cb.waiting.size());  // it orders global memory too: every block learns the others' epochs
     cb.arrived = 0;
     cb.gen.fetch_add(1, std::memory_order_release);
     cb.gen.notify_all();

@@ -85,9 +85,10 @@ struct Copy {
 // A plain store to global memory (a workspace's partial sum) not yet visible at device scope (late mode): it lands
 // when a thread that holds it fences or releases (__threadfence, a release add) or exits. A barrier an engine's
 // threads cross shares each one's stores with the others, which may then release them (PTX's cumulativity).
+// A store to a peer block's shared memory (spatialc_dsmem_copy16, 16 bytes) is held the same way.
 struct GlobalStore {
     void* dst;
-    unsigned char data[8];
+    unsigned char data[16];
     int size;
     std::atomic<bool> done{false};
 };
@@ -200,9 +201,12 @@ inline std::atomic<bool> in_launch{false};
 [[noreturn]] SPATIALC_EMU_FN void outside_kernel(const char* what);
 SPATIALC_EMU_FN void block_barrier(int line);
 // A plain store of `size` bytes to global memory (SPATIALC_GLOBAL_ST): at once in early mode, pending in late mode.
-SPATIALC_EMU_FN void global_store(void* dst, const void* value, int size);
+SPATIALC_EMU_FN void global_store(void* dst, const void* value, int size, int line);
+SPATIALC_EMU_FN void hold_store(ThreadState& t, void* dst, const void* value, int size);
 // The calling thread's pending global stores (and those a barrier shared with it) become visible.
 SPATIALC_EMU_FN void release_stores();
+// __threadfence: a release of the calling thread's block that its later atomic adds publish (emu_global.h).
+SPATIALC_EMU_FN void fence_epoch();
 SPATIALC_EMU_FN void warp_barrier(unsigned mask, int line);
 
 inline ThreadState& me(const char* what) {
@@ -229,6 +233,7 @@ inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE())
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence() {
     spatialc_emu::release_stores();
+    spatialc_emu::fence_epoch();
     std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 

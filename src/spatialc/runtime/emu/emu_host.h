@@ -6,12 +6,14 @@
 #ifndef SPATIALC_EMU_HOST_H
 #define SPATIALC_EMU_HOST_H
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <tuple>
 #include <type_traits>
 #include <utility>
 
+#include "emu_global.h"
 #include "emu_pipeline.h"
 
 enum cudaError_t {
@@ -73,6 +75,7 @@ struct Launch {
             void (*kernel)(P...);
             std::tuple<P...> params;
         } call{kernel, std::tuple<P...>(std::forward<A>(args)...)};
+        std::apply([](const P&... a) { bind_args<P...>(a...); }, call.params);
         run_grid([](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->params); }, &call,
                  grid, block, smem, reinterpret_cast<const void*>(kernel));
     }
@@ -91,6 +94,7 @@ void launch_cooperative(void (*kernel)(P...), dim3 grid, dim3 block, void** args
         void (*kernel)(P...);
         std::tuple<P...> params;
     } call{kernel, std::tuple<P...>(*static_cast<std::remove_reference_t<P>*>(args[I])...)};
+    std::apply([](const P&... a) { bind_args<P...>(a...); }, call.params);
     run_grid([](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->params); }, &call, grid,
              block, smem, reinterpret_cast<const void*>(kernel), true);
 }
@@ -113,9 +117,14 @@ inline std::map<const char*, size_t> allocations;
 inline std::mutex allocations_mu;
 }  // namespace spatialc_emu
 
+// Each allocation sits between red zones (kRedZone in front, as much as itself behind, at least kRedZone) that no
+// other allocation uses: an access just outside a tensor lands in no tensor, and emu_global.h reports it.
 inline cudaError_t cudaMalloc(void** p, size_t n) {
-    *p = std::aligned_alloc(256, (n + 255) & ~size_t(255));
-    if (!*p) return spatialc_emu::fail(cudaErrorMemoryAllocation, "cudaMalloc failed");
+    const size_t rounded = (n + 255) & ~size_t(255);
+    const size_t back = std::max(spatialc_emu::kRedZone, rounded);
+    char* raw = static_cast<char*>(std::aligned_alloc(256, spatialc_emu::kRedZone + rounded + back));
+    if (!raw) return spatialc_emu::fail(cudaErrorMemoryAllocation, "cudaMalloc failed");
+    *p = raw + spatialc_emu::kRedZone;
     std::lock_guard<std::mutex> lk(spatialc_emu::allocations_mu);
     spatialc_emu::allocations[static_cast<const char*>(*p)] = n;
     return cudaSuccess;
@@ -125,11 +134,12 @@ cudaError_t cudaMalloc(T** p, size_t n) {
     return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
 inline cudaError_t cudaFree(void* p) {
+    if (!p) return cudaSuccess;
     {
         std::lock_guard<std::mutex> lk(spatialc_emu::allocations_mu);
         spatialc_emu::allocations.erase(static_cast<const char*>(p));
     }
-    std::free(p);
+    std::free(static_cast<char*>(p) - spatialc_emu::kRedZone);
     return cudaSuccess;
 }
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {

@@ -32,6 +32,7 @@ SPATIALC_EMU_FN void grid_add_relaxed(int* word, int by);  // (planted faults on
 // Distributed shared memory (multicast pages): `n` bytes at `src` in this block's dynamic shared memory to the
 // same place as `dst` in block `site`'s, which must be rank `rank` of this block's cluster (what mapa is given).
 SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, unsigned rank, size_t n, int line);
+SPATIALC_EMU_FN void check_dsmem_target(Block& other, const char* to, size_t n, int line);
 // A cluster kernel (SPATIALC_CLUSTER_KERNEL): its launches run every block at once.
 SPATIALC_EMU_FN bool set_cluster(const void* kernel, int sites);
 

@@ -16,6 +16,7 @@
 #include "emu_host.h"
 #include "emu_mbarrier.h"
 #include "emu_hopper.h"
+#include "emu_global_run.h"  // global memory's definitions: the tensors, epochs, the checks
 
 namespace spatialc_emu {
 
@@ -124,9 +125,15 @@ SPATIALC_EMU_FN void apply_stores(ThreadState& t) {
 
 // ---- plain global stores: visible at device scope only once released (late mode) -----------------------------------
 
-SPATIALC_EMU_FN void global_store(void* dst, const void* value, int size) {
+SPATIALC_EMU_FN void global_store(void* dst, const void* value, int size, int line) {
     ThreadState& t = me("SPATIALC_GLOBAL_ST");
     if (size < 1 || size > 8) fatal(kExitMisuse, "SPATIALC_GLOBAL_ST of " + std::to_string(size) + " bytes");
+    global_write(dst, (size_t)size, "a store (SPATIALC_GLOBAL_ST)", line);
+    hold_store(t, dst, value, size);
+}
+
+// A store to global memory (or a peer's shared memory) by `t`: at once in early mode, else held until released.
+SPATIALC_EMU_FN void hold_store(ThreadState& t, void* dst, const void* value, int size) {
     if (!kLate) {
         std::memcpy(dst, value, (size_t)size);
         return;
@@ -172,6 +179,18 @@ SPATIALC_EMU_FN void keep_until_launch_ends(ThreadState& t) {
     std::lock_guard<std::mutex> lk(exit_stores_mu);
     exit_stores.insert(exit_stores.end(), t.gstores.begin(), t.gstores.end());
     t.gstores.clear();
+}
+
+// The exit stores into [base, base + n) land now (a block's shared memory, before it is freed).
+SPATIALC_EMU_FN void land_exit_stores_in(const char* base, size_t n) {
+    std::lock_guard<std::mutex> lk(exit_stores_mu);
+    GlobalStores in, rest;
+    for (const auto& s : exit_stores) {
+        const char* d = static_cast<const char*>(s->dst);
+        (d >= base && d < base + n ? in : rest).push_back(s);
+    }
+    land_stores(in);
+    exit_stores = std::move(rest);
 }
 
 SPATIALC_EMU_FN void release_exit_stores() {
@@ -341,7 +360,11 @@ SPATIALC_EMU_FN void reset_shared_for_block() {
 
 // Whether the earlier access `a` and the access `b` that thread `t` makes now race.
 SPATIALC_EMU_FN bool conflicts(const Access& a, const Access& b, const ThreadState& t) {
-    if (a.tid < 0 || b.tid < 0 || a.tid == b.tid || a.bi != b.bi) return false;
+    if (a.tid < 0 || b.tid < 0) return false;
+    // Two blocks' accesses (a peer's dsmem store and the receiver's own): ordered only by b's block having acquired a
+    // release of a's made after a (emu_global.h).
+    if (a.blk >= 0 && b.blk >= 0 && a.blk != b.blk) return known_epoch((unsigned long)b.blk, (unsigned long)a.blk) <= a.gep;
+    if (a.tid == b.tid || a.bi != b.bi) return false;
     const bool same_warp = a.tid / kWarp == b.tid / kWarp;
     if (same_warp && a.wi != b.wi) return false;
     return !((size_t)a.tid < t.vc.size() && t.vc[(size_t)a.tid] >= a.clk);  // an mbarrier phase between them
@@ -358,15 +381,26 @@ SPATIALC_EMU_FN std::string who(const Access& a) {
                        : a.kind == AccessKind::tma        ? "a TMA load landing (the copy engine)"
                        : a.kind == AccessKind::wgmma      ? "a wgmma operand read (retired at wait_group)"
                        : a.kind == AccessKind::tma_store  ? "a TMA store's read (retired at wait_group.read)"
+                       : a.kind == AccessKind::dsmem      ? "a distributed shared memory store (spatialc_dsmem_copy16)"
                                                           : "an access";
     if (a.kind == AccessKind::tma) return std::string(what) + " issued at line " + std::to_string(a.line);
     return std::string(what) + " by thread " + std::to_string(a.tid) + " (warp " + std::to_string(a.tid / kWarp) +
-           ", lane " + std::to_string(a.tid % kWarp) + ") at line " + std::to_string(a.line);
+           ", lane " + std::to_string(a.tid % kWarp) + ")" +
+           (a.blk >= 0 ? " of block " + std::to_string(a.blk) : std::string()) + " at line " + std::to_string(a.line);
 }
 
 [[noreturn]] SPATIALC_EMU_FN void race(const Region& r, size_t off, const Access& earlier, const Access& now) {
     const size_t page_bytes = r.page * r.elem;
     const size_t slot = page_bytes ? off / page_bytes : 0;
+    if (earlier.blk >= 0 && now.blk >= 0 && earlier.blk != now.blk)
+        fatal(kExitRace, "RACE between blocks on shared ring '" + std::string(r.name) + "' slot " +
+                             std::to_string(slot) + " of block " +
+                             std::to_string(r.owner ? static_cast<const Block*>(r.owner)->block_linear
+                                                    : blk().block_linear) +
+                             " (byte " + std::to_string(page_bytes ? off % page_bytes : off) + " of the page): " +
+                             who(earlier) + " and " + who(now) + " touch the same bytes, and block " +
+                             std::to_string(now.blk) + " acquired no release of block " + std::to_string(earlier.blk) +
+                             " made after the first (a wait for the valid or ready flag missing?)");
     fatal(kExitRace, "RACE on shared ring '" + std::string(r.name) + "' slot " + std::to_string(slot) + " (byte " +
                          std::to_string(page_bytes ? off % page_bytes : off) + " of the page; depth " +
                          std::to_string(r.depth) + "; block " +
@@ -398,7 +432,9 @@ SPATIALC_EMU_FN void track_bytes(Region& r, size_t off, size_t n, bool write, co
 // The calling thread's access now, of `kind`, at `line`.
 inline Access access_now(AccessKind kind, int line) {
     const ThreadState& t = *self;
-    return Access{t.tid, t.bi.load(std::memory_order_relaxed), t.wi.load(std::memory_order_relaxed), line, kind, t.clk};
+    const unsigned long b = blk().block_linear;
+    return Access{t.tid, t.bi.load(std::memory_order_relaxed), t.wi.load(std::memory_order_relaxed), line, kind, t.clk,
+                  (long)b, block_epoch(b)};
 }
 
 // `each(region, offset)` for every pointer of an access `a` of `size` bytes that lands in a registered shared region,
@@ -464,6 +500,7 @@ SPATIALC_EMU_FN void pipeline_copy(void* dst, const void* src, size_t size, size
         fatal(kExitMisuse, "__pipeline_memcpy_async at line " + std::to_string(line) + ": " + std::to_string(size) +
                                " bytes, zero-fill " + std::to_string(zfill) +
                                " (4, 8 or 16 bytes, source and destination aligned to it)");
+    global_read(src, size - zfill, "a cp.async read (__pipeline_memcpy_async)", line);
     Copy c{static_cast<char*>(dst), {}, (int)size, line};
     std::memcpy(c.data, src, size - zfill);
     std::memset(c.data + (size - zfill), 0, zfill);
@@ -820,6 +857,7 @@ SPATIALC_EMU_FN void run_bulk_store(const BulkStore& s) {
             if (f.end && f.base + dst + f.elem > f.end)
                 fatal(kExitMisuse, "spatialc_tma_store at line " + std::to_string(s.line) + ": the box writes past "
                                    "the end of the tensor's allocation");
+            global_write(f.base + dst, f.elem, "a TMA store (spatialc_tma_store)", s.line);
             std::memcpy(const_cast<char*>(f.base) + dst, s.src + e * f.elem, f.elem);
         }
         for (uint32_t d = 0; d < f.rank && ++idx[d] == f.box[d]; ++d) idx[d] = 0;
@@ -1034,8 +1072,13 @@ SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line) {
 inline std::atomic<unsigned> grid_gen{0};  // moves at every arrival: what a site waiting on another sleeps on
 
 SPATIALC_EMU_FN void grid_add(int* word, int by, int) {
-    release_stores_of(me("spatialc_grid_add"));  // a release add: what the thread holds lands first
-    std::atomic_ref<int>(*word).fetch_add(by, std::memory_order_release);
+    ThreadState& t = me("spatialc_grid_add");
+    release_stores_of(t);  // a release add: what the thread holds lands first
+    {
+        std::lock_guard<std::mutex> lk(sync_mu);  // its block's new epoch, published on the word with the add
+        publish(word, release_epoch());
+        std::atomic_ref<int>(*word).fetch_add(by, std::memory_order_release);
+    }
     grid_gen.fetch_add(1, std::memory_order_release);
     grid_gen.notify_all();
     progress.fetch_add(1, std::memory_order_relaxed);
@@ -1043,7 +1086,11 @@ SPATIALC_EMU_FN void grid_add(int* word, int by, int) {
 
 SPATIALC_EMU_FN void grid_add_relaxed(int* word, int by) {
     me("spatialc_grid_add_relaxed");  // releases nothing: the thread's pending stores stay pending
-    std::atomic_ref<int>(*word).fetch_add(by, std::memory_order_relaxed);
+    {
+        std::lock_guard<std::mutex> lk(sync_mu);  // publishes only what a __threadfence released
+        publish(word, fenced_epoch());
+        std::atomic_ref<int>(*word).fetch_add(by, std::memory_order_relaxed);
+    }
     grid_gen.fetch_add(1, std::memory_order_release);
     grid_gen.notify_all();
     progress.fetch_add(1, std::memory_order_relaxed);
@@ -1064,6 +1111,10 @@ SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line) {
         t.where = t.where_buf;
         t.where_line = line;
         grid_gen.wait(seen, std::memory_order_acquire);
+    }
+    {
+        std::lock_guard<std::mutex> lk(sync_mu);  // the acquire: its block learns the releases published on the word
+        acquire_from(word);
     }
     t.where = "running";
 }
@@ -1333,6 +1384,7 @@ SPATIALC_EMU_FN void run_blocks_at_once(void (*body)(void*), void* ctx, dim3 gri
         coop_first = first;
         for (auto& b : blocks) coop_blocks.push_back(b.get());
     }
+    blocks_at_once(first, nblocks);
     std::vector<std::thread> threads;
     threads.reserve((size_t)n * nblocks);
     for (unsigned long i = 0; i < nblocks; ++i) {
@@ -1360,6 +1412,7 @@ SPATIALC_EMU_FN void run_blocks_at_once(void (*body)(void*), void* ctx, dim3 gri
     n_regions.store(kept);
     for (auto& b : blocks) {
         for (int i = 0; i < n; ++i) apply_stores(b->threads[i]);
+        land_exit_stores_in(b->dyn, smem);  // stores into its shared memory that threads held when they returned
         std::free(b->dyn);
     }
     progress.fetch_add(nblocks, std::memory_order_relaxed);
@@ -1397,6 +1450,13 @@ SPATIALC_EMU_FN bool set_cluster(const void* kernel, int sites) {
     return true;
 }
 
+// 16 bytes of this block's shared memory into a peer's (st.shared::cluster): checked against the receiver's shared
+// memory as this thread's write now — the store may land any time from its issue until this thread releases
+// (late mode: it lands then; early mode: at once) — ordered against the receiver's own accesses and against the
+// last store a peer made there only by the handshake in global memory (emu_global.h's epochs): the receiver must
+// have acquired a release of this block made after the store before it reads the page (the wait for the valid
+// flag), and this block one of the receiver's made after its readers were done and after the last store there
+// (the wait for ready).
 SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, unsigned rank, size_t n, int line) {
     const void* q = src;
     track(&q, 1, n, false, AccessKind::page_load, line);
@@ -1416,9 +1476,42 @@ SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, unsi
     if (!other || !other->dyn)
         fatal(kExitMisuse, "distributed shared memory store at line " + std::to_string(line) + " to site " +
                                std::to_string(site) + ", which is not a block of this launch running at once");
-    const size_t off = (size_t)(static_cast<const char*>(dst) - me.dyn);
-    // (Not race-checked on the receiving side: the handshake that orders it is in global memory.)
-    std::memcpy(other->dyn + off, src, n);
+    char* to = other->dyn + (static_cast<const char*>(dst) - me.dyn);
+    check_dsmem_target(*other, to, n, line);
+    Access a = access_now(AccessKind::dsmem, line);
+    a.rep = block_epoch(other->block_linear);
+    const void* p = to;
+    each_tracked(&p, 1, n, a, [&](Region& r, size_t off) {
+        for (size_t i = 0; i < n; ++i) {
+            const Access& w = r.shadow[off + i].w;
+            if (w.kind == AccessKind::dsmem && known_epoch(me.block_linear, other->block_linear) <= w.rep)
+                fatal(kExitRace, "RACE between blocks on shared ring '" + std::string(r.name) + "' of block " +
+                                     std::to_string(other->block_linear) + ": " + who(a) + " stores over " + who(w) +
+                                     ", and block " + std::to_string(me.block_linear) + " acquired no release of "
+                                     "block " + std::to_string(other->block_linear) + " made after that (the wait for "
+                                     "the receiver's ready flag missing?): the page may not have been read yet");
+        }
+        track_bytes(r, off, n, true, a, *self);
+    });
+    hold_store(*self, to, src, (int)n);
+}
+
+// The receiver of a dsmem store must be running, with the ring declared (its threads declare their rings before they
+// signal a sender; a store before that is ordered after nothing the receiver did).
+SPATIALC_EMU_FN void check_dsmem_target(Block& other, const char* to, size_t n, int line) {
+    {
+        std::lock_guard<std::mutex> lk(other.mu);
+        if (other.exited)
+            fatal(kExitMisuse, "distributed shared memory store at line " + std::to_string(line) + " into block " +
+                                   std::to_string(other.block_linear) + ", which has exited (its shared memory is gone)");
+    }
+    const Region* r = find_region(to);
+    if (!r || to + n > r->base + r->bytes)
+        fatal(kExitRace, "RACE between blocks: distributed shared memory store at line " + std::to_string(line) +
+                             " by thread " + std::to_string(self->tid) + " of block " +
+                             std::to_string(blk().block_linear) + " into block " +
+                             std::to_string(other.block_linear) + "'s shared memory outside any ring it has declared "
+                             "yet: nothing orders it after the receiver's start (the wait for its ready flag missing?)");
 }
 
 SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem,
@@ -1435,6 +1528,7 @@ SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 bl
     }
     start_watchdog();
     prepare_dynamic(smem);
+    reset_epochs((unsigned long)grid.x * grid.y * grid.z);
     gridDim = grid;
     blockDim = block;
     running_kernel = kernel;

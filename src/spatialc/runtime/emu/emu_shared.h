@@ -15,7 +15,7 @@
 namespace spatialc_emu {
 
 enum class AccessKind : unsigned char {
-    none, cp_async, frag_load, frag_store, ldmatrix, acc_store, page_load, page_store, tma, wgmma, tma_store
+    none, cp_async, frag_load, frag_store, ldmatrix, acc_store, page_load, page_store, tma, wgmma, tma_store, dsmem
 };
 
 struct Access {
@@ -24,6 +24,11 @@ struct Access {
     int line = 0;
     AccessKind kind = AccessKind::none;
     unsigned clk = 0;  // the thread's mbarrier clock at the access
+    // The accessing thread's block, and its epoch then (emu_global.h): what orders accesses of two blocks — a store
+    // into a peer's shared memory (dsmem) and that peer's own accesses. A dsmem store also keeps `rep`, the
+    // receiving block's epoch then: the next store to those bytes needs a release of the receiver made after it.
+    long blk = -1;
+    unsigned gep = 0, rep = 0;
 };
 
 // Who last wrote one byte, and up to two distinct threads that read it since.
@@ -91,14 +96,14 @@ void page_store(T* p, V v, int line) {
 // A plain store to global memory another site reads in the same launch (a workspace's partial sums), visible at
 // device scope only once released (late mode: emu_core.h's GlobalStore).
 template <class T, class V>
-void global_store_value(T* p, V v) {
+void global_store_value(T* p, V v, int line) {
     const T x = static_cast<T>(v);
-    ::spatialc_emu::global_store(p, &x, (int)sizeof(T));
+    ::spatialc_emu::global_store(p, &x, (int)sizeof(T), line);
 }
 
 }  // namespace spatialc_emu
 
-#define SPATIALC_GLOBAL_ST(p, v) ::spatialc_emu::global_store_value((p), (v))
+#define SPATIALC_GLOBAL_ST(p, v) ::spatialc_emu::global_store_value((p), (v), __LINE__)
 #define SPATIALC_PAGE_LD(p) ::spatialc_emu::page_load((p), __LINE__)
 #define SPATIALC_PAGE_ST(p, v) ::spatialc_emu::page_store((p), (v), __LINE__)
 

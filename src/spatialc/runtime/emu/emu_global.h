@@ -1,0 +1,83 @@
+// spatialc host emulation — global memory: the tensors a launch is given, poisoned, bounds-checked and race-checked,
+// and the order between blocks that release and acquire (sync words, cluster barriers). Definitions in
+// emu_global_run.h, which emu_runtime.h includes.
+//
+// Every pointer argument of a launch is bound to the cudaMalloc allocation it points to (cudaMalloc keeps red zones
+// around each one, so an access a little outside lands in none). The runner names each argument
+// (SPATIALC_EMU_TENSORS: name, role, element size, poison); an output or workspace is filled with its poison before
+// the launch, as spatialc.run fills the output on a GPU, so an element the kernel never writes shows in C.
+//
+// Every global access the emulator sees — cp.async sources, TMA boxes, the kernel's stores (SPATIALC_OUT_ST,
+// SPATIALC_GLOBAL_ST) and TMA stores — must lie inside its tensor's allocation, and every store and every read of
+// an output or workspace is checked against the writes before it in the launch:
+// - an output element is written once (verify's rule 8: every element once, the rows past a group's count never);
+// - a block may read, or write again, what another block wrote only after it acquired a release of that block made
+//   after the write; a workspace element read before any block wrote it means a wait is missing.
+// What orders blocks is counted per block: each block's releases are numbered (its epoch: a release add, a
+// __threadfence, a cluster barrier), a write or a shared-memory access records the epoch of its block then, and a
+// block learns another's epoch by an acquire that reads a release of it — an acquire wait on a sync word learns every
+// release published on that word so far (a release add publishes a new epoch; a relaxed add publishes the latest
+// __threadfence of its block, and nothing where none fenced: a fence then a relaxed add releases, a bare relaxed add
+// does not). Whatever one thread of a block acquired the whole block is taken to
+// know, so this check misses an order missing inside the acquiring block (a thread that reads before its engine's
+// barrier with the acquiring thread); it never reports a correct kernel, whatever order the threads run in, and a
+// missing acquire or release between blocks is reported on every run.
+#ifndef SPATIALC_EMU_GLOBAL_H
+#define SPATIALC_EMU_GLOBAL_H
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "emu_core.h"
+
+namespace spatialc_emu {
+
+// Red zones around each allocation: in front, and behind at least as long as the allocation itself.
+constexpr size_t kRedZone = 4096;
+
+// The epoch of block `b` now (its releases so far), and what block `knower` knows of `of`'s (all for itself).
+SPATIALC_EMU_FN unsigned block_epoch(unsigned long b);
+SPATIALC_EMU_FN unsigned known_epoch(unsigned long knower, unsigned long of);
+// A release by the calling thread's block: its new epoch.
+SPATIALC_EMU_FN unsigned release_epoch();
+// Blocks first … first + n - 1 run at once: they may learn each other's epochs (others never can).
+SPATIALC_EMU_FN void blocks_at_once(unsigned long first, unsigned long n);
+// Every block of a cluster learns every other's epoch (a cluster barrier: release and acquire at cluster scope).
+SPATIALC_EMU_FN void cluster_release(unsigned long first, unsigned long n);
+
+// The launch's pointer arguments, in order, and whether each points to non-const data: bound, poisoned, checked.
+SPATIALC_EMU_FN void bind_globals(const std::vector<const void*>& args, const std::vector<bool>& writable);
+// A read or write of `n` bytes at `p` in global memory by the calling thread (`what` at `line` names it in a report).
+SPATIALC_EMU_FN void global_read(const void* p, size_t n, const char* what, int line);
+SPATIALC_EMU_FN void global_write(const void* p, size_t n, const char* what, int line);
+
+template <class T>
+const void* pointer_arg(const T& v) {
+    if constexpr (std::is_pointer_v<T>) return static_cast<const void*>(v);
+    return nullptr;
+}
+template <class T>
+bool writable_arg() {
+    if constexpr (std::is_pointer_v<T>) return !std::is_const_v<std::remove_pointer_t<T>>;
+    return false;
+}
+
+// A launch's arguments (a tuple's elements) bound before it runs.
+template <class... A>
+void bind_args(const A&... args) {
+    bind_globals({pointer_arg(args)...}, {writable_arg<A>()...});
+}
+
+// A plain store to an output (SPATIALC_OUT_ST): checked, then made at once (nobody in the launch reads it).
+template <class T, class V>
+void out_store(T* p, V v, int line) {
+    global_write(p, sizeof(T), "a store (SPATIALC_OUT_ST)", line);
+    *p = static_cast<T>(v);
+}
+
+}  // namespace spatialc_emu
+
+#define SPATIALC_OUT_ST(p, v) ::spatialc_emu::out_store((p), (v), __LINE__)
+
+#endif  // SPATIALC_EMU_GLOBAL_H
