@@ -100,3 +100,29 @@ def test_integer_epilogues_refuse_to_wrap():
     )
     with pytest.raises(spatialc.SpatialError, match="beyond ±2\\^62"):
         spatialc.evaluate(scaled, {"A": np.full((16, 16), 100), "B": np.full((16, 16), 100)})
+
+
+def test_sizes_are_any_integral_number_and_precisions_any_common_spelling():
+    import ml_dtypes
+    import numpy as np
+
+    p = spatialc.gemm(np.int64(64), np.int32(32), np.uint16(48), "bfloat16")
+    assert p.tensors[0].elems == (64, 48) and type(p.tensors[0].elems[0]) is int and p.precision.value == "bf16"
+    for spelling, want in (("float16", "fp16"), ("half", "fp16"), ("BF16", "bf16"), (np.float16, "fp16")):
+        assert spatialc.gemm(32, 32, 32, spelling).precision.value == want
+    assert spatialc.gemm(32, 32, 32, np.dtype("int8")).precision.value == "int8"
+    assert spatialc.gemm(32, 32, 32, ml_dtypes.bfloat16).precision.value == "bf16"
+    for wrong in ("float32", None, np.float64, 8):
+        with pytest.raises(spatialc.ProgramError, match=r"unknown precision .*; use int8, fp16 \(float16, half\)"):
+            spatialc.gemm(32, 32, 32, wrong)
+    for size in (64.0, True, np.float32(64), "64"):
+        with pytest.raises(spatialc.ProgramError, match="must be a whole number"):
+            spatialc.gemm(size, 32, 32)
+
+
+def test_lowering_for_another_target_than_the_program_was_built_for_says_so():
+    p = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86")
+    assert spatialc.lower(p).notes == ()
+    assert spatialc.lower(p, "sm_80").notes[0] == (
+        "lowered for sm_80, a program built for sm_86: its plan was chosen for sm_86"
+    )

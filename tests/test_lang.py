@@ -536,7 +536,7 @@ def test_an_emulation_hang_names_the_users_lines_of_the_waits_it_hangs_in():
          "accumulator acc's tiles is a whole number of at least 1, not 8.0", None),
         ("    @p.writer", "    @p.reader", "a second reader engine for site 0", "def write(e: lang.Engine):"),
         ('target="sm_90", precision="bf16"', 'target="sm90", precision="bf16"', "target 'sm90' (", None),
-        ('target="sm_90", precision="bf16"', 'target="sm_90", precision="bfloat16"', "precision 'bfloat16'", None),
+        ('target="sm_90", precision="bf16"', 'target="sm_90", precision="float32"', "precision 'float32'", None),
     ],
     ids=["a ring for a page", "a stage's name for the stage", "a tensor's name for the tensor", "a divided loop",
          "fractional tiles", "two readers", "an unknown target", "an unknown precision"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .errors import ProgramError, SpatialError
@@ -112,7 +113,11 @@ def lower(program: SpatialProgram, target: str | SpatialTarget | None = None, fo
     t = get_target(target or program.target)
     if program.verified:
         verify(program, t if t.name == program.target else None)
-    return lower_cuda(program, t, form)
+    art = lower_cuda(program, t, form)
+    if t.name == program.target:
+        return art
+    other = f"lowered for {t.name}, a program built for {program.target}: its plan was chosen for {program.target}"
+    return dataclasses.replace(art, notes=(other, *art.notes))  # said, never silent (build for t to plan for it)
 
 
 def to_json(program: SpatialProgram, indent: int | None = None) -> str:

@@ -3,8 +3,12 @@ C = epilogue(A @ B), with `bias`, `relu`, `scalar` and `requant` as the epilogue
 
 from __future__ import annotations
 
+import contextlib
 import math
+import numbers
 from dataclasses import dataclass
+
+import numpy as np
 
 from .epilogue import dot_range
 from .errors import ProgramError
@@ -151,18 +155,46 @@ def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
         raise ProgramError(f"two bias stages share a tensor name: {names}")
 
 
-def precision_of(name: str | Precision) -> Precision:
-    """`int8`, `fp16` or `bf16` as a Precision."""
-    try:
-        return Precision(name)
-    except ValueError:
-        raise ProgramError(f"unknown precision {name!r}; use one of int8, fp16, bf16") from None
+# What users call the three precisions: spatialc's names, numpy's and torch's dtype names, and "half".
+PRECISION_SPELLINGS = {
+    "int8": Precision.INT8,
+    "fp16": Precision.FP16,
+    "float16": Precision.FP16,
+    "half": Precision.FP16,
+    "bf16": Precision.BF16,
+    "bfloat16": Precision.BF16,
+}
+PRECISIONS_ACCEPTED = "int8, fp16 (float16, half) or bf16 (bfloat16), as a name or a numpy, ml_dtypes or torch dtype"
+
+
+def precision_named(name: object) -> Precision | None:
+    """The Precision `name` spells — a Precision, a name of PRECISION_SPELLINGS in any case, a numpy or ml_dtypes
+    dtype (or scalar type), a torch dtype — or None."""
+    if isinstance(name, Precision):
+        return name
+    if isinstance(name, str):
+        return PRECISION_SPELLINGS.get(name.lower())
+    if name is None or isinstance(name, bool | int | float):  # np.dtype(None) is float64, not what anyone meant
+        return None
+    text = str(name).removeprefix("torch.")  # torch.bfloat16: torch is never imported here
+    with contextlib.suppress(TypeError, ValueError):  # np.float16, np.dtype("int8"), ml_dtypes.bfloat16
+        text = np.dtype(name).name  # type: ignore[call-overload]
+    return PRECISION_SPELLINGS.get(text.lower())
+
+
+def precision_of(name: object) -> Precision:
+    """`int8`, `fp16` or `bf16` (or another spelling `precision_named` reads) as a Precision."""
+    prec = precision_named(name)
+    if prec is None:
+        raise ProgramError(f"unknown precision {name!r}; use {PRECISIONS_ACCEPTED}")
+    return prec
 
 
 def _dim(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    """A size: any integral number ≥ 1 (an int, numpy's integers), as an int."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
         raise ProgramError(f"{name} must be a whole number ≥ 1, not {v!r}")
-    return v
+    return int(v)
 
 
 def _check_size(m: int, n: int, k: int, groups: int = 1) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..frontend import PRECISIONS_ACCEPTED, precision_named
 from ..ir.ids import (
     LOOP_VAR_NAMES,
     LV_ITEM,
@@ -80,10 +81,10 @@ def checked(target: str, precision: str) -> Precision:
 
     if target not in TARGETS:
         raise refuse(f"target {target!r} ({', '.join(TARGETS)})")
-    try:
-        return Precision(precision)
-    except ValueError:
-        raise refuse(f"precision {precision!r} (int8, fp16 or bf16)") from None
+    prec = precision_named(precision)
+    if prec is None:
+        raise refuse(f"precision {precision!r} ({PRECISIONS_ACCEPTED})")
+    return prec
 
 
 def default_dtype(role: TensorRole, precision: Precision) -> DType:
