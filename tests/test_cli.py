@@ -404,3 +404,22 @@ def test_the_multicast_line_names_only_what_a_group_shares(capsys, group, says):
     assert status == 0, err
     line = next(x for x in out.splitlines() if x.startswith("  multicast"))
     assert says in line and line.count("shares") == says.count("shares"), line
+
+
+def test_every_fallback_and_omission_prints_a_note(capsys):
+    """The grouped GEMM on sm_90a falls back from the sm_90a form, and the persistent kernel, to the general form;
+    each step is a `note` line, as is a general form that could not ride along."""
+    code, out, _ = run_cli(capsys, "grouped-gemm", "4", "64", "64", "64", "--target", "sm_90a")
+    notes = [line for line in out.splitlines() if line.startswith("  note      ")]
+    assert code == 0 and len(notes) == 2
+    assert notes[0].startswith("  note      not the sm_90a form: cannot lower a loop count read from data")
+    assert notes[1].startswith("  note      the general form, as the persistent kernel refuses")
+
+
+@pytest.mark.parametrize("emit", [False, True])
+def test_a_forced_form_that_cannot_be_printed_exits_2_with_or_without_emit(capsys, tmp_path, emit):
+    argv = ["grouped-gemm", "4", "64", "64", "64", "--target", "sm_90a", "--form", "sm90a", "--check", "none"]
+    code, _, err = run_cli(capsys, *argv, *(["--emit", str(tmp_path / "out")] if emit else []))
+    assert code == 2 and err.strip().splitlines() == [
+        "spatialc: error: cannot lower a loop count read from data: the sm_90a form prints fixed loops so far"
+    ]

@@ -126,7 +126,8 @@ def _staging(bud) -> str:
 
 
 def kernel_lines(p: SpatialProgram, art) -> list[str]:
-    """The kernel's memory as budget.json has it: its rings, the ones fused away, its shared memory and occupancy."""
+    """The kernel's memory as budget.json has it: its rings, the ones fused away, its shared memory and occupancy;
+    then a `note` line for each of the artifact's notes."""
     bud = art.budget
     layout = dict(bud.layouts)
     kept = ", ".join(f"{name} {size} B{_layout_note(PageLayout(layout.get(name, 'row')))}" for name, size in bud.rings)
@@ -219,4 +220,6 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
         ),
         f"  census    {sum(art.census.program.values())} ops, printed kernel"
         f" {'agrees' if art.census.agrees else 'DISAGREES'} (each op printed as its own statement)",
+        # Every fallback or omission is said: another form than the first choice, no general form beside it.
+        *(f"  note      {note}" for note in art.notes),
     ]
