@@ -482,6 +482,24 @@ def _a_twice(p: SpatialProgram) -> SpatialProgram:
     return replace(p, C, lambda op: unroll(op, cb * 2))
 
 
+def test_a_deadlock_says_the_depth_that_removes_it_and_fills_its_fields():
+    shallow = _a_twice(small(block=(1, 1, 1), sub_blocks=(1, 1), depth=1))
+    e = refused(
+        shallow,
+        VerifyDeadlockError,
+        "; A_ring needs 2 pages for this order of ops (it has 1): give it 2 (the plan's depth, --depth)",
+    )
+    assert (e.site, e.engine, e.op, e.buffer) == (0, "reader", "Reserve A_ring", "A_ring")
+    # The depth it names is the least that verifies: the ring one page deeper passes.
+    deep = shallow.evolve(
+        buffers=tuple(
+            dataclasses.replace(b, kind=dataclasses.replace(b.kind, depth_pages=2)) if b.name == "A_ring" else b
+            for b in shallow.buffers
+        )
+    )
+    assert verify(deep).verified
+
+
 def test_deadlock_only_because_a_ring_is_one_page_too_shallow():
     fine = _a_twice(small(block=(1, 1, 1), sub_blocks=(1, 1), depth=2))
     assert verify(fine).verified

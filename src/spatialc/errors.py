@@ -18,11 +18,15 @@ class VerifyError(SpatialError):
 
 
 class DeadlockError(SpatialError):
-    """Engines that can never proceed. `blocked` lists (site, engine, op text) for each blocked engine."""
+    """Engines that can never proceed. `blocked` lists (site, engine, op text) for each blocked engine; `site`,
+    `engine` and `op` are the first one's, `buffer` the ring whose depth would remove the deadlock where verify
+    found one (its message then says the depth), else None."""
 
-    def __init__(self, message: str, blocked: tuple[tuple[int, str, str], ...] = ()):
+    def __init__(self, message: str, blocked: tuple[tuple[int, str, str], ...] = (), *, buffer: str | None = None):
         super().__init__(message)
         self.blocked = blocked
+        self.site, self.engine, self.op = blocked[0] if blocked else (None, None, None)
+        self.buffer = buffer
 
 
 # ---- verify's rules: one class each. `site`, `engine`, `op` and `buffer` say where (None where it does not apply).

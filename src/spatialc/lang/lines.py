@@ -101,7 +101,7 @@ def located(
     if message == str(error):
         return error
     if isinstance(error, DeadlockError):
-        out: Exception = type(error)(message, error.blocked)
+        out: Exception = type(error)(message, error.blocked, buffer=error.buffer)
     elif isinstance(error, VerifyRuleError):
         out = type(error)(
             message, site=error.site, engine=error.engine, op=error.op, buffer=error.buffer, related=error.related

@@ -64,6 +64,7 @@ from ...ir.ops import (
 )
 from .facts import Facts, SiteProgs
 from .handshake import Clocks, epoch_copies
+from .wellformed import MAX_RING_DEPTH
 
 RESERVE, PUSH, WAIT, POP, LOOP, NEXT, SEMINC, SEMWAIT, BARRIER, EPOCHWAIT, MCSET, MCSEND = range(12)
 # Instructions a run with clocks may take (it cannot skip periods) before it gives up.
@@ -548,8 +549,57 @@ def check_deadlock(ctx: ProgramIndex, programs: dict[Site, SiteProgs], keys: dic
         if blocked:
             others = sum(1 for s in sites if len(comp) == 1 and s not in comp and keys[s] == key)
             note = f" (and on {others} other site(s) with the same programs)" if others else ""
+            fix = remedy(ctx, net, progs, epochs, blocked)
             raise VerifyDeadlockError(
-                "deadlock: " + "; ".join(net.blocked_text(e) for e in blocked) + note,
+                "deadlock: " + "; ".join(net.blocked_text(e) for e in blocked) + note + (fix[1] if fix else ""),
                 tuple((int(e.site), e.name, ctx.op(e.src[e.pc])) for e in blocked),
+                buffer=fix[0] if fix else None,
             )
     return runs
+
+
+MAX_REMEDY_RUNS = 12  # counter runs spent looking for the depth that removes a deadlock: a doubling, then halving
+
+
+def remedy(
+    ctx: ProgramIndex, net: Network, progs: list[EngineProgram], epochs: set | frozenset, blocked: list[_Engine]
+) -> tuple[str, str] | None:
+    """(ring name, the sentence that says its fix) where one blocked engine waits on a full ring and that ring, on
+    every site, deep enough lets the run finish: the least such depth, found by more counter runs (more pages never
+    make a network of blocking rings deadlock, so the search may halve). None where no depth up to MAX_RING_DEPTH
+    does (a page that never comes), or the search would take too long."""
+    full = [e for e in blocked if e.code[e.pc][0] == RESERVE]
+    if not full or net.clocks is not None:
+        return None
+    slot = full[0].code[full[0].pc][1]
+    ring = next(buf for (_, buf), s in net.rings.items() if s == slot)
+    have = ctx.depth(ring)
+
+    def finishes(depth: int) -> bool:
+        trial = Network(ctx, progs, epochs=epochs)
+        for (_, buf), s in trial.rings.items():
+            if buf == ring:
+                trial.depth[s] = depth
+        try:
+            return not trial.run()
+        except _Unsettled:
+            return False
+
+    lo, hi, runs = have, None, 0  # lo: a depth that deadlocks; hi: one that finishes
+    depth = have
+    while hi is None and runs < MAX_REMEDY_RUNS and depth < MAX_RING_DEPTH:
+        depth, runs = min(2 * depth, MAX_RING_DEPTH), runs + 1
+        if finishes(depth):
+            hi = depth
+        else:
+            lo = depth
+    while hi is not None and hi - lo > 1 and runs < MAX_REMEDY_RUNS:
+        mid, runs = (lo + hi) // 2, runs + 1
+        lo, hi = (lo, mid) if finishes(mid) else (mid, hi)
+    if hi is None or hi - lo > 1:
+        return None
+    name = ctx.name(ring)
+    return name, (
+        f"; {name} needs {hi} pages for this order of ops (it has {have}): give it {hi} (the plan's depth, --depth),"
+        " or let its consumer pop pages before the producer reserves more"
+    )
