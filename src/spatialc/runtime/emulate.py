@@ -120,6 +120,12 @@ class EmulationFault(EmulationError):
     kind = "fault"
 
 
+class EmulationTooLarge(EmulationError):
+    """A run whose tensors would take more memory than it may use: refused before anything is written or run."""
+
+    kind = "too large"
+
+
 # ---- the text rewrite -------------------------------------------------------------------------------------------
 
 
@@ -293,14 +299,15 @@ def _report(stderr: str) -> str:
 
 def run_program(
     binary: Path,
-    files: Mapping[str, str],
+    files: Mapping[str, str | np.ndarray],
     timeout: float = 120.0,
     *,
     progress: Progress | None = None,
     sms: int | None = None,
     tensors: str | None = None,
 ) -> Run:
-    """Run `binary` in a fresh folder holding `files` (name → text); its stdout, or the typed error it ended with.
+    """Run `binary` in a fresh folder holding `files` (name → text, or values `write_values` writes); its stdout, or
+    the typed error it ended with.
     `tensors` (`tensor_spec`) names the launch's tensor arguments for the emulator's checks and poisons its outputs.
 
     With `progress`, the emulator reports blocks done and `progress(done, total)` is called (from a reader thread)
@@ -314,7 +321,10 @@ def run_program(
             )
     with tempfile.TemporaryDirectory(prefix="spatialc-run-") as tmp:
         for name, text in files.items():
-            Path(tmp, name).write_text(text)
+            if isinstance(text, str):
+                Path(tmp, name).write_text(text)
+            else:
+                write_values(Path(tmp, name), text)
         env = dict(os.environ, SPATIALC_EMU_TIMEOUT_S=str(timeout))
         env.pop("SPATIALC_EMU_PROGRESS", None)
         if progress is not None:
@@ -403,6 +413,17 @@ def parse_output(stdout: str, shape: tuple[int, ...], dtype: np.dtype | type) ->
     return np.array(words, dtype=np.float64).astype(dtype).reshape(shape)
 
 
+VALUES_CHUNK = 1 << 20  # values formatted at a time: a file of any size is written in bounded memory
+
+
+def write_values(path: Path, values: np.ndarray) -> None:
+    """`values` as `format_values` writes them, into `path`, a chunk at a time (never the whole text at once)."""
+    flat = np.asarray(values).ravel()
+    with path.open("w") as f:
+        for start in range(0, flat.size, VALUES_CHUNK):
+            f.write(format_values(flat[start : start + VALUES_CHUNK]))
+
+
 def format_values(values: np.ndarray) -> str:
     """Whitespace-separated numbers in row-major order, exact: integers as integers, floats round-trip."""
     flat = np.asarray(values).ravel()
@@ -442,7 +463,7 @@ def emulate_source(
     `progress(done, total)` hears of the blocks done as the run goes (see `run_program`); `sms` is the emulated
     device's multiprocessor count (132 when None); `tensors` names the kernel's tensor arguments (`tensor_spec`)."""
     check_run_options(timeout, sms)
-    texts = {name: v if isinstance(v, str) else format_values(v) for name, v in files.items()}
+    texts = {name: v if isinstance(v, str) else np.asarray(v) for name, v in files.items()}
     note = getattr(progress, "note", None)
     if note is not None and not is_compiled(program_cu, mode):  # the first run of a kernel text waits on g++
         note("compiling the emulation with g++ (seconds, once for each kernel text: cached)")
@@ -452,6 +473,30 @@ def emulate_source(
 
 # What the files a run is given may be called: names in its own folder, never a path out of it ("../x", "/etc/x").
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+EMULATION_MAX_BYTES = 2 << 30  # what an emulated run may take by default, as the interpreter's evaluate
+_C_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "long long": 8}
+
+
+def emulation_bytes(launch) -> int:
+    """About the memory an emulated run of `launch` takes, from its tensors alone: each input or parameter read into
+    doubles, tilized and copied to the device; each output or workspace on the device, with 16 bytes an element
+    for the emulator's checks of global memory, and C copied back, printed and parsed (about 80 bytes a value)."""
+    total = 0
+    for q in launch.params:
+        padded = q.tiles[0] * q.tiles[1] * 256
+        logical = int(getattr(q, "groups", 1)) * q.elems[0] * q.elems[1]
+        elem = _C_BYTES.get(q.c_type, 8)
+        if q.role in ("output", "workspace"):
+            total += (elem + 16) * padded + ((elem * padded + 80 * logical) if q.role == "output" else 0)
+        else:
+            total += 8 * logical + 2 * elem * padded
+    return total
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
 
 # The OS threads a cooperative launch may start at once (one per CUDA thread of every block): about what a Linux
 # machine gives a process before thread creation fails for stacks and process limits.
@@ -475,9 +520,11 @@ def emulate(
     *,
     progress: Progress | None = None,
     sms: int | None = None,
+    max_bytes: int = EMULATION_MAX_BYTES,
 ) -> np.ndarray:
     """C of `artifact.program_cu` on `inputs` (tensor name → array), run through the host emulation in `mode`, on an
-    emulated device of `sms` multiprocessors (132 when None: the work list follows them, as on a GPU).
+    emulated device of `sms` multiprocessors (132 when None: the work list follows them, as on a GPU). A run that
+    would take more than `max_bytes` of memory (`emulation_bytes`) is refused first (EmulationTooLarge).
 
     C has the interpreter's type for the output: int8, int32 or int64; float32, float16 (fp16) or float32 holding bf16
     values. Inputs are checked as
@@ -488,6 +535,14 @@ def emulate(
     out = next((p for p in artifact.launch.params if p.role == "output"), None)
     if out is None:
         raise EmulationFault("the artifact's launch names no output tensor")
+    need = emulation_bytes(artifact.launch)
+    if need > max_bytes:
+        raise EmulationTooLarge(
+            f"emulating this kernel takes about {_gib(need)} (its tensors read as text, tilized and copied to the"
+            f" emulated device, C printed and read back), more than {_gib(max_bytes)}: emulate a smaller size (the"
+            " emulation runs each CUDA thread as a thread of this machine), run it on a GPU, or, where this machine"
+            " has the memory, raise spatialc.emulate's max_bytes"
+        )
     # A cooperative launch runs every site at once; a cluster launch one cluster at a time (its sites wait only on
     # each other).
     cluster = getattr(artifact.launch, "cluster", 1)
