@@ -294,8 +294,9 @@ SPATIALC_EMU_FN void global_write(const void* p, size_t n, const char* what, int
     for (size_t e = off / g->elem; e <= (off + n - 1) / g->elem; ++e) {
         GWrite& w = g->shadow[e];
         if (w.block >= 0 && g->role == GRole::output)
-            fatal(kExitRace, "RACE on " + element_of(*g, e) + ": " + global_who(what, line) + " writes it again after " +
-                                 writer_of(w) + ": every element of an output is written once");
+            fatal(kExitRace, "RACE on " + element_of(*g, e) + ": " + global_who(what, line) +
+                                 " writes it again after " + writer_of(w) + ": every element of an output is written "
+                                 "once");
         if (w.block >= 0 && (unsigned long)w.block != me_b && known_epoch(me_b, (unsigned long)w.block) <= w.epoch)
             unordered(*g, e, w, what, line, "overwrites");
         w = GWrite{(int)me_b, self->tid, line, block_epoch(me_b)};

@@ -363,7 +363,8 @@ SPATIALC_EMU_FN bool conflicts(const Access& a, const Access& b, const ThreadSta
     if (a.tid < 0 || b.tid < 0) return false;
     // Two blocks' accesses (a peer's dsmem store and the receiver's own): ordered only by b's block having acquired a
     // release of a's made after a (emu_global.h).
-    if (a.blk >= 0 && b.blk >= 0 && a.blk != b.blk) return known_epoch((unsigned long)b.blk, (unsigned long)a.blk) <= a.gep;
+    if (a.blk >= 0 && b.blk >= 0 && a.blk != b.blk)
+        return known_epoch((unsigned long)b.blk, (unsigned long)a.blk) <= a.gep;
     if (a.tid == b.tid || a.bi != b.bi) return false;
     const bool same_warp = a.tid / kWarp == b.tid / kWarp;
     if (same_warp && a.wi != b.wi) return false;
@@ -1503,15 +1504,17 @@ SPATIALC_EMU_FN void check_dsmem_target(Block& other, const char* to, size_t n, 
         std::lock_guard<std::mutex> lk(other.mu);
         if (other.exited)
             fatal(kExitMisuse, "distributed shared memory store at line " + std::to_string(line) + " into block " +
-                                   std::to_string(other.block_linear) + ", which has exited (its shared memory is gone)");
+                                   std::to_string(other.block_linear) +
+                                   ", which has exited (its shared memory is gone)");
     }
     const Region* r = find_region(to);
     if (!r || to + n > r->base + r->bytes)
         fatal(kExitRace, "RACE between blocks: distributed shared memory store at line " + std::to_string(line) +
                              " by thread " + std::to_string(self->tid) + " of block " +
                              std::to_string(blk().block_linear) + " into block " +
-                             std::to_string(other.block_linear) + "'s shared memory outside any ring it has declared "
-                             "yet: nothing orders it after the receiver's start (the wait for its ready flag missing?)");
+                             std::to_string(other.block_linear) +
+                             "'s shared memory outside any ring it has declared yet: nothing orders it after the "
+                             "receiver's start (the wait for its ready flag missing?)");
 }
 
 SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem,
