@@ -423,3 +423,14 @@ def test_a_forced_form_that_cannot_be_printed_exits_2_with_or_without_emit(capsy
     assert code == 2 and err.strip().splitlines() == [
         "spatialc: error: cannot lower a loop count read from data: the sm_90a form prints fixed loops so far"
     ]
+
+
+def test_a_block_that_pads_a_side_by_more_than_a_tenth_says_so(capsys):
+    code, out, _ = run_cli(capsys, "gemm", "256", "256", "256", "--block", "3,5,7", "--target", "sm_86")
+    assert code == 0
+    assert (
+        "  note      the plan pads M from 16 to 18 tiles (+12%), N from 16 to 20 tiles (+25%), K from 16 to 21 tiles"
+        " (+31%): zeros the kernel multiplies too" in out
+    )
+    code, out, _ = run_cli(capsys, "gemm", "256", "256", "256", "--block", "4,4,4", "--target", "sm_86")
+    assert code == 0 and "pads" not in out

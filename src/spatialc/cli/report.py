@@ -109,6 +109,35 @@ def program_lines(p: SpatialProgram) -> list[str]:
         f"  sites     {len(counts)} ({placement}), {held} {_unit(plan, held)} per site",
         f"  rings     {', '.join(rings)} (the program's; the kernel's are below)",
         *split,
+        *_padding_note(p, plan),
+    ]
+
+
+PADDING_NOTED = 0.10  # padding past this share of a side is said: the kernel multiplies those zeros too
+
+
+def _padding_note(p: SpatialProgram, plan) -> list[str]:
+    """A note where the plan's whole items and K steps pad a side of the product by more than PADDING_NOTED."""
+    out = p.output_tensor()
+    a = next((t for t in p.tensors if t.role.value == "input"), None)
+    if out is None or a is None or a.elems[0] != out.elems[0]:
+        return []
+    h, w = plan.item_tiles
+    sides = (
+        ("M", -(-out.elems[0] // p.tile.rows), plan.grid[0] * h),
+        ("N", -(-out.elems[1] // p.tile.cols), plan.grid[1] * w),
+        ("K", -(-a.elems[1] // p.tile.cols), plan.k_tiles),
+    )
+    padded = [
+        f"{side} from {need} to {have} tiles (+{(have - need) / need:.0%})"
+        for side, need, have in sides
+        if have > need * (1 + PADDING_NOTED)
+    ]
+    if not padded:
+        return []
+    return [
+        f"  note      the plan pads {', '.join(padded)}: zeros the kernel multiplies too; a block whose items and"
+        " K step divide the sizes pads less"
     ]
 
 
