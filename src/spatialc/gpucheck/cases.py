@@ -310,9 +310,10 @@ class Timing:
 def kernel_path(case: Case, name: str) -> str:
     """What a lost GPU is blamed on when `name`'s kernel of `case` loses it (restart.py): the contestant, or, in a
     multicast or grouped row, the contestant in that kind of row — a kernel of its own (clusters, row counts), whose
-    loss says nothing of the same form elsewhere."""
+    loss says nothing of the same form elsewhere. A form's cluster kernels are blamed together, whatever their
+    group's shape: one handshake bug hangs 2×1 and 2×2 alike, and each hang would cost a restart."""
     if case.multicast != (1, 1):
-        return f"{name} (multicast {case.multicast[0]}x{case.multicast[1]})"
+        return f"{name} (multicast)"
     if case.groups > 1:
         return f"{name} (grouped)"
     return name
