@@ -1498,14 +1498,16 @@ SPATIALC_EMU_FN void dsmem_copy(const void* src, const void* dst, int site, unsi
 }
 
 // The receiver of a dsmem store must be running, with the ring declared (its threads declare their rings before they
-// signal a sender; a store before that is ordered after nothing the receiver did).
+// signal a sender; a store before that is ordered after nothing the receiver did, and one after it exited was never
+// waited for): else a race.
 SPATIALC_EMU_FN void check_dsmem_target(Block& other, const char* to, size_t n, int line) {
     {
         std::lock_guard<std::mutex> lk(other.mu);
-        if (other.exited)
-            fatal(kExitMisuse, "distributed shared memory store at line " + std::to_string(line) + " into block " +
-                                   std::to_string(other.block_linear) +
-                                   ", which has exited (its shared memory is gone)");
+        if (other.exited)  // it did not wait for this store: nothing ordered its end after it
+            fatal(kExitRace, "RACE between blocks: distributed shared memory store at line " + std::to_string(line) +
+                                 " into block " + std::to_string(other.block_linear) +
+                                 ", which has exited (its shared memory is gone): nothing made it wait for the store "
+                                 "(its wait for the valid flag missing?)");
     }
     const Region* r = find_region(to);
     if (!r || to + n > r->base + r->bytes)
