@@ -434,3 +434,13 @@ def test_a_block_that_pads_a_side_by_more_than_a_tenth_says_so(capsys):
     )
     code, out, _ = run_cli(capsys, "gemm", "256", "256", "256", "--block", "4,4,4", "--target", "sm_86")
     assert code == 0 and "pads" not in out
+
+
+def test_out_gives_c_in_the_deployed_type(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "gemm", "64", "64", "64", "--precision", "bf16", "--out", "bf16", "--target",
+                           "sm_86", "--json", str(tmp_path / "p.json"))  # fmt: skip
+    assert code == 0 and "plus 2 bf16 ulps of |C|" in out
+    p = spatialc.from_json((tmp_path / "p.json").read_text())
+    assert p.output_tensor().dtype.value == "bf16"
+    code, _, err = run_cli(capsys, "gemm", "64", "64", "64", "--precision", "int8", "--out", "bf16")
+    assert code == 2 and err.strip() == "spatialc: error: an int8 program's output is one of int32, int64, not 'bf16'"

@@ -217,7 +217,8 @@ def _output_dtype(prec: Precision, epi: tuple[Epilogue, ...], out: str | None, k
     if out is None:
         return DType.INT64 if prec == Precision.INT8 and (epi or dot_range(k)[1] > 2**31 - 1) else OUTPUT_DTYPE[prec]
     if out not in choices:
-        raise ProgramError(f"a {prec.value} program's output is one of {', '.join(choices)}, not {out!r}")
+        article = "an" if prec == Precision.INT8 else "a"
+        raise ProgramError(f"{article} {prec.value} program's output is one of {', '.join(choices)}, not {out!r}")
     return DType(out)
 
 

@@ -129,6 +129,13 @@ def _program_options(g: argparse.ArgumentParser, precision: str, *, split: bool)
     )
     g.add_argument("--target", default="sm_90", help=f"GPU to plan for, one of {', '.join(TARGETS)} (default: sm_90)")
     g.add_argument(
+        "--out",
+        choices=["int32", "int64", "float32", "fp16", "bf16"],
+        default=None,
+        help="C's element type: int32 or int64 for int8 programs, float32, fp16 or bf16 for float ones (default:"
+        " the accumulator's — int64 where an int8 epilogue or a long K needs it — or int8 after --requant)",
+    )
+    g.add_argument(
         "--block",
         type=_ints(3, "--block"),
         metavar="OSH,OSW,IBW",

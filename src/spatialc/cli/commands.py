@@ -39,7 +39,7 @@ def epilogue_of(args: argparse.Namespace) -> list:
 
 def cmd_gemm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a GEMM; lower, emit and run its kernel as asked."""
-    prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=epilogue_of(args))
+    prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=epilogue_of(args), out=args.out)
     epi = prog.name.split("_", 3)[3].replace("_", " → ") if prog.name.count("_") > 2 else ""
     head = f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision}"
     p, inputs, times, plan = _built(
@@ -50,7 +50,9 @@ def cmd_gemm(args: argparse.Namespace) -> int:
 
 def cmd_grouped_gemm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a grouped GEMM on random operands and the given (or random) row counts."""
-    prog = api.grouped_gemm(args.groups, args.max_rows, args.n, args.k, args.precision, epilogue=epilogue_of(args))
+    prog = api.grouped_gemm(
+        args.groups, args.max_rows, args.n, args.k, args.precision, epilogue=epilogue_of(args), out=args.out
+    )
     head = f"spatialc grouped-gemm {args.groups} groups of at most {args.max_rows}x{args.n}x{args.k} {args.precision}"
     p, inputs, times, plan = _built(args, prog, head, "")
     if args.sizes is not None:
