@@ -194,6 +194,17 @@ class FakeCupy(type(sys)):
         FakeEvent.now += LAUNCH_S
         run()
 
+    def copyto(self, dst, src):
+        """A device-to-device copy: CuPy's is a kernel on the stream, captured into a graph like any other."""
+        self.launch(lambda: np.copyto(dst, src))
+
+    def asarray(self, x, dtype=None):
+        """Host data to the device. Inside a stream capture CuPy stages it through a pinned buffer it recycles once
+        the capture ends, so a replay copies whatever that buffer holds by then: the stand-in refuses it outright."""
+        if self.captured is not None and isinstance(x, list | tuple):
+            raise FakeError("a host-to-device copy captured into a graph replays from a recycled staging buffer")
+        return np.asarray(x, dtype=dtype)
+
     def RawModule(self, path=None, **kw):  # noqa: N802 - CuPy's name
         self.modules.append(path)
         return NS(get_function=lambda symbol: NS(path=path, symbol=symbol))
@@ -395,22 +406,36 @@ class FakeKernel:
     that match each of where: the `MxN` of their C, their name (`spatialc_general`) or their dynamic shared memory
     (`smem181248`: one plan of a sweep)."""
 
-    def __init__(self, cp, args, fault, name="spatialc_persistent", dyn_smem=0):
+    def __init__(self, cp, args, fault, name="spatialc_persistent", dyn_smem=0, sync=(), trip_error=-1):
         if isinstance(fault, tuple):
             here = {"x".join(map(str, args[2].elems)), name, f"smem{dyn_smem}"}
             fault = fault[0] if set(fault[1:]) <= here else None
-        self.cp, self.args, self.fault = cp, args, fault
+        self.cp, self.args, self.fault, self.sync, self.trip_error = cp, args, fault, tuple(sync), trip_error
 
     def __call__(self, buffers):
         self.cp.launch(lambda: self._compute(buffers))
 
+    def _handshake(self, buffers):
+        """A kernel whose sites hand over by sync words (passed after its tensors and work list) waits for ever on
+        words not reset to their initial values; it leaves them moved on, as arrival counts and semaphores do."""
+        if not self.sync:
+            return
+        words = buffers[len(self.args) + 1]
+        if not np.array_equal(words, self.sync):
+            FakeEvent.hang = True
+        moved = np.ones_like(words)
+        if self.trip_error >= 0:  # the flag and count of a loop bound read from data: left as the run found them
+            moved[self.trip_error : self.trip_error + 2] = 0
+        words += moved
+
     def _compute(self, buffers):
         from spatialc.runtime.tilize import bf16_bits
 
+        self._handshake(buffers)
         if self.args[0].groups > 1:
             self._grouped(buffers)
             return
-        a_arg, b_arg, c_arg = self.args
+        a_arg, b_arg, c_arg = self.args[:3]
         vals = []
         for arg, buf in zip((a_arg, b_arg), buffers[:2], strict=True):
             x = untilize(buf, arg.tiles, (arg.tiles[0] * 16, arg.tiles[1] * 16), np, order=arg.order)
@@ -464,6 +489,14 @@ class FakeDevice:
         self.state["grids"].append(grid)
         kernel(args)
 
+    def occupancy(self, kernel, block, dyn_smem):
+        """Blocks of a kernel one multiprocessor holds: `state["per_sm"]` (None: the device cannot say), else 1."""
+        return self.state.get("per_sm", 1)
+
+    def launch_cooperative(self, kernel, grid, block, dyn_smem, args):
+        self.state.setdefault("cooperative", []).append(grid)
+        self.launch(kernel, grid, block, dyn_smem, args)
+
     def tensor_map(self, buffer, dims, strides, box, elem, swizzle):
         """An sm_90a kernel's tensor map, refused where cuTensorMapEncodeTiled would refuse it (cuda.h: strides
         multiples of 16 bytes, box sides 1 to 256, the inner box a multiple of 16 bytes and within the swizzle's
@@ -494,6 +527,12 @@ class _Loading:
     def launch(self, *args):
         self.device.launch(*args)
 
+    def occupancy(self, *args):
+        return self.device.occupancy(*args)
+
+    def launch_cooperative(self, *args):
+        self.device.launch_cooperative(*args)
+
     def tensor_map(self, *spec):
         return self.device.tensor_map(*spec)
 
@@ -515,7 +554,7 @@ def install_fake_gpu(monkeypatch):
     def prepare(artifact, dev):
         """The launcher's own prepare (the work list for the device's SMs, the grid), with FakeKernel loaded."""
         ls = artifact.launch
-        kernel = FakeKernel(cp, L.kernel_args(ls), state["fault"], ls.kernel_name, ls.dyn_smem)
+        kernel = FakeKernel(cp, L.kernel_args(ls), state["fault"], ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error)
         return real_prepare(artifact, _Loading(dev, kernel))
 
     monkeypatch.setitem(sys.modules, "cupy", cp)

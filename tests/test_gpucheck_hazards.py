@@ -41,3 +41,153 @@ def test_one_multicast_hang_costs_one_restart_not_one_a_group_shape(fake_gpu, mo
         assert general["note"].startswith("unavailable: lost the GPU on row 1/3"), general["note"]
     assert by_name(rows[2])["spatialc general"]["ok"]  # the plain general form is not a cluster kernel
     capsys.readouterr()
+
+
+# ---- hazard 3: semaphore words reset from a host copy inside a CUDA graph ------------------------------------------
+
+
+def _handover_prepared(fake_cp, state, art):
+    """`art` prepared on the stand-in device with the stand-in kernel, which hangs on sync words not reset."""
+    from spatialc.runtime import launch as L
+
+    from .test_gpucheck_fakes import FakeDevice, FakeKernel, _Loading
+
+    ls = art.launch
+    kernel = FakeKernel(fake_cp, L.kernel_args(ls), None, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error)
+    return L.prepare(art, _Loading(FakeDevice(fake_cp, state), kernel))
+
+
+def test_a_captured_launch_resets_its_sync_words_on_the_device_at_every_replay(monkeypatch):
+    # CuPy stages a host-to-device copy inside a capture through a pinned buffer it recycles afterwards, so a graph
+    # that resets semaphores from host bytes replays stale ones: the reset must be a device-to-device copy.
+    import numpy as np
+
+    import spatialc
+
+    from .test_gpucheck_fakes import FakeCupy, FakeEvent
+
+    monkeypatch.setattr(FakeEvent, "hang", False)
+    cp = FakeCupy()
+    art = spatialc.lower(spatialc.build(spatialc.gemm(64, 64, 64, "bf16"), "sm_90", multicast=(2, 1)))
+    assert art.launch.sync and art.launch.cluster == 2  # a multicast group's semaphores
+    prep = _handover_prepared(cp, {"grids": []}, art)
+    ins = [prep.tiled(x, np.zeros(x.elems, np.uint16)) for x in prep.args if x.role == "input"]
+    args = prep.order(ins, prep.output_buffer())
+    stream = cp.cuda.Stream()
+    stream.begin_capture()
+    prep.run(args)  # captured: the reset and the kernel, nothing run yet
+    graph = stream.end_capture()
+    for _ in range(3):
+        graph.launch(stream)
+        assert not FakeEvent.hang  # each replay's kernel found its words at their initial values
+    assert np.array_equal(prep.sync, np.asarray(art.launch.sync) + 1)  # the last replay's kernel moved them on
+
+
+# ---- also: a cooperative grid CuPy would shrink, and a device that cannot say what it holds -----------------------
+
+
+class _CupyKernel:
+    """A CuPy RawKernel as `cupy/cuda/function.pyx` launches one cooperatively: where its own count of resident
+    blocks falls short of the grid it warns and launches fewer blocks, instead of refusing."""
+
+    ptr = 0  # its CUfunction, which the occupancy is asked of
+
+    def __init__(self, resident):
+        self.resident, self.launched = resident, []
+
+    def __call__(self, grid, block, args, shared_mem=0, enable_cooperative_groups=False):
+        import warnings
+
+        blocks = grid[0]
+        if enable_cooperative_groups and blocks > self.resident:
+            warnings.warn(
+                f"The grid size will be reduced from {blocks} to {self.resident}, as the specified grid size exceeds"
+                " the limit.",
+                stacklevel=2,
+            )
+            blocks = self.resident
+        self.launched.append(blocks)
+
+
+def _cupy(sms, per_sm):
+    from types import SimpleNamespace as NS
+
+    def occupancy(func, block, smem):
+        if per_sm is None:
+            raise RuntimeError("cuOccupancyMaxActiveBlocksPerMultiprocessor: not supported")
+        return per_sm
+
+    device = NS(attributes={"MultiProcessorCount": sms}, compute_capability="90")
+    return NS(cuda=NS(Device=lambda *a: device, driver=NS(occupancyMaxActiveBlocksPerMultiprocessor=occupancy)))
+
+
+def test_the_cupy_device_refuses_a_cooperative_grid_cupy_would_shrink():
+    import pytest
+
+    from spatialc.runtime import launch as L
+
+    device = L.CupyDevice(_cupy(sms=132, per_sm=1))
+    fits = _CupyKernel(resident=132)
+    device.launch_cooperative(fits, 132, 256, 0, ())
+    assert fits.launched == [132]
+    with pytest.raises(L.LaunchError, match="the 133 sites of this kernel wait on each other"):
+        device.launch_cooperative(_CupyKernel(resident=132), 133, 256, 0, ())  # our own count refuses it first
+    shrinks = _CupyKernel(resident=128)  # CuPy counts fewer than the occupancy we were told: its warning is fatal
+    with pytest.raises(L.LaunchError, match="CuPy: The grid size will be reduced from 132 to 128"):
+        device.launch_cooperative(shrinks, 132, 256, 0, ())
+    assert shrinks.launched == []  # nothing ran with a shrunk grid
+    unknown = _CupyKernel(resident=132)
+    with pytest.raises(L.LaunchError, match="does not say how many of its blocks it holds"):
+        L.CupyDevice(_cupy(sms=132, per_sm=None)).launch_cooperative(unknown, 132, 256, 0, ())
+    assert unknown.launched == []
+
+
+def _split_k():
+    import spatialc
+
+    p = spatialc.build(spatialc.gemm(32, 32, 8192, "bf16"), "sm_90")
+    assert p.placement.splits > 1  # the planner splits K over sites that wait on each other
+    return spatialc.lower(p)
+
+
+def test_a_split_k_launch_is_refused_where_the_device_cannot_say_how_many_blocks_it_holds():
+    import pytest
+
+    from spatialc.runtime import launch as L
+
+    art = _split_k()
+
+    class Device:
+        xp = __import__("numpy")
+        sms = 132
+
+        def __init__(self, per_sm):
+            self.per_sm = per_sm
+
+        def load(self, *a):
+            return "kernel"
+
+        def occupancy(self, kernel, block, dyn_smem):
+            return self.per_sm
+
+        def launch_cooperative(self, *a):
+            raise AssertionError("launched")
+
+    assert L.prepare(art, Device(4)).grid == art.launch.grid
+    with pytest.raises(L.LaunchError, match="does not say how many of its blocks it holds"):
+        L.prepare(art, Device(None))
+
+
+def test_a_split_k_row_runs_cooperatively_in_the_gpu_check_and_is_refused_without_an_occupancy(fake_gpu, tmp_path):
+    # The GPU check's device (cuda.PreparedDevice) passes the cooperative launch and the occupancy through to
+    # CuPy's: without them every split-K row failed ("this device cannot launch … cooperatively").
+    from .test_gpucheck_device import run
+
+    status, header, rows = run(tmp_path / "a", "--sizes", "32x32x8192", "--precisions", "bf16")
+    general = rows[0]["by_name"]["spatialc general"]
+    assert status == 0 and general["ok"] and general["check"]["correct"], general["note"]
+    assert fake_gpu["cooperative"] and set(fake_gpu["cooperative"]) == {_split_k().launch.grid}
+    fake_gpu["per_sm"] = None  # the driver gives no occupancy: refused, not risked
+    status, header, rows = run(tmp_path / "b", "--sizes", "32x32x8192", "--precisions", "bf16")
+    general = rows[0]["by_name"]["spatialc general"]
+    assert status == 1 and "does not say how many of its blocks it holds" in general["note"], general["note"]

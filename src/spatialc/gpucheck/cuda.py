@@ -103,8 +103,28 @@ class PreparedDevice:
         base = getattr(self.base, "cubin_of", None)
         return None if base is None else base(kernel_cu)
 
+    @property
+    def arch(self) -> str | None:
+        """The device's architecture, which the launcher checks a kernel's (clusters, sm_90a) against."""
+        return getattr(self.base, "arch", None)
+
     def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
         self.base.launch(kernel, grid, block, dyn_smem, args)
+
+    # What a split-K row's cooperative kernel and a multicast row's clusters need of the device: without them the
+    # launcher refuses the first (it cannot launch cooperatively, or tell whether all its sites fit) and cannot
+    # check the second against the clusters the device holds at once.
+    def occupancy(self, kernel: Any, block: int, dyn_smem: int) -> int | None:
+        occupancy = getattr(self.base, "occupancy", None)
+        return None if occupancy is None else occupancy(kernel, block, dyn_smem)
+
+    def launch_cooperative(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
+        cooperative = getattr(self.base, "launch_cooperative", None)
+        if cooperative is None:
+            raise launch.LaunchError(
+                "this device cannot launch a kernel whose sites wait on each other (cooperatively)"
+            )
+        cooperative(kernel, grid, block, dyn_smem, args)
 
     def tensor_map(self, *spec: Any) -> Any:
         """An sm_90a kernel's tensor map, encoded by the CuPy device."""

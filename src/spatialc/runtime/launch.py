@@ -19,6 +19,7 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -212,6 +213,9 @@ class Prepared:
     grid: int = 0  # the blocks to launch: one per site the device runs
     work: Any = None  # the work list on the device, the kernel's last argument (None: a kernel printed without one)
     sync: Any = None  # sites that hand over to each other: their sync words, set before each launch, passed last
+    # … set from this copy of their initial values, made on the device once: a device-to-device copy is captured
+    # into a CUDA graph as it is, where one from the host goes through a staging buffer CuPy recycles after capture.
+    sync_init: Any = None
     spaces: dict[str, Any] | None = None  # each workspace tensor's device buffer (split-K's partial sums)
     encoded: dict[tuple[int, Any], Any] = field(default_factory=dict)  # tensor maps by (index, buffer address)
 
@@ -271,7 +275,7 @@ class Prepared:
         ls = self.launch_spec
         args = (*args, *self.tensor_maps(args))
         if self.sync is not None:
-            self.sync[:] = self.xp.asarray(ls.sync, dtype=self.xp.int32)
+            self.xp.copyto(self.sync, self.sync_init)  # on the device: a graph's every replay resets them
         if not getattr(ls, "cooperative", False):
             self.device.launch(self.kernel, self.grid or ls.grid, ls.block, ls.dyn_smem, args)
             return
@@ -355,13 +359,36 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
         return Prepared(device, kernel, ls, args, ls.grid)
     sms = getattr(device, "sms", None)  # the sites follow the device's multiprocessors, by the placement's rule
     grid, work = work_list(ls, sms)
-    sync = device.xp.asarray(ls.sync, dtype=device.xp.int32) if getattr(ls, "sync", ()) else None
+    init = device.xp.asarray(ls.sync, dtype=device.xp.int32) if getattr(ls, "sync", ()) else None
+    if getattr(ls, "cooperative", False):
+        check_resident(device, kernel, ls, grid)
+    return Prepared(
+        device, kernel, ls, args, grid, device.xp.asarray(work), None if init is None else init.copy(), init
+    )
+
+
+def check_resident(device: Any, kernel: Any, ls: Any, grid: int) -> None:
+    """LaunchError unless every one of `grid` blocks of a kernel whose sites wait on each other is known to be
+    resident at once. Where the device cannot say how many it holds, the launch is refused rather than risked: CUDA
+    itself may refuse an oversized cooperative grid, but CuPy shrinks it (with a warning), and the sites left out
+    are waited for forever."""
+    if getattr(device, "launch_cooperative", None) is None:
+        raise LaunchError("this device cannot launch a kernel whose sites wait on each other (cooperatively)")
     occupancy = getattr(device, "occupancy", None)  # blocks of this kernel one multiprocessor holds
-    if getattr(ls, "cooperative", False) and occupancy is not None and sms is not None:
-        per_sm = occupancy(kernel, ls.block, ls.dyn_smem)  # None: CUDA will refuse the launch itself
-        if per_sm is not None and sms * per_sm < grid:
-            raise LaunchError(not_resident(grid, sms, per_sm))
-    return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work), sync)
+    sms = getattr(device, "sms", None)
+    per_sm = None if occupancy is None or sms is None else occupancy(kernel, ls.block, ls.dyn_smem)
+    if per_sm is None:
+        raise LaunchError(residency_unknown(grid))
+    if sms * per_sm < grid:
+        raise LaunchError(not_resident(grid, sms, per_sm))
+
+
+def residency_unknown(sites: int) -> str:
+    """Why a kernel whose sites wait on each other is not launched where the device cannot say what it holds."""
+    return (
+        f"the {sites} sites of this kernel wait on each other, so all must be resident at once, and this device"
+        " does not say how many of its blocks it holds (no occupancy answer): refused rather than risk a hang"
+    )
 
 
 def not_resident(sites: int, sms: int | None, per_sm: int | None = None) -> str:
@@ -608,6 +635,11 @@ def encode_tensor_map(
     return np.frombuffer(out.tobytes(), dtype=TENSOR_MAP_DTYPE)[0]
 
 
+# The start of the warning CuPy gives (cupy/cuda/function.pyx, _launch) when it cuts a cooperative grid to what it
+# counts as resident instead of refusing it.
+CUPY_SHRINKS = "The grid size will be reduced"
+
+
 class CupyDevice:
     """The current CUDA device, driven through CuPy."""
 
@@ -707,5 +739,19 @@ class CupyDevice:
             return None
 
     def launch_cooperative(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
-        """Every block resident at once (cudaLaunchCooperativeKernel), or CUDA refuses the launch."""
-        kernel((grid,), (block,), args, shared_mem=dyn_smem, enable_cooperative_groups=True)
+        """Every block resident at once (cudaLaunchCooperativeKernel), or LaunchError before anything is launched.
+
+        CuPy does not refuse a grid larger than the device holds: it warns and launches fewer blocks, whose work list
+        then leaves sites out that the others wait for. So the grid is checked here first, and CuPy's warning, should
+        its own count still disagree, is made the error it should be."""
+        per_sm = self.occupancy(kernel, block, dyn_smem)
+        if per_sm is None:
+            raise LaunchError(residency_unknown(grid))
+        if self.sms * per_sm < grid:
+            raise LaunchError(not_resident(grid, self.sms, per_sm))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=CUPY_SHRINKS, category=UserWarning)
+            try:
+                kernel((grid,), (block,), args, shared_mem=dyn_smem, enable_cooperative_groups=True)
+            except UserWarning as e:
+                raise LaunchError(f"{not_resident(grid, self.sms)} (CuPy: {_one_line(e)})") from None
