@@ -189,8 +189,8 @@ def test_graphs_take_in_every_contestant_that_passed_its_step(fake_gpu, tmp_path
     status, header, rows = run(tmp_path, "--sizes", "64", "--precisions", "int8")
     detail = probes(header)["CUDA graphs"]["detail"]
     assert detail == (
-        "spatialc persistent, spatialc general, spatialc sm90a, torch._int_mm (B column-major), cublasGemmEx TN, "
-        "Triton matmul: captured, replayed, correct"
+        "spatialc persistent, spatialc general, spatialc sm90a, spatialc general (multicast), torch._int_mm (B "
+        "column-major), cublasGemmEx TN, Triton matmul: captured, replayed, correct"
     )
     capsys.readouterr()
 

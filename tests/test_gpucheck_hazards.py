@@ -191,3 +191,57 @@ def test_a_split_k_row_runs_cooperatively_in_the_gpu_check_and_is_refused_withou
     status, header, rows = run(tmp_path / "b", "--sizes", "32x32x8192", "--precisions", "bf16")
     general = rows[0]["by_name"]["spatialc general"]
     assert status == 1 and "does not say how many of its blocks it holds" in general["note"], general["note"]
+
+
+# ---- hazard 2: a preflight that is not the kernel it vouches for ---------------------------------------------------
+
+
+def test_the_sm90a_preflight_kernel_is_the_plan_the_large_rows_run():
+    from spatialc.gpucheck import builds as B
+    from spatialc.gpucheck import preflight as pf
+    from spatialc.gpucheck.cases import DEFAULT_SIZES, cases_of
+
+    cases = cases_of(DEFAULT_SIZES, ["int8", "fp16", "bf16"])
+    probe = pf.hopper_case(cases)
+    (form,) = B.build_case(probe, "sm_90").forms
+    large = next(f for f in B.build_case(cases[2], "sm_90").forms if f.name == "sm90a")  # bf16 4096³
+    assert cases[2].precision == "bf16" and (cases[2].m, cases[2].k) == (4096, 4096)
+    for f in (form, large):  # 128×256 items, K steps of 128-byte panels, B MN-major (a padded K × N matrix)
+        assert f.facts["block"] == "8×16×4", f.facts["own_plan"]
+        assert [m.swizzle for m in f.artifact.launch.tensor_maps][:2] == [128, 128]
+        assert [p.order for p in f.artifact.launch.params[:2]] == ["rows", "rows"]
+    assert form.artifact.launch.items == 4  # on a 2 × 2 grid of items: a quick launch
+    assert (
+        pf.spatialc_step("sm90a", probe) == "spatialc sm90a kernel: bf16 256x512x256 (128×256 items, 128-byte panels)"
+    )
+    int8 = pf.hopper_case(cases_of(["64"], ["int8"]))
+    assert int8.hopper_block == (8, 16, 8)  # 128 int8 a K step: one 128-byte panel
+
+
+def test_a_wrong_preflight_kernel_marks_its_form_and_every_row_still_runs_it(fake_gpu, tmp_path, capsys):
+    from .test_gpucheck_device import probes, run
+
+    fake_gpu["fault"] = ("miss", "256x512", "spatialc_hopper")  # the sm90a form's preflight kernel misses an element
+    status, header, rows = run(tmp_path, "--sizes", "32", "--precisions", "bf16")
+    step = probes(header)["spatialc sm90a kernel"]
+    assert step["ok"] and step["marked"] and step["detail"].startswith("wrong result: max err nan, 1 element")
+    hopper = rows[0]["by_name"]["spatialc sm90a"]
+    assert status == 0 and hopper["ok"] and hopper["check"]["correct"], hopper["note"]  # its row's own C is right
+    assert hopper["facts"]["preflight"].startswith("its preflight kernel (bf16 256x512x256) was wrong")
+    md = (tmp_path / "gpucheck.md").read_text()
+    assert "| spatialc sm90a kernel: bf16 256x512x256 (128×256 items, 128-byte panels) | wrong, kept |" in md
+    assert "- bf16 32x32x32 sm90a: its preflight kernel (bf16 256x512x256) was wrong" in md
+    capsys.readouterr()
+
+
+def test_the_graph_step_replays_a_kernel_with_sync_words(fake_gpu, tmp_path, capsys):
+    # The multicast rows' kernels reset their semaphores before every launch, inside the timed graphs too: the
+    # preflight's graph step replays such a kernel (twice), so a reset the graph does not repeat shows there.
+    from .test_gpucheck_device import probes, run
+
+    status, header, rows = run(tmp_path, "--sizes", "32", "--precisions", "bf16")
+    assert status == 0 and probes(header)["spatialc general kernel with sync words"]["ok"]
+    graphs = probes(header)["CUDA graphs"]
+    assert graphs["ok"] and "spatialc general (multicast)" in graphs["detail"], graphs["detail"]
+    assert header["kernel_timing"] == "CUDA graphs"
+    capsys.readouterr()

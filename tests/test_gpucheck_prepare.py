@@ -22,9 +22,20 @@ from .test_gpucheck_fakes import lowered_as, without_general
 NVCC = N.find_nvcc()
 
 
+def only_the_64_cubed_preflight(monkeypatch):
+    """The preflight's kernels cut to its 64³ product, for the tests that compile with the real nvcc: its sm_90a
+    kernel at the large rows' plan and its kernel with sync words are two more compiles, which those tests (of the
+    prepare's own machinery) need not wait for; the fake nvcc's tests below count them."""
+    from spatialc.gpucheck import prepare
+    from spatialc.gpucheck.cases import preflight_case
+
+    monkeypatch.setattr(prepare, "preflight_cases", lambda cases: [preflight_case(list(cases))])
+
+
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_prepare_compiles_every_kernel_and_the_gpu_run_loads_them(tmp_path, capsys, monkeypatch):
+    only_the_64_cubed_preflight(monkeypatch)
     prep = tmp_path / "prep"
     argv = [str(prep), "--prepare", "--sizes", "64", "--precisions", "fp16", "--commit", "abc"]
     # One case, which is also the preflight's: its three kernels (persistent, general and, on sm_90, the sm90a
@@ -81,6 +92,7 @@ def test_prepare_compiles_every_kernel_and_the_gpu_run_loads_them(tmp_path, caps
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_a_run_in_the_prepared_folder_finds_its_cubins(fake_gpu, tmp_path, capsys, monkeypatch):
+    only_the_64_cubed_preflight(monkeypatch)
     monkeypatch.setattr(N, "find_nvcc", lambda: NVCC)  # here, with nvcc …
     assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "64", "--precisions", "int8"]) == 0
     monkeypatch.setattr(N, "find_nvcc", lambda: None)  # … there, without: nothing is left to compile
@@ -108,16 +120,19 @@ def test_a_kernel_that_does_not_compile_is_recorded_and_the_prepare_exits_1(tmp_
     monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", refuse)
     assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "32", "--precisions", "bf16"]) == 1
     out = capsys.readouterr().out
-    # The preflight's 64³ and 32³, three forms each (persistent, general, and the sm90a form's, for sm_90a).
-    assert "gpucheck prepare: 6 kernels for sm_90 with fake nvcc" in out
-    assert "bf16 32x32x32 persistent: compile: nvcc failed: error: something" in out and "0 compiled, 6 failed" in out
+    # The preflight's 64³ and 32³, three forms each (persistent, general, and the sm90a form's, for sm_90a), and the
+    # preflight's own two: the sm_90a form at the large rows' plan, the general form's kernel with sync words.
+    assert "gpucheck prepare: 8 kernels for sm_90 with fake nvcc" in out
+    assert "bf16 32x32x32 persistent: compile: nvcc failed: error: something" in out and "0 compiled, 8 failed" in out
     assert "bf16 32x32x32 general: compile: nvcc failed: error: something" in out
     assert "bf16 32x32x32 sm90a: compile: nvcc failed: error: something" in out
     forms = [("persistent", "sm_90"), ("general", "sm_90"), ("sm90a", "sm_90a")]
-    assert sorted(tried) == sorted(forms * 2)  # each tried once, for its own architecture
+    own = [("sm90a", "sm_90a"), ("general", "sm_90")]
+    assert sorted(tried) == sorted(forms * 2 + own)  # each tried once, for its own architecture
     manifest = Manifest.load(tmp_path)
-    assert [e.error for e in manifest.entries] == ["compile: nvcc failed: error: something"] * 6
-    assert [(e.form, e.arch) for e in manifest.entries] == forms * 2
+    assert [e.error for e in manifest.entries] == ["compile: nvcc failed: error: something"] * 8
+    assert [(e.form, e.arch) for e in manifest.entries] == forms + own + forms
+    assert [e.case for e in manifest.entries][3:5] == ["bf16 256x512x256", "bf16 mc2x1:64x64x64"]
     for form in B.build_case(Case(32, 32, 32, "bf16"), "sm_90").forms:
         assert manifest.find(form.artifact.kernel_cu, kernel_arch(form.name, "sm_90"))[0] is None
 
@@ -139,10 +154,11 @@ def test_a_case_without_a_general_form_prepares_its_other_kernels_alone(tmp_path
     monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", compile_kernel)
     assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "64", "--precisions", "int8"]) == 0
     out = capsys.readouterr().out
-    # Two kernels: the persistent one and the sm90a form's (lowered apart, for sm_90a); no general form.
-    assert "gpucheck prepare: 2 kernels for sm_90" in out and f"int8 64x64x64 general: {why}" in out
-    assert sorted(compiled) == ["persistent", "sm90a"] and "2 compiled, 0 failed" in out
-    assert [e.form for e in Manifest.load(tmp_path).entries] == ["persistent", "sm90a"]
+    # Two kernels: the persistent one and the sm90a form's (lowered apart, for sm_90a); no general form. (And the
+    # preflight's own: the sm90a form at the large rows' plan, the multicast kernel, in the general form alone.)
+    assert "gpucheck prepare: 4 kernels for sm_90" in out and f"int8 64x64x64 general: {why}" in out
+    assert sorted(compiled) == ["general", "persistent", "sm90a", "sm90a"] and "4 compiled, 0 failed" in out
+    assert [e.form for e in Manifest.load(tmp_path).entries] == ["persistent", "sm90a", "sm90a", "general"]
 
 
 def test_a_manifest_of_another_format_is_refused(tmp_path):
@@ -157,6 +173,7 @@ def test_a_manifest_of_another_format_is_refused(tmp_path):
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_a_kernel_text_two_plans_share_is_compiled_once_and_found_by_both(tmp_path, capsys, monkeypatch):
+    only_the_64_cubed_preflight(monkeypatch)
     prep = tmp_path / "prep"
     # A sweep row's planner's kernel is timed twice and its row-major neighbour differs only in the work list: the
     # same text three times a form.

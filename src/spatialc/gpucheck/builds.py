@@ -125,6 +125,8 @@ def _build(case: Case, target: str, out: str | None) -> Built:
             from .sweep import sweep_case
 
             return sweep_case(built, gemm, target)
+        if case.hopper_block is not None:
+            return hopper_alone(built, gemm, target, case.hopper_block)
         grouped = {"multicast": case.multicast} if case.multicast != (1, 1) else {}
         program = spatialc.build(gemm, target, **grouped)
         built.plan = describe_plan(program)
@@ -140,6 +142,19 @@ def _build(case: Case, target: str, out: str | None) -> Built:
         return built
     if artifact.budget.form == "general":
         built.note = "; ".join(artifact.notes)  # why the persistent kernel refused it
+    return built
+
+
+def hopper_alone(built: Built, gemm: Any, target: str, block: tuple[int, int, int]) -> Built:
+    """The case in the sm_90a form alone, at `block` (the preflight's kernel of that form); skipped away from a
+    Hopper, where the form does not run."""
+    if target != "sm_90":
+        built.skip = f"the sm_90a form runs on sm_90 (H100 / H200), not {target}"
+        return built
+    form = hopper_form(gemm, {"block": block})
+    built.forms, built.plan = [form], form.facts.get("own_plan", "")
+    if form.artifact is None:
+        built.error = f"build: {form.absent}"
     return built
 
 

@@ -163,6 +163,9 @@ class Case(_Product):
     groups: int = 1
     multicast: tuple[int, int] = (1, 1)  # sites of a multicast group (gy, gx): `spatialc.build(multicast=…)`
     sweep: bool = False  # each form at its planner's plan and the plans one change away (gpucheck/sweep.py)
+    # The sm_90a form alone, at this block (osh, osw, ibw tiles): the preflight's kernel of that form, at the plan
+    # the large rows run (preflight.hopper_case).
+    hopper_block: tuple[int, int, int] | None = None
 
 
 def grouped_sizes(groups: int, max_rows: int) -> Any:
@@ -349,6 +352,12 @@ class Contestant:
 
 # How the report and the log say a preflight probe's `ok`.
 PROBE_RESULT = {True: "ok", False: "unavailable", None: "not tried"}
+KEPT_WRONG = "wrong, kept"  # … and a spatialc kernel's that ran but computed a wrong C (`Probe.marked`)
+
+
+def probe_result(ok: bool | None, marked: bool = False) -> str:
+    """A preflight probe's result in a word or two."""
+    return KEPT_WRONG if marked else PROBE_RESULT[ok]
 
 
 @dataclass
@@ -360,6 +369,9 @@ class Probe:
     detail: str = ""
     seconds: float = 0.0
     paths: tuple[str, ...] = ()
+    # A kernel that ran and computed a wrong C: its paths stay available (each row checks its own C), and its
+    # form's kernels carry the note; only a hang or a sticky error leaves a path out.
+    marked: bool = False
 
 
 @dataclass

@@ -27,7 +27,6 @@ from .baselines import Libraries, baselines_for, refusal
 from .builds import BuildPool, Built, Form, conversion
 from .cases import (
     ELEM_OF,
-    FORMS,
     TORCH_OUT,
     BudgetExceeded,
     Case,
@@ -44,7 +43,6 @@ from .cases import (
     is_sticky,
     kernel_path,
     one_line,
-    preflight_case,
     row_of,
     spatialc_name,
     values64,
@@ -89,10 +87,12 @@ class GpuRunner:
         self.builds = BuildPool(self.target, self.arch, manifest=prepared, workers=workers)
         self.unavailable: dict[str, str] = {}
         self.cases: list[Case] = []
-        self.first = Case(64, 64, 64, "fp16")
-        # What the preflight's steps ran, for the graph step: spatialc's kernels and the libraries, by name.
+        # What the preflight's steps ran, for the graph step: spatialc's kernels (by the path a loss is blamed on)
+        # and the libraries, by name.
         self.probed_kernels: dict[str, tuple[Any, ...]] = {}
         self.probed: dict[str, tuple[Any, ...]] = {}
+        # spatialc's kernels whose preflight kernel computed a wrong C, by path: kept, each row noting it.
+        self.marked: dict[str, str] = {}
 
     def _one_stream(self) -> Any:
         """A stream of its own, made current for CuPy and (when present) torch."""
@@ -165,8 +165,8 @@ class GpuRunner:
 
     def start(self, cases: Sequence[Case], deadline: Deadline) -> None:
         """Build every case in the background (the preflight's first) while the GPU runs the preflight and rows."""
-        self.cases, self.first = list(cases), preflight_case(list(cases))
-        self.builds.start([self.first, *cases], deadline)
+        self.cases = list(cases)
+        self.builds.start([*pf.preflight_cases(self.cases), *cases], deadline)
 
     def close(self) -> None:
         self.builds.close()
@@ -252,6 +252,9 @@ class GpuRunner:
         # Left out as this kernel, as its contestant anywhere, or (a sweep's plan) as its form.
         off = self.unavailable.get(path) or self.unavailable.get(name) or self.unavailable.get(spatialc_name(form.name))
         failure = form.error or (f"unavailable: {off}" if off else "")
+        marked = self.marked.get(path) or self.marked.get(name)
+        if marked:  # its form's preflight kernel was wrong: kept, and this row's kernel checked like any
+            form.facts["preflight"] = marked
         if not failure:
             try:
                 return self._measure_kernel(case, form, inputs, ref, deadline)
@@ -354,15 +357,15 @@ class GpuRunner:
         steps = [
             pf.Step(pf.DEVICE_STEP, (), self._probe_device),
             pf.Step(pf.CUPY_STEP, (pf.REFERENCE,), self._probe_cupy),
-            *(self._spatialc_step(form, deadline) for form in FORMS),
+            *(self._spatialc_step(form, case, deadline) for form, case in pf.kernel_steps(self.cases)),
         ]
         steps += [self._library_step(name, case, deadline) for name, case in pf.library_steps(self.cases)]
         graphs: Callable[[], str] | str = (lambda: self._probe_graphs(deadline)) if self.graphs else self.graphs_note
         return [*steps, pf.Step(pf.GRAPHS_STEP, (pf.GRAPHS,), graphs)]
 
-    def _spatialc_step(self, form: str, deadline: Deadline) -> pf.Step:
-        run = partial(self._probe_spatialc, form, deadline)
-        return pf.Step(pf.spatialc_step(form, self.first), (spatialc_name(form),), run)
+    def _spatialc_step(self, form: str, case: Case, deadline: Deadline) -> pf.Step:
+        run = partial(self._probe_spatialc, form, case, deadline)
+        return pf.Step(pf.spatialc_step(form, case), (kernel_path(case, spatialc_name(form)),), run)
 
     def _library_step(self, name: str, case: Case, deadline: Deadline) -> pf.Step:
         missing = self.libs.missing(name)
@@ -386,12 +389,12 @@ class GpuRunner:
             raise SpatialError("cp.matmul of 64³ float64 differs from numpy's")
         return "correct"
 
-    def _probe_spatialc(self, name: str, deadline: Deadline) -> str:
-        """Launch spatialc's kernel in form `name` on the preflight's product and check it."""
-        case = self.first
+    def _probe_spatialc(self, name: str, case: Case, deadline: Deadline) -> str:
+        """Launch spatialc's kernel in form `name` on the preflight's product `case` and check it; a wrong C marks
+        the kernel's path (WrongResult) without leaving it out: each row checks its own."""
         built = self.builds.result(case, deadline)
         form = built.form(name)
-        why = built.error or (built.note if form is None else form.error or form.absent)
+        why = built.error or built.skip or (built.note if form is None else form.error or form.absent)
         if form is None or why:
             raise SpatialError(why or f"lower printed no {name} kernel")
         inputs = self._inputs(case, 1)
@@ -401,9 +404,12 @@ class GpuRunner:
         out = prep.output_buffer(poison=True)
         args = prep.order((prep.tiled(a_arg, inputs.a[0]), prep.tiled(b_arg, inputs.b[0])), out)
         check = self._checked_run(prep, args, out, ref, deadline)
+        path = kernel_path(case, form.contestant)
         if not check.correct:
-            raise SpatialError(f"wrong result: max err {check.max_abs:.3g}, {check.unwritten} elements unwritten")
-        self.probed_kernels[form.contestant] = (prep, args, out, ref)
+            wrong = f"wrong result: max err {check.max_abs:.3g}, {plural(check.unwritten, 'element')} unwritten"
+            self.marked[path] = f"its preflight kernel ({case}) was wrong ({wrong})"
+            raise pf.WrongResult(f"{wrong}; kept: each row checks its own C")
+        self.probed_kernels[path] = (prep, args, out, ref)
         origin = form.facts.get("cubin", "compiled here" if "registers" in form.facts else "NVRTC")
         return f"correct; cubin {origin}"
 
@@ -429,12 +435,16 @@ class GpuRunner:
         return f"{', '.join([*self.probed_kernels, *self.probed])}: captured, replayed, correct"
 
     def _replay_kernel(self, name: str, probed: tuple[Any, ...], deadline: Deadline) -> None:
+        """Capture one launch and replay it twice, each time into poison: the second replay finds the sync words as
+        the first left them, unless the graph itself resets them (a copy from the host would not be replayed)."""
         prep, args, out, ref = probed
-        out.fill(poison_value(prep.output.storage))
-        self._capture(name, lambda: prep.run(args))()
-        self._sync(deadline)
-        if not check_result(prep.result(out), ref, out, prep.output.elem, self.cp).correct:
-            raise SpatialError(f"{name}'s replayed kernel left a wrong result")
+        replay = self._capture(name, lambda: prep.run(args))
+        for time in ("first", "second"):
+            out.fill(poison_value(prep.output.storage))
+            replay()
+            self._sync(deadline)
+            if not check_result(prep.result(out), ref, out, prep.output.elem, self.cp).correct:
+                raise SpatialError(f"{name}'s kernel left a wrong result at its graph's {time} replay")
 
     def _replay_library(self, name: str, made: Any, ref: Any, deadline: Deadline) -> None:
         made.kernel_result().fill(0)

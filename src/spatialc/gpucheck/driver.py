@@ -25,7 +25,6 @@ from ..errors import SpatialError
 from .cases import (
     DEFAULT_SIZES,
     PRECISIONS,
-    PROBE_RESULT,
     SWEEP_SIZES,
     BudgetExceeded,
     Case,
@@ -36,6 +35,7 @@ from .cases import (
     Row,
     cases_of,
     one_line,
+    probe_result,
     row_of,
 )
 from .dryrun import END_TO_END, KERNEL_ONLY, dry_run, outputs_note
@@ -144,7 +144,7 @@ def _preflight(
 
 
 def _probe_result(p: Probe) -> str:
-    return PROBE_RESULT[p.ok] + (f" ({p.detail})" if p.detail else "")
+    return probe_result(p.ok, p.marked) + (f" ({p.detail})" if p.detail else "")
 
 
 def _log_row(log: Callable[[str], None], t: float, r: Row) -> None:

@@ -1,7 +1,8 @@
 """Kernels compiled beforehand: `spatialc gpucheck DIR --prepare` on a CPU machine with nvcc, loaded by the GPU run.
 
 The GPU machine's time is short and its first minutes would otherwise go to nvcc. `--prepare` builds every case of
-the run (and the preflight's) exactly as the GPU run will, compiles each of its kernels — the persistent kernel, its
+the run (and the preflight's kernels: 64³ in each form, the sm_90a form at the large rows' plan, a multicast group's
+kernel with sync words) exactly as the GPU run will, compiles each of its kernels — the persistent kernel, its
 general form where lower printed one, and the sm_90a form's (for sm_90a) — for the target's architecture with
 `spatialc.runtime.nvcc.compile_cubin` into DIR (the cubin and what ptxas said of it, side by side), and writes
 DIR/manifest.json: per kernel its case and form, the SHA-256 of its CUDA source and of its cubin, the architecture,
@@ -28,7 +29,8 @@ from ..errors import SpatialError
 from ..ir.printer import plural
 from ..runtime import nvcc
 from .builds import PTXAS_FIELDS, Built, Form, build_case, compile_kernel, describe_ptxas
-from .cases import Case, kernel_arch, preflight_case
+from .cases import Case, kernel_arch
+from .preflight import preflight_cases
 from .report import write_whole
 
 MANIFEST = "manifest.json"
@@ -127,7 +129,7 @@ def prepare(
         raise SpatialError("--prepare compiles with nvcc, which was not found (PATH, CUDA_HOME, /usr/local/cuda)")
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    builds = [build_case(c, target) for c in dict.fromkeys([preflight_case(list(cases)), *cases])]
+    builds = [build_case(c, target) for c in dict.fromkeys([*preflight_cases(cases), *cases])]
     kernels = _distinct([(b.case, f) for b in builds for f in b.forms if f.artifact is not None], target)
     shared = sum(f.artifact is not None for b in builds for f in b.forms) - len(kernels)
     unbuilt = [b for b in builds if b.error]

@@ -21,7 +21,6 @@ from .cases import (
     FORMS,
     HOPPER_FORM,
     PLANNERS_PLAN,
-    PROBE_RESULT,
     SAME_SPEED,
     TIMED_AGAIN,
     TOLERANCE,
@@ -30,6 +29,7 @@ from .cases import (
     Contestant,
     Row,
     Timing,
+    probe_result,
     spatialc_name,
 )
 
@@ -324,7 +324,7 @@ def preflight_lines(header: dict[str, Any]) -> list[str]:
     lines = ["", f"Preflight ({sum(p['seconds'] for p in probes):.1f} s):", "", "| step | result | s | detail |"]
     lines.append("|---|---|---|---|")
     for p in probes:
-        cells = (p["name"], PROBE_RESULT[p["ok"]], p["seconds"], p["detail"])
+        cells = (p["name"], probe_result(p["ok"], p.get("marked", False)), p["seconds"], p["detail"])
         lines.append("| " + " | ".join(_cell(str(x)) for x in cells) + " |")
     return lines
 
@@ -499,14 +499,16 @@ def register_blocks(kernel: dict[str, Any]) -> int | None:
 
 
 def kernel_notes(row: Row, form: str, k: dict[str, Any]) -> list[str]:
-    """What in the numbers `k` of a row's kernel in `form` needs a look: spills, or fewer resident blocks than the
-    budget planned."""
+    """What in the numbers `k` of a row's kernel in `form` needs a look: spills, fewer resident blocks than the
+    budget planned, or a preflight kernel of its form that computed a wrong C."""
     where, notes = f"{row} {form}", []
     if spilled(k):
         notes.append(
             f"- {where}: ptxas spills {k['spill_stores']} B stored / {k['spill_loads']} B loaded per thread "
             f"({k['registers']} registers, stack {k.get('stack', 0)} B)"
         )
+    if k.get("preflight"):
+        notes.append(f"- {where}: {k['preflight']}; kept, and this row checked its own C")
     fits, planned = register_blocks(k), k.get("blocks_per_sm")
     if fits is not None and planned and fits < planned:
         notes.append(
