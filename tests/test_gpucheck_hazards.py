@@ -245,3 +245,103 @@ def test_the_graph_step_replays_a_kernel_with_sync_words(fake_gpu, tmp_path, cap
     assert graphs["ok"] and "spatialc general (multicast)" in graphs["detail"], graphs["detail"]
     assert header["kernel_timing"] == "CUDA graphs"
     capsys.readouterr()
+
+
+# ---- hazard 1: clusters that cannot all be resident ----------------------------------------------------------------
+
+
+def test_a_board_holds_fewer_clusters_at_once_than_its_sms_divided_by_their_size():
+    import spatialc
+
+    h200 = spatialc.target("sm_90")
+    assert [h200.clusters_at_once(n) for n in (2, 4, 8)] == [66, 32, 16]  # not 132 / 4 = 33
+    assert h200.clusters_at_once(3) == 32 and h200.clusters_at_once(6) == 16  # held as often as the next size up
+    assert h200.clusters_at_once(4, per_unit=2) == 64 and h200.clusters_at_once(1) is None
+    assert spatialc.target("sm_90a").clusters_at_once(4) == 32 and spatialc.target("sm_86").clusters_at_once(4) is None
+
+
+def test_multicast_groups_are_no_more_clusters_than_the_board_holds_at_once():
+    # 2×2 groups of one-block-an-SM sites on 132 SMs were 33 clusters of 4, of which an H100 / H200 holds 32: the
+    # 33rd ran in a second wave, and the row measured that.
+    import spatialc
+
+    gemm = spatialc.gemm(4096, 4096, 4096, "bf16")
+    for target in ("sm_90", "sm_90a"):
+        p = spatialc.build(gemm, target, multicast=(2, 2))
+        sites = len(p.placement.items_of_site)
+        assert sites == 128 and len(p.placement.groups) == 4 * 32, (target, sites)  # two rows, two columns each
+    assert len(spatialc.build(gemm, "sm_90", multicast=(2, 1)).placement.items_of_site) == 132  # 66 of 2 fit
+
+
+def test_the_dry_run_shows_no_plan_of_more_clusters_than_the_board_holds(capsys, monkeypatch):
+    import re
+
+    from spatialc.gpucheck import dryrun
+    from spatialc.gpucheck.cases import DEFAULT_SIZES, cases_of
+    from spatialc.runtime import nvcc
+
+    monkeypatch.setattr(nvcc, "find_nvcc", lambda: None)
+    sizes = [s for s in DEFAULT_SIZES if s.startswith("mc")]
+    dryrun.dry_run(cases_of(sizes, ["bf16"]), "sm_90")
+    said = re.findall(r"(\d+) clusters of \dx?×?\d sites \(H100/H200: (\d+) at once", capsys.readouterr().out)
+    assert len(said) == 2 * len(sizes)  # the general form's plan and the sm_90a form's, each row
+    assert all(int(launched) <= int(held) for launched, held in said), said
+
+
+def _mc_artifact():
+    import spatialc
+
+    return spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16"), "sm_90", multicast=(2, 2)))
+
+
+class _ClusterDevice:
+    """A device whose driver says how many clusters of a kernel it holds at once."""
+
+    xp = __import__("numpy")
+    sms = 132
+
+    def __init__(self, held):
+        self.held, self.asked = held, []
+
+    def load(self, *a):
+        return "kernel"
+
+    def clusters_at_once(self, kernel, grid, block, dyn_smem):
+        self.asked.append((grid, block, dyn_smem))
+        return self.held
+
+
+def test_the_launcher_refuses_more_clusters_than_the_driver_says_the_device_holds():
+    import pytest
+
+    from spatialc.runtime import launch as L
+
+    art = _mc_artifact()
+    ls = art.launch
+    assert ls.cluster == 4 and ls.grid == 128
+    fits = _ClusterDevice(32)
+    assert L.prepare(art, fits).clusters_held == 32 and fits.asked == [(128, ls.block, ls.dyn_smem)]
+    with pytest.raises(L.LaunchError, match=r"launches 32 thread-block clusters of 4 sites.*holds 30 at once"):
+        L.prepare(art, _ClusterDevice(30))  # a board whose GPCs hold fewer: refused, naming sites=120
+    assert L.prepare(art, _ClusterDevice(None)).clusters_held is None  # no answer: the plan's table stands
+
+
+def test_the_cluster_question_goes_to_the_driver_as_cuda_h_lays_it_out():
+    import ctypes
+
+    from spatialc.runtime import launch as L
+
+    class Libcuda:
+        def cuOccupancyMaxActiveClusters(self, count, function, config):  # noqa: N802 - the driver's name
+            cfg = ctypes.cast(config, ctypes.POINTER(L.LaunchConfig)).contents
+            self.seen = (function.value, cfg.gridDimX, cfg.gridDimY, cfg.blockDimX, cfg.sharedMemBytes, cfg.numAttrs)
+            ctypes.cast(count, ctypes.POINTER(ctypes.c_int)).contents.value = 32
+            return self.code
+
+    lib = Libcuda()
+    lib.code = 0
+    assert L.max_active_clusters(lib, 0x1234, 128, 384, 230400) == 32
+    assert lib.seen == (0x1234, 128, 1, 384, 230400, 0)
+    assert ctypes.sizeof(L.LaunchConfig) == 56  # CUlaunchConfig on a 64-bit host
+    lib.code = 1  # CUDA_ERROR_INVALID_VALUE: no answer
+    assert L.max_active_clusters(lib, 0x1234, 128, 384, 230400) is None

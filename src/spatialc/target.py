@@ -80,6 +80,17 @@ class SpatialTarget:
         per_warp = max(1, math.ceil(acc_tiles / self.accumulator_lanes))
         return per_warp * 12 + 52
 
+    def clusters_at_once(self, size: int, per_unit: int = 1) -> int | None:
+        """Thread-block clusters of `size` blocks this board holds at once with `per_unit` blocks an SM (None: no
+        figure, or no clusters). A cluster lives in one GPC, and GPCs hold uneven numbers of SMs, so this is less
+        than SMs / size: a plan of more clusters runs the rest in a second wave. A size between two known ones is
+        held as often as the larger (a subset of its blocks); `per_unit` blocks an SM hold as many layers of them."""
+        known = CO_RESIDENT_CLUSTERS.get(self.board)
+        if known is None or size < 2:
+            return None
+        fits = [n for s, n in sorted(known.items()) if s >= size]
+        return fits[0] * max(1, per_unit) if fits else None
+
     def resident_sites_per_unit(
         self, smem_bytes: int, osh: int, osw: int, sub_blocks: tuple[int, int] = (1, 1), warps: int | None = None
     ) -> int:
@@ -98,6 +109,11 @@ class SpatialTarget:
         by_regs = self.regs_per_unit // (regs_per_warp * warps)
         return max(0, min(self.sites_per_unit_max, by_threads, by_smem, by_regs))
 
+
+# Clusters of each size the board holds at once with one block an SM: what cudaOccupancyMaxActiveClusters answers on
+# H100 SXM and H200 (132 SMs in 7-8 GPCs of uneven TPC counts): 32 of 4 (not 33) and 16 of 8; clusters of 2 fill
+# whole TPCs, so all 66 fit. Boards without clusters (before sm_90) have no entry. The launcher asks the driver too.
+CO_RESIDENT_CLUSTERS: dict[str, dict[int, int]] = {"H100/H200": {2: 66, 4: 32, 8: 16}}
 
 _KIB = 1024
 TARGETS: dict[str, SpatialTarget] = {

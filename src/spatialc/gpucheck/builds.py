@@ -296,12 +296,25 @@ def describe_plan(program: Any) -> str:
     if program.placement is not None and program.placement.splits > 1:
         kind = f"split-K: {program.placement.splits} sites per item"
     if program.placement is not None and program.placement.multicast != (1, 1):
-        gy, gx = program.placement.multicast
-        kind = f"multicast: clusters of {gy}×{gx} sites"
+        kind = f"multicast: {clusters_planned(program)}"
     return (
         f"block {b.osh}×{b.osw}×{b.ibw}, sub {p.sub_blocks[0]}×{p.sub_blocks[1]}, items {p.grid[0]}×{p.grid[1]}, "
         f"depth {p.depth}, {sites} sites ({kind})"
     )
+
+
+def clusters_planned(program: Any) -> str:
+    """How many thread-block clusters a multicast plan launches, against what its target's board holds at once (a
+    cluster lives in one GPC: fewer than SMs / size; the clusters past those would run in a second wave)."""
+    from ..target import target as target_of
+
+    gy, gx = program.placement.multicast
+    size = gy * gx
+    launched = len(program.placement.items_of_site) // size
+    board = target_of(program.target)
+    held = board.clusters_at_once(size)
+    room = f"{board.board}: {held} at once with one block an SM" if held else f"no figure for {board.board}"
+    return f"{launched} clusters of {gy}×{gx} sites ({room})"
 
 
 def describe_launch(artifact: Any) -> str:

@@ -118,6 +118,10 @@ class PreparedDevice:
         occupancy = getattr(self.base, "occupancy", None)
         return None if occupancy is None else occupancy(kernel, block, dyn_smem)
 
+    def clusters_at_once(self, kernel: Any, grid: int, block: int, dyn_smem: int) -> int | None:
+        ask = getattr(self.base, "clusters_at_once", None)
+        return None if ask is None else ask(kernel, grid, block, dyn_smem)
+
     def launch_cooperative(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
         cooperative = getattr(self.base, "launch_cooperative", None)
         if cooperative is None:

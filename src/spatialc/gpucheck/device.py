@@ -237,6 +237,10 @@ class GpuRunner:
             self.device.cubins[source_hash(form.artifact.kernel_cu)] = form.cubin
         prep = launch.prepare(form.artifact, self.device)
         form.facts["sites_run"] = getattr(prep, "grid", 0) or form.artifact.launch.grid
+        held, cluster = getattr(prep, "clusters_held", None), form.artifact.launch.cluster
+        if cluster > 1:  # the driver's count beside the plan's (a launch of more is refused: a second wave)
+            said = f"the device holds {held} at once" if held is not None else "the driver did not say how many fit"
+            form.facts["clusters"] = f"{form.facts['sites_run'] // cluster} clusters of {cluster} launched; {said}"
         return prep
 
     def _spatialc(

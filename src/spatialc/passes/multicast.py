@@ -54,10 +54,14 @@ def check_multicast(multicast: object) -> tuple[int, int]:
     return gy, gx
 
 
-def multicast_placement(plan: Plan, gy: int, gx: int, sites: int) -> Placement:
-    """Blocks of gy × gx items dealt round-robin to the ⌊sites / (gy·gx)⌋ site groups (at most one a block);
-    site q·gy·gx + r·gx + c is site (r, c) of group q. Each group row (when gx > 1) and each group column (when
-    gy > 1) is a multicast group; its first site sends."""
+def multicast_placement(plan: Plan, gy: int, gx: int, sites: int, clusters: int | None = None) -> Placement:
+    """Blocks of gy × gx items dealt round-robin to the ⌊sites / (gy·gx)⌋ site groups (at most one a block, and at
+    most `clusters`: the thread-block clusters the device holds at once, `SpatialTarget.clusters_at_once`); site
+    q·gy·gx + r·gx + c is site (r, c) of group q. Each group row (when gx > 1) and each group column (when gy > 1)
+    is a multicast group; its first site sends.
+
+    Why `clusters`: a cluster lives in one GPC, and on an H100 / H200 (132 SMs) 32 clusters of 4 one-block-an-SM
+    sites fit at once, not 33; the 33rd would run after the others in a second wave, almost doubling the time."""
     ny, nx = plan.grid
     if ny % gy or nx % gx:
         raise ProgramError(
@@ -66,7 +70,7 @@ def multicast_placement(plan: Plan, gy: int, gx: int, sites: int) -> Placement:
         )
     per = gy * gx
     blocks = (ny // gy) * (nx // gx)
-    n_groups = min(blocks, sites // per)
+    n_groups = min(blocks, sites // per, sites if clusters is None else clusters)
     if n_groups < 1:
         raise ProgramError(f"{asked(gy, gx)}: a group needs {per} sites and there are {sites}")
     listed: list[tuple[Site, tuple[ItemId, ...]]] = []

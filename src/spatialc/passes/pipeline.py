@@ -167,7 +167,8 @@ def _multicast(
     crowded = fits_at_once(target, resident, per_unit, f"a {said} build", "fewer sites")
     if crowded:
         raise ProgramError(crowded)
-    p = add_semaphores(p).evolve(placement=multicast_placement(p.plan, gy, gx, resident))
+    held = target.clusters_at_once(gy * gx, per_unit)  # a group is a cluster: no more than fit at once
+    p = add_semaphores(p).evolve(placement=multicast_placement(p.plan, gy, gx, resident, held))
     return verify(schedule(p), target)
 
 

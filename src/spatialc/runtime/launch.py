@@ -218,6 +218,7 @@ class Prepared:
     sync_init: Any = None
     spaces: dict[str, Any] | None = None  # each workspace tensor's device buffer (split-K's partial sums)
     encoded: dict[tuple[int, Any], Any] = field(default_factory=dict)  # tensor maps by (index, buffer address)
+    clusters_held: int | None = None  # a cluster kernel's clusters the device holds at once (None: not asked)
 
     @property
     def xp(self) -> Any:
@@ -362,9 +363,25 @@ def prepare(artifact: Any, device: Any | None = None) -> Prepared:
     init = device.xp.asarray(ls.sync, dtype=device.xp.int32) if getattr(ls, "sync", ()) else None
     if getattr(ls, "cooperative", False):
         check_resident(device, kernel, ls, grid)
-    return Prepared(
-        device, kernel, ls, args, grid, device.xp.asarray(work), None if init is None else init.copy(), init
-    )
+    held = check_clusters(device, kernel, ls, grid) if getattr(ls, "cluster", 1) > 1 else None
+    sync = None if init is None else init.copy()
+    return Prepared(device, kernel, ls, args, grid, device.xp.asarray(work), sync, init, clusters_held=held)
+
+
+def check_clusters(device: Any, kernel: Any, ls: Any, grid: int) -> int | None:
+    """The clusters of a cluster kernel the device holds at once (the driver's answer; None where it gives none),
+    or LaunchError when the kernel launches more: its sites are placed for one wave, and the clusters past what the
+    device holds would run after the others finish, a second wave that nearly doubles the time."""
+    ask = getattr(device, "clusters_at_once", None)
+    held = None if ask is None else ask(kernel, grid, ls.block, ls.dyn_smem)
+    launched = grid // ls.cluster
+    if held is not None and launched > held:
+        raise LaunchError(
+            f"this kernel launches {launched} thread-block clusters of {ls.cluster} sites, and this device holds"
+            f" {held} at once (cuOccupancyMaxActiveClusters): the rest would wait for a second wave; build it over"
+            f" sites={held * ls.cluster} (--sites {held * ls.cluster})"
+        )
+    return held
 
 
 def check_resident(device: Any, kernel: Any, ls: Any, grid: int) -> None:
@@ -598,6 +615,33 @@ TMA_L2_128B = 2
 TENSOR_MAP_DTYPE = np.dtype([("opaque", np.uint64, (16,))], align=True)  # 128 bytes
 
 
+class LaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig: a 1-D grid of 1-D blocks on the default stream, no launch attributes (a cluster
+    kernel's size comes from its own __cluster_dims__)."""
+
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.c_void_p),
+        ("numAttrs", ctypes.c_uint),
+    ]
+
+
+def max_active_clusters(lib: Any, function: int, grid: int, block: int, dyn_smem: int) -> int | None:
+    """cuOccupancyMaxActiveClusters through `lib` (libcuda or a stand-in): how many clusters of the kernel
+    `function` (a CUfunction) the device holds at once; None where the driver refuses to say."""
+    count = ctypes.c_int(0)
+    config = LaunchConfig(grid, 1, 1, block, 1, 1, dyn_smem, None, None, 0)
+    code = lib.cuOccupancyMaxActiveClusters(ctypes.byref(count), ctypes.c_void_p(function), ctypes.byref(config))
+    return int(count.value) if code == 0 else None
+
+
 def driver_library() -> Any:
     """libcuda, where cuTensorMapEncodeTiled lives (the CUDA runtime CuPy loads has no binding for it)."""
     try:
@@ -638,6 +682,15 @@ def encode_tensor_map(
 # The start of the warning CuPy gives (cupy/cuda/function.pyx, _launch) when it cuts a cooperative grid to what it
 # counts as resident instead of refusing it.
 CUPY_SHRINKS = "The grid size will be reduced"
+
+
+def function_handle(kernel: Any) -> int:
+    """The CUfunction of a kernel CuPy loaded: a Function's `ptr`, or that of a RawKernel's `kernel` (a RawModule's
+    get_function gives the latter), which the driver's occupancy questions take."""
+    ptr = getattr(kernel, "ptr", None)
+    if ptr is None:
+        ptr = kernel.kernel.ptr
+    return int(ptr)
 
 
 class CupyDevice:
@@ -731,10 +784,19 @@ class CupyDevice:
         ctypes), its 128 bytes as a numpy structured scalar, which CuPy passes to a kernel as they are."""
         return encode_tensor_map(driver_library(), int(buffer.data.ptr), dims, strides, box, elem, swizzle)
 
+    def clusters_at_once(self, kernel: Any, grid: int, block: int, dyn_smem: int) -> int | None:
+        """Thread-block clusters of a cluster kernel the device holds at once, asked of the driver (CuPy has no
+        binding for it); None where it cannot say."""
+        try:
+            return max_active_clusters(driver_library(), function_handle(kernel), grid, block, dyn_smem)
+        except Exception:
+            return None
+
     def occupancy(self, kernel: Any, block: int, dyn_smem: int) -> int | None:
         """Blocks of `kernel` one multiprocessor holds at once (None where CuPy cannot say)."""
         try:
-            return int(self.cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, block, dyn_smem))
+            occupancy = self.cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor
+            return int(occupancy(function_handle(kernel), block, dyn_smem))
         except Exception:
             return None
 
