@@ -545,6 +545,7 @@ def install_fake_gpu(monkeypatch):
     from spatialc.runtime import launch as L
     from spatialc.runtime import nvcc as N
 
+    monkeypatch.setattr(D, "BUILD_IN_PROCESSES", False)  # builds a test patches here would not be patched there
     cp = FakeCupy()
     torch, triton = FakeTorch(cp), FakeTriton(cp)
     state = {"fault": None, "cp": cp, "torch": torch, "triton": triton, "grids": []}

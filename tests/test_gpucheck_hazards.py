@@ -5,6 +5,9 @@ GPU thread for the GIL, hangs that cost a minute each; and a cooperative grid Cu
 
 from __future__ import annotations
 
+import time
+
+from spatialc.gpucheck import builds as B
 from spatialc.gpucheck import device as D
 from spatialc.gpucheck.cases import Case, Deadline, kernel_path
 
@@ -191,6 +194,51 @@ def test_a_split_k_row_runs_cooperatively_in_the_gpu_check_and_is_refused_withou
     status, header, rows = run(tmp_path / "b", "--sizes", "32x32x8192", "--precisions", "bf16")
     general = rows[0]["by_name"]["spatialc general"]
     assert status == 1 and "does not say how many of its blocks it holds" in general["note"], general["note"]
+
+
+# ---- hazard 4: builds that fight the GPU thread for the GIL --------------------------------------------------------
+
+
+def test_on_a_gpu_the_builds_plan_and_lower_in_processes_of_their_own(fake_gpu, monkeypatch):
+    # In a thread of the timing process, 47 cases' planning and lowering (about 40 CPU-seconds) held the GIL while
+    # the first rows were timed end to end. The runner's pool builds in processes: a build_case patched here to fail
+    # is not the one that runs, and what comes back is the very build this process would have made.
+    monkeypatch.setattr(D, "BUILD_IN_PROCESSES", True)
+    runner = D.GpuRunner("sm_90", workers=1)
+    pool = runner.builds
+    assert pool.processes is not None
+    case = Case(64, 64, 64, "int8")
+    here = B.build_case(case, "sm_90")
+
+    def not_here(case, target):
+        raise AssertionError("built in the timing process")
+
+    monkeypatch.setattr(B, "build_case", not_here)
+    try:
+        pool.start([case], Deadline(time.monotonic() + 120, time.monotonic))
+        built = pool.result(case, Deadline(time.monotonic() + 120, time.monotonic))
+    finally:
+        pool.close()
+    assert not built.error, built.error
+    assert built.plan == here.plan
+    assert [f.name for f in built.forms] == [f.name for f in here.forms]
+    for mine, theirs in zip(built.forms, here.forms, strict=True):
+        assert (mine.artifact is None) == (theirs.artifact is None)
+        if mine.artifact is not None:
+            assert mine.artifact.kernel_cu == theirs.artifact.kernel_cu
+
+
+def test_a_closed_pool_leaves_no_build_process_behind():
+    pool = B.BuildPool("sm_90", "sm_90", workers=1, processes=True)
+    case = Case(64, 64, 64, "fp16")
+    pool.start([case], Deadline(time.monotonic() + 120, time.monotonic))
+    pool.result(case, Deadline(time.monotonic() + 120, time.monotonic))
+    workers_ = list(pool.processes._processes.values())
+    assert workers_
+    pool.close()
+    for w in workers_:
+        w.join(timeout=10)
+    assert not any(w.is_alive() for w in workers_)
 
 
 # ---- hazard 2: a preflight that is not the kernel it vouches for ---------------------------------------------------

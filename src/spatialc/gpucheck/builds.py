@@ -1,6 +1,8 @@
 """The GPU check's CPU work: building and lowering each case, compiling its kernels — the persistent kernel and its
 general form — (or finding them prepared), and the pool that does this in background threads while the GPU runs
-earlier rows.
+earlier rows. On a GPU the planning and lowering run in processes of their own (`processes`): in a thread they
+would hold the GIL for seconds at a time (47 cases, about 40 CPU-seconds) while the thread timing the first rows
+waits to launch, and a 4096³ row's end-to-end time would measure the builds.
 
 Each nvcc gets no more than the budget's time left; `close` cancels the builds not started and kills the nvcc
 processes still running (with the cicc and ptxas they started), so a run ends within its budget.
@@ -9,10 +11,11 @@ processes still running (with the cicc and ptxas they started), so a run ends wi
 from __future__ import annotations
 
 import inspect
+import multiprocessing
 import os
 import signal
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
@@ -107,6 +110,11 @@ def build_case(case: Case, target: str) -> Built:
             plain.note = "; ".join(x for x in (without, plain.note) if x)
             return plain
     return built
+
+
+def build_elsewhere(case: Case, target: str) -> Built:
+    """`build_case` as a build process runs it (by this name, which pickles: the pool sends the function's name)."""
+    return build_case(case, target)
 
 
 def _build(case: Case, target: str, out: str | None) -> Built:
@@ -333,9 +341,17 @@ class BuildPool:
     """Builds every case in background threads, each kernel from a prepared cubin (`manifest`) when one matches its
     source, else compiled for `arch`; no compile runs past the deadline (plus COMPILE_GRACE_S)."""
 
-    def __init__(self, target: str, arch: str, *, manifest: Any = None, workers: int | None = None):
+    def __init__(
+        self, target: str, arch: str, *, manifest: Any = None, workers: int | None = None, processes: bool = False
+    ):
         self.target, self.arch, self.manifest = target, arch, manifest
-        self.executor = ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 2))
+        n = workers or min(8, os.cpu_count() or 2)
+        self.executor = ThreadPoolExecutor(max_workers=n)
+        # Planning and lowering in processes (started afresh, not forked from a process holding a CUDA context),
+        # each thread waiting for its case without the GIL; the compiles stay nvcc's own processes.
+        self.processes: ProcessPoolExecutor | None = (
+            ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) if processes else None
+        )
         self.futures: dict[Case, Future[Built]] = {}
         self.deadline: Deadline | None = None
         self.closed = False
@@ -365,6 +381,8 @@ class BuildPool:
             return
         self.closed = True
         self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.processes is not None:
+            stop_processes(self.processes)
         kill_compiles()
         running = [f for f in self.futures.values() if not f.done()]
         if running:
@@ -377,7 +395,13 @@ class BuildPool:
         return min(COMPILE_S, self.deadline.left() + COMPILE_GRACE_S)
 
     def _build(self, case: Case) -> Built:
-        built = build_case(case, self.target)
+        if self.processes is None:
+            built = build_case(case, self.target)
+        else:
+            try:
+                built = self.processes.submit(build_elsewhere, case, self.target).result()
+            except Exception as e:  # the pool shut down (the run ended) or a worker died
+                built = Built(case, error=f"build: {one_line(str(e) or type(e).__name__)}")
         for form in built.forms:
             if form.artifact is not None and not self._prepared(form):
                 self._compile(form)
@@ -418,6 +442,16 @@ def use_prepared(form: Form, manifest: Any, arch: str) -> str:
     if getattr(entry, "sass", ""):
         form.facts["sass"] = entry.sass
     return ""
+
+
+def stop_processes(pool: ProcessPoolExecutor) -> None:
+    """Cancel a process pool's builds not started and end its workers now (a build in progress is CPU work whose
+    answer nobody waits for any more)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for w in workers:
+        if w.is_alive():
+            w.kill()
 
 
 # ---- stopping compiles -------------------------------------------------------------------------------------------

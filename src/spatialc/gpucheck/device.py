@@ -55,6 +55,9 @@ TARGET_OF_CC = {"80": "sm_80", "86": "sm_86", "89": "sm_89", "90": "sm_90"}
 # A wait longer than this is a hung kernel: the longest legitimate wait of a check launch (a batch of 8192³ launches,
 # a float64 reference) is well under a second, and each hang costs the run this much before its restart …
 HANG_S = 12.0
+# The builds' planning and lowering run in processes of their own on a GPU (builds.BuildPool); the fake GPU of the
+# tests turns this off, since its stand-ins patch the builds in this process.
+BUILD_IN_PROCESSES = True
 HANG_MIN_S = 10.0  # … and never shorter than this, even when the budget is nearly spent
 
 
@@ -84,7 +87,10 @@ class GpuRunner:
         self.graphs: CupyGraphs | None = CupyGraphs(self.stream) if graphs else None
         self.graphs_note = "" if graphs else "disabled (--no-graphs)"
         self.seed, self.manifest = seed, prepared
-        self.builds = BuildPool(self.target, self.arch, manifest=prepared, workers=workers)
+        # Built in processes: a thread's planning would hold the GIL while this one times a row.
+        self.builds = BuildPool(
+            self.target, self.arch, manifest=prepared, workers=workers, processes=BUILD_IN_PROCESSES
+        )
         self.unavailable: dict[str, str] = {}
         self.cases: list[Case] = []
         # What the preflight's steps ran, for the graph step: spatialc's kernels (by the path a loss is blamed on)
