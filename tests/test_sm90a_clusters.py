@@ -14,6 +14,7 @@ import pytest
 import spatialc
 from spatialc.lower.cuda import clusters
 from spatialc.lower.errors import Unsupported
+from spatialc.runtime.tilize import LaunchError
 
 from .test_sm90a import NVCC, compiled_clean, exact_both_ways, inputs, needs_gxx, outcome, replaced
 
@@ -223,3 +224,60 @@ def test_sites_of_a_cluster_with_unequal_items_are_refused():
     with pytest.raises(Unsupported, match="every site of a cluster takes part"):
         clusters.check_items(q, 2)
     clusters.check_items(p, 2)  # the placement multicast builds: as many items on each
+
+
+# ---- a cluster with an idle site ----------------------------------------------------------------------------------
+
+
+def _with_idle_cluster(p, size: int):
+    """The program with one more cluster of `size` sites, none with an item (a verified placement)."""
+    from spatialc.ir import Site
+
+    pl = p.placement
+    n = len(pl.items_of_site)
+    idle = tuple((Site(n + i), ()) for i in range(size))
+    return spatialc.verify(
+        dataclasses.replace(p, placement=dataclasses.replace(pl, items_of_site=pl.items_of_site + idle))
+    )
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
+def test_a_cluster_kernel_leaves_early_only_as_a_whole_cluster(target):
+    # `if (n_items == 0) return;` before the first cluster barrier is safe only while every site of the cluster has
+    # work: the exit reads the counts of the whole cluster, and a kernel without clusters keeps its plain exit.
+    p = spatialc.build(spatialc.gemm(128, 128, 64, "bf16"), target, multicast=(1, 2))
+    art = spatialc.lower(p)
+    assert art.budget.form == {"sm_90": "general", "sm_90a": "sm90a"}[target]
+    text = art.kernel_cu
+    assert "if (n_items == 0) { return; }" not in text
+    assert "if (cluster_items == 0) { return; }" in text and "cluster_first = site - site % 2" in text
+    plain = spatialc.lower(spatialc.build(spatialc.gemm(128, 128, 64, "bf16"), target)).kernel_cu
+    assert "if (n_items == 0) { return; }" in plain and "cluster_items" not in plain
+
+
+def test_the_launcher_refuses_a_busy_cluster_with_an_idle_site():
+    p, art = built("bf16", (128, 128, 64), (1, 2))
+    launch = art.launch.to_dict()
+    sites, work = spatialc.work_list(launch)
+    assert sites % 2 == 0
+    counts = list(work[sites : 2 * sites])
+    assert counts[0] == counts[1] > 0
+    broken = dict(launch)
+    items = list(work)
+    items[sites + 1] = 0  # site 1 of cluster 0 given nothing while site 0 keeps its items
+    broken["work"] = items
+    with pytest.raises(LaunchError, match=r"cluster 0 \(sites 0-1\) has \d+, 0 items"):
+        spatialc.work_list(broken)
+    # A cluster wholly idle leaves together: accepted.
+    idle = _with_idle_cluster(p, 2)
+    sites2, work2 = spatialc.work_list(spatialc.lower(idle).launch)
+    assert sites2 == sites + 2 and list(work2[2 * sites2 - 2 : 2 * sites2]) == [0, 0]
+
+
+@needs_gxx
+@pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
+def test_a_wholly_idle_cluster_leaves_together_and_the_rest_compute_exactly(target):
+    p = _with_idle_cluster(spatialc.build(spatialc.gemm(128, 128, 64, "bf16"), target, multicast=(1, 2)), 2)
+    art = spatialc.lower(p)
+    assert art.launch.cluster == 2 and art.launch.grid == len(p.placement.items_of_site)
+    exact_both_ways(p, art, inputs("bf16", 128, 128, 64))

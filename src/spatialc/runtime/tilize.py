@@ -83,7 +83,7 @@ def work_list(launch: Any, sms: int | None = None) -> tuple[int, Any]:
         from ..lower.artifact import Launch
 
         fields = {f: launch[f] for f in ("kernel_name", "grid", "block", "dyn_smem") if f in launch}
-        extra = {f: launch[f] for f in ("items", "placement", "per_sm", "band") if f in launch}
+        extra = {f: launch[f] for f in ("items", "placement", "per_sm", "band", "cluster") if f in launch}
         if "item_grid" in launch:
             extra["item_grid"] = tuple(launch["item_grid"])
         launch = Launch(**fields, params=(), **extra, work=tuple(launch.get("work", ())))
@@ -93,7 +93,27 @@ def work_list(launch: Any, sms: int | None = None) -> tuple[int, Any]:
         work = launch.work_list(sms)
     except ValueError as e:  # a placement rule without what it needs (a grouped one without its grid or band)
         raise LaunchError(f"this launch's work list cannot be made: {e}") from None
-    return launch.sites(sms), np.asarray(work, dtype=np.int32)
+    sites = launch.sites(sms)
+    check_clusters(work, sites, launch.cluster)
+    return sites, np.asarray(work, dtype=np.int32)
+
+
+def check_clusters(work: Any, sites: int, cluster: int) -> None:
+    """Refuse a work list that leaves a site of a busy thread-block cluster idle: its peers multicast into it and
+    wait for its arrivals item by item, so they would wait for ever (a cluster wholly idle leaves together)."""
+    if cluster <= 1:
+        return
+    if sites % cluster:
+        raise LaunchError(f"this launch has {sites} sites, not a whole number of clusters of {cluster}")
+    counts = [int(n) for n in work[sites : 2 * sites]]
+    for first in range(0, sites, cluster):
+        mine = counts[first : first + cluster]
+        if any(mine) and len(set(mine)) > 1:
+            raise LaunchError(
+                f"cluster {first // cluster} (sites {first}-{first + cluster - 1}) has {', '.join(map(str, mine))}"
+                " items: the sites of a multicast cluster go through their items in step (a page one loads, its peers"
+                " receive), so one with fewer would leave the others waiting for it (give each the same number)"
+            )
 
 
 def launch_specs(launch: Any) -> list[TensorSpec]:

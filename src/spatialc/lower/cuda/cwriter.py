@@ -98,17 +98,27 @@ def addr_expr(at: TileAddr, env: dict[LoopVar, str]) -> str:
     return c_sum(*terms)
 
 
-def site_prologue(w: Writer) -> None:
+def site_prologue(w: Writer, cluster: int = 1) -> None:
     """The thread's coordinates and its site's share of the work list (docs/kernel-abi.md), which is an argument
     built at launch for the sites the device has: each site's offset into the item list, each site's count, then
-    the items. A site with no items returns at once."""
+    the items. A site with no items returns at once — in a kernel of thread-block clusters of `cluster` sites, only
+    when every site of its cluster has none: the cluster then leaves together, and otherwise each of its blocks
+    reaches the cluster barriers its peers wait at (the launcher refuses a list that leaves a site of a busy cluster
+    idle, whose peers would wait for its pages' arrivals too: tilize.work_list)."""
     w.line("const int tid = threadIdx.x;")
     w.line("const int warp = tid / 32;")
     w.line("const int site = blockIdx.x;")
     w.line("const int item_off = spatialc_work[site];")
     w.line("const int n_items = spatialc_work[gridDim.x + site];")
     w.line("const int* ITEM_LIST = spatialc_work + 2 * gridDim.x;")
-    w.line("if (n_items == 0) { return; }")
+    if cluster <= 1:
+        w.line("if (n_items == 0) { return; }")
+        return
+    w.line(f"const int cluster_first = site - site % {cluster};  // the cluster leaves together or not at all")
+    w.line("int cluster_items = 0;")
+    with w.block(f"for (int s = cluster_first; s < cluster_first + {cluster}; ++s)"):
+        w.line("cluster_items += spatialc_work[gridDim.x + s];")
+    w.line("if (cluster_items == 0) { return; }")
 
 
 @cache

@@ -287,7 +287,7 @@ def kernel_text(k: GeneralKernel) -> str:
     dims = f" __cluster_dims__({k.cluster}, 1, 1)" if k.cluster > 1 else ""
     w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {k.blocks_per_sm}){dims} void {KERNEL_NAME}({params})')
     with w.block():
-        site_prologue(w)
+        site_prologue(w, k.cluster)
         w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
         declare_rings(k, w)
         with w.block("if (tid == 0)"):

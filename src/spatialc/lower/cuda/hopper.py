@@ -388,7 +388,7 @@ def kernel_text(hk: HopperKernel) -> str:
     dims = f" __cluster_dims__({k.cluster}, 1, 1)" if mc is not None else ""
     w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {hk.wg.blocks}){dims} void {KERNEL_NAME}({params})')
     with w.block():
-        site_prologue(w)
+        site_prologue(w, k.cluster if mc is not None else 1)
         w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
         general_printer.declare_rings(k, w)
