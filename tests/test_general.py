@@ -130,7 +130,7 @@ def test_the_ledger_counts_rings_barriers_and_warps(gemm64, tmp_path):
     bud = art.budget
     depths = sum(r.depth_pages for r in (b.kind for b in gemm64.buffers) if hasattr(r, "depth_pages"))
     assert bud.barrier_bytes >= 2 * 8 * 3 and bud.barrier_bytes % 32 == 0 and depths > 0
-    assert bud.total_bytes == bud.dyn_bytes == bud.smem_bytes + bud.barrier_bytes == art.launch.dyn_smem
+    assert bud.total_bytes == bud.dyn_bytes == bud.ring_bytes + bud.barrier_bytes == art.launch.dyn_smem
     assert bud.static_bytes == 0 and bud.rings_dynamic
     assert bud.blocks_per_sm >= 1 and bud.regs_est > 0
     written = write_artifact(spatialc.lower(gemm64), tmp_path)

@@ -362,7 +362,7 @@ def test_the_kernel_text_does_not_depend_on_how_many_sites_hold_the_items():
 def test_rings_stay_static_up_to_48_kib_and_move_to_the_dynamic_block_beyond():
     # sm_90, fp16, 4x4x4 blocks: the operand rings are depth x 32 tiles x 512 bytes.
     static = lowered(128, 128, 128, "fp16", "sm_90", block=(4, 4, 4), depth=3)
-    assert static.budget.smem_bytes == 48 * 1024 and not static.budget.rings_dynamic
+    assert static.budget.ring_bytes == 48 * 1024 and not static.budget.rings_dynamic
     assert static.budget.static_bytes == 48 * 1024 and static.budget.dyn_bytes == 0
     assert "SPATIALC_SHARED_RING(OPT, ring_0, DEPTH_0, PAGE_0);" in static.kernel_cu
     # 48 KiB of static rings is what a block gets without opting in.
@@ -452,7 +452,7 @@ def test_write_artifact_writes_the_texts_and_the_json(tmp_path):
     written = {p.name for p in write_artifact(a, tmp_path / "out")}
     assert {"program.cu", "bench.cu", "budget.json", "census.json"} <= written
     assert (tmp_path / "out" / "program.cu").read_text() == a.program_cu
-    assert json.loads((tmp_path / "out" / "budget.json").read_text())["smem_bytes"] == a.budget.smem_bytes
+    assert json.loads((tmp_path / "out" / "budget.json").read_text())["ring_bytes"] == a.budget.ring_bytes
     assert json.loads((tmp_path / "out" / "census.json").read_text())["agrees"] is True
 
 

@@ -68,6 +68,27 @@ def test_sm90a_is_a_target_that_plans_for_wgmma_items():
     assert art.kernel_cu.count("spatialc_tma_load_2d((char*)") == 5
 
 
+@pytest.mark.parametrize(
+    ("shape", "prec", "kw"),
+    [((4096, 4096, 4096), "bf16", {}), ((256, 256, 256), "int8", {}), ((256, 256, 256), "bf16", {"multicast": (2, 1)})],
+)
+def test_the_sm90a_budget_names_its_rings_apart_from_the_blocks_shared_memory(shape, prec, kw, tmp_path):
+    """The rings, barriers, output staging and alignment gaps add up to the dynamic block the launch asks for; the
+    rings' figure is `ring_bytes`, and budget.json has no `smem_bytes` a reader could take for the block's."""
+    from spatialc.lower.cuda.host import write_artifact
+
+    art = spatialc.lower(spatialc.build(spatialc.gemm(*shape, prec), "sm_90a", **kw))
+    bud = art.budget
+    assert bud.form == "sm90a" and bud.ring_bytes == sum(size for _, size in bud.rings)
+    parts = bud.ring_bytes + bud.barrier_bytes + bud.staging_bytes + bud.padding_bytes
+    assert parts == bud.dyn_bytes == bud.total_bytes == art.launch.dyn_smem and bud.static_bytes == 0
+    assert bud.barrier_bytes > 0 and 0 <= bud.padding_bytes < 1024 * (len(bud.rings) + 1)
+    write_artifact(art, tmp_path)
+    doc = json.loads((tmp_path / "budget.json").read_text())
+    assert "smem_bytes" not in doc and doc["ring_bytes"] == bud.ring_bytes and doc["total_bytes"] == parts
+    assert doc["padding_bytes"] == bud.padding_bytes
+
+
 def test_sm90_keeps_its_persistent_kernel_and_other_targets_refuse_the_form():
     p = spatialc.build(spatialc.gemm(256, 256, 256, "bf16"), "sm_90")
     assert spatialc.lower(p).budget.form == "persistent"

@@ -149,9 +149,8 @@ def _unit(plan, held: str) -> str:
 def _staging(bud) -> str:
     """The sm_90a form's shared memory past its rings and barriers: the output staging, and the padding that puts
     each stage on its 1024-byte boundary."""
-    pad = bud.total_bytes - sum(size for _, size in bud.rings) - bud.barrier_bytes - bud.staging_bytes
     said = f", output staging {bud.staging_bytes} B" if bud.staging_bytes else ""
-    return said + (f", alignment {pad} B" if pad else "")
+    return said + (f", alignment {bud.padding_bytes} B" if bud.padding_bytes else "")
 
 
 def kernel_lines(p: SpatialProgram, art) -> list[str]:

@@ -15,9 +15,13 @@ class Budget:
     """Resources of a kernel, all found before any text is printed.
 
     `form` says which lowering printed it. The general form keeps every ring and its full / empty barriers in the
-    dynamic block (`barrier_bytes` of them) and runs each engine on warps of its own (`engines`: name → warps)."""
+    dynamic block (`barrier_bytes` of them) and runs each engine on warps of its own (`engines`: name → warps).
 
-    smem_bytes: int  # bytes of the rings
+    A block's shared memory is `total_bytes`; `ring_bytes` is the rings' part of it alone. In the general and the
+    sm_90a form every byte is dynamic and `ring_bytes + barrier_bytes + staging_bytes + padding_bytes == dyn_bytes
+    == total_bytes`."""
+
+    ring_bytes: int  # bytes of the rings alone (not the block's shared memory: that is `total_bytes`)
     dynamic_opt_in: bool  # static + dynamic exceeds 48 KiB: cudaFuncSetAttribute is needed before the launch
     rings_dynamic: bool  # the rings left static memory (over 48 KiB) for the dynamic block
     dyn_bytes: int  # the dynamic block: the rings when they moved there (the general form: rings and barriers)
@@ -31,6 +35,7 @@ class Budget:
     engines: tuple[tuple[str, int], ...] = ()  # (engine, warps) of the general form, in warp order
     barrier_bytes: int = 0  # the general form's mbarriers: a full and an empty one per ring slot
     staging_bytes: int = 0  # the sm_90a form's output staging: each consumer warp's boxes for its TMA stores
+    padding_bytes: int = 0  # the sm_90a form's gaps that start each stage (and the staging) on 1024 bytes
     # Registers a thread the kernel's setmaxnreg split takes it holds at entry — its launch bounds' cap, which ptxas
     # must have given it (`nvcc.check_entry_registers`); 0: the kernel moves no registers.
     regs_entry: int = 0
@@ -42,6 +47,12 @@ class Budget:
     layouts: tuple[tuple[str, str], ...] = ()  # (name, page layout) of each ring: row, col (K-major) or swizzled
     workspace_bytes: int = 0  # global memory the kernel keeps for itself: split-K's partial sums
     global_read_bytes: int = 0  # bytes its ReadTiles read from global memory in one launch (`ir.traffic`)
+
+    @property
+    def smem_bytes(self) -> int:
+        """The rings' bytes under their former name (budget.json says `ring_bytes` only): not the block's shared
+        memory, which is `total_bytes`."""
+        return self.ring_bytes
 
     @property
     def total_bytes(self) -> int:

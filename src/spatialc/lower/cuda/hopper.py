@@ -474,10 +474,13 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
 def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
     k = hk.base
     bud = general.budget_of(k, target)
+    rings = sum(r.bytes for r in k.rings.rings.values())
+    staging = staging_bytes(hk.chunk, k.out_type, hk.wg)
     return dataclasses.replace(
         bud,
-        staging_bytes=staging_bytes(hk.chunk, k.out_type, hk.wg),
-        smem_bytes=sum(r.bytes for r in k.rings.rings.values()),
+        staging_bytes=staging,
+        ring_bytes=rings,
+        padding_bytes=k.dyn_bytes - rings - k.barrier_bytes - staging,
         dynamic_opt_in=k.dyn_bytes > target.smem_static_max,
         regs_est=hk.wg.consumer_regs(target),
         regs_entry=0 if hk.wg.paired else hk.wg.at_launch(target),
