@@ -406,6 +406,22 @@ def test_the_multicast_line_names_only_what_a_group_shares(capsys, group, says):
     assert says in line and line.count("shares") == says.count("shares"), line
 
 
+def test_gemm_and_grouped_gemm_default_to_one_precision_everywhere(capsys):
+    """The CLI's two commands, the Python API's two functions and `lang.program` all default to int8, as the README
+    says."""
+    import inspect
+
+    from spatialc import lang
+
+    for fn in (spatialc.gemm, spatialc.grouped_gemm, lang.program):
+        assert inspect.signature(fn).parameters["precision"].default == "int8", fn
+    assert spatialc.grouped_gemm(2, 16, 16, 16).precision.value == "int8"
+    for argv in (["gemm", "16", "16", "16"], ["grouped-gemm", "2", "16", "16", "16"]):
+        code, out, err = run_cli(capsys, *argv, "--check", "none", "--target", "sm_86")
+        assert code == 0, err
+        assert re.search(r"x16 int8 on sm_86", out.splitlines()[0]), out
+
+
 def test_every_fallback_and_omission_prints_a_note(capsys):
     """The grouped GEMM on sm_90a falls back from the sm_90a form, and the persistent kernel, to the general form;
     each step is a `note` line, as is a general form that could not ride along."""

@@ -222,11 +222,14 @@ def _output_dtype(prec: Precision, epi: tuple[Epilogue, ...], out: str | None, k
     return DType(out)
 
 
+DEFAULT_PRECISION = "int8"  # of gemm, grouped_gemm, lang.program and the CLI alike: exact, so checked exactly
+
+
 def gemm(
     m: int,
     n: int,
     k: int,
-    precision: str | Precision = "int8",
+    precision: str | Precision = DEFAULT_PRECISION,
     *,
     epilogue: list[Epilogue] | tuple[Epilogue, ...] = (),
     target: str = "sm_90",
@@ -244,7 +247,7 @@ def grouped_gemm(
     max_rows: int,
     n: int,
     k: int,
-    precision: str | Precision = "bf16",
+    precision: str | Precision = DEFAULT_PRECISION,
     *,
     epilogue: list[Epilogue] | tuple[Epilogue, ...] = (),
     target: str = "sm_90",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..errors import SpatialError
+from ..frontend import DEFAULT_PRECISION
 from ..ir.ops import ACTIVATIONS
 from ..target import TARGETS
 
@@ -84,7 +85,7 @@ def _gemm_parser(sub) -> None:
     g.add_argument("m", type=int, help="M: rows of A and of C (elements)")
     g.add_argument("n", type=int, help="N: columns of B and of C (elements)")
     g.add_argument("k", type=int, help="K: columns of A, rows of B: the reduction's length (elements)")
-    _program_options(g, "int8", split=True)
+    _program_options(g, split=True)
 
 
 def _grouped_parser(sub) -> None:
@@ -108,7 +109,7 @@ def _grouped_parser(sub) -> None:
         metavar="M0,M1,…",
         help="each group's row count, G whole numbers in 0..MAXROWS (default: drawn at random from --seed)",
     )
-    _program_options(g, "bf16", split=False)
+    _program_options(g, split=False)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -122,10 +123,13 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _program_options(g: argparse.ArgumentParser, precision: str, *, split: bool) -> None:
+def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
     """The options `gemm` and `grouped-gemm` share: precision, target, plan, placement, epilogue, run, outputs."""
     g.add_argument(
-        "--precision", default=precision, choices=["int8", "fp16", "bf16"], help=f"operand type (default: {precision})"
+        "--precision",
+        default=DEFAULT_PRECISION,
+        choices=["int8", "fp16", "bf16"],
+        help=f"operand type (default: {DEFAULT_PRECISION})",
     )
     g.add_argument("--target", default="sm_90", help=f"GPU to plan for, one of {', '.join(TARGETS)} (default: sm_90)")
     g.add_argument(

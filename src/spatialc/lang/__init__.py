@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SpatialError
+from ..frontend import DEFAULT_PRECISION
 from ..ir.ids import loop_var_name
 from ..ir.nodes import SpatialProgram
 from ..ir.ops import ChoreoOp, Reserve, Wait
@@ -176,7 +177,7 @@ def trace(
     return Traced(builder.program(), builder.lines, builder.declared, names)
 
 
-def program(*, target: str = "sm_90", precision: str = "bf16", name: str | None = None):
+def program(*, target: str = "sm_90", precision: str = DEFAULT_PRECISION, name: str | None = None):
     """Decorator: the function becomes one that traces and verifies the program (its keyword arguments are the
     program function's, after the builder) and returns the verified SpatialProgram; `.trace(**kwargs)` gives the
     unverified `Traced` program with its lines."""
