@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import warnings
 
 import numpy as np
 import pytest
@@ -96,6 +97,32 @@ def test_a_group_reads_each_shared_operand_gx_or_gy_times_less(group):
     before, after = read_bytes(plain), read_bytes(shared)
     assert after["A"] * gx == before["A"] and after["B"] * gy == before["B"]
     assert spatialc.lower(plain).budget.global_read_bytes == sum(before.values())
+
+
+def test_a_multicast_plan_that_reads_no_less_than_the_plan_without_groups_says_so(capsys):
+    """96 × 96 × 512 on sm_86 in groups of 1 × 2: the best plan's 3 × 3 grid does not fall into them, and the one that
+    does (6 × 2 items of 1 × 4 tiles) reads more than the best plan without groups: a MulticastWarning at the
+    caller's line with both figures, a `note` line from the command line. Where the groups read less, neither."""
+    from spatialc.cli import main
+    from spatialc.ir.traffic import global_read_bytes
+
+    g = spatialc.gemm(96, 96, 512, "fp16")
+    plain = global_read_bytes(spatialc.build(g, "sm_86"))
+    with pytest.warns(spatialc.MulticastWarning) as said:
+        p = spatialc.build(g, "sm_86", multicast=(1, 2))
+    ours = global_read_bytes(p)
+    assert ours > plain and len(said) == 1 and said[0].filename == __file__
+    text = str(said[0].message)
+    assert text.startswith(f"multicast=(1, 2) (--multicast 1,2) reads 0.8 MiB ({ours} bytes) from global memory")
+    assert f"more than the best plan without groups: 0.6 MiB ({plain} bytes) (block 2x2x4, grid 3x3 items)" in text
+    assert main(["gemm", "96", "96", "512", "--precision", "fp16", "--target", "sm_86", "--multicast", "1,2"]) == 0
+    assert f"  note      {text}\n" in capsys.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", spatialc.MulticastWarning)
+        spatialc.build(spatialc.gemm(1024, 1024, 512, "fp16"), "sm_90", multicast=(2, 2))
+        argv = ["gemm", "1024", "1024", "512", "--precision", "fp16", "--multicast", "2,2", "--check", "none"]
+        assert main(argv) == 0
+    assert "note      multicast" not in capsys.readouterr().out
 
 
 def test_a_saved_multicast_program_loads_verified():

@@ -141,10 +141,10 @@ def test_a_plan_the_sm90a_form_refuses_is_made_again_for_the_others(monkeypatch)
 def test_a_replan_that_fails_too_says_the_sm90a_form_refused_first(monkeypatch):
     real = pipeline._build
 
-    def build(*args, sm90a):
+    def build(*args, sm90a, **kw):
         if not sm90a:
             raise PlanError("no plan fits (planted)")
-        return real(*args, sm90a=sm90a)
+        return real(*args, sm90a=sm90a, **kw)
 
     def refuse(*_):
         raise Unsupported("a planted refusal", "a test refuses it")

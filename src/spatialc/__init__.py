@@ -9,6 +9,7 @@ from .errors import DeadlockError, PlanError, ProgramError, SpatialError, Verify
 from .frontend import activation, bias, relu, requant, scalar
 from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
+from .passes.multicast import MulticastWarning
 from .runtime.tilize import tilize_array as tilize
 from .runtime.tilize import untilize_array as untilize
 from .runtime.tilize import work_list
@@ -18,6 +19,7 @@ __all__ = [
     "DeadlockError",
     "InexactInputWarning",
     "InputError",
+    "MulticastWarning",
     "PlanError",
     "ProgramError",
     "SerdeError",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from ..errors import DeadlockError, SpatialError
 from ..ir.nodes import SpatialProgram
 from ..ir.printer import plural, program_text
 from ..ir.serde import to_json
+from ..passes.multicast import MulticastWarning
 from ..target import target
 from . import UsageError
 from .check import CheckPlan, plan_check, sample_text
@@ -70,21 +72,28 @@ def _built(
     """`prog` built as the options say, its plan printed (and saved with --json); the random inputs it runs on, and
     how much of it is checked."""
     t0 = time.perf_counter()
-    p = api.build(
-        prog,
-        args.target,
-        block=args.block,
-        sub_blocks=args.sub_blocks,
-        depth=args.depth,
-        sites=args.sites,
-        placement=args.placement,
-        form=args.form,
-        **extra,
-    )
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", MulticastWarning)
+        p = api.build(
+            prog,
+            args.target,
+            block=args.block,
+            sub_blocks=args.sub_blocks,
+            depth=args.depth,
+            sites=args.sites,
+            placement=args.placement,
+            form=args.form,
+            **extra,
+        )
     t_build = time.perf_counter() - t0
     tgt = target(p.target)
     print(f"{head} on {tgt.name} ({tgt.board}){tail}")
     print("\n".join(program_lines(p)))
+    for w in said:  # a multicast plan that reads no less than the plan without groups is a note; the rest as they were
+        if issubclass(w.category, MulticastWarning):
+            print(f"  note      {w.message}")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)  # as --emit and --pictures make their folders
         args.json.write_text(to_json(p, indent=1))

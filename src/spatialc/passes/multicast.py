@@ -23,10 +23,13 @@ decides (passes/verify/handshake.py). The global reads of A fall by a factor gx 
 
 from __future__ import annotations
 
+import warnings
+
 from ..errors import ProgramError
 from ..ir.ids import GroupId, ItemId, SemId, Site
 from ..ir.nodes import Group, Placement, Plan, Semaphore, SpatialProgram
 from ..ir.ops import ChoreoOp, McastSend, McastSetValid, ReadBarrier, ReadTiles, Reserve, SemInc, SemSet, SemWait
+from ..ir.traffic import global_read_bytes
 
 MAX_GROUP = 8  # sites of a group: a thread-block cluster holds 8 portably on sm_90 (16 only with an opt-in)
 SEM_A_READY, SEM_A_VALID, SEM_B_READY, SEM_B_VALID = SemId(1), SemId(2), SemId(3), SemId(4)
@@ -92,6 +95,41 @@ def multicast_placement(plan: Plan, gy: int, gx: int, sites: int, clusters: int 
     return Placement(tuple(listed), tuple(groups), "multicast", 0, 1, (gy, gx))
 
 
+class MulticastWarning(UserWarning):
+    """A multicast build whose plan reads no fewer bytes from global memory than the same request's best plan
+    without groups: the groups' smaller (or other) block cost what their sharing saved. The CLI prints it as a
+    `note` line."""
+
+
+def say_reads(grouped: SpatialProgram, plain: SpatialProgram) -> str | None:
+    """Warn (MulticastWarning, at the user's line) where the multicast build `grouped` reads no fewer bytes from
+    global memory (`ir.traffic`) than `plain`, the same request built without groups; the warning's text, or None."""
+    ours, theirs = global_read_bytes(grouped), global_read_bytes(plain)
+    if ours < theirs:
+        return None
+    assert grouped.placement is not None
+    gy, gx = grouped.placement.multicast
+    than = "more than" if ours > theirs else "as many as"
+    text = (
+        f"{asked(gy, gx)} reads {_bytes(ours)} from global memory ({_plan(grouped)}), {than} the best plan without"
+        f" groups: {_bytes(theirs)} ({_plan(plain)}); the groups save no reads here"
+    )
+    from ..inputs import _outside_spatialc
+
+    warnings.warn(text, MulticastWarning, stacklevel=_outside_spatialc())
+    return text
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB ({n} bytes)"
+
+
+def _plan(p: SpatialProgram) -> str:
+    assert p.plan is not None
+    b, (gy, gx) = p.plan.block, p.plan.grid
+    return f"block {b.osh}x{b.osw}x{b.ibw}, grid {gy}x{gx} items"
+
+
 def add_semaphores(p: SpatialProgram) -> SpatialProgram:
     """The program with the handshake's four semaphores."""
     taken = {int(s.id) for s in p.semaphores} & {int(s.id) for s in SEMAPHORES}
@@ -141,10 +179,12 @@ def share(
 
 __all__ = [
     "MAX_GROUP",
+    "MulticastWarning",
     "SEMAPHORES",
     "add_semaphores",
     "check_multicast",
     "multicast_placement",
     "roles",
+    "say_reads",
     "share",
 ]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from ..errors import PlanError, ProgramError
 from ..ir.nodes import SpatialProgram
 from ..target import SpatialTarget
-from .multicast import add_semaphores, check_multicast, multicast_placement
+from .multicast import add_semaphores, check_multicast, multicast_placement, say_reads
 from .multicast import asked as asked_multicast
 from .place import default_sites, place
 from .schedule import schedule
@@ -36,12 +38,25 @@ def build(
     panels); where that form then refuses the program (an activation's rings past shared memory, a placement its
     clusters cannot take), the program is planned again for the other forms (`sm90a_refusal`)."""
     args = (program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
-    p = _build(*args, sm90a=True)
-    why = sm90a_refusal(p, target) if form == "auto" else None
+    p = _passes(args)
+    if p.placement is not None and p.placement.multicast != (1, 1):
+        # The same request without groups (its own plan, unverified: only its reads are counted).
+        plain = (program, target, block, sub_blocks, depth, sites, placement, form, split_k, None)
+        with contextlib.suppress(PlanError, ProgramError):
+            say_reads(p, _passes(plain, verified=False))
+    return p
+
+
+def _passes(args: tuple, verified: bool = True) -> SpatialProgram:
+    """`_build` of `args` planned for the sm_90a form first where the form is "auto", and again for the others where
+    that form refuses its own plan."""
+    form = args[7]
+    p = _build(*args, sm90a=True, verified=verified)
+    why = sm90a_refusal(p, args[1]) if form == "auto" else None
     if why is None:
         return p
     try:
-        return _build(*args, sm90a=False)
+        return _build(*args, sm90a=False, verified=verified)
     except (PlanError, ProgramError) as e:
         raise type(e)(f"{e} (planned for the other forms because the sm_90a form refused its own plan: {why})") from e
 
@@ -74,8 +89,10 @@ def _build(
     multicast: tuple[int, int] | None,
     *,
     sm90a: bool,
+    verified: bool = True,
 ) -> SpatialProgram:
-    """`build`, the sm_90a form's plan tried first on a Hopper target where `sm90a` (and form is "auto")."""
+    """`build`, the sm_90a form's plan tried first on a Hopper target where `sm90a` (and form is "auto"); not
+    verified where `verified` is False (a plan only compared with another)."""
     group = (1, 1) if multicast is None else check_multicast(multicast)
     if group != (1, 1):
         return _multicast(program, target, group, block, sub_blocks, depth, sites, placement, form, split_k, sm90a)
@@ -114,7 +131,7 @@ def _build(
         p = place(p, target, sites=sites, placement=placement, form=form)
     p = schedule(p)
     # Last, and the only pass that sets `verified`: everything after this (eval, lower) may rely on it.
-    return verify(p, target)
+    return verify(p, target) if verified else p
 
 
 def _multicast(
