@@ -197,7 +197,12 @@ def plan_cost(target: SpatialTarget, plan: Plan, precision: Precision) -> float:
     """Estimated run time (arbitrary units) of `plan` in the sm_90a form: waves of items over the resident blocks ×
     the blocks that share an SM's tensor cores × one item's multiply-accumulates (in padded tiles) / the rate its
     wgmma width, stage depth, K step and item height keep — where two blocks share an SM, each hiding its epilogue
-    behind the other's K loop (PAIR_OVERLAP)."""
+    behind the other's K loop (PAIR_OVERLAP).
+
+    Items that all run in one wave cost one item's time, so a small product is split into the narrowest items over
+    more SMs: at 128 × 256 × 512, sixteen items of 128 × 16 on sixteen SMs (8 · 1 · 32 tile-MACs at N=16's rate 0.35:
+    731) beat one of 128 × 256 on one SM (8 · 16 · 32 at 1.0: 4096). The L2 all SMs share is not priced: where such
+    items fill the machine (512³: 128 items of 128 × 16, each rereading its A strip) their reads may bind instead."""
     h, w = plan.item_tiles
     blocks = warpgroups(plan).blocks
     waves = math.ceil(plan.items / (target.units * blocks))
