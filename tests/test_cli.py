@@ -117,6 +117,7 @@ def test_python_dash_m_is_the_same_command():
 
 
 @pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the run falls back to the host emulation")
+@pytest.mark.emulation  # compiles with g++
 def test_the_readme_main_job_emits_and_runs(capsys, tmp_path):
     # The README's first command, minus the install: build, check, emit CUDA, run it (emulated: no GPU here).
     status, out, err = run_cli(
@@ -151,6 +152,7 @@ def test_the_readme_main_job_emits_and_runs(capsys, tmp_path):
         ("bf16", ["--bias", "--scalar", "mul,0.5", "--mode", "early"]),
     ],
 )
+@pytest.mark.emulation  # compiles with g++
 def test_an_epilogue_runs_from_the_command_line(capsys, precision, flags):
     status, out, err = run_cli(
         capsys, "gemm", "100", "72", "40", "--precision", precision, "--target", "sm_86", *flags, "--run"
@@ -264,6 +266,7 @@ def test_a_hand_broken_file_is_refused_by_lower_and_run(capsys, saved):
 
 
 @pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the run falls back to the host emulation")
+@pytest.mark.emulation  # compiles with g++
 def test_run_checks_a_saved_program_and_its_kernel(capsys, saved):
     status, out, err = run_cli(capsys, "run", str(saved), "--seed", "3", "--mode", "early")
     assert status == 0, err

@@ -52,6 +52,7 @@ def test_an_output_type_the_program_cannot_produce_is_refused(args, kw, says):
 
 @needs_gxx
 @pytest.mark.parametrize(("prec", "out", "dtype"), [("fp16", "fp16", np.float16), ("bf16", "bf16", np.float32)])
+@pytest.mark.emulation  # compiles with g++
 def test_half_outputs_agree_in_the_interpreter_the_reference_and_the_kernel(prec, out, dtype):
     p = spatialc.build(spatialc.gemm(40, 48, 96, prec, epilogue=[spatialc.relu()], out=out), "sm_86")
     rng = np.random.default_rng(3)
@@ -74,6 +75,7 @@ def test_half_outputs_agree_in_the_interpreter_the_reference_and_the_kernel(prec
 
 
 @needs_gxx
+@pytest.mark.emulation  # compiles with g++
 def test_int8_sums_stored_as_int32_and_int64_are_exact_in_the_kernel():
     rng = np.random.default_rng(5)
     x = {

@@ -208,6 +208,7 @@ def test_the_first_run_of_a_kernel_text_says_it_waits_on_g_plus_plus(monkeypatch
     )
 
 
+@pytest.mark.emulation  # compiles with g++
 def test_whether_a_kernel_text_is_compiled_follows_the_cache(monkeypatch, tmp_path):
     from spatialc.runtime import emulate as E
 

@@ -116,6 +116,7 @@ def test_the_launcher_runs_as_many_sites_as_the_device_keeps_resident(sms):
 @needs_gxx
 @pytest.mark.parametrize("sms", [7, 132])
 @pytest.mark.parametrize("kind", ["contiguous", "round_robin", "grouped"])
+@pytest.mark.emulation  # compiles with g++
 def test_the_emulated_kernel_is_exact_on_devices_of_7_and_132_multiprocessors(sms, kind):
     p = spatialc.build(spatialc.gemm(384, 256, 32, "int8", epilogue=[spatialc.relu()]), "sm_86", placement=kind)
     art = spatialc.lower(p)

@@ -1,0 +1,66 @@
+"""The smoke subset: `python -m pytest -m smoke`, under two minutes on two cores with an empty compile cache.
+
+A test is in it when its module is one of SMOKE_MODULES and it is not marked `emulation` or `nvcc`: those modules
+check the IR, the passes, verify and its mutation suite, the interpreter, the API, the CLI's refusals and the printed
+CUDA text, and compile nothing. The full suite (`python -m pytest`) runs everything, on both cores (pytest-xdist,
+`-n 2` in pyproject.toml's addopts); the emulation's compiles are cached across workers under `$SPATIALC_CACHE`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+SMOKE_MODULES = frozenset(
+    {
+        "test_activations",
+        "test_api",
+        "test_cache",
+        "test_cli",
+        "test_epilogue",
+        "test_grouped_gemm",
+        "test_hardening",
+        "test_interp",
+        "test_ir",
+        "test_lang",
+        "test_lower",
+        "test_lower_golden",
+        "test_mlp",
+        "test_multicast",
+        "test_mutations",
+        "test_names",
+        "test_numerics_edges",
+        "test_output_types",
+        "test_passes",
+        "test_progress",
+        "test_quant",
+        "test_readme",
+        "test_split_k",
+        "test_target",
+        "test_verify",
+        "test_worklist",
+    }
+)
+
+
+class SmokeCompiled(AssertionError):
+    """A smoke test reached the host emulation's compiler: mark it `pytest.mark.emulation`."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module is not None else ""
+        if module in SMOKE_MODULES and not (item.get_closest_marker("emulation") or item.get_closest_marker("nvcc")):
+            item.add_marker(pytest.mark.smoke)
+
+
+@pytest.fixture(autouse=True)
+def _smoke_compiles_nothing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A smoke test that would compile an emulation fails, by name, instead of making the subset slow unseen."""
+    if request.node.get_closest_marker("smoke") is None:
+        return
+    from spatialc.runtime import emulate
+
+    def refuse() -> tuple[str, str]:
+        raise SmokeCompiled(f"{request.node.nodeid} compiles with g++: mark it pytest.mark.emulation")
+
+    monkeypatch.setattr(emulate, "_compiler", refuse)
