@@ -31,3 +31,11 @@ def test_a_cached_cubin_is_found_without_compiling(monkeypatch, tmp_path):
     assert nvcc.cached_cubin(source, "sm_90") is None
     path = nvcc.compile_cubin(source, "sm_90")
     assert nvcc.cached_cubin(source, "sm_90") == path and nvcc.cached_cubin(source, "sm_80") is None
+
+
+def test_a_smoke_test_that_reaches_the_emulations_compiler_fails_by_name(request):
+    assert request.node.get_closest_marker("smoke") is not None  # test_cache is one of conftest's SMOKE_MODULES
+    from spatialc.runtime import emulate
+
+    with pytest.raises(AssertionError, match=r"compiles with g\+\+: mark it pytest.mark.emulation"):
+        emulate._compiler()
