@@ -56,6 +56,17 @@ def _count(text: str) -> int:
     return value
 
 
+def _window(text: str) -> tuple[int, int]:
+    start, colon, end = text.partition(":")
+    try:
+        window = int(start), int(end)
+    except ValueError:
+        window = (-1, -1)
+    if not colon or not 0 <= window[0] < window[1]:
+        raise argparse.ArgumentTypeError(f"expected START:END, whole numbers, START < END (e.g. 0:400), not {text!r}")
+    return window
+
+
 def _scalar(text: str) -> tuple[str, float]:
     op, _, value = text.partition(",")
     try:
@@ -216,7 +227,17 @@ def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
         "--pictures",
         type=Path,
         metavar="DIR",
-        help="write placement.svg (items on sites) and timeline.svg (site 0's engines and rings, first 400 ticks)",
+        help="write placement.svg (items on sites) and timeline.svg (a site's engines and rings over the whole run, in"
+        " columns of a few ticks where the run is long)",
+    )
+    g.add_argument(
+        "--pictures-site", type=_count, metavar="N", help="with --pictures: the site timeline.svg draws (default: 0)"
+    )
+    g.add_argument(
+        "--pictures-window",
+        type=_window,
+        metavar="START:END",
+        help="with --pictures: the ticks timeline.svg draws, START ≤ tick < END (default: the whole run)",
     )
 
 
@@ -366,6 +387,10 @@ def _dispatch(argv: list[str]) -> int:
     args = make_parser().parse_args(_negative_lists_attached(argv))
     if getattr(args, "mode", None) is not None and args.command == "gemm" and not args.run:
         raise UsageError("spatialc gemm: --mode says how the emulation runs the kernel; it goes with --run")
+    timeline = [o for o in ("pictures_site", "pictures_window") if getattr(args, o, None) is not None]
+    if timeline and not args.pictures:
+        option = "--" + timeline[0].replace("_", "-")
+        raise UsageError(f"spatialc {args.command}: {option} says what timeline.svg draws; it goes with --pictures DIR")
     return getattr(commands, f"cmd_{args.command.replace('-', '_')}")(args)
 
 

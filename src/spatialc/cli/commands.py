@@ -107,11 +107,14 @@ def _built(
 def _check_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, times: list[str], plan: CheckPlan) -> int:
     """The interpreter against numpy (all of C, a sample of its rows, or neither), then (as asked) the kernel:
     printed, emitted, run."""
-    pictures = getattr(args, "pictures", None)
+    pictures = _pictures_asked(p, args)
     given = _sampled(inputs, plan)
     c = _interpreted(p, given, plan, pictures, times) if plan.mode != "none" else None
     if c is None:
         ok = True
+        if pictures:
+            _pictures(p, None, pictures)
+            print("  picture   no timeline.svg: it draws the interpreter's run, and --check none runs none")
         print("  check     none (--check none): the interpreter did not run, and nothing was compared with numpy")
         times.append("check none")
     else:
@@ -128,7 +131,7 @@ def _check_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, ti
     return status
 
 
-def _interpreted(p: SpatialProgram, given: dict, plan: CheckPlan, pictures: Path | None, times: list[str]):
+def _interpreted(p: SpatialProgram, given: dict, plan: CheckPlan, pictures: Pictures | None, times: list[str]):
     """C (or its sampled rows) from the reference interpreter, its run drawn into `pictures` where asked."""
     t0 = time.perf_counter()
     rows = {"rows": plan.rows} if plan.sample is not None else {}
@@ -224,10 +227,26 @@ def _emulate(art, inputs: dict, mode: str, progress: bool) -> np.ndarray:
         return api.emulate(art, inputs, mode=mode, progress=report)
 
 
-def _pictures(p: SpatialProgram, trace, folder: Path) -> None:
+Pictures = tuple[Path, int, tuple[int, int] | None]  # --pictures DIR, --pictures-site, --pictures-window
+
+
+def _pictures_asked(p: SpatialProgram, args: argparse.Namespace) -> Pictures | None:
+    """Where the pictures go and which site and ticks the timeline draws; a site the program lacks is refused
+    here, before a long run is traced for it."""
+    if not getattr(args, "pictures", None):
+        return None
+    from ..viz import check_site
+
+    site = args.pictures_site or 0
+    check_site(p, site)
+    return args.pictures, site, args.pictures_window
+
+
+def _pictures(p: SpatialProgram, trace, asked: Pictures) -> None:
     from ..viz import write_pictures
 
-    for path in write_pictures(folder, p, trace, site=0, max_ticks=400):
+    folder, site, window = asked
+    for path in write_pictures(folder, p, trace, site=site, window=window):
         print(f"  picture   {path}")
 
 
