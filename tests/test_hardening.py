@@ -613,10 +613,25 @@ def test_piping_into_head_prints_its_lines_and_nothing_else(tmp_path):
 
 def test_the_command_refuses_an_evaluation_past_memory_before_making_inputs(capsys, monkeypatch):
     monkeypatch.setattr(interp_evaluate, "physical_memory", lambda: 2**30)
-    too_early = lambda p, seed: pytest.fail("inputs made before the check")  # noqa: E731
+    too_early = lambda *a: pytest.fail("inputs made before the check")  # noqa: E731
     monkeypatch.setattr("spatialc.cli.commands.random_inputs", too_early)
-    err = refused_in_one_line(capsys, "gemm", "20000", "20000", "64", says="; this machine has 1073741824 bytes")
-    assert "C's store" in err and "--check none" in err
+    for mode in ("sampled", "full"):
+        err = refused_in_one_line(
+            capsys, "gemm", "20000", "20000", "64", "--check", mode, says="; this machine has 1073741824 bytes"
+        )
+        assert "C's store" in err and "--check none" in err
+
+
+def test_the_default_where_no_check_fits_is_none_and_the_check_line_says_what_a_check_needs(capsys, monkeypatch):
+    monkeypatch.setattr(interp_evaluate, "physical_memory", lambda: 2**30)
+    made = []
+    monkeypatch.setattr("spatialc.cli.commands.random_inputs", lambda p, seed, sample, operands: made.append(operands))
+    status, out, err = run_cli(capsys, "gemm", "20000", "20000", "64")
+    assert status == 0, err
+    check = next(line for line in out.splitlines() if line.lstrip().startswith("check"))
+    assert "none (the default where no check fits: checking gemm_20000x20000x64_int8 needs" in check, check
+    assert "C's store" in check and "this machine has 1073741824 bytes" in check
+    assert made == [False]  # no operand was made: nothing would multiply them
 
 
 @pytest.mark.parametrize(

@@ -631,3 +631,43 @@ def test_barriers_rendezvous_and_a_lone_barrier_deadlocks():
     np.testing.assert_array_equal(spatialc.evaluate(with_barrier({0, 1}), {"A": a, "B": b}), a @ b)
     with pytest.raises(DeadlockError, match=r"site 0 writer: Barrier group0 — group 0: sites 1 have not arrived"):
         spatialc.evaluate(with_barrier({0}), {"A": a, "B": b})
+
+
+def test_bf16_rounding_on_the_bits_agrees_with_rounding_by_scaling_for_every_kind_of_float64():
+    from spatialc.inputs import _round_bf16_core, _round_bf16_scaled
+
+    rng = np.random.default_rng(11)
+    xs = np.concatenate(
+        [
+            rng.integers(0, 2**64, 200_000, dtype=np.uint64).view(np.float64),  # every exponent, NaN payloads
+            rng.standard_normal(50_000) * 2.0**-130,  # bf16's subnormals, and rounding up into its normals
+            (2 * np.arange(1, 50_001) + 1) * 2.0**-8,  # exact ties
+            [BF16_MAX, np.nextafter(BF16_MAX, np.inf), (2 - 2**-8) * 2.0**127, np.nextafter((2 - 2**-8) * 2.0**127, 0)],
+            [0.0, -0.0, math.inf, -math.inf, math.nan, 5e-324, 1.7976931348623157e308, 2.0**-126],
+        ]
+    )
+    xs = np.concatenate([xs, -xs])
+    with np.errstate(all="ignore"):
+        bits, scaled = _round_bf16_core(xs), _round_bf16_scaled(xs)
+    assert np.array_equal(bits, scaled, equal_nan=True)
+    assert np.array_equal(np.signbit(bits), np.signbit(scaled))
+
+
+def test_an_operand_read_in_place_gives_what_a_copied_one_gives_and_stays_the_callers():
+    from spatialc.interp.values import Store
+
+    p = spatialc.build(spatialc.gemm(256, 256, 256, "bf16"), "sm_90")  # whole blocks: the stores are unpadded
+    rng = np.random.default_rng(5)
+    a = spatialc.inputs.round_bf16(rng.standard_normal((256, 256))).astype(np.float32)
+    b = spatialc.inputs.round_bf16(rng.standard_normal((256, 256))).astype(np.float32)
+    kept = (a.copy(), b.copy())
+    adopted = []
+    real = Store.adopt
+    spy = lambda self, given: adopted.append(real(self, given)) or adopted[-1]  # noqa: E731
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Store, "adopt", spy)
+        c = spatialc.evaluate(p, {"A": a, "B": b})
+    assert adopted == [True, True]  # both read in place, no copy
+    copied = spatialc.evaluate(p, {"A": np.asfortranarray(a), "B": np.asfortranarray(b)})  # not C order: copied
+    assert np.array_equal(c, copied)
+    assert np.array_equal(a, kept[0]) and np.array_equal(b, kept[1]) and a.flags.writeable and b.flags.writeable

@@ -173,7 +173,7 @@ def test_a_full_check_past_memory_is_one_line_before_any_input_is_made(capsys, m
     monkeypatch.setattr("spatialc.cli.commands.random_inputs", lambda *a: pytest.fail("inputs made before the check"))
     status, out, err = run_cli(capsys, "gemm", "65536", "16", "32768", "--check", "full")
     assert status == 2 and err.count("\n") == 1 and "Traceback" not in err
-    assert "A's store 2.0 GiB" in err and "--check sampled" in err and "--check none" in err
+    assert "random A 2.0 GiB" in err and "--check sampled" in err and "--check none" in err
 
 
 def test_the_default_above_a_billion_multiply_adds_is_a_sample(capsys):

@@ -266,7 +266,14 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
 
 
 def _abs_product(a: np.ndarray, b: np.ndarray, matmul: Any) -> np.ndarray:
-    """|A| @ |B| in float64 (each group's own for a grouped GEMM's operands)."""
-    if a.ndim == 2 and b.ndim == 2:
-        return matmul(np.abs(a), np.abs(b))
-    return np.abs(a) @ np.abs(b)
+    """|A| @ |B| in float64 (each group's own for a grouped GEMM's operands), a panel of K at a time: |B| is never
+    held whole (at 16384² it would take a GiB)."""
+    if a.ndim != 2 or b.ndim != 2:
+        return np.abs(a) @ np.abs(b)
+    from .interp.values import CHUNK_ELEMS
+
+    out = np.zeros((a.shape[0], b.shape[1]))
+    ks = max(1, CHUNK_ELEMS // max(a.shape[0], b.shape[1], 1))
+    for k0 in range(0, a.shape[1], ks):
+        out += matmul(np.abs(a[:, k0 : k0 + ks]), np.abs(b[k0 : k0 + ks]))
+    return out

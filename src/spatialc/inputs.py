@@ -96,8 +96,9 @@ def row_limits(p: SpatialProgram) -> dict[str, int]:
     """Each tensor of row counts (a grouped GEMM's `sizes`) → the most rows a count may give: the rows of the
     grouped tensors it limits."""
     out: dict[str, int] = {}
-    for prog in p.schedule.programs if p.schedule else ():
-        for op in walk(prog.ops):
+    listed = {id(prog.ops): prog.ops for prog in p.schedule.programs} if p.schedule else {}  # sites share lists
+    for ops in listed.values():
+        for op in walk(ops):
             if isinstance(op, ReadTiles | WriteTiles) and op.rows_from is not None:
                 name = p.tensor(op.rows_from).name
                 out[name] = min(out.get(name, 1 << 62), p.tensor(op.tensor).elems[0])
@@ -295,7 +296,37 @@ def _round_bf16(x: np.ndarray) -> np.ndarray:
         return _round_bf16_core(np.asarray(x, dtype=np.float64))
 
 
+DROPPED_BITS = 52 - BF16_MANT_BITS  # float64's fraction bits that bf16 does not keep
+_HALF_LESS_ONE = np.uint64((1 << (DROPPED_BITS - 1)) - 1)
+_KEPT = np.uint64(~((1 << DROPPED_BITS) - 1) & (2**64 - 1))
+_SIGN = np.uint64(1 << 63)
+_ABS = np.uint64((1 << 63) - 1)
+_INF_BITS = np.uint64(0x7FF << 52)
+_BF16_MAX_BITS = np.array(BF16_MAX).view(np.uint64)[()]
+_BF16_MIN_NORMAL_BITS = np.array(2.0**BF16_MIN_EXP).view(np.uint64)[()]
+
+
 def _round_bf16_core(x: np.ndarray) -> np.ndarray:
+    """Ties to even on float64's bits where bf16 is normal: add half an ulp of bf16 less one, plus the kept last
+    bit, then clear what bf16 drops (a carry into the exponent is the rounding up it should be); past BF16_MAX,
+    ±inf; NaN and ±inf as they are; results below bf16's least normal by `_round_bf16_scaled`."""
+    u = np.ascontiguousarray(x).view(np.uint64)
+    mag = u & _ABS
+    r = (u >> np.uint64(DROPPED_BITS)) & np.uint64(1)
+    r += u
+    r += _HALF_LESS_ONE
+    r &= _KEPT
+    over = (r & _ABS) > _BF16_MAX_BITS
+    if over.any():
+        r[over] = (u[over] & _SIGN) | _INF_BITS
+    odd = (mag >= _INF_BITS) | (mag < _BF16_MIN_NORMAL_BITS)  # NaN, ±inf, zero and bf16's subnormals
+    if odd.any():
+        r[odd] = _round_bf16_scaled(u[odd].view(np.float64)).view(np.uint64)
+    return r.view(np.float64)
+
+
+def _round_bf16_scaled(x: np.ndarray) -> np.ndarray:
+    """The same rounding by scaling each value to bf16's spacing: slower, and the definition the bits agree with."""
     finite = np.isfinite(x)
     xf = np.where(finite, x, 0.0)
     _, e = np.frexp(xf)  # |x| in [2^(e-1), 2^e)

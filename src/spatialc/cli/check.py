@@ -7,8 +7,9 @@ and the memory that takes, estimated before any input is made.
   of a grouped GEMM) — from just those rows of A, which is all those rows depend on; numpy computes the same rows.
 - `none`: neither runs.
 
-The default is `full` up to FULL_CHECK_MACS multiply-adds where it fits the memory limit, else `sampled`; a mode
-that does not fit is refused with one line that says what it takes and which mode or size would do.
+The default is `full` up to FULL_CHECK_MACS multiply-adds where it fits the memory limit, else `sampled`, else (no
+check fits) `none`, with the check's line saying what a sampled check would take; a mode asked for that does not fit
+is refused with one line that says what it takes and which mode or size would do.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def plan_check(p: SpatialProgram, asked: str | None, seed: int, *, full_inputs: 
     if sample is None:
         raise TooLarge(f"{p.name} multiplies a computed operand, which a sample cannot follow: --check full or none")
     refused = _refused(p, sample, full_inputs)
+    if refused is not None and asked is None:  # the default where no check fits: none, and the line says why
+        return CheckPlan("none", why=f"the default where no check fits: {refused}")
     if refused is not None:
         raise TooLarge(f"{refused}: check a smaller size, or use --check none")
     if asked:
@@ -117,15 +120,23 @@ def _refused(p: SpatialProgram, sample: Sample | None, full_inputs: bool) -> str
     assert out is not None
     rows = len(sample.rows) if sample is not None else out.elems[0]
     need["numpy's check"] = CHECK_ARRAYS * out.groups * rows * out.elems[1] * 8 + 3 * CHUNK_ELEMS * 8
-    if p.precision.value != "int8":  # |A| and |B| for the bound (an int8 check is exact: no bound)
-        need["numpy's |A|, |B|"] = sum(v for k, v in need.items() if k.startswith("random "))
+    if p.precision.value != "int8":  # |A| @ |B| for the bound, a K panel at a time (an int8 check is exact)
+        need["numpy's |A|, |B|"] = 3 * CHUNK_ELEMS * 8
     return memory_refusal(p, need, memory_limit(None), "checking")
 
 
 def _like_inputs(p: SpatialProgram) -> dict:
-    """Stand-ins that say the random inputs' types (int8 as int8, fp16 / bf16 values as float32) to the ledger."""
-    dtype = np.int8 if p.precision.value == "int8" else np.float32
-    return {t.name: np.empty(0, dtype) for t in p.tensors if t.role == TensorRole.INPUT}
+    """Stand-ins that say the random inputs' types (int8 as int8, fp16 / bf16 values as float32), shapes and C order
+    to the ledger (which then counts no store for an input the interpreter reads in place): views of one element
+    with the arrays' strides, never read."""
+    dtype = np.dtype(np.int8 if p.precision.value == "int8" else np.float32)
+    like = {}
+    for t in p.tensors:
+        if t.role == TensorRole.INPUT:
+            shape = (t.groups, *t.elems) if t.groups > 1 else tuple(t.elems)
+            strides = tuple(int(np.prod(shape[i + 1 :])) * dtype.itemsize for i in range(len(shape)))
+            like[t.name] = np.lib.stride_tricks.as_strided(np.empty(1, dtype), shape, strides, writeable=False)
+    return like
 
 
 def sample_text(plan: CheckPlan) -> str:

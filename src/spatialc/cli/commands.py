@@ -115,7 +115,8 @@ def _check_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, ti
         if pictures:
             _pictures(p, None, pictures)
             print("  picture   no timeline.svg: it draws the interpreter's run, and --check none runs none")
-        print("  check     none (--check none): the interpreter did not run, and nothing was compared with numpy")
+        why = plan.why or "--check none"
+        print(f"  check     none ({why}): the interpreter did not run, and nothing was compared with numpy")
         times.append("check none")
     else:
         t0 = time.perf_counter()

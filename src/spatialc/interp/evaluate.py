@@ -35,7 +35,7 @@ from .numerics import output_values
 from .state import EngineState
 from .support import why
 from .trace import Trace
-from .values import CHUNK_ELEMS, HULL_MAX_ELEMS, NARROW, PENDING_ELEMS, Store, store_dtype
+from .values import CHUNK_ELEMS, HULL_MAX_ELEMS, NARROW, PENDING_ELEMS, Store, adoptable, store_dtype
 
 __all__ = ["Sample", "Trace", "evaluate"]
 
@@ -157,6 +157,8 @@ def _specs(p: SpatialProgram, sample: Sample | None) -> list[TensorSpec]:
 def _fill(store: Store, t: Tensor, given: np.ndarray, rows: np.ndarray | None, tr: int) -> None:
     """Each group's rows of `given` into their padded place in the store; given only `rows`, only their tile rows
     are live (the others stay zero, and products of them are skipped)."""
+    if rows is None and store.adopt(given):
+        return
     rows_of = np.arange(t.elems[0]) if rows is None else rows
     given = given.reshape(t.groups, len(rows_of), t.elems[1])
     step = t.group_tiles[0] * tr  # a grouped tensor's groups, each padded, one after another
@@ -189,7 +191,11 @@ def memory_ledger(
         rows_t = max(t.tiles[0], 0)
         if sample is not None and t.name in sample.given:
             rows_t = min(rows_t, t.groups * len(sample.rows))  # a sampled row's tile row, at most one each
-        ledger[f"{t.name}'s store"] = rows_t * max(t.tiles[1], 0) * t2 * item
+        sampled = sample is not None and t.name in sample.given
+        if not sampled and adoptable(t, p.tile.rows, p.tile.cols, t.id in written, given_arrays.get(t.name)):
+            ledger[f"{t.name}'s store"] = 0  # the input array itself (Store.adopt)
+        else:
+            ledger[f"{t.name}'s store"] = rows_t * max(t.tiles[1], 0) * t2 * item
         if t.role in (TensorRole.INPUT, TensorRole.PARAMETER):
             given = len(sample.rows) * t.groups if sample is not None and t.name in sample.given else t.elems[0]
             if not _narrow_already(t, given_arrays.get(t.name)):

@@ -23,6 +23,7 @@ refers to what it held:
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,20 @@ def store_dtype(tensor: Tensor, written: bool) -> type:
     return np.int64 if tensor.dtype == DType.INT64 else np.float64
 
 
+def adoptable(tensor: Tensor, tile_rows: int, tile_cols: int, written: bool, given: Any) -> bool:
+    """Whether an input array may be the tensor's store itself: nothing writes the tensor, and the array is what its
+    store would be — one group, whole tiles (no padding), the store's type, C order."""
+    rows_t, cols_t = tensor.tiles
+    return (
+        not written
+        and tensor.groups == 1
+        and isinstance(given, np.ndarray)
+        and given.shape == (rows_t * tile_rows, cols_t * tile_cols)
+        and given.dtype == np.dtype(store_dtype(tensor, written))
+        and given.flags.c_contiguous
+    )
+
+
 class Store:
     """One tensor's tiled storage, and the writes to it not yet applied (their values may still be lazy)."""
 
@@ -56,6 +71,17 @@ class Store:
         self.pending = Pending(self)
         self.live: np.ndarray | None = None  # per tile row, whether it may be non-zero (None: every row)
         self._blocks: dict[tuple[int, int, int], tuple[np.ndarray, bool]] = {}
+
+    def adopt(self, given: np.ndarray) -> bool:
+        """Read the tensor from `given` itself where `adoptable` (a read-only view: no copy of a large operand);
+        False otherwise."""
+        if not adoptable(self.tensor, self.tr, self.tc, self.written, given):
+            return False
+        view = given.view()
+        view.flags.writeable = False
+        self.arr = view.reshape(self.arr.shape)
+        self.mat = view
+        return True
 
     def gather(self, flat: np.ndarray) -> np.ndarray:
         """Tiles at flat indices `flat`, shape (n, tr, tc)."""
@@ -275,14 +301,24 @@ def live_matmul(store: Store, rlo: int, a: np.ndarray, b: np.ndarray, out: np.nd
     live = None if store.live is None else store.live[rlo : rlo + a.shape[0] // store.tr]
     if live is None or live.all():
         return matmul(a, b, out)
-    if out is None:
-        out = np.zeros((a.shape[0], b.shape[1]))
-    else:
-        out[...] = 0
     t = store.tr
-    for r in np.flatnonzero(live):  # a sample's rows: few, so one call each
-        matmul(a[r * t : (r + 1) * t], b, out[r * t : (r + 1) * t])
+    if out is None:
+        out = np.zeros((a.shape[0], b.shape[1]))  # its pages are the OS's zero page until written
+    else:  # rows no live A row reaches are zero: cleared only where they are not already (reading maps no pages)
+        for lo, hi in _runs(~live):
+            dead = out[lo * t : hi * t]
+            if dead.any():
+                dead[...] = 0
+    rows = (np.flatnonzero(live)[:, None] * t + np.arange(t)).reshape(-1)  # a sample's rows: few
+    rows = rows[rows < a.shape[0]]
+    out[rows] = matmul(a[rows], b)  # one call, so B's float64 panels are made once, not once a tile row
     return out
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """The maximal runs [lo, hi) of True in `mask`."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.astype(np.int8), [0]))))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
 
 
 def realise(values: list[AccValue], into: dict[int, tuple[Store, int, int]] | None = None) -> dict[int, AccValue]:
