@@ -7,6 +7,7 @@ estimate of run time written out below. Any field can be forced by the caller.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -105,10 +106,28 @@ def resources(target: SpatialTarget, plan: Plan, prec: Precision, form: str = "p
     """What a block of the `form` kernel for `plan` costs: (shared memory bytes, blocks resident per SM; 0 when one
     does not fit) — the backend's own answer, so the planner keeps no copy of a kernel's memory model. `stages`:
     the epilogue's stages, which the general form keeps in rings of their own."""
+    return block_resources(target, plan.block, plan.sub_blocks, plan.depth, prec, form, stages)
+
+
+@functools.lru_cache(maxsize=8192)
+def block_resources(
+    target: SpatialTarget,
+    block: BlockShape,
+    sub_blocks: tuple[int, int],
+    depth: int,
+    prec: Precision,
+    form: str,
+    stages: int,
+) -> tuple[int, int]:
+    """`resources` of a plan of this block, sub-blocks and depth, asked of the backend once: a block's shared memory
+    and residency are its rings' and registers', the same for a grid of one item or of thousands and for any K
+    (tests/test_plan_search.py holds every backend to it), so the ~600 candidates of one build are the same question
+    for every GEMM of that precision and form."""
     from ..lower.cuda import general, hopper_plan, persistent
 
     backend = {"persistent": persistent, "general": general, "sm90a": hopper_plan}[form]
-    return backend.plan_resources(target, plan, prec, stages)
+    one_item = Plan(block, sub_blocks, (1, 1), block.ibw, depth)
+    return backend.plan_resources(target, one_item, prec, stages)
 
 
 def smem_bytes(target: SpatialTarget, plan: Plan, prec: Precision, form: str = "persistent", stages: int = 0) -> int:
@@ -248,10 +267,37 @@ def candidates(
                 # row blocks one after another: waves of strips, each ny items long (every row present).
                 strips = dataclasses.replace(plan, grid=(groups, plan.grid[1]))
                 cost = plan.grid[0] * plan_cost(target, strips, m_t, n_t, k_t, p.precision, per_unit)
-            found.append(Candidate(dataclasses.replace(plan, groups=groups), smem, per_unit, cost))
-    # Ties go to the smaller block, then the shallower ring: less padding and less shared memory for the same time.
-    found.sort(key=lambda c: (c.cost, c.plan.block.osh * c.plan.block.osw, c.plan.depth, repr(c.plan)))
+            grouped = plan if groups == 1 else dataclasses.replace(plan, groups=groups)
+            found.append(Candidate(grouped, smem, per_unit, cost))
+    # Ties go to the smaller block, then the shallower ring: less padding and less shared memory for the same time;
+    # then the plan's text, spelled out only for the plans still tied.
+    found.sort(key=lambda c: (c.cost, c.plan.block.osh * c.plan.block.osw, c.plan.depth, _Spelled(c.plan)))
     return found
+
+
+class _Spelled:
+    """A plan compared by its `repr`, spelled out only when a sort reaches it (a tie on everything before it), and
+    then once."""
+
+    __slots__ = ("plan", "_text")
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self._text: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self._text is None:
+            self._text = repr(self.plan)
+        return self._text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Spelled) and self.text == other.text
+
+    def __lt__(self, other: _Spelled) -> bool:
+        return self.text < other.text
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def choose(

@@ -58,6 +58,7 @@ from .program import (
     all_ops,
     check_printable,
     checked_layers,
+    distinct_lists,
     fragments_per_warp,
     launch_for,
     relative_groups,
@@ -152,14 +153,14 @@ def refuse(p: SpatialProgram) -> None:
     """Raise the first reason the general form cannot print `p` yet."""
     check_printable(p)
     ops = all_ops(p)
-    for prog in p.schedule.programs:  # type: ignore[union-attr]
-        check_waits(p, prog.ops)
+    for listed in distinct_lists(p):  # a list's waits are the same wherever it runs
+        check_waits(p, listed)
     by_site = p.schedule.by_site()  # type: ignore[union-attr]
+    lists = distinct_lists(p)
+    barriers = {id(listed): {op.group for op in walk(listed) if isinstance(op, Barrier)} for listed in lists}
     for prog in p.schedule.programs:  # type: ignore[union-attr]
         for other in by_site[prog.site]:
-            shared = {op.group for op in walk(prog.ops) if isinstance(op, Barrier)} & {
-                op.group for op in walk(other.ops) if isinstance(op, Barrier)
-            }
+            shared = barriers[id(prog.ops)] & barriers[id(other.ops)]
             if other.engine != prog.engine and shared:
                 raise Unsupported(
                     f"a barrier of group {int(min(shared))} crossed by two engines of site {int(prog.site)}",
@@ -199,8 +200,9 @@ COUNTER_WRAP = 2**32
 def check_counter_wrap(p: SpatialProgram) -> None:
     """Unsupported where a ring whose depth is not a power of two could pass 2^32 pages on one site (every loop
     at its largest count): its 32-bit counters would wrap onto the wrong slot and phase."""
+    reserved = {id(listed): reserved_pages(listed) for listed in distinct_lists(p)}
     for prog in p.schedule.programs:  # type: ignore[union-attr]
-        for bid, pages in reserved_pages(prog.ops).items():
+        for bid, pages in reserved[id(prog.ops)].items():
             kind = p.buffer(bid).kind
             depth = getattr(kind, "depth_pages", 1)
             if pages >= COUNTER_WRAP and depth & (depth - 1):

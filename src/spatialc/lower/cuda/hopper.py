@@ -70,6 +70,7 @@ from ...ir.ops import (
     WriteTiles,
     walk,
 )
+from ...passes.verify import derived
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact, TensorMap
 from ..errors import LowerError, TooBig, Unsupported
@@ -239,6 +240,18 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
 
 
 def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
+    """The sm_90a kernel of `p`, or the form's refusal; made once for a program verify remembers (build makes it to
+    see whether the form takes the plan, then lower asks again)."""
+    memo = derived(p)
+    if memo is None:
+        return _make_kernel(p, target)
+    key = ("sm90a kernel", target)
+    if key not in memo:
+        memo[key] = _make_kernel(p, target)
+    return memo[key]
+
+
+def _make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
     refuse(p, target)
     wg = warpgroups(p.plans[0])
     # The compute engine is the consumer warpgroups' warps, one tile row of the item each.

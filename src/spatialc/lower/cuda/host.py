@@ -18,6 +18,7 @@ from ..artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch, operand_file
 from ..census import census
 from ..errors import InternalError
 from .cwriter import Writer, inlined
+from .program import distinct_lists
 
 BENCH_ITERS = 20
 INTEGER_OUTPUTS = ("long long", "int", "signed char")
@@ -68,8 +69,8 @@ def _trips(p: SpatialProgram, t: Tensor) -> list[tuple[int, int]]:
     assert p.schedule is not None
     found = {
         (op.count.index, op.count.bound)
-        for prog in p.schedule.programs
-        for op in walk(prog.ops)
+        for ops in distinct_lists(p)
+        for op in walk(ops)
         if isinstance(op, Loop) and isinstance(op.count, Trip) and op.count.tensor == t.id
     }
     return sorted(found)

@@ -46,9 +46,23 @@ def check_printable(p: SpatialProgram) -> None:
 
 
 def all_ops(p: SpatialProgram) -> list[ChoreoOp]:
-    """Every op of every engine program of every site."""
+    """Every op of every engine program of every site (each op list walked once: sites share them)."""
     assert p.schedule is not None
-    return [op for prog in p.schedule.programs for op in walk(prog.ops)]
+    walked: dict[int, list[ChoreoOp]] = {}
+    out: list[ChoreoOp] = []
+    for prog in p.schedule.programs:
+        ops = walked.get(id(prog.ops))
+        if ops is None:
+            ops = walked[id(prog.ops)] = list(walk(prog.ops))
+        out.extend(ops)
+    return out
+
+
+def distinct_lists(p: SpatialProgram) -> list[tuple[ChoreoOp, ...]]:
+    """The engine programs' op lists, each object once, in schedule order: what depends on a list alone is found
+    once for the hundreds of sites that share it."""
+    assert p.schedule is not None
+    return list({id(prog.ops): prog.ops for prog in p.schedule.programs}.values())
 
 
 def matmul_stages(p: SpatialProgram) -> tuple[Stage, ...]:
@@ -164,11 +178,10 @@ def relative_groups(p: SpatialProgram) -> tuple[tuple[int, ...], ...]:
     its sites from that site, sorted; relative classes name a group by its place in this list."""
     assert p.placement is not None and p.schedule is not None
     groups = {g.id: g.sites for g in p.placement.groups}
+    mcast = (McastSend, McastSetValid)
+    named = {id(ops): [op.group for op in walk(ops) if isinstance(op, mcast)] for ops in distinct_lists(p)}
     seen = {
-        tuple(int(t) - int(q.site) for t in groups[op.group])
-        for q in p.schedule.programs
-        for op in walk(q.ops)
-        if isinstance(op, McastSend | McastSetValid)
+        tuple(int(t) - int(q.site) for t in groups[group]) for q in p.schedule.programs for group in named[id(q.ops)]
     }
     return tuple(sorted(seen))
 
@@ -196,9 +209,12 @@ def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:
     groups: dict[tuple, list[int]] = {}
     programs: dict[tuple, tuple] = {}
     by_site = p.schedule.by_site()
+    # Sites share their op lists (a few distinct ones among hundreds of sites): what depends only on the list is
+    # found once per list, and the normal forms are interned so that a class key compares by identity.
+    once = _PerList(view)
     for s, items in p.placement.items_of_site:
         progs = by_site.get(s, ())
-        counts = {op.count for prog in progs for op in walk(prog.ops) if isinstance(op, Loop) and op.var == LV_ITEM}
+        counts = set().union(*(once.item_counts(prog.ops) for prog in progs))
         if counts - {Const(len(items))} or (not counts and len(items) > 1):
             raise Unsupported(
                 f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
@@ -210,14 +226,57 @@ def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:
                     f"site {int(s)}, which has no items and ops outside its ITEM loops", "it returns at once"
                 )
             continue
-        seen = tuple((prog.engine, view(int(s), prog.ops)) for prog in progs)
-        key = tuple((engine, _normal(ops)) for engine, ops in seen)
+        seen = tuple((prog.engine, once.view(int(s), prog.ops)) for prog in progs)
+        key = tuple((engine, once.normal(ops)) for engine, ops in seen)
         groups.setdefault(key, []).append(int(s))
         programs.setdefault(key, seen)
     return tuple(
         SiteClass(tuple(sites), tuple((engine, _per_item(ops)) for engine, ops in programs[key]))
         for key, sites in groups.items()
     )
+
+
+_SITE_NAMING = (SemInc, McastSend, McastSetValid)  # the only ops a class view may read relative to their site
+
+
+class _PerList:
+    """`_classes`' look-ups, each made once per op list (by identity; the lists outlive the call): the ITEM loop
+    counts, the view (the same for every site where the list names no site or group), and the id of the interned
+    normal form."""
+
+    def __init__(self, view) -> None:
+        self._view = view
+        self._counts: dict[int, frozenset] = {}
+        self._views: dict[int, tuple[ChoreoOp, ...]] = {}
+        self._normals: dict[int, int] = {}
+        self._kept: set[int] = set()
+        self._interned: dict[tuple[ChoreoOp, ...], tuple[ChoreoOp, ...]] = {}
+
+    def item_counts(self, ops: tuple[ChoreoOp, ...]) -> frozenset:
+        found = self._counts.get(id(ops))
+        if found is None:
+            found = frozenset(op.count for op in walk(ops) if isinstance(op, Loop) and op.var == LV_ITEM)
+            self._counts[id(ops)] = found
+        return found
+
+    def view(self, site: int, ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+        found = self._views.get(id(ops))
+        if found is not None:
+            return found
+        seen = self._view(site, ops)
+        if not any(isinstance(op, _SITE_NAMING) for op in walk(ops)):
+            self._views[id(ops)] = seen
+            self._kept.add(id(seen))
+        return seen
+
+    def normal(self, ops: tuple[ChoreoOp, ...]) -> int:
+        found = self._normals.get(id(ops))
+        if found is None:
+            normal = _normal(ops)
+            found = id(self._interned.setdefault(normal, normal))
+            if id(ops) in self._kept:  # a view held in `_views`: its id names no other list while the call lasts
+                self._normals[id(ops)] = found
+        return found
 
 
 def site_engines(p: SpatialProgram) -> tuple[tuple[Engine, tuple[ChoreoOp, ...]], ...]:

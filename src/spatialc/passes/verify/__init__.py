@@ -26,6 +26,8 @@ buffer it is about. Sites that run the same programs are checked once.
 
 from __future__ import annotations
 
+import threading
+
 from ...errors import IllFormedError, VerifyError
 from ...ir.index import ProgramIndex
 from ...ir.nodes import SpatialProgram
@@ -45,16 +47,75 @@ __all__ = ["verify"]
 
 def verify(p: SpatialProgram, target: SpatialTarget | None = None) -> SpatialProgram:
     """`p` marked verified, or the first broken rule's error. (The rules are the program's own; `target` only lets
-    a program name a target spatialc does not list, the one it is verified for.)"""
+    a program name a target spatialc does not list, the one it is verified for.) A program this function returned
+    itself, unchanged since (`_PROVEN`), is returned as it is: `lower` verifies what `build` just did."""
+    if _already_proven(p, target):
+        return p
     check_types(p)  # 1, first: values of the IR's types, loops nested no deeper than a kernel can print
     try:
-        return _verify(p, target)
+        proven = _verify(p, target)
     except (AttributeError, TypeError, ValueError, KeyError, IndexError, RecursionError) as e:
         if isinstance(e, VerifyError):
             raise
         # check_types has shown every value to be of its type, so no known program gets here; one the rules did not
         # foresee still ends as one typed error, never as a crash inside the verifier.
         raise IllFormedError(f"the program is not made of spatialc's IR values: {type(e).__name__}: {e}") from None
+    _remember(proven, target)
+    return proven
+
+
+# The programs verify returned last, by identity: (the program, held so that its id names no other object; its hash
+# then; the target it was verified for). A SpatialProgram is frozen all the way down (frozen dataclasses, tuples,
+# enums, numbers, strings: rule 1 shows every value to be of the IR's types), so a program changed after verify — by
+# `dataclasses.replace`, `evolve`, a file read again — is another object, and verified anew. The hash, taken again
+# on every look-up (well under a millisecond where the rules take several), is there for a program changed in place
+# through `object.__setattr__`, which a frozen dataclass cannot stop.
+# Each entry also keeps a dict of what later passes worked out from that program (`derived`).
+_PROVEN: dict[int, tuple[SpatialProgram, int, SpatialTarget | None, dict]] = {}
+_PROVEN_KEPT = 8
+_PROVEN_LOCK = threading.Lock()
+
+
+def _already_proven(p: SpatialProgram, target: SpatialTarget | None) -> bool:
+    """Whether `p` is a program verify returned for `target`, and hashes as it did then."""
+    held = _held(p)
+    return held is not None and held[2] == target
+
+
+def _held(p: SpatialProgram) -> tuple[SpatialProgram, int, SpatialTarget | None, dict] | None:
+    """`p`'s entry in `_PROVEN` where `p` is a program verify returned and hashes as it did then, else None."""
+    if type(p) is not SpatialProgram:
+        return None
+    held = _PROVEN.get(id(p))
+    if held is None or held[0] is not p:
+        return None
+    try:
+        return held if hash(p) == held[1] else None
+    except TypeError:  # a value put in place after verify that cannot be hashed: not the program that was proven
+        return None
+
+
+def derived(p: SpatialProgram) -> dict | None:
+    """A dict that lives as long as verify remembers `p` unchanged, for what a later pass derives from `p` alone
+    (the sm_90a form's kernel, which build makes to see whether that form takes its plan, and lower makes again);
+    None where `p` is not a program verify returned, or has changed since."""
+    held = _held(p)
+    return None if held is None else held[3]
+
+
+def _remember(p: SpatialProgram, target: SpatialTarget | None) -> None:
+    """Keep `p` (just proven) among the last `_PROVEN_KEPT` programs verify returned."""
+    if type(p) is not SpatialProgram:
+        return
+    try:
+        fingerprint = hash(p)
+    except TypeError:
+        return
+    with _PROVEN_LOCK:  # builds run in threads too (gpucheck's pool)
+        _PROVEN.pop(id(p), None)
+        _PROVEN[id(p)] = (p, fingerprint, target, {})
+        while len(_PROVEN) > _PROVEN_KEPT:
+            del _PROVEN[next(iter(_PROVEN))]
 
 
 def _verify(p: SpatialProgram, target: SpatialTarget | None) -> SpatialProgram:

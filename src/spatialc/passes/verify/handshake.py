@@ -52,7 +52,7 @@ def _bodies(ops: tuple[ChoreoOp, ...]) -> Iterable[tuple[ChoreoOp, ...]]:
 def epoch_copies(ctx: ProgramIndex, programs: Iterable[EngineProgram]) -> set[tuple[Site, SemId]]:
     """The semaphore copies (site, sem) that are counters with an epoch; refuse the resets and sets one run cannot
     decide (see the module docstring)."""
-    progs = list(programs)
+    progs = with_handshake(programs)
     epochs: dict[tuple[Site, SemId], str] = {}  # copy → the engine that waits on and resets it
     plain: dict[tuple[Site, SemId], tuple[EngineProgram, SemWait]] = {}
     resets: list[tuple[EngineProgram, SemWait]] = []  # each epoch wait (the wait a reset follows)
@@ -125,6 +125,23 @@ def epoch_copies(ctx: ProgramIndex, programs: Iterable[EngineProgram]) -> set[tu
     return set(epochs)
 
 
+_HANDSHAKE_OPS = (SemSet, SemWait, McastSetValid, McastSend)  # the only ops epoch_copies and multicast_senders read
+
+
+def with_handshake(programs: Iterable[EngineProgram]) -> list[EngineProgram]:
+    """The programs, in order, whose ops include a semaphore or multicast op: the others add nothing to the epochs
+    or the senders (and hundreds of sites share each op list, so each list is looked into once)."""
+    has: dict[int, tuple[tuple[ChoreoOp, ...], bool]] = {}  # each list held, so that its id names no other
+    kept = []
+    for prog in programs:
+        held = has.get(id(prog.ops))
+        if held is None:
+            held = has[id(prog.ops)] = (prog.ops, any(isinstance(op, _HANDSHAKE_OPS) for op in walk(prog.ops)))
+        if held[1]:
+            kept.append(prog)
+    return kept
+
+
 def _resets(op: ChoreoOp, sem: SemId) -> bool:
     return isinstance(op, SemSet) and op.sem == sem
 
@@ -132,7 +149,7 @@ def _resets(op: ChoreoOp, sem: SemId) -> bool:
 def multicast_senders(ctx: ProgramIndex, progs: Iterable[EngineProgram]) -> dict[Site, dict[BufferId, Site]]:
     """Receiver site → ring → the site whose McastSends fill it; refused where a receiving ring has two senders."""
     senders: dict[Site, dict[BufferId, Site]] = {}
-    for prog in progs:
+    for prog in with_handshake(progs):
         for op in walk(prog.ops):
             if not isinstance(op, McastSend):
                 continue

@@ -71,6 +71,7 @@ from ...ir.ops import (
     Wait,
     WriteBarrier,
     WriteTiles,
+    walk,
 )
 from ...ir.printer import PRINTED_BITS, op_text
 from ...ir.validate import op_fault, type_fault
@@ -466,8 +467,15 @@ def raise_counts(programs: Iterable[EngineProgram]) -> Counter[tuple[Site, SemId
             elif isinstance(op, SemInc) and op.by > 0:
                 total[(op.at, op.sem)] += op.by * times
 
+    # An op list with no SemInc adds nothing; hundreds of sites share each list, looked into once (and held, so
+    # that its id names no other list while this runs).
+    raising: dict[int, tuple[tuple[ChoreoOp, ...], bool]] = {}
     for prog in programs:
-        walk_ops(prog.ops, 1)
+        held = raising.get(id(prog.ops))
+        if held is None:
+            held = raising[id(prog.ops)] = (prog.ops, any(isinstance(op, SemInc) for op in walk(prog.ops)))
+        if held[1]:
+            walk_ops(prog.ops, 1)
     return total
 
 
@@ -485,15 +493,22 @@ def check_sem_counts(index: ProgramIndex, programs: Iterable[EngineProgram]) -> 
             )
 
 
+_GroupOp = McastSetValid | McastSend | Barrier  # the ops that name a group
+
+
 def check_site_groups(index: ProgramIndex, programs: Iterable[EngineProgram]) -> None:
     """A site names only groups it belongs to (the one part of rule 1 that depends on the site, not the ops)."""
+    named: dict[int, tuple[tuple[ChoreoOp, ...], tuple[_GroupOp, ...]]] = {}  # each shared list walked once, held
     for prog in programs:
-        for op in _group_ops(prog.ops):
+        held = named.get(id(prog.ops))
+        if held is None:
+            held = named[id(prog.ops)] = (prog.ops, tuple(_group_ops(prog.ops)))
+        for op in held[1]:
             if prog.site not in index.groups[op.group].sites:
                 raise index.at_op(IllFormedError, prog, op, f"site {int(prog.site)} is not in group {int(op.group)}")
 
 
-def _group_ops(ops: tuple[ChoreoOp, ...]) -> Iterable[McastSetValid | McastSend | Barrier]:
+def _group_ops(ops: tuple[ChoreoOp, ...]) -> Iterable[_GroupOp]:
     for op in ops:
         if isinstance(op, Loop):
             yield from _group_ops(op.body)
