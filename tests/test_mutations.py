@@ -269,3 +269,44 @@ def test_accepted_edits_run_exact_in_the_emulated_kernel():
         if ran == 6:
             break
     assert ran == 6
+
+
+RING_OPS = ("Reserve", "Push", "Wait", "Pop", "ReadTiles", "WriteTiles", "Compute", "PackAcc", "AcquireAcc")
+
+
+def test_every_refusal_of_a_random_edit_fills_the_fields_its_message_names():
+    """An error about an op carries its site, engine and op text, and the ring the op moves where it moves one; an
+    error whose message starts at a site carries that site (issue 35: the fields were None where the README said
+    errors carry them)."""
+    import json
+    import re
+
+    from spatialc.errors import DeadlockError, VerifyRuleError
+
+    from .mutants import EDITS, PROGRAMS
+
+    seen = 0
+    for name, make in PROGRAMS.items():
+        doc = json.loads(spatialc.to_json(make()))
+        rng = random.Random(f"fields:{name}")
+        for _ in range(60):
+            edited = rng.choice(EDITS)(doc, rng)
+            if edited is None:
+                continue
+            try:
+                q = spatialc.from_json(json.dumps(edited[0]))
+                if not q.verified:
+                    spatialc.verify(q)
+            except (VerifyRuleError, DeadlockError) as err:
+                seen += 1
+                text = str(err).removeprefix("deadlock: ")
+                at = re.match(r"site (-?\d+)\b", text)
+                assert at is None or err.site == int(at.group(1)), (edited[1], text)
+                if err.op is not None:
+                    assert err.site is not None and err.engine is not None, (edited[1], text)
+                    about_a_ring = err.op.startswith(RING_OPS) and "does not exist" not in text  # (no such ring)
+                    if about_a_ring and not isinstance(err, DeadlockError):
+                        assert err.buffer is not None, (edited[1], text)
+            except spatialc.SpatialError:
+                pass
+    assert seen > 150  # the edits were refused by verify's rules, not only by the reader

@@ -13,7 +13,7 @@ from typing import TypeVar
 from .errors import SpatialError
 from .ids import BufferId, GroupId, SemId, Site, TensorId
 from .nodes import Accumulator, Buffer, EngineProgram, Group, Semaphore, SpatialProgram, Tensor
-from .ops import ChoreoOp
+from .ops import ChoreoOp, ring_of
 from .printer import op_text
 
 E = TypeVar("E", bound=SpatialError)
@@ -47,6 +47,12 @@ class ProgramIndex:
         """A buffer's name, or 'buffer N' when no buffer has that id."""
         b = self.buffers.get(bid)
         return b.name if b is not None else f"buffer {int(bid)}"
+
+    def buffer_of(self, op: ChoreoOp) -> str | None:
+        """The name of the buffer an op is about (ops.ring_of), for an error's `buffer` field; None where it has
+        none, or names one the program lacks."""
+        bid = ring_of(op)
+        return None if bid is None or bid not in self.buffers else self.name(bid)
 
     def ring(self, bid: BufferId) -> BufferId:
         """The ring a buffer belongs to: its template (per-site copies of one template are one ring)."""

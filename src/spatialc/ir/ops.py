@@ -329,6 +329,24 @@ COMPUTE_OPS: tuple[type, ...] = ComputeOp.__args__  # type: ignore[attr-defined]
 FLOW_OPS = (Reserve, Push, Wait, Pop)
 
 
+def ring_of(op: ChoreoOp) -> BufferId | None:
+    """The buffer an op is about, for an error's `buffer` field: the ring a flow op, a ReadTiles or a multicast
+    send moves pages of, the ring a WriteTiles empties, a matmul's accumulator (else an elementwise op's output),
+    the accumulator a PackAcc empties; None for loops, semaphores and barriers."""
+    match op:
+        case Reserve() | Push() | Wait() | Pop() | AcquireAcc() | ReleaseAcc() | McastSend() | Flush():
+            return op.buf
+        case ReadTiles():
+            return op.into
+        case WriteTiles():
+            return op.src
+        case Compute():
+            return op.acc if op.acc is not None else (op.outs or op.ins or (None,))[0]
+        case PackAcc():
+            return op.acc
+    return None
+
+
 def rewrite(ops: tuple[ChoreoOp, ...], f) -> tuple[ChoreoOp, ...]:
     """`ops` with every op that is not a loop replaced by f(op), loops kept (every field) around their bodies
     rewritten the same way."""

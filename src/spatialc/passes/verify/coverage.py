@@ -83,4 +83,5 @@ def _check_item_loops(index: ProgramIndex, site: Site, held: int, prog: EnginePr
             site=int(site),
             engine=engine,
             op=text,
+            buffer=index.buffer_of(facts.item_free[0]),
         )

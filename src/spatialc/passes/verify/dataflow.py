@@ -295,6 +295,7 @@ class SiteRun:
                 site=int(self.site),
                 engine=w.engine,
                 op=self.index.op(w.op),
+                buffer=self.index.buffer_of(w.op),
             )
         if self.writes and not self.items:
             w = self.writes[0]
@@ -304,6 +305,7 @@ class SiteRun:
                 site=int(self.site),
                 engine=w.engine,
                 op=self.index.op(w.op),
+                buffer=self.index.buffer_of(w.op),
             )
         if not self.writes and self.items and not (self.split and self.partials):
             y, x = divmod(int(self.items[0]), self.grid[1])

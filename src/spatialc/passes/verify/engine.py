@@ -36,6 +36,7 @@ from ...ir.ops import (
     TileAddr,
     Trip,
     WriteTiles,
+    ring_of,
 )
 from ...ir.printer import compute_text
 from .dataflow import ZERO, Acc, Entry, MatmulDecl, Seq, SiteRun, Write, same_op
@@ -77,6 +78,7 @@ class EngineRun:
         return self._error(StrongerCheckNeeded, op, why, buf)
 
     def _error(self, cls: type[_E], op: ChoreoOp, why: str, buf: BufferId | None) -> _E:
+        buf = ring_of(op) if buf is None else buf
         name = None if buf is None else self.index.name(buf)
         text = self.index.op(op)
         return cls(f"{self.head(op)} — {why}", site=int(self.site.site), engine=self.engine, op=text, buffer=name)

@@ -115,6 +115,7 @@ class Workspace:
                         site=int(idle[0]),
                         engine=w.engine,
                         op=self.index.op(w.op),
+                        buffer=self.index.buffer_of(w.op),
                     )
                 held: dict[ItemId, list[Site]] = {}
                 for site in sites:
@@ -137,6 +138,7 @@ class Workspace:
                 site=int(sites[0]),
                 engine=w.engine,
                 op=self.index.op(w.op),
+                buffer=self.index.buffer_of(w.op),
             )
         r0, c0 = row.const + rows[0], col.const + cols[0]
         box = owner[r0 : r0 + rows[1], c0 : c0 + cols[1]]
@@ -149,6 +151,7 @@ class Workspace:
                 site=int(sites[0]),
                 engine=w.engine,
                 op=self.index.op(w.op),
+                buffer=self.index.buffer_of(w.op),
             )
         box[...] = len(self.written)
         self.written.append(Written((r0, rows[1]), (c0, cols[1]), run, w, values, sites))
@@ -263,6 +266,7 @@ def check_handshake(index: ProgramIndex, reader: Site, src: Written, counts: Cou
                 site=int(reader),
                 engine=prog.engine.value,
                 op=index.op(read),
+                buffer=index.buffer_of(read),
             )
         start = index.sems[wait.sem].initial
         need = start + counts[(reader, wait.sem)]
@@ -274,6 +278,7 @@ def check_handshake(index: ProgramIndex, reader: Site, src: Written, counts: Cou
                 site=int(reader),
                 engine=prog.engine.value,
                 op=index.op(wait),
+                buffer=index.buffer_of(wait),
             )
         for site in src.sites:
             _writer_raises(index, site, src, reader, wait.sem)
@@ -305,6 +310,7 @@ def _writer_raises(index: ProgramIndex, site: Site, src: Written, reader: Site, 
                     site=int(site),
                     engine=prog.engine.value,
                     op=index.op(op),
+                    buffer=index.buffer_of(op),
                 )
             return
     raise SemanticError(

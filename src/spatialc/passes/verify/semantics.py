@@ -134,6 +134,7 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
                 site=int(other),
                 engine=write.engine,
                 op=index.op(write.op),
+                buffer=index.buffer_of(write.op),
             )
         if space is None or not _has_partials(write.cell):
             _Proof(run, write).check()
@@ -346,7 +347,11 @@ class _Proof:
 
     def unsure(self, why: str) -> StrongerCheckNeeded:
         return StrongerCheckNeeded(
-            f"{self.w.head} — {why}", site=int(self.site.site), engine=self.w.engine, op=self.site.index.op(self.w.op)
+            f"{self.w.head} — {why}",
+            site=int(self.site.site),
+            engine=self.w.engine,
+            op=self.site.index.op(self.w.op),
+            buffer=self.site.index.name(self.w.op.src),
         )
 
     def rows(self) -> None:
@@ -440,6 +445,7 @@ class _Proof:
             site=int(self.site.site),
             engine=self.w.engine,
             op=self.site.index.op(self.w.op),
+            buffer=self.site.index.name(self.w.op.src),
             related=related,
         )
 

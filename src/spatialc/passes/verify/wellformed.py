@@ -529,7 +529,7 @@ class _OpCheck:
             site=int(self.prog.site),
             engine=self.prog.engine.value,
             op=text,
-            buffer=None if buf is None else self.index.name(buf),
+            buffer=self.index.buffer_of(op) if buf is None else self.index.name(buf),
         )
 
     def body(self, ops: tuple[ChoreoOp, ...], bound: tuple[LoopVar, ...]) -> None:
