@@ -671,3 +671,15 @@ def test_an_operand_read_in_place_gives_what_a_copied_one_gives_and_stays_the_ca
     copied = spatialc.evaluate(p, {"A": np.asfortranarray(a), "B": np.asfortranarray(b)})  # not C order: copied
     assert np.array_equal(c, copied)
     assert np.array_equal(a, kept[0]) and np.array_equal(b, kept[1]) and a.flags.writeable and b.flags.writeable
+
+
+def test_fp16_inputs_are_float16_arrays_taken_as_they_are_and_rounded_once():
+    from spatialc.cli.report import _normal
+    from spatialc.inputs import operand_values
+    from spatialc.ir.nodes import DType
+
+    given = np.arange(-8, 8, dtype=np.float16) / 3
+    assert operand_values("A", given, DType.FP16) is given  # float16 holds every fp16 value: no copy, no rounding
+    made = _normal(np.random.default_rng(9), (300, 70), "A", DType.FP16)
+    draws = np.random.default_rng(9).standard_normal((300, 70))
+    assert made.dtype == np.float16 and np.array_equal(made.astype(np.float64), round_fp16(draws))

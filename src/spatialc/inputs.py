@@ -209,13 +209,13 @@ def _first_line(e: BaseException) -> str:
 def operand_values(name: str, values: Any, dtype: DType) -> np.ndarray:
     """An array whose values, read as float64, are exactly what a tensor of `dtype` holds; or InputError.
 
-    Integer arrays that fit are returned as they are, and so are float32 arrays of fp16 / bf16 values; other fp16 /
-    bf16 inputs come back rounded, as float32 (which holds every such value)."""
+    Integer arrays that fit are returned as they are, and so are float16 arrays for fp16 and float32 arrays of fp16 /
+    bf16 values; other fp16 / bf16 inputs come back rounded, as float32 (which holds every such value)."""
     arr = host_array(name, values)
     check_values(name, arr, dtype)
     match dtype:
         case DType.FP16:
-            return _as_float32(arr, round_fp16)
+            return arr if arr.dtype == np.float16 else _as_float32(arr, round_fp16)
         case DType.BF16:
             return _as_float32(arr, round_bf16)
         case DType.FLOAT32:

@@ -26,7 +26,7 @@ from ..ir.nodes import SpatialProgram, TensorRole
 FULL_CHECK_MACS = 2**30  # 1024³: the interpreter and numpy take about a second each at most
 SAMPLE_TILE_ROWS = 4
 CHECK_ARRAYS = 10  # float64 arrays of C's (checked) size the numpy check holds at once: reference, bound, errors
-INPUT_BYTES = {"int8": 1}  # the random inputs: int8 as int8, fp16 / bf16 values as float32
+INPUT_BYTES = {"int8": 1, "fp16": 2}  # the random inputs: int8 as int8, fp16 as float16, bf16 values as float32
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +126,10 @@ def _refused(p: SpatialProgram, sample: Sample | None, full_inputs: bool) -> str
 
 
 def _like_inputs(p: SpatialProgram) -> dict:
-    """Stand-ins that say the random inputs' types (int8 as int8, fp16 / bf16 values as float32), shapes and C order
+    """Stand-ins that say the random inputs' types (int8 as int8, fp16 as float16, bf16 as float32), shapes and C order
     to the ledger (which then counts no store for an input the interpreter reads in place): views of one element
     with the arrays' strides, never read."""
-    dtype = np.dtype(np.int8 if p.precision.value == "int8" else np.float32)
+    dtype = np.dtype({"int8": np.int8, "fp16": np.float16}.get(p.precision.value, np.float32))
     like = {}
     for t in p.tensors:
         if t.role == TensorRole.INPUT:

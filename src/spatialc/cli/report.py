@@ -14,11 +14,11 @@ from ..target import target
 
 
 def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bool = True) -> dict[str, np.ndarray]:
-    """Inputs for a GEMM: int8 over its whole range, fp16/bf16 standard normal rounded to the operand type (float32
-    arrays: they were chosen at random, so they are not rounded again, with a warning, on the way in); a bias of n
-    values (int32 within ±2^15 for int8 programs); a grouped GEMM's row counts uniform in 0..max_rows. With a
-    `sample` (an interpreter Sample), its tensors (A) are made as just the sampled rows (in each group); without
-    `operands`, only the parameters (nothing will multiply A and B)."""
+    """Inputs for a GEMM: int8 over its whole range, fp16/bf16 standard normal rounded to the operand type (float16
+    and float32 arrays: they were chosen at random, so they are not rounded again, with a warning, on the way
+    in); a bias of n values (int32 within ±2^15 for int8 programs); a grouped GEMM's row counts uniform in
+    0..max_rows. With a `sample` (an interpreter Sample), its tensors (A) are made as just the sampled rows (in each
+    group); without `operands`, only the parameters (nothing will multiply A and B)."""
     from ..inputs import row_limits
 
     rng = np.random.default_rng(seed)
@@ -46,16 +46,19 @@ NORMAL_CHUNK = 1 << 20  # values drawn at once: the float64 draws of a whole ope
 
 
 def _normal(rng: np.random.Generator, shape: tuple[int, ...], name: str, dtype: Any) -> np.ndarray:
-    """Standard normal values rounded to `dtype`, as float32, drawn a block of rows at a time (the same values as
-    one draw of the whole shape: the generator fills row-major)."""
+    """Standard normal values rounded to `dtype`, drawn a block of rows at a time (the same values as one draw of
+    the whole shape: the generator fills row-major): fp16 as float16, bf16 as float32 — each the type the
+    interpreter stores that operand in, so it reads the array in place."""
     from ..inputs import operand_values
+    from ..ir.nodes import DType
 
-    out = np.empty(shape, np.float32)
+    out = np.empty(shape, np.float16 if dtype == DType.FP16 else np.float32)
     flat = out.reshape(-1, shape[-1])
     per = max(1, NORMAL_CHUNK // max(shape[-1], 1))
     for r in range(0, flat.shape[0], per):
         block = rng.standard_normal((min(per, flat.shape[0] - r), shape[-1]))
-        flat[r : r + per] = operand_values(name, block, dtype)
+        # numpy casts float64 to float16 in one rounding, to nearest even: inputs.round_fp16 itself
+        flat[r : r + per] = block if out.dtype == np.float16 else operand_values(name, block, dtype)
     return out
 
 
