@@ -1,5 +1,5 @@
 """The mutation suite at size: many random edits of saved programs, through from_json → evaluate (→ lower → emulate
-for a sample of the accepted ones), counted. The suite in tests/test_mutations.py runs a smaller slice in CI.
+for a sample of the accepted ones), counted. The suite in tests/passes/test_mutations.py runs a smaller slice in CI.
 
     python bench/mutations.py [EDITS_PER_PROGRAM [SEED [EMULATED]]]      # defaults: 3000, 1, 40
 

@@ -1,7 +1,7 @@
 """The standard GEMM, written by hand: C = A @ B on one site, 2 items of 32 × 64 outputs, K in one step of 64.
 
 It declares what `spatialc.build(spatialc.gemm(64, 64, 64, "bf16"), "sm_90", sites=1)` builds, op for op
-(tests/test_lang.py checks they are equal), so it is also a reading of what the compiler's passes produce:
+(tests/lang/test_lang.py checks they are equal), so it is also a reading of what the compiler's passes produce:
 a reader that fills A's and B's rings, a compute engine that multiplies their pages into an accumulator and packs
 it into C's ring, a writer that stores C's pages.
 

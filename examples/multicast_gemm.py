@@ -8,7 +8,7 @@ The handshake, per K step, on A's ring (the one the group shares):
 - the receiver waits for `a_valid` (and resets it), then publishes the page to its own compute engine.
 
 Each site reads its own B. `spatialc.build(spatialc.gemm(32, 128, 64 * steps, "bf16"), "sm_90", multicast=(1, 2),
-block=(2, 4, 4), depth=2)` builds the same program, op for op (tests/test_lang.py); verify proves the handshake
+block=(2, 4, 4), depth=2)` builds the same program, op for op (tests/lang/test_lang.py); verify proves the handshake
 free of races and deadlocks for every interleaving, and rule 8 follows each received page back to the sender's.
 On sm_90 the general form runs the pair as a thread-block cluster; on sm_90a, with the pages multicast by TMA.
 

@@ -3,7 +3,7 @@
 Site 1 reduces the second half of K, stores its partial sums to a workspace in global memory, makes them visible
 (`write_barrier`) and raises site 0's `partials`. Site 0 reduces the first half, waits for `partials`, reads the
 workspace back and adds it to its accumulator before it writes C. `spatialc.build(spatialc.gemm(32, 64, 256,
-"bf16"), "sm_90", split_k=2, block=(2, 4, 4), depth=2)` builds the same program, op for op (tests/test_lang.py);
+"bf16"), "sm_90", split_k=2, block=(2, 4, 4), depth=2)` builds the same program, op for op (tests/lang/test_lang.py);
 verify proves the hand-over and rule 8 that C is the whole sum, each half once.
 
     python examples/split_k.py

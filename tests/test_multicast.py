@@ -30,7 +30,7 @@ from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationError, EmulationRace, EmulationTimeout
 
 from .rewrite import edit_k_steps, engine_orders
-from .test_launch import NumpyDevice
+from .runtime.test_launch import NumpyDevice
 
 
 def build(m, n, k, prec, group, **kw):

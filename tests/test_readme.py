@@ -27,7 +27,7 @@ def test_the_quick_start_is_the_first_two_fenced_blocks_and_ci_runs_the_second()
 @pytest.mark.emulation  # compiles with g++
 def test_the_python_example_runs():
     # The first Python block is the README's example, run whole; any later one is a sketch (spatialc.lang's, whose
-    # whole program is docs/tutorial.md's, run by tests/test_lang.py), which must at least be Python.
+    # whole program is docs/tutorial.md's, run by tests/lang/test_lang.py), which must at least be Python.
     example, *sketches = [body for lang, body in re.findall(r"```(\w*)\n(.*?)```", README, re.S) if lang == "python"]
     exec(compile(example, "README.md", "exec"), {})
     for sketch in sketches:

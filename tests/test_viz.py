@@ -20,8 +20,8 @@ from spatialc.ir.nodes import Buffer, Engine, Fifo, Placement, SpatialProgram
 from spatialc.ir.ops import Pop, Push, Reserve, Wait
 from spatialc.passes.verify import verify
 
+from .passes.test_verify import _a_twice, _handshake, small
 from .rewrite import edit
-from .test_verify import _a_twice, _handshake, small
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -463,7 +463,7 @@ def test_deadlock_svg_keeps_its_old_call():
 def shallow_ring_deadlock():
     """examples/shallow_ring.py with A's ring a page too shallow: a program written with spatialc.lang, whose
     deadlock names the user's lines."""
-    from .test_lang import example
+    from .lang.test_lang import example
 
     traced = example("shallow_ring").pipeline.trace(a_depth=3)
     with pytest.raises(DeadlockError) as caught:

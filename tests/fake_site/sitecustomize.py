@@ -1,7 +1,7 @@
-"""Imported at the start of every Python process whose path holds this folder (tests/test_gpucheck_restart.py puts it
-on PYTHONPATH for the real `python -m spatialc.gpucheck` it runs): with SPATIALC_FAKE_GPU set, the process gets the
-stand-in GPU of tests/test_gpucheck_fakes.py, so the supervisor and its worker processes run as they would on a
-GPU. SPATIALC_FAKE_GPU holds one fault a worker, `;`-separated (`hang,48x48,spatialc_hopper;` — the first worker's
+"""Imported at the start of every Python process whose path holds this folder (tests/gpucheck/test_gpucheck_restart.py
+puts it on PYTHONPATH for the real `python -m spatialc.gpucheck` it runs): with SPATIALC_FAKE_GPU set, the process gets
+the stand-in GPU of tests/gpucheck/test_gpucheck_fakes.py, so the supervisor and its worker processes run as they would
+on a GPU. SPATIALC_FAKE_GPU holds one fault a worker, `;`-separated (`hang,48x48,spatialc_hopper;` — the first worker's
 kernel hangs, the second runs clean); a worker finds its number in the restarts its resume lists."""
 
 import os
@@ -10,7 +10,7 @@ import sys
 if os.environ.get("SPATIALC_FAKE_GPU") is not None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     import pytest
-    from tests.test_gpucheck_fakes import install_fake_gpu
+    from tests.gpucheck.test_gpucheck_fakes import install_fake_gpu
 
     from spatialc.gpucheck import restart
 

@@ -1,5 +1,5 @@
 """The golden CUDA texts of a few small programs. `python tests/golden/regen.py` rewrites them after a deliberate
-change to the printer; review the diff before committing it. tests/test_lower_golden.py compares against them."""
+change to the printer; review the diff before committing it. tests/lower/test_lower_golden.py compares against them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A program printed as the embedded language's Python source (`spatialc show --python FILE.json`): declarations,
 then one engine function per engine and group of sites that run the same ops, with explicit page handling. Run,
-the source traces back to a program equal to the one printed (tests/test_lang.py)."""
+the source traces back to a program equal to the one printed (tests/lang/test_lang.py)."""
 
 from __future__ import annotations
 

@@ -121,8 +121,8 @@ def block_resources(
 ) -> tuple[int, int]:
     """`resources` of a plan of this block, sub-blocks and depth, asked of the backend once: a block's shared memory
     and residency are its rings' and registers', the same for a grid of one item or of thousands and for any K
-    (tests/test_plan_search.py holds every backend to it), so the ~600 candidates of one build are the same question
-    for every GEMM of that precision and form."""
+    (tests/passes/test_plan_search.py holds every backend to it), so the ~600 candidates of one build are the same
+    question for every GEMM of that precision and form."""
     from ..lower.cuda import general, hopper_plan, persistent
 
     backend = {"persistent": persistent, "general": general, "sm90a": hopper_plan}[form]

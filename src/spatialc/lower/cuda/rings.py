@@ -233,7 +233,7 @@ def barrier_free_pops(rings: Rings, ops: tuple[SerialOp, ...]) -> frozenset[int]
       (or before any read at all): only step s − 1's pages may still be read, within (a + 1)·r − 1 pages of them.
 
     At D < (a + 1)·r the prefetch would refill a slot still read (the emulation's race check catches such a ring:
-    tests/test_emulation_faults.py). Anything else — a ring filled or drained outside one rotated loop, a
+    tests/runtime/test_emulation_faults.py). Anything else — a ring filled or drained outside one rotated loop, a
     non-rotated loop, the output ring — keeps its barrier.
     """
     # Where each kept ring is reserved and popped: (a rotated loop's id, "fill" or "drain"), or ELSEWHERE.
