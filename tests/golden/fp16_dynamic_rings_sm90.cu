@@ -15,6 +15,29 @@
 #ifndef SPATIALC_OUT_ST
 #define SPATIALC_OUT_ST(p, v) (*(p) = (v))
 #endif
+#ifndef SPATIALC_OUT_ST2
+// Two adjacent output elements as one store of twice their width, their bits packed into one word (p aligned to two
+// elements): a struct of two 16-bit members is stored as two 16-bit stores.
+template <int N> struct spatialc_word;
+template <> struct spatialc_word<1> { typedef unsigned char t; };
+template <> struct spatialc_word<2> { typedef unsigned short t; };
+template <> struct spatialc_word<4> { typedef unsigned int t; };
+template <> struct spatialc_word<8> { typedef unsigned long long t; };
+template <class T>
+__device__ __forceinline__ void spatialc_out_st2(T* p, T a, T b) {
+    typedef typename spatialc_word<sizeof(T)>::t U;
+    U lo, hi;
+    memcpy(&lo, &a, sizeof(T));
+    memcpy(&hi, &b, sizeof(T));
+    if constexpr (sizeof(T) == 8) {
+        *reinterpret_cast<ulonglong2*>(p) = make_ulonglong2(lo, hi);
+    } else {
+        typedef typename spatialc_word<2 * sizeof(T)>::t W;
+        *reinterpret_cast<W*>(p) = (W)((W)lo | ((W)hi << (8 * sizeof(T))));
+    }
+}
+#define SPATIALC_OUT_ST2(p, a, b) spatialc_out_st2((p), (OUT_T)(a), (OUT_T)(b))
+#endif
 #define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error: %s (%s)\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)
 
 // The tensor-core layer: one 16×16 tile's operand fragment loaded from shared memory with ldmatrix, the MMA that
@@ -374,9 +397,14 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 3) void spatialc_persistent(con
                 const int bh = wi * 2 + q % 2, bw = wj;
                 const long long tile = (long long)(item_y * 16 + item_x * 4) + (long long)bh * 4 + (long long)bw;
                 #pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);
-                    SPATIALC_OUT_ST(&t2[tile * 256 + el], (OUT_T)accf[q].x[i]);
+                for (int i = 0; i < 8; i += 2) {
+                    const int el0 = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8;  // even: a pair
+                    OUT_T pair[2];
+                    #pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        pair[j] = (OUT_T)accf[q].x[i + j];
+                    }
+                    SPATIALC_OUT_ST2(&t2[tile * 256 + el0], pair[0], pair[1]);
                 }
             }
         }

@@ -134,7 +134,7 @@ def test_the_census_counts_each_epilogue_stage_once_and_the_output_type_follows_
     kinds = [type(op).__name__ for op in epilogue_ops(p)]
     assert a.census.stages == a.census.printed_stages == dict(Counter(["MatmulTiles", *kinds]))
     # Each stage's one statement sits in the read-out loop, in chain order, with its own marker.
-    loop = a.kernel_cu[a.kernel_cu.index("const int el = lane_el") :]  # the body of the loop over the lane's elements
+    loop = a.kernel_cu[a.kernel_cu.index("for (int j = 0; j < 2; ++j)") :]  # the loop over a pair of elements
     loop = loop[: loop.index("}")]
     assert count_printed(loop) == ({"Compute": len(chain)} if chain else {})
     # The fused rings are gone: only the two operand rings are left.

@@ -256,13 +256,13 @@ def test_the_fused_epilogue_has_no_output_ring():
     assert "ring_3" not in text and "DEPTH_3" not in text
     assert text.count("(fused output: no ring)") == 5  # Reserve, PackAcc, Push, Wait, Pop C: handled, empty
     # Each lane stores its own accumulator elements: no staging in shared memory, no warp barrier, no dynamic block.
-    assert "accf[q].x[i]" in text and "__syncwarp();" not in text and "spatialc_dyn_smem" not in text
+    assert "accf[q].x[i + j]" in text and "__syncwarp();" not in text and "spatialc_dyn_smem" not in text
     assert a.census.agrees and a.budget.dyn_bytes == 0
 
 
 def test_no_fused_epilogue_without_a_lane_grid():
     text = lowered(block=(1, 1, 1)).kernel_cu  # four warps cannot split one tile
-    assert "SPATIALC_SHARED_RING(ACCT, ring_3, DEPTH_3, PAGE_3);" in text and "accf[q].x[i]" not in text
+    assert "SPATIALC_SHARED_RING(ACCT, ring_3, DEPTH_3, PAGE_3);" in text and "accf[q].x[i + j]" not in text
     assert "const int ot = warp + q * NWARP;" in text
 
 

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import re
 import shutil
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -212,6 +213,20 @@ def test_the_main_loop_feeds_the_tensor_cores_from_shared_memory(compiled, case)
     if form == "persistent":
         assert sass.count("BAR.SYNC", *loop) == 1  # one block barrier a K step
     assert ptxas is not None and ptxas.spill_stores == 0 and ptxas.spill_loads == 0
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None or CUOBJDUMP is None, reason="nvcc or cuobjdump is not installed")
+@pytest.mark.parametrize(
+    ("prec", "out", "wide"), [("bf16", "bf16", "STG.E"), ("fp16", "fp16", "STG.E"), ("int8", "int32", "STG.E.64")]
+)
+def test_the_fused_store_writes_a_lanes_adjacent_columns_as_one_store_of_twice_their_width(prec, out, wide):
+    """Each lane holds pairs of adjacent columns of C; the fused store writes each pair as one store (SPATIALC_OUT_ST2):
+    a bf16 / fp16 C 32 bits at a time, where it took 128 two-byte stores a thread an item (issue 36, section 2)."""
+    art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, prec, out=out), "sm_90"))
+    sass = disassemble(compile_cubin(art.kernel_cu, "sm_90"))
+    stores = Counter(i.op for i in sass.instrs if i.base == "STG")
+    assert stores[wide] > 0 and set(stores) == {wide}, stores  # no narrower store of C anywhere
 
 
 def test_the_sass_reader_finds_loops_and_skips_padding():

@@ -164,10 +164,24 @@ def test_a_fused_store_that_misplaces_an_accumulator_element_is_a_race(fused):
     takes element i's row from the wrong bit puts half of them in the wrong rows, in both modes: two lanes store one
     element of C, which the emulation reports (every output element is written once: runtime/emu/emu_global.h)."""
     text = spatialc.lower(fused).program_cu
-    where = "const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);"
+    where = "const int el0 = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8;  // even: a pair"
     assert where in text
     broken = text.replace(where, where.replace("((i >> 1) & 1) * 128", "((i >> 2) & 1) * 128"))
     assert [outcome(fused, broken, mode) for mode in ("late", "early")] == ["race", "race"]
+
+
+def test_a_paired_store_at_an_odd_element_is_refused_as_the_gpu_would_fault(fused):
+    """The fused store writes adjacent columns as one store of twice their width, which a GPU makes only at an
+    address aligned to both: one element off, the emulation refuses the store (misaligned), in both modes."""
+    text = spatialc.lower(fused).program_cu
+    where = "SPATIALC_OUT_ST2(&t2[tile * 256 + el0], pair[0], pair[1]);"
+    assert where in text
+    broken = dataclasses.replace(
+        spatialc.lower(fused), program_cu=text.replace(where, where.replace("+ el0]", "+ el0 + 1]"))
+    )
+    for mode in ("late", "early"):
+        with pytest.raises(EmulationError, match=r"MISALIGNED: a paired store \(SPATIALC_OUT_ST2\) at line \d+"):
+            spatialc.emulate(broken, INPUTS, mode=mode, timeout=60)
 
 
 def test_no_barrier_after_the_output_wait_reads_unstored_fragments_in_late_mode(plain):

@@ -26,10 +26,34 @@ RING_MACROS = """#ifndef SPATIALC_SHARED_RING
 #define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
 #define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
 #endif"""
-# A plain store to an output tensor: an assignment for nvcc; the emulation, which defines its own, checks it against
-# the tensor's allocation and for a second write of the element (runtime/emu/emu_global.h).
+# A plain store to an output tensor, and a paired one (two adjacent elements as one store of twice their width): an
+# assignment for nvcc; the emulation, which defines its own, checks each against the tensor's allocation, for a second
+# write of an element, and the pair for its alignment (runtime/emu/emu_global.h).
 STORE_MACRO = """#ifndef SPATIALC_OUT_ST
 #define SPATIALC_OUT_ST(p, v) (*(p) = (v))
+#endif
+#ifndef SPATIALC_OUT_ST2
+// Two adjacent output elements as one store of twice their width, their bits packed into one word (p aligned to two
+// elements): a struct of two 16-bit members is stored as two 16-bit stores.
+template <int N> struct spatialc_word;
+template <> struct spatialc_word<1> { typedef unsigned char t; };
+template <> struct spatialc_word<2> { typedef unsigned short t; };
+template <> struct spatialc_word<4> { typedef unsigned int t; };
+template <> struct spatialc_word<8> { typedef unsigned long long t; };
+template <class T>
+__device__ __forceinline__ void spatialc_out_st2(T* p, T a, T b) {
+    typedef typename spatialc_word<sizeof(T)>::t U;
+    U lo, hi;
+    memcpy(&lo, &a, sizeof(T));
+    memcpy(&hi, &b, sizeof(T));
+    if constexpr (sizeof(T) == 8) {
+        *reinterpret_cast<ulonglong2*>(p) = make_ulonglong2(lo, hi);
+    } else {
+        typedef typename spatialc_word<2 * sizeof(T)>::t W;
+        *reinterpret_cast<W*>(p) = (W)((W)lo | ((W)hi << (8 * sizeof(T))));
+    }
+}
+#define SPATIALC_OUT_ST2(p, a, b) spatialc_out_st2((p), (OUT_T)(a), (OUT_T)(b))
 #endif"""
 CHECK_MACRO = (
     "#define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "

@@ -436,7 +436,9 @@ class TilePrinter:
         (each with the loop variables of where it stood) and stores them where `op` would have written its page.
 
         Element i of a lane's fragment is row lane/4 + 8·((i/2) mod 2), column 8·(i/4) + 2·(lane mod 4) + i mod 2 of
-        its tile (tensor_core.cuh): no lane needs another's, so nothing is staged through shared memory."""
+        its tile (tensor_core.cuh): no lane needs another's, so nothing is staged through shared memory. Elements 2j
+        and 2j + 1 are adjacent columns from an even one, so they go out as one store of twice their width
+        (SPATIALC_OUT_ST2: 32 bits for bf16 / fp16 C, where single stores would write two bytes at a time)."""
         with self.w.block("", mark):
             self.warp_coords()
             self.w.line("const int lane = tid % 32;")
@@ -448,21 +450,26 @@ class TilePrinter:
                 self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
                 if chain:
                     # A chain unrolled over every element of every fragment (its bias addresses, an integer chain's
-                    # 64-bit arithmetic) needs more registers than the accumulators leave: the fragment's elements
+                    # 64-bit arithmetic) needs more registers than the accumulators leave: the fragment's pairs
                     # go through it one at a time, from a private copy (eight words of the thread's stack, not a
                     # spill). A bare store stays unrolled, straight from the registers.
                     self.w.line("ACCT frag[8];")
                     with self.unrolled("for (int i = 0; i < 8; ++i)"):
                         self.w.line(f"frag[i] = {self.accf}[q].x[i];")
                     self.w.line("#pragma unroll 1")
-                    value = "frag[i]"
-                    loop = self.w.block("for (int i = 0; i < 8; ++i)")
+                    value = "frag[i + j]"
+                    loop = self.w.block("for (int i = 0; i < 8; i += 2)")
                 else:
-                    value = f"{self.accf}[q].x[i]"
-                    loop = self.unrolled("for (int i = 0; i < 8; ++i)")
+                    value = f"{self.accf}[q].x[i + j]"
+                    loop = self.unrolled("for (int i = 0; i < 8; i += 2)")
                 with loop:
-                    self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8 + (i & 1);")
-                    self.read_out(op, chain, value)
+                    self.w.line("const int el0 = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8;  // even: a pair")
+                    self.w.line("OUT_T pair[2];")
+                    with self.unrolled("for (int j = 0; j < 2; ++j)"):
+                        if any(isinstance(stage.op, Bias) for stage, _ in chain):  # only a bias reads its column
+                            self.w.line("const int el = el0 + j;")
+                        self.read_out(op, chain, value, "pair[j] = {};")
+                    self.w.line(f"SPATIALC_OUT_ST2(&t{int(op.tensor)}[tile * {TILE_ELEMS} + el0], pair[0], pair[1]);")
 
     def read_out(
         self, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]], value: str, store: str | None = None

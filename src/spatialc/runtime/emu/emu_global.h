@@ -76,8 +76,21 @@ void out_store(T* p, V v, int line) {
     *p = static_cast<T>(v);
 }
 
+// A paired store to an output (SPATIALC_OUT_ST2): two adjacent elements as one store of twice their width, which a
+// GPU makes only at an address aligned to both (else a misaligned-address fault): refused there, as the GPU would.
+SPATIALC_EMU_FN void paired_alignment(const void* p, size_t n, int line);
+
+template <class T, class V>
+void out_store2(T* p, V a, V b, int line) {
+    paired_alignment(p, 2 * sizeof(T), line);
+    global_write(p, 2 * sizeof(T), "a paired store (SPATIALC_OUT_ST2)", line);
+    p[0] = static_cast<T>(a);
+    p[1] = static_cast<T>(b);
+}
+
 }  // namespace spatialc_emu
 
 #define SPATIALC_OUT_ST(p, v) ::spatialc_emu::out_store((p), (v), __LINE__)
+#define SPATIALC_OUT_ST2(p, a, b) ::spatialc_emu::out_store2((p), (a), (b), __LINE__)
 
 #endif  // SPATIALC_EMU_GLOBAL_H

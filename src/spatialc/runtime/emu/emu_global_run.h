@@ -6,6 +6,7 @@
 
 #include <cctype>
 #include <climits>
+#include <cstdint>
 
 namespace spatialc_emu {
 
@@ -279,6 +280,13 @@ SPATIALC_EMU_FN std::string writer_of(const GWrite& w) {
                          std::to_string(blk().block_linear) + " acquired no release of block " +
                          std::to_string(w.block) + " made after it (a wait on the sync word missing, or a relaxed "
                          "add where a release is needed)");
+}
+
+SPATIALC_EMU_FN void paired_alignment(const void* p, size_t n, int line) {
+    if (reinterpret_cast<uintptr_t>(p) % n != 0)
+        fatal(kExitMisuse, "MISALIGNED: " + global_who("a paired store (SPATIALC_OUT_ST2)", line) + " of " +
+                               std::to_string(n) + " bytes at an address that is not a multiple of " +
+                               std::to_string(n) + " (a GPU faults on it)");
 }
 
 SPATIALC_EMU_FN void global_write(const void* p, size_t n, const char* what, int line) {
