@@ -631,3 +631,23 @@ def test_a_bf16_output_comes_back_as_its_values():
     b16 = bf16_to_float32(quantize(b, "bfloat16", np), np).astype(np.float64)
     want = bf16_to_float32(quantize(a.astype(np.float64) @ b16, "bfloat16", np), np)
     assert c.dtype == np.float32 and np.array_equal(c, want)
+
+
+def test_an_operand_that_already_is_the_padded_matrix_is_not_filled_and_copied_first():
+    """End to end, an operand whose shape is whole tiles goes to the kernel as it is in order "rows" (a view, no
+    zero-fill, no copy) and in one transposing copy otherwise; the result is the one the padded path gives, and the
+    public spatialc.tilize still returns a copy (issue 36, section 2, item 5)."""
+    x = np.arange(32 * 48, dtype=np.float32).reshape(32, 48)
+    expected = {
+        "rows": x.reshape(-1),
+        "cols": x.T.reshape(-1),
+        "row": x.reshape(2, 16, 3, 16).transpose(0, 2, 1, 3).reshape(-1),
+        "col": x.reshape(2, 16, 3, 16).transpose(0, 2, 3, 1).reshape(-1),
+    }
+    for order, want in expected.items():
+        whole = tilize(x, (2, 3), np, order=order)
+        assert np.array_equal(whole, want) and np.shares_memory(whole, x) == (order == "rows"), order
+        assert np.array_equal(untilize(whole, (2, 3), (32, 48), np, order=order), x)
+        grown = tilize(x, (3, 4), np, order=order)  # a larger grid: zero-padded as before
+        assert np.array_equal(untilize(grown, (3, 4), (48, 64), np, order=order)[32:].sum(), 0.0)
+    assert not np.shares_memory(spatialc.tilize(x, order="rows"), x)

@@ -156,15 +156,22 @@ def check_tiles(name: str, shape: tuple[int, ...], tiles: tuple[int, int], tile:
 def tilize(
     x: Any, tiles: tuple[int, int], xp: Any, tile: tuple[int, int] = TILE, order: str = "row", groups: int = 1
 ) -> Any:
-    """The flat tiled copy of the 2-D array `x`, zero-padded to the `tiles` grid, each tile in `order`; of a grouped
-    tensor's (groups, rows, cols) array, each group on its own tiles[0] / groups rows of tiles, one after another."""
+    """The flat tiled form of the 2-D array `x`, zero-padded to the `tiles` grid, each tile in `order`; of a grouped
+    tensor's (groups, rows, cols) array, each group on its own tiles[0] / groups rows of tiles, one after another.
+
+    An `x` that already is the padded matrix is not zero-filled and copied first: order "rows" of a C-order `x` is
+    `x` itself, flattened (a view — callers that hand it on keep `x` unchanged: the kernel's inputs are const), the
+    other orders one transposing copy."""
     if groups > 1:
         part = (tiles[0] // groups, tiles[1])
         return xp.concatenate([tilize(x[g], part, xp, tile, order) for g in range(groups)])
     check_tiles("array", x.shape, tiles, tile)
     (rt, ct), (tr, tc) = tiles, tile
-    padded = xp.zeros((rt * tr, ct * tc), dtype=x.dtype)
-    padded[: x.shape[0], : x.shape[1]] = x
+    if tuple(x.shape) == (rt * tr, ct * tc):
+        padded = x
+    else:
+        padded = xp.zeros((rt * tr, ct * tc), dtype=x.dtype)
+        padded[: x.shape[0], : x.shape[1]] = x
     if order in MATRIX_ORDERS:
         return xp.ascontiguousarray(padded if order == "rows" else padded.T).reshape(-1)
     axes = (0, 2, 1, 3) if order == "row" else (0, 2, 3, 1)
@@ -230,7 +237,8 @@ def tilize_array(
         )
     tile = _pair("tile", tile, least=1)
     grid = _grid_for("array", x.shape, tile, grid)
-    return tilize(x, grid, np, tile, _order(order))
+    flat = tilize(x, grid, np, tile, _order(order))
+    return flat.copy() if np.shares_memory(flat, x) else flat  # a copy, as it says: never a view of the caller's
 
 
 def untilize_array(
