@@ -229,6 +229,26 @@ def test_the_fused_store_writes_a_lanes_adjacent_columns_as_one_store_of_twice_t
     assert stores[wide] > 0 and set(stores) == {wide}, stores  # no narrower store of C anywhere
 
 
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None or CUOBJDUMP is None, reason="nvcc or cuobjdump is not installed")
+@pytest.mark.parametrize(
+    ("target", "arch", "form"),
+    [("sm_90", "sm_90", "general"), ("sm_90a", "sm_90a", "sm90a"), ("sm_86", "sm_86", "general")],
+)
+def test_a_ring_wait_suspends_in_hardware_on_hopper_and_backs_off_before_it(target, arch, form):
+    """A wait on a ring's mbarrier is mbarrier.try_wait on sm_90 and later (the thread suspends until the phase
+    completes: SYNCS.PHASECHK…TRYWAIT, no __nanosleep back-off), and test_wait with a back-off before sm_90, which has
+    no try_wait (issue 36, section 2, item 3)."""
+    art = spatialc.lower(spatialc.build(spatialc.gemm(1024, 1024, 1024, "bf16"), target, form=form), form=form)
+    ops = Counter(i.op for i in disassemble(compile_cubin(art.kernel_cu, arch)).instrs)
+    tries = sum(n for op, n in ops.items() if op.startswith("SYNCS.PHASECHK") and op.endswith("TRYWAIT"))
+    tests = sum(n for op, n in ops.items() if op.startswith("SYNCS.PHASECHK") and not op.endswith("TRYWAIT"))
+    if arch == "sm_86":
+        assert ops["NANOSLEEP"] > 0 and tries == 0
+    else:
+        assert tries > 0 and tests == 0 and ops["NANOSLEEP"] == 0, ops
+
+
 def test_the_sass_reader_finds_loops_and_skips_padding():
     text = """
         /*0000*/                   S2R R0, SR_TID.X ;
@@ -242,6 +262,10 @@ def test_the_sass_reader_finds_loops_and_skips_padding():
     sass = Sass.parse(text)
     assert len(sass.instrs) == 7 and sass.count("LDS") == 0 and sass.count("LDSM") == 1
     assert sass.main_loops() == [(0x20, 0x51)] and sass.count("BAR.SYNC", 0x20, 0x51) == 1
+    # An out-of-line slow path after the last EXIT (a try_wait retried) that jumps back into the loop is no loop.
+    stub = text.replace("/*0060*/                   EXIT ;", "/*0060*/                   EXIT ;\n/*0070*/  BRA 0x30 ;")
+    assert Sass.parse(stub).loops() == [(0x20, 0x51), (0x30, 0x71)]
+    assert Sass.parse(stub).main_loops() == [(0x20, 0x51)]
 
 
 # ---- the deeper pipeline ----------------------------------------------------------------------------------------

@@ -79,8 +79,12 @@ class Sass:
         return out
 
     def main_loops(self) -> list[tuple[int, int]]:
-        """The innermost loops that hold tensor-core MMAs: the K loops."""
-        with_mma = [r for r in self.loops() if any(self.count(m, *r) for m in MMA)]
+        """The innermost loops that hold tensor-core MMAs: the K loops. Back edges after the kernel's last EXIT are
+        none: ptxas lays slow paths out of line there (an mbarrier.try_wait retried after a time-out), and they jump
+        back into the body, over the MMAs."""
+        last_exit = max((i.addr for i in self.instrs if i.base == "EXIT"), default=None)
+        body = [r for r in self.loops() if last_exit is None or r[1] <= last_exit]
+        with_mma = [r for r in body if any(self.count(m, *r) for m in MMA)]
         return [r for r in with_mma if not any(o != r and r[0] <= o[0] and o[1] <= r[1] for o in with_mma)]
 
 

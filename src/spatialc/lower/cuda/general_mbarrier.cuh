@@ -27,9 +27,24 @@ __device__ __forceinline__ void spatialc_cp_async_arrive(unsigned long long* bar
     asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(spatialc_smem_addr(bar)) : "memory");
 }
 
-// Until the phase of parity `parity` has completed: spin a little, then back off with __nanosleep.
+// Until the phase of parity `parity` has completed. On sm_90 and later by try_wait, which suspends the thread in
+// hardware until the phase completes or a system time limit passes (then it tries again); before sm_90, which has no
+// try_wait, by test_wait: spin a little, then back off with __nanosleep.
 __device__ __forceinline__ void spatialc_mbar_wait(unsigned long long* bar, unsigned parity)
 {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (;;) {
+        unsigned done;
+        asm volatile(
+            "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(spatialc_smem_addr(bar)), "r"(parity)
+            : "memory");
+        if (done) {
+            return;
+        }
+    }
+#else
     for (int spin = 0;; ++spin) {
         unsigned done;
         asm volatile(
@@ -44,6 +59,7 @@ __device__ __forceinline__ void spatialc_mbar_wait(unsigned long long* bar, unsi
             __nanosleep(64);
         }
     }
+#endif
 }
 
 // The `threads` threads of one engine meet (named barrier `id`; 0 is __syncthreads').
