@@ -401,3 +401,23 @@ def test_the_planner_counts_a_grouped_gemms_strips_not_its_items():
     big = spatialc.build(spatialc.grouped_gemm(64, 4096, 4096, 4096, "bf16"), "sm_90")
     assert big.plan.items >= 132 * 4  # many strips already: large square items, as for one GEMM
     assert big.plan.item_tiles == (8, 8)
+
+
+def test_an_fp16_grouped_bound_is_summed_in_float64_so_a_wrong_sum_past_fp16s_range_is_caught():
+    """float16 operands are taken as they are; the bound's |A| @ |B| of each group is summed in float64, not in
+    float16, where 200 · 200 · 64 = 2.56e6 overflowed to inf and any C passed."""
+    import warnings
+
+    p = spatialc.build(spatialc.grouped_gemm(2, 32, 32, 64, "fp16", out="float32"), "sm_86")
+    sizes = next(t.name for t in p.tensors if t.role.value == "parameter")
+    given = {"A": np.full((2, 32, 64), 200, np.float16), "B": np.full((2, 64, 32), 200, np.float16)}
+    given[sizes] = np.array([32, 32], np.int32)
+    tol = spatialc.tolerance(p)
+    assert np.isfinite(tol.bound(given)).all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        c = spatialc.evaluate(p, given)
+    assert tol.check(c, given)[0]
+    wrong = c.copy()
+    wrong[0, 0, 0] *= 2
+    assert not tol.check(wrong, given)[0]

@@ -268,8 +268,8 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
 def _abs_product(a: np.ndarray, b: np.ndarray, matmul: Any) -> np.ndarray:
     """|A| @ |B| in float64 (each group's own for a grouped GEMM's operands), a panel of K at a time: |B| is never
     held whole (at 16384² it would take a GiB)."""
-    if a.ndim != 2 or b.ndim != 2:
-        return np.abs(a) @ np.abs(b)
+    if a.ndim == 3:  # a grouped GEMM's (G, rows, K) @ (G, K, N): each group's own, in float64 like the rest
+        return np.stack([_abs_product(a[g], b[g] if b.ndim == 3 else b, matmul) for g in range(a.shape[0])])
     from .interp.values import CHUNK_ELEMS
 
     out = np.zeros((a.shape[0], b.shape[1]))

@@ -219,7 +219,7 @@ def operand_values(name: str, values: Any, dtype: DType) -> np.ndarray:
         case DType.BF16:
             return _as_float32(arr, round_bf16)
         case DType.FLOAT32:
-            return arr.astype(np.float32)
+            return arr.astype(np.float32, copy=False)
     return arr
 
 
@@ -310,7 +310,8 @@ def _round_bf16_core(x: np.ndarray) -> np.ndarray:
     """Ties to even on float64's bits where bf16 is normal: add half an ulp of bf16 less one, plus the kept last
     bit, then clear what bf16 drops (a carry into the exponent is the rounding up it should be); past BF16_MAX,
     ±inf; NaN and ±inf as they are; results below bf16's least normal by `_round_bf16_scaled`."""
-    u = np.ascontiguousarray(x).view(np.uint64)
+    shape = np.shape(x)
+    u = np.ascontiguousarray(x).reshape(-1).view(np.uint64)
     mag = u & _ABS
     r = (u >> np.uint64(DROPPED_BITS)) & np.uint64(1)
     r += u
@@ -322,7 +323,7 @@ def _round_bf16_core(x: np.ndarray) -> np.ndarray:
     odd = (mag >= _INF_BITS) | (mag < _BF16_MIN_NORMAL_BITS)  # NaN, ±inf, zero and bf16's subnormals
     if odd.any():
         r[odd] = _round_bf16_scaled(u[odd].view(np.float64)).view(np.uint64)
-    return r.view(np.float64)
+    return r.view(np.float64).reshape(shape)
 
 
 def _round_bf16_scaled(x: np.ndarray) -> np.ndarray:

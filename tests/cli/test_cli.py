@@ -463,3 +463,20 @@ def test_out_gives_c_in_the_deployed_type(capsys, tmp_path):
     assert p.output_tensor().dtype.value == "bf16"
     code, _, err = run_cli(capsys, "gemm", "64", "64", "64", "--precision", "int8", "--out", "bf16")
     assert code == 2 and err.strip() == "spatialc: error: an int8 program's output is one of int32, int64, not 'bf16'"
+
+
+def test_a_program_no_sample_follows_gets_no_check_by_default_where_the_full_one_does_not_fit(monkeypatch):
+    """A two-matmul program (an MLP) has no sampled check; where its full check does not fit, the default is none,
+    with the reason for the check line, and a full check asked for is refused in one line."""
+    from spatialc.cli.check import plan_check
+    from spatialc.interp import evaluate as interp_evaluate
+    from spatialc.interp.errors import TooLarge
+
+    from ..lang.test_mlp import int8_mlp
+
+    p = int8_mlp(requant=True)()
+    monkeypatch.setattr(interp_evaluate, "physical_memory", lambda: 2**12)
+    plan = plan_check(p, None, 0, full_inputs=False)
+    assert plan.mode == "none" and plan.why.startswith("the default where no check fits: checking")
+    with pytest.raises(TooLarge, match="use --check none"):
+        plan_check(p, "full", 0, full_inputs=False)

@@ -683,3 +683,14 @@ def test_fp16_inputs_are_float16_arrays_taken_as_they_are_and_rounded_once():
     made = _normal(np.random.default_rng(9), (300, 70), "A", DType.FP16)
     draws = np.random.default_rng(9).standard_normal((300, 70))
     assert made.dtype == np.float16 and np.array_equal(made.astype(np.float64), round_fp16(draws))
+
+
+def test_the_ledger_counts_the_rounded_copy_of_a_float32_operand_that_is_not_bf16():
+    from spatialc.interp.evaluate import memory_ledger
+
+    p = spatialc.build(spatialc.gemm(256, 256, 256, "bf16"), "sm_90")
+    rng = np.random.default_rng(0)
+    raw = {k: rng.standard_normal((256, 256), dtype=np.float32) for k in "AB"}  # not bf16 values: rounded, a copy
+    ledger = memory_ledger(p, inputs=raw)
+    assert ledger["A as checked"] == ledger["B as checked"] == 256 * 256 * 4
+    assert round_bf16(1.00390625).shape == ()  # a 0-d value stays 0-d

@@ -53,6 +53,8 @@ def plan_check(p: SpatialProgram, asked: str | None, seed: int, *, full_inputs: 
         refused = _refused(p, None, full_inputs)
         if refused is None:
             return CheckPlan("full")
+        if asked is None and sample_of(p, seed) is None:  # no sample follows it, and the full check does not fit
+            return CheckPlan("none", why=f"the default where no check fits: {refused}")
         if asked == "full" or sample_of(p, seed) is None:
             way = "--check sampled (4 tile rows of C) or --check none" if sample_of(p, seed) else "--check none"
             raise TooLarge(f"{refused}: check a smaller size, or use {way}")

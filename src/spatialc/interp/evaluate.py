@@ -193,7 +193,9 @@ def memory_ledger(
             rows_t = min(rows_t, t.groups * len(sample.rows))  # a sampled row's tile row, at most one each
         sampled = sample is not None and t.name in sample.given
         if not sampled and adoptable(t, p.tile.rows, p.tile.cols, t.id in written, given_arrays.get(t.name)):
-            ledger[f"{t.name}'s store"] = 0  # the input array itself (Store.adopt)
+            # The array the checks hand back (the caller's, or its rounded copy, counted below) is the store itself
+            # (Store.adopt).
+            ledger[f"{t.name}'s store"] = 0
         else:
             ledger[f"{t.name}'s store"] = rows_t * max(t.tiles[1], 0) * t2 * item
         if t.role in (TensorRole.INPUT, TensorRole.PARAMETER):
@@ -215,8 +217,11 @@ def memory_ledger(
 
 
 def _narrow_already(t: Tensor, given: Any) -> bool:
-    """Whether check_inputs returns `given` itself: an input array of its tensor's narrow type."""
-    return t.role == TensorRole.INPUT and t.dtype in NARROW and getattr(given, "dtype", None) == NARROW[t.dtype]
+    """Whether check_inputs surely returns `given` itself: an input array of its tensor's narrow type — but not a
+    float32 array for a bf16 tensor, which comes back rounded (a copy) unless it holds bf16 values, which is not
+    known before it is read."""
+    narrow = t.role == TensorRole.INPUT and t.dtype in NARROW and getattr(given, "dtype", None) == NARROW[t.dtype]
+    return narrow and t.dtype != DType.BF16
 
 
 def computed_page_elems(p: SpatialProgram, written: set[TensorId]) -> int:

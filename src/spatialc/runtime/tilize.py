@@ -159,9 +159,9 @@ def tilize(
     """The flat tiled form of the 2-D array `x`, zero-padded to the `tiles` grid, each tile in `order`; of a grouped
     tensor's (groups, rows, cols) array, each group on its own tiles[0] / groups rows of tiles, one after another.
 
-    An `x` that already is the padded matrix is not zero-filled and copied first: order "rows" of a C-order `x` is
-    `x` itself, flattened (a view — callers that hand it on keep `x` unchanged: the kernel's inputs are const), the
-    other orders one transposing copy."""
+    An `x` that already is the padded matrix is not zero-filled and copied first: where the order lays it out as it
+    lies (order "rows" of a C-order `x`, or "row" of one tile column) the result is `x` itself, flattened (a view —
+    callers that hand it on keep `x` unchanged: the kernel's inputs are const), else one transposing copy."""
     if groups > 1:
         part = (tiles[0] // groups, tiles[1])
         return xp.concatenate([tilize(x[g], part, xp, tile, order) for g in range(groups)])

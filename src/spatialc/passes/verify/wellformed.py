@@ -584,7 +584,7 @@ class _OpCheck:
 
     def buf(self, op: ChoreoOp, bid) -> None:
         if bid not in self.index.buffers:
-            raise self.fail(op, f"buffer {int(bid)} does not exist (the program has {len(self.index.buffers)})")
+            raise self.fail(op, f"buffer {int(bid)} does not exist (the program has {len(self.index.buffers)})", bid)
 
     def tensor(self, op: ChoreoOp, tid) -> Tensor:
         t = self.index.tensors.get(tid)
