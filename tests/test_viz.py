@@ -249,7 +249,7 @@ def test_a_long_run_is_drawn_whole_in_columns_of_a_round_number_of_ticks(long_ru
     # The writer's last WriteTiles shows in its column (at least a sliver), in its colour, and the tooltip says so.
     last_write = next(s for s in reversed(trace.engine(1, "writer")) if s.op.startswith("WriteTiles"))
     col = next(el for el, (a, b) in zip(writer, ticks_of(writer), strict=True) if a <= last_write.start < b)
-    assert viz._OP_FILL["WriteTiles"][0] in {r.get("fill") for r in col.iter(f"{NS}rect")}
+    assert viz.timeline._OP_FILL["WriteTiles"][0] in {r.get("fill") for r in col.iter(f"{NS}rect")}
     assert "WriteTiles" in col.findtext(f"{NS}title")
 
 
@@ -264,21 +264,23 @@ def test_a_column_is_split_by_the_share_of_its_ticks_each_op_took(long_run):
     (a, b), col = ticks_of(compute)[100], compute[100]
     took: dict[str, int] = {}
     for s in trace.engine(1, "compute"):
-        took[viz._kind(s.op)] = took.get(viz._kind(s.op), 0) + max(0, min(s.end, b) - max(s.start, a))
+        took[viz.timeline._kind(s.op)] = took.get(viz.timeline._kind(s.op), 0) + max(0, min(s.end, b) - max(s.start, a))
     took = {k: n for k, n in took.items() if n}
     heights = {r.get("fill"): float(r.get("height")) for r in col.iter(f"{NS}rect")}
     assert len(heights) == len(took)
-    assert sum(heights.values()) == pytest.approx(viz._LANE - 6, abs=0.05)  # busy all through: the whole lane
+    assert sum(heights.values()) == pytest.approx(viz.timeline._LANE - 6, abs=0.05)  # busy all through: the whole lane
     busiest = max(took, key=took.__getitem__)
-    assert heights[viz._fill(busiest)] == pytest.approx((viz._LANE - 6) * took[busiest] / (b - a), abs=2 * 2.0)
-    assert all(h >= viz._SLIVER - 1e-9 for h in heights.values())
+    assert heights[viz.timeline._fill(busiest)] == pytest.approx(
+        (viz.timeline._LANE - 6) * took[busiest] / (b - a), abs=2 * 2.0
+    )
+    assert all(h >= viz.timeline._SLIVER - 1e-9 for h in heights.values())
 
 
 def test_ring_means_per_column():
     samples = (RingSample(0, 1, 0), RingSample(10, 0, 1), RingSample(15, 0, 2), RingSample(20, 0, 0))
     ring = RingTrace(0, "R", 2, samples)
-    assert viz._ring_means(ring, (0, 40), 10) == [(1.0, 0.0, 1), (0.0, 1.5, 2), (0.0, 0.0, 0), (0.0, 0.0, 0)]
-    assert viz._ring_means(ring, (12, 22), 5) == [(0.0, 1.0 * 3 / 5 + 2 * 2 / 5, 2), (0.0, 2 * 3 / 5 + 0, 2)]
+    assert viz.timeline._ring_means(ring, (0, 40), 10) == [(1.0, 0.0, 1), (0.0, 1.5, 2), (0.0, 0.0, 0), (0.0, 0.0, 0)]
+    assert viz.timeline._ring_means(ring, (12, 22), 5) == [(0.0, 1.0 * 3 / 5 + 2 * 2 / 5, 2), (0.0, 2 * 3 / 5 + 0, 2)]
 
 
 def test_a_window_of_a_long_run_draws_its_ops(long_run):
@@ -506,7 +508,7 @@ def test_a_box_cuts_a_long_op_with_an_ellipsis_and_keeps_the_user_s_line(tmp_pat
     root = parse(viz.deadlock_svg(p, e.blocked, reasons=viz.reasons_of(e), where=where))
     rect, (_, op) = node_boxes(root)["0 reader"]
     assert op == "at: Reserve A_ri… (pipeline_module.py:40)"
-    assert float(rect.get("width")) <= viz._COL_W - 20  # clear of the next column's box
+    assert float(rect.get("width")) <= viz.deadlock._COL_W - 20  # clear of the next column's box
     assert float(rect.get("width")) >= len(op) * viz.CHAR_W
 
 
