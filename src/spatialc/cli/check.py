@@ -49,21 +49,21 @@ def plan_check(p: SpatialProgram, asked: str | None, seed: int, *, full_inputs: 
     if asked == "none":
         return CheckPlan("none")
     macs = multiply_adds(p)
-    if asked == "full" or (asked is None and (macs <= FULL_CHECK_MACS or sample_of(p, seed) is None)):
+    sample = sample_of(p, seed)
+    if asked == "full" or (asked is None and (macs <= FULL_CHECK_MACS or sample is None)):
         refused = _refused(p, None, full_inputs)
         if refused is None:
             return CheckPlan("full")
-        if asked is None and sample_of(p, seed) is None:  # no sample follows it, and the full check does not fit
-            return CheckPlan("none", why=f"the default where no check fits: {refused}")
-        if asked == "full" or sample_of(p, seed) is None:
-            way = "--check sampled (4 tile rows of C) or --check none" if sample_of(p, seed) else "--check none"
+        if asked is None and sample is None:  # no sample follows it, and the full check does not fit
+            return _none_by_default(refused)
+        if asked == "full":
+            way = "--check sampled (4 tile rows of C) or --check none" if sample else "--check none"
             raise TooLarge(f"{refused}: check a smaller size, or use {way}")
-    sample = sample_of(p, seed)
     if sample is None:
         raise TooLarge(f"{p.name} multiplies a computed operand, which a sample cannot follow: --check full or none")
     refused = _refused(p, sample, full_inputs)
-    if refused is not None and asked is None:  # the default where no check fits: none, and the line says why
-        return CheckPlan("none", why=f"the default where no check fits: {refused}")
+    if refused is not None and asked is None:
+        return _none_by_default(refused)
     if refused is not None:
         raise TooLarge(f"{refused}: check a smaller size, or use --check none")
     if asked:
@@ -73,6 +73,11 @@ def plan_check(p: SpatialProgram, asked: str | None, seed: int, *, full_inputs: 
     else:
         why = "; the default where a full check does not fit in memory"
     return CheckPlan("sampled", sample, why)
+
+
+def _none_by_default(refused: str) -> CheckPlan:
+    """The default where no check fits: none, and the check line says what the check would take."""
+    return CheckPlan("none", why=f"the default where no check fits: {refused}")
 
 
 def multiply_adds(p: SpatialProgram) -> int:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from .ids import BufferId, GroupId, ItemId, SemId, Site, StageId, TensorId
 from .ops import BlockShape, ChoreoOp, ComputeOp, Precision
+
+T = TypeVar("T")
 
 
 class TensorRole(StrEnum):
@@ -317,6 +321,21 @@ class EngineProgram:
     site: Site
     engine: Engine
     ops: tuple[ChoreoOp, ...]
+
+
+def per_op_list(
+    programs: Iterable[EngineProgram], f: Callable[[tuple[ChoreoOp, ...]], T]
+) -> list[tuple[EngineProgram, T]]:
+    """(program, f(its ops)) for each program in order, f worked out once for each op list: hundreds of sites share
+    a few lists (each list held while this runs, so that its id names no other)."""
+    found: dict[int, tuple[tuple[ChoreoOp, ...], T]] = {}
+    out = []
+    for prog in programs:
+        held = found.get(id(prog.ops))
+        if held is None:
+            held = found[id(prog.ops)] = (prog.ops, f(prog.ops))
+        out.append((prog, held[1]))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ...epilogue import dot_range
 from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, GroupId, Site
-from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole, TileOrder
+from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole, TileOrder, per_op_list
 from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, McastSend, McastSetValid, SemInc, rewrite, walk
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...target import SpatialTarget
@@ -48,14 +48,7 @@ def check_printable(p: SpatialProgram) -> None:
 def all_ops(p: SpatialProgram) -> list[ChoreoOp]:
     """Every op of every engine program of every site (each op list walked once: sites share them)."""
     assert p.schedule is not None
-    walked: dict[int, list[ChoreoOp]] = {}
-    out: list[ChoreoOp] = []
-    for prog in p.schedule.programs:
-        ops = walked.get(id(prog.ops))
-        if ops is None:
-            ops = walked[id(prog.ops)] = list(walk(prog.ops))
-        out.extend(ops)
-    return out
+    return [op for _, ops in per_op_list(p.schedule.programs, lambda ops: list(walk(ops))) for op in ops]
 
 
 def distinct_lists(p: SpatialProgram) -> list[tuple[ChoreoOp, ...]]:

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from ...errors import HandshakeError, StrongerCheckNeeded
 from ...ir.ids import BufferId, SemId, Site
 from ...ir.index import ProgramIndex
-from ...ir.nodes import EngineProgram
+from ...ir.nodes import EngineProgram, per_op_list
 from ...ir.ops import ChoreoOp, Loop, McastSend, McastSetValid, SemSet, SemWait, walk
 
 
@@ -131,15 +131,8 @@ _HANDSHAKE_OPS = (SemSet, SemWait, McastSetValid, McastSend)  # the only ops epo
 def with_handshake(programs: Iterable[EngineProgram]) -> list[EngineProgram]:
     """The programs, in order, whose ops include a semaphore or multicast op: the others add nothing to the epochs
     or the senders (and hundreds of sites share each op list, so each list is looked into once)."""
-    has: dict[int, tuple[tuple[ChoreoOp, ...], bool]] = {}  # each list held, so that its id names no other
-    kept = []
-    for prog in programs:
-        held = has.get(id(prog.ops))
-        if held is None:
-            held = has[id(prog.ops)] = (prog.ops, any(isinstance(op, _HANDSHAKE_OPS) for op in walk(prog.ops)))
-        if held[1]:
-            kept.append(prog)
-    return kept
+    found = per_op_list(programs, lambda ops: any(isinstance(op, _HANDSHAKE_OPS) for op in walk(ops)))
+    return [prog for prog, has in found if has]
 
 
 def _resets(op: ChoreoOp, sem: SemId) -> bool:

@@ -351,7 +351,7 @@ class _Proof:
             site=int(self.site.site),
             engine=self.w.engine,
             op=self.site.index.op(self.w.op),
-            buffer=self.site.index.name(self.w.op.src),
+            buffer=self.site.index.buffer_of(self.w.op),
         )
 
     def rows(self) -> None:
@@ -445,7 +445,7 @@ class _Proof:
             site=int(self.site.site),
             engine=self.w.engine,
             op=self.site.index.op(self.w.op),
-            buffer=self.site.index.name(self.w.op.src),
+            buffer=self.site.index.buffer_of(self.w.op),
             related=related,
         )
 

@@ -34,6 +34,7 @@ from ...ir.nodes import (
     TileOrder,
     WriteStage,
     accumulator_dtype,
+    per_op_list,
 )
 from ...ir.ops import (
     ACTIVATIONS,
@@ -467,14 +468,9 @@ def raise_counts(programs: Iterable[EngineProgram]) -> Counter[tuple[Site, SemId
             elif isinstance(op, SemInc) and op.by > 0:
                 total[(op.at, op.sem)] += op.by * times
 
-    # An op list with no SemInc adds nothing; hundreds of sites share each list, looked into once (and held, so
-    # that its id names no other list while this runs).
-    raising: dict[int, tuple[tuple[ChoreoOp, ...], bool]] = {}
-    for prog in programs:
-        held = raising.get(id(prog.ops))
-        if held is None:
-            held = raising[id(prog.ops)] = (prog.ops, any(isinstance(op, SemInc) for op in walk(prog.ops)))
-        if held[1]:
+    # An op list with no SemInc adds nothing (each shared list looked into once).
+    for prog, raises in per_op_list(programs, lambda ops: any(isinstance(op, SemInc) for op in walk(ops))):
+        if raises:
             walk_ops(prog.ops, 1)
     return total
 
@@ -498,12 +494,8 @@ _GroupOp = McastSetValid | McastSend | Barrier  # the ops that name a group
 
 def check_site_groups(index: ProgramIndex, programs: Iterable[EngineProgram]) -> None:
     """A site names only groups it belongs to (the one part of rule 1 that depends on the site, not the ops)."""
-    named: dict[int, tuple[tuple[ChoreoOp, ...], tuple[_GroupOp, ...]]] = {}  # each shared list walked once, held
-    for prog in programs:
-        held = named.get(id(prog.ops))
-        if held is None:
-            held = named[id(prog.ops)] = (prog.ops, tuple(_group_ops(prog.ops)))
-        for op in held[1]:
+    for prog, named in per_op_list(programs, lambda ops: tuple(_group_ops(ops))):  # each shared list walked once
+        for op in named:
             if prog.site not in index.groups[op.group].sites:
                 raise index.at_op(IllFormedError, prog, op, f"site {int(prog.site)} is not in group {int(op.group)}")
 
