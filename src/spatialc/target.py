@@ -110,10 +110,13 @@ class SpatialTarget:
         return max(0, min(self.sites_per_unit_max, by_threads, by_smem, by_regs))
 
 
-# Clusters of each size the board holds at once with one block an SM: what cudaOccupancyMaxActiveClusters answers on
-# H100 SXM and H200 (132 SMs in 7-8 GPCs of uneven TPC counts): 32 of 4 (not 33) and 16 of 8; clusters of 2 fill
-# whole TPCs, so all 66 fit. Boards without clusters (before sm_90) have no entry. The launcher asks the driver too.
-CO_RESIDENT_CLUSTERS: dict[str, dict[int, int]] = {"H100/H200": {2: 66, 4: 32, 8: 16}}
+# Clusters of each size the board holds at once with one block an SM, as cudaOccupancyMaxActiveClusters answers.
+# A cluster lives in one GPC, and a GH100's GPCs hold uneven numbers of SMs (which of them are fused off differs from
+# chip to chip), so this is less than SMs / size. Read on an H100 SXM (132 SMs) on 2026-12-06 by the GPU check and
+# bench/cluster_occupancy.cu: 30 of 4, where 32 had been expected from the datasheet. Clusters of 2 fill whole TPCs,
+# so all 66 fit. A chip that holds fewer still is caught by the launcher, which asks the driver before each launch.
+# Boards without clusters (before sm_90) have no entry.
+CO_RESIDENT_CLUSTERS: dict[str, dict[int, int]] = {"H100/H200": {2: 66, 4: 30, 8: 16}}
 
 _KIB = 1024
 TARGETS: dict[str, SpatialTarget] = {

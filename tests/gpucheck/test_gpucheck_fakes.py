@@ -117,6 +117,8 @@ def make_gemm_ex(cp):
     def gemm_ex(
         handle, transa, transb, m, n, k, alpha, a, atype, lda, b, btype, ldb, beta, c, ctype, ldc, compute, algo
     ):
+        if cp.captured is not None:  # CuPy's cuBLAS bindings refuse a call while the stream captures (CuPy 14)
+            raise NotImplementedError("calling cuBLAS API during stream capture is currently unsupported")
         why = gemm_ex_refusal(transa, transb, m, n, k, a, atype, lda, b, btype, ldb, ctype, ldc, compute)
         if why:
             raise FakeError(why)
@@ -677,3 +679,26 @@ def test_stream_capture_records_launches_and_replays_them():
     graph.launch(stream)
     graph.launch(stream)
     assert seen == [1, 1] and cp.launches == 2
+
+
+def test_the_triton_contender_compiles_for_hopper_in_every_precision():
+    # Triton 3's dot takes fp32 unless told otherwise and refused the int8 kernel's int32 accumulator ("at 43:14"),
+    # which cost the first GPU run every Triton column. Needs Triton itself (not a dependency): compiled ahead of
+    # time for sm_90, which needs no GPU.
+    import pytest
+
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from spatialc.gpucheck import triton_ref
+
+    ints = ("M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn")
+    for precision, operand, out in (("int8", "*i8", "*i32"), ("fp16", "*fp16", "*fp16"), ("bf16", "*bf16", "*bf16")):
+        config = dict(triton_ref.CONFIGS[precision])
+        options = {"num_warps": config.pop("num_warps"), "num_stages": config.pop("num_stages")}
+        constexprs = {**config, "ACC_INT": precision == "int8"}
+        signature = {"a_ptr": operand, "b_ptr": operand, "c_ptr": out, **dict.fromkeys(ints, "i32")}
+        signature.update(dict.fromkeys(constexprs, "constexpr"))
+        source = ASTSource(fn=triton_ref._matmul_kernel, signature=signature, constexprs=constexprs)
+        assert triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).metadata.name

@@ -89,8 +89,8 @@ def test_a_captured_launch_resets_its_sync_words_on_the_device_at_every_replay(m
 # ---- also: a cooperative grid CuPy would shrink, and a device that cannot say what it holds -----------------------
 
 
-class _CupyKernel:
-    """A CuPy RawKernel as `cupy/cuda/function.pyx` launches one cooperatively: where its own count of resident
+class _CupyFunction:
+    """A cupy.cuda.Function as `cupy/cuda/function.pyx` launches one cooperatively: where its own count of resident
     blocks falls short of the grid it warns and launches fewer blocks, instead of refusing."""
 
     ptr = 0  # its CUfunction, which the occupancy is asked of
@@ -98,7 +98,7 @@ class _CupyKernel:
     def __init__(self, resident):
         self.resident, self.launched = resident, []
 
-    def __call__(self, grid, block, args, shared_mem=0, enable_cooperative_groups=False):
+    def __call__(self, grid, block, args, shared_mem=0, stream=None, enable_cooperative_groups=False):
         import warnings
 
         blocks = grid[0]
@@ -110,6 +110,24 @@ class _CupyKernel:
             )
             blocks = self.resident
         self.launched.append(blocks)
+
+
+class _CupyKernel:
+    """What a RawModule's get_function gives (`cupy/_core/raw.pyx`): a RawKernel, whose call passes its module's
+    `enable_cooperative_groups` to the Function itself — so a caller's own flag is a TypeError (CuPy 14 on the
+    first GPU run: "function() got multiple values for keyword argument 'enable_cooperative_groups'")."""
+
+    enable_cooperative_groups = False
+
+    def __init__(self, resident):
+        self.kernel = _CupyFunction(resident)
+
+    @property
+    def launched(self):
+        return self.kernel.launched
+
+    def __call__(self, grid, block, args, **kwargs):
+        self.kernel(grid, block, args, enable_cooperative_groups=self.enable_cooperative_groups, **kwargs)
 
 
 def _cupy(sms, per_sm):
@@ -302,22 +320,22 @@ def test_a_board_holds_fewer_clusters_at_once_than_its_sms_divided_by_their_size
     import spatialc
 
     h200 = spatialc.target("sm_90")
-    assert [h200.clusters_at_once(n) for n in (2, 4, 8)] == [66, 32, 16]  # not 132 / 4 = 33
-    assert h200.clusters_at_once(3) == 32 and h200.clusters_at_once(6) == 16  # held as often as the next size up
-    assert h200.clusters_at_once(4, per_unit=2) == 64 and h200.clusters_at_once(1) is None
-    assert spatialc.target("sm_90a").clusters_at_once(4) == 32 and spatialc.target("sm_86").clusters_at_once(4) is None
+    assert [h200.clusters_at_once(n) for n in (2, 4, 8)] == [66, 30, 16]  # not 132 / 4 = 33
+    assert h200.clusters_at_once(3) == 30 and h200.clusters_at_once(6) == 16  # held as often as the next size up
+    assert h200.clusters_at_once(4, per_unit=2) == 60 and h200.clusters_at_once(1) is None
+    assert spatialc.target("sm_90a").clusters_at_once(4) == 30 and spatialc.target("sm_86").clusters_at_once(4) is None
 
 
 def test_multicast_groups_are_no_more_clusters_than_the_board_holds_at_once():
-    # 2×2 groups of one-block-an-SM sites on 132 SMs were 33 clusters of 4, of which an H100 / H200 holds 32: the
-    # 33rd ran in a second wave, and the row measured that.
+    # 2×2 groups of one-block-an-SM sites on 132 SMs were 33 clusters of 4, of which the first GPU run's H100 held
+    # 30: the rest would run in a second wave, and the row would measure that.
     import spatialc
 
     gemm = spatialc.gemm(4096, 4096, 4096, "bf16")
     for target in ("sm_90", "sm_90a"):
         p = spatialc.build(gemm, target, multicast=(2, 2))
         sites = len(p.placement.items_of_site)
-        assert sites == 128 and len(p.placement.groups) == 4 * 32, (target, sites)  # two rows, two columns each
+        assert sites == 120 and len(p.placement.groups) == 4 * 30, (target, sites)  # two rows, two columns each
     assert len(spatialc.build(gemm, "sm_90", multicast=(2, 1)).placement.items_of_site) == 132  # 66 of 2 fit
 
 
@@ -366,11 +384,11 @@ def test_the_launcher_refuses_more_clusters_than_the_driver_says_the_device_hold
 
     art = _mc_artifact()
     ls = art.launch
-    assert ls.cluster == 4 and ls.grid == 128
-    fits = _ClusterDevice(32)
-    assert L.prepare(art, fits).clusters_held == 32 and fits.asked == [(128, ls.block, ls.dyn_smem)]
-    with pytest.raises(L.LaunchError, match=r"launches 32 thread-block clusters of 4 sites.*holds 30 at once"):
-        L.prepare(art, _ClusterDevice(30))  # a board whose GPCs hold fewer: refused, naming sites=120
+    assert ls.cluster == 4 and ls.grid == 120
+    fits = _ClusterDevice(30)
+    assert L.prepare(art, fits).clusters_held == 30 and fits.asked == [(120, ls.block, ls.dyn_smem)]
+    with pytest.raises(L.LaunchError, match=r"launches 30 thread-block clusters of 4 sites.*holds 28 at once"):
+        L.prepare(art, _ClusterDevice(28))  # a chip whose GPCs hold fewer: refused, naming sites=112
     assert L.prepare(art, _ClusterDevice(None)).clusters_held is None  # no answer: the plan's table stands
 
 

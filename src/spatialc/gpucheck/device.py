@@ -99,6 +99,10 @@ class GpuRunner:
         self.probed: dict[str, tuple[Any, ...]] = {}
         # spatialc's kernels whose preflight kernel computed a wrong C, by path: kept, each row noting it.
         self.marked: dict[str, str] = {}
+        # Libraries the graph step could not capture (CuPy refuses cuBLAS calls inside a capture), with the reason:
+        # a row that times one of them times all its contestants launch by launch, so that its rows stay alike.
+        self.uncaptured: dict[str, str] = {}
+        self.row_graphs = True
 
     def _one_stream(self) -> Any:
         """A stream of its own, made current for CuPy and (when present) torch."""
@@ -120,6 +124,9 @@ class GpuRunner:
         info = dict(self._facts)  # the same keys in the same order, the live ones filled in below
         info["clocks"] = _clocks(self._props)
         info["kernel_timing"] = "CUDA graphs" if self.graphs is not None else f"events ({self.graphs_note})"
+        if self.graphs is not None and self.uncaptured:
+            left = "; ".join(f"{name}: {why}" for name, why in self.uncaptured.items())
+            info["kernel_timing"] += f", except rows with a library a graph cannot hold, timed by events ({left})"
         return info
 
     @cached_property
@@ -218,6 +225,10 @@ class GpuRunner:
         return row
 
     def _measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
+        # Every contestant of a row is timed the same way: by events where one of its libraries cannot be captured.
+        self.row_graphs = case.groups > 1 or not any(
+            name in self.uncaptured for name, _ in baselines_for(case.precision)
+        )
         if case.groups > 1:  # a grouped GEMM's row counts, its own contestants (grouped.py)
             from .grouped import GroupedRows
 
@@ -435,14 +446,24 @@ class GpuRunner:
 
     def _probe_graphs(self, deadline: Deadline) -> str:
         """Capture the kernel-only call of each spatialc kernel and of every library that passed its step, replay
-        each, check the results: graphs time kernel-only for all of them alike, or (this step failing) for none."""
+        each, check the results. A spatialc kernel that fails turns graphs off for every row; a library that fails
+        (CuPy's cuBLAS cannot be captured) only for the rows it runs in, all of whose contestants are then timed
+        launch by launch, so that the kernel-only columns of a row stay alike."""
         if not self.probed_kernels or self.graphs is None:
             raise SpatialError("no spatialc kernel to capture: their own steps failed")
         for name, probed in self.probed_kernels.items():
             blaming(name, partial(self._replay_kernel, name, probed, deadline))
+        captured = list(self.probed_kernels)
         for name, (made, lib_ref) in self.probed.items():
-            blaming(name, partial(self._replay_library, name, made, lib_ref, deadline))
-        return f"{', '.join([*self.probed_kernels, *self.probed])}: captured, replayed, correct"
+            try:
+                blaming(name, partial(self._replay_library, name, made, lib_ref, deadline))
+                captured.append(name)
+            except SpatialError as e:
+                self.uncaptured[name] = one_line(e).removeprefix(f"{name}: ")
+        said = f"{', '.join(captured)}: captured, replayed, correct"
+        for name, why in self.uncaptured.items():
+            said += f"; {name}: not captured ({why}), its rows timed by events"
+        return said
 
     def _replay_kernel(self, name: str, probed: tuple[Any, ...], deadline: Deadline) -> None:
         """Capture one launch and replay it twice, each time into poison: the second replay finds the sync words as
@@ -503,7 +524,7 @@ class GpuRunner:
         return blaming(pf.REFERENCE, made)
 
     def _time(self, launch_i: Callable[[int], None], copies: int, deadline: Deadline, graphs: bool = True) -> Timing:
-        graphs_or_none = self.graphs if graphs else None
+        graphs_or_none = self.graphs if graphs and self.row_graphs else None
         return measure(launch_i, copies, self.timer, graphs=graphs_or_none, limit_s=self._hang(deadline))
 
     def _sync(self, deadline: Deadline) -> None:

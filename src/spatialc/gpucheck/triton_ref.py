@@ -64,7 +64,8 @@ def _matmul_kernel(
     for kk in range(0, tl.cdiv(K, BLOCK_K)):
         a = tl.load(a_ptrs, mask=offs_k[None, :] < K - kk * BLOCK_K, other=0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < K - kk * BLOCK_K, other=0)
-        acc = tl.dot(a, b, acc)
+        # out_dtype names the accumulator's type: Triton 3 takes fp32 unless told, and refuses an int32 acc.
+        acc = tl.dot(a, b, acc, out_dtype=acc.dtype)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
 

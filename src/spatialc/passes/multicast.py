@@ -63,8 +63,9 @@ def multicast_placement(plan: Plan, gy: int, gx: int, sites: int, clusters: int 
     q·gy·gx + r·gx + c is site (r, c) of group q. Each group row (when gx > 1) and each group column (when gy > 1)
     is a multicast group; its first site sends.
 
-    Why `clusters`: a cluster lives in one GPC, and on an H100 / H200 (132 SMs) 32 clusters of 4 one-block-an-SM
-    sites fit at once, not 33; the 33rd would run after the others in a second wave, almost doubling the time."""
+    Why `clusters`: a cluster lives in one GPC, and the H100 of the first GPU run (132 SMs) held 30 clusters of 4
+    one-block-an-SM sites at once, not 33; the rest would run after the others in a second wave, almost doubling
+    the time."""
     ny, nx = plan.grid
     if ny % gy or nx % gx:
         raise ProgramError(

@@ -684,6 +684,13 @@ def encode_tensor_map(
 CUPY_SHRINKS = "The grid size will be reduced"
 
 
+def cupy_function(kernel: Any) -> Any:
+    """The cupy.cuda.Function behind a kernel CuPy loaded: a RawModule's get_function gives a RawKernel, whose call
+    passes its own `enable_cooperative_groups` (False unless the module was made with it), so a cooperative launch
+    must go to the Function underneath, which takes the flag per call."""
+    return getattr(kernel, "kernel", kernel)
+
+
 def function_handle(kernel: Any) -> int:
     """The CUfunction of a kernel CuPy loaded: a Function's `ptr`, or that of a RawKernel's `kernel` (a RawModule's
     get_function gives the latter), which the driver's occupancy questions take."""
@@ -814,6 +821,6 @@ class CupyDevice:
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=CUPY_SHRINKS, category=UserWarning)
             try:
-                kernel((grid,), (block,), args, shared_mem=dyn_smem, enable_cooperative_groups=True)
+                cupy_function(kernel)((grid,), (block,), args, shared_mem=dyn_smem, enable_cooperative_groups=True)
             except UserWarning as e:
                 raise LaunchError(f"{not_resident(grid, self.sms)} (CuPy: {_one_line(e)})") from None
