@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests import mutants  # noqa: E402
 
 import spatialc  # noqa: E402
-from spatialc.reference import reference  # noqa: E402
+from spatialc.numerics.reference import reference  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

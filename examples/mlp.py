@@ -7,9 +7,9 @@ operand — and multiplies that page by W2's matching 64-row strip into `acc2`, 
 item's block of Y. The hidden activations never leave the site.
 
 The second matmul multiplies bf16 tiles, as the tensor cores do: the gelu page is rounded to bf16 (nearest even)
-where the matmul reads it — the rounding the numpy reference (`spatialc.reference`) applies too. verify's rule 8
-proves the engines compute exactly the declared Y: each hidden tile is gelu of the whole sum over K of its X and
-W1 tiles, and each tile of Y the whole sum over the hidden width of the right hidden and W2 tiles.
+where the matmul reads it — the rounding the numpy reference (`spatialc.numerics.reference`) applies too.
+verify's rule 8 proves the engines compute exactly the declared Y: each hidden tile is gelu of the whole sum over K
+of its X and W1 tiles, and each tile of Y the whole sum over the hidden width of the right hidden and W2 tiles.
 
     python examples/mlp.py      # verifies it, runs it in the interpreter against numpy
 """
@@ -100,7 +100,7 @@ def mlp(p: lang.Builder):
 
 def numpy_mlp(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
     """What the program declares, in numpy: the hidden layer in float32, rounded to bf16 for the second matmul."""
-    from spatialc.epilogue import apply, start
+    from spatialc.numerics.epilogue import apply, start
 
     hidden = apply(Activation("gelu"), start(x.astype(np.float64) @ w1, False), False, None)
     return (spatialc.inputs.round_bf16(hidden).astype(np.float64) @ w2).astype(np.float32)

@@ -23,7 +23,7 @@ import numpy as np
 import spatialc
 from spatialc.frontend import bias, relu, requant, scalar
 from spatialc.ir.nodes import SpatialProgram
-from spatialc.reference import reference
+from spatialc.numerics.reference import reference
 
 Doc = dict[str, Any]
 Path = tuple[Any, ...]

@@ -89,7 +89,7 @@ def sampled_rows(rows: Any) -> tuple[int, ...]:
 
 def row_operand(program: SpatialProgram) -> str:
     """The name of the input whose rows are C's rows (the matmul's A), or ProgramError."""
-    from .reference import _declared
+    from .numerics.reference import _declared
 
     decl = _declared(program)
     if decl.a is None or len(decl.matmuls) != 1:

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .epilogue import dot_range
 from .errors import ProgramError
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (
@@ -43,7 +42,8 @@ from .ir.ops import (
     Requant,
     Scalar,
 )
-from .quant import QuantError, quantize_multiplier
+from .numerics.epilogue import dot_range
+from .numerics.quant import QuantError, quantize_multiplier
 
 TILE = Tile(16, 16)
 # What C holds unless `out` says otherwise: an int8 GEMM's int32 sums while K ≤ 131071 keeps them in range (int64
@@ -89,7 +89,7 @@ def relu() -> Relu:
 
 def activation(name: str) -> Activation:
     """An elementwise activation by name: gelu (PyTorch's tanh form), silu, sigmoid or tanh. Float programs only;
-    `spatialc.epilogue` gives each formula and the tolerance a kernel keeps to it."""
+    `spatialc.numerics.epilogue` gives each formula and the tolerance a kernel keeps to it."""
     if name not in ACTIVATIONS:
         raise ProgramError(f"unknown activation {name!r}; use one of {', '.join(ACTIVATIONS)}")
     return Activation(name)
@@ -105,7 +105,7 @@ def scalar(op: str, value: float) -> Scalar:
 
 
 def requant(scale: float, zero_point: int = 0) -> Requant:
-    """Requantise to int8: fixed-point multiply by `scale` (see spatialc.quant), add `zero_point`, clamp."""
+    """Requantise to int8: fixed-point multiply by `scale` (see spatialc.numerics.quant), add `zero_point`, clamp."""
     if isinstance(zero_point, bool) or not isinstance(zero_point, int) or not -128 <= zero_point <= 127:
         raise ProgramError(f"a requant zero point must be a whole number in [-128, 127], not {zero_point!r}")
     try:

@@ -257,7 +257,7 @@ __device__ __forceinline__ float spatialc_fmul(float x, float y)
 #endif
 }
 
-// spatialc.quant.requantize of one value: saturate to int32; times 2^left, saturated to int32; the saturating
+// numerics.quant.requantize of one value: saturate to int32; times 2^left, saturated to int32; the saturating
 // rounding doubling high multiply by the Q31 multiplier; a rounding divide by 2^right (ties away from zero); plus
 // the zero point, clamped to int8. The lowering checks 0 <= multiplier < 2^31 and -31 <= shift <= 30, so no
 // product below leaves int64.

@@ -46,8 +46,8 @@ from spatialc.ir.ops import (
     WriteTiles,
 )
 from spatialc.lower.errors import TooBig, Unsupported
+from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
-from spatialc.reference import reference
 
 from ..mutants import inputs_for
 from ..rewrite import edit, map_ops, replace, swap_compute

@@ -27,7 +27,7 @@ import pytest
 import spatialc
 from spatialc import lang
 from spatialc.errors import IllFormedError, SemanticError, StrongerCheckNeeded, TileBoundsError, VerifyError
-from spatialc.reference import reference
+from spatialc.numerics.reference import reference
 
 from ..lang.test_lang import EXAMPLES
 

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 import spatialc
 from spatialc.errors import DeadlockError, SpatialError
 from spatialc.interp.errors import AddressError, EvalError, InputError, NotReady, TripError, UnsupportedOp
-from spatialc.interp.numerics import BF16_MAX, round_bf16, round_fp16
 from spatialc.ir.ids import LV_K, BufferId, GroupId, SemId, Site, TensorId
 from spatialc.ir.nodes import Buffer, DType, Fifo, Group, Interm, Schedule, Semaphore, Tensor, TensorRole
 from spatialc.ir.ops import (
@@ -43,6 +42,7 @@ from spatialc.ir.ops import (
     Wait,
     WriteTiles,
 )
+from spatialc.numerics.rounding import BF16_MAX, round_bf16, round_fp16
 
 TARGETS = ("sm_80", "sm_86", "sm_90")
 SMALL = dict(max_examples=50, deadline=None)

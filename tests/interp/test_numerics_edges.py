@@ -215,7 +215,8 @@ def test_an_input_that_is_no_array_is_named_as_what_it_is(value, said):
 
 @pytest.fixture
 def fresh_range_warnings(monkeypatch):
-    from spatialc import accuracy, inputs
+    from spatialc import inputs
+    from spatialc.numerics import tolerance as accuracy
 
     monkeypatch.setattr(accuracy, "_RANGE_WARNED", [])
     monkeypatch.setattr(inputs, "_NONFINITE_WARNED", [])
@@ -242,7 +243,7 @@ def float32_sums(inputs):
 def test_a_kernel_sum_past_float32s_range_is_said_once_and_named_in_the_check(fresh_range_warnings):
     import warnings
 
-    from spatialc.accuracy import RangeWarning
+    from spatialc.numerics.tolerance import RangeWarning
 
     p = spatialc.build(spatialc.gemm(16, 16, 16, "bf16"), "sm_86")
     x = edge_inputs()

@@ -13,7 +13,7 @@ import spatialc
 from spatialc import lang
 from spatialc.errors import SemanticError
 from spatialc.lang.source import python_source
-from spatialc.reference import reference
+from spatialc.numerics.reference import reference
 
 from .test_lang import EXAMPLES, example, line_of
 
@@ -41,8 +41,8 @@ def test_the_mlp_is_verified_and_computes_gelu_of_x_w1_rounded_then_times_w2():
     assert np.array_equal(y, mlp.numpy_mlp(x["X"], x["W1"], x["W2"]))
     assert np.array_equal(y, reference(program, x))
     # The hidden layer is rounded to bf16 before the second matmul: without that rounding numpy gets another Y.
-    from spatialc.epilogue import apply, start
     from spatialc.ir.ops import Activation
+    from spatialc.numerics.epilogue import apply, start
 
     hidden = apply(Activation("gelu"), start(x["X"].astype(np.float64) @ x["W1"], False), False, None)
     assert not np.array_equal(y, (hidden.astype(np.float64) @ x["W2"]).astype(np.float32))
@@ -157,7 +157,7 @@ def test_an_int8_mlp_multiplies_requantised_int8_and_is_exact():
     x = {k: v.astype(np.int8) for k, v in x.items()}
     y = spatialc.evaluate(program, x)
     assert np.array_equal(y, reference(program, x))
-    hidden = spatialc.quant.requantize(x["X"].astype(np.int64) @ x["W1"], 1 << 30, -12, 0)
+    hidden = spatialc.numerics.quant.requantize(x["X"].astype(np.int64) @ x["W1"], 1 << 30, -12, 0)
     assert np.array_equal(y, hidden.astype(np.int64) @ x["W2"])
 
 

@@ -31,8 +31,8 @@ from spatialc.lower.cuda.emit import INCLUDES
 from spatialc.lower.cuda.epilogue import helpers
 from spatialc.lower.cuda.persistent import lower, printed_site_programs
 from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
-from spatialc.quant import quantize_multiplier, requantize
-from spatialc.reference import epilogue_ops, reference
+from spatialc.numerics.quant import quantize_multiplier, requantize
+from spatialc.numerics.reference import epilogue_ops, reference
 from spatialc.runtime.emulate import emulate
 
 from .test_lower_nvcc import FLAGS, NVCC, gencode, in_namespace, ptxas_entries

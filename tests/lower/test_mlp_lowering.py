@@ -20,12 +20,12 @@ import pytest
 
 import spatialc
 from spatialc import lang
-from spatialc.epilogue import ACTIVATION_TAIL, apply, start
 from spatialc.inputs import round_bf16
 from spatialc.ir.nodes import DType, SpatialProgram, TensorRole
 from spatialc.ir.ops import Activation, MatmulTiles, Precision, Relu
 from spatialc.lower.cuda import forms, general
 from spatialc.lower.errors import NeedsGeneral, Unsupported
+from spatialc.numerics.epilogue import ACTIVATION_TAIL, apply, start
 from spatialc.runtime.emulate import EmulationRace
 from spatialc.target import TARGETS
 
@@ -85,11 +85,11 @@ def bound(x: dict[str, np.ndarray], precision: str) -> np.ndarray:
     """How far the kernel's Y may lie from the interpreter's: the documented activation tolerance carried through.
 
     The hidden layer's pre-activations are exact in both. The kernel's gelu is within one float32 ulp of the
-    interpreter's, or ACTIVATION_TAIL·|x| in its cancelling tail (spatialc.accuracy) — and a float32 ulp before the
+    interpreter's, or ACTIVATION_TAIL·|x| in its cancelling tail (numerics.tolerance) — and a float32 ulp before the
     rounding to the operand type can flip that rounding by one operand ulp. So each hidden element may differ by the
     largest change rounding anywhere within its activation tolerance makes (zero for most); the second layer sums H
     exact products in float32 in the kernel, in float64 rounded once in the interpreter: (H + 4) float32 units of
-    |hidden| @ |W2| (spatialc.accuracy's bound for a K-long sum)."""
+    |hidden| @ |W2| (spatialc.numerics.tolerance's bound for a K-long sum)."""
     pre = x["X"].astype(np.float64) @ x["W1"]
     h = apply(Activation("gelu"), start(pre, False), False, None).astype(np.float64)
     slack = np.spacing(np.abs(h).astype(np.float32)).astype(np.float64) + ACTIVATION_TAIL * np.abs(pre)

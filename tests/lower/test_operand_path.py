@@ -334,7 +334,7 @@ def test_every_layout_edit_is_refused_or_still_exact_in_the_emulated_kernel():
     """The interpreter moves whole tiles and cannot see a layout, so the mutation suite's judge would call any
     accepted layout edit harmless; here each is taken to the emulated kernel. Refused by verify, refused by the
     lowering, or exact: never accepted and wrong."""
-    from spatialc.reference import reference
+    from spatialc.numerics.reference import reference
     from tests import mutants
 
     outcomes = {"verify": 0, "lower": 0, "exact": 0}

@@ -35,8 +35,8 @@ from spatialc.ir.ops import (
     TileAddr,
     WriteTiles,
 )
+from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
-from spatialc.reference import reference
 
 from .. import mutants
 from ..rewrite import edit, replace

@@ -810,8 +810,8 @@ def test_scalar_requant_and_matmul_fields():
 def test_every_scalar_op_has_the_interpreters_meaning_and_both_printers_text():
     """One table of scalar ops (ir/ops.py), which the frontend and verify both take: each has its semantics in the
     interpreter's epilogue and a C expression for integer and float programs in the CUDA printers."""
-    from spatialc import epilogue as semantics
     from spatialc.lower.cuda import epilogue as printers
+    from spatialc.numerics import epilogue as semantics
 
     assert verify_tables.SCALAR_OPS is SCALAR_OPS
     assert set(SCALAR_OPS) == set(semantics._SCALAR) == set(printers._INT_SCALAR) == set(printers._FLOAT_SCALAR)

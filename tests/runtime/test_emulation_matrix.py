@@ -17,7 +17,7 @@ import pytest
 
 import spatialc
 from spatialc.inputs import InputError
-from spatialc.interp.numerics import round_bf16, round_fp16
+from spatialc.numerics.rounding import round_bf16, round_fp16
 from spatialc.runtime.emulate import MODES, EmulationFault, compile_program
 
 pytestmark = [

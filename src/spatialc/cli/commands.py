@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import api
-from ..accuracy import tolerance
 from ..errors import DeadlockError, SpatialError
 from ..ir.nodes import SpatialProgram
 from ..ir.printer import plural, program_text
 from ..ir.serde import to_json
+from ..numerics.tolerance import tolerance
 from ..passes.multicast import MulticastWarning
 from ..target import target
 from . import UsageError

@@ -29,9 +29,9 @@ from ..ir.ids import TensorId
 from ..ir.names import names_fault
 from ..ir.nodes import DType, SpatialProgram, Tensor, TensorRole
 from ..ir.ops import Compute, Const, Loop, PackAcc, ReadTiles, walk
+from ..numerics.rounding import output_values
 from .errors import EvalError, NotReady, TooLarge
 from .machine import Machine, written_tensors
-from .numerics import output_values
 from .state import EngineState
 from .support import why
 from .trace import Trace

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import epilogue
 from ..ir.ops import Barrier, Loop, Reserve, SemWait, Trip, Wait
+from ..numerics import epilogue
+from ..numerics.rounding import INT8_EXACT_K, computed_operand
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
-from .numerics import INT8_EXACT_K, computed_operand
 from .state import Acc, BarrierState, EngineState, Ring
 from .values import AccValue, Masked, Store, TileRefs, Tiles, tiles_of
 
@@ -189,7 +189,7 @@ def why(E: EngineState, i: int) -> str:
 def elementwise(
     E: EngineState, i: int, x: object, op: object, integer: bool, width: int, bias: Store | None, at: int
 ) -> Tiles:
-    """An epilogue Compute: every element of the front page `x` through `op` (spatialc.epilogue), as a new page.
+    """An epilogue Compute: every element of the front page `x` through `op` (numerics.epilogue), as a new page.
 
     The page holds rows of `width` tiles; for a bias, tile s covers bias tile column `at + s mod width`."""
     t = E.m.p.tile

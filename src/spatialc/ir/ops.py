@@ -81,7 +81,7 @@ ACTIVATIONS = ("gelu", "silu", "sigmoid", "tanh")
 
 @dataclass(frozen=True, slots=True)
 class Activation:
-    """An elementwise activation by name, one of ACTIVATIONS (`spatialc.epilogue` defines each one's formula)."""
+    """An elementwise activation by name, one of ACTIVATIONS (numerics.epilogue defines each formula)."""
 
     name: str
 

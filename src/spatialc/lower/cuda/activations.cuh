@@ -1,5 +1,5 @@
-// The activations of the general form's epilogue (spatialc.epilogue.ACTIVATION_FORMULAS): each in double from the
-// float32 value, with numpy's operations in numpy's order and none contracted into a fused multiply-add, then
+// The activations of the general form's epilogue (spatialc.numerics.epilogue.ACTIVATION_FORMULAS): each in double
+// from the float32 value, with numpy's operations in numpy's order and none contracted into a fused multiply-add, then
 // rounded once to float32. Only tanh and exp are another library's (CUDA's, or the host's in the emulation).
 #include <cmath>
 

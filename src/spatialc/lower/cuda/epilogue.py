@@ -3,9 +3,10 @@
 The chain is the run of elementwise stages (bias, relu, scalar, requant) from the matmul's output ring to the ring
 the writer stores. Fused, none of those rings exists: each lane applies the whole chain to its own accumulator
 elements (their places in the tile are the mma layout's) before writing them out. The statements spell
-`spatialc.epilogue` in C: integer programs on exact 64-bit values (`long long`), proved here never to overflow, and
-`spatialc.quant.requantize` as the device function `spatialc_requant`; float programs in float32, with additions and
-multiplications that nvcc may not contract into a fused multiply-add (numpy rounds each one).
+`spatialc.numerics.epilogue` in C: integer programs on exact 64-bit values (`long long`), proved here never to
+overflow, and `spatialc.numerics.quant.requantize` as the device function `spatialc_requant`; float programs in
+float32, with additions and multiplications that nvcc may not contract into a fused multiply-add (numpy rounds
+each one).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ import math
 
 import numpy as np
 
-from ...epilogue import dot_range, integer_range
 from ...ir.nodes import ComputeStage, DType, PageLayout, SpatialProgram, Stage, TensorRole
 from ...ir.ops import Activation, Bias, ComputeOp, MatmulTiles, Relu, Requant, Scalar
 from ...ir.printer import compute_text
+from ...numerics.epilogue import dot_range, integer_range
 from ..errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
 from .cwriter import inlined
 
@@ -75,7 +76,7 @@ def feeds(p: SpatialProgram, stages: tuple[Stage, ...], mm: Stage) -> Stage | No
 
 
 def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool, mm: Stage) -> None:
-    """Refuse a chain (after matmul `mm`) whose C statements would not compute exactly what `spatialc.epilogue`
+    """Refuse a chain (after matmul `mm`) whose C statements would not compute exactly what `spatialc.numerics.epilogue`
     defines, or whose last page does not hold what its reader takes: the output's type, or another matmul's
     operands."""
     ops: list[ComputeOp] = [s.kind.op for s in stages]  # type: ignore[union-attr]
@@ -178,12 +179,12 @@ def _check_scalar(op: Scalar, integer: bool) -> None:
 
 
 def _check_requant(op: Requant) -> None:
-    """The ranges `spatialc.quant.quantize_multiplier` produces, within which spatialc_requant cannot overflow."""
+    """The ranges `numerics.quant.quantize_multiplier` produces, within which spatialc_requant cannot overflow."""
     if not (0 <= op.multiplier <= INT32_MAX and -31 <= op.shift <= 30 and INT32_MIN <= op.zero_point <= INT32_MAX):
         raise Unsupported(
             f"requant x{op.multiplier} >>{op.shift} +{op.zero_point}",
             "a requant needs a Q31 multiplier in [0, 2^31), a shift in [-31, 30] and an int32 zero "
-            "point (what spatialc.quant.quantize_multiplier makes)",
+            "point (what spatialc.numerics.quant.quantize_multiplier makes)",
         )
 
 

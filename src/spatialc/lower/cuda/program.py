@@ -8,12 +8,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from ...epilogue import dot_range
 from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, GroupId, Site
 from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole, TileOrder, per_op_list
 from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, McastSend, McastSetValid, SemInc, rewrite, walk
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
+from ...numerics.epilogue import dot_range
 from ...target import SpatialTarget
 from ..artifact import KernelParam, Launch
 from ..errors import TooBig, Unsupported, UnsupportedPrecision, Unverified
@@ -304,7 +304,7 @@ def checked_layers(p: SpatialProgram, elementwise: tuple[type, ...]) -> tuple[Mm
     """The fragment types, whether the program is int8 (exact integer epilogue), and each matmul stage with its
     epilogue chain (to the written output, or to the page the next matmul reads) — after the checks every backend
     makes: one operand type for every matmul, held by the inputs, int8 reductions that fit int32, chains of
-    `elementwise` ops whose C computes what `spatialc.epilogue` defines, integer chains that stay in int64."""
+    `elementwise` ops whose C computes what `spatialc.numerics.epilogue` defines, integer chains that stay in int64."""
     layers = tuple((mm, epilogue.chain(p, mm, elementwise)) for mm in matmul_stages(p))
     operands = {mm.kind.op.operand for mm, _ in layers}  # type: ignore[union-attr]
     if len(operands) > 1:

@@ -19,10 +19,7 @@ import math
 
 import numpy as np
 
-from ... import epilogue
-from ...epilogue import EXACT_LIMIT, dot_range, integer_range
 from ...errors import SemanticError, StrongerCheckNeeded
-from ...interp.numerics import computed_operand
 from ...ir.ids import BufferId, StageId, TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, TensorRole, WriteStage, accumulator_dtype
@@ -37,6 +34,9 @@ from ...ir.ops import (
     Scalar,
 )
 from ...ir.printer import compute_text
+from ...numerics import epilogue
+from ...numerics.epilogue import EXACT_LIMIT, dot_range, integer_range
+from ...numerics.rounding import computed_operand
 from .dataflow import Declared, MatmulDecl, SplitDecl
 
 

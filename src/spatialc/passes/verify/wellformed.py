@@ -15,7 +15,6 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 
-from ...epilogue import EXACT_LIMIT
 from ...errors import CoverageError, IllFormedError
 from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, SemId, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
@@ -77,6 +76,7 @@ from ...ir.ops import (
 from ...ir.printer import PRINTED_BITS, op_text
 from ...ir.validate import op_fault, type_fault
 from ...ir.worklist import MAX_SITES
+from ...numerics.epilogue import EXACT_LIMIT
 from ...target import TARGETS, SpatialTarget
 
 FLOAT32_MAX = 3.4028234663852886e38

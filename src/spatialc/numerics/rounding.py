@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..inputs import BF16_MAX, INT_RANGE, operand_values, round_bf16, round_fp16
+from ..interp.errors import NumericError
 from ..ir.nodes import DType
-from .errors import NumericError
 
 # The operand rounding and the input checks live in spatialc.inputs, shared with the emulation and the GPU launch;
 # they are re-exported here, where the interpreter's numerics are stated.

@@ -2,8 +2,8 @@
 reference share (the CUDA printer spells the same formulas in C, and tests compare all three).
 
 Integer programs (int8 operands): values are exact integers (int64); bias is int32, scalar values whole numbers,
-and requantisation is `spatialc.quant.requantize`. Float programs (fp16/bf16): the float32 accumulator, and every
-op in float32 arithmetic, as the kernel does it — except the activations (float programs only), each computed in
+and requantisation is `spatialc.numerics.quant.requantize`. Float programs (fp16/bf16): the float32 accumulator, and
+every op in float32 arithmetic, as the kernel does it — except the activations (float programs only), each computed in
 float64 from the float32 value by the formula below and rounded once to float32. The kernel spells the same
 formulas in double with the same operation order and no contraction; only `tanh` and `exp` come from another
 library (CUDA's, or the host's in the emulation, each within 2 ulp of float64), so a kernel's activation is within
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .ir.errors import SpatialError
-from .ir.ops import Activation, Bias, ComputeOp, Relu, Requant, Scalar
+from ..ir.errors import SpatialError
+from ..ir.ops import Activation, Bias, ComputeOp, Relu, Requant, Scalar
 from .quant import requantize
 
 _SCALAR = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}

@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 
 import spatialc
 import spatialc.passes.verify
-from spatialc import epilogue as epilogue_module
 from spatialc.errors import TileBoundsError, VerifyError
 from spatialc.frontend import bias, relu, requant, scalar
 from spatialc.ir import ops
-from spatialc.quant import quantize_multiplier
+from spatialc.numerics import epilogue as epilogue_module
+from spatialc.numerics.quant import quantize_multiplier
 
 from .test_quant import ref_requant
 

@@ -1,4 +1,4 @@
-"""Requantisation: spatialc.quant against a scalar implementation written here from TFLite's reference code."""
+"""Requantisation: spatialc.numerics.quant against a scalar implementation written here from TFLite's reference code."""
 
 import math
 
@@ -11,7 +11,7 @@ import spatialc
 from spatialc.errors import ProgramError
 from spatialc.frontend import bias, relu, requant, scalar
 from spatialc.ir.nodes import DType, TensorRole
-from spatialc.quant import QuantError, quantize_multiplier, requantize
+from spatialc.numerics.quant import QuantError, quantize_multiplier, requantize
 
 
 def c_div(a: int, b: int) -> int:

@@ -13,19 +13,19 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ProgramError
+from ..inputs import operand_values, row_limits
+from ..interp.values import matmul
+from ..ir.nodes import SpatialProgram
+from ..ir.ops import Bias, Precision
 from . import epilogue
-from .errors import ProgramError
-from .inputs import operand_values, row_limits
-from .interp.numerics import computed_operand, output_values
-from .interp.values import matmul
-from .ir.nodes import SpatialProgram
-from .ir.ops import Bias, Precision
+from .rounding import computed_operand, output_values
 
 
 def _declared(p: SpatialProgram):
     """What the program's stages declare (verify's rule 8 reads them the same way: by their rings)."""
-    from .ir.index import ProgramIndex
-    from .passes.verify.declared import declared
+    from ..ir.index import ProgramIndex
+    from ..passes.verify.declared import declared
 
     return declared(ProgramIndex.of(p))
 

@@ -16,11 +16,11 @@ from spatialc.errors import ProgramError
 from spatialc.ir.ops import ACTIVATIONS, Activation, Relu
 from spatialc.lower.errors import NeedsGeneral
 
-from .rewrite import swap_compute
+from ..rewrite import swap_compute
 
 emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
-# Written out with math, one element at a time: no numpy, no shared code with spatialc.epilogue.
+# Written out with math, one element at a time: no numpy, no shared code with spatialc.numerics.epilogue.
 INDEPENDENT = {
     "gelu": lambda x: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
     "silu": lambda x: x / (1.0 + math.exp(-x)) if x > -700 else -0.0 * x,

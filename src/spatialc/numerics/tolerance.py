@@ -14,7 +14,7 @@
 - **Activations** (gelu, silu, sigmoid, tanh; float programs) are computed in float64 from the float32 value and
   rounded once, in the interpreter, the kernel and the emulation alike: a kernel's activation is within one float32
   ulp of the interpreter's, or 2^-50·|x| in gelu's far negative tail, where the formula cancels
-  (`spatialc.epilogue`). An error already in x
+  (`spatialc.numerics.epilogue`). An error already in x
   grows by at most the activation's largest slope (1.13 for gelu, 1.1 silu, 1 tanh, 0.25 sigmoid).
 - **Computed operands** (a matmul of an earlier matmul's result, as in an MLP) are rounded from float32 to the
   operand type, nearest even, as the kernel stores them. Where the earlier result may differ from the reference's,
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ProgramError
+from ..ir.nodes import DType, SpatialProgram, TensorRole
+from ..ir.ops import Activation, Bias, Precision, Scalar
 from .epilogue import ACTIVATION_SLOPE, ACTIVATION_TAIL
-from .errors import ProgramError
-from .ir.nodes import DType, SpatialProgram, TensorRole
-from .ir.ops import Activation, Bias, Precision, Scalar
 
 F32_MAX = float(np.finfo(np.float32).max)  # 3.4e38: a float32 sum at or past it is ±inf (or NaN)
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
@@ -95,7 +95,7 @@ class Tolerance:
     def _reference_and_bound(self, inputs: Mapping[str, Any], rows: Any) -> tuple[np.ndarray, np.ndarray]:
         """The reference and the bound of each element, from the operands rounded once (A, and so C, only the
         sampled `rows` where given)."""
-        from .interp.values import matmul
+        from ..interp.values import matmul
         from .reference import reference, reference_of, rounded_operands
 
         if self.chained:
@@ -141,12 +141,12 @@ class Tolerance:
             " there (to ±inf, or NaN) where the float64 reference does not, so the kernel's bound holds only below it"
         )
         if self.strict:
-            from .inputs import InputError
+            from ..inputs import InputError
 
             raise InputError(f"{what} (strict: scale the inputs down)")
         if not _RANGE_WARNED:
             _RANGE_WARNED.append(True)
-            from .inputs import _outside_spatialc
+            from ..inputs import _outside_spatialc
 
             warnings.warn(f"{what}; said once per process", RangeWarning, stacklevel=_outside_spatialc())
 
@@ -179,7 +179,7 @@ class Tolerance:
 
     def _past(self, inputs: Mapping[str, Any]) -> np.ndarray:
         """`past_range` of these inputs' |A|@|B|."""
-        from .interp.values import matmul
+        from ..interp.values import matmul
         from .reference import rounded_operands
 
         a, b = rounded_operands(self.program, inputs)
@@ -192,7 +192,7 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
 
     A kernel's bound holds while |A|@|B| stays below float32's largest value (3.4e38): past it the float32 sum may
     overflow. Inputs past it are said once (RangeWarning), or with `strict` refused (InputError)."""
-    from .api import expect_program
+    from ..api import expect_program
 
     expect_program("tolerance", program, "from spatialc.gemm or build")
     if program.precision == Precision.INT8:
@@ -222,9 +222,9 @@ _ROUNDING = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11}  # an operand ty
 def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.ndarray:
     """The error bound of each element of C before its rounding to C's type, carried from the inputs through each
     matmul, each elementwise op and each computed operand's rounding (see the module docstring)."""
-    from .interp.numerics import computed_operand
-    from .interp.values import matmul as product
+    from ..interp.values import matmul as product
     from .reference import _declared, applied, tensor_operand
+    from .rounding import computed_operand
 
     decl = _declared(p)
 
@@ -270,7 +270,7 @@ def _abs_product(a: np.ndarray, b: np.ndarray, matmul: Any) -> np.ndarray:
     held whole (at 16384² it would take a GiB)."""
     if a.ndim == 3:  # a grouped GEMM's (G, rows, K) @ (G, K, N): each group's own, in float64 like the rest
         return np.stack([_abs_product(a[g], b[g] if b.ndim == 3 else b, matmul) for g in range(a.shape[0])])
-    from .interp.values import CHUNK_ELEMS
+    from ..interp.values import CHUNK_ELEMS
 
     out = np.zeros((a.shape[0], b.shape[1]))
     ks = max(1, CHUNK_ELEMS // max(a.shape[0], b.shape[1], 1))
