@@ -10,7 +10,7 @@ import spatialc
 import spatialc.errors
 from spatialc.ir.ids import BufferId
 from spatialc.ir.nodes import Engine
-from spatialc.ir.ops import Scalar
+from spatialc.ir.ops import Map
 
 from .rewrite import replace
 
@@ -94,7 +94,7 @@ def test_integer_epilogues_refuse_to_wrap():
         Engine.COMPUTE,
         lambda op: (
             (dataclasses.replace(op, op=huge[0]),)
-            if op.__class__.__name__ == "Compute" and isinstance(op.op, Scalar)
+            if op.__class__.__name__ == "Compute" and isinstance(op.op, Map)
             else None
         ),
     )

@@ -246,7 +246,7 @@ def test_every_grouped_edit_is_refused_or_still_right():
 def test_a_saved_grouped_program_loads_verified():
     p = grouped(3, 40, 32, 48)
     doc = json.loads(spatialc.to_json(p))
-    assert doc["version"] == 6 and doc["program"]["plans"][0]["groups"] == 3
+    assert doc["version"] == 7 and doc["program"]["plans"][0]["groups"] == 3
     again = spatialc.from_json(json.dumps(doc))
     assert again == p and again.verified
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import ProgramError
+from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (
     Accumulator,
@@ -32,15 +33,15 @@ from .ir.nodes import (
 from .ir.ops import (
     ACTIVATIONS,
     SCALAR_OPS,
-    Activation,
-    Bias,
+    Apply,
+    Arg,
     BlockShape,
     ComputeOp,
+    Lit,
+    Map,
     MatmulTiles,
     Precision,
-    Relu,
     Requant,
-    Scalar,
 )
 from .numerics.epilogue import dot_range
 from .numerics.quant import QuantError, quantize_multiplier
@@ -71,7 +72,7 @@ class BiasOf:
     name: str
 
 
-Epilogue = BiasOf | Relu | Scalar | Activation | Requant
+Epilogue = BiasOf | Map | Requant
 
 
 def bias(name: str = "bias") -> BiasOf:
@@ -82,26 +83,26 @@ def bias(name: str = "bias") -> BiasOf:
     return BiasOf(name)
 
 
-def relu() -> Relu:
+def relu() -> Map:
     """max(x, 0)."""
-    return Relu()
+    return ops.relu()
 
 
-def activation(name: str) -> Activation:
-    """An elementwise activation by name: gelu (PyTorch's tanh form), silu, sigmoid or tanh. Float programs only;
-    `spatialc.numerics.epilogue` gives each formula and the tolerance a kernel keeps to it."""
+def activation(name: str) -> Map:
+    """An elementwise activation by name: gelu (PyTorch's tanh form, the table's gelu_tanh), silu, sigmoid or tanh.
+    Float programs only; `spatialc.numerics.elementwise` gives each formula and the tolerance a kernel keeps to it."""
     if name not in ACTIVATIONS:
         raise ProgramError(f"unknown activation {name!r}; use one of {', '.join(ACTIVATIONS)}")
-    return Activation(name)
+    return ops.activation(name)
 
 
-def scalar(op: str, value: float) -> Scalar:
+def scalar(op: str, value: float) -> Map:
     """x op value, for op in add, mul, max, min."""
     if op not in SCALAR_OPS:
         raise ProgramError(f"unknown scalar op {op!r}; use one of {', '.join(SCALAR_OPS)}")
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ProgramError(f"a scalar {op} needs a finite number, not {value!r}")
-    return Scalar(op, float(value))
+    return ops.scalar(op, float(value))
 
 
 def requant(scale: float, zero_point: int = 0) -> Requant:
@@ -122,14 +123,12 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
     for i, stage in enumerate(epilogue):
-        if not isinstance(stage, BiasOf | Relu | Scalar | Activation | Requant):
+        if not isinstance(stage, BiasOf | Map | Requant):
             raise ProgramError(
                 f"epilogue stage {i} is {stage!r}; use spatialc.bias, relu, scalar, activation or requant"
             )
-        if isinstance(stage, Activation) and prec == Precision.INT8:
-            raise ProgramError(
-                f"activation {stage.name} is float arithmetic; an int8 program's epilogue is integer (use fp16 or bf16)"
-            )
+        if isinstance(stage, Map):
+            _check_map(stage, prec)
         if isinstance(stage, Requant):
             if prec != Precision.INT8:
                 raise ProgramError(
@@ -137,22 +136,49 @@ def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
                 )
             if i != len(epilogue) - 1:
                 raise ProgramError("requant must be the last epilogue stage (its output is int8)")
-        if (
-            isinstance(stage, Scalar)
-            and prec == Precision.INT8
-            and (stage.value != int(stage.value) or not -(2**31) <= stage.value < 2**31)
-        ):
-            raise ProgramError(
-                f"an int8 program's epilogue is integer arithmetic: scalar {stage.op} needs a whole"
-                f" number within int32, not {stage.value!r}"
-            )
-        if isinstance(stage, Scalar) and prec != Precision.INT8 and abs(stage.value) > FLOAT32_MAX:
-            raise ProgramError(
-                f"a {prec.value} program's epilogue is float32: scalar {stage.op} {stage.value!r} is beyond float32"
-            )
     names = [s.name for s in epilogue if isinstance(s, BiasOf)]
     if len(names) != len(set(names)):
         raise ProgramError(f"two bias stages share a tensor name: {names}")
+
+
+def _check_map(stage: Map, prec: Precision) -> None:
+    """An epilogue Map an epilogue can take: one input page, the table's ops, constants the precision holds."""
+    from .numerics.elementwise import ElementwiseError, op_named
+
+    expr = stage.expr
+    if ops.arg_indices(expr) not in ((0,), ()):
+        raise ProgramError(f"an epilogue stage maps the one page before it (x0), not {ops.arg_indices(expr)}")
+    for node in _nodes(expr):
+        if isinstance(node, Apply):
+            try:
+                op = op_named(node.op)
+            except ElementwiseError as e:
+                raise ProgramError(str(e)) from None
+            if prec == Precision.INT8 and not op.integer:
+                what = f"activation {node.op}" if node.op in ops.ACTIVATION_OPS.values() else node.op
+                raise ProgramError(
+                    f"{what} is float arithmetic; an int8 program's epilogue is integer (use fp16 or bf16)"
+                )
+        if (
+            isinstance(node, Lit)
+            and prec == Precision.INT8
+            and (node.value != int(node.value) or not -(2**31) <= node.value < 2**31)
+        ):
+            raise ProgramError(
+                f"an int8 program's epilogue is integer arithmetic: a constant needs a whole number within int32,"
+                f" not {node.value!r}"
+            )
+        if isinstance(node, Lit) and prec != Precision.INT8 and abs(node.value) > FLOAT32_MAX:
+            raise ProgramError(
+                f"a {prec.value} program's epilogue is float32: the constant {node.value!r} is beyond float32"
+            )
+
+
+def _nodes(expr: ops.Expr):
+    yield expr
+    if isinstance(expr, Apply):
+        for a in expr.args:
+            yield from _nodes(a)
 
 
 # What users call the three precisions: spatialc's names, numpy's and torch's dtype names, and "half".
@@ -330,9 +356,16 @@ def _gemm(
 
 
 def _stage_name(stage: Epilogue) -> str:
-    if isinstance(stage, Activation):
-        return stage.name
-    return {BiasOf: "bias", Relu: "relu", Scalar: "scalar", Requant: "requant"}[type(stage)]
+    match stage:
+        case BiasOf():
+            return "bias"
+        case Requant():
+            return "requant"
+        case Map(Apply(name, (Arg(0), Lit()), ())) if name in SCALAR_OPS:
+            return "scalar"
+        case Map(Apply(name, (Arg(0),), ())):
+            return name
+    return "map"
 
 
 def _epilogue_stages(epi, prec, n, tensors, buffers, stages) -> tuple[tuple[Tensor, ...], tuple[Buffer, ...], BufferId]:
@@ -347,7 +380,7 @@ def _epilogue_stages(epi, prec, n, tensors, buffers, stages) -> tuple[tuple[Tens
                 *tensors,
                 Tensor(tid, stage.name, TensorRole.PARAMETER, (1, n), (1, math.ceil(n / TILE.cols)), dtype),
             )
-            op = Bias(tid)
+            op = ops.bias(tid)
         else:
             op = stage
         out = BufferId(len(buffers))

@@ -234,28 +234,8 @@ typedef signed char OPT;
 typedef int ACCT;
 typedef signed char OUT_T;
 
-// Device helpers of the fused epilogue (lower/cuda/epilogue.py): the same text under nvcc and the host emulation.
-
-// x + y and x * y, each rounded once to float32 as numpy rounds them. nvcc may contract a multiplication and an
-// addition after it into one fused multiply-add, rounded once; its _rn intrinsics never are. The host emulation
-// has no CUDA intrinsics and needs none: g++ contracts nothing under -std=c++20 (-ffp-contract=off).
-__device__ __forceinline__ float spatialc_fadd(float x, float y)
-{
-#ifdef __CUDA_ARCH__
-    return __fadd_rn(x, y);
-#else
-    return x + y;
-#endif
-}
-
-__device__ __forceinline__ float spatialc_fmul(float x, float y)
-{
-#ifdef __CUDA_ARCH__
-    return __fmul_rn(x, y);
-#else
-    return x * y;
-#endif
-}
+// Requantisation's device function (lower/cuda/epilogue.py): the same text under nvcc and the host emulation; the
+// elementwise ops' are in elementwise.cuh.
 
 // numerics.quant.requantize of one value: saturate to int32; times 2^left, saturated to int32; the saturating
 // rounding doubling high multiply by the Q31 multiplier; a rounding divide by 2^right (ties away from zero); plus
@@ -469,8 +449,8 @@ extern "C" __global__ __launch_bounds__(NTHREAD, 6) void spatialc_persistent(con
                     for (int j = 0; j < 2; ++j) {
                         const int el = el0 + j;
                         long long v = frag[i + j];
-                        v = v + (long long)t3[(long long)(item_x * 4 + bw) * 256 + el % 16];  // op:Compute:Bias
-                        v = v > 0 ? v : 0;  // op:Compute:Relu
+                        v = (v + (long long)t3[(long long)(item_x * 4 + bw) * 256 + el % 16]);  // op:Compute:Map_add_x0_col
+                        v = (v > 0 ? v : 0LL);  // op:Compute:Map_relu_x0
                         v = spatialc_requant(v, 1099511628, -7, -3);  // op:Compute:Requant
                         pair[j] = (OUT_T)v;
                     }

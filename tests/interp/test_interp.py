@@ -502,7 +502,8 @@ def test_an_elementwise_stage_with_two_inputs_is_refused():
         )
         for op in compute
     )
-    with pytest.raises(EvalError, match=r"`Compute relu \(A_ring, B_ring\) acc acc`: an elementwise stage reads one"):
+    said = r"`Compute relu \(A_ring, B_ring\) acc acc`: an elementwise stage reads the rings its expression names \(1\)"
+    with pytest.raises(EvalError, match=said):
         spatialc.evaluate(with_engine(p, "compute", relu), {"A": np.ones((40, 100)), "B": np.ones((100, 20))})
 
 

@@ -22,11 +22,11 @@ import pytest
 
 import spatialc
 from spatialc.errors import SemanticError
-from spatialc.frontend import bias, relu, requant, scalar
+from spatialc.frontend import _stage_name, bias, relu, requant, scalar
 from spatialc.ir.nodes import ComputeStage
 from spatialc.ir.ops import Requant
 from spatialc.lower.artifact import operand_files
-from spatialc.lower.census import census, count_printed
+from spatialc.lower.census import census, count_printed, stage_kind
 from spatialc.lower.cuda.emit import INCLUDES
 from spatialc.lower.cuda.epilogue import helpers
 from spatialc.lower.cuda.persistent import lower, printed_site_programs
@@ -71,7 +71,7 @@ def chains(prec):
 
 
 def label(chain):
-    return "+".join(type(s).__name__.lower().replace("biasof", "bias") for s in chain) or "none"
+    return "+".join(_stage_name(s) for s in chain) or "none"
 
 
 # (case name, precision, shape, chain) for every chain, each on a shape in turn.
@@ -131,7 +131,7 @@ def test_the_census_counts_each_epilogue_stage_once_and_the_output_type_follows_
     _, prec, _, chain = next(c for c in CASES if c[0] == name)
     assert a.census.agrees
     assert a.census.program["Compute"] == a.census.printed["Compute"] == 1 + len(chain)
-    kinds = [type(op).__name__ for op in epilogue_ops(p)]
+    kinds = [stage_kind(op) for op in epilogue_ops(p)]
     assert a.census.stages == a.census.printed_stages == dict(Counter(["MatmulTiles", *kinds]))
     # Each stage's one statement sits in the read-out loop, in chain order, with its own marker.
     loop = a.kernel_cu[a.kernel_cu.index("for (int j = 0; j < 2; ++j)") :]  # the loop over a pair of elements
@@ -161,17 +161,18 @@ def test_the_census_counts_each_epilogue_stage_once_and_the_output_type_follows_
 def test_the_census_tells_a_stage_applied_twice_from_each_stage_once():
     name = next(c[0] for c in CASES if c[0].startswith("int8/bias+relu/"))
     p, a = built(name), lowered(name)
-    wrong = a.kernel_cu.replace("// op:Compute:Bias", "// op:Compute:Relu")
+    wrong = a.kernel_cu.replace("// op:Compute:Map_add_x0_col", "// op:Compute:Map_relu_x0")
     counted = census(printed_site_programs(p), wrong)
     assert counted.program == counted.printed  # as many Computes as ever …
-    assert counted.printed_stages == {"MatmulTiles": 1, "Relu": 2} and not counted.agrees  # … but the wrong ones
+    assert counted.printed_stages == {"MatmulTiles": 1, "Map_relu_x0": 2} and not counted.agrees  # … but the wrong ones
 
 
 def test_the_bias_is_read_by_the_output_column_of_the_element():
     a = lowered(next(c[0] for c in CASES if c[2] == "sub_blocks_sm90" and c[0].startswith("int8/bias")))
     (line,) = [ln.strip() for ln in a.kernel_cu.splitlines() if "t3[" in ln]
     # Page tile column bw of the item at tile column item_x * 8, then the element's column inside its tile.
-    assert line == "v = v + (long long)t3[(long long)(item_x * 8 + bw) * 256 + el % 16];  // op:Compute:Bias"
+    want = "v = (v + (long long)t3[(long long)(item_x * 8 + bw) * 256 + el % 16]);  // op:Compute:Map_add_x0_col"
+    assert line == want
 
 
 def test_an_epilogue_the_fused_store_cannot_take_is_left_to_the_general_form():
@@ -235,7 +236,7 @@ def test_spatialc_requant_is_bit_identical_to_quant_requantize(tmp_path):
     ]
     params += [(2**31 - 1, -31, 0), (2**30, 30, -1), (0, 0, 4)]
     harness = (
-        helpers()
+        helpers(True)
         + """
 #include <cstdio>
 int main() {

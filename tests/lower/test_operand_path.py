@@ -368,7 +368,7 @@ def test_a_program_saved_before_page_layouts_loads_laid_out_and_verified():
     for prec in ("int8", "bf16"):
         p = spatialc.build(spatialc.gemm(48, 32, 64, prec), "sm_90")
         doc = json.loads(spatialc.to_json(p))
-        assert doc["version"] == 6
+        assert doc["version"] == 7
         doc["version"] = 1
         for b in doc["program"]["buffers"]:
             b["kind"].pop("layout", None)

@@ -179,28 +179,24 @@ def test_requant_edge_values_through_the_whole_program(scale, zp):
     assert got.dtype == np.int8 and got[0].tolist() == want and got[1].tolist() == want
 
 
-def test_a_bias_read_by_row_is_caught(monkeypatch):
-    # The planted fault: apply's bias broadcast along rows instead of columns. The independent check must see it.
-    real = epilogue_module.apply
-
-    def by_row(op, x, integer, bias_row=None):
-        if isinstance(op, ops.Bias):
-            return x + np.resize(bias_row, x.shape[0]).astype(x.dtype)[:, None]
-        return real(op, x, integer, bias_row)
-
+def test_a_bias_read_at_the_wrong_columns_is_caught(monkeypatch):
+    # The planted fault: the column vectors' values laid over the columns in reverse. The independent check sees it.
     rng = np.random.default_rng(0)
     a, b, v = rng.integers(-128, 128, (48, 20)), rng.integers(-128, 128, (20, 48)), rng.integers(-999, 999, 48)
     p = spatialc.build(spatialc.gemm(48, 48, 20, "int8", epilogue=[bias()]), "sm_86")
     want = independent("int8", a, b, [("bias", "bias")], {"bias": v})
     assert np.array_equal(spatialc.evaluate(p, {"A": a, "B": b, "bias": v}), want)
-    monkeypatch.setattr(epilogue_module, "apply", by_row)
+    real = epilogue_module._as_row
+    monkeypatch.setattr(epilogue_module, "_as_row", lambda col: lambda c: real(col)(c)[:, ::-1])
     assert not np.array_equal(spatialc.evaluate(p, {"A": a, "B": b, "bias": v}), want)
 
 
 def _with_bias(p, change):
+    """`p` with `change` applied to the column vector of each bias op its engines run."""
+
     def fix(op):
-        if isinstance(op, ops.Compute) and isinstance(op.op, ops.Bias):
-            return dataclasses.replace(op, op=change(op.op))
+        if isinstance(op, ops.Compute) and isinstance(op.op, ops.Map) and ops.cols(op.op.expr):
+            return dataclasses.replace(op, op=ops.Map(ops.with_cols(op.op.expr, change)))
         if isinstance(op, ops.Loop):
             return dataclasses.replace(op, body=tuple(map(fix, op.body)))
         return op
@@ -217,7 +213,7 @@ def test_verify_checks_epilogue_stages():
         spatialc.passes.verify.verify(shifted)
     wrong_tensor = _with_bias(p, lambda b: dataclasses.replace(b, tensor=spatialc.ir.TensorId(0)))
     with pytest.raises(
-        VerifyError, match="a bias is a parameter tensor of one row of values in one row of tiles; A is a input"
+        VerifyError, match=r"a column vector \(a bias\) is a parameter tensor of one row of values in one row of"
     ):
         spatialc.passes.verify.verify(wrong_tensor)
     too_wide = _with_bias(p, lambda b: dataclasses.replace(b, width=5))

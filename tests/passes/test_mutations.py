@@ -22,10 +22,10 @@ from spatialc.ir.ids import LV_K, LoopVar, TensorId
 from spatialc.ir.nodes import Engine, SpatialProgram
 from spatialc.ir.ops import (
     AcquireAcc,
-    Bias,
     Compute,
     Const,
     Loop,
+    Map,
     MatmulTiles,
     ReadBarrier,
     ReadTiles,
@@ -34,6 +34,8 @@ from spatialc.ir.ops import (
     Scalar,
     TileAddr,
     WriteTiles,
+    cols,
+    with_cols,
 )
 from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
@@ -63,8 +65,18 @@ def _ops(p: SpatialProgram, engine: Engine, kind: type, f) -> SpatialProgram:
     return replace(p, engine, lambda op: (f(op),) if isinstance(op, kind) else None)
 
 
-def _computes(p: SpatialProgram, which: type, f) -> SpatialProgram:
-    return replace(p, C, lambda op: (f(op),) if isinstance(op, Compute) and isinstance(op.op, which) else None)
+def _computes(p: SpatialProgram, which, f) -> SpatialProgram:
+    """`p` with f applied to each compute engine's Compute whose op is of class `which` (or which `which` holds of)."""
+    holds = (lambda op: isinstance(op, which)) if isinstance(which, type) else which
+    return replace(p, C, lambda op: (f(op),) if isinstance(op, Compute) and holds(op.op) else None)
+
+
+def _is_bias(op) -> bool:
+    return isinstance(op, Map) and bool(cols(op.expr))
+
+
+def _column_zero(c):
+    return dataclasses.replace(c, at=TileAddr(0))
 
 
 def _reads_a(p: SpatialProgram, f) -> SpatialProgram:
@@ -112,7 +124,7 @@ HAND_PICKED = [
     ),
     (
         "relu replaced by scalar add 100",
-        lambda p: _computes(p, Relu, lambda op: dataclasses.replace(op, op=Scalar("add", 100.0))),
+        lambda p: _computes(p, lambda op: op == Relu(), lambda op: dataclasses.replace(op, op=Scalar("add", 100.0))),
         SemanticError,
         ["site 0 compute [in item]: Compute add 100", "schedule op add 100 where stage relu1 declares relu"],
     ),
@@ -134,7 +146,9 @@ HAND_PICKED = [
     ),
     (
         "the bias address losing its column step",
-        lambda p: _computes(p, Bias, lambda op: dataclasses.replace(op, op=dataclasses.replace(op.op, at=TileAddr(0)))),
+        lambda p: _computes(
+            p, _is_bias, lambda op: dataclasses.replace(op, op=Map(with_cols(op.op.expr, _column_zero)))
+        ),
         SemanticError,
         [
             "C tile (0, 2) (item 1 (y 0, x 1) of site 2 (whose programs are site 0's))",

@@ -33,15 +33,14 @@ from ..ir.names import plain
 from ..ir.nodes import Accumulator, Buffer, Fifo, Interm
 from ..ir.ops import (
     AcquireAcc,
-    Activation,
     AddPartial,
     Barrier,
-    Bias,
     ChoreoOp,
     Compute,
     Const,
     Flush,
     Loop,
+    Map,
     MatmulTiles,
     McastSend,
     McastSetValid,
@@ -52,10 +51,8 @@ from ..ir.ops import (
     ReadBarrier,
     ReadTiles,
     ReleaseAcc,
-    Relu,
     Requant,
     Reserve,
-    Scalar,
     SemInc,
     SemSet,
     SemWait,
@@ -64,6 +61,8 @@ from ..ir.ops import (
     Wait,
     WriteBarrier,
     WriteTiles,
+    arg_indices,
+    cols,
     walk,
 )
 from . import support, trace
@@ -378,7 +377,7 @@ class Emitter:
 
     def compute(self, op: Compute, i: int) -> None:
         mm = op.op
-        if isinstance(mm, Bias | Relu | Scalar | Requant | Activation):
+        if isinstance(mm, Map | Requant):
             self.elementwise(op, mm, i)
             return
         if isinstance(mm, AddPartial):
@@ -414,23 +413,27 @@ class Emitter:
         self.front("x", r, op.ins[0], i, 1)
         self.emit(f"{a}.parts.append(partial(E, {i}, x, {n}))")
 
-    def elementwise(self, op: Compute, cop: Bias | Relu | Scalar | Requant | Activation, i: int) -> None:
-        """An epilogue stage: the front page of its one input ring, op by element, into its output ring."""
-        if len(op.ins) != 1 or len(op.outs) != 1 or op.acc is not None:
-            raise EvalError(f"{self.where(op)}: an elementwise stage reads one ring and writes one")
-        src, dst = op.ins[0], op.outs[0]
-        r_in, r_out = self.ring(src, op, "consume"), self.ring(dst, op, "produce")
-        self.front("x", r_in, src, i, 1)
-        slot = self.newest_reserved(r_out, dst, i)
-        c, integer = self.const(cop, "e"), self.m.p.precision == Precision.INT8
-        if isinstance(cop, Bias):
-            store = self.const(self.m.store(cop.tensor, lambda: self.where(op)), "t")
-            self.emit(
-                f"at = {self.addr(cop.at, op)}",
-                f"{slot} = elementwise(E, {i}, x, {c}, {integer}, {cop.width}, {store}, at)",
+    def elementwise(self, op: Compute, cop: Map | Requant, i: int) -> None:
+        """An elementwise stage: the front pages of its input rings, element by element, into its output ring."""
+        arity = 1 if isinstance(cop, Requant) else max(arg_indices(cop.expr), default=-1) + 1
+        if len(op.ins) != max(arity, 1) or len(op.outs) != 1 or op.acc is not None:
+            raise EvalError(
+                f"{self.where(op)}: an elementwise stage reads the rings its expression names"
+                f" ({max(arity, 1)}) and writes one"
             )
-        else:
-            self.emit(f"{slot} = elementwise(E, {i}, x, {c}, {integer}, 1, None, 0)")
+        dst = op.outs[0]
+        pages = []
+        for j, src in enumerate(op.ins):
+            self.front(f"x{j}", self.ring(src, op, "consume"), src, i, 1)
+            pages.append(f"x{j}")
+        slot = self.newest_reserved(self.ring(dst, op, "produce"), dst, i)
+        c, integer = self.const(cop, "e"), self.m.p.precision == Precision.INT8
+        columns = cols(cop.expr) if isinstance(cop, Map) else ()
+        vectors = []
+        for col in columns:
+            store = self.const(self.m.store(col.tensor, lambda: self.where(op)), "t")
+            vectors.append(f"({store}, {self.addr(col.at, op)}, {col.width})")
+        self.emit(f"{slot} = elementwise(E, {i}, [{', '.join(pages)}], {c}, {integer}, [{', '.join(vectors)}])")
 
     def geometry(self, op: Compute, mm: MatmulTiles) -> tuple[int, int, int, int, int]:
         """(h, w, ibw, tile side, int8 elements per product or 0), checked against the pages and accumulator."""

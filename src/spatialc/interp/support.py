@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.ops import Barrier, Loop, Reserve, SemWait, Trip, Wait
+from ..ir.ops import Barrier, Loop, Map, Reserve, SemWait, Trip, Wait, cols
 from ..numerics import epilogue
 from ..numerics.rounding import INT8_EXACT_K, computed_operand
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
@@ -187,27 +187,38 @@ def why(E: EngineState, i: int) -> str:
 
 
 def elementwise(
-    E: EngineState, i: int, x: object, op: object, integer: bool, width: int, bias: Store | None, at: int
+    E: EngineState, i: int, xs: list, op: object, integer: bool, vectors: list[tuple[Store, int, int]]
 ) -> Tiles:
-    """An epilogue Compute: every element of the front page `x` through `op` (numerics.epilogue), as a new page.
+    """An elementwise Compute: every element of the front pages `xs` through `op` (numerics.epilogue), as a new page.
 
-    The page holds rows of `width` tiles; for a bias, tile s covers bias tile column `at + s mod width`."""
+    Each column vector (store, at, width) — a bias — has the page hold rows of `width` tiles, its tile s covering the
+    vector's tile column `at + s mod width`."""
     t = E.m.p.tile
-    n = x.count  # type: ignore[attr-defined]
-    if n % width:
-        fail(E, i, f"a page of {n} tiles is not whole rows of {width}")
+    n = xs[0].count
+    if any(x.count != n for x in xs):
+        fail(E, i, f"an elementwise stage's pages hold {[x.count for x in xs]} tiles: one shape, element by element")
+    width = vectors[0][2] if vectors else 1
+    if any(w != width for _, _, w in vectors) or n % width:
+        fail(E, i, f"a page of {n} tiles is not whole rows of {sorted({w for _, _, w in vectors})} tiles")
     h = n // width
-    tiles = tiles_of(x, n)
-    mat = tiles.reshape(h, width, t.rows, t.cols).transpose(0, 2, 1, 3).reshape(h * t.rows, width * t.cols)
-    row = None
-    if bias is not None:
-        if not 0 <= at <= bias.cols_t - width:
+    mats = [
+        tiles_of(x, n).reshape(h, width, t.rows, t.cols).transpose(0, 2, 1, 3).reshape(h * t.rows, width * t.cols)
+        for x in xs
+    ]
+    rows = {}
+    for k, (store, at, w) in enumerate(vectors):
+        if not 0 <= at <= store.cols_t - w:
             raise AddressError(
-                f"{where(E, i)}: bias tile columns {at}..{at + width - 1} are outside"
-                f" {bias.tensor.name}'s {bias.cols_t} tile columns"
+                f"{where(E, i)}: column vector tile columns {at}..{at + w - 1} are outside"
+                f" {store.tensor.name}'s {store.cols_t} tile columns"
             )
-        row = bias.arr[0, 0, at : at + width, :].reshape(-1)
-    out = epilogue.apply(op, epilogue.start(mat, integer), integer, row)  # type: ignore[arg-type]
+        rows[k] = store.arr[0, 0, at : at + w, :].reshape(-1)
+    order = {id(c): k for k, c in enumerate(cols(op.expr))} if isinstance(op, Map) else {}
+    col = (lambda c: rows[order[id(c)]]) if rows else None
+    if isinstance(op, Map):
+        out = epilogue.mapped(op.expr, [epilogue.start(m, integer) for m in mats], integer, col)
+    else:
+        out = epilogue.apply(op, epilogue.start(mats[0], integer), integer)  # type: ignore[arg-type]
     # An integer chain's values stay int64: past 2^53 float64 would round them (the kernels' long long does not).
     out = out if integer else out.astype(np.float64)
     back = out.reshape(h, t.rows, width, t.cols).transpose(0, 2, 1, 3)

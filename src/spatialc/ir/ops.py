@@ -44,21 +44,6 @@ class MatmulTiles:
 
 
 @dataclass(frozen=True, slots=True)
-class Bias:
-    """Add a parameter tensor of one value per output column. The page holds rows of `width` tiles: its tile s
-    covers the bias tensor's tile column `at + s mod width` (the schedule sets both from the item's position)."""
-
-    tensor: TensorId
-    at: TileAddr = field(default_factory=lambda: TileAddr(0))
-    width: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Relu:
-    """max(x, 0)."""
-
-
-@dataclass(frozen=True, slots=True)
 class Requant:
     """Fixed-point requantisation to int8: multiplier (Q31) and shift, then the zero point, then a clamp."""
 
@@ -67,31 +52,148 @@ class Requant:
     zero_point: int
 
 
-@dataclass(frozen=True, slots=True)
-class Scalar:
-    """An elementwise op with a constant: one of SCALAR_OPS (`add`, `mul`, `max`, `min`)."""
-
-    op: str
-    value: float
-
-
+# The epilogue names the frontend and the CLI take for the ops with a constant and for the activations (`scalar`,
+# `activation` below make each a Map).
 SCALAR_OPS = ("add", "mul", "max", "min")
 ACTIVATIONS = ("gelu", "silu", "sigmoid", "tanh")
 
 
 @dataclass(frozen=True, slots=True)
-class Activation:
-    """An elementwise activation by name, one of ACTIVATIONS (numerics.epilogue defines each formula)."""
-
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
 class Generic:
-    """A compute the compiler knows only by name: no backend prints one yet (activations have an op of their own)."""
+    """A compute the compiler knows only by name: no backend prints one yet (elementwise ops are a Map)."""
 
     name: str
     params: tuple[float, ...] = ()
+
+
+# ---- elementwise expressions (numerics.elementwise defines every op: meaning, C, error bound, integer range) -------
+
+
+@dataclass(frozen=True, slots=True)
+class Arg:
+    """Input page `index` of the Compute (its `ins[index]`), element by element."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Lit:
+    """A constant value: a float32 in a float program, an integer in an integer one."""
+
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class Col:
+    """One value per output column, from a parameter tensor of one row (a bias): the page holds rows of `width`
+    tiles, and its tile s covers the tensor's tile column `at + s mod width` (the schedule sets both from the item's
+    position)."""
+
+    tensor: TensorId
+    at: TileAddr = field(default_factory=lambda: TileAddr(0))
+    width: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Apply:
+    """Op `op` of the elementwise table on `args`, with the op's constant `params` (leaky_relu's α, clamp's bounds)."""
+
+    op: str
+    args: tuple[Expr, ...]
+    params: tuple[float, ...] = ()
+
+
+Expr = Arg | Lit | Col | Apply
+
+
+@dataclass(frozen=True, slots=True)
+class Map:
+    """Each element of the reserved page of `outs[0]` is `expr` of the same element of the front pages of `ins`
+    (and of the column vectors it names)."""
+
+    expr: Expr
+
+
+def relu() -> Map:
+    """max(x, 0) of the one input page."""
+    return Map(Apply("relu", (Arg(0),)))
+
+
+def scalar(op: str, value: float) -> Map:
+    """x `op` value (op one of SCALAR_OPS) of the one input page."""
+    return Map(Apply(op, (Arg(0), Lit(value))))
+
+
+# The activations' names as programs of earlier versions (and the frontend's epilogue list) give them: `gelu` was
+# always PyTorch's tanh form, which the table calls gelu_tanh.
+ACTIVATION_OPS = {"gelu": "gelu_tanh", "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh"}
+
+
+def activation(name: str) -> Map:
+    """An activation by name (one of ACTIVATIONS) of the one input page."""
+    return Map(Apply(ACTIVATION_OPS.get(name, name), (Arg(0),)))
+
+
+def bias(tensor: TensorId, at: TileAddr | None = None, width: int = 1) -> Map:
+    """x + the bias of its column, from `tensor`."""
+    return Map(Apply("add", (Arg(0), Col(tensor, at if at is not None else TileAddr(0), width))))
+
+
+# The elementwise ops of earlier versions, by their old names, as the Maps they are now: programs written with them
+# (in spatialc.lang, `e.compute(Relu(), s, d)`) still build, and mean what they meant.
+
+
+def Relu() -> Map:  # noqa: N802
+    """max(x, 0): `relu()`."""
+    return relu()
+
+
+def Scalar(op: str, value: float) -> Map:  # noqa: N802
+    """x `op` value: `scalar(op, value)`."""
+    return scalar(op, value)
+
+
+def Activation(name: str) -> Map:  # noqa: N802
+    """An activation by name: `activation(name)`."""
+    return activation(name)
+
+
+def Bias(tensor: TensorId, at: TileAddr | None = None, width: int = 1) -> Map:  # noqa: N802
+    """x + a bias: `bias(tensor, at, width)`."""
+    return bias(tensor, at, width)
+
+
+def cols(expr: Expr) -> tuple[Col, ...]:
+    """The column vectors `expr` reads, in order."""
+    match expr:
+        case Col():
+            return (expr,)
+        case Apply(_, args):
+            return tuple(c for a in args for c in cols(a))
+    return ()
+
+
+def with_cols(expr: Expr, f) -> Expr:
+    """`expr` with every column vector c replaced by f(c)."""
+    match expr:
+        case Col():
+            return f(expr)
+        case Apply(op, args, params):
+            return Apply(op, tuple(with_cols(a, f) for a in args), params)
+    return expr
+
+
+def arg_indices(expr: Expr) -> tuple[int, ...]:
+    """The input pages `expr` reads, by index, in order of first use."""
+    match expr:
+        case Arg(i):
+            return (i,)
+        case Apply(_, args):
+            seen: list[int] = []
+            for a in args:
+                seen += [i for i in arg_indices(a) if i not in seen]
+            return tuple(seen)
+    return ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +202,7 @@ class AddPartial:
     K (split-K: a site adds the partials other sites left in a workspace tensor, in a fixed order)."""
 
 
-ComputeOp = MatmulTiles | Bias | Relu | Requant | Scalar | Activation | Generic | AddPartial
+ComputeOp = MatmulTiles | Map | Requant | Generic | AddPartial
 
 # ---- addresses and loop counts -----------------------------------------------------------------------------
 

@@ -17,17 +17,21 @@ from .nodes import (
 )
 from .ops import (
     AcquireAcc,
-    Activation,
     AddPartial,
+    Apply,
+    Arg,
     Barrier,
-    Bias,
     ChoreoOp,
+    Col,
     Compute,
     ComputeOp,
     Const,
+    Expr,
     Flush,
     Generic,
+    Lit,
     Loop,
+    Map,
     MatmulTiles,
     McastSend,
     McastSetValid,
@@ -37,10 +41,8 @@ from .ops import (
     ReadBarrier,
     ReadTiles,
     ReleaseAcc,
-    Relu,
     Requant,
     Reserve,
-    Scalar,
     SemInc,
     SemSet,
     SemWait,
@@ -74,21 +76,62 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
         case MatmulTiles(b, (sh, sw), prec):
             sub = f" sub {sh}x{sw}" if (sh, sw) != (1, 1) else ""
             return f"matmul {b.osh}x{b.osw}x{b.ibw}{sub} {prec.value}"
-        case Bias(t, at, width):
-            return f"bias {_tensor(p, t) if p else int(t)}[{addr_text(at)} +{width}]"
-        case Relu():
-            return "relu"
-        case Activation(name):
-            return name
+        case Map(expr):
+            return expr_text(expr, p)
         case Requant(mult, shift, zp):
             return f"requant x{mult} shift {shift} zero point {zp}"
-        case Scalar(sop, value):
-            return f"{sop} {value:g}"
         case Generic(name, params):
             return f"generic {name}{list(params) if params else ''}"
         case AddPartial():
             return "add partial sum"
     raise TypeError(f"not a compute op: {op!r}")
+
+
+_INFIX = {
+    "add": "+",
+    "sub": "-",
+    "mul": "*",
+    "div": "/",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "eq": "==",
+    "ne": "!=",
+}
+
+
+def expr_text(expr: Expr, p: SpatialProgram | None = None) -> str:
+    """An elementwise expression in a few words: the one-input forms an epilogue chain holds as before (`relu`,
+    `add 0.5`, `bias B[…]`, `gelu_tanh`), anything else as a formula over the input pages x0, x1, …"""
+    match expr:
+        case Apply(name, (Arg(0),), ()):
+            return name
+        case Apply(name, (Arg(0), Lit(v)), ()) if name in ("add", "mul", "max", "min"):
+            return f"{name} {v:g}"
+        case Apply("add", (Arg(0), Col() as c), ()):
+            return f"bias {_col(p, c)}"
+    return _formula(expr, p)
+
+
+def _formula(expr: Expr, p: SpatialProgram | None) -> str:
+    match expr:
+        case Arg(i):
+            return f"x{i}"
+        case Lit(v):
+            return f"{v:g}"
+        case Col():
+            return _col(p, expr)
+        case Apply(name, args, params):
+            parts = [_formula(a, p) for a in args]
+            if name in _INFIX and not params and len(parts) == 2:
+                return f"({parts[0]} {_INFIX[name]} {parts[1]})"
+            return f"{name}({', '.join(parts + [f'{v:g}' for v in params])})"
+    return repr(expr)
+
+
+def _col(p: SpatialProgram | None, c: Col) -> str:
+    return f"{_tensor(p, c.tensor) if p else int(c.tensor)}[{addr_text(c.at)} +{c.width}]"
 
 
 def _tensor(p: SpatialProgram, tid) -> str:

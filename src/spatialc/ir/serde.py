@@ -24,7 +24,7 @@ from .worklist import MAX_SITES
 
 FORMAT = "spatialc.program"
 TAG = "type"  # the key naming a node's class (fields may be called `kind`)
-VERSION = 6
+VERSION = 7
 # Versions this spatialc reads. Version 1 (before page layouts) decodes with every layout and tile order row-major;
 # `upgrade` (spatialc.from_json passes the tile pass's) lays its operands out as version 2 does. Version 3 added
 # split-K (a placement's `splits`, workspace tensors, AddPartial): a version-2 document is a version-3 one without.
@@ -32,7 +32,9 @@ VERSION = 6
 # Version 5 added the page layouts whose tiles lie by column (`swizzled_cols`, `row_cols`: sm_90a's A pages then).
 # Version 6 added the swizzled panels (`panels`, `panels_t`) the sm_90a form's operand pages now are; a version-5
 # document is a version-6 one without them (`spatialc.from_json` lays a version-5 sm_90a one out in panels).
-READS = (1, 2, 3, 4, 5, 6)
+# Version 7 made the elementwise ops one op, Map(expr) over the elementwise table: an older document's Relu, Scalar,
+# Activation and Bias are read as the Maps they are (`_legacy_elementwise`), with the same meaning.
+READS = (1, 2, 3, 4, 5, 6, 7)
 # How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into
 # one), and far from Python's recursion limit for decoding and for everything that walks the program after it.
@@ -207,11 +209,39 @@ def from_json(
     too_large = _too_large(doc["program"])
     if too_large:  # before decoding (and type-checking) a million entries one by one
         raise SerdeError(f"program: {too_large}")
-    program = decode(doc["program"], SpatialProgram, "program", 2)
+    body = _legacy_elementwise(doc["program"]) if version < 7 else doc["program"]
+    program = decode(body, SpatialProgram, "program", 2)
     fault = names_fault(program)  # before anything prints a name into generated code (ir/names.py)
     if fault is not None:
         raise SerdeError(f"program: {fault}")
     return upgrade(program, version) if upgrade is not None and version < VERSION else program
+
+
+def _arg0() -> dict[str, Any]:
+    return {TAG: "Arg", "index": 0}
+
+
+def _legacy_elementwise(data: Any) -> Any:
+    """A version-6 (or older) program's JSON with each Relu, Scalar, Activation and Bias op written as the Map it is
+    now: relu(x0), op(x0, value), the activation's table op of x0 (`gelu` was PyTorch's tanh form, `gelu_tanh`),
+    x0 + a column vector. Anything not shaped as one of them is left for the decoder to refuse."""
+    if isinstance(data, list):
+        return [_legacy_elementwise(v) for v in data]
+    if not isinstance(data, dict):
+        return data
+    data = {k: _legacy_elementwise(v) for k, v in data.items()}
+    kind, fields = data.get(TAG), set(data) - {TAG}
+    expr: dict[str, Any] | None = None
+    if kind == "Relu" and not fields:
+        expr = {TAG: "Apply", "op": "relu", "args": [_arg0()], "params": []}
+    elif kind == "Scalar" and fields == {"op", "value"} and isinstance(data["op"], str):
+        expr = {TAG: "Apply", "op": data["op"], "args": [_arg0(), {TAG: "Lit", "value": data["value"]}], "params": []}
+    elif kind == "Activation" and fields == {"name"} and isinstance(data["name"], str):
+        expr = {TAG: "Apply", "op": ops.ACTIVATION_OPS.get(data["name"], data["name"]), "args": [_arg0()], "params": []}
+    elif kind == "Bias" and "tensor" in fields and fields <= {"tensor", "at", "width"}:
+        col = {TAG: "Col", **{k: data[k] for k in fields}}
+        expr = {TAG: "Apply", "op": "add", "args": [_arg0(), col], "params": []}
+    return data if expr is None else {TAG: "Map", "expr": expr}
 
 
 def _too_large(program: Any) -> str | None:

@@ -289,7 +289,7 @@ class Builder:
         return self._stage(name, ComputeStage(AddPartial()), "compute", (src.id,), ())
 
     def elementwise(self, name: str, op: ComputeOp, src: RingRef, dst: RingRef) -> StageRef:
-        """Stage: `op` (ir.ops Relu, Bias, Scalar, …) applied to `src`'s pages into `dst`'s."""
+        """Stage: `op` (an ir.ops Map — relu(), bias(…), scalar(…) — or Requant) from `src`'s pages into `dst`'s."""
         expect(src, RingRef, f"the ring stage {name} reads")
         expect(dst, RingRef, f"the ring stage {name} fills")
         return self._stage(name, ComputeStage(op), "compute", (src.id,), (dst.id,))

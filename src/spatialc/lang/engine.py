@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..ir.ids import (
@@ -15,11 +16,11 @@ from ..ir.ids import (
 from ..ir.nodes import Engine as IREngine
 from ..ir.ops import (
     Barrier,
-    Bias,
     Compute,
     ComputeOp,
     Const,
     Loop,
+    Map,
     MatmulTiles,
     McastSetValid,
     ReadBarrier,
@@ -29,6 +30,7 @@ from ..ir.ops import (
     TileAddr,
     Trip,
     WriteBarrier,
+    with_cols,
 )
 from .handles import Affine, GroupRef, Item, Page, SemRef, StageRef, TensorRef, address, expect, var
 from .lines import refuse
@@ -88,13 +90,14 @@ class Engine:
         self.builder.emit(Barrier(expect(group, GroupRef, "what a barrier waits for").id))
 
     def compute(self, stage: StageRef | ComputeOp, src: Page, dst: Page) -> None:
-        """Elementwise `stage` from the waited page `src` into the reserved page `dst` — or the op given itself (a
-        bias names the tile columns of the page at hand: `Bias(tensor, at, width)`, ir.ops)."""
+        """Elementwise `stage` from the waited page `src` into the reserved page `dst` — or the op given itself (a Map
+        of the elementwise table, ir.ops; a column vector names the tile columns of the page at hand:
+        `ir.ops.bias(tensor, at, width)`)."""
         op = stage.op if isinstance(stage, StageRef) else stage
         if op is None or isinstance(op, MatmulTiles) or not dataclasses.is_dataclass(op):
-            raise refuse(f"{getattr(stage, 'name', op)!s} is not an elementwise stage or op (Relu(), Bias(...), …)")
-        if isinstance(op, Bias) and not isinstance(op.at, TileAddr):
-            op = dataclasses.replace(op, at=address(op.at))  # a bias's tile column may name loop variables
+            raise refuse(f"{getattr(stage, 'name', op)!s} is not an elementwise stage or op (relu(), bias(...), …)")
+        if isinstance(op, Map):  # a column vector's tile column may name loop variables
+            op = Map(with_cols(op.expr, lambda c: c if isinstance(c.at, TileAddr) else replace(c, at=address(c.at))))
         expect(src, Page, "what an elementwise op reads")
         expect(dst, Page, "what an elementwise op writes")
         src._need(False, "read")

@@ -13,13 +13,20 @@ from ..ir.ids import LOOP_VAR_NAMES, LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loo
 from ..ir.names import plain
 from ..ir.nodes import Accumulator, ComputeStage, Fifo, Interm, ReadStage, SpatialProgram, TensorRole, WriteStage
 from ..ir.ops import (
+    ACTIVATION_OPS,
+    SCALAR_OPS,
     AcquireAcc,
     AddPartial,
+    Apply,
+    Arg,
     Barrier,
     ChoreoOp,
+    Col,
     Compute,
     Const,
+    Lit,
     Loop,
+    Map,
     MatmulTiles,
     McastSend,
     McastSetValid,
@@ -45,6 +52,24 @@ from .lines import LangError
 def literal(text: str) -> str:
     """`text` as a double-quoted Python literal of the same value: a name is printed as data, never as code."""
     return json.dumps(text)  # every escape JSON writes (\n, \", \u2028, …) means the same in Python
+
+
+def op_source(op: object) -> str:
+    """An elementwise op as the source that makes it: the one-page forms by their names (`Relu()`, `Scalar("add",
+    0.5)`, `Activation("silu")`, `Bias(3, TileAddr(…), 4)`), any other Map or op by its fields."""
+    match op:
+        case Map(Apply("relu", (Arg(0),), ())):
+            return "Relu()"
+        case Map(Apply(name, (Arg(0), Lit(v)), ())) if name in SCALAR_OPS:
+            return f"Scalar({literal(name)}, {v!r})"
+        case Map(Apply(name, (Arg(0),), ())) if name in ACTIVATION_NAMES:
+            return f"Activation({literal(ACTIVATION_NAMES[name])})"
+        case Map(Apply("add", (Arg(0), Col(t, at, width)), ())):
+            return f"Bias({int(t)}, at={at!r}, width={width})"
+    return repr(op)
+
+
+ACTIVATION_NAMES = {table: name for name, table in ACTIVATION_OPS.items()}  # gelu_tanh → "gelu", …
 
 
 def identifier(name: str, taken: set[str]) -> str:
@@ -88,7 +113,7 @@ class SourcePrinter:
             "",
             "from spatialc import lang",
             "from spatialc.ir.ids import *  # noqa: F403 (the ids an elementwise op's fields name)",
-            "from spatialc.ir.ops import *  # noqa: F403 (elementwise ops: Bias, Relu, Scalar, Requant, Activation)",
+            "from spatialc.ir.ops import *  # noqa: F403 (elementwise ops: Map, Apply, Arg, Lit, Col, Requant)",
             "",
             "",
             f"@lang.program(target={literal(p.target)}, precision={literal(p.precision.value)}, name={name})",
@@ -284,7 +309,7 @@ class SourcePrinter:
             case Compute(AddPartial(), (src,), (), acc, None) if acc is not None:
                 self.line(depth, f"{b[acc]}.add({self.page(src, False)})")
             case Compute(stage_op, (src,), (dst,), None, None) if not isinstance(stage_op, MatmulTiles):
-                self.line(depth, f"e.compute({stage_op!r}, {self.page(src, False)}, {self.page(dst, True)})")
+                self.line(depth, f"e.compute({op_source(stage_op)}, {self.page(src, False)}, {self.page(dst, True)})")
             case PackAcc(acc, to, tiles, False):
                 self.line(depth, f"{b[acc]}.pack({self.page(to, True)}, tiles={tiles})")
             case McastSend(ring, group):

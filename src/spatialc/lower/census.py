@@ -16,9 +16,9 @@ parsing C. Three tags exist:
 - `// pad:Push` — an empty commit that keeps the pipeline's wait count exact on a loop's last step; the image of
   no op, so not counted as one.
 
-A `Compute` marker also names its compute op, `// op:Compute:Relu`, so the census counts the stages too (the
-matmul, and each epilogue stage the fused store applies): a store that applied one stage twice and forgot
-another would have the right number of Computes, and the wrong stages.
+A `Compute` marker also names its compute op, `// op:Compute:Map_relu_x0`, so the census counts the stages too (the
+matmul, and each epilogue stage the fused store applies, a Map by the ops and leaves of its expression): a store that
+applied one stage twice and forgot another would have the right number of Computes, and the wrong stages.
 """
 
 from __future__ import annotations
@@ -27,11 +27,30 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from ..ir.ops import ChoreoOp, Compute, walk
+from ..ir.ops import Apply, Arg, ChoreoOp, Col, Compute, ComputeOp, Expr, Lit, Map, walk
 from .artifact import Census
 
 OP, PRE, POST, PAD = "op", "pre", "post", "pad"
 _MARK = re.compile(r"// (op|pre|post|pad):(\w+)(?::(\w+))?(?: x(\d+))?")
+
+
+def stage_kind(op: ComputeOp) -> str:
+    """A compute op's kind as markers and counts name it: its class, and a Map's expression as one word
+    (`Map_add_x0_col`: a bias)."""
+    return f"Map_{_word(op.expr)}" if isinstance(op, Map) else type(op).__name__
+
+
+def _word(expr: Expr) -> str:
+    match expr:
+        case Arg(i):
+            return f"x{i}"
+        case Lit():
+            return "lit"
+        case Col():
+            return "col"
+        case Apply(name, args):
+            return "_".join([name, *(_word(a) for a in args)])
+    return "expr"
 
 
 def marker(op_or_kind: object, tag: str = OP, times: int = 1) -> str:
@@ -40,7 +59,7 @@ def marker(op_or_kind: object, tag: str = OP, times: int = 1) -> str:
     A Compute op's marker names its compute op after a colon: `// op:Compute:MatmulTiles`."""
     kind = op_or_kind if isinstance(op_or_kind, str) else type(op_or_kind).__name__
     if isinstance(op_or_kind, Compute):
-        kind += f":{type(op_or_kind.op).__name__}"
+        kind += f":{stage_kind(op_or_kind.op)}"
     return f"// {tag}:{kind}" + (f" x{times}" if times > 1 else "")
 
 
@@ -53,10 +72,10 @@ def count_ops(programs: Iterable[tuple[ChoreoOp, ...]]) -> dict[str, int]:
 
 
 def count_stages(programs: Iterable[tuple[ChoreoOp, ...]]) -> dict[str, int]:
-    """Each compute op kind's count over the Compute ops of `programs` (MatmulTiles, Bias, Relu, …)."""
+    """Each compute op kind's count over the Compute ops of `programs` (MatmulTiles, Map_relu_x0, …)."""
     counts: Counter[str] = Counter()
     for ops in programs:
-        counts.update(type(op.op).__name__ for op in walk(ops) if isinstance(op, Compute))
+        counts.update(stage_kind(op.op) for op in walk(ops) if isinstance(op, Compute))
     return dict(sorted(counts.items()))
 
 

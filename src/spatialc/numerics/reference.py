@@ -17,7 +17,7 @@ from ..errors import ProgramError
 from ..inputs import operand_values, row_limits
 from ..interp.values import matmul
 from ..ir.nodes import SpatialProgram
-from ..ir.ops import Bias, Precision
+from ..ir.ops import Precision
 from . import epilogue
 from .rounding import computed_operand, output_values
 
@@ -83,15 +83,25 @@ def matmul_value(p: SpatialProgram, decl: Any, mm: Any, inputs: Mapping[str, Any
     return np.rint(x) if p.precision == Precision.INT8 else x
 
 
+def column_values(p: SpatialProgram, inputs: Mapping[str, Any]):
+    """Column vector c's values, from the input named by its tensor: a row of one value per column of C."""
+    return lambda c: np.asarray(inputs[p.tensor(c.tensor).name]).reshape(-1)
+
+
 def applied(p: SpatialProgram, x: np.ndarray, ops: list, inputs: Mapping[str, Any]) -> np.ndarray:
     """Elementwise `ops` on a matmul's sum, in the accumulator's type (int64, or float32 as the kernel's)."""
     integer = p.precision == Precision.INT8
     if ops:
         x = epilogue.start(x, integer)
     for op in ops:
-        row = np.asarray(inputs[p.tensor(op.tensor).name]).reshape(-1) if isinstance(op, Bias) else None
-        x = epilogue.apply(op, x, integer, row)
+        x = epilogue.apply(op, x, integer, column_values(p, inputs))
     return x
+
+
+def product(p: SpatialProgram, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A @ B in float64 (exact integers for int8), each group's own for a grouped GEMM."""
+    x = _matmul(a, b)
+    return np.rint(x) if p.precision == Precision.INT8 else x
 
 
 def reference_of(
@@ -99,8 +109,13 @@ def reference_of(
 ) -> np.ndarray:
     """`reference` from A and B already rounded by `rounded_operands` (the other inputs, a bias, from `inputs`); A
     may be a sample of its rows (in each group), `rows`, which C's rows then are."""
-    integer = p.precision == Precision.INT8
-    x = applied(p, np.rint(_matmul(a, b)) if integer else _matmul(a, b), epilogue_ops(p), inputs)
+    return finished(p, product(p, a, b), inputs, rows)
+
+
+def finished(p: SpatialProgram, x: np.ndarray, inputs: Mapping[str, Any], rows: Any = None) -> np.ndarray:
+    """C from the matmul's sum `x` (`product`): the epilogue applied, a grouped GEMM's rows past its counts zero,
+    rounded to C's element type."""
+    x = applied(p, x, epilogue_ops(p), inputs)
     out = p.output_tensor()
     assert out is not None
     if out.groups > 1:  # a grouped GEMM: each group's rows at or past its row count are left zero

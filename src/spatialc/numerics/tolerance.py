@@ -9,13 +9,12 @@
   emulation), in an order the hardware chooses; the interpreter sums in float64 and rounds once. A K-term float32
   sum is within K·u·Σ|a·b| of the exact sum (u = 2^-24, the classical bound), so a kernel's C is within (K + 4)
   float32 units of |A|@|B| of the float64 reference, and the interpreter's within 4.
-- **Epilogues** run in float32 for fp16 / bf16 programs (a scalar multiply scales the error with the values; each op
-  rounds once more) and in exact integers for int8 programs (requant is TFLite's fixed point, bit-exact).
-- **Activations** (gelu, silu, sigmoid, tanh; float programs) are computed in float64 from the float32 value and
-  rounded once, in the interpreter, the kernel and the emulation alike: a kernel's activation is within one float32
-  ulp of the interpreter's, or 2^-50·|x| in gelu's far negative tail, where the formula cancels
-  (`spatialc.numerics.epilogue`). An error already in x
-  grows by at most the activation's largest slope (1.13 for gelu, 1.1 silu, 1 tanh, 0.25 sigmoid).
+- **Epilogues** (elementwise ops, `numerics.elementwise`) compute each op in float64 from float32 operands and round
+  once to float32, in the interpreter, the kernel and the emulation alike; an op that calls a library function
+  (exp, log, tanh, erf, pow) may land one float32 ulp from the interpreter's, gelu's 2^-50·|x| in its cancelling
+  tail. An error already in an operand is carried through each op exactly by intervals: the op's value over the
+  box of its operands' bounds (its corners, and its turning points inside), plus its own rounding. int8 programs'
+  epilogues are exact integers (requant is TFLite's fixed point, bit-exact).
 - **Computed operands** (a matmul of an earlier matmul's result, as in an MLP) are rounded from float32 to the
   operand type, nearest even, as the kernel stores them. Where the earlier result may differ from the reference's,
   the two roundings may land on neighbouring values: the bound carries each stage's error through, plus one
@@ -34,9 +33,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ProgramError
-from ..ir.nodes import DType, SpatialProgram, TensorRole
-from ..ir.ops import Activation, Bias, Precision, Scalar
-from .epilogue import ACTIVATION_SLOPE, ACTIVATION_TAIL
+from ..ir.nodes import DType, SpatialProgram
+from ..ir.ops import Map, Precision
+from . import elementwise
 
 F32_MAX = float(np.finfo(np.float32).max)  # 3.4e38: a float32 sum at or past it is ±inf (or NaN)
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
@@ -54,17 +53,15 @@ class RangeWarning(UserWarning):
 class Tolerance:
     """The error allowed in each element of C against the float64 reference of the same operand-rounded inputs.
 
-    `exact`: int8 programs, compared with `==`. Otherwise |C − ref| ≤ ulps · 2^-23 · scale · (|A| @ |B|)
-    + 2 · eps · |ref| (the epilogue's own rounding, and C's to its element type: eps is one ulp at 1.0 of float32,
-    fp16 or bf16) + the smallest normal float32."""
+    `exact`: int8 programs, compared with `==`. Otherwise |C − ref| ≤ e + 2 · eps · |ref| + the smallest normal
+    float32, where e is ulps · 2^-23 · (|A| @ |B|) carried through the epilogue's ops (`epilogue`; each op's
+    `numerics.elementwise.bounded`), and eps one ulp at 1.0 of C's type (float32, fp16 or bf16)."""
 
     program: SpatialProgram = field(repr=False, compare=False)
     exact: bool
     ulps: int
-    scale: float
     out_eps: float = EPS32
-    activations: int = 0  # activation stages: each may add its cancelling tail, ACTIVATION_TAIL · |x|
-    offsets: float = 0.0  # the scalar add / max / min constants, which can make |x| larger than the products
+    epilogue: bool = False  # elementwise ops after the matmul: the bound is carried through each
     chained: bool = False  # a matmul of computed operands: the bound is carried stage by stage (`_chained`)
     kernel: bool = False  # a kernel's bound: it holds where |A|@|B| stays within float32's range
     strict: bool = False  # inputs past that range are refused (InputError) rather than warned about
@@ -80,9 +77,9 @@ class Tolerance:
                 f"carried through each matmul ({'K + 4' if self.ulps else '4'} float32 ulps of its |A|@|B|), each"
                 f" epilogue op and each computed operand's rounding, plus 2 {out} ulps of |C|"
             )
-        scaled = f" × {self.scale:g} (the epilogue's multiplies)" if self.scale != 1 else ""
+        carried = ", carried through each epilogue op" if self.epilogue else ""
         out = OUT_NAMES.get(self.out_eps, "float32")
-        return f"{self.ulps} float32 ulps of |A|@|B|{scaled}, plus 2 {out} ulps of |C|"
+        return f"{self.ulps} float32 ulps of |A|@|B|{carried}, plus 2 {out} ulps of |C|"
 
     def bound(self, inputs: Mapping[str, Any]) -> np.ndarray:
         """The allowed |C − ref| of each element for these inputs (zeros for an exact program)."""
@@ -96,7 +93,7 @@ class Tolerance:
         """The reference and the bound of each element, from the operands rounded once (A, and so C, only the
         sampled `rows` where given)."""
         from ..interp.values import matmul
-        from .reference import reference, reference_of, rounded_operands
+        from .reference import column_values, epilogue_ops, finished, product, reference, rounded_operands
 
         if self.chained:
             if rows is not None:
@@ -104,22 +101,21 @@ class Tolerance:
             ref = reference(self.program, inputs)
             size = np.abs(ref.astype(np.float64))
             return ref, _chained(self.program, inputs, bool(self.ulps)) + 2 * self.out_eps * size + _TINY
-        a, b = rounded_operands(self.program, inputs)
-        ref = reference_of(self.program, a, b, inputs, rows)
+        p = self.program
+        a, b = rounded_operands(p, inputs)
+        x = product(p, a, b)
+        ref = finished(p, x, inputs, rows)
         if self.exact:
             return ref, np.zeros(ref.shape)
         size = np.abs(ref.astype(np.float64))
         magnitude = _abs_product(a, b, matmul)  # float operands (an exact int8 program returned above)
         self._in_range(magnitude)
-        sums = self.ulps * EPS32 * self.scale * magnitude
-        if self.activations:
-            # |x| at an activation is at most the products' magnitude, scaled, plus the largest parameter (a bias)
-            # and the scalar constants added, scaled too.
-            names = [t.name for t in self.program.tensors if t.role == TensorRole.PARAMETER]
-            params = [np.max(np.abs(np.asarray(inputs[n], np.float64)), initial=0.0) for n in names if n in inputs]
-            x = self.scale * (magnitude + max(params, default=0.0) + self.offsets)
-            sums = sums + self.activations * ACTIVATION_TAIL * x
-        return ref, sums + 2 * self.out_eps * size + _TINY
+        err = self.ulps * EPS32 * magnitude
+        x = x.astype(np.float32).astype(np.float64) if self.epilogue else x  # the float32 the epilogue starts from
+        for op in epilogue_ops(p) if self.epilogue else ():
+            assert isinstance(op, Map)  # a float program's epilogue: requant is an int8 op
+            x, err = elementwise.bounded(op.expr, [(x, err + EPS32 * np.abs(x))], _row(column_values(p, inputs)))
+        return ref, err + 2 * self.out_eps * size + _TINY
 
     def past_range(self, magnitude: np.ndarray) -> np.ndarray:
         """Where a kernel's float32 sum of finite inputs may overflow: |A|@|B|, with the sum's own rounding, at
@@ -196,22 +192,16 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
 
     expect_program("tolerance", program, "from spatialc.gemm or build")
     if program.precision == Precision.INT8:
-        return Tolerance(program, True, 0, 1.0)
+        return Tolerance(program, True, 0)
     from .reference import _declared
 
     decl = _declared(program)
     out = program.output_tensor()
     eps = OUT_EPS.get(out.dtype, EPS32) if out is not None else EPS32
     if len(decl.matmuls) > 1:  # ulps: 1 marks the kernel's bound (K + 4 per matmul, each its own K)
-        return Tolerance(program, False, int(kernel), 1.0, eps, chained=True, kernel=kernel, strict=strict)
+        return Tolerance(program, False, int(kernel), eps, chained=True, kernel=kernel, strict=strict)
     k = program.tensor(decl.a).elems[1]  # type: ignore[arg-type]  # A: the matmul stage's first operand
-    ops = [s.kind.op for s in decl.chain]  # type: ignore[union-attr]
-    muls = [abs(op.value) for op in ops if isinstance(op, Scalar) and op.op == "mul"]
-    muls += [ACTIVATION_SLOPE[op.name] for op in ops if isinstance(op, Activation)]
-    acts = sum(1 for op in ops if isinstance(op, Activation))
-    offsets = sum(abs(op.value) for op in ops if isinstance(op, Scalar) and op.op != "mul")
-    scale = max(float(np.prod(muls or [1.0])), 1.0)
-    return Tolerance(program, False, k + 4 if kernel else 4, scale, eps, acts, offsets, kernel=kernel, strict=strict)
+    return Tolerance(program, False, k + 4 if kernel else 4, eps, bool(decl.chain), kernel=kernel, strict=strict)
 
 
 _TINY = float(np.finfo(np.float32).tiny)
@@ -223,7 +213,7 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
     """The error bound of each element of C before its rounding to C's type, carried from the inputs through each
     matmul, each elementwise op and each computed operand's rounding (see the module docstring)."""
     from ..interp.values import matmul as product
-    from .reference import _declared, applied, tensor_operand
+    from .reference import _declared, column_values, tensor_operand
     from .rounding import computed_operand
 
     decl = _declared(p)
@@ -250,19 +240,20 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
         return product(a, b) if a.ndim == 2 else a @ b, err
 
     def through(x: np.ndarray, e: np.ndarray, ops: list) -> tuple[np.ndarray, np.ndarray]:
+        if ops:  # the float32 the epilogue starts from, one rounding off the sum
+            x, e = x.astype(np.float32).astype(np.float64), e + EPS32 * np.abs(x)
         for op in ops:
-            y = np.asarray(applied(p, x, [op], inputs), np.float64)
-            if isinstance(op, Activation):
-                e = ACTIVATION_SLOPE[op.name] * e + EPS32 * np.abs(y) + ACTIVATION_TAIL * (np.abs(x) + e)
-            elif isinstance(op, Scalar) and op.op == "mul":
-                e = abs(op.value) * e + EPS32 * np.abs(y)
-            elif isinstance(op, Bias | Scalar) and not (isinstance(op, Scalar) and op.op in ("max", "min")):
-                e = e + EPS32 * np.abs(y)
-            x = y
+            assert isinstance(op, Map)  # a float program's epilogue: requant is an int8 op
+            x, e = elementwise.bounded(op.expr, [(x, e)], _row(column_values(p, inputs)))
         return x, e
 
     assert decl.matmul is not None
     return through(*matmul(decl.matmuls[decl.matmul.id]), [s.kind.op for s in decl.chain])[1]
+
+
+def _row(values: Any) -> Any:
+    """Column vectors' values as rows that broadcast over C's rows."""
+    return lambda c: np.asarray(values(c), np.float32).reshape(1, -1)
 
 
 def _abs_product(a: np.ndarray, b: np.ndarray, matmul: Any) -> np.ndarray:

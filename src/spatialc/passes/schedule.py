@@ -16,6 +16,7 @@ gets empty programs.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 from ..errors import PlanError
 from ..frontend import SIZES
@@ -33,11 +34,12 @@ from ..ir.nodes import (
 from ..ir.ops import (
     AcquireAcc,
     AddPartial,
-    Bias,
     ChoreoOp,
+    Col,
     Compute,
     Const,
     Loop,
+    Map,
     PackAcc,
     Pop,
     Push,
@@ -51,8 +53,10 @@ from ..ir.ops import (
     Wait,
     WriteBarrier,
     WriteTiles,
+    cols,
     rewrite,
     walk,
+    with_cols,
 )
 from .multicast import SEM_A_READY, SEM_A_VALID, SEM_B_READY, SEM_B_VALID, roles, share
 from .split import SEM_PARTIALS, owner_of, partial_rings, split_of, split_ranges
@@ -158,13 +162,18 @@ def _epilogue_ops(p: SpatialProgram, first: BufferId, w: int) -> tuple[tuple[Cho
     while cur in by_input:
         stage = by_input[cur]
         op = stage.kind.op  # type: ignore[union-attr]
-        if isinstance(op, Bias):
-            # The page's first column is the item's first output column: tile column item_x · w of the bias row.
-            op = Bias(op.tensor, TileAddr(0, ((LV_ITEM_X, w),)), w)
+        if isinstance(op, Map) and cols(op.expr):
+            # The page's first column is the item's first output column: tile column item_x · w of each column
+            # vector (a bias row).
+            op = Map(with_cols(op.expr, partial(_at_item, w=w)))
         (out,) = stage.outs
         ops += [Wait(cur), Reserve(out), Compute(op, (cur,), (out,)), Push(out), Pop(cur)]
         cur = out
     return tuple(ops), cur
+
+
+def _at_item(c: Col, w: int) -> Col:
+    return dataclasses.replace(c, at=TileAddr(0, ((LV_ITEM_X, w),)), width=w)
 
 
 def split_bodies(p: SpatialProgram, site: Site) -> dict[str, tuple[ChoreoOp, ...]]:

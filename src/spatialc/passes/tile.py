@@ -24,7 +24,8 @@ from ..ir.nodes import (
     SpatialProgram,
     TensorRole,
 )
-from ..ir.ops import Activation, AddPartial, BlockShape, MatmulTiles, Precision
+from ..ir.ops import AddPartial, BlockShape, Map, MatmulTiles, Precision
+from ..numerics.elementwise import transcendental
 from ..target import SpatialTarget
 from .verify.wellformed import MAX_ITEMS
 
@@ -64,9 +65,10 @@ def has_epilogue(p: SpatialProgram) -> bool:
 
 def fused_by_persistent(p: SpatialProgram) -> bool:
     """Whether every elementwise stage of `p` is one the persistent kernel (and the sm_90a form's fused store) applies
-    from the accumulators: not an activation, which only the general form prints page to page, in rings of its own
-    that a plan must hold ("auto" then plans for that form)."""
-    return not any(isinstance(getattr(s.kind, "op", None), Activation) for s in p.stages)
+    from the accumulators: none that calls a library function (an activation, exp, log), which only the general form
+    prints page to page, in rings of its own that a plan must hold ("auto" then plans for that form)."""
+    maps = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)]
+    return not any(transcendental(m.expr) for m in maps)
 
 
 def ring_stages(p: SpatialProgram, form: str, extra: int = 0) -> int:

@@ -220,7 +220,7 @@ def preamble(k: Kernel) -> list[str]:
     lines += ["", RING_MACROS, STORE_MACRO, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types), ""]
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     if k.has_epilogue:
-        lines += ["", *epilogue.helpers().rstrip("\n").split("\n"), ""]
+        lines += ["", *epilogue.helpers(k.integer).rstrip("\n").split("\n"), ""]
     lines += [f"#define NTHREAD {k.lanes * 32}", f"#define NWARP {k.lanes}", f"#define PERW {k.perw}"]
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]

@@ -12,23 +12,38 @@ each one).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from ...ir.nodes import ComputeStage, DType, PageLayout, SpatialProgram, Stage, TensorRole
-from ...ir.ops import Activation, Bias, ComputeOp, MatmulTiles, Relu, Requant, Scalar
+from ...ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, cols
 from ...ir.printer import compute_text
+from ...numerics import elementwise
+from ...numerics.elementwise import ElementwiseError, transcendental
 from ...numerics.epilogue import dot_range, integer_range
 from ..errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
 from .cwriter import inlined
 
-EPILOGUE_OPS = (Bias, Relu, Scalar, Requant)  # what the persistent kernel's fused store applies
-ELEMENTWISE_OPS = (*EPILOGUE_OPS, Activation)  # what the general form's stages apply page to page
+
+def fused(op: ComputeOp) -> bool:
+    """Whether the persistent kernel's fused store (and the sm_90a form's) applies `op` from the accumulators: a
+    requant, or a Map of the one page before it that calls no library function."""
+    return isinstance(op, Requant) or (isinstance(op, Map) and not transcendental(op.expr))
+
+
+def page_to_page(op: ComputeOp) -> bool:
+    """Whether the general form's stages apply `op` page to page: a requant, or any Map."""
+    return isinstance(op, Requant | Map)
+
+
+EPILOGUE_OPS = fused  # what the persistent kernel's fused store applies
+ELEMENTWISE_OPS = page_to_page  # what the general form's stages apply page to page
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
-def chain(p: SpatialProgram, mm: Stage, ops: tuple[type, ...] = EPILOGUE_OPS) -> tuple[Stage, ...]:
+def chain(p: SpatialProgram, mm: Stage, ops=EPILOGUE_OPS) -> tuple[Stage, ...]:
     """The elementwise stages from the matmul's output to the written buffer — or to the page the next matmul reads
     (an MLP's hidden layer, `feeds`) — in order (empty: no epilogue); a stage of none of `ops` needs the general
     form."""
@@ -48,10 +63,11 @@ def chain(p: SpatialProgram, mm: Stage, ops: tuple[type, ...] = EPILOGUE_OPS) ->
         (s,) = after
         if not isinstance(s.kind, ComputeStage) or isinstance(s.kind.op, MatmulTiles):
             return tuple(stages)
-        if not isinstance(s.kind.op, ops) or len(s.ins) != 1 or len(s.outs) != 1:
+        if not ops(s.kind.op) or len(s.ins) != 1 or len(s.outs) != 1:
             raise NeedsGeneral(
                 f"a {compute_text(s.kind.op, p)} stage ({s.name})",
-                "the fused epilogue applies only elementwise bias, relu, scalar and requant stages",
+                "the fused epilogue applies only elementwise stages of one page that call no library function"
+                " (exp, log, tanh, erf, pow), and requant",
             )
         stages.append(s)
         cur = s.outs[0]
@@ -88,14 +104,8 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool, mm: Stage
             )
         if isinstance(op, Requant) and not integer:
             raise UnsupportedPrecision("requant", "it requantises an integer accumulator; this program's is float32")
-        if isinstance(op, Activation) and integer:
-            raise UnsupportedPrecision(
-                f"activation {op.name}", "it is float arithmetic; an int8 program's epilogue is integer"
-            )
-        if isinstance(op, Bias):
-            _check_bias(p, op, integer)
-        if isinstance(op, Scalar):
-            _check_scalar(op, integer)
+        if isinstance(op, Map):
+            _check_map(p, op, integer)
         if isinstance(op, Requant):
             _check_requant(op)
     reader = feeds(p, stages, mm)
@@ -143,7 +153,28 @@ def _check_operand_page(p: SpatialProgram, stages: tuple[Stage, ...], integer: b
         )
 
 
-def _check_bias(p: SpatialProgram, op: Bias, integer: bool) -> None:
+def _check_map(p: SpatialProgram, op: Map, integer: bool) -> None:
+    """A Map the printers spell exactly: the table's ops, integer ones in an integer program, constants the
+    program's values hold, column vectors the kernel can read."""
+    for node in _nodes(op.expr):
+        if isinstance(node, Lit):
+            _check_constant(node, integer)
+    if integer:
+        try:
+            elementwise.int_range(op.expr, [(0, 0)], lambda c: (0, 0))  # every op has an integer meaning
+        except ElementwiseError as e:
+            raise UnsupportedPrecision(compute_text(op, p), f"{e}; an int8 program's epilogue is integer") from None
+    for c in cols(op.expr):
+        _check_col(p, c, integer)
+
+
+def _nodes(expr):
+    yield expr
+    for a in getattr(expr, "args", ()):
+        yield from _nodes(a)
+
+
+def _check_col(p: SpatialProgram, op: Col, integer: bool) -> None:
     t = p.tensor(op.tensor)
     want = DType.INT32 if integer else DType.FLOAT32
     if t.tiles[0] != 1:
@@ -168,12 +199,12 @@ def _check_bias(p: SpatialProgram, op: Bias, integer: bool) -> None:
         )
 
 
-def _check_scalar(op: Scalar, integer: bool) -> None:
+def _check_constant(op: Lit, integer: bool) -> None:
     if integer and op.value != int(op.value):
-        raise Unsupported(f"scalar {op.op} {op.value!r} in an int8 program", "its epilogue is integer arithmetic")
+        raise Unsupported(f"the constant {op.value!r} in an int8 program", "its epilogue is integer arithmetic")
     if not integer and not math.isfinite(float(np.float32(op.value))):
         raise Unsupported(
-            f"scalar {op.op} {op.value!r}",
+            f"the constant {op.value!r}",
             "the value is not a finite float32, and the kernel's float epilogue is float32 arithmetic",
         )
 
@@ -201,7 +232,7 @@ def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
         if after is None:
             raise Unsupported(
                 f"epilogue op {compute_text(op, p)}",
-                "the integer epilogue knows bias, relu, add, mul, max, min and requant",
+                "the integer epilogue knows the table's integer ops (numerics.elementwise) and requant",
             )
         lo, hi = after
         if lo < INT64_MIN or hi > INT64_MAX:
@@ -216,59 +247,35 @@ def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
 # ---- C --------------------------------------------------------------------------------------------------------
 
 
-def helpers(stages: tuple[ComputeOp, ...] = ()) -> str:
-    """The device functions the chain's statements call, inlined into the kernel text (the activations' only when
-    a stage is one)."""
-    files = ["persistent_epilogue.cuh"] + (
-        ["activations.cuh"] if any(isinstance(s, Activation) for s in stages) else []
-    )
-    return inlined(*files)
+def helpers(integer: bool) -> str:
+    """The device functions the chain's statements call, inlined into the kernel text: an integer program's
+    requantisation (its elementwise ops are plain C expressions), or a float program's elementwise ops."""
+    return inlined("persistent_epilogue.cuh" if integer else "elementwise.cuh")
 
 
 def c_int(n: int) -> str:
     """An int64 literal, parenthesised when negative (the most negative has no literal of its own)."""
-    if n == INT64_MIN:
-        return "(-9223372036854775807LL - 1)"
-    return f"{n}LL" if n >= 0 else f"({n}LL)"
+    return elementwise.c_long(n)
 
 
 def c_float(x: float) -> str:
     """The float32 nearest `x` as a float literal that reads back to exactly that float32."""
-    text = np.format_float_scientific(np.float32(x), unique=True, trim="-")
-    return f"{text}f" if not text.startswith("-") else f"({text}f)"
+    return elementwise.c_float(x)
 
 
-_INT_SCALAR = {
-    "add": "v = v + {c};",
-    "mul": "v = v * {c};",
-    "max": "v = v > {c} ? v : {c};",
-    "min": "v = v < {c} ? v : {c};",
-}
-# NaN goes through max and min as numpy's maximum / minimum let it (a bare comparison would drop it).
-_FLOAT_SCALAR = {
-    "add": "v = spatialc_fadd(v, {c});",
-    "mul": "v = spatialc_fmul(v, {c});",
-    "max": "v = v > {c} || v != v ? v : {c};",
-    "min": "v = v < {c} || v != v ? v : {c};",
-}
-
-
-def statement(op: ComputeOp, integer: bool, bias_at: str = "") -> str:
-    """One stage on the lane's value `v`; `bias_at` is the flat index of the element's bias in its tensor."""
+def statement(op: ComputeOp, integer: bool, col_at: Callable[[Col], str] | None = None) -> str:
+    """One stage on the lane's value `v`; `col_at(c)` is the flat index of the element's value in column vector c's
+    tensor (a bias's)."""
     match op:
-        case Bias(tensor):
-            value = f"t{int(tensor)}[{bias_at}]"
-            return f"v = v + (long long){value};" if integer else f"v = spatialc_fadd(v, {value});"
-        case Relu():
-            return "v = v > 0 ? v : 0;" if integer else "v = v > 0.0f || v != v ? v : 0.0f;"
-        case Scalar(name, value):
-            if integer:
-                return _INT_SCALAR[name].format(c=c_int(int(value)))
-            return _FLOAT_SCALAR[name].format(c=c_float(value))
+        case Map(expr):
+
+            def col(c: Col) -> str:
+                assert col_at is not None, "a column vector's stage needs its index"
+                return f"t{int(c.tensor)}[{col_at(c)}]"
+
+            return f"v = {elementwise.c_expr(expr, integer, lambda i: 'v', col)};"
         case Requant(multiplier, shift, zero_point):
             return f"v = spatialc_requant(v, {multiplier}, {shift}, {zero_point});"
-        case Activation(name) if not integer:
-            return f"v = spatialc_{name}(v);"
         case MatmulTiles():
             pass
     raise Unsupported(f"a {type(op).__name__} epilogue stage", "the fused epilogue has no statement for it")

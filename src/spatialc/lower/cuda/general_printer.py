@@ -17,11 +17,12 @@ from ...ir.ops import (
     AcquireAcc,
     AddPartial,
     Barrier,
-    Bias,
     ChoreoOp,
+    Col,
     Compute,
     Flush,
     Loop,
+    Map,
     McastSend,
     PackAcc,
     Pop,
@@ -35,6 +36,9 @@ from ...ir.ops import (
     Wait,
     WriteBarrier,
     walk,
+)
+from ...ir.ops import (
+    cols as expr_cols,
 )
 from ...ir.printer import addr_text, compute_text
 from ...target import WARP
@@ -227,20 +231,22 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
 
     def elementwise(self, op: Compute, stage, src: Ring, dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
         """An epilogue stage page to page: each thread of the engine a strided share of the elements."""
-        if not isinstance(stage, epilogue.ELEMENTWISE_OPS):
+        if not epilogue.page_to_page(stage):
             raise Unsupported(f"a {compute_text(stage, self.k.program)} stage", "the general form has no image for it")
         n = src.page
         value = "long long" if self.k.integer else "float"
-        bias = ""
-        if isinstance(stage, Bias):
-            at = addr_expr(stage.at, env)
+        columns = expr_cols(stage.expr) if isinstance(stage, Map) else ()
+
+        def col_at(c: Col) -> str:
+            at = addr_expr(c.at, env)
             lead = f"{at} + " if at != "0" else ""
-            bias = f"(long long)({lead}tl % {stage.width}) * {TILE_ELEMS} + el % 16"
+            return f"(long long)({lead}tl % {c.width}) * {TILE_ELEMS} + el % 16"
+
         with self.w.block("", mark), self.w.block(f"for (int e = etid; e < {n}; e += {self.nthreads})"):
-            if bias:
+            if columns:
                 self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
             self.w.line(f"{value} v = SPATIALC_PAGE_LD(ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id} + e);")
-            self.w.line(epilogue.statement(stage, self.k.integer, bias))
+            self.w.line(epilogue.statement(stage, self.k.integer, col_at))
             # A page a matmul reads holds operands: the value converted to their type (float32 rounded to nearest
             # even, `MmaTypes.to_operand`), as the interpreter rounds a computed operand page where a matmul reads it.
             value = f"{self.k.types.to_operand}(v)" if dst.c_type == "OPT" else "(EPIT)v"
@@ -260,7 +266,7 @@ def preamble(k: GeneralKernel) -> list[str]:
     lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     lines += [f"typedef {epit} EPIT;"]
     if k.stages:
-        lines += ["", *epilogue.helpers(k.stages).rstrip("\n").split("\n"), ""]
+        lines += ["", *epilogue.helpers(k.integer).rstrip("\n").split("\n"), ""]
     lines += [f"#define NTHREAD {k.threads}", f"#define NWARP {k.lanes}"]
     lines += [f"#define {f.count} {f.perw}" for f in k.fragments]
     for rid in sorted(k.rings.rings):

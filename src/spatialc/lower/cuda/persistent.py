@@ -107,7 +107,7 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     compute = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
     compute += [op.op for op in all_ops(p) if isinstance(op, Compute)]
     for c in compute:
-        if not isinstance(c, (MatmulTiles, *epilogue.EPILOGUE_OPS)):
+        if not (isinstance(c, MatmulTiles) or epilogue.fused(c)):
             return (
                 f"a {compute_text(c, p)} stage",
                 "the tile kernel computes tensor-core tile matmuls and fuses elementwise epilogue stages into their "

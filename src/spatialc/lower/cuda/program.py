@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, GroupId, Site
 from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole, TileOrder, per_op_list
-from ...ir.ops import ChoreoOp, Const, Loop, MatmulTiles, McastSend, McastSetValid, SemInc, rewrite, walk
+from ...ir.ops import ChoreoOp, ComputeOp, Const, Loop, MatmulTiles, McastSend, McastSetValid, SemInc, rewrite, walk
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...numerics.epilogue import dot_range
 from ...target import SpatialTarget
@@ -300,7 +301,9 @@ def _per_item(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
 Layer = tuple[Stage, tuple[Stage, ...]]  # a matmul stage and its epilogue chain
 
 
-def checked_layers(p: SpatialProgram, elementwise: tuple[type, ...]) -> tuple[MmaTypes, bool, tuple[Layer, ...]]:
+def checked_layers(
+    p: SpatialProgram, elementwise: Callable[[ComputeOp], bool]
+) -> tuple[MmaTypes, bool, tuple[Layer, ...]]:
     """The fragment types, whether the program is int8 (exact integer epilogue), and each matmul stage with its
     epilogue chain (to the written output, or to the page the next matmul reads) — after the checks every backend
     makes: one operand type for every matmul, held by the inputs, int8 reductions that fit int32, chains of
@@ -324,7 +327,9 @@ def checked_layers(p: SpatialProgram, elementwise: tuple[type, ...]) -> tuple[Mm
     return types, integer, layers
 
 
-def checked_gemm(p: SpatialProgram, elementwise: tuple[type, ...]) -> tuple[Stage, MmaTypes, bool, tuple[Stage, ...]]:
+def checked_gemm(
+    p: SpatialProgram, elementwise: Callable[[ComputeOp], bool]
+) -> tuple[Stage, MmaTypes, bool, tuple[Stage, ...]]:
     """The matmul stage of a one-matmul program, its fragment types, whether it is int8 and its epilogue chain,
     checked as `checked_layers` checks them."""
     types, integer, ((mm, chain), *_) = checked_layers(p, elementwise)

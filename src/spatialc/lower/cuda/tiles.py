@@ -13,16 +13,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 from ...ir.ids import LoopVar
 from ...ir.nodes import PageLayout, Plan, Tensor
 from ...ir.ops import (
     AcquireAcc,
-    Bias,
     ChoreoOp,
+    Col,
     Compute,
-    ComputeOp,
     Flush,
+    Map,
     MatmulTiles,
     Precision,
     ReadBarrier,
@@ -30,6 +31,9 @@ from ...ir.ops import (
     ReleaseAcc,
     WriteBarrier,
     WriteTiles,
+)
+from ...ir.ops import (
+    cols as expr_cols,
 )
 from ...passes.tile import operand_layouts
 from ..census import marker
@@ -466,7 +470,9 @@ class TilePrinter:
                     self.w.line("const int el0 = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8;  // even: a pair")
                     self.w.line("OUT_T pair[2];")
                     with self.unrolled("for (int j = 0; j < 2; ++j)"):
-                        if any(isinstance(stage.op, Bias) for stage, _ in chain):  # only a bias reads its column
+                        if any(
+                            isinstance(s.op, Map) and expr_cols(s.op.expr) for s, _ in chain
+                        ):  # a bias reads its column
                             self.w.line("const int el = el0 + j;")
                         self.read_out(op, chain, value, "pair[j] = {};")
                     self.w.line(f"SPATIALC_OUT_ST2(&t{int(op.tensor)}[tile * {TILE_ELEMS} + el0], pair[0], pair[1]);")
@@ -487,19 +493,18 @@ class TilePrinter:
             return
         self.w.line(f"{'long long' if self.integer else 'float'} v = {value};")
         for stage, env in chain:
-            self.w.line(epilogue.statement(stage.op, self.integer, self.bias_at(stage.op, env)), marker(stage))
+            self.w.line(epilogue.statement(stage.op, self.integer, partial(self.col_at, env=env)), marker(stage))
         self.w.line(store.format("(OUT_T)v"))
 
-    def bias_at(self, stage: ComputeOp, env: dict[LoopVar, str]) -> str:
-        """The flat index of the element's bias: tile column `at + s mod width` of page tile s, row 0, column el % 16.
+    def col_at(self, col: Col, env: dict[LoopVar, str]) -> str:
+        """The flat index of the element's value in column vector `col` (a bias): tile column `at + s mod width` of
+        page tile s, row 0, column el % 16.
 
         The page is the item's h x w tiles in row-major order, so page tile s = bh * w + bw.
         """
-        if not isinstance(stage, Bias):
-            return ""
         w = self.plan.item_tiles[1]
-        s = "bw" if stage.width == w else (c_mod(f"(bh * {w} + bw)", stage.width) or "0")
-        at = addr_expr(stage.at, env)
+        s = "bw" if col.width == w else (c_mod(f"(bh * {w} + bw)", col.width) or "0")
+        at = addr_expr(col.at, env)
         return f"(long long)({c_sum(at if at != '0' else '', s)}) * {TILE_ELEMS} + el % 16"
 
     def acquire(self, mark: str) -> None:

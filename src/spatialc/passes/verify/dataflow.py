@@ -20,12 +20,14 @@ from ...ir.ids import BufferId, ItemId, Site, StageId, TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import EngineProgram, Stage, Tensor
 from ...ir.ops import (
-    Bias,
     ChoreoOp,
+    Col,
     Compute,
     ComputeOp,
     Const,
+    Expr,
     Loop,
+    Map,
     PackAcc,
     Pop,
     Push,
@@ -33,6 +35,7 @@ from ...ir.ops import (
     Reserve,
     Trip,
     WriteTiles,
+    with_cols,
 )
 from .facts import Side, SiteProgs
 from .symbolic import PC, PR, Aff, Cell, Copy, Page, Partial, Product, Sym
@@ -91,10 +94,15 @@ class SplitDecl:
 
 
 def same_op(scheduled: ComputeOp, declared_op: ComputeOp) -> bool:
-    """A scheduled compute op does what its stage declares (a bias's address and width say where, checked apart)."""
-    if isinstance(scheduled, Bias) and isinstance(declared_op, Bias):
-        return scheduled.tensor == declared_op.tensor
+    """A scheduled compute op does what its stage declares (a column vector's address and width say where, checked
+    apart)."""
+    if isinstance(scheduled, Map) and isinstance(declared_op, Map):
+        return _placeless(scheduled.expr) == _placeless(declared_op.expr)
     return scheduled == declared_op
+
+
+def _placeless(expr: Expr) -> Expr:
+    return with_cols(expr, lambda c: Col(c.tensor))
 
 
 @dataclass(frozen=True, slots=True)

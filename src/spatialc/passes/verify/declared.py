@@ -24,14 +24,14 @@ from ...ir.ids import BufferId, StageId, TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, TensorRole, WriteStage, accumulator_dtype
 from ...ir.ops import (
-    Activation,
     AddPartial,
-    Bias,
+    Col,
+    Map,
     MatmulTiles,
     Precision,
-    Relu,
     Requant,
-    Scalar,
+    arg_indices,
+    cols,
 )
 from ...ir.printer import compute_text
 from ...numerics import epilogue
@@ -44,7 +44,10 @@ def _unsure(what: str) -> StrongerCheckNeeded:
     return StrongerCheckNeeded(f"the stages: {what}; the semantic rule (verify's rule 8) cannot state what C is")
 
 
-EPILOGUE_OPS = (Bias, Relu, Scalar, Requant, Activation)
+def _chain_op(op: object) -> bool:
+    """An op an epilogue chain holds: a requant, or a Map of the one page before it (a bias, relu, scalar,
+    activation, or any formula of the elementwise table over that page, constants and column vectors)."""
+    return isinstance(op, Requant) or (isinstance(op, Map) and arg_indices(op.expr) in ((0,), ()))
 
 
 def declared(index: ProgramIndex) -> Declared:
@@ -104,13 +107,13 @@ class _Way:
                     )
                 case ComputeStage(MatmulTiles()):
                     return stage, ring, tuple(chain[::-1])
-                case ComputeStage(op) if isinstance(op, EPILOGUE_OPS) and len(stage.ins) == len(stage.outs) == 1:
+                case ComputeStage(op) if _chain_op(op) and len(stage.ins) == len(stage.outs) == 1:
                     chain.append(stage)
                     ring = self.index.ring(stage.ins[0])
                 case ComputeStage(op):
                     raise _unsure(
-                        f"stage {stage.name} ({compute_text(op, p)}) is no elementwise bias, relu, scalar,"
-                        " activation or requant"
+                        f"stage {stage.name} ({compute_text(op, p)}) is no elementwise stage of the one page before"
+                        " it, nor a requant"
                     )
                 case _:
                     raise _unsure(
@@ -125,7 +128,7 @@ class _Way:
         with np.errstate(all="ignore"):
             for s in chain:
                 op = s.kind.op  # type: ignore[union-attr]
-                x = epilogue.apply(op, x, integer, np.zeros(1) if isinstance(op, Bias) else None)
+                x = epilogue.apply(op, x, integer, np.zeros(1))  # a column vector's padding is zero too
             value = computed_operand(x, self.index.p.precision.value)
         return bool(np.isfinite(value).all())
 
@@ -267,20 +270,26 @@ def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:
     for chain, source in _applied_chains(decl):  # a bias holds one value per column of what it is added to
         width = source.value[0][1]
         for s in chain:
-            op = s.kind.op  # type: ignore[union-attr]
-            if isinstance(op, Bias) and index.tensors[op.tensor].elems[1] != width:
-                t = index.tensors[op.tensor]
-                raise SemanticError(
-                    f"stage {s.name} adds {t.name}, a row of {t.elems[1]} values, to values {width} columns wide"
-                )
+            for c in _vectors(s):
+                t = index.tensors[c.tensor]
+                if t.elems[1] != width:
+                    raise SemanticError(
+                        f"stage {s.name} adds {t.name}, a row of {t.elems[1]} values, to values {width} columns wide"
+                    )
     for s in _chains(decl):
-        op = s.kind.op  # type: ignore[union-attr]
-        if isinstance(op, Bias) and index.tensors[op.tensor].dtype != want:
-            t = index.tensors[op.tensor]
-            raise SemanticError(
-                f"stage {s.name} adds {t.name}, which holds {t.dtype.value}; a {index.p.precision.value} program's"
-                f" bias holds {want.value}"
-            )
+        for c in _vectors(s):
+            t = index.tensors[c.tensor]
+            if t.dtype != want:
+                raise SemanticError(
+                    f"stage {s.name} adds {t.name}, which holds {t.dtype.value}; a {index.p.precision.value}"
+                    f" program's bias holds {want.value}"
+                )
+
+
+def _vectors(s: Stage) -> tuple[Col, ...]:
+    """The column vectors (biases) a stage's Map reads."""
+    op = s.kind.op  # type: ignore[union-attr]
+    return cols(op.expr) if isinstance(op, Map) else ()
 
 
 def _gemm(index: ProgramIndex, decl: Declared, top: MatmulDecl) -> None:

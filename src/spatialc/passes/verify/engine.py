@@ -20,11 +20,11 @@ from ...ir.nodes import ComputeStage, EngineProgram, Stage, Tensor
 from ...ir.ops import (
     AcquireAcc,
     AddPartial,
-    Bias,
     ChoreoOp,
     Compute,
     Const,
     Loop,
+    Map,
     MatmulTiles,
     McastSend,
     PackAcc,
@@ -36,6 +36,7 @@ from ...ir.ops import (
     TileAddr,
     Trip,
     WriteTiles,
+    cols,
     ring_of,
 )
 from ...ir.printer import compute_text
@@ -513,15 +514,24 @@ class EngineRun:
         self.stage_of(op)
         page = self.front(op, op.ins[0])
         col = None
-        if isinstance(op.op, Bias):
-            if op.op.width != page.width:
+        vectors = {(c.at, c.width) for c in cols(op.op.expr)} if isinstance(op.op, Map) else set()
+        if len(vectors) > 1:
+            raise self.unsure(
+                op,
+                "its column vectors are read at different tile columns; the semantic rule follows column vectors"
+                " read together, at one address",
+                op.ins[0],
+            )
+        if vectors:
+            ((at, width),) = vectors
+            if width != page.width:
                 raise self.unsure(
                     op,
-                    f"its bias row is {op.op.width} tiles wide and the page's rows are {page.width}; the semantic rule"
+                    f"its bias row is {width} tiles wide and the page's rows are {page.width}; the semantic rule"
                     " follows a bias laid over whole page rows",
                     op.ins[0],
                 )
-            col = self.addr(op, op.op.at) + Aff.of(PC)
+            col = self.addr(op, at) + Aff.of(PC)
         self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(op.op, page.cell, col)))
 
 

@@ -19,11 +19,11 @@ from ...ir.nodes import EngineProgram, SpatialProgram
 from ...ir.ops import (
     AcquireAcc,
     Barrier,
-    Bias,
     ChoreoOp,
     Compute,
     Const,
     Loop,
+    Map,
     McastSend,
     McastSetValid,
     PackAcc,
@@ -37,6 +37,7 @@ from ...ir.ops import (
     Trip,
     Wait,
     WriteTiles,
+    cols,
 )
 
 
@@ -71,8 +72,8 @@ class Use:
 
 @dataclass(frozen=True, slots=True)
 class BiasRead:
-    """The bias row a `Compute(Bias)` reads, shaped as a block read so rule 6 checks it like any other: one row of
-    `width` tiles of the bias tensor at `at`, into the page of the stage's input ring."""
+    """The row a column vector of a `Compute(Map)` reads (a bias), shaped as a block read so rule 6 checks it like any
+    other: one row of `width` tiles of the vector's tensor at `at`, into the page of the stage's first input ring."""
 
     source: Compute
     tensor: TensorId
@@ -180,9 +181,9 @@ class _Walk:
             self.facts.totals.setdefault(ring, [0, 0])[slot] += op.pages * mult
 
     def compute(self, op: Compute, loops: tuple[Frame, ...]) -> None:
-        if isinstance(op.op, Bias):
-            bias = op.op
-            self.access(BiasRead(op, bias.tensor, bias.at, 1, bias.width, 0, 1, op.ins[0]), bias.at, loops)
+        if isinstance(op.op, Map):
+            for c in cols(op.op.expr):
+                self.access(BiasRead(op, c.tensor, c.at, 1, c.width, 0, 1, op.ins[0]), c.at, loops)
         for b in op.ins:
             self.use(op, b, Side.CONSUME, loops)
         for b in op.outs:

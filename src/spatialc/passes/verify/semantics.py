@@ -46,16 +46,17 @@ from ...ir.ids import BufferId, GroupId, ItemId, SemId, Site
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, EngineProgram, ReadStage
 from ...ir.ops import (
-    Bias,
     ChoreoOp,
     Compute,
     Loop,
+    Map,
     MatmulTiles,
     McastSend,
     McastSetValid,
     ReadTiles,
     SemInc,
     Trip,
+    cols,
     rewrite,
     walk,
 )
@@ -169,8 +170,15 @@ def _grouped_reads(index: ProgramIndex, decl, writes: list[Write]) -> None:
     assert counts is not None
     name = index.tensors[counts].name
     for s in index.p.stages:
-        read = s.kind.tensor if isinstance(s.kind, ReadStage) else getattr(getattr(s.kind, "op", None), "tensor", None)
-        if read == counts:
+        op = getattr(s.kind, "op", None)
+        reads = (
+            {s.kind.tensor}
+            if isinstance(s.kind, ReadStage)
+            else {c.tensor for c in cols(op.expr)}
+            if isinstance(op, Map)
+            else set()
+        )
+        if counts in reads:
             raise SemanticError(
                 f"the row counts come from {name}, which stage {s.name} also reads: a grouped GEMM's row counts are a"
                 " tensor of their own"
@@ -528,7 +536,7 @@ class _Proof:
                     f"{self.tile_text(self.base())}{path} gets {_cell_text(cell)} where stage {stage.name} declares"
                     f" {compute_text(op, self.site.index.p)}"
                 )
-            if isinstance(op, Bias) and cell.bias_col != col:
+            if isinstance(op, Map) and cols(op.expr) and cell.bias_col != col:
                 assert cell.bias_col is not None
                 values = self.differ([(cell.bias_col, col)], set(self.ranges))
                 raise self.fail(

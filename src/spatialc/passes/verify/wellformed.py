@@ -36,20 +36,23 @@ from ...ir.nodes import (
     per_op_list,
 )
 from ...ir.ops import (
-    ACTIVATIONS,
+    ACTIVATION_OPS,
     CHOREO_OPS,
-    SCALAR_OPS,
     AcquireAcc,
-    Activation,
     AddPartial,
+    Apply,
+    Arg,
     Barrier,
-    Bias,
     ChoreoOp,
+    Col,
     Compute,
     ComputeOp,
     Const,
+    Expr,
     Flush,
+    Lit,
     Loop,
+    Map,
     MatmulTiles,
     McastSend,
     McastSetValid,
@@ -62,7 +65,6 @@ from ...ir.ops import (
     ReleaseAcc,
     Requant,
     Reserve,
-    Scalar,
     SemInc,
     SemSet,
     SemWait,
@@ -71,12 +73,14 @@ from ...ir.ops import (
     Wait,
     WriteBarrier,
     WriteTiles,
+    arg_indices,
+    cols,
     walk,
 )
-from ...ir.printer import PRINTED_BITS, op_text
+from ...ir.printer import PRINTED_BITS, op_text, plural
 from ...ir.validate import op_fault, type_fault
 from ...ir.worklist import MAX_SITES
-from ...numerics.epilogue import EXACT_LIMIT
+from ...numerics.elementwise import EXACT_LIMIT, OPS
 from ...target import TARGETS, SpatialTarget
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -224,18 +228,8 @@ def role_text(t: Tensor) -> str:
 def compute_fault(op: ComputeOp, precision: Precision) -> str | None:
     """Why compute op `op` of a `precision` program cannot run, or None."""
     match op:
-        case Scalar(name, value):
-            if name not in SCALAR_OPS:
-                return f"scalar op {name!r} is none of {', '.join(SCALAR_OPS)}"
-            if not math.isfinite(value):
-                return f"scalar {name} needs a finite number, not {value!r}"
-            if precision == Precision.INT8 and (value != int(value) or abs(value) >= EXACT_LIMIT):
-                return (
-                    f"an int8 program's epilogue is integer arithmetic, exact: scalar {name} needs a whole number"
-                    f" within ±2^62, not {value!r}"
-                )
-            if precision != Precision.INT8 and abs(value) > FLOAT32_MAX:
-                return f"a {precision.value} program's epilogue is float32: scalar {name} {value!r} is beyond float32"
+        case Map(expr):
+            return expr_fault(expr, precision)
         case Requant(multiplier, shift, zero_point):
             for what, v, (lo, hi) in (
                 ("multiplier", multiplier, REQUANT_MULTIPLIER),
@@ -244,11 +238,6 @@ def compute_fault(op: ComputeOp, precision: Precision) -> str | None:
             ):
                 if not lo <= v <= hi:
                     return f"a requant {what} lies in [{lo}, {hi}], not {v}"
-        case Activation(name):
-            if name not in ACTIVATIONS:
-                return f"activation {name!r} is none of {', '.join(ACTIVATIONS)}"
-            if precision == Precision.INT8:
-                return f"activation {name} is float arithmetic; an int8 program's epilogue is integer arithmetic"
         case MatmulTiles(block, sub_blocks, _):
             if min(block.osh, block.osw, block.ibw, *sub_blocks) < 1:
                 return (
@@ -367,6 +356,64 @@ def _check_buffers(p: SpatialProgram) -> None:
             )
 
 
+MAX_EXPR_NODES = 256  # far beyond any elementwise formula a kernel applies; more is refused, not walked
+
+
+def expr_fault(expr: Expr, precision: Precision) -> str | None:
+    """Why an elementwise expression of a `precision` program cannot run, or None: ops the table has, with their
+    arity and parameters, constants the program's values hold, integer ops in an integer program."""
+    nodes = list(_expr_nodes(expr, MAX_EXPR_NODES + 1))
+    if len(nodes) > MAX_EXPR_NODES:
+        return f"an elementwise expression of more than {MAX_EXPR_NODES} nodes"
+    integer = precision == Precision.INT8
+    for node in nodes:
+        match node:
+            case Apply(name, args, params):
+                op = OPS.get(name)
+                if op is None:
+                    return f"elementwise op {name!r} is none of the table's ({', '.join(OPS)})"
+                if len(args) != op.arity or len(params) != len(op.params):
+                    want = f"{op.arity} operand(s)" + (f" and parameters {', '.join(op.params)}" if op.params else "")
+                    return f"{name} takes {want}, not {len(args)} and {len(params)} parameter(s)"
+                if any(not math.isfinite(v) for v in params):
+                    return f"{name}'s parameters must be finite numbers, not {list(params)}"
+                if integer and not op.integer:
+                    what = f"activation {name}" if name in ACTIVATION_OPS.values() else name
+                    return f"{what} is float arithmetic; an int8 program's epilogue is integer arithmetic"
+                if integer and any(v != int(v) or abs(v) >= EXACT_LIMIT for v in params):
+                    return f"an int8 program's {name} takes whole-number parameters within ±2^62, not {list(params)}"
+                if name == "clamp" and params[0] > params[1]:
+                    return f"clamp's bounds are in order, lo ≤ hi, not {params[0]!r} > {params[1]!r}"
+            case Lit(value):
+                if not math.isfinite(value):
+                    return f"an elementwise constant must be a finite number, not {value!r}"
+                if integer and (value != int(value) or abs(value) >= EXACT_LIMIT):
+                    return (
+                        f"an int8 program's epilogue is integer arithmetic, exact: a constant needs a whole number"
+                        f" within ±2^62, not {value!r}"
+                    )
+                if not integer and abs(value) > FLOAT32_MAX:
+                    return (
+                        f"a {precision.value} program's epilogue is float32: the constant {value!r} is beyond float32"
+                    )
+            case Arg(i) if i < 0:
+                return f"an expression reads input page {i}"
+            case Col(_, _, width) if width < 1:
+                return f"a column vector is at least 1 tile wide, not {width}"
+    return None
+
+
+def _expr_nodes(expr: Expr, limit: int):
+    """The nodes of `expr`, depth first, at most `limit` of them."""
+    stack, seen = [expr], 0
+    while stack and seen < limit:
+        node = stack.pop()
+        seen += 1
+        yield node
+        if isinstance(node, Apply):
+            stack.extend(reversed(node.args))
+
+
 def _check_stages(p: SpatialProgram) -> None:
     buffers, tensors = {b.id for b in p.buffers}, {t.id: t for t in p.tensors}
     for s in p.stages:
@@ -374,7 +421,10 @@ def _check_stages(p: SpatialProgram) -> None:
             if b not in buffers:
                 raise IllFormedError(f"stage {s.name} names buffer {int(b)}, which does not exist")
         match s.kind:
-            case ReadStage(t) | WriteStage(t) | ComputeStage(Bias(t)) if t not in tensors:
+            case ReadStage(t) | WriteStage(t) if t not in tensors:
+                raise IllFormedError(f"stage {s.name} names tensor {int(t)}, which does not exist")
+            case ComputeStage(Map(expr)) if any(c.tensor not in tensors for c in cols(expr)):
+                t = next(c.tensor for c in cols(expr) if c.tensor not in tensors)
                 raise IllFormedError(f"stage {s.name} names tensor {int(t)}, which does not exist")
             case ReadStage(t) if tensors[t].role == TensorRole.OUTPUT:
                 raise IllFormedError(
@@ -669,25 +719,32 @@ class _OpCheck:
             raise self.fail(op, "a tile matmul reads two rings (A, B) and adds into an accumulator; it fills no ring")
         if isinstance(op.op, AddPartial) and (len(op.ins) != 1 or op.outs or op.acc is None):
             raise self.fail(op, "adding a partial sum reads one ring into an accumulator; it fills no ring")
-        elementwise = not isinstance(op.op, MatmulTiles | AddPartial)
-        if elementwise and (len(op.ins) != 1 or len(op.outs) != 1 or op.acc is not None):
-            raise self.fail(op, "an elementwise compute reads one ring and fills one; it names no accumulator")
         why = compute_fault(op.op, self.index.p.precision)
         if why is not None:
             raise self.fail(op, why)
-        if isinstance(op.op, Bias):
-            self.bias(op, op.op, bound)
+        elementwise = not isinstance(op.op, MatmulTiles | AddPartial)
+        pages = max(arg_indices(op.op.expr), default=0) + 1 if isinstance(op.op, Map) else 1
+        if elementwise and (len(op.ins) != pages or len(op.outs) != 1 or op.acc is not None):
+            raise self.fail(
+                op,
+                f"an elementwise compute reads the {plural(pages, 'ring')} its expression names and fills one; it"
+                " names no accumulator",
+            )
+        if isinstance(op.op, Map):
+            for c in cols(op.op.expr):
+                self.bias(op, c, bound)
 
-    def bias(self, op: Compute, bias: Bias, bound: tuple[LoopVar, ...]) -> None:
+    def bias(self, op: Compute, bias: Col, bound: tuple[LoopVar, ...]) -> None:
         """A bias names a parameter row, read at an address of bound variables (that it holds one value per column
         of the values it is added to — C's, or a computed operand's — is rule 8's `declared`)."""
         t = self.tensor(op, bias.tensor)
         if t.role != TensorRole.PARAMETER or t.elems[0] != 1 or t.tiles[0] != 1:
             raise self.fail(
                 op,
-                f"a bias is a parameter tensor of one row of values in one row of tiles; {t.name} is a"
+                f"a column vector (a bias) is a parameter tensor of one row of values in one row of tiles; {t.name} is"
+                " a"
                 f" {t.role.value} tensor of {t.elems[0]}x{t.elems[1]} in {t.tiles[0]}x{t.tiles[1]} tiles",
             )
         if bias.width < 1:
-            raise self.fail(op, f"a bias row is at least 1 tile wide, not {bias.width}")
+            raise self.fail(op, f"a column vector is at least 1 tile wide, not {bias.width}")
         self.addr(op, bias.at, bound)

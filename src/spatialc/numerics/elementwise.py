@@ -1,0 +1,460 @@
+"""Every elementwise op, defined once: its exact meaning, its C, its error bound and its integer range.
+
+This table is the only place an elementwise op is defined. The interpreter and the numpy reference compute with its
+`f64` / `i64`, verify states formulas and integer bounds with it, the tolerance composes its bounds, and every
+printer spells an op with its `c` / `c_int` — the same text the host emulation compiles. Adding an op is adding one
+entry (and, where its C is more than an expression, one function in `lower/cuda/elementwise.cuh`).
+
+The meaning, one rule for every op:
+- **Float programs** (fp16 / bf16 operands, float32 values): each op is computed in float64 from its float32
+  operands and rounded once to float32. For the ops built from +, −, ×, ÷ and √ the kernel does exactly that (the
+  float32 intrinsics, or double arithmetic rounded once: either is correctly rounded), so kernel and interpreter
+  agree bit for bit (`ulps` 0). The ops that call a library function (exp, log, tanh, erf, pow) compute in double
+  with CUDA's (or the host's) library, within 2 double ulps of numpy's, then round: at most one float32 ulp apart
+  (`ulps` 1), equal except near a tie. Op parameters (leaky_relu's α, clamp's bounds) are float64 constants of
+  the formula; a literal operand (`Lit`) is a value like any other, a float32.
+- **Integer programs** (int8 operands): values are exact int64 integers. Only the ops with an `i64` meaning apply;
+  `int_range` bounds their results, and verify refuses a formula that could leave int64.
+
+A comparison yields 1 or 0 (a float32 or an int64 like any value); `where(c, a, b)` takes a where c is not 0.
+NaN goes through max, min, relu and clamp as numpy's maximum / minimum let it, and compares false.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..ir.ops import Apply, Arg, Col, Expr, Lit
+
+EPS32 = 2.0**-23  # one float32 ulp at 1.0
+GELU_C = 0.7978845608028654  # sqrt(2 / pi), as PyTorch's tanh-form gelu writes it
+GELU_TAIL = 2.0**-50  # absolute error relative to |x| where a gelu's 1 + tanh / 1 + erf cancels (see `tail`)
+
+
+@dataclass(frozen=True)
+class ElementwiseOp:
+    """One op of the table.
+
+    `f64(*args, *params)` is its meaning on float64 arrays; `c` its C for float programs, an expression over the
+    float operands `{0}`, `{1}`, … and the parameters `{p0}`, `{p1}`, … (double literals); `ulps` how far the
+    kernel's float32 result may lie from `f64`'s rounded to float32, in float32 ulps of the result; `tail` an
+    absolute error, relative to the largest operand, where the formula cancels. `i64` / `c_int` are the same for
+    integer programs (None: float programs only). `turns` are the points inside which a unary op is not monotone:
+    the interval bound evaluates it there too. `transcendental`: it calls a library function (the persistent
+    kernel's fused store, which applies its chain in float32 registers without those helpers, leaves it to the
+    general form)."""
+
+    name: str
+    arity: int
+    f64: Callable[..., Any]
+    c: str
+    params: tuple[str, ...] = ()
+    ulps: float = 0.0
+    tail: float = 0.0
+    i64: Callable[..., Any] | None = None
+    c_int: str | None = None
+    turns: tuple[float, ...] = ()
+    transcendental: bool = False
+    comparison: bool = False
+    corners: bool = field(default=True)  # a binary op's image of a box is spanned by its corners' images
+
+    @property
+    def integer(self) -> bool:
+        """Whether integer programs may use it."""
+        return self.i64 is not None
+
+
+def _unary_f(name: str, f: Callable[..., Any], **kw: Any) -> ElementwiseOp:
+    return ElementwiseOp(name, 1, f, f"spatialc_{name}({{0}})", **kw)
+
+
+def _binary_f(name: str, f: Callable[..., Any], **kw: Any) -> ElementwiseOp:
+    return ElementwiseOp(name, 2, f, f"spatialc_{name}({{0}}, {{1}})", **kw)
+
+
+def _gelu_tanh(v: Any) -> Any:
+    return 0.5 * v * (1.0 + np.tanh(GELU_C * (v + 0.044715 * (v * v * v))))
+
+
+SQRT1_2 = 0.7071067811865475  # 1 / sqrt(2) as a double: the same literal the C spells
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def _gelu_erf(v: Any) -> Any:
+    return 0.5 * v * (1.0 + np.asarray(_erf(v * SQRT1_2), np.float64))
+
+
+def _cmp(f: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    return lambda a, b: np.asarray(f(a, b)).astype(np.asarray(a).dtype if np.asarray(a).dtype != object else object)
+
+
+def _where(c: Any, a: Any, b: Any) -> Any:
+    return np.where(np.asarray(c) != 0, a, b)
+
+
+def _square(v: Any) -> Any:
+    return v * v
+
+
+def _relu(v: Any) -> Any:
+    return np.maximum(v, 0)
+
+
+_OPS: list[ElementwiseOp] = [
+    # ---- unary -------------------------------------------------------------------------------------------------
+    ElementwiseOp("neg", 1, np.negative, "(-{0})", i64=np.negative, c_int="(-{0})"),
+    ElementwiseOp("abs", 1, np.abs, "spatialc_abs({0})", i64=np.abs, c_int="({0} < 0 ? -{0} : {0})", turns=(0.0,)),
+    _unary_f("exp", np.exp, ulps=1, transcendental=True),
+    _unary_f("exp2", np.exp2, ulps=1, transcendental=True),
+    _unary_f("log", np.log, ulps=1, transcendental=True),
+    _unary_f("log2", np.log2, ulps=1, transcendental=True),
+    _unary_f("sqrt", np.sqrt),
+    _unary_f("rsqrt", lambda v: 1.0 / np.sqrt(v)),
+    _unary_f("recip", lambda v: 1.0 / v),
+    _unary_f("sigmoid", lambda v: 1.0 / (1.0 + np.exp(-v)), ulps=1, transcendental=True),
+    _unary_f("tanh", np.tanh, ulps=1, transcendental=True),
+    _unary_f("gelu", _gelu_erf, ulps=1, tail=GELU_TAIL, turns=(-0.7517915246935645,), transcendental=True),
+    _unary_f("gelu_tanh", _gelu_tanh, ulps=1, tail=GELU_TAIL, turns=(-0.7522295055,), transcendental=True),
+    _unary_f("silu", lambda v: v / (1.0 + np.exp(-v)), ulps=1, turns=(-1.2784645427610738,), transcendental=True),
+    ElementwiseOp("relu", 1, _relu, "spatialc_relu({0})", i64=_relu, c_int="({0} > 0 ? {0} : 0LL)"),
+    ElementwiseOp(
+        "leaky_relu",
+        1,
+        lambda v, a: np.where(v > 0, v, a * v),
+        "spatialc_leaky_relu({0}, {p0})",
+        params=("alpha",),
+        turns=(0.0,),
+    ),
+    ElementwiseOp(
+        "clamp",
+        1,
+        lambda v, lo, hi: np.minimum(np.maximum(v, lo), hi),
+        "spatialc_clamp({0}, {p0}, {p1})",
+        params=("lo", "hi"),
+        i64=lambda v, lo, hi: np.minimum(np.maximum(v, int(lo)), int(hi)),
+        c_int="({0} < {p0} ? {p0} : {0} > {p1} ? {p1} : {0})",
+    ),
+    ElementwiseOp("square", 1, _square, "spatialc_fmul({0}, {0})", i64=_square, c_int="({0} * {0})", turns=(0.0,)),
+    # ---- binary ------------------------------------------------------------------------------------------------
+    ElementwiseOp("add", 2, np.add, "spatialc_fadd({0}, {1})", i64=np.add, c_int="({0} + {1})"),
+    ElementwiseOp("sub", 2, np.subtract, "spatialc_fsub({0}, {1})", i64=np.subtract, c_int="({0} - {1})"),
+    ElementwiseOp("mul", 2, np.multiply, "spatialc_fmul({0}, {1})", i64=np.multiply, c_int="({0} * {1})"),
+    _binary_f("div", np.divide, corners=False),
+    ElementwiseOp("max", 2, np.maximum, "spatialc_max({0}, {1})", i64=np.maximum, c_int="({0} > {1} ? {0} : {1})"),
+    ElementwiseOp("min", 2, np.minimum, "spatialc_min({0}, {1})", i64=np.minimum, c_int="({0} < {1} ? {0} : {1})"),
+    _binary_f("pow", np.power, ulps=1, transcendental=True, corners=False),
+    # ---- comparisons and where ---------------------------------------------------------------------------------
+    ElementwiseOp(
+        "lt",
+        2,
+        _cmp(np.less),
+        "({0} < {1} ? 1.0f : 0.0f)",
+        i64=_cmp(np.less),
+        c_int="({0} < {1} ? 1LL : 0LL)",
+        comparison=True,
+    ),
+    ElementwiseOp(
+        "le",
+        2,
+        _cmp(np.less_equal),
+        "({0} <= {1} ? 1.0f : 0.0f)",
+        i64=_cmp(np.less_equal),
+        c_int="({0} <= {1} ? 1LL : 0LL)",
+        comparison=True,
+    ),
+    ElementwiseOp(
+        "gt",
+        2,
+        _cmp(np.greater),
+        "({0} > {1} ? 1.0f : 0.0f)",
+        i64=_cmp(np.greater),
+        c_int="({0} > {1} ? 1LL : 0LL)",
+        comparison=True,
+    ),
+    ElementwiseOp(
+        "ge",
+        2,
+        _cmp(np.greater_equal),
+        "({0} >= {1} ? 1.0f : 0.0f)",
+        i64=_cmp(np.greater_equal),
+        c_int="({0} >= {1} ? 1LL : 0LL)",
+        comparison=True,
+    ),
+    ElementwiseOp(
+        "eq",
+        2,
+        _cmp(np.equal),
+        "({0} == {1} ? 1.0f : 0.0f)",
+        i64=_cmp(np.equal),
+        c_int="({0} == {1} ? 1LL : 0LL)",
+        comparison=True,
+    ),
+    ElementwiseOp(
+        "ne",
+        2,
+        _cmp(np.not_equal),
+        "({0} != {1} ? 1.0f : 0.0f)",
+        i64=_cmp(np.not_equal),
+        c_int="({0} != {1} ? 1LL : 0LL)",
+        comparison=True,
+    ),
+    ElementwiseOp("where", 3, _where, "({0} != 0.0f ? {1} : {2})", i64=_where, c_int="({0} != 0 ? {1} : {2})"),
+]
+
+OPS: dict[str, ElementwiseOp] = {op.name: op for op in _OPS}
+
+
+class ElementwiseError(ValueError):
+    """An expression the table cannot compute as stated: an unknown op, a float op in an integer program, an
+    integer value beyond exact int64 arithmetic."""
+
+
+EXACT_LIMIT = 2.0**62  # integer values must stay well inside int64: beyond this they may have wrapped
+
+
+def op_named(name: str) -> ElementwiseOp:
+    """The table's entry for `name`, or ElementwiseError naming the ops there are."""
+    found = OPS.get(name)
+    if found is None:
+        raise ElementwiseError(f"no elementwise op {name!r}: the ops are {', '.join(OPS)}")
+    return found
+
+
+# ---- values ---------------------------------------------------------------------------------------------------
+
+
+def evaluate(expr: Expr, pages: Sequence[Any], integer: bool, col: Callable[[Col], Any] | None = None) -> Any:
+    """`expr` on the input `pages` (float32 or int64 arrays of one shape); `col(c)` gives column vector c's values
+    as a row that broadcasts over the pages' rows. Float ops: float64 of the float32 operands, rounded once to
+    float32; integer ops: exact int64 (ElementwiseError past ±2^62)."""
+    match expr:
+        case Arg(i):
+            return pages[i]
+        case Lit(v):
+            return np.int64(_whole(v)) if integer else np.float32(v)
+        case Col():
+            if col is None:
+                raise ElementwiseError("an expression reads a column vector, and none was given")
+            values = np.asarray(col(expr))
+            return values.astype(np.int64) if integer else values.astype(np.float32)
+        case Apply(name, args, params):
+            op = op_named(name)
+            xs = [evaluate(a, pages, integer, col) for a in args]
+            if integer:
+                return _exact_int(op, xs, params)
+            with np.errstate(all="ignore"):
+                return np.asarray(op.f64(*(np.asarray(x, np.float32).astype(np.float64) for x in xs), *params)).astype(
+                    np.float32
+                )
+    raise ElementwiseError(f"{expr!r} is no elementwise expression")
+
+
+def _whole(v: float) -> int:
+    if v != v or abs(v) >= EXACT_LIMIT or v != int(v):
+        raise ElementwiseError(f"the constant {v!r} is no integer an integer program's exact arithmetic holds")
+    return int(v)
+
+
+def _exact_int(op: ElementwiseOp, xs: list[Any], params: tuple[float, ...]) -> Any:
+    if op.i64 is None:
+        raise ElementwiseError(f"{op.name} is float arithmetic; an integer program computes exact integers")
+    result = np.asarray(op.i64(*(np.asarray(x, np.int64) for x in xs), *params)).astype(np.int64)
+    with np.errstate(all="ignore"):
+        estimate = np.asarray(op.i64(*(np.asarray(x, np.float64) for x in xs), *params), np.float64)
+    if estimate.size and float(np.abs(estimate).max()) >= EXACT_LIMIT:
+        raise ElementwiseError(
+            f"{op.name} takes an integer value beyond ±2^62: the int64 arithmetic would no longer be exact"
+        )
+    return result
+
+
+# ---- intervals: integer ranges and float error bounds ---------------------------------------------------------
+
+
+def image(op: ElementwiseOp, boxes: Sequence[tuple[Any, Any]], params: tuple[float, ...], integer: bool) -> tuple:
+    """Bounds (lo, hi) of `op` over the box of its operands' bounds (each a (lo, hi) pair of arrays, or of Python
+    ints in an integer program): where the op's value can lie when each operand lies in its range. An op whose
+    value over the box is not bounded (a pole, a domain edge) gives (−inf, inf)."""
+    f = op.i64 if integer else op.f64
+    assert f is not None
+    if op.name == "where":
+        (clo, chi), (alo, ahi), (blo, bhi) = boxes
+        sure = (clo > 0) | (chi < 0)
+        never = (clo == 0) & (chi == 0)
+        lo = np.where(sure, alo, np.where(never, blo, np.minimum(alo, blo)))
+        hi = np.where(sure, ahi, np.where(never, bhi, np.maximum(ahi, bhi)))
+        return lo, hi
+    if op.comparison:
+        holds, fails = _decided(op.name, *boxes[0], *boxes[1])
+        return np.where(holds, 1, 0), np.where(fails, 0, 1)
+    points: list[list[Any]]
+    if op.arity == 1:
+        ((lo, hi),) = boxes
+        points = [[lo], [hi]] + [[_inside(t, lo, hi)] for t in op.turns]
+    else:
+        points = [list(c) for c in _corners(boxes)]
+    with np.errstate(all="ignore"):
+        values = [np.asarray(f(*p, *params)) for p in points]
+    lo_v = values[0]
+    hi_v = values[0]
+    for v in values[1:]:
+        lo_v, hi_v = np.minimum(lo_v, v), np.maximum(hi_v, v)
+    if integer:
+        return lo_v, hi_v
+    unbounded = ~np.isfinite(lo_v) | ~np.isfinite(hi_v) | _crosses_pole(op, boxes)
+    return np.where(unbounded, -np.inf, lo_v), np.where(unbounded, np.inf, hi_v)
+
+
+def _decided(name: str, alo: Any, ahi: Any, blo: Any, bhi: Any) -> tuple[Any, Any]:
+    """Where comparison `name` of a value in [alo, ahi] with one in [blo, bhi] surely holds, and where it surely
+    fails (elsewhere the boxes leave it open)."""
+    apart = (ahi < blo) | (alo > bhi)
+    same = (alo == ahi) & (blo == bhi) & (alo == blo)
+    return {
+        "lt": (ahi < blo, alo >= bhi),
+        "le": (ahi <= blo, alo > bhi),
+        "gt": (alo > bhi, ahi <= blo),
+        "ge": (alo >= bhi, ahi < blo),
+        "eq": (same, apart),
+        "ne": (apart, same),
+    }[name]
+
+
+def _inside(t: float, lo: Any, hi: Any) -> Any:
+    """The turning point t where it lies in [lo, hi], else lo (which the bound evaluates anyway)."""
+    return np.where((lo < t) & (t < hi), t, lo)
+
+
+def _corners(boxes: Sequence[tuple[Any, Any]]) -> list[tuple[Any, ...]]:
+    out: list[tuple[Any, ...]] = [()]
+    for lo, hi in boxes:
+        out = [(*c, x) for c in out for x in (lo, hi)]
+    return out
+
+
+# Points where an op's value runs off to infinity or its domain ends: a box that holds one (strictly inside) has no
+# bound from its corners. A box that reaches a domain edge gives a NaN or an infinity at a corner, caught by itself.
+_POLES = {
+    "recip": (0, 0.0),
+    "rsqrt": (0, 0.0),
+    "log": (0, 0.0),
+    "log2": (0, 0.0),
+    "sqrt": (0, 0.0),
+    "div": (1, 0.0),
+    "pow": (0, 0.0),
+}
+
+
+def _crosses_pole(op: ElementwiseOp, boxes: Sequence[tuple[Any, Any]]) -> Any:
+    pole = _POLES.get(op.name)
+    if pole is None:
+        return False
+    which, at = pole
+    lo, hi = boxes[which]
+    return (lo <= at) & (at <= hi) if op.name in ("div", "recip", "pow") else lo < at
+
+
+def int_range(expr: Expr, pages: Sequence[tuple[int, int]], col: Callable[[Col], tuple[int, int]]) -> tuple[int, int]:
+    """The least and greatest value `expr` can take in an integer program when input page i lies in `pages[i]` and
+    column vector c in `col(c)` — exact, in Python integers."""
+    match expr:
+        case Arg(i):
+            return pages[i]
+        case Lit(v):
+            return _whole(v), _whole(v)
+        case Col():
+            return col(expr)
+        case Apply(name, args, params):
+            op = op_named(name)
+            if op.i64 is None:
+                raise ElementwiseError(f"{op.name} is float arithmetic; an integer program computes exact integers")
+            boxes = [tuple(np.array([b], dtype=object) for b in int_range(a, pages, col)) for a in args]
+            lo, hi = image(op, boxes, params, integer=True)
+            return int(np.asarray(lo, dtype=object)[0]), int(np.asarray(hi, dtype=object)[0])
+    raise ElementwiseError(f"{expr!r} is no elementwise expression")
+
+
+def bounded(expr: Expr, pages: Sequence[tuple[Any, Any]], col: Callable[[Col], Any] | None = None) -> tuple[Any, Any]:
+    """(value, error) of `expr` in a float program: the value as the interpreter computes it from the input pages'
+    values, and a bound on how far a kernel's may lie from it when each input page's own value may lie its error
+    away (pages[i] = (values, errors)). Each op adds the spread of its exact value over the box of its operands'
+    bounds, one float32 rounding, its own `ulps` and its `tail`."""
+    match expr:
+        case Arg(i):
+            x, e = pages[i]
+            return np.asarray(x, np.float64), np.asarray(e, np.float64)
+        case Lit(v):
+            return np.float64(np.float32(v)), np.float64(0.0)
+        case Col():
+            assert col is not None
+            return np.asarray(col(expr), np.float32).astype(np.float64), np.float64(0.0)
+        case Apply(name, args, params):
+            op = op_named(name)
+            parts = [bounded(a, pages, col) for a in args]
+            with np.errstate(all="ignore"):
+                y = np.asarray(op.f64(*(x for x, _ in parts), *params)).astype(np.float32).astype(np.float64)
+                lo, hi = image(op, [(x - e, x + e) for x, e in parts], params, integer=False)
+                spread = np.maximum(hi - y, y - lo)
+                largest = max((np.abs(x) for x, _ in parts), key=lambda a: float(np.max(a, initial=0.0)))
+                e = spread + (1 + op.ulps) * EPS32 * np.abs(y) + op.tail * (largest + spread)
+            if op.comparison:  # a 0 or a 1: exact where the operands' boxes decide it, else either
+                e = np.where(hi > lo, 1.0, 0.0)
+            return y, np.where(np.isnan(e), np.inf, e)
+    raise ElementwiseError(f"{expr!r} is no elementwise expression")
+
+
+# ---- C ----------------------------------------------------------------------------------------------------------
+
+
+def c_float(x: float) -> str:
+    """The float32 nearest `x` as a float literal that reads back to exactly that float32."""
+    text = np.format_float_scientific(np.float32(x), unique=True, trim="-")
+    return f"{text}f" if not text.startswith("-") else f"({text}f)"
+
+
+def c_double(x: float) -> str:
+    """`x` as a C double literal that is exactly it (a hexadecimal float)."""
+    if x != x or x in (math.inf, -math.inf):
+        raise ElementwiseError(f"the parameter {x!r} has no C literal: give a finite number")
+    return f"({float(x).hex()})"
+
+
+def c_long(n: int) -> str:
+    """An int64 literal, parenthesised when negative (the most negative has no literal of its own)."""
+    if n == -(2**63):
+        return "(-9223372036854775807LL - 1)"
+    return f"{n}LL" if n >= 0 else f"({n}LL)"
+
+
+def c_expr(expr: Expr, integer: bool, page: Callable[[int], str], col: Callable[[Col], str]) -> str:
+    """`expr` as one C expression over the input pages' values (`page(i)`, a float or a long long) and the column
+    vectors' (`col(c)`): the statements every form prints, and the host emulation compiles."""
+    match expr:
+        case Arg(i):
+            return page(i)
+        case Lit(v):
+            return c_long(_whole(v)) if integer else c_float(v)
+        case Col():
+            return f"(long long){col(expr)}" if integer else col(expr)
+        case Apply(name, args, params):
+            op = op_named(name)
+            text = op.c_int if integer else op.c
+            if text is None:
+                raise ElementwiseError(f"{op.name} is float arithmetic; an integer program computes exact integers")
+            operands = {str(i): c_expr(a, integer, page, col) for i, a in enumerate(args)}
+            consts = {f"p{i}": c_long(_whole(p)) if integer else c_double(p) for i, p in enumerate(params)}
+            return text.format(*(operands[str(i)] for i in range(len(args))), **consts)
+    raise ElementwiseError(f"{expr!r} is no elementwise expression")
+
+
+def transcendental(expr: Expr) -> bool:
+    """Whether `expr` calls a library function (exp, log, tanh, erf, pow) anywhere."""
+    match expr:
+        case Apply(name, args):
+            return op_named(name).transcendental or any(transcendental(a) for a in args)
+    return False
