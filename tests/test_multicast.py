@@ -114,7 +114,7 @@ def test_a_multicast_plan_that_reads_no_less_than_the_plan_without_groups_says_s
     assert ours > plain and len(said) == 1 and said[0].filename == __file__
     text = str(said[0].message)
     assert text.startswith(f"multicast=(1, 2) (--multicast 1,2) reads 0.8 MiB ({ours} bytes) from global memory")
-    assert f"more than the best plan without groups: 0.6 MiB ({plain} bytes) (block 2x2x4, grid 3x3 items)" in text
+    assert f"more than the best plan without groups: 0.6 MiB ({plain} bytes) (block 2x2x8, grid 3x3 items)" in text
     assert main(["gemm", "96", "96", "512", "--precision", "fp16", "--target", "sm_86", "--multicast", "1,2"]) == 0
     assert f"  note      {text}\n" in capsys.readouterr().out
     with warnings.catch_warnings():

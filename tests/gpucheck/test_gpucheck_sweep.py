@@ -117,10 +117,19 @@ def test_the_persistent_kernel_is_swept_beside_it_by_its_own_planners_cost():
     planner = forms[0]
     assert planner.contestant == "spatialc persistent" and not planner.kernel_only
     assert built.plan == planner.facts["own_plan"]  # the row's plan, as in any row: the persistent kernel's
-    assert [f.facts["sweep"]["change"] for f in forms[1:]] == [*CHANGES, TIMED_AGAIN]
+    # Its own: the halved K step with the stages its planner gives that block, after the one with twice the stages.
+    changes = [*CHANGES[:3], S.HALVED_PLANNERS, *CHANGES[3:]]
+    assert [f.facts["sweep"]["change"] for f in forms[1:]] == [*changes, TIMED_AGAIN]
     forms = forms[:-1]
-    assert forms[1].contestant == "spatialc persistent 4×8×4 sub 2×2 d2"  # the planner's: 4×8×4, 2×2, depth 3
-    assert "spatialc persistent 4×8×4 sub 2×1 d3" in [f.contestant for f in forms]  # half the sub-blocks across
+    # The planner's: 4×8×8 (K steps of 128, the first GPU run's fastest), 2×2, depth 2 — the fewest, and a third
+    # does not fit (294,912 bytes), nor do K steps of 16 tiles: listed with the reason, never built.
+    assert planner.facts["own_plan"].startswith("block 4×8×8, sub 2×2, items 32×16, depth 2,")
+    assert [f.contestant for f in forms[1:3]] == [f"spatialc persistent ({c})" for c in CHANGES[:2]]
+    assert "fewest" in forms[1].absent and "294912 bytes of shared memory" in forms[2].absent
+    assert forms[5].artifact is None and "393216 bytes of shared memory" in forms[5].absent  # K steps doubled
+    names = [f.contestant for f in forms]
+    assert names[3:5] == ["spatialc persistent 4×8×4 sub 2×2 d4", "spatialc persistent 4×8×4 sub 2×2 d3"]  # halved
+    assert "spatialc persistent 4×8×8 sub 2×1 d3" in names  # half the sub-blocks across
     sm90 = target("sm_90")
     gemm = spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16")
 
@@ -130,6 +139,9 @@ def test_the_persistent_kernel_is_swept_beside_it_by_its_own_planners_cost():
 
     base = cost(spatialc.build(gemm, "sm_90"), planner.artifact)
     for n, f in zip(S.neighbours(spatialc.build(gemm, "sm_90"), "persistent"), forms[1:], strict=True):
+        if f.artifact is None:
+            assert f.facts["sweep"]["predicted"] is None
+            continue
         program = spatialc.build(gemm, "sm_90", **n.options())
         assert f.facts["own_plan"] == B.describe_plan(program) and f.artifact.budget.form == "persistent"
         assert f.facts["sweep"]["predicted"] == pytest.approx(base / cost(program, f.artifact), abs=1e-3)
@@ -144,11 +156,11 @@ def test_an_int8_k_step_is_never_halved_below_one_wgmma():
     wide = spatialc.build(spatialc.gemm(512, 512, 512, "int8"), "sm_90a", block=(8, 4, 4))
     halved = [n for n in S.neighbours(wide, "sm90a") if n.change.startswith("K steps halved")]
     assert [n.block for n in halved] == [(8, 4, 2)]
-    # The persistent kernel's int8 takes K steps of one tile (its k16 MMA), so it halves 2 to 1.
+    # The persistent kernel's int8 takes K steps of one tile (its k16 MMA), so it halves 2 to 1 — with twice the
+    # stages, and with those its planner gives that block.
     persistent = spatialc.build(spatialc.gemm(512, 512, 512, "int8"), "sm_90", block=(2, 4, 2))
-    assert [n.block for n in S.neighbours(persistent, "persistent") if n.change.startswith("K steps halved")] == [
-        (2, 4, 1)
-    ]
+    halved = [n for n in S.neighbours(persistent, "persistent") if n.change.startswith("K steps halved")]
+    assert [(n.block, n.depth) for n in halved] == [((2, 4, 1), 2 * persistent.plan.depth), ((2, 4, 1), None)]
 
 
 def test_a_sweep_away_from_a_hopper_is_skipped_with_the_reason(fake_gpu, tmp_path, capsys):

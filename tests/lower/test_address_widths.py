@@ -42,7 +42,8 @@ def long_k():
 def test_the_persistent_and_general_forms_scale_tile_indices_in_64_bits(long_k, form):
     a = spatialc.lower(long_k, form=form)
     assert a.budget.form == form
-    assert "134217732" in a.kernel_cu  # A's row of tiles, K long: its last tile's offset passes 2^31 elements
+    k_tiles = long_k.plans[0].k_tiles  # A's row of tiles, K long (padded to whole K steps of 8 tiles: 134217736)
+    assert str(k_tiles) in a.kernel_cu and k_tiles * 256 > 2**31  # its last tile's offset passes 2^31 elements
     assert narrow_offsets(a.kernel_cu) == []
 
 
@@ -55,9 +56,9 @@ def test_the_check_finds_a_narrow_offset():
 
 def test_the_sm90a_form_refuses_a_tensor_past_its_32_bit_coordinates_and_auto_falls_back():
     p = spatialc.build(spatialc.gemm(1, 1, LONG_K, "bf16"), "sm_90a", split_k=1)
-    with pytest.raises(
-        Unsupported, match=r"tensor A of 32 x 2147483712 elements .*signed 32-bit int, at most 2147483647"
-    ):
+    padded = p.plans[0].k_tiles * 16  # K in whole K steps of the plan (2147483776: steps of 8 tiles)
+    refused = rf"tensor A of 32 x {padded} elements .*signed 32-bit int, at most 2147483647"
+    with pytest.raises(Unsupported, match=refused):
         spatialc.lower(p, form="sm90a")
     a = spatialc.lower(p)
     assert a.budget.form != "sm90a" and any("a TMA coordinate is a signed 32-bit int" in n for n in a.notes)

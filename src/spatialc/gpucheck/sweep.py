@@ -4,10 +4,12 @@ and at the plans one step from it, timed kernel only in the same run beside cuBL
 The planners' costs (`passes/tile.py`'s `plan_cost` for the persistent kernel, `lower/cuda/hopper_plan.py`'s for the
 sm_90a form) are built on guessed rates — stage depth, K step, item shape — and the GPU is lent for minutes at a
 time. One sweep row times, for each form, the plan its planner chose and the plans one change away: a stage fewer
-and more, K steps halved (with twice the stages: the same bytes in flight) and doubled, items half as wide, items
-visited in row-major waves instead of bands of rows. Each plan's line says what the planner's own cost predicted for
-it (its speed against the planner's choice) beside what it measured, so a single run says which guesses to fit and
-whether the planner's choice was the best of its neighbours.
+and more, K steps halved (with twice the stages: the same bytes in flight; the persistent kernel's also with the
+stages its planner gives that block) and doubled, items half as wide, items visited in row-major waves instead of
+bands of rows. Each plan's line says what the planner's own cost predicted for it (its speed against the planner's
+choice) beside what it measured, so a single run says which guesses to fit and whether the planner's choice was the
+best of its neighbours. A neighbour outside its planner's range (the persistent kernel's K steps of 16 tiles, which
+its planner never offers) is built where it fits, its cost extrapolated.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Neighbour:
 
 
 PAIRED = "items of 64 rows, two blocks an SM"
+HALVED_PLANNERS = "K steps halved, the planner's stages"
 ALONE = "items of 128 rows, a block an SM"
 
 
@@ -54,11 +57,12 @@ def _other_pairing(osh: int, osw: int, ibw: int, kind: str) -> Neighbour:
 
 def neighbours(program: Any, form: str) -> list[Neighbour]:
     """The plans one step from `program`'s (built for `form`): its stage depth ±1, its K step halved (where the
-    form's MMA still takes it) with twice the stages and doubled, its items half as wide (the sm_90a form: a narrower
-    block; the persistent kernel: half the sub-blocks across, or a narrower block where there is one across), the
-    sm_90a form's other pairing (items of 64 rows, two blocks an SM, for 128-row ones, and the reverse), and —
-    where the planner visits items in bands of rows — row-major waves. Each keeps the planner's item order but the
-    last; where the depth is not named the planner chooses it, as a user forcing that block would get it."""
+    form's MMA still takes it) with twice the stages — the persistent kernel's also with the stages its planner gives
+    the halved block — and doubled, its items half as wide (the sm_90a form: a narrower block; the persistent
+    kernel: half the sub-blocks across, or a narrower block where there is one across), the sm_90a form's other
+    pairing (items of 64 rows, two blocks an SM, for 128-row ones, and the reverse), and — where the planner visits
+    items in bands of rows — row-major waves. Each keeps the planner's item order but the last; where the depth is
+    not named the planner chooses it, as a user forcing that block would get it."""
     plan = program.plan
     b, depth, sub, kind = plan.block, plan.depth, plan.sub_blocks, program.placement.kind
     block = (b.osh, b.osw, b.ibw)
@@ -71,6 +75,9 @@ def neighbours(program: Any, form: str) -> list[Neighbour]:
     halved = "K steps halved, twice the stages"
     if b.ibw % 2 == 0 and b.ibw // 2 >= least_k:
         out.append(Neighbour(halved, (b.osh, b.osw, b.ibw // 2), sub, 2 * depth, kind))
+        if form != HOPPER_FORM:  # the stages its planner gives that block: at 4096³ and 8192³ its choice before
+            # K steps of 8 tiles were offered (4×8×4, 3 stages), timed beside the one that replaced it
+            out.append(Neighbour(HALVED_PLANNERS, (b.osh, b.osw, b.ibw // 2), sub, placement=kind))
     else:
         out.append(Neighbour(halved, why_not=f"the form's MMA takes K steps of {least_k} tiles or more, whole"))
     # The planner lowers the depth to fit the doubled step.

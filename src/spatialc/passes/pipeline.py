@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 from ..errors import PlanError, ProgramError
-from ..ir.nodes import SpatialProgram
+from ..ir.nodes import Plan, SpatialProgram, TensorRole
 from ..target import SpatialTarget
 from .multicast import add_semaphores, check_multicast, multicast_placement, say_reads
 from .multicast import asked as asked_multicast
 from .place import default_sites, place
 from .schedule import schedule
 from .split import add_split, asked, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
-from .tile import apply_plan, candidates, fused_by_persistent, in_panels, ring_stages, sites_per_unit, tile
+from .tile import IBWS, apply_plan, candidates, fused_by_persistent, in_panels, ring_stages, sites_per_unit, tile
 from .verify import verify
 
 
@@ -107,7 +108,7 @@ def _build(
     # The plan comes first: the item grid it fixes is what placement distributes. A forced block the wgmma layout
     # does not take gets the persistent kernel's plan, which sm_90a also runs.
     p, form = _tile_hopper_first(p, target, block, sub_blocks, depth, form, "persistent", sm90a)
-    splits = _splits(p, target, split_k, form, sites, placement)
+    splits = _splits(p, target, split_k, form, sites, placement, forced=block is not None)
     split = None
     if splits > 1:
         # Split-K's sites wait on each other: the general form, with room for the partial rings.
@@ -230,10 +231,17 @@ def _split_plan(
 
 
 def _splits(
-    p: SpatialProgram, target: SpatialTarget, split_k: int | None, form: str, sites: int | None, placement: str | None
+    p: SpatialProgram,
+    target: SpatialTarget,
+    split_k: int | None,
+    form: str,
+    sites: int | None,
+    placement: str | None,
+    forced: bool = False,
 ) -> int:
     """The sites per item: `split_k` as asked (checked against the plan), or the planner's choice (`auto_splits`)
-    where nothing forces a form, a site count or a placement."""
+    where nothing forces a form, a site count or a placement — judged on the plan as a split would run it
+    (`_as_split_runs`) unless the block was `forced`."""
     assert p.plan is not None
     if p.plan.groups > 1:
         if split_k is not None and split_k > 1:
@@ -251,5 +259,20 @@ def _splits(
         return split_k
     if form in ("persistent", "sm90a") or sites is not None or placement is not None:
         return 1
-    per_unit = sites_per_unit(target, p.plan, p.precision, "general", ring_stages(p, "general", extra_ring_stages()))
-    return auto_splits(p.plan, target.units * per_unit) if per_unit else 1
+    plan = p.plan if forced else _as_split_runs(p)
+    per_unit = sites_per_unit(target, plan, p.precision, "general", ring_stages(p, "general", extra_ring_stages()))
+    return auto_splits(plan, target.units * per_unit) if per_unit else 1
+
+
+def _as_split_runs(p: SpatialProgram) -> Plan:
+    """`p`'s plan as a split of it would run: split-K's general form takes K steps of at most IBWS[-1] tiles, so a
+    persistent plan of longer ones (`tile.candidates` offers it 8) is judged with that step — its K steps counted,
+    and its rings sized, as the planner judged it before it offered 8. The split's own plan decides again (`_build`)."""
+    plan = p.plan
+    assert plan is not None
+    ibw = IBWS[-1]
+    if plan.block.ibw <= ibw:
+        return plan
+    a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
+    k_t = -(-a.elems[1] // p.tile.cols)  # the K of A's tiles before the plan padded it
+    return dataclasses.replace(plan, block=dataclasses.replace(plan.block, ibw=ibw), k_tiles=-(-k_t // ibw) * ibw)

@@ -31,10 +31,10 @@ from .verify.wellformed import MAX_ITEMS
 
 OPERAND_BYTES = {Precision.INT8: 1, Precision.FP16: 2, Precision.BF16: 2}
 BLOCK_SIDES = (1, 2, 4, 8)
-IBWS = (1, 2, 4)
+IBWS = (1, 2, 4)  # K steps in tiles, every form's; `candidates` adds 8 for the persistent kernel and sm_90a int8
 SUB_BLOCKS = ((1, 1), (1, 2), (2, 1), (2, 2))
 DEPTHS = (2, 3, 4)
-K_STEP_OVERHEAD = 0.25  # a K step's fixed cost (wait, barrier, loop) in K tiles of MMAs (plan_cost)
+K_STEP_OVERHEAD = 0.5  # a K step's fixed cost (wait, barrier, loop) in K tiles of MMAs (plan_cost; fitted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +165,12 @@ def plan_cost(
     - latency: 1.5 for a single-page ring (no prefetch can overlap the loads), 0.98 where the K loop is fetched
       one step ahead, 0.95 where two or more (the persistent kernel prefetches depth − 1 steps, never more than the
       K steps less one);
-    - k_step: 1 + 0.25 / ibw — each K step pays a wait, a block barrier and its loop overhead, about a quarter of
-      one K tile's MMAs, amortised over the ibw tiles of the step; ×1.25 more for int8 with an odd ibw, whose last
-      tile goes through the k16 MMA at half the rate of the native k32 one;
+    - k_step: 1 + 0.5 / ibw — each K step pays a wait, a block barrier and its loop overhead, about half of one
+      K tile's MMAs, amortised over the ibw tiles of the step; ×1.25 more for int8 with an odd ibw, whose last
+      tile goes through the k16 MMA at half the rate of the native k32 one. Fitted to the first GPU run's sweep
+      (H100, 4×8 blocks of 2×2 sub-blocks at 4096³ and 8192³): K steps of 8 tiles measured 1.02–1.08× those of 4
+      (priced 1.03× for fp16 / bf16 at 2 stages, 1.06× for int8 at 3), steps of 2 with twice the stages 0.77–0.94×
+      (priced 0.90×); a quarter had priced them 1.00×, 1.03× and 0.94×;
     - occupancy: sqrt(min(1, resident warps / 8)), too few warps per SM leave the load latency exposed;
     - issue: min(1, warps that issue MMAs per SM / 8) — a block of osh·osw tiles keeps at most that many of its
       warps multiplying, so a 1×1 block on 8 warps leaves 7 idle and the tensor cores mostly waiting;
@@ -230,8 +233,12 @@ def candidates(
     m_t, k_t, n_t = a.group_tiles[0], a.tiles[1], out.tiles[1]
     groups = a.groups
     sides = (*BLOCK_SIDES, 16) if form == "sm90a" else BLOCK_SIDES  # a wgmma is up to 256 columns wide
-    # An sm_90a K step of int8 may be 128 elements: 128 bytes, its panels' widest swizzle, as 64 16-bit ones are.
-    ibws = (*IBWS, 8) if form == "sm90a" and p.precision == Precision.INT8 else IBWS
+    # K steps of 8 tiles (128 elements): the persistent kernel's wherever shared memory holds its rings (the first GPU
+    # run timed its 4×8×8 blocks 1.02–1.08× faster than 4×8×4 at 4096³ and 8192³, bench/README.md); an sm_90a one
+    # of int8 only: 128 bytes, its panels' widest swizzle, as 64 16-bit ones are. The general form's were never
+    # timed past 4 tiles.
+    wide = form == "persistent" or (form == "sm90a" and p.precision == Precision.INT8)
+    ibws = (*IBWS, 8) if wide else IBWS
     blocks = (
         [BlockShape(*block)]
         if block
@@ -250,7 +257,8 @@ def candidates(
         own_cost = hopper_plan.plan_cost
         if not block:
             # Paired blocks (items of 64 rows, two blocks an SM) are taken when forced, and timed by the GPU check's
-            # sweep; the planner's own choice stays two consumer warpgroups until a GPU table says where they win.
+            # sweep; the planner's own choice stays two consumer warpgroups (the first GPU run measured paired blocks
+            # at 0.54–0.78× of them at 4096³ and 8192³).
             blocks = [b for b in blocks if not hopper_plan.pairs(b.osh)]
     found = []
     for b, s, d in itertools.product(blocks, subs, depths):

@@ -1,7 +1,7 @@
 """What the sm_90a form takes and what it costs: its shape constants, the item shapes wgmma's layout takes, and the
 tile planner's two questions of it — a plan's shared memory and resident blocks (`plan_resources`, the backend answer
-`passes.tile.resources` asks every form for) and its estimated time (`plan_cost`, rates guessed until the first GPU
-table). The lowering itself is `hopper.py`.
+`passes.tile.resources` asks every form for) and its estimated time (`plan_cost`, rates guessed before the first GPU
+table; the paired blocks' fitted to it). The lowering itself is `hopper.py`.
 """
 
 from __future__ import annotations
@@ -166,11 +166,18 @@ def fits(target: SpatialTarget, smem: int, wg: Warpgroups) -> str | None:
 WGMMA_N_RATE = {16: 0.35, 32: 0.55, 64: 0.75, 128: 0.92, 256: 1.0}
 DEPTH_RATE = {1: 0.5, 2: 0.8, 3: 0.93, 4: 1.0, 5: 1.0}
 K_STEP_RATE = {32: 0.8, 64: 0.93, 128: 1.0}  # K steps of 32, 64, 128 bytes: a wait and a release per step
-# Items of 64 rows load (64 + N) operand rows a K step for 64·N products, against (128 + N) for 128·N: about 1.5
-# times the bytes a MAC from L2, where the wide fast plans are bound. Two blocks on an SM hide each one's epilogue
-# (a few per cent of an item at 4096³) behind the other's K loop.
-ROWS_RATE = {64: 0.9, 128: 1.0}
-PAIR_OVERLAP = 1.04
+# Paired blocks (items of 64 rows, two blocks an SM) keep PAIRED_RATE of the tensor cores' rate beside wgmma's width:
+# fitted to the first GPU run's sweep (H100 SXM, 2026-12-06, bench/README.md), where the 64 × 128 plan measured
+# 0.78× of the 128 × 256 one for int8 at 4096³, 0.70–0.72× for fp16 / bf16 at 4096³ and 0.54–0.58× at 8192³ — the
+# guess before (0.9 for the rows' L2 bytes, 1.04 for the epilogue one block hides behind the other's K loop) priced
+# 0.86× in all six. The loss grows with the operands: a 64 × 128 item loads 192 rows a K step for 8,192 products, a
+# 128 × 256 one 384 for 32,768 — twice the operand bytes a MAC — which the L2 serves while A and B fit it (int8
+# 4096³: 32 MiB) and the memory behind it less and less as they outgrow it. PAIRED_RATE falls from its first figure
+# (the operands within the L2) towards its second by (L2 / operand bytes)², which gives 0.78×, 0.69×, 0.59× and
+# 0.56× at those rows (int8 4096³, 16-bit 4096³, int8 8192³, 16-bit 8192³). A fit of six timings, not a model of
+# the L2; the planner still takes paired blocks only when forced.
+PAIRED_RATE = (0.85, 0.6)
+L2_BYTES = 50 * 2**20  # an H100's or H200's L2: the boards of target sm_90a
 
 
 def store_stage_bytes(wg: Warpgroups) -> int:
@@ -196,8 +203,7 @@ def store_chunk(w: int, out_type: str) -> int:
 def plan_cost(target: SpatialTarget, plan: Plan, precision: Precision) -> float:
     """Estimated run time (arbitrary units) of `plan` in the sm_90a form: waves of items over the resident blocks ×
     the blocks that share an SM's tensor cores × one item's multiply-accumulates (in padded tiles) / the rate its
-    wgmma width, stage depth, K step and item height keep — where two blocks share an SM, each hiding its epilogue
-    behind the other's K loop (PAIR_OVERLAP).
+    wgmma width, stage depth and K step keep — and, for paired blocks, `paired_rate`.
 
     Items that all run in one wave cost one item's time, so a small product is split into the narrowest items over
     more SMs: at 128 × 256 × 512, sixteen items of 128 × 16 on sixteen SMs (8 · 1 · 32 tile-MACs at N=16's rate 0.35:
@@ -209,5 +215,16 @@ def plan_cost(target: SpatialTarget, plan: Plan, precision: Precision) -> float:
     sharing = min(blocks, math.ceil(plan.items / target.units))
     step = plan.block.ibw * 16 * MMA_TYPES[precision].operand_bytes  # bytes of K a step: its panels' width
     rate = WGMMA_N_RATE.get(w * 16, 0.9) * DEPTH_RATE.get(plan.depth, 1.0) * K_STEP_RATE.get(step, 1.0)
-    rate *= ROWS_RATE[h * 16] * (PAIR_OVERLAP if sharing > 1 else 1.0)
+    if pairs(h):
+        rate *= paired_rate(plan, precision)
     return waves * sharing * h * w * plan.k_tiles / rate
+
+
+def paired_rate(plan: Plan, precision: Precision) -> float:
+    """What a paired block of `plan` keeps of the rate (PAIRED_RATE): less the more A and B (padded as the plan pads
+    them) outgrow the L2."""
+    h, w = plan.item_tiles
+    rows, cols, k = plan.grid[0] * h * 16, plan.grid[1] * w * 16, plan.k_tiles * 16
+    operands = (rows + cols) * k * MMA_TYPES[precision].operand_bytes
+    within, beyond = PAIRED_RATE
+    return beyond + (within - beyond) * min(1.0, L2_BYTES / operands) ** 2
