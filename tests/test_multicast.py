@@ -27,7 +27,7 @@ from spatialc.ir.traffic import read_bytes
 from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.passes.verify import verify
 from spatialc.runtime import launch as L
-from spatialc.runtime.emulate import EmulationError, EmulationRace, EmulationTimeout
+from spatialc.runtime.emulate import EmulationDeadlock, EmulationError, EmulationRace
 
 from .rewrite import edit_k_steps, engine_orders
 from .runtime.test_launch import NumpyDevice
@@ -262,14 +262,45 @@ def test_a_copy_to_the_wrong_rank_of_the_cluster_is_refused_by_the_emulation():
 
 @emulation
 @pytest.mark.emulation
-def test_a_flag_never_set_is_a_hang_the_watchdog_names():
+def test_a_page_never_published_is_a_deadlock_the_emulation_names():
+    """The sender copies but never arrives on the receiver's full barrier (the valid flag's image): the receiver's
+    consumers wait for the page forever, and so does the sender for the ready arrival that would follow."""
+    art = planted(
+        "spatialc_mbar_arrive_cluster(&full_0[(snd_0 - 1) % DEPTH_0], ((((site + 1)) % 2 + 2) % 2));",
+        "// (the page is never published)",
+    )
+    with pytest.raises(EmulationDeadlock, match=r"DEADLOCK in the cluster of block \d.* waits on full_0\["):
+        spatialc.emulate(art, FAULT_INPUTS, mode="early", timeout=30)
+
+
+@emulation
+@pytest.mark.emulation
+def test_a_ready_arrival_never_made_or_made_before_the_stage_is_free_deadlocks():
+    """The receiver never tells the sender its stage is free, or tells it before its own consumers freed it (a
+    phase ahead: the sender's wait then looks for a phase that has passed): either way the group stops, by name."""
+    arrive = "if (etid == 0) { spatialc_mbar_arrive_cluster(&ready_0[((rsv_0 - 1) % DEPTH_0)], (((0) % 2 + 2) % 2)); }"
+    reserve = "spatialc_mbar_wait(&empty_0[rsv_0 % DEPTH_0], ((rsv_0 / DEPTH_0) & 1) ^ 1); ++rsv_0;"
     art = spatialc.lower(FAULT_PROGRAM)
-    lines = art.program_cu.split("\n")
-    at = next(i for i, line in enumerate(lines) if "op:McastSetValid" in line)
-    flag = next(i for i in range(at, at + 6) if "spatialc_grid_add" in lines[i])
-    lines[flag] = "                        // (the flag is never set)"
-    with pytest.raises(EmulationTimeout, match="TIMEOUT: no progress"):
-        spatialc.emulate(dataclasses.replace(art, program_cu="\n".join(lines)), FAULT_INPUTS, timeout=6)
+    text = art.program_cu
+    assert text.count(arrive) == 1
+    at = text.index(arrive)
+    receiver_reserve = text.rindex(reserve, 0, at)
+    early = arrive.replace("((rsv_0 - 1) % DEPTH_0)", "(rsv_0 % DEPTH_0)")
+    ahead = text[:receiver_reserve] + early + text[receiver_reserve:].replace(arrive, "", 1)
+    for edited in (text.replace(arrive, "// (never ready)"), ahead):
+        with pytest.raises(EmulationDeadlock, match=r"waits on ready_0\[0\]"):
+            spatialc.emulate(dataclasses.replace(art, program_cu=edited), FAULT_INPUTS, mode="early", timeout=30)
+
+
+@emulation
+@pytest.mark.emulation
+def test_a_peer_arriving_before_the_cluster_barrier_after_the_barriers_initialisation_is_caught():
+    """Without it a receiver may arrive on the sender's ready barrier before the sender has initialised it (a race
+    the emulation names), or — where the sender waits first — its block, never having crossed a cluster barrier,
+    waits for a peer it cannot know will come (a deadlock of the block)."""
+    art = planted("spatialc_cluster_sync();  // and before a peer", "// and before a peer")
+    with pytest.raises((EmulationRace, EmulationDeadlock), match="with no cluster barrier since|DEADLOCK in block"):
+        spatialc.emulate(art, FAULT_INPUTS, mode="late", timeout=30)
 
 
 # ---- planted faults: every handshake op deleted or changed ------------------------------------------------------

@@ -269,7 +269,7 @@ def test_dry_run_lists_the_preflight_the_timings_and_each_case(capsys, monkeypat
         "spatialc general kernel: int8 64x64x64",
         # The sm_90a form's at the large rows' plan (128×256 items, 128-byte panels), not a corner of it no row runs.
         "spatialc sm90a kernel: bf16 256x512x256 (128×256 items, 128-byte panels)",
-        "spatialc general kernel with sync words: int8 mc2x1:64x64x64",  # graphs replay its semaphores' reset
+        "spatialc general kernel in clusters: int8 mc2x1:64x64x64",  # its handshake on the clusters' barriers
         "torch.matmul: bf16 64x64x64",
         "torch._int_mm (B column-major): int8 64x64x64",
         "cublasGemmEx TN: int8 33x35x37",

@@ -71,8 +71,8 @@ def test_a_captured_launch_resets_its_sync_words_on_the_device_at_every_replay(m
 
     monkeypatch.setattr(FakeEvent, "hang", False)
     cp = FakeCupy()
-    art = spatialc.lower(spatialc.build(spatialc.gemm(64, 64, 64, "bf16"), "sm_90", multicast=(2, 1)))
-    assert art.launch.sync and art.launch.cluster == 2  # a multicast group's semaphores
+    art = spatialc.lower(spatialc.build(spatialc.gemm(64, 64, 512, "bf16"), "sm_90", split_k=2))
+    assert art.launch.sync and art.launch.cooperative  # split-K's semaphores
     prep = _handover_prepared(cp, {"grids": []}, art)
     ins = [prep.tiled(x, np.zeros(x.elems, np.uint16)) for x in prep.args if x.role == "input"]
     args = prep.order(ins, prep.output_buffer())
@@ -300,13 +300,12 @@ def test_a_wrong_preflight_kernel_marks_its_form_and_every_row_still_runs_it(fak
     capsys.readouterr()
 
 
-def test_the_graph_step_replays_a_kernel_with_sync_words(fake_gpu, tmp_path, capsys):
-    # The multicast rows' kernels reset their semaphores before every launch, inside the timed graphs too: the
-    # preflight's graph step replays such a kernel (twice), so a reset the graph does not repeat shows there.
+def test_the_graph_step_replays_the_cluster_kernel(fake_gpu, tmp_path, capsys):
+    # The multicast rows' kernels are cluster kernels, timed in graphs too: the preflight's graph step replays one.
     from .test_gpucheck_device import probes, run
 
     status, header, rows = run(tmp_path, "--sizes", "32", "--precisions", "bf16")
-    assert status == 0 and probes(header)["spatialc general kernel with sync words"]["ok"]
+    assert status == 0 and probes(header)["spatialc general kernel in clusters"]["ok"]
     graphs = probes(header)["CUDA graphs"]
     assert graphs["ok"] and "spatialc general (multicast)" in graphs["detail"], graphs["detail"]
     assert header["kernel_timing"] == "CUDA graphs"

@@ -24,7 +24,7 @@ NVCC = N.find_nvcc()
 
 def only_the_64_cubed_preflight(monkeypatch):
     """The preflight's kernels cut to its 64³ product, for the tests that compile with the real nvcc: its sm_90a
-    kernel at the large rows' plan and its kernel with sync words are two more compiles, which those tests (of the
+    kernel at the large rows' plan and its cluster kernel are two more compiles, which those tests (of the
     prepare's own machinery) need not wait for; the fake nvcc's tests below count them."""
     from spatialc.gpucheck import prepare
     from spatialc.gpucheck.cases import preflight_case
@@ -121,7 +121,7 @@ def test_a_kernel_that_does_not_compile_is_recorded_and_the_prepare_exits_1(tmp_
     assert gpucheck.main([str(tmp_path), "--prepare", "--sizes", "32", "--precisions", "bf16"]) == 1
     out = capsys.readouterr().out
     # The preflight's 64³ and 32³, three forms each (persistent, general, and the sm90a form's, for sm_90a), and the
-    # preflight's own two: the sm_90a form at the large rows' plan, the general form's kernel with sync words.
+    # preflight's own two: the sm_90a form at the large rows' plan, the general form's cluster kernel.
     assert "gpucheck prepare: 8 kernels for sm_90 with fake nvcc" in out
     assert "bf16 32x32x32 persistent: compile: nvcc failed: error: something" in out and "0 compiled, 8 failed" in out
     assert "bf16 32x32x32 general: compile: nvcc failed: error: something" in out

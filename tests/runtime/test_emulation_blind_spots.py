@@ -1,9 +1,10 @@
 """What the emulation could not see (issue 30, point 8), each a fault planted in a printed kernel and now caught in
-both modes, every run: a multicast receiver or sender that skips its handshake wait (stores into a peer's shared
-memory are race-checked on the receiving side), a grouped writer without its row mask or a row loop one block too
-long (C is poisoned as `spatialc.run` poisons it on a GPU, and every global access is bounds-checked and race-checked
-between blocks), a split-K owner that skips its wait and a relaxed add where a release is needed (global atomics
-order memory as far as release and acquire). The kernels are small, so that each edit costs a second or two."""
+both modes, every run: a multicast sender that skips its handshake wait or arrives before it copies, or a receiver
+acquiring its page at CTA scope (stores into a peer's shared memory are race-checked on the receiving side), a
+grouped writer without its row mask or a row loop one block too long (C is poisoned as `spatialc.run` poisons it on
+a GPU, and every global access is bounds-checked and race-checked between blocks), a split-K owner that skips its
+wait and a relaxed add where a release is needed (global atomics order memory as far as release and acquire). The
+kernels are small, so that each edit costs a second or two."""
 
 from __future__ import annotations
 
@@ -116,17 +117,36 @@ def test_a_relaxed_raise_where_a_release_is_needed_is_a_race(mode):
 # ---- multicast: stores into a peer block's shared memory ----------------------------------------------------------
 
 
+def _arrive_before_copying(text: str) -> str:
+    """The sender's arrivals on the receiver's full barrier moved before its copy into that stage."""
+    arrive = "spatialc_mbar_arrive_cluster(&full_0[(snd_0 - 1) % DEPTH_0], ((((site + 1)) % 2 + 2) % 2));"
+    early = arrive.replace("(snd_0 - 1)", "snd_0")
+    copy = "const char* src = (const char*)(ring_0 + "
+    assert text.count(arrive) == 1 and text.count(copy) == 1
+    return text.replace(arrive, "").replace(copy, f"{early}\n{copy}")
+
+
+MULTICAST_FAULTS = {
+    # The sender copies without waiting for the receiver's ready arrival: it overwrites a page the receiver has not
+    # released (or stores before the receiver declared its ring).
+    "sender-skips-ready": lambda t: re.sub(r"\n *spatialc_mbar_wait_cluster\(&ready_0\[.*", "", t),
+    # Its threads arrive before they copy: the receiver's consumers read the stage unordered after the stores.
+    "sender-arrives-before-copying": _arrive_before_copying,
+    # The receiver's consumers pass the phase the sender's arrivals completed acquiring at CTA scope only.
+    "consumer-acquires-at-cta-scope": lambda t: t.replace("_mbar_wait_cluster(&full_", "_mbar_wait(&full_"),
+}
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("flag", ["2", "0"], ids=["receiver-skips-valid", "sender-skips-ready"])
-def test_a_multicast_handshake_wait_skipped_is_a_race(mode, flag):
-    """The 1×2 group's sender copies A pages into the receiver's ring (spatialc_dsmem_copy16): a receiver that
-    pushes the page without waiting for the valid flag reads it unordered after the copy (or the copy lands on its
-    reads); a sender that copies without waiting for ready overwrites a page the receiver has not released (or
-    stores before the receiver declared its ring). Whichever comes first in a run, it is a race between blocks."""
-    wait = f"if (etid == 0) {{ spatialc_grid_wait(spatialc_sync + {flag} + site, 1); }}"
-    between = r"RACE between blocks( on shared ring 'ring_0' .*|: distributed shared memory store)"
+@pytest.mark.parametrize("fault", sorted(MULTICAST_FAULTS))
+def test_a_multicast_handshake_out_of_order_is_a_race(mode, fault):
+    """The 1×2 group's sender copies A pages into the receiver's ring (spatialc_dsmem_copy16) and each of its
+    threads then arrives on that stage's full barrier in the receiver (clusters.py): a sender that skips its wait for
+    the receiver's ready arrival, arrives before it copies, or a receiver whose consumers acquire at CTA scope, races
+    — whichever access comes first in a run, it is a race between blocks."""
+    between = r"RACE between blocks( on shared ring 'ring_0' .*|: .*|: distributed shared memory store)"
     with pytest.raises(EmulationRace, match=between):
-        run(MULTICAST, MULTICAST_INPUTS, lambda t: t.replace(wait, ""), mode)
+        run(MULTICAST, MULTICAST_INPUTS, MULTICAST_FAULTS[fault], mode)
 
 
 def test_the_unedited_kernels_equal_the_interpreter_in_both_modes():

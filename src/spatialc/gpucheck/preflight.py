@@ -3,9 +3,9 @@
 Every path the run will take is tried once on a small product before any row: the device itself, CuPy and its
 cuBLAS (the float64 references), spatialc's kernel in each form (persistent, general; the sm_90a form at the plan
 the large rows run: 128×256 items, K steps of 128-byte swizzled panels) launched and checked, a kernel whose sites
-hand over by sync words (a multicast group's), torch.matmul, each int8 library path in the exact layout the rows
-will use, a CUDA graph capture (the kernel-only timings: every kernel above captured and replayed twice, so that a
-reset of the sync words a replay does not repeat shows), one Triton compile. A path that fails is marked
+hand over pages within thread-block clusters (a multicast group's), torch.matmul, each int8 library path in the
+exact layout the rows will use, a CUDA graph capture (the kernel-only timings: every kernel above captured and
+replayed twice, so that state a replay does not reset shows), one Triton compile. A path that fails is marked
 unavailable with its reason; the rows skip it, the report says why, and the run goes on with what works. A
 spatialc kernel that runs but computes a wrong C is kept and its form marked (each row checks its own C): a corner
 of a form that the preflight reaches and the rows do not must not cost every row. A step not reached within the
@@ -37,7 +37,7 @@ GRAPHS_STEP = "CUDA graphs: every contestant captured and replayed"
 HOPPER_PROBE = (256, 512, 256)
 HOPPER_ITEM = (8, 16)
 PANEL_BYTES = 128
-HANDOVER_GROUP = (2, 1)  # the kernel with sync words: a multicast group's semaphores, on the preflight's product
+HANDOVER_GROUP = (2, 1)  # the cluster kernel: a multicast group's handshake, on the preflight's product
 
 
 class WrongResult(SpatialError):
@@ -111,7 +111,7 @@ def unavailable(probes: Sequence[Probe]) -> dict[str, str]:
 def spatialc_step(form: str, case: Case) -> str:
     """The name of the step that launches and checks spatialc's kernel in `form` for `case`."""
     if case.multicast != (1, 1):
-        return f"{spatialc_name(form)} kernel with sync words: {case}"
+        return f"{spatialc_name(form)} kernel in clusters: {case}"
     if case.hopper_block is not None:
         osh, osw, ibw = case.hopper_block
         panel = ibw * 16 * (1 if case.precision == "int8" else 2)
@@ -129,7 +129,8 @@ def hopper_case(cases: Sequence[Case]) -> Case:
 
 
 def handover_case(cases: Sequence[Case]) -> Case:
-    """The preflight's kernel with sync words: the preflight's product in multicast groups (their semaphores)."""
+    """The preflight's cluster kernel: the preflight's product in multicast groups (their handshake on the
+    clusters' barriers, pages through distributed shared memory)."""
     first = preflight_case(list(cases))
     return Case(first.m, first.n, first.k, first.precision, multicast=HANDOVER_GROUP)
 

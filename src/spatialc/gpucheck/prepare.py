@@ -2,7 +2,7 @@
 
 The GPU machine's time is short and its first minutes would otherwise go to nvcc. `--prepare` builds every case of
 the run (and the preflight's kernels: 64³ in each form, the sm_90a form at the large rows' plan, a multicast group's
-kernel with sync words) exactly as the GPU run will, compiles each of its kernels — the persistent kernel, its
+cluster kernel) exactly as the GPU run will, compiles each of its kernels — the persistent kernel, its
 general form where lower printed one, and the sm_90a form's (for sm_90a) — for the target's architecture with
 `spatialc.runtime.nvcc.compile_cubin` into DIR (the cubin and what ptxas said of it, side by side), and writes
 DIR/manifest.json: per kernel its case and form, the SHA-256 of its CUDA source and of its cubin, the architecture,

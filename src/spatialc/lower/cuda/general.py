@@ -10,7 +10,8 @@ programs and the census are the persistent form's; only the flow control and the
 Each ring slot's barriers:
 
 - full, completed by every thread of the producing engine: `Push` arrives on it — for a ring filled by `ReadTiles`
-  through `cp.async.mbarrier.arrive.noinc`, so the arrival happens when the thread's copies have landed;
+  through `cp.async.mbarrier.arrive.noinc`, so the arrival happens when the thread's copies have landed; for a page
+  a multicast sender copies into a receiver, by the sender's threads from the peer block (`clusters.py`);
 - empty, completed by every thread of the consuming engine: `Pop` arrives on it after the engine's last read.
 
 An engine keeps a counter per ring op kind (reserved, pushed, waited, popped); the counter's slot is count mod depth
@@ -49,6 +50,7 @@ from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact
 from ..errors import TooBig, Unsupported
 from . import epilogue
+from .clusters import Multicast, check_cluster, multicast
 from .cwriter import C_TYPES
 from .general_printer import KERNEL_NAME, accumulator_of, kernel_text, printed
 from .handover import clusters, sync_words
@@ -121,6 +123,7 @@ class GeneralKernel:
     relative: bool = False  # the classes' SemInc sites are offsets from the site running them (`site_classes`)
     cluster: int = 1  # sites per thread-block cluster (multicast groups, `clusters`); 1: none
     groups: tuple[tuple[int, ...], ...] = ()  # relative classes' multicast groups: offsets from the site, by id
+    multicast: Multicast | None = None  # the multicast handshake, on the clusters' barriers (clusters.py)
     # Each accumulator's fragments by template, where the compute warps hold several (an MLP's layers); empty where
     # they hold one: the plan's block, `lane_grid` and `perw`, in accf[PERW].
     layers: dict[int, Fragments] = field(default_factory=dict)
@@ -401,9 +404,12 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     rings = epilogue_rings(p, ring_table(p, types, ()), integer)
     classes, relative = site_classes(p, relative_sems=True)
     cluster = clusters(p, target)
+    mc = multicast(p, rings.template) if cluster > 1 else None
     roles = roles_of(classes, lanes)
     prod, cons = _ring_ends(p, rings, roles)
-    offsets, off, barrier_bytes = layout(rings.rings)
+    if mc is not None:
+        check_cluster(cluster)
+    offsets, off, barrier_bytes = layout(rings.rings, ready=mc.rings if mc is not None else ())
     threads = sum(r.threads for r in roles)
     if threads > 1024:
         raise TooBig(f"threads of one block of the general form on {target.name}", threads, 1024, "use fewer lanes")
@@ -440,12 +446,18 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
         integer,
         tuple(s.kind.op for _, chain in layers for s in chain),  # type: ignore[union-attr]
         classes,
-        *sync_words(p),
+        *sync_words(p, handshake(mc)),
         relative,
         cluster,
         relative_groups(p),
+        mc,
         accumulators,
     )
+
+
+def handshake(mc: Multicast | None) -> frozenset[int]:
+    """The semaphores a multicast handshake's barriers stand for: no word of global memory holds them."""
+    return frozenset() if mc is None else frozenset(mc.ready) | frozenset(mc.valid)
 
 
 def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:

@@ -111,6 +111,72 @@ __device__ __forceinline__ void spatialc_dsmem_copy16(const void* src, const voi
     (void)site;
     (void)rank;
 }
+
+// Thread-block clusters (sm_90; `lower` refuses them before, so the traps below never run): a multicast group's
+// handshake in both forms that print one — the general form's and the sm_90a form's — on mbarriers in the blocks'
+// shared memory, reached through distributed shared memory.
+
+// One arrival on the barrier at the same place as `bar` in block `rank` of the cluster, releasing at cluster scope
+// what this thread did before (its waits on its own barriers and its stores into that block's shared memory
+// included): a receiver telling the sender its stage is free, or a sender that its page has landed.
+__device__ __forceinline__ void spatialc_mbar_arrive_cluster(unsigned long long* bar, unsigned rank)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(spatialc_smem_addr(bar)), "r"(rank));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+    (void)bar;
+    (void)rank;
+}
+
+// Until the phase of parity `parity` has completed, acquiring at cluster scope what the arrivals released (the
+// arrivals come from other blocks of the cluster).
+__device__ __forceinline__ void spatialc_mbar_wait_cluster(unsigned long long* bar, unsigned parity)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    for (;;) {
+        unsigned done;
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;"
+                     "\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(spatialc_smem_addr(bar)), "r"(parity)
+                     : "memory");
+        if (done) {
+            return;
+        }
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+    (void)bar;
+    (void)parity;
+}
+
+// Every thread of every block of the cluster meets: what each did before is released at cluster scope and acquired
+// by all. After the barriers' initialisation (a peer's arrival or multicast bytes must find them initialised) and
+// before a block exits (CUDA's rule for distributed shared memory: no block leaves while a peer may still use its
+// shared memory).
+__device__ __forceinline__ void spatialc_cluster_sync()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
+
+// Barrier initialisation visible to the other threads' (the peers', and the copy engine's) first use of them.
+__device__ __forceinline__ void spatialc_fence_barrier_init()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+    __trap();
+#endif
+}
 #endif
 
 // A kernel whose sites run as thread-block clusters (__cluster_dims__): nothing here; the emulation runs each

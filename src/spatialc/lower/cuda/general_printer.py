@@ -45,6 +45,7 @@ from ...target import WARP
 from ..census import marker
 from ..errors import Unsupported
 from . import epilogue
+from .clusters import GeneralClusterPrinter, reset_image
 from .cwriter import (
     C_TYPES,
     CHECK_MACRO,
@@ -87,7 +88,7 @@ def accumulator_of(op: ChoreoOp) -> BufferId | None:
     return None
 
 
-class EnginePrinter(HandoverPrinter, TilePrinter):
+class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, TilePrinter):
     """Prints one engine's program on its own warps: its ops in order, its loops as its own `for`s."""
 
     counts_sends = True  # each multicast ring's sends are counted (the receiver's page is the send's number)
@@ -99,12 +100,16 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
         self.bar_id = 1 + k.roles.index(role)  # the engine's named barrier (0 is __syncthreads)
         self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
         self.after: ChoreoOp | None = None  # the op after the one being printed, in its own body (None: the last)
+        self.received: set[int] = set()  # rings whose page the engine waits for from its sender, not yet pushed
 
     def read_slot(self, r: int) -> str:
         return f"(pop_{r} % DEPTH_{r})"
 
     def full_wait(self, r: int) -> str:
-        """The device function a Wait on ring `r`'s full barrier calls."""
+        """The device function a Wait on ring `r`'s full barrier calls: at cluster scope for a multicast ring, whose
+        page a peer may have written and published (clusters.py)."""
+        if self.k.multicast is not None and r in self.k.multicast.rings:
+            return "spatialc_mbar_wait_cluster"
         return "spatialc_mbar_wait"
 
     def load(self, pointer: str, element: str) -> str:
@@ -136,7 +141,8 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
         for i, op in enumerate(ops):
             self.after = ops[i + 1] if i + 1 < len(ops) else None
             if isinstance(op, SemSet):
-                self.reset(op, before)
+                if not reset_image(self.k.multicast, op, self.w):
+                    self.reset(op, before)
             else:
                 with self.holding(self.layer(op)):
                     self.op(op, env)
@@ -189,10 +195,12 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
                     f"spatialc_mbar_wait(&empty_{r}[rsv_{r} % DEPTH_{r}], ((rsv_{r} / DEPTH_{r}) & 1) ^ 1); ++rsv_{r};",
                     mark,
                 )
+            case Push(buf) if self.received_push(self.kept(buf).id, mark):
+                pass
             case Push(buf):
                 r = self.kept(buf).id
-                # A page this engine's cp.asyncs fill is published when they land; any other (a multicast
-                # receiver's, copied in by another site and waited for) at once.
+                # A page this engine's cp.asyncs fill is published when they land; any other (an epilogue stage's,
+                # written by the engine's threads) at once.
                 arrive = "spatialc_cp_async_arrive" if r in self.fills else "spatialc_mbar_arrive"
                 self.w.line(f"{arrive}(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
             case Wait(buf):
@@ -205,7 +213,7 @@ class EnginePrinter(HandoverPrinter, TilePrinter):
             case WriteBarrier() | Flush():
                 # Each thread's global writes are visible at device scope before any later signal of its engine.
                 self.w.line("__threadfence();", mark)
-            case _ if self.handover(op, mark):
+            case _ if self.cluster_handshake(op, mark) or self.handover(op, mark):
                 pass
             case _ if self.common(op, env, mark, "ordered by the ring barriers"):
                 pass
@@ -273,6 +281,8 @@ def preamble(k: GeneralKernel) -> list[str]:
         ring = k.rings.rings[rid]
         lines += [f"#define DEPTH_{rid} {ring.depth}u", f"#define PAGE_{rid} {ring.page}"]
         lines += [f"#define FULL_COUNT_{rid} {k.full_count[rid]}", f"#define EMPTY_COUNT_{rid} {k.empty_count[rid]}"]
+    if k.multicast is not None:  # each multicast ring's ready barriers count its receivers
+        lines += [f"#define READY_COUNT_{r} {n}u" for r, n in sorted(k.multicast.receivers.items())]
     lines += [f"#define SMEM_OFF_{name.upper()} {off}" for name, off in k.offsets.items()]
     lines.append(f"#define DYN_SMEM {k.dyn_bytes}")
     return lines + [""]
@@ -296,14 +306,30 @@ def kernel_text(k: GeneralKernel) -> str:
         site_prologue(w, k.cluster)
         w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
         declare_rings(k, w)
+        mc = k.multicast.rings if k.multicast is not None else ()
+        for r in mc:
+            ready = f"ready_{r}, spatialc_dyn_smem, SMEM_OFF_READY_{r}, DEPTH_{r}, 1"
+            w.line(f"SPATIALC_DYNAMIC_RING(unsigned long long, {ready});")
         with w.block("if (tid == 0)"):
             init_barriers(k, w)
+            for r in mc:
+                with w.block(f"for (unsigned s = 0; s < DEPTH_{r}; ++s)", "// a stage free in every receiver"):
+                    w.line(f"spatialc_mbar_init(&ready_{r}[s], READY_COUNT_{r});")
+            if mc:
+                w.line("spatialc_fence_barrier_init();  // visible to the cluster's other blocks")
         w.line("__syncthreads();  // the barriers are initialised before any engine uses them")
+        if mc:
+            w.line("spatialc_cluster_sync();  // and before a peer block arrives on them or copies into this one")
         for i, role in enumerate(k.roles):
             last = role.first_warp + role.warps
             head = f"{'if' if i == 0 else 'else if'} (warp < {last})"
             with w.block(head, f"// {role.engine.value}: warps {role.first_warp}-{last - 1}"):
                 _engine(k, role, w)
+        if mc:
+            # Every page a peer copied into this block was waited for, and every arrival this block made on a
+            # peer's barrier was waited for there; CUDA still asks that no block of a cluster exits while a peer may
+            # use its shared memory, which this barrier makes true whatever the schedule.
+            w.line("spatialc_cluster_sync();  // no block leaves while its peers may still reach its shared memory")
     if k.cluster > 1:
         w.line(f"SPATIALC_CLUSTER_KERNEL({KERNEL_NAME}, {k.cluster})")
     return w.text()

@@ -1,7 +1,7 @@
-"""The general form's hand-overs between sites: semaphores and group barriers in global memory, and multicast pages
-through distributed shared memory (a multicast group is an sm_90 thread-block cluster). What `general` prints for
-`SemInc`, `SemWait`, a reset `SemSet`, `Barrier`, `ReadBarrier`, `McastSend` and `McastSetValid`, and what the kernel
-decides about them before printing: its sync words and its clusters."""
+"""The general form's hand-overs between sites: semaphores and group barriers in global memory (a multicast group's
+handshake is printed on its cluster's barriers instead: clusters.py). What `general` prints for `SemInc`, `SemWait`,
+a reset `SemSet`, `Barrier` and `ReadBarrier`, and what the kernel decides about them before printing: its sync words
+and its clusters (a multicast group is an sm_90 thread-block cluster)."""
 
 from __future__ import annotations
 
@@ -71,16 +71,23 @@ def clusters(p: SpatialProgram, target: SpatialTarget) -> int:
     return size
 
 
-def sync_words(p: SpatialProgram) -> tuple[int, Words, dict[int, tuple[int, ...]], tuple[int, ...], int]:
+def sync_words(
+    p: SpatialProgram, on_barriers: frozenset[int] = frozenset()
+) -> tuple[int, Words, dict[int, tuple[int, ...]], tuple[int, ...], int]:
     """The sites, where each barrier group's arrival counts and each semaphore's copies start in `spatialc_sync`
-    (one word per site each), each group's sites, every word's initial value (counts at 0, a semaphore's copies at
-    its initial value) and, for a program with loop counts read from data, the first of the two words after them
-    for an error (-1: none)."""
+    (one word per site each) — but the semaphores `on_barriers`, a multicast handshake's, which are mbarriers in the
+    cluster's shared memory (clusters.py) — each group's sites, every word's initial value (counts at 0, a
+    semaphore's copies at its initial value) and, for a program with loop counts read from data, the first of the two
+    words after them for an error (-1: none)."""
     assert p.placement is not None
     n = len(p.placement.items_of_site)
     ops = all_ops(p)
     groups = sorted({int(op.group) for op in ops if isinstance(op, Barrier)})
-    sems = [s for s in p.semaphores if any(isinstance(op, SemInc | SemWait) and op.sem == s.id for op in ops)]
+    sems = [
+        s
+        for s in p.semaphores
+        if int(s.id) not in on_barriers and any(isinstance(op, SemInc | SemWait) and op.sem == s.id for op in ops)
+    ]
     words = {("group", g): i * n for i, g in enumerate(groups)}
     words |= {("sem", int(s.id)): (len(groups) + i) * n for i, s in enumerate(sems)}
     members = {g: tuple(int(s) for s in next(x.sites for x in p.placement.groups if int(x.id) == g)) for g in groups}
@@ -109,20 +116,6 @@ class HandoverPrinter:
                     self.w.line("__pipeline_commit();")
                     self.w.line("__pipeline_wait_prior(0);")
                     self.w.line(self.engine_sync())
-            case McastSend(buf, group):
-                self.multicast(self.kept(buf).id, self.k.groups[int(group)], mark)
-            case McastSetValid(sem, group, value):
-                # Adding `value` sets it where anything waits on it: verify proved such a copy is 0 whenever a set
-                # lands (passes/verify/handshake.py). A copy nothing waits on (the sender's own) only counts.
-                with self.w.block("", mark):
-                    self.w.line("__threadfence();  // each thread's multicast stores are visible before the flags")
-                    self.w.line(self.engine_sync())
-                    base = self.k.words[("sem", int(sem))]
-                    to = [
-                        f"spatialc_grid_add(spatialc_sync + {base} + {self.offset(o)}, {value});"
-                        for o in self.k.groups[int(group)]
-                    ]
-                    self.w.line(f"if (etid == 0) {{ {' '.join(to)} }}")
             case Barrier(group):
                 self.barrier(int(group), mark)
             case SemInc(sem, at, by):
@@ -145,26 +138,6 @@ class HandoverPrinter:
     @staticmethod
     def offset(o: int) -> str:
         return "site" if o == 0 else f"(site {'+' if o > 0 else '-'} {abs(o)})"
-
-    def multicast(self, r: int, offsets: tuple[int, ...], mark: str) -> None:
-        """McastSend: the newest reserved page, 16 bytes a thread at a time, into the page of the same slot as this
-        ring's n-th send in each other site of the group — its n-th reserved page, as verify proved — through
-        distributed shared memory (the group is a cluster of `k.cluster` sites)."""
-        with self.w.block("", mark):
-            # The page's own copies have landed, every thread's (verify does not ask for the ReadBarrier before it).
-            self.w.line("__pipeline_commit();")
-            self.w.line("__pipeline_wait_prior(0);")
-            self.w.line(self.engine_sync())
-            self.w.line(f"const char* src = (const char*)(ring_{r} + ((rsv_{r} - 1) % DEPTH_{r}) * PAGE_{r});")
-            self.w.line(f"const char* dst = (const char*)(ring_{r} + (snd_{r} % DEPTH_{r}) * PAGE_{r});")
-            chunks = f"(int)(PAGE_{r} * sizeof(*ring_{r}) / 16)"
-            with self.w.block(f"for (int i = etid; i < {chunks}; i += {self.role.threads})"):
-                for o in offsets:
-                    if o:
-                        at = self.offset(o)
-                        rank = f"{at} % {self.k.cluster}"
-                        self.w.line(f"spatialc_dsmem_copy16(src + 16 * i, dst + 16 * i, {at}, {rank});")
-            self.w.line(f"++snd_{r};")
 
     def reset(self, op: SemSet, before: ChoreoOp | None) -> None:
         """SemSet: only a reset to 0 right after the engine's own wait for v on it passes verify — so the count is

@@ -378,10 +378,7 @@ def preamble(hk: HopperKernel) -> list[str]:
     if hk.chunk:  # tiles of the output box each consumer warp stages for the TMA store
         at = next(i for i, line in enumerate(rest) if line.startswith("#define SMEM_OFF_"))
         rest = [*rest[:at], f"#define OUT_CHUNK {hk.chunk}", *rest[at:]]
-    if hk.multicast is not None:  # each multicast ring's ready barriers count its receivers
-        at = next(i for i, line in enumerate(rest) if line.startswith("#define SMEM_OFF_"))
-        counts = [f"#define READY_COUNT_{r} {n}u" for r, n in sorted(hk.multicast.receivers.items())]
-        rest = [*rest[:at], *counts, *rest[at:]]
+    # (each multicast ring's ready barriers count its receivers: READY_COUNT_r, the general preamble's)
     return [head, *(line.replace(f"#define NTHREAD {k.threads}", f"#define NTHREAD {hk.threads}") for line in rest)]
 
 

@@ -9,7 +9,8 @@
 #ifndef SPATIALC_SM90A
 #define SPATIALC_SM90A
 
-// (spatialc_smem_addr, the shared-window address of a pointer, is the mbarrier layer's: general_mbarrier.cuh.)
+// (spatialc_smem_addr, the shared-window address of a pointer, and the cluster's barriers — remote arrivals, waits
+// at cluster scope, the cluster barrier, the init fence — are the mbarrier layer's: general_mbarrier.cuh.)
 
 // Swizzled stages repeat their pattern every 1024 bytes of the shared window at most, and the copy engine and the
 // MMA both swizzle by address: the dynamic block must start on such a boundary. A block that does not stops here.
@@ -71,42 +72,6 @@ __device__ __forceinline__ void spatialc_tma_load_2d_multicast(void* dst, const 
         : "memory");
 }
 
-// One arrival on the barrier at the same place as `bar` in block `rank` of the cluster, releasing at cluster scope
-// what this thread did before (its waits on its own barriers included): a receiver telling the sender its stage is
-// free.
-__device__ __forceinline__ void spatialc_mbar_arrive_cluster(unsigned long long* bar, unsigned rank)
-{
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(spatialc_smem_addr(bar)), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
-}
-
-// Until the phase of parity `parity` has completed, acquiring at cluster scope what the arrivals released (the
-// arrivals come from other blocks of the cluster).
-__device__ __forceinline__ void spatialc_mbar_wait_cluster(unsigned long long* bar, unsigned parity)
-{
-    for (;;) {
-        unsigned done;
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;"
-                     "\n\tselp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(spatialc_smem_addr(bar)), "r"(parity)
-                     : "memory");
-        if (done) {
-            return;
-        }
-    }
-}
-
-// Every thread of every block of the cluster meets: what each did before is released at cluster scope and acquired
-// by all. After the barriers' initialisation (a peer's arrival or multicast bytes must find them initialised) and
-// before a block exits (CUDA's rule for distributed shared memory: no block leaves while a peer may still use its
-// shared memory).
-__device__ __forceinline__ void spatialc_cluster_sync()
-{
-    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
 // A box of this block's shared memory at `src` (laid out as the map's box, on 128 bytes) into the matrix at (column,
 // row) by the copy engine, which reads `src` asynchronously: the store joins the thread's open bulk group.
 __device__ __forceinline__ void spatialc_tma_store_2d(const CUtensorMap* map, int c0, int c1, const void* src)
@@ -148,12 +113,6 @@ __device__ __forceinline__ void spatialc_bulk_wait_read()
 // Generic-proxy writes to shared memory (the barriers' initialisation; a staged output box) made visible to the
 // async proxy, which the copy engine's transaction counts and stores go through.
 __device__ __forceinline__ void spatialc_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// Barrier initialisation visible to the other threads' (and the copy engine's) first use of them.
-__device__ __forceinline__ void spatialc_fence_barrier_init()
-{
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
 
 // Registers move from the producer warpgroup (it only issues copies) to the consumers (they hold the accumulators).
 // Every warp of a warpgroup executes the same one.

@@ -152,6 +152,29 @@ SPATIALC_EMU_FN void check_exit(Block& b) {
     }
 }
 
+// The stores `t` holds into the shared memory of a block of its cluster (spatialc_dsmem_copy16) land: a release at
+// cluster scope makes them visible there. Its stores to global memory stay held until a release at device scope.
+SPATIALC_EMU_FN void release_cluster_stores(ThreadState& t, Block& b, const std::string& where) {
+    if (t.gstores.empty()) return;
+    GlobalStores land, keep;
+    const unsigned long c = cluster_size();
+    for (const auto& s : t.gstores) {
+        const char* to = static_cast<const char*>(s->dst);
+        bool shared = false;
+        for (unsigned r = 0; r < c && !shared; ++r) {
+            const Block& o = peer(b, r, where);
+            shared = o.dyn && to >= o.dyn && to < o.dyn + dyn_bytes;
+        }
+        (shared ? land : keep).push_back(s);
+    }
+    land_stores(land);
+    t.gstores = std::move(keep);
+}
+
+// One arrival on the barrier at `bar`'s place in block `rank`, releasing at cluster scope: the arriving thread's
+// stores into the cluster's shared memory land first, its clocks travel with the arrival (what it knew of its own
+// block's threads), and so does a new epoch of its block (what its block did so far, for the race check of stores
+// between blocks: emu_global.h), which a thread passing the phase acquires.
 SPATIALC_EMU_FN void mbar_arrive_cluster(void* bar, unsigned rank, int line) {
     ThreadState& t = me("spatialc_mbar_arrive_cluster");
     Block& b = blk();
@@ -163,6 +186,8 @@ SPATIALC_EMU_FN void mbar_arrive_cluster(void* bar, unsigned rank, int line) {
     }
     void* at = o.dyn + (static_cast<char*>(bar) - b.dyn);
     apply_stores(t);
+    release_cluster_stores(t, b, where);
+    const unsigned epoch = release_epoch();
     std::lock_guard<std::mutex> lk(o.mu);
     if (o.exited)
         fatal(kExitMisuse, where + ": block " + std::to_string(b.block_linear) + " arrives on a barrier of block " +
@@ -174,6 +199,8 @@ SPATIALC_EMU_FN void mbar_arrive_cluster(void* bar, unsigned rank, int line) {
     if (vc.size() <= (size_t)t.tid) vc.resize((size_t)t.tid + 1, 0);
     vc[(size_t)t.tid] = std::max(vc[(size_t)t.tid], t.clk);
     ++t.clk;
+    unsigned& released = m.peer_epoch_acc[b.block_linear];
+    released = std::max(released, epoch);
     if (m.pending == 0)
         fatal(kExitMisuse, where + ": an arrival on a phase that has all its arrivals (" + mbar_name(at) + ")");
     if (--m.pending == 0) settle_mbar(o, m);

@@ -85,7 +85,8 @@ struct Copy {
 // A plain store to global memory (a workspace's partial sum) not yet visible at device scope (late mode): it lands
 // when a thread that holds it fences or releases (__threadfence, a release add) or exits. A barrier an engine's
 // threads cross shares each one's stores with the others, which may then release them (PTX's cumulativity).
-// A store to a peer block's shared memory (spatialc_dsmem_copy16, 16 bytes) is held the same way.
+// A store to a peer block's shared memory (spatialc_dsmem_copy16, 16 bytes) is held the same way, and lands at its
+// thread's next release at cluster scope too (an arrival on a peer's barrier: emu_cluster.h).
 struct GlobalStore {
     void* dst;
     unsigned char data[16];
@@ -153,6 +154,9 @@ struct MBar {
     bool cluster_visible = false;  // a fence.mbarrier_init by its initialising thread since: peers may see it
     bool peer_touched[2] = {false, false};  // the last completed phase of each parity had a peer's arrival or bytes
     std::map<unsigned long, std::vector<unsigned>> peer_acc, peer_done[2];
+    // The epochs remote arrivals release (a peer block's, emu_global.h), by block: the current phase's, each completed
+    // parity's — a thread passing the phase acquires them for its block, as a wait on a sync word does.
+    std::map<unsigned long, unsigned> peer_epoch_acc, peer_epoch_done[2];
     bool peer_bytes = false;
     unsigned long long peer_phase = 0, waited = 0;
     int peer_line = 0;

@@ -611,6 +611,8 @@ SPATIALC_EMU_FN void complete_mbar(Block& b, MBar& m) {
     m.vc_acc.clear();
     m.peer_done[m.phase & 1] = std::move(m.peer_acc);
     m.peer_acc.clear();
+    m.peer_epoch_done[m.phase & 1] = std::move(m.peer_epoch_acc);
+    m.peer_epoch_acc.clear();
     m.peer_touched[m.phase & 1] = !m.peer_done[m.phase & 1].empty() || m.peer_bytes;
     ++m.phase;
     if (m.peer_bytes) m.peer_phase = m.phase;
@@ -685,6 +687,7 @@ SPATIALC_EMU_FN void learn(ThreadState& t, Block& b, const MBar& m, unsigned par
     if (t.vc.size() < (size_t)b.nthreads) t.vc.resize((size_t)b.nthreads, 0);
     join(t.vc, m.vc_done[parity & 1]);
     for (const auto& [from, vc] : m.peer_done[parity & 1]) join(t.peer_vc[from], vc);
+    for (const auto& [from, e] : m.peer_epoch_done[parity & 1]) learn_epoch(b.block_linear, from, e);
     share_stores(t.gstores, m.gdone[parity & 1]);  // it may release them now
     t.where = "running";
 }
