@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import warnings
 
@@ -246,10 +247,17 @@ def planted(right: str, wrong: str):
 @pytest.mark.emulation
 def test_a_page_multicast_into_the_wrong_slot_is_a_race_in_emulation():
     """The copy lands in the slot the receiver is reading (its ready flag freed the other one): the emulation
-    race-checks stores into a peer's shared memory against the receiver's own accesses."""
+    race-checks stores into a peer's shared memory against the receiver's own accesses. Where the threads interleave
+    so that the receiver's reads come first (seen under heavy load), its wait for the slot the copy never filled is
+    the deadlock the emulation names instead: the same fault, caught on the same ring."""
     art = planted("(snd_0 % DEPTH_0) * PAGE_0", "((snd_0 + 1) % DEPTH_0) * PAGE_0")
-    with pytest.raises(EmulationRace, match="RACE between blocks on shared ring 'ring_0'"):
+    with pytest.raises((EmulationRace, EmulationDeadlock)) as caught:
         spatialc.emulate(art, FAULT_INPUTS, timeout=30)
+    said = str(caught.value)
+    if isinstance(caught.value, EmulationRace):
+        assert "RACE between blocks on shared ring 'ring_0'" in said, said
+    else:
+        assert re.search(r"(full|empty|ready)_0\[", said), said
 
 
 @emulation

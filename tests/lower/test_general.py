@@ -277,9 +277,15 @@ def test_a_wait_on_the_wrong_phase_is_caught(gemm64, general_text):
             f"spatialc_mbar_wait(&full_{r}[wt_{r} % DEPTH_{r}], (wt_{r} / DEPTH_{r}) & 1);",
             f"spatialc_mbar_wait(&full_{r}[wt_{r} % DEPTH_{r}], ((wt_{r} / DEPTH_{r}) & 1) ^ 1);",
         )
-    # Both operand rings' first waits pass at once: the compute warps read pages the reader has not filled.
+    # Both operand rings' first waits pass at once: the compute warps read pages the reader has not filled. Which
+    # the emulation meets first depends on how its threads interleave (under heavy load the reader can win): the
+    # reads racing the reader's copies, or a later wait, a phase behind, that never completes. Either is the fault
+    # caught, on one of the two rings.
     kind, report = outcome(gemm64, text, "late")
-    assert kind == EmulationRace.kind and re.search(r"shared ring 'ring_[01]' slot 0", report)
+    if kind == EmulationRace.kind:
+        assert re.search(r"shared ring 'ring_[01]' slot 0", report), report
+    else:
+        assert kind == EmulationDeadlock.kind and re.search(r"full_[01]\[", report), report
     # On A alone the B ring's wait still orders A's copies (the reader filled A first); the compute warps then run
     # a phase behind on A until they wait for one that never completes.
     one = planted(
