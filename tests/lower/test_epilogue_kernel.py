@@ -24,7 +24,7 @@ import spatialc
 from spatialc.errors import SemanticError
 from spatialc.frontend import _stage_name, bias, relu, requant, scalar
 from spatialc.ir.nodes import ComputeStage
-from spatialc.ir.ops import Requant
+from spatialc.ir.ops import Apply, Arg, Map, Requant
 from spatialc.lower.artifact import operand_files
 from spatialc.lower.census import census, count_printed, stage_kind
 from spatialc.lower.cuda.emit import INCLUDES
@@ -185,6 +185,23 @@ def test_an_epilogue_the_fused_store_cannot_take_is_left_to_the_general_form():
     with pytest.raises(NeedsGeneral, match="sm_86 keeps accumulators out of registers") as err:
         lower(p, off_registers)
     assert "the general form prints it" in str(err.value)
+
+
+def test_a_value_inside_a_stages_formula_is_bounded_as_its_result_is():
+    # clamp(x·x·x, −10, 10) lies in −10..10, but with K = 2048 the cube inside it reaches 2^75: the interpreter
+    # refuses it at run time, and C's long long wraps (the emulation gave 0 where C is 2^25, whose cube clamps to 10).
+    # Verify's rule 8 and the lowering bound every value the formula computes, not only the stage's result.
+    cube = Map(Apply("clamp", (Apply("mul", (Apply("mul", (Arg(0), Arg(0))), Arg(0))),), (-10.0, 10.0)))
+    with pytest.raises(SemanticError, match=r"within stage map0 \(clamp.*a value can reach 37778931862957161709568"):
+        spatialc.build(spatialc.gemm(16, 16, 2048, "int8", epilogue=[cube]), "sm_86", split_k=1)
+    clamped = Map(Apply("clamp", (Arg(0),), (-10.0, 10.0)))
+    p = spatialc.build(spatialc.gemm(16, 16, 2048, "int8", epilogue=[clamped]), "sm_86", split_k=1)
+    forged = p.evolve(
+        stages=tuple(dataclasses.replace(s, kind=ComputeStage(cube)) if s.name == "map0" else s for s in p.stages),
+        verified=True,
+    )
+    with pytest.raises(TooBig, match=r"within epilogue stage map0 .* in int64"):
+        lower(forged, spatialc.target("sm_86"))
 
 
 def test_chains_whose_c_would_differ_from_the_epilogue_semantics_are_refused():

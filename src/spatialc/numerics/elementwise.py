@@ -379,6 +379,16 @@ def int_range(expr: Expr, pages: Sequence[tuple[int, int]], col: Callable[[Col],
     raise ElementwiseError(f"{expr!r} is no elementwise expression")
 
 
+def int_peak(expr: Expr, pages: Sequence[tuple[int, int]], col: Callable[[Col], tuple[int, int]]) -> int:
+    """The greatest magnitude any value `expr` computes on the way can take in an integer program — each op's
+    result bounded as `int_range` bounds it, the whole formula's included: every one of them is a `long long` of
+    the kernel and an exact int64 of the interpreter, not only the last (clamp(x·x·x, −10, 10) has a small range
+    and a cube inside it)."""
+    lo, hi = int_range(expr, pages, col)
+    inner = [int_peak(a, pages, col) for a in expr.args] if isinstance(expr, Apply) else []
+    return max(-lo, hi, *inner)
+
+
 def bounded(expr: Expr, pages: Sequence[tuple[Any, Any]], col: Callable[[Col], Any] | None = None) -> tuple[Any, Any]:
     """(value, error) of `expr` in a float program: the value as the interpreter computes it from the input pages'
     values, and a bound on how far a kernel's may lie from it when each input page's own value may lie its error

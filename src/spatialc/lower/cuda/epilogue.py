@@ -21,7 +21,7 @@ from ...ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, cols
 from ...ir.printer import compute_text
 from ...numerics import elementwise
 from ...numerics.elementwise import ElementwiseError, transcendental
-from ...numerics.epilogue import dot_range, integer_range
+from ...numerics.epilogue import dot_range, integer_peak, integer_range
 from ..errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
 from .cwriter import inlined
 
@@ -220,7 +220,8 @@ def _check_requant(op: Requant) -> None:
 
 
 def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
-    """Refuse an integer chain that could leave int64, where C's `long long` would overflow (undefined).
+    """Refuse an integer chain any of whose values (a stage's result, or one inside its formula) could leave int64,
+    where C's `long long` would overflow (undefined).
 
     The bounds start from the accumulator's (a K-long int8 dot product) and follow each stage; a bias adds any
     int32. Requantisation saturates, so it ends every bound.
@@ -234,11 +235,13 @@ def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
                 f"epilogue op {compute_text(op, p)}",
                 "the integer epilogue knows the table's integer ops (numerics.elementwise) and requant",
             )
+        peak = integer_peak(op, lo, hi)  # a value inside the stage's formula too, not only its result
         lo, hi = after
-        if lo < INT64_MIN or hi > INT64_MAX:
+        if lo < INT64_MIN or hi > INT64_MAX or peak > INT64_MAX:
+            where = "after" if peak == max(-lo, hi) else "within"
             raise TooBig(
-                f"the largest magnitude after epilogue stage {s.name} ({compute_text(op, p)}) in int64",
-                max(-lo, hi),
+                f"the largest magnitude {where} epilogue stage {s.name} ({compute_text(op, p)}) in int64",
+                peak,
                 INT64_MAX,
                 "the kernel's integer epilogue is exact 64-bit arithmetic",
             )
