@@ -127,6 +127,67 @@ def test_loops_nested_past_the_limit_are_refused_with_their_path(text):
         spatialc.from_json(json.dumps(doc))
 
 
+def _as_version_6(data):
+    """Today's document as version 6 wrote it: each Map the frontend makes written as the op it was then."""
+    if isinstance(data, list):
+        return [_as_version_6(v) for v in data]
+    if not isinstance(data, dict):
+        return data
+    data = {k: _as_version_6(v) for k, v in data.items()}
+    if data.get("type") != "Map":
+        return data
+    name, args = data["expr"]["op"], data["expr"]["args"]
+    if len(args) == 1:
+        return {"type": "Relu"} if name == "relu" else {"type": "Activation", "name": name.replace("gelu_tanh", "gelu")}
+    if args[1]["type"] == "Lit":
+        return {"type": "Scalar", "op": name, "value": args[1]["value"]}
+    return {"type": "Bias", **{k: args[1][k] for k in ("tensor", "at", "width")}}
+
+
+@pytest.fixture(scope="module")
+def version_6():
+    """A program whose epilogue has each old op, and its document as version 6 wrote it."""
+    epilogue = [bias(), spatialc.relu(), spatialc.scalar("mul", 0.3), spatialc.activation("gelu")]
+    p = spatialc.build(spatialc.gemm(40, 30, 20, "fp16", epilogue=epilogue), "sm_86")
+    doc = json.loads(spatialc.to_json(p))
+    return p, {**doc, "version": 6, "program": _as_version_6(doc["program"])}
+
+
+def test_a_version_6_document_reads_as_the_program_built_today(version_6):
+    p, doc = version_6
+    assert '"Relu"' in json.dumps(doc) and '"Map"' not in json.dumps(doc)
+    assert spatialc.from_json(json.dumps(doc)) == p
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        ('"op": "mul"', '"op": "pow"', 'found "Scalar"'),  # version 6 had add, mul, max and min
+        ('"name": "gelu"', '"name": "exp"', 'found "Activation"'),  # and gelu, silu, sigmoid and tanh
+    ],
+)
+def test_a_version_6_op_that_version_did_not_have_is_one_serde_error(version_6, old, new, says):
+    # They loaded as the table's pow and exp Maps, and verified: a meaning the document never had.
+    _, doc = version_6
+    text = json.dumps(doc)
+    assert old in text
+    with pytest.raises(SerdeError) as e:
+        spatialc.from_json(text.replace(old, new, 1))
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_version_6_document_nested_past_the_limit_is_one_serde_error():
+    # Its old ops were rewritten by a recursion without a limit: 900 nested lists, which json reads, raised
+    # RecursionError.
+    deep: object = 0
+    for _ in range(900):
+        deep = [deep]
+    doc = {"format": "spatialc.program", "version": 6, "program": {"type": "SpatialProgram", "stages": deep}}
+    with pytest.raises(SerdeError) as e:
+        spatialc.from_json(json.dumps(doc))
+    assert "\n" not in str(e.value), str(e.value)
+
+
 def test_bytes_in_any_json_encoding_are_read(text, program):
     assert spatialc.from_json(text.encode()) == program
     assert spatialc.from_json(bytearray(text.encode("utf-16"))) == program
