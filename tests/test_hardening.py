@@ -188,6 +188,15 @@ def test_a_version_6_document_nested_past_the_limit_is_one_serde_error():
     assert "\n" not in str(e.value), str(e.value)
 
 
+def test_a_number_past_float64_is_one_serde_error():
+    # A constant of 400 digits (which json reads as an int) raised OverflowError from float().
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "fp16", epilogue=[spatialc.scalar("add", 1.5)]), "sm_86")
+    text = spatialc.to_json(p)
+    assert '"value": 1.5' in text
+    with pytest.raises(SerdeError, match=r"\.expr\.args\[1\]\.value: expected a number within float64's range"):
+        spatialc.from_json(text.replace('"value": 1.5', '"value": ' + "9" * 400))
+
+
 def test_bytes_in_any_json_encoding_are_read(text, program):
     assert spatialc.from_json(text.encode()) == program
     assert spatialc.from_json(bytearray(text.encode("utf-16"))) == program

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -126,6 +127,8 @@ def decode(data: Any, annotation: Any, path: str = "program", depth: int = 1) ->
     if annotation is float:
         if isinstance(data, bool) or not isinstance(data, int | float):
             _fail(path, "a number", data)
+        if isinstance(data, int) and abs(data) > sys.float_info.max:  # float() would raise OverflowError
+            _fail(path, "a number within float64's range", data)
         return float(data)
     if annotation is str:
         if not isinstance(data, str):
