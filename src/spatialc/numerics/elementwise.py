@@ -119,7 +119,7 @@ _OPS: list[ElementwiseOp] = [
     _unary_f("sigmoid", lambda v: 1.0 / (1.0 + np.exp(-v)), ulps=1, transcendental=True),
     _unary_f("tanh", np.tanh, ulps=1, transcendental=True),
     _unary_f("gelu", _gelu_erf, ulps=1, tail=GELU_TAIL, turns=(-0.7517915246935645,), transcendental=True),
-    _unary_f("gelu_tanh", _gelu_tanh, ulps=1, tail=GELU_TAIL, turns=(-0.7522295055,), transcendental=True),
+    _unary_f("gelu_tanh", _gelu_tanh, ulps=1, tail=GELU_TAIL, turns=(-0.7524614220710163,), transcendental=True),
     _unary_f("silu", lambda v: v / (1.0 + np.exp(-v)), ulps=1, turns=(-1.2784645427610738,), transcendental=True),
     ElementwiseOp("relu", 1, _relu, "spatialc_relu({0})", i64=_relu, c_int="({0} > 0 ? {0} : 0LL)"),
     ElementwiseOp(
