@@ -204,6 +204,25 @@ def test_a_value_inside_a_stages_formula_is_bounded_as_its_result_is():
         lower(forged, spatialc.target("sm_86"))
 
 
+def test_a_formula_whose_c_would_multiply_its_text_is_refused_not_printed():
+    # An integer abs prints its operand three times, ({0} < 0 ? -{0} : {0}): abs nested 9 deep (10 nodes, which
+    # verify takes) printed 3^9 copies of v, and 40 deep would print 3^40, more than any memory holds.
+    def nested(depth, op="abs"):
+        expr = Arg(0)
+        for _ in range(depth):
+            expr = Apply(op, (expr,))
+        return Map(expr)
+
+    for prec, op, fits, too_many in (("int8", "abs", 7, 9), ("fp16", "square", 12, 13)):
+        p = spatialc.build(spatialc.gemm(32, 64, 32, prec, epilogue=[nested(too_many, op)]), "sm_86", block=(2, 4, 1))
+        assert p.verified
+        for form in ("persistent", "general"):
+            with pytest.raises(Unsupported, match=r"would print \d+ leaves.*split the formula into stages"):
+                spatialc.lower(p, form=form)
+        p = spatialc.build(spatialc.gemm(32, 64, 32, prec, epilogue=[nested(fits, op)]), "sm_86", block=(2, 4, 1))
+        assert spatialc.lower(p).program_cu.count("v = ") >= 1
+
+
 def test_chains_whose_c_would_differ_from_the_epilogue_semantics_are_refused():
     p = built(next(c[0] for c in CASES if c[0].startswith("int8/bias+scalar")))
     huge = [scalar("mul", 2**30), scalar("mul", 2**30)]

@@ -462,6 +462,19 @@ def c_expr(expr: Expr, integer: bool, page: Callable[[int], str], col: Callable[
     raise ElementwiseError(f"{expr!r} is no elementwise expression")
 
 
+def c_leaves(expr: Expr, integer: bool) -> int:
+    """How many leaves (an input page's value, a constant, a column vector's value) `c_expr` prints for `expr`: an op
+    whose C names an operand more than once (square; in an integer program relu, abs, clamp, max, min) prints that
+    operand's whole text each time, so nesting such ops multiplies the text — abs nested 40 deep, 41 nodes, would
+    print 3^40 leaves."""
+    match expr:
+        case Apply(name, args):
+            op = op_named(name)
+            text = (op.c_int if integer else op.c) or ""
+            return sum(text.count(f"{{{i}}}") * c_leaves(a, integer) for i, a in enumerate(args))
+    return 1
+
+
 def transcendental(expr: Expr) -> bool:
     """Whether `expr` calls a library function (exp, log, tanh, erf, pow) anywhere."""
     match expr:

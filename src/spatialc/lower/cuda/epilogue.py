@@ -41,6 +41,7 @@ EPILOGUE_OPS = fused  # what the persistent kernel's fused store applies
 ELEMENTWISE_OPS = page_to_page  # what the general form's stages apply page to page
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+MAX_C_LEAVES = 4096  # the leaves one stage's C expression may print: 16 times the nodes verify's rule 1 allows a Map
 
 
 def chain(p: SpatialProgram, mm: Stage, ops=EPILOGUE_OPS) -> tuple[Stage, ...]:
@@ -164,6 +165,13 @@ def _check_map(p: SpatialProgram, op: Map, integer: bool) -> None:
             elementwise.int_range(op.expr, [(0, 0)], lambda c: (0, 0))  # every op has an integer meaning
         except ElementwiseError as e:
             raise UnsupportedPrecision(compute_text(op, p), f"{e}; an int8 program's epilogue is integer") from None
+    leaves = elementwise.c_leaves(op.expr, integer)
+    if leaves > MAX_C_LEAVES:
+        raise Unsupported(
+            f"a {compute_text(op, p)} stage, whose C would print {leaves} leaves",
+            f"its C names an operand more than once in nested ops, which multiplies the text; a stage prints at most"
+            f" {MAX_C_LEAVES}: split the formula into stages (each prints its own statement)",
+        )
     for c in cols(op.expr):
         _check_col(p, c, integer)
 
