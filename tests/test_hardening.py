@@ -20,15 +20,15 @@ import pytest
 import spatialc
 from spatialc import inputs as spatial_inputs
 from spatialc.cli import main
-from spatialc.errors import PlanError, ProgramError, SpatialError
+from spatialc.errors import IllFormedError, PlanError, ProgramError, SpatialError
 from spatialc.frontend import MAX_TENSOR_ELEMS, bias
 from spatialc.inputs import InexactInputWarning, InputError, TensorSpec, check_inputs
 from spatialc.interp import errors as interp_errors
 from spatialc.interp import evaluate as interp_evaluate
 from spatialc.interp.errors import EvalError, TooLarge
 from spatialc.ir import serde
-from spatialc.ir.nodes import DType
-from spatialc.ir.ops import BlockShape
+from spatialc.ir.nodes import ComputeStage, DType
+from spatialc.ir.ops import MAX_EXPR_DEPTH, Apply, Arg, BlockShape, Map
 from spatialc.ir.serde import MAX_DEPTH, SerdeError
 from spatialc.passes import tile
 from spatialc.passes.place import place
@@ -276,6 +276,29 @@ def test_the_command_refuses_a_malformed_file_from_a_shell(tmp_path, text):
     path.write_text(text.replace('"type": "Fifo"', '"type": ["Fifo"]', 1))
     res = subprocess.run([sys.executable, "-m", "spatialc", "verify", str(path)], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "program.buffers[0].kind.type" in res.stderr
+
+
+def _nested(depth):
+    expr = Apply("neg", (Arg(0),))
+    for _ in range(depth - 1):
+        expr = Apply("neg", (expr,))
+    return Map(expr)
+
+
+def test_a_formula_nested_past_the_limit_is_refused_not_walked_by_recursion():
+    # 255 nested ops (fewer nodes than rule 1's 256) raised RecursionError from verify's type check, and 5000 from
+    # spatialc.gemm's own check of the epilogue: every reader of a formula recurses.
+    with pytest.raises(ProgramError, match=f"nested more than {MAX_EXPR_DEPTH} deep"):
+        spatialc.gemm(16, 16, 16, "fp16", epilogue=[_nested(5000)])
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "fp16", epilogue=[_nested(MAX_EXPR_DEPTH)]), "sm_86")
+    ones = {"A": np.ones((16, 16)), "B": np.ones((16, 16))}
+    assert spatialc.evaluate(p, ones)[0, 0] == 16.0 and "v = " in spatialc.lower(p).program_cu
+    for depth in (MAX_EXPR_DEPTH + 1, 255, 5000):
+        stages = [
+            dataclasses.replace(s, kind=ComputeStage(_nested(depth))) if s.name == "map0" else s for s in p.stages
+        ]
+        with pytest.raises(IllFormedError, match=r"stages\[3\]\.kind\.op\.expr: an elementwise expression of ops"):
+            spatialc.verify(p.evolve(stages=tuple(stages)))
 
 
 # ---- 2. sizes refused before anything is allocated ----------------------------------------------------------------
