@@ -20,15 +20,15 @@ import pytest
 import spatialc
 from spatialc import inputs as spatial_inputs
 from spatialc.cli import main
-from spatialc.errors import PlanError, ProgramError, SpatialError
+from spatialc.errors import IllFormedError, PlanError, ProgramError, SpatialError
 from spatialc.frontend import MAX_TENSOR_ELEMS, bias
 from spatialc.inputs import InexactInputWarning, InputError, TensorSpec, check_inputs
 from spatialc.interp import errors as interp_errors
 from spatialc.interp import evaluate as interp_evaluate
 from spatialc.interp.errors import EvalError, TooLarge
 from spatialc.ir import serde
-from spatialc.ir.nodes import DType
-from spatialc.ir.ops import BlockShape
+from spatialc.ir.nodes import ComputeStage, DType
+from spatialc.ir.ops import MAX_EXPR_DEPTH, Apply, Arg, BlockShape, Map
 from spatialc.ir.serde import MAX_DEPTH, SerdeError
 from spatialc.passes import tile
 from spatialc.passes.place import place
@@ -127,6 +127,76 @@ def test_loops_nested_past_the_limit_are_refused_with_their_path(text):
         spatialc.from_json(json.dumps(doc))
 
 
+def _as_version_6(data):
+    """Today's document as version 6 wrote it: each Map the frontend makes written as the op it was then."""
+    if isinstance(data, list):
+        return [_as_version_6(v) for v in data]
+    if not isinstance(data, dict):
+        return data
+    data = {k: _as_version_6(v) for k, v in data.items()}
+    if data.get("type") != "Map":
+        return data
+    name, args = data["expr"]["op"], data["expr"]["args"]
+    if len(args) == 1:
+        return {"type": "Relu"} if name == "relu" else {"type": "Activation", "name": name.replace("gelu_tanh", "gelu")}
+    if args[1]["type"] == "Lit":
+        return {"type": "Scalar", "op": name, "value": args[1]["value"]}
+    return {"type": "Bias", **{k: args[1][k] for k in ("tensor", "at", "width")}}
+
+
+@pytest.fixture(scope="module")
+def version_6():
+    """A program whose epilogue has each old op, and its document as version 6 wrote it."""
+    epilogue = [bias(), spatialc.relu(), spatialc.scalar("mul", 0.3), spatialc.activation("gelu")]
+    p = spatialc.build(spatialc.gemm(40, 30, 20, "fp16", epilogue=epilogue), "sm_86")
+    doc = json.loads(spatialc.to_json(p))
+    return p, {**doc, "version": 6, "program": _as_version_6(doc["program"])}
+
+
+def test_a_version_6_document_reads_as_the_program_built_today(version_6):
+    p, doc = version_6
+    assert '"Relu"' in json.dumps(doc) and '"Map"' not in json.dumps(doc)
+    assert spatialc.from_json(json.dumps(doc)) == p
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        ('"op": "mul"', '"op": "pow"', 'found "Scalar"'),  # version 6 had add, mul, max and min
+        ('"name": "gelu"', '"name": "exp"', 'found "Activation"'),  # and gelu, silu, sigmoid and tanh
+    ],
+)
+def test_a_version_6_op_that_version_did_not_have_is_one_serde_error(version_6, old, new, says):
+    # They loaded as the table's pow and exp Maps, and verified: a meaning the document never had.
+    _, doc = version_6
+    text = json.dumps(doc)
+    assert old in text
+    with pytest.raises(SerdeError) as e:
+        spatialc.from_json(text.replace(old, new, 1))
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_version_6_document_nested_past_the_limit_is_one_serde_error():
+    # Its old ops were rewritten by a recursion without a limit: 900 nested lists, which json reads, raised
+    # RecursionError.
+    deep: object = 0
+    for _ in range(900):
+        deep = [deep]
+    doc = {"format": "spatialc.program", "version": 6, "program": {"type": "SpatialProgram", "stages": deep}}
+    with pytest.raises(SerdeError) as e:
+        spatialc.from_json(json.dumps(doc))
+    assert "\n" not in str(e.value), str(e.value)
+
+
+def test_a_number_past_float64_is_one_serde_error():
+    # A constant of 400 digits (which json reads as an int) raised OverflowError from float().
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "fp16", epilogue=[spatialc.scalar("add", 1.5)]), "sm_86")
+    text = spatialc.to_json(p)
+    assert '"value": 1.5' in text
+    with pytest.raises(SerdeError, match=r"\.expr\.args\[1\]\.value: expected a number within float64's range"):
+        spatialc.from_json(text.replace('"value": 1.5', '"value": ' + "9" * 400))
+
+
 def test_bytes_in_any_json_encoding_are_read(text, program):
     assert spatialc.from_json(text.encode()) == program
     assert spatialc.from_json(bytearray(text.encode("utf-16"))) == program
@@ -206,6 +276,29 @@ def test_the_command_refuses_a_malformed_file_from_a_shell(tmp_path, text):
     path.write_text(text.replace('"type": "Fifo"', '"type": ["Fifo"]', 1))
     res = subprocess.run([sys.executable, "-m", "spatialc", "verify", str(path)], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "program.buffers[0].kind.type" in res.stderr
+
+
+def _nested(depth):
+    expr = Apply("neg", (Arg(0),))
+    for _ in range(depth - 1):
+        expr = Apply("neg", (expr,))
+    return Map(expr)
+
+
+def test_a_formula_nested_past_the_limit_is_refused_not_walked_by_recursion():
+    # 255 nested ops (fewer nodes than rule 1's 256) raised RecursionError from verify's type check, and 5000 from
+    # spatialc.gemm's own check of the epilogue: every reader of a formula recurses.
+    with pytest.raises(ProgramError, match=f"nested more than {MAX_EXPR_DEPTH} deep"):
+        spatialc.gemm(16, 16, 16, "fp16", epilogue=[_nested(5000)])
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "fp16", epilogue=[_nested(MAX_EXPR_DEPTH)]), "sm_86")
+    ones = {"A": np.ones((16, 16)), "B": np.ones((16, 16))}
+    assert spatialc.evaluate(p, ones)[0, 0] == 16.0 and "v = " in spatialc.lower(p).program_cu
+    for depth in (MAX_EXPR_DEPTH + 1, 255, 5000):
+        stages = [
+            dataclasses.replace(s, kind=ComputeStage(_nested(depth))) if s.name == "map0" else s for s in p.stages
+        ]
+        with pytest.raises(IllFormedError, match=r"stages\[3\]\.kind\.op\.expr: an elementwise expression of ops"):
+            spatialc.verify(p.evolve(stages=tuple(stages)))
 
 
 # ---- 2. sizes refused before anything is allocated ----------------------------------------------------------------

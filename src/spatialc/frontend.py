@@ -146,6 +146,9 @@ def _check_map(stage: Map, prec: Precision) -> None:
     from .numerics.elementwise import ElementwiseError, op_named
 
     expr = stage.expr
+    too_large = ops.expr_size_fault(expr)  # before anything below walks it by recursion
+    if too_large is not None:
+        raise ProgramError(f"an epilogue stage is {too_large}")
     if ops.arg_indices(expr) not in ((0,), ()):
         raise ProgramError(f"an epilogue stage maps the one page before it (x0), not {ops.arg_indices(expr)}")
     for node in _nodes(expr):

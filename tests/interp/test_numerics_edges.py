@@ -298,3 +298,23 @@ def test_non_finite_inputs_are_said_once_in_spatialcs_words_and_numpy_says_nothi
     assert [w.category for w in said] == [NonFiniteInputWarning], [str(w.message) for w in said]
     assert said[0].filename == __file__ and "holds NaN or ±inf" in str(said[0].message)
     assert ok and np.isnan(c).all()  # everything times 0 after + inf: NaN, in the interpreter and the reference alike
+
+
+def test_a_nan_where_an_epilogue_op_leaves_the_bound_unbounded_is_within_it():
+    # sqrt of C[0, 0] = 4096 + 2^-12 − 4096 − 2^-13 = 2^-13: a float32 sum in K order rounds 4096 + 2^-12 to 4096
+    # and ends at −2^-13, whose sqrt is NaN — within the kernel's K + 4 ulps, and the bound there is infinite
+    # (sqrt's domain edge lies in the box). The check refused the NaN (the general form's emulation gave it).
+    from spatialc.ir.ops import Apply, Arg, Map
+
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "fp16", epilogue=[Map(Apply("sqrt", (Arg(0),)))]), "sm_86")
+    a, b = np.zeros((16, 16)), np.ones((16, 16))
+    a[0, :4] = [4096.0, 2.0**-12, -4096.0, -(2.0**-13)]
+    a[1, 0] = 4.0
+    x = {"A": a, "B": b}
+    with np.errstate(invalid="ignore"):
+        kernel = np.sqrt(float32_sums(x))
+    assert np.isnan(kernel[0, 0]) and spatialc.evaluate(p, x)[0, 0] == np.float32(2.0**-6.5)
+    tol = spatialc.tolerance(p, kernel=True)
+    assert np.isinf(tol.bound(x)[0, 0]) and tol.check(kernel, x)[0]
+    kernel[1, 0] = np.nan  # sqrt(4): a NaN where the bound is finite is still refused
+    assert not tol.check(kernel, x)[0]

@@ -24,7 +24,7 @@ import spatialc
 from spatialc.errors import SemanticError
 from spatialc.frontend import _stage_name, bias, relu, requant, scalar
 from spatialc.ir.nodes import ComputeStage
-from spatialc.ir.ops import Requant
+from spatialc.ir.ops import Apply, Arg, Map, Requant
 from spatialc.lower.artifact import operand_files
 from spatialc.lower.census import census, count_printed, stage_kind
 from spatialc.lower.cuda.emit import INCLUDES
@@ -185,6 +185,42 @@ def test_an_epilogue_the_fused_store_cannot_take_is_left_to_the_general_form():
     with pytest.raises(NeedsGeneral, match="sm_86 keeps accumulators out of registers") as err:
         lower(p, off_registers)
     assert "the general form prints it" in str(err.value)
+
+
+def test_a_value_inside_a_stages_formula_is_bounded_as_its_result_is():
+    # clamp(x·x·x, −10, 10) lies in −10..10, but with K = 2048 the cube inside it reaches 2^75: the interpreter
+    # refuses it at run time, and C's long long wraps (the emulation gave 0 where C is 2^25, whose cube clamps to 10).
+    # Verify's rule 8 and the lowering bound every value the formula computes, not only the stage's result.
+    cube = Map(Apply("clamp", (Apply("mul", (Apply("mul", (Arg(0), Arg(0))), Arg(0))),), (-10.0, 10.0)))
+    with pytest.raises(SemanticError, match=r"within stage map0 \(clamp.*a value can reach 37778931862957161709568"):
+        spatialc.build(spatialc.gemm(16, 16, 2048, "int8", epilogue=[cube]), "sm_86", split_k=1)
+    clamped = Map(Apply("clamp", (Arg(0),), (-10.0, 10.0)))
+    p = spatialc.build(spatialc.gemm(16, 16, 2048, "int8", epilogue=[clamped]), "sm_86", split_k=1)
+    forged = p.evolve(
+        stages=tuple(dataclasses.replace(s, kind=ComputeStage(cube)) if s.name == "map0" else s for s in p.stages),
+        verified=True,
+    )
+    with pytest.raises(TooBig, match=r"within epilogue stage map0 .* in int64"):
+        lower(forged, spatialc.target("sm_86"))
+
+
+def test_a_formula_whose_c_would_multiply_its_text_is_refused_not_printed():
+    # An integer abs prints its operand three times, ({0} < 0 ? -{0} : {0}): abs nested 9 deep (10 nodes, which
+    # verify takes) printed 3^9 copies of v, and 40 deep would print 3^40, more than any memory holds.
+    def nested(depth, op="abs"):
+        expr = Arg(0)
+        for _ in range(depth):
+            expr = Apply(op, (expr,))
+        return Map(expr)
+
+    for prec, op, fits, too_many in (("int8", "abs", 7, 9), ("fp16", "square", 12, 13)):
+        p = spatialc.build(spatialc.gemm(32, 64, 32, prec, epilogue=[nested(too_many, op)]), "sm_86", block=(2, 4, 1))
+        assert p.verified
+        for form in ("persistent", "general"):
+            with pytest.raises(Unsupported, match=r"would print \d+ leaves.*split the formula into stages"):
+                spatialc.lower(p, form=form)
+        p = spatialc.build(spatialc.gemm(32, 64, 32, prec, epilogue=[nested(fits, op)]), "sm_86", block=(2, 4, 1))
+        assert spatialc.lower(p).program_cu.count("v = ") >= 1
 
 
 def test_chains_whose_c_would_differ_from_the_epilogue_semantics_are_refused():

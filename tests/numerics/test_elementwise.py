@@ -4,6 +4,7 @@ printer prints — compiled with g++ exactly as the host emulation compiles a ke
 
 from __future__ import annotations
 
+import itertools
 import math
 import shutil
 import struct
@@ -136,6 +137,18 @@ def test_the_error_bound_holds_for_operands_anywhere_in_their_boxes(name):
         assert (np.abs(exact - y)[finite] <= bound[finite]).all(), name
 
 
+def test_each_turning_point_is_where_its_op_turns():
+    # gelu_tanh's was -0.7522295055, 2.3e-4 from its least value (at -0.75246142…): the interval bound of a box
+    # holding the minimum stopped 1.2e-8 above it.
+    for name, op in E.OPS.items():
+        params = {"leaky_relu": (-0.5,)}.get(name, PARAMS.get(name, ()))  # with α < 0 it turns at 0
+        for t in op.turns:
+            left, at, right = np.asarray(op.f64(np.array([t - 1e-5, t, t + 1e-5]), *params), np.float64)
+            assert at <= min(left, right) or at >= max(left, right), (name, t)
+    lo, _ = E.image(E.OPS["gelu_tanh"], [(np.array([-0.76]), np.array([-0.74]))], (), integer=False)
+    assert lo[0] <= E.OPS["gelu_tanh"].f64(np.array([-0.7524614220710163]))[0]
+
+
 def test_a_pole_or_an_undecided_comparison_is_bounded_honestly():
     x = np.array([1.0, 0.01]), np.array([1e-3, 0.1])  # the second box holds 0
     _, e = E.bounded(Apply("recip", (Arg(0),)), [x])
@@ -211,6 +224,46 @@ def test_the_printed_c_of_every_op_computes_the_interpreters_values(tmp_path):
             assert c == want, (name, args, c, want)  # the same rounding of the same value
         else:
             assert abs(float(c) - float(want)) <= op.ulps * float(np.spacing(np.abs(want))), (name, args, c, want)
+
+
+@pytest.mark.emulation
+def test_the_printed_c_of_the_exact_ops_keeps_the_interpreters_signed_zeros(tmp_path):
+    # The test above compares values, and −0 == +0: here every bit counts. clamp(−0, 0, 1) printed −0 where numpy's
+    # minimum(maximum(x, lo), hi) gives +0, and a recip after it gave −inf in the kernel, +inf in the interpreter.
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no g++")
+    header = (Path(E.__file__).parent.parent / "lower" / "cuda" / "elementwise.cuh").read_text()
+    values = [np.float32(v) for v in (-0.0, 0.0, -1.0, 1.0)]
+    params = {"clamp": [(0.0, 0.0), (-0.0, 0.0), (0.0, 1.0), (-1.0, -0.0), (-0.0, -0.0)]}
+    params["leaky_relu"] = [(0.0,), (-0.0,), (-1.0,)]
+    lines, cases = [], []
+    for name, op in sorted(E.OPS.items()):
+        if op.ulps or op.transcendental:
+            continue
+        for ps in params.get(name, [()]):
+            expr = Apply(name, tuple(Arg(i) for i in range(op.arity)), ps)
+            for args in itertools.product(values, repeat=op.arity):
+                page = {j: f"bits({struct.unpack('<I', struct.pack('<f', a))[0]}u)" for j, a in enumerate(args)}
+                lines.append(f'    printf("%u\\n", out({E.c_expr(expr, False, page.__getitem__, str)}));')
+                cases.append((expr, args))
+    src = HARNESS.format(header=header, body="\n".join(lines))
+    exe = tmp_path / "zeros"
+    subprocess.run(
+        [cxx, "-std=c++20", "-O2", "-ffp-contract=off", "-x", "c++", "-", "-o", str(exe)],
+        input=src,
+        text=True,
+        check=True,
+    )
+    printed = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    assert len(printed) == len(cases)
+    for text, (expr, args) in zip(printed, cases, strict=True):
+        want = E.evaluate(expr, [np.array([a], np.float32) for a in args], integer=False)[0]
+        got = np.frombuffer(struct.pack("<I", int(text)), np.float32)[0]
+        if math.isnan(want):  # a NaN's sign and payload mean nothing
+            assert math.isnan(got), (expr, args)
+            continue
+        assert int(text) == struct.unpack("<I", struct.pack("<f", want))[0], (expr, args, got, want)
 
 
 def test_column_vectors_and_constants_print_as_the_printers_need():

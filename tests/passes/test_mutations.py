@@ -22,8 +22,11 @@ from spatialc.ir.ids import LV_K, LoopVar, TensorId
 from spatialc.ir.nodes import Engine, SpatialProgram
 from spatialc.ir.ops import (
     AcquireAcc,
+    Apply,
+    Arg,
     Compute,
     Const,
+    Lit,
     Loop,
     Map,
     MatmulTiles,
@@ -237,6 +240,26 @@ def test_hand_picked_edits_are_refused_through_a_saved_file(layer):
         assert not changed.verified, name
         with pytest.raises(VerifyError):
             spatialc.lower(changed.evolve(verified=True))
+
+
+def test_a_constant_or_parameter_of_the_other_signed_zero_is_refused():
+    # 0.0 == -0.0 in Python, and rule 8 compared formulas with ==: a schedule multiplying by −0 where its stage
+    # multiplies by 0 was accepted, and the recip after it gave −inf where the reference gives +inf.
+    def program(expr):
+        return spatialc.build(spatialc.gemm(16, 16, 16, "fp16", epilogue=[Map(expr)]), "sm_86")
+
+    def scheduled(p, expr):
+        return _computes(p, Map, lambda op: dataclasses.replace(op, op=Map(expr)))
+
+    times = Apply("recip", (Apply("mul", (Arg(0), Lit(0.0))),))
+    p = program(times)
+    inputs = {"A": np.ones((16, 16)), "B": np.ones((16, 16))}
+    assert reference(p, inputs)[0, 0] == np.inf
+    with pytest.raises(SemanticError, match=r"schedule op recip\(\(x0 \* -0\)\) where stage map0 declares"):
+        verify(scheduled(p, Apply("recip", (Apply("mul", (Arg(0), Lit(-0.0))),))))
+    leaky = Apply("recip", (Apply("leaky_relu", (Apply("neg", (Arg(0),)),), (0.0,)),))
+    with pytest.raises(SemanticError, match="where stage map0 declares"):
+        verify(scheduled(program(leaky), Apply("recip", (Apply("leaky_relu", leaky.args[0].args, (-0.0,)),))))
 
 
 def test_random_edits_are_never_accepted_and_wrong():

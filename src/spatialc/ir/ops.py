@@ -114,6 +114,28 @@ class Map:
     expr: Expr
 
 
+MAX_EXPR_NODES = 256  # far beyond any elementwise formula a kernel applies; more is refused, not walked
+MAX_EXPR_DEPTH = 64  # ops inside ops: every reader of a formula (type checks, the interpreter, printers) recurses
+
+
+def expr_size_fault(expr: object) -> str | None:
+    """Why `expr` is too large to walk — more than MAX_EXPR_NODES nodes, or ops nested more than MAX_EXPR_DEPTH deep —
+    found without recursion and whatever its nodes hold (their types are checked after), or None."""
+    stack, seen = [(expr, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if seen > MAX_EXPR_NODES:
+            return f"an elementwise expression of more than {MAX_EXPR_NODES} nodes"
+        if not isinstance(node, Apply):
+            continue
+        if depth > MAX_EXPR_DEPTH:
+            return f"an elementwise expression of ops nested more than {MAX_EXPR_DEPTH} deep"
+        if isinstance(node.args, tuple):
+            stack.extend((a, depth + 1) for a in node.args[: MAX_EXPR_NODES + 1])
+    return None
+
+
 def relu() -> Map:
     """max(x, 0) of the one input page."""
     return Map(Apply("relu", (Arg(0),)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -126,6 +127,8 @@ def decode(data: Any, annotation: Any, path: str = "program", depth: int = 1) ->
     if annotation is float:
         if isinstance(data, bool) or not isinstance(data, int | float):
             _fail(path, "a number", data)
+        if isinstance(data, int) and abs(data) > sys.float_info.max:  # float() would raise OverflowError
+            _fail(path, "a number within float64's range", data)
         return float(data)
     if annotation is str:
         if not isinstance(data, str):
@@ -221,22 +224,26 @@ def _arg0() -> dict[str, Any]:
     return {TAG: "Arg", "index": 0}
 
 
-def _legacy_elementwise(data: Any) -> Any:
+def _legacy_elementwise(data: Any, depth: int = 2) -> Any:
     """A version-6 (or older) program's JSON with each Relu, Scalar, Activation and Bias op written as the Map it is
     now: relu(x0), op(x0, value), the activation's table op of x0 (`gelu` was PyTorch's tanh form, `gelu_tanh`),
-    x0 + a column vector. Anything not shaped as one of them is left for the decoder to refuse."""
+    x0 + a column vector. Anything not shaped as one of them — a scalar op or an activation those versions did not
+    have, too — is left for the decoder to refuse, and so is anything nested past MAX_DEPTH (`depth` counts as
+    `decode` does), unwalked."""
+    if depth > MAX_DEPTH:
+        return data
     if isinstance(data, list):
-        return [_legacy_elementwise(v) for v in data]
+        return [_legacy_elementwise(v, depth + 1) for v in data]
     if not isinstance(data, dict):
         return data
-    data = {k: _legacy_elementwise(v) for k, v in data.items()}
+    data = {k: _legacy_elementwise(v, depth + 1) for k, v in data.items()}
     kind, fields = data.get(TAG), set(data) - {TAG}
     expr: dict[str, Any] | None = None
     if kind == "Relu" and not fields:
         expr = {TAG: "Apply", "op": "relu", "args": [_arg0()], "params": []}
-    elif kind == "Scalar" and fields == {"op", "value"} and isinstance(data["op"], str):
+    elif kind == "Scalar" and fields == {"op", "value"} and data["op"] in ops.SCALAR_OPS:
         expr = {TAG: "Apply", "op": data["op"], "args": [_arg0(), {TAG: "Lit", "value": data["value"]}], "params": []}
-    elif kind == "Activation" and fields == {"name"} and isinstance(data["name"], str):
+    elif kind == "Activation" and fields == {"name"} and data["name"] in ops.ACTIVATIONS:
         expr = {TAG: "Apply", "op": ops.ACTIVATION_OPS.get(data["name"], data["name"]), "args": [_arg0()], "params": []}
     elif kind == "Bias" and "tensor" in fields and fields <= {"tensor", "at", "width"}:
         col = {TAG: "Col", **{k: data[k] for k in fields}}

@@ -15,7 +15,7 @@ from enum import Enum
 from typing import Any
 
 from .nodes import Engine, EngineProgram, Schedule, SpatialProgram
-from .ops import CHOREO_OPS
+from .ops import CHOREO_OPS, Map, expr_size_fault
 from .serde import _hints
 
 
@@ -93,6 +93,10 @@ def _dataclass_fault(value: Any, cls: type, path: str) -> str | None:
         return f"{path}: expected {_a(cls.__name__)}, found {type(value).__name__}"
     if isinstance(value, Schedule):
         return _schedule_fault(value, path)
+    if isinstance(value, Map):  # its expression is walked by recursion below: first its size, without
+        too_large = expr_size_fault(value.expr)
+        if too_large is not None:
+            return f"{path}.expr: {too_large}"
     return _fields_fault(value, cls, path)
 
 

@@ -119,7 +119,7 @@ _OPS: list[ElementwiseOp] = [
     _unary_f("sigmoid", lambda v: 1.0 / (1.0 + np.exp(-v)), ulps=1, transcendental=True),
     _unary_f("tanh", np.tanh, ulps=1, transcendental=True),
     _unary_f("gelu", _gelu_erf, ulps=1, tail=GELU_TAIL, turns=(-0.7517915246935645,), transcendental=True),
-    _unary_f("gelu_tanh", _gelu_tanh, ulps=1, tail=GELU_TAIL, turns=(-0.7522295055,), transcendental=True),
+    _unary_f("gelu_tanh", _gelu_tanh, ulps=1, tail=GELU_TAIL, turns=(-0.7524614220710163,), transcendental=True),
     _unary_f("silu", lambda v: v / (1.0 + np.exp(-v)), ulps=1, turns=(-1.2784645427610738,), transcendental=True),
     ElementwiseOp("relu", 1, _relu, "spatialc_relu({0})", i64=_relu, c_int="({0} > 0 ? {0} : 0LL)"),
     ElementwiseOp(
@@ -379,6 +379,16 @@ def int_range(expr: Expr, pages: Sequence[tuple[int, int]], col: Callable[[Col],
     raise ElementwiseError(f"{expr!r} is no elementwise expression")
 
 
+def int_peak(expr: Expr, pages: Sequence[tuple[int, int]], col: Callable[[Col], tuple[int, int]]) -> int:
+    """The greatest magnitude any value `expr` computes on the way can take in an integer program — each op's
+    result bounded as `int_range` bounds it, the whole formula's included: every one of them is a `long long` of
+    the kernel and an exact int64 of the interpreter, not only the last (clamp(x·x·x, −10, 10) has a small range
+    and a cube inside it)."""
+    lo, hi = int_range(expr, pages, col)
+    inner = [int_peak(a, pages, col) for a in expr.args] if isinstance(expr, Apply) else []
+    return max(-lo, hi, *inner)
+
+
 def bounded(expr: Expr, pages: Sequence[tuple[Any, Any]], col: Callable[[Col], Any] | None = None) -> tuple[Any, Any]:
     """(value, error) of `expr` in a float program: the value as the interpreter computes it from the input pages'
     values, and a bound on how far a kernel's may lie from it when each input page's own value may lie its error
@@ -450,6 +460,19 @@ def c_expr(expr: Expr, integer: bool, page: Callable[[int], str], col: Callable[
             consts = {f"p{i}": c_long(_whole(p)) if integer else c_double(p) for i, p in enumerate(params)}
             return text.format(*(operands[str(i)] for i in range(len(args))), **consts)
     raise ElementwiseError(f"{expr!r} is no elementwise expression")
+
+
+def c_leaves(expr: Expr, integer: bool) -> int:
+    """How many leaves (an input page's value, a constant, a column vector's value) `c_expr` prints for `expr`: an op
+    whose C names an operand more than once (square; in an integer program relu, abs, clamp, max, min) prints that
+    operand's whole text each time, so nesting such ops multiplies the text — abs nested 40 deep, 41 nodes, would
+    print 3^40 leaves."""
+    match expr:
+        case Apply(name, args):
+            op = op_named(name)
+            text = (op.c_int if integer else op.c) or ""
+            return sum(text.count(f"{{{i}}}") * c_leaves(a, integer) for i, a in enumerate(args))
+    return 1
 
 
 def transcendental(expr: Expr) -> bool:

@@ -22,7 +22,7 @@ from . import elementwise
 from .elementwise import EXACT_LIMIT, ElementwiseError
 from .quant import requantize
 
-__all__ = ["EXACT_LIMIT", "EpilogueError", "apply", "dot_range", "integer_range", "mapped", "start"]
+__all__ = ["EXACT_LIMIT", "EpilogueError", "apply", "dot_range", "integer_peak", "integer_range", "mapped", "start"]
 
 INT32_RANGE = (-(2**31), 2**31 - 1)  # what an integer program's column vector (a bias) holds
 
@@ -48,6 +48,15 @@ def integer_range(op: ComputeOp, lo: int, hi: int) -> tuple[int, int] | None:
         case Requant():
             return -128, 127
     return None
+
+
+def integer_peak(op: ComputeOp, lo: int, hi: int) -> int:
+    """The greatest magnitude of any value an integer epilogue op computes on values in lo..hi, those inside a Map's
+    formula included (`elementwise.int_peak`); for an op `integer_range` bounds (call it first)."""
+    match op:
+        case Map(expr):
+            return elementwise.int_peak(expr, [(lo, hi)], lambda c: INT32_RANGE)
+    return max(-lo, hi)
 
 
 def start(acc: np.ndarray, integer: bool) -> np.ndarray:

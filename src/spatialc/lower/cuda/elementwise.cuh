@@ -89,10 +89,13 @@ __device__ __forceinline__ float spatialc_leaky_relu(float x, double alpha)
     return x > 0.0f || x != x ? x : (float)spatialc_dmul(alpha, (double)x);
 }
 
+// numpy's minimum(maximum(x, lo), hi), whose maximum and minimum each take their second operand on a tie: a -0 at a
+// bound of +0 (or a +0 at one of -0) comes out as the bound's zero, as the interpreter's does.
 __device__ __forceinline__ float spatialc_clamp(float x, double lo, double hi)
 {
     const double v = x;
-    return x != x ? x : (float)(v < lo ? lo : v > hi ? hi : v);
+    const double m = v > lo ? v : lo;
+    return x != x ? x : (float)(m < hi ? m : hi);
 }
 
 __device__ __forceinline__ float spatialc_sqrt(float x) { return (float)spatialc_dsqrt((double)x); }

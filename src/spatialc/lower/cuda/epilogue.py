@@ -21,7 +21,7 @@ from ...ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, cols
 from ...ir.printer import compute_text
 from ...numerics import elementwise
 from ...numerics.elementwise import ElementwiseError, transcendental
-from ...numerics.epilogue import dot_range, integer_range
+from ...numerics.epilogue import dot_range, integer_peak, integer_range
 from ..errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
 from .cwriter import inlined
 
@@ -41,6 +41,7 @@ EPILOGUE_OPS = fused  # what the persistent kernel's fused store applies
 ELEMENTWISE_OPS = page_to_page  # what the general form's stages apply page to page
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+MAX_C_LEAVES = 4096  # the leaves one stage's C expression may print: 16 times the nodes verify's rule 1 allows a Map
 
 
 def chain(p: SpatialProgram, mm: Stage, ops=EPILOGUE_OPS) -> tuple[Stage, ...]:
@@ -164,6 +165,13 @@ def _check_map(p: SpatialProgram, op: Map, integer: bool) -> None:
             elementwise.int_range(op.expr, [(0, 0)], lambda c: (0, 0))  # every op has an integer meaning
         except ElementwiseError as e:
             raise UnsupportedPrecision(compute_text(op, p), f"{e}; an int8 program's epilogue is integer") from None
+    leaves = elementwise.c_leaves(op.expr, integer)
+    if leaves > MAX_C_LEAVES:
+        raise Unsupported(
+            f"a {compute_text(op, p)} stage, whose C would print {leaves} leaves",
+            f"its C names an operand more than once in nested ops, which multiplies the text; a stage prints at most"
+            f" {MAX_C_LEAVES}: split the formula into stages (each prints its own statement)",
+        )
     for c in cols(op.expr):
         _check_col(p, c, integer)
 
@@ -220,7 +228,8 @@ def _check_requant(op: Requant) -> None:
 
 
 def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
-    """Refuse an integer chain that could leave int64, where C's `long long` would overflow (undefined).
+    """Refuse an integer chain any of whose values (a stage's result, or one inside its formula) could leave int64,
+    where C's `long long` would overflow (undefined).
 
     The bounds start from the accumulator's (a K-long int8 dot product) and follow each stage; a bias adds any
     int32. Requantisation saturates, so it ends every bound.
@@ -234,11 +243,13 @@ def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
                 f"epilogue op {compute_text(op, p)}",
                 "the integer epilogue knows the table's integer ops (numerics.elementwise) and requant",
             )
+        peak = integer_peak(op, lo, hi)  # a value inside the stage's formula too, not only its result
         lo, hi = after
-        if lo < INT64_MIN or hi > INT64_MAX:
+        if lo < INT64_MIN or hi > INT64_MAX or peak > INT64_MAX:
+            where = "after" if peak == max(-lo, hi) else "within"
             raise TooBig(
-                f"the largest magnitude after epilogue stage {s.name} ({compute_text(op, p)}) in int64",
-                max(-lo, hi),
+                f"the largest magnitude {where} epilogue stage {s.name} ({compute_text(op, p)}) in int64",
+                peak,
                 INT64_MAX,
                 "the kernel's integer epilogue is exact 64-bit arithmetic",
             )

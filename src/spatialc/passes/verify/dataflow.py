@@ -20,12 +20,14 @@ from ...ir.ids import BufferId, ItemId, Site, StageId, TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import EngineProgram, Stage, Tensor
 from ...ir.ops import (
+    Apply,
     ChoreoOp,
     Col,
     Compute,
     ComputeOp,
     Const,
     Expr,
+    Lit,
     Loop,
     Map,
     PackAcc,
@@ -35,7 +37,6 @@ from ...ir.ops import (
     Reserve,
     Trip,
     WriteTiles,
-    with_cols,
 )
 from .facts import Side, SiteProgs
 from .symbolic import PC, PR, Aff, Cell, Copy, Page, Partial, Product, Sym
@@ -97,12 +98,22 @@ def same_op(scheduled: ComputeOp, declared_op: ComputeOp) -> bool:
     """A scheduled compute op does what its stage declares (a column vector's address and width say where, checked
     apart)."""
     if isinstance(scheduled, Map) and isinstance(declared_op, Map):
-        return _placeless(scheduled.expr) == _placeless(declared_op.expr)
+        return _formula(scheduled.expr) == _formula(declared_op.expr)
     return scheduled == declared_op
 
 
-def _placeless(expr: Expr) -> Expr:
-    return with_cols(expr, lambda c: Col(c.tensor))
+def _formula(expr: Expr) -> object:
+    """`expr` as a value equal only to the same formula's: column vectors by their tensor alone (their address and
+    width are checked apart), constants and parameters by their bits — in Python 0.0 == -0.0, but x·0 and x·−0
+    differ in sign, and 1/x of them by an infinity."""
+    match expr:
+        case Col(tensor):
+            return ("col", tensor)
+        case Lit(value):
+            return ("lit", float(value).hex())
+        case Apply(op, args, params):
+            return (op, tuple(_formula(a) for a in args), tuple(float(v).hex() for v in params))
+    return expr
 
 
 @dataclass(frozen=True, slots=True)

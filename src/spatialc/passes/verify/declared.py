@@ -35,7 +35,7 @@ from ...ir.ops import (
 )
 from ...ir.printer import compute_text
 from ...numerics import epilogue
-from ...numerics.epilogue import EXACT_LIMIT, dot_range, integer_range
+from ...numerics.epilogue import EXACT_LIMIT, dot_range, integer_peak, integer_range
 from ...numerics.rounding import computed_operand
 from .dataflow import Declared, MatmulDecl, SplitDecl
 
@@ -394,10 +394,12 @@ def _chain_range(index: ProgramIndex, chain: tuple[Stage, ...], k: int) -> tuple
         after = integer_range(op, lo, hi)
         if after is None:
             raise SemanticError(f"{compute_text(op)} is not an integer epilogue op")
+        peak = integer_peak(op, lo, hi)  # a value inside the stage's formula too, not only its result
         lo, hi = after
-        if max(-lo, hi) >= EXACT_LIMIT - EXACT_MARGIN:
+        if peak >= EXACT_LIMIT - EXACT_MARGIN:
+            where = "after" if peak == max(-lo, hi) else "within"
             raise SemanticError(
-                f"after stage {s.name} ({compute_text(op, index.p)}) a value can reach {max(-lo, hi)}, beyond"
+                f"{where} stage {s.name} ({compute_text(op, index.p)}) a value can reach {peak}, beyond"
                 " ±(2^62 - 2^12), where integer epilogues are exact"
             )
     return lo, hi

@@ -38,6 +38,7 @@ from ...ir.nodes import (
 from ...ir.ops import (
     ACTIVATION_OPS,
     CHOREO_OPS,
+    MAX_EXPR_NODES,
     AcquireAcc,
     AddPartial,
     Apply,
@@ -75,6 +76,7 @@ from ...ir.ops import (
     WriteTiles,
     arg_indices,
     cols,
+    expr_size_fault,
     walk,
 )
 from ...ir.printer import PRINTED_BITS, op_text, plural
@@ -356,15 +358,14 @@ def _check_buffers(p: SpatialProgram) -> None:
             )
 
 
-MAX_EXPR_NODES = 256  # far beyond any elementwise formula a kernel applies; more is refused, not walked
-
-
 def expr_fault(expr: Expr, precision: Precision) -> str | None:
-    """Why an elementwise expression of a `precision` program cannot run, or None: ops the table has, with their
-    arity and parameters, constants the program's values hold, integer ops in an integer program."""
+    """Why an elementwise expression of a `precision` program cannot run, or None: no more nodes, nor ops nested
+    deeper, than `ir.ops.expr_size_fault` allows, ops the table has, with their arity and parameters, constants the
+    program's values hold, integer ops in an integer program."""
+    too_large = expr_size_fault(expr)
+    if too_large is not None:
+        return too_large
     nodes = list(_expr_nodes(expr, MAX_EXPR_NODES + 1))
-    if len(nodes) > MAX_EXPR_NODES:
-        return f"an elementwise expression of more than {MAX_EXPR_NODES} nodes"
     integer = precision == Precision.INT8
     for node in nodes:
         match node:
