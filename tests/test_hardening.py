@@ -127,6 +127,25 @@ def test_loops_nested_past_the_limit_are_refused_with_their_path(text):
         spatialc.from_json(json.dumps(doc))
 
 
+def test_a_formula_as_deep_as_rule_1_takes_is_saved_and_read_and_a_deeper_document_is_refused():
+    # A Map's formula nests two objects and lists an op: rule 1 takes 64 ops deep, which the program's own 32 levels
+    # could not hold, so a formula has nesting of its own (serde.EXPR_NESTING).
+    from spatialc.ir.ops import MAX_EXPR_DEPTH, Apply, Arg, Map
+
+    expr = Arg(0)
+    for _ in range(MAX_EXPR_DEPTH - 1):
+        expr = Apply("neg", (expr,))
+    p = spatialc.build(spatialc.gemm(16, 16, 16, "bf16", epilogue=[Map(expr)]), "sm_90")
+    text = spatialc.to_json(p)
+    assert spatialc.from_json(text) == p
+    deeper = text.replace(
+        '{"type": "Arg", "index": 0}',
+        '{"type": "Apply", "op": "neg", "args": [' * 40 + '{"type": "Arg", "index": 0}' + "]}" * 40,
+    )
+    with pytest.raises(SerdeError, match="nest more than"):
+        spatialc.from_json(deeper)
+
+
 def _as_version_6(data):
     """Today's document as version 6 wrote it: each Map the frontend makes written as the op it was then."""
     if isinstance(data, list):

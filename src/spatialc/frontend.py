@@ -367,7 +367,7 @@ def _stage_name(stage: Epilogue) -> str:
         case Map(Apply(name, (Arg(0), Lit()), ())) if name in SCALAR_OPS:
             return "scalar"
         case Map(Apply(name, (Arg(0),), ())):
-            return name
+            return ops.ACTIVATION_NAMES.get(name, name)  # an activation by the name it was asked by: gelu
     return "map"
 
 

@@ -153,6 +153,9 @@ def test_a_pole_or_an_undecided_comparison_is_bounded_honestly():
     x = np.array([1.0, 0.01]), np.array([1e-3, 0.1])  # the second box holds 0
     _, e = E.bounded(Apply("recip", (Arg(0),)), [x])
     assert np.isfinite(e[0]) and e[1] == np.inf
+    base, power = (np.array([-3.0, -3.0]), np.zeros(2)), (np.array([2.0, 2.5]), np.array([0.0, 0.5]))
+    _, e = E.bounded(Apply("pow", (Arg(0), Arg(1))), [base, power])
+    assert np.isfinite(e[0]) and e[1] == np.inf  # (-3)^2 is bounded; (-3)^y over y in [2, 3] is NaN inside
     x = np.array([1.0, 0.45]), np.array([1e-3, 0.1])  # the second box holds 0.5
     _, e = E.bounded(Apply("lt", (Arg(0), Lit(0.5))), [x])
     assert e.tolist() == [0.0, 1.0]  # decided where the box lies wholly past 0.5, either value where it straddles

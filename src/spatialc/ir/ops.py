@@ -149,6 +149,7 @@ def scalar(op: str, value: float) -> Map:
 # The activations' names as programs of earlier versions (and the frontend's epilogue list) give them: `gelu` was
 # always PyTorch's tanh form, which the table calls gelu_tanh.
 ACTIVATION_OPS = {"gelu": "gelu_tanh", "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh"}
+ACTIVATION_NAMES = {op: name for name, op in ACTIVATION_OPS.items()}  # gelu_tanh → "gelu", as programs name it
 
 
 def activation(name: str) -> Map:

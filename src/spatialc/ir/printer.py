@@ -108,7 +108,7 @@ def expr_text(expr: Expr, p: SpatialProgram | None = None) -> str:
         case Apply(name, (Arg(0),), ()):
             return name
         case Apply(name, (Arg(0), Lit(v)), ()) if name in ("add", "mul", "max", "min"):
-            return f"{name} {v:g}"
+            return f"{name} {_num(v)}"
         case Apply("add", (Arg(0), Col() as c), ()):
             return f"bias {_col(p, c)}"
     return _formula(expr, p)
@@ -119,15 +119,22 @@ def _formula(expr: Expr, p: SpatialProgram | None) -> str:
         case Arg(i):
             return f"x{i}"
         case Lit(v):
-            return f"{v:g}"
+            return _num(v)
         case Col():
             return _col(p, expr)
         case Apply(name, args, params):
             parts = [_formula(a, p) for a in args]
             if name in _INFIX and not params and len(parts) == 2:
                 return f"({parts[0]} {_INFIX[name]} {parts[1]})"
-            return f"{name}({', '.join(parts + [f'{v:g}' for v in params])})"
+            return f"{name}({', '.join(parts + [_num(v) for v in params])})"
     return repr(expr)
+
+
+def _num(v: float) -> str:
+    """A constant as short as it reads back exactly (`0.5`, `1e-05`), else in full: a message about a changed
+    constant shows the change."""
+    short = f"{v:g}"
+    return short if float(short) == v else repr(v)
 
 
 def _col(p: SpatialProgram | None, c: Col) -> str:

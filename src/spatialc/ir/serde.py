@@ -40,6 +40,7 @@ READS = (1, 2, 3, 4, 5, 6, 7)
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into
 # one), and far from Python's recursion limit for decoding and for everything that walks the program after it.
 MAX_DEPTH = 32
+EXPR_NESTING = 2 * ops.MAX_EXPR_DEPTH + 6  # the objects and lists a Map's formula may nest besides the program's
 INT_BITS = 64  # every integer of the IR is an id, a count or a size: 64 bits hold any the kernel can use
 INT_RANGE = range(-(2 ** (INT_BITS - 1)), 2 ** (INT_BITS - 1))
 
@@ -179,7 +180,10 @@ def _decode_dataclass(data: Any, cls: type, path: str, depth: int) -> Any:
             if f.default is not dataclasses.MISSING:
                 continue
             raise SerdeError(f"{path}: missing field {f.name!r} of {cls.__name__}")
-        kwargs[f.name] = decode(data[f.name], hints[f.name], f"{path}.{f.name}", depth + 1)
+        # A Map's formula gets nesting of its own: ops nest up to MAX_EXPR_DEPTH deep (rule 1 refuses more), each
+        # an Apply object and its list of operands, the deepest a column vector's address below them.
+        inner = depth + 1 - EXPR_NESTING if cls is ops.Map and f.name == "expr" else depth + 1
+        kwargs[f.name] = decode(data[f.name], hints[f.name], f"{path}.{f.name}", inner)
     unknown = set(data) - {f.name for f in dataclasses.fields(cls)} - {TAG}
     if unknown:
         names = [repr(k[:40]) if isinstance(k, str) else shown(k) for k in sorted(unknown, key=str)[:5]]

@@ -13,7 +13,7 @@ from ..ir.ids import LOOP_VAR_NAMES, LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loo
 from ..ir.names import plain
 from ..ir.nodes import Accumulator, ComputeStage, Fifo, Interm, ReadStage, SpatialProgram, TensorRole, WriteStage
 from ..ir.ops import (
-    ACTIVATION_OPS,
+    ACTIVATION_NAMES,
     SCALAR_OPS,
     AcquireAcc,
     AddPartial,
@@ -67,9 +67,6 @@ def op_source(op: object) -> str:
         case Map(Apply("add", (Arg(0), Col(t, at, width)), ())):
             return f"Bias({int(t)}, at={at!r}, width={width})"
     return repr(op)
-
-
-ACTIVATION_NAMES = {table: name for name, table in ACTIVATION_OPS.items()}  # gelu_tanh → "gelu", …
 
 
 def identifier(name: str, taken: set[str]) -> str:

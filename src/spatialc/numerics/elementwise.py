@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -61,7 +61,6 @@ class ElementwiseOp:
     turns: tuple[float, ...] = ()
     transcendental: bool = False
     comparison: bool = False
-    corners: bool = field(default=True)  # a binary op's image of a box is spanned by its corners' images
 
     @property
     def integer(self) -> bool:
@@ -144,10 +143,10 @@ _OPS: list[ElementwiseOp] = [
     ElementwiseOp("add", 2, np.add, "spatialc_fadd({0}, {1})", i64=np.add, c_int="({0} + {1})"),
     ElementwiseOp("sub", 2, np.subtract, "spatialc_fsub({0}, {1})", i64=np.subtract, c_int="({0} - {1})"),
     ElementwiseOp("mul", 2, np.multiply, "spatialc_fmul({0}, {1})", i64=np.multiply, c_int="({0} * {1})"),
-    _binary_f("div", np.divide, corners=False),
+    _binary_f("div", np.divide),
     ElementwiseOp("max", 2, np.maximum, "spatialc_max({0}, {1})", i64=np.maximum, c_int="({0} > {1} ? {0} : {1})"),
     ElementwiseOp("min", 2, np.minimum, "spatialc_min({0}, {1})", i64=np.minimum, c_int="({0} < {1} ? {0} : {1})"),
-    _binary_f("pow", np.power, ulps=1, transcendental=True, corners=False),
+    _binary_f("pow", np.power, ulps=1, transcendental=True),
     # ---- comparisons and where ---------------------------------------------------------------------------------
     ElementwiseOp(
         "lt",
@@ -356,7 +355,10 @@ def _crosses_pole(op: ElementwiseOp, boxes: Sequence[tuple[Any, Any]]) -> Any:
         return False
     which, at = pole
     lo, hi = boxes[which]
-    return (lo <= at) & (at <= hi) if op.name in ("div", "recip", "pow") else lo < at
+    if op.name == "pow":  # x^y is monotone in each of x > 0 and y; a base at or below 0 is bounded only at one y
+        elo, ehi = boxes[1]
+        return (lo <= 0) & (elo != ehi)
+    return (lo <= at) & (at <= hi) if op.name in ("div", "recip") else lo < at
 
 
 def int_range(expr: Expr, pages: Sequence[tuple[int, int]], col: Callable[[Col], tuple[int, int]]) -> tuple[int, int]:
