@@ -17,6 +17,7 @@ SMOKE_MODULES = frozenset(
         "test_cache",
         "test_cli",
         "test_epilogue",
+        "test_general_maps",
         "test_grouped_gemm",
         "test_hardening",
         "test_interp",

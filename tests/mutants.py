@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 import spatialc
+from spatialc import ew
 from spatialc.frontend import bias, relu, requant, scalar
 from spatialc.ir.nodes import SpatialProgram
 from spatialc.numerics.reference import reference
@@ -45,6 +46,18 @@ PROGRAMS: dict[str, Callable[[], SpatialProgram]] = {
         spatialc.gemm(33, 17, 200, "int8", epilogue=[scalar("add", 7)]), "sm_90", depth=1, sites=2
     ),
     "int8 empty sites": lambda: spatialc.build(spatialc.gemm(32, 32, 48, "int8"), "sm_86", block=(1, 1, 1), sites=7),
+    # Programs with no matmul (issue 31): a map of three inputs, and an int8 one with a column vector.
+    "fp16 map of three": lambda: spatialc.build(
+        spatialc.elementwise(ew.where(ew.x(0) > ew.x(1), ew.x(0) - ew.x(2), ew.x(1) * 2.0), 40, 70, "fp16"),
+        "sm_90",
+        block=(1, 2, 1),
+        sites=4,
+    ),
+    "int8 map with a bias": lambda: spatialc.build(
+        spatialc.elementwise(ew.clamp(ew.x(0) * ew.x(1) + ew.col("bias"), lo=-500, hi=20000), 33, 50, "int8"),
+        "sm_86",
+        sites=3,
+    ),
 }
 
 

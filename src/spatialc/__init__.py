@@ -2,10 +2,11 @@
 
 # The package spatialc.lower is imported first so that its import binds `spatialc.lower` now, and the function
 # imported next rebinds it for good; loaded later (by the first call), the package would replace the function.
+from . import ew
 from . import lower as _lower_package  # noqa: F401
 from .api import build, emulate, evaluate, from_json, gemm, grouped_gemm, lower, run, to_json, verify
 from .errors import DeadlockError, PlanError, ProgramError, SpatialError, VerifyError
-from .frontend import activation, bias, relu, requant, scalar
+from .frontend import activation, bias, elementwise, relu, requant, scalar
 from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
 from .numerics.tolerance import Tolerance, tolerance
@@ -31,7 +32,9 @@ __all__ = [
     "activation",
     "bias",
     "build",
+    "elementwise",
     "emulate",
+    "ew",
     "evaluate",
     "from_json",
     "gemm",

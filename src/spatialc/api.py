@@ -6,13 +6,25 @@ import dataclasses
 from typing import Any
 
 from .errors import ProgramError, SpatialError
-from .frontend import gemm, grouped_gemm
+from .frontend import elementwise, gemm, grouped_gemm
 from .ir import serde
 from .ir.nodes import SpatialProgram
 from .target import SpatialTarget
 from .target import target as get_target
 
-__all__ = ["build", "emulate", "evaluate", "from_json", "gemm", "grouped_gemm", "lower", "run", "to_json", "verify"]
+__all__ = [
+    "build",
+    "elementwise",
+    "emulate",
+    "evaluate",
+    "from_json",
+    "gemm",
+    "grouped_gemm",
+    "lower",
+    "run",
+    "to_json",
+    "verify",
+]
 
 
 def build(
@@ -173,8 +185,8 @@ def emulate(artifact, inputs: dict[str, Any], mode: str = "late", **kwargs: Any)
 
 
 def run(artifact, *operands: Any, **params: Any):
-    """Run the artifact's kernel on a GPU: its inputs by position (A, B — or an MLP's X, W1, W2) or by name, its
-    parameters by name; numpy, torch or CuPy arrays in, the same library out. The output buffer
+    """Run the artifact's kernel on a GPU: its inputs by position (A, B — or an MLP's X, W1, W2, a map's x0, x1, …) or
+    by name, its parameters by name; numpy, torch or CuPy arrays in, the same library out. The output buffer
     is poisoned first (NaN, or the most negative integer), so an element the kernel never writes shows: a grouped
     GEMM's rows at or past their group's count come back so (the interpreter and the emulation return zeros)."""
     from .runtime.launch import run as run_gpu

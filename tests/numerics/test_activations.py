@@ -92,7 +92,7 @@ def test_an_activation_is_printed_by_the_general_form_only(prec):
         spatialc.lower(p, form="persistent")
     art = spatialc.lower(p)
     assert art.budget.form == "general"
-    assert "v = spatialc_gelu_tanh(v);" in art.kernel_cu and "__dadd_rn" in art.kernel_cu
+    assert "const float v = spatialc_gelu_tanh(v0);" in art.kernel_cu and "__dadd_rn" in art.kernel_cu
     want = {"Map_gelu_tanh_x0": 1, "Map_add_x0_col": 1, "MatmulTiles": 1, "Map_mul_x0_lit": 1}
     assert art.census.printed_stages == want
 

@@ -902,7 +902,7 @@ def test_a_plan_that_disagrees_with_the_operands_k_tiles_is_refused():
 
 
 def test_a_pipeline_without_a_matmul_is_refused_by_name():
-    # Rule 8 proves GEMM pipelines; a read written straight out (with or without elementwise stages) is refused
+    # Rule 8 proves GEMM pipelines and maps of reads; a read written straight out (no stage between) is refused
     # rather than half-checked (its types and bounds would be nobody's).
     p = small()
     a, c = p.tensor(T_A), p.tensor(T_C)
@@ -921,7 +921,8 @@ def test_a_pipeline_without_a_matmul_is_refused_by_name():
         reader = (Reserve(BUF_A), read, Push(BUF_A)) if items else ()
         writer = (Wait(BUF_A), write, Pop(BUF_A)) if items else ()
         progs += [EngineProgram(site, R, reader), EngineProgram(site, C, ()), EngineProgram(site, W, writer)]
-    refused(copy.evolve(schedule=Schedule(tuple(progs))), StrongerCheckNeeded, "no tile matmul on the way")
+    no_stage = "writes a ring no elementwise stage fills"
+    refused(copy.evolve(schedule=Schedule(tuple(progs))), StrongerCheckNeeded, no_stage)
 
 
 def test_the_output_type_holds_what_the_stages_compute():

@@ -123,6 +123,43 @@ def _grouped_parser(sub) -> None:
     _program_options(g, split=False)
 
 
+def _elementwise_parser(sub) -> None:
+    g = sub.add_parser(
+        "elementwise",
+        help="build, verify and check out = EXPR(inputs) element by element; optionally emit CUDA and run it",
+        description="Build out[M×N] = EXPR, element by element, where EXPR is a formula of the elementwise ops"
+        " (silu(g) * x + col(bias); spatialc.numerics.elementwise lists them) over input tensors of M×N values —"
+        " its other names, or --inputs — and column vectors col(NAME) of N values; verify it, evaluate it with the"
+        " reference interpreter and check it against numpy; with --emit / --run, lower it to CUDA (the general form)"
+        " and run it. Sizes are in elements; tiles are 16x16 elements; a block is in tiles.",
+        epilog=EPILOG,
+    )
+    g.add_argument("expr", help="the formula, e.g. 'silu(g) * x' (quote it for the shell)")
+    g.add_argument("m", type=int, help="M: rows of each input and of out (elements)")
+    g.add_argument("n", type=int, help="N: columns of each input and of out (elements)")
+    g.add_argument(
+        "--inputs",
+        type=lambda t: tuple(t.split(",")),
+        metavar="NAME,…",
+        help="the inputs' names in the order the program takes them (default: as the formula first uses them)",
+    )
+    _precision_options(
+        g,
+        "bf16",
+        "out's element type: float32, fp16 or bf16 for float programs, int32 or int64"
+        " for int8 ones (default: float32, int64)",
+    )
+    g.add_argument(
+        "--block",
+        type=_ints(2, "--block"),
+        metavar="ROWS,COLS",
+        help="force an item's block: ROWS x COLS tiles (default: the cost model's)",
+    )
+    _placement_options(g)
+    g.set_defaults(sub_blocks=None)
+    _output_options(g)
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(x) for x in text.split(","))
@@ -136,19 +173,12 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
     """The options `gemm` and `grouped-gemm` share: precision, target, plan, placement, epilogue, run, outputs."""
-    g.add_argument(
-        "--precision",
-        default=DEFAULT_PRECISION,
-        choices=["int8", "fp16", "bf16"],
-        help=f"operand type (default: {DEFAULT_PRECISION})",
-    )
-    g.add_argument("--target", default="sm_90", help=f"GPU to plan for, one of {', '.join(TARGETS)} (default: sm_90)")
-    g.add_argument(
-        "--out",
-        choices=["int32", "int64", "float32", "fp16", "bf16"],
-        default=None,
-        help="C's element type: int32 or int64 for int8 programs, float32, fp16 or bf16 for float ones (default:"
-        " the accumulator's — int64 where an int8 epilogue or a long K needs it — or int8 after --requant)",
+    _precision_options(
+        g,
+        DEFAULT_PRECISION,
+        "C's element type: int32 or int64 for int8 programs, float32, fp16 or bf16 for"
+        " float ones (default: the accumulator's — int64 where an int8 epilogue or a long K needs it —"
+        " or int8 after --requant)",
     )
     g.add_argument(
         "--block",
@@ -162,15 +192,7 @@ def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
         metavar="SH,SW",
         help="force SH x SW blocks per item (default: the cost model's)",
     )
-    g.add_argument("--depth", type=int, help="force the operand rings' depth, in pages (default: the cost model's)")
-    g.add_argument("--sites", type=int, help="number of sites (default: as many as the target keeps resident)")
-    g.add_argument(
-        "--placement",
-        choices=["contiguous", "round_robin", "grouped"],
-        default=None,
-        help="how items go to sites (default: grouped — round-robin over bands of rows — where the sites take more"
-        " than one wave of items, else contiguous)",
-    )
+    _placement_options(g)
     if split:
         g.add_argument(
             "--split-k",
@@ -207,6 +229,34 @@ def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
     g.add_argument(
         "--requant", type=_requant, metavar="SCALE[,ZP]", help="epilogue: requantise to int8 (int8 programs), last"
     )
+    _output_options(g)
+
+
+def _precision_options(g: argparse.ArgumentParser, default: str, out_help: str) -> None:
+    g.add_argument(
+        "--precision",
+        default=default,
+        choices=["int8", "fp16", "bf16"],
+        help=f"operand type (default: {default})",
+    )
+    g.add_argument("--target", default="sm_90", help=f"GPU to plan for, one of {', '.join(TARGETS)} (default: sm_90)")
+    g.add_argument("--out", choices=["int32", "int64", "float32", "fp16", "bf16"], default=None, help=out_help)
+
+
+def _placement_options(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--depth", type=int, help="force the operand rings' depth, in pages (default: the cost model's)")
+    g.add_argument("--sites", type=int, help="number of sites (default: as many as the target keeps resident)")
+    g.add_argument(
+        "--placement",
+        choices=["contiguous", "round_robin", "grouped"],
+        default=None,
+        help="how items go to sites (default: grouped — round-robin over bands of rows — where the sites take more"
+        " than one wave of items, else contiguous)",
+    )
+
+
+def _output_options(g: argparse.ArgumentParser) -> None:
+    """What is checked and written: --check, the run options, --json, --show, --sass, --pictures."""
     g.add_argument(
         "--check",
         choices=["full", "sampled", "none"],
@@ -288,6 +338,7 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     _gemm_parser(sub)
     _grouped_parser(sub)
+    _elementwise_parser(sub)
     s = sub.add_parser("show", help="print a saved program", epilog=EPILOG)
     s.add_argument("file", type=Path, help="a program saved by `spatialc gemm --json` or spatialc.to_json")
     s.add_argument("--sites", type=_count, default=2, help="how many sites' programs to list (default: 2)")
@@ -385,8 +436,8 @@ def _dispatch(argv: list[str]) -> int:
 
         return gpucheck.main(rest[1:])
     args = make_parser().parse_args(_negative_lists_attached(argv))
-    if getattr(args, "mode", None) is not None and args.command == "gemm" and not args.run:
-        raise UsageError("spatialc gemm: --mode says how the emulation runs the kernel; it goes with --run")
+    if getattr(args, "mode", None) is not None and args.command in ("gemm", "elementwise") and not args.run:
+        raise UsageError(f"spatialc {args.command}: --mode says how the emulation runs the kernel; it goes with --run")
     timeline = [o for o in ("pictures_site", "pictures_window") if getattr(args, o, None) is not None]
     if timeline and not args.pictures:
         option = "--" + timeline[0].replace("_", "-")

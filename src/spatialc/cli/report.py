@@ -9,6 +9,7 @@ import numpy as np
 from ..ir.nodes import Fifo, Interm, PageLayout, SpatialProgram
 from ..ir.printer import plural
 from ..ir.traffic import global_read_bytes, read_bytes
+from ..passes.maps import is_map_program
 from ..passes.split import split_ranges, workspace_bytes
 from ..target import target
 
@@ -105,10 +106,19 @@ def program_lines(p: SpatialProgram) -> list[str]:
             f" group, one column of items) and runs as many of a strip's {plan.grid[0]} items as its row count"
             " fills, read at run time"
         ]
+    if is_map_program(p):
+        head = (
+            f"  plan      a map: blocks of {b.osh}x{b.osw} tiles (items of {h * p.tile.rows}x{w * p.tile.cols}"
+            f" elements), grid {plan.grid[0]}x{plan.grid[1]} items, rings {plural(plan.depth, 'page')} deep"
+        )
+    else:
+        head = (
+            f"  plan      block {b.osh}x{b.osw}x{b.ibw} tiles, sub-blocks {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
+            f" (items of {h * p.tile.rows}x{w * p.tile.cols} outputs), grid {plan.grid[0]}x{plan.grid[1]} items,"
+            f" {plural(plan.k_steps, 'K step')}, operand rings {plural(plan.depth, 'page')} deep"
+        )
     return [
-        f"  plan      block {b.osh}x{b.osw}x{b.ibw} tiles, sub-blocks {plan.sub_blocks[0]}x{plan.sub_blocks[1]}"
-        f" (items of {h * p.tile.rows}x{w * p.tile.cols} outputs), grid {plan.grid[0]}x{plan.grid[1]} items,"
-        f" {plural(plan.k_steps, 'K step')}, operand rings {plural(plan.depth, 'page')} deep",
+        head,
         f"  sites     {len(counts)} ({placement}), {held} {_unit(plan, held)} per site",
         f"  rings     {', '.join(rings)} (the program's; the kernel's are below)",
         *split,
@@ -131,13 +141,16 @@ def _padding_note(p: SpatialProgram, plan) -> list[str]:
         ("N", -(-out.elems[1] // p.tile.cols), plan.grid[1] * w),
         ("K", -(-a.elems[1] // p.tile.cols), plan.k_tiles),
     )
+    mapped = is_map_program(p)
     padded = [
         f"{side} from {need} to {have} tiles (+{(have - need) / need:.0%})"
-        for side, need, have in sides
+        for side, need, have in (sides[:2] if mapped else sides)
         if have > need * (1 + PADDING_NOTED)
     ]
     if not padded:
         return []
+    if mapped:
+        return [f"  note      the plan pads {', '.join(padded)}: tiles the kernel maps too; a smaller block pads less"]
     return [
         f"  note      the plan pads {', '.join(padded)}: zeros the kernel multiplies too; a block whose items and"
         " K step divide the sizes pads less"

@@ -17,6 +17,7 @@ Beside this module: the engine context (`engine.py`), symbolic addresses and the
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from ..frontend import PRECISIONS_ACCEPTED, precision_named
@@ -288,11 +289,16 @@ class Builder:
         """Stage: the partial sums in `src`'s pages are added to the accumulator (split-K's owner site)."""
         return self._stage(name, ComputeStage(AddPartial()), "compute", (src.id,), ())
 
-    def elementwise(self, name: str, op: ComputeOp, src: RingRef, dst: RingRef) -> StageRef:
-        """Stage: `op` (an ir.ops Map — relu(), bias(…), scalar(…) — or Requant) from `src`'s pages into `dst`'s."""
-        expect(src, RingRef, f"the ring stage {name} reads")
+    def elementwise(self, name: str, op: ComputeOp, src: RingRef | Sequence[RingRef], dst: RingRef) -> StageRef:
+        """Stage: `op` (an ir.ops Map — relu(), bias(…), scalar(…), any formula — or Requant) from `src`'s pages
+        into `dst`'s; `src` a list of rings for a Map of several (its Arg(i) the i-th)."""
+        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
+        if not srcs:
+            raise refuse(f"stage {name} reads at least one ring")
+        for s in srcs:
+            expect(s, RingRef, f"the ring stage {name} reads")
         expect(dst, RingRef, f"the ring stage {name} fills")
-        return self._stage(name, ComputeStage(op), "compute", (src.id,), (dst.id,))
+        return self._stage(name, ComputeStage(op), "compute", tuple(s.id for s in srcs), (dst.id,))
 
     def write(self, name: str, src: RingRef, tensor: TensorRef, engine: str = "writer") -> StageRef:
         """Stage: the pages of `src` are written to `tensor`."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -89,20 +89,22 @@ class Engine:
         """Until every site of `group` has arrived here."""
         self.builder.emit(Barrier(expect(group, GroupRef, "what a barrier waits for").id))
 
-    def compute(self, stage: StageRef | ComputeOp, src: Page, dst: Page) -> None:
-        """Elementwise `stage` from the waited page `src` into the reserved page `dst` — or the op given itself (a Map
-        of the elementwise table, ir.ops; a column vector names the tile columns of the page at hand:
-        `ir.ops.bias(tensor, at, width)`)."""
+    def compute(self, stage: StageRef | ComputeOp, src: Page | Sequence[Page], dst: Page) -> None:
+        """Elementwise `stage` from the waited page `src` (a list of pages: a Map of several) into the reserved page
+        `dst` — or the op given itself (a Map of the elementwise table, ir.ops; a column vector names the tile
+        columns of the page at hand: `ir.ops.bias(tensor, at, width)`)."""
         op = stage.op if isinstance(stage, StageRef) else stage
         if op is None or isinstance(op, MatmulTiles) or not dataclasses.is_dataclass(op):
             raise refuse(f"{getattr(stage, 'name', op)!s} is not an elementwise stage or op (relu(), bias(...), …)")
         if isinstance(op, Map):  # a column vector's tile column may name loop variables
             op = Map(with_cols(op.expr, lambda c: c if isinstance(c.at, TileAddr) else replace(c, at=address(c.at))))
-        expect(src, Page, "what an elementwise op reads")
+        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
+        for s in srcs:
+            expect(s, Page, "what an elementwise op reads")
+            s._need(False, "read")
         expect(dst, Page, "what an elementwise op writes")
-        src._need(False, "read")
         dst._need(True, "write")
-        self.builder.emit(Compute(op, (src.ring.id,), (dst.ring.id,)))
+        self.builder.emit(Compute(op, tuple(s.ring.id for s in srcs), (dst.ring.id,)))
 
     def write_barrier(self) -> None:
         """The writes issued so far are visible."""

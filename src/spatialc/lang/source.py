@@ -174,8 +174,9 @@ class SourcePrinter:
                 case ComputeStage(AddPartial()):
                     call = f"p.add_partials({name}, {self.buffers[s.ins[0]]})"
                 case ComputeStage(op):
-                    src, dst = self.buffers[s.ins[0]], self.buffers[s.outs[0]]
-                    call = f"p.elementwise({name}, {op!r}, {src}, {dst})"
+                    srcs = [self.buffers[b] for b in s.ins]
+                    src = srcs[0] if len(srcs) == 1 else f"[{', '.join(srcs)}]"
+                    call = f"p.elementwise({name}, {op_source(op)}, {src}, {self.buffers[s.outs[0]]})"
                 case _:
                     raise self.refuse(f"stage {s.name}")
             self.line(1, f"{self.stages[s.id]} = {call}")
@@ -307,6 +308,9 @@ class SourcePrinter:
                 self.line(depth, f"{b[acc]}.add({self.page(src, False)})")
             case Compute(stage_op, (src,), (dst,), None, None) if not isinstance(stage_op, MatmulTiles):
                 self.line(depth, f"e.compute({op_source(stage_op)}, {self.page(src, False)}, {self.page(dst, True)})")
+            case Compute(stage_op, srcs, (dst,), None, None) if isinstance(stage_op, Map) and len(srcs) > 1:
+                pages = ", ".join(self.page(s, False) for s in srcs)
+                self.line(depth, f"e.compute({op_source(stage_op)}, [{pages}], {self.page(dst, True)})")
             case PackAcc(acc, to, tiles, False):
                 self.line(depth, f"{b[acc]}.pack({self.page(to, True)}, tiles={tiles})")
             case McastSend(ring, group):

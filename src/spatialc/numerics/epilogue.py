@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import SpatialError
-from ..ir.ops import Col, ComputeOp, Expr, Map, Requant
+from ..ir.ops import Col, ComputeOp, Expr, Map, Requant, arg_indices
 from . import elementwise
 from .elementwise import EXACT_LIMIT, ElementwiseError
 from .quant import requantize
@@ -37,12 +37,14 @@ def dot_range(k: int) -> tuple[int, int]:
 
 
 def integer_range(op: ComputeOp, lo: int, hi: int) -> tuple[int, int] | None:
-    """The range of an integer epilogue op's result on values in lo..hi (a column vector holds any int32, requant
-    saturates to int8), or None for an op that is none of them (or computes in floats)."""
+    """The range of an integer epilogue op's result on values in lo..hi — every page it reads: the one before it, or
+    a map program's int8 inputs (a column vector holds any int32, requant saturates to int8) — or None for an op
+    that is none of them (or computes in floats)."""
     match op:
         case Map(expr):
+            pages = [(lo, hi)] * (1 + max(arg_indices(expr), default=0))
             try:
-                return elementwise.int_range(expr, [(lo, hi)], lambda c: INT32_RANGE)
+                return elementwise.int_range(expr, pages, lambda c: INT32_RANGE)
             except ElementwiseError:
                 return None
         case Requant():
@@ -55,7 +57,8 @@ def integer_peak(op: ComputeOp, lo: int, hi: int) -> int:
     formula included (`elementwise.int_peak`); for an op `integer_range` bounds (call it first)."""
     match op:
         case Map(expr):
-            return elementwise.int_peak(expr, [(lo, hi)], lambda c: INT32_RANGE)
+            pages = [(lo, hi)] * (1 + max(arg_indices(expr), default=0))
+            return elementwise.int_peak(expr, pages, lambda c: INT32_RANGE)
     return max(-lo, hi)
 
 

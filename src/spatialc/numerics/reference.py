@@ -59,6 +59,8 @@ def reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
 
 def _reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
     decl = _declared(p)
+    if decl.matmul is None:
+        return mapped(p, decl, inputs)
     if len(decl.matmuls) == 1:
         a, b = rounded_operands(p, inputs)
         return reference_of(p, a, b, inputs)
@@ -81,6 +83,23 @@ def matmul_value(p: SpatialProgram, decl: Any, mm: Any, inputs: Mapping[str, Any
         operands.append(computed_operand(x, p.precision.value))
     x = matmul(*operands)
     return np.rint(x) if p.precision == Precision.INT8 else x
+
+
+def map_pages(p: SpatialProgram, decl: Any, inputs: Mapping[str, Any]) -> list[np.ndarray]:
+    """A map program's inputs, in the order its map reads them, as its values: rounded to the operand type, as
+    float32 (int64 in an int8 program)."""
+    integer = p.precision == Precision.INT8
+    (stage,) = decl.chain
+    tensors = [decl.producer[b].kind.tensor for b in stage.ins]  # each ring's read stage
+    return [epilogue.start(tensor_operand(p, t, inputs), integer) for t in tensors]
+
+
+def mapped(p: SpatialProgram, decl: Any, inputs: Mapping[str, Any]) -> np.ndarray:
+    """A program with no matmul: its map of the whole input tensors, in the output's element type."""
+    integer = p.precision == Precision.INT8
+    (stage,) = decl.chain
+    x = epilogue.mapped(stage.kind.op.expr, map_pages(p, decl, inputs), integer, column_values(p, inputs))
+    return output_values(decl.out.name, np.asarray(x).astype(np.int64 if integer else np.float64), decl.out.dtype)
 
 
 def column_values(p: SpatialProgram, inputs: Mapping[str, Any]):

@@ -63,6 +63,7 @@ class Tolerance:
     out_eps: float = EPS32
     epilogue: bool = False  # elementwise ops after the matmul: the bound is carried through each
     chained: bool = False  # a matmul of computed operands: the bound is carried stage by stage (`_chained`)
+    mapped: bool = False  # no matmul: one map of exact inputs, its bound each op's own (`elementwise.bounded`)
     kernel: bool = False  # a kernel's bound: it holds where |A|@|B| stays within float32's range
     strict: bool = False  # inputs past that range are refused (InputError) rather than warned about
 
@@ -71,6 +72,9 @@ class Tolerance:
         """The bound in words, as the CLI prints it."""
         if self.exact:
             return "exact"
+        if self.mapped:  # a float map
+            out = OUT_NAMES.get(self.out_eps, "float32")
+            return f"each elementwise op's rounding and its ulps, carried through the map, plus 2 {out} ulps of |C|"
         if self.chained:
             out = OUT_NAMES.get(self.out_eps, "float32")
             return (
@@ -95,6 +99,8 @@ class Tolerance:
         from ..interp.values import matmul
         from .reference import column_values, epilogue_ops, finished, product, reference, rounded_operands
 
+        if self.mapped:
+            return self._mapped(inputs)
         if self.chained:
             if rows is not None:
                 raise ProgramError(f"program {self.program.name} multiplies a computed operand: check it whole")
@@ -116,6 +122,20 @@ class Tolerance:
             assert isinstance(op, Map)  # a float program's epilogue: requant is an int8 op
             x, err = elementwise.bounded(op.expr, [(x, err + EPS32 * np.abs(x))], _row(column_values(p, inputs)))
         return ref, err + 2 * self.out_eps * size + _TINY
+
+    def _mapped(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """A map program's reference and bound: its exact inputs through each op's interval bound."""
+        from .reference import _declared, column_values, map_pages, mapped
+
+        p = self.program
+        decl = _declared(p)
+        ref = mapped(p, decl, inputs)
+        if self.exact:
+            return ref, np.zeros(ref.shape)
+        pages = [(np.asarray(x, np.float64), np.zeros(1)) for x in map_pages(p, decl, inputs)]
+        (stage,) = decl.chain
+        _, err = elementwise.bounded(stage.kind.op.expr, pages, _row(column_values(p, inputs)))
+        return ref, err + 2 * self.out_eps * np.abs(ref.astype(np.float64)) + _TINY
 
     def past_range(self, magnitude: np.ndarray) -> np.ndarray:
         """Where a kernel's float32 sum of finite inputs may overflow: |A|@|B|, with the sum's own rounding, at
@@ -169,7 +189,7 @@ class Tolerance:
         good = same | (err <= bound) | np.isinf(bound)
         ok = bool(np.all(good))
         how = f"max |error| {float(np.nanmax(err, initial=0.0)):.3g} (bound: {self.text})"
-        if not ok and self.kernel and not self.chained:
+        if not ok and self.kernel and not (self.chained or self.mapped):  # (a map sums nothing: no such range)
             past = int(np.count_nonzero(~good & self._past(inputs)))
             if past:
                 how += f"; {past} of the elements outside it lie past float32's range, where it does not hold"
@@ -193,13 +213,15 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
     from ..api import expect_program
 
     expect_program("tolerance", program, "from spatialc.gemm or build")
-    if program.precision == Precision.INT8:
-        return Tolerance(program, True, 0)
     from .reference import _declared
 
     decl = _declared(program)
+    if program.precision == Precision.INT8:
+        return Tolerance(program, True, 0, mapped=decl.matmul is None)
     out = program.output_tensor()
     eps = OUT_EPS.get(out.dtype, EPS32) if out is not None else EPS32
+    if decl.matmul is None:  # a map: exact inputs, each op's own bound
+        return Tolerance(program, False, 0, eps, True, mapped=True, kernel=kernel, strict=strict)
     if len(decl.matmuls) > 1:  # ulps: 1 marks the kernel's bound (K + 4 per matmul, each its own K)
         return Tolerance(program, False, int(kernel), eps, chained=True, kernel=kernel, strict=strict)
     k = program.tensor(decl.a).elems[1]  # type: ignore[arg-type]  # A: the matmul stage's first operand

@@ -8,6 +8,7 @@ import dataclasses
 from ..errors import PlanError, ProgramError
 from ..ir.nodes import Plan, SpatialProgram, TensorRole
 from ..target import SpatialTarget
+from .maps import apply_map_plan, is_map_program, place_map, plan_map, schedule_map
 from .multicast import add_semaphores, check_multicast, multicast_placement, say_reads
 from .multicast import asked as asked_multicast
 from .place import default_sites, place
@@ -38,6 +39,8 @@ def build(
     On a Hopper target "auto" plans for the sm_90a form first, whose operand pages only that form reads (swizzled
     panels); where that form then refuses the program (an activation's rings past shared memory, a placement its
     clusters cannot take), the program is planned again for the other forms (`sm90a_refusal`)."""
+    if is_map_program(program):
+        return _build_map(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     args = (program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     p = _passes(args)
     if p.placement is not None and p.placement.multicast != (1, 1):
@@ -46,6 +49,21 @@ def build(
         with contextlib.suppress(PlanError, ProgramError):
             say_reads(p, _passes(plain, verified=False))
     return p
+
+
+def _build_map(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast) -> SpatialProgram:
+    """A program with no matmul: one map of its inputs (`passes/maps.py`), for the general form, which prints it."""
+    for name, given in (("sub_blocks", sub_blocks), ("split_k", split_k), ("multicast", multicast)):
+        if given is not None:
+            raise ProgramError(f"{name} shapes a matmul's work; this program has no matmul")
+    if form not in ("auto", "general"):
+        raise ProgramError(f"a program without a matmul is printed in the general form only, not {form!r}")
+    if block is not None and (len(block) != 3 or block[2] != 1):
+        raise ProgramError(f"a map's block is (rows, columns, 1) of tiles, with no K, not {block!r}")
+    p = program.evolve(target=target.name)
+    plan = plan_map(p, target, None if block is None else (block[0], block[1]), depth)
+    p = place_map(apply_map_plan(p, plan), target, sites, placement)
+    return verify(schedule_map(p), target)
 
 
 def _passes(args: tuple, verified: bool = True) -> SpatialProgram:

@@ -135,8 +135,8 @@ def kernel_args(launch: Any) -> list[Arg]:
 
 def bind(args: Sequence[Arg], operands: Sequence[Any], params: Mapping[str, Any]) -> list[tuple[Arg, Any]]:
     """Pair each input/parameter Arg with the caller's array (output Args get None): `operands` are the inputs in
-    the kernel's order (A, B; an MLP's X, W1, W2), `params` any tensor by name. Names and shapes are checked with
-    `spatialc.inputs` (InputError), without moving any array off its device."""
+    the kernel's order (A, B; an MLP's X, W1, W2; a map's x0, x1, …), `params` any tensor by name. Names and shapes
+    are checked with `spatialc.inputs` (InputError), without moving any array off its device."""
     inputs = [x.name for x in args if x.role == "input"]
     if len(operands) > len(inputs):
         raise InputError(
@@ -418,8 +418,8 @@ def not_resident(sites: int, sms: int | None, per_sm: int | None = None) -> str:
 
 
 def run(artifact: Any, *operands: Any, **params: Any) -> Any:
-    """C = the artifact's kernel on its inputs — by position in the kernel's order (A, B), or by name — and named
-    parameter tensors, run on the GPU.
+    """C = the artifact's kernel on its inputs — by position in the kernel's order (A, B; a map's x0, x1, …), or by
+    name — and named parameter tensors (a bias, a map's column vectors), run on the GPU.
 
     Inputs are converted to the operand type (round-to-nearest-even), tiled and zero-padded on the device; the
     output buffer is poisoned before the launch, so an element the kernel misses reads NaN (or the most negative

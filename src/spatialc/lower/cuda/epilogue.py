@@ -17,11 +17,11 @@ from collections.abc import Callable
 import numpy as np
 
 from ...ir.nodes import ComputeStage, DType, PageLayout, SpatialProgram, Stage, TensorRole
-from ...ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, cols
+from ...ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, arg_indices, cols
 from ...ir.printer import compute_text
 from ...numerics import elementwise
 from ...numerics.elementwise import ElementwiseError, transcendental
-from ...numerics.epilogue import dot_range, integer_peak, integer_range
+from ...numerics.epilogue import integer_peak, integer_range
 from ..errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
 from .cwriter import inlined
 
@@ -41,6 +41,7 @@ EPILOGUE_OPS = fused  # what the persistent kernel's fused store applies
 ELEMENTWISE_OPS = page_to_page  # what the general form's stages apply page to page
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT8_RANGE = (-128, 127)  # what a map program's int8 input pages hold
 MAX_C_LEAVES = 4096  # the leaves one stage's C expression may print: 16 times the nodes verify's rule 1 allows a Map
 
 
@@ -79,9 +80,10 @@ def names(p: SpatialProgram, stages: tuple[Stage, ...]) -> str:
     return " → ".join(compute_text(s.kind.op, p) for s in stages)  # type: ignore[union-attr]
 
 
-def feeds(p: SpatialProgram, stages: tuple[Stage, ...], mm: Stage) -> Stage | None:
-    """The matmul stage that reads the last page of `mm`'s chain as an operand, or None: the chain is written out."""
-    last = (stages[-1] if stages else mm).outs[0]
+def feeds(p: SpatialProgram, stages: tuple[Stage, ...], mm: Stage | None) -> Stage | None:
+    """The matmul stage that reads the last page of `mm`'s chain (of a map program's one map, `mm` None) as an
+    operand, or None: the chain is written out."""
+    last = stages[-1].outs[0] if stages else mm.outs[0]  # type: ignore[union-attr]
     return next(
         (
             s
@@ -92,10 +94,10 @@ def feeds(p: SpatialProgram, stages: tuple[Stage, ...], mm: Stage) -> Stage | No
     )
 
 
-def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool, mm: Stage) -> None:
-    """Refuse a chain (after matmul `mm`) whose C statements would not compute exactly what `spatialc.numerics.epilogue`
-    defines, or whose last page does not hold what its reader takes: the output's type, or another matmul's
-    operands."""
+def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool, mm: Stage | None) -> None:
+    """Refuse a chain (after matmul `mm`; a map program's one map, with `mm` None) whose C statements would not
+    compute exactly what `spatialc.numerics.epilogue` defines, or whose last page does not hold what its reader takes:
+    the output's type, or another matmul's operands."""
     ops: list[ComputeOp] = [s.kind.op for s in stages]  # type: ignore[union-attr]
     for i, op in enumerate(ops):
         if isinstance(op, Requant) and i != len(ops) - 1:
@@ -110,7 +112,7 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool, mm: Stage
         if isinstance(op, Requant):
             _check_requant(op)
     reader = feeds(p, stages, mm)
-    if reader is not None:
+    if reader is not None and mm is not None:
         _check_operand_page(p, stages, integer, mm, reader)
         return
     # What the kernel stores C as: a float accumulator as float32, or rounded to nearest even into fp16 / bf16 by the
@@ -161,8 +163,9 @@ def _check_map(p: SpatialProgram, op: Map, integer: bool) -> None:
         if isinstance(node, Lit):
             _check_constant(node, integer)
     if integer:
+        pages = [(0, 0)] * (1 + max(arg_indices(op.expr), default=0))
         try:
-            elementwise.int_range(op.expr, [(0, 0)], lambda c: (0, 0))  # every op has an integer meaning
+            elementwise.int_range(op.expr, pages, lambda c: (0, 0))  # every op has an integer meaning
         except ElementwiseError as e:
             raise UnsupportedPrecision(compute_text(op, p), f"{e}; an int8 program's epilogue is integer") from None
     leaves = elementwise.c_leaves(op.expr, integer)
@@ -227,14 +230,15 @@ def _check_requant(op: Requant) -> None:
         )
 
 
-def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], k: int) -> None:
+def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], start: tuple[int, int]) -> None:
     """Refuse an integer chain any of whose values (a stage's result, or one inside its formula) could leave int64,
     where C's `long long` would overflow (undefined).
 
-    The bounds start from the accumulator's (a K-long int8 dot product) and follow each stage; a bias adds any
-    int32. Requantisation saturates, so it ends every bound.
+    The bounds start from `start` — the accumulator's (a K-long int8 dot product, `dot_range`), or a map program's
+    int8 inputs (`INT8_RANGE`, every page) — and follow each stage; a bias adds any int32. Requantisation saturates,
+    so it ends every bound.
     """
-    lo, hi = dot_range(k)
+    lo, hi = start
     for s in stages:
         op = s.kind.op  # type: ignore[union-attr]
         after = integer_range(op, lo, hi)
@@ -274,9 +278,21 @@ def c_float(x: float) -> str:
     return elementwise.c_float(x)
 
 
-def statement(op: ComputeOp, integer: bool, col_at: Callable[[Col], str] | None = None) -> str:
-    """One stage on the lane's value `v`; `col_at(c)` is the flat index of the element's value in column vector c's
-    tensor (a bias's)."""
+def statement(
+    op: ComputeOp, integer: bool, col_at: Callable[[Col], str] | None = None, page: Callable[[int], str] | None = None
+) -> str:
+    """One stage as an assignment to the lane's value `v`, from `v` itself (an epilogue stage) or from the input
+    pages' values `page(i)` (a map of several pages); `col_at(c)` is the flat index of the element's value in column
+    vector c's tensor (a bias's)."""
+    return f"v = {value(op, integer, col_at, page)};"
+
+
+def value(
+    op: ComputeOp, integer: bool, col_at: Callable[[Col], str] | None = None, page: Callable[[int], str] | None = None
+) -> str:
+    """One stage's result as a C expression over its input pages' values (`page(i)`; `v`, the one page before it,
+    by default) and its column vectors' (`col_at`, as in `statement`)."""
+    pages = page or (lambda i: "v")
     match op:
         case Map(expr):
 
@@ -284,9 +300,9 @@ def statement(op: ComputeOp, integer: bool, col_at: Callable[[Col], str] | None 
                 assert col_at is not None, "a column vector's stage needs its index"
                 return f"t{int(c.tensor)}[{col_at(c)}]"
 
-            return f"v = {elementwise.c_expr(expr, integer, lambda i: 'v', col)};"
+            return elementwise.c_expr(expr, integer, pages, col)
         case Requant(multiplier, shift, zero_point):
-            return f"v = spatialc_requant(v, {multiplier}, {shift}, {zero_point});"
+            return f"spatialc_requant({pages(0)}, {multiplier}, {shift}, {zero_point})"
         case MatmulTiles():
             pass
     raise Unsupported(f"a {type(op).__name__} epilogue stage", "the fused epilogue has no statement for it")

@@ -45,6 +45,7 @@ from ...ir.ops import (
     walk,
 )
 from ...ir.traffic import global_read_bytes
+from ...passes.maps import is_map_program
 from ...passes.split import workspace_bytes
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact
@@ -60,6 +61,7 @@ from .program import (
     all_ops,
     check_printable,
     checked_layers,
+    checked_map,
     distinct_lists,
     fragments_per_warp,
     launch_for,
@@ -103,7 +105,7 @@ class GeneralKernel:
     out_type: str
     rings: Rings
     lane_grid: tuple[int, int] | None
-    lanes: int  # the compute engine's warps: the accumulator lanes
+    lanes: int  # the compute engine's warps: the accumulator lanes (0: a map program's kernel, which holds none)
     perw: int  # accumulator fragments a compute warp holds (of the one accumulator; see `layers`)
     roles: tuple[Role, ...]
     full_count: dict[int, int]  # ring → arrivals that complete a full phase (the producer's threads)
@@ -113,7 +115,7 @@ class GeneralKernel:
     barrier_bytes: int
     blocks_per_sm: int
     integer: bool
-    stages: tuple[ComputeOp, ...]  # the epilogue's compute ops, in order (every matmul's chain, in stage order)
+    stages: tuple[ComputeOp, ...]  # the page-to-page compute ops, in order (every matmul's chain; a map program's map)
     classes: tuple[SiteClass, ...]  # the sites with items, by the programs they run
     sites: int  # the grid: every site runs, in blockIdx order
     words: dict[tuple[str, int], int]  # ("group" | "sem", id) → its first word in spatialc_sync (one per site)
@@ -139,14 +141,23 @@ class GeneralKernel:
         return sum(r.threads for r in self.roles)
 
     @property
+    def accumulates(self) -> bool:
+        """Whether the kernel multiplies: its compute warps hold accumulators and it inlines the tensor-core layer. A
+        map program's kernel (no matmul) has neither: its engines only move and map pages."""
+        return self.lanes > 0
+
+    @property
     def fragments(self) -> tuple[Fragments, ...]:
-        """Every accumulator the compute warps hold: each layer's, or the one of the plan's block in accf[PERW]."""
+        """Every accumulator the compute warps hold: each layer's, or the one of the plan's block in accf[PERW]
+        (none in a map program's kernel)."""
+        if not self.accumulates:
+            return ()
         return tuple(self.layers.values()) or (Fragments(self.plan, self.lane_grid, self.perw, "accf", "PERW"),)
 
     @property
     def acc_tiles(self) -> int:
         """Accumulator tiles the compute warps hold at once: every accumulator's (they may all be live)."""
-        return held_tiles(self.plan, self.layers)
+        return held_tiles(self.plan, self.layers) if self.accumulates else 0
 
 
 # ---- what the general form takes ----------------------------------------------------------------------------
@@ -350,6 +361,18 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     return smem, target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks, warps)
 
 
+def map_resources(target: SpatialTarget, plan: Plan, precision: Precision, inputs: int) -> tuple[int, int]:
+    """What one block of the general form costs for a map program of `inputs` input tensors, as the map planner
+    asks (`passes.maps.plan_map`): (shared memory bytes, blocks resident per SM — 0 when one does not fit) for its
+    rings, `plan.depth` pages of the item's tiles — each input's of its element type, the output's of the map's
+    values (EPIT) — with their barriers, and its engines, a warp each (`make_kernel` lays out the same)."""
+    h, w = plan.item_tiles
+    sizes = [MMA_TYPES[precision].operand_bytes] * inputs + [epit_bytes(precision == Precision.INT8)]
+    rings = {i: Ring(i, f"ring{i}", plan.depth, h * w * TILE_ELEMS, "", size) for i, size in enumerate(sizes)}
+    smem = layout(rings)[1]
+    return smem, target.resident_sites_per_unit(smem, 0, 1, (1, 1), 3 * SIDE_WARPS)
+
+
 def accumulator_layers(p: SpatialProgram, target: SpatialTarget, plan: Plan) -> dict[int, Fragments]:
     """Each accumulator's fragments by template where the program has several (`GeneralKernel.layers`): the block
     and sub-blocks of the matmul whose Compute ops add into it, the compute warps split over that block as over the
@@ -391,15 +414,27 @@ def held_tiles(plan: Plan, layers: dict[int, Fragments]) -> int:
     return sum(f.tiles for f in layers.values()) if layers else h * w
 
 
+def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[ComputeOp, ...]]:
+    """The kernel's operand types (a map program's: its inputs'), whether it is int8 (exact `long long` values), and
+    the compute ops its engines apply page to page: every matmul's epilogue chain, in stage order (`checked_layers`),
+    or a map program's one map (`checked_map`) — each checked as those say."""
+    if is_map_program(p):
+        types, integer, stage = checked_map(p)
+        return types, integer, (stage.kind.op,)  # type: ignore[union-attr]
+    types, integer, layers = checked_layers(p, epilogue.ELEMENTWISE_OPS)
+    return types, integer, tuple(s.kind.op for _, chain in layers for s in chain)  # type: ignore[union-attr]
+
+
 def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> GeneralKernel:
     """Check what the general form needs and lay out its block; `fit` False leaves the shared-memory check to a
-    form that lays the block out again (the sm_90a form's fused output keeps fewer rings)."""
+    form that lays the block out again (the sm_90a form's fused output keeps fewer rings). A map program's block is
+    the same engines, rings and barriers without accumulators: every engine on one warp of its own."""
     refuse(p)
     plan = p.plans[0]
-    types, integer, layers = checked_layers(p, epilogue.ELEMENTWISE_OPS)
-    lanes = target.accumulator_lanes
+    types, integer, stages = page_stages(p)
+    lanes = 0 if is_map_program(p) else target.accumulator_lanes
     one = fragments_of(plan, target)  # the plan's block: the accumulator of a one-matmul program
-    lane_grid, perw = one.lane_grid, one.perw
+    lane_grid, perw = (one.lane_grid, one.perw) if lanes else (None, 0)
     accumulators = accumulator_layers(p, target, plan)
     rings = epilogue_rings(p, ring_table(p, types, ()), integer)
     classes, relative = site_classes(p, relative_sems=True)
@@ -414,7 +449,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     if threads > 1024:
         raise TooBig(f"threads of one block of the general form on {target.name}", threads, 1024, "use fewer lanes")
     # The registers hold every accumulator tile at once; only their number matters, so they go in as one column.
-    per_sm = target.resident_sites_per_unit(off, held_tiles(plan, accumulators), 1, (1, 1), threads // WARP)
+    held = held_tiles(plan, accumulators) if lanes else 0
+    per_sm = target.resident_sites_per_unit(off, held, 1, (1, 1), threads // WARP)
     if per_sm == 0 and fit:
         raise TooBig(
             f"shared memory of one block of the general form on {target.name} (rings and their barriers)",
@@ -444,7 +480,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
         barrier_bytes,
         per_sm,
         integer,
-        tuple(s.kind.op for _, chain in layers for s in chain),  # type: ignore[union-attr]
+        stages,
         classes,
         *sync_words(p, handshake(mc)),
         relative,

@@ -219,8 +219,8 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, TilePrinter):
                 pass
             case Compute(op=AddPartial(), ins=(src,)):
                 self.add_partial(self.kept(src), mark)
-            case Compute(op=stage, ins=(src,), outs=(dst,)):
-                self.elementwise(op, stage, self.kept(src), self.kept(dst), env, mark)
+            case Compute(op=stage, ins=ins, outs=(dst,)) if ins:
+                self.elementwise(op, stage, [self.kept(b) for b in ins], self.kept(dst), env, mark)
             case PackAcc(to=buf):
                 self.pack(self.kept(buf), mark)
             case _:
@@ -237,11 +237,22 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, TilePrinter):
         """The engine's threads meet (its named barrier)."""
         return f"spatialc_engine_sync({self.bar_id}, {self.role.threads});"
 
-    def elementwise(self, op: Compute, stage, src: Ring, dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
-        """An epilogue stage page to page: each thread of the engine a strided share of the elements."""
+    def elementwise(self, op: Compute, stage, srcs: list[Ring], dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
+        """A stage page to page — an epilogue stage of the one page before it, or a map program's map of its input
+        pages — each thread of the engine a strided share of the elements. Element e of every page is the same
+        element of the item (verify's rule 8 follows each page to its tile), read from each input ring's front page
+        as the stage's value type (`long long` in an int8 program, `float` otherwise: an operand page's int8, fp16
+        or bf16 converts exactly), and the stage's value is stored into the output ring's newest page."""
         if not epilogue.page_to_page(stage):
             raise Unsupported(f"a {compute_text(stage, self.k.program)} stage", "the general form has no image for it")
-        n = src.page
+        n = dst.page
+        for src in srcs:
+            if src.page != n:
+                raise Unsupported(
+                    f"stage {compute_text(stage, self.k.program)} of {src.name}'s pages of {src.page} elements into"
+                    f" {dst.name}'s of {n}",
+                    "a stage maps pages of one shape, element by element",
+                )
         value = "long long" if self.k.integer else "float"
         columns = expr_cols(stage.expr) if isinstance(stage, Map) else ()
 
@@ -253,12 +264,14 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, TilePrinter):
         with self.w.block("", mark), self.w.block(f"for (int e = etid; e < {n}; e += {self.nthreads})"):
             if columns:
                 self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
-            self.w.line(f"{value} v = SPATIALC_PAGE_LD(ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id} + e);")
-            self.w.line(epilogue.statement(stage, self.k.integer, col_at))
+            for i, src in enumerate(srcs):
+                page = f"ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id} + e"
+                self.w.line(f"const {value} v{i} = ({value})SPATIALC_PAGE_LD({page});")
+            self.w.line(f"const {value} v = {epilogue.value(stage, self.k.integer, col_at, lambda i: f'v{i}')};")
             # A page a matmul reads holds operands: the value converted to their type (float32 rounded to nearest
             # even, `MmaTypes.to_operand`), as the interpreter rounds a computed operand page where a matmul reads it.
-            value = f"{self.k.types.to_operand}(v)" if dst.c_type == "OPT" else "(EPIT)v"
-            self.w.line(f"SPATIALC_PAGE_ST(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id} + e, {value});")
+            stored = f"{self.k.types.to_operand}(v)" if dst.c_type == "OPT" else "(EPIT)v"
+            self.w.line(f"SPATIALC_PAGE_ST(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id} + e, {stored});")
 
 
 def preamble(k: GeneralKernel) -> list[str]:
@@ -269,13 +282,15 @@ def preamble(k: GeneralKernel) -> list[str]:
     ]
     lines += [f"#include <{h}>" for h in INCLUDES]
     lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *inlined_lines("general_mbarrier.cuh"), ""]
-    lines += [*tensor_core_lines(k.rings, k.types), ""]
+    # A map program's kernel multiplies nothing: no tensor-core layer, no accumulator type, no compute warps.
+    lines += [*tensor_core_lines(k.rings, k.types), ""] if k.accumulates else []
     epit = "long long" if k.integer else "float"
-    lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
-    lines += [f"typedef {epit} EPIT;"]
+    lines += [f"typedef {k.types.operand} OPT;"]
+    lines += [f"typedef {k.types.acc} ACCT;"] if k.accumulates else []
+    lines += [f"typedef {k.out_type} OUT_T;", f"typedef {epit} EPIT;"]
     if k.stages:
         lines += ["", *epilogue.helpers(k.integer).rstrip("\n").split("\n"), ""]
-    lines += [f"#define NTHREAD {k.threads}", f"#define NWARP {k.lanes}"]
+    lines += [f"#define NTHREAD {k.threads}"] + ([f"#define NWARP {k.lanes}"] if k.accumulates else [])
     lines += [f"#define {f.count} {f.perw}" for f in k.fragments]
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]

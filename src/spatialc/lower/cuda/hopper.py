@@ -70,10 +70,11 @@ from ...ir.ops import (
     WriteTiles,
     walk,
 )
+from ...passes.maps import is_map_program
 from ...passes.verify import derived
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact, TensorMap
-from ..errors import LowerError, TooBig, Unsupported
+from ..errors import LowerError, NeedsGeneral, TooBig, Unsupported
 from . import epilogue, general, general_printer
 from .clusters import Multicast, check_cluster, check_items, multicast
 from .cwriter import Writer, inlined_lines, site_prologue
@@ -93,7 +94,7 @@ from .hopper_plan import (
 from .hopper_printer import HopperPrinter
 from .hopper_tma import Panels, param_at, tensor_maps
 from .host import assemble
-from .program import all_ops, checked_gemm, launch_for, matmul_stages
+from .program import MAP_PROGRAM, all_ops, checked_gemm, launch_for, matmul_stages
 from .rings import TILE_ELEMS, Rings, ring_table
 
 KERNEL_NAME = "spatialc_hopper"
@@ -141,6 +142,11 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
     if not target.hopper:
         raise Unsupported(
             f"the sm_90a form on {target.name}", "its TMA, wgmma and setmaxnreg instructions exist on sm_90a only"
+        )
+    if is_map_program(p):
+        raise NeedsGeneral(
+            f"{MAP_PROGRAM} in the sm_90a form",
+            "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
     general.refuse(p)
     if len(matmul_stages(p)) > 1:

@@ -14,6 +14,7 @@ from ...inputs import row_limits
 from ...ir.names import plain
 from ...ir.nodes import SpatialProgram, Tensor, TensorRole, TileOrder
 from ...ir.ops import ChoreoOp, Loop, Trip, walk
+from ...passes.maps import is_map_program
 from ..artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch, operand_files
 from ..census import census
 from ..errors import InternalError
@@ -21,6 +22,7 @@ from .cwriter import Writer, inlined
 from .program import distinct_lists
 
 BENCH_ITERS = 20
+C_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "int": 4, "float": 4, "long long": 8}
 INTEGER_OUTPUTS = ("long long", "int", "signed char")
 
 
@@ -343,10 +345,24 @@ def program_main(p: SpatialProgram, launch: Launch) -> str:
     return w.text()
 
 
-def bench_main(p: SpatialProgram, launch: Launch) -> str:
-    """`main` of bench_cu: fixed inputs, a warm-up launch, 20 timed launches, `GOPS <value>` — only if all ran."""
+def bench_rate(p: SpatialProgram, launch: Launch) -> tuple[str, str]:
+    """What bench_cu reports, and the C expression of what one launch does: a GEMM's `GOPS`, 2·M·N·K operations (a
+    grouped GEMM's with every group full); a map program's `GBPS`, the bytes of its tensors (the logical elements of
+    each input, column vector and the output, at the element types the launch gives them) — it reads and writes
+    each once, and memory is what bounds it."""
+    if is_map_program(p):
+        pairs = zip(p.tensors, launch.params, strict=True)
+        moved = sum(t.groups * t.elems[0] * t.elems[1] * C_BYTES[q.c_type] for t, q in pairs)
+        return "GBPS", f"{moved}.0"
     a, b = [t for t in p.tensors if t.role == TensorRole.INPUT][:2]
     m, kk, n = a.groups * a.elems[0], a.elems[1], b.elems[1]  # a grouped GEMM: every group full
+    return "GOPS", f"2.0 * {m}.0 * {n}.0 * {kk}.0"
+
+
+def bench_main(p: SpatialProgram, launch: Launch) -> str:
+    """`main` of bench_cu: fixed inputs, a warm-up launch, 20 timed launches, then `GOPS <value>` (a map program's:
+    `GBPS <value>`, `bench_rate`) — only if all ran."""
+    unit, per_launch = bench_rate(p, launch)
     w = Writer()
     with w.block("int main()"):
         _setup(p, launch, w, bench=True)
@@ -368,8 +384,8 @@ def bench_main(p: SpatialProgram, launch: Launch) -> str:
         w.line("float ms = 0.0f;")
         w.line("SPATIALC_CHECK(cudaEventElapsedTime(&ms, e0, e1));")
         w.line('if (ms <= 0.0f) { fprintf(stderr, "no time measured\\n"); return 1; }')
-        w.line(f"const double ops = 2.0 * {m}.0 * {n}.0 * {kk}.0 * ITERS;")
-        w.line('printf("GOPS %.1f\\n", ops / ((double)ms * 1e6));')
+        w.line(f"const double total = {per_launch} * ITERS;  // {'bytes moved' if unit == 'GBPS' else 'operations'}")
+        w.line(f'printf("{unit} %.1f\\n", total / ((double)ms * 1e6));')
         w.line("SPATIALC_CHECK(cudaEventDestroy(e0));")
         w.line("SPATIALC_CHECK(cudaEventDestroy(e1));")
         _free(p, launch, w)

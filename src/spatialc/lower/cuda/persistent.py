@@ -30,6 +30,7 @@ from ...ir.ops import (
 )
 from ...ir.printer import compute_text
 from ...ir.traffic import global_read_bytes
+from ...passes.maps import is_map_program
 from ...target import SpatialTarget
 from ..artifact import Budget, CudaArtifact, Launch
 from ..errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
@@ -39,6 +40,7 @@ from .emit import KERNEL_NAME, Kernel, kernel_text
 from .host import assemble
 from .merge import SerialLoop, SerialOp, serialise
 from .program import (
+    MAP_PROGRAM,
     all_ops,
     check_printable,
     checked_gemm,
@@ -95,6 +97,8 @@ def refuse(p: SpatialProgram) -> None:
 
 def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     """(what, why) when `p` has something the persistent kernel leaves to the general form, else None."""
+    if is_map_program(p):
+        return MAP_PROGRAM, "the persistent kernel is a tensor-core tile GEMM, elementwise stages fused into its store"
     if len(p.plans) > 1:
         return f"a program with {len(p.plans)} plans", "the persistent kernel prints one block shape for every site"
     if p.placement is not None and p.placement.splits > 1:

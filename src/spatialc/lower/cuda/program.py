@@ -11,8 +11,34 @@ from dataclasses import dataclass
 
 from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, GroupId, Site
-from ...ir.nodes import ComputeStage, Engine, Plan, ReadStage, SpatialProgram, Stage, TensorRole, TileOrder, per_op_list
-from ...ir.ops import ChoreoOp, ComputeOp, Const, Loop, MatmulTiles, McastSend, McastSetValid, SemInc, rewrite, walk
+from ...ir.nodes import (
+    ComputeStage,
+    Engine,
+    Fifo,
+    Interm,
+    PageLayout,
+    Plan,
+    ReadStage,
+    SpatialProgram,
+    Stage,
+    TensorRole,
+    TileOrder,
+    per_op_list,
+)
+from ...ir.ops import (
+    ChoreoOp,
+    ComputeOp,
+    Const,
+    Loop,
+    Map,
+    MatmulTiles,
+    McastSend,
+    McastSetValid,
+    Precision,
+    SemInc,
+    rewrite,
+    walk,
+)
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...numerics.epilogue import dot_range
 from ...target import SpatialTarget
@@ -21,6 +47,8 @@ from ..errors import TooBig, Unsupported, UnsupportedPrecision, Unverified
 from . import epilogue
 from .cwriter import C_TYPES
 from .rings import MMA_TYPES, MmaTypes
+
+MAP_PROGRAM = "a program without a tile matmul (an elementwise map)"  # what the forms refusing one call it
 
 
 def check_printable(p: SpatialProgram) -> None:
@@ -92,18 +120,17 @@ def logical_k(p: SpatialProgram, mm: Stage | None = None) -> int:
     raise Unsupported(f"matmul stage {mm.name} with neither operand read from a tensor", "K is an operand's length")
 
 
-def operand_types(p: SpatialProgram, mm: MatmulTiles) -> MmaTypes:
-    """The MMA fragment types of the matmul's operand precision; its input tensors must hold that type."""
-    types = MMA_TYPES.get(mm.operand)
+def operand_types(p: SpatialProgram, operand: Precision) -> MmaTypes:
+    """The C types of `operand` values (a matmul's operands, a map program's inputs: the MMA fragment types of the
+    precision); the input tensors must hold that type."""
+    types = MMA_TYPES.get(operand)
     if types is None:
-        raise UnsupportedPrecision(
-            mm.operand, "the tensor-core path has fragments for int8, fp16 and bf16 operands only"
-        )
+        raise UnsupportedPrecision(operand, "the kernels have types for int8, fp16 and bf16 operands only")
     for t in p.tensors:
-        if t.role == TensorRole.INPUT and t.dtype.value != mm.operand.value:
+        if t.role == TensorRole.INPUT and t.dtype.value != operand.value:
             raise UnsupportedPrecision(
                 t.dtype.value,
-                f"input {t.name} must hold the matmul's {mm.operand.value} operands: "
+                f"input {t.name} must hold the program's {operand.value} operands: "
                 "tiles are copied into the operand rings byte for byte",
             )
     out = p.output_tensor()
@@ -317,14 +344,42 @@ def checked_layers(
         )
     first = layers[0][0].kind.op  # type: ignore[union-attr]
     assert isinstance(first, MatmulTiles)
-    types = operand_types(p, first)
+    types = operand_types(p, first.operand)
     integer = first.operand.value == "int8"
     for mm, chain in layers:
         check_int8_reduction(p, mm)
         epilogue.check(p, chain, integer, mm)
         if integer:
-            epilogue.check_int64(p, chain, logical_k(p, mm))
+            epilogue.check_int64(p, chain, dot_range(logical_k(p, mm)))
     return types, integer, layers
+
+
+def checked_map(p: SpatialProgram) -> tuple[MmaTypes, bool, Stage]:
+    """A program without a tile matmul (an elementwise map, `spatialc.elementwise`): the C types of its inputs (the
+    precision's operand type, loaded into their rings as they are stored), whether it is int8 (exact `long long`
+    arithmetic) and its one Map stage — after the checks `checked_layers` makes of an epilogue chain: the table's
+    ops, constants the values hold, column vectors the kernel reads, the output's type, and in an int8 program
+    values that stay in int64 whatever the int8 inputs and int32 column vectors."""
+    stages = [s for s in p.stages if isinstance(s.kind, ComputeStage)]
+    if len(stages) != 1 or not isinstance(stages[0].kind.op, Map):  # type: ignore[union-attr]
+        raise Unsupported(
+            f"a program without a tile matmul and with {len(stages)} compute stage(s)",
+            "such a program is one Map of its inputs (spatialc.elementwise)",
+        )
+    (stage,) = stages
+    for b in p.buffers:  # the map reads and writes element e of a page at e: its tiles row by row, as stored
+        kind = b.kind
+        if isinstance(kind, Fifo | Interm) and kind.layout != PageLayout.ROW:
+            raise Unsupported(
+                f"ring {b.name} laid out {kind.layout.value}",
+                "a map's pages hold their tiles row by row, as the tensors store them: lay the ring out by rows",
+            )
+    types = operand_types(p, p.precision)
+    integer = p.precision == Precision.INT8
+    epilogue.check(p, (stage,), integer, None)
+    if integer:
+        epilogue.check_int64(p, (stage,), epilogue.INT8_RANGE)
+    return types, integer, stage
 
 
 def checked_gemm(

@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId, StageId, TensorId
 from ...ir.index import ProgramIndex
-from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, TensorRole, WriteStage, accumulator_dtype
+from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, TensorRole, WriteStage, accumulator_dtype
 from ...ir.ops import (
     AddPartial,
     Col,
@@ -34,7 +34,8 @@ from ...ir.ops import (
     cols,
 )
 from ...ir.printer import compute_text
-from ...numerics import epilogue
+from ...numerics import elementwise, epilogue
+from ...numerics.elementwise import ElementwiseError
 from ...numerics.epilogue import EXACT_LIMIT, dot_range, integer_peak, integer_range
 from ...numerics.rounding import computed_operand
 from .dataflow import Declared, MatmulDecl, SplitDecl
@@ -65,6 +66,8 @@ def declared(index: ProgramIndex) -> Declared:
             if producer.setdefault(index.ring(b), s) is not s:
                 raise _unsure(f"stages {producer[index.ring(b)].name} and {s.name} both fill {index.name(b)}")
     last = index.ring(writes[0].ins[0])
+    if not any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles) for s in p.stages):
+        return _declared_map(index, out, last, producer, writes[0])
     way = _Way(index, producer)
     stage, ring, chain = way.to_matmul(last, f"the way to {writes[0].name}")
     top = way.matmul(stage, ring, chain)
@@ -79,6 +82,76 @@ def declared(index: ProgramIndex) -> Declared:
     _epilogue_types(index, decl)
     _integer_bounds(index, decl)
     return decl
+
+
+def _declared_map(
+    index: ProgramIndex, out: Tensor, last: BufferId, producer: dict[BufferId, Stage], write: Stage
+) -> Declared:
+    """A program with no matmul: C = map(x0, x1, …), element by element — one Map stage whose rings are each filled
+    by a read of a tensor of C's shape, the map's ring written. Its types: inputs of the program's precision, column
+    vectors of the accumulator's type, one value per column; its integer values within what int64 and C hold."""
+    p = index.p
+    stage = producer.get(last)
+    if stage is None or not isinstance(stage.kind, ComputeStage) or not isinstance(stage.kind.op, Map):
+        raise _unsure(
+            f"{write.name} writes a ring no elementwise stage fills; a program with no matmul is one map of its reads"
+        )
+    reads = [producer.get(index.ring(b)) for b in stage.ins]
+    for b, r in zip(stage.ins, reads, strict=True):
+        if r is None or not isinstance(r.kind, ReadStage):
+            raise _unsure(f"stage {stage.name} reads {index.name(b)}, which no read of a tensor fills")
+    used = {write.id, stage.id, *(r.id for r in reads if r is not None)}
+    extra = [s.name for s in p.stages if s.id not in used]
+    if extra:
+        raise SemanticError(f"stage {extra[0]} is not on the way from the inputs to {out.name}")
+    for r in reads:
+        t = index.tensors[r.kind.tensor]  # type: ignore[union-attr]
+        if t.elems != out.elems or t.dtype != DType(p.precision.value) or t.groups != 1:
+            raise SemanticError(
+                f"stage {stage.name} maps {t.name} ({t.elems[0]}x{t.elems[1]} {t.dtype.value}) element by element"
+                f" into {out.name} ({out.elems[0]}x{out.elems[1]}): a map's inputs have its output's shape and hold"
+                f" {p.precision.value} values"
+            )
+    decl = Declared(out, last, producer, (stage,))
+    _map_types(index, decl, stage)
+    return decl
+
+
+def _map_types(index: ProgramIndex, decl: Declared, stage: Stage) -> None:
+    """A map's column vectors, one accumulator-typed value per column of C; its output type, and in an int8 program
+    its values' range, which must stay where the interpreter's int64 is exact and C holds every value."""
+    p, out = index.p, decl.out
+    op = stage.kind.op  # type: ignore[union-attr]
+    assert isinstance(op, Map)
+    want = accumulator_dtype(p.precision)
+    for c in cols(op.expr):
+        t = index.tensors[c.tensor]
+        if t.elems != (1, out.elems[1]) or t.dtype != want:
+            raise SemanticError(
+                f"stage {stage.name} reads {t.name} ({t.elems[0]}x{t.elems[1]} {t.dtype.value}) as a column vector of"
+                f" {out.name}: one {want.value} value per column, {out.elems[1]} of them"
+            )
+    if p.precision != Precision.INT8:
+        if out.dtype not in (DType.FLOAT32, DType.FP16, DType.BF16):
+            raise SemanticError(
+                f"a {p.precision.value} program computes float32 values (stored as float32, fp16 or bf16); its"
+                f" output {out.name} holds {out.dtype.value}"
+            )
+        return
+    pages, column = [(-128, 127)] * len(stage.ins), lambda c: (-(2**31), 2**31 - 1)
+    try:
+        lo, hi = elementwise.int_range(op.expr, pages, column)
+    except ElementwiseError as e:
+        raise SemanticError(f"stage {stage.name}: {e}") from None
+    peak = elementwise.int_peak(op.expr, pages, column)  # a value inside the formula too, not only its result
+    if peak >= EXACT_LIMIT - EXACT_MARGIN:
+        where = "" if peak == max(-lo, hi) else " within its formula"
+        raise SemanticError(
+            f"stage {stage.name} can reach {peak}{where}, beyond ±(2^62 - 2^12), where integer maps are exact"
+        )
+    fits = out.dtype in (DType.INT32, DType.INT64) and -_INT_RANGE[out.dtype] <= lo and hi < _INT_RANGE[out.dtype]
+    if not fits:
+        raise SemanticError(f"the output {out.name} holds {out.dtype.value}, but the declared values lie in {lo}..{hi}")
 
 
 class _Way:

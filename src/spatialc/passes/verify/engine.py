@@ -512,7 +512,16 @@ class EngineRun:
 
     def elementwise(self, op: Compute) -> None:
         self.stage_of(op)
-        page = self.front(op, op.ins[0])
+        pages = [self.front(op, b) for b in op.ins]
+        page = pages[0]
+        for other, buf in zip(pages[1:], op.ins[1:], strict=True):
+            if (other.rows, other.width) != (page.rows, page.width):
+                raise self.unsure(
+                    op,
+                    f"its pages are {page.rows}x{page.width} and {other.rows}x{other.width} tiles; the semantic rule"
+                    " follows a map of pages of one shape",
+                    buf,
+                )
         col = None
         vectors = {(c.at, c.width) for c in cols(op.op.expr)} if isinstance(op.op, Map) else set()
         if len(vectors) > 1:
@@ -532,7 +541,8 @@ class EngineRun:
                     op.ins[0],
                 )
             col = self.addr(op, at) + Aff.of(PC)
-        self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(op.op, page.cell, col)))
+        inners = tuple(p.cell for p in pages)
+        self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(op.op, inners, col)))
 
 
 def renamed(term: Product | Partial, rename: dict[Sym, Aff]) -> Product | Partial:

@@ -44,7 +44,7 @@ import numpy as np
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId, GroupId, ItemId, SemId, Site
 from ...ir.index import ProgramIndex
-from ...ir.nodes import ComputeStage, EngineProgram, ReadStage
+from ...ir.nodes import ComputeStage, EngineProgram, ReadStage, Stage
 from ...ir.ops import (
     ChoreoOp,
     Compute,
@@ -206,8 +206,8 @@ def _grouped_reads(index: ProgramIndex, decl, writes: list[Write]) -> None:
 
 def _has_partials(cell: Cell) -> bool:
     match cell:
-        case Elem(inner=inner):
-            return _has_partials(inner)
+        case Elem(inners=inners):
+            return any(_has_partials(c) for c in inners)
         case AccSum(terms):
             return any(isinstance(t, Partial) for t in terms)
     return False
@@ -523,7 +523,9 @@ class _Proof:
         row, col = at or (self.w.row, self.w.col)
         stage = self.decl.producer[ring]
         op = stage.kind.op if isinstance(stage.kind, ComputeStage) else None
-        if isinstance(op, MatmulTiles):
+        if isinstance(stage.kind, ReadStage):  # a map program's input: the same tile of the tensor read
+            self.copied(cell, stage, row, col, path)
+        elif isinstance(op, MatmulTiles):
             if not isinstance(cell, AccSum):
                 raise self.fail(
                     f"{self.tile_text(self.base())}{path} gets {_cell_text(cell)}, not the matmul of stage {stage.name}"
@@ -543,7 +545,31 @@ class _Proof:
                     f"{self.tile_text(values)} ({self.item_text(values)}){path} gets bias tile column"
                     f" {cell.bias_col.at(values)}, not its own column {col.at(values)}"
                 )
-            self.value(cell.inner, self.site.index.ring(stage.ins[0]), (row, col), path)
+            rings = [self.site.index.ring(b) for b in stage.ins]
+            if len(cell.inners) != len(rings):
+                raise self.fail(
+                    f"{self.tile_text(self.base())}{path} gets {_cell_text(cell)} of {len(cell.inners)} page(s)"
+                    f" where stage {stage.name} reads {len(rings)}"
+                )
+            for inner, ring_in in zip(cell.inners, rings, strict=True):
+                self.value(inner, ring_in, (row, col), path)
+
+    def copied(self, cell: Cell, stage: Stage, row: Aff, col: Aff, path: str) -> None:
+        """A map's input page holds, at C tile (row, col), the same tile of the tensor its read stage reads."""
+        tensor = stage.kind.tensor  # type: ignore[union-attr]
+        name = self.site.index.tensors[tensor].name
+        if not isinstance(cell, Copy) or cell.ref.tensor != tensor:
+            raise self.fail(
+                f"{self.tile_text(self.base())}{path} maps {_cell_text(cell)} where stage {stage.name} reads {name}"
+            )
+        ref = cell.ref
+        if (ref.row, ref.col) != (row, col):
+            values = self.differ([(ref.row, row), (ref.col, col)], set(self.ranges))
+            raise self.fail(
+                f"{self.tile_text(values)} ({self.item_text(values)}){path} maps {name} tile"
+                f" ({ref.row.at(values)}, {ref.col.at(values)}), not its own",
+                ref,
+            )
 
     def reduction(self, acc: AccSum, mm: MatmulDecl, row: Aff, col: Aff, path: str) -> None:
         """Σ_k A[row, k]·B[k, col] over k = 0..N-1, each k once, with k_need ≤ N ≤ k_max; a computed operand's

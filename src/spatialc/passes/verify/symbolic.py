@@ -205,14 +205,16 @@ class AccSum:
 
 @dataclass(frozen=True, slots=True)
 class Elem:
-    """An elementwise op applied to a tile; a bias adds the bias tensor's tile column `bias_col`."""
+    """An elementwise op applied to the same tile of each of its input pages (`inners`, in the order of its rings); a
+    column vector (a bias) is read at tile column `bias_col`."""
 
     op: ComputeOp
-    inner: Cell
+    inners: tuple[Cell, ...]
     bias_col: Aff | None
 
     def subst(self, m: Mapping[Sym, Aff]) -> Elem:
-        return Elem(self.op, self.inner.subst(m), None if self.bias_col is None else self.bias_col.subst(m))
+        inners = tuple(c.subst(m) for c in self.inners)
+        return Elem(self.op, inners, None if self.bias_col is None else self.bias_col.subst(m))
 
 
 Cell = Copy | AccSum | Elem

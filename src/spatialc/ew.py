@@ -1,0 +1,273 @@
+"""Elementwise expressions, written as Python: `ew.silu(x) * y`, `ew.where(x > 0, x, 0.1 * x)`, `x + ew.col("bias")`.
+
+Every function here is one op of the table (`spatialc.numerics.elementwise.OPS`, where each op's meaning, C and
+error bound are defined), made from that table: an op added there is a function here. Operators spell the binary
+ops and comparisons (+ − × ÷ **, < <= > >=; `ew.eq` / `ew.ne`, since == decides equality of expressions); numbers are
+constants; `ew.inputs(n)` gives the input tensors, `ew.col(name)` a parameter tensor of one value per column.
+
+    x, gate = ew.inputs(2)
+    p = spatialc.elementwise(ew.silu(gate) * x, 4096, 11008, "bf16")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ProgramError
+from .ir.ids import TensorId
+from .ir.ops import Apply, Arg, Col, Expr, Lit
+from .numerics.elementwise import OPS, ElementwiseOp
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnNamed:
+    """A column vector before the program names its tensor: the parameter tensor `name`, one value per column."""
+
+    name: str
+
+
+Node = Arg | Lit | Apply | ColumnNamed
+
+
+class Value:
+    """An elementwise expression under construction."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def __repr__(self) -> str:
+        return f"ew.Value({self.node!r})"
+
+    def __add__(self, other: Any) -> Value:
+        return _call("add", self, other)
+
+    def __radd__(self, other: Any) -> Value:
+        return _call("add", other, self)
+
+    def __sub__(self, other: Any) -> Value:
+        return _call("sub", self, other)
+
+    def __rsub__(self, other: Any) -> Value:
+        return _call("sub", other, self)
+
+    def __mul__(self, other: Any) -> Value:
+        return _call("mul", self, other)
+
+    def __rmul__(self, other: Any) -> Value:
+        return _call("mul", other, self)
+
+    def __truediv__(self, other: Any) -> Value:
+        return _call("div", self, other)
+
+    def __rtruediv__(self, other: Any) -> Value:
+        return _call("div", other, self)
+
+    def __pow__(self, other: Any) -> Value:
+        return _call("pow", self, other)
+
+    def __neg__(self) -> Value:
+        return _call("neg", self)
+
+    def __abs__(self) -> Value:
+        return _call("abs", self)
+
+    def __lt__(self, other: Any) -> Value:
+        return _call("lt", self, other)
+
+    def __le__(self, other: Any) -> Value:
+        return _call("le", self, other)
+
+    def __gt__(self, other: Any) -> Value:
+        return _call("gt", self, other)
+
+    def __ge__(self, other: Any) -> Value:
+        return _call("ge", self, other)
+
+    def __bool__(self) -> bool:
+        raise ProgramError("an elementwise expression has no truth value: use ew.where(cond, a, b)")
+
+
+def value(x: Any) -> Value:
+    """`x` as an expression: an expression as it is, a number as a constant."""
+    if isinstance(x, Value):
+        return x
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        raise ProgramError(f"an elementwise operand is an expression or a finite number, not {x!r}")
+    return Value(Lit(float(x)))
+
+
+def _call(name: str, *args: Any, params: tuple[float, ...] = ()) -> Value:
+    op = OPS[name]
+    if len(args) != op.arity:
+        raise ProgramError(f"ew.{name} takes {op.arity} operand(s), not {len(args)}")
+    return Value(Apply(name, tuple(value(a).node for a in args), params))  # type: ignore[misc]
+
+
+def _function(op: ElementwiseOp) -> Callable[..., Value]:
+    def f(*args: Any, **params: float) -> Value:
+        unknown = set(params) - set(op.params)
+        missing = [p for p in op.params if p not in params]
+        if unknown or missing:
+            raise ProgramError(f"ew.{op.name} takes the parameter(s) {', '.join(op.params) or 'none'}")
+        for p, v in params.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise ProgramError(f"ew.{op.name}'s {p} is a finite number, not {v!r}")
+        return _call(op.name, *args, params=tuple(float(params[p]) for p in op.params))
+
+    f.__name__ = op.name
+    f.__doc__ = f"The table's {op.name} (spatialc.numerics.elementwise): {op.arity} operand(s)" + (
+        f", parameters {', '.join(op.params)}" if op.params else ""
+    )
+    return f
+
+
+for _op in OPS.values():  # one function per op of the table
+    globals()[_op.name] = _function(_op)
+
+
+def inputs(n: int) -> tuple[Value, ...]:
+    """The program's input tensors 0 … n − 1, as expressions."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_INPUTS:
+        raise ProgramError(f"an elementwise program has 1 to {MAX_INPUTS} inputs, not {n!r}")
+    return tuple(Value(Arg(i)) for i in range(n))
+
+
+def x(i: int) -> Value:
+    """Input tensor i."""
+    return inputs(i + 1)[i]
+
+
+def col(name: str) -> Value:
+    """The parameter tensor `name`: one value per output column (a bias), float32 (int32 in an int8 program)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ProgramError(f"a column vector is named by an identifier, not {name!r}")
+    return Value(ColumnNamed(name))
+
+
+MAX_INPUTS = 16  # tensors one map reads; far past any fused kernel's operands
+
+
+def resolved(expr: Value, tensor_of: Callable[[str], TensorId]) -> Expr:
+    """The IR expression of `expr`, each named column vector given its tensor (`tensor_of(name)`)."""
+
+    def walk(node: Node) -> Expr:
+        match node:
+            case ColumnNamed(name):
+                return Col(tensor_of(name))
+            case Apply(name, args, params):
+                return Apply(name, tuple(walk(a) for a in args), params)  # type: ignore[arg-type]
+        return node  # type: ignore[return-value]
+
+    return walk(expr.node)
+
+
+def column_names(expr: Value) -> list[str]:
+    """The named column vectors of `expr`, in order of first use."""
+    out: list[str] = []
+
+    def walk(node: Node) -> None:
+        if isinstance(node, ColumnNamed) and node.name not in out:
+            out.append(node.name)
+        for a in getattr(node, "args", ()):
+            walk(a)
+
+    walk(expr.node)
+    return out
+
+
+__all__ = ["Value", "col", "inputs", "value", "x", *OPS]
+
+
+# ---- an expression as text (the CLI's `spatialc elementwise EXPR`) ---------------------------------------------
+
+_BINARY = {"Add": "add", "Sub": "sub", "Mult": "mul", "Div": "div", "Pow": "pow"}
+_COMPARE = {"Lt": "lt", "LtE": "le", "Gt": "gt", "GtE": "ge", "Eq": "eq", "NotEq": "ne"}
+MAX_TEXT = 4096  # characters of an expression: far past any formula; more is refused before it is parsed
+MAX_NODES = 512  # parts of its parsed tree (numbers, names, ops): verify's rule 1 takes 256 nodes of a formula
+
+
+def parse(text: str, names: tuple[str, ...] | None = None) -> tuple[Value, tuple[str, ...]]:
+    """`text`, a Python expression of the table's ops (`silu(g) * x + col(bias)`), as an expression, and the names
+    of its inputs: `names` in that order, or every other name it uses, in order of first use. `col(name)` is a
+    column vector. Nothing in it is run: it is read as a tree and anything but numbers, names, the table's ops,
+    + − × ÷ **, unary minus and one comparison is refused by name."""
+    import ast
+
+    if not isinstance(text, str) or len(text) > MAX_TEXT:
+        raise ProgramError(f"an elementwise expression is text of at most {MAX_TEXT} characters")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ProgramError(f"the expression {text[:60]!r} is not one: {e.msg} (column {e.offset})") from None
+    except (RecursionError, MemoryError):  # Python's own parser gives up on deep nesting
+        raise ProgramError(f"the expression {text[:60]!r}… nests too deep; no kernel applies one") from None
+    if sum(1 for _ in ast.walk(tree)) > MAX_NODES:  # counted without recursion, before anything walks it so
+        raise ProgramError(f"an elementwise expression of more than {MAX_NODES} parts; no kernel applies one")
+    order: list[str] = list(names) if names is not None else []
+    expr = _Reader(order, names is None).read(tree.body)
+    return expr, tuple(order)
+
+
+class _Reader:
+    """Reads an expression tree into a Value; inputs named in `order` (added to it where `grow`)."""
+
+    def __init__(self, order: list[str], grow: bool) -> None:
+        self.order, self.grow = order, grow
+
+    def read(self, node: Any) -> Value:
+        import ast
+
+        match node:
+            case ast.Constant(value=v) if isinstance(v, int | float) and not isinstance(v, bool):
+                return value(v)
+            case ast.Name(id=name):
+                return self.input(name)
+            case ast.UnaryOp(op=ast.USub(), operand=x):
+                return -self.read(x)
+            case ast.UnaryOp(op=ast.UAdd(), operand=x):
+                return self.read(x)
+            case ast.BinOp(left=a, op=op, right=b) if type(op).__name__ in _BINARY:
+                return _call(_BINARY[type(op).__name__], self.read(a), self.read(b))
+            case ast.Compare(left=a, ops=[op], comparators=[b]) if type(op).__name__ in _COMPARE:
+                return _call(_COMPARE[type(op).__name__], self.read(a), self.read(b))
+            case ast.Call(func=ast.Name(id="col"), args=[ast.Name(id=name)], keywords=[]):
+                return col(name)
+            case ast.Call(func=ast.Name(id=name), args=args, keywords=keywords) if name in OPS:
+                params = {k.arg: self.number(k.value, name) for k in keywords}
+                return globals()[name](*(self.read(a) for a in args), **params)  # type: ignore[no-any-return]
+        import ast as _ast
+
+        shown = _ast.unparse(node)[:60]
+        raise ProgramError(
+            f"{shown!r} is not part of an elementwise expression: use numbers, input names, the ops"
+            f" ({', '.join(OPS)}), col(name), + - * / **, unary minus and one comparison"
+        )
+
+    def number(self, node: Any, op: str) -> float:
+        import ast
+
+        negative = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+        inner = node.operand if negative else node
+        if (
+            isinstance(inner, ast.Constant)
+            and isinstance(inner.value, int | float)
+            and not isinstance(inner.value, bool)
+        ):
+            return -float(inner.value) if negative else float(inner.value)
+        raise ProgramError(f"{op}'s parameters are numbers, not {ast.unparse(node)[:40]!r}")
+
+    def input(self, name: str) -> Value:
+        if name in OPS or name == "col":
+            raise ProgramError(f"{name} is an op; call it: {name}(…)")
+        if name not in self.order:
+            if not self.grow:
+                raise ProgramError(f"{name!r} is not one of the inputs {', '.join(self.order)}")
+            if len(self.order) == MAX_INPUTS:
+                raise ProgramError(f"an elementwise program has at most {MAX_INPUTS} inputs")
+            self.order.append(name)
+        return Value(Arg(self.order.index(name)))
