@@ -272,6 +272,20 @@ class FakeTensor:
     def __getitem__(self, index):
         return FakeTensor(self.torch, self.a[index])
 
+    def __add__(self, other):
+        return self.torch.add(self, other)
+
+    def __mul__(self, other):
+        return self.torch.mul(self, other)
+
+    def copy_(self, src):
+        """A device-to-device copy, as torch's copy_ of a tensor of the same dtype and shape is (a memcpy)."""
+        if src.a.dtype != self.a.dtype or src.a.shape != self.a.shape:
+            raise FakeError("the stand-in copies between tensors of one dtype and shape")
+        target = self.a
+        self.torch.cp.launch(lambda: np.copyto(target, src.a))
+        return self
+
 
 class FakeTorch(type(sys)):
     """torch's CUDA matmul and _int_mm as the real ones take them: _int_mm refuses what aten's _int_mm_out_cuda
@@ -282,13 +296,23 @@ class FakeTorch(type(sys)):
         super().__init__("torch")
         self.cp = cp
         self.__version__ = "fake"
-        for name, dt in [("int8", np.int8), ("int16", np.int16), ("int32", np.int32), ("float16", np.float16)]:
+        for name, dt in [
+            ("uint8", np.uint8),
+            ("int8", np.int8),
+            ("int16", np.int16),
+            ("int32", np.int32),
+            ("float16", np.float16),
+        ]:
             setattr(self, name, FakeDtype(name, dt))
         self.float32 = FakeDtype("float32", np.float32)
         self.bfloat16 = FakeDtype("bfloat16", ml_dtypes.bfloat16)
         self.nn_int8 = False  # whether cuBLASLt here takes B row-major
         self.capture_refused = ""  # what torch says when its calls are captured (nothing: they are captured)
         self.wrong_above = None  # matmul results of more rows than this come back off by one (a planted fault)
+        # torch's elementwise ops (F.silu, F.gelu and their aten out= forms): computed in float32, as torch's
+        # kernels compute fp16 and bf16, and rounded once to the inputs' type.
+        self.nn = NS(functional=NS(silu=self._silu, gelu=self._gelu))
+        self.ops = NS(aten=NS(silu=NS(out=self._silu), gelu=NS(out=self._gelu)))
         self.cuda = NS(
             is_available=lambda: True,
             Stream=lambda: NS(cuda_stream=7),
@@ -298,7 +322,7 @@ class FakeTorch(type(sys)):
         )
 
     def dtype_of(self, np_dtype):
-        for d in (self.int8, self.int16, self.int32, self.float16, self.float32, self.bfloat16):
+        for d in (self.uint8, self.int8, self.int16, self.int32, self.float16, self.float32, self.bfloat16):
             if d.np == np_dtype:
                 return d
         raise TypeError(f"no torch dtype for {np_dtype}")
@@ -338,6 +362,39 @@ class FakeTorch(type(sys)):
 
         self.cp.launch(run)
         return out
+
+    def _elementwise(self, f, tensors, out):
+        """f of the tensors' float32 values, computed when the device runs it (a captured graph replays it on the
+        values then), rounded once to the first tensor's type; into `out`, or a tensor it allocates (refused while
+        a stream captures, as the caching allocator's cudaMalloc is)."""
+        dtype = tensors[0].dtype
+        if any(t.dtype is not dtype for t in tensors) or dtype not in (self.float16, self.bfloat16):
+            raise FakeError(f"the stand-in maps fp16 or bf16 tensors of one type, not {[t.dtype for t in tensors]}")
+        if self.cp.captured is not None and out is None:
+            raise FakeError("CUDA error: operation not permitted when stream is capturing")
+        out = self.empty(tensors[0].shape, dtype) if out is None else out
+        target = out.a
+
+        def run():
+            target[...] = f(*(t.a.astype(np.float32) for t in tensors)).astype(np.float32).astype(dtype.np)
+
+        self.cp.launch(run)
+        return out
+
+    def add(self, a, b, out=None):
+        return self._elementwise(np.add, (a, b), out)
+
+    def mul(self, a, b, out=None):
+        return self._elementwise(np.multiply, (a, b), out)
+
+    def _silu(self, x, out=None):
+        return self._elementwise(lambda v: v / (np.float32(1) + np.exp(-v)), (x,), out)
+
+    def _gelu(self, x, approximate="none", out=None):
+        if approximate != "tanh":
+            raise FakeError("the stand-in's gelu is the tanh form only")
+        c = np.float32(0.7978845608028654)
+        return self._elementwise(lambda v: 0.5 * v * (1 + np.tanh(c * (v + np.float32(0.044715) * v**3))), (x,), out)
 
     def matmul(self, a, b, out=None):
         if a.dtype is not b.dtype or a.dtype not in (self.float16, self.bfloat16):
@@ -408,11 +465,13 @@ class FakeKernel:
     that match each of where: the `MxN` of their C, their name (`spatialc_general`) or their dynamic shared memory
     (`smem181248`: one plan of a sweep)."""
 
-    def __init__(self, cp, args, fault, name="spatialc_persistent", dyn_smem=0, sync=(), trip_error=-1):
+    def __init__(self, cp, args, fault, name="spatialc_persistent", dyn_smem=0, sync=(), trip_error=-1, mapped=None):
         if isinstance(fault, tuple):
-            here = {"x".join(map(str, args[2].elems)), name, f"smem{dyn_smem}"}
+            c = next(a for a in args if a.role == "output")
+            here = {"x".join(map(str, c.elems)), name, f"smem{dyn_smem}"}
             fault = fault[0] if set(fault[1:]) <= here else None
         self.cp, self.args, self.fault, self.sync, self.trip_error = cp, args, fault, tuple(sync), trip_error
+        self.mapped = mapped  # a map kernel's formula (`map_formula`): it computes that, with no matmul
 
     def __call__(self, buffers):
         self.cp.launch(lambda: self._compute(buffers))
@@ -434,6 +493,9 @@ class FakeKernel:
         from spatialc.runtime.tilize import bf16_bits
 
         self._handshake(buffers)
+        if self.mapped is not None:
+            self._map(buffers)
+            return
         if self.args[0].groups > 1:
             self._grouped(buffers)
             return
@@ -455,6 +517,31 @@ class FakeKernel:
         if self.fault == "fails":
             raise FakeError("CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid")
 
+    def _map(self, buffers):
+        """A map's kernel: its formula as the table defines it (each op in float64 from float32 operands, rounded
+        once to float32: `numerics.elementwise.evaluate`) on every element of its tiled inputs, padding included, C
+        rounded to its type; `fault` "miss" leaves element 17 poisoned, "skew" makes element 5 half as large again."""
+        from spatialc.numerics.elementwise import evaluate
+        from spatialc.runtime.tilize import bf16_bits
+
+        *ins, c_arg = self.args
+        full = (c_arg.tiles[0] * 16, c_arg.tiles[1] * 16)
+        pages = []
+        for arg, buf in zip(ins, buffers, strict=False):
+            x = untilize(buf, arg.tiles, full, np, order=arg.order)
+            pages.append(bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32))
+        with np.errstate(all="ignore"):
+            c = np.asarray(evaluate(self.mapped, pages, False), np.float32)
+        if self.fault == "skew":
+            c.reshape(-1)[5] *= np.float32(1.5)
+        c = bf16_bits(c, np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
+        out = buffers[len(ins)]
+        out[:] = tilize(c, c_arg.tiles, np, order=c_arg.order)
+        if self.fault == "miss":
+            out[17] = poison_value(c_arg.storage)
+        if self.fault == "hang":
+            FakeEvent.hang = True
+
     def _grouped(self, buffers):
         """A grouped GEMM's kernel: each group's rows below its count (the `sizes` buffer) written, the rest left
         alone (`fault` "spill": one row past a count written too)."""
@@ -475,6 +562,37 @@ class FakeKernel:
             keep = m + 1 if self.fault == "spill" else m
             c_now[g, :keep] = c[g, :keep]
         buffers[2][:] = tilize(c_now, c_arg.tiles, np, groups=c_arg.groups)
+
+
+def map_formula(kernel_cu):
+    """The formula of a map kernel (a kernel with no matmul) from the word its Compute marker names its Map by
+    (`// op:Compute:Map_mul_silu_x1_x0`: the ops and inputs in prefix order, `lower.census.stage_kind`); None for a
+    kernel with a matmul. The stand-in kernel computes what the kernel's own text says it does."""
+    import re
+
+    from spatialc.ir.ops import Apply, Arg
+    from spatialc.numerics.elementwise import OPS
+
+    if "op:Compute:MatmulTiles" in kernel_cu:
+        return None
+    found = re.search(r"// op:Compute:Map_(\w+)", kernel_cu)
+    if found is None:
+        return None
+    words, at = found.group(1).split("_"), [0]
+
+    def parse():
+        word = words[at[0]]
+        if word.startswith("x") and word[1:].isdigit():
+            at[0] += 1
+            return Arg(int(word[1:]))
+        for name in sorted(OPS, key=len, reverse=True):  # gelu_tanh before gelu: the longest name that fits
+            parts = name.split("_")
+            if words[at[0] : at[0] + len(parts)] == parts:
+                at[0] += len(parts)
+                return Apply(name, tuple(parse() for _ in range(OPS[name].arity)))
+        raise ValueError(f"the stand-in reads no formula {found.group(1)!r}")
+
+    return parse()
 
 
 class FakeDevice:
@@ -557,7 +675,9 @@ def install_fake_gpu(monkeypatch):
     def prepare(artifact, dev):
         """The launcher's own prepare (the work list for the device's SMs, the grid), with FakeKernel loaded."""
         ls = artifact.launch
-        kernel = FakeKernel(cp, L.kernel_args(ls), state["fault"], ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error)
+        args = L.kernel_args(ls)
+        mapped = map_formula(artifact.kernel_cu)
+        kernel = FakeKernel(cp, args, state["fault"], ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped)
         return real_prepare(artifact, _Loading(dev, kernel))
 
     monkeypatch.setitem(sys.modules, "cupy", cp)

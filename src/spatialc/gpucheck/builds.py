@@ -124,6 +124,10 @@ def _build(case: Case, target: str, out: str | None) -> Built:
     if out is not None:
         built.kernel["out"] = out
     try:
+        if case.map:  # an elementwise map: no GEMM, the general form alone (maps.py)
+            from .maps import map_case
+
+            return map_case(built, target)
         kw: dict[str, Any] = {} if out is None else {"out": out}
         if case.groups > 1:
             gemm = spatialc.grouped_gemm(case.groups, case.m, case.n, case.k, case.precision, **kw)

@@ -18,9 +18,10 @@ PRECISIONS = ("int8", "fp16", "bf16")
 # In the order a short budget should keep them (rows run in this order; what the budget does not reach is skipped):
 # first what the open goals are judged by — 4096³ and 8192³, then the same with multicast groups (mcGYxGX:SIZE,
 # sm_90's thread-block clusters, compared with the plain row of that size) — then the small and odd sizes; then
-# 128x128x65536 and 512x512x32768, few output items and a long K, which the planner splits over sites (split-K, set
-# against cuBLAS, which splits such shapes too); last grouped GEMMs (gG:MAXROWSxNxK: G groups with row counts drawn
-# from 0..MAXROWS, fp16 / bf16 only).
+# elementwise maps (map:KIND:MxN, fp16 / bf16 only: gpucheck/maps.py), measured in GB/s against torch's formula and
+# the device's copy bandwidth; then 128x128x65536 and 512x512x32768, few output items and a long K, which the planner
+# splits over sites (split-K, set against cuBLAS, which splits such shapes too); last grouped GEMMs
+# (gG:MAXROWSxNxK: G groups with row counts drawn from 0..MAXROWS, fp16 / bf16 only).
 DEFAULT_SIZES = (
     "4096",
     "8192",
@@ -34,6 +35,9 @@ DEFAULT_SIZES = (
     "2048",
     "1000",
     "4097x513x1031",
+    "map:swiglu:4096x11008",
+    "map:swiglu:8192x14336",
+    "map:residual:8192x8192",
     "128x128x65536",
     "512x512x32768",
     "g8:4096x4096x4096",
@@ -47,6 +51,7 @@ PLANNERS_PLAN = "the planner's plan"  # a sweep's plan that is its form's planne
 TIMED_AGAIN = "the planner's plan, timed again"  # … and its kernel once more, after the neighbours
 SAME_SPEED = 0.02  # two speeds closer than this (relative) are a tie in a sweep's verdicts: timing noise, not order
 GROUPED_PRECISIONS = ("fp16", "bf16")  # the grouped rows' baselines (torch.matmul per group, torch._grouped_mm)
+MAP_PRECISIONS = ("fp16", "bf16")  # the map rows' (C in the inputs' type, as torch gives it)
 # What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
 # spatialc's kernels are built for it (`spatialc.gemm(..., out=…)`) where gemm takes `out`.
 TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16"}
@@ -122,8 +127,9 @@ class BudgetExceeded(Exception):
 
 
 class _Product:
-    """What a case and its row say of their product C = A·B: `size` (`MxNxK`, a grouped GEMM's `gG:MAXROWSxNxK`),
-    `ops` (a grouped GEMM's: over the rows its drawn counts give), and `precision size`."""
+    """What a case and its row say of their product C = A·B: `size` (`MxNxK`, a grouped GEMM's `gG:MAXROWSxNxK`, a
+    map's `map:KIND:MxN`), `ops` (a grouped GEMM's: over the rows its drawn counts give; a map's: the bytes it reads
+    and writes, which its rates count), and `precision size`."""
 
     __slots__ = ()  # no fields of its own: the dataclasses below keep theirs (and their slots)
     m: int
@@ -133,9 +139,12 @@ class _Product:
     groups: int
     multicast: tuple[int, int]
     sweep: bool
+    map: str
 
     @property
     def size(self) -> str:
+        if self.map:
+            return f"map:{self.map}:{self.m}x{self.n}"
         head = f"g{self.groups}:" if self.groups > 1 else ""
         if self.multicast != (1, 1):
             head = f"mc{self.multicast[0]}x{self.multicast[1]}:"
@@ -145,6 +154,8 @@ class _Product:
 
     @property
     def ops(self) -> int:
+        if self.map:
+            return map_bytes(self)
         rows = int(grouped_sizes(self.groups, self.m).sum()) if self.groups > 1 else self.m
         return 2 * rows * self.n * self.k
 
@@ -166,6 +177,14 @@ class Case(_Product):
     # The sm_90a form alone, at this block (osh, osw, ibw tiles): the preflight's kernel of that form, at the plan
     # the large rows run (preflight.hopper_case).
     hopper_block: tuple[int, int, int] | None = None
+    map: str = ""  # an elementwise map of m × n inputs (k 0), by its kind in gpucheck/maps.py: `swiglu`, …
+
+
+def map_bytes(product: Any) -> int:
+    """The bytes a map case or row reads and writes: each of its kind's inputs and C, all m × n in one 2-byte type."""
+    from .maps import KINDS
+
+    return (len(KINDS[product.map].names) + 1) * product.m * product.n * 2
 
 
 def grouped_sizes(groups: int, max_rows: int) -> Any:
@@ -202,6 +221,20 @@ def parse_multicast(text: str) -> tuple[tuple[int, int], tuple[int, int, int]] |
     return (int(parts[0]), int(parts[1])), parse_size(rest)
 
 
+def parse_map(text: str) -> tuple[str, tuple[int, int]] | None:
+    """`map:swiglu:4096x11008` → ('swiglu', (4096, 11008)); None for a size without the prefix."""
+    from .maps import KINDS
+
+    head, colon, rest = text.partition(":")
+    if not colon or head.lower() != "map":
+        return None
+    kind, _, dims = rest.partition(":")
+    parts = dims.lower().replace("×", "x").split("x")
+    if kind not in KINDS or len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise SpatialError(f"size {text!r} is not map:KIND:MxN with KIND one of {', '.join(KINDS)}")
+    return kind, (int(parts[0]), int(parts[1]))
+
+
 def parse_sweep(text: str) -> tuple[int, int, int] | None:
     """`sweep:4096` → (4096, 4096, 4096); None for a size without the prefix."""
     head, colon, rest = text.partition(":")
@@ -234,6 +267,10 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
             raise SpatialError(f"unknown precision {p!r}; use {', '.join(PRECISIONS)}")
     out = []
     for s in sizes:
+        mapped = parse_map(s)
+        if mapped is not None:
+            out += [Case(*mapped[1], 0, p, map=mapped[0]) for p in precs if p in MAP_PRECISIONS]
+            continue
         sweep = parse_sweep(s)
         multicast = parse_multicast(s) if sweep is None else None
         grouped = parse_grouped(s) if multicast is None and sweep is None else None
@@ -312,13 +349,15 @@ class Timing:
 
 def kernel_path(case: Case, name: str) -> str:
     """What a lost GPU is blamed on when `name`'s kernel of `case` loses it (restart.py): the contestant, or, in a
-    multicast or grouped row, the contestant in that kind of row — a kernel of its own (clusters, row counts), whose
-    loss says nothing of the same form elsewhere. A form's cluster kernels are blamed together, whatever their
-    group's shape: one handshake bug hangs 2×1 and 2×2 alike, and each hang would cost a restart."""
+    multicast, grouped or map row, the contestant in that kind of row — a kernel of its own (clusters, row counts, no
+    matmul), whose loss says nothing of the same form elsewhere. A form's cluster kernels are blamed together,
+    whatever their group's shape: one handshake bug hangs 2×1 and 2×2 alike, and each hang would cost a restart."""
     if case.multicast != (1, 1):
         return f"{name} (multicast)"
     if case.groups > 1:
         return f"{name} (grouped)"
+    if case.map:
+        return f"{name} (map)"
     return name
 
 
@@ -392,6 +431,7 @@ class Row(_Product):
     # What the row's kernels share: the plan's numbers (block, sub_blocks, depth, sites) and the type C was asked
     # in (`out`); each kernel's own are in its contestant's `facts`.
     kernel: dict[str, Any] = field(default_factory=dict)
+    map: str = ""  # an elementwise map's kind (k 0): its row has contestants of its own (gpucheck/maps.py)
 
     def spatialc(self, form: str) -> Contestant | None:
         """The contestant of spatialc's kernel in `form` (None: the row has none)."""
@@ -401,7 +441,17 @@ class Row(_Product):
 def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
     """A row with nothing measured (pending, skipped or failed, and why), or only the `facts` given (plan, …)."""
     return Row(
-        case.precision, case.m, case.n, case.k, case.groups, case.multicast, case.sweep, status, note=note, **facts
+        case.precision,
+        case.m,
+        case.n,
+        case.k,
+        case.groups,
+        case.multicast,
+        case.sweep,
+        status,
+        note=note,
+        map=case.map,
+        **facts,
     )
 
 

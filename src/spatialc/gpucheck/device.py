@@ -226,9 +226,16 @@ class GpuRunner:
 
     def _measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
         # Every contestant of a row is timed the same way: by events where one of its libraries cannot be captured.
-        self.row_graphs = case.groups > 1 or not any(
-            name in self.uncaptured for name, _ in baselines_for(case.precision)
+        self.row_graphs = (
+            case.groups > 1
+            or bool(case.map)
+            or not any(name in self.uncaptured for name, _ in baselines_for(case.precision))
         )
+        if case.map:  # an elementwise map: torch's formula and the copy bandwidth, in GB/s (maps.py)
+            from .maps import MapRows
+
+            MapRows(self).measure(case, built, row, deadline)
+            return
         if case.groups > 1:  # a grouped GEMM's row counts, its own contestants (grouped.py)
             from .grouped import GroupedRows
 

@@ -140,6 +140,10 @@ def contenders(case: Case, built: Built) -> list[str]:
             f"{TORCH_LOOP}: kernel only",
             f"{GROUPED_MM}: kernel only, where this torch has it",
         ]
+    if case.map:  # maps.py: torch's formula and the copy, in GB/s
+        from .maps import contenders as map_contenders
+
+        return map_contenders(case, built)
     if case.sweep:  # each form at each plan of the sweep (sweep.py)
         said = [f"{f.contestant}: {_kernel_timed(f)}" for f in built.forms]
     else:

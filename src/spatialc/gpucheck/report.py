@@ -5,6 +5,9 @@ the same GEMM built for sm_90a, side by side — with each
 library twice, like for like: end to end (row-major A and B in, row-major C out in torch's type, every copy and
 conversion included) and kernel only (operands already in each contestant's own layout). Of each library family the
 fastest contestant whose result was right counts, and its name is in the table.
+
+A map row (an elementwise program, `map:KIND:MxN`: gpucheck/maps.py) has a table of its own, in GB/s of the bytes it
+reads and writes: spatialc's general form against torch's formula and the device's copy bandwidth.
 """
 
 from __future__ import annotations
@@ -25,55 +28,43 @@ from .cases import (
     TIMED_AGAIN,
     TOLERANCE,
     WAYS,
-    Check,
     Contestant,
     Row,
     Timing,
     probe_result,
     spatialc_name,
 )
+from .maptable import map_lines, map_summary
+from .rates import (
+    UNIT,
+    _cell,
+    _correct,
+    _err,
+    _median,
+    _pct,
+    _per_form,
+    _rate,
+    _timed,
+    best,
+    percent_of,
+    rate,
+    share_of,
+    unit_of,
+)
 
-UNIT = {"int8": "TOP/s", "fp16": "TFLOP/s", "bf16": "TFLOP/s"}
 HEADER_KEYS = ("date", "state", "gpu", "sms", "clocks", "commit", "target", "budget_s", "elapsed_s", "versions")
 NOTE_KEYS = ("prepared", "outputs", "timing", "kernel_timing")
 LIBRARIES = ("cublas", "triton")  # the families spatialc's kernels are compared with
-
-
-def rate(ops: int, seconds: float | None) -> float | None:
-    """Tera-operations per second."""
-    if seconds is None or seconds <= 0:
-        return None
-    return ops / seconds / 1e12
-
-
-def _median(t: Timing | None) -> float | None:
-    return None if t is None else t.median_s
-
-
-def best(row: Row, family: str, way: str = "end_to_end") -> Contestant | None:
-    """The fastest contestant of `family` timed `way` whose own result was right."""
-    timed = [c for c in row.contestants if c.family == family and c.ok and _median(c.timing(way))]
-    return min(timed, key=lambda c: _median(c.timing(way)) or math.inf, default=None)
-
-
-def percent_of(row: Row, family: str, way: str, form: str) -> float | None:
-    """The speed `way` of spatialc's kernel in `form` as a percentage of the fastest `family` contestant's."""
-    mine = row.spatialc(form)
-    return share_of(row, family, way, _median(mine.timing(way) if mine else None))
-
-
-def share_of(row: Row, family: str, way: str, seconds: float | None) -> float | None:
-    """A time of `seconds` (timed `way`) as a percentage of the fastest `family` contestant's speed."""
-    ref = best(row, family, way)
-    theirs = _median(ref.timing(way) if ref else None)
-    return 100.0 * theirs / seconds if seconds and theirs else None
 
 
 def row_dict(row: Row) -> dict[str, Any]:
     """A row with its derived rates, for the JSON report: each way, the fastest right contestant of each library
     family and each spatialc kernel's rate and percentage of them."""
     d = asdict(row)
-    d["size"], d["unit"], d["ops"] = row.size, UNIT.get(row.precision, "TOP/s"), row.ops  # ops: the rates' work
+    d["size"], d["unit"], d["ops"] = row.size, unit_of(row), row.ops  # ops: the rates' work (a map's: its bytes)
+    if row.map:
+        d["map"] = map_summary(row)
+        return d
     d["timings"] = {}
     for way in WAYS:
         summary: dict[str, Any] = {"spatialc": {form: _form_summary(row, way, form) for form in FORMS}}
@@ -231,59 +222,17 @@ COLUMNS = (
 PER_FORM = f"% columns, max err and correct give each spatialc kernel's: {' / '.join(FORMS)}."
 
 
-def _rate(x: float | None) -> str:
-    """A rate with one decimal, or three significant digits when it is small (a tiny product)."""
-    if x is None:
-        return "—"
-    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
-
-
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{x:.0f}%"
-
-
-def _err(c: Check | None) -> str:
-    if c is None:
-        return "—"
-    return f"{c.max_abs:.3g}" if math.isfinite(c.max_abs) else str(c.max_abs)
-
-
-def _correct(mine: Contestant | None) -> str:
-    """Whether a spatialc kernel's result was right: its own output, a second run's, and end to end."""
-    if mine is None or mine.check is None:
-        return "—"
-    if not mine.check.correct:
-        return "no"
-    if mine.check.stable is False:
-        return "no (unstable)"
-    return "no (end to end)" if mine.ok is False else "yes"
-
-
-def _per_form(values: list[str]) -> str:
-    """One cell of a value per spatialc kernel (`a / b`, in FORMS' order), or one — when none has any."""
-    return "—" if all(v == "—" for v in values) else " / ".join(values)
-
-
-def _timed(ops: int, t: Timing | None) -> str:
-    """A timing as a rate, marked ‡ where the host's launching, not the device, set it."""
-    return "—" if t is None else _rate(rate(ops, t.median_s)) + (" ‡" if t.launch_bound else "")
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "/").replace("\n", " ")
-
-
 def table_cells(row: Row) -> list[str]:
     """One line of the main table: each spatialc kernel's rate beside the fastest library's, each way."""
     unit, mine = UNIT.get(row.precision, "TOP/s"), [row.spatialc(form) for form in FORMS]
     cells = [row.precision, row.size.replace("x", "×")]
     for way in WAYS:
-        cells += [f"{_timed(row.ops, c.timing(way) if c else None)} {unit}" for c in mine]
+        cells += [f"{_timed(row, c.timing(way) if c else None)} {unit}" for c in mine]
         ref = best(row, "cublas", way)
-        cells.append("—" if ref is None else f"{_timed(row.ops, ref.timing(way))} ({ref.name})")
+        cells.append("—" if ref is None else f"{_timed(row, ref.timing(way))} ({ref.name})")
         cells.append(_per_form([_pct(percent_of(row, "cublas", way, form)) for form in FORMS]))
     tri = best(row, "triton", "end_to_end")
-    cells.append("—" if tri is None else _timed(row.ops, tri.end_to_end))
+    cells.append("—" if tri is None else _timed(row, tri.end_to_end))
     cells.append(_per_form([_pct(percent_of(row, "triton", "end_to_end", form)) for form in FORMS]))
     errors = _per_form([_err(c.check if c else None) for c in mine])
     status = row.status + (f": {row.note}" if row.note else "")
@@ -311,8 +260,8 @@ def contestant_lines(rows: list[Row]) -> list[str]:
                 else ("right" if c.ok else "WRONG") + (f" ({c.max_abs:.3g})" if c.max_abs is not None else "")
             )
             how = "; ".join(x for x in (_how(c.end_to_end), _how(c.kernel)) if x) or "—"
-            cells = [r.precision, r.size.replace("x", "×"), c.name, _timed(r.ops, c.end_to_end)]
-            cells += [_timed(r.ops, c.kernel), how, result, c.note or c.detail]
+            cells = [r.precision, r.size.replace("x", "×"), c.name, _timed(r, c.end_to_end)]
+            cells += [_timed(r, c.kernel), how, result, c.note or c.detail]
             lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return lines if len(lines) > 2 else []
 
@@ -340,17 +289,21 @@ def header_lines(header: dict[str, Any]) -> list[str]:
 
 
 def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
-    """The report as Markdown: the header, the preflight, the main table, every contestant, the kernels."""
-    lines = ["# spatialc GPU check", "", *header_lines(header), *preflight_lines(header), ""]
-    lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(table_cells(r)) + " |" for r in rows]
-    lines += ["", PER_FORM]
+    """The report as Markdown: the header, the preflight, the main table, the maps', every contestant, the
+    kernels."""
+    lines = ["# spatialc GPU check", "", *header_lines(header), *preflight_lines(header)]
+    products = [r for r in rows if not r.map]  # a map row's table is its own (maptable.py)
+    if products or not rows:
+        lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(table_cells(r)) + " |" for r in products]
+        lines += ["", PER_FORM]
+    lines += map_lines(rows)
     timings = [c.timing(w) for r in rows for c in r.contestants for w in WAYS]
     if any(t is not None and t.launch_bound for t in timings):
         lines += ["", "‡ launch-bound: the host issued the launches no faster than the device ran them."]
     contestants = contestant_lines(rows)
     if contestants:
-        lines += ["", "Contestants (rates as in the table; e2e = end to end):", "", *contestants]
+        lines += ["", "Contestants (rates as in the tables; e2e = end to end):", "", *contestants]
     lines += multicast_lines(rows)
     lines += sweep_lines(rows)
     lines += kernel_table(rows)
@@ -361,7 +314,11 @@ def multicast_lines(rows: list[Row]) -> list[str]:
     """Each multicast row's kernels against the same GEMM's without groups, in the same run, form by form (the
     general form's groups copy pages through distributed shared memory, the sm_90a form's are TMA multicasts): the
     ratio of their median kernel times (above 1: the groups are faster)."""
-    plain = {(r.precision, r.m, r.n, r.k): r for r in rows if r.multicast == (1, 1) and r.groups == 1 and not r.sweep}
+    plain = {
+        (r.precision, r.m, r.n, r.k): r
+        for r in rows
+        if r.multicast == (1, 1) and r.groups == 1 and not r.sweep and not r.map
+    }
     out = []
     for r in rows:
         if r.multicast == (1, 1):
