@@ -524,10 +524,12 @@ class FakeKernel:
         from spatialc.numerics.elementwise import evaluate
         from spatialc.runtime.tilize import bf16_bits
 
-        *ins, c_arg = self.args
+        at, c_arg = next((i, a) for i, a in enumerate(self.args) if a.role == "output")
         full = (c_arg.tiles[0] * 16, c_arg.tiles[1] * 16)
         pages = []
-        for arg, buf in zip(ins, buffers, strict=False):
+        for arg, buf in zip(self.args, buffers, strict=False):  # buffers in parameter order, the work list after
+            if arg.role != "input":
+                continue
             x = untilize(buf, arg.tiles, full, np, order=arg.order)
             pages.append(bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32))
         with np.errstate(all="ignore"):
@@ -535,7 +537,7 @@ class FakeKernel:
         if self.fault == "skew":
             c.reshape(-1)[5] *= np.float32(1.5)
         c = bf16_bits(c, np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
-        out = buffers[len(ins)]
+        out = buffers[at]
         out[:] = tilize(c, c_arg.tiles, np, order=c_arg.order)
         if self.fault == "miss":
             out[17] = poison_value(c_arg.storage)

@@ -124,7 +124,7 @@ def test_a_map_row_is_checked_and_timed_against_torch_and_the_copy(fake_gpu, tmp
     assert status == 0, [(r["size"], r["note"]) for r in rows]
     assert [r["status"] for r in rows] == ["ok"] * 8
     torch_names = ["torch F.silu(gate) * x", 'torch F.gelu(x, approximate="tanh")', "torch x + r"]
-    for r, torch_name in zip(rows[:6:2], torch_names, strict=True):
+    for r, kind, torch_name in zip(rows[:6:2], ("swiglu", "gelu", "residual"), torch_names, strict=True):
         for row in (r, rows[rows.index(r) + 1]):  # fp16, then bf16
             mine = row["by_name"]["spatialc general"]
             assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"], mine["note"]
@@ -138,12 +138,13 @@ def test_a_map_row_is_checked_and_timed_against_torch_and_the_copy(fake_gpu, tmp
             assert theirs["ok"] and theirs["kernel"]["method"] == "graph" and theirs["end_to_end"]["median_s"] > 0
             assert copy["ok"] and copy["kernel"]["median_s"] > 0 and copy["end_to_end"] is None
             assert copy["detail"].startswith(f"{row['ops'] // 2} bytes read and as many written")
-            summary = row["map"]
+            summary = row["map_timings"]
             assert row["unit"] == "GB/s" and summary["bytes"] == row["ops"] and "timings" not in row
+            assert row["map"] == kind  # the row's kind; its rates are under map_timings
             assert summary["spatialc"]["kernel"] == pytest.approx(row["ops"] / mine["kernel"]["median_s"] / 1e9)
             assert summary["copy"]["kernel"]["name"] == "torch copy_" and summary["pct_of_copy"] > 0
             assert summary["torch"]["end_to_end"]["name"] == torch_name and summary["goal"] is not None
-    swiglu = rows[0]["map"]  # the stand-in's launches take one clock step each: torch's two for its two ops
+    swiglu = rows[0]["map_timings"]  # each of the stand-in's launches takes one clock step: torch's two ops take two
     assert swiglu["pct_of_torch"]["kernel"] == pytest.approx(200, rel=1e-3)
     assert swiglu["pct_of_copy"] == pytest.approx(100, rel=1e-3)
     md = (tmp_path / "gpucheck.md").read_text()
@@ -161,7 +162,7 @@ def test_a_map_kernel_with_a_wrong_element_fails_its_row(fake_gpu, tmp_path, fau
     mine = row["by_name"]["spatialc general"]
     assert status == 1 and row["status"] == "wrong" and said in row["note"], row["note"]
     assert not mine["check"]["correct"] and mine["check"]["unwritten"] == (fault == "miss")
-    assert row["map"]["goal"] is None  # a wrong kernel's speed meets no goal
+    assert row["map_timings"]["goal"] is None  # a wrong kernel's speed meets no goal
     assert row["by_name"]["torch F.silu(gate) * x"]["ok"] and row["by_name"]["torch copy_"]["ok"]
     capsys.readouterr()
 
@@ -198,7 +199,7 @@ def map_row(mine_s=2e-3, torch_s=2.5e-3, copy_s=1.9e-3, correct=True):
 def test_the_map_table_gives_gb_s_and_shares_of_torch_and_the_copy():
     row = map_row()
     gb = 3 * 8192 * 8192 * 2 / 1e9  # x and r read, C written
-    summary = row_dict(row)["map"]
+    summary = row_dict(row)["map_timings"]
     assert summary["spatialc"] == {"end_to_end": pytest.approx(gb / 4e-3), "kernel": pytest.approx(gb / 2e-3)}
     assert summary["torch"]["kernel"] == {"name": "torch x + r", "rate": pytest.approx(gb / 2.5e-3)}
     assert summary["copy"] == {"kernel": {"name": "torch copy_", "rate": pytest.approx(gb / 1.9e-3)}}
