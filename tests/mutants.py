@@ -58,6 +58,9 @@ PROGRAMS: dict[str, Callable[[], SpatialProgram]] = {
         "sm_86",
         sites=3,
     ),
+    # Programs that reduce rows (issue 31): a softmax over ragged rows on an ITEM loop, and an RMS norm.
+    "bf16 softmax": lambda: spatialc.build(spatialc.softmax(40, 70, "bf16"), "sm_90", block=(1, 2, 1), sites=2),
+    "fp16 rmsnorm": lambda: spatialc.build(spatialc.rmsnorm(33, 50, "fp16"), "sm_90", block=(2, 1, 1)),
 }
 
 

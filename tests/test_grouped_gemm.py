@@ -20,6 +20,7 @@ import pytest
 import spatialc
 from spatialc.errors import ProgramError, SemanticError, SpatialError, VerifyError
 from spatialc.inputs import InputError
+from spatialc.ir import serde
 from spatialc.ir.ids import LV_ITEM_X, LV_ROW
 from spatialc.ir.nodes import Engine
 from spatialc.ir.ops import Loop, ReadTiles, Trip, WriteTiles
@@ -246,7 +247,7 @@ def test_every_grouped_edit_is_refused_or_still_right():
 def test_a_saved_grouped_program_loads_verified():
     p = grouped(3, 40, 32, 48)
     doc = json.loads(spatialc.to_json(p))
-    assert doc["version"] == 7 and doc["program"]["plans"][0]["groups"] == 3
+    assert doc["version"] == serde.VERSION and doc["program"]["plans"][0]["groups"] == 3
     again = spatialc.from_json(json.dumps(doc))
     assert again == p and again.verified
 

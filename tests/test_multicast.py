@@ -22,6 +22,7 @@ from spatialc.errors import (
     StrongerCheckNeeded,
     VerifyDeadlockError,
 )
+from spatialc.ir import serde
 from spatialc.ir.ids import Site
 from spatialc.ir.ops import Loop, McastSend, McastSetValid, Push, ReadBarrier, ReadTiles, SemInc, SemSet, SemWait
 from spatialc.ir.traffic import read_bytes
@@ -129,7 +130,7 @@ def test_a_multicast_plan_that_reads_no_less_than_the_plan_without_groups_says_s
 def test_a_saved_multicast_program_loads_verified():
     p = build(256, 256, 128, "int8", (2, 2))
     doc = json.loads(spatialc.to_json(p))
-    assert doc["version"] == 7 and doc["program"]["placement"]["multicast"] == [2, 2]
+    assert doc["version"] == serde.VERSION and doc["program"]["placement"]["multicast"] == [2, 2]
     assert spatialc.from_json(json.dumps(doc)).verified
 
 

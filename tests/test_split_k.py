@@ -18,6 +18,7 @@ import pytest
 
 import spatialc
 from spatialc.errors import ProgramError, SemanticError, SpatialError, VerifyError
+from spatialc.ir import serde
 from spatialc.ir.ids import Site
 from spatialc.ir.nodes import Engine, TensorRole
 from spatialc.ir.ops import (
@@ -409,7 +410,7 @@ def test_every_handshake_op_deleted_or_changed_is_refused_or_still_right():
 
 def test_a_saved_split_program_loads_verified():
     doc = json.loads(spatialc.to_json(BASE))
-    assert doc["version"] == 7 and doc["program"]["placement"]["splits"] == 3
+    assert doc["version"] == serde.VERSION and doc["program"]["placement"]["splits"] == 3
     again = spatialc.from_json(json.dumps(doc))
     assert again == BASE and again.verified
     doc["program"]["placement"]["splits"] = 2  # the items are on 3 sites each

@@ -11,6 +11,7 @@ from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
 from .numerics.tolerance import Tolerance, tolerance
 from .passes.multicast import MulticastWarning
+from .rows import rmsnorm, softmax
 from .runtime.tilize import tilize_array as tilize
 from .runtime.tilize import untilize_array as untilize
 from .runtime.tilize import work_list
@@ -42,8 +43,10 @@ __all__ = [
     "lower",
     "relu",
     "requant",
+    "rmsnorm",
     "run",
     "scalar",
+    "softmax",
     "target",
     "tilize",
     "to_json",

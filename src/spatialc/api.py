@@ -9,6 +9,7 @@ from .errors import ProgramError, SpatialError
 from .frontend import elementwise, gemm, grouped_gemm
 from .ir import serde
 from .ir.nodes import SpatialProgram
+from .rows import rmsnorm, softmax
 from .target import SpatialTarget
 from .target import target as get_target
 
@@ -197,6 +198,8 @@ def run(artifact, *operands: Any, **params: Any):
 
 gemm = gemm
 grouped_gemm = grouped_gemm
+softmax = softmax
+rmsnorm = rmsnorm
 
 
 def expect_program(name: str, program: object, whence: str) -> None:

@@ -92,19 +92,27 @@ class SpatialTarget:
         return fits[0] * max(1, per_unit) if fits else None
 
     def resident_sites_per_unit(
-        self, smem_bytes: int, osh: int, osw: int, sub_blocks: tuple[int, int] = (1, 1), warps: int | None = None
+        self,
+        smem_bytes: int,
+        osh: int,
+        osw: int,
+        sub_blocks: tuple[int, int] = (1, 1),
+        warps: int | None = None,
+        registers: int | None = None,
     ) -> int:
         """Blocks of this shape resident on one SM at once (0: one does not fit — too much shared memory, or more
         accumulator fragments a warp than registers can hold, which would spill every K step). A block has `warps`
-        warps (the accumulator lanes when None), each counted at the accumulator warps' registers."""
+        warps (the accumulator lanes when None), each counted at the accumulator warps' registers — or at
+        `registers` a thread, where the caller estimates them itself (a row program's kernel)."""
         acc_tiles = osh * osw * sub_blocks[0] * sub_blocks[1]
-        if smem_bytes > self.smem_per_site_max or self.registers_needed(acc_tiles) > self.regs_per_thread_max:
+        need = self.registers_needed(acc_tiles) if registers is None else registers
+        if smem_bytes > self.smem_per_site_max or need > self.regs_per_thread_max:
             return 0
         warps = self.accumulator_lanes if warps is None else warps
         threads = warps * WARP
         by_threads = self.threads_per_unit_max // threads
         by_smem = self.smem_per_unit // (smem_bytes + self.smem_reserved_per_site)
-        regs = self.registers_per_thread(acc_tiles)
+        regs = self.registers_per_thread(acc_tiles) if registers is None else registers
         regs_per_warp = math.ceil(regs * WARP / 256) * 256  # registers are allocated per warp in 256s
         by_regs = self.regs_per_unit // (regs_per_warp * warps)
         return max(0, min(self.sites_per_unit_max, by_threads, by_smem, by_regs))

@@ -21,6 +21,7 @@ import pytest
 import spatialc
 from spatialc.errors import RingOwnershipError
 from spatialc.inputs import InputError
+from spatialc.ir import serde
 from spatialc.ir.nodes import Fifo, PageLayout, TileOrder
 from spatialc.lower.errors import LowerError
 from spatialc.runtime.emulate import EmulationError, EmulationRace
@@ -368,7 +369,7 @@ def test_a_program_saved_before_page_layouts_loads_laid_out_and_verified():
     for prec in ("int8", "bf16"):
         p = spatialc.build(spatialc.gemm(48, 32, 64, prec), "sm_90")
         doc = json.loads(spatialc.to_json(p))
-        assert doc["version"] == 7
+        assert doc["version"] == serde.VERSION
         doc["version"] = 1
         for b in doc["program"]["buffers"]:
             b["kind"].pop("layout", None)

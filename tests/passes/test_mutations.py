@@ -41,6 +41,7 @@ from spatialc.ir.ops import (
     with_cols,
 )
 from spatialc.numerics.reference import reference
+from spatialc.passes.rows import is_row_program
 from spatialc.passes.verify import verify
 
 from .. import mutants
@@ -289,7 +290,8 @@ def _accepted(p: SpatialProgram) -> bool:
 
 @pytest.mark.emulation
 def test_accepted_edits_run_exact_in_the_emulated_kernel():
-    """A sample of the harmless edits, lowered and run through the host emulation: the kernel agrees too."""
+    """A sample of the harmless edits, lowered and run through the host emulation: the kernel agrees too (exactly,
+    the inputs being small integers; a row program's float32 sums within the kernel's bound)."""
     tally = mutants.run(edits_per_program=150, seed=31)
     rng = random.Random(5)
     ran = 0
@@ -301,7 +303,11 @@ def test_accepted_edits_run_exact_in_the_emulated_kernel():
         inputs = mutants.inputs_for(q)
         c = spatialc.emulate(art, inputs)
         ref = reference(q, inputs)
-        assert np.array_equal(np.asarray(c).astype(ref.dtype), ref), f"{base}: {what}"
+        if is_row_program(q):  # a float32 sum in the warps' order: within the kernel's bound, not bit for bit
+            ok, how = spatialc.tolerance(q, kernel=True).check(np.asarray(c), inputs)
+            assert ok, f"{base}: {what}: {how}"
+        else:
+            assert np.array_equal(np.asarray(c).astype(ref.dtype), ref), f"{base}: {what}"
         ran += 1
         if ran == 6:
             break

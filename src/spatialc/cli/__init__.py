@@ -160,6 +160,32 @@ def _elementwise_parser(sub) -> None:
     _output_options(g)
 
 
+def _rows_parser(sub, name: str, what: str, formula: str) -> argparse.ArgumentParser:
+    """`softmax` and `rmsnorm`: a program that reduces each row of x (M×N), then maps it."""
+    g = sub.add_parser(
+        name,
+        help=f"build, verify and check {what} of each row of x (M×N), a program that reduces rows",
+        description=f"Build out[M×N] = {formula} along each row of x, a spatial program of reads, row reductions and"
+        " maps; verify it (rule 8 proves each reduction covers every column of its row once), evaluate it with the"
+        " reference interpreter and check it against numpy. The general CUDA form prints its kernel (--emit, --run)."
+        " Sizes are in elements; tiles are 16x16 elements; a block is in tiles.",
+        epilog=EPILOG,
+    )
+    g.add_argument("m", type=int, help="M: rows of x and out (elements)")
+    g.add_argument("n", type=int, help="N: columns of x and out, the length of a row reduced (elements)")
+    _precision_options(g, "bf16", "out's element type: float32, fp16 or bf16 (default: float32)")
+    g.add_argument(
+        "--block",
+        type=_ints(2, "--block"),
+        metavar="ROWS,COLS",
+        help="force the block: bands of ROWS tile rows read a page of COLS tiles at a time (default: the cost model's)",
+    )
+    _placement_options(g)
+    g.set_defaults(sub_blocks=None)
+    _output_options(g)
+    return g
+
+
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(x) for x in text.split(","))
@@ -339,6 +365,10 @@ def make_parser() -> argparse.ArgumentParser:
     _gemm_parser(sub)
     _grouped_parser(sub)
     _elementwise_parser(sub)
+    _rows_parser(sub, "softmax", "the softmax", "exp(x − max(x)) / Σ exp(x − max(x))")
+    r = _rows_parser(sub, "rmsnorm", "the RMS norm", "x · rsqrt(mean(x²) + eps) · weight")
+    r.add_argument("--eps", type=float, default=1e-6, help="added to the mean of squares (default: 1e-6)")
+    r.add_argument("--no-weight", action="store_true", help="no weight vector: out = x · rsqrt(mean(x²) + eps)")
     s = sub.add_parser("show", help="print a saved program", epilog=EPILOG)
     s.add_argument("file", type=Path, help="a program saved by `spatialc gemm --json` or spatialc.to_json")
     s.add_argument("--sites", type=_count, default=2, help="how many sites' programs to list (default: 2)")
@@ -436,7 +466,11 @@ def _dispatch(argv: list[str]) -> int:
 
         return gpucheck.main(rest[1:])
     args = make_parser().parse_args(_negative_lists_attached(argv))
-    if getattr(args, "mode", None) is not None and args.command in ("gemm", "elementwise") and not args.run:
+    if (
+        getattr(args, "mode", None) is not None
+        and args.command in ("gemm", "elementwise", "softmax", "rmsnorm")
+        and not args.run
+    ):
         raise UsageError(f"spatialc {args.command}: --mode says how the emulation runs the kernel; it goes with --run")
     timeline = [o for o in ("pictures_site", "pictures_window") if getattr(args, o, None) is not None]
     if timeline and not args.pictures:

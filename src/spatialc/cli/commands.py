@@ -78,6 +78,24 @@ def cmd_elementwise(args: argparse.Namespace) -> int:
     return _check_and_run(p, args, inputs, times, plan)
 
 
+def cmd_softmax(args: argparse.Namespace) -> int:
+    """Build, verify, evaluate and check a softmax of each row."""
+    prog = api.softmax(args.m, args.n, args.precision, out=args.out)
+    return _rows(args, prog, f"spatialc softmax over {args.m}x{args.n} {args.precision}")
+
+
+def cmd_rmsnorm(args: argparse.Namespace) -> int:
+    """Build, verify, evaluate and check an RMS norm of each row."""
+    prog = api.rmsnorm(args.m, args.n, args.precision, eps=args.eps, weight=not args.no_weight, out=args.out)
+    return _rows(args, prog, f"spatialc rmsnorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
+
+
+def _rows(args: argparse.Namespace, prog: SpatialProgram, head: str) -> int:
+    args.block = None if args.block is None else (*args.block, 1)
+    p, inputs, times, plan = _built(args, prog, head, "")
+    return _check_and_run(p, args, inputs, times, plan)
+
+
 def _built(
     args: argparse.Namespace, prog: SpatialProgram, head: str, tail: str, **extra
 ) -> tuple[SpatialProgram, dict, list[str], CheckPlan]:

@@ -6,10 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.nodes import Fifo, Interm, PageLayout, SpatialProgram
+from ..ir.nodes import ComputeStage, Fifo, Interm, PageLayout, SpatialProgram
+from ..ir.ops import RowReduce
 from ..ir.printer import plural
 from ..ir.traffic import global_read_bytes, read_bytes
 from ..passes.maps import is_map_program
+from ..passes.rows import is_row_program
 from ..passes.split import split_ranges, workspace_bytes
 from ..target import target
 
@@ -106,7 +108,14 @@ def program_lines(p: SpatialProgram) -> list[str]:
             f" group, one column of items) and runs as many of a strip's {plan.grid[0]} items as its row count"
             " fills, read at run time"
         ]
-    if is_map_program(p):
+    if is_row_program(p):
+        passes = 1 + sum(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for s in p.stages)
+        head = (
+            f"  plan      rows: bands of {b.osh} tile rows ({h * p.tile.rows} rows of {w * p.tile.cols} elements),"
+            f" read {plural(passes, 'time')} a page of {b.ibw} tiles at a time ({plural(plan.k_steps, 'page')} a"
+            f" row), grid {plan.grid[0]} bands, rings {plural(plan.depth, 'page')} deep"
+        )
+    elif is_map_program(p):
         head = (
             f"  plan      a map: blocks of {b.osh}x{b.osw} tiles (items of {h * p.tile.rows}x{w * p.tile.cols}"
             f" elements), grid {plan.grid[0]}x{plan.grid[1]} items, rings {plural(plan.depth, 'page')} deep"
@@ -141,14 +150,19 @@ def _padding_note(p: SpatialProgram, plan) -> list[str]:
         ("N", -(-out.elems[1] // p.tile.cols), plan.grid[1] * w),
         ("K", -(-a.elems[1] // p.tile.cols), plan.k_tiles),
     )
-    mapped = is_map_program(p)
+    mapped, rows = is_map_program(p), is_row_program(p)
     padded = [
         f"{side} from {need} to {have} tiles (+{(have - need) / need:.0%})"
-        for side, need, have in (sides[:2] if mapped else sides)
+        for side, need, have in (sides[:2] if mapped or rows else sides)
         if have > need * (1 + PADDING_NOTED)
     ]
     if not padded:
         return []
+    if rows:
+        return [
+            f"  note      the plan pads {', '.join(padded)}: tiles each pass reads too (the reductions leave their"
+            " columns out); a band and page that divide the sizes pad less"
+        ]
     if mapped:
         return [f"  note      the plan pads {', '.join(padded)}: tiles the kernel maps too; a smaller block pads less"]
     return [

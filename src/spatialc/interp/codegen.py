@@ -53,6 +53,7 @@ from ..ir.ops import (
     ReleaseAcc,
     Requant,
     Reserve,
+    RowReduce,
     SemInc,
     SemSet,
     SemWait,
@@ -278,7 +279,14 @@ class Emitter:
                 self.write_tiles(op, i)
             case AcquireAcc(buf):
                 a = self.acc(buf, op)
-                self.emit(f"{a}.live = True", f"{a}.a = []", f"{a}.b = []", f"{a}.geom = None", f"{a}.parts = []")
+                self.emit(
+                    f"{a}.live = True",
+                    f"{a}.a = []",
+                    f"{a}.b = []",
+                    f"{a}.geom = None",
+                    f"{a}.parts = []",
+                    f"{a}.rows = []",
+                )
             case ReleaseAcc(buf):
                 self.emit(f"{self.acc(buf, op)}.live = False")
             case Compute():
@@ -383,6 +391,9 @@ class Emitter:
         if isinstance(mm, AddPartial):
             self.add_partial(op, i)
             return
+        if isinstance(mm, RowReduce):
+            self.row_reduce(op, mm, i)
+            return
         if not isinstance(mm, MatmulTiles):
             raise UnsupportedOp(f"{self.where(op)}: the interpreter does not run {type(mm).__name__} yet")
         if op.acc_reload is not None:
@@ -412,6 +423,16 @@ class Emitter:
         self.emit(f"if not {a}.live:", f"    fail(E, {i}, {a}.name + ' is not acquired')")
         self.front("x", r, op.ins[0], i, 1)
         self.emit(f"{a}.parts.append(partial(E, {i}, x, {n}))")
+
+    def row_reduce(self, op: Compute, rr: RowReduce, i: int) -> None:
+        """acc ⊕= each row of its one ring's front page, the columns at or past the row's width left out: the pages
+        kept, reduced when the accumulator is packed (`support.pack`)."""
+        if len(op.ins) != 1 or op.outs or op.acc is None:
+            raise EvalError(f"{self.where(op)}: a row reduction reads one ring into an accumulator")
+        r = self.ring(op.ins[0], op, "consume")
+        a = self.acc(op.acc, op)
+        self.front("x", r, op.ins[0], i, rr.width)
+        self.emit(f"row_reduce(E, {i}, x, {a}, {self.const(rr, 'e')}, {self.addr(rr.at, op)})")
 
     def elementwise(self, op: Compute, cop: Map | Requant, i: int) -> None:
         """An elementwise stage: the front pages of its input rings, element by element, into its output ring."""
@@ -521,6 +542,7 @@ _HELPERS: dict[str, object] = {
             "barrier_arrive",
             "trip",
             "elementwise",
+            "row_reduce",
         )
     },
     **{name: getattr(trace, name) for name in ("span", "ring_end", "stamp", "waited")},

@@ -80,7 +80,7 @@ class Ring:
 class Acc:
     """An accumulator: the A / B pages multiplied into it since it was acquired, and their geometry."""
 
-    __slots__ = ("name", "tiles", "live", "a", "b", "geom", "parts")
+    __slots__ = ("name", "tiles", "live", "a", "b", "geom", "parts", "rows")
 
     def __init__(self, name: str, tiles: int) -> None:
         self.name, self.tiles, self.live = name, tiles, False
@@ -88,6 +88,7 @@ class Acc:
         self.b: list[object] = []
         self.parts: list[Any] = []  # partial sums added (split-K), in the order they were added
         self.geom: tuple[int, int, int, int, int] | None = None  # h, w, ibw, tile side, int8 elements per step
+        self.rows: list[tuple[str, Any]] = []  # a row reduction's pages: (its op, the rows' values it reduces)
 
 
 class SemCell:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.ops import Barrier, Loop, Map, Reserve, SemWait, Trip, Wait, cols
+from ..ir.ops import Barrier, Loop, Map, Reserve, RowReduce, SemWait, Trip, Wait, cols, row_reads
 from ..numerics import epilogue
+from ..numerics.elementwise import reduce_rows
 from ..numerics.rounding import INT8_EXACT_K, computed_operand
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
 from .state import Acc, BarrierState, EngineState, Ring
@@ -64,6 +65,9 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
     if not r.reserved:
         fail(E, i, f"writes {r.name} but holds no reserved page of it")
     slot = r.newest_reserved()
+    if acc.rows:
+        r.slots[slot] = packed_rows(E, i, acc, n, accumulate)
+        return
     base = r.slots[slot] if accumulate else None
     if accumulate and (base is None or base.count < n):  # type: ignore[attr-defined]
         fail(E, i, f"accumulates onto a page of {r.name} that holds no {n} tiles")
@@ -90,6 +94,43 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
             f" in float64 (limit {INT8_EXACT_K})"
         )
     r.slots[slot] = AccValue(geom[:4], tuple(acc.a), tuple(acc.b), base, n)
+
+
+def row_reduce(E: EngineState, i: int, x: object, acc: Acc, op: RowReduce, at: int) -> None:
+    """A row reduction: the front page `x` (rows of `op.width` tiles, the first at tile column `at` of the row) kept
+    in `acc`, its columns at or past the row's `op.cols` values left out; `packed_rows` reduces them."""
+    if not acc.live:
+        fail(E, i, f"{acc.name} is not acquired")
+    if acc.a or acc.parts:
+        fail(E, i, f"{acc.name} holds a matmul's products; a row reduction needs an accumulator of its own")
+    t = E.m.p.tile
+    n = x.count  # type: ignore[attr-defined]
+    if n % op.width:
+        fail(E, i, f"a page of {n} tiles is not whole rows of {op.width} tiles")
+    h = n // op.width
+    if h > acc.tiles or (acc.rows and (acc.rows[0][0] != op.op or acc.rows[0][1].shape[0] != h * t.rows)):
+        fail(E, i, f"{acc.name} ({acc.tiles} tiles) holds other rows, or another reduction, than this page's {h} rows")
+    if at < 0:
+        raise AddressError(f"{where(E, i)}: a row reduction at tile column {at}")
+    values = tiles_of(x, n).reshape(h, op.width, t.rows, t.cols).transpose(0, 2, 1, 3).reshape(h * t.rows, -1)
+    keep = max(0, min(values.shape[1], op.cols - at * t.cols))
+    acc.rows.append((op.op, np.array(values[:, :keep], dtype=np.float64)))
+
+
+def packed_rows(E: EngineState, i: int, acc: Acc, n: int, accumulate: bool) -> Tiles:
+    """PackAcc of a row accumulator: each row's reduction over every page it was given (`numerics.elementwise.
+    reduce_rows`: a sum exactly rounded, whatever the order of the pages), as a row vector of n tiles — tile r the
+    value of the page's rows in tile row r, in every column."""
+    if accumulate:
+        raise UnsupportedOp(f"{where(E, i)}: an accumulating pack of a row accumulator")
+    t = E.m.p.tile
+    rows = acc.rows[0][1].shape[0]
+    if n * t.rows != rows:
+        fail(E, i, f"packs {n} tiles of a row accumulator of {rows // t.rows} tile rows")
+    integer = E.m.p.precision.value == "int8"
+    values = np.concatenate([v for _, v in acc.rows], axis=1)
+    column = np.asarray(reduce_rows(acc.rows[0][0], values, integer), np.float64)
+    return Tiles(np.broadcast_to(column.reshape(n, t.rows, 1), (n, t.rows, t.cols)).copy())
 
 
 def partial(E: EngineState, i: int, x: object, n: int) -> np.ndarray:
@@ -194,17 +235,23 @@ def elementwise(
     Each column vector (store, at, width) — a bias — has the page hold rows of `width` tiles, its tile s covering the
     vector's tile column `at + s mod width`."""
     t = E.m.p.tile
-    n = xs[0].count
-    if any(x.count != n for x in xs):
+    by_row = dict(row_reads(op.expr)) if isinstance(op, Map) else {}
+    whole = [x for j, x in enumerate(xs) if j not in by_row]
+    n = whole[0].count if whole else 0
+    if not whole or any(x.count != n for x in whole):
         fail(E, i, f"an elementwise stage's pages hold {[x.count for x in xs]} tiles: one shape, element by element")
-    width = vectors[0][2] if vectors else 1
-    if any(w != width for _, _, w in vectors) or n % width:
-        fail(E, i, f"a page of {n} tiles is not whole rows of {sorted({w for _, _, w in vectors})} tiles")
+    widths = {w for _, _, w in vectors} | set(by_row.values())
+    width = widths.pop() if len(widths) == 1 else 1
+    if widths or n % width:
+        fail(E, i, f"a page of {n} tiles is not whole rows of {sorted({width, *widths})} tiles")
     h = n // width
-    mats = [
-        tiles_of(x, n).reshape(h, width, t.rows, t.cols).transpose(0, 2, 1, 3).reshape(h * t.rows, width * t.cols)
-        for x in xs
-    ]
+    mats = []
+    for j, x in enumerate(xs):
+        w = 1 if j in by_row else width
+        if x.count < h * w:
+            fail(E, i, f"a row vector of {x.count} tiles, read against a page of {h} tile rows")
+        tiles = tiles_of(x, h * w)
+        mats.append(tiles.reshape(h, w, t.rows, t.cols).transpose(0, 2, 1, 3).reshape(h * t.rows, w * t.cols))
     rows = {}
     for k, (store, at, w) in enumerate(vectors):
         if not 0 <= at <= store.cols_t - w:

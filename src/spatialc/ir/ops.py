@@ -77,6 +77,16 @@ class Arg:
 
 
 @dataclass(frozen=True, slots=True)
+class RowArg:
+    """Input page `index` of the Compute, a row vector (a row accumulator packed: a page of one tile column, each row's
+    value in every column): each element takes its row's value. The other pages hold rows of `width` tiles (the
+    schedule sets it, as a column vector's), so tile s of them is in the vector's tile row s // width."""
+
+    index: int
+    width: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Lit:
     """A constant value: a float32 in a float program, an integer in an integer one."""
 
@@ -103,7 +113,7 @@ class Apply:
     params: tuple[float, ...] = ()
 
 
-Expr = Arg | Lit | Col | Apply
+Expr = Arg | RowArg | Lit | Col | Apply
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +196,24 @@ def Bias(tensor: TensorId, at: TileAddr | None = None, width: int = 1) -> Map:  
     return bias(tensor, at, width)
 
 
+def row_args(expr: Expr) -> tuple[int, ...]:
+    """The input pages `expr` reads as row vectors (RowArg), by index."""
+    return tuple(i for i, _ in row_reads(expr))
+
+
+def row_reads(expr: Expr) -> tuple[tuple[int, int], ...]:
+    """(page index, width) of each row vector `expr` reads, by index."""
+    found: dict[int, int] = {}
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, RowArg):
+            found.setdefault(node.index, node.width)
+        elif isinstance(node, Apply):
+            stack.extend(node.args)
+    return tuple(sorted(found.items()))
+
+
 def cols(expr: Expr) -> tuple[Col, ...]:
     """The column vectors `expr` reads, in order."""
     match expr:
@@ -206,10 +234,20 @@ def with_cols(expr: Expr, f) -> Expr:
     return expr
 
 
-def arg_indices(expr: Expr) -> tuple[int, ...]:
-    """The input pages `expr` reads, by index, in order of first use."""
+def with_row_args(expr: Expr, width: int) -> Expr:
+    """`expr` with every row vector read against pages of rows `width` tiles wide."""
     match expr:
-        case Arg(i):
+        case RowArg(i):
+            return RowArg(i, width)
+        case Apply(op, args, params):
+            return Apply(op, tuple(with_row_args(a, width) for a in args), params)
+    return expr
+
+
+def arg_indices(expr: Expr) -> tuple[int, ...]:
+    """The input pages `expr` reads, by index, in order of first use (row vectors too)."""
+    match expr:
+        case Arg(i) | RowArg(i, _):
             return (i,)
         case Apply(_, args):
             seen: list[int] = []
@@ -219,13 +257,30 @@ def arg_indices(expr: Expr) -> tuple[int, ...]:
     return ()
 
 
+# The row reductions, each defined in numerics/elementwise.py (REDUCTIONS): its meaning, identity, C and bound.
+REDUCE_OPS = ("max", "min", "sum", "sumsq", "absmax")
+
+
+@dataclass(frozen=True, slots=True)
+class RowReduce:
+    """acc[row] ⊕= `op` over the front page's elements of that row whose column is below `cols` (the row's logical
+    width: padding is left out). The page is rows of `width` tiles whose first is tile column `at` of the row (the
+    schedule sets both from the loop over a row's pages). The accumulator holds one value a row of the page, packed
+    as a row vector: a page of one tile column, each row's value in every column."""
+
+    op: str
+    cols: int
+    at: TileAddr = field(default_factory=lambda: TileAddr(0))
+    width: int = 1
+
+
 @dataclass(frozen=True, slots=True)
 class AddPartial:
     """acc += the front page of `ins[0]`: a partial sum of the accumulator's own output tiles over another part of
     K (split-K: a site adds the partials other sites left in a workspace tensor, in a fixed order)."""
 
 
-ComputeOp = MatmulTiles | Map | Requant | Generic | AddPartial
+ComputeOp = MatmulTiles | Map | RowReduce | Requant | Generic | AddPartial
 
 # ---- addresses and loop counts -----------------------------------------------------------------------------
 

@@ -43,6 +43,8 @@ from .ops import (
     ReleaseAcc,
     Requant,
     Reserve,
+    RowArg,
+    RowReduce,
     SemInc,
     SemSet,
     SemWait,
@@ -84,6 +86,9 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
             return f"generic {name}{list(params) if params else ''}"
         case AddPartial():
             return "add partial sum"
+        case RowReduce(name, n, at, width):
+            where = "" if (at, width) == (TileAddr(0), 1) else f" at {addr_text(at)} width {width}"
+            return f"row {name} of {n} columns{where}"
     raise TypeError(f"not a compute op: {op!r}")
 
 
@@ -118,6 +123,8 @@ def _formula(expr: Expr, p: SpatialProgram | None) -> str:
     match expr:
         case Arg(i):
             return f"x{i}"
+        case RowArg(i):
+            return f"x{i}[row]"
         case Lit(v):
             return _num(v)
         case Col():

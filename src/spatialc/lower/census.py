@@ -27,7 +27,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
-from ..ir.ops import Apply, Arg, ChoreoOp, Col, Compute, ComputeOp, Expr, Lit, Map, walk
+from ..ir.ops import Apply, Arg, ChoreoOp, Col, Compute, ComputeOp, Expr, Lit, Map, RowArg, walk
 from .artifact import Census
 
 OP, PRE, POST, PAD = "op", "pre", "post", "pad"
@@ -44,6 +44,8 @@ def _word(expr: Expr) -> str:
     match expr:
         case Arg(i):
             return f"x{i}"
+        case RowArg(i):
+            return f"row{i}"
         case Lit():
             return "lit"
         case Col():

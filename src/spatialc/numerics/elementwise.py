@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.ops import Apply, Arg, Col, Expr, Lit
+from ..ir.ops import Apply, Arg, Col, Expr, Lit, RowArg
 
 EPS32 = 2.0**-23  # one float32 ulp at 1.0
 GELU_C = 0.7978845608028654  # sqrt(2 / pi), as PyTorch's tanh-form gelu writes it
@@ -234,6 +234,8 @@ def evaluate(expr: Expr, pages: Sequence[Any], integer: bool, col: Callable[[Col
     match expr:
         case Arg(i):
             return pages[i]
+        case RowArg(i):
+            return row_values(pages[i])
         case Lit(v):
             return np.int64(_whole(v)) if integer else np.float32(v)
         case Col():
@@ -365,7 +367,7 @@ def int_range(expr: Expr, pages: Sequence[tuple[int, int]], col: Callable[[Col],
     """The least and greatest value `expr` can take in an integer program when input page i lies in `pages[i]` and
     column vector c in `col(c)` — exact, in Python integers."""
     match expr:
-        case Arg(i):
+        case Arg(i) | RowArg(i):
             return pages[i]
         case Lit(v):
             return _whole(v), _whole(v)
@@ -400,6 +402,9 @@ def bounded(expr: Expr, pages: Sequence[tuple[Any, Any]], col: Callable[[Col], A
         case Arg(i):
             x, e = pages[i]
             return np.asarray(x, np.float64), np.asarray(e, np.float64)
+        case RowArg(i):
+            x, e = pages[i]
+            return row_values(np.asarray(x, np.float64)), row_values(np.asarray(e, np.float64))
         case Lit(v):
             return np.float64(np.float32(v)), np.float64(0.0)
         case Col():
@@ -443,12 +448,23 @@ def c_long(n: int) -> str:
     return f"{n}LL" if n >= 0 else f"({n}LL)"
 
 
-def c_expr(expr: Expr, integer: bool, page: Callable[[int], str], col: Callable[[Col], str]) -> str:
-    """`expr` as one C expression over the input pages' values (`page(i)`, a float or a long long) and the column
-    vectors' (`col(c)`): the statements every form prints, and the host emulation compiles."""
+def c_expr(
+    expr: Expr,
+    integer: bool,
+    page: Callable[[int], str],
+    col: Callable[[Col], str],
+    row: Callable[[int], str] | None = None,
+) -> str:
+    """`expr` as one C expression over the input pages' values (`page(i)`, a float or a long long), the row vectors'
+    (`row(i)`: page i's value of the element's row) and the column vectors' (`col(c)`): the statements every form
+    prints, and the host emulation compiles."""
     match expr:
         case Arg(i):
             return page(i)
+        case RowArg(i):
+            if row is None:
+                raise ElementwiseError("the printer reads no row vector, and the expression names one")
+            return row(i)
         case Lit(v):
             return c_long(_whole(v)) if integer else c_float(v)
         case Col():
@@ -458,7 +474,7 @@ def c_expr(expr: Expr, integer: bool, page: Callable[[int], str], col: Callable[
             text = op.c_int if integer else op.c
             if text is None:
                 raise ElementwiseError(f"{op.name} is float arithmetic; an integer program computes exact integers")
-            operands = {str(i): c_expr(a, integer, page, col) for i, a in enumerate(args)}
+            operands = {str(i): c_expr(a, integer, page, col, row) for i, a in enumerate(args)}
             consts = {f"p{i}": c_long(_whole(p)) if integer else c_double(p) for i, p in enumerate(params)}
             return text.format(*(operands[str(i)] for i in range(len(args))), **consts)
     raise ElementwiseError(f"{expr!r} is no elementwise expression")
@@ -475,6 +491,109 @@ def c_leaves(expr: Expr, integer: bool) -> int:
             text = (op.c_int if integer else op.c) or ""
             return sum(text.count(f"{{{i}}}") * c_leaves(a, integer) for i, a in enumerate(args))
     return 1
+
+
+def row_values(page: Any) -> Any:
+    """A row vector's values as a column that broadcasts over a page's columns: its first column (a row vector holds
+    each row's value in every column)."""
+    x = np.asarray(page)
+    return x[..., :1] if x.ndim >= 2 else x
+
+
+# ---- row reductions ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A row reduction: each row's elements through `pre` (|x|, x²), then combined by `combine` from `identity`.
+
+    Float programs: sum and sumsq are the exactly rounded sum of the (float64) values (math.fsum), rounded once to
+    float32; max, min and absmax are exact. A kernel sums in float32 in its own order, within `n` float32 units of
+    the sum of magnitudes (the classical bound; `bound`); its max, min and absmax are exact. NaN propagates through
+    each. Integer programs: exact int64 (sumsq too), max and min as they are.
+
+    `pre_op` and `combine` name ops of the elementwise table (None: `pre` is the value itself), whose C a kernel
+    prints for them (`c_pre`, `c_combine`)."""
+
+    name: str
+    identity: float
+    combine: str  # the table's add, max or min
+    pre: Callable[[Any], Any]
+    pre_op: str | None = None
+    integer: bool = True
+
+    def c_pre(self, x: str) -> str:
+        """`pre` of the float C value `x`, as the table's op spells it in a float program."""
+        return x if self.pre_op is None else OPS[self.pre_op].c.format(x)
+
+    def c_combine(self, a: str, b: str) -> str:
+        """Two float C values combined, as the table's add, max or min spells it (max and min let NaN through as
+        numpy's maximum and minimum do)."""
+        return OPS[self.combine].c.format(a, b)
+
+    @property
+    def c_identity(self) -> str:
+        """`identity` as a float C constant (±INFINITY, from <cmath>, for max and min)."""
+        if math.isinf(self.identity):
+            return "INFINITY" if self.identity > 0 else "(-INFINITY)"
+        return c_float(self.identity)
+
+
+REDUCTIONS: dict[str, Reduction] = {
+    r.name: r
+    for r in (
+        Reduction("max", -math.inf, "max", lambda v: v),
+        Reduction("min", math.inf, "min", lambda v: v),
+        Reduction("sum", 0.0, "add", lambda v: v),
+        Reduction("sumsq", 0.0, "add", lambda v: v * v, "square"),
+        Reduction("absmax", 0.0, "max", np.abs, "abs"),
+    )
+}
+
+
+def reduction_named(name: str) -> Reduction:
+    """The reduction `name`, or ElementwiseError naming those there are."""
+    found = REDUCTIONS.get(name)
+    if found is None:
+        raise ElementwiseError(f"no row reduction {name!r}: the reductions are {', '.join(REDUCTIONS)}")
+    return found
+
+
+def reduce_rows(name: str, values: Any, integer: bool) -> Any:
+    """Each row of `values` (rows × columns: the row's elements, padding left out) reduced by `name`, as a column
+    (rows × 1): exact int64 in an integer program; in a float one the float64 reduction rounded once to float32."""
+    r = reduction_named(name)
+    x = np.asarray(values, np.int64 if integer else np.float64)
+    if x.shape[1] == 0:
+        out = np.full((x.shape[0], 1), r.identity)
+        return out.astype(np.int64) if integer and math.isfinite(r.identity) else out
+    y = r.pre(x)
+    if r.combine == "max":
+        out = np.max(y, axis=1, keepdims=True)
+    elif r.combine == "min":
+        out = np.min(y, axis=1, keepdims=True)
+    elif integer:
+        out = np.sum(y, axis=1, keepdims=True, dtype=np.int64)
+    else:  # exactly rounded, so that no order of summing can make two correct runs differ
+        out = np.array([[math.fsum(row)] for row in y.tolist()]) if y.size else np.zeros((x.shape[0], 1))
+    return out if integer else out.astype(np.float32)
+
+
+def reduce_bound(name: str, values: Any, errors: Any) -> tuple[Any, Any]:
+    """A float reduction's value (`reduce_rows`) and how far a kernel's may lie from it when each element may lie
+    its error away: the spread of the exact reduction over the elements' boxes, plus, for a sum, the float32 sum's
+    own rounding (`n` units of the sum of magnitudes) and one rounding of the result."""
+    r = reduction_named(name)
+    x, e = np.asarray(values, np.float64), np.broadcast_to(np.asarray(errors, np.float64), np.shape(values))
+    y = np.asarray(reduce_rows(name, x, False), np.float64)
+    n = x.shape[1]
+    if r.combine in ("max", "min"):  # |max(a) − max(b)| ≤ max|a − b|, through |x| too
+        spread = np.max(e, axis=1, keepdims=True) if n else np.zeros_like(y)
+        return y, spread
+    grown = (np.abs(x) + e) if r.name == "sum" else (np.abs(x) + e) ** 2
+    magnitude = np.sum(grown, axis=1, keepdims=True)
+    spread = np.sum(e, axis=1, keepdims=True) if r.name == "sum" else magnitude - np.sum(x * x, axis=1, keepdims=True)
+    return y, np.abs(spread) + (n + 2) * EPS32 * magnitude
 
 
 def transcendental(expr: Expr) -> bool:

@@ -18,7 +18,7 @@ from ..inputs import operand_values, row_limits
 from ..interp.values import matmul
 from ..ir.nodes import SpatialProgram
 from ..ir.ops import Precision
-from . import epilogue
+from . import elementwise, epilogue
 from .rounding import computed_operand, output_values
 
 
@@ -59,6 +59,8 @@ def reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
 
 def _reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
     decl = _declared(p)
+    if decl.rows:
+        return output_values(decl.out.name, row_stages(p, decl, inputs)[0], decl.out.dtype)
     if decl.matmul is None:
         return mapped(p, decl, inputs)
     if len(decl.matmuls) == 1:
@@ -100,6 +102,40 @@ def mapped(p: SpatialProgram, decl: Any, inputs: Mapping[str, Any]) -> np.ndarra
     (stage,) = decl.chain
     x = epilogue.mapped(stage.kind.op.expr, map_pages(p, decl, inputs), integer, column_values(p, inputs))
     return output_values(decl.out.name, np.asarray(x).astype(np.int64 if integer else np.float64), decl.out.dtype)
+
+
+def row_stages(p: SpatialProgram, decl: Any, inputs: Mapping[str, Any], bounds: bool = False) -> tuple[Any, Any]:
+    """A row program's value before C's rounding — each stage on whole tensors, in the order `declared` gives: a map
+    element by element (a row vector read by row), a row reduction of each row (`elementwise.reduce_rows`) — and
+    with `bounds` how far a kernel's may lie from it (each map's `elementwise.bounded`, each reduction's
+    `elementwise.reduce_bound`, carried from stage to stage), else None."""
+    from ..ir.index import ProgramIndex
+    from ..ir.nodes import ReadStage
+    from ..ir.ops import RowReduce
+
+    index = ProgramIndex.of(p)
+    col = column_values(p, inputs)
+    done: dict[Any, tuple[Any, Any]] = {}
+    for stage in decl.producer.values():
+        if isinstance(stage.kind, ReadStage):
+            x = np.asarray(epilogue.start(tensor_operand(p, stage.kind.tensor, inputs), False), np.float64)
+            done[index.ring(stage.outs[0])] = (x, np.zeros(1))
+    for stage in decl.chain:
+        pages = [done[index.ring(b)] for b in stage.ins]
+        op = stage.kind.op
+        if isinstance(op, RowReduce):
+            x, e = pages[0]
+            value = elementwise.reduce_rows(op.op, x, False)
+            err = elementwise.reduce_bound(op.op, x, e)[1] if bounds else None
+        else:
+            value = epilogue.mapped(op.expr, [x for x, _ in pages], False, col)
+            err = elementwise.bounded(op.expr, pages, _rows_of(col))[1] if bounds else None
+        done[index.ring(stage.outs[0])] = (np.asarray(value, np.float64), err)
+    return done[decl.last]
+
+
+def _rows_of(col: Any) -> Any:
+    return lambda c: np.asarray(col(c), np.float32).reshape(1, -1)
 
 
 def column_values(p: SpatialProgram, inputs: Mapping[str, Any]):

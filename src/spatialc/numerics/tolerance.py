@@ -64,6 +64,7 @@ class Tolerance:
     epilogue: bool = False  # elementwise ops after the matmul: the bound is carried through each
     chained: bool = False  # a matmul of computed operands: the bound is carried stage by stage (`_chained`)
     mapped: bool = False  # no matmul: one map of exact inputs, its bound each op's own (`elementwise.bounded`)
+    rows: bool = False  # mapped, and it reduces rows: each reduction's bound too (`elementwise.reduce_bound`)
     kernel: bool = False  # a kernel's bound: it holds where |A|@|B| stays within float32's range
     strict: bool = False  # inputs past that range are refused (InputError) rather than warned about
 
@@ -72,9 +73,12 @@ class Tolerance:
         """The bound in words, as the CLI prints it."""
         if self.exact:
             return "exact"
-        if self.mapped:  # a float map
+        if self.mapped:  # a float map, or a program that reduces rows
             out = OUT_NAMES.get(self.out_eps, "float32")
-            return f"each elementwise op's rounding and its ulps, carried through the map, plus 2 {out} ulps of |C|"
+            sums = "each row sum's float32 rounding (n + 2 ulps of its magnitude), " if self.rows else ""
+            return (
+                f"{sums}each elementwise op's rounding and its ulps, carried through the map, plus 2 {out} ulps of |C|"
+            )
         if self.chained:
             out = OUT_NAMES.get(self.out_eps, "float32")
             return (
@@ -125,10 +129,15 @@ class Tolerance:
 
     def _mapped(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """A map program's reference and bound: its exact inputs through each op's interval bound."""
-        from .reference import _declared, column_values, map_pages, mapped
+        from .reference import _declared, column_values, map_pages, mapped, row_stages
+        from .rounding import output_values
 
         p = self.program
         decl = _declared(p)
+        if decl.rows:
+            value, err = row_stages(p, decl, inputs, bounds=True)
+            ref = output_values(decl.out.name, value, decl.out.dtype)
+            return ref, err + 2 * self.out_eps * np.abs(ref.astype(np.float64)) + _TINY
         ref = mapped(p, decl, inputs)
         if self.exact:
             return ref, np.zeros(ref.shape)
@@ -220,8 +229,8 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
         return Tolerance(program, True, 0, mapped=decl.matmul is None)
     out = program.output_tensor()
     eps = OUT_EPS.get(out.dtype, EPS32) if out is not None else EPS32
-    if decl.matmul is None:  # a map: exact inputs, each op's own bound
-        return Tolerance(program, False, 0, eps, True, mapped=True, kernel=kernel, strict=strict)
+    if decl.matmul is None:  # a map: exact inputs, each op's own bound (and each row reduction's)
+        return Tolerance(program, False, 0, eps, True, mapped=True, rows=decl.rows, kernel=kernel, strict=strict)
     if len(decl.matmuls) > 1:  # ulps: 1 marks the kernel's bound (K + 4 per matmul, each its own K)
         return Tolerance(program, False, int(kernel), eps, chained=True, kernel=kernel, strict=strict)
     k = program.tensor(decl.a).elems[1]  # type: ignore[arg-type]  # A: the matmul stage's first operand

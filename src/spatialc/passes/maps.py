@@ -40,6 +40,7 @@ from ..ir.ops import (
     Push,
     ReadTiles,
     Reserve,
+    RowReduce,
     TileAddr,
     Wait,
     WriteTiles,
@@ -57,8 +58,11 @@ SITES_PER_UNIT = 2  # blocks of a map kernel an SM runs at once: two hide each o
 
 
 def is_map_program(p: SpatialProgram) -> bool:
-    """Whether `p` has no tile matmul: an elementwise program, planned here."""
-    return not any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles) for s in p.stages)
+    """Whether `p` has no tile matmul and reduces no rows: an elementwise program, planned here (a row program is
+    `passes/rows.py`'s)."""
+    return not any(
+        isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles | RowReduce) for s in p.stages
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from .maps import apply_map_plan, is_map_program, place_map, plan_map, schedule_
 from .multicast import add_semaphores, check_multicast, multicast_placement, say_reads
 from .multicast import asked as asked_multicast
 from .place import default_sites, place
+from .rows import apply_row_plan, is_row_program, place_rows, plan_rows, schedule_rows
 from .schedule import schedule
 from .split import add_split, asked, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
 from .tile import IBWS, apply_plan, candidates, fused_by_persistent, in_panels, ring_stages, sites_per_unit, tile
@@ -39,6 +40,8 @@ def build(
     On a Hopper target "auto" plans for the sm_90a form first, whose operand pages only that form reads (swizzled
     panels); where that form then refuses the program (an activation's rings past shared memory, a placement its
     clusters cannot take), the program is planned again for the other forms (`sm90a_refusal`)."""
+    if is_row_program(program):
+        return _build_rows(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     if is_map_program(program):
         return _build_map(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     args = (program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
@@ -64,6 +67,27 @@ def _build_map(program, target, block, sub_blocks, depth, sites, placement, form
     plan = plan_map(p, target, None if block is None else (block[0], block[1]), depth)
     p = place_map(apply_map_plan(p, plan), target, sites, placement)
     return verify(schedule_map(p), target)
+
+
+def _build_rows(
+    program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast
+) -> SpatialProgram:
+    """A program that reduces rows (softmax, RMSNorm: `passes/rows.py`), for the interpreter: no CUDA form prints a
+    row reduction yet."""
+    for name, given in (("sub_blocks", sub_blocks), ("split_k", split_k), ("multicast", multicast)):
+        if given is not None:
+            raise ProgramError(f"{name} shapes a matmul's work; this program has no matmul")
+    if form not in ("auto", "general"):
+        raise ProgramError(f"a program that reduces rows is planned for the general form only, not {form!r}")
+    if block is not None and (len(block) != 3 or block[2] != 1):
+        raise ProgramError(
+            f"a row program's block is (rows, columns, 1) of tiles — a band of rows walked a page of columns at a"
+            f" time — not {block!r}"
+        )
+    p = program.evolve(target=target.name)
+    plan = plan_rows(p, target, None if block is None else (block[0], block[1]), depth)
+    p = place_rows(apply_row_plan(p, plan), target, sites, placement)
+    return verify(schedule_rows(p), target)
 
 
 def _passes(args: tuple, verified: bool = True) -> SpatialProgram:

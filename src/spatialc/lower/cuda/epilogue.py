@@ -288,10 +288,15 @@ def statement(
 
 
 def value(
-    op: ComputeOp, integer: bool, col_at: Callable[[Col], str] | None = None, page: Callable[[int], str] | None = None
+    op: ComputeOp,
+    integer: bool,
+    col_at: Callable[[Col], str] | None = None,
+    page: Callable[[int], str] | None = None,
+    row: Callable[[int], str] | None = None,
 ) -> str:
     """One stage's result as a C expression over its input pages' values (`page(i)`; `v`, the one page before it,
-    by default) and its column vectors' (`col_at`, as in `statement`)."""
+    by default), its row vectors' (`row(i)`: input page i's value of the element's row) and its column vectors'
+    (`col_at`, as in `statement`)."""
     pages = page or (lambda i: "v")
     match op:
         case Map(expr):
@@ -300,7 +305,7 @@ def value(
                 assert col_at is not None, "a column vector's stage needs its index"
                 return f"t{int(c.tensor)}[{col_at(c)}]"
 
-            return elementwise.c_expr(expr, integer, pages, col)
+            return elementwise.c_expr(expr, integer, pages, col, row)
         case Requant(multiplier, shift, zero_point):
             return f"spatialc_requant({pages(0)}, {multiplier}, {shift}, {zero_point})"
         case MatmulTiles():

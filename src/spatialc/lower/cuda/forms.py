@@ -17,12 +17,13 @@ import dataclasses
 
 from ...ir.nodes import SpatialProgram
 from ...passes.maps import is_map_program
+from ...passes.rows import is_row_program
 from ...passes.tile import in_panels
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
 from ..errors import LowerError, NeedsGeneral, TooBig
 from . import general, hopper, persistent
-from .program import MAP_PROGRAM
+from .program import MAP_PROGRAM, ROW_PROGRAM
 
 FORMS = ("auto", "persistent", "general", "sm90a")
 
@@ -42,9 +43,11 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
         raise UnknownForm(form)
     if form == "general":
         return general.lower(program, target)
-    if form == "auto" and is_map_program(program):  # no matmul: nothing for the other forms' tensor cores to do
+    if form == "auto" and (is_map_program(program) or is_row_program(program)):
+        # No matmul: nothing for the other forms' tensor cores to do.
+        what = ROW_PROGRAM if is_row_program(program) else MAP_PROGRAM
         art = general.lower(program, target)
-        return dataclasses.replace(art, notes=(*art.notes, f"the general form: {MAP_PROGRAM} is printed in it only"))
+        return dataclasses.replace(art, notes=(*art.notes, f"the general form: {what} is printed in it only"))
     if form == "sm90a" or (form == "auto" and in_panels(program)):
         # Pages in panels: only the sm_90a form reads them, so its refusal is the answer and no general form
         # rides along.

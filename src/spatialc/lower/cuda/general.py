@@ -46,6 +46,7 @@ from ...ir.ops import (
 )
 from ...ir.traffic import global_read_bytes
 from ...passes.maps import is_map_program
+from ...passes.rows import is_row_program
 from ...passes.split import workspace_bytes
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact
@@ -62,6 +63,7 @@ from .program import (
     check_printable,
     checked_layers,
     checked_map,
+    checked_rows,
     distinct_lists,
     fragments_per_warp,
     launch_for,
@@ -69,6 +71,7 @@ from .program import (
     site_classes,
 )
 from .rings import ALIGN, MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, ring_table
+from .rows import RowAccumulators, row_accumulators
 from .tiles import Fragments
 
 BARRIER_BYTES = 8  # one mbarrier object
@@ -129,6 +132,7 @@ class GeneralKernel:
     # Each accumulator's fragments by template, where the compute warps hold several (an MLP's layers); empty where
     # they hold one: the plan's block, `lane_grid` and `perw`, in accf[PERW].
     layers: dict[int, Fragments] = field(default_factory=dict)
+    rows: RowAccumulators | None = None  # a row program's accumulators (rows.py), which its compute warps hold
 
     @property
     def cooperative(self) -> bool:
@@ -140,11 +144,19 @@ class GeneralKernel:
     def threads(self) -> int:
         return sum(r.threads for r in self.roles)
 
+    def registers(self, target: SpatialTarget) -> int:
+        """The estimate of a thread's registers: the accumulators' (`SpatialTarget.registers_per_thread`), or a row
+        program's kernel's own (`rows.BASE_REGISTERS`)."""
+        if self.rows is not None:
+            return min(self.rows.registers, target.regs_per_thread_max)
+        return target.registers_per_thread(self.acc_tiles)
+
     @property
     def accumulates(self) -> bool:
-        """Whether the kernel multiplies: its compute warps hold accumulators and it inlines the tensor-core layer. A
-        map program's kernel (no matmul) has neither: its engines only move and map pages."""
-        return self.lanes > 0
+        """Whether the kernel multiplies: its compute warps hold accumulator fragments and it inlines the tensor-core
+        layer. A map program's kernel (no matmul) has neither: its engines only move and map pages; a row program's
+        compute warps hold row accumulators (`rows`), no fragments."""
+        return self.lanes > 0 and self.rows is None
 
     @property
     def fragments(self) -> tuple[Fragments, ...]:
@@ -415,9 +427,13 @@ def held_tiles(plan: Plan, layers: dict[int, Fragments]) -> int:
 
 
 def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[ComputeOp, ...]]:
-    """The kernel's operand types (a map program's: its inputs'), whether it is int8 (exact `long long` values), and
-    the compute ops its engines apply page to page: every matmul's epilogue chain, in stage order (`checked_layers`),
-    or a map program's one map (`checked_map`) — each checked as those say."""
+    """The kernel's operand types (a map program's or a row program's: its inputs'), whether it is int8 (exact `long
+    long` values), and the compute ops its engines apply page to page: every matmul's epilogue chain, in stage order
+    (`checked_layers`), a map program's one map (`checked_map`), or a row program's reductions and maps
+    (`checked_rows`) — each checked as those say."""
+    if is_row_program(p):
+        types, stages = checked_rows(p)
+        return types, False, tuple(s.kind.op for s in stages)  # type: ignore[union-attr]
     if is_map_program(p):
         types, integer, stage = checked_map(p)
         return types, integer, (stage.kind.op,)  # type: ignore[union-attr]
@@ -428,15 +444,18 @@ def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[ComputeOp, ...
 def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> GeneralKernel:
     """Check what the general form needs and lay out its block; `fit` False leaves the shared-memory check to a
     form that lays the block out again (the sm_90a form's fused output keeps fewer rings). A map program's block is
-    the same engines, rings and barriers without accumulators: every engine on one warp of its own."""
+    the same engines, rings and barriers without accumulators: every engine on one warp of its own. A row program's
+    is a map program's whose compute engine runs on the accumulator lanes and holds row accumulators in them."""
     refuse(p)
     plan = p.plans[0]
     types, integer, stages = page_stages(p)
+    reduces = is_row_program(p)
     lanes = 0 if is_map_program(p) else target.accumulator_lanes
     one = fragments_of(plan, target)  # the plan's block: the accumulator of a one-matmul program
-    lane_grid, perw = (one.lane_grid, one.perw) if lanes else (None, 0)
-    accumulators = accumulator_layers(p, target, plan)
+    lane_grid, perw = (one.lane_grid, one.perw) if lanes and not reduces else (None, 0)
+    accumulators = {} if reduces else accumulator_layers(p, target, plan)
     rings = epilogue_rings(p, ring_table(p, types, ()), integer)
+    rows = row_accumulators(p, plan, rings, lanes) if reduces else None
     classes, relative = site_classes(p, relative_sems=True)
     cluster = clusters(p, target)
     mc = multicast(p, rings.template) if cluster > 1 else None
@@ -448,9 +467,11 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     threads = sum(r.threads for r in roles)
     if threads > 1024:
         raise TooBig(f"threads of one block of the general form on {target.name}", threads, 1024, "use fewer lanes")
-    # The registers hold every accumulator tile at once; only their number matters, so they go in as one column.
-    held = held_tiles(plan, accumulators) if lanes else 0
-    per_sm = target.resident_sites_per_unit(off, held, 1, (1, 1), threads // WARP)
+    # The registers hold every accumulator tile at once; only their number matters, so they go in as one column. A
+    # row program's kernel has its own estimate.
+    held = held_tiles(plan, accumulators) if lanes and not reduces else 0
+    regs = min(rows.registers, target.regs_per_thread_max) if rows is not None else None
+    per_sm = target.resident_sites_per_unit(off, held, 1, (1, 1), threads // WARP, regs)
     if per_sm == 0 and fit:
         raise TooBig(
             f"shared memory of one block of the general form on {target.name} (rings and their barriers)",
@@ -488,6 +509,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
         relative_groups(p),
         mc,
         accumulators,
+        rows,
     )
 
 
@@ -504,7 +526,7 @@ def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:
         True,
         k.dyn_bytes,
         0,
-        target.registers_per_thread(k.acc_tiles),
+        k.registers(target),
         k.blocks_per_sm,
         k.threads,
         tuple((r.name, r.bytes) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),

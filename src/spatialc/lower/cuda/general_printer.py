@@ -35,6 +35,7 @@ from ...ir.ops import (
     Trip,
     Wait,
     WriteBarrier,
+    row_reads,
     walk,
 )
 from ...ir.ops import (
@@ -59,6 +60,7 @@ from .cwriter import (
 )
 from .handover import HandoverPrinter
 from .rings import TILE_ELEMS, Ring
+from .rows import RowPrinter, row_read
 from .tiles import Fragments, TilePrinter, tensor_core_lines
 
 if TYPE_CHECKING:
@@ -88,7 +90,7 @@ def accumulator_of(op: ChoreoOp) -> BufferId | None:
     return None
 
 
-class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, TilePrinter):
+class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, TilePrinter):
     """Prints one engine's program on its own warps: its ops in order, its loops as its own `for`s."""
 
     counts_sends = True  # each multicast ring's sends are counted (the receiver's page is the send's number)
@@ -213,7 +215,7 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, TilePrinter):
             case WriteBarrier() | Flush():
                 # Each thread's global writes are visible at device scope before any later signal of its engine.
                 self.w.line("__threadfence();", mark)
-            case _ if self.cluster_handshake(op, mark) or self.handover(op, mark):
+            case _ if self.cluster_handshake(op, mark) or self.handover(op, mark) or self.row_op(op, env, mark):
                 pass
             case _ if self.common(op, env, mark, "ordered by the ring barriers"):
                 pass
@@ -242,12 +244,21 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, TilePrinter):
         pages — each thread of the engine a strided share of the elements. Element e of every page is the same
         element of the item (verify's rule 8 follows each page to its tile), read from each input ring's front page
         as the stage's value type (`long long` in an int8 program, `float` otherwise: an operand page's int8, fp16
-        or bf16 converts exactly), and the stage's value is stored into the output ring's newest page."""
+        or bf16 converts exactly), and the stage's value is stored into the output ring's newest page. A row vector
+        (RowArg: a page of the band's tile rows, the other pages rows of `width` tiles) is read at the element's own
+        row and column (`rows.row_read`)."""
         if not epilogue.page_to_page(stage):
             raise Unsupported(f"a {compute_text(stage, self.k.program)} stage", "the general form has no image for it")
         n = dst.page
-        for src in srcs:
-            if src.page != n:
+        by_row = dict(row_reads(stage.expr)) if isinstance(stage, Map) else {}
+        for i, src in enumerate(srcs):
+            if i in by_row and src.page * by_row[i] != n:
+                raise Unsupported(
+                    f"stage {compute_text(stage, self.k.program)} reading {src.name}'s pages of {src.page} elements"
+                    f" as a row vector of pages of {n} in rows of {by_row[i]} tiles",
+                    "a row vector holds one tile for each tile row of the pages it is read against",
+                )
+            if i not in by_row and src.page != n:
                 raise Unsupported(
                     f"stage {compute_text(stage, self.k.program)} of {src.name}'s pages of {src.page} elements into"
                     f" {dst.name}'s of {n}",
@@ -262,12 +273,14 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, TilePrinter):
             return f"(long long)({lead}tl % {c.width}) * {TILE_ELEMS} + el % 16"
 
         with self.w.block("", mark), self.w.block(f"for (int e = etid; e < {n}; e += {self.nthreads})"):
-            if columns:
+            if columns or by_row:
                 self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
             for i, src in enumerate(srcs):
-                page = f"ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id} + e"
+                at = row_read("tl", "el", by_row[i]) if i in by_row else "e"
+                page = f"ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id} + {at}"
                 self.w.line(f"const {value} v{i} = ({value})SPATIALC_PAGE_LD({page});")
-            self.w.line(f"const {value} v = {epilogue.value(stage, self.k.integer, col_at, lambda i: f'v{i}')};")
+            loaded = "v{}".format  # a page's value and a row vector's, each loaded above
+            self.w.line(f"const {value} v = {epilogue.value(stage, self.k.integer, col_at, loaded, loaded)};")
             # A page a matmul reads holds operands: the value converted to their type (float32 rounded to nearest
             # even, `MmaTypes.to_operand`), as the interpreter rounds a computed operand page where a matmul reads it.
             stored = f"{self.k.types.to_operand}(v)" if dst.c_type == "OPT" else "(EPIT)v"
@@ -290,7 +303,9 @@ def preamble(k: GeneralKernel) -> list[str]:
     lines += [f"typedef {k.out_type} OUT_T;", f"typedef {epit} EPIT;"]
     if k.stages:
         lines += ["", *epilogue.helpers(k.integer).rstrip("\n").split("\n"), ""]
-    lines += [f"#define NTHREAD {k.threads}"] + ([f"#define NWARP {k.lanes}"] if k.accumulates else [])
+    lines += [f"#define NTHREAD {k.threads}"] + ([f"#define NWARP {k.lanes}"] if k.lanes else [])
+    if k.rows is not None:  # each compute warp's rows of the band, one share of each a lane (rows.py)
+        lines += [f"#define RROWS {k.rows.per_warp}"]
     lines += [f"#define {f.count} {f.perw}" for f in k.fragments]
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]
@@ -422,6 +437,8 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
         for f in k.fragments:
             w.line(f"spatialc_acc<ACCT> {f.name}[{f.count}];")
+        for t in sorted(k.rows.reductions if k.rows is not None else ()):
+            w.line(f"float racc_{t}[RROWS];  // the lane's share of each of the warp's rows")
     by_class(k, role, w, lambda ops: _program(printer, ops))
 
 

@@ -71,6 +71,7 @@ from ...ir.ops import (
     walk,
 )
 from ...passes.maps import is_map_program
+from ...passes.rows import is_row_program
 from ...passes.verify import derived
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact, TensorMap
@@ -94,7 +95,7 @@ from .hopper_plan import (
 from .hopper_printer import HopperPrinter
 from .hopper_tma import Panels, param_at, tensor_maps
 from .host import assemble
-from .program import MAP_PROGRAM, all_ops, checked_gemm, launch_for, matmul_stages
+from .program import MAP_PROGRAM, ROW_PROGRAM, all_ops, checked_gemm, launch_for, matmul_stages
 from .rings import TILE_ELEMS, Rings, ring_table
 
 KERNEL_NAME = "spatialc_hopper"
@@ -143,9 +144,9 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
         raise Unsupported(
             f"the sm_90a form on {target.name}", "its TMA, wgmma and setmaxnreg instructions exist on sm_90a only"
         )
-    if is_map_program(p):
+    if is_map_program(p) or is_row_program(p):
         raise NeedsGeneral(
-            f"{MAP_PROGRAM} in the sm_90a form",
+            f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
     general.refuse(p)

@@ -15,6 +15,7 @@ from ...ir.names import plain
 from ...ir.nodes import SpatialProgram, Tensor, TensorRole, TileOrder
 from ...ir.ops import ChoreoOp, Loop, Trip, walk
 from ...passes.maps import is_map_program
+from ...passes.rows import is_row_program
 from ..artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch, operand_files
 from ..census import census
 from ..errors import InternalError
@@ -347,10 +348,12 @@ def program_main(p: SpatialProgram, launch: Launch) -> str:
 
 def bench_rate(p: SpatialProgram, launch: Launch) -> tuple[str, str]:
     """What bench_cu reports, and the C expression of what one launch does: a GEMM's `GOPS`, 2·M·N·K operations (a
-    grouped GEMM's with every group full); a map program's `GBPS`, the bytes of its tensors (the logical elements of
-    each input, column vector and the output, at the element types the launch gives them) — it reads and writes
-    each once, and memory is what bounds it."""
-    if is_map_program(p):
+    grouped GEMM's with every group full); a map program's or a row program's `GBPS`, the bytes of its tensors (the
+    logical elements of each input, column vector and the output, at the element types the launch gives them) —
+    memory is what bounds it. A map reads and writes each once; a row program reads its input again on each pass
+    over a band, and is still credited with one read (the bandwidth it delivers, as softmax and RMSNorm benchmarks
+    count it)."""
+    if is_map_program(p) or is_row_program(p):
         pairs = zip(p.tensors, launch.params, strict=True)
         moved = sum(t.groups * t.elems[0] * t.elems[1] * C_BYTES[q.c_type] for t, q in pairs)
         return "GBPS", f"{moved}.0"

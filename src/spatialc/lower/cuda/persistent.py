@@ -31,6 +31,7 @@ from ...ir.ops import (
 from ...ir.printer import compute_text
 from ...ir.traffic import global_read_bytes
 from ...passes.maps import is_map_program
+from ...passes.rows import is_row_program
 from ...target import SpatialTarget
 from ..artifact import Budget, CudaArtifact, Launch
 from ..errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
@@ -41,6 +42,7 @@ from .host import assemble
 from .merge import SerialLoop, SerialOp, serialise
 from .program import (
     MAP_PROGRAM,
+    ROW_PROGRAM,
     all_ops,
     check_printable,
     checked_gemm,
@@ -99,6 +101,8 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     """(what, why) when `p` has something the persistent kernel leaves to the general form, else None."""
     if is_map_program(p):
         return MAP_PROGRAM, "the persistent kernel is a tensor-core tile GEMM, elementwise stages fused into its store"
+    if is_row_program(p):
+        return ROW_PROGRAM, "the persistent kernel is a tensor-core tile GEMM, and its warps hold no row accumulators"
     if len(p.plans) > 1:
         return f"a program with {len(p.plans)} plans", "the persistent kernel prints one block shape for every site"
     if p.placement is not None and p.placement.splits > 1:

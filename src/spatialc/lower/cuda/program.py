@@ -41,6 +41,7 @@ from ...ir.ops import (
 )
 from ...ir.worklist import RULES, launch_sites, split_items, work_table
 from ...numerics.epilogue import dot_range
+from ...passes.rows import row_shape
 from ...target import SpatialTarget
 from ..artifact import KernelParam, Launch
 from ..errors import TooBig, Unsupported, UnsupportedPrecision, Unverified
@@ -48,7 +49,9 @@ from . import epilogue
 from .cwriter import C_TYPES
 from .rings import MMA_TYPES, MmaTypes
 
-MAP_PROGRAM = "a program without a tile matmul (an elementwise map)"  # what the forms refusing one call it
+# What the forms that refuse such programs (all but the general form) call them.
+MAP_PROGRAM = "a program without a tile matmul (an elementwise map)"
+ROW_PROGRAM = "a program that reduces rows (softmax, RMSNorm)"
 
 
 def check_printable(p: SpatialProgram) -> None:
@@ -367,19 +370,42 @@ def checked_map(p: SpatialProgram) -> tuple[MmaTypes, bool, Stage]:
             "such a program is one Map of its inputs (spatialc.elementwise)",
         )
     (stage,) = stages
-    for b in p.buffers:  # the map reads and writes element e of a page at e: its tiles row by row, as stored
-        kind = b.kind
-        if isinstance(kind, Fifo | Interm) and kind.layout != PageLayout.ROW:
-            raise Unsupported(
-                f"ring {b.name} laid out {kind.layout.value}",
-                "a map's pages hold their tiles row by row, as the tensors store them: lay the ring out by rows",
-            )
+    _check_row_major_pages(p)
     types = operand_types(p, p.precision)
     integer = p.precision == Precision.INT8
     epilogue.check(p, (stage,), integer, None)
     if integer:
         epilogue.check_int64(p, (stage,), epilogue.INT8_RANGE)
     return types, integer, stage
+
+
+def checked_rows(p: SpatialProgram) -> tuple[MmaTypes, tuple[Stage, ...]]:
+    """A program that reduces rows (`spatialc.rows`): the C types of its inputs and its compute stages in order (row
+    reductions and maps) — after the checks `checked_map` makes of its maps, and that it is a float program (the
+    kernel's row accumulators are float32)."""
+    if p.precision == Precision.INT8:
+        raise UnsupportedPrecision("int8", "a row program's reductions and maps are float arithmetic: use fp16 or bf16")
+    shape = row_shape(p)
+    last = shape.producer.get(shape.write.ins[0])
+    if last is None or not isinstance(last.kind, ComputeStage) or not isinstance(last.kind.op, Map):
+        raise Unsupported("a row program whose output is not a map's pages", "its writer stores the last map's pages")
+    _check_row_major_pages(p)
+    types = operand_types(p, p.precision)
+    maps = tuple(s for s in shape.computes if isinstance(s.kind.op, Map))  # type: ignore[union-attr]
+    epilogue.check(p, maps, False, None)
+    return types, shape.computes
+
+
+def _check_row_major_pages(p: SpatialProgram) -> None:
+    """Every ring's pages hold their tiles row by row: a map (and a row reduction) reads and writes element e of a
+    page at e, as the tensors store it."""
+    for b in p.buffers:
+        kind = b.kind
+        if isinstance(kind, Fifo | Interm) and kind.layout != PageLayout.ROW:
+            raise Unsupported(
+                f"ring {b.name} laid out {kind.layout.value}",
+                "a map's pages hold their tiles row by row, as the tensors store them: lay the ring out by rows",
+            )
 
 
 def checked_gemm(

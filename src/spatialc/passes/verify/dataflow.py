@@ -35,11 +35,13 @@ from ...ir.ops import (
     Push,
     ReadTiles,
     Reserve,
+    RowArg,
+    RowReduce,
     Trip,
     WriteTiles,
 )
 from .facts import Side, SiteProgs
-from .symbolic import PC, PR, Aff, Cell, Copy, Page, Partial, Product, Sym
+from .symbolic import PC, PR, Aff, Cell, Copy, Page, Partial, Product, RowTerm, Sym
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,7 @@ class Declared:
     acc_ring: BufferId | None = None  # the ring the matmul's result leaves by on its way to C
     split: SplitDecl | None = None  # split-K's partial path, where the stages declare one
     matmuls: dict[StageId, MatmulDecl] = field(default_factory=dict)  # every matmul on the way to C, by stage
+    rows: bool = False  # a row program: `chain` is its maps and row reductions, each after what it reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,8 @@ def same_op(scheduled: ComputeOp, declared_op: ComputeOp) -> bool:
     apart)."""
     if isinstance(scheduled, Map) and isinstance(declared_op, Map):
         return _formula(scheduled.expr) == _formula(declared_op.expr)
+    if isinstance(scheduled, RowReduce) and isinstance(declared_op, RowReduce):  # where a page lies: its terms'
+        return (scheduled.op, scheduled.cols) == (declared_op.op, declared_op.cols)
     return scheduled == declared_op
 
 
@@ -109,6 +114,8 @@ def _formula(expr: Expr) -> object:
     match expr:
         case Col(tensor):
             return ("col", tensor)
+        case RowArg(index):
+            return ("row", index)
         case Lit(value):
             return ("lit", float(value).hex())
         case Apply(op, args, params):
@@ -158,6 +165,9 @@ class Acc:
     summed: dict[Sym, ChoreoOp] = field(default_factory=dict)
     packed: bool = False
     live: bool = True
+    reduce: Stage | None = None  # a row accumulator: the row reduction stage its terms are, its rows a page
+    row_terms: list[RowTerm] = field(default_factory=list)
+    rows: int = 0
 
 
 @dataclass(frozen=True, slots=True)

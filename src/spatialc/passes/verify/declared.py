@@ -25,13 +25,18 @@ from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, TensorRole, WriteStage, accumulator_dtype
 from ...ir.ops import (
     AddPartial,
+    Apply,
+    Arg,
     Col,
+    Expr,
     Map,
     MatmulTiles,
     Precision,
     Requant,
+    RowReduce,
     arg_indices,
     cols,
+    row_args,
 )
 from ...ir.printer import compute_text
 from ...numerics import elementwise, epilogue
@@ -66,7 +71,10 @@ def declared(index: ProgramIndex) -> Declared:
             if producer.setdefault(index.ring(b), s) is not s:
                 raise _unsure(f"stages {producer[index.ring(b)].name} and {s.name} both fill {index.name(b)}")
     last = index.ring(writes[0].ins[0])
-    if not any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles) for s in p.stages):
+    ops = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
+    if any(isinstance(op, RowReduce) for op in ops) and not any(isinstance(op, MatmulTiles) for op in ops):
+        return _declared_rows(index, out, last, producer, writes[0])
+    if not any(isinstance(op, MatmulTiles) for op in ops):
         return _declared_map(index, out, last, producer, writes[0])
     way = _Way(index, producer)
     stage, ring, chain = way.to_matmul(last, f"the way to {writes[0].name}")
@@ -96,6 +104,8 @@ def _declared_map(
         raise _unsure(
             f"{write.name} writes a ring no elementwise stage fills; a program with no matmul is one map of its reads"
         )
+    if row_args(stage.kind.op.expr):
+        raise _unsure(f"stage {stage.name} reads a row vector, and no stage reduces rows")
     reads = [producer.get(index.ring(b)) for b in stage.ins]
     for b, r in zip(stage.ins, reads, strict=True):
         if r is None or not isinstance(r.kind, ReadStage):
@@ -115,6 +125,99 @@ def _declared_map(
     decl = Declared(out, last, producer, (stage,))
     _map_types(index, decl, stage)
     return decl
+
+
+def _declared_rows(
+    index: ProgramIndex, out: Tensor, last: BufferId, producer: dict[BufferId, Stage], write: Stage
+) -> Declared:
+    """A program that reduces rows (softmax, RMSNorm): its stages a graph of reads of tensors of C's shape, maps of
+    them element by element, and row reductions, each of one ring of such values into a row vector that later maps
+    read by row (RowArg) — C the last map's value. Each reduction reduces C's logical width, its padding left out.
+    Its values are float32 (an int8 program reduces no rows yet). `chain` holds its compute stages, each after the
+    stages it reads."""
+    p = index.p
+    if p.precision == Precision.INT8:
+        raise _unsure("an int8 program that reduces rows (row reductions are float arithmetic here)")
+    order: list[Stage] = []
+    state: dict[StageId, bool] = {}  # False while its inputs are followed, True once ordered
+
+    def full(ring: BufferId, whose: str) -> Stage:
+        """The stage filling `ring`, read element by element: a read of a tensor of C's shape, or a map."""
+        stage = follow(ring, whose)
+        if isinstance(stage.kind, ComputeStage) and isinstance(stage.kind.op, RowReduce):
+            raise SemanticError(
+                f"{whose} reads {index.name(ring)}, stage {stage.name}'s row vector, element by element; a map reads a"
+                " row vector by row (x[row])"
+            )
+        return stage
+
+    def follow(ring: BufferId, whose: str) -> Stage:
+        stage = producer.get(index.ring(ring))
+        if stage is None:
+            raise _unsure(f"no stage fills {index.name(ring)}, which {whose} reads")
+        if state.get(stage.id) is False:
+            raise _unsure("the stages form a cycle")
+        if stage.id in state:
+            return stage
+        state[stage.id] = False
+        match stage.kind:
+            case ReadStage(tensor):
+                t = index.tensors[tensor]
+                if t.elems != out.elems or t.dtype != DType(p.precision.value) or t.groups != 1:
+                    raise SemanticError(
+                        f"stage {stage.name} reads {t.name} ({t.elems[0]}x{t.elems[1]} {t.dtype.value}) for values"
+                        f" element by element of {out.name} ({out.elems[0]}x{out.elems[1]}): a row program's inputs"
+                        f" have its output's shape and hold {p.precision.value} values"
+                    )
+            case ComputeStage(Map(expr)):
+                rows = row_args(expr)
+                for i, b in enumerate(stage.ins):
+                    if i in rows and Arg(i) in _args(expr):
+                        raise SemanticError(f"stage {stage.name} reads its page {i} both element by element and by row")
+                    if i in rows:
+                        vec = follow(b, f"stage {stage.name}")
+                        if not (isinstance(vec.kind, ComputeStage) and isinstance(vec.kind.op, RowReduce)):
+                            raise SemanticError(
+                                f"stage {stage.name} reads {index.name(b)} by row (x{i}[row]), and no row reduction"
+                                " fills it"
+                            )
+                    else:
+                        full(b, f"stage {stage.name}")
+                _map_types(index, Declared(out, last, producer), stage)
+            case ComputeStage(RowReduce(_, n)) if len(stage.ins) == len(stage.outs) == 1:
+                full(stage.ins[0], f"stage {stage.name}")
+                if n != out.elems[1]:
+                    raise SemanticError(
+                        f"stage {stage.name} reduces rows of {n} values, but {out.name}'s rows hold {out.elems[1]}:"
+                        " a reduction covers each row's values, and no padding"
+                    )
+            case _:
+                raise _unsure(
+                    f"stage {stage.name} is no read, map or row reduction (a row program's stages are those only)"
+                )
+        state[stage.id] = True
+        if isinstance(stage.kind, ComputeStage):
+            order.append(stage)
+        return stage
+
+    full(last, write.name)
+    used = {write.id, *state}
+    extra = [s.name for s in p.stages if s.id not in used]
+    if extra:
+        raise SemanticError(f"stage {extra[0]} is not on the way from the inputs to {out.name}")
+    if out.dtype not in (DType.FLOAT32, DType.FP16, DType.BF16):
+        raise SemanticError(f"a row program computes float32 values; its output {out.name} holds {out.dtype.value}")
+    return Declared(out, last, producer, tuple(order), rows=True)
+
+
+def _args(expr: Expr) -> set[Arg]:
+    """The element-by-element page reads (Arg) of `expr`."""
+    match expr:
+        case Arg():
+            return {expr}
+        case Apply(_, args):
+            return {x for a in args for x in _args(a)}
+    return set()
 
 
 def _map_types(index: ProgramIndex, decl: Declared, stage: Stage) -> None:

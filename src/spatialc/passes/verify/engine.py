@@ -33,15 +33,34 @@ from ...ir.ops import (
     ReadTiles,
     ReleaseAcc,
     Reserve,
+    RowReduce,
     TileAddr,
     Trip,
     WriteTiles,
     cols,
     ring_of,
+    row_reads,
 )
 from ...ir.printer import compute_text
 from .dataflow import ZERO, Acc, Entry, MatmulDecl, Seq, SiteRun, Write, same_op
-from .symbolic import PC, PR, WITNESS_LIMIT, AccSum, Aff, Cell, Copy, Elem, Page, Partial, Product, Sym, TileRef, split
+from .symbolic import (
+    PC,
+    PR,
+    WITNESS_LIMIT,
+    AccSum,
+    Aff,
+    Cell,
+    Copy,
+    Elem,
+    Page,
+    Partial,
+    Product,
+    RowTerm,
+    RowVec,
+    Sym,
+    TileRef,
+    split,
+)
 
 # Symbols of an accumulator tile's row and column inside the item (replaced by the page's at PackAcc).
 ACC_ROW = Sym("acc", "row", "acc row")
@@ -161,6 +180,8 @@ class EngineRun:
                 self.matmul(op)
             case Compute(op=AddPartial()):
                 self.add_partial(op)
+            case Compute(op=RowReduce()):
+                self.row_reduce(op)
             case Compute():
                 self.elementwise(op)
             case PackAcc():
@@ -340,11 +361,12 @@ class EngineRun:
         """The stage `op` runs, by the rings it reads and fills, after checking it does what that stage declares."""
         ring, name = self.index.ring, self.index.name
         ins, outs = tuple(map(ring, op.ins)), tuple(map(ring, op.outs))
-        is_mm = isinstance(op.op, MatmulTiles)  # rule 1 saw to it that a matmul fills no ring
+        # Rule 1 saw to it that a matmul and a row reduction fill no ring: their stages are found by what they read.
+        is_mm = isinstance(op.op, MatmulTiles | RowReduce)
         kin = [
             (s, s.kind.op)
             for s in self.index.p.stages
-            if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles) == is_mm
+            if isinstance(s.kind, ComputeStage) and _kind(s.kind.op) == _kind(op.op)
         ]
         found = [
             (s, d) for s, d in kin if tuple(map(ring, s.ins)) == ins and (is_mm or tuple(map(ring, s.outs)) == outs)
@@ -403,6 +425,8 @@ class EngineRun:
                 f" stage {stage.name}'s",
                 op.acc,
             )
+        if acc.reduce is not None:
+            raise self.wrong(op, f"{self.index.name(op.acc)} already reduces rows for stage {acc.reduce.name}", op.acc)
         acc.stage = mm
         h, w, ibw = mm.shape
         if self.index.page_tiles(op.acc) < h * w:
@@ -453,6 +477,9 @@ class EngineRun:
                 f" {self.index.name(op.acc)}",
                 op.acc,
             )
+        if acc.reduce is not None or self.decl.rows:
+            self.pack_rows(op, acc)
+            return
         split = self.decl.split
         to_partial = split is not None and self.index.ring(op.to) == split.out_ring
         mm = acc.stage or next(
@@ -480,6 +507,69 @@ class EngineRun:
                 raise self.unsure(op, "it adds onto a page that does not hold an accumulator of its shape", op.to)
             terms = base.cell.terms + terms
         self.fill(op, op.to, Page(op.tiles // w, w, AccSum(terms)))
+        acc.packed = True
+
+    def row_reduce(self, op: Compute) -> None:
+        """acc ⊕= each row of the front page: recorded as the page's tiles at their tile columns of the row, summed
+        over the loops between the AcquireAcc and here and over the page's columns."""
+        stage = self.stage_of(op)
+        assert op.acc is not None and isinstance(op.op, RowReduce)
+        acc = self.live_acc(op, op.acc)
+        name = self.index.name(op.acc)
+        if acc.packed:
+            raise self.wrong(op, f"it reduces into {name} after PackAcc has read it", op.acc)
+        if acc.stage is not None or acc.reduce not in (None, stage):
+            other = acc.reduce.name if acc.reduce is not None else acc.stage.stage.name  # type: ignore[union-attr]
+            raise self.wrong(op, f"{name} already holds stage {other}'s values, and this op adds stage {stage.name}'s")
+        page = self.front(op, op.ins[0])
+        if page.width != op.op.width or (acc.rows and page.rows != acc.rows):
+            raise self.unsure(
+                op,
+                f"it reduces rows of {op.op.width} tiles from a page of {page.rows} rows of {page.width}; the semantic"
+                " rule follows reductions of whole page rows, one page shape an accumulator",
+                op.ins[0],
+            )
+        if self.index.page_tiles(op.acc) < page.rows:
+            raise self.wrong(
+                op, f"{name} holds {self.index.page_tiles(op.acc)} tiles, the page's {page.rows} rows", op.acc
+            )
+        kk = self.site.fresh("kk", page.width)
+        row = Aff.of(ACC_ROW) if page.rows > 1 else Aff(0)
+        summed = [(sym, lp) for _, sym, lp in self.frames[len(acc.opened) :] if sym is not None]
+        self.fixed_sum(op, [lp for _, _, lp in self.frames[len(acc.opened) :]])
+        col = self.addr(op, op.op.at) + kk
+        acc.row_terms.append(RowTerm(page.cell.subst({PR: row, PC: kk}), col, (*(s for s, _ in summed), *kk.syms())))
+        acc.summed.update(summed)
+        acc.reduce, acc.rows = stage, page.rows
+
+    def pack_rows(self, op: PackAcc, acc: Acc) -> None:
+        """PackAcc of a row accumulator: a row vector, one tile a row, each row's reduction (in every column)."""
+        stage = acc.reduce or next(
+            (s for s in self.index.p.stages if tuple(map(self.index.ring, s.outs)) == (self.index.ring(op.to),)), None
+        )  # nothing reduced yet: the stage whose ring it fills
+        if stage is None or not isinstance(stage.kind, ComputeStage) or not isinstance(stage.kind.op, RowReduce):
+            raise self.wrong(
+                op, f"it packs a row accumulator into {self.index.name(op.to)}, which no row reduction fills"
+            )
+        rows = acc.rows or op.tiles
+        if op.tiles != rows or op.accumulate:
+            raise self.unsure(
+                op,
+                f"it packs {op.tiles} tiles of a row accumulator of {rows} rows; the semantic rule follows a pack of"
+                " every row, one tile each",
+                op.to,
+            )
+        self.declared_ring(op, op.to, stage.outs[0])
+        rename: dict[Sym, Aff] = {ACC_ROW: Aff.of(PR)}
+        for t in acc.row_terms:
+            for s in t.sums:
+                if s not in rename:
+                    rename[s] = self.site.fresh(s.label, self.site.ranges[s])
+        terms = tuple(
+            RowTerm(t.cell.subst(rename), t.col.subst(rename), tuple(x for s in t.sums for x in rename[s].syms()))
+            for t in acc.row_terms
+        )
+        self.fill(op, op.to, Page(rows, 1, RowVec(stage.kind.op, terms)))
         acc.packed = True
 
     def add_partial(self, op: Compute) -> None:
@@ -513,8 +603,22 @@ class EngineRun:
     def elementwise(self, op: Compute) -> None:
         self.stage_of(op)
         pages = [self.front(op, b) for b in op.ins]
-        page = pages[0]
-        for other, buf in zip(pages[1:], op.ins[1:], strict=True):
+        by_row = set(row_reads(op.op.expr)) if isinstance(op.op, Map) else set()
+        whole = [i for i in range(len(pages)) if i not in {i for i, _ in by_row}]
+        if not whole:
+            raise self.unsure(op, "it maps row vectors alone; the semantic rule follows maps of a page of values")
+        page = pages[whole[0]]
+        for i, width in sorted(by_row):
+            vec = pages[i]
+            if (vec.rows, vec.width) != (page.rows, 1) or width != page.width:
+                raise self.unsure(
+                    op,
+                    f"it reads a row vector of {vec.rows}x{vec.width} tiles as rows {width} tiles wide against a page"
+                    f" of {page.rows} rows of {page.width}; the semantic rule follows a row vector of one tile a page"
+                    " row",
+                    op.ins[i],
+                )
+        for other, buf in ((pages[i], op.ins[i]) for i in whole[1:]):
             if (other.rows, other.width) != (page.rows, page.width):
                 raise self.unsure(
                     op,
@@ -543,6 +647,11 @@ class EngineRun:
             col = self.addr(op, at) + Aff.of(PC)
         inners = tuple(p.cell for p in pages)
         self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(op.op, inners, col)))
+
+
+def _kind(op: object) -> type:
+    """Which stages a scheduled compute op may run: those of its class (a map's, a requant's: any elementwise)."""
+    return type(op) if isinstance(op, MatmulTiles | RowReduce | AddPartial) else Map
 
 
 def renamed(term: Product | Partial, rename: dict[Sym, Aff]) -> Product | Partial:

@@ -54,6 +54,7 @@ from ...ir.ops import (
     McastSend,
     McastSetValid,
     ReadTiles,
+    RowReduce,
     SemInc,
     Trip,
     cols,
@@ -66,7 +67,21 @@ from .declared import declared
 from .facts import Programs
 from .handshake import multicast_senders
 from .partials import Workspace, check_handshake, item_values, raises
-from .symbolic import WITNESS_LIMIT, AccSum, Aff, Cell, Copy, Elem, Partial, Product, Sym, TileRef, one_to_one, split
+from .symbolic import (
+    WITNESS_LIMIT,
+    AccSum,
+    Aff,
+    Cell,
+    Copy,
+    Elem,
+    Partial,
+    Product,
+    RowVec,
+    Sym,
+    TileRef,
+    one_to_one,
+    split,
+)
 
 ENUM_LIMIT = 1 << 22  # k-tiles listed when interleaved products are not one mixed radix (an unrolled K loop)
 
@@ -525,6 +540,8 @@ class _Proof:
         op = stage.kind.op if isinstance(stage.kind, ComputeStage) else None
         if isinstance(stage.kind, ReadStage):  # a map program's input: the same tile of the tensor read
             self.copied(cell, stage, row, col, path)
+        elif isinstance(op, RowReduce):
+            self.reduced(cell, stage, row, path)
         elif isinstance(op, MatmulTiles):
             if not isinstance(cell, AccSum):
                 raise self.fail(
@@ -569,6 +586,42 @@ class _Proof:
                 f"{self.tile_text(values)} ({self.item_text(values)}){path} maps {name} tile"
                 f" ({ref.row.at(values)}, {ref.col.at(values)}), not its own",
                 ref,
+            )
+
+    def reduced(self, cell: Cell, stage: Stage, row: Aff, path: str) -> None:
+        """A row vector read at tile row `row`: stage `stage`'s reduction of that row — its terms the declared value
+        of the ring it reduces at (row, column), the columns 0..N-1 each exactly once, N whole tiles of the row's
+        values (the op masks the padding past them)."""
+        op = stage.kind.op  # type: ignore[union-attr]
+        assert isinstance(op, RowReduce)
+        where = f"{self.tile_text(self.base())}{path}"
+        if not isinstance(cell, RowVec) or not same_op(cell.op, op):
+            raise self.fail(f"{where} reads {_cell_text(cell)} where stage {stage.name} declares {compute_text(op)}")
+        (ring,) = stage.ins
+        inside = f"{path}, in the row {op.op} of stage {stage.name}"
+        spans, total = [], 0
+        for t in cell.terms:
+            if t.col.syms() - set(t.sums):
+                moves = ", ".join(sorted(s.label for s in t.col.syms() - set(t.sums)))
+                raise self.fail(
+                    f"{where}: the columns stage {stage.name} reduces move with {moves}, a loop that does"
+                    " not add into its accumulator"
+                )
+            self.value(t.cell, self.site.index.ring(ring), (row, t.col), inside)
+            spans.append(one_to_one(t.col, self.ranges) if set(t.sums) == t.col.syms() else None)
+            total += math.prod(self.ranges[s] for s in t.sums)
+        out, tile = self.decl.out, self.site.index.p.tile.cols
+        need, most = math.ceil(op.cols / tile), out.tiles[1]
+        end = 0
+        for first, count in sorted(x for x in spans if x is not None):
+            end = first + count if first == end else -1
+        if None in spans or end != total or not need <= total <= most:
+            lo = min((t.col.span(self.ranges)[0] for t in cell.terms), default=0)
+            hi = max((t.col.span(self.ranges)[1] for t in cell.terms), default=-1)
+            got = f"tile columns {lo}..{hi} ({total} tiles)" if cell.terms else "no tile column"
+            raise self.fail(
+                f"{where}: stage {stage.name}'s row {op.op} reduces {got} of the row; its {op.cols} values need tile"
+                f" columns 0..{need - 1} each exactly once"
             )
 
     def reduction(self, acc: AccSum, mm: MatmulDecl, row: Aff, col: Aff, path: str) -> None:
@@ -751,4 +804,6 @@ def _cell_text(cell: Cell) -> str:
             return "a sum of products"
         case Copy(ref):
             return f"a copy of tensor {int(ref.tensor)}'s tile"
+        case RowVec(op=op):
+            return f"a row vector ({compute_text(op)})"
     return "?"

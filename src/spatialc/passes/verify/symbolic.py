@@ -217,7 +217,31 @@ class Elem:
         return Elem(self.op, inners, None if self.bias_col is None else self.bias_col.subst(m))
 
 
-Cell = Copy | AccSum | Elem
+@dataclass(frozen=True, slots=True)
+class RowTerm:
+    """What one row reduction op added to a row accumulator: the elements of tile `cell` of the page it reduced (the
+    tile in the accumulator's row, at tile column `col` of the row), over the `sums` symbols (each over its range)."""
+
+    cell: Cell
+    col: Aff
+    sums: tuple[Sym, ...]
+
+    def subst(self, m: Mapping[Sym, Aff]) -> RowTerm:
+        return RowTerm(self.cell.subst(m), self.col.subst(m), self.sums)
+
+
+@dataclass(frozen=True, slots=True)
+class RowVec:
+    """A packed row accumulator: each row's `op` (a RowReduce) over the elements of its terms (none: the identity)."""
+
+    op: ComputeOp
+    terms: tuple[RowTerm, ...]
+
+    def subst(self, m: Mapping[Sym, Aff]) -> RowVec:
+        return RowVec(self.op, tuple(t.subst(m) for t in self.terms))
+
+
+Cell = Copy | AccSum | Elem | RowVec
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from ...ir.ops import (
     ACTIVATION_OPS,
     CHOREO_OPS,
     MAX_EXPR_NODES,
+    REDUCE_OPS,
     AcquireAcc,
     AddPartial,
     Apply,
@@ -66,6 +67,8 @@ from ...ir.ops import (
     ReleaseAcc,
     Requant,
     Reserve,
+    RowArg,
+    RowReduce,
     SemInc,
     SemSet,
     SemWait,
@@ -103,6 +106,7 @@ MAX_ITEM_SIDE = 1024
 MAX_RING_DEPTH = 1024
 # A page's or an accumulator's tiles: at most an item's, MAX_ITEM_SIDE a side (nothing holds more at once).
 MAX_BUFFER_TILES = MAX_ITEM_SIDE * MAX_ITEM_SIDE
+MAX_REDUCE_COLS = 2**31 - 1  # a row's logical width: what a tensor's side may be
 
 
 def check_target(p: SpatialProgram, target: SpatialTarget | None = None) -> None:
@@ -240,6 +244,14 @@ def compute_fault(op: ComputeOp, precision: Precision) -> str | None:
             ):
                 if not lo <= v <= hi:
                     return f"a requant {what} lies in [{lo}, {hi}], not {v}"
+        case RowReduce(name, n, _, width):
+            if name not in REDUCE_OPS:
+                return f"no row reduction {name!r}: the reductions are {', '.join(REDUCE_OPS)}"
+            if not 1 <= n <= MAX_REDUCE_COLS or not 1 <= width <= MAX_ITEM_SIDE:
+                return (
+                    f"a row reduction reduces 1 to {MAX_REDUCE_COLS} columns in pages 1 to {MAX_ITEM_SIDE} tiles wide,"
+                    f" not {n} columns in pages {width} wide"
+                )
         case MatmulTiles(block, sub_blocks, _):
             if min(block.osh, block.osw, block.ibw, *sub_blocks) < 1:
                 return (
@@ -399,6 +411,8 @@ def expr_fault(expr: Expr, precision: Precision) -> str | None:
                     )
             case Arg(i) if i < 0:
                 return f"an expression reads input page {i}"
+            case RowArg(i, width) if i < 0 or width < 1:
+                return f"an expression reads row vector {i} against pages {width} tiles wide"
             case Col(_, _, width) if width < 1:
                 return f"a column vector is at least 1 tile wide, not {width}"
     return None
@@ -720,10 +734,12 @@ class _OpCheck:
             raise self.fail(op, "a tile matmul reads two rings (A, B) and adds into an accumulator; it fills no ring")
         if isinstance(op.op, AddPartial) and (len(op.ins) != 1 or op.outs or op.acc is None):
             raise self.fail(op, "adding a partial sum reads one ring into an accumulator; it fills no ring")
+        if isinstance(op.op, RowReduce) and (len(op.ins) != 1 or op.outs or op.acc is None):
+            raise self.fail(op, "a row reduction reads one ring into an accumulator; it fills no ring")
         why = compute_fault(op.op, self.index.p.precision)
         if why is not None:
             raise self.fail(op, why)
-        elementwise = not isinstance(op.op, MatmulTiles | AddPartial)
+        elementwise = not isinstance(op.op, MatmulTiles | AddPartial | RowReduce)
         pages = max(arg_indices(op.op.expr), default=0) + 1 if isinstance(op.op, Map) else 1
         if elementwise and (len(op.ins) != pages or len(op.outs) != 1 or op.acc is not None):
             raise self.fail(
@@ -734,6 +750,8 @@ class _OpCheck:
         if isinstance(op.op, Map):
             for c in cols(op.op.expr):
                 self.bias(op, c, bound)
+        if isinstance(op.op, RowReduce):
+            self.addr(op, op.op.at, bound)
 
     def bias(self, op: Compute, bias: Col, bound: tuple[LoopVar, ...]) -> None:
         """A bias names a parameter row, read at an address of bound variables (that it holds one value per column

@@ -174,6 +174,10 @@ struct Block {
     std::atomic<unsigned> bar_gen{0};
     std::vector<int> warp_live, warp_arrived;
     std::unique_ptr<std::atomic<unsigned>[]> warp_gen;
+    // Warp shuffles: each warp's lanes met so far, its meetings' generation, and each thread's posted value.
+    std::vector<int> shfl_arrived;
+    std::unique_ptr<std::atomic<unsigned>[]> shfl_gen;
+    std::vector<unsigned long long> shfl_slot;
     std::unique_ptr<ThreadState[]> threads;
     unsigned long block_linear = 0;
     char* dyn = nullptr;  // its dynamic shared memory (null: the one block at a time uses `dyn_base`)
@@ -212,6 +216,10 @@ SPATIALC_EMU_FN void release_stores();
 // __threadfence: a release of the calling thread's block that its later atomic adds publish (emu_global.h).
 SPATIALC_EMU_FN void fence_epoch();
 SPATIALC_EMU_FN void warp_barrier(unsigned mask, int line);
+// A shuffle's exchange: the calling lane posts `value` and gets the value lane `lane` of its warp posted (with
+// `by_xor`, lane this lane ^ `lane`).
+SPATIALC_EMU_FN unsigned long long warp_shuffle(unsigned mask, unsigned long long value, int lane, bool by_xor,
+                                                int width, int line);
 
 inline ThreadState& me(const char* what) {
     if (!self) outside_kernel(what);
@@ -233,6 +241,25 @@ constexpr int warpSize = spatialc_emu::kWarp;
 inline void __syncthreads(int line = __builtin_LINE()) { spatialc_emu::block_barrier(line); }
 inline void __syncwarp(unsigned mask = 0xffffffffu, int line = __builtin_LINE()) {
     spatialc_emu::warp_barrier(mask, line);
+}
+// __shfl_sync and __shfl_xor_sync of a value of at most 8 bytes, over the whole warp (a full mask, width 32).
+template <class T>
+inline T spatialc_emu_shuffle(unsigned mask, T var, int lane, bool by_xor, int width, int line) {
+    static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes");
+    unsigned long long bits = 0;
+    std::memcpy(&bits, &var, sizeof(T));
+    bits = spatialc_emu::warp_shuffle(mask, bits, lane, by_xor, width, line);
+    T out;
+    std::memcpy(&out, &bits, sizeof(T));
+    return out;
+}
+template <class T>
+inline T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32, int line = __builtin_LINE()) {
+    return spatialc_emu_shuffle(mask, var, src_lane, false, width, line);
+}
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32, int line = __builtin_LINE()) {
+    return spatialc_emu_shuffle(mask, var, lane_mask, true, width, line);
 }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence() {

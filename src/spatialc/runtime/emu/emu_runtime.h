@@ -270,6 +270,51 @@ SPATIALC_EMU_FN void warp_barrier(unsigned mask, int line) {
     t.where = "running";
 }
 
+// ---- warp shuffles -------------------------------------------------------------------------------------------------
+
+// Until every lane of the calling thread's warp has come here as often: one meeting of a shuffle. Unlike __syncwarp
+// it orders no memory access (the lanes' barrier intervals stay as they were) and lands no pending store: a shuffle
+// moves registers, and a kernel that relied on one to order its shared-memory accesses would race on the GPU.
+SPATIALC_EMU_FN void shuffle_meet(ThreadState& t, int line) {
+    Block& b = blk();
+    const size_t w = (size_t)t.warp;
+    std::unique_lock<std::mutex> lk(b.mu);
+    if (b.warp_live[w] != kWarp)
+        fatal(kExitMisuse, "a shuffle of all 32 lanes (line " + std::to_string(line) + ") in a warp of " +
+                               std::to_string(b.warp_live[w]) + " live lanes");
+    t.where = "__shfl_sync()";
+    t.where_line = line;
+    if (++b.shfl_arrived[w] == kWarp) {
+        b.blocked -= kWarp - 1;
+        b.shfl_arrived[w] = 0;
+        b.shfl_gen[w].fetch_add(1, std::memory_order_release);
+        b.shfl_gen[w].notify_all();
+        progress.fetch_add(1, std::memory_order_relaxed);
+    } else {
+        if (++b.blocked == b.live && stuck(b)) deadlock(b);
+        const unsigned seen = b.shfl_gen[w].load(std::memory_order_relaxed);
+        lk.unlock();
+        await_generation(b.shfl_gen[w], seen);
+    }
+    t.where = "running";
+}
+
+SPATIALC_EMU_FN unsigned long long warp_shuffle(unsigned mask, unsigned long long value, int lane, bool by_xor,
+                                                int width, int line) {
+    ThreadState& t = me("__shfl_sync()");
+    if (mask != 0xffffffffu || width != kWarp)
+        fatal(kExitMisuse, "a shuffle with a partial mask or a width other than 32 is not emulated (line " +
+                               std::to_string(line) + ")");
+    Block& b = blk();
+    const int first = t.warp * kWarp;
+    b.shfl_slot[(size_t)(first + t.lane)] = value;
+    shuffle_meet(t, line);  // every lane has posted its value
+    const int from = (by_xor ? t.lane ^ lane : lane) & (kWarp - 1);  // a lane out of range is taken modulo 32
+    const unsigned long long got = b.shfl_slot[(size_t)(first + from)];
+    shuffle_meet(t, line);  // and read its source's before any lane posts its next
+    return got;
+}
+
 // ---- shared regions and the race check -----------------------------------------------------------------------------
 
 constexpr int kMaxRegions = 8192;  // a cooperative launch registers every block's dynamic rings
@@ -1328,6 +1373,10 @@ SPATIALC_EMU_FN void reset_block(Block& b, int n, unsigned long linear) {
     b.n_store_reads.store(0);
     b.warp_live.assign((size_t)b.nwarps, 0);
     b.warp_arrived.assign((size_t)b.nwarps, 0);
+    b.shfl_arrived.assign((size_t)b.nwarps, 0);
+    b.shfl_gen.reset(new std::atomic<unsigned>[(size_t)b.nwarps]);
+    for (int w = 0; w < b.nwarps; ++w) b.shfl_gen[w].store(0);
+    b.shfl_slot.assign((size_t)b.nwarps * kWarp, 0);
     b.warp_gen.reset(new std::atomic<unsigned>[(size_t)b.nwarps]);
     for (int w = 0; w < b.nwarps; ++w) b.warp_gen[w].store(0);
     b.threads.reset(new ThreadState[(size_t)n]);

@@ -1,0 +1,259 @@
+"""Programs that reduce rows (`spatialc.rows`: softmax, RMSNorm): their plan, placement and schedule.
+
+An item is a band of bh tile rows, the whole width of the rows; it is walked in pages of bh × bw tiles, one pass
+over its pages for each row reduction and one for the output: a pass reads the rows' pages again (each read stage is
+one pass's), maps them where a map stands before the reduction, and folds them into a row accumulator, packed at the
+pass's end as a row vector that later passes read whole (`RowArg`). The plan is a GEMM plan read so: a block of bh
+rows by the row's width, reduced bw tile columns a step (`BlockShape(bh, nj·bw, bw)`, K = the row's tiles), one item
+a band (`grid (ny, 1)`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..errors import PlanError, ProgramError
+from ..ir.ids import LV_ITEM, LV_ITEM_Y, LV_K, BufferId
+from ..ir.nodes import (
+    Accumulator,
+    Buffer,
+    ComputeStage,
+    EngineProgram,
+    Fifo,
+    Interm,
+    Placement,
+    Plan,
+    ReadStage,
+    Schedule,
+    SpatialProgram,
+    Stage,
+    TensorRole,
+    WriteStage,
+)
+from ..ir.ops import (
+    AcquireAcc,
+    BlockShape,
+    ChoreoOp,
+    Col,
+    Compute,
+    Const,
+    Loop,
+    Map,
+    PackAcc,
+    Pop,
+    Push,
+    ReadTiles,
+    ReleaseAcc,
+    Reserve,
+    RowReduce,
+    TileAddr,
+    Wait,
+    WriteTiles,
+    with_cols,
+    with_row_args,
+)
+from ..ir.worklist import MAX_SITES
+from ..target import SpatialTarget
+from .place import split
+
+SIDES = (1, 2, 4, 8)
+VALUE_BYTES = 4  # a page element as the general form's rings hold it at most (a float32 value)
+SITES_PER_UNIT = 2  # blocks an SM runs at once: two hide each other's waits on global memory
+ITEM_OVERHEAD = 2.0  # an item's fixed cost, in tiles streamed
+
+
+def is_row_program(p: SpatialProgram) -> bool:
+    """Whether `p` reduces rows: a program `spatialc.rows` makes, planned here."""
+    return any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for s in p.stages)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowShape:
+    """A row program's parts: its compute stages in order (reductions and maps), the one write, and which stage
+    fills each ring."""
+
+    computes: tuple[Stage, ...]
+    write: Stage
+    producer: dict[BufferId, Stage]
+
+
+def row_shape(p: SpatialProgram) -> RowShape:
+    """The program's stages as a row program, or ProgramError saying what one is."""
+    writes = [s for s in p.stages if isinstance(s.kind, WriteStage)]
+    computes = tuple(s for s in p.stages if isinstance(s.kind, ComputeStage))
+    if len(writes) != 1 or any(not isinstance(s.kind.op, RowReduce | Map) for s in computes):  # type: ignore[union-attr]
+        raise ProgramError("a row program holds reads, row reductions and maps, and one write")
+    producer = {b: s for s in p.stages for b in s.outs}
+    return RowShape(computes, writes[0], producer)
+
+
+def _cost(bh: int, bw: int, m_t: int, n_t: int, passes: int, sites: int) -> float:
+    """The busiest site's time in tiles streamed: its bands (whole waves), each pass over each band's pages."""
+    bands = math.ceil(m_t / bh)
+    pages = math.ceil(n_t / bw)
+    return math.ceil(bands / sites) * (passes * pages * (bh * bw + ITEM_OVERHEAD))
+
+
+def ring_bytes(p: SpatialProgram, bh: int, bw: int, depth: int) -> int:
+    """Shared memory of a site's rings: `depth` pages of bh × bw tiles for each read and map ring, one page of bh
+    tiles for each row vector."""
+    shape = row_shape(p)
+    vectors = {b for s in shape.computes if isinstance(s.kind.op, RowReduce) for b in s.outs}  # type: ignore[union-attr]
+    pages = sum(bh if b.id in vectors else depth * bh * bw for b in p.buffers if isinstance(b.kind, Fifo | Interm))
+    return pages * p.tile.elems * VALUE_BYTES
+
+
+def plan_rows(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] | None, depth: int | None) -> Plan:
+    """Bands of bh tile rows walked in pages bw tiles wide: the cheapest by `_cost` whose rings fit a site's shared
+    memory (or the block forced), two pages a ring unless forced."""
+    shape = row_shape(p)
+    out = p.tensor(shape.write.kind.tensor)  # type: ignore[union-attr]
+    m_t, n_t = out.tiles
+    passes = 1 + sum(isinstance(s.kind.op, RowReduce) for s in shape.computes)  # type: ignore[union-attr]
+    d = 2 if depth is None else depth
+    sides = [block] if block is not None else [(h, w) for h in SIDES for w in SIDES]
+    sites = target.units * SITES_PER_UNIT
+    best = None
+    for bh, bw in sides:
+        if min(bh, bw, d) < 1:
+            raise PlanError(f"a row program's block ({bh}x{bw} tiles) and depth ({d}) must be ≥ 1")
+        if ring_bytes(p, bh, bw, d) > target.smem_per_site_max:
+            continue
+        key = (_cost(bh, bw, m_t, n_t, passes, sites), -bw, bh)
+        best = key if best is None or key < best else best
+    if best is None:
+        raise PlanError(
+            f"no block of a row program fits {target.name}'s {target.smem_per_site_max} bytes of shared memory a"
+            " site; force a smaller block or depth"
+        )
+    _, neg_bw, bh = best
+    bw = -neg_bw
+    nj = math.ceil(n_t / bw)
+    return Plan(BlockShape(bh, nj * bw, bw), (1, 1), (math.ceil(m_t / bh), 1), nj * bw, d)
+
+
+def apply_row_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
+    """Rings sized by the plan (row vectors one page of bh tiles), one accumulator of bh tiles a reduction, tensors
+    padded to whole bands and pages."""
+    shape = row_shape(p)
+    bh, bw = plan.block.osh, plan.block.ibw
+    rows_t, cols_t = plan.grid[0] * bh, plan.k_tiles
+    vectors = {b for s in shape.computes if isinstance(s.kind.op, RowReduce) for b in s.outs}  # type: ignore[union-attr]
+    buffers = []
+    for b in p.buffers:
+        if isinstance(b.kind, Fifo | Interm):
+            depth, tiles = (1, bh) if b.id in vectors else (plan.depth, bh * bw)
+            b = dataclasses.replace(b, kind=dataclasses.replace(b.kind, depth_pages=depth, page_tiles=tiles))
+        buffers.append(b)
+    for s in shape.computes:
+        if isinstance(s.kind.op, RowReduce):  # type: ignore[union-attr]
+            buffers.append(Buffer(BufferId(len(buffers)), f"{s.name}_acc", Accumulator(bh)))
+    tensors = []
+    for t in p.tensors:
+        if t.role in (TensorRole.INPUT, TensorRole.OUTPUT):
+            t = dataclasses.replace(t, tiles=(rows_t, cols_t))
+        elif t.role == TensorRole.PARAMETER and t.elems[0] == 1:
+            t = dataclasses.replace(t, tiles=(1, cols_t))
+        tensors.append(t)
+    return p.evolve(plans=(plan,), buffers=tuple(buffers), tensors=tuple(tensors))
+
+
+def place_rows(
+    p: SpatialProgram, target: SpatialTarget, sites: int | None = None, placement: str | None = None
+) -> SpatialProgram:
+    """Bands over sites: by default as many sites as the target keeps resident, at most one a band."""
+    plan = p.plan
+    assert plan is not None
+    if sites is None:
+        sites = max(1, min(plan.items, target.units * SITES_PER_UNIT))
+    if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:
+        raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
+    kind = placement or "contiguous"
+    return p.evolve(placement=Placement(split(plan.items, sites, kind, plan.placed, 0), (), kind, 0))
+
+
+def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
+    """Each engine's per-band body: a pass over the band's pages for each reduction, in stage order, then one for
+    the output."""
+    plan = p.plan
+    assert plan is not None
+    shape = row_shape(p)
+    bh, bw, nj = plan.block.osh, plan.block.ibw, plan.k_steps
+    col_at = TileAddr(0, ((LV_K, bw),))  # the page's first tile column of the row
+    accs = {s.id: b.id for s in shape.computes for b in p.buffers if b.name == f"{s.name}_acc"}
+    reader: list[ChoreoOp] = []
+    compute: list[ChoreoOp] = []
+    vectors: list[BufferId] = []
+    done: set[BufferId] = set()
+
+    def read_loop(rings: list[BufferId]) -> None:
+        body: list[ChoreoOp] = []
+        for ring in rings:
+            t = p.tensor(shape.producer[ring].kind.tensor)  # type: ignore[union-attr]
+            at = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_K, bw)))
+            body += [Reserve(ring), ReadTiles(t.id, at, bh, bw, t.tiles[1], 1, ring), Push(ring)]
+        if body:
+            reader.append(Loop(LV_K, Const(nj), tuple(body)))
+
+    def map_ops(s: Stage) -> list[ChoreoOp]:
+        op = s.kind.op  # type: ignore[union-attr]
+        assert isinstance(op, Map)
+        placed = Map(with_row_args(with_cols(op.expr, lambda c: Col(c.tensor, col_at, bw)), bw))
+        pages = [b for b in s.ins if b not in vectors]
+        (out,) = s.outs
+        return [*(Wait(b) for b in pages), Reserve(out), Compute(placed, s.ins, (out,)), Push(out), *map(Pop, pages)]
+
+    for s in shape.computes:
+        op = s.kind.op  # type: ignore[union-attr]
+        if isinstance(op, Map) and s is not shape.producer.get(shape.write.ins[0]):
+            continue  # a map that feeds a reduction runs inside that reduction's pass
+        feeding = [shape.producer[b] for b in s.ins if b not in vectors]
+        pass_maps = [f for f in feeding if isinstance(f.kind, ComputeStage)]
+        reads = [b for f in pass_maps for b in f.ins if b not in vectors] + [
+            b for b, f in zip(s.ins, feeding, strict=False) if isinstance(f.kind, ReadStage)
+        ]
+        read_loop([b for b in reads if b not in done])
+        done.update(reads)
+        body: list[ChoreoOp] = [x for f in pass_maps for x in map_ops(f)]
+        if isinstance(op, RowReduce):
+            (src,) = s.ins
+            acc, (out,) = accs[s.id], s.outs
+            reduce = Compute(dataclasses.replace(op, at=col_at, width=bw), (src,), acc=acc)
+            compute.append(AcquireAcc(acc))
+            compute.append(Loop(LV_K, Const(nj), (*body, Wait(src), reduce, Pop(src))))
+            compute += [Reserve(out), PackAcc(acc, out, bh), Push(out), ReleaseAcc(acc), Wait(out)]
+            vectors.append(out)
+        else:
+            compute.append(Loop(LV_K, Const(nj), (*body, *map_ops(s))))
+    compute += [Pop(v) for v in vectors]
+    t = p.tensor(shape.write.kind.tensor)  # type: ignore[union-attr]
+    at_out = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_K, bw)))
+    (last,) = shape.write.ins
+    write = (Wait(last), WriteTiles(last, t.id, at_out, bh, bw, t.tiles[1], 1), Pop(last))
+    writer = (Loop(LV_K, Const(nj), write),)
+    return {"reader": tuple(reader), "compute": tuple(compute), "writer": writer}
+
+
+def schedule_rows(p: SpatialProgram) -> SpatialProgram:
+    """Each site's engines run the per-band bodies over their bands."""
+    from ..ir.nodes import Engine
+
+    assert p.placement is not None
+    bodies = row_bodies(p)
+    item_loop = any(len(items) > 1 for _, items in p.placement.items_of_site)
+    wrapped: dict[int, dict[str, tuple[ChoreoOp, ...]]] = {}
+    programs = []
+    for site, items in p.placement.items_of_site:
+        n = len(items)
+        if n not in wrapped:
+            wrapped[n] = {e: _over_items(body, n, item_loop) for e, body in bodies.items()}
+        for engine in (Engine.READER, Engine.COMPUTE, Engine.WRITER):
+            programs.append(EngineProgram(site, engine, wrapped[n][engine.value]))
+    return p.evolve(schedule=Schedule(tuple(programs)))
+
+
+def _over_items(body: tuple[ChoreoOp, ...], n: int, item_loop: bool) -> tuple[ChoreoOp, ...]:
+    if item_loop:
+        return (Loop(LV_ITEM, Const(n), body),)
+    return body if n else ()

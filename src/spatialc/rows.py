@@ -1,0 +1,140 @@
+"""Programs that reduce rows (issue 31): softmax and RMSNorm, written with nothing but reads, row reductions and maps.
+
+A row reduction (`RowReduce`) folds each row of a tensor into one value — its max, sum, sum of squares — and a map
+reads that value back as a row vector (`RowArg`): x − max(x) row by row. A row longer than a page is reduced over
+its pages in turn into a row accumulator, then read again for the map: each pass reads the row's pages once more
+(`passes/rows.py` plans and schedules the passes).
+
+    p = spatialc.build(spatialc.softmax(4096, 4096, "bf16"), "sm_90")
+    p = spatialc.build(spatialc.rmsnorm(4096, 4096, eps=1e-6), "sm_90")
+"""
+
+from __future__ import annotations
+
+import math
+
+from .errors import ProgramError
+from .frontend import OUTPUT_CHOICES, TILE, _check_size, _dim, precision_of
+from .ir.ids import BufferId, StageId, TensorId
+from .ir.nodes import (
+    Buffer,
+    ComputeStage,
+    DType,
+    Engine,
+    Fifo,
+    Interm,
+    ReadStage,
+    SpatialProgram,
+    Stage,
+    Tensor,
+    TensorRole,
+    WriteStage,
+    accumulator_dtype,
+)
+from .ir.ops import Apply, Arg, Col, Expr, Lit, Map, Precision, RowArg, RowReduce
+
+
+class _Builder:
+    """Tensors, rings and stages of a row program, added in order."""
+
+    def __init__(self, m: int, n: int, precision: Precision) -> None:
+        self.m, self.n, self.prec = m, n, precision
+        self.tiles = (math.ceil(m / TILE.rows), math.ceil(n / TILE.cols))
+        self.tensors: list[Tensor] = []
+        self.buffers: list[Buffer] = []
+        self.stages: list[Stage] = []
+
+    def tensor(self, name: str, role: TensorRole, elems: tuple[int, int], dtype: DType) -> TensorId:
+        tid = TensorId(len(self.tensors))
+        tiles = (math.ceil(elems[0] / TILE.rows), math.ceil(elems[1] / TILE.cols))
+        self.tensors.append(Tensor(tid, name, role, elems, tiles, dtype))
+        return tid
+
+    def ring(self, name: str, fifo: bool = False) -> BufferId:
+        bid = BufferId(len(self.buffers))
+        self.buffers.append(Buffer(bid, name, Fifo(1, 1) if fifo else Interm(1, 1)))
+        return bid
+
+    def stage(self, name: str, kind, engine: Engine, ins=(), outs=()) -> None:
+        self.stages.append(Stage(StageId(len(self.stages)), name, kind, engine, tuple(ins), tuple(outs)))
+
+    def read(self, tensor: TensorId, name: str) -> BufferId:
+        """A read of `tensor` into a ring of its own (each pass reads the rows again)."""
+        ring = self.ring(f"{name}_ring", fifo=True)
+        self.stage(f"read_{name}", ReadStage(tensor), Engine.READER, outs=(ring,))
+        return ring
+
+    def reduce(self, name: str, op: str, ring: BufferId) -> BufferId:
+        out = self.ring(f"{name}_ring")
+        self.stage(name, ComputeStage(RowReduce(op, self.n)), Engine.COMPUTE, ins=(ring,), outs=(out,))
+        return out
+
+    def map(self, name: str, expr: Expr, ins: tuple[BufferId, ...]) -> BufferId:
+        out = self.ring(f"{name}_ring")
+        self.stage(name, ComputeStage(Map(expr)), Engine.COMPUTE, ins=ins, outs=(out,))
+        return out
+
+    def write(self, ring: BufferId, tensor: TensorId) -> None:
+        self.stage("write_out", WriteStage(tensor), Engine.WRITER, ins=(ring,))
+
+    def program(self, name: str, target: str) -> SpatialProgram:
+        return SpatialProgram(
+            name, target, TILE, self.prec, tuple(self.tensors), tuple(self.stages), tuple(self.buffers)
+        )
+
+
+def _begin(m: int, n: int, precision: object, out: str | None, what: str) -> tuple[_Builder, DType]:
+    m, n = _dim("m", m), _dim("n", n)
+    _check_size(m, n, 1)
+    prec = precision_of(precision)
+    if prec == Precision.INT8:
+        raise ProgramError(f"{what} is float arithmetic (exp, rsqrt); use fp16 or bf16")
+    choices = OUTPUT_CHOICES["float"]
+    if out is not None and out not in choices:
+        raise ProgramError(f"a {prec.value} {what}'s output is one of {', '.join(choices)}, not {out!r}")
+    return _Builder(m, n, prec), DType(out) if out is not None else DType.FLOAT32
+
+
+def softmax(
+    m: int, n: int, precision: str | Precision = "bf16", *, target: str = "sm_90", out: str | None = None
+) -> SpatialProgram:
+    """The program out = softmax(x) along each row of x (m × n): exp(x − max) / Σ exp(x − max), in three passes over
+    each row — its max, the sum of exp(x − max), then the quotient — before tiling."""
+    b, out_dtype = _begin(m, n, precision, out, "softmax")
+    x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
+    y = b.tensor("out", TensorRole.OUTPUT, (b.m, b.n), out_dtype)
+    peak = b.reduce("row_max", "max", b.read(x, "x0"))
+    shifted = Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),))
+    exps = b.map("exp", shifted, (b.read(x, "x1"), peak))
+    total = b.reduce("row_sum", "sum", exps)
+    quotient = Apply("div", (Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)), RowArg(2)))
+    b.write(b.map("normalise", quotient, (b.read(x, "x2"), peak, total)), y)
+    return b.program(f"softmax_{b.m}x{b.n}_{b.prec.value}", target)
+
+
+def rmsnorm(
+    m: int,
+    n: int,
+    precision: str | Precision = "bf16",
+    *,
+    eps: float = 1e-6,
+    weight: bool = True,
+    target: str = "sm_90",
+    out: str | None = None,
+) -> SpatialProgram:
+    """The program out = x · rsqrt(mean(x²) + eps) · w along each row of x (m × n), w the parameter tensor `weight`
+    of n values (float32; none with weight=False), in two passes over each row — its sum of squares, then the
+    scaling — before tiling."""
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) or eps < 0:
+        raise ProgramError(f"rmsnorm's eps is a finite number ≥ 0, not {eps!r}")
+    b, out_dtype = _begin(m, n, precision, out, "rmsnorm")
+    x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
+    w = b.tensor("weight", TensorRole.PARAMETER, (1, b.n), accumulator_dtype(b.prec)) if weight else None
+    y = b.tensor("out", TensorRole.OUTPUT, (b.m, b.n), out_dtype)
+    squares = b.reduce("row_sumsq", "sumsq", b.read(x, "x0"))
+    mean = Apply("div", (RowArg(1), Lit(float(b.n))))
+    scaled: Expr = Apply("mul", (Arg(0), Apply("rsqrt", (Apply("add", (mean, Lit(float(eps)))),))))
+    if w is not None:
+        scaled = Apply("mul", (scaled, Col(w)))
+    b.write(b.map("scale", scaled, (b.read(x, "x1"), squares)), y)
+    return b.program(f"rmsnorm_{b.m}x{b.n}_{b.prec.value}", target)
