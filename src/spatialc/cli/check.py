@@ -60,7 +60,9 @@ def plan_check(p: SpatialProgram, asked: str | None, seed: int, *, full_inputs: 
             way = "--check sampled (4 tile rows of C) or --check none" if sample else "--check none"
             raise TooLarge(f"{refused}: check a smaller size, or use {way}")
     if sample is None:
-        raise TooLarge(f"{p.name} multiplies a computed operand, which a sample cannot follow: --check full or none")
+        raise TooLarge(
+            f"{p.name} is not one tile matmul of two tensors, whose rows of A a sample follows: --check full or none"
+        )
     refused = _refused(p, sample, full_inputs)
     if refused is not None and asked is None:
         return _none_by_default(refused)

@@ -150,7 +150,7 @@ def _padding_note(p: SpatialProgram, plan) -> list[str]:
         ("N", -(-out.elems[1] // p.tile.cols), plan.grid[1] * w),
         ("K", -(-a.elems[1] // p.tile.cols), plan.k_tiles),
     )
-    mapped, rows = is_map_program(p), is_row_program(p)
+    mapped, rows = is_map_program(p), is_row_program(p)  # no matmul: no K to pad (a row program's K is its width)
     padded = [
         f"{side} from {need} to {have} tiles (+{(have - need) / need:.0%})"
         for side, need, have in (sides[:2] if mapped or rows else sides)

@@ -509,8 +509,9 @@ class Reduction:
 
     Float programs: sum and sumsq are the exactly rounded sum of the (float64) values (math.fsum), rounded once to
     float32; max, min and absmax are exact. A kernel sums in float32 in its own order, within `n` float32 units of
-    the sum of magnitudes (the classical bound; `bound`); its max, min and absmax are exact. NaN propagates through
-    each. Integer programs: exact int64 (sumsq too), max and min as they are.
+    the sum of magnitudes (the classical bound; `reduce_bound`); its max, min and absmax are exact. NaN propagates
+    through each, and a sum that meets +inf and -inf is NaN. Integer programs: exact int64 (sumsq too), max and min
+    as they are.
 
     `pre_op` and `combine` name ops of the elementwise table (None: `pre` is the value itself), whose C a kernel
     prints for them (`c_pre`, `c_combine`)."""
@@ -575,8 +576,17 @@ def reduce_rows(name: str, values: Any, integer: bool) -> Any:
     elif integer:
         out = np.sum(y, axis=1, keepdims=True, dtype=np.int64)
     else:  # exactly rounded, so that no order of summing can make two correct runs differ
-        out = np.array([[math.fsum(row)] for row in y.tolist()]) if y.size else np.zeros((x.shape[0], 1))
+        out = np.array([[_exact_sum(row)] for row in y.tolist()]) if y.size else np.zeros((x.shape[0], 1))
     return out if integer else out.astype(np.float32)
+
+
+def _exact_sum(values: list[float]) -> float:
+    """`values` summed exactly and rounded once (math.fsum), infinities as IEEE adds them in any order: NaN where
+    +inf and -inf meet, which fsum raises ValueError for instead."""
+    try:
+        return math.fsum(values)
+    except ValueError:
+        return math.nan
 
 
 def reduce_bound(name: str, values: Any, errors: Any) -> tuple[Any, Any]:

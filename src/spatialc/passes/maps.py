@@ -54,6 +54,7 @@ from .verify.wellformed import MAX_ITEMS
 SIDES = (1, 2, 4, 8)
 DEPTHS = (2, 3)
 ITEM_OVERHEAD = 2.0  # an item's fixed cost (waits, the loop, address arithmetic) in tiles of streaming
+BAND_PLACEMENTS = ("contiguous", "round_robin")  # the placements `place_map` takes
 SITES_PER_UNIT = 2  # blocks of a map kernel an SM runs at once: two hide each other's waits on global memory
 
 
@@ -185,6 +186,8 @@ def place_map(
     if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:
         raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
     kind = placement or "contiguous"
+    if kind not in BAND_PLACEMENTS:  # grouped orders a GEMM's items for reuse of A and B strips: nothing to reuse
+        raise ProgramError(f"a program with no matmul places its items contiguous or round_robin, not {kind!r}")
     return p.evolve(placement=Placement(split(plan.items, sites, kind, plan.placed, 0), (), kind, 0))
 
 

@@ -61,10 +61,8 @@ def _build_map(program, target, block, sub_blocks, depth, sites, placement, form
             raise ProgramError(f"{name} shapes a matmul's work; this program has no matmul")
     if form not in ("auto", "general"):
         raise ProgramError(f"a program without a matmul is printed in the general form only, not {form!r}")
-    if block is not None and (len(block) != 3 or block[2] != 1):
-        raise ProgramError(f"a map's block is (rows, columns, 1) of tiles, with no K, not {block!r}")
     p = program.evolve(target=target.name)
-    plan = plan_map(p, target, None if block is None else (block[0], block[1]), depth)
+    plan = plan_map(p, target, _page_block(block, "a map's block is (rows, columns, 1) of tiles, with no K"), depth)
     p = place_map(apply_map_plan(p, plan), target, sites, placement)
     return verify(schedule_map(p), target)
 
@@ -79,15 +77,22 @@ def _build_rows(
             raise ProgramError(f"{name} shapes a matmul's work; this program has no matmul")
     if form not in ("auto", "general"):
         raise ProgramError(f"a program that reduces rows is planned for the general form only, not {form!r}")
-    if block is not None and (len(block) != 3 or block[2] != 1):
-        raise ProgramError(
-            f"a row program's block is (rows, columns, 1) of tiles — a band of rows walked a page of columns at a"
-            f" time — not {block!r}"
-        )
+    said = "a row program's block is (rows, columns, 1) of tiles — a band of rows walked a page of columns at a time"
     p = program.evolve(target=target.name)
-    plan = plan_rows(p, target, None if block is None else (block[0], block[1]), depth)
+    plan = plan_rows(p, target, _page_block(block, said), depth)
     p = place_rows(apply_row_plan(p, plan), target, sites, placement)
     return verify(schedule_rows(p), target)
+
+
+def _page_block(block: object, said: str) -> tuple[int, int] | None:
+    """A map's or a row program's forced block, (rows, columns, 1) tiles, as (rows, columns); ProgramError (`said`,
+    and what was given) for anything else."""
+    if block is None:
+        return None
+    whole = isinstance(block, tuple | list) and all(isinstance(v, int) and not isinstance(v, bool) for v in block)
+    if not whole or len(block) != 3 or block[2] != 1:  # type: ignore[arg-type, index]
+        raise ProgramError(f"{said}, not {block!r}")
+    return block[0], block[1]  # type: ignore[index]
 
 
 def _passes(args: tuple, verified: bool = True) -> SpatialProgram:

@@ -14,7 +14,7 @@ import dataclasses
 import math
 
 from ..errors import PlanError, ProgramError
-from ..ir.ids import LV_ITEM, LV_ITEM_Y, LV_K, BufferId
+from ..ir.ids import LV_ITEM, LV_ITEM_Y, LV_K, BufferId, StageId
 from ..ir.nodes import (
     Accumulator,
     Buffer,
@@ -22,7 +22,6 @@ from ..ir.nodes import (
     EngineProgram,
     Fifo,
     Interm,
-    Placement,
     Plan,
     ReadStage,
     Schedule,
@@ -53,9 +52,8 @@ from ..ir.ops import (
     with_cols,
     with_row_args,
 )
-from ..ir.worklist import MAX_SITES
 from ..target import SpatialTarget
-from .place import split
+from .maps import place_map
 
 SIDES = (1, 2, 4, 8)
 VALUE_BYTES = 4  # a page element as the general form's rings hold it at most (a float32 value)
@@ -70,22 +68,58 @@ def is_row_program(p: SpatialProgram) -> bool:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class RowShape:
-    """A row program's parts: its compute stages in order (reductions and maps), the one write, and which stage
-    fills each ring."""
+    """A row program's parts: its compute stages (reductions and maps), each after the stages whose rings it reads;
+    the one write; which stage fills each ring; and the row vectors (the rings the reductions fill)."""
 
     computes: tuple[Stage, ...]
     write: Stage
     producer: dict[BufferId, Stage]
+    vectors: frozenset[BufferId]
 
 
 def row_shape(p: SpatialProgram) -> RowShape:
-    """The program's stages as a row program, or ProgramError saying what one is."""
+    """The program's stages as a row program, or ProgramError saying what one is: reads, row reductions and maps,
+    one write; each ring of values feeding one stage (a pass reads its tensor again), a row vector any number."""
     writes = [s for s in p.stages if isinstance(s.kind, WriteStage)]
     computes = tuple(s for s in p.stages if isinstance(s.kind, ComputeStage))
     if len(writes) != 1 or any(not isinstance(s.kind.op, RowReduce | Map) for s in computes):  # type: ignore[union-attr]
         raise ProgramError("a row program holds reads, row reductions and maps, and one write")
     producer = {b: s for s in p.stages for b in s.outs}
-    return RowShape(computes, writes[0], producer)
+    vectors = frozenset(b for s in computes if isinstance(s.kind.op, RowReduce) for b in s.outs)  # type: ignore[union-attr]
+    names = {b.id: b.name for b in p.buffers}
+    readers: dict[BufferId, list[Stage]] = {}
+    for s in p.stages:
+        for b in s.ins:
+            if b not in producer:
+                raise ProgramError(f"stage {s.name} reads {names.get(b, f'ring {int(b)}')}, which no stage fills")
+            readers.setdefault(b, []).append(s)
+    for b, stages in readers.items():
+        if b not in vectors and len(stages) > 1:
+            raise ProgramError(
+                f"{names.get(b, f'ring {int(b)}')} feeds stages {stages[0].name} and {stages[1].name}; in a row"
+                " program a ring of values feeds one stage: each pass over a row reads its tensor again, with a read"
+                " stage of its own"
+            )
+    return RowShape(_in_order(computes, producer), writes[0], producer, vectors)
+
+
+def _in_order(computes: tuple[Stage, ...], producer: dict[BufferId, Stage]) -> tuple[Stage, ...]:
+    """`computes`, each after the compute stages whose rings it reads (ProgramError where they form a cycle)."""
+    ordered: dict[StageId, Stage] = {}
+
+    def visit(s: Stage, path: frozenset[StageId]) -> None:
+        if s.id in path:
+            raise ProgramError(f"stage {s.name} reads what it computes: the stages of a row program form a cycle")
+        if s.id in ordered:
+            return
+        for b in s.ins:
+            if isinstance(producer[b].kind, ComputeStage):
+                visit(producer[b], path | {s.id})
+        ordered[s.id] = s
+
+    for s in computes:
+        visit(s, frozenset())
+    return tuple(ordered.values())
 
 
 def _cost(bh: int, bw: int, m_t: int, n_t: int, passes: int, sites: int) -> float:
@@ -99,8 +133,8 @@ def ring_bytes(p: SpatialProgram, bh: int, bw: int, depth: int) -> int:
     """Shared memory of a site's rings: `depth` pages of bh × bw tiles for each read and map ring, one page of bh
     tiles for each row vector."""
     shape = row_shape(p)
-    vectors = {b for s in shape.computes if isinstance(s.kind.op, RowReduce) for b in s.outs}  # type: ignore[union-attr]
-    pages = sum(bh if b.id in vectors else depth * bh * bw for b in p.buffers if isinstance(b.kind, Fifo | Interm))
+    rings = [b for b in p.buffers if isinstance(b.kind, Fifo | Interm)]
+    pages = sum(bh if b.id in shape.vectors else depth * bh * bw for b in rings)
     return pages * p.tile.elems * VALUE_BYTES
 
 
@@ -139,11 +173,10 @@ def apply_row_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     shape = row_shape(p)
     bh, bw = plan.block.osh, plan.block.ibw
     rows_t, cols_t = plan.grid[0] * bh, plan.k_tiles
-    vectors = {b for s in shape.computes if isinstance(s.kind.op, RowReduce) for b in s.outs}  # type: ignore[union-attr]
     buffers = []
     for b in p.buffers:
         if isinstance(b.kind, Fifo | Interm):
-            depth, tiles = (1, bh) if b.id in vectors else (plan.depth, bh * bw)
+            depth, tiles = (1, bh) if b.id in shape.vectors else (plan.depth, bh * bw)
             b = dataclasses.replace(b, kind=dataclasses.replace(b.kind, depth_pages=depth, page_tiles=tiles))
         buffers.append(b)
     for s in shape.computes:
@@ -162,20 +195,14 @@ def apply_row_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
 def place_rows(
     p: SpatialProgram, target: SpatialTarget, sites: int | None = None, placement: str | None = None
 ) -> SpatialProgram:
-    """Bands over sites: by default as many sites as the target keeps resident, at most one a band."""
-    plan = p.plan
-    assert plan is not None
-    if sites is None:
-        sites = max(1, min(plan.items, target.units * SITES_PER_UNIT))
-    if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:
-        raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
-    kind = placement or "contiguous"
-    return p.evolve(placement=Placement(split(plan.items, sites, kind, plan.placed, 0), (), kind, 0))
+    """Bands over sites as a map's items go (`maps.place_map`): by default as many sites as the target keeps
+    resident, at most one a band, contiguous or round-robin."""
+    return place_map(p, target, sites, placement)
 
 
 def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
-    """Each engine's per-band body: a pass over the band's pages for each reduction, in stage order, then one for
-    the output."""
+    """Each engine's per-band body: a pass over the band's pages for each reduction, each after the passes whose
+    vectors it reads, then one for the output; a pass reads its tensors' pages and runs the maps before it."""
     plan = p.plan
     assert plan is not None
     shape = row_shape(p)
@@ -184,8 +211,7 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     accs = {s.id: b.id for s in shape.computes for b in p.buffers if b.name == f"{s.name}_acc"}
     reader: list[ChoreoOp] = []
     compute: list[ChoreoOp] = []
-    vectors: list[BufferId] = []
-    done: set[BufferId] = set()
+    packed: list[BufferId] = []
 
     def read_loop(rings: list[BufferId]) -> None:
         body: list[ChoreoOp] = []
@@ -196,11 +222,27 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
         if body:
             reader.append(Loop(LV_K, Const(nj), tuple(body)))
 
+    def feeding(s: Stage) -> tuple[list[Stage], list[BufferId]]:
+        """The maps a pass runs for `s` (each after those it reads) and the rings of tensors it reads for them."""
+        maps: list[Stage] = []
+        reads: list[BufferId] = []
+        for b in s.ins:
+            f = shape.producer[b]
+            if b in shape.vectors:
+                continue
+            if isinstance(f.kind, ReadStage):
+                reads.append(b)
+            else:
+                inner_maps, inner_reads = feeding(f)
+                maps += [*inner_maps, f]
+                reads += inner_reads
+        return maps, reads
+
     def map_ops(s: Stage) -> list[ChoreoOp]:
         op = s.kind.op  # type: ignore[union-attr]
         assert isinstance(op, Map)
         placed = Map(with_row_args(with_cols(op.expr, lambda c: Col(c.tensor, col_at, bw)), bw))
-        pages = [b for b in s.ins if b not in vectors]
+        pages = [b for b in s.ins if b not in shape.vectors]
         (out,) = s.outs
         return [*(Wait(b) for b in pages), Reserve(out), Compute(placed, s.ins, (out,)), Push(out), *map(Pop, pages)]
 
@@ -208,14 +250,9 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
         op = s.kind.op  # type: ignore[union-attr]
         if isinstance(op, Map) and s is not shape.producer.get(shape.write.ins[0]):
             continue  # a map that feeds a reduction runs inside that reduction's pass
-        feeding = [shape.producer[b] for b in s.ins if b not in vectors]
-        pass_maps = [f for f in feeding if isinstance(f.kind, ComputeStage)]
-        reads = [b for f in pass_maps for b in f.ins if b not in vectors] + [
-            b for b, f in zip(s.ins, feeding, strict=False) if isinstance(f.kind, ReadStage)
-        ]
-        read_loop([b for b in reads if b not in done])
-        done.update(reads)
-        body: list[ChoreoOp] = [x for f in pass_maps for x in map_ops(f)]
+        maps, reads = feeding(s)
+        read_loop(reads)
+        body: list[ChoreoOp] = [x for f in maps for x in map_ops(f)]
         if isinstance(op, RowReduce):
             (src,) = s.ins
             acc, (out,) = accs[s.id], s.outs
@@ -223,10 +260,10 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
             compute.append(AcquireAcc(acc))
             compute.append(Loop(LV_K, Const(nj), (*body, Wait(src), reduce, Pop(src))))
             compute += [Reserve(out), PackAcc(acc, out, bh), Push(out), ReleaseAcc(acc), Wait(out)]
-            vectors.append(out)
+            packed.append(out)
         else:
             compute.append(Loop(LV_K, Const(nj), (*body, *map_ops(s))))
-    compute += [Pop(v) for v in vectors]
+    compute += [Pop(v) for v in packed]
     t = p.tensor(shape.write.kind.tensor)  # type: ignore[union-attr]
     at_out = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_K, bw)))
     (last,) = shape.write.ins

@@ -170,6 +170,11 @@ def _declared_rows(
                         f" have its output's shape and hold {p.precision.value} values"
                     )
             case ComputeStage(Map(expr)):
+                far = [i for i in arg_indices(expr) if i >= len(stage.ins)]
+                if far:
+                    raise SemanticError(
+                        f"stage {stage.name}'s formula reads page {far[0]} of the {len(stage.ins)} rings it names"
+                    )
                 rows = row_args(expr)
                 for i, b in enumerate(stage.ins):
                     if i in rows and Arg(i) in _args(expr):

@@ -128,9 +128,13 @@ def _positive(what: str, values: tuple[int, ...]) -> None:
 
 
 def check_plans(p: SpatialProgram) -> None:
-    """Each plan's fields are ≥ 1, its item and K step are at most MAX_ITEM_SIDE tiles a side, its K is whole K
-    steps, it has at most MAX_ITEMS items, and its grid of items is the output tensor's tile grid."""
+    """Each plan's fields are ≥ 1, its item (a row program's band: its height) and K step are at most MAX_ITEM_SIDE
+    tiles a side, its K is whole K steps, it has at most MAX_ITEMS items, and its grid of items is the output
+    tensor's tile grid."""
     out = p.output_tensor()
+    # A row program's item is a band of whole rows, never held at once: a site holds a page of it (a K step) and
+    # one accumulator tile a row, so its width is bounded only by K (a softmax over a vocabulary of 128k values).
+    rows = any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for s in p.stages)
     for i, plan in enumerate(p.plans):
         name = f"plan {i}"
         b = plan.block
@@ -147,10 +151,11 @@ def check_plans(p: SpatialProgram) -> None:
                 f"{name} has {plan.groups} groups and {plan.k_tiles} K tiles; at most {MAX_ITEMS} and {MAX_INT}"
             )
         h, w = plan.item_tiles
-        if max(h, w, b.ibw) > MAX_ITEM_SIDE:
+        if max(h, b.ibw) > MAX_ITEM_SIDE or w > (MAX_INT if rows else MAX_ITEM_SIDE):
+            wide = f", and its bands at most {MAX_INT} wide" if rows else ""
             raise IllFormedError(
                 f"{name}'s items are {h}x{w} tiles with K steps of {b.ibw}; no side may exceed"
-                f" {MAX_ITEM_SIDE} tiles (no target holds such an item or K step)"
+                f" {MAX_ITEM_SIDE} tiles (no target holds such an item or K step){wide}"
             )
         if plan.k_tiles % b.ibw:
             raise IllFormedError(f"{name} has {plan.k_tiles} K tiles, not a whole number of K steps of {b.ibw}")
