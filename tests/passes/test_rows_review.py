@@ -157,6 +157,23 @@ def test_a_row_vector_read_past_the_stages_rings_is_refused_by_name():
         verify(p.evolve(stages=stages))
 
 
+def test_a_gemm_epilogue_or_a_map_that_reads_a_row_vector_is_refused_by_name():
+    import dataclasses
+
+    from spatialc.errors import StrongerCheckNeeded
+    from spatialc.ir.nodes import ComputeStage
+    from spatialc.ir.ops import Map
+
+    gemm = spatialc.gemm(32, 32, 32, "fp16", epilogue=[Map(Apply("sub", (Arg(0), RowArg(0))))])
+    with pytest.raises(StrongerCheckNeeded, match="stage map0 reads a row vector, and no stage reduces rows"):
+        spatialc.build(gemm, "sm_90")
+    p = spatialc.build(spatialc.elementwise(ew.x(0) - ew.x(1), 32, 32, "fp16"), "sm_90")
+    by_row = ComputeStage(Map(Apply("sub", (Arg(0), RowArg(1)))))
+    stages = tuple(dataclasses.replace(s, kind=by_row) if isinstance(s.kind, ComputeStage) else s for s in p.stages)
+    with pytest.raises(StrongerCheckNeeded, match="reads a row vector, and no stage reduces rows"):
+        verify(p.evolve(stages=stages))
+
+
 # ---- what build takes -------------------------------------------------------------------------------------------
 
 MAP = spatialc.elementwise(ew.x(0) * 2.0, 40, 40, "fp16")
@@ -178,12 +195,16 @@ def test_a_placement_or_block_these_planners_cannot_take_is_refused_in_words(pro
         spatialc.build(program, "sm_90", **kwargs)
 
 
-def test_the_cli_refuses_a_grouped_placement_of_a_row_program_in_one_line(capsys):
+def test_the_cli_offers_no_grouped_placement_where_there_is_no_matmul(capsys):
     from spatialc.cli import main
 
-    assert main(["softmax", "40", "40", "--placement", "grouped"]) == 2
-    err = capsys.readouterr().err
-    assert "contiguous or round_robin" in err and "internal error" not in err
+    for command in (["softmax", "40", "40"], ["elementwise", "x * 2", "40", "40"]):
+        assert main([*command, "--placement", "grouped"]) == 2
+        err = capsys.readouterr().err
+        assert "invalid choice: 'grouped'" in err and "internal error" not in err
+    with pytest.raises(SystemExit):
+        main(["softmax", "--help"])
+    assert "(default: contiguous)" in capsys.readouterr().out
 
 
 # ---- the CLI's words ----------------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ def _elementwise_parser(sub) -> None:
         metavar="ROWS,COLS",
         help="force an item's block: ROWS x COLS tiles (default: the cost model's)",
     )
-    _placement_options(g)
+    _placement_options(g, matmul=False)
     g.set_defaults(sub_blocks=None)
     _output_options(g)
 
@@ -180,7 +180,7 @@ def _rows_parser(sub, name: str, what: str, formula: str) -> argparse.ArgumentPa
         metavar="ROWS,COLS",
         help="force the block: bands of ROWS tile rows read a page of COLS tiles at a time (default: the cost model's)",
     )
-    _placement_options(g)
+    _placement_options(g, matmul=False)
     g.set_defaults(sub_blocks=None)
     _output_options(g)
     return g
@@ -269,15 +269,18 @@ def _precision_options(g: argparse.ArgumentParser, default: str, out_help: str) 
     g.add_argument("--out", choices=["int32", "int64", "float32", "fp16", "bf16"], default=None, help=out_help)
 
 
-def _placement_options(g: argparse.ArgumentParser) -> None:
+def _placement_options(g: argparse.ArgumentParser, matmul: bool = True) -> None:
+    """--depth, --sites, --placement; grouped (an order of a GEMM's items) only for a program with a matmul."""
     g.add_argument("--depth", type=int, help="force the operand rings' depth, in pages (default: the cost model's)")
     g.add_argument("--sites", type=int, help="number of sites (default: as many as the target keeps resident)")
     g.add_argument(
         "--placement",
-        choices=["contiguous", "round_robin", "grouped"],
+        choices=["contiguous", "round_robin", "grouped"] if matmul else ["contiguous", "round_robin"],
         default=None,
         help="how items go to sites (default: grouped — round-robin over bands of rows — where the sites take more"
-        " than one wave of items, else contiguous)",
+        " than one wave of items, else contiguous)"
+        if matmul
+        else "how items go to sites: runs of items, or item i on site i mod sites (default: contiguous)",
     )
 
 

@@ -74,6 +74,9 @@ def declared(index: ProgramIndex) -> Declared:
     ops = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
     if any(isinstance(op, RowReduce) for op in ops) and not any(isinstance(op, MatmulTiles) for op in ops):
         return _declared_rows(index, out, last, producer, writes[0])
+    for s in p.stages:  # a row vector is a row reduction's: a GEMM or a map of reads has none to read
+        if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map) and row_args(s.kind.op.expr):
+            raise _unsure(f"stage {s.name} reads a row vector, and no stage reduces rows")
     if not any(isinstance(op, MatmulTiles) for op in ops):
         return _declared_map(index, out, last, producer, writes[0])
     way = _Way(index, producer)
@@ -104,8 +107,6 @@ def _declared_map(
         raise _unsure(
             f"{write.name} writes a ring no elementwise stage fills; a program with no matmul is one map of its reads"
         )
-    if row_args(stage.kind.op.expr):
-        raise _unsure(f"stage {stage.name} reads a row vector, and no stage reduces rows")
     reads = [producer.get(index.ring(b)) for b in stage.ins]
     for b, r in zip(stage.ins, reads, strict=True):
         if r is None or not isinstance(r.kind, ReadStage):
