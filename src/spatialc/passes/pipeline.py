@@ -70,8 +70,8 @@ def _build_map(program, target, block, sub_blocks, depth, sites, placement, form
 def _build_rows(
     program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast
 ) -> SpatialProgram:
-    """A program that reduces rows (softmax, RMSNorm: `passes/rows.py`), for the interpreter: no CUDA form prints a
-    row reduction yet."""
+    """A program that reduces rows (softmax, RMSNorm: `passes/rows.py`), planned for the general form, the one form
+    that prints a row reduction."""
     for name, given in (("sub_blocks", sub_blocks), ("split_k", split_k), ("multicast", multicast)):
         if given is not None:
             raise ProgramError(f"{name} shapes a matmul's work; this program has no matmul")
