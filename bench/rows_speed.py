@@ -1,0 +1,86 @@
+"""The reference interpreter on row reductions at 4096 × 4096 — softmax and RMSNorm — against numpy computing the same
+function, and build + verify at 8192 × 8192.
+
+numpy computes each on the same bf16-rounded float32 inputs, in float64 (the interpreter's ops are float64 rounded
+once to float32, its sums exactly rounded), each pair timed in the same run, median of RUNS, interleaved. The
+interpreter's time is everything `spatialc.evaluate` does: the inputs into tiled storage, the engines run with flow
+control (each band of rows read once a reduction and once for the output), each page reduced or mapped, the output.
+Goals (issue 31): the interpreter within 2× of numpy; build + verify at 8192 × 8192 under 100 ms.
+
+Usage: python bench/rows_speed.py [m n]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+import warnings
+
+import numpy as np
+
+import spatialc
+from spatialc.numerics.rounding import round_bf16
+
+RUNS = 3
+EPS = 1e-6
+
+
+def numpy_softmax(v: dict[str, np.ndarray]) -> np.ndarray:
+    x = v["x"].astype(np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return (e / e.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def numpy_rmsnorm(v: dict[str, np.ndarray]) -> np.ndarray:
+    x = v["x"].astype(np.float64)
+    return (x / np.sqrt((x * x).mean(axis=1, keepdims=True) + EPS) * v["weight"]).astype(np.float32)
+
+
+PROGRAMS = {
+    "softmax": (lambda m, n: spatialc.softmax(m, n), numpy_softmax),
+    "rmsnorm": (lambda m, n: spatialc.rmsnorm(m, n, eps=EPS), numpy_rmsnorm),
+}
+
+
+def main() -> None:
+    m, n = (int(v) for v in sys.argv[1:3]) if len(sys.argv) >= 3 else (4096, 4096)
+    rng = np.random.default_rng(0)
+    for name, (make, numpy_of) in PROGRAMS.items():
+        p = spatialc.build(make(m, n), "sm_90")
+        inputs = {"x": rng.normal(size=(m, n)).astype(np.float32)}
+        if name == "rmsnorm":
+            inputs["weight"] = rng.normal(size=n).astype(np.float32)
+        values = {"x": round_bf16(inputs["x"]).astype(np.float32), **{k: v for k, v in inputs.items() if k != "x"}}
+        interp, plain = [], []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", spatialc.InexactInputWarning)
+            for _ in range(RUNS):
+                t0 = time.perf_counter()
+                out = spatialc.evaluate(p, inputs)
+                t1 = time.perf_counter()
+                want = numpy_of(values)
+                t2 = time.perf_counter()
+                interp.append(t1 - t0)
+                plain.append(t2 - t1)
+        assert np.allclose(out, want, rtol=1e-5, atol=1e-7), f"{name}: the interpreter disagrees with numpy"
+        ti, tn = statistics.median(interp), statistics.median(plain)
+        plan = p.plan
+        print(
+            f"{name:8s} {m}x{n} bf16: interpreter {ti * 1e3:7.1f} ms   numpy {tn * 1e3:7.1f} ms   ratio"
+            f" {ti / tn:5.2f}x  (median of {RUNS}; {plan.grid[0]} bands of {plan.block.osh} tile rows, pages of"
+            f" {plan.block.ibw} tiles)"
+        )
+    for name, (make, _) in PROGRAMS.items():
+        big = make(8192, 8192)
+        spatialc.build(big, "sm_90")  # warm: the first build imports and fills caches
+        times = []
+        for _ in range(RUNS):
+            t0 = time.process_time()
+            spatialc.build(big, "sm_90")
+            times.append(time.process_time() - t0)
+        print(f"build + verify {name} at 8192x8192: {statistics.median(times) * 1e3:.1f} ms of CPU (median of {RUNS})")
+
+
+if __name__ == "__main__":
+    main()
