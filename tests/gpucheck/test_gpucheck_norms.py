@@ -151,7 +151,7 @@ def test_a_norm_row_is_checked_and_timed_against_torch_and_the_copy(fake_gpu, tm
     status, header, rows = run(tmp_path, "--sizes", *sizes, "--precisions", "fp16", "bf16")
     assert status == 0, [(r["size"], r["note"]) for r in rows]
     assert [r["status"] for r in rows] == ["ok"] * 4
-    torch_names = {"softmax": "torch torch.softmax(x, dim=-1)", "rmsnorm": "torch F.rms_norm(x, (n,), w, eps=1e-06)"}
+    torch_names = {"softmax": "torch softmax(x, dim=-1)", "rmsnorm": "torch F.rms_norm(x, (n,), w, eps=1e-06)"}
     for row in rows:
         mine, theirs = row["by_name"]["spatialc general"], row["by_name"][torch_names[row["map"]]]
         assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"], mine["note"]

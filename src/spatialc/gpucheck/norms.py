@@ -101,7 +101,7 @@ NORMS = {
         NormKind(
             "softmax",
             _softmax,
-            "torch.softmax(x, dim=-1)",
+            "softmax(x, dim=-1)",
             lambda torch, t: torch.softmax(t[0], dim=-1),
             _softmax_into,
             3,
