@@ -125,6 +125,7 @@ class MapKind(Kind):
         return reference64(self.formula(), values, xp), self.bound(case)
 
     def bound(self, case: Case) -> MapBound:
+        """The relative bound of `case`'s C, for inputs drawn in ±SPREAD."""
         return MapBound.of(self.formula(), ELEM_OF[case.precision], SPREAD)
 
     def bound_text(self, case: Case) -> str:

@@ -134,6 +134,7 @@ class RowBound:
 
     @staticmethod
     def words(n: int) -> str:
+        """The bound in words, for rows of `n` values."""
         return (
             f"each row sum within {n + 2} float32 ulps of its magnitude, each op's interval and rounding carried "
             "after it, plus 2 ulps at 1.0 of C's type"
