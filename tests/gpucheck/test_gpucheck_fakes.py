@@ -309,10 +309,10 @@ class FakeTorch(type(sys)):
         self.nn_int8 = False  # whether cuBLASLt here takes B row-major
         self.capture_refused = ""  # what torch says when its calls are captured (nothing: they are captured)
         self.wrong_above = None  # matmul results of more rows than this come back off by one (a planted fault)
-        # torch's elementwise ops (F.silu, F.gelu and their aten out= forms): computed in float32, as torch's
-        # kernels compute fp16 and bf16, and rounded once to the inputs' type.
-        self.nn = NS(functional=NS(silu=self._silu, gelu=self._gelu))
-        self.ops = NS(aten=NS(silu=NS(out=self._silu), gelu=NS(out=self._gelu)))
+        # torch's elementwise ops and norms (F.silu, F.gelu, softmax, F.rms_norm and the aten out= forms there are):
+        # computed in float32, as torch's kernels compute fp16 and bf16, and rounded once to the inputs' type.
+        self.nn = NS(functional=NS(silu=self._silu, gelu=self._gelu, rms_norm=self._rms_norm))
+        self.ops = NS(aten=NS(silu=NS(out=self._silu), gelu=NS(out=self._gelu), _softmax=NS(out=self._softmax_out)))
         self.cuda = NS(
             is_available=lambda: True,
             Stream=lambda: NS(cuda_stream=7),
@@ -396,6 +396,21 @@ class FakeTorch(type(sys)):
         c = np.float32(0.7978845608028654)
         return self._elementwise(lambda v: 0.5 * v * (1 + np.tanh(c * (v + np.float32(0.044715) * v**3))), (x,), out)
 
+    def softmax(self, x, dim):
+        return self._softmax_out(x, dim, False)
+
+    def _softmax_out(self, x, dim, half_to_float, out=None):
+        if dim != -1 or half_to_float:
+            raise FakeError("the stand-in's softmax is along the last dimension, in the input's type")
+        return self._elementwise(_softmax_rows, (x,), out)
+
+    def _rms_norm(self, x, normalized_shape, weight, eps):
+        if tuple(normalized_shape) != x.shape[-1:]:
+            raise FakeError("the stand-in's rms_norm normalises the last dimension")
+        return self._elementwise(
+            lambda v, w: v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * w, (x, weight), None
+        )
+
     def matmul(self, a, b, out=None):
         if a.dtype is not b.dtype or a.dtype not in (self.float16, self.bfloat16):
             raise FakeError(f"the stand-in multiplies fp16 or bf16, not {a.dtype} and {b.dtype}")
@@ -410,6 +425,11 @@ class FakeTorch(type(sys)):
             raise FakeError(why)
         product = a.a.astype(np.int64) @ b.a.astype(np.int64)
         return self._result(product, out, self.int32)
+
+
+def _softmax_rows(v):
+    e = np.exp(v - v.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def int_mm_refusal(torch, a, b, out):
@@ -465,13 +485,16 @@ class FakeKernel:
     that match each of where: the `MxN` of their C, their name (`spatialc_general`) or their dynamic shared memory
     (`smem181248`: one plan of a sweep)."""
 
-    def __init__(self, cp, args, fault, name="spatialc_persistent", dyn_smem=0, sync=(), trip_error=-1, mapped=None):
+    def __init__(
+        self, cp, args, fault, name="spatialc_persistent", dyn_smem=0, sync=(), trip_error=-1, mapped=None, rows=None
+    ):
         if isinstance(fault, tuple):
             c = next(a for a in args if a.role == "output")
             here = {"x".join(map(str, c.elems)), name, f"smem{dyn_smem}"}
             fault = fault[0] if set(fault[1:]) <= here else None
         self.cp, self.args, self.fault, self.sync, self.trip_error = cp, args, fault, tuple(sync), trip_error
         self.mapped = mapped  # a map kernel's formula (`map_formula`): it computes that, with no matmul
+        self.rows = rows  # a row program's (`row_program`): it computes that, as the reference does
 
     def __call__(self, buffers):
         self.cp.launch(lambda: self._compute(buffers))
@@ -495,6 +518,9 @@ class FakeKernel:
         self._handshake(buffers)
         if self.mapped is not None:
             self._map(buffers)
+            return
+        if self.rows is not None:
+            self._rows(buffers)
             return
         if self.args[0].groups > 1:
             self._grouped(buffers)
@@ -534,6 +560,32 @@ class FakeKernel:
             pages.append(bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32))
         with np.errstate(all="ignore"):
             c = np.asarray(evaluate(self.mapped, pages, False), np.float32)
+        if self.fault == "skew":
+            c.reshape(-1)[5] *= np.float32(1.5)
+        c = bf16_bits(c, np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
+        out = buffers[at]
+        out[:] = tilize(c, c_arg.tiles, np, order=c_arg.order)
+        if self.fault == "miss":
+            out[17] = poison_value(c_arg.storage)
+        if self.fault == "hang":
+            FakeEvent.hang = True
+
+    def _rows(self, buffers):
+        """A row program's kernel (softmax, RMSNorm): the program as the reference computes it (each op rounded to
+        float32, each row sum exactly rounded: `numerics.reference.reference`) on its inputs and parameters, C
+        rounded to its type and its padding zero; `fault` as in `_map`."""
+        from spatialc.numerics.reference import reference
+        from spatialc.runtime.tilize import bf16_bits
+
+        at, c_arg = next((i, a) for i, a in enumerate(self.args) if a.role == "output")
+        values = {}
+        for arg, buf in zip(self.args, buffers, strict=False):  # buffers in parameter order, the work list after
+            if arg.role in ("input", "parameter"):
+                x = untilize(buf, arg.tiles, arg.elems, np, order=arg.order)
+                x = bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32)
+                values[arg.name] = x if arg.role == "input" else x.reshape(-1)
+        with np.errstate(all="ignore"):
+            c = np.asarray(reference(self.rows, values), np.float32)
         if self.fault == "skew":
             c.reshape(-1)[5] *= np.float32(1.5)
         c = bf16_bits(c, np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
@@ -595,6 +647,28 @@ def map_formula(kernel_cu):
         raise ValueError(f"the stand-in reads no formula {found.group(1)!r}")
 
     return parse()
+
+
+def row_program(kernel_cu, args):
+    """The program of a kernel that reduces rows — spatialc.softmax or spatialc.rmsnorm, told apart by the Map its
+    last Compute marker names (`Map_div_exp_sub_x0_row1_row2`: softmax's quotient), RMSNorm's eps read from its
+    text — at its arguments' shape and types; None for any other kernel."""
+    import re
+
+    import spatialc
+
+    if "// op:Compute:RowReduce" not in kernel_cu:
+        return None
+    types = {"float16": "fp16", "bfloat16": "bf16", "float32": "float32"}
+    x, c = (next(a for a in args if a.role == role) for role in ("input", "output"))
+    m, n = c.elems
+    if "// op:Compute:Map_div_exp_sub_x0_row1_row2" in kernel_cu:
+        return spatialc.softmax(m, n, types[x.elem], out=types[c.elem])
+    eps = re.search(r"spatialc_div\(v1, [^)]*\), ([-+.e0-9]+)f\)", kernel_cu)
+    if eps is None:
+        raise ValueError("the stand-in reads no row program from this kernel")
+    weight = any(a.role == "parameter" for a in args)
+    return spatialc.rmsnorm(m, n, types[x.elem], eps=float(eps.group(1)), weight=weight, out=types[c.elem])
 
 
 class FakeDevice:
@@ -678,8 +752,10 @@ def install_fake_gpu(monkeypatch):
         """The launcher's own prepare (the work list for the device's SMs, the grid), with FakeKernel loaded."""
         ls = artifact.launch
         args = L.kernel_args(ls)
-        mapped = map_formula(artifact.kernel_cu)
-        kernel = FakeKernel(cp, args, state["fault"], ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped)
+        rows = row_program(artifact.kernel_cu, args)
+        mapped = map_formula(artifact.kernel_cu) if rows is None else None
+        fault = state["fault"]
+        kernel = FakeKernel(cp, args, fault, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped, rows)
         return real_prepare(artifact, _Loading(dev, kernel))
 
     monkeypatch.setitem(sys.modules, "cupy", cp)

@@ -33,15 +33,16 @@ in this process), keeping the rows finished and running the one it was lost on a
 each restart. As it goes, stderr says which preflight step and
 which row starts (`gpucheck: row 3/24: fp16 256x256x256, 41 s so far`) and stdout how each one ended.
 
-Map rows (`map:KIND:MxN`: SwiGLU's gate, a residual add, gelu) time elementwise programs, which have no matmul, in
-GB/s of the bytes they read and write: spatialc's general form against torch's formula and a device-to-device copy
-of as many bytes (the device's copy bandwidth), in a table of their own.
+Map rows (`map:KIND:MxN`: SwiGLU's gate, a residual add, gelu; softmax and RMSNorm, which reduce rows) time
+programs with no matmul in GB/s of the bytes they must read and write: spatialc's general form against torch's
+formula and a device-to-device copy of as many bytes (the device's copy bandwidth), in a table of their own.
 
 The package: `cases` (the shared value types), `driver` (command line, budget loop, dry run), `preflight`,
 `prepare` (cubins and their manifest), `restart` (the worker processes, and going on after a lost GPU), `builds`
 (building and compiling in the background), `timing`, `device`
-(CuPy and torch: launching, checking, timing), `baselines` (the libraries, by their rules), `grouped`, `sweep` and
-`maps` (the rows of their own kinds), `rates`, `report` and `maptable` (the tables), `triton_ref`.
+(CuPy and torch: launching, checking, timing), `baselines` (the libraries, by their rules), `grouped`, `sweep`,
+`maps`, `norms` and `maprows` (the rows of their own kinds), `rates`, `report` and `maptable` (the tables),
+`triton_ref`.
 Only `device`, `baselines`' library calls, the rows' measuring and `triton_ref` need a GPU; the rest is tested on a
 CPU with fakes.
 """

@@ -19,9 +19,10 @@ PRECISIONS = ("int8", "fp16", "bf16")
 # first what the open goals are judged by — 4096³ and 8192³, then the same with multicast groups (mcGYxGX:SIZE,
 # sm_90's thread-block clusters, compared with the plain row of that size) — then the small and odd sizes; then
 # elementwise maps (map:KIND:MxN, fp16 / bf16 only: gpucheck/maps.py), measured in GB/s against torch's formula and
-# the device's copy bandwidth; then 128x128x65536 and 512x512x32768, few output items and a long K, which the planner
-# splits over sites (split-K, set against cuBLAS, which splits such shapes too); last grouped GEMMs
-# (gG:MAXROWSxNxK: G groups with row counts drawn from 0..MAXROWS, fp16 / bf16 only).
+# the device's copy bandwidth, and norms that reduce rows likewise (map:softmax:MxN, map:rmsnorm:MxN: norms.py); then
+# 128x128x65536 and 512x512x32768, few output items and a long K, which the planner splits over sites (split-K, set
+# against cuBLAS, which splits such shapes too); last grouped GEMMs (gG:MAXROWSxNxK: G groups with row counts drawn
+# from 0..MAXROWS, fp16 / bf16 only).
 DEFAULT_SIZES = (
     "4096",
     "8192",
@@ -38,6 +39,10 @@ DEFAULT_SIZES = (
     "map:swiglu:4096x11008",
     "map:swiglu:8192x14336",
     "map:residual:8192x8192",
+    "map:softmax:4096x4096",
+    "map:softmax:8192x8192",
+    "map:rmsnorm:8192x4096",
+    "map:rmsnorm:16384x8192",
     "128x128x65536",
     "512x512x32768",
     "g8:4096x4096x4096",
@@ -177,14 +182,15 @@ class Case(_Product):
     # The sm_90a form alone, at this block (osh, osw, ibw tiles): the preflight's kernel of that form, at the plan
     # the large rows run (preflight.hopper_case).
     hopper_block: tuple[int, int, int] | None = None
-    map: str = ""  # an elementwise map of m × n inputs (k 0), by its kind in gpucheck/maps.py: `swiglu`, …
+    map: str = ""  # a map of m × n inputs (k 0), by its kind (gpucheck/maps.py, norms.py): `swiglu`, `softmax`, …
 
 
 def map_bytes(product: Any) -> int:
-    """The bytes a map case or row reads and writes: each of its kind's inputs and C, all m × n in one 2-byte type."""
-    from .maps import KINDS
+    """The bytes a map case or row must read and write: each of its kind's inputs once and C once, all m × n in one
+    2-byte type (a norm's kernel reads x once a pass, and its weight's n values, which these leave out)."""
+    from .maps import kind_of
 
-    return (len(KINDS[product.map].names) + 1) * product.m * product.n * 2
+    return (len(kind_of(product).names) + 1) * product.m * product.n * 2
 
 
 def grouped_sizes(groups: int, max_rows: int) -> Any:
@@ -223,15 +229,15 @@ def parse_multicast(text: str) -> tuple[tuple[int, int], tuple[int, int, int]] |
 
 def parse_map(text: str) -> tuple[str, tuple[int, int]] | None:
     """`map:swiglu:4096x11008` → ('swiglu', (4096, 11008)); None for a size without the prefix."""
-    from .maps import KINDS
+    from .maps import kinds
 
     head, colon, rest = text.partition(":")
     if not colon or head.lower() != "map":
         return None
     kind, _, dims = rest.partition(":")
     parts = dims.lower().replace("×", "x").split("x")
-    if kind not in KINDS or len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise SpatialError(f"size {text!r} is not map:KIND:MxN with KIND one of {', '.join(KINDS)}")
+    if kind not in kinds() or len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise SpatialError(f"size {text!r} is not map:KIND:MxN with KIND one of {', '.join(kinds())}")
     return kind, (int(parts[0]), int(parts[1]))
 
 
@@ -349,15 +355,18 @@ class Timing:
 
 def kernel_path(case: Case, name: str) -> str:
     """What a lost GPU is blamed on when `name`'s kernel of `case` loses it (restart.py): the contestant, or, in a
-    multicast, grouped or map row, the contestant in that kind of row — a kernel of its own (clusters, row counts, no
-    matmul), whose loss says nothing of the same form elsewhere. A form's cluster kernels are blamed together,
-    whatever their group's shape: one handshake bug hangs 2×1 and 2×2 alike, and each hang would cost a restart."""
+    multicast, grouped, map or norm row, the contestant in that kind of row — a kernel of its own (clusters, row
+    counts, no matmul, row reductions), whose loss says nothing of the same form elsewhere. A form's cluster kernels
+    are blamed together, whatever their group's shape: one handshake bug hangs 2×1 and 2×2 alike, and each hang
+    would cost a restart; so are the norms' kernels, softmax's and RMSNorm's, which reduce rows alike."""
     if case.multicast != (1, 1):
         return f"{name} (multicast)"
     if case.groups > 1:
         return f"{name} (grouped)"
-    if case.map:
-        return f"{name} (map)"
+    if case.map:  # an elementwise map's kernels together, a norm's (their row reductions, shuffles) together
+        from .maps import kind_of
+
+        return f"{name} ({kind_of(case).family})"
     return name
 
 
@@ -431,7 +440,7 @@ class Row(_Product):
     # What the row's kernels share: the plan's numbers (block, sub_blocks, depth, sites) and the type C was asked
     # in (`out`); each kernel's own are in its contestant's `facts`.
     kernel: dict[str, Any] = field(default_factory=dict)
-    map: str = ""  # an elementwise map's kind (k 0): its row has contestants of its own (gpucheck/maps.py)
+    map: str = ""  # a map's kind (k 0): its row has contestants of its own (gpucheck/maps.py, norms.py)
 
     def spatialc(self, form: str) -> Contestant | None:
         """The contestant of spatialc's kernel in `form` (None: the row has none)."""

@@ -232,7 +232,7 @@ class GpuRunner:
             or not any(name in self.uncaptured for name, _ in baselines_for(case.precision))
         )
         if case.map:  # an elementwise map: torch's formula and the copy bandwidth, in GB/s (maps.py)
-            from .maps import MapRows
+            from .maprows import MapRows
 
             MapRows(self).measure(case, built, row, deadline)
             return

@@ -241,7 +241,8 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> argparse.Na
         default=None,
         help="N (for N³) or MxNxK, several; gG:MAXROWSxNxK a grouped GEMM, mcGYxGX:SIZE multicast groups, "
         "sweep:SIZE each form's plans around its planner's, map:KIND:MxN an elementwise map (swiglu, residual, "
-        "gelu) against torch and the copy bandwidth (default: the check's own list; with --prepare also "
+        "gelu) or a norm (softmax, rmsnorm) against torch and the copy bandwidth (default: the check's own list; "
+        "with --prepare also "
         f"{' '.join(SWEEP_SIZES)}, for a second run)",
     )
     ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), help=f"of {', '.join(PRECISIONS)}")

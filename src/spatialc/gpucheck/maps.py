@@ -1,24 +1,27 @@
-"""The GPU check's map rows (issue 31): elementwise programs with no matmul, `map:KIND:MxN` — SwiGLU's gate silu(gate)
-· x, a residual add x + r, gelu's tanh form — in fp16 and bf16, C in the inputs' type, as torch gives it.
+"""The GPU check's map rows (issue 31): programs with no matmul, `map:KIND:MxN` — elementwise maps (SwiGLU's gate
+silu(gate) · x, a residual add x + r, gelu's tanh form) and norms that reduce rows (softmax, RMSNorm: their kinds
+are in gpucheck/norms.py) — in fp16 and bf16, C in the inputs' type, as torch gives it.
 
 A map reads each input once and writes its output once: its speed is bandwidth, so its rows count GB/s of those
 bytes (every input read, C written) and set spatialc's kernel against two contestants timed in the same row:
-- torch computing the same formula in the inputs' type (`F.silu(gate) * x`, `x + r`, `F.gelu(x, approximate="tanh")`):
-  end to end as a caller writes it (its results allocated), kernel only into results allocated beforehand (its ops'
-  `out=` forms, which a CUDA graph can hold);
+- torch computing the same formula in the inputs' type (`F.silu(gate) * x`, `x + r`, `F.gelu(x, approximate="tanh")`,
+  `torch.softmax`, `F.rms_norm`): end to end as a caller writes it (its results allocated), kernel only into results
+  allocated beforehand (its ops' `out=` forms, which a CUDA graph can hold; where torch has none, the row is timed
+  by events throughout);
 - `torch`'s device-to-device copy (`copy_`) of as many bytes, half read and half written: the device's copy
   bandwidth, which no map beats and which issue 31 asks a map to reach within 10%.
 spatialc's contestant is the general form's kernel (the only form that prints a map; the persistent kernel and the
 sm_90a form refuse one by name, which their contestants say), its output poisoned first, checked element by element
-against the formula in float64 on the same rounded inputs (`check_map`), timed both ways like a GEMM row's kernels:
-kernel only on inputs already tiled, end to end from row-major inputs (tilized on the device) to row-major C.
+against the kind's float64 reference on the same rounded inputs within the kind's bound (`check_map`), timed both
+ways like a GEMM row's kernels: kernel only on inputs already tiled, end to end from row-major inputs (tilized on the
+device) to row-major C.
 
-Here too what a map row needs on the CPU: its kinds, its build (`map_case`), what the dry run says of it.
+This module holds what a map row needs on the CPU — its kinds, their float64 references and bounds, its build
+(`map_case`), what the dry run says of it; maprows.py measures it on the GPU.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,59 +32,104 @@ from ..ir.nodes import DType
 from ..ir.ops import Apply, Arg, Expr
 from ..numerics.elementwise import GELU_C, OPS
 from ..numerics.tolerance import EPS32, OUT_EPS
-from ..runtime.tilize import bf16_bits, storage_dtype, unwritten
+from ..runtime.tilize import storage_dtype, unwritten
 from .builds import Built, Form, describe_plan, forms_of, hopper_form, plan_facts
 from .cases import (
     ELEM_OF,
-    BudgetExceeded,
     Case,
     Check,
-    Contestant,
-    Deadline,
-    GpuLost,
-    Row,
     _errors,
-    agrees,
-    blaming,
-    is_sticky,
-    kernel_path,
     map_bytes,
     one_line,
     spatialc_name,
     values64,
 )
-from .preflight import REFERENCE
 
 COPY = "torch copy_"  # the copy baseline's contestant
 SPREAD = 4.0  # inputs uniform in ±SPREAD: past silu's and gelu's turning points (−1.28, −0.75) into their tails
+PARAM_RANGE = (0.5, 1.5)  # parameters (a norm's weight) uniform in this range, rounded to the inputs' type
 # The smallest step of C's type (its least subnormal): an unrounded reference lies up to half of it from any C of
 # that type, however small, where a relative bound alone would ask for more than C can hold.
 OUT_STEP = {"float16": 2.0**-24, "bfloat16": 2.0**-133}
 C_EPS = {"float16": OUT_EPS[DType.FP16], "bfloat16": OUT_EPS[DType.BF16]}  # one ulp at 1.0 of C's type
 
 
+class Kind:
+    """What a map row needs of its kind, whatever the kernel computes: an elementwise map (`MapKind`) or a norm that
+    reduces rows (`norms.NormKind`). Its kernel's inputs (`names`, each m × n, which the function reads once) and
+    parameter tensors (`params`, each n values, drawn once a row in `PARAM_RANGE`); torch's contestant end to end
+    (`torch_call(torch, tensors)`: the inputs, then the parameters, in the inputs' type; its result allocated) and
+    kernel only (`torch_into(torch, tensors, c, scratch)`: into C, and a scratch tensor of C's shape where torch
+    takes two steps; None where torch has no such form, and then every contestant of the row is timed by events, as
+    no CUDA graph holds a call that allocates)."""
+
+    name: str
+    names: tuple[str, ...]
+    params: tuple[str, ...]
+    torch_text: str
+    torch_call: Callable[[Any, list[Any]], Any]
+    torch_into: Callable[[Any, list[Any], Any, Any], None] | None
+    family = "map"  # what a lost GPU is blamed on in its rows (`cases.kernel_path`): its kind's kernels together
+    passes = 1  # how many times the kernel reads each input (a norm's reads its row again for each reduction)
+
+    @property
+    def contestant(self) -> str:
+        """torch's contestant in this kind's rows."""
+        return f"torch {self.torch_text}"
+
+    @property
+    def graphs(self) -> bool:
+        """Whether the kind's rows time kernel only by CUDA graphs (torch has a form that allocates nothing)."""
+        return self.torch_into is not None
+
+    def source(self, case: Case, target: str, out: str | None) -> Any:
+        """The program of `case` (unplanned), its output of type `out` (None: the frontend's own)."""
+        raise NotImplementedError
+
+    def reference(self, case: Case, values: list[Any], params: dict[str, Any], xp: Any) -> tuple[Any, Any]:
+        """The kind's value in float64 on the inputs' exact `values` (float64 arrays, in `names`' order) and the
+        parameters' (by name), and the bound C must meet about it (`allowed(ref, xp)`, `text`)."""
+        raise NotImplementedError
+
+    def bound_text(self, case: Case) -> str:
+        """The bound in words, before any value is drawn (the dry run's)."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class MapKind:
-    """One map of the rows: the kernel's input names, its formula as spatialc writes it (`spatialc.ew`) and as torch
-    does, end to end (`torch_call`: the results allocated) and kernel only (`torch_into`: into C, and a scratch
-    tensor of C's shape where torch takes two steps). The formulas subtract no value they computed, so each op's
-    relative error adds to the next's (`map_ulps`)."""
+class MapKind(Kind):
+    """An elementwise map: its formula as spatialc writes it (`spatialc.ew`) and as torch does. The formulas subtract
+    no value they computed, so each op's relative error adds to the next's (`map_ulps`)."""
 
     name: str
     names: tuple[str, ...]
     expr: Callable[..., Any]  # the ew inputs → the ew formula
     torch_text: str
     torch_call: Callable[[Any, list[Any]], Any]
-    torch_into: Callable[[Any, list[Any], Any, Any], None]
+    torch_into: Callable[[Any, list[Any], Any, Any], None] | None
+    params: tuple[str, ...] = ()
 
     def formula(self) -> Expr:
         """The formula as the IR holds it: Arg(i) the kernel's input i (the kinds read no column vectors)."""
         return ew.resolved(self.expr(*ew.inputs(len(self.names))), _no_column)
 
-    @property
-    def contestant(self) -> str:
-        """torch's contestant in this kind's rows."""
-        return f"torch {self.torch_text}"
+    def source(self, case: Case, target: str, out: str | None) -> Any:
+        import spatialc
+
+        expr = self.expr(*ew.inputs(len(self.names)))
+        kw = {} if out is None else {"out": out}
+        return spatialc.elementwise(expr, case.m, case.n, case.precision, names=self.names, target=target, **kw)
+
+    def reference(self, case: Case, values: list[Any], params: dict[str, Any], xp: Any) -> tuple[Any, Any]:
+        """The formula in float64, no rounding between ops (`reference64`), and its relative bound (`MapBound`)."""
+        return reference64(self.formula(), values, xp), self.bound(case)
+
+    def bound(self, case: Case) -> MapBound:
+        """The relative bound of `case`'s C, for inputs drawn in ±SPREAD."""
+        return MapBound.of(self.formula(), ELEM_OF[case.precision], SPREAD)
+
+    def bound_text(self, case: Case) -> str:
+        return f"against the formula in float64 ({self.bound(case).text})"
 
 
 def _no_column(name: str) -> Any:
@@ -125,8 +173,16 @@ KINDS = {
 }
 
 
-def kind_of(case: Case) -> MapKind:
-    return KINDS[case.map]
+def kinds() -> dict[str, Kind]:
+    """Every kind a map row takes: the elementwise maps above, then the norms (gpucheck/norms.py)."""
+    from .norms import NORMS
+
+    return {**KINDS, **NORMS}
+
+
+def kind_of(case: Any) -> Kind:
+    """The kind of a map case or row."""
+    return kinds()[case.map]
 
 
 # ---- the formula in float64 -------------------------------------------------------------------------------------
@@ -134,12 +190,16 @@ def kind_of(case: Case) -> MapKind:
 # Each op of the table (`numerics.elementwise.OPS`) the kinds use, as its `f64` states it, in float64 on the device's
 # arrays (`xp`: CuPy there, numpy in the tests, which check each against the table's own). An op comes here with the
 # kind that needs it; a formula that subtracts values it computed needs its bound carried by intervals, as
-# `tolerance` does, not `MapBound`'s relative one.
+# `tolerance` does, not `MapBound`'s relative one — the norms' (softmax's x − max) are (norms.carried).
 F64: dict[str, Callable[..., Any]] = {
     "silu": lambda xp, v: v / (1.0 + xp.exp(-v)),
     "gelu_tanh": lambda xp, v: 0.5 * v * (1.0 + xp.tanh(GELU_C * (v + 0.044715 * (v * v * v)))),
+    "exp": lambda xp, v: xp.exp(v),
+    "rsqrt": lambda xp, v: 1.0 / xp.sqrt(v),
     "add": lambda xp, a, b: a + b,
+    "sub": lambda xp, a, b: a - b,
     "mul": lambda xp, a, b: a * b,
+    "div": lambda xp, a, b: a / b,
 }
 
 
@@ -185,21 +245,26 @@ class MapBound:
         ulps, tail = map_ulps(expr)
         return cls(ulps * EPS32 + 2 * C_EPS[elem], tail * largest_input + OUT_STEP[elem])
 
+    def allowed(self, ref: Any, xp: Any) -> Any:
+        """The largest |C − R| each element may have."""
+        return self.rel * xp.abs(ref) + self.floor
+
     @property
     def text(self) -> str:
         return f"each element within {100 * self.rel:.3g}% of R, plus {self.floor:.3g}"
 
 
-def check_map(c: Any, ref: Any, bound: MapBound, elem: str, xp: Any, out_tiled: Any = None) -> Check:
-    """A map's C (element type `elem`, logical) against the float64 formula `ref`, element by element within
-    `bound`; the poison left in C and (given the tiled buffer) in its padding counted as `check_result` counts it."""
+def check_map(c: Any, ref: Any, bound: Any, elem: str, xp: Any, out_tiled: Any = None) -> Check:
+    """A map's C (element type `elem`, logical) against its kind's float64 reference `ref`, element by element within
+    `bound` (a `MapBound`, or a norm's `norms.RowBound`); the poison left in C and (given the tiled buffer) in its
+    padding counted as `check_result` counts it."""
     storage = storage_dtype(elem)
     poison = unwritten(c, storage, xp)
     pad = 0 if out_tiled is None else unwritten(out_tiled, storage, xp) - poison
     c64 = values64(c, elem, xp)
     nonfinite = int(c.size - xp.count_nonzero(xp.isfinite(c64)))
     max_abs, rel_fro, _ = _errors(c64, ref, xp)
-    within = xp.abs(c64 - ref) <= bound.rel * xp.abs(ref) + bound.floor  # NaN compares false: outside
+    within = xp.abs(c64 - ref) <= bound.allowed(ref, xp)  # NaN compares false: outside
     outside = int(c.size - xp.count_nonzero(within))
     return Check(outside == 0 and poison == 0 and nonfinite == 0, max_abs, rel_fro, poison, pad, nonfinite)
 
@@ -212,17 +277,8 @@ def map_case(built: Built, target: str) -> Built:
     reason: the persistent kernel's, and on sm_90 the sm_90a form's, built for sm_90a)."""
     import spatialc
 
-    case, kind = built.case, kind_of(built.case)
-    out = {"out": built.kernel["out"]} if "out" in built.kernel else {}
-    source = spatialc.elementwise(
-        kind.expr(*ew.inputs(len(kind.names))),
-        case.m,
-        case.n,
-        case.precision,
-        names=kind.names,
-        target=target,
-        **out,
-    )
+    case = built.case
+    source = kind_of(case).source(case, target, built.kernel.get("out"))
     program = spatialc.build(source, target)
     built.plan = describe_plan(program)
     built.kernel.update(plan_facts(program))
@@ -242,217 +298,11 @@ def contenders(case: Case, built: Built) -> list[str]:
     kind = kind_of(case)
     form = built.form("general")
     mine = "end to end + kernel only" if form is not None and form.artifact is not None else "n/a (no kernel)"
-    bound = MapBound.of(kind.formula(), ELEM_OF[case.precision], SPREAD)
+    kernel_only = "its ops' out= forms" if kind.graphs else "the same call: it has no out= form; the row by events"
+    reads = f"; it reads x {kind.passes} times, the GB/s count once" if kind.passes > 1 else ""
     return [
-        f"{spatialc_name('general')}: {mine}, checked against the formula in float64 ({bound.text})",
-        f"{kind.contestant}: end to end + kernel only (its ops' out= forms), in {case.precision}",
+        f"{spatialc_name('general')}: {mine}, checked {kind.bound_text(case)}{reads}",
+        f"{kind.contestant}: end to end + kernel only ({kernel_only}), in {case.precision}",
         f"{COPY}: kernel only, {map_bytes(case) // 2} bytes copied device to device ({map_bytes(case)} moved, as"
         " the map moves): the copy bandwidth",
     ]
-
-
-# ---- on the GPU ---------------------------------------------------------------------------------------------------
-
-
-class MapRows:
-    """Measures a map row on the GPU runner's device, clocks and torch (`device.GpuRunner`)."""
-
-    def __init__(self, runner: Any):
-        self.r, self.cp = runner, runner.cp
-
-    def measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
-        from .device import settle
-        from .timing import copies_for
-
-        kind, elem = kind_of(case), ELEM_OF[case.precision]
-        copies = copies_for(len(kind.names) * case.m * case.n * 2, self.r._l2_bytes())  # an input set's bytes
-        sets = self._inputs(case, kind, copies)
-        ref = blaming(REFERENCE, lambda: self._reference(kind, sets[0], elem, deadline))
-        bound = MapBound.of(kind.formula(), elem, SPREAD)
-        verdicts = [("error", built.error)] if built.error else []
-        for form in built.forms:
-            mine, verdict = self._spatialc(case, form, sets, ref, bound, deadline)
-            row.contestants.append(mine)
-            verdicts.append(verdict)
-        row.status, row.note = settle(row.note, verdicts)
-        row.contestants.append(
-            self._library(kind.contestant, lambda: self._torch(case, kind, sets, ref, deadline), deadline)
-        )
-        row.contestants.append(self._library(COPY, lambda: self._copy(case, deadline), deadline))
-
-    def _inputs(self, case: Case, kind: MapKind, copies: int) -> list[list[Any]]:
-        """`copies` sets of the kind's inputs, row-major in their storage type (bf16 as its bits), drawn on the
-        device uniform in ±SPREAD, the same on every run of the row."""
-        cp = self.cp
-        rs = cp.random.RandomState(zlib.crc32(f"{self.r.seed} {case}".encode()))
-        sets = []
-        for _ in range(copies):
-            xs = [rs.uniform(-SPREAD, SPREAD, size=(case.m, case.n), dtype=cp.float32) for _ in kind.names]
-            sets.append([x.astype(cp.float16) if case.precision == "fp16" else bf16_bits(x, cp) for x in xs])
-        return sets
-
-    def _reference(self, kind: MapKind, inputs: list[Any], elem: str, deadline: Deadline) -> Any:
-        ref = reference64(kind.formula(), [values64(x, elem, self.cp) for x in inputs], self.cp)
-        self.r._sync(deadline)
-        return ref
-
-    # ---- spatialc ------------------------------------------------------------------------------------------
-
-    def _spatialc(
-        self, case: Case, form: Form, sets: list[list[Any]], ref: Any, bound: MapBound, deadline: Deadline
-    ) -> tuple[Contestant, tuple[str, str]]:
-        name = form.contestant
-        if form.artifact is None:
-            return Contestant(name, "spatialc", note=f"n/a: {form.absent}", facts=form.facts), ("", "")
-        path = kernel_path(case, name)
-        off = self.r.unavailable.get(path) or self.r.unavailable.get(name)  # it lost the GPU in an earlier process
-        failure = form.error or (f"unavailable: {off}" if off else "")
-        if not failure:
-            try:
-                return self._kernel(form, sets, ref, bound, deadline)
-            except GpuLost as e:
-                raise e.blame(path) from None
-            except BudgetExceeded:
-                raise
-            except Exception as e:
-                if is_sticky(e):
-                    raise GpuLost(f"{name}: {one_line(e)}", path=path) from None
-                failure = f"failed: {one_line(e)}"
-        return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
-
-    def _kernel(
-        self, form: Form, sets: list[list[Any]], ref: Any, bound: MapBound, deadline: Deadline
-    ) -> tuple[Contestant, tuple[str, str]]:
-        from ..ir.printer import plural
-        from .device import same_error
-
-        name, prep = form.contestant, self.r._prepare(form)
-        ins = [a for a in prep.args if a.role == "input"]
-        out = prep.output_buffer(poison=True)
-        tiled = [prep.order(tuple(prep.tiled(a, x) for a, x in zip(ins, s, strict=True)), out) for s in sets]
-        check = self._checked_run(prep, tiled[0], out, ref, bound, deadline)
-        kernel = self.r._time(lambda i: prep.run(tiled[i]), len(tiled), deadline)
-        again = self._checked_run(prep, tiled[0], out, ref, bound, deadline)
-        check.stable = again.correct == check.correct and same_error(again.max_abs, check.max_abs)
-        e2e = MapEndToEnd(prep, sets)
-        e2e(0)
-        self.r._sync(deadline)
-        e2e_check = check_map(e2e.result, ref, bound, prep.output.elem, self.cp)
-        end_to_end = self.r._time(e2e, len(sets), deadline, graphs=False)
-        notes = []
-        if not check.correct:
-            notes.append(f"C wrong (max err {check.max_abs:.3g}, {plural(check.unwritten, 'element')} unwritten)")
-        if not check.stable:
-            notes.append("a second run on the same inputs gave another C")
-        if check.pad_unwritten:
-            notes.append(f"{check.pad_unwritten} padding elements unwritten")
-        if not e2e_check.correct:
-            notes.append(f"end-to-end C wrong (max err {e2e_check.max_abs:.3g})")
-        detail = (
-            f"C stored as {prep.output.elem}, checked {bound.text}; end to end: tilize each input on the device, the"
-            " kernel, untilize C"
-        )
-        ok = e2e_check.correct
-        mine = Contestant(
-            name, "spatialc", end_to_end, kernel, check.max_abs, ok, detail, check=check, facts=form.facts
-        )
-        status = "ok" if check.correct and check.stable and ok else "wrong"
-        return mine, (status, f"{name}: {'; '.join(notes)}" if notes else "")
-
-    def _checked_run(
-        self, prep: Any, args: tuple[Any, ...], out: Any, ref: Any, bound: MapBound, deadline: Deadline
-    ) -> Check:
-        from ..runtime.tilize import poison_value
-
-        out.fill(poison_value(prep.output.storage))
-        prep.run(args)
-        self.r._sync(deadline)
-        return check_map(prep.result(out), ref, bound, prep.output.elem, self.cp, out)
-
-    # ---- torch and the copy --------------------------------------------------------------------------------
-
-    def _library(self, name: str, measure: Callable[[], Contestant], deadline: Deadline) -> Contestant:
-        """A library contestant measured (`measure`), or why not: no torch, left out after a loss, no time left, or
-        a failure that did not lose the GPU."""
-        family = "copy" if name == COPY else "torch"
-        if self.r.torch is None:
-            return Contestant(name, family, note="unavailable: torch is not installed (or sees no GPU)")
-        if name in self.r.unavailable:
-            return Contestant(name, family, note=f"unavailable: {self.r.unavailable[name]}")
-        if deadline.passed():
-            return Contestant(name, family, note="skipped: time budget spent")
-        try:
-            return measure()
-        except GpuLost as e:  # a hung or lost GPU (GpuHung is one) ends the process's run, as device.py's
-            raise e.blame(name) from None
-        except BudgetExceeded:
-            raise
-        except Exception as e:
-            if is_sticky(e):
-                raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
-            return Contestant(name, family, note=f"failed: {one_line(e)}")
-
-    def _torch(self, case: Case, kind: MapKind, sets: list[list[Any]], ref: Any, deadline: Deadline) -> Contestant:
-        torch, libs, elem = self.r.torch, self.r.libs, ELEM_OF[case.precision]
-        ts = [[libs.to_torch(x, case.precision) for x in s] for s in sets]
-        c = torch.empty((case.m, case.n), dtype=ts[0][0].dtype, device=ts[0][0].device)
-        scratch = torch.empty((case.m, case.n), dtype=ts[0][0].dtype, device=ts[0][0].device)
-        box: list[Any] = [None]
-
-        def e2e(i: int) -> None:
-            box[0] = kind.torch_call(torch, ts[i])
-
-        def kernel(i: int) -> None:
-            kind.torch_into(torch, ts[i], c, scratch)
-
-        kernel(0)
-        e2e(0)
-        self.r._sync(deadline)
-        ok_k, err_k = agrees(libs.from_torch(c), elem, ref, self.cp, library=True)
-        ok_e, err_e = agrees(libs.from_torch(box[0]), elem, ref, self.cp, library=True)
-        detail = f"{kind.torch_text} in {case.precision}; kernel only into C allocated beforehand (its ops' out= forms)"
-        if not (ok_k and ok_e):
-            return Contestant(
-                kind.contestant, "torch", max_abs=max(err_k, err_e), ok=False, detail=detail, note="wrong; not timed"
-            )
-        kernel_t = self.r._time(kernel, len(ts), deadline)
-        end_to_end = self.r._time(e2e, len(ts), deadline, graphs=False)
-        return Contestant(kind.contestant, "torch", end_to_end, kernel_t, max(err_k, err_e), True, detail)
-
-    def _copy(self, case: Case, deadline: Deadline) -> Contestant:
-        """Half the row's bytes copied device to device, so that as many bytes move as the map reads and writes:
-        source buffers rotated like the inputs (each holding its own bytes), one destination."""
-        from .timing import copies_for
-
-        cp, torch = self.cp, self.r.torch
-        half = map_bytes(case) // 2
-        sources = [cp.full(half, i + 1, dtype=cp.uint8) for i in range(copies_for(half, self.r._l2_bytes()))]
-        src = [torch.from_dlpack(x) for x in sources]
-        dst = torch.empty((half,), dtype=torch.uint8, device=src[0].device)
-
-        def kernel(i: int) -> None:
-            dst.copy_(src[i])
-
-        kernel(0)
-        self.r._sync(deadline)
-        if not bool(cp.all(self.r.libs.from_torch(dst) == 1)):
-            return Contestant(COPY, "copy", ok=False, note="wrong: the copy's bytes differ from its source's")
-        kernel_t = self.r._time(kernel, len(src), deadline)
-        detail = f"{half} bytes read and as many written, device to device: the map's {map_bytes(case)} bytes"
-        return Contestant(COPY, "copy", None, kernel_t, 0.0, True, detail)
-
-
-class MapEndToEnd:
-    """What spatialc.run does on the device for a map's row-major inputs: tilize each, launch, untilize C (in the
-    inputs' type: nothing to convert); `result` holds the last C."""
-
-    def __init__(self, prep: Any, sets: list[list[Any]]):
-        self.prep, self.sets = prep, sets
-        self.ins = [a for a in prep.args if a.role == "input"]
-        self.result: Any = None
-
-    def __call__(self, i: int) -> None:
-        p = self.prep
-        out = p.output_buffer(poison=False)
-        p.run(p.order(tuple(p.tiled(a, x) for a, x in zip(self.ins, self.sets[i], strict=True)), out))
-        self.result = p.result(out)

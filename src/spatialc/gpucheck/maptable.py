@@ -1,7 +1,7 @@
-"""The report's table of map rows (elementwise programs: gpucheck/maps.py), in GB/s of the bytes each reads and
-writes: spatialc's general form against torch's formula (kernel only and end to end) and against a device-to-device
-copy of as many bytes, and issue 31's goal for a map (kernel only: ≥ 90% of the copy's bandwidth, not slower than
-torch). No GPU."""
+"""The report's table of map rows (programs with no matmul: elementwise maps and norms that reduce rows,
+gpucheck/maps.py and norms.py), in GB/s of the bytes each must read and write: spatialc's general form against
+torch's formula (kernel only and end to end) and against a device-to-device copy of as many bytes, and issue 31's
+goal for a map (kernel only: ≥ 90% of the copy's bandwidth, not slower than torch). No GPU."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from .rates import (
     best,
     row_rate,
     share_of,
+    size_cell,
 )
 
 # Issue 31's goal for a map, kernel only: at least this % of the copy's bandwidth, and of torch's speed.
@@ -90,7 +91,11 @@ def map_summary(row: Row) -> dict[str, Any]:
 def map_cells(row: Row) -> list[str]:
     """One line of the map table."""
     mine = row.spatialc("general")
-    cells = [row.precision, row.size.removeprefix("map:").replace("x", "×"), _rate(row.ops / 1e6)]
+    from .maps import kind_of
+
+    passes = kind_of(row).passes
+    kind = size_cell(row).removeprefix("map:") + (f" ({passes} passes)" if passes > 1 else "")
+    cells = [row.precision, kind, _rate(row.ops / 1e6)]
     cells += [_timed(row, mine.timing(way) if mine else None) for way in ("kernel", "end_to_end")]
     for family, way in (("torch", "kernel"), ("torch", "end_to_end"), ("copy", "kernel")):
         ref = best(row, family, way)
@@ -109,12 +114,15 @@ def map_lines(rows: list[Row]) -> list[str]:
     goal = f"≥ {MAP_GOAL['copy']:.0f}% of the copy's bandwidth and ≥ {MAP_GOAL['torch']:.0f}% of torch's speed"
     return [
         "",
-        f"Maps (elementwise programs; {MAP_UNIT} of the bytes each reads and writes — every input once, C once — as "
-        "spatialc's general form, torch's formula in the inputs' type and a device-to-device copy of as many bytes "
-        f"move them; goal, issue 31's, kernel only: {goal}, within the timing noise ({SAME_SPEED:.0%}) of torch's; "
-        "correct: every element of C within the map's bound of the formula in float64 on the same rounded inputs "
-        "(each op's float32 rounding and ulps, relative, and 2 ulps at 1.0 of C's type); spatialc's end to end "
-        "tilizes each input and untilizes C on the device, torch's takes them row-major as they are):",
+        f"Maps (programs with no matmul: elementwise maps, and norms that reduce rows; {MAP_UNIT} of the bytes each "
+        "must read and write — every input once, C once — as spatialc's general form, torch's formula in the inputs' "
+        "type and a device-to-device copy of as many bytes move them; a norm's kernel reads x once a pass over its "
+        "rows (softmax 3, RMSNorm 2: the map column's passes), which these bytes count once; goal, issue 31's, kernel "
+        f"only: {goal}, within the timing noise ({SAME_SPEED:.0%}) of torch's; correct: every element of C within "
+        "its kind's bound of its float64 reference on the same rounded inputs (a map's: each op's float32 rounding "
+        "and ulps, relative; a norm's: each row sum's float32 rounding, n + 2 ulps of its magnitude, carried through "
+        "the ops after it; either with 2 ulps at 1.0 of C's type); spatialc's end to end tilizes each input and "
+        "untilizes C on the device, torch's takes them row-major as they are):",
         "",
         "| " + " | ".join(MAP_COLUMNS) + " |",
         "|" + "---|" * len(MAP_COLUMNS),

@@ -93,5 +93,12 @@ def _timed(row: Row, t: Timing | None) -> str:
     return "—" if t is None else _rate(row_rate(row, t.median_s)) + (" ‡" if t.launch_bound else "")
 
 
+def size_cell(row: Row) -> str:
+    """A row's size as the tables write it, its dimensions joined by × (a map's kind, which may hold an x, kept)."""
+    if row.map:
+        return f"map:{row.map}:{row.m}×{row.n}"
+    return row.size.replace("x", "×")
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "/").replace("\n", " ")

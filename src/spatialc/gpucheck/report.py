@@ -49,6 +49,7 @@ from .rates import (
     percent_of,
     rate,
     share_of,
+    size_cell,
     unit_of,
 )
 
@@ -225,7 +226,7 @@ PER_FORM = f"% columns, max err and correct give each spatialc kernel's: {' / '.
 def table_cells(row: Row) -> list[str]:
     """One line of the main table: each spatialc kernel's rate beside the fastest library's, each way."""
     unit, mine = UNIT.get(row.precision, "TOP/s"), [row.spatialc(form) for form in FORMS]
-    cells = [row.precision, row.size.replace("x", "×")]
+    cells = [row.precision, size_cell(row)]
     for way in WAYS:
         cells += [f"{_timed(row, c.timing(way) if c else None)} {unit}" for c in mine]
         ref = best(row, "cublas", way)
@@ -260,7 +261,7 @@ def contestant_lines(rows: list[Row]) -> list[str]:
                 else ("right" if c.ok else "WRONG") + (f" ({c.max_abs:.3g})" if c.max_abs is not None else "")
             )
             how = "; ".join(x for x in (_how(c.end_to_end), _how(c.kernel)) if x) or "—"
-            cells = [r.precision, r.size.replace("x", "×"), c.name, _timed(r, c.end_to_end)]
+            cells = [r.precision, size_cell(r), c.name, _timed(r, c.end_to_end)]
             cells += [_timed(r, c.kernel), how, result, c.note or c.detail]
             lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
     return lines if len(lines) > 2 else []
@@ -392,7 +393,7 @@ def sweep_lines(rows: list[Row]) -> list[str]:
             regs = str(k["registers"]) if "registers" in k else "—"
             spills = f"{k['spill_stores']}/{k['spill_loads']}" if "registers" in k else "—"
             kernel = f"{_rate(s['rate'])} {unit}{star}" if s["rate"] else (c.note or "—")
-            cells = [r.precision, r.size.replace("x", "×"), s["plan"]]
+            cells = [r.precision, size_cell(r), s["plan"]]
             cells += [s["change"], _ratio(s["predicted"]), _ratio(s["measured"]), kernel, _pct(s["pct_of_cublas"])]
             cells += [_correct(c), regs, spills, _get(k, "dyn_smem")]
             lines.append("| " + " | ".join(_cell(x) for x in cells) + " |")
@@ -440,7 +441,7 @@ def kernel_cells(row: Row, form: str, k: dict[str, Any]) -> list[str]:
         static = str(k["static_smem"])
     else:
         regs, spills, static = f"— ({_get(k, 'regs_est')})", str(k.get("ptxas", "")) or "—", "—"
-    cells = [row.precision, row.size.replace("x", "×"), form, _get(k, "block"), _get(k, "sub_blocks")]
+    cells = [row.precision, size_cell(row), form, _get(k, "block"), _get(k, "sub_blocks")]
     sites = _get(k, "sites") + (f" ({k['sites_run']})" if k.get("sites_run", k.get("sites")) != k.get("sites") else "")
     sites += f", split-K {k['splits']}" if k.get("splits", 1) > 1 else ""
     cells += [_get(k, "depth"), sites, _get(k, "threads"), _get(k, "blocks_per_sm"), _get(k, "dyn_smem")]

@@ -1,0 +1,275 @@
+"""A map row on the GPU (gpucheck/maps.py says what its kinds are and how each is checked): its inputs drawn on
+the device, its kind's float64 reference and bound, spatialc's general form checked and timed both ways, torch's
+contestant and the device's copy of as many bytes.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from ..runtime.tilize import bf16_bits
+from .builds import Built, Form
+from .cases import (
+    ELEM_OF,
+    BudgetExceeded,
+    Case,
+    Check,
+    Contestant,
+    Deadline,
+    GpuLost,
+    Row,
+    agrees,
+    blaming,
+    is_sticky,
+    kernel_path,
+    map_bytes,
+    one_line,
+    values64,
+)
+from .maps import COPY, PARAM_RANGE, SPREAD, Kind, check_map, kind_of
+from .preflight import REFERENCE
+
+
+class MapRows:
+    """Measures a map row on the GPU runner's device, clocks and torch (`device.GpuRunner`)."""
+
+    def __init__(self, runner: Any):
+        self.r, self.cp = runner, runner.cp
+        self.params: dict[str, Any] = {}  # the row's parameters by name, n values each, stored as the inputs are
+
+    def measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
+        from .device import settle
+        from .timing import copies_for
+
+        kind = kind_of(case)
+        # A torch call no graph holds (one that allocates): the row's contestants are all timed by events.
+        self.r.row_graphs = kind.graphs
+        copies = copies_for(len(kind.names) * case.m * case.n * 2, self.r._l2_bytes())  # an input set's bytes
+        sets = self._inputs(case, kind, copies)
+        ref, bound = blaming(REFERENCE, lambda: self._reference(case, kind, sets[0], deadline))
+        verdicts = [("error", built.error)] if built.error else []
+        for form in built.forms:
+            mine, verdict = self._spatialc(case, form, sets, ref, bound, deadline)
+            row.contestants.append(mine)
+            verdicts.append(verdict)
+        row.status, row.note = settle(row.note, verdicts)
+        row.contestants.append(
+            self._library(kind.contestant, lambda: self._torch(case, kind, sets, ref, deadline), deadline)
+        )
+        row.contestants.append(self._library(COPY, lambda: self._copy(case, deadline), deadline))
+
+    def _inputs(self, case: Case, kind: Kind, copies: int) -> list[list[Any]]:
+        """`copies` sets of the kind's inputs, row-major in their storage type (bf16 as its bits), drawn on the
+        device uniform in ±SPREAD, the same on every run of the row; and its parameters (`self.params`: one for
+        all sets, n values each, uniform in PARAM_RANGE), stored alike."""
+        cp = self.cp
+        rs = cp.random.RandomState(zlib.crc32(f"{self.r.seed} {case}".encode()))
+        sets = []
+        for _ in range(copies):
+            xs = [rs.uniform(-SPREAD, SPREAD, size=(case.m, case.n), dtype=cp.float32) for _ in kind.names]
+            sets.append([self._stored(x, case) for x in xs])
+        lo, hi = PARAM_RANGE
+        self.params = {
+            name: self._stored(rs.uniform(lo, hi, size=(case.n,), dtype=cp.float32), case) for name in kind.params
+        }
+        return sets
+
+    def _stored(self, x: Any, case: Case) -> Any:
+        return x.astype(self.cp.float16) if case.precision == "fp16" else bf16_bits(x, self.cp)
+
+    def _values(self, x: Any, case: Case) -> Any:
+        return values64(x, ELEM_OF[case.precision], self.cp)
+
+    def _reference(self, case: Case, kind: Kind, inputs: list[Any], deadline: Deadline) -> tuple[Any, Any]:
+        params = {name: self._values(w, case) for name, w in self.params.items()}
+        ref, bound = kind.reference(case, [self._values(x, case) for x in inputs], params, self.cp)
+        self.r._sync(deadline)
+        return ref, bound
+
+    # ---- spatialc ------------------------------------------------------------------------------------------
+
+    def _spatialc(
+        self, case: Case, form: Form, sets: list[list[Any]], ref: Any, bound: Any, deadline: Deadline
+    ) -> tuple[Contestant, tuple[str, str]]:
+        name = form.contestant
+        if form.artifact is None:
+            return Contestant(name, "spatialc", note=f"n/a: {form.absent}", facts=form.facts), ("", "")
+        path = kernel_path(case, name)
+        off = self.r.unavailable.get(path) or self.r.unavailable.get(name)  # it lost the GPU in an earlier process
+        failure = form.error or (f"unavailable: {off}" if off else "")
+        if not failure:
+            try:
+                return self._kernel(case, form, sets, ref, bound, deadline)
+            except GpuLost as e:
+                raise e.blame(path) from None
+            except BudgetExceeded:
+                raise
+            except Exception as e:
+                if is_sticky(e):
+                    raise GpuLost(f"{name}: {one_line(e)}", path=path) from None
+                failure = f"failed: {one_line(e)}"
+        return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
+
+    def _kernel(
+        self, case: Case, form: Form, sets: list[list[Any]], ref: Any, bound: Any, deadline: Deadline
+    ) -> tuple[Contestant, tuple[str, str]]:
+        from ..ir.printer import plural
+        from .device import same_error
+
+        name, prep = form.contestant, self.r._prepare(form)
+        out = prep.output_buffer(poison=True)
+        e2e = MapEndToEnd(prep, sets, {param: self._values(w, case) for param, w in self.params.items()})
+        params = e2e.tiled_params()
+        tiled = [e2e.tiled(s, out, params) for s in sets]
+        check = self._checked_run(prep, tiled[0], out, ref, bound, deadline)
+        kernel = self.r._time(lambda i: prep.run(tiled[i]), len(tiled), deadline)
+        again = self._checked_run(prep, tiled[0], out, ref, bound, deadline)
+        check.stable = again.correct == check.correct and same_error(again.max_abs, check.max_abs)
+        e2e(0)
+        self.r._sync(deadline)
+        e2e_check = check_map(e2e.result, ref, bound, prep.output.elem, self.cp)
+        end_to_end = self.r._time(e2e, len(sets), deadline, graphs=False)
+        notes = []
+        if not check.correct:
+            notes.append(f"C wrong (max err {check.max_abs:.3g}, {plural(check.unwritten, 'element')} unwritten)")
+        if not check.stable:
+            notes.append("a second run on the same inputs gave another C")
+        if check.pad_unwritten:
+            notes.append(f"{check.pad_unwritten} padding elements unwritten")
+        if not e2e_check.correct:
+            notes.append(f"end-to-end C wrong (max err {e2e_check.max_abs:.3g})")
+        passes = kind_of(case).passes
+        reads = f"; the kernel reads x {passes} times (a pass a row reduction, one for C), the GB/s count it once"
+        detail = (
+            f"C stored as {prep.output.elem}, checked {bound.text}; end to end: tilize each input on the device, the"
+            f" kernel, untilize C{reads if passes > 1 else ''}"
+        )
+        ok = e2e_check.correct
+        mine = Contestant(
+            name, "spatialc", end_to_end, kernel, check.max_abs, ok, detail, check=check, facts=form.facts
+        )
+        status = "ok" if check.correct and check.stable and ok else "wrong"
+        return mine, (status, f"{name}: {'; '.join(notes)}" if notes else "")
+
+    def _checked_run(
+        self, prep: Any, args: tuple[Any, ...], out: Any, ref: Any, bound: Any, deadline: Deadline
+    ) -> Check:
+        from ..runtime.tilize import poison_value
+
+        out.fill(poison_value(prep.output.storage))
+        prep.run(args)
+        self.r._sync(deadline)
+        return check_map(prep.result(out), ref, bound, prep.output.elem, self.cp, out)
+
+    # ---- torch and the copy --------------------------------------------------------------------------------
+
+    def _library(self, name: str, measure: Callable[[], Contestant], deadline: Deadline) -> Contestant:
+        """A library contestant measured (`measure`), or why not: no torch, left out after a loss, no time left, or
+        a failure that did not lose the GPU."""
+        family = "copy" if name == COPY else "torch"
+        if self.r.torch is None:
+            return Contestant(name, family, note="unavailable: torch is not installed (or sees no GPU)")
+        if name in self.r.unavailable:
+            return Contestant(name, family, note=f"unavailable: {self.r.unavailable[name]}")
+        if deadline.passed():
+            return Contestant(name, family, note="skipped: time budget spent")
+        try:
+            return measure()
+        except GpuLost as e:  # a hung or lost GPU (GpuHung is one) ends the process's run, as device.py's
+            raise e.blame(name) from None
+        except BudgetExceeded:
+            raise
+        except Exception as e:
+            if is_sticky(e):
+                raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
+            return Contestant(name, family, note=f"failed: {one_line(e)}")
+
+    def _torch(self, case: Case, kind: Kind, sets: list[list[Any]], ref: Any, deadline: Deadline) -> Contestant:
+        torch, libs, elem = self.r.torch, self.r.libs, ELEM_OF[case.precision]
+        params = [libs.to_torch(w, case.precision) for w in self.params.values()]
+        ts = [[*(libs.to_torch(x, case.precision) for x in s), *params] for s in sets]
+        c = torch.empty((case.m, case.n), dtype=ts[0][0].dtype, device=ts[0][0].device)
+        scratch = torch.empty((case.m, case.n), dtype=ts[0][0].dtype, device=ts[0][0].device)
+        box: list[Any] = [None, None]
+
+        def e2e(i: int) -> None:
+            box[0] = kind.torch_call(torch, ts[i])
+
+        def kernel(i: int) -> None:
+            if kind.torch_into is None:  # no form that writes into C: the same call, its result from torch's cache
+                box[1] = kind.torch_call(torch, ts[i])
+            else:
+                kind.torch_into(torch, ts[i], c, scratch)
+
+        kernel(0)
+        e2e(0)
+        self.r._sync(deadline)
+        ok_k, err_k = agrees(libs.from_torch(c if box[1] is None else box[1]), elem, ref, self.cp, library=True)
+        ok_e, err_e = agrees(libs.from_torch(box[0]), elem, ref, self.cp, library=True)
+        how = (
+            "kernel only into C allocated beforehand (its ops' out= forms)"
+            if kind.graphs
+            else "kernel only the same call (torch has no form of it that writes into C), its rows timed by events"
+        )
+        detail = f"{kind.torch_text} in {case.precision}; {how}"
+        if not (ok_k and ok_e):
+            return Contestant(
+                kind.contestant, "torch", max_abs=max(err_k, err_e), ok=False, detail=detail, note="wrong; not timed"
+            )
+        kernel_t = self.r._time(kernel, len(ts), deadline)
+        end_to_end = self.r._time(e2e, len(ts), deadline, graphs=False)
+        return Contestant(kind.contestant, "torch", end_to_end, kernel_t, max(err_k, err_e), True, detail)
+
+    def _copy(self, case: Case, deadline: Deadline) -> Contestant:
+        """Half the row's bytes copied device to device, so that as many bytes move as the map reads and writes:
+        source buffers rotated like the inputs (each holding its own bytes), one destination."""
+        from .timing import copies_for
+
+        cp, torch = self.cp, self.r.torch
+        half = map_bytes(case) // 2
+        sources = [cp.full(half, i + 1, dtype=cp.uint8) for i in range(copies_for(half, self.r._l2_bytes()))]
+        src = [torch.from_dlpack(x) for x in sources]
+        dst = torch.empty((half,), dtype=torch.uint8, device=src[0].device)
+
+        def kernel(i: int) -> None:
+            dst.copy_(src[i])
+
+        kernel(0)
+        self.r._sync(deadline)
+        if not bool(cp.all(self.r.libs.from_torch(dst) == 1)):
+            return Contestant(COPY, "copy", ok=False, note="wrong: the copy's bytes differ from its source's")
+        kernel_t = self.r._time(kernel, len(src), deadline)
+        detail = f"{half} bytes read and as many written, device to device: the map's {map_bytes(case)} bytes"
+        return Contestant(COPY, "copy", None, kernel_t, 0.0, True, detail)
+
+
+class MapEndToEnd:
+    """What spatialc.run does on the device for a map's row-major inputs: tilize each (and each parameter, from its
+    float32 values `params`), launch, untilize C (in the inputs' type: nothing to convert); `result` holds the last
+    C."""
+
+    def __init__(self, prep: Any, sets: list[list[Any]], params: dict[str, Any]):
+        self.prep, self.sets, self.params = prep, sets, params
+        self.result: Any = None
+
+    def tiled(self, inputs: list[Any], out: Any, params: dict[str, Any]) -> tuple[Any, ...]:
+        """The kernel's arguments: `inputs` tiled, in parameter order with `out` and the tiled `params`."""
+        p = self.prep
+        ins = [a for a in p.args if a.role == "input"]
+        return p.order(tuple(p.tiled(a, x) for a, x in zip(ins, inputs, strict=True)), out, params)
+
+    def tiled_params(self) -> dict[str, Any]:
+        """Each parameter tensor tiled: its n values as a row of float32."""
+        p, xp = self.prep, self.prep.xp
+        return {
+            a.name: p.tiled(a, self.params[a.name].astype(xp.float32).reshape(1, -1))
+            for a in p.args
+            if a.role == "parameter"
+        }
+
+    def __call__(self, i: int) -> None:
+        out = self.prep.output_buffer(poison=False)
+        self.prep.run(self.tiled(self.sets[i], out, self.tiled_params()))
+        self.result = self.prep.result(out)

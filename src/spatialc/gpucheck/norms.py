@@ -1,0 +1,225 @@
+"""The GPU check's norm rows (issue 31): programs that reduce rows, `spatialc.softmax` and `spatialc.rmsnorm`, as
+map rows of kinds of their own — `map:softmax:MxN`, `map:rmsnorm:MxN` — measured as maps are (maprows.py).
+
+What a norm row does differently from an elementwise map's:
+- Its kernel reads x once a pass over the row: softmax three times (its max, the sum of exp(x − max), the quotient),
+  RMSNorm twice (its sum of squares, the scaling). Its GB/s still count the bytes the function must move, x read once
+  and C written once (`cases.map_bytes`), as the copy's do: its share of the copy says how near the kernel comes to
+  moving each byte once.
+- Its reference is the program's own stages, run on the device on whole tensors as the interpreter's reference runs
+  them (`numerics.reference.row_stages`: each op in float64 from float32 operands, rounded to float32; a row sum in
+  float64, rounded to float32), with the bound the kernel's tolerance carries beside it (`carried_rows`): a float32
+  row sum within n + 2 float32 ulps of the sum of its magnitudes (`elementwise.reduce_bound`), each op's interval
+  over its operands' boxes plus its own rounding and ulps (`elementwise.bounded`), and for C 2 ulps at 1.0 of its
+  type and half its least step (`RowBound`). The device sums in float64 in its own order where the reference sums
+  exactly (math.fsum): within n · 2^-53 of the magnitudes, so its float32 sum may lie an ulp from the exactly rounded
+  one — which the bound's n + 2 ulps, against the (n − 1) / 2 a float32 sum can take, hold many times over.
+- torch: `torch.softmax(x, dim=-1)`, kernel only through aten's `_softmax.out`; `F.rms_norm(x, (n,), w, eps)` (the
+  formula where torch has none), which has no form that writes into C: its rows are timed by events, every
+  contestant alike (maps.Kind).
+- RMSNorm's weight is a parameter tensor: n values drawn once a row (maps.PARAM_RANGE) in the inputs' type, which
+  spatialc's kernel reads as float32 (the same values) and torch in the inputs' type.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import SpatialError
+from ..ir.ops import Apply, Arg, Col, Expr, Lit, RowArg
+from ..numerics.elementwise import OPS, _corners, _crosses_pole, reduction_named
+from ..numerics.tolerance import EPS32
+from .cases import ELEM_OF, Case
+from .maps import C_EPS, F64, OUT_STEP, Kind
+
+EPS = 1e-6  # RMSNorm's eps in its rows (LLaMA's)
+
+
+@dataclass(frozen=True)
+class NormKind(Kind):
+    """A norm: its program (`build(m, n, precision, target=, out=)`, a `spatialc` frontend), torch's calls (maps.Kind)
+    and how many passes its kernel makes over each row."""
+
+    name: str
+    build: Callable[..., Any]
+    torch_text: str
+    torch_call: Callable[[Any, list[Any]], Any]
+    torch_into: Callable[[Any, list[Any], Any, Any], None] | None
+    passes: int
+    names: tuple[str, ...] = ("x",)
+    params: tuple[str, ...] = ()
+    family = "norm"
+
+    def source(self, case: Case, target: str, out: str | None) -> Any:
+        return self.build(case.m, case.n, case.precision, target=target, out=out)
+
+    def reference(self, case: Case, values: list[Any], params: dict[str, Any], xp: Any) -> tuple[Any, Any]:
+        """The program's value before C's rounding, as the interpreter's reference computes it, and the bound the
+        kernel's tolerance carries to it (`carried_rows`)."""
+        program = self.source(case, "sm_90", case.precision)
+        value, err = carried_rows(program, {**dict(zip(self.names, values, strict=True)), **params}, xp)
+        return value, RowBound(err, ELEM_OF[case.precision], case.n)
+
+    def bound_text(self, case: Case) -> str:
+        return f"against its stages in float64 ({RowBound.words(case.n)})"
+
+
+def _softmax(m: int, n: int, precision: str, **kw: Any) -> Any:
+    import spatialc
+
+    return spatialc.softmax(m, n, precision, **kw)
+
+
+def _rmsnorm(m: int, n: int, precision: str, **kw: Any) -> Any:
+    import spatialc
+
+    return spatialc.rmsnorm(m, n, precision, eps=EPS, **kw)
+
+
+def _softmax_into(torch: Any, t: list[Any], c: Any, scratch: Any) -> None:
+    torch.ops.aten._softmax.out(t[0], -1, False, out=c)  # what torch.softmax(x, dim=-1) runs, into C
+
+
+def _rms_norm(torch: Any, t: list[Any]) -> Any:
+    """F.rms_norm (torch 2.4 and later), else its formula as LLaMA's RMSNorm writes it."""
+    x, w = t
+    f = torch.nn.functional
+    if hasattr(f, "rms_norm"):
+        return f.rms_norm(x, (x.shape[-1],), w, EPS)
+    v = x.float()
+    return (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
+
+
+NORMS = {
+    k.name: k
+    for k in (
+        NormKind(
+            "softmax",
+            _softmax,
+            "softmax(x, dim=-1)",
+            lambda torch, t: torch.softmax(t[0], dim=-1),
+            _softmax_into,
+            3,
+        ),
+        NormKind("rmsnorm", _rmsnorm, f"F.rms_norm(x, (n,), w, eps={EPS:g})", _rms_norm, None, 2, params=("weight",)),
+    )
+}
+
+
+# ---- the reference and its bound, on the device ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowBound:
+    """|C − R| ≤ err + 2 · eps · |R| + step for every element: R the program's value before C's rounding, err the
+    bound carried to it (`carried_rows`), eps one ulp at 1.0 of C's type, step half C's least step, twice over (as
+    `maps.MapBound`'s floor)."""
+
+    err: Any
+    elem: str
+    n: int
+
+    def allowed(self, ref: Any, xp: Any) -> Any:
+        """The largest |C − R| each element may have."""
+        return self.err + 2 * C_EPS[self.elem] * xp.abs(ref) + OUT_STEP[self.elem]
+
+    @property
+    def text(self) -> str:
+        return self.words(self.n)
+
+    @staticmethod
+    def words(n: int) -> str:
+        """The bound in words, for rows of `n` values."""
+        return (
+            f"each row sum within {n + 2} float32 ulps of its magnitude, each op's interval and rounding carried "
+            "after it, plus 2 ulps at 1.0 of C's type"
+        )
+
+
+def carried_rows(program: Any, inputs: Mapping[str, Any], xp: Any) -> tuple[Any, Any]:
+    """A row program's value before C's rounding and the bound a kernel's lies within, from its inputs' and
+    parameters' exact values (float64 arrays, by tensor name): its stages in the order its declaration gives, each
+    read's tensor exact, each map carried by `carried`, each row reduction by `reduced` — what
+    `numerics.reference.row_stages(…, bounds=True)` does on the CPU, here on `xp`'s arrays (CuPy on the device)."""
+    from ..ir.index import ProgramIndex
+    from ..ir.nodes import ReadStage
+    from ..ir.ops import RowReduce
+    from ..passes.verify.declared import declared
+
+    index = ProgramIndex.of(program)
+    decl = declared(index)
+    done: dict[Any, tuple[Any, Any]] = {}
+    for stage in decl.producer.values():
+        if isinstance(stage.kind, ReadStage):
+            x = inputs[program.tensor(stage.kind.tensor).name]
+            done[index.ring(stage.outs[0])] = (x, xp.zeros((1, 1)))
+
+    def col(c: Col) -> Any:
+        return inputs[program.tensor(c.tensor).name].reshape(1, -1)
+
+    for stage in decl.chain:
+        pages = [done[index.ring(b)] for b in stage.ins]
+        op = stage.kind.op
+        if isinstance(op, RowReduce):
+            done[index.ring(stage.outs[0])] = reduced(op.op, *pages[0], xp)
+        else:
+            done[index.ring(stage.outs[0])] = carried(op.expr, pages, col, xp)
+    return done[decl.last]
+
+
+def _f32(x: Any, xp: Any) -> Any:
+    """float64 values rounded to float32, held in float64."""
+    return xp.asarray(x).astype(xp.float32).astype(xp.float64)
+
+
+def carried(expr: Expr, pages: list[tuple[Any, Any]], col: Callable[[Col], Any], xp: Any) -> tuple[Any, Any]:
+    """(value, error) of a map's `expr` as `elementwise.bounded` gives them, on `xp`: each op's value in float64 from
+    its operands' (`F64`), rounded to float32, and its error the spread of its exact value over the box of its
+    operands' bounds (its corners: the ops here have no turning point, refused otherwise) — unbounded where the box
+    holds a pole or a corner is not finite — plus (1 + ulps) float32 ulps of the value. A row vector's page is held as
+    a column (m × 1), one value a row; a column vector is its row of values (1 × n)."""
+    match expr:
+        case Arg(i) | RowArg(i):
+            return pages[i]
+        case Lit(v):
+            return float(np.float32(v)), 0.0
+        case Col():
+            return col(expr), 0.0
+        case Apply(name, args, params):
+            op = OPS[name]
+            if name not in F64 or params or op.turns or op.tail or op.comparison:
+                raise SpatialError(f"the GPU check carries no bound through {name!r} (norms.carried)")
+            parts = [carried(a, pages, col, xp) for a in args]
+            f = functools.partial(F64[name], xp)
+            y = _f32(f(*(x for x, _ in parts)), xp)
+            boxes = [(x - e, x + e) for x, e in parts]
+            corners = [f(*c) for c in _corners(boxes)]
+            lo, hi = functools.reduce(xp.minimum, corners), functools.reduce(xp.maximum, corners)
+            unbounded = ~xp.isfinite(lo) | ~xp.isfinite(hi) | _crosses_pole(op, boxes)
+            spread = xp.where(unbounded, xp.inf, xp.maximum(hi - y, y - lo))
+            e = spread + (1 + op.ulps) * EPS32 * xp.abs(y)
+            return y, xp.where(xp.isnan(e), xp.inf, e)
+    raise SpatialError(f"the GPU check's norm rows take no {expr!r}")
+
+
+def reduced(name: str, x: Any, e: Any, xp: Any) -> tuple[Any, Any]:
+    """Each row of `x` (its elements each within `e`) reduced by `name`, as a column (m × 1), and the bound a
+    kernel's lies within, as `elementwise.reduce_rows` and `reduce_bound` give them: a max or min exact, within the
+    largest error of its row; a sum rounded to float32 (see the module's docstring), within its terms' errors plus
+    n + 2 float32 ulps of the sum of their magnitudes, each grown by its error."""
+    r = reduction_named(name)
+    e = xp.broadcast_to(xp.asarray(e), x.shape)
+    y = r.pre(x)
+    if r.combine in ("max", "min"):
+        value = xp.max(y, axis=1, keepdims=True) if r.combine == "max" else xp.min(y, axis=1, keepdims=True)
+        return value, xp.max(e, axis=1, keepdims=True)
+    value = _f32(xp.sum(y, axis=1, keepdims=True), xp)
+    grown = xp.abs(x) + e if name == "sum" else (xp.abs(x) + e) ** 2
+    magnitude = xp.sum(grown, axis=1, keepdims=True)
+    spread = xp.sum(e, axis=1, keepdims=True) if name == "sum" else magnitude - xp.sum(x * x, axis=1, keepdims=True)
+    return value, xp.abs(spread) + (x.shape[1] + 2) * EPS32 * magnitude

@@ -1,0 +1,265 @@
+"""The GPU check's norm rows (gpucheck/norms.py, measured by maprows.py as every map row is): softmax and RMSNorm as
+map rows — their sizes and place in the run, their float64 reference and carried bound against the numerics' own
+(`numerics.reference.row_stages`) and against the kernel itself, emulated; the rows on the stand-in GPU (checked and
+timed, a wrong element caught, a hang left out in norm rows alone), their table, their kernels prepared and found by
+the dry run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc import gpucheck
+from spatialc.errors import SpatialError
+from spatialc.gpucheck import maps as M
+from spatialc.gpucheck import norms as NM
+from spatialc.gpucheck.cases import DEFAULT_SIZES, ELEM_OF, Case, Check, Contestant, Row, cases_of, kernel_path
+from spatialc.gpucheck.maptable import map_lines
+from spatialc.gpucheck.prepare import Manifest
+from spatialc.gpucheck.report import row_dict, to_markdown
+from spatialc.gpucheck.timing import Timing
+from spatialc.ir.ops import Apply, Arg
+from spatialc.numerics.elementwise import REDUCTIONS, reduce_bound
+from spatialc.numerics.reference import _declared, row_stages
+from spatialc.numerics.tolerance import tolerance
+from spatialc.runtime import nvcc as N
+from spatialc.runtime.tilize import bf16_bits, bf16_to_float32
+
+from .test_gpucheck_device import run
+from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
+from .test_gpucheck_restart_faults import by_name, supervise, workers
+
+# ---- sizes --------------------------------------------------------------------------------------------------------
+
+
+def test_norm_sizes_are_map_sizes_of_their_own_kinds():
+    cases = cases_of(["map:softmax:4096x4096", "map:rmsnorm:33x50"], ["int8", "fp16", "bf16"])
+    assert [(c.size, c.precision, c.map, c.k) for c in cases] == [
+        ("map:softmax:4096x4096", "fp16", "softmax", 0),
+        ("map:softmax:4096x4096", "bf16", "softmax", 0),
+        ("map:rmsnorm:33x50", "fp16", "rmsnorm", 0),
+        ("map:rmsnorm:33x50", "bf16", "rmsnorm", 0),
+    ]
+    # The bytes the function must move, x read and C written once: not the kernel's three (two) passes over x.
+    assert cases[0].ops == 2 * 4096 * 4096 * 2 and cases[2].ops == 2 * 33 * 50 * 2
+    assert [M.kind_of(c).passes for c in cases[::2]] == [3, 2]
+    # A norm's kernel lost is left out of norm rows alone; the elementwise maps' of theirs.
+    assert kernel_path(cases[0], "spatialc general") == "spatialc general (norm)"
+    assert kernel_path(cases_of(["map:gelu:8x8"], ["bf16"])[0], "spatialc general") == "spatialc general (map)"
+
+
+def test_the_default_run_measures_the_norms_after_the_maps_and_before_split_k():
+    order = [c.size for c in cases_of(DEFAULT_SIZES, ["bf16"])]
+    at = order.index("map:residual:8192x8192")
+    norms = ["map:softmax:4096x4096", "map:softmax:8192x8192", "map:rmsnorm:8192x4096", "map:rmsnorm:16384x8192"]
+    assert order[at + 1 : at + 5] == norms and order[at + 5] == "128x128x65536"
+
+
+# ---- the reference and its bound ----------------------------------------------------------------------------------
+
+
+def _inputs(kind, precision, shape, seed):
+    """x as the device draws it (uniform in ±SPREAD, rounded to the type) and the weight (uniform in PARAM_RANGE,
+    rounded alike): stored, and as float32 values by name."""
+    rng = np.random.default_rng(seed)
+
+    def rounded(x):
+        x = x.astype(np.float32)
+        s = x.astype(np.float16) if precision == "fp16" else bf16_bits(x, np)
+        return s, (s.astype(np.float32) if precision == "fp16" else bf16_to_float32(s, np))
+
+    stored, values = {}, {}
+    for name in kind.names:
+        stored[name], values[name] = rounded(rng.uniform(-M.SPREAD, M.SPREAD, shape))
+    for name in kind.params:
+        stored[name], values[name] = rounded(rng.uniform(*M.PARAM_RANGE, shape[1]))
+    return stored, values
+
+
+def _reference(kind, case, values):
+    """The kind's reference and bound on numpy, as the device computes them."""
+    ins = [values[n].astype(np.float64) for n in kind.names]
+    return kind.reference(case, ins, {n: values[n].astype(np.float64) for n in kind.params}, np)
+
+
+@pytest.mark.parametrize("name", sorted(NM.NORMS))
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_the_device_reference_and_bound_are_the_numerics_own(name, precision):
+    # What the device computes (norms.carried_rows, here on numpy) is what numerics.reference.row_stages computes for
+    # the interpreter and the kernel's tolerance: the value, and the bound carried to it, element by element.
+    kind, case = NM.NORMS[name], Case(40, 200, 0, precision, map=name)
+    _, values = _inputs(kind, precision, (40, 200), 3)
+    ref, bound = _reference(kind, case, values)
+    program = kind.source(case, "sm_90", precision)
+    value, err = row_stages(program, _declared(program), values, bounds=True)
+    np.testing.assert_allclose(ref, value, rtol=2.0**-23, atol=0)  # a row sum in float64, not fsum: an ulp at most
+    np.testing.assert_allclose(bound.err, err, rtol=1e-12, atol=0)
+    # … and the tolerance's bound is the same, about C rounded to its type (a floor of float32's least normal).
+    eps = M.C_EPS[ELEM_OF[precision]]
+    want, allowed = tolerance(spatialc.build(program, "sm_90"), kernel=True)._against(values)
+    np.testing.assert_allclose(allowed - 2 * eps * np.abs(want.astype(np.float64)), err, rtol=1e-9, atol=1e-37)
+    assert bool(np.all(bound.err < eps * np.abs(ref)))  # the carried part: below one ulp of C's type here
+    assert bound.text.startswith("each row sum within 202 float32 ulps of its magnitude")
+
+
+def test_each_reduction_is_the_numerics_own_and_the_carried_map_takes_the_norms_ops_alone():
+    rng = np.random.default_rng(5)
+    x = np.asarray(rng.uniform(-4, 4, (6, 37)), np.float32).astype(np.float64)
+    e = rng.uniform(0, 1e-3, (6, 37))
+    for name in REDUCTIONS:
+        value, err = NM.reduced(name, x, e, np)
+        want, want_err = reduce_bound(name, x, e)
+        np.testing.assert_allclose(value, want, rtol=2.0**-23, atol=0, err_msg=name)
+        np.testing.assert_allclose(err, want_err, rtol=1e-12, atol=0, err_msg=name)
+    pages = [(np.ones((2, 2)), np.zeros((1, 1)))]
+    with pytest.raises(SpatialError, match="carries no bound through 'silu'"):  # a turning point: not by corners
+        NM.carried(Apply("silu", (Arg(0),)), pages, lambda c: None, np)
+
+
+@pytest.mark.emulation
+@pytest.mark.parametrize("name", sorted(NM.NORMS))
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_the_norm_bound_holds_the_kernel_emulated_and_refuses_five_steps_past_it(name, precision):
+    # The general form's own kernel text, run by the host emulation on the row's inputs (rows of 13 tiles over two
+    # pages, the last partly padding; three bands on two sites), is right by the GPU check's rule; one element five
+    # steps of C's type away, or poisoned, is not.
+    kind, case, elem = NM.NORMS[name], Case(40, 200, 0, precision, map=name), ELEM_OF[precision]
+    program = spatialc.build(kind.source(case, "sm_90", precision), "sm_90", sites=2)
+    stored, values = _inputs(kind, precision, (40, 200), 11)
+    c = np.asarray(spatialc.emulate(spatialc.lower(program), values), np.float32)
+    c = c.astype(np.float16) if precision == "fp16" else bf16_bits(c, np)
+    ref, bound = _reference(kind, case, values)
+    assert M.check_map(c, ref, bound, elem, np).correct
+    at = np.unravel_index(np.argmax(np.abs(ref)), ref.shape)
+    for step in (1, -1):
+        off = c.copy()
+        bits = off.view(np.uint16)
+        bits[at] += np.uint16(5) if step > 0 else -np.uint16(5)  # five steps of C's type, in magnitude either way
+        assert not M.check_map(off, ref, bound, elem, np).correct
+    poisoned = c.copy()
+    poisoned[3, 7] = np.float16("nan") if precision == "fp16" else 0xFFFF
+    check = M.check_map(poisoned, ref, bound, elem, np)
+    assert not check.correct and check.unwritten == 1 and check.nonfinite == 1
+
+
+# ---- on the stand-in GPU --------------------------------------------------------------------------------------------
+
+
+def test_a_norm_row_is_checked_and_timed_against_torch_and_the_copy(fake_gpu, tmp_path, capsys):
+    sizes = ("map:softmax:40x72", "map:rmsnorm:33x50")
+    status, header, rows = run(tmp_path, "--sizes", *sizes, "--precisions", "fp16", "bf16")
+    assert status == 0, [(r["size"], r["note"]) for r in rows]
+    assert [r["status"] for r in rows] == ["ok"] * 4
+    torch_names = {"softmax": "torch softmax(x, dim=-1)", "rmsnorm": "torch F.rms_norm(x, (n,), w, eps=1e-06)"}
+    for row in rows:
+        mine, theirs = row["by_name"]["spatialc general"], row["by_name"][torch_names[row["map"]]]
+        assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"], mine["note"]
+        assert mine["check"]["unwritten"] == 0 and mine["check"]["pad_unwritten"] == 0
+        assert mine["facts"]["c_elem"] == {"fp16": "float16", "bf16": "bfloat16"}[row["precision"]]
+        assert "each row sum within" in mine["detail"]
+        for form in ("persistent", "sm90a"):  # lower's own reason, which names the general form
+            assert row["by_name"][f"spatialc {form}"]["note"].startswith(
+                "n/a: cannot lower a program that reduces rows"
+            )
+        # softmax's torch writes into C through aten's _softmax.out, so its row is timed by graphs; rms_norm has no
+        # such form, so every contestant of its row is timed by events.
+        method = "graph" if row["map"] == "softmax" else "events"
+        copy = row["by_name"]["torch copy_"]
+        assert [c["kernel"]["method"] for c in (mine, theirs, copy)] == [method] * 3
+        assert theirs["ok"] and copy["ok"] and copy["detail"].startswith(f"{row['ops'] // 2} bytes read")
+        summary = row["map_timings"]
+        assert row["unit"] == "GB/s" and summary["bytes"] == row["ops"] == 2 * row["m"] * row["n"] * 2
+        assert summary["torch"]["kernel"]["name"] == torch_names[row["map"]] and summary["goal"] is not None
+    md = (tmp_path / "gpucheck.md").read_text()
+    assert "| fp16 | softmax:40×72 (3 passes) | 0.0115 | " in md and "| bf16 | rmsnorm:33×50 (2 passes) | " in md
+    assert "| fp16 | map:softmax:40×72 | general | " in md  # the kernel table, the kind's x left alone
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(("fault", "said"), [("skew", "C wrong (max err"), ("miss", "1 element unwritten")])
+def test_a_norm_kernel_with_a_wrong_element_fails_its_row(fake_gpu, tmp_path, fault, said, capsys):
+    fake_gpu["fault"] = (fault, "33x50")
+    status, _, rows = run(tmp_path, "--sizes", "map:rmsnorm:33x50", "--precisions", "fp16")
+    (row,) = rows
+    mine = row["by_name"]["spatialc general"]
+    assert status == 1 and row["status"] == "wrong" and said in row["note"], row["note"]
+    assert not mine["check"]["correct"] and row["map_timings"]["goal"] is None
+    assert row["by_name"]["torch F.rms_norm(x, (n,), w, eps=1e-06)"]["ok"] and row["by_name"]["torch copy_"]["ok"]
+    capsys.readouterr()
+
+
+def test_a_norm_kernel_that_hangs_is_left_out_of_norm_rows_alone(fake_gpu, monkeypatch, tmp_path, capsys):
+    run_worker, seen = workers(fake_gpu, monkeypatch, [("hang", "40x72", "spatialc_general"), None])
+    sizes = ["map:softmax:40x72", "map:residual:40x72", "map:rmsnorm:40x72"]
+    status, header, rows = supervise(tmp_path, run_worker, sizes)
+    assert seen == [3, 1] and header["restarts"][0].startswith("spatialc general (norm) lost the GPU on row 1/3")
+    assert by_name(rows[1])["spatialc general"]["ok"]  # the elementwise map's kernel runs on
+    for r in (rows[0], rows[2]):  # both norm rows without the norm kernel, their libraries measured
+        assert r["status"] == "error" and by_name(r)["spatialc general"]["note"].startswith("unavailable: lost")
+        assert by_name(r)["torch copy_"]["ok"]
+    capsys.readouterr()
+
+
+# ---- the table ------------------------------------------------------------------------------------------------------
+
+
+def t(s, method="events"):
+    return Timing(s, 10, 4, s, s, method)
+
+
+def test_the_norm_table_counts_the_functions_bytes_and_says_the_passes():
+    row = Row("bf16", 8192, 4096, 0, status="ok", map="rmsnorm")
+    check = Check(True, 0.01, 0.001, 0, 0, 0, True)
+    torch_name = "torch F.rms_norm(x, (n,), w, eps=1e-06)"
+    row.contestants = [
+        Contestant("spatialc general", "spatialc", t(4e-3), t(2e-4), 0.01, True, "", "", check),
+        Contestant(torch_name, "torch", t(2e-4), t(2e-4), 0.02, True),
+        Contestant("torch copy_", "copy", None, t(1.8e-4), 0.0, True),
+    ]
+    gb = 2 * 8192 * 4096 * 2 / 1e9  # x read once, C written once
+    summary = row_dict(row)["map_timings"]
+    assert summary["spatialc"]["kernel"] == pytest.approx(gb / 2e-4) and summary["pct_of_copy"] == pytest.approx(90)
+    assert summary["goal"] == "met"
+    (line,) = [x for x in map_lines([row]) if x.startswith("| bf16")]
+    assert line.startswith("| bf16 | rmsnorm:8192×4096 (2 passes) | 134.2 | 671.1 | 33.6 | 671.1 | 671.1 | 745.7 |")
+    assert "a norm's kernel reads x once a pass over its rows" in to_markdown({}, [row])
+
+
+# ---- prepared, and found by the dry run ------------------------------------------------------------------------------
+
+
+def test_prepare_compiles_the_norm_kernels_and_the_dry_run_finds_them(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(N, "find_nvcc", lambda: "/nonexistent/nvcc")
+    monkeypatch.setattr(N, "nvcc_version", lambda nvcc: "fake nvcc")
+
+    def compile_kernel(form, arch, timeout_s, cache):
+        from spatialc.gpucheck.prepare import source_hash
+
+        path = cache / f"{source_hash(form.artifact.kernel_cu)[:16]}.cubin"
+        path.write_bytes(form.artifact.kernel_cu.encode())
+        form.facts["ptxas"] = "not reported"
+        return path
+
+    monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", compile_kernel)
+    prep, sizes = tmp_path / "prep", ["map:softmax:64x64", "map:rmsnorm:64x64"]
+    assert gpucheck.main([str(prep), "--prepare", "--sizes", *sizes, "--precisions", "bf16"]) == 0
+    out = capsys.readouterr().out
+    # The preflight's five and each norm's general form; their other forms are no failure.
+    assert "gpucheck prepare: 7 kernels for sm_90 with fake nvcc" in out and "7 compiled, 0 failed" in out
+    assert "bf16 map:softmax:64x64 persistent: cannot lower a program that reduces rows" in out
+    assert "bf16 map:rmsnorm:64x64 sm90a: cannot lower a program that reduces rows" in out
+    for size in sizes:
+        entry = next(e for e in Manifest.load(prep).entries if e.case == f"bf16 {size}")
+        assert (entry.form, entry.arch, entry.kernel_name) == ("general", "sm_90", "spatialc_general") and entry.cubin
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)
+    argv = ["unused", "--dry-run", "--prepared", str(prep), "--sizes", *sizes, "--precisions", "bf16"]
+    assert gpucheck.main(argv) == 0
+    dry = capsys.readouterr().out
+    assert dry.count("    cubin     prepared: ") == 2
+    rms = dry.split("bf16 map:rmsnorm:64x64\n")[1]
+    timed = next(line for line in rms.splitlines() if line.startswith("  timed     "))
+    assert "spatialc general: end to end + kernel only, checked against its stages in float64 (each row sum" in timed
+    assert "it reads x 2 times, the GB/s count once" in timed
+    assert "torch F.rms_norm(x, (n,), w, eps=1e-06): end to end + kernel only (the same call" in timed
+    assert "torch copy_: kernel only, 8192 bytes copied device to device (16384 moved" in timed
