@@ -224,10 +224,15 @@ def map_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
 
 def schedule_map(p: SpatialProgram) -> SpatialProgram:
     """Each site's engines run the per-item bodies over their items."""
+    return scheduled(p, map_bodies(p))
+
+
+def scheduled(p: SpatialProgram, bodies: dict[str, tuple[ChoreoOp, ...]]) -> SpatialProgram:
+    """`p` with each site's engines running `bodies` (each engine's per-item body, by engine name) over the site's
+    items: a map's, and a row program's bands (`passes/rows.py`)."""
     from ..ir.nodes import Engine
 
     assert p.placement is not None
-    bodies = map_bodies(p)
     item_loop = any(len(items) > 1 for _, items in p.placement.items_of_site)
     wrapped: dict[int, dict[str, tuple[ChoreoOp, ...]]] = {}  # one op list for every site of a count: shared
     programs = []

@@ -14,17 +14,15 @@ import dataclasses
 import math
 
 from ..errors import PlanError, ProgramError
-from ..ir.ids import LV_ITEM, LV_ITEM_Y, LV_K, BufferId, StageId
+from ..ir.ids import LV_ITEM_Y, LV_K, BufferId, StageId
 from ..ir.nodes import (
     Accumulator,
     Buffer,
     ComputeStage,
-    EngineProgram,
     Fifo,
     Interm,
     Plan,
     ReadStage,
-    Schedule,
     SpatialProgram,
     Stage,
     TensorRole,
@@ -53,7 +51,7 @@ from ..ir.ops import (
     with_row_args,
 )
 from ..target import SpatialTarget
-from .maps import place_map
+from .maps import place_map, scheduled
 
 SIDES = (1, 2, 4, 8)
 VALUE_BYTES = 4  # a page element as the general form's rings hold it at most (a float32 value)
@@ -274,23 +272,4 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
 
 def schedule_rows(p: SpatialProgram) -> SpatialProgram:
     """Each site's engines run the per-band bodies over their bands."""
-    from ..ir.nodes import Engine
-
-    assert p.placement is not None
-    bodies = row_bodies(p)
-    item_loop = any(len(items) > 1 for _, items in p.placement.items_of_site)
-    wrapped: dict[int, dict[str, tuple[ChoreoOp, ...]]] = {}
-    programs = []
-    for site, items in p.placement.items_of_site:
-        n = len(items)
-        if n not in wrapped:
-            wrapped[n] = {e: _over_items(body, n, item_loop) for e, body in bodies.items()}
-        for engine in (Engine.READER, Engine.COMPUTE, Engine.WRITER):
-            programs.append(EngineProgram(site, engine, wrapped[n][engine.value]))
-    return p.evolve(schedule=Schedule(tuple(programs)))
-
-
-def _over_items(body: tuple[ChoreoOp, ...], n: int, item_loop: bool) -> tuple[ChoreoOp, ...]:
-    if item_loop:
-        return (Loop(LV_ITEM, Const(n), body),)
-    return body if n else ()
+    return scheduled(p, row_bodies(p))
