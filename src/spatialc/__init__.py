@@ -11,7 +11,7 @@ from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
 from .numerics.tolerance import Tolerance, tolerance
 from .passes.multicast import MulticastWarning
-from .rows import rmsnorm, softmax
+from .rows import layernorm, rmsnorm, softmax
 from .runtime.tilize import tilize_array as tilize
 from .runtime.tilize import untilize_array as untilize
 from .runtime.tilize import work_list
@@ -40,6 +40,7 @@ __all__ = [
     "from_json",
     "gemm",
     "grouped_gemm",
+    "layernorm",
     "lower",
     "relu",
     "requant",

@@ -1,4 +1,5 @@
-"""Programs that reduce rows (issue 31): softmax and RMSNorm, written with nothing but reads, row reductions and maps.
+"""Programs that reduce rows (issue 31): softmax, RMSNorm and LayerNorm, written with nothing but reads, row
+reductions and maps.
 
 A row reduction (`RowReduce`) folds each row of a tensor into one value — its max, sum, sum of squares — and a map
 reads that value back as a row vector (`RowArg`): x − max(x) row by row. A row longer than a page is reduced over
@@ -7,6 +8,10 @@ its pages in turn into a row accumulator, then read again for the map: each pass
 
     p = spatialc.build(spatialc.softmax(4096, 4096, "bf16"), "sm_90")
     p = spatialc.build(spatialc.rmsnorm(4096, 4096, eps=1e-6), "sm_90")
+    p = spatialc.build(spatialc.layernorm(4096, 4096), "sm_90")   # three outputs: out, mean and rstd
+
+A map of row vectors alone (mean = Σx / n) is itself a row vector, computed once a band; a row vector is written
+into an m × 1 tensor (one value a row) by a write stage of its own, from a ring that stage alone empties.
 """
 
 from __future__ import annotations
@@ -74,8 +79,8 @@ class _Builder:
         self.stage(name, ComputeStage(Map(expr)), Engine.COMPUTE, ins=ins, outs=(out,))
         return out
 
-    def write(self, ring: BufferId, tensor: TensorId) -> None:
-        self.stage("write_out", WriteStage(tensor), Engine.WRITER, ins=(ring,))
+    def write(self, ring: BufferId, tensor: TensorId, name: str = "write_out") -> None:
+        self.stage(name, WriteStage(tensor), Engine.WRITER, ins=(ring,))
 
     def program(self, name: str, target: str) -> SpatialProgram:
         return SpatialProgram(
@@ -112,6 +117,12 @@ def softmax(
     return b.program(f"softmax_{b.m}x{b.n}_{b.prec.value}", target)
 
 
+def _eps(eps: object, what: str) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) or eps < 0:
+        raise ProgramError(f"{what}'s eps is a finite number ≥ 0, not {eps!r}")
+    return float(eps)
+
+
 def rmsnorm(
     m: int,
     n: int,
@@ -125,8 +136,7 @@ def rmsnorm(
     """The program out = x · rsqrt(mean(x²) + eps) · w along each row of x (m × n), w the parameter tensor `weight`
     of n values (float32; none with weight=False), in two passes over each row — its sum of squares, then the
     scaling — before tiling."""
-    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) or eps < 0:
-        raise ProgramError(f"rmsnorm's eps is a finite number ≥ 0, not {eps!r}")
+    eps = _eps(eps, "rmsnorm")
     b, out_dtype = _begin(m, n, precision, out, "rmsnorm")
     x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
     w = b.tensor("weight", TensorRole.PARAMETER, (1, b.n), accumulator_dtype(b.prec)) if weight else None
@@ -138,3 +148,45 @@ def rmsnorm(
         scaled = Apply("mul", (scaled, Col(w)))
     b.write(b.map("scale", scaled, (b.read(x, "x1"), squares)), y)
     return b.program(f"rmsnorm_{b.m}x{b.n}_{b.prec.value}", target)
+
+
+def layernorm(
+    m: int,
+    n: int,
+    precision: str | Precision = "bf16",
+    *,
+    eps: float = 1e-5,
+    weight: bool = True,
+    bias: bool = True,
+    target: str = "sm_90",
+    out: str | None = None,
+) -> SpatialProgram:
+    """The program of torch's native_layer_norm along each row of x (m × n), before tiling: out = (x − mean) · rstd
+    · w + b, with mean = Σx / n and rstd = rsqrt(Σ(x − mean)² / n + eps) (the variance in two passes, as torch
+    computes it); w and b the parameter tensors `weight` and `bias` of n values (float32; none with weight=False,
+    bias=False). Three outputs: `out` (m × n), and `mean` and `rstd` (m × 1, float32). Three passes over each row:
+    its sum, the sum of squares of x − mean, then the output."""
+    eps = _eps(eps, "layernorm")
+    b, out_dtype = _begin(m, n, precision, out, "layernorm")
+    x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
+    w = b.tensor("weight", TensorRole.PARAMETER, (1, b.n), accumulator_dtype(b.prec)) if weight else None
+    bb = b.tensor("bias", TensorRole.PARAMETER, (1, b.n), accumulator_dtype(b.prec)) if bias else None
+    y = b.tensor("out", TensorRole.OUTPUT, (b.m, b.n), out_dtype)
+    mean_t = b.tensor("mean", TensorRole.OUTPUT, (b.m, 1), DType.FLOAT32)
+    rstd_t = b.tensor("rstd", TensorRole.OUTPUT, (b.m, 1), DType.FLOAT32)
+    total = b.reduce("row_sum", "sum", b.read(x, "x0"))
+    mean = b.map("mean", Apply("div", (RowArg(0), Lit(float(b.n)))), (total,))
+    centred = b.map("centre", Apply("sub", (Arg(0), RowArg(1))), (b.read(x, "x1"), mean))
+    squares = b.reduce("row_sumsq", "sumsq", centred)
+    variance = Apply("add", (Apply("div", (RowArg(0), Lit(float(b.n)))), Lit(eps)))
+    rstd = b.map("rstd", Apply("rsqrt", (variance,)), (squares,))
+    normed: Expr = Apply("mul", (Apply("sub", (Arg(0), RowArg(1))), RowArg(2)))
+    if w is not None:
+        normed = Apply("mul", (normed, Col(w)))
+    if bb is not None:
+        normed = Apply("add", (normed, Col(bb)))
+    b.write(b.map("normalise", normed, (b.read(x, "x2"), mean, rstd)), y)
+    # The writer pops a vector it stores, so the vectors the maps read are written through copies of their own.
+    b.write(b.map("mean_out", RowArg(0), (mean,)), mean_t, "write_mean")
+    b.write(b.map("rstd_out", RowArg(0), (rstd,)), rstd_t, "write_rstd")
+    return b.program(f"layernorm_{b.m}x{b.n}_{b.prec.value}", target)

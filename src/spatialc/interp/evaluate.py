@@ -67,7 +67,8 @@ def evaluate(
     sample: Sample | None = None,
     max_bytes: int | None = None,
 ) -> np.ndarray | tuple[np.ndarray, Trace]:
-    """The output tensor (logical shape, its element type) of a placed, scheduled program; with `trace`, also
+    """The output tensor (logical shape, its element type) of a placed, scheduled program — a dict name → array
+    where it has several (`result`); with `trace`, also
     the Trace of the run; with a `sample`, only the sampled rows of C. TooLarge, before anything is allocated,
     where the run would take more than `max_bytes` (default MAX_BYTES) or this machine's memory."""
     _check_ready(program)
@@ -361,10 +362,20 @@ def ring_slots(p: SpatialProgram) -> int:
     return min(len(sites) * sum(min(max(d, 0), cap) for d in depth.values()), cap)
 
 
-def result(p: SpatialProgram, stores: dict[TensorId, Store], sample: Sample | None = None) -> np.ndarray:
-    """The output tensor's logical part, in its element type (a sample's rows of it, in their order)."""
+def result(
+    p: SpatialProgram, stores: dict[TensorId, Store], sample: Sample | None = None
+) -> np.ndarray | dict[str, np.ndarray]:
+    """The output tensor's logical part, in its element type (a sample's rows of it, in their order); a program of
+    several outputs (LayerNorm's out, mean and rstd), each's by name."""
+    outs = [t for t in p.tensors if t.role == TensorRole.OUTPUT]
+    if len(outs) > 1:
+        return {t.name: _result_of(p, t, stores, sample) for t in outs}
     out = p.output_tensor()
     assert out is not None
+    return _result_of(p, out, stores, sample)
+
+
+def _result_of(p: SpatialProgram, out: Tensor, stores: dict[TensorId, Store], sample: Sample | None) -> np.ndarray:
     rows = slice(0, out.elems[0]) if sample is None else np.asarray(sample.rows, dtype=np.int64)
     cols = out.elems[1]
     mat = stores[out.id].mat

@@ -236,7 +236,7 @@ def elementwise(
     vector's tile column `at + s mod width`."""
     t = E.m.p.tile
     by_row = dict(row_reads(op.expr)) if isinstance(op, Map) else {}
-    whole = [x for j, x in enumerate(xs) if j not in by_row]
+    whole = [x for j, x in enumerate(xs) if j not in by_row] or xs  # (a map of row vectors alone: their shape)
     n = whole[0].count if whole else 0
     if not whole or any(x.count != n for x in whole):
         fail(E, i, f"an elementwise stage's pages hold {[x.count for x in xs]} tiles: one shape, element by element")
@@ -268,5 +268,8 @@ def elementwise(
         out = epilogue.apply(op, epilogue.start(mats[0], integer), integer)  # type: ignore[arg-type]
     # An integer chain's values stay int64: past 2^53 float64 would round them (the kernels' long long does not).
     out = out if integer else out.astype(np.float64)
+    out = np.broadcast_to(
+        out, (h * t.rows, width * t.cols)
+    )  # a map of row vectors alone: each row's value, each column
     back = out.reshape(h, t.rows, width, t.cols).transpose(0, 2, 1, 3)
     return Tiles(back.reshape(n, t.rows, t.cols))

@@ -30,6 +30,14 @@ def _declared(p: SpatialProgram):
     return declared(ProgramIndex.of(p))
 
 
+def declared_outputs(p: SpatialProgram) -> tuple:
+    """What the stages declare each output to be (one for all but a row program of several writes)."""
+    from ..ir.index import ProgramIndex
+    from ..passes.verify.declared import declared_outputs as each
+
+    return each(ProgramIndex.of(p))
+
+
 def epilogue_ops(p: SpatialProgram) -> list:
     """The program's compute ops after the matmul, in the order its rings apply them."""
     return [s.kind.op for s in _declared(p).chain]
@@ -51,8 +59,9 @@ def tensor_operand(p: SpatialProgram, tensor: Any, inputs: Mapping[str, Any]) ->
     return operand_values(t.name, inputs[t.name], t.dtype)
 
 
-def reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
-    """epilogue(A @ B) in the output's element type, from float64 products of the operand-rounded inputs."""
+def reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray | dict[str, np.ndarray]:
+    """epilogue(A @ B) in the output's element type, from float64 products of the operand-rounded inputs; a
+    program of several outputs (LayerNorm's out, mean and rstd), each's by name, as `spatialc.evaluate` gives them."""
     with np.errstate(over="ignore", invalid="ignore"):  # NaN / ±inf inputs: said once, by check_inputs
         return _reference(p, inputs)
 
@@ -60,7 +69,9 @@ def reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
 def _reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
     decl = _declared(p)
     if decl.rows:
-        return output_values(decl.out.name, row_stages(p, decl, inputs)[0], decl.out.dtype)
+        decls = declared_outputs(p)
+        each = {d.out.name: output_values(d.out.name, row_stages(p, d, inputs)[0], d.out.dtype) for d in decls}
+        return each if len(decls) > 1 else each[decl.out.name]
     if decl.matmul is None:
         return mapped(p, decl, inputs)
     if len(decl.matmuls) == 1:

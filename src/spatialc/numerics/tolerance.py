@@ -90,7 +90,8 @@ class Tolerance:
         return f"{self.ulps} float32 ulps of |A|@|B|{carried}, plus 2 {out} ulps of |C|"
 
     def bound(self, inputs: Mapping[str, Any]) -> np.ndarray:
-        """The allowed |C − ref| of each element for these inputs (zeros for an exact program)."""
+        """The allowed |C − ref| of each element for these inputs (zeros for an exact program); a program of
+        several outputs, each's by name."""
         return self._against(inputs)[1]
 
     def _against(self, inputs: Mapping[str, Any], rows: Any = None) -> tuple[np.ndarray, np.ndarray]:
@@ -129,15 +130,21 @@ class Tolerance:
 
     def _mapped(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """A map program's reference and bound: its exact inputs through each op's interval bound."""
-        from .reference import _declared, column_values, map_pages, mapped, row_stages
+        from .reference import _declared, column_values, declared_outputs, map_pages, mapped, row_stages
         from .rounding import output_values
 
         p = self.program
         decl = _declared(p)
         if decl.rows:
-            value, err = row_stages(p, decl, inputs, bounds=True)
-            ref = output_values(decl.out.name, value, decl.out.dtype)
-            return ref, err + 2 * self.out_eps * np.abs(ref.astype(np.float64)) + _TINY
+            each = {}
+            for d in declared_outputs(p):  # each output its own bound, in its own type's ulps
+                value, err = row_stages(p, d, inputs, bounds=True)
+                ref = output_values(d.out.name, value, d.out.dtype)
+                eps = OUT_EPS.get(d.out.dtype, EPS32)
+                each[d.out.name] = (ref, err + 2 * eps * np.abs(ref.astype(np.float64)) + _TINY)
+            if len(each) > 1:
+                return {k: v[0] for k, v in each.items()}, {k: v[1] for k, v in each.items()}  # type: ignore[return-value]
+            return each[decl.out.name]
         ref = mapped(p, decl, inputs)
         if self.exact:
             return ref, np.zeros(ref.shape)
@@ -177,12 +184,24 @@ class Tolerance:
 
     def atol(self, inputs: Mapping[str, Any]) -> float:
         """One absolute tolerance for `np.allclose(c, ref, rtol=0, atol=...)`: the largest element's bound."""
-        return float(np.max(self.bound(inputs), initial=0.0))
+        bound = self.bound(inputs)
+        parts = bound.values() if isinstance(bound, dict) else (bound,)  # several outputs: the largest of all
+        return max((float(np.max(b, initial=0.0)) for b in parts), default=0.0)
 
     def check(self, c: np.ndarray, inputs: Mapping[str, Any], rows: Any = None) -> tuple[bool, str]:
         """Whether C is within the bound of the reference, and a one-line account of how close it is. With `rows`,
         `inputs` gives A as just those rows (in each group) and C is those rows of the result (a sample)."""
         ref, bound = self._against(inputs, rows)
+        if isinstance(ref, dict):  # several outputs (LayerNorm's out, mean, rstd): each within its own bound
+            if not isinstance(c, Mapping) or set(c) != set(ref):
+                return False, f"the outputs are {', '.join(ref)}; the result given holds {_names(c)}"
+            told = [(name, *self._within(c[name], ref[name], bound[name], inputs)) for name in ref]
+            each = "; ".join(f"{name}: {how.split(' (bound: ')[0]}" for name, _, how in told)  # the bound said once
+            return all(ok for _, ok, _ in told), f"{each} (bound: {self.text})"
+        return self._within(c, ref, bound, inputs)
+
+    def _within(self, c: Any, ref: np.ndarray, bound: np.ndarray, inputs: Mapping[str, Any]) -> tuple[bool, str]:
+        """Whether one output `c` is within `bound` of `ref`, and how close it is."""
         if np.shape(c) != ref.shape:
             return False, f"C has shape {np.shape(c)}, the reference {ref.shape}"
         if self.exact:
@@ -238,6 +257,13 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
 
 
 _TINY = float(np.finfo(np.float32).tiny)
+
+
+def _names(c: Any) -> str:
+    """What a result holds, for a message: its outputs' names, or one array's shape."""
+    return ", ".join(map(str, c)) if isinstance(c, Mapping) else f"one array of shape {np.shape(c)}"
+
+
 _RANGE_WARNED: list[bool] = []  # whether a RangeWarning was given in this process
 _ROUNDING = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11}  # an operand type's unit roundoff
 

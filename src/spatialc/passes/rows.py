@@ -30,6 +30,8 @@ from ..ir.nodes import (
 )
 from ..ir.ops import (
     AcquireAcc,
+    Apply,
+    Arg,
     BlockShape,
     ChoreoOp,
     Col,
@@ -67,23 +69,32 @@ def is_row_program(p: SpatialProgram) -> bool:
 @dataclasses.dataclass(frozen=True, slots=True)
 class RowShape:
     """A row program's parts: its compute stages (reductions and maps), each after the stages whose rings it reads;
-    the one write; which stage fills each ring; and the row vectors (the rings the reductions fill)."""
+    its writes — `write` the one of pages of values (the rows' own shape), the others of row vectors (one value a
+    row); which stage fills each ring; and the row vectors: the rings the reductions fill, and those of the maps of
+    row vectors alone (`vector_maps`: rstd = rsqrt(Σ/n + eps), run once a band)."""
 
     computes: tuple[Stage, ...]
     write: Stage
     producer: dict[BufferId, Stage]
     vectors: frozenset[BufferId]
+    writes: tuple[Stage, ...] = ()
+    vector_maps: frozenset[StageId] = frozenset()
+
+    @property
+    def written_vectors(self) -> frozenset[BufferId]:
+        """The row vectors a write stage empties (the writer's to pop, not the compute engine's)."""
+        return frozenset(w.ins[0] for w in self.writes if w is not self.write)
 
 
 def row_shape(p: SpatialProgram) -> RowShape:
     """The program's stages as a row program, or ProgramError saying what one is: reads, row reductions and maps,
-    one write; each ring of values feeding one stage (a pass reads its tensor again), a row vector any number."""
-    writes = [s for s in p.stages if isinstance(s.kind, WriteStage)]
+    one write of pages and any number of row vectors; each ring of values feeding one stage (a pass reads its tensor
+    again), a row vector any number — but one a write empties, that write alone."""
+    writes = tuple(s for s in p.stages if isinstance(s.kind, WriteStage))
     computes = tuple(s for s in p.stages if isinstance(s.kind, ComputeStage))
-    if len(writes) != 1 or any(not isinstance(s.kind.op, RowReduce | Map) for s in computes):  # type: ignore[union-attr]
-        raise ProgramError("a row program holds reads, row reductions and maps, and one write")
+    if not writes or any(not isinstance(s.kind.op, RowReduce | Map) for s in computes):  # type: ignore[union-attr]
+        raise ProgramError("a row program holds reads, row reductions and maps, and its writes")
     producer = {b: s for s in p.stages for b in s.outs}
-    vectors = frozenset(b for s in computes if isinstance(s.kind.op, RowReduce) for b in s.outs)  # type: ignore[union-attr]
     names = {b.id: b.name for b in p.buffers}
     readers: dict[BufferId, list[Stage]] = {}
     for s in p.stages:
@@ -91,14 +102,41 @@ def row_shape(p: SpatialProgram) -> RowShape:
             if b not in producer:
                 raise ProgramError(f"stage {s.name} reads {names.get(b, f'ring {int(b)}')}, which no stage fills")
             readers.setdefault(b, []).append(s)
+    ordered = _in_order(computes, producer)
+    vectors = set(b for s in computes if isinstance(s.kind.op, RowReduce) for b in s.outs)  # type: ignore[union-attr]
+    vector_maps: set[StageId] = set()
+    for s in ordered:  # a map of row vectors alone is a row vector (its inputs are ordered before it)
+        op = s.kind.op  # type: ignore[union-attr]
+        if isinstance(op, Map) and s.ins and all(b in vectors for b in s.ins) and not _args(op.expr):
+            vectors.update(s.outs)
+            vector_maps.add(s.id)
     for b, stages in readers.items():
+        written = [s for s in stages if isinstance(s.kind, WriteStage)]
         if b not in vectors and len(stages) > 1:
             raise ProgramError(
                 f"{names.get(b, f'ring {int(b)}')} feeds stages {stages[0].name} and {stages[1].name}; in a row"
                 " program a ring of values feeds one stage: each pass over a row reads its tensor again, with a read"
                 " stage of its own"
             )
-    return RowShape(_in_order(computes, producer), writes[0], producer, vectors)
+        if written and len(stages) > 1:
+            other = next(s for s in stages if s is not written[0])
+            raise ProgramError(
+                f"{names.get(b, f'ring {int(b)}')} feeds write stage {written[0].name} and stage {other.name}; the"
+                " writer pops a row vector it writes, so the stages that read it read a copy (a map x[row] of its own)"
+            )
+    pages = [w for w in writes if w.ins and w.ins[0] not in vectors]
+    if len(pages) != 1:
+        raise ProgramError(
+            f"a row program writes one tensor of the rows' values ({len(pages)} here) and any number of row vectors"
+        )
+    return RowShape(ordered, pages[0], producer, frozenset(vectors), writes, frozenset(vector_maps))
+
+
+def _args(expr: object) -> bool:
+    """Whether `expr` reads a page element by element (an Arg)."""
+    if isinstance(expr, Arg):
+        return True
+    return isinstance(expr, Apply) and any(_args(a) for a in expr.args)
 
 
 def _in_order(computes: tuple[Stage, ...], producer: dict[BufferId, Stage]) -> tuple[Stage, ...]:
@@ -167,7 +205,7 @@ def plan_rows(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] |
 
 def apply_row_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     """Rings sized by the plan (row vectors one page of bh tiles), one accumulator of bh tiles a reduction, tensors
-    padded to whole bands and pages."""
+    padded to whole bands and pages (a written row vector's tensor, m × 1, to whole bands of one tile column)."""
     shape = row_shape(p)
     bh, bw = plan.block.osh, plan.block.ibw
     rows_t, cols_t = plan.grid[0] * bh, plan.k_tiles
@@ -180,9 +218,12 @@ def apply_row_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     for s in shape.computes:
         if isinstance(s.kind.op, RowReduce):  # type: ignore[union-attr]
             buffers.append(Buffer(BufferId(len(buffers)), f"{s.name}_acc", Accumulator(bh)))
+    vector_outs = {w.kind.tensor for w in shape.writes if w is not shape.write}  # type: ignore[union-attr]
     tensors = []
     for t in p.tensors:
-        if t.role in (TensorRole.INPUT, TensorRole.OUTPUT):
+        if t.id in vector_outs:  # one value a row: a tile column, each row's value in every column (as RowArg's)
+            t = dataclasses.replace(t, tiles=(rows_t, 1))
+        elif t.role in (TensorRole.INPUT, TensorRole.OUTPUT):
             t = dataclasses.replace(t, tiles=(rows_t, cols_t))
         elif t.role == TensorRole.PARAMETER and t.elems[0] == 1:
             t = dataclasses.replace(t, tiles=(1, cols_t))
@@ -200,15 +241,19 @@ def place_rows(
 
 def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     """Each engine's per-band body: a pass over the band's pages for each reduction, each after the passes whose
-    vectors it reads, then one for the output; a pass reads its tensors' pages and runs the maps before it."""
+    vectors it reads, then one for the output; a pass reads its tensors' pages and runs the maps before it. A map of
+    row vectors alone runs once, between the passes, as soon as its vectors are packed; the writer stores each
+    written vector, and the output's pages, in the order the compute engine fills them."""
     plan = p.plan
     assert plan is not None
     shape = row_shape(p)
     bh, bw, nj = plan.block.osh, plan.block.ibw, plan.k_steps
     col_at = TileAddr(0, ((LV_K, bw),))  # the page's first tile column of the row
     accs = {s.id: b.id for s in shape.computes for b in p.buffers if b.name == f"{s.name}_acc"}
+    written = {w.ins[0]: w for w in shape.writes}
     reader: list[ChoreoOp] = []
     compute: list[ChoreoOp] = []
+    writer: list[ChoreoOp] = []
     packed: list[BufferId] = []
 
     def read_loop(rings: list[BufferId]) -> None:
@@ -244,8 +289,24 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
         (out,) = s.outs
         return [*(Wait(b) for b in pages), Reserve(out), Compute(placed, s.ins, (out,)), Push(out), *map(Pop, pages)]
 
+    def filled(vector: BufferId) -> None:
+        """A row vector just pushed: the compute engine waits for it (the maps after it read it), or the writer
+        stores it into its tensor, a tile a row of the band."""
+        if vector not in written:
+            compute.append(Wait(vector))
+            packed.append(vector)
+            return
+        t = p.tensor(written[vector].kind.tensor)  # type: ignore[union-attr]
+        at = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]),))
+        writer.extend((Wait(vector), WriteTiles(vector, t.id, at, bh, 1, t.tiles[1], 1), Pop(vector)))
+
     for s in shape.computes:
         op = s.kind.op  # type: ignore[union-attr]
+        if s.id in shape.vector_maps:  # once a band, of the vectors packed before it
+            (out,) = s.outs
+            compute += [Reserve(out), Compute(op, s.ins, (out,)), Push(out)]
+            filled(out)
+            continue
         if isinstance(op, Map) and s is not shape.producer.get(shape.write.ins[0]):
             continue  # a map that feeds a reduction runs inside that reduction's pass
         maps, reads = feeding(s)
@@ -257,17 +318,17 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
             reduce = Compute(dataclasses.replace(op, at=col_at, width=bw), (src,), acc=acc)
             compute.append(AcquireAcc(acc))
             compute.append(Loop(LV_K, Const(nj), (*body, Wait(src), reduce, Pop(src))))
-            compute += [Reserve(out), PackAcc(acc, out, bh), Push(out), ReleaseAcc(acc), Wait(out)]
-            packed.append(out)
+            compute += [Reserve(out), PackAcc(acc, out, bh), Push(out), ReleaseAcc(acc)]
+            filled(out)
         else:
             compute.append(Loop(LV_K, Const(nj), (*body, *map_ops(s))))
+            t = p.tensor(shape.write.kind.tensor)  # type: ignore[union-attr]
+            at_out = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_K, bw)))
+            (last,) = shape.write.ins
+            write = (Wait(last), WriteTiles(last, t.id, at_out, bh, bw, t.tiles[1], 1), Pop(last))
+            writer.append(Loop(LV_K, Const(nj), write))
     compute += [Pop(v) for v in packed]
-    t = p.tensor(shape.write.kind.tensor)  # type: ignore[union-attr]
-    at_out = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_K, bw)))
-    (last,) = shape.write.ins
-    write = (Wait(last), WriteTiles(last, t.id, at_out, bh, bw, t.tiles[1], 1), Pop(last))
-    writer = (Loop(LV_K, Const(nj), write),)
-    return {"reader": tuple(reader), "compute": tuple(compute), "writer": writer}
+    return {"reader": tuple(reader), "compute": tuple(compute), "writer": tuple(writer)}
 
 
 def schedule_rows(p: SpatialProgram) -> SpatialProgram:

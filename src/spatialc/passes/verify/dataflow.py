@@ -82,6 +82,10 @@ class Declared:
     split: SplitDecl | None = None  # split-K's partial path, where the stages declare one
     matmuls: dict[StageId, MatmulDecl] = field(default_factory=dict)  # every matmul on the way to C, by stage
     rows: bool = False  # a row program: `chain` is its maps and row reductions, each after what it reads
+    vector: bool = False  # a row program's output of one value a row (m × 1), from a row vector
+    row_tiles: int = 0  # a row program's rows, in tiles (as its reads are padded)
+    others: frozenset[TensorId] = frozenset()  # the program's other outputs, each proved by its own Declared
+    used: frozenset[StageId] = frozenset()  # a row program's stages on the way to this output
 
 
 @dataclass(frozen=True, slots=True)

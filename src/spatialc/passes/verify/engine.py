@@ -327,6 +327,8 @@ class EngineRun:
             )
 
     def write(self, op: WriteTiles) -> None:
+        if op.tensor in self.decl.others:
+            return  # another output's write: its own run of the rule proves it (`semantics.check_semantics`)
         split = self.decl.split
         partial = split is not None and op.tensor == split.work
         self.declared_ring(op, op.src, split.out_ring if partial else self.decl.last)  # type: ignore[union-attr]
@@ -606,7 +608,8 @@ class EngineRun:
         by_row = set(row_reads(op.op.expr)) if isinstance(op.op, Map) else set()
         whole = [i for i in range(len(pages)) if i not in {i for i, _ in by_row}]
         if not whole:
-            raise self.unsure(op, "it maps row vectors alone; the semantic rule follows maps of a page of values")
+            self.vector_map(op, pages)
+            return
         page = pages[whole[0]]
         for i, width in sorted(by_row):
             vec = pages[i]
@@ -647,6 +650,20 @@ class EngineRun:
             col = self.addr(op, at) + Aff.of(PC)
         inners = tuple(p.cell for p in pages)
         self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(op.op, inners, col)))
+
+    def vector_map(self, op: Compute, pages: list[Page]) -> None:
+        """A map of row vectors alone (mean = Σ / n): a row vector, each row's value of the same rows' values."""
+        vecs = {(p.rows, p.width) for p in pages}
+        widths = {w for _, w in row_reads(op.op.expr)} if isinstance(op.op, Map) else set()
+        if not pages or len(vecs) != 1 or next(iter(vecs))[1] != 1 or widths != {1}:
+            raise self.unsure(
+                op,
+                "it maps row vectors of other shapes than one tile a page row, or reads them as rows of pages; the"
+                " semantic rule follows a map of row vectors of one shape into one",
+                op.ins[0] if op.ins else None,
+            )
+        rows = pages[0].rows
+        self.fill(op, op.outs[0], Page(rows, 1, Elem(op.op, tuple(p.cell for p in pages), None)))
 
 
 def _kind(op: object) -> type:

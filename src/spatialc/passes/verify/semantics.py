@@ -62,8 +62,8 @@ from ...ir.ops import (
     walk,
 )
 from ...ir.printer import compute_text
-from .dataflow import MatmulDecl, SiteRun, Write, same_op
-from .declared import declared
+from .dataflow import Declared, MatmulDecl, SiteRun, Write, same_op
+from .declared import declared_outputs
 from .facts import Programs
 from .handshake import multicast_senders
 from .partials import Workspace, check_handshake, item_values, raises
@@ -96,7 +96,14 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
         return  # nothing is computed yet
     for prog in programs.distinct():
         _followable(index, prog)
-    decl = declared(index)
+    for decl in declared_outputs(index):  # each output proved apart: its own formula, its own writes
+        _check_output(index, programs, decl)
+
+
+def _check_output(index: ProgramIndex, programs: Programs, decl: Declared) -> None:
+    """Rule 8 for one output: every site's run, the proof at each of its writes."""
+    p = index.p
+    assert p.placement is not None and p.schedule is not None
     items = dict(p.placement.items_of_site)
     senders = multicast_senders(index, p.schedule.programs)  # (rule 7 has refused two senders into one ring)
     keys = _keys(programs, senders)
@@ -352,6 +359,8 @@ class _Proof:
         self.space, self.owner, self.counts = space, owner, counts
         self.ranges = site.ranges
         self.iy, self.ix = site.item_coords(w.item)
+        # An item's block of the output: a row vector's output (one value a row) is the band's tile rows alone.
+        self.block = (site.block[0], 1) if self.decl.vector else site.block
 
     def check(self) -> None:
         self.coverage()
@@ -475,7 +484,7 @@ class _Proof:
     # ---- each item's block written once ------------------------------------------------------------------------
 
     def coverage(self) -> None:
-        h, w = self.site.block
+        h, w = self.block
         r, c = self.w.row - self.iy * h, self.w.col - self.ix * w
         domain = (set(self.w.loops) - {self.w.item}) | self.w.block[0].syms() | self.w.block[1].syms()
         item_syms = self.iy.syms() | self.ix.syms()
@@ -492,7 +501,7 @@ class _Proof:
 
     def coverage_fault(self, domain: set[Sym], item_syms: set[Sym]) -> str:
         """What goes wrong, named by a concrete tile of a concrete item where the sample allows."""
-        rows, cols = self.site.block
+        rows, cols = self.block
         syms = sorted(domain, key=repr)
         items = list(self.site.witnesses) or [ItemId(0)]
         if math.prod(self.ranges[s] for s in syms) * len(items) <= WITNESS_LIMIT:
@@ -510,7 +519,7 @@ class _Proof:
 
     def item_fault(self, base: dict[Sym, int], syms: list[Sym]) -> str | None:
         """The first tile of the item at `base` written twice, outside its block, or never (None: all well)."""
-        rows, cols = self.site.block
+        rows, cols = self.block
         y, x = self.iy.at(base), self.ix.at(base)
         block = set(itertools.product(range(y * rows, (y + 1) * rows), range(x * cols, (x + 1) * cols)))
         seen: Counter[tuple[int, int]] = Counter()
@@ -610,8 +619,8 @@ class _Proof:
             self.value(t.cell, self.site.index.ring(ring), (row, t.col), inside)
             spans.append(one_to_one(t.col, self.ranges) if set(t.sums) == t.col.syms() else None)
             total += math.prod(self.ranges[s] for s in t.sums)
-        out, tile = self.decl.out, self.site.index.p.tile.cols
-        need, most = math.ceil(op.cols / tile), out.tiles[1]
+        tile = self.site.index.p.tile.cols
+        need, most = math.ceil(op.cols / tile), self.decl.row_tiles or self.decl.out.tiles[1]
         end = 0
         for first, count in sorted(x for x in spans if x is not None):
             end = first + count if first == end else -1
