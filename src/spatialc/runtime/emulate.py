@@ -521,13 +521,14 @@ def emulate(
     progress: Progress | None = None,
     sms: int | None = None,
     max_bytes: int = EMULATION_MAX_BYTES,
-) -> np.ndarray:
+) -> np.ndarray | dict[str, np.ndarray]:
     """C of `artifact.program_cu` on `inputs` (tensor name → array), run through the host emulation in `mode`, on an
     emulated device of `sms` multiprocessors (132 when None: the work list follows them, as on a GPU). A run that
     would take more than `max_bytes` of memory (`emulation_bytes`) is refused first (EmulationTooLarge).
 
     C has the interpreter's type for the output: int8, int32 or int64; float32, float16 (fp16) or float32 holding bf16
-    values. Inputs are checked as
+    values. A program of several outputs (LayerNorm's out, mean and rstd) gives a dict name → array, as
+    `spatialc.evaluate` does. Inputs are checked as
     `spatialc.evaluate` checks them (InputError). Raises an EmulationError subclass naming a race, a deadlock, a
     timeout, a compile error or a CUDA error when the run does not finish cleanly. `progress(done, total)` is
     called with the blocks done as the run goes (`stderr_progress()` makes one that shows them on a terminal).
@@ -558,6 +559,10 @@ def emulate(
     # The interpreter's types for the same output: fp16 as float16, bf16 as its values in float32.
     dtype = OUTPUT_DTYPES.get(out.c_type, np.float32)
     files = _input_files(artifact, inputs)
+    outs = [q for q in artifact.launch.params if q.role == "output"]
+    if len(outs) > 1:  # several outputs (LayerNorm's out, mean, rstd): printed one after another, each by name
+        text = _emulated_text(artifact, files, mode, timeout, progress, sms)
+        return _outputs(text, outs)
     groups = int(getattr(out, "groups", 1))
     shape = (groups, *out.elems) if groups > 1 else tuple(out.elems)
     c = emulate_source(
@@ -572,6 +577,33 @@ def emulate(
         tensors=tensor_spec(artifact.launch),
     )
     return _rows_past_counts(artifact.launch, out, inputs, c)
+
+
+def _emulated_text(artifact, files, mode: str, timeout: float, progress: Progress | None, sms: int | None) -> str:
+    """What the artifact's program_cu prints, run through the emulation (`emulate_source` without the parse)."""
+    check_run_options(timeout, sms)
+    note = getattr(progress, "note", None)
+    if note is not None and not is_compiled(artifact.program_cu, mode):
+        note("compiling the emulation with g++ (seconds, once for each kernel text: cached)")
+    texts = {name: np.asarray(v) for name, v in files.items()}
+    binary = compile_program(artifact.program_cu, mode)
+    run = run_program(binary, texts, timeout, progress=progress, sms=sms, tensors=tensor_spec(artifact.launch))
+    return run.stdout
+
+
+def _outputs(stdout: str, outs: list[Any]) -> dict[str, np.ndarray]:
+    """Each output of a program that prints several, one after another in launch order, by name."""
+    words = stdout.split()
+    sizes = [int(np.prod(q.elems)) for q in outs]
+    if len(words) != sum(sizes):
+        shapes = ", ".join(f"{q.name} {'×'.join(map(str, q.elems))}" for q in outs)
+        raise EmulationFault(f"the program printed {len(words)} values; its outputs have {sum(sizes)} ({shapes})")
+    found, at = {}, 0
+    for q, n in zip(outs, sizes, strict=True):
+        dtype = OUTPUT_DTYPES.get(q.c_type, np.float32)
+        found[q.name] = parse_output("\n".join(words[at : at + n]), tuple(q.elems), dtype)
+        at += n
+    return found
 
 
 def tensor_spec(launch: Any) -> str:

@@ -481,6 +481,13 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
         )
     out = p.output_tensor()
     assert out is not None
+    kinds = sorted({t.dtype.value for t in p.tensors if t.role == TensorRole.OUTPUT})
+    if len(kinds) > 1:  # the kernel stores every output through one element type (OUT_T)
+        raise Unsupported(
+            f"outputs of different element types ({', '.join(kinds)})",
+            "the general form stores its outputs in one type: give them one (a LayerNorm's out float32, as its mean"
+            " and rstd are)",
+        )
     missing = [r for r in rings.rings if r not in prod or r not in cons]
     if missing:
         raise Unsupported(f"ring {rings.rings[missing[0]].name} without a producer and a consumer", "verify says why")

@@ -309,41 +309,50 @@ def _free(p: SpatialProgram, launch: Launch, w: Writer) -> None:
 
 
 def program_main(p: SpatialProgram, launch: Launch) -> str:
-    """`main` of program_cu: read a.txt, b.txt, … (`operand_files`), launch once, print C row-major a value a line."""
-    out = p.output_tensor()
-    assert out is not None
-    o = int(out.id)
-    # A half or bfloat16 value reaches printf through float: both convert to it exactly, on nvcc's host and g++'s.
-    ty = out_type(launch)
-    fmt, cast = ("%lld", "long long") if ty in INTEGER_OUTPUTS else ("%.9g", "double)(float")
+    """`main` of program_cu: read a.txt, b.txt, … (`operand_files`), launch once, print C row-major a value a line —
+    a program of several outputs (LayerNorm's out, mean, rstd) each in turn, in the order of its tensors."""
+    outs = [t for t in p.tensors if t.role == TensorRole.OUTPUT]
+    assert outs
     w = Writer()
     files = input_files(p)
     read = ", ".join(f"{files[int(t.id)]} ({plain(t.name)})" for t in p.tensors if int(t.id) in files)
-    w.line(f"// Reads {read}: one value a line, row-major. Prints the output {plain(out.name)} the same way.")
+    names = ", then ".join(plain(t.name) for t in outs)
+    w.line(f"// Reads {read}: one value a line, row-major. Prints the output {names} the same way.")
     with w.block("int main()"):
         _setup(p, launch, w, bench=False)
         _launch(p, launch, w)
         w.line("SPATIALC_CHECK(cudaGetLastError());")
         w.line("SPATIALC_CHECK(cudaDeviceSynchronize());")
         _trip_check(launch, w)
-        w.line(f"std::vector<{ty}> y({_elems(out)});")
-        w.line(f"SPATIALC_CHECK(cudaMemcpy(y.data(), d{o}, y.size() * sizeof({ty}), cudaMemcpyDeviceToHost));")
-        rows, cols = out.elems
-        group = f"(size_t)g * {out.group_tiles[0] * out.tiles[1] * 256} + " if out.groups > 1 else ""
-        with contextlib.ExitStack() as loops:
-            if out.groups > 1:  # a grouped C: group after group, each on its own grid of tiles
-                loops.enter_context(w.block(f"for (int g = 0; g < {out.groups}; ++g)"))
-            loops.enter_context(w.block(f"for (int i = 0; i < {rows}; ++i)"))
-            loops.enter_context(w.block(f"for (int j = 0; j < {cols}; ++j)"))
-            at = (
-                f"(size_t)i * {out.tiles[1] * 16} + j"  # stored as a row-major matrix
-                if launch.params[p.tensors.index(out)].order == "rows"
-                else f"{group}spatialc_tiled_index(i, j, {out.tiles[1]})"
-            )
-            w.line(f'printf("{fmt}\\n", ({cast})y[{at}]);')
+        for out in outs:
+            _print_output(p, launch, out, w, "" if len(outs) == 1 else f"_{int(out.id)}")
         _free(p, launch, w)
         w.line("return 0;")
     return w.text()
+
+
+def _print_output(p: SpatialProgram, launch: Launch, out: Tensor, w: Writer, suffix: str) -> None:
+    """Copy output `out` back and print it row-major, a value a line (`suffix` names its host copy)."""
+    o = int(out.id)
+    # A half or bfloat16 value reaches printf through float: both convert to it exactly, on nvcc's host and g++'s.
+    ty = launch.params[p.tensors.index(out)].c_type
+    fmt, cast = ("%lld", "long long") if ty in INTEGER_OUTPUTS else ("%.9g", "double)(float")
+    y = f"y{suffix}"
+    w.line(f"std::vector<{ty}> {y}({_elems(out)});")
+    w.line(f"SPATIALC_CHECK(cudaMemcpy({y}.data(), d{o}, {y}.size() * sizeof({ty}), cudaMemcpyDeviceToHost));")
+    rows, cols = out.elems
+    group = f"(size_t)g * {out.group_tiles[0] * out.tiles[1] * 256} + " if out.groups > 1 else ""
+    with contextlib.ExitStack() as loops:
+        if out.groups > 1:  # a grouped C: group after group, each on its own grid of tiles
+            loops.enter_context(w.block(f"for (int g = 0; g < {out.groups}; ++g)"))
+        loops.enter_context(w.block(f"for (int i = 0; i < {rows}; ++i)"))
+        loops.enter_context(w.block(f"for (int j = 0; j < {cols}; ++j)"))
+        at = (
+            f"(size_t)i * {out.tiles[1] * 16} + j"  # stored as a row-major matrix
+            if launch.params[p.tensors.index(out)].order == "rows"
+            else f"{group}spatialc_tiled_index(i, j, {out.tiles[1]})"
+        )
+        w.line(f'printf("{fmt}\\n", ({cast}){y}[{at}]);')
 
 
 def bench_rate(p: SpatialProgram, launch: Launch) -> tuple[str, str]:
