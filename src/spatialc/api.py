@@ -9,7 +9,7 @@ from .errors import ProgramError, SpatialError
 from .frontend import elementwise, gemm, grouped_gemm
 from .ir import serde
 from .ir.nodes import SpatialProgram
-from .rows import rmsnorm, softmax
+from .rows import layernorm, rmsnorm, softmax
 from .target import SpatialTarget
 from .target import target as get_target
 
@@ -200,6 +200,7 @@ gemm = gemm
 grouped_gemm = grouped_gemm
 softmax = softmax
 rmsnorm = rmsnorm
+layernorm = layernorm
 
 
 def expect_program(name: str, program: object, whence: str) -> None:

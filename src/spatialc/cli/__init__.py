@@ -161,7 +161,7 @@ def _elementwise_parser(sub) -> None:
 
 
 def _rows_parser(sub, name: str, what: str, formula: str) -> argparse.ArgumentParser:
-    """`softmax` and `rmsnorm`: a program that reduces each row of x (M×N), then maps it."""
+    """`softmax`, `rmsnorm` and `layernorm`: a program that reduces each row of x (M×N), then maps it."""
     g = sub.add_parser(
         name,
         help=f"build, verify and check {what} of each row of x (M×N), a program that reduces rows",
@@ -372,6 +372,16 @@ def make_parser() -> argparse.ArgumentParser:
     r = _rows_parser(sub, "rmsnorm", "the RMS norm", "x · rsqrt(mean(x²) + eps) · weight")
     r.add_argument("--eps", type=float, default=1e-6, help="added to the mean of squares (default: 1e-6)")
     r.add_argument("--no-weight", action="store_true", help="no weight vector: out = x · rsqrt(mean(x²) + eps)")
+    n = _rows_parser(
+        sub,
+        "layernorm",
+        "the layer norm",
+        "(x − mean) · rstd · weight + bias, with mean[M×1] = Σx / N and rstd[M×1] = rsqrt(Σ(x − mean)² / N + eps)"
+        " written too",
+    )
+    n.add_argument("--eps", type=float, default=1e-5, help="added to the variance (default: 1e-5)")
+    n.add_argument("--no-weight", action="store_true", help="no weight vector: out = (x − mean) · rstd + bias")
+    n.add_argument("--no-bias", action="store_true", help="no bias vector: out = (x − mean) · rstd · weight")
     s = sub.add_parser("show", help="print a saved program", epilog=EPILOG)
     s.add_argument("file", type=Path, help="a program saved by `spatialc gemm --json` or spatialc.to_json")
     s.add_argument("--sites", type=_count, default=2, help="how many sites' programs to list (default: 2)")
@@ -471,7 +481,7 @@ def _dispatch(argv: list[str]) -> int:
     args = make_parser().parse_args(_negative_lists_attached(argv))
     if (
         getattr(args, "mode", None) is not None
-        and args.command in ("gemm", "elementwise", "softmax", "rmsnorm")
+        and args.command in ("gemm", "elementwise", "softmax", "rmsnorm", "layernorm")
         and not args.run
     ):
         raise UsageError(f"spatialc {args.command}: --mode says how the emulation runs the kernel; it goes with --run")

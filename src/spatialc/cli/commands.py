@@ -90,6 +90,20 @@ def cmd_rmsnorm(args: argparse.Namespace) -> int:
     return _rows(args, prog, f"spatialc rmsnorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
 
 
+def cmd_layernorm(args: argparse.Namespace) -> int:
+    """Build, verify, evaluate and check a layer norm of each row, its three outputs (out, mean, rstd)."""
+    prog = api.layernorm(
+        args.m,
+        args.n,
+        args.precision,
+        eps=args.eps,
+        weight=not args.no_weight,
+        bias=not args.no_bias,
+        out=args.out,
+    )
+    return _rows(args, prog, f"spatialc layernorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
+
+
 def _rows(args: argparse.Namespace, prog: SpatialProgram, head: str) -> int:
     args.block = None if args.block is None else (*args.block, 1)
     p, inputs, times, plan = _built(args, prog, head, "")
