@@ -11,6 +11,7 @@ run time. The suite in test_mutations.py, and bench/mutations.py at a larger siz
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -23,8 +24,12 @@ import numpy as np
 import spatialc
 from spatialc import ew
 from spatialc.frontend import bias, relu, requant, scalar
-from spatialc.ir.nodes import SpatialProgram
+from spatialc.ir.ids import LV_K
+from spatialc.ir.nodes import Engine, SpatialProgram
+from spatialc.ir.ops import Compute, Loop, ReadTiles, WriteTiles, walk
 from spatialc.numerics.reference import reference
+
+from .rewrite import replace
 
 Doc = dict[str, Any]
 Path = tuple[Any, ...]
@@ -61,6 +66,104 @@ PROGRAMS: dict[str, Callable[[], SpatialProgram]] = {
     # Programs that reduce rows (issue 31): a softmax over ragged rows on an ITEM loop, and an RMS norm.
     "bf16 softmax": lambda: spatialc.build(spatialc.softmax(40, 70, "bf16"), "sm_90", block=(1, 2, 1), sites=2),
     "fp16 rmsnorm": lambda: spatialc.build(spatialc.rmsnorm(33, 50, "fp16"), "sm_90", block=(2, 1, 1)),
+    # Several outputs: a layer norm's out, mean and rstd, three bands on two sites, three pages a row.
+    "bf16 layernorm": lambda: layernorm_program(),
+}
+
+
+def layernorm_program() -> SpatialProgram:
+    """LayerNorm over 40 rows of 70 values (5 tiles a row, read 2 a page: 3 pages, the last one tile of padding);
+    bands of one tile row, three of them on two sites (an ITEM loop)."""
+    return spatialc.build(spatialc.layernorm(40, 70, "bf16"), "sm_90", block=(1, 2, 1), sites=2)
+
+
+# ---- named edits of a program of several outputs (LayerNorm's out, mean, rstd) -----------------------------------
+
+
+def _tensor(p: SpatialProgram, name: str):
+    return next(t.id for t in p.tensors if t.name == name)
+
+
+def _ring(p: SpatialProgram, name: str):
+    return next(b.id for b in p.buffers if b.name == name)
+
+
+def outputs_exchanged(p: SpatialProgram) -> SpatialProgram:
+    """The writer stores the mean vector into rstd and rstd's into mean."""
+    mean, rstd = _tensor(p, "mean"), _tensor(p, "rstd")
+    swap = {mean: rstd, rstd: mean}
+
+    def f(op):
+        if isinstance(op, WriteTiles) and op.tensor in swap:
+            return (dataclasses.replace(op, tensor=swap[op.tensor]),)
+        return None
+
+    return replace(p, Engine.WRITER, f)
+
+
+def broadcast_swapped(p: SpatialProgram) -> SpatialProgram:
+    """The output's map is handed its row vectors the other way round: it subtracts rstd and scales by the mean."""
+    mean, rstd = _ring(p, "mean_ring"), _ring(p, "rstd_ring")
+
+    def f(op):
+        if isinstance(op, Compute) and op.ins[1:] == (mean, rstd):
+            return (dataclasses.replace(op, ins=(op.ins[0], rstd, mean)),)
+        return None
+
+    return replace(p, Engine.COMPUTE, f)
+
+
+def reduction_skips_a_page(p: SpatialProgram) -> SpatialProgram:
+    """The row sum's pass stops a page short, in the reader and the reduction alike: the rings still balance."""
+    ring = _ring(p, "x0_ring")
+
+    def holds(op) -> bool:
+        return (
+            isinstance(op, Loop)
+            and op.var == LV_K
+            and any(
+                (isinstance(x, ReadTiles) and x.into == ring) or (isinstance(x, Compute) and x.ins == (ring,))
+                for x in walk(op.body)
+            )
+        )
+
+    def f(op):
+        if holds(op):
+            return (dataclasses.replace(op, count=dataclasses.replace(op.count, n=op.count.n - 1)),)
+        return None
+
+    return replace(replace(p, Engine.READER, f), Engine.COMPUTE, f)
+
+
+def output_written_twice(p: SpatialProgram) -> SpatialProgram:
+    """The mean vector stored twice into its rows (the same values: harmless here, and still refused)."""
+    mean = _tensor(p, "mean")
+    return replace(p, Engine.WRITER, lambda op: (op, op) if isinstance(op, WriteTiles) and op.tensor == mean else None)
+
+
+def output_never_written(p: SpatialProgram) -> SpatialProgram:
+    """rstd's vector is waited for and popped, never stored."""
+    rstd = _tensor(p, "rstd")
+    return replace(p, Engine.WRITER, lambda op: () if isinstance(op, WriteTiles) and op.tensor == rstd else None)
+
+
+# name → (edit, words rule 8's refusal must hold; an earlier rule may refuse the edit first, as rule 3 does two
+# outputs exchanged: each ring is written to its own stage's tensor)
+LAYERNORM_EDITS: dict[str, tuple[Callable[[SpatialProgram], SpatialProgram], tuple[str, ...]]] = {
+    "the mean and rstd outputs exchanged": (
+        outputs_exchanged,
+        ("WriteTiles rstd_out_ring -> mean", "its data goes through rstd_out_ring, but the stages send it through"),
+    ),
+    "the output's map reads the mean where rstd is meant": (
+        broadcast_swapped,
+        ("it reads x2_ring, rstd_ring, mean_ring into normalise_ring", "stage normalise reads x2_ring, mean_ring"),
+    ),
+    "the row sum skips a page": (
+        reduction_skips_a_page,
+        ("row sum reduces tile columns 0..3 (4 tiles) of the row", "need tile columns 0..4 each exactly once"),
+    ),
+    "an output written twice": (output_written_twice, ("mean is written by more than one op",)),
+    "an output never written": (output_never_written, ("rstd tile (0, 0) is never written",)),
 }
 
 
@@ -287,7 +390,7 @@ class Tally:
 
 
 def judge(
-    base: str, p: SpatialProgram, text: str, what: str, inputs: dict[str, np.ndarray], ref: np.ndarray, tally: Tally
+    base: str, p: SpatialProgram, text: str, what: str, inputs: dict[str, np.ndarray], ref: Any, tally: Tally
 ) -> None:
     """One edited document through from_json → evaluate, counted."""
     try:
@@ -300,19 +403,28 @@ def judge(
         return
     if len(q.tensors) == len(p.tensors):  # a tensor renamed: its input goes by its new name (a name edit)
         inputs = {t.name: inputs[old.name] for t, old in zip(q.tensors, p.tensors, strict=True) if old.name in inputs}
+        if isinstance(ref, dict):  # and so does an output of several (the result is a dict by name)
+            ref = {t.name: ref[old.name] for t, old in zip(q.tensors, p.tensors, strict=True) if old.name in ref}
     try:
         c = spatialc.evaluate(q, inputs)
     except Exception as e:  # noqa: BLE001 — any failure of a verified program is a hole, whatever its type
         tally.counts["hole"] += 1
         tally.holes.append(f"{base}: {what}: verified, then evaluate raised {type(e).__name__}: {e}")
         return
-    if c.shape == ref.shape and np.array_equal(c, ref):
+    if _same(c, ref):
         tally.counts["same"] += 1
         if q != p:
             tally.accepted.append((base, what, q))
         return
     tally.counts["hole"] += 1
     tally.holes.append(f"{base}: {what}: verified, and C differs from the reference")
+
+
+def _same(c: Any, ref: Any) -> bool:
+    """The result equals the reference: one array, or each output of several (a dict by name)."""
+    if isinstance(ref, dict):
+        return isinstance(c, dict) and set(c) == set(ref) and all(_same(c[k], ref[k]) for k in ref)
+    return not isinstance(c, dict) and c.shape == ref.shape and bool(np.array_equal(c, ref))
 
 
 def run(edits_per_program: int, seed: int, programs: dict[str, Callable[[], SpatialProgram]] = PROGRAMS) -> Tally:
