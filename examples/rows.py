@@ -1,12 +1,14 @@
-"""Kernels that reduce rows: the softmax and the RMS norm an LLM's layers run around their GEMMs.
+"""Kernels that reduce rows: the softmax, the RMS norm and the layer norm an LLM's layers run around their GEMMs.
 
 Each is written in the IR's own terms — reads of x, row reductions (each row's max, its sum, its sum of squares)
 and maps that read a row's value back (x − max) — and planned as bands of rows, read once a reduction and once for
 the output. verify proves every reduction covers each column of its row exactly once, with its declared op, and
-each map reads its own rows' value; the interpreter runs it, compared here with numpy. The general CUDA form prints
-its kernel (`spatialc.lower(p)`; `spatialc.emulate` runs it on the CPU, `spatialc.run` on a GPU).
+each map reads its own rows' value; the interpreter runs it, compared here with numpy. The layer norm has three
+outputs, as torch's native_layer_norm: out, and each row's mean and rstd (m × 1), which `evaluate` gives by name.
+The general CUDA form prints its kernel (`spatialc.lower(p)`; `spatialc.emulate` runs it on the CPU, `spatialc.run`
+on a GPU — a program of one output: its launcher takes no layer norm yet).
 
-    python examples/rows.py      # builds, verifies and checks both
+    python examples/rows.py      # builds, verifies and checks all three
 """
 
 from __future__ import annotations
@@ -20,29 +22,49 @@ import spatialc
 
 M, N = 300, 1000  # rows of 1000 values: not a multiple of 16, so each row's last tile is padded (and masked)
 EPS = 1e-6
+LN_EPS = 1e-5  # torch's layer norm's default
 
 
-def numpy_of(name: str, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The same functions with numpy alone, in float64 on the bf16-rounded x."""
+def numpy_of(name: str, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray | dict[str, np.ndarray]:
+    """The same functions with numpy alone, in float64 on the bf16-rounded x (the layer norm's as torch computes
+    it: the variance in two passes)."""
     if name == "softmax":
         e = np.exp(x - x.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
+    if name == "layernorm":
+        mean = x.mean(axis=1, keepdims=True)
+        rstd = 1 / np.sqrt(((x - mean) ** 2).mean(axis=1, keepdims=True) + LN_EPS)
+        return {"out": (x - mean) * rstd * w + b, "mean": mean, "rstd": rstd}
     return x / np.sqrt((x * x).mean(axis=1, keepdims=True) + EPS) * w
+
+
+def largest_difference(out, want, floor: float = 1e-30) -> float:
+    """The largest relative difference, over every output where there are several (a layer norm's out relative to
+    at least 1: w · x̂ + b cancels to values near 0, where float32's rounding of its terms is all that is left)."""
+    if isinstance(want, dict):
+        return max(largest_difference(out[k], want[k], 1.0) for k in want)
+    return float(np.max(np.abs(out - want) / np.maximum(np.abs(want), floor)))
 
 
 def main() -> None:
     rng = np.random.default_rng(0)
     x = 3 * rng.standard_normal((M, N))
-    w = rng.standard_normal(N)
-    for name, program in (("softmax", spatialc.softmax(M, N)), ("rmsnorm", spatialc.rmsnorm(M, N, eps=EPS))):
+    w, b = rng.standard_normal(N), rng.standard_normal(N)
+    programs = (
+        ("softmax", spatialc.softmax(M, N)),
+        ("rmsnorm", spatialc.rmsnorm(M, N, eps=EPS)),
+        ("layernorm", spatialc.layernorm(M, N, eps=LN_EPS)),
+    )
+    for name, program in programs:
         p = spatialc.build(program, "sm_90")
-        inputs = {"x": x, "weight": w} if name == "rmsnorm" else {"x": x}
+        inputs = {"softmax": {"x": x}, "rmsnorm": {"x": x, "weight": w}, "layernorm": {"x": x, "weight": w, "bias": b}}
+        inputs = inputs[name]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", spatialc.InexactInputWarning)  # normal values are not bf16 values
             out = spatialc.evaluate(p, inputs)
             ok, how = spatialc.tolerance(p, kernel=True).check(out, inputs)
-        want = numpy_of(name, x.astype(ml_dtypes.bfloat16).astype(np.float64), w)
-        err = float(np.max(np.abs(out - want) / np.maximum(np.abs(want), 1e-30)))
+        want = numpy_of(name, x.astype(ml_dtypes.bfloat16).astype(np.float64), w, b)
+        err = largest_difference(out, want)
         plan = p.plan
         art = spatialc.lower(p)
         print(
