@@ -76,7 +76,8 @@ def verify(program: SpatialProgram, target: str | SpatialTarget | None = None) -
 
 
 def evaluate(program: SpatialProgram, inputs: dict[str, Any], *, rows: Any = None, **kwargs: Any):
-    """The exact result of `program` on `inputs` (name → numpy array), from the reference interpreter.
+    """The exact result of `program` on `inputs` (name → numpy array), from the reference interpreter: C, or for a
+    program of several outputs (LayerNorm's out, mean and rstd) a dict name → array.
 
     `rows` (row indices of C, within each group of a grouped GEMM) evaluates a sample: A comes as just those rows,
     in that order, and so does C. `max_bytes` bounds the memory the run may take (2 GiB unless told; TooLarge,
@@ -178,7 +179,8 @@ def _upgrade(p: SpatialProgram, version: int) -> SpatialProgram:
 
 
 def emulate(artifact, inputs: dict[str, Any], mode: str = "late", **kwargs: Any):
-    """Run the artifact's `program_cu` on the CPU through the host emulation; returns C."""
+    """Run the artifact's `program_cu` on the CPU through the host emulation; returns C (a program of several
+    outputs, LayerNorm's out, mean and rstd: a dict name → array, as `evaluate` gives them)."""
     from .runtime.emulate import emulate as run_emulation
 
     _artifact("emulate", artifact)
