@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ProgramError
-from ..ir.nodes import DType, SpatialProgram
+from ..ir.nodes import DType, SpatialProgram, TensorRole
 from ..ir.ops import Map, Precision
 from . import elementwise
 
@@ -76,9 +76,11 @@ class Tolerance:
         if self.mapped:  # a float map, or a program that reduces rows
             out = OUT_NAMES.get(self.out_eps, "float32")
             sums = "each row sum's float32 rounding (n + 2 ulps of its magnitude), " if self.rows else ""
-            return (
-                f"{sums}each elementwise op's rounding and its ulps, carried through the map, plus 2 {out} ulps of |C|"
-            )
+            outs = [t for t in self.program.tensors if t.role == TensorRole.OUTPUT]
+            of = f"2 {out} ulps of |C|"
+            if len(outs) > 1:  # each output in its own type's ulps (LayerNorm's mean and rstd: float32)
+                of = "2 ulps of each output in its type (" + ", ".join(f"{t.name} {t.dtype.value}" for t in outs) + ")"
+            return f"{sums}each elementwise op's rounding and its ulps, carried through the map, plus {of}"
         if self.chained:
             out = OUT_NAMES.get(self.out_eps, "float32")
             return (
