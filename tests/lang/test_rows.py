@@ -214,16 +214,26 @@ def test_rule_8_refuses_a_reduction_or_a_column_vector_at_the_wrong_column_at_th
     assert f"{HERE}:{line}: site 0 compute:" in str(caught.value), str(caught.value)  # beside the write it reaches
 
 
-def test_a_map_function_given_a_wrong_operand_count_is_refused_at_its_line():
+@pytest.mark.parametrize(
+    ("which", "statement", "says"),
+    [
+        ("operands", "# an op given two operands", "map m: ew.exp takes 1 operand(s), not 2"),
+        ("names", "# a name too many", "map m's function takes one value for each of the 1 ring(s) it reads"),
+    ],
+)
+def test_a_map_function_written_wrong_is_refused_at_its_line(which, statement, says):
     def bad(p: lang.Builder):
         x = p.input("x", 16, 16)
         a, b = p.ring("a", depth=2, tiles=1), p.ring("b", depth=2, tiles=1)
         p.read("read_x", x, a)
-        p.map("m", lambda v: ew.exp(v, v), a, b)  # the bad map
+        if which == "operands":
+            p.map("m", lambda v: ew.exp(v, v), a, b)  # an op given two operands
+        p.map("m", lambda v, w: v * w, a, b)  # a name too many
 
     with pytest.raises(lang.LangError) as caught:
         lang.trace(bad)
-    assert caught.value.line == line_of(HERE, "# the bad map") and "ew.exp takes 1 operand(s)" in str(caught.value)
+    line = line_of(HERE, statement, after="def bad(p: lang.Builder):")
+    assert caught.value.line == line and says in str(caught.value), str(caught.value)
 
 
 def test_show_python_prints_a_row_program_that_traces_back_and_refuses_a_reduction_no_stage_declares(tmp_path, capsys):

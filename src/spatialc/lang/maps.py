@@ -8,6 +8,7 @@ column (`Col`). The same rules read a formula back into `ew` source, so a printe
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,12 @@ def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef]) -> Expr:
     """Map stage `name`'s formula: `expr` (an ew expression over `ew.inputs(len(ins))`, or a function given one value
     per ring of `ins`), each input a row vector where its ring is a reduction's, each column vector a parameter."""
     if callable(expr) and not isinstance(expr, ew.Value):
+        try:
+            inspect.signature(expr).bind(*ins)
+        except TypeError:
+            raise refuse(f"map {name}'s function takes one value for each of the {len(ins)} ring(s) it reads") from None
+        except ValueError:  # a callable with no signature Python can read: called as it is
+            pass
         try:
             expr = expr(*ew.inputs(len(ins)))
         except ProgramError as e:  # an ew op given the wrong operands: at the line of the map
