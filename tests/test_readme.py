@@ -1,7 +1,9 @@
 """The README tells the truth: its quick start is the first two bash blocks, its Python example runs, and so do
-the docs it moved its reference material to (the error table, the rest of the example, their links)."""
+the docs it moved its reference material to (the error table, the rest of the example, their links) and the
+tutorial's chapter "Beyond GEMM" (its code, the output it shows, its picture and its commands)."""
 
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -73,3 +75,77 @@ def test_the_error_table_names_the_errors_spatialc_raises():
     assert named <= defined, named - defined
     for name in ("SemanticError", "StrongerCheckNeeded", "InputError", "Unverified", "EmulationTimeout"):
         assert f"`{name}`" in ERRORS
+
+
+TUTORIAL = (ROOT / "docs" / "tutorial.md").read_text()
+
+
+def beyond_gemm() -> list[tuple[str, str]]:
+    """The fenced blocks of the tutorial's chapter "Beyond GEMM", in order: (language, body)."""
+    chapter = TUTORIAL.split("## 12. Beyond GEMM\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```(\w*)\n(.*?)```", chapter, re.S)
+
+
+def run_beyond_gemm(tmp_path, monkeypatch, capsys, emulate: bool) -> str:
+    """Run the chapter's Python blocks one after another in one namespace (the block that calls the emulation only
+    where `emulate`), then each line of its bash block through the CLI; check each `text` block is what the Python
+    before it printed (its lines among the printed ones, `...` standing for the lines left out). Returns stdout."""
+    from spatialc.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, object] = {}
+    printed: list[str] = []
+    for lang, body in beyond_gemm():
+        if lang == "python" and (emulate or "spatialc.emulate" not in body):
+            exec(compile(body, "docs/tutorial.md", "exec"), scope)
+            printed = capsys.readouterr().out.splitlines()
+        elif lang == "text":
+            missing = [line for line in body.splitlines() if line.strip() != "..." and line not in printed]
+            assert not missing, f"the chapter shows lines the code does not print: {missing}"
+        elif lang == "bash":
+            for line in body.strip().splitlines():
+                argv = shlex.split(line)
+                assert argv[0] == "spatialc" and "--run" not in argv and "--emit" not in argv, line
+                assert main(argv[1:]) == 0, line
+    return capsys.readouterr().out
+
+
+def test_the_tutorials_beyond_gemm_chapter_runs_and_prints_what_it_shows(tmp_path, monkeypatch, capsys):
+    assert [lang for lang, _ in beyond_gemm()].count("python") >= 6
+    run_beyond_gemm(tmp_path, monkeypatch, capsys, emulate=False)
+    # Its picture is the one its code draws (and `spatialc softmax 64 256 --pictures DIR` too: the ticks are logical).
+    drawn = (tmp_path / "softmax_pictures" / "timeline.svg").read_text()
+    assert drawn == (ROOT / "docs" / "images" / "softmax-timeline.svg").read_text(), (
+        "docs/images/softmax-timeline.svg is not what the chapter draws: regenerate it with"
+        " `spatialc softmax 64 256 --pictures DIR` and copy DIR/timeline.svg"
+    )
+    assert "](images/softmax-timeline.svg)" in TUTORIAL
+
+
+def test_the_tutorials_claim_that_rule_8_does_no_algebra_holds():
+    # "swap mul's operands inside the scheduled op instead, x · silu(gate), and it is refused too (…)"
+    import dataclasses
+
+    import spatialc
+    from spatialc import ew
+    from spatialc.ir.ops import Apply, Compute, Map, rewrite
+
+    x, gate = ew.inputs(2)
+    p = spatialc.build(spatialc.elementwise(ew.silu(gate) * x, 64, 96, "bf16", names=("x", "gate")), "sm_90")
+
+    def commuted(op):
+        if isinstance(op, Compute):
+            return dataclasses.replace(op, op=Map(Apply("mul", op.op.expr.args[::-1])))
+        return op
+
+    engines = tuple(dataclasses.replace(q, ops=rewrite(q.ops, commuted)) for q in p.schedule.programs)
+    with pytest.raises(spatialc.VerifyError) as caught:
+        spatialc.verify(p.evolve(schedule=dataclasses.replace(p.schedule, programs=engines)))
+    words = "schedule op (x0 * silu(x1)) where stage map declares (silu(x1) * x0)"
+    assert words in str(caught.value) and words in " ".join(TUTORIAL.split())
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the chapter runs the host emulation, which needs g++")
+@pytest.mark.emulation  # compiles with g++
+def test_the_tutorials_beyond_gemm_chapter_emulates_its_softmax(tmp_path, monkeypatch, capsys):
+    run_beyond_gemm(tmp_path, monkeypatch, capsys, emulate=True)

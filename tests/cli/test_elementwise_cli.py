@@ -31,7 +31,7 @@ def test_the_inputs_order_the_block_the_output_and_a_saved_program(capsys, tmp_p
     assert [t.name for t in p.tensors] == ["b", "a", "out"] and p.plan.item_tiles == (1, 2)
     assert p.output_tensor().dtype.value == "bf16" and len(p.placement.items_of_site) == 3
     status, out, _ = run_cli(capsys, "show", "--python", str(path))
-    assert status == 0 and "p.elementwise(" in out and "[a_ring, b_ring]" not in out
+    assert status == 0 and "p.map(" in out and "[a_ring, b_ring]" not in out
     scope: dict = {}
     exec(compile(out, "<shown>", "exec"), scope)  # the printed source traces back to the same program
     assert scope["program"]() == p

@@ -300,7 +300,10 @@ def test_the_tutorials_wrong_addresses_are_refused_at_their_lines(tmp_path, old,
 
 
 def built_programs():
+    from spatialc import ew
     from spatialc.frontend import bias, relu, requant
+
+    x, y = ew.inputs(2)
 
     gemm = spatialc.gemm
     return {
@@ -313,6 +316,15 @@ def built_programs():
         "split-K": lambda: spatialc.build(gemm(32, 64, 2048, "bf16"), "sm_90", split_k=4),
         "grouped": lambda: spatialc.build(spatialc.grouped_gemm(4, 64, 64, 64, "bf16"), "sm_90"),
         "grouped, odd": lambda: spatialc.build(spatialc.grouped_gemm(3, 100, 72, 40, "int8"), "sm_90"),
+        "softmax": lambda: spatialc.build(spatialc.softmax(64, 128, "bf16"), "sm_90", block=(2, 4, 1), sites=2),
+        "rmsnorm, odd": lambda: spatialc.build(spatialc.rmsnorm(100, 300, "fp16", eps=1e-5), "sm_90", sites=3),
+        "rmsnorm, no weight": lambda: spatialc.build(spatialc.rmsnorm(32, 64, weight=False), "sm_90"),
+        "elementwise": lambda: spatialc.build(spatialc.elementwise(
+            ew.where(x > 0.0, x, -0.5 * x) * ew.sigmoid(y) - ew.pow(2.0, ew.clamp(y, lo=-1.0, hi=1.0)) / y ** 2.0
+            + ew.col("b"),
+            40, 100, "fp16"), "sm_90"),
+        "elementwise, int8": lambda: spatialc.build(spatialc.elementwise(abs(x) - ew.relu(-y) + 3.0, 32, 32, "int8"),
+                                                    "sm_90"),
     }  # fmt: skip
 
 

@@ -17,6 +17,10 @@
 
     program = my_gemm(k=128)       # traced, then verified: a SpatialProgram like spatialc.build's
 
+Beside matmuls: maps (`p.map(name, lambda x, m: ew.exp(x - m), rings, out)`, applied by `e.map`) and row reductions
+(`p.reduce(name, "max", ring, out)`, folded into an accumulator by `acc.reduce`), as examples/lang_softmax.py writes
+a softmax.
+
 The program is the IR's (docs/design.md): everything `spatialc.verify`, `evaluate`, `lower`, `emulate` and `run`
 do applies to it unchanged. An error `verify` finds — a deadlock, an overrun, a page read that nothing filled, a
 result other than the stages declare — comes back as the same error with the user's file and line of each op it

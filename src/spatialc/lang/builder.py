@@ -66,12 +66,14 @@ from ..ir.ops import (
     ChoreoOp,
     ComputeOp,
     Loop,
+    Map,
     MatmulTiles,
     Precision,
 )
 from .engine import Engine
 from .handles import AccRef, GroupRef, RingRef, SemRef, StageRef, TensorRef, expect, whole
 from .lines import LangError, refuse, user_line
+from .maps import formula, reduce_op, reduced_cols, vector_rings
 
 TILE = 16  # elements a tile side: the IR's unit
 
@@ -133,6 +135,8 @@ class Builder:
         self.engine: tuple[int, str] | None = None
         self.vars: dict[str, LoopVar] = {}
         self.held: dict[tuple[BufferId, bool], int] = {}  # pages the engine being traced holds, by ring and side
+        self.pushed: set[BufferId] = set()  # rings the engine being traced has pushed a page of, so far
+        self.acquired: set[BufferId] = set()  # accumulators it holds acquired, so far
         self.declared: dict[str, tuple[str, int]] = {}  # the user's line of the plan, placement, stages, groups
 
     def hold(self, ring: RingRef, reserved: bool) -> None:
@@ -300,6 +304,40 @@ class Builder:
         expect(dst, RingRef, f"the ring stage {name} fills")
         return self._stage(name, ComputeStage(op), "compute", tuple(s.id for s in srcs), (dst.id,))
 
+    def map(self, name: str, expr: Any, src: RingRef | Sequence[RingRef], dst: RingRef) -> StageRef:
+        """Stage: `expr` of the front pages of `src`'s rings, element by element, into `dst`'s pages — an ew
+        expression over `ew.inputs(k)` (input i the i-th ring) or a function given one value a ring (`lambda x, m:
+        ew.exp(x - m)`). A ring a row reduction fills is a row vector, each element its row's value; `ew.col(name)`
+        the parameter tensor `name`, one value a column."""
+        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
+        if not srcs:
+            raise refuse(f"map {name} reads at least one ring")
+        for s in srcs:
+            expect(s, RingRef, f"a ring map {name} reads")
+        expect(dst, RingRef, f"the ring map {name} fills")
+        filled = {x for st in self.stages for x in st.outs}
+        for s in srcs:
+            if s.id not in filled:
+                raise refuse(f"map {name} reads {s.name}, which no stage declared before it fills")
+        op = Map(formula(self, name, expr, srcs))
+        return self._stage(name, ComputeStage(op), "compute", tuple(s.id for s in srcs), (dst.id,))
+
+    def reduce(self, name: str, op: str, src: RingRef, dst: RingRef, cols: int | None = None) -> StageRef:
+        """Stage: each row of `src`'s pages folded by `op` (max, min, sum, sumsq, absmax) over its first `cols`
+        elements — by default the columns of the tensor its values come from; past them is padding — into a row
+        vector in `dst`'s pages (a page one tile column wide, each row's value in every column)."""
+        expect(src, RingRef, f"the ring row reduction {name} reads")
+        expect(dst, RingRef, f"the ring row reduction {name} fills")
+        n = reduced_cols(self, name, src) if cols is None else whole(cols, f"row reduction {name}'s cols")
+        return self._stage(name, ComputeStage(reduce_op(name, op, n)), "compute", (src.id,), (dst.id,))
+
+    def packs_later(self, ring: RingRef) -> bool:
+        """Whether `ring` holds row vectors the engine being traced packs and has not pushed yet: a wait for it
+        now could never end."""
+        if self.engine is None or ring.id in self.pushed or ring.id not in vector_rings(self):
+            return False
+        return any(ring.id in s.outs and s.engine.value == self.engine[1] for s in self.stages)
+
     def write(self, name: str, src: RingRef, tensor: TensorRef, engine: str = "writer") -> StageRef:
         """Stage: the pages of `src` are written to `tensor`."""
         expect(src, RingRef, f"the ring stage {name} empties")
@@ -393,7 +431,7 @@ class Builder:
                 raise refuse(f"a second {engine.value} engine for site {site} (each site has one of each)")
             self.engine = (site, engine.value)
             self.lines[self.engine] = []
-            self.held = {}
+            self.held, self.pushed, self.acquired = {}, set(), set()
             frame = self.open()
             fn(Engine(self, site, engine))
             if len(self.frames) != 1:

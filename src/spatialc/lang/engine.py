@@ -16,6 +16,7 @@ from ..ir.ids import (
 from ..ir.nodes import Engine as IREngine
 from ..ir.ops import (
     Barrier,
+    Col,
     Compute,
     ComputeOp,
     Const,
@@ -24,6 +25,7 @@ from ..ir.ops import (
     MatmulTiles,
     McastSetValid,
     ReadBarrier,
+    RowReduce,
     SemInc,
     SemSet,
     SemWait,
@@ -31,8 +33,9 @@ from ..ir.ops import (
     Trip,
     WriteBarrier,
     with_cols,
+    with_row_args,
 )
-from .handles import Affine, GroupRef, Item, Page, SemRef, StageRef, TensorRef, address, expect, var
+from .handles import Affine, GroupRef, Item, Page, SemRef, StageRef, TensorRef, address, expect, var, whole
 from .lines import refuse
 
 if TYPE_CHECKING:
@@ -94,6 +97,8 @@ class Engine:
         `dst` — or the op given itself (a Map of the elementwise table, ir.ops; a column vector names the tile
         columns of the page at hand: `ir.ops.bias(tensor, at, width)`)."""
         op = stage.op if isinstance(stage, StageRef) else stage
+        if isinstance(op, RowReduce):
+            raise refuse(f"{getattr(stage, 'name', 'a row reduction')} folds rows into an accumulator: acc.reduce(…)")
         if op is None or isinstance(op, MatmulTiles) or not dataclasses.is_dataclass(op):
             raise refuse(f"{getattr(stage, 'name', op)!s} is not an elementwise stage or op (relu(), bias(...), …)")
         if isinstance(op, Map):  # a column vector's tile column may name loop variables
@@ -105,6 +110,34 @@ class Engine:
         expect(dst, Page, "what an elementwise op writes")
         dst._need(True, "write")
         self.builder.emit(Compute(op, tuple(s.ring.id for s in srcs), (dst.ring.id,)))
+
+    def map(
+        self, stage: StageRef, src: Page | Sequence[Page], dst: Page, at: Affine | int = 0, width: int | None = None
+    ) -> None:
+        """Map `stage` (p.map) of the waited pages `src`, one of each of its rings in its order, into the reserved
+        page `dst`. The pages hold rows of `width` tiles (by default all of dst's: one tile row) whose first is tile
+        column `at` of the tensors' rows: where a column vector is read; a row vector gives each row its value."""
+        expect(stage, StageRef, "the first argument of a map")
+        if not isinstance(stage.op, Map):
+            raise refuse(f"stage {stage.name} is not a map (p.map)")
+        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
+        for s in srcs:
+            expect(s, Page, f"what map {stage.name} reads")
+            s._need(False, "map")
+        expect(dst, Page, f"what map {stage.name} fills")
+        dst._need(True, "map into")
+        declared = self.builder.stage(stage)
+        if tuple(s.ring.id for s in srcs) != declared.ins or (dst.ring.id,) != declared.outs:
+            names = ", ".join(self.builder.buffer_name(x) for x in declared.ins)
+            given = ", ".join(s.ring.name for s in srcs)
+            raise refuse(
+                f"stage {stage.name} maps pages of {names} into {self.builder.buffer_name(declared.outs[0])}; these"
+                f" are of {given} into {dst.ring.name}"
+            )
+        w = dst.ring.tiles if width is None else whole(width, "the tiles a row of the pages holds")
+        col_at = address(at)
+        expr = with_row_args(with_cols(stage.op.expr, lambda c: Col(c.tensor, col_at, w)), w)
+        self.builder.emit(Compute(Map(expr), declared.ins, declared.outs))
 
     def write_barrier(self) -> None:
         """The writes issued so far are visible."""

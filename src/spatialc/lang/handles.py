@@ -5,7 +5,7 @@ engine passes them, each refused at the user's line.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..ir.ids import (
@@ -32,6 +32,7 @@ from ..ir.ops import (
     ReadTiles,
     ReleaseAcc,
     Reserve,
+    RowReduce,
     TileAddr,
     Wait,
     WriteTiles,
@@ -216,6 +217,8 @@ class Page:
             raise refuse(f"a second {what} of the same page of {self.ring.name}")
         self.done = True
         self.ring.builder.held[(self.ring.id, reserved)] -= 1
+        if reserved:
+            self.ring.builder.pushed.add(self.ring.id)
         self.ring.builder.emit(op)
 
     def read(self, tensor: TensorRef, at: Affine | int, rows: int, cols: int, strides=None, rows_from=None) -> None:
@@ -280,6 +283,11 @@ class RingRef:
     def wait(self, pages: int = 1) -> Page:
         """Wait for `pages` filled pages and hold them to read (`with ring.wait() as page:` frees them at the end of
         the block; without `with`, call `page.pop()`)."""
+        if self.builder.packs_later(self):
+            raise refuse(
+                f"a wait for {self.name}'s row vector before this engine packs it: reserve a page of it, pack the row"
+                " accumulator into it and push it first"
+            )
         self.builder.hold(self, False)
         self.builder.emit(Wait(self.id, pages))
         return Page(self, pages, False)
@@ -295,11 +303,32 @@ class AccRef:
     tiles: int
 
     def acquire(self) -> None:
-        """Zero the accumulator (the start of an item's reduction)."""
+        """Zero the accumulator (the start of an item's reduction; a row reduction's: its op's identity)."""
+        self.builder.acquired.add(self.id)
         self.builder.emit(AcquireAcc(self.id))
 
     def release(self) -> None:
+        self.builder.acquired.discard(self.id)
         self.builder.emit(ReleaseAcc(self.id))
+
+    def reduce(self, stage: StageRef, page: Page, at: Affine | int = 0, width: int | None = None) -> None:
+        """Fold each row of the waited `page` (of row reduction `stage`'s ring) into the accumulator, one value a
+        row: the page holds rows of `width` tiles (by default all its tiles: one tile row) whose first is tile column
+        `at` of the row — columns past the stage's width are padding, left out."""
+        expect(stage, StageRef, "the first argument of a reduce")
+        if not isinstance(stage.op, RowReduce):
+            raise refuse(f"stage {stage.name} is not a row reduction (p.reduce)")
+        expect(page, Page, "what an accumulator reduces")
+        page._need(False, "reduce")
+        (src,) = self.builder.stage(stage).ins
+        if page.ring.id != src:
+            name = self.builder.buffer_name(src)
+            raise refuse(f"stage {stage.name} reduces pages of {name}; this one is of {page.ring.name}")
+        if self.id not in self.builder.acquired:
+            raise refuse(f"a reduce into {self.name} before its acquire() (which sets each row to the op's identity)")
+        w = page.ring.tiles if width is None else whole(width, "the tiles a row of the page holds")
+        op = replace(stage.op, at=address(at), width=w)
+        self.builder.emit(Compute(op, (page.ring.id,), (), self.id))
 
     def matmul(self, stage: StageRef, a: Page, b: Page) -> None:
         """Add the product of the waited pages `a` and `b` (one K step of matmul `stage`, whose rings they are) to

@@ -4,6 +4,7 @@ the source traces back to a program equal to the one printed (tests/lang/test_la
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import keyword
 import re
@@ -11,9 +12,20 @@ from collections import deque
 
 from ..ir.ids import LOOP_VAR_NAMES, LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
 from ..ir.names import plain
-from ..ir.nodes import Accumulator, ComputeStage, Fifo, Interm, ReadStage, SpatialProgram, TensorRole, WriteStage
+from ..ir.nodes import (
+    Accumulator,
+    ComputeStage,
+    Fifo,
+    Interm,
+    ReadStage,
+    SpatialProgram,
+    Stage,
+    TensorRole,
+    WriteStage,
+)
 from ..ir.ops import (
     ACTIVATION_NAMES,
+    REDUCE_OPS,
     SCALAR_OPS,
     AcquireAcc,
     AddPartial,
@@ -37,6 +49,7 @@ from ..ir.ops import (
     ReadTiles,
     ReleaseAcc,
     Reserve,
+    RowReduce,
     SemInc,
     SemSet,
     SemWait,
@@ -44,9 +57,14 @@ from ..ir.ops import (
     Wait,
     WriteBarrier,
     WriteTiles,
+    cols,
+    row_reads,
+    with_cols,
+    with_row_args,
 )
 from .builder import default_dtype, least_tiles
 from .lines import LangError
+from .maps import ew_source
 
 
 def literal(text: str) -> str:
@@ -87,7 +105,7 @@ class SourcePrinter:
 
     def __init__(self, p: SpatialProgram):
         self.p = p
-        self.taken: set[str] = {"p", "e", "lang", "program", "item"}
+        self.taken: set[str] = {"p", "e", "ew", "lang", "program", "item"}
         self.lines: list[str] = []
         self.tensors = {t.id: identifier(t.name, self.taken) for t in p.tensors}
         self.buffers = {b.id: identifier(b.name, self.taken) for b in p.buffers}
@@ -97,6 +115,54 @@ class SourcePrinter:
         self.groups = {g.id: identifier(f"group{int(g.id)}", self.taken) for g in p.placement.groups}
         self.matmuls = {s.ins: self.stages[s.id] for s in p.stages if isinstance(s.kind, ComputeStage) and
                         isinstance(s.kind.op, MatmulTiles)}  # fmt: skip
+        self.formulas = self.ew_formulas()  # the maps p.map prints: a program's with no matmul
+        self.mapped = {(s.ins, s.outs): s for s in p.stages if s.id in self.formulas}
+        self.reduces = {s.ins[0]: s for s in p.stages if self.reduce_call(s) is not None}
+
+    def ew_formulas(self) -> dict[object, str]:
+        """Each map stage of a program with no matmul as the function p.map takes (`lambda x, m: ew.exp(x - m)`),
+        where its formula has that form (a GEMM's epilogue keeps its named forms, Bias(…), Relu())."""
+        if self.matmuls:
+            return {}
+        out: dict[object, str] = {}
+        filled: set = set()
+        vectors: set = set()
+        for s in self.p.stages:
+            if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map) and len(s.outs) == 1 and s.ins:
+                text = self.ew_formula(s, vectors) if filled.issuperset(s.ins) else None
+                if text is not None:
+                    out[s.id] = text
+            if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce):
+                vectors.update(s.outs)
+            filled.update(s.outs)
+        return out
+
+    def ew_formula(self, s: Stage, vectors: set) -> str | None:
+        taken = {"ew", "lambda"}
+        args = [identifier(re.sub(r"_ring$", "", self.buffers[b]) or "x", taken) for b in s.ins]
+        tensors = {t.id: t for t in self.p.tensors}
+
+        def column(c: Col) -> str | None:
+            t = tensors.get(c.tensor)
+            ok = t is not None and t.role == TensorRole.PARAMETER and t.elems[0] == 1 and t.name.isidentifier()
+            return t.name if ok and t is not None else None
+
+        assert isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)
+        try:
+            body = ew_source(s.kind.op.expr, args, tuple(b in vectors for b in s.ins), column)
+        except ValueError:
+            return None
+        return f"lambda {', '.join(args)}: {body}"
+
+    def reduce_call(self, s: Stage) -> str | None:
+        """Row reduction stage `s` as p.reduce declares it, where it has that form."""
+        match s.kind:
+            case ComputeStage(RowReduce(op, n, TileAddr(0, ()), 1)) if (
+                op in REDUCE_OPS and len(s.ins) == len(s.outs) == 1
+            ):
+                src, dst = self.buffers[s.ins[0]], self.buffers[s.outs[0]]
+                return f"p.reduce({literal(s.name)}, {literal(op)}, {src}, {dst}, cols={n})"
+        return None
 
     def refuse(self, what: str) -> LangError:
         return LangError(f"program {self.p.name}: {what} has no form in spatialc.lang yet")
@@ -108,7 +174,7 @@ class SourcePrinter:
             f'"""{plain(p.name)}: printed by spatialc from its IR (spatialc show --python). Run it to trace it'
             ' again."""',
             "",
-            "from spatialc import lang",
+            "from spatialc import ew, lang" if self.formulas else "from spatialc import lang",
             "from spatialc.ir.ids import *  # noqa: F403 (the ids an elementwise op's fields name)",
             "from spatialc.ir.ops import *  # noqa: F403 (elementwise ops: Map, Apply, Arg, Lit, Col, Requant)",
             "",
@@ -153,10 +219,10 @@ class SourcePrinter:
                     self.line(1, f"{self.buffers[b.id]} = {ring}")
                 case Accumulator(tiles):
                     self.line(1, f"{self.buffers[b.id]} = p.accumulator({literal(b.name)}, tiles={tiles})")
-        for i, s in enumerate(p.semaphores):
-            extra = f", initial={s.initial}" if s.initial else ""
-            extra += f", number={int(s.id)}" if int(s.id) != i + 1 else ""
-            self.line(1, f"{self.sems[s.id]} = p.semaphore({literal(s.name)}{extra})")
+        for i, sem in enumerate(p.semaphores):
+            extra = f", initial={sem.initial}" if sem.initial else ""
+            extra += f", number={int(sem.id)}" if int(sem.id) != i + 1 else ""
+            self.line(1, f"{self.sems[sem.id]} = p.semaphore({literal(sem.name)}{extra})")
         for s in p.stages:
             name, engine = literal(s.name), s.engine.value
             match s.kind:
@@ -173,6 +239,12 @@ class SourcePrinter:
                     call = f"p.matmul({name}, {a}, {b}, {out}, block={blk}, sub_blocks={sub_blocks}{partial})"
                 case ComputeStage(AddPartial()):
                     call = f"p.add_partials({name}, {self.buffers[s.ins[0]]})"
+                case ComputeStage(Map()) if s.id in self.formulas:
+                    srcs = [self.buffers[b] for b in s.ins]
+                    src = srcs[0] if len(srcs) == 1 else f"[{', '.join(srcs)}]"
+                    call = f"p.map({name}, {self.formulas[s.id]}, {src}, {self.buffers[s.outs[0]]})"
+                case ComputeStage(RowReduce()) if (reduce := self.reduce_call(s)) is not None:
+                    call = reduce
                 case ComputeStage(op):
                     srcs = [self.buffers[b] for b in s.ins]
                     src = srcs[0] if len(srcs) == 1 else f"[{', '.join(srcs)}]"
@@ -256,6 +328,31 @@ class SourcePrinter:
             return f"{item}.{'y' if v == LV_ITEM_Y else 'x'}"
         return loop_var_name(v)
 
+    def map_call(self, m: Map, ins: tuple, outs: tuple, in_item: bool) -> str | None:
+        """A scheduled map of a stage p.map prints, as e.map — its column vectors and row vectors placed at one
+        tile column and page width — or None where it is not one."""
+        stage = self.mapped.get((ins, outs))
+        if stage is None:
+            return None
+        declared = stage.kind.op  # type: ignore[union-attr]
+        assert isinstance(declared, Map)
+        found, rows = cols(m.expr), row_reads(m.expr)
+        width = found[0].width if found else rows[0][1] if rows else None
+        at = found[0].at if found else TileAddr(0)
+        if width is None:
+            placed = declared
+        elif isinstance(width, int) and width >= 1:
+            placed = Map(with_row_args(with_cols(declared.expr, lambda c: Col(c.tensor, at, width)), width))
+        else:
+            return None
+        if placed != m:
+            return None
+        pages = [self.page(x, False) for x in ins]
+        src = pages[0] if len(pages) == 1 else f"[{', '.join(pages)}]"
+        where = f", at={self.addr(at, in_item)}" if found and at != TileAddr(0) else ""
+        where += f", width={width}" if width is not None else ""
+        return f"e.map({self.stages[stage.id]}, {src}, {self.page(outs[0], True)}{where})"
+
     def op(self, op: ChoreoOp, depth: int, in_item: bool) -> None:
         b = self.buffers
         match op:
@@ -304,6 +401,15 @@ class SourcePrinter:
                 if stage is None:
                     raise self.refuse("a matmul of rings no matmul stage names")
                 self.line(depth, f"{b[acc]}.matmul({stage}, {self.page(x, False)}, {self.page(y, False)})")
+            case Compute(RowReduce() as rr, (src,), (), acc, None) if acc is not None:
+                folds = self.reduces.get(src)
+                if folds is None or dataclasses.replace(folds.kind.op, at=rr.at, width=rr.width) != rr:  # type: ignore[union-attr]
+                    raise self.refuse("a row reduction no p.reduce stage declares")
+                where = f", at={self.addr(rr.at, in_item)}" if rr.at != TileAddr(0) else ""
+                page = self.page(src, False)
+                self.line(depth, f"{b[acc]}.reduce({self.stages[folds.id]}, {page}{where}, width={rr.width})")
+            case Compute(Map() as m, srcs, outs, None, None) if call := self.map_call(m, srcs, outs, in_item):
+                self.line(depth, call)
             case Compute(AddPartial(), (src,), (), acc, None) if acc is not None:
                 self.line(depth, f"{b[acc]}.add({self.page(src, False)})")
             case Compute(stage_op, (src,), (dst,), None, None) if not isinstance(stage_op, MatmulTiles):

@@ -14,7 +14,7 @@ from .svg import CHAR_W, Entry, _legend, _open, _text
 # Op kind -> (fill, key label). Waiting ops are grey so that long grey spans read as "idle" at a glance.
 _OP_FILL = {
     "ReadTiles": ("#4e79a7", "ReadTiles: load tiles into a ring"),
-    "Compute": ("#e15759", "Compute: multiply / epilogue"),
+    "Compute": ("#e15759", "Compute: matmul, map or reduce"),
     "PackAcc": ("#f28e2b", "PackAcc: accumulator into a ring"),
     "WriteTiles": ("#59a14f", "WriteTiles: ring to the output"),
     "Wait": ("#c7c7c7", "Wait: for pages (long = starved)"),

@@ -540,7 +540,9 @@ class EngineRun:
         summed = [(sym, lp) for _, sym, lp in self.frames[len(acc.opened) :] if sym is not None]
         self.fixed_sum(op, [lp for _, _, lp in self.frames[len(acc.opened) :]])
         col = self.addr(op, op.op.at) + kk
-        acc.row_terms.append(RowTerm(page.cell.subst({PR: row, PC: kk}), col, (*(s for s, _ in summed), *kk.syms())))
+        origin = (int(self.site.site), self.engine, self.index.op(op))
+        sums = (*(s for s, _ in summed), *kk.syms())
+        acc.row_terms.append(RowTerm(page.cell.subst({PR: row, PC: kk}), col, sums, origin))
         acc.summed.update(summed)
         acc.reduce, acc.rows = stage, page.rows
 
@@ -568,7 +570,9 @@ class EngineRun:
                 if s not in rename:
                     rename[s] = self.site.fresh(s.label, self.site.ranges[s])
         terms = tuple(
-            RowTerm(t.cell.subst(rename), t.col.subst(rename), tuple(x for s in t.sums for x in rename[s].syms()))
+            RowTerm(
+                t.cell.subst(rename), t.col.subst(rename), tuple(x for s in t.sums for x in rename[s].syms()), t.origin
+            )
             for t in acc.row_terms
         )
         self.fill(op, op.to, Page(rows, 1, RowVec(stage.kind.op, terms)))
@@ -649,7 +653,8 @@ class EngineRun:
                 )
             col = self.addr(op, at) + Aff.of(PC)
         inners = tuple(p.cell for p in pages)
-        self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(op.op, inners, col)))
+        origin = (int(self.site.site), self.engine, self.index.op(op))
+        self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(op.op, inners, col, origin)))
 
     def vector_map(self, op: Compute, pages: list[Page]) -> None:
         """A map of row vectors alone (mean = Σ / n): a row vector, each row's value of the same rows' values."""
@@ -663,7 +668,8 @@ class EngineRun:
                 op.ins[0] if op.ins else None,
             )
         rows = pages[0].rows
-        self.fill(op, op.outs[0], Page(rows, 1, Elem(op.op, tuple(p.cell for p in pages), None)))
+        origin = (int(self.site.site), self.engine, self.index.op(op))  # (named by a fault in what it computed)
+        self.fill(op, op.outs[0], Page(rows, 1, Elem(op.op, tuple(p.cell for p in pages), None, origin)))
 
 
 def _kind(op: object) -> type:

@@ -33,11 +33,12 @@ at (row, k) or (k, column) the way it proves a tile of C: its chain op for op, i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -76,6 +77,7 @@ from .symbolic import (
     Elem,
     Partial,
     Product,
+    RowTerm,
     RowVec,
     Sym,
     TileRef,
@@ -361,6 +363,7 @@ class _Proof:
         self.iy, self.ix = site.item_coords(w.item)
         # An item's block of the output: a row vector's output (one value a row) is the band's tile rows alone.
         self.block = (site.block[0], 1) if self.decl.vector else site.block
+        self.through: list[tuple[int, str, str]] = []  # the maps and reductions the value being proved went through
 
     def check(self) -> None:
         self.coverage()
@@ -470,8 +473,10 @@ class _Proof:
         return base
 
     def fail(self, why: str, *reads: object) -> SemanticError:
-        """The fault, at the write; `reads`: the tiles (TileRefs) whose reads it is about, named too."""
-        related = tuple(dict.fromkeys(r.origin for r in reads if isinstance(r, TileRef) and r.origin is not None))
+        """The fault, at the write; `reads`: the tiles (TileRefs) whose reads it is about, and the maps and row
+        reductions (Elem cells, RowTerms), named too."""
+        origins = (getattr(r, "origin", None) for r in reads if isinstance(r, TileRef | Elem | RowTerm))
+        related = tuple(dict.fromkeys(o for o in (*origins, *self.through) if o is not None))
         return SemanticError(
             f"{self.w.head} — {why}",
             site=int(self.site.site),
@@ -569,7 +574,8 @@ class _Proof:
                 values = self.differ([(cell.bias_col, col)], set(self.ranges))
                 raise self.fail(
                     f"{self.tile_text(values)} ({self.item_text(values)}){path} gets bias tile column"
-                    f" {cell.bias_col.at(values)}, not its own column {col.at(values)}"
+                    f" {cell.bias_col.at(values)}, not its own column {col.at(values)}",
+                    cell,
                 )
             rings = [self.site.index.ring(b) for b in stage.ins]
             if len(cell.inners) != len(rings):
@@ -578,7 +584,19 @@ class _Proof:
                     f" where stage {stage.name} reads {len(rings)}"
                 )
             for inner, ring_in in zip(cell.inners, rings, strict=True):
-                self.value(inner, ring_in, (row, col), path)
+                with self.via(cell.origin):
+                    self.value(inner, ring_in, (row, col), path)
+
+    @contextlib.contextmanager
+    def via(self, origin: tuple[int, str, str] | None) -> Iterator[None]:
+        """Inside: the proof of a value the op `origin` computed (a map, a row reduction); a fault names it too."""
+        if origin is not None:
+            self.through.append(origin)
+        try:
+            yield
+        finally:
+            if origin is not None:
+                self.through.pop()
 
     def copied(self, cell: Cell, stage: Stage, row: Aff, col: Aff, path: str) -> None:
         """A map's input page holds, at C tile (row, col), the same tile of the tensor its read stage reads."""
@@ -616,7 +634,8 @@ class _Proof:
                     f"{where}: the columns stage {stage.name} reduces move with {moves}, a loop that does"
                     " not add into its accumulator"
                 )
-            self.value(t.cell, self.site.index.ring(ring), (row, t.col), inside)
+            with self.via(t.origin):
+                self.value(t.cell, self.site.index.ring(ring), (row, t.col), inside)
             spans.append(one_to_one(t.col, self.ranges) if set(t.sums) == t.col.syms() else None)
             total += math.prod(self.ranges[s] for s in t.sums)
         tile = self.site.index.p.tile.cols
@@ -630,7 +649,8 @@ class _Proof:
             got = f"tile columns {lo}..{hi} ({total} tiles)" if cell.terms else "no tile column"
             raise self.fail(
                 f"{where}: stage {stage.name}'s row {op.op} reduces {got} of the row; its {op.cols} values need tile"
-                f" columns 0..{need - 1} each exactly once"
+                f" columns 0..{need - 1} each exactly once",
+                *cell.terms,
             )
 
     def reduction(self, acc: AccSum, mm: MatmulDecl, row: Aff, col: Aff, path: str) -> None:

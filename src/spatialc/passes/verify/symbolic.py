@@ -206,28 +206,31 @@ class AccSum:
 @dataclass(frozen=True, slots=True)
 class Elem:
     """An elementwise op applied to the same tile of each of its input pages (`inners`, in the order of its rings); a
-    column vector (a bias) is read at tile column `bias_col`."""
+    column vector (a bias) is read at tile column `bias_col`; `origin`, for messages only, the op that applied it."""
 
     op: ComputeOp
     inners: tuple[Cell, ...]
     bias_col: Aff | None
+    origin: tuple[int, str, str] | None = field(default=None, compare=False)
 
     def subst(self, m: Mapping[Sym, Aff]) -> Elem:
         inners = tuple(c.subst(m) for c in self.inners)
-        return Elem(self.op, inners, None if self.bias_col is None else self.bias_col.subst(m))
+        return Elem(self.op, inners, None if self.bias_col is None else self.bias_col.subst(m), self.origin)
 
 
 @dataclass(frozen=True, slots=True)
 class RowTerm:
     """What one row reduction op added to a row accumulator: the elements of tile `cell` of the page it reduced (the
-    tile in the accumulator's row, at tile column `col` of the row), over the `sums` symbols (each over its range)."""
+    tile in the accumulator's row, at tile column `col` of the row), over the `sums` symbols (each over its range);
+    `origin`, for messages only, the op that added it."""
 
     cell: Cell
     col: Aff
     sums: tuple[Sym, ...]
+    origin: tuple[int, str, str] | None = field(default=None, compare=False)
 
     def subst(self, m: Mapping[Sym, Aff]) -> RowTerm:
-        return RowTerm(self.cell.subst(m), self.col.subst(m), self.sums)
+        return RowTerm(self.cell.subst(m), self.col.subst(m), self.sums, self.origin)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,161 @@
+"""Maps and row reductions in the embedded language: a map stage's formula from an `ew` expression (or a function of
+its input pages' values), the row width a reduction masks at, and a formula as `ew` source (`show --python`).
+
+A map reads the front pages of its rings: a ring a row reduction fills is a row vector (`RowArg`: each element its
+row's value), any other ring a page of values (`Arg`); `ew.col(name)` is the parameter tensor `name`, one value per
+column (`Col`). The same rules read a formula back into `ew` source, so a printed map traces to the same formula.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .. import ew
+from ..errors import ProgramError
+from ..ir.ids import BufferId, TensorId
+from ..ir.nodes import ComputeStage, ReadStage, Tensor, TensorRole
+from ..ir.ops import REDUCE_OPS, Apply, Arg, Col, Expr, Lit, RowArg, RowReduce, TileAddr
+from ..numerics.elementwise import OPS
+from .lines import refuse
+
+if TYPE_CHECKING:
+    from .builder import Builder
+    from .handles import RingRef
+
+
+def vector_rings(b: Builder) -> set[BufferId]:
+    """The rings the stages declared so far fill with row vectors: the outputs of row reductions."""
+    return {
+        x for s in b.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for x in s.outs
+    }
+
+
+def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef]) -> Expr:
+    """Map stage `name`'s formula: `expr` (an ew expression over `ew.inputs(len(ins))`, or a function given one value
+    per ring of `ins`), each input a row vector where its ring is a reduction's, each column vector a parameter."""
+    if callable(expr) and not isinstance(expr, ew.Value):
+        try:
+            inspect.signature(expr).bind(*ins)
+        except TypeError:
+            raise refuse(f"map {name}'s function takes one value for each of the {len(ins)} ring(s) it reads") from None
+        except ValueError:  # a callable with no signature Python can read: called as it is
+            pass
+        try:
+            expr = expr(*ew.inputs(len(ins)))
+        except ProgramError as e:  # an ew op given the wrong operands: at the line of the map
+            raise refuse(f"map {name}: {e}") from None
+    if not isinstance(expr, ew.Value):
+        raise refuse(
+            f"map {name}'s formula is an ew expression or a function of its pages' values (lambda x, m: ew.exp(x - m)),"
+            f" not {type(expr).__name__}"
+        )
+    tensors = {c: column(b, name, c) for c in ew.column_names(expr)}  # refused here: at the user's line of the map
+    resolved = ew.resolved(expr, tensors.__getitem__)
+    vectors = vector_rings(b)
+    shapes = tuple(r.id in vectors for r in ins)
+    try:
+        return as_rows(resolved, shapes)
+    except IndexError as e:
+        raise refuse(f"map {name} reads {e} of its {len(ins)} ring(s)") from None
+
+
+def as_rows(expr: Expr, vectors: tuple[bool, ...]) -> Expr:
+    """`expr` with each input i a row vector (`RowArg(i)`) where `vectors[i]`; IndexError naming an input past them."""
+    match expr:
+        case Arg(i):
+            if not 0 <= i < len(vectors):
+                raise IndexError(f"input {i}")
+            return RowArg(i) if vectors[i] else expr
+        case Apply(op, args, params):
+            return Apply(op, tuple(as_rows(a, vectors) for a in args), params)
+    return expr
+
+
+def column(b: Builder, stage: str, name: str) -> TensorId:
+    """The parameter tensor `ew.col(name)` names: one row of values, one a column."""
+    t = next((t for t in b.tensors if t.name == name), None)
+    if t is None or t.role != TensorRole.PARAMETER or t.elems[0] != 1:
+        what = "no tensor" if t is None else f"{t.role.value} tensor {t.name} of {t.elems[0]} x {t.elems[1]}"
+        raise refuse(f"map {stage}: ew.col({name!r}) is a parameter tensor of one row (p.parameter), not {what}")
+    return t.id
+
+
+def reduced_cols(b: Builder, name: str, src: RingRef) -> int:
+    """The row width a reduction of `src` masks at, when not given: the columns of the tensor its values come from
+    (through the maps that fill it, by their first page)."""
+    producer = {x: s for s in b.stages for x in s.outs}
+    ring = src.id
+    for _ in range(len(b.stages)):
+        s = producer.get(ring)
+        if s is None:
+            break
+        if isinstance(s.kind, ReadStage):
+            t: Tensor = b.tensors[int(s.kind.tensor)]
+            return t.elems[1]
+        vectors = vector_rings(b)
+        pages = [x for x in s.ins if x not in vectors]
+        if not pages:
+            break
+        ring = pages[0]
+    raise refuse(f"row reduction {name}: say the row's width in elements (cols=…); no read of a tensor fills its ring")
+
+
+def reduce_op(name: str, op: Any, cols: int) -> RowReduce:
+    """Stage `name`'s reduction: one of REDUCE_OPS over rows `cols` elements wide."""
+    if op not in REDUCE_OPS:
+        raise refuse(f"row reduction {name}: op {op!r} is none of {', '.join(REDUCE_OPS)}")
+    return RowReduce(op, cols)
+
+
+# ---- a formula as ew source ----------------------------------------------------------------------------------
+
+# Python's binding of each operator ew spells (higher binds tighter): an operand is parenthesised only where Python
+# would read it otherwise.
+OPERATORS = {"add": ("+", 2), "sub": ("-", 2), "mul": ("*", 3), "div": ("/", 3), "pow": ("**", 5)}
+COMPARISONS = {"lt": ("<", 1), "le": ("<=", 1), "gt": (">", 1), "ge": (">=", 1)}  # an expression on the left only
+UNARY, ATOM = 4, 9
+
+
+def ew_source(expr: Expr, args: Sequence[str], vectors: tuple[bool, ...], col_name: Callable[[Col], str | None]) -> str:
+    """`expr` as ew source over the names `args` of its inputs, or ValueError where `formula` would not read that
+    source back to `expr` (an input the wrong kind for its ring, a column vector placed, an op not in the table)."""
+    text = _source(expr, args, vectors, col_name)[0]
+    return f"ew.value({text})" if isinstance(expr, Lit) else text  # a constant map: an expression, not a number
+
+
+def _source(expr: Expr, args: Sequence[str], vectors: tuple[bool, ...], col_name) -> tuple[str, int]:
+    """`expr`'s source and how tightly it binds."""
+    match expr:
+        case Arg(i) if 0 <= i < len(args) and not vectors[i]:
+            return args[i], ATOM
+        case RowArg(i, 1) if 0 <= i < len(args) and vectors[i]:
+            return args[i], ATOM
+        case Lit(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+            return repr(float(v)), ATOM if math.copysign(1.0, v) > 0 else UNARY
+        case Col(_, TileAddr(0, ()), 1) if (name := col_name(expr)) is not None:
+            return f'ew.col("{name}")', ATOM
+        case Apply(op, parts, params) if op in OPS and len(parts) == OPS[op].arity:
+            spec = OPS[op]
+            if len(params) != len(spec.params) or not all(math.isfinite(p) for p in params):
+                raise ValueError(f"op {op}'s parameters")
+            texts = [_source(a, args, vectors, col_name) for a in parts]
+            values = [not isinstance(a, Lit) for a in parts]
+            symbol, bind = OPERATORS.get(op) or COMPARISONS.get(op) or ("", 0)
+            if symbol and (values[0] or (any(values) and op in OPERATORS and op != "pow")):  # ew has no __rpow__
+                # a ** b ** c is a ** (b ** c), and -x ** 2 is -(x ** 2); a < b < c is a chain, not two comparisons
+                left, right = {5: (ATOM, UNARY), 1: (2, 2)}.get(bind, (bind, bind + 1))
+                return f"{_wrap(texts[0], left)} {symbol} {_wrap(texts[1], right)}", bind
+            if op == "neg" and values[0]:
+                return f"-{_wrap(texts[0], UNARY)}", UNARY
+            named = [f"{p}={v!r}" for p, v in zip(spec.params, params, strict=True)]
+            return f"ew.{op}({', '.join([*(t for t, _ in texts), *named])})", ATOM
+    raise ValueError(f"{type(expr).__name__} has no ew form here")
+
+
+def _wrap(part: tuple[str, int], least: int) -> str:
+    """An operand's source, parenthesised where it binds less tightly than `least`."""
+    text, bind = part
+    return text if bind >= least else f"({text})"
