@@ -219,3 +219,14 @@ def test_build_and_verify_at_8192_squared_stay_fast():
     t0 = time.perf_counter()
     p = spatialc.build(spatialc.layernorm(8192, 8192, "bf16"), "sm_90")
     assert p.verified and time.perf_counter() - t0 < 5.0
+
+
+def test_show_python_prints_layernorm_as_lang_source_that_traces_back_to_it():
+    """Several writes and maps of row vectors in spatialc.lang's words: the printed module's program() is p."""
+    from spatialc.lang.source import python_source
+
+    p = spatialc.build(spatialc.layernorm(33, 50, "fp16", bias=False), "sm_90", sites=2)
+    scope: dict = {}
+    exec(compile(python_source(p), "<layernorm>", "exec"), scope)  # noqa: S102 — our own printed source
+    q = scope["program"]()
+    assert q == p and q.verified
