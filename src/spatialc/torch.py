@@ -103,7 +103,8 @@ class Compiled:
 
     def __str__(self) -> str:
         dims = "x".join(map(str, self.sizes))
-        return f"{self.program.name} {dims} on {self.device}: {self.source} in {self.seconds:.2f} s"
+        how = "built" if self.source == "built" else "read from the disk cache"
+        return f"{self.program.name} {dims} on {self.device}: {how} in {self.seconds:.2f} s"
 
 
 _REGISTERED: dict[str, SpatialOp] = {}  # torch keeps an op's name for the life of the process
@@ -144,7 +145,8 @@ class SpatialOp:
         self._names = [s.name for s in self.slots] + [self.output.name]
         # each size read off the first input axis that is it: (slot, axis)
         self._reads = [
-            next((i, ax) for i, s in enumerate(self.slots) for ax, a in enumerate(s.axes) if a == p) for p in self.params
+            next((i, ax) for i, s in enumerate(self.slots) for ax, a in enumerate(s.axes) if a == p)
+            for p in self.params
         ]
         self._programs: dict[tuple[int, ...], SpatialProgram] = {}
         self._cache: dict[tuple[tuple[int, ...], str], Compiled] = {}
@@ -197,7 +199,9 @@ class SpatialOp:
                     f"{self.name}: {slot.name} is not contiguous (strides {tuple(t.stride())}); pass .contiguous()"
                 )
         entry = self._entry(sizes, str(device))
-        named = {slot.name: t.detach().reshape(shape) for slot, t, shape in zip(self.slots, tensors, shapes, strict=True)}
+        named = {
+            slot.name: t.detach().reshape(shape) for slot, t, shape in zip(self.slots, tensors, shapes, strict=True)
+        }
         if device.type == "cpu":
             return self._evaluate(entry, named)
         return self._launch(entry, named, device)
@@ -538,8 +542,11 @@ class _GemmBackward:
 
 class Linear(torch.nn.Linear):
     """`nn.Linear` (its parameters, initialisation and state_dict) computed by a spatialc GEMM with the bias and an
-    activation fused: y = activation(x Wᵀ + b). x and W are rounded to `precision` (bf16 unless told) at each call;
-    the product is accumulated in float32 and returned in x's dtype."""
+    activation fused: y = activation(x Wᵀ + b). x and W are rounded to `precision` (bf16 unless told); the product is
+    accumulated in float32 and returned in x's dtype. W's operand (Wᵀ in `precision`, contiguous) is made at each
+    call, so autograd reaches W; `freeze()` makes it once, for inference."""
+
+    frozen_weight: Any
 
     def __init__(
         self,
@@ -552,39 +559,57 @@ class Linear(torch.nn.Linear):
         activation: str | None = None,
         precision: str = "bf16",
     ):
-        if precision == "int8":
-            raise ProgramError("spatialc.torch.Linear computes in bf16 or fp16; int8 layers need quantised weights")
+        if precision not in ("bf16", "fp16"):
+            raise ProgramError(f"spatialc.torch.Linear computes in bf16 or fp16, not {precision!r}")
         super().__init__(in_features, out_features, bias, device, dtype)
         self.activation = activation
         self.precision = precision
         self.op = gemm_op(precision, bias=bias, activation=activation)
+        self.register_buffer("frozen_weight", None, persistent=False)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, *, activation: str | None = None, precision: str = "bf16") -> Linear:
         """A Linear that shares `linear`'s weight and bias (the same Parameters, so an optimizer keeps them)."""
-        new = cls.__new__(cls)
-        torch.nn.Module.__init__(new)
-        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new = cls(
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+            device="meta",
+            activation=activation,
+            precision=precision,
+        )
         new.weight = linear.weight
         new.bias = linear.bias
-        new.activation = activation
-        new.precision = precision
-        if precision == "int8":
-            raise ProgramError("spatialc.torch.Linear computes in bf16 or fp16; int8 layers need quantised weights")
-        new.op = gemm_op(precision, bias=linear.bias is not None, activation=activation)
         return new
+
+    def freeze(self) -> Linear:
+        """For inference: W's operand made once, now, and used by every call until `unfreeze()` (a change to W in
+        place is not seen until then; `load_state_dict` makes it again). No gradient reaches W through it."""
+        with torch.no_grad():
+            self.frozen_weight = self.weight.detach().t().to(PRECISIONS[self.precision]).contiguous()
+        return self
+
+    def unfreeze(self) -> Linear:
+        self.frozen_weight = None
+        return self
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        if self.frozen_weight is not None:
+            self.freeze()
 
     def forward(self, x: Any) -> Any:
         low = PRECISIONS[self.precision]
         lead = x.shape[:-1]
         a = x.reshape(-1, self.in_features).to(low).contiguous()
-        w = self.weight.t().to(low).contiguous()
+        w = self.frozen_weight if self.frozen_weight is not None else self.weight.t().to(low).contiguous()
         y = self.op(a, w) if self.bias is None else self.op(a, w, self.bias.to(torch.float32))
         y = y.reshape(*lead, self.out_features)
         return y.to(x.dtype) if x.dtype.is_floating_point else y
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, activation={self.activation}, precision={self.precision}"
+        frozen = ", frozen" if self.frozen_weight is not None else ""
+        return f"{super().extra_repr()}, activation={self.activation}, precision={self.precision}{frozen}"
 
 
 def _activation_of(module: Any) -> str | None:
@@ -603,13 +628,15 @@ def _activation_of(module: Any) -> str | None:
     return None
 
 
-def replace_linears(model: Any, *, precision: str = "bf16", fuse: bool = True) -> Any:
+def replace_linears(model: Any, *, precision: str = "bf16", fuse: bool = True, freeze: bool = False) -> Any:
     """`model` with each `nn.Linear` (exactly that class) swapped for a `Linear` sharing its parameters, in place.
     With `fuse`, an activation (ReLU, SiLU, GELU, Sigmoid, Tanh) right after a Linear in an `nn.Sequential` is
-    fused into it and left as an `nn.Identity` (the indices, so the state_dict's keys, stay). Returns the model (a
-    bare nn.Linear comes back as a new Linear)."""
+    fused into it and left as an `nn.Identity` (the indices, so the state_dict's keys, stay); with `freeze`, each
+    new Linear is frozen (`Linear.freeze`: inference). Returns the model (a bare nn.Linear comes back as a new
+    Linear)."""
     if type(model) is torch.nn.Linear:
-        return Linear.from_linear(model, precision=precision)
+        single = Linear.from_linear(model, precision=precision)
+        return single.freeze() if freeze else single
     if not isinstance(model, torch.nn.Module):
         raise ProgramError(f"replace_linears takes a torch.nn.Module, not {_kind(model)}")
     for parent in list(model.modules()):
@@ -623,5 +650,6 @@ def replace_linears(model: Any, *, precision: str = "bf16", fuse: bool = True) -
                 act = _activation_of(parent._modules[names[i + 1]])
                 if act is not None:
                     parent._modules[names[i + 1]] = torch.nn.Identity()
-            parent._modules[name] = Linear.from_linear(child, activation=act, precision=precision)
+            new = Linear.from_linear(child, activation=act, precision=precision)
+            parent._modules[name] = new.freeze() if freeze else new
     return model

@@ -90,7 +90,27 @@ def test_replace_linears_in_a_plain_module_leaves_activations_alone():
 
 
 def test_linear_refuses_int8_and_an_unknown_activation():
-    with pytest.raises(spatialc.ProgramError, match="bf16 or fp16"):
+    with pytest.raises(spatialc.ProgramError, match="bf16 or fp16, not 'int8'"):
         sct.Linear(8, 8, precision="int8")
     with pytest.raises(spatialc.ProgramError, match="unknown activation"):
         sct.Linear(8, 8, activation="mish")
+
+
+def test_freeze_makes_the_weight_operand_once_and_a_load_makes_it_again():
+    torch.manual_seed(3)
+    layer = sct.Linear(32, 16, activation="relu")
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        want = layer(x)
+        layer.freeze()
+        assert layer.frozen_weight.dtype == torch.bfloat16 and layer.frozen_weight.shape == (32, 16)
+        assert torch.equal(layer(x), want)
+        assert "frozen_weight" not in layer.state_dict() and "frozen" in repr(layer)
+        layer.weight.mul_(2)  # a change in place is not seen while frozen …
+        assert torch.equal(layer(x), want)
+        layer.load_state_dict({"weight": layer.weight / 2, "bias": layer.bias})  # … a load makes it again
+        assert torch.equal(layer(x), want)
+        layer.weight.mul_(2)
+        assert not torch.equal(layer.unfreeze()(x), want)
+    frozen = sct.replace_linears(nn.Sequential(nn.Linear(8, 8), nn.Tanh()), freeze=True)
+    assert frozen[0].frozen_weight is not None and frozen[0].activation == "tanh"

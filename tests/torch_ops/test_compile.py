@@ -51,12 +51,25 @@ def test_a_torch_model_converted_and_compiled_by_inductor_matches_eager_torch():
     converted = sct.replace_linears(model)
     assert [type(m).__name__ for m in converted] == ["Linear", "Identity", "Linear"]
     torch._dynamo.reset()
-    got = torch.compile(converted, fullgraph=True)(x)
+    with torch.no_grad():  # inference, as a served model runs (one graph, no backward to plan)
+        got = torch.compile(converted, fullgraph=True)(x)
+        eager = converted(x)
     assert got.shape == want.shape and got.dtype == want.dtype
-    eager = converted(x)
     assert torch.equal(got, eager)
     # Against float32 torch: x, W1, the hidden layer and W2 are each rounded to bf16 once (2^-8 relative), gelu's
     # slope is at most 1.13; 2^-6 = 4 · 2^-8 of the magnitudes each output sums is a bound with room to spare.
     (w1, b1), (w2, b2) = (model[0].weight, model[0].bias), (model[2].weight, model[2].bias)
     size = (x.abs() @ w1.abs().t() + b1.abs()) @ w2.abs().t() + b2.abs()
     assert ((got - want).abs() <= 2**-6 * size).all()
+
+
+def test_torch_export_keeps_the_ops():
+    model = sct.replace_linears(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 16)))
+    x = torch.randn(8, 32)
+    exported = torch.export.export(model, (x,))
+    called = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert [c for c in called if c.startswith("spatialc.")] == [
+        "spatialc.gemm_bf16_bias_relu_sm_90.default",
+        "spatialc.gemm_bf16_bias_sm_90.default",
+    ]
+    assert torch.equal(exported.module()(x), model(x))

@@ -150,7 +150,6 @@ class CountingDevice:
 def test_gpu_path_lowers_and_loads_once_then_launches(monkeypatch):
     """The CUDA branch's wiring, with CPU tensors and a numpy device: lowered and prepared at the first call of a
     shape, launched on each, the result a torch tensor within the kernel's tolerance. (No GPU has run it.)"""
-    op = sct.gemm_op("fp16", bias=True)
     gen = torch.Generator().manual_seed(3)
     a = torch.randn(32, 48, generator=gen).half()
     b = torch.randn(48, 64, generator=gen).half()
