@@ -19,3 +19,14 @@ def test_the_torch_example_runs(capsys):
     module.main()
     out = capsys.readouterr().out
     assert "activation=silu" in out and "of the magnitudes summed" in out
+
+
+def test_the_readmes_torch_example_runs():
+    import re
+
+    readme = (EXAMPLE.parents[1] / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "spatialc.torch" in b]
+    scope: dict = {}
+    exec(compile(block, "README.md", "exec"), scope)
+    assert tuple(scope["c"].shape) == (32, 64) and tuple(scope["y"].shape) == (32, 64)
+    assert [e.sizes for e in scope["layer"].compiled()] == [(32, 64, 48)]
