@@ -117,11 +117,15 @@ def op(
     *,
     options: Mapping[str, Any] | None = None,
     disk_cache: bool = True,
+    probes: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
 ) -> SpatialOp:
-    """The program family `builder` (sizes → an unbuilt SpatialProgram) as the torch custom op `name`
-    ("namespace::name"; "spatialc::" is added to a bare name). `options` go to `spatialc.build` (block=, form=, …).
-    The op is also `torch.ops.<namespace>.<name>`."""
-    return SpatialOp(builder, name, options=options, disk_cache=disk_cache)
+    """The program family `builder` (sizes → a SpatialProgram: unbuilt, or verified as `spatialc.lang` programs
+    are) as the torch custom op `name` ("namespace::name"; "spatialc::" is added to a bare name). `options` go to
+    `spatialc.build` (block=, form=, …). `probes` are the two sets of sizes the builder is called with to read its
+    signature (each set's sizes all different, and each size different between the sets), for a family that
+    refuses the default ones (a program written by hand for multiples of its block). The op is also
+    `torch.ops.<namespace>.<name>`."""
+    return SpatialOp(builder, name, options=options, disk_cache=disk_cache, probes=probes)
 
 
 class SpatialOp:
@@ -134,6 +138,7 @@ class SpatialOp:
         *,
         options: Mapping[str, Any] | None = None,
         disk_cache: bool = True,
+        probes: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
     ):
         if not callable(builder):
             raise ProgramError(f"spatialc.torch.op takes a function from sizes to a program, not {_kind(builder)}")
@@ -141,14 +146,14 @@ class SpatialOp:
         self.builder = builder
         self.options = dict(options or {})
         self.disk_cache = disk_cache
-        self.params, self.slots, self.output = _signature(builder, self.name)
+        self.params, self.slots, self.output = _signature(builder, self.name, probes)
         self._names = [s.name for s in self.slots] + [self.output.name]
         # each size read off the first input axis that is it: (slot, axis)
         self._reads = [
             next((i, ax) for i, s in enumerate(self.slots) for ax, a in enumerate(s.axes) if a == p)
             for p in self.params
         ]
-        self._programs: dict[tuple[int, ...], SpatialProgram] = {}
+        self._programs: dict[tuple[int, ...], tuple[SpatialProgram, float]] = {}  # and the builder's seconds
         self._cache: dict[tuple[tuple[int, ...], str], Compiled] = {}
         with _LOCK:
             if self.name in _REGISTERED:
@@ -240,13 +245,14 @@ class SpatialOp:
     # ---- building, once per shape ------------------------------------------------------------------------------
 
     def _program(self, sizes: tuple[int, ...]) -> SpatialProgram:
-        """The family's unbuilt program at `sizes` (the builder's own errors, such as a size below one, pass)."""
+        """The family's program at `sizes` (the builder's own errors, such as a size below one, pass)."""
         if sizes not in self._programs:
+            start = time.perf_counter()
             p = _call(self.builder, self.name, sizes)
             if sorted(t.name for t in p.tensors) != sorted(self._names):
                 raise ProgramError(f"{self.name}: the family's tensors change with its sizes; it cannot be one op")
-            self._programs[sizes] = p
-        return self._programs[sizes]
+            self._programs[sizes] = (p, time.perf_counter() - start)
+        return self._programs[sizes][0]
 
     def _entry(self, sizes: tuple[int, ...], device: str) -> Compiled:
         key = (sizes, device)
@@ -255,14 +261,17 @@ class SpatialOp:
             if entry is None:
                 start = time.perf_counter()
                 built, source = self._build(self._program(sizes))
-                entry = Compiled(sizes, device, built, source, time.perf_counter() - start)
+                seconds = time.perf_counter() - start + self._programs[sizes][1]  # a lang builder traces, verifies
+                entry = Compiled(sizes, device, built, source, seconds)
                 self._cache[key] = entry
                 log.info("spatialc.torch: %s: %s", self.name, entry)
         return entry
 
     def _build(self, program: SpatialProgram) -> tuple[SpatialProgram, str]:
         """The verified program: from the disk cache where it holds one (verified again as it is read), else
-        built and stored there."""
+        built and stored there. A program the builder verified itself (spatialc.lang's) is used as it is."""
+        if program.verified:
+            return program, "built"
         path = self._cached_path(program) if self.disk_cache else None
         if path is not None and path.is_file():
             try:
@@ -360,16 +369,39 @@ def _call(builder: Callable[..., Any], name: str, sizes: tuple[int, ...]) -> Spa
     p = builder(*sizes)
     if not isinstance(p, SpatialProgram):
         raise ProgramError(f"{name}: the builder returned {_kind(p)}; it must return a spatialc program")
-    if p.verified or p.plans:
-        raise ProgramError(f"{name}: the builder returned a built program; return the unbuilt one (spatialc.gemm, …)")
+    if p.plans and not p.verified:
+        raise ProgramError(f"{name}: the builder returned a planned program that is not verified; verify it first")
     return p
 
 
-def _signature(builder: Callable[..., Any], name: str) -> tuple[tuple[str, ...], tuple[Slot, ...], Slot]:
+def _probes(name: str, count: int, given: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Two sets of `count` sizes: each set's all different, and each size different between the sets."""
+    if given is None:
+        return PROBES[0][:count], PROBES[1][:count]
+    try:
+        one, two = (tuple(int(v) for v in p) for p in given)
+    except (TypeError, ValueError):
+        raise ProgramError(f"{name}: probes are two tuples of {count} sizes, not {given!r}") from None
+    if not (
+        len(one) == len(two) == count
+        and len(set(one)) == len(set(two)) == count
+        and all(a != b for a, b in zip(one, two, strict=True))
+    ):
+        raise ProgramError(
+            f"{name}: probes are two tuples of {count} sizes, each tuple's all different and each size different"
+            f" between them; not {given!r}"
+        )
+    return one, two
+
+
+def _signature(
+    builder: Callable[..., Any], name: str, given: Any = None
+) -> tuple[tuple[str, ...], tuple[Slot, ...], Slot]:
     """The builder's size arguments, the op's input slots (the program's inputs, then its parameters) and its
     output slot, each axis a constant or the argument it equals: learnt from two calls with different sizes."""
     params = _parameters(builder, name)
-    first, second = (_call(builder, name, probe[: len(params)]) for probe in PROBES)
+    probes = _probes(name, len(params), given)
+    first, second = (_call(builder, name, probe) for probe in probes)
     if [(t.name, t.role, t.dtype) for t in first.tensors] != [(t.name, t.role, t.dtype) for t in second.tensors]:
         raise ProgramError(f"{name}: the family's tensors change with its sizes; it cannot be one op")
     slots = []
@@ -378,12 +410,12 @@ def _signature(builder: Callable[..., Any], name: str) -> tuple[tuple[str, ...],
         for v0, v1 in zip(_shape_of(t0), _shape_of(t1), strict=True):
             if v0 == v1:
                 axes.append(v0)
-            elif v0 in PROBES[0][: len(params)] and PROBES[1][PROBES[0].index(v0)] == v1:
-                axes.append(params[PROBES[0].index(v0)])
+            elif v0 in probes[0] and probes[1][probes[0].index(v0)] == v1:
+                axes.append(params[probes[0].index(v0)])
             else:
                 raise ProgramError(
                     f"{name}: tensor {t0.name}'s shape is not made of the family's sizes (an axis of {v0} at sizes"
-                    f" {PROBES[0][: len(params)]}); make each axis one argument"
+                    f" {probes[0]}); make each axis one argument"
                 )
         if t0.dtype not in TORCH_DTYPES:
             raise ProgramError(f"{name}: tensor {t0.name} holds {t0.dtype}, which torch has no dtype for")

@@ -210,7 +210,7 @@ def test_a_bias_row_is_taken_as_1d_or_2d():
         (42, "bad_callable", "takes a function from sizes to a program"),
         (lambda *sizes: spatialc.gemm(*sizes), "bad_varargs", "sizes by position"),
         (lambda m: np.zeros(m), "bad_returns", "the builder returned a ndarray"),
-        (lambda m: spatialc.build(spatialc.gemm(m, m, m)), "bad_built", "return the unbuilt one"),
+        (lambda m: spatialc.build(spatialc.gemm(m, m, m)).evolve(verified=False), "bad_built", "verify it first"),
         (lambda m, n: spatialc.gemm(m, m, m), "bad_unread", "size n is no axis of an input tensor"),
         (lambda m: spatialc.gemm(m, 2 * m, m), "bad_axis", "is not made of the family's sizes"),
         (relu_layer, "bad name!", "an op's name is"),
@@ -221,6 +221,46 @@ def test_hostile_families_get_one_line_program_errors(builder, name, says):
     with pytest.raises(spatialc.ProgramError) as e:
         sct.op(builder, name)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "probes",
+    [((32, 64), (64, 128)), ((32, 32, 64), (64, 128, 192)), ((32, 64, 128), (32, 128, 192)), "sizes"],
+)
+def test_probes_that_cannot_tell_sizes_apart_are_refused(probes):
+    with pytest.raises(spatialc.ProgramError, match="probes are two tuples of 3 sizes") as e:
+        sct.op(relu_layer, "bad_probes", probes=probes)
+    assert "\n" not in str(e.value)
+
+
+def test_a_program_written_by_hand_is_a_family_with_probes_it_takes():
+    """examples/gemm_by_hand.py takes multiples of its block: the default probes (33, 50, …) do not fit it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "gemm_by_hand.py"
+    spec = importlib.util.spec_from_file_location("gemm_by_hand", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    op = sct.op(lambda m, n, k: module.gemm(m=m, n=n, k=k), "test_by_hand", probes=((32, 64, 128), (64, 128, 192)))
+    assert op.schema == "(Tensor A, Tensor B) -> Tensor"
+    a, b, _ = operands(64, 64, 128)
+    c = op(a, b)
+    assert [(e.sizes, e.source) for e in op.compiled()] == [((64, 64, 128), "built")]
+    ok, how = spatialc.tolerance(op.compiled()[0].program).check(c.numpy(), {"A": a, "B": b})
+    assert ok, how
+
+
+def test_row_and_grouped_families():
+    softmax = sct.op(lambda m, n: spatialc.softmax(m, n, "bf16"), "test_softmax")
+    xs = torch.randn(20, 70).to(bf16)
+    assert torch.allclose(softmax(xs), torch.softmax(xs.float(), -1), atol=1e-6)
+    moe = sct.op(lambda g, r, n, k: spatialc.grouped_gemm(g, r, n, k, "bf16"), "test_grouped")
+    assert [s.axes for s in moe.slots] == [("g", "r", "k"), ("g", "k", "n"), (1, "g")]
+    a, b = torch.randn(3, 20, 32).to(bf16), torch.randn(3, 32, 16).to(bf16)
+    c = moe(a, b, torch.tensor([20, 5, 0], dtype=torch.int32))
+    assert c.shape == (3, 20, 16)
+    assert torch.allclose(c[1, :5], a[1, :5].float() @ b[1].float(), atol=1e-4) and not c[1, 5:].any()
 
 
 def test_gemm_op_refuses_what_it_cannot_compute():
