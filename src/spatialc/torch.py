@@ -66,7 +66,7 @@ TORCH_DTYPES = {
 
 # Made-up sizes the builder is called with to learn which tensor axis each of its arguments is: two sets, each
 # argument a different value in each, so an axis that follows an argument differs between them and a constant does
-# not. They are only given to the frontend (nothing is built).
+# not. An unbuilt program's family only runs the frontend on them; a spatialc.lang family traces and verifies.
 PROBES = ((33, 50, 67, 84, 101, 118, 135, 152), (41, 58, 75, 92, 109, 126, 143, 161))
 
 Axis = int | str  # an axis of a tensor: a fixed size, or the name of the builder argument it equals

@@ -30,3 +30,12 @@ def test_the_core_needs_no_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_spatialc_torch_does_not_shadow_torch():
+    torch = pytest.importorskip("torch")
+    import spatialc.torch as sct
+    from spatialc.runtime.launch import _torch_bf16
+
+    assert sct.torch is torch is sys.modules["torch"] and hasattr(torch, "library")
+    assert _torch_bf16() is torch.bfloat16  # spatialc's own `import torch`, inside the package, is the real one
