@@ -35,8 +35,7 @@ def test_linear_is_the_fused_gemm_within_its_tolerance(activation, fn):
     x = torch.randn(2, 10, 48)
     y = layer(x)
     assert y.shape == (2, 10, 32) and y.dtype == torch.float32
-    entry = layer.op.compiled()[-1]
-    assert entry.sizes == (20, 32, 48)
+    [entry] = [e for e in layer.op.compiled() if e.sizes == (20, 32, 48)]  # the op is shared: pick this shape
     inputs = {"A": rounded(x.reshape(20, 48)), "B": rounded(layer.weight.t()), "bias": layer.bias[None].detach()}
     ok, how = spatialc.tolerance(entry.program).check(y.reshape(20, 32).detach().numpy(), inputs)
     assert ok, how
