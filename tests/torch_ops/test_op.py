@@ -283,3 +283,17 @@ def test_int8_gemm_is_exact():
     c = op(a, b, bias)
     assert c.dtype == torch.int64
     assert torch.equal(c, torch.relu(a.long() @ b.long() + bias))
+
+
+def test_devices_spatialc_cannot_run_on_are_one_line_errors():
+    """The device check itself (this machine has no second device to call the op with)."""
+    from types import SimpleNamespace
+
+    on = [SimpleNamespace(device=torch.device(d)) for d in ("cpu", "meta", "cpu")]
+    with pytest.raises(InputError) as e:
+        LAYER._device(tuple(on))
+    assert "tensors on cpu and meta; pass them on one" in one_line(e)
+    with pytest.raises(InputError) as e:
+        LAYER._device((on[1],))
+    assert "spatialc runs on cpu (its interpreter) and cuda; these are on meta" in one_line(e)
+    assert LAYER._device((on[0], on[2])) == torch.device("cpu")
