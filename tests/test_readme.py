@@ -20,7 +20,7 @@ def test_the_quick_start_is_the_first_two_fenced_blocks_and_ci_runs_the_second()
     assert [lang for lang, _ in blocks[:2]] == ["bash", "bash"]
     main_job, tests = (body.strip() for _, body in blocks[:2])
     assert "pip install" in main_job and "spatialc gemm" in main_job and "--emit" in main_job and "--run" in main_job
-    assert tests == "python -m pip install -e '.[dev]' && python -m pytest"
+    assert tests == "python -m pip install -e '.[dev,torch]' && python -m pytest"
     ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
     assert tests in ci
 

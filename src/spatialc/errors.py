@@ -97,3 +97,7 @@ class SemanticError(VerifyRuleError):
     """Rule 8: the schedule computes something other than its stages declare — an output tile written twice or never,
     a reduction that misses or repeats a k, operands out of their roles, a scheduled op unlike its stage's, a page
     read that nothing filled, an accumulator read before its last product or never zeroed."""
+
+
+class TorchUnavailable(SpatialError, ImportError):
+    """`spatialc.torch` imported where PyTorch is not installed (the core needs numpy alone)."""

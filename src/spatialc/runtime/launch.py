@@ -78,6 +78,7 @@ __all__ = [
     "parse_ptxas",
     "prepare",
     "run",
+    "run_prepared",
     "run_with",
 ]
 
@@ -429,13 +430,33 @@ def run(artifact: Any, *operands: Any, **params: Any) -> Any:
 
 def run_with(device: Any, artifact: Any, *operands: Any, **params: Any) -> Any:
     """`run` on a given device (tests pass a numpy stand-in)."""
+    bound, library = bound_operands(artifact, operands, params)
+    return launch_bound(prepare(artifact, device), bound, library)
+
+
+def run_prepared(prep: Prepared, artifact: Any, *operands: Any, **params: Any) -> Any:
+    """`run` with the kernel `prepare(artifact, device)` loaded before: nothing is compiled or loaded again (a caller
+    that launches one kernel many times, as spatialc.torch's ops do, keeps the Prepared)."""
+    bound, library = bound_operands(artifact, operands, params)
+    return launch_bound(prep, bound, library)
+
+
+def bound_operands(
+    artifact: Any, operands: Sequence[Any], params: Mapping[str, Any]
+) -> tuple[list[tuple[Arg, Any]], str]:
+    """The kernel's arguments paired with the caller's arrays (`bind`), a grouped GEMM's row counts checked on the
+    host, and the library the result comes back in; nothing is launched or compiled."""
     args = kernel_args(artifact.launch)
     bound = bind(args, operands, params)
     limits = dict(getattr(artifact.launch, "row_counts", ()))
     if limits:  # a grouped GEMM's row counts, checked on the host before anything is launched
         check_row_counts(limits, {x.name: host_array(x.name, v) for x, v in bound if x.name in limits})
-    library = result_library(bound)
-    prep = prepare(artifact, device)
+    return bound, result_library(bound)
+
+
+def launch_bound(prep: Prepared, bound: Sequence[tuple[Arg, Any]], library: str) -> Any:
+    """Upload, tilize, launch once on the device's current stream, and read C back in `library`'s arrays."""
+    device = prep.device
     buffers, out = [], None
     for arg, value in bound:
         if arg.role == "output":

@@ -1,0 +1,687 @@
+"""spatialc programs as PyTorch operators.
+
+`op(builder, name)` turns a program *family* — a function from sizes to a spatialc program, such as
+`lambda m, n, k: spatialc.gemm(m, n, k, "bf16", epilogue=[spatialc.bias(), spatialc.relu()])` — into a
+`torch.library` custom op. Its inputs are the program's input tensors, then its parameter tensors, in the program's
+order; its output is the program's one output. The family's sizes are read off the inputs' shapes: the builder is
+called twice with made-up sizes (frontend only, nothing built) to learn which axis of which tensor each argument is.
+
+- The fake (meta) implementation gives the output's shape and dtype from those axes alone, so `torch.compile` and
+  `torch.export` trace through the op without building anything.
+- A real call builds and verifies the program once per (sizes, device) and keeps it (`op.compiled()` lists what was
+  built; the `spatialc.torch` logger says so at INFO); built programs are also kept on disk, as JSON under
+  `$SPATIALC_CACHE/torch`, keyed by the unbuilt program, the build options and spatialc's version.
+- On a CPU tensor the op runs `spatialc.evaluate`: the reference interpreter, exact, slow — a correctness path.
+  On a CUDA tensor it lowers the program once, loads the kernel once and launches it with `spatialc.run`'s machinery
+  on torch's current stream. That path has not run on a GPU yet.
+
+`gemm_op(precision, bias=, activation=)` is a GEMM family with autograd (the backward is two more spatialc GEMMs);
+`Linear` is `nn.Linear` computed by it, and `replace_linears(model)` swaps a model's `nn.Linear`s (and an activation
+that follows one in an `nn.Sequential`) for it. Bad input raises one line: `InputError` for tensors the op cannot
+take, `ProgramError` for a family or option it cannot use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import keyword
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import api
+from .errors import ProgramError, SpatialError, TorchUnavailable
+from .inputs import InputError
+from .ir import ops
+from .ir.nodes import DType, SpatialProgram, Tensor, TensorRole
+from .runtime.cache import cache_dir
+
+try:
+    import torch
+except ImportError:  # the core needs numpy alone; this module needs torch
+    raise TorchUnavailable(
+        "spatialc.torch needs PyTorch: pip install 'spatialc[torch]' (torch 2.13), or pip install torch"
+    ) from None
+
+__all__ = ["Compiled", "Linear", "SpatialOp", "gemm_op", "op", "replace_linears"]
+
+log = logging.getLogger("spatialc.torch")
+
+TORCH_DTYPES = {
+    DType.INT8: torch.int8,
+    DType.INT32: torch.int32,
+    DType.INT64: torch.int64,
+    DType.FP16: torch.float16,
+    DType.BF16: torch.bfloat16,
+    DType.FLOAT32: torch.float32,
+}
+
+# Made-up sizes the builder is called with to learn which tensor axis each of its arguments is: two sets, each
+# argument a different value in each, so an axis that follows an argument differs between them and a constant does
+# not. An unbuilt program's family only runs the frontend on them; a spatialc.lang family traces and verifies.
+PROBES = ((33, 50, 67, 84, 101, 118, 135, 152), (41, 58, 75, 92, 109, 126, 143, 161))
+
+Axis = int | str  # an axis of a tensor: a fixed size, or the name of the builder argument it equals
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One tensor of the op: its name in the program, role, torch dtype and axes."""
+
+    name: str
+    role: TensorRole
+    dtype: torch.dtype
+    axes: tuple[Axis, ...]
+
+    @property
+    def row(self) -> bool:
+        """A parameter of one row (a bias): it takes a 1-D tensor of its columns too."""
+        return self.role == TensorRole.PARAMETER and len(self.axes) == 2 and self.axes[0] == 1
+
+
+@dataclass
+class Compiled:
+    """One shape of a family as spatialc built it: the sizes, the device, the verified program, where it came from
+    ("built", or "disk" for the JSON cache) and the seconds it took; a CUDA entry also keeps the lowered artifact and
+    the loaded kernel."""
+
+    sizes: tuple[int, ...]
+    device: str
+    program: SpatialProgram = field(repr=False)
+    source: str
+    seconds: float
+    artifact: Any = field(default=None, repr=False)
+    prepared: Any = field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        dims = "x".join(map(str, self.sizes))
+        how = "built" if self.source == "built" else "read from the disk cache"
+        return f"{self.program.name} {dims} on {self.device}: {how} in {self.seconds:.2f} s"
+
+
+_REGISTERED: dict[str, SpatialOp] = {}  # torch keeps an op's name for the life of the process
+_LOCK = threading.Lock()
+
+
+def op(
+    builder: Callable[..., SpatialProgram],
+    name: str,
+    *,
+    options: Mapping[str, Any] | None = None,
+    disk_cache: bool = True,
+    probes: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+) -> SpatialOp:
+    """The program family `builder` (sizes → a SpatialProgram: unbuilt, or verified as `spatialc.lang` programs
+    are) as the torch custom op `name` ("namespace::name"; "spatialc::" is added to a bare name). `options` go to
+    `spatialc.build` (block=, form=, …). `probes` are the two sets of sizes the builder is called with to read its
+    signature (each set's sizes all different, and each size different between the sets), for a family that
+    refuses the default ones (a program written by hand for multiples of its block). The op is also
+    `torch.ops.<namespace>.<name>`."""
+    return SpatialOp(builder, name, options=options, disk_cache=disk_cache, probes=probes)
+
+
+class SpatialOp:
+    """A program family registered as a torch custom op; call it with tensors (see `op`)."""
+
+    def __init__(
+        self,
+        builder: Callable[..., SpatialProgram],
+        name: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        disk_cache: bool = True,
+        probes: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+    ):
+        if not callable(builder):
+            raise ProgramError(f"spatialc.torch.op takes a function from sizes to a program, not {_kind(builder)}")
+        self.name = _qualified(name)
+        self.builder = builder
+        self.options = dict(options or {})
+        self.disk_cache = disk_cache
+        self.params, self.slots, self.output = _signature(builder, self.name, probes)
+        self._names = [s.name for s in self.slots] + [self.output.name]
+        # each size read off the first input axis that is it: (slot, axis)
+        self._reads = [
+            next((i, ax) for i, s in enumerate(self.slots) for ax, a in enumerate(s.axes) if a == p)
+            for p in self.params
+        ]
+        self._programs: dict[tuple[int, ...], tuple[SpatialProgram, float]] = {}  # and the builder's seconds
+        self._cache: dict[tuple[tuple[int, ...], str], Compiled] = {}
+        with _LOCK:
+            if self.name in _REGISTERED:
+                raise ProgramError(f"an op named {self.name} is already defined in this process; give another name")
+            self._def = torch.library.custom_op(self.name, self._impl, mutates_args=(), schema=self.schema)
+            _REGISTERED[self.name] = self
+        self._def.register_fake(self._fake)
+
+    @property
+    def schema(self) -> str:
+        """The op's torch schema: one Tensor per input and parameter, one Tensor out."""
+        return f"({', '.join(f'Tensor {n}' for n in _arg_names(self.slots))}) -> Tensor"
+
+    def __call__(self, *tensors: Any) -> Any:
+        return self._def(*tensors)
+
+    def __repr__(self) -> str:
+        return f"SpatialOp({self.name}{self.schema})"
+
+    def compiled(self) -> list[Compiled]:
+        """What this op has built so far, one entry per (sizes, device), in the order it built them."""
+        return list(self._cache.values())
+
+    def register_autograd(self, backward: Callable[..., Any], setup_context: Callable[..., Any]) -> None:
+        """torch.library.register_autograd for this op."""
+        self._def.register_autograd(backward, setup_context=setup_context)
+
+    # ---- what torch calls --------------------------------------------------------------------------------------
+
+    def _fake(self, *tensors: Any) -> Any:
+        """The output's shape and dtype from the inputs' shapes alone (sizes may be symbolic): nothing is built."""
+        shapes = [self._shape(slot, t) for slot, t in zip(self.slots, tensors, strict=True)]
+        sizes = self._sizes(shapes)
+        shape = [sizes[self.params.index(a)] if isinstance(a, str) else a for a in self.output.axes]
+        return tensors[0].new_empty(shape, dtype=self.output.dtype)
+
+    def _impl(self, *tensors: Any) -> Any:
+        device = self._device(tensors)
+        shapes = [self._shape(slot, t) for slot, t in zip(self.slots, tensors, strict=True)]
+        sizes = tuple(int(s) for s in self._sizes(shapes))
+        program = self._program(sizes)
+        for slot, t, shape in zip(self.slots, tensors, shapes, strict=True):
+            want = _shape_of(program.tensor_named(slot.name))
+            if tuple(shape) != want:
+                raise InputError(f"{self.name}: {slot.name} is {_dims(shape)}; at these sizes it must be {_dims(want)}")
+            if not t.is_contiguous():
+                raise InputError(
+                    f"{self.name}: {slot.name} is not contiguous (strides {tuple(t.stride())}); pass .contiguous()"
+                )
+        entry = self._entry(sizes, str(device))
+        named = {
+            slot.name: t.detach().reshape(shape) for slot, t, shape in zip(self.slots, tensors, shapes, strict=True)
+        }
+        if device.type == "cpu":
+            return self._evaluate(entry, named)
+        return self._launch(entry, named, device)
+
+    # ---- checks ------------------------------------------------------------------------------------------------
+
+    def _shape(self, slot: Slot, t: Any) -> tuple[Any, ...]:
+        """`t`'s shape as the program's tensor has it (a row parameter given as 1-D gets its row axis), once its
+        dtype and rank are checked."""
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{self.name}: {slot.name} is {_kind(t)}; pass a torch tensor")
+        if t.dtype != slot.dtype:
+            raise InputError(f"{self.name}: {slot.name} is {_dtype(t.dtype)}; this op takes {_dtype(slot.dtype)}")
+        shape = tuple(t.shape)
+        if slot.row and len(shape) == 1:
+            shape = (1, *shape)
+        if len(shape) != len(slot.axes):
+            raise InputError(
+                f"{self.name}: {slot.name} has {t.dim()} dimension(s) {_dims(t.shape)}; it takes {len(slot.axes)}"
+            )
+        return shape
+
+    def _sizes(self, shapes: list[tuple[Any, ...]]) -> list[Any]:
+        """The builder's arguments, each read off the first input axis that is it."""
+        return [shapes[i][ax] for i, ax in self._reads]
+
+    def _device(self, tensors: tuple[Any, ...]) -> Any:
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise InputError(f"{self.name}: tensors on {' and '.join(sorted(map(str, devices)))}; pass them on one")
+        device = devices.pop()
+        if device.type not in ("cpu", "cuda"):
+            raise InputError(f"{self.name}: spatialc runs on cpu (its interpreter) and cuda; these are on {device}")
+        return device
+
+    # ---- building, once per shape ------------------------------------------------------------------------------
+
+    def _program(self, sizes: tuple[int, ...]) -> SpatialProgram:
+        """The family's program at `sizes` (the builder's own errors, such as a size below one, pass)."""
+        if sizes not in self._programs:
+            start = time.perf_counter()
+            p = _call(self.builder, self.name, sizes)
+            if sorted(t.name for t in p.tensors) != sorted(self._names):
+                raise ProgramError(f"{self.name}: the family's tensors change with its sizes; it cannot be one op")
+            self._programs[sizes] = (p, time.perf_counter() - start)
+        return self._programs[sizes][0]
+
+    def _entry(self, sizes: tuple[int, ...], device: str) -> Compiled:
+        key = (sizes, device)
+        with _LOCK:
+            entry = self._cache.get(key)
+            if entry is None:
+                start = time.perf_counter()
+                built, source = self._build(self._program(sizes))
+                seconds = time.perf_counter() - start + self._programs[sizes][1]  # a lang builder traces, verifies
+                entry = Compiled(sizes, device, built, source, seconds)
+                self._cache[key] = entry
+                log.info("spatialc.torch: %s: %s", self.name, entry)
+        return entry
+
+    def _build(self, program: SpatialProgram) -> tuple[SpatialProgram, str]:
+        """The verified program: from the disk cache where it holds one (verified again as it is read), else
+        built and stored there. A program the builder verified itself (spatialc.lang's) is used as it is."""
+        if program.verified:
+            return program, "built"
+        path = self._cached_path(program) if self.disk_cache else None
+        if path is not None and path.is_file():
+            try:
+                kept = api.from_json(path.read_text())
+                if kept.verified:
+                    return kept, "disk"
+            except (OSError, SpatialError, ValueError):
+                pass  # a damaged or stale entry is built again and overwritten
+        built = api.build(program, program.target, **self.options)
+        if path is not None:
+            with contextlib.suppress(OSError):  # a read-only cache costs a rebuild next time, nothing else
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+                tmp.write_text(api.to_json(built))
+                tmp.replace(path)
+        return built, "built"
+
+    def _cached_path(self, program: SpatialProgram) -> Path:
+        from . import __version__
+
+        key = "\n".join((__version__, repr(sorted(self.options.items())), api.to_json(program)))
+        return cache_dir("torch") / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+
+    # ---- running -----------------------------------------------------------------------------------------------
+
+    def _evaluate(self, entry: Compiled, named: dict[str, Any]) -> Any:
+        """The interpreter's exact result (CPU tensors in, a CPU tensor out)."""
+        import numpy as np
+
+        c = api.evaluate(entry.program, named)
+        return torch.from_numpy(np.ascontiguousarray(c)).to(self.output.dtype)
+
+    def _launch(self, entry: Compiled, named: dict[str, Any], device: Any) -> Any:
+        """The kernel on torch's current stream of `device`: lowered and loaded at the first call of a shape."""
+        with torch.cuda.device(device), _stream(torch.cuda.current_stream(device)):
+            return launch_entry(entry, named, _gpu_device())
+
+
+def launch_entry(entry: Compiled, named: dict[str, Any], gpu: Any) -> Any:
+    """Run `entry`'s kernel on `gpu` (a runtime.launch Device) with the tensors by name, lowering and preparing it
+    once; C comes back as a torch tensor of the output's dtype."""
+    from .runtime import launch
+
+    if entry.prepared is None:
+        entry.artifact = api.lower(entry.program)
+        entry.prepared = launch.prepare(entry.artifact, gpu)
+    c = launch.run_prepared(entry.prepared, entry.artifact, **named)
+    return c if isinstance(c, torch.Tensor) else torch.as_tensor(c)
+
+
+def _gpu_device() -> Any:
+    from .runtime.launch import cupy_device
+
+    return cupy_device()
+
+
+@contextlib.contextmanager
+def _stream(stream: Any) -> Iterator[None]:
+    """CuPy's current stream set to torch's `stream` (CuPy launches and copies on its current stream)."""
+    from .runtime.launch import require_cupy
+
+    cupy = require_cupy()
+    with cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index):
+        yield
+
+
+# ---- reading a family's signature ------------------------------------------------------------------------------
+
+
+def _qualified(name: object) -> str:
+    if not isinstance(name, str) or not re.fullmatch(r"([A-Za-z_]\w*::)?[A-Za-z_]\w*", name):
+        raise ProgramError(f"an op's name is 'namespace::name' or 'name' (letters, digits, _), not {name!r}")
+    return name if "::" in name else f"spatialc::{name}"
+
+
+def _parameters(builder: Callable[..., Any], name: str) -> tuple[str, ...]:
+    try:
+        sig = inspect.signature(builder)
+    except (TypeError, ValueError):
+        raise ProgramError(f"{name}: the builder's signature cannot be read; pass a def or lambda of sizes") from None
+    params = []
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY):
+            if p.kind == p.KEYWORD_ONLY and p.default is not p.empty:
+                continue
+            raise ProgramError(f"{name}: the builder's arguments are sizes by position; {p} is not one")
+        if p.default is p.empty:
+            params.append(p.name)
+    if len(params) > len(PROBES[0]):
+        raise ProgramError(f"{name}: a family takes at most {len(PROBES[0])} sizes, not {len(params)}")
+    return tuple(params)
+
+
+def _call(builder: Callable[..., Any], name: str, sizes: tuple[int, ...]) -> SpatialProgram:
+    p = builder(*sizes)
+    if not isinstance(p, SpatialProgram):
+        raise ProgramError(f"{name}: the builder returned {_kind(p)}; it must return a spatialc program")
+    if p.plans and not p.verified:
+        raise ProgramError(f"{name}: the builder returned a planned program that is not verified; verify it first")
+    return p
+
+
+def _probes(name: str, count: int, given: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Two sets of `count` sizes: each set's all different, and each size different between the sets."""
+    if given is None:
+        return PROBES[0][:count], PROBES[1][:count]
+    try:
+        one, two = (tuple(int(v) for v in p) for p in given)
+    except (TypeError, ValueError):
+        raise ProgramError(f"{name}: probes are two tuples of {count} sizes, not {given!r}") from None
+    if not (
+        len(one) == len(two) == count
+        and len(set(one)) == len(set(two)) == count
+        and all(a != b for a, b in zip(one, two, strict=True))
+    ):
+        raise ProgramError(
+            f"{name}: probes are two tuples of {count} sizes, each tuple's all different and each size different"
+            f" between them; not {given!r}"
+        )
+    return one, two
+
+
+def _signature(
+    builder: Callable[..., Any], name: str, given: Any = None
+) -> tuple[tuple[str, ...], tuple[Slot, ...], Slot]:
+    """The builder's size arguments, the op's input slots (the program's inputs, then its parameters) and its
+    output slot, each axis a constant or the argument it equals: learnt from two calls with different sizes."""
+    params = _parameters(builder, name)
+    probes = _probes(name, len(params), given)
+    first, second = (_call(builder, name, probe) for probe in probes)
+    if [(t.name, t.role, t.dtype) for t in first.tensors] != [(t.name, t.role, t.dtype) for t in second.tensors]:
+        raise ProgramError(f"{name}: the family's tensors change with its sizes; it cannot be one op")
+    slots = []
+    for t0, t1 in zip(first.tensors, second.tensors, strict=True):
+        axes: list[Axis] = []
+        for v0, v1 in zip(_shape_of(t0), _shape_of(t1), strict=True):
+            if v0 == v1:
+                axes.append(v0)
+            elif v0 in probes[0] and probes[1][probes[0].index(v0)] == v1:
+                axes.append(params[probes[0].index(v0)])
+            else:
+                raise ProgramError(
+                    f"{name}: tensor {t0.name}'s shape is not made of the family's sizes (an axis of {v0} at sizes"
+                    f" {probes[0]}); make each axis one argument"
+                )
+        if t0.dtype not in TORCH_DTYPES:
+            raise ProgramError(f"{name}: tensor {t0.name} holds {t0.dtype}, which torch has no dtype for")
+        slots.append(Slot(t0.name, t0.role, TORCH_DTYPES[t0.dtype], tuple(axes)))
+    outputs = [s for s in slots if s.role == TensorRole.OUTPUT]
+    if len(outputs) != 1 or any(s.role == TensorRole.WORKSPACE for s in slots):
+        raise ProgramError(f"{name}: an op is a program of one output tensor; this one has {len(outputs)}")
+    ins = [s for s in slots if s.role == TensorRole.INPUT] + [s for s in slots if s.role == TensorRole.PARAMETER]
+    unread = [p for p in params if not any(p in s.axes for s in ins)]
+    if unread:
+        raise ProgramError(f"{name}: size {unread[0]} is no axis of an input tensor, so it cannot be read off one")
+    return params, tuple(ins), outputs[0]
+
+
+def _arg_names(slots: tuple[Slot, ...]) -> list[str]:
+    """The schema's argument names: the tensors' names made identifiers torch takes, each once."""
+    out: list[str] = []
+    for s in slots:
+        n = re.sub(r"\W", "_", s.name)
+        n = f"t_{n}" if not n or n[0].isdigit() or keyword.iskeyword(n) or n == "self" else n
+        while n in out:
+            n += "_"
+        out.append(n)
+    return out
+
+
+def _shape_of(t: Tensor) -> tuple[int, ...]:
+    return (t.groups, *t.elems) if t.groups > 1 else tuple(t.elems)
+
+
+def _dims(shape: Any) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def _dtype(d: Any) -> str:
+    return str(d).removeprefix("torch.")
+
+
+def _kind(value: object) -> str:
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+# ---- GEMMs, with autograd --------------------------------------------------------------------------------------
+
+# torch's activation names (nn.GELU() is the erf form; approximate="tanh" is spatialc's "gelu").
+ACTIVATIONS = ("relu", "silu", "gelu", "gelu_tanh", "sigmoid", "tanh")
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
+_GEMMS: dict[tuple[Any, ...], SpatialOp] = {}
+
+
+def _epilogue(bias: bool, activation: str | None) -> list[Any]:
+    from . import frontend
+
+    out: list[Any] = [frontend.bias()] if bias else []
+    if activation == "relu":
+        out.append(frontend.relu())
+    elif activation == "gelu":
+        out.append(ops.Map(ops.Apply("gelu", (ops.Arg(0),))))  # the erf form, as torch's default
+    elif activation == "gelu_tanh":
+        out.append(frontend.activation("gelu"))
+    elif activation is not None:
+        out.append(frontend.activation(activation))
+    return out
+
+
+def gemm_op(
+    precision: str = "bf16",
+    *,
+    bias: bool = False,
+    activation: str | None = None,
+    out: str | None = None,
+    target: str = "sm_90",
+) -> SpatialOp:
+    """C = activation(A @ B + bias) as an op of (A (m×k), B (k×n)[, bias (n)]), one per set of arguments in the
+    process (named spatialc::gemm_…). A and B are `precision`'s torch dtype, the bias float32 (int32 for int8);
+    C is float32 unless `out` says otherwise (int64 for int8). Float GEMMs have autograd."""
+    if precision not in PRECISIONS:
+        raise ProgramError(f"gemm_op's precision is one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ProgramError(f"unknown activation {activation!r}; use one of {', '.join(ACTIVATIONS)}")
+    if precision == "int8" and activation not in (None, "relu"):
+        raise ProgramError(f"an int8 GEMM's epilogue is exact integer arithmetic; {activation} is a float op")
+    key = (precision, bool(bias), activation, out, target)
+    with _LOCK:
+        found = _GEMMS.get(key)
+    if found is not None:
+        return found
+    from . import frontend
+
+    epilogue = _epilogue(bias, activation)
+
+    def builder(m: int, n: int, k: int) -> SpatialProgram:
+        return frontend.gemm(m, n, k, precision, epilogue=epilogue, target=target, out=out)
+
+    parts = [precision, "bias" if bias else "", activation or "", out or "", target]
+    made = SpatialOp(builder, "spatialc::gemm_" + "_".join(p for p in parts if p))
+    if precision != "int8":
+        _GemmBackward(precision, bool(bias), activation, target).register(made)
+    with _LOCK:
+        return _GEMMS.setdefault(key, made)
+
+
+@dataclass(frozen=True)
+class _GemmBackward:
+    """dZ = dC · activation'(Z); dA = dZ · Bᵀ and dB = Aᵀ · dZ as spatialc GEMMs of the same precision (dZ rounded
+    to it once, as mixed-precision training does), d(bias) = Σ rows of dZ. activation'(Z) is read off C for relu,
+    sigmoid and tanh; silu and gelu recompute Z = A @ B + bias with one more spatialc GEMM."""
+
+    precision: str
+    bias: bool
+    activation: str | None
+    target: str
+
+    def register(self, made: SpatialOp) -> None:
+        made.register_autograd(self.backward, self.setup_context)
+
+    def setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(*inputs, output)
+
+    def backward(self, ctx: Any, grad: Any) -> tuple[Any, ...]:
+        a, b, *rest = ctx.saved_tensors
+        c = rest.pop()
+        bias = rest[0] if rest else None
+        dz = self.pre_grad(grad.float(), a, b, bias, c.float())
+        mm = gemm_op(self.precision, target=self.target)
+        wants = ctx.needs_input_grad
+        low = PRECISIONS[self.precision]
+        dzq = dz.to(low)
+        da = mm(dzq, b.t().contiguous()).to(a.dtype) if wants[0] else None
+        db = mm(a.t().contiguous(), dzq).to(b.dtype) if wants[1] else None
+        if bias is None:
+            return da, db
+        dbias = dz.sum(0).reshape(bias.shape).to(bias.dtype) if wants[2] else None
+        return da, db, dbias
+
+    def pre_grad(self, g: Any, a: Any, b: Any, bias: Any, c: Any) -> Any:
+        """dC · activation'(Z)."""
+        act = self.activation
+        if act is None:
+            return g
+        if act == "relu":
+            return g * (c > 0)
+        if act == "sigmoid":
+            return g * c * (1 - c)
+        if act == "tanh":
+            return g * (1 - c * c)
+        pre = gemm_op(self.precision, bias=self.bias, target=self.target)
+        z = (pre(a, b, bias) if self.bias else pre(a, b)).float()
+        if act == "silu":
+            return torch.ops.aten.silu_backward(g, z)
+        return torch.ops.aten.gelu_backward(g, z, approximate="none" if act == "gelu" else "tanh")
+
+
+# ---- nn.Linear -------------------------------------------------------------------------------------------------
+
+
+class Linear(torch.nn.Linear):
+    """`nn.Linear` (its parameters, initialisation and state_dict) computed by a spatialc GEMM with the bias and an
+    activation fused: y = activation(x Wᵀ + b). x and W are rounded to `precision` (bf16 unless told); the product is
+    accumulated in float32 and returned in x's dtype. W's operand (Wᵀ in `precision`, contiguous) is made at each
+    call, so autograd reaches W; `freeze()` makes it once, for inference."""
+
+    frozen_weight: Any
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        activation: str | None = None,
+        precision: str = "bf16",
+    ):
+        if precision not in ("bf16", "fp16"):
+            raise ProgramError(f"spatialc.torch.Linear computes in bf16 or fp16, not {precision!r}")
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.activation = activation
+        self.precision = precision
+        self.op = gemm_op(precision, bias=bias, activation=activation)
+        self.register_buffer("frozen_weight", None, persistent=False)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, *, activation: str | None = None, precision: str = "bf16") -> Linear:
+        """A Linear that shares `linear`'s weight and bias (the same Parameters, so an optimizer keeps them)."""
+        new = cls(
+            linear.in_features,
+            linear.out_features,
+            linear.bias is not None,
+            device="meta",
+            activation=activation,
+            precision=precision,
+        )
+        new.weight = linear.weight
+        new.bias = linear.bias
+        return new
+
+    def freeze(self) -> Linear:
+        """For inference: W's operand made once, now, and used by every call until `unfreeze()` (a change to W in
+        place is not seen until then; `load_state_dict` makes it again). No gradient reaches W through it."""
+        with torch.no_grad():
+            self.frozen_weight = self.weight.detach().t().to(PRECISIONS[self.precision]).contiguous()
+        return self
+
+    def unfreeze(self) -> Linear:
+        self.frozen_weight = None
+        return self
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        if self.frozen_weight is not None:
+            self.freeze()
+
+    def forward(self, x: Any) -> Any:
+        low = PRECISIONS[self.precision]
+        lead = x.shape[:-1]
+        a = x.reshape(-1, self.in_features).to(low).contiguous()
+        w = self.frozen_weight if self.frozen_weight is not None else self.weight.t().to(low).contiguous()
+        y = self.op(a, w) if self.bias is None else self.op(a, w, self.bias.to(torch.float32))
+        y = y.reshape(*lead, self.out_features)
+        return y.to(x.dtype) if x.dtype.is_floating_point else y
+
+    def extra_repr(self) -> str:
+        frozen = ", frozen" if self.frozen_weight is not None else ""
+        return f"{super().extra_repr()}, activation={self.activation}, precision={self.precision}{frozen}"
+
+
+def _activation_of(module: Any) -> str | None:
+    """The gemm_op activation a module is, or None."""
+    nn = torch.nn
+    if isinstance(module, nn.ReLU):
+        return "relu"
+    if isinstance(module, nn.SiLU):
+        return "silu"
+    if isinstance(module, nn.Sigmoid):
+        return "sigmoid"
+    if isinstance(module, nn.Tanh):
+        return "tanh"
+    if isinstance(module, nn.GELU):
+        return "gelu" if module.approximate == "none" else "gelu_tanh"
+    return None
+
+
+def replace_linears(model: Any, *, precision: str = "bf16", fuse: bool = True, freeze: bool = False) -> Any:
+    """`model` with each `nn.Linear` (exactly that class) swapped for a `Linear` sharing its parameters, in place.
+    With `fuse`, an activation (ReLU, SiLU, GELU, Sigmoid, Tanh) right after a Linear in an `nn.Sequential` is
+    fused into it and left as an `nn.Identity` (the indices, so the state_dict's keys, stay); with `freeze`, each
+    new Linear is frozen (`Linear.freeze`: inference). Returns the model (a bare nn.Linear comes back as a new
+    Linear)."""
+    if type(model) is torch.nn.Linear:
+        single = Linear.from_linear(model, precision=precision)
+        return single.freeze() if freeze else single
+    if not isinstance(model, torch.nn.Module):
+        raise ProgramError(f"replace_linears takes a torch.nn.Module, not {_kind(model)}")
+    for parent in list(model.modules()):
+        names = list(parent._modules)
+        for i, name in enumerate(names):
+            child = parent._modules[name]
+            if type(child) is not torch.nn.Linear:
+                continue
+            act = None
+            if fuse and isinstance(parent, torch.nn.Sequential) and i + 1 < len(names):
+                act = _activation_of(parent._modules[names[i + 1]])
+                if act is not None:
+                    parent._modules[names[i + 1]] = torch.nn.Identity()
+            new = Linear.from_linear(child, activation=act, precision=precision)
+            parent._modules[name] = new.freeze() if freeze else new
+    return model
