@@ -407,12 +407,12 @@ def _gemm(
     ]
     tensors, buffers, last = _epilogue_stages(epi, prec, m, n, tensors, buffers, stages)
     stages.append(Stage(StageId(len(stages)), "write_C", WriteStage(T_C), Engine.WRITER, ins=(last,)))
-    name = f"gemm_{m}x{n}x{k}_{prec.value}" + "".join(f"_{_stage_name(s)}" for s in epi)
+    name = f"gemm_{m}x{n}x{k}_{prec.value}" + "".join(f"_{stage_name(s)}" for s in epi)
     if groups > 1:
         tid = TensorId(len(tensors))
         cols = math.ceil(groups / TILE.cols)
         tensors = (*tensors, Tensor(tid, SIZES, TensorRole.PARAMETER, (1, groups), (1, cols), DType.INT32))
-        name = f"grouped_gemm_{groups}x{m}x{n}x{k}_{prec.value}" + "".join(f"_{_stage_name(s)}" for s in epi)
+        name = f"grouped_gemm_{groups}x{m}x{n}x{k}_{prec.value}" + "".join(f"_{stage_name(s)}" for s in epi)
     return SpatialProgram(name, target, TILE, prec, tensors, tuple(stages), buffers)
 
 
@@ -490,7 +490,8 @@ def _check_names(names: tuple[str, ...], count: int, cols: list[str]) -> None:
         )
 
 
-def _stage_name(stage: Epilogue) -> str:
+def stage_name(stage: Epilogue) -> str:
+    """An epilogue stage's name in program and stage names: bias, row_scale, residual, relu, gelu, scalar, …."""
     match stage:
         case BiasOf():
             return "bias"
@@ -539,11 +540,11 @@ def _epilogue_stages(
             case _:
                 op = stage
         out = BufferId(len(buffers))
-        buffers = (*buffers, Buffer(out, f"{_stage_name(stage)}{i}_ring", Interm(1, 1)))
+        buffers = (*buffers, Buffer(out, f"{stage_name(stage)}{i}_ring", Interm(1, 1)))
         stages.append(
             Stage(
                 StageId(len(stages)),
-                f"{_stage_name(stage)}{i}",
+                f"{stage_name(stage)}{i}",
                 ComputeStage(op),
                 Engine.COMPUTE,
                 ins=ins,

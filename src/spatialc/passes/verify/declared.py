@@ -457,9 +457,7 @@ class _Way:
             )
             wide = [s.name for s in inner_chain if len(s.ins) > 1]
             if wide:
-                raise _unsure(
-                    f"stage {wide[0]} reads a tensor beside a computed operand's value (the rule follows C's)"
-                )
+                raise _unsure(f"stage {wide[0]} reads a tensor beside a computed operand's value (it follows C's only)")
             self.matmul(inner, inner_ring, inner_chain)
             operands.append(None)
             sources.append(inner.id)
