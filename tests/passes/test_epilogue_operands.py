@@ -201,3 +201,22 @@ def _maps(p):
         for op in walk(prog.ops):
             if isinstance(op, Compute) and isinstance(op.op, Map):
                 yield op.op
+
+
+def test_a_version_8_document_reads_its_vectors_as_column_vectors():
+    """Documents before version 9 have no `axis`: each Col is a column vector (a bias), as it always was."""
+    import json
+
+    p = spatialc.build(spatialc.gemm(40, 40, 32, "int8", epilogue=[spatialc.bias()]), "sm_80")
+    doc = json.loads(spatialc.to_json(p))
+    text = json.dumps({**doc, "version": 8}).replace(', "axis": "col"', "")
+    assert '"axis"' not in text
+    assert spatialc.from_json(text) == p
+
+
+def test_show_python_prints_the_program_as_source_that_traces_back_to_it(fused):
+    from spatialc.lang.source import python_source
+
+    scope: dict[str, object] = {}
+    exec(compile(python_source(fused), "<fused>", "exec"), scope)
+    assert scope["program"]() == fused  # type: ignore[operator]

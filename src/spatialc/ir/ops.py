@@ -100,6 +100,9 @@ class VecAxis(StrEnum):
     COL = "col"
     ROW = "row"
 
+    def __repr__(self) -> str:  # as source that makes it (`show --python` prints ops by their reprs)
+        return f"VecAxis.{self.name}"
+
 
 @dataclass(frozen=True, slots=True)
 class Col:
