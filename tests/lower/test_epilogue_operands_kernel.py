@@ -1,9 +1,10 @@
 """GEMM epilogues with row and column scale vectors and a residual or gate tensor (issue 31), printed and run.
 
-The general form prints them (a row vector read at the element's own row, the residual's page from a ring the reader
-fills); the persistent kernel and the sm_90a form refuse what they cannot hold, by name; the sm_90a form prints a
-row vector in its page-to-page stages. The host emulation of each printed form equals the interpreter, and a row
-vector read at the wrong row in the printed text is caught. nvcc compiles the kernels without a warning or a spill.
+The general form prints them all (a row vector read at the element's own row, the residual's page from a ring the
+reader fills); the persistent kernel and the sm_90a form apply row and column vectors in their fused stores (sm_90a's
+before the staging store) and refuse a residual or a gate by name. The host emulation of each printed form equals the
+interpreter, and a row vector read at the wrong row in the printed text is caught. nvcc compiles the kernels without
+a warning or a spill.
 """
 
 from __future__ import annotations
@@ -46,6 +47,24 @@ CASES = {
         40,
         48,
         {"block": (2, 1, 1), "sites": 2},
+        "sm_86",
+    ),
+    "persistent_scales": (
+        "bf16",
+        lambda: [spatialc.row_scale(), spatialc.col_scale(), spatialc.relu()],
+        64,
+        80,
+        64,
+        {"sub_blocks": (1, 2)},
+        "sm_80",
+    ),
+    "persistent_int8_row": (
+        "int8",
+        lambda: [spatialc.row_scale(), spatialc.bias(), spatialc.requant(0.001, 2)],
+        50,
+        64,
+        96,
+        {},
         "sm_86",
     ),
     "sm90a_scales": (
@@ -95,22 +114,20 @@ def emulated(name: str, mutate=lambda text: text) -> tuple[np.ndarray, np.ndarra
 # ---- which form --------------------------------------------------------------------------------------------------
 
 
-def test_auto_prints_scales_and_a_residual_in_the_general_form_saying_why():
+def test_auto_prints_a_residual_in_the_general_form_saying_why():
     art = lowered("bf16_all")
     assert art.budget.form == "general"
-    assert any("persistent kernel refuses" in n and "reads a row vector" in n for n in art.notes), art.notes
+    assert any("persistent kernel refuses" in n and "reads a tensor beside C's value" in n for n in art.notes)
 
 
-def test_the_persistent_kernel_refuses_a_residual_and_a_row_vector_by_name():
+def test_the_persistent_kernel_refuses_a_residual_by_name_and_applies_scales_in_its_fused_store():
     residual = spatialc.build(spatialc.gemm(32, 32, 32, "fp16", epilogue=[spatialc.residual()]), "sm_80")
     with pytest.raises(NeedsGeneral, match=r"stage residual0 \(\(x0 \+ x1\)\), which reads a tensor beside C's"):
         spatialc.lower(residual, "sm_80", form="persistent")
-    row = spatialc.build(spatialc.gemm(32, 32, 32, "fp16", epilogue=[spatialc.row_scale()]), "sm_80")
-    with pytest.raises(NeedsGeneral, match="which reads a row vector: the fused store reads column vectors"):
-        spatialc.lower(row, "sm_80", form="persistent")
-    # a column scale alone is a column vector, which the fused store applies
-    col = spatialc.build(spatialc.gemm(32, 32, 32, "fp16", epilogue=[spatialc.col_scale()]), "sm_80")
-    assert spatialc.lower(col, "sm_80").budget.form == "persistent"
+    for name in ("persistent_scales", "persistent_int8_row"):
+        art = lowered(name)
+        assert art.budget.form == "persistent", art.notes
+        assert "(el / 16) * 16]);  // op:Compute:Map_mul_x0_row" in art.kernel_cu
 
 
 def test_the_sm90a_form_refuses_a_residual_by_name_and_auto_plans_for_the_general_form():
@@ -123,10 +140,14 @@ def test_the_sm90a_form_refuses_a_residual_by_name_and_auto_plans_for_the_genera
     assert any("not the sm_90a form" in n for n in art.notes)
 
 
-def test_the_sm90a_form_prints_a_row_vector_page_to_page():
+def test_the_sm90a_form_applies_row_and_column_vectors_before_its_staging_store():
     art = lowered("sm90a_scales")
     assert art.budget.form == "sm90a"
-    assert "(el / 16) * 16]" in art.kernel_cu  # the row vector at the element's own row of its tile
+    text = art.kernel_cu
+    row = text.index("(el / 16) * 16]);  // op:Compute:Map_mul_x0_row")  # the element's own row of its tile
+    col = text.index("el % 16]);  // op:Compute:Map_mul_x0_col")
+    staged = text.index("SPATIALC_PAGE_ST(staged + c * 256 + el, (OUT_T)v);", col)  # then into the staging box
+    assert row < col < staged < text.index("spatialc_tma_store_2d(", staged)  # and out by TMA
 
 
 # ---- the host emulation against the interpreter -------------------------------------------------------------------
@@ -151,8 +172,9 @@ def test_a_row_vector_read_at_the_wrong_row_is_caught():
         assert text.count(old) == 1
         return text.replace(old, " * 256 + (el % 16) * 16]")
 
-    c, want = emulated("bf16_all", by_column)
-    assert not np.array_equal(c, want)
+    for name in ("bf16_all", "sm90a_scales"):
+        c, want = emulated(name, by_column)
+        assert not np.array_equal(c, want), name
 
 
 # ---- nvcc ----------------------------------------------------------------------------------------------------------
@@ -164,7 +186,12 @@ def test_the_kernels_compile_without_warnings_or_spills(tmp_path):
     """The general form's kernels for sm_80, 86 and 90, and the sm_90a form's for sm_90a, in one translation unit
     each."""
     groups = {
-        ("sm_80", "sm_86", "sm_90"): [lowered("bf16_all").kernel_cu, lowered("int8_row_residual").program_cu],
+        ("sm_80", "sm_86", "sm_90"): [
+            lowered("bf16_all").kernel_cu,
+            lowered("int8_row_residual").program_cu,
+            lowered("persistent_scales").kernel_cu,
+            lowered("persistent_int8_row").kernel_cu,
+        ],
         ("sm_90a",): [lowered("sm90a_scales").kernel_cu],
     }
     for targets, texts in groups.items():

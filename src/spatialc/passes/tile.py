@@ -73,12 +73,6 @@ def epilogue_reads(p: SpatialProgram) -> tuple[TensorId, ...]:
     )
 
 
-def epilogue_vectors(p: SpatialProgram) -> bool:
-    """Whether an elementwise stage of `p` reads a row vector of a parameter tensor (a per-token scale)."""
-    maps = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)]
-    return any(c.axis == VecAxis.ROW for m in maps for c in cols(m.expr))
-
-
 def has_epilogue(p: SpatialProgram) -> bool:
     """Whether the program has compute stages after its matmul."""
     return epilogue_stages(p) > 0
@@ -89,7 +83,7 @@ def fused_by_persistent(p: SpatialProgram) -> bool:
     from the accumulators: none that calls a library function (an activation, exp, log), which only the general form
     prints page to page, in rings of its own that a plan must hold ("auto" then plans for that form)."""
     maps = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)]
-    if epilogue_reads(p) or epilogue_vectors(p):  # a second tensor's pages, a row vector: the general form's only
+    if epilogue_reads(p):  # a second tensor's pages: the general form's stages read them, page to page
         return False
     return not any(transcendental(m.expr) for m in maps)
 

@@ -29,8 +29,6 @@ from .cwriter import inlined
 def fused(op: ComputeOp) -> bool:
     """Whether the persistent kernel's fused store (and the sm_90a form's) applies `op` from the accumulators: a
     requant, or a Map of the one page before it that calls no library function."""
-    if isinstance(op, Map) and any(c.axis == VecAxis.ROW for c in cols(op.expr)):
-        return False  # a row vector: read page to page by the general form's stages
     return isinstance(op, Requant) or (isinstance(op, Map) and not transcendental(op.expr))
 
 

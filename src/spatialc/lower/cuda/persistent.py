@@ -27,9 +27,7 @@ from ...ir.ops import (
     SemSet,
     SemWait,
     Trip,
-    VecAxis,
     WriteTiles,
-    cols,
 )
 from ...ir.printer import compute_text
 from ...ir.traffic import global_read_bytes
@@ -115,18 +113,13 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
         )
     if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
         return "several tile matmuls", "the tile kernel holds one accumulator block per item"
-    for s in p.stages:  # a stage reading a second tensor beside C's value, or a row vector: page to page only
+    for s in p.stages:  # a stage reading a second tensor beside C's value: page to page only
         op = s.kind.op if isinstance(s.kind, ComputeStage) else None
         if isinstance(op, Map) and len(s.ins) > 1:
             return (
                 f"stage {s.name} ({compute_text(op, p)}), which reads a tensor beside C's value",
                 "the fused store applies the epilogue from the accumulators, and has no ring of a second tensor's"
                 " pages to read",
-            )
-        if isinstance(op, Map) and any(c.axis == VecAxis.ROW for c in cols(op.expr)):
-            return (
-                f"stage {s.name} ({compute_text(op, p)}), which reads a row vector",
-                "the fused store reads column vectors (a bias) only; the general form reads a row vector page to page",
             )
     compute = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
     compute += [op.op for op in all_ops(p) if isinstance(op, Compute)]
