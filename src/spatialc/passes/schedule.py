@@ -90,7 +90,9 @@ def engine_bodies(p: SpatialProgram, k_first: int = 0, k_steps: int | None = Non
     read_a = ReadTiles(ta.id, TileAddr(k0, ((LV_ITEM_Y, h * a_cols), (LV_K, ibw))), h, ibw, a_cols, 1, a_buf)
     read_b = ReadTiles(tb.id, TileAddr(k0 * b_cols, ((LV_K, ibw * b_cols), (LV_ITEM_X, w))), ibw, w, b_cols, 1, b_buf)
     k_loop = Const(plan.k_steps if k_steps is None else k_steps)
-    reader = (Loop(LV_K, k_loop, (Reserve(a_buf), read_a, Push(a_buf), Reserve(b_buf), read_b, Push(b_buf))),)
+    reader: tuple[ChoreoOp, ...] = (
+        Loop(LV_K, k_loop, (Reserve(a_buf), read_a, Push(a_buf), Reserve(b_buf), read_b, Push(b_buf))),
+    )
     compute = (
         AcquireAcc(acc),
         Loop(

@@ -459,10 +459,10 @@ def apply_plan(p: SpatialProgram, plan: Plan, form: str = "persistent") -> Spati
         if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)
         for c in cols(s.kind.op.expr)
     }
-    for t, axis in vectors.items():  # a per-row vector: one column of tiles, a per-column vector one row
-        padded[t] = (rows_t, 1) if axis == VecAxis.ROW else (1, cols_t)
-    for t in epilogue_reads(p):  # a tensor an epilogue stage reads beside C's value (a residual): C's tiles
-        padded[t] = (rows_t, cols_t)
+    for tid, axis in vectors.items():  # a per-row vector: one column of tiles, a per-column vector one row
+        padded[tid] = (rows_t, 1) if axis == VecAxis.ROW else (1, cols_t)
+    for tid in epilogue_reads(p):  # a tensor an epilogue stage reads beside C's value (a residual): C's tiles
+        padded[tid] = (rows_t, cols_t)
     tensors = []
     for t in p.tensors:  # a grouped tensor: each group padded so, stacked
         if t.id in padded:
