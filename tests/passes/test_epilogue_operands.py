@@ -220,3 +220,18 @@ def test_show_python_prints_the_program_as_source_that_traces_back_to_it(fused):
     scope: dict[str, object] = {}
     exec(compile(python_source(fused), "<fused>", "exec"), scope)
     assert scope["program"]() == fused  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [("split-K", {"split_k": 4}), ("multicast", {"multicast": (1, 2), "block": (2, 4, 4)})],
+)
+def test_a_residual_beside_split_k_and_multicast(name, options):
+    """Split-K's owner reads the residual (a contributor, which runs no epilogue, reads none); a multicast group
+    shares A and B pages, each site reading its own block of the residual."""
+    epi = [spatialc.row_scale(), spatialc.residual(), spatialc.gate()]
+    m, n, k = (32, 64, 2048) if name == "split-K" else (64, 256, 128)
+    p = spatialc.build(spatialc.gemm(m, n, k, "bf16", epilogue=epi), "sm_90", **options)
+    x = _inputs(p)
+    c = spatialc.evaluate(p, x)
+    np.testing.assert_array_equal(c, (x["A"] @ x["B"] * x["row_scale"][:, None] + x["residual"]) * x["gate"])

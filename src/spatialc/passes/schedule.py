@@ -61,6 +61,7 @@ from ..ir.ops import (
     WriteTiles,
     cols,
     rewrite,
+    ring_of,
     walk,
     with_cols,
 )
@@ -246,6 +247,9 @@ def split_bodies(p: SpatialProgram, site: Site) -> dict[str, tuple[ChoreoOp, ...
         bodies["reader"] = bodies["reader"] + tuple(reads)
         bodies["compute"] = compute[: k_at + 1] + tuple(adds) + compute[k_at + 1 :]
         return bodies
+    # A contributor runs no epilogue: its reader fills no ring of a tensor the epilogue reads (a residual's).
+    epilogue_rings = {ring for ring, _ in _epilogue_read_rings(p)}
+    bodies["reader"] = tuple(op for op in bodies["reader"] if ring_of(op) not in epilogue_rings)
     bodies["compute"] = (
         *compute[: k_at + 1],
         Reserve(p_out),
@@ -268,7 +272,7 @@ def multicast_reader(p: SpatialProgram, site: Site, reader: tuple[ChoreoOp, ...]
     its B page over its group column."""
     assert p.placement is not None
     row, col = roles(p.placement, site)
-    read_a, read_b = (op for op in walk(reader) if isinstance(op, ReadTiles))
+    read_a, read_b = [op for op in walk(reader) if isinstance(op, ReadTiles)][:2]  # (then a residual's, unshared)
 
     def step(op: ChoreoOp) -> ChoreoOp:
         if not (isinstance(op, Loop) and op.var == LV_K):
