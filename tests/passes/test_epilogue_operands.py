@@ -235,3 +235,12 @@ def test_a_residual_beside_split_k_and_multicast(name, options):
     x = _inputs(p)
     c = spatialc.evaluate(p, x)
     np.testing.assert_array_equal(c, (x["A"] @ x["B"] * x["row_scale"][:, None] + x["residual"]) * x["gate"])
+
+
+def test_the_example_runs(capsys):
+    import runpy
+    from pathlib import Path
+
+    runpy.run_path(str(Path(__file__).parents[2] / "examples" / "fused_epilogue.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "verified; OK" in out and "CUDA: the general form" in out
