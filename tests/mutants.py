@@ -68,6 +68,15 @@ PROGRAMS: dict[str, Callable[[], SpatialProgram]] = {
     "fp16 rmsnorm": lambda: spatialc.build(spatialc.rmsnorm(33, 50, "fp16"), "sm_90", block=(2, 1, 1)),
     # Several outputs: a layer norm's out, mean and rstd, three bands on two sites, three pages a row.
     "bf16 layernorm": lambda: layernorm_program(),
+    # A GEMM epilogue reading a row scale, a column scale and a residual (issue 31): ITEM loops over 2x2-tile items.
+    "bf16 scales and residual": lambda: spatialc.build(
+        spatialc.gemm(
+            50, 40, 30, "bf16", epilogue=[spatialc.row_scale(), spatialc.col_scale(), spatialc.residual(), relu()]
+        ),
+        "sm_80",
+        block=(2, 2, 1),
+        sites=2,
+    ),
 }
 
 
@@ -177,8 +186,8 @@ def inputs_for(p: SpatialProgram, seed: int = 0) -> dict[str, np.ndarray]:
         if t.role.value == "input":
             out[t.name] = rng.integers(-128, 128, t.elems) if integer else rng.integers(-3, 4, t.elems)
             out[t.name] = out[t.name].astype(np.int8 if integer else np.float32)
-        elif t.role.value == "parameter":
-            out[t.name] = rng.integers(-1000, 1000, t.elems[1]).astype(np.int32 if integer else np.float32)
+        elif t.role.value == "parameter":  # a bias's n values, a row scale's m
+            out[t.name] = rng.integers(-1000, 1000, t.elems[0] * t.elems[1]).astype(np.int32 if integer else np.float32)
     return out
 
 

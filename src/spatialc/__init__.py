@@ -6,7 +6,7 @@ from . import ew
 from . import lower as _lower_package  # noqa: F401
 from .api import build, emulate, evaluate, from_json, gemm, grouped_gemm, lower, run, to_json, verify
 from .errors import DeadlockError, PlanError, ProgramError, SpatialError, VerifyError
-from .frontend import activation, bias, elementwise, relu, requant, scalar
+from .frontend import activation, bias, col_scale, elementwise, gate, relu, requant, residual, row_scale, scalar
 from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
 from .numerics.tolerance import Tolerance, tolerance
@@ -33,18 +33,22 @@ __all__ = [
     "activation",
     "bias",
     "build",
+    "col_scale",
     "elementwise",
     "emulate",
     "ew",
     "evaluate",
     "from_json",
+    "gate",
     "gemm",
     "grouped_gemm",
     "layernorm",
     "lower",
     "relu",
     "requant",
+    "residual",
     "rmsnorm",
+    "row_scale",
     "run",
     "scalar",
     "softmax",

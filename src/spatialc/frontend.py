@@ -1,5 +1,6 @@
 """Describing programs: `gemm(m, n, k, precision, epilogue=[...])` builds the unplanned program of
-C = epilogue(A @ B), with `bias`, `relu`, `scalar` and `requant` as the epilogue's elementwise stages."""
+C = epilogue(A @ B), with `bias`, `relu`, `scalar`, `activation`, `row_scale`, `col_scale`, `residual`, `gate` and
+`requant` as the epilogue's elementwise stages."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from .ir.ops import (
     MatmulTiles,
     Precision,
     Requant,
+    VecAxis,
 )
 from .numerics.epilogue import dot_range
 from .numerics.quant import QuantError, quantize_multiplier
@@ -73,15 +75,62 @@ class BiasOf:
     name: str
 
 
-Epilogue = BiasOf | Map | Requant
+@dataclass(frozen=True, slots=True)
+class ScaleOf:
+    """An epilogue stage multiplying by the parameter tensor `name`: one value per output row (`axis` ROW: m values,
+    a per-token scale) or per output column (COL: n values, a per-channel scale)."""
+
+    name: str
+    axis: VecAxis
+
+
+@dataclass(frozen=True, slots=True)
+class OperandOf:
+    """An epilogue stage combining the value, element by element, with the input tensor `name` of C's shape: `op`
+    add (a residual) or mul (a gate)."""
+
+    name: str
+    op: str
+
+
+Epilogue = BiasOf | ScaleOf | OperandOf | Map | Requant
+NAMED = (BiasOf, ScaleOf, OperandOf)  # the epilogue stages that bring a tensor of their own
+
+
+def _tensor_name(what: str, name: object) -> str:
+    # a.txt and b.txt carry the operands, and some file systems fold case: names are compared without it.
+    if not isinstance(name, str) or not name.isidentifier() or name.lower() in ("a", "b", "c"):
+        raise ProgramError(f"a {what} tensor needs an identifier name other than A, B, C (in any case), not {name!r}")
+    return name
 
 
 def bias(name: str = "bias") -> BiasOf:
     """Add a parameter tensor of n values, one per output column (int32 for int8 programs, float32 otherwise)."""
-    # a.txt and b.txt carry the operands, and some file systems fold case: names are compared without it.
-    if not isinstance(name, str) or not name.isidentifier() or name.lower() in ("a", "b", "c"):
-        raise ProgramError(f"a bias tensor needs an identifier name other than A, B, C (in any case), not {name!r}")
-    return BiasOf(name)
+    return BiasOf(_tensor_name("bias", name))
+
+
+def row_scale(name: str = "row_scale") -> ScaleOf:
+    """Multiply each row of C by its value of a parameter tensor of m values, one per output row (a quantised GEMM's
+    per-token scale): int32 for int8 programs, float32 otherwise, given as m values or an m×1 array."""
+    return ScaleOf(_tensor_name("row scale", name), VecAxis.ROW)
+
+
+def col_scale(name: str = "col_scale") -> ScaleOf:
+    """Multiply each column of C by its value of a parameter tensor of n values, one per output column (a per-channel
+    scale): int32 for int8 programs, float32 otherwise."""
+    return ScaleOf(_tensor_name("column scale", name), VecAxis.COL)
+
+
+def residual(name: str = "residual") -> OperandOf:
+    """Add the input tensor `name`, m×n, element by element (a residual connection). It holds the program's operand
+    type (int8, fp16 or bf16 values), as A and B do."""
+    return OperandOf(_tensor_name("residual", name), "add")
+
+
+def gate(name: str = "gate") -> OperandOf:
+    """Multiply by the input tensor `name`, m×n, element by element (a gate). It holds the program's operand type
+    (int8, fp16 or bf16 values), as A and B do."""
+    return OperandOf(_tensor_name("gate", name), "mul")
 
 
 def relu() -> Map:
@@ -124,9 +173,10 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
     for i, stage in enumerate(epilogue):
-        if not isinstance(stage, BiasOf | Map | Requant):
+        if not isinstance(stage, BiasOf | ScaleOf | OperandOf | Map | Requant):
             raise ProgramError(
-                f"epilogue stage {i} is {stage!r}; use spatialc.bias, relu, scalar, activation or requant"
+                f"epilogue stage {i} is {stage!r}; use spatialc.bias, relu, scalar, activation, row_scale, col_scale,"
+                " residual, gate or requant"
             )
         if isinstance(stage, Map):
             _check_map(stage, prec)
@@ -137,9 +187,9 @@ def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
                 )
             if i != len(epilogue) - 1:
                 raise ProgramError("requant must be the last epilogue stage (its output is int8)")
-    names = [s.name for s in epilogue if isinstance(s, BiasOf)]
-    if len(names) != len(set(names)):
-        raise ProgramError(f"two bias stages share a tensor name: {names}")
+    names = [s.name for s in epilogue if isinstance(s, NAMED)]
+    if len({n.lower() for n in names}) != len(names):
+        raise ProgramError(f"two epilogue stages share a tensor name (compared without case): {names}")
 
 
 def _check_map(stage: Map, prec: Precision, inputs: int = 1) -> None:
@@ -291,8 +341,14 @@ def grouped_gemm(
     groups = _dim("groups", groups)
     if groups > MAX_GROUPS:
         raise ProgramError(f"groups must be at most {MAX_GROUPS}, not {groups}")
-    if any(isinstance(s, BiasOf) and s.name.lower() == SIZES for s in epilogue if isinstance(epilogue, list | tuple)):
+    stages = epilogue if isinstance(epilogue, list | tuple) else ()
+    if any(isinstance(s, BiasOf) and s.name.lower() == SIZES for s in stages):
         raise ProgramError(f"a grouped GEMM's row counts are the tensor {SIZES!r}; name the bias otherwise")
+    if any(isinstance(s, ScaleOf | OperandOf) for s in stages):
+        raise ProgramError(
+            "a grouped GEMM's epilogue takes a bias and elementwise ops; row and column scales, residuals and gates"
+            " are for gemm"
+        )
     return _gemm(max_rows, n, k, precision, epilogue, target, out, groups)
 
 
@@ -349,14 +405,14 @@ def _gemm(
             outs=(BUF_C,),
         ),
     ]
-    tensors, buffers, last = _epilogue_stages(epi, prec, n, tensors, buffers, stages)
+    tensors, buffers, last = _epilogue_stages(epi, prec, m, n, tensors, buffers, stages)
     stages.append(Stage(StageId(len(stages)), "write_C", WriteStage(T_C), Engine.WRITER, ins=(last,)))
-    name = f"gemm_{m}x{n}x{k}_{prec.value}" + "".join(f"_{_stage_name(s)}" for s in epi)
+    name = f"gemm_{m}x{n}x{k}_{prec.value}" + "".join(f"_{stage_name(s)}" for s in epi)
     if groups > 1:
         tid = TensorId(len(tensors))
         cols = math.ceil(groups / TILE.cols)
         tensors = (*tensors, Tensor(tid, SIZES, TensorRole.PARAMETER, (1, groups), (1, cols), DType.INT32))
-        name = f"grouped_gemm_{groups}x{m}x{n}x{k}_{prec.value}" + "".join(f"_{_stage_name(s)}" for s in epi)
+        name = f"grouped_gemm_{groups}x{m}x{n}x{k}_{prec.value}" + "".join(f"_{stage_name(s)}" for s in epi)
     return SpatialProgram(name, target, TILE, prec, tensors, tuple(stages), buffers)
 
 
@@ -434,10 +490,15 @@ def _check_names(names: tuple[str, ...], count: int, cols: list[str]) -> None:
         )
 
 
-def _stage_name(stage: Epilogue) -> str:
+def stage_name(stage: Epilogue) -> str:
+    """An epilogue stage's name in program and stage names: bias, row_scale, residual, relu, gelu, scalar, …."""
     match stage:
         case BiasOf():
             return "bias"
+        case ScaleOf(_, axis):
+            return f"{axis.value}_scale"
+        case OperandOf(_, op):
+            return "residual" if op == "add" else "gate"
         case Requant():
             return "requant"
         case Map(Apply(name, (Arg(0), Lit()), ())) if name in SCALAR_OPS:
@@ -447,32 +508,52 @@ def _stage_name(stage: Epilogue) -> str:
     return "map"
 
 
-def _epilogue_stages(epi, prec, n, tensors, buffers, stages) -> tuple[tuple[Tensor, ...], tuple[Buffer, ...], BufferId]:
-    """Append one compute stage per epilogue op, each from the previous ring into a new Interm ring."""
+def _epilogue_stages(
+    epi, prec, m, n, tensors, buffers, stages
+) -> tuple[tuple[Tensor, ...], tuple[Buffer, ...], BufferId]:
+    """Append one compute stage per epilogue op, each from the previous ring into a new Interm ring; a stage that
+    reads a tensor of C's shape (a residual, a gate) reads it as its second page, from a ring a read stage fills."""
     last = BUF_C
     for i, stage in enumerate(epi):
         op: ComputeOp
-        if isinstance(stage, BiasOf):
-            tid = TensorId(len(tensors))
-            dtype = accumulator_dtype(prec)
-            tensors = (
-                *tensors,
-                Tensor(tid, stage.name, TensorRole.PARAMETER, (1, n), (1, math.ceil(n / TILE.cols)), dtype),
-            )
-            op = ops.bias(tid)
-        else:
-            op = stage
+        ins: tuple[BufferId, ...] = (last,)
+        tid = TensorId(len(tensors))
+        vec = accumulator_dtype(prec)
+        match stage:
+            case BiasOf(name):
+                tensors = (*tensors, Tensor(tid, name, TensorRole.PARAMETER, (1, n), (1, _tiles(n, TILE.cols)), vec))
+                op = ops.bias(tid)
+            case ScaleOf(name, VecAxis.ROW):
+                tensors = (*tensors, Tensor(tid, name, TensorRole.PARAMETER, (m, 1), (_tiles(m, TILE.rows), 1), vec))
+                op = ops.row_scale(tid)
+            case ScaleOf(name, _):
+                tensors = (*tensors, Tensor(tid, name, TensorRole.PARAMETER, (1, n), (1, _tiles(n, TILE.cols)), vec))
+                op = ops.col_scale(tid)
+            case OperandOf(name, how):
+                tiles = (_tiles(m, TILE.rows), _tiles(n, TILE.cols))
+                tensors = (*tensors, Tensor(tid, name, TensorRole.INPUT, (m, n), tiles, DType(prec.value)))
+                ring = BufferId(len(buffers))
+                buffers = (*buffers, Buffer(ring, f"{name}_ring", Fifo(1, 1)))
+                stages.append(Stage(StageId(len(stages)), f"read_{name}", ReadStage(tid), Engine.READER, outs=(ring,)))
+                op = ops.with_operand(how)
+                ins = (last, ring)
+            case _:
+                op = stage
         out = BufferId(len(buffers))
-        buffers = (*buffers, Buffer(out, f"{_stage_name(stage)}{i}_ring", Interm(1, 1)))
+        buffers = (*buffers, Buffer(out, f"{stage_name(stage)}{i}_ring", Interm(1, 1)))
         stages.append(
             Stage(
                 StageId(len(stages)),
-                f"{_stage_name(stage)}{i}",
+                f"{stage_name(stage)}{i}",
                 ComputeStage(op),
                 Engine.COMPUTE,
-                ins=(last,),
+                ins=ins,
                 outs=(out,),
             )
         )
         last = out
     return tensors, buffers, last
+
+
+def _tiles(elems: int, side: int) -> int:
+    return math.ceil(elems / side)

@@ -160,7 +160,7 @@ def match_names(owner: str, specs: list[TensorSpec], inputs: Mapping[str, Any]) 
 
 
 def shaped(spec: TensorSpec, value: Any) -> Any:
-    """`value` in the spec's logical shape (a row vector may come as a plain vector); any array library."""
+    """`value` in the spec's logical shape (a row or column vector may come as a plain vector); any array library."""
     if not hasattr(value, "shape"):
         value = host_array(spec.name, value)
     shape = tuple(int(d) for d in value.shape)
@@ -168,6 +168,10 @@ def shaped(spec: TensorSpec, value: Any) -> Any:
         if shape[0] != spec.elems[1]:  # as a plain vector
             raise InputError(f"tensor {spec.name}: expected {spec.elems[1]} values, got {shape[0]}")
         value, shape = value.reshape(1, -1), (1, *shape)
+    elif len(shape) == 1 and spec.elems[1] == 1 and spec.groups == 1:  # a column vector (a per-row scale) too
+        if shape[0] != spec.elems[0]:
+            raise InputError(f"tensor {spec.name}: expected {spec.elems[0]} values, got {shape[0]}")
+        value, shape = value.reshape(-1, 1), (*shape, 1)
     if shape != spec.shape:
         raise InputError(f"tensor {spec.name}: expected shape {spec.shape}, got {shape}")
     return value

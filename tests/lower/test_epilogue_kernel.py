@@ -22,7 +22,7 @@ import pytest
 
 import spatialc
 from spatialc.errors import SemanticError
-from spatialc.frontend import _stage_name, bias, relu, requant, scalar
+from spatialc.frontend import bias, relu, requant, scalar, stage_name
 from spatialc.ir.nodes import ComputeStage
 from spatialc.ir.ops import Apply, Arg, Map, Requant
 from spatialc.lower.artifact import operand_files
@@ -71,7 +71,7 @@ def chains(prec):
 
 
 def label(chain):
-    return "+".join(_stage_name(s) for s in chain) or "none"
+    return "+".join(stage_name(s) for s in chain) or "none"
 
 
 # (case name, precision, shape, chain) for every chain, each on a shape in turn.

@@ -107,7 +107,11 @@ def test_gemm_with_an_epilogue_adds_parameter_tensors_and_types_the_output():
         ("int8", [requant(0.1), relu()], "requant must be the last"),
         ("int8", [scalar("mul", 0.5)], "needs a whole number"),
         ("int8", [bias("x"), bias("x")], "share a tensor name"),
-        ("int8", ["relu"], "use spatialc.bias, relu, scalar, activation or requant"),
+        (
+            "int8",
+            ["relu"],
+            "use spatialc.bias, relu, scalar, activation, row_scale, col_scale, residual, gate or requant",
+        ),
     ],
 )
 def test_bad_epilogues_are_refused(precision, epilogue, says):

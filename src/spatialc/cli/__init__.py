@@ -234,7 +234,20 @@ def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
             help="share operand pages over groups of GY x GX sites: one site of a group row reads each A page and"
             " multicasts it along the row, one of a group column each B page (default: no groups)",
         )
-    g.add_argument("--bias", action="store_true", help="epilogue: add a bias vector (one value per column), first")
+    if split:  # a GEMM's epilogue may read vectors of C's rows and a tensor of C's shape; a grouped GEMM's not yet
+        g.add_argument(
+            "--row-scale",
+            action="store_true",
+            help="epilogue: multiply each row by its value of row_scale (M values: a per-token scale), first",
+        )
+        g.add_argument(
+            "--col-scale",
+            action="store_true",
+            help="epilogue: multiply each column by its value of col_scale (N values: a per-channel scale), next",
+        )
+    g.add_argument(
+        "--bias", action="store_true", help="epilogue: add a bias vector (one value per column), after the scales"
+    )
     g.add_argument("--relu", action="store_true", help="epilogue: max(x, 0), after the bias")
     g.add_argument(
         "--activation",
@@ -252,6 +265,15 @@ def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
         metavar="OP,VALUE",
         help="epilogue: x OP VALUE (OP one of add, mul, max, min), after the activations; may repeat",
     )
+    if split:
+        g.add_argument(
+            "--residual",
+            action="store_true",
+            help="epilogue: add the M×N input tensor residual (the precision's values), after the scalars",
+        )
+        g.add_argument(
+            "--gate", action="store_true", help="epilogue: multiply by the M×N input tensor gate, after the residual"
+        )
     g.add_argument(
         "--requant", type=_requant, metavar="SCALE[,ZP]", help="epilogue: requantise to int8 (int8 programs), last"
     )

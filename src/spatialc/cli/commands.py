@@ -28,21 +28,29 @@ MAX_DOCUMENT_BYTES = 512 << 20
 
 
 def epilogue_of(args: argparse.Namespace) -> list:
-    """The epilogue the flags ask for, in the fixed order bias → relu → activations → scalars → requant."""
+    """The epilogue the flags ask for, in the fixed order row scale → column scale → bias → relu → activations →
+    scalars → residual → gate → requant."""
     from .. import frontend
 
-    stages: list = [frontend.bias()] if args.bias else []
+    stages: list = [frontend.row_scale()] if getattr(args, "row_scale", False) else []
+    stages += [frontend.col_scale()] if getattr(args, "col_scale", False) else []
+    stages += [frontend.bias()] if args.bias else []
     stages += [frontend.relu()] if args.relu else []
     stages += [frontend.activation(name) for name in args.activation]
     stages += [frontend.scalar(op, value) for op, value in args.scalar]
+    stages += [frontend.residual()] if getattr(args, "residual", False) else []
+    stages += [frontend.gate()] if getattr(args, "gate", False) else []
     stages += [frontend.requant(*args.requant)] if args.requant else []
     return stages
 
 
 def cmd_gemm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a GEMM; lower, emit and run its kernel as asked."""
-    prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=epilogue_of(args), out=args.out)
-    epi = prog.name.split("_", 3)[3].replace("_", " → ") if prog.name.count("_") > 2 else ""
+    from ..frontend import stage_name
+
+    stages = epilogue_of(args)
+    prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=stages, out=args.out)
+    epi = " → ".join(stage_name(s) for s in stages)
     head = f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision}"
     p, inputs, times, plan = _built(
         args, prog, head, f", epilogue {epi}" if epi else "", split_k=args.split_k, multicast=args.multicast

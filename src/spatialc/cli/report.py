@@ -19,9 +19,10 @@ from ..target import target
 def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bool = True) -> dict[str, np.ndarray]:
     """Inputs for a GEMM: int8 over its whole range, fp16/bf16 standard normal rounded to the operand type (float16
     and float32 arrays: they were chosen at random, so they are not rounded again, with a warning, on the way
-    in); a bias of n values (int32 within ±2^15 for int8 programs); a grouped GEMM's row counts uniform in
-    0..max_rows. With a `sample` (an interpreter Sample), its tensors (A) are made as just the sampled rows (in each
-    group); without `operands`, only the parameters (nothing will multiply A and B)."""
+    in), a residual or a gate as such an operand; a bias or a scale vector of n (or m) values (int32 within ±2^15
+    for int8 programs); a grouped GEMM's row counts uniform in 0..max_rows. With a `sample` (an interpreter
+    Sample), its tensors (A) are made as just the sampled rows (in each group); without `operands`, only the
+    parameters (nothing will multiply A and B)."""
     from ..inputs import row_limits
 
     rng = np.random.default_rng(seed)
@@ -40,7 +41,7 @@ def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bo
         elif t.name in counts:  # a grouped GEMM's row counts: anything from none to all of a group's rows
             out[t.name] = rng.integers(0, counts[t.name] + 1, size=t.elems[1]).astype(np.int32)
         elif t.role.value == "parameter":
-            n = t.elems[1]
+            n = t.elems[0] * t.elems[1]  # a column vector's n values, a row vector's m
             out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)
     return out
 

@@ -59,6 +59,7 @@ from ..ir.ops import (
     SemWait,
     TileAddr,
     Trip,
+    VecAxis,
     Wait,
     WriteBarrier,
     WriteTiles,
@@ -453,7 +454,7 @@ class Emitter:
         vectors = []
         for col in columns:
             store = self.const(self.m.store(col.tensor, lambda: self.where(op)), "t")
-            vectors.append(f"({store}, {self.addr(col.at, op)}, {col.width})")
+            vectors.append(f"({store}, {self.addr(col.at, op)}, {col.width}, {col.axis == VecAxis.ROW})")
         self.emit(f"{slot} = elementwise(E, {i}, [{', '.join(pages)}], {c}, {integer}, [{', '.join(vectors)}])")
 
     def geometry(self, op: Compute, mm: MatmulTiles) -> tuple[int, int, int, int, int]:

@@ -228,19 +228,20 @@ def why(E: EngineState, i: int) -> str:
 
 
 def elementwise(
-    E: EngineState, i: int, xs: list, op: object, integer: bool, vectors: list[tuple[Store, int, int]]
+    E: EngineState, i: int, xs: list, op: object, integer: bool, vectors: list[tuple[Store, int, int, bool]]
 ) -> Tiles:
     """An elementwise Compute: every element of the front pages `xs` through `op` (numerics.epilogue), as a new page.
 
-    Each column vector (store, at, width) — a bias — has the page hold rows of `width` tiles, its tile s covering the
-    vector's tile column `at + s mod width`."""
+    Each column vector (store, at, width, False) — a bias — has the page hold rows of `width` tiles, its tile s
+    covering the vector's tile column `at + s mod width`; each row vector (store, at, width, True) — a per-row scale
+    — its tile s covering the vector's tile row `at + s // width`."""
     t = E.m.p.tile
     by_row = dict(row_reads(op.expr)) if isinstance(op, Map) else {}
     whole = [x for j, x in enumerate(xs) if j not in by_row] or xs  # (a map of row vectors alone: their shape)
     n = whole[0].count if whole else 0
     if not whole or any(x.count != n for x in whole):
         fail(E, i, f"an elementwise stage's pages hold {[x.count for x in xs]} tiles: one shape, element by element")
-    widths = {w for _, _, w in vectors} | set(by_row.values())
+    widths = {w for _, _, w, _ in vectors} | set(by_row.values())
     width = widths.pop() if len(widths) == 1 else 1
     if widths or n % width:
         fail(E, i, f"a page of {n} tiles is not whole rows of {sorted({width, *widths})} tiles")
@@ -253,13 +254,22 @@ def elementwise(
         tiles = tiles_of(x, h * w)
         mats.append(tiles.reshape(h, w, t.rows, t.cols).transpose(0, 2, 1, 3).reshape(h * t.rows, w * t.cols))
     rows = {}
-    for k, (store, at, w) in enumerate(vectors):
+    for k, (store, at, w, by_rows) in enumerate(vectors):
+        if by_rows:  # one value per row: tile rows at … at + h − 1 of the vector's one column of tiles
+            rows_t = store.arr.shape[0]
+            if not 0 <= at <= rows_t - h:
+                raise AddressError(
+                    f"{where(E, i)}: row vector tile rows {at}..{at + h - 1} are outside"
+                    f" {store.tensor.name}'s {rows_t} tile rows"
+                )
+            rows[k] = store.arr[at : at + h, :, 0, 0].reshape(-1, 1)
+            continue
         if not 0 <= at <= store.cols_t - w:
             raise AddressError(
                 f"{where(E, i)}: column vector tile columns {at}..{at + w - 1} are outside"
                 f" {store.tensor.name}'s {store.cols_t} tile columns"
             )
-        rows[k] = store.arr[0, 0, at : at + w, :].reshape(-1)
+        rows[k] = store.arr[0, 0, at : at + w, :].reshape(1, -1)
     order = {id(c): k for k, c in enumerate(cols(op.expr))} if isinstance(op, Map) else {}
     col = (lambda c: rows[order[id(c)]]) if rows else None
     if isinstance(op, Map):

@@ -93,15 +93,29 @@ class Lit:
     value: float
 
 
+class VecAxis(StrEnum):
+    """Which of a page's positions a broadcast vector follows: its column (a bias, a per-channel scale) or its row (a
+    per-token scale)."""
+
+    COL = "col"
+    ROW = "row"
+
+    def __repr__(self) -> str:  # as source that makes it (`show --python` prints ops by their reprs)
+        return f"VecAxis.{self.name}"
+
+
 @dataclass(frozen=True, slots=True)
 class Col:
-    """One value per output column, from a parameter tensor of one row (a bias): the page holds rows of `width`
-    tiles, and its tile s covers the tensor's tile column `at + s mod width` (the schedule sets both from the item's
-    position)."""
+    """A broadcast vector from a parameter tensor. Along `axis` COL (a bias): one value per output column, from a
+    tensor of one row; the page holds rows of `width` tiles, and its tile s covers the tensor's tile column
+    `at + s mod width`. Along ROW (a per-token scale): one value per output row, from a tensor of one column; the
+    page's tile s covers the tensor's tile row `at + s // width`. The schedule sets `at` and `width` from the item's
+    position (its first column, or its first row)."""
 
     tensor: TensorId
     at: TileAddr = field(default_factory=lambda: TileAddr(0))
     width: int = 1
+    axis: VecAxis = VecAxis.COL
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +186,22 @@ def bias(tensor: TensorId, at: TileAddr | None = None, width: int = 1) -> Map:
     return Map(Apply("add", (Arg(0), Col(tensor, at if at is not None else TileAddr(0), width))))
 
 
+def row_scale(tensor: TensorId, at: TileAddr | None = None, width: int = 1) -> Map:
+    """x · the scale of its row, from `tensor` (one value per row: a per-token scale)."""
+    vec = Col(tensor, at if at is not None else TileAddr(0), width, VecAxis.ROW)
+    return Map(Apply("mul", (Arg(0), vec)))
+
+
+def col_scale(tensor: TensorId, at: TileAddr | None = None, width: int = 1) -> Map:
+    """x · the scale of its column, from `tensor` (one value per column: a per-channel scale)."""
+    return Map(Apply("mul", (Arg(0), Col(tensor, at if at is not None else TileAddr(0), width))))
+
+
+def with_operand(op: str) -> Map:
+    """x0 `op` x1: the value and the same element of a second page (add: a residual, mul: a gate)."""
+    return Map(Apply(op, (Arg(0), Arg(1))))
+
+
 # The elementwise ops of earlier versions, by their old names, as the Maps they are now: programs written with them
 # (in spatialc.lang, `e.compute(Relu(), s, d)`) still build, and mean what they meant.
 
@@ -215,7 +245,7 @@ def row_reads(expr: Expr) -> tuple[tuple[int, int], ...]:
 
 
 def cols(expr: Expr) -> tuple[Col, ...]:
-    """The column vectors `expr` reads, in order."""
+    """The broadcast vectors `expr` reads from parameter tensors (column vectors and row vectors alike), in order."""
     match expr:
         case Col():
             return (expr,)

@@ -49,6 +49,7 @@ from .ops import (
     SemSet,
     SemWait,
     TileAddr,
+    VecAxis,
     Wait,
     WriteBarrier,
     WriteTiles,
@@ -114,7 +115,7 @@ def expr_text(expr: Expr, p: SpatialProgram | None = None) -> str:
             return name
         case Apply(name, (Arg(0), Lit(v)), ()) if name in ("add", "mul", "max", "min"):
             return f"{name} {_num(v)}"
-        case Apply("add", (Arg(0), Col() as c), ()):
+        case Apply("add", (Arg(0), Col(axis=VecAxis.COL) as c), ()):
             return f"bias {_col(p, c)}"
     return _formula(expr, p)
 
@@ -145,7 +146,10 @@ def _num(v: float) -> str:
 
 
 def _col(p: SpatialProgram | None, c: Col) -> str:
-    return f"{_tensor(p, c.tensor) if p else int(c.tensor)}[{addr_text(c.at)} +{c.width}]"
+    name = _tensor(p, c.tensor) if p else int(c.tensor)
+    if c.axis == VecAxis.ROW:  # one value per row: tile rows from `at`, a tile row every `width` tiles of the page
+        return f"{name}[row {addr_text(c.at)} /{c.width}]"
+    return f"{name}[{addr_text(c.at)} +{c.width}]"
 
 
 def _tensor(p: SpatialProgram, tid) -> str:

@@ -25,7 +25,7 @@ from .worklist import MAX_SITES
 
 FORMAT = "spatialc.program"
 TAG = "type"  # the key naming a node's class (fields may be called `kind`)
-VERSION = 8
+VERSION = 9
 # Versions this spatialc reads. Version 1 (before page layouts) decodes with every layout and tile order row-major;
 # `upgrade` (spatialc.from_json passes the tile pass's) lays its operands out as version 2 does. Version 3 added
 # split-K (a placement's `splits`, workspace tensors, AddPartial): a version-2 document is a version-3 one without.
@@ -36,7 +36,9 @@ VERSION = 8
 # Version 7 made the elementwise ops one op, Map(expr) over the elementwise table: an older document's Relu, Scalar,
 # Activation and Bias are read as the Maps they are (`_legacy_elementwise`), with the same meaning.
 # Version 8 added row reductions (RowReduce, a formula's row vectors RowArg); a version-7 document is one without.
-READS = (1, 2, 3, 4, 5, 6, 7, 8)
+# Version 9 added row vectors (a Col's `axis`: one value per row, from a parameter tensor of one column) and GEMM
+# epilogue stages that read a second tensor (a residual); a version-8 document is one without.
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 # How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into
 # one), and far from Python's recursion limit for decoding and for everything that walks the program after it.

@@ -36,7 +36,7 @@ _MARK = re.compile(r"// (op|pre|post|pad):(\w+)(?::(\w+))?(?: x(\d+))?")
 
 def stage_kind(op: ComputeOp) -> str:
     """A compute op's kind as markers and counts name it: its class, and a Map's expression as one word
-    (`Map_add_x0_col`: a bias)."""
+    (`Map_add_x0_col`: a bias, `Map_mul_x0_row`: a per-row scale)."""
     return f"Map_{_word(op.expr)}" if isinstance(op, Map) else type(op).__name__
 
 
@@ -48,8 +48,8 @@ def _word(expr: Expr) -> str:
             return f"row{i}"
         case Lit():
             return "lit"
-        case Col():
-            return "col"
+        case Col(axis=axis):
+            return axis.value  # col: a column vector (a bias), row: a row vector (a per-row scale)
         case Apply(name, args):
             return "_".join([name, *(_word(a) for a in args)])
     return "expr"

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.errors import SpatialError
-from ..ir.ops import Col, ComputeOp, Expr, Map, Requant, arg_indices
+from ..ir.ops import Col, ComputeOp, Expr, Map, Requant, VecAxis, arg_indices
 from . import elementwise
 from .elementwise import EXACT_LIMIT, ElementwiseError
 from .quant import requantize
@@ -36,13 +36,22 @@ def dot_range(k: int) -> tuple[int, int]:
     return -k * 128 * 127, k * 128 * 128
 
 
+INT8_RANGE = (-128, 127)  # what a page read from an int8 tensor holds (a residual's, a map program's inputs)
+
+
+def _pages(expr: Expr, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The ranges of the pages an integer op reads: the first's lo..hi (the value before it), the others' int8 (a
+    tensor an epilogue stage reads beside it, a residual; a map program's inputs are int8 all)."""
+    return [(lo, hi)] + [INT8_RANGE] * max(arg_indices(expr), default=0)
+
+
 def integer_range(op: ComputeOp, lo: int, hi: int) -> tuple[int, int] | None:
-    """The range of an integer epilogue op's result on values in lo..hi — every page it reads: the one before it, or
-    a map program's int8 inputs (a column vector holds any int32, requant saturates to int8) — or None for an op
-    that is none of them (or computes in floats)."""
+    """The range of an integer epilogue op's result on values in lo..hi of the page before it, any further page it
+    reads holding int8 values (a residual) — or a map program's int8 inputs (a column or row vector holds any int32,
+    requant saturates to int8) — or None for an op that is none of them (or computes in floats)."""
     match op:
         case Map(expr):
-            pages = [(lo, hi)] * (1 + max(arg_indices(expr), default=0))
+            pages = _pages(expr, lo, hi)
             try:
                 return elementwise.int_range(expr, pages, lambda c: INT32_RANGE)
             except ElementwiseError:
@@ -57,7 +66,7 @@ def integer_peak(op: ComputeOp, lo: int, hi: int) -> int:
     formula included (`elementwise.int_peak`); for an op `integer_range` bounds (call it first)."""
     match op:
         case Map(expr):
-            pages = [(lo, hi)] * (1 + max(arg_indices(expr), default=0))
+            pages = _pages(expr, lo, hi)
             return elementwise.int_peak(expr, pages, lambda c: INT32_RANGE)
     return max(-lo, hi)
 
@@ -95,7 +104,8 @@ def mapped(expr: Expr, pages: list[Any], integer: bool, col: Callable[[Col], Any
 
 
 def _as_row(col: Callable[[Col], Any] | None) -> Callable[[Col], Any] | None:
-    """Column vectors as rows that broadcast over a block's rows."""
+    """Column vectors as rows that broadcast over a block's rows; row vectors (one value per row) as columns that
+    broadcast over its columns."""
     if col is None:
         return None
-    return lambda c: np.asarray(col(c)).reshape(1, -1)
+    return lambda c: np.asarray(col(c)).reshape((-1, 1) if c.axis == VecAxis.ROW else (1, -1))

@@ -43,6 +43,30 @@ def epilogue_ops(p: SpatialProgram) -> list:
     return [s.kind.op for s in _declared(p).chain]
 
 
+def epilogue_chain(p: SpatialProgram) -> list:
+    """The program's compute stages after the matmul, in the order its rings apply them."""
+    return list(_declared(p).chain)
+
+
+def stage_pages(p: SpatialProgram, stage: Any, inputs: Mapping[str, Any], rows: Any = None) -> list[np.ndarray]:
+    """The pages an epilogue stage reads beside the value before it — each tensor read into its further rings (a
+    residual, a gate) — as the stage's values (float32 of the operand type's, int64 in an int8 program), only C's
+    sampled `rows` where given."""
+    from ..ir.index import ProgramIndex
+    from ..ir.nodes import ReadStage, Stage
+
+    if not isinstance(stage, Stage) or len(stage.ins) < 2:
+        return []
+    index = ProgramIndex.of(p)
+    reads = {index.ring(b): s.kind.tensor for s in p.stages if isinstance(s.kind, ReadStage) for b in s.outs}
+    integer = p.precision == Precision.INT8
+    out = []
+    for b in stage.ins[1:]:
+        x = epilogue.start(tensor_operand(p, reads[index.ring(b)], inputs), integer)
+        out.append(x if rows is None else x[np.asarray(rows)])
+    return out
+
+
 def rounded_operands(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """A and B — the tensors the matmul stage multiplies, in that order, whatever their names — holding exactly the
     operand type's values (int8 as given, fp16 / bf16 as float32), for `values.matmul`, which sums in float64."""
@@ -78,7 +102,7 @@ def _reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
         a, b = rounded_operands(p, inputs)
         return reference_of(p, a, b, inputs)
     assert decl.matmul is not None
-    x = applied(p, matmul_value(p, decl, decl.matmuls[decl.matmul.id], inputs), epilogue_ops(p), inputs)
+    x = applied(p, matmul_value(p, decl, decl.matmuls[decl.matmul.id], inputs), list(decl.chain), inputs)
     out = p.output_tensor()
     assert out is not None
     return output_values(out.name, x, out.dtype)
@@ -149,18 +173,30 @@ def _rows_of(col: Any) -> Any:
     return lambda c: np.asarray(col(c), np.float32).reshape(1, -1)
 
 
-def column_values(p: SpatialProgram, inputs: Mapping[str, Any]):
-    """Column vector c's values, from the input named by its tensor: a row of one value per column of C."""
-    return lambda c: np.asarray(inputs[p.tensor(c.tensor).name]).reshape(-1)
+def column_values(p: SpatialProgram, inputs: Mapping[str, Any], rows: Any = None):
+    """Vector c's values, from the input named by its tensor: a column vector's one value per column of C, a row
+    vector's one per row of C (only the sampled `rows` where given)."""
+    from ..ir.ops import VecAxis
+
+    def values(c: Any) -> np.ndarray:
+        x = np.asarray(inputs[p.tensor(c.tensor).name]).reshape(-1)
+        return x[np.asarray(rows)] if rows is not None and c.axis == VecAxis.ROW else x
+
+    return values
 
 
-def applied(p: SpatialProgram, x: np.ndarray, ops: list, inputs: Mapping[str, Any]) -> np.ndarray:
-    """Elementwise `ops` on a matmul's sum, in the accumulator's type (int64, or float32 as the kernel's)."""
+def applied(p: SpatialProgram, x: np.ndarray, chain: list, inputs: Mapping[str, Any], rows: Any = None) -> np.ndarray:
+    """Elementwise stages (or their ops) `chain` on a matmul's sum, in the accumulator's type (int64, or float32 as
+    the kernel's); a stage that reads a tensor beside the value (a residual) reads it from `inputs` (C's sampled
+    `rows` of it, and of a row vector, where given)."""
     integer = p.precision == Precision.INT8
-    if ops:
+    if chain:
         x = epilogue.start(x, integer)
-    for op in ops:
-        x = epilogue.apply(op, x, integer, column_values(p, inputs))
+    col = column_values(p, inputs, rows)
+    for stage in chain:
+        op = getattr(getattr(stage, "kind", None), "op", stage)  # a stage's op, or the op itself
+        more = stage_pages(p, stage, inputs, rows)
+        x = epilogue.mapped(op.expr, [x, *more], integer, col) if more else epilogue.apply(op, x, integer, col)
     return x
 
 
@@ -181,7 +217,7 @@ def reference_of(
 def finished(p: SpatialProgram, x: np.ndarray, inputs: Mapping[str, Any], rows: Any = None) -> np.ndarray:
     """C from the matmul's sum `x` (`product`): the epilogue applied, a grouped GEMM's rows past its counts zero,
     rounded to C's element type."""
-    x = applied(p, x, epilogue_ops(p), inputs)
+    x = applied(p, x, epilogue_chain(p), inputs, rows)
     out = p.output_tensor()
     assert out is not None
     if out.groups > 1:  # a grouped GEMM: each group's rows at or past its row count are left zero

@@ -104,7 +104,15 @@ class Tolerance:
         """The reference and the bound of each element, from the operands rounded once (A, and so C, only the
         sampled `rows` where given)."""
         from ..interp.values import matmul
-        from .reference import column_values, epilogue_ops, finished, product, reference, rounded_operands
+        from .reference import (
+            column_values,
+            epilogue_chain,
+            finished,
+            product,
+            reference,
+            rounded_operands,
+            stage_pages,
+        )
 
         if self.mapped:
             return self._mapped(inputs)
@@ -125,9 +133,12 @@ class Tolerance:
         self._in_range(magnitude)
         err = self.ulps * EPS32 * magnitude
         x = x.astype(np.float32).astype(np.float64) if self.epilogue else x  # the float32 the epilogue starts from
-        for op in epilogue_ops(p) if self.epilogue else ():
+        for stage in epilogue_chain(p) if self.epilogue else ():
+            op = stage.kind.op
             assert isinstance(op, Map)  # a float program's epilogue: requant is an int8 op
-            x, err = elementwise.bounded(op.expr, [(x, err + EPS32 * np.abs(x))], _row(column_values(p, inputs)))
+            more = [(np.asarray(v, np.float64), np.zeros(1)) for v in stage_pages(p, stage, inputs, rows)]
+            pages = [(x, err + EPS32 * np.abs(x)), *more]  # a residual's page: exact operand values
+            x, err = elementwise.bounded(op.expr, pages, _row(column_values(p, inputs, rows)))
         return ref, err + 2 * self.out_eps * size + _TINY
 
     def _mapped(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -274,7 +285,7 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
     """The error bound of each element of C before its rounding to C's type, carried from the inputs through each
     matmul, each elementwise op and each computed operand's rounding (see the module docstring)."""
     from ..interp.values import matmul as product
-    from .reference import _declared, column_values, tensor_operand
+    from .reference import _declared, column_values, stage_pages, tensor_operand
     from .rounding import computed_operand
 
     decl = _declared(p)
@@ -286,7 +297,7 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
                 values.append(tensor_operand(p, tensor, inputs))
                 errors.append(np.zeros(1))
                 continue
-            x, e = through(*matmul(decl.matmuls[source]), [s.kind.op for s in chain])
+            x, e = through(*matmul(decl.matmuls[source]), list(chain))
             u = _ROUNDING[p.precision]
             values.append(computed_operand(x, p.precision.value))
             errors.append(np.where(e > 0, e + u * (2 * np.abs(x) + e), 0.0))
@@ -300,21 +311,26 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
             err = err + ea @ eb
         return product(a, b) if a.ndim == 2 else a @ b, err
 
-    def through(x: np.ndarray, e: np.ndarray, ops: list) -> tuple[np.ndarray, np.ndarray]:
-        if ops:  # the float32 the epilogue starts from, one rounding off the sum
+    def through(x: np.ndarray, e: np.ndarray, chain: list) -> tuple[np.ndarray, np.ndarray]:
+        if chain:  # the float32 the epilogue starts from, one rounding off the sum
             x, e = x.astype(np.float32).astype(np.float64), e + EPS32 * np.abs(x)
-        for op in ops:
+        for stage in chain:
+            op = stage.kind.op
             assert isinstance(op, Map)  # a float program's epilogue: requant is an int8 op
-            x, e = elementwise.bounded(op.expr, [(x, e)], _row(column_values(p, inputs)))
+            more = [(np.asarray(v, np.float64), np.zeros(1)) for v in stage_pages(p, stage, inputs)]
+            x, e = elementwise.bounded(op.expr, [(x, e), *more], _row(column_values(p, inputs)))
         return x, e
 
     assert decl.matmul is not None
-    return through(*matmul(decl.matmuls[decl.matmul.id]), [s.kind.op for s in decl.chain])[1]
+    return through(*matmul(decl.matmuls[decl.matmul.id]), list(decl.chain))[1]
 
 
 def _row(values: Any) -> Any:
-    """Column vectors' values as rows that broadcast over C's rows."""
-    return lambda c: np.asarray(values(c), np.float32).reshape(1, -1)
+    """Column vectors' values as rows that broadcast over C's rows, row vectors' as columns that broadcast over its
+    columns."""
+    from ..ir.ops import VecAxis
+
+    return lambda c: np.asarray(values(c), np.float32).reshape((-1, 1) if c.axis == VecAxis.ROW else (1, -1))
 
 
 def _abs_product(a: np.ndarray, b: np.ndarray, matmul: Any) -> np.ndarray:

@@ -6,6 +6,10 @@
                          [for each epilogue stage E_i: Wait E_i-1; Reserve E_i; Compute op; Push E_i; Pop E_i-1] }
     writer : Loop ITEM { Wait last; WriteTiles last; Pop last }
 
+An epilogue stage that reads a second tensor of C's shape (a residual, a gate) reads it from a ring of its own: the
+reader fills one page of it an item, the item's block of that tensor at C's own address, after the item's K loop;
+the stage waits for that page beside the chain's and pops it after.
+
 The epilogue stages run on the compute engine, after the accumulator is packed, one Interm ring each (DESIGN §2).
 
 Every site gets the same op bodies; only the ITEM loop's count (the site's number of items) differs. When no site
@@ -20,7 +24,7 @@ from functools import partial
 
 from ..errors import PlanError
 from ..frontend import SIZES
-from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW, BufferId, Site
+from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW, BufferId, Site, TensorId
 from ..ir.nodes import (
     Accumulator,
     ComputeStage,
@@ -40,6 +44,7 @@ from ..ir.ops import (
     Const,
     Loop,
     Map,
+    MatmulTiles,
     PackAcc,
     Pop,
     Push,
@@ -50,17 +55,19 @@ from ..ir.ops import (
     SemWait,
     TileAddr,
     Trip,
+    VecAxis,
     Wait,
     WriteBarrier,
     WriteTiles,
     cols,
     rewrite,
+    ring_of,
     walk,
     with_cols,
 )
 from .multicast import SEM_A_READY, SEM_A_VALID, SEM_B_READY, SEM_B_VALID, roles, share
 from .split import SEM_PARTIALS, owner_of, partial_rings, split_of, split_ranges
-from .tile import matmul_stage
+from .tile import epilogue_reads, matmul_stage
 
 
 def engine_bodies(p: SpatialProgram, k_first: int = 0, k_steps: int | None = None) -> dict[str, tuple[ChoreoOp, ...]]:
@@ -84,7 +91,9 @@ def engine_bodies(p: SpatialProgram, k_first: int = 0, k_steps: int | None = Non
     read_a = ReadTiles(ta.id, TileAddr(k0, ((LV_ITEM_Y, h * a_cols), (LV_K, ibw))), h, ibw, a_cols, 1, a_buf)
     read_b = ReadTiles(tb.id, TileAddr(k0 * b_cols, ((LV_K, ibw * b_cols), (LV_ITEM_X, w))), ibw, w, b_cols, 1, b_buf)
     k_loop = Const(plan.k_steps if k_steps is None else k_steps)
-    reader = (Loop(LV_K, k_loop, (Reserve(a_buf), read_a, Push(a_buf), Reserve(b_buf), read_b, Push(b_buf))),)
+    reader: tuple[ChoreoOp, ...] = (
+        Loop(LV_K, k_loop, (Reserve(a_buf), read_a, Push(a_buf), Reserve(b_buf), read_b, Push(b_buf))),
+    )
     compute = (
         AcquireAcc(acc),
         Loop(
@@ -103,8 +112,13 @@ def engine_bodies(p: SpatialProgram, k_first: int = 0, k_steps: int | None = Non
         Push(c_buf),
         ReleaseAcc(acc),
     )
-    epilogue, last = _epilogue_ops(p, c_buf, w)
-    write_c = WriteTiles(last, tc.id, TileAddr(0, ((LV_ITEM_Y, h * c_cols), (LV_ITEM_X, w))), h, w, c_cols, 1)
+    epilogue, last = _epilogue_ops(p, c_buf, h, w)
+    out_at = TileAddr(0, ((LV_ITEM_Y, h * c_cols), (LV_ITEM_X, w)))  # the item's block of C
+    for ring, tensor in _epilogue_read_rings(p):  # a residual: its block at C's, once the item's K loop is read
+        t = p.tensor(tensor)
+        at = TileAddr(0, ((LV_ITEM_Y, h * t.tiles[1]), (LV_ITEM_X, w)))
+        reader += (Reserve(ring), ReadTiles(t.id, at, h, w, t.tiles[1], 1, ring), Push(ring))
+    write_c = WriteTiles(last, tc.id, out_at, h, w, c_cols, 1)
     writer = (Wait(last), write_c, Pop(last))
     if plan.groups > 1:
         return _grouped(p, read_a, read_b, write_c, reader, compute + epilogue, writer)
@@ -154,9 +168,19 @@ def _swap(ops: tuple[ChoreoOp, ...], new: dict[int, ChoreoOp]) -> tuple[ChoreoOp
     return rewrite(ops, lambda op: new.get(id(op), op))
 
 
-def _epilogue_ops(p: SpatialProgram, first: BufferId, w: int) -> tuple[tuple[ChoreoOp, ...], BufferId]:
-    """The compute engine's ops for the chain of epilogue stages that starts at ring `first`, and its last ring."""
-    by_input = {s.ins[0]: s for s in p.stages if isinstance(s.kind, ComputeStage) and len(s.ins) == 1}
+def _epilogue_ops(p: SpatialProgram, first: BufferId, h: int, w: int) -> tuple[tuple[ChoreoOp, ...], BufferId]:
+    """The compute engine's ops for the chain of epilogue stages that starts at ring `first`, and its last ring. A
+    stage that reads more rings (a residual's) waits for their pages with the chain's and pops them after it."""
+    reads = {s.outs[0] for s in p.stages if isinstance(s.kind, ReadStage) and len(s.outs) == 1}
+    by_input = {
+        s.ins[0]: s
+        for s in p.stages
+        if isinstance(s.kind, ComputeStage)
+        and s.ins
+        and all(b in reads for b in s.ins[1:])
+        and len(s.outs) == 1
+        and not isinstance(s.kind.op, MatmulTiles)
+    }
     ops: list[ChoreoOp] = []
     cur = first
     while cur in by_input:
@@ -164,15 +188,28 @@ def _epilogue_ops(p: SpatialProgram, first: BufferId, w: int) -> tuple[tuple[Cho
         op = stage.kind.op  # type: ignore[union-attr]
         if isinstance(op, Map) and cols(op.expr):
             # The page's first column is the item's first output column: tile column item_x · w of each column
-            # vector (a bias row).
-            op = Map(with_cols(op.expr, partial(_at_item, w=w)))
+            # vector (a bias row); its first row the item's first output row: tile row item_y · h of a row vector.
+            op = Map(with_cols(op.expr, partial(_at_item, h=h, w=w)))
         (out,) = stage.outs
-        ops += [Wait(cur), Reserve(out), Compute(op, (cur,), (out,)), Push(out), Pop(cur)]
+        ins = stage.ins
+        ops += [*(Wait(b) for b in ins), Reserve(out), Compute(op, ins, (out,)), Push(out), *(Pop(b) for b in ins)]
         cur = out
     return tuple(ops), cur
 
 
-def _at_item(c: Col, w: int) -> Col:
+def _epilogue_read_rings(p: SpatialProgram) -> list[tuple[BufferId, TensorId]]:
+    """(ring, tensor) of each tensor an epilogue stage reads beside the chain's value (a residual, a gate)."""
+    wanted = set(epilogue_reads(p))
+    return [
+        (s.outs[0], s.kind.tensor)
+        for s in p.stages
+        if isinstance(s.kind, ReadStage) and s.kind.tensor in wanted and len(s.outs) == 1
+    ]
+
+
+def _at_item(c: Col, h: int, w: int) -> Col:
+    if c.axis == VecAxis.ROW:
+        return dataclasses.replace(c, at=TileAddr(0, ((LV_ITEM_Y, h),)), width=w)
     return dataclasses.replace(c, at=TileAddr(0, ((LV_ITEM_X, w),)), width=w)
 
 
@@ -210,6 +247,9 @@ def split_bodies(p: SpatialProgram, site: Site) -> dict[str, tuple[ChoreoOp, ...
         bodies["reader"] = bodies["reader"] + tuple(reads)
         bodies["compute"] = compute[: k_at + 1] + tuple(adds) + compute[k_at + 1 :]
         return bodies
+    # A contributor runs no epilogue: its reader fills no ring of a tensor the epilogue reads (a residual's).
+    epilogue_rings = {ring for ring, _ in _epilogue_read_rings(p)}
+    bodies["reader"] = tuple(op for op in bodies["reader"] if ring_of(op) not in epilogue_rings)
     bodies["compute"] = (
         *compute[: k_at + 1],
         Reserve(p_out),
@@ -232,7 +272,7 @@ def multicast_reader(p: SpatialProgram, site: Site, reader: tuple[ChoreoOp, ...]
     its B page over its group column."""
     assert p.placement is not None
     row, col = roles(p.placement, site)
-    read_a, read_b = (op for op in walk(reader) if isinstance(op, ReadTiles))
+    read_a, read_b = [op for op in walk(reader) if isinstance(op, ReadTiles)][:2]  # (then a residual's, unshared)
 
     def step(op: ChoreoOp) -> ChoreoOp:
         if not (isinstance(op, Loop) and op.var == LV_K):

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import PlanError, ProgramError
+from ..ir.ids import TensorId
 from ..ir.nodes import (
     Accumulator,
     ComputeStage,
@@ -24,7 +25,7 @@ from ..ir.nodes import (
     SpatialProgram,
     TensorRole,
 )
-from ..ir.ops import AddPartial, BlockShape, Map, MatmulTiles, Precision
+from ..ir.ops import AddPartial, BlockShape, Map, MatmulTiles, Precision, VecAxis, cols
 from ..numerics.elementwise import transcendental
 from ..target import SpatialTarget
 from .verify.wellformed import MAX_ITEMS
@@ -58,6 +59,20 @@ def epilogue_stages(p: SpatialProgram) -> int:
     return sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, AddPartial)) - 1
 
 
+def epilogue_reads(p: SpatialProgram) -> tuple[TensorId, ...]:
+    """The tensors read into rings that an elementwise stage reads beside the value before it (a residual, a gate):
+    each a ring of output-sized pages the reader fills once an item."""
+    operands = {
+        b for s in p.stages if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, Map) for b in s.ins
+    }
+    extra = {b for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map) for b in s.ins[1:]}
+    return tuple(
+        s.kind.tensor
+        for s in p.stages
+        if isinstance(s.kind, ReadStage) and any(b in extra and b not in operands for b in s.outs)
+    )
+
+
 def has_epilogue(p: SpatialProgram) -> bool:
     """Whether the program has compute stages after its matmul."""
     return epilogue_stages(p) > 0
@@ -68,15 +83,19 @@ def fused_by_persistent(p: SpatialProgram) -> bool:
     from the accumulators: none that calls a library function (an activation, exp, log), which only the general form
     prints page to page, in rings of its own that a plan must hold ("auto" then plans for that form)."""
     maps = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)]
+    if epilogue_reads(p):  # a second tensor's pages: the general form's stages read them, page to page
+        return False
     return not any(transcendental(m.expr) for m in maps)
 
 
 def ring_stages(p: SpatialProgram, form: str, extra: int = 0) -> int:
     """The epilogue stages a block of the `form` kernel keeps in rings of their own, plus `extra` output-sized ones
-    (split-K's): none where the sm_90a form's fused store applies the chain from the accumulators."""
+    (split-K's): none where the sm_90a form's fused store applies the chain from the accumulators. A tensor an
+    epilogue stage reads (a residual) has a ring of output-sized pages too, counted as one more stage's (its
+    operand-typed pages are no larger than a stage's values)."""
     if form == "sm90a" and fused_by_persistent(p):
         return extra
-    return epilogue_stages(p) + extra
+    return epilogue_stages(p) + len(epilogue_reads(p)) + extra
 
 
 def in_panels(p: SpatialProgram) -> bool:
@@ -434,6 +453,16 @@ def apply_plan(p: SpatialProgram, plan: Plan, form: str = "persistent") -> Spati
     inputs = [t for t in p.tensors if t.role == TensorRole.INPUT]
     out_cols = p.output_tensor().elems[1]  # type: ignore[union-attr]
     padded = {inputs[0].id: (rows_t, plan.k_tiles), inputs[1].id: (plan.k_tiles, cols_t)}
+    vectors = {
+        c.tensor: c.axis
+        for s in p.stages
+        if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)
+        for c in cols(s.kind.op.expr)
+    }
+    for tid, axis in vectors.items():  # a per-row vector: one column of tiles, a per-column vector one row
+        padded[tid] = (rows_t, 1) if axis == VecAxis.ROW else (1, cols_t)
+    for tid in epilogue_reads(p):  # a tensor an epilogue stage reads beside C's value (a residual): C's tiles
+        padded[tid] = (rows_t, cols_t)
     tensors = []
     for t in p.tensors:  # a grouped tensor: each group padded so, stacked
         if t.id in padded:

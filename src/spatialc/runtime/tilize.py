@@ -233,7 +233,12 @@ def tilize_array(
     if x.ndim != 2:
         raise InputError(
             f"tilize takes a 2-D array, not a {x.ndim}-D one of shape {x.shape}"
-            + ("; a vector (a bias) is one row: array.reshape(1, -1)" if x.ndim == 1 else "")
+            + (
+                "; a vector is one row (a bias, a column scale: array.reshape(1, -1)) or one column (a row scale:"
+                " array.reshape(-1, 1))"
+                if x.ndim == 1
+                else ""
+            )
         )
     tile = _pair("tile", tile, least=1)
     grid = _grid_for("array", x.shape, tile, grid)

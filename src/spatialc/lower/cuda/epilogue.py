@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...ir.nodes import ComputeStage, DType, PageLayout, SpatialProgram, Stage, TensorRole
-from ...ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, arg_indices, cols
+from ...ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, VecAxis, arg_indices, cols
 from ...ir.printer import compute_text
 from ...numerics import elementwise
 from ...numerics.elementwise import ElementwiseError, transcendental
@@ -65,11 +65,13 @@ def chain(p: SpatialProgram, mm: Stage, ops=EPILOGUE_OPS) -> tuple[Stage, ...]:
         (s,) = after
         if not isinstance(s.kind, ComputeStage) or isinstance(s.kind.op, MatmulTiles):
             return tuple(stages)
-        if not ops(s.kind.op) or len(s.ins) != 1 or len(s.outs) != 1:
+        # A stage of more pages than the one before it reads the others from rings a read fills (a residual's):
+        # the general form's stages read them page to page, the fused store has none.
+        if not ops(s.kind.op) or len(s.outs) != 1 or (len(s.ins) != 1 and ops is not page_to_page):
             raise NeedsGeneral(
                 f"a {compute_text(s.kind.op, p)} stage ({s.name})",
-                "the fused epilogue applies only elementwise stages of one page that call no library function"
-                " (exp, log, tanh, erf, pow), and requant",
+                "the fused epilogue applies only elementwise stages of one page (no second tensor, no row vector)"
+                " that call no library function (exp, log, tanh, erf, pow), and requant",
             )
         stages.append(s)
         cur = s.outs[0]
@@ -188,6 +190,9 @@ def _nodes(expr):
 def _check_col(p: SpatialProgram, op: Col, integer: bool) -> None:
     t = p.tensor(op.tensor)
     want = DType.INT32 if integer else DType.FLOAT32
+    if op.axis == VecAxis.ROW:
+        _check_row(p, op, t, want)
+        return
     if t.tiles[0] != 1:
         raise Unsupported(
             f"bias tensor {t.name} of {t.tiles[0]}x{t.tiles[1]} tiles",
@@ -207,6 +212,26 @@ def _check_col(p: SpatialProgram, op: Col, integer: bool) -> None:
             need,
             t.tiles[1],
             "pad the bias tensor's tile grid to whole blocks",
+        )
+
+
+def _check_row(p: SpatialProgram, op: Col, t, want: DType) -> None:
+    """A row vector the kernel reads: one column of tiles of `want` values (a per-row scale's), one tile per output
+    tile row, padding included."""
+    if t.tiles[1] != 1 or t.role != TensorRole.PARAMETER or t.dtype != want:
+        raise Unsupported(
+            f"row vector {t.name}, a {t.role.value} tensor of {t.dtype.value} in {t.tiles[0]}x{t.tiles[1]} tiles",
+            f"the kernel reads a row vector's {want.value} values from one column of tiles, one tile per output tile"
+            " row",
+        )
+    plan = p.plans[0]
+    need = plan.grid[0] * plan.item_tiles[0]
+    if t.tiles[0] < need:
+        raise TooBig(
+            f"tile rows of row vector {t.name} (the kernel reads one per output tile row, padding included)",
+            need,
+            t.tiles[0],
+            "pad the row vector's tile grid to whole blocks",
         )
 
 

@@ -33,6 +33,7 @@ from ...ir.ops import (
     SemSet,
     TileAddr,
     Trip,
+    VecAxis,
     Wait,
     WriteBarrier,
     row_reads,
@@ -270,6 +271,8 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, TilePrin
         def col_at(c: Col) -> str:
             at = addr_expr(c.at, env)
             lead = f"{at} + " if at != "0" else ""
+            if c.axis == VecAxis.ROW:  # the page's tile row tl / width, the element's row in it: column 0 of each
+                return f"(long long)({lead}tl / {c.width}) * {TILE_ELEMS} + (el / 16) * 16"
             return f"(long long)({lead}tl % {c.width}) * {TILE_ELEMS} + el % 16"
 
         with self.w.block("", mark), self.w.block(f"for (int e = etid; e < {n}; e += {self.nthreads})"):

@@ -72,6 +72,7 @@ from ...ir.ops import (
 )
 from ...passes.maps import is_map_program
 from ...passes.rows import is_row_program
+from ...passes.tile import epilogue_reads
 from ...passes.verify import derived
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact, TensorMap
@@ -152,6 +153,14 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
     general.refuse(p)
     if len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
+    reads = epilogue_reads(p)
+    if reads:
+        raise NeedsGeneral(
+            f"an epilogue that reads {p.tensor(reads[0]).name} beside C's value (a residual or a gate) in the sm_90a"
+            " form",
+            "its TMA producer lands the matmul's operands in swizzled panels, and its epilogue reads no second"
+            " tensor's pages yet",
+        )
     for op in all_ops(p):
         match op:
             case Loop(count=Trip()):

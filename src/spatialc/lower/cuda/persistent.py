@@ -16,6 +16,7 @@ from ...ir.ops import (
     Barrier,
     Compute,
     Loop,
+    Map,
     MatmulTiles,
     McastSend,
     McastSetValid,
@@ -112,6 +113,14 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
         )
     if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
         return "several tile matmuls", "the tile kernel holds one accumulator block per item"
+    for s in p.stages:  # a stage reading a second tensor beside C's value: page to page only
+        op = s.kind.op if isinstance(s.kind, ComputeStage) else None
+        if isinstance(op, Map) and len(s.ins) > 1:
+            return (
+                f"stage {s.name} ({compute_text(op, p)}), which reads a tensor beside C's value",
+                "the fused store applies the epilogue from the accumulators, and has no ring of a second tensor's"
+                " pages to read",
+            )
     compute = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
     compute += [op.op for op in all_ops(p) if isinstance(op, Compute)]
     for c in compute:

@@ -29,6 +29,7 @@ from ...ir.ops import (
     ReadBarrier,
     ReadTiles,
     ReleaseAcc,
+    VecAxis,
     WriteBarrier,
     WriteTiles,
 )
@@ -498,11 +499,16 @@ class TilePrinter:
 
     def col_at(self, col: Col, env: dict[LoopVar, str]) -> str:
         """The flat index of the element's value in column vector `col` (a bias): tile column `at + s mod width` of
-        page tile s, row 0, column el % 16.
+        page tile s, row 0, column el % 16 — or in row vector `col` (a per-row scale): tile row `at + s // width`,
+        row el / 16, column 0.
 
         The page is the item's h x w tiles in row-major order, so page tile s = bh * w + bw.
         """
         w = self.plan.item_tiles[1]
+        if col.axis == VecAxis.ROW:
+            r = "bh" if col.width == w else f"((bh * {w} + bw) / {col.width})"
+            at = addr_expr(col.at, env)
+            return f"(long long)({c_sum(at if at != '0' else '', r)}) * {TILE_ELEMS} + (el / 16) * 16"
         s = "bw" if col.width == w else (c_mod(f"(bh * {w} + bw)", col.width) or "0")
         at = addr_expr(col.at, env)
         return f"(long long)({c_sum(at if at != '0' else '', s)}) * {TILE_ELEMS} + el % 16"

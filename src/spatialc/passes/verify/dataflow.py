@@ -116,8 +116,8 @@ def _formula(expr: Expr) -> object:
     width are checked apart), constants and parameters by their bits — in Python 0.0 == -0.0, but x·0 and x·−0
     differ in sign, and 1/x of them by an infinity."""
     match expr:
-        case Col(tensor):
-            return ("col", tensor)
+        case Col(tensor, axis=axis):
+            return (axis.value, tensor)
         case RowArg(index):
             return ("row", index)
         case Lit(value):

@@ -34,6 +34,7 @@ from ...ir.ops import (
     Precision,
     Requant,
     RowReduce,
+    VecAxis,
     arg_indices,
     cols,
     row_args,
@@ -50,10 +51,17 @@ def _unsure(what: str) -> StrongerCheckNeeded:
     return StrongerCheckNeeded(f"the stages: {what}; the semantic rule (verify's rule 8) cannot state what C is")
 
 
-def _chain_op(op: object) -> bool:
-    """An op an epilogue chain holds: a requant, or a Map of the one page before it (a bias, relu, scalar,
-    activation, or any formula of the elementwise table over that page, constants and column vectors)."""
-    return isinstance(op, Requant) or (isinstance(op, Map) and arg_indices(op.expr) in ((0,), ()))
+def _chain_op(op: object, pages: int = 1) -> bool:
+    """An op an epilogue chain holds: a requant, or a Map of the page before it (a bias, relu, scalar, activation, or
+    any formula of the elementwise table over that page, constants and column or row vectors) and of `pages` − 1
+    more pages each read from a tensor (a residual, a gate), each page read."""
+    if isinstance(op, Requant):
+        return pages == 1
+    return (
+        isinstance(op, Map)
+        and set(arg_indices(op.expr)) <= set(range(pages))
+        and (pages == 1 or set(arg_indices(op.expr)) == set(range(pages)))
+    )
 
 
 def _reduces_rows(p) -> bool:
@@ -380,7 +388,14 @@ class _Way:
                     )
                 case ComputeStage(MatmulTiles()):
                     return stage, ring, tuple(chain[::-1])
-                case ComputeStage(op) if _chain_op(op) and len(stage.ins) == len(stage.outs) == 1:
+                case ComputeStage(op) if _chain_op(op, len(stage.ins)) and len(stage.outs) == 1 and stage.ins:
+                    for b in stage.ins[1:]:  # a residual's page: a read of a tensor, nothing else
+                        read = self.producer.get(self.index.ring(b))
+                        if read is None or not isinstance(read.kind, ReadStage):
+                            raise _unsure(
+                                f"stage {stage.name} reads {self.index.name(b)} beside the value before it, and no"
+                                " read of a tensor fills it"
+                            )
                     chain.append(stage)
                     ring = self.index.ring(stage.ins[0])
                 case ComputeStage(op):
@@ -440,6 +455,9 @@ class _Way:
             inner, inner_ring, inner_chain = self.to_matmul(
                 self.index.ring(b), f"matmul stage {stage.name}'s operand {which}"
             )
+            wide = [s.name for s in inner_chain if len(s.ins) > 1]
+            if wide:
+                raise _unsure(f"stage {wide[0]} reads a tensor beside a computed operand's value (it follows C's only)")
             self.matmul(inner, inner_ring, inner_chain)
             operands.append(None)
             sources.append(inner.id)
@@ -486,6 +504,7 @@ class _Way:
 def _every_stage_used(index: ProgramIndex, decl: Declared, write: Stage) -> None:
     """No stage is off the way to C: each one declares part of what C is, and the reference applies them all."""
     used = {id(write), *(id(s) for s in decl.chain)}
+    used.update(id(decl.producer[index.ring(b)]) for s in decl.chain for b in s.ins[1:])  # a residual's read
     for mm in decl.matmuls.values():
         used.add(id(mm.stage))
         used.update(id(s) for chain in mm.chains for s in chain)
@@ -537,15 +556,30 @@ def _split(
 
 
 def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:
-    """A bias holds one value per column of what it is added to, int32 values in an int8 program, float32 in a float
-    one (the bounds and the kernel rely on it)."""
-    want = accumulator_dtype(index.p.precision)
+    """A bias (a column vector) holds one value per column of what it is applied to, a row vector one per row, int32
+    values in an int8 program, float32 in a float one (the bounds and the kernel rely on it); a tensor read beside
+    the value (a residual) has C's shape and holds the program's operand type. Only C's chain reads such a tensor."""
+    p = index.p
+    want = accumulator_dtype(p.precision)
     for chain, source in _applied_chains(decl):  # a bias holds one value per column of what it is added to
-        width = source.value[0][1]
+        height, width = source.value[0]
         for s in chain:
+            for b in s.ins[1:]:
+                t = index.tensors[decl.producer[index.ring(b)].kind.tensor]  # type: ignore[union-attr]
+                if t.elems != decl.out.elems or t.dtype != DType(p.precision.value) or t.groups != 1:
+                    raise SemanticError(
+                        f"stage {s.name} reads {t.name} ({t.elems[0]}x{t.elems[1]} {t.dtype.value}) element by element"
+                        f" beside {decl.out.name}'s values ({decl.out.elems[0]}x{decl.out.elems[1]}): it has C's shape"
+                        f" and holds {p.precision.value} values"
+                    )
             for c in _vectors(s):
                 t = index.tensors[c.tensor]
-                if t.elems[1] != width:
+                if c.axis == VecAxis.ROW and t.elems != (height, 1):
+                    raise SemanticError(
+                        f"stage {s.name} reads {t.name} ({t.elems[0]}x{t.elems[1]}) as a row vector of values {height}"
+                        f" rows high: one value per row, a column of {height}"
+                    )
+                if c.axis == VecAxis.COL and t.elems[1] != width:
                     raise SemanticError(
                         f"stage {s.name} adds {t.name}, a row of {t.elems[1]} values, to values {width} columns wide"
                     )

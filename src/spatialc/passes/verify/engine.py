@@ -36,6 +36,7 @@ from ...ir.ops import (
     RowReduce,
     TileAddr,
     Trip,
+    VecAxis,
     WriteTiles,
     cols,
     ring_of,
@@ -633,28 +634,32 @@ class EngineRun:
                     " follows a map of pages of one shape",
                     buf,
                 )
-        col = None
-        vectors = {(c.at, c.width) for c in cols(op.op.expr)} if isinstance(op.op, Map) else set()
-        if len(vectors) > 1:
-            raise self.unsure(
-                op,
-                "its column vectors are read at different tile columns; the semantic rule follows column vectors"
-                " read together, at one address",
-                op.ins[0],
-            )
-        if vectors:
-            ((at, width),) = vectors
-            if width != page.width:
+        found: dict[VecAxis, Aff] = {}
+        for axis in VecAxis:
+            vectors = {(c.at, c.width) for c in cols(op.op.expr) if c.axis == axis} if isinstance(op.op, Map) else set()
+            what = "column" if axis == VecAxis.COL else "row"
+            if len(vectors) > 1:
                 raise self.unsure(
                     op,
-                    f"its bias row is {width} tiles wide and the page's rows are {page.width}; the semantic rule"
-                    " follows a bias laid over whole page rows",
+                    f"its {what} vectors are read at different tile {what}s; the semantic rule follows {what} vectors"
+                    " read together, at one address",
                     op.ins[0],
                 )
-            col = self.addr(op, at) + Aff.of(PC)
+            if vectors:
+                ((at, width),) = vectors
+                if width != page.width:
+                    raise self.unsure(
+                        op,
+                        f"its {what} vector is read against rows {width} tiles wide and the page's rows are"
+                        f" {page.width}; the semantic rule follows a vector laid over whole page rows",
+                        op.ins[0],
+                    )
+                # a column vector's tile s is the page's column s mod width; a row vector's, its row s // width
+                found[axis] = self.addr(op, at) + Aff.of(PC if axis == VecAxis.COL else PR)
         inners = tuple(p.cell for p in pages)
         origin = (int(self.site.site), self.engine, self.index.op(op))
-        self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(op.op, inners, col, origin)))
+        cell = Elem(op.op, inners, found.get(VecAxis.COL), origin, found.get(VecAxis.ROW))
+        self.fill(op, op.outs[0], Page(page.rows, page.width, cell))
 
     def vector_map(self, op: Compute, pages: list[Page]) -> None:
         """A map of row vectors alone (mean = Σ / n): a row vector, each row's value of the same rows' values."""

@@ -35,6 +35,7 @@ from ...ir.ops import (
     SemInc,
     TileAddr,
     Trip,
+    VecAxis,
     Wait,
     WriteTiles,
     cols,
@@ -183,13 +184,25 @@ class _Walk:
     def compute(self, op: Compute, loops: tuple[Frame, ...]) -> None:
         if isinstance(op.op, Map):
             for c in cols(op.op.expr):
-                self.access(BiasRead(op, c.tensor, c.at, 1, c.width, 0, 1, op.ins[0]), c.at, loops)
+                if c.axis == VecAxis.ROW:  # a tile row of the vector for each page row: its one column of tiles
+                    rows = self.page_rows(op, c.width)
+                    self.access(BiasRead(op, c.tensor, c.at, rows, 1, 1, 0, op.ins[0]), c.at, loops)
+                else:
+                    self.access(BiasRead(op, c.tensor, c.at, 1, c.width, 0, 1, op.ins[0]), c.at, loops)
         for b in op.ins:
             self.use(op, b, Side.CONSUME, loops)
         for b in op.outs:
             self.use(op, b, Side.PRODUCE, loops)
         if op.acc is not None:
             self.use(op, op.acc, Side.ACC, loops)
+
+    def page_rows(self, op: Compute, width: int) -> int:
+        """The tile rows of the page `op` fills, in rows of `width` tiles (at least one: wellformed says the rest)."""
+        try:
+            tiles = self.index.page_tiles(op.outs[0]) if op.outs else 1
+        except KeyError:
+            tiles = 1
+        return max(1, tiles // max(1, width))
 
     def handshake(self, op: ChoreoOp, loops: tuple[Frame, ...]) -> None:
         """Semaphores and barriers: who they join, and what the deadlock rule cannot decide."""

@@ -58,6 +58,7 @@ from ...ir.ops import (
     RowReduce,
     SemInc,
     Trip,
+    VecAxis,
     cols,
     rewrite,
     walk,
@@ -569,14 +570,19 @@ class _Proof:
                     f"{self.tile_text(self.base())}{path} gets {_cell_text(cell)} where stage {stage.name} declares"
                     f" {compute_text(op, self.site.index.p)}"
                 )
-            if isinstance(op, Map) and cols(op.expr) and cell.bias_col != col:
-                assert cell.bias_col is not None
-                values = self.differ([(cell.bias_col, col)], set(self.ranges))
-                raise self.fail(
-                    f"{self.tile_text(values)} ({self.item_text(values)}){path} gets bias tile column"
-                    f" {cell.bias_col.at(values)}, not its own column {col.at(values)}",
-                    cell,
-                )
+            axes = {c.axis for c in cols(op.expr)} if isinstance(op, Map) else set()
+            for axis, got, want in ((VecAxis.COL, cell.bias_col, col), (VecAxis.ROW, cell.bias_row, row)):
+                if axis in axes and got != want:
+                    what = "column" if axis == VecAxis.COL else "row"
+                    if got is None:
+                        raise self.fail(f"{self.tile_text(self.base())}{path} reads no {what} vector's tile", cell)
+                    values = self.differ([(got, want)], set(self.ranges))
+                    vector = "bias" if axis == VecAxis.COL else "row vector"
+                    raise self.fail(
+                        f"{self.tile_text(values)} ({self.item_text(values)}){path} gets {vector} tile {what}"
+                        f" {got.at(values)}, not its own {what} {want.at(values)}",
+                        cell,
+                    )
             rings = [self.site.index.ring(b) for b in stage.ins]
             if len(cell.inners) != len(rings):
                 raise self.fail(

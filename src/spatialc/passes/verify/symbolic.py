@@ -206,16 +206,20 @@ class AccSum:
 @dataclass(frozen=True, slots=True)
 class Elem:
     """An elementwise op applied to the same tile of each of its input pages (`inners`, in the order of its rings); a
-    column vector (a bias) is read at tile column `bias_col`; `origin`, for messages only, the op that applied it."""
+    column vector (a bias) is read at tile column `bias_col`, a row vector (a per-row scale) at tile row `bias_row`;
+    `origin`, for messages only, the op that applied it."""
 
     op: ComputeOp
     inners: tuple[Cell, ...]
     bias_col: Aff | None
     origin: tuple[int, str, str] | None = field(default=None, compare=False)
+    bias_row: Aff | None = None
 
     def subst(self, m: Mapping[Sym, Aff]) -> Elem:
         inners = tuple(c.subst(m) for c in self.inners)
-        return Elem(self.op, inners, None if self.bias_col is None else self.bias_col.subst(m), self.origin)
+        col = None if self.bias_col is None else self.bias_col.subst(m)
+        row = None if self.bias_row is None else self.bias_row.subst(m)
+        return Elem(self.op, inners, col, self.origin, row)
 
 
 @dataclass(frozen=True, slots=True)

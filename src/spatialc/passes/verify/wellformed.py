@@ -74,6 +74,7 @@ from ...ir.ops import (
     SemWait,
     TileAddr,
     Trip,
+    VecAxis,
     Wait,
     WriteBarrier,
     WriteTiles,
@@ -762,7 +763,14 @@ class _OpCheck:
         """A bias names a parameter row, read at an address of bound variables (that it holds one value per column
         of the values it is added to — C's, or a computed operand's — is rule 8's `declared`)."""
         t = self.tensor(op, bias.tensor)
-        if t.role != TensorRole.PARAMETER or t.elems[0] != 1 or t.tiles[0] != 1:
+        if bias.axis == VecAxis.ROW and (t.role != TensorRole.PARAMETER or t.elems[1] != 1 or t.tiles[1] != 1):
+            raise self.fail(
+                op,
+                f"a row vector (a per-row scale) is a parameter tensor of one column of values in one column of tiles;"
+                f" {t.name} is a {t.role.value} tensor of {t.elems[0]}x{t.elems[1]} in {t.tiles[0]}x{t.tiles[1]}"
+                " tiles",
+            )
+        if bias.axis == VecAxis.COL and (t.role != TensorRole.PARAMETER or t.elems[0] != 1 or t.tiles[0] != 1):
             raise self.fail(
                 op,
                 f"a column vector (a bias) is a parameter tensor of one row of values in one row of tiles; {t.name} is"
