@@ -296,3 +296,18 @@ def test_a_formula_printed_as_ew_source_reads_back_to_itself():
         value = eval(f"lambda a, m, b: {source}", {"ew": ew})(*ew.inputs(3))  # noqa: S307 (the printer's own text)
         back = as_rows(value.node, vectors) if isinstance(value, ew.Value) else None
         assert back == expr, source
+
+
+def test_a_row_vector_has_no_ew_source_and_is_not_printed_as_a_column():
+    """ew spells column vectors only: a per-row scale (`Col` along ROW) printed as `ew.col` would read back as a
+    column vector, another formula; it is refused, so the map is printed by its fields instead."""
+    from spatialc.ir.ids import TensorId
+    from spatialc.ir.ops import Apply, Arg, Col, VecAxis
+    from spatialc.lang.maps import ew_source
+
+    def named(c):
+        return "s"
+
+    assert ew_source(Apply("mul", (Arg(0), Col(TensorId(3)))), ["x"], (False,), named) == 'x * ew.col("s")'
+    with pytest.raises(ValueError):
+        ew_source(Apply("mul", (Arg(0), Col(TensorId(3), axis=VecAxis.ROW))), ["x"], (False,), named)

@@ -17,7 +17,7 @@ from .. import ew
 from ..errors import ProgramError
 from ..ir.ids import BufferId, TensorId
 from ..ir.nodes import ComputeStage, ReadStage, Tensor, TensorRole
-from ..ir.ops import REDUCE_OPS, Apply, Arg, Col, Expr, Lit, RowArg, RowReduce, TileAddr
+from ..ir.ops import REDUCE_OPS, Apply, Arg, Col, Expr, Lit, RowArg, RowReduce, TileAddr, VecAxis
 from ..numerics.elementwise import OPS
 from .lines import refuse
 
@@ -135,7 +135,7 @@ def _source(expr: Expr, args: Sequence[str], vectors: tuple[bool, ...], col_name
             return args[i], ATOM
         case Lit(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
             return repr(float(v)), ATOM if math.copysign(1.0, v) > 0 else UNARY
-        case Col(_, TileAddr(0, ()), 1) if (name := col_name(expr)) is not None:
+        case Col(_, TileAddr(0, ()), 1, VecAxis.COL) if (name := col_name(expr)) is not None:  # ew has no row vector
             return f'ew.col("{name}")', ATOM
         case Apply(op, parts, params) if op in OPS and len(parts) == OPS[op].arity:
             spec = OPS[op]
