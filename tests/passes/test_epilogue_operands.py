@@ -16,7 +16,21 @@ import spatialc
 from spatialc.errors import ProgramError, VerifyError
 from spatialc.ir.ids import LV_ITEM_X
 from spatialc.ir.nodes import Engine
-from spatialc.ir.ops import Apply, Col, Compute, Loop, Map, Pop, Push, ReadTiles, TileAddr, VecAxis, Wait, cols, with_cols
+from spatialc.ir.ops import (
+    Apply,
+    Col,
+    Compute,
+    Loop,
+    Map,
+    Pop,
+    Push,
+    ReadTiles,
+    TileAddr,
+    VecAxis,
+    Wait,
+    cols,
+    with_cols,
+)
 from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
 
