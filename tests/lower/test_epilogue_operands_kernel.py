@@ -1,10 +1,11 @@
 """GEMM epilogues with row and column scale vectors and a residual or gate tensor (issue 31), printed and run.
 
-The general form prints them all (a row vector read at the element's own row, the residual's page from a ring the
-reader fills); the persistent kernel and the sm_90a form apply row and column vectors in their fused stores (sm_90a's
-before the staging store) and refuse a residual or a gate by name. The host emulation of each printed form equals the
-interpreter, and a row vector read at the wrong row in the printed text is caught. nvcc compiles the kernels without
-a warning or a spill.
+The general form prints them page to page (a row vector read at the element's own row, the residual's page from a ring
+the reader fills); the persistent kernel and the sm_90a form apply them in their fused stores (sm_90a's before the
+staging store, its residual's page landed by TMA), reading a residual's page between its ring's Wait and Pop. The host
+emulation of each printed form equals the interpreter, and planted faults in the printed text are caught: a row vector
+read at the wrong row, a residual at another tile row or slot, its wait dropped or its page freed early. nvcc compiles
+the kernels without a warning or a spill.
 """
 
 from __future__ import annotations
@@ -71,6 +72,25 @@ CASES = {
         64,
         96,
         {},
+        "sm_86",
+    ),
+    # a residual and a gate read by the persistent kernel's fused store: two items a site, rings two pages deep
+    "persistent_residual_gate": (
+        "bf16",
+        lambda: [spatialc.row_scale(), spatialc.residual(), spatialc.gate(), spatialc.relu()],
+        64,
+        80,
+        64,
+        {"sites": 2},
+        "sm_80",
+    ),
+    "persistent_int8_residual": (
+        "int8",
+        lambda: [spatialc.residual(), spatialc.gate(), spatialc.scalar("add", -5), spatialc.requant(0.001, 2)],
+        50,
+        64,
+        96,
+        {"sites": 1},
         "sm_86",
     ),
     "splitk_residual": (
@@ -167,20 +187,64 @@ def emulated(name: str, mutate=lambda text: text) -> tuple[np.ndarray, np.ndarra
 # ---- which form --------------------------------------------------------------------------------------------------
 
 
-def test_auto_prints_a_residual_in_the_general_form_saying_why():
-    art = lowered("bf16_all")
+def test_auto_prints_a_residual_in_the_general_form_where_the_fused_store_cannot_hold_it_saying_why():
+    art = lowered("bf16_all")  # blocks of one tile: no warp grid divides them, so no fused store
     assert art.budget.form == "general"
-    assert any("persistent kernel refuses" in n and "reads a tensor beside C's value" in n for n in art.notes)
+    assert any(
+        "persistent kernel refuses" in n and "no warp grid divides the accumulator block" in n for n in art.notes
+    )
 
 
-def test_the_persistent_kernel_refuses_a_residual_by_name_and_applies_scales_in_its_fused_store():
-    residual = spatialc.build(spatialc.gemm(32, 32, 32, "fp16", epilogue=[spatialc.residual()]), "sm_80")
-    with pytest.raises(NeedsGeneral, match=r"stage residual0 \(\(x0 \+ x1\)\), which reads a tensor beside C's"):
-        spatialc.lower(residual, "sm_80", form="persistent")
+def test_the_persistent_kernel_applies_scales_in_its_fused_store():
     for name in ("persistent_scales", "persistent_int8_row"):
         art = lowered(name)
         assert art.budget.form == "persistent", art.notes
         assert "(el / 16) * 16]);  // op:Compute:Map_mul_x0_row" in art.kernel_cu
+
+
+def test_the_persistent_kernel_reads_a_residual_and_a_gate_in_its_fused_store_before_their_pops():
+    """Auto prints the persistent kernel: the fused store stands at the chain's last Push (the WriteTiles' image),
+    after the pages' waits and before their pops, reading each page at its read slot."""
+    art = lowered("persistent_residual_gate")
+    assert art.budget.form == "persistent" and art.notes == ()
+    text = art.kernel_cu
+    store = text.index("{  // op:WriteTiles")
+    push = text.index("// op:Push (fused output: no ring; the store above is the WriteTiles')", store)
+    wait = text.rindex("__pipeline_wait_prior(0); __syncthreads();  // op:Wait", 0, store)
+    for word in ("add", "mul"):  # the residual's stage, the gate's
+        page = r"\(\(float\)\*\(ring_(\d+) \+ rslot_\1 \* PAGE_\1 \+ \(bh \* 4 \+ bw\) \* 256 \+ el\)\)\)"
+        read = re.search(rf"{page};  // op:Compute:Map_{word}_x0_x1", text)
+        assert read is not None, word
+        r = int(read.group(1))
+        pop = text.index(f"rslot_{r} = (rslot_{r} + 1) % DEPTH_{r};", push)
+        assert wait < store < read.start() < push < pop
+
+
+def test_the_persistent_kernel_refuses_a_residual_popped_before_its_store_by_name():
+    """The schedule edited to pop the residual's page right after its own stage (before the chain's last Push, where
+    the store reads it): verify accepts it, and the persistent kernel's occupancy proof refuses it."""
+    p = built("persistent_residual_gate")
+    q = spatialc.verify(edit(p, Engine.COMPUTE, popped_early(p, "read_residual")), p.target)
+    with pytest.raises(NeedsGeneral, match=r"Push on ring residual_ring.* it needs its page unpopped"):
+        spatialc.lower(q, form="persistent")
+    art = spatialc.lower(q)
+    assert art.budget.form == "general" and any("persistent kernel refuses" in n for n in art.notes)
+
+
+def popped_early(p, read: str):
+    """An edit of the compute engine's ops: the page of read stage `read` popped right after the stage that reads it
+    (its Push and its chain page's Pop), as the schedule once placed it, before the chain's last Push."""
+    ring = next(s.outs[0] for s in p.stages if s.name == read)
+
+    def early(ops):
+        if not any(isinstance(o, Pop) and p.buffer(o.buf).ring == ring for o in ops):
+            return tuple(dataclasses.replace(o, body=early(o.body)) if isinstance(o, Loop) else o for o in ops)
+        pop = next(o for o in ops if isinstance(o, Pop) and p.buffer(o.buf).ring == ring)
+        rest = [o for o in ops if o is not pop]
+        at = next(i for i, o in enumerate(rest) if isinstance(o, Compute) and pop.buf in o.ins)
+        return (*rest[: at + 3], pop, *rest[at + 3 :])
+
+    return early
 
 
 def side_ring(art, tensor: str) -> int:
@@ -239,17 +303,7 @@ def test_the_sm90a_form_keeps_the_chain_page_to_page_where_the_schedule_frees_a_
     consumers read it, so the sm_90a form prints that chain page to page instead, each page read in its turn."""
     p = spatialc.build(spatialc.gemm(128, 48, 32, "bf16", epilogue=[spatialc.residual(), spatialc.relu()]), "sm_90a")
     assert "(fused output: no ring)" in spatialc.lower(p).kernel_cu
-    ring = next(s.outs[0] for s in p.stages if s.name == "read_residual")
-
-    def early(ops):
-        if not any(isinstance(o, Pop) and p.buffer(o.buf).ring == ring for o in ops):
-            return tuple(dataclasses.replace(o, body=early(o.body)) if isinstance(o, Loop) else o for o in ops)
-        pop = next(o for o in ops if isinstance(o, Pop) and p.buffer(o.buf).ring == ring)
-        rest = [o for o in ops if o is not pop]
-        at = next(i for i, o in enumerate(rest) if isinstance(o, Compute) and pop.buf in o.ins)
-        return (*rest[: at + 3], pop, *rest[at + 3 :])  # after the stage's Push and its chain page's Pop
-
-    q = spatialc.verify(edit(p, Engine.COMPUTE, early), "sm_90a")
+    q = spatialc.verify(edit(p, Engine.COMPUTE, popped_early(p, "read_residual")), "sm_90a")
     art = spatialc.lower(q)
     assert art.budget.form == "sm90a" and "(fused output: no ring)" not in art.kernel_cu
     if GXX is not None:
@@ -309,6 +363,35 @@ def test_a_residual_read_at_another_tile_row_of_its_page_is_caught():
     assert not np.array_equal(c, want)
 
 
+@pytest.mark.emulation
+@needs_gxx
+def test_the_persistent_kernels_residual_read_at_another_tile_row_or_slot_is_caught():
+    """The persistent kernel's fused store reading the residual's page at the tile row below the element's, or
+    reading it after its slot counter moved on (its Pop printed before the store: the next slot's page)."""
+    text = lowered("persistent_residual_gate").program_cu
+    r = int(
+        re.search(
+            r"\*\(ring_(\d+) \+ rslot_\d+ \* PAGE_\d+ \+ \(bh \* 4 \+ bw\) \* 256 \+ el\)\)\);  // op:Compute:"
+            r"Map_add_x0_x1",
+            text,
+        ).group(1)
+    )
+
+    def shifted(text: str) -> str:
+        old = f"PAGE_{r} + (bh * 4 + bw) * 256 + el"
+        assert text.count(old) == 1
+        return text.replace(old, f"PAGE_{r} + ((bh ^ 1) * 4 + bw) * 256 + el")
+
+    def popped_first(text: str) -> str:
+        pop, store = f"rslot_{r} = (rslot_{r} + 1) % DEPTH_{r};", "{  // op:WriteTiles"
+        assert text.count(pop) == 1 and text.count(store) == 1
+        return text.replace(pop, "").replace(store, f"{pop} {store}")
+
+    for mutate in (shifted, popped_first):
+        c, want = emulated("persistent_residual_gate", mutate)
+        assert not np.array_equal(c, want), mutate.__name__
+
+
 def sm90a_fault(mutate) -> str:
     """The emulation's verdict on the sm_90a residual kernel with `mutate` applied to its text: its error's kind and
     report, or "mismatch" / "exact"."""
@@ -366,6 +449,8 @@ def test_the_kernels_compile_without_warnings_or_spills(tmp_path):
         lowered("int8_row_residual").program_cu,
         lowered("persistent_scales").kernel_cu,
         lowered("persistent_int8_row").kernel_cu,
+        lowered("persistent_residual_gate").kernel_cu,
+        lowered("persistent_int8_residual").kernel_cu,
     ]
     units = [(("sm_80", "sm_86", "sm_90"), "".join(in_namespace(text, i, "p") for i, text in enumerate(general)))]
     for name in ("sm90a_scales", "sm90a_residual_gate", "sm90a_int8_residual", "sm90a_residual_gelu"):

@@ -273,4 +273,4 @@ def test_the_example_runs(capsys):
 
     runpy.run_path(str(Path(__file__).parents[2] / "examples" / "fused_epilogue.py"), run_name="__main__")
     out = capsys.readouterr().out
-    assert "verified; OK" in out and "CUDA: the general form" in out
+    assert "verified; OK" in out and "CUDA: the persistent form" in out

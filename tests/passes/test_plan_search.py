@@ -34,8 +34,8 @@ def _every_plan_asked(monkeypatch, p, target, form, extra, **forced):
     key with each plan's text."""
 
     def ask(target, plan, prec, form="persistent", stages=0, reads=0):
-        if form == "sm90a":  # (its fused store's rings of a residual's pages: `tile.side_rings`)
-            return hopper_plan.plan_resources(target, plan, prec, stages, reads)
+        if form in ("sm90a", "persistent"):  # (their fused stores' rings of a residual's pages: `tile.side_rings`)
+            return BACKENDS[form].plan_resources(target, plan, prec, stages, reads)
         return BACKENDS[form].plan_resources(target, plan, prec, stages)
 
     with monkeypatch.context() as m:

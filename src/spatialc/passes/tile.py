@@ -78,19 +78,13 @@ def has_epilogue(p: SpatialProgram) -> bool:
     return epilogue_stages(p) > 0
 
 
-def fused_by_sm90a(p: SpatialProgram) -> bool:
-    """Whether every elementwise stage of `p` is one the sm_90a form's fused store applies from the accumulators: none
-    that calls a library function (an activation, exp, log), which only the general form prints page to page, in
-    rings of its own that a plan must hold. A residual's or a gate's page it reads from the ring the reader fills."""
+def fused_by_persistent(p: SpatialProgram) -> bool:
+    """Whether every elementwise stage of `p` is one the persistent kernel (and the sm_90a form's fused store) applies
+    from the accumulators: none that calls a library function (an activation, exp, log), which only the general form
+    prints page to page, in rings of its own that a plan must hold ("auto" then plans for that form). A residual's or
+    a gate's page the fused store reads from the ring the reader fills (`side_rings`)."""
     maps = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)]
     return not any(transcendental(m.expr) for m in maps)
-
-
-def fused_by_persistent(p: SpatialProgram) -> bool:
-    """Whether every elementwise stage of `p` is one the persistent kernel's fused store applies from the accumulators
-    (`fused_by_sm90a`'s, reading no second tensor: the general form's stages read a residual's pages page to page;
-    "auto" then plans for that form)."""
-    return not epilogue_reads(p) and fused_by_sm90a(p)
 
 
 def ring_stages(p: SpatialProgram, form: str, extra: int = 0) -> int:
@@ -98,15 +92,16 @@ def ring_stages(p: SpatialProgram, form: str, extra: int = 0) -> int:
     (split-K's): none where the sm_90a form's fused store applies the chain from the accumulators (`side_rings` counts
     the rings it reads beside them). A tensor an epilogue stage reads (a residual) has a ring of output-sized pages
     too, counted as one more stage's (its operand-typed pages are no larger than a stage's values)."""
-    if form == "sm90a" and fused_by_sm90a(p):
+    if form == "sm90a" and fused_by_persistent(p):
         return extra
     return epilogue_stages(p) + len(epilogue_reads(p)) + extra
 
 
 def side_rings(p: SpatialProgram, form: str) -> int:
     """The rings of output-sized operand pages (a residual's, a gate's) a block of the `form` kernel keeps beside a
-    fused store that reads them — the sm_90a form's — which `ring_stages` does not count."""
-    return len(epilogue_reads(p)) if form == "sm90a" and fused_by_sm90a(p) else 0
+    fused store that reads them — the persistent kernel's and the sm_90a form's — which costs nothing of the stages'
+    (the persistent kernel's live in registers; the sm_90a form's `ring_stages` leaves out)."""
+    return len(epilogue_reads(p)) if form in ("sm90a", "persistent") and fused_by_persistent(p) else 0
 
 
 def in_panels(p: SpatialProgram) -> bool:
@@ -163,8 +158,8 @@ def block_resources(
 
     backend = {"persistent": persistent, "general": general, "sm90a": hopper_plan}[form]
     one_item = Plan(block, sub_blocks, (1, 1), block.ibw, depth)
-    if form == "sm90a":
-        return hopper_plan.plan_resources(target, one_item, prec, stages, reads)
+    if form in ("sm90a", "persistent"):  # the forms whose fused store reads a residual's ring (`side_rings`)
+        return backend.plan_resources(target, one_item, prec, stages, reads)
     return backend.plan_resources(target, one_item, prec, stages)
 
 

@@ -38,14 +38,13 @@ def page_to_page(op: ComputeOp) -> bool:
 
 
 def fused_reading(op: ComputeOp) -> bool:
-    """What the sm_90a form's fused store applies: `fused`'s stages, each of which may also read a page of a second
-    tensor (a residual, a gate) from the ring a read stage fills — its consumers wait for that page, read their own
-    elements of it and free it, as the schedule says."""
+    """What the fused stores (the persistent kernel's, the sm_90a form's) apply: `fused`'s stages, each of which may
+    also read a page of a second tensor (a residual, a gate) from the ring a read stage fills — the store reads its
+    own elements of that page between the ring's Wait and Pop, as the schedule orders them."""
     return fused(op)
 
 
-EPILOGUE_OPS = fused  # what the persistent kernel's fused store applies
-FUSED_READING_OPS = fused_reading  # what the sm_90a form's fused store applies
+EPILOGUE_OPS = fused_reading  # what the fused stores apply
 ELEMENTWISE_OPS = page_to_page  # what the general form's stages apply page to page
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -74,8 +73,8 @@ def chain(p: SpatialProgram, mm: Stage, ops=EPILOGUE_OPS) -> tuple[Stage, ...]:
         if not isinstance(s.kind, ComputeStage) or isinstance(s.kind.op, MatmulTiles):
             return tuple(stages)
         # A stage of more pages than the one before it reads the others from rings a read fills (a residual's):
-        # the general form's stages read them page to page, and so does the sm_90a form's fused store (the chain's
-        # value its first page); the persistent kernel's fused store has none.
+        # the general form's stages read them page to page, and the fused stores beside the chain's value (its first
+        # page).
         beside = len(s.ins) == 1 or ops is page_to_page
         beside = beside or (ops is fused_reading and s.ins[0] == cur and _read_pages(p, s.ins[1:]))
         if not ops(s.kind.op) or len(s.outs) != 1 or not beside:

@@ -226,7 +226,7 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
     its item level, and a writer that only waits for each page, stores it and frees it — and the kernel's rings
     without that chain's. None otherwise (the general form's output ring and writer stay)."""
     try:
-        mm, types, integer, chain = checked_gemm(p, epilogue.FUSED_READING_OPS)
+        mm, types, integer, chain = checked_gemm(p, epilogue.EPILOGUE_OPS)
     except LowerError:
         return None  # a stage the fused store does not apply (an activation): page to page, as the general form
     last = int(p.buffer((chain[-1] if chain else mm).outs[0]).ring)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...ir.ids import BufferId, LoopVar, loop_var_name
+from ...ir.ids import LoopVar, loop_var_name
 from ...ir.names import plain
-from ...ir.nodes import PageLayout
 from ...ir.ops import (
     ChoreoOp,
     Compute,
@@ -301,21 +300,6 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             c0 = c_sum(col, f"({across}) * 16" if across else "")
             c1 = c_sum(row, f"({down}) * 16")
             self.w.line(f"spatialc_tma_load_2d({page} + s * {boxes.bytes}, &spatialc_tmap_{index}, {c0}, {c1}, {bar});")
-
-    def side_page(self, buf: BufferId) -> str:
-        """The element `el` of page tile (bh, bw) in the front page of `buf` — a page a read stage fills (a residual's)
-        that a fused stage reads beside the chain's value, in the page's row-major tile order, as the value type."""
-        ring = self.kept(buf)
-        r = ring.id
-        h, w = self.k.plan.item_tiles
-        if ring.page != h * w * TILE_ELEMS or ring.layout != PageLayout.ROW:
-            raise Unsupported(
-                f"a fused stage reading {ring.name}'s pages of {ring.page // TILE_ELEMS} tiles ({ring.layout.value})",
-                f"the fused store reads a page of the item's {h}x{w} tiles in row-major order beside its value",
-            )
-        value = "long long" if self.integer else "float"
-        page = f"ring_{r} + {self.read_slot(r)} * PAGE_{r} + (bh * {w} + bw) * {TILE_ELEMS} + el"
-        return f"(({value})SPATIALC_PAGE_LD({page}))"
 
     def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
         """One K step: a wgmma per 16 (int8: 32) K elements — 32 bytes of K — each warpgroup's 64 rows of A and the

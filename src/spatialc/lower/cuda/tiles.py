@@ -504,12 +504,19 @@ class TilePrinter:
         self.w.line(store.format("(OUT_T)v"))
 
     def side_page(self, buf: BufferId) -> str:
-        """The element a fused stage reads from the front page of `buf` beside the chain's value; a form whose fused
-        store reads no such page (the persistent kernel's) refuses it."""
-        raise Unsupported(
-            f"a fused stage reading {self.rings.names.get(self.rings.template[buf], buf)}'s pages",
-            "this form's fused store applies the epilogue from the accumulators alone",
-        )
+        """The element `el` of page tile (bh, bw) in the front page of `buf` — a page a read stage fills (a residual's)
+        that a fused stage reads beside the chain's value, its tiles in the item's row-major order — as the value
+        type."""
+        ring = self.kept(buf)
+        h, w = self.plan.item_tiles
+        if ring.page != h * w * TILE_ELEMS or ring.layout != PageLayout.ROW:
+            raise Unsupported(
+                f"a fused stage reading {ring.name}'s pages of {ring.page // TILE_ELEMS} tiles ({ring.layout.value})",
+                f"the fused store reads a page of the item's {h}x{w} tiles in row-major order beside its value",
+            )
+        pointer = f"{self.read_page(ring.id)} + (bh * {w} + bw) * {TILE_ELEMS} + el"
+        value = "long long" if self.integer else "float"
+        return f"(({value}){self.load(pointer, f'*({pointer})')})"
 
     def col_at(self, col: Col, env: dict[LoopVar, str]) -> str:
         """The flat index of the element's value in column vector `col` (a bias): tile column `at + s mod width` of
