@@ -130,6 +130,26 @@ CASES = {
         {},
         "sm_90a",
     ),
+    # paired blocks (items of 64 rows, one consumer warpgroup, two blocks an SM), and clusters multicasting A
+    "sm90a_paired_residual": (
+        "bf16",
+        lambda: [spatialc.residual(), spatialc.relu()],
+        128,
+        64,
+        64,
+        {"block": (4, 4, 4)},
+        "sm_90a",
+    ),
+    "sm90a_multicast_residual": (
+        "bf16",
+        lambda: [spatialc.col_scale(), spatialc.residual()],
+        256,
+        64,
+        64,
+        {"multicast": (2, 1), "block": (8, 4, 4)},
+        "sm_90a",
+    ),
+    "sm90a_int8_requant": ("int8", lambda: [spatialc.residual(), spatialc.requant(0.01, 3)], 128, 64, 64, {}, "sm_90a"),
     # an activation the fused store does not apply: the chain page to page, the residual's ring filled by TMA still
     "sm90a_residual_gelu": (
         "fp16",
@@ -453,7 +473,8 @@ def test_the_kernels_compile_without_warnings_or_spills(tmp_path):
         lowered("persistent_int8_residual").kernel_cu,
     ]
     units = [(("sm_80", "sm_86", "sm_90"), "".join(in_namespace(text, i, "p") for i, text in enumerate(general)))]
-    for name in ("sm90a_scales", "sm90a_residual_gate", "sm90a_int8_residual", "sm90a_residual_gelu"):
+    sm90a = ("sm90a_scales", "sm90a_residual_gate", "sm90a_int8_residual", "sm90a_residual_gelu")
+    for name in (*sm90a, "sm90a_paired_residual", "sm90a_int8_requant"):
         units.append((("sm_90a",), lowered(name).kernel_cu))
     for n, (targets, text) in enumerate(units):
         src = tmp_path / f"epi_{n}_{targets[0]}.cu"
