@@ -7,8 +7,8 @@ bias and a residual connection, fused into the one kernel.
 column), `residual()` an input tensor of C's shape that the reader streams in beside A and B, a block of it for each
 output block, at that block's own address. Verify's rule 8 proves each tile of C is that formula of its own tiles —
 the scale of its own rows and columns, the residual tile at its own place — and the interpreter computes it, compared
-here with numpy. The general CUDA form prints it (the persistent kernel would apply the scales in its fused store,
-but has no ring for the residual's pages: `lower` says so in the artifact's notes).
+here with numpy. The persistent CUDA kernel prints it: its fused store applies the scales and the bias to the
+accumulators and adds the residual's tile from the ring the reader fills, before the ring's page is freed.
 
     python examples/fused_epilogue.py            # builds, verifies, checks and prints the CUDA form it takes
 """

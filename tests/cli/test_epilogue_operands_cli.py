@@ -27,7 +27,8 @@ def test_gemm_builds_and_checks_scales_a_residual_and_a_gate(capsys, tmp_path):
     assert status == 0, err
     assert "epilogue row_scale → col_scale → bias → residual → gate" in out
     assert "interpreter vs numpy reference: OK" in out
-    assert "general form" in out and "reads a tensor beside C's value" in out  # the form auto took, and why
+    # the form auto took: the persistent kernel, whose fused store reads the residual's and the gate's rings
+    assert "residual_ring 8192 B, gate_ring 8192 B (static); fused into the store (no ring): C_ring" in out
     p = spatialc.from_json(path.read_text())
     shapes = {t.name: (t.role.value, t.elems) for t in p.tensors}
     assert shapes["row_scale"] == ("parameter", (40, 1)) and shapes["col_scale"] == ("parameter", (1, 48))

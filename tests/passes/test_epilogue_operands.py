@@ -16,7 +16,21 @@ import spatialc
 from spatialc.errors import ProgramError, VerifyError
 from spatialc.ir.ids import LV_ITEM_X
 from spatialc.ir.nodes import Engine
-from spatialc.ir.ops import Apply, Col, Compute, Map, ReadTiles, TileAddr, VecAxis, cols, with_cols
+from spatialc.ir.ops import (
+    Apply,
+    Col,
+    Compute,
+    Loop,
+    Map,
+    Pop,
+    Push,
+    ReadTiles,
+    TileAddr,
+    VecAxis,
+    Wait,
+    cols,
+    with_cols,
+)
 from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
 
@@ -67,6 +81,22 @@ def test_an_int8_gemm_with_a_row_scale_and_a_residual_is_exact():
     np.testing.assert_array_equal(c, want)
     assert c.dtype == np.int64
     np.testing.assert_array_equal(reference(p, x), want)
+
+
+def test_pages_read_beside_the_chain_are_popped_after_its_last_push(fused):
+    """The compute engine waits for the residual's and the gate's pages at their stages and frees them once the
+    chain's last page is pushed: a form applying the whole chain where that page is stored (the sm_90a form's fused
+    store) still owns them there."""
+    beside = {b for s in fused.stages if s.name in ("read_residual", "read_gate") for b in s.outs}
+    last = next(s.ins[0] for s in fused.stages if s.name == "write_C")  # the chain's last page, which C is written from
+    for prog in fused.schedule.programs:
+        if prog.engine != C:
+            continue
+        body = prog.ops[-1].body if isinstance(prog.ops[-1], Loop) else prog.ops
+        pushed = max(i for i, op in enumerate(body) if isinstance(op, Push) and fused.buffer(op.buf).ring == last)
+        pops = [i for i, op in enumerate(body) if isinstance(op, Pop) and fused.buffer(op.buf).ring in beside]
+        waits = [i for i, op in enumerate(body) if isinstance(op, Wait) and fused.buffer(op.buf).ring in beside]
+        assert len(pops) == len(waits) == 2 and max(waits) < pushed < min(pops), prog.ops
 
 
 def test_a_row_scale_takes_m_values_or_an_m_by_1_array(fused):
@@ -243,4 +273,4 @@ def test_the_example_runs(capsys):
 
     runpy.run_path(str(Path(__file__).parents[2] / "examples" / "fused_epilogue.py"), run_name="__main__")
     out = capsys.readouterr().out
-    assert "verified; OK" in out and "CUDA: the general form" in out
+    assert "verified; OK" in out and "CUDA: the persistent form" in out

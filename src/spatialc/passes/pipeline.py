@@ -15,7 +15,17 @@ from .place import default_sites, place
 from .rows import apply_row_plan, is_row_program, place_rows, plan_rows, schedule_rows
 from .schedule import schedule
 from .split import add_split, asked, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
-from .tile import IBWS, apply_plan, candidates, fused_by_persistent, in_panels, ring_stages, sites_per_unit, tile
+from .tile import (
+    IBWS,
+    apply_plan,
+    candidates,
+    fused_by_persistent,
+    in_panels,
+    ring_stages,
+    side_rings,
+    sites_per_unit,
+    tile,
+)
 from .verify import verify
 
 
@@ -228,7 +238,7 @@ def _multicast(
     if sites is not None and sites % (gy * gx):  # a kernel's grid is whole clusters: no group left short
         raise ProgramError(f"{said}: sites={sites} is not a whole number of groups of {gy * gx} sites")
     resident = default_sites(p, target, planned) if sites is None else sites
-    per_unit = sites_per_unit(target, p.plan, p.precision, planned, ring_stages(p, planned))
+    per_unit = sites_per_unit(target, p.plan, p.precision, planned, ring_stages(p, planned), side_rings(p, planned))
     crowded = fits_at_once(target, resident, per_unit, f"a {said} build", "fewer sites")
     if crowded:
         raise ProgramError(crowded)

@@ -11,7 +11,7 @@ from ..ir.ids import ItemId, Site
 from ..ir.nodes import Placement, Plan, SpatialProgram
 from ..ir.worklist import MAX_SITES, RULES, split_items
 from ..target import SpatialTarget
-from .tile import check_form, matmul_stage, ring_stages, sites_per_unit, too_many_items
+from .tile import check_form, matmul_stage, ring_stages, side_rings, sites_per_unit, too_many_items
 
 PLACEMENTS = RULES
 
@@ -22,7 +22,7 @@ def default_sites(p: SpatialProgram, target: SpatialTarget, form: str = "persist
     plan = p.plan
     assert plan is not None
     form = check_form(form, target)
-    per_unit = sites_per_unit(target, plan, p.precision, form, ring_stages(p, form))
+    per_unit = sites_per_unit(target, plan, p.precision, form, ring_stages(p, form), side_rings(p, form))
     return max(1, min(plan.items, target.units * max(per_unit, 1)))
 
 

@@ -3,12 +3,13 @@
     reader : Loop ITEM { Loop K { Reserve A; ReadTiles A; Push A; Reserve B; ReadTiles B; Push B } }
     compute: Loop ITEM { AcquireAcc; Loop K { Wait A; Wait B; Compute Matmul; Pop A; Pop B }
                          Reserve C; PackAcc C; Push C; ReleaseAcc
-                         [for each epilogue stage E_i: Wait E_i-1; Reserve E_i; Compute op; Push E_i; Pop E_i-1] }
+                         [for each epilogue stage E_i: Wait E_i-1; Reserve E_i; Compute op; Push E_i; Pop E_i-1]
+                         [Pop R for each page R a stage read beside the chain's] }
     writer : Loop ITEM { Wait last; WriteTiles last; Pop last }
 
 An epilogue stage that reads a second tensor of C's shape (a residual, a gate) reads it from a ring of its own: the
 reader fills one page of it an item, the item's block of that tensor at C's own address, after the item's K loop;
-the stage waits for that page beside the chain's and pops it after.
+the stage waits for that page beside the chain's, and the page is popped once the chain's last page is pushed.
 
 The epilogue stages run on the compute engine, after the accumulator is packed, one Interm ring each (DESIGN §2).
 
@@ -170,7 +171,9 @@ def _swap(ops: tuple[ChoreoOp, ...], new: dict[int, ChoreoOp]) -> tuple[ChoreoOp
 
 def _epilogue_ops(p: SpatialProgram, first: BufferId, h: int, w: int) -> tuple[tuple[ChoreoOp, ...], BufferId]:
     """The compute engine's ops for the chain of epilogue stages that starts at ring `first`, and its last ring. A
-    stage that reads more rings (a residual's) waits for their pages with the chain's and pops them after it."""
+    stage that reads more rings (a residual's) waits for their pages with the chain's; they are popped after the
+    chain's last page is pushed, so that a kernel applying the whole chain at once where that page would be stored
+    (the sm_90a form's fused store) reads them while they are still its own."""
     reads = {s.outs[0] for s in p.stages if isinstance(s.kind, ReadStage) and len(s.outs) == 1}
     by_input = {
         s.ins[0]: s
@@ -182,6 +185,7 @@ def _epilogue_ops(p: SpatialProgram, first: BufferId, h: int, w: int) -> tuple[t
         and not isinstance(s.kind.op, MatmulTiles)
     }
     ops: list[ChoreoOp] = []
+    beside: list[ChoreoOp] = []  # the Pops of the pages read beside the chain's, after its last Push
     cur = first
     while cur in by_input:
         stage = by_input[cur]
@@ -192,9 +196,10 @@ def _epilogue_ops(p: SpatialProgram, first: BufferId, h: int, w: int) -> tuple[t
             op = Map(with_cols(op.expr, partial(_at_item, h=h, w=w)))
         (out,) = stage.outs
         ins = stage.ins
-        ops += [*(Wait(b) for b in ins), Reserve(out), Compute(op, ins, (out,)), Push(out), *(Pop(b) for b in ins)]
+        ops += [*(Wait(b) for b in ins), Reserve(out), Compute(op, ins, (out,)), Push(out), Pop(ins[0])]
+        beside += [Pop(b) for b in ins[1:]]
         cur = out
-    return tuple(ops), cur
+    return (*ops, *beside), cur
 
 
 def _epilogue_read_rings(p: SpatialProgram) -> list[tuple[BufferId, TensorId]]:

@@ -81,21 +81,27 @@ def has_epilogue(p: SpatialProgram) -> bool:
 def fused_by_persistent(p: SpatialProgram) -> bool:
     """Whether every elementwise stage of `p` is one the persistent kernel (and the sm_90a form's fused store) applies
     from the accumulators: none that calls a library function (an activation, exp, log), which only the general form
-    prints page to page, in rings of its own that a plan must hold ("auto" then plans for that form)."""
+    prints page to page, in rings of its own that a plan must hold ("auto" then plans for that form). A residual's or
+    a gate's page the fused store reads from the ring the reader fills (`side_rings`)."""
     maps = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)]
-    if epilogue_reads(p):  # a second tensor's pages: the general form's stages read them, page to page
-        return False
     return not any(transcendental(m.expr) for m in maps)
 
 
 def ring_stages(p: SpatialProgram, form: str, extra: int = 0) -> int:
     """The epilogue stages a block of the `form` kernel keeps in rings of their own, plus `extra` output-sized ones
-    (split-K's): none where the sm_90a form's fused store applies the chain from the accumulators. A tensor an
-    epilogue stage reads (a residual) has a ring of output-sized pages too, counted as one more stage's (its
-    operand-typed pages are no larger than a stage's values)."""
+    (split-K's): none where the sm_90a form's fused store applies the chain from the accumulators (`side_rings` counts
+    the rings it reads beside them). A tensor an epilogue stage reads (a residual) has a ring of output-sized pages
+    too, counted as one more stage's (its operand-typed pages are no larger than a stage's values)."""
     if form == "sm90a" and fused_by_persistent(p):
         return extra
     return epilogue_stages(p) + len(epilogue_reads(p)) + extra
+
+
+def side_rings(p: SpatialProgram, form: str) -> int:
+    """The rings of output-sized operand pages (a residual's, a gate's) a block of the `form` kernel keeps beside a
+    fused store that reads them — the persistent kernel's and the sm_90a form's — which costs nothing of the stages'
+    (the persistent kernel's live in registers; the sm_90a form's `ring_stages` leaves out)."""
+    return len(epilogue_reads(p)) if form in ("sm90a", "persistent") and fused_by_persistent(p) else 0
 
 
 def in_panels(p: SpatialProgram) -> bool:
@@ -123,11 +129,14 @@ def check_form(form: str, target: SpatialTarget | None = None) -> str:
     return form
 
 
-def resources(target: SpatialTarget, plan: Plan, prec: Precision, form: str = "persistent", stages: int = 0):
+def resources(
+    target: SpatialTarget, plan: Plan, prec: Precision, form: str = "persistent", stages: int = 0, reads: int = 0
+):
     """What a block of the `form` kernel for `plan` costs: (shared memory bytes, blocks resident per SM; 0 when one
     does not fit) — the backend's own answer, so the planner keeps no copy of a kernel's memory model. `stages`:
-    the epilogue's stages, which the general form keeps in rings of their own."""
-    return block_resources(target, plan.block, plan.sub_blocks, plan.depth, prec, form, stages)
+    the epilogue's stages, which the general form keeps in rings of their own; `reads`: the rings of a residual's
+    pages the sm_90a form's fused store reads (`side_rings`)."""
+    return block_resources(target, plan.block, plan.sub_blocks, plan.depth, prec, form, stages, reads)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -139,6 +148,7 @@ def block_resources(
     prec: Precision,
     form: str,
     stages: int,
+    reads: int = 0,
 ) -> tuple[int, int]:
     """`resources` of a plan of this block, sub-blocks and depth, asked of the backend once: a block's shared memory
     and residency are its rings' and registers', the same for a grid of one item or of thousands and for any K
@@ -148,19 +158,23 @@ def block_resources(
 
     backend = {"persistent": persistent, "general": general, "sm90a": hopper_plan}[form]
     one_item = Plan(block, sub_blocks, (1, 1), block.ibw, depth)
+    if form in ("sm90a", "persistent"):  # the forms whose fused store reads a residual's ring (`side_rings`)
+        return backend.plan_resources(target, one_item, prec, stages, reads)
     return backend.plan_resources(target, one_item, prec, stages)
 
 
-def smem_bytes(target: SpatialTarget, plan: Plan, prec: Precision, form: str = "persistent", stages: int = 0) -> int:
+def smem_bytes(
+    target: SpatialTarget, plan: Plan, prec: Precision, form: str = "persistent", stages: int = 0, reads: int = 0
+) -> int:
     """Shared memory of a block of the `form` kernel `plan` would print."""
-    return resources(target, plan, prec, form, stages)[0]
+    return resources(target, plan, prec, form, stages, reads)[0]
 
 
 def sites_per_unit(
-    target: SpatialTarget, plan: Plan, prec: Precision, form: str = "persistent", stages: int = 0
+    target: SpatialTarget, plan: Plan, prec: Precision, form: str = "persistent", stages: int = 0, reads: int = 0
 ) -> int:
     """Blocks of `plan`'s `form` kernel resident per SM (0: one does not fit)."""
-    return resources(target, plan, prec, form, stages)[1]
+    return resources(target, plan, prec, form, stages, reads)[1]
 
 
 def plan_cost(
@@ -267,7 +281,7 @@ def candidates(
     depths = [depth] if depth else list(DEPTHS)
     # The persistent kernel applies an epilogue where the accumulators are, in the fused store, which needs a warp
     # grid dividing the block: unless the block is forced, plans it would leave to the general form are not offered.
-    stages = ring_stages(p, form, extra)
+    stages, reads = ring_stages(p, form, extra), side_rings(p, form)
     fuse_only = block is None and stages > 0 and form == "persistent"
     own_cost = None  # the sm_90a form's own time model: wgmma's width and the stages in flight (hopper_plan.py)
     if form == "sm90a":
@@ -286,7 +300,7 @@ def candidates(
         plan = make_plan(b, s, d, m_t, n_t, k_t)  # type: ignore[arg-type]
         if plan.items * groups > MAX_ITEMS:
             continue
-        smem, per_unit = resources(target, plan, p.precision, form, stages)  # the backend asked once a plan
+        smem, per_unit = resources(target, plan, p.precision, form, stages, reads)  # the backend asked once a plan
         if per_unit:
             cost = plan_cost(target, plan, m_t, n_t, k_t, p.precision, per_unit)
             if own_cost is not None:
@@ -375,7 +389,7 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
             f"its accumulator of {tiles} tiles needs about {regs} registers a thread and {target.name} has"
             f" {target.regs_per_thread_max}; force a smaller block or fewer sub-blocks"
         )
-    need = smem_bytes(target, probe, p.precision, form, ring_stages(p, form, extra))
+    need = smem_bytes(target, probe, p.precision, form, ring_stages(p, form, extra), side_rings(p, form))
     if form == "sm90a":
         crowded = hopper_plan.fits(target, need, hopper_plan.warpgroups(probe))
         if crowded is not None:

@@ -76,13 +76,17 @@ class OpPrinter(TilePrinter):
         self.free_pops = free_pops
         # The fused chain's stages met since the last store: (op, its addresses' variables, its C scope depth).
         self.chain: list[tuple[Compute, dict[LoopVar, str], int]] = []
+        self.body: tuple[SerialOp, ...] = ()  # the ops being printed, of which the op being printed is one
+        self.stored = False  # the fused store printed at the chain's last Push, its WriteTiles still to come
 
     def ops(self, ops: tuple[SerialOp, ...], env: dict[LoopVar, str], in_flight: int = 0, tag: str = OP) -> None:
         """Print `ops`; `in_flight` commit groups issued ahead stay pending at their waits; `tag` marks copies."""
+        outer, self.body = self.body, ops
         for i, op in enumerate(ops):
             first = i == 0 or not self.same_run(ops[i - 1], op)
             run = () if i + 1 < len(ops) and self.same_run(ops[i + 1], op) else self.run_ending(ops, i)
             self.op(op, first, run, env, in_flight, tag)
+        self.body = outer
 
     def op(
         self, op: SerialOp, first: bool, run: tuple[SerialOp, ...], env: dict[LoopVar, str], in_flight: int, tag: str
@@ -93,6 +97,15 @@ class OpPrinter(TilePrinter):
         match op:
             case SerialLoop():
                 self.loop(op, env, tag)
+            case Push(buf) if rings.is_fused(buf) and self.reads_beside(buf):
+                # A chain reading a page beside its value (a residual's) is stored at its last Push, while that page
+                # is still waited for and not popped (the occupancy proof checks it); its WriteTiles prints nothing.
+                store = self.store_of(buf)
+                self.fused_store(store, env, marker(store, tag), self.fused_chain())
+                self.w.line("", f"{mark} (fused output: no ring; the store above is the WriteTiles')")
+                self.stored = True
+            case WriteTiles(src=buf) if rings.is_fused(buf) and self.stored:
+                self.stored = False  # its image, with its census marker, is the fused store at the Push above
             case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) | PackAcc(to=buf) if rings.is_fused(buf):
                 # The fused output has no ring: the accumulators already are the page its flow control governs.
                 self.w.line("", f"{mark} (fused output: no ring)")
@@ -122,7 +135,7 @@ class OpPrinter(TilePrinter):
                 self.fused_store(op, env, mark, self.fused_chain())
             case _ if self.common(op, env, mark, "ordered by the pipeline waits and barriers"):
                 pass
-            case Compute(op=stage, ins=(buf,)) if rings.is_fused(buf):
+            case Compute(op=stage, ins=(buf, *_)) if rings.is_fused(buf):
                 # Applied element by element where the store reads the accumulators back; its image is there.
                 self.w.line(f"// {plain(compute_text(stage, self.k.program))}: applied in the fused store below")
                 self.chain.append((op, env, self.w.depth))
@@ -130,6 +143,24 @@ class OpPrinter(TilePrinter):
                 self.pack(self.kept(buf), mark)
             case _:
                 raise Unsupported(f"a {type(op).__name__} op", "the persistent tile kernel has no image for it")
+
+    def reads_beside(self, buf) -> bool:
+        """Whether `buf` is the fused chain's last page and a stage of the chain met since the last store reads a
+        page beside the chain's value."""
+        rings = self.k.rings
+        last = rings.chain_step(buf) == len(rings.fused) - 1
+        return last and any(len(stage.ins) > 1 for stage, _, _ in self.chain)
+
+    def store_of(self, buf) -> WriteTiles:
+        """The writer's store of the fused chain's last page, in the same loop body as its Push (the merge keeps one
+        item loop for every engine): its address has the Push's loop variables."""
+        stores = [op for op in self.body if isinstance(op, WriteTiles) and self.k.rings.is_fused(op.src)]
+        if len(stores) != 1:
+            raise Unsupported(
+                "a fused chain reading a page beside its value, its store not beside its last Push",
+                "the fused store applies the chain where its last page is pushed, at the writer's address there",
+            )
+        return stores[0]
 
     def run_kind(self, op: SerialOp) -> type | None:
         """Wait or Pop for such an op on a kept ring (the ops that run together under one barrier), else None."""

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...ir.nodes import ComputeStage, DType, PageLayout, SpatialProgram, Stage, TensorRole
+from ...ir.nodes import ComputeStage, DType, PageLayout, ReadStage, SpatialProgram, Stage, TensorRole
 from ...ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, VecAxis, arg_indices, cols
 from ...ir.printer import compute_text
 from ...numerics import elementwise
@@ -37,7 +37,14 @@ def page_to_page(op: ComputeOp) -> bool:
     return isinstance(op, Requant | Map)
 
 
-EPILOGUE_OPS = fused  # what the persistent kernel's fused store applies
+def fused_reading(op: ComputeOp) -> bool:
+    """What the fused stores (the persistent kernel's, the sm_90a form's) apply: `fused`'s stages, each of which may
+    also read a page of a second tensor (a residual, a gate) from the ring a read stage fills — the store reads its
+    own elements of that page between the ring's Wait and Pop, as the schedule orders them."""
+    return fused(op)
+
+
+EPILOGUE_OPS = fused_reading  # what the fused stores apply
 ELEMENTWISE_OPS = page_to_page  # what the general form's stages apply page to page
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -66,8 +73,11 @@ def chain(p: SpatialProgram, mm: Stage, ops=EPILOGUE_OPS) -> tuple[Stage, ...]:
         if not isinstance(s.kind, ComputeStage) or isinstance(s.kind.op, MatmulTiles):
             return tuple(stages)
         # A stage of more pages than the one before it reads the others from rings a read fills (a residual's):
-        # the general form's stages read them page to page, the fused store has none.
-        if not ops(s.kind.op) or len(s.outs) != 1 or (len(s.ins) != 1 and ops is not page_to_page):
+        # the general form's stages read them page to page, and the fused stores beside the chain's value (its first
+        # page).
+        beside = len(s.ins) == 1 or ops is page_to_page
+        beside = beside or (ops is fused_reading and s.ins[0] == cur and _read_pages(p, s.ins[1:]))
+        if not ops(s.kind.op) or len(s.outs) != 1 or not beside:
             raise NeedsGeneral(
                 f"a {compute_text(s.kind.op, p)} stage ({s.name})",
                 "the fused epilogue applies only elementwise stages of one page (no second tensor, no row vector)"
@@ -75,6 +85,11 @@ def chain(p: SpatialProgram, mm: Stage, ops=EPILOGUE_OPS) -> tuple[Stage, ...]:
             )
         stages.append(s)
         cur = s.outs[0]
+
+
+def _read_pages(p: SpatialProgram, bufs) -> bool:
+    """Whether each of `bufs` is filled by a read stage (a tensor's pages, not a computed value)."""
+    return all(any(isinstance(s.kind, ReadStage) and b in s.outs for s in p.stages) for b in bufs)
 
 
 def names(p: SpatialProgram, stages: tuple[Stage, ...]) -> str:

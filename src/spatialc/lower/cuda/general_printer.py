@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
 from ...ir.names import plain
-from ...ir.nodes import TensorRole
+from ...ir.nodes import PageLayout, TensorRole
 from ...ir.ops import (
     AcquireAcc,
     AddPartial,
@@ -251,6 +251,12 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, TilePrin
         if not epilogue.page_to_page(stage):
             raise Unsupported(f"a {compute_text(stage, self.k.program)} stage", "the general form has no image for it")
         n = dst.page
+        for ring in (*srcs, dst):  # element e of a page is the same element of the item in row-major tiles only
+            if ring.layout != PageLayout.ROW:
+                raise Unsupported(
+                    f"stage {compute_text(stage, self.k.program)} on {ring.name}'s pages in {ring.layout.value} layout",
+                    "a stage reads and writes its pages element by element in row-major tiles (the row layout)",
+                )
         by_row = dict(row_reads(stage.expr)) if isinstance(stage, Map) else {}
         for i, src in enumerate(srcs):
             if i in by_row and src.page * by_row[i] != n:

@@ -33,8 +33,12 @@
   turn, fences them over to the async proxy and its first lane stores them with a TMA store a tile (one bulk group,
   waited for before that box is written again — the next item's K loop runs meanwhile — and before the warp ends);
   otherwise the lanes store their elements to global memory themselves (the tile printers' `fused_store`, the
-  persistent kernel's). Otherwise (an activation) the writer, the epilogue stages page to page and their rings are
-  the general form's.
+  persistent kernel's). A stage of the chain may read a page beside the chain's value — a residual's, a gate's, from
+  the ring a read stage fills, which the copy engine lands a 16 x 16 box a tile (`hopper_tma.TileBoxes`): the fused
+  store reads the lane's elements of its front page, between that ring's Wait and Pop, which the schedule places
+  after the chain's last Push — the place the store stands (checked: otherwise the chain stays page to page, as the
+  producer could refill the slot under the store). Otherwise (an activation) the writer, the epilogue stages page to
+  page and their rings are the general form's.
 - `setmaxnreg` gives two consumer warpgroups the producer warpgroup's registers (a paired block keeps what its
   launch gives it); every other flow op is the general form's.
 
@@ -72,7 +76,6 @@ from ...ir.ops import (
 )
 from ...passes.maps import is_map_program
 from ...passes.rows import is_row_program
-from ...passes.tile import epilogue_reads
 from ...passes.verify import derived
 from ...target import WARP, SpatialTarget
 from ..artifact import Budget, CudaArtifact, TensorMap
@@ -94,7 +97,7 @@ from .hopper_plan import (
     warpgroups,
 )
 from .hopper_printer import HopperPrinter
-from .hopper_tma import Panels, param_at, tensor_maps
+from .hopper_tma import Panels, TileBoxes, param_at, tensor_maps
 from .host import assemble
 from .program import MAP_PROGRAM, ROW_PROGRAM, all_ops, checked_gemm, launch_for, matmul_stages
 from .rings import TILE_ELEMS, Rings, ring_table
@@ -114,7 +117,7 @@ class HopperKernel:
     store: WriteTiles | None = None  # the writer's store the fused epilogue takes over (None: not fused)
     chunk: int = 0  # tiles a consumer warp stages at a time for the fused store's TMA store (0: stored directly)
     multicast: Multicast | None = None  # the multicast handshake (clusters.py), None without groups
-    panels: dict[int, Panels] = dataclasses.field(default_factory=dict)  # each TMA-filled ring's panels
+    panels: dict[int, Panels | TileBoxes] = dataclasses.field(default_factory=dict)  # each TMA-filled ring's boxes
     stored: dict[int, str] = dataclasses.field(default_factory=dict)  # parameter → "rows" / "cols" (KernelParam)
     warp_freed: frozenset[int] = frozenset()  # rings whose stages a consumer warp frees with one arrival (`release`)
 
@@ -153,14 +156,6 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
     general.refuse(p)
     if len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
-    reads = epilogue_reads(p)
-    if reads:
-        raise NeedsGeneral(
-            f"an epilogue that reads {p.tensor(reads[0]).name} beside C's value (a residual or a gate) in the sm_90a"
-            " form",
-            "its TMA producer lands the matmul's operands in swizzled panels, and its epilogue reads no second"
-            " tensor's pages yet",
-        )
     for op in all_ops(p):
         match op:
             case Loop(count=Trip()):
@@ -208,11 +203,13 @@ def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
         if off % STAGE_ALIGN:
             raise Unsupported(f"ring {rid} at byte {off}", f"a swizzled stage starts on {STAGE_ALIGN} bytes")
         ring = k.base.rings.rings[rid]
-        period = 8 * k.panels[rid].width  # the swizzle repeats every 8 rows of a panel
+        period = k.panels[rid].period  # a panel's swizzle repeats every 8 of its rows; a tile box starts on 128 bytes
         if (ring.page * ring.elem_bytes) % period:
             raise Unsupported(
                 f"pages of {ring.page * ring.elem_bytes} bytes on {ring.name}",
-                f"every page of {k.panels[rid].width}-byte panels starts on {period} bytes",
+                f"every page of {k.panels[rid].width}-byte panels starts on {period} bytes"
+                if k.panels[rid].width
+                else f"every page of unswizzled tile boxes starts on {period} bytes",
             )
 
 
@@ -249,7 +246,14 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
     # The compute engine pushes the last ring at its item level, where the writer's store has its loop variables.
     top = general_printer.printed(compute)[0]
     level = top[0].body if len(top) == 1 and isinstance(top[0], Loop) else top
-    if not any(isinstance(op, Push) and int(p.buffer(op.buf).ring) == last for op in level):
+    pushed = [i for i, op in enumerate(level) if isinstance(op, Push) and int(p.buffer(op.buf).ring) == last]
+    if not pushed:
+        return None
+    # A page a stage reads beside the chain's (a residual's) is read by the fused store, which stands at that Push:
+    # the schedule must pop it after, or its slot could be refilled while the consumers read it.
+    beside = {int(p.buffer(b).ring) for s in chain for b in s.ins[1:]}
+    popped = [i for i, op in enumerate(level) if isinstance(op, Pop) and int(p.buffer(op.buf).ring) in beside]
+    if any(i < pushed[0] for i in popped) or len(popped) != len(beside):
         return None
     fused = tuple(int(p.buffer(b).ring) for b in (mm.outs[0], *(s.outs[0] for s in chain)))
     return store, general.epilogue_rings(p, ring_table(p, types, fused), integer)

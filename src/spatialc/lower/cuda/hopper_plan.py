@@ -119,12 +119,15 @@ def check_plan(plan: Plan, precision: Precision) -> None:
 # ---- resources -------------------------------------------------------------------------------------------------
 
 
-def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0) -> tuple[int, int]:
+def plan_resources(
+    target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0, reads: int = 0
+) -> tuple[int, int]:
     """(shared memory bytes, blocks per SM) of the sm_90a form for `plan`, as the tile planner asks: A's and B's
     stages, `depth` deep on 1024-byte boundaries, and their barriers (a multicast's ready ones too), then the fused
     store's staging — or, where the epilogue keeps `stages` rings (a chain with an activation, which the fused store
     does not apply; the planner passes 0 otherwise), the output's ring and those, two deep, as the general form's;
-    0 blocks where the wgmma layout does not take the plan."""
+    and the `reads` rings of item-sized operand pages (a residual's) the fused store reads, two deep; 0 blocks where
+    the wgmma layout does not take the plan."""
     try:
         check_plan(plan, precision)
     except Unsupported:
@@ -137,6 +140,7 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     if stages:
         epit = general.epit_bytes(precision == Precision.INT8)
         shapes += [(out, h * w, types.acc_bytes)] + [(out, h * w, epit)] * stages
+    shapes += [(out, h * w, types.operand_bytes)] * reads
     rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}
     # Both operands' ready barriers are counted: the plan is made before the placement says whether they multicast.
     wg = warpgroups(plan)

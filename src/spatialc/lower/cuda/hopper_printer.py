@@ -33,9 +33,9 @@ from ..census import POST, marker
 from ..errors import Unsupported
 from . import general, general_printer
 from .clusters import ClusterPrinter
-from .cwriter import Writer, addr_expr, c_mul, c_sum
+from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
 from .hopper_plan import OUT_BYTES, STORE_BUFFERS, WARPGROUP
-from .hopper_tma import Panels, param_at
+from .hopper_tma import Panels, TileBoxes, param_at
 from .rings import TILE_ELEMS, Ring
 
 if TYPE_CHECKING:
@@ -84,7 +84,8 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                 self.w.line("", f"{mark} (fused output: no ring)")
             case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) | PackAcc(to=buf) if rings.is_fused(buf):
                 self.w.line("", f"{mark} (fused output: no ring)")
-            case Compute(op=stage, ins=(buf,)) if rings.is_fused(buf):
+            case Compute(op=stage, ins=(buf, *_)) if rings.is_fused(buf):
+                # (a residual's page beside it is read in the fused store, between its ring's Wait and Pop)
                 self.w.line(f"// {plain(compute_text(stage, self.k.program))}: applied in the fused store below")
                 self.chain.append((op, env))
             case WriteTiles(src=buf) if rings.is_fused(buf):
@@ -272,6 +273,10 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             else:
                 self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
             row, col = f"(at / {t.tiles[1]}) * 16", f"(at % {t.tiles[1]}) * 16"
+            if isinstance(pan, TileBoxes):
+                assert mask is None, "a residual's page is not multicast"
+                self.tile_boxes(pan, m.index, f"(char*)({self.write_page(r)})", row, col, f"&full_{r}[{slot}]")
+                return
             inner, outer = (row, col) if pan.transposed else (col, row)  # the stored matrix's column, row
             page, bar = f"(char*)({self.write_page(r)})", f"&full_{r}[{slot}]"
             if mask is not None:
@@ -286,6 +291,15 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                         f"spatialc_tma_load_2d_multicast({dst}, &spatialc_tmap_{m.index}, {c0}, {outer}, {bar}, group);"
                     )
                     self.w.line(load)
+
+    def tile_boxes(self, boxes: TileBoxes, index: int, page: str, row: str, col: str, bar: str) -> None:
+        """A page of whole tiles, one unswizzled 16 x 16 box a tile: page tile s (row s / block_w, column s % block_w
+        of the block at tile row `row`, column `col` of the stored matrix) at byte s * box bytes of the page."""
+        with self.w.block(f"for (int s = 0; s < {boxes.count}; ++s)", "// a box a tile, in the page's tile order"):
+            across, down = c_mod("s", boxes.block_w), c_div("s", boxes.block_w)
+            c0 = c_sum(col, f"({across}) * 16" if across else "")
+            c1 = c_sum(row, f"({down}) * 16")
+            self.w.line(f"spatialc_tma_load_2d({page} + s * {boxes.bytes}, &spatialc_tmap_{index}, {c0}, {c1}, {bar});")
 
     def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
         """One K step: a wgmma per 16 (int8: 32) K elements — 32 bytes of K — each warpgroup's 64 rows of A and the

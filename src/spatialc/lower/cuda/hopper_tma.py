@@ -1,5 +1,6 @@
-"""The sm_90a form's operand pages as the copy engine lands them: each ring's `Panels` (one TMA box a panel, swizzled
-by address) and the tensor maps the host encodes for them, one per (tensor, box) the reader loads (`tensor_maps`).
+"""The sm_90a form's pages as the copy engine lands them: each operand ring's `Panels` (one TMA box a panel, swizzled
+by address), a residual's `TileBoxes` (one unswizzled box a tile), and the tensor maps the host encodes for them, one
+per (tensor, box) the reader loads (`tensor_maps`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,40 @@ class Panels:
         """Bytes of one panel: where the next one starts."""
         return self.rows * self.width
 
+    @property
+    def period(self) -> int:
+        """The alignment a page keeps: the swizzle repeats every 8 rows of a panel."""
+        return 8 * self.width
+
+
+@dataclass(frozen=True, slots=True)
+class TileBoxes:
+    """How a ring's page of whole tiles in row-major order (`PageLayout.ROW`: a residual's, a gate's) lands: one
+    16 x 16 box of the stored row-major matrix a tile, unswizzled, tile s of the page at byte s * 256 * elem, its
+    rows one after another — the tile a page holds. `block_w` tiles a page row."""
+
+    block_h: int
+    block_w: int
+    elem: int  # bytes of an element
+
+    width = 0  # no swizzle
+    transposed = False
+    box = (16, 16)  # (rows, columns) of the stored matrix: one tile
+
+    @property
+    def count(self) -> int:
+        return self.block_h * self.block_w
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of one box: where the next tile starts."""
+        return TILE_ELEMS * self.elem
+
+    @property
+    def period(self) -> int:
+        """The alignment a page keeps: every box starts on 128 bytes, as an unswizzled TMA destination must."""
+        return 128
+
 
 def panels_of(op: ReadTiles, layout: PageLayout, elem: int, name: str) -> Panels:
     """The panels of a page of `op`'s tiles in `layout` (`panels`, or `panels_t`: stored transposed), refused by
@@ -58,12 +93,13 @@ def panels_of(op: ReadTiles, layout: PageLayout, elem: int, name: str) -> Panels
 
 def tensor_maps(
     p: SpatialProgram, rings, reader_ops
-) -> tuple[tuple[TensorMap, ...], frozenset[int], dict[int, Panels], dict[int, str]]:
-    """One tensor map per (tensor, box) the reader loads, the rings the copy engine fills, each one's panels, and
-    the stored layout (`KernelParam.order`) of each tensor the maps read: "rows" (row-major), "cols" (transposed)."""
+) -> tuple[tuple[TensorMap, ...], frozenset[int], dict[int, Panels | TileBoxes], dict[int, str]]:
+    """One tensor map per (tensor, box) the reader loads, the rings the copy engine fills, each one's panels (or tile
+    boxes: a page of whole tiles, a residual's) and the stored layout (`KernelParam.order`) of each tensor the maps
+    read: "rows" (row-major), "cols" (transposed)."""
     maps: dict[tuple[int, int, int, int], TensorMap] = {}
     filled: set[int] = set()
-    panels: dict[int, Panels] = {}
+    panels: dict[int, Panels | TileBoxes] = {}
     stored: dict[int, str] = {}
     for op in reader_ops:
         if not isinstance(op, ReadTiles):
@@ -72,7 +108,7 @@ def tensor_maps(
         ring = rings.kept(op.into)
         if t.role != TensorRole.INPUT or ring is None or ring.c_type != "OPT":
             raise Unsupported(f"a ReadTiles of {t.name}", "the copy engine fills operand pages only")
-        if not ring.layout.panels:
+        if not ring.layout.panels and ring.layout != PageLayout.ROW:
             raise Unsupported(
                 f"{t.name}'s pages in {ring.layout.value} layout ({ring.name}), planned for the other forms",
                 "the sm_90a form's copy engine lands swizzled panels; build with form='sm90a' (--form sm90a) to"
@@ -88,9 +124,13 @@ def tensor_maps(
                 f"a ReadTiles of {op.block_h}x{op.block_w} tiles into {ring.name}'s pages of {ring.page // TILE_ELEMS}",
                 "the full barrier expects the whole page's bytes, and the boxes must bring exactly those",
             )
-        pan = panels_of(op, ring.layout, ring.elem_bytes, t.name)
-        if pan.rows > 256:
-            raise Unsupported(f"pages of {pan.rows} rows of {t.name}", "a TMA box side is at most 256")
+        pan: Panels | TileBoxes
+        if ring.layout == PageLayout.ROW:  # a page of whole tiles (a residual's, beside C's value): a box a tile
+            pan = TileBoxes(op.block_h, op.block_w, ring.elem_bytes)
+        else:
+            pan = panels_of(op, ring.layout, ring.elem_bytes, t.name)
+            if pan.rows > 256:
+                raise Unsupported(f"pages of {pan.rows} rows of {t.name}", "a TMA box side is at most 256")
         at = param_at(p, op.tensor)
         order = "cols" if pan.transposed else "rows"
         if stored.setdefault(at, order) != order:

@@ -3,9 +3,10 @@
 Each ring is a shared-memory array of pages filled by 16-byte cp.async copies; the tile matmul is tensor-core fragments
 held per warp across the whole reduction; the K loop is software-pipelined when the rings are deep enough; the
 output is stored straight from the accumulators where they live in registers, through the chain of elementwise
-epilogue stages (bias, relu, scalar, requant) applied element by element on the way. Before a line is printed the
-lowering proves that the site's engine programs serialise onto one block, that no ring is filled past its depth,
-and that an int8 reduction cannot overflow int32 — and refuses, with a typed error, what it cannot print.
+epilogue stages (bias, relu, scalar, requant; a residual's or a gate's page read from its ring, the store then printed
+at the chain's last Push, before that page is popped) applied element by element on the way. Before a line is
+printed the lowering proves that the site's engine programs serialise onto one block, that no ring is filled past its
+depth, and that an int8 reduction cannot overflow int32 — and refuses, with a typed error, what it cannot print.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from ...ir.ops import (
     Barrier,
     Compute,
     Loop,
-    Map,
     MatmulTiles,
     McastSend,
     McastSetValid,
@@ -113,14 +113,6 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
         )
     if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:
         return "several tile matmuls", "the tile kernel holds one accumulator block per item"
-    for s in p.stages:  # a stage reading a second tensor beside C's value: page to page only
-        op = s.kind.op if isinstance(s.kind, ComputeStage) else None
-        if isinstance(op, Map) and len(s.ins) > 1:
-            return (
-                f"stage {s.name} ({compute_text(op, p)}), which reads a tensor beside C's value",
-                "the fused store applies the epilogue from the accumulators, and has no ring of a second tensor's"
-                " pages to read",
-            )
     compute = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
     compute += [op.op for op in all_ops(p) if isinstance(op, Compute)]
     for c in compute:
@@ -273,15 +265,18 @@ def launch_of(k: Kernel, target: SpatialTarget) -> Launch:
     )
 
 
-def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0) -> tuple[int, int]:
+def plan_resources(
+    target: SpatialTarget, plan: Plan, precision: Precision, stages: int = 0, reads: int = 0
+) -> tuple[int, int]:
     """What one block of the persistent kernel for `plan` costs, as the tile planner asks before it offers a plan:
     (shared memory bytes, blocks resident per SM — 0 when one does not fit), the same figures `make_kernel` finds.
-    The epilogue's `stages` cost nothing here: fused, they live in registers."""
-    smem = plan_smem(target, plan, precision)
+    The epilogue's `stages` cost nothing here: fused, they live in registers; the `reads` rings of item-sized operand
+    pages its fused store reads (a residual's) are in shared memory."""
+    smem = plan_smem(target, plan, precision, reads)
     return smem, target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks)
 
 
-def plan_smem(target: SpatialTarget, plan: Plan, precision: Precision) -> int:
+def plan_smem(target: SpatialTarget, plan: Plan, precision: Precision, reads: int = 0) -> int:
     """Shared memory of one block of the persistent kernel for `plan`. The rings are the ones `passes/tile.apply_plan`
     sizes (A and B `depth` deep, the output two deep), laid out by the same `smem_layout` the kernel is printed with;
     where the lane grid divides the block the output ring is fused away (the store reads the accumulators)."""
@@ -289,6 +284,7 @@ def plan_smem(target: SpatialTarget, plan: Plan, precision: Precision) -> int:
     h, w = plan.item_tiles
     ibw = plan.block.ibw
     shapes = {0: (plan.depth, h * ibw, "OPT"), 1: (plan.depth, ibw * w, "OPT"), 2: (min(plan.depth, 2), h * w, "ACCT")}
+    shapes |= {3 + i: (min(plan.depth, 2), h * w, "OPT") for i in range(reads)}  # a residual's pages (`side_rings`)
     fused = target.accumulator_in_registers and target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
     rings = {
         rid: Ring(

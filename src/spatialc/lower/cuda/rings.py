@@ -283,6 +283,15 @@ class _Occupancy:
         self.pages: dict[int, tuple[int, int, int]] = {}
         # The fused epilogue: where in the chain the packed accumulators are (None: not packed, or stored).
         self.at: int | None = None
+        # The rings of pages the chain's stages read beside its value (a residual's), read by the fused store; and
+        # whether that store stood at the chain's last Push (`stored`), its WriteTiles still to come.
+        self.beside: set[int] = set()
+        self.stored = False
+
+    @property
+    def last(self) -> int:
+        """The fused chain's last step: the page the writer stores."""
+        return len(self.rings.fused) - 1
 
     def state(self) -> tuple[tuple[tuple[int, tuple[int, int, int]], ...], int | None]:
         return tuple(sorted((r, v) for r, v in self.pages.items() if v != (0, 0, 0))), self.at
@@ -309,12 +318,23 @@ class _Occupancy:
                 self.need(buf, lambda h, r, s: s == 1, "a page waited for and not yet popped", op)
             case PackAcc(to=buf) if self.rings.is_fused(buf):
                 self.fused(op, self.at is None and self.rings.chain_step(buf) == 0, 0)
-            case Compute(ins=(src,), outs=(dst,)) if self.rings.is_fused(src) and self.rings.is_fused(dst):
+            case Compute(ins=(src, *side), outs=(dst,)) if self.rings.is_fused(src) and self.rings.is_fused(dst):
                 step = self.rings.chain_step(src)
                 self.fused(op, self.at == step and self.rings.chain_step(dst) == step + 1, step + 1)
+                for buf in side:  # a page beside the chain's value, waited for: the store reads it
+                    self.need(buf, lambda h, r, s: s == 1, "a page waited for and not yet popped", op)
+                    self.beside.add(self.rings.kept(buf).id)  # type: ignore[union-attr]
+            case Push(buf) if self.beside and self.rings.is_fused(buf) and self.rings.chain_step(buf) == self.last:
+                # A chain reading pages beside its value is stored here, while those pages are still the block's.
+                for r in sorted(self.beside):
+                    self.check(self.pages.get(r, (0, 0, 0))[2] == 1, self.rings.rings[r], op, "its page unpopped")
+                self.fused(op, self.at == self.last, None)
+                self.beside, self.stored = set(), True
+            case WriteTiles(src=buf) if self.rings.is_fused(buf) and self.stored:
+                self.fused(op, self.at is None and self.rings.chain_step(buf) == self.last, None)  # stored above
+                self.stored = False
             case WriteTiles(src=buf) if self.rings.is_fused(buf):
-                last = len(self.rings.fused) - 1
-                self.fused(op, self.at == last and self.rings.chain_step(buf) == last, None)
+                self.fused(op, self.at == self.last and self.rings.chain_step(buf) == self.last, None)
             case Compute(ins=ins):
                 self.accumulate(op)
                 for buf in ins:

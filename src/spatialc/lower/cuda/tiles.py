@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
-from ...ir.ids import LoopVar
+from ...ir.ids import BufferId, LoopVar
 from ...ir.nodes import PageLayout, Plan, Tensor
 from ...ir.ops import (
     AcquireAcc,
@@ -472,8 +472,8 @@ class TilePrinter:
                     self.w.line("OUT_T pair[2];")
                     with self.unrolled("for (int j = 0; j < 2; ++j)"):
                         if any(
-                            isinstance(s.op, Map) and expr_cols(s.op.expr) for s, _ in chain
-                        ):  # a bias reads its column
+                            isinstance(s.op, Map) and (expr_cols(s.op.expr) or len(s.ins) > 1) for s, _ in chain
+                        ):  # a bias reads its column, a residual its element
                             self.w.line("const int el = el0 + j;")
                         self.read_out(op, chain, value, "pair[j] = {};")
                     self.w.line(f"SPATIALC_OUT_ST2(&t{int(op.tensor)}[tile * {TILE_ELEMS} + el0], pair[0], pair[1]);")
@@ -494,8 +494,29 @@ class TilePrinter:
             return
         self.w.line(f"{'long long' if self.integer else 'float'} v = {value};")
         for stage, env in chain:
-            self.w.line(epilogue.statement(stage.op, self.integer, partial(self.col_at, env=env)), marker(stage))
+            ins = stage.ins
+
+            def page(i: int, ins=ins) -> str:  # the chain's value, or a page beside it (a residual's)
+                return "v" if i == 0 else self.side_page(ins[i])
+
+            line = epilogue.statement(stage.op, self.integer, partial(self.col_at, env=env), page)
+            self.w.line(line, marker(stage))
         self.w.line(store.format("(OUT_T)v"))
+
+    def side_page(self, buf: BufferId) -> str:
+        """The element `el` of page tile (bh, bw) in the front page of `buf` — a page a read stage fills (a residual's)
+        that a fused stage reads beside the chain's value, its tiles in the item's row-major order — as the value
+        type."""
+        ring = self.kept(buf)
+        h, w = self.plan.item_tiles
+        if ring.page != h * w * TILE_ELEMS or ring.layout != PageLayout.ROW:
+            raise Unsupported(
+                f"a fused stage reading {ring.name}'s pages of {ring.page // TILE_ELEMS} tiles ({ring.layout.value})",
+                f"the fused store reads a page of the item's {h}x{w} tiles in row-major order beside its value",
+            )
+        pointer = f"{self.read_page(ring.id)} + (bh * {w} + bw) * {TILE_ELEMS} + el"
+        value = "long long" if self.integer else "float"
+        return f"(({value}){self.load(pointer, f'*({pointer})')})"
 
     def col_at(self, col: Col, env: dict[LoopVar, str]) -> str:
         """The flat index of the element's value in column vector `col` (a bias): tile column `at + s mod width` of
