@@ -170,7 +170,10 @@ def row_stages(p: SpatialProgram, decl: Any, inputs: Mapping[str, Any], bounds: 
 
 
 def _rows_of(col: Any) -> Any:
-    return lambda c: np.asarray(col(c), np.float32).reshape(1, -1)
+    """Column vectors' values as rows that broadcast over a page's rows, row vectors' as columns."""
+    from ..ir.ops import VecAxis
+
+    return lambda c: np.asarray(col(c), np.float32).reshape((-1, 1) if c.axis == VecAxis.ROW else (1, -1))
 
 
 def column_values(p: SpatialProgram, inputs: Mapping[str, Any], rows: Any = None):
