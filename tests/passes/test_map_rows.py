@@ -134,3 +134,45 @@ def _row_vectors(ops):
     for op in walk(ops):
         if isinstance(op, Compute) and isinstance(op.op, Map):
             yield from (c for c in cols(op.op.expr) if c.axis == VecAxis.ROW)
+
+
+# ---- a row program's map reading a row vector --------------------------------------------------------------------
+
+
+def _rmsnorm_by_row(m: int, n: int) -> spatialc.SpatialProgram:
+    """RMSNorm with its weight one value per row (an m × 1 tensor read by `Col` along ROW) instead of per column."""
+    from spatialc.ir.nodes import ComputeStage
+
+    p = spatialc.rmsnorm(m, n)
+    w = p.tensor_named("weight").id
+    tensors = tuple(dataclasses.replace(t, elems=(m, 1), tiles=(-(-m // 16), 1)) if t.id == w else t for t in p.tensors)
+
+    def by_row(c):
+        return dataclasses.replace(c, axis=VecAxis.ROW)
+
+    stages = tuple(
+        dataclasses.replace(s, kind=ComputeStage(Map(with_cols(s.kind.op.expr, by_row))))
+        if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)
+        else s
+        for s in p.stages
+    )
+    return p.evolve(tensors=tensors, stages=stages)
+
+
+@pytest.mark.parametrize("kw", [{}, {"block": (2, 2, 1), "sites": 2}])
+def test_a_row_programs_map_reads_a_row_vector_at_its_band(kw):
+    """The rows planner addresses it from the band's first row; the interpreter, numpy and the tolerance agree; rule 8
+    refuses it read at the first band's rows everywhere."""
+    import ml_dtypes
+
+    p = spatialc.build(_rmsnorm_by_row(40, 70), "sm_90", **kw)
+    rng = np.random.default_rng(0)
+    vals = {"x": rng.standard_normal((40, 70)).astype(np.float32), "weight": rng.standard_normal(40).astype(np.float32)}
+    c = spatialc.evaluate(p, vals)
+    xb = vals["x"].astype(ml_dtypes.bfloat16).astype(np.float64)
+    want = xb / np.sqrt((xb * xb).mean(axis=1, keepdims=True) + 1e-6) * vals["weight"][:, None]
+    np.testing.assert_allclose(c, want, rtol=2e-6, atol=1e-7)
+    ok, how = spatialc.tolerance(p).check(c, vals)
+    assert ok, how
+    with pytest.raises(VerifyError, match="not its own row"):
+        verify(_rows_replaced(p, lambda v: dataclasses.replace(v, at=TileAddr(0))))
