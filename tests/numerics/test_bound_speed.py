@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import spatialc
 from spatialc import ew
@@ -254,3 +257,18 @@ def test_the_exact_row_sum_is_fsums_on_every_kind_of_row(name, monkeypatch):
         y[0] = np.r_[y[0, : (width + 1) // 2], -y[0, : width // 2]][:width]
         with np.errstate(all="ignore"):
             assert np.array_equal(E.reduce_rows(name, y, False), old_reduce_rows(name, y, False)), width
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    hnp.arrays(
+        np.float64,
+        st.tuples(st.integers(1, 4), st.integers(1, 40)),
+        elements=st.floats(-1e300, 1e300, allow_nan=False, allow_subnormal=True)
+        | st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.0**-1074, 2.0**100]),
+    )
+)
+def test_the_exact_row_sum_is_fsums_on_any_finite_float64_values(values):
+    want = np.array([[math.fsum(row)] for row in values.tolist()])
+    got = E._exact_row_sums(values)
+    assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))
