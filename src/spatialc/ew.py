@@ -3,7 +3,8 @@
 Every function here is one op of the table (`spatialc.numerics.elementwise.OPS`, where each op's meaning, C and
 error bound are defined), made from that table: an op added there is a function here. Operators spell the binary
 ops and comparisons (+ − × ÷ **, < <= > >=; `ew.eq` / `ew.ne`, since == decides equality of expressions); numbers are
-constants; `ew.inputs(n)` gives the input tensors, `ew.col(name)` a parameter tensor of one value per column.
+constants; `ew.inputs(n)` gives the input tensors, `ew.col(name)` a parameter tensor of one value per column (a
+bias), `ew.row(name)` one of one value per row (a per-token scale).
 
     x, gate = ew.inputs(2)
     p = spatialc.elementwise(ew.silu(gate) * x, 4096, 11008, "bf16")
@@ -18,15 +19,17 @@ from typing import Any
 
 from .errors import ProgramError
 from .ir.ids import TensorId
-from .ir.ops import Apply, Arg, Col, Expr, Lit
+from .ir.ops import Apply, Arg, Col, Expr, Lit, VecAxis
 from .numerics.elementwise import OPS, ElementwiseOp
 
 
 @dataclass(frozen=True, slots=True)
 class ColumnNamed:
-    """A column vector before the program names its tensor: the parameter tensor `name`, one value per column."""
+    """A broadcast vector before the program names its tensor: the parameter tensor `name`, one value per column
+    (`axis` COL: `ew.col`) or per row (ROW: `ew.row`)."""
 
     name: str
+    axis: VecAxis = VecAxis.COL
 
 
 Node = Arg | Lit | Apply | ColumnNamed
@@ -149,16 +152,24 @@ def col(name: str) -> Value:
     return Value(ColumnNamed(name))
 
 
+def row(name: str) -> Value:
+    """The parameter tensor `name`: one value per output row (a per-token scale), float32 (int32 in an int8
+    program)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ProgramError(f"a row vector is named by an identifier, not {name!r}")
+    return Value(ColumnNamed(name, VecAxis.ROW))
+
+
 MAX_INPUTS = 16  # tensors one map reads; far past any fused kernel's operands
 
 
 def resolved(expr: Value, tensor_of: Callable[[str], TensorId]) -> Expr:
-    """The IR expression of `expr`, each named column vector given its tensor (`tensor_of(name)`)."""
+    """The IR expression of `expr`, each named vector given its tensor (`tensor_of(name)`)."""
 
     def walk(node: Node) -> Expr:
         match node:
-            case ColumnNamed(name):
-                return Col(tensor_of(name))
+            case ColumnNamed(name, axis):
+                return Col(tensor_of(name), axis=axis)
             case Apply(name, args, params):
                 return Apply(name, tuple(walk(a) for a in args), params)  # type: ignore[arg-type]
         return node  # type: ignore[return-value]
@@ -167,20 +178,24 @@ def resolved(expr: Value, tensor_of: Callable[[str], TensorId]) -> Expr:
 
 
 def column_names(expr: Value) -> list[str]:
-    """The named column vectors of `expr`, in order of first use."""
-    out: list[str] = []
+    """The named vectors of `expr` (column and row vectors), in order of first use."""
+    return list(vector_names(expr))
 
-    def walk(node: Node) -> None:
-        if isinstance(node, ColumnNamed) and node.name not in out:
-            out.append(node.name)
-        for a in getattr(node, "args", ()):
-            walk(a)
 
-    walk(expr.node)
+def vector_names(expr: Value) -> dict[str, VecAxis]:
+    """The named vectors of `expr`, each with its axis, in order of first use; ProgramError where one name is read
+    both as a column vector and as a row vector (one tensor cannot be both)."""
+    out: dict[str, VecAxis] = {}
+    stack: list[Node] = [expr.node]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ColumnNamed) and out.setdefault(node.name, node.axis) != node.axis:
+            raise ProgramError(f"{node.name!r} is read both as a column vector (col) and as a row vector (row)")
+        stack.extend(reversed(getattr(node, "args", ())))
     return out
 
 
-__all__ = ["Value", "col", "inputs", "value", "x", *OPS]
+__all__ = ["Value", "col", "inputs", "row", "value", "x", *OPS]
 
 
 # ---- an expression as text (the CLI's `spatialc elementwise EXPR`) ---------------------------------------------
@@ -194,8 +209,8 @@ MAX_NODES = 512  # parts of its parsed tree (numbers, names, ops): verify's rule
 def parse(text: str, names: tuple[str, ...] | None = None) -> tuple[Value, tuple[str, ...]]:
     """`text`, a Python expression of the table's ops (`silu(g) * x + col(bias)`), as an expression, and the names
     of its inputs: `names` in that order, or every other name it uses, in order of first use. `col(name)` is a
-    column vector. Nothing in it is run: it is read as a tree and anything but numbers, names, the table's ops,
-    + − × ÷ **, unary minus and one comparison is refused by name."""
+    column vector, `row(name)` a row vector. Nothing in it is run: it is read as a tree and anything but numbers,
+    names, the table's ops, + − × ÷ **, unary minus and one comparison is refused by name."""
     import ast
 
     if not isinstance(text, str) or len(text) > MAX_TEXT:
@@ -237,6 +252,8 @@ class _Reader:
                 return _call(_COMPARE[type(op).__name__], self.read(a), self.read(b))
             case ast.Call(func=ast.Name(id="col"), args=[ast.Name(id=name)], keywords=[]):
                 return col(name)
+            case ast.Call(func=ast.Name(id="row"), args=[ast.Name(id=name)], keywords=[]):
+                return row(name)
             case ast.Call(func=ast.Name(id=name), args=args, keywords=keywords) if name in OPS:
                 params = {k.arg: self.number(k.value, name) for k in keywords}
                 return globals()[name](*(self.read(a) for a in args), **params)  # type: ignore[no-any-return]
@@ -245,7 +262,7 @@ class _Reader:
         shown = _ast.unparse(node)[:60]
         raise ProgramError(
             f"{shown!r} is not part of an elementwise expression: use numbers, input names, the ops"
-            f" ({', '.join(OPS)}), col(name), + - * / **, unary minus and one comparison"
+            f" ({', '.join(OPS)}), col(name), row(name), + - * / **, unary minus and one comparison"
         )
 
     def number(self, node: Any, op: str) -> float:
@@ -262,7 +279,7 @@ class _Reader:
         raise ProgramError(f"{op}'s parameters are numbers, not {ast.unparse(node)[:40]!r}")
 
     def input(self, name: str) -> Value:
-        if name in OPS or name == "col":
+        if name in OPS or name in ("col", "row"):
             raise ProgramError(f"{name} is an op; call it: {name}(…)")
         if name not in self.order:
             if not self.grow:

@@ -430,9 +430,10 @@ def elementwise(
     out: str | None = None,
 ) -> SpatialProgram:
     """The program out[m×n] = expr(x0, x1, …) element by element, before tiling: `expr` is an `ew` expression over
-    the input tensors (`ew.inputs(k)`), constants and column vectors (`ew.col(name)`, one value per column). The
-    inputs hold values of `precision` (int8, fp16, bf16), named by `names` (x0, x1, … by default); the output `out`,
-    float32 by default (fp16 or bf16 rounded to nearest even; int32 or int64, the default, in an int8 program)."""
+    the input tensors (`ew.inputs(k)`), constants, column vectors (`ew.col(name)`, a parameter tensor of n values, one
+    per column) and row vectors (`ew.row(name)`, m values, one per row: a per-token scale). The inputs hold values
+    of `precision` (int8, fp16, bf16), named by `names` (x0, x1, … by default); the output `out`, float32 by default
+    (fp16 or bf16 rounded to nearest even; int32 or int64, the default, in an int8 program)."""
     from . import ew
 
     if not isinstance(expr, ew.Value):
@@ -447,7 +448,8 @@ def elementwise(
             f"an elementwise program reads inputs 0 … k−1, each at least once; this one reads {sorted(used)}"
         )
     names = tuple(names) if names is not None else tuple(f"x{i}" for i in range(count))
-    cols = ew.column_names(expr)
+    vectors = ew.vector_names(expr)
+    cols = list(vectors)
     _check_names(names, count, cols)
     choices = OUTPUT_CHOICES["int8" if prec == Precision.INT8 else "float"]
     if out is not None and out not in choices:
@@ -457,9 +459,10 @@ def elementwise(
     tensors = [
         Tensor(TensorId(i), name, TensorRole.INPUT, (m, n), tiles, DType(prec.value)) for i, name in enumerate(names)
     ]
-    for name in cols:
+    for name, axis in vectors.items():  # a row vector is one column of m values, a column vector one row of n
         tid = TensorId(len(tensors))
-        tensors.append(Tensor(tid, name, TensorRole.PARAMETER, (1, n), (1, tiles[1]), accumulator_dtype(prec)))
+        shape, grid = ((m, 1), (tiles[0], 1)) if axis == VecAxis.ROW else ((1, n), (1, tiles[1]))
+        tensors.append(Tensor(tid, name, TensorRole.PARAMETER, shape, grid, accumulator_dtype(prec)))
     ids = {t.name: t.id for t in tensors}
     t_out = TensorId(len(tensors))
     tensors.append(Tensor(t_out, "out", TensorRole.OUTPUT, (m, n), tiles, out_dtype))
@@ -485,7 +488,7 @@ def _check_names(names: tuple[str, ...], count: int, cols: list[str]) -> None:
     taken = [v.lower() for v in (*names, *cols, "out")]
     if len(set(taken)) != len(taken):
         raise ProgramError(
-            f"the inputs {list(names)}, column vectors {cols} and the output out need names of their own (compared"
+            f"the inputs {list(names)}, vectors {cols} and the output out need names of their own (compared"
             " without case)"
         )
 

@@ -37,6 +37,26 @@ def test_the_inputs_order_the_block_the_output_and_a_saved_program(capsys, tmp_p
     assert scope["program"]() == p
 
 
+def test_a_row_vector_builds_checks_and_shows_as_lang_that_traces_back(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    argv = ["elementwise", "x * row(scale) + col(bias)", "70", "48", "--block", "2,1", "--sites", "2"]
+    status, out, err = run_cli(capsys, *argv, "--json", str(path))
+    assert status == 0, err
+    assert "interpreter vs numpy reference: OK" in out
+    p = spatialc.from_json(path.read_text())
+    assert [(t.name, t.elems) for t in p.tensors] == [
+        ("x", (70, 48)),
+        ("scale", (70, 1)),
+        ("bias", (1, 48)),
+        ("out", (70, 48)),
+    ]
+    status, out, _ = run_cli(capsys, "show", "--python", str(path))
+    assert status == 0 and 'ew.row("scale")' in out and 'ew.col("bias")' in out
+    scope: dict = {}
+    exec(compile(out, "<shown>", "exec"), scope)  # the printed source traces back to the same program
+    assert scope["program"]() == p
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -50,6 +70,9 @@ def test_the_inputs_order_the_block_the_output_and_a_saved_program(capsys, tmp_p
         (["elementwise", "x", "0", "8"], "m must be a whole number ≥ 1"),
         (["elementwise", "x", "8", "8", "--form", "persistent"], "printed in the general form only"),
         (["elementwise", "+" * 3000 + "x", "8", "8"], "nests too deep"),
+        (["elementwise", "x * row(s) + col(s)", "8", "8"], "'s' is read both as a column vector (col) and as a row"),
+        (["elementwise", "x * row(x)", "8", "8"], "need names of their own"),
+        (["elementwise", "row", "8", "8"], "row is an op; call it"),
     ],
 )
 def test_a_bad_elementwise_command_is_one_line_and_exit_status_2(capsys, argv, says):
@@ -67,6 +90,7 @@ def test_the_reader_builds_the_table_ops_and_refuses_the_rest():
         ("clamp(x, lo=y, hi=1)", "clamp's parameters are numbers"),
         ("x if y else 1", "is not part of an elementwise expression"),
         ("col(1)", "is not part of"),
+        ("row(x, y)", "is not part of"),
         ("+".join(["x"] * 600), "more than 512 parts"),
         ("exp(x, y)", "ew.exp takes 1 operand(s), not 2"),
         ("clamp(x)", "takes the parameter(s) lo, hi"),

@@ -298,9 +298,8 @@ def test_a_formula_printed_as_ew_source_reads_back_to_itself():
         assert back == expr, source
 
 
-def test_a_row_vector_has_no_ew_source_and_is_not_printed_as_a_column():
-    """ew spells column vectors only: a per-row scale (`Col` along ROW) printed as `ew.col` would read back as a
-    column vector, another formula; it is refused, so the map is printed by its fields instead."""
+def test_a_row_vector_prints_as_ew_row_and_a_column_vector_as_ew_col():
+    """A per-row scale (`Col` along ROW) is `ew.row`, a column vector `ew.col`: each reads back as its own axis."""
     from spatialc.ir.ids import TensorId
     from spatialc.ir.ops import Apply, Arg, Col, VecAxis
     from spatialc.lang.maps import ew_source
@@ -309,5 +308,6 @@ def test_a_row_vector_has_no_ew_source_and_is_not_printed_as_a_column():
         return "s"
 
     assert ew_source(Apply("mul", (Arg(0), Col(TensorId(3)))), ["x"], (False,), named) == 'x * ew.col("s")'
-    with pytest.raises(ValueError):
-        ew_source(Apply("mul", (Arg(0), Col(TensorId(3), axis=VecAxis.ROW))), ["x"], (False,), named)
+    row = Apply("mul", (Arg(0), Col(TensorId(3), axis=VecAxis.ROW)))
+    assert ew_source(row, ["x"], (False,), named) == 'x * ew.row("s")'
+    assert ew.resolved(ew.x(0) * ew.row("s"), lambda name: TensorId(3)) == row

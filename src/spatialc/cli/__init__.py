@@ -129,7 +129,8 @@ def _elementwise_parser(sub) -> None:
         help="build, verify and check out = EXPR(inputs) element by element; optionally emit CUDA and run it",
         description="Build out[M×N] = EXPR, element by element, where EXPR is a formula of the elementwise ops"
         " (silu(g) * x + col(bias); spatialc.numerics.elementwise lists them) over input tensors of M×N values —"
-        " its other names, or --inputs — and column vectors col(NAME) of N values; verify it, evaluate it with the"
+        " its other names, or --inputs — column vectors col(NAME) of N values and row vectors row(NAME) of M values;"
+        " verify it, evaluate it with the"
         " reference interpreter and check it against numpy; with --emit / --run, lower it to CUDA (the general form)"
         " and run it. Sizes are in elements; tiles are 16x16 elements; a block is in tiles.",
         epilog=EPILOG,

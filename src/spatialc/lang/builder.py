@@ -308,7 +308,8 @@ class Builder:
         """Stage: `expr` of the front pages of `src`'s rings, element by element, into `dst`'s pages — an ew
         expression over `ew.inputs(k)` (input i the i-th ring) or a function given one value a ring (`lambda x, m:
         ew.exp(x - m)`). A ring a row reduction fills is a row vector, each element its row's value; `ew.col(name)`
-        the parameter tensor `name`, one value a column."""
+        the parameter tensor `name`, one value a column; `ew.row(name)` the parameter tensor `name`, one value a
+        row."""
         srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
         if not srcs:
             raise refuse(f"map {name} reads at least one ring")

@@ -31,6 +31,7 @@ from ..ir.ops import (
     SemWait,
     TileAddr,
     Trip,
+    VecAxis,
     WriteBarrier,
     with_cols,
     with_row_args,
@@ -112,11 +113,19 @@ class Engine:
         self.builder.emit(Compute(op, tuple(s.ring.id for s in srcs), (dst.ring.id,)))
 
     def map(
-        self, stage: StageRef, src: Page | Sequence[Page], dst: Page, at: Affine | int = 0, width: int | None = None
+        self,
+        stage: StageRef,
+        src: Page | Sequence[Page],
+        dst: Page,
+        at: Affine | int = 0,
+        width: int | None = None,
+        row: Affine | int = 0,
     ) -> None:
         """Map `stage` (p.map) of the waited pages `src`, one of each of its rings in its order, into the reserved
         page `dst`. The pages hold rows of `width` tiles (by default all of dst's: one tile row) whose first is tile
-        column `at` of the tensors' rows: where a column vector is read; a row vector gives each row its value."""
+        column `at` of the tensors' rows: where a column vector (`ew.col`) is read; their first row is tile row `row`
+        of the tensors: where a row vector (`ew.row`) is read. A ring a row reduction fills gives each row its
+        value."""
         expect(stage, StageRef, "the first argument of a map")
         if not isinstance(stage.op, Map):
             raise refuse(f"stage {stage.name} is not a map (p.map)")
@@ -135,8 +144,12 @@ class Engine:
                 f" are of {given} into {dst.ring.name}"
             )
         w = dst.ring.tiles if width is None else whole(width, "the tiles a row of the pages holds")
-        col_at = address(at)
-        expr = with_row_args(with_cols(stage.op.expr, lambda c: Col(c.tensor, col_at, w)), w)
+        col_at, row_at = address(at), address(row)
+
+        def placed(c: Col) -> Col:
+            return Col(c.tensor, row_at if c.axis == VecAxis.ROW else col_at, w, c.axis)
+
+        expr = with_row_args(with_cols(stage.op.expr, placed), w)
         self.builder.emit(Compute(Map(expr), declared.ins, declared.outs))
 
     def write_barrier(self) -> None:

@@ -3,7 +3,8 @@ its input pages' values), the row width a reduction masks at, and a formula as `
 
 A map reads the front pages of its rings: a ring a row reduction fills is a row vector (`RowArg`: each element its
 row's value), any other ring a page of values (`Arg`); `ew.col(name)` is the parameter tensor `name`, one value per
-column (`Col`). The same rules read a formula back into `ew` source, so a printed map traces to the same formula.
+column (`Col`), and `ew.row(name)` one of one value per row (`Col` along ROW). The same rules read a formula back into
+`ew` source, so a printed map traces to the same formula.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def vector_rings(b: Builder) -> set[BufferId]:
 
 def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef]) -> Expr:
     """Map stage `name`'s formula: `expr` (an ew expression over `ew.inputs(len(ins))`, or a function given one value
-    per ring of `ins`), each input a row vector where its ring is a reduction's, each column vector a parameter."""
+    per ring of `ins`), each input a row vector where its ring is a reduction's, each column or row vector a
+    parameter."""
     if callable(expr) and not isinstance(expr, ew.Value):
         try:
             inspect.signature(expr).bind(*ins)
@@ -52,7 +54,11 @@ def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef]) -> Expr:
             f"map {name}'s formula is an ew expression or a function of its pages' values (lambda x, m: ew.exp(x - m)),"
             f" not {type(expr).__name__}"
         )
-    tensors = {c: column(b, name, c) for c in ew.column_names(expr)}  # refused here: at the user's line of the map
+    try:
+        named = ew.vector_names(expr)
+    except ProgramError as e:
+        raise refuse(f"map {name}: {e}") from None
+    tensors = {c: column(b, name, c, axis) for c, axis in named.items()}  # refused here: at the user's line of the map
     resolved = ew.resolved(expr, tensors.__getitem__)
     vectors = vector_rings(b)
     shapes = tuple(r.id in vectors for r in ins)
@@ -74,12 +80,17 @@ def as_rows(expr: Expr, vectors: tuple[bool, ...]) -> Expr:
     return expr
 
 
-def column(b: Builder, stage: str, name: str) -> TensorId:
-    """The parameter tensor `ew.col(name)` names: one row of values, one a column."""
+def column(b: Builder, stage: str, name: str, axis: VecAxis = VecAxis.COL) -> TensorId:
+    """The parameter tensor `ew.col(name)` names (one row of values, one a column), or `ew.row(name)` (one column of
+    values, one a row)."""
     t = next((t for t in b.tensors if t.name == name), None)
-    if t is None or t.role != TensorRole.PARAMETER or t.elems[0] != 1:
+    row = axis == VecAxis.ROW
+    if t is None or t.role != TensorRole.PARAMETER or t.elems[1 if row else 0] != 1:
         what = "no tensor" if t is None else f"{t.role.value} tensor {t.name} of {t.elems[0]} x {t.elems[1]}"
-        raise refuse(f"map {stage}: ew.col({name!r}) is a parameter tensor of one row (p.parameter), not {what}")
+        shape = "one column" if row else "one row"
+        raise refuse(
+            f"map {stage}: ew.{axis.value}({name!r}) is a parameter tensor of {shape} (p.parameter), not {what}"
+        )
     return t.id
 
 
@@ -135,8 +146,8 @@ def _source(expr: Expr, args: Sequence[str], vectors: tuple[bool, ...], col_name
             return args[i], ATOM
         case Lit(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
             return repr(float(v)), ATOM if math.copysign(1.0, v) > 0 else UNARY
-        case Col(_, TileAddr(0, ()), 1, VecAxis.COL) if (name := col_name(expr)) is not None:  # ew has no row vector
-            return f'ew.col("{name}")', ATOM
+        case Col(_, TileAddr(0, ()), 1, axis) if (name := col_name(expr)) is not None:
+            return f'ew.{VecAxis(axis).value}("{name}")', ATOM
         case Apply(op, parts, params) if op in OPS and len(parts) == OPS[op].arity:
             spec = OPS[op]
             if len(params) != len(spec.params) or not all(math.isfinite(p) for p in params):

@@ -54,6 +54,7 @@ from ..ir.ops import (
     SemSet,
     SemWait,
     TileAddr,
+    VecAxis,
     Wait,
     WriteBarrier,
     WriteTiles,
@@ -142,9 +143,10 @@ class SourcePrinter:
         args = [identifier(re.sub(r"_ring$", "", self.buffers[b]) or "x", taken) for b in s.ins]
         tensors = {t.id: t for t in self.p.tensors}
 
-        def column(c: Col) -> str | None:
+        def column(c: Col) -> str | None:  # the tensor's name, where ew.col / ew.row reads it back to c's tensor
             t = tensors.get(c.tensor)
-            ok = t is not None and t.role == TensorRole.PARAMETER and t.elems[0] == 1 and t.name.isidentifier()
+            one = 1 if c.axis == VecAxis.ROW else 0  # a row vector is one column of values, a column vector one row
+            ok = t is not None and t.role == TensorRole.PARAMETER and t.elems[one] == 1 and t.name.isidentifier()
             return t.name if ok and t is not None else None
 
         assert isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map)
@@ -338,19 +340,27 @@ class SourcePrinter:
         assert isinstance(declared, Map)
         found, rows = cols(m.expr), row_reads(m.expr)
         width = found[0].width if found else rows[0][1] if rows else None
-        at = found[0].at if found else TileAddr(0)
+        by_col = [c for c in found if c.axis != VecAxis.ROW]
+        by_row = [c for c in found if c.axis == VecAxis.ROW]
+        at = by_col[0].at if by_col else TileAddr(0)  # where column vectors are read, and row vectors
+        row_at = by_row[0].at if by_row else TileAddr(0)
         if width is None:
             placed = declared
         elif isinstance(width, int) and width >= 1:
-            placed = Map(with_row_args(with_cols(declared.expr, lambda c: Col(c.tensor, at, width)), width))
+
+            def place(c: Col) -> Col:
+                return Col(c.tensor, row_at if c.axis == VecAxis.ROW else at, width, c.axis)
+
+            placed = Map(with_row_args(with_cols(declared.expr, place), width))
         else:
             return None
         if placed != m:
             return None
         pages = [self.page(x, False) for x in ins]
         src = pages[0] if len(pages) == 1 else f"[{', '.join(pages)}]"
-        where = f", at={self.addr(at, in_item)}" if found and at != TileAddr(0) else ""
+        where = f", at={self.addr(at, in_item)}" if by_col and at != TileAddr(0) else ""
         where += f", width={width}" if width is not None else ""
+        where += f", row={self.addr(row_at, in_item)}" if by_row and row_at != TileAddr(0) else ""
         return f"e.map({self.stages[stage.id]}, {src}, {self.page(outs[0], True)}{where})"
 
     def op(self, op: ChoreoOp, depth: int, in_item: bool) -> None:

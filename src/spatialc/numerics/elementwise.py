@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.ops import Apply, Arg, Col, Expr, Lit, RowArg
+from ..ir.ops import Apply, Arg, Col, Expr, Lit, RowArg, arg_indices
 
 EPS32 = 2.0**-23  # one float32 ulp at 1.0
 GELU_C = 0.7978845608028654  # sqrt(2 / pi), as PyTorch's tanh-form gelu writes it
@@ -277,10 +277,16 @@ def _exact_int(op: ElementwiseOp, xs: list[Any], params: tuple[float, ...]) -> A
 # ---- intervals: integer ranges and float error bounds ---------------------------------------------------------
 
 
-def image(op: ElementwiseOp, boxes: Sequence[tuple[Any, Any]], params: tuple[float, ...], integer: bool) -> tuple:
+def image(
+    op: ElementwiseOp, boxes: Sequence[tuple[Any, Any]], params: tuple[float, ...], integer: bool, point: Any = None
+) -> tuple:
     """Bounds (lo, hi) of `op` over the box of its operands' bounds (each a (lo, hi) pair of arrays, or of Python
     ints in an integer program): where the op's value can lie when each operand lies in its range. An op whose
-    value over the box is not bounded (a pole, a domain edge) gives (−inf, inf)."""
+    value over the box is not bounded (a pole, a domain edge) gives (−inf, inf).
+
+    A range given as one object twice (`lo is hi`: an exact operand) is one point, evaluated once; `point`, where
+    every range is one, is the op's value there, computed already. Both only save work: the corners and turning
+    points left out are copies of the one kept, and the least and greatest of copies are the value itself."""
     f = op.i64 if integer else op.f64
     assert f is not None
     if op.name == "where":
@@ -296,19 +302,32 @@ def image(op: ElementwiseOp, boxes: Sequence[tuple[Any, Any]], params: tuple[flo
     points: list[list[Any]]
     if op.arity == 1:
         ((lo, hi),) = boxes
-        points = [[lo], [hi]] + [[_inside(t, lo, hi)] for t in op.turns]
+        points = [[lo]] if lo is hi else [[lo], [hi]] + [[_inside(t, lo, hi)] for t in op.turns]
     else:
         points = [list(c) for c in _corners(boxes)]
     with np.errstate(all="ignore"):
-        values = [np.asarray(f(*p, *params)) for p in points]
+        if point is not None and len(points) == 1:
+            values = [np.asarray(point)]
+        else:
+            values = [np.asarray(f(*p, *params)) for p in points]
     lo_v = values[0]
     hi_v = values[0]
     for v in values[1:]:
         lo_v, hi_v = np.minimum(lo_v, v), np.maximum(hi_v, v)
     if integer:
         return lo_v, hi_v
-    unbounded = ~np.isfinite(lo_v) | ~np.isfinite(hi_v) | _crosses_pole(op, boxes)
+    pole = _crosses_pole(op, boxes)
+    if not np.any(pole) and _all_finite(lo_v) and _all_finite(hi_v):  # nothing unbounded: the wheres keep all
+        return lo_v, hi_v
+    unbounded = ~np.isfinite(lo_v) | ~np.isfinite(hi_v) | pole
     return np.where(unbounded, -np.inf, lo_v), np.where(unbounded, np.inf, hi_v)
+
+
+def _all_finite(x: Any) -> bool:
+    """Whether every element of `x` is finite, in one pass: a sum is finite only where every term is (an infinity
+    or a NaN carries into it), and a sum that overflows says no, which only costs the caller its slow path."""
+    with np.errstate(all="ignore"):
+        return bool(np.isfinite(np.sum(x)))
 
 
 def _decided(name: str, alo: Any, ahi: Any, blo: Any, bhi: Any) -> tuple[Any, Any]:
@@ -334,7 +353,7 @@ def _inside(t: float, lo: Any, hi: Any) -> Any:
 def _corners(boxes: Sequence[tuple[Any, Any]]) -> list[tuple[Any, ...]]:
     out: list[tuple[Any, ...]] = [()]
     for lo, hi in boxes:
-        out = [(*c, x) for c in out for x in (lo, hi)]
+        out = [(*c, x) for c in out for x in ((lo,) if lo is hi else (lo, hi))]  # a point: one corner, not two
     return out
 
 
@@ -393,11 +412,17 @@ def int_peak(expr: Expr, pages: Sequence[tuple[int, int]], col: Callable[[Col], 
     return max(-lo, hi, *inner)
 
 
-def bounded(expr: Expr, pages: Sequence[tuple[Any, Any]], col: Callable[[Col], Any] | None = None) -> tuple[Any, Any]:
+def bounded(
+    expr: Expr, pages: Sequence[tuple[Any, Any]], col: Callable[[Col], Any] | None = None, memo: dict | None = None
+) -> tuple[Any, Any]:
     """(value, error) of `expr` in a float program: the value as the interpreter computes it from the input pages'
     values, and a bound on how far a kernel's may lie from it when each input page's own value may lie its error
     away (pages[i] = (values, errors)). Each op adds the spread of its exact value over the box of its operands'
-    bounds, one float32 rounding, its own `ulps` and its `tail`."""
+    bounds, one float32 rounding, its own `ulps` and its `tail`.
+
+    `memo`, shared by the maps of one program on one set of inputs (the same vectors, the same page arrays while it
+    lives), keeps each op's result by its formula and the pages it reads: softmax's normalise recomputes its exp
+    stage's formula, on the same pages, as its kernel does; the bound of it is the same, and is computed once."""
     match expr:
         case Arg(i):
             x, e = pages[i]
@@ -411,17 +436,31 @@ def bounded(expr: Expr, pages: Sequence[tuple[Any, Any]], col: Callable[[Col], A
             assert col is not None
             return np.asarray(col(expr), np.float32).astype(np.float64), np.float64(0.0)
         case Apply(name, args, params):
+            key = None
+            if memo is not None:
+                key = (expr, tuple((id(pages[i][0]), id(pages[i][1])) for i in arg_indices(expr)))
+                if key in memo:
+                    return memo[key]  # type: ignore[no-any-return]
             op = op_named(name)
-            parts = [bounded(a, pages, col) for a in args]
+            parts = [bounded(a, pages, col, memo) for a in args]
+            exact = [not np.any(e) for _, e in parts]  # an operand with no error: its box is one point
             with np.errstate(all="ignore"):
-                y = np.asarray(op.f64(*(x for x, _ in parts), *params)).astype(np.float32).astype(np.float64)
-                lo, hi = image(op, [(x - e, x + e) for x, e in parts], params, integer=False)
+                value = np.asarray(op.f64(*(x for x, _ in parts), *params))
+                y = value.astype(np.float32).astype(np.float64)
+                boxes = [(x, x) if ok else (x - e, x + e) for (x, e), ok in zip(parts, exact, strict=True)]
+                lo, hi = image(op, boxes, params, integer=False, point=value if all(exact) else None)
                 spread = np.maximum(hi - y, y - lo)
-                largest = max((np.abs(x) for x, _ in parts), key=lambda a: float(np.max(a, initial=0.0)))
-                e = spread + (1 + op.ulps) * EPS32 * np.abs(y) + op.tail * (largest + spread)
+                e = spread + (1 + op.ulps) * EPS32 * np.abs(y)
+                if op.tail or not all(_all_finite(x) for x, _ in parts):  # (0 · an infinite operand is NaN: kept)
+                    largest = max((np.abs(x) for x, _ in parts), key=lambda a: float(np.max(a, initial=0.0)))
+                    e = e + op.tail * (largest + spread)
             if op.comparison:  # a 0 or a 1: exact where the operands' boxes decide it, else either
                 e = np.where(hi > lo, 1.0, 0.0)
-            return y, np.where(np.isnan(e), np.inf, e)
+            if np.isnan(np.sum(e)):  # (a sum is NaN where a term is: the where only where one is)
+                e = np.where(np.isnan(e), np.inf, e)
+            if key is not None and memo is not None:
+                memo[key] = (y, e)
+            return y, e
     raise ElementwiseError(f"{expr!r} is no elementwise expression")
 
 
@@ -576,8 +615,47 @@ def reduce_rows(name: str, values: Any, integer: bool) -> Any:
     elif integer:
         out = np.sum(y, axis=1, keepdims=True, dtype=np.int64)
     else:  # exactly rounded, so that no order of summing can make two correct runs differ
-        out = np.array([[_exact_sum(row)] for row in y.tolist()]) if y.size else np.zeros((x.shape[0], 1))
+        out = _exact_row_sums(y) if y.size else np.zeros((x.shape[0], 1))
     return out if integer else out.astype(np.float32)
+
+
+def _exact_row_sums(terms: np.ndarray) -> np.ndarray:
+    """Each row of `terms` summed exactly and rounded once, as `_exact_sum` (math.fsum) sums it, as a column —
+    vectorised over the rows (Rump, Ogita and Oishi's error-free extraction, "Accurate floating-point summation",
+    2008).
+
+    For a row whose largest |term| lies below 2^e, σ = 2^(e + M) with 2^M ≥ n + 2 splits each term p exactly into
+    q = (σ + p) − σ and p − q: every q is a whole multiple of σ · 2^-53 and Σq is exact in float64 in any order
+    (their lemma 3.3). The remainders p − q, each below σ · 2^-53, are split again under their own σ, until none is
+    left. A row's exact total is then the sum of its few exact level sums, which fsum rounds once: fsum's result on
+    the row itself. Rows with a NaN, an infinity or a term too large for σ, or still not done after MAX_LEVELS
+    levels, are summed by fsum."""
+    rows, n = terms.shape
+    m = (n + 2).bit_length()  # 2^m > n + 2
+    with np.errstate(all="ignore"):
+        largest = np.max(np.abs(terms), axis=1)
+        fine = np.isfinite(largest) & (largest < 2.0 ** (1020 - m))
+        p = np.where(fine[:, None], terms, 0.0)
+        levels = []
+        for _ in range(MAX_LEVELS):
+            top = np.max(np.abs(p), axis=1, keepdims=True)
+            if not top.any():
+                break
+            sigma = np.ldexp(1.0, np.frexp(top)[1] + m)
+            q = (sigma + p) - sigma
+            p = p - q
+            levels.append(np.sum(q, axis=1))
+        else:
+            fine &= ~np.any(p, axis=1)  # rows not done: left to fsum
+    sums = np.stack(levels, axis=1) if levels else np.zeros((rows, 0))
+    out = np.array([math.fsum(row) for row in sums.tolist()]) if rows else np.zeros(0)
+    slow = np.flatnonzero(~fine)
+    if len(slow):
+        out[slow] = [_exact_sum(row) for row in terms[slow].tolist()]
+    return out.reshape(rows, 1)
+
+
+MAX_LEVELS = 80  # splits of a row: 53 − m bits of its range each; float64's whole range takes about 2100 / 40
 
 
 def _exact_sum(values: list[float]) -> float:

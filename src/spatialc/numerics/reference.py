@@ -94,7 +94,10 @@ def _reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
     decl = _declared(p)
     if decl.rows:
         decls = declared_outputs(p)
-        each = {d.out.name: output_values(d.out.name, row_stages(p, d, inputs)[0], d.out.dtype) for d in decls}
+        done: dict = {}  # the stages the outputs share, computed once
+        each = {
+            d.out.name: output_values(d.out.name, row_stages(p, d, inputs, done=done)[0], d.out.dtype) for d in decls
+        }
         return each if len(decls) > 1 else each[decl.out.name]
     if decl.matmul is None:
         return mapped(p, decl, inputs)
@@ -139,38 +142,56 @@ def mapped(p: SpatialProgram, decl: Any, inputs: Mapping[str, Any]) -> np.ndarra
     return output_values(decl.out.name, np.asarray(x).astype(np.int64 if integer else np.float64), decl.out.dtype)
 
 
-def row_stages(p: SpatialProgram, decl: Any, inputs: Mapping[str, Any], bounds: bool = False) -> tuple[Any, Any]:
+def row_stages(
+    p: SpatialProgram, decl: Any, inputs: Mapping[str, Any], bounds: bool = False, done: dict | None = None
+) -> tuple[Any, Any]:
     """A row program's value before C's rounding — each stage on whole tensors, in the order `declared` gives: a map
     element by element (a row vector read by row), a row reduction of each row (`elementwise.reduce_rows`) — and
     with `bounds` how far a kernel's may lie from it (each map's `elementwise.bounded`, each reduction's
-    `elementwise.reduce_bound`, carried from stage to stage), else None."""
+    `elementwise.reduce_bound`, carried from stage to stage), else None. `done` (ring → value and bound) keeps the
+    stages computed for one output for the next output of the same program and inputs (LayerNorm's three share
+    theirs)."""
     from ..ir.index import ProgramIndex
     from ..ir.nodes import ReadStage
     from ..ir.ops import RowReduce
 
     index = ProgramIndex.of(p)
     col = column_values(p, inputs)
-    done: dict[Any, tuple[Any, Any]] = {}
+    done = {} if done is None else done
+    read: dict[Any, np.ndarray] = {}  # each tensor rounded once, however many stages read it
+    exact = np.zeros(1)  # a read page's error: one object, so that maps of the same pages share their bounds
+    memo: dict = {}  # (`elementwise.bounded`'s: alive while `done` and `read` hold every page it names)
     for stage in decl.producer.values():
-        if isinstance(stage.kind, ReadStage):
-            x = np.asarray(epilogue.start(tensor_operand(p, stage.kind.tensor, inputs), False), np.float64)
-            done[index.ring(stage.outs[0])] = (x, np.zeros(1))
+        ring = index.ring(stage.outs[0]) if stage.outs else None
+        if isinstance(stage.kind, ReadStage) and ring not in done:
+            t = stage.kind.tensor
+            if t not in read:
+                read[t] = np.asarray(epilogue.start(tensor_operand(p, t, inputs), False), np.float64)
+            done[ring] = (read[t], exact)
     for stage in decl.chain:
+        ring = index.ring(stage.outs[0])
+        if ring in done:
+            continue
         pages = [done[index.ring(b)] for b in stage.ins]
         op = stage.kind.op
-        if isinstance(op, RowReduce):
+        if isinstance(op, RowReduce):  # with bounds, the value reduce_bound computes on the way (the same)
             x, e = pages[0]
-            value = elementwise.reduce_rows(op.op, x, False)
-            err = elementwise.reduce_bound(op.op, x, e)[1] if bounds else None
+            value, err = (
+                elementwise.reduce_bound(op.op, x, e) if bounds else (elementwise.reduce_rows(op.op, x, False), None)
+            )
+        elif bounds:  # the value bounded computes on the way: each op in float64 of float32 operands, rounded once
+            value, err = elementwise.bounded(op.expr, pages, _rows_of(col), memo)
         else:
-            value = epilogue.mapped(op.expr, [x for x, _ in pages], False, col)
-            err = elementwise.bounded(op.expr, pages, _rows_of(col))[1] if bounds else None
-        done[index.ring(stage.outs[0])] = (np.asarray(value, np.float64), err)
+            value, err = epilogue.mapped(op.expr, [x for x, _ in pages], False, col), None
+        done[ring] = (np.asarray(value, np.float64), err)
     return done[decl.last]
 
 
 def _rows_of(col: Any) -> Any:
-    return lambda c: np.asarray(col(c), np.float32).reshape(1, -1)
+    """Column vectors' values as rows that broadcast over a page's rows, row vectors' as columns."""
+    from ..ir.ops import VecAxis
+
+    return lambda c: np.asarray(col(c), np.float32).reshape((-1, 1) if c.axis == VecAxis.ROW else (1, -1))
 
 
 def column_values(p: SpatialProgram, inputs: Mapping[str, Any], rows: Any = None):

@@ -42,8 +42,10 @@ from ..ir.ops import (
     Reserve,
     RowReduce,
     TileAddr,
+    VecAxis,
     Wait,
     WriteTiles,
+    cols,
     with_cols,
 )
 from ..ir.worklist import MAX_SITES
@@ -152,8 +154,8 @@ def plan_map(
 
 
 def apply_map_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
-    """Rings sized by `plan` (one page a block), the map's column vectors over whole blocks, tensors padded to whole
-    blocks."""
+    """Rings sized by `plan` (one page a block), the map's column vectors over whole blocks of columns and row
+    vectors over whole blocks of rows, tensors padded to whole blocks."""
     bh, bw = plan.item_tiles
     rows_t, cols_t = plan.grid[0] * bh, plan.grid[1] * bw
     buffers = tuple(
@@ -164,12 +166,13 @@ def apply_map_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     )
     shape = map_shape(p)
     data = {s.kind.tensor for s in (*shape.reads, shape.write)}  # type: ignore[union-attr]
+    axes = {c.tensor: c.axis for c in cols(shape.map.kind.op.expr)}  # type: ignore[union-attr]
     tensors = []
     for t in p.tensors:
         if t.id in data:
             t = dataclasses.replace(t, tiles=(rows_t, cols_t))
-        elif t.role == TensorRole.PARAMETER and t.elems[0] == 1:  # a column vector: one row of tiles
-            t = dataclasses.replace(t, tiles=(1, cols_t))
+        elif t.role == TensorRole.PARAMETER and t.id in axes:  # a row vector: one column of tiles; a column one row
+            t = dataclasses.replace(t, tiles=(rows_t, 1) if axes[t.id] == VecAxis.ROW else (1, cols_t))
         tensors.append(t)
     return p.evolve(plans=(plan,), buffers=buffers, tensors=tuple(tensors))
 
@@ -207,8 +210,7 @@ def map_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     ins, (out,) = shape.map.ins, shape.map.outs
     op = shape.map.kind.op  # type: ignore[union-attr]
     assert isinstance(op, Map)
-    at = TileAddr(0, ((LV_ITEM_X, bw),))  # the page's first column is the item's first output column
-    op = Map(with_cols(op.expr, lambda c: Col(c.tensor, at, bw)))
+    op = Map(with_cols(op.expr, lambda c: _at_item(c, bh, bw)))
     compute: tuple[ChoreoOp, ...] = (
         *(Wait(b) for b in ins),
         Reserve(out),
@@ -220,6 +222,15 @@ def map_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     at_out = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_ITEM_X, bw)))
     writer = (Wait(out), WriteTiles(out, t.id, at_out, bh, bw, t.tiles[1], 1), Pop(out))
     return {"reader": tuple(reader), "compute": compute, "writer": writer}
+
+
+def _at_item(c: Col, bh: int, bw: int) -> Col:
+    """Vector `c` addressed from the item's position, on pages of rows `bw` tiles wide: a column vector from the
+    item's first output column (tile column item_x · bw), a row vector from its first output row (tile row
+    item_y · bh)."""
+    if c.axis == VecAxis.ROW:
+        return Col(c.tensor, TileAddr(0, ((LV_ITEM_Y, bh),)), bw, VecAxis.ROW)
+    return Col(c.tensor, TileAddr(0, ((LV_ITEM_X, bw),)), bw)
 
 
 def schedule_map(p: SpatialProgram) -> SpatialProgram:

@@ -47,8 +47,10 @@ from ..ir.ops import (
     Reserve,
     RowReduce,
     TileAddr,
+    VecAxis,
     Wait,
     WriteTiles,
+    cols,
     with_cols,
     with_row_args,
 )
@@ -219,16 +221,24 @@ def apply_row_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
         if isinstance(s.kind.op, RowReduce):  # type: ignore[union-attr]
             buffers.append(Buffer(BufferId(len(buffers)), f"{s.name}_acc", Accumulator(bh)))
     vector_outs = {w.kind.tensor for w in shape.writes if w is not shape.write}  # type: ignore[union-attr]
+    per_row = {c.tensor for c in _vectors(shape) if c.axis == VecAxis.ROW}  # parameters read one value a row
     tensors = []
     for t in p.tensors:
         if t.id in vector_outs:  # one value a row: a tile column, each row's value in every column (as RowArg's)
             t = dataclasses.replace(t, tiles=(rows_t, 1))
         elif t.role in (TensorRole.INPUT, TensorRole.OUTPUT):
             t = dataclasses.replace(t, tiles=(rows_t, cols_t))
+        elif t.id in per_row:  # one column of tiles, over whole bands
+            t = dataclasses.replace(t, tiles=(rows_t, 1))
         elif t.role == TensorRole.PARAMETER and t.elems[0] == 1:
             t = dataclasses.replace(t, tiles=(1, cols_t))
         tensors.append(t)
     return p.evolve(plans=(plan,), buffers=tuple(buffers), tensors=tuple(tensors))
+
+
+def _vectors(shape: RowShape) -> list[Col]:
+    """The broadcast vectors the program's maps read from parameter tensors."""
+    return [c for s in shape.computes if isinstance(s.kind.op, Map) for c in cols(s.kind.op.expr)]  # type: ignore[union-attr]
 
 
 def place_rows(
@@ -249,6 +259,7 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     shape = row_shape(p)
     bh, bw, nj = plan.block.osh, plan.block.ibw, plan.k_steps
     col_at = TileAddr(0, ((LV_K, bw),))  # the page's first tile column of the row
+    row_at = TileAddr(0, ((LV_ITEM_Y, bh),))  # the band's first tile row: where a row vector (ew.row) is read
     accs = {s.id: b.id for s in shape.computes for b in p.buffers if b.name == f"{s.name}_acc"}
     written = {w.ins[0]: w for w in shape.writes}
     reader: list[ChoreoOp] = []
@@ -284,7 +295,11 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     def map_ops(s: Stage) -> list[ChoreoOp]:
         op = s.kind.op  # type: ignore[union-attr]
         assert isinstance(op, Map)
-        placed = Map(with_row_args(with_cols(op.expr, lambda c: Col(c.tensor, col_at, bw)), bw))
+
+        def place(c: Col) -> Col:
+            return Col(c.tensor, row_at if c.axis == VecAxis.ROW else col_at, bw, c.axis)
+
+        placed = Map(with_row_args(with_cols(op.expr, place), bw))
         pages = [b for b in s.ins if b not in shape.vectors]
         (out,) = s.outs
         return [*(Wait(b) for b in pages), Reserve(out), Compute(placed, s.ins, (out,)), Push(out), *map(Pop, pages)]

@@ -325,19 +325,23 @@ def _args(expr: Expr) -> set[Arg]:
 
 
 def _map_types(index: ProgramIndex, decl: Declared, stage: Stage, width: int | None = None) -> None:
-    """A map's column vectors, one accumulator-typed value per column of C; its output type, and in an int8 program
-    its values' range, which must stay where the interpreter's int64 is exact and C holds every value."""
+    """A map's column vectors, one accumulator-typed value per column of C, and row vectors, one per row; its output
+    type, and in an int8 program its values' range, which must stay where the interpreter's int64 is exact and C
+    holds every value."""
     p, out = index.p, decl.out
     op = stage.kind.op  # type: ignore[union-attr]
     assert isinstance(op, Map)
     want = accumulator_dtype(p.precision)
     n = out.elems[1] if width is None else width  # (a row program's: the rows' width, whatever output is followed)
+    m = out.elems[0]  # every output of a map or row program has the inputs' rows (LayerNorm's mean: m × 1)
     for c in cols(op.expr):
         t = index.tensors[c.tensor]
-        if t.elems != (1, n) or t.dtype != want:
+        row = c.axis == VecAxis.ROW
+        if t.elems != ((m, 1) if row else (1, n)) or t.dtype != want:
+            what, each, count = ("row", "row", m) if row else ("column", "column", n)
             raise SemanticError(
-                f"stage {stage.name} reads {t.name} ({t.elems[0]}x{t.elems[1]} {t.dtype.value}) as a column vector of"
-                f" {out.name}: one {want.value} value per column, {n} of them"
+                f"stage {stage.name} reads {t.name} ({t.elems[0]}x{t.elems[1]} {t.dtype.value}) as a {what} vector of"
+                f" {out.name}: one {want.value} value per {each}, {count} of them"
             )
     if p.precision != Precision.INT8:
         if out.dtype not in (DType.FLOAT32, DType.FP16, DType.BF16):
