@@ -514,6 +514,7 @@ class GpuRunner:
         b = [self._random(rs, (case.k, case.n), case.precision) for _ in range(copies)]
         if not case.fused:
             return Inputs(a, b)
+
         def draw(shape: tuple[int, int], lo: float, hi: float) -> Any:
             return self._random(rs, shape, case.precision, lo, hi)
 

@@ -174,9 +174,7 @@ def fused_lines(rows: list[Row]) -> list[str]:
     out = []
     for r in (r for r in rows if r.fused):
         s = fused_summary(r)
-        each = "; ".join(
-            f"{form} {v['ratio']:.2f}×" if v["ratio"] else f"{form} —" for form, v in s["forms"].items()
-        )
+        each = "; ".join(f"{form} {v['ratio']:.2f}×" if v["ratio"] else f"{form} —" for form, v in s["forms"].items())
         best = (
             f"fastest fused ({s['fastest_fused']}) / fastest plain ({s['fastest_plain']}) {s['ratio']:.2f}×"
             if s["ratio"]
