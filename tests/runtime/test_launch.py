@@ -733,3 +733,40 @@ def test_a_kernel_of_several_outputs_takes_a_buffer_for_each():
     none = dataclasses.replace(art.launch, params=tuple(q for q in art.launch.params if q.role != "output"))
     with pytest.raises(LaunchError, match="at least one output"):
         L.kernel_args(none)
+
+
+def test_the_cli_checks_each_output_a_gpu_run_gives(tmp_path, monkeypatch, capsys):
+    """`spatialc run` of a saved LayerNorm on a (stand-in) GPU: spatialc.run's dict of outputs is checked output by
+    output, as the emulation's is; one output wrong makes the run differ."""
+    import types
+
+    from spatialc import api
+    from spatialc.cli import main
+
+    p = spatialc.build(spatialc.layernorm(40, 72, "bf16"), "sm_90")
+    path = tmp_path / "ln.json"
+    path.write_text(spatialc.to_json(p))
+
+    class Cupy:  # what the CLI reads of CuPy: the device's name
+        class cuda:  # noqa: N801 — CuPy's names
+            class runtime:  # noqa: N801
+                @staticmethod
+                def getDeviceProperties(i):  # noqa: N802
+                    return {"name": b"Fake GPU"}
+
+            class Device:  # noqa: N801
+                id = 0
+
+    wrong = {}
+
+    def run(art, *operands, **named):
+        got = spatialc.evaluate(p, named)
+        return {**got, **wrong}
+
+    monkeypatch.setattr(L, "cupy_device", lambda: types.SimpleNamespace(cp=Cupy))
+    monkeypatch.setattr(api, "run", run)
+    assert main(["run", str(path)]) == 0
+    assert "on the GPU (Fake GPU): C equals" in capsys.readouterr().out
+    wrong["rstd"] = np.zeros((40, 1), np.float32)
+    assert main(["run", str(path)]) == 1
+    assert "DIFFERS" in capsys.readouterr().out
