@@ -634,7 +634,7 @@ class FakeKernel:
     def _fused(self, buffers):
         """A GEMM with scales and a residual in its epilogue: the program as the reference computes it (the float64
         product, the epilogue in float32) on its tiled tensors, C rounded to its type; `fault` "residual" leaves the
-        residual out, "miss" leaves element 17 poisoned."""
+        residual out, "miss" leaves element 17 poisoned, "hang" never finishes."""
         from spatialc.numerics.reference import reference
         from spatialc.runtime.tilize import bf16_bits
 
@@ -651,6 +651,8 @@ class FakeKernel:
         buffers[at][:] = tilize(c, c_arg.tiles, np, order=c_arg.order)
         if self.fault == "miss":
             buffers[at][17] = poison_value(c_arg.storage)
+        if self.fault == "hang":
+            FakeEvent.hang = True
 
     def _grouped(self, buffers):
         """A grouped GEMM's kernel: each group's rows below its count (the `sizes` buffer) written, the rest left

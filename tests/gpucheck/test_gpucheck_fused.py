@@ -203,6 +203,22 @@ def test_a_fused_kernel_that_loses_its_residual_fails_its_row(fake_gpu, tmp_path
     capsys.readouterr()
 
 
+def test_a_fused_kernel_that_hangs_is_left_out_of_fused_rows_alone(fake_gpu, monkeypatch, tmp_path, capsys):
+    # The fused kernel hangs in the first fused row: the next worker runs the plain row's general form and, in both
+    # fused rows, the plain GEMM's kernels and torch's, without the fused kernel.
+    from .test_gpucheck_restart_faults import by_name, supervise, workers
+
+    run_worker, seen = workers(fake_gpu, monkeypatch, [("hang", "40x24", "spatialc_general"), None])
+    status, header, rows = supervise(tmp_path, run_worker, ["fused:40x24x36", "64", "fused:40x24x48"])
+    assert seen == [3, 1] and header["restarts"][0].startswith("spatialc general (fused) lost the GPU on row 1/3")
+    assert by_name(rows[1])["spatialc general"]["ok"]  # the plain row's general form runs on
+    for r in (rows[0], rows[2]):
+        mine = by_name(r)
+        assert r["status"] == "error" and mine["spatialc general"]["note"].startswith("unavailable: lost")
+        assert mine["spatialc general (plain GEMM)"]["ok"] and mine[F.TORCH_EPILOGUE]["ok"]
+    capsys.readouterr()
+
+
 # ---- the report ---------------------------------------------------------------------------------------------------
 
 
