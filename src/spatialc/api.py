@@ -191,7 +191,8 @@ def run(artifact, *operands: Any, **params: Any):
     """Run the artifact's kernel on a GPU: its inputs by position (A, B — or an MLP's X, W1, W2, a map's x0, x1, …) or
     by name, its parameters by name; numpy, torch or CuPy arrays in, the same library out. The output buffer
     is poisoned first (NaN, or the most negative integer), so an element the kernel never writes shows: a grouped
-    GEMM's rows at or past their group's count come back so (the interpreter and the emulation return zeros)."""
+    GEMM's rows at or past their group's count come back so (the interpreter and the emulation return zeros). A
+    program of several outputs (LayerNorm's out, mean and rstd) gives a dict name → array, as `evaluate` does."""
     from .runtime.launch import run as run_gpu
 
     _artifact("run", artifact)

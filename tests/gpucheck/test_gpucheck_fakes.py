@@ -311,7 +311,9 @@ class FakeTorch(type(sys)):
         self.wrong_above = None  # matmul results of more rows than this come back off by one (a planted fault)
         # torch's elementwise ops and norms (F.silu, F.gelu, softmax, F.rms_norm and the aten out= forms there are):
         # computed in float32, as torch's kernels compute fp16 and bf16, and rounded once to the inputs' type.
-        self.nn = NS(functional=NS(silu=self._silu, gelu=self._gelu, rms_norm=self._rms_norm))
+        self.nn = NS(
+            functional=NS(silu=self._silu, gelu=self._gelu, rms_norm=self._rms_norm, layer_norm=self._layer_norm)
+        )
         self.ops = NS(aten=NS(silu=NS(out=self._silu), gelu=NS(out=self._gelu), _softmax=NS(out=self._softmax_out)))
         self.cuda = NS(
             is_available=lambda: True,
@@ -411,6 +413,16 @@ class FakeTorch(type(sys)):
             lambda v, w: v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * w, (x, weight), None
         )
 
+    def _layer_norm(self, x, normalized_shape, weight, bias, eps):
+        if tuple(normalized_shape) != x.shape[-1:]:
+            raise FakeError("the stand-in's layer_norm normalises the last dimension")
+
+        def f(v, w, b):
+            mean = np.mean(v, axis=-1, keepdims=True)
+            return (v - mean) / np.sqrt(np.mean((v - mean) ** 2, axis=-1, keepdims=True) + eps) * w + b
+
+        return self._elementwise(f, (x, weight, bias), None)
+
     def matmul(self, a, b, out=None):
         if a.dtype is not b.dtype or a.dtype not in (self.float16, self.bfloat16):
             raise FakeError(f"the stand-in multiplies fp16 or bf16, not {a.dtype} and {b.dtype}")
@@ -486,7 +498,17 @@ class FakeKernel:
     (`smem181248`: one plan of a sweep)."""
 
     def __init__(
-        self, cp, args, fault, name="spatialc_persistent", dyn_smem=0, sync=(), trip_error=-1, mapped=None, rows=None
+        self,
+        cp,
+        args,
+        fault,
+        name="spatialc_persistent",
+        dyn_smem=0,
+        sync=(),
+        trip_error=-1,
+        mapped=None,
+        rows=None,
+        fused=None,
     ):
         if isinstance(fault, tuple):
             c = next(a for a in args if a.role == "output")
@@ -495,6 +517,7 @@ class FakeKernel:
         self.cp, self.args, self.fault, self.sync, self.trip_error = cp, args, fault, tuple(sync), trip_error
         self.mapped = mapped  # a map kernel's formula (`map_formula`): it computes that, with no matmul
         self.rows = rows  # a row program's (`row_program`): it computes that, as the reference does
+        self.fused = fused  # a GEMM whose epilogue reads tensors of its own (`fused_program`): likewise
 
     def __call__(self, buffers):
         self.cp.launch(lambda: self._compute(buffers))
@@ -521,6 +544,9 @@ class FakeKernel:
             return
         if self.rows is not None:
             self._rows(buffers)
+            return
+        if self.fused is not None:
+            self._fused(buffers)
             return
         if self.args[0].groups > 1:
             self._grouped(buffers)
@@ -571,13 +597,14 @@ class FakeKernel:
             FakeEvent.hang = True
 
     def _rows(self, buffers):
-        """A row program's kernel (softmax, RMSNorm): the program as the reference computes it (each op rounded to
-        float32, each row sum exactly rounded: `numerics.reference.reference`) on its inputs and parameters, C
-        rounded to its type and its padding zero; `fault` as in `_map`."""
+        """A row program's kernel (softmax, RMSNorm, LayerNorm): the program as the reference computes it (each op
+        rounded to float32, each row sum exactly rounded: `numerics.reference.reference`) on its inputs and
+        parameters, each output rounded to its type and its padding zero; `fault` as in `_map` (on the first
+        output), or "swap": a program of several outputs' second and third stored in each other's buffers, or
+        "rstd": its last output's element 3 off by a part in a thousand."""
         from spatialc.numerics.reference import reference
         from spatialc.runtime.tilize import bf16_bits
 
-        at, c_arg = next((i, a) for i, a in enumerate(self.args) if a.role == "output")
         values = {}
         for arg, buf in zip(self.args, buffers, strict=False):  # buffers in parameter order, the work list after
             if arg.role in ("input", "parameter"):
@@ -585,14 +612,45 @@ class FakeKernel:
                 x = bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32)
                 values[arg.name] = x if arg.role == "input" else x.reshape(-1)
         with np.errstate(all="ignore"):
-            c = np.asarray(reference(self.rows, values), np.float32)
-        if self.fault == "skew":
-            c.reshape(-1)[5] *= np.float32(1.5)
-        c = bf16_bits(c, np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
-        out = buffers[at]
-        out[:] = tilize(c, c_arg.tiles, np, order=c_arg.order)
+            got = reference(self.rows, values)
+        outs = [(i, a) for i, a in enumerate(self.args) if a.role == "output"]
+        got = got if isinstance(got, dict) else {outs[0][1].name: got}
+        if self.fault == "swap":
+            (_, second), (_, third) = outs[1:3]
+            got = {**got, second.name: got[third.name], third.name: got[second.name]}
+        for n, (at, c_arg) in enumerate(outs):
+            c = np.array(got[c_arg.name], np.float32)
+            if self.fault == "skew" and n == 0:
+                c.reshape(-1)[5] *= np.float32(1.5)
+            if self.fault == "rstd" and n == len(outs) - 1:
+                c.reshape(-1)[3] *= np.float32(1.001)
+            c = bf16_bits(c, np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
+            buffers[at][:] = tilize(c, c_arg.tiles, np, order=c_arg.order)
         if self.fault == "miss":
-            out[17] = poison_value(c_arg.storage)
+            buffers[outs[0][0]][17] = poison_value(outs[0][1].storage)
+        if self.fault == "hang":
+            FakeEvent.hang = True
+
+    def _fused(self, buffers):
+        """A GEMM with scales and a residual in its epilogue: the program as the reference computes it (the float64
+        product, the epilogue in float32) on its tiled tensors, C rounded to its type; `fault` "residual" leaves the
+        residual out, "miss" leaves element 17 poisoned, "hang" never finishes."""
+        from spatialc.numerics.reference import reference
+        from spatialc.runtime.tilize import bf16_bits
+
+        values = {}
+        for arg, buf in zip(self.args, buffers, strict=False):  # buffers in parameter order, the work list after
+            if arg.role in ("input", "parameter"):
+                x = untilize(buf, arg.tiles, arg.elems, np, order=arg.order)
+                values[arg.name] = bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32)
+        if self.fault == "residual":
+            values["residual"] = np.zeros_like(values["residual"])
+        c = np.asarray(reference(self.fused, values), np.float32)
+        at, c_arg = next((i, a) for i, a in enumerate(self.args) if a.role == "output")
+        c = bf16_bits(c, np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
+        buffers[at][:] = tilize(c, c_arg.tiles, np, order=c_arg.order)
+        if self.fault == "miss":
+            buffers[at][17] = poison_value(c_arg.storage)
         if self.fault == "hang":
             FakeEvent.hang = True
 
@@ -650,9 +708,10 @@ def map_formula(kernel_cu):
 
 
 def row_program(kernel_cu, args):
-    """The program of a kernel that reduces rows — spatialc.softmax or spatialc.rmsnorm, told apart by the Map its
-    last Compute marker names (`Map_div_exp_sub_x0_row1_row2`: softmax's quotient), RMSNorm's eps read from its
-    text — at its arguments' shape and types; None for any other kernel."""
+    """The program of a kernel that reduces rows — spatialc.softmax, spatialc.rmsnorm or spatialc.layernorm, told
+    apart by the Map its last Compute marker names (`Map_div_exp_sub_x0_row1_row2`: softmax's quotient) or by its
+    three outputs (LayerNorm's), the eps read from its text — at its arguments' shape and types; None for any other
+    kernel."""
     import re
 
     import spatialc
@@ -664,11 +723,34 @@ def row_program(kernel_cu, args):
     m, n = c.elems
     if "// op:Compute:Map_div_exp_sub_x0_row1_row2" in kernel_cu:
         return spatialc.softmax(m, n, types[x.elem], out=types[c.elem])
+    if sum(a.role == "output" for a in args) == 3:
+        eps = re.search(r"spatialc_rsqrt\(spatialc_fadd\(spatialc_div\(v0, [^)]*\), ([-+.e0-9]+)f\)", kernel_cu)
+        if eps is None:
+            raise ValueError("the stand-in reads no LayerNorm eps from this kernel")
+        names = {a.name for a in args if a.role == "parameter"}
+        return spatialc.layernorm(
+            m, n, types[x.elem], eps=float(eps.group(1)), weight="weight" in names, bias="bias" in names
+        )
     eps = re.search(r"spatialc_div\(v1, [^)]*\), ([-+.e0-9]+)f\)", kernel_cu)
     if eps is None:
         raise ValueError("the stand-in reads no row program from this kernel")
     weight = any(a.role == "parameter" for a in args)
     return spatialc.rmsnorm(m, n, types[x.elem], eps=float(eps.group(1)), weight=weight, out=types[c.elem])
+
+
+def fused_program(args):
+    """The GEMM a kernel computes whose epilogue reads tensors of its own (row and column scales, a residual), from
+    its arguments' names in parameter order, shapes and types; None for any other kernel."""
+    import spatialc
+
+    stages = {"row_scale": spatialc.row_scale, "col_scale": spatialc.col_scale, "residual": spatialc.residual}
+    named = [a for a in args if a.name in stages]
+    if not named or args[0].name != "A":
+        return None
+    types = {"float16": "fp16", "bfloat16": "bf16", "float32": "float32"}
+    a, b, c = args[:3]
+    epilogue = [stages[x.name]() for x in named]
+    return spatialc.gemm(a.elems[0], b.elems[1], a.elems[1], types[a.elem], epilogue=epilogue, out=types[c.elem])
 
 
 class FakeDevice:
@@ -754,8 +836,9 @@ def install_fake_gpu(monkeypatch):
         args = L.kernel_args(ls)
         rows = row_program(artifact.kernel_cu, args)
         mapped = map_formula(artifact.kernel_cu) if rows is None else None
+        fused = fused_program(args)
         fault = state["fault"]
-        kernel = FakeKernel(cp, args, fault, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped, rows)
+        kernel = FakeKernel(cp, args, fault, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped, rows, fused)
         return real_prepare(artifact, _Loading(dev, kernel))
 
     monkeypatch.setitem(sys.modules, "cupy", cp)

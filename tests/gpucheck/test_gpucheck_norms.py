@@ -21,8 +21,9 @@ from spatialc.gpucheck.report import row_dict, to_markdown
 from spatialc.gpucheck.timing import Timing
 from spatialc.ir.ops import Apply, Arg
 from spatialc.numerics.elementwise import REDUCTIONS, reduce_bound
-from spatialc.numerics.reference import _declared, row_stages
+from spatialc.numerics.reference import declared_outputs, row_stages
 from spatialc.numerics.tolerance import tolerance
+from spatialc.runtime import launch as L
 from spatialc.runtime import nvcc as N
 from spatialc.runtime.tilize import bf16_bits, bf16_to_float32
 
@@ -53,7 +54,8 @@ def test_the_default_run_measures_the_norms_after_the_maps_and_before_split_k():
     order = [c.size for c in cases_of(DEFAULT_SIZES, ["bf16"])]
     at = order.index("map:residual:8192x8192")
     norms = ["map:softmax:4096x4096", "map:softmax:8192x8192", "map:rmsnorm:8192x4096", "map:rmsnorm:16384x8192"]
-    assert order[at + 1 : at + 5] == norms and order[at + 5] == "128x128x65536"
+    norms += ["map:layernorm:8192x4096", "map:layernorm:16384x8192"]
+    assert order[at + 1 : at + 7] == norms and order[at + 7] == "128x128x65536"
 
 
 # ---- the reference and its bound ----------------------------------------------------------------------------------
@@ -88,19 +90,29 @@ def _reference(kind, case, values):
 def test_the_device_reference_and_bound_are_the_numerics_own(name, precision):
     # What the device computes (norms.carried_rows, here on numpy) is what numerics.reference.row_stages computes for
     # the interpreter and the kernel's tolerance: the value, and the bound carried to it, element by element.
+    # LayerNorm's three outputs each (its kernel stores every one as float32, mean's and rstd's type).
     kind, case = NM.NORMS[name], Case(40, 200, 0, precision, map=name)
     _, values = _inputs(kind, precision, (40, 200), 3)
-    ref, bound = _reference(kind, case, values)
-    program = kind.source(case, "sm_90", precision)
-    value, err = row_stages(program, _declared(program), values, bounds=True)
-    np.testing.assert_allclose(ref, value, rtol=2.0**-23, atol=0)  # a row sum in float64, not fsum: an ulp at most
-    np.testing.assert_allclose(bound.err, err, rtol=1e-12, atol=0)
-    # … and the tolerance's bound is the same, about C rounded to its type (a floor of float32's least normal).
-    eps = M.C_EPS[ELEM_OF[precision]]
+    ins = [values[n].astype(np.float64) for n in kind.names]
+    refs = kind.references(case, ins, {n: values[n].astype(np.float64) for n in kind.params}, np)
+    program = kind.source(case, "sm_90", kind.kernel_out(case, precision))
     want, allowed = tolerance(spatialc.build(program, "sm_90"), kernel=True)._against(values)
-    np.testing.assert_allclose(allowed - 2 * eps * np.abs(want.astype(np.float64)), err, rtol=1e-9, atol=1e-37)
-    assert bool(np.all(bound.err < eps * np.abs(ref)))  # the carried part: below one ulp of C's type here
-    assert bound.text.startswith("each row sum within 202 float32 ulps of its magnitude")
+    decls = declared_outputs(program)
+    assert [d.out.name for d in decls] == list(kind.outputs or ["out"]) and len(refs) == len(decls)
+    for decl in decls:
+        ref, bound = refs[decl.out.name]
+        value, err = row_stages(program, decl, values, bounds=True)
+        np.testing.assert_allclose(ref, value, rtol=2.0**-23, atol=0)  # a row sum in float64, not fsum: an ulp at most
+        np.testing.assert_allclose(bound.err, err, rtol=1e-12, atol=0)
+        # … and the tolerance's bound is the same, about C rounded to its type (a floor of float32's least normal).
+        eps = M.C_EPS[bound.elem]
+        w, a = (want[decl.out.name], allowed[decl.out.name]) if kind.outputs else (want, allowed)
+        np.testing.assert_allclose(a - 2 * eps * np.abs(w.astype(np.float64)), err, rtol=1e-9, atol=1e-37)
+        if bound.elem != "float32":  # the carried part: below one ulp of C's type here
+            assert bool(np.all(bound.err < eps * np.abs(ref)))
+        assert bound.text.startswith("each row sum within 202 float32 ulps of its magnitude")
+    assert {b.elem for _, b in refs.values()} == ({"float32"} if kind.outputs else {ELEM_OF[precision]})
+    assert kind.reference(case, ins, {n: values[n].astype(np.float64) for n in kind.params}, np)[0] is not None
 
 
 def test_each_reduction_is_the_numerics_own_and_the_carried_map_takes_the_norms_ops_alone():
@@ -117,8 +129,11 @@ def test_each_reduction_is_the_numerics_own_and_the_carried_map_takes_the_norms_
         NM.carried(Apply("silu", (Arg(0),)), pages, lambda c: None, np)
 
 
+ONE_OUTPUT = sorted(name for name, kind in NM.NORMS.items() if not kind.outputs)
+
+
 @pytest.mark.emulation
-@pytest.mark.parametrize("name", sorted(NM.NORMS))
+@pytest.mark.parametrize("name", ONE_OUTPUT)
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_the_norm_bound_holds_the_kernel_emulated_and_refuses_five_steps_past_it(name, precision):
     # The general form's own kernel text, run by the host emulation on the row's inputs (rows of 13 tiles over two
@@ -141,6 +156,39 @@ def test_the_norm_bound_holds_the_kernel_emulated_and_refuses_five_steps_past_it
     poisoned[3, 7] = np.float16("nan") if precision == "fp16" else 0xFFFF
     check = M.check_map(poisoned, ref, bound, elem, np)
     assert not check.correct and check.unwritten == 1 and check.nonfinite == 1
+
+
+@pytest.mark.emulation
+def test_each_layernorm_output_is_within_its_bound_emulated_and_a_wrong_one_is_not():
+    # The general form's LayerNorm kernel (out, mean and rstd, all float32), emulated on a row's inputs (rows of 13
+    # tiles over pages, three bands on two sites): each output within its own bound; mean off by 0.001 at one row,
+    # or mean and rstd exchanged, or one poisoned value, is not.
+    from spatialc.gpucheck.maprows import check_outputs
+
+    kind, case = NM.NORMS["layernorm"], Case(40, 200, 0, "bf16", map="layernorm")
+    program = spatialc.build(kind.source(case, "sm_90", kind.kernel_out(case, "bf16")), "sm_90", sites=2)
+    art = spatialc.lower(program)
+    _, values = _inputs(kind, "bf16", (40, 200), 11)
+    got = spatialc.emulate(art, values)
+    ins = [values[n].astype(np.float64) for n in kind.names]
+    refs = kind.references(case, ins, {n: values[n].astype(np.float64) for n in kind.params}, np)
+
+    class Prep:  # what check_outputs reads of a prepared kernel: each output's element type
+        @staticmethod
+        def output_arg(name):
+            return next(a for a in L.kernel_args(art.launch) if a.name == name)
+
+    assert list(got) == ["out", "mean", "rstd"] and got["mean"].shape == (40, 1)
+    check = check_outputs(Prep, got, refs, np)
+    assert check.correct and check.unwritten == 0, check
+    off = {**got, "mean": got["mean"].copy()}
+    off["mean"][7, 0] += np.float32(1e-3)  # its bound: about 5e-5 (202 float32 ulps of Σ|x| ≈ 400, over n)
+    assert not check_outputs(Prep, off, refs, np).correct
+    assert not check_outputs(Prep, {**got, "mean": got["rstd"], "rstd": got["mean"]}, refs, np).correct
+    poisoned = {**got, "rstd": got["rstd"].copy()}
+    poisoned["rstd"][3, 0] = np.nan
+    bad = check_outputs(Prep, poisoned, refs, np)
+    assert not bad.correct and bad.unwritten == 1 and bad.nonfinite == 1
 
 
 # ---- on the stand-in GPU --------------------------------------------------------------------------------------------
@@ -198,6 +246,47 @@ def test_a_norm_kernel_that_hangs_is_left_out_of_norm_rows_alone(fake_gpu, monke
     for r in (rows[0], rows[2]):  # both norm rows without the norm kernel, their libraries measured
         assert r["status"] == "error" and by_name(r)["spatialc general"]["note"].startswith("unavailable: lost")
         assert by_name(r)["torch copy_"]["ok"]
+    capsys.readouterr()
+
+
+LN_TORCH = "torch F.layer_norm(x, (n,), w, b, eps=1e-05)"
+
+
+def test_a_layernorm_row_checks_each_output_and_is_timed_against_torch_and_the_copy(fake_gpu, tmp_path, capsys):
+    status, header, rows = run(tmp_path, "--sizes", "map:layernorm:40x72", "--precisions", "fp16", "bf16")
+    assert status == 0, [(r["size"], r["note"]) for r in rows]
+    for row in rows:
+        assert row["status"] == "ok" and row["kernel"]["out"] == "float32", row["note"]
+        mine, theirs, copy = (row["by_name"][n] for n in ("spatialc general", LN_TORCH, "torch copy_"))
+        assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"], mine["note"]
+        assert mine["check"]["unwritten"] == 0 and mine["check"]["pad_unwritten"] == 0
+        assert mine["facts"]["c_elem"] == "float32"  # out, mean and rstd alike: the general form's one type
+        assert mine["detail"].startswith("out, mean, rstd stored as float32, each against its own stages: checked each")
+        assert "untilize each output; the kernel reads x 3 times" in mine["detail"]
+        assert [c["kernel"]["method"] for c in (mine, theirs, copy)] == ["events"] * 3  # torch has no out= form
+        assert theirs["ok"] and copy["ok"]
+        # The bytes torch's kernel must move: x and out in the inputs' type, mean and rstd as float32.
+        assert row["ops"] == 2 * 40 * 72 * 2 + 2 * 40 * 4 == row["map_timings"]["bytes"]
+        assert copy["detail"].startswith(f"{row['ops'] // 2} bytes read")
+    md = (tmp_path / "gpucheck.md").read_text()
+    assert "| fp16 | layernorm:40×72 (3 passes) | " in md and "| bf16 | map:layernorm:40×72 | general | " in md
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [("swap", "C wrong (max err"), ("rstd", "C wrong (max err"), ("miss", "1 element unwritten")],
+)
+def test_a_layernorm_kernel_with_one_wrong_output_fails_its_row(fake_gpu, tmp_path, fault, said, capsys):
+    # mean and rstd exchanged, rstd off by a part in a thousand at one row, or an element of out left poisoned: the
+    # row checks every output, not out alone.
+    fake_gpu["fault"] = (fault, "40x72")
+    status, _, rows = run(tmp_path, "--sizes", "map:layernorm:40x72", "--precisions", "bf16")
+    (row,) = rows
+    mine = row["by_name"]["spatialc general"]
+    assert status == 1 and row["status"] == "wrong" and said in row["note"], row["note"]
+    assert not mine["check"]["correct"] and row["map_timings"]["goal"] is None
+    assert row["by_name"][LN_TORCH]["ok"] and row["by_name"]["torch copy_"]["ok"]
     capsys.readouterr()
 
 

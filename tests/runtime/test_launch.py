@@ -651,3 +651,122 @@ def test_an_operand_that_already_is_the_padded_matrix_is_not_filled_and_copied_f
         grown = tilize(x, (3, 4), np, order=order)  # a larger grid: zero-padded as before
         assert np.array_equal(untilize(grown, (3, 4), (48, 64), np, order=order)[32:].sum(), 0.0)
     assert not np.shares_memory(spatialc.tilize(x, order="rows"), x)
+
+
+# ---- several outputs -----------------------------------------------------------------------------------------------
+
+
+class RowsDevice:
+    """A GPU stand-in for a program of several outputs: its "kernel" reads every tiled input and parameter, computes
+    the program by the numpy reference and stores each output, tiled, in its own buffer (found by parameter order);
+    `swap` stores mean's values in rstd's buffer and rstd's in mean's (a planted fault the launcher must not hide)."""
+
+    xp = np
+
+    def __init__(self, program, art, swap=False):
+        self.program, self.args, self.swap = program, L.kernel_args(art.launch), swap
+        self.buffers = []
+
+    def upload(self, x):
+        return np.asarray(x).view(np.ndarray), False
+
+    def download(self, x, library, like):
+        return x
+
+    def load(self, kernel_cu, kernel_name, dyn_smem):
+        return kernel_name
+
+    def launch(self, kernel, grid, block, dyn_smem, args):
+        from spatialc.numerics.reference import reference
+
+        self.buffers = [a.copy() for a in args]
+        values = {}
+        for arg, buf in zip(self.args, args, strict=False):  # the work list after the tensors
+            if arg.role in ("input", "parameter"):
+                x = untilize(buf, arg.tiles, arg.elems, np, order=arg.order)
+                x = bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32)
+                values[arg.name] = x if arg.role == "input" else x.reshape(-1)
+        got = reference(self.program, values)
+        if self.swap:
+            got = {**got, "mean": got["rstd"], "rstd": got["mean"]}
+        for arg, buf in zip(self.args, args, strict=False):
+            if arg.role == "output":
+                buf[:] = tilize(np.asarray(got[arg.name], arg.storage), arg.tiles, np, order=arg.order)
+
+
+def test_run_gives_each_output_of_a_layernorm_by_name():
+    # Three outputs (out m×n; mean and rstd m×1, each its own tile grid), each poisoned before the launch, untiled
+    # from its own buffer and given back by name in parameter order: what spatialc.evaluate and emulate give.
+    p = spatialc.build(spatialc.layernorm(40, 72, "bf16"), "sm_90")
+    art = spatialc.lower(p)
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-3, 3, (40, 72)).astype(np.float32)
+    w, b = rng.uniform(0.5, 1.5, 72).astype(np.float32), rng.uniform(-1, 1, 72).astype(np.float32)
+    dev = RowsDevice(p, art)
+    got = L.run_with(dev, art, x, weight=w, bias=b)
+    want = spatialc.evaluate(p, {"x": x, "weight": w, "bias": b})
+    assert list(got) == list(want) == ["out", "mean", "rstd"]
+    for name in want:
+        assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype, name
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6, err_msg=name)
+    assert spatialc.tolerance(p, kernel=True).check(got, {"x": x, "weight": w, "bias": b})[0]
+    outs = [i for i, a in enumerate(dev.args) if a.role == "output"]
+    assert len(outs) == 3 and all(np.isnan(dev.buffers[i]).all() for i in outs)  # each poisoned, none shared
+    # Mean's values in rstd's buffer: the launcher reads each output from its own, so the swap shows.
+    swapped = L.run_with(RowsDevice(p, art, swap=True), art, x, weight=w, bias=b)
+    assert not np.allclose(swapped["mean"], want["mean"]) and np.allclose(swapped["mean"], want["rstd"])
+    assert not spatialc.tolerance(p, kernel=True).check(swapped, {"x": x, "weight": w, "bias": b})[0]
+
+
+def test_a_kernel_of_several_outputs_takes_a_buffer_for_each():
+    p = spatialc.build(spatialc.layernorm(20, 40, "fp16"), "sm_90")
+    prep = L.prepare(spatialc.lower(p), RowsDevice(p, spatialc.lower(p)))
+    assert prep.output_names == ["out", "mean", "rstd"] and prep.output.name == "out"
+    bufs = prep.output_buffers()
+    assert [b.size for b in bufs.values()] == [a.tiles[0] * a.tiles[1] * 256 for a in prep.outputs]
+    assert [a.elems for a in prep.outputs] == [(20, 40), (20, 1), (20, 1)] and prep.outputs[1].tiles[1] == 1
+    with pytest.raises(LaunchError, match="3 outputs: pass a buffer for each"):
+        prep.order((np.zeros(1),), bufs["out"], {})
+    with pytest.raises(LaunchError, match="no output 'C'; its outputs: out, mean, rstd"):
+        prep.output_buffer(name="C")
+    art = artifact(16, 16, 16)
+    none = dataclasses.replace(art.launch, params=tuple(q for q in art.launch.params if q.role != "output"))
+    with pytest.raises(LaunchError, match="at least one output"):
+        L.kernel_args(none)
+
+
+def test_the_cli_checks_each_output_a_gpu_run_gives(tmp_path, monkeypatch, capsys):
+    """`spatialc run` of a saved LayerNorm on a (stand-in) GPU: spatialc.run's dict of outputs is checked output by
+    output, as the emulation's is; one output wrong makes the run differ."""
+    import types
+
+    from spatialc import api
+    from spatialc.cli import main
+
+    p = spatialc.build(spatialc.layernorm(40, 72, "bf16"), "sm_90")
+    path = tmp_path / "ln.json"
+    path.write_text(spatialc.to_json(p))
+
+    class Cupy:  # what the CLI reads of CuPy: the device's name
+        class cuda:  # noqa: N801 — CuPy's names
+            class runtime:  # noqa: N801
+                @staticmethod
+                def getDeviceProperties(i):  # noqa: N802
+                    return {"name": b"Fake GPU"}
+
+            class Device:  # noqa: N801
+                id = 0
+
+    wrong = {}
+
+    def run(art, *operands, **named):
+        got = spatialc.evaluate(p, named)
+        return {**got, **wrong}
+
+    monkeypatch.setattr(L, "cupy_device", lambda: types.SimpleNamespace(cp=Cupy))
+    monkeypatch.setattr(api, "run", run)
+    assert main(["run", str(path)]) == 0
+    assert "on the GPU (Fake GPU): C equals" in capsys.readouterr().out
+    wrong["rstd"] = np.zeros((40, 1), np.float32)
+    assert main(["run", str(path)]) == 1
+    assert "DIFFERS" in capsys.readouterr().out

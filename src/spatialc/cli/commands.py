@@ -7,6 +7,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -257,7 +258,7 @@ def _kernel_checked(p: SpatialProgram, where: str, out: np.ndarray, c, given: di
     return 0 if same else 1
 
 
-def _run_somewhere(art, inputs: dict, mode: str, progress: bool) -> tuple[str, np.ndarray]:
+def _run_somewhere(art, inputs: dict, mode: str, progress: bool) -> tuple[str, Any]:
     """Run on the GPU when CuPy finds one, else through the host emulation; say which (and why not the GPU)."""
     from ..runtime.launch import GpuUnavailable, cupy_device
 
@@ -269,7 +270,10 @@ def _run_somewhere(art, inputs: dict, mode: str, progress: bool) -> tuple[str, n
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
     # Every tensor by its name: a GEMM's A and B, an MLP's X, W1, W2, a map's x0, x1, …, and the parameters.
-    return f"on the GPU ({name})", np.asarray(api.run(art, **inputs))
+    out = api.run(art, **inputs)  # several outputs (LayerNorm's): a dict by name, checked as the emulation's is
+    if isinstance(out, dict):
+        return f"on the GPU ({name})", {k: np.asarray(v) for k, v in out.items()}
+    return f"on the GPU ({name})", np.asarray(out)
 
 
 def _emulate(art, inputs: dict, mode: str, progress: bool) -> np.ndarray:

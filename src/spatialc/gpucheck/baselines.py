@@ -50,6 +50,16 @@ def baselines_for(precision: str) -> list[tuple[str, str]]:
     return [(TORCH_MATMUL, "cublas"), (TRITON, "triton")]
 
 
+def baselines_of(case: Case) -> list[tuple[str, str]]:
+    """The library contenders of a case's row: a fused row's is torch's GEMM followed by the same epilogue (Triton's
+    matmul has none), every other's its precision's (`baselines_for`)."""
+    if case.fused:
+        from .fused import TORCH_EPILOGUE
+
+        return [(TORCH_EPILOGUE, "cublas")]
+    return baselines_for(case.precision)
+
+
 def int_mm_refusal(m: int, n: int, k: int) -> str:
     """Why torch._int_mm refuses a shape ('' when it takes it)."""
     if m > 16 and k > 0 and k % 8 == 0 and n > 0 and n % 8 == 0:
@@ -120,14 +130,23 @@ class Libraries:
 
     def missing(self, name: str) -> str:
         """Why a contender cannot run here at all ('' when its library is here)."""
-        if name in TORCH_CALLS and self.torch is None:
+        from .fused import TORCH_EPILOGUE
+
+        if (name in TORCH_CALLS or name == TORCH_EPILOGUE) and self.torch is None:
             return "torch is not installed (or sees no GPU)"
         if name == TRITON and self.triton is None:
             return f"Triton: {self.triton_note}"
         return ""
 
-    def make(self, name: str, case: Case, a: list[Any], b: list[Any]) -> Contender:
-        """The contender `name` for `case` on the input sets `a`, `b` (CuPy arrays in storage dtype)."""
+    def make(
+        self, name: str, case: Case, a: list[Any], b: list[Any], more: list[dict[str, Any]] | None = None
+    ) -> Contender:
+        """The contender `name` for `case` on the input sets `a`, `b` and each set's other tensors `more` (a fused
+        epilogue's, by name), CuPy arrays in storage dtype."""
+        from .fused import TORCH_EPILOGUE
+
+        if name == TORCH_EPILOGUE:
+            return self._torch_epilogue(case, a, b, more or [])
         if name in TORCH_CALLS:
             function, b_col_major = TORCH_CALLS[name]
             return self._torch_call(name, case, a, b, getattr(self.torch, function), b_col_major)
@@ -184,6 +203,27 @@ class Libraries:
             call(ta[i], tb_kernel[i], out=c)
 
         return self._contender(name, case, kernel, c, e2e, box)
+
+    def _torch_epilogue(self, case: Case, a: list[Any], b: list[Any], more: list[dict[str, Any]]) -> Contender:
+        """torch.matmul followed by the fused row's epilogue in the inputs' type (`fused.torch_epilogue`)."""
+        from .fused import EPILOGUE_TEXT, TORCH_EPILOGUE, torch_epilogue
+
+        ta, tb = [self.to_torch(x, case.precision) for x in a], [self.to_torch(x, case.precision) for x in b]
+        tm = [{name: self.to_torch(x, case.precision) for name, x in m.items()} for m in more]
+        c, box = self._empty(case, ta[0]), [None]
+
+        def kernel(i: int) -> None:
+            torch_epilogue(self.torch, ta[i], tb[i], tm[i], c)
+
+        def e2e(i: int) -> None:
+            box[0] = torch_epilogue(self.torch, ta[i], tb[i], tm[i])
+
+        made = self._contender(TORCH_EPILOGUE, case, kernel, c, e2e, box)
+        made.detail = (
+            f"torch.matmul, then {EPILOGUE_TEXT} in {case.precision}, each op rounding to it; kernel only: into C"
+            " through the ops' out= forms (four kernels); end to end allocating, as a caller writes it"
+        )
+        return made
 
     def _triton(self, case: Case, a: list[Any], b: list[Any]) -> Contender:
         ta, tb = [self.to_torch(x, case.precision) for x in a], [self.to_torch(x, case.precision) for x in b]

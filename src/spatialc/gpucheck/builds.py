@@ -129,6 +129,10 @@ def _build(case: Case, target: str, out: str | None) -> Built:
 
             return map_case(built, target)
         kw: dict[str, Any] = {} if out is None else {"out": out}
+        if case.fused:  # scales and a residual fused into the GEMM, the plain GEMM's kernels beside (fused.py)
+            from .fused import fused_case
+
+            return fused_case(built, target, kw)
         if case.groups > 1:
             gemm = spatialc.grouped_gemm(case.groups, case.m, case.n, case.k, case.precision, **kw)
         else:

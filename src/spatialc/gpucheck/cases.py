@@ -17,9 +17,12 @@ from ..runtime.tilize import ELEMENT_DTYPES
 PRECISIONS = ("int8", "fp16", "bf16")
 # In the order a short budget should keep them (rows run in this order; what the budget does not reach is skipped):
 # first what the open goals are judged by — 4096³ and 8192³, then the same with multicast groups (mcGYxGX:SIZE,
-# sm_90's thread-block clusters, compared with the plain row of that size) — then the small and odd sizes; then
+# sm_90's thread-block clusters, compared with the plain row of that size) — then
+# a GEMM with a fused epilogue (fused:SIZE, bf16: C = (A·B) · row_scale · col_scale + residual, gpucheck/fused.py),
+# compared with the plain GEMM of the same size in the same row; then the small and odd sizes; then
 # elementwise maps (map:KIND:MxN, fp16 / bf16 only: gpucheck/maps.py), measured in GB/s against torch's formula and
-# the device's copy bandwidth, and norms that reduce rows likewise (map:softmax:MxN, map:rmsnorm:MxN: norms.py); then
+# the device's copy bandwidth, and norms that reduce rows likewise (map:softmax:MxN, map:rmsnorm:MxN,
+# map:layernorm:MxN: norms.py); then
 # 128x128x65536 and 512x512x32768, few output items and a long K, which the planner splits over sites (split-K, set
 # against cuBLAS, which splits such shapes too); last grouped GEMMs (gG:MAXROWSxNxK: G groups with row counts drawn
 # from 0..MAXROWS, fp16 / bf16 only).
@@ -30,6 +33,8 @@ DEFAULT_SIZES = (
     "mc2x2:4096",
     "mc2x1:8192",
     "mc2x2:8192",
+    "fused:4096",
+    "fused:8192",
     "256",
     "512",
     "1024",
@@ -43,6 +48,8 @@ DEFAULT_SIZES = (
     "map:softmax:8192x8192",
     "map:rmsnorm:8192x4096",
     "map:rmsnorm:16384x8192",
+    "map:layernorm:8192x4096",
+    "map:layernorm:16384x8192",
     "128x128x65536",
     "512x512x32768",
     "g8:4096x4096x4096",
@@ -57,6 +64,7 @@ TIMED_AGAIN = "the planner's plan, timed again"  # … and its kernel once more,
 SAME_SPEED = 0.02  # two speeds closer than this (relative) are a tie in a sweep's verdicts: timing noise, not order
 GROUPED_PRECISIONS = ("fp16", "bf16")  # the grouped rows' baselines (torch.matmul per group, torch._grouped_mm)
 MAP_PRECISIONS = ("fp16", "bf16")  # the map rows' (C in the inputs' type, as torch gives it)
+FUSED_PRECISIONS = ("bf16",)  # the fused-epilogue rows' (issue 31's: bf16 at 4096³ and 8192³)
 # What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
 # spatialc's kernels are built for it (`spatialc.gemm(..., out=…)`) where gemm takes `out`.
 TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16"}
@@ -145,6 +153,7 @@ class _Product:
     multicast: tuple[int, int]
     sweep: bool
     map: str
+    fused: bool
 
     @property
     def size(self) -> str:
@@ -155,6 +164,8 @@ class _Product:
             head = f"mc{self.multicast[0]}x{self.multicast[1]}:"
         if self.sweep:
             head = "sweep:"
+        if self.fused:
+            head = "fused:"
         return f"{head}{self.m}x{self.n}x{self.k}"
 
     @property
@@ -183,14 +194,18 @@ class Case(_Product):
     # the large rows run (preflight.hopper_case).
     hopper_block: tuple[int, int, int] | None = None
     map: str = ""  # a map of m × n inputs (k 0), by its kind (gpucheck/maps.py, norms.py): `swiglu`, `softmax`, …
+    # The GEMM with row and column scales and a residual fused into its epilogue (gpucheck/fused.py), beside the
+    # plain GEMM of the same size.
+    fused: bool = False
 
 
 def map_bytes(product: Any) -> int:
     """The bytes a map case or row must read and write: each of its kind's inputs once and C once, all m × n in one
-    2-byte type (a norm's kernel reads x once a pass, and its weight's n values, which these leave out)."""
+    2-byte type (a norm's kernel reads x once a pass, and its weight's n values, which these leave out); LayerNorm's
+    mean and rstd besides, as float32 (`Kind.bytes`)."""
     from .maps import kind_of
 
-    return (len(kind_of(product).names) + 1) * product.m * product.n * 2
+    return kind_of(product).bytes(product)
 
 
 def grouped_sizes(groups: int, max_rows: int) -> Any:
@@ -241,6 +256,16 @@ def parse_map(text: str) -> tuple[str, tuple[int, int]] | None:
     return kind, (int(parts[0]), int(parts[1]))
 
 
+def parse_fused(text: str) -> tuple[int, int, int] | None:
+    """`fused:4096` → (4096, 4096, 4096); None for a size without the prefix."""
+    head, colon, rest = text.partition(":")
+    if not colon or head.lower() != "fused":
+        return None
+    if not rest:
+        raise SpatialError(f"size {text!r} is not fused:SIZE (a GEMM with scales and a residual in its epilogue)")
+    return parse_size(rest)
+
+
 def parse_sweep(text: str) -> tuple[int, int, int] | None:
     """`sweep:4096` → (4096, 4096, 4096); None for a size without the prefix."""
     head, colon, rest = text.partition(":")
@@ -276,6 +301,10 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
         mapped = parse_map(s)
         if mapped is not None:
             out += [Case(*mapped[1], 0, p, map=mapped[0]) for p in precs if p in MAP_PRECISIONS]
+            continue
+        fused = parse_fused(s)
+        if fused is not None:
+            out += [Case(*fused, p, fused=True) for p in precs if p in FUSED_PRECISIONS]
             continue
         sweep = parse_sweep(s)
         multicast = parse_multicast(s) if sweep is None else None
@@ -367,6 +396,8 @@ def kernel_path(case: Case, name: str) -> str:
         from .maps import kind_of
 
         return f"{name} ({kind_of(case).family})"
+    if case.fused:  # an epilogue that reads a tensor beside C: a kernel of its own
+        return f"{name} (fused)"
     return name
 
 
@@ -441,6 +472,7 @@ class Row(_Product):
     # in (`out`); each kernel's own are in its contestant's `facts`.
     kernel: dict[str, Any] = field(default_factory=dict)
     map: str = ""  # a map's kind (k 0): its row has contestants of its own (gpucheck/maps.py, norms.py)
+    fused: bool = False  # a GEMM with a fused epilogue, the plain GEMM's kernels beside (gpucheck/fused.py)
 
     def spatialc(self, form: str) -> Contestant | None:
         """The contestant of spatialc's kernel in `form` (None: the row has none)."""
@@ -460,6 +492,7 @@ def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
         status,
         note=note,
         map=case.map,
+        fused=case.fused,
         **facts,
     )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -137,25 +137,52 @@ class PreparedDevice:
 
 @dataclass
 class Inputs:
-    """A row's input sets: row-major A and B in their storage dtype (bf16 as uint16 bits)."""
+    """A row's input sets: row-major A and B in their storage dtype (bf16 as uint16 bits), and in `more` each set's
+    other tensors by name, stored alike (a fused epilogue's residual, row and column scales: fused.more_inputs)."""
 
     a: list[Any]
     b: list[Any]
+    more: list[dict[str, Any]] = field(default_factory=list)
+
+    def named(self, i: int) -> dict[str, Any]:
+        """Set `i`'s tensors by the names kernels give them: A, B and the others."""
+        return {"A": self.a[i], "B": self.b[i], **(self.more[i] if self.more else {})}
+
+
+def kernel_tensors(prep: Any, named: dict[str, Any], out: Any, xp: Any) -> tuple[Any, ...]:
+    """A GEMM kernel's arguments from row-major tensors by name (`Inputs.named`), whichever of them it takes (a plain
+    GEMM A and B, a fused one its epilogue's too): each input tiled as stored, each parameter tiled from its values
+    as float32 (the kernel's type for a scale; bf16 bits read as their values), with `out` in parameter order."""
+    ins = tuple(prep.tiled(a, named[a.name]) for a in prep.args if a.role == "input")
+    params = {
+        a.name: prep.tiled(a, float32_values(named[a.name], xp).reshape(a.elems))
+        for a in prep.args
+        if a.role == "parameter"
+    }
+    return prep.order(ins, out, params)
+
+
+def float32_values(x: Any, xp: Any) -> Any:
+    """A stored array's values as float32: bf16 bits (uint16) exactly, others converted."""
+    if x.dtype == xp.uint16:
+        from ..runtime.tilize import bf16_to_float32
+
+        return bf16_to_float32(x, xp)
+    return x.astype(xp.float32)
 
 
 class SpatialcEndToEnd:
-    """What spatialc.run does on the device for row-major A and B: tilize both, launch, untilize C and convert it to
-    torch's output type; `result` holds the last C."""
+    """What spatialc.run does on the device for row-major tensors (A, B and any other the kernel takes): tilize each,
+    launch, untilize C and convert it to torch's output type; `result` holds the last C."""
 
     def __init__(self, prep: Any, inputs: Inputs, want: str, xp: Any):
         self.prep, self.inputs, self.want, self.xp = prep, inputs, want, xp
-        self.a_arg, self.b_arg = (x for x in prep.args if x.role == "input")
         self.result: Any = None
 
     def __call__(self, i: int) -> None:
         p = self.prep
         out = p.output_buffer(poison=False)
-        p.run(p.order((p.tiled(self.a_arg, self.inputs.a[i]), p.tiled(self.b_arg, self.inputs.b[i])), out))
+        p.run(kernel_tensors(p, self.inputs.named(i), out, self.xp))
         self.result = convert(p.result(out), p.output.elem, self.want, self.xp)
 
 

@@ -23,7 +23,7 @@ from ..runtime import launch, nvcc
 from ..runtime.tilize import bf16_bits, poison_value
 from ..target import target as target_of
 from . import preflight as pf
-from .baselines import Libraries, baselines_for, refusal
+from .baselines import Libraries, baselines_of, refusal
 from .builds import BuildPool, Built, Form, conversion
 from .cases import (
     ELEM_OF,
@@ -47,7 +47,9 @@ from .cases import (
     spatialc_name,
     values64,
 )
-from .cuda import CupyGraphs, EventTimer, Inputs, PreparedDevice, SpatialcEndToEnd
+from .cuda import CupyGraphs, EventTimer, Inputs, PreparedDevice, SpatialcEndToEnd, kernel_tensors
+from .fused import is_plain, more_inputs
+from .fused import reference as fused_reference
 from .prepare import source_hash
 from .timing import GraphUnavailable, Timing, copies_for, measure
 
@@ -227,9 +229,7 @@ class GpuRunner:
     def _measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
         # Every contestant of a row is timed the same way: by events where one of its libraries cannot be captured.
         self.row_graphs = (
-            case.groups > 1
-            or bool(case.map)
-            or not any(name in self.uncaptured for name, _ in baselines_for(case.precision))
+            case.groups > 1 or bool(case.map) or not any(name in self.uncaptured for name, _ in baselines_of(case))
         )
         if case.map:  # an elementwise map: torch's formula and the copy bandwidth, in GB/s (maps.py)
             from .maprows import MapRows
@@ -242,14 +242,15 @@ class GpuRunner:
             GroupedRows(self).measure(case, built, row, deadline)
             return
         inputs = self._inputs(case, self._copies(case))
-        ref = self._reference(inputs, case, deadline)
+        plain = self._reference(inputs, case, deadline)  # A·B: a fused row's plain GEMM kernels are held to it
+        ref = self._fused_reference(inputs, case, plain, deadline) if case.fused else plain
         verdicts = [("error", built.error)] if built.error else []
         for form in built.forms:
-            mine, verdict = self._spatialc(case, form, inputs, ref, deadline)
+            mine, verdict = self._spatialc(case, form, inputs, plain if is_plain(form) else ref, deadline)
             row.contestants.append(mine)
             verdicts.append(verdict)
         row.status, row.note = settle(row.note, verdicts)
-        for name, family in baselines_for(case.precision):
+        for name, family in baselines_of(case):
             row.contestants.append(self._baseline(name, family, case, inputs, ref, deadline))
 
     # ---- spatialc ------------------------------------------------------------------------------------------
@@ -301,10 +302,8 @@ class GpuRunner:
     ) -> tuple[Contestant, tuple[str, str]]:
         name = form.contestant
         prep = self._prepare(form)
-        a_arg, b_arg = (x for x in prep.args if x.role == "input")
         out = prep.output_buffer(poison=True)
-        pairs = zip(inputs.a, inputs.b, strict=True)
-        sets = [prep.order((prep.tiled(a_arg, a), prep.tiled(b_arg, b)), out) for a, b in pairs]
+        sets = [kernel_tensors(prep, inputs.named(i), out, self.cp) for i in range(len(inputs.a))]
         c_elem, want = prep.output.elem, ELEM_OF[TORCH_OUT[case.precision]]
         check = self._checked_run(prep, sets[0], out, ref, deadline)
         kernel = self._time(lambda i: prep.run(sets[i]), len(sets), deadline)
@@ -327,11 +326,15 @@ class GpuRunner:
             notes.append(f"{check.pad_unwritten} padding elements unwritten")
         if end_to_end is not None and not ok:
             notes.append(f"end-to-end C wrong (max err {max_abs:.3g})")
-        if end_to_end is None:
+        if end_to_end is None and is_plain(form):
+            detail = f"C stored as {c_elem}; kernel only: the plain GEMM of the fused row's size, set against it"
+        elif end_to_end is None:
             detail = f"C stored as {c_elem}; kernel only: {form.facts['sweep']['change']} (a sweep's plan)"
         else:
             conv = conversion(case, c_elem)
             lay = "store A and B as the kernel takes them (tiled, or padded matrices), the kernel, read C back"
+            if case.fused:
+                lay = lay.replace("store A and B", "store A, B, the residual and the scales")
             detail = f"C stored as {c_elem}; end to end: {lay}" + (f", convert {conv}" if conv else "")
             detail += " (spatialc.run's argument checks, which wait on the device, left out)"
         mine = Contestant(name, "spatialc", end_to_end, kernel, max_abs, ok, detail, check=check, facts=form.facts)
@@ -356,7 +359,7 @@ class GpuRunner:
         if deadline.passed():
             return Contestant(name, family, note="skipped: time budget spent")
         try:
-            made = self.libs.make(name, case, inputs.a, inputs.b)
+            made = self.libs.make(name, case, inputs.a, inputs.b, inputs.more)
             ok, max_abs = self._check_contender(made, ref, deadline)
             if not ok:
                 return Contestant(name, family, max_abs=max_abs, ok=False, detail=made.detail, note="wrong; not timed")
@@ -428,9 +431,8 @@ class GpuRunner:
         inputs = self._inputs(case, 1)
         ref = self._reference(inputs, case, deadline)
         prep = self._prepare(form)
-        a_arg, b_arg = (x for x in prep.args if x.role == "input")
         out = prep.output_buffer(poison=True)
-        args = prep.order((prep.tiled(a_arg, inputs.a[0]), prep.tiled(b_arg, inputs.b[0])), out)
+        args = kernel_tensors(prep, inputs.named(0), out, self.cp)
         check = self._checked_run(prep, args, out, ref, deadline)
         path = kernel_path(case, form.contestant)
         if not check.correct:
@@ -503,20 +505,39 @@ class GpuRunner:
 
     def _copies(self, case: Case) -> int:
         itemsize = 1 if case.precision == "int8" else 2
-        return copies_for((case.m * case.k + case.k * case.n) * itemsize, self._l2_bytes())
+        residual = case.m * case.n if case.fused else 0  # a fused row's residual is read with A and B
+        return copies_for((case.m * case.k + case.k * case.n + residual) * itemsize, self._l2_bytes())
 
     def _inputs(self, case: Case, copies: int) -> Inputs:
         rs = self.cp.random.RandomState(zlib.crc32(f"{self.seed} {case}".encode()))  # fresh per row, reproducible
         a = [self._random(rs, (case.m, case.k), case.precision) for _ in range(copies)]
         b = [self._random(rs, (case.k, case.n), case.precision) for _ in range(copies)]
-        return Inputs(a, b)
+        if not case.fused:
+            return Inputs(a, b)
 
-    def _random(self, rs: Any, shape: tuple[int, int], precision: str) -> Any:
+        def draw(shape: tuple[int, int], lo: float, hi: float) -> Any:
+            return self._random(rs, shape, case.precision, lo, hi)
+
+        return Inputs(a, b, [more_inputs(case, draw) for _ in a])
+
+    def _random(self, rs: Any, shape: tuple[int, int], precision: str, lo: float = -1.0, hi: float = 1.0) -> Any:
         cp = self.cp
         if precision == "int8":
             return rs.randint(-128, 128, size=shape).astype(cp.int8)
-        x = rs.uniform(-1.0, 1.0, size=shape, dtype=cp.float32)
+        x = rs.uniform(lo, hi, size=shape, dtype=cp.float32)
         return x.astype(cp.float16) if precision == "fp16" else bf16_bits(x, cp)
+
+    def _fused_reference(self, inputs: Inputs, case: Case, product: Any, deadline: Deadline) -> Any:
+        """A fused row's float64 reference: the epilogue in float64 on input set 0's product and tensors."""
+        elem = ELEM_OF[case.precision]
+
+        def made() -> Any:
+            more = {name: values64(x, elem, self.cp) for name, x in inputs.more[0].items()}
+            ref = fused_reference(product, more)
+            self._sync(deadline)
+            return ref
+
+        return blaming(pf.REFERENCE, made)
 
     def _reference(self, inputs: Inputs, case: Case, deadline: Deadline) -> Any:
         """The float64 product of input set 0 (the operands are exact in float64), waited for: a loss in it is the

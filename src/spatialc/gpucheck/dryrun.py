@@ -97,7 +97,7 @@ def _dry_form(case: Case, form: Form, target: str, manifest: Any, out: Callable[
     else:
         cubin = f"compiled on the GPU machine{': ' + why if why else ''}"
         _dry_compile(form, arch)
-    conv = conversion(case, form.facts["c_elem"])
+    conv = "" if case.map else conversion(case, form.facts["c_elem"])  # a map row's end to end converts nothing
     out(f"  {form.contestant}")
     if "sweep" in form.facts:
         sweep = form.facts["sweep"]
@@ -144,6 +144,10 @@ def contenders(case: Case, built: Built) -> list[str]:
         from .maps import contenders as map_contenders
 
         return map_contenders(case, built)
+    if case.fused:  # the fused kernels, the plain GEMM's beside, torch's GEMM and epilogue (fused.py)
+        from .fused import contenders as fused_contenders
+
+        return fused_contenders(case, built)
     if case.sweep:  # each form at each plan of the sweep (sweep.py)
         said = [f"{f.contestant}: {_kernel_timed(f)}" for f in built.forms]
     else:

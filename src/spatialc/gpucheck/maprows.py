@@ -48,13 +48,14 @@ class MapRows:
         self.r.row_graphs = kind.graphs
         copies = copies_for(len(kind.names) * case.m * case.n * 2, self.r._l2_bytes())  # an input set's bytes
         sets = self._inputs(case, kind, copies)
-        ref, bound = blaming(REFERENCE, lambda: self._reference(case, kind, sets[0], deadline))
+        refs = blaming(REFERENCE, lambda: self._reference(case, kind, sets[0], deadline))
         verdicts = [("error", built.error)] if built.error else []
         for form in built.forms:
-            mine, verdict = self._spatialc(case, form, sets, ref, bound, deadline)
+            mine, verdict = self._spatialc(case, form, sets, refs, deadline)
             row.contestants.append(mine)
             verdicts.append(verdict)
         row.status, row.note = settle(row.note, verdicts)
+        ref = next(iter(refs.values()))[0]  # torch's one result: the first output's
         row.contestants.append(
             self._library(kind.contestant, lambda: self._torch(case, kind, sets, ref, deadline), deadline)
         )
@@ -82,16 +83,17 @@ class MapRows:
     def _values(self, x: Any, case: Case) -> Any:
         return values64(x, ELEM_OF[case.precision], self.cp)
 
-    def _reference(self, case: Case, kind: Kind, inputs: list[Any], deadline: Deadline) -> tuple[Any, Any]:
+    def _reference(self, case: Case, kind: Kind, inputs: list[Any], deadline: Deadline) -> dict[Any, Any]:
+        """Each output's float64 reference and bound, by name (None: the kernel's one output), waited for."""
         params = {name: self._values(w, case) for name, w in self.params.items()}
-        ref, bound = kind.reference(case, [self._values(x, case) for x in inputs], params, self.cp)
+        refs = kind.references(case, [self._values(x, case) for x in inputs], params, self.cp)
         self.r._sync(deadline)
-        return ref, bound
+        return refs
 
     # ---- spatialc ------------------------------------------------------------------------------------------
 
     def _spatialc(
-        self, case: Case, form: Form, sets: list[list[Any]], ref: Any, bound: Any, deadline: Deadline
+        self, case: Case, form: Form, sets: list[list[Any]], refs: dict[Any, Any], deadline: Deadline
     ) -> tuple[Contestant, tuple[str, str]]:
         name = form.contestant
         if form.artifact is None:
@@ -101,7 +103,7 @@ class MapRows:
         failure = form.error or (f"unavailable: {off}" if off else "")
         if not failure:
             try:
-                return self._kernel(case, form, sets, ref, bound, deadline)
+                return self._kernel(case, form, sets, refs, deadline)
             except GpuLost as e:
                 raise e.blame(path) from None
             except BudgetExceeded:
@@ -113,23 +115,23 @@ class MapRows:
         return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
 
     def _kernel(
-        self, case: Case, form: Form, sets: list[list[Any]], ref: Any, bound: Any, deadline: Deadline
+        self, case: Case, form: Form, sets: list[list[Any]], refs: dict[Any, Any], deadline: Deadline
     ) -> tuple[Contestant, tuple[str, str]]:
         from ..ir.printer import plural
         from .device import same_error
 
         name, prep = form.contestant, self.r._prepare(form)
-        out = prep.output_buffer(poison=True)
+        outs = prep.output_buffers(poison=True)
         e2e = MapEndToEnd(prep, sets, {param: self._values(w, case) for param, w in self.params.items()})
         params = e2e.tiled_params()
-        tiled = [e2e.tiled(s, out, params) for s in sets]
-        check = self._checked_run(prep, tiled[0], out, ref, bound, deadline)
+        tiled = [e2e.tiled(s, outs, params) for s in sets]
+        check = self._checked_run(prep, tiled[0], outs, refs, deadline)
         kernel = self.r._time(lambda i: prep.run(tiled[i]), len(tiled), deadline)
-        again = self._checked_run(prep, tiled[0], out, ref, bound, deadline)
+        again = self._checked_run(prep, tiled[0], outs, refs, deadline)
         check.stable = again.correct == check.correct and same_error(again.max_abs, check.max_abs)
         e2e(0)
         self.r._sync(deadline)
-        e2e_check = check_map(e2e.result, ref, bound, prep.output.elem, self.cp)
+        e2e_check = check_outputs(prep, e2e.results, refs, self.cp)
         end_to_end = self.r._time(e2e, len(sets), deadline, graphs=False)
         notes = []
         if not check.correct:
@@ -142,9 +144,16 @@ class MapRows:
             notes.append(f"end-to-end C wrong (max err {e2e_check.max_abs:.3g})")
         passes = kind_of(case).passes
         reads = f"; the kernel reads x {passes} times (a pass a row reduction, one for C), the GB/s count it once"
+        bound = next(iter(refs.values()))[1]
+        stored = (
+            f"{', '.join(prep.output_names)} stored as {'/'.join(dict.fromkeys(a.elem for a in prep.outputs))}, each"
+            " against its own stages:"
+            if len(prep.outputs) > 1
+            else f"C stored as {prep.output.elem},"
+        )
         detail = (
-            f"C stored as {prep.output.elem}, checked {bound.text}; end to end: tilize each input on the device, the"
-            f" kernel, untilize C{reads if passes > 1 else ''}"
+            f"{stored} checked {bound.text}; end to end: tilize each input on the device, the kernel, untilize"
+            f" {'each output' if len(prep.outputs) > 1 else 'C'}{reads if passes > 1 else ''}"
         )
         ok = e2e_check.correct
         mine = Contestant(
@@ -154,14 +163,17 @@ class MapRows:
         return mine, (status, f"{name}: {'; '.join(notes)}" if notes else "")
 
     def _checked_run(
-        self, prep: Any, args: tuple[Any, ...], out: Any, ref: Any, bound: Any, deadline: Deadline
+        self, prep: Any, args: tuple[Any, ...], outs: dict[str, Any], refs: dict[Any, Any], deadline: Deadline
     ) -> Check:
+        """One launch into poisoned outputs, each checked against its reference (`check_outputs`)."""
         from ..runtime.tilize import poison_value
 
-        out.fill(poison_value(prep.output.storage))
+        for name, out in outs.items():
+            out.fill(poison_value(prep.output_arg(name).storage))
         prep.run(args)
         self.r._sync(deadline)
-        return check_map(prep.result(out), ref, bound, prep.output.elem, self.cp, out)
+        results = {name: prep.result(out, name) for name, out in outs.items()}
+        return check_outputs(prep, results, refs, self.cp, outs)
 
     # ---- torch and the copy --------------------------------------------------------------------------------
 
@@ -245,20 +257,43 @@ class MapRows:
         return Contestant(COPY, "copy", None, kernel_t, 0.0, True, detail)
 
 
+def check_outputs(
+    prep: Any, results: dict[str, Any], refs: dict[Any, Any], xp: Any, outs: dict[str, Any] | None = None
+) -> Check:
+    """Every output of a map kernel (`results`, logical, by name) against its reference and bound (`refs` by name;
+    None names a kernel's one output), element by element (`check_map`), as one Check: right when each is, its
+    errors the largest of any output's, its poison and non-finite elements counted over all (`outs`: the tiled
+    buffers, whose padding is counted too)."""
+    checks = []
+    for name, c in results.items():
+        ref, bound = refs[name] if name in refs else refs[None]
+        out = None if outs is None else outs[name]
+        checks.append(check_map(c, ref, bound, prep.output_arg(name).elem, xp, out))
+    return Check(
+        all(c.correct for c in checks),
+        max(c.max_abs for c in checks),
+        max(c.rel_fro for c in checks),
+        sum(c.unwritten for c in checks),
+        sum(c.pad_unwritten for c in checks),
+        sum(c.nonfinite for c in checks),
+    )
+
+
 class MapEndToEnd:
     """What spatialc.run does on the device for a map's row-major inputs: tilize each (and each parameter, from its
-    float32 values `params`), launch, untilize C (in the inputs' type: nothing to convert); `result` holds the last
-    C."""
+    float32 values `params`), launch, untilize each output (in the type the kernel stores it: nothing to convert);
+    `results` holds the last launch's outputs by name."""
 
     def __init__(self, prep: Any, sets: list[list[Any]], params: dict[str, Any]):
         self.prep, self.sets, self.params = prep, sets, params
-        self.result: Any = None
+        self.results: dict[str, Any] = {}
 
-    def tiled(self, inputs: list[Any], out: Any, params: dict[str, Any]) -> tuple[Any, ...]:
-        """The kernel's arguments: `inputs` tiled, in parameter order with `out` and the tiled `params`."""
+    def tiled(self, inputs: list[Any], outs: Any, params: dict[str, Any]) -> tuple[Any, ...]:
+        """The kernel's arguments: `inputs` tiled, in parameter order with the output buffers `outs` (by name, or
+        a kernel of one output's buffer) and the tiled `params`."""
         p = self.prep
         ins = [a for a in p.args if a.role == "input"]
-        return p.order(tuple(p.tiled(a, x) for a, x in zip(ins, inputs, strict=True)), out, params)
+        return p.order(tuple(p.tiled(a, x) for a, x in zip(ins, inputs, strict=True)), outs, params)
 
     def tiled_params(self) -> dict[str, Any]:
         """Each parameter tensor tiled: its n values as a row of float32."""
@@ -270,6 +305,6 @@ class MapEndToEnd:
         }
 
     def __call__(self, i: int) -> None:
-        out = self.prep.output_buffer(poison=False)
-        self.prep.run(self.tiled(self.sets[i], out, self.tiled_params()))
-        self.result = self.prep.result(out)
+        outs = self.prep.output_buffers(poison=False)
+        self.prep.run(self.tiled(self.sets[i], outs, self.tiled_params()))
+        self.results = {name: self.prep.result(out, name) for name, out in outs.items()}

@@ -50,8 +50,9 @@ SPREAD = 4.0  # inputs uniform in ±SPREAD: past silu's and gelu's turning point
 PARAM_RANGE = (0.5, 1.5)  # parameters (a norm's weight) uniform in this range, rounded to the inputs' type
 # The smallest step of C's type (its least subnormal): an unrounded reference lies up to half of it from any C of
 # that type, however small, where a relative bound alone would ask for more than C can hold.
-OUT_STEP = {"float16": 2.0**-24, "bfloat16": 2.0**-133}
-C_EPS = {"float16": OUT_EPS[DType.FP16], "bfloat16": OUT_EPS[DType.BF16]}  # one ulp at 1.0 of C's type
+OUT_STEP = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149}
+# One ulp at 1.0 of C's type (float32: a LayerNorm's outputs, which the general form stores in mean's and rstd's type).
+C_EPS = {"float16": OUT_EPS[DType.FP16], "bfloat16": OUT_EPS[DType.BF16], "float32": OUT_EPS[DType.FLOAT32]}
 
 
 class Kind:
@@ -71,6 +72,7 @@ class Kind:
     torch_into: Callable[[Any, list[Any], Any, Any], None] | None
     family = "map"  # what a lost GPU is blamed on in its rows (`cases.kernel_path`): its kind's kernels together
     passes = 1  # how many times the kernel reads each input (a norm's reads its row again for each reduction)
+    outputs: tuple[str, ...] = ()  # the names of several outputs (LayerNorm's out, mean, rstd); none: one output
 
     @property
     def contestant(self) -> str:
@@ -85,6 +87,19 @@ class Kind:
     def source(self, case: Case, target: str, out: str | None) -> Any:
         """The program of `case` (unplanned), its output of type `out` (None: the frontend's own)."""
         raise NotImplementedError
+
+    def kernel_out(self, case: Case, asked: str | None) -> str | None:
+        """The type the kernel stores C in, given the one the check asks for (torch's: the inputs' type)."""
+        return asked
+
+    def bytes(self, case: Case) -> int:
+        """The bytes the function must read and write (`cases.map_bytes`): each input once and C once, all m × n in
+        the inputs' 2-byte type (a norm's weight, n values, left out)."""
+        return (len(self.names) + 1) * case.m * case.n * 2
+
+    def references(self, case: Case, values: list[Any], params: dict[str, Any], xp: Any) -> dict[Any, Any]:
+        """Each output's (reference, bound) by name; None names the kernel's one output (`reference`)."""
+        return {None: self.reference(case, values, params, xp)}
 
     def reference(self, case: Case, values: list[Any], params: dict[str, Any], xp: Any) -> tuple[Any, Any]:
         """The kind's value in float64 on the inputs' exact `values` (float64 arrays, in `names`' order) and the
@@ -277,8 +292,11 @@ def map_case(built: Built, target: str) -> Built:
     reason: the persistent kernel's, and on sm_90 the sm_90a form's, built for sm_90a)."""
     import spatialc
 
-    case = built.case
-    source = kind_of(case).source(case, target, built.kernel.get("out"))
+    case, kind = built.case, kind_of(built.case)
+    out = kind.kernel_out(case, built.kernel.get("out"))
+    if out is not None:
+        built.kernel["out"] = out
+    source = kind.source(case, target, out)
     program = spatialc.build(source, target)
     built.plan = describe_plan(program)
     built.kernel.update(plan_facts(program))
@@ -300,6 +318,8 @@ def contenders(case: Case, built: Built) -> list[str]:
     mine = "end to end + kernel only" if form is not None and form.artifact is not None else "n/a (no kernel)"
     kernel_only = "its ops' out= forms" if kind.graphs else "the same call: it has no out= form; the row by events"
     reads = f"; it reads x {kind.passes} times, the GB/s count once" if kind.passes > 1 else ""
+    if kind.outputs:
+        reads += f"; its outputs {', '.join(kind.outputs)} each checked, stored as {built.kernel.get('out')}"
     return [
         f"{spatialc_name('general')}: {mine}, checked {kind.bound_text(case)}{reads}",
         f"{kind.contestant}: end to end + kernel only ({kernel_only}), in {case.precision}",

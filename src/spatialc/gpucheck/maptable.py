@@ -117,12 +117,14 @@ def map_lines(rows: list[Row]) -> list[str]:
         f"Maps (programs with no matmul: elementwise maps, and norms that reduce rows; {MAP_UNIT} of the bytes each "
         "must read and write — every input once, C once — as spatialc's general form, torch's formula in the inputs' "
         "type and a device-to-device copy of as many bytes move them; a norm's kernel reads x once a pass over its "
-        "rows (softmax 3, RMSNorm 2: the map column's passes), which these bytes count once; goal, issue 31's, kernel "
+        "rows (softmax 3, RMSNorm 2, LayerNorm 3: the map column's passes), which these bytes count once; LayerNorm's "
+        "bytes count its mean and rstd as float32 besides, and its kernel stores out as float32 (the general form "
+        "stores its three outputs in one type), torch's in the inputs' type; goal, issue 31's, kernel "
         f"only: {goal}, within the timing noise ({SAME_SPEED:.0%}) of torch's; correct: every element of C within "
-        "its kind's bound of its float64 reference on the same rounded inputs (a map's: each op's float32 rounding "
-        "and ulps, relative; a norm's: each row sum's float32 rounding, n + 2 ulps of its magnitude, carried through "
-        "the ops after it; either with 2 ulps at 1.0 of C's type); spatialc's end to end tilizes each input and "
-        "untilizes C on the device, torch's takes them row-major as they are):",
+        "its kind's bound of its float64 reference on the same rounded inputs (LayerNorm: each of its outputs; a "
+        "map's: each op's float32 rounding and ulps, relative; a norm's: each row sum's float32 rounding, n + 2 ulps "
+        "of its magnitude, carried through the ops after it; either with 2 ulps at 1.0 of C's type); spatialc's end "
+        "to end tilizes each input and untilizes C on the device, torch's takes them row-major as they are):",
         "",
         "| " + " | ".join(MAP_COLUMNS) + " |",
         "|" + "---|" * len(MAP_COLUMNS),

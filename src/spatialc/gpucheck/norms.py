@@ -18,7 +18,14 @@ What a norm row does differently from an elementwise map's:
   formula where torch has none), which has no form that writes into C: its rows are timed by events, every
   contestant alike (maps.Kind).
 - RMSNorm's weight is a parameter tensor: n values drawn once a row (maps.PARAM_RANGE) in the inputs' type, which
-  spatialc's kernel reads as float32 (the same values) and torch in the inputs' type.
+  spatialc's kernel reads as float32 (the same values) and torch in the inputs' type; so are LayerNorm's weight and
+  bias.
+- LayerNorm (`map:layernorm:MxN`, `spatialc.layernorm`: torch's native_layer_norm) has three outputs — out (m × n),
+  mean and rstd (m × 1) — each checked against its own stages and bound (`carried_outputs`). The general form stores
+  every output in one element type and mean and rstd are float32, so its out is float32 too (torch's is in the
+  inputs' type); its bytes are those torch's kernel must move, x read and out written in the inputs' type and mean
+  and rstd as float32 (`NormKind.bytes`), which spatialc's kernel exceeds by its float32 out and its three passes.
+  torch: `F.layer_norm(x, (n,), w, b, eps)`, which has no form that writes into C: its rows are timed by events.
 """
 
 from __future__ import annotations
@@ -38,12 +45,15 @@ from .cases import ELEM_OF, Case
 from .maps import C_EPS, F64, OUT_STEP, Kind
 
 EPS = 1e-6  # RMSNorm's eps in its rows (LLaMA's)
+LN_EPS = 1e-5  # LayerNorm's (torch's default)
+ROW_VECTOR_BYTES = 4  # a float32 value a row: LayerNorm's mean and rstd, as torch stores them too
 
 
 @dataclass(frozen=True)
 class NormKind(Kind):
     """A norm: its program (`build(m, n, precision, target=, out=)`, a `spatialc` frontend), torch's calls (maps.Kind)
-    and how many passes its kernel makes over each row."""
+    and how many passes its kernel makes over each row; `outputs` the names of its several outputs (LayerNorm's out,
+    mean and rstd; none: one output), whose kernel stores every one as float32."""
 
     name: str
     build: Callable[..., Any]
@@ -53,17 +63,33 @@ class NormKind(Kind):
     passes: int
     names: tuple[str, ...] = ("x",)
     params: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
     family = "norm"
 
     def source(self, case: Case, target: str, out: str | None) -> Any:
         return self.build(case.m, case.n, case.precision, target=target, out=out)
 
+    def kernel_out(self, case: Case, asked: str | None) -> str | None:
+        """The general form stores every output in one element type: with several outputs, float32 (mean and rstd's
+        own), whatever torch gives."""
+        return "float32" if self.outputs else asked
+
+    def bytes(self, case: Case) -> int:
+        """x read and the first output written in the inputs' type, and each row-vector output as float32."""
+        return 2 * case.m * case.n * 2 + max(0, len(self.outputs) - 1) * case.m * ROW_VECTOR_BYTES
+
     def reference(self, case: Case, values: list[Any], params: dict[str, Any], xp: Any) -> tuple[Any, Any]:
-        """The program's value before C's rounding, as the interpreter's reference computes it, and the bound the
-        kernel's tolerance carries to it (`carried_rows`)."""
-        program = self.source(case, "sm_90", case.precision)
-        value, err = carried_rows(program, {**dict(zip(self.names, values, strict=True)), **params}, xp)
-        return value, RowBound(err, ELEM_OF[case.precision], case.n)
+        """The program's (first output's) value before C's rounding, as the interpreter's reference computes it, and
+        the bound the kernel's tolerance carries to it (`carried_rows`)."""
+        return next(iter(self.references(case, values, params, xp).values()))
+
+    def references(self, case: Case, values: list[Any], params: dict[str, Any], xp: Any) -> dict[Any, Any]:
+        """Each output's value and bound (`reference`), by name, for the kernel's outputs in the type it stores
+        them (`kernel_out`)."""
+        program = self.source(case, "sm_90", self.kernel_out(case, case.precision))
+        found = carried_outputs(program, {**dict(zip(self.names, values, strict=True)), **params}, xp)
+        elems = {t.name: ELEM_OF[t.dtype.value] for t in program.tensors}
+        return {name: (value, RowBound(err, elems[name], case.n)) for name, (value, err) in found.items()}
 
     def bound_text(self, case: Case) -> str:
         return f"against its stages in float64 ({RowBound.words(case.n)})"
@@ -79,6 +105,18 @@ def _rmsnorm(m: int, n: int, precision: str, **kw: Any) -> Any:
     import spatialc
 
     return spatialc.rmsnorm(m, n, precision, eps=EPS, **kw)
+
+
+def _layernorm(m: int, n: int, precision: str, **kw: Any) -> Any:
+    import spatialc
+
+    return spatialc.layernorm(m, n, precision, eps=LN_EPS, **kw)
+
+
+def _layer_norm(torch: Any, t: list[Any]) -> Any:
+    """F.layer_norm, torch's native_layer_norm underneath (its mean and rstd computed and dropped)."""
+    x, w, b = t
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, LN_EPS)
 
 
 def _softmax_into(torch: Any, t: list[Any], c: Any, scratch: Any) -> None:
@@ -107,6 +145,16 @@ NORMS = {
             3,
         ),
         NormKind("rmsnorm", _rmsnorm, f"F.rms_norm(x, (n,), w, eps={EPS:g})", _rms_norm, None, 2, params=("weight",)),
+        NormKind(
+            "layernorm",
+            _layernorm,
+            f"F.layer_norm(x, (n,), w, b, eps={LN_EPS:g})",
+            _layer_norm,
+            None,
+            3,
+            params=("weight", "bias"),
+            outputs=("out", "mean", "rstd"),
+        ),
     )
 }
 
@@ -142,20 +190,33 @@ class RowBound:
 
 
 def carried_rows(program: Any, inputs: Mapping[str, Any], xp: Any) -> tuple[Any, Any]:
-    """A row program's value before C's rounding and the bound a kernel's lies within, from its inputs' and
-    parameters' exact values (float64 arrays, by tensor name): its stages in the order its declaration gives, each
-    read's tensor exact, each map carried by `carried`, each row reduction by `reduced` — what
+    """A row program's (first output's) value before C's rounding and the bound a kernel's lies within, from its
+    inputs' and parameters' exact values (float64 arrays, by tensor name): its stages in the order its declaration
+    gives, each read's tensor exact, each map carried by `carried`, each row reduction by `reduced` — what
     `numerics.reference.row_stages(…, bounds=True)` does on the CPU, here on `xp`'s arrays (CuPy on the device)."""
+    return next(iter(carried_outputs(program, inputs, xp).values()))
+
+
+def carried_outputs(program: Any, inputs: Mapping[str, Any], xp: Any) -> dict[str, tuple[Any, Any]]:
+    """`carried_rows` for each output of a row program, by name in the program's order (LayerNorm's out, mean and
+    rstd; a row vector's value and bound as a column, m × 1), each stage computed once for all of them."""
     from ..ir.index import ProgramIndex
-    from ..ir.nodes import ReadStage
-    from ..ir.ops import RowReduce
-    from ..passes.verify.declared import declared
+    from ..passes.verify.declared import declared_outputs
 
     index = ProgramIndex.of(program)
-    decl = declared(index)
     done: dict[Any, tuple[Any, Any]] = {}
+    return {decl.out.name: _carried_to(program, index, decl, inputs, xp, done) for decl in declared_outputs(index)}
+
+
+def _carried_to(
+    program: Any, index: Any, decl: Any, inputs: Mapping[str, Any], xp: Any, done: dict[Any, tuple[Any, Any]]
+) -> tuple[Any, Any]:
+    """The value and bound of the output `decl` declares, its stages' rings kept in `done` (shared by outputs)."""
+    from ..ir.nodes import ReadStage
+    from ..ir.ops import RowReduce
+
     for stage in decl.producer.values():
-        if isinstance(stage.kind, ReadStage):
+        if isinstance(stage.kind, ReadStage) and index.ring(stage.outs[0]) not in done:
             x = inputs[program.tensor(stage.kind.tensor).name]
             done[index.ring(stage.outs[0])] = (x, xp.zeros((1, 1)))
 
@@ -163,12 +224,12 @@ def carried_rows(program: Any, inputs: Mapping[str, Any], xp: Any) -> tuple[Any,
         return inputs[program.tensor(c.tensor).name].reshape(1, -1)
 
     for stage in decl.chain:
+        ring = index.ring(stage.outs[0])
+        if ring in done:
+            continue
         pages = [done[index.ring(b)] for b in stage.ins]
         op = stage.kind.op
-        if isinstance(op, RowReduce):
-            done[index.ring(stage.outs[0])] = reduced(op.op, *pages[0], xp)
-        else:
-            done[index.ring(stage.outs[0])] = carried(op.expr, pages, col, xp)
+        done[ring] = reduced(op.op, *pages[0], xp) if isinstance(op, RowReduce) else carried(op.expr, pages, col, xp)
     return done[decl.last]
 
 

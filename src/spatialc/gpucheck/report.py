@@ -7,7 +7,9 @@ conversion included) and kernel only (operands already in each contestant's own 
 fastest contestant whose result was right counts, and its name is in the table.
 
 A map row (an elementwise program, `map:KIND:MxN`: gpucheck/maps.py) has a table of its own, in GB/s of the bytes it
-reads and writes: spatialc's general form against torch's formula and the device's copy bandwidth.
+reads and writes: spatialc's general form against torch's formula and the device's copy bandwidth. A fused row (a GEMM
+with scales and a residual in its epilogue, `fused:SIZE`: gpucheck/fused.py) is in the main table, and below it each
+form's fused kernel against the plain GEMM's of the same size, timed in the same row.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .cases import (
     probe_result,
     spatialc_name,
 )
+from .fused import fused_lines, fused_summary
 from .maptable import map_lines, map_summary
 from .rates import (
     UNIT,
@@ -76,6 +79,8 @@ def row_dict(row: Row) -> dict[str, Any]:
         d["timings"][way] = summary
     if row.sweep:
         d["sweep"] = sweep_summary(row)
+    if row.fused:
+        d["fused_timings"] = fused_summary(row)  # each form's fused kernel against the plain GEMM's
     return d
 
 
@@ -306,6 +311,7 @@ def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
     if contestants:
         lines += ["", "Contestants (rates as in the tables; e2e = end to end):", "", *contestants]
     lines += multicast_lines(rows)
+    lines += fused_lines(rows)
     lines += sweep_lines(rows)
     lines += kernel_table(rows)
     return "\n".join(lines) + "\n"
@@ -318,7 +324,7 @@ def multicast_lines(rows: list[Row]) -> list[str]:
     plain = {
         (r.precision, r.m, r.n, r.k): r
         for r in rows
-        if r.multicast == (1, 1) and r.groups == 1 and not r.sweep and not r.map
+        if r.multicast == (1, 1) and r.groups == 1 and not r.sweep and not r.map and not r.fused
     }
     out = []
     for r in rows:

@@ -125,10 +125,8 @@ def kernel_args(launch: Any) -> list[Arg]:
             )
         groups = int(getattr(p, "groups", 1))
         out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, storage_dtype(elem), order, groups))
-    if sum(a.role == "output" for a in out) != 1:
-        raise LaunchError(
-            f"the launcher runs kernels with one output; this one has {sum(a.role == 'output' for a in out)}"
-        )
+    if not any(a.role == "output" for a in out):
+        raise LaunchError("the launcher runs kernels with at least one output; this one has none")
     if not any(a.role == "input" for a in out):
         raise LaunchError("the launcher runs kernels with at least one input")
     return out
@@ -226,16 +224,36 @@ class Prepared:
         return self.device.xp
 
     @property
+    def outputs(self) -> list[Arg]:
+        """The kernel's outputs in parameter order (LayerNorm's out, mean and rstd; most kernels' one C)."""
+        return [a for a in self.args if a.role == "output"]
+
+    @property
     def output(self) -> Arg:
-        return next(a for a in self.args if a.role == "output")
+        """The first output: a kernel of one output's C."""
+        return self.outputs[0]
+
+    def output_arg(self, name: str | None = None) -> Arg:
+        """The output `name` (None: the first)."""
+        if name is None:
+            return self.output
+        found = next((a for a in self.outputs if a.name == name), None)
+        if found is None:
+            raise LaunchError(f"this kernel has no output {name!r}; its outputs: {', '.join(self.output_names)}")
+        return found
+
+    @property
+    def output_names(self) -> list[str]:
+        return [a.name for a in self.outputs]
 
     def tiled(self, arg: Arg, x: Any) -> Any:
         """The device-side tiled copy of `x`, already in `arg`'s storage dtype."""
         return tilize(x, arg.tiles, self.xp, _tile(self.launch_spec), arg.order, arg.groups)
 
-    def output_buffer(self, poison: bool = True) -> Any:
-        """A tiled output buffer, filled with a value no result can take when `poison`."""
-        out = self.output
+    def output_buffer(self, poison: bool = True, name: str | None = None) -> Any:
+        """A tiled buffer for the output `name` (None: the first), filled with a value no result can take when
+        `poison`."""
+        out = self.output_arg(name)
         rt, ct = out.tiles
         tr, tc = _tile(self.launch_spec)
         buf = self.xp.empty(rt * ct * tr * tc, dtype=out.storage)
@@ -243,11 +261,19 @@ class Prepared:
             buf.fill(poison_value(out.storage))
         return buf
 
+    def output_buffers(self, poison: bool = True) -> dict[str, Any]:
+        """A tiled buffer for every output, by name (`output_buffer` of each)."""
+        return {a.name: self.output_buffer(poison, a.name) for a in self.outputs}
+
     def order(self, inputs: Sequence[Any], out: Any, params: Mapping[str, Any] | None = None) -> tuple[Any, ...]:
-        """Tiled buffers in the kernel's parameter order."""
+        """Tiled buffers in the kernel's parameter order: `out` the output's buffer, or a dict of every output's by
+        name (`output_buffers`; a kernel of several outputs takes only that)."""
         it, params, spaces = iter(inputs), params or {}, self.workspaces()
+        outs = out if isinstance(out, Mapping) else None
+        if outs is None and len(self.outputs) > 1:
+            raise LaunchError(f"this kernel has {len(self.outputs)} outputs: pass a buffer for each, by name")
         tensors = tuple(
-            out
+            (out if outs is None else outs[a.name])
             if a.role == "output"
             else next(it)
             if a.role == "input"
@@ -324,9 +350,9 @@ class Prepared:
         if flag:
             raise LaunchError(f"a loop count read from data is {count}, beyond its bound; the loop ran no times")
 
-    def result(self, out: Any) -> Any:
-        """The logical C of a tiled output buffer (still on the device)."""
-        o = self.output
+    def result(self, out: Any, name: str | None = None) -> Any:
+        """The logical values of the output `name`'s tiled buffer (None: the first output's; still on the device)."""
+        o = self.output_arg(name)
         return untilize(out, o.tiles, o.elems, self.xp, _tile(self.launch_spec), o.order, o.groups)
 
 
@@ -424,7 +450,8 @@ def run(artifact: Any, *operands: Any, **params: Any) -> Any:
 
     Inputs are converted to the operand type (round-to-nearest-even), tiled and zero-padded on the device; the
     output buffer is poisoned before the launch, so an element the kernel misses reads NaN (or the most negative
-    integer). numpy in → numpy out; torch or CuPy in → the same library out (torch on the inputs' device)."""
+    integer). numpy in → numpy out; torch or CuPy in → the same library out (torch on the inputs' device). A kernel
+    of several outputs (LayerNorm's out, mean and rstd) gives a dict name → array, as `spatialc.evaluate` does."""
     return run_with(cupy_device(), artifact, *operands, **params)
 
 
@@ -455,13 +482,15 @@ def bound_operands(
 
 
 def launch_bound(prep: Prepared, bound: Sequence[tuple[Arg, Any]], library: str) -> Any:
-    """Upload, tilize, launch once on the device's current stream, and read C back in `library`'s arrays."""
+    """Upload, tilize, launch once on the device's current stream, and read C back in `library`'s arrays: a kernel
+    of several outputs (LayerNorm's out, mean and rstd) gives a dict name → array, in parameter order, as
+    `spatialc.evaluate` and `spatialc.emulate` do."""
     device = prep.device
-    buffers, out = [], None
+    buffers, outs = [], {}
     for arg, value in bound:
         if arg.role == "output":
-            out = prep.output_buffer()
-            buffers.append(out)
+            outs[arg.name] = prep.output_buffer(name=arg.name)
+            buffers.append(outs[arg.name])
             continue
         if arg.role == "workspace":
             buffers.append(prep.workspaces()[arg.name])
@@ -470,9 +499,16 @@ def launch_bound(prep: Prepared, bound: Sequence[tuple[Arg, Any]], library: str)
         buffers.append(prep.tiled(arg, _converted(arg, x, is_bf16, device.xp)))
     prep.run(tuple(buffers))
     prep.check()
-    c = prep.result(out)
     like = [v for _, v in bound if v is not None]
-    if prep.output.elem != "bfloat16":
+    got = {name: _downloaded(prep, name, buf, library, like) for name, buf in outs.items()}
+    return got if len(got) > 1 else next(iter(got.values()))
+
+
+def _downloaded(prep: Prepared, name: str, out: Any, library: str, like: Sequence[Any]) -> Any:
+    """The output `name`'s logical values read back from its tiled buffer `out`, in `library`'s arrays."""
+    device = prep.device
+    c = prep.result(out, name)
+    if prep.output_arg(name).elem != "bfloat16":
         return device.download(c, library, like)
     if library != "torch":  # numpy and CuPy have no bfloat16: its values, exactly, as float32
         return device.download(bf16_to_float32(c, device.xp), library, like)
