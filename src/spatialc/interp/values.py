@@ -18,6 +18,8 @@ refers to what it held:
 - `AccValue`: a packed accumulator — a sum of A-page × B-page products plus an optional base page — computed
   only when something needs its numbers. `realise` computes many at once: products of rectangles of the same
   tensors over the same K range that together fill a rectangle of the output become one BLAS call.
+- `MapValue`: an elementwise stage's page — its input pages and column vectors — computed, like an AccValue, when
+  something needs its numbers, with every other such page then (`mapped.realise_maps`).
 """
 
 from __future__ import annotations
@@ -113,6 +115,11 @@ class Store:
         if not self.pending:
             return
         lazy = [v.value if isinstance(v, Masked) else v for *_, v in self.pending]
+        maps = [v for v in lazy if isinstance(v, MapValue)]
+        if maps:
+            from .mapped import realise_maps  # mapped.py builds on this module's values
+
+            realise_maps(maps)
         placed = realise([v for v in lazy if isinstance(v, AccValue)], self._direct_targets())
         for at, off, bh, bw, value in self.pending:
             if id(value) not in placed:
@@ -151,6 +158,12 @@ class Store:
                 r0, c0 = corner
                 self.mat[r0 * self.tr : (r0 + bh) * self.tr, c0 * self.tc : (c0 + bw) * self.tc] = value.matrix()
                 return
+        if isinstance(value, MapValue) and value.count == bh * bw and value.width == bw:
+            corner = self.rect(at, off, bh, bw)
+            if corner is not None:  # its matrix, straight into the rectangle (no tiles made of it)
+                r0, c0 = corner
+                self.mat[r0 * self.tr : (r0 + bh) * self.tr, c0 * self.tc : (c0 + bw) * self.tc] = value.matrix()
+                return
         ti, tj = np.divmod(at + off, self.cols_t)
         self.arr[ti, :, tj, :] = tiles_of(value, len(off))
 
@@ -181,6 +194,8 @@ def held_elems(value: object) -> int:
         return held_elems(value.value)
     if isinstance(value, Tiles):
         return value.arr.size
+    if isinstance(value, MapValue):
+        return value.count * value.tr * value.tc
     if isinstance(value, AccValue):
         return value.h * value.w * value.t * value.t
     return 0
@@ -250,7 +265,35 @@ class AccValue:
         return self.matrix().reshape(h, t, w, t).transpose(0, 2, 1, 3).reshape(h * w, t, t)[: self.count]
 
 
-PageValue = TileRefs | Tiles | AccValue
+class MapValue:
+    """An elementwise stage's page of h × width tiles (tr × tc each): `kernel` (`mapped.MapKernel`) on the input pages
+    `ins` — page j read as rows of `widths[j]` tiles, 1 for a row vector — and the column vectors' values `cols`."""
+
+    __slots__ = ("kernel", "ins", "widths", "cols", "h", "width", "tr", "tc", "count", "result")
+
+    def __init__(
+        self, kernel: Any, ins: list, widths: tuple[int, ...], cols: list, h: int, width: int, tile: tuple[int, int]
+    ) -> None:
+        self.kernel, self.ins, self.widths, self.cols = kernel, ins, widths, cols
+        self.h, self.width, (self.tr, self.tc) = h, width, tile
+        self.count = h * width
+        self.result: np.ndarray | None = None  # (h·tr, width·tc) float64, once computed
+
+    def matrix(self) -> np.ndarray:
+        """The page as one (h·tr, width·tc) matrix, tile (i, j) at slot i·width + j."""
+        if self.result is None:
+            from .mapped import realise_maps  # mapped.py builds on this module's values
+
+            realise_maps([self])
+        assert self.result is not None
+        return self.result
+
+    def tiles(self) -> np.ndarray:
+        h, w, tr, tc = self.h, self.width, self.tr, self.tc
+        return self.matrix().reshape(h, tr, w, tc).transpose(0, 2, 1, 3).reshape(h * w, tr, tc)
+
+
+PageValue = TileRefs | Tiles | AccValue | MapValue
 
 
 def tiles_of(value: object, n: int) -> np.ndarray:
@@ -260,9 +303,24 @@ def tiles_of(value: object, n: int) -> np.ndarray:
 
 def as_matrix(value: object, h: int, w: int, t: int) -> np.ndarray:
     """A page value's first h·w tiles as one (h·t, w·t) matrix, tile (i, j) from slot i·w + j."""
+    return page_matrix(value, h, w, t, t)
+
+
+def page_matrix(value: object, h: int, w: int, tr: int, tc: int) -> np.ndarray:
+    """A page value's first h·w tiles (tr × tc each) as one (h·tr, w·tc) matrix, tile (i, j) from slot i·w + j: the
+    tensor's own memory (read only) where they are a rectangle of a tensor nothing writes, the computed matrix where
+    the page is one, else the tiles laid out."""
     if isinstance(value, AccValue) and (value.h, value.w) == (h, w) and value.count == h * w:
         return value.matrix()
-    return tiles_of(value, h * w).reshape(h, w, t, t).transpose(0, 2, 1, 3).reshape(h * t, w * t)
+    if isinstance(value, MapValue) and (value.h, value.width) == (h, w):
+        return value.matrix()
+    if isinstance(value, TileRefs) and len(value.off) >= h * w:
+        store = value.store
+        corner = store.rect(value.at, value.off, h, w)
+        if corner is not None:
+            r0, c0 = corner
+            return store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : (c0 + w) * tc]
+    return tiles_of(value, h * w).reshape(h, w, tr, tc).transpose(0, 2, 1, 3).reshape(h * tr, w * tc)
 
 
 # ---- computing accumulators ---------------------------------------------------------------------------------

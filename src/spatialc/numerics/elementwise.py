@@ -576,8 +576,36 @@ def reduce_rows(name: str, values: Any, integer: bool) -> Any:
     elif integer:
         out = np.sum(y, axis=1, keepdims=True, dtype=np.int64)
     else:  # exactly rounded, so that no order of summing can make two correct runs differ
-        out = np.array([[_exact_sum(row)] for row in y.tolist()]) if y.size else np.zeros((x.shape[0], 1))
+        return _exact_sums32(y)
     return out if integer else out.astype(np.float32)
+
+
+def _exact_sums32(y: Any) -> Any:
+    """Each row of the float64 `y` summed exactly, rounded once to float64 (`_exact_sum`) and then to float32, as a
+    column — vectorised where it is decided without `fsum`.
+
+    numpy's float64 sum `s` of a row lies within γ·Σ|y| of the exact sum S, whatever its order (γ = (n−1)·2⁻⁵³ /
+    (1 − (n−1)·2⁻⁵³), Higham, Accuracy and Stability, §4.2): `err` bounds that twice over, plus four float64 ulps of
+    s for the rounding of the test itself and for S's own rounding to float64. When [s − err, s + err] lies strictly
+    between the two float32 midpoints around f = float32(s), S and fsum's float64 rounding of it lie there too (the
+    midpoints are float64 numbers, and rounding is monotone), so float32(fsum) = f. Every other row — a bound that
+    straddles a midpoint, a zero (its sign), NaN, ±inf, magnitudes near overflow — is summed by `_exact_sum`."""
+    rows, n = y.shape
+    if n == 0 or rows == 0:
+        return np.zeros((rows, 1), np.float32)
+    with np.errstate(all="ignore"):  # NaN, ±inf and float32 overflow go to `_exact_sum`, which says what they are
+        s = np.sum(y, axis=1)
+        a = np.sum(np.abs(y), axis=1)
+        f = s.astype(np.float32)
+        err = (n * 2.0**-52) * a + 2.0**-50 * np.abs(s) + 2.0**-1070
+        below = (f.astype(np.float64) + np.nextafter(f, np.float32(-np.inf)).astype(np.float64)) * 0.5
+        above = (f.astype(np.float64) + np.nextafter(f, np.float32(np.inf)).astype(np.float64)) * 0.5
+        decided = (a < 2.0**1000) & (f != 0) & (np.abs(f) < np.finfo(np.float32).max)
+        decided &= (s - err > below) & (s + err < above)
+    out = f
+    for r in np.flatnonzero(~decided).tolist():
+        out[r] = _exact_sum(y[r].tolist())
+    return out.reshape(rows, 1)
 
 
 def _exact_sum(values: list[float]) -> float:

@@ -1,0 +1,147 @@
+"""Elementwise pages computed when their numbers are needed, many pages in one numpy evaluation.
+
+An elementwise stage of a float program makes a `values.MapValue` — its input pages, its column vectors' values and
+its shape, not its numbers. Whatever needs the numbers (a write applied to its tensor, a row accumulator packed, a
+matmul operand, a later stage's page) computes every such page it holds at once: `realise_maps` lays the pages of
+one expression that read one row vector side by side, as the band of rows they came from, stacks equal bands, and
+runs the expression once on the stack. The table's ops are elementwise, so this changes how many elements one numpy
+call sees, never a value: each element is the float64 op of its float32 operands rounded to float32, as
+`numerics.elementwise.evaluate` defines, whether it is computed alone or among millions.
+
+Integer programs (their int64 range check belongs to the op that overflows), `Requant`, and expressions the table
+would refuse keep the page-at-a-time path of `support.elementwise`, so that an error still comes from the op that
+makes it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from ..ir.ops import Apply, Arg, Col, Expr, Lit, Map, RowArg, cols, row_reads
+from ..numerics.elementwise import OPS, ElementwiseError, evaluate
+from ..numerics.epilogue import EpilogueError
+from .values import CHUNK_ELEMS, MapValue, TileRefs, page_matrix
+
+
+class MapKernel:
+    """What an elementwise op takes at every page, found once: the row vectors it reads (page index → width), each
+    column vector's place in `cols(expr)`, and whether its pages may be computed later (`lazy`)."""
+
+    __slots__ = ("op", "integer", "by_row", "order", "lazy")
+
+    def __init__(self, op: object, integer: bool) -> None:
+        self.op, self.integer = op, integer
+        self.by_row: dict[int, int] = dict(row_reads(op.expr)) if isinstance(op, Map) else {}
+        self.order = {id(c): k for k, c in enumerate(cols(op.expr))} if isinstance(op, Map) else {}
+        self.lazy = isinstance(op, Map) and not integer and _runs_as_written(op.expr, self.by_row)
+
+
+def _runs_as_written(expr: Expr, by_row: dict[int, int]) -> bool:
+    """Whether the table computes `expr` on whole pages without refusing it (every op known, of its arity and
+    parameters), its value a whole page (it reads a page element by element somewhere) and no page read both ways."""
+    whole: set[int] = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        match node:
+            case Arg(i):
+                whole.add(i)
+            case Apply(name, args, params):
+                op = OPS.get(name)
+                if op is None or len(args) != op.arity or len(params) != len(op.params):
+                    return False
+                stack.extend(args)
+            case RowArg() | Col() | Lit():
+                pass
+            case _:
+                return False
+    return bool(whole) and not whole & set(by_row)
+
+
+def realise_maps(values: list[MapValue]) -> None:
+    """Compute every page of `values` not computed yet, and the elementwise pages they read first."""
+    todo = list({id(v): v for v in values if v.result is None}.values())
+    inner = [x for v in todo for x in v.ins if isinstance(x, MapValue) and x.result is None]
+    if inner:
+        realise_maps(inner)
+    groups: dict[tuple, list[MapValue]] = defaultdict(list)
+    for v in todo:
+        groups[(id(v.kernel), v.h, v.width, v.tr, v.tc, v.widths)].append(v)
+    for members in groups.values():
+        runs = _runs(members)
+        by_length: dict[int, list[list[MapValue]]] = defaultdict(list)
+        for run in runs:
+            by_length[len(run)].append(run)
+        for length, same in by_length.items():
+            v0 = same[0][0]
+            per_run = v0.h * v0.tr * v0.width * v0.tc * length
+            step = max(1, CHUNK_ELEMS // max(per_run, 1))
+            for s0 in range(0, len(same), step):
+                _realise_runs(same[s0 : s0 + step])
+
+
+def _runs(members: list[MapValue]) -> list[list[MapValue]]:
+    """The members in order, cut into runs that read the same row vector pages and hold at most CHUNK_ELEMS."""
+    v0 = members[0]
+    rows = [j for j in range(len(v0.widths)) if j in v0.kernel.by_row]
+    most = max(1, CHUNK_ELEMS // max(v0.h * v0.tr * v0.width * v0.tc, 1))
+    runs: list[list[MapValue]] = []
+    for v in members:
+        last = runs[-1] if runs else None
+        if last is not None and len(last) < most and all(v.ins[j] is last[0].ins[j] for j in rows):
+            last.append(v)
+        else:
+            runs.append([v])
+    return runs
+
+
+def _realise_runs(runs: list[list[MapValue]]) -> None:
+    """One evaluation for runs of equal length: each run's pages side by side, the runs stacked."""
+    v0 = runs[0][0]
+    kernel, h, tr, tc = v0.kernel, v0.h, v0.tr, v0.tc
+    pages = []
+    for j, w in enumerate(v0.widths):
+        if j in kernel.by_row:
+            bands = [page_matrix(run[0].ins[j], h, 1, tr, tc) for run in runs]
+        else:
+            bands = [_band([v.ins[j] for v in run], h, w, tr, tc) for run in runs]
+        pages.append(bands[0] if len(runs) == 1 else np.stack(bands))
+    col_rows = [
+        [np.concatenate([v.cols[k] for v in run]) if len(run) > 1 else run[0].cols[k] for run in runs]
+        for k in range(len(v0.cols))
+    ]
+    shape = (1, -1) if len(runs) == 1 else (len(runs), 1, -1)
+    col_values = [(rows[0] if len(rows) == 1 else np.stack(rows)).reshape(shape) for rows in col_rows]
+
+    def col(c: Col) -> Any:
+        return col_values[kernel.order[id(c)]]
+
+    try:
+        out = evaluate(kernel.op.expr, [np.asarray(m).astype(np.float32) for m in pages], False, col)
+    except ElementwiseError as e:  # as epilogue.mapped says it (none expected: `_runs_as_written` checked the ops)
+        raise EpilogueError(str(e)) from None
+    out = np.asarray(out).astype(np.float64)
+    width = v0.width * tc
+    for r, run in enumerate(runs):
+        band = out if len(runs) == 1 else out[r]
+        for k, v in enumerate(run):
+            v.result = band[:, k * width : (k + 1) * width]
+
+
+def _band(xs: list, h: int, w: int, tr: int, tc: int) -> np.ndarray:
+    """Pages side by side, each h × w tiles: a slice of the tensor where they are its tiles in one row of pages,
+    else their matrices joined."""
+    first = xs[0]
+    if isinstance(first, TileRefs) and all(
+        x.__class__ is TileRefs and x.store is first.store and x.off is first.off and x.at == first.at + k * w
+        for k, x in enumerate(xs)
+    ):
+        corner = first.store.rect(first.at, first.off, h, w)
+        if corner is not None and corner[1] + len(xs) * w <= first.store.cols_t:
+            r0, c0 = corner
+            return first.store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : (c0 + len(xs) * w) * tc]
+    mats = [page_matrix(x, h, w, tr, tc) for x in xs]
+    return mats[0] if len(mats) == 1 else np.concatenate(mats, axis=1)
