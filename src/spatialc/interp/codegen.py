@@ -450,7 +450,7 @@ class Emitter:
             pages.append(f"x{j}")
         slot = self.newest_reserved(self.ring(dst, op, "produce"), dst, i)
         integer = self.m.p.precision == Precision.INT8
-        c = self.const(MapKernel(cop, integer), "e")
+        c = self.const(MapKernel(cop, integer, (self.m.p.tile.rows, self.m.p.tile.cols), len(op.ins)), "e")
         columns = cols(cop.expr) if isinstance(cop, Map) else ()
         vectors = []
         for col in columns:

@@ -23,20 +23,30 @@ import numpy as np
 from ..ir.ops import Apply, Arg, Col, Expr, Lit, Map, RowArg, cols, row_reads
 from ..numerics.elementwise import OPS, ElementwiseError, evaluate
 from ..numerics.epilogue import EpilogueError
-from .values import CHUNK_ELEMS, MapValue, TileRefs, page_matrix
+from .values import MapValue, TileRefs, page_matrix
+
+# Elements one evaluation computes at most. Its float64 temporaries (2 MiB each) are then reused from the heap, not
+# mapped fresh from the OS and faulted in page by page as a whole tensor's would be, and stay in cache between ops.
+CHUNK_ELEMS = 1 << 18
 
 
 class MapKernel:
-    """What an elementwise op takes at every page, found once: the row vectors it reads (page index → width), each
-    column vector's place in `cols(expr)`, and whether its pages may be computed later (`lazy`)."""
+    """What an elementwise op of `ins` input pages takes at every page, found once: the row vectors it reads (page
+    index → width), each column vector's place in `cols(expr)`, whether its pages may be computed later (`lazy`),
+    and for those the pages read whole, the one row width every vector agrees on (0 where they do not), and the
+    width each page is read at."""
 
-    __slots__ = ("op", "integer", "by_row", "order", "lazy")
+    __slots__ = ("op", "integer", "tile", "by_row", "order", "lazy", "whole", "width", "widths")
 
-    def __init__(self, op: object, integer: bool) -> None:
-        self.op, self.integer = op, integer
+    def __init__(self, op: object, integer: bool, tile: tuple[int, int], ins: int) -> None:
+        self.op, self.integer, self.tile = op, integer, tile
         self.by_row: dict[int, int] = dict(row_reads(op.expr)) if isinstance(op, Map) else {}
         self.order = {id(c): k for k, c in enumerate(cols(op.expr))} if isinstance(op, Map) else {}
         self.lazy = isinstance(op, Map) and not integer and _runs_as_written(op.expr, self.by_row)
+        self.whole = tuple(j for j in range(ins) if j not in self.by_row)
+        agreed = {c.width for c in cols(op.expr)} | set(self.by_row.values()) if isinstance(op, Map) else set()
+        self.width = agreed.pop() if len(agreed) == 1 else 1 if not agreed else 0
+        self.widths = tuple(1 if j in self.by_row else self.width for j in range(ins))
 
 
 def _runs_as_written(expr: Expr, by_row: dict[int, int]) -> bool:
@@ -84,18 +94,14 @@ def realise_maps(values: list[MapValue]) -> None:
 
 
 def _runs(members: list[MapValue]) -> list[list[MapValue]]:
-    """The members in order, cut into runs that read the same row vector pages and hold at most CHUNK_ELEMS."""
+    """The members, in order, in runs that read the same row vector pages (a band of rows), each at most CHUNK_ELEMS."""
     v0 = members[0]
     rows = [j for j in range(len(v0.widths)) if j in v0.kernel.by_row]
     most = max(1, CHUNK_ELEMS // max(v0.h * v0.tr * v0.width * v0.tc, 1))
-    runs: list[list[MapValue]] = []
+    keyed: dict[tuple[int, ...], list[MapValue]] = {}  # (the sites' engines interleave their pages: sort them out)
     for v in members:
-        last = runs[-1] if runs else None
-        if last is not None and len(last) < most and all(v.ins[j] is last[0].ins[j] for j in rows):
-            last.append(v)
-        else:
-            runs.append([v])
-    return runs
+        keyed.setdefault(tuple(id(v.ins[j]) for j in rows), []).append(v)
+    return [same[s : s + most] for same in keyed.values() for s in range(0, len(same), most)]
 
 
 def _realise_runs(runs: list[list[MapValue]]) -> None:
@@ -105,10 +111,9 @@ def _realise_runs(runs: list[list[MapValue]]) -> None:
     pages = []
     for j, w in enumerate(v0.widths):
         if j in kernel.by_row:
-            bands = [page_matrix(run[0].ins[j], h, 1, tr, tc) for run in runs]
+            pages.append(_stacked([page_matrix(run[0].ins[j], h, 1, tr, tc) for run in runs]))
         else:
-            bands = [_band([v.ins[j] for v in run], h, w, tr, tc) for run in runs]
-        pages.append(bands[0] if len(runs) == 1 else np.stack(bands))
+            pages.append(_stacked_bands([[v.ins[j] for v in run] for run in runs], h, w, tr, tc))
     col_rows = [
         [np.concatenate([v.cols[k] for v in run]) if len(run) > 1 else run[0].cols[k] for run in runs]
         for k in range(len(v0.cols))
@@ -119,29 +124,58 @@ def _realise_runs(runs: list[list[MapValue]]) -> None:
     def col(c: Col) -> Any:
         return col_values[kernel.order[id(c)]]
 
-    try:
-        out = evaluate(kernel.op.expr, [np.asarray(m).astype(np.float32) for m in pages], False, col)
+    try:  # the pages as epilogue.start takes them: float32 (a tensor's own float32 memory is read, not copied)
+        out = evaluate(kernel.op.expr, [np.asarray(m, np.float32) for m in pages], False, col)
     except ElementwiseError as e:  # as epilogue.mapped says it (none expected: `_runs_as_written` checked the ops)
         raise EpilogueError(str(e)) from None
-    out = np.asarray(out).astype(np.float64)
+    out = np.asarray(out, np.float32)
     width = v0.width * tc
     for r, run in enumerate(runs):
         band = out if len(runs) == 1 else out[r]
         for k, v in enumerate(run):
-            v.result = band[:, k * width : (k + 1) * width]
+            v.result, v.band, v.slot = band[:, k * width : (k + 1) * width], band, k
 
 
-def _band(xs: list, h: int, w: int, tr: int, tc: int) -> np.ndarray:
-    """Pages side by side, each h × w tiles: a slice of the tensor where they are its tiles in one row of pages,
-    else their matrices joined."""
+def _stacked(mats: list[np.ndarray]) -> np.ndarray:
+    return mats[0] if len(mats) == 1 else np.stack(mats)
+
+
+def _stacked_bands(runs: list[list], h: int, w: int, tr: int, tc: int) -> np.ndarray:
+    """Each run's pages side by side (`_band`), the runs stacked: where the runs are consecutive rows of pages of one
+    tensor, over the same columns, a view of its memory."""
+    corners = [_tensor_run(xs, h, w) for xs in runs]
+    c0 = corners[0]
+    if c0 is not None and len(runs) > 1:
+        store, r0, col = c0
+        if all(c is not None and c[0] is store and c[1] == r0 + k * h and c[2] == col for k, c in enumerate(corners)):
+            span = len(runs[0]) * w * tc
+            block = store.mat[r0 * tr : (r0 + len(runs) * h) * tr, col * tc : col * tc + span]
+            return block.reshape(len(runs), h * tr, span)
+    return _stacked([_band(xs, h, w, tr, tc, c) for xs, c in zip(runs, corners, strict=True)])
+
+
+def _tensor_run(xs: list, h: int, w: int) -> tuple[Any, int, int] | None:
+    """(store, tile row, tile column) of the first page when the pages are a tensor's tiles in one row of pages, each
+    h × w tiles, one after another; else None."""
     first = xs[0]
-    if isinstance(first, TileRefs) and all(
-        x.__class__ is TileRefs and x.store is first.store and x.off is first.off and x.at == first.at + k * w
-        for k, x in enumerate(xs)
-    ):
-        corner = first.store.rect(first.at, first.off, h, w)
-        if corner is not None and corner[1] + len(xs) * w <= first.store.cols_t:
-            r0, c0 = corner
-            return first.store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : (c0 + len(xs) * w) * tc]
+    if not isinstance(first, TileRefs):
+        return None
+    for k, x in enumerate(xs):
+        if x.__class__ is not TileRefs or x.store is not first.store or x.off is not first.off:
+            return None
+        if x.at != first.at + k * w:
+            return None
+    corner = first.store.rect(first.at, first.off, h, w)
+    if corner is None or corner[1] + len(xs) * w > first.store.cols_t:
+        return None
+    return first.store, corner[0], corner[1]
+
+
+def _band(xs: list, h: int, w: int, tr: int, tc: int, corner: tuple[Any, int, int] | None) -> np.ndarray:
+    """Pages side by side, each h × w tiles: a slice of the tensor where they are its tiles in one row of pages
+    (`corner`, from `_tensor_run`), else their matrices joined."""
+    if corner is not None:
+        store, r0, c0 = corner
+        return store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : (c0 + len(xs) * w) * tc]
     mats = [page_matrix(x, h, w, tr, tc) for x in xs]
     return mats[0] if len(mats) == 1 else np.concatenate(mats, axis=1)

@@ -148,6 +148,11 @@ def reduced_values(pages: list[tuple[str, object, int, int, int]], tr: int, tc: 
             r0, c0 = corner
             span = (len(pages) - 1) * width * tc + pages[-1][4]
             return np.asarray(first.store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : c0 * tc + span], np.float64)
+    if isinstance(first, MapValue) and first.band is not None and first.slot == 0:
+        band = first.band  # computed side by side, in this order (mapped.py): the band itself
+        ok = all(x.__class__ is MapValue and x.band is band and x.slot == k for k, (_, x, *_) in enumerate(pages))
+        if ok and all(keep == width * tc for *_, keep in pages[:-1]) and band.shape[0] == h * tr:
+            return np.asarray(band[:, : (len(pages) - 1) * width * tc + pages[-1][4]], np.float64)
     mats = [page_matrix(x, h, width, tr, tc)[:, :keep] for _, x, h, width, keep in pages]
     return np.asarray(np.concatenate(mats, axis=1), np.float64)
 
@@ -254,6 +259,23 @@ def elementwise(
 
     Each column vector (store, at, width) — a bias — has the page hold rows of `width` tiles, its tile s covering the
     vector's tile column `at + s mod width`."""
+    if kernel.lazy and kernel.width and kernel.whole:  # the checks below, in short, for a page that passes them
+        width = kernel.width
+        n = xs[kernel.whole[0]].count
+        h = n // width
+        if (
+            n % width == 0
+            and all(xs[j].count == n for j in kernel.whole)
+            and all(xs[j].count >= h for j in kernel.by_row)
+        ):
+            rows = []
+            for store, at, w in vectors:
+                if not 0 <= at <= store.cols_t - w:
+                    break
+                row = store.arr[0, 0, at : at + w, :].reshape(-1)
+                rows.append(row.copy() if store.written else row)
+            else:
+                return MapValue(kernel, xs, kernel.widths, rows, h, width, kernel.tile)
     t = E.m.p.tile
     op, integer, by_row = kernel.op, kernel.integer, kernel.by_row
     whole = [x for j, x in enumerate(xs) if j not in by_row]

@@ -121,9 +121,18 @@ class Store:
 
             realise_maps(maps)
         placed = realise([v for v in lazy if isinstance(v, AccValue)], self._direct_targets())
-        for at, off, bh, bw, value in self.pending:
-            if id(value) not in placed:
+        if maps and self._write_bands(placed):
+            self.pending.clear()
+            return
+        k = 0
+        while k < len(self.pending):
+            at, off, bh, bw, value = self.pending[k]
+            end = self._band_run(k) if isinstance(value, MapValue) else k + 1
+            if end > k + 1:
+                self._write_band(at, off, bh, bw, value, end - k)
+            elif id(value) not in placed:
                 self._write(at, off, bh, bw, value)
+            k = end
         for v in placed.values():
             v.result = None  # it viewed this store, which later writes may change: recompute if asked again
         self.pending.clear()
@@ -143,6 +152,69 @@ class Store:
             cover[r0 : r0 + bh, c0 : c0 + bw] += 1
             targets[id(v)] = (self, r0, c0)
         return targets if cover.max(initial=0) <= 1 else {}
+
+    def _write_bands(self, placed: dict[int, AccValue]) -> bool:
+        """Apply the pending writes, computed bands (`MapValue.band`) as whole slices, where they may be applied in
+        any order — each on a rectangle of its own, none overlapping; False (nothing written) where not."""
+        cover = np.zeros((self.ntiles // self.cols_t, self.cols_t), dtype=np.int8)
+        bands: dict[int, list[tuple[int, int, int, tuple]]] = defaultdict(list)
+        rest = []
+        for write in self.pending:
+            at, off, bh, bw, v = write
+            corner = self.rect(at, off, bh, bw)
+            if corner is None:
+                return False
+            r0, c0 = corner
+            cover[r0 : r0 + bh, c0 : c0 + bw] += 1
+            if v.__class__ is MapValue and v.band is not None and (v.h, v.width) == (bh, bw):
+                bands[id(v.band)].append((v.slot, r0, c0, write))
+            elif id(v) not in placed:
+                rest.append(write)
+        if cover.max(initial=0) > 1:
+            return False
+        for pages in bands.values():
+            pages.sort(key=lambda e: e[0])
+            slot0, r0, c0, (*_, bh, bw, v) = pages[0]
+            whole = all(e[0] == slot0 + k and e[1:3] == (r0, c0 + k * bw) for k, e in enumerate(pages))
+            if whole and v.band is not None:
+                cols = slice(slot0 * bw * self.tc, (slot0 + len(pages)) * bw * self.tc)
+                self.mat[r0 * self.tr : (r0 + bh) * self.tr, c0 * self.tc : (c0 + len(pages) * bw) * self.tc] = v.band[
+                    :, cols
+                ]
+            else:
+                rest.extend(e[3] for e in pages)
+        for write in rest:
+            self._write(*write)
+        return True
+
+    def _band_run(self, k: int) -> int:
+        """The end of the run of pending writes from k on that put consecutive pages of one computed band (`MapValue.
+        band`) on consecutive rectangles of one row of this tensor's tiles: applied as one slice, in the same order."""
+        at, off, bh, bw, v = self.pending[k]
+        if v.band is None or (v.h, v.width) != (bh, bw):
+            return k + 1
+        corner = self.rect(at, off, bh, bw)
+        if corner is None:
+            return k + 1
+        most = min(len(self.pending), k + (self.cols_t - corner[1]) // bw)  # not past the grid's right edge
+        end = k + 1
+        while end < most:
+            at2, off2, bh2, bw2, w = self.pending[end]
+            step = end - k
+            if w.__class__ is not MapValue or w.band is not v.band or w.slot != v.slot + step:
+                break
+            if off2 is not off or at2 != at + step * bw or (bh2, bw2) != (bh, bw):
+                break
+            end += 1
+        return end
+
+    def _write_band(self, at: int, off: np.ndarray, bh: int, bw: int, first: MapValue, n: int) -> None:
+        """Write n pages of one computed band, from `first` on, to the n rectangles from `at` on (`_band_run`)."""
+        corner = self.rect(at, off, bh, bw)
+        assert corner is not None and first.band is not None
+        r0, c0 = corner
+        cols = slice(first.slot * bw * self.tc, (first.slot + n) * bw * self.tc)
+        self.mat[r0 * self.tr : (r0 + bh) * self.tr, c0 * self.tc : (c0 + n * bw) * self.tc] = first.band[:, cols]
 
     def _write(self, at: int, off: np.ndarray, bh: int, bw: int, value: object) -> None:
         if isinstance(value, Masked):  # only the kept rows of each tile
@@ -214,14 +286,11 @@ class Masked:
 class TileRefs:
     """Tiles `at + off[s]` of a store that nothing writes."""
 
-    __slots__ = ("store", "at", "off")
+    __slots__ = ("store", "at", "off", "count")
 
     def __init__(self, store: Store, at: int, off: np.ndarray) -> None:
         self.store, self.at, self.off = store, at, off
-
-    @property
-    def count(self) -> int:
-        return len(self.off)
+        self.count = len(off)  # (read at every op that takes the page: an attribute, not a property)
 
     def tiles(self) -> np.ndarray:
         return self.store.gather(self.at + self.off)
@@ -230,14 +299,11 @@ class TileRefs:
 class Tiles:
     """Tiles held as an array (n, tr, tc)."""
 
-    __slots__ = ("arr",)
+    __slots__ = ("arr", "count")
 
     def __init__(self, arr: np.ndarray) -> None:
         self.arr = arr
-
-    @property
-    def count(self) -> int:
-        return len(self.arr)
+        self.count = len(arr)
 
     def tiles(self) -> np.ndarray:
         return self.arr
@@ -269,7 +335,7 @@ class MapValue:
     """An elementwise stage's page of h × width tiles (tr × tc each): `kernel` (`mapped.MapKernel`) on the input pages
     `ins` — page j read as rows of `widths[j]` tiles, 1 for a row vector — and the column vectors' values `cols`."""
 
-    __slots__ = ("kernel", "ins", "widths", "cols", "h", "width", "tr", "tc", "count", "result")
+    __slots__ = ("kernel", "ins", "widths", "cols", "h", "width", "tr", "tc", "count", "result", "band", "slot")
 
     def __init__(
         self, kernel: Any, ins: list, widths: tuple[int, ...], cols: list, h: int, width: int, tile: tuple[int, int]
@@ -277,10 +343,12 @@ class MapValue:
         self.kernel, self.ins, self.widths, self.cols = kernel, ins, widths, cols
         self.h, self.width, (self.tr, self.tc) = h, width, tile
         self.count = h * width
-        self.result: np.ndarray | None = None  # (h·tr, width·tc) float64, once computed
+        self.result: np.ndarray | None = None  # (h·tr, width·tc), once computed: float32 values (the table's)
+        self.band: np.ndarray | None = None  # the pages computed with it, side by side: it is column block `slot`
+        self.slot = 0
 
     def matrix(self) -> np.ndarray:
-        """The page as one (h·tr, width·tc) matrix, tile (i, j) at slot i·width + j."""
+        """The page as one (h·tr, width·tc) matrix of float32 values, tile (i, j) at slot i·width + j."""
         if self.result is None:
             from .mapped import realise_maps  # mapped.py builds on this module's values
 
@@ -289,8 +357,9 @@ class MapValue:
         return self.result
 
     def tiles(self) -> np.ndarray:
+        """The page's tiles (h·width, tr, tc) in float64, as every computed page holds them."""
         h, w, tr, tc = self.h, self.width, self.tr, self.tc
-        return self.matrix().reshape(h, tr, w, tc).transpose(0, 2, 1, 3).reshape(h * w, tr, tc)
+        return self.matrix().reshape(h, tr, w, tc).transpose(0, 2, 1, 3).astype(np.float64).reshape(h * w, tr, tc)
 
 
 PageValue = TileRefs | Tiles | AccValue | MapValue

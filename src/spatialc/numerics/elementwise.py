@@ -249,6 +249,14 @@ def evaluate(expr: Expr, pages: Sequence[Any], integer: bool, col: Callable[[Col
             if integer:
                 return _exact_int(op, xs, params)
             with np.errstate(all="ignore"):
+                f = op.f64
+                if isinstance(f, np.ufunc) and not params and f.nin == len(xs) and f.nout == 1:
+                    # The same float64 op of the float32 operands, rounded once to float32: the ufunc casts its
+                    # operands up and its result down a buffer at a time, with no float64 copy of the page.
+                    xs32 = [np.asarray(x, np.float32) for x in xs]
+                    return f(
+                        *xs32, out=np.empty(np.broadcast_shapes(*(x.shape for x in xs32)), np.float32), dtype=np.float64
+                    )
                 return np.asarray(op.f64(*(np.asarray(x, np.float32).astype(np.float64) for x in xs), *params)).astype(
                     np.float32
                 )
@@ -564,7 +572,10 @@ def reduce_rows(name: str, values: Any, integer: bool) -> Any:
     """Each row of `values` (rows × columns: the row's elements, padding left out) reduced by `name`, as a column
     (rows × 1): exact int64 in an integer program; in a float one the float64 reduction rounded once to float32."""
     r = reduction_named(name)
-    x = np.asarray(values, np.int64 if integer else np.float64)
+    if not integer and r.combine != "add" and np.asarray(values).dtype == np.float32:
+        x = np.asarray(values)  # max, min and |x| of float32 values are float32 values: no float64 copy needed
+    else:
+        x = np.asarray(values, np.int64 if integer else np.float64)
     if x.shape[1] == 0:
         out = np.full((x.shape[0], 1), r.identity)
         return out.astype(np.int64) if integer and math.isfinite(r.identity) else out
@@ -576,11 +587,11 @@ def reduce_rows(name: str, values: Any, integer: bool) -> Any:
     elif integer:
         out = np.sum(y, axis=1, keepdims=True, dtype=np.int64)
     else:  # exactly rounded, so that no order of summing can make two correct runs differ
-        return _exact_sums32(y)
+        return _exact_sums32(y, nonneg=r.name == "sumsq")
     return out if integer else out.astype(np.float32)
 
 
-def _exact_sums32(y: Any) -> Any:
+def _exact_sums32(y: Any, nonneg: bool = False) -> Any:
     """Each row of the float64 `y` summed exactly, rounded once to float64 (`_exact_sum`) and then to float32, as a
     column — vectorised where it is decided without `fsum`.
 
@@ -589,13 +600,14 @@ def _exact_sums32(y: Any) -> Any:
     s for the rounding of the test itself and for S's own rounding to float64. When [s − err, s + err] lies strictly
     between the two float32 midpoints around f = float32(s), S and fsum's float64 rounding of it lie there too (the
     midpoints are float64 numbers, and rounding is monotone), so float32(fsum) = f. Every other row — a bound that
-    straddles a midpoint, a zero (its sign), NaN, ±inf, magnitudes near overflow — is summed by `_exact_sum`."""
+    straddles a midpoint, a zero (its sign), NaN, ±inf, magnitudes near overflow — is summed by `_exact_sum`. Where
+    no value is negative (`nonneg`: squares; or found so), Σ|y| is S, which s bounds within the same factor 2."""
     rows, n = y.shape
     if n == 0 or rows == 0:
         return np.zeros((rows, 1), np.float32)
     with np.errstate(all="ignore"):  # NaN, ±inf and float32 overflow go to `_exact_sum`, which says what they are
         s = np.sum(y, axis=1)
-        a = np.sum(np.abs(y), axis=1)
+        a = s if nonneg or not np.min(y) < 0 else np.sum(np.abs(y), axis=1)  # (NaN: s is NaN, and undecided)
         f = s.astype(np.float32)
         err = (n * 2.0**-52) * a + 2.0**-50 * np.abs(s) + 2.0**-1070
         below = (f.astype(np.float64) + np.nextafter(f, np.float32(-np.inf)).astype(np.float64)) * 0.5
