@@ -83,8 +83,10 @@ def evaluate(
             stores, params = load_inputs(program, inputs, sample)
             m = Machine(program, stores, params, trace)
             run(m.engines(), m)
-            for store in stores.values():
-                store.flush()
+            out_id = program.output_tensor().id  # type: ignore[union-attr]
+            for tid, store in stores.items():
+                if tid != out_id:  # (result writes the output's pending pages itself)
+                    store.flush()
             out = result(program, stores, sample)
         return (out, m.trace()) if trace else out
     finally:
@@ -362,9 +364,17 @@ def ring_slots(p: SpatialProgram) -> int:
 
 
 def result(p: SpatialProgram, stores: dict[TensorId, Store], sample: Sample | None = None) -> np.ndarray:
-    """The output tensor's logical part, in its element type (a sample's rows of it, in their order)."""
+    """The output tensor's logical part, in its element type (a sample's rows of it, in their order), its pending
+    writes applied first — a float32 output's computed pages straight into a float32 matrix where they may be."""
     out = p.output_tensor()
     assert out is not None
+    store = stores[out.id]
+    if sample is None and out.groups == 1 and out.dtype == DType.FLOAT32:
+        narrow = store.narrow_result()
+        if narrow is not None:
+            part = narrow[: out.elems[0], : out.elems[1]]
+            return part if part.shape == narrow.shape else np.ascontiguousarray(part)
+    store.flush()
     rows = slice(0, out.elems[0]) if sample is None else np.asarray(sample.rows, dtype=np.int64)
     cols = out.elems[1]
     mat = stores[out.id].mat

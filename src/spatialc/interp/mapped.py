@@ -33,10 +33,10 @@ CHUNK_ELEMS = 1 << 18
 class MapKernel:
     """What an elementwise op of `ins` input pages takes at every page, found once: the row vectors it reads (page
     index → width), each column vector's place in `cols(expr)`, whether its pages may be computed later (`lazy`),
-    and for those the pages read whole, the one row width every vector agrees on (0 where they do not), and the
-    width each page is read at."""
+    and for those the pages read whole, the one row width every vector agrees on (0 where they do not), the width
+    each page is read at, and whether it reads no vector at all (`free`)."""
 
-    __slots__ = ("op", "integer", "tile", "by_row", "order", "lazy", "whole", "width", "widths")
+    __slots__ = ("op", "integer", "tile", "by_row", "order", "lazy", "whole", "width", "widths", "free")
 
     def __init__(self, op: object, integer: bool, tile: tuple[int, int], ins: int) -> None:
         self.op, self.integer, self.tile = op, integer, tile
@@ -47,6 +47,9 @@ class MapKernel:
         agreed = {c.width for c in cols(op.expr)} | set(self.by_row.values()) if isinstance(op, Map) else set()
         self.width = agreed.pop() if len(agreed) == 1 else 1 if not agreed else 0
         self.widths = tuple(1 if j in self.by_row else self.width for j in range(ins))
+        # No row or column vector: a page may be laid out as any h × w rectangle of its tiles (`support.elementwise`
+        # takes a read page's own), element by element the same.
+        self.free = not self.by_row and not self.order
 
 
 def _runs_as_written(expr: Expr, by_row: dict[int, int]) -> bool:
@@ -94,14 +97,21 @@ def realise_maps(values: list[MapValue]) -> None:
 
 
 def _runs(members: list[MapValue]) -> list[list[MapValue]]:
-    """The members, in order, in runs that read the same row vector pages (a band of rows), each at most CHUNK_ELEMS."""
+    """The members in runs that read the same row vector pages (a band of rows), each at most CHUNK_ELEMS: in the order
+    of the tensor tiles they read where they read some, else as made."""
     v0 = members[0]
     rows = [j for j in range(len(v0.widths)) if j in v0.kernel.by_row]
     most = max(1, CHUNK_ELEMS // max(v0.h * v0.tr * v0.width * v0.tc, 1))
     keyed: dict[tuple[int, ...], list[MapValue]] = {}  # (the sites' engines interleave their pages: sort them out)
     for v in members:
         keyed.setdefault(tuple(id(v.ins[j]) for j in rows), []).append(v)
-    return [same[s : s + most] for same in keyed.values() for s in range(0, len(same), most)]
+    first = v0.kernel.whole[0]
+    runs = []
+    for same in keyed.values():
+        if all(v.ins[first].__class__ is TileRefs for v in same):  # in the tensor's order: rows of pages, as read
+            same.sort(key=lambda v: (id(v.ins[first].store), v.ins[first].at))
+        runs.extend(same[s : s + most] for s in range(0, len(same), most))
+    return runs
 
 
 def _realise_runs(runs: list[list[MapValue]]) -> None:

@@ -134,9 +134,10 @@ def packed_rows(E: EngineState, i: int, acc: Acc, n: int, accumulate: bool) -> T
 
 
 def reduced_values(pages: list[tuple[str, object, int, int, int]], tr: int, tc: int) -> np.ndarray:
-    """The rows a row accumulator reduces, as float64 (an integer chain's values too, as the reduction has always
-    taken them): each page's matrix (h × width tiles), its first `keep` columns, side by side. Pages that are one row
-    of a tensor nothing writes, in order, are that row's memory."""
+    """The rows a row accumulator reduces: each page's matrix (h × width tiles), its first `keep` columns, side by
+    side. Pages that are one row of a tensor nothing writes, in order, are that row's memory, and pages computed side
+    by side their band (each in its own type, which `reduce_rows` converts exactly); others are joined in float64 (an
+    integer chain's values too, as the reduction has always taken them)."""
     _, first, h, width, _ = pages[0]
     if isinstance(first, TileRefs) and all(
         x.__class__ is TileRefs and x.store is first.store and x.off is first.off and x.at == first.at + k * width
@@ -147,12 +148,12 @@ def reduced_values(pages: list[tuple[str, object, int, int, int]], tr: int, tc: 
         if corner is not None and full and corner[1] + len(pages) * width <= first.store.cols_t:
             r0, c0 = corner
             span = (len(pages) - 1) * width * tc + pages[-1][4]
-            return np.asarray(first.store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : c0 * tc + span], np.float64)
+            return first.store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : c0 * tc + span]
     if isinstance(first, MapValue) and first.band is not None and first.slot == 0:
         band = first.band  # computed side by side, in this order (mapped.py): the band itself
         ok = all(x.__class__ is MapValue and x.band is band and x.slot == k for k, (_, x, *_) in enumerate(pages))
         if ok and all(keep == width * tc for *_, keep in pages[:-1]) and band.shape[0] == h * tr:
-            return np.asarray(band[:, : (len(pages) - 1) * width * tc + pages[-1][4]], np.float64)
+            return band[:, : (len(pages) - 1) * width * tc + pages[-1][4]]
     mats = [page_matrix(x, h, width, tr, tc)[:, :keep] for _, x, h, width, keep in pages]
     return np.asarray(np.concatenate(mats, axis=1), np.float64)
 
@@ -275,6 +276,10 @@ def elementwise(
                 row = store.arr[0, 0, at : at + w, :].reshape(-1)
                 rows.append(row.copy() if store.written else row)
             else:
+                first = xs[kernel.whole[0]]
+                shape = first.store.block_shape(first.off) if kernel.free and first.__class__ is TileRefs else None
+                if shape is not None and shape[0] * shape[1] == n:  # the page's own rectangle, as it was read
+                    return MapValue(kernel, xs, (shape[1],) * len(xs), rows, shape[0], shape[1], kernel.tile)
                 return MapValue(kernel, xs, kernel.widths, rows, h, width, kernel.tile)
     t = E.m.p.tile
     op, integer, by_row = kernel.op, kernel.integer, kernel.by_row

@@ -62,7 +62,20 @@ def adoptable(tensor: Tensor, tile_rows: int, tile_cols: int, written: bool, giv
 class Store:
     """One tensor's tiled storage, and the writes to it not yet applied (their values may still be lazy)."""
 
-    __slots__ = ("tensor", "arr", "mat", "cols_t", "ntiles", "tr", "tc", "written", "pending", "live", "_blocks")
+    __slots__ = (
+        "tensor",
+        "arr",
+        "mat",
+        "cols_t",
+        "ntiles",
+        "tr",
+        "tc",
+        "written",
+        "pending",
+        "live",
+        "applied",
+        "_blocks",
+    )
 
     def __init__(self, tensor: Tensor, tile_rows: int, tile_cols: int, written: bool) -> None:
         rows_t, cols_t = tensor.tiles
@@ -72,7 +85,8 @@ class Store:
         self.cols_t, self.ntiles, self.written = cols_t, rows_t * cols_t, written
         self.pending = Pending(self)
         self.live: np.ndarray | None = None  # per tile row, whether it may be non-zero (None: every row)
-        self._blocks: dict[tuple[int, int, int], tuple[np.ndarray, bool]] = {}
+        self.applied = False  # whether any write was applied (else the store is as made: zeros, or its input)
+        self._blocks: dict[tuple[int, int, int], tuple[np.ndarray, Any]] = {}
 
     def adopt(self, given: np.ndarray) -> bool:
         """Read the tensor from `given` itself where `adoptable` (a read-only view: no copy of a large operand);
@@ -99,6 +113,18 @@ class Store:
             hit = self._blocks[key] = (off, len(off) >= h * w and np.array_equal(off[: h * w], want))
         return hit[1]
 
+    def block_shape(self, off: np.ndarray) -> tuple[int, int] | None:
+        """(h, w) when offsets `off` are an h × w rectangle of this grid, row-major from its corner; else None."""
+        key = (id(off), 0, 0)
+        hit = self._blocks.get(key)
+        if hit is None or hit[0] is not off:  # (kept beside is_block's entries, which h = w = 0 never names)
+            breaks = np.flatnonzero(np.diff(off) != 1)
+            w = int(breaks[0]) + 1 if len(breaks) else len(off)
+            h = len(off) // w if w else 0
+            shape = (h, w) if h * w == len(off) and h and self.is_block(off, h, w) else None
+            hit = self._blocks[key] = (off, shape)  # type: ignore[assignment]
+        return hit[1]  # type: ignore[return-value]
+
     def rect(self, at: int, off: np.ndarray, h: int, w: int) -> tuple[int, int] | None:
         """(ti, tj) of the corner when the tiles `at + off` (h × w, row-major) form a rectangle of the grid."""
         if self.is_block(off, h, w):
@@ -114,6 +140,7 @@ class Store:
         """Apply the pending writes in order, computing their lazy values first (in one batch)."""
         if not self.pending:
             return
+        self.applied = True
         lazy = [v.value if isinstance(v, Masked) else v for *_, v in self.pending]
         maps = [v for v in lazy if isinstance(v, MapValue)]
         if maps:
@@ -121,18 +148,16 @@ class Store:
 
             realise_maps(maps)
         placed = realise([v for v in lazy if isinstance(v, AccValue)], self._direct_targets())
-        if maps and self._write_bands(placed):
-            self.pending.clear()
-            return
-        k = 0
-        while k < len(self.pending):
-            at, off, bh, bw, value = self.pending[k]
-            end = self._band_run(k) if isinstance(value, MapValue) else k + 1
-            if end > k + 1:
-                self._write_band(at, off, bh, bw, value, end - k)
-            elif id(value) not in placed:
-                self._write(at, off, bh, bw, value)
-            k = end
+        if not (maps and self._write_bands(placed, self.mat)):
+            k = 0
+            while k < len(self.pending):
+                at, off, bh, bw, value = self.pending[k]
+                end = self._band_run(k) if isinstance(value, MapValue) else k + 1
+                if end > k + 1:
+                    self._write_band(at, off, bh, bw, value, end - k)
+                elif id(value) not in placed:
+                    self._write(at, off, bh, bw, value)
+                k = end
         for v in placed.values():
             v.result = None  # it viewed this store, which later writes may change: recompute if asked again
         self.pending.clear()
@@ -153,12 +178,13 @@ class Store:
             targets[id(v)] = (self, r0, c0)
         return targets if cover.max(initial=0) <= 1 else {}
 
-    def _write_bands(self, placed: dict[int, AccValue]) -> bool:
-        """Apply the pending writes, computed bands (`MapValue.band`) as whole slices, where they may be applied in
-        any order — each on a rectangle of its own, none overlapping; False (nothing written) where not."""
+    def _write_bands(self, placed: dict[int, AccValue], mat: np.ndarray, only_maps: bool = False) -> bool:
+        """Apply the pending writes to `mat` (this store's matrix, or one of its shape), computed bands (`MapValue.
+        band`) as whole slices, where they may be applied in any order — each on a rectangle of its own, none
+        overlapping, and with `only_maps` each a whole computed page; False (nothing written) where not."""
         cover = np.zeros((self.ntiles // self.cols_t, self.cols_t), dtype=np.int8)
-        bands: dict[int, list[tuple[int, int, int, tuple]]] = defaultdict(list)
-        rest = []
+        bands: dict[int, list[tuple[int, int, int, MapValue]]] = defaultdict(list)
+        pages, rest = [], []
         for write in self.pending:
             at, off, bh, bw, v = write
             corner = self.rect(at, off, bh, bw)
@@ -166,26 +192,50 @@ class Store:
                 return False
             r0, c0 = corner
             cover[r0 : r0 + bh, c0 : c0 + bw] += 1
-            if v.__class__ is MapValue and v.band is not None and (v.h, v.width) == (bh, bw):
-                bands[id(v.band)].append((v.slot, r0, c0, write))
+            if v.__class__ is MapValue and (v.h, v.width) == (bh, bw):
+                if v.band is not None:
+                    bands[id(v.band)].append((v.slot, r0, c0, v))
+                else:
+                    pages.append((r0, c0, v))
+            elif only_maps:
+                return False
             elif id(v) not in placed:
                 rest.append(write)
         if cover.max(initial=0) > 1:
             return False
-        for pages in bands.values():
-            pages.sort(key=lambda e: e[0])
-            slot0, r0, c0, (*_, bh, bw, v) = pages[0]
-            whole = all(e[0] == slot0 + k and e[1:3] == (r0, c0 + k * bw) for k, e in enumerate(pages))
-            if whole and v.band is not None:
-                cols = slice(slot0 * bw * self.tc, (slot0 + len(pages)) * bw * self.tc)
-                self.mat[r0 * self.tr : (r0 + bh) * self.tr, c0 * self.tc : (c0 + len(pages) * bw) * self.tc] = v.band[
-                    :, cols
-                ]
+        tr, tc = self.tr, self.tc
+        for run in bands.values():
+            run.sort(key=lambda e: e[0])
+            slot0, r0, c0, v = run[0]
+            bh, bw = v.h, v.width
+            if all(e[0] == slot0 + k and e[1:3] == (r0, c0 + k * bw) for k, e in enumerate(run)):
+                cols = slice(slot0 * bw * tc, (slot0 + len(run)) * bw * tc)
+                mat[r0 * tr : (r0 + bh) * tr, c0 * tc : (c0 + len(run) * bw) * tc] = v.band[:, cols]  # type: ignore[index]
             else:
-                rest.extend(e[3] for e in pages)
+                pages.extend(e[1:] for e in run)
+        for r0, c0, v in pages:
+            mat[r0 * tr : (r0 + v.h) * tr, c0 * tc : (c0 + v.width) * tc] = v.matrix()
         for write in rest:
             self._write(*write)
         return True
+
+    def narrow_result(self) -> np.ndarray | None:
+        """The tensor's matrix in float32, made from its pending writes alone, and kept as the store from then on:
+        where nothing was applied before (the store is still zeros) and every pending write is a whole computed page
+        (float32 values, `MapValue`) on a rectangle of its own. A float32 output is then written once, not through
+        float64 and converted (the same numbers). None, with nothing done, where not."""
+        if self.applied or not self.pending or any(v.__class__ is not MapValue for *_, v in self.pending):
+            return None
+        from .mapped import realise_maps  # mapped.py builds on this module's values
+
+        realise_maps([v for *_, v in self.pending])
+        mat = np.zeros(self.mat.shape, np.float32)
+        if not self._write_bands({}, mat, only_maps=True):
+            return None
+        self.mat, self.arr = mat, mat.reshape(self.arr.shape)
+        self.applied = True
+        self.pending.clear()
+        return mat
 
     def _band_run(self, k: int) -> int:
         """The end of the run of pending writes from k on that put consecutive pages of one computed band (`MapValue.

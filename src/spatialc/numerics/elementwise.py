@@ -572,8 +572,8 @@ def reduce_rows(name: str, values: Any, integer: bool) -> Any:
     """Each row of `values` (rows × columns: the row's elements, padding left out) reduced by `name`, as a column
     (rows × 1): exact int64 in an integer program; in a float one the float64 reduction rounded once to float32."""
     r = reduction_named(name)
-    if not integer and r.combine != "add" and np.asarray(values).dtype == np.float32:
-        x = np.asarray(values)  # max, min and |x| of float32 values are float32 values: no float64 copy needed
+    if not integer and r.name != "sumsq" and np.asarray(values).dtype == np.float32:
+        x = np.asarray(values)  # max, min, |x| and a float64 sum take float32 values as they are: no float64 copy
     else:
         x = np.asarray(values, np.int64 if integer else np.float64)
     if x.shape[1] == 0:
@@ -592,7 +592,7 @@ def reduce_rows(name: str, values: Any, integer: bool) -> Any:
 
 
 def _exact_sums32(y: Any, nonneg: bool = False) -> Any:
-    """Each row of the float64 `y` summed exactly, rounded once to float64 (`_exact_sum`) and then to float32, as a
+    """Each row of `y` (float64, or float32: its values exactly) summed exactly, rounded once to float64 (`_exact_sum`) and then to float32, as a
     column — vectorised where it is decided without `fsum`.
 
     numpy's float64 sum `s` of a row lies within γ·Σ|y| of the exact sum S, whatever its order (γ = (n−1)·2⁻⁵³ /
@@ -606,8 +606,8 @@ def _exact_sums32(y: Any, nonneg: bool = False) -> Any:
     if n == 0 or rows == 0:
         return np.zeros((rows, 1), np.float32)
     with np.errstate(all="ignore"):  # NaN, ±inf and float32 overflow go to `_exact_sum`, which says what they are
-        s = np.sum(y, axis=1)
-        a = s if nonneg or not np.min(y) < 0 else np.sum(np.abs(y), axis=1)  # (NaN: s is NaN, and undecided)
+        s = np.sum(y, axis=1, dtype=np.float64)
+        a = s if nonneg or not np.min(y) < 0 else np.sum(np.abs(y), axis=1, dtype=np.float64)  # (NaN: s is NaN)
         f = s.astype(np.float32)
         err = (n * 2.0**-52) * a + 2.0**-50 * np.abs(s) + 2.0**-1070
         below = (f.astype(np.float64) + np.nextafter(f, np.float32(-np.inf)).astype(np.float64)) * 0.5
@@ -616,7 +616,7 @@ def _exact_sums32(y: Any, nonneg: bool = False) -> Any:
         decided &= (s - err > below) & (s + err < above)
     out = f
     for r in np.flatnonzero(~decided).tolist():
-        out[r] = _exact_sum(y[r].tolist())
+        out[r] = _exact_sum(y[r].astype(np.float64).tolist())
     return out.reshape(rows, 1)
 
 
