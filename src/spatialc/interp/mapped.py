@@ -106,7 +106,7 @@ def _runs(members: list[MapValue]) -> list[list[MapValue]]:
     for v in members:
         keyed.setdefault(tuple(id(v.ins[j]) for j in rows), []).append(v)
     first = v0.kernel.whole[0]
-    runs = []
+    runs: list[list[MapValue]] = []
     for same in keyed.values():
         if all(v.ins[first].__class__ is TileRefs for v in same):  # in the tensor's order: rows of pages, as read
             same.sort(key=lambda v: (id(v.ins[first].store), v.ins[first].at))

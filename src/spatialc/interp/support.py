@@ -269,18 +269,18 @@ def elementwise(
             and all(xs[j].count == n for j in kernel.whole)
             and all(xs[j].count >= h for j in kernel.by_row)
         ):
-            rows = []
+            vecs = []
             for store, at, w in vectors:
                 if not 0 <= at <= store.cols_t - w:
                     break
                 row = store.arr[0, 0, at : at + w, :].reshape(-1)
-                rows.append(row.copy() if store.written else row)
+                vecs.append(row.copy() if store.written else row)
             else:
                 first = xs[kernel.whole[0]]
                 shape = first.store.block_shape(first.off) if kernel.free and first.__class__ is TileRefs else None
                 if shape is not None and shape[0] * shape[1] == n:  # the page's own rectangle, as it was read
-                    return MapValue(kernel, xs, (shape[1],) * len(xs), rows, shape[0], shape[1], kernel.tile)
-                return MapValue(kernel, xs, kernel.widths, rows, h, width, kernel.tile)
+                    return MapValue(kernel, xs, (shape[1],) * len(xs), vecs, shape[0], shape[1], kernel.tile)
+                return MapValue(kernel, xs, kernel.widths, vecs, h, width, kernel.tile)
     t = E.m.p.tile
     op, integer, by_row = kernel.op, kernel.integer, kernel.by_row
     whole = [x for j, x in enumerate(xs) if j not in by_row]

@@ -592,8 +592,8 @@ def reduce_rows(name: str, values: Any, integer: bool) -> Any:
 
 
 def _exact_sums32(y: Any, nonneg: bool = False) -> Any:
-    """Each row of `y` (float64, or float32: its values exactly) summed exactly, rounded once to float64 (`_exact_sum`) and then to float32, as a
-    column — vectorised where it is decided without `fsum`.
+    """Each row of `y` (float64, or float32: its values exactly) summed exactly, rounded once to float64 (`_exact_sum`)
+    and then to float32, as a column — vectorised where it is decided without `fsum`.
 
     numpy's float64 sum `s` of a row lies within γ·Σ|y| of the exact sum S, whatever its order (γ = (n−1)·2⁻⁵³ /
     (1 − (n−1)·2⁻⁵³), Higham, Accuracy and Stability, §4.2): `err` bounds that twice over, plus four float64 ulps of
@@ -614,7 +614,7 @@ def _exact_sums32(y: Any, nonneg: bool = False) -> Any:
         above = (f.astype(np.float64) + np.nextafter(f, np.float32(np.inf)).astype(np.float64)) * 0.5
         decided = (a < 2.0**1000) & (f != 0) & (np.abs(f) < np.finfo(np.float32).max)
         decided &= (s - err > below) & (s + err < above)
-    out = f
+    out: np.ndarray = np.asarray(f)
     for r in np.flatnonzero(~decided).tolist():
         out[r] = _exact_sum(y[r].astype(np.float64).tolist())
     return out.reshape(rows, 1)
