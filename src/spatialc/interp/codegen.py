@@ -69,6 +69,7 @@ from ..ir.ops import (
 )
 from . import support, trace
 from .errors import EvalError, UnsupportedOp
+from .mapped import MapKernel
 from .values import TileRefs, Tiles
 
 if TYPE_CHECKING:
@@ -449,13 +450,14 @@ class Emitter:
             self.front(f"x{j}", self.ring(src, op, "consume"), src, i, 1)
             pages.append(f"x{j}")
         slot = self.newest_reserved(self.ring(dst, op, "produce"), dst, i)
-        c, integer = self.const(cop, "e"), self.m.p.precision == Precision.INT8
+        integer = self.m.p.precision == Precision.INT8
+        c = self.const(MapKernel(cop, integer, (self.m.p.tile.rows, self.m.p.tile.cols), len(op.ins)), "e")
         columns = cols(cop.expr) if isinstance(cop, Map) else ()
         vectors = []
         for col in columns:
             store = self.const(self.m.store(col.tensor, lambda: self.where(op)), "t")
             vectors.append(f"({store}, {self.addr(col.at, op)}, {col.width}, {col.axis == VecAxis.ROW})")
-        self.emit(f"{slot} = elementwise(E, {i}, [{', '.join(pages)}], {c}, {integer}, [{', '.join(vectors)}])")
+        self.emit(f"{slot} = elementwise(E, {i}, [{', '.join(pages)}], {c}, [{', '.join(vectors)}])")
 
     def geometry(self, op: Compute, mm: MatmulTiles) -> tuple[int, int, int, int, int]:
         """(h, w, ibw, tile side, int8 elements per product or 0), checked against the pages and accumulator."""

@@ -68,9 +68,9 @@ def evaluate(
     max_bytes: int | None = None,
 ) -> np.ndarray | tuple[np.ndarray, Trace]:
     """The output tensor (logical shape, its element type) of a placed, scheduled program — a dict name → array
-    where it has several (`result`); with `trace`, also
-    the Trace of the run; with a `sample`, only the sampled rows of C. TooLarge, before anything is allocated,
-    where the run would take more than `max_bytes` (default MAX_BYTES) or this machine's memory."""
+    where it has several (`result`); with `trace`, also the Trace of the run; with a `sample`, only the sampled rows
+    of C. TooLarge, before anything is allocated, where the run would take more than `max_bytes` (default MAX_BYTES)
+    or this machine's memory."""
     _check_ready(program)
     check_memory(program, max_bytes, sample, trace, inputs)
     # A run makes tens of thousands of short-lived objects (pages, accumulator lists) and no cycles among them:
@@ -84,8 +84,10 @@ def evaluate(
             stores, params = load_inputs(program, inputs, sample)
             m = Machine(program, stores, params, trace)
             run(m.engines(), m)
-            for store in stores.values():
-                store.flush()
+            outs = {t.id for t in program.tensors if t.role == TensorRole.OUTPUT}
+            for tid, store in stores.items():
+                if tid not in outs:  # (result writes each output's pending pages itself)
+                    store.flush()
             out = result(program, stores, sample)
         return (out, m.trace()) if trace else out
     finally:
@@ -366,7 +368,8 @@ def result(
     p: SpatialProgram, stores: dict[TensorId, Store], sample: Sample | None = None
 ) -> np.ndarray | dict[str, np.ndarray]:
     """The output tensor's logical part, in its element type (a sample's rows of it, in their order); a program of
-    several outputs (LayerNorm's out, mean and rstd), each's by name."""
+    several outputs (LayerNorm's out, mean and rstd), each's by name. Each output's pending writes are applied first
+    — a float32 output's computed pages straight into a float32 matrix where they may be."""
     outs = [t for t in p.tensors if t.role == TensorRole.OUTPUT]
     if len(outs) > 1:
         return {t.name: _result_of(p, t, stores, sample) for t in outs}
@@ -376,6 +379,13 @@ def result(
 
 
 def _result_of(p: SpatialProgram, out: Tensor, stores: dict[TensorId, Store], sample: Sample | None) -> np.ndarray:
+    store = stores[out.id]
+    if sample is None and out.groups == 1 and out.dtype == DType.FLOAT32:
+        narrow = store.narrow_result()
+        if narrow is not None:
+            part = narrow[: out.elems[0], : out.elems[1]]
+            return part if part.shape == narrow.shape else np.ascontiguousarray(part)
+    store.flush()
     rows = slice(0, out.elems[0]) if sample is None else np.asarray(sample.rows, dtype=np.int64)
     cols = out.elems[1]
     mat = stores[out.id].mat

@@ -88,7 +88,8 @@ class Acc:
         self.b: list[object] = []
         self.parts: list[Any] = []  # partial sums added (split-K), in the order they were added
         self.geom: tuple[int, int, int, int, int] | None = None  # h, w, ibw, tile side, int8 elements per step
-        self.rows: list[tuple[str, Any]] = []  # a row reduction's pages: (its op, the rows' values it reduces)
+        # a row reduction's pages: (its op, the page, its rows of tiles, their width in tiles, the columns kept)
+        self.rows: list[tuple[str, Any, int, int, int]] = []
 
 
 class SemCell:

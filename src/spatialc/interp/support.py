@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.ops import Barrier, Loop, Map, Reserve, RowReduce, SemWait, Trip, Wait, cols, row_reads
+from ..ir.ops import Barrier, Loop, Map, Reserve, RowReduce, SemWait, Trip, Wait
 from ..numerics import epilogue
 from ..numerics.elementwise import reduce_rows
 from ..numerics.rounding import INT8_EXACT_K, computed_operand
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
+from .mapped import MapKernel, realise_maps
 from .state import Acc, BarrierState, EngineState, Ring
-from .values import AccValue, Masked, Store, TileRefs, Tiles, tiles_of
+from .values import AccValue, MapValue, Masked, Store, TileRefs, Tiles, page_matrix, tiles_of
 
 
 def where(E: EngineState, i: int) -> str:
@@ -108,13 +109,12 @@ def row_reduce(E: EngineState, i: int, x: object, acc: Acc, op: RowReduce, at: i
     if n % op.width:
         fail(E, i, f"a page of {n} tiles is not whole rows of {op.width} tiles")
     h = n // op.width
-    if h > acc.tiles or (acc.rows and (acc.rows[0][0] != op.op or acc.rows[0][1].shape[0] != h * t.rows)):
+    if h > acc.tiles or (acc.rows and (acc.rows[0][0] != op.op or acc.rows[0][2] != h)):
         fail(E, i, f"{acc.name} ({acc.tiles} tiles) holds other rows, or another reduction, than this page's {h} rows")
     if at < 0:
         raise AddressError(f"{where(E, i)}: a row reduction at tile column {at}")
-    values = tiles_of(x, n).reshape(h, op.width, t.rows, t.cols).transpose(0, 2, 1, 3).reshape(h * t.rows, -1)
-    keep = max(0, min(values.shape[1], op.cols - at * t.cols))
-    acc.rows.append((op.op, np.array(values[:, :keep], dtype=np.float64)))
+    keep = max(0, min(op.width * t.cols, op.cols - at * t.cols))
+    acc.rows.append((op.op, x, h, op.width, keep))  # the page itself: its values never change (values.py)
 
 
 def packed_rows(E: EngineState, i: int, acc: Acc, n: int, accumulate: bool) -> Tiles:
@@ -124,13 +124,38 @@ def packed_rows(E: EngineState, i: int, acc: Acc, n: int, accumulate: bool) -> T
     if accumulate:
         raise UnsupportedOp(f"{where(E, i)}: an accumulating pack of a row accumulator")
     t = E.m.p.tile
-    rows = acc.rows[0][1].shape[0]
+    rows = acc.rows[0][2] * t.rows
     if n * t.rows != rows:
         fail(E, i, f"packs {n} tiles of a row accumulator of {rows // t.rows} tile rows")
     integer = E.m.p.precision.value == "int8"
-    values = np.concatenate([v for _, v in acc.rows], axis=1)
-    column = np.asarray(reduce_rows(acc.rows[0][0], values, integer), np.float64)
+    realise_maps([x for _, x, *_ in acc.rows if isinstance(x, MapValue)])
+    column = np.asarray(reduce_rows(acc.rows[0][0], reduced_values(acc.rows, t.rows, t.cols), integer), np.float64)
     return Tiles(np.broadcast_to(column.reshape(n, t.rows, 1), (n, t.rows, t.cols)).copy())
+
+
+def reduced_values(pages: list[tuple[str, object, int, int, int]], tr: int, tc: int) -> np.ndarray:
+    """The rows a row accumulator reduces: each page's matrix (h × width tiles), its first `keep` columns, side by
+    side. Pages that are one row of a tensor nothing writes, in order, are that row's memory, and pages computed side
+    by side their band (each in its own type, which `reduce_rows` converts exactly); others are joined in float64 (an
+    integer chain's values too, as the reduction has always taken them)."""
+    _, first, h, width, _ = pages[0]
+    if isinstance(first, TileRefs) and all(
+        x.__class__ is TileRefs and x.store is first.store and x.off is first.off and x.at == first.at + k * width
+        for k, (_, x, *_) in enumerate(pages)
+    ):
+        corner = first.store.rect(first.at, first.off, h, width)
+        full = all(keep == width * tc for *_, keep in pages[:-1])
+        if corner is not None and full and corner[1] + len(pages) * width <= first.store.cols_t:
+            r0, c0 = corner
+            span = (len(pages) - 1) * width * tc + pages[-1][4]
+            return first.store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : c0 * tc + span]
+    if isinstance(first, MapValue) and first.band is not None and first.slot == 0:
+        band = first.band  # computed side by side, in this order (mapped.py): the band itself
+        ok = all(x.__class__ is MapValue and x.band is band and x.slot == k for k, (_, x, *_) in enumerate(pages))
+        if ok and all(keep == width * tc for *_, keep in pages[:-1]) and band.shape[0] == h * tr:
+            return band[:, : (len(pages) - 1) * width * tc + pages[-1][4]]
+    mats = [page_matrix(x, h, width, tr, tc)[:, :keep] for _, x, h, width, keep in pages]
+    return np.asarray(np.concatenate(mats, axis=1), np.float64)
 
 
 def partial(E: EngineState, i: int, x: object, n: int) -> np.ndarray:
@@ -228,15 +253,37 @@ def why(E: EngineState, i: int) -> str:
 
 
 def elementwise(
-    E: EngineState, i: int, xs: list, op: object, integer: bool, vectors: list[tuple[Store, int, int, bool]]
-) -> Tiles:
-    """An elementwise Compute: every element of the front pages `xs` through `op` (numerics.epilogue), as a new page.
+    E: EngineState, i: int, xs: list, kernel: MapKernel, vectors: list[tuple[Store, int, int, bool]]
+) -> Tiles | MapValue:
+    """An elementwise Compute: every element of the front pages `xs` through the kernel's op (numerics.epilogue), as a
+    new page — computed later, with others, where the kernel is `lazy` (`mapped.py`).
 
     Each column vector (store, at, width, False) — a bias — has the page hold rows of `width` tiles, its tile s
     covering the vector's tile column `at + s mod width`; each row vector (store, at, width, True) — a per-row scale
     — its tile s covering the vector's tile row `at + s // width`."""
+    if kernel.lazy and kernel.width and kernel.whole:  # the checks below, in short, for a page that passes them
+        width = kernel.width
+        n = xs[kernel.whole[0]].count
+        h = n // width
+        if (
+            n % width == 0
+            and all(xs[j].count == n for j in kernel.whole)
+            and all(xs[j].count >= h for j in kernel.by_row)
+        ):
+            vecs = []
+            for store, at, w, by_rows in vectors:
+                value = vector_values(store, at, w, h, by_rows)
+                if value is None:
+                    break
+                vecs.append(value.copy() if store.written else value)
+            else:
+                first = xs[kernel.whole[0]]
+                shape = first.store.block_shape(first.off) if kernel.free and first.__class__ is TileRefs else None
+                if shape is not None and shape[0] * shape[1] == n:  # the page's own rectangle, as it was read
+                    return MapValue(kernel, xs, (shape[1],) * len(xs), vecs, shape[0], shape[1], kernel.tile)
+                return MapValue(kernel, xs, kernel.widths, vecs, h, width, kernel.tile, row_key(vectors, vecs))
     t = E.m.p.tile
-    by_row = dict(row_reads(op.expr)) if isinstance(op, Map) else {}
+    op, integer, by_row = kernel.op, kernel.integer, kernel.by_row
     whole = [x for j, x in enumerate(xs) if j not in by_row] or xs  # (a map of row vectors alone: their shape)
     n = whole[0].count if whole else 0
     if not whole or any(x.count != n for x in whole):
@@ -246,31 +293,32 @@ def elementwise(
     if widths or n % width:
         fail(E, i, f"a page of {n} tiles is not whole rows of {sorted({width, *widths})} tiles")
     h = n // width
-    mats = []
-    for j, x in enumerate(xs):
-        w = 1 if j in by_row else width
+    page_widths = tuple(1 if j in by_row else width for j in range(len(xs)))
+    for x, w in zip(xs, page_widths, strict=True):
         if x.count < h * w:
             fail(E, i, f"a row vector of {x.count} tiles, read against a page of {h} tile rows")
-        tiles = tiles_of(x, h * w)
-        mats.append(tiles.reshape(h, w, t.rows, t.cols).transpose(0, 2, 1, 3).reshape(h * t.rows, w * t.cols))
     rows = {}
     for k, (store, at, w, by_rows) in enumerate(vectors):
-        if by_rows:  # one value per row: tile rows at … at + h − 1 of the vector's one column of tiles
-            rows_t = store.arr.shape[0]
-            if not 0 <= at <= rows_t - h:
-                raise AddressError(
-                    f"{where(E, i)}: row vector tile rows {at}..{at + h - 1} are outside"
-                    f" {store.tensor.name}'s {rows_t} tile rows"
-                )
-            rows[k] = store.arr[at : at + h, :, 0, 0].reshape(-1, 1)
-            continue
-        if not 0 <= at <= store.cols_t - w:
+        value = vector_values(store, at, w, h, by_rows)
+        if value is None and by_rows:
+            raise AddressError(
+                f"{where(E, i)}: row vector tile rows {at}..{at + h - 1} are outside"
+                f" {store.tensor.name}'s {store.arr.shape[0]} tile rows"
+            )
+        if value is None:
             raise AddressError(
                 f"{where(E, i)}: column vector tile columns {at}..{at + w - 1} are outside"
                 f" {store.tensor.name}'s {store.cols_t} tile columns"
             )
-        rows[k] = store.arr[0, 0, at : at + w, :].reshape(1, -1)
-    order = {id(c): k for k, c in enumerate(cols(op.expr))} if isinstance(op, Map) else {}
+        rows[k] = value.copy() if kernel.lazy and store.written else value  # (read now, as a page computed now is)
+    if kernel.lazy:
+        vecs = [rows[k] for k in range(len(vectors))]
+        return MapValue(kernel, xs, page_widths, vecs, h, width, (t.rows, t.cols), row_key(vectors, vecs))
+    mats = [
+        tiles_of(x, h * w).reshape(h, w, t.rows, t.cols).transpose(0, 2, 1, 3).reshape(h * t.rows, w * t.cols)
+        for x, w in zip(xs, page_widths, strict=True)
+    ]
+    order = kernel.order
     col = (lambda c: rows[order[id(c)]]) if rows else None
     if isinstance(op, Map):
         out = epilogue.mapped(op.expr, [epilogue.start(m, integer) for m in mats], integer, col)
@@ -283,3 +331,26 @@ def elementwise(
     )  # a map of row vectors alone: each row's value, each column
     back = out.reshape(h, t.rows, width, t.cols).transpose(0, 2, 1, 3)
     return Tiles(back.reshape(n, t.rows, t.cols))
+
+
+def vector_values(store: Store, at: int, w: int, h: int, by_rows: bool) -> np.ndarray | None:
+    """A broadcast vector's values for a page of h × w tiles, flat (a view of the store): a row vector's h tile rows
+    from tile row `at` (one value per row), a column vector's w tile columns from tile column `at`; None where those
+    lie outside the tensor."""
+    if by_rows:
+        if not 0 <= at <= store.arr.shape[0] - h:
+            return None
+        return store.arr[at : at + h, :, 0, 0].reshape(-1)
+    if not 0 <= at <= store.cols_t - w:
+        return None
+    return store.arr[0, 0, at : at + w, :].reshape(-1)
+
+
+def row_key(vectors: list[tuple[Store, int, int, bool]], values: list[np.ndarray]) -> tuple:
+    """What the row vectors of a page read, for `mapped.py` to lay side by side only pages that read the same values:
+    (store, tile row) where nothing writes the store, else the copy read."""
+    return tuple(
+        (id(store), at) if not store.written else id(value)
+        for (store, at, _, by_rows), value in zip(vectors, values, strict=True)
+        if by_rows
+    )

@@ -18,6 +18,8 @@ refers to what it held:
 - `AccValue`: a packed accumulator — a sum of A-page × B-page products plus an optional base page — computed
   only when something needs its numbers. `realise` computes many at once: products of rectangles of the same
   tensors over the same K range that together fill a rectangle of the output become one BLAS call.
+- `MapValue`: an elementwise stage's page — its input pages and column vectors — computed, like an AccValue, when
+  something needs its numbers, with every other such page then (`mapped.realise_maps`).
 """
 
 from __future__ import annotations
@@ -60,7 +62,20 @@ def adoptable(tensor: Tensor, tile_rows: int, tile_cols: int, written: bool, giv
 class Store:
     """One tensor's tiled storage, and the writes to it not yet applied (their values may still be lazy)."""
 
-    __slots__ = ("tensor", "arr", "mat", "cols_t", "ntiles", "tr", "tc", "written", "pending", "live", "_blocks")
+    __slots__ = (
+        "tensor",
+        "arr",
+        "mat",
+        "cols_t",
+        "ntiles",
+        "tr",
+        "tc",
+        "written",
+        "pending",
+        "live",
+        "applied",
+        "_blocks",
+    )
 
     def __init__(self, tensor: Tensor, tile_rows: int, tile_cols: int, written: bool) -> None:
         rows_t, cols_t = tensor.tiles
@@ -70,7 +85,8 @@ class Store:
         self.cols_t, self.ntiles, self.written = cols_t, rows_t * cols_t, written
         self.pending = Pending(self)
         self.live: np.ndarray | None = None  # per tile row, whether it may be non-zero (None: every row)
-        self._blocks: dict[tuple[int, int, int], tuple[np.ndarray, bool]] = {}
+        self.applied = False  # whether any write was applied (else the store is as made: zeros, or its input)
+        self._blocks: dict[tuple[int, int, int], tuple[np.ndarray, Any]] = {}
 
     def adopt(self, given: np.ndarray) -> bool:
         """Read the tensor from `given` itself where `adoptable` (a read-only view: no copy of a large operand);
@@ -97,6 +113,18 @@ class Store:
             hit = self._blocks[key] = (off, len(off) >= h * w and np.array_equal(off[: h * w], want))
         return hit[1]
 
+    def block_shape(self, off: np.ndarray) -> tuple[int, int] | None:
+        """(h, w) when offsets `off` are an h × w rectangle of this grid, row-major from its corner; else None."""
+        key = (id(off), 0, 0)
+        hit = self._blocks.get(key)
+        if hit is None or hit[0] is not off:  # (kept beside is_block's entries, which h = w = 0 never names)
+            breaks = np.flatnonzero(np.diff(off) != 1)
+            w = int(breaks[0]) + 1 if len(breaks) else len(off)
+            h = len(off) // w if w else 0
+            shape = (h, w) if h * w == len(off) and h and self.is_block(off, h, w) else None
+            hit = self._blocks[key] = (off, shape)  # type: ignore[assignment]
+        return hit[1]  # type: ignore[return-value]
+
     def rect(self, at: int, off: np.ndarray, h: int, w: int) -> tuple[int, int] | None:
         """(ti, tj) of the corner when the tiles `at + off` (h × w, row-major) form a rectangle of the grid."""
         if self.is_block(off, h, w):
@@ -112,11 +140,24 @@ class Store:
         """Apply the pending writes in order, computing their lazy values first (in one batch)."""
         if not self.pending:
             return
+        self.applied = True
         lazy = [v.value if isinstance(v, Masked) else v for *_, v in self.pending]
+        maps = [v for v in lazy if isinstance(v, MapValue)]
+        if maps:
+            from .mapped import realise_maps  # mapped.py builds on this module's values
+
+            realise_maps(maps)
         placed = realise([v for v in lazy if isinstance(v, AccValue)], self._direct_targets())
-        for at, off, bh, bw, value in self.pending:
-            if id(value) not in placed:
-                self._write(at, off, bh, bw, value)
+        if not (maps and self._write_bands(placed, self.mat)):
+            k = 0
+            while k < len(self.pending):
+                at, off, bh, bw, value = self.pending[k]
+                end = self._band_run(k) if isinstance(value, MapValue) else k + 1
+                if end > k + 1:
+                    self._write_band(at, off, bh, bw, value, end - k)
+                elif id(value) not in placed:
+                    self._write(at, off, bh, bw, value)
+                k = end
         for v in placed.values():
             v.result = None  # it viewed this store, which later writes may change: recompute if asked again
         self.pending.clear()
@@ -137,6 +178,94 @@ class Store:
             targets[id(v)] = (self, r0, c0)
         return targets if cover.max(initial=0) <= 1 else {}
 
+    def _write_bands(self, placed: dict[int, AccValue], mat: np.ndarray, only_maps: bool = False) -> bool:
+        """Apply the pending writes to `mat` (this store's matrix, or one of its shape), computed bands (`MapValue.
+        band`) as whole slices, where they may be applied in any order — each on a rectangle of its own, none
+        overlapping, and with `only_maps` each a whole computed page; False (nothing written) where not."""
+        cover = np.zeros((self.ntiles // self.cols_t, self.cols_t), dtype=np.int8)
+        bands: dict[int, list[tuple[int, int, int, MapValue]]] = defaultdict(list)
+        pages, rest = [], []
+        for write in self.pending:
+            at, off, bh, bw, v = write
+            corner = self.rect(at, off, bh, bw)
+            if corner is None:
+                return False
+            r0, c0 = corner
+            cover[r0 : r0 + bh, c0 : c0 + bw] += 1
+            if v.__class__ is MapValue and (v.h, v.width) == (bh, bw):
+                if v.band is not None:
+                    bands[id(v.band)].append((v.slot, r0, c0, v))
+                else:
+                    pages.append((r0, c0, v))
+            elif only_maps:
+                return False
+            elif id(v) not in placed:
+                rest.append(write)
+        if cover.max(initial=0) > 1:
+            return False
+        tr, tc = self.tr, self.tc
+        for run in bands.values():
+            run.sort(key=lambda e: e[0])
+            slot0, r0, c0, v = run[0]
+            bh, bw = v.h, v.width
+            if all(e[0] == slot0 + k and e[1:3] == (r0, c0 + k * bw) for k, e in enumerate(run)):
+                cols = slice(slot0 * bw * tc, (slot0 + len(run)) * bw * tc)
+                mat[r0 * tr : (r0 + bh) * tr, c0 * tc : (c0 + len(run) * bw) * tc] = v.band[:, cols]  # type: ignore[index]
+            else:
+                pages.extend(e[1:] for e in run)
+        for r0, c0, v in pages:
+            mat[r0 * tr : (r0 + v.h) * tr, c0 * tc : (c0 + v.width) * tc] = v.matrix()
+        for write in rest:
+            self._write(*write)
+        return True
+
+    def narrow_result(self) -> np.ndarray | None:
+        """The tensor's matrix in float32, made from its pending writes alone, and kept as the store from then on:
+        where nothing was applied before (the store is still zeros) and every pending write is a whole computed page
+        (float32 values, `MapValue`) on a rectangle of its own. A float32 output is then written once, not through
+        float64 and converted (the same numbers). None, with nothing done, where not."""
+        if self.applied or not self.pending or any(v.__class__ is not MapValue for *_, v in self.pending):
+            return None
+        from .mapped import realise_maps  # mapped.py builds on this module's values
+
+        realise_maps([v for *_, v in self.pending])
+        mat = np.zeros(self.mat.shape, np.float32)
+        if not self._write_bands({}, mat, only_maps=True):
+            return None
+        self.mat, self.arr = mat, mat.reshape(self.arr.shape)
+        self.applied = True
+        self.pending.clear()
+        return mat
+
+    def _band_run(self, k: int) -> int:
+        """The end of the run of pending writes from k on that put consecutive pages of one computed band (`MapValue.
+        band`) on consecutive rectangles of one row of this tensor's tiles: applied as one slice, in the same order."""
+        at, off, bh, bw, v = self.pending[k]
+        if v.band is None or (v.h, v.width) != (bh, bw):
+            return k + 1
+        corner = self.rect(at, off, bh, bw)
+        if corner is None:
+            return k + 1
+        most = min(len(self.pending), k + (self.cols_t - corner[1]) // bw)  # not past the grid's right edge
+        end = k + 1
+        while end < most:
+            at2, off2, bh2, bw2, w = self.pending[end]
+            step = end - k
+            if w.__class__ is not MapValue or w.band is not v.band or w.slot != v.slot + step:
+                break
+            if off2 is not off or at2 != at + step * bw or (bh2, bw2) != (bh, bw):
+                break
+            end += 1
+        return end
+
+    def _write_band(self, at: int, off: np.ndarray, bh: int, bw: int, first: MapValue, n: int) -> None:
+        """Write n pages of one computed band, from `first` on, to the n rectangles from `at` on (`_band_run`)."""
+        corner = self.rect(at, off, bh, bw)
+        assert corner is not None and first.band is not None
+        r0, c0 = corner
+        cols = slice(first.slot * bw * self.tc, (first.slot + n) * bw * self.tc)
+        self.mat[r0 * self.tr : (r0 + bh) * self.tr, c0 * self.tc : (c0 + n * bw) * self.tc] = first.band[:, cols]
+
     def _write(self, at: int, off: np.ndarray, bh: int, bw: int, value: object) -> None:
         if isinstance(value, Masked):  # only the kept rows of each tile
             ti, tj = np.divmod(at + off, self.cols_t)
@@ -148,6 +277,12 @@ class Store:
         if isinstance(value, AccValue) and (value.h, value.w) == (bh, bw) and value.count == bh * bw:
             corner = self.rect(at, off, bh, bw)
             if corner is not None:
+                r0, c0 = corner
+                self.mat[r0 * self.tr : (r0 + bh) * self.tr, c0 * self.tc : (c0 + bw) * self.tc] = value.matrix()
+                return
+        if isinstance(value, MapValue) and value.count == bh * bw and value.width == bw:
+            corner = self.rect(at, off, bh, bw)
+            if corner is not None:  # its matrix, straight into the rectangle (no tiles made of it)
                 r0, c0 = corner
                 self.mat[r0 * self.tr : (r0 + bh) * self.tr, c0 * self.tc : (c0 + bw) * self.tc] = value.matrix()
                 return
@@ -181,6 +316,8 @@ def held_elems(value: object) -> int:
         return held_elems(value.value)
     if isinstance(value, Tiles):
         return value.arr.size
+    if isinstance(value, MapValue):
+        return value.count * value.tr * value.tc
     if isinstance(value, AccValue):
         return value.h * value.w * value.t * value.t
     return 0
@@ -199,14 +336,11 @@ class Masked:
 class TileRefs:
     """Tiles `at + off[s]` of a store that nothing writes."""
 
-    __slots__ = ("store", "at", "off")
+    __slots__ = ("store", "at", "off", "count")
 
     def __init__(self, store: Store, at: int, off: np.ndarray) -> None:
         self.store, self.at, self.off = store, at, off
-
-    @property
-    def count(self) -> int:
-        return len(self.off)
+        self.count = len(off)  # (read at every op that takes the page: an attribute, not a property)
 
     def tiles(self) -> np.ndarray:
         return self.store.gather(self.at + self.off)
@@ -215,14 +349,11 @@ class TileRefs:
 class Tiles:
     """Tiles held as an array (n, tr, tc)."""
 
-    __slots__ = ("arr",)
+    __slots__ = ("arr", "count")
 
     def __init__(self, arr: np.ndarray) -> None:
         self.arr = arr
-
-    @property
-    def count(self) -> int:
-        return len(self.arr)
+        self.count = len(arr)
 
     def tiles(self) -> np.ndarray:
         return self.arr
@@ -250,7 +381,62 @@ class AccValue:
         return self.matrix().reshape(h, t, w, t).transpose(0, 2, 1, 3).reshape(h * w, t, t)[: self.count]
 
 
-PageValue = TileRefs | Tiles | AccValue
+class MapValue:
+    """An elementwise stage's page of h × width tiles (tr × tc each): `kernel` (`mapped.MapKernel`) on the input pages
+    `ins` — page j read as rows of `widths[j]` tiles, 1 for a row vector — and the broadcast vectors' values `cols`
+    (flat: a column vector's width·tc, a row vector's h·tr), `row_key` naming what its row vectors read
+    (`support.row_key`)."""
+
+    __slots__ = (
+        "kernel",
+        "ins",
+        "widths",
+        "cols",
+        "row_key",
+        "h",
+        "width",
+        "tr",
+        "tc",
+        "count",
+        "result",
+        "band",
+        "slot",
+    )
+
+    def __init__(
+        self,
+        kernel: Any,
+        ins: list,
+        widths: tuple[int, ...],
+        cols: list,
+        h: int,
+        width: int,
+        tile: tuple[int, int],
+        row_key: tuple = (),
+    ) -> None:
+        self.kernel, self.ins, self.widths, self.cols, self.row_key = kernel, ins, widths, cols, row_key
+        self.h, self.width, (self.tr, self.tc) = h, width, tile
+        self.count = h * width
+        self.result: np.ndarray | None = None  # (h·tr, width·tc), once computed: float32 values (the table's)
+        self.band: np.ndarray | None = None  # the pages computed with it, side by side: it is column block `slot`
+        self.slot = 0
+
+    def matrix(self) -> np.ndarray:
+        """The page as one (h·tr, width·tc) matrix of float32 values, tile (i, j) at slot i·width + j."""
+        if self.result is None:
+            from .mapped import realise_maps  # mapped.py builds on this module's values
+
+            realise_maps([self])
+        assert self.result is not None
+        return self.result
+
+    def tiles(self) -> np.ndarray:
+        """The page's tiles (h·width, tr, tc) in float64, as every computed page holds them."""
+        h, w, tr, tc = self.h, self.width, self.tr, self.tc
+        return self.matrix().reshape(h, tr, w, tc).transpose(0, 2, 1, 3).astype(np.float64).reshape(h * w, tr, tc)
+
+
+PageValue = TileRefs | Tiles | AccValue | MapValue
 
 
 def tiles_of(value: object, n: int) -> np.ndarray:
@@ -260,9 +446,24 @@ def tiles_of(value: object, n: int) -> np.ndarray:
 
 def as_matrix(value: object, h: int, w: int, t: int) -> np.ndarray:
     """A page value's first h·w tiles as one (h·t, w·t) matrix, tile (i, j) from slot i·w + j."""
+    return page_matrix(value, h, w, t, t)
+
+
+def page_matrix(value: object, h: int, w: int, tr: int, tc: int) -> np.ndarray:
+    """A page value's first h·w tiles (tr × tc each) as one (h·tr, w·tc) matrix, tile (i, j) from slot i·w + j: the
+    tensor's own memory (read only) where they are a rectangle of a tensor nothing writes, the computed matrix where
+    the page is one, else the tiles laid out."""
     if isinstance(value, AccValue) and (value.h, value.w) == (h, w) and value.count == h * w:
         return value.matrix()
-    return tiles_of(value, h * w).reshape(h, w, t, t).transpose(0, 2, 1, 3).reshape(h * t, w * t)
+    if isinstance(value, MapValue) and (value.h, value.width) == (h, w):
+        return value.matrix()
+    if isinstance(value, TileRefs) and len(value.off) >= h * w:
+        store = value.store
+        corner = store.rect(value.at, value.off, h, w)
+        if corner is not None:
+            r0, c0 = corner
+            return store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : (c0 + w) * tc]
+    return tiles_of(value, h * w).reshape(h, w, tr, tc).transpose(0, 2, 1, 3).reshape(h * tr, w * tc)
 
 
 # ---- computing accumulators ---------------------------------------------------------------------------------

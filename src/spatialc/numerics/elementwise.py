@@ -249,10 +249,28 @@ def evaluate(expr: Expr, pages: Sequence[Any], integer: bool, col: Callable[[Col
             if integer:
                 return _exact_int(op, xs, params)
             with np.errstate(all="ignore"):
+                f = op.f64
+                if f in CORRECTLY_ROUNDED and not params:
+                    return np.asarray(f(*(np.asarray(x, np.float32) for x in xs)))
+                if isinstance(f, np.ufunc) and not params and f.nin == len(xs) and f.nout == 1:
+                    # The same float64 op of the float32 operands, rounded once to float32: the ufunc casts its
+                    # operands up and its result down a buffer at a time, with no float64 copy of the page.
+                    xs32 = [np.asarray(x, np.float32) for x in xs]
+                    return f(
+                        *xs32, out=np.empty(np.broadcast_shapes(*(x.shape for x in xs32)), np.float32), dtype=np.float64
+                    )
                 return np.asarray(op.f64(*(np.asarray(x, np.float32).astype(np.float64) for x in xs), *params)).astype(
                     np.float32
                 )
     raise ElementwiseError(f"{expr!r} is no elementwise expression")
+
+
+# +, −, ×, ÷ and √ of float32 operands computed in float32 are their float64 results rounded once to float32, bit for
+# bit: float64's 53 bits are at least 2·24 + 2, which makes the double rounding innocuous (Figueroa, "When is double
+# rounding innocuous?", 1995) — the same fact that gives these ops `ulps` 0 against the kernels. NaN and ±inf come out
+# alike too (IEEE's rules, and a NaN's payload survives float32 → float64 → float32). So `evaluate` runs them as the
+# float32 ufuncs, the cheapest way to their defined value.
+CORRECTLY_ROUNDED = frozenset({np.add, np.subtract, np.multiply, np.divide, np.sqrt})
 
 
 def _whole(v: float) -> int:
@@ -603,7 +621,10 @@ def reduce_rows(name: str, values: Any, integer: bool) -> Any:
     """Each row of `values` (rows × columns: the row's elements, padding left out) reduced by `name`, as a column
     (rows × 1): exact int64 in an integer program; in a float one the float64 reduction rounded once to float32."""
     r = reduction_named(name)
-    x = np.asarray(values, np.int64 if integer else np.float64)
+    if not integer and r.name != "sumsq" and np.asarray(values).dtype == np.float32:
+        x = np.asarray(values)  # max, min, |x| and a float64 sum take float32 values as they are: no float64 copy
+    else:
+        x = np.asarray(values, np.int64 if integer else np.float64)
     if x.shape[1] == 0:
         out = np.full((x.shape[0], 1), r.identity)
         return out.astype(np.int64) if integer and math.isfinite(r.identity) else out
@@ -615,47 +636,37 @@ def reduce_rows(name: str, values: Any, integer: bool) -> Any:
     elif integer:
         out = np.sum(y, axis=1, keepdims=True, dtype=np.int64)
     else:  # exactly rounded, so that no order of summing can make two correct runs differ
-        out = _exact_row_sums(y) if y.size else np.zeros((x.shape[0], 1))
+        return _exact_sums32(y, nonneg=r.name == "sumsq")
     return out if integer else out.astype(np.float32)
 
 
-def _exact_row_sums(terms: np.ndarray) -> np.ndarray:
-    """Each row of `terms` summed exactly and rounded once, as `_exact_sum` (math.fsum) sums it, as a column —
-    vectorised over the rows (Rump, Ogita and Oishi's error-free extraction, "Accurate floating-point summation",
-    2008).
+def _exact_sums32(y: Any, nonneg: bool = False) -> Any:
+    """Each row of `y` (float64, or float32: its values exactly) summed exactly, rounded once to float64 (`_exact_sum`)
+    and then to float32, as a column — vectorised where it is decided without `fsum`.
 
-    For a row whose largest |term| lies below 2^e, σ = 2^(e + M) with 2^M ≥ n + 2 splits each term p exactly into
-    q = (σ + p) − σ and p − q: every q is a whole multiple of σ · 2^-53 and Σq is exact in float64 in any order
-    (their lemma 3.3). The remainders p − q, each below σ · 2^-53, are split again under their own σ, until none is
-    left. A row's exact total is then the sum of its few exact level sums, which fsum rounds once: fsum's result on
-    the row itself. Rows with a NaN, an infinity or a term too large for σ, or still not done after MAX_LEVELS
-    levels, are summed by fsum."""
-    rows, n = terms.shape
-    m = (n + 2).bit_length()  # 2^m > n + 2
-    with np.errstate(all="ignore"):
-        largest = np.max(np.abs(terms), axis=1)
-        fine = np.isfinite(largest) & (largest < 2.0 ** (1020 - m))
-        p = np.where(fine[:, None], terms, 0.0)
-        levels = []
-        for _ in range(MAX_LEVELS):
-            top = np.max(np.abs(p), axis=1, keepdims=True)
-            if not top.any():
-                break
-            sigma = np.ldexp(1.0, np.frexp(top)[1] + m)
-            q = (sigma + p) - sigma
-            p = p - q
-            levels.append(np.sum(q, axis=1))
-        else:
-            fine &= ~np.any(p, axis=1)  # rows not done: left to fsum
-    sums = np.stack(levels, axis=1) if levels else np.zeros((rows, 0))
-    out = np.array([math.fsum(row) for row in sums.tolist()]) if rows else np.zeros(0)
-    slow = np.flatnonzero(~fine)
-    if len(slow):
-        out[slow] = [_exact_sum(row) for row in terms[slow].tolist()]
+    numpy's float64 sum `s` of a row lies within γ·Σ|y| of the exact sum S, whatever its order (γ = (n−1)·2⁻⁵³ /
+    (1 − (n−1)·2⁻⁵³), Higham, Accuracy and Stability, §4.2): `err` bounds that twice over, plus four float64 ulps of
+    s for the rounding of the test itself and for S's own rounding to float64. When [s − err, s + err] lies strictly
+    between the two float32 midpoints around f = float32(s), S and fsum's float64 rounding of it lie there too (the
+    midpoints are float64 numbers, and rounding is monotone), so float32(fsum) = f. Every other row — a bound that
+    straddles a midpoint, a zero (its sign), NaN, ±inf, magnitudes near overflow — is summed by `_exact_sum`. Where
+    no value is negative (`nonneg`: squares; or found so), Σ|y| is S, which s bounds within the same factor 2."""
+    rows, n = y.shape
+    if n == 0 or rows == 0:
+        return np.zeros((rows, 1), np.float32)
+    with np.errstate(all="ignore"):  # NaN, ±inf and float32 overflow go to `_exact_sum`, which says what they are
+        s = np.sum(y, axis=1, dtype=np.float64)
+        a = s if nonneg or not np.min(y) < 0 else np.sum(np.abs(y), axis=1, dtype=np.float64)  # (NaN: s is NaN)
+        f = s.astype(np.float32)
+        err = (n * 2.0**-52) * a + 2.0**-50 * np.abs(s) + 2.0**-1070
+        below = (f.astype(np.float64) + np.nextafter(f, np.float32(-np.inf)).astype(np.float64)) * 0.5
+        above = (f.astype(np.float64) + np.nextafter(f, np.float32(np.inf)).astype(np.float64)) * 0.5
+        decided = (a < 2.0**1000) & (f != 0) & (np.abs(f) < np.finfo(np.float32).max)
+        decided &= (s - err > below) & (s + err < above)
+    out: np.ndarray = np.asarray(f)
+    for r in np.flatnonzero(~decided).tolist():
+        out[r] = _exact_sum(y[r].astype(np.float64).tolist())
     return out.reshape(rows, 1)
-
-
-MAX_LEVELS = 80  # splits of a row: 53 − m bits of its range each; float64's whole range takes about 2100 / 40
 
 
 def _exact_sum(values: list[float]) -> float:

@@ -1,0 +1,202 @@
+"""Elementwise pages computed when their numbers are needed, many pages in one numpy evaluation.
+
+An elementwise stage of a float program makes a `values.MapValue` — its input pages (a second page beside the first:
+a residual, a gate), its broadcast vectors' values and its shape, not its numbers. Whatever needs the numbers (a
+write applied to its tensor, a row accumulator packed, a matmul operand, a later stage's page) computes every such
+page it holds at once: `realise_maps` lays the pages of one expression that read one row vector (a row page, or the
+same rows of a parameter tensor read along rows: `VecAxis.ROW`) side by side, as the band of rows they came from,
+stacks equal bands, and runs the expression once on the stack. The table's ops are elementwise, so this changes how
+many elements one numpy call sees, never a value: each element is the float64 op of its float32 operands rounded to
+float32, as `numerics.elementwise.evaluate` defines, whether it is computed alone or among millions.
+
+Integer programs (their int64 range check belongs to the op that overflows), `Requant`, and expressions the table
+would refuse keep the page-at-a-time path of `support.elementwise`, so that an error still comes from the op that
+makes it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from ..ir.ops import Apply, Arg, Col, Expr, Lit, Map, RowArg, VecAxis, cols, row_reads
+from ..numerics.elementwise import OPS, ElementwiseError, evaluate
+from ..numerics.epilogue import EpilogueError
+from .values import MapValue, TileRefs, page_matrix
+
+# Elements one evaluation computes at most. Its float64 temporaries (2 MiB each) are then reused from the heap, not
+# mapped fresh from the OS and faulted in page by page as a whole tensor's would be, and stay in cache between ops.
+CHUNK_ELEMS = 1 << 18
+
+
+class MapKernel:
+    """What an elementwise op of `ins` input pages takes at every page, found once: the row vectors it reads (page
+    index → width), each broadcast vector's place in `cols(expr)` and which of them follow rows (`row_vecs`: one value
+    per row), whether its pages may be computed later (`lazy`),
+    and for those the pages read whole, the one row width every vector agrees on (0 where they do not), the width
+    each page is read at, and whether it reads no vector at all (`free`)."""
+
+    __slots__ = ("op", "integer", "tile", "by_row", "order", "row_vecs", "lazy", "whole", "width", "widths", "free")
+
+    def __init__(self, op: object, integer: bool, tile: tuple[int, int], ins: int) -> None:
+        self.op, self.integer, self.tile = op, integer, tile
+        self.by_row: dict[int, int] = dict(row_reads(op.expr)) if isinstance(op, Map) else {}
+        vectors = cols(op.expr) if isinstance(op, Map) else ()
+        self.order = {id(c): k for k, c in enumerate(vectors)}
+        self.row_vecs = frozenset(k for k, c in enumerate(vectors) if c.axis == VecAxis.ROW)  # one value per row
+        self.lazy = isinstance(op, Map) and not integer and _runs_as_written(op.expr, self.by_row)
+        self.whole = tuple(j for j in range(ins) if j not in self.by_row)
+        agreed = {c.width for c in cols(op.expr)} | set(self.by_row.values()) if isinstance(op, Map) else set()
+        self.width = agreed.pop() if len(agreed) == 1 else 1 if not agreed else 0
+        self.widths = tuple(1 if j in self.by_row else self.width for j in range(ins))
+        # No row or column vector: a page may be laid out as any h × w rectangle of its tiles (`support.elementwise`
+        # takes a read page's own), element by element the same.
+        self.free = not self.by_row and not self.order
+
+
+def _runs_as_written(expr: Expr, by_row: dict[int, int]) -> bool:
+    """Whether the table computes `expr` on whole pages without refusing it (every op known, of its arity and
+    parameters), its value a whole page (it reads a page element by element somewhere) and no page read both ways."""
+    whole: set[int] = set()
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        match node:
+            case Arg(i):
+                whole.add(i)
+            case Apply(name, args, params):
+                op = OPS.get(name)
+                if op is None or len(args) != op.arity or len(params) != len(op.params):
+                    return False
+                stack.extend(args)
+            case RowArg() | Col() | Lit():
+                pass
+            case _:
+                return False
+    return bool(whole) and not whole & set(by_row)
+
+
+def realise_maps(values: list[MapValue]) -> None:
+    """Compute every page of `values` not computed yet, and the elementwise pages they read first."""
+    todo = list({id(v): v for v in values if v.result is None}.values())
+    inner = [x for v in todo for x in v.ins if isinstance(x, MapValue) and x.result is None]
+    if inner:
+        realise_maps(inner)
+    groups: dict[tuple, list[MapValue]] = defaultdict(list)
+    for v in todo:
+        groups[(id(v.kernel), v.h, v.width, v.tr, v.tc, v.widths)].append(v)
+    for members in groups.values():
+        runs = _runs(members)
+        by_length: dict[int, list[list[MapValue]]] = defaultdict(list)
+        for run in runs:
+            by_length[len(run)].append(run)
+        for length, same in by_length.items():
+            v0 = same[0][0]
+            per_run = v0.h * v0.tr * v0.width * v0.tc * length
+            step = max(1, CHUNK_ELEMS // max(per_run, 1))
+            for s0 in range(0, len(same), step):
+                _realise_runs(same[s0 : s0 + step])
+
+
+def _runs(members: list[MapValue]) -> list[list[MapValue]]:
+    """The members in runs that read the same row vector pages and row vectors' values (a band of rows), each at most
+    CHUNK_ELEMS: in the order of the tensor tiles they read where they read some, else as made."""
+    v0 = members[0]
+    rows = [j for j in range(len(v0.widths)) if j in v0.kernel.by_row]
+    most = max(1, CHUNK_ELEMS // max(v0.h * v0.tr * v0.width * v0.tc, 1))
+    keyed: dict[tuple[int, ...], list[MapValue]] = {}  # (the sites' engines interleave their pages: sort them out)
+    for v in members:
+        keyed.setdefault((*(id(v.ins[j]) for j in rows), *v.row_key), []).append(v)
+    first = v0.kernel.whole[0]
+    runs: list[list[MapValue]] = []
+    for same in keyed.values():
+        if all(v.ins[first].__class__ is TileRefs for v in same):  # in the tensor's order: rows of pages, as read
+            same.sort(key=lambda v: (id(v.ins[first].store), v.ins[first].at))
+        runs.extend(same[s : s + most] for s in range(0, len(same), most))
+    return runs
+
+
+def _realise_runs(runs: list[list[MapValue]]) -> None:
+    """One evaluation for runs of equal length: each run's pages side by side, the runs stacked."""
+    v0 = runs[0][0]
+    kernel, h, tr, tc = v0.kernel, v0.h, v0.tr, v0.tc
+    pages = []
+    for j, w in enumerate(v0.widths):
+        if j in kernel.by_row:
+            pages.append(_stacked([page_matrix(run[0].ins[j], h, 1, tr, tc) for run in runs]))
+        else:
+            pages.append(_stacked_bands([[v.ins[j] for v in run] for run in runs], h, w, tr, tc))
+    col_values = [_vector_values(runs, k, k in kernel.row_vecs) for k in range(len(v0.cols))]
+
+    def col(c: Col) -> Any:
+        return col_values[kernel.order[id(c)]]
+
+    try:  # the pages as epilogue.start takes them: float32 (a tensor's own float32 memory is read, not copied)
+        out = evaluate(kernel.op.expr, [np.asarray(m, np.float32) for m in pages], False, col)
+    except ElementwiseError as e:  # as epilogue.mapped says it (none expected: `_runs_as_written` checked the ops)
+        raise EpilogueError(str(e)) from None
+    out = np.asarray(out, np.float32)
+    width = v0.width * tc
+    for r, run in enumerate(runs):
+        band = out if len(runs) == 1 else out[r]
+        for k, v in enumerate(run):
+            v.result, v.band, v.slot = band[:, k * width : (k + 1) * width], band, k
+
+
+def _vector_values(runs: list[list[MapValue]], k: int, by_rows: bool) -> np.ndarray:
+    """Broadcast vector k's values for the runs' band: a column vector's values of the run's pages joined, a row
+    vector's (one value per row, the same for every page of a run: `_runs`) as a column, the runs stacked."""
+    if by_rows:
+        values = [run[0].cols[k] for run in runs]
+        shape: tuple[int, ...] = (-1, 1) if len(runs) == 1 else (len(runs), -1, 1)
+    else:
+        values = [np.concatenate([v.cols[k] for v in run]) if len(run) > 1 else run[0].cols[k] for run in runs]
+        shape = (1, -1) if len(runs) == 1 else (len(runs), 1, -1)
+    return (values[0] if len(values) == 1 else np.stack(values)).reshape(shape)
+
+
+def _stacked(mats: list[np.ndarray]) -> np.ndarray:
+    return mats[0] if len(mats) == 1 else np.stack(mats)
+
+
+def _stacked_bands(runs: list[list], h: int, w: int, tr: int, tc: int) -> np.ndarray:
+    """Each run's pages side by side (`_band`), the runs stacked: where the runs are consecutive rows of pages of one
+    tensor, over the same columns, a view of its memory."""
+    corners = [_tensor_run(xs, h, w) for xs in runs]
+    c0 = corners[0]
+    if c0 is not None and len(runs) > 1:
+        store, r0, col = c0
+        if all(c is not None and c[0] is store and c[1] == r0 + k * h and c[2] == col for k, c in enumerate(corners)):
+            span = len(runs[0]) * w * tc
+            block = store.mat[r0 * tr : (r0 + len(runs) * h) * tr, col * tc : col * tc + span]
+            return block.reshape(len(runs), h * tr, span)
+    return _stacked([_band(xs, h, w, tr, tc, c) for xs, c in zip(runs, corners, strict=True)])
+
+
+def _tensor_run(xs: list, h: int, w: int) -> tuple[Any, int, int] | None:
+    """(store, tile row, tile column) of the first page when the pages are a tensor's tiles in one row of pages, each
+    h × w tiles, one after another; else None."""
+    first = xs[0]
+    if not isinstance(first, TileRefs):
+        return None
+    for k, x in enumerate(xs):
+        if x.__class__ is not TileRefs or x.store is not first.store or x.off is not first.off:
+            return None
+        if x.at != first.at + k * w:
+            return None
+    corner = first.store.rect(first.at, first.off, h, w)
+    if corner is None or corner[1] + len(xs) * w > first.store.cols_t:
+        return None
+    return first.store, corner[0], corner[1]
+
+
+def _band(xs: list, h: int, w: int, tr: int, tc: int, corner: tuple[Any, int, int] | None) -> np.ndarray:
+    """Pages side by side, each h × w tiles: a slice of the tensor where they are its tiles in one row of pages
+    (`corner`, from `_tensor_run`), else their matrices joined."""
+    if corner is not None:
+        store, r0, c0 = corner
+        return store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : (c0 + len(xs) * w) * tc]
+    mats = [page_matrix(x, h, w, tr, tc) for x in xs]
+    return mats[0] if len(mats) == 1 else np.concatenate(mats, axis=1)
