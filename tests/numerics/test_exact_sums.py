@@ -63,6 +63,12 @@ def test_vectorised_row_sums_are_fsums(seed: int) -> None:
             assert same_bits(reduce_rows("sumsq", narrow, False), by_fsum(narrow, square=True))
 
 
+def test_a_nan_in_one_row_leaves_another_rows_cancellation_to_fsum() -> None:
+    rows = np.array([[2.0**100, 1.0, -(2.0**100), 1.0], [np.nan, 1.0, 2.0, 3.0]])  # numpy sums the first to 1, not 2
+    with np.errstate(invalid="ignore"):
+        assert same_bits(reduce_rows("sum", rows, False), by_fsum(rows))
+
+
 def test_a_sum_that_overflows_float32_is_inf_and_one_past_float64_says_so() -> None:
     big = np.full((2, 4), 3e38, np.float32)
     with np.errstate(over="ignore"):

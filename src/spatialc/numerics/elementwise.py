@@ -656,7 +656,9 @@ def _exact_sums32(y: Any, nonneg: bool = False) -> Any:
         return np.zeros((rows, 1), np.float32)
     with np.errstate(all="ignore"):  # NaN, ±inf and float32 overflow go to `_exact_sum`, which says what they are
         s = np.sum(y, axis=1, dtype=np.float64)
-        a = s if nonneg or not np.min(y) < 0 else np.sum(np.abs(y), axis=1, dtype=np.float64)  # (NaN: s is NaN)
+        # Σ|y| is s's own bound where no value is negative; a NaN anywhere makes the min NaN, and then every row's
+        # magnitudes are summed (a NaN in one row says nothing of the signs in another).
+        a = s if nonneg or np.min(y) >= 0 else np.sum(np.abs(y), axis=1, dtype=np.float64)
         f = s.astype(np.float32)
         err = (n * 2.0**-52) * a + 2.0**-50 * np.abs(s) + 2.0**-1070
         below = (f.astype(np.float64) + np.nextafter(f, np.float32(-np.inf)).astype(np.float64)) * 0.5
