@@ -1,7 +1,7 @@
 """Elementwise pages computed later and many at once (`interp/mapped.py`) give the numbers each page computed alone
 gives, bit for bit: the same programs run with every map made page by page (the eager path) agree exactly — softmax
-and RMSNorm (row vectors, column vectors, row reductions of computed pages), maps of free layout, GEMM epilogues, and
-every output type."""
+and RMSNorm (row vectors, column vectors, row reductions of computed pages), LayerNorm (several outputs), maps of
+free layout, broadcast vectors along rows and columns, GEMM epilogues with a residual page, and every output type."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ PROGRAMS = {
     "gemm epilogue": lambda: spatialc.gemm(
         96, 160, 64, "bf16", epilogue=[spatialc.bias(), spatialc.activation("gelu")]
     ),
+    "map with a row": lambda: spatialc.elementwise(ew.exp(X) * ew.row("s") + ew.col("b") * G, 70, 300, "fp16"),
+    "layernorm": lambda: spatialc.layernorm(40, 300, "bf16"),
+    "gemm row scale, residual": lambda: spatialc.gemm(
+        96, 160, 64, "bf16", epilogue=[spatialc.row_scale(), spatialc.col_scale(), spatialc.residual()]
+    ),
 }
 
 
@@ -38,18 +43,26 @@ def inputs_of(p: spatialc.SpatialProgram, rng: np.random.Generator) -> dict[str,
     return values
 
 
-def run(p: spatialc.SpatialProgram, values: dict[str, np.ndarray]) -> np.ndarray:
+def run(p: spatialc.SpatialProgram, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every output by name (a program of one output too)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return spatialc.evaluate(p, values)
+        out = spatialc.evaluate(p, values)
+    return out if isinstance(out, dict) else {"out": out}
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_pages_computed_together_equal_pages_computed_alone(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     p = spatialc.build(PROGRAMS[name](), "sm_90")
     values = inputs_of(p, np.random.default_rng(len(name)))
-    together = run(p, values)
+    batched: list[int] = []
+    with monkeypatch.context() as m:  # (and count the batches: the lazy path is taken)
+        m.setattr(mapped, "_realise_runs", lambda runs, f=mapped._realise_runs: batched.append(len(runs)) or f(runs))
+        together = run(p, values)
+    assert batched
     monkeypatch.setattr(mapped, "_runs_as_written", lambda expr, by_row: False)  # every map page by page
     alone = run(p, values)
-    assert together.dtype == alone.dtype and together.shape == alone.shape
-    assert together.tobytes() == alone.tobytes()
+    assert together.keys() == alone.keys()
+    for name, got in together.items():
+        assert got.dtype == alone[name].dtype and got.shape == alone[name].shape
+        assert got.tobytes() == alone[name].tobytes(), name
