@@ -589,6 +589,14 @@ class EngineRun:
             raise self.wrong(op, f"it adds a partial sum after PackAcc has read {self.index.name(op.acc)}", op.acc)
         h, w, _ = self.decl.acc_shape
         page = self.front(op, op.ins[0])
+        held = self.index.page_tiles(op.acc)
+        if page.rows * page.width < held:  # the add covers the whole accumulator: the page's tiles, then past them
+            raise self.wrong(
+                op,
+                f"it adds a page of {page.rows * page.width} tile(s) to {self.index.name(op.acc)}, which holds {held}:"
+                " a partial sum is added to every tile of the accumulator, so its page holds as many",
+                op.ins[0],
+            )
         cell = page.view(h, w)
         if cell is None:
             raise self.unsure(
