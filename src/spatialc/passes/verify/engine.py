@@ -376,12 +376,13 @@ class EngineRun:
         ]
         if not found:
             joined = " by ".join if is_mm else ", ".join
+            verb = "reduces" if isinstance(op.op, RowReduce) else "multiplies" if is_mm else "reads"
             said = "; ".join(
-                f"stage {s.name} {'multiplies' if is_mm else 'reads'} {joined(map(name, s.ins))}"
+                f"stage {s.name} {verb} {joined(map(name, s.ins))}"
                 + ("" if is_mm else f" into {', '.join(map(name, s.outs))}")
                 for s, _ in kin
             )
-            did = f"multiplies {joined(map(name, op.ins))}" if is_mm else f"reads {joined(map(name, op.ins))} into"
+            did = f"{verb} {joined(map(name, op.ins))}" + ("" if is_mm else " into")
             did += "" if is_mm else f" {', '.join(map(name, op.outs)) or 'nothing'}"
             raise self.wrong(op, f"it {did}; {said or 'no stage does'}")
         stage, declared_op = found[0]
