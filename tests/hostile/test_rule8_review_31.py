@@ -1,22 +1,25 @@
 """A hostile review of rule 8's additions for issue 31: LayerNorm's several outputs (maps of row vectors, vectors
 written through copy maps), GEMM epilogue operands (row and column scales, a residual, a gate) and maps of pages.
 
-Each attack keeps rules 1–7 content where it can and computes something else; verify must refuse every one. Three
-holes were found, each fixed in `passes/verify/declared.py` (its tests failed before the fix):
+Each attack computes something else than the stages declare; verify must refuse every one. Four holes were found,
+each now refused by rule 8 (each test below failed before its fix):
 
-- a map of pages (a map program, a row program) that reads a vector along the row axis verified when the vector
-  held one value: the interpreter and the kernel read a tile row of it a page row (its padding: zeros for every row
-  but the first), numpy broadcast the one value over every row;
-- a residual or gate ring laid out other than by rows (swizzled; or column-major, for a column-major residual
-  tensor) verified, and the kernel added each tile swizzled or transposed (the host emulation showed it; the
-  interpreter, which moves tiles by value, agreed with numpy);
-- a GEMM or map program with a second output tensor that no stage writes verified, and evaluate handed it back
-  as it found it (zeros; a GPU, whatever its memory held).
+1. a map of pages (a map program, a row program) that read a vector along the row axis verified where the vector
+   held one value (n = 1, so rule 1 took it for a column): the interpreter read a tile row of it a page row (zeros
+   for every element row but the first), numpy broadcast the one value over every row (`declared._map_types`);
+2. a residual or gate ring laid out other than by rows (swizzled; or column-major, beside a column-major residual
+   tensor) verified and lowered, and the kernel added each tile swizzled or transposed — the host emulation showed
+   it; the interpreter, which moves tiles by value, agreed with numpy (`declared._epilogue_types`);
+3. a GEMM or map program with a second output tensor that no stage writes verified, and evaluate handed it back
+   as it found it (zeros; a GPU, whatever its memory held) (`declared.declared`);
+4. split-K's accumulator wider than the partial page added to it verified, then the interpreter refused to run it
+   — met by the random edits and left open by the epilogue's review (`engine.add_partial`).
 
-The schedule attacks (mean and rstd crossed, weight and bias exchanged, a vector packed before the last page, the
-residual read at another item's tile or from another tensor, a gate applied twice, a split-K owner adding its
-partial twice, a multicast residual, …) were all refused already; they stay here as tests, and each is shown to
-compute something else when run unverified, so none is a check that cannot fail.
+The schedule attacks (mean and rstd crossed, weight and bias exchanged, a vector packed before the last page, a
+band's mean of the band before, the residual read at another item's tile or from another tensor, a gate applied
+twice, a split-K owner adding its partial twice, a multicast residual, …) were all refused already; they stay here
+as tests, each shown to compute something else when run unverified (but the unused stages, refused though they
+change no value), so none is a check that cannot fail.
 """
 
 from __future__ import annotations
