@@ -22,7 +22,17 @@ import numpy as np
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import BufferId, StageId, TensorId
 from ...ir.index import ProgramIndex
-from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, TensorRole, WriteStage, accumulator_dtype
+from ...ir.nodes import (
+    ComputeStage,
+    DType,
+    PageLayout,
+    ReadStage,
+    Stage,
+    Tensor,
+    TensorRole,
+    WriteStage,
+    accumulator_dtype,
+)
 from ...ir.ops import (
     AddPartial,
     Apply,
@@ -90,6 +100,9 @@ def declared(index: ProgramIndex) -> Declared:
     if len(writes) != 1 or len(writes[0].ins) != 1:
         raise _unsure(f"{len(writes)} write stages of the output (one, emptying one ring, is what it proves)")
     out = index.tensors[writes[0].kind.tensor]  # type: ignore[union-attr]
+    unwritten = [t.name for t in p.tensors if t.role == TensorRole.OUTPUT and t.id != out.id]
+    if unwritten:  # (the interpreter would hand it back as it found it; a GPU, as its memory held it)
+        raise SemanticError(f"output {unwritten[0]} is written by no stage; {writes[0].name} writes {out.name}")
     producer: dict[BufferId, Stage] = {}
     for s in p.stages:
         for b in s.outs:
@@ -570,6 +583,13 @@ def _epilogue_types(index: ProgramIndex, decl: Declared) -> None:
         for s in chain:
             for b in s.ins[1:]:
                 t = index.tensors[decl.producer[index.ring(b)].kind.tensor]  # type: ignore[union-attr]
+                layout = index.buffers[index.ring(b)].kind.layout  # type: ignore[union-attr]
+                if layout != PageLayout.ROW:  # the kernel combines element e of each page: C's lie row by row
+                    raise SemanticError(
+                        f"stage {s.name} reads {index.name(b)}, whose pages are laid out {layout.value}, element by"
+                        f" element beside {decl.out.name}'s values, which a page holds row by row: lay"
+                        f" {index.name(b)} out by rows"
+                    )
                 if t.elems != decl.out.elems or t.dtype != DType(p.precision.value) or t.groups != 1:
                     raise SemanticError(
                         f"stage {s.name} reads {t.name} ({t.elems[0]}x{t.elems[1]} {t.dtype.value}) element by element"

@@ -376,12 +376,13 @@ class EngineRun:
         ]
         if not found:
             joined = " by ".join if is_mm else ", ".join
+            verb = "reduces" if isinstance(op.op, RowReduce) else "multiplies" if is_mm else "reads"
             said = "; ".join(
-                f"stage {s.name} {'multiplies' if is_mm else 'reads'} {joined(map(name, s.ins))}"
+                f"stage {s.name} {verb} {joined(map(name, s.ins))}"
                 + ("" if is_mm else f" into {', '.join(map(name, s.outs))}")
                 for s, _ in kin
             )
-            did = f"multiplies {joined(map(name, op.ins))}" if is_mm else f"reads {joined(map(name, op.ins))} into"
+            did = f"{verb} {joined(map(name, op.ins))}" + ("" if is_mm else " into")
             did += "" if is_mm else f" {', '.join(map(name, op.outs)) or 'nothing'}"
             raise self.wrong(op, f"it {did}; {said or 'no stage does'}")
         stage, declared_op = found[0]
@@ -589,6 +590,14 @@ class EngineRun:
             raise self.wrong(op, f"it adds a partial sum after PackAcc has read {self.index.name(op.acc)}", op.acc)
         h, w, _ = self.decl.acc_shape
         page = self.front(op, op.ins[0])
+        held = self.index.page_tiles(op.acc)
+        if page.rows * page.width < held:  # the add covers the whole accumulator: the page's tiles, then past them
+            raise self.wrong(
+                op,
+                f"it adds a page of {page.rows * page.width} tile(s) to {self.index.name(op.acc)}, which holds {held}:"
+                " a partial sum is added to every tile of the accumulator, so its page holds as many",
+                op.ins[0],
+            )
         cell = page.view(h, w)
         if cell is None:
             raise self.unsure(
