@@ -56,8 +56,9 @@ def test_fused_sizes_are_bf16_gemms_of_their_own_kind_run_after_the_multicast_ro
 def test_a_fused_case_is_lowered_as_auto_chooses_with_the_plain_gemms_kernels_beside():
     (case,) = cases_of(["fused:64"], ["bf16"])
     built = build_case(case, "sm_90")
-    assert not built.error and built.kernel["form"] == "general" and built.kernel["out"] == "bf16"
-    assert built.note == "lower's auto chose the general form"
+    # Every form prints the residual now: auto takes the persistent kernel on sm_90, and the row times all three.
+    assert not built.error and built.kernel["form"] == "persistent" and built.kernel["out"] == "bf16"
+    assert built.note == "lower's auto chose the persistent form"
     names = [f.contestant for f in built.forms]
     assert names == [
         "spatialc persistent",
@@ -68,16 +69,10 @@ def test_a_fused_case_is_lowered_as_auto_chooses_with_the_plain_gemms_kernels_be
         "spatialc sm90a (plain GEMM)",
     ]
     persistent, general, hopper, *plain = built.forms
-    assert persistent.artifact is None and "persistent kernel refuses" in persistent.absent
-    assert hopper.artifact is None and "residual" in hopper.absent  # the sm_90a form's own reason, until it takes one
-    assert [a.name for a in L.kernel_args(general.artifact.launch)] == [
-        "A",
-        "B",
-        "C",
-        "row_scale",
-        "col_scale",
-        "residual",
-    ]
+    for form in (persistent, general, hopper):
+        assert form.artifact is not None and not form.absent, form.contestant
+        names = [a.name for a in L.kernel_args(form.artifact.launch)]
+        assert names == ["A", "B", "C", "row_scale", "col_scale", "residual"], form.contestant
     assert all(f.kernel_only and f.artifact is not None and F.is_plain(f) for f in plain)
     assert [a.name for a in L.kernel_args(plain[0].artifact.launch)] == ["A", "B", "C"]
     assert not any(F.is_plain(f) for f in (persistent, general, hopper))
@@ -165,26 +160,26 @@ def test_a_fused_row_is_checked_and_timed_against_torch_and_the_plain_gemm(fake_
     status, _, rows = run(tmp_path, "--sizes", "fused:64", "fused:40x24x36", "--precisions", "bf16")
     assert status == 0, [(r["size"], r["note"]) for r in rows]
     for row in rows:
-        assert row["status"] == "ok" and row["fused"] and row["kernel"]["form"] == "general", row["note"]
+        assert row["status"] == "ok" and row["fused"] and row["kernel"]["form"] == "persistent", row["note"]
         by = row["by_name"]
-        mine = by["spatialc general"]
-        assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"]
-        assert mine["end_to_end"] is not None and "store A, B, the residual and the scales" in mine["detail"]
+        for form in ("persistent", "general", "sm90a"):  # every form prints the fused kernel: each timed both ways
+            mine = by[f"spatialc {form}"]
+            assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"], form
+            assert mine["end_to_end"] is not None and "store A, B, the residual and the scales" in mine["detail"]
         for form in ("persistent", "general", "sm90a"):
             plain = by[f"spatialc {form} (plain GEMM)"]
             assert plain["ok"] and plain["check"]["correct"] and plain["end_to_end"] is None, form  # kernel only
             assert plain["kernel"]["method"] == "graph"
-        assert by["spatialc persistent"]["note"].startswith("n/a: the general form, as the persistent kernel refuses")
         theirs = by[F.TORCH_EPILOGUE]
         assert theirs["ok"] and theirs["family"] == "cublas" and "Triton matmul" not in by
         summary = row["fused_timings"]
-        assert summary["picked"] == "general" and summary["goal"] == "met"
-        assert summary["forms"]["general"]["ratio"] == pytest.approx(1.0, rel=1e-6)
-        assert summary["forms"]["persistent"]["fused_s"] is None and summary["forms"]["persistent"]["plain_s"]
+        assert summary["picked"] == "persistent" and summary["goal"] == "met"
+        for form in ("persistent", "general", "sm90a"):  # the stand-in times a fused kernel as its plain GEMM
+            assert summary["forms"][form]["ratio"] == pytest.approx(1.0, rel=1e-6), form
         assert row["timings"]["kernel"]["cublas_best"]["name"] == F.TORCH_EPILOGUE
     md = (tmp_path / "gpucheck.md").read_text()
-    assert "- bf16 fused:64x64x64 (auto: general): persistent —; general 1.00×; sm90a —;" in md
-    assert "| bf16 | fused:40×24×36 | general | " in md  # the kernel table: the fused kernel
+    assert "- bf16 fused:64x64x64 (auto: persistent): persistent 1.00×; general 1.00×; sm90a 1.00×;" in md
+    assert "| bf16 | fused:40×24×36 | spatialc persistent | " in md  # the kernel table: the fused kernels
     capsys.readouterr()
 
 
@@ -272,26 +267,30 @@ def test_prepare_compiles_the_fused_and_layernorm_kernels_and_the_dry_run_finds_
     prep, sizes = tmp_path / "prep", ["fused:64", "map:layernorm:64x64"]
     assert gpucheck.main([str(prep), "--prepare", "--sizes", *sizes, "--precisions", "bf16"]) == 0
     out = capsys.readouterr().out
-    # The preflight's five, the fused GEMM's general form and LayerNorm's; the plain GEMM's three at 64³ are the
-    # preflight's own texts (compiled once), and the forms that refuse are no failure.
-    assert "gpucheck prepare: 7 kernels (3 more share a text with one of them) for sm_90 with fake nvcc" in out
-    assert "7 compiled, 0 failed" in out
-    assert "bf16 fused:64x64x64 persistent: the general form, as the persistent kernel refuses" in out
-    assert "bf16 fused:64x64x64 sm90a: cannot lower an epilogue that reads residual" in out
+    # The preflight's five, the fused GEMM's three forms and LayerNorm's general form; the plain GEMM's three at 64³
+    # are the preflight's own texts (compiled once).
+    assert "gpucheck prepare: 9 kernels (3 more share a text with one of them) for sm_90 with fake nvcc" in out
+    assert "9 compiled, 0 failed" in out
+    for form in ("persistent", "general", "sm90a"):
+        assert f"bf16 fused:64x64x64 {form}: " in out
     entries = Manifest.load(prep).entries
-    for case in ("bf16 fused:64x64x64", "bf16 map:layernorm:64x64"):
-        (entry,) = [e for e in entries if e.case == case]
-        assert (entry.form, entry.kernel_name) == ("general", "spatialc_general") and entry.cubin
+    fused = {(e.form, e.kernel_name) for e in entries if e.case == "bf16 fused:64x64x64" and e.cubin}
+    assert fused == {
+        ("persistent", "spatialc_persistent"),
+        ("general", "spatialc_general"),
+        ("sm90a", "spatialc_hopper"),
+    }
+    (entry,) = [e for e in entries if e.case == "bf16 map:layernorm:64x64"]
+    assert (entry.form, entry.kernel_name) == ("general", "spatialc_general") and entry.cubin
     monkeypatch.setattr(N, "find_nvcc", lambda: None)
     argv = ["unused", "--dry-run", "--prepared", str(prep), "--sizes", *sizes, "--precisions", "bf16"]
     assert gpucheck.main(argv) == 0
     dry = capsys.readouterr().out
-    assert dry.count("    cubin     prepared: ") == 5  # fused general, the plain GEMM's three, LayerNorm's general
+    assert dry.count("    cubin     prepared: ") == 7  # the fused three, the plain GEMM's three, LayerNorm's general
     fused = dry.split("bf16 fused:64x64x64\n")[1].split("bf16 map:")[0]
-    assert "  spatialc persistent: the general form, as the persistent kernel refuses" in fused
-    assert "  note      lower's auto chose the general form" in fused
+    assert "  note      lower's auto chose the persistent form" in fused
     timed = next(line for line in fused.splitlines() if line.startswith("  timed     "))
-    assert "spatialc general: end to end + kernel only; spatialc sm90a: n/a (no kernel)" in timed
+    assert "spatialc general: end to end + kernel only; spatialc sm90a: end to end + kernel only" in timed
     assert "spatialc general (plain GEMM): kernel only, against the fused kernel" in timed
     assert "torch.matmul + epilogue: end to end + kernel only (out= forms)" in timed
     ln = dry.split("bf16 map:layernorm:64x64\n")[1]

@@ -69,7 +69,7 @@ def fused_case(built: Built, target: str, kw: dict[str, Any]) -> Built:
     if artifact.budget.form == "general":  # the persistent kernel refused it: said in its place
         why = next((n for n in artifact.notes if "persistent kernel refuses" in n), "; ".join(artifact.notes))
         forms.insert(0, Form("persistent", absent=why or "lower chose the general form"))
-        built.note = f"lower's auto chose the {artifact.budget.form} form"
+    built.note = f"lower's auto chose the {artifact.budget.form} form"
     if target == "sm_90":
         forms.append(hopper_form(gemm, {}))
     built.forms = [*forms, *plain_forms(case, target, built)]
