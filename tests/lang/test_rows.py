@@ -311,3 +311,18 @@ def test_a_row_vector_prints_as_ew_row_and_a_column_vector_as_ew_col():
     row = Apply("mul", (Arg(0), Col(TensorId(3), axis=VecAxis.ROW)))
     assert ew_source(row, ["x"], (False,), named) == 'x * ew.row("s")'
     assert ew.resolved(ew.x(0) * ew.row("s"), lambda name: TensorId(3)) == row
+
+
+def test_layernorm_prints_as_ew_formulas_whose_lang_source_builds_it_again():
+    """A map of row vectors alone (mean = Σx / n) fills a row vector: a later map reads it by row (x − mean), in the
+    printed source and when the source runs as a lang program — before, both took it for a page of values."""
+    import types
+
+    from spatialc.lang.source import python_source
+
+    p = spatialc.build(spatialc.layernorm(40, 70, "bf16"), "sm_90")
+    src = python_source(p)
+    assert "Map(" not in src and 'p.map("centre", lambda x1, mean: x1 - mean' in src
+    module = types.ModuleType("layernorm_by_hand")
+    exec(compile(src, "layernorm_by_hand.py", "exec"), module.__dict__)
+    assert module.program() == p

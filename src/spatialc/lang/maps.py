@@ -18,7 +18,7 @@ from .. import ew
 from ..errors import ProgramError
 from ..ir.ids import BufferId, TensorId
 from ..ir.nodes import ComputeStage, ReadStage, Tensor, TensorRole
-from ..ir.ops import REDUCE_OPS, Apply, Arg, Col, Expr, Lit, RowArg, RowReduce, TileAddr, VecAxis
+from ..ir.ops import REDUCE_OPS, Apply, Arg, Col, Expr, Lit, Map, RowArg, RowReduce, TileAddr, VecAxis
 from ..numerics.elementwise import OPS
 from .lines import refuse
 
@@ -28,10 +28,16 @@ if TYPE_CHECKING:
 
 
 def vector_rings(b: Builder) -> set[BufferId]:
-    """The rings the stages declared so far fill with row vectors: the outputs of row reductions."""
-    return {
-        x for s in b.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for x in s.outs
-    }
+    """The rings the stages declared so far fill with row vectors: the outputs of row reductions, and of maps that
+    read row vectors alone (LayerNorm's mean = Σx / n: one value a row, as the planner takes it)."""
+    vectors: set[BufferId] = set()
+    for s in b.stages:  # in declaration order: a map's rings are declared before it
+        if not isinstance(s.kind, ComputeStage):
+            continue
+        op = s.kind.op
+        if isinstance(op, RowReduce) or (isinstance(op, Map) and s.ins and all(x in vectors for x in s.ins)):
+            vectors.update(s.outs)
+    return vectors
 
 
 def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef]) -> Expr:

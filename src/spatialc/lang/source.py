@@ -133,7 +133,8 @@ class SourcePrinter:
                 text = self.ew_formula(s, vectors) if filled.issuperset(s.ins) else None
                 if text is not None:
                     out[s.id] = text
-            if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce):
+            reduces = isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce)
+            if reduces or (s.id in out and vectors.issuperset(s.ins)):  # a map of row vectors alone is one too
                 vectors.update(s.outs)
             filled.update(s.outs)
         return out
