@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ...ir.ids import BufferId
-from ...ir.nodes import ComputeStage, DType, Engine, Plan, SpatialProgram, TensorRole
+from ...ir.nodes import DType, Engine, Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
     Barrier,
@@ -70,7 +70,7 @@ from .program import (
     relative_groups,
     site_classes,
 )
-from .rings import ALIGN, MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, ring_table
+from .rings import ALIGN, MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, epilogue_rings, epit_bytes, ring_table
 from .rows import RowAccumulators, row_accumulators
 from .tiles import Fragments
 
@@ -307,29 +307,6 @@ def _ring_ends(p: SpatialProgram, rings: Rings, roles: tuple[Role, ...]) -> tupl
                         "each ring slot's barrier counts one engine's threads",
                     )
     return prod, cons
-
-
-def epit_bytes(integer: bool) -> int:
-    """Bytes of one value of an epilogue stage's ring (EPIT): long long in an integer program, float otherwise."""
-    return 8 if integer else 4
-
-
-def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
-    """The rings an elementwise stage fills hold its values: int64 (EPIT) in an integer program, whose bias may
-    leave int32, float32 in a float one — except a page a matmul reads, which holds its operands (`ring_table`)."""
-    elementwise = {
-        rings.template[b]
-        for s in p.stages
-        if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, MatmulTiles)
-        for b in s.outs
-    }
-    table = {
-        r: dataclasses.replace(ring, c_type="EPIT", elem_bytes=epit_bytes(integer))
-        if r in elementwise and ring.c_type == "ACCT"
-        else ring
-        for r, ring in rings.rings.items()
-    }
-    return dataclasses.replace(rings, rings=table)
 
 
 def layout(
