@@ -53,7 +53,6 @@ from ..artifact import Budget, CudaArtifact
 from ..errors import TooBig, Unsupported
 from . import epilogue
 from .clusters import Multicast, check_cluster, multicast
-from .cwriter import C_TYPES
 from .general_printer import KERNEL_NAME, accumulator_of, kernel_text, printed
 from .handover import clusters, sync_words
 from .host import assemble
@@ -67,6 +66,7 @@ from .program import (
     distinct_lists,
     fragments_per_warp,
     launch_for,
+    out_c_type,
     relative_groups,
     site_classes,
 )
@@ -456,15 +456,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
             target.smem_per_site_max,
             "choose a smaller block, fewer sub-blocks or shallower rings",
         )
-    out = p.output_tensor()
-    assert out is not None
-    kinds = sorted({t.dtype.value for t in p.tensors if t.role == TensorRole.OUTPUT})
-    if len(kinds) > 1:  # the kernel stores every output through one element type (OUT_T)
-        raise Unsupported(
-            f"outputs of different element types ({', '.join(kinds)})",
-            "the general form stores its outputs in one type: give them one (a LayerNorm's out float32, as its mean"
-            " and rstd are)",
-        )
+    out_type = out_c_type(p, "the general form")
     missing = [r for r in rings.rings if r not in prod or r not in cons]
     if missing:
         raise Unsupported(f"ring {rings.rings[missing[0]].name} without a producer and a consumer", "verify says why")
@@ -472,7 +464,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
         p,
         plan,
         types,
-        C_TYPES[out.dtype],
+        out_type,
         rings,
         lane_grid,
         lanes,

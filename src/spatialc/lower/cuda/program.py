@@ -408,6 +408,22 @@ def _check_row_major_pages(p: SpatialProgram) -> None:
             )
 
 
+def out_c_type(p: SpatialProgram, form: str) -> str:
+    """OUT_T, the C type a kernel stores every output through — after checking that the outputs have one type
+    (`form` names the kernel in the refusal)."""
+    kinds = sorted({t.dtype.value for t in p.tensors if t.role == TensorRole.OUTPUT})
+    if len(kinds) > 1:
+        raise Unsupported(
+            f"outputs of different element types ({', '.join(kinds)})",
+            f"{form} stores its outputs in one type: give them one (a LayerNorm's out float32, as its mean and rstd"
+            " are)",
+        )
+    out = p.output_tensor()
+    if out is None:
+        raise Unsupported("a program without an output tensor", "the kernel stores its result into one")
+    return C_TYPES[out.dtype]
+
+
 def checked_gemm(
     p: SpatialProgram, elementwise: Callable[[ComputeOp], bool]
 ) -> tuple[Stage, MmaTypes, bool, tuple[Stage, ...]]:

@@ -359,11 +359,14 @@ class _Occupancy:
                 self.stored = False
             case WriteTiles(src=buf) if self.rings.is_fused(buf):
                 self.fused(op, self.at == self.last and self.rings.chain_step(buf) == self.last, None)
-            case Compute(ins=ins):
+            case Compute(ins=ins, outs=outs):
                 self.accumulate(op)
                 for buf in ins:
                     if self.rings.kept(buf) is not None:
                         self.need(buf, lambda h, r, s: s == 1, "a page waited for and not yet popped", op)
+                for buf in outs:  # a stage page to page fills the page its engine reserved
+                    if self.rings.kept(buf) is not None:
+                        self.need(buf, lambda h, r, s: h - r == 1, "a page reserved and not yet pushed", op)
             case AcquireAcc():
                 self.accumulate(op)
 
