@@ -3,9 +3,10 @@ CUDA form: the form `lower` prints them in when asked (auto keeps the general fo
 order (a later pass's writer loop left out of the earlier passes), the printers the general form shares (the same C
 for every map and fold), the census; nvcc for sm_80, sm_86 and sm_90 without a warning or a spill; the host
 emulation against the interpreter — bit for bit for exact maps, within `spatialc.tolerance(p, kernel=True)` for the
-others — at ragged sizes, several items a site, forced blocks, a reduction pipelined two pages deep, LayerNorm's three
-outputs; and planted faults (a shuffle step left out, a row vector read at the wrong row, a column vector at the wrong
-column, a vector written from the wrong ring, a barrier left out) that the emulation must catch.
+others — at ragged sizes, several items a site, forced blocks, a reduction pipelined two pages deep, rings one page
+deep, bands of 8 tile rows, LayerNorm's three outputs; and planted faults (a shuffle step left out, a row vector read
+at the wrong row, a column vector at the wrong column, a vector written from the wrong ring, the barriers between a
+map and its fold left out) that the emulation must catch.
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ CASES = {
     "softmax/fp16-out-bf16-bands-of-2": (
         lambda: spatialc.softmax(70, 100, "fp16", out="bf16"),
         {"block": (2, 2, 1), "sites": 2, "placement": "round_robin"},
+        False,
+    ),
+    # bands of 8 tile rows (16 rows a warp), rings one page deep: no pass pipelined
+    "softmax/bf16-bands-of-8-depth-1": (
+        lambda: spatialc.softmax(130, 64, "bf16"),
+        {"block": (8, 2, 1), "depth": 1},
         False,
     ),
     "rmsnorm/fp16": (lambda: spatialc.rmsnorm(40, 200, "fp16"), {"sites": 2}, False),
