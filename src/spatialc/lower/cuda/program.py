@@ -49,7 +49,7 @@ from . import epilogue
 from .cwriter import C_TYPES
 from .rings import MMA_TYPES, MmaTypes
 
-# What the forms that refuse such programs (all but the general form) call them.
+# What the sm_90a form's refusal and auto's note (forms.PAGES_NOTE) call such programs.
 MAP_PROGRAM = "a program without a tile matmul (an elementwise map)"
 ROW_PROGRAM = "a program that reduces rows (softmax, RMSNorm)"
 
