@@ -124,12 +124,14 @@ def _merge(progs: list[list[ChoreoOp]]) -> list[SerialOp]:
 
 
 def _joining(heads: list[list[ChoreoOp]], cuts: list[int]) -> list[bool]:
-    """Which programs at a cut enter the loop merged there: each one at a loop, but for a loop that waits on a page
-    that only another program's ops after its own loop push — a later pass's loop (a row program's writer, whose one
-    loop over the row's pages stores what the compute engine's last pass over them fills). Merged with the first
-    pass it would wait for pages no op before it produces; left out, it comes with its own ops (carried past the
-    loop merged without it, as a program with no part in a loop is) to a later cut. If that would leave every loop
-    out, none is: the ring proof then names the wait that cannot be met."""
+    """Which programs at a cut enter the loop merged there: each one at a loop, but for a loop that waits on pages
+    only another program's ops after its own loop push, and on none the loops merged there push — a later pass's loop
+    (a row program's writer, whose one loop over the row's pages stores what the compute engine's last pass over
+    them fills). Merged with the first pass it would wait for pages no op before it produces; left out, it comes with
+    its own ops (carried past the loop merged without it, as a program with no part in a loop is) to a later cut. A
+    loop that drains some of the merged loops' pages stays in (left out, it would let them pile up over the trips;
+    the ring proof judges that order as before). If every loop would be left out, none is: the ring proof then
+    names the wait that cannot be met."""
     at = [c < len(h) for h, c in zip(heads, cuts, strict=True)]
     later = [buffers_of(h[c + 1 :], Push) if a else set() for h, c, a in zip(heads, cuts, at, strict=True)]
     inside = [buffers_of([h[c]], Push) if a else set() for h, c, a in zip(heads, cuts, at, strict=True)]
@@ -139,9 +141,9 @@ def _joining(heads: list[list[ChoreoOp]], cuts: list[int]) -> list[bool]:
     while changed:
         changed = False
         for i in [i for i, j in enumerate(joins) if j]:
-            met = set().union(*(inside[j] for j, ok in enumerate(joins) if ok))
+            met = set().union(*(inside[j] for j, ok in enumerate(joins) if ok and j != i))
             after = set().union(*(later[j] for j in range(len(heads)) if j != i))
-            if (waits[i] - met) & after:
+            if waits[i] & after and not waits[i] & met:
                 joins[i], changed = False, True
     return joins if any(joins) else at
 
