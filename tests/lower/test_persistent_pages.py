@@ -57,6 +57,12 @@ CASES = {
         {"block": (2, 2, 1), "sites": 2},
         True,
     ),
+    # a row vector (one value a row) and a column vector, items of 2 × 2 tiles over 2 sites
+    "map/bf16-row-and-col": (
+        _map(lambda x, g: x * ew.row("scale") + g * ew.col("bias"), 50, 40, "bf16"),
+        {"block": (2, 2, 1), "sites": 2},
+        True,
+    ),
     # library ops (within the tolerance), fp16 in, bf16 out, one item a site (no ITEM loop)
     "map/fp16-silu": (_map(lambda x, g: ew.silu(g) * x + ew.col("bias"), 33, 17, "fp16", out="bf16"), {}, False),
     # 13 tiles a row read 4 a page (the last 56 columns padding); 3 bands on 2 sites; the max's pass pipelined
@@ -108,11 +114,11 @@ def inputs(p, seed=0):
             x = rng.standard_normal(t.elems) * 3 + (2 if "layernorm" in p.name else 0)
             x[rng.random(t.elems) < 0.05] = 0.0
             out[t.name] = operand_values(t.name, x, t.dtype)
-        elif t.role == TensorRole.PARAMETER and t.dtype == DType.INT32:
-            n = t.elems[1]
+        elif t.role == TensorRole.PARAMETER and t.dtype == DType.INT32:  # a vector: n values (1 × n) or m (m × 1)
+            n = t.elems[0] * t.elems[1]
             out[t.name] = rng.choice([-1, 1], n) * (2**31 - 1 - rng.integers(0, 5000, n))
         elif t.role == TensorRole.PARAMETER:
-            out[t.name] = (rng.standard_normal(t.elems[1]) * 2).astype(np.float32)
+            out[t.name] = (rng.standard_normal(t.elems[0] * t.elems[1]) * 2).astype(np.float32)
     return out
 
 
