@@ -68,7 +68,7 @@ def test_a_row_vector_builds_checks_and_shows_as_lang_that_traces_back(capsys, t
         (["elementwise", "exp(x)", "8", "8", "--precision", "int8"], "exp is float arithmetic"),
         (["elementwise", "x", "8", "8", "--block", "1,1,1"], "--block must be 2 comma-separated whole numbers"),
         (["elementwise", "x", "0", "8"], "m must be a whole number ≥ 1"),
-        (["elementwise", "x", "8", "8", "--form", "persistent"], "printed in the general form only"),
+        (["elementwise", "x", "8", "8", "--form", "sm90a"], "printed in the general and the persistent forms only"),
         (["elementwise", "+" * 3000 + "x", "8", "8"], "nests too deep"),
         (["elementwise", "x * row(s) + col(s)", "8", "8"], "'s' is read both as a column vector (col) and as a row"),
         (["elementwise", "x * row(x)", "8", "8"], "need names of their own"),

@@ -135,9 +135,12 @@ def test_a_map_row_is_checked_and_timed_against_torch_and_the_copy(fake_gpu, tmp
             assert mine["check"]["unwritten"] == 0 and mine["check"]["nonfinite"] == 0
             assert mine["kernel"]["method"] == "graph" and mine["end_to_end"]["method"] == "events"
             assert mine["facts"]["c_elem"] == {"fp16": "float16", "bf16": "bfloat16"}[row["precision"]]
-            for form in ("persistent", "sm90a"):  # no kernel in either: the reason, lower's own
-                note = row["by_name"][f"spatialc {form}"]["note"]
-                assert note.startswith("n/a: cannot lower a program without a tile matmul (an elementwise map)")
+            # The persistent form prints a map, but the row times the general form alone (auto's); the sm_90a form
+            # refuses it, with lower's own reason.
+            note = row["by_name"]["spatialc persistent"]["note"]
+            assert note == "n/a: lowered, but a map row times its general form alone"
+            note = row["by_name"]["spatialc sm90a"]["note"]
+            assert note.startswith("n/a: cannot lower a program without a tile matmul (an elementwise map)")
             theirs, copy = row["by_name"][torch_name], row["by_name"]["torch copy_"]
             assert theirs["ok"] and theirs["kernel"]["method"] == "graph" and theirs["end_to_end"]["median_s"] > 0
             assert copy["ok"] and copy["kernel"]["median_s"] > 0 and copy["end_to_end"] is None
@@ -247,7 +250,7 @@ def test_prepare_compiles_the_map_kernel_and_the_dry_run_finds_it(tmp_path, caps
     # The preflight's five (64³ in three forms, the sm_90a form at the large rows' plan, the cluster kernel) and the
     # map's general form; its other forms are no failure.
     assert "gpucheck prepare: 6 kernels for sm_90 with fake nvcc" in out and "6 compiled, 0 failed" in out
-    assert "bf16 map:residual:64x64 persistent: cannot lower a program without a tile matmul" in out
+    assert "bf16 map:residual:64x64 persistent: lowered, but a map row times its general form alone" in out
     assert "bf16 map:residual:64x64 sm90a: cannot lower a program without a tile matmul" in out
     entry = next(e for e in Manifest.load(prep).entries if e.case == "bf16 map:residual:64x64")
     assert (entry.form, entry.arch, entry.kernel_name) == ("general", "sm_90", "spatialc_general") and entry.cubin

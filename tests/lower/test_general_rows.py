@@ -1,5 +1,5 @@
 """Programs that reduce rows (`spatialc.softmax`, `spatialc.rmsnorm`) in the general CUDA form: the form `lower`
-picks and the forms that refuse them; the kernel's row accumulators, shuffles, padding mask and row-vector reads;
+picks and the form that refuses them; the kernel's row accumulators, shuffles, padding mask and row-vector reads;
 its ledger and census; nvcc for sm_80 and sm_90 without a warning or a spill; the host emulation against the
 interpreter within `spatialc.tolerance(p, kernel=True)` at ragged sizes, several bands a site, forced blocks (bands
 of 1, 2 and 8 tile rows, pages 1 to 4 tiles wide) and fp16 / bf16 inputs and outputs; and planted faults (the
@@ -100,14 +100,14 @@ def within(name, c, ins):
 def test_auto_prints_a_row_program_in_the_general_form_and_says_so():
     art = lowered("softmax/bf16")
     assert art.budget.form == "general" and art.launch.kernel_name == "spatialc_general" and art.general is None
-    assert any("reduces rows" in note and "general form" in note for note in art.notes)
+    (note,) = [note for note in art.notes if "reduces rows" in note]
+    assert note.startswith("the general form") and "form='persistent'" in note
     assert spatialc.lower(built("softmax/bf16"), form="general").kernel_cu == art.kernel_cu
 
 
-def test_the_persistent_and_sm90a_forms_refuse_a_row_program_naming_the_general_form():
+def test_the_sm90a_form_refuses_a_row_program_naming_the_general_form():
+    """(The persistent form prints it: tests/lower/test_persistent_pages.py.)"""
     p = built("rmsnorm/fp16")
-    with pytest.raises(NeedsGeneral, match=r"reduces rows \(softmax, RMSNorm\).*form='general'"):
-        spatialc.lower(p, form="persistent")
     with pytest.raises(Unsupported, match="sm_90a only"):
         spatialc.lower(p, form="sm90a")  # built for sm_90, which has no sm_90a instructions
     hopper = spatialc.build(spatialc.rmsnorm(40, 200, "fp16"), "sm_90a")

@@ -88,7 +88,7 @@ def test_what_a_map_program_cannot_take_is_refused_in_one_line():
         ({"sub_blocks": (1, 2)}, "sub_blocks shapes a matmul's work"),
         ({"split_k": 2}, "split_k shapes a matmul's work"),
         ({"multicast": (2, 1)}, "multicast shapes a matmul's work"),
-        ({"form": "persistent"}, "printed in the general form only"),
+        ({"form": "sm90a"}, "printed in the general and the persistent forms only"),
         ({"block": (2, 2, 4)}, r"a map's block is \(rows, columns, 1\)"),
     ):
         with pytest.raises(ProgramError, match=words):

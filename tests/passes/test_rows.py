@@ -146,7 +146,7 @@ def test_what_a_row_program_cannot_take_is_refused_in_one_line():
     base = spatialc.softmax(64, 64)
     for kwargs, words in (
         ({"split_k": 2}, "this program has no matmul"),
-        ({"form": "sm90a"}, "general form only"),
+        ({"form": "sm90a"}, "general and the persistent forms only"),
         ({"block": (1, 1, 2)}, r"\(rows, columns, 1\) of tiles"),
     ):
         with pytest.raises(ProgramError, match=words):
@@ -157,13 +157,13 @@ def test_what_a_row_program_cannot_take_is_refused_in_one_line():
         spatialc.build(base, "sm_90", block=(64, 64, 1))
 
 
-def test_only_the_general_form_prints_a_row_reduction():
-    """(tests/lower/test_general_rows.py runs its kernel.)"""
+def test_the_general_and_the_persistent_form_print_a_row_reduction():
+    """(tests/lower/test_general_rows.py and test_persistent_pages.py run their kernels.)"""
     p = spatialc.build(spatialc.softmax(64, 64), "sm_90")
     assert spatialc.lower(p).budget.form == spatialc.lower(p, form="general").budget.form == "general"
-    for form in ("persistent", "sm90a"):
-        with pytest.raises(Unsupported, match="reduces rows|sm_90a only"):
-            spatialc.lower(p, form=form)
+    assert spatialc.lower(p, form="persistent").budget.form == "persistent"
+    with pytest.raises(Unsupported, match="sm_90a only"):
+        spatialc.lower(p, form="sm90a")
 
 
 def test_a_saved_row_program_loads_verified():

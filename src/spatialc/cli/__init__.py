@@ -131,8 +131,9 @@ def _elementwise_parser(sub) -> None:
         " (silu(g) * x + col(bias); spatialc.numerics.elementwise lists them) over input tensors of M×N values —"
         " its other names, or --inputs — column vectors col(NAME) of N values and row vectors row(NAME) of M values;"
         " verify it, evaluate it with the"
-        " reference interpreter and check it against numpy; with --emit / --run, lower it to CUDA (the general form)"
-        " and run it. Sizes are in elements; tiles are 16x16 elements; a block is in tiles.",
+        " reference interpreter and check it against numpy; with --emit / --run, lower it to CUDA (the general form;"
+        " --form persistent for the persistent one) and run it. Sizes are in elements; tiles are 16x16 elements; a"
+        " block is in tiles.",
         epilog=EPILOG,
     )
     g.add_argument("expr", help="the formula, e.g. 'silu(g) * x' (quote it for the shell)")
@@ -168,8 +169,9 @@ def _rows_parser(sub, name: str, what: str, formula: str) -> argparse.ArgumentPa
         help=f"build, verify and check {what} of each row of x (M×N), a program that reduces rows",
         description=f"Build out[M×N] = {formula} along each row of x, a spatial program of reads, row reductions and"
         " maps; verify it (rule 8 proves each reduction covers every column of its row once), evaluate it with the"
-        " reference interpreter and check it against numpy. The general CUDA form prints its kernel (--emit, --run)."
-        " Sizes are in elements; tiles are 16x16 elements; a block is in tiles.",
+        " reference interpreter and check it against numpy. The general CUDA form prints its kernel (--emit, --run;"
+        " --form persistent for the persistent one). Sizes are in elements; tiles are 16x16 elements; a block is in"
+        " tiles.",
         epilog=EPILOG,
     )
     g.add_argument("m", type=int, help="M: rows of x and out (elements)")
@@ -375,7 +377,8 @@ def _form_option(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="the CUDA kernel: auto (on --target sm_90a the sm_90a form — a TMA producer and wgmma consumers — where "
         "it holds the program; else the persistent tile kernel where it holds it, else the general form with each "
-        "engine on its own warps), persistent, general or sm90a (default: auto)",
+        "engine on its own warps; a program without a matmul: the general form), persistent, general or sm90a "
+        "(default: auto)",
     )
 
 

@@ -10,11 +10,11 @@ bytes (every input read, C written) and set spatialc's kernel against two contes
   by events throughout);
 - `torch`'s device-to-device copy (`copy_`) of as many bytes, half read and half written: the device's copy
   bandwidth, which no map beats and which issue 31 asks a map to reach within 10%.
-spatialc's contestant is the general form's kernel (the only form that prints a map; the persistent kernel and the
-sm_90a form refuse one by name, which their contestants say), its output poisoned first, checked element by element
-against the kind's float64 reference on the same rounded inputs within the kind's bound (`check_map`), timed both
-ways like a GEMM row's kernels: kernel only on inputs already tiled, end to end from row-major inputs (tilized on the
-device) to row-major C.
+spatialc's contestant is the general form's kernel (the form `auto` prints a map in; the persistent form prints one
+too, untimed here, and the sm_90a form refuses one by name, which their contestants say), its output poisoned first,
+checked element by element against the kind's float64 reference on the same rounded inputs within the kind's bound
+(`check_map`), timed both ways like a GEMM row's kernels: kernel only on inputs already tiled, end to end from
+row-major inputs (tilized on the device) to row-major C.
 
 This module holds what a map row needs on the CPU — its kinds, their float64 references and bounds, its build
 (`map_case`), what the dry run says of it; maprows.py measures it on the GPU.
@@ -288,8 +288,8 @@ def check_map(c: Any, ref: Any, bound: Any, elem: str, xp: Any, out_tiled: Any =
 
 
 def map_case(built: Built, target: str) -> Built:
-    """The map built and lowered in the general form, beside the forms that refuse a map (absent, with lower's own
-    reason: the persistent kernel's, and on sm_90 the sm_90a form's, built for sm_90a)."""
+    """The map built and lowered in the general form, beside the forms it does not time (absent, with the reason: the
+    persistent form's, lowered but untimed — or lower's refusal — and on sm_90 the sm_90a form's, built for sm_90a)."""
     import spatialc
 
     case, kind = built.case, kind_of(built.case)

@@ -55,6 +55,17 @@ __device__ __forceinline__ void spatialc_out_st2(T* p, T a, T b) {
 }
 #define SPATIALC_OUT_ST2(p, a, b) spatialc_out_st2((p), (OUT_T)(a), (OUT_T)(b))
 #endif"""
+# Plain reads and writes of page elements (the writer's, and the epilogue stages'), so that the emulation, which
+# defines its own, can check them for races as it checks cp.async landings and fragment loads; and plain stores to
+# global memory other sites read in the same launch (split-K's workspace), which the emulation keeps invisible at
+# device scope until the storing thread (or one that crossed a barrier with it) releases them.
+PAGE_MACROS = """#ifndef SPATIALC_PAGE_LD
+#define SPATIALC_PAGE_LD(p) (*(p))
+#define SPATIALC_PAGE_ST(p, v) (*(p) = (v))
+#endif
+#ifndef SPATIALC_GLOBAL_ST
+#define SPATIALC_GLOBAL_ST(p, v) (*(p) = (v))
+#endif"""
 CHECK_MACRO = (
     "#define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "
     '"CUDA error: %s (%s)\\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)'

@@ -27,13 +27,16 @@ from . import epilogue
 from .cwriter import (
     CHECK_MACRO,
     INCLUDES,
+    PAGE_MACROS,
     RING_MACROS,
     STORE_MACRO,
     Writer,
     site_prologue,
 )
+from .maps import MapPrinter
 from .merge import SerialLoop, SerialOp
 from .rings import MmaTypes, Rings, Rotation, SmemLayout, barrier_free_pops, commits, rotation
+from .rows import RowAccumulators, RowPrinter
 from .tiles import TilePrinter, tensor_core_lines
 
 KERNEL_NAME = "spatialc_persistent"
@@ -58,6 +61,10 @@ class Kernel:
     items: tuple[tuple[int, ...], ...]  # each site's items, in blockIdx order
     integer: bool  # the epilogue's arithmetic: exact int64 (int8 programs) or float32
     has_epilogue: bool  # elementwise stages are fused into the store (their helpers are printed)
+    # A program without a tile matmul (a map program, a row program): its block moves and maps pages and holds no
+    # fragments; a row program's row accumulators are `rows` (rows.py).
+    pages: bool = False
+    rows: RowAccumulators | None = None
 
     @property
     def item_tiles(self) -> tuple[int, int]:
@@ -238,6 +245,30 @@ class OpPrinter(TilePrinter):
         return [(stage, env) for stage, env, _ in chain]
 
 
+class PagePrinter(RowPrinter, MapPrinter, OpPrinter):
+    """The op printer of a program without a tile matmul: a map program's map and a row program's maps and row
+    accumulators are printed by the printers the general form runs them with (`maps.py`, `rows.py`), here on every
+    thread of the block, between the serialised order's waits and barriers; page elements are read and written
+    through SPATIALC_PAGE_LD / ST, which the host emulation checks for races."""
+
+    def load(self, pointer: str, element: str) -> str:
+        return f"SPATIALC_PAGE_LD({pointer})"
+
+    def op(
+        self, op: SerialOp, first: bool, run: tuple[SerialOp, ...], env: dict[LoopVar, str], in_flight: int, tag: str
+    ) -> None:
+        mark = marker(op, tag)
+        match op:
+            case SerialLoop():
+                super().op(op, first, run, env, in_flight, tag)
+            case _ if self.row_op(op, env, mark):
+                pass
+            case Compute(op=stage, ins=ins, outs=(dst,)) if ins:
+                self.elementwise(op, stage, [self.kept(b) for b in ins], self.kept(dst), env, mark)
+            case _:
+                super().op(op, first, run, env, in_flight, tag)
+
+
 # ---- the kernel text ---------------------------------------------------------------------------------------
 
 
@@ -248,11 +279,20 @@ def preamble(k: Kernel) -> list[str]:
         f"// {plain(p.name)}: a persistent CUDA kernel printed by spatialc from the spatial IR; each block is one site."
     ]
     lines += [f"#include <{h}>" for h in INCLUDES]
-    lines += ["", RING_MACROS, STORE_MACRO, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types), ""]
-    lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
+    if k.pages:  # no tensor cores, no fragments: pages read and written element by element, in EPIT values
+        lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, ""]
+        epit = "long long" if k.integer else "float"
+        lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.out_type} OUT_T;", f"typedef {epit} EPIT;"]
+    else:
+        lines += ["", RING_MACROS, STORE_MACRO, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types), ""]
+        lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     if k.has_epilogue:
         lines += ["", *epilogue.helpers(k.integer).rstrip("\n").split("\n"), ""]
-    lines += [f"#define NTHREAD {k.lanes * 32}", f"#define NWARP {k.lanes}", f"#define PERW {k.perw}"]
+    lines += [f"#define NTHREAD {k.lanes * 32}", f"#define NWARP {k.lanes}"]
+    if k.rows is not None:  # each warp's rows of the band, one share of each a lane (rows.py)
+        lines.append(f"#define RROWS {k.rows.per_warp}")
+    if not k.pages:
+        lines.append(f"#define PERW {k.perw}")
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]
         lines += [f"#define DEPTH_{rid} {ring.depth}", f"#define PAGE_{rid} {ring.page}"]
@@ -283,13 +323,16 @@ def kernel_text(k: Kernel, ops: tuple[SerialOp, ...]) -> str:
             # No ITEM loop (no site holds two items): the site's one item is implicit.
             OpPrinter(k, w).item_header("ITEM_LIST[item_off]")
             env = {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
-        OpPrinter(k, w, barrier_free_pops(k.rings, ops)).ops(ops, env)
+        printer = PagePrinter if k.pages else OpPrinter
+        printer(k, w, barrier_free_pops(k.rings, ops)).ops(ops, env)
     return w.text()
 
 
 def kernel_prologue(k: Kernel, w: Writer) -> None:
     """Thread coordinates, the site's slice of the work list, rings, counters and accumulators."""
     site_prologue(w)
+    if k.pages:  # no fragments to place by warp (a row printer finds its warp from tid itself)
+        w.line("(void)warp;")
     if k.smem.dyn_bytes:
         w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
     for rid in sorted(k.rings.rings):
@@ -303,4 +346,7 @@ def kernel_prologue(k: Kernel, w: Writer) -> None:
             w.line(f"SPATIALC_SHARED_RING({ring.c_type}, ring_{rid}, DEPTH_{rid}, PAGE_{rid});")
         # wslot names the page the last Reserve claimed (so it starts one before slot 0); rslot the front page.
         w.line(f"int wslot_{rid} = DEPTH_{rid} - 1, rslot_{rid} = 0;")
-    w.line("spatialc_acc<ACCT> accf[PERW];")
+    if not k.pages:
+        w.line("spatialc_acc<ACCT> accf[PERW];")
+    for t in sorted(k.rows.reductions if k.rows is not None else ()):
+        w.line(f"float racc_{t}[RROWS];  // the lane's share of each of the warp's rows")

@@ -8,7 +8,8 @@ printing, which buys a software-pipelined K loop and an epilogue fused into the 
 serialise (`NeedsGeneral`). The general form runs every engine on warps of its own, handing pages over at run time,
 and takes what the persistent form refuses as far as it prints it. A persistent artifact carries the same program
 in general form in `artifact.general`, so that the two can be run on the same inputs and compared (an sm_90a one
-does not: its pages are panels).
+does not: its pages are panels). A program without a tile matmul (a map program, a row program) is printed by both
+the general and the persistent form; auto picks the general one (`PAGES_NOTE` says why).
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ from . import general, hopper, persistent
 from .program import MAP_PROGRAM, ROW_PROGRAM
 
 FORMS = ("auto", "persistent", "general", "sm90a")
+# Why auto prints a program without a tile matmul in the general form. Such a kernel is memory-bound: what counts is
+# that its loads are in flight all the time. The general form runs the reader on a warp of its own, which fills the
+# next pages while the compute warps map or fold this one and the writer stores the last; the persistent form runs
+# the engines one after another on the whole block, so an item's loads wait for the last item's stores (only a
+# reduction's pass over a row is pipelined). The persistent form is the second, independently printed form the host
+# emulation checks these programs in.
+PAGES_NOTE = (
+    "the general form: {what} is memory-bound, and the general form's reader warp keeps its loads in flight while"
+    " the other warps map and store; the persistent form (form='persistent') serialises its engines on one block"
+)
 
 
 class UnknownForm(LowerError, ValueError):
@@ -44,10 +55,11 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
     if form == "general":
         return general.lower(program, target)
     if form == "auto" and (is_map_program(program) or is_row_program(program)):
-        # No matmul: nothing for the other forms' tensor cores to do.
+        # No matmul: nothing for sm_90a's tensor cores to do, and the persistent form serialises what the general
+        # form overlaps (`PAGES_NOTE`).
         what = ROW_PROGRAM if is_row_program(program) else MAP_PROGRAM
         art = general.lower(program, target)
-        return dataclasses.replace(art, notes=(*art.notes, f"the general form: {what} is printed in it only"))
+        return dataclasses.replace(art, notes=(*art.notes, PAGES_NOTE.format(what=what)))
     if form == "sm90a" or (form == "auto" and in_panels(program)):
         # Pages in panels: only the sm_90a form reads them, so its refusal is the answer and no general form
         # rides along.

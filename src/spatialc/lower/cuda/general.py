@@ -25,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ...ir.ids import BufferId
-from ...ir.nodes import ComputeStage, DType, Engine, Plan, SpatialProgram, TensorRole
+from ...ir.nodes import DType, Engine, Plan, SpatialProgram, TensorRole
 from ...ir.ops import (
     AcquireAcc,
     Barrier,
@@ -53,7 +53,6 @@ from ..artifact import Budget, CudaArtifact
 from ..errors import TooBig, Unsupported
 from . import epilogue
 from .clusters import Multicast, check_cluster, multicast
-from .cwriter import C_TYPES
 from .general_printer import KERNEL_NAME, accumulator_of, kernel_text, printed
 from .handover import clusters, sync_words
 from .host import assemble
@@ -67,10 +66,11 @@ from .program import (
     distinct_lists,
     fragments_per_warp,
     launch_for,
+    out_c_type,
     relative_groups,
     site_classes,
 )
-from .rings import ALIGN, MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, ring_table
+from .rings import ALIGN, MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, epilogue_rings, epit_bytes, ring_table
 from .rows import RowAccumulators, row_accumulators
 from .tiles import Fragments
 
@@ -309,29 +309,6 @@ def _ring_ends(p: SpatialProgram, rings: Rings, roles: tuple[Role, ...]) -> tupl
     return prod, cons
 
 
-def epit_bytes(integer: bool) -> int:
-    """Bytes of one value of an epilogue stage's ring (EPIT): long long in an integer program, float otherwise."""
-    return 8 if integer else 4
-
-
-def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
-    """The rings an elementwise stage fills hold its values: int64 (EPIT) in an integer program, whose bias may
-    leave int32, float32 in a float one — except a page a matmul reads, which holds its operands (`ring_table`)."""
-    elementwise = {
-        rings.template[b]
-        for s in p.stages
-        if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, MatmulTiles)
-        for b in s.outs
-    }
-    table = {
-        r: dataclasses.replace(ring, c_type="EPIT", elem_bytes=epit_bytes(integer))
-        if r in elementwise and ring.c_type == "ACCT"
-        else ring
-        for r, ring in rings.rings.items()
-    }
-    return dataclasses.replace(rings, rings=table)
-
-
 def layout(
     rings: dict[int, Ring], ring_align: int = ALIGN, barrier_align: int = ALIGN, ready: tuple[int, ...] = ()
 ) -> tuple[dict[str, int], int, int]:
@@ -479,15 +456,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
             target.smem_per_site_max,
             "choose a smaller block, fewer sub-blocks or shallower rings",
         )
-    out = p.output_tensor()
-    assert out is not None
-    kinds = sorted({t.dtype.value for t in p.tensors if t.role == TensorRole.OUTPUT})
-    if len(kinds) > 1:  # the kernel stores every output through one element type (OUT_T)
-        raise Unsupported(
-            f"outputs of different element types ({', '.join(kinds)})",
-            "the general form stores its outputs in one type: give them one (a LayerNorm's out float32, as its mean"
-            " and rstd are)",
-        )
+    out_type = out_c_type(p, "the general form")
     missing = [r for r in rings.rings if r not in prod or r not in cons]
     if missing:
         raise Unsupported(f"ring {rings.rings[missing[0]].name} without a producer and a consumer", "verify says why")
@@ -495,7 +464,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
         p,
         plan,
         types,
-        C_TYPES[out.dtype],
+        out_type,
         rings,
         lane_grid,
         lanes,

@@ -12,17 +12,15 @@ from typing import TYPE_CHECKING
 from ...inputs import row_limits
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
 from ...ir.names import plain
-from ...ir.nodes import PageLayout, TensorRole
+from ...ir.nodes import TensorRole
 from ...ir.ops import (
     AcquireAcc,
     AddPartial,
     Barrier,
     ChoreoOp,
-    Col,
     Compute,
     Flush,
     Loop,
-    Map,
     McastSend,
     PackAcc,
     Pop,
@@ -33,16 +31,11 @@ from ...ir.ops import (
     SemSet,
     TileAddr,
     Trip,
-    VecAxis,
     Wait,
     WriteBarrier,
-    row_reads,
     walk,
 )
-from ...ir.ops import (
-    cols as expr_cols,
-)
-from ...ir.printer import addr_text, compute_text
+from ...ir.printer import addr_text
 from ...target import WARP
 from ..census import marker
 from ..errors import Unsupported
@@ -52,6 +45,7 @@ from .cwriter import (
     C_TYPES,
     CHECK_MACRO,
     INCLUDES,
+    PAGE_MACROS,
     RING_MACROS,
     STORE_MACRO,
     Writer,
@@ -60,25 +54,15 @@ from .cwriter import (
     site_prologue,
 )
 from .handover import HandoverPrinter
-from .rings import TILE_ELEMS, Ring
-from .rows import RowPrinter, row_read
+from .maps import MapPrinter
+from .rings import TILE_ELEMS
+from .rows import RowPrinter
 from .tiles import Fragments, TilePrinter, tensor_core_lines
 
 if TYPE_CHECKING:
     from .general import GeneralKernel, Role
 
 KERNEL_NAME = "spatialc_general"
-# Plain reads and writes of page elements (the writer's, and the epilogue stages'), so that the emulation, which
-# defines its own, can check them for races as it checks cp.async landings and fragment loads; and plain stores to
-# global memory other sites read in the same launch (split-K's workspace), which the emulation keeps invisible at
-# device scope until the storing thread (or one that crossed a barrier with it) releases them.
-PAGE_MACROS = """#ifndef SPATIALC_PAGE_LD
-#define SPATIALC_PAGE_LD(p) (*(p))
-#define SPATIALC_PAGE_ST(p, v) (*(p) = (v))
-#endif
-#ifndef SPATIALC_GLOBAL_ST
-#define SPATIALC_GLOBAL_ST(p, v) (*(p) = (v))
-#endif"""
 
 
 def accumulator_of(op: ChoreoOp) -> BufferId | None:
@@ -91,7 +75,7 @@ def accumulator_of(op: ChoreoOp) -> BufferId | None:
     return None
 
 
-class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, TilePrinter):
+class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrinter, TilePrinter):
     """Prints one engine's program on its own warps: its ops in order, its loops as its own `for`s."""
 
     counts_sends = True  # each multicast ring's sends are counted (the receiver's page is the send's number)
@@ -239,61 +223,6 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, TilePrin
     def engine_sync(self) -> str:
         """The engine's threads meet (its named barrier)."""
         return f"spatialc_engine_sync({self.bar_id}, {self.role.threads});"
-
-    def elementwise(self, op: Compute, stage, srcs: list[Ring], dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
-        """A stage page to page — an epilogue stage of the one page before it, or a map program's map of its input
-        pages — each thread of the engine a strided share of the elements. Element e of every page is the same
-        element of the item (verify's rule 8 follows each page to its tile), read from each input ring's front page
-        as the stage's value type (`long long` in an int8 program, `float` otherwise: an operand page's int8, fp16
-        or bf16 converts exactly), and the stage's value is stored into the output ring's newest page. A row vector
-        (RowArg: a page of the band's tile rows, the other pages rows of `width` tiles) is read at the element's own
-        row and column (`rows.row_read`)."""
-        if not epilogue.page_to_page(stage):
-            raise Unsupported(f"a {compute_text(stage, self.k.program)} stage", "the general form has no image for it")
-        n = dst.page
-        for ring in (*srcs, dst):  # element e of a page is the same element of the item in row-major tiles only
-            if ring.layout != PageLayout.ROW:
-                raise Unsupported(
-                    f"stage {compute_text(stage, self.k.program)} on {ring.name}'s pages in {ring.layout.value} layout",
-                    "a stage reads and writes its pages element by element in row-major tiles (the row layout)",
-                )
-        by_row = dict(row_reads(stage.expr)) if isinstance(stage, Map) else {}
-        for i, src in enumerate(srcs):
-            if i in by_row and src.page * by_row[i] != n:
-                raise Unsupported(
-                    f"stage {compute_text(stage, self.k.program)} reading {src.name}'s pages of {src.page} elements"
-                    f" as a row vector of pages of {n} in rows of {by_row[i]} tiles",
-                    "a row vector holds one tile for each tile row of the pages it is read against",
-                )
-            if i not in by_row and src.page != n:
-                raise Unsupported(
-                    f"stage {compute_text(stage, self.k.program)} of {src.name}'s pages of {src.page} elements into"
-                    f" {dst.name}'s of {n}",
-                    "a stage maps pages of one shape, element by element",
-                )
-        value = "long long" if self.k.integer else "float"
-        columns = expr_cols(stage.expr) if isinstance(stage, Map) else ()
-
-        def col_at(c: Col) -> str:
-            at = addr_expr(c.at, env)
-            lead = f"{at} + " if at != "0" else ""
-            if c.axis == VecAxis.ROW:  # the page's tile row tl / width, the element's row in it: column 0 of each
-                return f"(long long)({lead}tl / {c.width}) * {TILE_ELEMS} + (el / 16) * 16"
-            return f"(long long)({lead}tl % {c.width}) * {TILE_ELEMS} + el % 16"
-
-        with self.w.block("", mark), self.w.block(f"for (int e = etid; e < {n}; e += {self.nthreads})"):
-            if columns or by_row:
-                self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
-            for i, src in enumerate(srcs):
-                at = row_read("tl", "el", by_row[i]) if i in by_row else "e"
-                page = f"ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id} + {at}"
-                self.w.line(f"const {value} v{i} = ({value})SPATIALC_PAGE_LD({page});")
-            loaded = "v{}".format  # a page's value and a row vector's, each loaded above
-            self.w.line(f"const {value} v = {epilogue.value(stage, self.k.integer, col_at, loaded, loaded)};")
-            # A page a matmul reads holds operands: the value converted to their type (float32 rounded to nearest
-            # even, `MmaTypes.to_operand`), as the interpreter rounds a computed operand page where a matmul reads it.
-            stored = f"{self.k.types.to_operand}(v)" if dst.c_type == "OPT" else "(EPIT)v"
-            self.w.line(f"SPATIALC_PAGE_ST(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id} + e, {stored});")
 
 
 def preamble(k: GeneralKernel) -> list[str]:

@@ -108,7 +108,7 @@ def _merge(progs: list[list[ChoreoOp]]) -> list[SerialOp]:
     out: list[SerialOp] = []
     while True:
         cuts = _cuts(heads)
-        at_loop = [c < len(h) for h, c in zip(heads, cuts, strict=True)]
+        at_loop = _joining(heads, cuts)
         segs = [h[:c] for h, c in zip(heads, cuts, strict=True)]
         tails = [h[c:] for h, c in zip(heads, cuts, strict=True)]
         emitted, left = _order_segment(segs, tails, at_loop)
@@ -119,7 +119,33 @@ def _merge(progs: list[list[ChoreoOp]]) -> list[SerialOp]:
             return out
         loops: list[Loop] = [h[c] for h, c, at in zip(heads, cuts, at_loop, strict=True) if at]  # type: ignore[misc]
         out.append(_merge_loops(loops))
-        heads = [rest + (h[c + 1 :] if at else []) for h, c, at, rest in zip(heads, cuts, at_loop, left, strict=True)]
+        # A program left out of the loop keeps its own (`_joining`); one with no loop here has nothing past its cut.
+        heads = [rest + h[c + 1 if at else c :] for h, c, at, rest in zip(heads, cuts, at_loop, left, strict=True)]
+
+
+def _joining(heads: list[list[ChoreoOp]], cuts: list[int]) -> list[bool]:
+    """Which programs at a cut enter the loop merged there: each one at a loop, but for a loop that waits on pages
+    only another program's ops after its own loop push, and on none the loops merged there push — a later pass's loop
+    (a row program's writer, whose one loop over the row's pages stores what the compute engine's last pass over
+    them fills). Merged with the first pass it would wait for pages no op before it produces; left out, it comes with
+    its own ops (carried past the loop merged without it, as a program with no part in a loop is) to a later cut. A
+    loop that drains some of the merged loops' pages stays in (left out, it would let them pile up over the trips;
+    the ring proof judges that order as before). If every loop would be left out, none is: the ring proof then
+    names the wait that cannot be met."""
+    at = [c < len(h) for h, c in zip(heads, cuts, strict=True)]
+    later = [buffers_of(h[c + 1 :], Push) if a else set() for h, c, a in zip(heads, cuts, at, strict=True)]
+    inside = [buffers_of([h[c]], Push) if a else set() for h, c, a in zip(heads, cuts, at, strict=True)]
+    waits = [buffers_of([h[c]], Wait) if a else set() for h, c, a in zip(heads, cuts, at, strict=True)]
+    joins = list(at)
+    changed = True
+    while changed:
+        changed = False
+        for i in [i for i, j in enumerate(joins) if j]:
+            met = set().union(*(inside[j] for j, ok in enumerate(joins) if ok and j != i))
+            after = set().union(*(later[j] for j in range(len(heads)) if j != i))
+            if waits[i] & after and not waits[i] & met:
+                joins[i], changed = False, True
+    return joins if any(joins) else at
 
 
 def _merge_loops(loops: list[Loop]) -> SerialLoop:

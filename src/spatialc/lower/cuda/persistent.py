@@ -36,14 +36,12 @@ from ...passes.rows import is_row_program
 from ...target import SpatialTarget
 from ..artifact import Budget, CudaArtifact, Launch
 from ..errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
-from . import epilogue
+from . import epilogue, persistent_pages
 from .cwriter import C_TYPES
 from .emit import KERNEL_NAME, Kernel, kernel_text
 from .host import assemble
 from .merge import SerialLoop, SerialOp, serialise
 from .program import (
-    MAP_PROGRAM,
-    ROW_PROGRAM,
     all_ops,
     check_printable,
     checked_gemm,
@@ -59,6 +57,8 @@ MMA_TILE = Tile(16, 16)
 
 def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     """The CUDA artifact of a verified program, or a typed error saying what the persistent kernel cannot hold."""
+    if is_map_program(program) or is_row_program(program):  # no tile matmul: its block moves and maps pages
+        return persistent_pages.lower(program, target)
     refuse(program)
     plan = program.plans[0]
     mm, types, integer, chain = checked_gemm(program, epilogue.EPILOGUE_OPS)
@@ -99,11 +99,8 @@ def refuse(p: SpatialProgram) -> None:
 
 
 def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
-    """(what, why) when `p` has something the persistent kernel leaves to the general form, else None."""
-    if is_map_program(p):
-        return MAP_PROGRAM, "the persistent kernel is a tensor-core tile GEMM, elementwise stages fused into its store"
-    if is_row_program(p):
-        return ROW_PROGRAM, "the persistent kernel is a tensor-core tile GEMM, and its warps hold no row accumulators"
+    """(what, why) when `p` (a program with a tile matmul: `lower` sends the others to `persistent_pages`) has
+    something the persistent kernel leaves to the general form, else None."""
     if len(p.plans) > 1:
         return f"a program with {len(p.plans)} plans", "the persistent kernel prints one block shape for every site"
     if p.placement is not None and p.placement.splits > 1:

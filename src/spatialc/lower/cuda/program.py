@@ -49,7 +49,7 @@ from . import epilogue
 from .cwriter import C_TYPES
 from .rings import MMA_TYPES, MmaTypes
 
-# What the forms that refuse such programs (all but the general form) call them.
+# What the sm_90a form's refusal and auto's note (forms.PAGES_NOTE) call such programs.
 MAP_PROGRAM = "a program without a tile matmul (an elementwise map)"
 ROW_PROGRAM = "a program that reduces rows (softmax, RMSNorm)"
 
@@ -406,6 +406,22 @@ def _check_row_major_pages(p: SpatialProgram) -> None:
                 f"ring {b.name} laid out {kind.layout.value}",
                 "a map's pages hold their tiles row by row, as the tensors store them: lay the ring out by rows",
             )
+
+
+def out_c_type(p: SpatialProgram, form: str) -> str:
+    """OUT_T, the C type a kernel stores every output through — after checking that the outputs have one type
+    (`form` names the kernel in the refusal)."""
+    kinds = sorted({t.dtype.value for t in p.tensors if t.role == TensorRole.OUTPUT})
+    if len(kinds) > 1:
+        raise Unsupported(
+            f"outputs of different element types ({', '.join(kinds)})",
+            f"{form} stores its outputs in one type: give them one (a LayerNorm's out float32, as its mean and rstd"
+            " are)",
+        )
+    out = p.output_tensor()
+    if out is None:
+        raise Unsupported("a program without an output tensor", "the kernel stores its result into one")
+    return C_TYPES[out.dtype]
 
 
 def checked_gemm(

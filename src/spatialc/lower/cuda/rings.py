@@ -8,6 +8,7 @@ ruled out statically.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ...ir.ids import LV_ITEM, BufferId, loop_var_name
@@ -145,6 +146,29 @@ def ring_table(p: SpatialProgram, types: MmaTypes, fused: tuple[int, ...]) -> Ri
                 "every copy of one template is one shared-memory ring in the kernel",
             )
     return Rings(rings, template, fused, names)
+
+
+def epit_bytes(integer: bool) -> int:
+    """Bytes of one value of an epilogue stage's ring (EPIT): long long in an integer program, float otherwise."""
+    return 8 if integer else 4
+
+
+def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
+    """The rings an elementwise stage fills hold its values: int64 (EPIT) in an integer program, whose bias may
+    leave int32, float32 in a float one — except a page a matmul reads, which holds its operands (`ring_table`)."""
+    elementwise = {
+        rings.template[b]
+        for s in p.stages
+        if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, MatmulTiles)
+        for b in s.outs
+    }
+    table = {
+        r: dataclasses.replace(ring, c_type="EPIT", elem_bytes=epit_bytes(integer))
+        if r in elementwise and ring.c_type == "ACCT"
+        else ring
+        for r, ring in rings.rings.items()
+    }
+    return dataclasses.replace(rings, rings=table)
 
 
 # ---- software pipelining ----------------------------------------------------------------------------------
@@ -335,11 +359,14 @@ class _Occupancy:
                 self.stored = False
             case WriteTiles(src=buf) if self.rings.is_fused(buf):
                 self.fused(op, self.at == self.last and self.rings.chain_step(buf) == self.last, None)
-            case Compute(ins=ins):
+            case Compute(ins=ins, outs=outs):
                 self.accumulate(op)
                 for buf in ins:
                     if self.rings.kept(buf) is not None:
                         self.need(buf, lambda h, r, s: s == 1, "a page waited for and not yet popped", op)
+                for buf in outs:  # a stage page to page fills the page its engine reserved
+                    if self.rings.kept(buf) is not None:
+                        self.need(buf, lambda h, r, s: h - r == 1, "a page reserved and not yet pushed", op)
             case AcquireAcc():
                 self.accumulate(op)
 

@@ -107,11 +107,13 @@ def _check_accumulator(p: SpatialProgram, acc, bh: int) -> None:
 
 
 class RowPrinter:
-    """Prints the row accumulators' ops on the compute warps (a mixin of `general_printer.EnginePrinter`, whose kernel
-    `k`, writer `w`, ring slots, page loads and `kept` it uses)."""
+    """Prints the row accumulators' ops on the compute warps (a mixin of the general form's `EnginePrinter` and the
+    persistent form's page printer, whose kernel `k` — its `rows` — writer `w`, thread index `tid`, ring slots, page
+    loads and `kept` it uses)."""
 
     k: Any
     w: Writer
+    tid: str
     kept: Any  # (annotations only: the methods are EnginePrinter's and TilePrinter's)
     read_slot: Any
     write_slot: Any
@@ -155,7 +157,7 @@ class RowPrinter:
 
     def warp_rows(self) -> None:
         """The warp's index among the compute warps and the lane's, which place its rows and columns."""
-        self.w.line(f"const int rw = etid / {WARP}, lane = etid % {WARP};")
+        self.w.line(f"const int rw = {self.tid} / {WARP}, lane = {self.tid} % {WARP};")
 
     def fold(self, rr: RowReduce, r: Reduction, src: Ring, racc: str, env: dict[LoopVar, str], mark: str) -> None:
         """RowReduce: each lane folds its columns of each of its warp's rows of the front page into its shares."""
