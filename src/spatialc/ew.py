@@ -73,6 +73,9 @@ class Value:
     def __pow__(self, other: Any) -> Value:
         return _call("pow", self, other)
 
+    def __rpow__(self, other: Any) -> Value:
+        return _call("pow", other, self)
+
     def __neg__(self) -> Value:
         return _call("neg", self)
 

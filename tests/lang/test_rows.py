@@ -326,3 +326,14 @@ def test_layernorm_prints_as_ew_formulas_whose_lang_source_builds_it_again():
     module = types.ModuleType("layernorm_by_hand")
     exec(compile(src, "layernorm_by_hand.py", "exec"), module.__dict__)
     assert module.program() == p
+
+
+def test_a_number_raised_to_an_expression_is_written_and_printed_as_python_writes_it():
+    """`2.0 ** x` is ew's pow(2, x) (Value.__rpow__), and the printer writes it back so: the two read the same."""
+    from spatialc.ir.ops import Apply, Arg, Lit
+    from spatialc.lang.maps import ew_source
+
+    (x,) = ew.inputs(1)
+    assert (2.0**x).node == Apply("pow", (Lit(2.0), Arg(0))) and (x**2.0).node == Apply("pow", (Arg(0), Lit(2.0)))
+    text = ew_source(Apply("pow", (Lit(2.0), Arg(0))), ["x"], (False,), lambda c: None)
+    assert text == "2.0 ** x" and eval(text, {"ew": ew, "x": x}).node == (2.0**x).node

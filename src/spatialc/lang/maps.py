@@ -161,7 +161,7 @@ def _source(expr: Expr, args: Sequence[str], vectors: tuple[bool, ...], col_name
             texts = [_source(a, args, vectors, col_name) for a in parts]
             values = [not isinstance(a, Lit) for a in parts]
             symbol, bind = OPERATORS.get(op) or COMPARISONS.get(op) or ("", 0)
-            if symbol and (values[0] or (any(values) and op in OPERATORS and op != "pow")):  # ew has no __rpow__
+            if symbol and (values[0] or (any(values) and op in OPERATORS)):
                 # a ** b ** c is a ** (b ** c), and -x ** 2 is -(x ** 2); a < b < c is a chain, not two comparisons
                 left, right = {5: (ATOM, UNARY), 1: (2, 2)}.get(bind, (bind, bind + 1))
                 return f"{_wrap(texts[0], left)} {symbol} {_wrap(texts[1], right)}", bind
