@@ -3,10 +3,12 @@
 `op(builder, name)` turns a program *family* — a function from sizes to a spatialc program, such as
 `lambda m, n, k: spatialc.gemm(m, n, k, "bf16", epilogue=[spatialc.bias(), spatialc.relu()])` — into a
 `torch.library` custom op. Its inputs are the program's input tensors, then its parameter tensors, in the program's
-order; its output is the program's one output. The family's sizes are read off the inputs' shapes: the builder is
-called twice with made-up sizes (frontend only, nothing built) to learn which axis of which tensor each argument is.
+order; its output is the program's one output, or a tuple of its outputs in the program's order for a program of
+several (LayerNorm's (out, mean, rstd), each shaped as the program has it: mean and rstd m×1). The family's sizes
+are read off the inputs' shapes: the builder is called twice with made-up sizes (frontend only, nothing built) to
+learn which axis of which tensor each argument is.
 
-- The fake (meta) implementation gives the output's shape and dtype from those axes alone, so `torch.compile` and
+- The fake (meta) implementation gives each output's shape and dtype from those axes alone, so `torch.compile` and
   `torch.export` trace through the op without building anything.
 - A real call builds and verifies the program once per (sizes, device) and keeps it (`op.compiled()` lists what was
   built; the `spatialc.torch` logger says so at INFO); built programs are also kept on disk, as JSON under
@@ -146,8 +148,8 @@ class SpatialOp:
         self.builder = builder
         self.options = dict(options or {})
         self.disk_cache = disk_cache
-        self.params, self.slots, self.output = _signature(builder, self.name, probes)
-        self._names = [s.name for s in self.slots] + [self.output.name]
+        self.params, self.slots, self.outputs = _signature(builder, self.name, probes)
+        self._names = [s.name for s in self.slots] + [s.name for s in self.outputs]
         # each size read off the first input axis that is it: (slot, axis)
         self._reads = [
             next((i, ax) for i, s in enumerate(self.slots) for ax, a in enumerate(s.axes) if a == p)
@@ -163,9 +165,16 @@ class SpatialOp:
         self._def.register_fake(self._fake)
 
     @property
+    def output(self) -> Slot:
+        """The program's first output (its only one, for most programs)."""
+        return self.outputs[0]
+
+    @property
     def schema(self) -> str:
-        """The op's torch schema: one Tensor per input and parameter, one Tensor out."""
-        return f"({', '.join(f'Tensor {n}' for n in _arg_names(self.slots))}) -> Tensor"
+        """The op's torch schema: one Tensor per input and parameter; one Tensor out, or a tuple of one per output
+        in the program's order."""
+        outs = "Tensor" if len(self.outputs) == 1 else f"({', '.join('Tensor' for _ in self.outputs)})"
+        return f"({', '.join(f'Tensor {n}' for n in _arg_names(self.slots))}) -> {outs}"
 
     def __call__(self, *tensors: Any) -> Any:
         return self._def(*tensors)
@@ -184,11 +193,21 @@ class SpatialOp:
     # ---- what torch calls --------------------------------------------------------------------------------------
 
     def _fake(self, *tensors: Any) -> Any:
-        """The output's shape and dtype from the inputs' shapes alone (sizes may be symbolic): nothing is built."""
+        """Each output's shape and dtype from the inputs' shapes alone (sizes may be symbolic): nothing is built."""
         shapes = [self._shape(slot, t) for slot, t in zip(self.slots, tensors, strict=True)]
         sizes = self._sizes(shapes)
-        shape = [sizes[self.params.index(a)] if isinstance(a, str) else a for a in self.output.axes]
-        return tensors[0].new_empty(shape, dtype=self.output.dtype)
+        made = [
+            tensors[0].new_empty(
+                [sizes[self.params.index(a)] if isinstance(a, str) else a for a in s.axes], dtype=s.dtype
+            )
+            for s in self.outputs
+        ]
+        return self._result({s.name: t for s, t in zip(self.outputs, made, strict=True)})
+
+    def _result(self, by_name: Mapping[str, Any]) -> Any:
+        """The op's result from its outputs by name: the one tensor, or a tuple in the program's order."""
+        got = tuple(by_name[s.name] for s in self.outputs)
+        return got[0] if len(got) == 1 else got
 
     def _impl(self, *tensors: Any) -> Any:
         device = self._device(tensors)
@@ -298,27 +317,37 @@ class SpatialOp:
     # ---- running -----------------------------------------------------------------------------------------------
 
     def _evaluate(self, entry: Compiled, named: dict[str, Any]) -> Any:
-        """The interpreter's exact result (CPU tensors in, a CPU tensor out)."""
+        """The interpreter's exact result (CPU tensors in, CPU tensors out)."""
         import numpy as np
 
         c = api.evaluate(entry.program, named)
-        return torch.from_numpy(np.ascontiguousarray(c)).to(self.output.dtype)
+        got = c if isinstance(c, dict) else {self.outputs[0].name: c}
+        return self._result(
+            {s.name: torch.from_numpy(np.ascontiguousarray(got[s.name])).to(s.dtype) for s in self.outputs}
+        )
 
     def _launch(self, entry: Compiled, named: dict[str, Any], device: Any) -> Any:
         """The kernel on torch's current stream of `device`: lowered and loaded at the first call of a shape."""
         with torch.cuda.device(device), _stream(torch.cuda.current_stream(device)):
-            return launch_entry(entry, named, _gpu_device())
+            return self._result(_by_name(launch_entry(entry, named, _gpu_device()), self.outputs[0].name))
+
+
+def _by_name(got: Any, only: str) -> dict[str, Any]:
+    return got if isinstance(got, dict) else {only: got}
 
 
 def launch_entry(entry: Compiled, named: dict[str, Any], gpu: Any) -> Any:
     """Run `entry`'s kernel on `gpu` (a runtime.launch Device) with the tensors by name, lowering and preparing it
-    once; C comes back as a torch tensor of the output's dtype."""
+    once; C comes back as a torch tensor of the output's dtype, or, for a kernel of several outputs, a dict of them
+    by name in the program's order (as `spatialc.run` gives)."""
     from .runtime import launch
 
     if entry.prepared is None:
         entry.artifact = api.lower(entry.program)
         entry.prepared = launch.prepare(entry.artifact, gpu)
     c = launch.run_prepared(entry.prepared, entry.artifact, **named)
+    if isinstance(c, dict):
+        return {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in c.items()}
     return c if isinstance(c, torch.Tensor) else torch.as_tensor(c)
 
 
@@ -396,9 +425,10 @@ def _probes(name: str, count: int, given: Any) -> tuple[tuple[int, ...], tuple[i
 
 def _signature(
     builder: Callable[..., Any], name: str, given: Any = None
-) -> tuple[tuple[str, ...], tuple[Slot, ...], Slot]:
+) -> tuple[tuple[str, ...], tuple[Slot, ...], tuple[Slot, ...]]:
     """The builder's size arguments, the op's input slots (the program's inputs, then its parameters) and its
-    output slot, each axis a constant or the argument it equals: learnt from two calls with different sizes."""
+    output slots (in the program's order), each axis a constant or the argument it equals: learnt from two calls
+    with different sizes."""
     params = _parameters(builder, name)
     probes = _probes(name, len(params), given)
     first, second = (_call(builder, name, probe) for probe in probes)
@@ -421,13 +451,15 @@ def _signature(
             raise ProgramError(f"{name}: tensor {t0.name} holds {t0.dtype}, which torch has no dtype for")
         slots.append(Slot(t0.name, t0.role, TORCH_DTYPES[t0.dtype], tuple(axes)))
     outputs = [s for s in slots if s.role == TensorRole.OUTPUT]
-    if len(outputs) != 1 or any(s.role == TensorRole.WORKSPACE for s in slots):
-        raise ProgramError(f"{name}: an op is a program of one output tensor; this one has {len(outputs)}")
+    if not outputs:
+        raise ProgramError(f"{name}: an op is a program of at least one output tensor; this one has none")
+    if any(s.role == TensorRole.WORKSPACE for s in slots):
+        raise ProgramError(f"{name}: an op's program keeps no workspace tensor; this one has one")
     ins = [s for s in slots if s.role == TensorRole.INPUT] + [s for s in slots if s.role == TensorRole.PARAMETER]
     unread = [p for p in params if not any(p in s.axes for s in ins)]
     if unread:
         raise ProgramError(f"{name}: size {unread[0]} is no axis of an input tensor, so it cannot be read off one")
-    return params, tuple(ins), outputs[0]
+    return params, tuple(ins), tuple(outputs)
 
 
 def _arg_names(slots: tuple[Slot, ...]) -> list[str]:
