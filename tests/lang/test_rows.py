@@ -337,3 +337,25 @@ def test_a_number_raised_to_an_expression_is_written_and_printed_as_python_write
     assert (2.0**x).node == Apply("pow", (Lit(2.0), Arg(0))) and (x**2.0).node == Apply("pow", (Arg(0), Lit(2.0)))
     text = ew_source(Apply("pow", (Lit(2.0), Arg(0))), ["x"], (False,), lambda c: None)
     assert text == "2.0 ** x" and eval(text, {"ew": ew, "x": x}).node == (2.0**x).node
+
+
+def test_printed_source_names_no_variable_after_a_python_builtin():
+    """A stage named map (an elementwise program's) or sum would be a variable hiding Python's own: it gets a
+    trailing underscore, and the module still builds the program."""
+    import ast
+    import builtins
+    import types
+
+    from spatialc.lang.source import python_source
+
+    x, g = ew.inputs(2)
+    for p in (
+        spatialc.build(spatialc.elementwise(ew.silu(g) * x, 64, 96, "bf16"), "sm_90"),
+        spatialc.build(spatialc.layernorm(40, 70, "bf16"), "sm_90"),
+    ):
+        src = python_source(p)
+        bound = {n.id for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        assert not bound & set(dir(builtins)), bound & set(dir(builtins))
+        module = types.ModuleType("printed")
+        exec(compile(src, "printed.py", "exec"), module.__dict__)
+        assert module.program() == p

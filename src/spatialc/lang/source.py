@@ -4,6 +4,7 @@ the source traces back to a program equal to the one printed (tests/lang/test_la
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
 import keyword
@@ -88,11 +89,16 @@ def op_source(op: object) -> str:
     return repr(op)
 
 
+BUILTINS = frozenset(dir(builtins))
+
+
 def identifier(name: str, taken: set[str]) -> str:
     """`name` as a Python identifier not yet `taken` (and now taken)."""
     base = re.sub(r"[^A-Za-z0-9_]", "_", name) or "x"
     if base[0].isdigit() or keyword.iskeyword(base):
         base = f"_{base}"
+    elif base in BUILTINS:  # a stage named map or sum would hide Python's own in the printed module
+        base = f"{base}_"
     out, n = base, 1
     while out in taken:
         n += 1
