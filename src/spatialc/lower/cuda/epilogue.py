@@ -116,15 +116,6 @@ def check(p: SpatialProgram, stages: tuple[Stage, ...], integer: bool, mm: Stage
     compute exactly what `spatialc.numerics.epilogue` defines, or whose last page does not hold what its reader takes:
     the output's type, or another matmul's operands."""
     ops: list[ComputeOp] = [s.kind.op for s in stages]  # type: ignore[union-attr]
-    for s in stages:
-        for b in s.ins[1:]:  # a residual's or a gate's page: read element e at e, as its tensor stores it
-            page = p.buffer(b)
-            if getattr(page.kind, "layout", PageLayout.ROW) != PageLayout.ROW:
-                raise Unsupported(
-                    f"the page {page.name} of stage {s.name}, laid out {page.kind.layout.value}",  # type: ignore[union-attr]
-                    "an epilogue reads a second tensor's page row by row, as the tensor stores it: lay the ring out"
-                    " by rows (the default)",
-                )
     for i, op in enumerate(ops):
         if isinstance(op, Requant) and i != len(ops) - 1:
             raise Unsupported(
