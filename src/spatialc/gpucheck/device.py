@@ -278,15 +278,28 @@ class GpuRunner:
         if form.artifact is None:
             return Contestant(name, "spatialc", note=f"n/a: {form.absent}", facts=form.facts), ("", "")
         path = kernel_path(case, name)
-        # Left out as this kernel, as its contestant anywhere, or (a sweep's plan) as its form.
-        off = self.unavailable.get(path) or self.unavailable.get(name) or self.unavailable.get(spatialc_name(form.name))
-        failure = form.error or (f"unavailable: {off}" if off else "")
         marked = self.marked.get(path) or self.marked.get(name)
         if marked:  # its form's preflight kernel was wrong: kept, and this row's kernel checked like any
             form.facts["preflight"] = marked
+        # Left out as this kernel, as its contestant anywhere, or (a sweep's plan) as its form.
+        return self.guarded(
+            case, form, lambda: self._measure_kernel(case, form, inputs, ref, deadline), (spatialc_name(form.name),)
+        )
+
+    def guarded(
+        self, case: Case, form: Form, measure: Callable[[], tuple[Contestant, tuple[str, str]]], also: tuple = ()
+    ) -> tuple[Contestant, tuple[str, str]]:
+        """`measure()` — a spatialc kernel's check and timing — unless the kernel was left out (its path, its
+        contestant, or a name in `also`, by an earlier process) or failed to build. A kernel that fails without
+        losing the GPU costs only its own contestant; one that loses it (a sticky error) is raised for the restart,
+        blamed on its path."""
+        name = form.contestant
+        path = kernel_path(case, name)
+        off = next((why for key in (path, name, *also) if (why := self.unavailable.get(key))), None)
+        failure = form.error or (f"unavailable: {off}" if off else "")
         if not failure:
             try:
-                return self._measure_kernel(case, form, inputs, ref, deadline)
+                return measure()
             except GpuLost as e:
                 raise e.blame(path) from None
             except BudgetExceeded:

@@ -33,7 +33,6 @@ from .cases import (
     blaming,
     grouped_sizes,
     is_sticky,
-    kernel_path,
     one_line,
     values64,
 )
@@ -116,21 +115,7 @@ class GroupedRows:
         name = form.contestant
         if form.artifact is None:
             return Contestant(name, "spatialc", note=f"n/a: {form.absent}"), ("", "")
-        path = kernel_path(case, name)
-        off = self.r.unavailable.get(path) or self.r.unavailable.get(name)  # it lost the GPU in an earlier process
-        failure = form.error or (f"unavailable: {off}" if off else "")
-        if not failure:
-            try:
-                return self._kernel(case, form, a, b, sizes, refs, deadline)
-            except GpuLost as e:
-                raise e.blame(path) from None
-            except BudgetExceeded:
-                raise
-            except Exception as e:
-                if is_sticky(e):
-                    raise GpuLost(f"{name}: {one_line(e)}", path=path) from None
-                failure = f"failed: {one_line(e)}"
-        return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
+        return self.r.guarded(case, form, lambda: self._kernel(case, form, a, b, sizes, refs, deadline))
 
     def _kernel(
         self, case: Case, form: Form, a: Any, b: Any, sizes: Any, refs: _References, deadline: Deadline

@@ -23,7 +23,6 @@ from .cases import (
     agrees,
     blaming,
     is_sticky,
-    kernel_path,
     map_bytes,
     one_line,
     values64,
@@ -98,21 +97,7 @@ class MapRows:
         name = form.contestant
         if form.artifact is None:
             return Contestant(name, "spatialc", note=f"n/a: {form.absent}", facts=form.facts), ("", "")
-        path = kernel_path(case, name)
-        off = self.r.unavailable.get(path) or self.r.unavailable.get(name)  # it lost the GPU in an earlier process
-        failure = form.error or (f"unavailable: {off}" if off else "")
-        if not failure:
-            try:
-                return self._kernel(case, form, sets, refs, deadline)
-            except GpuLost as e:
-                raise e.blame(path) from None
-            except BudgetExceeded:
-                raise
-            except Exception as e:
-                if is_sticky(e):
-                    raise GpuLost(f"{name}: {one_line(e)}", path=path) from None
-                failure = f"failed: {one_line(e)}"
-        return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
+        return self.r.guarded(case, form, lambda: self._kernel(case, form, sets, refs, deadline))
 
     def _kernel(
         self, case: Case, form: Form, sets: list[list[Any]], refs: dict[Any, Any], deadline: Deadline
