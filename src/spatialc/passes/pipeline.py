@@ -67,16 +67,20 @@ def build(
 PAGE_FORMS = ("auto", "general", "persistent")  # the forms that print a program without a tile matmul
 
 
-def _build_map(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast) -> SpatialProgram:
-    """A program with no matmul: one map of its inputs (`passes/maps.py`), planned for the general form; the
-    persistent form prints the same plan (its block keeps the same rings, without their barriers)."""
-    for name, given in (("sub_blocks", sub_blocks), ("split_k", split_k), ("multicast", multicast)):
+def _page_request(what: str, form: str, **matmul_only: object) -> None:
+    """ProgramError where a build of a program without a tile matmul (`what`) is asked for what shapes a matmul's
+    work, or for a form that does not print it."""
+    for name, given in matmul_only.items():
         if given is not None:
             raise ProgramError(f"{name} shapes a matmul's work; this program has no matmul")
     if form not in PAGE_FORMS:
-        raise ProgramError(
-            f"a program without a matmul is printed in the general and the persistent forms only, not {form!r}"
-        )
+        raise ProgramError(f"{what} is printed in the general and the persistent forms only, not {form!r}")
+
+
+def _build_map(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast) -> SpatialProgram:
+    """A program with no matmul: one map of its inputs (`passes/maps.py`), planned for the general form; the
+    persistent form prints the same plan (its block keeps the same rings, without their barriers)."""
+    _page_request("a program without a matmul", form, sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
     p = program.evolve(target=target.name)
     plan = plan_map(p, target, _page_block(block, "a map's block is (rows, columns, 1) of tiles, with no K"), depth)
     p = place_map(apply_map_plan(p, plan), target, sites, placement)
@@ -88,13 +92,7 @@ def _build_rows(
 ) -> SpatialProgram:
     """A program that reduces rows (softmax, RMSNorm: `passes/rows.py`), planned for the general form; the
     persistent form prints the same plan (its block keeps the same rings, without their barriers)."""
-    for name, given in (("sub_blocks", sub_blocks), ("split_k", split_k), ("multicast", multicast)):
-        if given is not None:
-            raise ProgramError(f"{name} shapes a matmul's work; this program has no matmul")
-    if form not in PAGE_FORMS:
-        raise ProgramError(
-            f"a program that reduces rows is printed in the general and the persistent forms only, not {form!r}"
-        )
+    _page_request("a program that reduces rows", form, sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
     said = "a row program's block is (rows, columns, 1) of tiles — a band of rows walked a page of columns at a time"
     p = program.evolve(target=target.name)
     plan = plan_rows(p, target, _page_block(block, said), depth)
