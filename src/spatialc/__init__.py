@@ -5,6 +5,7 @@
 from . import ew
 from . import lower as _lower_package  # noqa: F401
 from .api import build, emulate, evaluate, from_json, gemm, grouped_gemm, lower, run, to_json, verify
+from .attention import attention
 from .errors import DeadlockError, PlanError, ProgramError, SpatialError, VerifyError
 from .frontend import activation, bias, col_scale, elementwise, gate, relu, requant, residual, row_scale, scalar
 from .inputs import InexactInputWarning, InputError
@@ -18,6 +19,7 @@ from .runtime.tilize import work_list
 from .target import SpatialTarget, UnknownTarget, target
 
 __all__ = [
+    "attention",
     "DeadlockError",
     "InexactInputWarning",
     "InputError",

@@ -59,6 +59,7 @@ LV_SUB_H = LoopVar(3)
 LV_SUB_W = LoopVar(4)
 LV_K = LoopVar(5)
 LV_ROW = LoopVar(6)  # a grouped GEMM's row blocks of one group (a loop whose count is read at run time)
+LV_HEAD = LoopVar(7)  # attention: the query heads of an item's KV head, one after another (grouped-query attention)
 
 LOOP_VAR_NAMES = {
     LV_ITEM: "item",
@@ -68,6 +69,7 @@ LOOP_VAR_NAMES = {
     LV_SUB_W: "sw",
     LV_K: "k",
     LV_ROW: "row",
+    LV_HEAD: "head",
 }
 
 

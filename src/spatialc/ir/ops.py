@@ -36,11 +36,15 @@ class BlockShape:
 
 @dataclass(frozen=True, slots=True)
 class MatmulTiles:
-    """acc[sub-block] += A-page × B-page for every `sh × sw` sub-block of the item (one K step)."""
+    """acc[sub-block] += A-page × B-page for every `sh × sw` sub-block of the item (one K step).
+
+    `transpose_b`: the B page holds Bᵀ — `w × ibw` tiles, tile (j, k) the transpose of B's tile (k, j) — so the
+    product is A · pageᵀ: attention's S = Q·Kᵀ reads K's rows as they are stored."""
 
     block: BlockShape
     sub_blocks: tuple[int, int]
     operand: Precision
+    transpose_b: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +131,19 @@ class Apply:
     params: tuple[float, ...] = ()
 
 
-Expr = Arg | RowArg | Lit | Col | Apply
+@dataclass(frozen=True, slots=True)
+class Pos:
+    """An element's own index along `axis` in its tensor's (one group's) rows or columns, as a value: a page of
+    rows `width` tiles wide whose first tile row (ROW) or first tile column (COL) is `at`, its tile s at tile row
+    `at + s // width` or tile column `at + s mod width`, the element's offset inside the tile added. What a mask
+    compares: attention's causal mask keeps column ≤ row + (seq_kv − seq_q), its padding mask column < seq_kv."""
+
+    axis: VecAxis
+    at: TileAddr = field(default_factory=lambda: TileAddr(0))
+    width: int = 1
+
+
+Expr = Arg | RowArg | Lit | Col | Pos | Apply
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +270,16 @@ def cols(expr: Expr) -> tuple[Col, ...]:
     return ()
 
 
+def positions(expr: Expr) -> tuple[TileAddr, ...]:
+    """The addresses of the positions (`Pos`: a mask's rows and columns) `expr` reads, in order."""
+    match expr:
+        case Pos(_, at, _):
+            return (at,)
+        case Apply(_, args):
+            return tuple(a for x in args for a in positions(x))
+    return ()
+
+
 def with_cols(expr: Expr, f) -> Expr:
     """`expr` with every column vector c replaced by f(c)."""
     match expr:
@@ -305,12 +331,34 @@ class RowReduce:
 
 
 @dataclass(frozen=True, slots=True)
+class ScaleAcc:
+    """acc[row] ·= the row's value of the front page of `ins[0]`, a row vector (a row accumulator packed): every
+    element of the accumulator's row, over all its tiles. Online softmax's rescale by α = exp(m − m′) of the output
+    accumulator and of the running sum, between two KV blocks."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attention:
+    """A declaration, not a compute: O = softmax(scale · Q·Kᵀ + mask) · V and LSE = log Σ exp(scale · Q·Kᵀ + mask)
+    along each row, for every head — the stage `spatialc.attention` declares, read by rule 8 and expanded by the
+    attention planner (`passes/attention.py`) into the online recurrence no engine runs as one op. Q holds
+    `seq_q` rows a head, K and V `seq_kv` rows a KV head; query head h reads KV head h // `group`. The mask keeps
+    key column c for query row r where c < seq_kv and, `causal`, c ≤ r + seq_kv − seq_q (aligned bottom right)."""
+
+    scale: float
+    seq_q: int
+    seq_kv: int
+    group: int = 1
+    causal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class AddPartial:
     """acc += the front page of `ins[0]`: a partial sum of the accumulator's own output tiles over another part of
     K (split-K: a site adds the partials other sites left in a workspace tensor, in a fixed order)."""
 
 
-ComputeOp = MatmulTiles | Map | RowReduce | Requant | Generic | AddPartial
+ComputeOp = MatmulTiles | Map | RowReduce | ScaleAcc | Requant | Generic | AddPartial | Attention
 
 # ---- addresses and loop counts -----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from .ops import (
     AddPartial,
     Apply,
     Arg,
+    Attention,
     Barrier,
     ChoreoOp,
     Col,
@@ -37,6 +38,7 @@ from .ops import (
     McastSetValid,
     PackAcc,
     Pop,
+    Pos,
     Push,
     ReadBarrier,
     ReadTiles,
@@ -45,6 +47,7 @@ from .ops import (
     Reserve,
     RowArg,
     RowReduce,
+    ScaleAcc,
     SemInc,
     SemSet,
     SemWait,
@@ -76,9 +79,9 @@ def addr_text(at: TileAddr) -> str:
 def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
     """A compute op in a few words."""
     match op:
-        case MatmulTiles(b, (sh, sw), prec):
+        case MatmulTiles(b, (sh, sw), prec, transpose_b):
             sub = f" sub {sh}x{sw}" if (sh, sw) != (1, 1) else ""
-            return f"matmul {b.osh}x{b.osw}x{b.ibw}{sub} {prec.value}"
+            return f"matmul {b.osh}x{b.osw}x{b.ibw}{sub} {prec.value}" + (" B transposed" if transpose_b else "")
         case Map(expr):
             return expr_text(expr, p)
         case Requant(mult, shift, zp):
@@ -87,6 +90,12 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
             return f"generic {name}{list(params) if params else ''}"
         case AddPartial():
             return "add partial sum"
+        case ScaleAcc():
+            return "scale rows by x0[row]"
+        case Attention(scale, sq, skv, group, causal):
+            heads = f", {group} query heads a KV head" if group > 1 else ""
+            mask = ", causal" if causal else ""
+            return f"attention of {sq} queries over {skv} keys, scale {_num(scale)}{heads}{mask}"
         case RowReduce(name, n, at, width):
             where = "" if (at, width) == (TileAddr(0), 1) else f" at {addr_text(at)} width {width}"
             return f"row {name} of {n} columns{where}"
@@ -130,6 +139,9 @@ def _formula(expr: Expr, p: SpatialProgram | None) -> str:
             return _num(v)
         case Col():
             return _col(p, expr)
+        case Pos(axis, at, width):
+            where = "" if (at, width) == (TileAddr(0), 1) else f" at {addr_text(at)} width {width}"
+            return f"{axis.value}{where}"
         case Apply(name, args, params):
             parts = [_formula(a, p) for a in args]
             if name in _INFIX and not params and len(parts) == 2:

@@ -25,7 +25,7 @@ from .worklist import MAX_SITES
 
 FORMAT = "spatialc.program"
 TAG = "type"  # the key naming a node's class (fields may be called `kind`)
-VERSION = 9
+VERSION = 10
 # Versions this spatialc reads. Version 1 (before page layouts) decodes with every layout and tile order row-major;
 # `upgrade` (spatialc.from_json passes the tile pass's) lays its operands out as version 2 does. Version 3 added
 # split-K (a placement's `splits`, workspace tensors, AddPartial): a version-2 document is a version-3 one without.
@@ -38,7 +38,9 @@ VERSION = 9
 # Version 8 added row reductions (RowReduce, a formula's row vectors RowArg); a version-7 document is one without.
 # Version 9 added row vectors (a Col's `axis`: one value per row, from a parameter tensor of one column) and GEMM
 # epilogue stages that read a second tensor (a residual); a version-8 document is one without.
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+# Version 10 added attention (its declaration Attention, ScaleAcc, a formula's positions Pos, a matmul's
+# `transpose_b`); a version-9 document is one without.
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 # How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into
 # one), and far from Python's recursion limit for decoding and for everything that walks the program after it.

@@ -96,6 +96,10 @@ def _where(c: Any, a: Any, b: Any) -> Any:
     return np.where(np.asarray(c) != 0, a, b)
 
 
+def _mask(c: Any, a: Any) -> Any:
+    return np.where(np.asarray(c) != 0, a, -np.inf)
+
+
 def _square(v: Any) -> Any:
     return v * v
 
@@ -203,6 +207,9 @@ _OPS: list[ElementwiseOp] = [
         comparison=True,
     ),
     ElementwiseOp("where", 3, _where, "({0} != 0.0f ? {1} : {2})", i64=_where, c_int="({0} != 0 ? {1} : {2})"),
+    # mask(c, x): x where c holds, −∞ elsewhere — a score a softmax leaves out (a constant −∞ is not a literal:
+    # constants are finite). Float programs only.
+    ElementwiseOp("mask", 2, _mask, "({0} != 0.0f ? {1} : -INFINITY)"),
 ]
 
 OPS: dict[str, ElementwiseOp] = {op.name: op for op in _OPS}

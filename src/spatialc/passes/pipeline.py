@@ -8,6 +8,7 @@ import dataclasses
 from ..errors import PlanError, ProgramError
 from ..ir.nodes import Plan, SpatialProgram, TensorRole
 from ..target import SpatialTarget
+from .attention import apply_attention_plan, is_attention_program, place_attention, plan_attention, schedule_attention
 from .maps import apply_map_plan, is_map_program, place_map, plan_map, schedule_map
 from .multicast import add_semaphores, check_multicast, multicast_placement, say_reads
 from .multicast import asked as asked_multicast
@@ -50,6 +51,8 @@ def build(
     On a Hopper target "auto" plans for the sm_90a form first, whose operand pages only that form reads (swizzled
     panels); where that form then refuses the program (an activation's rings past shared memory, a placement its
     clusters cannot take), the program is planned again for the other forms (`sm90a_refusal`)."""
+    if is_attention_program(program):
+        return _build_attention(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     if is_row_program(program):
         return _build_rows(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     if is_map_program(program):
@@ -98,6 +101,19 @@ def _build_rows(
     plan = plan_rows(p, target, _page_block(block, said), depth)
     p = place_rows(apply_row_plan(p, plan), target, sites, placement)
     return verify(schedule_rows(p), target)
+
+
+def _build_attention(
+    program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast
+) -> SpatialProgram:
+    """An attention program (`passes/attention.py`): bands of query rows, each running the online softmax over the
+    blocks of its head's keys."""
+    _page_request("attention", form, sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
+    said = "an attention's block is (query rows, key rows, 1) of tiles — a band of queries, a block of keys a step"
+    p = program.evolve(target=target.name)
+    plan = plan_attention(p, target, _page_block(block, said), depth)
+    p = place_attention(apply_attention_plan(p, plan), target, sites, placement)
+    return verify(schedule_attention(p), target)
 
 
 def _page_block(block: object, said: str) -> tuple[int, int] | None:

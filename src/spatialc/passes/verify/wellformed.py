@@ -44,6 +44,7 @@ from ...ir.ops import (
     AddPartial,
     Apply,
     Arg,
+    Attention,
     Barrier,
     ChoreoOp,
     Col,
@@ -69,6 +70,7 @@ from ...ir.ops import (
     Reserve,
     RowArg,
     RowReduce,
+    ScaleAcc,
     SemInc,
     SemSet,
     SemWait,
@@ -81,6 +83,7 @@ from ...ir.ops import (
     arg_indices,
     cols,
     expr_size_fault,
+    positions,
     walk,
 )
 from ...ir.printer import PRINTED_BITS, op_text, plural
@@ -128,6 +131,22 @@ def _positive(what: str, values: tuple[int, ...]) -> None:
         raise IllFormedError(f"{what} must be ≥ 1, not {shown}")
 
 
+def _attention_plan(name: str, plan, out, op: Attention) -> None:
+    """An attention plan's items — bands of query rows by KV heads — cover its output O: each KV head's `group`
+    query heads, each head's rows whole bands."""
+    h, w = plan.item_tiles
+    if plan.groups != 1 or out.groups != plan.grid[1] * op.group:
+        raise IllFormedError(
+            f"{name} plans {plan.grid[1]} KV heads of {op.group} query heads, but the output {out.name} holds"
+            f" {out.groups} heads"
+        )
+    if out.tiles != (out.groups * plan.grid[0] * h, w):
+        raise IllFormedError(
+            f"{name}'s bands of {h} tile rows, {plan.grid[0]} a head, cover {plan.grid[0] * h}x{w} tiles a head, but"
+            f" the output tensor {out.name} has {out.tiles[0]}x{out.tiles[1]} for {out.groups} heads"
+        )
+
+
 def check_plans(p: SpatialProgram) -> None:
     """Each plan's fields are ≥ 1, its item (a row program's band: its height) and K step are at most MAX_ITEM_SIDE
     tiles a side, its K is whole K steps, it has at most MAX_ITEMS items, and its grid of items is the output
@@ -136,6 +155,8 @@ def check_plans(p: SpatialProgram) -> None:
     # A row program's item is a band of whole rows, never held at once: a site holds a page of it (a K step) and
     # one accumulator tile a row, so its width is bounded only by K (a softmax over a vocabulary of 128k values).
     rows = any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for s in p.stages)
+    declared = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Attention)]
+    attention = declared[0] if declared else None
     for i, plan in enumerate(p.plans):
         name = f"plan {i}"
         b = plan.block
@@ -167,6 +188,9 @@ def check_plans(p: SpatialProgram) -> None:
             )
         if out is None:
             raise IllFormedError(f"{name} lays out an output tensor, but the program has none")
+        if attention is not None:  # its items are (band, KV head), each running the KV head's query heads in turn
+            _attention_plan(name, plan, out, attention)
+            continue
         if out.groups != plan.groups:
             raise IllFormedError(f"{name} plans {plan.groups} group(s), but the output {out.name} holds {out.groups}")
         if out.tiles != (plan.groups * plan.grid[0] * h, plan.grid[1] * w):
@@ -742,10 +766,18 @@ class _OpCheck:
             raise self.fail(op, "adding a partial sum reads one ring into an accumulator; it fills no ring")
         if isinstance(op.op, RowReduce) and (len(op.ins) != 1 or op.outs or op.acc is None):
             raise self.fail(op, "a row reduction reads one ring into an accumulator; it fills no ring")
+        if isinstance(op.op, ScaleAcc) and (len(op.ins) != 1 or op.outs or op.acc is None):
+            raise self.fail(op, "rescaling an accumulator reads one ring (a row vector) into it; it fills no ring")
+        if isinstance(op.op, Attention):
+            raise self.fail(
+                op,
+                "attention is a stage's declaration, not an op an engine runs (its schedule runs the"
+                " online recurrence)",
+            )
         why = compute_fault(op.op, self.index.p.precision)
         if why is not None:
             raise self.fail(op, why)
-        elementwise = not isinstance(op.op, MatmulTiles | AddPartial | RowReduce)
+        elementwise = not isinstance(op.op, MatmulTiles | AddPartial | RowReduce | ScaleAcc)
         pages = max(arg_indices(op.op.expr), default=0) + 1 if isinstance(op.op, Map) else 1
         if elementwise and (len(op.ins) != pages or len(op.outs) != 1 or op.acc is not None):
             raise self.fail(
@@ -756,6 +788,8 @@ class _OpCheck:
         if isinstance(op.op, Map):
             for c in cols(op.op.expr):
                 self.bias(op, c, bound)
+            for at in positions(op.op.expr):
+                self.addr(op, at, bound)
         if isinstance(op.op, RowReduce):
             self.addr(op, op.op.at, bound)
 
