@@ -18,7 +18,8 @@ import sys
 from build_speed import GOAL_MS, median_time  # bench/ is the script's folder, first on sys.path
 
 import spatialc
-from spatialc.lower.cuda import general, persistent
+from spatialc.lower.cuda.general import kernel as general
+from spatialc.lower.cuda.persistent import kernel as persistent
 
 
 def main(runs: int = 7) -> None:

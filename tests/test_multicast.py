@@ -200,7 +200,7 @@ def test_one_cluster_and_absolute_site_classes_lower_with_their_groups_relative(
 
 
 def test_two_multicasts_of_one_ring_at_a_site_are_refused_by_the_kernel():
-    from spatialc.lower.cuda import general
+    from spatialc.lower.cuda.general import kernel as general
 
     twice = edit(0, lambda body: [x for op in body for x in ((op, op) if isinstance(op, McastSend) else (op,))])
     with pytest.raises(Unsupported, match="two multicasts of one ring"):

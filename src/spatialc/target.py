@@ -36,7 +36,7 @@ class SpatialTarget:
     accumulator_lanes: int  # warps per block, each holding a rectangle of the accumulator block
     accumulator_in_registers: bool = True
     # Hopper's architecture-specific instructions (sm_90a: TMA, wgmma, setmaxnreg): the planner and `lower` then
-    # default to the sm_90a form (lower/cuda/hopper.py), and nvcc must be given compute_90a.
+    # default to the sm_90a form (lower/cuda/sm90a/kernel.py), and nvcc must be given compute_90a.
     hopper: bool = False
 
     @property

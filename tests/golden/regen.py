@@ -8,7 +8,7 @@ from pathlib import Path
 
 import spatialc
 from spatialc.frontend import bias, relu, requant
-from spatialc.lower.cuda.persistent import lower
+from spatialc.lower.cuda.persistent.kernel import lower
 
 HERE = Path(__file__).parent
 

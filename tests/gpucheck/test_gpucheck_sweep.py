@@ -27,7 +27,7 @@ from spatialc.gpucheck.cases import (
 )
 from spatialc.gpucheck.report import concordance, sweep_lines, sweep_summary, sweep_verdict
 from spatialc.gpucheck.timing import Timing
-from spatialc.lower.cuda import hopper_plan
+from spatialc.lower.cuda.sm90a import plan as sm90a_plan
 from spatialc.passes import tile
 from spatialc.target import target
 
@@ -98,14 +98,14 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     # Each prediction is the form's cost model's own ratio, recomputed here from the plan each kernel was built with.
     sm90a = target("sm_90a")
     gemm = spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16")
-    base = hopper_plan.plan_cost(sm90a, spatialc.build(gemm, "sm_90a").plan, gemm.precision)
+    base = sm90a_plan.plan_cost(sm90a, spatialc.build(gemm, "sm_90a").plan, gemm.precision)
     for n, f in zip(S.neighbours(spatialc.build(gemm, "sm_90a"), "sm90a"), forms[1:], strict=True):
         if f.artifact is None:
             assert f.facts["sweep"]["predicted"] is None
             continue
         program = spatialc.build(gemm, "sm_90a", **n.options())
         assert f.facts["own_plan"] == B.describe_plan(program)
-        cost = hopper_plan.plan_cost(sm90a, program.plan, gemm.precision)
+        cost = sm90a_plan.plan_cost(sm90a, program.plan, gemm.precision)
         assert f.facts["sweep"]["predicted"] == pytest.approx(base / cost, abs=1e-3)
     assert forms[1].facts["sweep"]["predicted"] < 1 and forms[-1].facts["sweep"]["predicted"] == 1.0  # order unseen
 

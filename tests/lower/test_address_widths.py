@@ -73,7 +73,7 @@ def test_the_general_form_refuses_a_ring_whose_32_bit_counters_would_wrap_onto_t
     two. Four items a site, each 2^31 - 1 K steps: about 2^33 pages through A's ring."""
     from spatialc.ir.ids import LV_K
     from spatialc.ir.ops import Const, Loop
-    from spatialc.lower.cuda import general
+    from spatialc.lower.cuda.general import kernel as general
 
     from ..rewrite import map_ops
 

@@ -27,9 +27,9 @@ from spatialc.ir.nodes import ComputeStage
 from spatialc.ir.ops import Apply, Arg, Map, Requant
 from spatialc.lower.artifact import operand_files
 from spatialc.lower.census import census, count_printed, stage_kind
-from spatialc.lower.cuda.emit import INCLUDES
-from spatialc.lower.cuda.epilogue import helpers
-from spatialc.lower.cuda.persistent import lower, printed_site_programs
+from spatialc.lower.cuda.common.cwriter import INCLUDES
+from spatialc.lower.cuda.common.epilogue import helpers
+from spatialc.lower.cuda.persistent.kernel import lower, printed_site_programs
 from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
 from spatialc.numerics.quant import quantize_multiplier, requantize
 from spatialc.numerics.reference import epilogue_ops, reference

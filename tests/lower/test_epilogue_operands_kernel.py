@@ -23,7 +23,7 @@ import spatialc
 import spatialc.runtime.launch as L
 from spatialc.ir.nodes import Engine
 from spatialc.ir.ops import Compute, Loop, Pop
-from spatialc.lower.cuda.emit import INCLUDES
+from spatialc.lower.cuda.common.cwriter import INCLUDES
 from spatialc.lower.errors import NeedsGeneral
 from spatialc.runtime.emulate import EmulationError
 

@@ -1,5 +1,5 @@
-"""The general CUDA form (lower/cuda/general.py): which form `spatialc.lower` picks, the kernel's shape and ledger,
-programs only the general form takes run under the emulation, and planted faults in its ring barriers caught."""
+"""The general CUDA form (lower/cuda/general/kernel.py): which form `spatialc.lower` picks, the kernel's shape and
+ledger, programs only the general form takes run under the emulation, and planted faults in its ring barriers caught."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from spatialc.frontend import bias, relu, requant, scalar
 from spatialc.ir.ids import SemId
 from spatialc.ir.nodes import Engine, Semaphore
 from spatialc.ir.ops import SemSet
-from spatialc.lower.cuda import general
+from spatialc.lower.cuda.common.host import write_artifact
 from spatialc.lower.cuda.forms import UnknownForm
-from spatialc.lower.cuda.host import write_artifact
+from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported, Unverified
 from spatialc.runtime.emulate import EmulationDeadlock, EmulationError, EmulationRace
 

@@ -1,4 +1,4 @@
-"""The general form's multicast groups on their cluster's barriers (lower/cuda/clusters.py).
+"""The general form's multicast groups on their cluster's barriers (lower/cuda/common/clusters.py).
 
 The first GPU run measured the general form with 2×1 groups at 4.1–5.0 µs a K step whatever the precision and size,
 against 0.6–1.2 µs without groups (bench/README.md, "The first GPU run"): each page then crossed the group through

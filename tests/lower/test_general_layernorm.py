@@ -19,7 +19,7 @@ import spatialc
 from spatialc.inputs import operand_values
 from spatialc.ir.nodes import ComputeStage, TensorRole
 from spatialc.lower.census import stage_kind
-from spatialc.lower.cuda.emit import INCLUDES
+from spatialc.lower.cuda.common.cwriter import INCLUDES
 from spatialc.lower.errors import Unsupported
 
 from .test_lower_nvcc import FLAGS, NVCC, gencode, in_namespace, ptxas_entries

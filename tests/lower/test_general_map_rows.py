@@ -13,7 +13,7 @@ import pytest
 
 import spatialc
 from spatialc import ew
-from spatialc.lower.cuda.emit import INCLUDES
+from spatialc.lower.cuda.common.cwriter import INCLUDES
 
 from .test_general_maps import inputs
 from .test_lower_nvcc import FLAGS, NVCC, gencode, in_namespace, ptxas_entries

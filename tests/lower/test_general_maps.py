@@ -26,8 +26,8 @@ from spatialc import ew
 from spatialc.inputs import operand_values
 from spatialc.ir.nodes import ComputeStage, DType, TensorRole
 from spatialc.lower.census import census, stage_kind
-from spatialc.lower.cuda import general
-from spatialc.lower.cuda.emit import INCLUDES
+from spatialc.lower.cuda.common.cwriter import INCLUDES
+from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.runtime.emulate import EmulationRace, compile_program, run_program
 

@@ -23,8 +23,8 @@ import spatialc
 from spatialc.inputs import operand_values
 from spatialc.ir.nodes import ComputeStage, TensorRole
 from spatialc.lower.census import stage_kind
-from spatialc.lower.cuda.emit import INCLUDES
-from spatialc.lower.cuda.rows import BASE_REGISTERS, SHARE_REGISTERS, TILE_REGISTERS
+from spatialc.lower.cuda.common.cwriter import INCLUDES
+from spatialc.lower.cuda.common.rows import BASE_REGISTERS, SHARE_REGISTERS, TILE_REGISTERS
 from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.runtime.emulate import EmulationError, EmulationRace
 

@@ -14,7 +14,7 @@ import spatialc
 from spatialc.ir.ids import LV_ITEM, GroupId, SemId, Site
 from spatialc.ir.nodes import Engine, Group, Semaphore
 from spatialc.ir.ops import Barrier, Loop, SemInc, SemWait
-from spatialc.lower.cuda import general
+from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationError, EmulationFault, EmulationTimeout

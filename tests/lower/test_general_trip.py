@@ -18,7 +18,7 @@ from spatialc.interp.errors import TripError
 from spatialc.ir.ids import LV_K, TensorId
 from spatialc.ir.nodes import DType, Engine, Tensor, TensorRole
 from spatialc.ir.ops import Loop, Trip
-from spatialc.lower.cuda import general
+from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.errors import Unsupported
 from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationFault

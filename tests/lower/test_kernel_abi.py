@@ -17,7 +17,7 @@ import pytest
 import spatialc
 from spatialc.errors import SpatialError
 from spatialc.lower.artifact import operand_files
-from spatialc.lower.cuda.emit import KERNEL_NAME
+from spatialc.lower.cuda.persistent.printer import KERNEL_NAME
 from spatialc.runtime import nvcc as N
 from spatialc.runtime.emulate import emulate_source
 

@@ -13,10 +13,11 @@ from spatialc.ir.ids import LV_K, GroupId, ItemId, SemId, Site
 from spatialc.ir.nodes import ComputeStage, DType, Group, Placement, Semaphore, Tile
 from spatialc.ir.ops import Compute, Const, Generic, Loop, MatmulTiles, McastSend, PackAcc, Precision, Reserve, Trip
 from spatialc.lower.census import count_printed
-from spatialc.lower.cuda.host import write_artifact
-from spatialc.lower.cuda.merge import serialise
-from spatialc.lower.cuda.persistent import lower, printed_site_programs
-from spatialc.lower.cuda.rings import MMA_TYPES, barrier_free_pops, ring_table
+from spatialc.lower.cuda.common.host import write_artifact
+from spatialc.lower.cuda.common.rings import MMA_TYPES, ring_table
+from spatialc.lower.cuda.persistent.kernel import lower, printed_site_programs
+from spatialc.lower.cuda.persistent.merge import serialise
+from spatialc.lower.cuda.persistent.order import barrier_free_pops
 from spatialc.lower.errors import (
     GroupSpansSites,
     NeedsGeneral,

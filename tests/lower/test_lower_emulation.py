@@ -9,8 +9,8 @@ import pytest
 
 import spatialc
 from spatialc.frontend import relu
-from spatialc.lower.cuda.emit import POP_PROOF
-from spatialc.lower.cuda.persistent import lower
+from spatialc.lower.cuda.persistent.kernel import lower
+from spatialc.lower.cuda.persistent.printer import POP_PROOF
 from spatialc.runtime.emulate import EmulationRace, emulate_source
 
 pytestmark = [pytest.mark.emulation, pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not installed")]
@@ -90,8 +90,9 @@ def test_the_printed_barriers_and_wait_counts_are_needed():
                 result.result()
 
 
-# Rings three and four deep: the K loop's pops print no barrier (rings.barrier_free_pops), and the emulation, in
-# both modes, still equals the interpreter with its race check silent. (m, n, k, precision, target, options)
+# Rings three and four deep: the K loop's pops print no barrier (persistent.order.barrier_free_pops), and the
+# emulation, in both modes, still equals the interpreter with its race check silent. (m, n, k, precision, target,
+# options)
 DEEP = {
     "one_tile_output_ring_d3": (48, 48, 80, "int8", "sm_86", {"block": (1, 1, 1), "depth": 3, "sites": 4}),
     "fused_relu_round_robin_d4": (

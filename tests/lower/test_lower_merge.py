@@ -1,4 +1,5 @@
-"""Serialising a site's engine programs onto one block (lower/cuda/merge.py), and the ring proof on the result."""
+"""Serialising a site's engine programs onto one block (lower/cuda/persistent/merge.py), and the ring proof on the
+result."""
 
 import pytest
 
@@ -18,8 +19,9 @@ from spatialc.ir.ops import (
     Wait,
     WriteTiles,
 )
-from spatialc.lower.cuda.merge import SerialLoop, serialise
-from spatialc.lower.cuda.rings import Ring, Rings, prove, rotation
+from spatialc.lower.cuda.common.rings import Ring, Rings
+from spatialc.lower.cuda.persistent.merge import SerialLoop, serialise
+from spatialc.lower.cuda.persistent.order import prove, rotation
 from spatialc.lower.errors import TooBig, Unsupported
 
 A, B, ACC, C = BufferId(0), BufferId(1), BufferId(2), BufferId(3)

@@ -17,9 +17,10 @@ import pytest
 
 import spatialc
 from spatialc.frontend import bias, relu, requant, scalar
-from spatialc.lower.cuda import general
-from spatialc.lower.cuda.emit import INCLUDES, KERNEL_NAME
-from spatialc.lower.cuda.general import KERNEL_NAME as GENERAL_KERNEL
+from spatialc.lower.cuda.common.cwriter import INCLUDES
+from spatialc.lower.cuda.general import kernel as general
+from spatialc.lower.cuda.general.kernel import KERNEL_NAME as GENERAL_KERNEL
+from spatialc.lower.cuda.persistent.printer import KERNEL_NAME
 
 from .test_general_sync import handshake, with_barrier
 from .test_general_trip import trip_program

@@ -23,7 +23,8 @@ from spatialc import lang
 from spatialc.inputs import round_bf16
 from spatialc.ir.nodes import DType, SpatialProgram, TensorRole
 from spatialc.ir.ops import Activation, MatmulTiles, Precision, Relu
-from spatialc.lower.cuda import forms, general
+from spatialc.lower.cuda import forms
+from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.numerics.elementwise import GELU_TAIL as ACTIVATION_TAIL
 from spatialc.numerics.epilogue import apply, start

@@ -27,8 +27,8 @@ from spatialc.inputs import operand_values
 from spatialc.ir.nodes import ComputeStage, DType, TensorRole
 from spatialc.ir.ops import WriteTiles
 from spatialc.lower.census import stage_kind
-from spatialc.lower.cuda import persistent_pages
-from spatialc.lower.cuda.emit import INCLUDES
+from spatialc.lower.cuda.common.cwriter import INCLUDES
+from spatialc.lower.cuda.persistent import pages as persistent_pages
 from spatialc.lower.errors import Unsupported
 from spatialc.runtime.emulate import EmulationRace
 

@@ -1,6 +1,6 @@
-"""The sm_90a form (lower/cuda/hopper.py): a TMA producer and wgmma consumers, run through the host emulation's sm_90a
-layer (runtime/emu/emu_hopper.h) against the interpreter, with planted faults the emulation must catch, the static
-refusals before printing, and nvcc / SASS checks where the toolchain is present."""
+"""The sm_90a form (lower/cuda/sm90a/kernel.py): a TMA producer and wgmma consumers, run through the host
+emulation's sm_90a layer (runtime/emu/emu_hopper.h) against the interpreter, with planted faults the emulation
+must catch, the static refusals before printing, and nvcc / SASS checks where the toolchain is present."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import spatialc
 import spatialc.runtime.launch as L
 from spatialc.errors import PlanError
 from spatialc.ir.nodes import panel_bytes, panel_offset
-from spatialc.lower.cuda import hopper, hopper_plan
+from spatialc.lower.cuda.sm90a import kernel as sm90a_kernel
+from spatialc.lower.cuda.sm90a import plan as sm90a_plan
 from spatialc.lower.errors import TooBig, Unsupported
 from spatialc.passes import pipeline
 from spatialc.passes.tile import in_panels
@@ -75,7 +76,7 @@ def test_sm90a_is_a_target_that_plans_for_wgmma_items():
 def test_the_sm90a_budget_names_its_rings_apart_from_the_blocks_shared_memory(shape, prec, kw, tmp_path):
     """The rings, barriers, output staging and alignment gaps add up to the dynamic block the launch asks for; the
     rings' figure is `ring_bytes`, and budget.json has no `smem_bytes` a reader could take for the block's."""
-    from spatialc.lower.cuda.host import write_artifact
+    from spatialc.lower.cuda.common.host import write_artifact
 
     art = spatialc.lower(spatialc.build(spatialc.gemm(*shape, prec), "sm_90a", **kw))
     bud = art.budget
@@ -127,7 +128,7 @@ def test_a_plan_the_sm90a_form_refuses_is_made_again_for_the_others(monkeypatch)
     def refuse(*_):
         raise refused
 
-    monkeypatch.setattr(hopper, "make_kernel", refuse)
+    monkeypatch.setattr(sm90a_kernel, "make_kernel", refuse)
     assert pipeline.sm90a_refusal(planned, spatialc.target("sm_90a")) == str(refused)
     with pytest.raises(Unsupported, match="a planted refusal"):
         spatialc.lower(planned)  # no other form reads its panels: the form's own reason
@@ -150,7 +151,7 @@ def test_a_replan_that_fails_too_says_the_sm90a_form_refused_first(monkeypatch):
         raise Unsupported("a planted refusal", "a test refuses it")
 
     monkeypatch.setattr(pipeline, "_build", build)
-    monkeypatch.setattr(hopper, "make_kernel", refuse)
+    monkeypatch.setattr(sm90a_kernel, "make_kernel", refuse)
     said = r"no plan fits \(planted\) \(planned for the other forms because the sm_90a form refused its own plan: "
     with pytest.raises(PlanError, match=said + "cannot lower a planted refusal"):
         spatialc.build(spatialc.gemm(300, 200, 100, "bf16"), "sm_90a")
@@ -203,7 +204,7 @@ def test_a_panel_is_the_widest_swizzle_its_rows_take():
 
 def test_int8_k_steps_come_in_pairs():
     with pytest.raises(Unsupported, match="pairs of tiles"):
-        hopper_plan.check_plan(
+        sm90a_plan.check_plan(
             dataclasses.replace(
                 spatialc.build(spatialc.gemm(128, 64, 64, "int8"), "sm_90a").plans[0],
                 block=spatialc.ir.ops.BlockShape(8, 4, 1),
@@ -214,23 +215,23 @@ def test_int8_k_steps_come_in_pairs():
 
 def test_static_checks_refuse_before_printing():
     p = spatialc.build(spatialc.gemm(256, 256, 256, "bf16"), "sm_90a", block=(8, 8, 4), depth=3)
-    k = hopper.make_kernel(p, spatialc.target("sm_90a"))
+    k = sm90a_kernel.make_kernel(p, spatialc.target("sm_90a"))
     t = spatialc.target("sm_90a")
     # Stage bytes against the block's shared memory.
     big = dataclasses.replace(k, base=dataclasses.replace(k.base, dyn_bytes=t.smem_per_site_max + 16))
     with pytest.raises(TooBig, match="fewer stages"):
-        hopper.check_resources(big, t)
+        sm90a_kernel.check_resources(big, t)
     # A stage off its 1024-byte boundary.
     moved = dict(k.base.offsets, ring_0=512)
     with pytest.raises(Unsupported, match="1024 bytes"):
-        hopper.check_resources(dataclasses.replace(k, base=dataclasses.replace(k.base, offsets=moved)), t)
+        sm90a_kernel.check_resources(dataclasses.replace(k, base=dataclasses.replace(k.base, offsets=moved)), t)
     # The setmaxnreg split over the register file (on a file that still gives each thread 40 to 232 at launch).
     small = dataclasses.replace(t, regs_per_unit=61440)
     with pytest.raises(TooBig, match="registers after setmaxnreg: needs 64512, has 61440"):
-        hopper.check_resources(k, small)
+        sm90a_kernel.check_resources(k, small)
     # Registers at launch outside what setmaxnreg moves between (a file of 8K: 21 a thread).
     with pytest.raises(Unsupported, match="16 registers a thread at launch"):
-        hopper.check_resources(k, dataclasses.replace(t, regs_per_unit=8192))
+        sm90a_kernel.check_resources(k, dataclasses.replace(t, regs_per_unit=8192))
 
 
 class MapDevice(NumpyDevice):
@@ -820,9 +821,9 @@ def test_the_fused_store_goes_out_by_tma_store_from_each_warps_staging():
     assert art.launch.dyn_smem == 196608 + 1024 + 8 * 2 * 2048 and art.launch.dyn_smem <= 232448
     assert "#define OUT_CHUNK 2" in text and "spatialc_bulk_wait_read<1>();" in text
     # A box is 2 KiB: an int8 GEMM's int32 output stages 2 tiles a box too; int64 (asked for) 1.
-    assert hopper_plan.store_chunk(16, "int") == 2 and hopper_plan.store_chunk(16, "long long") == 1
-    assert hopper_plan.store_chunk(16, "__nv_bfloat16") == 4 and hopper_plan.store_chunk(6, "float") == 2
-    assert hopper_plan.store_chunk(1, "float") == 1 and hopper_plan.store_chunk(3, "__nv_bfloat16") == 1
+    assert sm90a_plan.store_chunk(16, "int") == 2 and sm90a_plan.store_chunk(16, "long long") == 1
+    assert sm90a_plan.store_chunk(16, "__nv_bfloat16") == 4 and sm90a_plan.store_chunk(6, "float") == 2
+    assert sm90a_plan.store_chunk(1, "float") == 1 and sm90a_plan.store_chunk(3, "__nv_bfloat16") == 1
 
 
 @needs_gxx

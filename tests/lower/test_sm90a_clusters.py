@@ -1,5 +1,5 @@
-"""The sm_90a form's multicast groups (lower/cuda/clusters.py): thread-block clusters whose shared operand pages the
-copy engine multicasts, run through the host emulation's cluster layer (runtime/emu/emu_cluster.h) against the
+"""The sm_90a form's multicast groups (lower/cuda/common/clusters.py): thread-block clusters whose shared operand
+pages the copy engine multicasts, run through the host emulation's cluster layer (runtime/emu/emu_cluster.h) against the
 interpreter, with the planted faults it must catch, and nvcc / SASS checks where the toolchain is present."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import spatialc
-from spatialc.lower.cuda import clusters
+from spatialc.lower.cuda.common import clusters
 from spatialc.lower.errors import Unsupported
 from spatialc.runtime.tilize import LaunchError
 

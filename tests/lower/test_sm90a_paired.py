@@ -1,4 +1,4 @@
-"""The sm_90a form's paired blocks (lower/cuda/hopper_plan.py, `Warpgroups`): items of 64 rows, one consumer
+"""The sm_90a form's paired blocks (lower/cuda/sm90a/plan.py, `Warpgroups`): items of 64 rows, one consumer
 warpgroup a block, two blocks an SM and no setmaxnreg — against the interpreter under emulation, in the planner's
 choices and refusals, and in nvcc's registers; and the launcher's refusal of a kernel whose setmaxnreg split ptxas
 did not give the registers it assumes (it would hang on the GPU)."""
@@ -17,7 +17,7 @@ import pytest
 import spatialc
 import spatialc.runtime.launch as L
 from spatialc.errors import PlanError
-from spatialc.lower.cuda import hopper_plan
+from spatialc.lower.cuda.sm90a import plan as sm90a_plan
 from spatialc.lower.errors import Unsupported
 from spatialc.runtime import nvcc as N
 from spatialc.runtime.nvcc import KernelBuildError, PtxasInfo
@@ -39,7 +39,7 @@ def paired(prec: str, m: int, n: int, k: int, **kw):
 
 def test_items_of_64_rows_are_one_warpgroup_two_blocks_an_sm_without_setmaxnreg():
     p, art = paired("bf16", 200, 136, 100, block=(4, 8, 4))
-    wg = hopper_plan.warpgroups(p.plans[0])
+    wg = sm90a_plan.warpgroups(p.plans[0])
     assert (wg.consumers, wg.blocks, wg.paired) == (1, 2, True)
     bud = art.budget
     assert (bud.form, bud.threads, bud.blocks_per_sm, bud.regs_est, bud.regs_entry) == ("sm90a", 256, 2, 128, 0)
@@ -70,10 +70,10 @@ def test_the_planner_takes_paired_blocks_only_when_forced():
     pair = dataclasses.replace(big, block=spatialc.ir.ops.BlockShape(4, 8, 4), grid=(64, 32), depth=3)
     # Priced as the first GPU run measured them: 0.70× of 128 × 256 items at bf16 4096³ with 4 stages (0.69×, here
     # with 3: 0.93 of that) and 0.56× at 8192³ — where 0.86× had been guessed.
-    assert hopper_plan.plan_cost(t, pair, prec) / hopper_plan.plan_cost(t, big, prec) == pytest.approx(1 / 0.644, 1e-3)
-    assert hopper_plan.paired_rate(pair, prec) == pytest.approx(0.753, abs=1e-3)
+    assert sm90a_plan.plan_cost(t, pair, prec) / sm90a_plan.plan_cost(t, big, prec) == pytest.approx(1 / 0.644, 1e-3)
+    assert sm90a_plan.paired_rate(pair, prec) == pytest.approx(0.753, abs=1e-3)
     huge = dataclasses.replace(pair, grid=(128, 64), k_tiles=512)  # 8192³: A and B 256 MiB, five L2s
-    assert hopper_plan.paired_rate(huge, prec) == pytest.approx(0.610, abs=1e-3)
+    assert sm90a_plan.paired_rate(huge, prec) == pytest.approx(0.610, abs=1e-3)
 
 
 def test_what_a_paired_block_cannot_hold_is_refused_with_the_reason():
@@ -82,7 +82,7 @@ def test_what_a_paired_block_cannot_hold_is_refused_with_the_reason():
     # A wgmma of 256 columns holds 128 accumulators a thread: ptxas cannot fit it in the 128 registers of a paired
     # block (nvcc: "Insufficient registers (128) to compile instruction"), and setmaxnreg cannot raise its cap.
     with pytest.raises(Unsupported, match=r"items of 64 rows and 256 columns: two blocks share an SM's registers"):
-        hopper_plan.check_plan(wide, spatialc.ir.ops.Precision.BF16)
+        sm90a_plan.check_plan(wide, spatialc.ir.ops.Precision.BF16)
     g = spatialc.gemm(512, 512, 512, "bf16")
     with pytest.raises(PlanError, match=r"takes no plan of items of 64 rows and 256 columns"):
         spatialc.build(g, "sm_90a", form="sm90a", block=(4, 16, 4))

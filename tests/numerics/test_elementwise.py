@@ -184,7 +184,7 @@ def test_the_printed_c_of_every_op_computes_the_interpreters_values(tmp_path):
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("no g++")
-    header = (Path(E.__file__).parent.parent / "lower" / "cuda" / "elementwise.cuh").read_text()
+    header = (Path(E.__file__).parent.parent / "lower" / "cuda" / "common" / "elementwise.cuh").read_text()
     lines, cases = [], []
     for name, op in sorted(E.OPS.items()):
         xs, params = operands(op), PARAMS.get(name, ())
@@ -236,7 +236,7 @@ def test_the_printed_c_of_the_exact_ops_keeps_the_interpreters_signed_zeros(tmp_
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("no g++")
-    header = (Path(E.__file__).parent.parent / "lower" / "cuda" / "elementwise.cuh").read_text()
+    header = (Path(E.__file__).parent.parent / "lower" / "cuda" / "common" / "elementwise.cuh").read_text()
     values = [np.float32(v) for v in (-0.0, 0.0, -1.0, 1.0)]
     params = {"clamp": [(0.0, 0.0), (-0.0, 0.0), (0.0, 1.0), (-1.0, -0.0), (-0.0, -0.0)]}
     params["leaky_relu"] = [(0.0,), (-0.0,), (-1.0,)]

@@ -17,12 +17,14 @@ from spatialc.frontend import bias, relu
 from spatialc.ir.ids import LV_ITEM
 from spatialc.ir.nodes import Plan
 from spatialc.ir.ops import BlockShape, Const, Loop, walk
-from spatialc.lower.cuda import general, hopper_plan, persistent
+from spatialc.lower.cuda.general import kernel as general
+from spatialc.lower.cuda.persistent import kernel as persistent
+from spatialc.lower.cuda.sm90a import plan as sm90a_plan
 from spatialc.passes import tile
 from spatialc.passes import verify as verify_package
 from spatialc.passes.verify import derived, verify
 
-BACKENDS = {"persistent": persistent, "general": general, "sm90a": hopper_plan}
+BACKENDS = {"persistent": persistent, "general": general, "sm90a": sm90a_plan}
 SHAPES = [(64, 64, 64), (96, 200, 130), (1024, 1024, 1024), (4096, 4096, 512), (8192, 8192, 8192), (128, 128, 65536)]
 PRECISIONS = ("int8", "fp16", "bf16")
 FORMS = {"sm_80": ("persistent", "general"), "sm_86": ("persistent", "general"), "sm_90": ("persistent", "general")}

@@ -56,7 +56,7 @@ def test_the_grouped_rule_deals_bands_of_rows_column_by_column(grid, band, sites
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 def test_the_printed_host_program_deals_the_same_work_list(tmp_path):
     """spatialc_work_list, the C++ the host programs carry, gives every rule's list exactly as ir/worklist.py."""
-    header = resources.files("spatialc.lower.cuda").joinpath("persistent_host.cuh").read_text()
+    header = resources.files("spatialc.lower.cuda.common").joinpath("host.cuh").read_text()
     cases = [(35, 4, "contiguous", (7, 5), 0), (35, 4, "round_robin", (7, 5), 0), (35, 4, "grouped", (7, 5), 3)]
     cases += [(2048, 132, "grouped", (64, 32), 16), (6, 9, "grouped", (2, 3), 5)]
     rules = ("contiguous", "round_robin", "grouped")

@@ -135,8 +135,8 @@ def test_no_wait_prior_reads_pages_not_yet_landed_in_late_mode(fused):
 
 def test_rings_three_deep_print_no_pop_barrier_and_made_two_deep_race_in_early_mode():
     # Three deep, the prefetch refills the slot read two steps back, behind the last step's wait barrier: the K
-    # loop's pops print none (rings.barrier_free_pops). The same text with two-deep rings refills the slot read one
-    # step back, which slower warps may still be reading, and the race check sees it.
+    # loop's pops print none (persistent.order.barrier_free_pops). The same text with two-deep rings refills the slot
+    # read one step back, which slower warps may still be reading, and the race check sees it.
     deep = spatialc.build(spatialc.gemm(64, 64, 64, "int8"), "sm_86", block=(2, 2, 1), depth=3, sites=2)
     text = spatialc.lower(deep).program_cu
     lines, start = k_loop(text)

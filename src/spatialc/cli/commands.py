@@ -229,7 +229,7 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, checked: 
     print("\n".join(kernel_lines(p, art)))
     _sass(p, art, args)
     if args.emit:
-        from ..lower.cuda.host import write_artifact
+        from ..lower.cuda.common.host import write_artifact
 
         names = ", ".join(sorted(str(f.relative_to(args.emit)) for f in write_artifact(art, args.emit)))
         print(f"  emitted   {args.emit}/: {names}")
@@ -417,7 +417,7 @@ def _sass(p: SpatialProgram, art, args: argparse.Namespace) -> None:
 
 def cmd_lower(args: argparse.Namespace) -> int:
     """Lower a saved program and write its kernel's files."""
-    from ..lower.cuda.host import write_artifact
+    from ..lower.cuda.common.host import write_artifact
 
     p = _verified(args.file)
     art = _ptxas(api.lower(p, form=args.form), [])

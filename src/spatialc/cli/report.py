@@ -244,7 +244,7 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             f"            {kept} ({'dynamic' if bud.rings_dynamic else 'static'}){fused}",
         ]
     if bud.form == "sm90a":  # ptxas allocates for the launch; setmaxnreg then moves registers to the consumers
-        from ..lower.cuda.hopper_plan import PRODUCER_REGS
+        from ..lower.cuda.sm90a.plan import PRODUCER_REGS
 
         if bud.blocks_per_sm > 1:  # paired blocks: no setmaxnreg, each keeps what the launch gives it
             regs = f"at most {bud.regs_est} registers a thread (the blocks share the register file; no setmaxnreg)"

@@ -1,7 +1,7 @@
 """The plan sweep (`sweep:SIZE` rows): the persistent kernel and the sm_90a form, each at the plan its planner chose
 and at the plans one step from it, timed kernel only in the same run beside cuBLAS.
 
-The planners' costs (`passes/tile.py`'s `plan_cost` for the persistent kernel, `lower/cuda/hopper_plan.py`'s for the
+The planners' costs (`passes/tile.py`'s `plan_cost` for the persistent kernel, `lower/cuda/sm90a/plan.py`'s for the
 sm_90a form) are built on guessed rates — stage depth, K step, item shape — and the GPU is lent for minutes at a
 time. One sweep row times, for each form, the plan its planner chose and the plans one change away: a stage fewer
 and more, K steps halved (with twice the stages: the same bytes in flight; the persistent kernel's also with the

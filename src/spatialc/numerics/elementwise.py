@@ -3,7 +3,7 @@
 This table is the only place an elementwise op is defined. The interpreter and the numpy reference compute with its
 `f64` / `i64`, verify states formulas and integer bounds with it, the tolerance composes its bounds, and every
 printer spells an op with its `c` / `c_int` — the same text the host emulation compiles. Adding an op is adding one
-entry (and, where its C is more than an expression, one function in `lower/cuda/elementwise.cuh`).
+entry (and, where its C is more than an expression, one function in `lower/cuda/common/elementwise.cuh`).
 
 The meaning, one rule for every op:
 - **Float programs** (fp16 / bf16 operands, float32 values): each op is computed in float64 from its float32

@@ -107,9 +107,9 @@ def block_resources(
     p: SpatialProgram, target: SpatialTarget, inputs: int, bh: int, bw: int, depth: int
 ) -> tuple[int, int]:
     """(shared memory bytes, blocks resident per SM — 0 when one does not fit) of a map site of bh × bw-tile items
-    and `depth`-page rings, as the general form, which prints it, lays the block out (`lower.cuda.general.
+    and `depth`-page rings, as the general form, which prints it, lays the block out (`lower.cuda.general.kernel.
     map_resources`: each input's ring of its element type, the output's of the map's values, their barriers)."""
-    from ..lower.cuda import general
+    from ..lower.cuda.general import kernel as general
 
     one_item = Plan(BlockShape(bh, bw, 1), (1, 1), (1, 1), 1, depth)
     return general.map_resources(target, one_item, p.precision, inputs)

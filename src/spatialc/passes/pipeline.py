@@ -145,12 +145,12 @@ def sm90a_refusal(p: SpatialProgram, target: SpatialTarget) -> str | None:
     """Why the sm_90a form cannot print `p`, planned for it (its pages in panels); None where it can, or where `p`
     was planned for another form."""
     from ..errors import SpatialError
-    from ..lower.cuda import hopper
+    from ..lower.cuda.sm90a import kernel as sm90a_kernel
 
     if not target.hopper or not in_panels(p):
         return None
     try:
-        hopper.make_kernel(p, target)
+        sm90a_kernel.make_kernel(p, target)
     except SpatialError as why:
         return str(why)
     return None

@@ -154,9 +154,11 @@ def block_resources(
     and residency are its rings' and registers', the same for a grid of one item or of thousands and for any K
     (tests/passes/test_plan_search.py holds every backend to it), so the ~600 candidates of one build are the same
     question for every GEMM of that precision and form."""
-    from ..lower.cuda import general, hopper_plan, persistent
+    from ..lower.cuda.general import kernel as general
+    from ..lower.cuda.persistent import kernel as persistent
+    from ..lower.cuda.sm90a import plan as sm90a_plan
 
-    backend = {"persistent": persistent, "general": general, "sm90a": hopper_plan}[form]
+    backend = {"persistent": persistent, "general": general, "sm90a": sm90a_plan}[form]
     one_item = Plan(block, sub_blocks, (1, 1), block.ibw, depth)
     if form in ("sm90a", "persistent"):  # the forms whose fused store reads a residual's ring (`side_rings`)
         return backend.plan_resources(target, one_item, prec, stages, reads)
@@ -283,16 +285,18 @@ def candidates(
     # grid dividing the block: unless the block is forced, plans it would leave to the general form are not offered.
     stages, reads = ring_stages(p, form, extra), side_rings(p, form)
     fuse_only = block is None and stages > 0 and form == "persistent"
-    own_cost = None  # the sm_90a form's own time model: wgmma's width and the stages in flight (hopper_plan.py)
+    own_cost = (
+        None  # the sm_90a form's own time model: wgmma's width and the stages in flight (lower/cuda/sm90a/plan.py)
+    )
     if form == "sm90a":
-        from ..lower.cuda import hopper_plan
+        from ..lower.cuda.sm90a import plan as sm90a_plan
 
-        own_cost = hopper_plan.plan_cost
+        own_cost = sm90a_plan.plan_cost
         if not block:
             # Paired blocks (items of 64 rows, two blocks an SM) are taken when forced, and timed by the GPU check's
             # sweep; the planner's own choice stays two consumer warpgroups (the first GPU run measured paired blocks
             # at 0.54–0.78× of them at 4096³ and 8192³).
-            blocks = [b for b in blocks if not hopper_plan.pairs(b.osh)]
+            blocks = [b for b in blocks if not sm90a_plan.pairs(b.osh)]
     found = []
     for b, s, d in itertools.product(blocks, subs, depths):
         if fuse_only and not fused_output(target, b):
@@ -375,11 +379,11 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
     b = BlockShape(*(block or least))
     probe = make_plan(b, tuple(sub_blocks or (1, 1)), depth or 2, a.group_tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
     if form == "sm90a":
-        from ..lower.cuda import hopper_plan
+        from ..lower.cuda.sm90a import plan as sm90a_plan
         from ..lower.errors import Unsupported
 
         try:
-            hopper_plan.check_plan(probe, p.precision)
+            sm90a_plan.check_plan(probe, p.precision)
         except Unsupported as e:
             return f"the sm_90a form takes no plan of {e.what}: {e.why}"
     tiles = b.osh * b.osw * probe.sub_blocks[0] * probe.sub_blocks[1]
@@ -391,7 +395,7 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
         )
     need = smem_bytes(target, probe, p.precision, form, ring_stages(p, form, extra), side_rings(p, form))
     if form == "sm90a":
-        crowded = hopper_plan.fits(target, need, hopper_plan.warpgroups(probe))
+        crowded = sm90a_plan.fits(target, need, sm90a_plan.warpgroups(probe))
         if crowded is not None:
             return f"{crowded}; force a smaller block or depth"
     return (

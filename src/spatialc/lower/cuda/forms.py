@@ -1,7 +1,7 @@
 """Which CUDA form prints a program: the persistent tile kernel where it can hold the program, the general form
 otherwise — or the one asked for. A program planned for the sm_90a form (its operand pages in swizzled panels,
 which no other form reads) is printed by that form: the general form's engines with a TMA producer and wgmma
-consumers (`hopper.py`).
+consumers (`sm90a/kernel.py`).
 
 The persistent form serialises a site's engines onto one instruction stream and proves that order safe before
 printing, which buys a software-pipelined K loop and an epilogue fused into the store; it refuses what it cannot
@@ -23,8 +23,10 @@ from ...passes.tile import in_panels
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
 from ..errors import LowerError, NeedsGeneral, TooBig
-from . import general, hopper, persistent
-from .program import MAP_PROGRAM, ROW_PROGRAM
+from .common.program import MAP_PROGRAM, ROW_PROGRAM
+from .general import kernel as general
+from .persistent import kernel as persistent
+from .sm90a import kernel as sm90a
 
 FORMS = ("auto", "persistent", "general", "sm90a")
 # Why auto prints a program without a tile matmul in the general form. Such a kernel is memory-bound: what counts is
@@ -63,11 +65,11 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
     if form == "sm90a" or (form == "auto" and in_panels(program)):
         # Pages in panels: only the sm_90a form reads them, so its refusal is the answer and no general form
         # rides along.
-        return hopper.lower(program, target)
+        return sm90a.lower(program, target)
     passed_over: tuple[str, ...] = ()
     if form == "auto" and target.hopper:
         try:
-            hopper.refuse(program, target)
+            sm90a.refuse(program, target)
             passed_over = (
                 "not the sm_90a form: the program was planned for the others (build it with form='sm90a' to plan"
                 " for that form, or to see why it does not print it)",

@@ -1,4 +1,4 @@
-// spatialc host emulation — thread-block clusters of the sm_90a form (lower/cuda/sm90a.cuh): the cluster barrier,
+// spatialc host emulation — thread-block clusters of the sm_90a form (lower/cuda/sm90a/sm90a.cuh): the cluster barrier,
 // arrivals on a peer block's mbarrier, and TMA loads multicast into several blocks' shared memory. Definitions,
 // included at the end of emu_runtime.h.
 //

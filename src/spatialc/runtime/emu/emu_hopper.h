@@ -1,4 +1,4 @@
-// spatialc host emulation — the sm_90a layer (lower/cuda/sm90a.cuh): tensor maps and TMA tile loads, mbarrier
+// spatialc host emulation — the sm_90a layer (lower/cuda/sm90a/sm90a.cuh): tensor maps and TMA tile loads, mbarrier
 // transaction counts, the asynchronous warpgroup MMA (wgmma) with shared-memory matrix descriptors, and the fences
 // between the generic and the async proxy. Together with cuda.h / cudaTypedefs.h here, the host programs' tensor-map
 // encoding through the driver entry point.

@@ -1,4 +1,4 @@
-// spatialc host emulation — the general form's synchronisation (lower/cuda/general_mbarrier.cuh): mbarriers, as its
+// spatialc host emulation — the general form's synchronisation (lower/cuda/general/mbarrier.cuh): mbarriers, as its
 // rings use them; an engine's named barrier; counts in global memory (barrier arrivals, semaphores) for sites that
 // hand over to each other.
 //

@@ -1,4 +1,4 @@
-// spatialc host emulation — the kernels' tensor-core layer (lower/cuda/tensor_core.cuh): ldmatrix operand loads
+// spatialc host emulation — the kernels' tensor-core layer (lower/cuda/common/tensor_core.cuh): ldmatrix operand loads
 // from swizzled, row-major or K-major tiles, mma.sync m16n8k16 (fp16, bf16, int8) and m16n8k32 (int8), accumulator
 // stores.
 //

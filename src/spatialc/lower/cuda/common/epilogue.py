@@ -16,13 +16,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...ir.nodes import ComputeStage, DType, PageLayout, ReadStage, SpatialProgram, Stage, TensorRole
-from ...ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, VecAxis, arg_indices, cols
-from ...ir.printer import compute_text
-from ...numerics import elementwise
-from ...numerics.elementwise import ElementwiseError, transcendental
-from ...numerics.epilogue import integer_peak, integer_range
-from ..errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
+from ....ir.nodes import ComputeStage, DType, PageLayout, ReadStage, SpatialProgram, Stage, TensorRole
+from ....ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, VecAxis, arg_indices, cols
+from ....ir.printer import compute_text
+from ....numerics import elementwise
+from ....numerics.elementwise import ElementwiseError, transcendental
+from ....numerics.epilogue import integer_peak, integer_range
+from ...errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
 from .cwriter import inlined
 
 
@@ -305,7 +305,7 @@ def check_int64(p: SpatialProgram, stages: tuple[Stage, ...], start: tuple[int, 
 def helpers(integer: bool) -> str:
     """The device functions the chain's statements call, inlined into the kernel text: an integer program's
     requantisation (its elementwise ops are plain C expressions), or a float program's elementwise ops."""
-    return inlined("persistent_epilogue.cuh" if integer else "elementwise.cuh")
+    return inlined("common/requant.cuh" if integer else "common/elementwise.cuh")
 
 
 def c_int(n: int) -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ir.nodes import SpatialProgram
-from ...ir.ops import (
+from ....ir.nodes import SpatialProgram
+from ....ir.ops import (
     Barrier,
     ChoreoOp,
     Loop,
@@ -21,9 +21,9 @@ from ...ir.ops import (
     Trip,
     walk,
 )
-from ...target import SpatialTarget
-from ..census import marker
-from ..errors import Unsupported
+from ....target import SpatialTarget
+from ...census import marker
+from ...errors import Unsupported
 from .cwriter import Writer
 from .program import all_ops
 
@@ -98,7 +98,7 @@ def sync_words(
 
 
 class HandoverPrinter:
-    """The hand-over ops of one engine of the general form (a mixin of `general_printer.EnginePrinter`, whose kernel
+    """The hand-over ops of one engine of the general form (a mixin of `general.printer.EnginePrinter`, whose kernel
     `k`, writer `w`, engine `role`, `engine_sync` and `kept` it uses)."""
 
     k: Any

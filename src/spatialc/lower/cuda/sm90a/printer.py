@@ -1,16 +1,16 @@
 """The sm_90a form's engine printer: the general form's, with operand pages loaded by the copy engine (TMA boxes
 announced on the full barrier with the producer's arrival), multiplied by wgmma from shared-memory descriptors, a K
 loop that keeps one wgmma group in flight, and the consumers' fused store through staging boxes and TMA stores.
-`hopper.py` describes the kernel and prints the rest of it.
+`kernel.py` describes the kernel and prints the rest of it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...ir.ids import LoopVar, loop_var_name
-from ...ir.names import plain
-from ...ir.ops import (
+from ....ir.ids import LoopVar, loop_var_name
+from ....ir.names import plain
+from ....ir.ops import (
     ChoreoOp,
     Compute,
     Loop,
@@ -27,19 +27,20 @@ from ...ir.ops import (
     Wait,
     WriteTiles,
 )
-from ...ir.printer import compute_text
-from ...passes.tile import operand_layouts
-from ..census import POST, marker
-from ..errors import Unsupported
-from . import general, general_printer
-from .clusters import ClusterPrinter
-from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
-from .hopper_plan import OUT_BYTES, STORE_BUFFERS, WARPGROUP
-from .hopper_tma import Panels, TileBoxes, param_at
-from .rings import TILE_ELEMS, Ring
+from ....ir.printer import compute_text
+from ....passes.tile import operand_layouts
+from ...census import POST, marker
+from ...errors import Unsupported
+from ..common.clusters import ClusterPrinter
+from ..common.cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
+from ..common.rings import TILE_ELEMS, Ring
+from ..general import kernel as general
+from ..general import printer as general_printer
+from .plan import OUT_BYTES, STORE_BUFFERS, WARPGROUP
+from .tma import Panels, TileBoxes, param_at
 
 if TYPE_CHECKING:
-    from .hopper import HopperKernel
+    from .kernel import HopperKernel
 
 DESC_SWIZZLE = {128: 1, 64: 2, 32: 3}  # a matrix descriptor's swizzle mode, by the panels' width in bytes
 ACC_FENCE = "spatialc_acc_fence(accf);"  # the accumulators' registers pinned there (sm90a.cuh)

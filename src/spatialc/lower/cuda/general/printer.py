@@ -1,19 +1,19 @@
 """The general form's printing: the engine printer — each engine's program on its own warps, its ring ops as waits
-and arrivals on the slot's full and empty mbarriers (the counters, slots and parities `general.py` describes) — and
+and arrivals on the slot's full and empty mbarriers (the counters, slots and parities `kernel.py` describes) — and
 the kernel text around it: the preamble, the ring declarations and barrier initialisation, a branch per engine and
-site class. What the form takes and lays out (`GeneralKernel`) is `general.py`'s; the sm_90a form's printer
-(`hopper_printer.py`) builds on this one.
+site class. What the form takes and lays out (`GeneralKernel`) is `kernel.py`'s; the sm_90a form's printer
+(`sm90a/printer.py`) builds on this one.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...inputs import row_limits
-from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
-from ...ir.names import plain
-from ...ir.nodes import TensorRole
-from ...ir.ops import (
+from ....inputs import row_limits
+from ....ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
+from ....ir.names import plain
+from ....ir.nodes import TensorRole
+from ....ir.ops import (
     AcquireAcc,
     AddPartial,
     Barrier,
@@ -35,13 +35,13 @@ from ...ir.ops import (
     WriteBarrier,
     walk,
 )
-from ...ir.printer import addr_text
-from ...target import WARP
-from ..census import marker
-from ..errors import Unsupported
-from . import epilogue
-from .clusters import GeneralClusterPrinter, reset_image
-from .cwriter import (
+from ....ir.printer import addr_text
+from ....target import WARP
+from ...census import marker
+from ...errors import Unsupported
+from ..common import epilogue
+from ..common.clusters import GeneralClusterPrinter, reset_image
+from ..common.cwriter import (
     C_TYPES,
     CHECK_MACRO,
     INCLUDES,
@@ -53,14 +53,14 @@ from .cwriter import (
     inlined_lines,
     site_prologue,
 )
-from .handover import HandoverPrinter
-from .maps import MapPrinter
-from .rings import TILE_ELEMS
-from .rows import RowPrinter
-from .tiles import Fragments, TilePrinter, tensor_core_lines
+from ..common.handover import HandoverPrinter
+from ..common.maps import MapPrinter
+from ..common.rings import TILE_ELEMS
+from ..common.rows import RowPrinter
+from ..common.tiles import Fragments, TilePrinter, tensor_core_lines
 
 if TYPE_CHECKING:
-    from .general import GeneralKernel, Role
+    from .kernel import GeneralKernel, Role
 
 KERNEL_NAME = "spatialc_general"
 
@@ -232,7 +232,7 @@ def preamble(k: GeneralKernel) -> list[str]:
         " each engine runs on warps of its own and the rings hand pages over through mbarriers."
     ]
     lines += [f"#include <{h}>" for h in INCLUDES]
-    lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *inlined_lines("general_mbarrier.cuh"), ""]
+    lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *inlined_lines("general/mbarrier.cuh"), ""]
     # A map program's kernel multiplies nothing: no tensor-core layer, no accumulator type, no compute warps.
     lines += [*tensor_core_lines(k.rings, k.types), ""] if k.accumulates else []
     epit = "long long" if k.integer else "float"

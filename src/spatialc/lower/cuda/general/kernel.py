@@ -24,9 +24,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ...ir.ids import BufferId
-from ...ir.nodes import DType, Engine, Plan, SpatialProgram, TensorRole
-from ...ir.ops import (
+from ....ir.ids import BufferId
+from ....ir.nodes import DType, Engine, Plan, SpatialProgram, TensorRole
+from ....ir.ops import (
     AcquireAcc,
     Barrier,
     ChoreoOp,
@@ -44,19 +44,18 @@ from ...ir.ops import (
     Wait,
     walk,
 )
-from ...ir.traffic import global_read_bytes
-from ...passes.maps import is_map_program
-from ...passes.rows import is_row_program
-from ...passes.split import workspace_bytes
-from ...target import WARP, SpatialTarget
-from ..artifact import Budget, CudaArtifact
-from ..errors import TooBig, Unsupported
-from . import epilogue
-from .clusters import Multicast, check_cluster, multicast
-from .general_printer import KERNEL_NAME, accumulator_of, kernel_text, printed
-from .handover import clusters, sync_words
-from .host import assemble
-from .program import (
+from ....ir.traffic import global_read_bytes
+from ....passes.maps import is_map_program
+from ....passes.rows import is_row_program
+from ....passes.split import workspace_bytes
+from ....target import WARP, SpatialTarget
+from ...artifact import Budget, CudaArtifact
+from ...errors import TooBig, Unsupported
+from ..common import epilogue
+from ..common.clusters import Multicast, check_cluster, multicast
+from ..common.handover import clusters, sync_words
+from ..common.host import assemble
+from ..common.program import (
     SiteClass,
     all_ops,
     check_printable,
@@ -70,9 +69,21 @@ from .program import (
     relative_groups,
     site_classes,
 )
-from .rings import ALIGN, MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, aligned, epilogue_rings, epit_bytes, ring_table
-from .rows import RowAccumulators, row_accumulators
-from .tiles import Fragments
+from ..common.rings import (
+    ALIGN,
+    MMA_TYPES,
+    TILE_ELEMS,
+    MmaTypes,
+    Ring,
+    Rings,
+    aligned,
+    epilogue_rings,
+    epit_bytes,
+    ring_table,
+)
+from ..common.rows import RowAccumulators, row_accumulators
+from ..common.tiles import Fragments
+from .printer import KERNEL_NAME, accumulator_of, kernel_text, printed
 
 BARRIER_BYTES = 8  # one mbarrier object
 SIDE_WARPS = 1  # warps of an engine other than the compute engine (reader, writer)

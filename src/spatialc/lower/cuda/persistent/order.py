@@ -1,4 +1,5 @@
-"""Rings in shared memory: one per buffer template, the K loop's rotation, the occupancy proof and the smem layout.
+"""The persistent form's serialised order: the K loop's rotation, the pops it frees of barriers, the occupancy
+proof, and the rings' shared-memory layout.
 
 A ring here has no flow control at run time: `Reserve` names the next slot and trusts that it is free, `Wait`
 trusts that the page has arrived. Whether that trust holds is decided before printing, by `prove`, on exactly the
@@ -8,19 +9,15 @@ ruled out statically.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ...ir.ids import LV_ITEM, BufferId, loop_var_name
-from ...ir.nodes import ComputeStage, Fifo, Interm, PageLayout, ReadStage, SpatialProgram, TensorRole
-from ...ir.ops import (
+from ....ir.ids import LV_ITEM, BufferId, loop_var_name
+from ....ir.ops import (
     AcquireAcc,
     Compute,
     Const,
-    MatmulTiles,
     PackAcc,
     Pop,
-    Precision,
     Push,
     ReadBarrier,
     ReadTiles,
@@ -28,148 +25,10 @@ from ...ir.ops import (
     Wait,
     WriteTiles,
 )
-from ...target import SpatialTarget
-from ..errors import NeedsGeneral, TooBig, Unsupported
+from ....target import SpatialTarget
+from ...errors import NeedsGeneral, TooBig, Unsupported
+from ..common.rings import Ring, Rings, aligned
 from .merge import SerialLoop, SerialOp
-
-TILE_ELEMS = 256
-# Every shared region starts on 32 bytes: cp.async moves 16-byte chunks and ldmatrix reads 16-byte rows (32 keeps
-# every tile of every page on the alignment both want, and on the one WMMA would).
-ALIGN = 32
-
-
-def aligned(n: int) -> int:
-    """`n` rounded up to a multiple of ALIGN."""
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-@dataclass(frozen=True, slots=True)
-class MmaTypes:
-    """The C types of a precision's operand and accumulator fragments, with their sizes, and `to_operand`: what
-    turns an epilogue value into an operand (float32 rounded to nearest even; an int8 program's int64 requant
-    result, already in -128..127, converted exactly)."""
-
-    operand: str
-    operand_bytes: int
-    acc: str
-    acc_bytes: int
-    to_operand: str
-
-
-MMA_TYPES = {
-    Precision.INT8: MmaTypes("signed char", 1, "int", 4, "(signed char)"),
-    Precision.FP16: MmaTypes("__half", 2, "float", 4, "__float2half_rn"),
-    Precision.BF16: MmaTypes("__nv_bfloat16", 2, "float", 4, "__float2bfloat16_rn"),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Ring:
-    """One buffer template as a shared-memory ring of `depth` pages of `page` elements of `c_type` (OPT or ACCT)."""
-
-    id: int
-    name: str
-    depth: int
-    page: int
-    c_type: str
-    elem_bytes: int
-    layout: PageLayout = PageLayout.ROW
-
-    @property
-    def bytes(self) -> int:
-        """Bytes of the whole ring."""
-        return self.depth * self.page * self.elem_bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Rings:
-    """The kernel's rings by template id, each buffer's template, and the templates the fused epilogue removed.
-
-    `fused` is the chain the fused epilogue replaces, in order: the matmul's output, then the output of each
-    elementwise epilogue stage; the writer stores the last. Empty when the epilogue is not fused.
-    """
-
-    rings: dict[int, Ring]
-    template: dict[BufferId, int]
-    fused: tuple[int, ...] = ()
-    names: dict[int, str] = field(default_factory=dict)
-
-    def kept(self, buf: BufferId) -> Ring | None:
-        """The ring `buf` lives in, or None when it is part of the fused chain (which has no rings)."""
-        t = self.template[buf]
-        return None if t in self.fused else self.rings[t]
-
-    def is_fused(self, buf: BufferId) -> bool:
-        """Whether `buf` is a ring of the fused chain: its pages are the accumulators, read out by the store."""
-        return self.template.get(buf, -1) in self.fused
-
-    def chain_step(self, buf: BufferId) -> int:
-        """The position of fused `buf` in the chain (0: the matmul's output)."""
-        return self.fused.index(self.template[buf])
-
-    def name(self, buf: BufferId) -> str:
-        """The template name of `buf`, for messages."""
-        return self.names.get(self.template[buf], f"buffer {int(buf)}")
-
-
-def ring_table(p: SpatialProgram, types: MmaTypes, fused: tuple[int, ...]) -> Rings:
-    """One ring per Fifo / Interm template outside the fused chain; a compute stage's output carries accumulators,
-    the rest operands — and so does a computed page a matmul reads (an MLP's hidden layer, rounded to the operand
-    type where it is stored)."""
-    computed = {b for s in p.stages if isinstance(s.kind, ComputeStage) for b in s.outs}
-    work = {t.id for t in p.tensors if t.role == TensorRole.WORKSPACE}  # partial sums, read back as accumulators
-    computed |= {b for s in p.stages if isinstance(s.kind, ReadStage) and s.kind.tensor in work for b in s.outs}
-    operands = {
-        b for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles) for b in s.ins
-    }
-    computed = {p.buffer(b).ring for b in computed} - {p.buffer(b).ring for b in operands}
-    rings: dict[int, Ring] = {}
-    template = {b.id: int(b.ring) for b in p.buffers}
-    names = {int(b.ring): p.buffer(b.ring).name for b in p.buffers}
-    for b in p.buffers:
-        if not isinstance(b.kind, Fifo | Interm) or int(b.ring) in fused:
-            continue
-        acc = b.ring in computed
-        elems = b.kind.page_tiles * p.tile.elems
-        ring = Ring(
-            int(b.ring),
-            names[int(b.ring)],
-            b.kind.depth_pages,
-            elems,
-            "ACCT" if acc else "OPT",
-            types.acc_bytes if acc else types.operand_bytes,
-            b.kind.layout,
-        )
-        if rings.setdefault(ring.id, ring) != ring:
-            raise Unsupported(
-                f"copies of ring {ring.name} with different shapes",
-                "every copy of one template is one shared-memory ring in the kernel",
-            )
-    return Rings(rings, template, fused, names)
-
-
-def epit_bytes(integer: bool) -> int:
-    """Bytes of one value of an epilogue stage's ring (EPIT): long long in an integer program, float otherwise."""
-    return 8 if integer else 4
-
-
-def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
-    """The rings an elementwise stage fills hold its values: int64 (EPIT) in an integer program, whose bias may
-    leave int32, float32 in a float one — except a page a matmul reads, which holds its operands (`ring_table`)."""
-    elementwise = {
-        rings.template[b]
-        for s in p.stages
-        if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, MatmulTiles)
-        for b in s.outs
-    }
-    table = {
-        r: dataclasses.replace(ring, c_type="EPIT", elem_bytes=epit_bytes(integer))
-        if r in elementwise and ring.c_type == "ACCT"
-        else ring
-        for r, ring in rings.rings.items()
-    }
-    return dataclasses.replace(rings, rings=table)
-
 
 # ---- software pipelining ----------------------------------------------------------------------------------
 

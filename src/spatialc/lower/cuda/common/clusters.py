@@ -38,8 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...ir.nodes import SpatialProgram
-from ...ir.ops import (
+from ....ir.nodes import SpatialProgram
+from ....ir.ops import (
     Barrier,
     ChoreoOp,
     McastSend,
@@ -51,8 +51,8 @@ from ...ir.ops import (
     SemWait,
     walk,
 )
-from ..census import marker
-from ..errors import Unsupported
+from ...census import marker
+from ...errors import Unsupported
 from .handover import HandoverPrinter
 from .program import all_ops
 
@@ -165,7 +165,7 @@ def check_items(p: SpatialProgram, cluster: int) -> None:
 
 
 class ClusterPrinter:
-    """The handshake's ops of one engine of the sm_90a form (a mixin of `hopper_printer.HopperPrinter`)."""
+    """The handshake's ops of one engine of the sm_90a form (a mixin of `sm90a.printer.HopperPrinter`)."""
 
     hk: Any
     k: Any
@@ -224,7 +224,7 @@ def reset_image(mc: Multicast | None, op: SemSet, w: Any) -> bool:
 
 
 class GeneralClusterPrinter:
-    """The handshake's ops of one engine of the general form (a mixin of `general_printer.EnginePrinter`, whose
+    """The handshake's ops of one engine of the general form (a mixin of `general.printer.EnginePrinter`, whose
     kernel `k`, writer `w`, engine `role` and slots it uses): the receivers' raise an arrival on the sender's ready
     barrier, the sender's wait a wait on it, the send a copy into each receiver's stage by every thread of the engine,
     the valid flag each thread's arrival on that stage's full barrier in each receiver."""

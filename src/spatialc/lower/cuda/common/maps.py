@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...ir.ids import LoopVar
-from ...ir.nodes import PageLayout
-from ...ir.ops import Col, Compute, Map, VecAxis, row_reads
-from ...ir.ops import cols as expr_cols
-from ...ir.printer import compute_text
-from ..errors import Unsupported
+from ....ir.ids import LoopVar
+from ....ir.nodes import PageLayout
+from ....ir.ops import Col, Compute, Map, VecAxis, row_reads
+from ....ir.ops import cols as expr_cols
+from ....ir.printer import compute_text
+from ...errors import Unsupported
 from . import epilogue
 from .cwriter import Writer, addr_expr
 from .rings import TILE_ELEMS, Ring

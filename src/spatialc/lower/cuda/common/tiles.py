@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
-from ...ir.ids import BufferId, LoopVar
-from ...ir.nodes import PageLayout, Plan, Tensor
-from ...ir.ops import (
+from ....ir.ids import BufferId, LoopVar
+from ....ir.nodes import PageLayout, Plan, Tensor
+from ....ir.ops import (
     AcquireAcc,
     ChoreoOp,
     Col,
@@ -33,12 +33,12 @@ from ...ir.ops import (
     WriteBarrier,
     WriteTiles,
 )
-from ...ir.ops import (
+from ....ir.ops import (
     cols as expr_cols,
 )
-from ...passes.tile import operand_layouts
-from ..census import marker
-from ..errors import Unsupported
+from ....passes.tile import operand_layouts
+from ...census import marker
+from ...errors import Unsupported
 from . import epilogue
 from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum, inlined_lines
 from .rings import TILE_ELEMS, MmaTypes, Ring, Rings
@@ -546,7 +546,7 @@ def tensor_core_lines(rings: Rings, types: MmaTypes) -> list[str]:
     rows = types.operand_bytes == 2 and any(
         r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values()
     )
-    return inlined_lines("tensor_core.cuh", *(["tensor_core_row.cuh"] if rows else []))
+    return inlined_lines("common/tensor_core.cuh", *(["common/tensor_core_row.cuh"] if rows else []))
 
 
 def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:

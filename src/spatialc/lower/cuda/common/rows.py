@@ -21,12 +21,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ...ir.ids import LoopVar
-from ...ir.nodes import Accumulator, Plan, SpatialProgram
-from ...ir.ops import AcquireAcc, ChoreoOp, Compute, PackAcc, ReleaseAcc, RowReduce
-from ...numerics.elementwise import ElementwiseError, Reduction, reduction_named
-from ...target import WARP
-from ..errors import Unsupported
+from ....ir.ids import LoopVar
+from ....ir.nodes import Accumulator, Plan, SpatialProgram
+from ....ir.ops import AcquireAcc, ChoreoOp, Compute, PackAcc, ReleaseAcc, RowReduce
+from ....numerics.elementwise import ElementwiseError, Reduction, reduction_named
+from ....target import WARP
+from ...errors import Unsupported
 from .cwriter import Writer, addr_expr
 from .program import all_ops
 from .rings import TILE_ELEMS, Ring, Rings

@@ -12,7 +12,7 @@ here by letting such a program carry its blocked ops past the loop. The standard
 Pop C`, no K loop) waits on the compute engine's push after its K loop; draining every program before each
 co-iterated loop, as the seed did, refuses that good program. Carrying is sound: delaying one program's ops never
 breaks another's order, the ops still run in their own program's order, and the ring proof that follows
-(`rings.prove`) rejects an order that would overfill a ring. The alternative, giving every engine the site's whole
+(`order.prove`) rejects an order that would overfill a ring. The alternative, giving every engine the site's whole
 loop skeleton, would put empty loops into the IR for this backend's sake alone.
 """
 
@@ -22,9 +22,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ...ir.ids import BufferId, LoopVar, loop_var_name
-from ...ir.ops import ChoreoOp, Const, Loop, LoopCount, Push, Wait
-from ..errors import Unsupported
+from ....ir.ids import BufferId, LoopVar, loop_var_name
+from ....ir.ops import ChoreoOp, Const, Loop, LoopCount, Push, Wait
+from ...errors import Unsupported
 
 
 @dataclass(frozen=True, slots=True)

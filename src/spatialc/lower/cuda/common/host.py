@@ -10,15 +10,15 @@ import contextlib
 import json
 from pathlib import Path
 
-from ...inputs import row_limits
-from ...ir.names import plain
-from ...ir.nodes import SpatialProgram, Tensor, TensorRole, TileOrder
-from ...ir.ops import ChoreoOp, Loop, Trip, walk
-from ...passes.maps import is_map_program
-from ...passes.rows import is_row_program
-from ..artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch, operand_files
-from ..census import census
-from ..errors import InternalError
+from ....inputs import row_limits
+from ....ir.names import plain
+from ....ir.nodes import SpatialProgram, Tensor, TensorRole, TileOrder
+from ....ir.ops import ChoreoOp, Loop, Trip, walk
+from ....passes.maps import is_map_program
+from ....passes.rows import is_row_program
+from ...artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch, operand_files
+from ...census import census
+from ...errors import InternalError
 from .cwriter import Writer, inlined
 from .program import distinct_lists
 
@@ -31,7 +31,7 @@ def helpers(launch: Launch) -> str:
     """The checked-in host helpers, inlined so that each program is one self-contained text (with the matrix
     store where a parameter is stored as a matrix)."""
     matrices = any(param.order in MATRIX_ORDERS for param in launch.params)
-    return inlined("persistent_host.cuh") + ("\n" + inlined("matrix_host.cuh") if matrices else "")
+    return inlined("common/host.cuh") + ("\n" + inlined("common/matrix_host.cuh") if matrices else "")
 
 
 def assemble(

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...ir.nodes import PageLayout, SpatialProgram, TensorRole, panel_bytes
-from ...ir.ops import ReadTiles
-from ..artifact import TensorMap
-from ..errors import Unsupported
-from .rings import TILE_ELEMS
+from ....ir.nodes import PageLayout, SpatialProgram, TensorRole, panel_bytes
+from ....ir.ops import ReadTiles
+from ...artifact import TensorMap
+from ...errors import Unsupported
+from ..common.rings import TILE_ELEMS
 
 
 def param_at(p: SpatialProgram, tensor) -> int:

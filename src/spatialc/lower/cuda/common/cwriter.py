@@ -8,10 +8,10 @@ from contextlib import contextmanager
 from functools import cache
 from importlib import resources
 
-from ...ir.ids import LoopVar, loop_var_name
-from ...ir.nodes import DType
-from ...ir.ops import TileAddr
-from ..errors import Unsupported
+from ....ir.ids import LoopVar, loop_var_name
+from ....ir.nodes import DType
+from ....ir.ops import TileAddr
+from ...errors import Unsupported
 
 C_TYPES = {
     DType.INT8: "signed char",
@@ -156,10 +156,16 @@ def site_prologue(w: Writer, cluster: int = 1) -> None:
     w.line("if (cluster_items == 0) { return; }")
 
 
+# The package the checked-in C files are found under, each form's in its own folder (`general/mbarrier.cuh`).
+CUDA_PACKAGE = __package__.rpartition(".")[0]
+
+
 @cache
 def inlined(*names: str) -> str:
-    """The checked-in C files `names` of this package (`*.cuh`), joined: text a printed program inlines, read once."""
-    return "\n".join(resources.files(__package__).joinpath(name).read_text() for name in names)
+    """The checked-in C files `names` (`*.cuh`, paths under `lower/cuda/`), joined: text a printed program inlines,
+    read once."""
+    root = resources.files(CUDA_PACKAGE)
+    return "\n".join(root.joinpath(*name.split("/")).read_text() for name in names)
 
 
 def inlined_lines(*names: str) -> list[str]:

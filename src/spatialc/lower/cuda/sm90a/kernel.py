@@ -8,7 +8,7 @@
   page's bytes; `Push` is the reader's one arrival on it, made with the `expect_tx` (`mbarrier.arrive.expect_tx`)
   where the Push follows the load at once. The phase completes when the arrival and every byte are in. Each stage
   starts on 1024 bytes, so the swizzle by address is the page's own.
-- The compute engine is a consumer warpgroup per 64 rows of the item (`hopper_plan.Warpgroups`): two for items of
+- The compute engine is a consumer warpgroup per 64 rows of the item (`plan.Warpgroups`): two for items of
   128 rows (the eight accumulator warps), their block alone on its SM; one for items of 64 rows (a forced block of 4
   tile rows: the planner does not choose them), two blocks sharing each SM, so that one block's epilogue runs while
   the other's wgmma keep the tensor cores busy — what a ping-pong kernel's alternating consumers do, with one
@@ -34,7 +34,7 @@
   waited for before that box is written again — the next item's K loop runs meanwhile — and before the warp ends);
   otherwise the lanes store their elements to global memory themselves (the tile printers' `fused_store`, the
   persistent kernel's). A stage of the chain may read a page beside the chain's value — a residual's, a gate's, from
-  the ring a read stage fills, which the copy engine lands a 16 x 16 box a tile (`hopper_tma.TileBoxes`): the fused
+  the ring a read stage fills, which the copy engine lands a 16 x 16 box a tile (`tma.TileBoxes`): the fused
   store reads the lane's elements of its front page, between that ring's Wait and Pop, which the schedule places
   after the chain's last Push — the place the store stands (checked: otherwise the chain stays page to page, as the
   producer could refill the slot under the store). Otherwise (an activation) the writer, the epilogue stages page to
@@ -48,8 +48,8 @@ against shared memory, 1024-byte stage bases and pages on their swizzle's period
 the bytes each page receives. Since only this form reads panels, `build` plans for it only where it prints the
 program (`passes.pipeline.sm90a_refusal`); the general form does not ride along with its artifacts.
 
-Beside this module: the form's shape constants, the plans it takes and what they cost (`hopper_plan.py`), its pages'
-panels and tensor maps (`hopper_tma.py`) and its engine printer (`hopper_printer.py`).
+Beside this module: the form's shape constants, the plans it takes and what they cost (`plan.py`), its pages'
+panels and tensor maps (`tma.py`) and its engine printer (`printer.py`).
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ...ir.names import plain
-from ...ir.nodes import PageLayout, SpatialProgram, TensorRole
-from ...ir.ops import (
+from ....ir.names import plain
+from ....ir.nodes import PageLayout, SpatialProgram, TensorRole
+from ....ir.ops import (
     AcquireAcc,
     ChoreoOp,
     Compute,
@@ -74,16 +74,21 @@ from ...ir.ops import (
     WriteTiles,
     walk,
 )
-from ...passes.maps import is_map_program
-from ...passes.rows import is_row_program
-from ...passes.verify import derived
-from ...target import WARP, SpatialTarget
-from ..artifact import Budget, CudaArtifact, TensorMap
-from ..errors import LowerError, NeedsGeneral, TooBig, Unsupported
-from . import epilogue, general, general_printer
-from .clusters import Multicast, check_cluster, check_items, multicast
-from .cwriter import Writer, inlined_lines, site_prologue
-from .hopper_plan import (
+from ....passes.maps import is_map_program
+from ....passes.rows import is_row_program
+from ....passes.verify import derived
+from ....target import WARP, SpatialTarget
+from ...artifact import Budget, CudaArtifact, TensorMap
+from ...errors import LowerError, NeedsGeneral, TooBig, Unsupported
+from ..common import epilogue
+from ..common.clusters import Multicast, check_cluster, check_items, multicast
+from ..common.cwriter import Writer, inlined_lines, site_prologue
+from ..common.host import assemble
+from ..common.program import MAP_PROGRAM, ROW_PROGRAM, all_ops, checked_gemm, launch_for, matmul_stages
+from ..common.rings import TILE_ELEMS, Rings, ring_table
+from ..general import kernel as general
+from ..general import printer as general_printer
+from .plan import (
     BARRIER_ALIGN,
     CONSUMER_REGS,
     PRODUCER_REGS,
@@ -96,11 +101,8 @@ from .hopper_plan import (
     store_chunk,
     warpgroups,
 )
-from .hopper_printer import HopperPrinter
-from .hopper_tma import Panels, TileBoxes, param_at, tensor_maps
-from .host import assemble
-from .program import MAP_PROGRAM, ROW_PROGRAM, all_ops, checked_gemm, launch_for, matmul_stages
-from .rings import TILE_ELEMS, Rings, ring_table
+from .printer import HopperPrinter
+from .tma import Panels, TileBoxes, param_at, tensor_maps
 
 KERNEL_NAME = "spatialc_hopper"
 
@@ -393,7 +395,7 @@ def preamble(hk: HopperKernel) -> list[str]:
     at = rest.index("#include <cstring>") + 1
     rest = [*rest[:at], "#include <cuda.h>", "#include <cudaTypedefs.h>", *rest[at:]]
     at = rest.index("typedef " + f"{k.types.operand} OPT;")
-    extra = [*inlined_lines("sm90a.cuh"), *wgmma_specialisations(hk.n, k.types.operand, k.integer), ""]
+    extra = [*inlined_lines("sm90a/sm90a.cuh"), *wgmma_specialisations(hk.n, k.types.operand, k.integer), ""]
     rest = [*rest[:at], *extra, *rest[at:]]
     if hk.chunk:  # tiles of the output box each consumer warp stages for the TMA store
         at = next(i for i, line in enumerate(rest) if line.startswith("#define SMEM_OFF_"))

@@ -9,9 +9,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...inputs import row_limits
-from ...ir.ids import LV_ITEM, GroupId, Site
-from ...ir.nodes import (
+from ....inputs import row_limits
+from ....ir.ids import LV_ITEM, GroupId, Site
+from ....ir.nodes import (
     ComputeStage,
     Engine,
     Fifo,
@@ -25,7 +25,7 @@ from ...ir.nodes import (
     TileOrder,
     per_op_list,
 )
-from ...ir.ops import (
+from ....ir.ops import (
     ChoreoOp,
     ComputeOp,
     Const,
@@ -39,12 +39,12 @@ from ...ir.ops import (
     rewrite,
     walk,
 )
-from ...ir.worklist import RULES, launch_sites, split_items, work_table
-from ...numerics.epilogue import dot_range
-from ...passes.rows import row_shape
-from ...target import SpatialTarget
-from ..artifact import KernelParam, Launch
-from ..errors import TooBig, Unsupported, UnsupportedPrecision, Unverified
+from ....ir.worklist import RULES, launch_sites, split_items, work_table
+from ....numerics.epilogue import dot_range
+from ....passes.rows import row_shape
+from ....target import SpatialTarget
+from ...artifact import KernelParam, Launch
+from ...errors import TooBig, Unsupported, UnsupportedPrecision, Unverified
 from . import epilogue
 from .cwriter import C_TYPES
 from .rings import MMA_TYPES, MmaTypes

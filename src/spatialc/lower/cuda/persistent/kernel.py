@@ -11,8 +11,8 @@ depth, and that an int8 reduction cannot overflow int32 — and refuses, with a 
 
 from __future__ import annotations
 
-from ...ir.nodes import ComputeStage, Plan, SpatialProgram, Stage, TensorRole, Tile
-from ...ir.ops import (
+from ....ir.nodes import ComputeStage, Plan, SpatialProgram, Stage, TensorRole, Tile
+from ....ir.ops import (
     AcquireAcc,
     Barrier,
     Compute,
@@ -29,19 +29,17 @@ from ...ir.ops import (
     Trip,
     WriteTiles,
 )
-from ...ir.printer import compute_text
-from ...ir.traffic import global_read_bytes
-from ...passes.maps import is_map_program
-from ...passes.rows import is_row_program
-from ...target import SpatialTarget
-from ..artifact import Budget, CudaArtifact, Launch
-from ..errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
-from . import epilogue, persistent_pages
-from .cwriter import C_TYPES
-from .emit import KERNEL_NAME, Kernel, kernel_text
-from .host import assemble
-from .merge import SerialLoop, SerialOp, serialise
-from .program import (
+from ....ir.printer import compute_text
+from ....ir.traffic import global_read_bytes
+from ....passes.maps import is_map_program
+from ....passes.rows import is_row_program
+from ....target import SpatialTarget
+from ...artifact import Budget, CudaArtifact, Launch
+from ...errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
+from ..common import epilogue
+from ..common.cwriter import C_TYPES
+from ..common.host import assemble
+from ..common.program import (
     all_ops,
     check_printable,
     checked_gemm,
@@ -50,7 +48,11 @@ from .program import (
     printed_site_programs,
     site_items,
 )
-from .rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, prove, ring_table, smem_layout
+from ..common.rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, ring_table
+from . import pages
+from .merge import SerialLoop, SerialOp, serialise
+from .order import prove, smem_layout
+from .printer import KERNEL_NAME, Kernel, kernel_text
 
 MMA_TILE = Tile(16, 16)
 
@@ -58,7 +60,7 @@ MMA_TILE = Tile(16, 16)
 def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     """The CUDA artifact of a verified program, or a typed error saying what the persistent kernel cannot hold."""
     if is_map_program(program) or is_row_program(program):  # no tile matmul: its block moves and maps pages
-        return persistent_pages.lower(program, target)
+        return pages.lower(program, target)
     refuse(program)
     plan = program.plans[0]
     mm, types, integer, chain = checked_gemm(program, epilogue.EPILOGUE_OPS)
@@ -99,7 +101,7 @@ def refuse(p: SpatialProgram) -> None:
 
 
 def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
-    """(what, why) when `p` (a program with a tile matmul: `lower` sends the others to `persistent_pages`) has
+    """(what, why) when `p` (a program with a tile matmul: `lower` sends the others to `pages`) has
     something the persistent kernel leaves to the general form, else None."""
     if len(p.plans) > 1:
         return f"a program with {len(p.plans)} plans", "the persistent kernel prints one block shape for every site"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
-from ...ir.names import plain
-from ...ir.nodes import Plan, SpatialProgram, TensorRole
-from ...ir.ops import (
+from ....ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
+from ....ir.names import plain
+from ....ir.nodes import Plan, SpatialProgram, TensorRole
+from ....ir.ops import (
     Compute,
     PackAcc,
     Pop,
@@ -20,11 +20,11 @@ from ...ir.ops import (
     Wait,
     WriteTiles,
 )
-from ...ir.printer import compute_text
-from ..census import OP, PAD, PRE, marker
-from ..errors import Unsupported
-from . import epilogue
-from .cwriter import (
+from ....ir.printer import compute_text
+from ...census import OP, PAD, PRE, marker
+from ...errors import Unsupported
+from ..common import epilogue
+from ..common.cwriter import (
     CHECK_MACRO,
     INCLUDES,
     PAGE_MACROS,
@@ -33,11 +33,12 @@ from .cwriter import (
     Writer,
     site_prologue,
 )
-from .maps import MapPrinter
+from ..common.maps import MapPrinter
+from ..common.rings import MmaTypes, Rings
+from ..common.rows import RowAccumulators, RowPrinter
+from ..common.tiles import TilePrinter, tensor_core_lines
 from .merge import SerialLoop, SerialOp
-from .rings import MmaTypes, Rings, Rotation, SmemLayout, barrier_free_pops, commits, rotation
-from .rows import RowAccumulators, RowPrinter
-from .tiles import TilePrinter, tensor_core_lines
+from .order import Rotation, SmemLayout, barrier_free_pops, commits, rotation
 
 KERNEL_NAME = "spatialc_persistent"
 POP_PROOF = "these slots are refilled only after the next wait barrier"
@@ -79,7 +80,7 @@ class OpPrinter(TilePrinter):
         super().__init__(k.plan, k.rings, k.lane_grid, w)
         self.k = k
         self.integer = k.integer
-        # The rings whose pops need no barrier (`rings.barrier_free_pops` proves it from the printed order).
+        # The rings whose pops need no barrier (`order.barrier_free_pops` proves it from the printed order).
         self.free_pops = free_pops
         # The fused chain's stages met since the last store: (op, its addresses' variables, its C scope depth).
         self.chain: list[tuple[Compute, dict[LoopVar, str], int]] = []
@@ -212,7 +213,7 @@ class OpPrinter(TilePrinter):
 
         Without it each step would issue its copies and wait for them at once, exposing the whole load latency
         every step. The producer's addresses are functions of the loop variable, so issuing it ahead needs only
-        that variable rebound; behind the waits' barrier it may refill the slot step i − 1 read (rings.rotation).
+        that variable rebound; behind the waits' barrier it may refill the slot step i − 1 read (order.rotation).
         The last a steps have nothing to fetch and commit empty groups instead, so the waits' `wait_prior(n)` leaves
         exactly the a − 1 steps issued ahead of step i in flight on every step.
         """

@@ -4,7 +4,7 @@
 The block is a site, as for a GEMM: the site's reader, compute and writer programs serialised onto one instruction
 stream (`merge.py`, which leaves a later pass's loop out of an earlier one's: a row program's writer stores what the
 compute engine's last pass fills), the order proved to fill no ring past its depth before a line is printed
-(`rings.prove`), and every thread of the block running each op in turn: the reader's copies (cp.async), the map of a
+(`order.prove`), and every thread of the block running each op in turn: the reader's copies (cp.async), the map of a
 page (`maps.MapPrinter`, the general form's printer), a row reduction's fold into the row accumulators and its pack
 into a row vector with warp shuffles (`rows.RowPrinter`, likewise), the writer's stores. The warps are the target's
 accumulator lanes: the row accumulators are spread over them as over the general form's compute warps.
@@ -17,8 +17,8 @@ second form the host emulation checks them in, printed from the same per-op prin
 
 from __future__ import annotations
 
-from ...ir.nodes import Plan, SpatialProgram, Stage, TensorRole
-from ...ir.ops import (
+from ....ir.nodes import Plan, SpatialProgram, Stage, TensorRole
+from ....ir.ops import (
     AcquireAcc,
     Barrier,
     Compute,
@@ -34,16 +34,14 @@ from ...ir.ops import (
     Trip,
     WriteTiles,
 )
-from ...ir.traffic import global_read_bytes
-from ...passes.rows import is_row_program
-from ...target import SpatialTarget
-from ..artifact import Budget, CudaArtifact, Launch
-from ..errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
-from .cwriter import C_TYPES
-from .emit import KERNEL_NAME, Kernel, kernel_text
-from .host import assemble
-from .merge import SerialLoop, SerialOp, serialise
-from .program import (
+from ....ir.traffic import global_read_bytes
+from ....passes.rows import is_row_program
+from ....target import SpatialTarget
+from ...artifact import Budget, CudaArtifact, Launch
+from ...errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
+from ..common.cwriter import C_TYPES
+from ..common.host import assemble
+from ..common.program import (
     all_ops,
     check_printable,
     checked_map,
@@ -53,8 +51,11 @@ from .program import (
     printed_site_programs,
     site_items,
 )
-from .rings import TILE_ELEMS, MmaTypes, Rings, epilogue_rings, prove, ring_table, smem_layout
-from .rows import RowAccumulators, row_accumulators
+from ..common.rings import TILE_ELEMS, MmaTypes, Rings, epilogue_rings, ring_table
+from ..common.rows import RowAccumulators, row_accumulators
+from .merge import SerialLoop, SerialOp, serialise
+from .order import prove, smem_layout
+from .printer import KERNEL_NAME, Kernel, kernel_text
 
 
 def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
