@@ -57,6 +57,7 @@ from ..ir.ops import (
     SemInc,
     SemSet,
     SemWait,
+    Span,
     TileAddr,
     Trip,
     VecAxis,
@@ -245,6 +246,13 @@ class Emitter:
         match op.count:
             case Const(n) if n >= 0:
                 count = str(n)
+            case Span(base, per, bound, steps):
+                if steps and LV_ITEM not in self.scope:
+                    self.item_coords_free = True  # the site's only item's coordinates, bound up front
+                v = " + ".join(
+                    [str(base), *(f"{stride} * {'iy' if var == LV_ITEM_Y else 'ix'}" for var, stride in steps)]
+                )
+                count = f"min({bound}, max(0, -(-({v}) // {per})))"
             case Trip():
                 self.m.store(op.count.tensor, lambda: self.where(op))
                 if op.count.steps and LV_ITEM not in self.scope:

@@ -391,7 +391,24 @@ class Trip:
     steps: tuple[tuple[LoopVar, int], ...] = ()
 
 
-LoopCount = Const | Trip
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A loop whose count is known per item, not read from data: min(`bound`, max(0, ceil(v / per))) for
+    v = `base + Σ stride·var` over `steps` (item coordinates). A causal attention's band runs only the KV blocks at
+    or left of its diagonal: v the band's last visible key + 1, `per` the keys of a block."""
+
+    base: int
+    per: int
+    bound: int
+    steps: tuple[tuple[LoopVar, int], ...] = ()
+
+    def at(self, values: dict[LoopVar, int]) -> int:
+        """The count where the variables take `values`."""
+        v = self.base + sum(stride * values[var] for var, stride in self.steps)
+        return min(self.bound, max(0, -(-v // self.per)))
+
+
+LoopCount = Const | Trip | Span
 
 # ---- choreography ops --------------------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from .ops import (
     SemInc,
     SemSet,
     SemWait,
+    Span,
     TileAddr,
     VecAxis,
     Wait,
@@ -222,6 +223,9 @@ def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
             if isinstance(count, Const):
                 huge = isinstance(count.n, int) and count.n.bit_length() > PRINTED_BITS
                 return f"Loop {loop_var_name(var)} < {'(huge)' if huge else count.n}:"
+            if isinstance(count, Span):
+                value = addr_text(TileAddr(count.base, count.steps))
+                return f"Loop {loop_var_name(var)} < min({count.bound}, ceil(({value}) / {count.per})):"
             element = addr_text(TileAddr(count.index, count.steps))
             value = f"{_tensor(p, count.tensor)}[{element}]"
             if count.per > 1:

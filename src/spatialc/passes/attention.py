@@ -50,6 +50,7 @@ from ..ir.ops import (
     RowArg,
     RowReduce,
     ScaleAcc,
+    Span,
     TileAddr,
     VecAxis,
     Wait,
@@ -196,6 +197,16 @@ def keep(op: Attention, bh: int, bw: int) -> Expr:
     return Apply("mul", (inside, diagonal))
 
 
+def kv_blocks(op: Attention, bh: int, bw: int, blocks: int, side: int) -> Const | Span:
+    """The KV blocks an item runs: all of them, or for a causal attention those at or left of its band's diagonal —
+    the band's last row r = (item_y + 1)·bh·side − 1 sees keys up to r + seq_kv − seq_q, so it needs
+    ceil(((item_y + 1)·bh·side + seq_kv − seq_q) / (bw·side)) blocks (at most all: the padding rows of the last band
+    reach past the keys, which the mask leaves out)."""
+    if not op.causal:
+        return Const(blocks)
+    return Span(bh * side + op.seq_kv - op.seq_q, bw * side, blocks, ((LV_ITEM_Y, bh * side),))
+
+
 def attention_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     """Each engine's per-item body: for each query head of the item's KV head, the reader fills Q's band once and
     K's and V's blocks in turn; the compute engine runs the recurrence block by block, then O / l and m + log l; the
@@ -214,6 +225,7 @@ def attention_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     o_pk, l_pk, m_pk = named["o_acc_ring"], named["l_ring"], named["m_ring"]
     s_acc, m_acc, l_acc, o_acc = named["s_acc"], named["m_acc"], named["l_acc"], named["o_acc"]
     rows_q, rows_kv = plan.grid[0] * bh, plan.k_tiles
+    blocks_of_item = kv_blocks(op, bh, bw, blocks, p.tile.rows)
     head = ((LV_ITEM_X, group * rows_q), (LV_HEAD, rows_q), (LV_ITEM_Y, bh))  # the band's first tile row, in rows
     q_at = TileAddr(0, tuple((var, n * dt) for var, n in head))
     kv_at = TileAddr(0, ((LV_ITEM_X, rows_kv * dt), (LV_K, bw * dt)))
@@ -236,7 +248,7 @@ def attention_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
                 Reserve(q),
                 ReadTiles(TensorId(tq), q_at, bh, dt, dt, 1, q),
                 Push(q),
-                Loop(LV_K, Const(blocks), reader_block),
+                Loop(LV_K, blocks_of_item, reader_block),
             ),
         ),
     )
@@ -330,7 +342,7 @@ def attention_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
                 AcquireAcc(m_acc),
                 AcquireAcc(l_acc),
                 AcquireAcc(o_acc),
-                Loop(LV_K, Const(blocks), step),
+                Loop(LV_K, blocks_of_item, step),
                 *finish,
             ),
         ),

@@ -33,6 +33,7 @@ from ...ir.ops import (
     ReleaseAcc,
     Reserve,
     SemInc,
+    Span,
     TileAddr,
     Trip,
     VecAxis,
@@ -57,7 +58,7 @@ class Frame:
     op: Loop
     key: tuple[tuple[object, ...], ...]
     n: int
-    trip: Trip | None
+    trip: Trip | Span | None  # a loop counted at run time or per item: followed at its bound
 
 
 @dataclass(frozen=True, slots=True)

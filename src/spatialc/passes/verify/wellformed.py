@@ -74,6 +74,7 @@ from ...ir.ops import (
     SemInc,
     SemSet,
     SemWait,
+    Span,
     TileAddr,
     Trip,
     VecAxis,
@@ -668,6 +669,20 @@ class _OpCheck:
                     raise self.fail(op, f"a trip bound must be ≥ 0 and at most {MAX_INT}, not {limit}")
                 if not 1 <= op.count.per <= MAX_INT:
                     raise self.fail(op, f"a trip count's divisor must be ≥ 1 and at most {MAX_INT}, not {op.count.per}")
+            case Span(base, per, limit, steps):
+                if not 0 <= limit <= MAX_INT or not 1 <= per <= MAX_INT or abs(base) > MAX_INT:
+                    raise self.fail(
+                        op,
+                        f"a per-item count's bound (0..{MAX_INT}), divisor (1..{MAX_INT}) and base (within"
+                        f" ±{MAX_INT}) are out of range: {limit}, {per}, {base}",
+                    )
+                for var, stride in steps:
+                    if var not in (LV_ITEM_Y, LV_ITEM_X) or abs(stride) > MAX_INT:
+                        raise self.fail(
+                            op,
+                            f"a per-item count steps with the item's coordinates (item_y, item_x) by at most"
+                            f" {MAX_INT}, not {loop_var_name(var)} by {stride}",
+                        )
 
     def buf(self, op: ChoreoOp, bid) -> None:
         if bid not in self.index.buffers:
