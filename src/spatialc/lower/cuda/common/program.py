@@ -27,6 +27,7 @@ from ....ir.nodes import (
 )
 from ....ir.ops import (
     ChoreoOp,
+    Compute,
     ComputeOp,
     Const,
     Loop,
@@ -394,6 +395,19 @@ def checked_rows(p: SpatialProgram) -> tuple[MmaTypes, tuple[Stage, ...]]:
     maps = tuple(s for s in shape.computes if isinstance(s.kind.op, Map))  # type: ignore[union-attr]
     epilogue.check(p, maps, False, None)
     return types, shape.computes
+
+
+def checked_attention(p: SpatialProgram) -> tuple[MmaTypes, tuple[Map, ...]]:
+    """An attention program (`spatialc.attention`): the C types of its inputs (Q, K and V, the operands of both its
+    matmuls) and the maps its schedule runs (each once, in the order first run) — after the checks `checked_rows`
+    makes: a float program, pages laid out by rows, maps the printers spell exactly."""
+    if p.precision == Precision.INT8:
+        raise UnsupportedPrecision("int8", "attention is float arithmetic (exp, a softmax): use fp16 or bf16")
+    _check_row_major_pages(p)
+    types = operand_types(p, p.precision)
+    maps = tuple(dict.fromkeys(op.op for op in all_ops(p) if isinstance(op, Compute) and isinstance(op.op, Map)))
+    epilogue.check_maps(p, maps, False)
+    return types, maps
 
 
 def _check_row_major_pages(p: SpatialProgram) -> None:

@@ -297,7 +297,7 @@ class TilePrinter:
 
     def matmul(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
         """One K step for every sub-block of the item, accumulating in registers."""
-        check_operand_layouts(mm.operand, a, b)
+        check_operand_layouts(mm.operand, a, b, mm.transpose_b)
         with self.w.block("", mark):
             if self.lane_grid is None:
                 self.matmul_strided(mm, a, b)
@@ -327,6 +327,24 @@ class TilePrinter:
         return "a_row" if mm.operand != Precision.INT8 and not a.layout.swizzled else "a"
 
     @staticmethod
+    def b_loader(mm: MatmulTiles, b: Ring) -> str:
+        """How B's fragments are loaded (`operand_load`'s `which`): from swizzled 16-bit tiles or K-major 8-bit ones
+        (b); from plain row-major 16-bit tiles (b_row: a tensor's tiles as stored, attention's V); or, where the page
+        holds Bᵀ (`transpose_b`: K's rows as stored, a K-major B), from its plain row-major 16-bit tiles without the
+        transposing load (bt_row)."""
+        if mm.transpose_b:
+            return "bt_row"
+        return "b_row" if mm.operand != Precision.INT8 and b.layout == PageLayout.ROW else "b"
+
+    @staticmethod
+    def b_slot(mm: MatmulTiles, col: str, kk: str, rows: str) -> str:
+        """The page slot of B's tile (kk, col): `rows` (row-major over the page's sw·osw columns) — or, where the
+        page holds Bᵀ (`transpose_b`), tile (col, kk) of its ibw columns."""
+        if mm.transpose_b:
+            return f"({c_mul(f'({col})', mm.block.ibw)} + {kk})"
+        return rows
+
+    @staticmethod
     def operand_load(which: str, frag: str, tile, kk: str, step: int) -> str:
         """A fragment load of `step` K tiles from page tile `tile(kk)` on (`which`: a, a_row or b)."""
         if step == 1:
@@ -351,12 +369,13 @@ class TilePrinter:
             return f"{self.read_page(a_ring.id)} + {self.a_slot(a_ring, row, kk)} * {TILE_ELEMS}"
 
         def b_tile(kk: str) -> str:
-            return f"{self.read_page(b_ring.id)} + ({kk} * {sw * blk.osw} + {col}) * {TILE_ELEMS}"
+            slot = self.b_slot(mm, col, kk, f"({kk} * {sw * blk.osw} + {col})")
+            return f"{self.read_page(b_ring.id)} + {slot} * {TILE_ELEMS}"
 
         def step(kk: str, n: int) -> None:
             self.w.line(f"spatialc_frag<OPT> bf[{sw * rn}];")
             with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
-                self.w.line(self.operand_load("b", "bf[c]", b_tile, kk, n))
+                self.w.line(self.operand_load(self.b_loader(mm, b_ring), "bf[c]", b_tile, kk, n))
             with self.unrolled(f"for (int r = 0; r < {sh * rm}; ++r)"):
                 self.w.line("spatialc_frag<OPT> af;")
                 self.w.line(self.operand_load(self.a_loader(mm, a_ring), "af", a_tile, kk, n))
@@ -374,12 +393,13 @@ class TilePrinter:
             return f"{self.read_page(a.id)} + {self.a_slot(a, 'oi', kk)} * {TILE_ELEMS}"
 
         def b_tile(kk: str) -> str:
-            return f"{self.read_page(b.id)} + ({c_mul(kk, w)} + oj) * {TILE_ELEMS}"
+            slot = self.b_slot(mm, "oj", kk, f"({c_mul(kk, w)} + oj)")
+            return f"{self.read_page(b.id)} + {slot} * {TILE_ELEMS}"
 
         def step(kk: str, n: int) -> None:
             self.w.line("spatialc_frag<OPT> af, bf;")
             self.w.line(self.operand_load(self.a_loader(mm, a), "af", a_tile, kk, n))
-            self.w.line(self.operand_load("b", "bf", b_tile, kk, n))
+            self.w.line(self.operand_load(self.b_loader(mm, b), "bf", b_tile, kk, n))
             self.w.line(self.mma(f"{self.accf}[q]", "af", "bf", n))
 
         with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
@@ -413,6 +433,40 @@ class TilePrinter:
             with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
                 self.w.line(self.owned_tile())
                 self.w.line(store.format(f"(bh * {w} + bw)"))
+
+    def scale_acc(self, vector: Ring, mark: str) -> None:
+        """ScaleAcc: every element of every accumulator fragment times its row's value in the front page of `vector`,
+        a row vector (one tile a tile row of the item, each row's value in every column: column 0 is read). Element i
+        of a lane's fragment is in row lane / 4 + 8·((i / 2) mod 2) of its tile (tensor_core.cuh), so each lane reads
+        the two rows it holds and needs no other lane's."""
+        h, w = self.plan.item_tiles
+        r = vector.id
+        if vector.layout != PageLayout.ROW or vector.page != h * TILE_ELEMS:
+            raise Unsupported(
+                f"scaling an accumulator of {h} tile rows by {vector.name}'s pages of"
+                f" {vector.page // TILE_ELEMS} tiles",
+                "a row vector holds one tile for each tile row of the accumulator",
+            )
+
+        def scale(tile_row: str) -> None:
+            with self.unrolled("for (int i = 0; i < 8; ++i)"):
+                self.w.line("const int row = (lane >> 2) + 8 * ((i >> 1) & 1);  // element i's row in its tile")
+                pointer = f"{self.read_page(r)} + ({tile_row}) * {TILE_ELEMS} + row * 16"
+                self.w.line(f"{self.accf}[q].x[i] *= (float){self.load(pointer, f'*({pointer})')};")
+
+        with self.w.block("", mark):
+            self.w.line(f"const int lane = {self.tid} % 32;")
+            if self.lane_grid is None:
+                with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
+                    self.w.line("const int ot = warp + q * NWARP;")
+                    with self.w.block(f"if (ot < {h * w})"):
+                        scale(f"ot / {w}")
+                return
+            self.warp_coords()
+            with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
+                self.w.line(self.owned_tile())
+                self.w.line("(void)bw;")
+                scale("bh")
 
     def add_partial(self, ring: Ring, mark: str) -> None:
         """Add the front page of `ring` (partial sums of the item's tiles, row-major as `pack` stores them) to every
@@ -542,18 +596,21 @@ class TilePrinter:
 
 def tensor_core_lines(rings: Rings, types: MmaTypes) -> list[str]:
     """The tensor-core layer a kernel inlines: `tensor_core.cuh`, and `tensor_core_row.cuh` where a 16-bit operand
-    page is plain row-major (only A may be: a page an engine computed, which `a_loader` reads with its loads)."""
+    page is plain row-major (a page an engine computed, or a tensor's tiles as stored: attention's Q, K and V), which
+    `a_loader` and `b_loader` read with its loads."""
     rows = types.operand_bytes == 2 and any(
         r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values()
     )
     return inlined_lines("common/tensor_core.cuh", *(["common/tensor_core_row.cuh"] if rows else []))
 
 
-def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:
-    """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor). A's
-    pages may also be plain row-major (`a_loader`: a page an engine computed)."""
+def check_operand_layouts(operand: Precision, a: Ring, b: Ring, transpose_b: bool = False) -> None:
+    """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor). 16-bit
+    pages may also be plain row-major (`a_loader`, `b_loader`: a page an engine computed, or a tensor's tiles as
+    stored); a page holding Bᵀ (`transpose_b`) is read only so."""
     want = operand_layouts(operand)
-    also_a = (PageLayout.ROW,)
+    wide = operand != Precision.INT8
+    also = {"A": (PageLayout.ROW,), "B": (PageLayout.ROW,) if wide else ()}
     for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
         if ring.layout.panels:
             raise Unsupported(
@@ -561,8 +618,13 @@ def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:
                 "those are the sm_90a form's swizzled panels, which only it reads; build the program for this"
                 " form (form='persistent' or 'general'; --form on the command line)",
             )
-        if ring.layout != layout and not (what == "A" and ring.layout in also_a):
+        if ring.layout != layout and ring.layout not in also[what]:
             raise Unsupported(
                 f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",
                 f"the tensor-core loads read {what} from {layout.value} pages; build the program with spatialc.build",
             )
+    if transpose_b and (not wide or b.layout != PageLayout.ROW):
+        raise Unsupported(
+            f"a {operand.value} matmul reading Bᵀ from {b.layout.value} pages ({b.name})",
+            "a page holding Bᵀ (K's rows as stored) is read from plain row-major 16-bit tiles only",
+        )

@@ -40,11 +40,13 @@ from ....ir.ops import (
     Precision,
     Push,
     Reserve,
+    RowReduce,
     Trip,
     Wait,
     walk,
 )
 from ....ir.traffic import global_read_bytes
+from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
 from ....passes.split import workspace_bytes
@@ -59,6 +61,7 @@ from ..common.program import (
     SiteClass,
     all_ops,
     check_printable,
+    checked_attention,
     checked_layers,
     checked_map,
     checked_rows,
@@ -80,8 +83,9 @@ from ..common.rings import (
     epilogue_rings,
     epit_bytes,
     ring_table,
+    scheduled_rings,
 )
-from ..common.rows import RowAccumulators, row_accumulators
+from ..common.rows import SHARE_REGISTERS, RowAccumulators, row_accumulators
 from ..common.tiles import Fragments
 from .printer import KERNEL_NAME, accumulator_of, kernel_text, printed
 
@@ -156,18 +160,21 @@ class GeneralKernel:
         return sum(r.threads for r in self.roles)
 
     def registers(self, target: SpatialTarget) -> int:
-        """The estimate of a thread's registers: the accumulators' (`SpatialTarget.registers_per_thread`), or a row
-        program's kernel's own (`rows.BASE_REGISTERS`)."""
-        if self.rows is not None:
+        """The estimate of a thread's registers: the accumulators' (`SpatialTarget.registers_per_thread`), a row
+        program's kernel's own (`rows.BASE_REGISTERS`), or where the compute warps hold both (attention) the
+        fragments' and the row shares' together (`held_registers`)."""
+        if self.rows is not None and not self.accumulates:
             return min(self.rows.registers, target.regs_per_thread_max)
+        if self.rows is not None:
+            return min(held_registers(target, self.acc_tiles, self.rows), target.regs_per_thread_max)
         return target.registers_per_thread(self.acc_tiles)
 
     @property
     def accumulates(self) -> bool:
         """Whether the kernel multiplies: its compute warps hold accumulator fragments and it inlines the tensor-core
         layer. A map program's kernel (no matmul) has neither: its engines only move and map pages; a row program's
-        compute warps hold row accumulators (`rows`), no fragments."""
-        return self.lanes > 0 and self.rows is None
+        compute warps hold row accumulators (`rows`), no fragments; attention's hold both."""
+        return self.lanes > 0 and (self.rows is None or bool(self.layers))
 
     @property
     def fragments(self) -> tuple[Fragments, ...]:
@@ -373,15 +380,17 @@ def map_resources(target: SpatialTarget, plan: Plan, precision: Precision, input
     return smem, target.resident_sites_per_unit(smem, 0, 1, (1, 1), 3 * SIDE_WARPS)
 
 
-def accumulator_layers(p: SpatialProgram, target: SpatialTarget, plan: Plan) -> dict[int, Fragments]:
+def accumulator_layers(
+    p: SpatialProgram, target: SpatialTarget, plan: Plan, rows: frozenset[int] = frozenset()
+) -> dict[int, Fragments]:
     """Each accumulator's fragments by template where the program has several (`GeneralKernel.layers`): the block
     and sub-blocks of the matmul whose Compute ops add into it, the compute warps split over that block as over the
-    plan's — and {} where it has one."""
+    plan's — and {} where it has one. Row accumulators (templates `rows`) are no fragments."""
     served: dict[int, MatmulTiles] = {}
     accs: set[int] = set()
     for op in all_ops(p):
         acc = accumulator_of(op)
-        if acc is None:
+        if acc is None or int(p.buffer(acc).ring) in rows:
             continue
         t = int(p.buffer(acc).ring)
         accs.add(t)
@@ -414,11 +423,29 @@ def held_tiles(plan: Plan, layers: dict[int, Fragments]) -> int:
     return sum(f.tiles for f in layers.values()) if layers else h * w
 
 
+def held_registers(target: SpatialTarget, acc_tiles: int, rows: RowAccumulators) -> int:
+    """The estimate of a thread's registers where the compute warps hold accumulator fragments and row accumulators
+    at once (attention): the fragments' (`SpatialTarget.registers_needed`) and two for each share of a row."""
+    return target.registers_needed(acc_tiles) + SHARE_REGISTERS * rows.per_warp * len(rows.reductions)
+
+
+def row_templates(p: SpatialProgram) -> frozenset[int]:
+    """The accumulators (by template) that row reductions fold into: row accumulators, not fragments."""
+    return frozenset(
+        int(p.buffer(op.acc).ring)
+        for op in all_ops(p)
+        if isinstance(op, Compute) and isinstance(op.op, RowReduce) and op.acc is not None
+    )
+
+
 def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[ComputeOp, ...]]:
     """The kernel's operand types (a map program's or a row program's: its inputs'), whether it is int8 (exact `long
     long` values), and the compute ops its engines apply page to page: every matmul's epilogue chain, in stage order
     (`checked_layers`), a map program's one map (`checked_map`), or a row program's reductions and maps
     (`checked_rows`) — each checked as those say."""
+    if is_attention_program(p):
+        types, maps = checked_attention(p)
+        return types, False, maps
     if is_row_program(p):
         types, stages = checked_rows(p)
         return types, False, tuple(s.kind.op for s in stages)  # type: ignore[union-attr]
@@ -437,13 +464,18 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     refuse(p)
     plan = p.plans[0]
     types, integer, stages = page_stages(p)
-    reduces = is_row_program(p)
-    lanes = 0 if is_map_program(p) else target.accumulator_lanes
+    attention = is_attention_program(p)
+    reduces = is_row_program(p)  # row accumulators alone; attention's compute warps hold fragments beside them
+    lanes = 0 if is_map_program(p) and not attention else target.accumulator_lanes
     one = fragments_of(plan, target)  # the plan's block: the accumulator of a one-matmul program
     lane_grid, perw = (one.lane_grid, one.perw) if lanes and not reduces else (None, 0)
-    accumulators = {} if reduces else accumulator_layers(p, target, plan)
-    rings = epilogue_rings(p, ring_table(p, types, ()), integer)
-    rows = row_accumulators(p, plan, rings, lanes) if reduces else None
+    by_rows = row_templates(p) if reduces or attention else frozenset()
+    accumulators = {} if reduces else accumulator_layers(p, target, plan, by_rows)
+    if attention:  # its stages do not say what its recurrence's rings hold: the schedule does
+        rings = scheduled_rings(p, types, all_ops(p), by_rows)
+    else:
+        rings = epilogue_rings(p, ring_table(p, types, ()), integer)
+    rows = row_accumulators(p, plan, rings, lanes) if by_rows else None
     classes, relative = site_classes(p, relative_sems=True)
     cluster = clusters(p, target)
     mc = multicast(p, rings.template) if cluster > 1 else None
@@ -459,6 +491,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     # row program's kernel has its own estimate.
     held = held_tiles(plan, accumulators) if lanes and not reduces else 0
     regs = min(rows.registers, target.regs_per_thread_max) if rows is not None else None
+    if rows is not None and held:
+        regs = min(held_registers(target, held, rows), target.regs_per_thread_max)
     per_sm = target.resident_sites_per_unit(off, held, 1, (1, 1), threads // WARP, regs)
     if per_sm == 0 and fit:
         raise TooBig(

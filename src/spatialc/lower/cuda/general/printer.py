@@ -28,7 +28,9 @@ from ....ir.ops import (
     ReadTiles,
     ReleaseAcc,
     Reserve,
+    ScaleAcc,
     SemSet,
+    Span,
     TileAddr,
     Trip,
     Wait,
@@ -52,6 +54,7 @@ from ..common.cwriter import (
     addr_expr,
     inlined_lines,
     site_prologue,
+    span_count,
 )
 from ..common.handover import HandoverPrinter
 from ..common.maps import MapPrinter
@@ -139,7 +142,7 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
     def layer(self, op: ChoreoOp) -> Fragments | None:
         """The fragments of the accumulator `op` touches, where the compute warps hold several; else None."""
         acc = accumulator_of(op)
-        return None if acc is None or not self.k.layers else self.k.layers[self.k.rings.template[acc]]
+        return None if acc is None else self.k.layers.get(self.k.rings.template[acc])
 
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
@@ -165,6 +168,14 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
                     else:
                         read = f"t{int(trip.tensor)}[{at}], {trip.bound}, {error}"
                         self.w.line(f"const int trip_{v} = spatialc_trip({read});  // {shown}")
+                    with self.w.block(f"for (int {v} = 0; {v} < trip_{v}; ++{v})", mark):
+                        self.ops(body, env | {var: v})
+            case Loop(var, Span() as span, body):
+                # A count known per item (a causal band's KV blocks): every thread of the engine works it out.
+                v = loop_var_name(var)
+                with self.w.block():
+                    for line in span_count(span, env, f"trip_{v}"):
+                        self.w.line(line)
                     with self.w.block(f"for (int {v} = 0; {v} < trip_{v}; ++{v})", mark):
                         self.ops(body, env | {var: v})
             case Loop(var, count, body):
@@ -206,6 +217,8 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
                 pass
             case Compute(op=AddPartial(), ins=(src,)):
                 self.add_partial(self.kept(src), mark)
+            case Compute(op=ScaleAcc(), ins=(src,)):
+                self.scale_acc(self.kept(src), mark)
             case Compute(op=stage, ins=ins, outs=(dst,)) if ins:
                 self.elementwise(op, stage, [self.kept(b) for b in ins], self.kept(dst), env, mark)
             case PackAcc(to=buf):
