@@ -12,6 +12,8 @@ host emulation checks for races.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ....ir.ids import LoopVar
@@ -36,6 +38,18 @@ class MapPrinter:
     nthreads: str
     read_slot: Any  # (annotations only: the methods are the host printer's)
     write_slot: Any
+    # Whether the element loop stays rolled: where the engine's warps hold accumulator fragments and row accumulators
+    # at once (attention's compute warps), the loads nvcc would keep in flight for an unrolled loop need registers
+    # the block does not have (ptxas spilled at head_dim 128).
+    rolled = False
+
+    @contextmanager
+    def element_loop(self, n: int) -> Iterator[None]:
+        """The loop over a page's `n` elements, each thread a strided share."""
+        if self.rolled:
+            self.w.line("#pragma unroll 1")
+        with self.w.block(f"for (int e = {self.tid}; e < {n}; e += {self.nthreads})"):
+            yield
 
     def elementwise(self, op: Compute, stage, srcs: list[Ring], dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
         """A stage page to page — an epilogue stage of the one page before it, a map program's map of its input
@@ -89,7 +103,7 @@ class MapPrinter:
         def pos_at(node: Pos) -> str:
             return c_position(node, addr_expr(node.at, env), "tl", "el")
 
-        with self.w.block("", mark), self.w.block(f"for (int e = {self.tid}; e < {n}; e += {self.nthreads})"):
+        with self.w.block("", mark), self.element_loop(n):
             if columns or by_row or places:
                 self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
             for i, src in enumerate(srcs):

@@ -53,6 +53,7 @@ from .rings import MMA_TYPES, MmaTypes
 # What the sm_90a form's refusal and auto's note (forms.PAGES_NOTE) call such programs.
 MAP_PROGRAM = "a program without a tile matmul (an elementwise map)"
 ROW_PROGRAM = "a program that reduces rows (softmax, RMSNorm)"
+ATTENTION_PROGRAM = "attention (its online softmax: two matmuls a KV block beside running row maxima and sums)"
 
 
 def check_printable(p: SpatialProgram) -> None:

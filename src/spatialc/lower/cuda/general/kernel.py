@@ -85,7 +85,7 @@ from ..common.rings import (
     ring_table,
     scheduled_rings,
 )
-from ..common.rows import SHARE_REGISTERS, RowAccumulators, row_accumulators
+from ..common.rows import RowAccumulators, row_accumulators
 from ..common.tiles import Fragments
 from .printer import KERNEL_NAME, accumulator_of, kernel_text, printed
 
@@ -425,8 +425,12 @@ def held_tiles(plan: Plan, layers: dict[int, Fragments]) -> int:
 
 def held_registers(target: SpatialTarget, acc_tiles: int, rows: RowAccumulators) -> int:
     """The estimate of a thread's registers where the compute warps hold accumulator fragments and row accumulators
-    at once (attention): the fragments' (`SpatialTarget.registers_needed`) and two for each share of a row."""
-    return target.registers_needed(acc_tiles) + SHARE_REGISTERS * rows.per_warp * len(rows.reductions)
+    at once (attention): a row program's kernel's (`rows.BASE_REGISTERS`, its shares and page tiles) and the 12 a
+    fragment a warp holds that `SpatialTarget.registers_needed` counts. Calibrated with ptxas -v (nvcc 13): attention
+    at (bh, bw, dt) = (4, 4, 8) on sm_90 used 155 (estimate 200), (2, 4, 8) on sm_80 139 (140), (2, 2, 8) on sm_86
+    200 with a cap of 255 (176) — at one block an SM each, which is all these estimates allow."""
+    fragments = max(1, -(-acc_tiles // target.accumulator_lanes))
+    return rows.registers + 12 * fragments
 
 
 def row_templates(p: SpatialProgram) -> frozenset[int]:

@@ -91,6 +91,7 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
         self.after: ChoreoOp | None = None  # the op after the one being printed, in its own body (None: the last)
         self.received: set[int] = set()  # rings whose page the engine waits for from its sender, not yet pushed
+        self.rolled = k.rows is not None and k.accumulates and role.first_warp == 0  # (MapPrinter.rolled)
 
     def read_slot(self, r: int) -> str:
         return f"(pop_{r} % DEPTH_{r})"
