@@ -73,7 +73,7 @@ def build(seq: int, dim: int) -> None:
         made = spatialc.attention(1, 16, seq, seq, dim, causal=causal)
         ours = [timed(lambda: spatialc.build(made, "sm_90")) for _ in range(RUNS)]  # noqa: B023
         gemm = spatialc.gemm(4096, 4096, 4096, "bf16")
-        base = [timed(lambda: spatialc.build(gemm, "sm_90")) for _ in range(RUNS)]
+        base = [timed(lambda: spatialc.build(gemm, "sm_90")) for _ in range(RUNS)]  # noqa: B023
         print(
             f"build + verify attention 1x16x{seq}x{dim}{' causal' if causal else ''}:"
             f" {statistics.median(ours) * 1e3:6.1f} ms (best {min(ours) * 1e3:.1f});"
