@@ -173,3 +173,16 @@ def test_the_schedule_holds_what_the_faults_take_out():
 def _leaves(expr):
     args = getattr(expr, "args", None)
     return [expr] if args is None else [leaf for a in args for leaf in _leaves(a)]
+
+
+def test_a_sample_of_rows_is_refused_by_name():
+    p = scheduled(1, 1, 40, 72, 32)
+    with pytest.raises(spatialc.ProgramError, match="is attention"):
+        spatialc.evaluate(p, inputs(1, 1, 40, 72, 32), rows=[0, 1])
+
+
+def test_the_recorded_run_is_the_same_run():
+    p = scheduled(1, 2, 40, 72, 32, causal=True)
+    given = inputs(1, 2, 40, 72, 32)
+    out, trace = spatialc.evaluate(p, given, trace=True)
+    assert trace.spans and all(np.array_equal(out[n], spatialc.evaluate(p, given)[n]) for n in out)
