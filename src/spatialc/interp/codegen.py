@@ -116,6 +116,7 @@ class Emitter:
         self.item_coords_free = False
         self.known: dict[str, list[int]] = {}
         self.sides: dict[tuple[int, str], None] = {}  # ordered: errors name the first ring in program order
+        self.roles: dict[Any, Compute] = {}  # each accumulator's matmul or row reduction (`acc_roles`)
 
     def compile(self, ops: tuple[ChoreoOp, ...]) -> Code:
         """The Code of an engine program."""
