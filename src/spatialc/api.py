@@ -103,8 +103,10 @@ def sampled_rows(rows: Any) -> tuple[int, ...]:
 
 def row_operand(program: SpatialProgram) -> str:
     """The name of the input whose rows are C's rows (the matmul's A), or ProgramError."""
-    from .numerics.reference import _declared
+    from .numerics.reference import _declared, is_attention
 
+    if is_attention(program):  # a row of O depends on its query row alone, but rows of LSE and O are not C's
+        raise ProgramError(f"rows samples a program of one tile matmul of two tensors; {program.name} is attention")
     decl = _declared(program)
     if decl.a is None or len(decl.matmuls) != 1:
         raise ProgramError(f"rows samples a program of one tile matmul of two tensors; {program.name} is not one")

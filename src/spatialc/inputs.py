@@ -16,6 +16,7 @@ torch and ml_dtypes are never imported here: an array of theirs is only converte
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -28,7 +29,7 @@ import numpy as np
 
 from .errors import SpatialError
 from .ir.nodes import DType, SpatialProgram, TensorRole
-from .ir.ops import ReadTiles, WriteTiles, walk
+from .ir.ops import Attention, ReadTiles, WriteTiles, walk
 
 __all__ = [
     "InexactInputWarning",
@@ -80,6 +81,7 @@ class TensorSpec:
     elems: tuple[int, int]
     dtype: DType
     groups: int = 1  # a grouped tensor's arrays are (groups, *elems)
+    heads: bool = False  # an attention's Q, K or V: its array may also come as (batch, heads, *elems)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -89,7 +91,12 @@ class TensorSpec:
 def specs_of(p: SpatialProgram) -> list[TensorSpec]:
     """The input and parameter tensors of a program, in its order."""
     wanted = (TensorRole.INPUT, TensorRole.PARAMETER)
-    return [TensorSpec(t.name, t.role.value, t.elems, t.dtype, t.groups) for t in p.tensors if t.role in wanted]
+    heads = any(isinstance(getattr(s.kind, "op", None), Attention) for s in p.stages)
+    return [
+        TensorSpec(t.name, t.role.value, t.elems, t.dtype, t.groups, heads and t.role == TensorRole.INPUT)
+        for t in p.tensors
+        if t.role in wanted
+    ]
 
 
 def row_limits(p: SpatialProgram) -> dict[str, int]:
@@ -172,8 +179,12 @@ def shaped(spec: TensorSpec, value: Any) -> Any:
         if shape[0] != spec.elems[0]:
             raise InputError(f"tensor {spec.name}: expected {spec.elems[0]} values, got {shape[0]}")
         value, shape = value.reshape(-1, 1), (*shape, 1)
+    elif spec.heads and len(shape) in (3, 4) and math.prod(shape[:-2]) == spec.groups and shape[-2:] == spec.elems:
+        value, shape = value.reshape(spec.shape), spec.shape  # (batch, heads, seq, dim): the heads one after another
     if shape != spec.shape:
-        raise InputError(f"tensor {spec.name}: expected shape {spec.shape}, got {shape}")
+        rows, cols = spec.elems
+        also = f" or (batch, heads, {rows}, {cols}) with batch·heads = {spec.groups}" if spec.heads else ""
+        raise InputError(f"tensor {spec.name}: expected shape {spec.shape}{also}, got {shape}")
     return value
 
 

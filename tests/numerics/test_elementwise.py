@@ -51,6 +51,7 @@ INDEPENDENT = {
     "eq": lambda x, y: float(x == y),
     "ne": lambda x, y: float(x != y),
     "where": lambda c, x, y: x if c != 0 else y,
+    "mask": lambda c, x: x if c != 0 else -math.inf,
 }
 PARAMS = {"leaky_relu": (0.01,), "clamp": (-1.5, 2.25)}
 # The operand values each op is tried on: a domain where its meaning is finite (and a few edges it owns).

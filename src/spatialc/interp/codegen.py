@@ -34,6 +34,7 @@ from ..ir.nodes import Accumulator, Buffer, Fifo, Interm
 from ..ir.ops import (
     AcquireAcc,
     AddPartial,
+    Apply,
     Barrier,
     ChoreoOp,
     Compute,
@@ -46,6 +47,7 @@ from ..ir.ops import (
     McastSetValid,
     PackAcc,
     Pop,
+    Pos,
     Precision,
     Push,
     ReadBarrier,
@@ -54,6 +56,7 @@ from ..ir.ops import (
     Requant,
     Reserve,
     RowReduce,
+    ScaleAcc,
     SemInc,
     SemSet,
     SemWait,
@@ -114,9 +117,11 @@ class Emitter:
         self.item_coords_free = False
         self.known: dict[str, list[int]] = {}
         self.sides: dict[tuple[int, str], None] = {}  # ordered: errors name the first ring in program order
+        self.roles: dict[Any, Compute] = {}  # each accumulator's matmul or row reduction (`acc_roles`)
 
     def compile(self, ops: tuple[ChoreoOp, ...]) -> Code:
         """The Code of an engine program."""
+        self.roles = self.acc_roles(ops)
         self.body(ops)
         prologue = ["    iy, ix = co[0]"] if self.item_coords_free else []
         self.lines += ["    return", "    yield None  # never reached: the yield makes this a generator"]
@@ -226,6 +231,19 @@ class Emitter:
                 raise EvalError(f"{self.where(op)} uses loop variable {loop_var_name(var)} outside its loop")
         return " + ".join(terms)
 
+    def acc_roles(self, ops: tuple[ChoreoOp, ...]) -> dict[Any, Compute]:
+        """Each accumulator's role in this engine program: the matmul or the row reduction that accumulates into it
+        (its first; `row_reduce` and `set_geom` check the others agree). What an AcquireAcc starts it from (a row
+        max from −∞) and what a ScaleAcc scales (a matmul's block, or rows) follow from it."""
+        roles: dict[Any, Compute] = {}
+        for op in walk(ops):
+            if isinstance(op, Compute) and op.acc is not None and isinstance(op.op, MatmulTiles | RowReduce):
+                first = roles.setdefault(op.acc, op)
+                if type(first.op) is not type(op.op):
+                    name = self.m.buffers[op.acc].name
+                    raise EvalError(f"{self.where(op)}: {name} holds a matmul and a row reduction")
+        return roles
+
     # ---- ops -----------------------------------------------------------------------------------------------
 
     def body(self, ops: tuple[ChoreoOp, ...]) -> None:
@@ -289,6 +307,8 @@ class Emitter:
                 self.write_tiles(op, i)
             case AcquireAcc(buf):
                 a = self.acc(buf, op)
+                role = self.roles.get(buf)
+                reduction = role.op.op if role is not None and isinstance(role.op, RowReduce) else None
                 self.emit(
                     f"{a}.live = True",
                     f"{a}.a = []",
@@ -296,6 +316,8 @@ class Emitter:
                     f"{a}.geom = None",
                     f"{a}.parts = []",
                     f"{a}.rows = []",
+                    f"{a}.carried = None",
+                    f"{a}.reduction = {reduction!r}",
                 )
             case ReleaseAcc(buf):
                 self.emit(f"{self.acc(buf, op)}.live = False")
@@ -404,6 +426,9 @@ class Emitter:
         if isinstance(mm, RowReduce):
             self.row_reduce(op, mm, i)
             return
+        if isinstance(mm, ScaleAcc):
+            self.scale_acc(op, i)
+            return
         if not isinstance(mm, MatmulTiles):
             raise UnsupportedOp(f"{self.where(op)}: the interpreter does not run {type(mm).__name__} yet")
         if op.acc_reload is not None:
@@ -421,7 +446,25 @@ class Emitter:
         for name, buf in (("x", op.ins[0]), ("y", op.ins[1])):
             if self.m.buffers[buf].ring in self.m.computed:
                 self.emit(f"{name} = operand(E, {i}, {name}, {prec!r})")
+        if mm.transpose_b:  # the page holds Bᵀ (w × ibw tiles): the product reads it as B
+            self.emit(f"y = transposed(y, {geom[1]}, {geom[2]})")
         self.emit(f"if {a}.geom is not {g}:", f"    set_geom(E, {i}, {a}, {g})", f"{a}.a.append(x)", f"{a}.b.append(y)")
+
+    def scale_acc(self, op: Compute, i: int) -> None:
+        """acc[row] ·= the row's value of its one ring's front page (a row vector): what the accumulator holds now."""
+        if len(op.ins) != 1 or op.outs or op.acc is None:
+            raise EvalError(f"{self.where(op)}: rescaling an accumulator reads one ring (a row vector)")
+        role = self.roles.get(op.acc)
+        if role is None:
+            raise EvalError(
+                f"{self.where(op)} rescales {self.m.buffers[op.acc].name}, which no matmul or row reduction of this"
+                " engine accumulates into"
+            )
+        geom = self.geometry(role, role.op) if isinstance(role.op, MatmulTiles) else None
+        r = self.ring(op.ins[0], op, "consume")
+        a = self.acc(op.acc, op)
+        self.front("x", r, op.ins[0], i, 1)
+        self.emit(f"scale_acc(E, {i}, x, {a}, {self.const(geom, 'g') if geom is not None else None})")
 
     def add_partial(self, op: Compute, i: int) -> None:
         """acc += the front page of its one ring: kept beside the products, added in order when it is packed."""
@@ -465,7 +508,9 @@ class Emitter:
         for col in columns:
             store = self.const(self.m.store(col.tensor, lambda: self.where(op)), "t")
             vectors.append(f"({store}, {self.addr(col.at, op)}, {col.width}, {col.axis == VecAxis.ROW})")
-        self.emit(f"{slot} = elementwise(E, {i}, [{', '.join(pages)}], {c}, [{', '.join(vectors)}])")
+        places = [f"({self.const(node, 'p')}, {self.addr(node.at, op)})" for node in _places(cop)]
+        at = f", ({', '.join(places)},)" if places else ""
+        self.emit(f"{slot} = elementwise(E, {i}, [{', '.join(pages)}], {c}, [{', '.join(vectors)}]{at})")
 
     def geometry(self, op: Compute, mm: MatmulTiles) -> tuple[int, int, int, int, int]:
         """(h, w, ibw, tile side, int8 elements per product or 0), checked against the pages and accumulator."""
@@ -529,6 +574,19 @@ class Emitter:
         return f"span(E, {i}, E.clock + {trace.op_ticks(op)})"
 
 
+def _places(op: Map | Requant) -> list[Pos]:
+    """The positions (`Pos`) a map reads, each once."""
+    found: dict[Pos, None] = {}
+    stack = [op.expr] if isinstance(op, Map) else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Pos):
+            found[node] = None
+        elif isinstance(node, Apply):
+            stack.extend(node.args)
+    return list(found)
+
+
 def _times(stride: int, name: str) -> str:
     return name if stride == 1 else f"{stride} * {name}"
 
@@ -554,6 +612,8 @@ _HELPERS: dict[str, object] = {
             "trip",
             "elementwise",
             "row_reduce",
+            "scale_acc",
+            "transposed",
         )
     },
     **{name: getattr(trace, name) for name in ("span", "ring_end", "stamp", "waited")},

@@ -78,9 +78,10 @@ class Ring:
 
 
 class Acc:
-    """An accumulator: the A / B pages multiplied into it since it was acquired, and their geometry."""
+    """An accumulator: the A / B pages multiplied into it since it was acquired, and their geometry; or a row
+    accumulator's pages and its value carried over a pack or a rescale (`support.row_value`)."""
 
-    __slots__ = ("name", "tiles", "live", "a", "b", "geom", "parts", "rows")
+    __slots__ = ("name", "tiles", "live", "a", "b", "geom", "parts", "rows", "carried", "reduction")
 
     def __init__(self, name: str, tiles: int) -> None:
         self.name, self.tiles, self.live = name, tiles, False
@@ -90,6 +91,10 @@ class Acc:
         self.geom: tuple[int, int, int, int, int] | None = None  # h, w, ibw, tile side, int8 elements per step
         # a row reduction's pages: (its op, the page, its rows of tiles, their width in tiles, the columns kept)
         self.rows: list[tuple[str, Any, int, int, int]] = []
+        # a row accumulator's value before `rows`, where it was packed or rescaled since it was acquired: float64, one
+        # value per row (a column); None: the reduction's identity (−inf for max, 0 for a sum)
+        self.carried: Any = None
+        self.reduction: str | None = None  # the row reduction the program runs into it (None: a matmul's)
 
 
 class SemCell:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.ops import Barrier, Loop, Map, Reserve, RowReduce, SemWait, Trip, Wait
+from ..ir.ops import Barrier, Loop, Map, Pos, Reserve, RowReduce, SemWait, Trip, VecAxis, Wait
 from ..numerics import epilogue
-from ..numerics.elementwise import reduce_rows
+from ..numerics.elementwise import OPS, reduce_rows, reduction_named
 from ..numerics.rounding import INT8_EXACT_K, computed_operand
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
 from .mapped import MapKernel, realise_maps
 from .state import Acc, BarrierState, EngineState, Ring
-from .values import AccValue, MapValue, Masked, Store, TileRefs, Tiles, page_matrix, tiles_of
+from .values import AccValue, MapValue, Masked, Store, TileRefs, Tiles, Transposed, page_matrix, tiles_of
 
 
 def where(E: EngineState, i: int) -> str:
@@ -66,7 +66,7 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
     if not r.reserved:
         fail(E, i, f"writes {r.name} but holds no reserved page of it")
     slot = r.newest_reserved()
-    if acc.rows:
+    if acc.rows or acc.reduction is not None or acc.carried is not None:
         r.slots[slot] = packed_rows(E, i, acc, n, accumulate)
         return
     base = r.slots[slot] if accumulate else None
@@ -111,6 +111,8 @@ def row_reduce(E: EngineState, i: int, x: object, acc: Acc, op: RowReduce, at: i
     h = n // op.width
     if h > acc.tiles or (acc.rows and (acc.rows[0][0] != op.op or acc.rows[0][2] != h)):
         fail(E, i, f"{acc.name} ({acc.tiles} tiles) holds other rows, or another reduction, than this page's {h} rows")
+    if acc.reduction is not None and acc.reduction != op.op:
+        fail(E, i, f"{acc.name} holds a row {acc.reduction}, not a row {op.op}")
     if at < 0:
         raise AddressError(f"{where(E, i)}: a row reduction at tile column {at}")
     keep = max(0, min(op.width * t.cols, op.cols - at * t.cols))
@@ -119,18 +121,93 @@ def row_reduce(E: EngineState, i: int, x: object, acc: Acc, op: RowReduce, at: i
 
 def packed_rows(E: EngineState, i: int, acc: Acc, n: int, accumulate: bool) -> Tiles:
     """PackAcc of a row accumulator: each row's reduction over every page it was given (`numerics.elementwise.
-    reduce_rows`: a sum exactly rounded, whatever the order of the pages), as a row vector of n tiles — tile r the
-    value of the page's rows in tile row r, in every column."""
+    reduce_rows`: a sum exactly rounded, whatever the order of the pages) — or, where it was rescaled (`scale_acc`)
+    or packed before, its value then combined with the pages given since (`row_value`) — as a row vector of n tiles:
+    tile r the value of the page's rows in tile row r, in every column, a float program's rounded to float32. An
+    accumulator given nothing packs its reduction's identity (−inf for max, 0 for a sum).
+
+    A pack is a snapshot: the accumulator goes on reducing after it (online softmax packs its running max before
+    and after each block). A max's, min's or absmax's value is carried from the pack on, as it is exact; a sum's
+    pages are kept, so that a sum packed once is one exact rounding of all of them, as before."""
     if accumulate:
         raise UnsupportedOp(f"{where(E, i)}: an accumulating pack of a row accumulator")
     t = E.m.p.tile
-    rows = acc.rows[0][2] * t.rows
-    if n * t.rows != rows:
-        fail(E, i, f"packs {n} tiles of a row accumulator of {rows // t.rows} tile rows")
+    name = acc.rows[0][0] if acc.rows else acc.reduction
+    column = row_value(E, i, acc, name)
+    if column is None:
+        column = np.full((n * t.rows, 1), reduction_named(name or "sum").identity)
+    if n * t.rows != column.shape[0]:
+        fail(E, i, f"packs {n} tiles of a row accumulator of {column.shape[0] // t.rows} tile rows")
+    if acc.carried is not None or reduction_named(name or "sum").combine != "add":
+        acc.carried, acc.rows = column, []
     integer = E.m.p.precision.value == "int8"
-    realise_maps([x for _, x, *_ in acc.rows if isinstance(x, MapValue)])
-    column = np.asarray(reduce_rows(acc.rows[0][0], reduced_values(acc.rows, t.rows, t.cols), integer), np.float64)
-    return Tiles(np.broadcast_to(column.reshape(n, t.rows, 1), (n, t.rows, t.cols)).copy())
+    values = np.asarray(column if integer else np.asarray(column, np.float32), np.float64)
+    return Tiles(np.broadcast_to(values.reshape(n, t.rows, 1), (n, t.rows, t.cols)).copy())
+
+
+def row_value(E: EngineState, i: int, acc: Acc, name: str | None) -> np.ndarray | None:
+    """A row accumulator's value now, one per row (a column): the reduction `name` of the pages given since it was
+    last carried (`reduce_rows`: a float sum exactly rounded to float32, a max exact), combined by the reduction's
+    own op (`REDUCTIONS`: add, max or min) with the value carried — float64 (int64 in an integer program), not
+    rounded. None where it holds nothing (its identity)."""
+    segment = None
+    if acc.rows:
+        t = E.m.p.tile
+        integer = E.m.p.precision.value == "int8"
+        realise_maps([x for _, x, *_ in acc.rows if isinstance(x, MapValue)])
+        values = reduced_values(acc.rows, t.rows, t.cols)
+        segment = np.asarray(reduce_rows(acc.rows[0][0], values, integer), np.int64 if integer else np.float64)
+    if acc.carried is None or segment is None:
+        return segment if segment is not None else acc.carried
+    if segment.shape != acc.carried.shape:
+        fail(E, i, f"{acc.name} holds {acc.carried.shape[0]} rows, and a page of {segment.shape[0]} was reduced")
+    combine = OPS[reduction_named(name or "sum").combine]
+    f = combine.i64 if E.m.p.precision.value == "int8" else combine.f64
+    return np.asarray(f(acc.carried, segment))  # type: ignore[misc]
+
+
+def scale_acc(E: EngineState, i: int, x: object, acc: Acc, geom: tuple[int, int, int, int, int] | None) -> None:
+    """ScaleAcc: every row of the accumulator multiplied, in float64, by its value in the row vector page `x` (tile r
+    holding tile row r's values in every column) — what it holds now, not what is added later. A matmul
+    accumulator's (`geom`: its block, h × w tiles) products so far are summed and the scaled sum kept as a partial sum
+    that the pack adds; a row accumulator's (geom None) value is carried (`row_value`). One that holds nothing holds
+    zeros, or its reduction's identity, and is scaled all the same (0 · α, as a kernel's register is)."""
+    if not acc.live:
+        fail(E, i, f"{acc.name} is not acquired")
+    if E.m.p.precision.value == "int8":
+        raise UnsupportedOp(f"{where(E, i)}: rescaling an accumulator is float arithmetic; an int8 program's is exact")
+    t = E.m.p.tile
+    if geom is None:
+        name = acc.rows[0][0] if acc.rows else acc.reduction
+        column = row_value(E, i, acc, name)
+        h = x.count if column is None else column.shape[0] // t.rows  # type: ignore[attr-defined]
+        if column is None:
+            column = np.full((h * t.rows, 1), reduction_named(name or "sum").identity)
+        acc.carried, acc.rows = column * row_factors(E, i, x, h), []
+        return
+    h, w = geom[0], geom[1]
+    if acc.geom is not None and acc.geom[:4] != geom[:4]:
+        fail(E, i, f"{acc.name} holds products of another block shape")
+    now = np.zeros((h * w, t.rows, t.cols))
+    for part in acc.parts:
+        now += part[: h * w]
+    if acc.a:
+        now += AccValue(geom[:4], tuple(acc.a), tuple(acc.b), None, h * w).tiles()
+    alpha = row_factors(E, i, x, h).reshape(h, 1, t.rows, 1)
+    scaled = now.reshape(h, w, t.rows, t.cols) * alpha
+    acc.parts, acc.a, acc.b, acc.geom = [scaled.reshape(h * w, t.rows, t.cols)], [], [], geom
+
+
+def row_factors(E: EngineState, i: int, x: object, h: int) -> np.ndarray:
+    """The values of a row vector page of at least h tiles, one per row, as a float64 column."""
+    if x.count < h:  # type: ignore[attr-defined]
+        fail(E, i, f"rescales {h} tile rows by a row vector of {x.count} tiles")  # type: ignore[attr-defined]
+    return np.asarray(tiles_of(x, h)[:, :, 0], np.float64).reshape(-1, 1)
+
+
+def transposed(x: object, w: int, ibw: int) -> Transposed:
+    """A B page holding Bᵀ (`MatmulTiles.transpose_b`) as the page B it stands for."""
+    return Transposed(x, w, ibw)
 
 
 def reduced_values(pages: list[tuple[str, object, int, int, int]], tr: int, tc: int) -> np.ndarray:
@@ -253,14 +330,21 @@ def why(E: EngineState, i: int) -> str:
 
 
 def elementwise(
-    E: EngineState, i: int, xs: list, kernel: MapKernel, vectors: list[tuple[Store, int, int, bool]]
+    E: EngineState,
+    i: int,
+    xs: list,
+    kernel: MapKernel,
+    vectors: list[tuple[Store, int, int, bool]],
+    places: tuple[tuple[Pos, int], ...] = (),
 ) -> Tiles | MapValue:
     """An elementwise Compute: every element of the front pages `xs` through the kernel's op (numerics.epilogue), as a
     new page — computed later, with others, where the kernel is `lazy` (`mapped.py`).
 
     Each column vector (store, at, width, False) — a bias — has the page hold rows of `width` tiles, its tile s
     covering the vector's tile column `at + s mod width`; each row vector (store, at, width, True) — a per-row scale
-    — its tile s covering the vector's tile row `at + s // width`."""
+    — its tile s covering the vector's tile row `at + s // width`. Each position (`Pos`, at) — a mask's row or
+    column — is the element's index as a value: its tile row `at + s // width` (ROW) or tile column `at + s mod
+    width` (COL), times the tile's side, plus its row or column in the tile."""
     if kernel.lazy and kernel.width and kernel.whole:  # the checks below, in short, for a page that passes them
         width = kernel.width
         n = xs[kernel.whole[0]].count
@@ -288,7 +372,7 @@ def elementwise(
     n = whole[0].count if whole else 0
     if not whole or any(x.count != n for x in whole):
         fail(E, i, f"an elementwise stage's pages hold {[x.count for x in xs]} tiles: one shape, element by element")
-    widths = {w for _, _, w, _ in vectors} | set(by_row.values())
+    widths = {w for _, _, w, _ in vectors} | set(by_row.values()) | {node.width for node, _ in places}
     width = widths.pop() if len(widths) == 1 else 1
     if widths or n % width:
         fail(E, i, f"a page of {n} tiles is not whole rows of {sorted({width, *widths})} tiles")
@@ -319,7 +403,8 @@ def elementwise(
         for x, w in zip(xs, page_widths, strict=True)
     ]
     order = kernel.order
-    col = (lambda c: rows[order[id(c)]]) if rows else None
+    at_of = {node: position_values(node, at, h, t.rows, t.cols) for node, at in places}
+    col = (lambda c: at_of[c] if isinstance(c, Pos) else rows[order[id(c)]]) if rows or at_of else None
     if isinstance(op, Map):
         out = epilogue.mapped(op.expr, [epilogue.start(m, integer) for m in mats], integer, col)
     else:
@@ -331,6 +416,14 @@ def elementwise(
     )  # a map of row vectors alone: each row's value, each column
     back = out.reshape(h, t.rows, width, t.cols).transpose(0, 2, 1, 3)
     return Tiles(back.reshape(n, t.rows, t.cols))
+
+
+def position_values(node: Pos, at: int, h: int, tr: int, tc: int) -> np.ndarray:
+    """A position's values for a page of h rows of `node.width` tiles whose first tile row (ROW) or column (COL) is
+    `at`: each row's index (h·tr of them) or each column's (width·tc), flat."""
+    if node.axis == VecAxis.ROW:
+        return at * tr + np.arange(h * tr)
+    return at * tc + np.arange(node.width * tc)
 
 
 def vector_values(store: Store, at: int, w: int, h: int, by_rows: bool) -> np.ndarray | None:

@@ -436,7 +436,23 @@ class MapValue:
         return self.matrix().reshape(h, tr, w, tc).transpose(0, 2, 1, 3).astype(np.float64).reshape(h * w, tr, tc)
 
 
-PageValue = TileRefs | Tiles | AccValue | MapValue
+class Transposed:
+    """A matmul's B page that holds Bᵀ (`MatmulTiles.transpose_b`: attention's K block, `w × ibw` tiles as stored) read
+    as the `ibw × w` page B: tile (k, j) is the transpose of the page's tile (j, k). Nothing is copied until a product
+    asks for the tiles."""
+
+    __slots__ = ("page", "w", "ibw", "count")
+
+    def __init__(self, page: object, w: int, ibw: int) -> None:
+        self.page, self.w, self.ibw = page, w, ibw
+        self.count = w * ibw
+
+    def tiles(self) -> np.ndarray:
+        t = tiles_of(self.page, self.count)
+        return t.reshape(self.w, self.ibw, *t.shape[1:]).transpose(1, 0, 3, 2).reshape(self.count, t.shape[2], -1)
+
+
+PageValue = TileRefs | Tiles | AccValue | MapValue | Transposed
 
 
 def tiles_of(value: object, n: int) -> np.ndarray:

@@ -245,9 +245,10 @@ def evaluate(expr: Expr, pages: Sequence[Any], integer: bool, col: Callable[[Col
             return row_values(pages[i])
         case Lit(v):
             return np.int64(_whole(v)) if integer else np.float32(v)
-        case Col():
+        case Col() | Pos():  # a broadcast vector's values, or an element's position (its row or column index)
             if col is None:
-                raise ElementwiseError("an expression reads a column vector, and none was given")
+                what = "a column vector" if isinstance(expr, Col) else "an element's position"
+                raise ElementwiseError(f"an expression reads {what}, and none was given")
             values = np.asarray(col(expr))
             return values.astype(np.int64) if integer else values.astype(np.float32)
         case Apply(name, args, params):
@@ -321,6 +322,10 @@ def image(
         lo = np.where(sure, alo, np.where(never, blo, np.minimum(alo, blo)))
         hi = np.where(sure, ahi, np.where(never, bhi, np.maximum(ahi, bhi)))
         return lo, hi
+    if op.name == "mask":  # x where the condition holds, −∞ where it surely fails, either where it may
+        (clo, chi), (alo, ahi) = boxes
+        sure, never = (clo > 0) | (chi < 0), (clo == 0) & (chi == 0)
+        return np.where(sure, alo, -np.inf), np.where(never, -np.inf, ahi)
     if op.comparison:
         holds, fails = _decided(op.name, *boxes[0], *boxes[1])
         return np.where(holds, 1, 0), np.where(fails, 0, 1)
@@ -457,7 +462,7 @@ def bounded(
             return row_values(np.asarray(x, np.float64)), row_values(np.asarray(e, np.float64))
         case Lit(v):
             return np.float64(np.float32(v)), np.float64(0.0)
-        case Col():
+        case Col() | Pos():  # a broadcast vector's value or a position: exact, as the kernel reads it
             assert col is not None
             return np.asarray(col(expr), np.float32).astype(np.float64), np.float64(0.0)
         case Apply(name, args, params):
@@ -481,6 +486,8 @@ def bounded(
                     e = e + op.tail * (largest + spread)
             if op.comparison:  # a 0 or a 1: exact where the operands' boxes decide it, else either
                 e = np.where(hi > lo, 1.0, 0.0)
+            if op.name == "mask":  # a score surely masked is −∞ in every kernel: exact
+                e = np.where((lo == -np.inf) & (hi == -np.inf), 0.0, e)
             if np.isnan(np.sum(e)):  # (a sum is NaN where a term is: the where only where one is)
                 e = np.where(np.isnan(e), np.inf, e)
             if key is not None and memo is not None:

@@ -85,9 +85,21 @@ def tensor_operand(p: SpatialProgram, tensor: Any, inputs: Mapping[str, Any]) ->
 
 def reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray | dict[str, np.ndarray]:
     """epilogue(A @ B) in the output's element type, from float64 products of the operand-rounded inputs; a
-    program of several outputs (LayerNorm's out, mean and rstd), each's by name, as `spatialc.evaluate` gives them."""
+    program of several outputs (LayerNorm's out, mean and rstd), each's by name, as `spatialc.evaluate` gives them.
+    An attention program's is its declaration computed directly (`numerics.attention.softmax_attention`)."""
+    if is_attention(p):
+        from .attention import attention_reference
+
+        return attention_reference(p, inputs)
     with np.errstate(over="ignore", invalid="ignore"):  # NaN / ±inf inputs: said once, by check_inputs
         return _reference(p, inputs)
+
+
+def is_attention(p: SpatialProgram) -> bool:
+    """Whether `p` declares attention (`spatialc.attention`): its reference and bound are `numerics.attention`'s."""
+    from ..passes.attention import is_attention_program
+
+    return is_attention_program(p)
 
 
 def _reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:

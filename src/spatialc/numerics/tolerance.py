@@ -65,6 +65,7 @@ class Tolerance:
     chained: bool = False  # a matmul of computed operands: the bound is carried stage by stage (`_chained`)
     mapped: bool = False  # no matmul: one map of exact inputs, its bound each op's own (`elementwise.bounded`)
     rows: bool = False  # mapped, and it reduces rows: each reduction's bound too (`elementwise.reduce_bound`)
+    attention: bool = False  # an attention program: O and LSE, each its own bound (`numerics.attention`)
     kernel: bool = False  # a kernel's bound: it holds where |A|@|B| stays within float32's range
     strict: bool = False  # inputs past that range are refused (InputError) rather than warned about
 
@@ -73,6 +74,14 @@ class Tolerance:
         """The bound in words, as the CLI prints it."""
         if self.exact:
             return "exact"
+        if self.attention:
+            u = "2^-11 (fp16)" if self.program.precision == Precision.FP16 else "2^-8 (bf16)"
+            summed = "; a kernel's float32 sums of S, P·V and l their own K + 4 ulps" if self.kernel else ""
+            return (
+                f"O within ({u} + 2ρ)·softmax(S)·|V| (P rounded to the operand type before P·V; ρ the float32"
+                f" roundings of the recurrence{summed}), LSE within ρ and a few float32 ulps, plus 2 ulps of each"
+                " output in its type"
+            )
         if self.mapped:  # a float map, or a program that reduces rows
             out = OUT_NAMES.get(self.out_eps, "float32")
             sums = "each row sum's float32 rounding (n + 2 ulps of its magnitude), " if self.rows else ""
@@ -114,6 +123,10 @@ class Tolerance:
             stage_pages,
         )
 
+        if self.attention:
+            from .attention import attention_bound, attention_reference
+
+            return attention_reference(self.program, inputs), attention_bound(self.program, inputs, self.kernel)  # type: ignore[return-value]
         if self.mapped:
             return self._mapped(inputs)
         if self.chained:
@@ -230,7 +243,8 @@ class Tolerance:
         good = same | (err <= bound) | np.isinf(bound)
         ok = bool(np.all(good))
         how = f"max |error| {float(np.nanmax(err, initial=0.0)):.3g} (bound: {self.text})"
-        if not ok and self.kernel and not (self.chained or self.mapped):  # (a map sums nothing: no such range)
+        summed = not (self.chained or self.mapped or self.attention)  # (a map sums nothing: no such range)
+        if not ok and self.kernel and summed:
             past = int(np.count_nonzero(~good & self._past(inputs)))
             if past:
                 how += f"; {past} of the elements outside it lie past float32's range, where it does not hold"
@@ -254,8 +268,12 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
     from ..api import expect_program
 
     expect_program("tolerance", program, "from spatialc.gemm or build")
-    from .reference import _declared
+    from .reference import _declared, is_attention
 
+    if is_attention(program):  # O's ulps and LSE's, each in its own type (`numerics.attention.attention_bound`)
+        out = program.output_tensor()
+        eps = OUT_EPS.get(out.dtype, EPS32) if out is not None else EPS32
+        return Tolerance(program, False, int(kernel), eps, attention=True, kernel=kernel, strict=strict)
     decl = _declared(program)
     if program.precision == Precision.INT8:
         return Tolerance(program, True, 0, mapped=decl.matmul is None)
