@@ -99,6 +99,22 @@ void spatialc_load_a_row(spatialc_frag<T>& f, const T* tile, int line = __builti
     spatialc_emu::load_a16(f, tile, false, "spatialc_load_a_row", line);
 }
 
+// A from a plain row-major tile of float32 values, each rounded to nearest even to the operand type as it is loaded
+// (tensor_core_row.cuh): the lane reads its own eight, two adjacent columns at a time.
+template <class T>
+[[gnu::noinline]] void spatialc_load_a_float(spatialc_frag<T>& f, const float* tile, int line = __builtin_LINE()) {
+    using namespace spatialc_emu;
+    static_assert(sizeof(T) == 2, "16-bit operands");
+    const int l = lane_of("spatialc_load_a_float");
+    check_ldsm(tile, "spatialc_load_a_float", line);
+    f.kd = 16;
+    for (int r = 0; r < 16; ++r)
+        for (int k = 0; k < 16; ++k) f.v[r * 32 + k] = T(tile[r * 16 + k]);
+    const void* mine[4];
+    for (int i = 0; i < 4; ++i) mine[i] = tile + (l / 4 + 8 * (i & 1)) * 16 + 2 * (l % 4) + 8 * (i >> 1);
+    track(mine, 4, 8, false, AccessKind::page_load, line);
+}
+
 namespace spatialc_emu {
 
 // B (k rows × 16 columns) from a 16-bit tile: row-major B, transposed by the load (swizzled or plain), or — `kmajor` —

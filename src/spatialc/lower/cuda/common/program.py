@@ -423,11 +423,12 @@ def _check_row_major_pages(p: SpatialProgram) -> None:
             )
 
 
-def out_c_type(p: SpatialProgram, form: str) -> str:
-    """OUT_T, the C type a kernel stores every output through — after checking that the outputs have one type
-    (`form` names the kernel in the refusal)."""
+def out_c_type(p: SpatialProgram, form: str, mixed: bool = False) -> str:
+    """OUT_T, the C type a kernel stores every output through (the first output's, where `mixed` lets the others
+    have types of their own: `other_outputs`) — after checking that the outputs have one type otherwise (`form` names
+    the kernel in the refusal)."""
     kinds = sorted({t.dtype.value for t in p.tensors if t.role == TensorRole.OUTPUT})
-    if len(kinds) > 1:
+    if len(kinds) > 1 and not mixed:
         raise Unsupported(
             f"outputs of different element types ({', '.join(kinds)})",
             f"{form} stores its outputs in one type: give them one (a LayerNorm's out float32, as its mean and rstd"
@@ -437,6 +438,14 @@ def out_c_type(p: SpatialProgram, form: str) -> str:
     if out is None:
         raise Unsupported("a program without an output tensor", "the kernel stores its result into one")
     return C_TYPES[out.dtype]
+
+
+def other_outputs(p: SpatialProgram, out_type: str) -> dict[int, str]:
+    """The C type of each output tensor (by id) whose elements are not OUT_T's (`out_type`): attention's LSE, float32
+    beside an O of bf16 or fp16."""
+    return {
+        int(t.id): C_TYPES[t.dtype] for t in p.tensors if t.role == TensorRole.OUTPUT and C_TYPES[t.dtype] != out_type
+    }
 
 
 def checked_gemm(

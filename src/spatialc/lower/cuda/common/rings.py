@@ -14,7 +14,6 @@ from ....ir.ids import BufferId
 from ....ir.nodes import ComputeStage, Fifo, Interm, PageLayout, ReadStage, SpatialProgram, TensorRole
 from ....ir.ops import (
     ChoreoOp,
-    Compute,
     MatmulTiles,
     PackAcc,
     Precision,
@@ -163,10 +162,11 @@ def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
 
 def scheduled_rings(p: SpatialProgram, types: MmaTypes, ops: list[ChoreoOp], rows: frozenset[int]) -> Rings:
     """The ring table of a program whose stages do not say what its rings hold (attention: one declared stage, its
-    recurrence's rings added by the planner), typed by the schedule: a ring a ReadTiles fills or a matmul reads holds
-    operands (OPT; a computed one rounded to the operand type where it is stored), one a fragment accumulator is
-    packed into accumulators (ACCT), any other — a map's page, a row accumulator (template in `rows`) packed —
-    float32 values (EPIT)."""
+    recurrence's rings added by the planner), typed by the schedule: a ring a ReadTiles fills holds operands (OPT),
+    one a fragment accumulator is packed into accumulators (ACCT), any other — a map's page, a row accumulator
+    (template in `rows`) packed — float32 values (EPIT). A computed page a matmul reads stays float32, and the matmul
+    rounds it to the operand type as it loads it (`TilePrinter.a_loader`): attention's P is also summed, unrounded,
+    into the running sum."""
     table = ring_table(p, types, ())
     operands: set[int] = set()
     packed: set[int] = set()
@@ -174,8 +174,6 @@ def scheduled_rings(p: SpatialProgram, types: MmaTypes, ops: list[ChoreoOp], row
         match op:
             case ReadTiles(into=buf):
                 operands.add(table.template[buf])
-            case Compute(op=MatmulTiles(), ins=ins):
-                operands.update(table.template[b] for b in ins)
             case PackAcc(acc=acc, to=to) if table.template[acc] not in rows:
                 packed.add(table.template[to])
     typed = {}

@@ -32,4 +32,32 @@ __device__ __forceinline__ void spatialc_load_bt_row(spatialc_frag<T>& f, const 
     spatialc_ldsm_x4(f.r, tile + ((j & 7u) + (j >> 4) * 8u) * 16u + ((j >> 3) & 1u) * 8u);
 }
 
+// Two floats rounded to nearest even into one register of a 16-bit fragment (the lower column in the low half).
+__device__ __forceinline__ unsigned spatialc_pack2(float lo, float hi, const __nv_bfloat16*)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+__device__ __forceinline__ unsigned spatialc_pack2(float lo, float hi, const __half*)
+{
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+// A from a plain row-major tile of float32 values an engine computed and other ops read as they are (attention's P,
+// which the running sum adds unrounded): each lane loads the eight values of its fragment — a0..a3, rows lane / 4
+// and + 8, columns 2 (lane % 4), + 1 and + 8, + 9 — and rounds them to the operand type, as the interpreter rounds a
+// computed page where a matmul reads it.
+template <class T>
+__device__ __forceinline__ void spatialc_load_a_float(spatialc_frag<T>& f, const float* tile)
+{
+    const unsigned j = spatialc_lane(), g = j >> 2, c = 2u * (j & 3u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 v = *reinterpret_cast<const float2*>(tile + (g + 8u * (i & 1)) * 16u + c + 8u * (i >> 1));
+        f.r[i] = spatialc_pack2(v.x, v.y, static_cast<const T*>(nullptr));
+    }
+}
+
 #endif  // SPATIALC_TENSOR_CORE_ROW

@@ -83,6 +83,7 @@ class TilePrinter:
         self.nthreads = nthreads  # how many threads run it
         self.workspace: frozenset[int] = frozenset()  # tensors of partial sums (ACCT), read and written as such
         self.tensors: dict[int, Tensor] = {}  # the program's tensors, where an op limits a grouped tensor's rows
+        self.out_types: dict[int, str] = {}  # outputs (by tensor id) stored as a C type of their own, not OUT_T
         self.integer = False  # the fused epilogue's arithmetic: exact int64 (int8 programs) or float32
         self.accf = "accf"  # the accumulator fragments the printers name, and the macro of their count
         self.perw = "PERW"
@@ -256,7 +257,7 @@ class TilePrinter:
                 if int(op.tensor) in self.workspace:  # read by other sites in this launch (`PAGE_MACROS`)
                     store = f"SPATIALC_GLOBAL_ST(&{at}, (ACCT){page});"
                 else:  # (SPATIALC_OUT_ST: the emulation checks it)
-                    store = f"SPATIALC_OUT_ST(&{at}, (OUT_T){page});"
+                    store = f"SPATIALC_OUT_ST(&{at}, ({self.out_types.get(int(op.tensor), 'OUT_T')}){page});"
                 if op.rows_from is not None:  # rows past their group's count are left alone
                     store = f"if ({self.row_kept(op, 'tile', 'el / 16')}) {{ {store} }}"
                 self.w.line(store)
@@ -323,7 +324,10 @@ class TilePrinter:
     @staticmethod
     def a_loader(mm: MatmulTiles, a: Ring) -> str:
         """How A's fragments are loaded (`operand_load`'s `which`): from swizzled 16-bit tiles or plain 8-bit ones
-        (a), or from plain 16-bit ones (a_row: a page an engine computed, stored as the accumulator's rows)."""
+        (a), from plain 16-bit ones (a_row: a page an engine computed, stored as the accumulator's rows), or from
+        plain float32 ones rounded as they are loaded (a_float: a page other ops read unrounded, attention's P)."""
+        if a.c_type == "EPIT" and mm.operand != Precision.INT8:
+            return "a_float"
         return "a_row" if mm.operand != Precision.INT8 and not a.layout.swizzled else "a"
 
     @staticmethod

@@ -58,6 +58,7 @@ from ..common.cwriter import (
 )
 from ..common.handover import HandoverPrinter
 from ..common.maps import MapPrinter
+from ..common.program import other_outputs
 from ..common.rings import TILE_ELEMS
 from ..common.rows import RowPrinter
 from ..common.tiles import Fragments, TilePrinter, tensor_core_lines
@@ -371,7 +372,7 @@ def _param_type(k: GeneralKernel, t) -> str:
 def _param_head(k: GeneralKernel, t) -> str:
     """A tensor parameter's pointer type: the output and workspaces are written, the others read."""
     if t.role == TensorRole.OUTPUT:
-        return "OUT_T"
+        return other_outputs(k.program, k.out_type).get(int(t.id), "OUT_T")
     if t.role == TensorRole.WORKSPACE:
         return "ACCT"
     return "const " + _param_type(k, t)
@@ -385,6 +386,7 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
     printer = EnginePrinter(k, role, w)
     printer.workspace = frozenset(int(t.id) for t in k.program.tensors if t.role == TensorRole.WORKSPACE)
     printer.tensors = {int(t.id): t for t in k.program.tensors}
+    printer.out_types = other_outputs(k.program, k.out_type)
     printer.counters()
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
         for f in k.fragments:
