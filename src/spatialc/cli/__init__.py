@@ -145,21 +145,12 @@ def _elementwise_parser(sub) -> None:
         metavar="NAME,…",
         help="the inputs' names in the order the program takes them (default: as the formula first uses them)",
     )
-    _precision_options(
+    _page_options(
         g,
-        "bf16",
-        "out's element type: float32, fp16 or bf16 for float programs, int32 or int64"
-        " for int8 ones (default: float32, int64)",
+        "out's element type: float32, fp16 or bf16 for float programs, int32 or int64 for int8 ones (default: float32,"
+        " int64)",
+        "force an item's block: ROWS x COLS tiles (default: the cost model's)",
     )
-    g.add_argument(
-        "--block",
-        type=_ints(2, "--block"),
-        metavar="ROWS,COLS",
-        help="force an item's block: ROWS x COLS tiles (default: the cost model's)",
-    )
-    _placement_options(g, matmul=False)
-    g.set_defaults(sub_blocks=None)
-    _output_options(g)
 
 
 def _rows_parser(sub, name: str, what: str, formula: str) -> argparse.ArgumentParser:
@@ -176,17 +167,22 @@ def _rows_parser(sub, name: str, what: str, formula: str) -> argparse.ArgumentPa
     )
     g.add_argument("m", type=int, help="M: rows of x and out (elements)")
     g.add_argument("n", type=int, help="N: columns of x and out, the length of a row reduced (elements)")
-    _precision_options(g, "bf16", "out's element type: float32, fp16 or bf16 (default: float32)")
-    g.add_argument(
-        "--block",
-        type=_ints(2, "--block"),
-        metavar="ROWS,COLS",
-        help="force the block: bands of ROWS tile rows read a page of COLS tiles at a time (default: the cost model's)",
+    _page_options(
+        g,
+        "out's element type: float32, fp16 or bf16 (default: float32)",
+        "force the block: bands of ROWS tile rows read a page of COLS tiles at a time (default: the cost model's)",
     )
+    return g
+
+
+def _page_options(g: argparse.ArgumentParser, out_help: str, block_help: str) -> None:
+    """The options of a program without a tile matmul of its own plan (elementwise, the row programs): precision,
+    target, a block of ROWS x COLS tiles, placement, and what is checked, run and written."""
+    _precision_options(g, "bf16", out_help)
+    g.add_argument("--block", type=_ints(2, "--block"), metavar="ROWS,COLS", help=block_help)
     _placement_options(g, matmul=False)
     g.set_defaults(sub_blocks=None)
     _output_options(g)
-    return g
 
 
 def _sizes(text: str) -> tuple[int, ...]:

@@ -81,22 +81,20 @@ def cmd_elementwise(args: argparse.Namespace) -> int:
 
     expr, names = ew.parse(args.expr, args.inputs)
     prog = api.elementwise(expr, args.m, args.n, args.precision, names=names, out=args.out)
-    args.block = None if args.block is None else (*args.block, 1)
     head = f"spatialc elementwise {args.expr!r} over {args.m}x{args.n} {args.precision}"
-    p, inputs, times, plan = _built(args, prog, head, f", inputs {', '.join(names)}")
-    return _check_and_run(p, args, inputs, times, plan)
+    return _paged(args, prog, head, f", inputs {', '.join(names)}")
 
 
 def cmd_softmax(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a softmax of each row."""
     prog = api.softmax(args.m, args.n, args.precision, out=args.out)
-    return _rows(args, prog, f"spatialc softmax over {args.m}x{args.n} {args.precision}")
+    return _paged(args, prog, f"spatialc softmax over {args.m}x{args.n} {args.precision}")
 
 
 def cmd_rmsnorm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check an RMS norm of each row."""
     prog = api.rmsnorm(args.m, args.n, args.precision, eps=args.eps, weight=not args.no_weight, out=args.out)
-    return _rows(args, prog, f"spatialc rmsnorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
+    return _paged(args, prog, f"spatialc rmsnorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
 
 
 def cmd_layernorm(args: argparse.Namespace) -> int:
@@ -110,12 +108,14 @@ def cmd_layernorm(args: argparse.Namespace) -> int:
         bias=not args.no_bias,
         out=args.out,
     )
-    return _rows(args, prog, f"spatialc layernorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
+    return _paged(args, prog, f"spatialc layernorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
 
 
-def _rows(args: argparse.Namespace, prog: SpatialProgram, head: str) -> int:
+def _paged(args: argparse.Namespace, prog: SpatialProgram, head: str, tail: str = "") -> int:
+    """A program without a tile matmul of its own (`_page_options`): its block of ROWS x COLS tiles is the plan's
+    (ROWS, COLS, 1)."""
     args.block = None if args.block is None else (*args.block, 1)
-    p, inputs, times, plan = _built(args, prog, head, "")
+    p, inputs, times, plan = _built(args, prog, head, tail)
     return _check_and_run(p, args, inputs, times, plan)
 
 
