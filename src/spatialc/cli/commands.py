@@ -111,6 +111,26 @@ def cmd_layernorm(args: argparse.Namespace) -> int:
     return _paged(args, prog, f"spatialc layernorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
 
 
+def cmd_attention(args: argparse.Namespace) -> int:
+    """Build, verify, evaluate and check an attention, its two outputs (o, lse)."""
+    prog = api.attention(
+        args.batch,
+        args.heads,
+        args.seq_q,
+        args.seq_kv,
+        args.head_dim,
+        kv_heads=args.kv_heads,
+        causal=args.causal,
+        scale=args.scale,
+        precision=args.precision,
+        out=args.out,
+    )
+    kv = f", {args.kv_heads} KV heads" if args.kv_heads is not None else ""
+    shape = f"{args.batch}x{args.heads}x{args.seq_q}x{args.seq_kv}x{args.head_dim}"
+    causal = ", causal" if args.causal else ""
+    return _paged(args, prog, f"spatialc attention {shape} {args.precision}{causal}{kv}")
+
+
 def _paged(args: argparse.Namespace, prog: SpatialProgram, head: str, tail: str = "") -> int:
     """A program without a tile matmul of its own (`_page_options`): its block of ROWS x COLS tiles is the plan's
     (ROWS, COLS, 1)."""
@@ -219,7 +239,7 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, checked: 
     try:
         art = api.lower(p, form=args.form)
     except SpatialError as e:
-        if args.emit or args.run or args.form != "auto":  # a forced form that cannot be printed fails alike
+        if args.emit or args.run or args.form != "auto" or getattr(args, "sass", False):  # a forced form: alike
             raise
         print(f"  kernel    none: {e}")
         return 0

@@ -108,7 +108,8 @@ def _build_attention(
 ) -> SpatialProgram:
     """An attention program (`passes/attention.py`): bands of query rows, each running the online softmax over the
     blocks of its head's keys."""
-    _page_request("attention", form, sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
+    # No CUDA form prints attention yet (spatialc.lower says so, whatever the form): its plan is every form's.
+    _page_request("attention", "auto", sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
     said = "an attention's block is (query rows, key rows, 1) of tiles — a band of queries, a block of keys a step"
     p = program.evolve(target=target.name)
     plan = plan_attention(p, target, _page_block(block, said), depth)
