@@ -441,7 +441,13 @@ def elementwise(
     m, n = _dim("m", m), _dim("n", n)
     _check_size(m, n, 1)
     prec = precision_of(precision)
-    used = set(ops.arg_indices(ew.resolved(expr, lambda c: TensorId(0))))
+    resolved = ew.resolved(expr, lambda c: TensorId(0))
+    if ops.positions(resolved):  # an engine written by hand places them (spatialc.lang's e.map); the map planner not
+        raise ProgramError(
+            "ew.row_index() and ew.col_index() are read where a hand-written engine places its pages (spatialc.lang's"
+            " e.map); spatialc.elementwise does not place them"
+        )
+    used = set(ops.arg_indices(resolved))
     count = 1 + max(used, default=-1)
     if count == 0 or used != set(range(count)):
         raise ProgramError(
