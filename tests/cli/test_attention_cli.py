@@ -132,3 +132,14 @@ def test_attention_draws_a_sites_timeline(capsys, tmp_path):
     assert "picture" in capsys.readouterr().out
     svg = (tmp_path / "timeline.svg").read_text()
     assert "o_acc" in svg or "alpha_ring" in svg  # the recurrence's rings are drawn
+
+
+def test_show_prints_a_saved_attention_and_its_python_source(capsys, tmp_path):
+    saved = tmp_path / "att.json"
+    saved.write_text(spatialc.to_json(scheduled(1, 4, 40, 72, 32, causal=True, kv_heads=2)))
+    assert main(["show", str(saved)]) == 0
+    assert "stage attention on compute" in capsys.readouterr().out
+    assert main(["show", "--python", str(saved)]) == 0
+    source = capsys.readouterr().out
+    assert 'p.attention("attention", q_ring, k_ring, v_ring, o_ring, lse_ring, causal=True' in source
+    assert "s_acc.product(" in source and "transpose_b=True" in source and "ew.mask(" in source
