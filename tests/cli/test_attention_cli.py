@@ -126,14 +126,6 @@ def test_attention_checks_o_and_lse_against_numpy(capsys, options):
     assert "o: max |error|" in out and "lse: max |error|" in out
 
 
-@needs_interpreter
-def test_attention_draws_a_sites_timeline(capsys, tmp_path):
-    assert main(["attention", "1", "1", "32", "64", "16", "--causal", "--pictures", str(tmp_path)]) == 0
-    assert "picture" in capsys.readouterr().out
-    svg = (tmp_path / "timeline.svg").read_text()
-    assert "o_acc" in svg or "alpha_ring" in svg  # the recurrence's rings are drawn
-
-
 def test_show_prints_a_saved_attention_and_its_python_source(capsys, tmp_path):
     saved = tmp_path / "att.json"
     saved.write_text(spatialc.to_json(scheduled(1, 4, 40, 72, 32, causal=True, kv_heads=2)))
