@@ -5,7 +5,8 @@ It declares what `spatialc.attention(1, 4, 128, 200, 32, kv_heads=2, causal=True
 one `attention` stage, writes of O and LSE — and runs the schedule the attention planner makes for it on 2 sites
 (`passes/attention.py`), op for op (tests/lang/test_attention_lang.py checks they are equal). An item is a band of
 4 tile rows of queries of one KV head; its query heads (grouped-query attention: 2 a KV head) run one after another,
-each walking the head's keys 4 tile rows a step:
+each walking the head's keys 4 tile rows a step, up to the band's diagonal (causal: the blocks past it are all
+masked, so an item runs min(all, ceil(last visible key / 64)) of them — a loop count each item knows, `range_span`):
 
     S  = Q · Kᵀ                      s_acc.product(q, k, transpose_b=True): K's rows as they are stored
     X  = mask(keep, scale · S)        a map: a key past the row's diagonal (causal) or past seq_kv is −∞
@@ -81,6 +82,10 @@ def attention(p: lang.Builder):
     def band(item: lang.Item, h) -> lang.Affine:  # the tile row of the band of query head h of the item's KV head
         return group * rows_q * item.x + rows_q * h + BH * item.y
 
+    def keys(e: lang.Engine, item: lang.Item):  # the KV blocks at or left of the band's diagonal, at most all
+        last = tile * BH * item.y + tile * BH + (SEQ_KV - SEQ_Q)  # the band's last visible key + 1
+        return e.range_span(last, per=tile * BW, bound=blocks, name="k")
+
     def keep():  # 1 where the mask keeps a score: a key inside seq_kv, at or left of the row's diagonal
         row, col = ew.row_index(), ew.col_index()
         return (col < SEQ_KV) * (col <= row + (SEQ_KV - SEQ_Q))
@@ -91,7 +96,7 @@ def attention(p: lang.Builder):
             for h in e.range(group, "head"):
                 with q_ring.reserve() as page:
                     page.read(q, dt * band(item, h), BH, dt)
-                for kk in e.range(blocks, "k"):
+                for kk in keys(e, item):
                     for ring, tensor in ((k_ring, k), (v_ring, v)):
                         with ring.reserve() as page:
                             page.read(tensor, rows_kv * dt * item.x + BW * dt * kk, BW, dt)
@@ -103,7 +108,7 @@ def attention(p: lang.Builder):
                 qp = q_ring.wait()
                 for acc in (m_acc, l_acc, o_acc):
                     acc.acquire()
-                for kk in e.range(blocks, "k"):
+                for kk in keys(e, item):
                     kp = k_ring.wait()  # S = Q · Kᵀ
                     s_acc.acquire()
                     s_acc.product(qp, kp, block=(BH, BW, dt), transpose_b=True)

@@ -144,6 +144,9 @@ def test_lang_refuses_what_a_hand_written_step_cannot_be():
         "the row width (cols=…) of the max into acc is a whole number": lambda e, acc, page: acc.reduce("max", page),
         "op 'median' is none of max, min, sum": lambda e, acc, page: acc.reduce("median", page, cols=16),
         "a product's block is (rows, columns, K) tiles": lambda e, acc, page: acc.product(page, page, block=(1, 1)),
+        "a loop counted per item has a whole bound ≥ 0 and a step ≥ 1": lambda e, acc, page: list(
+            e.range_span(16, per=0, bound=1)
+        ),
     }
     for says, step in cases.items():
 

@@ -113,9 +113,11 @@ def program_lines(p: SpatialProgram) -> list[str]:
     if is_attention_program(p):
         op = attention_shape(p).op
         heads = f", {op.group} query heads a KV head in turn" if op.group > 1 else ""
+        steps = plural(plan.k_steps, "step")
+        steps = f"at most {steps}: those at or left of its diagonal" if op.causal else steps
         head = (
-            f"  plan      attention: bands of {b.osh} query tile rows ({b.osh * p.tile.rows} rows), each walking its"
-            f" head's keys {b.ibw} tile rows ({b.ibw * p.tile.rows} keys) a step ({plural(plan.k_steps, 'step')}),"
+            f"  plan      attention: bands of {plural(b.osh, 'query tile row')} ({b.osh * p.tile.rows} rows), each"
+            f" walking its head's keys {plural(b.ibw, 'tile row')} ({b.ibw * p.tile.rows} keys) a step ({steps}),"
             f" grid {plural(plan.grid[0], 'band')} x {plural(plan.grid[1], 'KV head')}{heads}, K and V rings"
             f" {plural(plan.depth, 'page')} deep"
         )

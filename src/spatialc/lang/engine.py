@@ -31,6 +31,7 @@ from ..ir.ops import (
     SemInc,
     SemSet,
     SemWait,
+    Span,
     TileAddr,
     Trip,
     VecAxis,
@@ -83,13 +84,24 @@ class Engine:
         at = address(element)
         yield from self._loop(v, Trip(tensor.id, at.base, bound, per, at.steps), var(v))
 
-    def _loop(self, v: LoopVar, n: int | Trip, value: Any) -> Iterator[Any]:
+    def range_span(self, value: Affine | int, per: int, bound: int, name: str | None = None) -> Iterator[Affine]:
+        """A loop whose count each item knows: min(`bound`, ceil(v / `per`)) steps (none where v ≤ 0) for v the
+        address `value` over the item's coordinates — a causal attention's KV blocks at or left of its band's
+        diagonal, v the band's last visible key + 1 and `per` the keys of a block. Its index is symbolic, as
+        `range`'s."""
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in (bound, per)) or bound < 0 or per < 1:
+            raise refuse(f"a loop counted per item has a whole bound ≥ 0 and a step ≥ 1, not {bound}, {per}")
+        at = address(value)
+        v = self.builder.loop_var(name)
+        yield from self._loop(v, Span(at.base, per, bound, at.steps), var(v))
+
+    def _loop(self, v: LoopVar, n: int | Trip | Span, value: Any) -> Iterator[Any]:
         if v in self.used:
             raise refuse(f"loop variable {LOOP_VAR_NAMES.get(v, v)} inside a loop of itself")
         self.used.add(v)
         body = self.builder.open()
         yield value
-        self.builder.close(body, Loop(v, n if isinstance(n, Trip) else Const(n), ()))
+        self.builder.close(body, Loop(v, n if isinstance(n, Trip | Span) else Const(n), ()))
         self.used.discard(v)
 
     def barrier(self, group: GroupRef) -> None:

@@ -58,6 +58,7 @@ from ..ir.ops import (
     SemInc,
     SemSet,
     SemWait,
+    Span,
     TileAddr,
     VecAxis,
     Wait,
@@ -460,6 +461,9 @@ class SourcePrinter:
                 name = self.loop_name(var)
                 if isinstance(count, Const):
                     self.line(depth, f"for {name} in e.range({count.n}, {named}):")
+                elif isinstance(count, Span):
+                    value = self.addr(TileAddr(count.base, count.steps), in_item)
+                    self.line(depth, f"for {name} in e.range_span({value}, {count.per}, {count.bound}, {named}):")
                 else:
                     element = self.addr(TileAddr(count.index, count.steps), in_item)
                     self.line(
