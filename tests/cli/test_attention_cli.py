@@ -12,7 +12,7 @@ import pytest
 
 import spatialc
 from spatialc.cli import main
-from spatialc.errors import SpatialError, StrongerCheckNeeded
+from spatialc.errors import ProgramError, SpatialError, StrongerCheckNeeded
 from spatialc.ir.nodes import SpatialProgram
 from spatialc.lower.cuda.forms import UnknownForm
 from spatialc.lower.errors import Unsupported
@@ -60,6 +60,8 @@ def test_lower_refuses_attention_by_name_whatever_the_form():
             spatialc.lower(p, form=form)
     with pytest.raises(UnknownForm, match="unknown CUDA form 'bogus'"):
         spatialc.lower(p, form="bogus")
+    with pytest.raises(ProgramError, match="unknown form 'bogus'"):  # build plans the same for every form, not this
+        spatialc.build(spatialc.attention(1, 1, 16, 16, 16), form="bogus")
 
 
 @pytest.mark.parametrize(

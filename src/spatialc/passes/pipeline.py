@@ -20,6 +20,7 @@ from .tile import (
     IBWS,
     apply_plan,
     candidates,
+    check_form,
     fused_by_persistent,
     in_panels,
     ring_stages,
@@ -110,6 +111,7 @@ def _build_attention(
     blocks of its head's keys."""
     # No CUDA form prints attention yet (spatialc.lower says so, whatever the form): its plan is every form's.
     _page_request("attention", "auto", sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
+    check_form(form)  # but a form that is none is refused
     said = "an attention's block is (query rows, key rows, 1) of tiles — a band of queries, a block of keys a step"
     p = program.evolve(target=target.name)
     plan = plan_attention(p, target, _page_block(block, said), depth)
