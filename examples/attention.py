@@ -6,7 +6,7 @@ one `attention` stage, writes of O and LSE — and runs the schedule the attenti
 (`passes/attention.py`), op for op (tests/lang/test_attention_lang.py checks they are equal). An item is a band of
 4 tile rows of queries of one KV head; its query heads (grouped-query attention: 2 a KV head) run one after another,
 each walking the head's keys 4 tile rows a step, up to the band's diagonal (causal: the blocks past it are all
-masked, so an item runs min(all, ceil(last visible key / 64)) of them — a loop count each item knows, `range_span`):
+masked, so an item runs min(all, ceil(keys its last row sees / 64)) of them — a count each item knows, `range_span`):
 
     S  = Q · Kᵀ                      s_acc.product(q, k, transpose_b=True): K's rows as they are stored
     X  = mask(keep, scale · S)        a map: a key past the row's diagonal (causal) or past seq_kv is −∞
