@@ -231,3 +231,33 @@ def test_the_cli_runs_fp8_through_the_interpreter_and_refuses_to_emit(capsys, tm
     assert status == 2 and err.count("\n") == 1
     assert "8-bit float operands (e4m3, e5m2) are printed by no CUDA form yet" in err
     assert not any(tmp_path.iterdir())
+
+
+def test_the_python_guides_fp8_example_runs():
+    import re
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "python.md").read_text()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", guide, re.S) if '"e4m3"' in b]
+    space = {"np": np, "spatialc": spatialc}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InexactInputWarning)  # B is rounded, and said so
+        exec(compile(example, "docs/python.md", "exec"), space)
+    assert space["c"].dtype == np.float32 and np.array_equal(space["c"], reference(space["p"], space["x"]))
+
+
+def test_a_torch_op_of_an_fp8_program_takes_float8_tensors_on_the_cpu():
+    torch = pytest.importorskip("torch")
+    import spatialc.torch as spatial_torch
+
+    def family(m: int, n: int, k: int) -> spatialc.SpatialProgram:
+        return spatialc.gemm(m, n, k, "e4m3", epilogue=[spatialc.row_scale()])
+
+    op = spatial_torch.op(family, "fp8_gemm_test", disk_cache=False)
+    a, b = torch.randn(37, 53).to(torch.float8_e4m3fn), torch.randn(53, 29).to(torch.float8_e4m3fn)
+    s = torch.rand(37, 1)
+    c = op(a, b, s)  # the interpreter, on CPU tensors
+    assert c.dtype == torch.float32
+    assert torch.equal(c, ((a.double() @ b.double()).float().double() * s.double()).float())
+    with pytest.raises(InputError, match="A is float32; this op takes float8_e4m3fn"):
+        op(a.float(), b, s)
