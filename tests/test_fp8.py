@@ -70,6 +70,15 @@ def test_the_interpreter_equals_the_reference_with_scales_and_bias(prec, m, n, k
     assert ok and "max |error| 0 " in how
 
 
+def test_a_per_tensor_scale_is_a_scalar_mul():
+    p = fp8_gemm(37, 29, 53, "e4m3", [spatialc.scalar("mul", 0.375), spatialc.col_scale()])
+    x = {k: v for k, v in scaled_inputs(37, 29, 53, "e4m3").items() if k in ("A", "B", "col_scale")}
+    c = spatialc.evaluate(p, x)
+    acc = (x["A"].astype(np.float64) @ x["B"].astype(np.float64)).astype(np.float32).astype(np.float64)
+    want = (acc * 0.375).astype(np.float32).astype(np.float64) * x["col_scale"][None, :]
+    assert np.array_equal(c, want.astype(np.float32)) and np.array_equal(c, reference(p, x))
+
+
 @pytest.mark.parametrize("prec", ["e4m3", "e5m2"])
 def test_a_bf16_output_is_the_float32_result_rounded(prec):
     p = fp8_gemm(33, 20, 40, prec, out="bf16")

@@ -312,7 +312,7 @@ def _check_e4m3_range(name: str, x: Any, xp: Any) -> None:
     if not bool(past.any()):
         return
     at = tuple(int(i) for i in np.unravel_index(int(xp.argmax(past.reshape(-1))), x.shape))
-    value = float(x[at].item() if hasattr(x[at], "item") else x[at])
+    value = float(x[at])
     raise InputError(
         f"tensor {name} is e4m3 (float8_e4m3fn: largest value ±448, no infinity) but {name}{list(at)} = {value:g}"
         f" rounds past it ({int(past.sum())} such values); scale the tensor into range and multiply C back by the"

@@ -33,8 +33,14 @@ import numpy as np
 from ..ir.nodes import DType, Tensor, TensorRole
 
 # An input's element type → the numpy type that holds each of its values exactly (an input nothing writes)
-NARROW = {DType.INT8: np.int8, DType.FP16: np.float16, DType.BF16: np.float32, DType.FLOAT32: np.float32}
-NARROW.update({DType.E4M3: np.float32, DType.E5M2: np.float32})  # the 8-bit floats as bf16: float32 holds each
+NARROW = {
+    DType.INT8: np.int8,
+    DType.FP16: np.float16,
+    DType.BF16: np.float32,
+    DType.FLOAT32: np.float32,
+    DType.E4M3: np.float32,
+    DType.E5M2: np.float32,
+}
 CHUNK_ELEMS = 1 << 22  # float64 operand elements one BLAS call converts at once (32 MiB), and its row panel's
 PENDING_ELEMS = 1 << 24  # computed values a store's pending writes may hold (128 MiB) before it applies them
 
