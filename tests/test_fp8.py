@@ -181,6 +181,10 @@ def test_auto_builds_everywhere_and_every_form_refuses_by_one_line(target, forms
     for form in ["auto", *forms]:
         with pytest.raises(Unsupported, match=r"e5m2 operands\): 8-bit float operands \(e4m3, e5m2\) are printed by"):
             spatialc.lower(p, form=form)
+    split = spatialc.build(spatialc.gemm(48, 40, 512, "e4m3"), target, split_k=2)
+    assert split.verified and any(t.role.value == "workspace" for t in split.tensors)
+    x = scaled_inputs(48, 40, 512, "e4m3")
+    assert np.array_equal(spatialc.evaluate(split, {"A": x["A"], "B": x["B"]}), reference(split, x))
     planned = spatialc.build(spatialc.gemm(48, 40, 72, "e4m3"), target, form=forms[0])
     with pytest.raises(Unsupported, match="no CUDA form yet; run the program with spatialc.evaluate"):
         spatialc.lower(planned)

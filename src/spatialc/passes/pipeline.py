@@ -133,6 +133,8 @@ def _passes(args: tuple, verified: bool = True) -> SpatialProgram:
     that form refuses its own plan."""
     form = args[7]
     if args[0].precision in FP8_PRECISIONS:  # printed by no form yet: planned as the others' (`tile.sized_as`)
+        if form == "auto" and args[1].hopper and args[8] is not None and args[8] > 1:
+            args = (*args[:7], "general", *args[8:])  # split-K asked for: the general form's plan, as off Hopper
         return _build(*args, sm90a=False, verified=verified)
     p = _build(*args, sm90a=True, verified=verified)
     why = sm90a_refusal(p, args[1]) if form == "auto" else None
