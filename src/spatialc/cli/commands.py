@@ -14,6 +14,7 @@ import numpy as np
 from .. import api
 from ..errors import DeadlockError, SpatialError
 from ..ir.nodes import SpatialProgram
+from ..ir.ops import FP8_PRECISIONS
 from ..ir.printer import plural, program_text
 from ..ir.serde import to_json
 from ..numerics.tolerance import tolerance
@@ -239,9 +240,14 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, checked: 
     try:
         art = api.lower(p, form=args.form)
     except SpatialError as e:
-        if args.emit or args.run or args.form != "auto" or getattr(args, "sass", False):  # a forced form: alike
+        # A forced form that cannot be printed fails alike; an 8-bit float program's run is the interpreter's
+        interpreted = p.precision in FP8_PRECISIONS and not args.emit and args.form == "auto"
+        sass = getattr(args, "sass", False)
+        if args.emit or (args.run and not interpreted) or args.form != "auto" or sass:
             raise
         print(f"  kernel    none: {e}")
+        if args.run:
+            print("  run       the interpreter's, checked above: no CUDA form prints 8-bit float operands yet")
         return 0
     times.append(f"lower {(time.perf_counter() - t0) * 1e3:.0f} ms")
     if args.emit or getattr(args, "sass", False):  # --sass compiles the kernel anyway: ptxas's count comes with it
