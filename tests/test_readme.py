@@ -1,6 +1,6 @@
 """The README tells the truth: its quick start is the first two bash blocks, its Python example runs, and so do
 the docs it moved its reference material to (the error table, the rest of the example, their links) and the
-tutorial's chapter "Beyond GEMM" (its code, the output it shows, its picture and its commands)."""
+tutorial's chapters "Beyond GEMM" and "Attention" (their code, the output they show, their pictures and commands)."""
 
 import re
 import shlex
@@ -149,3 +149,58 @@ def test_the_tutorials_claim_that_rule_8_does_no_algebra_holds():
 @pytest.mark.emulation  # compiles with g++
 def test_the_tutorials_beyond_gemm_chapter_emulates_its_softmax(tmp_path, monkeypatch, capsys):
     run_beyond_gemm(tmp_path, monkeypatch, capsys, emulate=True)
+
+
+def attention_chapter() -> list[tuple[str, str]]:
+    """The fenced blocks of the tutorial's chapter "Attention", in order: (language, body)."""
+    chapter = TUTORIAL.split("## 13. Attention\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```(\w*)\n(.*?)```", chapter, re.S)
+
+
+def test_the_tutorials_attention_chapter_shows_the_example_and_the_schedule_as_they_are():
+    from spatialc import attention
+    from spatialc.ir.printer import program_text
+    from spatialc.passes.attention import apply_attention_plan, place_attention, plan_attention, schedule_attention
+    from spatialc.target import target
+
+    blocks = attention_chapter()
+    [excerpt] = [body for lang, body in blocks if lang == "python" and body.startswith(" ")]
+    assert excerpt in (ROOT / "examples" / "attention.py").read_text(), "the chapter's excerpt is not the example's"
+    # The schedule it shows is the planner's (built unverified here: the text block's lines do not say verified).
+    t = target("sm_90")
+    p = attention(1, 4, 128, 200, 32, kv_heads=2, causal=True)
+    p = schedule_attention(place_attention(apply_attention_plan(p, plan_attention(p, t, (4, 4), None)), t, 2))
+    printed = program_text(p, sites=1).splitlines()
+    [shown] = [body for lang, body in blocks if lang == "text"]
+    missing = [line for line in shown.splitlines() if line.strip() != "..." and line not in printed]
+    assert not missing, f"the chapter shows lines the program does not print: {missing}"
+    assert "](images/attention-timeline.svg)" in TUTORIAL
+
+
+def _attention_runs() -> bool:
+    import numpy as np
+
+    import spatialc
+
+    try:
+        p = spatialc.build(spatialc.attention(1, 1, 16, 16, 16))
+        spatialc.evaluate(p, {n: np.zeros((16, 16), np.float32) for n in ("q", "k", "v")})
+    except spatialc.SpatialError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _attention_runs(), reason="needs rule 8's proof of attention and the interpreter's run of it")
+def test_the_tutorials_attention_chapter_runs_and_draws_its_picture(tmp_path, monkeypatch, capsys):
+    from spatialc.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    [program] = [body for lang, body in attention_chapter() if lang == "python" and not body.startswith(" ")]
+    exec(compile(program, "docs/tutorial.md", "exec"), {})
+    [bash] = [body for lang, body in attention_chapter() if lang == "bash"]
+    assert main(shlex.split(bash.strip())[1:]) == 0
+    drawn = (tmp_path / "attention_pictures" / "timeline.svg").read_text()
+    assert drawn == (ROOT / "docs" / "images" / "attention-timeline.svg").read_text(), (
+        "docs/images/attention-timeline.svg is not what the chapter draws: regenerate it with"
+        " `spatialc attention 1 1 32 128 16 --causal --block 2,2 --pictures DIR` and copy DIR/timeline.svg"
+    )

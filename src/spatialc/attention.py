@@ -83,8 +83,8 @@ def attention(
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
         raise ProgramError(f"scale is a finite number > 0, not {scale!r}")
     prec = precision_of(precision)
-    if prec == Precision.INT8:
-        raise ProgramError("attention is float arithmetic (exp, a softmax); use fp16 or bf16")
+    if prec not in (Precision.BF16, Precision.FP16):
+        raise ProgramError(f"attention's operands are bf16 or fp16 (its softmax is float arithmetic), not {prec.value}")
     choices = OUTPUT_CHOICES["float"]
     if out is not None and out not in choices:
         raise ProgramError(f"attention's output is one of {', '.join(choices)}, not {out!r}")

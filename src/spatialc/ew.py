@@ -4,7 +4,9 @@ Every function here is one op of the table (`spatialc.numerics.elementwise.OPS`,
 error bound are defined), made from that table: an op added there is a function here. Operators spell the binary
 ops and comparisons (+ − × ÷ **, < <= > >=; `ew.eq` / `ew.ne`, since == decides equality of expressions); numbers are
 constants; `ew.inputs(n)` gives the input tensors, `ew.col(name)` a parameter tensor of one value per column (a
-bias), `ew.row(name)` one of one value per row (a per-token scale).
+bias), `ew.row(name)` one of one value per row (a per-token scale); `ew.row_index()` and `ew.col_index()` are an
+element's own row and column in its tensor, as values — what a mask compares (`ew.mask(ew.col_index() <=
+ew.row_index(), x)`: x where the test holds, else −∞), placed where a page sits as a column vector is.
 
     x, gate = ew.inputs(2)
     p = spatialc.elementwise(ew.silu(gate) * x, 4096, 11008, "bf16")
@@ -19,7 +21,7 @@ from typing import Any
 
 from .errors import ProgramError
 from .ir.ids import TensorId
-from .ir.ops import Apply, Arg, Col, Expr, Lit, VecAxis
+from .ir.ops import Apply, Arg, Col, Expr, Lit, Pos, VecAxis
 from .numerics.elementwise import OPS, ElementwiseOp
 
 
@@ -32,7 +34,7 @@ class ColumnNamed:
     axis: VecAxis = VecAxis.COL
 
 
-Node = Arg | Lit | Apply | ColumnNamed
+Node = Arg | Lit | Apply | ColumnNamed | Pos
 
 
 class Value:
@@ -163,6 +165,16 @@ def row(name: str) -> Value:
     return Value(ColumnNamed(name, VecAxis.ROW))
 
 
+def row_index() -> Value:
+    """Each element's row in its tensor (one group's rows: a head's query row), as a value: what a mask compares."""
+    return Value(Pos(VecAxis.ROW))
+
+
+def col_index() -> Value:
+    """Each element's column in its tensor (a head's key, in attention's scores), as a value."""
+    return Value(Pos(VecAxis.COL))
+
+
 MAX_INPUTS = 16  # tensors one map reads; far past any fused kernel's operands
 
 
@@ -198,7 +210,7 @@ def vector_names(expr: Value) -> dict[str, VecAxis]:
     return out
 
 
-__all__ = ["Value", "col", "inputs", "row", "value", "x", *OPS]
+__all__ = ["Value", "col", "col_index", "inputs", "row", "row_index", "value", "x", *OPS]
 
 
 # ---- an expression as text (the CLI's `spatialc elementwise EXPR`) ---------------------------------------------

@@ -51,8 +51,15 @@ from .numerics.quant import QuantError, quantize_multiplier
 
 TILE = Tile(16, 16)
 # What C holds unless `out` says otherwise: an int8 GEMM's int32 sums while K ≤ 131071 keeps them in range (int64
-# beyond), the int64 an integer epilogue computes in, int8 after a requant, float32 for fp16 / bf16 programs.
-OUTPUT_DTYPE = {Precision.INT8: DType.INT32, Precision.FP16: DType.FLOAT32, Precision.BF16: DType.FLOAT32}
+# beyond), the int64 an integer epilogue computes in, int8 after a requant, float32 for fp16 / bf16 / e4m3 / e5m2
+# programs (an 8-bit float program's sums are float32 like bf16's; bf16 or fp16 on request, never 8-bit floats).
+OUTPUT_DTYPE = {
+    Precision.INT8: DType.INT32,
+    Precision.FP16: DType.FLOAT32,
+    Precision.BF16: DType.FLOAT32,
+    Precision.E4M3: DType.FLOAT32,
+    Precision.E5M2: DType.FLOAT32,
+}
 # The output types each kind of program may ask for with `out`.
 OUTPUT_CHOICES = {"int8": ("int32", "int64"), "float": ("float32", "fp16", "bf16")}
 
@@ -123,13 +130,13 @@ def col_scale(name: str = "col_scale") -> ScaleOf:
 
 def residual(name: str = "residual") -> OperandOf:
     """Add the input tensor `name`, m×n, element by element (a residual connection). It holds the program's operand
-    type (int8, fp16 or bf16 values), as A and B do."""
+    type (int8, fp16, bf16, e4m3 or e5m2 values), as A and B do."""
     return OperandOf(_tensor_name("residual", name), "add")
 
 
 def gate(name: str = "gate") -> OperandOf:
     """Multiply by the input tensor `name`, m×n, element by element (a gate). It holds the program's operand type
-    (int8, fp16 or bf16 values), as A and B do."""
+    (int8, fp16, bf16, e4m3 or e5m2 values), as A and B do."""
     return OperandOf(_tensor_name("gate", name), "mul")
 
 
@@ -236,7 +243,7 @@ def _nodes(expr: ops.Expr):
             yield from _nodes(a)
 
 
-# What users call the three precisions: spatialc's names, numpy's and torch's dtype names, and "half".
+# What users call the precisions: spatialc's names, numpy's, ml_dtypes' and torch's dtype names, and "half".
 PRECISION_SPELLINGS = {
     "int8": Precision.INT8,
     "fp16": Precision.FP16,
@@ -244,8 +251,17 @@ PRECISION_SPELLINGS = {
     "half": Precision.FP16,
     "bf16": Precision.BF16,
     "bfloat16": Precision.BF16,
+    "e4m3": Precision.E4M3,
+    "fp8_e4m3": Precision.E4M3,
+    "float8_e4m3fn": Precision.E4M3,
+    "e5m2": Precision.E5M2,
+    "fp8_e5m2": Precision.E5M2,
+    "float8_e5m2": Precision.E5M2,
 }
-PRECISIONS_ACCEPTED = "int8, fp16 (float16, half) or bf16 (bfloat16), as a name or a numpy, ml_dtypes or torch dtype"
+PRECISIONS_ACCEPTED = (
+    "int8, fp16 (float16, half), bf16 (bfloat16), e4m3 (float8_e4m3fn) or e5m2 (float8_e5m2), as a name or a numpy,"
+    " ml_dtypes or torch dtype"
+)
 
 
 def precision_named(name: object) -> Precision | None:
@@ -264,7 +280,7 @@ def precision_named(name: object) -> Precision | None:
 
 
 def precision_of(name: object) -> Precision:
-    """`int8`, `fp16` or `bf16` (or another spelling `precision_named` reads) as a Precision."""
+    """`int8`, `fp16`, `bf16`, `e4m3` or `e5m2` (or another spelling `precision_named` reads) as a Precision."""
     prec = precision_named(name)
     if prec is None:
         raise ProgramError(f"unknown precision {name!r}; use {PRECISIONS_ACCEPTED}")
@@ -365,9 +381,9 @@ def _gemm(
     """The program C[m×n] = epilogue(A[m×k] @ B[k×n]), before tiling (ring sizes are the tile pass's to choose).
 
     `out` is C's element type: for int8 programs "int32" (the default without an epilogue, while K ≤ 131071) or
-    "int64" (the default with one: integer epilogues are exact 64-bit arithmetic); int8 after a requant; for fp16 /
-    bf16 programs "float32" (the default), "fp16" or "bf16" (the float32 result rounded to nearest even). The
-    accumulator is int32 or float32 whatever C holds."""
+    "int64" (the default with one: integer epilogues are exact 64-bit arithmetic); int8 after a requant; for float
+    programs (fp16, bf16, e4m3, e5m2) "float32" (the default), "fp16" or "bf16" (the float32 result rounded to
+    nearest even). The accumulator is int32 or float32 whatever C holds."""
     m, n, k = _dim("max_rows" if groups > 1 else "m", m), _dim("n", n), _dim("k", k)
     _check_size(m, n, k, groups)
     prec = precision_of(precision)
@@ -432,8 +448,8 @@ def elementwise(
     """The program out[m×n] = expr(x0, x1, …) element by element, before tiling: `expr` is an `ew` expression over
     the input tensors (`ew.inputs(k)`), constants, column vectors (`ew.col(name)`, a parameter tensor of n values, one
     per column) and row vectors (`ew.row(name)`, m values, one per row: a per-token scale). The inputs hold values
-    of `precision` (int8, fp16, bf16), named by `names` (x0, x1, … by default); the output `out`, float32 by default
-    (fp16 or bf16 rounded to nearest even; int32 or int64, the default, in an int8 program)."""
+    of `precision` (int8, fp16, bf16, e4m3, e5m2), named by `names` (x0, x1, … by default); the output `out`, float32
+    by default (fp16 or bf16 rounded to nearest even; int32 or int64, the default, in an int8 program)."""
     from . import ew
 
     if not isinstance(expr, ew.Value):
@@ -441,7 +457,13 @@ def elementwise(
     m, n = _dim("m", m), _dim("n", n)
     _check_size(m, n, 1)
     prec = precision_of(precision)
-    used = set(ops.arg_indices(ew.resolved(expr, lambda c: TensorId(0))))
+    resolved = ew.resolved(expr, lambda c: TensorId(0))
+    if ops.positions(resolved):  # an engine written by hand places them (spatialc.lang's e.map); the map planner not
+        raise ProgramError(
+            "ew.row_index() and ew.col_index() are read where a hand-written engine places its pages (spatialc.lang's"
+            " e.map); spatialc.elementwise does not place them"
+        )
+    used = set(ops.arg_indices(resolved))
     count = 1 + max(used, default=-1)
     if count == 0 or used != set(range(count)):
         raise ProgramError(

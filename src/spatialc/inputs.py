@@ -9,9 +9,12 @@ arrays on the device: it calls the name, shape and value checks separately (`mat
 `check_values`), the last one with the device's array module.
 
 Values: int8 / int32 / int64 tensors take whole numbers within their range (never rounded, wrapped or
-truncated); fp16 / bf16 tensors round each value to nearest even, once, straight from float64, and say so once
-per process and precision (`InexactInputWarning`) when that changed a value; float32 tensors take any real.
-torch and ml_dtypes are never imported here: an array of theirs is only converted when one is given.
+truncated); fp16 / bf16 / e4m3 / e5m2 tensors round each value to nearest even, once, straight from float64, and
+say so once per process and precision (`InexactInputWarning`) when that changed a value; float32 tensors take any
+real. An e4m3 tensor (float8_e4m3fn: no infinity) refuses a value that rounds past its largest, ±448 — any of
+magnitude above 464, ±inf included — naming the first; an e5m2 one rounds such a value to ±inf, as fp16 does.
+torch is never imported here, and ml_dtypes only to round to an 8-bit float: an array of theirs is only converted
+when one is given.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ __all__ = [
     "operand_values",
     "round_bf16",
     "round_fp16",
+    "round_fp8",
     "rounding_watched",
     "shaped",
     "specs_of",
@@ -57,6 +61,11 @@ BF16_MANT_BITS = 7
 INT_RANGE = {DType.INT8: (-128, 127), DType.INT32: (-(2**31), 2**31 - 1), DType.INT64: (-(2**63), 2**63 - 1)}
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 FLOAT_EXACT = 2**53  # float64 holds every integer up to here, and the interpreter stores float64
+FP8_NAMES = {DType.E4M3: "float8_e4m3fn", DType.E5M2: "float8_e5m2"}  # ml_dtypes' (and torch's) names
+FP8_MAX = {DType.E4M3: 448.0, DType.E5M2: 57344.0}  # the largest finite value of each 8-bit float
+# What rounds to e4m3's largest value, 448 (1.75·2^8; the tie 464 goes to its even fraction): past it float8_e4m3fn
+# has no value but NaN, so an input past it is refused rather than made NaN (ml_dtypes' cast) or 448 (torch's).
+E4M3_LIMIT = 464.0
 
 
 class InputError(SpatialError, ValueError):
@@ -64,7 +73,8 @@ class InputError(SpatialError, ValueError):
 
 
 class InexactInputWarning(UserWarning):
-    """Inputs of an fp16 / bf16 program that were not values of that type, so were rounded (to nearest even)."""
+    """Inputs of an fp16 / bf16 / e4m3 / e5m2 program that were not values of that type, so were rounded (to nearest
+    even)."""
 
 
 class NonFiniteInputWarning(UserWarning):
@@ -225,7 +235,7 @@ def operand_values(name: str, values: Any, dtype: DType) -> np.ndarray:
     """An array whose values, read as float64, are exactly what a tensor of `dtype` holds; or InputError.
 
     Integer arrays that fit are returned as they are, and so are float16 arrays for fp16 and float32 arrays of fp16 /
-    bf16 values; other fp16 / bf16 inputs come back rounded, as float32 (which holds every such value)."""
+    bf16 / e4m3 / e5m2 values; other such inputs come back rounded, as float32 (which holds every such value)."""
     arr = host_array(name, values)
     check_values(name, arr, dtype)
     match dtype:
@@ -233,15 +243,19 @@ def operand_values(name: str, values: Any, dtype: DType) -> np.ndarray:
             return arr if arr.dtype == np.float16 else _as_float32(arr, round_fp16)
         case DType.BF16:
             return _as_float32(arr, round_bf16)
+        case DType.E4M3:
+            return _as_float32(arr, round_e4m3)
+        case DType.E5M2:
+            return _as_float32(arr, round_e5m2)
         case DType.FLOAT32:
             return arr.astype(np.float32, copy=False)
     return arr
 
 
 def _as_float32(arr: np.ndarray, rnd: Any) -> np.ndarray:
-    """`arr` rounded by `rnd` (to bf16 or fp16) as float32, which holds each such value exactly: `arr` itself where
-    it is a float32 array of such values already (no copy), else a new array made a chunk at a time (a float32
-    array's on its own bits, the same values)."""
+    """`arr` rounded by `rnd` (to bf16, fp16, e4m3 or e5m2) as float32, which holds each such value exactly: `arr`
+    itself where it is a float32 array of such values already (no copy), else a new array made a chunk at a time (a
+    float32 array's on its own bits, the same values)."""
     if arr.dtype == np.float32:
         rnd = _ON_FLOAT32[rnd]
         if all(_holds(rnd, part) for part in _chunks(arr.reshape(-1))):
@@ -282,10 +296,12 @@ def _by_chunks(fn: Any, x: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def check_values(name: str, x: Any, dtype: DType, xp: Any = np) -> None:
     """InputError unless `x` (an array of module `xp`: numpy, or CuPy on a GPU) holds real numbers that a tensor of
-    `dtype` takes as they are: for integer types, whole numbers within range."""
+    `dtype` takes as they are: for integer types, whole numbers within range; for e4m3, none that rounds past ±448."""
     kind = np.dtype(x.dtype).kind
     if kind not in "biuf":
         raise InputError(f"tensor {name}: expected numbers, got an array of {x.dtype}")
+    if dtype == DType.E4M3 and kind in "iuf" and x.size:
+        _check_e4m3_range(name, x, xp)
     if dtype not in INT_RANGE or not x.size:
         return
     lo, hi = INT_RANGE[dtype]
@@ -299,6 +315,40 @@ def check_values(name: str, x: Any, dtype: DType, xp: Any = np) -> None:
         raise InputError(f"tensor {name} is {dtype.value} but holds values outside {lo}..{hi}")
     if dtype == DType.INT64 and max(abs(int(least)), abs(int(most))) >= FLOAT_EXACT:
         raise InputError(f"tensor {name}: values beyond 2^53 are not exact in the interpreter's float64")
+
+
+def _check_e4m3_range(name: str, x: Any, xp: Any) -> None:
+    """InputError naming the first element of `x` past E4M3_LIMIT (±inf included; NaN is e4m3fn's own)."""
+    past = (x > E4M3_LIMIT) | (x < -E4M3_LIMIT)
+    if not bool(past.any()):
+        return
+    at = tuple(int(i) for i in np.unravel_index(int(xp.argmax(past.reshape(-1))), x.shape))
+    value = float(x[at])
+    raise InputError(
+        f"tensor {name} is e4m3 (float8_e4m3fn: largest value ±448, no infinity) but {name}{list(at)} = {value:g}"
+        f" rounds past it ({int(past.sum())} such values); scale the tensor into range and multiply C back by the"
+        " scale (spatialc.row_scale / col_scale / scalar('mul', s))"
+    )
+
+
+def round_fp8(x: Any, dtype: DType) -> np.ndarray:
+    """float64 (or float32) → the nearest value of the 8-bit float `dtype` (ties to even), as float64: ml_dtypes'
+    cast, which rounds once from the value given (no double rounding through float32). Past the largest value
+    e5m2 gives ±inf; e4m3fn NaN (check_values refuses such an input first); NaN stays NaN."""
+    import ml_dtypes
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(x).astype(getattr(ml_dtypes, FP8_NAMES[dtype])).astype(np.float64)
+
+
+def round_e4m3(x: Any) -> np.ndarray:
+    """`round_fp8` to e4m3 (float8_e4m3fn)."""
+    return round_fp8(x, DType.E4M3)
+
+
+def round_e5m2(x: Any) -> np.ndarray:
+    """`round_fp8` to e5m2 (float8_e5m2)."""
+    return round_fp8(x, DType.E5M2)
 
 
 def round_bf16(x: Any) -> np.ndarray:
@@ -427,7 +477,9 @@ def _round_fp16_f32(x: np.ndarray) -> np.ndarray:
     return r.view(np.float32).reshape(np.shape(x))
 
 
-_ON_FLOAT32 = {round_bf16: _round_bf16_f32, round_fp16: _round_fp16_f32}  # the same rounding, a float32 array's
+# The same rounding, a float32 array's (an 8-bit float's cast from float32 is as exact as from float64)
+_ON_FLOAT32 = {round_bf16: _round_bf16_f32, round_fp16: _round_fp16_f32, round_e4m3: round_e4m3, round_e5m2: round_e5m2}
+ROUNDED = (DType.FP16, DType.BF16, DType.E4M3, DType.E5M2)  # the element types an input is rounded to
 
 
 # ---- saying that inputs were rounded -----------------------------------------------------------------------------
@@ -436,12 +488,13 @@ _WARNED: set[DType] = set()  # the precisions already warned about in this proce
 
 
 def rounding_watched(dtype: DType) -> bool:
-    """Whether rounding inputs to `dtype` is still to be looked for: fp16 / bf16, not yet warned about."""
-    return dtype in (DType.FP16, DType.BF16) and dtype not in _WARNED
+    """Whether rounding inputs to `dtype` is still to be looked for: fp16 / bf16 / e4m3 / e5m2, not yet warned
+    about."""
+    return dtype in ROUNDED and dtype not in _WARNED
 
 
 def warn_if_rounded(dtype: DType, before: Any, after: Any, xp: Any = np) -> None:
-    """Warn once per process and precision when rounding `before` to fp16 / bf16 (giving `after`) changed a value;
+    """Warn once per process and precision when rounding `before` to its float type (giving `after`) changed a value;
     nothing is computed once the warning has been given."""
     if not rounding_watched(dtype) or not before.size or after is before:
         return

@@ -64,6 +64,8 @@ TORCH_DTYPES = {
     DType.FP16: torch.float16,
     DType.BF16: torch.bfloat16,
     DType.FLOAT32: torch.float32,
+    DType.E4M3: torch.float8_e4m3fn,  # run on CPU tensors only: no CUDA form prints 8-bit float operands yet
+    DType.E5M2: torch.float8_e5m2,
 }
 
 # Made-up sizes the builder is called with to learn which tensor axis each of its arguments is: two sets, each

@@ -38,7 +38,7 @@ def test_the_tutorials_pytorch_chapter_runs(tmp_path, monkeypatch):
     from tests.lang.test_lang import TUTORIAL, tutorial_program
 
     monkeypatch.chdir(tmp_path)
-    chapter = TUTORIAL.read_text().split("## 13. From PyTorch\n", 1)[1].split("\n## ", 1)[0]
+    chapter = TUTORIAL.read_text().split("## 14. From PyTorch\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", chapter, re.S)
     assert len(blocks) == 2
     scope: dict = {}

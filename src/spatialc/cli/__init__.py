@@ -145,21 +145,12 @@ def _elementwise_parser(sub) -> None:
         metavar="NAME,…",
         help="the inputs' names in the order the program takes them (default: as the formula first uses them)",
     )
-    _precision_options(
+    _page_options(
         g,
-        "bf16",
-        "out's element type: float32, fp16 or bf16 for float programs, int32 or int64"
-        " for int8 ones (default: float32, int64)",
+        "out's element type: float32, fp16 or bf16 for float programs, int32 or int64 for int8 ones (default: float32,"
+        " int64)",
+        "force an item's block: ROWS x COLS tiles (default: the cost model's)",
     )
-    g.add_argument(
-        "--block",
-        type=_ints(2, "--block"),
-        metavar="ROWS,COLS",
-        help="force an item's block: ROWS x COLS tiles (default: the cost model's)",
-    )
-    _placement_options(g, matmul=False)
-    g.set_defaults(sub_blocks=None)
-    _output_options(g)
 
 
 def _rows_parser(sub, name: str, what: str, formula: str) -> argparse.ArgumentParser:
@@ -176,17 +167,58 @@ def _rows_parser(sub, name: str, what: str, formula: str) -> argparse.ArgumentPa
     )
     g.add_argument("m", type=int, help="M: rows of x and out (elements)")
     g.add_argument("n", type=int, help="N: columns of x and out, the length of a row reduced (elements)")
-    _precision_options(g, "bf16", "out's element type: float32, fp16 or bf16 (default: float32)")
-    g.add_argument(
-        "--block",
-        type=_ints(2, "--block"),
-        metavar="ROWS,COLS",
-        help="force the block: bands of ROWS tile rows read a page of COLS tiles at a time (default: the cost model's)",
+    _page_options(
+        g,
+        "out's element type: float32, fp16 or bf16 (default: float32)",
+        "force the block: bands of ROWS tile rows read a page of COLS tiles at a time (default: the cost model's)",
     )
+    return g
+
+
+def _page_options(g: argparse.ArgumentParser, out_help: str, block_help: str) -> None:
+    """The options of a program without a tile matmul of its own plan (elementwise, the row programs): precision,
+    target, a block of ROWS x COLS tiles, placement, and what is checked, run and written."""
+    _precision_options(g, "bf16", out_help)
+    g.add_argument("--block", type=_ints(2, "--block"), metavar="ROWS,COLS", help=block_help)
     _placement_options(g, matmul=False)
     g.set_defaults(sub_blocks=None)
     _output_options(g)
-    return g
+
+
+def _attention_parser(sub) -> None:
+    g = sub.add_parser(
+        "attention",
+        help="build, verify and check scaled dot-product attention: O = softmax(scale · Q·Kᵀ + mask) · V and LSE",
+        description="Build O = softmax(scale · Q·Kᵀ + mask) · V for each batch and query head, and LSE, the log of"
+        " each row's sum (Q: B×H×SQ×D, K and V: B×KVH×SKV×D; query head h reads KV head h // (H / KVH)), a spatial"
+        " program running FlashAttention's online recurrence over blocks of keys; verify it (rule 8 proves the"
+        " schedule runs that recurrence, equal to the softmax), evaluate it with the reference interpreter and check"
+        " it against numpy. No CUDA form prints attention yet: --emit, --run, --sass and a forced --form are"
+        " refused. Sizes are in elements; tiles are 16x16 elements; a block is in tiles.",
+        epilog=EPILOG,
+    )
+    g.add_argument("batch", type=int, help="B: the batch")
+    g.add_argument("heads", type=int, help="H: query heads")
+    g.add_argument("seq_q", type=int, help="SQ: query rows a head (elements)")
+    g.add_argument("seq_kv", type=int, help="SKV: key and value rows a head (elements)")
+    g.add_argument("head_dim", type=int, help="D: each row's length, at most 256 (elements)")
+    g.add_argument(
+        "--causal",
+        action="store_true",
+        help="mask key c for query row r where c > r + SKV − SQ (aligned bottom right, as torch's; needs SQ ≤ SKV)",
+    )
+    g.add_argument(
+        "--kv-heads",
+        type=int,
+        metavar="N",
+        help="KV heads (grouped-query attention: H a multiple of N; default: H, one KV head a query head)",
+    )
+    g.add_argument("--scale", type=float, metavar="S", help="the scores' factor, > 0 (default: 1/√D)")
+    _page_options(
+        g,
+        "O's element type: float32, fp16 or bf16 (default: float32; LSE is float32)",
+        "force the block: bands of ROWS query tile rows walk the keys COLS tile rows at a time (default: 4,4)",
+    )
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -287,8 +319,9 @@ def _precision_options(g: argparse.ArgumentParser, default: str, out_help: str) 
     g.add_argument(
         "--precision",
         default=default,
-        choices=["int8", "fp16", "bf16"],
-        help=f"operand type (default: {default})",
+        choices=["int8", "fp16", "bf16", "e4m3", "e5m2"],
+        help=f"operand type (default: {default}); e4m3 and e5m2 are the 8-bit floats float8_e4m3fn and float8_e5m2,"
+        " interpreted and checked (--run runs the interpreter: no CUDA form prints them yet)",
     )
     g.add_argument("--target", default="sm_90", help=f"GPU to plan for, one of {', '.join(TARGETS)} (default: sm_90)")
     g.add_argument("--out", choices=["int32", "int64", "float32", "fp16", "bf16"], default=None, help=out_help)
@@ -408,6 +441,7 @@ def make_parser() -> argparse.ArgumentParser:
     n.add_argument("--eps", type=float, default=1e-5, help="added to the variance (default: 1e-5)")
     n.add_argument("--no-weight", action="store_true", help="no weight vector: out = (x − mean) · rstd + bias")
     n.add_argument("--no-bias", action="store_true", help="no bias vector: out = (x − mean) · rstd · weight")
+    _attention_parser(sub)
     s = sub.add_parser("show", help="print a saved program", epilog=EPILOG)
     s.add_argument("file", type=Path, help="a program saved by `spatialc gemm --json` or spatialc.to_json")
     s.add_argument("--sites", type=_count, default=2, help="how many sites' programs to list (default: 2)")
@@ -505,11 +539,7 @@ def _dispatch(argv: list[str]) -> int:
 
         return gpucheck.main(rest[1:])
     args = make_parser().parse_args(_negative_lists_attached(argv))
-    if (
-        getattr(args, "mode", None) is not None
-        and args.command in ("gemm", "elementwise", "softmax", "rmsnorm", "layernorm")
-        and not args.run
-    ):
+    if getattr(args, "mode", None) is not None and getattr(args, "run", None) is False:  # a program command's
         raise UsageError(f"spatialc {args.command}: --mode says how the emulation runs the kernel; it goes with --run")
     timeline = [o for o in ("pictures_site", "pictures_window") if getattr(args, o, None) is not None]
     if timeline and not args.pictures:

@@ -21,6 +21,7 @@ import numpy as np
 from ..interp.errors import TooLarge
 from ..interp.evaluate import Sample, gib, memory_ledger, memory_limit, memory_refusal
 from ..interp.values import CHUNK_ELEMS
+from ..ir.ids import TensorId
 from ..ir.nodes import SpatialProgram, TensorRole
 
 FULL_CHECK_MACS = 2**30  # 1024³: the interpreter and numpy take about a second each at most
@@ -83,10 +84,15 @@ def _none_by_default(refused: str) -> CheckPlan:
 
 
 def multiply_adds(p: SpatialProgram) -> int:
-    """M·N·K (times the groups) of the program's one matmul; for several, K the widest input's columns."""
+    """M·N·K (times the groups) of the program's one matmul; for several, K the widest input's columns; an
+    attention's two products, Q·Kᵀ and P·V, of seq_q × seq_kv × head_dim a head each."""
     from ..api import row_operand
     from ..errors import ProgramError
+    from ..passes.attention import attention_shape, is_attention_program
 
+    if is_attention_program(p):
+        q, k = (p.tensor(TensorId(tid)) for tid, _ in attention_shape(p).reads[:2])
+        return 2 * q.groups * q.elems[0] * k.elems[0] * q.elems[1]
     out = p.output_tensor()
     assert out is not None
     try:
@@ -99,10 +105,13 @@ def multiply_adds(p: SpatialProgram) -> int:
 
 def sample_of(p: SpatialProgram, seed: int) -> Sample | None:
     """SAMPLE_TILE_ROWS tile rows of C (the first, the last, the others drawn from `seed`), as rows; None for a
-    program whose rows a sample cannot follow (several matmuls)."""
+    program whose rows a sample cannot follow (several matmuls, an attention)."""
     from ..api import row_operand
     from ..errors import ProgramError
+    from ..passes.attention import is_attention_program
 
+    if is_attention_program(p):
+        return None
     try:
         name = row_operand(p)
     except ProgramError:

@@ -14,6 +14,7 @@ import numpy as np
 from .. import api
 from ..errors import DeadlockError, SpatialError
 from ..ir.nodes import SpatialProgram
+from ..ir.ops import FP8_PRECISIONS
 from ..ir.printer import plural, program_text
 from ..ir.serde import to_json
 from ..numerics.tolerance import tolerance
@@ -81,22 +82,20 @@ def cmd_elementwise(args: argparse.Namespace) -> int:
 
     expr, names = ew.parse(args.expr, args.inputs)
     prog = api.elementwise(expr, args.m, args.n, args.precision, names=names, out=args.out)
-    args.block = None if args.block is None else (*args.block, 1)
     head = f"spatialc elementwise {args.expr!r} over {args.m}x{args.n} {args.precision}"
-    p, inputs, times, plan = _built(args, prog, head, f", inputs {', '.join(names)}")
-    return _check_and_run(p, args, inputs, times, plan)
+    return _paged(args, prog, head, f", inputs {', '.join(names)}")
 
 
 def cmd_softmax(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a softmax of each row."""
     prog = api.softmax(args.m, args.n, args.precision, out=args.out)
-    return _rows(args, prog, f"spatialc softmax over {args.m}x{args.n} {args.precision}")
+    return _paged(args, prog, f"spatialc softmax over {args.m}x{args.n} {args.precision}")
 
 
 def cmd_rmsnorm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check an RMS norm of each row."""
     prog = api.rmsnorm(args.m, args.n, args.precision, eps=args.eps, weight=not args.no_weight, out=args.out)
-    return _rows(args, prog, f"spatialc rmsnorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
+    return _paged(args, prog, f"spatialc rmsnorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
 
 
 def cmd_layernorm(args: argparse.Namespace) -> int:
@@ -110,12 +109,34 @@ def cmd_layernorm(args: argparse.Namespace) -> int:
         bias=not args.no_bias,
         out=args.out,
     )
-    return _rows(args, prog, f"spatialc layernorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
+    return _paged(args, prog, f"spatialc layernorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
 
 
-def _rows(args: argparse.Namespace, prog: SpatialProgram, head: str) -> int:
+def cmd_attention(args: argparse.Namespace) -> int:
+    """Build, verify, evaluate and check an attention, its two outputs (o, lse)."""
+    prog = api.attention(
+        args.batch,
+        args.heads,
+        args.seq_q,
+        args.seq_kv,
+        args.head_dim,
+        kv_heads=args.kv_heads,
+        causal=args.causal,
+        scale=args.scale,
+        precision=args.precision,
+        out=args.out,
+    )
+    kv = f", {args.kv_heads} KV heads" if args.kv_heads is not None else ""
+    shape = f"{args.batch}x{args.heads}x{args.seq_q}x{args.seq_kv}x{args.head_dim}"
+    causal = ", causal" if args.causal else ""
+    return _paged(args, prog, f"spatialc attention {shape} {args.precision}{causal}{kv}")
+
+
+def _paged(args: argparse.Namespace, prog: SpatialProgram, head: str, tail: str = "") -> int:
+    """A program without a tile matmul of its own (`_page_options`): its block of ROWS x COLS tiles is the plan's
+    (ROWS, COLS, 1)."""
     args.block = None if args.block is None else (*args.block, 1)
-    p, inputs, times, plan = _built(args, prog, head, "")
+    p, inputs, times, plan = _built(args, prog, head, tail)
     return _check_and_run(p, args, inputs, times, plan)
 
 
@@ -219,9 +240,14 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, checked: 
     try:
         art = api.lower(p, form=args.form)
     except SpatialError as e:
-        if args.emit or args.run or args.form != "auto":  # a forced form that cannot be printed fails alike
+        # A forced form that cannot be printed fails alike; an 8-bit float program's run is the interpreter's
+        interpreted = p.precision in FP8_PRECISIONS and not args.emit and args.form == "auto"
+        sass = getattr(args, "sass", False)
+        if args.emit or (args.run and not interpreted) or args.form != "auto" or sass:
             raise
         print(f"  kernel    none: {e}")
+        if args.run:
+            print("  run       the interpreter's, checked above: no CUDA form prints 8-bit float operands yet")
         return 0
     times.append(f"lower {(time.perf_counter() - t0) * 1e3:.0f} ms")
     if args.emit or getattr(args, "sass", False):  # --sass compiles the kernel anyway: ptxas's count comes with it

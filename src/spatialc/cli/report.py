@@ -10,6 +10,7 @@ from ..ir.nodes import ComputeStage, Fifo, Interm, PageLayout, SpatialProgram
 from ..ir.ops import RowReduce
 from ..ir.printer import plural
 from ..ir.traffic import global_read_bytes, read_bytes
+from ..passes.attention import attention_shape, is_attention_program
 from ..passes.maps import is_map_program
 from ..passes.rows import is_row_program
 from ..passes.split import split_ranges, workspace_bytes
@@ -109,7 +110,18 @@ def program_lines(p: SpatialProgram) -> list[str]:
             f" group, one column of items) and runs as many of a strip's {plan.grid[0]} items as its row count"
             " fills, read at run time"
         ]
-    if is_row_program(p):
+    if is_attention_program(p):
+        op = attention_shape(p).op
+        heads = f", {op.group} query heads a KV head in turn" if op.group > 1 else ""
+        steps = plural(plan.k_steps, "step")
+        steps = f"at most {steps}: those at or left of its diagonal" if op.causal else steps
+        head = (
+            f"  plan      attention: bands of {plural(b.osh, 'query tile row')} ({b.osh * p.tile.rows} rows), each"
+            f" walking its head's keys {plural(b.ibw, 'tile row')} ({b.ibw * p.tile.rows} keys) a step ({steps}),"
+            f" grid {plural(plan.grid[0], 'band')} x {plural(plan.grid[1], 'KV head')}{heads}, K and V rings"
+            f" {plural(plan.depth, 'page')} deep"
+        )
+    elif is_row_program(p):
         passes = 1 + sum(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for s in p.stages)
         head = (
             f"  plan      rows: bands of {b.osh} tile rows ({h * p.tile.rows} rows of {w * p.tile.cols} elements),"
@@ -143,7 +155,7 @@ def _padding_note(p: SpatialProgram, plan) -> list[str]:
     """A note where the plan's whole items and K steps pad a side of the product by more than PADDING_NOTED."""
     out = p.output_tensor()
     a = next((t for t in p.tensors if t.role.value == "input"), None)
-    if out is None or a is None or a.elems[0] != out.elems[0]:
+    if out is None or a is None or a.elems[0] != out.elems[0] or is_attention_program(p):
         return []
     h, w = plan.item_tiles
     sides = (

@@ -27,7 +27,7 @@ from ..errors import DeadlockError
 from ..inputs import TensorSpec, check_inputs, check_row_counts, row_limits, specs_of
 from ..ir.ids import TensorId
 from ..ir.names import names_fault
-from ..ir.nodes import DType, SpatialProgram, Tensor, TensorRole
+from ..ir.nodes import FP8, DType, SpatialProgram, Tensor, TensorRole
 from ..ir.ops import Compute, Const, Loop, PackAcc, ReadTiles, walk
 from ..numerics.rounding import output_values
 from .errors import EvalError, NotReady, TooLarge
@@ -41,8 +41,8 @@ __all__ = ["Sample", "Trace", "evaluate"]
 
 DEADLOCK_LINES = 12  # blocked engines a DeadlockError message spells out
 MAX_BYTES = 2**31  # what an evaluation may take unless told otherwise: a laptop's share, not a server's
-# An input as check_inputs returns it, at most: int8 as given, fp16 / bf16 / float32 values as float32
-CHECKED_BYTES = {DType.INT8: 1, DType.FP16: 4, DType.BF16: 4, DType.FLOAT32: 4}
+# An input as check_inputs returns it, at most: int8 as given, fp16 / bf16 / e4m3 / e5m2 / float32 values as float32
+CHECKED_BYTES = {DType.INT8: 1, DType.FP16: 4, DType.BF16: 4, DType.FLOAT32: 4, DType.E4M3: 4, DType.E5M2: 4}
 TRACE_OP_BYTES = 200  # a traced op's span and ring events, about (Python objects)
 # The ops the interpreter runs at most (loop iterations counted as ops): a 32768³ GEMM's default plan runs about
 # 2.2·10⁸; a loop of 2³¹ no-ops, which verifies in milliseconds, would run for minutes.
@@ -221,10 +221,10 @@ def memory_ledger(
 
 def _narrow_already(t: Tensor, given: Any) -> bool:
     """Whether check_inputs surely returns `given` itself: an input array of its tensor's narrow type — but not a
-    float32 array for a bf16 tensor, which comes back rounded (a copy) unless it holds bf16 values, which is not
-    known before it is read."""
+    float32 array for a bf16 (or 8-bit float) tensor, which comes back rounded (a copy) unless it holds values of
+    that type, which is not known before it is read."""
     narrow = t.role == TensorRole.INPUT and t.dtype in NARROW and getattr(given, "dtype", None) == NARROW[t.dtype]
-    return narrow and t.dtype != DType.BF16
+    return narrow and t.dtype != DType.BF16 and t.dtype not in FP8
 
 
 def computed_page_elems(p: SpatialProgram, written: set[TensorId]) -> int:

@@ -4,9 +4,10 @@ A tensor is stored as an array of shape (rows_t, tile_rows, cols_t, tile_cols): 
 index ti·cols_t + tj, as DESIGN §2 addresses it — is `arr[ti, :, tj, :]`, and the same memory read as a 2-D array
 is the padded logical matrix, so a block of tiles that forms a rectangle is a slice, not a gather. Its element type
 (`store_dtype`): an input tensor nothing writes holds only its element type's values, so it keeps them narrow — int8
-as int8, fp16 as float16, bf16 and float32 as float32, each exactly; a tensor something writes holds sums: float64,
-or int64 for an int64 tensor (its values may pass 2^53, beyond which float64 holds only even integers). Every matmul
-converts its operands to float64 a panel at a time (`matmul`), so the float64 copies stay small.
+as int8, fp16 as float16, bf16, e4m3, e5m2 and float32 as float32, each exactly; a tensor something writes holds
+sums: float64, or int64 for an int64 tensor (its values may pass 2^53, beyond which float64 holds only even
+integers). Every matmul converts its operands to float64 a panel at a time (`matmul`), so the float64 copies stay
+small.
 
 An input's tile rows that the caller asked not to be read (a sample, `evaluate(rows=...)`) are not `live`: they stay
 zero, and products of them are skipped, which is exact (they are zero).
@@ -32,7 +33,14 @@ import numpy as np
 from ..ir.nodes import DType, Tensor, TensorRole
 
 # An input's element type → the numpy type that holds each of its values exactly (an input nothing writes)
-NARROW = {DType.INT8: np.int8, DType.FP16: np.float16, DType.BF16: np.float32, DType.FLOAT32: np.float32}
+NARROW = {
+    DType.INT8: np.int8,
+    DType.FP16: np.float16,
+    DType.BF16: np.float32,
+    DType.FLOAT32: np.float32,
+    DType.E4M3: np.float32,
+    DType.E5M2: np.float32,
+}
 CHUNK_ELEMS = 1 << 22  # float64 operand elements one BLAS call converts at once (32 MiB), and its row panel's
 PENDING_ELEMS = 1 << 24  # computed values a store's pending writes may hold (128 MiB) before it applies them
 

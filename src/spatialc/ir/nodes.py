@@ -32,11 +32,16 @@ class DType(StrEnum):
     FP16 = "fp16"
     BF16 = "bf16"
     FLOAT32 = "float32"
+    E4M3 = "e4m3"  # float8_e4m3fn: 4 exponent bits, 3 fraction bits, largest ±448, NaN but no infinity
+    E5M2 = "e5m2"  # float8_e5m2: 5 exponent bits, 2 fraction bits, largest ±57344, infinities like fp16
+
+
+FP8 = frozenset({DType.E4M3, DType.E5M2})  # the 8-bit float element types (operands only: no output holds them)
 
 
 def accumulator_dtype(precision: Precision) -> DType:
     """What a program of `precision` accumulates in, and so what its partial sums and biases hold: int32 for int8
-    operands, float32 for fp16 and bf16."""
+    operands, float32 for fp16, bf16, e4m3 and e5m2."""
     return DType.INT32 if precision == Precision.INT8 else DType.FLOAT32
 
 

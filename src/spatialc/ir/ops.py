@@ -15,11 +15,17 @@ from .ids import BufferId, GroupId, LoopVar, SemId, Site, TensorId
 
 
 class Precision(StrEnum):
-    """Operand precision of a tile matmul."""
+    """Operand precision of a tile matmul. E4M3 and E5M2 are the two 8-bit floats (ml_dtypes' and torch's
+    float8_e4m3fn and float8_e5m2): float operands, summed in float32 like fp16 and bf16."""
 
     INT8 = "int8"
     FP16 = "fp16"
     BF16 = "bf16"
+    E4M3 = "e4m3"
+    E5M2 = "e5m2"
+
+
+FP8_PRECISIONS = frozenset({Precision.E4M3, Precision.E5M2})  # the 8-bit floats: interpreted, not printed yet
 
 
 @dataclass(frozen=True, slots=True)

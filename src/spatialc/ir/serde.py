@@ -39,7 +39,8 @@ VERSION = 10
 # Version 9 added row vectors (a Col's `axis`: one value per row, from a parameter tensor of one column) and GEMM
 # epilogue stages that read a second tensor (a residual); a version-8 document is one without.
 # Version 10 added attention (its declaration Attention, ScaleAcc, a formula's positions Pos, a matmul's
-# `transpose_b`, a loop counted per item Span); a version-9 document is one without.
+# `transpose_b`, a loop counted per item Span); a version-9 document is one without. Version 10 also added the 8-bit
+# float precisions and element types (e4m3, e5m2); a version-9 document holds none.
 READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 # How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into

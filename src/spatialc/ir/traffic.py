@@ -6,7 +6,16 @@ from __future__ import annotations
 from .nodes import DType, SpatialProgram
 from .ops import ChoreoOp, Const, Loop, ReadTiles
 
-DTYPE_BYTES = {DType.INT8: 1, DType.INT32: 4, DType.INT64: 8, DType.FP16: 2, DType.BF16: 2, DType.FLOAT32: 4}
+DTYPE_BYTES = {
+    DType.INT8: 1,
+    DType.INT32: 4,
+    DType.INT64: 8,
+    DType.FP16: 2,
+    DType.BF16: 2,
+    DType.FLOAT32: 4,
+    DType.E4M3: 1,
+    DType.E5M2: 1,
+}
 
 
 def read_bytes(p: SpatialProgram) -> dict[str, int]:

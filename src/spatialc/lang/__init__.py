@@ -78,7 +78,7 @@ class Traced:
     program: SpatialProgram
     lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]]
     declared: dict[str, tuple[str, int]]  # the user's line of the plan, the placement, each stage and group
-    names: dict[str, str] = dataclasses.field(default_factory=dict)  # "lv7" → the user's name of that loop, "h"
+    names: dict[str, str] = dataclasses.field(default_factory=dict)  # "lv8" → the user's name of that loop, "h"
 
     def located(self, error: SpatialError, blocked: tuple[tuple[int, str, str], ...] = ()) -> Exception:
         """`error` with the user's lines of the ops it names, and the user's names of its loops."""

@@ -16,6 +16,7 @@ Beside this module: the engine context (`engine.py`), symbolic addresses and the
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -62,6 +63,7 @@ from ..ir.nodes import (
 from ..ir.nodes import Engine as IREngine
 from ..ir.ops import (
     AddPartial,
+    Attention,
     BlockShape,
     ChoreoOp,
     ComputeOp,
@@ -76,6 +78,7 @@ from .lines import LangError, refuse, user_line
 from .maps import formula, reduce_op, reduced_cols, vector_rings
 
 TILE = 16  # elements a tile side: the IR's unit
+FREE_LOOP_VARS = 1 + max(LOOP_VAR_NAMES)  # the first loop variable with no fixed meaning (ir.ids): a user's loop's
 
 
 def checked(target: str, precision: str) -> Precision:
@@ -138,6 +141,11 @@ class Builder:
         self.pushed: set[BufferId] = set()  # rings the engine being traced has pushed a page of, so far
         self.acquired: set[BufferId] = set()  # accumulators it holds acquired, so far
         self.declared: dict[str, tuple[str, int]] = {}  # the user's line of the plan, placement, stages, groups
+        # What the engines traced so far fill rings with, for the maps no stage declares: the accumulators rows are
+        # reduced into, the accumulators packed into each ring, and the rings maps of row vectors alone fill.
+        self.row_accs: set[BufferId] = set()
+        self.packed: dict[BufferId, set[BufferId]] = {}
+        self.vector_maps: set[BufferId] = set()
 
     def hold(self, ring: RingRef, reserved: bool) -> None:
         """One page more held of `ring` (reserved or waited for): one at a time, since the ops name the ring, not
@@ -332,6 +340,47 @@ class Builder:
         n = reduced_cols(self, name, src) if cols is None else whole(cols, f"row reduction {name}'s cols")
         return self._stage(name, ComputeStage(reduce_op(name, op, n)), "compute", (src.id,), (dst.id,))
 
+    def attention(
+        self,
+        name: str,
+        q: RingRef,
+        k: RingRef,
+        v: RingRef,
+        o: RingRef,
+        lse: RingRef,
+        causal: bool = False,
+        scale: float | None = None,
+    ) -> StageRef:
+        """Stage: the declaration `spatialc.attention` makes — O = softmax(scale · Q·Kᵀ + mask) · V into `o`'s pages
+        and LSE, each query row's log-sum-exp, into `lse`'s — of the tensors read into `q`, `k` and `v` (their rows a
+        head: seq_q and seq_kv; query head h reads KV head h // (Q's groups / K's)). No engine runs it as one op:
+        the engines run the online recurrence, which rule 8 proves equal to it (docs/verification.md). `scale`
+        defaults to 1/√head_dim."""
+        for what, ring in (("Q", q), ("K", k), ("V", v), ("O", o), ("LSE", lse)):
+            expect(ring, RingRef, f"the {what} ring of stage {name}")
+        qt, kt = (self._read_into(name, what, ring) for what, ring in (("Q", q), ("K", k)))
+        if kt.groups < 1 or qt.groups % kt.groups:
+            raise refuse(f"attention {name}: Q's {qt.groups} heads are not a multiple of K's {kt.groups}")
+        sc = 1.0 / math.sqrt(qt.elems[1]) if scale is None else scale
+        if isinstance(sc, bool) or not isinstance(sc, int | float) or not math.isfinite(sc) or sc <= 0:
+            raise refuse(f"attention {name}'s scale is a finite number > 0, not {scale!r}")
+        op = Attention(float(sc), qt.elems[0], kt.elems[0], qt.groups // kt.groups, bool(causal))
+        ins, outs = (q.id, k.id, v.id), (o.id, lse.id)
+        return self._stage(name, ComputeStage(op), "compute", ins, outs)
+
+    def _read_into(self, stage: str, what: str, ring: RingRef) -> Tensor:
+        """The tensor a read stage declared before reads into `ring`."""
+        for s in self.stages:
+            if isinstance(s.kind, ReadStage) and ring.id in s.outs:
+                return self.tensors[int(s.kind.tensor)]
+        raise refuse(f"attention {stage}: no read stage declared before it fills its {what} ring, {ring.name}")
+
+    def row_vectors(self) -> set[BufferId]:
+        """The rings whose pages hold row vectors, as far as the program is declared and traced: a row reduction's
+        (`vector_rings`), a ring a row accumulator is packed into, and a ring a map of row vectors alone fills."""
+        packed = {ring for ring, accs in self.packed.items() if accs & self.row_accs}
+        return vector_rings(self) | packed | self.vector_maps
+
     def packs_later(self, ring: RingRef) -> bool:
         """Whether `ring` holds row vectors the engine being traced packs and has not pushed yet: a wait for it
         now could never end."""
@@ -402,16 +451,16 @@ class Builder:
 
     def loop_var(self, name: str | None) -> LoopVar:
         """The loop variable a loop named `name` binds: "k", "sh", "sw", "row" have their fixed meanings (ir.ids);
-        "lv<n>" is variable n; any other name (or none) a variable of its own, from 7 up."""
+        "lv<n>" is variable n; any other name (or none) a variable of its own, from FREE_LOOP_VARS up."""
         fixed = {n: v for v, n in LOOP_VAR_NAMES.items() if v not in (LV_ITEM, LV_ITEM_Y, LV_ITEM_X)}
         if name in fixed:
             return fixed[name]
         numbered = re.fullmatch(r"lv(\d+)", name or "")
-        if numbered and int(numbered[1]) >= 7:
+        if numbered and int(numbered[1]) >= FREE_LOOP_VARS:
             return LoopVar(int(numbered[1]))
         if name is None or name not in self.vars:
             taken = {int(v) for v in self.vars.values()}
-            v = LoopVar(next(i for i in range(7, 10_000) if i not in taken))
+            v = LoopVar(next(i for i in range(FREE_LOOP_VARS, 10_000) if i not in taken))
             if name is None:
                 return v
             self.vars[name] = v

@@ -20,15 +20,18 @@ from ..ir.ops import (
     Compute,
     ComputeOp,
     Const,
+    Expr,
     Loop,
     Map,
     MatmulTiles,
     McastSetValid,
+    Pos,
     ReadBarrier,
     RowReduce,
     SemInc,
     SemSet,
     SemWait,
+    Span,
     TileAddr,
     Trip,
     VecAxis,
@@ -38,6 +41,7 @@ from ..ir.ops import (
 )
 from .handles import Affine, GroupRef, Item, Page, SemRef, StageRef, TensorRef, address, expect, var, whole
 from .lines import refuse
+from .maps import formula, with_positions
 
 if TYPE_CHECKING:
     from .builder import Builder
@@ -80,13 +84,24 @@ class Engine:
         at = address(element)
         yield from self._loop(v, Trip(tensor.id, at.base, bound, per, at.steps), var(v))
 
-    def _loop(self, v: LoopVar, n: int | Trip, value: Any) -> Iterator[Any]:
+    def range_span(self, value: Affine | int, per: int, bound: int, name: str | None = None) -> Iterator[Affine]:
+        """A loop whose count each item knows: min(`bound`, ceil(v / `per`)) steps (none where v ≤ 0) for v the
+        address `value` over the item's coordinates — a causal attention's KV blocks at or left of its band's
+        diagonal, v the band's last visible key + 1 and `per` the keys of a block. Its index is symbolic, as
+        `range`'s."""
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in (bound, per)) or bound < 0 or per < 1:
+            raise refuse(f"a loop counted per item has a whole bound ≥ 0 and a step ≥ 1, not {bound}, {per}")
+        at = address(value)
+        v = self.builder.loop_var(name)
+        yield from self._loop(v, Span(at.base, per, bound, at.steps), var(v))
+
+    def _loop(self, v: LoopVar, n: int | Trip | Span, value: Any) -> Iterator[Any]:
         if v in self.used:
             raise refuse(f"loop variable {LOOP_VAR_NAMES.get(v, v)} inside a loop of itself")
         self.used.add(v)
         body = self.builder.open()
         yield value
-        self.builder.close(body, Loop(v, n if isinstance(n, Trip) else Const(n), ()))
+        self.builder.close(body, Loop(v, n if isinstance(n, Trip | Span) else Const(n), ()))
         self.used.discard(v)
 
     def barrier(self, group: GroupRef) -> None:
@@ -114,7 +129,7 @@ class Engine:
 
     def map(
         self,
-        stage: StageRef,
+        stage: StageRef | Any,
         src: Page | Sequence[Page],
         dst: Page,
         at: Affine | int = 0,
@@ -122,19 +137,44 @@ class Engine:
         row: Affine | int = 0,
     ) -> None:
         """Map `stage` (p.map) of the waited pages `src`, one of each of its rings in its order, into the reserved
-        page `dst`. The pages hold rows of `width` tiles (by default all of dst's: one tile row) whose first is tile
-        column `at` of the tensors' rows: where a column vector (`ew.col`) is read; their first row is tile row `row`
-        of the tensors: where a row vector (`ew.row`) is read. A ring a row reduction fills gives each row its
-        value."""
-        expect(stage, StageRef, "the first argument of a map")
+        page `dst` — or a map no stage declares, given as p.map takes a formula (`lambda x, m: ew.exp(x - m)`: a step
+        of a declared stage the engines expand, as attention's). The pages hold rows of `width` tiles (by default all
+        of dst's: one tile row) whose first is tile column `at` of the tensors' rows: where a column vector
+        (`ew.col`) is read and where `ew.col_index()` counts from; their first row is tile row `row` of the
+        tensors: where a row vector (`ew.row`) is read and `ew.row_index()` counts from. A ring a row reduction
+        fills, or a row accumulator is packed into, gives each row its value."""
+        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
+        named = stage.name if isinstance(stage, StageRef) else f"into {dst.ring.name if isinstance(dst, Page) else '?'}"
+        for s in srcs:
+            expect(s, Page, f"what map {named} reads")
+            s._need(False, "map")
+        expect(dst, Page, f"what map {named} fills")
+        dst._need(True, "map into")
+        declared = self._declared_map(stage, srcs, dst)
+        w = dst.ring.tiles if width is None else whole(width, "the tiles a row of the pages holds")
+        col_at, row_at = address(at), address(row)
+
+        def placed(c: Col) -> Col:
+            return Col(c.tensor, row_at if c.axis == VecAxis.ROW else col_at, w, c.axis)
+
+        def counted(q: Pos) -> Pos:
+            return Pos(q.axis, row_at if q.axis == VecAxis.ROW else col_at, w)
+
+        expr = with_row_args(with_positions(with_cols(declared, placed), counted), w)
+        self.builder.emit(Compute(Map(expr), tuple(s.ring.id for s in srcs), (dst.ring.id,)))
+
+    def _declared_map(self, stage: StageRef | Any, srcs: tuple[Page, ...], dst: Page) -> Expr:
+        """The formula `map` places: its stage's (whose rings the pages must be), or the one given, each input a row
+        vector where the builder has seen its ring filled with them."""
+        if not isinstance(stage, StageRef):
+            b = self.builder
+            vectors = b.row_vectors()
+            expr = formula(b, f"into {dst.ring.name}", stage, [s.ring for s in srcs], vectors)
+            if all(s.ring.id in vectors for s in srcs):  # a map of row vectors alone is one (α = exp(m − m′))
+                b.vector_maps.add(dst.ring.id)
+            return expr
         if not isinstance(stage.op, Map):
             raise refuse(f"stage {stage.name} is not a map (p.map)")
-        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
-        for s in srcs:
-            expect(s, Page, f"what map {stage.name} reads")
-            s._need(False, "map")
-        expect(dst, Page, f"what map {stage.name} fills")
-        dst._need(True, "map into")
         declared = self.builder.stage(stage)
         if tuple(s.ring.id for s in srcs) != declared.ins or (dst.ring.id,) != declared.outs:
             names = ", ".join(self.builder.buffer_name(x) for x in declared.ins)
@@ -143,14 +183,7 @@ class Engine:
                 f"stage {stage.name} maps pages of {names} into {self.builder.buffer_name(declared.outs[0])}; these"
                 f" are of {given} into {dst.ring.name}"
             )
-        w = dst.ring.tiles if width is None else whole(width, "the tiles a row of the pages holds")
-        col_at, row_at = address(at), address(row)
-
-        def placed(c: Col) -> Col:
-            return Col(c.tensor, row_at if c.axis == VecAxis.ROW else col_at, w, c.axis)
-
-        expr = with_row_args(with_cols(stage.op.expr, placed), w)
-        self.builder.emit(Compute(Map(expr), declared.ins, declared.outs))
+        return stage.op.expr
 
     def write_barrier(self) -> None:
         """The writes issued so far are visible."""

@@ -21,6 +21,7 @@ from ..ir.ids import (
 from ..ir.ops import (
     AcquireAcc,
     AddPartial,
+    BlockShape,
     ChoreoOp,
     Compute,
     ComputeOp,
@@ -33,11 +34,13 @@ from ..ir.ops import (
     ReleaseAcc,
     Reserve,
     RowReduce,
+    ScaleAcc,
     TileAddr,
     Wait,
     WriteTiles,
 )
 from .lines import refuse
+from .maps import reduce_op
 
 if TYPE_CHECKING:
     from .builder import Builder
@@ -311,24 +314,60 @@ class AccRef:
         self.builder.acquired.discard(self.id)
         self.builder.emit(ReleaseAcc(self.id))
 
-    def reduce(self, stage: StageRef, page: Page, at: Affine | int = 0, width: int | None = None) -> None:
+    def reduce(
+        self, stage: StageRef | str, page: Page, at: Affine | int = 0, width: int | None = None, cols: int | None = None
+    ) -> None:
         """Fold each row of the waited `page` (of row reduction `stage`'s ring) into the accumulator, one value a
         row: the page holds rows of `width` tiles (by default all its tiles: one tile row) whose first is tile column
-        `at` of the row — columns past the stage's width are padding, left out."""
+        `at` of the row — columns past the stage's width are padding, left out. `stage` may instead name the op
+        (max, min, sum, sumsq, absmax) of a reduction no stage declares (a step of a declared stage the engines
+        expand, as attention's running max), whose rows are `cols` elements wide."""
+        expect(page, Page, "what an accumulator reduces")
+        page._need(False, "reduce")
+        if isinstance(stage, str):
+            n = whole(cols, f"the row width (cols=…) of the {stage} into {self.name}")
+            op = reduce_op(f"into {self.name}", stage, n)
+        else:
+            op = self._declared_reduce(stage, page, cols)
+        if self.id not in self.builder.acquired:
+            raise refuse(f"a reduce into {self.name} before its acquire() (which sets each row to the op's identity)")
+        w = page.ring.tiles if width is None else whole(width, "the tiles a row of the page holds")
+        self.builder.row_accs.add(self.id)
+        self.builder.emit(Compute(replace(op, at=address(at), width=w), (page.ring.id,), (), self.id))
+
+    def _declared_reduce(self, stage: StageRef, page: Page, cols: int | None) -> RowReduce:
         expect(stage, StageRef, "the first argument of a reduce")
         if not isinstance(stage.op, RowReduce):
             raise refuse(f"stage {stage.name} is not a row reduction (p.reduce)")
-        expect(page, Page, "what an accumulator reduces")
-        page._need(False, "reduce")
+        if cols is not None:
+            raise refuse(f"stage {stage.name} says its row's width; cols= is for a reduction no stage declares")
         (src,) = self.builder.stage(stage).ins
         if page.ring.id != src:
             name = self.builder.buffer_name(src)
             raise refuse(f"stage {stage.name} reduces pages of {name}; this one is of {page.ring.name}")
+        return stage.op
+
+    def scale(self, page: Page) -> None:
+        """Multiply each row of the accumulator, all its tiles, by that row's value in the waited `page`, a row
+        vector (online softmax's rescale by α = exp(m − m′) between two blocks of keys)."""
+        expect(page, Page, "what an accumulator is scaled by")
+        page._need(False, "scale by")
         if self.id not in self.builder.acquired:
-            raise refuse(f"a reduce into {self.name} before its acquire() (which sets each row to the op's identity)")
-        w = page.ring.tiles if width is None else whole(width, "the tiles a row of the page holds")
-        op = replace(stage.op, at=address(at), width=w)
-        self.builder.emit(Compute(op, (page.ring.id,), (), self.id))
+            raise refuse(f"a scale of {self.name} before its acquire()")
+        self.builder.emit(Compute(ScaleAcc(), (page.ring.id,), (), self.id))
+
+    def product(self, a: Page, b: Page, block: tuple[int, int, int], transpose_b: bool = False) -> None:
+        """Add the product of the waited pages `a` (block[0] × block[2] tiles) and `b` (block[2] × block[1] tiles;
+        with `transpose_b`, block[1] × block[2] tiles holding Bᵀ, a K page's rows as stored) to the accumulator: a
+        matmul no stage declares — a step of a declared stage the engines expand (attention's S = Q·Kᵀ and P·V)."""
+        for which, page in (("A", a), ("B", b)):
+            expect(page, Page, f"operand {which} of a product")
+            page._need(False, "multiply")
+        if not isinstance(block, tuple | list) or len(block) != 3:
+            raise refuse(f"a product's block is (rows, columns, K) tiles, not {block!r}")
+        shape = BlockShape(*(whole(n, "a product's block") for n in block))
+        op = MatmulTiles(shape, (1, 1), self.builder.precision, transpose_b=bool(transpose_b))
+        self.builder.emit(Compute(op, (a.ring.id, b.ring.id), (), self.id))
 
     def matmul(self, stage: StageRef, a: Page, b: Page) -> None:
         """Add the product of the waited pages `a` and `b` (one K step of matmul `stage`, whose rings they are) to
@@ -358,4 +397,5 @@ class AccRef:
         expect(into, Page, "what an accumulator is packed into")
         into._need(True, "pack into")
         n = self.tiles if tiles is None else whole(tiles, "the tiles a pack moves")
+        self.builder.packed.setdefault(into.ring.id, set()).add(self.id)
         self.builder.emit(PackAcc(self.id, into.ring.id, n))

@@ -59,7 +59,7 @@ def located(
     """`error` (from verify, the interpreter or the emulation) with the user's lines of the ops it names appended —
     or, for an error about the plan or the placement rather than an op, the line that declared it — as the same
     kind of error. `blocked`: (site, engine, op text) of ops an error names only in its words (an emulation hang);
-    `names`: the user's names of loop variables the IR numbers ("lv7" → "h"), put back in the message."""
+    `names`: the user's names of loop variables the IR numbers ("lv8" → "h"), put back in the message."""
     found: list[str] = []
     where: dict[tuple[int, str], tuple[str, int]] = {}
 

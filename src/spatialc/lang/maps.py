@@ -4,7 +4,12 @@ its input pages' values), the row width a reduction masks at, and a formula as `
 A map reads the front pages of its rings: a ring a row reduction fills is a row vector (`RowArg`: each element its
 row's value), any other ring a page of values (`Arg`); `ew.col(name)` is the parameter tensor `name`, one value per
 column (`Col`), and `ew.row(name)` one of one value per row (`Col` along ROW). The same rules read a formula back into
-`ew` source, so a printed map traces to the same formula.
+`ew` source, so a printed map traces to the same formula. `ew.row_index()` and `ew.col_index()` (`Pos`) are an
+element's row and column, placed as a row and a column vector are.
+
+A map no stage declares (`e.map(lambda x, m: …, pages, page)`: a step of a declared stage the engines expand, as
+attention's) reads as row vectors the rings the builder has seen filled with them: a reduction's, a row
+accumulator's packed (`Builder.row_vectors`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from .. import ew
 from ..errors import ProgramError
 from ..ir.ids import BufferId, TensorId
 from ..ir.nodes import ComputeStage, ReadStage, Tensor, TensorRole
-from ..ir.ops import REDUCE_OPS, Apply, Arg, Col, Expr, Lit, Map, RowArg, RowReduce, TileAddr, VecAxis
+from ..ir.ops import REDUCE_OPS, Apply, Arg, Col, Expr, Lit, Map, Pos, RowArg, RowReduce, TileAddr, VecAxis
 from ..numerics.elementwise import OPS
 from .lines import refuse
 
@@ -40,10 +45,10 @@ def vector_rings(b: Builder) -> set[BufferId]:
     return vectors
 
 
-def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef]) -> Expr:
+def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef], vectors: set[BufferId] | None = None) -> Expr:
     """Map stage `name`'s formula: `expr` (an ew expression over `ew.inputs(len(ins))`, or a function given one value
-    per ring of `ins`), each input a row vector where its ring is a reduction's, each column or row vector a
-    parameter."""
+    per ring of `ins`), each input a row vector where its ring is one of `vectors` (by default: a reduction's), each
+    column or row vector a parameter."""
     if callable(expr) and not isinstance(expr, ew.Value):
         try:
             inspect.signature(expr).bind(*ins)
@@ -66,7 +71,7 @@ def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef]) -> Expr:
         raise refuse(f"map {name}: {e}") from None
     tensors = {c: column(b, name, c, axis) for c, axis in named.items()}  # refused here: at the user's line of the map
     resolved = ew.resolved(expr, tensors.__getitem__)
-    vectors = vector_rings(b)
+    vectors = vector_rings(b) if vectors is None else vectors
     shapes = tuple(r.id in vectors for r in ins)
     try:
         return as_rows(resolved, shapes)
@@ -83,6 +88,16 @@ def as_rows(expr: Expr, vectors: tuple[bool, ...]) -> Expr:
             return RowArg(i) if vectors[i] else expr
         case Apply(op, args, params):
             return Apply(op, tuple(as_rows(a, vectors) for a in args), params)
+    return expr
+
+
+def with_positions(expr: Expr, f: Callable[[Pos], Pos]) -> Expr:
+    """`expr` with every position (`ew.row_index()`, `ew.col_index()`) q replaced by f(q)."""
+    match expr:
+        case Pos():
+            return f(expr)
+        case Apply(op, args, params):
+            return Apply(op, tuple(with_positions(a, f) for a in args), params)
     return expr
 
 
@@ -154,6 +169,8 @@ def _source(expr: Expr, args: Sequence[str], vectors: tuple[bool, ...], col_name
             return repr(float(v)), ATOM if math.copysign(1.0, v) > 0 else UNARY
         case Col(_, TileAddr(0, ()), 1, axis) if (name := col_name(expr)) is not None:
             return f'ew.{VecAxis(axis).value}("{name}")', ATOM
+        case Pos(axis, TileAddr(0, ()), 1):
+            return f"ew.{VecAxis(axis).value}_index()", ATOM
         case Apply(op, parts, params) if op in OPS and len(parts) == OPS[op].arity:
             spec = OPS[op]
             if len(params) != len(spec.params) or not all(math.isfinite(p) for p in params):

@@ -32,6 +32,7 @@ from ..ir.ops import (
     AddPartial,
     Apply,
     Arg,
+    Attention,
     Barrier,
     ChoreoOp,
     Col,
@@ -45,28 +46,33 @@ from ..ir.ops import (
     McastSetValid,
     PackAcc,
     Pop,
+    Pos,
     Push,
     ReadBarrier,
     ReadTiles,
     ReleaseAcc,
     Reserve,
+    RowArg,
     RowReduce,
+    ScaleAcc,
     SemInc,
     SemSet,
     SemWait,
+    Span,
     TileAddr,
     VecAxis,
     Wait,
     WriteBarrier,
     WriteTiles,
     cols,
+    row_args,
     row_reads,
     with_cols,
     with_row_args,
 )
 from .builder import default_dtype, least_tiles
 from .lines import LangError
-from .maps import ew_source
+from .maps import ew_source, with_positions
 
 
 def literal(text: str) -> str:
@@ -125,6 +131,13 @@ class SourcePrinter:
         self.formulas = self.ew_formulas()  # the maps p.map prints: a program's with no matmul
         self.mapped = {(s.ins, s.outs): s for s in p.stages if s.id in self.formulas}
         self.reduces = {s.ins[0]: s for s in p.stages if self.reduce_call(s) is not None}
+        # As the builder sees them while the engines are traced (Builder.row_vectors): the accumulators rows are
+        # reduced into, those packed into each ring, the rings maps of row vectors alone fill.
+        self.row_accs: set = set()
+        self.packed: dict = {}
+        self.vector_maps: set = set()
+        self.uses_ew = bool(self.formulas)
+        self.loops: dict[LoopVar, str] = {}
 
     def ew_formulas(self) -> dict[object, str]:
         """Each map stage of a program with no matmul as the function p.map takes (`lambda x, m: ew.exp(x - m)`),
@@ -173,17 +186,31 @@ class SourcePrinter:
                 return f"p.reduce({literal(s.name)}, {literal(op)}, {src}, {dst}, cols={n})"
         return None
 
+    def attention_call(self, s: Stage, op: Attention) -> str | None:
+        """Attention stage `s` as p.attention declares it — where what p.attention reads off the tensors read into
+        its rings (each head's rows, the query heads a KV head serves) is what `op` says."""
+        reads = {x: st.kind.tensor for st in self.p.stages if isinstance(st.kind, ReadStage) for x in st.outs}
+        if len(s.ins) != 3 or len(s.outs) != 2 or s.ins[0] not in reads or s.ins[1] not in reads:
+            return None
+        q, k = (self.p.tensor(reads[x]) for x in s.ins[:2])
+        if (q.elems[0], k.elems[0], q.groups) != (op.seq_q, op.seq_kv, op.group * k.groups):
+            return None
+        rings = ", ".join(self.buffers[x] for x in (*s.ins, *s.outs))
+        return f"p.attention({literal(s.name)}, {rings}, causal={op.causal}, scale={op.scale!r})"
+
     def refuse(self, what: str) -> LangError:
         return LangError(f"program {self.p.name}: {what} has no form in spatialc.lang yet")
 
     def text(self) -> str:
         p = self.p
         name = literal(p.name)  # a name is printed as a literal Python reads back, never as code (ir/names.py)
-        self.lines += [
+        self.declarations()
+        self.engines()
+        header = [
             f'"""{plain(p.name)}: printed by spatialc from its IR (spatialc show --python). Run it to trace it'
             ' again."""',
             "",
-            "from spatialc import ew, lang" if self.formulas else "from spatialc import lang",
+            "from spatialc import ew, lang" if self.uses_ew else "from spatialc import lang",
             "from spatialc.ir.ids import *  # noqa: F403 (the ids an elementwise op's fields name)",
             "from spatialc.ir.ops import *  # noqa: F403 (elementwise ops: Map, Apply, Arg, Lit, Col, Requant)",
             "",
@@ -191,8 +218,7 @@ class SourcePrinter:
             f"@lang.program(target={literal(p.target)}, precision={literal(p.precision.value)}, name={name})",
             "def program(p: lang.Builder):",
         ]
-        self.declarations()
-        self.engines()
+        self.lines[:0] = header
         self.lines += ["", "", 'if __name__ == "__main__":', '    print(f"{program().name}: verified")']
         return "\n".join(self.lines) + "\n"
 
@@ -248,6 +274,8 @@ class SourcePrinter:
                     call = f"p.matmul({name}, {a}, {b}, {out}, block={blk}, sub_blocks={sub_blocks}{partial})"
                 case ComputeStage(AddPartial()):
                     call = f"p.add_partials({name}, {self.buffers[s.ins[0]]})"
+                case ComputeStage(Attention() as op) if (attention := self.attention_call(s, op)) is not None:
+                    call = attention
                 case ComputeStage(Map()) if s.id in self.formulas:
                     srcs = [self.buffers[b] for b in s.ins]
                     src = srcs[0] if len(srcs) == 1 else f"[{', '.join(srcs)}]"
@@ -335,7 +363,14 @@ class SourcePrinter:
         if v in (LV_ITEM_Y, LV_ITEM_X):
             item = "item" if in_item else "e.item"
             return f"{item}.{'y' if v == LV_ITEM_Y else 'x'}"
-        return loop_var_name(v)
+        return self.loop_name(v)
+
+    def loop_name(self, v: LoopVar) -> str:
+        """The Python variable of loop `v`: its name (`k`, `head`, `lv8`), unless a tensor or ring took it (`k`,
+        attention's K tensor: the loop's variable is then `k_2`, its loop still named "k")."""
+        if v not in self.loops:
+            self.loops[v] = identifier(loop_var_name(v), self.taken)
+        return self.loops[v]
 
     def map_call(self, m: Map, ins: tuple, outs: tuple, in_item: bool) -> str | None:
         """A scheduled map of a stage p.map prints, as e.map — its column vectors and row vectors placed at one
@@ -370,6 +405,50 @@ class SourcePrinter:
         where += f", row={self.addr(row_at, in_item)}" if by_row and row_at != TileAddr(0) else ""
         return f"e.map({self.stages[stage.id]}, {src}, {self.page(outs[0], True)}{where})"
 
+    def free_map_call(self, m: Map, ins: tuple, dst, in_item: bool) -> str | None:
+        """A map no stage declares (a step of a declared stage the engines expand, as attention's), as e.map of an
+        ew formula — its column vectors, row vectors and positions placed at one tile column, tile row and page
+        width, its row vectors the rings the builder will take for them — or None where it is not one."""
+        if any(ins == st.ins for st in self.p.stages if isinstance(st.kind, ComputeStage)):
+            return None
+        vectors = {ring for ring, accs in self.packed.items() if accs & self.row_accs} | self.vector_maps
+        vectors |= {x for st in self.p.stages if isinstance(st.kind, ComputeStage) and
+                    isinstance(st.kind.op, RowReduce) for x in st.outs}  # fmt: skip
+        shapes = tuple(x in vectors for x in ins)
+        if set(row_args(m.expr)) != {i for i, vec in enumerate(shapes) if vec}:
+            return None
+        found, rows, counted = cols(m.expr), row_reads(m.expr), _positions(m.expr)
+        widths = {c.width for c in found} | {w for _, w in rows} | {q.width for q in counted}
+        by_col = [c.at for c in found if c.axis != VecAxis.ROW] + [q.at for q in counted if q.axis != VecAxis.ROW]
+        by_row = [c.at for c in found if c.axis == VecAxis.ROW] + [q.at for q in counted if q.axis == VecAxis.ROW]
+        if len(widths) > 1 or len(set(map(repr, by_col))) > 1 or len(set(map(repr, by_row))) > 1:
+            return None
+        width = widths.pop() if widths else self.p.buffer(dst).kind.page_tiles  # type: ignore[union-attr]
+        at, row = (by_col or [TileAddr(0)])[0], (by_row or [TileAddr(0)])[0]
+        unplaced = with_positions(with_cols(m.expr, lambda c: Col(c.tensor, axis=c.axis)), lambda q: Pos(q.axis))
+        unplaced = _unplaced_rows(unplaced)
+        taken = {"ew", "lambda"}
+        args = [identifier(re.sub(r"_ring$", "", self.buffers[x]) or "x", taken) for x in ins]
+        tensors = {t.id: t for t in self.p.tensors}
+
+        def column(c: Col) -> str | None:
+            t = tensors.get(c.tensor)
+            return t.name if t is not None and t.role == TensorRole.PARAMETER and t.name.isidentifier() else None
+
+        try:
+            body = ew_source(unplaced, args, shapes, column)
+        except ValueError:
+            return None
+        if all(shapes):
+            self.vector_maps.add(dst)
+        self.uses_ew = True
+        pages = [self.page(x, False) for x in ins]
+        src = pages[0] if len(pages) == 1 else f"[{', '.join(pages)}]"
+        where = f", at={self.addr(at, in_item)}" if at != TileAddr(0) else ""
+        where += f", width={width}"
+        where += f", row={self.addr(row, in_item)}" if row != TileAddr(0) else ""
+        return f"e.map(lambda {', '.join(args)}: {body}, {src}, {self.page(dst, True)}{where})"
+
     def op(self, op: ChoreoOp, depth: int, in_item: bool) -> None:
         b = self.buffers
         match op:
@@ -379,8 +458,12 @@ class SourcePrinter:
             case Loop(var, count, body) if var != LV_ITEM:
                 name = loop_var_name(var)
                 named = f'"{name}"' if var in LOOP_VAR_NAMES or name.startswith("lv") else "None"
+                name = self.loop_name(var)
                 if isinstance(count, Const):
                     self.line(depth, f"for {name} in e.range({count.n}, {named}):")
+                elif isinstance(count, Span):
+                    value = self.addr(TileAddr(count.base, count.steps), in_item)
+                    self.line(depth, f"for {name} in e.range_span({value}, {count.per}, {count.bound}, {named}):")
                 else:
                     element = self.addr(TileAddr(count.index, count.steps), in_item)
                     self.line(
@@ -413,19 +496,34 @@ class SourcePrinter:
                 self.line(depth, f"{b[acc]}.acquire()")
             case ReleaseAcc(acc):
                 self.line(depth, f"{b[acc]}.release()")
-            case Compute(MatmulTiles(), (x, y), (), acc, None) if acc is not None:
+            case Compute(MatmulTiles() as mm, (x, y), (), acc, None) if acc is not None:
                 stage = self.matmuls.get((x, y))
-                if stage is None:
+                pages = f"{self.page(x, False)}, {self.page(y, False)}"
+                if stage is not None:
+                    self.line(depth, f"{b[acc]}.matmul({stage}, {pages})")
+                elif mm.sub_blocks == (1, 1) and mm.operand == self.p.precision:  # a step of a declared stage
+                    blk = (mm.block.osh, mm.block.osw, mm.block.ibw)
+                    transposed = ", transpose_b=True" if mm.transpose_b else ""
+                    self.line(depth, f"{b[acc]}.product({pages}, block={blk}{transposed})")
+                else:
                     raise self.refuse("a matmul of rings no matmul stage names")
-                self.line(depth, f"{b[acc]}.matmul({stage}, {self.page(x, False)}, {self.page(y, False)})")
             case Compute(RowReduce() as rr, (src,), (), acc, None) if acc is not None:
+                self.row_accs.add(acc)
                 folds = self.reduces.get(src)
-                if folds is None or dataclasses.replace(folds.kind.op, at=rr.at, width=rr.width) != rr:  # type: ignore[union-attr]
-                    raise self.refuse("a row reduction no p.reduce stage declares")
                 where = f", at={self.addr(rr.at, in_item)}" if rr.at != TileAddr(0) else ""
                 page = self.page(src, False)
-                self.line(depth, f"{b[acc]}.reduce({self.stages[folds.id]}, {page}{where}, width={rr.width})")
+                if folds is not None and dataclasses.replace(folds.kind.op, at=rr.at, width=rr.width) == rr:  # type: ignore[union-attr]
+                    self.line(depth, f"{b[acc]}.reduce({self.stages[folds.id]}, {page}{where}, width={rr.width})")
+                elif folds is None and rr.op in REDUCE_OPS:  # a step of a declared stage (attention's running max)
+                    op_name = literal(rr.op)
+                    self.line(depth, f"{b[acc]}.reduce({op_name}, {page}{where}, width={rr.width}, cols={rr.cols})")
+                else:
+                    raise self.refuse("a row reduction no p.reduce stage declares")
+            case Compute(ScaleAcc(), (src,), (), acc, None) if acc is not None:
+                self.line(depth, f"{b[acc]}.scale({self.page(src, False)})")
             case Compute(Map() as m, srcs, outs, None, None) if call := self.map_call(m, srcs, outs, in_item):
+                self.line(depth, call)
+            case Compute(Map() as m, srcs, (dst,), None, None) if call := self.free_map_call(m, srcs, dst, in_item):
                 self.line(depth, call)
             case Compute(AddPartial(), (src,), (), acc, None) if acc is not None:
                 self.line(depth, f"{b[acc]}.add({self.page(src, False)})")
@@ -435,6 +533,7 @@ class SourcePrinter:
                 pages = ", ".join(self.page(s, False) for s in srcs)
                 self.line(depth, f"e.compute({op_source(stage_op)}, [{pages}], {self.page(dst, True)})")
             case PackAcc(acc, to, tiles, False):
+                self.packed.setdefault(to, set()).add(acc)
                 self.line(depth, f"{b[acc]}.pack({self.page(to, True)}, tiles={tiles})")
             case McastSend(ring, group):
                 self.line(depth, f"{self.page(ring, True)}.send({self.groups[group]})")
@@ -452,6 +551,26 @@ class SourcePrinter:
                 self.line(depth, "e.write_barrier()")
             case _:
                 raise self.refuse(f"the op {type(op).__name__}")
+
+
+def _positions(expr) -> list[Pos]:
+    """The positions (`Pos`) `expr` reads."""
+    match expr:
+        case Pos():
+            return [expr]
+        case Apply(_, args):
+            return [q for a in args for q in _positions(a)]
+    return []
+
+
+def _unplaced_rows(expr):
+    """`expr` with every row vector read at the width a formula is written with (1: e.map places it)."""
+    match expr:
+        case RowArg(i, _):
+            return RowArg(i)
+        case Apply(op, args, params):
+            return Apply(op, tuple(_unplaced_rows(a) for a in args), params)
+    return expr
 
 
 def python_source(p: SpatialProgram) -> str:

@@ -1,9 +1,11 @@
 """How close a result must be to the reference: the one statement of spatialc's numerics (README, "Numerics").
 
-- **Inputs** are converted once into the operand type with round-to-nearest-even: fp16 and bf16 straight from the
-  given values (no double rounding through float32); int8 must already hold whole numbers in -128..127.
-- **Products** of two fp16 or two bf16 values are exact in float32 (11 + 11 and 8 + 8 significant bits fit 24), and
-  int8 products are exact integers.
+- **Inputs** are converted once into the operand type with round-to-nearest-even: fp16, bf16, e4m3 and e5m2
+  straight from the given values (no double rounding through float32; an e4m3 input past ±448 is refused, an e5m2
+  one becomes ±inf); int8 must already hold whole numbers in -128..127.
+- **Products** of two fp16, two bf16, two e4m3 or two e5m2 values are exact in float32 (11 + 11, 8 + 8, 4 + 4 and
+  3 + 3 significant bits fit 24, and the least, 2^-18 and 2^-32, are float32 normals), and int8 products are exact
+  integers. So the 8-bit floats' bound is bf16's: the same float32 sums, the same ulps.
 - **Sums**: int8 accumulates exactly (int64 in the interpreter, int32 in the kernel, which the lowering proves
   cannot overflow), so int8 results are *exact*. fp16 / bf16 accumulate in float32 on the GPU (and in its host
   emulation), in an order the hardware chooses; the interpreter sums in float64 and rounds once. A K-term float32
@@ -18,7 +20,7 @@
 - **Computed operands** (a matmul of an earlier matmul's result, as in an MLP) are rounded from float32 to the
   operand type, nearest even, as the kernel stores them. Where the earlier result may differ from the reference's,
   the two roundings may land on neighbouring values: the bound carries each stage's error through, plus one
-  rounding step (2^-8 bf16, 2^-11 fp16, relative) wherever that error is not zero.
+  rounding step (2^-8 bf16, 2^-11 fp16, 2^-4 e4m3, 2^-3 e5m2, relative) wherever that error is not zero.
 
 `tolerance(program)` turns this into a bound per element of C, for the inputs at hand.
 """
@@ -296,7 +298,8 @@ def _names(c: Any) -> str:
 
 
 _RANGE_WARNED: list[bool] = []  # whether a RangeWarning was given in this process
-_ROUNDING = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11}  # an operand type's unit roundoff
+# An operand type's unit roundoff
+_ROUNDING = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11, Precision.E4M3: 2.0**-4, Precision.E5M2: 2.0**-3}
 
 
 def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.ndarray:

@@ -7,6 +7,7 @@ import dataclasses
 
 from ..errors import PlanError, ProgramError
 from ..ir.nodes import Plan, SpatialProgram, TensorRole
+from ..ir.ops import FP8_PRECISIONS
 from ..target import SpatialTarget
 from .attention import apply_attention_plan, is_attention_program, place_attention, plan_attention, schedule_attention
 from .maps import apply_map_plan, is_map_program, place_map, plan_map, schedule_map
@@ -20,6 +21,7 @@ from .tile import (
     IBWS,
     apply_plan,
     candidates,
+    check_form,
     fused_by_persistent,
     in_panels,
     ring_stages,
@@ -108,7 +110,9 @@ def _build_attention(
 ) -> SpatialProgram:
     """An attention program (`passes/attention.py`): bands of query rows, each running the online softmax over the
     blocks of its head's keys."""
-    _page_request("attention", form, sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
+    # No CUDA form prints attention yet (spatialc.lower says so, whatever the form): its plan is every form's.
+    _page_request("attention", "auto", sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
+    check_form(form)  # but a form that is none is refused
     said = "an attention's block is (query rows, key rows, 1) of tiles — a band of queries, a block of keys a step"
     p = program.evolve(target=target.name)
     plan = plan_attention(p, target, _page_block(block, said), depth)
@@ -131,6 +135,10 @@ def _passes(args: tuple, verified: bool = True) -> SpatialProgram:
     """`_build` of `args` planned for the sm_90a form first where the form is "auto", and again for the others where
     that form refuses its own plan."""
     form = args[7]
+    if args[0].precision in FP8_PRECISIONS:  # printed by no form yet: planned as the others' (`tile.sized_as`)
+        if form == "auto" and args[1].hopper and args[8] is not None and args[8] > 1:
+            args = (*args[:7], "general", *args[8:])  # split-K asked for: the general form's plan, as off Hopper
+        return _build(*args, sm90a=False, verified=verified)
     p = _build(*args, sm90a=True, verified=verified)
     why = sm90a_refusal(p, args[1]) if form == "auto" else None
     if why is None:

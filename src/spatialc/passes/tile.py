@@ -30,7 +30,7 @@ from ..numerics.elementwise import transcendental
 from ..target import SpatialTarget
 from .verify.wellformed import MAX_ITEMS
 
-OPERAND_BYTES = {Precision.INT8: 1, Precision.FP16: 2, Precision.BF16: 2}
+OPERAND_BYTES = {Precision.INT8: 1, Precision.FP16: 2, Precision.BF16: 2, Precision.E4M3: 1, Precision.E5M2: 1}
 BLOCK_SIDES = (1, 2, 4, 8)
 IBWS = (1, 2, 4)  # K steps in tiles, every form's; `candidates` adds 8 for the persistent kernel and sm_90a int8
 SUB_BLOCKS = ((1, 1), (1, 2), (2, 1), (2, 2))
@@ -153,16 +153,31 @@ def block_resources(
     """`resources` of a plan of this block, sub-blocks and depth, asked of the backend once: a block's shared memory
     and residency are its rings' and registers', the same for a grid of one item or of thousands and for any K
     (tests/passes/test_plan_search.py holds every backend to it), so the ~600 candidates of one build are the same
-    question for every GEMM of that precision and form."""
+    question for every GEMM of that precision and form. An 8-bit float block is sized as int8's (`sized_as`)."""
     from ..lower.cuda.general import kernel as general
     from ..lower.cuda.persistent import kernel as persistent
     from ..lower.cuda.sm90a import plan as sm90a_plan
 
     backend = {"persistent": persistent, "general": general, "sm90a": sm90a_plan}[form]
+    prec = sized_as(prec)
     one_item = Plan(block, sub_blocks, (1, 1), block.ibw, depth)
     if form in ("sm90a", "persistent"):  # the forms whose fused store reads a residual's ring (`side_rings`)
         return backend.plan_resources(target, one_item, prec, stages, reads)
     return backend.plan_resources(target, one_item, prec, stages)
+
+
+# What every CUDA form answers an 8-bit float program (spatialc.lower refuses it before any form is asked).
+FP8_UNPRINTED = (
+    "8-bit float operands (e4m3, e5m2) are printed by no CUDA form yet; run the program with spatialc.evaluate"
+    " (the CLI's --run)"
+)
+
+
+def sized_as(prec: Precision) -> Precision:
+    """The precision whose kernels a block of `prec` operands is sized by. No form prints 8-bit float operands yet
+    (spatialc.lower refuses them), so their plans take int8's blocks: the same 1-byte operand pages laid out the same
+    way (`operand_layouts`), 4-byte accumulators, and the k32 steps of the tensor cores' 8-bit float MMAs."""
+    return Precision.INT8 if OPERAND_BYTES[prec] == 1 else prec
 
 
 def smem_bytes(
@@ -272,7 +287,7 @@ def candidates(
     # run timed its 4×8×8 blocks 1.02–1.08× faster than 4×8×4 at 4096³ and 8192³, bench/README.md); an sm_90a one
     # of int8 only: 128 bytes, its panels' widest swizzle, as 64 16-bit ones are. The general form's were never
     # timed past 4 tiles.
-    wide = form == "persistent" or (form == "sm90a" and p.precision == Precision.INT8)
+    wide = form == "persistent" or (form == "sm90a" and sized_as(p.precision) == Precision.INT8)
     ibws = (*IBWS, 8) if wide else IBWS
     blocks = (
         [BlockShape(*block)]
@@ -308,7 +323,7 @@ def candidates(
         if per_unit:
             cost = plan_cost(target, plan, m_t, n_t, k_t, p.precision, per_unit)
             if own_cost is not None:
-                cost = own_cost(target, plan, p.precision)
+                cost = own_cost(target, plan, sized_as(p.precision))
             if groups > 1:
                 # A grouped GEMM's placement deals strips (a group's column of items) and each runs its group's
                 # row blocks one after another: waves of strips, each ny items long (every row present).
@@ -375,7 +390,7 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
     a = next(t for t in p.tensors if t.role == TensorRole.INPUT)
     # The smallest block of the form with a whole SM's shared memory: the sm_90a form's of 8 tile rows (its paired
     # blocks of 4 have half), an int8 K step two tiles.
-    least = (8, 1, 2 if p.precision == Precision.INT8 else 1) if form == "sm90a" else (1, 1, 1)
+    least = (8, 1, 2 if sized_as(p.precision) == Precision.INT8 else 1) if form == "sm90a" else (1, 1, 1)
     b = BlockShape(*(block or least))
     probe = make_plan(b, tuple(sub_blocks or (1, 1)), depth or 2, a.group_tiles[0], 1, a.tiles[1])  # type: ignore[arg-type]
     if form == "sm90a":
@@ -431,8 +446,9 @@ def operand_layouts(operand: Precision, form: str = "persistent") -> tuple[PageL
     conflict-free only swizzled, and 8-bit B only K-major, since they cannot transpose 8-bit data (the B tensor is
     stored K-major to match: its tile order follows the ring's). The sm_90a form's copy engine loads row-major
     matrices into swizzled panels, up to 128 bytes wide, which its wgmma reads (`PageLayout.panels`): A and 16-bit
-    B as they are, int8 B transposed (K-major, `panels_t`)."""
-    int8 = operand == Precision.INT8
+    B as they are, int8 B transposed (K-major, `panels_t`). 8-bit float operands are laid out as int8's: the same
+    loads read them (`sized_as`)."""
+    int8 = sized_as(operand) == Precision.INT8
     if form == "sm90a":
         return (PageLayout.PANELS, PageLayout.PANELS_T) if int8 else (PageLayout.PANELS, PageLayout.PANELS)
     return (PageLayout.ROW, PageLayout.COL) if int8 else (PageLayout.SWIZZLED, PageLayout.SWIZZLED)
