@@ -18,7 +18,8 @@ import spatialc
 from spatialc.ir.nodes import Engine, SpatialProgram
 from spatialc.ir.ops import Compute, ScaleAcc
 from spatialc.lower.cuda import forms
-from spatialc.lower.errors import NeedsGeneral
+from spatialc.lower.cuda.general import kernel as general
+from spatialc.lower.errors import NeedsGeneral, TooBig
 from spatialc.numerics.tolerance import tolerance
 from spatialc.passes.attention import apply_attention_plan, place_attention, plan_attention, schedule_attention
 from spatialc.runtime.emulate import EmulationDeadlock, EmulationRace
@@ -101,7 +102,7 @@ def test_the_recurrence_is_printed_op_by_op(causal):
     # Q's page as stored; P's kept float32 (the running sum adds it unrounded) and rounded to bf16 as it is loaded.
     assert text.count("spatialc_load_a_row(af") == 1 and text.count("spatialc_load_a_float(af") == 1
     # O's rescale: each lane its fragment rows'; l's: each share. Neither resets what it scales.
-    assert text.count("// op:Compute:ScaleAcc") == 2 and ".x[i] *= (float)SPATIALC_PAGE_LD(" in text
+    assert text.count("// op:Compute:ScaleAcc") == 2 and ".x[i] *= (i >> 1) & 1 ? hi : lo;" in text
     # The running max is packed three times (before and after its reduction, and at the end) and reset once a head.
     m_acc = re.search(r"racc_(\d+)\[q\] = \(-INFINITY\);", text).group(1)
     assert len(re.findall(rf"float v = racc_{m_acc}\[q\];", text)) == 3
@@ -119,10 +120,28 @@ def test_lse_keeps_float32_beside_an_o_of_the_operand_type():
     assert "SPATIALC_OUT_ST(&t4[(long long)tile * 256 + el], (float)" in art.kernel_cu
 
 
-def test_a_block_beyond_shared_memory_is_refused_with_the_fix():
-    # head_dim 128 at the default 4 × 4 tiles needs more shared memory than sm_86 has: refused, with the fix.
-    with pytest.raises(spatialc.SpatialError, match="shared memory of one block of the general form on sm_86"):
-        lowered(program(1, 1, 64, 64, 128, tgt="sm_86"))
+def test_the_compute_warps_are_printed_lean_on_registers(causal):
+    text = lowered(causal).kernel_cu
+    compute = text[text.index("// compute: warps") : text.index("// reader: warps")]
+    # The recurrence's nine rings, which the compute warps alone take through Reserve, Push, Wait and Pop: one
+    # counter each. Q's, K's and V's (waited for and popped) and O's and LSE's (reserved and pushed) keep two.
+    assert len(re.findall(r"unsigned n_\d+ = 0;", compute)) == 9
+    assert len(re.findall(r"unsigned wt_\d+ = 0, pop_\d+ = 0;", compute)) == 3
+    assert len(re.findall(r"unsigned rsv_\d+ = 0, psh_\d+ = 0;", compute)) == 2
+    # Their loops over a page stay rolled: the maps', the folds', the matmuls' K steps.
+    assert compute.count("#pragma unroll 1") == 5 + 2 + 2
+    reader = text[text.index("// reader: warps") :]
+    assert "#pragma unroll 1" not in reader and "unsigned n_" not in reader
+
+
+def test_the_planner_asks_the_general_form_what_a_block_costs():
+    # head_dim 128: a block of 4 × 4 tiles needs 217 KiB of shared memory, more than sm_86's 99 KiB a block.
+    p = program(1, 1, 64, 64, 128, tgt="sm_86")
+    assert (p.plan.block.osh, p.plan.block.ibw) == (2, 2)
+    smem, per_sm = general.attention_resources(target("sm_86"), p.plan, p.precision)
+    assert lowered(p).budget.dyn_bytes == smem and per_sm == 1
+    with pytest.raises(TooBig, match="shared memory of one block of the general form on sm_86"):
+        lowered(program(1, 1, 64, 64, 128, tgt="sm_86", block=(4, 4)))
 
 
 # ---- emulated against the interpreter ----------------------------------------------------------------------------

@@ -38,10 +38,7 @@ class MapPrinter:
     nthreads: str
     read_slot: Any  # (annotations only: the methods are the host printer's)
     write_slot: Any
-    # Whether the element loop stays rolled: where the engine's warps hold accumulator fragments and row accumulators
-    # at once (attention's compute warps), the loads nvcc would keep in flight for an unrolled loop need registers
-    # the block does not have (ptxas spilled at head_dim 128).
-    rolled = False
+    rolled: bool  # whether the engine's loops stay rolled (`TilePrinter.rolled`)
 
     @contextmanager
     def element_loop(self, n: int) -> Iterator[None]:

@@ -93,9 +93,14 @@ def row_accumulators(p: SpatialProgram, plan: Plan, rings: Rings, warps: int) ->
                     f"a row vector is a page of the band's {bh} tile rows",
                 )
     per_warp = math.ceil(bh * 16 / warps)
-    shares = per_warp * len(reductions)
-    registers = BASE_REGISTERS + SHARE_REGISTERS * shares + TILE_REGISTERS * bh * plan.block.ibw
+    registers = row_registers(per_warp * len(reductions), bh * plan.block.ibw)
     return RowAccumulators(bh * 16, warps, per_warp, reductions, registers)
+
+
+def row_registers(shares: int, page_tiles: int) -> int:
+    """The estimate of a thread's registers in a kernel whose compute lanes hold `shares` row shares each and read
+    pages of `page_tiles` tiles (`BASE_REGISTERS`)."""
+    return BASE_REGISTERS + SHARE_REGISTERS * shares + TILE_REGISTERS * page_tiles
 
 
 def _check_accumulator(p: SpatialProgram, acc, bh: int) -> None:
@@ -118,7 +123,7 @@ class RowPrinter:
     read_slot: Any
     write_slot: Any
     load: Any
-    rolled = False  # whether loops over a page's columns stay rolled (`MapPrinter.rolled`)
+    rolled: bool  # whether the engine's loops stay rolled (`TilePrinter.rolled`)
 
     def row_accumulator(self, op: ChoreoOp) -> Reduction | None:
         """The reduction of the row accumulator `op` acquires, folds into, packs or releases; None for any other
@@ -176,7 +181,7 @@ class RowPrinter:
                 w.line("const int row = rw + q * NWARP;  // the band's element row")
                 w.line(f"const {src.c_type}* at_row = {page} + (row / 16) * {rr.width * TILE_ELEMS} + (row % 16) * 16;")
                 cond = " && ".join([*rows.within("row"), f"col0 + c < {rr.cols}"])
-                if self.rolled:  # (MapPrinter.rolled: the registers of an unrolled column loop are not there)
+                if self.rolled:  # (TilePrinter.rolled: the registers of an unrolled column loop are not there)
                     w.line("#pragma unroll 1")
                 column = w.block(f"for (int c = lane; c < {width}; c += {WARP})")
                 with column, w.block(f"if ({cond})", "// the row's padding is left out"):

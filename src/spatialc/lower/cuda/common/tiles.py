@@ -87,6 +87,11 @@ class TilePrinter:
         self.integer = False  # the fused epilogue's arithmetic: exact int64 (int8 programs) or float32
         self.accf = "accf"  # the accumulator fragments the printers name, and the macro of their count
         self.perw = "PERW"
+        # Whether the engine's loops over a page (a map's elements, a fold's columns, a matmul's K tiles) stay rolled:
+        # where its warps hold accumulator fragments and row accumulators at once (attention's compute warps), the
+        # operands nvcc keeps in flight for an unrolled loop need registers a block of 10 warps does not have
+        # (ptxas spilled at head_dim 128 on sm_80 and sm_90 until these loops were rolled).
+        self.rolled = False
 
     @contextmanager
     def holding(self, frags: Fragments | None) -> Iterator[None]:
@@ -314,7 +319,10 @@ class TilePrinter:
         """`body(kk, step)` for each K step of the page: steps of two tiles where the MMA takes them, then one."""
         ibw, pair = mm.block.ibw, self.k_pairs(mm)
         whole = ibw - ibw % pair
-        with self.unrolled(f"for (int kk = 0; kk < {whole}; kk += {pair})"):
+        if self.rolled:
+            self.w.line("#pragma unroll 1")
+        loop = self.w.block if self.rolled else self.unrolled
+        with loop(f"for (int kk = 0; kk < {whole}; kk += {pair})"):
             body("kk", pair)
         if whole < ibw:
             with self.w.block(""):
@@ -453,10 +461,12 @@ class TilePrinter:
             )
 
         def scale(tile_row: str) -> None:
+            # Elements 0, 1, 4, 5 lie in row lane / 4 of the tile, elements 2, 3, 6, 7 in row lane / 4 + 8.
+            for half, rows in (("lo", "(lane >> 2)"), ("hi", "(lane >> 2) + 8")):
+                pointer = f"{self.read_page(r)} + ({tile_row}) * {TILE_ELEMS} + ({rows}) * 16"
+                self.w.line(f"const float {half} = (float){self.load(pointer, f'*({pointer})')};")
             with self.unrolled("for (int i = 0; i < 8; ++i)"):
-                self.w.line("const int row = (lane >> 2) + 8 * ((i >> 1) & 1);  // element i's row in its tile")
-                pointer = f"{self.read_page(r)} + ({tile_row}) * {TILE_ELEMS} + row * 16"
-                self.w.line(f"{self.accf}[q].x[i] *= (float){self.load(pointer, f'*({pointer})')};")
+                self.w.line(f"{self.accf}[q].x[i] *= (i >> 1) & 1 ? hi : lo;")
 
         with self.w.block("", mark):
             self.w.line(f"const int lane = {self.tid} % 32;")

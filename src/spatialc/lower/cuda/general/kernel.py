@@ -22,6 +22,7 @@ flipped: the first round passes on a fresh barrier), a consumer for the full pha
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from ....ir.ids import BufferId
@@ -85,7 +86,7 @@ from ..common.rings import (
     ring_table,
     scheduled_rings,
 )
-from ..common.rows import RowAccumulators, row_accumulators
+from ..common.rows import RowAccumulators, row_accumulators, row_registers
 from ..common.tiles import Fragments
 from .printer import KERNEL_NAME, accumulator_of, kernel_text, printed
 
@@ -380,6 +381,26 @@ def map_resources(target: SpatialTarget, plan: Plan, precision: Precision, input
     return smem, target.resident_sites_per_unit(smem, 0, 1, (1, 1), 3 * SIDE_WARPS)
 
 
+def attention_resources(target: SpatialTarget, plan: Plan, precision: Precision) -> tuple[int, int]:
+    """What one block of the general form costs for an attention's plan, as its planner asks
+    (`passes.attention.plan_attention`): (shared memory bytes, blocks resident per SM — 0 when one does not fit) for
+    the rings `make_kernel` lays out — Q's band once, K's and V's blocks `plan.depth` deep, in the operand type; O's
+    and LSE's pages and the recurrence's own (`passes.attention.recurrence_tiles`), float32 (`rings.scheduled_rings`)
+    — with their barriers, and its warps: the accumulator lanes, a reader's and a writer's."""
+    from ....passes.attention import recurrence_tiles
+
+    bh, dt, bw = plan.block.osh, plan.block.osw, plan.block.ibw
+    size = MMA_TYPES[precision].operand_bytes
+    shapes = [(1, bh * dt, size), (plan.depth, bw * dt, size), (plan.depth, bw * dt, size), (1, bh * dt, 4)]
+    shapes += [(1, bh, 4)] + [(1, tiles, 4) for tiles in recurrence_tiles(bh, bw, dt).values()]
+    rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", n) for i, (d, tiles, n) in enumerate(shapes)}
+    smem = layout(rings)[1]
+    lanes = target.accumulator_lanes
+    rows = row_registers(2 * math.ceil(bh * 16 / lanes), bh * bw)  # the running max and sum, pages of bh × bw tiles
+    regs = min(fragments_and_rows(target, bh * bw + bh * dt, rows), target.regs_per_thread_max)
+    return smem, target.resident_sites_per_unit(smem, bh * bw + bh * dt, 1, (1, 1), lanes + 2 * SIDE_WARPS, regs)
+
+
 def accumulator_layers(
     p: SpatialProgram, target: SpatialTarget, plan: Plan, rows: frozenset[int] = frozenset()
 ) -> dict[int, Fragments]:
@@ -426,11 +447,16 @@ def held_tiles(plan: Plan, layers: dict[int, Fragments]) -> int:
 def held_registers(target: SpatialTarget, acc_tiles: int, rows: RowAccumulators) -> int:
     """The estimate of a thread's registers where the compute warps hold accumulator fragments and row accumulators
     at once (attention): a row program's kernel's (`rows.BASE_REGISTERS`, its shares and page tiles) and the 12 a
-    fragment a warp holds that `SpatialTarget.registers_needed` counts. Calibrated with ptxas -v (nvcc 13): attention
-    at (bh, bw, dt) = (4, 4, 8) on sm_90 used 155 (estimate 200), (2, 4, 8) on sm_80 139 (140), (2, 2, 8) on sm_86
-    200 with a cap of 255 (176) — at one block an SM each, which is all these estimates allow."""
-    fragments = max(1, -(-acc_tiles // target.accumulator_lanes))
-    return rows.registers + 12 * fragments
+    fragment a warp holds that `SpatialTarget.registers_needed` counts. Calibrated with ptxas -v (nvcc 13) on attention
+    at one block an SM (all these estimates allow), with none spilled: (bh, bw, dt) = (4, 4, 8) on sm_90 used 133
+    registers (estimate 200), (4, 2, 8) on sm_80 168 (180; a block of 10 warps gets at most 168: ptxas counts 12),
+    (4, 4, 2) on sm_80 165 (164), (2, 2, 8) on sm_86, whose 6 warps may take 255, 178 (176)."""
+    return fragments_and_rows(target, acc_tiles, rows.registers)
+
+
+def fragments_and_rows(target: SpatialTarget, acc_tiles: int, row_registers: int) -> int:
+    """`held_registers` of a kernel whose row shares and pages alone would take `row_registers`."""
+    return row_registers + 12 * max(1, -(-acc_tiles // target.accumulator_lanes))
 
 
 def row_templates(p: SpatialProgram) -> frozenset[int]:

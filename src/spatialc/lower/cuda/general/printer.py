@@ -92,9 +92,12 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
         self.after: ChoreoOp | None = None  # the op after the one being printed, in its own body (None: the last)
         self.received: set[int] = set()  # rings whose page the engine waits for from its sender, not yet pushed
-        self.rolled = k.rows is not None and k.accumulates and role.first_warp == 0  # (MapPrinter.rolled)
+        self.rolled = k.rows is not None and k.accumulates and role.first_warp == 0  # (TilePrinter.rolled)
+        self.single: frozenset[int] = frozenset()  # rings counted by one counter (`cycles`), set by `counters`
 
     def read_slot(self, r: int) -> str:
+        if r in self.single:
+            return f"((n_{r} - 1) % DEPTH_{r})"
         return f"(pop_{r} % DEPTH_{r})"
 
     def full_wait(self, r: int) -> str:
@@ -109,6 +112,8 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         return f"SPATIALC_PAGE_LD({pointer})"
 
     def write_slot(self, r: int) -> str:
+        if r in self.single:
+            return f"((n_{r} - 1) % DEPTH_{r})"
         return f"((rsv_{r} - 1) % DEPTH_{r})"
 
     def counters(self) -> None:
@@ -119,7 +124,11 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         for op in self.role.walk():
             if isinstance(op, Reserve | Push | Wait | Pop) and not self.k.rings.is_fused(op.buf):
                 used.setdefault(self.k.rings.template[op.buf], set()).add(kinds[type(op)])
-        for r in sorted(used):
+        if self.rolled:  # lean on registers (TilePrinter.rolled): one counter for each ring the engine cycles alone
+            self.single = frozenset(r for r in used if all(cycles(ops, r, self.k.rings) for ops in self.role.programs))
+        for r in sorted(self.single):
+            self.w.line(f"unsigned n_{r} = 0;  // ring {r}'s pages reserved, pushed, waited for and popped so far")
+        for r in sorted(set(used) - self.single):
             names = [f"{n}_{r} = 0" for n in ("rsv", "psh", "wt", "pop") if n in used[r]]
             self.w.line(f"unsigned {', '.join(names)};")
         sent = {self.k.rings.template[op.buf] for op in self.role.walk() if isinstance(op, McastSend)}
@@ -189,6 +198,8 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
                         self.item_header(f"ITEM_LIST[item_off + {v}]")
                         inner |= {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
                     self.ops(body, inner)
+            case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) if self.kept(buf).id in self.single:
+                self.cycled(op, self.kept(buf).id, mark)
             case Reserve(buf):
                 r = self.kept(buf).id
                 self.w.line(
@@ -228,6 +239,22 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
             case _:
                 raise Unsupported(f"a {type(op).__name__} op", "the general form has no image for it yet")
 
+    def cycled(self, op: ChoreoOp, r: int, mark: str) -> None:
+        """A ring op of a ring this engine alone reserves, pushes, waits for and pops, a page at a time (`cycles`):
+        one counter n, the page's slot (n − 1) mod depth once Reserve has counted it, the phases as elsewhere."""
+        page = f"(n_{r} - 1) % DEPTH_{r}"
+        match op:
+            case Reserve():
+                line = f"spatialc_mbar_wait(&empty_{r}[n_{r} % DEPTH_{r}], ((n_{r} / DEPTH_{r}) & 1) ^ 1); ++n_{r};"
+            case Push():
+                arrive = "spatialc_cp_async_arrive" if r in self.fills else "spatialc_mbar_arrive"
+                line = f"{arrive}(&full_{r}[{page}]);"
+            case Wait():
+                line = f"{self.full_wait(r)}(&full_{r}[{page}], ((n_{r} - 1) / DEPTH_{r}) & 1);"
+            case _:
+                line = f"spatialc_mbar_arrive(&empty_{r}[{page}]);"
+        self.w.line(line, mark)
+
     @staticmethod
     def element(t, flat: str) -> str:
         """Where element `flat` (row-major) of tensor `t` lies in its tiled buffer, as a C expression."""
@@ -238,6 +265,29 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
     def engine_sync(self) -> str:
         """The engine's threads meet (its named barrier)."""
         return f"spatialc_engine_sync({self.bar_id}, {self.role.threads});"
+
+
+def cycles(ops: tuple[ChoreoOp, ...], r: int, rings) -> bool:
+    """Whether `ops` take ring `r`'s pages through Reserve, Push, Wait and Pop, in that order, one page at a time, and
+    every loop that touches the ring holds whole cycles: then the engine's four counters of the ring are always
+    equal where it reads them (a page is pushed, waited for and popped before the next is reserved), and one does
+    (`EnginePrinter.cycled`)."""
+    order = (Reserve, Push, Wait, Pop)
+
+    def run(body: tuple[ChoreoOp, ...]) -> int | None:
+        state = 0
+        for op in body:
+            if isinstance(op, Loop):
+                ring_ops = (o for o in walk(op.body) if isinstance(o, Reserve | Push | Wait | Pop))
+                if any(rings.template[o.buf] == r for o in ring_ops) and (state != 0 or run(op.body) != 0):
+                    return None
+            elif isinstance(op, Reserve | Push | Wait | Pop) and rings.template[op.buf] == r:
+                if not isinstance(op, order[state]) or op.pages != 1:
+                    return None
+                state = (state + 1) % 4
+        return state
+
+    return run(ops) == 0
 
 
 def preamble(k: GeneralKernel) -> list[str]:
