@@ -38,12 +38,12 @@ class MapPrinter:
     nthreads: str
     read_slot: Any  # (annotations only: the methods are the host printer's)
     write_slot: Any
-    rolled: bool  # whether the engine's loops stay rolled (`TilePrinter.rolled`)
+    lean: bool  # whether the engine is printed lean on registers (`TilePrinter.lean`): its page loops rolled
 
     @contextmanager
     def element_loop(self, n: int) -> Iterator[None]:
         """The loop over a page's `n` elements, each thread a strided share."""
-        if self.rolled:
+        if self.lean:
             self.w.line("#pragma unroll 1")
         with self.w.block(f"for (int e = {self.tid}; e < {n}; e += {self.nthreads})"):
             yield

@@ -123,7 +123,7 @@ class RowPrinter:
     read_slot: Any
     write_slot: Any
     load: Any
-    rolled: bool  # whether the engine's loops stay rolled (`TilePrinter.rolled`)
+    lean: bool  # whether the engine is printed lean on registers (`TilePrinter.lean`): its page loops rolled
 
     def row_accumulator(self, op: ChoreoOp) -> Reduction | None:
         """The reduction of the row accumulator `op` acquires, folds into, packs or releases; None for any other
@@ -181,7 +181,7 @@ class RowPrinter:
                 w.line("const int row = rw + q * NWARP;  // the band's element row")
                 w.line(f"const {src.c_type}* at_row = {page} + (row / 16) * {rr.width * TILE_ELEMS} + (row % 16) * 16;")
                 cond = " && ".join([*rows.within("row"), f"col0 + c < {rr.cols}"])
-                if self.rolled:  # (TilePrinter.rolled: the registers of an unrolled column loop are not there)
+                if self.lean:  # (TilePrinter.lean: the registers of an unrolled column loop are not there)
                     w.line("#pragma unroll 1")
                 column = w.block(f"for (int c = lane; c < {width}; c += {WARP})")
                 with column, w.block(f"if ({cond})", "// the row's padding is left out"):

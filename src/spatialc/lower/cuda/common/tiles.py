@@ -87,11 +87,12 @@ class TilePrinter:
         self.integer = False  # the fused epilogue's arithmetic: exact int64 (int8 programs) or float32
         self.accf = "accf"  # the accumulator fragments the printers name, and the macro of their count
         self.perw = "PERW"
-        # Whether the engine's loops over a page (a map's elements, a fold's columns, a matmul's K tiles) stay rolled:
-        # where its warps hold accumulator fragments and row accumulators at once (attention's compute warps), the
-        # operands nvcc keeps in flight for an unrolled loop need registers a block of 10 warps does not have
-        # (ptxas spilled at head_dim 128 on sm_80 and sm_90 until these loops were rolled).
-        self.rolled = False
+        # Whether the engine is printed lean on registers: its loops over a page (a map's elements, a fold's columns,
+        # a matmul's K tiles) rolled, and (the general form) one counter for each ring it alone cycles. Where its
+        # warps hold accumulator fragments and row accumulators at once (attention's compute warps), the operands
+        # nvcc keeps in flight for an unrolled loop and four counters a ring need registers a block of 10 warps does
+        # not have (ptxas spilled at head_dim 128 on sm_80 and sm_90 before).
+        self.lean = False
 
     @contextmanager
     def holding(self, frags: Fragments | None) -> Iterator[None]:
@@ -319,9 +320,9 @@ class TilePrinter:
         """`body(kk, step)` for each K step of the page: steps of two tiles where the MMA takes them, then one."""
         ibw, pair = mm.block.ibw, self.k_pairs(mm)
         whole = ibw - ibw % pair
-        if self.rolled:
+        if self.lean:
             self.w.line("#pragma unroll 1")
-        loop = self.w.block if self.rolled else self.unrolled
+        loop = self.w.block if self.lean else self.unrolled
         with loop(f"for (int kk = 0; kk < {whole}; kk += {pair})"):
             body("kk", pair)
         if whole < ibw:

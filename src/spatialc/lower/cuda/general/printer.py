@@ -92,7 +92,7 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
         self.after: ChoreoOp | None = None  # the op after the one being printed, in its own body (None: the last)
         self.received: set[int] = set()  # rings whose page the engine waits for from its sender, not yet pushed
-        self.rolled = k.rows is not None and k.accumulates and role.first_warp == 0  # (TilePrinter.rolled)
+        self.lean = k.rows is not None and k.accumulates and role.first_warp == 0  # (TilePrinter.lean)
         self.single: frozenset[int] = frozenset()  # rings counted by one counter (`cycles`), set by `counters`
 
     def read_slot(self, r: int) -> str:
@@ -124,7 +124,7 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         for op in self.role.walk():
             if isinstance(op, Reserve | Push | Wait | Pop) and not self.k.rings.is_fused(op.buf):
                 used.setdefault(self.k.rings.template[op.buf], set()).add(kinds[type(op)])
-        if self.rolled:  # lean on registers (TilePrinter.rolled): one counter for each ring the engine cycles alone
+        if self.lean:  # lean on registers (TilePrinter.lean): one counter for each ring the engine cycles alone
             self.single = frozenset(r for r in used if all(cycles(ops, r, self.k.rings) for ops in self.role.programs))
         for r in sorted(self.single):
             self.w.line(f"unsigned n_{r} = 0;  // ring {r}'s pages reserved, pushed, waited for and popped so far")
