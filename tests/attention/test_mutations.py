@@ -1,0 +1,168 @@
+"""Rule 8 against edits of an attention schedule: every edit that changes what the schedule computes is refused,
+each with its own message (mutants.mutations); and an enumerated sweep of single-op edits — an op dropped, a ring
+of a Compute swapped for another, a constant moved — where each edit is refused or is one that computes the same.
+
+The interpreter does not run an attention program yet, so the sweep cannot check an accepted edit's output against
+the reference; instead the edits it accepts are listed (NEUTRAL) with why each computes the same."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from spatialc.errors import SemanticError, TileBoundsError, VerifyError
+from spatialc.ir.nodes import SpatialProgram
+from spatialc.ir.ops import Apply, ChoreoOp, Compute, Expr, Lit, Loop, Map, ReleaseAcc, walk
+from spatialc.passes.verify import verify
+
+from .mutants import engines, mutations, scheduled
+
+# Each edit's refusal: the error and what its message must say.
+REFUSED: dict[str, tuple[type[VerifyError], str]] = {
+    "P from m_old (stale max in P)": (SemanticError, r"rowsum\(exp\(\(X − m\)\)\).* at m where the recurrence has m′"),
+    "α from m_new, m_new": (SemanticError, r"exp\(\(m′ − m′\)\)·l .* at m′ where the recurrence has m "),
+    "α reversed: exp(m_new − m_old)": (SemanticError, r"differs at \(m′ − m\) where the recurrence has \(m − m′\)"),
+    "ScaleAcc of o_acc removed": (SemanticError, r"o_acc after a KV block is \(o \+ P·V\), not .* \(α·o \+ P·V\)"),
+    "ScaleAcc of l_acc removed": (SemanticError, r"l_acc after a KV block is \(l \+ rowsum\(P\)\), not .* \(α·l \+"),
+    "P·V added twice in a block": (SemanticError, r"o_acc after a KV block is \(o′ \+ P·V\)"),
+    "rowsum(P) added twice in a block": (SemanticError, r"l_acc after a KV block is \(l′ \+ rowsum\(P\)\)"),
+    "KV loop one block short": (SemanticError, r"blocks read \d+ key tile rows \(\d+ keys\); the declaration has \d+"),
+    "KV loop one block long": (TileBoundsError, r"reads tile \d+ of k, outside"),
+    "K and V always block 0": (SemanticError, r"key is tile 4·k \+ page col, where the element it masks is at tile"),
+    "K, V, the mask's and the reductions' keys all block 0": (SemanticError, r"blocks reads the same key tile rows"),
+    "K and V at half a block's stride": (SemanticError, r"where the element it masks is at tile 2·k \+ page col"),
+    "mask padding bound + 1": (SemanticError, r"c < \d+\b.* differs at (\d+) where the recurrence has \d+"),
+    "mask padding bound − 1": (SemanticError, r"c < \d+\b.* differs at (\d+) where the recurrence has \d+"),
+    "mask's key position shifted a tile": (SemanticError, r"its mask's key is tile 4·k \+ page col \+ 1"),
+    "scale changed": (SemanticError, r"differs at 0\.\d+ where the recurrence has 0\.\d+"),
+    "row max over fewer keys than the mask keeps": (SemanticError, r"it reduces the keys below \d+, hiding keys"),
+    "V from another KV head": (SemanticError, r"V's page is read from head 0, not the item's KV head"),
+    "V always from block 0": (SemanticError, r"V's page holds key tile rows page row, not K's block"),
+    "Q band of another head": (SemanticError, r"Q's page is read from head .*, not the item's query head"),
+    "final division left out (O = o)": (SemanticError, r"the page of o_ring is o, not the recurrence's \(o / l\)"),
+    "LSE without log": (SemanticError, r"the page of lse_ring is \(m \+ l\), not .* \(m \+ log\(l\)\)"),
+    "LSE with exp for log": (SemanticError, r"differs at exp\(l\) where the recurrence has log\(l\)"),
+    "m not acquired for a head": (SemanticError, r"a max adds into .* of those acquired before this loop, none"),
+    "S not acquired a block": (SemanticError, r"it reads s_acc before acquiring it"),
+    "every head's O at head 0's rows": (SemanticError, r"it writes tile rows .* of o; the item's query head"),
+    "every head's LSE at head 0's rows": (SemanticError, r"it writes tile rows .* of lse; the item's query head"),
+    "causal mask offset + 1": (SemanticError, r"c ≤ \(r \+ -?\d+\).* differs at -?\d+ where the recurrence has -?\d+"),
+    "causal mask offset − 1": (SemanticError, r"c ≤ \(r \+ -?\d+\).* differs at -?\d+ where the recurrence has -?\d+"),
+    "mask's query row shifted a tile": (SemanticError, r"its mask's query row is tile (4·item_y \+ )?page row \+ 1"),
+}  # fmt: skip
+
+# Schedules edited: GQA and causal (every edit applies), then plain, several batches at head_dim 128.
+CASES = {
+    "gqa causal 40x72 d32": lambda: scheduled(1, 4, 40, 72, 32, kv_heads=2, causal=True),
+    "mha 40x72 d64": lambda: scheduled(1, 2, 40, 72, 64),
+    "batch 2 causal 72x72 d128": lambda: scheduled(2, 2, 72, 72, 128, causal=True),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def program(request) -> SpatialProgram:
+    p = CASES[request.param]()
+    assert verify(p).verified
+    return p
+
+
+def test_every_edit_is_refused_with_its_reason(program: SpatialProgram) -> None:
+    """Accepted-and-wrong: none. Every edit is refused, by the error and message it should be refused with."""
+    edits = mutations(program)
+    causal = program.stages[3].kind.op.causal  # type: ignore[union-attr]
+    assert len(edits) == len(REFUSED) - (0 if causal else 3)
+    accepted, wrong_reason = [], []
+    for name, edited in edits.items():
+        cls, pattern = REFUSED[name]
+        try:
+            verify(edited)
+        except VerifyError as e:
+            if not isinstance(e, cls) or not re.search(pattern, str(e)):
+                wrong_reason.append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        accepted.append(name)
+    assert accepted == [], accepted
+    assert wrong_reason == [], "\n".join(wrong_reason)
+
+
+# ---- the sweep -------------------------------------------------------------------------------------------------
+
+# Single-op edits verify may accept because they compute the same: a ReleaseAcc dropped leaves an accumulator live
+# until the next AcquireAcc zeroes it, or the program ends; no value read changes.
+NEUTRAL = ("drop ReleaseAcc",)
+
+
+def _paths(ops: tuple[ChoreoOp, ...], at: tuple[int, ...] = ()) -> Iterator[tuple[tuple[int, ...], ChoreoOp]]:
+    for i, op in enumerate(ops):
+        yield (*at, i), op
+        if isinstance(op, Loop):
+            yield from _paths(op.body, (*at, i))
+
+
+def _put(ops: tuple[ChoreoOp, ...], at: tuple[int, ...], new: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+    i = at[0]
+    if len(at) == 1:
+        return (*ops[:i], *new, *ops[i + 1 :])
+    loop = ops[i]
+    assert isinstance(loop, Loop)
+    return (*ops[:i], dataclasses.replace(loop, body=_put(loop.body, at[1:], new)), *ops[i + 1 :])
+
+
+def _moved(e: Expr) -> Iterator[Expr]:
+    """`e` with one constant moved (±1, ×2)."""
+    if isinstance(e, Lit):
+        yield from (Lit(e.value + 1), Lit(e.value - 1), Lit(e.value * 2))
+    elif isinstance(e, Apply):
+        for j, a in enumerate(e.args):
+            for b in _moved(a):
+                yield Apply(e.op, (*e.args[:j], b, *e.args[j + 1 :]), e.params)
+
+
+def _edits(p: SpatialProgram) -> Iterator[tuple[str, SpatialProgram]]:
+    """Every single-op edit of every engine's program: each op dropped; each ring a Compute reads replaced by each
+    other ring the engine computes with, two rings swapped; each constant of a Map moved."""
+    assert p.schedule is not None
+    for engine in ("reader", "compute", "writer"):
+        prog = next(q for q in p.schedule.programs if q.engine.value == engine)
+        rings = sorted({b for op in walk(prog.ops) if isinstance(op, Compute) for b in (*op.ins, *op.outs)})
+        for at, op in _paths(prog.ops):
+            if isinstance(op, Loop):
+                continue
+
+            def put(new: tuple[ChoreoOp, ...], at=at, engine=engine) -> SpatialProgram:
+                return engines(p, engine, lambda ops: _put(ops, at, new))
+
+            yield f"{engine}: drop {type(op).__name__} {op}", put(())
+            if not isinstance(op, Compute):
+                continue
+            for j, b in enumerate(op.ins):
+                for c in rings:
+                    if c != b:
+                        ins = (*op.ins[:j], c, *op.ins[j + 1 :])
+                        yield f"{engine}: {op} reading {c} for {b}", put((dataclasses.replace(op, ins=ins),))
+            if len(op.ins) == 2:
+                yield f"{engine}: {op} rings swapped", put((dataclasses.replace(op, ins=op.ins[::-1]),))
+            if isinstance(op.op, Map):
+                for e in _moved(op.op.expr):
+                    if e == op.op.expr:  # a constant 0 doubled: the same program
+                        continue
+                    yield f"{engine}: {op} as {e}", put((dataclasses.replace(op, op=Map(e)),))
+
+
+def test_single_op_edits_are_refused_or_compute_the_same(program: SpatialProgram) -> None:
+    accepted, total = [], 0
+    for name, edited in _edits(program):
+        total += 1
+        try:
+            verify(edited)
+        except VerifyError:
+            continue
+        accepted.append(name)
+    wrong = [a for a in accepted if not any(n in a for n in NEUTRAL)]
+    assert total > 250
+    assert wrong == [], wrong
+    # The neutral edits are exactly the ReleaseAccs: one for each of the compute engine's four accumulators.
+    assert sum(isinstance(op, ReleaseAcc) for q in program.schedule.programs[:3] for op in walk(q.ops)) == len(accepted)  # type: ignore[union-attr]
