@@ -258,6 +258,8 @@ class _SiteProof:
         kinds = [type(op) for op, _ in found]
         ops = [op for op, _ in found]
         pages = {op.pages for op in ops if isinstance(op, Reserve | Push)}
+        if kinds == [Reserve, Push]:
+            raise self.wrong(ops[1], f"it publishes pages of {self.name(ring)} that no ReadTiles fills", "reader")
         if kinds != [Reserve, ReadTiles, Push] or len({n for _, n in found}) != 1 or pages != {1}:
             raise StrongerCheckNeeded(
                 f"{_where(prog)}: the semantic rule follows a ring of Q, K or V filled by one Reserve, ReadTiles, Push"
@@ -679,6 +681,8 @@ class _SiteProof:
             elif not isinstance(op, Wait | WriteTiles | Pop | WriteBarrier | Flush):
                 raise self.unsure(op, "an attention program's writer only writes O and LSE", "writer")
         pages = {op.pages for op, _ in found if isinstance(op, Wait | Pop)}
+        if [type(op) for op, _ in found] == [Wait, Pop]:
+            raise self.wrong(found[1][0], f"it frees pages of {self.name(ring)} that no WriteTiles stores", "writer")
         if [type(op) for op, _ in found] != [Wait, WriteTiles, Pop] or len({n for _, n in found}) != 1 or pages != {1}:
             raise StrongerCheckNeeded(
                 f"{_where(prog)}: the semantic rule follows a ring of O or LSE emptied by one Wait, WriteTiles, Pop"
