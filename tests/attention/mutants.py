@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from hypothesis import strategies as st
+
 import spatialc
 from spatialc.ir.ids import LV_HEAD, LV_ITEM_X, LV_K
 from spatialc.ir.nodes import Engine, SpatialProgram
@@ -48,10 +50,10 @@ def ring(p: SpatialProgram, name: str):
     return next(b.id for b in p.buffers if b.name == name)
 
 
-def engines(p: SpatialProgram, engine: str, f: Callable[[Ops], Ops]) -> SpatialProgram:
-    """`p` with every program of `engine` rewritten by f."""
+def engines(p: SpatialProgram, engine: str, f: Callable[[Ops], Ops], only: Ops | None = None) -> SpatialProgram:
+    """`p` with every program of `engine` (every one running the ops `only`, when given) rewritten by f."""
     progs = tuple(
-        dataclasses.replace(q, ops=f(q.ops)) if q.engine == Engine(engine) else q
+        dataclasses.replace(q, ops=f(q.ops)) if q.engine == Engine(engine) and only in (None, q.ops) else q
         for q in p.schedule.programs  # type: ignore[union-attr]
     )
     return p.evolve(schedule=dataclasses.replace(p.schedule, programs=progs))
@@ -269,3 +271,20 @@ def mutations(p: SpatialProgram) -> dict[str, SpatialProgram]:
         out["causal mask offset − 1"] = kv(expr(is_map("x_ring"), lit_by(shift, -1)))
         out["mask's query row shifted a tile"] = kv(expr(is_map("x_ring"), pos_by(VecAxis.ROW, 1)))
     return out
+
+
+@st.composite
+def attentions(draw):
+    """An attention program's shape and a forced plan and placement (block, depth, sites, placement)."""
+    kv = draw(st.integers(1, 3))
+    group = draw(st.integers(1, 3))
+    seq_q = draw(st.integers(1, 130))
+    seq_kv = draw(st.integers(seq_q, 160)) if draw(st.booleans()) else draw(st.integers(1, 160))
+    causal = seq_q <= seq_kv and draw(st.booleans())
+    shape = (draw(st.integers(1, 2)), kv * group, seq_q, seq_kv, 16 * draw(st.integers(1, 8)))
+    block = draw(st.none() | st.tuples(st.integers(1, 5), st.integers(1, 5), st.just(1)))
+    plan = {"block": block, "depth": draw(st.none() | st.integers(1, 3)), "sites": draw(st.none() | st.integers(1, 9))}
+    return shape, {"kv_heads": kv, "causal": causal}, plan | {"placement": draw(st.sampled_from(PLACEMENTS))}
+
+
+PLACEMENTS = (None, "contiguous", "round_robin")

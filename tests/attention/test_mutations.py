@@ -12,7 +12,10 @@ import re
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import spatialc
 from spatialc.errors import SemanticError, StrongerCheckNeeded, TileBoundsError, VerifyError
 from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
 from spatialc.ir.nodes import SpatialProgram
@@ -35,7 +38,7 @@ from spatialc.ir.ops import (
 )
 from spatialc.passes.verify import verify
 
-from .mutants import engines, mutations, scheduled
+from .mutants import attentions, engines, mutations, scheduled
 
 # Each edit's refusal: the error and what its message must say.
 REFUSED: dict[str, tuple[type[VerifyError], str]] = {
@@ -166,14 +169,14 @@ def _edits(p: SpatialProgram) -> Iterator[tuple[str, SpatialProgram]]:
     assert p.schedule is not None
     zero = _always_zero(p)
     for engine in ("reader", "compute", "writer"):
-        prog = next(q for q in p.schedule.programs if q.engine.value == engine)
+        prog = next(q for q in p.schedule.programs if q.engine.value == engine)  # site 0's: it holds items
         rings = sorted({b for op in walk(prog.ops) if isinstance(op, Compute) for b in (*op.ins, *op.outs)})
         for at, op in _paths(prog.ops):
             if isinstance(op, Loop):
                 continue
 
-            def put(new: tuple[ChoreoOp, ...], at=at, engine=engine) -> SpatialProgram:
-                return engines(p, engine, lambda ops: _put(ops, at, new))
+            def put(new: tuple[ChoreoOp, ...], at=at, engine=engine, prog=prog) -> SpatialProgram:
+                return engines(p, engine, lambda ops: _put(ops, at, new), only=prog.ops)
 
             yield f"{engine}: drop {type(op).__name__} {op}", put(())
             if isinstance(op, ReadTiles | WriteTiles):
@@ -218,3 +221,21 @@ def test_single_op_edits_are_refused_or_compute_the_same(program: SpatialProgram
     # Among the neutral edits, the ReleaseAccs: one for each of the compute engine's four accumulators.
     releases = sum(isinstance(op, ReleaseAcc) for q in program.schedule.programs[:3] for op in walk(q.ops))  # type: ignore[union-attr]
     assert sum("drop ReleaseAcc" in a for a in accepted) == releases
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_a_random_edit_of_a_random_schedule(data) -> None:
+    """Hypothesis draws a shape, plan and placement (mutants.attentions), builds it, and draws one single-op edit of
+    its schedule: refused, or one that computes the same."""
+    shape, kw, plan = data.draw(attentions())
+    p = spatialc.build(spatialc.attention(*shape, **kw), "sm_90", **plan)
+    edits = list(_edits(p))
+    name, edited = edits[data.draw(st.integers(0, len(edits) - 1))]
+    try:
+        verify(edited)
+    except StrongerCheckNeeded as e:
+        raise AssertionError(f"{name}: beyond the proof: {e}") from None
+    except VerifyError:
+        return
+    assert any(n in name for n in NEUTRAL), f"accepted: {name}"

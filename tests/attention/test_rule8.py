@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 import spatialc
 from spatialc.errors import SemanticError, StrongerCheckNeeded
@@ -32,7 +33,7 @@ from spatialc.ir.ops import (
 )
 from spatialc.passes.verify import verify
 
-from .mutants import engines, in_loop, ring, scheduled, with_expr
+from .mutants import attentions, engines, in_loop, ring, scheduled, with_expr
 
 # (batch, heads, seq_q, seq_kv, head_dim), keywords: odd lengths (padded rows, a partial last block), GQA and MQA,
 # causal and not, one tile of head_dim, one KV block, several batches.
@@ -137,3 +138,12 @@ def test_a_site_without_items_writes_nothing() -> None:
     )
     with pytest.raises(SemanticError, match="site 1 writer: .* the site holds no item, yet writes"):
         verify(p.evolve(schedule=dataclasses.replace(p.schedule, programs=progs)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(attentions())
+def test_any_shape_plan_and_placement_builds_verified(case) -> None:
+    """Whatever the lengths (padded rows, a partial last block), group, mask, block, depth and placement, the schedule
+    `build` makes is proved."""
+    shape, kw, plan = case
+    assert spatialc.build(spatialc.attention(*shape, **kw), "sm_90", **plan).verified

@@ -294,11 +294,13 @@ class _SiteProof:
         across = pin(Aff.of(PC), read.block_h, read.block_w)
         tile = split(flat, t.tiles[1], ranges)
         if tile is None:
-            raise self.unsure(read, "its tiles cross rows of the tensor's tile grid", "reader")
+            # (the page the recurrence needs lies in whole rows of the grid, so an address that crosses them is not it)
+            raise self.wrong(read, f"its page's tiles {flat.text()} cross rows of {t.name}'s tile grid", "reader")
         row, col = tile
         head = split(row, t.group_tiles[0], ranges)
         if head is None:
-            raise self.unsure(read, f"its rows {row.text()} cross the heads of {t.name}", "reader")
+            # (the page the recurrence needs lies in one head's rows, so rows crossing heads are not it)
+            raise self.wrong(read, f"its rows {row.text()} cross the heads of {t.name}", "reader")
         group, rows = head
         role = {self.q: "Q", self.k: "K", self.v: "V"}[ring]
         want = self.ix * self.group + self.head if ring == self.q else self.ix
