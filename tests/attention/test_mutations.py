@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import spatialc
 from spatialc.errors import SemanticError, StrongerCheckNeeded, TileBoundsError, VerifyError
 from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
+from spatialc.ir.index import ProgramIndex
 from spatialc.ir.nodes import SpatialProgram
 from spatialc.ir.ops import (
     Apply,
@@ -37,6 +38,8 @@ from spatialc.ir.ops import (
     walk,
 )
 from spatialc.passes.verify import verify
+from spatialc.passes.verify.facts import Programs
+from spatialc.passes.verify.semantics import check_semantics
 
 from .mutants import attentions, engines, mutations, scheduled
 
@@ -239,3 +242,19 @@ def test_a_random_edit_of_a_random_schedule(data) -> None:
     except VerifyError:
         return
     assert any(n in name for n in NEUTRAL), f"accepted: {name}"
+
+
+def test_rule_8_alone_refuses_every_wrong_single_op_edit(program: SpatialProgram) -> None:
+    """The attention proof on its own, without rules 1–7 before it (which refuse most of these edits first): it
+    refuses each edit the full verify refuses, with its own error, and never fails inside itself."""
+    escaped = []
+    for name, edited in _edits(program):
+        index, programs = ProgramIndex.of(edited), Programs(edited)
+        programs.gather(index)
+        try:
+            check_semantics(index, programs)
+        except VerifyError:
+            continue
+        if not any(n in name for n in NEUTRAL):
+            escaped.append(name)
+    assert escaped == [], escaped

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 
 import spatialc
 from spatialc.errors import SemanticError, StrongerCheckNeeded
-from spatialc.ir.ids import LV_K, LV_SUB_H, Site
+from spatialc.ir.ids import LV_HEAD, LV_K, LV_SUB_H, Site
 from spatialc.ir.nodes import Engine
 from spatialc.ir.ops import (
     AcquireAcc,
@@ -33,7 +33,7 @@ from spatialc.ir.ops import (
 )
 from spatialc.passes.verify import verify
 
-from .mutants import attentions, engines, in_loop, ring, scheduled, with_expr
+from .mutants import attentions, engines, in_loop, loop_count, ring, scheduled, with_expr
 
 # (batch, heads, seq_q, seq_kv, head_dim), keywords: odd lengths (padded rows, a partial last block), GQA and MQA,
 # causal and not, one tile of head_dim, one KV block, several batches.
@@ -147,3 +147,18 @@ def test_any_shape_plan_and_placement_builds_verified(case) -> None:
     `build` makes is proved."""
     shape, kw, plan = case
     assert spatialc.build(spatialc.attention(*shape, **kw), "sm_90", **plan).verified
+
+
+def test_pages_waited_at_two_places_are_not_followed() -> None:
+    """K's and V's first block waited for and dropped before the KV loop, which runs one block fewer: rules 1–7 pass
+    (the rings balance), and rule 8, which matches the reader's one ReadTiles to one Wait, does not follow it."""
+    p = scheduled(1, 2, 40, 72, 32)
+    k, v = ring(p, "k_ring"), ring(p, "v_ring")
+
+    def drop_first(body):
+        at = next(j for j, o in enumerate(body) if isinstance(o, Loop))
+        return [*body[:at], Wait(k), Pop(k), Wait(v), Pop(v), *body[at:]]
+
+    edited = engines(engines(p, "compute", in_loop(LV_HEAD, drop_first)), "compute", loop_count(LV_K, -1))
+    with pytest.raises(StrongerCheckNeeded, match="k_ring moved by one Wait and one Pop of this engine"):
+        verify(edited)

@@ -209,6 +209,7 @@ class _SiteProof:
         """The compute engine: [ITEM loop] → one loop over the KV head's query heads → its body around one loop over
         the KV blocks."""
         prog = self.progs["compute"]
+        self.one_each(prog)
         ops = prog.ops
         if len(ops) == 1 and isinstance(ops[0], Loop) and ops[0].var == LV_ITEM:
             self.nest.append(self.bind(ops[0], "item"))
@@ -244,10 +245,26 @@ class _SiteProof:
             if state.reserved is not None or state.queue or state.front is not None:
                 raise self.wrong(heads, f"a head's run leaves a page in {self.name(ring)}")
 
+    def one_each(self, prog: EngineProgram) -> None:
+        """The compute engine waits for and pops each of Q's, K's and V's rings at one op, and reserves and publishes
+        each of O's and LSE's at one: the reader's one ReadTiles (the writer's one WriteTiles) is then matched to it
+        loop for loop (`arrive`, `write`)."""
+        moves: dict[tuple[type, BufferId], int] = {}
+        for op in walk(prog.ops):
+            if isinstance(op, Reserve | Push | Wait | Pop):
+                moves[type(op), op.buf] = moves.get((type(op), op.buf), 0) + 1
+        for kinds, rings in (((Wait, Pop), (self.q, self.k, self.v)), ((Reserve, Push), (self.o, self.lse))):
+            for ring in rings:
+                if any(moves.get((kind, ring), 0) != 1 for kind in kinds):
+                    raise StrongerCheckNeeded(
+                        f"{_where(prog)}: the semantic rule follows {self.name(ring)} moved by one"
+                        f" {kinds[0].__name__} and one {kinds[1].__name__} of this engine"
+                    )
+
     # ---- the reader's pages -------------------------------------------------------------------------------------
 
     def reader_page(self, ring: BufferId) -> tuple[tuple, ReadTiles]:
-        """The one ReadTiles filling `ring`, the loops around it and their variables' values (the reader's own)."""
+        """The loops around the one ReadTiles filling `ring`, and that ReadTiles."""
         prog = self.progs["reader"]
         found = []
         for op, nest in _nested(prog.ops):
