@@ -29,6 +29,7 @@ from spatialc.ir.ops import (
     ReadTiles,
     RowReduce,
     ScaleAcc,
+    Span,
     TileAddr,
     VecAxis,
     WriteTiles,
@@ -79,11 +80,36 @@ def each(f: Callable[[ChoreoOp], ChoreoOp]) -> Callable[[list[ChoreoOp]], list[C
 
 
 def loop_count(var, delta: int) -> Callable[[Ops], Ops]:
-    """Every loop over `var` run `delta` more times."""
+    """Every loop over `var` run `delta` more times (a loop counted per item: `delta` more for every item)."""
+
+    def more(count):
+        if isinstance(count, Span):
+            return Span(count.base + delta * count.per, count.per, count.bound + delta, count.steps)
+        return Const(count.n + delta)
 
     def go(ops: Ops) -> Ops:
         return tuple(
-            dataclasses.replace(op, count=Const(op.count.n + delta) if op.var == var else op.count, body=go(op.body))
+            dataclasses.replace(op, count=more(op.count) if op.var == var else op.count, body=go(op.body))
+            if isinstance(op, Loop)
+            else op
+            for op in ops
+        )
+
+    return go
+
+
+def diagonal(var, delta: int) -> Callable[[Ops], Ops]:
+    """Every loop over `var` counted per item (a causal band's blocks) run `delta` more times, its bound kept."""
+
+    def go(ops: Ops) -> Ops:
+        return tuple(
+            dataclasses.replace(
+                op,
+                count=dataclasses.replace(op.count, base=op.count.base + delta * op.count.per)
+                if op.var == var and isinstance(op.count, Span)
+                else op.count,
+                body=go(op.body),
+            )
             if isinstance(op, Loop)
             else op
             for op in ops
@@ -266,6 +292,8 @@ def mutations(p: SpatialProgram) -> dict[str, SpatialProgram]:
         ),
     }
     if op.causal:
+        short = engines(engines(p, "compute", diagonal(LV_K, -1)), "reader", diagonal(LV_K, -1))
+        out["each band one block short of its diagonal"] = short
         shift = float(op.seq_kv - op.seq_q)
         out["causal mask offset + 1"] = kv(expr(is_map("x_ring"), lit_by(shift, 1)))
         out["causal mask offset − 1"] = kv(expr(is_map("x_ring"), lit_by(shift, -1)))

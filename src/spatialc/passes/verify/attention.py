@@ -14,7 +14,8 @@ recurrence
 
 the same m′ in P and α, tree for tree (one canonical form: a reordering that means the same is refused). Before the
 loop m, l and o are freshly acquired (an accumulator's acquire is its reduction's identity: −∞ for a max, 0 for a
-sum or a matmul), the loop covers the key tile rows 0, 1, … of its KV head one to one in order, and after it the
+sum or a matmul), the loop covers the key tile rows 0, 1, … of its KV head one to one in order (a causal band's
+loop, counted per item, at least the keys its rows keep: `enough`), and after it the
 writer receives O = o / l and LSE = m + log l at the item's own rows of its own query head, every row of both
 written once. Anything else is a SemanticError naming the op and what differs; a schedule whose shape the run does
 not follow is StrongerCheckNeeded.
@@ -26,7 +27,7 @@ import dataclasses
 from collections.abc import Iterator
 
 from ...errors import ProgramError, SemanticError, StrongerCheckNeeded
-from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId
+from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, loop_var_name
 from ...ir.index import ProgramIndex
 from ...ir.nodes import EngineProgram, Tensor
 from ...ir.ops import (
@@ -41,6 +42,7 @@ from ...ir.ops import (
     Flush,
     Lit,
     Loop,
+    LoopCount,
     Map,
     MatmulTiles,
     PackAcc,
@@ -54,6 +56,7 @@ from ...ir.ops import (
     RowArg,
     RowReduce,
     ScaleAcc,
+    Span,
     TileAddr,
     VecAxis,
     Wait,
@@ -119,7 +122,7 @@ def _idle(index: ProgramIndex, progs: dict[str, EngineProgram]) -> None:
     if writer is None:
         return
     for op, nest in _nested(writer.ops):
-        if isinstance(op, WriteTiles) and all(n > 0 for n, _ in nest):
+        if isinstance(op, WriteTiles) and all(count != Const(0) for count, _ in nest):
             raise index.at_op(
                 SemanticError, writer, op, "the site holds no item, yet writes: every row once, by its item"
             )
@@ -129,8 +132,7 @@ def _nested(ops: tuple[ChoreoOp, ...], nest: tuple = ()) -> Iterator[tuple[Chore
     """Every op but loops, with the (count, loop) pairs around it, outermost first."""
     for op in ops:
         if isinstance(op, Loop):
-            n = op.count.n if isinstance(op.count, Const) else -1
-            yield from _nested(op.body, (*nest, (n, op)))
+            yield from _nested(op.body, (*nest, (op.count, op)))
         else:
             yield op, nest
 
@@ -158,7 +160,7 @@ class _SiteProof:
         self.tile_rows = self.p.tile.rows
         self.rings: dict[BufferId, Ring] = {}
         self.accs: dict[BufferId, tuple[Tree, Geom | None] | None] = {}
-        self.nest: list[tuple[int, Aff]] = []
+        self.nest: list[tuple[LoopCount, Aff]] = []  # the loops around the op being run: count, variable's value
         self.env: dict = {LV_ITEM_Y: self.iy, LV_ITEM_X: self.ix}
         self.origin: dict[Tree, ChoreoOp] = {}
         self.outputs: dict[BufferId, tuple[Val, tuple, ChoreoOp]] = {}
@@ -175,8 +177,10 @@ class _SiteProof:
         """The query tile rows of the item's band in its head, page row by page row."""
         return self.iy * self.bh + pin(Aff.of(PR), self.bh, 1)
 
-    def bind(self, loop: Loop, label: str) -> tuple[int, Aff]:
-        n = loop.count.n  # type: ignore[union-attr]
+    def bind(self, loop: Loop, label: str) -> tuple[LoopCount, Aff]:
+        """The loop's variable as a symbol over its iterations (a Span's: up to its bound, as rules 3–7 follow it),
+        or the constant 0 for a loop of one."""
+        n = loop.count.n if isinstance(loop.count, Const) else loop.count.bound  # type: ignore[union-attr]
         if n < 2:
             value = Aff(0)
         else:
@@ -184,7 +188,7 @@ class _SiteProof:
             self.ranges[sym] = n
             value = Aff.of(sym)
         self.env[loop.var] = value
-        return n, value
+        return loop.count, value
 
     # ---- errors -------------------------------------------------------------------------------------------------
 
@@ -229,7 +233,11 @@ class _SiteProof:
         self.nest.append(self.bind(heads, "head"))
         self.head = self.env[heads.var]
         loops = [op for op in heads.body if isinstance(op, Loop)]
-        if len(loops) != 1 or any(isinstance(o, Loop) for o in loops[0].body) or not isinstance(loops[0].count, Const):
+        if (
+            len(loops) != 1
+            or any(isinstance(o, Loop) for o in loops[0].body)
+            or not isinstance(loops[0].count, Const | Span)
+        ):
             raise StrongerCheckNeeded(
                 f"{_where(prog)}: the semantic rule follows a head's body of one loop over the KV blocks, with no"
                 " loop inside it"
@@ -292,8 +300,8 @@ class _SiteProof:
         """The page the reader filled in the iteration of its loops that matches the compute engine's now: both
         move one page an iteration of loops counted alike, so the n-th page pushed is the n-th waited (rules 3–5)."""
         nest, read = self.pages[ring]
-        counts = tuple(n for n, _ in nest)
-        mine = tuple(n for n, _ in self.nest)
+        counts = tuple(c for c, _ in nest)
+        mine = tuple(c for c, _ in self.nest)
         if counts != mine:
             raise self.unsure(
                 op,
@@ -605,10 +613,11 @@ class _SiteProof:
         before = self.in_flight()
         if set(before) - {self.q}:
             raise self.unsure(loop, "the semantic rule follows a KV loop entered with no page in flight but Q's")
-        n, k = self.bind(loop, "k")
+        count, k = self.bind(loop, "k")
+        n = count.n if isinstance(count, Const) else count.bound  # type: ignore[union-attr]
         if n < 1:
             raise self.wrong(loop, "it runs no KV block")
-        self.nest.append((n, k))
+        self.nest.append((count, k))
         band = self.band()
         vector = Geom(self.bh, 1, "query", band)
         state = {
@@ -636,6 +645,8 @@ class _SiteProof:
             value = held[0]
             self.same(loop, f"{self.name(roles[role])} after a KV block", value, want[role + "′"], want)
         self.coverage(loop, n, k)
+        if isinstance(count, Span):
+            self.enough(loop, count, k)
         for a, now in list(self.accs.items()):
             if now is not None and a in entry and now[0] == ("entry", self.name(a)):
                 self.accs[a] = entry[a]  # untouched by the loop
@@ -674,6 +685,37 @@ class _SiteProof:
                 loop,
                 f"its {n} blocks read {run[1]} key tile rows ({run[1] * self.tile_rows} keys); the declaration has"
                 f" {keys}",
+            )
+
+    def enough(self, loop: Loop, count: Span, k: Aff) -> None:
+        """A KV loop counted per item (a causal band runs the blocks at or left of its diagonal) runs, for every item,
+        blocks enough for every key its band's rows keep: min(bound, ⌈v / per⌉) blocks of `step` key tile rows hold
+        every kept key when the bound's blocks hold all seq_kv keys (`coverage`) and v · step · tile ≥ per · need, for
+        need the keys a row of the band keeps at most — seq_kv, or for a causal mask (the band's end row + 1) +
+        seq_kv − seq_q. The blocks an item does not run are then masked for all its rows: as the recurrence, they
+        would leave m, l and o as they were. One affine form over the grid, its least value: no item is enumerated."""
+        rows = self.key_rows
+        step = self.pages[self.k][1].block_h  # key tile rows a block: iterations 0 … n − 1 hold rows 0 … n·step − 1
+        if rows != k * step + pin(Aff.of(PR), step, 1):
+            raise self.wrong(
+                loop,
+                f"its blocks read key tile rows {form_text(rows)}: a loop counted per item reads the blocks in order,"
+                " each a whole page",
+            )
+        v = Aff(count.base)
+        for var, stride in count.steps:
+            if var not in (LV_ITEM_Y, LV_ITEM_X):
+                raise self.unsure(loop, "the semantic rule follows a KV loop counted by the item's coordinates")
+            v = v + self.env[var] * stride
+        tile = self.tile_rows
+        needs = [Aff(self.op.seq_kv)]
+        if self.op.causal:
+            needs.append((self.iy * self.bh + self.bh) * tile + (self.op.seq_kv - self.op.seq_q))
+        if not any((v * (step * tile) - need * count.per).span(self.ranges)[0] >= 0 for need in needs):
+            raise self.wrong(
+                loop,
+                f"an item runs {_count_text(count)} KV blocks of {step * tile} keys, too few for the keys its band's"
+                f" rows keep (at most {needs[-1].text()})",
             )
 
     def output(self, op: Push, buf: BufferId, val: Val) -> None:
@@ -782,8 +824,18 @@ def _buf(op: ChoreoOp) -> BufferId | None:
     return None
 
 
-def _counts(counts: tuple[int, ...]) -> str:
-    return " × ".join(map(str, counts)) or "no"
+def _counts(counts: tuple[LoopCount, ...]) -> str:
+    return " × ".join(_count_text(c) for c in counts) or "no"
+
+
+def _count_text(count: LoopCount) -> str:
+    match count:
+        case Const(n):
+            return str(n)
+        case Span(base, per, bound, steps):
+            v = " + ".join([str(base), *(f"{s}·{loop_var_name(var)}" for var, s in steps)])
+            return f"min({bound}, ⌈({v}) / {per}⌉)"
+    return "a count read from data"
 
 
 def _where(prog: EngineProgram) -> str:
