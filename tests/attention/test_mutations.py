@@ -56,7 +56,7 @@ REFUSED: dict[str, tuple[type[VerifyError], str]] = {
     "ScaleAcc of l_acc removed": (SemanticError, r"l_acc after a KV block is \(l \+ rowsum\(P\)\), not .* \(α·l \+"),
     "P·V added twice in a block": (SemanticError, r"o_acc after a KV block is \(o′ \+ P·V\)"),
     "rowsum(P) added twice in a block": (SemanticError, r"l_acc after a KV block is \(l′ \+ rowsum\(P\)\)"),
-    "KV loop one block short": (SemanticError, r"blocks read \d+ key tile rows \(\d+ keys\); the declaration has \d+"),
+    "KV loop one block short": (SemanticError, r"it reads \d+ key tile rows \(\d+ keys\); the declaration has \d+"),
     "KV loop one block long": (TileBoundsError, r"reads tile \d+ of k, outside"),
     "K and V always block 0": (SemanticError, r"key is tile 4·k \+ page col, where the element it masks is at tile"),
     "K, V, the mask's and the reductions' keys all block 0": (SemanticError, r"blocks reads the same key tile rows"),

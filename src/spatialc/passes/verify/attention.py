@@ -678,12 +678,13 @@ class _SiteProof:
         if run is None or run[0] != 0 or any(rows.coef(s) < 0 for s in ks):
             raise self.wrong(
                 loop,
-                f"its {n} blocks read key tile rows {rows.text()}: not the KV head's rows 0, 1, … once each, in order",
+                f"in {_blocks(n)} it reads key tile rows {rows.text()}: not the KV head's rows 0, 1, … once each,"
+                " in order",
             )
         if run[1] * self.tile_rows < keys:
             raise self.wrong(
                 loop,
-                f"its {n} blocks read {run[1]} key tile rows ({run[1] * self.tile_rows} keys); the declaration has"
+                f"in {_blocks(n)} it reads {run[1]} key tile rows ({run[1] * self.tile_rows} keys); the declaration has"
                 f" {keys}",
             )
 
@@ -836,6 +837,10 @@ def _count_text(count: LoopCount) -> str:
             v = " + ".join([str(base), *(f"{s}·{loop_var_name(var)}" for var, s in steps)])
             return f"min({bound}, ⌈({v}) / {per}⌉)"
     return "a count read from data"
+
+
+def _blocks(n: int) -> str:
+    return "1 block" if n == 1 else f"{n} blocks"
 
 
 def _where(prog: EngineProgram) -> str:
