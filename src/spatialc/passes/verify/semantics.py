@@ -47,6 +47,7 @@ from ...ir.ids import BufferId, GroupId, ItemId, SemId, Site
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, EngineProgram, ReadStage, Stage
 from ...ir.ops import (
+    Attention,
     ChoreoOp,
     Compute,
     Loop,
@@ -64,6 +65,7 @@ from ...ir.ops import (
     walk,
 )
 from ...ir.printer import compute_text
+from .attention import check_attention
 from .dataflow import Declared, MatmulDecl, SiteRun, Write, same_op
 from .declared import declared_outputs
 from .facts import Programs
@@ -99,6 +101,9 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
         return  # nothing is computed yet
     for prog in programs.distinct():
         _followable(index, prog)
+    if any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Attention) for s in p.stages):
+        check_attention(index, programs)  # its own proof: the online recurrence (verify/attention.py)
+        return
     for decl in declared_outputs(index):  # each output proved apart: its own formula, its own writes
         _check_output(index, programs, decl)
 
