@@ -21,7 +21,6 @@ from spatialc.lower.cuda import forms
 from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.errors import NeedsGeneral, TooBig
 from spatialc.numerics.tolerance import tolerance
-from spatialc.passes.attention import apply_attention_plan, place_attention, plan_attention, schedule_attention
 from spatialc.runtime.emulate import EmulationDeadlock, EmulationRace
 from spatialc.target import target
 
@@ -31,18 +30,19 @@ emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emu
 
 
 def program(*shape: int, block: tuple[int, int] | None = None, tgt: str = "sm_90", **options) -> SpatialProgram:
-    """The attention program planned, placed and scheduled for `tgt` and marked verified: rules 1–7 pass on it, and
-    rule 8 for attention is not on this branch yet (then: spatialc.build)."""
-    t = target(tgt)
-    p = spatialc.attention(*shape, **options).evolve(target=t.name)
-    plan = plan_attention(p, t, block, None)
-    return schedule_attention(place_attention(apply_attention_plan(p, plan), t)).evolve(verified=True)
+    """The attention built for `tgt`, verified (rules 1–8)."""
+    return spatialc.build(spatialc.attention(*shape, **options), tgt, block=None if block is None else (*block, 1))
 
 
 def lowered(p: SpatialProgram, form: str = "auto"):
-    """`p` lowered in `form` as `spatialc.lower` lowers it, without verifying it again (rule 8 for attention is not on
-    this branch yet: then spatialc.lower)."""
-    return forms.lower(p, target(p.target), form)
+    """`p` lowered in `form` (`spatialc.lower`, which verifies it again)."""
+    return spatialc.lower(p, form=form)
+
+
+def unchecked(p: SpatialProgram):
+    """`p` lowered in the general form as it stands, marked verified: a planted fault rule 8 would refuse, printed
+    to show that the emulation catches it too."""
+    return forms.lower(p.evolve(verified=True), target(p.target), "general")
 
 
 def inputs(batch: int, heads: int, seq_q: int, seq_kv: int, dim: int, kv_heads: int | None = None, seed: int = 0):
@@ -178,8 +178,10 @@ def test_a_missed_rescale_of_o_is_caught():
     def drop(op):
         return () if isinstance(op, Compute) and isinstance(op.op, ScaleAcc) and op.acc == o_acc else None
 
-    broken = replace(p, Engine.COMPUTE, drop).evolve(verified=True)  # rule 8 would refuse it: printed unchecked
-    out = spatialc.emulate(lowered(broken), flat(given), timeout=300)
+    broken = replace(p, Engine.COMPUTE, drop)
+    with pytest.raises(spatialc.VerifyError):  # rule 8 refuses it ...
+        spatialc.verify(broken)
+    out = spatialc.emulate(unchecked(broken), flat(given), timeout=300)  # ... and the emulation shows it wrong
     ok, _ = tolerance(p, kernel=True).check(out, given)
     assert not ok
 
