@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 
 import spatialc
+from spatialc.ir.ids import LV_K
 from spatialc.ir.nodes import Engine, SpatialProgram
-from spatialc.ir.ops import Compute, ScaleAcc
+from spatialc.ir.ops import Compute, Const, Loop, Pop, Push, Reserve, ScaleAcc, Wait
 from spatialc.lower.cuda import forms
 from spatialc.lower.cuda.general import kernel as general
-from spatialc.lower.errors import NeedsGeneral, TooBig
+from spatialc.lower.cuda.general.printer import cycles
+from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported
 from spatialc.numerics.tolerance import tolerance
 from spatialc.runtime.emulate import EmulationDeadlock, EmulationRace
 from spatialc.target import target
@@ -213,3 +215,28 @@ def test_a_wait_on_the_wrong_phase_is_caught():
     # behind, wait at last for one that never completes (a deadlock): either way the fault is caught.
     with pytest.raises((EmulationRace, EmulationDeadlock), match=r"ring_1|full_1"):
         spatialc.emulate(dataclasses.replace(art, program_cu=text), flat(inputs(*SMALL)), timeout=120)
+
+
+def test_one_counter_serves_a_ring_only_where_its_pages_go_round_one_at_a_time():
+    p = program(*SMALL)
+    rings = general.make_kernel(p, target(p.target)).rings
+    s_ring = next(b.id for b in p.buffers if b.name == "s_ring")
+    r = rings.template[s_ring]
+    cycle = (Reserve(s_ring), Push(s_ring), Wait(s_ring), Pop(s_ring))
+    assert cycles((Loop(LV_K, Const(3), cycle),), r, rings)
+    assert not cycles((Reserve(s_ring), Reserve(s_ring), Push(s_ring), Push(s_ring)), r, rings)  # two reserved
+    assert not cycles((Reserve(s_ring), Loop(LV_K, Const(3), cycle[1:] + cycle[:1])), r, rings)  # a loop mid-cycle
+    assert not cycles(cycle[:2], r, rings)  # pushed, and left to another engine
+
+
+def test_a_row_accumulator_scaled_is_a_sum():
+    p = program(*SMALL)
+    m_acc, l_acc = (next(b.id for b in p.buffers if b.name == n) for n in ("m_acc", "l_acc"))
+
+    def scale_max(op):
+        if isinstance(op, Compute) and isinstance(op.op, ScaleAcc) and op.acc == l_acc:
+            return (dataclasses.replace(op, acc=m_acc),)
+        return None
+
+    with pytest.raises(Unsupported, match="scaling a row accumulator of a max reduction"):
+        unchecked(replace(p, Engine.COMPUTE, scale_max))
