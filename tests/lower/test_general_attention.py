@@ -58,11 +58,6 @@ def inputs(batch: int, heads: int, seq_q: int, seq_kv: int, dim: int, kv_heads: 
     }
 
 
-def flat(given):
-    """The arrays as the launch contract takes them: (batch · heads, seq, dim), the heads one after another."""
-    return {name: x.reshape(-1, *x.shape[2:]) if x.shape[0] * x.shape[1] > 1 else x[0, 0] for name, x in given.items()}
-
-
 def check_close(p: SpatialProgram, out: dict[str, np.ndarray], given) -> None:
     """The emulated O and LSE within the kernel's bound of the declared function, and so within the kernel's bound
     and the interpreter's of the interpreter's own O and LSE."""
@@ -162,7 +157,7 @@ CASES = [
 def test_the_emulated_kernel_equals_the_interpreter(shape, options, block, mode):
     p = program(*shape, block=block, **options)
     given = inputs(*shape, options.get("kv_heads"))
-    check_close(p, spatialc.emulate(lowered(p), flat(given), mode=mode, timeout=300), given)
+    check_close(p, spatialc.emulate(lowered(p), given, mode=mode, timeout=300), given)
 
 
 # ---- planted faults ----------------------------------------------------------------------------------------------
@@ -183,7 +178,7 @@ def test_a_missed_rescale_of_o_is_caught():
     broken = replace(p, Engine.COMPUTE, drop)
     with pytest.raises(spatialc.VerifyError):  # rule 8 refuses it ...
         spatialc.verify(broken)
-    out = spatialc.emulate(unchecked(broken), flat(given), timeout=300)  # ... and the emulation shows it wrong
+    out = spatialc.emulate(unchecked(broken), given, timeout=300)  # ... and the emulation shows it wrong
     ok, _ = tolerance(p, kernel=True).check(out, given)
     assert not ok
 
@@ -200,7 +195,7 @@ def test_a_pop_before_the_last_read_of_its_page_is_a_race():
     text = "\n".join([*lines[:mm], lines[pop], *lines[mm:pop], *lines[pop + 1 :]])
     art = dataclasses.replace(lowered(p), program_cu=text)
     with pytest.raises(EmulationRace, match=r"shared ring 'ring_2'"):
-        spatialc.emulate(art, flat(inputs(*SMALL)), mode="early", timeout=300)
+        spatialc.emulate(art, inputs(*SMALL), mode="early", timeout=300)
 
 
 @emulation
@@ -214,7 +209,7 @@ def test_a_wait_on_the_wrong_phase_is_caught():
     # K's first wait passes at once: the compute warps read a page the reader has not filled (a race), or, a phase
     # behind, wait at last for one that never completes (a deadlock): either way the fault is caught.
     with pytest.raises((EmulationRace, EmulationDeadlock), match=r"ring_1|full_1"):
-        spatialc.emulate(dataclasses.replace(art, program_cu=text), flat(inputs(*SMALL)), timeout=120)
+        spatialc.emulate(dataclasses.replace(art, program_cu=text), inputs(*SMALL), timeout=120)
 
 
 def test_one_counter_serves_a_ring_only_where_its_pages_go_round_one_at_a_time():

@@ -26,6 +26,7 @@ from ....ir.nodes import (
     per_op_list,
 )
 from ....ir.ops import (
+    Attention,
     ChoreoOp,
     Compute,
     ComputeOp,
@@ -493,6 +494,7 @@ def launch_for(
     keeps its list. Inputs hold the operand type, the output the output tensor's type, parameters their own. A kernel
     `fixed` to its sites (they run different programs), or `cooperative` (they hand over to each other through its
     `sync` words), runs exactly its sites."""
+    heads = any(isinstance(getattr(s.kind, "op", None), Attention) for s in p.stages)  # Q, K, V by (batch, heads)
     params = tuple(
         KernelParam(
             t.name,
@@ -502,6 +504,7 @@ def launch_for(
             t.tiles,
             t.order.value,
             t.groups,
+            heads and t.role == TensorRole.INPUT,
         )
         for t in p.tensors
     )
