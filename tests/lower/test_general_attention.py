@@ -31,9 +31,12 @@ from ..rewrite import replace
 emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
 
-def program(*shape: int, block: tuple[int, int] | None = None, tgt: str = "sm_90", **options) -> SpatialProgram:
-    """The attention built for `tgt`, verified (rules 1–8)."""
-    return spatialc.build(spatialc.attention(*shape, **options), tgt, block=None if block is None else (*block, 1))
+def program(
+    *shape: int, block: tuple[int, int] | None = None, tgt: str = "sm_90", sites: int | None = None, **options
+) -> SpatialProgram:
+    """The attention built for `tgt` (on `sites` sites), verified (rules 1–8)."""
+    forced = None if block is None else (*block, 1)
+    return spatialc.build(spatialc.attention(*shape, **options), tgt, block=forced, sites=sites)
 
 
 def lowered(p: SpatialProgram, form: str = "auto"):
@@ -145,7 +148,7 @@ def test_the_planner_asks_the_general_form_what_a_block_costs():
 
 CASES = [
     # shape (batch, heads, seq_q, seq_kv, head_dim), options, block (query, key tile rows), emulation mode
-    ((1, 4, 40, 72, 32), {"kv_heads": 2, "causal": True}, None, "late"),
+    ((1, 4, 40, 72, 32), {"kv_heads": 2, "causal": True, "sites": 1}, None, "late"),  # both KV heads on one site
     ((2, 2, 72, 40, 64), {"precision": "fp16", "out": "fp16"}, (2, 1), "early"),
     ((1, 2, 40, 72, 128), {"kv_heads": 1, "causal": True, "precision": "fp16"}, (2, 2), "late"),
 ]
