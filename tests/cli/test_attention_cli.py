@@ -121,7 +121,7 @@ def test_attention_emits_its_general_form(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "note      the general form: it alone prints attention" in out
     assert {f.name for f in emit.iterdir()} >= {"kernel.cu", "program.cu", "bench.cu", "launch.json", "budget.json"}
-    assert "spatialc_load_bt_row" in (emit / "kernel.cu").read_text()
+    assert "spatialc_load_bt(bf" in (emit / "kernel.cu").read_text()
 
 
 @needs_interpreter

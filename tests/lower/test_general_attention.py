@@ -1,5 +1,5 @@
 """Attention (`spatialc.attention`) in the general CUDA form: its schedule printed op by op on the compute, reader and
-writer warps — S = Q·Kᵀ with K's rows as the K-major B fragment (spatialc_load_bt_row), the rescale of O's fragments
+writer warps — S = Q·Kᵀ with K's rows as the K-major B fragment (spatialc_load_bt), the rescale of O's fragments
 and of l's row shares (ScaleAcc), the mask's positions, the causal band's KV blocks counted per item (Span), the
 running max packed before and after its reduction — refused by name by the persistent and sm_90a forms; emulated on
 the CPU equal to the interpreter within the kernel's bound (docs/numerics.md, "Attention"); a missed rescale, a Pop
@@ -95,12 +95,13 @@ def test_only_the_general_form_prints_attention_and_auto_says_so(causal):
 
 def test_the_recurrence_is_printed_op_by_op(causal):
     text = lowered(causal).kernel_cu
-    # S and O in fragments of their own, m and l as row shares; K read as the K-major B it is, V and P as stored.
+    # S and O in fragments of their own, m and l as row shares. Q, K and V in swizzled pages, as a GEMM's operands:
+    # K read as the K-major B it is (ldmatrix without .trans), V as a row-major B; P kept float32 (the running sum
+    # adds it unrounded) and rounded to bf16 as it is loaded.
     assert len(re.findall(r"spatialc_acc<ACCT> accf_\d+\[PERW_\d+\];", text)) == 2
     assert len(re.findall(r"float racc_\d+\[RROWS\];", text)) == 2
-    assert "spatialc_load_bt_row(bf" in text and "spatialc_load_b_row(bf" in text
-    # Q's page as stored; P's kept float32 (the running sum adds it unrounded) and rounded to bf16 as it is loaded.
-    assert text.count("spatialc_load_a_row(af") == 1 and text.count("spatialc_load_a_float(af") == 1
+    assert "spatialc_load_bt(bf" in text and "spatialc_load_b(bf" in text
+    assert text.count("spatialc_load_a(af") == 1 and text.count("spatialc_load_a_float(af") == 1
     # O's rescale: each lane its fragment rows'; l's: each share. Neither resets what it scales.
     assert text.count("// op:Compute:ScaleAcc") == 2 and ".x[i] *= (i >> 1) & 1 ? hi : lo;" in text
     # The running max is packed three times (before and after its reduction, and at the end) and reset once a head.

@@ -58,6 +58,7 @@ from ..ir.ops import (
 )
 from ..target import SpatialTarget
 from .maps import place_map, scheduled
+from .tile import operand_layouts
 
 BAND, BLOCK = 4, 4  # tile rows of a band of queries and of a block of keys: 64 × 64 scores a step
 DEPTH = 2  # pages of the K and V rings: the reader fetches the next block while the compute engine runs one
@@ -158,17 +159,23 @@ def recurrence_tiles(bh: int, bw: int, dt: int) -> dict[str, int]:
 
 def apply_attention_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     """The declared rings sized by the plan, the recurrence's own rings and accumulators added (`RING_NAMES`,
-    `ACC_NAMES`), and each head's rows padded to whole bands (Q, O, LSE) and whole blocks (K, V)."""
+    `ACC_NAMES`), and each head's rows padded to whole bands (Q, O, LSE) and whole blocks (K, V). Q's, K's and V's
+    pages, which only the two matmuls read, are laid out for the tensor cores' loads as a GEMM's operands are
+    (`tile.operand_layouts`: 16-bit tiles swizzled, so that an 8 × 8 `ldmatrix` phase reads every bank once)."""
     shape = attention_shape(p)
     bh, dt, bw = plan.block.osh, plan.block.osw, plan.block.ibw
     (tq, q), (tk, k), (tv, v) = shape.reads
     (to, o), (tl, lse) = shape.writes
     pages = {q: (1, bh * dt), k: (plan.depth, bw * dt), v: (plan.depth, bw * dt), o: (1, bh * dt), lse: (1, bh)}
+    a_layout, b_layout = operand_layouts(p.precision)
+    layouts = {q: a_layout, k: b_layout, v: b_layout}
     buffers = []
     for b in p.buffers:
         if b.id in pages and isinstance(b.kind, Fifo | Interm):
             depth, n = pages[b.id]
-            b = dataclasses.replace(b, kind=dataclasses.replace(b.kind, depth_pages=depth, page_tiles=n))
+            layout = layouts.get(b.id, b.kind.layout)
+            sized = dataclasses.replace(b.kind, depth_pages=depth, page_tiles=n, layout=layout)
+            b = dataclasses.replace(b, kind=sized)
         buffers.append(b)
     for name, kind in RING_NAMES.items():
         buffers.append(Buffer(BufferId(len(buffers)), name, Interm(1, _tiles(kind, bh, bw, dt))))

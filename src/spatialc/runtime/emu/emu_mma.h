@@ -163,6 +163,12 @@ void spatialc_load_b(spatialc_frag<T>& f, const T* tile, int line = __builtin_LI
     spatialc_emu::load_b16(f, tile, true, false, "spatialc_load_b", line);
 }
 
+// Bᵀ's swizzled tile: a K-major B (tensor_core.cuh).
+template <class T>
+void spatialc_load_bt(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
+    spatialc_emu::load_b16(f, tile, true, true, "spatialc_load_bt", line);
+}
+
 // ---- 8-bit operands: A row-major, B K-major ---------------------------------------------------------------------
 namespace spatialc_emu {
 

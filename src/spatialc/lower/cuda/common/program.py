@@ -43,6 +43,7 @@ from ....ir.ops import (
 )
 from ....ir.worklist import RULES, launch_sites, split_items, work_table
 from ....numerics.epilogue import dot_range
+from ....passes.attention import attention_shape
 from ....passes.rows import row_shape
 from ....target import SpatialTarget
 from ...artifact import KernelParam, Launch
@@ -402,22 +403,23 @@ def checked_rows(p: SpatialProgram) -> tuple[MmaTypes, tuple[Stage, ...]]:
 def checked_attention(p: SpatialProgram) -> tuple[MmaTypes, tuple[Map, ...]]:
     """An attention program (`spatialc.attention`): the C types of its inputs (Q, K and V, the operands of both its
     matmuls) and the maps its schedule runs (each once, in the order first run) — after the checks `checked_rows`
-    makes: a float program, pages laid out by rows, maps the printers spell exactly."""
+    makes: a float program, pages laid out by rows (Q's, K's and V's as the matmuls' loads read them), maps the
+    printers spell exactly."""
     if p.precision == Precision.INT8:
         raise UnsupportedPrecision("int8", "attention is float arithmetic (exp, a softmax): use fp16 or bf16")
-    _check_row_major_pages(p)
+    _check_row_major_pages(p, frozenset(p.buffer(ring).ring for _, ring in attention_shape(p).reads))
     types = operand_types(p, p.precision)
     maps = tuple(dict.fromkeys(op.op for op in all_ops(p) if isinstance(op, Compute) and isinstance(op.op, Map)))
     epilogue.check_maps(p, maps, False)
     return types, maps
 
 
-def _check_row_major_pages(p: SpatialProgram) -> None:
+def _check_row_major_pages(p: SpatialProgram, operands: frozenset = frozenset()) -> None:
     """Every ring's pages hold their tiles row by row: a map (and a row reduction) reads and writes element e of a
-    page at e, as the tensors store it."""
+    page at e, as the tensors store them — but the `operands` rings, which only matmuls read (laid out for them)."""
     for b in p.buffers:
         kind = b.kind
-        if isinstance(kind, Fifo | Interm) and kind.layout != PageLayout.ROW:
+        if isinstance(kind, Fifo | Interm) and kind.layout != PageLayout.ROW and b.ring not in operands:
             raise Unsupported(
                 f"ring {b.name} laid out {kind.layout.value}",
                 "a map's pages hold their tiles row by row, as the tensors store them: lay the ring out by rows",

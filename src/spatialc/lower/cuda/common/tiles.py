@@ -342,11 +342,11 @@ class TilePrinter:
     @staticmethod
     def b_loader(mm: MatmulTiles, b: Ring) -> str:
         """How B's fragments are loaded (`operand_load`'s `which`): from swizzled 16-bit tiles or K-major 8-bit ones
-        (b); from plain row-major 16-bit tiles (b_row: a tensor's tiles as stored, attention's V); or, where the page
-        holds Bᵀ (`transpose_b`: K's rows as stored, a K-major B), from its plain row-major 16-bit tiles without the
-        transposing load (bt_row)."""
+        (b); from plain row-major 16-bit tiles (b_row: a tensor's tiles as stored); or, where the page holds Bᵀ
+        (`transpose_b`: K's rows as stored, a K-major B), from its 16-bit tiles without the transposing load (bt,
+        swizzled; bt_row, plain)."""
         if mm.transpose_b:
-            return "bt_row"
+            return "bt" if b.layout.swizzled else "bt_row"
         return "b_row" if mm.operand != Precision.INT8 and b.layout == PageLayout.ROW else "b"
 
     @staticmethod
@@ -609,12 +609,12 @@ class TilePrinter:
             self.w.line(f"spatialc_acc_zero({self.accf}[q]);")
 
 
-def tensor_core_lines(rings: Rings, types: MmaTypes) -> list[str]:
+def tensor_core_lines(rings: Rings, types: MmaTypes, float_a: bool = False) -> list[str]:
     """The tensor-core layer a kernel inlines: `tensor_core.cuh`, and `tensor_core_row.cuh` where a 16-bit operand
-    page is plain row-major (a page an engine computed, or a tensor's tiles as stored: attention's Q, K and V), which
-    `a_loader` and `b_loader` read with its loads."""
-    rows = types.operand_bytes == 2 and any(
-        r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values()
+    page is plain row-major (a page an engine computed, or a tensor's tiles as stored) or, `float_a`, a matmul reads
+    A from float32 values (attention's P), which `a_loader` and `b_loader` read with its loads."""
+    rows = types.operand_bytes == 2 and (
+        float_a or any(r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values())
     )
     return inlined_lines("common/tensor_core.cuh", *(["common/tensor_core_row.cuh"] if rows else []))
 
@@ -622,7 +622,7 @@ def tensor_core_lines(rings: Rings, types: MmaTypes) -> list[str]:
 def check_operand_layouts(operand: Precision, a: Ring, b: Ring, transpose_b: bool = False) -> None:
     """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor). 16-bit
     pages may also be plain row-major (`a_loader`, `b_loader`: a page an engine computed, or a tensor's tiles as
-    stored); a page holding Bᵀ (`transpose_b`) is read only so."""
+    stored); a page holding Bᵀ (`transpose_b`) is read from 16-bit row-major tiles, swizzled or plain."""
     want = operand_layouts(operand)
     wide = operand != Precision.INT8
     also = {"A": (PageLayout.ROW,), "B": (PageLayout.ROW,) if wide else ()}
@@ -638,8 +638,8 @@ def check_operand_layouts(operand: Precision, a: Ring, b: Ring, transpose_b: boo
                 f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",
                 f"the tensor-core loads read {what} from {layout.value} pages; build the program with spatialc.build",
             )
-    if transpose_b and (not wide or b.layout != PageLayout.ROW):
+    if transpose_b and (not wide or b.layout not in (PageLayout.ROW, PageLayout.SWIZZLED)):
         raise Unsupported(
             f"a {operand.value} matmul reading Bᵀ from {b.layout.value} pages ({b.name})",
-            "a page holding Bᵀ (K's rows as stored) is read from plain row-major 16-bit tiles only",
+            "a page holding Bᵀ (K's rows as stored) is read from row-major 16-bit tiles, swizzled or plain, only",
         )

@@ -448,9 +448,9 @@ def held_registers(target: SpatialTarget, acc_tiles: int, rows: RowAccumulators)
     """The estimate of a thread's registers where the compute warps hold accumulator fragments and row accumulators
     at once (attention): a row program's kernel's (`rows.BASE_REGISTERS`, its shares and page tiles) and the 12 a
     fragment a warp holds that `SpatialTarget.registers_needed` counts. Calibrated with ptxas -v (nvcc 13) on attention
-    at one block an SM (all these estimates allow), with none spilled: (bh, bw, dt) = (4, 4, 8) on sm_90 used 133
+    at one block an SM (all these estimates allow), with none spilled: (bh, bw, dt) = (4, 4, 8) on sm_90 used 142
     registers (estimate 200), (4, 2, 8) on sm_80 168 (180; a block of 10 warps gets at most 168: ptxas counts 12),
-    (4, 4, 2) on sm_80 165 (164), (2, 2, 8) on sm_86, whose 6 warps may take 255, 178 (176)."""
+    (4, 4, 2) on sm_80 164 (164), (2, 2, 8) on sm_86, whose 6 warps may take 255, 180 (176)."""
     return fragments_and_rows(target, acc_tiles, rows.registers)
 
 

@@ -21,6 +21,7 @@ from ....ir.ops import (
     Compute,
     Flush,
     Loop,
+    MatmulTiles,
     McastSend,
     PackAcc,
     Pop,
@@ -299,7 +300,14 @@ def preamble(k: GeneralKernel) -> list[str]:
     lines += [f"#include <{h}>" for h in INCLUDES]
     lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *inlined_lines("general/mbarrier.cuh"), ""]
     # A map program's kernel multiplies nothing: no tensor-core layer, no accumulator type, no compute warps.
-    lines += [*tensor_core_lines(k.rings, k.types), ""] if k.accumulates else []
+    float_a = any(  # a matmul reading a page of float32 values (attention's P): rounded as loaded
+        isinstance(op, Compute)
+        and isinstance(op.op, MatmulTiles)
+        and k.rings.rings[k.rings.template[op.ins[0]]].c_type == "EPIT"
+        for role in k.roles
+        for op in role.walk()
+    )
+    lines += [*tensor_core_lines(k.rings, k.types, float_a), ""] if k.accumulates else []
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;"]
     lines += [f"typedef {k.types.acc} ACCT;"] if k.accumulates else []
