@@ -50,12 +50,14 @@ from .nvcc import (  # the compile half, named here as before: spatialc.runtime.
     parse_ptxas,
 )
 from .tilize import (
+    FP8_ELEMS,
     ORDERS,
     TILE,
     LaunchError,
     bf16_to_float32,
     check_tiles,
     element_type,
+    fp8_values,
     poison_value,
     quantize,
     storage_dtype,
@@ -528,7 +530,10 @@ def _converted(arg: Arg, x: Any, is_bf16: bool, xp: Any) -> Any:
     check_values(arg.name, values, dtype, xp)
     q = quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16)
     if rounding_watched(dtype):
-        floats = q.astype(xp.float32) if arg.elem == "float16" else bf16_to_float32(q, xp)
+        if arg.elem in FP8_ELEMS:
+            floats = fp8_values(q, arg.elem, xp)
+        else:
+            floats = q.astype(xp.float32) if arg.elem == "float16" else bf16_to_float32(q, xp)
         warn_if_rounded(dtype, values, floats, xp)
     return q
 
@@ -783,6 +788,8 @@ class CupyDevice:
             import torch
 
             t = x.detach()
+            if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # no DLPack or numpy type: their values, exactly
+                t = t.float()
             is_bf16 = t.dtype == torch.bfloat16
             if is_bf16:
                 t = t.view(torch.int16)

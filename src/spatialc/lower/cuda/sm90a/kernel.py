@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from ....ir.names import plain
 from ....ir.nodes import PageLayout, SpatialProgram, TensorRole
 from ....ir.ops import (
+    FP8_PRECISIONS,
     AcquireAcc,
     ChoreoOp,
     Compute,
@@ -76,6 +77,7 @@ from ....ir.ops import (
 )
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
+from ....passes.tile import FP8_SM90A
 from ....passes.verify import derived
 from ....target import WARP, SpatialTarget
 from ...artifact import Budget, CudaArtifact, TensorMap
@@ -150,6 +152,8 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
         raise Unsupported(
             f"the sm_90a form on {target.name}", "its TMA, wgmma and setmaxnreg instructions exist on sm_90a only"
         )
+    if p.precision in FP8_PRECISIONS:
+        raise Unsupported(f"{p.precision.value} operands in the sm_90a form", FP8_SM90A)
     if is_map_program(p) or is_row_program(p):
         raise NeedsGeneral(
             f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
