@@ -18,6 +18,8 @@ import spatialc
 from spatialc.cli import main
 from spatialc.lower.errors import Unsupported
 from spatialc.runtime import emulate as emulation
+from spatialc.runtime.nvcc import compile_cubin
+from spatialc.runtime.sass import disassemble, find_cuobjdump, main_loop_census
 from spatialc.runtime.tilize import element_type, fp8_values, quantize, storage_dtype
 from tests.test_fp8 import FORMATS, SCALED, scaled_inputs
 
@@ -203,3 +205,60 @@ def test_ptxas_refuses_the_fp8_mma_for_sm86_which_is_why_lower_does(tmp_path):
     proc = subprocess.run([NVCC, "-std=c++17", "-arch=sm_86", "-c", "-o", str(tmp_path / "k.o"), str(src)],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode != 0 and "requires .target sm_89 or higher" in proc.stderr
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None or find_cuobjdump() is None, reason="nvcc and cuobjdump are needed")
+def test_the_sass_is_sm89s_fp8_mma_and_on_sm90_ptxas_unpacks_to_fp16():
+    """sm_89 runs mma.sync e4m3 as QMMA.16832; on sm_90 ptxas widens the bytes to fp16 (exact) and runs two
+    HMMA.16816 a k32 step — Hopper's 8-bit float tensor-core path is wgmma, the sm_90a form's next step."""
+    art = spatialc.lower(fp8_gemm(256, 256, 256, "e4m3"))
+    assert art.budget.form == "persistent"
+    on89 = main_loop_census(disassemble(compile_cubin(art.kernel_cu, "sm_89")))
+    assert on89 is not None and [op for op, _ in on89.mmas] == ["QMMA.16832.F32.E4M3.E4M3"]
+    sass90 = disassemble(compile_cubin(art.kernel_cu, "sm_90"))
+    on90 = main_loop_census(sass90)
+    assert on90 is not None and {op.split(".")[0] for op, _ in on90.mmas} == {"HMMA"}
+    assert on90.tile_macs == on89.tile_macs  # the same work: one QMMA.16832 is two HMMA.16816
+    (loop,) = sass90.main_loops()
+    assert sass90.count("F2FP.F16.E4M3.UNPACK_B", *loop) > 0
+
+
+def fp8_mlp():
+    """The MLP example in e4m3, its pages laid out as an 8-bit kernel reads them (A row-major, B K-major)."""
+    from tests.lang.test_mlp import MLP
+
+    source = MLP.read_text().replace('precision="bf16"', 'precision="e4m3"')
+    layouts = {
+        'p.input("W1", K, H)': 'p.input("W1", K, H, order="col")',
+        'p.input("W2", H, N)': 'p.input("W2", H, N, order="col")',
+        '"W1_ring", depth=2, tiles=4 * 4, layout="swizzled"': '"W1_ring", depth=2, tiles=4 * 4, layout="col"',
+        '"W2_ring", depth=2, tiles=4 * 4, layout="swizzled"': '"W2_ring", depth=2, tiles=4 * 4, layout="col"',
+        '"X_ring", depth=2, tiles=2 * 4, layout="swizzled"': '"X_ring", depth=2, tiles=2 * 4',
+    }
+    for old, new in layouts.items():
+        assert old in source
+        source = source.replace(old, new)
+    scope: dict[str, object] = {"__name__": "mlp_e4m3"}
+    exec(compile(source, str(MLP), "exec"), scope)
+    return scope["mlp"]()
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_an_e4m3_mlp_rounds_its_hidden_page_to_e4m3_in_the_general_form():
+    """The gelu's float32 values stored into the second matmul's A page by cuda_fp8.h's saturating constructor
+    (`MmaTypes.to_operand`), as the interpreter rounds a computed operand."""
+    program = fp8_mlp()
+    rng = np.random.default_rng(2)
+    ty = FORMATS["e4m3"]
+    x = {
+        "X": rng.standard_normal((64, 64)).astype(ty),
+        "W1": (rng.standard_normal((64, 128)) / 4).astype(ty),
+        "W2": (rng.standard_normal((128, 64)) / 8).astype(ty),
+    }
+    art = spatialc.lower(program)
+    assert art.budget.form == "general" and "__nv_fp8_e4m3(v)" in art.kernel_cu
+    c = spatialc.emulate(art, x)
+    ok, how = spatialc.tolerance(program, kernel=True).check(c, x)
+    assert ok, how
