@@ -246,7 +246,7 @@ def test_the_cli_runs_fp8_for_sm86_through_the_interpreter_and_refuses_to_emit(c
     status, out, _ = run_cli(capsys, "gemm", "48", "40", "72", *sm86, "--row-scale", "--run")
     assert status == 0
     assert "check     interpreter vs numpy reference: OK" in out
-    assert "run       the interpreter's, checked above: no CUDA form prints 8-bit float operands for sm_86" in out
+    assert "run       the interpreter's, checked above: no CUDA form multiplies 8-bit floats on sm_86" in out
     status, _, err = run_cli(capsys, "gemm", "48", "40", "72", *sm86, "--emit", str(tmp_path))
     assert status == 2 and err.count("\n") == 1
     assert "8-bit float operands need the tensor cores' e4m3 / e5m2 MMA" in err

@@ -159,20 +159,22 @@ def _printed_by_a_form(program: SpatialProgram, form: str) -> None:
 
 
 def _printed_precision(program: SpatialProgram, form: str, target: SpatialTarget) -> None:
-    """Unsupported, in one line, for a program of 8-bit float operands that no form prints for `target` (one without
-    8-bit float MMAs: sm_80, sm_86) or that asks the sm_90a form (by `form`, or by its plan's panels) — the
-    persistent and general forms print the others."""
+    """Unsupported, in one line, for a program of 8-bit float operands that asks the sm_90a form (by `form`, or by its
+    plan's panels), or that multiplies them for a target without 8-bit float MMAs (sm_80, sm_86) — the persistent and
+    general forms print the others (a map or row program of 8-bit float inputs, which multiplies nothing, anywhere)."""
     from .ir.ops import FP8_PRECISIONS
     from .lower.errors import Unsupported
+    from .passes.maps import is_map_program
+    from .passes.rows import is_row_program
     from .passes.tile import FP8_NO_MMA, FP8_SM90A, in_panels
 
     if program.precision not in FP8_PRECISIONS:
         return
     what = f"program {program.name} ({program.precision.value} operands)"
-    if not target.fp8_mma:
-        raise Unsupported(f"{what} for {target.name}", FP8_NO_MMA)
     if form == "sm90a" or in_panels(program):
         raise Unsupported(f"{what} in the sm_90a form", FP8_SM90A)
+    if not target.fp8_mma and not (is_map_program(program) or is_row_program(program)):
+        raise Unsupported(f"{what} for {target.name}", FP8_NO_MMA)
 
 
 def to_json(program: SpatialProgram, indent: int | None = None) -> str:

@@ -262,3 +262,23 @@ def test_an_e4m3_mlp_rounds_its_hidden_page_to_e4m3_in_the_general_form():
     c = spatialc.emulate(art, x)
     ok, how = spatialc.tolerance(program, kernel=True).check(c, x)
     assert ok, how
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_map_and_row_programs_of_fp8_inputs_are_printed_in_both_forms_on_any_target():
+    """They multiply nothing: each byte converted to float32 (cuda_fp8.h's exact conversion) as a page is read."""
+    from spatialc import ew
+
+    x0, x1 = ew.inputs(2)
+    rng = np.random.default_rng(3)
+    ty = FORMATS["e5m2"]
+    mapped = spatialc.build(spatialc.elementwise(x0 * x1 + 1.0, 37, 29, "e5m2"), "sm_80")
+    x = {"x0": rng.standard_normal((37, 29)).astype(ty), "x1": rng.standard_normal((37, 29)).astype(ty)}
+    for form in ("general", "persistent"):
+        art = spatialc.lower(mapped, form=form)
+        assert "#include <cuda_fp8.h>" in art.kernel_cu and "spatialc_mma" not in art.kernel_cu
+        assert np.array_equal(spatialc.emulate(art, x), spatialc.evaluate(mapped, x))  # each op rounded once
+    rows = spatialc.build(spatialc.softmax(37, 29, "e4m3"), "sm_86")
+    xs = {"x": rng.standard_normal((37, 29)).astype(FORMATS["e4m3"])}
+    assert spatialc.tolerance(rows, kernel=True).check(spatialc.emulate(spatialc.lower(rows), xs), xs)[0]

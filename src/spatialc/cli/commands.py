@@ -248,9 +248,7 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, checked: 
             raise
         print(f"  kernel    none: {e}")
         if args.run:
-            print(
-                f"  run       the interpreter's, checked above: no CUDA form prints 8-bit float operands for {p.target}"
-            )
+            print(f"  run       the interpreter's, checked above: no CUDA form multiplies 8-bit floats on {p.target}")
         return 0
     times.append(f"lower {(time.perf_counter() - t0) * 1e3:.0f} ms")
     if args.emit or getattr(args, "sass", False):  # --sass compiles the kernel anyway: ptxas's count comes with it

@@ -172,7 +172,8 @@ FP8_SM90A = (
     " sm_90a form's wgmma; build without form='sm90a' (auto plans them for those forms) or pass form='persistent'"
     " or 'general'"
 )
-# What every form answers an 8-bit float program for a target without 8-bit float MMAs (sm_80, sm_86).
+# What every form answers an 8-bit float GEMM for a target without 8-bit float MMAs (sm_80, sm_86); a map or row
+# program of 8-bit float inputs multiplies nothing and is printed for any target.
 FP8_NO_MMA = (
     "8-bit float operands need the tensor cores' e4m3 / e5m2 MMA (mma.sync ... .e4m3), which sm_89 and later have:"
     " build for sm_89, sm_90 or sm_90a, or run the program with spatialc.evaluate"

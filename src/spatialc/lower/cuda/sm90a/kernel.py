@@ -152,13 +152,13 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
         raise Unsupported(
             f"the sm_90a form on {target.name}", "its TMA, wgmma and setmaxnreg instructions exist on sm_90a only"
         )
-    if p.precision in FP8_PRECISIONS:
-        raise Unsupported(f"{p.precision.value} operands in the sm_90a form", FP8_SM90A)
     if is_map_program(p) or is_row_program(p):
         raise NeedsGeneral(
             f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
+    if p.precision in FP8_PRECISIONS:
+        raise Unsupported(f"{p.precision.value} operands in the sm_90a form", FP8_SM90A)
     general.refuse(p)
     if len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
