@@ -119,7 +119,6 @@ struct Fp8 {
 
 typedef spatialc_emu::Fp8<3, 4, true> __nv_fp8_e4m3;
 typedef spatialc_emu::Fp8<2, 5, false> __nv_fp8_e5m2;
-#define __CUDA_FP8_TYPES_EXIST__ 1
 
 typedef spatialc_emu::Small<10, 5> __half;
 typedef spatialc_emu::Small<7, 8> __nv_bfloat16;
