@@ -122,6 +122,7 @@ def test_the_kernels_use_the_fp8_mma_and_int8_pages():
         assert "#include <cuda_fp8.h>" in text and "typedef __nv_fp8_e5m2 OPT;" in text
         assert "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32" in text
         assert "spatialc_mma2(" in text and "spatialc_mma(" in text  # k32 steps, then the page's last tile
+        assert ("A_ring", "row") in art.budget.layouts and ("B_ring", "col") in art.budget.layouts  # int8's pages
     bf16 = spatialc.lower(spatialc.build(spatialc.gemm(37, 29, 53, "bf16"), "sm_90"))
     assert "cuda_fp8.h" not in bf16.kernel_cu and "tensor_core_fp8" not in bf16.kernel_cu  # other kernels unchanged
 
