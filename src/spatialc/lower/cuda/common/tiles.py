@@ -36,11 +36,11 @@ from ....ir.ops import (
 from ....ir.ops import (
     cols as expr_cols,
 )
-from ....passes.tile import operand_layouts
+from ....passes.tile import operand_layouts, sized_as
 from ...census import marker
 from ...errors import Unsupported
 from . import epilogue
-from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum, inlined_lines
+from .cwriter import FP8_TYPES, Writer, addr_expr, c_div, c_mod, c_mul, c_sum, inlined_lines
 from .rings import TILE_ELEMS, MmaTypes, Ring, Rings
 
 
@@ -306,8 +306,9 @@ class TilePrinter:
 
     @staticmethod
     def k_pairs(mm: MatmulTiles) -> int:
-        """K tiles taken two at a time: int8's native MMA is k32, two 16-wide tiles (the rest goes one at a time)."""
-        return 2 if mm.operand == Precision.INT8 and mm.block.ibw >= 2 else 1
+        """K tiles taken two at a time: the 8-bit operands' (int8, e4m3, e5m2) native MMA is k32, two 16-wide tiles
+        (the rest goes one at a time)."""
+        return 2 if sized_as(mm.operand) == Precision.INT8 and mm.block.ibw >= 2 else 1
 
     def k_loop(self, mm: MatmulTiles, body) -> None:
         """`body(kk, step)` for each K step of the page: steps of two tiles where the MMA takes them, then one."""
@@ -323,8 +324,9 @@ class TilePrinter:
     @staticmethod
     def a_loader(mm: MatmulTiles, a: Ring) -> str:
         """How A's fragments are loaded (`operand_load`'s `which`): from swizzled 16-bit tiles or plain 8-bit ones
-        (a), or from plain 16-bit ones (a_row: a page an engine computed, stored as the accumulator's rows)."""
-        return "a_row" if mm.operand != Precision.INT8 and not a.layout.swizzled else "a"
+        (a: 8-bit A pages are row-major), or from plain 16-bit ones (a_row: a page an engine computed, stored as the
+        accumulator's rows)."""
+        return "a_row" if sized_as(mm.operand) != Precision.INT8 and not a.layout.swizzled else "a"
 
     @staticmethod
     def operand_load(which: str, frag: str, tile, kk: str, step: int) -> str:
@@ -541,12 +543,15 @@ class TilePrinter:
 
 
 def tensor_core_lines(rings: Rings, types: MmaTypes) -> list[str]:
-    """The tensor-core layer a kernel inlines: `tensor_core.cuh`, and `tensor_core_row.cuh` where a 16-bit operand
-    page is plain row-major (only A may be: a page an engine computed, which `a_loader` reads with its loads)."""
+    """The tensor-core layer a kernel inlines: `tensor_core.cuh`, `tensor_core_row.cuh` where a 16-bit operand
+    page is plain row-major (only A may be: a page an engine computed, which `a_loader` reads with its loads), and
+    `tensor_core_fp8.cuh` where the operands are 8-bit floats."""
     rows = types.operand_bytes == 2 and any(
         r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values()
     )
-    return inlined_lines("common/tensor_core.cuh", *(["common/tensor_core_row.cuh"] if rows else []))
+    fp8 = types.operand in FP8_TYPES
+    extra = ["common/tensor_core_row.cuh"] * rows + ["common/tensor_core_fp8.cuh"] * fp8
+    return inlined_lines("common/tensor_core.cuh", *extra)
 
 
 def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:
