@@ -38,6 +38,9 @@ class SpatialTarget:
     # Hopper's architecture-specific instructions (sm_90a: TMA, wgmma, setmaxnreg): the planner and `lower` then
     # default to the sm_90a form (lower/cuda/sm90a/kernel.py), and nvcc must be given compute_90a.
     hopper: bool = False
+    # The tensor cores' 8-bit float MMA (mma.sync m16n8k32 .e4m3 / .e5m2): sm_89 (Ada) and later; ptxas refuses it
+    # for sm_80 and sm_86, so spatialc.lower refuses 8-bit float programs for them.
+    fp8_mma: bool = False
 
     @property
     def threads_per_site(self) -> int:
@@ -130,10 +133,27 @@ _KIB = 1024
 TARGETS: dict[str, SpatialTarget] = {
     "sm_80": SpatialTarget("sm_80", "A100", 108, 164 * _KIB, 163 * _KIB, 48 * _KIB, _KIB, 65536, 255, 32, 2048, 8),
     "sm_86": SpatialTarget("sm_86", "RTX 3090", 82, 100 * _KIB, 99 * _KIB, 48 * _KIB, _KIB, 65536, 255, 16, 1536, 4),
-    "sm_89": SpatialTarget("sm_89", "RTX 4090", 128, 100 * _KIB, 99 * _KIB, 48 * _KIB, _KIB, 65536, 255, 24, 1536, 4),
-    "sm_90": SpatialTarget("sm_90", "H100/H200", 132, 228 * _KIB, 227 * _KIB, 48 * _KIB, _KIB, 65536, 255, 32, 2048, 8),
+    "sm_89": SpatialTarget(
+        "sm_89", "RTX 4090", 128, 100 * _KIB, 99 * _KIB, 48 * _KIB, _KIB, 65536, 255, 24, 1536, 4, fp8_mma=True
+    ),
+    "sm_90": SpatialTarget(
+        "sm_90", "H100/H200", 132, 228 * _KIB, 227 * _KIB, 48 * _KIB, _KIB, 65536, 255, 32, 2048, 8, fp8_mma=True
+    ),
     "sm_90a": SpatialTarget(
-        "sm_90a", "H100/H200", 132, 228 * _KIB, 227 * _KIB, 48 * _KIB, _KIB, 65536, 255, 32, 2048, 8, hopper=True
+        "sm_90a",
+        "H100/H200",
+        132,
+        228 * _KIB,
+        227 * _KIB,
+        48 * _KIB,
+        _KIB,
+        65536,
+        255,
+        32,
+        2048,
+        8,
+        hopper=True,
+        fp8_mma=True,
     ),
 }
 

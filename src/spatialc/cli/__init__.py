@@ -321,7 +321,7 @@ def _precision_options(g: argparse.ArgumentParser, default: str, out_help: str) 
         default=default,
         choices=["int8", "fp16", "bf16", "e4m3", "e5m2"],
         help=f"operand type (default: {default}); e4m3 and e5m2 are the 8-bit floats float8_e4m3fn and float8_e5m2,"
-        " interpreted and checked (--run runs the interpreter: no CUDA form prints them yet)",
+        " multiplied by kernels for sm_89 and later (on sm_80 / sm_86 --run is the interpreter's), mapped on any",
     )
     g.add_argument("--target", default="sm_90", help=f"GPU to plan for, one of {', '.join(TARGETS)} (default: sm_90)")
     g.add_argument("--out", choices=["int32", "int64", "float32", "fp16", "bf16"], default=None, help=out_help)

@@ -240,14 +240,15 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, checked: 
     try:
         art = api.lower(p, form=args.form)
     except SpatialError as e:
-        # A forced form that cannot be printed fails alike; an 8-bit float program's run is the interpreter's
+        # A forced form that cannot be printed fails alike; an 8-bit float program no form prints for this target
+        # (sm_80, sm_86) runs in the interpreter
         interpreted = p.precision in FP8_PRECISIONS and not args.emit and args.form == "auto"
         sass = getattr(args, "sass", False)
         if args.emit or (args.run and not interpreted) or args.form != "auto" or sass:
             raise
         print(f"  kernel    none: {e}")
         if args.run:
-            print("  run       the interpreter's, checked above: no CUDA form prints 8-bit float operands yet")
+            print(f"  run       the interpreter's, checked above: no CUDA form multiplies 8-bit floats on {p.target}")
         return 0
     times.append(f"lower {(time.perf_counter() - t0) * 1e3:.0f} ms")
     if args.emit or getattr(args, "sass", False):  # --sass compiles the kernel anyway: ptxas's count comes with it

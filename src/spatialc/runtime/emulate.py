@@ -475,7 +475,16 @@ def emulate_source(
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 EMULATION_MAX_BYTES = 2 << 30  # what an emulated run may take by default, as the interpreter's evaluate
-_C_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "long long": 8}
+_C_BYTES = {
+    "signed char": 1,
+    "__nv_fp8_e4m3": 1,
+    "__nv_fp8_e5m2": 1,
+    "__half": 2,
+    "__nv_bfloat16": 2,
+    "float": 4,
+    "int": 4,
+    "long long": 8,
+}
 
 
 def emulation_bytes(launch) -> int:

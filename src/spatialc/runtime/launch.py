@@ -50,12 +50,14 @@ from .nvcc import (  # the compile half, named here as before: spatialc.runtime.
     parse_ptxas,
 )
 from .tilize import (
+    FP8_ELEMS,
     ORDERS,
     TILE,
     LaunchError,
     bf16_to_float32,
     check_tiles,
     element_type,
+    fp8_values,
     poison_value,
     quantize,
     storage_dtype,
@@ -155,6 +157,8 @@ def bind(args: Sequence[Arg], operands: Sequence[Any], params: Mapping[str, Any]
             continue
         library_of(x.name, values[x.name])
         value = shaped(x.spec, values[x.name])
+        if isinstance(value, np.ndarray) and value.dtype.kind == "V":  # ml_dtypes (float8, bfloat16): no device array
+            value = host_array(x.name, value)  # library has them; their values, exactly (fp8 goes up as its bytes)
         if x.groups > 1:  # each group on its own share of the stacked grid
             check_tiles(x.name, tuple(value.shape[1:]), (x.tiles[0] // x.groups, x.tiles[1]))
         else:
@@ -529,7 +533,10 @@ def _converted(arg: Arg, x: Any, is_bf16: bool, xp: Any) -> Any:
     check_values(arg.name, values, dtype, xp)
     q = quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16)
     if rounding_watched(dtype):
-        floats = q.astype(xp.float32) if arg.elem == "float16" else bf16_to_float32(q, xp)
+        if arg.elem in FP8_ELEMS:
+            floats = fp8_values(q, arg.elem, xp)
+        else:
+            floats = q.astype(xp.float32) if arg.elem == "float16" else bf16_to_float32(q, xp)
         warn_if_rounded(dtype, values, floats, xp)
     return q
 
@@ -784,6 +791,8 @@ class CupyDevice:
             import torch
 
             t = x.detach()
+            if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # no DLPack or numpy type: their values, exactly
+                t = t.float()
             is_bf16 = t.dtype == torch.bfloat16
             if is_bf16:
                 t = t.view(torch.int16)

@@ -21,7 +21,8 @@ from ..ir.printer import plural
 
 # One instruction line: /*0ab0*/  @!P1 BRA 0xaa0 ; (modifiers may hold a shape: HGMMA.64x128x16.F32.BF16)
 _LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)\s*([^;]*);")
-MMA = ("HMMA", "IMMA", "HGMMA", "IGMMA")  # mma.sync's, and wgmma's (a warpgroup's asynchronous MMA)
+# mma.sync's (QMMA: sm_89's 8-bit float one), and wgmma's (a warpgroup's asynchronous MMA)
+MMA = ("HMMA", "IMMA", "QMMA", "HGMMA", "IGMMA")
 
 
 class SassError(SpatialError):
@@ -119,7 +120,14 @@ def disassemble(cubin: Path, cuobjdump: str | None = None) -> Sass:
 
 
 # Tile-MACs (16×16×16 multiply-accumulates) one MMA instruction does, by shape.
-TILE_MACS = {"HMMA.16816": 0.5, "HMMA.1688": 0.25, "IMMA.16832": 1.0, "IMMA.16816": 0.5, "IMMA.8816": 0.125}
+TILE_MACS = {
+    "HMMA.16816": 0.5,
+    "HMMA.1688": 0.25,
+    "IMMA.16832": 1.0,
+    "IMMA.16816": 0.5,
+    "IMMA.8816": 0.125,
+    "QMMA.16832": 1.0,
+}
 
 
 def tile_macs(counts: Counter[str]) -> float:

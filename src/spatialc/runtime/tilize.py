@@ -40,6 +40,8 @@ C_TYPES = {
     "half": "float16",
     "__nv_bfloat16": "bfloat16",
     "nv_bfloat16": "bfloat16",
+    "__nv_fp8_e4m3": "float8_e4m3fn",
+    "__nv_fp8_e5m2": "float8_e5m2",
     "int": "int32",
     "int32_t": "int32",
     "long long": "int64",
@@ -55,8 +57,11 @@ ELEMENT_DTYPES = {
     "int64": DType.INT64,
     "float16": DType.FP16,
     "bfloat16": DType.BF16,
+    "float8_e4m3fn": DType.E4M3,
+    "float8_e5m2": DType.E5M2,
     "float32": DType.FLOAT32,
 }
+FP8_ELEMS = ("float8_e4m3fn", "float8_e5m2")  # ml_dtypes' names; on the device their bits, in uint8
 INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
@@ -139,8 +144,9 @@ def tensor_spec(name: str, role: str, elem: str, elems: Any, groups: int = 1, he
 
 
 def storage_dtype(elem: str) -> str:
-    """The array dtype that holds `elem` on the device: bf16 lives as raw bits in uint16."""
-    return "uint16" if elem == "bfloat16" else elem
+    """The array dtype that holds `elem` on the device: bf16 lives as raw bits in uint16, the 8-bit floats in uint8
+    (neither CuPy nor numpy has them)."""
+    return "uint16" if elem == "bfloat16" else "uint8" if elem in FP8_ELEMS else elem
 
 
 # ---- the tiled layout --------------------------------------------------------------------------------------
@@ -356,6 +362,27 @@ def bf16_to_float32(bits: Any, xp: Any) -> Any:
     return (bits.astype(xp.uint32) << xp.uint32(16)).view(xp.float32)
 
 
+def fp8_bits(x: Any, elem: str, xp: Any) -> Any:
+    """The bits (uint8) of `x` rounded to the 8-bit float `elem` once, nearest even, as ml_dtypes rounds (on the host:
+    no GPU array library has these types). The caller has refused e4m3 values past its range (`check_values`)."""
+    import ml_dtypes
+
+    host = x.get() if hasattr(x, "get") else np.asarray(x)
+    kind = np.dtype(host.dtype).kind
+    wide = host if kind == "f" else host.astype(np.float64)  # integers: exact in float64 as far as they are checked
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = wide.astype(getattr(ml_dtypes, elem)).view(np.uint8)
+    return xp.asarray(bits)
+
+
+def fp8_values(bits: Any, elem: str, xp: Any) -> Any:
+    """The float32 values (exact) of 8-bit float `bits` (uint8)."""
+    import ml_dtypes
+
+    host = bits.get() if hasattr(bits, "get") else np.asarray(bits)
+    return xp.asarray(host.view(getattr(ml_dtypes, elem)).astype(np.float32))
+
+
 def quantize(x: Any, elem: str, xp: Any, *, name: str = "array", bf16_in: bool = False) -> Any:
     """`x` converted to element type `elem` in its storage dtype; floats round to nearest even, integers are
     range-checked. `bf16_in` says `x` already holds bfloat16 bits."""
@@ -376,6 +403,8 @@ def quantize(x: Any, elem: str, xp: Any, *, name: str = "array", bf16_in: bool =
             return x.astype(elem)
     if elem == "bfloat16":
         return bf16_bits(x.astype(xp.float32), xp)
+    if elem in FP8_ELEMS:
+        return fp8_bits(x, elem, xp)
     raise LaunchError(f"no conversion to element type {elem!r}")
 
 

@@ -1,5 +1,6 @@
 // spatialc host emulation — __half and __nv_bfloat16: storage types with round-to-nearest-even conversions from
-// float and directly from double (one rounding, never double rounding through float), exact ones back.
+// float and directly from double (one rounding, never double rounding through float), exact ones back; and the 8-bit
+// floats of cuda_fp8.h, __nv_fp8_e4m3 and __nv_fp8_e5m2, converted as CUDA's constructors convert (saturating).
 #ifndef SPATIALC_EMU_HALF_H
 #define SPATIALC_EMU_HALF_H
 
@@ -64,7 +65,60 @@ struct Small {
     }
 };
 
+// The largest finite value of an 8-bit float: e4m3fn (`fn`) spends its top exponent on normal numbers, all but the
+// NaN pattern S.1111.111 (448); e5m2 keeps IEEE's infinities (57344).
+constexpr double fp8_max(int mant, int expb, bool fn) {
+    const int bias = (1 << (expb - 1)) - 1, top = (1 << expb) - (fn ? 1 : 2);
+    const double frac = fn ? double((1 << (mant + 1)) - 2) : double((1 << (mant + 1)) - 1);  // 1.110b, 1.11b
+    double v = frac;
+    for (int e = 0; e < top - bias - mant; ++e) v *= 2.0;
+    return v;
+}
+
+// `x` rounded to nearest even into the 8-bit float, saturating: past the largest value (infinities included) it is
+// ±that value, NaN stays NaN (0x7f) — what cuda_fp8.h's constructors do (__NV_SATFINITE, cvt.rn.satfinite).
+inline uint8_t round_fp8(double x, int mant, int expb, bool fn) {
+    const int bias = (1 << (expb - 1)) - 1, emin = 1 - bias;
+    const uint8_t sign = std::signbit(x) ? uint8_t(0x80) : uint8_t(0);
+    if (std::isnan(x)) return 0x7f;
+    const double top = fp8_max(mant, expb, fn);
+    const double a = std::fmin(std::fabs(x), top);  // the largest value is one: rounding cannot pass it
+    if (a == 0.0) return sign;
+    const int e = std::ilogb(a) < emin ? emin : std::ilogb(a);
+    const double q = std::nearbyint(std::ldexp(a, mant - e));  // exact scale; nearbyint rounds ties to even
+    const double v = std::ldexp(q, e - mant);
+    if (v < std::ldexp(1.0, emin)) return uint8_t(sign | uint8_t(q));  // subnormal (or zero)
+    const int ev = std::ilogb(v);  // rounding may have carried into the next binade
+    const uint32_t frac = uint32_t(std::ldexp(v, mant - ev)) - (1u << mant);
+    return uint8_t(sign | ((uint32_t(ev + bias) << mant) | frac));
+}
+
+inline double decode_fp8(uint8_t bits, int mant, int expb, bool fn) {
+    if (!fn) return decode_format(bits, mant, expb);  // e5m2: IEEE's rules, infinities and NaNs included
+    if ((bits & 0x7f) == 0x7f) return NAN;
+    const int bias = (1 << (expb - 1)) - 1;
+    const int ef = (bits >> mant) & ((1 << expb) - 1);
+    const uint32_t frac = bits & ((1u << mant) - 1);
+    const double v = ef == 0 ? std::ldexp(double(frac), 1 - bias - mant)
+                             : std::ldexp(double(frac | (1u << mant)), ef - bias - mant);
+    return (bits & 0x80) ? -v : v;
+}
+
+// One byte, as cuda_fp8.h's types: conversions in are explicit and saturate, the one out (to float) is exact.
+template <int Mant, int Expb, bool Fn>
+struct Fp8 {
+    unsigned char __x;
+    Fp8() = default;
+    explicit Fp8(double d) : __x(round_fp8(d, Mant, Expb, Fn)) {}
+    explicit Fp8(float f) : __x(round_fp8(double(f), Mant, Expb, Fn)) {}
+    explicit operator float() const { return float(decode_fp8(__x, Mant, Expb, Fn)); }
+    explicit operator double() const { return decode_fp8(__x, Mant, Expb, Fn); }
+};
+
 }  // namespace spatialc_emu
+
+typedef spatialc_emu::Fp8<3, 4, true> __nv_fp8_e4m3;
+typedef spatialc_emu::Fp8<2, 5, false> __nv_fp8_e5m2;
 
 typedef spatialc_emu::Small<10, 5> __half;
 typedef spatialc_emu::Small<7, 8> __nv_bfloat16;

@@ -1,6 +1,6 @@
-// spatialc host emulation — the kernels' tensor-core layer (lower/cuda/common/tensor_core.cuh): ldmatrix operand loads
-// from swizzled, row-major or K-major tiles, mma.sync m16n8k16 (fp16, bf16, int8) and m16n8k32 (int8), accumulator
-// stores.
+// spatialc host emulation — the kernels' tensor-core layer (lower/cuda/common/tensor_core.cuh, tensor_core_fp8.cuh):
+// ldmatrix operand loads from swizzled, row-major or K-major tiles, mma.sync m16n8k16 (fp16, bf16, int8) and m16n8k32
+// (int8, e4m3, e5m2), accumulator stores.
 //
 // Each lane receives what the hardware gives it: ldmatrix row addresses are worked out for every lane from the one
 // tile pointer all lanes pass, and a lane's load is recorded as reads of exactly the bytes its registers receive
@@ -20,6 +20,7 @@
 
 #define SPATIALC_TENSOR_CORE 1
 #define SPATIALC_TENSOR_CORE_ROW 1  // tensor_core_row.cuh's loads, below
+#define SPATIALC_TENSOR_CORE_FP8 1  // tensor_core_fp8.cuh's loads and MMAs, below
 
 template <class T>
 struct spatialc_frag {
@@ -169,12 +170,14 @@ void spatialc_load_bt(spatialc_frag<T>& f, const T* tile, int line = __builtin_L
     spatialc_emu::load_b16(f, tile, true, true, "spatialc_load_bt", line);
 }
 
-// ---- 8-bit operands: A row-major, B K-major ---------------------------------------------------------------------
+// ---- 8-bit operands (int8, e4m3, e5m2): A row-major, B K-major --------------------------------------------------
 namespace spatialc_emu {
 
 // `tiles` k-tiles of A (rows g, g+8 of each: 4 bytes at 4 (l % 4)) or of K-major B (columns g, g+8 likewise).
-[[gnu::noinline]] inline void load_int8(spatialc_frag<signed char>& f, const signed char* const* t, int tiles, bool is_a,
-                                        const char* what, int line) {
+template <class T>
+[[gnu::noinline]] void load_int8(spatialc_frag<T>& f, const T* const* t, int tiles, bool is_a, const char* what,
+                                 int line) {
+    static_assert(sizeof(T) == 1, "8-bit operands");
     const int l = lane_of(what);
     f.kd = 16 * tiles;
     const void* mine[4];
@@ -212,6 +215,26 @@ inline void spatialc_load_a(spatialc_frag<signed char>& f, const signed char* ti
 inline void spatialc_load_b(spatialc_frag<signed char>& f, const signed char* tile, int line = __builtin_LINE()) {
     spatialc_emu::load_int8(f, &tile, 1, false, "spatialc_load_b", line);
 }
+
+// 8-bit floats: the bytes int8's loads move, in the same registers (tensor_core_fp8.cuh).
+#define SPATIALC_EMU_FP8_LOADS(T)                                                                           \
+    inline void spatialc_load_a2(spatialc_frag<T>& f, const T* t0, const T* t1, int line = __builtin_LINE()) { \
+        const T* t[2] = {t0, t1};                                                                           \
+        spatialc_emu::load_int8(f, t, 2, true, "spatialc_load_a2", line);                                   \
+    }                                                                                                       \
+    inline void spatialc_load_b2(spatialc_frag<T>& f, const T* t0, const T* t1, int line = __builtin_LINE()) { \
+        const T* t[2] = {t0, t1};                                                                           \
+        spatialc_emu::load_int8(f, t, 2, false, "spatialc_load_b2", line);                                  \
+    }                                                                                                       \
+    inline void spatialc_load_a(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {           \
+        spatialc_emu::load_int8(f, &tile, 1, true, "spatialc_load_a", line);                                \
+    }                                                                                                       \
+    inline void spatialc_load_b(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {           \
+        spatialc_emu::load_int8(f, &tile, 1, false, "spatialc_load_b", line);                               \
+    }
+SPATIALC_EMU_FP8_LOADS(__nv_fp8_e4m3)
+SPATIALC_EMU_FP8_LOADS(__nv_fp8_e5m2)
+#undef SPATIALC_EMU_FP8_LOADS
 
 // ---- the multiply: the lane's own eight accumulator elements ------------------------------------------------------
 namespace spatialc_emu {
@@ -253,6 +276,20 @@ inline void spatialc_mma2(spatialc_acc<int>& d, const spatialc_frag<signed char>
                           const spatialc_frag<signed char>& b) {
     spatialc_emu::mma(d, a, b, 32, "spatialc_mma2");
 }
+
+// 8-bit floats: each value decoded exactly to float, each product exact in float32 (at most 4 × 4 significant bits),
+// the products added to the float32 accumulator one k after another, as for 16-bit operands. One tile (k16) is the
+// k32 MMA with the upper 16 k zero in both operands (tensor_core_fp8.cuh): 0 · 0 added changes no sum.
+#define SPATIALC_EMU_FP8_MMA(T)                                                                             \
+    inline void spatialc_mma(spatialc_acc<float>& d, const spatialc_frag<T>& a, const spatialc_frag<T>& b) {  \
+        spatialc_emu::mma(d, a, b, 16, "spatialc_mma");                                                     \
+    }                                                                                                       \
+    inline void spatialc_mma2(spatialc_acc<float>& d, const spatialc_frag<T>& a, const spatialc_frag<T>& b) { \
+        spatialc_emu::mma(d, a, b, 32, "spatialc_mma2");                                                    \
+    }
+SPATIALC_EMU_FP8_MMA(__nv_fp8_e4m3)
+SPATIALC_EMU_FP8_MMA(__nv_fp8_e5m2)
+#undef SPATIALC_EMU_FP8_MMA
 
 // ---- accumulators -------------------------------------------------------------------------------------------------
 template <class T>

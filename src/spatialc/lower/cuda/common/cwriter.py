@@ -22,6 +22,7 @@ C_TYPES = {
     DType.FLOAT32: "float",
 }
 INCLUDES = ("cuda_pipeline.h", "mma.h", "cuda_bf16.h", "cuda_fp16.h", "cstdio", "cstdlib", "vector", "cstring")
+FP8_TYPES = ("__nv_fp8_e4m3", "__nv_fp8_e5m2")  # cuda_fp8.h's, included only by the kernels that take them
 RING_MACROS = """#ifndef SPATIALC_SHARED_RING
 #define SPATIALC_SHARED_RING(T, name, depth, page) __shared__ __align__(32) T name[(depth) * (page)]
 #define SPATIALC_DYNAMIC_RING(T, name, base, off, depth, page) T* name = reinterpret_cast<T*>((base) + (off))
@@ -70,6 +71,11 @@ CHECK_MACRO = (
     "#define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "
     '"CUDA error: %s (%s)\\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)'
 )
+
+
+def includes(operand: str) -> tuple[str, ...]:
+    """The headers a kernel of `operand` values (a C type) includes: with cuda_fp8.h where they are 8-bit floats."""
+    return (*INCLUDES, "cuda_fp8.h") if operand in FP8_TYPES else INCLUDES
 
 
 class Writer:

@@ -25,7 +25,16 @@ from .cwriter import Writer, inlined
 from .program import distinct_lists
 
 BENCH_ITERS = 20
-C_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "int": 4, "float": 4, "long long": 8}
+C_BYTES = {
+    "signed char": 1,
+    "__nv_fp8_e4m3": 1,
+    "__nv_fp8_e5m2": 1,
+    "__half": 2,
+    "__nv_bfloat16": 2,
+    "int": 4,
+    "float": 4,
+    "long long": 8,
+}
 INTEGER_OUTPUTS = ("long long", "int", "signed char")
 
 

@@ -132,7 +132,7 @@ def operand_types(p: SpatialProgram, operand: Precision) -> MmaTypes:
     precision); the input tensors must hold that type."""
     types = MMA_TYPES.get(operand)
     if types is None:
-        raise UnsupportedPrecision(operand, "the kernels have types for int8, fp16 and bf16 operands only")
+        raise UnsupportedPrecision(operand, "the kernels have types for int8, fp16, bf16, e4m3 and e5m2 operands only")
     for t in p.tensors:
         if t.role == TensorRole.INPUT and t.dtype.value != operand.value:
             raise UnsupportedPrecision(

@@ -49,6 +49,10 @@ MMA_TYPES = {
     Precision.INT8: MmaTypes("signed char", 1, "int", 4, "(signed char)"),
     Precision.FP16: MmaTypes("__half", 2, "float", 4, "__float2half_rn"),
     Precision.BF16: MmaTypes("__nv_bfloat16", 2, "float", 4, "__float2bfloat16_rn"),
+    # cuda_fp8.h's constructors round to nearest even and saturate (past ±448 / ±57344: that value; NaN stays NaN),
+    # as the interpreter rounds a computed 8-bit float operand (numerics.rounding.saturated_fp8).
+    Precision.E4M3: MmaTypes("__nv_fp8_e4m3", 1, "float", 4, "__nv_fp8_e4m3"),
+    Precision.E5M2: MmaTypes("__nv_fp8_e5m2", 1, "float", 4, "__nv_fp8_e5m2"),
 }
 
 

@@ -36,11 +36,11 @@ from ....ir.ops import (
 from ....ir.ops import (
     cols as expr_cols,
 )
-from ....passes.tile import operand_layouts
+from ....passes.tile import operand_layouts, sized_as
 from ...census import marker
 from ...errors import Unsupported
 from . import epilogue
-from .cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum, inlined_lines
+from .cwriter import FP8_TYPES, Writer, addr_expr, c_div, c_mod, c_mul, c_sum, inlined_lines
 from .rings import TILE_ELEMS, MmaTypes, Ring, Rings
 
 
@@ -313,8 +313,9 @@ class TilePrinter:
 
     @staticmethod
     def k_pairs(mm: MatmulTiles) -> int:
-        """K tiles taken two at a time: int8's native MMA is k32, two 16-wide tiles (the rest goes one at a time)."""
-        return 2 if mm.operand == Precision.INT8 and mm.block.ibw >= 2 else 1
+        """K tiles taken two at a time: the 8-bit operands' (int8, e4m3, e5m2) native MMA is k32, two 16-wide tiles
+        (the rest goes one at a time)."""
+        return 2 if sized_as(mm.operand) == Precision.INT8 and mm.block.ibw >= 2 else 1
 
     def k_loop(self, mm: MatmulTiles, body) -> None:
         """`body(kk, step)` for each K step of the page: steps of two tiles where the MMA takes them, then one."""
@@ -333,11 +334,13 @@ class TilePrinter:
     @staticmethod
     def a_loader(mm: MatmulTiles, a: Ring) -> str:
         """How A's fragments are loaded (`operand_load`'s `which`): from swizzled 16-bit tiles or plain 8-bit ones
-        (a), from plain 16-bit ones (a_row: a page an engine computed, stored as the accumulator's rows), or from
-        plain float32 ones rounded as they are loaded (a_float: a page other ops read unrounded, attention's P)."""
-        if a.c_type == "EPIT" and mm.operand != Precision.INT8:
+        (a: 8-bit A pages are row-major), from plain 16-bit ones (a_row: a page an engine computed, stored as the
+        accumulator's rows), or from plain float32 ones rounded as they are loaded (a_float: a page other ops read
+        unrounded, attention's P)."""
+        wide = sized_as(mm.operand) != Precision.INT8
+        if a.c_type == "EPIT" and wide:
             return "a_float"
-        return "a_row" if mm.operand != Precision.INT8 and not a.layout.swizzled else "a"
+        return "a_row" if wide and not a.layout.swizzled else "a"
 
     @staticmethod
     def b_loader(mm: MatmulTiles, b: Ring) -> str:
@@ -347,7 +350,7 @@ class TilePrinter:
         swizzled; bt_row, plain)."""
         if mm.transpose_b:
             return "bt" if b.layout.swizzled else "bt_row"
-        return "b_row" if mm.operand != Precision.INT8 and b.layout == PageLayout.ROW else "b"
+        return "b_row" if sized_as(mm.operand) != Precision.INT8 and b.layout == PageLayout.ROW else "b"
 
     @staticmethod
     def b_slot(mm: MatmulTiles, col: str, kk: str, rows: str) -> str:
@@ -610,13 +613,16 @@ class TilePrinter:
 
 
 def tensor_core_lines(rings: Rings, types: MmaTypes, float_a: bool = False) -> list[str]:
-    """The tensor-core layer a kernel inlines: `tensor_core.cuh`, and `tensor_core_row.cuh` where a 16-bit operand
-    page is plain row-major (a page an engine computed, or a tensor's tiles as stored) or, `float_a`, a matmul reads
-    A from float32 values (attention's P), which `a_loader` and `b_loader` read with its loads."""
+    """The tensor-core layer a kernel inlines: `tensor_core.cuh`, `tensor_core_row.cuh` where a 16-bit operand page
+    is plain row-major (a page an engine computed, or a tensor's tiles as stored) or, `float_a`, a matmul reads A
+    from float32 values (attention's P), which `a_loader` and `b_loader` read with its loads, and
+    `tensor_core_fp8.cuh` where the operands are 8-bit floats."""
     rows = types.operand_bytes == 2 and (
         float_a or any(r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values())
     )
-    return inlined_lines("common/tensor_core.cuh", *(["common/tensor_core_row.cuh"] if rows else []))
+    fp8 = types.operand in FP8_TYPES
+    extra = ["common/tensor_core_row.cuh"] * rows + ["common/tensor_core_fp8.cuh"] * fp8
+    return inlined_lines("common/tensor_core.cuh", *extra)
 
 
 def check_operand_layouts(operand: Precision, a: Ring, b: Ring, transpose_b: bool = False) -> None:
@@ -624,7 +630,7 @@ def check_operand_layouts(operand: Precision, a: Ring, b: Ring, transpose_b: boo
     pages may also be plain row-major (`a_loader`, `b_loader`: a page an engine computed, or a tensor's tiles as
     stored); a page holding Bᵀ (`transpose_b`) is read from 16-bit row-major tiles, swizzled or plain."""
     want = operand_layouts(operand)
-    wide = operand != Precision.INT8
+    wide = sized_as(operand) != Precision.INT8
     also = {"A": (PageLayout.ROW,), "B": (PageLayout.ROW,) if wide else ()}
     for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
         if ring.layout.panels:

@@ -47,12 +47,12 @@ from ..common.clusters import GeneralClusterPrinter, reset_image
 from ..common.cwriter import (
     C_TYPES,
     CHECK_MACRO,
-    INCLUDES,
     PAGE_MACROS,
     RING_MACROS,
     STORE_MACRO,
     Writer,
     addr_expr,
+    includes,
     inlined_lines,
     site_prologue,
     span_count,
@@ -297,7 +297,7 @@ def preamble(k: GeneralKernel) -> list[str]:
         f"// {plain(p.name)}: the general CUDA form printed by spatialc from the spatial IR; each block is one site,"
         " each engine runs on warps of its own and the rings hand pages over through mbarriers."
     ]
-    lines += [f"#include <{h}>" for h in INCLUDES]
+    lines += [f"#include <{h}>" for h in includes(k.types.operand)]
     lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *inlined_lines("general/mbarrier.cuh"), ""]
     # A map program's kernel multiplies nothing: no tensor-core layer, no accumulator type, no compute warps.
     float_a = any(  # a matmul reading a page of float32 values (attention's P): rounded as loaded

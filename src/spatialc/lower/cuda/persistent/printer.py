@@ -26,11 +26,11 @@ from ...errors import Unsupported
 from ..common import epilogue
 from ..common.cwriter import (
     CHECK_MACRO,
-    INCLUDES,
     PAGE_MACROS,
     RING_MACROS,
     STORE_MACRO,
     Writer,
+    includes,
     site_prologue,
 )
 from ..common.maps import MapPrinter
@@ -279,7 +279,7 @@ def preamble(k: Kernel) -> list[str]:
     lines = [
         f"// {plain(p.name)}: a persistent CUDA kernel printed by spatialc from the spatial IR; each block is one site."
     ]
-    lines += [f"#include <{h}>" for h in INCLUDES]
+    lines += [f"#include <{h}>" for h in includes(k.types.operand)]
     if k.pages:  # no tensor cores, no fragments: pages read and written element by element, in EPIT values
         lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, ""]
         epit = "long long" if k.integer else "float"

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from ....ir.names import plain
 from ....ir.nodes import PageLayout, SpatialProgram, TensorRole
 from ....ir.ops import (
+    FP8_PRECISIONS,
     AcquireAcc,
     ChoreoOp,
     Compute,
@@ -77,6 +78,7 @@ from ....ir.ops import (
 from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
+from ....passes.tile import FP8_SM90A
 from ....passes.verify import derived
 from ....target import WARP, SpatialTarget
 from ...artifact import Budget, CudaArtifact, TensorMap
@@ -170,6 +172,8 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
             f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
+    if p.precision in FP8_PRECISIONS:
+        raise Unsupported(f"{p.precision.value} operands in the sm_90a form", FP8_SM90A)
     general.refuse(p)
     if len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
