@@ -65,15 +65,6 @@ __device__ __forceinline__ void spatialc_load_b(spatialc_frag<T>& f, const T* ti
     spatialc_ldsm_x4_trans(f.r, tile + spatialc_swizzled((j & 7u) + ((j >> 3) & 1u) * 8u, j >> 4));
 }
 
-// Bᵀ's swizzled tile (K-major B: tile row n holds column n's 16 k — attention's K), the mma's column-major B fragment
-// as it stands, so the load does not transpose: lane j names tile row (j % 8) + 8 (j / 16), k half (j / 8) % 2.
-template <class T>
-__device__ __forceinline__ void spatialc_load_bt(spatialc_frag<T>& f, const T* tile)
-{
-    const unsigned j = spatialc_lane();
-    spatialc_ldsm_x4(f.r, tile + spatialc_swizzled((j & 7u) + (j >> 4) * 8u, (j >> 3) & 1u));
-}
-
 __device__ __forceinline__ void spatialc_mma_half(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
                                                   const __half*)
 {

@@ -612,13 +612,13 @@ class TilePrinter:
             self.w.line(f"spatialc_acc_zero({self.accf}[q]);")
 
 
-def tensor_core_lines(rings: Rings, types: MmaTypes, float_a: bool = False) -> list[str]:
+def tensor_core_lines(rings: Rings, types: MmaTypes, more_loads: bool = False) -> list[str]:
     """The tensor-core layer a kernel inlines: `tensor_core.cuh`, `tensor_core_row.cuh` where a 16-bit operand page
-    is plain row-major (a page an engine computed, or a tensor's tiles as stored) or, `float_a`, a matmul reads A
-    from float32 values (attention's P), which `a_loader` and `b_loader` read with its loads, and
-    `tensor_core_fp8.cuh` where the operands are 8-bit floats."""
+    is plain row-major (a page an engine computed, or a tensor's tiles as stored) or, `more_loads`, a matmul reads A
+    from float32 values or a page of Bᵀ (attention's P and K), which `a_loader` and `b_loader` read with its loads,
+    and `tensor_core_fp8.cuh` where the operands are 8-bit floats."""
     rows = types.operand_bytes == 2 and (
-        float_a or any(r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values())
+        more_loads or any(r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values())
     )
     fp8 = types.operand in FP8_TYPES
     extra = ["common/tensor_core_row.cuh"] * rows + ["common/tensor_core_fp8.cuh"] * fp8

@@ -293,21 +293,23 @@ def cycles(ops: tuple[ChoreoOp, ...], r: int, rings) -> bool:
 
 def preamble(k: GeneralKernel) -> list[str]:
     p = k.program
+
+    def float_page(buf) -> bool:
+        return k.rings.rings[k.rings.template[buf]].c_type == "EPIT"
+
     lines = [
         f"// {plain(p.name)}: the general CUDA form printed by spatialc from the spatial IR; each block is one site,"
         " each engine runs on warps of its own and the rings hand pages over through mbarriers."
     ]
     lines += [f"#include <{h}>" for h in includes(k.types.operand)]
     lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *inlined_lines("general/mbarrier.cuh"), ""]
-    # A map program's kernel multiplies nothing: no tensor-core layer, no accumulator type, no compute warps.
-    float_a = any(  # a matmul reading a page of float32 values (attention's P): rounded as loaded
-        isinstance(op, Compute)
-        and isinstance(op.op, MatmulTiles)
-        and k.rings.rings[k.rings.template[op.ins[0]]].c_type == "EPIT"
+    more_loads = any(  # a matmul reading float32 values (attention's P, rounded as loaded) or Bᵀ (its K)
+        isinstance(op, Compute) and isinstance(op.op, MatmulTiles) and (op.op.transpose_b or float_page(op.ins[0]))
         for role in k.roles
         for op in role.walk()
     )
-    lines += [*tensor_core_lines(k.rings, k.types, float_a), ""] if k.accumulates else []
+    # A map program's kernel multiplies nothing: no tensor-core layer, no accumulator type, no compute warps.
+    lines += [*tensor_core_lines(k.rings, k.types, more_loads), ""] if k.accumulates else []
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;"]
     lines += [f"typedef {k.types.acc} ACCT;"] if k.accumulates else []
