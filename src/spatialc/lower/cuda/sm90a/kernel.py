@@ -60,7 +60,6 @@ from dataclasses import dataclass
 from ....ir.names import plain
 from ....ir.nodes import PageLayout, SpatialProgram, TensorRole
 from ....ir.ops import (
-    FP8_PRECISIONS,
     AcquireAcc,
     ChoreoOp,
     Compute,
@@ -77,7 +76,6 @@ from ....ir.ops import (
 )
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
-from ....passes.tile import FP8_SM90A
 from ....passes.verify import derived
 from ....target import WARP, SpatialTarget
 from ...artifact import Budget, CudaArtifact, TensorMap
@@ -157,8 +155,6 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
             f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
-    if p.precision in FP8_PRECISIONS:
-        raise Unsupported(f"{p.precision.value} operands in the sm_90a form", FP8_SM90A)
     general.refuse(p)
     if len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
@@ -357,14 +353,23 @@ def _consumers(wg: Warpgroups) -> str:
     return "one wgmma consumer warpgroup, two blocks an SM" if wg.paired else "two wgmma consumer warpgroups"
 
 
+# The PTX type of a wgmma's 8-bit float operands, by their C type.
+FP8_PTX = {"__nv_fp8_e4m3": "e4m3", "__nv_fp8_e5m2": "e5m2"}
+
+
 def wgmma_specialisations(n: int, operand: str, integer: bool) -> list[str]:
     """The wgmma of width `n` for the kernel's operand type, as inline PTX: its accumulator list is `n / 2` registers
     long, which is why it is printed rather than written out in sm90a.cuh. A and B both come from shared memory;
-    16-bit B is N-major (transposed), int8 operands are K-major (the only way int8 wgmma reads them)."""
+    16-bit B is N-major (transposed), 8-bit operands (int8, e4m3, e5m2) are K-major — the only way the PTX ISA lets
+    a wgmma of them read B (its transposes are the 16-bit types' alone). The 8-bit floats' wgmma (k32, float32
+    accumulators) takes the floating-point variants' operand scales, here 1 and 1 (no negation)."""
     regs = n // 2
     acc = ", ".join(f"%{i}" for i in range(regs))
     if integer:
         shape, dtype, tail, out = f"m64n{n}k32", "s32.s8.s8", "p", '"+r"'
+    elif operand in FP8_PTX:
+        ty = FP8_PTX[operand]
+        shape, dtype, tail, out = f"m64n{n}k32", f"f32.{ty}.{ty}", "p, 1, 1", '"+f"'
     else:
         ty = "bf16" if "bfloat16" in operand else "f16"
         shape, dtype, tail, out = f"m64n{n}k16", f"f32.{ty}.{ty}", "p, 1, 1, 0, 1", '"+f"'
