@@ -161,3 +161,16 @@ def test_nvcc_compiles_it_clean_and_its_main_loop_is_qgmma(compiled, prec):
     ty = prec.upper()
     assert loop is not None and loop.mmas == ((f"QGMMA.64x256x32.F32.{ty}.{ty}", 4),), loop  # 128 bytes of K a step
     assert loop.tile_macs == 128  # 2 warpgroups x 64 x 256 x 128 / (16³ x 8 warps) a warp
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_the_cli_runs_an_e5m2_gemm_in_the_sm90a_form_within_its_bound(capsys):
+    from spatialc.cli import main
+
+    args = ["gemm", "70", "50", "96", "--precision", "e5m2", "--target", "sm_90a", "--row-scale", "--bias", "--run"]
+    status = main(args)
+    out, err = capsys.readouterr()
+    assert status == 0, out + err
+    assert "sm_90a form" in out and "with wgmma m64n16k32" in out  # 32 K elements an 8-bit wgmma
+    assert "C equals the numpy reference within its bound" in out and "8-bit float wgmma sums" in out

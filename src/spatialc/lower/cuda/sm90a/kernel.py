@@ -1,24 +1,25 @@
 """The sm_90a form: the general form's engines on warps of their own, with Hopper's data path.
 
 - The reader is one thread of a producer warpgroup. The operands it loads are not tiled in global memory but stored
-  as matrices (`KernelParam.order` "rows"; int8 B "cols", its transpose), and each page lands as the IR's
-  `panels` layout says (`panels_t` for int8 B): one row-major matrix in panels as wide as its rows allow, up to 128
-  bytes, swizzled by the copy engine as wgmma reads them — the layout of every fast Hopper GEMM. Each `ReadTiles`
-  is one 2-D TMA box a panel (`Panels`), all announced on the slot's full barrier by one `expect_tx` of exactly the
-  page's bytes; `Push` is the reader's one arrival on it, made with the `expect_tx` (`mbarrier.arrive.expect_tx`)
-  where the Push follows the load at once. The phase completes when the arrival and every byte are in. Each stage
-  starts on 1024 bytes, so the swizzle by address is the page's own.
+  as matrices (`KernelParam.order` "rows"; 8-bit B "cols", its transpose), and each page lands as the IR's
+  `panels` layout says (`panels_t` for 8-bit B: int8, e4m3, e5m2): one row-major matrix in panels as wide as its
+  rows allow, up to 128 bytes, swizzled by the copy engine as wgmma reads them — the layout of every fast Hopper
+  GEMM. Each `ReadTiles` is one 2-D TMA box a panel (`Panels`), all announced on the slot's full barrier by one
+  `expect_tx` of exactly the page's bytes; `Push` is the reader's one arrival on it, made with the `expect_tx`
+  (`mbarrier.arrive.expect_tx`) where the Push follows the load at once. The phase completes when the arrival and
+  every byte are in. Each stage starts on 1024 bytes, so the swizzle by address is the page's own.
 - The compute engine is a consumer warpgroup per 64 rows of the item (`plan.Warpgroups`): two for items of
   128 rows (the eight accumulator warps), their block alone on its SM; one for items of 64 rows (a forced block of 4
   tile rows: the planner does not choose them), two blocks sharing each SM, so that one block's epilogue runs while
   the other's wgmma keep the tensor cores busy — what a ping-pong kernel's alternating consumers do, with one
   compute engine a site. Warp w holds the item's tile row w, every
   column, in wgmma's accumulator layout, which is the m16n8 layout `spatialc_acc` already names. A K step
-  issues one `wgmma.mma_async` per 32 bytes of K (16 elements; int8 32) with both operands read from shared memory
+  issues one `wgmma.mma_async` per 32 bytes of K (16 elements; 8-bit 32) with both operands read from shared memory
   through matrix descriptors of the panels' swizzle: A K-major (a warpgroup's 64 rows, 8-row groups a panel row ×
   8 apart), 16-bit B N-major (transposed: its K rows are panel rows, the next panel of columns the leading
-  offset on), int8 B K-major like A. Where the K loop is not pipelined (below), the first `Pop` after a step
-  waits for its group (`wgmma.wait_group 0`) before it releases the slot: until then the MMA may still read it.
+  offset on), 8-bit B K-major like A (the 8-bit floats as int8, into float32 accumulators). Where the K loop is
+  not pipelined (below), the first `Pop` after a step waits for its group (`wgmma.wait_group 0`) before it releases
+  the slot: until then the MMA may still read it.
 - The K loop keeps one wgmma group in flight where the operand rings are at least two pages deep: a step issues
   its MMAs, waits until only they are in flight (`wait_group 1`) and then releases the previous step's stages; the
   last step's are released after the loop, once its group has retired. Each release is the IR's `Pop`, one step
