@@ -64,6 +64,23 @@ def test_the_emulated_wgmma_is_within_the_kernel_bound_of_the_interpreter(case):
 
 @needs_gxx
 @pytest.mark.emulation
+def test_a_residual_of_e4m3_values_read_by_tma_into_an_fp16_c():
+    """The residual's page lands a 16 x 16 box of bytes a tile (its map's elements 1 byte, as int8's) and the fused
+    store adds it to the scaled sum; C is fp16 (stmatrix)."""
+    m, n, k = 70, 48, 96
+    p = hopper_gemm(m, n, k, "e4m3", [spatialc.col_scale(), spatialc.residual()], out="fp16")
+    assert {t.name: t.dtype.value for t in p.tensors}["residual"] == "e4m3"
+    x = {key: v for key, v in scaled_inputs(m, n, k, "e4m3").items() if key in ("A", "B", "col_scale")}
+    x["residual"] = np.random.default_rng(1).integers(-16, 16, (m, n)).astype(np.float32) / 4  # e4m3 values
+    c = emulated(p, x)
+    ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
+    assert ok, how
+    want = spatialc.evaluate(p, x).astype(np.float64)
+    assert np.abs(c.astype(np.float64) - want).max() <= 2**-10 * np.abs(want).max()
+
+
+@needs_gxx
+@pytest.mark.emulation
 def test_an_emulated_wgmma_decoding_e4m3_bytes_as_e5m2_is_caught(tmp_path, monkeypatch):
     headers = tmp_path / "emu"
     shutil.copytree(emulation.HEADER_DIR, headers)
