@@ -15,7 +15,8 @@
   13 fraction bits, truncated (DeepSeek-V3's report, arXiv 2412.19437 §3.3.2: "around 14 bits", nearly 2% relative
   error at K = 4096; Khattak and Mikaitis, arXiv 2512.07004, model H100's 8-bit sums bit for bit). The kernel does
   not promote partial sums to float32 registers (DeepGEMM's remedy), so its bound adds 2^-12 of |A|@|B| for each
-  k32 wgmma step — twice the truncation's 2^-13, a margin for a model not yet measured on a GPU: `FP8_WGMMA_STEP`.
+  k32 wgmma step — twice the truncation's 2^-13 (`FP8_WGMMA_STEP`; 3.2% at K = 4096, where DeepSeek measured about
+  2%): fitted to published measurements, not proven for every input, and not yet checked on a GPU here.
 - **Epilogues** (elementwise ops, `numerics.elementwise`) compute each op in float64 from float32 operands and round
   once to float32, in the interpreter, the kernel and the emulation alike; an op that calls a library function
   (exp, log, tanh, erf, pow) may land one float32 ulp from the interpreter's, gelu's 2^-50·|x| in its cancelling
