@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import spatialc
+from spatialc.errors import PlanError
 from spatialc.lower.errors import Unsupported
 from spatialc.numerics.tolerance import FP8_WGMMA_STEP
 from spatialc.runtime import emulate as emulation
@@ -135,6 +136,10 @@ def test_the_other_targets_keep_their_forms_and_split_k_its_general_plan():
     split = hopper_gemm(48, 40, 512, "e4m3", [], split_k=2)
     assert any(t.role.value == "workspace" for t in split.tensors)
     assert spatialc.lower(split).budget.form == "general"
+    with pytest.raises(PlanError, match="e4m3 K steps of 3 tiles: an 8-bit wgmma takes K in pairs of tiles"):
+        hopper_gemm(37, 29, 53, "e4m3", block=(8, 1, 3), form="sm90a")
+    forced = spatialc.lower(hopper_gemm(37, 29, 53, "e4m3", block=(2, 4, 3)))  # a block wgmma does not take: mma.sync
+    assert forced.budget.form == "persistent" and "mma.sync.aligned.m16n8k32.row.col.f32.e4m3" in forced.kernel_cu
 
 
 def test_the_kernel_bound_of_the_sm90a_fp8_kernel_counts_its_wgmma_steps():
