@@ -1,6 +1,6 @@
 """8-bit float operands (issue 34, first slice): e4m3 (float8_e4m3fn) and e5m2 (float8_e5m2) GEMMs built, verified
 and interpreted exactly, their inputs rounded once as ml_dtypes rounds them, e4m3's range refused; sm_80 / sm_86 (no
-8-bit float MMA) and the sm_90a form refusing them by one line (the kernels: tests/lower/test_fp8_kernels.py)."""
+8-bit float MMA) refusing them by one line (the kernels: tests/lower/test_fp8_kernels.py and test_sm90a_fp8.py)."""
 
 from __future__ import annotations
 
@@ -176,10 +176,7 @@ def test_an_interpreter_storing_e4m3_inputs_as_e5m2_is_caught(monkeypatch):
 
 @pytest.mark.parametrize(
     ("target", "forms", "says"),
-    [
-        ("sm_80", ["auto", "general", "persistent"], "need the tensor cores' e4m3 / e5m2 MMA"),
-        ("sm_90a", ["sm90a"], r"\(e4m3, e5m2\) are printed by the persistent and general forms"),
-    ],
+    [("sm_80", ["auto", "general", "sm90a", "persistent"], "need the tensor cores' e4m3 / e5m2 MMA")],
 )
 def test_auto_builds_everywhere_and_the_forms_without_fp8_refuse_by_one_line(target, forms, says):
     p = spatialc.build(spatialc.gemm(48, 40, 72, "e5m2", epilogue=SCALED), target)

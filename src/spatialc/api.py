@@ -130,7 +130,7 @@ def lower(program: SpatialProgram, target: str | SpatialTarget | None = None, fo
     expect_program("lower", program, "from spatialc.build")
     _printed_by_a_form(program, form)
     t = get_target(target or program.target)
-    _printed_precision(program, form, t)
+    _printed_precision(program, t)
     if program.verified:
         verify(program, t if t.name == program.target else None)
     art = lower_cuda(program, t, form)
@@ -149,21 +149,19 @@ def _printed_by_a_form(program: SpatialProgram, form: str) -> None:
         raise UnknownForm(form)
 
 
-def _printed_precision(program: SpatialProgram, form: str, target: SpatialTarget) -> None:
-    """Unsupported, in one line, for a program of 8-bit float operands that asks the sm_90a form (by `form`, or by its
-    plan's panels), or that multiplies them for a target without 8-bit float MMAs (sm_80, sm_86) — the persistent and
-    general forms print the others (a map or row program of 8-bit float inputs, which multiplies nothing, anywhere)."""
+def _printed_precision(program: SpatialProgram, target: SpatialTarget) -> None:
+    """Unsupported, in one line, for a program that multiplies 8-bit floats for a target without 8-bit float MMAs
+    (sm_80, sm_86); every form prints the others where it prints their int8 twin (the sm_90a form on sm_90a only, as
+    for any precision), and a map or row program of 8-bit float inputs, which multiplies nothing, anywhere."""
     from .ir.ops import FP8_PRECISIONS
     from .lower.errors import Unsupported
     from .passes.maps import is_map_program
     from .passes.rows import is_row_program
-    from .passes.tile import FP8_NO_MMA, FP8_SM90A, in_panels
+    from .passes.tile import FP8_NO_MMA
 
     if program.precision not in FP8_PRECISIONS:
         return
     what = f"program {program.name} ({program.precision.value} operands)"
-    if form == "sm90a" or in_panels(program):
-        raise Unsupported(f"{what} in the sm_90a form", FP8_SM90A)
     if not target.fp8_mma and not (is_map_program(program) or is_row_program(program)):
         raise Unsupported(f"{what} for {target.name}", FP8_NO_MMA)
 

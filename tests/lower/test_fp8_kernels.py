@@ -2,7 +2,7 @@
 operands with sm_89's mma.sync m16n8k32 (`common/tensor_core_fp8.cuh`), their pages laid out and loaded as int8's,
 float32 accumulators and the float epilogue. The host emulation runs them within the kernel's bound of the
 interpreter's result, a planted fault in the emulation or in the kernel text is caught, nvcc compiles them for sm_89
-and sm_90 without a warning, and sm_80 / sm_86 and the sm_90a form refuse them by one line."""
+and sm_90 without a warning, and sm_80 / sm_86 refuse them by one line (the sm_90a form's wgmma: test_sm90a_fp8.py)."""
 
 from __future__ import annotations
 
@@ -138,18 +138,6 @@ def test_targets_without_fp8_mma_are_refused_by_one_line(target):
         spatialc.lower(fp8_gemm(48, 40, 72, "e4m3"), target)  # a program of sm_90 lowered for it
 
 
-def test_the_sm90a_form_refuses_and_auto_on_sm90a_prints_the_persistent_form():
-    p = fp8_gemm(48, 40, 72, "e4m3", target="sm_90a")
-    art = spatialc.lower(p)
-    assert art.budget.form == "persistent"
-    assert any("not the sm_90a form" in n and "wgmma" in n for n in art.notes)
-    with pytest.raises(Unsupported, match="printed by the persistent and general forms .* not yet by the sm_90a"):
-        spatialc.lower(p, form="sm90a")
-    panels = fp8_gemm(48, 40, 72, "e4m3", target="sm_90a", form="sm90a")
-    with pytest.raises(Unsupported, match="in the sm_90a form: 8-bit float operands"):
-        spatialc.lower(panels)
-
-
 def test_the_launcher_takes_fp8_as_uint8_bits():
     assert element_type("__nv_fp8_e4m3*") == "float8_e4m3fn" and storage_dtype("float8_e5m2") == "uint8"
     x = np.array([1.0, -0.3, 448.0, 2.0**-9, 0.0, 57344.0])
@@ -215,7 +203,7 @@ def test_ptxas_refuses_the_fp8_mma_for_sm86_which_is_why_lower_does(tmp_path):
 @pytest.mark.skipif(NVCC is None or find_cuobjdump() is None, reason="nvcc and cuobjdump are needed")
 def test_the_sass_is_sm89s_fp8_mma_and_on_sm90_ptxas_unpacks_to_fp16():
     """sm_89 runs mma.sync e4m3 as QMMA.16832; on sm_90 ptxas widens the bytes to fp16 (exact) and runs two
-    HMMA.16816 a k32 step — Hopper's 8-bit float tensor-core path is wgmma, the sm_90a form's next step."""
+    HMMA.16816 a k32 step — Hopper's 8-bit float tensor-core path is wgmma, the sm_90a form's (test_sm90a_fp8.py)."""
     art = spatialc.lower(fp8_gemm(256, 256, 256, "e4m3"))
     assert art.budget.form == "persistent"
     on89 = main_loop_census(disassemble(compile_cubin(art.kernel_cu, "sm_89")))

@@ -7,13 +7,14 @@ from typing import Any
 import numpy as np
 
 from ..ir.nodes import ComputeStage, Fifo, Interm, PageLayout, SpatialProgram
-from ..ir.ops import RowReduce
+from ..ir.ops import Precision, RowReduce
 from ..ir.printer import plural
 from ..ir.traffic import global_read_bytes, read_bytes
 from ..passes.attention import attention_shape, is_attention_program
 from ..passes.maps import is_map_program
 from ..passes.rows import is_row_program
 from ..passes.split import split_ranges, workspace_bytes
+from ..passes.tile import sized_as
 from ..target import target
 
 
@@ -224,7 +225,7 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
     elif bud.form == "sm90a":
         plan = p.plans[0]
         h, w = plan.item_tiles
-        k_per = 32 if p.precision.value == "int8" else 16
+        k_per = 32 if sized_as(p.precision) == Precision.INT8 else 16  # K elements a wgmma: 32 bytes
         params = art.launch.params
         loads = [m for m in art.launch.tensor_maps if params[m.tensor].role != "output"]
         stores = [m for m in art.launch.tensor_maps if params[m.tensor].role == "output"]

@@ -25,7 +25,7 @@ class Precision(StrEnum):
     E5M2 = "e5m2"
 
 
-FP8_PRECISIONS = frozenset({Precision.E4M3, Precision.E5M2})  # the 8-bit floats: interpreted, not printed yet
+FP8_PRECISIONS = frozenset({Precision.E4M3, Precision.E5M2})  # the 8-bit floats: int8's pages, float sums
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,13 @@
   cannot overflow), so int8 results are *exact*. fp16 / bf16 accumulate in float32 on the GPU (and in its host
   emulation), in an order the hardware chooses; the interpreter sums in float64 and rounds once. A K-term float32
   sum is within K·u·Σ|a·b| of the exact sum (u = 2^-24, the classical bound), so a kernel's C is within (K + 4)
-  float32 units of |A|@|B| of the float64 reference, and the interpreter's within 4.
+  float32 units of |A|@|B| of the float64 reference, and the interpreter's within 4. The exception is Hopper's 8-bit
+  float wgmma (the sm_90a form's e4m3 / e5m2 kernel): the tensor core keeps its float32 accumulators' sums to about
+  13 fraction bits, truncated (DeepSeek-V3's report, arXiv 2412.19437 §3.3.2: "around 14 bits", nearly 2% relative
+  error at K = 4096; Khattak and Mikaitis, arXiv 2512.07004, model H100's 8-bit sums bit for bit). The kernel does
+  not promote partial sums to float32 registers (DeepGEMM's remedy), so its bound adds 2^-12 of |A|@|B| for each
+  k32 wgmma step — twice the truncation's 2^-13 (`FP8_WGMMA_STEP`; 3.2% at K = 4096, where DeepSeek measured about
+  2%): fitted to published measurements, not proven for every input, and not yet checked on a GPU here.
 - **Epilogues** (elementwise ops, `numerics.elementwise`) compute each op in float64 from float32 operands and round
   once to float32, in the interpreter, the kernel and the emulation alike; an op that calls a library function
   (exp, log, tanh, erf, pow) may land one float32 ulp from the interpreter's, gelu's 2^-50·|x| in its cancelling
@@ -36,13 +42,17 @@ import numpy as np
 
 from ..errors import ProgramError
 from ..ir.nodes import DType, SpatialProgram, TensorRole
-from ..ir.ops import Map, Precision
+from ..ir.ops import FP8_PRECISIONS, Map, Precision
 from . import elementwise
 
 F32_MAX = float(np.finfo(np.float32).max)  # 3.4e38: a float32 sum at or past it is ±inf (or NaN)
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
 OUT_EPS = {DType.FLOAT32: EPS32, DType.FP16: 2.0**-10, DType.BF16: 2.0**-7}  # one ulp at 1.0 of C's type
 OUT_NAMES = {eps: d.value for d, eps in OUT_EPS.items()}
+# What each k32 wgmma step of the sm_90a form's 8-bit float kernel may lose of |A|@|B|, in float32 ulps at 1.0:
+# 2^-12, twice the 2^-13 of a sum truncated to 13 fraction bits (the module docstring says where that comes from).
+FP8_WGMMA_STEP = 2**11
+FP8_WGMMA_K = 32  # K elements of one 8-bit wgmma
 
 
 class RangeWarning(UserWarning):
@@ -69,6 +79,7 @@ class Tolerance:
     rows: bool = False  # mapped, and it reduces rows: each reduction's bound too (`elementwise.reduce_bound`)
     attention: bool = False  # an attention program: O and LSE, each its own bound (`numerics.attention`)
     kernel: bool = False  # a kernel's bound: it holds where |A|@|B| stays within float32's range
+    wgmma_fp8: bool = False  # the sm_90a form's 8-bit float kernel: its sums' reduced precision is in `ulps`
     strict: bool = False  # inputs past that range are refused (InputError) rather than warned about
 
     @property
@@ -100,7 +111,8 @@ class Tolerance:
             )
         carried = ", carried through each epilogue op" if self.epilogue else ""
         out = OUT_NAMES.get(self.out_eps, "float32")
-        return f"{self.ulps} float32 ulps of |A|@|B|{carried}, plus 2 {out} ulps of |C|"
+        why = " (Hopper's 8-bit float wgmma sums: 2^-12 a k32 step)" if self.wgmma_fp8 else ""
+        return f"{self.ulps} float32 ulps of |A|@|B|{why}{carried}, plus 2 {out} ulps of |C|"
 
     def bound(self, inputs: Mapping[str, Any]) -> np.ndarray:
         """The allowed |C − ref| of each element for these inputs (zeros for an exact program); a program of
@@ -263,13 +275,15 @@ class Tolerance:
 
 def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = False) -> Tolerance:
     """The bound a result of `program` meets: the interpreter's (a float64 sum rounded once: 4 ulps), or with
-    `kernel` a GPU kernel's or its emulation's (a float32 sum of K terms: K + 4 ulps). int8 is exact either way.
+    `kernel` a GPU kernel's or its emulation's (a float32 sum of K terms: K + 4 ulps; the sm_90a form's 8-bit float
+    kernel, planned in panels, FP8_WGMMA_STEP more for each of its ⌈K / 32⌉ wgmma steps). int8 is exact either way.
 
     A kernel's bound holds while |A|@|B| stays below float32's largest value (3.4e38): past it the float32 sum may
     overflow. Inputs past it are said once (RangeWarning), or with `strict` refused (InputError)."""
     from ..api import expect_program
 
     expect_program("tolerance", program, "from spatialc.gemm or build")
+    from ..passes.tile import in_panels
     from .reference import _declared, is_attention
 
     if is_attention(program):  # O's ulps and LSE's, each in its own type (`numerics.attention.attention_bound`)
@@ -286,6 +300,9 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
     if len(decl.matmuls) > 1:  # ulps: 1 marks the kernel's bound (K + 4 per matmul, each its own K)
         return Tolerance(program, False, int(kernel), eps, chained=True, kernel=kernel, strict=strict)
     k = program.tensor(decl.a).elems[1]  # type: ignore[arg-type]  # A: the matmul stage's first operand
+    if kernel and program.precision in FP8_PRECISIONS and in_panels(program):  # Hopper's fp8 wgmma: reduced sums
+        ulps = k + 4 + -(-k // FP8_WGMMA_K) * FP8_WGMMA_STEP
+        return Tolerance(program, False, ulps, eps, bool(decl.chain), kernel=True, wgmma_fp8=True, strict=strict)
     return Tolerance(program, False, k + 4 if kernel else 4, eps, bool(decl.chain), kernel=kernel, strict=strict)
 
 

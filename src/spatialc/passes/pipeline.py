@@ -7,7 +7,6 @@ import dataclasses
 
 from ..errors import PlanError, ProgramError
 from ..ir.nodes import Plan, SpatialProgram, TensorRole
-from ..ir.ops import FP8_PRECISIONS
 from ..target import SpatialTarget
 from .attention import apply_attention_plan, is_attention_program, place_attention, plan_attention, schedule_attention
 from .maps import apply_map_plan, is_map_program, place_map, plan_map, schedule_map
@@ -135,10 +134,6 @@ def _passes(args: tuple, verified: bool = True) -> SpatialProgram:
     """`_build` of `args` planned for the sm_90a form first where the form is "auto", and again for the others where
     that form refuses its own plan."""
     form = args[7]
-    if args[0].precision in FP8_PRECISIONS:  # the sm_90a form does not print them: planned for the others
-        if form == "auto" and args[1].hopper and args[8] is not None and args[8] > 1:
-            args = (*args[:7], "general", *args[8:])  # split-K asked for: the general form's plan, as off Hopper
-        return _build(*args, sm90a=False, verified=verified)
     p = _build(*args, sm90a=True, verified=verified)
     why = sm90a_refusal(p, args[1]) if form == "auto" else None
     if why is None:

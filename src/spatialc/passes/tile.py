@@ -166,12 +166,6 @@ def block_resources(
     return backend.plan_resources(target, one_item, prec, stages)
 
 
-# What the sm_90a form answers an 8-bit float program (spatialc.lower, and the form itself).
-FP8_SM90A = (
-    "8-bit float operands (e4m3, e5m2) are printed by the persistent and general forms (mma.sync), not yet by the"
-    " sm_90a form's wgmma; build without form='sm90a' (auto plans them for those forms) or pass form='persistent'"
-    " or 'general'"
-)
 # What every form answers an 8-bit float GEMM for a target without 8-bit float MMAs (sm_80, sm_86); a map or row
 # program of 8-bit float inputs multiplies nothing and is printed for any target.
 FP8_NO_MMA = (
@@ -183,7 +177,7 @@ FP8_NO_MMA = (
 def sized_as(prec: Precision) -> Precision:
     """The precision whose kernels a block of `prec` operands is sized by. 8-bit float operands take int8's blocks:
     the same 1-byte operand pages laid out the same way (`operand_layouts`) and read by the same loads, 4-byte
-    accumulators, and k32 MMA steps (the persistent and general forms print them; the sm_90a form does not yet)."""
+    accumulators, and k32 MMA steps (mma.sync's in the persistent and general forms, wgmma's in the sm_90a form)."""
     return Precision.INT8 if OPERAND_BYTES[prec] == 1 else prec
 
 

@@ -21,8 +21,8 @@ from ..ir.printer import plural
 
 # One instruction line: /*0ab0*/  @!P1 BRA 0xaa0 ; (modifiers may hold a shape: HGMMA.64x128x16.F32.BF16)
 _LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)\s*([^;]*);")
-# mma.sync's (QMMA: sm_89's 8-bit float one), and wgmma's (a warpgroup's asynchronous MMA)
-MMA = ("HMMA", "IMMA", "QMMA", "HGMMA", "IGMMA")
+# mma.sync's (QMMA: sm_89's 8-bit float one), and wgmma's (a warpgroup's asynchronous MMA; QGMMA its 8-bit float one)
+MMA = ("HMMA", "IMMA", "QMMA", "HGMMA", "IGMMA", "QGMMA")
 
 
 class SassError(SpatialError):
@@ -135,7 +135,7 @@ def tile_macs(counts: Counter[str]) -> float:
     instruction of each of the warpgroup's four warps for 64·N·K multiply-accumulates."""
     total = 0.0
     for op, n in counts.items():
-        gmma = re.match(r"[HI]GMMA\.64x(\d+)x(\d+)", op)
+        gmma = re.match(r"[HIQ]GMMA\.64x(\d+)x(\d+)", op)
         if gmma:
             total += n * 64 * int(gmma.group(1)) * int(gmma.group(2)) / 4096 / 4
         else:

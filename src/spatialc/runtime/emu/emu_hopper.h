@@ -25,7 +25,7 @@
 //   of a warpgroup must hold the same count and the counts must fit the register file, else the increase would
 //   have waited forever on the GPU;
 // - a wgmma reads A and B through their descriptors (start address, leading and stride byte offsets, swizzle) in
-//   the canonical layouts of the PTX ISA — A K-major, 16-bit B N-major (transposed), int8 B K-major — and in late mode
+//   the canonical layouts of the PTX ISA — A K-major, 16-bit B N-major (transposed), 8-bit B K-major — and in late mode
 //   runs only at the wait_group that retires its group (which the warp's lanes pass together, as .sync.aligned
 //   says): its accumulators are not written before that, and its
 //   shared-memory reads are checked there against what the thread knew when it issued the wgmma — the hardware may
@@ -173,7 +173,11 @@ inline const char* wgmma_start(unsigned long long desc) {
 }
 
 // One wgmma of the lane: its eight accumulator elements of every 16-column tile, over the K of one instruction. The
-// lane's rows are its warp's 16 of the warpgroup's 64 (warp w of the warpgroup: rows 16w …).
+// lane's rows are its warp's 16 of the warpgroup's 64 (warp w of the warpgroup: rows 16w …). Float operands (16-bit;
+// the 8-bit floats, e4m3 and e5m2, decoded exactly by their types' conversion) multiply exactly in float32 — 8-bit
+// products have at most 8 significant bits, 16-bit ones 22 — and are added to the accumulator one k after another,
+// each sum rounded to float32 (nearest even): not the hardware's order or, for the 8-bit floats, its precision (the
+// tensor core keeps fewer bits of their sums: docs/numerics.md), both of which the kernel's bound covers.
 template <int N, class T, class A>
 void wgmma_run(spatialc_acc<A>* d, unsigned long long a_desc, unsigned long long b_desc, int warp_in_group, int lane,
                int line, const std::vector<unsigned>* known = nullptr) {
@@ -339,7 +343,8 @@ void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned
                     int line = __builtin_LINE()) {
     using namespace spatialc_emu;
     static_assert(N % 16 == 0 && N >= 16 && N <= 256, "a wgmma is 16 to 256 columns wide here");
-    static_assert(sizeof(T) == 1 ? std::is_same_v<A, int> : std::is_same_v<A, float>, "int8 into int32, 16-bit float");
+    static_assert(std::is_same_v<T, signed char> ? std::is_same_v<A, int> : std::is_same_v<A, float>,
+                  "int8 into int32, the floats (16- and 8-bit) into float32");
     const ThreadState& t = me("spatialc_wgmma");
     const int warp = t.warp % 4, lane = t.lane;
     if (acc_written)  // the PTX ISA: undefined unless wgmma.fence orders those writes before the wgmma

@@ -267,6 +267,8 @@ TMA_TYPES = {
     "__nv_bfloat16": ("BFLOAT16", 2),
     "__half": ("FLOAT16", 2),
     "signed char": ("UINT8", 1),
+    "__nv_fp8_e4m3": ("UINT8", 1),  # the 8-bit floats move as bytes, as int8 does
+    "__nv_fp8_e5m2": ("UINT8", 1),
     "float": ("FLOAT32", 4),
     "int": ("INT32", 4),
     "long long": ("INT64", 8),

@@ -1,24 +1,25 @@
 """The sm_90a form: the general form's engines on warps of their own, with Hopper's data path.
 
 - The reader is one thread of a producer warpgroup. The operands it loads are not tiled in global memory but stored
-  as matrices (`KernelParam.order` "rows"; int8 B "cols", its transpose), and each page lands as the IR's
-  `panels` layout says (`panels_t` for int8 B): one row-major matrix in panels as wide as its rows allow, up to 128
-  bytes, swizzled by the copy engine as wgmma reads them — the layout of every fast Hopper GEMM. Each `ReadTiles`
-  is one 2-D TMA box a panel (`Panels`), all announced on the slot's full barrier by one `expect_tx` of exactly the
-  page's bytes; `Push` is the reader's one arrival on it, made with the `expect_tx` (`mbarrier.arrive.expect_tx`)
-  where the Push follows the load at once. The phase completes when the arrival and every byte are in. Each stage
-  starts on 1024 bytes, so the swizzle by address is the page's own.
+  as matrices (`KernelParam.order` "rows"; 8-bit B "cols", its transpose), and each page lands as the IR's
+  `panels` layout says (`panels_t` for 8-bit B: int8, e4m3, e5m2): one row-major matrix in panels as wide as its
+  rows allow, up to 128 bytes, swizzled by the copy engine as wgmma reads them — the layout of every fast Hopper
+  GEMM. Each `ReadTiles` is one 2-D TMA box a panel (`Panels`), all announced on the slot's full barrier by one
+  `expect_tx` of exactly the page's bytes; `Push` is the reader's one arrival on it, made with the `expect_tx`
+  (`mbarrier.arrive.expect_tx`) where the Push follows the load at once. The phase completes when the arrival and
+  every byte are in. Each stage starts on 1024 bytes, so the swizzle by address is the page's own.
 - The compute engine is a consumer warpgroup per 64 rows of the item (`plan.Warpgroups`): two for items of
   128 rows (the eight accumulator warps), their block alone on its SM; one for items of 64 rows (a forced block of 4
   tile rows: the planner does not choose them), two blocks sharing each SM, so that one block's epilogue runs while
   the other's wgmma keep the tensor cores busy — what a ping-pong kernel's alternating consumers do, with one
   compute engine a site. Warp w holds the item's tile row w, every
   column, in wgmma's accumulator layout, which is the m16n8 layout `spatialc_acc` already names. A K step
-  issues one `wgmma.mma_async` per 32 bytes of K (16 elements; int8 32) with both operands read from shared memory
+  issues one `wgmma.mma_async` per 32 bytes of K (16 elements; 8-bit 32) with both operands read from shared memory
   through matrix descriptors of the panels' swizzle: A K-major (a warpgroup's 64 rows, 8-row groups a panel row ×
   8 apart), 16-bit B N-major (transposed: its K rows are panel rows, the next panel of columns the leading
-  offset on), int8 B K-major like A. Where the K loop is not pipelined (below), the first `Pop` after a step
-  waits for its group (`wgmma.wait_group 0`) before it releases the slot: until then the MMA may still read it.
+  offset on), 8-bit B K-major like A (the 8-bit floats as int8, into float32 accumulators). Where the K loop is
+  not pipelined (below), the first `Pop` after a step waits for its group (`wgmma.wait_group 0`) before it releases
+  the slot: until then the MMA may still read it.
 - The K loop keeps one wgmma group in flight where the operand rings are at least two pages deep: a step issues
   its MMAs, waits until only they are in flight (`wait_group 1`) and then releases the previous step's stages; the
   last step's are released after the loop, once its group has retired. Each release is the IR's `Pop`, one step
@@ -60,7 +61,6 @@ from dataclasses import dataclass
 from ....ir.names import plain
 from ....ir.nodes import PageLayout, SpatialProgram, TensorRole
 from ....ir.ops import (
-    FP8_PRECISIONS,
     AcquireAcc,
     ChoreoOp,
     Compute,
@@ -78,7 +78,6 @@ from ....ir.ops import (
 from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
-from ....passes.tile import FP8_SM90A
 from ....passes.verify import derived
 from ....target import WARP, SpatialTarget
 from ...artifact import Budget, CudaArtifact, TensorMap
@@ -172,8 +171,6 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
             f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
-    if p.precision in FP8_PRECISIONS:
-        raise Unsupported(f"{p.precision.value} operands in the sm_90a form", FP8_SM90A)
     general.refuse(p)
     if len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
@@ -372,14 +369,23 @@ def _consumers(wg: Warpgroups) -> str:
     return "one wgmma consumer warpgroup, two blocks an SM" if wg.paired else "two wgmma consumer warpgroups"
 
 
+# The PTX type of a wgmma's 8-bit float operands, by their C type.
+FP8_PTX = {"__nv_fp8_e4m3": "e4m3", "__nv_fp8_e5m2": "e5m2"}
+
+
 def wgmma_specialisations(n: int, operand: str, integer: bool) -> list[str]:
     """The wgmma of width `n` for the kernel's operand type, as inline PTX: its accumulator list is `n / 2` registers
     long, which is why it is printed rather than written out in sm90a.cuh. A and B both come from shared memory;
-    16-bit B is N-major (transposed), int8 operands are K-major (the only way int8 wgmma reads them)."""
+    16-bit B is N-major (transposed), 8-bit operands (int8, e4m3, e5m2) are K-major — the only way the PTX ISA lets
+    a wgmma of them read B (its transposes are the 16-bit types' alone). The 8-bit floats' wgmma (k32, float32
+    accumulators) takes the floating-point variants' operand scales, here 1 and 1 (no negation)."""
     regs = n // 2
     acc = ", ".join(f"%{i}" for i in range(regs))
     if integer:
         shape, dtype, tail, out = f"m64n{n}k32", "s32.s8.s8", "p", '"+r"'
+    elif operand in FP8_PTX:
+        ty = FP8_PTX[operand]
+        shape, dtype, tail, out = f"m64n{n}k32", f"f32.{ty}.{ty}", "p, 1, 1", '"+f"'
     else:
         ty = "bf16" if "bfloat16" in operand else "f16"
         shape, dtype, tail, out = f"m64n{n}k16", f"f32.{ty}.{ty}", "p, 1, 1, 0, 1", '"+f"'

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ....ir.nodes import Plan
 from ....ir.ops import Precision
+from ....passes.tile import sized_as
 from ....target import WARP, SpatialTarget
 from ...errors import Unsupported
 from ..common.rings import MMA_TYPES, TILE_ELEMS, Ring
@@ -112,8 +113,10 @@ def check_plan(plan: Plan, precision: Precision) -> None:
             f"two blocks share an SM's registers, 128 a thread, which hold a wgmma of {PAIRED_N_MAX} columns at most:"
             " use blocks of 8 tile rows, or at most 8 tile columns",
         )
-    if precision == Precision.INT8 and plan.block.ibw % 2:
-        raise Unsupported(f"int8 K steps of {plan.block.ibw} tiles", "an int8 wgmma takes K in pairs of tiles (k32)")
+    if sized_as(precision) == Precision.INT8 and plan.block.ibw % 2:
+        raise Unsupported(
+            f"{precision.value} K steps of {plan.block.ibw} tiles", "an 8-bit wgmma takes K in pairs of tiles (k32)"
+        )
 
 
 # ---- resources -------------------------------------------------------------------------------------------------
@@ -138,7 +141,7 @@ def plan_resources(
     shapes = [(plan.depth, h * ibw, types.operand_bytes), (plan.depth, ibw * w, types.operand_bytes)]
     out = min(plan.depth, 2)
     if stages:
-        epit = general.epit_bytes(precision == Precision.INT8)
+        epit = general.epit_bytes(sized_as(precision) == Precision.INT8)
         shapes += [(out, h * w, types.acc_bytes)] + [(out, h * w, epit)] * stages
     shapes += [(out, h * w, types.operand_bytes)] * reads
     rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", size) for i, (d, tiles, size) in enumerate(shapes)}

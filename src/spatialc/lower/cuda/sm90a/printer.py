@@ -28,7 +28,7 @@ from ....ir.ops import (
     WriteTiles,
 )
 from ....ir.printer import compute_text
-from ....passes.tile import operand_layouts
+from ....passes.tile import operand_layouts, sized_as
 from ...census import POST, marker
 from ...errors import Unsupported
 from ..common.clusters import ClusterPrinter
@@ -303,13 +303,13 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             self.w.line(f"spatialc_tma_load_2d({page} + s * {boxes.bytes}, &spatialc_tmap_{index}, {c0}, {c1}, {bar});")
 
     def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
-        """One K step: a wgmma per 16 (int8: 32) K elements — 32 bytes of K — each warpgroup's 64 rows of A and the
-        whole B page read from shared memory through descriptors, committed as one group. A (and int8 B) K-major:
+        """One K step: a wgmma per 16 (8-bit: 32) K elements — 32 bytes of K — each warpgroup's 64 rows of A and the
+        whole B page read from shared memory through descriptors, committed as one group. A (and 8-bit B) K-major:
         an instruction's K is 32 bytes of a panel row, the next 8 rows a panel row × 8 on; 16-bit B N-major: its
         16 K rows are panel rows, the next 8 K rows 8 panel rows on, the next panel of N columns a panel on."""
         check_page_layouts(mm.operand, a, b)
         ibw = mm.block.ibw
-        step = 2 if mm.operand == Precision.INT8 else 1  # tiles of K an instruction takes: 32 bytes
+        step = 2 if sized_as(mm.operand) == Precision.INT8 else 1  # tiles of K an instruction takes: 32 bytes
         pa, pb = self.hk.panels[a.id], self.hk.panels[b.id]
         kb = "(kk * 16 * (int)sizeof(OPT))"  # the instruction's first byte of K
 
@@ -319,7 +319,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
 
         a_page, b_page = f"(const char*)({self.read_page(a.id)})", f"(const char*)({self.read_page(b.id)})"
         a_of = k_major(a_page, pa, f"(warp / {WARPGROUP}) * 64")  # the warpgroup's 64 rows
-        if pb.transposed:  # int8 B: its rows are N, K-major like A
+        if pb.transposed:  # 8-bit B: its rows are N, K-major like A
             b_of = k_major(b_page, pb, "0")
         else:
             at = f"{b_page} + kk * 16 * {pb.width}"
@@ -334,7 +334,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
 
 
 def check_page_layouts(operand: Precision, a: Ring, b: Ring) -> None:
-    """Refuse operand pages the descriptors cannot describe: swizzled panels, int8 B transposed."""
+    """Refuse operand pages the descriptors cannot describe: swizzled panels, 8-bit B transposed."""
     want = operand_layouts(operand, "sm90a")
     for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
         if ring.layout != layout:
