@@ -16,7 +16,8 @@
 8. `semantics`   the schedule computes what the stages declare: every output tile written once, as the declared
                  epilogue of Σ_k A·B over every k exactly once (an operand computed by an earlier matmul and its
                  chain followed back the same way); for attention, the online softmax recurrence
-                 (`attention`, `recurrence`)  (SemanticError; StrongerCheckNeeded where it cannot follow the data)
+                 (`attention` and its `attention_*` modules, `recurrence`)  (SemanticError; StrongerCheckNeeded
+                 where it cannot follow the data)
 
 Each rule may assume the ones before it: coverage reads only well-formed ids, the deadlock argument rests on rule 3's
 one producer and one consumer, and the semantic rule follows pages from producer to consumer through rings that
