@@ -217,7 +217,7 @@ class SpatialOp:
         sizes = tuple(int(s) for s in self._sizes(shapes))
         program = self._program(sizes)
         for slot, t, shape in zip(self.slots, tensors, shapes, strict=True):
-            want = _shape_of(program.tensor_named(slot.name))
+            want = _taken(slot, program.tensor_named(slot.name))
             if tuple(shape) != want:
                 raise InputError(f"{self.name}: {slot.name} is {_dims(shape)}; at these sizes it must be {_dims(want)}")
             if not t.is_contiguous():
@@ -226,7 +226,8 @@ class SpatialOp:
                 )
         entry = self._entry(sizes, str(device))
         named = {
-            slot.name: t.detach().reshape(shape) for slot, t, shape in zip(self.slots, tensors, shapes, strict=True)
+            slot.name: t.detach().reshape(_shape_of(program.tensor_named(slot.name)))
+            for slot, t in zip(self.slots, tensors, strict=True)
         }
         if device.type == "cpu":
             return self._evaluate(entry, named)
@@ -324,14 +325,20 @@ class SpatialOp:
 
         c = api.evaluate(entry.program, named)
         got = c if isinstance(c, dict) else {self.outputs[0].name: c}
-        return self._result(
-            {s.name: torch.from_numpy(np.ascontiguousarray(got[s.name])).to(s.dtype) for s in self.outputs}
+        return self._shaped(
+            entry, {s.name: torch.from_numpy(np.ascontiguousarray(got[s.name])).to(s.dtype) for s in self.outputs}
         )
 
     def _launch(self, entry: Compiled, named: dict[str, Any], device: Any) -> Any:
         """The kernel on torch's current stream of `device`: lowered and loaded at the first call of a shape."""
         with torch.cuda.device(device), _stream(torch.cuda.current_stream(device)):
-            return self._result(_by_name(launch_entry(entry, named, _gpu_device()), self.outputs[0].name))
+            return self._shaped(entry, _by_name(launch_entry(entry, named, _gpu_device()), self.outputs[0].name))
+
+    def _shaped(self, entry: Compiled, by_name: Mapping[str, Any]) -> Any:
+        """The result, each output shaped as the fake implementation gives it (a group axis of one kept)."""
+        return self._result(
+            {s.name: by_name[s.name].reshape(_taken(s, entry.program.tensor_named(s.name))) for s in self.outputs}
+        )
 
 
 def _by_name(got: Any, only: str) -> dict[str, Any]:
@@ -478,6 +485,14 @@ def _arg_names(slots: tuple[Slot, ...]) -> list[str]:
 
 def _shape_of(t: Tensor) -> tuple[int, ...]:
     return (t.groups, *t.elems) if t.groups > 1 else tuple(t.elems)
+
+
+def _taken(slot: Slot, t: Tensor) -> tuple[int, ...]:
+    """The shape the op takes or gives for the program's tensor `t`: `_shape_of`, with a leading axis of one where
+    the family's tensor has a groups axis that these sizes make one (a program tensor of one group has no such axis,
+    as `spatialc.attention`'s q at batch · heads = 1)."""
+    shape = _shape_of(t)
+    return (1, *shape) if len(slot.axes) == len(shape) + 1 else shape
 
 
 def _dims(shape: Any) -> str:
