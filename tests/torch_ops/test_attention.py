@@ -84,7 +84,7 @@ def test_cpu_result_is_torchs_float32_attention_within_the_stated_bound(shape, c
     err = (o.double() - want_o.double()).abs()
     assert (err <= bo + SDPA_SLACK).all(), (err - bo).max()
     assert ((lse.double() - want_lse.double()).abs() <= blse + SDPA_SLACK).all()
-    assert err.max() > 0.05 * bo.max()  # the rounding of P (and of O) shows: the comparison is no formality
+    assert (err / bo).max() > 0.1  # P's rounding (and O's) uses 30–60% of it: the comparison is no formality
 
 
 def test_causal_is_aligned_bottom_right_not_as_sdpas_is_causal_where_lengths_differ():
@@ -163,6 +163,7 @@ BAD = [
     ((q0, k0, v0), {"out_dtype": torch.int8}, ProgramError, "out_dtype is torch.float32, bfloat16 or float16"),
     ((q0, k0, v0), {"scale": -1.0}, ProgramError, "scale is a finite number > 0"),
     ((q0, k0, v0), {"scale": "0.5"}, ProgramError, "scale is a finite number > 0 or None"),
+    (qkv(1, 1, 1, 2, 2, 264), {}, ProgramError, "head_dim is at most 256, not 264"),
 ]
 
 

@@ -46,3 +46,13 @@ def test_the_tutorials_pytorch_chapter_runs(tmp_path, monkeypatch):
     [entry] = scope["my_op"].compiled()
     assert entry.sizes == (64, 128, 128) and str(entry).startswith("my_gemm 64x128x128 on cpu: built in")
     assert scope["my_op"].schema == "(Tensor A, Tensor B) -> Tensor"
+
+
+def test_the_torch_attention_example_runs(capsys):
+    path = EXAMPLE.parent / "torch_attention.py"
+    spec = importlib.util.spec_from_file_location("torch_attention", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main()
+    out = capsys.readouterr().out
+    assert "of spatialc's bound" in out and "spatialc::attention_bf16_causal" in out
