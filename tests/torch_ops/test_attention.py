@@ -131,6 +131,12 @@ def test_compiles_whole_and_equals_eager():
         torch._dynamo.reset()
         compiled = torch.compile(model, fullgraph=True, backend="aot_eager")(x)  # fullgraph: a graph break raises
     assert compiled.dtype == bf16 and torch.equal(compiled, eager)
+    with torch.no_grad():  # symbolic sizes: the shape checks become guards, the op's fake shapes follow them
+        torch._dynamo.reset()
+        dynamic = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+        for length in (7, 20):
+            y = torch.randn(2, length, 32)
+            assert torch.equal(dynamic(y), model(y))
 
 
 def test_torch_export_keeps_the_op():
