@@ -57,8 +57,9 @@ def attention(
     O = softmax(scale · Q·Kᵀ + mask) · V with K and V of KV head h // (heads / kv_heads) (grouped-query attention
     where kv_heads < heads), and LSE = log Σ_c exp(scale · Q·Kᵀ + mask) along each query row (the second output,
     float32, as FlashAttention's backward pass reads it). `scale` defaults to 1/√head_dim; `causal` masks key c for
-    query r where c > r + seq_kv − seq_q (aligned bottom right, as torch's and FlashAttention's). Q, K and V are
-    `precision` (bf16 or fp16); O is float32 unless `out` says bf16 or fp16."""
+    query r where c > r + seq_kv − seq_q (aligned bottom right, as FlashAttention's and torch's causal_lower_right;
+    SDPA's is_causal aligns it top left). Q, K and V are `precision` (bf16 or fp16); O is float32 unless `out` says
+    bf16 or fp16."""
     b, h, sq, skv, d = (
         _dim("batch", batch),
         _dim("heads", heads),

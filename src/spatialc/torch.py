@@ -19,8 +19,9 @@ learn which axis of which tensor each argument is.
 
 `gemm_op(precision, bias=, activation=)` is a GEMM family with autograd (the backward is two more spatialc GEMMs);
 `Linear` is `nn.Linear` computed by it, and `replace_linears(model)` swaps a model's `nn.Linear`s (and an activation
-that follows one in an `nn.Sequential`) for it. Bad input raises one line: `InputError` for tensors the op cannot
-take, `ProgramError` for a family or option it cannot use.
+that follows one in an `nn.Sequential`) for it. `attention(q, k, v, causal=, scale=)` is `spatialc.attention` called
+as torch's scaled_dot_product_attention is, over `attention_op` (no autograd yet). Bad input raises one line:
+`InputError` for tensors the op cannot take, `ProgramError` for a family or option it cannot use.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ except ImportError:  # the core needs numpy alone; this module needs torch
         "spatialc.torch needs PyTorch: pip install 'spatialc[torch]' (torch 2.13), or pip install torch"
     ) from None
 
-__all__ = ["Compiled", "Linear", "SpatialOp", "gemm_op", "op", "replace_linears"]
+__all__ = ["Compiled", "Linear", "SpatialOp", "attention", "attention_op", "gemm_op", "op", "replace_linears"]
 
 log = logging.getLogger("spatialc.torch")
 
@@ -217,7 +218,7 @@ class SpatialOp:
         sizes = tuple(int(s) for s in self._sizes(shapes))
         program = self._program(sizes)
         for slot, t, shape in zip(self.slots, tensors, shapes, strict=True):
-            want = _shape_of(program.tensor_named(slot.name))
+            want = _taken(slot, program.tensor_named(slot.name))
             if tuple(shape) != want:
                 raise InputError(f"{self.name}: {slot.name} is {_dims(shape)}; at these sizes it must be {_dims(want)}")
             if not t.is_contiguous():
@@ -226,7 +227,8 @@ class SpatialOp:
                 )
         entry = self._entry(sizes, str(device))
         named = {
-            slot.name: t.detach().reshape(shape) for slot, t, shape in zip(self.slots, tensors, shapes, strict=True)
+            slot.name: t.detach().reshape(_shape_of(program.tensor_named(slot.name)))
+            for slot, t in zip(self.slots, tensors, strict=True)
         }
         if device.type == "cpu":
             return self._evaluate(entry, named)
@@ -324,14 +326,20 @@ class SpatialOp:
 
         c = api.evaluate(entry.program, named)
         got = c if isinstance(c, dict) else {self.outputs[0].name: c}
-        return self._result(
-            {s.name: torch.from_numpy(np.ascontiguousarray(got[s.name])).to(s.dtype) for s in self.outputs}
+        return self._shaped(
+            entry, {s.name: torch.from_numpy(np.ascontiguousarray(got[s.name])).to(s.dtype) for s in self.outputs}
         )
 
     def _launch(self, entry: Compiled, named: dict[str, Any], device: Any) -> Any:
         """The kernel on torch's current stream of `device`: lowered and loaded at the first call of a shape."""
         with torch.cuda.device(device), _stream(torch.cuda.current_stream(device)):
-            return self._result(_by_name(launch_entry(entry, named, _gpu_device()), self.outputs[0].name))
+            return self._shaped(entry, _by_name(launch_entry(entry, named, _gpu_device()), self.outputs[0].name))
+
+    def _shaped(self, entry: Compiled, by_name: Mapping[str, Any]) -> Any:
+        """The result, each output shaped as the fake implementation gives it (a group axis of one kept)."""
+        return self._result(
+            {s.name: by_name[s.name].reshape(_taken(s, entry.program.tensor_named(s.name))) for s in self.outputs}
+        )
 
 
 def _by_name(got: Any, only: str) -> dict[str, Any]:
@@ -478,6 +486,14 @@ def _arg_names(slots: tuple[Slot, ...]) -> list[str]:
 
 def _shape_of(t: Tensor) -> tuple[int, ...]:
     return (t.groups, *t.elems) if t.groups > 1 else tuple(t.elems)
+
+
+def _taken(slot: Slot, t: Tensor) -> tuple[int, ...]:
+    """The shape the op takes or gives for the program's tensor `t`: `_shape_of`, with a leading axis of one where
+    the family's tensor has a groups axis that these sizes make one (a program tensor of one group has no such axis,
+    as `spatialc.attention`'s q at batch · heads = 1)."""
+    shape = _shape_of(t)
+    return (1, *shape) if len(slot.axes) == len(shape) + 1 else shape
 
 
 def _dims(shape: Any) -> str:
@@ -719,3 +735,111 @@ def replace_linears(model: Any, *, precision: str = "bf16", fuse: bool = True, f
             new = Linear.from_linear(child, activation=act, precision=precision)
             parent._modules[name] = new.freeze() if freeze else new
     return model
+
+
+# ---- attention -------------------------------------------------------------------------------------------------
+
+_ATTENTION_IN = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_ATTENTION_OUT = {torch.float32: None, torch.bfloat16: "bf16", torch.float16: "fp16"}
+_ATTENTIONS: dict[tuple[Any, ...], SpatialOp] = {}
+# Two sets of (heads, seq_q, seq_kv, head_dim, kv_heads) the family is read with: kv_heads divides heads and
+# seq_q ≤ seq_kv, so a causal family takes them.
+_ATTENTION_PROBES = ((6, 5, 7, 8, 3), (12, 9, 11, 10, 4))
+
+
+def attention_op(
+    precision: str = "bf16", *, causal: bool = False, scale: float | None = None, out: str | None = None
+) -> SpatialOp:
+    """The op of `spatialc.attention` on tensors as its program has them: (q (G×seq_q×d), k, v (Gkv×seq_kv×d)) →
+    (o (G×seq_q×d), lse (G×seq_q×1, float32)), G = batch · heads and Gkv = batch · kv_heads (batch folded into the
+    heads: KV head j serves query heads j·G/Gkv … , as KV head h // (heads / kv_heads) of each batch does). One
+    op per set of arguments in the process (named spatialc::attention_…); `attention` calls it."""
+    if precision not in ("bf16", "fp16"):
+        raise ProgramError(f"attention's operands are bf16 or fp16, not {precision!r}")
+    if isinstance(scale, bool) or not (scale is None or isinstance(scale, (int, float))):
+        raise ProgramError(f"scale is a finite number > 0 or None, not {scale!r}")
+    scale = None if scale is None else float(scale)
+    key = (precision, bool(causal), scale, out)
+    with _LOCK:
+        found = _ATTENTIONS.get(key)
+    if found is not None:
+        return found
+    from .attention import attention as program
+
+    def builder(heads: int, seq_q: int, seq_kv: int, head_dim: int, kv_heads: int) -> SpatialProgram:
+        return program(
+            1,
+            heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            kv_heads=kv_heads,
+            causal=causal,
+            scale=scale,
+            precision=precision,
+            out=out,
+        )
+
+    scaled = "" if scale is None else "scale_" + float.hex(scale).replace(".", "_").replace("-", "m").replace("+", "p")
+    parts = [precision, "causal" if causal else "", scaled, out or ""]
+    made = SpatialOp(builder, "spatialc::attention_" + "_".join(p for p in parts if p), probes=_ATTENTION_PROBES)
+    with _LOCK:
+        return _ATTENTIONS.setdefault(key, made)
+
+
+@torch.compiler.assume_constant_result  # torch.compile runs it as it traces (its lock and registration unseen)
+def _attention_name(precision: str, causal: bool, scale: float | None, out: str | None) -> str:
+    """The name in torch.ops.spatialc of `attention_op`'s op for these options, made if it is not yet."""
+    return attention_op(precision, causal=causal, scale=scale, out=out).name.removeprefix("spatialc::")
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    out_dtype: Any = None,
+    return_lse: bool = False,
+) -> Any:
+    """softmax(scale · Q·Kᵀ + mask) · V as `torch.nn.functional.scaled_dot_product_attention` takes it: q (batch,
+    heads, seq_q, head_dim), k and v (batch, kv_heads, seq_kv, head_dim), bf16 or fp16 alike, kv_heads dividing heads
+    (SDPA's `enable_gqa=True`). Returns O (batch, heads, seq_q, head_dim) in `out_dtype` (q's dtype unless told;
+    torch.float32 keeps the float32 result), and with `return_lse` (O, LSE) with LSE (batch, heads, seq_q) float32,
+    the natural log-sum-exp of each row's scaled, masked scores. `causal` masks key c for query r where
+    c > r + seq_kv − seq_q: aligned bottom right (torch's `causal_lower_right`, FlashAttention's), which is SDPA's
+    `is_causal=True` only where seq_q = seq_kv. `scale` defaults to 1/√head_dim. The op behind it (`attention_op`) is
+    built once per shape, as every op of `op`; it has no autograd yet (a backward through it raises torch's error)."""
+    tensors = {"q": q, "k": k, "v": v}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"spatialc.torch.attention: {name} is {_kind(t)}; pass a torch tensor")
+        if t.dim() != 4:
+            raise InputError(
+                f"spatialc.torch.attention: {name} is {_dims(t.shape)}; it takes (batch, heads, seq, head_dim)"
+            )
+        if t.dtype != q.dtype or t.dtype not in _ATTENTION_IN:
+            raise InputError(
+                f"spatialc.torch.attention: q, k and v are {', '.join(_dtype(x.dtype) for x in tensors.values())};"
+                " pass all three bfloat16 or all three float16"
+            )
+    (b, h, sq, d), (bk, hk, skv, dk) = q.shape, k.shape
+    if tuple(v.shape) != tuple(k.shape) or bk != b or dk != d or h % hk != 0:
+        raise InputError(
+            f"spatialc.torch.attention: q {_dims(q.shape)}, k {_dims(k.shape)} and v {_dims(v.shape)} do not fit:"
+            " k and v are (batch, kv_heads, seq_kv, head_dim), q (batch, heads, seq_q, head_dim), kv_heads dividing"
+            " heads"
+        )
+    if causal and sq > skv:
+        raise InputError(
+            f"spatialc.torch.attention: causal with seq_q ({sq}) > seq_kv ({skv}) leaves the first query rows no key"
+            " (the mask is aligned bottom right)"
+        )
+    want = q.dtype if out_dtype is None else out_dtype
+    if want not in _ATTENTION_OUT:
+        raise ProgramError(f"spatialc.torch.attention: out_dtype is torch.float32, bfloat16 or float16, not {want}")
+    made = getattr(torch.ops.spatialc, _attention_name(_ATTENTION_IN[q.dtype], causal, scale, _ATTENTION_OUT[want]))
+    o, lse = made(*(t.reshape(-1, *t.shape[2:]).contiguous() for t in (q, k, v)))
+    o = o.reshape(b, h, sq, d)
+    return (o, lse.reshape(b, h, sq)) if return_lse else o

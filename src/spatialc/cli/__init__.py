@@ -205,7 +205,7 @@ def _attention_parser(sub) -> None:
     g.add_argument(
         "--causal",
         action="store_true",
-        help="mask key c for query row r where c > r + SKV − SQ (aligned bottom right, as torch's; needs SQ ≤ SKV)",
+        help="mask key c for query row r where c > r + SKV − SQ (aligned bottom right, as FlashAttention; SQ ≤ SKV)",
     )
     g.add_argument(
         "--kv-heads",
