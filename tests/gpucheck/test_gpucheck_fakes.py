@@ -306,6 +306,8 @@ class FakeTorch(type(sys)):
             setattr(self, name, FakeDtype(name, dt))
         self.float32 = FakeDtype("float32", np.float32)
         self.bfloat16 = FakeDtype("bfloat16", ml_dtypes.bfloat16)
+        self.float8_e4m3fn = FakeDtype("float8_e4m3fn", ml_dtypes.float8_e4m3fn)
+        self.float8_e5m2 = FakeDtype("float8_e5m2", ml_dtypes.float8_e5m2)
         self.nn_int8 = False  # whether cuBLASLt here takes B row-major
         self.capture_refused = ""  # what torch says when its calls are captured (nothing: they are captured)
         self.wrong_above = None  # matmul results of more rows than this come back off by one (a planted fault)
@@ -324,7 +326,8 @@ class FakeTorch(type(sys)):
         )
 
     def dtype_of(self, np_dtype):
-        for d in (self.uint8, self.int8, self.int16, self.int32, self.float16, self.float32, self.bfloat16):
+        kinds = (self.float8_e4m3fn, self.float8_e5m2)
+        for d in (self.uint8, self.int8, self.int16, self.int32, self.float16, self.float32, self.bfloat16, *kinds):
             if d.np == np_dtype:
                 return d
         raise TypeError(f"no torch dtype for {np_dtype}")
@@ -431,6 +434,18 @@ class FakeTorch(type(sys)):
             product += 1.0
         return self._result(product.astype(np.float32), out, a.dtype)
 
+    def _scaled_mm(
+        self, a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False, out=None
+    ):
+        """cuBLASLt's fp8 GEMM as aten's _scaled_mm takes it: the float64 product of the 8-bit values times the
+        scales (scalar or rowwise), rounded once to out_dtype."""
+        why = scaled_mm_refusal(self, a, b, scale_a, scale_b, out_dtype, out)
+        if why:
+            raise FakeError(why)
+        product = a.a.astype(np.float64) @ b.a.astype(np.float64)
+        product = product * scale_a.a.astype(np.float64) * scale_b.a.astype(np.float64)
+        return self._result(product.astype(np.float32), out, out_dtype or self.float32)
+
     def _int_mm(self, a, b, out=None):
         why = int_mm_refusal(self, a, b, out)
         if why:
@@ -464,6 +479,32 @@ def int_mm_refusal(torch, a, b, out):
         return "Expected result to be contiguous."
     if b.stride(1) == 1 and b.size(1) > 1 and not torch.nn_int8:
         return "CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul(ltHandle, computeDesc...)"
+    return ""
+
+
+def scaled_mm_refusal(torch, a, b, scale_a, scale_b, out_dtype, out):
+    """Why torch._scaled_mm refuses its arguments ('' when it takes it), in aten's words (aten/src/ATen/native/cuda/
+    Blas.cpp): 8-bit float operands, not both e5m2; mat1 row-major, mat2 column-major; sides multiples of 16; float32
+    scales, both scalars (tensorwise) or (M, 1) and (1, N) (rowwise, bf16 out only); out of out_dtype and m × n."""
+    kinds = (torch.float8_e4m3fn, torch.float8_e5m2)
+    if a.dtype not in kinds or b.dtype not in kinds:
+        return f"Expected both inputs to be fp8 types but got self.dtype={a.dtype} and mat2.dtype={b.dtype}"
+    if a.dtype is torch.float8_e5m2 and b.dtype is torch.float8_e5m2:
+        return "Multiplication of two Float8_e5m2 matrices is not supported"
+    if a.stride(1) != 1 or b.stride(0) != 1:
+        return "mat1 must be row_major and mat2 must be col_major"
+    if a.size(0) % 16 or a.size(1) % 16 or b.size(1) % 16:
+        return f"Expected both dimensions of mat1 and mat2 to be divisble by 16, got {a.shape} and {b.shape}"
+    if scale_a.dtype is not torch.float32 or scale_b.dtype is not torch.float32:
+        return "Both scale_a and scale_b must be float (fp32) tensors."
+    sizes = (scale_a.a.size, scale_b.a.size)
+    rowwise = scale_a.shape == (a.size(0), 1) and scale_b.shape == (1, b.size(1))
+    if sizes != (1, 1) and not rowwise:
+        return "Invalid scaling configuration: tensorwise scales of one element, or rowwise (M, 1) and (1, N)"
+    if rowwise and out_dtype is not torch.bfloat16:
+        return "Only bf16 high precision output types are supported for row-wise scaling."
+    if out is not None and (out.dtype is not out_dtype or out.shape != (a.size(0), b.size(1))):
+        return "Expected out of out_dtype and shape m × n"
     return ""
 
 
@@ -634,7 +675,7 @@ class FakeKernel:
     def _fused(self, buffers):
         """A GEMM with scales and a residual in its epilogue: the program as the reference computes it (the float64
         product, the epilogue in float32) on its tiled tensors, C rounded to its type; `fault` "residual" leaves the
-        residual out, "miss" leaves element 17 poisoned, "hang" never finishes."""
+        residual out, "col_scale" the column scale, "miss" leaves element 17 poisoned, "hang" never finishes."""
         from spatialc.numerics.reference import reference
         from spatialc.runtime.tilize import bf16_bits
 
@@ -642,9 +683,11 @@ class FakeKernel:
         for arg, buf in zip(self.args, buffers, strict=False):  # buffers in parameter order, the work list after
             if arg.role in ("input", "parameter"):
                 x = untilize(buf, arg.tiles, arg.elems, np, order=arg.order)
-                values[arg.name] = bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32)
+                values[arg.name] = _float32_of(x, arg)
         if self.fault == "residual":
             values["residual"] = np.zeros_like(values["residual"])
+        if self.fault == "col_scale":  # an fp8 row's dequant scale left out
+            values["col_scale"] = np.ones_like(values["col_scale"])
         c = np.asarray(reference(self.fused, values), np.float32)
         at, c_arg = next((i, a) for i, a in enumerate(self.args) if a.role == "output")
         c = bf16_bits(c, np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
@@ -718,24 +761,46 @@ def row_program(kernel_cu, args):
 
     if "// op:Compute:RowReduce" not in kernel_cu:
         return None
-    types = {"float16": "fp16", "bfloat16": "bf16", "float32": "float32"}
     x, c = (next(a for a in args if a.role == role) for role in ("input", "output"))
     m, n = c.elems
     if "// op:Compute:Map_div_exp_sub_x0_row1_row2" in kernel_cu:
-        return spatialc.softmax(m, n, types[x.elem], out=types[c.elem])
+        return spatialc.softmax(m, n, SPATIALC_TYPE[x.elem], out=SPATIALC_TYPE[c.elem])
     if sum(a.role == "output" for a in args) == 3:
         eps = re.search(r"spatialc_rsqrt\(spatialc_fadd\(spatialc_div\(v0, [^)]*\), ([-+.e0-9]+)f\)", kernel_cu)
         if eps is None:
             raise ValueError("the stand-in reads no LayerNorm eps from this kernel")
         names = {a.name for a in args if a.role == "parameter"}
         return spatialc.layernorm(
-            m, n, types[x.elem], eps=float(eps.group(1)), weight="weight" in names, bias="bias" in names
+            m, n, SPATIALC_TYPE[x.elem], eps=float(eps.group(1)), weight="weight" in names, bias="bias" in names
         )
     eps = re.search(r"spatialc_div\(v1, [^)]*\), ([-+.e0-9]+)f\)", kernel_cu)
     if eps is None:
         raise ValueError("the stand-in reads no row program from this kernel")
     weight = any(a.role == "parameter" for a in args)
-    return spatialc.rmsnorm(m, n, types[x.elem], eps=float(eps.group(1)), weight=weight, out=types[c.elem])
+    return spatialc.rmsnorm(
+        m, n, SPATIALC_TYPE[x.elem], eps=float(eps.group(1)), weight=weight, out=SPATIALC_TYPE[c.elem]
+    )
+
+
+# Element types (the launcher's names) as spatialc names them.
+SPATIALC_TYPE = {
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float32": "float32",
+    "float8_e4m3fn": "e4m3",
+    "float8_e5m2": "e5m2",
+}
+
+
+def _float32_of(x, arg):
+    """A tiled tensor's values as float32: bf16 bits, 8-bit float bits (uint8 storage of an fp8 element) or numbers."""
+    from spatialc.runtime.tilize import FP8_ELEMS, fp8_values
+
+    if arg.storage == "uint16":
+        return bf16_to_float32(x, np)
+    if arg.elem in FP8_ELEMS:
+        return fp8_values(x, arg.elem, np)
+    return x.astype(np.float32)
 
 
 def fused_program(args):
@@ -747,10 +812,11 @@ def fused_program(args):
     named = [a for a in args if a.name in stages]
     if not named or args[0].name != "A":
         return None
-    types = {"float16": "fp16", "bfloat16": "bf16", "float32": "float32"}
     a, b, c = args[:3]
     epilogue = [stages[x.name]() for x in named]
-    return spatialc.gemm(a.elems[0], b.elems[1], a.elems[1], types[a.elem], epilogue=epilogue, out=types[c.elem])
+    return spatialc.gemm(
+        a.elems[0], b.elems[1], a.elems[1], SPATIALC_TYPE[a.elem], epilogue=epilogue, out=SPATIALC_TYPE[c.elem]
+    )
 
 
 class FakeDevice:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import SpatialError
 from ..runtime.tilize import ELEMENT_DTYPES
+from .fp8 import FP8_PRECISIONS, parse_fp8
 
 PRECISIONS = ("int8", "fp16", "bf16")
 # In the order a short budget should keep them (rows run in this order; what the budget does not reach is skipped):
@@ -25,7 +26,9 @@ PRECISIONS = ("int8", "fp16", "bf16")
 # map:layernorm:MxN: norms.py); then
 # 128x128x65536 and 512x512x32768, few output items and a long K, which the planner splits over sites (split-K, set
 # against cuBLAS, which splits such shapes too); last grouped GEMMs (gG:MAXROWSxNxK: G groups with row counts drawn
-# from 0..MAXROWS, fp16 / bf16 only).
+# from 0..MAXROWS, fp16 / bf16 only); then, after every row the table had before them, so that they never push those
+# out of a short budget, fp8 GEMMs with dequant scales (fp8:KIND:SIZE, the row's precision its kind: gpucheck/fp8.py)
+# against torch._scaled_mm.
 DEFAULT_SIZES = (
     "4096",
     "8192",
@@ -54,6 +57,9 @@ DEFAULT_SIZES = (
     "512x512x32768",
     "g8:4096x4096x4096",
     "g64:4096x4096x4096",
+    "fp8:e4m3:4096",
+    "fp8:e4m3:8192",
+    "fp8:e5m2:4096",
 )
 # The plan sweep (`sweep:SIZE`): the persistent kernel and the sm_90a form at their planners' plans and the plans one
 # change away (gpucheck/sweep.py), beside cuBLAS. Not in the default run: a session's second GPU run, prepared with
@@ -67,7 +73,7 @@ MAP_PRECISIONS = ("fp16", "bf16")  # the map rows' (C in the inputs' type, as to
 FUSED_PRECISIONS = ("bf16",)  # the fused-epilogue rows' (issue 31's: bf16 at 4096³ and 8192³)
 # What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
 # spatialc's kernels are built for it (`spatialc.gemm(..., out=…)`) where gemm takes `out`.
-TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16"}
+TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16", "e4m3": "bf16", "e5m2": "bf16"}
 # spatialc's type names (`fp16`) as the launcher names element types (`float16`; spatialc.runtime.tilize).
 ELEM_OF = {dtype.value: elem for elem, dtype in ELEMENT_DTYPES.items()}
 WAYS = ("end_to_end", "kernel")  # the two timings of every contestant
@@ -166,6 +172,8 @@ class _Product:
             head = "sweep:"
         if self.fused:
             head = "fused:"
+        if self.precision in FP8_PRECISIONS:
+            head = "fp8:"
         return f"{head}{self.m}x{self.n}x{self.k}"
 
     @property
@@ -291,7 +299,8 @@ def parse_size(text: str) -> tuple[int, int, int]:
 
 
 def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
-    """Every size × precision, size-major (so a budget cut drops whole sizes, not one precision); each case once."""
+    """Every size × precision, size-major (so a budget cut drops whole sizes, not one precision); each case once. An
+    fp8 size (`fp8:e4m3:4096`) names its own precision."""
     precs = list(precisions)
     for p in precs:
         if p not in PRECISIONS:
@@ -301,6 +310,10 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
         mapped = parse_map(s)
         if mapped is not None:
             out += [Case(*mapped[1], 0, p, map=mapped[0]) for p in precs if p in MAP_PRECISIONS]
+            continue
+        fp8 = parse_fp8(s)
+        if fp8 is not None:  # its precision is its own (the operands' kind), whatever the run's list
+            out.append(Case(*fp8[1], fp8[0]))
             continue
         fused = parse_fused(s)
         if fused is not None:
@@ -321,8 +334,9 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
 
 
 def preflight_case(cases: list[Case]) -> Case:
-    """The small product the preflight launches: 64³ in the first precision of the run."""
-    return Case(64, 64, 64, cases[0].precision if cases else "fp16")
+    """The small product the preflight launches: 64³ in the first precision of the run (but fp8: its rows check
+    their own kernels, whose epilogue the preflight's plain product does not have)."""
+    return Case(64, 64, 64, next((c.precision for c in cases if c.precision in PRECISIONS), "fp16"))
 
 
 class Deadline:
@@ -398,6 +412,8 @@ def kernel_path(case: Case, name: str) -> str:
         return f"{name} ({kind_of(case).family})"
     if case.fused:  # an epilogue that reads a tensor beside C: a kernel of its own
         return f"{name} (fused)"
+    if case.precision in FP8_PRECISIONS:  # 8-bit float operands: their own loads and MMAs
+        return f"{name} (fp8)"
     return name
 
 
@@ -502,10 +518,12 @@ def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
 
 def values64(x: Any, elem: str, xp: Any) -> Any:
     """float64 values of an array of element type `elem` (bf16 held as its bits in uint16); exact."""
-    from ..runtime.tilize import bf16_to_float32
+    from ..runtime.tilize import FP8_ELEMS, bf16_to_float32, fp8_values
 
     if elem == "bfloat16":
         return bf16_to_float32(x.view(xp.uint16), xp).astype(xp.float64)
+    if elem in FP8_ELEMS:  # its bits in uint8
+        return fp8_values(x, elem, xp).astype(xp.float64)
     return x.astype(xp.float64)
 
 

@@ -12,6 +12,7 @@ from ..ir.printer import plural
 from . import baselines as bl
 from .builds import Built, Form, build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out, use_prepared
 from .cases import FORMS, HOPPER_FORM, Case, grouped_sizes, kernel_arch, spatialc_name
+from .fp8 import EPILOGUE_TEXT, SCALED_MM
 from .preflight import PREFLIGHT_S, step_names
 
 # ---- the dry run -----------------------------------------------------------------------------------------------
@@ -156,6 +157,8 @@ def contenders(case: Case, built: Built) -> list[str]:
         why = bl.refusal(name, case)
         if why:
             said.append(f"{name}: n/a ({why})")
+        elif name in SCALED_MM:  # no preflight step: each fp8 row checks its library results itself
+            said.append(f"{name}: end to end + kernel only, its C checked in the row ({EPILOGUE_TEXT} or A·B)")
         elif name == bl.GEMM_EX:
             said.append(f"{name}: end to end + kernel only, {bl.padding(case)}, where the preflight finds it works")
         else:
