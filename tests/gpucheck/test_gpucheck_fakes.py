@@ -10,6 +10,7 @@ the GPU run itself shows that.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 from types import SimpleNamespace as NS
@@ -269,6 +270,12 @@ class FakeTensor:
     def view(self, dtype):
         return FakeTensor(self.torch, self.a.view(dtype.np))
 
+    def reshape(self, *shape):
+        return FakeTensor(self.torch, self.a.reshape(shape))
+
+    def transpose(self, i, j):
+        return FakeTensor(self.torch, self.a.swapaxes(i, j))
+
     def __getitem__(self, index):
         return FakeTensor(self.torch, self.a[index])
 
@@ -314,8 +321,21 @@ class FakeTorch(type(sys)):
         # torch's elementwise ops and norms (F.silu, F.gelu, softmax, F.rms_norm and the aten out= forms there are):
         # computed in float32, as torch's kernels compute fp16 and bf16, and rounded once to the inputs' type.
         self.nn = NS(
-            functional=NS(silu=self._silu, gelu=self._gelu, rms_norm=self._rms_norm, layer_norm=self._layer_norm)
+            functional=NS(
+                silu=self._silu,
+                gelu=self._gelu,
+                rms_norm=self._rms_norm,
+                layer_norm=self._layer_norm,
+                scaled_dot_product_attention=self._sdpa,
+            ),
+            attention=NS(
+                SDPBackend=NS(FLASH_ATTENTION="flash", EFFICIENT_ATTENTION="efficient", CUDNN_ATTENTION="cudnn"),
+                sdpa_kernel=self._sdpa_kernel,
+            ),
         )
+        self.sdpa_backend = None  # the backend sdpa_kernel holds SDPA to
+        self.sdpa_missing = {"cudnn"}  # backends with no kernel here: SDPA under them fails as torch's does
+        self.sdpa_skew = 0.0  # added to every element of SDPA's O (a planted fault)
         self.ops = NS(aten=NS(silu=NS(out=self._silu), gelu=NS(out=self._gelu), _softmax=NS(out=self._softmax_out)))
         self.cuda = NS(
             is_available=lambda: True,
@@ -445,6 +465,27 @@ class FakeTorch(type(sys)):
         product = a.a.astype(np.float64) @ b.a.astype(np.float64)
         product = product * scale_a.a.astype(np.float64) * scale_b.a.astype(np.float64)
         return self._result(product.astype(np.float32), out, out_dtype or self.float32)
+
+    @contextlib.contextmanager
+    def _sdpa_kernel(self, backend):
+        self.sdpa_backend = backend
+        try:
+            yield
+        finally:
+            self.sdpa_backend = None
+
+    def _sdpa(self, q, k, v, is_causal=False):
+        """F.scaled_dot_product_attention of (b, h, s, d) tensors: softmax attention in float64 (causal aligned top
+        left, as torch's), rounded once to the inputs' type; under a backend with no kernel here, torch's error."""
+        if self.sdpa_backend in self.sdpa_missing:
+            raise FakeError("No available kernel. Aborting execution.")
+        q64, k64, v64 = (x.a.astype(np.float64) for x in (q, k, v))
+        s = q64 @ k64.swapaxes(-1, -2) / np.sqrt(q64.shape[-1])
+        if is_causal:
+            s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        o = (p / p.sum(axis=-1, keepdims=True)) @ v64 + self.sdpa_skew
+        return self._result(o.astype(np.float32), None, q.dtype)
 
     def _int_mm(self, a, b, out=None):
         why = int_mm_refusal(self, a, b, out)

@@ -130,6 +130,10 @@ def _build(case: Case, target: str, out: str | None) -> Built:
             from .maps import map_case
 
             return map_case(built, target)
+        if case.heads[0]:  # attention: as lower's auto prints it, where it does (attnrows.py)
+            from .attnrows import attention_case
+
+            return attention_case(built, target)
         kw: dict[str, Any] = {} if out is None else {"out": out}
         if is_fp8(case.precision):  # an fp8 GEMM with its dequant scales, built as any GEMM row (fp8.py)
             kw["epilogue"] = fp8_epilogue()

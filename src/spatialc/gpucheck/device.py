@@ -240,6 +240,11 @@ class GpuRunner:
 
             MapRows(self).measure(case, built, row, deadline)
             return
+        if case.heads[0]:  # attention: O and LSE on a sample, against torch's SDPA backends (attnrows.py)
+            from .attnrows import AttentionRows
+
+            AttentionRows(self).measure(case, built, row, deadline)
+            return
         if case.groups > 1:  # a grouped GEMM's row counts, its own contestants (grouped.py)
             from .grouped import GroupedRows
 

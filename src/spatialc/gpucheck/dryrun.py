@@ -141,6 +141,10 @@ def contenders(case: Case, built: Built) -> list[str]:
             f"{TORCH_LOOP}: kernel only",
             f"{GROUPED_MM}: kernel only, where this torch has it",
         ]
+    if case.heads[0]:  # attnrows.py: the forms that print attention, torch's SDPA backends, flash_attn
+        from .attnrows import contenders as attention_contenders
+
+        return attention_contenders(case, built)
     if case.map:  # maps.py: torch's formula and the copy, in GB/s
         from .maps import contenders as map_contenders
 

@@ -1,0 +1,104 @@
+"""The GPU check's attention rows (gpucheck/attnrows.py): their sizes and place in the run (last), their build
+(gated on `spatialc.lower` printing attention: until a form does, the row's spatialc contestant says lower's line and
+the libraries still run), the sampled float64 reference against numerics.attention's, the sample check catching a
+wrong O or LSE, and the rows on the stand-in GPU: torch's SDPA backends checked and timed by events, a backend with
+no kernel and a missing flash_attn said as such, a wrong library result not timed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spatialc.errors import SpatialError
+from spatialc.gpucheck import attnrows as A
+from spatialc.gpucheck.builds import build_case
+from spatialc.gpucheck.cases import DEFAULT_SIZES, cases_of, kernel_path
+from spatialc.numerics.attention import softmax_attention
+from spatialc.runtime import launch as L
+from spatialc.runtime.tilize import bf16_bits, bf16_to_float32
+
+from .test_gpucheck_device import run
+from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
+
+
+def test_attention_sizes_are_fp16_and_bf16_rows_run_last():
+    cases = cases_of(["att:2x3:64:32:causal", "att:1x2:128:64"], ["int8", "fp16", "bf16"])
+    assert [(c.size, c.precision) for c in cases] == [
+        ("att:2x3:64x64x32:causal", "fp16"),
+        ("att:2x3:64x64x32:causal", "bf16"),
+        ("att:1x2:128x128x64", "fp16"),
+        ("att:1x2:128x128x64", "bf16"),
+    ]
+    assert cases[0].heads == (2, 3) and cases[0].causal and not cases[2].causal
+    assert cases[0].ops == 4 * 64 * 64 * 32 * 6 // 2 and cases[2].ops == 4 * 128 * 128 * 64 * 2
+    assert kernel_path(cases[0], "spatialc general") == "spatialc general (attention)"
+    for bad in ("att:2:64:32", "att:2x3:64", "att:2x3:64:32:sideways", "att:0x3:64:32"):
+        with pytest.raises(SpatialError, match="not att:BATCHxHEADS:SEQ:HEAD_DIM"):
+            cases_of([bad], ["bf16"])
+    order = [c for c in cases_of(DEFAULT_SIZES, ["int8", "fp16", "bf16"])]
+    atts = [c for c in order if c.heads[0]]
+    assert len(atts) == 24 and order[-24:] == atts  # 12 shapes (d128, d64; causal and not) × fp16, bf16
+    assert {(c.heads[0] * c.heads[1], c.m, c.k) for c in atts} == {
+        (256, 4096, 128),
+        (32, 8192, 128),
+        (16, 16384, 128),
+        (256, 4096, 64),
+        (32, 8192, 64),
+        (16, 16384, 64),
+    }
+
+
+def test_an_attention_case_is_built_where_lower_prints_it_else_says_lowers_line():
+    (case,) = cases_of(["att:1x2:64:64"], ["bf16"])
+    built = build_case(case, "sm_90")
+    assert not built.error and [f.name for f in built.forms] == ["general"]
+    (form,) = built.forms
+    if form.artifact is None:  # main today: no form prints attention
+        assert form.absent.startswith("lower: ") and "attention is not printed" in form.absent
+    else:
+        assert [a.name for a in L.kernel_args(form.artifact.launch)] == ["q", "k", "v", "o", "lse"]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_sampled_reference_is_numerics_and_the_sample_check_fails_a_wrong_o_or_lse(causal):
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.uniform(-1, 1, (2, 200, 16)) for _ in range(3))
+    o, lse = softmax_attention(q, k, v, 16**-0.5, causal)
+    rows = A.sample_rows(200)
+    assert rows[:2] == [0, 1] and rows[-1] == 199 and 100 in rows and len(rows) == 3 * A.SAMPLE_ROWS
+    refs = {h: A.reference(q[h], k[h], v[h], rows, 16**-0.5, causal, np) for h in (0, 1)}
+    for h in (0, 1):
+        np.testing.assert_allclose(refs[h][0], o[h][rows], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(refs[h][1], lse[h][rows, 0], rtol=1e-12, atol=1e-12)
+    o_bf16 = bf16_to_float32(bf16_bits(o.astype(np.float32), np), np)  # O rounded once to bf16: right
+    lse32 = lse.astype(np.float32)
+    assert A.check_sample(o_bf16, lse32, refs, rows, "bfloat16", np)[0]
+    assert not A.check_sample(o_bf16[::-1], lse32, refs, rows, "bfloat16", np)[0]  # the heads swapped
+    assert not A.check_sample(o_bf16, lse32 + 0.01, refs, rows, "bfloat16", np)[0]
+    assert not A.check_sample(o_bf16, lse32, refs, rows, "float16", np)[0]  # bf16's rounding is past fp16's bound
+
+
+def test_an_attention_row_runs_torchs_backends_each_checked_and_timed(fake_gpu, tmp_path, capsys):
+    status, _, rows = run(tmp_path, "--sizes", "att:1x2:64:32:causal", "--precisions", "bf16")
+    (row,) = rows
+    assert status == 0 and row["status"] == "ok", row["note"]
+    by = row["by_name"]
+    mine = by["spatialc general"]
+    assert mine["note"].startswith("n/a: lower: ") or mine["ok"], mine["note"]
+    for backend in ("flash", "efficient"):
+        theirs = by[A.sdpa_name(backend)]
+        assert theirs["ok"] and theirs["kernel"]["method"] == "events" and theirs["end_to_end"] is None, backend
+    assert by[A.sdpa_name("cuDNN")]["note"] == "failed: FakeError: No available kernel. Aborting execution."
+    assert by[A.FLASH_ATTN]["note"].startswith("unavailable: flash_attn does not import")
+    assert row["ops"] == 4 * 64 * 64 * 32 * 2 // 2
+    capsys.readouterr()
+
+
+def test_a_wrong_library_attention_is_not_timed(fake_gpu, tmp_path, capsys):
+    fake_gpu["torch"].sdpa_skew = 0.05
+    status, _, rows = run(tmp_path, "--sizes", "att:1x2:64:32", "--precisions", "fp16")
+    (row,) = rows
+    for backend in ("flash", "efficient"):
+        theirs = row["by_name"][A.sdpa_name(backend)]
+        assert theirs["ok"] is False and theirs["note"] == "wrong; not timed" and theirs["kernel"] is None, backend
+    capsys.readouterr()
