@@ -46,11 +46,12 @@ def attention(p: lang.Builder):
     o = p.output("o", SEQ_Q, HEAD_DIM, groups=BATCH * HEADS, tiles=(BATCH * HEADS * rows_q, dt))
     lse = p.output("lse", SEQ_Q, 1, groups=BATCH * HEADS, tiles=(BATCH * HEADS * rows_q, 1))
 
-    # The declared rings, then the recurrence's: a band of scores (BH x BW tiles), a row vector (one tile a band
-    # row), a band of O (BH x dt); and its accumulators.
-    q_ring = p.ring("q_ring", depth=1, tiles=BH * dt)
-    k_ring = p.ring("k_ring", depth=DEPTH, tiles=BW * dt)
-    v_ring = p.ring("v_ring", depth=DEPTH, tiles=BW * dt)
+    # The declared rings (Q's, K's and V's pages swizzled for the tensor cores' loads, as the planner lays them out),
+    # then the recurrence's: a band of scores (BH x BW tiles), a row vector (one tile a band row), a band of O (BH x
+    # dt); and its accumulators.
+    q_ring = p.ring("q_ring", depth=1, tiles=BH * dt, layout="swizzled")
+    k_ring = p.ring("k_ring", depth=DEPTH, tiles=BW * dt, layout="swizzled")
+    v_ring = p.ring("v_ring", depth=DEPTH, tiles=BW * dt, layout="swizzled")
     o_ring = p.ring("o_ring", depth=1, tiles=BH * dt)
     lse_ring = p.ring("lse_ring", depth=1, tiles=BH)
 

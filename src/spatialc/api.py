@@ -140,22 +140,13 @@ def lower(program: SpatialProgram, target: str | SpatialTarget | None = None, fo
     return dataclasses.replace(art, notes=(other, *art.notes))  # said, never silent (build for t to plan for it)
 
 
-ATTENTION_UNPRINTED = (
-    "attention is not printed by any CUDA form yet; spatialc.evaluate runs it on the CPU (the reference interpreter)"
-)
-
-
 def _printed_by_a_form(program: SpatialProgram, form: str) -> None:
-    """Unsupported for a program that no CUDA form prints (an attention's), whatever the form; UnknownForm for a form
-    that is none."""
+    """UnknownForm for a form that is none, before anything else is checked. (Attention is printed by the general form
+    alone; the persistent and sm_90a forms refuse it by name, `lower.cuda.forms`.)"""
     from .lower.cuda.forms import FORMS, UnknownForm
-    from .lower.errors import Unsupported
-    from .passes.attention import is_attention_program
 
     if form not in FORMS:
         raise UnknownForm(form)
-    if is_attention_program(program):
-        raise Unsupported(program.name, ATTENTION_UNPRINTED)
 
 
 def _printed_precision(program: SpatialProgram, form: str, target: SpatialTarget) -> None:

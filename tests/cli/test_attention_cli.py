@@ -1,6 +1,6 @@
 """`spatialc attention B H SQ SKV D`: --causal, --kv-heads, --scale and the options of the row programs; its two
-outputs (o, lse) checked against numpy; no CUDA form prints it yet, so --emit, --run, --sass and a forced --form are
-one line and exit 2, as is every input attention cannot take.
+outputs (o, lse) checked against numpy; the general CUDA form prints it (--emit, --run through the host emulation),
+and a forced --form persistent or sm90a is one line and exit 2, as is every input attention cannot take.
 
 Some tests need work beside this file's: `needs_rule8` ones build (and so verify) an attention, which needs rule 8's
 proof of the recurrence; `needs_interpreter` ones also evaluate it, which needs the interpreter to run ScaleAcc,
@@ -15,7 +15,7 @@ from spatialc.cli import main
 from spatialc.errors import ProgramError, SpatialError, StrongerCheckNeeded
 from spatialc.ir.nodes import SpatialProgram
 from spatialc.lower.cuda.forms import UnknownForm
-from spatialc.lower.errors import Unsupported
+from spatialc.lower.errors import Unverified
 from spatialc.passes.attention import apply_attention_plan, place_attention, plan_attention, schedule_attention
 from spatialc.target import target
 
@@ -50,13 +50,12 @@ needs_rule8 = pytest.mark.skipif(not _verifies(), reason="needs rule 8's proof o
 needs_interpreter = pytest.mark.skipif(
     not (_verifies() and _interprets()), reason="needs rule 8 and the interpreter's run of the recurrence"
 )
-UNPRINTED = "attention is not printed by any CUDA form yet"
 
 
-def test_lower_refuses_attention_by_name_whatever_the_form():
+def test_lower_refuses_an_unverified_attention_and_a_form_that_is_none():
     p = scheduled(1, 2, 40, 72, 32, causal=True)
-    for form in ("auto", "general", "persistent", "sm90a"):
-        with pytest.raises(Unsupported, match=UNPRINTED):
+    for form in ("auto", "general", "persistent"):
+        with pytest.raises(Unverified):
             spatialc.lower(p, form=form)
     with pytest.raises(UnknownForm, match="unknown CUDA form 'bogus'"):
         spatialc.lower(p, form="bogus")
@@ -95,26 +94,34 @@ def test_attention_builds_shows_saves_and_draws_its_placement(capsys, tmp_path):
     assert "spatialc attention 1x4x40x72x32 bf16, causal, 2 KV heads on sm_90" in out
     assert "plan      attention: bands of 3 query tile rows (48 rows)" in out
     assert "2 query heads a KV head in turn" in out
-    assert f"kernel    none: cannot lower attention_1x4x40x72x32_bf16_causal_kv2: {UNPRINTED}" in out
+    assert "kernel    general form: each engine on its own warps (compute 8 warps, reader 1 warp, writer 1 warp)" in out
     assert "stage attention on compute" in out  # --show's listing
     assert (drawn / "placement.svg").is_file()
     p = spatialc.from_json(saved.read_text())
     assert p.verified and [t.name for t in p.tensors] == ["q", "k", "v", "o", "lse"]
     assert main(["verify", str(saved)]) == 0
-    assert f"lowering  none yet: cannot lower {p.name}: {UNPRINTED}" in capsys.readouterr().out
+    assert "lowering  the general CUDA form for sm_90 takes it: 2 blocks of 320 threads" in capsys.readouterr().out
 
 
 @needs_rule8
-@pytest.mark.parametrize(
-    "asked", [["--emit", "DIR"], ["--run"], ["--sass"], ["--form", "general"], ["--form", "sm90a"]]
-)
-def test_asking_attention_for_a_kernel_is_one_line_and_exit_2(capsys, tmp_path, asked):
+@pytest.mark.parametrize("form", ["persistent", "sm90a"])
+def test_a_form_that_does_not_print_attention_is_one_line_and_exit_2(capsys, tmp_path, form):
     emit = tmp_path / "kernel"
-    asked = [str(emit) if a == "DIR" else a for a in asked]
-    assert main(["attention", "1", "2", "40", "72", "32", "--check", "none", *asked]) == 2
+    argv = ["attention", "1", "2", "40", "72", "32", "--check", "none", "--form", form, "--emit", str(emit)]
+    assert main(argv) == 2
     err = capsys.readouterr().err
-    assert UNPRINTED in err and err.count("\n") == 1 and "Traceback" not in err
+    assert "cannot lower" in err and err.count("\n") == 1 and "Traceback" not in err
     assert not emit.exists()
+
+
+@needs_rule8
+def test_attention_emits_its_general_form(capsys, tmp_path):
+    emit = tmp_path / "kernel"
+    assert main(["attention", "1", "2", "40", "72", "32", "--causal", "--check", "none", "--emit", str(emit)]) == 0
+    out = capsys.readouterr().out
+    assert "note      the general form: it alone prints attention" in out
+    assert {f.name for f in emit.iterdir()} >= {"kernel.cu", "program.cu", "bench.cu", "launch.json", "budget.json"}
+    assert "spatialc_load_bt(bf" in (emit / "kernel.cu").read_text()
 
 
 @needs_interpreter

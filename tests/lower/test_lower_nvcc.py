@@ -22,6 +22,8 @@ from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.cuda.general.kernel import KERNEL_NAME as GENERAL_KERNEL
 from spatialc.lower.cuda.persistent.printer import KERNEL_NAME
 
+from .test_general_attention import lowered as attention_lowered
+from .test_general_attention import program as attention_program
 from .test_general_sync import handshake, with_barrier
 from .test_general_trip import trip_program
 
@@ -41,6 +43,11 @@ SHAPES = {
     "depth_1": (100, 70, 50, {"depth": 1}),
 }
 OUTPUTS = (("fp16", "fp16"), ("bf16", "bf16"), ("int8", "int64"))
+ATTENTION = {  # target → (batch, heads, seq_q, seq_kv, head_dim), options
+    "sm_80": ((1, 2, 72, 72, 128), {"block": (2, 4), "causal": True}),
+    "sm_86": ((2, 4, 40, 72, 64), {"block": (2, 2), "kv_heads": 2, "precision": "fp16", "out": "fp16"}),
+    "sm_90": ((1, 2, 128, 128, 128), {"block": (4, 4)}),
+}
 FLAGS = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror", "-Xptxas", "-v"]
 
 
@@ -79,6 +86,10 @@ def artifacts(tgt):
             programs.append((name, spatialc.build(gemm, tgt, multicast=group, sites=8)))
     # A loop count read from data (verify does not accept it yet: the general backend prints it directly).
     extra = [("trip_loop/int8", general.lower(trip_program(), spatialc.target(tgt)))]
+    # Attention, which only the general form prints: its compute warps hold S's and O's fragments and the rows' maxima
+    # and sums at once — at (bh, bw, dt) = (4, 4, 8) on sm_90, a block that fits the shared memory of the others.
+    shape, options = ATTENTION[tgt]
+    extra.append((f"attention/{tgt}", attention_lowered(attention_program(*shape, tgt=tgt, **options))))
     for name, p in programs:
         art = spatialc.lower(p)
         if art.budget.form == "general":

@@ -100,15 +100,23 @@ def test_the_order_guards_a_real_fault_the_emulation_sees():
     assert not exact(broken, p, x)
 
 
-def test_lowering_refuses_pages_the_fragment_loads_cannot_read():
-    p = spatialc.build(spatialc.gemm(48, 32, 64, "fp16"), "sm_90")
-    plain = tuple(
-        dataclasses.replace(b, kind=dataclasses.replace(b.kind, layout=PageLayout.ROW)) if b.name == "B_ring" else b
+def _b_pages(p, layout: PageLayout, order: TileOrder | None = None):
+    """`p` with B's ring laid out `layout` (and B stored `order`), verified."""
+    pages = tuple(
+        dataclasses.replace(b, kind=dataclasses.replace(b.kind, layout=layout)) if b.name == "B_ring" else b
         for b in p.buffers
     )
-    q = spatialc.verify(p.evolve(buffers=plain))  # consistent: row-major B in row-major pages
-    with pytest.raises(LowerError, match="operand B in row pages .* swizzled"):
-        spatialc.lower(q, form="persistent")
+    tensors = tuple(dataclasses.replace(t, order=order) if order and t.name == "B" else t for t in p.tensors)
+    return spatialc.verify(p.evolve(buffers=pages, tensors=tensors))
+
+
+def test_lowering_reads_16_bit_b_from_plain_pages_and_refuses_pages_the_loads_cannot_read():
+    p = spatialc.build(spatialc.gemm(48, 32, 64, "fp16"), "sm_90")
+    plain = _b_pages(p, PageLayout.ROW)  # consistent: row-major B in row-major pages, read by ldmatrix .trans
+    assert "spatialc_load_b_row(bf" in spatialc.lower(plain, form="persistent").kernel_cu
+    columns = _b_pages(p, PageLayout.COL, TileOrder.COL)  # consistent too, but no 16-bit load reads K-major tiles
+    with pytest.raises(LowerError, match="operand B in col pages .* swizzled"):
+        spatialc.lower(columns, form="persistent")
 
 
 # ---- the tilize that matches ------------------------------------------------------------------------------------

@@ -193,7 +193,7 @@ def _attention_parser(sub) -> None:
         " each row's sum (Q: B×H×SQ×D, K and V: B×KVH×SKV×D; query head h reads KV head h // (H / KVH)), a spatial"
         " program running FlashAttention's online recurrence over blocks of keys; verify it (rule 8 proves the"
         " schedule runs that recurrence, equal to the softmax), evaluate it with the reference interpreter and check"
-        " it against numpy. No CUDA form prints attention yet: --emit, --run, --sass and a forced --form are"
+        " it against numpy. The general CUDA form prints it (--emit, --run, --sass); --form persistent or sm90a is"
         " refused. Sizes are in elements; tiles are 16x16 elements; a block is in tiles.",
         epilog=EPILOG,
     )

@@ -130,6 +130,7 @@ class KernelParam:
     tiles: tuple[int, int]  # padded tile grid (rows_t, cols_t): the `grid` of spatialc.tilize / spatialc.untilize
     order: str = "row"  # "row" / "col": inside each tile; "rows" / "cols": a padded matrix (transposed): see above
     groups: int = 1  # a grouped tensor: `groups` matrices of `elems`, each tilized on tiles[0] / groups rows, stacked
+    heads: bool = False  # an attention's Q, K or V: its array may also come as (batch, heads, *elems)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.ops import Apply, Arg, Col, Expr, Lit, Pos, RowArg, arg_indices
+from ..ir.ops import Apply, Arg, Col, Expr, Lit, Pos, RowArg, VecAxis, arg_indices
 
 EPS32 = 2.0**-23  # one float32 ulp at 1.0
 GELU_C = 0.7978845608028654  # sqrt(2 / pi), as PyTorch's tanh-form gelu writes it
@@ -519,16 +519,27 @@ def c_long(n: int) -> str:
     return f"{n}LL" if n >= 0 else f"({n}LL)"
 
 
+def c_position(node: Pos, at: str, tile: str, el: str, side: int = 16) -> str:
+    """The C of position `node` (`ir.ops.Pos`) of element `el` (row-major in its tile, `side` × `side`) of page tile
+    `tile` — the page rows of `node.width` tiles whose first tile row (ROW) or column (COL) is `at` — as an int:
+    (at + tile / width) · side + el / side for a row, (at + tile mod width) · side + el mod side for a column. The
+    interpreter's positions (`interp.support`) are these indices."""
+    if node.axis == VecAxis.ROW:
+        return f"(({at}) + ({tile}) / {node.width}) * {side} + ({el}) / {side}"
+    return f"(({at}) + ({tile}) % {node.width}) * {side} + ({el}) % {side}"
+
+
 def c_expr(
     expr: Expr,
     integer: bool,
     page: Callable[[int], str],
     col: Callable[[Col], str],
     row: Callable[[int], str] | None = None,
+    pos: Callable[[Pos], str] | None = None,
 ) -> str:
     """`expr` as one C expression over the input pages' values (`page(i)`, a float or a long long), the row vectors'
-    (`row(i)`: page i's value of the element's row) and the column vectors' (`col(c)`): the statements every form
-    prints, and the host emulation compiles."""
+    (`row(i)`: page i's value of the element's row), the column vectors' (`col(c)`) and the element's positions
+    (`pos(node)`: `c_position`'s int): the statements every form prints, and the host emulation compiles."""
     match expr:
         case Arg(i):
             return page(i)
@@ -540,12 +551,16 @@ def c_expr(
             return c_long(_whole(v)) if integer else c_float(v)
         case Col():
             return f"(long long){col(expr)}" if integer else col(expr)
+        case Pos():
+            if pos is None:
+                raise ElementwiseError("the printer reads no element position, and the expression names one")
+            return f"(long long)({pos(expr)})" if integer else f"(float)({pos(expr)})"
         case Apply(name, args, params):
             op = op_named(name)
             text = op.c_int if integer else op.c
             if text is None:
                 raise ElementwiseError(f"{op.name} is float arithmetic; an integer program computes exact integers")
-            operands = {str(i): c_expr(a, integer, page, col, row) for i, a in enumerate(args)}
+            operands = {str(i): c_expr(a, integer, page, col, row, pos) for i, a in enumerate(args)}
             consts = {f"p{i}": c_long(_whole(p)) if integer else c_double(p) for i, p in enumerate(params)}
             return text.format(*(operands[str(i)] for i in range(len(args))), **consts)
     raise ElementwiseError(f"{expr!r} is no elementwise expression")

@@ -58,6 +58,7 @@ from ..ir.ops import (
 )
 from ..target import SpatialTarget
 from .maps import place_map, scheduled
+from .tile import operand_layouts
 
 BAND, BLOCK = 4, 4  # tile rows of a band of queries and of a block of keys: 64 × 64 scores a step
 DEPTH = 2  # pages of the K and V rings: the reader fetches the next block while the compute engine runs one
@@ -124,29 +125,57 @@ def _geometry(p: SpatialProgram) -> tuple[int, int, int, int]:
 
 def plan_attention(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] | None, depth: int | None) -> Plan:
     """Bands of bh query tile rows, blocks of bw key tile rows (BAND × BLOCK unless forced, no larger than a head's
-    rows), K and V rings `depth` pages deep (DEPTH unless forced)."""
+    rows, and smaller where the general form's block would not fit a site: `_fitting`), K and V rings `depth` pages
+    deep (DEPTH unless forced)."""
     sq_t, skv_t, dt, kv_heads = _geometry(p)
-    bh, bw = block if block is not None else (min(BAND, sq_t), min(BLOCK, skv_t))
     d = DEPTH if depth is None else depth
+    bh, bw = block if block is not None else _fitting(target, p, (min(BAND, sq_t), min(BLOCK, skv_t)), dt, max(d, 1))
     if min(bh, bw, d) < 1:
         raise PlanError(f"an attention's block ({bh}x{bw} tiles) and depth ({d}) must be ≥ 1")
     bands, blocks = math.ceil(sq_t / bh), math.ceil(skv_t / bw)
     return Plan(BlockShape(bh, dt, bw), (1, 1), (bands, kv_heads), blocks * bw, d)
 
 
+def _fitting(target: SpatialTarget, p: SpatialProgram, start: tuple[int, int], dt: int, depth: int) -> tuple[int, int]:
+    """The first block from `start`, the larger side halved in turn (the key block first), whose block of the general
+    form — the one form that prints attention — fits a site (`lower.cuda.general.kernel.attention_resources`: at
+    head_dim 128 a 4 × 4 block needs 209 KiB, more than sm_80's or sm_86's); 1 × 1 where none does (lower says why)."""
+    from ..lower.cuda.general.kernel import attention_resources
+
+    bh, bw = start
+    while (bh, bw) != (1, 1):
+        plan = Plan(BlockShape(bh, dt, bw), (1, 1), (1, 1), bw, depth)
+        if attention_resources(target, plan, p.precision)[1] > 0:
+            break
+        bh, bw = (bh, (bw + 1) // 2) if bw >= bh else ((bh + 1) // 2, bw)
+    return bh, bw
+
+
+def recurrence_tiles(bh: int, bw: int, dt: int) -> dict[str, int]:
+    """The tiles of a page of each of the recurrence's rings (`RING_NAMES`), by name, for a band of bh query tile
+    rows, a block of bw key tile rows and dt tiles of head_dim."""
+    return {name: _tiles(kind, bh, bw, dt) for name, kind in RING_NAMES.items()}
+
+
 def apply_attention_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     """The declared rings sized by the plan, the recurrence's own rings and accumulators added (`RING_NAMES`,
-    `ACC_NAMES`), and each head's rows padded to whole bands (Q, O, LSE) and whole blocks (K, V)."""
+    `ACC_NAMES`), and each head's rows padded to whole bands (Q, O, LSE) and whole blocks (K, V). Q's, K's and V's
+    pages, which only the two matmuls read, are laid out for the tensor cores' loads as a GEMM's operands are
+    (`tile.operand_layouts`: 16-bit tiles swizzled, so that an 8 × 8 `ldmatrix` phase reads every bank once)."""
     shape = attention_shape(p)
     bh, dt, bw = plan.block.osh, plan.block.osw, plan.block.ibw
     (tq, q), (tk, k), (tv, v) = shape.reads
     (to, o), (tl, lse) = shape.writes
     pages = {q: (1, bh * dt), k: (plan.depth, bw * dt), v: (plan.depth, bw * dt), o: (1, bh * dt), lse: (1, bh)}
+    a_layout, b_layout = operand_layouts(p.precision)
+    layouts = {q: a_layout, k: b_layout, v: b_layout}
     buffers = []
     for b in p.buffers:
         if b.id in pages and isinstance(b.kind, Fifo | Interm):
             depth, n = pages[b.id]
-            b = dataclasses.replace(b, kind=dataclasses.replace(b.kind, depth_pages=depth, page_tiles=n))
+            layout = layouts.get(b.id, b.kind.layout)
+            sized = dataclasses.replace(b.kind, depth_pages=depth, page_tiles=n, layout=layout)
+            b = dataclasses.replace(b, kind=sized)
         buffers.append(b)
     for name, kind in RING_NAMES.items():
         buffers.append(Buffer(BufferId(len(buffers)), name, Interm(1, _tiles(kind, bh, bw, dt))))

@@ -110,7 +110,7 @@ def _build_attention(
 ) -> SpatialProgram:
     """An attention program (`passes/attention.py`): bands of query rows, each running the online softmax over the
     blocks of its head's keys."""
-    # No CUDA form prints attention yet (spatialc.lower says so, whatever the form): its plan is every form's.
+    # Only the general form prints attention (spatialc.lower refuses the others by name): one plan, whatever the form.
     _page_request("attention", "auto", sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
     check_form(form)  # but a form that is none is refused
     said = "an attention's block is (query rows, key rows, 1) of tiles — a band of queries, a block of keys a step"

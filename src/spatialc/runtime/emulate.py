@@ -603,14 +603,16 @@ def _emulated_text(artifact, files, mode: str, timeout: float, progress: Progres
 def _outputs(stdout: str, outs: list[Any]) -> dict[str, np.ndarray]:
     """Each output of a program that prints several, one after another in launch order, by name."""
     words = stdout.split()
-    sizes = [int(np.prod(q.elems)) for q in outs]
+    # A grouped output (attention's O and LSE, a head after another) is printed group after group: (groups, *elems).
+    shapes = [((int(getattr(q, "groups", 1)),) if getattr(q, "groups", 1) > 1 else ()) + tuple(q.elems) for q in outs]
+    sizes = [int(np.prod(shape)) for shape in shapes]
     if len(words) != sum(sizes):
-        shapes = ", ".join(f"{q.name} {'×'.join(map(str, q.elems))}" for q in outs)
-        raise EmulationFault(f"the program printed {len(words)} values; its outputs have {sum(sizes)} ({shapes})")
+        said = ", ".join(f"{q.name} {'×'.join(map(str, shape))}" for q, shape in zip(outs, shapes, strict=True))
+        raise EmulationFault(f"the program printed {len(words)} values; its outputs have {sum(sizes)} ({said})")
     found, at = {}, 0
-    for q, n in zip(outs, sizes, strict=True):
+    for q, n, shape in zip(outs, sizes, shapes, strict=True):
         dtype = OUTPUT_DTYPES.get(q.c_type, np.float32)
-        found[q.name] = parse_output("\n".join(words[at : at + n]), tuple(q.elems), dtype)
+        found[q.name] = parse_output("\n".join(words[at : at + n]), shape, dtype)
         at += n
     return found
 

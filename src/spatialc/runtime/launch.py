@@ -104,11 +104,12 @@ class Arg:
     storage: str  # the device array's dtype (bf16 → uint16)
     order: str = "row"  # KernelParam.order: "row" / "col" inside each tile; "rows" / "cols" a padded matrix
     groups: int = 1  # a grouped tensor's arrays are (groups, *elems)
+    heads: bool = False  # an attention's Q, K or V: (batch, heads, *elems) too (KernelParam.heads)
 
     @property
     def spec(self) -> TensorSpec:
         """What `spatialc.inputs` checks this argument's array against."""
-        return tensor_spec(self.name, self.role, self.elem, self.elems, self.groups)
+        return tensor_spec(self.name, self.role, self.elem, self.elems, self.groups, self.heads)
 
 
 def kernel_args(launch: Any) -> list[Arg]:
@@ -125,8 +126,8 @@ def kernel_args(launch: Any) -> list[Arg]:
             raise LaunchError(
                 f"kernel parameter {p.name} has order {order!r}; expected 'row' or 'col' (tiled), 'rows' or 'cols'"
             )
-        groups = int(getattr(p, "groups", 1))
-        out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, storage_dtype(elem), order, groups))
+        groups, heads = int(getattr(p, "groups", 1)), bool(getattr(p, "heads", False))
+        out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, storage_dtype(elem), order, groups, heads))
     if not any(a.role == "output" for a in out):
         raise LaunchError("the launcher runs kernels with at least one output; this one has none")
     if not any(a.role == "input" for a in out):

@@ -124,14 +124,23 @@ def check_clusters(work: Any, sites: int, cluster: int) -> None:
 def launch_specs(launch: Any) -> list[TensorSpec]:
     """The input and parameter tensors of a launch contract, as `spatialc.inputs` checks them."""
     taken = [p for p in launch.params if p.role in ("input", "parameter")]
-    return [tensor_spec(p.name, p.role, element_type(p.c_type), p.elems, getattr(p, "groups", 1)) for p in taken]
+    return [
+        tensor_spec(p.name, p.role, element_type(p.c_type), p.elems, getattr(p, "groups", 1), takes_heads(p))
+        for p in taken
+    ]
 
 
-def tensor_spec(name: str, role: str, elem: str, elems: Any, groups: int = 1) -> TensorSpec:
+def takes_heads(param: Any) -> bool:
+    """Whether a kernel parameter is an attention's Q, K or V (`KernelParam.heads`; a launch.json written before it
+    has none)."""
+    return bool(getattr(param, "heads", False))
+
+
+def tensor_spec(name: str, role: str, elem: str, elems: Any, groups: int = 1, heads: bool = False) -> TensorSpec:
     """One kernel parameter of element type `elem` as a TensorSpec; LaunchError for a type no tensor has."""
     if elem not in ELEMENT_DTYPES:
         raise LaunchError(f"kernel parameter {name} holds {elem}, an element type no spatialc tensor has")
-    return TensorSpec(name, role, (int(elems[0]), int(elems[1])), ELEMENT_DTYPES[elem], int(groups))
+    return TensorSpec(name, role, (int(elems[0]), int(elems[1])), ELEMENT_DTYPES[elem], int(groups), bool(heads))
 
 
 def storage_dtype(elem: str) -> str:

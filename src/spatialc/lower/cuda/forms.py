@@ -9,7 +9,8 @@ serialise (`NeedsGeneral`). The general form runs every engine on warps of its o
 and takes what the persistent form refuses as far as it prints it. A persistent artifact carries the same program
 in general form in `artifact.general`, so that the two can be run on the same inputs and compared (an sm_90a one
 does not: its pages are panels). A program without a tile matmul (a map program, a row program) is printed by both
-the general and the persistent form; auto picks the general one (`PAGES_NOTE` says why).
+the general and the persistent form; auto picks the general one (`PAGES_NOTE` says why). Attention is printed by the
+general form alone (`ATTENTION_NOTE`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from __future__ import annotations
 import dataclasses
 
 from ...ir.nodes import SpatialProgram
+from ...passes.attention import is_attention_program
 from ...passes.maps import is_map_program
 from ...passes.rows import is_row_program
 from ...passes.tile import in_panels
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
 from ..errors import LowerError, NeedsGeneral, TooBig
-from .common.program import MAP_PROGRAM, ROW_PROGRAM
+from .common.program import ATTENTION_PROGRAM, MAP_PROGRAM, ROW_PROGRAM
 from .general import kernel as general
 from .persistent import kernel as persistent
 from .sm90a import kernel as sm90a
@@ -38,6 +40,11 @@ FORMS = ("auto", "persistent", "general", "sm90a")
 PAGES_NOTE = (
     "the general form: {what} is memory-bound, and the general form's reader warp keeps its loads in flight while"
     " the other warps map and store; the persistent form (form='persistent') serialises its engines on one block"
+)
+
+# Why auto prints attention in the general form.
+ATTENTION_NOTE = (
+    f"the general form: it alone prints {ATTENTION_PROGRAM} — the persistent and the sm_90a forms refuse it by name"
 )
 
 
@@ -56,6 +63,15 @@ def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") ->
         raise UnknownForm(form)
     if form == "general":
         return general.lower(program, target)
+    if is_attention_program(program):
+        # Only the general form prints it; the others' refusals say so (`persistent` before any other check, so
+        # that an unverified program is still refused as such).
+        if form == "persistent":
+            return persistent.lower(program, target)
+        if form == "sm90a":
+            return sm90a.lower(program, target)
+        art = general.lower(program, target)
+        return dataclasses.replace(art, notes=(*art.notes, ATTENTION_NOTE))
     if form == "auto" and (is_map_program(program) or is_row_program(program)):
         # No matmul: nothing for sm_90a's tensor cores to do, and the persistent form serialises what the general
         # form overlaps (`PAGES_NOTE`).

@@ -100,21 +100,74 @@ void spatialc_load_a_row(spatialc_frag<T>& f, const T* tile, int line = __builti
     spatialc_emu::load_a16(f, tile, false, "spatialc_load_a_row", line);
 }
 
+// A from a plain row-major tile of float32 values, each rounded to nearest even to the operand type as it is loaded
+// (tensor_core_row.cuh): the lane reads its own eight, two adjacent columns at a time.
 template <class T>
-[[gnu::noinline]] void spatialc_load_b(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
+[[gnu::noinline]] void spatialc_load_a_float(spatialc_frag<T>& f, const float* tile, int line = __builtin_LINE()) {
     using namespace spatialc_emu;
     static_assert(sizeof(T) == 2, "16-bit operands");
-    const int l = lane_of("spatialc_load_b");
-    check_ldsm(tile, "spatialc_load_b", line);
+    const int l = lane_of("spatialc_load_a_float");
+    check_ldsm(tile, "spatialc_load_a_float", line);
+    f.kd = 16;
+    for (int r = 0; r < 16; ++r)
+        for (int k = 0; k < 16; ++k) f.v[r * 32 + k] = T(tile[r * 16 + k]);
+    const void* mine[4];
+    for (int i = 0; i < 4; ++i) mine[i] = tile + (l / 4 + 8 * (i & 1)) * 16 + 2 * (l % 4) + 8 * (i >> 1);
+    track(mine, 4, 8, false, AccessKind::page_load, line);
+}
+
+namespace spatialc_emu {
+
+// B (k rows × 16 columns) from a 16-bit tile: row-major B, transposed by the load (swizzled or plain), or — `kmajor` —
+// a plain row-major tile of Bᵀ (tile row n holds column n's k), which the load does not transpose.
+template <class T>
+[[gnu::noinline]] void load_b16(spatialc_frag<T>& f, const T* tile, bool swz, bool kmajor, const char* what, int line) {
+    static_assert(sizeof(T) == 2, "16-bit operands");
+    const int l = lane_of(what);
+    check_ldsm(tile, what, line);
     f.kd = 16;
     for (int k = 0; k < 16; ++k)
-        for (int n = 0; n < 16; ++n) f.v[k * 16 + n] = tile[swizzled(k, n / 8) + n % 8];
+        for (int n = 0; n < 16; ++n)
+            f.v[k * 16 + n] = kmajor ? tile[chunk(swz, n, k / 8) + k % 8] : tile[chunk(swz, k, n / 8) + n % 8];
+    if (kmajor) {
+        // Matrix i is tile rows (columns n) 0-7 / 8-15 (i / 2), k half i % 2; the lane gets row l / 4, elements
+        // 2 (l % 4), +1 — as an A load's.
+        const void* mine[4];
+        for (int i = 0; i < 4; ++i) mine[i] = tile + chunk(swz, l / 4 + 8 * (i >> 1), i & 1) + 2 * (l % 4);
+        track(mine, 4, 4, false, AccessKind::ldmatrix, line);
+        return;
+    }
     // Transposed: from matrix i (k rows 0-7 / 8-15 of column half i / 2) the lane gets column l / 4 of k rows
     // 2 (l % 4) and 2 (l % 4) + 1.
     const void* mine[8];
     for (int i = 0; i < 4; ++i)
-        for (int e = 0; e < 2; ++e) mine[2 * i + e] = tile + swizzled(2 * (l % 4) + e + 8 * (i & 1), i >> 1) + l / 4;
+        for (int e = 0; e < 2; ++e) mine[2 * i + e] = tile + chunk(swz, 2 * (l % 4) + e + 8 * (i & 1), i >> 1) + l / 4;
     track(mine, 8, 2, false, AccessKind::ldmatrix, line);
+}
+
+}  // namespace spatialc_emu
+
+// B from a plain row-major tile (tensor_core_row.cuh).
+template <class T>
+void spatialc_load_b_row(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
+    spatialc_emu::load_b16(f, tile, false, false, "spatialc_load_b_row", line);
+}
+
+// Bᵀ's plain row-major tile: a K-major B (tensor_core_row.cuh).
+template <class T>
+void spatialc_load_bt_row(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
+    spatialc_emu::load_b16(f, tile, false, true, "spatialc_load_bt_row", line);
+}
+
+template <class T>
+void spatialc_load_b(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
+    spatialc_emu::load_b16(f, tile, true, false, "spatialc_load_b", line);
+}
+
+// Bᵀ's swizzled tile: a K-major B (tensor_core.cuh).
+template <class T>
+void spatialc_load_bt(spatialc_frag<T>& f, const T* tile, int line = __builtin_LINE()) {
+    spatialc_emu::load_b16(f, tile, true, true, "spatialc_load_bt", line);
 }
 
 // ---- 8-bit operands (int8, e4m3, e5m2): A row-major, B K-major --------------------------------------------------

@@ -10,7 +10,7 @@ from importlib import resources
 
 from ....ir.ids import LoopVar, loop_var_name
 from ....ir.nodes import DType
-from ....ir.ops import TileAddr
+from ....ir.ops import Span, TileAddr
 from ...errors import Unsupported
 
 C_TYPES = {
@@ -137,6 +137,25 @@ def addr_expr(at: TileAddr, env: dict[LoopVar, str]) -> str:
         if env[var] != "0":
             terms.append(f"{env[var]} * {stride}" if stride != 1 else env[var])
     return c_sum(*terms)
+
+
+def span_count(span: Span, env: dict[LoopVar, str], name: str) -> list[str]:
+    """The C statements that set int `name` to a per-item loop count (`Span`: min(bound, max(0, ceil(v / per))),
+    v = base + Σ stride·var over the item's coordinates bound in `env`), the count `Span.at` gives: v in 64 bits,
+    ceilinged by truncation where it is positive."""
+    terms = [str(span.base)]
+    for var, stride in span.steps:
+        if var not in env:
+            raise Unsupported(
+                f"a loop count over {loop_var_name(var)} outside any loop that binds it",
+                "the kernel has no value for that variable there",
+            )
+        terms.append(f"(long long)({env[var]}) * {stride}")
+    blocks = f"({name}_v + {span.per - 1}) / {span.per}"
+    return [
+        f"const long long {name}_v = {' + '.join(terms)};",
+        f"const int {name} = {name}_v <= 0 ? 0 : (int)({blocks} < {span.bound} ? {blocks} : {span.bound});",
+    ]
 
 
 def site_prologue(w: Writer, cluster: int = 1) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ....ir.nodes import ComputeStage, DType, PageLayout, ReadStage, SpatialProgram, Stage, TensorRole
-from ....ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Requant, VecAxis, arg_indices, cols
+from ....ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Pos, Requant, VecAxis, arg_indices, cols
 from ....ir.printer import compute_text
 from ....numerics import elementwise
 from ....numerics.elementwise import ElementwiseError, transcendental
@@ -171,6 +171,13 @@ def _check_operand_page(p: SpatialProgram, stages: tuple[Stage, ...], integer: b
             f"the operand page {page.name} of int8 matmul {reader.name}, filled by a {compute_text(last, p)} stage",
             "an int8 matmul multiplies int8 values: end the stages before it with a requant",
         )
+
+
+def check_maps(p: SpatialProgram, ops: tuple[Map, ...], integer: bool) -> None:
+    """Refuse Maps the printers do not spell exactly (`check`'s test of each Map of a chain), for ops a schedule
+    computes that no stage declares (attention's recurrence)."""
+    for op in ops:
+        _check_map(p, op, integer)
 
 
 def _check_map(p: SpatialProgram, op: Map, integer: bool) -> None:
@@ -333,10 +340,11 @@ def value(
     col_at: Callable[[Col], str] | None = None,
     page: Callable[[int], str] | None = None,
     row: Callable[[int], str] | None = None,
+    pos: Callable[[Pos], str] | None = None,
 ) -> str:
     """One stage's result as a C expression over its input pages' values (`page(i)`; `v`, the one page before it,
-    by default), its row vectors' (`row(i)`: input page i's value of the element's row) and its column vectors'
-    (`col_at`, as in `statement`)."""
+    by default), its row vectors' (`row(i)`: input page i's value of the element's row), its column vectors'
+    (`col_at`, as in `statement`) and the element's positions (`pos`: a mask's row and column indices)."""
     pages = page or (lambda i: "v")
     match op:
         case Map(expr):
@@ -345,7 +353,7 @@ def value(
                 assert col_at is not None, "a column vector's stage needs its index"
                 return f"t{int(c.tensor)}[{col_at(c)}]"
 
-            return elementwise.c_expr(expr, integer, pages, col, row)
+            return elementwise.c_expr(expr, integer, pages, col, row, pos)
         case Requant(multiplier, shift, zero_point):
             return f"spatialc_requant({pages(0)}, {multiplier}, {shift}, {zero_point})"
         case MatmulTiles():

@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 
 from ....inputs import row_limits
+from ....ir.ids import TensorId
 from ....ir.names import plain
 from ....ir.nodes import SpatialProgram, Tensor, TensorRole, TileOrder
-from ....ir.ops import ChoreoOp, Loop, Trip, walk
+from ....ir.ops import Attention, ChoreoOp, Loop, Trip, walk
+from ....passes.attention import attention_shape, attention_stage
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
 from ...artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch, operand_files
@@ -370,7 +372,11 @@ def bench_rate(p: SpatialProgram, launch: Launch) -> tuple[str, str]:
     logical elements of each input, column vector and the output, at the element types the launch gives them) —
     memory is what bounds it. A map reads and writes each once; a row program reads its input again on each pass
     over a band, and is still credited with one read (the bandwidth it delivers, as softmax and RMSNorm benchmarks
-    count it)."""
+    count it); attention's `GOPS`, its two matmuls over the scores the mask keeps (`attention_ops`)."""
+    if attention_stage(p) is not None:
+        shape = attention_shape(p)
+        q = p.tensor(TensorId(shape.reads[0][0]))
+        return "GOPS", f"{attention_ops(shape.op, q.groups, q.elems[1])}.0"
     if is_map_program(p) or is_row_program(p):
         pairs = zip(p.tensors, launch.params, strict=True)
         moved = sum(t.groups * t.elems[0] * t.elems[1] * C_BYTES[q.c_type] for t, q in pairs)
@@ -378,6 +384,17 @@ def bench_rate(p: SpatialProgram, launch: Launch) -> tuple[str, str]:
     a, b = [t for t in p.tensors if t.role == TensorRole.INPUT][:2]
     m, kk, n = a.groups * a.elems[0], a.elems[1], b.elems[1]  # a grouped GEMM: every group full
     return "GOPS", f"2.0 * {m}.0 * {n}.0 * {kk}.0"
+
+
+def attention_ops(op: Attention, heads: int, dim: int) -> int:
+    """The operations of one attention (`heads` query heads in all, of `dim`): 4·dim for each score the mask keeps
+    (a multiply and an add in Q·Kᵀ and in P·V) — every score, or for a causal one those at or left of each row's
+    diagonal, as FlashAttention counts them."""
+    if op.causal:
+        kept = sum(min(op.seq_kv, r + op.seq_kv - op.seq_q + 1) for r in range(op.seq_q))
+    else:
+        kept = op.seq_q * op.seq_kv
+    return 4 * heads * kept * dim
 
 
 def bench_main(p: SpatialProgram, launch: Launch) -> str:

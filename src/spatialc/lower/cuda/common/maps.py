@@ -12,13 +12,16 @@ host emulation checks for races.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ....ir.ids import LoopVar
 from ....ir.nodes import PageLayout
-from ....ir.ops import Col, Compute, Map, VecAxis, row_reads
+from ....ir.ops import Apply, Col, Compute, Expr, Map, Pos, VecAxis, row_reads
 from ....ir.ops import cols as expr_cols
 from ....ir.printer import compute_text
+from ....numerics.elementwise import c_position
 from ...errors import Unsupported
 from . import epilogue
 from .cwriter import Writer, addr_expr
@@ -35,6 +38,15 @@ class MapPrinter:
     nthreads: str
     read_slot: Any  # (annotations only: the methods are the host printer's)
     write_slot: Any
+    lean: bool  # whether the engine is printed lean on registers (`TilePrinter.lean`): its page loops rolled
+
+    @contextmanager
+    def element_loop(self, n: int) -> Iterator[None]:
+        """The loop over a page's `n` elements, each thread a strided share."""
+        if self.lean:
+            self.w.line("#pragma unroll 1")
+        with self.w.block(f"for (int e = {self.tid}; e < {n}; e += {self.nthreads})"):
+            yield
 
     def elementwise(self, op: Compute, stage, srcs: list[Ring], dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
         """A stage page to page — an epilogue stage of the one page before it, a map program's map of its input
@@ -69,6 +81,14 @@ class MapPrinter:
                 )
         value = "long long" if self.k.integer else "float"
         columns = expr_cols(stage.expr) if isinstance(stage, Map) else ()
+        places = position_nodes(stage.expr) if isinstance(stage, Map) else ()
+        for node in places:  # a position counts the page's tiles in rows of its width
+            if n % (node.width * TILE_ELEMS):
+                raise Unsupported(
+                    f"stage {compute_text(stage, self.k.program)} placing elements in rows of {node.width} tiles"
+                    f" on {dst.name}'s pages of {n // TILE_ELEMS} tiles",
+                    "a position's page holds whole rows of its width",
+                )
 
         def col_at(c: Col) -> str:
             at = addr_expr(c.at, env)
@@ -77,16 +97,29 @@ class MapPrinter:
                 return f"(long long)({lead}tl / {c.width}) * {TILE_ELEMS} + (el / 16) * 16"
             return f"(long long)({lead}tl % {c.width}) * {TILE_ELEMS} + el % 16"
 
-        with self.w.block("", mark), self.w.block(f"for (int e = {self.tid}; e < {n}; e += {self.nthreads})"):
-            if columns or by_row:
+        def pos_at(node: Pos) -> str:
+            return c_position(node, addr_expr(node.at, env), "tl", "el")
+
+        with self.w.block("", mark), self.element_loop(n):
+            if columns or by_row or places:
                 self.w.line(f"const int tl = e / {TILE_ELEMS}, el = e % {TILE_ELEMS};")
             for i, src in enumerate(srcs):
                 at = row_read("tl", "el", by_row[i]) if i in by_row else "e"
                 page = f"ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id} + {at}"
                 self.w.line(f"const {value} v{i} = ({value})SPATIALC_PAGE_LD({page});")
             loaded = "v{}".format  # a page's value and a row vector's, each loaded above
-            self.w.line(f"const {value} v = {epilogue.value(stage, self.k.integer, col_at, loaded, loaded)};")
+            self.w.line(f"const {value} v = {epilogue.value(stage, self.k.integer, col_at, loaded, loaded, pos_at)};")
             # A page a matmul reads holds operands: the value converted to their type (float32 rounded to nearest
             # even, `MmaTypes.to_operand`), as the interpreter rounds a computed operand page where a matmul reads it.
             stored = f"{self.k.types.to_operand}(v)" if dst.c_type == "OPT" else "(EPIT)v"
             self.w.line(f"SPATIALC_PAGE_ST(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id} + e, {stored});")
+
+
+def position_nodes(expr: Expr) -> tuple[Pos, ...]:
+    """The positions (`Pos`: a mask's rows and columns) `expr` reads, in order."""
+    match expr:
+        case Pos():
+            return (expr,)
+        case Apply(_, args):
+            return tuple(node for a in args for node in position_nodes(a))
+    return ()

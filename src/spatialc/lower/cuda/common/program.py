@@ -26,7 +26,9 @@ from ....ir.nodes import (
     per_op_list,
 )
 from ....ir.ops import (
+    Attention,
     ChoreoOp,
+    Compute,
     ComputeOp,
     Const,
     Loop,
@@ -41,6 +43,7 @@ from ....ir.ops import (
 )
 from ....ir.worklist import RULES, launch_sites, split_items, work_table
 from ....numerics.epilogue import dot_range
+from ....passes.attention import attention_shape
 from ....passes.rows import row_shape
 from ....target import SpatialTarget
 from ...artifact import KernelParam, Launch
@@ -52,6 +55,7 @@ from .rings import MMA_TYPES, MmaTypes
 # What the sm_90a form's refusal and auto's note (forms.PAGES_NOTE) call such programs.
 MAP_PROGRAM = "a program without a tile matmul (an elementwise map)"
 ROW_PROGRAM = "a program that reduces rows (softmax, RMSNorm)"
+ATTENTION_PROGRAM = "attention (its online softmax: two matmuls a KV block beside running row maxima and sums)"
 
 
 def check_printable(p: SpatialProgram) -> None:
@@ -396,23 +400,38 @@ def checked_rows(p: SpatialProgram) -> tuple[MmaTypes, tuple[Stage, ...]]:
     return types, shape.computes
 
 
-def _check_row_major_pages(p: SpatialProgram) -> None:
+def checked_attention(p: SpatialProgram) -> tuple[MmaTypes, tuple[Map, ...]]:
+    """An attention program (`spatialc.attention`): the C types of its inputs (Q, K and V, the operands of both its
+    matmuls) and the maps its schedule runs (each once, in the order first run) — after the checks `checked_rows`
+    makes: a float program, pages laid out by rows (Q's, K's and V's as the matmuls' loads read them), maps the
+    printers spell exactly."""
+    if p.precision == Precision.INT8:
+        raise UnsupportedPrecision("int8", "attention is float arithmetic (exp, a softmax): use fp16 or bf16")
+    _check_row_major_pages(p, frozenset(p.buffer(ring).ring for _, ring in attention_shape(p).reads))
+    types = operand_types(p, p.precision)
+    maps = tuple(dict.fromkeys(op.op for op in all_ops(p) if isinstance(op, Compute) and isinstance(op.op, Map)))
+    epilogue.check_maps(p, maps, False)
+    return types, maps
+
+
+def _check_row_major_pages(p: SpatialProgram, operands: frozenset = frozenset()) -> None:
     """Every ring's pages hold their tiles row by row: a map (and a row reduction) reads and writes element e of a
-    page at e, as the tensors store it."""
+    page at e, as the tensors store them — but the `operands` rings, which only matmuls read (laid out for them)."""
     for b in p.buffers:
         kind = b.kind
-        if isinstance(kind, Fifo | Interm) and kind.layout != PageLayout.ROW:
+        if isinstance(kind, Fifo | Interm) and kind.layout != PageLayout.ROW and b.ring not in operands:
             raise Unsupported(
                 f"ring {b.name} laid out {kind.layout.value}",
                 "a map's pages hold their tiles row by row, as the tensors store them: lay the ring out by rows",
             )
 
 
-def out_c_type(p: SpatialProgram, form: str) -> str:
-    """OUT_T, the C type a kernel stores every output through — after checking that the outputs have one type
-    (`form` names the kernel in the refusal)."""
+def out_c_type(p: SpatialProgram, form: str, mixed: bool = False) -> str:
+    """OUT_T, the C type a kernel stores every output through (the first output's, where `mixed` lets the others
+    have types of their own: `other_outputs`) — after checking that the outputs have one type otherwise (`form` names
+    the kernel in the refusal)."""
     kinds = sorted({t.dtype.value for t in p.tensors if t.role == TensorRole.OUTPUT})
-    if len(kinds) > 1:
+    if len(kinds) > 1 and not mixed:
         raise Unsupported(
             f"outputs of different element types ({', '.join(kinds)})",
             f"{form} stores its outputs in one type: give them one (a LayerNorm's out float32, as its mean and rstd"
@@ -422,6 +441,14 @@ def out_c_type(p: SpatialProgram, form: str) -> str:
     if out is None:
         raise Unsupported("a program without an output tensor", "the kernel stores its result into one")
     return C_TYPES[out.dtype]
+
+
+def other_outputs(p: SpatialProgram, out_type: str) -> dict[int, str]:
+    """The C type of each output tensor (by id) whose elements are not OUT_T's (`out_type`): attention's LSE, float32
+    beside an O of bf16 or fp16."""
+    return {
+        int(t.id): C_TYPES[t.dtype] for t in p.tensors if t.role == TensorRole.OUTPUT and C_TYPES[t.dtype] != out_type
+    }
 
 
 def checked_gemm(
@@ -469,6 +496,7 @@ def launch_for(
     keeps its list. Inputs hold the operand type, the output the output tensor's type, parameters their own. A kernel
     `fixed` to its sites (they run different programs), or `cooperative` (they hand over to each other through its
     `sync` words), runs exactly its sites."""
+    heads = any(isinstance(getattr(s.kind, "op", None), Attention) for s in p.stages)  # Q, K, V by (batch, heads)
     params = tuple(
         KernelParam(
             t.name,
@@ -478,6 +506,7 @@ def launch_for(
             t.tiles,
             t.order.value,
             t.groups,
+            heads and t.role == TensorRole.INPUT,
         )
         for t in p.tensors
     )

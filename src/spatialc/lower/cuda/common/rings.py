@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from ....ir.ids import BufferId
 from ....ir.nodes import ComputeStage, Fifo, Interm, PageLayout, ReadStage, SpatialProgram, TensorRole
 from ....ir.ops import (
+    ChoreoOp,
     MatmulTiles,
+    PackAcc,
     Precision,
+    ReadTiles,
 )
 from ...errors import Unsupported
 
@@ -159,3 +162,30 @@ def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
         for r, ring in rings.rings.items()
     }
     return dataclasses.replace(rings, rings=table)
+
+
+def scheduled_rings(p: SpatialProgram, types: MmaTypes, ops: list[ChoreoOp], rows: frozenset[int]) -> Rings:
+    """The ring table of a program whose stages do not say what its rings hold (attention: one declared stage, its
+    recurrence's rings added by the planner), typed by the schedule: a ring a ReadTiles fills holds operands (OPT),
+    one a fragment accumulator is packed into accumulators (ACCT), any other — a map's page, a row accumulator
+    (template in `rows`) packed — float32 values (EPIT). A computed page a matmul reads stays float32, and the matmul
+    rounds it to the operand type as it loads it (`TilePrinter.a_loader`): attention's P is also summed, unrounded,
+    into the running sum."""
+    table = ring_table(p, types, ())
+    operands: set[int] = set()
+    packed: set[int] = set()
+    for op in ops:
+        match op:
+            case ReadTiles(into=buf):
+                operands.add(table.template[buf])
+            case PackAcc(acc=acc, to=to) if table.template[acc] not in rows:
+                packed.add(table.template[to])
+    typed = {}
+    for r, ring in table.rings.items():
+        if r in operands:
+            typed[r] = dataclasses.replace(ring, c_type="OPT", elem_bytes=types.operand_bytes)
+        elif r in packed:
+            typed[r] = dataclasses.replace(ring, c_type="ACCT", elem_bytes=types.acc_bytes)
+        else:
+            typed[r] = dataclasses.replace(ring, c_type="EPIT", elem_bytes=epit_bytes(False))
+    return dataclasses.replace(table, rings=typed)

@@ -23,7 +23,7 @@ from typing import Any
 
 from ....ir.ids import LoopVar
 from ....ir.nodes import Accumulator, Plan, SpatialProgram
-from ....ir.ops import AcquireAcc, ChoreoOp, Compute, PackAcc, ReleaseAcc, RowReduce
+from ....ir.ops import AcquireAcc, ChoreoOp, Compute, PackAcc, ReleaseAcc, RowReduce, ScaleAcc
 from ....numerics.elementwise import ElementwiseError, Reduction, reduction_named
 from ....target import WARP
 from ...errors import Unsupported
@@ -93,9 +93,14 @@ def row_accumulators(p: SpatialProgram, plan: Plan, rings: Rings, warps: int) ->
                     f"a row vector is a page of the band's {bh} tile rows",
                 )
     per_warp = math.ceil(bh * 16 / warps)
-    shares = per_warp * len(reductions)
-    registers = BASE_REGISTERS + SHARE_REGISTERS * shares + TILE_REGISTERS * bh * plan.block.ibw
+    registers = row_registers(per_warp * len(reductions), bh * plan.block.ibw)
     return RowAccumulators(bh * 16, warps, per_warp, reductions, registers)
+
+
+def row_registers(shares: int, page_tiles: int) -> int:
+    """The estimate of a thread's registers in a kernel whose compute lanes hold `shares` row shares each and read
+    pages of `page_tiles` tiles (`BASE_REGISTERS`)."""
+    return BASE_REGISTERS + SHARE_REGISTERS * shares + TILE_REGISTERS * page_tiles
 
 
 def _check_accumulator(p: SpatialProgram, acc, bh: int) -> None:
@@ -118,6 +123,7 @@ class RowPrinter:
     read_slot: Any
     write_slot: Any
     load: Any
+    lean: bool  # whether the engine is printed lean on registers (`TilePrinter.lean`): its page loops rolled
 
     def row_accumulator(self, op: ChoreoOp) -> Reduction | None:
         """The reduction of the row accumulator `op` acquires, folds into, packs or releases; None for any other
@@ -145,6 +151,8 @@ class RowPrinter:
                 w.line("", f"{mark} (the row accumulator stays in registers)")
             case Compute(op=RowReduce() as rr, ins=(src,), acc=acc):
                 self.fold(rr, r, self.kept(src), self.racc(acc), env, mark)
+            case Compute(op=ScaleAcc(), ins=(src,), acc=acc):
+                self.scale_rows(r, self.racc(acc), self.kept(src), mark)
             case PackAcc(acc=acc, to=to):
                 self.pack_rows(r, self.racc(acc), self.kept(to), mark)
             case _:
@@ -173,11 +181,40 @@ class RowPrinter:
                 w.line("const int row = rw + q * NWARP;  // the band's element row")
                 w.line(f"const {src.c_type}* at_row = {page} + (row / 16) * {rr.width * TILE_ELEMS} + (row % 16) * 16;")
                 cond = " && ".join([*rows.within("row"), f"col0 + c < {rr.cols}"])
+                if self.lean:  # (TilePrinter.lean: the registers of an unrolled column loop are not there)
+                    w.line("#pragma unroll 1")
                 column = w.block(f"for (int c = lane; c < {width}; c += {WARP})")
                 with column, w.block(f"if ({cond})", "// the row's padding is left out"):
                     load = self.load(f"at_row + (c / 16) * {TILE_ELEMS} + c % 16", "")
                     w.line(f"const float x = (float){load};")
                     w.line(f"{racc}[q] = {r.c_combine(f'{racc}[q]', r.c_pre('x'))};")
+
+    def scale_rows(self, r: Reduction, racc: str, vector: Ring, mark: str) -> None:
+        """ScaleAcc of a row accumulator: each of the lane's shares of a row times the row's value in the front page
+        of `vector` (a row vector of the band's tile rows, each row's value in every column: column 0 is read). A
+        sum's shares add up to the row's value, so scaling each scales it; no other reduction is scaled so."""
+        w = self.w
+        rows: RowAccumulators = self.k.rows
+        if r.combine != "add":
+            raise Unsupported(
+                f"scaling a row accumulator of a {r.name} reduction",
+                "only a sum's shares scale with the row's value (online softmax rescales its running sum)",
+            )
+        if vector.page != rows.band_rows // 16 * TILE_ELEMS:
+            raise Unsupported(
+                f"scaling a row accumulator by {vector.name}'s pages of {vector.page // TILE_ELEMS} tiles",
+                f"a row vector is a page of the band's {rows.band_rows // 16} tile rows",
+            )
+        page = f"ring_{vector.id} + {self.read_slot(vector.id)} * PAGE_{vector.id}"
+        with w.block("", mark):
+            self.warp_rows()
+            w.line("(void)lane;")
+            w.line("#pragma unroll")
+            with w.block("for (int q = 0; q < RROWS; ++q)"):
+                w.line("const int row = rw + q * NWARP;  // the band's element row")
+                at = f"{page} + (row / 16) * {TILE_ELEMS} + (row % 16) * 16"
+                scale = f"{racc}[q] *= (float){self.load(at, '')};"
+                w.line(f"if ({rows.within('row')[0]}) {scale}" if rows.within("row") else scale)
 
     def pack_rows(self, r: Reduction, racc: str, vector: Ring, mark: str) -> None:
         """PackAcc of a row accumulator: each row's 32 shares combined across the warp, the row's value stored into

@@ -83,9 +83,16 @@ class TilePrinter:
         self.nthreads = nthreads  # how many threads run it
         self.workspace: frozenset[int] = frozenset()  # tensors of partial sums (ACCT), read and written as such
         self.tensors: dict[int, Tensor] = {}  # the program's tensors, where an op limits a grouped tensor's rows
+        self.out_types: dict[int, str] = {}  # outputs (by tensor id) stored as a C type of their own, not OUT_T
         self.integer = False  # the fused epilogue's arithmetic: exact int64 (int8 programs) or float32
         self.accf = "accf"  # the accumulator fragments the printers name, and the macro of their count
         self.perw = "PERW"
+        # Whether the engine is printed lean on registers: its loops over a page (a map's elements, a fold's columns,
+        # a matmul's K tiles) rolled, and (the general form) one counter for each ring it alone cycles. Where its
+        # warps hold accumulator fragments and row accumulators at once (attention's compute warps), the operands
+        # nvcc keeps in flight for an unrolled loop and four counters a ring need registers a block of 10 warps does
+        # not have (ptxas spilled at head_dim 128 on sm_80 and sm_90 before).
+        self.lean = False
 
     @contextmanager
     def holding(self, frags: Fragments | None) -> Iterator[None]:
@@ -256,7 +263,7 @@ class TilePrinter:
                 if int(op.tensor) in self.workspace:  # read by other sites in this launch (`PAGE_MACROS`)
                     store = f"SPATIALC_GLOBAL_ST(&{at}, (ACCT){page});"
                 else:  # (SPATIALC_OUT_ST: the emulation checks it)
-                    store = f"SPATIALC_OUT_ST(&{at}, (OUT_T){page});"
+                    store = f"SPATIALC_OUT_ST(&{at}, ({self.out_types.get(int(op.tensor), 'OUT_T')}){page});"
                 if op.rows_from is not None:  # rows past their group's count are left alone
                     store = f"if ({self.row_kept(op, 'tile', 'el / 16')}) {{ {store} }}"
                 self.w.line(store)
@@ -297,7 +304,7 @@ class TilePrinter:
 
     def matmul(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
         """One K step for every sub-block of the item, accumulating in registers."""
-        check_operand_layouts(mm.operand, a, b)
+        check_operand_layouts(mm.operand, a, b, mm.transpose_b)
         with self.w.block("", mark):
             if self.lane_grid is None:
                 self.matmul_strided(mm, a, b)
@@ -314,7 +321,10 @@ class TilePrinter:
         """`body(kk, step)` for each K step of the page: steps of two tiles where the MMA takes them, then one."""
         ibw, pair = mm.block.ibw, self.k_pairs(mm)
         whole = ibw - ibw % pair
-        with self.unrolled(f"for (int kk = 0; kk < {whole}; kk += {pair})"):
+        if self.lean:
+            self.w.line("#pragma unroll 1")
+        loop = self.w.block if self.lean else self.unrolled
+        with loop(f"for (int kk = 0; kk < {whole}; kk += {pair})"):
             body("kk", pair)
         if whole < ibw:
             with self.w.block(""):
@@ -324,9 +334,31 @@ class TilePrinter:
     @staticmethod
     def a_loader(mm: MatmulTiles, a: Ring) -> str:
         """How A's fragments are loaded (`operand_load`'s `which`): from swizzled 16-bit tiles or plain 8-bit ones
-        (a: 8-bit A pages are row-major), or from plain 16-bit ones (a_row: a page an engine computed, stored as the
-        accumulator's rows)."""
-        return "a_row" if sized_as(mm.operand) != Precision.INT8 and not a.layout.swizzled else "a"
+        (a: 8-bit A pages are row-major), from plain 16-bit ones (a_row: a page an engine computed, stored as the
+        accumulator's rows), or from plain float32 ones rounded as they are loaded (a_float: a page other ops read
+        unrounded, attention's P)."""
+        wide = sized_as(mm.operand) != Precision.INT8
+        if a.c_type == "EPIT" and wide:
+            return "a_float"
+        return "a_row" if wide and not a.layout.swizzled else "a"
+
+    @staticmethod
+    def b_loader(mm: MatmulTiles, b: Ring) -> str:
+        """How B's fragments are loaded (`operand_load`'s `which`): from swizzled 16-bit tiles or K-major 8-bit ones
+        (b); from plain row-major 16-bit tiles (b_row: a tensor's tiles as stored); or, where the page holds Bᵀ
+        (`transpose_b`: K's rows as stored, a K-major B), from its 16-bit tiles without the transposing load (bt,
+        swizzled; bt_row, plain)."""
+        if mm.transpose_b:
+            return "bt" if b.layout.swizzled else "bt_row"
+        return "b_row" if sized_as(mm.operand) != Precision.INT8 and b.layout == PageLayout.ROW else "b"
+
+    @staticmethod
+    def b_slot(mm: MatmulTiles, col: str, kk: str, rows: str) -> str:
+        """The page slot of B's tile (kk, col): `rows` (row-major over the page's sw·osw columns) — or, where the
+        page holds Bᵀ (`transpose_b`), tile (col, kk) of its ibw columns."""
+        if mm.transpose_b:
+            return f"({c_mul(f'({col})', mm.block.ibw)} + {kk})"
+        return rows
 
     @staticmethod
     def operand_load(which: str, frag: str, tile, kk: str, step: int) -> str:
@@ -353,12 +385,13 @@ class TilePrinter:
             return f"{self.read_page(a_ring.id)} + {self.a_slot(a_ring, row, kk)} * {TILE_ELEMS}"
 
         def b_tile(kk: str) -> str:
-            return f"{self.read_page(b_ring.id)} + ({kk} * {sw * blk.osw} + {col}) * {TILE_ELEMS}"
+            slot = self.b_slot(mm, col, kk, f"({kk} * {sw * blk.osw} + {col})")
+            return f"{self.read_page(b_ring.id)} + {slot} * {TILE_ELEMS}"
 
         def step(kk: str, n: int) -> None:
             self.w.line(f"spatialc_frag<OPT> bf[{sw * rn}];")
             with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
-                self.w.line(self.operand_load("b", "bf[c]", b_tile, kk, n))
+                self.w.line(self.operand_load(self.b_loader(mm, b_ring), "bf[c]", b_tile, kk, n))
             with self.unrolled(f"for (int r = 0; r < {sh * rm}; ++r)"):
                 self.w.line("spatialc_frag<OPT> af;")
                 self.w.line(self.operand_load(self.a_loader(mm, a_ring), "af", a_tile, kk, n))
@@ -376,12 +409,13 @@ class TilePrinter:
             return f"{self.read_page(a.id)} + {self.a_slot(a, 'oi', kk)} * {TILE_ELEMS}"
 
         def b_tile(kk: str) -> str:
-            return f"{self.read_page(b.id)} + ({c_mul(kk, w)} + oj) * {TILE_ELEMS}"
+            slot = self.b_slot(mm, "oj", kk, f"({c_mul(kk, w)} + oj)")
+            return f"{self.read_page(b.id)} + {slot} * {TILE_ELEMS}"
 
         def step(kk: str, n: int) -> None:
             self.w.line("spatialc_frag<OPT> af, bf;")
             self.w.line(self.operand_load(self.a_loader(mm, a), "af", a_tile, kk, n))
-            self.w.line(self.operand_load("b", "bf", b_tile, kk, n))
+            self.w.line(self.operand_load(self.b_loader(mm, b), "bf", b_tile, kk, n))
             self.w.line(self.mma(f"{self.accf}[q]", "af", "bf", n))
 
         with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
@@ -415,6 +449,42 @@ class TilePrinter:
             with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
                 self.w.line(self.owned_tile())
                 self.w.line(store.format(f"(bh * {w} + bw)"))
+
+    def scale_acc(self, vector: Ring, mark: str) -> None:
+        """ScaleAcc: every element of every accumulator fragment times its row's value in the front page of `vector`,
+        a row vector (one tile a tile row of the item, each row's value in every column: column 0 is read). Element i
+        of a lane's fragment is in row lane / 4 + 8·((i / 2) mod 2) of its tile (tensor_core.cuh), so each lane reads
+        the two rows it holds and needs no other lane's."""
+        h, w = self.plan.item_tiles
+        r = vector.id
+        if vector.layout != PageLayout.ROW or vector.page != h * TILE_ELEMS:
+            raise Unsupported(
+                f"scaling an accumulator of {h} tile rows by {vector.name}'s pages of"
+                f" {vector.page // TILE_ELEMS} tiles",
+                "a row vector holds one tile for each tile row of the accumulator",
+            )
+
+        def scale(tile_row: str) -> None:
+            # Elements 0, 1, 4, 5 lie in row lane / 4 of the tile, elements 2, 3, 6, 7 in row lane / 4 + 8.
+            for half, rows in (("lo", "(lane >> 2)"), ("hi", "(lane >> 2) + 8")):
+                pointer = f"{self.read_page(r)} + ({tile_row}) * {TILE_ELEMS} + ({rows}) * 16"
+                self.w.line(f"const float {half} = (float){self.load(pointer, f'*({pointer})')};")
+            with self.unrolled("for (int i = 0; i < 8; ++i)"):
+                self.w.line(f"{self.accf}[q].x[i] *= (i >> 1) & 1 ? hi : lo;")
+
+        with self.w.block("", mark):
+            self.w.line(f"const int lane = {self.tid} % 32;")
+            if self.lane_grid is None:
+                with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
+                    self.w.line("const int ot = warp + q * NWARP;")
+                    with self.w.block(f"if (ot < {h * w})"):
+                        scale(f"ot / {w}")
+                return
+            self.warp_coords()
+            with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
+                self.w.line(self.owned_tile())
+                self.w.line("(void)bw;")
+                scale("bh")
 
     def add_partial(self, ring: Ring, mark: str) -> None:
         """Add the front page of `ring` (partial sums of the item's tiles, row-major as `pack` stores them) to every
@@ -542,23 +612,26 @@ class TilePrinter:
             self.w.line(f"spatialc_acc_zero({self.accf}[q]);")
 
 
-def tensor_core_lines(rings: Rings, types: MmaTypes) -> list[str]:
-    """The tensor-core layer a kernel inlines: `tensor_core.cuh`, `tensor_core_row.cuh` where a 16-bit operand
-    page is plain row-major (only A may be: a page an engine computed, which `a_loader` reads with its loads), and
-    `tensor_core_fp8.cuh` where the operands are 8-bit floats."""
-    rows = types.operand_bytes == 2 and any(
-        r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values()
+def tensor_core_lines(rings: Rings, types: MmaTypes, more_loads: bool = False) -> list[str]:
+    """The tensor-core layer a kernel inlines: `tensor_core.cuh`, `tensor_core_row.cuh` where a 16-bit operand page
+    is plain row-major (a page an engine computed, or a tensor's tiles as stored) or, `more_loads`, a matmul reads A
+    from float32 values or a page of Bᵀ (attention's P and K), which `a_loader` and `b_loader` read with its loads,
+    and `tensor_core_fp8.cuh` where the operands are 8-bit floats."""
+    rows = types.operand_bytes == 2 and (
+        more_loads or any(r.c_type == "OPT" and r.layout == PageLayout.ROW for r in rings.rings.values())
     )
     fp8 = types.operand in FP8_TYPES
     extra = ["common/tensor_core_row.cuh"] * rows + ["common/tensor_core_fp8.cuh"] * fp8
     return inlined_lines("common/tensor_core.cuh", *extra)
 
 
-def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:
-    """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor). A's
-    pages may also be plain row-major (`a_loader`: a page an engine computed)."""
+def check_operand_layouts(operand: Precision, a: Ring, b: Ring, transpose_b: bool = False) -> None:
+    """Refuse operand pages the fragment loads cannot read (verify has shown each page matches its tensor). 16-bit
+    pages may also be plain row-major (`a_loader`, `b_loader`: a page an engine computed, or a tensor's tiles as
+    stored); a page holding Bᵀ (`transpose_b`) is read from 16-bit row-major tiles, swizzled or plain."""
     want = operand_layouts(operand)
-    also_a = (PageLayout.ROW,)
+    wide = sized_as(operand) != Precision.INT8
+    also = {"A": (PageLayout.ROW,), "B": (PageLayout.ROW,) if wide else ()}
     for ring, layout, what in ((a, want[0], "A"), (b, want[1], "B")):
         if ring.layout.panels:
             raise Unsupported(
@@ -566,8 +639,13 @@ def check_operand_layouts(operand: Precision, a: Ring, b: Ring) -> None:
                 "those are the sm_90a form's swizzled panels, which only it reads; build the program for this"
                 " form (form='persistent' or 'general'; --form on the command line)",
             )
-        if ring.layout != layout and not (what == "A" and ring.layout in also_a):
+        if ring.layout != layout and ring.layout not in also[what]:
             raise Unsupported(
                 f"{operand.value} operand {what} in {ring.layout.value} pages ({ring.name})",
                 f"the tensor-core loads read {what} from {layout.value} pages; build the program with spatialc.build",
             )
+    if transpose_b and (not wide or b.layout not in (PageLayout.ROW, PageLayout.SWIZZLED)):
+        raise Unsupported(
+            f"a {operand.value} matmul reading Bᵀ from {b.layout.value} pages ({b.name})",
+            "a page holding Bᵀ (K's rows as stored) is read from row-major 16-bit tiles, swizzled or plain, only",
+        )

@@ -22,6 +22,7 @@ flipped: the first round passes on a fresh barrier), a consumer for the full pha
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 from ....ir.ids import BufferId
@@ -40,11 +41,13 @@ from ....ir.ops import (
     Precision,
     Push,
     Reserve,
+    RowReduce,
     Trip,
     Wait,
     walk,
 )
 from ....ir.traffic import global_read_bytes
+from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
 from ....passes.split import workspace_bytes
@@ -59,6 +62,7 @@ from ..common.program import (
     SiteClass,
     all_ops,
     check_printable,
+    checked_attention,
     checked_layers,
     checked_map,
     checked_rows,
@@ -80,8 +84,9 @@ from ..common.rings import (
     epilogue_rings,
     epit_bytes,
     ring_table,
+    scheduled_rings,
 )
-from ..common.rows import RowAccumulators, row_accumulators
+from ..common.rows import RowAccumulators, row_accumulators, row_registers
 from ..common.tiles import Fragments
 from .printer import KERNEL_NAME, accumulator_of, kernel_text, printed
 
@@ -156,18 +161,21 @@ class GeneralKernel:
         return sum(r.threads for r in self.roles)
 
     def registers(self, target: SpatialTarget) -> int:
-        """The estimate of a thread's registers: the accumulators' (`SpatialTarget.registers_per_thread`), or a row
-        program's kernel's own (`rows.BASE_REGISTERS`)."""
-        if self.rows is not None:
+        """The estimate of a thread's registers: the accumulators' (`SpatialTarget.registers_per_thread`), a row
+        program's kernel's own (`rows.BASE_REGISTERS`), or where the compute warps hold both (attention) the
+        fragments' and the row shares' together (`held_registers`)."""
+        if self.rows is not None and not self.accumulates:
             return min(self.rows.registers, target.regs_per_thread_max)
+        if self.rows is not None:
+            return min(held_registers(target, self.acc_tiles, self.rows), target.regs_per_thread_max)
         return target.registers_per_thread(self.acc_tiles)
 
     @property
     def accumulates(self) -> bool:
         """Whether the kernel multiplies: its compute warps hold accumulator fragments and it inlines the tensor-core
         layer. A map program's kernel (no matmul) has neither: its engines only move and map pages; a row program's
-        compute warps hold row accumulators (`rows`), no fragments."""
-        return self.lanes > 0 and self.rows is None
+        compute warps hold row accumulators (`rows`), no fragments; attention's hold both."""
+        return self.lanes > 0 and (self.rows is None or bool(self.layers))
 
     @property
     def fragments(self) -> tuple[Fragments, ...]:
@@ -373,15 +381,37 @@ def map_resources(target: SpatialTarget, plan: Plan, precision: Precision, input
     return smem, target.resident_sites_per_unit(smem, 0, 1, (1, 1), 3 * SIDE_WARPS)
 
 
-def accumulator_layers(p: SpatialProgram, target: SpatialTarget, plan: Plan) -> dict[int, Fragments]:
+def attention_resources(target: SpatialTarget, plan: Plan, precision: Precision) -> tuple[int, int]:
+    """What one block of the general form costs for an attention's plan, as its planner asks
+    (`passes.attention.plan_attention`): (shared memory bytes, blocks resident per SM — 0 when one does not fit) for
+    the rings `make_kernel` lays out — Q's band once, K's and V's blocks `plan.depth` deep, in the operand type; O's
+    and LSE's pages and the recurrence's own (`passes.attention.recurrence_tiles`), float32 (`rings.scheduled_rings`)
+    — with their barriers, and its warps: the accumulator lanes, a reader's and a writer's."""
+    from ....passes.attention import recurrence_tiles
+
+    bh, dt, bw = plan.block.osh, plan.block.osw, plan.block.ibw
+    size = MMA_TYPES[precision].operand_bytes
+    shapes = [(1, bh * dt, size), (plan.depth, bw * dt, size), (plan.depth, bw * dt, size), (1, bh * dt, 4)]
+    shapes += [(1, bh, 4)] + [(1, tiles, 4) for tiles in recurrence_tiles(bh, bw, dt).values()]
+    rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", n) for i, (d, tiles, n) in enumerate(shapes)}
+    smem = layout(rings)[1]
+    lanes = target.accumulator_lanes
+    rows = row_registers(2 * math.ceil(bh * 16 / lanes), bh * bw)  # the running max and sum, pages of bh × bw tiles
+    regs = min(fragments_and_rows(target, bh * bw + bh * dt, rows), target.regs_per_thread_max)
+    return smem, target.resident_sites_per_unit(smem, bh * bw + bh * dt, 1, (1, 1), lanes + 2 * SIDE_WARPS, regs)
+
+
+def accumulator_layers(
+    p: SpatialProgram, target: SpatialTarget, plan: Plan, rows: frozenset[int] = frozenset()
+) -> dict[int, Fragments]:
     """Each accumulator's fragments by template where the program has several (`GeneralKernel.layers`): the block
     and sub-blocks of the matmul whose Compute ops add into it, the compute warps split over that block as over the
-    plan's — and {} where it has one."""
+    plan's — and {} where it has one. Row accumulators (templates `rows`) are no fragments."""
     served: dict[int, MatmulTiles] = {}
     accs: set[int] = set()
     for op in all_ops(p):
         acc = accumulator_of(op)
-        if acc is None:
+        if acc is None or int(p.buffer(acc).ring) in rows:
             continue
         t = int(p.buffer(acc).ring)
         accs.add(t)
@@ -414,11 +444,38 @@ def held_tiles(plan: Plan, layers: dict[int, Fragments]) -> int:
     return sum(f.tiles for f in layers.values()) if layers else h * w
 
 
+def held_registers(target: SpatialTarget, acc_tiles: int, rows: RowAccumulators) -> int:
+    """The estimate of a thread's registers where the compute warps hold accumulator fragments and row accumulators
+    at once (attention): a row program's kernel's (`rows.BASE_REGISTERS`, its shares and page tiles) and the 12 a
+    fragment a warp holds that `SpatialTarget.registers_needed` counts. Calibrated with ptxas -v (nvcc 13) on attention
+    at one block an SM (all these estimates allow), with none spilled: (bh, bw, dt) = (4, 4, 8) on sm_90 used 142
+    registers (estimate 200), (4, 2, 8) on sm_80 168 (180; a block of 10 warps gets at most 168: ptxas counts 12),
+    (4, 4, 2) on sm_80 164 (164), (2, 2, 8) on sm_86, whose 6 warps may take 255, 180 (176)."""
+    return fragments_and_rows(target, acc_tiles, rows.registers)
+
+
+def fragments_and_rows(target: SpatialTarget, acc_tiles: int, row_registers: int) -> int:
+    """`held_registers` of a kernel whose row shares and pages alone would take `row_registers`."""
+    return row_registers + 12 * max(1, -(-acc_tiles // target.accumulator_lanes))
+
+
+def row_templates(p: SpatialProgram) -> frozenset[int]:
+    """The accumulators (by template) that row reductions fold into: row accumulators, not fragments."""
+    return frozenset(
+        int(p.buffer(op.acc).ring)
+        for op in all_ops(p)
+        if isinstance(op, Compute) and isinstance(op.op, RowReduce) and op.acc is not None
+    )
+
+
 def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[ComputeOp, ...]]:
     """The kernel's operand types (a map program's or a row program's: its inputs'), whether it is int8 (exact `long
     long` values), and the compute ops its engines apply page to page: every matmul's epilogue chain, in stage order
     (`checked_layers`), a map program's one map (`checked_map`), or a row program's reductions and maps
     (`checked_rows`) — each checked as those say."""
+    if is_attention_program(p):
+        types, maps = checked_attention(p)
+        return types, False, maps
     if is_row_program(p):
         types, stages = checked_rows(p)
         return types, False, tuple(s.kind.op for s in stages)  # type: ignore[union-attr]
@@ -437,13 +494,18 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     refuse(p)
     plan = p.plans[0]
     types, integer, stages = page_stages(p)
-    reduces = is_row_program(p)
-    lanes = 0 if is_map_program(p) else target.accumulator_lanes
+    attention = is_attention_program(p)
+    reduces = is_row_program(p)  # row accumulators alone; attention's compute warps hold fragments beside them
+    lanes = 0 if is_map_program(p) and not attention else target.accumulator_lanes
     one = fragments_of(plan, target)  # the plan's block: the accumulator of a one-matmul program
     lane_grid, perw = (one.lane_grid, one.perw) if lanes and not reduces else (None, 0)
-    accumulators = {} if reduces else accumulator_layers(p, target, plan)
-    rings = epilogue_rings(p, ring_table(p, types, ()), integer)
-    rows = row_accumulators(p, plan, rings, lanes) if reduces else None
+    by_rows = row_templates(p) if reduces or attention else frozenset()
+    accumulators = {} if reduces else accumulator_layers(p, target, plan, by_rows)
+    if attention:  # its stages do not say what its recurrence's rings hold: the schedule does
+        rings = scheduled_rings(p, types, all_ops(p), by_rows)
+    else:
+        rings = epilogue_rings(p, ring_table(p, types, ()), integer)
+    rows = row_accumulators(p, plan, rings, lanes) if by_rows else None
     classes, relative = site_classes(p, relative_sems=True)
     cluster = clusters(p, target)
     mc = multicast(p, rings.template) if cluster > 1 else None
@@ -459,6 +521,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     # row program's kernel has its own estimate.
     held = held_tiles(plan, accumulators) if lanes and not reduces else 0
     regs = min(rows.registers, target.regs_per_thread_max) if rows is not None else None
+    if rows is not None and held:
+        regs = min(held_registers(target, held, rows), target.regs_per_thread_max)
     per_sm = target.resident_sites_per_unit(off, held, 1, (1, 1), threads // WARP, regs)
     if per_sm == 0 and fit:
         raise TooBig(
@@ -467,7 +531,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
             target.smem_per_site_max,
             "choose a smaller block, fewer sub-blocks or shallower rings",
         )
-    out_type = out_c_type(p, "the general form")
+    out_type = out_c_type(p, "the general form", mixed=attention)  # attention's LSE is float32 whatever O is
     missing = [r for r in rings.rings if r not in prod or r not in cons]
     if missing:
         raise Unsupported(f"ring {rings.rings[missing[0]].name} without a producer and a consumer", "verify says why")

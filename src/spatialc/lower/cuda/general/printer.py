@@ -21,6 +21,7 @@ from ....ir.ops import (
     Compute,
     Flush,
     Loop,
+    MatmulTiles,
     McastSend,
     PackAcc,
     Pop,
@@ -28,7 +29,9 @@ from ....ir.ops import (
     ReadTiles,
     ReleaseAcc,
     Reserve,
+    ScaleAcc,
     SemSet,
+    Span,
     TileAddr,
     Trip,
     Wait,
@@ -52,9 +55,11 @@ from ..common.cwriter import (
     includes,
     inlined_lines,
     site_prologue,
+    span_count,
 )
 from ..common.handover import HandoverPrinter
 from ..common.maps import MapPrinter
+from ..common.program import other_outputs
 from ..common.rings import TILE_ELEMS
 from ..common.rows import RowPrinter
 from ..common.tiles import Fragments, TilePrinter, tensor_core_lines
@@ -88,8 +93,12 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
         self.after: ChoreoOp | None = None  # the op after the one being printed, in its own body (None: the last)
         self.received: set[int] = set()  # rings whose page the engine waits for from its sender, not yet pushed
+        self.lean = k.rows is not None and k.accumulates and role.first_warp == 0  # (TilePrinter.lean)
+        self.single: frozenset[int] = frozenset()  # rings counted by one counter (`cycles`), set by `counters`
 
     def read_slot(self, r: int) -> str:
+        if r in self.single:
+            return f"((n_{r} - 1) % DEPTH_{r})"
         return f"(pop_{r} % DEPTH_{r})"
 
     def full_wait(self, r: int) -> str:
@@ -104,6 +113,8 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         return f"SPATIALC_PAGE_LD({pointer})"
 
     def write_slot(self, r: int) -> str:
+        if r in self.single:
+            return f"((n_{r} - 1) % DEPTH_{r})"
         return f"((rsv_{r} - 1) % DEPTH_{r})"
 
     def counters(self) -> None:
@@ -114,7 +125,11 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         for op in self.role.walk():
             if isinstance(op, Reserve | Push | Wait | Pop) and not self.k.rings.is_fused(op.buf):
                 used.setdefault(self.k.rings.template[op.buf], set()).add(kinds[type(op)])
-        for r in sorted(used):
+        if self.lean:  # lean on registers (TilePrinter.lean): one counter for each ring the engine cycles alone
+            self.single = frozenset(r for r in used if all(cycles(ops, r, self.k.rings) for ops in self.role.programs))
+        for r in sorted(self.single):
+            self.w.line(f"unsigned n_{r} = 0;  // ring {r}'s pages reserved, pushed, waited for and popped so far")
+        for r in sorted(set(used) - self.single):
             names = [f"{n}_{r} = 0" for n in ("rsv", "psh", "wt", "pop") if n in used[r]]
             self.w.line(f"unsigned {', '.join(names)};")
         sent = {self.k.rings.template[op.buf] for op in self.role.walk() if isinstance(op, McastSend)}
@@ -139,7 +154,7 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
     def layer(self, op: ChoreoOp) -> Fragments | None:
         """The fragments of the accumulator `op` touches, where the compute warps hold several; else None."""
         acc = accumulator_of(op)
-        return None if acc is None or not self.k.layers else self.k.layers[self.k.rings.template[acc]]
+        return None if acc is None else self.k.layers.get(self.k.rings.template[acc])
 
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
@@ -167,6 +182,14 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
                         self.w.line(f"const int trip_{v} = spatialc_trip({read});  // {shown}")
                     with self.w.block(f"for (int {v} = 0; {v} < trip_{v}; ++{v})", mark):
                         self.ops(body, env | {var: v})
+            case Loop(var, Span() as span, body):
+                # A count known per item (a causal band's KV blocks): every thread of the engine works it out.
+                v = loop_var_name(var)
+                with self.w.block():
+                    for line in span_count(span, env, f"trip_{v}"):
+                        self.w.line(line)
+                    with self.w.block(f"for (int {v} = 0; {v} < trip_{v}; ++{v})", mark):
+                        self.ops(body, env | {var: v})
             case Loop(var, count, body):
                 v = loop_var_name(var)
                 bound = "n_items" if var == LV_ITEM else str(count.n)  # type: ignore[union-attr]
@@ -176,6 +199,8 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
                         self.item_header(f"ITEM_LIST[item_off + {v}]")
                         inner |= {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}
                     self.ops(body, inner)
+            case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) if self.kept(buf).id in self.single:
+                self.cycled(op, self.kept(buf).id, mark)
             case Reserve(buf):
                 r = self.kept(buf).id
                 self.w.line(
@@ -206,12 +231,30 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
                 pass
             case Compute(op=AddPartial(), ins=(src,)):
                 self.add_partial(self.kept(src), mark)
+            case Compute(op=ScaleAcc(), ins=(src,)):
+                self.scale_acc(self.kept(src), mark)
             case Compute(op=stage, ins=ins, outs=(dst,)) if ins:
                 self.elementwise(op, stage, [self.kept(b) for b in ins], self.kept(dst), env, mark)
             case PackAcc(to=buf):
                 self.pack(self.kept(buf), mark)
             case _:
                 raise Unsupported(f"a {type(op).__name__} op", "the general form has no image for it yet")
+
+    def cycled(self, op: ChoreoOp, r: int, mark: str) -> None:
+        """A ring op of a ring this engine alone reserves, pushes, waits for and pops, a page at a time (`cycles`):
+        one counter n, the page's slot (n − 1) mod depth once Reserve has counted it, the phases as elsewhere."""
+        page = f"(n_{r} - 1) % DEPTH_{r}"
+        match op:
+            case Reserve():
+                line = f"spatialc_mbar_wait(&empty_{r}[n_{r} % DEPTH_{r}], ((n_{r} / DEPTH_{r}) & 1) ^ 1); ++n_{r};"
+            case Push():
+                arrive = "spatialc_cp_async_arrive" if r in self.fills else "spatialc_mbar_arrive"
+                line = f"{arrive}(&full_{r}[{page}]);"
+            case Wait():
+                line = f"{self.full_wait(r)}(&full_{r}[{page}], ((n_{r} - 1) / DEPTH_{r}) & 1);"
+            case _:
+                line = f"spatialc_mbar_arrive(&empty_{r}[{page}]);"
+        self.w.line(line, mark)
 
     @staticmethod
     def element(t, flat: str) -> str:
@@ -225,16 +268,48 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         return f"spatialc_engine_sync({self.bar_id}, {self.role.threads});"
 
 
+def cycles(ops: tuple[ChoreoOp, ...], r: int, rings) -> bool:
+    """Whether `ops` take ring `r`'s pages through Reserve, Push, Wait and Pop, in that order, one page at a time, and
+    every loop that touches the ring holds whole cycles: then the engine's four counters of the ring are always
+    equal where it reads them (a page is pushed, waited for and popped before the next is reserved), and one does
+    (`EnginePrinter.cycled`)."""
+    order = (Reserve, Push, Wait, Pop)
+
+    def run(body: tuple[ChoreoOp, ...]) -> int | None:
+        state = 0
+        for op in body:
+            if isinstance(op, Loop):
+                ring_ops = (o for o in walk(op.body) if isinstance(o, Reserve | Push | Wait | Pop))
+                if any(rings.template[o.buf] == r for o in ring_ops) and (state != 0 or run(op.body) != 0):
+                    return None
+            elif isinstance(op, Reserve | Push | Wait | Pop) and rings.template[op.buf] == r:
+                if not isinstance(op, order[state]) or op.pages != 1:
+                    return None
+                state = (state + 1) % 4
+        return state
+
+    return run(ops) == 0
+
+
 def preamble(k: GeneralKernel) -> list[str]:
     p = k.program
+
+    def float_page(buf) -> bool:
+        return k.rings.rings[k.rings.template[buf]].c_type == "EPIT"
+
     lines = [
         f"// {plain(p.name)}: the general CUDA form printed by spatialc from the spatial IR; each block is one site,"
         " each engine runs on warps of its own and the rings hand pages over through mbarriers."
     ]
     lines += [f"#include <{h}>" for h in includes(k.types.operand)]
     lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *inlined_lines("general/mbarrier.cuh"), ""]
+    more_loads = any(  # a matmul reading float32 values (attention's P, rounded as loaded) or Bᵀ (its K)
+        isinstance(op, Compute) and isinstance(op.op, MatmulTiles) and (op.op.transpose_b or float_page(op.ins[0]))
+        for role in k.roles
+        for op in role.walk()
+    )
     # A map program's kernel multiplies nothing: no tensor-core layer, no accumulator type, no compute warps.
-    lines += [*tensor_core_lines(k.rings, k.types), ""] if k.accumulates else []
+    lines += [*tensor_core_lines(k.rings, k.types, more_loads), ""] if k.accumulates else []
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;"]
     lines += [f"typedef {k.types.acc} ACCT;"] if k.accumulates else []
@@ -357,7 +432,7 @@ def _param_type(k: GeneralKernel, t) -> str:
 def _param_head(k: GeneralKernel, t) -> str:
     """A tensor parameter's pointer type: the output and workspaces are written, the others read."""
     if t.role == TensorRole.OUTPUT:
-        return "OUT_T"
+        return other_outputs(k.program, k.out_type).get(int(t.id), "OUT_T")
     if t.role == TensorRole.WORKSPACE:
         return "ACCT"
     return "const " + _param_type(k, t)
@@ -371,6 +446,7 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
     printer = EnginePrinter(k, role, w)
     printer.workspace = frozenset(int(t.id) for t in k.program.tensors if t.role == TensorRole.WORKSPACE)
     printer.tensors = {int(t.id): t for t in k.program.tensors}
+    printer.out_types = other_outputs(k.program, k.out_type)
     printer.counters()
     if any(isinstance(op, AcquireAcc) for op in role.walk()):
         for f in k.fragments:

@@ -31,6 +31,7 @@ from ....ir.ops import (
 )
 from ....ir.printer import compute_text
 from ....ir.traffic import global_read_bytes
+from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
 from ....target import SpatialTarget
@@ -40,6 +41,7 @@ from ..common import epilogue
 from ..common.cwriter import C_TYPES
 from ..common.host import assemble
 from ..common.program import (
+    ATTENTION_PROGRAM,
     all_ops,
     check_printable,
     checked_gemm,
@@ -55,10 +57,18 @@ from .order import prove, smem_layout
 from .printer import KERNEL_NAME, Kernel, kernel_text
 
 MMA_TILE = Tile(16, 16)
+# Why the persistent kernel leaves attention to the general form.
+ATTENTION_WHY = (
+    "its serialised block holds one accumulator block an item, and attention's compute engine holds two (S and O)"
+    " and its row maxima and sums at once"
+)
 
 
 def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     """The CUDA artifact of a verified program, or a typed error saying what the persistent kernel cannot hold."""
+    check_printable(program)
+    if is_attention_program(program):
+        raise NeedsGeneral(ATTENTION_PROGRAM, ATTENTION_WHY)
     if is_map_program(program) or is_row_program(program):  # no tile matmul: its block moves and maps pages
         return pages.lower(program, target)
     refuse(program)

@@ -75,6 +75,7 @@ from ....ir.ops import (
     WriteTiles,
     walk,
 )
+from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
 from ....passes.tile import FP8_SM90A
@@ -86,7 +87,15 @@ from ..common import epilogue
 from ..common.clusters import Multicast, check_cluster, check_items, multicast
 from ..common.cwriter import Writer, inlined_lines, site_prologue
 from ..common.host import assemble
-from ..common.program import MAP_PROGRAM, ROW_PROGRAM, all_ops, checked_gemm, launch_for, matmul_stages
+from ..common.program import (
+    ATTENTION_PROGRAM,
+    MAP_PROGRAM,
+    ROW_PROGRAM,
+    all_ops,
+    checked_gemm,
+    launch_for,
+    matmul_stages,
+)
 from ..common.rings import TILE_ELEMS, Rings, ring_table
 from ..general import kernel as general
 from ..general import printer as general_printer
@@ -151,6 +160,12 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
     if not target.hopper:
         raise Unsupported(
             f"the sm_90a form on {target.name}", "its TMA, wgmma and setmaxnreg instructions exist on sm_90a only"
+        )
+    if is_attention_program(p):
+        raise NeedsGeneral(
+            f"{ATTENTION_PROGRAM} in the sm_90a form",
+            "its consumer warpgroups hold one wgmma accumulator block an item; attention's register-resident P and"
+            " its two accumulators are not printed there yet",
         )
     if is_map_program(p) or is_row_program(p):
         raise NeedsGeneral(
