@@ -1,19 +1,21 @@
 """The GPU check's attention rows (gpucheck/attnrows.py): their sizes and place in the run (last), their build
-(gated on `spatialc.lower` printing attention: until a form does, the row's spatialc contestant says lower's line and
+(the forms `spatialc.lower` prints attention in; where it refuses, the row's spatialc contestant says lower's line and
 the libraries still run), the sampled float64 reference against numerics.attention's, the sample check catching a
-wrong O or LSE, and the rows on the stand-in GPU: torch's SDPA backends checked and timed by events, a backend with
-no kernel and a missing flash_attn said as such, a wrong library result not timed."""
+wrong O or LSE, and the rows on the stand-in GPU: the general form's kernel and torch's SDPA backends checked and
+timed by events, a kernel with a wrong or unwritten O reported wrong, a backend with no kernel and a missing
+flash_attn said as such, a wrong library result not timed."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+import spatialc
 from spatialc.errors import SpatialError
 from spatialc.gpucheck import attnrows as A
 from spatialc.gpucheck.builds import build_case
 from spatialc.gpucheck.cases import DEFAULT_SIZES, cases_of, kernel_path
-from spatialc.numerics.attention import softmax_attention
+from spatialc.numerics.attention import attention_op, softmax_attention
 from spatialc.runtime import launch as L
 from spatialc.runtime.tilize import bf16_bits, bf16_to_float32
 
@@ -48,15 +50,20 @@ def test_attention_sizes_are_fp16_and_bf16_rows_run_last():
     }
 
 
-def test_an_attention_case_is_built_where_lower_prints_it_else_says_lowers_line():
-    (case,) = cases_of(["att:1x2:64:64"], ["bf16"])
+def test_an_attention_case_is_built_in_the_form_lower_prints_it_or_says_lowers_line(monkeypatch):
+    (case,) = cases_of(["att:1x2:64:64:causal"], ["bf16"])
     built = build_case(case, "sm_90")
     assert not built.error and [f.name for f in built.forms] == ["general"]
     (form,) = built.forms
-    if form.artifact is None:  # main today: no form prints attention
-        assert form.absent.startswith("lower: ") and "attention is not printed" in form.absent
-    else:
-        assert [a.name for a in L.kernel_args(form.artifact.launch)] == ["q", "k", "v", "o", "lse"]
+    assert [a.name for a in L.kernel_args(form.artifact.launch)] == ["q", "k", "v", "o", "lse"]
+    assert form.artifact.kernel_cu.split(":", 1)[0] == "// attention_1x2x64x64x64_bf16_causal"  # the stand-in reads it
+    # The reference's scale is the program's own: spatialc.attention's default, 1/√head_dim.
+    program = spatialc.attention(1, 2, 64, 64, 64, precision="bf16")
+    assert attention_op(spatialc.build(program, "sm_90")).scale == 64**-0.5
+    # Where lower refuses (as it did before the general form printed attention), the row says lower's line.
+    monkeypatch.setattr(spatialc, "lower", lambda *a, **k: (_ for _ in ()).throw(SpatialError("no form prints it")))
+    (refused,) = build_case(case, "sm_90").forms
+    assert refused.artifact is None and refused.absent == "lower: no form prints it"
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -83,14 +90,29 @@ def test_an_attention_row_runs_torchs_backends_each_checked_and_timed(fake_gpu, 
     (row,) = rows
     assert status == 0 and row["status"] == "ok", row["note"]
     by = row["by_name"]
-    mine = by["spatialc general"]
-    assert mine["note"].startswith("n/a: lower: ") or mine["ok"], mine["note"]
+    mine = by["spatialc general"]  # the general form's kernel, O and LSE checked on the sample, timed both ways
+    assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"], mine["note"]
+    assert mine["kernel"]["method"] == "events" and mine["end_to_end"] is not None
+    assert "O and LSE stored as float32" in mine["detail"]
     for backend in ("flash", "efficient"):
         theirs = by[A.sdpa_name(backend)]
         assert theirs["ok"] and theirs["kernel"]["method"] == "events" and theirs["end_to_end"] is None, backend
     assert by[A.sdpa_name("cuDNN")]["note"] == "failed: FakeError: No available kernel. Aborting execution."
     assert by[A.FLASH_ATTN]["note"].startswith("unavailable: flash_attn does not import")
     assert row["ops"] == 4 * 64 * 64 * 32 * 2 // 2
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(("fault", "said"), [("skew", "O or LSE wrong on the sample"), ("miss", "1 unwritten")])
+def test_an_attention_kernel_with_a_wrong_o_is_reported_wrong(fake_gpu, tmp_path, fault, said, capsys):
+    # The stand-in's kernel moves every element of O (or leaves one poisoned, outside the sample's rows: the poison is
+    # counted over all of O): the row is wrong; torch's backends, right, are still timed.
+    fake_gpu["fault"] = (fault, "spatialc_general")
+    status, _, rows = run(tmp_path, "--sizes", "att:1x2:256:32", "--precisions", "bf16")
+    (row,) = rows
+    assert status == 1 and row["status"] == "wrong" and said in row["note"], row["note"]
+    assert not row["by_name"]["spatialc general"]["check"]["correct"]
+    assert row["by_name"][A.sdpa_name("flash")]["ok"]
     capsys.readouterr()
 
 

@@ -591,6 +591,7 @@ class FakeKernel:
         mapped=None,
         rows=None,
         fused=None,
+        attention=None,
     ):
         if isinstance(fault, tuple):
             c = next(a for a in args if a.role == "output")
@@ -600,6 +601,7 @@ class FakeKernel:
         self.mapped = mapped  # a map kernel's formula (`map_formula`): it computes that, with no matmul
         self.rows = rows  # a row program's (`row_program`): it computes that, as the reference does
         self.fused = fused  # a GEMM whose epilogue reads tensors of its own (`fused_program`): likewise
+        self.attention = attention  # an attention kernel's causal flag (`attention_of`): it computes O and LSE
 
     def __call__(self, buffers):
         self.cp.launch(lambda: self._compute(buffers))
@@ -629,6 +631,9 @@ class FakeKernel:
             return
         if self.fused is not None:
             self._fused(buffers)
+            return
+        if self.attention is not None:
+            self._attention(buffers)
             return
         if self.args[0].groups > 1:
             self._grouped(buffers)
@@ -738,6 +743,26 @@ class FakeKernel:
         if self.fault == "hang":
             FakeEvent.hang = True
 
+    def _attention(self, buffers):
+        """An attention kernel: O and LSE of each head as numerics.attention's declaration computes them (float64,
+        scale 1/√head_dim), each rounded to its type; `fault` "miss" leaves O's element 17 poisoned, "skew" moves
+        every element of O by 0.05."""
+        from spatialc.numerics.attention import softmax_attention
+        from spatialc.runtime.tilize import bf16_bits
+
+        q, k, v = (
+            _float32_of(untilize(buf, a.tiles, a.elems, np, order=a.order, groups=a.groups), a).astype(np.float64)
+            for a, buf in zip(self.args[:3], buffers[:3], strict=True)
+        )
+        o, lse = softmax_attention(q, k, v, q.shape[-1] ** -0.5, self.attention)
+        o = o + (0.05 if self.fault == "skew" else 0.0)
+        for arg, buf, x in zip(self.args[3:5], buffers[3:5], (o, lse), strict=True):
+            x32 = x.astype(np.float32)
+            stored = bf16_bits(x32, np) if arg.storage == "uint16" else x32.astype(arg.storage)
+            buf[:] = tilize(stored, arg.tiles, np, order=arg.order, groups=arg.groups)
+        if self.fault == "miss":
+            buffers[3][17] = poison_value(self.args[3].storage)
+
     def _grouped(self, buffers):
         """A grouped GEMM's kernel: each group's rows below its count (the `sizes` buffer) written, the rest left
         alone (`fault` "spill": one row past a count written too)."""
@@ -844,6 +869,14 @@ def _float32_of(x, arg):
     return x.astype(np.float32)
 
 
+def attention_of(kernel_cu, args):
+    """An attention kernel's causal flag (its program's name, which heads its text, ends `_causal` where it is one);
+    None for any other kernel (one whose arguments are not q, k, v, o and lse)."""
+    if [a.name for a in args] != ["q", "k", "v", "o", "lse"]:
+        return None
+    return kernel_cu.split(":", 1)[0].endswith("_causal")
+
+
 def fused_program(args):
     """The GEMM a kernel computes whose epilogue reads tensors of its own (row and column scales, a residual), from
     its arguments' names in parameter order, shapes and types; None for any other kernel."""
@@ -941,11 +974,14 @@ def install_fake_gpu(monkeypatch):
         """The launcher's own prepare (the work list for the device's SMs, the grid), with FakeKernel loaded."""
         ls = artifact.launch
         args = L.kernel_args(ls)
-        rows = row_program(artifact.kernel_cu, args)
-        mapped = map_formula(artifact.kernel_cu) if rows is None else None
+        attention = attention_of(artifact.kernel_cu, args)  # its row maxima are no row program's
+        rows = row_program(artifact.kernel_cu, args) if attention is None else None
+        mapped = map_formula(artifact.kernel_cu) if rows is None and attention is None else None
         fused = fused_program(args)
         fault = state["fault"]
-        kernel = FakeKernel(cp, args, fault, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped, rows, fused)
+        kernel = FakeKernel(
+            cp, args, fault, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped, rows, fused, attention
+        )
         return real_prepare(artifact, _Loading(dev, kernel))
 
     monkeypatch.setitem(sys.modules, "cupy", cp)
