@@ -98,7 +98,8 @@ def _dry_form(case: Case, form: Form, target: str, manifest: Any, out: Callable[
     else:
         cubin = f"compiled on the GPU machine{': ' + why if why else ''}"
         _dry_compile(form, arch)
-    conv = "" if case.map else conversion(case, form.facts["c_elem"])  # a map row's end to end converts nothing
+    # A map row's end to end converts nothing, nor an attention row's (O and LSE as the kernel stores them).
+    conv = "" if case.map or case.heads[0] else conversion(case, form.facts["c_elem"])
     out(f"  {form.contestant}")
     if "sweep" in form.facts:
         sweep = form.facts["sweep"]
