@@ -124,3 +124,24 @@ def test_a_torch_without_scaled_mm_is_said_in_each_of_its_contestants(fake_gpu, 
     for name in F8.SCALED_MM:
         assert row["by_name"][name]["note"] == "unavailable: torch fake has no _scaled_mm", name
     capsys.readouterr()
+
+
+@pytest.mark.emulation
+def test_the_fp8_kernel_emulated_meets_the_checks_tolerance_and_one_without_its_column_scale_does_not():
+    # The general form's fp8 kernel text, run by the host emulation on a row's tensors: right by the GPU check's rule
+    # (check_result at bf16 against the reference the row uses); the same kernel with its column scale at 1 is not.
+    (case,) = cases_of(["fp8:e4m3:32x48x64"], ["bf16"])
+    general = build_case(case, "sm_90").form("general")
+    rng = np.random.default_rng(6)
+    a, b = (fp8_bits(rng.uniform(-1, 1, s).astype(np.float32), "float8_e4m3fn", np) for s in ((32, 64), (64, 48)))
+    more = F8.more_inputs(case, lambda shape, lo, hi: rng.uniform(lo, hi, shape).astype(np.float32))
+    av, bv = values64(a, "float8_e4m3fn", np), values64(b, "float8_e4m3fn", np)
+    scales = {name: x.astype(np.float64) for name, x in more.items()}
+    ref = F8.reference(av @ bv, scales)
+    given = {"A": av, "B": bv, **scales}
+    c = bf16_bits(np.asarray(spatialc.emulate(general.artifact, given), np.float32), np)
+    check = check_result(c, ref, c, "bfloat16", np)
+    assert check.correct, check
+    lost = spatialc.emulate(general.artifact, {**given, "col_scale": np.ones_like(scales["col_scale"])})
+    lost = bf16_bits(np.asarray(lost, np.float32), np)
+    assert not check_result(lost, ref, lost, "bfloat16", np).correct
