@@ -124,3 +124,44 @@ def test_a_wrong_library_attention_is_not_timed(fake_gpu, tmp_path, capsys):
         theirs = row["by_name"][A.sdpa_name(backend)]
         assert theirs["ok"] is False and theirs["note"] == "wrong; not timed" and theirs["kernel"] is None, backend
     capsys.readouterr()
+
+
+def test_prepare_compiles_the_fp8_and_attention_kernels_and_the_dry_run_lists_their_rows(tmp_path, capsys, monkeypatch):
+    from spatialc import gpucheck
+    from spatialc.runtime import nvcc as N
+
+    monkeypatch.setattr(N, "find_nvcc", lambda: "/nonexistent/nvcc")
+    monkeypatch.setattr(N, "nvcc_version", lambda nvcc: "fake nvcc")
+
+    def compile_kernel(form, arch, timeout_s, cache):
+        from spatialc.gpucheck.prepare import source_hash
+
+        path = cache / f"{source_hash(form.artifact.kernel_cu)[:16]}.cubin"
+        path.write_bytes(form.artifact.kernel_cu.encode())
+        form.facts["ptxas"] = "not reported"
+        return path
+
+    monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", compile_kernel)
+    prep, sizes = tmp_path / "prep", ["fp8:e4m3:64", "att:1x2:64:32:causal"]
+    assert gpucheck.main([str(prep), "--prepare", "--sizes", *sizes, "--precisions", "bf16"]) == 0
+    out = capsys.readouterr().out
+    for made in (
+        "e4m3 fp8:64x64x64 persistent: ",
+        "e4m3 fp8:64x64x64 general: ",
+        "bf16 att:1x2:64x64x32:causal general",
+    ):
+        assert made in out, made
+    monkeypatch.setattr(N, "find_nvcc", lambda: None)
+    argv = ["unused", "--dry-run", "--prepared", str(prep), "--sizes", *sizes, "--precisions", "bf16"]
+    assert gpucheck.main(argv) == 0
+    dry = capsys.readouterr().out
+    assert dry.count("    cubin     prepared: ") == 3  # fp8's persistent and general kernels, attention's general
+    fp8, att = dry.split("e4m3 fp8:64x64x64\n")[1].split("bf16 att:1x2:64x64x32:causal\n")
+    timed = next(line for line in fp8.splitlines() if line.startswith("  timed     "))
+    assert "spatialc persistent: end to end + kernel only; spatialc general: end to end + kernel only" in timed
+    assert "torch._scaled_mm (rowwise scales): end to end + kernel only, its C checked in the row" in timed
+    assert "spatialc sm90a: n/a (no kernel)" in timed or "spatialc sm90a: end to end + kernel only" in timed
+    timed = next(line for line in att.splitlines() if line.startswith("  timed     "))
+    assert "spatialc general: kernel only + end to end" in timed and "torch SDPA (cuDNN): kernel only" in timed
+    assert "checked: O and LSE on heads 0 and 1, rows of 64 ×3" in timed
+    assert "    C         stored as float32\n" in att  # O as the kernel stores it: its end to end converts nothing
