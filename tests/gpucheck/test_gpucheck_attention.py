@@ -100,6 +100,11 @@ def test_an_attention_row_runs_torchs_backends_each_checked_and_timed(fake_gpu, 
     assert by[A.sdpa_name("cuDNN")]["note"] == "failed: FakeError: No available kernel. Aborting execution."
     assert by[A.FLASH_ATTN]["note"].startswith("unavailable: flash_attn does not import")
     assert row["ops"] == 4 * 64 * 64 * 32 * 2 // 2
+    summary = row["attention_timings"]  # the bar: the fastest right library, kernel only; the stand-in's are alike
+    assert summary["bar"]["name"] in (A.sdpa_name("flash"), A.sdpa_name("efficient"))
+    assert summary["spatialc"]["spatialc general"]["pct_of_bar"] > 0
+    md = (tmp_path / "gpucheck.md").read_text()
+    assert "- bf16 att:1x2:64x64x32:causal: spatialc general " in md and "% of the bar; bar: torch SDPA (" in md
     capsys.readouterr()
 
 

@@ -332,3 +332,44 @@ class AttentionRows:
                 return sdpa(*bhsd, is_causal=case.causal).reshape(batch * heads, -1, case.k)
 
         return call, f"F.scaled_dot_product_attention under sdpa_kernel({SDPA_BACKENDS[backend]}), (b, h, s, d) views"
+
+
+# ---- the report -------------------------------------------------------------------------------------------------
+
+
+def attention_summary(row: Any) -> dict[str, Any]:
+    """Kernel only: each spatialc form's TFLOP/s and its share of the fastest right library's (the bar: an SDPA
+    backend or flash_attn, named), the row's own rates (4·seq_q·seq_kv·head_dim a head, half for causal)."""
+    from .rates import best, rate
+
+    bar = best(row, "torch", "kernel")
+    bar_s = bar.kernel.median_s if bar is not None and bar.kernel is not None else None
+    forms = {}
+    for c in (c for c in row.contestants if c.family == "spatialc"):
+        right = c.ok and c.kernel is not None
+        mine = c.kernel.median_s if right and c.kernel is not None else None
+        forms[c.name] = {"rate": rate(row.ops, mine), "pct_of_bar": 100.0 * bar_s / mine if mine and bar_s else None}
+    return {"bar": None if bar is None else {"name": bar.name, "rate": rate(row.ops, bar_s)}, "spatialc": forms}
+
+
+def attention_lines(rows: list[Any]) -> list[str]:
+    """The attention rows against their bar, kernel only (none without attention rows)."""
+    out = []
+    for r in (r for r in rows if r.heads[0]):
+        s = attention_summary(r)
+        bar = f"{s['bar']['name']} {s['bar']['rate']:.1f} TFLOP/s" if s["bar"] else "no right library"
+        each = "; ".join(
+            f"{name} {v['rate']:.1f} TFLOP/s" + (f", {v['pct_of_bar']:.0f}% of the bar" if v["pct_of_bar"] else "")
+            if v["rate"]
+            else f"{name} —"
+            for name, v in s["spatialc"].items()
+        )
+        out.append(f"- {r.precision} {r.size}: {each or 'no spatialc kernel'}; bar: {bar}")
+    if not out:
+        return []
+    head = (
+        "Attention, kernel only (every contestant timed by events), against the fastest right library (torch's SDPA "
+        "backends, flash_attn): TFLOP/s of 4·seq_q·seq_kv·head_dim a head, half for causal (— where a kernel was "
+        "wrong or did not run):"
+    )
+    return ["", head, "", *out]
