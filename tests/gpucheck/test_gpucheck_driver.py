@@ -55,7 +55,7 @@ def test_sizes_parse_and_cases_are_size_major():
 
 
 def test_default_plan_covers_the_asked_sizes():
-    sizes = {parse_size(s) for s in DEFAULT_SIZES if not s.startswith(("g", "mc", "map:", "fused:"))}
+    sizes = {parse_size(s) for s in DEFAULT_SIZES if not s.startswith(("g", "mc", "map:", "fused:", "fp8:", "att:"))}
     assert {(256,) * 3, (8192,) * 3, (1000,) * 3, (4097, 513, 1031), (128, 128, 65536), (512, 512, 32768)} <= sizes
     grouped = [c for c in cases_of(DEFAULT_SIZES, ["int8", "bf16"]) if c.groups > 1]
     assert [(c.groups, c.m, c.n, c.k, c.precision) for c in grouped] == [
@@ -76,10 +76,12 @@ def test_default_plan_covers_the_asked_sizes():
     with pytest.raises(SpatialError, match="not mcGYxGX:SIZE"):
         cases_of(["mc2:64"], ["bf16"])
     # A budget cut drops the tail: what the open goals are judged by comes first (4096³ and 8192³, then with groups),
-    # split-K and grouped GEMMs last.
+    # split-K and grouped GEMMs last of those; the fp8 rows after them all.
     order = [c.size for c in cases_of(DEFAULT_SIZES, ["bf16"])]
     assert order[:2] == ["4096x4096x4096", "8192x8192x8192"] and all(s.startswith("mc") for s in order[2:6])
-    assert order[-4:] == ["128x128x65536", "512x512x32768", "g8:4096x4096x4096", "g64:4096x4096x4096"]
+    gemms = [s for s in order if not s.startswith("att:")]  # attention last of all, after the fp8 rows
+    assert gemms[-7:-3] == ["128x128x65536", "512x512x32768", "g8:4096x4096x4096", "g64:4096x4096x4096"]
+    assert all(s.startswith("fp8:") for s in gemms[-3:]) and order[: len(gemms)] == gemms
 
 
 # ---- the budget loop -------------------------------------------------------------------------------------------

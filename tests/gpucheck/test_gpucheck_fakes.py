@@ -10,6 +10,7 @@ the GPU run itself shows that.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 from types import SimpleNamespace as NS
@@ -269,6 +270,12 @@ class FakeTensor:
     def view(self, dtype):
         return FakeTensor(self.torch, self.a.view(dtype.np))
 
+    def reshape(self, *shape):
+        return FakeTensor(self.torch, self.a.reshape(shape))
+
+    def transpose(self, i, j):
+        return FakeTensor(self.torch, self.a.swapaxes(i, j))
+
     def __getitem__(self, index):
         return FakeTensor(self.torch, self.a[index])
 
@@ -306,14 +313,29 @@ class FakeTorch(type(sys)):
             setattr(self, name, FakeDtype(name, dt))
         self.float32 = FakeDtype("float32", np.float32)
         self.bfloat16 = FakeDtype("bfloat16", ml_dtypes.bfloat16)
+        self.float8_e4m3fn = FakeDtype("float8_e4m3fn", ml_dtypes.float8_e4m3fn)
+        self.float8_e5m2 = FakeDtype("float8_e5m2", ml_dtypes.float8_e5m2)
         self.nn_int8 = False  # whether cuBLASLt here takes B row-major
         self.capture_refused = ""  # what torch says when its calls are captured (nothing: they are captured)
         self.wrong_above = None  # matmul results of more rows than this come back off by one (a planted fault)
         # torch's elementwise ops and norms (F.silu, F.gelu, softmax, F.rms_norm and the aten out= forms there are):
         # computed in float32, as torch's kernels compute fp16 and bf16, and rounded once to the inputs' type.
         self.nn = NS(
-            functional=NS(silu=self._silu, gelu=self._gelu, rms_norm=self._rms_norm, layer_norm=self._layer_norm)
+            functional=NS(
+                silu=self._silu,
+                gelu=self._gelu,
+                rms_norm=self._rms_norm,
+                layer_norm=self._layer_norm,
+                scaled_dot_product_attention=self._sdpa,
+            ),
+            attention=NS(
+                SDPBackend=NS(FLASH_ATTENTION="flash", EFFICIENT_ATTENTION="efficient", CUDNN_ATTENTION="cudnn"),
+                sdpa_kernel=self._sdpa_kernel,
+            ),
         )
+        self.sdpa_backend = None  # the backend sdpa_kernel holds SDPA to
+        self.sdpa_missing = {"cudnn"}  # backends with no kernel here: SDPA under them fails as torch's does
+        self.sdpa_skew = 0.0  # added to every element of SDPA's O (a planted fault)
         self.ops = NS(aten=NS(silu=NS(out=self._silu), gelu=NS(out=self._gelu), _softmax=NS(out=self._softmax_out)))
         self.cuda = NS(
             is_available=lambda: True,
@@ -324,7 +346,8 @@ class FakeTorch(type(sys)):
         )
 
     def dtype_of(self, np_dtype):
-        for d in (self.uint8, self.int8, self.int16, self.int32, self.float16, self.float32, self.bfloat16):
+        kinds = (self.float8_e4m3fn, self.float8_e5m2)
+        for d in (self.uint8, self.int8, self.int16, self.int32, self.float16, self.float32, self.bfloat16, *kinds):
             if d.np == np_dtype:
                 return d
         raise TypeError(f"no torch dtype for {np_dtype}")
@@ -431,6 +454,39 @@ class FakeTorch(type(sys)):
             product += 1.0
         return self._result(product.astype(np.float32), out, a.dtype)
 
+    def _scaled_mm(
+        self, a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False, out=None
+    ):
+        """cuBLASLt's fp8 GEMM as aten's _scaled_mm takes it: the float64 product of the 8-bit values times the
+        scales (scalar or rowwise), rounded once to out_dtype."""
+        why = scaled_mm_refusal(self, a, b, scale_a, scale_b, out_dtype, out)
+        if why:
+            raise FakeError(why)
+        product = a.a.astype(np.float64) @ b.a.astype(np.float64)
+        product = product * scale_a.a.astype(np.float64) * scale_b.a.astype(np.float64)
+        return self._result(product.astype(np.float32), out, out_dtype or self.float32)
+
+    @contextlib.contextmanager
+    def _sdpa_kernel(self, backend):
+        self.sdpa_backend = backend
+        try:
+            yield
+        finally:
+            self.sdpa_backend = None
+
+    def _sdpa(self, q, k, v, is_causal=False):
+        """F.scaled_dot_product_attention of (b, h, s, d) tensors: softmax attention in float64 (causal aligned top
+        left, as torch's), rounded once to the inputs' type; under a backend with no kernel here, torch's error."""
+        if self.sdpa_backend in self.sdpa_missing:
+            raise FakeError("No available kernel. Aborting execution.")
+        q64, k64, v64 = (x.a.astype(np.float64) for x in (q, k, v))
+        s = q64 @ k64.swapaxes(-1, -2) / np.sqrt(q64.shape[-1])
+        if is_causal:
+            s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        o = (p / p.sum(axis=-1, keepdims=True)) @ v64 + self.sdpa_skew
+        return self._result(o.astype(np.float32), None, q.dtype)
+
     def _int_mm(self, a, b, out=None):
         why = int_mm_refusal(self, a, b, out)
         if why:
@@ -464,6 +520,32 @@ def int_mm_refusal(torch, a, b, out):
         return "Expected result to be contiguous."
     if b.stride(1) == 1 and b.size(1) > 1 and not torch.nn_int8:
         return "CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul(ltHandle, computeDesc...)"
+    return ""
+
+
+def scaled_mm_refusal(torch, a, b, scale_a, scale_b, out_dtype, out):
+    """Why torch._scaled_mm refuses its arguments ('' when it takes it), in aten's words (aten/src/ATen/native/cuda/
+    Blas.cpp): 8-bit float operands, not both e5m2; mat1 row-major, mat2 column-major; sides multiples of 16; float32
+    scales, both scalars (tensorwise) or (M, 1) and (1, N) (rowwise, bf16 out only); out of out_dtype and m × n."""
+    kinds = (torch.float8_e4m3fn, torch.float8_e5m2)
+    if a.dtype not in kinds or b.dtype not in kinds:
+        return f"Expected both inputs to be fp8 types but got self.dtype={a.dtype} and mat2.dtype={b.dtype}"
+    if a.dtype is torch.float8_e5m2 and b.dtype is torch.float8_e5m2:
+        return "Multiplication of two Float8_e5m2 matrices is not supported"
+    if a.stride(1) != 1 or b.stride(0) != 1:
+        return "mat1 must be row_major and mat2 must be col_major"
+    if a.size(0) % 16 or a.size(1) % 16 or b.size(1) % 16:
+        return f"Expected both dimensions of mat1 and mat2 to be divisble by 16, got {a.shape} and {b.shape}"
+    if scale_a.dtype is not torch.float32 or scale_b.dtype is not torch.float32:
+        return "Both scale_a and scale_b must be float (fp32) tensors."
+    sizes = (scale_a.a.size, scale_b.a.size)
+    rowwise = scale_a.shape == (a.size(0), 1) and scale_b.shape == (1, b.size(1))
+    if sizes != (1, 1) and not rowwise:
+        return "Invalid scaling configuration: tensorwise scales of one element, or rowwise (M, 1) and (1, N)"
+    if rowwise and out_dtype is not torch.bfloat16:
+        return "Only bf16 high precision output types are supported for row-wise scaling."
+    if out is not None and (out.dtype is not out_dtype or out.shape != (a.size(0), b.size(1))):
+        return "Expected out of out_dtype and shape m × n"
     return ""
 
 
@@ -509,6 +591,7 @@ class FakeKernel:
         mapped=None,
         rows=None,
         fused=None,
+        attention=None,
     ):
         if isinstance(fault, tuple):
             c = next(a for a in args if a.role == "output")
@@ -518,6 +601,7 @@ class FakeKernel:
         self.mapped = mapped  # a map kernel's formula (`map_formula`): it computes that, with no matmul
         self.rows = rows  # a row program's (`row_program`): it computes that, as the reference does
         self.fused = fused  # a GEMM whose epilogue reads tensors of its own (`fused_program`): likewise
+        self.attention = attention  # an attention kernel's causal flag (`attention_of`): it computes O and LSE
 
     def __call__(self, buffers):
         self.cp.launch(lambda: self._compute(buffers))
@@ -547,6 +631,9 @@ class FakeKernel:
             return
         if self.fused is not None:
             self._fused(buffers)
+            return
+        if self.attention is not None:
+            self._attention(buffers)
             return
         if self.args[0].groups > 1:
             self._grouped(buffers)
@@ -634,7 +721,7 @@ class FakeKernel:
     def _fused(self, buffers):
         """A GEMM with scales and a residual in its epilogue: the program as the reference computes it (the float64
         product, the epilogue in float32) on its tiled tensors, C rounded to its type; `fault` "residual" leaves the
-        residual out, "miss" leaves element 17 poisoned, "hang" never finishes."""
+        residual out, "col_scale" the column scale, "miss" leaves element 17 poisoned, "hang" never finishes."""
         from spatialc.numerics.reference import reference
         from spatialc.runtime.tilize import bf16_bits
 
@@ -642,9 +729,11 @@ class FakeKernel:
         for arg, buf in zip(self.args, buffers, strict=False):  # buffers in parameter order, the work list after
             if arg.role in ("input", "parameter"):
                 x = untilize(buf, arg.tiles, arg.elems, np, order=arg.order)
-                values[arg.name] = bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32)
+                values[arg.name] = _float32_of(x, arg)
         if self.fault == "residual":
             values["residual"] = np.zeros_like(values["residual"])
+        if self.fault == "col_scale":  # an fp8 row's dequant scale left out
+            values["col_scale"] = np.ones_like(values["col_scale"])
         c = np.asarray(reference(self.fused, values), np.float32)
         at, c_arg = next((i, a) for i, a in enumerate(self.args) if a.role == "output")
         c = bf16_bits(c, np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
@@ -653,6 +742,26 @@ class FakeKernel:
             buffers[at][17] = poison_value(c_arg.storage)
         if self.fault == "hang":
             FakeEvent.hang = True
+
+    def _attention(self, buffers):
+        """An attention kernel: O and LSE of each head as numerics.attention's declaration computes them (float64,
+        scale 1/√head_dim), each rounded to its type; `fault` "miss" leaves O's element 17 poisoned, "skew" moves
+        every element of O by 0.05."""
+        from spatialc.numerics.attention import softmax_attention
+        from spatialc.runtime.tilize import bf16_bits
+
+        q, k, v = (
+            _float32_of(untilize(buf, a.tiles, a.elems, np, order=a.order, groups=a.groups), a).astype(np.float64)
+            for a, buf in zip(self.args[:3], buffers[:3], strict=True)
+        )
+        o, lse = softmax_attention(q, k, v, q.shape[-1] ** -0.5, self.attention)
+        o = o + (0.05 if self.fault == "skew" else 0.0)
+        for arg, buf, x in zip(self.args[3:5], buffers[3:5], (o, lse), strict=True):
+            x32 = x.astype(np.float32)
+            stored = bf16_bits(x32, np) if arg.storage == "uint16" else x32.astype(arg.storage)
+            buf[:] = tilize(stored, arg.tiles, np, order=arg.order, groups=arg.groups)
+        if self.fault == "miss":
+            buffers[3][17] = poison_value(self.args[3].storage)
 
     def _grouped(self, buffers):
         """A grouped GEMM's kernel: each group's rows below its count (the `sizes` buffer) written, the rest left
@@ -718,24 +827,54 @@ def row_program(kernel_cu, args):
 
     if "// op:Compute:RowReduce" not in kernel_cu:
         return None
-    types = {"float16": "fp16", "bfloat16": "bf16", "float32": "float32"}
     x, c = (next(a for a in args if a.role == role) for role in ("input", "output"))
     m, n = c.elems
     if "// op:Compute:Map_div_exp_sub_x0_row1_row2" in kernel_cu:
-        return spatialc.softmax(m, n, types[x.elem], out=types[c.elem])
+        return spatialc.softmax(m, n, SPATIALC_TYPE[x.elem], out=SPATIALC_TYPE[c.elem])
     if sum(a.role == "output" for a in args) == 3:
         eps = re.search(r"spatialc_rsqrt\(spatialc_fadd\(spatialc_div\(v0, [^)]*\), ([-+.e0-9]+)f\)", kernel_cu)
         if eps is None:
             raise ValueError("the stand-in reads no LayerNorm eps from this kernel")
         names = {a.name for a in args if a.role == "parameter"}
         return spatialc.layernorm(
-            m, n, types[x.elem], eps=float(eps.group(1)), weight="weight" in names, bias="bias" in names
+            m, n, SPATIALC_TYPE[x.elem], eps=float(eps.group(1)), weight="weight" in names, bias="bias" in names
         )
     eps = re.search(r"spatialc_div\(v1, [^)]*\), ([-+.e0-9]+)f\)", kernel_cu)
     if eps is None:
         raise ValueError("the stand-in reads no row program from this kernel")
     weight = any(a.role == "parameter" for a in args)
-    return spatialc.rmsnorm(m, n, types[x.elem], eps=float(eps.group(1)), weight=weight, out=types[c.elem])
+    return spatialc.rmsnorm(
+        m, n, SPATIALC_TYPE[x.elem], eps=float(eps.group(1)), weight=weight, out=SPATIALC_TYPE[c.elem]
+    )
+
+
+# Element types (the launcher's names) as spatialc names them.
+SPATIALC_TYPE = {
+    "float16": "fp16",
+    "bfloat16": "bf16",
+    "float32": "float32",
+    "float8_e4m3fn": "e4m3",
+    "float8_e5m2": "e5m2",
+}
+
+
+def _float32_of(x, arg):
+    """A tiled tensor's values as float32: bf16 bits, 8-bit float bits (uint8 storage of an fp8 element) or numbers."""
+    from spatialc.runtime.tilize import FP8_ELEMS, fp8_values
+
+    if arg.storage == "uint16":
+        return bf16_to_float32(x, np)
+    if arg.elem in FP8_ELEMS:
+        return fp8_values(x, arg.elem, np)
+    return x.astype(np.float32)
+
+
+def attention_of(kernel_cu, args):
+    """An attention kernel's causal flag (its program's name, which heads its text, ends `_causal` where it is one);
+    None for any other kernel (one whose arguments are not q, k, v, o and lse)."""
+    if [a.name for a in args] != ["q", "k", "v", "o", "lse"]:
+        return None
+    return kernel_cu.split(":", 1)[0].endswith("_causal")
 
 
 def fused_program(args):
@@ -747,10 +886,11 @@ def fused_program(args):
     named = [a for a in args if a.name in stages]
     if not named or args[0].name != "A":
         return None
-    types = {"float16": "fp16", "bfloat16": "bf16", "float32": "float32"}
     a, b, c = args[:3]
     epilogue = [stages[x.name]() for x in named]
-    return spatialc.gemm(a.elems[0], b.elems[1], a.elems[1], types[a.elem], epilogue=epilogue, out=types[c.elem])
+    return spatialc.gemm(
+        a.elems[0], b.elems[1], a.elems[1], SPATIALC_TYPE[a.elem], epilogue=epilogue, out=SPATIALC_TYPE[c.elem]
+    )
 
 
 class FakeDevice:
@@ -834,11 +974,14 @@ def install_fake_gpu(monkeypatch):
         """The launcher's own prepare (the work list for the device's SMs, the grid), with FakeKernel loaded."""
         ls = artifact.launch
         args = L.kernel_args(ls)
-        rows = row_program(artifact.kernel_cu, args)
-        mapped = map_formula(artifact.kernel_cu) if rows is None else None
+        attention = attention_of(artifact.kernel_cu, args)  # its row maxima are no row program's
+        rows = row_program(artifact.kernel_cu, args) if attention is None else None
+        mapped = map_formula(artifact.kernel_cu) if rows is None and attention is None else None
         fused = fused_program(args)
         fault = state["fault"]
-        kernel = FakeKernel(cp, args, fault, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped, rows, fused)
+        kernel = FakeKernel(
+            cp, args, fault, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped, rows, fused, attention
+        )
         return real_prepare(artifact, _Loading(dev, kernel))
 
     monkeypatch.setitem(sys.modules, "cupy", cp)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from . import fp8
 from .cases import ELEM_OF, TORCH_OUT, Case
 
 TORCH_MATMUL = "torch.matmul"
@@ -47,6 +48,8 @@ def baselines_for(precision: str) -> list[tuple[str, str]]:
     """The (name, family) of each library contender of a precision, in the report's order."""
     if precision == "int8":
         return [(INT_MM_COL, "cublas"), (GEMM_EX, "cublas"), (INT_MM_ROW, "cublas"), (TRITON, "triton")]
+    if fp8.is_fp8(precision):  # cuBLASLt's fp8 GEMM through torch, two ways of scaling (fp8.py)
+        return [(name, "cublas") for name in fp8.SCALED_MM]
     return [(TORCH_MATMUL, "cublas"), (TRITON, "triton")]
 
 
@@ -88,6 +91,8 @@ def refusal(name: str, case: Case) -> str:
     """Why a contender cannot take this case's shape ('' when it can)."""
     if name in (INT_MM_COL, INT_MM_ROW):
         return int_mm_refusal(case.m, case.n, case.k)
+    if name in fp8.SCALED_MM:
+        return fp8.refusal(name, case)
     return ""
 
 
@@ -101,6 +106,8 @@ def describe(name: str, case: Case) -> str:
         return "B column-major (cuBLASLt's TN); end to end adds B's transposed copy and the allocation of C"
     if name == INT_MM_ROW:
         return "B row-major as given (cuBLASLt's NN); end to end adds the allocation of C"
+    if name in fp8.SCALED_MM:
+        return fp8.describe(name)
     return "row-major A, B and C; end to end adds the allocation of C"
 
 
@@ -132,8 +139,10 @@ class Libraries:
         """Why a contender cannot run here at all ('' when its library is here)."""
         from .fused import TORCH_EPILOGUE
 
-        if (name in TORCH_CALLS or name == TORCH_EPILOGUE) and self.torch is None:
+        if (name in TORCH_CALLS or name == TORCH_EPILOGUE or name in fp8.SCALED_MM) and self.torch is None:
             return "torch is not installed (or sees no GPU)"
+        if name in fp8.SCALED_MM and not hasattr(self.torch, "_scaled_mm"):
+            return f"torch {self.torch.__version__} has no _scaled_mm"
         if name == TRITON and self.triton is None:
             return f"Triton: {self.triton_note}"
         return ""
@@ -147,6 +156,9 @@ class Libraries:
 
         if name == TORCH_EPILOGUE:
             return self._torch_epilogue(case, a, b, more or [])
+        if name in fp8.SCALED_MM:
+            kernel, c, e2e, box = fp8.scaled_mm(self.torch, name, case, a, b, more or [])
+            return self._contender(name, case, kernel, c, e2e, box)
         if name in TORCH_CALLS:
             function, b_col_major = TORCH_CALLS[name]
             return self._torch_call(name, case, a, b, getattr(self.torch, function), b_col_major)

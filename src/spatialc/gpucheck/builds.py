@@ -34,6 +34,8 @@ from .cases import (
     one_line,
     spatialc_name,
 )
+from .fp8 import epilogue as fp8_epilogue
+from .fp8 import is_fp8
 
 COMPILE_S = 300.0  # the most one nvcc may take …
 COMPILE_GRACE_S = 2.0  # … and never past the deadline plus this (the deadline keeps RESERVE_S ≥ this back)
@@ -128,7 +130,13 @@ def _build(case: Case, target: str, out: str | None) -> Built:
             from .maps import map_case
 
             return map_case(built, target)
+        if case.heads[0]:  # attention: as lower's auto prints it, where it does (attnrows.py)
+            from .attnrows import attention_case
+
+            return attention_case(built, target)
         kw: dict[str, Any] = {} if out is None else {"out": out}
+        if is_fp8(case.precision):  # an fp8 GEMM with its dequant scales, built as any GEMM row (fp8.py)
+            kw["epilogue"] = fp8_epilogue()
         if case.fused:  # scales and a residual fused into the GEMM, the plain GEMM's kernels beside (fused.py)
             from .fused import fused_case
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from ..errors import SpatialError
 from ..runtime.tilize import ELEMENT_DTYPES
+from .attnrows import ATTENTION_PRECISIONS, parse_attention
+from .fp8 import FP8_PRECISIONS, parse_fp8
 
 PRECISIONS = ("int8", "fp16", "bf16")
 # In the order a short budget should keep them (rows run in this order; what the budget does not reach is skipped):
@@ -25,7 +27,10 @@ PRECISIONS = ("int8", "fp16", "bf16")
 # map:layernorm:MxN: norms.py); then
 # 128x128x65536 and 512x512x32768, few output items and a long K, which the planner splits over sites (split-K, set
 # against cuBLAS, which splits such shapes too); last grouped GEMMs (gG:MAXROWSxNxK: G groups with row counts drawn
-# from 0..MAXROWS, fp16 / bf16 only).
+# from 0..MAXROWS, fp16 / bf16 only); then, after every row the table had before them, so that they never push those
+# out of a short budget, fp8 GEMMs with dequant scales (fp8:KIND:SIZE, the row's precision its kind: gpucheck/fp8.py)
+# against torch._scaled_mm; last attention (att:BATCHxHEADS:SEQ:HEAD_DIM[:causal], fp16 / bf16: gpucheck/attnrows.py)
+# against torch's SDPA backends and flash_attn.
 DEFAULT_SIZES = (
     "4096",
     "8192",
@@ -54,6 +59,21 @@ DEFAULT_SIZES = (
     "512x512x32768",
     "g8:4096x4096x4096",
     "g64:4096x4096x4096",
+    "fp8:e4m3:4096",
+    "fp8:e4m3:8192",
+    "fp8:e5m2:4096",
+    "att:16x16:4096:128",
+    "att:16x16:4096:128:causal",
+    "att:2x16:8192:128",
+    "att:2x16:8192:128:causal",
+    "att:1x16:16384:128",
+    "att:1x16:16384:128:causal",
+    "att:16x16:4096:64",
+    "att:16x16:4096:64:causal",
+    "att:2x16:8192:64",
+    "att:2x16:8192:64:causal",
+    "att:1x16:16384:64",
+    "att:1x16:16384:64:causal",
 )
 # The plan sweep (`sweep:SIZE`): the persistent kernel and the sm_90a form at their planners' plans and the plans one
 # change away (gpucheck/sweep.py), beside cuBLAS. Not in the default run: a session's second GPU run, prepared with
@@ -67,7 +87,7 @@ MAP_PRECISIONS = ("fp16", "bf16")  # the map rows' (C in the inputs' type, as to
 FUSED_PRECISIONS = ("bf16",)  # the fused-epilogue rows' (issue 31's: bf16 at 4096³ and 8192³)
 # What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
 # spatialc's kernels are built for it (`spatialc.gemm(..., out=…)`) where gemm takes `out`.
-TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16"}
+TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16", "e4m3": "bf16", "e5m2": "bf16"}
 # spatialc's type names (`fp16`) as the launcher names element types (`float16`; spatialc.runtime.tilize).
 ELEM_OF = {dtype.value: elem for elem, dtype in ELEMENT_DTYPES.items()}
 WAYS = ("end_to_end", "kernel")  # the two timings of every contestant
@@ -154,11 +174,17 @@ class _Product:
     sweep: bool
     map: str
     fused: bool
+    heads: tuple[int, int]
+    causal: bool
 
     @property
     def size(self) -> str:
         if self.map:
             return f"map:{self.map}:{self.m}x{self.n}"
+        if self.heads[0]:  # attention: batch x heads, seq_q x seq_kv x head_dim
+            return f"att:{self.heads[0]}x{self.heads[1]}:{self.m}x{self.n}x{self.k}" + (
+                ":causal" if self.causal else ""
+            )
         head = f"g{self.groups}:" if self.groups > 1 else ""
         if self.multicast != (1, 1):
             head = f"mc{self.multicast[0]}x{self.multicast[1]}:"
@@ -166,12 +192,17 @@ class _Product:
             head = "sweep:"
         if self.fused:
             head = "fused:"
+        if self.precision in FP8_PRECISIONS:
+            head = "fp8:"
         return f"{head}{self.m}x{self.n}x{self.k}"
 
     @property
     def ops(self) -> int:
         if self.map:
             return map_bytes(self)
+        if self.heads[0]:  # 4·seq_q·seq_kv·head_dim a head (Q·Kᵀ and P·V), half of it kept by a causal mask
+            per_head = 4 * self.m * self.n * self.k // (2 if self.causal else 1)
+            return per_head * self.heads[0] * self.heads[1]
         rows = int(grouped_sizes(self.groups, self.m).sum()) if self.groups > 1 else self.m
         return 2 * rows * self.n * self.k
 
@@ -197,6 +228,9 @@ class Case(_Product):
     # The GEMM with row and column scales and a residual fused into its epilogue (gpucheck/fused.py), beside the
     # plain GEMM of the same size.
     fused: bool = False
+    # Attention (gpucheck/attnrows.py): (batch, heads), m = seq_q, n = seq_kv, k = head_dim; (0, 0) for any other.
+    heads: tuple[int, int] = (0, 0)
+    causal: bool = False
 
 
 def map_bytes(product: Any) -> int:
@@ -291,7 +325,8 @@ def parse_size(text: str) -> tuple[int, int, int]:
 
 
 def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
-    """Every size × precision, size-major (so a budget cut drops whole sizes, not one precision); each case once."""
+    """Every size × precision, size-major (so a budget cut drops whole sizes, not one precision); each case once. An
+    fp8 size (`fp8:e4m3:4096`) names its own precision."""
     precs = list(precisions)
     for p in precs:
         if p not in PRECISIONS:
@@ -301,6 +336,14 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
         mapped = parse_map(s)
         if mapped is not None:
             out += [Case(*mapped[1], 0, p, map=mapped[0]) for p in precs if p in MAP_PRECISIONS]
+            continue
+        att = parse_attention(s)
+        if att is not None:
+            out += [Case(*att[1], p, heads=att[0], causal=att[2]) for p in precs if p in ATTENTION_PRECISIONS]
+            continue
+        fp8 = parse_fp8(s)
+        if fp8 is not None:  # its precision is its own (the operands' kind), whatever the run's list
+            out.append(Case(*fp8[1], fp8[0]))
             continue
         fused = parse_fused(s)
         if fused is not None:
@@ -321,8 +364,9 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
 
 
 def preflight_case(cases: list[Case]) -> Case:
-    """The small product the preflight launches: 64³ in the first precision of the run."""
-    return Case(64, 64, 64, cases[0].precision if cases else "fp16")
+    """The small product the preflight launches: 64³ in the first precision of the run (but fp8: its rows check
+    their own kernels, whose epilogue the preflight's plain product does not have)."""
+    return Case(64, 64, 64, next((c.precision for c in cases if c.precision in PRECISIONS), "fp16"))
 
 
 class Deadline:
@@ -398,6 +442,10 @@ def kernel_path(case: Case, name: str) -> str:
         return f"{name} ({kind_of(case).family})"
     if case.fused:  # an epilogue that reads a tensor beside C: a kernel of its own
         return f"{name} (fused)"
+    if case.heads[0]:  # attention: a kernel of its own (two matmuls, an online softmax)
+        return f"{name} (attention)"
+    if case.precision in FP8_PRECISIONS:  # 8-bit float operands: their own loads and MMAs
+        return f"{name} (fp8)"
     return name
 
 
@@ -473,6 +521,8 @@ class Row(_Product):
     kernel: dict[str, Any] = field(default_factory=dict)
     map: str = ""  # a map's kind (k 0): its row has contestants of its own (gpucheck/maps.py, norms.py)
     fused: bool = False  # a GEMM with a fused epilogue, the plain GEMM's kernels beside (gpucheck/fused.py)
+    heads: tuple[int, int] = (0, 0)  # attention's (batch, heads) (gpucheck/attnrows.py)
+    causal: bool = False
 
     def spatialc(self, form: str) -> Contestant | None:
         """The contestant of spatialc's kernel in `form` (None: the row has none)."""
@@ -493,6 +543,8 @@ def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
         note=note,
         map=case.map,
         fused=case.fused,
+        heads=case.heads,
+        causal=case.causal,
         **facts,
     )
 
@@ -502,10 +554,12 @@ def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
 
 def values64(x: Any, elem: str, xp: Any) -> Any:
     """float64 values of an array of element type `elem` (bf16 held as its bits in uint16); exact."""
-    from ..runtime.tilize import bf16_to_float32
+    from ..runtime.tilize import FP8_ELEMS, bf16_to_float32, fp8_values
 
     if elem == "bfloat16":
         return bf16_to_float32(x.view(xp.uint16), xp).astype(xp.float64)
+    if elem in FP8_ELEMS:  # its bits in uint8
+        return fp8_values(x, elem, xp).astype(xp.float64)
     return x.astype(xp.float64)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import SpatialError
 from ..ir.printer import plural
 from ..runtime import launch, nvcc
-from ..runtime.tilize import bf16_bits, poison_value
+from ..runtime.tilize import bf16_bits, fp8_bits, poison_value
 from ..target import target as target_of
 from . import preflight as pf
 from .baselines import Libraries, baselines_of, refusal
@@ -48,6 +48,10 @@ from .cases import (
     values64,
 )
 from .cuda import CupyGraphs, EventTimer, Inputs, PreparedDevice, SpatialcEndToEnd, kernel_tensors
+from .fp8 import is_fp8
+from .fp8 import library_reference as fp8_library_reference
+from .fp8 import more_inputs as fp8_more_inputs
+from .fp8 import reference as fp8_reference
 from .fused import is_plain, more_inputs
 from .fused import reference as fused_reference
 from .prepare import source_hash
@@ -236,6 +240,11 @@ class GpuRunner:
 
             MapRows(self).measure(case, built, row, deadline)
             return
+        if case.heads[0]:  # attention: O and LSE on a sample, against torch's SDPA backends (attnrows.py)
+            from .attnrows import AttentionRows
+
+            AttentionRows(self).measure(case, built, row, deadline)
+            return
         if case.groups > 1:  # a grouped GEMM's row counts, its own contestants (grouped.py)
             from .grouped import GroupedRows
 
@@ -243,7 +252,8 @@ class GpuRunner:
             return
         inputs = self._inputs(case, self._copies(case))
         plain = self._reference(inputs, case, deadline)  # A·B: a fused row's plain GEMM kernels are held to it
-        ref = self._fused_reference(inputs, case, plain, deadline) if case.fused else plain
+        scaled = case.fused or is_fp8(case.precision)  # an epilogue of tensors of its own
+        ref = self._fused_reference(inputs, case, plain, deadline) if scaled else plain
         verdicts = [("error", built.error)] if built.error else []
         for form in built.forms:
             mine, verdict = self._spatialc(case, form, inputs, plain if is_plain(form) else ref, deadline)
@@ -251,7 +261,8 @@ class GpuRunner:
             verdicts.append(verdict)
         row.status, row.note = settle(row.note, verdicts)
         for name, family in baselines_of(case):
-            row.contestants.append(self._baseline(name, family, case, inputs, ref, deadline))
+            lib_ref = fp8_library_reference(name, plain, ref) if is_fp8(case.precision) else ref
+            row.contestants.append(self._baseline(name, family, case, inputs, lib_ref, deadline))
 
     # ---- spatialc ------------------------------------------------------------------------------------------
 
@@ -348,6 +359,8 @@ class GpuRunner:
             lay = "store A and B as the kernel takes them (tiled, or padded matrices), the kernel, read C back"
             if case.fused:
                 lay = lay.replace("store A and B", "store A, B, the residual and the scales")
+            elif is_fp8(case.precision):
+                lay = lay.replace("store A and B", "store A and B (their bits) and the scales")
             detail = f"C stored as {c_elem}; end to end: {lay}" + (f", convert {conv}" if conv else "")
             detail += " (spatialc.run's argument checks, which wait on the device, left out)"
         mine = Contestant(name, "spatialc", end_to_end, kernel, max_abs, ok, detail, check=check, facts=form.facts)
@@ -517,7 +530,7 @@ class GpuRunner:
     # ---- inputs, references, timing --------------------------------------------------------------------------
 
     def _copies(self, case: Case) -> int:
-        itemsize = 1 if case.precision == "int8" else 2
+        itemsize = 1 if case.precision == "int8" or is_fp8(case.precision) else 2
         residual = case.m * case.n if case.fused else 0  # a fused row's residual is read with A and B
         return copies_for((case.m * case.k + case.k * case.n + residual) * itemsize, self._l2_bytes())
 
@@ -525,6 +538,12 @@ class GpuRunner:
         rs = self.cp.random.RandomState(zlib.crc32(f"{self.seed} {case}".encode()))  # fresh per row, reproducible
         a = [self._random(rs, (case.m, case.k), case.precision) for _ in range(copies)]
         b = [self._random(rs, (case.k, case.n), case.precision) for _ in range(copies)]
+        if is_fp8(case.precision):  # the dequant scales, as float32
+
+            def scale(shape: tuple[int, int], lo: float, hi: float) -> Any:
+                return rs.uniform(lo, hi, size=shape, dtype=self.cp.float32)
+
+            return Inputs(a, b, [fp8_more_inputs(case, scale) for _ in a])
         if not case.fused:
             return Inputs(a, b)
 
@@ -538,15 +557,19 @@ class GpuRunner:
         if precision == "int8":
             return rs.randint(-128, 128, size=shape).astype(cp.int8)
         x = rs.uniform(lo, hi, size=shape, dtype=cp.float32)
+        if is_fp8(precision):  # rounded once to the kind, its bits in uint8
+            return fp8_bits(x, ELEM_OF[precision], cp)
         return x.astype(cp.float16) if precision == "fp16" else bf16_bits(x, cp)
 
     def _fused_reference(self, inputs: Inputs, case: Case, product: Any, deadline: Deadline) -> Any:
-        """A fused row's float64 reference: the epilogue in float64 on input set 0's product and tensors."""
-        elem = ELEM_OF[case.precision]
+        """A fused or fp8 row's float64 reference: the epilogue in float64 on input set 0's product and tensors (an
+        fp8 row's scales are float32)."""
+        elem = "float32" if is_fp8(case.precision) else ELEM_OF[case.precision]
+        epilogue = fp8_reference if is_fp8(case.precision) else fused_reference
 
         def made() -> Any:
             more = {name: values64(x, elem, self.cp) for name, x in inputs.more[0].items()}
-            ref = fused_reference(product, more)
+            ref = epilogue(product, more)
             self._sync(deadline)
             return ref
 

@@ -242,7 +242,8 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> argparse.Na
         help="N (for N³) or MxNxK, several; gG:MAXROWSxNxK a grouped GEMM, mcGYxGX:SIZE multicast groups, "
         "sweep:SIZE each form's plans around its planner's, fused:SIZE the GEMM with row and column scales and a "
         "residual fused (bf16) beside the plain GEMM, map:KIND:MxN an elementwise map (swiglu, residual, gelu) or a "
-        "norm (softmax, rmsnorm, layernorm) against torch and the copy bandwidth (default: the check's own list; "
+        "norm (softmax, rmsnorm, layernorm) against torch and the copy bandwidth, fp8:KIND:SIZE an e4m3 or e5m2 "
+        "GEMM with dequant scales against torch._scaled_mm (its precision its own) (default: the check's own list; "
         "with --prepare also "
         f"{' '.join(SWEEP_SIZES)}, for a second run)",
     )

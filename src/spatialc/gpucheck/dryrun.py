@@ -12,6 +12,7 @@ from ..ir.printer import plural
 from . import baselines as bl
 from .builds import Built, Form, build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out, use_prepared
 from .cases import FORMS, HOPPER_FORM, Case, grouped_sizes, kernel_arch, spatialc_name
+from .fp8 import EPILOGUE_TEXT, SCALED_MM
 from .preflight import PREFLIGHT_S, step_names
 
 # ---- the dry run -----------------------------------------------------------------------------------------------
@@ -97,7 +98,8 @@ def _dry_form(case: Case, form: Form, target: str, manifest: Any, out: Callable[
     else:
         cubin = f"compiled on the GPU machine{': ' + why if why else ''}"
         _dry_compile(form, arch)
-    conv = "" if case.map else conversion(case, form.facts["c_elem"])  # a map row's end to end converts nothing
+    # A map row's end to end converts nothing, nor an attention row's (O and LSE as the kernel stores them).
+    conv = "" if case.map or case.heads[0] else conversion(case, form.facts["c_elem"])
     out(f"  {form.contestant}")
     if "sweep" in form.facts:
         sweep = form.facts["sweep"]
@@ -140,6 +142,10 @@ def contenders(case: Case, built: Built) -> list[str]:
             f"{TORCH_LOOP}: kernel only",
             f"{GROUPED_MM}: kernel only, where this torch has it",
         ]
+    if case.heads[0]:  # attnrows.py: the forms that print attention, torch's SDPA backends, flash_attn
+        from .attnrows import contenders as attention_contenders
+
+        return attention_contenders(case, built)
     if case.map:  # maps.py: torch's formula and the copy, in GB/s
         from .maps import contenders as map_contenders
 
@@ -156,6 +162,8 @@ def contenders(case: Case, built: Built) -> list[str]:
         why = bl.refusal(name, case)
         if why:
             said.append(f"{name}: n/a ({why})")
+        elif name in SCALED_MM:  # no preflight step: each fp8 row checks its library results itself
+            said.append(f"{name}: end to end + kernel only, its C checked in the row ({EPILOGUE_TEXT} or A·B)")
         elif name == bl.GEMM_EX:
             said.append(f"{name}: end to end + kernel only, {bl.padding(case)}, where the preflight finds it works")
         else:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from ..errors import SpatialError
 from .baselines import GEMM_EX, INT_MM_COL, INT_MM_ROW, TORCH_MATMUL, TRITON
 from .cases import FORMS, HOPPER_FORM, Case, GpuLost, Probe, is_sticky, one_line, preflight_case, spatialc_name
+from .fp8 import FP8_PRECISIONS
 
 PREFLIGHT_S = 60.0
 # Paths the steps decide, beside the contenders' own names (spatialc's kernels among them: `spatialc general`).
@@ -122,7 +123,7 @@ def spatialc_step(form: str, case: Case) -> str:
 def hopper_case(cases: Sequence[Case]) -> Case:
     """The sm_90a form's preflight product, at the large rows' plan: bf16 where the run has it (their precision
     of note), else the run's first; K steps of one 128-byte panel in its type."""
-    precisions = [c.precision for c in cases]
+    precisions = [c.precision for c in cases if c.precision not in FP8_PRECISIONS]  # fp8: checked in its rows
     precision = "bf16" if "bf16" in precisions or not precisions else precisions[0]
     ibw = PANEL_BYTES // (16 * (1 if precision == "int8" else 2))
     return Case(*HOPPER_PROBE, precision, hopper_block=(*HOPPER_ITEM, ibw))
@@ -149,7 +150,7 @@ def preflight_cases(cases: Sequence[Case]) -> list[Case]:
 
 def library_steps(cases: Sequence[Case]) -> list[tuple[str, Case]]:
     """Each library the rows of `cases` use, with the small product its step tries, in the preflight's order."""
-    precisions = {c.precision for c in cases}
+    precisions = {c.precision for c in cases} - set(FP8_PRECISIONS)  # fp8 rows: _scaled_mm, checked in its rows
     int8 = Case(64, 64, 64, "int8")
     steps = [(TORCH_MATMUL, Case(64, 64, 64, tiny_float(cases)))] if precisions - {"int8"} else []
     if "int8" in precisions:
@@ -165,4 +166,4 @@ def step_names(cases: Sequence[Case]) -> list[str]:
 
 def tiny_float(cases: Sequence[Case]) -> str:
     """The float precision the preflight tries torch.matmul in: the run's first."""
-    return next((c.precision for c in cases if c.precision != "int8"), "fp16")
+    return next((c.precision for c in cases if c.precision in ("fp16", "bf16")), "fp16")

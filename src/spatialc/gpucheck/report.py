@@ -9,7 +9,8 @@ fastest contestant whose result was right counts, and its name is in the table.
 A map row (an elementwise program, `map:KIND:MxN`: gpucheck/maps.py) has a table of its own, in GB/s of the bytes it
 reads and writes: spatialc's general form against torch's formula and the device's copy bandwidth. A fused row (a GEMM
 with scales and a residual in its epilogue, `fused:SIZE`: gpucheck/fused.py) is in the main table, and below it each
-form's fused kernel against the plain GEMM's of the same size, timed in the same row.
+form's fused kernel against the plain GEMM's of the same size, timed in the same row. An attention row (`att:`:
+gpucheck/attnrows.py) is in the main table too, and below it each form against the fastest library, kernel only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .attnrows import attention_lines, attention_summary
 from .builds import spilled
 from .cases import (
     FORMS,
@@ -81,6 +83,8 @@ def row_dict(row: Row) -> dict[str, Any]:
         d["sweep"] = sweep_summary(row)
     if row.fused:
         d["fused_timings"] = fused_summary(row)  # each form's fused kernel against the plain GEMM's
+    if row.heads[0]:
+        d["attention_timings"] = attention_summary(row)  # each form against the fastest SDPA backend or flash_attn
     return d
 
 
@@ -312,6 +316,7 @@ def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
         lines += ["", "Contestants (rates as in the tables; e2e = end to end):", "", *contestants]
     lines += multicast_lines(rows)
     lines += fused_lines(rows)
+    lines += attention_lines(rows)
     lines += sweep_lines(rows)
     lines += kernel_table(rows)
     return "\n".join(lines) + "\n"
