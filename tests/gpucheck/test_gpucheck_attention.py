@@ -153,6 +153,7 @@ def test_prepare_compiles_the_fp8_and_attention_kernels_and_the_dry_run_lists_th
     for made in (
         "e4m3 fp8:64x64x64 persistent: ",
         "e4m3 fp8:64x64x64 general: ",
+        "e4m3 fp8:64x64x64 sm90a: ",
         "bf16 att:1x2:64x64x32:causal general",
     ):
         assert made in out, made
@@ -160,12 +161,13 @@ def test_prepare_compiles_the_fp8_and_attention_kernels_and_the_dry_run_lists_th
     argv = ["unused", "--dry-run", "--prepared", str(prep), "--sizes", *sizes, "--precisions", "bf16"]
     assert gpucheck.main(argv) == 0
     dry = capsys.readouterr().out
-    assert dry.count("    cubin     prepared: ") == 3  # fp8's persistent and general kernels, attention's general
+    # fp8's persistent, general and sm90a kernels, attention's general
+    assert dry.count("    cubin     prepared: ") == 4
     fp8, att = dry.split("e4m3 fp8:64x64x64\n")[1].split("bf16 att:1x2:64x64x32:causal\n")
     timed = next(line for line in fp8.splitlines() if line.startswith("  timed     "))
     assert "spatialc persistent: end to end + kernel only; spatialc general: end to end + kernel only" in timed
     assert "torch._scaled_mm (rowwise scales): end to end + kernel only, its C checked in the row" in timed
-    assert "spatialc sm90a: n/a (no kernel)" in timed or "spatialc sm90a: end to end + kernel only" in timed
+    assert "spatialc sm90a: end to end + kernel only" in timed
     timed = next(line for line in att.splitlines() if line.startswith("  timed     "))
     assert "spatialc general: kernel only + end to end" in timed and "torch SDPA (cuDNN): kernel only" in timed
     assert "checked: O and LSE on heads 0 and 1, rows of 64 ×3" in timed
