@@ -94,13 +94,13 @@ def test_attention_builds_shows_saves_and_draws_its_placement(capsys, tmp_path):
     assert "spatialc attention 1x4x40x72x32 bf16, causal, 2 KV heads on sm_90" in out
     assert "plan      attention: bands of 3 query tile rows (48 rows)" in out
     assert "2 query heads a KV head in turn" in out
-    assert "kernel    general form: each engine on its own warps (compute 8 warps, reader 1 warp, writer 1 warp)" in out
+    assert "kernel    general form: each engine on its own warps (compute 3 warps, reader 1 warp, writer 1 warp)" in out
     assert "stage attention on compute" in out  # --show's listing
     assert (drawn / "placement.svg").is_file()
     p = spatialc.from_json(saved.read_text())
     assert p.verified and [t.name for t in p.tensors] == ["q", "k", "v", "o", "lse"]
     assert main(["verify", str(saved)]) == 0
-    assert "lowering  the general CUDA form for sm_90 takes it: 2 blocks of 320 threads" in capsys.readouterr().out
+    assert "lowering  the general CUDA form for sm_90 takes it: 2 blocks of 160 threads" in capsys.readouterr().out
 
 
 @needs_rule8

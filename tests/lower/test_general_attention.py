@@ -17,8 +17,9 @@ import pytest
 import spatialc
 from spatialc.ir.ids import LV_K
 from spatialc.ir.nodes import Engine, SpatialProgram
-from spatialc.ir.ops import Compute, Const, Loop, Pop, Push, Reserve, ScaleAcc, Wait
+from spatialc.ir.ops import Compute, Const, Loop, Pop, Push, Reserve, ScaleAcc, Wait, walk
 from spatialc.lower.cuda import forms
+from spatialc.lower.cuda.common import registers
 from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.cuda.general.printer import cycles
 from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported
@@ -96,23 +97,29 @@ def test_only_the_general_form_prints_attention_and_auto_says_so(causal):
 def test_the_recurrence_is_printed_op_by_op(causal):
     text = lowered(causal).kernel_cu
     # S and O in fragments of their own, m and l as row shares. Q, K and V in swizzled pages, as a GEMM's operands:
-    # K read as the K-major B it is (ldmatrix without .trans), V as a row-major B; P kept float32 (the running sum
-    # adds it unrounded) and rounded to bf16 as it is loaded.
+    # K read as the K-major B it is (ldmatrix without .trans), V as a row-major B; P kept float32 in registers (the
+    # running sum adds it unrounded) and packed, rounded to bf16, into the A fragment of P·V.
     assert len(re.findall(r"spatialc_acc<ACCT> accf_\d+\[PERW_\d+\];", text)) == 2
     assert len(re.findall(r"float racc_\d+\[RROWS\];", text)) == 2
     assert "spatialc_load_bt(bf" in text and "spatialc_load_b(bf" in text
-    assert text.count("spatialc_load_a(af") == 1 and text.count("spatialc_load_a_float(af") == 1
-    # O's rescale: each lane its fragment rows'; l's: each share. Neither resets what it scales.
-    assert text.count("// op:Compute:ScaleAcc") == 2 and ".x[i] *= (i >> 1) & 1 ? hi : lo;" in text
-    # The running max is packed three times (before and after its reduction, and at the end) and reset once a head.
+    assert text.count("spatialc_load_a(af") == 1 and text.count("spatialc_load_a_acc(af[r], rr_") == 1
+    assert "spatialc_load_a_float(af" not in text
+    # O's rescale: each element by its row's α; l's: each share. Neither resets what it scales.
+    assert text.count("// op:Compute:ScaleAcc") == 2
+    assert re.search(r"accf_\d+\[q\]\.x\[e\] \*= rr_\d+\[\(q / 2\) \* 2 \+ \(\(e >> 1\) & 1\)\];", text)
+    assert re.search(r"racc_\d+\[s\] \*= rr_\d+\[s\];", text)
+    # The running max is packed three times (before and after its reduction, and at the end), each a quad's four
+    # shares combined by two shuffles (as is l, once), and reset once a head.
     m_acc = re.search(r"racc_(\d+)\[q\] = \(-INFINITY\);", text).group(1)
-    assert len(re.findall(rf"float v = racc_{m_acc}\[q\];", text)) == 3
+    assert len(re.findall(rf"float v = racc_{m_acc}\[s\];", text)) == 3
     assert text.count(f"racc_{m_acc}[q] = (-INFINITY);") == 1
+    assert text.count("__shfl_xor_sync(0xffffffffu, v, 1)") == text.count("__shfl_xor_sync(0xffffffffu, v, 2)") == 4
     # The causal band runs its KV blocks up to its diagonal: a count of its own per item, in the reader and the
     # compute warps alike — ceil((band's rows + 72 − 40) / 64 keys), at most the 2 blocks of a head.
     assert text.count("const long long trip_k_v = 80 + (long long)(item_y) * 48;") == 2
-    # The mask: the key's column against the keys and the query row's diagonal.
-    assert "(float)(((k * 4) + (tl) % 4) * 16 + (el) % 16) < 7.2e+01f" in text
+    # The mask: the key's column (the lane's first, and the element's place in the fragment) against the keys.
+    assert "const int pos0 = (k * 4) * 16 + cbase;" in text
+    assert "(float)(pos0 + (q % 4) * 16 + (e & 1) + 8 * (e >> 2)) < 7.2e+01f" in text
 
 
 def test_lse_keeps_float32_beside_an_o_of_the_operand_type():
@@ -121,28 +128,49 @@ def test_lse_keeps_float32_beside_an_o_of_the_operand_type():
     assert "SPATIALC_OUT_ST(&t4[(long long)tile * 256 + el], (float)" in art.kernel_cu
 
 
-def test_the_compute_warps_are_printed_lean_on_registers(causal):
-    text = lowered(causal).kernel_cu
+def test_the_recurrences_rings_live_in_the_compute_warps_registers(causal):
+    art = lowered(causal)
+    text = art.kernel_cu
     compute = text[text.index("// compute: warps") : text.index("// reader: warps")]
-    # The recurrence's nine rings, which the compute warps alone take through Reserve, Push, Wait and Pop: one
-    # counter each. Q's, K's and V's (waited for and popped) and O's and LSE's (reserved and pushed) keep two.
-    assert len(re.findall(r"unsigned n_\d+ = 0;", compute)) == 9
+    # The recurrence's nine rings, which the compute warps alone fill and empty a page at a time: arrays of registers,
+    # no counters, no barriers, no pages. Q's, K's and V's (waited for and popped) and O's and LSE's (reserved and
+    # pushed) keep theirs.
+    assert len(re.findall(r"float rr_\d+\[PERW_\d+ \* 8\];", compute)) == 4  # S, X, P and O packed
+    assert len(re.findall(r"float rr_\d+\[RROWS\];", compute)) == 5  # m_old, m_new, α, l and m
+    assert compute.count("in registers: the same warps' order)") == 9 * 4
+    assert "unsigned n_" not in compute and "#pragma unroll 1" not in compute
     assert len(re.findall(r"unsigned wt_\d+ = 0, pop_\d+ = 0;", compute)) == 3
     assert len(re.findall(r"unsigned rsv_\d+ = 0, psh_\d+ = 0;", compute)) == 2
-    # Their loops over a page stay rolled: the maps', the folds', the matmuls' K steps.
-    assert compute.count("#pragma unroll 1") == 5 + 2 + 2
-    reader = text[text.index("// reader: warps") :]
-    assert "#pragma unroll 1" not in reader and "unsigned n_" not in reader
+    assert [name for name, _ in art.budget.rings] == ["q_ring", "k_ring", "v_ring", "o_ring", "lse_ring"]
+    # The compute warps split the band by rows alone: 3 tile rows, 3 warps, a tile row (16 queries) each.
+    assert dict(art.budget.engines)["compute"] == 3 and art.census.agrees
+    kernel = general.make_kernel(causal, target(causal.target))
+    assert all(f.lane_grid == (3, 1) for f in kernel.layers.values()) and len(kernel.in_registers) == 9
+
+
+def test_a_ring_two_pages_deep_keeps_every_page():
+    p = program(1, 1, 40, 72, 32)
+    k = general.make_kernel(p, target(p.target))
+    compute = list(walk(next(prog.ops for prog in p.schedule.programs if prog.engine == Engine.COMPUTE)))
+    depth = {r: 1 for r in (*k.rings.rings, *k.in_registers)}
+    held = registers.register_rings(compute, k.rings, depth, general.row_templates(p), k.layers)
+    assert held == k.in_registers and len(held) == 9
+    # All of a program's candidates live in registers or none does: one ring two pages deep, and every page is kept.
+    deeper = depth | {min(k.in_registers): 2}
+    assert registers.register_rings(compute, k.rings, deeper, general.row_templates(p), k.layers) == {}
 
 
 def test_the_planner_asks_the_general_form_what_a_block_costs():
-    # head_dim 128: a block of 4 × 4 tiles needs 217 KiB of shared memory, more than sm_86's 99 KiB a block.
+    # head_dim 128: a block of 4 × 4 tiles needs 119,104 bytes of shared memory (its recurrence in registers), more
+    # than sm_86's 99 KiB a block; 4 × 2 fits.
     p = program(1, 1, 64, 64, 128, tgt="sm_86")
-    assert (p.plan.block.osh, p.plan.block.ibw) == (2, 2)
+    assert (p.plan.block.osh, p.plan.block.ibw) == (4, 2)
     smem, per_sm = general.attention_resources(target("sm_86"), p.plan, p.precision)
     assert lowered(p).budget.dyn_bytes == smem and per_sm == 1
     with pytest.raises(TooBig, match="shared memory of one block of the general form on sm_86"):
         lowered(program(1, 1, 64, 64, 128, tgt="sm_86", block=(4, 4)))
+    wide = program(1, 1, 64, 64, 128, tgt="sm_80")
+    assert (wide.plan.block.osh, wide.plan.block.ibw) == (4, 4) and lowered(wide).budget.dyn_bytes == 119104
 
 
 # ---- emulated against the interpreter ----------------------------------------------------------------------------
@@ -183,6 +211,23 @@ def test_a_missed_rescale_of_o_is_caught():
     with pytest.raises(spatialc.VerifyError):  # rule 8 refuses it ...
         spatialc.verify(broken)
     out = spatialc.emulate(unchecked(broken), given, timeout=300)  # ... and the emulation shows it wrong
+    ok, _ = tolerance(p, kernel=True).check(out, given)
+    assert not ok
+
+
+@emulation
+@pytest.mark.emulation
+def test_a_quad_shuffle_of_the_wrong_distance_is_caught():
+    # A row's scores lie in the four lanes of a quad (lane ^ 1, lane ^ 2): a shuffle of distance 4 combines two
+    # quads' rows into each row's max and sum, and the emulated O and LSE leave the kernel's bound.
+    p = program(*SMALL, block=(1, 1))
+    given = inputs(*SMALL)
+    art = lowered(p)
+    right, wrong = "__shfl_xor_sync(0xffffffffu, v, 2)", "__shfl_xor_sync(0xffffffffu, v, 4)"
+    assert art.program_cu.count(right) == 4  # m three times, l once
+    out = spatialc.emulate(
+        dataclasses.replace(art, program_cu=art.program_cu.replace(right, wrong)), given, timeout=300
+    )
     ok, _ = tolerance(p, kernel=True).check(out, given)
     assert not ok
 

@@ -139,7 +139,8 @@ def plan_attention(p: SpatialProgram, target: SpatialTarget, block: tuple[int, i
 def _fitting(target: SpatialTarget, p: SpatialProgram, start: tuple[int, int], dt: int, depth: int) -> tuple[int, int]:
     """The first block from `start`, the larger side halved in turn (the key block first), whose block of the general
     form — the one form that prints attention — fits a site (`lower.cuda.general.kernel.attention_resources`: at
-    head_dim 128 a 4 × 4 block needs 209 KiB, more than sm_80's or sm_86's); 1 × 1 where none does (lower says why)."""
+    head_dim 128 a 4 × 4 block needs 116 KiB, its recurrence in registers: more than sm_86's); 1 × 1 where none does
+    (lower says why)."""
     from ..lower.cuda.general.kernel import attention_resources
 
     bh, bw = start
@@ -149,12 +150,6 @@ def _fitting(target: SpatialTarget, p: SpatialProgram, start: tuple[int, int], d
             break
         bh, bw = (bh, (bw + 1) // 2) if bw >= bh else ((bh + 1) // 2, bw)
     return bh, bw
-
-
-def recurrence_tiles(bh: int, bw: int, dt: int) -> dict[str, int]:
-    """The tiles of a page of each of the recurrence's rings (`RING_NAMES`), by name, for a band of bh query tile
-    rows, a block of bw key tile rows and dt tiles of head_dim."""
-    return {name: _tiles(kind, bh, bw, dt) for name, kind in RING_NAMES.items()}
 
 
 def apply_attention_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:

@@ -291,6 +291,23 @@ SPATIALC_EMU_FP8_MMA(__nv_fp8_e4m3)
 SPATIALC_EMU_FP8_MMA(__nv_fp8_e5m2)
 #undef SPATIALC_EMU_FP8_MMA
 
+// A from the float32 accumulator fragment each lane holds of a register ring (tensor_core_row.cuh): lane l's x[i] is
+// row acc_row(l, i), column acc_col(l, i) of the tile, rounded to T as the hardware's pack rounds it; the warp's values
+// are gathered by shuffles (two floats a shuffle), the way lanes exchange registers.
+template <class T>
+[[gnu::noinline]] void spatialc_load_a_acc(spatialc_frag<T>& f, const float* x, int line = __builtin_LINE()) {
+    using namespace spatialc_emu;
+    static_assert(sizeof(T) == 2, "16-bit operands");
+    f.kd = 16;
+    for (int src = 0; src < 32; ++src)
+        for (int i = 0; i < 8; i += 2) {
+            struct pair { float lo, hi; };
+            const pair v = __shfl_sync(0xffffffffu, pair{x[i], x[i + 1]}, src, 32, line);
+            f.v[acc_row(src, i) * 32 + acc_col(src, i)] = T(v.lo);
+            f.v[acc_row(src, i + 1) * 32 + acc_col(src, i + 1)] = T(v.hi);
+        }
+}
+
 // ---- accumulators -------------------------------------------------------------------------------------------------
 template <class T>
 inline void spatialc_acc_zero(spatialc_acc<T>& d) {

@@ -70,4 +70,15 @@ __device__ __forceinline__ void spatialc_load_a_float(spatialc_frag<T>& f, const
     }
 }
 
+// A from the float32 accumulator fragment a lane holds of a register ring (attention's P kept in registers,
+// registers.py): its eight values x[0..7] — rows lane / 4 and + 8, columns 2 (lane % 4), + 1 and + 8, + 9, as
+// spatialc_acc lays them out — are A's a0..a7 in order (mma.m16n8k16's fragment layouts), packed two by two and
+// rounded to nearest even, as spatialc_load_a_float rounds a float32 page.
+template <class T>
+__device__ __forceinline__ void spatialc_load_a_acc(spatialc_frag<T>& f, const float* x)
+{
+#pragma unroll
+    for (int j = 0; j < 4; ++j) f.r[j] = spatialc_pack2(x[2 * j], x[2 * j + 1], static_cast<const T*>(nullptr));
+}
+
 #endif  // SPATIALC_TENSOR_CORE_ROW

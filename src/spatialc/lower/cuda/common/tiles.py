@@ -89,9 +89,10 @@ class TilePrinter:
         self.perw = "PERW"
         # Whether the engine is printed lean on registers: its loops over a page (a map's elements, a fold's columns,
         # a matmul's K tiles) rolled, and (the general form) one counter for each ring it alone cycles. Where its
-        # warps hold accumulator fragments and row accumulators at once (attention's compute warps), the operands
-        # nvcc keeps in flight for an unrolled loop and four counters a ring need registers a block of 10 warps does
-        # not have (ptxas spilled at head_dim 128 on sm_80 and sm_90 before).
+        # warps hold accumulator fragments and row accumulators at once and hand pages to themselves through shared
+        # memory (attention's compute warps where its rings keep their pages: registers.py says when they do not),
+        # the operands nvcc keeps in flight for an unrolled loop and four counters a ring need registers a block of
+        # 10 warps does not have (ptxas spilled at head_dim 128 on sm_80 and sm_90).
         self.lean = False
 
     @contextmanager

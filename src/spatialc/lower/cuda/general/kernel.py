@@ -22,7 +22,6 @@ flipped: the first round passes on a fresh barrier), a consumer for the full pha
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 from ....ir.ids import BufferId
@@ -73,6 +72,7 @@ from ..common.program import (
     relative_groups,
     site_classes,
 )
+from ..common.registers import register_rings
 from ..common.rings import (
     ALIGN,
     MMA_TYPES,
@@ -149,6 +149,9 @@ class GeneralKernel:
     # they hold one: the plan's block, `lane_grid` and `perw`, in accf[PERW].
     layers: dict[int, Fragments] = field(default_factory=dict)
     rows: RowAccumulators | None = None  # a row program's accumulators (rows.py), which its compute warps hold
+    # The rings the compute warps keep in registers (registers.py), by template: the fragment layer whose layout
+    # each holds, or None for a row vector. Not in `rings.rings`: they have no page and no barriers.
+    in_registers: dict[int, int | None] = field(default_factory=dict)
 
     @property
     def cooperative(self) -> bool:
@@ -160,6 +163,12 @@ class GeneralKernel:
     def threads(self) -> int:
         return sum(r.threads for r in self.roles)
 
+    @property
+    def score_tiles(self) -> int:
+        """The tiles of a page of scores (a band by a block of keys) whose values the compute warps hold in registers
+        (attention's register path: X's and P's), 0 where they hold none."""
+        return self.plan.block.osh * self.plan.block.ibw if self.in_registers else 0
+
     def registers(self, target: SpatialTarget) -> int:
         """The estimate of a thread's registers: the accumulators' (`SpatialTarget.registers_per_thread`), a row
         program's kernel's own (`rows.BASE_REGISTERS`), or where the compute warps hold both (attention) the
@@ -167,7 +176,8 @@ class GeneralKernel:
         if self.rows is not None and not self.accumulates:
             return min(self.rows.registers, target.regs_per_thread_max)
         if self.rows is not None:
-            return min(held_registers(target, self.acc_tiles, self.rows), target.regs_per_thread_max)
+            held = held_registers(target, self.acc_tiles, self.rows, self.lanes, self.score_tiles)
+            return min(held, target.regs_per_thread_max)
         return target.registers_per_thread(self.acc_tiles)
 
     @property
@@ -384,29 +394,30 @@ def map_resources(target: SpatialTarget, plan: Plan, precision: Precision, input
 def attention_resources(target: SpatialTarget, plan: Plan, precision: Precision) -> tuple[int, int]:
     """What one block of the general form costs for an attention's plan, as its planner asks
     (`passes.attention.plan_attention`): (shared memory bytes, blocks resident per SM — 0 when one does not fit) for
-    the rings `make_kernel` lays out — Q's band once, K's and V's blocks `plan.depth` deep, in the operand type; O's
-    and LSE's pages and the recurrence's own (`passes.attention.recurrence_tiles`), float32 (`rings.scheduled_rings`)
-    — with their barriers, and its warps: the accumulator lanes, a reader's and a writer's."""
-    from ....passes.attention import recurrence_tiles
-
+    the rings `make_kernel` lays out for attention's schedule — Q's band once, K's and V's blocks `plan.depth` deep, in
+    the operand type; O's and LSE's pages, float32 (`rings.scheduled_rings`); the recurrence's own in registers
+    (registers.py) — with their barriers, and its warps: the compute warps (`attention_lanes`), a reader's and a
+    writer's, and the registers `held_registers` estimates."""
     bh, dt, bw = plan.block.osh, plan.block.osw, plan.block.ibw
     size = MMA_TYPES[precision].operand_bytes
     shapes = [(1, bh * dt, size), (plan.depth, bw * dt, size), (plan.depth, bw * dt, size), (1, bh * dt, 4)]
-    shapes += [(1, bh, 4)] + [(1, tiles, 4) for tiles in recurrence_tiles(bh, bw, dt).values()]
+    shapes += [(1, bh, 4)]  # the recurrence's own rings live in the compute warps' registers (registers.py)
     rings = {i: Ring(i, f"ring{i}", d, tiles * TILE_ELEMS, "", n) for i, (d, tiles, n) in enumerate(shapes)}
     smem = layout(rings)[1]
-    lanes = target.accumulator_lanes
-    rows = row_registers(2 * math.ceil(bh * 16 / lanes), bh * bw)  # the running max and sum, pages of bh × bw tiles
-    regs = min(fragments_and_rows(target, bh * bw + bh * dt, rows), target.regs_per_thread_max)
+    lanes = attention_lanes(target, bh)
+    rows = row_registers(2 * 2 * (bh // lanes), bh * bw)  # the running max and sum, two rows a tile row of the warp's
+    held = fragments_and_rows(target, bh * bw + bh * dt, rows, lanes) + scores_registers(bh * bw, lanes)
+    regs = min(held, target.regs_per_thread_max)
     return smem, target.resident_sites_per_unit(smem, bh * bw + bh * dt, 1, (1, 1), lanes + 2 * SIDE_WARPS, regs)
 
 
 def accumulator_layers(
-    p: SpatialProgram, target: SpatialTarget, plan: Plan, rows: frozenset[int] = frozenset()
+    p: SpatialProgram, target: SpatialTarget, plan: Plan, rows: frozenset[int] = frozenset(), by_rows: int = 0
 ) -> dict[int, Fragments]:
     """Each accumulator's fragments by template where the program has several (`GeneralKernel.layers`): the block
     and sub-blocks of the matmul whose Compute ops add into it, the compute warps split over that block as over the
-    plan's — and {} where it has one. Row accumulators (templates `rows`) are no fragments."""
+    plan's — and {} where it has one. Row accumulators (templates `rows`) are no fragments. `by_rows` > 0 lays that
+    many warps over each block by rows alone (the register path's grid, (by_rows, 1))."""
     served: dict[int, MatmulTiles] = {}
     accs: set[int] = set()
     for op in all_ops(p):
@@ -428,7 +439,11 @@ def accumulator_layers(
     for t in sorted(accs):
         serves = served.get(t)
         shaped = dataclasses.replace(plan, block=serves.block, sub_blocks=serves.sub_blocks) if serves else plan
-        layers[t] = fragments_of(shaped, target, f"accf_{t}", f"PERW_{t}")
+        if by_rows:
+            grid = (by_rows, 1)
+            layers[t] = Fragments(shaped, grid, fragments_per_warp(shaped, by_rows, grid), f"accf_{t}", f"PERW_{t}")
+        else:
+            layers[t] = fragments_of(shaped, target, f"accf_{t}", f"PERW_{t}")
     return layers
 
 
@@ -438,25 +453,42 @@ def fragments_of(plan: Plan, target: SpatialTarget, name: str = "accf", count: s
     return Fragments(plan, grid, fragments_per_warp(plan, target.accumulator_lanes, grid), name, count)
 
 
+def attention_lanes(target: SpatialTarget, bh: int) -> int:
+    """The compute warps of an attention's kernel: the most, up to the target's accumulator lanes, that split a band
+    of `bh` tile rows by rows alone — each warp whole rows of S and O, so that its rings live in its registers
+    (registers.py; 4 at bh = 4: 16 query rows a warp, as FlashAttention-2's)."""
+    return max(d for d in range(1, min(bh, target.accumulator_lanes) + 1) if bh % d == 0)
+
+
 def held_tiles(plan: Plan, layers: dict[int, Fragments]) -> int:
     """Accumulator tiles the compute warps hold at once: every layer's, or the plan's item."""
     h, w = plan.item_tiles
     return sum(f.tiles for f in layers.values()) if layers else h * w
 
 
-def held_registers(target: SpatialTarget, acc_tiles: int, rows: RowAccumulators) -> int:
+def held_registers(
+    target: SpatialTarget, acc_tiles: int, rows: RowAccumulators, lanes: int | None = None, score_tiles: int = 0
+) -> int:
     """The estimate of a thread's registers where the compute warps hold accumulator fragments and row accumulators
-    at once (attention): a row program's kernel's (`rows.BASE_REGISTERS`, its shares and page tiles) and the 12 a
-    fragment a warp holds that `SpatialTarget.registers_needed` counts. Calibrated with ptxas -v (nvcc 13) on attention
-    at one block an SM (all these estimates allow), with none spilled: (bh, bw, dt) = (4, 4, 8) on sm_90 used 142
-    registers (estimate 200), (4, 2, 8) on sm_80 168 (180; a block of 10 warps gets at most 168: ptxas counts 12),
-    (4, 4, 2) on sm_80 164 (164), (2, 2, 8) on sm_86, whose 6 warps may take 255, 180 (176)."""
-    return fragments_and_rows(target, acc_tiles, rows.registers)
+    at once (attention): a row program's kernel's (`rows.BASE_REGISTERS`, its shares and page tiles), the 12 a
+    fragment a warp holds that `SpatialTarget.registers_needed` counts, and where the scores' pages live in registers
+    (`score_tiles` of them) `scores_registers`. Calibrated with ptxas -v (nvcc 13) on attention, its recurrence in
+    registers, none spilled: (bh, bw, dt) = (4, 4, 8) on sm_90 used 246 registers (estimate 255), on sm_80 250 (255),
+    (4, 2, 8) on sm_86 239 (255), (2, 4, 8) on sm_80 254 (255), (2, 2, 4) on sm_86 207 (196: two blocks an SM,
+    which leave ptxas 255)."""
+    return fragments_and_rows(target, acc_tiles, rows.registers, lanes) + scores_registers(score_tiles, lanes or 1)
 
 
-def fragments_and_rows(target: SpatialTarget, acc_tiles: int, row_registers: int) -> int:
-    """`held_registers` of a kernel whose row shares and pages alone would take `row_registers`."""
-    return row_registers + 12 * max(1, -(-acc_tiles // target.accumulator_lanes))
+def scores_registers(score_tiles: int, lanes: int) -> int:
+    """A thread's registers for the scores' values its warp holds (a page of `score_tiles` tiles over `lanes`
+    warps): 16 a tile, X's and P's eight each, which the P map holds at once."""
+    return 16 * -(-score_tiles // lanes)
+
+
+def fragments_and_rows(target: SpatialTarget, acc_tiles: int, row_registers: int, lanes: int | None = None) -> int:
+    """`held_registers` of a kernel whose row shares and pages alone would take `row_registers`, its fragments held
+    by `lanes` compute warps (the target's accumulator lanes unless given)."""
+    return row_registers + 12 * max(1, -(-acc_tiles // (lanes or target.accumulator_lanes)))
 
 
 def row_templates(p: SpatialProgram) -> frozenset[int]:
@@ -497,15 +529,26 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     attention = is_attention_program(p)
     reduces = is_row_program(p)  # row accumulators alone; attention's compute warps hold fragments beside them
     lanes = 0 if is_map_program(p) and not attention else target.accumulator_lanes
+    if attention:
+        lanes = attention_lanes(target, plan.block.osh)
     one = fragments_of(plan, target)  # the plan's block: the accumulator of a one-matmul program
     lane_grid, perw = (one.lane_grid, one.perw) if lanes and not reduces else (None, 0)
     by_rows = row_templates(p) if reduces or attention else frozenset()
-    accumulators = {} if reduces else accumulator_layers(p, target, plan, by_rows)
+    accumulators = {} if reduces else accumulator_layers(p, target, plan, by_rows, lanes if attention else 0)
     if attention:  # its stages do not say what its recurrence's rings hold: the schedule does
         rings = scheduled_rings(p, types, all_ops(p), by_rows)
     else:
         rings = epilogue_rings(p, ring_table(p, types, ()), integer)
     rows = row_accumulators(p, plan, rings, lanes) if by_rows else None
+    in_registers: dict[int, int | None] = {}
+    if attention and rows is not None:
+        in_registers = held_rings(p, rings, by_rows, accumulators)
+    if in_registers:  # the row accumulators in the fragments' quads: two rows of each of the warp's tile rows
+        assert rows is not None
+        shares = 2 * (plan.block.osh // lanes)
+        registers = row_registers(shares * len(rows.reductions), plan.block.osh * plan.block.ibw)
+        rows = dataclasses.replace(rows, per_warp=shares, registers=registers)
+        rings = dataclasses.replace(rings, rings={r: v for r, v in rings.rings.items() if r not in in_registers})
     classes, relative = site_classes(p, relative_sems=True)
     cluster = clusters(p, target)
     mc = multicast(p, rings.template) if cluster > 1 else None
@@ -522,7 +565,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     held = held_tiles(plan, accumulators) if lanes and not reduces else 0
     regs = min(rows.registers, target.regs_per_thread_max) if rows is not None else None
     if rows is not None and held:
-        regs = min(held_registers(target, held, rows), target.regs_per_thread_max)
+        scores = plan.block.osh * plan.block.ibw if in_registers else 0
+        regs = min(held_registers(target, held, rows, lanes, scores), target.regs_per_thread_max)
     per_sm = target.resident_sites_per_unit(off, held, 1, (1, 1), threads // WARP, regs)
     if per_sm == 0 and fit:
         raise TooBig(
@@ -561,7 +605,20 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
         mc,
         accumulators,
         rows,
+        in_registers,
     )
+
+
+def held_rings(
+    p: SpatialProgram, rings: Rings, rows: frozenset[int], layers: dict[int, Fragments]
+) -> dict[int, int | None]:
+    """The rings the compute engine keeps in registers (`registers.register_rings`), where every site runs one
+    compute program."""
+    programs = {prog.ops for prog in p.schedule.programs if prog.engine == Engine.COMPUTE}  # type: ignore[union-attr]
+    if len(programs) != 1:
+        return {}
+    depth = {r: ring.depth for r, ring in rings.rings.items()}
+    return register_rings(list(walk(next(iter(programs)))), rings, depth, rows, layers)
 
 
 def handshake(mc: Multicast | None) -> frozenset[int]:

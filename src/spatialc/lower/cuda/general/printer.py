@@ -60,6 +60,7 @@ from ..common.cwriter import (
 from ..common.handover import HandoverPrinter
 from ..common.maps import MapPrinter
 from ..common.program import other_outputs
+from ..common.registers import RegisterPrinter
 from ..common.rings import TILE_ELEMS
 from ..common.rows import RowPrinter
 from ..common.tiles import Fragments, TilePrinter, tensor_core_lines
@@ -80,7 +81,7 @@ def accumulator_of(op: ChoreoOp) -> BufferId | None:
     return None
 
 
-class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrinter, TilePrinter):
+class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RegisterPrinter, RowPrinter, MapPrinter, TilePrinter):
     """Prints one engine's program on its own warps: its ops in order, its loops as its own `for`s."""
 
     counts_sends = True  # each multicast ring's sends are counted (the receiver's page is the send's number)
@@ -93,7 +94,9 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
         self.after: ChoreoOp | None = None  # the op after the one being printed, in its own body (None: the last)
         self.received: set[int] = set()  # rings whose page the engine waits for from its sender, not yet pushed
-        self.lean = k.rows is not None and k.accumulates and role.first_warp == 0  # (TilePrinter.lean)
+        # (TilePrinter.lean) — not where the recurrence's rings live in registers: there S's K steps unrolled take
+        # fewer registers than rolled ones (ptxas, sm_90, (4, 4, 8): 246 against 255 and a spill)
+        self.lean = k.rows is not None and k.accumulates and role.first_warp == 0 and not k.in_registers
         self.single: frozenset[int] = frozenset()  # rings counted by one counter (`cycles`), set by `counters`
 
     def read_slot(self, r: int) -> str:
@@ -123,7 +126,12 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
         kinds = {Reserve: "rsv", Push: "psh", Wait: "wt", Pop: "pop"}
         used: dict[int, set[str]] = {}
         for op in self.role.walk():
-            if isinstance(op, Reserve | Push | Wait | Pop) and not self.k.rings.is_fused(op.buf):
+            kept = (
+                not self.k.rings.is_fused(op.buf) and not self.held(op.buf)
+                if isinstance(op, Reserve | Push | Wait | Pop)
+                else False
+            )
+            if kept:
                 used.setdefault(self.k.rings.template[op.buf], set()).add(kinds[type(op)])
         if self.lean:  # lean on registers (TilePrinter.lean): one counter for each ring the engine cycles alone
             self.single = frozenset(r for r in used if all(cycles(ops, r, self.k.rings) for ops in self.role.programs))
@@ -158,6 +166,8 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RowPrinter, MapPrint
 
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
+        if self.register_op(op, env, mark):
+            return
         match op:
             case Loop(var, Trip() as trip, body):
                 # Every thread of the engine reads the count itself: they all run the loop as often.
@@ -295,7 +305,8 @@ def preamble(k: GeneralKernel) -> list[str]:
     p = k.program
 
     def float_page(buf) -> bool:
-        return k.rings.rings[k.rings.template[buf]].c_type == "EPIT"
+        ring = k.rings.rings.get(k.rings.template[buf])  # (none: a register ring, packed as a matmul reads it)
+        return ring is not None and ring.c_type == "EPIT"
 
     lines = [
         f"// {plain(p.name)}: the general CUDA form printed by spatialc from the spatial IR; each block is one site,"
@@ -453,6 +464,7 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
             w.line(f"spatialc_acc<ACCT> {f.name}[{f.count}];")
         for t in sorted(k.rows.reductions if k.rows is not None else ()):
             w.line(f"float racc_{t}[RROWS];  // the lane's share of each of the warp's rows")
+        printer.declare_registers()
     by_class(k, role, w, lambda ops: _program(printer, ops))
 
 
