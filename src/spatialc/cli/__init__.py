@@ -175,10 +175,10 @@ def _rows_parser(sub, name: str, what: str, formula: str) -> argparse.ArgumentPa
     return g
 
 
-def _page_options(g: argparse.ArgumentParser, out_help: str, block_help: str) -> None:
-    """The options of a program without a tile matmul of its own plan (elementwise, the row programs): precision,
-    target, a block of ROWS x COLS tiles, placement, and what is checked, run and written."""
-    _precision_options(g, "bf16", out_help)
+def _page_options(g: argparse.ArgumentParser, out_help: str, block_help: str, *, floats_only: bool = False) -> None:
+    """The options of a program without a tile matmul of its own plan (elementwise, the row programs, attention):
+    precision, target, a block of ROWS x COLS tiles, placement, and what is checked, run and written."""
+    _precision_options(g, "bf16", out_help, floats_only=floats_only)
     g.add_argument("--block", type=_ints(2, "--block"), metavar="ROWS,COLS", help=block_help)
     _placement_options(g, matmul=False)
     g.set_defaults(sub_blocks=None)
@@ -217,7 +217,10 @@ def _attention_parser(sub) -> None:
     _page_options(
         g,
         "O's element type: float32, fp16 or bf16 (default: float32; LSE is float32)",
-        "force the block: bands of ROWS query tile rows walk the keys COLS tile rows at a time (default: 4,4)",
+        "force the block: bands of ROWS query tile rows walk the keys COLS tile rows at a time (default: 4,4, no"
+        " more than a head's rows, halved where the general form's block would not fit a site: 4,2 on sm_86 and"
+        " sm_89 at head_dim 128)",
+        floats_only=True,
     )
 
 
@@ -315,16 +318,24 @@ def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
     _output_options(g)
 
 
-def _precision_options(g: argparse.ArgumentParser, default: str, out_help: str) -> None:
-    g.add_argument(
-        "--precision",
-        default=default,
-        choices=["int8", "fp16", "bf16", "e4m3", "e5m2"],
-        help=f"operand type (default: {default}); e4m3 and e5m2 are the 8-bit floats float8_e4m3fn and float8_e5m2,"
-        " multiplied by kernels for sm_89 and later (on sm_80 / sm_86 --run is the interpreter's), mapped on any",
-    )
+def _precision_options(g: argparse.ArgumentParser, default: str, out_help: str, *, floats_only: bool = False) -> None:
+    """--precision, --target, --out; `floats_only`: a program of 16-bit float operands and float outputs alone
+    (attention, whose softmax is float arithmetic)."""
+    if floats_only:
+        g.add_argument(
+            "--precision", default=default, choices=["fp16", "bf16"], help=f"operand type (default: {default})"
+        )
+    else:
+        g.add_argument(
+            "--precision",
+            default=default,
+            choices=["int8", "fp16", "bf16", "e4m3", "e5m2"],
+            help=f"operand type (default: {default}); e4m3 and e5m2 are the 8-bit floats float8_e4m3fn and float8_e5m2,"
+            " multiplied by kernels for sm_89 and later (on sm_80 / sm_86 --run is the interpreter's), mapped on any",
+        )
     g.add_argument("--target", default="sm_90", help=f"GPU to plan for, one of {', '.join(TARGETS)} (default: sm_90)")
-    g.add_argument("--out", choices=["int32", "int64", "float32", "fp16", "bf16"], default=None, help=out_help)
+    outs = ["float32", "fp16", "bf16"] if floats_only else ["int32", "int64", "float32", "fp16", "bf16"]
+    g.add_argument("--out", choices=outs, default=None, help=out_help)
 
 
 def _placement_options(g: argparse.ArgumentParser, matmul: bool = True) -> None:

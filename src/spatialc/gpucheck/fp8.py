@@ -3,7 +3,7 @@
 
 The row is an ordinary GEMM row whose precision is the fp8 kind: every form that prints fp8 GEMMs for the device's
 target is a contestant (on sm_90 the persistent kernel and its general form, mma.sync k32 — which ptxas widens to
-fp16 there — and the sm_90a form, absent with its refusal until it prints fp8), built as the GEMM rows are
+fp16 there — and the same GEMM built for sm_90a in the sm_90a form, wgmma k32), built as the GEMM rows are
 (`builds._build`, with this module's epilogue), each checked against the float64 reference within the GEMM rows'
 tolerance of bf16 and timed both ways; FLOPs 2·M·N·K.
 

@@ -1,4 +1,4 @@
-"""JSON for every IR value. A document is `{"format": "spatialc.program", "version": 3, "program": {...}}`.
+"""JSON for every IR value. A document is `{"format": "spatialc.program", "version": 10, "program": {...}}`.
 
 Encoding is driven by the dataclasses' annotations: a dataclass becomes an object whose `type` names its class,
 a tuple a list, an enum its value, an id its integer. Decoding walks the same annotations and names the path of
