@@ -4,8 +4,9 @@ time through a full and an empty mbarrier per slot.
 Nothing is serialised or proved about an order here: each engine runs its own program, loops and all, as the IR
 says, and blocks where the IR's engine would block — `Reserve` on the slot's empty barrier, `Wait` on its full
 barrier. That the program cannot deadlock and never overfills a ring is rule 7 of `verify`, proved on exactly these
-semantics, so the form needs no proof of its own. The tile printers (`tiles.py`), the epilogue statements, the host
-programs and the census are the persistent form's; only the flow control and the warp roles are this module's.
+semantics, so the form needs no proof of its own. The tile printers (`common/tiles.py`), the epilogue statements,
+the host programs and the census are shared with the persistent form (`common/`); only the flow control and the warp
+roles are this module's (with `common/registers.py`'s rings kept in registers, attention's).
 
 Each ring slot's barriers:
 
