@@ -30,7 +30,8 @@ class Unsupported(LowerError):
 
 
 class NeedsGeneral(Unsupported):
-    """A program the persistent kernel cannot hold: `spatialc.lower` prints it in the general form instead."""
+    """A program the persistent (or the sm_90a) form cannot hold: `spatialc.lower` prints it in the general form
+    instead."""
 
     def __init__(self, what: str, why: str = "the persistent tile kernel cannot hold it"):
         super().__init__(what, f"{why}; the general form prints it (spatialc.lower(p, form='general'))")
