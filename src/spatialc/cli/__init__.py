@@ -360,7 +360,8 @@ def _output_options(g: argparse.ArgumentParser) -> None:
         choices=["full", "sampled", "none"],
         help="what the reference interpreter computes and checks against numpy: full (all of C), sampled (every op"
         " runs, but only 4 tile rows of C are computed and checked: the first, the last and two drawn from --seed)"
-        " or none (default: full up to 2^30 multiply-adds, where it fits the interpreter's 2 GiB, else sampled)",
+        " or none (default: full up to 2^30 multiply-adds, where it fits the interpreter's 2 GiB, else sampled; a"
+        " program whose rows a sample cannot follow, an attention or several matmuls, takes full or none)",
     )
     _run_options(g, with_run=True)
     g.add_argument("--json", type=Path, metavar="FILE", help="save the verified program as JSON")
