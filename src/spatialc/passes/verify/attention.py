@@ -28,14 +28,19 @@ and ring moves (`attention_run`) and its ops' values (`attention_ops`), over the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...errors import ProgramError, SemanticError
 from ...ir.index import ProgramIndex
-from ...ir.nodes import EngineProgram
+from ...ir.nodes import EngineProgram, SpatialProgram
 from ...ir.ops import Const, WriteTiles
 from .attention_pages import reader_page, write
 from .attention_run import compute
 from .attention_state import Proof, nested
 from .facts import Programs
+
+if TYPE_CHECKING:
+    from ..attention import AttentionShape
 
 
 def check_attention(index: ProgramIndex, programs: Programs) -> None:
@@ -47,6 +52,7 @@ def check_attention(index: ProgramIndex, programs: Programs) -> None:
         shape = attention_shape(p)
     except ProgramError as e:
         raise SemanticError(str(e)) from None
+    _declared(p, shape)
     items = dict(p.placement.items_of_site)  # type: ignore[union-attr]
     proved: set[tuple[object, ...]] = set()  # sites running the same programs are proved once, by one holding items
     for site in sorted(programs.by_site):
@@ -56,6 +62,32 @@ def check_attention(index: ProgramIndex, programs: Programs) -> None:
         elif programs.keys[site] not in proved:
             proved.add(programs.keys[site])
             _prove(Proof(index, shape, by_engine))
+
+
+def _declared(p: SpatialProgram, shape: AttentionShape) -> None:
+    """The declaration is the tensors': Q and O hold seq_q rows of head_dim a query head, LSE seq_q rows of one
+    value, K and V seq_kv rows of head_dim a KV head, `group` query heads a KV head. (The proof's mask reads seq_q
+    and seq_kv from the declaration, the declared function its rows from the tensors: they must agree.)"""
+    op = shape.op
+    (tq, _), (tk, _), (tv, _) = shape.reads
+    (to, _), (tl, _) = shape.writes
+    q, k, v, o, lse = (p.tensor(t) for t in (tq, tk, tv, to, tl))
+    for t, field, n, what in ((q, "seq_q", op.seq_q, "query rows a head"), (k, "seq_kv", op.seq_kv, "keys a KV head")):
+        if t.elems[0] != n:
+            raise SemanticError(f"attention declares {field} = {n} {what}; {t.name} holds {t.elems[0]}")
+    d = q.elems[1]
+    for t, want in ((k, (op.seq_kv, d)), (v, (op.seq_kv, d)), (o, (op.seq_q, d)), (lse, (op.seq_q, 1))):
+        if t.elems != want:
+            raise SemanticError(
+                f"attention declares over {q.name} of {op.seq_q}x{d} elements a head; {t.name} holds"
+                f" {t.elems[0]}x{t.elems[1]} elements a head, not {want[0]}x{want[1]}"
+            )
+    for t, per in ((k, op.group), (v, op.group), (o, 1), (lse, 1)):
+        if t.groups * per != q.groups:
+            raise SemanticError(
+                f"attention declares {op.group} query heads a KV head over {q.name}'s {q.groups}; {t.name} holds"
+                f" {t.groups} heads"
+            )
 
 
 def _idle(index: ProgramIndex, progs: dict[str, EngineProgram]) -> None:
