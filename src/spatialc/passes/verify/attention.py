@@ -1,13 +1,14 @@
 """verify's rule 8 for attention: the schedule runs the online softmax recurrence the declaration `attention(Q, K, V)`
 stands for (docs/verification.md, "Attention: the online recurrence").
 
-The proof is one symbolic run of each distinct site's engines, as rule 8 proves a GEMM: a loop's variable is a
-symbol over its iterations, an item's coordinates are symbols over the grid (`symbolic.Aff`), and no item, head or
-KV block is enumerated. Pages hold values — trees over the atoms Q, K and V (the reader's pages, checked against
-the item's band of query rows at the right head and the KV loop's block of the right KV head) — and carry where
-their tiles sit: the query tile row of each page row, the key (or head_dim) tile of each page column. The KV loop's
-body is run once from opaque states m, l, o (the loop-entry accumulators); it must leave them as one step of the
-recurrence
+The declaration is first held to its tensors (`_declared`): the proof's mask reads seq_q and seq_kv from it, the
+declared function its rows from the tensors. The proof is then one symbolic run of each distinct site's engines,
+as rule 8 proves a GEMM: a loop's variable is a symbol over its iterations, an item's coordinates are symbols over
+the grid (`symbolic.Aff`), and no item, head or KV block is enumerated. Pages hold values — trees over the atoms
+Q, K and V (the reader's pages, checked against the item's band of query rows at the right head and the KV loop's
+block of the right KV head) — and carry where their tiles sit: the query tile row of each page row, the key (or
+head_dim) tile of each page column. The KV loop's body is run once from opaque states m, l, o (the loop-entry
+accumulators); it must leave them as one step of the recurrence
 
     m′ = max(m, rowmax(X)),  α = exp(m − m′),  P = exp(X − m′),  l′ = α·l + rowsum(P),  o′ = α·o + P·V,
     X = mask(keep(r, c), scale · Q·Kᵀ),
@@ -31,6 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...errors import ProgramError, SemanticError
+from ...ir.ids import TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import EngineProgram, SpatialProgram
 from ...ir.ops import Const, WriteTiles
@@ -71,7 +73,7 @@ def _declared(p: SpatialProgram, shape: AttentionShape) -> None:
     op = shape.op
     (tq, _), (tk, _), (tv, _) = shape.reads
     (to, _), (tl, _) = shape.writes
-    q, k, v, o, lse = (p.tensor(t) for t in (tq, tk, tv, to, tl))
+    q, k, v, o, lse = (p.tensor(TensorId(t)) for t in (tq, tk, tv, to, tl))
     for t, field, n, what in ((q, "seq_q", op.seq_q, "query rows a head"), (k, "seq_kv", op.seq_kv, "keys a KV head")):
         if t.elems[0] != n:
             raise SemanticError(f"attention declares {field} = {n} {what}; {t.name} holds {t.elems[0]}")
