@@ -36,15 +36,54 @@ group 2, causal, two sites; the square one `scheduled(1, 2, 64, 64, 64)`):
 | tensor lse's columns 1 → 2                                               | HOLE, fixed (6)                          |
 | tensor v's groups 2 → 4 (tile grid 32x2)                                 | HOLE, fixed (7)                          |
 | tensor v's groups 2 → 1 (tile grid 8x2)                                  | refused, bounds (reads outside v)        |
+| tensor k's dtype bf16 → fp16 under bf16 matmuls                          | accepted, neutral in the interpreter,    |
+|                                                                          | refused by lower: now refused, rule 8    |
+| tensor o's / lse's dtype → bf16                                          | neutral (the reference rounds alike)     |
 | tensor k's rows 72 → 60 (tile grid kept)                                 | refused, rule 1 (tile grid too large)    |
 | tensor k's groups 2 → 4 (tile grid kept)                                 | refused, rule 1 (tile grid too small)    |
 | tensor lse's groups 4 → 2                                                | refused, rule 8 (LSE's rows)             |
 | placement: both items on site 0, programs unchanged                      | refused, coverage (site holds 2 items)   |
 | placement: the two sites' items exchanged                                | neutral (every item still run once)      |
 | one site (an ITEM loop): the ITEM loop one short in every engine         | refused, coverage (ITEM loop count)      |
-| heads permuted: Q read and O, LSE written at head group − 1 − h          | refused, rule 8 (Q's head ≠ the item's)  |
+| heads permuted: Q read and O, LSE written at head group − 1 − h          | refused, rule 8, though neutral (a test) |
 | transpose_b on P·V (3x2x4 block)                                         | refused, rule 8 (block vs pages)         |
 | transpose_b on P·V, square (4x4x4: bw = head_dim tiles)                  | refused, rule 8 (unlike tiles)           |
+| m_new packed before the max reduces (α = 1, P from the entry max)        | refused, rule 8 (l′'s tree; a test)      |
+| l and o both rescaled by α twice a block                                 | refused, rule 8 (l′'s tree; a test)      |
+| o rescaled after P·V: α·(o + P·V)                                        | refused, rule 8 (o′'s tree)              |
+| α's and LSE's maps reading their row vectors as Arg, not RowArg          | neutral (one value a row either way)     |
+| K read from tensor v, V from k (either, or both exchanged)               | refused, ownership (ring's tensor)       |
+| Q read from the output o                                                 | refused, rule 1 (a read of an output)    |
+| Q's address uses the KV loop's variable (outside that loop)              | refused, rule 1 (no enclosing loop)      |
+| the head loop's variable made the KV loop's (shadowed)                   | refused, rule 1 (already bound)          |
+| KV Span: per, base and steps doubled                                     | neutral (the same counts)                |
+| KV Span: + 64·item_x (more blocks for later KV heads, bound kept)        | neutral (the extra blocks masked)        |
+| KV Span: − 64·item_x                                                     | refused, rule 8 (`enough`)               |
+| KV Span: base − 16, to the band's last real row (40), not its end (48)   | refused, rule 8 (`enough`; a test)       |
+| KV Span: base − 17; bound 1; bound 0                                     | refused, rule 8 (`enough`, `coverage`)   |
+| KV Span → Const(2) in both engines                                       | neutral (every block, the mask cuts)     |
+| KV Span: per 0; per −64 with base and steps negated                      | refused, rule 1 (Span out of range)      |
+| ring depths: k_ring, x_ring, m_old_ring 1 page                           | neutral                                  |
+| heads loop Const(0)                                                      | refused, balance (Q never popped)        |
+| site 1's programs removed; site 1's writer removed                       | refused, coverage; balance               |
+| site 1's addresses without item_x (KV head 0 twice)                      | refused, rule 8 (Q's head)               |
+| placement's multicast (1, 2) / (2, 1), band 1, kind round_robin          | neutral                                  |
+| placement's splits 2                                                     | refused, coverage                        |
+| plan's depth 1, k_tiles 4 or 16                                          | neutral (the schedule is what runs)      |
+| plan's groups 2, sub_blocks (1, 2), block ibw 2, block osw 1             | refused, rule 1                          |
+| maps: RowArg(2) of two rings, an op not in the table, exp of two args,   | refused, rule 1                          |
+| no rings, a Lit alone; ScaleAcc or a matmul missing a ring or its acc;   |                                          |
+| a reduction 0 wide; a pack of 0 tiles; Attention run as an op            |                                          |
+| the max reduction a min; a mask's Pos 0 wide                             | refused, rule 8                          |
+| P·V of sub-blocks (1, 2)                                                 | refused, rule 8 (StrongerCheckNeeded)    |
+| P·V block 3x1x4                                                          | refused, rule 8 (block vs pages)         |
+| causal declared (mask following) over seq_q 72 > seq_kv 40               | neutral (rows with no key: NaN alike)    |
+| 3,500 random pairs of single-op edits (test_mutations' `_edits` applied  | 9 accepted, all neutral; none crashed    |
+| twice) over four programs: the GQA above; MHA 72x72 d64 causal on one    |                                          |
+| site (an ITEM loop); GQA batch 2, 130x160, causal on 3 sites; MHA 72x100 |                                          |
+| d64 on 2 sites                                                           |                                          |
+
+The review's scratch harness ran each: verify, then (accepted) `spatialc.evaluate` against `spatialc.tolerance`.
 """
 
 from __future__ import annotations
@@ -57,11 +96,29 @@ import pytest
 
 import spatialc
 from spatialc.errors import SemanticError
-from spatialc.ir.nodes import ComputeStage, SpatialProgram, TensorRole
-from spatialc.ir.ops import Apply, Attention, Compute, Expr, Lit, Loop, Map
+from spatialc.ir.ids import LV_HEAD, LV_K
+from spatialc.ir.nodes import ComputeStage, DType, SpatialProgram, TensorRole
+from spatialc.ir.ops import (
+    Apply,
+    Attention,
+    Compute,
+    Expr,
+    Lit,
+    Loop,
+    Map,
+    PackAcc,
+    Push,
+    ReadTiles,
+    Reserve,
+    RowReduce,
+    ScaleAcc,
+    Span,
+    TileAddr,
+    WriteTiles,
+)
 from spatialc.passes.verify import verify
 
-from ..attention.mutants import engines, ring, scheduled
+from ..attention.mutants import engines, in_loop, ring, scheduled
 
 
 def gqa() -> SpatialProgram:
@@ -144,6 +201,16 @@ HOLES = {
 }
 
 
+def test_an_operand_tensor_of_another_type_than_the_matmuls_is_refused() -> None:
+    """K stored fp16 under the program's bf16 matmuls verified. Not a wrong result: the interpreter takes a tensor's
+    tiles as they are (so it agreed with the reference), and `lower` refused it (UnsupportedPrecision: tiles are
+    copied into the operand rings byte for byte). But a GEMM's operand of another type is refused by verify
+    (`declared`), so attention's now is too, rather than passing all eight rules and failing at the printer."""
+    p = tensor(gqa(), "k", dtype=DType.FP16)
+    with pytest.raises(SemanticError, match=r"k holds fp16 values, but attention's matmuls read bf16"):
+        verify(p)
+
+
 @pytest.mark.parametrize("name", list(HOLES))
 def test_a_declaration_its_tensors_contradict_is_refused(name: str) -> None:
     make, message = HOLES[name]
@@ -157,3 +224,104 @@ def test_the_declaration_check_passes_the_built_programs() -> None:
     p = gqa()
     assert verify(p).verified
     assert not wrong_when_run(p)
+
+
+# ---- the schedule attacks, all refused already --------------------------------------------------------------------
+
+
+def kv_body(p: SpatialProgram, f) -> SpatialProgram:
+    """`p` with the compute engine's KV loop body rewritten by f (a list of ops in, a list out)."""
+    return engines(p, "compute", in_loop(LV_K, f))
+
+
+def mnew_before_max(p: SpatialProgram) -> SpatialProgram:
+    """m_new packed before the max reduces into m (α = 1, P from the block's entry max)."""
+    m_new = ring(p, "m_new_ring")
+
+    def f(body):
+        moved = [o for o in body if getattr(o, "buf", None) == m_new and isinstance(o, Reserve | Push)]
+        moved.insert(1, next(o for o in body if isinstance(o, PackAcc) and o.to == m_new))
+        body = [o for o in body if o not in moved]
+        at = next(i for i, o in enumerate(body) if isinstance(o, Compute) and isinstance(o.op, RowReduce))
+        return [*body[:at], *moved, *body[at:]]
+
+    return kv_body(p, f)
+
+
+def scaled_twice(p: SpatialProgram) -> SpatialProgram:
+    """l and o each rescaled by α twice a block (consistently: both)."""
+    return kv_body(
+        p,
+        lambda body: [
+            x for o in body for x in ((o, o) if isinstance(o, Compute) and isinstance(o.op, ScaleAcc) else (o,))
+        ],
+    )
+
+
+def heads_reversed(p: SpatialProgram) -> SpatialProgram:
+    """Q read and O, LSE written at query head group − 1 − head: the heads of a group permuted, consistently."""
+    rings = {ring(p, n) for n in ("q_ring", "o_ring", "lse_ring")}
+
+    def at(a: TileAddr) -> TileAddr:
+        stride = dict(a.steps).get(LV_HEAD, 0)
+        return TileAddr(a.base + stride, tuple((v, -s if v == LV_HEAD else s) for v, s in a.steps))
+
+    def f(ops):
+        return tuple(
+            dataclasses.replace(o, body=f(o.body))
+            if isinstance(o, Loop)
+            else dataclasses.replace(o, at=at(o.at))
+            if isinstance(o, ReadTiles) and o.into in rings or isinstance(o, WriteTiles) and o.src in rings
+            else o
+            for o in ops
+        )
+
+    return engines(engines(p, "reader", f), "writer", f)
+
+
+def diagonal_short(p: SpatialProgram) -> SpatialProgram:
+    """Each band's blocks counted to the band's last real row (40 query rows) rather than its padded end (48): one
+    block, 64 keys, where row 39 keeps 72."""
+
+    def f(ops):
+        return tuple(
+            dataclasses.replace(o, count=dataclasses.replace(o.count, base=o.count.base - 16), body=f(o.body))
+            if isinstance(o, Loop) and isinstance(o.count, Span)
+            else dataclasses.replace(o, body=f(o.body))
+            if isinstance(o, Loop)
+            else o
+            for o in ops
+        )
+
+    return engines(engines(p, "reader", f), "compute", f)
+
+
+REFUSED = {
+    "m_new packed before the max": (mnew_before_max, gqa, r"l_acc after a KV block is \(exp\(\(m − m\)\)·l"),
+    # (two whole blocks of 64 keys: with 72, the max of most rows lies in the first, α = 1 and both scale the same)
+    "l and o rescaled twice": (
+        scaled_twice,
+        lambda: scheduled(1, 2, 40, 128, 32),
+        r"l_acc after a KV block is \(α·α·l \+ rowsum\(P\)\)",
+    ),
+    "each band's blocks one short": (diagonal_short, gqa, r"too few for the keys its band's rows keep \(at most 80\)"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_a_schedule_attack_is_refused(name: str) -> None:
+    make, program, message = REFUSED[name]
+    p = make(program())
+    assert wrong_when_run(p)
+    with pytest.raises(SemanticError, match=message):
+        verify(p)
+
+
+def test_a_consistent_permutation_of_a_groups_heads_computes_the_same_and_is_refused() -> None:
+    """Q read and O, LSE written at head group − 1 − head: every head still computes its own rows, so the outputs
+    are the declared ones; rule 8 pins Q's head to the head loop's own (`item_x · group + head`) and refuses it, a
+    schedule it does not follow rather than a wrong one."""
+    p = heads_reversed(gqa())
+    assert not wrong_when_run(p)
+    with pytest.raises(SemanticError, match=r"Q's page is read from head 2·item_x - 1·head \+ 1"):
+        verify(p)

@@ -67,9 +67,10 @@ def check_attention(index: ProgramIndex, programs: Programs) -> None:
 
 
 def _declared(p: SpatialProgram, shape: AttentionShape) -> None:
-    """The declaration is the tensors': Q and O hold seq_q rows of head_dim a query head, LSE seq_q rows of one
-    value, K and V seq_kv rows of head_dim a KV head, `group` query heads a KV head. (The proof's mask reads seq_q
-    and seq_kv from the declaration, the declared function its rows from the tensors: they must agree.)"""
+    """The declaration is the tensors': Q, K and V hold values of the program's operand type, Q and O seq_q rows of
+    head_dim a query head, LSE seq_q rows of one value, K and V seq_kv rows of head_dim a KV head, `group` query
+    heads a KV head. (The proof's mask reads seq_q and seq_kv from the declaration, the declared function its rows
+    from the tensors: they must agree.)"""
     op = shape.op
     (tq, _), (tk, _), (tv, _) = shape.reads
     (to, _), (tl, _) = shape.writes
@@ -77,6 +78,11 @@ def _declared(p: SpatialProgram, shape: AttentionShape) -> None:
     for t, field, n, what in ((q, "seq_q", op.seq_q, "query rows a head"), (k, "seq_kv", op.seq_kv, "keys a KV head")):
         if t.elems[0] != n:
             raise SemanticError(f"attention declares {field} = {n} {what}; {t.name} holds {t.elems[0]}")
+    for t in (q, k, v):  # (the interpreter takes a tensor's tiles as they are, a kernel as the matmul's type)
+        if t.dtype.value != p.precision.value:
+            raise SemanticError(
+                f"tensor {t.name} holds {t.dtype.value} values, but attention's matmuls read {p.precision.value}"
+            )
     d = q.elems[1]
     for t, want in ((k, (op.seq_kv, d)), (v, (op.seq_kv, d)), (o, (op.seq_q, d)), (lse, (op.seq_q, 1))):
         if t.elems != want:
