@@ -78,6 +78,16 @@ group 2, causal, two sites; the square one `scheduled(1, 2, 64, 64, 64)`):
 | P·V of sub-blocks (1, 2)                                                 | refused, rule 8 (StrongerCheckNeeded)    |
 | P·V block 3x1x4                                                          | refused, rule 8 (block vs pages)         |
 | causal declared (mask following) over seq_q 72 > seq_kv 40               | neutral (rows with no key: NaN alike)    |
+| site 0's writer, compute or all three programs twice                     | refused, rule 1 (two programs)           |
+| the schedule's programs reordered; site 0's writer given site 1's ops    | neutral                                  |
+| m_new_ring made a copy of m_old_ring (`origin`: one ring)                | refused, balance                         |
+| alpha_ring a copy of p_ring; k_ring of v_ring                            | refused, rule 1; ownership               |
+| x_ring, m_new_ring, alpha_ring made Interm                               | neutral                                  |
+| o_acc, m_acc, s_acc of half the tiles                                    | refused, bounds (packs past the acc)     |
+| x_ring's page_tiles 12 → 6                                               | neutral in the interpreter (by value)    |
+| page_tiles → 1 (MHA 40x72 causal, lowered and emulated): x_ring, p_ring  | verified; `lower` refuses (Unsupported)  |
+| alpha_ring                                                               | emulation within the kernel's tolerance  |
+| o_acc_ring, s_ring                                                       | refused, bounds (packs past the page)    |
 | 3,500 random pairs of single-op edits (test_mutations' `_edits` applied  | 9 accepted, all neutral; none crashed    |
 | twice) over four programs: the GQA above; MHA 72x72 d64 causal on one    |                                          |
 | site (an ITEM loop); GQA batch 2, 130x160, causal on 3 sites; MHA 72x100 |                                          |
