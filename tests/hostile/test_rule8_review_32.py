@@ -2,8 +2,10 @@
 them while the interpreter's O and LSE differ from the declared function's (`spatialc.reference`), beyond
 `spatialc.tolerance`.
 
-One hole was found, in seven forms, now refused by rule 8 (`verify/attention._declared`; each test below failed
-before the fix): the declaration `Attention(scale, seq_q, seq_kv, group, causal)` was never held to the tensors it
+Two holes were found, now refused by rule 8 (`verify/attention._declared`; each test below failed before the fix).
+The second: a third output tensor that no stage writes verified, and evaluate handed it back as it found it
+(review 31's hole 3 again: attention's proof returns before `declared` refuses it). The first, in seven forms: the
+declaration `Attention(scale, seq_q, seq_kv, group, causal)` was never held to the tensors it
 declares over. The proof builds the mask from the declaration's seq_q and seq_kv; the reference
 (`numerics.attention`) takes the rows from the tensors. So
 
@@ -41,6 +43,10 @@ group 2, causal, two sites; the square one `scheduled(1, 2, 64, 64, 64)`):
 | tensor o's / lse's dtype → bf16                                          | neutral (the reference rounds alike)     |
 | tensor k's rows 72 → 60 (tile grid kept)                                 | refused, rule 1 (tile grid too large)    |
 | tensor k's groups 2 → 4 (tile grid kept)                                 | refused, rule 1 (tile grid too small)    |
+| a third output tensor no stage writes                                    | HOLE, fixed (the second)                 |
+| a fourth input tensor no stage reads                                     | neutral                                  |
+| the stage's outs exchanged (O ↔ LSE)                                     | refused, rule 8 (the new check: shapes)  |
+| the stage's ins: K and V exchanged                                       | refused, rule 8 (V's rows ≠ K's block)   |
 | tensor lse's groups 4 → 2                                                | refused, rule 8 (LSE's rows)             |
 | placement: both items on site 0, programs unchanged                      | refused, coverage (site holds 2 items)   |
 | placement: the two sites' items exchanged                                | neutral (every item still run once)      |
@@ -106,7 +112,7 @@ import pytest
 
 import spatialc
 from spatialc.errors import SemanticError
-from spatialc.ir.ids import LV_HEAD, LV_K
+from spatialc.ir.ids import LV_HEAD, LV_K, TensorId
 from spatialc.ir.nodes import ComputeStage, DType, SpatialProgram, TensorRole
 from spatialc.ir.ops import (
     Apply,
@@ -218,6 +224,18 @@ def test_an_operand_tensor_of_another_type_than_the_matmuls_is_refused() -> None
     (`declared`), so attention's now is too, rather than passing all eight rules and failing at the printer."""
     p = tensor(gqa(), "k", dtype=DType.FP16)
     with pytest.raises(SemanticError, match=r"k holds fp16 values, but attention's matmuls read bf16"):
+        verify(p)
+
+
+def test_an_output_no_stage_writes_is_refused() -> None:
+    """A third output tensor, written by no stage, verified (review 31's hole 3, for attention: its proof returns
+    before `declared` is read), and evaluate handed it back as it found it (zeros; a GPU, whatever its memory
+    held), beside O and LSE."""
+    p = gqa()
+    o = next(t for t in p.tensors if t.name == "o")
+    p = p.evolve(tensors=(*p.tensors, dataclasses.replace(o, id=TensorId(len(p.tensors)), name="extra")))
+    assert wrong_when_run(p)  # (the outputs are o, lse; the result given holds o, lse, extra)
+    with pytest.raises(SemanticError, match=r"output extra is written by no stage; attention writes o and lse"):
         verify(p)
 
 

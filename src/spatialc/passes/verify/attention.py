@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from ...errors import ProgramError, SemanticError
 from ...ir.ids import TensorId
 from ...ir.index import ProgramIndex
-from ...ir.nodes import EngineProgram, SpatialProgram
+from ...ir.nodes import EngineProgram, SpatialProgram, TensorRole
 from ...ir.ops import Const, WriteTiles
 from .attention_pages import reader_page, write
 from .attention_run import compute
@@ -67,14 +67,17 @@ def check_attention(index: ProgramIndex, programs: Programs) -> None:
 
 
 def _declared(p: SpatialProgram, shape: AttentionShape) -> None:
-    """The declaration is the tensors': Q, K and V hold values of the program's operand type, Q and O seq_q rows of
-    head_dim a query head, LSE seq_q rows of one value, K and V seq_kv rows of head_dim a KV head, `group` query
-    heads a KV head. (The proof's mask reads seq_q and seq_kv from the declaration, the declared function its rows
-    from the tensors: they must agree.)"""
+    """The declaration is the tensors': O and LSE are the program's only outputs; Q, K and V hold values of the
+    program's operand type; Q and O seq_q rows of head_dim a query head, LSE seq_q rows of one value, K and V seq_kv
+    rows of head_dim a KV head, `group` query heads a KV head. (The proof's mask reads seq_q and seq_kv from the
+    declaration, the declared function its rows from the tensors: they must agree.)"""
     op = shape.op
     (tq, _), (tk, _), (tv, _) = shape.reads
     (to, _), (tl, _) = shape.writes
     q, k, v, o, lse = (p.tensor(TensorId(t)) for t in (tq, tk, tv, to, tl))
+    unwritten = [t.name for t in p.tensors if t.role == TensorRole.OUTPUT and t.id not in (o.id, lse.id)]
+    if unwritten:  # (the interpreter would hand it back as it found it; a GPU, as its memory held it)
+        raise SemanticError(f"output {unwritten[0]} is written by no stage; attention writes {o.name} and {lse.name}")
     for t, field, n, what in ((q, "seq_q", op.seq_q, "query rows a head"), (k, "seq_kv", op.seq_kv, "keys a KV head")):
         if t.elems[0] != n:
             raise SemanticError(f"attention declares {field} = {n} {what}; {t.name} holds {t.elems[0]}")
