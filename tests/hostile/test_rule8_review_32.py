@@ -20,6 +20,10 @@ declares over. The proof builds the mask from the declaration's seq_q and seq_kv
 7. V's tensor of 4 heads (its tile grid too) under K's 2 verified, and the reference refused to run it (ValueError:
    4 query heads do not read 4 KV heads 2 to one).
 
+Beside them, tensors of types attention does not use verified, though none computed a wrong value in the
+interpreter: an O of e4m3 (evaluate refused to write it), of int8 or LSE of bf16 (rounded alike by the reference),
+K of fp16 under bf16 matmuls (`lower` refused it). Each is now refused by rule 8 too, as a GEMM's are.
+
 Every attack tried, and its outcome (the programs: `scheduled(1, 4, 40, 72, 32, kv_heads=2, causal=True)`, GQA of
 group 2, causal, two sites; the square one `scheduled(1, 2, 64, 64, 64)`):
 
@@ -40,7 +44,12 @@ group 2, causal, two sites; the square one `scheduled(1, 2, 64, 64, 64)`):
 | tensor v's groups 2 → 1 (tile grid 8x2)                                  | refused, bounds (reads outside v)        |
 | tensor k's dtype bf16 → fp16 under bf16 matmuls                          | accepted, neutral in the interpreter,    |
 |                                                                          | refused by lower: now refused, rule 8    |
-| tensor o's / lse's dtype → bf16                                          | neutral (the reference rounds alike)     |
+| tensor o's / lse's dtype → bf16                                          | neutral (the reference rounds alike);    |
+|                                                                          | lse's now refused (below)                |
+| tensor o's dtype → int8, int32, int64; lse's → int8                      | accepted, neutral (rounded alike): now   |
+|                                                                          | refused, rule 8 (O float, LSE float32)   |
+| tensor o's dtype → e4m3, e5m2                                            | accepted, evaluate refused (NumericError)|
+|                                                                          | now refused, rule 8                      |
 | tensor k's rows 72 → 60 (tile grid kept)                                 | refused, rule 1 (tile grid too large)    |
 | tensor k's groups 2 → 4 (tile grid kept)                                 | refused, rule 1 (tile grid too small)    |
 | a third output tensor no stage writes                                    | HOLE, fixed (the second)                 |
@@ -224,6 +233,16 @@ def test_an_operand_tensor_of_another_type_than_the_matmuls_is_refused() -> None
     (`declared`), so attention's now is too, rather than passing all eight rules and failing at the printer."""
     p = tensor(gqa(), "k", dtype=DType.FP16)
     with pytest.raises(SemanticError, match=r"k holds fp16 values, but attention's matmuls read bf16"):
+        verify(p)
+
+
+@pytest.mark.parametrize(("name", "dtype"), [("o", "int8"), ("o", "e4m3"), ("lse", "bf16")])
+def test_an_output_of_a_type_attention_does_not_write_is_refused(name: str, dtype: str) -> None:
+    """O of int8 or e4m3, LSE of bf16 verified: O softmax weights rounded to integers (the reference rounded alike),
+    an e4m3 O the interpreter then refused to write (NumericError). `spatialc.attention` writes O as float32, bf16
+    or fp16 and LSE as float32; verify now says so."""
+    p = tensor(gqa(), name, dtype=DType(dtype))
+    with pytest.raises(SemanticError, match=rf"attention writes {name} as .*, not {dtype}"):
         verify(p)
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...errors import ProgramError, SemanticError
+from ...frontend import OUTPUT_CHOICES
 from ...ir.ids import TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import EngineProgram, SpatialProgram, TensorRole
@@ -67,10 +68,11 @@ def check_attention(index: ProgramIndex, programs: Programs) -> None:
 
 
 def _declared(p: SpatialProgram, shape: AttentionShape) -> None:
-    """The declaration is the tensors': O and LSE are the program's only outputs; Q, K and V hold values of the
-    program's operand type; Q and O seq_q rows of head_dim a query head, LSE seq_q rows of one value, K and V seq_kv
-    rows of head_dim a KV head, `group` query heads a KV head. (The proof's mask reads seq_q and seq_kv from the
-    declaration, the declared function its rows from the tensors: they must agree.)"""
+    """The declaration is the tensors': O and LSE are the program's only outputs, O float (float32, fp16, bf16) and
+    LSE float32; Q, K and V hold values of the program's operand type; Q and O seq_q rows of head_dim a query head,
+    LSE seq_q rows of one value, K and V seq_kv rows of head_dim a KV head, `group` query heads a KV head. (The
+    proof's mask reads seq_q and seq_kv from the declaration, the declared function its rows from the tensors: they
+    must agree.)"""
     op = shape.op
     (tq, _), (tk, _), (tv, _) = shape.reads
     (to, _), (tl, _) = shape.writes
@@ -81,6 +83,9 @@ def _declared(p: SpatialProgram, shape: AttentionShape) -> None:
     for t, field, n, what in ((q, "seq_q", op.seq_q, "query rows a head"), (k, "seq_kv", op.seq_kv, "keys a KV head")):
         if t.elems[0] != n:
             raise SemanticError(f"attention declares {field} = {n} {what}; {t.name} holds {t.elems[0]}")
+    for t, types in ((o, OUTPUT_CHOICES["float"]), (lse, ("float32",))):  # (spatialc.attention's)
+        if t.dtype.value not in types:
+            raise SemanticError(f"attention writes {t.name} as {' or '.join(types)}, not {t.dtype.value}")
     for t in (q, k, v):  # (the interpreter takes a tensor's tiles as they are, a kernel as the matmul's type)
         if t.dtype.value != p.precision.value:
             raise SemanticError(
