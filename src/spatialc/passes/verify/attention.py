@@ -1,13 +1,14 @@
 """verify's rule 8 for attention: the schedule runs the online softmax recurrence the declaration `attention(Q, K, V)`
 stands for (docs/verification.md, "Attention: the online recurrence").
 
-The proof is one symbolic run of each distinct site's engines, as rule 8 proves a GEMM: a loop's variable is a
-symbol over its iterations, an item's coordinates are symbols over the grid (`symbolic.Aff`), and no item, head or
-KV block is enumerated. Pages hold values — trees over the atoms Q, K and V (the reader's pages, checked against
-the item's band of query rows at the right head and the KV loop's block of the right KV head) — and carry where
-their tiles sit: the query tile row of each page row, the key (or head_dim) tile of each page column. The KV loop's
-body is run once from opaque states m, l, o (the loop-entry accumulators); it must leave them as one step of the
-recurrence
+The declaration is first held to its tensors (`_declared`): the proof's mask reads seq_q and seq_kv from it, the
+declared function its rows from the tensors. The proof is then one symbolic run of each distinct site's engines,
+as rule 8 proves a GEMM: a loop's variable is a symbol over its iterations, an item's coordinates are symbols over
+the grid (`symbolic.Aff`), and no item, head or KV block is enumerated. Pages hold values — trees over the atoms
+Q, K and V (the reader's pages, checked against the item's band of query rows at the right head and the KV loop's
+block of the right KV head) — and carry where their tiles sit: the query tile row of each page row, the key (or
+head_dim) tile of each page column. The KV loop's body is run once from opaque states m, l, o (the loop-entry
+accumulators); it must leave them as one step of the recurrence
 
     m′ = max(m, rowmax(X)),  α = exp(m − m′),  P = exp(X − m′),  l′ = α·l + rowsum(P),  o′ = α·o + P·V,
     X = mask(keep(r, c), scale · Q·Kᵀ),
@@ -28,14 +29,21 @@ and ring moves (`attention_run`) and its ops' values (`attention_ops`), over the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...errors import ProgramError, SemanticError
+from ...frontend import OUTPUT_CHOICES
+from ...ir.ids import TensorId
 from ...ir.index import ProgramIndex
-from ...ir.nodes import EngineProgram
+from ...ir.nodes import EngineProgram, SpatialProgram, TensorRole
 from ...ir.ops import Const, WriteTiles
 from .attention_pages import reader_page, write
 from .attention_run import compute
 from .attention_state import Proof, nested
 from .facts import Programs
+
+if TYPE_CHECKING:
+    from ..attention import AttentionShape
 
 
 def check_attention(index: ProgramIndex, programs: Programs) -> None:
@@ -47,6 +55,7 @@ def check_attention(index: ProgramIndex, programs: Programs) -> None:
         shape = attention_shape(p)
     except ProgramError as e:
         raise SemanticError(str(e)) from None
+    _declared(p, shape)
     items = dict(p.placement.items_of_site)  # type: ignore[union-attr]
     proved: set[tuple[object, ...]] = set()  # sites running the same programs are proved once, by one holding items
     for site in sorted(programs.by_site):
@@ -56,6 +65,45 @@ def check_attention(index: ProgramIndex, programs: Programs) -> None:
         elif programs.keys[site] not in proved:
             proved.add(programs.keys[site])
             _prove(Proof(index, shape, by_engine))
+
+
+def _declared(p: SpatialProgram, shape: AttentionShape) -> None:
+    """The declaration is the tensors': O and LSE are the program's only outputs, O float (float32, fp16, bf16) and
+    LSE float32; Q, K and V hold values of the program's operand type; Q and O seq_q rows of head_dim a query head,
+    LSE seq_q rows of one value, K and V seq_kv rows of head_dim a KV head, `group` query heads a KV head. (The
+    proof's mask reads seq_q and seq_kv from the declaration, the declared function its rows from the tensors: they
+    must agree.)"""
+    op = shape.op
+    (tq, _), (tk, _), (tv, _) = shape.reads
+    (to, _), (tl, _) = shape.writes
+    q, k, v, o, lse = (p.tensor(TensorId(t)) for t in (tq, tk, tv, to, tl))
+    unwritten = [t.name for t in p.tensors if t.role == TensorRole.OUTPUT and t.id not in (o.id, lse.id)]
+    if unwritten:  # (the interpreter would hand it back as it found it; a GPU, as its memory held it)
+        raise SemanticError(f"output {unwritten[0]} is written by no stage; attention writes {o.name} and {lse.name}")
+    for t, field, n, what in ((q, "seq_q", op.seq_q, "query rows a head"), (k, "seq_kv", op.seq_kv, "keys a KV head")):
+        if t.elems[0] != n:
+            raise SemanticError(f"attention declares {field} = {n} {what}; {t.name} holds {t.elems[0]}")
+    for t, types in ((o, OUTPUT_CHOICES["float"]), (lse, ("float32",))):  # (spatialc.attention's)
+        if t.dtype.value not in types:
+            raise SemanticError(f"attention writes {t.name} as {' or '.join(types)}, not {t.dtype.value}")
+    for t in (q, k, v):  # (the interpreter takes a tensor's tiles as they are, a kernel as the matmul's type)
+        if t.dtype.value != p.precision.value:
+            raise SemanticError(
+                f"tensor {t.name} holds {t.dtype.value} values, but attention's matmuls read {p.precision.value}"
+            )
+    d = q.elems[1]
+    for t, want in ((k, (op.seq_kv, d)), (v, (op.seq_kv, d)), (o, (op.seq_q, d)), (lse, (op.seq_q, 1))):
+        if t.elems != want:
+            raise SemanticError(
+                f"attention declares over {q.name} of {op.seq_q}x{d} elements a head; {t.name} holds"
+                f" {t.elems[0]}x{t.elems[1]} elements a head, not {want[0]}x{want[1]}"
+            )
+    for t, per in ((k, op.group), (v, op.group), (o, 1), (lse, 1)):
+        if t.groups * per != q.groups:
+            raise SemanticError(
+                f"attention declares {op.group} query heads a KV head over {q.name}'s {q.groups}; {t.name} holds"
+                f" {t.groups} heads"
+            )
 
 
 def _idle(index: ProgramIndex, progs: dict[str, EngineProgram]) -> None:
