@@ -19,6 +19,8 @@ from spatialc.passes.attention import apply_attention_plan, place_attention, pla
 from spatialc.target import target
 from tests.rewrite import replace
 
+from .qkv import inputs
+
 
 def scheduled(*shape: int, block: tuple[int, int] | None = None, **kw) -> spatialc.ir.nodes.SpatialProgram:
     """The attention program planned, placed and scheduled — not verified: the interpreter runs what the ops say, and
@@ -26,17 +28,6 @@ def scheduled(*shape: int, block: tuple[int, int] | None = None, **kw) -> spatia
     t = target("sm_90")
     p = spatialc.attention(*shape, **kw).evolve(target=t.name)
     return schedule_attention(place_attention(apply_attention_plan(p, plan_attention(p, t, block, None)), t))
-
-
-def inputs(batch: int, heads: int, seq_q: int, seq_kv: int, dim: int, kv_heads: int | None = None, seed: int = 0):
-    """Q, K and V as (batch, heads, seq, dim) arrays, their scores spread enough that the running max moves."""
-    rng = np.random.default_rng(seed)
-    kvh = heads if kv_heads is None else kv_heads
-    return {
-        "q": 2 * rng.standard_normal((batch, heads, seq_q, dim)),
-        "k": rng.standard_normal((batch, kvh, seq_kv, dim)),
-        "v": rng.standard_normal((batch, kvh, seq_kv, dim)),
-    }
 
 
 CASES = [

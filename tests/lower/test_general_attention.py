@@ -27,6 +27,7 @@ from spatialc.numerics.tolerance import tolerance
 from spatialc.runtime.emulate import EmulationDeadlock, EmulationRace
 from spatialc.target import target
 
+from ..attention.qkv import inputs
 from ..rewrite import replace
 
 emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
@@ -49,17 +50,6 @@ def unchecked(p: SpatialProgram):
     """`p` lowered in the general form as it stands, marked verified: a planted fault rule 8 would refuse, printed
     to show that the emulation catches it too."""
     return forms.lower(p.evolve(verified=True), target(p.target), "general")
-
-
-def inputs(batch: int, heads: int, seq_q: int, seq_kv: int, dim: int, kv_heads: int | None = None, seed: int = 0):
-    """Q, K and V as (batch, heads, seq, dim), the scores spread enough that the running max moves between blocks."""
-    rng = np.random.default_rng(seed)
-    kvh = heads if kv_heads is None else kv_heads
-    return {
-        "q": 2 * rng.standard_normal((batch, heads, seq_q, dim)),
-        "k": rng.standard_normal((batch, kvh, seq_kv, dim)),
-        "v": rng.standard_normal((batch, kvh, seq_kv, dim)),
-    }
 
 
 def check_close(p: SpatialProgram, out: dict[str, np.ndarray], given) -> None:
