@@ -99,9 +99,9 @@ group 2, causal, two sites; the square one `scheduled(1, 2, 64, 64, 64)`):
 | alpha_ring a copy of p_ring; k_ring of v_ring                            | refused, rule 1; ownership               |
 | x_ring, m_new_ring, alpha_ring made Interm                               | neutral                                  |
 | o_acc, m_acc, s_acc of half the tiles                                    | refused, bounds (packs past the acc)     |
-| x_ring's page_tiles 12 → 6                                               | neutral in the interpreter (by value)    |
-| page_tiles → 1 (MHA 40x72 causal, lowered and emulated): x_ring, p_ring  | verified; `lower` refuses (Unsupported)  |
-| alpha_ring                                                               | emulation within the kernel's tolerance  |
+| x_ring's page_tiles 12 → 6                                               | refused, rule 6 (a map's page, since)    |
+| page_tiles → 1 (MHA 40x72 causal, lowered and emulated): x_ring, p_ring  | refused, rule 6 (was: `lower` refused)   |
+| alpha_ring                                                               | refused, rule 6 (was: emulated in bound) |
 | o_acc_ring, s_ring                                                       | refused, bounds (packs past the page)    |
 | 3,500 random pairs of single-op edits (test_mutations' `_edits` applied  | 9 accepted, all neutral; none crashed    |
 | twice) over four programs: the GQA above; MHA 72x72 d64 causal on one    |                                          |
@@ -120,7 +120,7 @@ import numpy as np
 import pytest
 
 import spatialc
-from spatialc.errors import SemanticError
+from spatialc.errors import SemanticError, TileBoundsError
 from spatialc.ir.ids import LV_HEAD, LV_K, TensorId
 from spatialc.ir.nodes import ComputeStage, DType, SpatialProgram, TensorRole
 from spatialc.ir.ops import (
@@ -372,3 +372,18 @@ def test_a_consistent_permutation_of_a_groups_heads_computes_the_same_and_is_ref
     assert not wrong_when_run(p)
     with pytest.raises(SemanticError, match=r"Q's page is read from head 2·item_x - 1·head \+ 1"):
         verify(p)
+
+
+@pytest.mark.parametrize(("name", "tiles"), [("x_ring", 6), ("x_ring", 1), ("p_ring", 1), ("alpha_ring", 1)])
+def test_a_maps_ring_of_pages_smaller_than_its_inputs_is_refused(name: str, tiles: int) -> None:
+    """A map fills a page of its inputs' tiles: a ring whose pages hold fewer (left alone by the review, which found
+    the interpreter moving pages by value and the kernel within its bound or refused by `lower`) is refused by rule 6,
+    naming the ring and both sizes."""
+    p = scheduled(1, 2, 40, 72, 32, causal=True)
+    bid = ring(p, name)
+    buffers = tuple(
+        dataclasses.replace(b, kind=dataclasses.replace(b.kind, page_tiles=tiles)) if b.id == bid else b
+        for b in p.buffers
+    )
+    with pytest.raises(TileBoundsError, match=f"a page of {name}, which holds {tiles} tiles"):
+        verify(p.evolve(buffers=buffers))

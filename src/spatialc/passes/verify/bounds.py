@@ -16,7 +16,7 @@ from ...errors import TileBoundsError
 from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, ItemId, LoopVar, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import EngineProgram, Plan
-from ...ir.ops import PackAcc, WriteTiles
+from ...ir.ops import Compute, Map, PackAcc, WriteTiles, arg_indices, row_args
 from .facts import Access, BiasRead, Run
 
 Box = tuple[int, int, int, int]  # item_y lo, hi, item_x lo, hi
@@ -91,7 +91,7 @@ def check_bounds(ctx: ProgramIndex, plan: Plan | None, runs: Sequence[Run]) -> N
 
 
 def _fail(
-    ctx: ProgramIndex, site: Site, engine: str, acc: Access | PackAcc, why: str, buffer: str | None
+    ctx: ProgramIndex, site: Site, engine: str, acc: Access | PackAcc | Compute, why: str, buffer: str | None
 ) -> TileBoundsError:
     op = acc.op if isinstance(acc, Access) else acc
     text = ctx.op(op.source if isinstance(op, BiasRead) else op)  # a bias read is named by its Compute
@@ -101,7 +101,8 @@ def _fail(
 
 
 def _check_pages(ctx: ProgramIndex, run: Run) -> None:
-    """Each block fits the page it fills or empties; each pack fits its page and comes from its accumulator."""
+    """Each block fits the page it fills or empties; each pack fits its page and comes from its accumulator; each map
+    fills a page of the tiles its inputs' pages hold."""
     site, engine = run.sites[0][0], run.prog.engine.value
     for acc in run.facts.accesses:
         op = acc.op
@@ -130,6 +131,31 @@ def _check_pages(ctx: ProgramIndex, run: Run) -> None:
                         f"packs {pack.tiles} tiles, but {ctx.name(buf)} holds {ctx.page_tiles(buf)}",
                         ctx.name(buf),
                     )
+        if isinstance(use.op, Compute) and isinstance(use.op.op, Map) and use.buf in use.op.outs:
+            _check_map_page(ctx, site, engine, use.op, use.buf)
+
+
+def _check_map_page(ctx: ProgramIndex, site: Site, engine: str, op: Compute, out) -> None:
+    """A map's output page holds at least the tiles of the pages it reads element by element — or, reading only row
+    vectors, of the vectors' pages: it fills its page with theirs, element for element (a smaller page would be
+    written past its slot; a larger one is filled as far as they go, what its readers take being their own ops')."""
+    assert isinstance(op.op, Map)
+    vectors = set(row_args(op.op.expr))
+    pages = [i for i in arg_indices(op.op.expr) if i not in vectors] or sorted(vectors)
+    for i in pages:
+        if i >= len(op.ins):
+            continue  # rule 1 names an expression reading a page the op does not take
+        src = op.ins[i]
+        if ctx.page_tiles(src) > ctx.page_tiles(out):
+            raise _fail(
+                ctx,
+                site,
+                engine,
+                op,
+                f"it fills a page of {ctx.name(out)}, which holds {ctx.page_tiles(out)} tiles, from pages of"
+                f" {ctx.name(src)}, which hold {ctx.page_tiles(src)}: a map's page holds its inputs' pages",
+                ctx.name(out),
+            )
 
 
 def _check_access(ctx: ProgramIndex, nx: int, run: Run, acc: Access, boxes: dict[Site, Box | None]) -> None:
