@@ -39,7 +39,6 @@ def test_no_weight_no_bias_and_eps_shape_the_saved_program(capsys, tmp_path):
         (["layernorm", "40", "70", "--eps", "-1"], "layernorm's eps is a finite number ≥ 0"),
         (["layernorm", "40", "70", "--precision", "int8"], "use fp16 or bf16"),
         (["layernorm", "0", "70"], "m must be a whole number ≥ 1, not 0"),
-        (["layernorm", "40", "70", "--out", "bf16", "--emit", "DIR"], "outputs of different element types"),
     ],
 )
 def test_what_layernorm_cannot_take_is_one_line_and_exit_2(capsys, tmp_path, argv, says):
@@ -47,6 +46,13 @@ def test_what_layernorm_cannot_take_is_one_line_and_exit_2(capsys, tmp_path, arg
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_an_out_of_bf16_is_emitted_beside_float32_vectors(capsys, tmp_path):
+    assert main(["layernorm", "40", "70", "--out", "bf16", "--emit", str(tmp_path / "k")]) == 0
+    assert "kernel    general form" in capsys.readouterr().out
+    text = (tmp_path / "k" / "kernel.cu").read_text()
+    assert "typedef __nv_bfloat16 OUT_T;" in text and "OUT_T* __restrict__ t3, float* __restrict__ t4" in text
 
 
 @pytest.mark.emulation

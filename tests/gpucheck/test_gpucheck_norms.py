@@ -262,7 +262,7 @@ def test_a_layernorm_row_checks_each_output_and_is_timed_against_torch_and_the_c
         mine, theirs, copy = (row["by_name"][n] for n in ("spatialc general", LN_TORCH, "torch copy_"))
         assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"], mine["note"]
         assert mine["check"]["unwritten"] == 0 and mine["check"]["pad_unwritten"] == 0
-        assert mine["facts"]["c_elem"] == "float32"  # out, mean and rstd alike: the general form's one type
+        assert mine["facts"]["c_elem"] == "float32"  # out, mean and rstd alike: layernorm's default out
         assert mine["detail"].startswith("out, mean, rstd stored as float32, each against its own stages: checked each")
         assert "untilize each output; the kernel reads x 3 times" in mine["detail"]
         assert [c["kernel"]["method"] for c in (mine, theirs, copy)] == ["events"] * 3  # torch has no out= form

@@ -1,8 +1,9 @@
 """LayerNorm's three outputs in the general CUDA form: the maps of row vectors printed once a band, the vectors
 written a tile a row of the band into their m × 1 tensors, every output printed by program_cu in turn; nvcc for sm_80
 and sm_90 without a warning or a spill; the host emulation against the interpreter, each output within
-`spatialc.tolerance(p, kernel=True)`; a planted fault (rstd's output filled from the mean's ring) caught; outputs of
-two element types refused in words.
+`spatialc.tolerance(p, kernel=True)`; a planted fault (rstd's output filled from the mean's ring) caught. An out of
+bf16 or fp16 beside float32 vectors: each stored through its own C type, by the general and the persistent form alike,
+and emulated within the bound; a form that stores one type refuses outputs of two in words.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from spatialc.inputs import operand_values
 from spatialc.ir.nodes import ComputeStage, TensorRole
 from spatialc.lower.census import stage_kind
 from spatialc.lower.cuda.common.cwriter import INCLUDES
+from spatialc.lower.cuda.common.program import out_c_type
 from spatialc.lower.errors import Unsupported
 
 from .test_lower_nvcc import FLAGS, NVCC, gencode, in_namespace, ptxas_entries
@@ -82,17 +84,36 @@ def test_program_cu_prints_every_output_in_turn():
     assert "for (int i = 0; i < 40; ++i)" in text and "for (int j = 0; j < 1; ++j)" in text
 
 
-def test_outputs_of_two_element_types_are_refused_in_words():
-    p = spatialc.build(spatialc.layernorm(40, 70, "bf16", out="bf16"), "sm_90")
-    with pytest.raises(Unsupported, match=r"outputs of different element types \(bf16, float32\)"):
-        spatialc.lower(p)
+@cache
+def narrow(precision: str):
+    """The same LayerNorm with its out in the inputs' type (bf16 or fp16), mean and rstd float32."""
+    return spatialc.build(spatialc.layernorm(40, 70, precision, out=precision), "sm_90", block=(1, 2, 1), sites=2)
+
+
+@pytest.mark.parametrize("form", ["general", "persistent"])
+def test_an_out_of_the_inputs_type_is_stored_beside_float32_vectors(form):
+    art = spatialc.lower(narrow("bf16"), form=form)
+    text = art.kernel_cu
+    assert art.budget.form == form
+    assert "typedef __nv_bfloat16 OUT_T;" in text
+    assert "OUT_T* __restrict__ t3, float* __restrict__ t4, float* __restrict__ t5" in text
+    assert "SPATIALC_OUT_ST(&t3[(long long)tile * 256 + el], (OUT_T)" in text
+    assert "SPATIALC_OUT_ST(&t4[(long long)tile * 256 + el], (float)" in text
+    assert "SPATIALC_OUT_ST(&t5[(long long)tile * 256 + el], (float)" in text
+    assert [q.c_type for q in art.launch.params if q.role == "output"] == ["__nv_bfloat16", "float", "float"]
+
+
+def test_a_form_that_stores_one_type_refuses_outputs_of_two_in_words():
+    with pytest.raises(Unsupported, match=r"outputs of different element types \(bf16, float32\): the persistent fo"):
+        out_c_type(narrow("bf16"), "the persistent form")
 
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_the_kernel_and_its_program_compile_for_sm80_and_sm90_without_warnings_or_spills(tmp_path):
-    art = lowered()
-    texts = [("p", art.kernel_cu), ("p", art.program_cu)]
+def test_the_kernels_and_their_programs_compile_for_sm80_and_sm90_without_warnings_or_spills(tmp_path):
+    """The float32 outputs' kernel, and the bf16 out's in the general and the persistent form."""
+    arts = [lowered(), *(spatialc.lower(narrow("bf16"), form=f) for f in ("general", "persistent"))]
+    texts = [("p", t) for art in arts for t in (art.kernel_cu, art.program_cu)]
     parts = [f"#include <{h}>\n" for h in INCLUDES]
     parts += [in_namespace(text, i, kind) for i, (kind, text) in enumerate(texts)]
     (tmp_path / "ln.cu").write_text("".join(parts) + "int main() { return 0; }\n")
@@ -127,3 +148,30 @@ def test_the_emulation_gives_each_output_within_the_kernel_tolerance_and_catches
     bad = spatialc.emulate(dataclasses.replace(art, program_cu=wrong), x)
     ok, how = spatialc.tolerance(p, kernel=True).check(bad, x)
     assert not ok and np.array_equal(bad["rstd"], bad["mean"]), how
+
+
+@pytest.mark.emulation
+@needs_gxx
+@pytest.mark.parametrize(("precision", "form"), [("bf16", "general"), ("fp16", "persistent")])
+def test_an_out_of_the_inputs_type_emulates_within_the_kernel_tolerance(precision, form):
+    """out in bf16 (general form) or fp16 (persistent form), mean and rstd float32: each against the interpreter's;
+    then the mean stored through OUT_T, as a kernel of one output type would (rounded to 16 bits): the check names
+    the mean."""
+    p = narrow(precision)
+    x = inputs(p)
+    art = spatialc.lower(p, form=form)
+    got, want = spatialc.emulate(art, x), spatialc.evaluate(p, x)
+    assert set(got) == set(want) == {"out", "mean", "rstd"}
+    assert [got[n].dtype for n in ("mean", "rstd")] == [np.float32] * 2
+    for name in want:
+        assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype, name
+    ok, how = spatialc.tolerance(p, kernel=True).check(got, x)
+    assert ok, how
+    assert np.abs(got["mean"]).max() > 1.0 and np.abs(got["rstd"] - 1.0).max() > 0.1
+
+    mean_store = "(float)SPATIALC_PAGE_LD(ring_9 + "
+    assert art.program_cu.count(mean_store) == 1
+    wrong = art.program_cu.replace(mean_store, "(float)(OUT_T)SPATIALC_PAGE_LD(ring_9 + ")
+    bad = spatialc.emulate(dataclasses.replace(art, program_cu=wrong), x)
+    ok, how = spatialc.tolerance(p, kernel=True).check(bad, x)
+    assert not ok and np.array_equal(bad["out"], got["out"]) and not np.array_equal(bad["mean"], got["mean"]), how

@@ -434,8 +434,8 @@ def out_c_type(p: SpatialProgram, form: str, mixed: bool = False) -> str:
     if len(kinds) > 1 and not mixed:
         raise Unsupported(
             f"outputs of different element types ({', '.join(kinds)})",
-            f"{form} stores its outputs in one type: give them one (a LayerNorm's out float32, as its mean and rstd"
-            " are)",
+            f"{form} stores this program's outputs in one type (only a row program's and attention's may differ):"
+            " give them one",
         )
     out = p.output_tensor()
     if out is None:
@@ -445,7 +445,8 @@ def out_c_type(p: SpatialProgram, form: str, mixed: bool = False) -> str:
 
 def other_outputs(p: SpatialProgram, out_type: str) -> dict[int, str]:
     """The C type of each output tensor (by id) whose elements are not OUT_T's (`out_type`): attention's LSE, float32
-    beside an O of bf16 or fp16."""
+    beside an O of bf16 or fp16; a row program's vectors (a LayerNorm's mean and rstd), float32 beside an out of bf16
+    or fp16."""
     return {
         int(t.id): C_TYPES[t.dtype] for t in p.tensors if t.role == TensorRole.OUTPUT and C_TYPES[t.dtype] != out_type
     }

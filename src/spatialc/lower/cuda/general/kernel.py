@@ -576,7 +576,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
             target.smem_per_site_max,
             "choose a smaller block, fewer sub-blocks or shallower rings",
         )
-    out_type = out_c_type(p, "the general form", mixed=attention)  # attention's LSE is float32 whatever O is
+    out_type = out_c_type(p, "the general form", mixed=attention or reduces)  # LSE, mean, rstd: float32 whatever O is
     missing = [r for r in rings.rings if r not in prod or r not in cons]
     if missing:
         raise Unsupported(f"ring {rings.rings[missing[0]].name} without a producer and a consumer", "verify says why")

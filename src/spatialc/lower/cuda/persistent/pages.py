@@ -47,6 +47,7 @@ from ..common.program import (
     checked_map,
     checked_rows,
     launch_for,
+    other_outputs,
     out_c_type,
     printed_site_programs,
     site_items,
@@ -165,11 +166,16 @@ def make_kernel(
             target.smem_per_site_max,
             "choose a smaller block or shallower rings",
         )
+    out = out_c_type(p, "the persistent form", mixed=rows is not None)  # a row program's vectors: float32 beside out
+    others = other_outputs(p, out)
     param_types = tuple(
-        "OPT" if t.role == TensorRole.INPUT else "OUT_T" if t.role == TensorRole.OUTPUT else C_TYPES[t.dtype]
+        "OPT"
+        if t.role == TensorRole.INPUT
+        else others.get(int(t.id), "OUT_T")
+        if t.role == TensorRole.OUTPUT
+        else C_TYPES[t.dtype]
         for t in p.tensors
     )
-    out = out_c_type(p, "the persistent form")
     items = site_items(p)
     lane_grid, perw = None, 0  # no fragments
     return Kernel(

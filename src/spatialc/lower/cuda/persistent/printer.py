@@ -80,6 +80,12 @@ class OpPrinter(TilePrinter):
         super().__init__(k.plan, k.rings, k.lane_grid, w)
         self.k = k
         self.integer = k.integer
+        # Outputs stored as a C type of their own (a row program's vectors beside its out): their `param_types`.
+        self.out_types = {
+            int(t.id): ty
+            for t, ty in zip(k.program.tensors, k.param_types, strict=True)
+            if t.role == TensorRole.OUTPUT and ty != "OUT_T"
+        }
         # The rings whose pops need no barrier (`order.barrier_free_pops` proves it from the printed order).
         self.free_pops = free_pops
         # The fused chain's stages met since the last store: (op, its addresses' variables, its C scope depth).
@@ -310,7 +316,7 @@ def kernel_text(k: Kernel, ops: tuple[SerialOp, ...]) -> str:
         w.line(line)
     params = ", ".join(
         [
-            f"{'OUT_T' if t.role == TensorRole.OUTPUT else 'const ' + ty}* __restrict__ t{int(t.id)}"
+            f"{ty if t.role == TensorRole.OUTPUT else 'const ' + ty}* __restrict__ t{int(t.id)}"
             for t, ty in zip(k.program.tensors, k.param_types, strict=True)
         ]
         + ["const int* __restrict__ spatialc_work"]
