@@ -234,8 +234,8 @@ typedef signed char OPT;
 typedef int ACCT;
 typedef signed char OUT_T;
 
-// Requantisation's device function (lower/cuda/epilogue.py): the same text under nvcc and the host emulation; the
-// elementwise ops' are in elementwise.cuh.
+// Requantisation's device function (lower/cuda/common/epilogue.py): the same text under nvcc and the host emulation;
+// the elementwise ops' are in elementwise.cuh.
 
 // numerics.quant.requantize of one value: saturate to int32; times 2^left, saturated to int32; the saturating
 // rounding doubling high multiply by the Q31 multiplier; a rounding divide by 2^right (ties away from zero); plus

@@ -10,7 +10,7 @@
 #define SPATIALC_SM90A
 
 // (spatialc_smem_addr, the shared-window address of a pointer, and the cluster's barriers — remote arrivals, waits
-// at cluster scope, the cluster barrier, the init fence — are the mbarrier layer's: general_mbarrier.cuh.)
+// at cluster scope, the cluster barrier, the init fence — are the mbarrier layer's: general/mbarrier.cuh.)
 
 // Swizzled stages repeat their pattern every 1024 bytes of the shared window at most, and the copy engine and the
 // MMA both swizzle by address: the dynamic block must start on such a boundary. A block that does not stops here.
