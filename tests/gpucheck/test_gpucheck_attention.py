@@ -7,12 +7,16 @@ flash_attn said as such, a wrong library result not timed."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 import spatialc
+from spatialc import gpucheck
 from spatialc.errors import SpatialError
 from spatialc.gpucheck import attnrows as A
+from spatialc.gpucheck import device as D
 from spatialc.gpucheck.builds import build_case
 from spatialc.gpucheck.cases import DEFAULT_SIZES, cases_of, kernel_path
 from spatialc.numerics.attention import attention_op, softmax_attention
@@ -128,6 +132,24 @@ def test_a_wrong_library_attention_is_not_timed(fake_gpu, tmp_path, capsys):
     for backend in ("flash", "efficient"):
         theirs = row["by_name"][A.sdpa_name(backend)]
         assert theirs["ok"] is False and theirs["note"] == "wrong; not timed" and theirs["kernel"] is None, backend
+    capsys.readouterr()
+
+
+def test_a_backend_an_earlier_process_lost_the_gpu_on_is_not_run_again(fake_gpu, tmp_path, capsys):
+    # A restarted run names what lost the GPU before (`lost`); attention's libraries go through the one guard the
+    # map and grouped rows use (GpuRunner.library_guarded), which leaves such a library out, saying why.
+    flash = A.sdpa_name("flash")
+
+    class Restarted(D.GpuRunner):
+        def preflight(self, deadline, say=lambda s: None, lost=None):
+            return super().preflight(deadline, say, {flash: "lost the GPU in an earlier process"})
+
+    argv = [str(tmp_path), "--commit", "x", "--sizes", "att:1x2:64:32", "--precisions", "bf16"]
+    gpucheck.main(argv, make_runner=Restarted)
+    (row,) = json.loads((tmp_path / "gpucheck.json").read_text())["rows"]
+    by = {c["name"]: c for c in row["contestants"]}
+    assert by[flash]["note"] == "unavailable: lost the GPU in an earlier process" and by[flash]["kernel"] is None
+    assert by[A.sdpa_name("efficient")]["ok"]
     capsys.readouterr()
 
 

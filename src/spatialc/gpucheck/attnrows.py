@@ -274,33 +274,22 @@ class AttentionRows:
     def _library(
         self, name: str, case: Any, qkv: tuple[Any, Any, Any], sample: Any, rows: list[int], deadline: Any
     ) -> Any:
-        from .cases import ELEM_OF, BudgetExceeded, Contestant, GpuLost, is_sticky, one_line, values64
+        from .cases import ELEM_OF, Contestant, values64
 
-        family = "torch"
-        if self.r.torch is None:
-            return Contestant(name, family, note="unavailable: torch is not installed (or sees no GPU)")
-        if deadline.passed():
-            return Contestant(name, family, note="skipped: time budget spent")
-        try:
+        def measure() -> Any:
             call, why = self._call(name, case, qkv)
             if call is None:
-                return Contestant(name, family, note=f"unavailable: {why}")
+                return Contestant(name, "torch", note=f"unavailable: {why}")
             o = call()
             self.r._sync(deadline)
             o = values64(self.r.libs.from_torch(o), ELEM_OF[case.precision], self.cp)
             ok, max_abs, _ = check_sample(o, None, sample, rows, ELEM_OF[case.precision], self.cp, library=True)
             if not ok:
-                return Contestant(name, family, max_abs=max_abs, ok=False, detail=why, note="wrong; not timed")
+                return Contestant(name, "torch", max_abs=max_abs, ok=False, detail=why, note="wrong; not timed")
             kernel = self.r._time(lambda i: call(), 1, deadline)
-            return Contestant(name, family, None, kernel, max_abs, True, why)
-        except GpuLost as e:
-            raise e.blame(name) from None
-        except BudgetExceeded:
-            raise
-        except Exception as e:
-            if is_sticky(e):
-                raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
-            return Contestant(name, family, note=f"failed: {one_line(e)}")
+            return Contestant(name, "torch", None, kernel, max_abs, True, why)
+
+        return self.r.library_guarded(name, "torch", measure, deadline)
 
     def _call(self, name: str, case: Any, qkv: tuple[Any, Any, Any]) -> tuple[Callable[[], Any] | None, str]:
         """The library call giving O as (heads, seq, dim), and what it is; (None, why) where it is not here."""

@@ -321,6 +321,30 @@ class GpuRunner:
                 failure = f"failed: {one_line(e)}"
         return Contestant(name, "spatialc", note=failure, facts=form.facts), ("error", f"{name}: {failure}")
 
+    def library_guarded(
+        self, name: str, family: str, measure: Callable[[], Contestant], deadline: Deadline
+    ) -> Contestant:
+        """A torch library's contestant in a row of its own kind (a map's, a grouped GEMM's, attention's) measured
+        (`measure`: its check and timing), or why not: no torch, left out after a loss by an earlier process, no time
+        left, or a failure that did not lose the GPU. One that lost it (a sticky error; a hang is one) is raised for
+        the restart, blamed on the library."""
+        if self.torch is None:
+            return Contestant(name, family, note="unavailable: torch is not installed (or sees no GPU)")
+        if name in self.unavailable:
+            return Contestant(name, family, note=f"unavailable: {self.unavailable[name]}")
+        if deadline.passed():
+            return Contestant(name, family, note="skipped: time budget spent")
+        try:
+            return measure()
+        except GpuLost as e:
+            raise e.blame(name) from None
+        except BudgetExceeded:
+            raise
+        except Exception as e:
+            if is_sticky(e):
+                raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
+            return Contestant(name, family, note=f"failed: {one_line(e)}")
+
     def _measure_kernel(
         self, case: Case, form: Form, inputs: Inputs, ref: Any, deadline: Deadline
     ) -> tuple[Contestant, tuple[str, str]]:

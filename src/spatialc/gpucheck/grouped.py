@@ -22,18 +22,14 @@ from ..runtime.tilize import bf16_bits, unwritten
 from .builds import Built, Form
 from .cases import (
     ELEM_OF,
-    BudgetExceeded,
     Case,
     Check,
     Contestant,
     Deadline,
-    GpuLost,
     Row,
     _within,
     blaming,
     grouped_sizes,
-    is_sticky,
-    one_line,
     values64,
 )
 from .preflight import REFERENCE
@@ -161,15 +157,10 @@ class GroupedRows:
         self, name: str, case: Case, a: Any, b: Any, sizes: Any, refs: _References, deadline: Deadline
     ) -> Contestant:
         torch = self.r.torch
-        if torch is None:
-            return Contestant(name, "cublas", note="unavailable: torch is not installed (or sees no GPU)")
-        if name == GROUPED_MM and not hasattr(torch, "_grouped_mm"):
+        if torch is not None and name == GROUPED_MM and not hasattr(torch, "_grouped_mm"):
             return Contestant(name, "cublas", note=f"unavailable: this torch ({torch.__version__}) has no _grouped_mm")
-        if name in self.r.unavailable:
-            return Contestant(name, "cublas", note=f"unavailable: {self.r.unavailable[name]}")
-        if deadline.passed():
-            return Contestant(name, "cublas", note="skipped: time budget spent")
-        try:
+
+        def measure() -> Contestant:
             call, results, detail = self._make(name, case, a, b, sizes)
             call()
             self.r._sync(deadline)
@@ -183,14 +174,8 @@ class GroupedRows:
                 )
             kernel = self.r._time(lambda i: call(), 1, deadline, graphs=False)
             return Contestant(name, "cublas", None, kernel, errs.max_abs, True, detail)
-        except GpuLost as e:  # a hung or lost GPU (GpuHung is one) ends the process's run, as device.py's
-            raise e.blame(name) from None
-        except BudgetExceeded:
-            raise
-        except Exception as e:
-            if is_sticky(e):
-                raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
-            return Contestant(name, "cublas", note=f"failed: {one_line(e)}")
+
+        return self.r.library_guarded(name, "cublas", measure, deadline)
 
     def _make(self, name: str, case: Case, a: Any, b: Any, sizes: Any) -> tuple[Callable[[], None], Any, str]:
         """The library call, a function giving each group's rows of its result (CuPy views), and what it does."""

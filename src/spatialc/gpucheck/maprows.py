@@ -13,18 +13,14 @@ from ..runtime.tilize import bf16_bits
 from .builds import Built, Form
 from .cases import (
     ELEM_OF,
-    BudgetExceeded,
     Case,
     Check,
     Contestant,
     Deadline,
-    GpuLost,
     Row,
     agrees,
     blaming,
-    is_sticky,
     map_bytes,
-    one_line,
     values64,
 )
 from .maps import COPY, PARAM_RANGE, SPREAD, Kind, check_map, kind_of
@@ -163,25 +159,8 @@ class MapRows:
     # ---- torch and the copy --------------------------------------------------------------------------------
 
     def _library(self, name: str, measure: Callable[[], Contestant], deadline: Deadline) -> Contestant:
-        """A library contestant measured (`measure`), or why not: no torch, left out after a loss, no time left, or
-        a failure that did not lose the GPU."""
-        family = "copy" if name == COPY else "torch"
-        if self.r.torch is None:
-            return Contestant(name, family, note="unavailable: torch is not installed (or sees no GPU)")
-        if name in self.r.unavailable:
-            return Contestant(name, family, note=f"unavailable: {self.r.unavailable[name]}")
-        if deadline.passed():
-            return Contestant(name, family, note="skipped: time budget spent")
-        try:
-            return measure()
-        except GpuLost as e:  # a hung or lost GPU (GpuHung is one) ends the process's run, as device.py's
-            raise e.blame(name) from None
-        except BudgetExceeded:
-            raise
-        except Exception as e:
-            if is_sticky(e):
-                raise GpuLost(f"{name}: {one_line(e)}", path=name) from None
-            return Contestant(name, family, note=f"failed: {one_line(e)}")
+        """A library contestant measured (`measure`), or why not (`GpuRunner.library_guarded`)."""
+        return self.r.library_guarded(name, "copy" if name == COPY else "torch", measure, deadline)
 
     def _torch(self, case: Case, kind: Kind, sets: list[list[Any]], ref: Any, deadline: Deadline) -> Contestant:
         torch, libs, elem = self.r.torch, self.r.libs, ELEM_OF[case.precision]
