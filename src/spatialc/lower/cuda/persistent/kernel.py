@@ -52,7 +52,7 @@ from ..common.program import (
 )
 from ..common.rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, ring_table
 from . import pages
-from .merge import SerialLoop, SerialOp, serialise
+from .merge import SerialOp, serial_walk, serialise
 from .order import prove, smem_layout
 from .printer import KERNEL_NAME, Kernel, kernel_text
 
@@ -171,7 +171,7 @@ def check_shapes(ops: tuple[SerialOp, ...], plan: Plan, mm: Stage, rings: Rings)
     ibw = plan.block.ibw
     a, b, c = (rings.template[x] for x in (*mm.ins, *mm.outs))
     pages = {a: (h, ibw), b: (ibw, w), c: (h, w)}
-    for op in _serial_walk(ops):
+    for op in serial_walk(ops):
         match op:
             case Compute(acc_reload=reload) if reload is not None:
                 raise Unsupported("an accumulator spill (acc_reload)", "accumulators never leave the registers")
@@ -188,13 +188,6 @@ def check_shapes(ops: tuple[SerialOp, ...], plan: Plan, mm: Stage, rings: Rings)
                         f"a {type(op).__name__} of {bh}x{bw} tiles on {rings.name(buf)}",
                         f"the matmul's page there is {want[0]}x{want[1]} tiles",
                     )
-
-
-def _serial_walk(ops: tuple[SerialOp, ...]):
-    for op in ops:
-        yield op
-        if isinstance(op, SerialLoop):
-            yield from _serial_walk(op.body)
 
 
 # ---- the kernel's resources --------------------------------------------------------------------------------

@@ -45,6 +45,14 @@ def serialise(programs: Sequence[tuple[ChoreoOp, ...]]) -> tuple[SerialOp, ...]:
     return tuple(_merge([list(p) for p in producers_first(programs) if p]))
 
 
+def serial_walk(ops: Sequence[SerialOp]):
+    """Every op of a serial program, loops before their bodies, depth first (as `ir.ops.walk` for engine ops)."""
+    for op in ops:
+        yield op
+        if isinstance(op, SerialLoop):
+            yield from serial_walk(op.body)
+
+
 def buffers_of(ops: Sequence[SerialOp], kind: type[Push] | type[Wait]) -> set[BufferId]:
     """Buffers that a `kind` op (Push or Wait) names in `ops`, at any loop depth."""
     found: set[BufferId] = set()

@@ -54,7 +54,7 @@ from ..common.program import (
 )
 from ..common.rings import TILE_ELEMS, MmaTypes, Rings, epilogue_rings, ring_table
 from ..common.rows import RowAccumulators, row_accumulators
-from .merge import SerialLoop, SerialOp, serialise
+from .merge import SerialOp, serial_walk, serialise
 from .order import prove, smem_layout
 from .printer import KERNEL_NAME, Kernel, kernel_text
 
@@ -114,7 +114,7 @@ def check_pages(p: SpatialProgram, ops: tuple[SerialOp, ...], rings: Rings, rows
     """Refuse ops the page printers would run on the wrong elements: a copy in or out of other than a whole page of
     its ring, and an accumulator that is not a row reduction's (`rows.row_accumulators` checked those)."""
     reduced = rows.reductions if rows is not None else {}
-    for op in _walk(ops):
+    for op in serial_walk(ops):
         match op:
             case ReadTiles(into=buf, block_h=bh, block_w=bw) | WriteTiles(src=buf, block_h=bh, block_w=bw):
                 ring = rings.kept(buf)
@@ -133,13 +133,6 @@ def check_pages(p: SpatialProgram, ops: tuple[SerialOp, ...], rings: Rings, rows
                 raise Unsupported("an accumulator spill (acc_reload)", "row accumulators never leave the registers")
             case PackAcc(accumulate=True):
                 raise Unsupported("an accumulating PackAcc", "a row vector is stored, never added to a page")
-
-
-def _walk(ops: tuple[SerialOp, ...]):
-    for op in ops:
-        yield op
-        if isinstance(op, SerialLoop):
-            yield from _walk(op.body)
 
 
 def make_kernel(
