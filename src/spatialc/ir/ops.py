@@ -408,11 +408,6 @@ class Span:
     bound: int
     steps: tuple[tuple[LoopVar, int], ...] = ()
 
-    def at(self, values: dict[LoopVar, int]) -> int:
-        """The count where the variables take `values`."""
-        v = self.base + sum(stride * values[var] for var, stride in self.steps)
-        return min(self.bound, max(0, -(-v // self.per)))
-
 
 LoopCount = Const | Trip | Span
 
