@@ -226,8 +226,8 @@ def test_gpu_path_gives_o_and_lse_shaped_as_the_fake_does(monkeypatch, shape, pl
     q, k, v = (t.reshape(-1, *t.shape[2:]) for t in qkv(*shape, dtype=fp16, seed=2))
     built = op._entry((b * h, sq, skv, d, b * hk), "cuda:0")
     entry = sct.Compiled(built.sizes, built.device, built.program, built.source, built.seconds)  # loaded afresh
-    monkeypatch.setattr(sct, "_gpu_device", lambda: HeadsDevice(entry.program, spatialc.lower(entry.program)))
-    monkeypatch.setattr(sct, "_stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(sct.family, "_gpu_device", lambda: HeadsDevice(entry.program, spatialc.lower(entry.program)))
+    monkeypatch.setattr(sct.family, "_stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d: None)
     o, lse = op._launch(entry, {"q": q, "k": k, "v": v}, torch.device("cuda:0"))

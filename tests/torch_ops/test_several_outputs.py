@@ -112,8 +112,8 @@ def test_gpu_path_reads_each_output_back_in_order(monkeypatch, swap):
         devices.append(RowsDevice(entry.program, spatialc.lower(entry.program), swap=swap))
         return devices[-1]
 
-    monkeypatch.setattr(sct, "_gpu_device", device)
-    monkeypatch.setattr(sct, "_stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(sct.family, "_gpu_device", device)
+    monkeypatch.setattr(sct.family, "_stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d: None)
     got = op._launch(entry, named(x, w, b), torch.device("cuda:0"))

@@ -1,28 +1,5 @@
-"""spatialc programs as PyTorch operators.
-
-`op(builder, name)` turns a program *family* — a function from sizes to a spatialc program, such as
-`lambda m, n, k: spatialc.gemm(m, n, k, "bf16", epilogue=[spatialc.bias(), spatialc.relu()])` — into a
-`torch.library` custom op. Its inputs are the program's input tensors, then its parameter tensors, in the program's
-order; its output is the program's one output, or a tuple of its outputs in the program's order for a program of
-several (LayerNorm's (out, mean, rstd), each shaped as the program has it: mean and rstd m×1). The family's sizes
-are read off the inputs' shapes: the builder is called twice with made-up sizes (frontend only, nothing built) to
-learn which axis of which tensor each argument is.
-
-- The fake (meta) implementation gives each output's shape and dtype from those axes alone, so `torch.compile` and
-  `torch.export` trace through the op without building anything.
-- A real call builds and verifies the program once per (sizes, device) and keeps it (`op.compiled()` lists what was
-  built; the `spatialc.torch` logger says so at INFO); built programs are also kept on disk, as JSON under
-  `$SPATIALC_CACHE/torch`, keyed by the unbuilt program, the build options and spatialc's version.
-- On a CPU tensor the op runs `spatialc.evaluate`: the reference interpreter, exact, slow — a correctness path.
-  On a CUDA tensor it lowers the program once, loads the kernel once and launches it with `spatialc.run`'s machinery
-  on torch's current stream. That path has not run on a GPU yet.
-
-`gemm_op(precision, bias=, activation=)` is a GEMM family with autograd (the backward is two more spatialc GEMMs);
-`Linear` is `nn.Linear` computed by it, and `replace_linears(model)` swaps a model's `nn.Linear`s (and an activation
-that follows one in an `nn.Sequential`) for it. `attention(q, k, v, causal=, scale=)` is `spatialc.attention` called
-as torch's scaled_dot_product_attention is, over `attention_op` (no autograd yet). Bad input raises one line:
-`InputError` for tensors the op cannot take, `ProgramError` for a family or option it cannot use.
-"""
+"""A program family as a torch custom op: its signature read off two builder calls, the fake (meta)
+implementation, the per-shape build cache (memory and disk), the CPU path (the interpreter) and the CUDA launch."""
 
 from __future__ import annotations
 
@@ -40,21 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import api
-from .errors import ProgramError, SpatialError, TorchUnavailable
-from .inputs import InputError
-from .ir import ops
-from .ir.nodes import DType, SpatialProgram, Tensor, TensorRole
-from .runtime.cache import cache_dir
+import torch
 
-try:
-    import torch
-except ImportError:  # the core needs numpy alone; this module needs torch
-    raise TorchUnavailable(
-        "spatialc.torch needs PyTorch: pip install 'spatialc[torch]' (torch 2.13), or pip install torch"
-    ) from None
-
-__all__ = ["Compiled", "Linear", "SpatialOp", "attention", "attention_op", "gemm_op", "op", "replace_linears"]
+from .. import api
+from ..errors import ProgramError, SpatialError
+from ..inputs import InputError
+from ..ir.nodes import DType, SpatialProgram, Tensor, TensorRole
+from ..runtime.cache import cache_dir
 
 log = logging.getLogger("spatialc.torch")
 
@@ -313,7 +282,7 @@ class SpatialOp:
         return built, "built"
 
     def _cached_path(self, program: SpatialProgram) -> Path:
-        from . import __version__
+        from .. import __version__
 
         key = "\n".join((__version__, repr(sorted(self.options.items())), api.to_json(program)))
         return cache_dir("torch") / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
@@ -350,7 +319,7 @@ def launch_entry(entry: Compiled, named: dict[str, Any], gpu: Any) -> Any:
     """Run `entry`'s kernel on `gpu` (a runtime.launch Device) with the tensors by name, lowering and preparing it
     once; C comes back as a torch tensor of the output's dtype, or, for a kernel of several outputs, a dict of them
     by name in the program's order (as `spatialc.run` gives)."""
-    from .runtime import launch
+    from ..runtime import launch
 
     if entry.prepared is None:
         entry.artifact = api.lower(entry.program)
@@ -362,7 +331,7 @@ def launch_entry(entry: Compiled, named: dict[str, Any], gpu: Any) -> Any:
 
 
 def _gpu_device() -> Any:
-    from .runtime.launch import cupy_device
+    from ..runtime.launch import cupy_device
 
     return cupy_device()
 
@@ -370,7 +339,7 @@ def _gpu_device() -> Any:
 @contextlib.contextmanager
 def _stream(stream: Any) -> Iterator[None]:
     """CuPy's current stream set to torch's `stream` (CuPy launches and copies on its current stream)."""
-    from .runtime.launch import require_cupy
+    from ..runtime.launch import require_cupy
 
     cupy = require_cupy()
     with cupy.cuda.ExternalStream(stream.cuda_stream, stream.device_index):
@@ -506,340 +475,3 @@ def _dtype(d: Any) -> str:
 
 def _kind(value: object) -> str:
     return "None" if value is None else f"a {type(value).__name__}"
-
-
-# ---- GEMMs, with autograd --------------------------------------------------------------------------------------
-
-# torch's activation names (nn.GELU() is the erf form; approximate="tanh" is spatialc's "gelu").
-ACTIVATIONS = ("relu", "silu", "gelu", "gelu_tanh", "sigmoid", "tanh")
-PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
-_GEMMS: dict[tuple[Any, ...], SpatialOp] = {}
-
-
-def _epilogue(bias: bool, activation: str | None) -> list[Any]:
-    from . import frontend
-
-    out: list[Any] = [frontend.bias()] if bias else []
-    if activation == "relu":
-        out.append(frontend.relu())
-    elif activation == "gelu":
-        out.append(ops.Map(ops.Apply("gelu", (ops.Arg(0),))))  # the erf form, as torch's default
-    elif activation == "gelu_tanh":
-        out.append(frontend.activation("gelu"))
-    elif activation is not None:
-        out.append(frontend.activation(activation))
-    return out
-
-
-def gemm_op(
-    precision: str = "bf16",
-    *,
-    bias: bool = False,
-    activation: str | None = None,
-    out: str | None = None,
-    target: str = "sm_90",
-) -> SpatialOp:
-    """C = activation(A @ B + bias) as an op of (A (m×k), B (k×n)[, bias (n)]), one per set of arguments in the
-    process (named spatialc::gemm_…). A and B are `precision`'s torch dtype, the bias float32 (int32 for int8);
-    C is float32 unless `out` says otherwise (int64 for int8). Float GEMMs have autograd."""
-    if precision not in PRECISIONS:
-        raise ProgramError(f"gemm_op's precision is one of {', '.join(PRECISIONS)}, not {precision!r}")
-    if activation is not None and activation not in ACTIVATIONS:
-        raise ProgramError(f"unknown activation {activation!r}; use one of {', '.join(ACTIVATIONS)}")
-    if precision == "int8" and activation not in (None, "relu"):
-        raise ProgramError(f"an int8 GEMM's epilogue is exact integer arithmetic; {activation} is a float op")
-    key = (precision, bool(bias), activation, out, target)
-    with _LOCK:
-        found = _GEMMS.get(key)
-    if found is not None:
-        return found
-    from . import frontend
-
-    epilogue = _epilogue(bias, activation)
-
-    def builder(m: int, n: int, k: int) -> SpatialProgram:
-        return frontend.gemm(m, n, k, precision, epilogue=epilogue, target=target, out=out)
-
-    parts = [precision, "bias" if bias else "", activation or "", out or "", target]
-    made = SpatialOp(builder, "spatialc::gemm_" + "_".join(p for p in parts if p))
-    if precision != "int8":
-        _GemmBackward(precision, bool(bias), activation, target).register(made)
-    with _LOCK:
-        return _GEMMS.setdefault(key, made)
-
-
-@dataclass(frozen=True)
-class _GemmBackward:
-    """dZ = dC · activation'(Z); dA = dZ · Bᵀ and dB = Aᵀ · dZ as spatialc GEMMs of the same precision (dZ rounded
-    to it once, as mixed-precision training does), d(bias) = Σ rows of dZ. activation'(Z) is read off C for relu,
-    sigmoid and tanh; silu and gelu recompute Z = A @ B + bias with one more spatialc GEMM."""
-
-    precision: str
-    bias: bool
-    activation: str | None
-    target: str
-
-    def register(self, made: SpatialOp) -> None:
-        made.register_autograd(self.backward, self.setup_context)
-
-    def setup_context(self, ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        ctx.save_for_backward(*inputs, output)
-
-    def backward(self, ctx: Any, grad: Any) -> tuple[Any, ...]:
-        a, b, *rest = ctx.saved_tensors
-        c = rest.pop()
-        bias = rest[0] if rest else None
-        dz = self.pre_grad(grad.float(), a, b, bias, c.float())
-        mm = gemm_op(self.precision, target=self.target)
-        wants = ctx.needs_input_grad
-        low = PRECISIONS[self.precision]
-        dzq = dz.to(low)
-        da = mm(dzq, b.t().contiguous()).to(a.dtype) if wants[0] else None
-        db = mm(a.t().contiguous(), dzq).to(b.dtype) if wants[1] else None
-        if bias is None:
-            return da, db
-        dbias = dz.sum(0).reshape(bias.shape).to(bias.dtype) if wants[2] else None
-        return da, db, dbias
-
-    def pre_grad(self, g: Any, a: Any, b: Any, bias: Any, c: Any) -> Any:
-        """dC · activation'(Z)."""
-        act = self.activation
-        if act is None:
-            return g
-        if act == "relu":
-            return g * (c > 0)
-        if act == "sigmoid":
-            return g * c * (1 - c)
-        if act == "tanh":
-            return g * (1 - c * c)
-        pre = gemm_op(self.precision, bias=self.bias, target=self.target)
-        z = (pre(a, b, bias) if self.bias else pre(a, b)).float()
-        if act == "silu":
-            return torch.ops.aten.silu_backward(g, z)
-        return torch.ops.aten.gelu_backward(g, z, approximate="none" if act == "gelu" else "tanh")
-
-
-# ---- nn.Linear -------------------------------------------------------------------------------------------------
-
-
-class Linear(torch.nn.Linear):
-    """`nn.Linear` (its parameters, initialisation and state_dict) computed by a spatialc GEMM with the bias and an
-    activation fused: y = activation(x Wᵀ + b). x and W are rounded to `precision` (bf16 unless told); the product is
-    accumulated in float32 and returned in x's dtype. W's operand (Wᵀ in `precision`, contiguous) is made at each
-    call, so autograd reaches W; `freeze()` makes it once, for inference."""
-
-    frozen_weight: Any
-
-    def __init__(
-        self,
-        in_features: int,
-        out_features: int,
-        bias: bool = True,
-        device: Any = None,
-        dtype: Any = None,
-        *,
-        activation: str | None = None,
-        precision: str = "bf16",
-    ):
-        if precision not in ("bf16", "fp16"):
-            raise ProgramError(f"spatialc.torch.Linear computes in bf16 or fp16, not {precision!r}")
-        super().__init__(in_features, out_features, bias, device, dtype)
-        self.activation = activation
-        self.precision = precision
-        self.op = gemm_op(precision, bias=bias, activation=activation)
-        self.register_buffer("frozen_weight", None, persistent=False)
-
-    @classmethod
-    def from_linear(cls, linear: torch.nn.Linear, *, activation: str | None = None, precision: str = "bf16") -> Linear:
-        """A Linear that shares `linear`'s weight and bias (the same Parameters, so an optimizer keeps them)."""
-        new = cls(
-            linear.in_features,
-            linear.out_features,
-            linear.bias is not None,
-            device="meta",
-            activation=activation,
-            precision=precision,
-        )
-        new.weight = linear.weight
-        new.bias = linear.bias
-        return new
-
-    def freeze(self) -> Linear:
-        """For inference: W's operand made once, now, and used by every call until `unfreeze()` (a change to W in
-        place is not seen until then; `load_state_dict` makes it again). No gradient reaches W through it."""
-        with torch.no_grad():
-            self.frozen_weight = self.weight.detach().t().to(PRECISIONS[self.precision]).contiguous()
-        return self
-
-    def unfreeze(self) -> Linear:
-        self.frozen_weight = None
-        return self
-
-    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        super()._load_from_state_dict(*args, **kwargs)
-        if self.frozen_weight is not None:
-            self.freeze()
-
-    def forward(self, x: Any) -> Any:
-        low = PRECISIONS[self.precision]
-        lead = x.shape[:-1]
-        a = x.reshape(-1, self.in_features).to(low).contiguous()
-        w = self.frozen_weight if self.frozen_weight is not None else self.weight.t().to(low).contiguous()
-        y = self.op(a, w) if self.bias is None else self.op(a, w, self.bias.to(torch.float32))
-        y = y.reshape(*lead, self.out_features)
-        return y.to(x.dtype) if x.dtype.is_floating_point else y
-
-    def extra_repr(self) -> str:
-        frozen = ", frozen" if self.frozen_weight is not None else ""
-        return f"{super().extra_repr()}, activation={self.activation}, precision={self.precision}{frozen}"
-
-
-def _activation_of(module: Any) -> str | None:
-    """The gemm_op activation a module is, or None."""
-    nn = torch.nn
-    if isinstance(module, nn.ReLU):
-        return "relu"
-    if isinstance(module, nn.SiLU):
-        return "silu"
-    if isinstance(module, nn.Sigmoid):
-        return "sigmoid"
-    if isinstance(module, nn.Tanh):
-        return "tanh"
-    if isinstance(module, nn.GELU):
-        return "gelu" if module.approximate == "none" else "gelu_tanh"
-    return None
-
-
-def replace_linears(model: Any, *, precision: str = "bf16", fuse: bool = True, freeze: bool = False) -> Any:
-    """`model` with each `nn.Linear` (exactly that class) swapped for a `Linear` sharing its parameters, in place.
-    With `fuse`, an activation (ReLU, SiLU, GELU, Sigmoid, Tanh) right after a Linear in an `nn.Sequential` is
-    fused into it and left as an `nn.Identity` (the indices, so the state_dict's keys, stay); with `freeze`, each
-    new Linear is frozen (`Linear.freeze`: inference). Returns the model (a bare nn.Linear comes back as a new
-    Linear)."""
-    if type(model) is torch.nn.Linear:
-        single = Linear.from_linear(model, precision=precision)
-        return single.freeze() if freeze else single
-    if not isinstance(model, torch.nn.Module):
-        raise ProgramError(f"replace_linears takes a torch.nn.Module, not {_kind(model)}")
-    for parent in list(model.modules()):
-        names = list(parent._modules)
-        for i, name in enumerate(names):
-            child = parent._modules[name]
-            if type(child) is not torch.nn.Linear:
-                continue
-            act = None
-            if fuse and isinstance(parent, torch.nn.Sequential) and i + 1 < len(names):
-                act = _activation_of(parent._modules[names[i + 1]])
-                if act is not None:
-                    parent._modules[names[i + 1]] = torch.nn.Identity()
-            new = Linear.from_linear(child, activation=act, precision=precision)
-            parent._modules[name] = new.freeze() if freeze else new
-    return model
-
-
-# ---- attention -------------------------------------------------------------------------------------------------
-
-_ATTENTION_IN = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-_ATTENTION_OUT = {torch.float32: None, torch.bfloat16: "bf16", torch.float16: "fp16"}
-_ATTENTIONS: dict[tuple[Any, ...], SpatialOp] = {}
-# Two sets of (heads, seq_q, seq_kv, head_dim, kv_heads) the family is read with: kv_heads divides heads and
-# seq_q ≤ seq_kv, so a causal family takes them.
-_ATTENTION_PROBES = ((6, 5, 7, 8, 3), (12, 9, 11, 10, 4))
-
-
-def attention_op(
-    precision: str = "bf16", *, causal: bool = False, scale: float | None = None, out: str | None = None
-) -> SpatialOp:
-    """The op of `spatialc.attention` on tensors as its program has them: (q (G×seq_q×d), k, v (Gkv×seq_kv×d)) →
-    (o (G×seq_q×d), lse (G×seq_q×1, float32)), G = batch · heads and Gkv = batch · kv_heads (batch folded into the
-    heads: KV head j serves query heads j·G/Gkv … , as KV head h // (heads / kv_heads) of each batch does). One
-    op per set of arguments in the process (named spatialc::attention_…); `attention` calls it."""
-    if precision not in ("bf16", "fp16"):
-        raise ProgramError(f"attention's operands are bf16 or fp16, not {precision!r}")
-    if isinstance(scale, bool) or not (scale is None or isinstance(scale, (int, float))):
-        raise ProgramError(f"scale is a finite number > 0 or None, not {scale!r}")
-    scale = None if scale is None else float(scale)
-    key = (precision, bool(causal), scale, out)
-    with _LOCK:
-        found = _ATTENTIONS.get(key)
-    if found is not None:
-        return found
-    from .attention import attention as program
-
-    def builder(heads: int, seq_q: int, seq_kv: int, head_dim: int, kv_heads: int) -> SpatialProgram:
-        return program(
-            1,
-            heads,
-            seq_q,
-            seq_kv,
-            head_dim,
-            kv_heads=kv_heads,
-            causal=causal,
-            scale=scale,
-            precision=precision,
-            out=out,
-        )
-
-    scaled = "" if scale is None else "scale_" + float.hex(scale).replace(".", "_").replace("-", "m").replace("+", "p")
-    parts = [precision, "causal" if causal else "", scaled, out or ""]
-    made = SpatialOp(builder, "spatialc::attention_" + "_".join(p for p in parts if p), probes=_ATTENTION_PROBES)
-    with _LOCK:
-        return _ATTENTIONS.setdefault(key, made)
-
-
-@torch.compiler.assume_constant_result  # torch.compile runs it as it traces (its lock and registration unseen)
-def _attention_name(precision: str, causal: bool, scale: float | None, out: str | None) -> str:
-    """The name in torch.ops.spatialc of `attention_op`'s op for these options, made if it is not yet."""
-    return attention_op(precision, causal=causal, scale=scale, out=out).name.removeprefix("spatialc::")
-
-
-def attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    out_dtype: Any = None,
-    return_lse: bool = False,
-) -> Any:
-    """softmax(scale · Q·Kᵀ + mask) · V as `torch.nn.functional.scaled_dot_product_attention` takes it: q (batch,
-    heads, seq_q, head_dim), k and v (batch, kv_heads, seq_kv, head_dim), bf16 or fp16 alike, kv_heads dividing heads
-    (SDPA's `enable_gqa=True`). Returns O (batch, heads, seq_q, head_dim) in `out_dtype` (q's dtype unless told;
-    torch.float32 keeps the float32 result), and with `return_lse` (O, LSE) with LSE (batch, heads, seq_q) float32,
-    the natural log-sum-exp of each row's scaled, masked scores. `causal` masks key c for query r where
-    c > r + seq_kv − seq_q: aligned bottom right (torch's `causal_lower_right`, FlashAttention's), which is SDPA's
-    `is_causal=True` only where seq_q = seq_kv. `scale` defaults to 1/√head_dim. The op behind it (`attention_op`) is
-    built once per shape, as every op of `op`; it has no autograd yet (a backward through it raises torch's error)."""
-    tensors = {"q": q, "k": k, "v": v}
-    for name, t in tensors.items():
-        if not isinstance(t, torch.Tensor):
-            raise InputError(f"spatialc.torch.attention: {name} is {_kind(t)}; pass a torch tensor")
-        if t.dim() != 4:
-            raise InputError(
-                f"spatialc.torch.attention: {name} is {_dims(t.shape)}; it takes (batch, heads, seq, head_dim)"
-            )
-        if t.dtype != q.dtype or t.dtype not in _ATTENTION_IN:
-            raise InputError(
-                f"spatialc.torch.attention: q, k and v are {', '.join(_dtype(x.dtype) for x in tensors.values())};"
-                " pass all three bfloat16 or all three float16"
-            )
-    (b, h, sq, d), (bk, hk, skv, dk) = q.shape, k.shape
-    if tuple(v.shape) != tuple(k.shape) or bk != b or dk != d or h % hk != 0:
-        raise InputError(
-            f"spatialc.torch.attention: q {_dims(q.shape)}, k {_dims(k.shape)} and v {_dims(v.shape)} do not fit:"
-            " k and v are (batch, kv_heads, seq_kv, head_dim), q (batch, heads, seq_q, head_dim), kv_heads dividing"
-            " heads"
-        )
-    if causal and sq > skv:
-        raise InputError(
-            f"spatialc.torch.attention: causal with seq_q ({sq}) > seq_kv ({skv}) leaves the first query rows no key"
-            " (the mask is aligned bottom right)"
-        )
-    want = q.dtype if out_dtype is None else out_dtype
-    if want not in _ATTENTION_OUT:
-        raise ProgramError(f"spatialc.torch.attention: out_dtype is torch.float32, bfloat16 or float16, not {want}")
-    made = getattr(torch.ops.spatialc, _attention_name(_ATTENTION_IN[q.dtype], causal, scale, _ATTENTION_OUT[want]))
-    o, lse = made(*(t.reshape(-1, *t.shape[2:]).contiguous() for t in (q, k, v)))
-    o = o.reshape(b, h, sq, d)
-    return (o, lse.reshape(b, h, sq)) if return_lse else o

@@ -1,0 +1,119 @@
+"""`attention`: spatialc.attention called as torch's scaled_dot_product_attention is, over `attention_op`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import ProgramError
+from ..inputs import InputError
+from ..ir.nodes import SpatialProgram
+from .family import _LOCK, SpatialOp, _dims, _dtype, _kind
+
+# ---- attention -------------------------------------------------------------------------------------------------
+
+_ATTENTION_IN = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_ATTENTION_OUT = {torch.float32: None, torch.bfloat16: "bf16", torch.float16: "fp16"}
+_ATTENTIONS: dict[tuple[Any, ...], SpatialOp] = {}
+# Two sets of (heads, seq_q, seq_kv, head_dim, kv_heads) the family is read with: kv_heads divides heads and
+# seq_q ≤ seq_kv, so a causal family takes them.
+_ATTENTION_PROBES = ((6, 5, 7, 8, 3), (12, 9, 11, 10, 4))
+
+
+def attention_op(
+    precision: str = "bf16", *, causal: bool = False, scale: float | None = None, out: str | None = None
+) -> SpatialOp:
+    """The op of `spatialc.attention` on tensors as its program has them: (q (G×seq_q×d), k, v (Gkv×seq_kv×d)) →
+    (o (G×seq_q×d), lse (G×seq_q×1, float32)), G = batch · heads and Gkv = batch · kv_heads (batch folded into the
+    heads: KV head j serves query heads j·G/Gkv … , as KV head h // (heads / kv_heads) of each batch does). One
+    op per set of arguments in the process (named spatialc::attention_…); `attention` calls it."""
+    if precision not in ("bf16", "fp16"):
+        raise ProgramError(f"attention's operands are bf16 or fp16, not {precision!r}")
+    if isinstance(scale, bool) or not (scale is None or isinstance(scale, (int, float))):
+        raise ProgramError(f"scale is a finite number > 0 or None, not {scale!r}")
+    scale = None if scale is None else float(scale)
+    key = (precision, bool(causal), scale, out)
+    with _LOCK:
+        found = _ATTENTIONS.get(key)
+    if found is not None:
+        return found
+    from ..attention import attention as program
+
+    def builder(heads: int, seq_q: int, seq_kv: int, head_dim: int, kv_heads: int) -> SpatialProgram:
+        return program(
+            1,
+            heads,
+            seq_q,
+            seq_kv,
+            head_dim,
+            kv_heads=kv_heads,
+            causal=causal,
+            scale=scale,
+            precision=precision,
+            out=out,
+        )
+
+    scaled = "" if scale is None else "scale_" + float.hex(scale).replace(".", "_").replace("-", "m").replace("+", "p")
+    parts = [precision, "causal" if causal else "", scaled, out or ""]
+    made = SpatialOp(builder, "spatialc::attention_" + "_".join(p for p in parts if p), probes=_ATTENTION_PROBES)
+    with _LOCK:
+        return _ATTENTIONS.setdefault(key, made)
+
+
+@torch.compiler.assume_constant_result  # torch.compile runs it as it traces (its lock and registration unseen)
+def _attention_name(precision: str, causal: bool, scale: float | None, out: str | None) -> str:
+    """The name in torch.ops.spatialc of `attention_op`'s op for these options, made if it is not yet."""
+    return attention_op(precision, causal=causal, scale=scale, out=out).name.removeprefix("spatialc::")
+
+
+def attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    out_dtype: Any = None,
+    return_lse: bool = False,
+) -> Any:
+    """softmax(scale · Q·Kᵀ + mask) · V as `torch.nn.functional.scaled_dot_product_attention` takes it: q (batch,
+    heads, seq_q, head_dim), k and v (batch, kv_heads, seq_kv, head_dim), bf16 or fp16 alike, kv_heads dividing heads
+    (SDPA's `enable_gqa=True`). Returns O (batch, heads, seq_q, head_dim) in `out_dtype` (q's dtype unless told;
+    torch.float32 keeps the float32 result), and with `return_lse` (O, LSE) with LSE (batch, heads, seq_q) float32,
+    the natural log-sum-exp of each row's scaled, masked scores. `causal` masks key c for query r where
+    c > r + seq_kv − seq_q: aligned bottom right (torch's `causal_lower_right`, FlashAttention's), which is SDPA's
+    `is_causal=True` only where seq_q = seq_kv. `scale` defaults to 1/√head_dim. The op behind it (`attention_op`) is
+    built once per shape, as every op of `op`; it has no autograd yet (a backward through it raises torch's error)."""
+    tensors = {"q": q, "k": k, "v": v}
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"spatialc.torch.attention: {name} is {_kind(t)}; pass a torch tensor")
+        if t.dim() != 4:
+            raise InputError(
+                f"spatialc.torch.attention: {name} is {_dims(t.shape)}; it takes (batch, heads, seq, head_dim)"
+            )
+        if t.dtype != q.dtype or t.dtype not in _ATTENTION_IN:
+            raise InputError(
+                f"spatialc.torch.attention: q, k and v are {', '.join(_dtype(x.dtype) for x in tensors.values())};"
+                " pass all three bfloat16 or all three float16"
+            )
+    (b, h, sq, d), (bk, hk, skv, dk) = q.shape, k.shape
+    if tuple(v.shape) != tuple(k.shape) or bk != b or dk != d or h % hk != 0:
+        raise InputError(
+            f"spatialc.torch.attention: q {_dims(q.shape)}, k {_dims(k.shape)} and v {_dims(v.shape)} do not fit:"
+            " k and v are (batch, kv_heads, seq_kv, head_dim), q (batch, heads, seq_q, head_dim), kv_heads dividing"
+            " heads"
+        )
+    if causal and sq > skv:
+        raise InputError(
+            f"spatialc.torch.attention: causal with seq_q ({sq}) > seq_kv ({skv}) leaves the first query rows no key"
+            " (the mask is aligned bottom right)"
+        )
+    want = q.dtype if out_dtype is None else out_dtype
+    if want not in _ATTENTION_OUT:
+        raise ProgramError(f"spatialc.torch.attention: out_dtype is torch.float32, bfloat16 or float16, not {want}")
+    made = getattr(torch.ops.spatialc, _attention_name(_ATTENTION_IN[q.dtype], causal, scale, _ATTENTION_OUT[want]))
+    o, lse = made(*(t.reshape(-1, *t.shape[2:]).contiguous() for t in (q, k, v)))
+    o = o.reshape(b, h, sq, d)
+    return (o, lse.reshape(b, h, sq)) if return_lse else o
