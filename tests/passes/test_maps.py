@@ -245,3 +245,15 @@ def test_an_int8_map_whose_formula_overflows_inside_is_refused_though_its_result
     cube = ew.clamp(ew.square(ew.square(ew.square(x * g))) * x, lo=-10, hi=10)
     with pytest.raises(SemanticError, match="within its formula, beyond"):
         spatialc.build(spatialc.elementwise(cube, 16, 16, "int8"), "sm_90")
+
+
+def test_an_attention_declaration_is_no_map_program_before_or_after_planning():
+    """Attention's unplanned stage is a declaration, not an elementwise map: no caller that asks before the
+    planner has run (the frontend's checks, the CLI's report) may take it for one."""
+    from spatialc.passes.maps import is_map_program
+
+    declared = spatialc.attention(1, 2, 32, 32, 64)
+    assert not is_map_program(declared)
+    assert not is_map_program(spatialc.build(declared, "sm_90"))
+    x, y = ew.inputs(2)
+    assert is_map_program(spatialc.elementwise(x + y, 64, 64, "fp16"))

@@ -28,6 +28,7 @@ from ..ir.nodes import (
     WriteStage,
 )
 from ..ir.ops import (
+    Attention,
     BlockShape,
     ChoreoOp,
     Col,
@@ -62,9 +63,11 @@ SITES_PER_UNIT = 2  # blocks of a map kernel an SM runs at once: two hide each o
 
 def is_map_program(p: SpatialProgram) -> bool:
     """Whether `p` has no tile matmul and reduces no rows: an elementwise program, planned here (a row program is
-    `passes/rows.py`'s)."""
+    `passes/rows.py`'s). An attention declaration is two matmuls and a softmax before the planner expands it, so
+    it is none."""
     return not any(
-        isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles | RowReduce) for s in p.stages
+        isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles | RowReduce | Attention)
+        for s in p.stages
     )
 
 
