@@ -3,8 +3,10 @@
 // says: float64 of the float32 operands, rounded once to float32. +, -, *, / and sqrt are the _rn intrinsics on the
 // GPU (never contracted into a fused multiply-add) and plain operators on the host (g++ -ffp-contract=off), each
 // correctly rounded as numpy's float64 arithmetic rounded once is; double arithmetic rounded once to float is too.
-// exp, log, tanh, erf and pow come from CUDA's library (or the host's), within 2 double ulps of numpy's.
+// log, tanh, erf and pow come from CUDA's library (or the host's), within 2 double ulps of numpy's; exp and exp2 are
+// float32 arithmetic of their own (below), the same bits on both.
 #include <cmath>
+#include <cstring>
 
 __device__ __forceinline__ float spatialc_fadd(float x, float y)
 {
@@ -101,8 +103,82 @@ __device__ __forceinline__ float spatialc_clamp(float x, double lo, double hi)
 __device__ __forceinline__ float spatialc_sqrt(float x) { return (float)spatialc_dsqrt((double)x); }
 __device__ __forceinline__ float spatialc_rsqrt(float x) { return (float)spatialc_ddiv(1.0, spatialc_dsqrt((double)x)); }
 __device__ __forceinline__ float spatialc_recip(float x) { return (float)spatialc_ddiv(1.0, (double)x); }
-__device__ __forceinline__ float spatialc_exp(float x) { return (float)exp((double)x); }
-__device__ __forceinline__ float spatialc_exp2(float x) { return (float)exp2((double)x); }
+// exp and exp2 in float32 arithmetic alone, each step one IEEE rounding (the _rn intrinsics and fused multiply-adds
+// on the GPU, the same operations on the host), so the GPU and the host emulation give the same bits; no float64
+// (a GPU runs float64 at a fraction of float32's rate, and attention's softmax is one exp a score). x = k·ln 2 + r
+// with k the nearest integer to x·log2 e and r ∈ [−ln 2 / 2, ln 2 / 2] (the reduction exact: ln 2's high part has
+// 16 bits and |k| ≤ 151), e^r by a degree-7 polynomial (Cephes' minimax coefficients), then times 2^k as two
+// exact powers of two so that only the last product rounds, also into the subnormal range. The table's bound for
+// both (numerics/elementwise.py: 2 ulps) is met by every float32 input: bench/exp_ulps.py tries them all.
+__device__ __forceinline__ float spatialc_ffma(float a, float b, float c)
+{
+#ifdef __CUDA_ARCH__
+    return __fmaf_rn(a, b, c);
+#else
+    return std::fma(a, b, c);
+#endif
+}
+
+// 2^k for a normal float's exponent k, from its bits.
+__device__ __forceinline__ float spatialc_pow2i(int k)
+{
+#ifdef __CUDA_ARCH__
+    return __int_as_float((k + 127) << 23);
+#else
+    const unsigned bits = (unsigned)(k + 127) << 23;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+#endif
+}
+
+// y · 2^k for |k| ≤ 151: 2^(k/2) and 2^(k − k/2) are normal floats and y · 2^(k/2) is exact for y ∈ [0.7, 1.5].
+__device__ __forceinline__ float spatialc_scale2(float y, int k)
+{
+    const int h = k / 2;
+    return spatialc_fmul(spatialc_fmul(y, spatialc_pow2i(h)), spatialc_pow2i(k - h));
+}
+
+__device__ __forceinline__ float spatialc_exp(float x)
+{
+    if (!(x > -104.0f)) {
+        return x != x ? x : 0.0f;  // e^x < 2^-150 below −104: rounds to +0
+    }
+    if (x > 89.0f) {
+        return INFINITY;
+    }
+    const float k = rintf(spatialc_fmul(x, 1.44269504088896341f));
+    float r = spatialc_ffma(k, -0.693145751953125f, x);  // ln 2's high 16 bits: k · it is exact, as is x − it
+    r = spatialc_ffma(k, -1.42860682030941723e-6f, r);  // ln 2's next 24 bits
+    float p = 1.9875691500e-4f;
+    p = spatialc_ffma(p, r, 1.3981999507e-3f);
+    p = spatialc_ffma(p, r, 8.3334519073e-3f);
+    p = spatialc_ffma(p, r, 4.1665795894e-2f);
+    p = spatialc_ffma(p, r, 1.6666665459e-1f);
+    p = spatialc_ffma(p, r, 5.0000001201e-1f);
+    const float y = spatialc_fadd(spatialc_ffma(p, spatialc_fmul(r, r), r), 1.0f);
+    return spatialc_scale2(y, (int)k);
+}
+
+__device__ __forceinline__ float spatialc_exp2(float x)
+{
+    if (!(x > -151.0f)) {
+        return x != x ? x : 0.0f;  // 2^x < 2^-150 below −151 (and 2^-150 itself rounds to +0, to even)
+    }
+    if (x > 129.0f) {
+        return INFINITY;
+    }
+    const float k = rintf(x);
+    const float r = spatialc_fsub(x, k);  // exact: |r| ≤ 1/2
+    float p = 1.535336188319500e-4f;
+    p = spatialc_ffma(p, r, 1.339887440266574e-3f);
+    p = spatialc_ffma(p, r, 9.618437357674640e-3f);
+    p = spatialc_ffma(p, r, 5.550332471162809e-2f);
+    p = spatialc_ffma(p, r, 2.402264791363012e-1f);
+    p = spatialc_ffma(p, r, 6.931472028550421e-1f);
+    const float y = spatialc_ffma(p, r, 1.0f);
+    return spatialc_scale2(y, (int)k);
+}
 __device__ __forceinline__ float spatialc_log(float x) { return (float)log((double)x); }
 __device__ __forceinline__ float spatialc_log2(float x) { return (float)log2((double)x); }
 __device__ __forceinline__ float spatialc_tanh(float x) { return (float)tanh((double)x); }
