@@ -101,6 +101,24 @@ def test_narrower_boxes_and_paired_blocks_equal_the_interpreter(prec, shape, out
 
 @needs_gxx
 @pytest.mark.emulation
+@pytest.mark.parametrize(
+    ("shape", "block", "row", "swizzle"),
+    [
+        ((130, 256, 96), (8, 8, 2), 128, 128),  # int8 C: boxes of 8 tiles, a byte at a time at its swizzled place
+        ((130, 16, 96), (8, 1, 2), 16, 0),  # one tile wide: rows of 16 bytes, which no swizzle pattern takes
+    ],
+)
+def test_int8_c_after_requant_equals_the_interpreter(shape, block, row, swizzle):
+    from spatialc.frontend import requant
+
+    p = spatialc.build(spatialc.gemm(*shape, "int8", epilogue=[requant(0.02, zero_point=3)]), "sm_90a", block=block)
+    art = spatialc.lower(p)
+    assert f"#define OUT_BOX_ROW {row}" in art.kernel_cu and art.launch.tensor_maps[-1].swizzle == swizzle
+    assert outcome((p, art, inputs("int8", *shape)), art.program_cu) == EXACT
+
+
+@needs_gxx
+@pytest.mark.emulation
 def test_a_chain_into_the_swizzled_staging_equals_the_interpreter():
     from spatialc.frontend import bias, relu
 
