@@ -115,7 +115,9 @@ def row_operand(program: SpatialProgram) -> str:
     return program.tensor(decl.a).name
 
 
-def lower(program: SpatialProgram, target: str | SpatialTarget | None = None, form: str = "auto"):
+def lower(
+    program: SpatialProgram, target: str | SpatialTarget | None = None, form: str = "auto", epilogue: str | None = None
+):
     """The CUDA artifact of a verified program (target defaults to the one it was built for).
 
     `form` chooses the kernel: "auto" (on a Hopper target the sm_90a form where the program was planned for it;
@@ -123,7 +125,9 @@ def lower(program: SpatialProgram, target: str | SpatialTarget | None = None, fo
     "general" or "sm90a". A persistent artifact carries the general form in `artifact.general` (an sm_90a one does
     not: its swizzled panels are read by no other form).
     The `verified` mark is checked again here, not trusted: a program changed after verify (by
-    `dataclasses.replace`, or a hand-edited file) is verified anew, and refused if it no longer passes."""
+    `dataclasses.replace`, or a hand-edited file) is verified anew, and refused if it no longer passes.
+    `epilogue` ("swizzled", the default, or "tiles") picks how the sm_90a form's fused store goes out (that form's
+    alone; docs/kernel-abi.md, "The sm_90a form")."""
     from .lower.cuda.forms import lower as lower_cuda
     from .passes.verify import verify
 
@@ -133,7 +137,7 @@ def lower(program: SpatialProgram, target: str | SpatialTarget | None = None, fo
     _printed_precision(program, t)
     if program.verified:
         verify(program, t if t.name == program.target else None)
-    art = lower_cuda(program, t, form)
+    art = lower_cuda(program, t, form, epilogue)
     if t.name == program.target:
         return art
     other = f"lowered for {t.name}, a program built for {program.target}: its plan was chosen for {program.target}"

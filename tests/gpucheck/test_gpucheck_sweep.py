@@ -81,7 +81,8 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     assert planner.contestant == "spatialc sm90a" and not planner.kernel_only  # timed both ways, as in any row
     assert planner.facts["sweep"]["predicted"] == 1.0
     # The sm_90a form's own neighbour: paired blocks of 64-row items, at most 8 tiles wide, two an SM.
-    assert [f.facts["sweep"]["change"] for f in forms[1:]] == [*CHANGES[:5], S.PAIRED, CHANGES[5], TIMED_AGAIN]
+    changes = [*CHANGES[:5], S.PAIRED, CHANGES[5], S.TILE_EPILOGUE, TIMED_AGAIN]
+    assert [f.facts["sweep"]["change"] for f in forms[1:]] == changes
     paired = forms[6]
     assert paired.contestant.startswith("spatialc sm90a 4×8×4 d") and paired.artifact.budget.blocks_per_sm == 2
     assert "spatialc_regs_inc" not in paired.artifact.kernel_cu.split("spatialc_hopper(")[1]  # no setmaxnreg
@@ -94,7 +95,16 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     assert more.contestant == "spatialc sm90a (a stage more)"
     names = [f.contestant for f in built.forms]
     assert forms[1].contestant == "spatialc sm90a 8×16×4 d3" and "spatialc sm90a 8×16×2 d8" in names
-    assert forms[-1].contestant == "spatialc sm90a 8×16×4 d4 round_robin" and len(set(names)) == len(names)
+    assert forms[-2].contestant == "spatialc sm90a 8×16×4 d4 round_robin" and len(set(names)) == len(names)
+    # The planner's plan with the first epilogue: a warp's 16 × 16 box a tile where the planner's kernel stores a
+    # warpgroup's box of 64 rows (issue 36, section 2 item 2); the plan, and so the cost, the same.
+    first = forms[-1]
+    assert first.contestant == "spatialc sm90a 8×16×4 d4 tiles epilogue" and first.facts["sweep"]["predicted"] == 1.0
+    assert first.facts["own_plan"] == planner.facts["own_plan"]
+    assert first.artifact.launch.tensor_maps[-1].box == (16, 16) and planner.artifact.launch.tensor_maps[-1].box == (
+        64,
+        64,
+    )
     # Each prediction is the form's cost model's own ratio, recomputed here from the plan each kernel was built with.
     sm90a = target("sm_90a")
     gemm = spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16")
@@ -107,7 +117,7 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
         assert f.facts["own_plan"] == B.describe_plan(program)
         cost = sm90a_plan.plan_cost(sm90a, program.plan, gemm.precision)
         assert f.facts["sweep"]["predicted"] == pytest.approx(base / cost, abs=1e-3)
-    assert forms[1].facts["sweep"]["predicted"] < 1 and forms[-1].facts["sweep"]["predicted"] == 1.0  # order unseen
+    assert forms[1].facts["sweep"]["predicted"] < 1 and forms[-2].facts["sweep"]["predicted"] == 1.0  # order unseen
 
 
 def test_the_persistent_kernel_is_swept_beside_it_by_its_own_planners_cost():

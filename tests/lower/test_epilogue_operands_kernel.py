@@ -283,14 +283,17 @@ def test_the_sm90a_form_reads_a_residual_and_a_gate_from_their_rings_before_its_
     assert params["residual"].order == params["gate"].order == "rows"
     names = [art.launch.params[m.tensor].name for m in art.launch.tensor_maps]
     assert names == ["A", "B", "residual", "gate", "C"]  # the loads' maps, then the store's, last
-    assert [(m.box, m.swizzle) for m in art.launch.tensor_maps[2:]] == [((16, 16), 0)] * 3
+    assert [(m.box, m.swizzle) for m in art.launch.tensor_maps[2:4]] == [((16, 16), 0)] * 2
+    # C goes out a warpgroup's box at a time: 64 rows, swizzled as wide as a row's float32 bytes.
+    c = art.launch.tensor_maps[4]
+    assert c.box[0] == 64 and c.swizzle == c.box[1] * 4 and c.swizzle in (32, 64, 128)
     text = art.kernel_cu
     for tensor, word in (("residual", "add"), ("gate", "mul")):
         r = side_ring(art, tensor)
         wait = text.index(f"spatialc_mbar_wait(&full_{r}[wt_{r} % DEPTH_{r}], (wt_{r} / DEPTH_{r}) & 1); ++wt_{r};")
         read = text.index(f"SPATIALC_PAGE_LD(ring_{r} + ((wt_{r} - 1) % DEPTH_{r}) * PAGE_{r} + (bh * 1 + bw) * 256")
         assert text.index(f"// op:Compute:Map_{word}_x0_x1", read) < text.index("\n", read)  # the stage's image
-        staged = text.index("SPATIALC_PAGE_ST(staged + c * 256 + el, (OUT_T)v);", read)
+        staged = text.index("SPATIALC_PAGE_ST((OUT_T*)(staged + OUT_SWZ(at)), (OUT_T)v);", read)
         store = text.index("spatialc_tma_store_2d(", staged)
         pop = text.index(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]); ++pop_{r};  // op:Pop", store)
         assert wait < read < staged < store < pop
@@ -337,7 +340,7 @@ def test_the_sm90a_form_applies_row_and_column_vectors_before_its_staging_store(
     text = art.kernel_cu
     row = text.index("(el / 16) * 16]);  // op:Compute:Map_mul_x0_row")  # the element's own row of its tile
     col = text.index("el % 16]);  // op:Compute:Map_mul_x0_col")
-    staged = text.index("SPATIALC_PAGE_ST(staged + c * 256 + el, (OUT_T)v);", col)  # then into the staging box
+    staged = text.index("SPATIALC_PAGE_ST((OUT_T*)(staged + OUT_SWZ(at)), (OUT_T)v);", col)  # into the staging box
     assert row < col < staged < text.index("spatialc_tma_store_2d(", staged)  # and out by TMA
 
 

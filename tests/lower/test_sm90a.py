@@ -63,7 +63,8 @@ def test_sm90a_is_a_target_that_plans_for_wgmma_items():
     # A's page is one 128-byte swizzled panel of 128 rows; B's 64 rows of 256 columns are four, a box each; then
     # the store's map: a tile a box.
     maps = [(m.box, m.swizzle) for m in art.launch.tensor_maps]
-    assert maps == [((128, 64), 128), ((64, 64), 128), ((16, 16), 0)]
+    # C's: a consumer warpgroup's 64 rows of 128 bytes (32 float32 columns), swizzled as wide (sm90a/staging.py).
+    assert maps == [((128, 64), 128), ((64, 64), 128), ((64, 32), 128)]
     # A, B and C stored as matrices, every map 2-D over one (C's stored a tile a box).
     assert [q.order for q in art.launch.params] == ["rows", "rows", "rows"]
     assert art.kernel_cu.count("spatialc_tma_load_2d((char*)") == 5
@@ -264,7 +265,8 @@ def test_the_launcher_passes_each_tensor_map_after_the_work_list_encoded_over_it
     # the host program prints.
     for (buffer, dims, strides, box, elem, swizzle), m in zip(dev.maps, art.launch.tensor_maps, strict=True):
         out = art.launch.params[m.tensor].role == "output"
-        assert (elem, swizzle) == ((4, 0) if out else (2, m.swizzle)) and (out or swizzle in (32, 64, 128))
+        assert (elem, swizzle) == ((4, m.swizzle) if out else (2, m.swizzle)) and swizzle in (32, 64, 128)
+        assert not out or (box, swizzle) == ((16, 64), 64)  # C's: 64 rows of one float32 tile (5 tiles: no pair)
         # (the output's buffer was encoded poisoned, before the kernel wrote it)
         assert buffer.shape == args[m.tensor].shape and (out or np.array_equal(buffer, args[m.tensor]))
         n = len(dims)
@@ -804,14 +806,14 @@ def wide():
     (fp32) in three boxes of 2 — an odd count, so an item's first box is the other staging box than the last
     item's first."""
     p = spatialc.build(spatialc.gemm(150, 200, 64, "bf16"), "sm_90a", block=(8, 6, 2), depth=2, sites=2)
-    art = spatialc.lower(p)
+    art = spatialc.lower(p, epilogue="tiles")  # the first epilogue (test_sm90a_staging.py: the default one)
     assert art.launch.grid == 2 and art.launch.params[2].tiles == (16, 18)
     assert art.budget.form == "sm90a" and "#define OUT_CHUNK 2" in art.kernel_cu
     return p, art, inputs("bf16", 150, 200, 64)
 
 
 def test_the_fused_store_goes_out_by_tma_store_from_each_warps_staging():
-    art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16"), "sm_90a"))
+    art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16"), "sm_90a"), epilogue="tiles")
     text = art.kernel_cu
     assert "const int row = (int)(tile / 256) * 16, col = (int)(tile % 256) * 16;" in text
     assert "spatialc_tma_store_2d(&spatialc_tmap_2, col + c * 16, row, staged + c * 256);" in text
@@ -890,7 +892,7 @@ def test_an_even_count_of_boxes_restarts_each_item_on_the_first_box():
     """Four boxes an item: a whole number of turns, so the box is known where printed (no count) and each item
     starts on the first box, which the last store of the item before (on the second box) does not read."""
     p = spatialc.build(spatialc.gemm(150, 200, 64, "bf16"), "sm_90a", block=(8, 8, 2), depth=2, sites=2)
-    art = spatialc.lower(p)
+    art = spatialc.lower(p, epilogue="tiles")
     text = art.kernel_cu
     assert "#define OUT_CHUNK 2" in text and "#define PERW 8" in text and "boxes_out" not in text
     assert "(warp * 2 + (q0 / OUT_CHUNK) % 2)" in text and art.launch.grid == 2
@@ -919,7 +921,7 @@ def test_a_16_bit_output_is_staged_by_stmatrix_and_equals_the_interpreter():
 
     g = spatialc.gemm(150, 200, 64, "fp16", epilogue=[bias(), relu()], out="fp16")
     p = spatialc.build(g, "sm_90a", block=(8, 8, 2), depth=2)
-    art = spatialc.lower(p)
+    art = spatialc.lower(p, epilogue="tiles")
     assert "spatialc_stmatrix_tile(staged + c * 256, out);" in art.kernel_cu and "#define OUT_CHUNK 4" in art.kernel_cu
     x = inputs("fp16", 150, 200, 64) | {"bias": np.arange(200, dtype=np.float32) - 40}
     want = spatialc.evaluate(p, x)
@@ -931,7 +933,9 @@ def test_a_16_bit_output_is_staged_by_stmatrix_and_equals_the_interpreter():
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_the_staged_store_compiles_to_stmatrix_and_tma_stores(tmp_path):
-    art = spatialc.lower(spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16"), "sm_90a"))
+    art = spatialc.lower(
+        spatialc.build(spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16"), "sm_90a"), epilogue="tiles"
+    )
     ops = Counter(i.base for i in compiled_clean(art, tmp_path))
     # A warp's row of 16 tiles: 16 stmatrix and 16 TMA stores, a tile each (four boxes of 4 tiles, two staging
     # boxes in turn); no store to global from the registers.

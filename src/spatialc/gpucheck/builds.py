@@ -213,16 +213,18 @@ def hopper_form(gemm: Any, options: dict[str, Any]) -> Form:
     return form_built(gemm, HOPPER_FORM, options)[1]
 
 
-def form_built(gemm: Any, name: str, options: dict[str, Any]) -> tuple[Any, Form]:
-    """The GEMM built with `options` and lowered in form `name` — the sm_90a form for sm_90a, the persistent kernel
-    for sm_90 — its plan named in its facts; with the program (None where the build or the lowering refused: the
-    form is then absent, with the reason)."""
+def form_built(
+    gemm: Any, name: str, options: dict[str, Any], lowering: dict[str, Any] | None = None
+) -> tuple[Any, Form]:
+    """The GEMM built with `options` and lowered in form `name` (with `lowering`'s options: the sm_90a form's
+    epilogue) — the sm_90a form for sm_90a, the persistent kernel for sm_90 — its plan named in its facts; with the
+    program (None where the build or the lowering refused: the form is then absent, with the reason)."""
     import spatialc
 
     target = kernel_arch(name, "sm_90")  # a Hopper's target, as its architecture: sm_90a for the sm_90a form
     try:
         program = spatialc.build(gemm, target, **options)
-        artifact = spatialc.lower(program, target, form=name)
+        artifact = spatialc.lower(program, target, form=name, **(lowering or {}))
     except Exception as e:
         return None, Form(name, absent=one_line(e))
     form = _form(name, artifact)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..ir.printer import plural
+from ..lower.cuda.sm90a import plan as sm90a_plan
 from .builds import Built, Form, describe_plan, form_built, plan_facts
 from .cases import HOPPER_FORM, PLANNERS_PLAN, TIMED_AGAIN, kernel_arch
 
@@ -36,15 +37,23 @@ class Neighbour:
     depth: int | None = None
     placement: str | None = None
     why_not: str = ""  # why the planner's plan has no such neighbour (listed all the same)
+    epilogue: str | None = None  # the sm_90a form's fused store (`spatialc.lower`'s option; None: its default)
 
     def options(self) -> dict[str, Any]:
         chosen = {"block": self.block, "sub_blocks": self.sub_blocks, "depth": self.depth, "placement": self.placement}
         return {key: value for key, value in chosen.items() if value is not None}
 
+    def lowering(self) -> dict[str, Any]:
+        """The `spatialc.lower` options that make it (the plan unchanged)."""
+        return {"epilogue": self.epilogue} if self.epilogue is not None else {}
+
 
 PAIRED = "items of 64 rows, two blocks an SM"
 HALVED_PLANNERS = "K steps halved, the planner's stages"
 ALONE = "items of 128 rows, a block an SM"
+# The sm_90a form's first epilogue: each warp stores its 16 rows a 16 × 16 box a tile from unswizzled staging, where
+# the default stores a warpgroup's 64 rows a box from swizzled staging (lower/cuda/sm90a/staging.py; issue 36).
+TILE_EPILOGUE = "the first epilogue: a warp's TMA store a tile"
 
 
 def _other_pairing(osh: int, osw: int, ibw: int, kind: str) -> Neighbour:
@@ -97,10 +106,12 @@ def neighbours(program: Any, form: str) -> list[Neighbour]:
         out.append(Neighbour(waves, block, sub, depth, "round_robin"))
     else:
         out.append(Neighbour(waves, why_not=f"the planner's item order is {kind}, not bands of rows"))
+    if form == HOPPER_FORM:  # the same plan, its fused store the first epilogue's
+        out.append(Neighbour(TILE_EPILOGUE, block, sub, depth, kind, epilogue=sm90a_plan.TILES))
     return out
 
 
-def variant_name(program: Any, planner: Any) -> str:
+def variant_name(program: Any, planner: Any, epilogue: str | None = None) -> str:
     """A sweep plan's name in its contestant: block (sub-blocks where there are several), depth, and the item order
     where it is not the planner's."""
     plan = program.plan
@@ -111,6 +122,8 @@ def variant_name(program: Any, planner: Any) -> str:
     name += f" d{plan.depth}"
     if program.placement.kind != planner.placement.kind:
         name += f" {program.placement.kind}"
+    if epilogue is not None:
+        name += f" {epilogue} epilogue"
     return name
 
 
@@ -147,12 +160,12 @@ def _swept(gemm: Any, form: str, planner: Any, chosen: Form) -> list[Form]:
         if n.why_not:
             program, variant = None, Form(form, absent=n.why_not)
         else:
-            program, variant = form_built(gemm, form, {**n.options(), **UNSPLIT})
+            program, variant = form_built(gemm, form, {**n.options(), **UNSPLIT}, n.lowering())
         if program is not None:
-            if _key(program) in seen:
+            if _key(program, n.epilogue) in seen:
                 continue  # the planner made the change back into a plan already in the list
-            seen.add(_key(program))
-            variant.variant = variant_name(program, planner)
+            seen.add(_key(program, n.epilogue))
+            variant.variant = variant_name(program, planner, n.epilogue)
             predicted = round(cost / _cost(gemm, form, program), 3)
         else:
             variant.variant, predicted = f"({n.change})", None
@@ -177,5 +190,5 @@ def _cost(gemm: Any, form: str, program: Any) -> float:
     return found[0].cost
 
 
-def _key(program: Any) -> tuple[Any, ...]:
-    return (program.plan, program.placement.kind)
+def _key(program: Any, epilogue: str | None = None) -> tuple[Any, ...]:
+    return (program.plan, program.placement.kind, epilogue)

@@ -24,7 +24,7 @@ from ...passes.rows import is_row_program
 from ...passes.tile import in_panels
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
-from ..errors import LowerError, NeedsGeneral, TooBig
+from ..errors import LowerError, NeedsGeneral, TooBig, Unsupported
 from .common.program import ATTENTION_PROGRAM, MAP_PROGRAM, ROW_PROGRAM
 from .general import kernel as general
 from .persistent import kernel as persistent
@@ -56,11 +56,21 @@ class UnknownForm(LowerError, ValueError):
         self.form = form
 
 
-def lower(program: SpatialProgram, target: SpatialTarget, form: str = "auto") -> CudaArtifact:
+def lower(
+    program: SpatialProgram, target: SpatialTarget, form: str = "auto", epilogue: str | None = None
+) -> CudaArtifact:
     """The CUDA artifact of a verified program in `form` (auto: sm_90a on a Hopper target where it can, else
-    persistent where it can, else general)."""
+    persistent where it can, else general). `epilogue` (the sm_90a form's alone: `sm90a.plan.EPILOGUES`) picks how
+    its fused store's staged boxes go out."""
     if form not in FORMS:
         raise UnknownForm(form)
+    if epilogue is not None:
+        if form == "sm90a" or (form == "auto" and in_panels(program)):
+            return sm90a.lower(program, target, epilogue)
+        raise Unsupported(
+            f"epilogue={epilogue!r} in the {form} form",
+            "only the sm_90a form's staged store takes one: build and lower with form='sm90a'",
+        )
     if form == "general":
         return general.lower(program, target)
     if is_attention_program(program):

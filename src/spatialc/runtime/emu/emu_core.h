@@ -126,6 +126,15 @@ struct ThreadState {
     // clock or before are visible to the copy engine.
     std::atomic<unsigned> fenced_clk{0};
     std::atomic<unsigned> fenced_bi{0}, fenced_wi{0};  // its barrier intervals then: what orders the fence for others
+    // Its last kFences fences (clock, barrier intervals), oldest first from n_fences - kFences: a store issued after
+    // the thread has fenced again still finds the fence that covered the bytes it reads. A thread cannot run more
+    // fences ahead of a store's issue than its staging takes turns, each after a barrier with the issuing thread.
+    static constexpr unsigned kFences = 4;
+    struct Fence {
+        std::atomic<unsigned> clk{0}, bi{0}, wi{0};
+    };
+    Fence fences[kFences];
+    std::atomic<unsigned> n_fences{0};
 };
 
 // An mbarrier (emu_mbarrier.h), or an engine's named barrier (the same arrivals, its threads waiting on each other).

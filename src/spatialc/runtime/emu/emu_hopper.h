@@ -284,6 +284,22 @@ inline void spatialc_stmatrix_tile(T* tile, const T (&v)[8], int line = __builti
     const ThreadState& t = me("spatialc_stmatrix_tile");
     for (int i = 0; i < 8; ++i) page_store(tile + acc_row(t.lane, i) * 16 + acc_col(t.lane, i), v[i], line);
 }
+// stmatrix as the instruction defines it: the rows' addresses are the lanes' (lane 8j + r: matrix j's row r), so
+// each lane learns the four it writes to from the lanes that give them (a shuffle), then writes its two values of
+// each matrix at its columns of that row, recorded as its stores.
+template <class T>
+inline void spatialc_stmatrix_rows(T* row, const T (&v)[8], int line = __builtin_LINE()) {
+    static_assert(sizeof(T) == 2, "stmatrix stores 16-bit values");
+    using namespace spatialc_emu;
+    const ThreadState& t = me("spatialc_stmatrix_rows");
+    if (reinterpret_cast<uintptr_t>(row) % 16)
+        fatal(kExitMisuse, at_line("spatialc_stmatrix_rows", line) + ": a matrix row not on 16 bytes");
+    for (int j = 0; j < 4; ++j) {
+        T* at = __shfl_sync(0xffffffffu, row, 8 * j + t.lane / 4, 32, line);
+        page_store(at + 2 * (t.lane % 4), v[2 * j], line);
+        page_store(at + 2 * (t.lane % 4) + 1, v[2 * j + 1], line);
+    }
+}
 template <int N>
 inline void spatialc_bulk_wait_read() {
     spatialc_emu::bulk_wait_read((size_t)N);

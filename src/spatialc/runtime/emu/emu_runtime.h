@@ -868,6 +868,12 @@ SPATIALC_EMU_FN void fence_proxy_async(int) {
     t.fenced_bi.store(t.bi.load(std::memory_order_relaxed), std::memory_order_relaxed);
     t.fenced_wi.store(t.wi.load(std::memory_order_relaxed), std::memory_order_relaxed);
     t.fenced_clk.store(t.clk, std::memory_order_release);  // what it wrote so far; its next writes come after
+    const unsigned n = t.n_fences.load(std::memory_order_relaxed);
+    ThreadState::Fence& f = t.fences[n % ThreadState::kFences];
+    f.clk.store(t.clk, std::memory_order_relaxed);
+    f.bi.store(t.bi.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    f.wi.store(t.wi.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    t.n_fences.store(n + 1, std::memory_order_release);
     ++t.clk;
 }
 
@@ -907,7 +913,10 @@ SPATIALC_EMU_FN void run_bulk_store(const BulkStore& s) {
                 fatal(kExitMisuse, "spatialc_tma_store at line " + std::to_string(s.line) + ": the box writes past "
                                    "the end of the tensor's allocation");
             global_write(f.base + dst, f.elem, "a TMA store (spatialc_tma_store)", s.line);
-            std::memcpy(const_cast<char*>(f.base) + dst, s.src + e * f.elem, f.elem);
+            // A swizzled box is read as it would have been landed by a load of the same map: by address.
+            uintptr_t a = reinterpret_cast<uintptr_t>(s.src) + e * f.elem;
+            if (f.swizzle) a ^= ((a >> 7) & (f.swizzle / 16 - 1)) << 4;
+            std::memcpy(const_cast<char*>(f.base) + dst, reinterpret_cast<const char*>(a), f.elem);
         }
         for (uint32_t d = 0; d < f.rank && ++idx[d] == f.box[d]; ++d) idx[d] = 0;
     }
@@ -919,15 +928,18 @@ SPATIALC_EMU_FN void tma_store(const CUtensorMap* map, const int* coords, int ra
     BulkStore s;
     std::memcpy(&s.f, map, sizeof s.f);
     if (s.f.magic != kTensorMapMagic) fatal(kExitMisuse, where + ": not a tensor map cuTensorMapEncodeTiled made");
-    if ((int)s.f.rank != rank || s.f.swizzle)
+    if ((int)s.f.rank != rank)
         fatal(kExitMisuse, where + ": a map of rank " + std::to_string(s.f.rank) + " used with " +
-                               std::to_string(rank) + " coordinates, or a swizzled one (stored unswizzled here)");
+                               std::to_string(rank) + " coordinates");
     std::copy(coords, coords + rank, s.coords);
     s.src = static_cast<const char*>(src);
     s.line = line;
     s.known = t.vc;
     if (!find_region(src)) fatal(kExitMisuse, where + ": the source is not in a shared ring");
     if (reinterpret_cast<uintptr_t>(src) % 128) fatal(kExitMisuse, where + ": the source is not on 128 bytes");
+    if (s.f.swizzle && reinterpret_cast<uintptr_t>(src) % (8 * s.f.swizzle))
+        fatal(kExitMisuse, where + ": a box swizzled " + std::to_string(s.f.swizzle) + " bytes wide not on " +
+                               std::to_string(8 * s.f.swizzle) + " bytes");
     // The copy engine reads through the async proxy: every byte's last writer must have fenced since writing it.
     size_t n = s.f.elem;
     for (uint32_t i = 0; i < s.f.rank; ++i) n *= s.f.box[i];
@@ -943,14 +955,20 @@ SPATIALC_EMU_FN void tma_store(const CUtensorMap* map, const int* coords, int ra
             if (w.clk > fenced)
                 fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
                                      " wrote with no fence.proxy.async since: the copy engine may read them stale");
-            // The writer's fence must also come before the issue: the issuing thread's own, one a warp or block
-            // barrier separates from it, or one an mbarrier phase it waited on carried.
-            const bool ordered =
-                w.tid == t.tid ||
-                (w.tid / kWarp == t.tid / kWarp && writer.fenced_wi.load(std::memory_order_relaxed) <
-                                                       t.wi.load(std::memory_order_relaxed)) ||
-                writer.fenced_bi.load(std::memory_order_relaxed) < t.bi.load(std::memory_order_relaxed) ||
-                ((size_t)w.tid < t.vc.size() && t.vc[(size_t)w.tid] > fenced);
+            // A fence of the writer's since the write must also come before the issue: the issuing thread's own, one
+            // a warp or block barrier separates from it, or one an mbarrier phase (a named barrier's too) it waited
+            // on carried. Any of its fences since the write will do: one ordered before the issue orders the first.
+            bool ordered = w.tid == t.tid;
+            const unsigned n_f = writer.n_fences.load(std::memory_order_acquire);
+            for (unsigned i = n_f > ThreadState::kFences ? n_f - ThreadState::kFences : 0; i < n_f && !ordered; ++i) {
+                const ThreadState::Fence& f = writer.fences[i % ThreadState::kFences];
+                const unsigned clk = f.clk.load(std::memory_order_relaxed);
+                if (clk < w.clk) continue;
+                ordered = (w.tid / kWarp == t.tid / kWarp &&
+                           f.wi.load(std::memory_order_relaxed) < t.wi.load(std::memory_order_relaxed)) ||
+                          f.bi.load(std::memory_order_relaxed) < t.bi.load(std::memory_order_relaxed) ||
+                          ((size_t)w.tid < t.vc.size() && t.vc[(size_t)w.tid] > clk);
+            }
             if (!ordered)
                 fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
                                      " wrote and fenced (fence.proxy.async), but nothing orders that fence before the "

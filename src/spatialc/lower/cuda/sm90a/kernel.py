@@ -98,14 +98,19 @@ from ..common.program import (
 from ..common.rings import TILE_ELEMS, Rings, ring_table
 from ..general import kernel as general
 from ..general import printer as general_printer
+from . import staging
 from .plan import (
     BARRIER_ALIGN,
     CONSUMER_REGS,
+    EPILOGUES,
     PRODUCER_REGS,
     STAGE_ALIGN,
     STORE_BUFFERS,
+    SWIZZLED,
     WARPGROUP,
+    WARPGROUP_ROWS,
     Warpgroups,
+    box_swizzle,
     check_plan,
     staging_bytes,
     store_chunk,
@@ -132,6 +137,7 @@ class HopperKernel:
     panels: dict[int, Panels | TileBoxes] = dataclasses.field(default_factory=dict)  # each TMA-filled ring's boxes
     stored: dict[int, str] = dataclasses.field(default_factory=dict)  # parameter → "rows" / "cols" (KernelParam)
     warp_freed: frozenset[int] = frozenset()  # rings whose stages a consumer warp frees with one arrival (`release`)
+    epilogue: str = SWIZZLED  # how the staged store goes out (plan.EPILOGUES): warpgroup boxes, or a box a tile
 
     @property
     def program(self) -> SpatialProgram:
@@ -277,19 +283,22 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
     return store, general.epilogue_rings(p, ring_table(p, types, fused), integer)
 
 
-def make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
+def make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str = SWIZZLED) -> HopperKernel:
     """The sm_90a kernel of `p`, or the form's refusal; made once for a program verify remembers (build makes it to
-    see whether the form takes the plan, then lower asks again)."""
+    see whether the form takes the plan, then lower asks again). `epilogue` picks the staged store's boxes
+    (`plan.EPILOGUES`)."""
+    if epilogue not in EPILOGUES:
+        raise Unsupported(f"the sm_90a epilogue {epilogue!r}", f"it is one of {', '.join(EPILOGUES)}")
     memo = derived(p)
     if memo is None:
-        return _make_kernel(p, target)
-    key = ("sm90a kernel", target)
+        return _make_kernel(p, target, epilogue)
+    key = ("sm90a kernel", target, epilogue)
     if key not in memo:
-        memo[key] = _make_kernel(p, target)
+        memo[key] = _make_kernel(p, target, epilogue)
     return memo[key]
 
 
-def _make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
+def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str) -> HopperKernel:
     refuse(p, target)
     wg = warpgroups(p.plans[0])
     # The compute engine is the consumer warpgroups' warps, one tile row of the item each.
@@ -332,8 +341,12 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         chunk = store_chunk(w, k.out_type)
         offsets["out_stage"] = -(-dyn // STAGE_ALIGN) * STAGE_ALIGN
         dyn = offsets["out_stage"] + staging_bytes(chunk, k.out_type, wg)
-        # C is stored as a row-major matrix (what the caller gets needs no untilize), a tile a box.
-        maps = (*maps, TensorMap(len(maps), param_at(p, store.tensor), (16, 16)))
+        # C is stored as a row-major matrix (what the caller gets needs no untilize): a warpgroup's box of `chunk`
+        # tiles of its 64 rows, swizzled as wide as its rows (staging.py), or a tile a box.
+        box, swizzle = (
+            ((WARPGROUP_ROWS, chunk * 16), box_swizzle(chunk, k.out_type)) if epilogue == SWIZZLED else ((16, 16), 0)
+        )
+        maps = (*maps, TensorMap(len(maps), param_at(p, store.tensor), box, swizzle))
         stored[param_at(p, store.tensor)] = "rows"
     full = {r: (1 if r in filled else n) for r, n in k.full_count.items()}
     # A stage the copy engine fills and only the consumers' wgmma read has all its reads retired, warp by warp, once
@@ -359,7 +372,7 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
         barrier_bytes=barrier_bytes,
         blocks_per_sm=wg.blocks,
     )
-    hk = HopperKernel(base, maps, filled, wg, w * 16, store, chunk, mc, panels, stored, warp_freed)
+    hk = HopperKernel(base, maps, filled, wg, w * 16, store, chunk, mc, panels, stored, warp_freed, epilogue)
     check_resources(hk, target)
     return hk
 
@@ -424,7 +437,7 @@ def preamble(hk: HopperKernel) -> list[str]:
     rest = [*rest[:at], *extra, *rest[at:]]
     if hk.chunk:  # tiles of the output box each consumer warp stages for the TMA store
         at = next(i for i, line in enumerate(rest) if line.startswith("#define SMEM_OFF_"))
-        rest = [*rest[:at], f"#define OUT_CHUNK {hk.chunk}", *rest[at:]]
+        rest = [*rest[:at], f"#define OUT_CHUNK {hk.chunk}", *staging.defines(hk), *rest[at:]]
     # (each multicast ring's ready barriers count its receivers: READY_COUNT_r, the general preamble's)
     return [head, *(line.replace(f"#define NTHREAD {k.threads}", f"#define NTHREAD {hk.threads}") for line in rest)]
 
@@ -449,7 +462,9 @@ def kernel_text(hk: HopperKernel) -> str:
         w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
         general_printer.declare_rings(k, w)
-        if hk.chunk:
+        if hk.chunk and hk.epilogue == SWIZZLED:
+            staging.declare(hk, w)
+        elif hk.chunk:
             boxes = hk.wg.staging_boxes
             w.line(
                 f"SPATIALC_DYNAMIC_RING(OUT_T, out_stage, spatialc_dyn_smem, SMEM_OFF_OUT_STAGE, {boxes}, "
@@ -522,7 +537,9 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
         assert not printer.arrived, "an arrival made with a load's expect_tx and no Push after it"
 
     general_printer.by_class(k, role, w, body)
-    if stores:
+    if stores and hk.epilogue == SWIZZLED:
+        staging.last_wait(w)
+    elif stores:
         # The shared memory a store reads must outlive its reading: the warp's last stores, before it ends.
         last = "if ((threadIdx.x & 31) == 0) { spatialc_bulk_wait_read<0>(); }"
         w.line(f"{last}  // the last boxes' stores have read them")
@@ -547,9 +564,10 @@ def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
     )
 
 
-def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
-    """The sm_90a CUDA artifact of a verified program, or a typed error saying what the form cannot print."""
-    hk = make_kernel(program, target)
+def lower(program: SpatialProgram, target: SpatialTarget, epilogue: str = SWIZZLED) -> CudaArtifact:
+    """The sm_90a CUDA artifact of a verified program, or a typed error saying what the form cannot print; `epilogue`
+    picks how the fused store's staged boxes go out (`plan.EPILOGUES`)."""
+    hk = make_kernel(program, target, epilogue)
     k = hk.base
     clustered = hk.multicast is not None
     launch = launch_for(

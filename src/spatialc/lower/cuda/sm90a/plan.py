@@ -27,6 +27,13 @@ BARRIER_ALIGN = 16  # each barrier array: the emulation's (and the layout's) lea
 WGMMA_N_MAX = 256
 STORE_STAGE = 4096  # bytes of shared memory each consumer warp stages its output in, for the TMA store
 STORE_BUFFERS = 2  # the staging's halves, used in turn: a box is staged while the store of the one before reads
+SWIZZLED, TILES = "swizzled", "tiles"
+# How the fused store's staged output goes out (`kernel.lower`'s `epilogue`): "swizzled" — each consumer warpgroup
+# stages `store_chunk` tiles of its 64 rows at a time in one box, its rows as wide as the chunk (128 bytes where the
+# item is that wide) and swizzled as wide, written by stmatrix (16-bit C) or a lane's elements, one fence, one
+# warpgroup barrier and one TMA store a box (staging.py); "tiles" — each consumer warp stages the chunk of its 16
+# rows, unswizzled, and stores it a 16 × 16 box a tile (the form's first epilogue, kept as the GPU check's neighbour).
+EPILOGUES = (SWIZZLED, TILES)
 OUT_BYTES = {"signed char": 1, "__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "long long": 8}
 
 
@@ -205,6 +212,13 @@ def store_chunk(w: int, out_type: str) -> int:
     while w % (2 * chunk) == 0 and 2 * chunk * TILE_ELEMS * OUT_BYTES[out_type] <= STORE_STAGE // STORE_BUFFERS:
         chunk *= 2
     return chunk
+
+
+def box_swizzle(chunk: int, out_type: str) -> int:
+    """The swizzle span (bytes; 0: none) of a warpgroup's staging box of `chunk` tiles of `out_type`: its row's
+    bytes, 32 to 128, which the copy engine's swizzle patterns take; a row of 16 bytes is not swizzled."""
+    row = chunk * 16 * OUT_BYTES[out_type]
+    return row if row >= 32 else 0
 
 
 def plan_cost(target: SpatialTarget, plan: Plan, precision: Precision) -> float:

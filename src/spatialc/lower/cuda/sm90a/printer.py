@@ -36,7 +36,8 @@ from ..common.cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
 from ..common.rings import TILE_ELEMS, Ring
 from ..general import kernel as general
 from ..general import printer as general_printer
-from .plan import OUT_BYTES, STORE_BUFFERS, WARPGROUP
+from . import staging
+from .plan import OUT_BYTES, STORE_BUFFERS, SWIZZLED, WARPGROUP
 from .tma import Panels, TileBoxes, param_at
 
 if TYPE_CHECKING:
@@ -169,6 +170,9 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         chunk = self.hk.chunk
         if not chunk:
             super().fused_store(op, env, mark, chain)
+            return
+        if self.hk.epilogue == SWIZZLED:
+            staging.swizzled_store(self, op, env, mark, chain)
             return
         cols = self.k.program.tensor(op.tensor).tiles[1]
         m = self.hk.maps[-1]

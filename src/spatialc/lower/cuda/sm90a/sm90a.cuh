@@ -99,6 +99,20 @@ __device__ __forceinline__ void spatialc_stmatrix_tile(T* tile, const T (&v)[8])
                  : "memory");
 }
 
+// Four 8×8 matrices of 16-bit values from the accumulator layout (lane l's v[2j], v[2j+1]: row l/4, columns
+// 2·(l mod 4), +1 of matrix j), each row where the lane that addresses it says: lane 8j + r gives `row`, the 16 bytes
+// of matrix j's row r (anywhere in shared memory on 16 bytes: a swizzled box's row chunk).
+template <class T>
+__device__ __forceinline__ void spatialc_stmatrix_rows(T* row, const T (&v)[8])
+{
+    static_assert(sizeof(T) == 2, "stmatrix stores 16-bit values");
+    unsigned r[4];
+    memcpy(r, v, sizeof r);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(spatialc_smem_addr(row)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+
 // The thread's stores issued since its last commit, as one bulk group.
 __device__ __forceinline__ void spatialc_bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
