@@ -1,0 +1,31 @@
+"""The interpreter's dequant prologue (a W4A16 GEMM): a page of 4-bit weights into a page of bf16 / fp16 operands,
+each element by `numerics.w4.dequant` with its scale and zero point at its own (group, column)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.ops import Dequant
+from ..numerics.w4 import dequant as dequant_values
+from .errors import AddressError
+from .values import Store, Tiles, tiles_of
+
+
+def dequant(x: object, op: Dequant, scale: Store, zero: Store | None, rows_at: int, cols_at: int, where: str) -> Tiles:
+    """The page `x` (rows of `op.width` tiles: tile s at B's tile row rows_at + s // width, tile column
+    cols_at + s mod width) dequantised."""
+    n = x.count  # type: ignore[attr-defined]
+    q = tiles_of(x, n)
+    tr, tc = q.shape[1], q.shape[2]
+    s = np.arange(n)
+    k = (rows_at + s // op.width)[:, None] * tr + np.arange(tr)  # (n, tr): each element's row of B
+    j = (cols_at + s % op.width)[:, None] * tc + np.arange(tc)  # (n, tc): its column
+    g = k // op.group
+    if g.min() < 0 or j.min() < 0 or g.max() >= scale.mat.shape[0] or j.max() >= scale.mat.shape[1]:
+        raise AddressError(
+            f"{where}: its page reaches group {int(g.max())}, column {int(j.max())} of {scale.tensor.name}, whose"
+            f" {scale.mat.shape[0]}x{scale.mat.shape[1]} values (padded) hold no such place"
+        )
+    s_vals = scale.mat[g[:, :, None], j[:, None, :]]
+    z_vals = None if zero is None else zero.mat[g[:, :, None], j[:, None, :]]
+    return Tiles(dequant_values(q, s_vals, z_vals, op.operand.value))
