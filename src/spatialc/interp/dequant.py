@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ir.nodes import FOUR_BIT
 from ..ir.ops import Dequant
+from ..numerics.w4 import WEIGHT_FORMATS, codes, from_codes
 from ..numerics.w4 import dequant as dequant_values
 from .errors import AddressError
 from .values import Store, Tiles, tiles_of
@@ -16,6 +18,10 @@ def dequant(x: object, op: Dequant, scale: Store, zero: Store | None, rows_at: i
     cols_at + s mod width) dequantised."""
     n = x.count  # type: ignore[attr-defined]
     q = tiles_of(x, n)
+    held = getattr(getattr(x, "store", None), "tensor", None)
+    fmt = WEIGHT_FORMATS[op.weights.value]
+    if held is not None and held.dtype != fmt and held.dtype in FOUR_BIT:  # the bits read as the op's format says,
+        q = from_codes(codes(q, held.dtype), fmt).astype(np.float64)  # as a kernel would (int4 read as uint4: +16)
     tr, tc = q.shape[1], q.shape[2]
     s = np.arange(n)
     k = (rows_at + s // op.width)[:, None] * tr + np.arange(tr)  # (n, tr): each element's row of B
