@@ -189,3 +189,37 @@ def w4_operand(p: Any, op: Any, weights: Any, inputs: Any) -> np.ndarray:
     got = check_inputs(p.name, specs, {name: inputs[name] for name in wanted})
     q, s, *z = (np.asarray(got[name], np.float64) for name in wanted)
     return dequant_matrix(q, s, z[0] if z else None, op.group, op.operand.value)
+
+
+def random_inputs(p: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Random weights (packed), scales and zero points of a W4A16 program `p` (none for other programs): weights
+    uniform over their format's values, int4 / uint4 scales uniform in [0.005, 0.02) (about what a layer's weights
+    of unit variance give), e8m0 scales 2^-4 … 2^1, zero points uniform over the weights' range."""
+    from ..ir.nodes import ComputeStage, ReadStage
+    from ..ir.ops import Dequant
+
+    out: dict[str, np.ndarray] = {}
+    for s in p.stages:
+        if not (isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Dequant)):
+            continue
+        op = s.kind.op
+        read = next(r for r in p.stages if isinstance(r.kind, ReadStage) and s.ins[0] in r.outs)
+        w, sc = p.tensor(read.kind.tensor), p.tensor(op.scale)
+        k, n = w.elems
+        if w.dtype == DType.E2M1:
+            values = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])[rng.integers(0, 8, (k, n))] * rng.choice([-1, 1], (k, n))
+        else:
+            lo, hi = FOUR_BIT_RANGE[w.dtype]
+            values = rng.integers(lo, hi + 1, (k, n))
+        out[w.name] = pack_int4(values, op.weights.value) if k % 2 == 0 else values
+        if sc.dtype == DType.E8M0:
+            out[sc.name] = 2.0 ** rng.integers(-4, 2, sc.elems)
+        else:
+            from ..inputs import operand_values  # values of the scale type already: nothing is rounded on the way in
+
+            out[sc.name] = operand_values(sc.name, rng.uniform(0.005, 0.02, sc.elems), sc.dtype)
+        if op.zero is not None:
+            z = p.tensor(op.zero)
+            lo, hi = FOUR_BIT_RANGE[z.dtype]
+            out[z.name] = rng.integers(lo, hi + 1, z.elems).astype(np.int8)
+    return out
