@@ -459,6 +459,10 @@ class Emitter:
         """A dequant prologue: the front page of 4-bit weights into the reserved operand page (`interp/dequant.py`)."""
         if len(op.ins) != 1 or len(op.outs) != 1 or op.acc is not None:
             raise EvalError(f"{self.where(op)}: a dequant reads one ring of weights and fills one")
+        if dq.group < 1 or dq.width < 1 or dq.operand not in (Precision.BF16, Precision.FP16):
+            raise EvalError(
+                f"{self.where(op)}: a dequant takes groups of ≥ 1 row and pages ≥ 1 tile wide, into bf16 or fp16"
+            )
         self.front("x", self.ring(op.ins[0], op, "consume"), op.ins[0], i, 1)
         slot = self.newest_reserved(self.ring(op.outs[0], op, "produce"), op.outs[0], i)
         stores = [
