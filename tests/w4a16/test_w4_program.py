@@ -137,3 +137,18 @@ def test_a_scale_tensor_of_the_wrong_shape_is_an_input_error():
     x = w4_inputs(p)
     with pytest.raises(spatialc.inputs.InputError, match="tensor scale: expected shape \\(2, 32\\)"):
         spatialc.evaluate(p, dict(x, scale=np.ones((4, 32))))
+
+
+def test_an_epilogue_applies_to_the_dequantised_product():
+    epilogue = [spatialc.bias(), spatialc.relu(), spatialc.row_scale()]
+    p = w4_program(20, 40, 256, "uint4", zeros=True, epilogue=epilogue, out="bf16")
+    x = w4_inputs(p, seed=6)
+    c = spatialc.evaluate(p, x)
+    assert np.array_equal(c, reference(p, x))
+    want = np.maximum(dequantised_gemm(p, x) + x["bias"], 0) * x["row_scale"][:, None]  # exact: small integers
+    assert np.array_equal(c, round_bf16(want.astype(np.float32)))
+
+
+def test_an_epilogue_tensor_may_not_take_the_scales_name():
+    with pytest.raises(WeightError, match="scales and zero points are the tensors 'scale' and 'zeros'"):
+        spatialc.gemm(16, 32, 128, "bf16", epilogue=[spatialc.col_scale("scale")], weights="int4")
