@@ -32,6 +32,11 @@ def dequant(x: object, op: Dequant, scale: Store, zero: Store | None, rows_at: i
             f"{where}: its page reaches group {int(g.max())}, column {int(j.max())} of {scale.tensor.name}, whose"
             f" {scale.mat.shape[0]}x{scale.mat.shape[1]} values (padded) hold no such place"
         )
-    s_vals = scale.mat[g[:, :, None], j[:, None, :]]
-    z_vals = None if zero is None else zero.mat[g[:, :, None], j[:, None, :]]
+    if op.group % tr == 0:  # every row of a tile in one group: one row of scales a tile, broadcast over its rows
+        rows = g[:, :1]
+        s_vals = scale.mat[rows, j][:, None, :]
+        z_vals = None if zero is None else zero.mat[rows, j][:, None, :]
+    else:
+        s_vals = scale.mat[g[:, :, None], j[:, None, :]]
+        z_vals = None if zero is None else zero.mat[g[:, :, None], j[:, None, :]]
     return Tiles(dequant_values(q, s_vals, z_vals, op.operand.value))
