@@ -63,7 +63,9 @@ def prepared(row: Row) -> tuple[str, str]:
     p = spatialc.build(spatialc.gemm(row.m, row.n, row.k, "bf16", weights=row.fmt, **FORMATS[row.fmt]), "sm_90")
     assert p.verified and p.plan is not None
     b, g = p.plan.block, p.plan.grid
-    plan = f"block {b.osh}x{b.osw}x{b.ibw}, grid {g[0]}x{g[1]}, {len(p.placement.sites)} sites"  # type: ignore[union-attr]
+    assert p.placement is not None
+    split = f", split-K {p.placement.splits}" if p.placement.splits > 1 else ""
+    plan = f"block {b.osh}x{b.osw}x{b.ibw}, grid {g[0]}x{g[1]}{split}, {len(p.placement.sites)} sites"
     try:
         spatialc.lower(p)
         kernel = "printed"

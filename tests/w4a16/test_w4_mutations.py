@@ -168,6 +168,7 @@ W4_PROGRAMS: dict[str, Callable[[], SpatialProgram]] = {
         20, 48, 128, "uint4", "fp16", zeros=True, group=64, block=(1, 1, 2)
     ),
     "mxfp4 decode row": lambda: w4_program(1, 64, 128, "mxfp4", block=(1, 2, 2), sites=2),
+    "int4 split over K": lambda: w4_program(16, 64, 512, "int4", zeros=True, split_k=2, block=(1, 2, 2)),
 }
 
 
@@ -185,3 +186,29 @@ def test_random_edits_are_never_accepted_and_wrong(name):
             mutants.judge(name, p, json.dumps(edited[0]), edited[1], x, ref, tally)
     assert not tally.holes, "\n".join(tally.holes[:5])
     assert tally.counts["refused"] > 0
+
+
+@pytest.fixture(scope="module")
+def split() -> SpatialProgram:
+    """int4 weights split over K on 4 sites an item: each site dequantises its own K steps' pages."""
+    return w4_program(16, 64, 1024, "int4", zeros=True, split_k=4, block=(1, 2, 2))
+
+
+def test_split_k_runs_each_sites_own_groups(split):
+    assert split.placement is not None and split.placement.splits == 4 and split.verified
+    x = w4_inputs(split, seed=7)
+    assert np.array_equal(spatialc.evaluate(split, x), reference(split, x))
+
+
+def test_every_site_dequantising_with_the_first_sites_groups_is_refused(split):
+    """The edit a with_dequant that placed one dequant for all sites would make: the other sites' pages scaled by
+    the first site's K range's groups."""
+    first = next(
+        op.op
+        for prog in split.schedule.programs  # type: ignore[union-attr]
+        for op in mutants.walk(prog.ops)
+        if isinstance(op, Compute) and isinstance(op.op, Dequant)
+    )
+    edited = _dequants(split, lambda d: dataclasses.replace(d, rows=first.rows))
+    with pytest.raises(SemanticError, match=r"gets scale and zero point tile row \d+, not its own row \d+"):
+        verify(edited)

@@ -14,7 +14,7 @@ E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
 
 def w4_program(m: int, n: int, k: int, fmt: str = "int4", prec: str = "bf16", **kw) -> spatialc.SpatialProgram:
     target = kw.pop("target", "sm_90")
-    build = {x: kw.pop(x) for x in ("block", "sites", "depth", "placement", "sub_blocks") if x in kw}
+    build = {x: kw.pop(x) for x in ("block", "sites", "depth", "placement", "sub_blocks", "split_k") if x in kw}
     return spatialc.build(spatialc.gemm(m, n, k, prec, weights=fmt, **kw), target, **build)
 
 
@@ -32,7 +32,7 @@ def w4_inputs(p: spatialc.SpatialProgram, seed: int = 0, exact: bool = True, pac
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for t in p.tensors:
-        if t.role == TensorRole.OUTPUT:
+        if t.role in (TensorRole.OUTPUT, TensorRole.WORKSPACE):
             continue
         if t.name == "B":
             q = weights_of(p, rng)

@@ -21,9 +21,9 @@ import math
 from collections.abc import Callable, Iterator
 
 from ..errors import ProgramError
-from ..ir.ids import LV_ITEM_X, BufferId
-from ..ir.nodes import Buffer, ComputeStage, DType, Fifo, Interm, PageLayout, ReadStage, SpatialProgram
-from ..ir.ops import ChoreoOp, Compute, Dequant, Loop, MatmulTiles, Pop, Push, ReadTiles, Reserve, TileAddr, Wait
+from ..ir.ids import LV_ITEM_X, BufferId, StageId, TensorId
+from ..ir.nodes import Buffer, ComputeStage, DType, Fifo, Interm, PageLayout, ReadStage, SpatialProgram, Stage
+from ..ir.ops import ChoreoOp, Compute, Dequant, Loop, Pop, Push, ReadTiles, Reserve, TileAddr, Wait
 from ..target import SpatialTarget
 from ..weights import dequant_stage
 
@@ -73,53 +73,72 @@ def build_w4(
             f"a W4A16 GEMM (4-bit weights) is printed by the general form only; form={form!r} cannot take it: use"
             " form='general' or 'auto' (--form general)"
         )
-    if split_k not in (None, 1) or multicast not in (None, (1, 1)):
-        raise ProgramError("a W4A16 GEMM is not split over K nor multicast (yet); leave split_k and multicast unset")
+    if multicast not in (None, (1, 1)):
+        raise ProgramError(
+            "a W4A16 GEMM is not multicast (yet): its packed pages would cross sites; leave multicast unset"
+        )
     return with_dequant(run(plain_of(program), "general"), program)
 
 
 def with_dequant(planned: SpatialProgram, program: SpatialProgram) -> SpatialProgram:
-    """`program`'s stages, B and scale tensors on `planned`'s plan, placement and schedule (see the module)."""
+    """`planned` (the plain GEMM's plan, placement and schedule — split-K's stages, rings and workspace among them)
+    with `program`'s weights, scales and zero points and its dequant prologue put in (see the module). The ring of
+    packed pages and the scale and zero tensors take ids after `planned`'s own."""
     dq = dequant_stage(program)
     assert dq is not None and planned.plan is not None and planned.schedule is not None
-    op: Dequant = dq.kind.op  # type: ignore[union-attr, assignment]
-    (bq,), (b_ring,) = dq.ins, dq.outs
-    read = next(s for s in program.stages if isinstance(s.kind, ReadStage) and bq in s.outs)
+    declared: Dequant = dq.kind.op  # type: ignore[union-attr, assignment]
+    (b_ring,) = dq.outs
+    read = next(s for s in program.stages if isinstance(s.kind, ReadStage) and dq.ins[0] in s.outs)
     t_b = read.kind.tensor  # type: ignore[union-attr]
     plain_b = planned.tensor(t_b)
     k_rows = planned.plan.k_tiles * planned.tile.rows
-    groups_t = math.ceil(math.ceil(k_rows / op.group) / planned.tile.rows)
+    groups_t = math.ceil(math.ceil(k_rows / declared.group) / planned.tile.rows)
     tensors = [
         dataclasses.replace(t, dtype=program.tensor(t_b).dtype, order=plain_b.order) if t.id == t_b else t
         for t in planned.tensors
     ]
-    for tid in (op.scale, op.zero):
+    renamed: dict[TensorId, TensorId] = {}
+    for tid in (declared.scale, declared.zero):
         if tid is not None:
-            tensors.append(dataclasses.replace(program.tensor(tid), tiles=(groups_t, plain_b.tiles[1])))
+            renamed[tid] = TensorId(max(t.id for t in tensors) + 1)
+            grid = (groups_t, plain_b.tiles[1])
+            tensors.append(dataclasses.replace(program.tensor(tid), id=renamed[tid], tiles=grid))
+    op = dataclasses.replace(
+        declared, scale=renamed[declared.scale], zero=None if declared.zero is None else renamed[declared.zero]
+    )
     ring = planned.buffer(b_ring).kind
     assert isinstance(ring, Fifo)
+    bq = BufferId(max(b.id for b in planned.buffers) + 1)
     buffers = [
         dataclasses.replace(b, kind=Interm(ring.depth_pages, ring.page_tiles, ring.layout)) if b.id == b_ring else b
         for b in planned.buffers
     ]
     buffers.append(Buffer(bq, "Bq_ring", Fifo(ring.depth_pages, ring.page_tiles, PageLayout.ROW)))
-    planned_mm = next(
-        s for s in planned.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)
-    )
-    stages = tuple(
-        planned_mm if isinstance(s.kind, ComputeStage) and s.name == planned_mm.name else s for s in program.stages
-    )
-    first = next(o for prog in planned.schedule.programs for o in _walk(prog.ops) if _reads(o, t_b))
-    assert isinstance(first, ReadTiles)
-    placed = _placed(op, first.at, plain_b.tiles[1], first.block_w)
+    stages: list[Stage] = []
+    for s in planned.stages:
+        if isinstance(s.kind, ReadStage) and s.kind.tensor == t_b:
+            stages.append(dataclasses.replace(s, outs=(bq,)))
+            stages.append(dataclasses.replace(dq, kind=ComputeStage(op), ins=(bq,)))
+        else:
+            stages.append(s)
+    stages = [dataclasses.replace(s, id=StageId(i)) for i, s in enumerate(stages)]
+    placed = {  # each site's dequant at the place of its own reads of B (split-K's sites read other K steps)
+        prog.site: _placed(op, o.at, plain_b.tiles[1], o.block_w)
+        for prog in planned.schedule.programs
+        for o in _walk(prog.ops)
+        if isinstance(o, ReadTiles) and o.tensor == t_b
+    }
     programs = tuple(
         dataclasses.replace(
-            prog, ops=_rewritten(prog.ops, bq, b_ring, placed, any(_reads(o, t_b) for o in _walk(prog.ops)))
+            prog,
+            ops=_rewritten(
+                prog.ops, bq, b_ring, placed.get(prog.site, op), any(_reads(o, t_b) for o in _walk(prog.ops))
+            ),
         )
         for prog in planned.schedule.programs
     )
     schedule = dataclasses.replace(planned.schedule, programs=programs)
-    out = planned.evolve(tensors=tuple(tensors), buffers=tuple(buffers), stages=stages, schedule=schedule)
+    out = planned.evolve(tensors=tuple(tensors), buffers=tuple(buffers), stages=tuple(stages), schedule=schedule)
     return out.evolve(name=program.name)
 
 

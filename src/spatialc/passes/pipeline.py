@@ -62,7 +62,7 @@ def build(
     if is_w4_program(program):  # its plan is the plain GEMM's, the dequant prologue put back (passes/dequant.py)
 
         def planned(q: SpatialProgram, f: str) -> SpatialProgram:
-            return _passes((q, target, block, sub_blocks, depth, sites, placement, f, 1, None), verified=False)
+            return _passes((q, target, block, sub_blocks, depth, sites, placement, f, split_k, None), verified=False)
 
         return verify(build_w4(program, target, planned, form, split_k, multicast), target)
     args = (program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
