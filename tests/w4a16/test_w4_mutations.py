@@ -1,12 +1,12 @@
 """Rule 8 against edits of a W4A16 GEMM's dequant prologue: each named edit — a scale from another group, a zero
-point from another column, signed weights read as unsigned, the dequant dropped or its scales and zero points
-exchanged — is refused with its own message; random edits of the saved schedule (tests/mutants.py's) are refused
+point from another column, signed weights read as unsigned, the two nibbles of a byte exchanged, the dequant
+dropped or its scales and zero points exchanged — is refused with its own message; random edits of the saved schedule (tests/mutants.py's) are refused
 or compute the reference bit for bit, never accepted and wrong; and with rule 8 switched off the named edits are
 accepted and wrong, so the suite can fail.
 
-The two nibbles of a byte exchanged is not an edit of the program: the nibble order is the packed tensor's, fixed
-by numerics/w4.py (`pack_int4`), which the interpreter reads through `input_values` (test_w4_numerics.py shows a
-byte packed the other way unpacks to other weights); a printed kernel's unpacking is the emulation's to check."""
+The nibble order is the packed tensor's, fixed by numerics/w4.py (`pack_int4`); a Dequant states the order it reads
+its page's bytes in (`low_first`), which a printer follows and the interpreter honours (rows 2i and 2i + 1 of each
+tile exchanged when it is False), and rule 8 holds it to the tensor's."""
 
 from __future__ import annotations
 
@@ -138,6 +138,16 @@ EDITS: dict[str, tuple[Callable[[SpatialProgram], SpatialProgram], type[VerifyEr
         r"reads scale \(8x96 bf16\) as the scales of B: one per group of 64 rows and column, 4x96 values",
     ),
     "the dequant dropped": (_dequant_dropped, VerifyError, r"Bq_ring"),
+    "the two nibbles of a byte exchanged (schedule)": (
+        lambda p: _dequants(p, lambda d: dataclasses.replace(d, low_first=False)),
+        SemanticError,
+        r"schedule op dequant int4 .* high nibble first where stage dequant_B declares",
+    ),
+    "the two nibbles of a byte exchanged (declared)": (
+        lambda p: _declared(p, lambda d: dataclasses.replace(d, low_first=False)),
+        SemanticError,
+        r"stage dequant_B unpacks each byte high nibble first, but B's bytes hold row 2i in the low nibble",
+    ),
 }
 
 

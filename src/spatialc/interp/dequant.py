@@ -23,6 +23,8 @@ def dequant(x: object, op: Dequant, scale: Store, zero: Store | None, rows_at: i
     if held is not None and held.dtype != fmt and held.dtype in FOUR_BIT:  # the bits read as the op's format says,
         q = from_codes(codes(q, held.dtype), fmt).astype(np.float64)  # as a kernel would (int4 read as uint4: +16)
     tr, tc = q.shape[1], q.shape[2]
+    if not op.low_first and tr % 2 == 0:  # each byte's nibbles read the other way: rows 2i and 2i + 1 exchanged
+        q = q.reshape(n, tr // 2, 2, tc)[:, :, ::-1].reshape(n, tr, tc)
     s = np.arange(n)
     k = (rows_at + s // op.width)[:, None] * tr + np.arange(tr)  # (n, tr): each element's row of B
     j = (cols_at + s % op.width)[:, None] * tc + np.arange(tc)  # (n, tc): its column

@@ -379,7 +379,9 @@ class Dequant:
     packed 4-bit weights — scale[g, j] · (q − zero[g, j]) for the element's row k of B and column j, g = k // group.
     The page holds rows of `width` tiles; its tile s lies at B's tile row `rows + s // width` and tile column
     `cols + s mod width` (the schedule sets both from the K step and the item). `scale` and `zero` are parameter
-    tensors of (K / group) × N values; `zero` None is a zero point of 0 (and always so for mxfp4)."""
+    tensors of (K / group) × N values; `zero` None is a zero point of 0 (and always so for mxfp4). `low_first`: the
+    page's bytes are read with row 2i of B in the low nibble and row 2i + 1 in the high one — the order weights are
+    packed in (numerics/w4.py); False reads them the other way round, which rule 8 refuses (a printer reads it)."""
 
     weights: WeightFormat
     operand: Precision
@@ -389,6 +391,7 @@ class Dequant:
     rows: TileAddr = field(default_factory=lambda: TileAddr(0))
     cols: TileAddr = field(default_factory=lambda: TileAddr(0))
     width: int = 1
+    low_first: bool = True
 
 
 ComputeOp = MatmulTiles | Map | RowReduce | ScaleAcc | Requant | Generic | AddPartial | Attention | Dequant

@@ -51,6 +51,11 @@ def dequant_operand(index: ProgramIndex, producer: dict[BufferId, Stage], dq: St
             f"the stages: stage {dq.name} dequantises {index.name(dq.ins[0])}, which no read of a tensor fills"
         )
     w = index.tensors[read.kind.tensor]
+    if not op.low_first:
+        raise SemanticError(
+            f"stage {dq.name} unpacks each byte high nibble first, but {w.name}'s bytes hold row 2i in the low"
+            " nibble and row 2i + 1 in the high one (numerics/w4.py)"
+        )
     if op.operand != p.precision:
         raise SemanticError(f"stage {dq.name} dequantises to {op.operand.value} in a {p.precision.value} program")
     if w.dtype != WEIGHT_FORMATS[op.weights.value]:
