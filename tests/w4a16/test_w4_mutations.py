@@ -1,8 +1,8 @@
 """Rule 8 against edits of a W4A16 GEMM's dequant prologue: each named edit — a scale from another group, a zero
 point from another column, signed weights read as unsigned, the two nibbles of a byte exchanged, the dequant
-dropped or its scales and zero points exchanged — is refused with its own message; random edits of the saved schedule (tests/mutants.py's) are refused
-or compute the reference bit for bit, never accepted and wrong; and with rule 8 switched off the named edits are
-accepted and wrong, so the suite can fail.
+dropped or its scales and zero points exchanged — is refused with its own message; random edits of the saved
+schedule (tests/mutants.py's) are refused or compute the reference bit for bit, never accepted and wrong; and with
+rule 8 switched off the named edits are accepted and wrong, so the suite can fail.
 
 The nibble order is the packed tensor's, fixed by numerics/w4.py (`pack_int4`); a Dequant states the order it reads
 its page's bytes in (`low_first`), which a printer follows and the interpreter honours (rows 2i and 2i + 1 of each
