@@ -115,3 +115,16 @@ def test_swapped_nibbles_unpack_to_other_weights():
     swapped = ((p >> 4) | (p << 4)).astype(np.uint8)
     got = w4.unpack_int4(swapped, "int4").astype(np.int64)
     assert np.array_equal(got, w[[1, 0, 3, 2]]) and not np.array_equal(got, w)
+
+
+def test_torch_tensors_are_taken_packed_or_as_values():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    w = rng.integers(0, 16, (32, 8))
+    s = spec("B", (32, 8), DType.UINT4)
+    packed = torch.from_numpy(w4.pack_int4(w, "uint4"))
+    assert packed.dtype == torch.uint8 and np.array_equal(w4.input_values(s, packed), w)
+    assert np.array_equal(w4.input_values(s, torch.from_numpy(w)), w)
+    if hasattr(torch, "float8_e8m0fnu"):  # MXFP4's scales as torch holds them
+        e8 = torch.tensor([[0.25, 1.0, 8.0]]).to(torch.float8_e8m0fnu)
+        assert np.array_equal(w4.input_values(spec("scale", (1, 3), DType.E8M0), e8), [[0.25, 1.0, 8.0]])

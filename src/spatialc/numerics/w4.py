@@ -158,22 +158,20 @@ def dequant_matrix(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, gr
 def input_values(spec: Any, value: Any) -> np.ndarray:
     """An input of a 4-bit or e8m0 tensor as float64 values of its type, or InputError: the K × N values (an
     ml_dtypes array as it is, or numbers), or for a 4-bit tensor of even rows its packed (rows / 2) × N uint8 bytes
-    (`pack_int4`'s order), told apart by the shape."""
+    (`pack_int4`'s order), told apart by the shape; numpy, torch or CuPy arrays alike."""
     from ..inputs import InputError, _an_array, host_array, shaped
 
     rows, cols = spec.elems
-    arr = value if isinstance(value, np.ndarray) else None
+    arr = host_array(spec.name, _an_array(spec, value))  # torch (uint8, float8_e8m0fnu), CuPy, lists: as numpy
     if (
-        arr is not None
-        and spec.dtype in FORMAT_OF_ML.values()
+        spec.dtype in FORMAT_OF_ML.values()
         and arr.dtype == np.uint8
         and spec.groups == 1
         and rows % 2 == 0
         and arr.shape == (rows // 2, cols)
     ):
-        value = unpack_int4(arr, spec.dtype)
-    given = shaped(spec, host_array(spec.name, _an_array(spec, value)))
-    return exact_values(spec.name, np.asarray(given), spec.dtype, InputError)
+        arr = unpack_int4(arr, spec.dtype)
+    return exact_values(spec.name, np.asarray(shaped(spec, arr)), spec.dtype, InputError)
 
 
 def w4_operand(p: Any, op: Any, weights: Any, inputs: Any) -> np.ndarray:
