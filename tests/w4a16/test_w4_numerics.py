@@ -27,7 +27,7 @@ def test_pack_puts_the_even_row_in_the_low_nibble(fmt):
         for j in range(2):
             assert packed[i, j] == code(int(w[2 * i, j])) | code(int(w[2 * i + 1, j])) << 4
     back = w4.unpack_int4(packed, fmt)
-    assert back.dtype == w4.ML_DTYPES[w4.format_dtype(fmt)] and np.array_equal(back.astype(np.int64), w)
+    assert back.dtype == w4.ml_type(w4.format_dtype(fmt)) and np.array_equal(back.astype(np.int64), w)
 
 
 @pytest.mark.parametrize("fmt", ["int4", "uint4", "mxfp4"])
@@ -37,7 +37,7 @@ def test_pack_of_an_ml_dtypes_array_equals_pack_of_its_values(fmt):
         values = E2M1[rng.integers(0, 8, (64, 24))] * rng.choice([-1, 1], (64, 24))
     else:
         values = rng.integers(FORMATS[fmt][0], FORMATS[fmt][1] + 1, (64, 24)).astype(np.float64)
-    typed = values.astype(w4.ML_DTYPES[w4.format_dtype(fmt)])
+    typed = values.astype(w4.ml_type(w4.format_dtype(fmt)))
     assert np.array_equal(w4.pack_int4(typed), w4.pack_int4(values, fmt))
     assert np.array_equal(w4.unpack_int4(w4.pack_int4(typed), fmt).astype(np.float64), values)
 

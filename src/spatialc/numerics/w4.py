@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ..errors import ProgramError
@@ -40,13 +39,23 @@ MX_GROUP = 32  # MXFP4's scale block along K (OCP MX v1.0)
 FOUR_BIT_RANGE = {DType.INT4: (-8, 7), DType.UINT4: (0, 15)}
 E2M1_MAX = 6.0
 E8M0_EXPONENTS = (-127, 127)  # 2^e for these e; the code 0xFF is NaN
-ML_DTYPES = {
-    DType.INT4: ml_dtypes.int4,
-    DType.UINT4: ml_dtypes.uint4,
-    DType.E2M1: ml_dtypes.float4_e2m1fn,
-    DType.E8M0: ml_dtypes.float8_e8m0fnu,
-}
-FORMAT_OF_ML = {np.dtype(t): d for d, t in ML_DTYPES.items() if d != DType.E8M0}
+PACKED = (DType.INT4, DType.UINT4, DType.E2M1)  # the 4-bit element types, stored two a byte
+ML_NAMES = {DType.INT4: "int4", DType.UINT4: "uint4", DType.E2M1: "float4_e2m1fn", DType.E8M0: "float8_e8m0fnu"}
+
+
+def ml_type(dtype: DType) -> Any:
+    """ml_dtypes' scalar type of a 4-bit or e8m0 element type (ml_dtypes is imported on first use: `import spatialc`
+    does not load it)."""
+    import ml_dtypes
+
+    return getattr(ml_dtypes, ML_NAMES[dtype])
+
+
+def format_of(np_dtype: Any) -> DType | None:
+    """The 4-bit element type an array's dtype is (ml_dtypes int4, uint4, float4_e2m1fn), or None."""
+    if np.dtype(np_dtype).kind != "V" or np.dtype(np_dtype).name not in ML_NAMES.values():
+        return None
+    return next((d for d in PACKED if np.dtype(ml_type(d)) == np.dtype(np_dtype)), None)
 
 
 class PackError(ProgramError):
@@ -55,7 +64,7 @@ class PackError(ProgramError):
 
 def format_dtype(weights: object) -> DType:
     """The stored element type of a weight format name (int4, uint4, mxfp4), or PackError naming the choices."""
-    if isinstance(weights, DType) and weights in FORMAT_OF_ML.values():
+    if isinstance(weights, DType) and weights in PACKED:
         return weights
     if isinstance(weights, str) and weights.lower() in WEIGHT_FORMATS:
         return WEIGHT_FORMATS[weights.lower()]
@@ -64,15 +73,15 @@ def format_dtype(weights: object) -> DType:
 
 def codes(values: np.ndarray, dtype: DType) -> np.ndarray:
     """The 4-bit codes (uint8, 0 … 15) of `values`, exact values of `dtype` (float64 or ml_dtypes)."""
-    return np.asarray(values).astype(ML_DTYPES[dtype]).view(np.uint8) & 0xF
+    return np.asarray(values).astype(ml_type(dtype)).view(np.uint8) & 0xF
 
 
 def from_codes(c: np.ndarray, dtype: DType) -> np.ndarray:
     """The values (as ml_dtypes `dtype`) of 4-bit codes: int4's sign-extended, the others as they are."""
     c = np.asarray(c, np.uint8) & 0xF
     if dtype == DType.INT4:
-        return (c.astype(np.int8) - ((c & 8) << 1).astype(np.int8)).astype(ml_dtypes.int4)
-    return c.view(ML_DTYPES[dtype])
+        return (c.astype(np.int8) - ((c & 8) << 1).astype(np.int8)).astype(ml_type(DType.INT4))
+    return c.view(ml_type(dtype))
 
 
 def pack_int4(w: Any, weights: str | None = None) -> np.ndarray:
@@ -82,7 +91,7 @@ def pack_int4(w: Any, weights: str | None = None) -> np.ndarray:
     `weights` names (int4, uint4, mxfp4): whole numbers in range for int4 / uint4, exact e2m1 values for mxfp4 —
     anything else is refused, never rounded here."""
     arr = np.asarray(w)
-    found = FORMAT_OF_ML.get(arr.dtype)
+    found = format_of(arr.dtype)
     if found is None:
         if weights is None:
             raise PackError(
@@ -115,7 +124,7 @@ def unpack_int4(packed: Any, weights: str) -> np.ndarray:
 def exact_values(name: str, arr: np.ndarray, dtype: DType, error: type[Exception]) -> np.ndarray:
     """`arr` as float64 values of the 4-bit `dtype` or the e8m0 scale type, or `error` naming what is not one.
     Nothing is rounded: a 4-bit grid is too coarse for a silent rounding to be what anyone meant."""
-    if np.dtype(arr.dtype).kind not in "biuf" and np.dtype(arr.dtype) not in FORMAT_OF_ML:
+    if np.dtype(arr.dtype).kind not in "biuf" and format_of(arr.dtype) is None:
         raise error(f"tensor {name}: expected numbers, got an array of {arr.dtype}")
     x = np.asarray(arr).astype(np.float64)
     if dtype in FOUR_BIT_RANGE:
@@ -124,7 +133,7 @@ def exact_values(name: str, arr: np.ndarray, dtype: DType, error: type[Exception
         what = f"whole numbers in {lo}..{hi}"
     elif dtype == DType.E2M1:
         bad = ~np.isfinite(x) | (np.abs(x) > E2M1_MAX)
-        bad[~bad] = x[~bad].astype(ml_dtypes.float4_e2m1fn).astype(np.float64) != x[~bad]
+        bad[~bad] = x[~bad].astype(ml_type(DType.E2M1)).astype(np.float64) != x[~bad]
         what = "float4_e2m1fn values (±0, 0.5, 1, 1.5, 2, 3, 4, 6)"
     else:
         lo, hi = E8M0_EXPONENTS
@@ -164,7 +173,7 @@ def input_values(spec: Any, value: Any) -> np.ndarray:
     rows, cols = spec.elems
     arr = host_array(spec.name, _an_array(spec, value))  # torch (uint8, float8_e8m0fnu), CuPy, lists: as numpy
     if (
-        spec.dtype in FORMAT_OF_ML.values()
+        spec.dtype in PACKED
         and arr.dtype == np.uint8
         and spec.groups == 1
         and rows % 2 == 0
