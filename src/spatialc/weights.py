@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 from .errors import ProgramError
 from .ir.ids import BufferId, StageId, TensorId
@@ -65,8 +66,9 @@ def check_request(
             raise WeightError(f"an {fmt.value} scale is one of {', '.join(SCALE_TYPES)}, not {scale!r}")
         scale_type = DType(scale)
     group = 128 if group is None else group
-    if isinstance(group, bool) or not isinstance(group, int) or group < 16 or group % 16:
+    if isinstance(group, bool) or not isinstance(group, numbers.Integral) or group < 16 or group % 16:
         raise WeightError(f"group is a whole number of rows of K, a multiple of 16 (the tile), not {group!r}")
+    group = int(group)
     if k % group:
         raise WeightError(f"K = {k} is not a multiple of the group ({group}): each group of K has its own scale")
     return fmt, group, scale_type
