@@ -13,6 +13,11 @@ a dequant fills holds, at each tile, its op of the tile of the page it read, its
 tile row and column its `rows` and `cols` say — and the proof at the write requires that tile row and column to be
 the very k-tile and column of W that the operand tile is (a scale of another group, or a zero point of another
 column, is refused there), and the page read to hold W's tile (k, column) itself.
+
+Rule 6 does not check a dequant's scale and zero-point reads as it checks a bias's (their tile row is the page's
+divided by the group, not an affine form): they stay inside their tensors because rule 8 holds each to a weights
+tile's own group and column and `dequant_operand` requires the scale and zero tensors to cover the weights' padded
+grid; the interpreter refuses a read outside them (AddressError) in a program not verified.
 """
 
 from __future__ import annotations
