@@ -11,6 +11,7 @@ from .frontend import activation, bias, col_scale, elementwise, gate, relu, requ
 from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
 from .numerics.tolerance import Tolerance, tolerance
+from .numerics.w4 import pack_int4, unpack_int4
 from .passes.multicast import MulticastWarning
 from .rows import layernorm, rmsnorm, softmax
 from .runtime.tilize import tilize_array as tilize
@@ -43,6 +44,8 @@ __all__ = [
     "from_json",
     "gate",
     "gemm",
+    "pack_int4",
+    "unpack_int4",
     "grouped_gemm",
     "layernorm",
     "lower",

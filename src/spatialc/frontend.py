@@ -331,8 +331,23 @@ def gemm(
     epilogue: list[Epilogue] | tuple[Epilogue, ...] = (),
     target: str = "sm_90",
     out: str | None = None,
+    weights: str | None = None,
+    group: int | None = None,
+    zeros: bool = False,
+    scale_type: str | None = None,
 ) -> SpatialProgram:
-    return _gemm(m, n, k, precision, epilogue, target, out, 1)
+    """The program C = epilogue(A @ B) (`_gemm`). With `weights` ("int4", "uint4" or "mxfp4") B holds 4-bit weights
+    dequantised on the way in — a scale per `group` rows of K (default 128; mxfp4's is 32) and column, of
+    `scale_type` (the precision's by default, or float32; e8m0 for mxfp4), and with `zeros` a zero point beside
+    it (spatialc.weights, numerics/w4.py)."""
+    if weights is None:
+        if group is not None or zeros or scale_type is not None:
+            raise ProgramError("group, zeros and scale_type describe 4-bit weights: give weights= too")
+        return _gemm(m, n, k, precision, epilogue, target, out, 1)
+    from .weights import with_weights
+
+    plain = _gemm(m, n, k, precision, epilogue, target, out, 1)
+    return with_weights(plain, plain.precision, weights, group, zeros, scale_type)
 
 
 MAX_GROUPS = 1 << 16  # experts of a mixture-of-experts layer: far fewer; more is a typo

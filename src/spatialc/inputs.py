@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .errors import SpatialError
-from .ir.nodes import DType, SpatialProgram, TensorRole
+from .ir.nodes import FOUR_BIT, DType, SpatialProgram, TensorRole
 from .ir.ops import Attention, ReadTiles, WriteTiles, walk
 
 __all__ = [
@@ -66,6 +66,7 @@ FP8_MAX = {DType.E4M3: 448.0, DType.E5M2: 57344.0}  # the largest finite value o
 # What rounds to e4m3's largest value, 448 (1.75·2^8; the tie 464 goes to its even fraction): past it float8_e4m3fn
 # has no value but NaN, so an input past it is refused rather than made NaN (ml_dtypes' cast) or 448 (torch's).
 E4M3_LIMIT = 464.0
+W4_TYPES = FOUR_BIT | {DType.E8M0}  # taken exactly as their values (numerics/w4.py), never rounded
 
 
 class InputError(SpatialError, ValueError):
@@ -140,6 +141,11 @@ def check_inputs(owner: str, specs: list[TensorSpec], inputs: Mapping[str, Any])
     """Each spec's array from `inputs`, checked and holding exactly its element type's values; else InputError."""
     out = {}
     for spec, value in match_names(owner, specs, inputs):
+        if spec.dtype in W4_TYPES:  # 4-bit weights (packed or not) and e8m0 scales: numerics/w4.py
+            from .numerics.w4 import input_values
+
+            out[spec.name] = input_values(spec, value)
+            continue
         given = shaped(spec, host_array(spec.name, _an_array(spec, value)))
         values = operand_values(spec.name, given, spec.dtype)
         warn_if_rounded(spec.dtype, given, values)

@@ -97,6 +97,15 @@ def _gemm_parser(sub) -> None:
     g.add_argument("n", type=int, help="N: columns of B and of C (elements)")
     g.add_argument("k", type=int, help="K: columns of A, rows of B: the reduction's length (elements)")
     _program_options(g, split=True)
+    w = g.add_argument_group("4-bit weights (W4A16: B dequantised to the bf16 / fp16 operand on the way in)")
+    w.add_argument("--weights", choices=["int4", "uint4", "mxfp4"], help="B's stored format (default: the precision)")
+    w.add_argument(
+        "--group", type=int, metavar="G", help="rows of K per scale (default 128; mxfp4's is 32): K a multiple of G"
+    )
+    w.add_argument("--zeros", action="store_true", help="a zero point per group and column beside each scale")
+    w.add_argument(
+        "--scale-type", choices=["bf16", "fp16", "float32"], help="int4 / uint4 scales' type (default: the precision)"
+    )
 
 
 def _grouped_parser(sub) -> None:

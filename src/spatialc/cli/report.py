@@ -25,13 +25,15 @@ def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bo
     for int8 programs); a grouped GEMM's row counts uniform in 0..max_rows. With a `sample` (an interpreter
     Sample), its tensors (A) are made as just the sampled rows (in each group); without `operands`, only the
     parameters (nothing will multiply A and B)."""
-    from ..inputs import row_limits
+    from ..inputs import W4_TYPES, row_limits
 
     rng = np.random.default_rng(seed)
     out = {}
     integer = p.precision.value == "int8"
     counts = row_limits(p)
     for t in p.tensors:
+        if t.dtype in W4_TYPES:  # made below, by the format's own rule
+            continue
         rows = len(sample.rows) if sample is not None and t.name in sample.given else t.elems[0]
         shape = (t.groups, rows, t.elems[1]) if t.groups > 1 else (rows, t.elems[1])
         if t.role.value == "input" and not operands:
@@ -45,6 +47,11 @@ def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bo
         elif t.role.value == "parameter":
             n = t.elems[0] * t.elems[1]  # a column vector's n values, a row vector's m
             out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)
+    from ..numerics.w4 import random_inputs as w4_inputs
+
+    for name, values in w4_inputs(p, rng).items():  # a W4A16 GEMM's packed weights, scales and zero points
+        if operands or p.tensor_named(name).role.value != "input":
+            out[name] = values
     return out
 
 

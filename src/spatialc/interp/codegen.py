@@ -39,6 +39,7 @@ from ..ir.ops import (
     ChoreoOp,
     Compute,
     Const,
+    Dequant,
     Flush,
     Loop,
     Map,
@@ -72,6 +73,7 @@ from ..ir.ops import (
     walk,
 )
 from . import support, trace
+from .dequant import dequant
 from .errors import EvalError, UnsupportedOp
 from .mapped import MapKernel
 from .values import TileRefs, Tiles
@@ -429,6 +431,9 @@ class Emitter:
         if isinstance(mm, ScaleAcc):
             self.scale_acc(op, i)
             return
+        if isinstance(mm, Dequant):
+            self.dequant(op, mm, i)
+            return
         if not isinstance(mm, MatmulTiles):
             raise UnsupportedOp(f"{self.where(op)}: the interpreter does not run {type(mm).__name__} yet")
         if op.acc_reload is not None:
@@ -449,6 +454,26 @@ class Emitter:
         if mm.transpose_b:  # the page holds Bᵀ (w × ibw tiles): the product reads it as B
             self.emit(f"y = transposed(y, {geom[1]}, {geom[2]})")
         self.emit(f"if {a}.geom is not {g}:", f"    set_geom(E, {i}, {a}, {g})", f"{a}.a.append(x)", f"{a}.b.append(y)")
+
+    def dequant(self, op: Compute, dq: Dequant, i: int) -> None:
+        """A dequant prologue: the front page of 4-bit weights into the reserved operand page (`interp/dequant.py`)."""
+        if len(op.ins) != 1 or len(op.outs) != 1 or op.acc is not None:
+            raise EvalError(f"{self.where(op)}: a dequant reads one ring of weights and fills one")
+        if dq.group < 1 or dq.width < 1 or dq.operand not in (Precision.BF16, Precision.FP16):
+            raise EvalError(
+                f"{self.where(op)}: a dequant takes groups of ≥ 1 row and pages ≥ 1 tile wide, into bf16 or fp16"
+            )
+        self.front("x", self.ring(op.ins[0], op, "consume"), op.ins[0], i, 1)
+        slot = self.newest_reserved(self.ring(op.outs[0], op, "produce"), op.outs[0], i)
+        stores = [
+            "None" if t is None else self.const(self.m.store(t, lambda: self.where(op)), "t")
+            for t in (dq.scale, dq.zero)
+        ]
+        rows, cols = self.addr(dq.rows, op), self.addr(dq.cols, op)
+        self.emit(
+            f"{slot} = dequant(x, {self.const(dq, 'e')}, {stores[0]}, {stores[1]}, {rows}, {cols},"
+            f" {self.const(self.where(op), 'w')})"
+        )
 
     def scale_acc(self, op: Compute, i: int) -> None:
         """acc[row] ·= the row's value of its one ring's front page (a row vector): what the accumulator holds now."""
@@ -593,6 +618,7 @@ def _times(stride: int, name: str) -> str:
 
 _HELPERS: dict[str, object] = {
     "TileRefs": TileRefs,
+    "dequant": dequant,
     "Tiles": Tiles,
     **{
         name: getattr(support, name)

@@ -34,9 +34,15 @@ class DType(StrEnum):
     FLOAT32 = "float32"
     E4M3 = "e4m3"  # float8_e4m3fn: 4 exponent bits, 3 fraction bits, largest ±448, NaN but no infinity
     E5M2 = "e5m2"  # float8_e5m2: 5 exponent bits, 2 fraction bits, largest ±57344, infinities like fp16
+    # 4-bit weights, stored packed two a byte (numerics/w4.py: the nibble order and the dequant), and MXFP4's scale
+    INT4 = "int4"  # ml_dtypes.int4: −8 … 7
+    UINT4 = "uint4"  # ml_dtypes.uint4: 0 … 15
+    E2M1 = "e2m1"  # ml_dtypes.float4_e2m1fn: ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, no NaN or infinity
+    E8M0 = "e8m0"  # ml_dtypes.float8_e8m0fnu: 2^e for e in −127 … 127 (0xFF is NaN), an MXFP4 group's scale
 
 
 FP8 = frozenset({DType.E4M3, DType.E5M2})  # the 8-bit float element types (operands only: no output holds them)
+FOUR_BIT = frozenset({DType.INT4, DType.UINT4, DType.E2M1})  # packed weight types, read only through a Dequant
 
 
 def accumulator_dtype(precision: Precision) -> DType:

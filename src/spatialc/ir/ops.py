@@ -364,7 +364,37 @@ class AddPartial:
     K (split-K: a site adds the partials other sites left in a workspace tensor, in a fixed order)."""
 
 
-ComputeOp = MatmulTiles | Map | RowReduce | ScaleAcc | Requant | Generic | AddPartial | Attention
+class WeightFormat(StrEnum):
+    """A packed 4-bit weight format (numerics/w4.py defines each: its values, its packing, its dequant)."""
+
+    INT4 = "int4"
+    UINT4 = "uint4"
+    MXFP4 = "mxfp4"
+
+
+@dataclass(frozen=True, slots=True)
+class Dequant:
+    """A W4A16 GEMM's dequant prologue: each element of the reserved page of `outs[0]` is the dequantised weight
+    (`numerics.w4.dequant`, rounded to `operand`) of the same element q of the front page of `ins[0]`, a page of
+    packed 4-bit weights — scale[g, j] · (q − zero[g, j]) for the element's row k of B and column j, g = k // group.
+    The page holds rows of `width` tiles; its tile s lies at B's tile row `rows + s // width` and tile column
+    `cols + s mod width` (the schedule sets both from the K step and the item). `scale` and `zero` are parameter
+    tensors of (K / group) × N values; `zero` None is a zero point of 0 (and always so for mxfp4). `low_first`: the
+    page's bytes are read with row 2i of B in the low nibble and row 2i + 1 in the high one — the order weights are
+    packed in (numerics/w4.py); False reads them the other way round, which rule 8 refuses (a printer reads it)."""
+
+    weights: WeightFormat
+    operand: Precision
+    group: int
+    scale: TensorId
+    zero: TensorId | None = None
+    rows: TileAddr = field(default_factory=lambda: TileAddr(0))
+    cols: TileAddr = field(default_factory=lambda: TileAddr(0))
+    width: int = 1
+    low_first: bool = True
+
+
+ComputeOp = MatmulTiles | Map | RowReduce | ScaleAcc | Requant | Generic | AddPartial | Attention | Dequant
 
 # ---- addresses and loop counts -----------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from .ops import (
     Compute,
     ComputeOp,
     Const,
+    Dequant,
     Expr,
     Flush,
     Generic,
@@ -100,6 +101,16 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
         case RowReduce(name, n, at, width):
             where = "" if (at, width) == (TileAddr(0), 1) else f" at {addr_text(at)} width {width}"
             return f"row {name} of {n} columns{where}"
+        case Dequant(fmt, prec, group, scale, zero, rows, cols, width, low_first):
+            s, z = (_tensor(p, t) if p and t is not None else str(t if t is None else int(t)) for t in (scale, zero))
+            minus = f" - {z}[g, j]" if zero is not None else ""
+            where = (
+                ""
+                if (rows, cols, width) == (TileAddr(0), TileAddr(0), 1)
+                else (f" at rows {addr_text(rows)} cols {addr_text(cols)} width {width}")
+            )
+            order = "" if low_first else " high nibble first"
+            return f"dequant {fmt.value} to {prec.value}: {s}[k/{group}, j] * (x0{minus}){where}{order}"
     raise TypeError(f"not a compute op: {op!r}")
 
 

@@ -20,6 +20,7 @@ from ..ir.ops import (
     Compute,
     ComputeOp,
     Const,
+    Dequant,
     Expr,
     Loop,
     Map,
@@ -111,7 +112,8 @@ class Engine:
     def compute(self, stage: StageRef | ComputeOp, src: Page | Sequence[Page], dst: Page) -> None:
         """Elementwise `stage` from the waited page `src` (a list of pages: a Map of several) into the reserved page
         `dst` — or the op given itself (a Map of the elementwise table, ir.ops; a column vector names the tile
-        columns of the page at hand: `ir.ops.bias(tensor, at, width)`)."""
+        columns of the page at hand: `ir.ops.bias(tensor, at, width)`; a Dequant's `rows` and `cols` the tile row
+        and column of the weights its page holds, which may name loop variables too)."""
         op = stage.op if isinstance(stage, StageRef) else stage
         if isinstance(op, RowReduce):
             raise refuse(f"{getattr(stage, 'name', 'a row reduction')} folds rows into an accumulator: acc.reduce(…)")
@@ -119,6 +121,9 @@ class Engine:
             raise refuse(f"{getattr(stage, 'name', op)!s} is not an elementwise stage or op (relu(), bias(...), …)")
         if isinstance(op, Map):  # a column vector's tile column may name loop variables
             op = Map(with_cols(op.expr, lambda c: c if isinstance(c.at, TileAddr) else replace(c, at=address(c.at))))
+        if isinstance(op, Dequant):  # so may a dequant's tile row (the K step's) and tile column (the item's)
+            rows, cols = (x if isinstance(x, TileAddr) else address(x) for x in (op.rows, op.cols))
+            op = replace(op, rows=rows, cols=cols)
         srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
         for s in srcs:
             expect(s, Page, "what an elementwise op reads")

@@ -71,9 +71,36 @@ def rounded_operands(p: SpatialProgram, inputs: Mapping[str, Any]) -> tuple[np.n
     """A and B — the tensors the matmul stage multiplies, in that order, whatever their names — holding exactly the
     operand type's values (int8 as given, fp16 / bf16 as float32), for `values.matmul`, which sums in float64."""
     decl = _declared(p)
+    if len(decl.matmuls) == 1 and dequantised(decl):  # a W4A16 GEMM: B its weights dequantised (numerics/w4.py)
+        from .w4 import w4_operand
+
+        (mm,) = decl.matmuls.values()
+        a, b = (
+            tensor_operand(p, t, inputs) if t is not None else w4_operand(p, chain[0].kind.op, t_w, inputs)
+            for t, chain, t_w in zip(mm.operands, mm.chains, _dequant_reads(p, mm), strict=True)
+        )
+        return a, b
     if decl.a is None or decl.b is None or len(decl.matmuls) > 1:
         raise ProgramError(f"program {p.name} declares no single tile matmul of two tensors, so it has no A and B")
     return tensor_operand(p, decl.a, inputs), tensor_operand(p, decl.b, inputs)
+
+
+def dequantised(decl: Any) -> bool:
+    """Whether a matmul of the declaration multiplies dequantised 4-bit weights (a W4A16 GEMM)."""
+    from ..ir.ops import Dequant
+
+    return any(c and isinstance(c[0].kind.op, Dequant) for mm in decl.matmuls.values() for c in mm.chains)
+
+
+def _dequant_reads(p: SpatialProgram, mm: Any) -> list:
+    """Each operand's weights tensor where a dequant makes it (None elsewhere)."""
+    from ..ir.index import ProgramIndex
+    from ..ir.nodes import ReadStage
+    from ..ir.ops import Dequant
+
+    index = ProgramIndex.of(p)
+    reads = {index.ring(b): s.kind.tensor for s in p.stages if isinstance(s.kind, ReadStage) for b in s.outs}
+    return [reads[index.ring(c[0].ins[0])] if c and isinstance(c[0].kind.op, Dequant) else None for c in mm.chains]
 
 
 def tensor_operand(p: SpatialProgram, tensor: Any, inputs: Mapping[str, Any]) -> np.ndarray:

@@ -9,6 +9,7 @@ from ..errors import PlanError, ProgramError
 from ..ir.nodes import Plan, SpatialProgram, TensorRole
 from ..target import SpatialTarget
 from .attention import apply_attention_plan, is_attention_program, place_attention, plan_attention, schedule_attention
+from .dequant import build_w4, is_w4_program
 from .maps import apply_map_plan, is_map_program, place_map, plan_map, schedule_map
 from .multicast import add_semaphores, check_multicast, multicast_placement, say_reads
 from .multicast import asked as asked_multicast
@@ -58,6 +59,12 @@ def build(
         return _build_rows(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     if is_map_program(program):
         return _build_map(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
+    if is_w4_program(program):  # its plan is the plain GEMM's, the dequant prologue put back (passes/dequant.py)
+
+        def planned(q: SpatialProgram, f: str) -> SpatialProgram:
+            return _passes((q, target, block, sub_blocks, depth, sites, placement, f, split_k, None), verified=False)
+
+        return verify(build_w4(program, target, planned, form, split_k, multicast), target)
     args = (program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     p = _passes(args)
     if p.placement is not None and p.placement.multicast != (1, 1):

@@ -11,6 +11,7 @@ symbols renamed to the consumer's. What is written where is collected for `seman
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from ...ir.ops import (
     Compute,
     ComputeOp,
     Const,
+    Dequant,
     Expr,
     Lit,
     Loop,
@@ -37,6 +39,7 @@ from ...ir.ops import (
     Reserve,
     RowArg,
     RowReduce,
+    TileAddr,
     Trip,
     WriteTiles,
 )
@@ -106,6 +109,9 @@ def same_op(scheduled: ComputeOp, declared_op: ComputeOp) -> bool:
     apart)."""
     if isinstance(scheduled, Map) and isinstance(declared_op, Map):
         return _formula(scheduled.expr) == _formula(declared_op.expr)
+    if isinstance(scheduled, Dequant) and isinstance(declared_op, Dequant):  # (its page's place: checked apart)
+        at, here = TileAddr(0), dataclasses.replace(scheduled, rows=TileAddr(0), cols=TileAddr(0), width=1)
+        return here == dataclasses.replace(declared_op, rows=at, cols=at, width=1)
     if isinstance(scheduled, RowReduce) and isinstance(declared_op, RowReduce):  # where a page lies: its terms'
         return (scheduled.op, scheduled.cols) == (declared_op.op, declared_op.cols)
     return scheduled == declared_op

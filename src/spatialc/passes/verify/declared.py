@@ -38,6 +38,7 @@ from ...ir.ops import (
     Apply,
     Arg,
     Col,
+    Dequant,
     Expr,
     Map,
     MatmulTiles,
@@ -55,6 +56,7 @@ from ...numerics.elementwise import ElementwiseError
 from ...numerics.epilogue import EXACT_LIMIT, dot_range, integer_peak, integer_range
 from ...numerics.rounding import computed_operand
 from .dataflow import Declared, MatmulDecl, SplitDecl
+from .dequant import dequant_operand
 
 
 def _unsure(what: str) -> StrongerCheckNeeded:
@@ -433,6 +435,8 @@ class _Way:
         with np.errstate(all="ignore"):
             for s in chain:
                 op = s.kind.op  # type: ignore[union-attr]
+                if isinstance(op, Dequant):  # padded weights and scales are zero: 0 · (0 − 0)
+                    continue
                 x = epilogue.apply(op, x, integer, np.zeros(1))  # a column vector's padding is zero too
             value = computed_operand(x, self.index.p.precision.value)
         return bool(np.isfinite(value).all())
@@ -468,6 +472,13 @@ class _Way:
                         f"tensor {t.name} holds {t.dtype.value} values, but the {p.precision.value} matmul stage"
                         f" {stage.name} reads it"
                     )
+                continue
+            if src is not None and isinstance(src.kind, ComputeStage) and isinstance(src.kind.op, Dequant):
+                t = dequant_operand(self.index, self.producer, src, stage, which)  # W4A16 (verify/dequant.py)
+                operands.append(None)
+                sources.append(None)
+                chains.append((src,))
+                shapes.append((t.elems, t.tiles))
                 continue
             inner, inner_ring, inner_chain = self.to_matmul(
                 self.index.ring(b), f"matmul stage {stage.name}'s operand {which}"
@@ -526,6 +537,7 @@ def _every_stage_used(index: ProgramIndex, decl: Declared, write: Stage) -> None
         used.add(id(mm.stage))
         used.update(id(s) for chain in mm.chains for s in chain)
         used.update(id(decl.producer[index.ring(b)]) for b in mm.stage.ins)
+        used.update(id(decl.producer[index.ring(s.ins[0])]) for c in mm.chains if c and _dequants(c) for s in c)
     if decl.split is not None:
         used.update(id(s) for s in (decl.split.write, decl.split.read, decl.split.add))
     for s in index.p.stages:
@@ -534,6 +546,11 @@ def _every_stage_used(index: ProgramIndex, decl: Declared, write: Stage) -> None
                 f"stage {s.name} is not on the way from the inputs to {decl.out.name}: every stage must be part of the"
                 " one pipeline the program declares"
             )
+
+
+def _dequants(chain: tuple[Stage, ...]) -> bool:
+    """Whether `chain` is a W4A16 operand's dequant (its read is on the way to C too)."""
+    return isinstance(chain[0].kind, ComputeStage) and isinstance(chain[0].kind.op, Dequant)
 
 
 def _split(

@@ -23,6 +23,7 @@ from ...ir.ops import (
     ChoreoOp,
     Compute,
     Const,
+    Dequant,
     Loop,
     Map,
     MatmulTiles,
@@ -183,6 +184,8 @@ class EngineRun:
                 self.add_partial(op)
             case Compute(op=RowReduce()):
                 self.row_reduce(op)
+            case Compute(op=Dequant()):
+                self.dequant(op)
             case Compute():
                 self.elementwise(op)
             case PackAcc():
@@ -670,6 +673,25 @@ class EngineRun:
         cell = Elem(op.op, inners, found.get(VecAxis.COL), origin, found.get(VecAxis.ROW))
         self.fill(op, op.outs[0], Page(page.rows, page.width, cell))
 
+    def dequant(self, op: Compute) -> None:
+        """A dequant prologue (W4A16): each tile of the page it fills is its op of the same tile of the page it
+        reads, its scales and zero points read at tile row `rows + page row` and tile column `cols + page col` of
+        the weights (verify/dequant.py; the proof at the write holds them to the weights tile's own)."""
+        self.stage_of(op)
+        dq = op.op
+        assert isinstance(dq, Dequant)
+        page = self.front(op, op.ins[0])
+        if dq.width != page.width:
+            raise self.unsure(
+                op,
+                f"it reads a page of rows {page.width} tiles wide as rows of {dq.width}; the semantic rule follows a"
+                " dequant laid over whole page rows",
+                op.ins[0],
+            )
+        row, col = self.addr(op, dq.rows) + Aff.of(PR), self.addr(op, dq.cols) + Aff.of(PC)
+        origin = (int(self.site.site), self.engine, self.index.op(op))
+        self.fill(op, op.outs[0], Page(page.rows, page.width, Elem(dq, (page.cell,), col, origin, row)))
+
     def vector_map(self, op: Compute, pages: list[Page]) -> None:
         """A map of row vectors alone (mean = Σ / n): a row vector, each row's value of the same rows' values."""
         vecs = {(p.rows, p.width) for p in pages}
@@ -688,7 +710,7 @@ class EngineRun:
 
 def _kind(op: object) -> type:
     """Which stages a scheduled compute op may run: those of its class (a map's, a requant's: any elementwise)."""
-    return type(op) if isinstance(op, MatmulTiles | RowReduce | AddPartial) else Map
+    return type(op) if isinstance(op, MatmulTiles | RowReduce | AddPartial | Dequant) else Map
 
 
 def renamed(term: Product | Partial, rename: dict[Sym, Aff]) -> Product | Partial:

@@ -50,6 +50,7 @@ from ...ir.ops import (
     Attention,
     ChoreoOp,
     Compute,
+    Dequant,
     Loop,
     Map,
     MatmulTiles,
@@ -576,6 +577,8 @@ class _Proof:
                     f" {compute_text(op, self.site.index.p)}"
                 )
             axes = {c.axis for c in cols(op.expr)} if isinstance(op, Map) else set()
+            if isinstance(op, Dequant):  # its scales and zero points at the weights tile's own (group, column)
+                axes = {VecAxis.COL, VecAxis.ROW}
             for axis, got, want in ((VecAxis.COL, cell.bias_col, col), (VecAxis.ROW, cell.bias_row, row)):
                 if axis in axes and got != want:
                     what = "column" if axis == VecAxis.COL else "row"
@@ -583,6 +586,8 @@ class _Proof:
                         raise self.fail(f"{self.tile_text(self.base())}{path} reads no {what} vector's tile", cell)
                     values = self.differ([(got, want)], set(self.ranges))
                     vector = "bias" if axis == VecAxis.COL else "row vector"
+                    if isinstance(op, Dequant):
+                        vector = "scale and zero point" if op.zero is not None else "scale"
                     raise self.fail(
                         f"{self.tile_text(values)} ({self.item_text(values)}){path} gets {vector} tile {what}"
                         f" {got.at(values)}, not its own {what} {want.at(values)}",

@@ -51,6 +51,7 @@ from ...ir.ops import (
     Compute,
     ComputeOp,
     Const,
+    Dequant,
     Expr,
     Flush,
     Lit,
@@ -807,6 +808,24 @@ class _OpCheck:
                 self.addr(op, at, bound)
         if isinstance(op.op, RowReduce):
             self.addr(op, op.op.at, bound)
+        if isinstance(op.op, Dequant):
+            self.dequant(op, op.op, bound)
+
+    def dequant(self, op: Compute, dq: Dequant, bound: tuple[LoopVar, ...]) -> None:
+        """A dequant's scales and zero points are parameter tensors, read at addresses of bound variables (that
+        they hold one value per group and column of the weights is rule 8's `declared`)."""
+        for tid in (dq.scale, dq.zero):
+            if tid is None:
+                continue
+            t = self.tensor(op, tid)
+            if t.role != TensorRole.PARAMETER:
+                raise self.fail(op, f"a dequant's scales and zero points are parameter tensors; {t.name} is {t.role}")
+        if dq.width < 1 or dq.group < 1:
+            raise self.fail(
+                op, f"a dequant's pages are ≥ 1 tile wide and its groups ≥ 1 row, not {dq.width}, {dq.group}"
+            )
+        self.addr(op, dq.rows, bound)
+        self.addr(op, dq.cols, bound)
 
     def bias(self, op: Compute, bias: Col, bound: tuple[LoopVar, ...]) -> None:
         """A bias names a parameter row, read at an address of bound variables (that it holds one value per column

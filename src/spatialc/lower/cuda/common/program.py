@@ -31,6 +31,7 @@ from ....ir.ops import (
     Compute,
     ComputeOp,
     Const,
+    Dequant,
     Loop,
     Map,
     MatmulTiles,
@@ -71,6 +72,11 @@ def check_printable(p: SpatialProgram) -> None:
         raise Unsupported(
             f"a placement whose site {at} is numbered {sites[at]}",
             "the kernel runs site i as its block i: number the sites 0, 1, … in the order placed",
+        )
+    if any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Dequant) for s in p.stages):
+        raise Unsupported(
+            "a W4A16 GEMM's dequant prologue (4-bit weights)",
+            "no CUDA form prints it yet: it is built, verified and run by the interpreter (spatialc.evaluate)",
         )
     read = {s.kind.tensor for s in p.stages if isinstance(s.kind, ReadStage)}
     for t in p.tensors:

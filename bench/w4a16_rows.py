@@ -1,0 +1,139 @@
+"""W4A16 decode rows (issue 34 item 8): M ∈ {1, 16, 64}, N = K ∈ {4096, 14336}, int4 (bf16 scale and int4 zero per
+128 rows) and mxfp4 (e8m0 scale per 32), prepared on the CPU; on a GPU, measured against torch.
+
+Each row's spatialc program is built and verified here, its plan printed (decode shapes: see what the planner
+chose), and its kernel asked for — no CUDA form prints a W4A16 GEMM yet, so the row says so by the lowering's own
+line. What a row reads at least once: the packed weights (K·N / 2 bytes), their scales and zero points, A and C.
+
+With `--gpu` (torch with CUDA), in one run on one device, for each row:
+- torch: `torch.mm(A, W)` in bf16 on the weights dequantised beforehand (what a framework without a W4A16 kernel
+  runs: the dequantised copy is 4× the packed bytes);
+- the copy-bandwidth ceiling: `dst.copy_(src)` of the packed weights' bytes, timed; a copy moves each byte twice, so
+  the device's copy bandwidth is 2·bytes / time, and the ceiling is the row's bytes read once at that bandwidth;
+- spatialc: its kernel, once a form prints it (now: the refusal).
+Each time is the median of 20 runs after a warm-up, CUDA events around the call. The ratio printed is the ceiling's
+time over torch's (1.0: torch at the bandwidth bound), the goal for spatialc being ≥ 0.85 at M = 1.
+
+    python bench/w4a16_rows.py            # dry run: the rows, their bytes, plans and the kernel line
+    python bench/w4a16_rows.py --gpu      # the measured rows (needs torch with CUDA and a GPU)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import dataclass
+
+import spatialc
+
+MS = (1, 16, 64)
+SIDES = (4096, 14336)
+FORMATS = {"int4": {"group": 128, "zeros": True}, "mxfp4": {}}
+
+
+@dataclass(frozen=True)
+class Row:
+    m: int
+    n: int
+    k: int
+    fmt: str
+
+    @property
+    def name(self) -> str:
+        return f"w4:{self.fmt}:{self.m}x{self.n}x{self.k}"
+
+    @property
+    def group(self) -> int:
+        return 32 if self.fmt == "mxfp4" else 128
+
+    def bytes_read(self) -> int:
+        """The packed weights, their scales (bf16, or e8m0's one byte) and zero points (a byte each), A and C in
+        bf16: what the kernel reads and writes at least once."""
+        groups = self.k // self.group * self.n
+        side = groups * (1 if self.fmt == "mxfp4" else 2 + 1)
+        return self.k * self.n // 2 + side + 2 * self.m * self.k + 2 * self.m * self.n
+
+
+def rows(ms=MS, sides=SIDES, formats=tuple(FORMATS)) -> list[Row]:
+    return [Row(m, s, s, f) for f in formats for s in sides for m in ms]
+
+
+def prepared(row: Row) -> tuple[str, str]:
+    """(the plan, the kernel line) of the row's program, built and verified for sm_90."""
+    p = spatialc.build(spatialc.gemm(row.m, row.n, row.k, "bf16", weights=row.fmt, **FORMATS[row.fmt]), "sm_90")
+    assert p.verified and p.plan is not None
+    b, g = p.plan.block, p.plan.grid
+    assert p.placement is not None
+    split = f", split-K {p.placement.splits}" if p.placement.splits > 1 else ""
+    plan = f"block {b.osh}x{b.osw}x{b.ibw}, grid {g[0]}x{g[1]}{split}, {len(p.placement.sites)} sites"
+    try:
+        spatialc.lower(p)
+        kernel = "printed"
+    except spatialc.SpatialError as e:
+        kernel = str(e).split(":", 1)[0]
+    return plan, kernel
+
+
+def dry_run(selected: list[Row]) -> list[str]:
+    lines = [f"{'row':28} {'MB read':>8}  plan / kernel"]
+    for row in selected:
+        plan, kernel = prepared(row)
+        lines.append(f"{row.name:28} {row.bytes_read() / 1e6:8.2f}  {plan}; kernel: {kernel}")
+    return lines
+
+
+def _median_ms(torch, fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measured(row: Row) -> str:
+    """One row on the GPU: torch's bf16 mm on the dequantised weights against the copy-bandwidth ceiling."""
+    import torch
+
+    dev = "cuda"
+    packed = torch.randint(0, 256, (row.k // 2, row.n), dtype=torch.uint8, device=dev)
+    w = torch.randn(row.k, row.n, dtype=torch.bfloat16, device=dev)  # the dequantised weights (values: any)
+    a = torch.randn(row.m, row.k, dtype=torch.bfloat16, device=dev)
+    c = torch.empty(row.m, row.n, dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(packed)
+    t_mm = _median_ms(torch, lambda: torch.mm(a, w, out=c))
+    t_copy = _median_ms(torch, lambda: dst.copy_(packed))
+    bandwidth = 2 * packed.numel() / (t_copy * 1e-3)  # bytes a second: a copy reads and writes each byte
+    ceiling = row.bytes_read() / bandwidth * 1e3
+    return (
+        f"{row.name:28} torch.mm {t_mm * 1e3:8.1f} us   ceiling {ceiling * 1e3:8.1f} us ({bandwidth / 1e12:.2f} TB/s"
+        f" copy)   ceiling/torch {ceiling / t_mm:.2f}   spatialc: not printed yet"
+    )
+
+
+def main(argv: list[str]) -> int:
+    selected = rows()
+    if "--gpu" not in argv:
+        print("\n".join(dry_run(selected)))
+        return 0
+    try:
+        import torch
+    except ImportError:
+        print("w4a16_rows: --gpu needs torch", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("w4a16_rows: --gpu needs a CUDA device", file=sys.stderr)
+        return 2
+    print(torch.cuda.get_device_name())
+    for row in selected:
+        print(measured(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

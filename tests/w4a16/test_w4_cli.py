@@ -1,0 +1,70 @@
+"""`spatialc gemm … --weights int4 --group 128 [--zeros]`: built, verified, the interpreter checked against numpy;
+a bad request one line and exit status 2; the kernel refused by one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spatialc.cli import main
+
+
+def run_cli(capsys, *argv):
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.mark.parametrize(
+    ("args", "head"),
+    [
+        (["--weights", "int4", "--group", "128", "--zeros"], "bf16, int4 weights with zero points"),
+        (["--weights", "uint4", "--group", "64", "--scale-type", "float32"], "bf16, uint4 weights"),
+        (["--weights", "mxfp4"], "bf16, mxfp4 weights"),
+    ],
+)
+def test_a_w4a16_gemm_is_checked_against_numpy(capsys, args, head):
+    status, out, err = run_cli(capsys, "gemm", "16", "96", "256", "--precision", "bf16", *args)
+    assert status == 0, err
+    assert f"spatialc gemm 16x96x256 {head} on sm_90" in out
+    assert "Bq_ring" in out and "interpreter vs numpy reference: OK" in out
+    assert "kernel    none: cannot lower a W4A16 GEMM's dequant prologue" in out
+    assert "Warning" not in err  # random weights, scales and zeros are values of their types: nothing rounded
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--weights", "int4", "--group", "96"], "K = 256 is not a multiple of the group (96)"),
+        (["--weights", "mxfp4", "--zeros"], "no zero point"),
+        (["--group", "128"], "give weights= too"),
+        (["--weights", "int4", "--precision", "int8"], "dequantised to bf16 or fp16"),
+    ],
+)
+def test_a_bad_request_is_one_line_and_status_2(capsys, args, says):
+    status, out, err = run_cli(
+        capsys, "gemm", "16", "96", "256", *(["--precision", "bf16"] if "--precision" not in args else []), *args
+    )
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in err
+
+
+def test_emitting_the_kernel_is_refused_by_one_line(capsys, tmp_path):
+    status, _, err = run_cli(
+        capsys, "gemm", "16", "96", "256", "--precision", "bf16", "--weights", "int4", "--emit", str(tmp_path / "k")
+    )
+    assert status == 2 and err.strip().splitlines()[-1].startswith("spatialc: error: cannot lower a W4A16 GEMM")
+
+
+def test_a_saved_w4a16_program_verifies_again(capsys, tmp_path):
+    saved = tmp_path / "w4.json"
+    status, _, err = run_cli(
+        capsys, "gemm", "16", "96", "256", "--precision", "bf16", "--weights", "int4", "--zeros", "--json", str(saved)
+    )
+    assert status == 0, err
+    assert json.loads(saved.read_text())["version"] == 11
+    status, out, err = run_cli(capsys, "verify", str(saved))
+    assert status == 0, err
+    assert "verified" in out
