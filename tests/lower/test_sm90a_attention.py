@@ -33,7 +33,7 @@ CASES = {
     "plain": ((1, 2, 64, 128, 64), {}),  # two KV blocks, two heads
     "causal_gqa_ragged": ((1, 4, 40, 72, 32), {"kv_heads": 2, "causal": True}),  # padding masked, 64-byte panels
     "causal_d128": ((1, 2, 100, 200, 128), {"causal": True}),  # head_dim 128: two panels a row, ragged both ways
-    "gqa": ((2, 4, 64, 96, 64), {"kv_heads": 1}),  # four query heads on one KV head, a batch of two
+    "gqa_fp16": ((2, 4, 64, 96, 64), {"kv_heads": 1, "precision": "fp16"}),  # four query heads on one KV head
 }
 
 
@@ -173,15 +173,16 @@ def test_planted_faults_are_caught(cases):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-@pytest.mark.parametrize(("head_dim", "causal"), [(128, False), (64, True)])
-def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_dim, causal):
+@pytest.mark.parametrize(("head_dim", "causal", "precision"), [(128, False, "bf16"), (64, True, "fp16")])
+def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_dim, causal, precision):
     from .test_sm90a import compiled_clean
 
-    p = built((2, 16, 4096, 4096, head_dim), {"causal": causal}, "auto")
+    p = built((2, 16, 4096, 4096, head_dim), {"causal": causal, "precision": precision}, "auto")
     art = spatialc.lower(p)
     assert art.budget.form == "sm90a"
     ops = [i.op for i in compiled_clean(art, tmp_path)]
     # S: a wgmma 64 keys wide per 16 of head_dim; P·V: one head_dim wide per 16 of the block's 64 keys.
-    want = Counter({"HGMMA.64x64x16.F32.BF16": head_dim // 16}) + Counter({f"HGMMA.64x{head_dim}x16.F32.BF16": 4})
+    ty = ".BF16" if precision == "bf16" else ""  # (cuobjdump names fp16 HGMMA by its accumulator alone)
+    want = Counter({f"HGMMA.64x64x16.F32{ty}": head_dim // 16}) + Counter({f"HGMMA.64x{head_dim}x16.F32{ty}": 4})
     assert Counter(op for op in ops if op.startswith("HGMMA")) == want
     assert not [op for op in ops if op.startswith(("LDL", "STL"))]  # nothing in local memory
