@@ -278,3 +278,13 @@ def test_a_row_accumulator_scaled_is_a_sum():
 
     with pytest.raises(Unsupported, match="scaling a row accumulator of a max reduction"):
         unchecked(replace(p, Engine.COMPUTE, scale_max))
+
+
+def test_sites_of_unequal_item_counts_keep_the_recurrence_in_registers():
+    """6 items on 4 sites: two run 2 items, two run 1 — compute programs that differ in their ITEM loop's count alone,
+    which keep the same rings in registers (as the GPU check's sizes do: 15 and 16 items a site)."""
+    p = program(1, 2, 192, 64, 64, block=(4, 4), sites=4)
+    programs = {prog.ops for prog in p.schedule.programs if prog.engine == Engine.COMPUTE}
+    assert len(programs) == 2
+    kernel = general.make_kernel(p, target(p.target))
+    assert len(kernel.in_registers) == 9 and "float rr_" in lowered(p).kernel_cu
