@@ -50,7 +50,8 @@ the bytes each page receives. Since only this form reads panels, `build` plans f
 program (`passes.pipeline.sm90a_refusal`); the general form does not ride along with its artifacts.
 
 Beside this module: the form's shape constants, the plans it takes and what they cost (`plan.py`), its pages'
-panels and tensor maps (`tma.py`) and its engine printer (`printer.py`).
+panels and tensor maps (`tma.py`), its engine printer (`printer.py`) and attention's kernel — these engines with two
+wgmma shapes around the general form's register path, one consumer warpgroup (`attention.py`).
 """
 
 from __future__ import annotations
