@@ -19,7 +19,7 @@ import pytest
 
 import spatialc
 from spatialc.lower.cuda import forms
-from spatialc.lower.errors import NeedsGeneral, Unsupported
+from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported
 from spatialc.runtime.emulate import EmulationError
 
 from ..attention.qkv import inputs
@@ -92,6 +92,14 @@ def test_auto_on_sm90a_prints_it_and_the_other_forms_say_what_they_print():
         spatialc.lower(general, form="persistent")
     with pytest.raises(spatialc.errors.ProgramError, match="form 'sm90a' uses TMA and wgmma, which target sm_90"):
         spatialc.build(spatialc.attention(*shape), "sm_90", form="sm90a")
+
+
+def test_auto_falls_back_to_the_general_form_where_the_sm90a_form_refuses_its_plan():
+    shape = (1, 2, 64, 128, 256)  # head_dim 256: Q's band, two K and two V stages and O's page pass shared memory
+    art = spatialc.lower(built(shape, {}, "auto"))
+    assert art.budget.form == "general" and forms.ATTENTION_NOTE in art.notes
+    with pytest.raises(TooBig, match="shared memory of one block of the sm_90a form on sm_90a"):
+        spatialc.lower(built(shape, {}))
 
 
 def test_a_band_other_than_one_warpgroup_is_refused_by_name():

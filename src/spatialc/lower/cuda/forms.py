@@ -46,7 +46,8 @@ PAGES_NOTE = (
 # in panels: a target other than sm_90a, or the sm_90a form's refusal of its plan).
 ATTENTION_NOTE = (
     f"the general form: {ATTENTION_PROGRAM} planned for the other forms — the persistent form refuses it by name, and"
-    " the sm_90a form prints only a plan made for it (build for sm_90a with form='sm90a' or 'auto')"
+    " the sm_90a form prints only a plan made for it (on sm_90a, auto plans for it where it prints; form='sm90a'"
+    " plans for it, or says why it cannot)"
 )
 
 
