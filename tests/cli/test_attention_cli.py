@@ -108,14 +108,28 @@ def test_attention_builds_shows_saves_and_draws_its_placement(capsys, tmp_path):
 
 
 @needs_rule8
-@pytest.mark.parametrize("form", ["persistent", "sm90a"])
-def test_a_form_that_does_not_print_attention_is_one_line_and_exit_2(capsys, tmp_path, form):
+@pytest.mark.parametrize(
+    ("form", "says"),
+    [("persistent", "cannot lower"), ("sm90a", "form 'sm90a' uses TMA and wgmma, which target sm_90 has not")],
+)
+def test_a_form_that_does_not_print_attention_is_one_line_and_exit_2(capsys, tmp_path, form, says):
     emit = tmp_path / "kernel"
     argv = ["attention", "1", "2", "40", "72", "32", "--check", "none", "--form", form, "--emit", str(emit)]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "cannot lower" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
     assert not emit.exists()
+
+
+@needs_rule8
+def test_attention_on_sm90a_emits_its_sm90a_form(capsys, tmp_path):
+    emit = tmp_path / "kernel"
+    argv = ["attention", "1", "2", "40", "72", "32", "--causal", "--target", "sm_90a", "--check", "none"]
+    assert main([*argv, "--emit", str(emit)]) == 0
+    out = capsys.readouterr().out
+    assert "sm_90a form: one thread of a producer warpgroup loads Q once a band" in out and "spills 0 B" in out
+    text = (emit / "kernel.cu").read_text()
+    assert "spatialc_wgmma_kb<" in text and "spatialc_wgmma_rs<" in text
 
 
 @needs_rule8
@@ -123,7 +137,7 @@ def test_attention_emits_its_general_form(capsys, tmp_path):
     emit = tmp_path / "kernel"
     assert main(["attention", "1", "2", "40", "72", "32", "--causal", "--check", "none", "--emit", str(emit)]) == 0
     out = capsys.readouterr().out
-    assert "note      the general form: it alone prints attention" in out
+    assert "note      the general form: attention (" in out and "planned for the other forms" in out
     assert {f.name for f in emit.iterdir()} >= {"kernel.cu", "program.cu", "bench.cu", "launch.json", "budget.json"}
     assert "spatialc_load_bt(bf" in (emit / "kernel.cu").read_text()
 

@@ -57,8 +57,11 @@ def test_attention_sizes_are_fp16_and_bf16_rows_run_last():
 def test_an_attention_case_is_built_in_the_form_lower_prints_it_or_says_lowers_line(monkeypatch):
     (case,) = cases_of(["att:1x2:64:64:causal"], ["bf16"])
     built = build_case(case, "sm_90")
-    assert not built.error and [f.name for f in built.forms] == ["general"]
-    (form,) = built.forms
+    assert not built.error and [f.name for f in built.forms] == ["general", "sm90a"]  # on a Hopper, both forms
+    form, hopper = built.forms
+    assert hopper.artifact.budget.form == "sm90a" and hopper.facts["own_plan"]
+    assert [a.order for a in L.kernel_args(hopper.artifact.launch)][:3] == ["rows"] * 3  # Q, K, V as matrices
+    assert [f.name for f in build_case(case, "sm_80").forms] == ["general"]  # elsewhere the general form alone
     assert [a.name for a in L.kernel_args(form.artifact.launch)] == ["q", "k", "v", "o", "lse"]
     assert form.artifact.kernel_cu.split(":", 1)[0] == "// attention_1x2x64x64x64_bf16_causal"  # the stand-in reads it
     # The reference's scale is the program's own: spatialc.attention's default, 1/√head_dim.
@@ -66,8 +69,9 @@ def test_an_attention_case_is_built_in_the_form_lower_prints_it_or_says_lowers_l
     assert attention_op(spatialc.build(program, "sm_90")).scale == 64**-0.5
     # Where lower refuses (as it did before the general form printed attention), the row says lower's line.
     monkeypatch.setattr(spatialc, "lower", lambda *a, **k: (_ for _ in ()).throw(SpatialError("no form prints it")))
-    (refused,) = build_case(case, "sm_90").forms
+    refused, hopper = build_case(case, "sm_90").forms
     assert refused.artifact is None and refused.absent == "lower: no form prints it"
+    assert hopper.artifact is None and hopper.absent == "no form prints it"
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -98,6 +102,8 @@ def test_an_attention_row_runs_torchs_backends_each_checked_and_timed(fake_gpu, 
     assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"], mine["note"]
     assert mine["kernel"]["method"] == "events" and mine["end_to_end"] is not None
     assert "O and LSE stored as float32" in mine["detail"]
+    hopper = by["spatialc sm90a"]  # the sm_90a form's, built for sm_90a: Q, K and V handed over as matrices
+    assert hopper["ok"] and hopper["check"]["correct"] and hopper["kernel"]["method"] == "events", hopper["note"]
     for backend in ("flash", "efficient"):
         theirs = by[A.sdpa_name(backend)]
         assert theirs["ok"] and theirs["kernel"]["method"] == "events" and theirs["end_to_end"] is None, backend
@@ -177,14 +183,15 @@ def test_prepare_compiles_the_fp8_and_attention_kernels_and_the_dry_run_lists_th
         "e4m3 fp8:64x64x64 general: ",
         "e4m3 fp8:64x64x64 sm90a: ",
         "bf16 att:1x2:64x64x32:causal general",
+        "bf16 att:1x2:64x64x32:causal sm90a",
     ):
         assert made in out, made
     monkeypatch.setattr(N, "find_nvcc", lambda: None)
     argv = ["unused", "--dry-run", "--prepared", str(prep), "--sizes", *sizes, "--precisions", "bf16"]
     assert gpucheck.main(argv) == 0
     dry = capsys.readouterr().out
-    # fp8's persistent, general and sm90a kernels, attention's general
-    assert dry.count("    cubin     prepared: ") == 4
+    # fp8's persistent, general and sm90a kernels, attention's general and sm90a
+    assert dry.count("    cubin     prepared: ") == 5
     fp8, att = dry.split("e4m3 fp8:64x64x64\n")[1].split("bf16 att:1x2:64x64x32:causal\n")
     timed = next(line for line in fp8.splitlines() if line.startswith("  timed     "))
     assert "spatialc persistent: end to end + kernel only; spatialc general: end to end + kernel only" in timed
@@ -192,5 +199,6 @@ def test_prepare_compiles_the_fp8_and_attention_kernels_and_the_dry_run_lists_th
     assert "spatialc sm90a: end to end + kernel only" in timed
     timed = next(line for line in att.splitlines() if line.startswith("  timed     "))
     assert "spatialc general: kernel only + end to end" in timed and "torch SDPA (cuDNN): kernel only" in timed
+    assert "spatialc sm90a: kernel only + end to end" in timed
     assert "checked: O and LSE on heads 0 and 1, rows of 64 ×3" in timed
     assert "    C         stored as float32\n" in att  # O as the kernel stores it: its end to end converts nothing

@@ -1,7 +1,7 @@
 """Attention (`spatialc.attention`) in the general CUDA form: its schedule printed op by op on the compute, reader and
 writer warps — S = Q·Kᵀ with K's rows as the K-major B fragment (spatialc_load_bt), the rescale of O's fragments
 and of l's row shares (ScaleAcc), the mask's positions, the causal band's KV blocks counted per item (Span), the
-running max packed before and after its reduction — refused by name by the persistent and sm_90a forms; emulated on
+running max packed before and after its reduction — refused by name by the persistent form; emulated on
 the CPU equal to the interpreter within the kernel's bound (docs/numerics.md, "Attention"); a missed rescale, a Pop
 before its page's last read and a wait on the wrong mbarrier phase each caught by the emulation."""
 
@@ -73,15 +73,19 @@ def causal():
     return program(1, 4, 40, 72, 32, kv_heads=2, causal=True)
 
 
-def test_only_the_general_form_prints_attention_and_auto_says_so(causal):
+def test_auto_prints_attention_in_the_general_form_off_sm90a_and_says_so(causal):
     art = lowered(causal)
     assert art.budget.form == "general" and forms.ATTENTION_NOTE in art.notes and art.census.agrees
     with pytest.raises(NeedsGeneral, match=r"cannot lower attention .*form='general'"):
         lowered(causal, form="persistent")
+    # On sm_90a auto plans for and prints the sm_90a form (tests/lower/test_sm90a_attention.py); the general form
+    # is still there when asked for.
     hopper = program(1, 4, 40, 72, 32, kv_heads=2, causal=True, tgt="sm_90a")
-    with pytest.raises(NeedsGeneral, match=r"attention .* in the sm_90a form.*form='general'"):
-        lowered(hopper, form="sm90a")
-    assert lowered(hopper).budget.form == "general"
+    assert lowered(hopper).budget.form == "sm90a"
+    general_plan = spatialc.build(
+        spatialc.attention(1, 4, 40, 72, 32, kv_heads=2, causal=True), "sm_90a", form="general"
+    )
+    assert lowered(general_plan).budget.form == "general"
 
 
 def test_the_recurrence_is_printed_op_by_op(causal):
@@ -274,3 +278,13 @@ def test_a_row_accumulator_scaled_is_a_sum():
 
     with pytest.raises(Unsupported, match="scaling a row accumulator of a max reduction"):
         unchecked(replace(p, Engine.COMPUTE, scale_max))
+
+
+def test_sites_of_unequal_item_counts_keep_the_recurrence_in_registers():
+    """6 items on 4 sites: two run 2 items, two run 1 — compute programs that differ in their ITEM loop's count alone,
+    which keep the same rings in registers (as the GPU check's sizes do: 15 and 16 items a site)."""
+    p = program(1, 2, 192, 64, 64, block=(4, 4), sites=4)
+    programs = {prog.ops for prog in p.schedule.programs if prog.engine == Engine.COMPUTE}
+    assert len(programs) == 2
+    kernel = general.make_kernel(p, target(p.target))
+    assert len(kernel.in_registers) == 9 and "float rr_" in lowered(p).kernel_cu

@@ -204,6 +204,17 @@ def _staging(bud) -> str:
     return said + (f", alignment {bud.padding_bytes} B" if bud.padding_bytes else "")
 
 
+def _attention_sm90a(plan, maps: str) -> list[str]:
+    """The sm_90a form's attention kernel, in the two lines that describe a GEMM's there."""
+    keys, dim = plan.block.ibw * 16, plan.block.osw * 16
+    return [
+        "  kernel    sm_90a form: one thread of a producer warpgroup loads Q once a band and K and V a stage at a"
+        f" time by TMA, a box a panel ({maps}); one consumer warpgroup of 64 query rows runs",
+        f"            S = Q·Kᵀ as wgmma m64n{keys}k16 (K-major B from shared memory), the softmax in registers,"
+        f" O += P·V as wgmma m64n{dim}k16 with P from registers",
+    ]
+
+
 def kernel_lines(p: SpatialProgram, art) -> list[str]:
     """The kernel's memory as budget.json has it: its rings, the ones fused away, its shared memory and occupancy;
     then a `note` line for each of the artifact's notes."""
@@ -257,6 +268,8 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             f"            shared memory {bud.total_bytes} bytes a block (budget.json: all dynamic{opt_in}, stages on"
             f" 1024 bytes): {kept}, barriers {bud.barrier_bytes} B{_staging(bud)}",
         ]
+        if is_attention_program(p):  # one consumer warpgroup a band, alone on its SM
+            memory[:2] = _attention_sm90a(plan, maps)
     else:
         memory = [
             f"  kernel    shared memory {bud.total_bytes} bytes a block (budget.json: {bud.static_bytes} static +"
@@ -268,6 +281,8 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
 
         if bud.blocks_per_sm > 1:  # paired blocks: no setmaxnreg, each keeps what the launch gives it
             regs = f"at most {bud.regs_est} registers a thread (the blocks share the register file; no setmaxnreg)"
+        elif not bud.regs_entry:  # one consumer warpgroup alone on its SM (attention): what the launch gives it
+            regs = f"at most {bud.regs_est} registers a thread (one consumer warpgroup; no setmaxnreg)"
         else:
             regs = f"{bud.regs_est} registers a consumer thread and {PRODUCER_REGS} a producer thread after setmaxnreg"
         at = " a thread at launch"

@@ -2,9 +2,9 @@
 BATCH·HEADS heads of SEQ queries and as many keys, fp16 or bf16, outputs O and LSE (`spatialc.attention`), FLOPs
 4·seq_q·seq_kv·head_dim a head (Q·Kᵀ and P·V), half of that for a causal mask.
 
-spatialc's contestants are the forms `spatialc.lower` prints attention in (`auto`'s choice, the general form); where
-no form prints it yet (lower refuses it by one line) the row still runs, its spatialc contestant `n/a` with lower's
-reason, so that the libraries' bar is measured on the device all the same.
+spatialc's contestants are the forms `spatialc.lower` prints attention in: the general form, and on a Hopper the sm_90a
+form (built for sm_90a: TMA, wgmma); where a form does not print it (lower refuses it by one line) the row still runs,
+that contestant `n/a` with lower's reason, so that the libraries' bar is measured on the device all the same.
 
 The check, decided for the sizes here (16384 keys: the interpreter, and even the whole float64 reference, would cost
 more than a row's time): O and LSE are checked on a sample — the first and the last head, and in each the first,
@@ -62,23 +62,26 @@ def parse_attention(text: str) -> tuple[tuple[int, int], tuple[int, int, int], b
 
 
 def attention_case(built: Any, target: str) -> Any:
-    """The attention program built and lowered as `auto` chooses; where lower refuses it, its general contestant
-    absent with lower's line (the row runs the libraries all the same)."""
+    """The attention program built and lowered in the general form; where lower refuses it, its general contestant
+    absent with lower's line (the row runs the libraries all the same). On a Hopper (target sm_90) the same program
+    built for sm_90a and lowered in the sm_90a form beside it (TMA, wgmma: `lower/cuda/sm90a/attention.py`), or
+    absent with the reason."""
     import spatialc
 
-    from .builds import Form, forms_of
-    from .cases import one_line
+    from .builds import Form, form_built, forms_of
+    from .cases import HOPPER_FORM, one_line
 
     case = built.case
     (batch, heads), causal = case.heads, case.causal
     program = spatialc.attention(batch, heads, case.m, case.n, case.k, causal=causal, precision=case.precision)
     built.plan = f"{batch * heads} heads of {case.m} × {case.n}, head_dim {case.k}" + (", causal" if causal else "")
+    hopper = [form_built(program, HOPPER_FORM, {"form": HOPPER_FORM})[1]] if target == "sm_90" else []
     try:
-        artifact = spatialc.lower(spatialc.build(program, target), target)
+        artifact = spatialc.lower(spatialc.build(program, target, form="general"), target, form="general")
     except Exception as e:
-        built.forms = [Form("general", absent=f"lower: {one_line(e)}")]
+        built.forms = [Form("general", absent=f"lower: {one_line(e)}"), *hopper]
         return built
-    built.forms = forms_of(artifact)
+    built.forms = [*forms_of(artifact), *hopper]
     built.note = "; ".join(artifact.notes)
     return built
 

@@ -123,12 +123,17 @@ def _geometry(p: SpatialProgram) -> tuple[int, int, int, int]:
     return q.group_tiles[0], k.group_tiles[0], q.tiles[1], k.groups
 
 
-def plan_attention(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] | None, depth: int | None) -> Plan:
+def plan_attention(
+    p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] | None, depth: int | None, form: str = "general"
+) -> Plan:
     """Bands of bh query tile rows, blocks of bw key tile rows (BAND × BLOCK unless forced, no larger than a head's
     rows, and smaller where the general form's block would not fit a site: `_fitting`), K and V rings `depth` pages
-    deep (DEPTH unless forced)."""
+    deep (DEPTH unless forced). For the sm_90a form a band is BAND tile rows whatever the head's rows (its one
+    consumer warpgroup's 64: the rows past a head's are padding, never stored)."""
     sq_t, skv_t, dt, kv_heads = _geometry(p)
     d = DEPTH if depth is None else depth
+    if block is None and form == "sm90a":
+        block = (BAND, min(BLOCK, skv_t))
     bh, bw = block if block is not None else _fitting(target, p, (min(BAND, sq_t), min(BLOCK, skv_t)), dt, max(d, 1))
     if min(bh, bw, d) < 1:
         raise PlanError(f"an attention's block ({bh}x{bw} tiles) and depth ({d}) must be ≥ 1")
@@ -152,17 +157,18 @@ def _fitting(target: SpatialTarget, p: SpatialProgram, start: tuple[int, int], d
     return bh, bw
 
 
-def apply_attention_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
+def apply_attention_plan(p: SpatialProgram, plan: Plan, form: str = "general") -> SpatialProgram:
     """The declared rings sized by the plan, the recurrence's own rings and accumulators added (`RING_NAMES`,
     `ACC_NAMES`), and each head's rows padded to whole bands (Q, O, LSE) and whole blocks (K, V). Q's, K's and V's
     pages, which only the two matmuls read, are laid out for the tensor cores' loads as a GEMM's operands are
-    (`tile.operand_layouts`: 16-bit tiles swizzled, so that an 8 × 8 `ldmatrix` phase reads every bank once)."""
+    (`tile.operand_layouts`: 16-bit tiles swizzled, so that an 8 × 8 `ldmatrix` phase reads every bank once; for the
+    sm_90a `form` row-major panels the copy engine lands and wgmma reads — Q's and K's K-major, V's MN-major)."""
     shape = attention_shape(p)
     bh, dt, bw = plan.block.osh, plan.block.osw, plan.block.ibw
     (tq, q), (tk, k), (tv, v) = shape.reads
     (to, o), (tl, lse) = shape.writes
     pages = {q: (1, bh * dt), k: (plan.depth, bw * dt), v: (plan.depth, bw * dt), o: (1, bh * dt), lse: (1, bh)}
-    a_layout, b_layout = operand_layouts(p.precision)
+    a_layout, b_layout = operand_layouts(p.precision, form)
     layouts = {q: a_layout, k: b_layout, v: b_layout}
     buffers = []
     for b in p.buffers:

@@ -115,15 +115,29 @@ def _build_attention(
     program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast
 ) -> SpatialProgram:
     """An attention program (`passes/attention.py`): bands of query rows, each running the online softmax over the
-    blocks of its head's keys."""
-    # Only the general form prints attention (spatialc.lower refuses the others by name): one plan, whatever the form.
+    blocks of its head's keys. Planned for the sm_90a form (Q, K and V in panels) where it is asked for, or on a
+    Hopper target where auto's sm_90a plan prints (`sm90a_refusal`); for the general form otherwise — which the
+    persistent form, refusing attention by name, shares."""
     _page_request("attention", "auto", sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
-    check_form(form)  # but a form that is none is refused
+    planned = check_form(form, target)  # a form that is none is refused, and sm90a off a Hopper target
     said = "an attention's block is (query rows, key rows, 1) of tiles — a band of queries, a block of keys a step"
-    p = program.evolve(target=target.name)
-    plan = plan_attention(p, target, _page_block(block, said), depth)
-    p = place_attention(apply_attention_plan(p, plan), target, sites, placement)
-    return verify(schedule_attention(p), target)
+    forced = _page_block(block, said)
+
+    def built(kind: str) -> SpatialProgram:
+        p = program.evolve(target=target.name)
+        plan = plan_attention(p, target, forced, depth, kind)
+        p = place_attention(apply_attention_plan(p, plan, kind), target, sites, placement)
+        return verify(schedule_attention(p), target)
+
+    if planned != "sm90a":
+        return built("general")
+    if form == "sm90a":
+        return built("sm90a")
+    try:
+        p = built("sm90a")
+    except (PlanError, ProgramError):
+        return built("general")
+    return built("general") if sm90a_refusal(p, target) is not None else p
 
 
 def _page_block(block: object, said: str) -> tuple[int, int] | None:

@@ -10,7 +10,7 @@ and takes what the persistent form refuses as far as it prints it. A persistent 
 in general form in `artifact.general`, so that the two can be run on the same inputs and compared (an sm_90a one
 does not: its pages are panels). A program without a tile matmul (a map program, a row program) is printed by both
 the general and the persistent form; auto picks the general one (`PAGES_NOTE` says why). Attention is printed by the
-general form alone (`ATTENTION_NOTE`).
+general form and, planned for it, the sm_90a form (`ATTENTION_NOTE`); the persistent form refuses it.
 """
 
 from __future__ import annotations
@@ -42,9 +42,12 @@ PAGES_NOTE = (
     " the other warps map and store; the persistent form (form='persistent') serialises its engines on one block"
 )
 
-# Why auto prints attention in the general form.
+# Why auto prints attention in the general form: a program not planned for the sm_90a form (its Q, K and V pages not
+# in panels: a target other than sm_90a, or the sm_90a form's refusal of its plan).
 ATTENTION_NOTE = (
-    f"the general form: it alone prints {ATTENTION_PROGRAM} — the persistent and the sm_90a forms refuse it by name"
+    f"the general form: {ATTENTION_PROGRAM} planned for the other forms — the persistent form refuses it by name, and"
+    " the sm_90a form prints only a plan made for it (on sm_90a, auto plans for it where it prints; form='sm90a'"
+    " plans for it, or says why it cannot)"
 )
 
 
@@ -78,7 +81,7 @@ def lower(
         # that an unverified program is still refused as such).
         if form == "persistent":
             return persistent.lower(program, target)
-        if form == "sm90a":
+        if form == "sm90a" or in_panels(program):
             return sm90a.lower(program, target)
         art = general.lower(program, target)
         return dataclasses.replace(art, notes=(*art.notes, ATTENTION_NOTE))

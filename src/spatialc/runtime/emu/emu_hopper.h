@@ -25,7 +25,9 @@
 //   of a warpgroup must hold the same count and the counts must fit the register file, else the increase would
 //   have waited forever on the GPU;
 // - a wgmma reads A and B through their descriptors (start address, leading and stride byte offsets, swizzle) in
-//   the canonical layouts of the PTX ISA — A K-major, 16-bit B N-major (transposed), 8-bit B K-major — and in late mode
+//   the canonical layouts of the PTX ISA — A K-major, 16-bit B N-major (transposed) or K-major (attention's K), 8-bit
+//   B K-major; or A from the warp's registers (the RS form: attention's P, whose registers must hold until the
+//   group retires) — and in late mode
 //   runs only at the wait_group that retires its group (which the warp's lanes pass together, as .sync.aligned
 //   says): its accumulators are not written before that, and its
 //   shared-memory reads are checked there against what the thread knew when it issued the wgmma — the hardware may
@@ -178,12 +180,15 @@ inline const char* wgmma_start(unsigned long long desc) {
 // products have at most 8 significant bits, 16-bit ones 22 — and are added to the accumulator one k after another,
 // each sum rounded to float32 (nearest even): not the hardware's order or, for the 8-bit floats, its precision (the
 // tensor core keeps fewer bits of their sums: docs/numerics.md), both of which the kernel's bound covers.
-template <int N, class T, class A>
+// `BMN`: B is MN-major (16-bit B of a GEMM and attention's V, imm-trans-b 1), else K-major (8-bit B; attention's K,
+// imm-trans-b 0).
+template <int N, class T, class A, bool BMN = sizeof(T) == 2>
 void wgmma_run(spatialc_acc<A>* d, unsigned long long a_desc, unsigned long long b_desc, int warp_in_group, int lane,
                int line, const std::vector<unsigned>* known = nullptr) {
     constexpr int kd = sizeof(T) == 1 ? 32 : 16;
     constexpr int elem = (int)sizeof(T);
-    constexpr bool b_mn_major = sizeof(T) == 2;  // 16-bit B is transposed (imm-trans-b 1); 8-bit B is K-major
+    constexpr bool b_mn_major = BMN;
+    static_assert(!BMN || sizeof(T) == 2, "the PTX ISA transposes 16-bit operands only");
     const char* a_start = wgmma_start(a_desc);
     const char* b_start = wgmma_start(b_desc);
     static thread_local std::vector<const void*> reads;
@@ -213,6 +218,40 @@ void wgmma_run(spatialc_acc<A>* d, unsigned long long a_desc, unsigned long long
                 reads.push_back(wgmma_byte(a_start, a_desc, k, 16 * warp_in_group + r, elem, false, line));
             for (int n = 0; n < N; ++n) reads.push_back(wgmma_byte(b_start, b_desc, k, n, elem, b_mn_major, line));
         }
+        if (known)
+            track_async_read(reads.data(), (int)reads.size(), sizeof(T), AccessKind::wgmma, line, *known);
+        else
+            track(reads.data(), (int)reads.size(), sizeof(T), false, AccessKind::wgmma, line);
+    }
+}
+
+// One wgmma of the lane with A from registers (the RS form): A is the warp's 16 rows × 16 k of the fragment its lanes
+// hold (`a`, gathered as the lanes' registers lie: row acc_row, k acc_col of each lane's eight values, as
+// mma.m16n8k16's A), B from shared memory through its descriptor, MN-major (imm-trans-b 1) or K-major. The sums as
+// wgmma_run's. The registers a lane gave must hold the same values when the group retires (the PTX ISA: they may not
+// be written before wgmma.wait_group), which `live` — the lane's fragment now — is checked against.
+template <int N, class T, bool BMN>
+void wgmma_rs_run(spatialc_acc<float>* d, const spatialc_frag<T>& a, const spatialc_frag<T>* live,
+                  unsigned long long b_desc, int lane, int line, const std::vector<unsigned>* known = nullptr) {
+    static_assert(sizeof(T) == 2, "an A fragment in registers of 16-bit values");
+    if (live && std::memcmp(live->v, a.v, sizeof a.v) != 0)
+        fatal(kExitMisuse, at_line("spatialc_wgmma_rs", line) + ": its A registers were written before the"
+                                                                " wait_group that retires it");
+    const char* b_start = wgmma_start(b_desc);
+    for (int c = 0; c < N / 16; ++c)
+        for (int i = 0; i < 8; ++i) {
+            const int r = acc_row(lane, i), col = 16 * c + acc_col(lane, i);
+            float acc = d[c].x[i];
+            for (int k = 0; k < 16; ++k)
+                acc += float(a.v[r * 32 + k]) *
+                       float(*reinterpret_cast<const T*>(wgmma_byte(b_start, b_desc, k, col, 2, BMN, line)));
+            d[c].x[i] = acc;
+        }
+    if (lane == 0) {  // the warp's reads of B, checked once
+        static thread_local std::vector<const void*> reads;
+        reads.clear();
+        for (int k = 0; k < 16; ++k)
+            for (int n = 0; n < N; ++n) reads.push_back(wgmma_byte(b_start, b_desc, k, n, 2, BMN, line));
         if (known)
             track_async_read(reads.data(), (int)reads.size(), sizeof(T), AccessKind::wgmma, line, *known);
         else
@@ -354,9 +393,8 @@ inline void spatialc_wgmma_wait(int line = __builtin_LINE()) {
     }
     warp_barrier(0xffffffffu, line);
 }
-template <int N, class T, class A>
-void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b,
-                    int line = __builtin_LINE()) {
+template <int N, class T, class A, bool BMN = sizeof(T) == 2>
+void spatialc_wgmma_ss(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b, int line) {
     using namespace spatialc_emu;
     static_assert(N % 16 == 0 && N >= 16 && N <= 256, "a wgmma is 16 to 256 columns wide here");
     static_assert(std::is_same_v<T, signed char> ? std::is_same_v<A, int> : std::is_same_v<A, float>,
@@ -368,13 +406,52 @@ void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned
                                                              "instructions with no spatialc_wgmma_fence() since");
     spatialc_acc<A>* acc = d;
     if (!kLate) {
-        wgmma_run<N, T>(acc, a, b, warp, lane, line);
+        wgmma_run<N, T, A, BMN>(acc, a, b, warp, lane, line);
         return;
     }
     // Run at its wait_group, its reads checked against what the thread knew when it issued it.
     wgmma_open.push_back([acc, a, b, warp, lane, line, known = t.vc] {
-        wgmma_run<N, T>(acc, a, b, warp, lane, line, &known);
+        wgmma_run<N, T, A, BMN>(acc, a, b, warp, lane, line, &known);
     });
 }
+// Both operands from shared memory: B MN-major for 16-bit values (a GEMM's B), K-major for 8-bit ones.
+template <int N, class T, class A>
+void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b,
+                    int line = __builtin_LINE()) {
+    spatialc_wgmma_ss<N, T, A>(d, a, b, line);
+}
+// Both from shared memory, 16-bit B K-major (imm-trans-b 0: attention's K, whose rows are S's columns).
+template <int N, class T, class A>
+void spatialc_wgmma_kb(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b,
+                       int line = __builtin_LINE()) {
+    static_assert(sizeof(T) == 2, "16-bit operands");
+    spatialc_wgmma_ss<N, T, A, false>(d, a, b, line);
+}
+// A from the warp's registers (an A fragment, `spatialc_load_a_acc`'s), B from shared memory MN-major (imm-trans-b 1:
+// attention's V). The fragment is taken as issued; at retirement the lane's registers must still hold it.
+template <int N, class T, class A>
+void spatialc_wgmma_rs(spatialc_acc<A> (&d)[N / 16], const spatialc_frag<T>& a, unsigned long long b,
+                       int line = __builtin_LINE()) {
+    using namespace spatialc_emu;
+    static_assert(N % 16 == 0 && N >= 16 && N <= 256, "a wgmma is 16 to 256 columns wide here");
+    static_assert(sizeof(T) == 2 && std::is_same_v<A, float>, "16-bit A in registers, into float32");
+    const ThreadState& t = me("spatialc_wgmma_rs");
+    const int lane = t.lane;
+    if (a.kd != 16) fatal(kExitMisuse, at_line("spatialc_wgmma_rs", line) + ": an A fragment never loaded");
+    if (acc_written)
+        fatal(kExitMisuse, at_line("spatialc_wgmma_rs", line) + ": its accumulators were written by ordinary "
+                                                                "instructions with no spatialc_wgmma_fence() since");
+    spatialc_acc<A>* acc = d;
+    if (!kLate) {
+        wgmma_rs_run<N, T, true>(acc, a, nullptr, b, lane, line);
+        return;
+    }
+    wgmma_open.push_back([acc, copy = a, live = &a, b, lane, line, known = t.vc] {
+        wgmma_rs_run<N, T, true>(acc, copy, live, b, lane, line, &known);
+    });
+}
+// The A fragment's registers pinned (sm90a.cuh): only a compiler ordering on the GPU.
+template <class T>
+inline void spatialc_frag_fence(spatialc_frag<T>&) {}
 
 #endif  // SPATIALC_EMU_HOPPER_H

@@ -127,7 +127,10 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
         w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
         col = ", true" if t.order == TileOrder.COL else ""
         stored = param.order
-        if stored in MATRIX_ORDERS:  # a matrix the copy engine loads: padded, transposed for "cols"
+        if stored == "rows" and t.groups > 1:  # a head after another, each padded to its tile rows
+            shape = f"{t.groups}, {t.elems[0]}, {t.elems[1]}, {t.group_tiles[0]}, {t.tiles[1] * 16}"
+            w.line(f"spatialc_store_matrix_groups(h{i}, {shape}, x{i});")
+        elif stored in MATRIX_ORDERS:  # a matrix the copy engine loads: padded, transposed for "cols"
             pitch = t.tiles[0] * 16 if stored == "cols" else t.tiles[1] * 16
             flip = "true" if stored == "cols" else "false"
             w.line(f"spatialc_store_matrix(h{i}, {t.elems[0]}, {t.elems[1]}, {pitch}, x{i}, {flip});")

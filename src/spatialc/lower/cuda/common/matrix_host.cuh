@@ -12,3 +12,19 @@ inline void spatialc_store_matrix(const std::vector<double>& x, int rows, int co
         }
     }
 }
+
+// A grouped tensor's matrices (attention's Q, K, V: a head after another), each group's `rows` zero-padded to its
+// `rows_t` tile rows, group after group, as `spatialc_tilize_groups` lays tiles: rows of `pitch` elements.
+template <typename T>
+inline void spatialc_store_matrix_groups(const std::vector<double>& x, int groups, int rows, int cols, int rows_t,
+                                         int pitch, std::vector<T>& t)
+{
+    for (int g = 0; g < groups; ++g) {
+        for (int i = 0; i < rows; ++i) {
+            for (int j = 0; j < cols; ++j) {
+                const size_t at = ((size_t)g * rows_t * 16 + i) * pitch + j;
+                t[at] = (T)x[((size_t)g * rows + i) * cols + j];
+            }
+        }
+    }
+}

@@ -613,13 +613,13 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
 def held_rings(
     p: SpatialProgram, rings: Rings, rows: frozenset[int], layers: dict[int, Fragments]
 ) -> dict[int, int | None]:
-    """The rings the compute engine keeps in registers (`registers.register_rings`), where every site runs one
-    compute program."""
+    """The rings the compute engine keeps in registers (`registers.register_rings`), where every site's compute
+    program keeps the same ones (sites of 15 and of 16 items run programs that differ in their ITEM loop's count
+    alone)."""
     programs = {prog.ops for prog in p.schedule.programs if prog.engine == Engine.COMPUTE}  # type: ignore[union-attr]
-    if len(programs) != 1:
-        return {}
     depth = {r: ring.depth for r, ring in rings.rings.items()}
-    return register_rings(list(walk(next(iter(programs)))), rings, depth, rows, layers)
+    held = [register_rings(list(walk(ops)), rings, depth, rows, layers) for ops in programs]
+    return held[0] if held and all(h == held[0] for h in held) else {}
 
 
 def handshake(mc: Multicast | None) -> frozenset[int]:

@@ -50,7 +50,8 @@ the bytes each page receives. Since only this form reads panels, `build` plans f
 program (`passes.pipeline.sm90a_refusal`); the general form does not ride along with its artifacts.
 
 Beside this module: the form's shape constants, the plans it takes and what they cost (`plan.py`), its pages'
-panels and tensor maps (`tma.py`) and its engine printer (`printer.py`).
+panels and tensor maps (`tma.py`), its engine printer (`printer.py`) and attention's kernel — these engines with two
+wgmma shapes around the general form's register path, one consumer warpgroup (`attention.py`).
 """
 
 from __future__ import annotations
@@ -87,7 +88,6 @@ from ..common.clusters import Multicast, check_cluster, check_items, multicast
 from ..common.cwriter import Writer, inlined_lines, site_prologue
 from ..common.host import assemble
 from ..common.program import (
-    ATTENTION_PROGRAM,
     MAP_PROGRAM,
     ROW_PROGRAM,
     all_ops,
@@ -99,6 +99,7 @@ from ..common.rings import TILE_ELEMS, Rings, ring_table
 from ..general import kernel as general
 from ..general import printer as general_printer
 from . import staging
+from .attention import AttentionPrinter, check_attention_plan, declare, make_attention_kernel
 from .plan import (
     BARRIER_ALIGN,
     CONSUMER_REGS,
@@ -138,6 +139,8 @@ class HopperKernel:
     stored: dict[int, str] = dataclasses.field(default_factory=dict)  # parameter → "rows" / "cols" (KernelParam)
     warp_freed: frozenset[int] = frozenset()  # rings whose stages a consumer warp frees with one arrival (`release`)
     epilogue: str = SWIZZLED  # how the staged store goes out (plan.EPILOGUES): warpgroup boxes, or a box a tile
+    # The wgmma the consumers issue, (width, variant) each (`WGMMA_VARIANTS`); () for a GEMM's one, ((n, "ss"),).
+    wgmmas: tuple[tuple[int, str], ...] = ()
 
     @property
     def program(self) -> SpatialProgram:
@@ -146,6 +149,11 @@ class HopperKernel:
     @property
     def threads(self) -> int:
         return self.wg.threads
+
+    @property
+    def attention(self) -> bool:
+        """Whether the kernel is attention's (`attention.py`): two matmuls, its recurrence in registers."""
+        return is_attention_program(self.program)
 
     @property
     def odd_turns(self) -> bool:
@@ -166,19 +174,14 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
         raise Unsupported(
             f"the sm_90a form on {target.name}", "its TMA, wgmma and setmaxnreg instructions exist on sm_90a only"
         )
-    if is_attention_program(p):
-        raise NeedsGeneral(
-            f"{ATTENTION_PROGRAM} in the sm_90a form",
-            "its consumer warpgroups hold one wgmma accumulator block an item; attention's register-resident P and"
-            " its two accumulators are not printed there yet",
-        )
-    if is_map_program(p) or is_row_program(p):
+    attention = is_attention_program(p)
+    if not attention and (is_map_program(p) or is_row_program(p)):
         raise NeedsGeneral(
             f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
     general.refuse(p)
-    if len(matmul_stages(p)) > 1:
+    if not attention and len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
     for op in all_ops(p):
         match op:
@@ -197,7 +200,10 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
                 " addresses) prints it",
             )
     plan = p.plans[0]
-    check_plan(plan, p.precision)
+    if attention:
+        check_attention_plan(plan)
+    else:
+        check_plan(plan, p.precision)
 
 
 def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
@@ -206,13 +212,13 @@ def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
     # At launch every thread has what `__launch_bounds__(threads, blocks)` leaves it; setmaxnreg.dec must lower
     # that and .inc raise it (a paired block moves none: its consumers need no more than the launch gives).
     at_launch = wg.at_launch(target)
-    if not wg.paired and not PRODUCER_REGS <= at_launch <= CONSUMER_REGS:
+    if wg.moves_registers and not PRODUCER_REGS <= at_launch <= CONSUMER_REGS:
         raise Unsupported(
             f"{at_launch} registers a thread at launch ({wg.threads} threads)",
             f"setmaxnreg moves the producer down to {PRODUCER_REGS} and the consumers up to {CONSUMER_REGS}",
         )
     split = WARPGROUP * WARP * (PRODUCER_REGS + wg.consumers * CONSUMER_REGS)
-    if not wg.paired and split > target.regs_per_unit:
+    if wg.moves_registers and split > target.regs_per_unit:
         raise TooBig("registers after setmaxnreg", split, target.regs_per_unit, "lower the consumers' setmaxnreg")
     if k.base.dyn_bytes > wg.smem_max(target):
         blocks = f", {wg.blocks} blocks an SM" if wg.paired else ""
@@ -300,6 +306,8 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str = SWIZZL
 
 def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str) -> HopperKernel:
     refuse(p, target)
+    if is_attention_program(p):
+        return make_attention_kernel(p, target)
     wg = warpgroups(p.plans[0])
     # The compute engine is the consumer warpgroups' warps, one tile row of the item each.
     lanes = dataclasses.replace(target, accumulator_lanes=wg.consumers * WARPGROUP)
@@ -379,19 +387,29 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str) -> Hop
 
 def _consumers(wg: Warpgroups) -> str:
     """The compute engine as the kernel's first line names it."""
-    return "one wgmma consumer warpgroup, two blocks an SM" if wg.paired else "two wgmma consumer warpgroups"
+    if wg.consumers == 1:
+        return f"one wgmma consumer warpgroup, {wg.blocks} block{'s' if wg.paired else ''} an SM"
+    return "two wgmma consumer warpgroups"
 
 
 # The PTX type of a wgmma's 8-bit float operands, by their C type.
 FP8_PTX = {"__nv_fp8_e4m3": "e4m3", "__nv_fp8_e5m2": "e5m2"}
 
 
-def wgmma_specialisations(n: int, operand: str, integer: bool) -> list[str]:
+# The wgmma variants the kernels print, by name: both operands from shared memory with B as a GEMM's (16-bit
+# MN-major, imm-trans-b 1; 8-bit K-major), 16-bit B K-major (imm-trans-b 0: attention's K, whose rows are S's
+# columns), and A from registers with B MN-major (the RS form: attention's P · V).
+WGMMA_VARIANTS = {"ss": "spatialc_wgmma", "kb": "spatialc_wgmma_kb", "rs": "spatialc_wgmma_rs"}
+
+
+def wgmma_specialisations(n: int, operand: str, integer: bool, variant: str = "ss") -> list[str]:
     """The wgmma of width `n` for the kernel's operand type, as inline PTX: its accumulator list is `n / 2` registers
-    long, which is why it is printed rather than written out in sm90a.cuh. A and B both come from shared memory;
-    16-bit B is N-major (transposed), 8-bit operands (int8, e4m3, e5m2) are K-major — the only way the PTX ISA lets
-    a wgmma of them read B (its transposes are the 16-bit types' alone). The 8-bit floats' wgmma (k32, float32
-    accumulators) takes the floating-point variants' operand scales, here 1 and 1 (no negation)."""
+    long, which is why it is printed rather than written out in sm90a.cuh. In the "ss" variant A and B both come
+    from shared memory; 16-bit B is N-major (transposed), 8-bit operands (int8, e4m3, e5m2) are K-major — the only
+    way the PTX ISA lets a wgmma of them read B (its transposes are the 16-bit types' alone). The 8-bit floats' wgmma
+    (k32, float32 accumulators) takes the floating-point variants' operand scales, here 1 and 1 (no negation). "kb"
+    reads 16-bit B K-major; "rs" takes A from four registers a thread (mma.m16n8k16's A fragment, of the warp's 16
+    rows), B N-major (`WGMMA_VARIANTS`)."""
     regs = n // 2
     acc = ", ".join(f"%{i}" for i in range(regs))
     if integer:
@@ -401,22 +419,34 @@ def wgmma_specialisations(n: int, operand: str, integer: bool) -> list[str]:
         shape, dtype, tail, out = f"m64n{n}k32", f"f32.{ty}.{ty}", "p, 1, 1", '"+f"'
     else:
         ty = "bf16" if "bfloat16" in operand else "f16"
-        shape, dtype, tail, out = f"m64n{n}k16", f"f32.{ty}.{ty}", "p, 1, 1, 0, 1", '"+f"'
+        trans_b = {"ss": "1", "kb": "0", "rs": "1"}[variant]
+        tail = f"p, 1, 1, {trans_b}" if variant == "rs" else f"p, 1, 1, 0, {trans_b}"
+        shape, dtype, out = f"m64n{n}k16", f"f32.{ty}.{ty}", '"+f"'
+    if variant != "ss" and (integer or operand in FP8_PTX):
+        raise Unsupported(f"a {variant} wgmma of {operand}", "only 16-bit operands are transposed or held in registers")
     accum = "int" if integer else "float"
+    name = WGMMA_VARIANTS[variant]
     outs = ", ".join(f"{out}(d[{i // 8}].x[{i % 8}])" for i in range(regs))
+    if variant == "rs":
+        a_param, a_ops = "const spatialc_frag<T>& a", f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}"
+        ins, b_at = '"r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b)', regs + 4
+        a_spec = f"const spatialc_frag<{operand}>& a"
+    else:
+        a_param, a_ops, ins, b_at = "unsigned long long a", f"%{regs}", '"l"(a), "l"(b)', regs + 1
+        a_spec = "unsigned long long a"
     return [
         "#ifndef SPATIALC_SM90A_EMULATED",
         "template <int N, class T, class A>",
-        "__device__ void spatialc_wgmma(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b);",
+        f"__device__ void {name}(spatialc_acc<A> (&d)[N / 16], {a_param}, unsigned long long b);",
         "template <>",
-        f"__device__ __forceinline__ void spatialc_wgmma<{n}, {operand}, {accum}>(",
-        f"    spatialc_acc<{accum}> (&d)[{n // 16}], unsigned long long a, unsigned long long b)",
+        f"__device__ __forceinline__ void {name}<{n}, {operand}, {accum}>(",
+        f"    spatialc_acc<{accum}> (&d)[{n // 16}], {a_spec}, unsigned long long b)",
         "{",
         "    asm volatile(",
         '        "{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"',
-        f'        "wgmma.mma_async.sync.aligned.{shape}.{dtype} {{{acc}}}, %{regs}, %{regs + 1}, {tail};\\n}}"',
+        f'        "wgmma.mma_async.sync.aligned.{shape}.{dtype} {{{acc}}}, {a_ops}, %{b_at}, {tail};\\n}}"',
         f"        : {outs}",
-        '        : "l"(a), "l"(b));',
+        f"        : {ins});",
         "}",
         "#endif",
     ]
@@ -424,6 +454,7 @@ def wgmma_specialisations(n: int, operand: str, integer: bool) -> list[str]:
 
 def preamble(hk: HopperKernel) -> list[str]:
     k = hk.base
+    types = (k.types.operand, k.integer)
     lines = general_printer.preamble(k)
     head, rest = lines[0], lines[1:]
     head = (
@@ -433,7 +464,8 @@ def preamble(hk: HopperKernel) -> list[str]:
     at = rest.index("#include <cstring>") + 1
     rest = [*rest[:at], "#include <cuda.h>", "#include <cudaTypedefs.h>", *rest[at:]]
     at = rest.index("typedef " + f"{k.types.operand} OPT;")
-    extra = [*inlined_lines("sm90a/sm90a.cuh"), *wgmma_specialisations(hk.n, k.types.operand, k.integer), ""]
+    wgmmas = [line for n, kind in hk.wgmmas or ((hk.n, "ss"),) for line in wgmma_specialisations(n, *types, kind)]
+    extra = [*inlined_lines("sm90a/sm90a.cuh"), *wgmmas, ""]
     rest = [*rest[:at], *extra, *rest[at:]]
     if hk.chunk:  # tiles of the output box each consumer warp stages for the TMA store
         at = next(i for i, line in enumerate(rest) if line.startswith("#define SMEM_OFF_"))
@@ -487,14 +519,14 @@ def kernel_text(hk: HopperKernel) -> str:
             w.line("spatialc_cluster_sync();  // and before a peer block arrives on them or multicasts into this one")
         consumers = hk.wg.consumers * WARPGROUP
         with w.block(f"if (warp >= {consumers})", "// the producer warpgroup"):
-            if not hk.wg.paired:  # a paired block's warps keep what the launch gave them
+            if hk.wg.moves_registers:  # a block of one consumer warpgroup keeps what the launch gave it
                 w.line(f"spatialc_regs_dec<{PRODUCER_REGS}>();")
             for i, role in enumerate(k.roles[1:]):
                 with w.block(f"{'if' if i == 0 else 'else if'} (warp == {role.first_warp})", f"// {role.engine.value}"):
                     _engine(hk, role, w)
         who = "the consumer warpgroup (two blocks an SM)" if hk.wg.paired else "the consumer warpgroups"
         with w.block("else", f"// {k.roles[0].engine.value}: {who}"):
-            if not hk.wg.paired:
+            if hk.wg.moves_registers:
                 w.line(f"spatialc_regs_inc<{CONSUMER_REGS}>();")
             _engine(hk, k.roles[0], w)
         if mc is not None:
@@ -512,13 +544,15 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
     k = hk.base
     w.line(f"const int etid = tid - {role.first_warp * WARP};")
     w.line("(void)etid;")
-    printer = HopperPrinter(hk, role, w)
+    printer = (AttentionPrinter if hk.attention else HopperPrinter)(hk, role, w)
     printer.tensors = {int(t.id): t for t in k.program.tensors}
     printer.counters()
+    if isinstance(printer, AttentionPrinter):
+        declare(printer, w)
     stores = hk.chunk and role is k.roles[0]  # the consumers' fused store, through the staging boxes
     if stores and hk.odd_turns:
         w.line("unsigned boxes_out = 0;  // output boxes this warp has staged (its boxes are used in turn)")
-    if any(isinstance(op, AcquireAcc) for op in role.walk()):
+    if any(isinstance(op, AcquireAcc) for op in role.walk()) and not hk.attention:
         w.line(f"spatialc_acc<ACCT> accf[{hk.n // 16}];")
     single = any(isinstance(op, ReadTiles) for op in role.walk())
     if single:
@@ -557,7 +591,7 @@ def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
         padding_bytes=k.dyn_bytes - rings - k.barrier_bytes - staging,
         dynamic_opt_in=k.dyn_bytes > target.smem_static_max,
         regs_est=hk.wg.consumer_regs(target),
-        regs_entry=0 if hk.wg.paired else hk.wg.at_launch(target),
+        regs_entry=hk.wg.at_launch(target) if hk.wg.moves_registers else 0,
         blocks_per_sm=hk.wg.blocks,
         threads=hk.threads,
         form="sm90a",

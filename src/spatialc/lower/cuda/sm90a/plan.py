@@ -69,6 +69,12 @@ class Warpgroups:
         return self.blocks > 1
 
     @property
+    def moves_registers(self) -> bool:
+        """Whether setmaxnreg moves the producer warpgroup's registers to the consumers: two consumer warpgroups.
+        A block of one keeps what its launch gives it (paired: 128 a thread; alone on its SM: 255)."""
+        return self.consumers > 1
+
+    @property
     def staging_boxes(self) -> int:
         """The output boxes of a block: each consumer warp's STORE_BUFFERS."""
         return self.consumers * WARPGROUP * STORE_BUFFERS
@@ -86,7 +92,7 @@ class Warpgroups:
     def consumer_regs(self, target: SpatialTarget) -> int:
         """Registers a consumer thread holds while it multiplies: CONSUMER_REGS after setmaxnreg.inc, or a paired
         block's registers at launch."""
-        return self.at_launch(target) if self.paired else CONSUMER_REGS
+        return CONSUMER_REGS if self.moves_registers else self.at_launch(target)
 
 
 def pairs(tile_rows: int) -> bool:

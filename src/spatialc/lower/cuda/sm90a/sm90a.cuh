@@ -170,6 +170,17 @@ __device__ __forceinline__ void spatialc_acc_fence(spatialc_acc<T> (&d)[N])
     }
 }
 
+// An A fragment's registers pinned likewise (the RS form's A: attention's P), so that the packing that writes them
+// stays before the wgmma.fence.
+template <class T>
+__device__ __forceinline__ void spatialc_frag_fence(spatialc_frag<T>& f)
+{
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        asm volatile("" : "+r"(f.r[j])::"memory");
+    }
+}
+
 // Before a batch of wgmma: the registers they read (accumulators, A fragments) were last written by ordinary
 // instructions, which must be done first.
 __device__ __forceinline__ void spatialc_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

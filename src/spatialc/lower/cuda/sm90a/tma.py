@@ -131,6 +131,8 @@ def tensor_maps(
             pan = panels_of(op, ring.layout, ring.elem_bytes, t.name)
             if pan.rows > 256:
                 raise Unsupported(f"pages of {pan.rows} rows of {t.name}", "a TMA box side is at most 256")
+        if t.groups > 1 and pan.transposed:
+            raise Unsupported(f"{t.name}'s groups transposed", "a grouped tensor is stored a group after another")
         at = param_at(p, op.tensor)
         order = "cols" if pan.transposed else "rows"
         if stored.setdefault(at, order) != order:

@@ -1,0 +1,202 @@
+"""Attention in the sm_90a form (lower/cuda/sm90a/attention.py): a TMA producer of Q, K and V pages, one consumer
+warpgroup running S = Q·Kᵀ as wgmma with K-major B and O += P·V as the RS wgmma (P from registers), the recurrence
+between them the register path's printers. Emulated on the CPU (runtime/emu/emu_hopper.h): bit for bit the general
+form's emulation at the same plan — both emulations add each product to float32 sums in the same k order — and so
+within the kernel's bound of the interpreter (docs/numerics.md, "Attention"); planted faults in the printed text (B
+read as MN-major, the wrong stage, P's registers overwritten in flight, a stage released before its group retired)
+each caught. nvcc -Werror compiles the FlashAttention sizes with no spill, HGMMA of both shapes in the SASS and no
+local memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.lower.cuda import forms
+from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported
+from spatialc.runtime.emulate import EmulationError
+
+from ..attention.qkv import inputs
+from .test_general_attention import check_close
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+NVCC = shutil.which("nvcc")
+
+# (batch, heads, seq_q, seq_kv, head_dim), options: the cases emulated against the interpreter and the general form.
+CASES = {
+    "plain": ((1, 2, 64, 128, 64), {}),  # two KV blocks, two heads
+    "causal_gqa_ragged": ((1, 4, 40, 72, 32), {"kv_heads": 2, "causal": True}),  # padding masked, 64-byte panels
+    "causal_d128": ((1, 2, 100, 200, 128), {"causal": True}),  # head_dim 128: two panels a row, ragged both ways
+    "gqa_fp16": ((2, 4, 64, 96, 64), {"kv_heads": 1, "precision": "fp16"}),  # four query heads on one KV head
+}
+
+
+def built(shape, options, form: str = "sm90a", block=None):
+    return spatialc.build(spatialc.attention(*shape, **options), "sm_90a", form=form, block=block)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    """Each case built for the sm_90a form and lowered (once for the module)."""
+    out = {}
+    for name, (shape, options) in CASES.items():
+        p = built(shape, options)
+        out[name] = (p, spatialc.lower(p), shape, options)
+    return out
+
+
+# ---- what is printed -------------------------------------------------------------------------------------------
+
+
+def test_the_form_prints_two_wgmma_shapes_around_the_register_path(cases):
+    p, art, _, _ = cases["causal_d128"]
+    text = art.kernel_cu
+    bud = art.budget
+    assert bud.form == "sm90a" and art.census.agrees and not art.notes
+    # One consumer warpgroup and the producer's, the SM alone: no setmaxnreg (the launch gives 255 a thread).
+    assert (bud.threads, bud.blocks_per_sm, bud.regs_entry) == (256, 1, 0)
+    assert "spatialc_regs_inc<" not in text and "spatialc_regs_dec<" not in text
+    # S: K-major B (imm-trans-b 0), 64 keys wide; O += P·V: A in four registers, V MN-major (imm-trans-b 1).
+    wgmma = r"wgmma\.mma_async\.sync\.aligned\.m64n{}k16\.f32\.bf16\.bf16 \{{[^}}]*\}}, "
+    assert re.search(wgmma.format(64) + r"%32, %33, p, 1, 1, 0, 0;", text)
+    assert re.search(wgmma.format(128) + r"\{%64, %65, %66, %67\}, %68, p, 1, 1, 1;", text)
+    compute = text[text.index("// compute: the consumer warpgroups") :]
+    assert compute.count("spatialc_wgmma_kb<64, OPT>(accf_") == 1 and compute.count("spatialc_wgmma_rs<128, OPT>(") == 1
+    assert "spatialc_mma(" not in compute and "spatialc_load_b" not in compute  # no mma.sync, no ldmatrix of K or V
+    assert compute.count("spatialc_load_a_acc(af[kk], rr_") == 1  # P's fragments: the RS wgmma's A
+    # The recurrence between them is the register path's: the same rescale lines as the general form prints.
+    general = spatialc.lower(built((1, 2, 100, 200, 128), {"causal": True}, "general", (4, 4, 1)), form="general")
+    for line in ("op:Compute:ScaleAcc", "__shfl_xor_sync(0xffffffffu, v, 1)", "spatialc_exp(spatialc_fsub(rr_"):
+        assert compute.count(line) == general.kernel_cu.count(line) > 0, line
+    # Q, K and V by TMA (a box a 128-byte panel: two a row at head_dim 128), stored as matrices; O and LSE tiled.
+    assert [param.order for param in art.launch.params] == ["rows", "rows", "rows", "row", "row"]
+    assert [m.box for m in art.launch.tensor_maps] == [(64, 64)] * 3
+    assert text.count("spatialc_tma_load_2d((char*)") == 6
+    # The causal band's KV blocks: a count per item, in the reader and the consumers alike.
+    assert len(re.findall(r"const long long trip_k_v = ", text)) == 2
+
+
+def test_auto_on_sm90a_prints_it_and_the_other_forms_say_what_they_print():
+    shape = (1, 2, 64, 128, 64)
+    assert spatialc.lower(built(shape, {}, "auto")).budget.form == "sm90a"
+    general = built(shape, {}, "general")
+    art = spatialc.lower(general)  # planned for the other forms: auto prints the general form, and says why
+    assert art.budget.form == "general" and forms.ATTENTION_NOTE in art.notes
+    with pytest.raises(NeedsGeneral, match=r"cannot lower attention"):
+        spatialc.lower(general, form="persistent")
+    with pytest.raises(spatialc.errors.ProgramError, match="form 'sm90a' uses TMA and wgmma, which target sm_90"):
+        spatialc.build(spatialc.attention(*shape), "sm_90", form="sm90a")
+
+
+def test_auto_falls_back_to_the_general_form_where_the_sm90a_form_refuses_its_plan():
+    shape = (1, 2, 64, 128, 256)  # head_dim 256: Q's band, two K and two V stages and O's page pass shared memory
+    art = spatialc.lower(built(shape, {}, "auto"))
+    assert art.budget.form == "general" and forms.ATTENTION_NOTE in art.notes
+    with pytest.raises(TooBig, match="shared memory of one block of the sm_90a form on sm_90a"):
+        spatialc.lower(built(shape, {}))
+
+
+def test_a_band_other_than_one_warpgroup_is_refused_by_name():
+    with pytest.raises(Unsupported, match=r"attention bands of 32 query rows.*use a block of 4 query tile rows"):
+        spatialc.lower(built((1, 1, 64, 64, 64), {}, block=(2, 4, 1)))
+
+
+# ---- emulated ----------------------------------------------------------------------------------------------------
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_emulation_equals_the_general_forms_bit_for_bit_and_the_interpreter_within_its_bound(cases, name):
+    p, art, shape, options = cases[name]
+    given = inputs(*shape, kv_heads=options.get("kv_heads"))
+    out = spatialc.emulate(art, given, timeout=600)
+    check_close(p, out, given)
+    plan = p.plans[0].block
+    general = built(shape, options, "general", (plan.osh, plan.ibw, 1))
+    assert general.plans[0].block == plan
+    theirs = spatialc.emulate(spatialc.lower(general, form="general"), given, timeout=600)
+    for name_ in ("o", "lse"):
+        assert np.array_equal(out[name_], theirs[name_]), name_
+    if name == "plain":  # the wgmma run when issued instead of at their wait_group: the same values
+        early = spatialc.emulate(art, given, mode="early", timeout=600)
+        assert all(np.array_equal(early[n], out[n]) for n in ("o", "lse"))
+
+
+# Planted faults in the emulated text of the "plain" case: each must leave the interpreter's answer or stop the run.
+def _faults(text: str) -> dict[str, str]:
+    s_block = text.index("spatialc_wgmma_kb<64, OPT>(accf_")
+    k_slot = re.search(r"ring_1 \+ \(\(wt_1 - 1\) % DEPTH_1\)", text[s_block:])
+    assert k_slot is not None
+    at = s_block + k_slot.start()
+    rs = text.index("spatialc_wgmma_rs<64, OPT>(")
+    commit = text.index("spatialc_wgmma_commit();", rs)
+    p_ring = re.search(r"spatialc_load_a_acc\(af\[kk\], (rr_\d+) \+ kk \* 8\);", text)
+    assert p_ring is not None
+    wait = text.index("spatialc_wgmma_wait<0>();", s_block)
+    return {
+        # K read MN-major (the GEMM's B: imm-trans-b 1) instead of K-major.
+        "transpose bit": text[:s_block] + text[s_block:].replace("spatialc_wgmma_kb<", "spatialc_wgmma<", 1),
+        # The K stage after the one waited for.
+        "stage index": text[:at] + "ring_1 + ((wt_1) % DEPTH_1)" + text[at + len(k_slot.group(0)) :],
+        # P's registers written again while the RS group is in flight.
+        "A registers": text[:commit] + f"spatialc_load_a_acc(af[0], {p_ring.group(1)} + 8);\n" + text[commit:],
+        # The S group left in flight: K's stage released and S read before it retires.
+        "early release": text[:wait] + text[wait + len("spatialc_wgmma_wait<0>();") :],
+    }
+
+
+# What the emulation says of each fault: a wrong answer, or the report that names it. Where the copy engine may land
+# the next page before or after the wgmma reads the stage, the race is reported or, the page already replaced, the
+# answer is wrong: the threads' interleaving decides which.
+RACE_ON_K = "race: .*RACE on shared ring 'ring_1'.*a TMA load landing.*a wgmma operand read"
+CAUGHT = {
+    "transpose bit": "mismatch$",
+    "stage index": f"{RACE_ON_K}|mismatch$",
+    "A registers": "fault: .*spatialc_wgmma_rs at line \\d+: its A registers were written before the wait_group",
+    "early release": f"{RACE_ON_K}|mismatch$",
+}
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_planted_faults_are_caught(cases):
+    p, art, shape, _ = cases["plain"]
+    given = inputs(*shape)
+    want = spatialc.evaluate(p, given)
+    faults = _faults(art.program_cu)
+    assert set(faults) == set(CAUGHT)
+    for fault, text in faults.items():
+        try:
+            out = spatialc.emulate(dataclasses.replace(art, program_cu=text), given, timeout=600)
+        except EmulationError as e:
+            said = f"{e.kind}: {e}"
+        else:
+            close = all(np.allclose(out[n], want[n], rtol=1e-2, atol=1e-2) for n in ("o", "lse"))
+            said = "close" if close else "mismatch"
+        assert re.match(CAUGHT[fault], said, re.S), f"{fault}: {said[:400]}"
+
+
+# ---- nvcc ----------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+@pytest.mark.parametrize(("head_dim", "causal", "precision"), [(128, False, "bf16"), (64, True, "fp16")])
+def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_dim, causal, precision):
+    from .test_sm90a import compiled_clean
+
+    p = built((2, 16, 4096, 4096, head_dim), {"causal": causal, "precision": precision}, "auto")
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a"
+    ops = [i.op for i in compiled_clean(art, tmp_path)]
+    # S: a wgmma 64 keys wide per 16 of head_dim; P·V: one head_dim wide per 16 of the block's 64 keys.
+    ty = ".BF16" if precision == "bf16" else ""  # (cuobjdump names fp16 HGMMA by its accumulator alone)
+    want = Counter({f"HGMMA.64x64x16.F32{ty}": head_dim // 16}) + Counter({f"HGMMA.64x{head_dim}x16.F32{ty}": 4})
+    assert Counter(op for op in ops if op.startswith("HGMMA")) == want
+    assert not [op for op in ops if op.startswith(("LDL", "STL"))]  # nothing in local memory
