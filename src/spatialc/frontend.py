@@ -331,8 +331,17 @@ def gemm(
     epilogue: list[Epilogue] | tuple[Epilogue, ...] = (),
     target: str = "sm_90",
     out: str | None = None,
+    scales: Any = None,
 ) -> SpatialProgram:
-    return _gemm(m, n, k, precision, epilogue, target, out, 1)
+    """The program C[m×n] = epilogue(A[m×k] @ B[k×n]), before tiling (`_gemm` says what `out` may be). `scales`, for
+    an e4m3 or e5m2 program: a pair of scale layouts, A's and B's — ("1x128", "128x128") is DeepGEMM's — which
+    make it block-scaled, C = Σ_g (A_g @ B_g) · scale_a · scale_b over the K groups (`spatialc.blockscaled`)."""
+    program = _gemm(m, n, k, precision, epilogue, target, out, 1)
+    if scales is None:
+        return program
+    from .blockscaled import with_scales  # a block-scaled 8-bit float GEMM (spatialc/blockscaled.py names them)
+
+    return with_scales(program, scales, int(m), int(n), int(k))
 
 
 MAX_GROUPS = 1 << 16  # experts of a mixture-of-experts layer: far fewer; more is a typo

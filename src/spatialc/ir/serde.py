@@ -25,7 +25,7 @@ from .worklist import MAX_SITES
 
 FORMAT = "spatialc.program"
 TAG = "type"  # the key naming a node's class (fields may be called `kind`)
-VERSION = 10
+VERSION = 11
 # Versions this spatialc reads. Version 1 (before page layouts) decodes with every layout and tile order row-major;
 # `upgrade` (spatialc.from_json passes the tile pass's) lays its operands out as version 2 does. Version 3 added
 # split-K (a placement's `splits`, workspace tensors, AddPartial): a version-2 document is a version-3 one without.
@@ -41,7 +41,9 @@ VERSION = 10
 # Version 10 added attention (its declaration Attention, ScaleAcc, a formula's positions Pos, a matmul's
 # `transpose_b`, a loop counted per item Span); a version-9 document is one without. Version 10 also added the 8-bit
 # float precisions and element types (e4m3, e5m2); a version-9 document holds none.
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+# Version 11 added block-scaled matmuls (a MatmulTiles' `scales`: BlockScales of two KScales); a version-10 document
+# is one without.
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 # How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into
 # one), and far from Python's recursion limit for decoding and for everything that walks the program after it.

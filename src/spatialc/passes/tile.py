@@ -26,6 +26,7 @@ from ..ir.nodes import (
     TensorRole,
 )
 from ..ir.ops import AddPartial, BlockShape, Map, MatmulTiles, Precision, VecAxis, cols
+from ..numerics.blockscale import PROMOTION_K, PROMOTION_TILES
 from ..numerics.elementwise import transcendental
 from ..target import SpatialTarget
 from .verify.wellformed import MAX_ITEMS
@@ -52,6 +53,11 @@ def matmul_stage(p: SpatialProgram):
     if len(found) != 1:
         raise ProgramError(f"the tile pass plans programs with exactly one tile matmul; this one has {len(found)}")
     return found[0]
+
+
+def scaled(p: SpatialProgram) -> bool:
+    """Whether `p`'s matmul is block-scaled (`MatmulTiles.scales`)."""
+    return any(isinstance(s.kind, ComputeStage) and getattr(s.kind.op, "scales", None) is not None for s in p.stages)
 
 
 def epilogue_stages(p: SpatialProgram) -> int:
@@ -290,6 +296,13 @@ def candidates(
     # timed past 4 tiles.
     wide = form == "persistent" or (form == "sm90a" and sized_as(p.precision) == Precision.INT8)
     ibws = (*IBWS, 8) if wide else IBWS
+    if scaled(p):  # a block-scaled matmul's K step is its promotion interval (numerics/blockscale.py)
+        ibws = (PROMOTION_TILES,)
+        if block and block[2] != PROMOTION_TILES:
+            raise ProgramError(
+                f"a block-scaled program's K step is its promotion interval, {PROMOTION_TILES} tiles ({PROMOTION_K}"
+                f" elements): block {tuple(block)} reduces {block[2]}"
+            )
     blocks = (
         [BlockShape(*block)]
         if block
@@ -483,7 +496,7 @@ def apply_plan(p: SpatialProgram, plan: Plan, form: str = "persistent") -> Spati
             case Accumulator():
                 b = dataclasses.replace(b, kind=Accumulator(h * w))
         buffers.append(b)
-    new_op = MatmulTiles(plan.block, plan.sub_blocks, a_t.operand)
+    new_op = MatmulTiles(plan.block, plan.sub_blocks, a_t.operand, scales=a_t.scales)
     stages = tuple(dataclasses.replace(s, kind=ComputeStage(new_op)) if s.id == mm.id else s for s in p.stages)
     inputs = [t for t in p.tensors if t.role == TensorRole.INPUT]
     out_cols = p.output_tensor().elems[1]  # type: ignore[union-attr]

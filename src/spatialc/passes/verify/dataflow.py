@@ -30,6 +30,7 @@ from ...ir.ops import (
     Lit,
     Loop,
     Map,
+    MatmulTiles,
     PackAcc,
     Pop,
     Push,
@@ -40,6 +41,7 @@ from ...ir.ops import (
     Trip,
     WriteTiles,
 )
+from .blockscale import unplaced
 from .facts import Side, SiteProgs
 from .symbolic import PC, PR, Aff, Cell, Copy, Page, Partial, Product, RowTerm, Sym
 
@@ -106,6 +108,8 @@ def same_op(scheduled: ComputeOp, declared_op: ComputeOp) -> bool:
     apart)."""
     if isinstance(scheduled, Map) and isinstance(declared_op, Map):
         return _formula(scheduled.expr) == _formula(declared_op.expr)
+    if isinstance(scheduled, MatmulTiles) and isinstance(declared_op, MatmulTiles):  # scales' places: rule 8's
+        return unplaced(scheduled) == unplaced(declared_op)
     if isinstance(scheduled, RowReduce) and isinstance(declared_op, RowReduce):  # where a page lies: its terms'
         return (scheduled.op, scheduled.cols) == (declared_op.op, declared_op.cols)
     return scheduled == declared_op
