@@ -60,9 +60,7 @@ def with_scales(p: SpatialProgram, scales: object, m: int, n: int, k: int) -> Sp
     if not isinstance(scales, tuple | list) or len(scales) != 2:
         raise ProgramError(f"scales is a pair of layout names, A's and B's (e.g. ('1x128', '128x128')), not {scales!r}")
     if p.precision not in FP8_PRECISIONS:
-        raise ProgramError(
-            f"block scales are for 8-bit float operands (e4m3, e5m2); a {p.precision.value} program has none"
-        )
+        raise ProgramError(f"block scales are for 8-bit float operands (e4m3, e5m2), not {p.precision.value} ones")
     taken = {t.name.lower() for t in p.tensors}
     for name in SCALE_NAMES:
         if name in taken:

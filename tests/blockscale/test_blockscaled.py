@@ -114,7 +114,7 @@ def test_a_scale_tensor_of_another_shape_is_refused():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"precision": "bf16"}, r"block scales are for 8-bit float operands \(e4m3, e5m2\); a bf16 program"),
+        ({"precision": "bf16"}, r"block scales are for 8-bit float operands \(e4m3, e5m2\), not bf16 ones"),
         ({"precision": "int8"}, r"block scales are for 8-bit float operands"),
         ({"scales": "1x128"}, r"scales is a pair of layout names, A's and B's"),
         ({"scales": ("1x128",)}, r"scales is a pair of layout names"),

@@ -51,9 +51,11 @@ def cmd_gemm(args: argparse.Namespace) -> int:
     from ..frontend import stage_name
 
     stages = epilogue_of(args)
-    prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=stages, out=args.out)
+    scales = getattr(args, "scales", None)  # (a command that shares these options may not take --scales)
+    prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=stages, out=args.out, scales=scales)
     epi = " → ".join(stage_name(s) for s in stages)
     head = f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision}"
+    head += f", scales {','.join(scales)}" if scales else ""
     p, inputs, times, plan = _built(
         args, prog, head, f", epilogue {epi}" if epi else "", split_k=args.split_k, multicast=args.multicast
     )
