@@ -334,6 +334,10 @@ def candidates(
         if plan.items * groups > MAX_ITEMS:
             continue
         smem, per_unit = resources(target, plan, p.precision, form, stages, reads)  # the backend asked once a plan
+        if scaled(p):  # its step's partial fragments beside the accumulators (lower/cuda/common/blockscale.py)
+            from ..lower.cuda.common.blockscale import scaled_units
+
+            per_unit = scaled_units(target, plan, form, smem, per_unit)
         if per_unit:
             cost = plan_cost(target, plan, m_t, n_t, k_t, p.precision, per_unit)
             if own_cost is not None:

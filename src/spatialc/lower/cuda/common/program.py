@@ -42,7 +42,6 @@ from ....ir.ops import (
     walk,
 )
 from ....ir.worklist import RULES, launch_sites, split_items, work_table
-from ....numerics.blockscale import program_scales
 from ....numerics.epilogue import dot_range
 from ....passes.attention import attention_shape
 from ....passes.rows import row_shape
@@ -59,20 +58,10 @@ ROW_PROGRAM = "a program that reduces rows (softmax, RMSNorm)"
 ATTENTION_PROGRAM = "attention (its online softmax: two matmuls a KV block beside running row maxima and sums)"
 
 
-# Why every form refuses a block-scaled GEMM (`MatmulTiles.scales`) for now: what it is is defined, interpreted and
-# verified (numerics/blockscale.py, verify/blockscale.py); the kernels' promotion is not printed yet.
-BLOCK_SCALED_REFUSAL = (
-    "no CUDA form prints a K step's promotion by its scales yet (sm_89/sm_90 mma.sync and sm_90a wgmma alike);"
-    " spatialc.evaluate runs it in the interpreter"
-)
-
-
 def check_printable(p: SpatialProgram) -> None:
     """Refuse a program no backend prints: one not verified, or without its plan, placement or schedule."""
     if not p.verified:
         raise Unverified(p.name)
-    if program_scales(p) is not None:
-        raise Unsupported(f"block-scaled program {p.name}", BLOCK_SCALED_REFUSAL)
     if p.placement is None or p.schedule is None or not p.plans:
         raise Unsupported("a program without a plan, placement or schedule", "the kernel is printed from all three")
     # A kernel's block i is site i — its work list, and every site a semaphore or a multicast group names.
