@@ -1,5 +1,6 @@
 """Block-scaled 8-bit float GEMMs (issue 34, item 2): the frontend's layouts and checks, the interpreter equal to
-the reference bit for bit and to a sum written apart from it, the tolerance, JSON, and the CUDA forms' refusal."""
+the reference bit for bit and to a sum written apart from it, the tolerance, JSON, and the sm_90a form's refusal
+(the kernels of the other forms: test_kernels.py)."""
 
 from __future__ import annotations
 
@@ -139,12 +140,10 @@ def test_a_k_step_other_than_the_promotion_interval_is_refused():
     assert scaled(64, 64, 256, block=(1, 2, 8)).plan.block.ibw == 8  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("target", ["sm_89", "sm_90", "sm_90a"])
-def test_every_form_refuses_to_print_it(target):
-    p = scaled(64, 64, 256, target=target)
-    for form in ("auto", "general", "persistent") + (("sm90a",) if target == "sm_90a" else ()):
-        with pytest.raises(Unsupported, match=r"block-scaled program .*: no CUDA form prints a K step's promotion"):
-            spatialc.lower(p, form=form)
+def test_the_sm90a_form_refuses_it_by_name():
+    p = scaled(64, 64, 256, target="sm_90a")
+    with pytest.raises(Unsupported, match=r"a block-scaled matmul in the sm_90a form"):
+        spatialc.lower(p, form="sm90a")
 
 
 def test_json_round_trip_and_older_documents():
