@@ -295,7 +295,7 @@ def candidates(
     # of int8 only: 128 bytes, its panels' widest swizzle, as 64 16-bit ones are. The general form's were never
     # timed past 4 tiles.
     wide = form == "persistent" or (form == "sm90a" and sized_as(p.precision) == Precision.INT8)
-    ibws = (*IBWS, 8) if wide else IBWS
+    ibws: tuple[int, ...] = (*IBWS, 8) if wide else IBWS
     if scaled(p):  # a block-scaled matmul's K step is its promotion interval (numerics/blockscale.py)
         ibws = (PROMOTION_TILES,)
         if block and block[2] != PROMOTION_TILES:

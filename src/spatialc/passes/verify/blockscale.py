@@ -48,14 +48,14 @@ def step_scales(op: MatmulTiles, rows: Aff, cols: Aff, k: Aff, row: Aff, col: Af
 
 def check_term(proof: _Proof, t: Product, mm: MatmulDecl, row: Aff, col: Aff, k: Aff, path: str) -> None:
     """A product term of a tile of C is promoted as the stage declares, at its own row, column and K group."""
-    declared = getattr(mm.stage.kind.op, "scales", None)
+    declared = getattr(getattr(mm.stage.kind, "op", None), "scales", None)
     if declared is None and t.scale is None:
         return
     where = f"{proof.tile_text(proof.base())}{path}"
     if t.scale is None or declared is None:
         what = "promotes no scales" if t.scale is None else "promotes its products with scales"
-        want = "declares block scales" if declared is not None else "declares none"
-        raise proof.fail(f"{where} {what} where stage {mm.stage.name} {want}", t.a, t.b)
+        says = "declares block scales" if declared is not None else "declares none"
+        raise proof.fail(f"{where} {what} where stage {mm.stage.name} {says}", t.a, t.b)
     s = t.scale
     index = proof.site.index
     names = [index.tensors[x.tensor].name for x in (declared.a, declared.b)]

@@ -23,7 +23,7 @@ from .cwriter import addr_expr
 
 if TYPE_CHECKING:
     from .rings import Ring
-    from .tiles import TileCode
+    from .tiles import TilePrinter
 
 TILE_ELEMS = 256
 
@@ -58,7 +58,7 @@ def scaled_units(target: SpatialTarget, plan: Plan, form: str, smem: int, per_un
     return min(per_unit, target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, held, warps))
 
 
-def promoted_step(tc: TileCode, mm: MatmulTiles, a: Ring, b: Ring, env: dict[LoopVar, str]) -> None:
+def promoted_step(tc: TilePrinter, mm: MatmulTiles, a: Ring, b: Ring, env: dict[LoopVar, str]) -> None:
     """The step's products into zeroed partial fragments, then promoted into the accumulators."""
     assert mm.scales is not None
     tc.w.line(f"spatialc_acc<ACCT> part[{tc.perw}];")
@@ -77,7 +77,7 @@ def promoted_step(tc: TileCode, mm: MatmulTiles, a: Ring, b: Ring, env: dict[Loo
         _promote(tc, mm.scales, env)
 
 
-def _promote(tc: TileCode, s: BlockScales, env: dict[LoopVar, str]) -> None:
+def _promote(tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str]) -> None:
     """acc[q].x[i] += part[q].x[i] · (sa · sb) for each element this lane holds."""
     h, w = tc.plan.item_tiles
     ta, tb = tc.tensors[int(s.a.tensor)], tc.tensors[int(s.b.tensor)]
