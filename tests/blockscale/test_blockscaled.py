@@ -189,3 +189,11 @@ def test_tolerance_states_the_bound_and_catches_an_error():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tolerance(p).check(c, ins)[0]
+
+
+def test_spatialc_lang_source_refuses_it_rather_than_drop_the_scales():
+    from spatialc.lang import LangError
+    from spatialc.lang.source import python_source
+
+    with pytest.raises(LangError, match=r"a block-scaled matmul \(spatialc.gemm's scales=\) has no form in spatialc.lang"):
+        python_source(scaled(32, 32, 256))

@@ -28,6 +28,8 @@ CASES = {
     "persistent-row-col-e5m2-sm90": ("persistent", "e5m2", (48, 40, 384), ("row", "col"), {"target": "sm_90"}),
     "general-tensor-128x1": ("general", "e4m3", (33, 70, 256), ("tensor", "128x1"), {}),
     "persistent-strided-128x128": ("persistent", "e4m3", (40, 48, 256), ("128x128", "128x128"), {"block": (1, 3, 8)}),
+    # split-K: each site promotes its own steps (their K addresses from its first), the partials added in float32
+    "general-split-k": ("general", "e4m3", (32, 64, 1024), ("1x128", "128x128"), {"split_k": 2}),
 }
 
 

@@ -184,6 +184,17 @@ def test_each_edit_is_refused_by_rule_8(base, truth, name):
         verify(mutant)
 
 
+def test_split_k_contributors_are_held_to_their_own_groups():
+    """A split-K program's sites each promote their own K steps: the proof follows the partial sums to the products
+    their writers promoted, and one of group 0's scales at every step is refused."""
+    p = scaled(32, 64, 1024, split_k=2, form="general")
+    assert p.placement.splits == 2  # type: ignore[union-attr]
+    ins = inputs_of(p, seed=9)
+    assert spatialc.tolerance(p).check(spatialc.evaluate(p, ins), ins)[0]
+    with pytest.raises(SemanticError, match=r"with the scales of the step at K tile 0: a scale of another K group"):
+        verify(compute(p, matmuls(scales(k=TileAddr(0)))))
+
+
 @pytest.mark.parametrize(
     "name", ["scales of the next K group", "A's scales a tile row down", "B's scales of the next column block"]
 )
