@@ -195,5 +195,5 @@ def test_spatialc_lang_source_refuses_it_rather_than_drop_the_scales():
     from spatialc.lang import LangError
     from spatialc.lang.source import python_source
 
-    with pytest.raises(LangError, match=r"a block-scaled matmul \(spatialc.gemm's scales=\) has no form in spatialc.lang"):
+    with pytest.raises(LangError, match=r"a block-scaled matmul \(spatialc.gemm's scales=\) has no form in spatialc"):
         python_source(scaled(32, 32, 256))
