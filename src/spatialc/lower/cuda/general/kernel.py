@@ -200,8 +200,10 @@ class GeneralKernel:
 
     @property
     def acc_tiles(self) -> int:
-        """Accumulator tiles the compute warps hold at once: every accumulator's (they may all be live)."""
-        return held_tiles(self.plan, self.layers) if self.accumulates else 0
+        """Accumulator tiles the compute warps hold at once: every accumulator's (they may all be live), a
+        block-scaled step's partials counted (`SCALED_FRAGMENTS`)."""
+        scaled = SCALED_FRAGMENTS if program_scales(self.program) is not None else 1
+        return scaled * held_tiles(self.plan, self.layers) if self.accumulates else 0
 
 
 # ---- what the general form takes ----------------------------------------------------------------------------

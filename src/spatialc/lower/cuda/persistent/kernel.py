@@ -244,7 +244,8 @@ def make_kernel(
 
 def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
     """The resource budget, from the same layout the kernel was printed with."""
-    acc_tiles = k.plan.item_tiles[0] * k.plan.item_tiles[1]
+    held = held_sub_blocks(k.program, k.plan)  # a block-scaled step's partials counted, as for the blocks an SM
+    acc_tiles = k.plan.block.osh * k.plan.block.osw * held[0] * held[1]
     return Budget(
         k.smem.ring_bytes,
         k.smem.opt_in,
