@@ -20,6 +20,7 @@ K tile summed twice, one skipped a K tile never summed):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...ir.ops import KScale, MatmulTiles, TileAddr
@@ -39,11 +40,13 @@ def unplaced(op: MatmulTiles) -> MatmulTiles:
     return dataclasses.replace(op, scales=dataclasses.replace(op.scales, rows=zero, cols=zero, k=zero))
 
 
-def step_scales(op: MatmulTiles, rows: Aff, cols: Aff, k: Aff, row: Aff, col: Aff, kk: Aff) -> StepScales:
-    """Where a product of `op` reads its scales: the op's addresses (`rows`, `cols`, `k`, as forms) plus the tile's
-    place in the page (`row`, `col`) and along the step (`kk`)."""
-    assert op.scales is not None
-    return StepScales(unplaced(op).scales, rows + row, cols + col, k, kk)  # type: ignore[arg-type]
+def step_scales(op: MatmulTiles, addr: Callable[[TileAddr], Aff], row: Aff, col: Aff, kk: Aff) -> StepScales | None:
+    """Where a product of `op` reads its scales (None: `op` is not block-scaled): the op's addresses as forms
+    (`addr`) plus the tile's place in the page (`row`, `col`) and along the step (`kk`)."""
+    s = op.scales
+    if s is None:
+        return None
+    return StepScales(unplaced(op).scales, addr(s.rows) + row, addr(s.cols) + col, addr(s.k), kk)  # type: ignore[arg-type]
 
 
 def check_term(proof: _Proof, t: Product, mm: MatmulDecl, row: Aff, col: Aff, k: Aff, path: str) -> None:

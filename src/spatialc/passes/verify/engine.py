@@ -458,19 +458,7 @@ class EngineRun:
         a, b = cells[0].subst({PR: row, PC: kk}), cells[1].subst({PR: kk, PC: col})
         summed = [(sym, lp) for token, sym, lp in self.frames[len(acc.opened) :] if sym is not None]
         self.fixed_sum(op, [lp for _, _, lp in self.frames[len(acc.opened) :]])
-        scale = (
-            step_scales(
-                op.op,
-                self.addr(op, op.op.scales.rows),
-                self.addr(op, op.op.scales.cols),
-                self.addr(op, op.op.scales.k),
-                row,
-                col,
-                kk,
-            )
-            if op.op.scales is not None
-            else None
-        )
+        scale = step_scales(op.op, lambda at: self.addr(op, at), row, col, kk)  # a block-scaled step's promotion
         acc.terms.append(Product(a, b, (*(s for s, _ in summed), *kk.syms()), scale))
         acc.summed.update(summed)
 
