@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import spatialc
-from spatialc.errors import ProgramError
+from spatialc.errors import PlanError, ProgramError
 from spatialc.inputs import InputError
 from spatialc.lower.errors import Unsupported
 from spatialc.numerics.blockscale import kernel_ulps, program_scales
@@ -136,6 +136,8 @@ def test_a_k_step_other_than_the_promotion_interval_is_refused():
     with pytest.raises(ProgramError, match=r"K step is its promotion interval, 8 tiles \(128 elements\)"):
         scaled(64, 64, 256, block=(2, 2, 4))
     assert scaled(64, 64, 256, block=(1, 2, 8)).plan.block.ibw == 8  # type: ignore[union-attr]
+    with pytest.raises(PlanError, match=r"a block-scaled step's partial fragments beside its accumulator of 32 tiles"):
+        scaled(4096, 4096, 4096, form="persistent", block=(2, 4, 8), sub_blocks=(2, 2))  # sm_89: too many registers
 
 
 def test_the_sm90a_form_refuses_it_by_name():

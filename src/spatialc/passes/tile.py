@@ -421,6 +421,15 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
             return f"the sm_90a form takes no plan of {e.what}: {e.why}"
     tiles = b.osh * b.osw * probe.sub_blocks[0] * probe.sub_blocks[1]
     regs = target.registers_needed(tiles)
+    if scaled(p):  # its partial fragments beside the accumulators (lower/cuda/common/blockscale.py)
+        from ..lower.cuda.common.blockscale import scaled_units
+
+        smem = smem_bytes(target, probe, p.precision, form, ring_stages(p, form, extra), side_rings(p, form))
+        if not scaled_units(target, probe, form, smem, 1):
+            return (
+                f"a block-scaled step's partial fragments beside its accumulator of {tiles} tiles need more registers"
+                f" than {target.name}'s threads have in the {form} form; force a smaller block or fewer sub-blocks"
+            )
     if regs > target.regs_per_thread_max:
         return (
             f"its accumulator of {tiles} tiles needs about {regs} registers a thread and {target.name} has"
