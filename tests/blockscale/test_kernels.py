@@ -82,7 +82,7 @@ PLANTED = {
     "A's scale of the wrong group": (r"const int ga = sk0 / 128, gb", "const int ga = (sk0 / 128) ^ 1, gb"),
     "B's scale of the wrong group": (r", gb = sk0 / 128;", ", gb = (sk0 / 128) ^ 1;"),
     "B's scale of the next column block": (r"\(c \+ 0\) / 128", "(c + 128) / 128"),
-    "a step's partials left unpromoted": (r"fmaf\(part\[q\]\.x\[i\], ab, ", "fmaf(part[q].x[i], 1.0f, "),
+    "a step's partials left unpromoted": (r"fmaf\(part\[q\]\.x\[i\], [^,]+, ", "fmaf(part[q].x[i], 1.0f, "),
 }
 
 

@@ -81,22 +81,28 @@ def _promote(tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str]) -> None:
     """acc[q].x[i] += part[q].x[i] · (sa · sb) for each element this lane holds."""
     h, w = tc.plan.item_tiles
     ta, tb = tc.tensors[int(s.a.tensor)], tc.tensors[int(s.b.tensor)]
+    # A row (column) of the items past the scale tensor's — the padding of the last items — reads no scale; the group
+    # is always inside (every step starts below K). A block of 16 or more rows (columns) gives a lane one scale.
+    rows_past = tc.plan.grid[0] * h * 16 > ta.elems[0] * s.a.outer
+    cols_past = tc.plan.grid[1] * w * 16 > tb.elems[1] * s.b.outer
+    a_rows = (0,) if s.a.outer % 16 == 0 else (0, 8)
+    b_cols = (0,) if s.b.outer % 16 == 0 else (0, 1, 8, 9)
     tc.w.line(f"const int lane = {tc.tid} % 32;")
     tc.w.line(f"const int sr0 = ({addr_expr(s.rows, env) or '0'}) * 16, sc0 = ({addr_expr(s.cols, env) or '0'}) * 16;")
     tc.w.line(f"const int sk0 = ({addr_expr(s.k, env) or '0'}) * 16;")
     tc.w.line(f"const int ga = sk0 / {s.a.k}, gb = sk0 / {s.b.k};  // the step's K group of A's and of B's scales")
 
     def promote(tile_row: str, tile_col: str) -> None:
-        # A lane's elements lie in two rows of the tile (i / 2 mod 2) and four columns (2·(i / 4) + i mod 2): six
-        # scales, read once each.
+        # A lane's elements lie in two rows of the tile (i / 2 mod 2) and four columns (2·(i / 4) + i mod 2).
         tc.w.line(f"const int r = sr0 + ({tile_row}) * 16 + (lane >> 2), c = sc0 + ({tile_col}) * 16 + 2 * (lane & 3);")
-        rows = ", ".join(_element(ta, f"(r + {d}) / {s.a.outer}", "ga") for d in (0, 8))
-        tc.w.line(f"const float sa[2] = {{{rows}}};")
-        cols = ", ".join(_element(tb, "gb", f"(c + {d}) / {s.b.outer}") for d in (0, 1, 8, 9))
-        tc.w.line(f"const float sb[4] = {{{cols}}};")
+        rows = ", ".join(_element(ta, f"(r + {d}) / {s.a.outer}", "ga", rows_past, False) for d in a_rows)
+        tc.w.line(f"const float sa[{len(a_rows)}] = {{{rows}}};")
+        cols = ", ".join(_element(tb, "gb", f"(c + {d}) / {s.b.outer}", False, cols_past) for d in b_cols)
+        tc.w.line(f"const float sb[{len(b_cols)}] = {{{cols}}};")
+        sa = "sa[(i >> 1) & 1]" if len(a_rows) > 1 else "sa[0]"
+        sb = "sb[2 * (i >> 2) + (i & 1)]" if len(b_cols) > 1 else "sb[0]"
         with tc.unrolled("for (int i = 0; i < 8; ++i)"):
-            tc.w.line("const float ab = sa[(i >> 1) & 1] * sb[2 * (i >> 2) + (i & 1)];")
-            tc.w.line(f"{tc.accf}[q].x[i] = fmaf(part[q].x[i], ab, {tc.accf}[q].x[i]);")
+            tc.w.line(f"{tc.accf}[q].x[i] = fmaf(part[q].x[i], {sa} * {sb}, {tc.accf}[q].x[i]);")
 
     if tc.lane_grid is None:
         with tc.unrolled(f"for (int q = 0; q < {tc.perw}; ++q)"):
@@ -110,8 +116,10 @@ def _promote(tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str]) -> None:
         promote("bh", "bw")
 
 
-def _element(t: Tensor, row: str, col: str) -> str:
-    """Element (row, col) of the float32 tensor t, tiled as every tensor is; 0 past its elements."""
+def _element(t: Tensor, row: str, col: str, row_past: bool, col_past: bool) -> str:
+    """Element (row, col) of the float32 tensor t, tiled as every tensor is; 0 where a row (col) may lie past its
+    elements (`row_past`, `col_past`) and does."""
     rows, cols = t.elems
-    at = f"(({row}) / 16 * {t.tiles[1]} + ({col}) / 16) * {TILE_ELEMS} + ({row}) % 16 * 16 + ({col}) % 16"
-    return f"(({row}) < {rows} && ({col}) < {cols} ? t{int(t.id)}[{at}] : 0.0f)"
+    at = f"t{int(t.id)}[(({row}) / 16 * {t.tiles[1]} + ({col}) / 16) * {TILE_ELEMS} + ({row}) % 16 * 16 + ({col}) % 16]"
+    checks = [f"({row}) < {rows}"] * row_past + [f"({col}) < {cols}"] * col_past
+    return f"({' && '.join(checks)} ? {at} : 0.0f)" if checks else at
