@@ -335,19 +335,31 @@ def gemm(
     group: int | None = None,
     zeros: bool = False,
     scale_type: str | None = None,
+    scales: Any = None,
 ) -> SpatialProgram:
-    """The program C = epilogue(A @ B) (`_gemm`). With `weights` ("int4", "uint4" or "mxfp4") B holds 4-bit weights
-    dequantised on the way in — a scale per `group` rows of K (default 128; mxfp4's is 32) and column, of
-    `scale_type` (the precision's by default, or float32; e8m0 for mxfp4), and with `zeros` a zero point beside
-    it (spatialc.weights, numerics/w4.py)."""
-    if weights is None:
-        if group is not None or zeros or scale_type is not None:
-            raise ProgramError("group, zeros and scale_type describe 4-bit weights: give weights= too")
-        return _gemm(m, n, k, precision, epilogue, target, out, 1)
-    from .weights import with_weights
+    """The program C[m×n] = epilogue(A[m×k] @ B[k×n]), before tiling (`_gemm` says what `out` may be). With `weights`
+    ("int4", "uint4" or "mxfp4") B holds 4-bit weights dequantised on the way in — a scale per `group` rows of K
+    (default 128; mxfp4's is 32) and column, of `scale_type` (the precision's by default, or float32; e8m0 for
+    mxfp4), and with `zeros` a zero point beside it (spatialc.weights, numerics/w4.py). `scales`, for an e4m3 or e5m2
+    program: a pair of scale layouts, A's and B's — ("1x128", "128x128") is DeepGEMM's — which make it block-scaled,
+    C = Σ_g (A_g @ B_g) · scale_a · scale_b over the K groups (`spatialc.blockscaled`)."""
+    if weights is not None and scales is not None:
+        raise ProgramError(
+            "weights= (4-bit weights dequantised to bf16/fp16) and scales= (a block-scaled 8-bit float GEMM) do not"
+            " combine; give one"
+        )
+    if weights is None and (group is not None or zeros or scale_type is not None):
+        raise ProgramError("group, zeros and scale_type describe 4-bit weights: give weights= too")
+    program = _gemm(m, n, k, precision, epilogue, target, out, 1)
+    if weights is not None:
+        from .weights import with_weights
 
-    plain = _gemm(m, n, k, precision, epilogue, target, out, 1)
-    return with_weights(plain, plain.precision, weights, group, zeros, scale_type)
+        return with_weights(program, program.precision, weights, group, zeros, scale_type)
+    if scales is None:
+        return program
+    from .blockscaled import with_scales  # a block-scaled 8-bit float GEMM (spatialc/blockscaled.py names them)
+
+    return with_scales(program, scales, int(m), int(n), int(k))
 
 
 MAX_GROUPS = 1 << 16  # experts of a mixture-of-experts layer: far fewer; more is a typo

@@ -734,6 +734,8 @@ class FakeKernel:
             values["residual"] = np.zeros_like(values["residual"])
         if self.fault == "col_scale":  # an fp8 row's dequant scale left out
             values["col_scale"] = np.ones_like(values["col_scale"])
+        if self.fault == "scale_b":  # a block-scaled row's B scales of the wrong K group
+            values["scale_b"] = values["scale_b"][::-1].copy()
         c = np.asarray(reference(self.fused, values), np.float32)
         at, c_arg = next((i, a) for i, a in enumerate(self.args) if a.role == "output")
         c = bf16_bits(c, np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
@@ -884,9 +886,13 @@ def fused_program(args):
 
     stages = {"row_scale": spatialc.row_scale, "col_scale": spatialc.col_scale, "residual": spatialc.residual}
     named = [a for a in args if a.name in stages]
-    if not named or args[0].name != "A":
+    scaled = any(a.name == "scale_a" for a in args)  # a block-scaled GEMM (gpucheck/blockscaled.py)
+    if not (named or scaled) or args[0].name != "A":
         return None
     a, b, c = args[:3]
+    if scaled:
+        kind, out = SPATIALC_TYPE[a.elem], SPATIALC_TYPE[c.elem]
+        return spatialc.gemm(a.elems[0], b.elems[1], a.elems[1], kind, out=out, scales=("1x128", "128x128"))
     epilogue = [stages[x.name]() for x in named]
     return spatialc.gemm(
         a.elems[0], b.elems[1], a.elems[1], SPATIALC_TYPE[a.elem], epilogue=epilogue, out=SPATIALC_TYPE[c.elem]

@@ -244,6 +244,14 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _scale_layouts(text: str) -> tuple[str, str]:
+    """--scales A,B: two layout names (checked by the frontend)."""
+    parts = tuple(x.strip() for x in text.split(","))
+    if len(parts) != 2 or not all(parts):
+        raise argparse.ArgumentTypeError(f"--scales takes A's and B's layouts, e.g. 1x128,128x128, not {text!r}")
+    return parts  # type: ignore[return-value]
+
+
 def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
     """The options `gemm` and `grouped-gemm` share: precision, target, plan, placement, epilogue, run, outputs."""
     _precision_options(
@@ -280,6 +288,14 @@ def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
             metavar="GY,GX",
             help="share operand pages over groups of GY x GX sites: one site of a group row reads each A page and"
             " multicasts it along the row, one of a group column each B page (default: no groups)",
+        )
+    if split:  # a block-scaled 8-bit float GEMM (spatialc/blockscaled.py names the layouts)
+        g.add_argument(
+            "--scales",
+            type=_scale_layouts,
+            metavar="A,B",
+            help="e4m3 / e5m2: block-scaled, A's and B's scale layouts (1x128,128x128 is DeepGEMM's; row, col, tensor)"
+            " — C = Σ over each 128 of K of (A_g @ B_g) · scale_a · scale_b",
         )
     if split:  # a GEMM's epilogue may read vectors of C's rows and a tensor of C's shape; a grouped GEMM's not yet
         g.add_argument(

@@ -52,11 +52,13 @@ def cmd_gemm(args: argparse.Namespace) -> int:
 
     stages = epilogue_of(args)
     w4 = {"weights": args.weights, "group": args.group, "zeros": args.zeros, "scale_type": args.scale_type}
-    prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=stages, out=args.out, **w4)
+    scales = getattr(args, "scales", None)  # (a command that shares these options may not take --scales)
+    prog = api.gemm(args.m, args.n, args.k, args.precision, epilogue=stages, out=args.out, scales=scales, **w4)
     epi = " → ".join(stage_name(s) for s in stages)
     head = f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision}"
     if args.weights:
         head += f", {args.weights} weights" + (" with zero points" if args.zeros else "")
+    head += f", scales {','.join(scales)}" if scales else ""
     p, inputs, times, plan = _built(
         args, prog, head, f", epilogue {epi}" if epi else "", split_k=args.split_k, multicast=args.multicast
     )

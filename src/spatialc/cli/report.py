@@ -26,11 +26,14 @@ def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bo
     Sample), its tensors (A) are made as just the sampled rows (in each group); without `operands`, only the
     parameters (nothing will multiply A and B)."""
     from ..inputs import W4_TYPES, row_limits
+    from ..numerics.blockscale import program_scales
 
     rng = np.random.default_rng(seed)
     out = {}
     integer = p.precision.value == "int8"
     counts = row_limits(p)
+    scales = program_scales(p)
+    scale_tensors = {scales.a.tensor, scales.b.tensor} if scales is not None else set()
     for t in p.tensors:
         if t.dtype in W4_TYPES:  # made below, by the format's own rule
             continue
@@ -44,6 +47,8 @@ def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bo
             )
         elif t.name in counts:  # a grouped GEMM's row counts: anything from none to all of a group's rows
             out[t.name] = rng.integers(0, counts[t.name] + 1, size=t.elems[1]).astype(np.int32)
+        elif t.role.value == "parameter" and t.id in scale_tensors:  # block scales: positive, of their shape
+            out[t.name] = rng.uniform(0.5, 2.0, size=t.elems).astype(np.float32)
         elif t.role.value == "parameter":
             n = t.elems[0] * t.elems[1]  # a column vector's n values, a row vector's m
             out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import fp8
+from . import blockscaled, fp8
 from .cases import ELEM_OF, TORCH_OUT, Case
 
 TORCH_MATMUL = "torch.matmul"
@@ -60,6 +60,8 @@ def baselines_of(case: Case) -> list[tuple[str, str]]:
         from .fused import TORCH_EPILOGUE
 
         return [(TORCH_EPILOGUE, "cublas")]
+    if case.blockscaled:  # _scaled_mm per-tensor (the bar) and, where torch has it, blockwise (blockscaled.py)
+        return [(name, "cublas") for name in blockscaled.CONTESTANTS]
     return baselines_for(case.precision)
 
 
@@ -91,6 +93,8 @@ def refusal(name: str, case: Case) -> str:
     """Why a contender cannot take this case's shape ('' when it can)."""
     if name in (INT_MM_COL, INT_MM_ROW):
         return int_mm_refusal(case.m, case.n, case.k)
+    if case.blockscaled and name in blockscaled.CONTESTANTS:
+        return blockscaled.refusal(name, case)
     if name in fp8.SCALED_MM:
         return fp8.refusal(name, case)
     return ""
@@ -106,6 +110,8 @@ def describe(name: str, case: Case) -> str:
         return "B column-major (cuBLASLt's TN); end to end adds B's transposed copy and the allocation of C"
     if name == INT_MM_ROW:
         return "B row-major as given (cuBLASLt's NN); end to end adds the allocation of C"
+    if case.blockscaled and name in blockscaled.CONTESTANTS:
+        return blockscaled.describe(name)
     if name in fp8.SCALED_MM:
         return fp8.describe(name)
     return "row-major A, B and C; end to end adds the allocation of C"
@@ -139,10 +145,13 @@ class Libraries:
         """Why a contender cannot run here at all ('' when its library is here)."""
         from .fused import TORCH_EPILOGUE
 
-        if (name in TORCH_CALLS or name == TORCH_EPILOGUE or name in fp8.SCALED_MM) and self.torch is None:
+        scaled_mm = name in fp8.SCALED_MM or name == blockscaled.BLOCKWISE
+        if (name in TORCH_CALLS or name == TORCH_EPILOGUE or scaled_mm) and self.torch is None:
             return "torch is not installed (or sees no GPU)"
-        if name in fp8.SCALED_MM and not hasattr(self.torch, "_scaled_mm"):
+        if scaled_mm and not hasattr(self.torch, "_scaled_mm"):
             return f"torch {self.torch.__version__} has no _scaled_mm"
+        if name == blockscaled.BLOCKWISE:
+            return blockscaled.missing(self.torch, name)
         if name == TRITON and self.triton is None:
             return f"Triton: {self.triton_note}"
         return ""
@@ -156,6 +165,9 @@ class Libraries:
 
         if name == TORCH_EPILOGUE:
             return self._torch_epilogue(case, a, b, more or [])
+        if case.blockscaled and name in blockscaled.CONTESTANTS:
+            kernel, c, e2e, box = blockscaled.scaled_mm(self.torch, name, case, a, b, more or [])
+            return self._contender(name, case, kernel, c, e2e, box)
         if name in fp8.SCALED_MM:
             kernel, c, e2e, box = fp8.scaled_mm(self.torch, name, case, a, b, more or [])
             return self._contender(name, case, kernel, c, e2e, box)

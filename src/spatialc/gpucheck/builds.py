@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import launch, nvcc
+from .blockscaled import LAYOUTS as BLOCK_LAYOUTS
 from .cases import (
     ELEM_OF,
     HOPPER_FORM,
@@ -135,7 +136,9 @@ def _build(case: Case, target: str, out: str | None) -> Built:
 
             return attention_case(built, target)
         kw: dict[str, Any] = {} if out is None else {"out": out}
-        if is_fp8(case.precision):  # an fp8 GEMM with its dequant scales, built as any GEMM row (fp8.py)
+        if case.blockscaled:  # DeepGEMM's block scales (blockscaled.py)
+            kw["scales"] = BLOCK_LAYOUTS
+        elif is_fp8(case.precision):  # an fp8 GEMM with its dequant scales, built as any GEMM row (fp8.py)
             kw["epilogue"] = fp8_epilogue()
         if case.fused:  # scales and a residual fused into the GEMM, the plain GEMM's kernels beside (fused.py)
             from .fused import fused_case

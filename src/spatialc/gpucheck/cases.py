@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import SpatialError
 from ..runtime.tilize import ELEMENT_DTYPES
 from .attnrows import ATTENTION_PRECISIONS, parse_attention
+from .blockscaled import parse_blockscaled
 from .fp8 import FP8_PRECISIONS, parse_fp8
 
 PRECISIONS = ("int8", "fp16", "bf16")
@@ -62,6 +63,8 @@ DEFAULT_SIZES = (
     "fp8:e4m3:4096",
     "fp8:e4m3:8192",
     "fp8:e5m2:4096",
+    "fp8bs:e4m3:4096",
+    "fp8bs:e4m3:8192",
     "att:16x16:4096:128",
     "att:16x16:4096:128:causal",
     "att:2x16:8192:128",
@@ -193,7 +196,7 @@ class _Product:
         if self.fused:
             head = "fused:"
         if self.precision in FP8_PRECISIONS:
-            head = "fp8:"
+            head = "fp8bs:" if self.blockscaled else "fp8:"
         return f"{head}{self.m}x{self.n}x{self.k}"
 
     @property
@@ -231,6 +234,7 @@ class Case(_Product):
     # Attention (gpucheck/attnrows.py): (batch, heads), m = seq_q, n = seq_kv, k = head_dim; (0, 0) for any other.
     heads: tuple[int, int] = (0, 0)
     causal: bool = False
+    blockscaled: bool = False  # an fp8 GEMM of DeepGEMM's block scales (gpucheck/blockscaled.py)
 
 
 def map_bytes(product: Any) -> int:
@@ -340,6 +344,10 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
         att = parse_attention(s)
         if att is not None:
             out += [Case(*att[1], p, heads=att[0], causal=att[2]) for p in precs if p in ATTENTION_PRECISIONS]
+            continue
+        scaled = parse_blockscaled(s)
+        if scaled is not None:  # as fp8's, with block scales
+            out.append(Case(*scaled[1], scaled[0], blockscaled=True))
             continue
         fp8 = parse_fp8(s)
         if fp8 is not None:  # its precision is its own (the operands' kind), whatever the run's list
@@ -523,6 +531,7 @@ class Row(_Product):
     fused: bool = False  # a GEMM with a fused epilogue, the plain GEMM's kernels beside (gpucheck/fused.py)
     heads: tuple[int, int] = (0, 0)  # attention's (batch, heads) (gpucheck/attnrows.py)
     causal: bool = False
+    blockscaled: bool = False  # DeepGEMM's block scales (gpucheck/blockscaled.py)
 
     def spatialc(self, form: str) -> Contestant | None:
         """The contestant of spatialc's kernel in `form` (None: the row has none)."""
@@ -545,6 +554,7 @@ def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
         fused=case.fused,
         heads=case.heads,
         causal=case.causal,
+        blockscaled=case.blockscaled,
         **facts,
     )
 

@@ -22,6 +22,7 @@ from ..ir.printer import plural
 from ..runtime import launch, nvcc
 from ..runtime.tilize import bf16_bits, fp8_bits, poison_value
 from ..target import target as target_of
+from . import blockscaled as bs
 from . import preflight as pf
 from .baselines import Libraries, baselines_of, refusal
 from .builds import BuildPool, Built, Form, conversion
@@ -262,6 +263,7 @@ class GpuRunner:
         row.status, row.note = settle(row.note, verdicts)
         for name, family in baselines_of(case):
             lib_ref = fp8_library_reference(name, plain, ref) if is_fp8(case.precision) else ref
+            lib_ref = bs.library_reference(name, plain, ref) if case.blockscaled else lib_ref
             row.contestants.append(self._baseline(name, family, case, inputs, lib_ref, deadline))
 
     # ---- spatialc ------------------------------------------------------------------------------------------
@@ -567,7 +569,8 @@ class GpuRunner:
             def scale(shape: tuple[int, int], lo: float, hi: float) -> Any:
                 return rs.uniform(lo, hi, size=shape, dtype=self.cp.float32)
 
-            return Inputs(a, b, [fp8_more_inputs(case, scale) for _ in a])
+            more = bs.more_inputs if case.blockscaled else fp8_more_inputs
+            return Inputs(a, b, [more(case, scale) for _ in a])
         if not case.fused:
             return Inputs(a, b)
 
@@ -593,7 +596,11 @@ class GpuRunner:
 
         def made() -> Any:
             more = {name: values64(x, elem, self.cp) for name, x in inputs.more[0].items()}
-            ref = epilogue(product, more)
+            if case.blockscaled:  # the sum of each 128 of K's product times its scales, from A and B themselves
+                a, b = (values64(x[0], ELEM_OF[case.precision], self.cp) for x in (inputs.a, inputs.b))
+                ref = bs.reference(a, b, more, self.cp)
+            else:
+                ref = epilogue(product, more)
             self._sync(deadline)
             return ref
 

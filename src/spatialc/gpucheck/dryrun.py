@@ -10,6 +10,7 @@ from typing import Any
 
 from ..ir.printer import plural
 from . import baselines as bl
+from .blockscaled import BLOCKWISE
 from .builds import Built, Form, build_case, compile_kernel, conversion, describe_ptxas, gemm_takes_out, use_prepared
 from .cases import FORMS, HOPPER_FORM, Case, grouped_sizes, kernel_arch, spatialc_name
 from .fp8 import EPILOGUE_TEXT, SCALED_MM
@@ -158,10 +159,12 @@ def contenders(case: Case, built: Built) -> list[str]:
         said = [f"{f.contestant}: {_kernel_timed(f)}" for f in built.forms]
     else:
         said = [f"{spatialc_name(name)}: {_kernel_timed(built.form(name))}" for name in FORMS]
-    for name, _family in bl.baselines_for(case.precision):
+    for name, _family in bl.baselines_of(case):
         why = bl.refusal(name, case)
         if why:
             said.append(f"{name}: n/a ({why})")
+        elif name == BLOCKWISE:  # no preflight step: each block-scaled row checks its library results itself
+            said.append(f"{name}: end to end + kernel only, its C checked in the row (the block-scaled sum)")
         elif name in SCALED_MM:  # no preflight step: each fp8 row checks its library results itself
             said.append(f"{name}: end to end + kernel only, its C checked in the row ({EPILOGUE_TEXT} or A·B)")
         elif name == bl.GEMM_EX:

@@ -73,6 +73,7 @@ from ..ir.ops import (
     walk,
 )
 from . import support, trace
+from .blockscale import scaled_step
 from .dequant import dequant
 from .errors import EvalError, UnsupportedOp
 from .mapped import MapKernel
@@ -453,6 +454,12 @@ class Emitter:
                 self.emit(f"{name} = operand(E, {i}, {name}, {prec!r})")
         if mm.transpose_b:  # the page holds Bᵀ (w × ibw tiles): the product reads it as B
             self.emit(f"y = transposed(y, {geom[1]}, {geom[2]})")
+        if mm.scales is not None:  # block-scaled: the step promoted at once (interp/blockscale.py)
+            sc, where = mm.scales, (lambda: self.where(op))
+            sa, sb = (self.const(self.m.store(s.tensor, where), "t") for s in (sc.a, sc.b))
+            at = ", ".join(self.addr(x, op) for x in (sc.rows, sc.cols, sc.k))
+            self.emit(f"scaled_step(E, {i}, x, y, {a}, {g}, {self.const(sc, 's')}, {sa}, {sb}, {at})")
+            return
         self.emit(f"if {a}.geom is not {g}:", f"    set_geom(E, {i}, {a}, {g})", f"{a}.a.append(x)", f"{a}.b.append(y)")
 
     def dequant(self, op: Compute, dq: Dequant, i: int) -> None:
@@ -643,4 +650,5 @@ _HELPERS: dict[str, object] = {
         )
     },
     **{name: getattr(trace, name) for name in ("span", "ring_end", "stamp", "waited")},
+    "scaled_step": scaled_step,
 }

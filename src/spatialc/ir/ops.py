@@ -41,16 +41,46 @@ class BlockShape:
 
 
 @dataclass(frozen=True, slots=True)
+class KScale:
+    """One operand's scales per group along K (a block-scaled operand; `numerics.blockscale` defines them): the
+    parameter tensor `tensor` holds one float32 value per block of `outer` × `k` elements of the operand — `outer`
+    of A's rows (or of B's columns), `k` along K. A's scale of element (i, k) is tensor[i // outer, k // k_block],
+    B's of (k, j) tensor[k // k_block, j // outer]. DeepGEMM's: A 1 × 128, B 128 × 128."""
+
+    tensor: TensorId
+    outer: int
+    k: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockScales:
+    """The scales a block-scaled matmul promotes each K step's product with: acc += (A-page × B-page) · sa · sb,
+    sa of each row (A's scale of the step's K group), sb of each column (B's). The schedule sets where the step is:
+    `rows` its page's first tile row (of A and C), `cols` its first tile column (of B and C), `k` its first K tile;
+    a step lies within one K group of each operand (verify's rule 8 proves it)."""
+
+    a: KScale
+    b: KScale
+    rows: TileAddr = field(default_factory=lambda: TileAddr(0))
+    cols: TileAddr = field(default_factory=lambda: TileAddr(0))
+    k: TileAddr = field(default_factory=lambda: TileAddr(0))
+
+
+@dataclass(frozen=True, slots=True)
 class MatmulTiles:
     """acc[sub-block] += A-page × B-page for every `sh × sw` sub-block of the item (one K step).
 
     `transpose_b`: the B page holds Bᵀ — `w × ibw` tiles, tile (j, k) the transpose of B's tile (k, j) — so the
-    product is A · pageᵀ: attention's S = Q·Kᵀ reads K's rows as they are stored."""
+    product is A · pageᵀ: attention's S = Q·Kᵀ reads K's rows as they are stored.
+
+    `scales`: a block-scaled matmul — the step's product, a partial sum of its own, is promoted into the accumulator
+    multiplied by each row's and each column's scale of the step's K group (`BlockScales`; DeepGEMM's promotion)."""
 
     block: BlockShape
     sub_blocks: tuple[int, int]
     operand: Precision
     transpose_b: bool = False
+    scales: BlockScales | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from .ops import (
     Arg,
     Attention,
     Barrier,
+    BlockScales,
     ChoreoOp,
     Col,
     Compute,
@@ -78,12 +79,20 @@ def addr_text(at: TileAddr) -> str:
     return " + ".join(terms)
 
 
+def _scales_text(s: BlockScales, p: SpatialProgram | None) -> str:
+    """A block-scaled matmul's promotion: each scale tensor, its block, and where the step is."""
+    a, b = (_tensor(p, x.tensor) if p is not None else f"tensor{int(x.tensor)}" for x in (s.a, s.b))
+    where = f" at row {addr_text(s.rows)} col {addr_text(s.cols)} k {addr_text(s.k)}"
+    return f" promoted by {a}[{s.a.outer}x{s.a.k}] {b}[{s.b.k}x{s.b.outer}]" + where
+
+
 def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
     """A compute op in a few words."""
     match op:
         case MatmulTiles(b, (sh, sw), prec, transpose_b):
             sub = f" sub {sh}x{sw}" if (sh, sw) != (1, 1) else ""
-            return f"matmul {b.osh}x{b.osw}x{b.ibw}{sub} {prec.value}" + (" B transposed" if transpose_b else "")
+            text = f"matmul {b.osh}x{b.osw}x{b.ibw}{sub} {prec.value}" + (" B transposed" if transpose_b else "")
+            return text + (_scales_text(op.scales, p) if op.scales is not None else "")
         case Map(expr):
             return expr_text(expr, p)
         case Requant(mult, shift, zp):

@@ -41,8 +41,9 @@ VERSION = 11
 # Version 10 added attention (its declaration Attention, ScaleAcc, a formula's positions Pos, a matmul's
 # `transpose_b`, a loop counted per item Span); a version-9 document is one without. Version 10 also added the 8-bit
 # float precisions and element types (e4m3, e5m2); a version-9 document holds none.
-# Version 11 added 4-bit weights: the element types int4, uint4, e2m1 and e8m0 and the compute op Dequant (a W4A16
-# GEMM's dequant prologue); a version-10 document holds none.
+# Version 11 added 4-bit weights (the element types int4, uint4, e2m1 and e8m0 and the compute op Dequant: a W4A16
+# GEMM's dequant prologue) and block-scaled matmuls (a MatmulTiles' `scales`: BlockScales of two KScales); a
+# version-10 document holds none of them.
 READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
 # How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into

@@ -204,6 +204,8 @@ class SourcePrinter:
     def text(self) -> str:
         p = self.p
         name = literal(p.name)  # a name is printed as a literal Python reads back, never as code (ir/names.py)
+        if any(getattr(getattr(s.kind, "op", None), "scales", None) is not None for s in p.stages):
+            raise self.refuse("a block-scaled matmul (spatialc.gemm's scales=)")
         self.declarations()
         self.engines()
         header = [

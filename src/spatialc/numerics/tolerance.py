@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import ProgramError
 from ..ir.nodes import DType, SpatialProgram, TensorRole
 from ..ir.ops import FP8_PRECISIONS, Map, Precision
-from . import elementwise
+from . import blockscale, elementwise
 
 F32_MAX = float(np.finfo(np.float32).max)  # 3.4e38: a float32 sum at or past it is ±inf (or NaN)
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
@@ -81,6 +81,7 @@ class Tolerance:
     kernel: bool = False  # a kernel's bound: it holds where |A|@|B| stays within float32's range
     wgmma_fp8: bool = False  # the sm_90a form's 8-bit float kernel: its sums' reduced precision is in `ulps`
     strict: bool = False  # inputs past that range are refused (InputError) rather than warned about
+    block_scaled: bool = False  # a block-scaled 8-bit float GEMM: ulps of M = Σ_g |sa·sb|·|A_g|@|B_g|
 
     @property
     def text(self) -> str:
@@ -112,7 +113,8 @@ class Tolerance:
         carried = ", carried through each epilogue op" if self.epilogue else ""
         out = OUT_NAMES.get(self.out_eps, "float32")
         why = " (Hopper's 8-bit float wgmma sums: 2^-12 a k32 step)" if self.wgmma_fp8 else ""
-        return f"{self.ulps} float32 ulps of |A|@|B|{why}{carried}, plus 2 {out} ulps of |C|"
+        of = "Σ_g |sa·sb|·|A_g|@|B_g| (block-scaled, promoted every 128 of K)" if self.block_scaled else "|A|@|B|"
+        return f"{self.ulps} float32 ulps of {of}{why}{carried}, plus 2 {out} ulps of |C|"
 
     def bound(self, inputs: Mapping[str, Any]) -> np.ndarray:
         """The allowed |C − ref| of each element for these inputs (zeros for an exact program); a program of
@@ -151,12 +153,18 @@ class Tolerance:
             return ref, _chained(self.program, inputs, bool(self.ulps)) + 2 * self.out_eps * size + _TINY
         p = self.program
         a, b = rounded_operands(p, inputs)
-        x = product(p, a, b)
+        if blockscale.program_scales(p) is not None:  # the promoted sum, and M = Σ_g |sa·sb|·|A_g|@|B_g|
+            if rows is not None:
+                raise ProgramError(f"program {p.name} is block-scaled: check it whole, not a sample of rows")
+            x, magnitude = blockscale.program_sum(p, a, b, inputs, matmul)
+        else:
+            x, magnitude = product(p, a, b), None
         ref = finished(p, x, inputs, rows)
         if self.exact:
             return ref, np.zeros(ref.shape)
         size = np.abs(ref.astype(np.float64))
-        magnitude = _abs_product(a, b, matmul)  # float operands (an exact int8 program returned above)
+        if magnitude is None:
+            magnitude = _abs_product(a, b, matmul)  # float operands (an exact int8 program returned above)
         self._in_range(magnitude)
         err = self.ulps * EPS32 * magnitude
         x = x.astype(np.float32).astype(np.float64) if self.epilogue else x  # the float32 the epilogue starts from
@@ -300,6 +308,9 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
     if len(decl.matmuls) > 1:  # ulps: 1 marks the kernel's bound (K + 4 per matmul, each its own K)
         return Tolerance(program, False, int(kernel), eps, chained=True, kernel=kernel, strict=strict)
     k = program.tensor(decl.a).elems[1]  # type: ignore[arg-type]  # A: the matmul stage's first operand
+    if blockscale.program_scales(program) is not None:  # each 128 of K promoted (numerics/blockscale.py)
+        ulps = blockscale.kernel_ulps(k) if kernel else 4
+        return Tolerance(program, False, ulps, eps, bool(decl.chain), kernel=kernel, strict=strict, block_scaled=True)
     if kernel and program.precision in FP8_PRECISIONS and in_panels(program):  # Hopper's fp8 wgmma: reduced sums
         ulps = k + 4 + -(-k // FP8_WGMMA_K) * FP8_WGMMA_STEP
         return Tolerance(program, False, ulps, eps, bool(decl.chain), kernel=True, wgmma_fp8=True, strict=strict)

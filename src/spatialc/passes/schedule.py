@@ -103,7 +103,7 @@ def engine_bodies(p: SpatialProgram, k_first: int = 0, k_steps: int | None = Non
             (
                 Wait(a_buf),
                 Wait(b_buf),
-                Compute(mm.kind.op, (a_buf, b_buf), acc=acc),  # type: ignore[union-attr]
+                Compute(placed_scales(mm.kind.op, h, w, k0, ibw), (a_buf, b_buf), acc=acc),  # type: ignore[arg-type]
                 Pop(a_buf),
                 Pop(b_buf),
             ),
@@ -124,6 +124,15 @@ def engine_bodies(p: SpatialProgram, k_first: int = 0, k_steps: int | None = Non
     if plan.groups > 1:
         return _grouped(p, read_a, read_b, write_c, reader, compute + epilogue, writer)
     return {"reader": reader, "compute": compute + epilogue, "writer": writer}
+
+
+def placed_scales(op: MatmulTiles, h: int, w: int, k0: int, ibw: int) -> MatmulTiles:
+    """A block-scaled matmul with where its step is: the item's first tile row and column, the step's first K tile."""
+    if op.scales is None:
+        return op
+    rows, cols = TileAddr(0, ((LV_ITEM_Y, h),)), TileAddr(0, ((LV_ITEM_X, w),))
+    k = TileAddr(k0, ((LV_K, ibw),))
+    return dataclasses.replace(op, scales=dataclasses.replace(op.scales, rows=rows, cols=cols, k=k))
 
 
 def _grouped(p: SpatialProgram, read_a, read_b, write_c, reader, compute, writer) -> dict[str, tuple[ChoreoOp, ...]]:

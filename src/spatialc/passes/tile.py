@@ -26,6 +26,7 @@ from ..ir.nodes import (
     TensorRole,
 )
 from ..ir.ops import AddPartial, BlockShape, Map, MatmulTiles, Precision, VecAxis, cols
+from ..numerics.blockscale import PROMOTION_K, PROMOTION_TILES
 from ..numerics.elementwise import transcendental
 from ..target import SpatialTarget
 from .verify.wellformed import MAX_ITEMS
@@ -52,6 +53,11 @@ def matmul_stage(p: SpatialProgram):
     if len(found) != 1:
         raise ProgramError(f"the tile pass plans programs with exactly one tile matmul; this one has {len(found)}")
     return found[0]
+
+
+def scaled(p: SpatialProgram) -> bool:
+    """Whether `p`'s matmul is block-scaled (`MatmulTiles.scales`)."""
+    return any(isinstance(s.kind, ComputeStage) and getattr(s.kind.op, "scales", None) is not None for s in p.stages)
 
 
 def epilogue_stages(p: SpatialProgram) -> int:
@@ -289,7 +295,14 @@ def candidates(
     # of int8 only: 128 bytes, its panels' widest swizzle, as 64 16-bit ones are. The general form's were never
     # timed past 4 tiles.
     wide = form == "persistent" or (form == "sm90a" and sized_as(p.precision) == Precision.INT8)
-    ibws = (*IBWS, 8) if wide else IBWS
+    ibws: tuple[int, ...] = (*IBWS, 8) if wide else IBWS
+    if scaled(p):  # a block-scaled matmul's K step is its promotion interval (numerics/blockscale.py)
+        ibws = (PROMOTION_TILES,)
+        if block and block[2] != PROMOTION_TILES:
+            raise ProgramError(
+                f"a block-scaled program's K step is its promotion interval, {PROMOTION_TILES} tiles ({PROMOTION_K}"
+                f" elements): block {tuple(block)} reduces {block[2]}"
+            )
     blocks = (
         [BlockShape(*block)]
         if block
@@ -321,6 +334,10 @@ def candidates(
         if plan.items * groups > MAX_ITEMS:
             continue
         smem, per_unit = resources(target, plan, p.precision, form, stages, reads)  # the backend asked once a plan
+        if scaled(p):  # its step's partial fragments beside the accumulators (lower/cuda/common/blockscale.py)
+            from ..lower.cuda.common.blockscale import scaled_units
+
+            per_unit = scaled_units(target, plan, form, smem, per_unit)
         if per_unit:
             cost = plan_cost(target, plan, m_t, n_t, k_t, p.precision, per_unit)
             if own_cost is not None:
@@ -404,6 +421,15 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
             return f"the sm_90a form takes no plan of {e.what}: {e.why}"
     tiles = b.osh * b.osw * probe.sub_blocks[0] * probe.sub_blocks[1]
     regs = target.registers_needed(tiles)
+    if scaled(p):  # its partial fragments beside the accumulators (lower/cuda/common/blockscale.py)
+        from ..lower.cuda.common.blockscale import scaled_units
+
+        smem = smem_bytes(target, probe, p.precision, form, ring_stages(p, form, extra), side_rings(p, form))
+        if not scaled_units(target, probe, form, smem, 1):
+            return (
+                f"a block-scaled step's partial fragments beside its accumulator of {tiles} tiles need more registers"
+                f" than {target.name}'s threads have in the {form} form; force a smaller block or fewer sub-blocks"
+            )
     if regs > target.regs_per_thread_max:
         return (
             f"its accumulator of {tiles} tiles needs about {regs} registers a thread and {target.name} has"
@@ -483,7 +509,7 @@ def apply_plan(p: SpatialProgram, plan: Plan, form: str = "persistent") -> Spati
             case Accumulator():
                 b = dataclasses.replace(b, kind=Accumulator(h * w))
         buffers.append(b)
-    new_op = MatmulTiles(plan.block, plan.sub_blocks, a_t.operand)
+    new_op = MatmulTiles(plan.block, plan.sub_blocks, a_t.operand, scales=a_t.scales)
     stages = tuple(dataclasses.replace(s, kind=ComputeStage(new_op)) if s.id == mm.id else s for s in p.stages)
     inputs = [t for t in p.tensors if t.role == TensorRole.INPUT]
     out_cols = p.output_tensor().elems[1]  # type: ignore[union-attr]

@@ -32,6 +32,7 @@ from ...ir.ops import (
     Lit,
     Loop,
     Map,
+    MatmulTiles,
     PackAcc,
     Pop,
     Push,
@@ -43,6 +44,7 @@ from ...ir.ops import (
     Trip,
     WriteTiles,
 )
+from .blockscale import unplaced
 from .facts import Side, SiteProgs
 from .symbolic import PC, PR, Aff, Cell, Copy, Page, Partial, Product, RowTerm, Sym
 
@@ -112,6 +114,8 @@ def same_op(scheduled: ComputeOp, declared_op: ComputeOp) -> bool:
     if isinstance(scheduled, Dequant) and isinstance(declared_op, Dequant):  # (its page's place: checked apart)
         at, here = TileAddr(0), dataclasses.replace(scheduled, rows=TileAddr(0), cols=TileAddr(0), width=1)
         return here == dataclasses.replace(declared_op, rows=at, cols=at, width=1)
+    if isinstance(scheduled, MatmulTiles) and isinstance(declared_op, MatmulTiles):  # scales' places: rule 8's
+        return unplaced(scheduled) == unplaced(declared_op)
     if isinstance(scheduled, RowReduce) and isinstance(declared_op, RowReduce):  # where a page lies: its terms'
         return (scheduled.op, scheduled.cols) == (declared_op.op, declared_op.cols)
     return scheduled == declared_op

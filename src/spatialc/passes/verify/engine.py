@@ -44,6 +44,7 @@ from ...ir.ops import (
     row_reads,
 )
 from ...ir.printer import compute_text
+from .blockscale import step_scales
 from .dataflow import ZERO, Acc, Entry, MatmulDecl, Seq, SiteRun, Write, same_op
 from .symbolic import (
     PC,
@@ -460,7 +461,8 @@ class EngineRun:
         a, b = cells[0].subst({PR: row, PC: kk}), cells[1].subst({PR: kk, PC: col})
         summed = [(sym, lp) for token, sym, lp in self.frames[len(acc.opened) :] if sym is not None]
         self.fixed_sum(op, [lp for _, _, lp in self.frames[len(acc.opened) :]])
-        acc.terms.append(Product(a, b, (*(s for s, _ in summed), *kk.syms())))
+        scale = step_scales(op.op, lambda at: self.addr(op, at), row, col, kk)  # a block-scaled step's promotion
+        acc.terms.append(Product(a, b, (*(s for s, _ in summed), *kk.syms()), scale))
         acc.summed.update(summed)
 
     def fixed_sum(self, op: ChoreoOp, loops: list[Loop]) -> None:
@@ -718,4 +720,4 @@ def renamed(term: Product | Partial, rename: dict[Sym, Aff]) -> Product | Partia
     sums = tuple(x for s in term.sums for x in rename[s].syms())
     if isinstance(term, Partial):
         return Partial(term.ref.subst(rename), sums)
-    return Product(term.a.subst(rename), term.b.subst(rename), sums)
+    return Product(term.a.subst(rename), term.b.subst(rename), sums, term.scale and term.scale.subst(rename))

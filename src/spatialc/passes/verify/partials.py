@@ -216,7 +216,7 @@ class Workspace:
             for s in t.sums:  # the writer's reduction symbols, renamed apart from the reader's own
                 rename[s] = reader.fresh(s.label, src.run.ranges[s])
             moved = t.subst(src.values).subst(rename)
-            out.append(Product(moved.a, moved.b, (*cell_sums(t, rename), *term.sums)))
+            out.append(Product(moved.a, moved.b, (*cell_sums(t, rename), *term.sums), moved.scale))
         return tuple(out), src
 
 

@@ -67,6 +67,7 @@ from ...ir.ops import (
 )
 from ...ir.printer import compute_text
 from .attention import check_attention
+from .blockscale import check_term
 from .dataflow import Declared, MatmulDecl, SiteRun, Write, same_op
 from .declared import declared_outputs
 from .facts import Programs
@@ -681,6 +682,7 @@ class _Proof:
             reads += [t.a, t.b]
             if None in mm.operands:
                 k = self.k_of(t, mm, path)
+                check_term(self, t, mm, row, col, k, path)
                 mixed.append((t, k))
                 ks.append((k, t.sums))
                 continue
@@ -718,6 +720,7 @@ class _Proof:
                     t.b,
                 )
             self.moves(k, t.sums, path, t.a, t.b)
+            check_term(self, t, mm, row, col, k, path)  # a block-scaled product's promotion (verify/blockscale.py)
             ks.append((k, t.sums))
         fault = self.k_fault(ks, mm)
         if fault is not None:

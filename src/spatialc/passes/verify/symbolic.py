@@ -159,16 +159,36 @@ class TileRef:
 
 
 @dataclass(frozen=True, slots=True)
+class StepScales:
+    """Where a block-scaled product's promotion reads its scales (`ops.BlockScales`, `verify.blockscale`): the tile
+    row of A's scales and the tile column of B's (the op's address plus the tile's place in the page), and the K tile
+    the op says its step starts at plus the tile's place along the step (`kk`), which is the product's own K tile
+    where the address is right."""
+
+    scales: ComputeOp  # the op's BlockScales, addresses left out (what the stage declares)
+    row: Aff
+    col: Aff
+    k: Aff
+    kk: Aff
+
+    def subst(self, m: Mapping[Sym, Aff]) -> StepScales:
+        return StepScales(self.scales, self.row.subst(m), self.col.subst(m), self.k.subst(m), self.kk.subst(m))
+
+
+@dataclass(frozen=True, slots=True)
 class Product:
     """Σ over the `sums` symbols (each over its range) of tile a × tile b: each a tensor's tile, or a computed one
-    (what a page filled by an elementwise stage holds: the second matmul of an MLP multiplies gelu(…))."""
+    (what a page filled by an elementwise stage holds: the second matmul of an MLP multiplies gelu(…)). `scale`: a
+    block-scaled product's promotion, each K step's sum times its rows' and columns' scales."""
 
     a: TileRef | Cell
     b: TileRef | Cell
     sums: tuple[Sym, ...]
+    scale: StepScales | None = None
 
     def subst(self, m: Mapping[Sym, Aff]) -> Product:
-        return Product(self.a.subst(m), self.b.subst(m), self.sums)
+        scale = None if self.scale is None else self.scale.subst(m)
+        return Product(self.a.subst(m), self.b.subst(m), self.sums, scale)
 
 
 @dataclass(frozen=True, slots=True)

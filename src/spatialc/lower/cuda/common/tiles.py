@@ -40,6 +40,7 @@ from ....passes.tile import operand_layouts, sized_as
 from ...census import marker
 from ...errors import Unsupported
 from . import epilogue
+from .blockscale import promoted_step
 from .cwriter import FP8_TYPES, Writer, addr_expr, c_div, c_mod, c_mul, c_sum, inlined_lines
 from .rings import TILE_ELEMS, MmaTypes, Ring, Rings
 
@@ -131,7 +132,7 @@ class TilePrinter:
             case ReadBarrier() | WriteBarrier() | Flush():
                 self.w.line("", f"{mark} ({ordered_by})")
             case Compute(op=MatmulTiles() as mm, ins=(a, b)):
-                self.matmul(mm, self.kept(a), self.kept(b), mark)
+                self.matmul(mm, self.kept(a), self.kept(b), mark, env)
             case _:
                 return False
         return True
@@ -303,11 +304,14 @@ class TilePrinter:
         row, col, _ = self.place(a, c_mod(c_div("q", rm * rn), sw), c_mod(c_div("q", rn), rm), c_mod("q", rn))
         return f"const int bh = {row}, bw = {col};"
 
-    def matmul(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
-        """One K step for every sub-block of the item, accumulating in registers."""
+    def matmul(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str, env: dict[LoopVar, str] | None = None) -> None:
+        """One K step for every sub-block of the item, accumulating in registers (a block-scaled step: into partial
+        fragments, then promoted, `blockscale.promoted_step`)."""
         check_operand_layouts(mm.operand, a, b, mm.transpose_b)
         with self.w.block("", mark):
-            if self.lane_grid is None:
+            if mm.scales is not None:
+                promoted_step(self, mm, a, b, env or {})
+            elif self.lane_grid is None:
                 self.matmul_strided(mm, a, b)
             else:
                 self.matmul_grid(mm, a, b)

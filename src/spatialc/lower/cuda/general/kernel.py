@@ -47,6 +47,7 @@ from ....ir.ops import (
     walk,
 )
 from ....ir.traffic import global_read_bytes
+from ....numerics.blockscale import program_scales
 from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
@@ -55,6 +56,7 @@ from ....target import WARP, SpatialTarget
 from ...artifact import Budget, CudaArtifact
 from ...errors import TooBig, Unsupported
 from ..common import epilogue
+from ..common.blockscale import SCALED_FRAGMENTS
 from ..common.clusters import Multicast, check_cluster, multicast
 from ..common.handover import clusters, sync_words
 from ..common.host import assemble
@@ -198,8 +200,10 @@ class GeneralKernel:
 
     @property
     def acc_tiles(self) -> int:
-        """Accumulator tiles the compute warps hold at once: every accumulator's (they may all be live)."""
-        return held_tiles(self.plan, self.layers) if self.accumulates else 0
+        """Accumulator tiles the compute warps hold at once: every accumulator's (they may all be live), a
+        block-scaled step's partials counted (`SCALED_FRAGMENTS`)."""
+        scaled = SCALED_FRAGMENTS if program_scales(self.program) is not None else 1
+        return scaled * held_tiles(self.plan, self.layers) if self.accumulates else 0
 
 
 # ---- what the general form takes ----------------------------------------------------------------------------
@@ -564,6 +568,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     # The registers hold every accumulator tile at once; only their number matters, so they go in as one column. A
     # row program's kernel has its own estimate.
     held = held_tiles(plan, accumulators) if lanes and not reduces else 0
+    held *= SCALED_FRAGMENTS if program_scales(p) is not None else 1  # a block-scaled step's partials beside them
     regs = min(rows.registers, target.regs_per_thread_max) if rows is not None else None
     if rows is not None and held:
         scores = plan.block.osh * plan.block.ibw if in_registers else 0

@@ -38,6 +38,7 @@ from ....target import SpatialTarget
 from ...artifact import Budget, CudaArtifact, Launch
 from ...errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
 from ..common import epilogue
+from ..common.blockscale import held_sub_blocks
 from ..common.cwriter import C_TYPES
 from ..common.host import assemble
 from ..common.program import (
@@ -208,7 +209,7 @@ def make_kernel(
     perw = fragments_per_warp(plan, lanes, lane_grid)
     smem = smem_layout(rings, target)
     total = smem.static_bytes + smem.dyn_bytes
-    blocks = target.resident_sites_per_unit(total, plan.block.osh, plan.block.osw, plan.sub_blocks)
+    blocks = target.resident_sites_per_unit(total, plan.block.osh, plan.block.osw, held_sub_blocks(p, plan))
     if blocks == 0:
         raise TooBig(
             f"shared memory of one block on {target.name} (its rings)",
@@ -243,7 +244,8 @@ def make_kernel(
 
 def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
     """The resource budget, from the same layout the kernel was printed with."""
-    acc_tiles = k.plan.item_tiles[0] * k.plan.item_tiles[1]
+    held = held_sub_blocks(k.program, k.plan)  # a block-scaled step's partials counted, as for the blocks an SM
+    acc_tiles = k.plan.block.osh * k.plan.block.osw * held[0] * held[1]
     return Budget(
         k.smem.ring_bytes,
         k.smem.opt_in,

@@ -80,6 +80,7 @@ class OpPrinter(TilePrinter):
         super().__init__(k.plan, k.rings, k.lane_grid, w)
         self.k = k
         self.integer = k.integer
+        self.tensors = {int(t.id): t for t in k.program.tensors}  # (a block-scaled step reads its scale tensors)
         # Outputs stored as a C type of their own (a row program's vectors beside its out): their `param_types`.
         self.out_types = {
             int(t.id): ty

@@ -76,6 +76,7 @@ from ....ir.ops import (
     WriteTiles,
     walk,
 )
+from ....numerics.blockscale import program_scales
 from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
@@ -181,6 +182,12 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
     general.refuse(p)
+    if program_scales(p) is not None:
+        raise NeedsGeneral(
+            "a block-scaled matmul in the sm_90a form",
+            "its wgmma consumers do not promote a K step's partial sums by their scales yet (the persistent and"
+            " general forms' mma.sync do)",
+        )
     if not attention and len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
     for op in all_ops(p):

@@ -1,0 +1,94 @@
+"""Block-scaled 8-bit float GEMMs in the frontend: `gemm(..., precision="e4m3", scales=("1x128", "128x128"))`.
+
+The names of the scale layouts (one per operand; `numerics.blockscale` defines what a scale means):
+
+    A (one value per block of A's rows × K)      B (one value per block of K × B's columns)
+    "1x128"   each row, each group of 128 of K    "128x128" each 128 of K × 128 columns (DeepGEMM's)
+    "RxG"     R rows × G of K (G a multiple of    "GxC"     G of K × C columns (G a multiple of 128):
+              128): "128x128", "1x256"                    "128x1" each column, each group of 128
+    "row"     each row, all of K (per token)      "col"     each column, all of K (per channel)
+    "tensor"  one value for all of A              "tensor"  one value for all of B
+
+A's scales are the parameter tensor `scale_a` of shape (⌈M / R⌉, ⌈K / G⌉), B's `scale_b` of (⌈K / G⌉, ⌈N / C⌉),
+float32 (bf16 and float8_e8m0fnu arrays are taken exactly; other floats rounded to float32, nearest even).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+from .errors import ProgramError
+from .ir.ids import TensorId
+from .ir.nodes import ComputeStage, DType, SpatialProgram, Tensor, TensorRole
+from .ir.ops import FP8_PRECISIONS, BlockScales, KScale, MatmulTiles
+from .numerics.blockscale import PROMOTION_K, scale_shape
+
+SCALE_NAMES = ("scale_a", "scale_b")  # the parameter tensors of A's and B's scales
+A_LAYOUTS = "1x128, RxG (R rows × G of K, G a multiple of 128), row or tensor"
+B_LAYOUTS = "128x128, GxC (G of K × C columns, G a multiple of 128), 128x1, col or tensor"
+_BLOCK = re.compile(r"^([1-9][0-9]{0,9})x([1-9][0-9]{0,9})$")
+
+
+def layout(which: str, name: object, outer: int, k: int) -> tuple[int, int]:
+    """(outer, k) elements one scale of operand `which` ("A" or "B") covers, for a layout name; ProgramError else."""
+    accepted = A_LAYOUTS if which == "A" else B_LAYOUTS
+    if not isinstance(name, str):
+        raise ProgramError(f"{which}'s scales are named by a string ({accepted}), not {name!r}")
+    text = name.strip().lower()
+    whole = {"tensor": (outer, k), ("row" if which == "A" else "col"): (1, k)}
+    if text in whole:
+        return whole[text]
+    found = _BLOCK.match(text)
+    if found is None:
+        raise ProgramError(f"unknown scale layout {name!r} for {which}; use {accepted}")
+    first, second = int(found.group(1)), int(found.group(2))
+    block_outer, block_k = (first, second) if which == "A" else (second, first)
+    if block_k % PROMOTION_K:
+        side = "second" if which == "A" else "first"
+        raise ProgramError(
+            f"{which}'s scale layout {name!r} groups {block_k} elements of K (its {side} number); a group along K is"
+            f" a multiple of {PROMOTION_K}, the kernel's promotion interval"
+        )
+    return block_outer, block_k
+
+
+def with_scales(p: SpatialProgram, scales: object, m: int, n: int, k: int) -> SpatialProgram:
+    """The gemm program `p` made block-scaled by `scales`, a pair of layout names (A's, B's): its matmul promotes
+    each K step with the scale tensors scale_a and scale_b, two parameters more."""
+    if not isinstance(scales, tuple | list) or len(scales) != 2:
+        raise ProgramError(f"scales is a pair of layout names, A's and B's (e.g. ('1x128', '128x128')), not {scales!r}")
+    if p.precision not in FP8_PRECISIONS:
+        raise ProgramError(f"block scales are for 8-bit float operands (e4m3, e5m2), not {p.precision.value} ones")
+    taken = {t.name.lower() for t in p.tensors}
+    for name in SCALE_NAMES:
+        if name in taken:
+            raise ProgramError(f"the scale tensor {name!r} is a block-scaled GEMM's own; name the epilogue's otherwise")
+    a_outer, a_k = layout("A", scales[0], m, k)
+    b_outer, b_k = layout("B", scales[1], n, k)
+    sa = KScale(TensorId(len(p.tensors)), a_outer, a_k)
+    sb = KScale(TensorId(len(p.tensors) + 1), b_outer, b_k)
+    b_outer_blocks, b_k_blocks = scale_shape(sb, n, k)  # B's tensor is stored (K blocks, column blocks)
+    tensors = (
+        *p.tensors,
+        _param(sa.tensor, SCALE_NAMES[0], scale_shape(sa, m, k), p.tile.rows),
+        _param(sb.tensor, SCALE_NAMES[1], (b_k_blocks, b_outer_blocks), p.tile.rows),
+    )
+    stages = tuple(
+        dataclasses.replace(s, kind=ComputeStage(dataclasses.replace(s.kind.op, scales=BlockScales(sa, sb))))
+        if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)
+        else s
+        for s in p.stages
+    )
+    tag = f"_bs{_tag(scales[0])}_{_tag(scales[1])}"
+    return dataclasses.replace(p, name=p.name + tag, tensors=tensors, stages=stages)
+
+
+def _param(tid: TensorId, name: str, shape: tuple[int, int], side: int) -> Tensor:
+    tiles = (math.ceil(shape[0] / side), math.ceil(shape[1] / side))
+    return Tensor(tid, name, TensorRole.PARAMETER, shape, tiles, DType.FLOAT32)
+
+
+def _tag(name: str) -> str:
+    return name.strip().lower()

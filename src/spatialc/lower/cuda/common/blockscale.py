@@ -1,0 +1,125 @@
+"""A block-scaled K step printed (`MatmulTiles.scales`; `numerics.blockscale` defines it): DeepGEMM's promotion.
+
+The step's MMAs accumulate into partial fragments of their own, zeroed first; then every element of every partial
+fragment is added to its accumulator element times sa · sb — A's scale of the element's row and B's of its column,
+for the step's K group — as one float32 fused multiply-add (sa · sb one rounding before it). Element i of a lane's
+fragment is row lane/4 + 8·((i/2) mod 2), column 8·(i/4) + 2·(lane mod 4) + i mod 2 of its tile (tensor_core.cuh),
+so each lane reads the scales of its own two rows and four columns straight from global memory (a scale tensor is
+a few values an item: rows of A × groups, groups × column blocks of B), tiled as every tensor is. A row or a
+column past the tensor's (an item's padding) has partial sums of zero and reads no scale.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ....ir.ids import LoopVar
+from ....ir.nodes import Plan, SpatialProgram, Tensor
+from ....ir.ops import BlockScales, MatmulTiles
+from ....numerics.blockscale import program_scales
+from ....target import SpatialTarget
+from .cwriter import addr_expr
+
+if TYPE_CHECKING:
+    from .rings import Ring
+    from .tiles import TilePrinter
+
+TILE_ELEMS = 256
+
+
+# What a block-scaled step costs in registers, in accumulator fragments per fragment held: its partial fragment, and
+# the promotion's scale lookups. ptxas -v on the planned 4096³ kernels for sm_89 and sm_90 (nvcc 13) spilled at
+# twice the estimate for the plain accumulators and does not at three times.
+SCALED_FRAGMENTS = 3
+
+
+def held_sub_blocks(p: SpatialProgram, plan: Plan) -> tuple[int, int]:
+    """The sub-blocks whose accumulator fragments a block's registers hold at once, as `resident_sites_per_unit`
+    counts them: a block-scaled step's partial fragments and scale lookups cost SCALED_FRAGMENTS times as many."""
+    sh, sw = plan.sub_blocks
+    return (SCALED_FRAGMENTS * sh, sw) if program_scales(p) is not None else (sh, sw)
+
+
+# The most accumulator tiles a warp of the general form holds in a block-scaled plan: ptxas -v (nvcc 13) spilled the
+# planned 4096³ kernel of 4 a warp on sm_90 (as it spills the plain fp8 kernel of that plan's 8-tile K steps, which
+# the general form is otherwise never planned with), and none of 2 on sm_89 or sm_90.
+GENERAL_SCALED_TILES = 2
+
+
+def scaled_units(target: SpatialTarget, plan: Plan, form: str, smem: int, per_unit: int) -> int:
+    """The planner's blocks an SM for a block-scaled plan: at most what holds the partial fragments too."""
+    h, w = plan.item_tiles
+    if form == "general" and math.ceil(h * w / target.accumulator_lanes) > GENERAL_SCALED_TILES:
+        return 0
+    warps = None if form != "general" else target.accumulator_lanes + 2  # the general form's reader and writer warps
+    sh, sw = plan.sub_blocks
+    held = (SCALED_FRAGMENTS * sh, sw)
+    return min(per_unit, target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, held, warps))
+
+
+def promoted_step(tc: TilePrinter, mm: MatmulTiles, a: Ring, b: Ring, env: dict[LoopVar, str]) -> None:
+    """The step's products into zeroed partial fragments, then promoted into the accumulators."""
+    assert mm.scales is not None
+    tc.w.line(f"spatialc_acc<ACCT> part[{tc.perw}];")
+    with tc.unrolled(f"for (int q = 0; q < {tc.perw}; ++q)"):
+        tc.w.line("spatialc_acc_zero(part[q]);")
+    kept = tc.accf
+    tc.accf = "part"
+    try:
+        if tc.lane_grid is None:
+            tc.matmul_strided(mm, a, b)
+        else:
+            tc.matmul_grid(mm, a, b)
+    finally:
+        tc.accf = kept
+    with tc.w.block(""):  # (a scope of its own: the MMAs above declared the warp's coordinates too)
+        _promote(tc, mm.scales, env)
+
+
+def _promote(tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str]) -> None:
+    """acc[q].x[i] += part[q].x[i] · (sa · sb) for each element this lane holds."""
+    h, w = tc.plan.item_tiles
+    ta, tb = tc.tensors[int(s.a.tensor)], tc.tensors[int(s.b.tensor)]
+    # A row (column) of the items past the scale tensor's — the padding of the last items — reads no scale; the group
+    # is always inside (every step starts below K). A block of 16 or more rows (columns) gives a lane one scale.
+    rows_past = tc.plan.grid[0] * h * 16 > ta.elems[0] * s.a.outer
+    cols_past = tc.plan.grid[1] * w * 16 > tb.elems[1] * s.b.outer
+    a_rows = (0,) if s.a.outer % 16 == 0 else (0, 8)
+    b_cols = (0,) if s.b.outer % 16 == 0 else (0, 1, 8, 9)
+    tc.w.line(f"const int lane = {tc.tid} % 32;")
+    tc.w.line(f"const int sr0 = ({addr_expr(s.rows, env) or '0'}) * 16, sc0 = ({addr_expr(s.cols, env) or '0'}) * 16;")
+    tc.w.line(f"const int sk0 = ({addr_expr(s.k, env) or '0'}) * 16;")
+    tc.w.line(f"const int ga = sk0 / {s.a.k}, gb = sk0 / {s.b.k};  // the step's K group of A's and of B's scales")
+
+    def promote(tile_row: str, tile_col: str) -> None:
+        # A lane's elements lie in two rows of the tile (i / 2 mod 2) and four columns (2·(i / 4) + i mod 2).
+        tc.w.line(f"const int r = sr0 + ({tile_row}) * 16 + (lane >> 2), c = sc0 + ({tile_col}) * 16 + 2 * (lane & 3);")
+        rows = ", ".join(_element(ta, f"(r + {d}) / {s.a.outer}", "ga", rows_past, False) for d in a_rows)
+        tc.w.line(f"const float sa[{len(a_rows)}] = {{{rows}}};")
+        cols = ", ".join(_element(tb, "gb", f"(c + {d}) / {s.b.outer}", False, cols_past) for d in b_cols)
+        tc.w.line(f"const float sb[{len(b_cols)}] = {{{cols}}};")
+        sa = "sa[(i >> 1) & 1]" if len(a_rows) > 1 else "sa[0]"
+        sb = "sb[2 * (i >> 2) + (i & 1)]" if len(b_cols) > 1 else "sb[0]"
+        with tc.unrolled("for (int i = 0; i < 8; ++i)"):
+            tc.w.line(f"{tc.accf}[q].x[i] = fmaf(part[q].x[i], {sa} * {sb}, {tc.accf}[q].x[i]);")
+
+    if tc.lane_grid is None:
+        with tc.unrolled(f"for (int q = 0; q < {tc.perw}; ++q)"):
+            tc.w.line("const int ot = warp + q * NWARP;")
+            with tc.w.block(f"if (ot < {h * w})"):
+                promote(f"ot / {w}", f"ot % {w}")
+        return
+    tc.warp_coords()
+    with tc.unrolled(f"for (int q = 0; q < {tc.perw}; ++q)"):
+        tc.w.line(tc.owned_tile())
+        promote("bh", "bw")
+
+
+def _element(t: Tensor, row: str, col: str, row_past: bool, col_past: bool) -> str:
+    """Element (row, col) of the float32 tensor t, tiled as every tensor is; 0 where a row (col) may lie past its
+    elements (`row_past`, `col_past`) and does."""
+    rows, cols = t.elems
+    at = f"t{int(t.id)}[(({row}) / 16 * {t.tiles[1]} + ({col}) / 16) * {TILE_ELEMS} + ({row}) % 16 * 16 + ({col}) % 16]"
+    checks = [f"({row}) < {rows}"] * row_past + [f"({col}) < {cols}"] * col_past
+    return f"({' && '.join(checks)} ? {at} : 0.0f)" if checks else at

@@ -1,0 +1,121 @@
+"""Block-scaled 8-bit float GEMMs: the one definition of a scale per group along K, of the promotion, of the
+reference and of the bound (the interpreter, the reference and verify's rule 8 all read this module).
+
+C = Σ_g (A_g · B_g) · sa[i, g] · sb[g, j]: K is cut into steps of PROMOTION_K = 128 elements; the product of a step
+(its partial sum, the tensor core's accumulator) is multiplied by each row's scale of A and each column's scale of
+B for that step's K group, and added to the float32 accumulator — DeepGEMM's promotion. A scale tensor holds one
+float32 value per block of `outer` × `k` elements of its operand (`ops.KScale`): A's of element (i, k) is
+sa[i // outer, k // k_block], B's of (k, j) is sb[k // k_block, j // outer]. A step lies within one K group of
+each operand (`k` is a multiple of 128, or all of K).
+
+Rounding of each stage, in the reference (and the interpreter, which runs the same operations in the same order):
+- the partial sum of a step: exact in float64 for e4m3 (products of two e4m3 values have 8 significant bits and lie
+  in 2^-18 … 2^17.6; 128 of them sum to within 2^25: 43 bits), and for e5m2 while a step's products span less than
+  2^45 (their 6 significant bits, 53 in all); past that one float64 rounding (2^-53 relative);
+- sa · sb: exact (two float32 values: 24 + 24 significant bits, within float64's exponent range);
+- partial · (sa · sb): one float64 rounding; the sum over the steps: one float64 rounding a step, in K order.
+So the reference is within (G + 1) · 2^-53 of Σ_g |partial_g · sa · sb| of the exact value: far below the kernel's
+float32 bound (`ulps`).
+
+The kernel (`tolerance`): each step's partial sum in float32 (a K step of 128 products: 128 + 1 float32 roundings
+of |A_g|·|B_g| at most), then sa · sb, · partial and + accumulator in float32 (3 more roundings of the step's
+promoted magnitude, and the accumulator's sum over G steps: G more). In float32 ulps (2^-23, twice the unit
+roundoff) of M = Σ_g |sa[i, g]| · |sb[g, j]| · (|A_g| @ |B_g|): 128 + G + 4, with G = ⌈K / 128⌉ — the bf16 and fp8
+GEMMs' K + 4 at G = K / 128 groups of one term each, and at K = 4096 about 164 ulps (2 · 10^-5 relative).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..ir.ops import BlockScales, KScale
+
+PROMOTION_K = 128  # K elements a step promotes: DeepGEMM's BLOCK_K, and the K group of its 1x128 / 128x128 scales
+PROMOTION_TILES = 8  # the same in 16-element tiles: a block-scaled plan's K step (ibw)
+
+
+def scale_shape(scale: KScale, outer: int, k: int) -> tuple[int, int]:
+    """(blocks along the operand's outer axis, blocks along K) of a scale tensor for an operand of `outer` rows of A
+    (or columns of B) and `k` elements of K; A's tensor is stored so, B's transposed ((K blocks, column blocks))."""
+    return math.ceil(outer / scale.outer), math.ceil(k / scale.k)
+
+
+def kernel_ulps(k: int) -> int:
+    """The kernel's bound in float32 ulps of M (the module docstring): 128 + G + 4 for G = ⌈K / 128⌉ steps."""
+    return PROMOTION_K + math.ceil(k / PROMOTION_K) + 4
+
+
+def row_values(sa: np.ndarray, scale: KScale, rows: np.ndarray, k0: int) -> np.ndarray:
+    """A's scale of each of `rows` (indices of A's rows) at K element `k0`, as float64: sa[i // outer, k0 // k]; a
+    row past the tensor's (a padding row, whose products are zero) 0."""
+    return _picked(np.asarray(sa, np.float64), rows // scale.outer, np.full(rows.shape, k0 // scale.k))
+
+
+def col_values(sb: np.ndarray, scale: KScale, cols: np.ndarray, k0: int) -> np.ndarray:
+    """B's scale of each of `cols` (indices of B's columns) at K element `k0`: sb[k0 // k, j // outer]; past the
+    tensor's columns 0."""
+    return _picked(np.asarray(sb, np.float64), np.full(cols.shape, k0 // scale.k), cols // scale.outer)
+
+
+def _picked(t: np.ndarray, r: np.ndarray, c: np.ndarray) -> np.ndarray:
+    inside = (r < t.shape[0]) & (c < t.shape[1])
+    return np.where(inside, t[np.minimum(r, t.shape[0] - 1), np.minimum(c, t.shape[1] - 1)], 0.0)
+
+
+def promote(partial: np.ndarray, sa_rows: np.ndarray, sb_cols: np.ndarray) -> np.ndarray:
+    """A step's partial sum (rows × cols, float64) promoted: partial · (sa · sb), each row's sa and each column's sb
+    (sa · sb exact in float64, the product one rounding)."""
+    return partial * (sa_rows[:, None] * sb_cols[None, :])
+
+
+def blockscaled_sum(
+    a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray, scales: BlockScales, matmul: Any
+) -> np.ndarray:
+    """C = Σ over the steps of 128 along K of promote(A_g @ B_g, sa, sb), in float64, steps in K order; `matmul` is
+    the interpreter's float64 product (`interp.values.matmul`), so the interpreter's page products are the same."""
+    m, k = a.shape
+    n = b.shape[1]
+    rows, cols = np.arange(m), np.arange(n)
+    out = np.zeros((m, n))
+    for k0 in range(0, k, PROMOTION_K):
+        partial = matmul(a[:, k0 : k0 + PROMOTION_K], b[k0 : k0 + PROMOTION_K])
+        out += promote(partial, row_values(sa, scales.a, rows, k0), col_values(sb, scales.b, cols, k0))
+    return out
+
+
+def magnitude(a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray, scales: BlockScales, matmul: Any):
+    """M = Σ_g |sa| · |sb| · (|A_g| @ |B_g|): what the bound's ulps are of."""
+    return blockscaled_sum(np.abs(a), np.abs(b), np.abs(sa), np.abs(sb), scales, matmul)
+
+
+def program_scales(p: Any) -> BlockScales | None:
+    """The block scales of program `p`'s one matmul stage (None: not block-scaled)."""
+    for s in p.stages:
+        scales = getattr(getattr(s.kind, "op", None), "scales", None)
+        if scales is not None:
+            return scales
+    return None
+
+
+def scale_values(p: Any, scales: BlockScales, inputs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The two scale tensors' values as given, each read as its tensor's type (float32: bf16 and float8_e8m0fnu
+    exactly, other floats rounded to nearest even) — what the interpreter's stores hold."""
+    from ..inputs import operand_values
+
+    out = []
+    for s in (scales.a, scales.b):
+        t = p.tensor(s.tensor)
+        out.append(np.asarray(operand_values(t.name, inputs[t.name], t.dtype), np.float64).reshape(t.elems))
+    return out[0], out[1]
+
+
+def program_sum(p: Any, a: np.ndarray, b: np.ndarray, inputs: Any, matmul: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(the block-scaled sum C before its epilogue, M of the bound) of program `p`, from A and B rounded to the
+    operand type (`reference.rounded_operands`)."""
+    scales = program_scales(p)
+    assert scales is not None
+    sa, sb = scale_values(p, scales, inputs)
+    return blockscaled_sum(a, b, sa, sb, scales, matmul), magnitude(a, b, sa, sb, scales, matmul)

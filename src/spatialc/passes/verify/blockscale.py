@@ -1,0 +1,101 @@
+"""Rule 8 for a block-scaled matmul: C = Σ_g (A_g · B_g) · sa[i, g] · sb[g, j], each scale at its own (row, group)
+and (group, column) (`numerics.blockscale` defines the sum; `ops.BlockScales` the op).
+
+A block-scaled product is promoted once per K step: its tiles' sum times the scale of each row of A and each
+column of B for the step's K group. The proof at a tile of C, for each product term of its sum (`semantics`
+shows the terms' K tiles cover K exactly once, so each step is promoted exactly once — a step promoted twice is a
+K tile summed twice, one skipped a K tile never summed):
+
+- the term is promoted with the scales the stage declares (the same tensors, blocks and groups: `same_op`), and
+  a term of the stage's matmul with none is refused;
+- A's scales are read at the C tile's own row and B's at its own column (the op's address plus the tile's place
+  in the page, equal as forms to the tile's row and column);
+- the op's K address plus the tile's place along the step is the product's own K tile, as a form: the group the
+  op reads is the step's;
+- no step spans two groups of either operand: the step's first K tile is a multiple of its width in tiles and the
+  group a multiple of the step (or the whole of K lies in one group), so every K element of the step has the
+  group of the step's first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ...ir.ops import KScale, MatmulTiles, TileAddr
+from .symbolic import Aff, StepScales
+
+if TYPE_CHECKING:
+    from .dataflow import MatmulDecl
+    from .semantics import _Proof
+    from .symbolic import Product
+
+
+def unplaced(op: MatmulTiles) -> MatmulTiles:
+    """`op` with its scales' addresses left out: what its stage declares (the addresses are proved apart)."""
+    if op.scales is None:
+        return op
+    zero = TileAddr(0)
+    return dataclasses.replace(op, scales=dataclasses.replace(op.scales, rows=zero, cols=zero, k=zero))
+
+
+def step_scales(op: MatmulTiles, addr: Callable[[TileAddr], Aff], row: Aff, col: Aff, kk: Aff) -> StepScales | None:
+    """Where a product of `op` reads its scales (None: `op` is not block-scaled): the op's addresses as forms
+    (`addr`) plus the tile's place in the page (`row`, `col`) and along the step (`kk`)."""
+    s = op.scales
+    if s is None:
+        return None
+    return StepScales(unplaced(op).scales, addr(s.rows) + row, addr(s.cols) + col, addr(s.k), kk)  # type: ignore[arg-type]
+
+
+def check_term(proof: _Proof, t: Product, mm: MatmulDecl, row: Aff, col: Aff, k: Aff, path: str) -> None:
+    """A product term of a tile of C is promoted as the stage declares, at its own row, column and K group."""
+    declared = getattr(getattr(mm.stage.kind, "op", None), "scales", None)
+    if declared is None and t.scale is None:
+        return
+    where = f"{proof.tile_text(proof.base())}{path}"
+    if t.scale is None or declared is None:
+        what = "promotes no scales" if t.scale is None else "promotes its products with scales"
+        says = "declares block scales" if declared is not None else "declares none"
+        raise proof.fail(f"{where} {what} where stage {mm.stage.name} {says}", t.a, t.b)
+    s = t.scale
+    index = proof.site.index
+    names = [index.tensors[x.tensor].name for x in (declared.a, declared.b)]
+    for what, got, want in (
+        (f"{names[0]} (A's scales) at tile row", s.row, row),
+        (f"{names[1]} (B's) at tile column", s.col, col),
+    ):
+        if got != want:
+            values = proof.differ([(got, want)], set(proof.ranges))
+            raise proof.fail(
+                f"{proof.tile_text(values)} ({proof.item_text(values)}){path} promotes with {what} {got.at(values)},"
+                f" not its own {want.at(values)}",
+                t.a,
+                t.b,
+            )
+    if s.k + s.kk != k:
+        values = proof.differ([(s.k + s.kk, k)], set(proof.ranges))
+        raise proof.fail(
+            f"{proof.tile_text(values)} ({proof.item_text(values)}){path} promotes K tile {k.at(values)} with the"
+            f" scales of the step at K tile {s.k.at(values)}: a scale of another K group than its product's",
+            t.a,
+            t.b,
+        )
+    width = mm.shape[2]
+    for name, scale in zip(names, (declared.a, declared.b), strict=True):
+        fault = _straddles(s.k, width, scale, proof.site.index.p.tile.cols, proof.ranges)
+        if fault is not None:
+            raise proof.fail(f"{where}: {fault} of {name}, promoted with the first group's scale", t.a, t.b)
+
+
+def _straddles(first: Aff, width: int, scale: KScale, tile: int, ranges) -> str | None:
+    """Why a step of `width` K tiles starting at K tile `first` may span two groups of `scale`, or None."""
+    group = scale.k // tile if scale.k % tile == 0 else 0
+    aligned = all(c % width == 0 for c in (first.const, *first.terms.values()))
+    if group and group % width == 0 and aligned:
+        return None
+    _, last = first.span(ranges)
+    if (last + width) * tile <= scale.k:  # every step within the first group (a scale for all of K)
+        return None
+    return f"a K step of {width} tiles from K tile {first.text()} may span two groups of {scale.k} elements"

@@ -1,0 +1,94 @@
+"""The GPU check's block-scaled fp8 rows (gpucheck/blockscaled.py): `fp8bs:e4m3:SIZE`, DeepGEMM's 1x128 / 128x128
+scales, bf16 C — their sizes and place in the default run, their build (the persistent and general forms print it
+with the scale tensors as float32 arguments, the sm_90a form's refusal in its place), their float64 reference
+against the interpreter's, and the rows on the stand-in GPU: checked and timed against torch._scaled_mm per-tensor,
+the blockwise contestant said where torch has none, a kernel whose scale is wrong reported wrong, the dry run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.errors import SpatialError
+from spatialc.gpucheck import blockscaled as BS
+from spatialc.gpucheck.builds import build_case
+from spatialc.gpucheck.cases import DEFAULT_SIZES, cases_of, values64
+from spatialc.gpucheck.fp8 import SCALED_TENSOR
+from spatialc.runtime import launch as L
+from spatialc.runtime.tilize import fp8_bits
+
+from .test_gpucheck_device import run
+from .test_gpucheck_fakes import fake_gpu as fake_gpu  # the fixture
+
+
+def test_sizes_name_the_block_scaled_rows_and_the_default_run_has_4096_and_8192():
+    (case,) = cases_of(["fp8bs:E4M3:256x128x384"], ["int8"])
+    assert (case.precision, case.blockscaled, case.size) == ("e4m3", True, "fp8bs:256x128x384")
+    assert BS.scale_shapes(case) == {"scale_a": (256, 3), "scale_b": (3, 1)}
+    for bad in ("fp8bs:int8:4096", "fp8bs:e4m3:"):
+        with pytest.raises(SpatialError, match="not fp8bs:KIND:SIZE"):
+            cases_of([bad], ["bf16"])
+    scaled = [str(c) for c in cases_of(DEFAULT_SIZES, ["bf16"]) if c.blockscaled]
+    assert scaled == ["e4m3 fp8bs:4096x4096x4096", "e4m3 fp8bs:8192x8192x8192"]
+
+
+def test_the_row_is_built_in_each_form_that_prints_it_with_its_scales():
+    (case,) = cases_of(["fp8bs:e4m3:128"], ["bf16"])
+    built = build_case(case, "sm_90")
+    assert not built.error and built.kernel["out"] == "bf16"
+    persistent, general, hopper = built.forms
+    for form in (persistent, general):
+        args = [(a.name, a.elem) for a in L.kernel_args(form.artifact.launch)]
+        assert args[3:] == [("scale_a", "float32"), ("scale_b", "float32")], form.contestant
+        assert "part[" in form.artifact.kernel_cu  # the promoted step
+    assert hopper.artifact is None and "block-scaled matmul in the sm_90a form" in hopper.absent
+
+
+def test_the_reference_is_the_interpreters():
+    rng = np.random.default_rng(3)
+    m, n, k = 32, 256, 384
+    (case,) = cases_of([f"fp8bs:e4m3:{m}x{n}x{k}"], ["bf16"])
+    a, b = (fp8_bits(rng.uniform(-1, 1, s).astype(np.float32), "float8_e4m3fn", np) for s in ((m, k), (k, n)))
+    av, bv = values64(a, "float8_e4m3fn", np), values64(b, "float8_e4m3fn", np)
+    more = BS.more_inputs(case, lambda shape, lo, hi: rng.uniform(lo, hi, shape).astype(np.float32))
+    scales = {name: x.astype(np.float64) for name, x in more.items()}
+    ref = BS.reference(av, bv, scales, np)
+    p = spatialc.build(spatialc.gemm(m, n, k, "e4m3", scales=BS.LAYOUTS), "sm_90")
+    np.testing.assert_allclose(spatialc.evaluate(p, {"A": av, "B": bv, **more}), ref, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(BS.reference(av, bv, {**scales, "scale_b": scales["scale_b"][::-1]}, np), ref)
+
+
+def test_rows_are_checked_and_timed_against_scaled_mm(fake_gpu, tmp_path, capsys):
+    status, _, rows = run(tmp_path, "--sizes", "fp8bs:e4m3:128")
+    (row,) = rows
+    assert status == 0 and row["status"] == "ok", row["note"]
+    by = row["by_name"]
+    for form in ("persistent", "general"):
+        mine = by[f"spatialc {form}"]
+        assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"], form
+    theirs = by[SCALED_TENSOR]
+    assert theirs["ok"] and theirs["kernel"] and theirs["end_to_end"]
+    assert by[BS.BLOCKWISE]["note"].startswith("unavailable: torch fake: no blockwise _scaled_mm known")
+    capsys.readouterr()
+
+
+def test_a_kernel_reading_a_wrong_scale_is_reported_wrong(fake_gpu, tmp_path, capsys):
+    fake_gpu["fault"] = ("scale_b", "spatialc_general")  # two K groups: their B scales exchanged
+    status, _, rows = run(tmp_path, "--sizes", "fp8bs:e4m3:128x128x256")
+    (row,) = rows
+    assert status == 1 and row["status"] == "wrong" and "spatialc general: C wrong" in row["note"], row["note"]
+    assert row["by_name"]["spatialc persistent"]["check"]["correct"]
+    capsys.readouterr()
+
+
+def test_the_dry_run_lists_the_row(tmp_path, capsys):
+    from spatialc import gpucheck
+
+    argv = ["unused", "--dry-run", "--sizes", "fp8bs:e4m3:256", "--precisions", "bf16"]
+    assert gpucheck.main(argv) == 0
+    dry = capsys.readouterr().out
+    assert "e4m3 fp8bs:256x256x256" in dry
+    timed = next(line for line in dry.split("e4m3 fp8bs:256x256x256\n")[1].splitlines() if "timed" in line)
+    assert f"{BS.BLOCKWISE}: end to end + kernel only, its C checked in the row (the block-scaled sum)" in timed
+    assert f"{SCALED_TENSOR}: end to end + kernel only" in timed
