@@ -124,6 +124,7 @@ def test_a_scale_tensor_of_another_shape_is_refused():
         ({"scales": ("1x128", 128)}, r"B's scales are named by a string"),
         ({"scales": ("0x128", "128x128")}, r"unknown scale layout '0x128'"),
         ({"epilogue": [spatialc.bias("scale_a")]}, r"the scale tensor 'scale_a' is a block-scaled GEMM's own"),
+        ({"weights": "int4"}, r"weights= .* and scales= .* do not combine; give one"),
     ],
 )
 def test_frontend_refusals(kwargs, message):
