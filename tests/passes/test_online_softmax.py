@@ -163,3 +163,21 @@ def test_a_pass_that_skips_its_last_page_is_refused(on):
 
     p = edit(edit(on, Engine.READER, lambda ops: map_ops(ops, shorter)), C, lambda ops: map_ops(ops, shorter))
     refused(p, "tile columns 0..11", "each exactly once")
+
+
+def test_the_cli_builds_the_online_softmax_and_show_prints_it_as_lang_source_that_traces_back(capsys, tmp_path):
+    import runpy
+
+    from spatialc.cli import main
+
+    saved = tmp_path / "online.json"
+    assert main(["softmax", "40", "200", "--online", "--json", str(saved)]) == 0
+    out = capsys.readouterr().out
+    assert "softmax over 40x200 bf16, online" in out and "check     interpreter vs numpy reference: OK" in out
+    assert main(["show", str(saved), "--python"]) == 0
+    source = tmp_path / "online.py"
+    source.write_text(capsys.readouterr().out)
+    traced = runpy.run_path(str(source))["program"]()
+    p = spatialc.from_json(saved.read_text())
+    assert (traced.stages, traced.buffers, traced.schedule) == (p.stages, p.buffers, p.schedule)
+    verify(traced)
