@@ -12,7 +12,7 @@ import pytest
 import spatialc
 from spatialc.errors import VerifyError
 from spatialc.ir.nodes import Engine, SpatialProgram
-from spatialc.ir.ops import Compute, Loop, Map, Pop, ReadTiles, RowReduce, ScaleAcc, walk
+from spatialc.ir.ops import Compute, Loop, Map, PackAcc, Pop, ReadTiles, RowReduce, ScaleAcc, walk, with_row_args
 from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
 
@@ -181,3 +181,25 @@ def test_the_cli_builds_the_online_softmax_and_show_prints_it_as_lang_source_tha
     p = spatialc.from_json(saved.read_text())
     assert (traced.stages, traced.buffers, traced.schedule) == (p.stages, p.buffers, p.schedule)
     verify(traced)
+
+
+def test_a_map_or_pack_of_the_pass_in_another_shape_is_refused(on):
+    """P's row vector read as rows 3 tiles wide (its pages' are 4: the mutation suite's find), and m_old packed as
+    1 tile of a band of 2 — neither of which the interpreter can run — are refused by name, not followed."""
+
+    def wide(body):
+        i = _index(body, lambda op: isinstance(op, Compute) and op.outs == (ring(on, "exp_ring"),))
+        exp = body[i].op.expr
+        body[i] = dataclasses.replace(body[i], op=Map(with_row_args(exp, 3)))
+        return body
+
+    refused(body_edit(on, wide), "as rows 3 tiles wide against pages of rows 4 tiles wide")
+
+    two = spatialc.build(spatialc.softmax(70, 100, "fp16", online=True), "sm_90", block=(2, 2, 1), sites=2)
+
+    def half_packed(body):
+        i = _index(body, lambda op: isinstance(op, PackAcc) and op.to == ring(two, "m_old_ring"))
+        body[i] = dataclasses.replace(body[i], tiles=1)
+        return body
+
+    refused(body_edit(two, half_packed), "packs 1 tiles of a row accumulator of 2 rows")

@@ -87,6 +87,13 @@ class OnlineRun:
             case Reserve() | Push() | Pop():
                 raise r.unsure(op, "the semantic rule follows an online pass's rings a page at a time")  # type: ignore[attr-defined]
             case PackAcc(acc, to) if acc in (self.m_acc, self.l_acc) and r.index.ring(to) not in self.outs:  # type: ignore[attr-defined]
+                rows = r.front(op, self.x_ring).rows  # type: ignore[attr-defined]
+                if op.tiles != rows or op.accumulate:
+                    raise r.unsure(  # type: ignore[attr-defined]
+                        op,
+                        f"it packs {op.tiles} tiles of a row accumulator of {rows} rows; the semantic rule follows a"
+                        " pack of every row, one tile each",
+                    )
                 self.fill(op, to, self.trees[acc])
                 return True
             case Compute(op=ScaleAcc(), ins=(vec,), acc=acc):
@@ -98,6 +105,7 @@ class OnlineRun:
                 self.trees[acc] = ("combine", red.op, self.trees[acc], ("rowred", red.op, self.front(op, src)))
                 return False  # the engine records its terms at their columns
             case Compute(op=Map() as mp, ins=ins, outs=(out,)):
+                self.widths(op, mp)
                 value = self.tree(op, mp, [self.front(op, b) for b in ins])
                 self.fill(op, out, value)
                 if r.index.ring(out) != r.index.ring(self.stages[1].outs[0]):  # type: ignore[attr-defined]
@@ -105,6 +113,18 @@ class OnlineRun:
                 self.exp_page(op, mp, ins)
                 return True
         return False
+
+    def widths(self, op: ChoreoOp, mp: Map) -> None:
+        """A map's row vectors read against rows as wide as x's pages where it maps pages, one tile where it maps row
+        vectors alone (as the engine's `elementwise` and `vector_map` ask)."""
+        pages, got = _reads(mp.expr)
+        want = self.run.front(op, self.x_ring).width if pages else 1  # type: ignore[attr-defined]
+        if got - {want}:
+            raise self.run.unsure(  # type: ignore[attr-defined]
+                op,
+                f"it reads a row vector as rows {max(got - {want})} tiles wide against pages of rows {want} tiles wide;"
+                " the semantic rule follows a row vector of one tile a page row",
+            )
 
     @property
     def outs(self) -> set[BufferId]:
@@ -178,6 +198,19 @@ class OnlineRun:
         for ring, queue in self.queues.items():
             if ring != self.x_ring and queue:
                 raise r.wrong(self.loop, f"a page of the online pass leaves a page of {r.index.name(ring)} unread")  # type: ignore[attr-defined]
+
+
+def _reads(expr: object) -> tuple[bool, set[int]]:
+    """Whether `expr` reads a page element by element, and every width its row vectors are read at."""
+    match expr:
+        case Arg():
+            return True, set()
+        case RowArg(_, w):
+            return False, {w}
+        case Apply(_, args):
+            found = [_reads(a) for a in args]
+            return any(p for p, _ in found), set().union(*(w for _, w in found))
+    return False, set()
 
 
 def start(run: object, loop: Loop, accs: dict[BufferId, Acc]) -> OnlineRun:
