@@ -4,7 +4,8 @@ reductions and maps.
 A row reduction (`RowReduce`) folds each row of a tensor into one value — its max, sum, sum of squares — and a map
 reads that value back as a row vector (`RowArg`): x − max(x) row by row. A row longer than a page is reduced over
 its pages in turn into a row accumulator, then read again for the map: each pass reads the row's pages once more
-(`passes/rows.py` plans and schedules the passes).
+(`passes/rows.py` plans and schedules the passes). `softmax(…, online=True)` reads each row twice, not three times:
+its max and its sum of exp(x − max) in one pass, kept running as attention's recurrence keeps them.
 
     p = spatialc.build(spatialc.softmax(4096, 4096, "bf16"), "sm_90")
     p = spatialc.build(spatialc.rmsnorm(4096, 4096, eps=1e-6), "sm_90")

@@ -6,6 +6,11 @@ one pass's), maps them where a map stands before the reduction, and folds them i
 pass's end as a row vector that later passes read whole (`RowArg`). The plan is a GEMM plan read so: a block of bh
 rows by the row's width, reduced bw tile columns a step (`BlockShape(bh, nj·bw, bw)`, K = the row's tiles), one item
 a band (`grid (ny, 1)`).
+
+An online softmax (`spatialc.softmax(…, online=True)`: one read feeding both a row max and the exp map beside it,
+`online_pair`) runs its max and its sum of exp in one pass, page by page from m = −∞, l = 0: m_old = m; m ⊕= rowmax(x);
+α = exp(m_old − m_new); P = exp(x − m_new); l ·= α (`ScaleAcc`); l ⊕= rowsum(P) — three row-vector rings of its own
+(`ONLINE_RINGS`) — and rule 8 holds that pass to `verify/recurrence.running` (`verify/online.py`).
 """
 
 from __future__ import annotations
