@@ -73,7 +73,7 @@ from ..ir.ops import (
 )
 from . import support, trace
 from .errors import EvalError, UnsupportedOp
-from .mapped import MapKernel, reuse_plan
+from .mapped import MapKernel
 from .values import TileRefs, Tiles
 
 if TYPE_CHECKING:
@@ -502,9 +502,7 @@ class Emitter:
             pages.append(f"x{j}")
         slot = self.newest_reserved(self.ring(dst, op, "produce"), dst, i)
         integer = self.m.p.precision == Precision.INT8
-        kernel = MapKernel(cop, integer, (self.m.p.tile.rows, self.m.p.tile.cols), len(op.ins))
-        reuse_plan(kernel, [k for k in self.consts.values() if isinstance(k, MapKernel)], len(op.ins))
-        c = self.const(kernel, "e")
+        c = self.const(MapKernel(cop, integer, (self.m.p.tile.rows, self.m.p.tile.cols), len(op.ins)), "e")
         columns = cols(cop.expr) if isinstance(cop, Map) else ()
         vectors = []
         for col in columns:

@@ -40,8 +40,6 @@ class Machine:
         self._texts: dict[ChoreoOp, str] = {}
         self._slots = {v: i for i, v in enumerate(_loop_vars(p))}
         self._sides: dict[tuple[int, str], EngineState] = {}
-        self.kept_maps: dict = {}  # computed pages a later op reuses, by what they read (`mapped.shared`)
-        self.kept_held = [0]  # their elements
         # Rings whose pages hold computed values (a pack's, an elementwise stage's): a matmul rounds those to its
         # operand type (`support.operand`), and takes a tensor's tiles as they are.
         self.computed = {

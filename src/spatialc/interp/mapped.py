@@ -9,10 +9,6 @@ stacks equal bands, and runs the expression once on the stack. The table's ops a
 many elements one numpy call sees, never a value: each element is the float64 op of its float32 operands rounded to
 float32, as `numerics.elementwise.evaluate` defines, whether it is computed alone or among millions.
 
-A map whose expression holds an earlier map's whole expression of the same pages (softmax's quotient
-exp(x − max) / sum holds its exp map's exp(x − max)) takes that map's computed page for the part (`reuse_plan`,
-`shared`): the part's value is a float32 page either way, so this too changes no value, only how often it is computed.
-
 Integer programs (their int64 range check belongs to the op that overflows), `Requant`, and expressions the table
 would refuse keep the page-at-a-time path of `support.elementwise`, so that an error still comes from the op that
 makes it.
@@ -42,10 +38,7 @@ class MapKernel:
     and for those the pages read whole, the one row width every vector agrees on (0 where they do not), the width
     each page is read at, and whether it reads no vector at all (`free`)."""
 
-    __slots__ = (
-        *("op", "integer", "tile", "by_row", "order", "row_vecs", "lazy", "whole", "width", "widths", "free"),
-        *("shared", "reuse"),
-    )
+    __slots__ = ("op", "integer", "tile", "by_row", "order", "row_vecs", "lazy", "whole", "width", "widths", "free")
 
     def __init__(self, op: object, integer: bool, tile: tuple[int, int], ins: int) -> None:
         self.op, self.integer, self.tile = op, integer, tile
@@ -61,143 +54,6 @@ class MapKernel:
         # No row or column vector: a page may be laid out as any h × w rectangle of its tiles (`support.elementwise`
         # takes a read page's own), element by element the same.
         self.free = not self.by_row and not self.order
-        self.shared = False  # a later op's expression holds this one's: its pages are kept for it (`reuse_plan`)
-        self.reuse: Reuse | None = None
-
-
-class Reuse:
-    """How an op's pages take another op's computed pages in place of a part of their expression: the earlier
-    kernel, which of this op's input pages stand for each of its inputs (`picks`), and the kernel that computes the
-    rest (`kernel`) from this op's pages `keep` (an index past them: the earlier op's page)."""
-
-    __slots__ = ("source", "picks", "kernel", "keep")
-
-    def __init__(self, source: MapKernel, picks: tuple[int, ...], kernel: MapKernel, keep: tuple[int, ...]) -> None:
-        self.source, self.picks, self.kernel, self.keep = source, picks, kernel, keep
-
-
-def reuse_plan(kernel: MapKernel, earlier: list[MapKernel], ins: int) -> None:
-    """Where a part of `kernel`'s expression is the whole expression of an earlier kernel of the same engine (softmax's
-    quotient exp(x − max) / sum holds its exp map's exp(x − max)), let its pages take that part from the earlier op's
-    page of the same inputs (`shared`), found at run time: the same tensor tiles, the same row vector page. The
-    table's ops are elementwise and the part's value a float32 page, so the result is the same, bit for bit: the part
-    is computed once instead of twice."""
-    if not kernel.lazy or kernel.reuse is not None:
-        return
-    for source in earlier:
-        if source is kernel or not source.lazy or source.order or not isinstance(source.op, Map):
-            continue
-        found = _holding(kernel.op.expr, source.op.expr)  # type: ignore[attr-defined]
-        if found is None or len(found[1]) != len(source.widths):
-            continue
-        node, picks = found
-        rest = _replaced(kernel.op.expr, node, Arg(ins))  # type: ignore[attr-defined]
-        keep = tuple(sorted(_indices(rest)))
-        renumbered = _renumbered(rest, {old: new for new, old in enumerate(keep)})
-        rewritten = MapKernel(Map(renumbered), False, kernel.tile, len(keep))
-        if not rewritten.lazy or rewritten.width != kernel.width:
-            continue
-        kernel.reuse = Reuse(source, picks, rewritten, keep)
-        source.shared = True
-        return
-
-
-def _holding(expr: Expr, pattern: Expr) -> tuple[Expr, tuple[int, ...]] | None:
-    """The first part of `expr` (outermost first) that is `pattern` with its inputs renamed, and the input of `expr`
-    standing for each input of `pattern` (in order); None where none is."""
-    picks: dict[int, int] = {}
-    if _same(expr, pattern, picks) and sorted(picks) == list(range(len(picks))):
-        return expr, tuple(picks[j] for j in range(len(picks)))
-    if isinstance(expr, Apply):
-        for a in expr.args:
-            found = _holding(a, pattern)
-            if found is not None:
-                return found
-    return None
-
-
-def _same(node: Expr, pattern: Expr, picks: dict[int, int]) -> bool:
-    match node, pattern:
-        case Arg(i), Arg(j):
-            return picks.setdefault(j, i) == i
-        case RowArg(i, w), RowArg(j, v):
-            return w == v and picks.setdefault(j, i) == i
-        case Lit(a), Lit(b):
-            return a == b
-        case Apply(name, args, params), Apply(other, pargs, pparams):
-            if (name, params, len(args)) != (other, pparams, len(pargs)):
-                return False
-            return all(_same(a, b, picks) for a, b in zip(args, pargs, strict=True))
-    return False
-
-
-def _replaced(expr: Expr, node: Expr, by: Expr) -> Expr:
-    if expr is node:
-        return by
-    if isinstance(expr, Apply):
-        return Apply(expr.op, tuple(_replaced(a, node, by) for a in expr.args), expr.params)
-    return expr
-
-
-def _indices(expr: Expr) -> set[int]:
-    if isinstance(expr, Arg | RowArg):
-        return {expr.index}
-    if isinstance(expr, Apply):
-        return set().union(*(_indices(a) for a in expr.args))
-    return set()
-
-
-def _renumbered(expr: Expr, to: dict[int, int]) -> Expr:
-    match expr:
-        case Arg(i):
-            return Arg(to[i])
-        case RowArg(i, w):
-            return RowArg(to[i], w)
-        case Apply(name, args, params):
-            return Apply(name, tuple(_renumbered(a, to) for a in args), params)
-    return expr
-
-
-SHARED_ELEMS = 1 << 24  # elements of computed pages kept for a later op at most (128 MiB of float32 values)
-
-
-def shared(kept: dict, held: list[int], v: MapValue) -> MapValue:
-    """`v`, a new page of a kernel that shares or reuses (`reuse_plan`): kept in `kept` for the later op where its
-    kernel is shared; where its kernel reuses an earlier op's page of the same inputs, still kept, the page that
-    reads that one instead. `held` counts the elements kept (past SHARED_ELEMS nothing more is)."""
-    k = v.kernel
-    if k.shared and held[0] + v.count * v.tr * v.tc <= SHARED_ELEMS:
-        key = _key(k, v.ins)
-        if key is not None and key not in kept:
-            kept[key] = v
-            held[0] += v.count * v.tr * v.tc
-    plan = k.reuse
-    if plan is None:
-        return v
-    key = _key(plan.source, [v.ins[i] for i in plan.picks])
-    u = kept.pop(key, None) if key is not None else None
-    if u is None:
-        return v
-    held[0] -= u.count * u.tr * u.tc
-    if (u.h, u.width) != (v.h, v.width):
-        return v
-    ins = [*v.ins, u]
-    kept_ins = [ins[j] for j in plan.keep]
-    return MapValue(plan.kernel, kept_ins, plan.kernel.widths, v.cols, v.h, v.width, (v.tr, v.tc), v.row_key)
-
-
-def _key(kernel: MapKernel, pages: list) -> tuple | None:
-    """What a page of `kernel` reads: each input a tensor's tiles (of a store nothing writes) or a page object, which
-    the entry keeps alive (so no id is reused while it is kept); None where a page reads a store that is written."""
-    key: list[object] = [id(kernel)]
-    for x in pages:
-        if x.__class__ is TileRefs:
-            if x.store.written:
-                return None
-            key.append((id(x.store), x.at, id(x.off)))
-        else:
-            key.append(id(x))
-    return tuple(key)
 
 
 def _runs_as_written(expr: Expr, by_row: dict[int, int]) -> bool:
@@ -348,7 +204,7 @@ def _band(xs: list, h: int, w: int, tr: int, tc: int, corner: tuple[Any, int, in
         band, slot = first.band, first.slot
         if band is not None and all(
             x.__class__ is MapValue and x.band is band and x.slot == slot + k for k, x in enumerate(xs)
-        ):  # pages computed side by side, in this order (a reused op's: `shared`): their band itself
+        ):  # pages computed side by side, in this order (a chained map reads its first map's so): their band
             return band[:, slot * w * tc : (slot + len(xs)) * w * tc]
     mats = [page_matrix(x, h, w, tr, tc) for x in xs]
     return mats[0] if len(mats) == 1 else np.concatenate(mats, axis=1)

@@ -13,7 +13,7 @@ from ..numerics import epilogue
 from ..numerics.elementwise import OPS, reduce_rows, reduction_named
 from ..numerics.rounding import INT8_EXACT_K, computed_operand
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
-from .mapped import MapKernel, realise_maps, shared
+from .mapped import MapKernel, realise_maps
 from .state import Acc, BarrierState, EngineState, Ring
 from .values import AccValue, MapValue, Masked, Store, TileRefs, Tiles, Transposed, page_matrix, tiles_of
 
@@ -367,10 +367,7 @@ def elementwise(
                 if shape is not None and shape[0] * shape[1] == n:  # the page's own rectangle, as it was read
                     return MapValue(kernel, xs, (shape[1],) * len(xs), vecs, shape[0], shape[1], kernel.tile)
                 key = row_key(vectors, vecs) if vectors else ()
-                v = MapValue(kernel, xs, kernel.widths, vecs, h, width, kernel.tile, key)
-                if kernel.shared or kernel.reuse is not None:  # a part computed once for two ops (`reuse_plan`)
-                    return shared(E.m.kept_maps, E.m.kept_held, v)
-                return v
+                return MapValue(kernel, xs, kernel.widths, vecs, h, width, kernel.tile, key)
     t = E.m.p.tile
     op, integer, by_row = kernel.op, kernel.integer, kernel.by_row
     whole = [x for j, x in enumerate(xs) if j not in by_row] or xs  # (a map of row vectors alone: their shape)
