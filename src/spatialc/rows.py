@@ -4,7 +4,8 @@ reductions and maps.
 A row reduction (`RowReduce`) folds each row of a tensor into one value — its max, sum, sum of squares — and a map
 reads that value back as a row vector (`RowArg`): x − max(x) row by row. A row longer than a page is reduced over
 its pages in turn into a row accumulator, then read again for the map: each pass reads the row's pages once more
-(`passes/rows.py` plans and schedules the passes).
+(`passes/rows.py` plans and schedules the passes). `softmax(…, online=True)` reads each row twice, not three times:
+its max and its sum of exp(x − max) in one pass, kept running as attention's recurrence keeps them.
 
     p = spatialc.build(spatialc.softmax(4096, 4096, "bf16"), "sm_90")
     p = spatialc.build(spatialc.rmsnorm(4096, 4096, eps=1e-6), "sm_90")
@@ -101,20 +102,33 @@ def _begin(m: int, n: int, precision: object, out: str | None, what: str) -> tup
 
 
 def softmax(
-    m: int, n: int, precision: str | Precision = "bf16", *, target: str = "sm_90", out: str | None = None
+    m: int,
+    n: int,
+    precision: str | Precision = "bf16",
+    *,
+    target: str = "sm_90",
+    out: str | None = None,
+    online: bool = False,
 ) -> SpatialProgram:
-    """The program out = softmax(x) along each row of x (m × n): exp(x − max) / Σ exp(x − max), in three passes over
-    each row — its max, the sum of exp(x − max), then the quotient — before tiling."""
+    """The program out = softmax(x) along each row of x (m × n): exp(x − max) / Σ exp(x − max), before tiling.
+
+    By default three passes over each row: the max, the sum of exp(x − max) of a second read, then the quotient of a
+    third. online=True: two — the max and the sum of exp(x − max) of one read of each page, the max and the sum kept
+    running as FlashAttention keeps them (`passes/rows.py`), then the quotient; the stages say so by one read
+    feeding both the max and the exp map beside it."""
+    if not isinstance(online, bool):
+        raise ProgramError(f"softmax's online is True or False, not {online!r}")
     b, out_dtype = _begin(m, n, precision, out, "softmax")
     x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
     y = b.tensor("out", TensorRole.OUTPUT, (b.m, b.n), out_dtype)
-    peak = b.reduce("row_max", "max", b.read(x, "x0"))
+    first = b.read(x, "x0")
+    peak = b.reduce("row_max", "max", first)
     shifted = Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),))
-    exps = b.map("exp", shifted, (b.read(x, "x1"), peak))
+    exps = b.map("exp", shifted, (first if online else b.read(x, "x1"), peak))
     total = b.reduce("row_sum", "sum", exps)
     quotient = Apply("div", (Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)), RowArg(2)))
-    b.write(b.map("normalise", quotient, (b.read(x, "x2"), peak, total)), y)
-    return b.program(f"softmax_{b.m}x{b.n}_{b.prec.value}", target)
+    b.write(b.map("normalise", quotient, (b.read(x, "x1" if online else "x2"), peak, total)), y)
+    return b.program(f"softmax_{b.m}x{b.n}_{b.prec.value}" + ("_online" if online else ""), target)
 
 
 def _eps(eps: object, what: str) -> float:

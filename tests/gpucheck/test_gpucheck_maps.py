@@ -43,7 +43,7 @@ def test_map_sizes_name_their_kind_and_run_in_fp16_and_bf16():
     assert kernel_path(cases[0], "spatialc general") == "spatialc general (map)"  # left out in map rows alone
     for bad in ("map:attention:8x8", "map:gelu:8", "map:gelu:8x0x3", "map:gelu"):
         with pytest.raises(
-            SpatialError, match="not map:KIND:MxN with KIND one of swiglu, residual, gelu, softmax, rms"
+            SpatialError, match="not map:KIND:MxN with KIND one of swiglu, residual, gelu, softmax, softmax_online, rms"
         ):
             cases_of([bad], ["bf16"])
 
@@ -54,9 +54,9 @@ def test_the_default_run_measures_maps_after_the_gemms_and_before_split_k():
     assert maps[:3] == ["map:swiglu:4096x11008", "map:swiglu:8192x14336", "map:residual:8192x8192"]
     at = order.index(maps[0])
     assert order[at - 1] == "4097x513x1031" and order[at + len(maps)] == "128x128x65536"
-    # fp16 and bf16 each, the norms too (LayerNorm's four with them); the two fused rows in bf16 alone; three fp8;
-    # two block-scaled fp8; 24 attention (12 shapes, fp16 and bf16)
-    assert len(cases_of(DEFAULT_SIZES, ["int8", "fp16", "bf16"])) == 46 + 6 + 8 + 4 + 2 + 3 + 2 + 24
+    # fp16 and bf16 each, the norms too (LayerNorm's four with them, the online softmax's four); the two fused rows in
+    # bf16 alone; three fp8; two block-scaled fp8; 24 attention (12 shapes, fp16 and bf16)
+    assert len(cases_of(DEFAULT_SIZES, ["int8", "fp16", "bf16"])) == 46 + 6 + 8 + 4 + 4 + 2 + 3 + 2 + 24
 
 
 # ---- the reference and the bound ----------------------------------------------------------------------------------

@@ -53,9 +53,10 @@ def test_norm_sizes_are_map_sizes_of_their_own_kinds():
 def test_the_default_run_measures_the_norms_after_the_maps_and_before_split_k():
     order = [c.size for c in cases_of(DEFAULT_SIZES, ["bf16"])]
     at = order.index("map:residual:8192x8192")
-    norms = ["map:softmax:4096x4096", "map:softmax:8192x8192", "map:rmsnorm:8192x4096", "map:rmsnorm:16384x8192"]
+    norms = ["map:softmax:4096x4096", "map:softmax:8192x8192", "map:softmax_online:4096x4096"]
+    norms += ["map:softmax_online:8192x8192", "map:rmsnorm:8192x4096", "map:rmsnorm:16384x8192"]
     norms += ["map:layernorm:8192x4096", "map:layernorm:16384x8192"]
-    assert order[at + 1 : at + 7] == norms and order[at + 7] == "128x128x65536"
+    assert order[at + 1 : at + 9] == norms and order[at + 9] == "128x128x65536"
 
 
 # ---- the reference and its bound ----------------------------------------------------------------------------------
@@ -354,3 +355,15 @@ def test_prepare_compiles_the_norm_kernels_and_the_dry_run_finds_them(tmp_path, 
     assert "it reads x 2 times, the GB/s count once" in timed
     assert "torch F.rms_norm(x, (n,), w, eps=1e-06): end to end + kernel only (the same call" in timed
     assert "torch copy_: kernel only, 8192 bytes copied device to device (16384 moved" in timed
+
+
+def test_the_online_softmax_row_is_checked_and_timed_beside_the_three_pass_one(fake_gpu, tmp_path, capsys):
+    """`map:softmax_online:MxN`: the same function in two passes over each row, a row of its own beside softmax's."""
+    status, _, rows = run(tmp_path, "--sizes", "map:softmax:40x72", "map:softmax_online:40x72", "--precisions", "bf16")
+    assert status == 0 and [r["status"] for r in rows] == ["ok", "ok"], [r["note"] for r in rows]
+    for row in rows:
+        mine = row["by_name"]["spatialc general"]
+        assert mine["ok"] and mine["check"]["correct"] and mine["check"]["unwritten"] == 0, mine["note"]
+    md = (tmp_path / "gpucheck.md").read_text()
+    assert "| bf16 | softmax:40×72 (3 passes) | " in md and "| bf16 | softmax_online:40×72 (2 passes) | " in md
+    capsys.readouterr()

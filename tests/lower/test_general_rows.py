@@ -22,10 +22,12 @@ import pytest
 import spatialc
 from spatialc.inputs import operand_values
 from spatialc.ir.nodes import ComputeStage, TensorRole
+from spatialc.ir.ops import ScaleAcc
 from spatialc.lower.census import stage_kind
 from spatialc.lower.cuda.common.cwriter import INCLUDES
 from spatialc.lower.cuda.common.rows import BASE_REGISTERS, SHARE_REGISTERS, TILE_REGISTERS
 from spatialc.lower.errors import NeedsGeneral, Unsupported
+from spatialc.passes.rows import ONLINE_RESCALE, row_shape
 from spatialc.runtime.emulate import EmulationError, EmulationRace
 
 from .test_lower_nvcc import FLAGS, NVCC, gencode, in_namespace, ptxas_entries
@@ -51,6 +53,13 @@ CASES = {
     ),
     # bands of 8 tile rows: 16 rows a compute warp
     "softmax/bf16-bands-of-8": (lambda: spatialc.softmax(130, 64, "bf16"), {"block": (8, 2, 1)}),
+    # online: the max and the sum of exp in one pass over each row's 4 pages, the sum rescaled page by page
+    "softmax/bf16-online": (lambda: spatialc.softmax(40, 200, "bf16", online=True), {"block": (1, 4, 1), "sites": 2}),
+    # online over bands of 2 tile rows, 2 pages deep, items dealt round-robin
+    "softmax/fp16-out-bf16-online-bands-of-2": (
+        lambda: spatialc.softmax(70, 100, "fp16", out="bf16", online=True),
+        {"block": (2, 2, 1), "sites": 2, "placement": "round_robin"},
+    ),
 }
 
 
@@ -174,6 +183,8 @@ def test_the_census_counts_each_reduction_and_map_once(name):
     want = {}
     for s in stages:
         want[stage_kind(s.kind.op)] = want.get(stage_kind(s.kind.op), 0) + 1
+    if row_shape(p).online is not None:  # the online pass's own ops, no stage's: α's map and the sum's rescale
+        want.update({stage_kind(ONLINE_RESCALE): 1, stage_kind(ScaleAcc()): 1})
     assert art.census.agrees, art.census
     assert art.census.stages == want == art.census.printed_stages
 
@@ -331,3 +342,33 @@ def test_the_emulation_refuses_a_shuffle_of_part_of_a_warp():
 
     with pytest.raises(EmulationError, match="partial mask"):
         emulated(["softmax/bf16"], half)
+
+
+@pytest.mark.emulation
+@needs_gxx
+def test_an_online_sum_never_rescaled_is_caught():
+    """The online pass's ScaleAcc multiplies by 1: the sum keeps exp(x − m) of pages summed before the max grew."""
+
+    def unscaled(text):
+        found = re.findall(r"racc_\d+\[q\] \*= ", text)
+        assert len(found) == 1, found
+        return text.replace(found[0], found[0].replace("*=", "*= 1.0f + 0.0f *"))
+
+    _caught("softmax/bf16-online", unscaled)
+
+
+@pytest.mark.emulation
+@needs_gxx
+def test_an_online_rescale_by_the_new_max_only_is_caught():
+    """α = exp(m_new − m_new) = 1: the old max's page read where the new one's belongs."""
+
+    def same_max(text):
+        start = text.index("op:Compute:Map_exp_sub_row0_row1")
+        head, tail = text[:start], text[start:]
+        first = re.search(r"ring_(\d+) \+ \(pop_(\d+) % DEPTH_\d+\)", tail)
+        second = re.search(r"v1 = \(float\)SPATIALC_PAGE_LD\(ring_(\d+) \+ \(pop_(\d+)", tail)
+        assert first and second
+        old, new = f"ring_{first[1]} + (pop_{first[2]}", f"ring_{second[1]} + (pop_{second[2]}"
+        return head + tail.replace(old, new, 1)
+
+    _caught("softmax/bf16-online", same_max)

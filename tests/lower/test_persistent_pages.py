@@ -25,11 +25,12 @@ import spatialc
 from spatialc import ew
 from spatialc.inputs import operand_values
 from spatialc.ir.nodes import ComputeStage, DType, TensorRole
-from spatialc.ir.ops import WriteTiles
+from spatialc.ir.ops import ScaleAcc, WriteTiles
 from spatialc.lower.census import stage_kind
 from spatialc.lower.cuda.common.cwriter import INCLUDES
 from spatialc.lower.cuda.persistent import pages as persistent_pages
 from spatialc.lower.errors import Unsupported
+from spatialc.passes.rows import ONLINE_RESCALE, row_shape
 from spatialc.runtime.emulate import EmulationRace
 
 from .test_lower import with_ops
@@ -77,6 +78,12 @@ CASES = {
     "softmax/bf16-bands-of-8-depth-1": (
         lambda: spatialc.softmax(130, 64, "bf16"),
         {"block": (8, 2, 1), "depth": 1},
+        False,
+    ),
+    # online: the max and the sum of exp in one pass, the sum rescaled page by page (two passes in all)
+    "softmax/bf16-online": (
+        lambda: spatialc.softmax(40, 200, "bf16", online=True),
+        {"block": (1, 4, 1), "sites": 2},
         False,
     ),
     "rmsnorm/fp16": (lambda: spatialc.rmsnorm(40, 200, "fp16"), {"sites": 2}, False),
@@ -191,6 +198,8 @@ def test_the_census_counts_every_op_and_each_stage_once(name):
     for s in p.stages:
         if isinstance(s.kind, ComputeStage):
             want[stage_kind(s.kind.op)] = want.get(stage_kind(s.kind.op), 0) + 1
+    if row_shape(p).online is not None:  # the online pass's own ops, no stage's: α's map and the sum's rescale
+        want.update({stage_kind(ONLINE_RESCALE): 1, stage_kind(ScaleAcc()): 1})
     assert art.census.agrees, art.census
     assert art.census.stages == want == art.census.printed_stages
 
@@ -377,7 +386,7 @@ def test_accepted_edits_of_maps_and_rows_run_right_in_the_persistent_form():
     programs = {
         k: v for k, v in mutants.PROGRAMS.items() if any(w in k for w in ("map", "softmax", "rms", "layernorm"))
     }
-    assert len(programs) == 5
+    assert len(programs) == 6  # (the online softmax among them)
     tally = mutants.run(edits_per_program=150, seed=31, programs=programs)
     ran = 0
     for base, what, q in random.Random(5).sample(tally.accepted, len(tally.accepted)):

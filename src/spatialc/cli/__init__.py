@@ -464,7 +464,12 @@ def make_parser() -> argparse.ArgumentParser:
     _gemm_parser(sub)
     _grouped_parser(sub)
     _elementwise_parser(sub)
-    _rows_parser(sub, "softmax", "the softmax", "exp(x − max(x)) / Σ exp(x − max(x))")
+    s = _rows_parser(sub, "softmax", "the softmax", "exp(x − max(x)) / Σ exp(x − max(x))")
+    s.add_argument(
+        "--online",
+        action="store_true",
+        help="two passes over each row, not three: the max and the sum of exp kept running in one (as attention's)",
+    )
     r = _rows_parser(sub, "rmsnorm", "the RMS norm", "x · rsqrt(mean(x²) + eps) · weight")
     r.add_argument("--eps", type=float, default=1e-6, help="added to the mean of squares (default: 1e-6)")
     r.add_argument("--no-weight", action="store_true", help="no weight vector: out = x · rsqrt(mean(x²) + eps)")

@@ -93,8 +93,9 @@ def cmd_elementwise(args: argparse.Namespace) -> int:
 
 def cmd_softmax(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a softmax of each row."""
-    prog = api.softmax(args.m, args.n, args.precision, out=args.out)
-    return _paged(args, prog, f"spatialc softmax over {args.m}x{args.n} {args.precision}")
+    prog = api.softmax(args.m, args.n, args.precision, out=args.out, online=args.online)
+    online = ", online" if args.online else ""
+    return _paged(args, prog, f"spatialc softmax over {args.m}x{args.n} {args.precision}{online}")
 
 
 def cmd_rmsnorm(args: argparse.Namespace) -> int:

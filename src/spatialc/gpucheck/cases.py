@@ -24,8 +24,8 @@ PRECISIONS = ("int8", "fp16", "bf16")
 # a GEMM with a fused epilogue (fused:SIZE, bf16: C = (A·B) · row_scale · col_scale + residual, gpucheck/fused.py),
 # compared with the plain GEMM of the same size in the same row; then the small and odd sizes; then
 # elementwise maps (map:KIND:MxN, fp16 / bf16 only: gpucheck/maps.py), measured in GB/s against torch's formula and
-# the device's copy bandwidth, and norms that reduce rows likewise (map:softmax:MxN, map:rmsnorm:MxN,
-# map:layernorm:MxN: norms.py); then
+# the device's copy bandwidth, and norms that reduce rows likewise (map:softmax:MxN and its two-pass neighbour
+# map:softmax_online:MxN, map:rmsnorm:MxN, map:layernorm:MxN: norms.py); then
 # 128x128x65536 and 512x512x32768, few output items and a long K, which the planner splits over sites (split-K, set
 # against cuBLAS, which splits such shapes too); last grouped GEMMs (gG:MAXROWSxNxK: G groups with row counts drawn
 # from 0..MAXROWS, fp16 / bf16 only); then, after every row the table had before them, so that they never push those
@@ -52,6 +52,8 @@ DEFAULT_SIZES = (
     "map:residual:8192x8192",
     "map:softmax:4096x4096",
     "map:softmax:8192x8192",
+    "map:softmax_online:4096x4096",
+    "map:softmax_online:8192x8192",
     "map:rmsnorm:8192x4096",
     "map:rmsnorm:16384x8192",
     "map:layernorm:8192x4096",

@@ -3,7 +3,8 @@ map rows of kinds of their own — `map:softmax:MxN`, `map:rmsnorm:MxN` — meas
 
 What a norm row does differently from an elementwise map's:
 - Its kernel reads x once a pass over the row: softmax three times (its max, the sum of exp(x − max), the quotient),
-  RMSNorm twice (its sum of squares, the scaling). Its GB/s still count the bytes the function must move, x read once
+  `map:softmax_online:MxN` — the same function, `spatialc.softmax(…, online=True)` — twice, RMSNorm twice (its sum
+  of squares, the scaling). Its GB/s still count the bytes the function must move, x read once
   and C written once (`cases.map_bytes`), as the copy's do: its share of the copy says how near the kernel comes to
   moving each byte once.
 - Its reference is the program's own stages, run on the device on whole tensors as the interpreter's reference runs
@@ -101,6 +102,12 @@ def _softmax(m: int, n: int, precision: str, **kw: Any) -> Any:
     return spatialc.softmax(m, n, precision, **kw)
 
 
+def _softmax_online(m: int, n: int, precision: str, **kw: Any) -> Any:
+    import spatialc
+
+    return spatialc.softmax(m, n, precision, online=True, **kw)
+
+
 def _rmsnorm(m: int, n: int, precision: str, **kw: Any) -> Any:
     import spatialc
 
@@ -143,6 +150,15 @@ NORMS = {
             lambda torch, t: torch.softmax(t[0], dim=-1),
             _softmax_into,
             3,
+        ),
+        # the same function in two passes, the max and the sum kept running (the softmax row's neighbour)
+        NormKind(
+            "softmax_online",
+            _softmax_online,
+            "softmax(x, dim=-1)",
+            lambda torch, t: torch.softmax(t[0], dim=-1),
+            _softmax_into,
+            2,
         ),
         NormKind("rmsnorm", _rmsnorm, f"F.rms_norm(x, (n,), w, eps={EPS:g})", _rms_norm, None, 2, params=("weight",)),
         NormKind(
@@ -214,6 +230,7 @@ def _carried_to(
     """The value and bound of the output `decl` declares, its stages' rings kept in `done` (shared by outputs)."""
     from ..ir.nodes import ReadStage
     from ..ir.ops import RowReduce
+    from ..numerics.reference import online_values, rescaled
 
     for stage in decl.producer.values():
         if isinstance(stage.kind, ReadStage) and index.ring(stage.outs[0]) not in done:
@@ -230,6 +247,10 @@ def _carried_to(
         pages = [done[index.ring(b)] for b in stage.ins]
         op = stage.kind.op
         done[ring] = reduced(op.op, *pages[0], xp) if isinstance(op, RowReduce) else carried(op.expr, pages, col, xp)
+        shared = online_values(index, decl, stage)  # an online softmax's sum: its rescalings too
+        if shared is not None:
+            value, err = done[ring]
+            done[ring] = (value, err + rescaled(done[shared], value, err, program.tile.cols, xp))
     return done[decl.last]
 
 

@@ -198,5 +198,13 @@ def _band(xs: list, h: int, w: int, tr: int, tc: int, corner: tuple[Any, int, in
     if corner is not None:
         store, r0, c0 = corner
         return store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : (c0 + len(xs) * w) * tc]
+    first = xs[0]
+    if first.__class__ is MapValue and (first.h, first.width) == (h, w) and len(xs) > 1:
+        first.matrix()  # computed (with its band) if it was not
+        band, slot = first.band, first.slot
+        if band is not None and all(
+            x.__class__ is MapValue and x.band is band and x.slot == slot + k for k, x in enumerate(xs)
+        ):  # pages computed side by side, in this order (a chained map reads its first map's so): their band
+            return band[:, slot * w * tc : (slot + len(xs)) * w * tc]
     mats = [page_matrix(x, h, w, tr, tc) for x in xs]
     return mats[0] if len(mats) == 1 else np.concatenate(mats, axis=1)

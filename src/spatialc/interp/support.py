@@ -349,11 +349,12 @@ def elementwise(
         width = kernel.width
         n = xs[kernel.whole[0]].count
         h = n // width
-        if (
-            n % width == 0
-            and all(xs[j].count == n for j in kernel.whole)
-            and all(xs[j].count >= h for j in kernel.by_row)
-        ):
+        fits = n % width == 0
+        for j in kernel.whole:  # (loops, not all() of generators: this runs once a page)
+            fits = fits and xs[j].count == n
+        for j in kernel.by_row:
+            fits = fits and xs[j].count >= h
+        if fits:
             vecs = []
             for store, at, w, by_rows in vectors:
                 value = vector_values(store, at, w, h, by_rows)
@@ -365,7 +366,8 @@ def elementwise(
                 shape = first.store.block_shape(first.off) if kernel.free and first.__class__ is TileRefs else None
                 if shape is not None and shape[0] * shape[1] == n:  # the page's own rectangle, as it was read
                     return MapValue(kernel, xs, (shape[1],) * len(xs), vecs, shape[0], shape[1], kernel.tile)
-                return MapValue(kernel, xs, kernel.widths, vecs, h, width, kernel.tile, row_key(vectors, vecs))
+                key = row_key(vectors, vecs) if vectors else ()
+                return MapValue(kernel, xs, kernel.widths, vecs, h, width, kernel.tile, key)
     t = E.m.p.tile
     op, integer, by_row = kernel.op, kernel.integer, kernel.by_row
     whole = [x for j, x in enumerate(xs) if j not in by_row] or xs  # (a map of row vectors alone: their shape)

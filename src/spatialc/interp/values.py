@@ -190,16 +190,16 @@ class Store:
         """Apply the pending writes to `mat` (this store's matrix, or one of its shape), computed bands (`MapValue.
         band`) as whole slices, where they may be applied in any order — each on a rectangle of its own, none
         overlapping, and with `only_maps` each a whole computed page; False (nothing written) where not."""
-        cover = np.zeros((self.ntiles // self.cols_t, self.cols_t), dtype=np.int8)
         bands: dict[int, list[tuple[int, int, int, MapValue]]] = defaultdict(list)
         pages, rest = [], []
+        rects: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # corners, by rectangle shape
         for write in self.pending:
             at, off, bh, bw, v = write
             corner = self.rect(at, off, bh, bw)
             if corner is None:
                 return False
             r0, c0 = corner
-            cover[r0 : r0 + bh, c0 : c0 + bw] += 1
+            rects[bh, bw].append(corner)
             if v.__class__ is MapValue and (v.h, v.width) == (bh, bw):
                 if v.band is not None:
                     bands[id(v.band)].append((v.slot, r0, c0, v))
@@ -209,7 +209,7 @@ class Store:
                 return False
             elif id(v) not in placed:
                 rest.append(write)
-        if cover.max(initial=0) > 1:
+        if self._overlap(rects):
             return False
         tr, tc = self.tr, self.tc
         for run in bands.values():
@@ -226,6 +226,19 @@ class Store:
         for write in rest:
             self._write(*write)
         return True
+
+    def _overlap(self, rects: dict[tuple[int, int], list[tuple[int, int]]]) -> bool:
+        """Whether two of the rectangles (h × w tiles at each corner, by shape) share a tile: every tile they cover
+        counted at once, a shape at a time."""
+        tiles = []
+        for (h, w), corners in rects.items():
+            at = np.asarray(corners, dtype=np.int64)
+            rows = at[:, 0, None, None] + np.arange(h)[None, :, None]
+            cols = at[:, 1, None, None] + np.arange(w)[None, None, :]
+            tiles.append((rows * self.cols_t + cols).reshape(-1))
+        flat = np.concatenate(tiles) if tiles else np.zeros(0, np.int64)
+        flat = flat[flat < self.ntiles]  # (a rectangle past the grid's last row covers nothing of it, as a slice)
+        return bool(np.bincount(flat, minlength=1).max() > 1)
 
     def narrow_result(self) -> np.ndarray | None:
         """The tensor's matrix in float32, made from its pending writes alone, and kept as the store from then on:

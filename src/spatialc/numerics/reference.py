@@ -219,12 +219,45 @@ def row_stages(
             value, err = (
                 elementwise.reduce_bound(op.op, x, e) if bounds else (elementwise.reduce_rows(op.op, x, False), None)
             )
+            shared = online_values(index, decl, stage)
+            if bounds and shared is not None:
+                err = err + rescaled(done[shared], value, err, p.tile.cols, np)
         elif bounds:  # the value bounded computes on the way: each op in float64 of float32 operands, rounded once
             value, err = elementwise.bounded(op.expr, pages, _rows_of(col), memo)
         else:
             value, err = epilogue.mapped(op.expr, [x for x, _ in pages], False, col), None
         done[ring] = (np.asarray(value, np.float64), err)
     return done[decl.last]
+
+
+def online_values(index: Any, decl: Any, stage: Any) -> Any:
+    """The ring of values an online softmax's pass reads, where `stage` is the sum of its pair: a row sum of a map
+    exp(x − M) whose x M's row max reads too (`spatialc.softmax(…, online=True)`); else None."""
+    from ..ir.nodes import ComputeStage
+    from ..ir.ops import Map, RowReduce
+
+    op = stage.kind.op
+    if not isinstance(op, RowReduce) or op.op != "sum":
+        return None
+    e = decl.producer.get(index.ring(stage.ins[0]))
+    if e is None or not isinstance(e.kind, ComputeStage) or not isinstance(e.kind.op, Map) or len(e.ins) != 2:
+        return None
+    m = decl.producer.get(index.ring(e.ins[1]))
+    if m is None or not isinstance(m.kind, ComputeStage) or not isinstance(m.kind.op, RowReduce):
+        return None
+    shared = index.ring(e.ins[0])
+    return shared if m.kind.op.op == "max" and tuple(map(index.ring, m.ins)) == (shared,) else None
+
+
+def rescaled(x: tuple[Any, Any], value: Any, err: Any, tile_cols: int, xp: Any) -> Any:
+    """What rescaling the running sum adds to its bound (docs/numerics.md, "The online softmax"): each page's
+    α = exp(m_old − m_new) rounds m_old − m_new (relative error |m_old − m_new|·u in α, summing to at most
+    2·max|x| over a row, the differences telescoping), and exp and the product one rounding and ulp each; at most one
+    page a tile of the row. On `xp`'s arrays (numpy, or CuPy on the GPU check's device)."""
+    values, errors = x
+    reach = xp.max(xp.abs(values) + errors, axis=1, keepdims=True) if values.shape[1] else 0.0
+    pages = -(-values.shape[1] // tile_cols)
+    return (2.0 * reach + 4.0 * pages + 4.0) * elementwise.EPS32 * (xp.abs(value) + err)
 
 
 def _rows_of(col: Any) -> Any:

@@ -99,6 +99,8 @@ class Tolerance:
         if self.mapped:  # a float map, or a program that reduces rows
             out = OUT_NAMES.get(self.out_eps, "float32")
             sums = "each row sum's float32 rounding (n + 2 ulps of its magnitude), " if self.rows else ""
+            if self.rows and _online(self.program):
+                sums += "the online sum's rescalings (2·max|x| + 4 ulps a page), "
             outs = [t for t in self.program.tensors if t.role == TensorRole.OUTPUT]
             of = f"2 {out} ulps of |C|"
             if len(outs) > 1:  # each output in its own type's ulps (LayerNorm's mean and rstd: float32)
@@ -372,6 +374,16 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
 
     assert decl.matmul is not None
     return through(*matmul(decl.matmuls[decl.matmul.id]), list(decl.chain))[1]
+
+
+def _online(p: SpatialProgram) -> bool:
+    """Whether a row max reads a ring a map reads too: an online softmax's one pass (`numerics.reference`)."""
+    from ..ir.nodes import ComputeStage
+    from ..ir.ops import Map, RowReduce
+
+    ops = [(s.kind.op, s.ins) for s in p.stages if isinstance(s.kind, ComputeStage)]
+    maxed = {b for op, ins in ops if isinstance(op, RowReduce) and op.op == "max" for b in ins}
+    return any(isinstance(op, Map) and maxed & set(ins) for op, ins in ops)
 
 
 def _row(values: Any) -> Any:

@@ -6,6 +6,11 @@ one pass's), maps them where a map stands before the reduction, and folds them i
 pass's end as a row vector that later passes read whole (`RowArg`). The plan is a GEMM plan read so: a block of bh
 rows by the row's width, reduced bw tile columns a step (`BlockShape(bh, nj·bw, bw)`, K = the row's tiles), one item
 a band (`grid (ny, 1)`).
+
+An online softmax (`spatialc.softmax(…, online=True)`: one read feeding both a row max and the exp map beside it,
+`online_pair`) runs its max and its sum of exp in one pass, page by page from m = −∞, l = 0: m_old = m; m ⊕= rowmax(x);
+α = exp(m_old − m_new); P = exp(x − m_new); l ·= α (`ScaleAcc`); l ⊕= rowsum(P) — three row-vector rings of its own
+(`ONLINE_RINGS`) — and rule 8 holds that pass to `verify/recurrence.running` (`verify/online.py`).
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ from ..ir.ops import (
     ReadTiles,
     ReleaseAcc,
     Reserve,
+    RowArg,
     RowReduce,
+    ScaleAcc,
     TileAddr,
     VecAxis,
     Wait,
@@ -81,6 +88,7 @@ class RowShape:
     vectors: frozenset[BufferId]
     writes: tuple[Stage, ...] = ()
     vector_maps: frozenset[StageId] = frozenset()
+    online: tuple[Stage, Stage, Stage] | None = None  # an online softmax's max, exp map and sum (`online_pair`)
 
     @property
     def written_vectors(self) -> frozenset[BufferId]:
@@ -112,9 +120,10 @@ def row_shape(p: SpatialProgram) -> RowShape:
         if isinstance(op, Map) and s.ins and all(b in vectors for b in s.ins) and not _args(op.expr):
             vectors.update(s.outs)
             vector_maps.add(s.id)
+    online = online_pair(ordered, producer, readers)
     for b, stages in readers.items():
         written = [s for s in stages if isinstance(s.kind, WriteStage)]
-        if b not in vectors and len(stages) > 1:
+        if b not in vectors and len(stages) > 1 and not (online is not None and b == online[0].ins[0]):
             raise ProgramError(
                 f"{names.get(b, f'ring {int(b)}')} feeds stages {stages[0].name} and {stages[1].name}; in a row"
                 " program a ring of values feeds one stage: each pass over a row reads its tensor again, with a read"
@@ -131,7 +140,45 @@ def row_shape(p: SpatialProgram) -> RowShape:
         raise ProgramError(
             f"a row program writes one tensor of the rows' values ({len(pages)} here) and any number of row vectors"
         )
-    return RowShape(ordered, pages[0], producer, frozenset(vectors), writes, frozenset(vector_maps))
+    return RowShape(ordered, pages[0], producer, frozenset(vectors), writes, frozenset(vector_maps), online)
+
+
+ONLINE_EXP = Map(Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)))  # P = exp(x − m), the online pair's map
+ONLINE_RESCALE = Map(Apply("exp", (Apply("sub", (RowArg(0), RowArg(1))),)))  # α = exp(m_old − m_new), its own
+
+
+def online_pair(
+    ordered: tuple[Stage, ...], producer: dict[BufferId, Stage], readers: dict[BufferId, list[Stage]]
+) -> tuple[Stage, Stage, Stage] | None:
+    """The stages of an online softmax's one pass over a row, or None: a row max M of a ring of values that feeds M
+    and one map E = exp(x − M) of the same ring beside M's vector — nothing else — and a row sum S of E, which alone
+    reads E's ring. One read of each page then serves both reductions, the max and the sum kept running (`row_bodies`:
+    the sum rescaled by exp(m_old − m_new) as the max grows)."""
+    for e in ordered:
+        op = e.kind.op  # type: ignore[union-attr]
+        if not isinstance(op, Map) or len(e.ins) != 2 or len(e.outs) != 1 or not _same_map(op, ONLINE_EXP):
+            continue
+        ring, vector = e.ins
+        m = producer.get(vector)
+        if m is None or m.ins != (ring,) or not isinstance(m.kind, ComputeStage):
+            continue
+        if not isinstance(m.kind.op, RowReduce) or m.kind.op.op != "max":
+            continue
+        if {s.id for s in readers.get(ring, [])} != {m.id, e.id} or not isinstance(producer[ring].kind, ReadStage):
+            continue
+        sums = readers.get(e.outs[0], [])
+        if len(sums) != 1 or not isinstance(sums[0].kind, ComputeStage):
+            continue
+        s, want = sums[0], m.kind.op.cols
+        reduce = s.kind.op  # type: ignore[union-attr]
+        if isinstance(reduce, RowReduce) and reduce.op == "sum" and reduce.cols == want:
+            return m, e, s
+    return None
+
+
+def _same_map(op: Map, want: Map) -> bool:
+    """`op` is `want` but for the width its row vectors are read at."""
+    return with_row_args(op.expr, 1) == with_row_args(want.expr, 1)
 
 
 def _args(expr: object) -> bool:
@@ -171,9 +218,14 @@ def ring_bytes(p: SpatialProgram, bh: int, bw: int, depth: int) -> int:
     """Shared memory of a site's rings: `depth` pages of bh × bw tiles for each read and map ring, one page of bh
     tiles for each row vector."""
     shape = row_shape(p)
-    rings = [b for b in p.buffers if isinstance(b.kind, Fifo | Interm)]
+    rings = [b for b in p.buffers if isinstance(b.kind, Fifo | Interm) and b.name not in ONLINE_RINGS]
     pages = sum(bh if b.id in shape.vectors else depth * bh * bw for b in rings)
+    if shape.online is not None:  # the running max before and after a page, and the rescale α: a vector each
+        pages += len(ONLINE_RINGS) * bh
     return pages * p.tile.elems * VALUE_BYTES
+
+
+ONLINE_RINGS = ("m_old_ring", "m_new_ring", "alpha_ring")  # an online pass's own rings, one page of bh tiles each
 
 
 def plan_rows(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] | None, depth: int | None) -> Plan:
@@ -183,6 +235,7 @@ def plan_rows(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] |
     out = p.tensor(shape.write.kind.tensor)  # type: ignore[union-attr]
     m_t, n_t = out.tiles
     passes = 1 + sum(isinstance(s.kind.op, RowReduce) for s in shape.computes)  # type: ignore[union-attr]
+    passes -= shape.online is not None  # the max and the sum of one pass
     d = 2 if depth is None else depth
     sides = [block] if block is not None else [(h, w) for h in SIDES for w in SIDES]
     sites = target.units * SITES_PER_UNIT
@@ -220,6 +273,8 @@ def apply_row_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
     for s in shape.computes:
         if isinstance(s.kind.op, RowReduce):  # type: ignore[union-attr]
             buffers.append(Buffer(BufferId(len(buffers)), f"{s.name}_acc", Accumulator(bh)))
+    if shape.online is not None and not any(b.name in ONLINE_RINGS for b in p.buffers):
+        buffers += [Buffer(BufferId(len(buffers) + i), name, Interm(1, bh)) for i, name in enumerate(ONLINE_RINGS)]
     vector_outs = {w.kind.tensor for w in shape.writes if w is not shape.write}  # type: ignore[union-attr]
     per_row = {c.tensor for c in _vectors(shape) if c.axis == VecAxis.ROW}  # parameters read one value a row
     tensors = []
@@ -261,6 +316,7 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     col_at = TileAddr(0, ((LV_K, bw),))  # the page's first tile column of the row
     row_at = TileAddr(0, ((LV_ITEM_Y, bh),))  # the band's first tile row: where a row vector (ew.row) is read
     accs = {s.id: b.id for s in shape.computes for b in p.buffers if b.name == f"{s.name}_acc"}
+    named = {b.name: b.id for b in p.buffers}
     written = {w.ins[0]: w for w in shape.writes}
     reader: list[ChoreoOp] = []
     compute: list[ChoreoOp] = []
@@ -315,8 +371,38 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
         at = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]),))
         writer.extend((Wait(vector), WriteTiles(vector, t.id, at, bh, 1, t.tiles[1], 1), Pop(vector)))
 
+    def online(m: Stage, e: Stage, s: Stage) -> None:
+        """The max and the sum of one pass, the running max m and sum l updated page by page as FlashAttention's
+        are: m_old = m; m ⊕= rowmax(x); α = exp(m_old − m_new); P = exp(x − m_new); l ·= α; l ⊕= rowsum(P)."""
+        (x,), (p_ring,) = m.ins, e.outs
+        m_acc, l_acc = accs[m.id], accs[s.id]
+        m_old, m_new, alpha = (named[n] for n in ONLINE_RINGS)
+        read_loop([x])
+        exp = Map(with_row_args(e.kind.op.expr, bw))  # type: ignore[union-attr]
+        body: tuple[ChoreoOp, ...] = (
+            Wait(x),
+            *(Reserve(m_old), PackAcc(m_acc, m_old, bh), Push(m_old)),
+            Compute(dataclasses.replace(m.kind.op, at=col_at, width=bw), (x,), acc=m_acc),  # type: ignore[union-attr]
+            *(Reserve(m_new), PackAcc(m_acc, m_new, bh), Push(m_new)),
+            *(Wait(m_old), Wait(m_new), Reserve(alpha), Compute(ONLINE_RESCALE, (m_old, m_new), (alpha,)), Push(alpha)),
+            *(Pop(m_old), Reserve(p_ring), Compute(exp, (x, m_new), (p_ring,)), Push(p_ring), Pop(x), Pop(m_new)),
+            *(Wait(alpha), Wait(p_ring), Compute(ScaleAcc(), (alpha,), acc=l_acc)),
+            Compute(dataclasses.replace(s.kind.op, at=col_at, width=bw), (p_ring,), acc=l_acc),  # type: ignore[union-attr]
+            *(Pop(alpha), Pop(p_ring)),
+        )
+        compute.extend((AcquireAcc(m_acc), AcquireAcc(l_acc), Loop(LV_K, Const(nj), body)))
+        for stage, acc in ((m, m_acc), (s, l_acc)):
+            (out,) = stage.outs
+            compute.extend((Reserve(out), PackAcc(acc, out, bh), Push(out), ReleaseAcc(acc)))
+        for stage in (m, s):
+            filled(stage.outs[0])
+
     for s in shape.computes:
         op = s.kind.op  # type: ignore[union-attr]
+        if shape.online is not None and s in shape.online:
+            if s is shape.online[0]:
+                online(*shape.online)
+            continue
         if s.id in shape.vector_maps:  # once a band, of the vectors packed before it
             (out,) = s.outs
             compute += [Reserve(out), Compute(op, s.ins, (out,)), Push(out)]

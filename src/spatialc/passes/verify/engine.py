@@ -46,6 +46,7 @@ from ...ir.ops import (
 from ...ir.printer import compute_text
 from .blockscale import step_scales
 from .dataflow import ZERO, Acc, Entry, MatmulDecl, Seq, SiteRun, Write, same_op
+from .online import OnlineRun, is_online, settle, start
 from .symbolic import (
     PC,
     PR,
@@ -85,6 +86,7 @@ class EngineRun:
         self.pending: dict[BufferId, list[list]] = {}  # reserved, unpushed pages: [position, value, filler]
         self.accs: dict[BufferId, Acc] = {}
         self.trips: list[tuple[Trip, Aff, Sym | None]] = []  # the run-time counted loops open here
+        self.online: OnlineRun | None = None  # an online softmax's pass being followed (`online`)
 
     # ---- messages ------------------------------------------------------------------------------------------------
 
@@ -147,7 +149,12 @@ class EngineRun:
         self.frames.append((object(), sym, op))
         if isinstance(op.count, Trip):
             self.trips.append((op.count, self.addr(op, TileAddr(op.count.index, op.count.steps)), sym))
+        online = start(self, op, self.accs) if self.online is None and is_online(op) else None
+        self.online = online or self.online
         self.body(op.body)
+        if online is not None:
+            self.online = None
+            self.close_online(online)
         if isinstance(op.count, Trip):
             self.trips.pop()
         self.frames.pop()
@@ -159,8 +166,16 @@ class EngineRun:
         for ring, k in per_pop.items():
             self.popped[ring] = saved[1].get(ring, ZERO).shifted(k * n)
 
+    def close_online(self, online: OnlineRun) -> None:
+        """An online pass's body ran: its step proved (`online.finish`), its sum's terms given M's final vector."""
+        online.finish(("in", "m"), ("in", "l"))
+        acc = self.accs[online.m_acc]
+        settle(online, self.vector(acc, online.stages[0]), Aff.of(ACC_ROW) if acc.rows > 1 else Aff(0))
+
     def leaf(self, op: ChoreoOp) -> None:
         ring = self.index.ring
+        if self.online is not None and self.online.takes(op):
+            return
         match op:
             case Reserve(buf, n):
                 r = ring(buf)
@@ -571,6 +586,11 @@ class EngineRun:
                 op.to,
             )
         self.declared_ring(op, op.to, stage.outs[0])
+        self.fill(op, op.to, Page(rows, 1, self.vector(acc, stage)))
+        acc.packed = True
+
+    def vector(self, acc: Acc, stage: Stage) -> RowVec:
+        """A row accumulator's value as a row vector: its terms, each page row at PR, their sums over fresh symbols."""
         rename: dict[Sym, Aff] = {ACC_ROW: Aff.of(PR)}
         for t in acc.row_terms:
             for s in t.sums:
@@ -582,8 +602,7 @@ class EngineRun:
             )
             for t in acc.row_terms
         )
-        self.fill(op, op.to, Page(rows, 1, RowVec(stage.kind.op, terms)))
-        acc.packed = True
+        return RowVec(stage.kind.op, terms)  # type: ignore[union-attr]
 
     def add_partial(self, op: Compute) -> None:
         """acc += a page of partial sums read from the workspace: recorded as a reference to the workspace's tiles,

@@ -75,17 +75,25 @@ def keep(op: Attention) -> Tree:
     return ap("mul", inside, ap("le", col, ap("add", row, lit(op.seq_kv - op.seq_q))))
 
 
-def step(op: Attention, m: Tree, lsum: Tree, o: Tree) -> dict[str, Tree]:
-    """One KV block's step of the recurrence from (m, l, o), every part by name (how messages show them)."""
-    s = ("mm", Q_ATOM, K_ATOM)
-    x = ap("mask", keep(op), ap("mul", s, lit(op.scale)))
+def running(x: Tree, m: Tree, lsum: Tree) -> dict[str, Tree]:
+    """One step of the running max and sum of exp from (m, l) over the page of values x (a KV block's scores, a
+    page of a softmax's row): m′ = max(m, rowmax(x)), α = exp(m − m′), P = exp(x − m′), l′ = α·l + rowsum(P) — the
+    same m′ in α and P. From m = −∞, l = 0 over pages x_0 … x_n−1, m ends as the max of every value and l as the sum
+    of exp(value − m) (docs/verification.md)."""
     m1 = ("combine", "max", m, ("rowred", "max", x))
     alpha = ap("exp", ap("sub", m, m1))
     p = ap("exp", ap("sub", x, m1))
     l1 = ("combine", "sum", ("scale", lsum, alpha), ("rowred", "sum", p))
-    o1 = ("add", ("scale", o, alpha), ("mm", p, V_ATOM))
-    return {"keep": keep(op), "S": s, "X": x, "m": m, "l": lsum, "o": o, "m′": m1, "α": alpha, "P": p,
-            "l′": l1, "o′": o1, "Q": Q_ATOM, "K": K_ATOM, "V": V_ATOM}  # fmt: skip
+    return {"X": x, "m": m, "l": lsum, "m′": m1, "α": alpha, "P": p, "l′": l1}
+
+
+def step(op: Attention, m: Tree, lsum: Tree, o: Tree) -> dict[str, Tree]:
+    """One KV block's step of the recurrence from (m, l, o), every part by name (how messages show them)."""
+    s = ("mm", Q_ATOM, K_ATOM)
+    x = ap("mask", keep(op), ap("mul", s, lit(op.scale)))
+    run = running(x, m, lsum)
+    o1 = ("add", ("scale", o, run["α"]), ("mm", run["P"], V_ATOM))
+    return {"keep": keep(op), "S": s, **run, "o": o, "o′": o1, "Q": Q_ATOM, "K": K_ATOM, "V": V_ATOM}
 
 
 def finish() -> dict[str, Tree]:

@@ -14,10 +14,13 @@ from ....ir.ids import BufferId
 from ....ir.nodes import ComputeStage, Fifo, Interm, PageLayout, ReadStage, SpatialProgram, TensorRole
 from ....ir.ops import (
     ChoreoOp,
+    Compute,
     MatmulTiles,
     PackAcc,
     Precision,
     ReadTiles,
+    RowReduce,
+    walk,
 )
 from ...errors import Unsupported
 
@@ -155,13 +158,31 @@ def epilogue_rings(p: SpatialProgram, rings: Rings, integer: bool) -> Rings:
         if isinstance(s.kind, ComputeStage) and not isinstance(s.kind.op, MatmulTiles)
         for b in s.outs
     }
+    elementwise |= _online_rings(p, rings)
     table = {
         r: dataclasses.replace(ring, c_type="EPIT", elem_bytes=epit_bytes(integer))
-        if r in elementwise and ring.c_type == "ACCT"
+        if r in elementwise and (ring.c_type == "ACCT" or r in _online_rings(p, rings))
         else ring
         for r, ring in rings.rings.items()
     }
     return dataclasses.replace(rings, rings=table)
+
+
+def _online_rings(p: SpatialProgram, rings: Rings) -> set[int]:
+    """A row program's rings that its schedule fills and no stage declares — an online softmax's running max before
+    and after a page, and its rescale (`passes/rows.py`): float32 values, as the row accumulators they come from."""
+    reduces = any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for s in p.stages)
+    if p.schedule is None or not reduces:
+        return set()
+    declared = {rings.template[b] for s in p.stages for b in s.outs}
+    filled = set()
+    for prog in p.schedule.programs:
+        for op in walk(prog.ops):
+            if isinstance(op, PackAcc):
+                filled.add(rings.template[op.to])
+            elif isinstance(op, Compute):
+                filled.update(rings.template[b] for b in op.outs)
+    return filled - declared
 
 
 def scheduled_rings(p: SpatialProgram, types: MmaTypes, ops: list[ChoreoOp], rows: frozenset[int]) -> Rings:
