@@ -16,6 +16,7 @@ compute.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ...ir.ids import BufferId
 from ...ir.nodes import Stage
@@ -38,7 +39,7 @@ from ...ir.ops import (
 )
 from ...ir.printer import compute_text
 from .dataflow import Acc, same_op
-from .recurrence import ap, first_difference, lit, running, show
+from .recurrence import Tree, ap, first_difference, lit, running, show
 from .symbolic import PR, Elem, Page, RowVec
 
 PENDING = RowVec(ScaleAcc(), ())  # E's vector in the sum's terms until the loop ends: M's value after its last page
@@ -54,13 +55,13 @@ class OnlineRun:
     """The values of one run of an online loop's body: each ring's pages filled inside it (a FIFO of trees), the
     running max's and sum's accumulators and their trees."""
 
-    run: object  # the EngineRun (engine.py imports this module)
+    run: Any  # the EngineRun (engine.py imports this module)
     loop: Loop
     m_acc: BufferId
     l_acc: BufferId
     stages: tuple[Stage, Stage, Stage]  # the declared max M, map E and sum S
     x_ring: BufferId
-    trees: dict[BufferId, object] = dataclasses.field(default_factory=dict)
+    trees: dict[BufferId, Tree] = dataclasses.field(default_factory=dict)
     queues: dict[BufferId, list] = dataclasses.field(default_factory=dict)
     pending: dict[BufferId, list] = dataclasses.field(default_factory=dict)
     x_pops: int = 0
@@ -70,26 +71,26 @@ class OnlineRun:
         r = self.run
         match op:
             case Reserve(buf, 1):
-                self.pending.setdefault(r.index.ring(buf), []).append(None)  # type: ignore[attr-defined]
+                self.pending.setdefault(r.index.ring(buf), []).append(None)
                 return False
             case Push(buf, 1):
-                ring = r.index.ring(buf)  # type: ignore[attr-defined]
+                ring = r.index.ring(buf)
                 if self.pending.get(ring):
                     self.queues.setdefault(ring, []).append(self.pending[ring].pop(0))
                 return False
             case Pop(buf, 1):
-                ring = r.index.ring(buf)  # type: ignore[attr-defined]
+                ring = r.index.ring(buf)
                 if ring == self.x_ring:
                     self.x_pops += 1
                 elif self.queues.get(ring):
                     self.queues[ring].pop(0)
                 return False
             case Reserve() | Push() | Pop():
-                raise r.unsure(op, "the semantic rule follows an online pass's rings a page at a time")  # type: ignore[attr-defined]
-            case PackAcc(acc, to) if acc in (self.m_acc, self.l_acc) and r.index.ring(to) not in self.outs:  # type: ignore[attr-defined]
-                rows = r.front(op, self.x_ring).rows  # type: ignore[attr-defined]
+                raise r.unsure(op, "the semantic rule follows an online pass's rings a page at a time")
+            case PackAcc(acc, to) if acc in (self.m_acc, self.l_acc) and r.index.ring(to) not in self.outs:
+                rows = r.front(op, self.x_ring).rows
                 if op.tiles != rows or op.accumulate:
-                    raise r.unsure(  # type: ignore[attr-defined]
+                    raise r.unsure(
                         op,
                         f"it packs {op.tiles} tiles of a row accumulator of {rows} rows; the semantic rule follows a"
                         " pack of every row, one tile each",
@@ -98,7 +99,7 @@ class OnlineRun:
                 return True
             case Compute(op=ScaleAcc(), ins=(vec,), acc=acc):
                 if acc != self.l_acc:
-                    raise r.wrong(op, "an online pass rescales its running sum, and no other accumulator")  # type: ignore[attr-defined]
+                    raise r.wrong(op, "an online pass rescales its running sum, and no other accumulator")
                 self.trees[acc] = ("scale", self.trees[acc], self.front(op, vec))
                 return True
             case Compute(op=RowReduce() as red, ins=(src,), acc=acc) if acc in (self.m_acc, self.l_acc):
@@ -108,7 +109,7 @@ class OnlineRun:
                 self.widths(op, mp)
                 value = self.tree(op, mp, [self.front(op, b) for b in ins])
                 self.fill(op, out, value)
-                if r.index.ring(out) != r.index.ring(self.stages[1].outs[0]):  # type: ignore[attr-defined]
+                if r.index.ring(out) != r.index.ring(self.stages[1].outs[0]):
                     return True
                 self.exp_page(op, mp, ins)
                 return True
@@ -118,9 +119,9 @@ class OnlineRun:
         """A map's row vectors read against rows as wide as x's pages where it maps pages, one tile where it maps row
         vectors alone (as the engine's `elementwise` and `vector_map` ask)."""
         pages, got = _reads(mp.expr)
-        want = self.run.front(op, self.x_ring).width if pages else 1  # type: ignore[attr-defined]
+        want = self.run.front(op, self.x_ring).width if pages else 1
         if got - {want}:
-            raise self.run.unsure(  # type: ignore[attr-defined]
+            raise self.run.unsure(
                 op,
                 f"it reads a row vector as rows {max(got - {want})} tiles wide against pages of rows {want} tiles wide;"
                 " the semantic rule follows a row vector of one tile a page row",
@@ -128,31 +129,31 @@ class OnlineRun:
 
     @property
     def outs(self) -> set[BufferId]:
-        return {self.run.index.ring(s.outs[0]) for s in self.stages}  # type: ignore[attr-defined]
+        return {self.run.index.ring(s.outs[0]) for s in self.stages}
 
     def fill(self, op: ChoreoOp, buf: BufferId, value: object) -> None:
-        pages = self.pending.get(self.run.index.ring(buf))  # type: ignore[attr-defined]
+        pages = self.pending.get(self.run.index.ring(buf))
         if not pages:
-            raise self.run.wrong(op, f"it fills a page of {self.run.index.name(buf)} it has not reserved")  # type: ignore[attr-defined]
+            raise self.run.wrong(op, f"it fills a page of {self.run.index.name(buf)} it has not reserved")
         pages[-1] = value
 
-    def front(self, op: ChoreoOp, buf: BufferId) -> object:
+    def front(self, op: ChoreoOp, buf: BufferId) -> Tree:
         """The tree of the front page of `buf`'s ring: X (the page of x this iteration reads), or a page filled
         earlier in the body."""
-        ring = self.run.index.ring(buf)  # type: ignore[attr-defined]
+        ring = self.run.index.ring(buf)
         if ring == self.x_ring:
             return ("X",) if self.x_pops == 0 else ("X", self.x_pops)
         queue = self.queues.get(ring)
         if not queue or queue[0] is None:
-            raise self.run.unsure(  # type: ignore[attr-defined]
+            raise self.run.unsure(
                 op,
-                f"it reads {self.run.index.name(buf)} in an online pass, which no op of the pass fills before; the"  # type: ignore[attr-defined]
+                f"it reads {self.run.index.name(buf)} in an online pass, which no op of the pass fills before; the"
                 " semantic rule follows an online pass that reads x and its own pages alone",
             )
         return queue[0]
 
-    def tree(self, op: ChoreoOp, mp: Map, ins: list[object]) -> object:
-        def of(e: object) -> object:
+    def tree(self, op: ChoreoOp, mp: Map, ins: list[Tree]) -> Tree:
+        def of(e: object) -> Tree:
             match e:
                 case Arg(i) | RowArg(i):
                     return ins[i]
@@ -160,7 +161,7 @@ class OnlineRun:
                     return lit(v)
                 case Apply(name, args, params):
                     return ap(name, *(of(a) for a in args), params=params)
-            raise self.run.unsure(op, "the semantic rule follows an online pass's maps of pages and constants")  # type: ignore[attr-defined]
+            raise self.run.unsure(op, "the semantic rule follows an online pass's maps of pages and constants")
 
         return of(mp.expr)
 
@@ -169,18 +170,18 @@ class OnlineRun:
         r = self.run
         e = self.stages[1]
         declared = e.kind.op  # type: ignore[union-attr]
-        if not same_op(mp, declared) or len(ins) != 2 or r.index.ring(ins[0]) != self.x_ring:  # type: ignore[attr-defined]
-            raise r.wrong(  # type: ignore[attr-defined]
+        if not same_op(mp, declared) or len(ins) != 2 or r.index.ring(ins[0]) != self.x_ring:
+            raise r.wrong(
                 op,
-                f"it fills {r.index.name(op.outs[0])} with {compute_text(mp)} of {', '.join(map(r.index.name, ins))};"  # type: ignore[attr-defined]
+                f"it fills {r.index.name(op.outs[0])} with {compute_text(mp)} of {', '.join(map(r.index.name, ins))};"
                 f" stage {e.name} declares {compute_text(declared)} of x's page and the row's max",
             )
-        page = r.front(op, ins[0])  # type: ignore[attr-defined]
-        origin = (int(r.site.site), r.engine, r.index.op(op))  # type: ignore[attr-defined]
+        page = r.front(op, ins[0])
+        origin = (int(r.site.site), r.engine, r.index.op(op))
         cell = Elem(declared, (page.cell, PENDING), None, origin)
-        r.fill(op, op.outs[0], Page(page.rows, page.width, cell))  # type: ignore[attr-defined]
+        r.fill(op, op.outs[0], Page(page.rows, page.width, cell))
 
-    def finish(self, m_in: object, l_in: object) -> None:
+    def finish(self, m_in: Tree, l_in: Tree) -> None:
         """The body ran: m and l must be one step of `running` from the opaque m and l of the loop's entry."""
         r = self.run
         want = running(("X",), m_in, l_in)
@@ -189,15 +190,15 @@ class OnlineRun:
             have = self.trees[acc]
             if have != want[role]:
                 part, should = first_difference(have, want[role])
-                raise r.wrong(  # type: ignore[attr-defined]
+                raise r.wrong(
                     self.loop,
-                    f"after a page of the online pass {r.index.name(acc)} holds {show(have, named, True)}; one step"  # type: ignore[attr-defined]
+                    f"after a page of the online pass {r.index.name(acc)} holds {show(have, named, True)}; one step"
                     f" of the running max and sum is {role} = {show(want[role], named, True)} (where it holds"
                     f" {show(part, named)}, the step holds {show(should, named)})",
                 )
         for ring, queue in self.queues.items():
             if ring != self.x_ring and queue:
-                raise r.wrong(self.loop, f"a page of the online pass leaves a page of {r.index.name(ring)} unread")  # type: ignore[attr-defined]
+                raise r.wrong(self.loop, f"a page of the online pass leaves a page of {r.index.name(ring)} unread")
 
 
 def _reads(expr: object) -> tuple[bool, set[int]]:
@@ -213,7 +214,7 @@ def _reads(expr: object) -> tuple[bool, set[int]]:
     return False, set()
 
 
-def start(run: object, loop: Loop, accs: dict[BufferId, Acc]) -> OnlineRun:
+def start(run: Any, loop: Loop, accs: dict[BufferId, Acc]) -> OnlineRun:
     """The online loop's roles — its running max and sum (the one accumulator each of the stages' online pair's
     reductions adds into, freshly acquired before the loop) and x's ring — or the reason it is not one."""
     from ...errors import ProgramError
@@ -221,30 +222,30 @@ def start(run: object, loop: Loop, accs: dict[BufferId, Acc]) -> OnlineRun:
 
     r = run
     try:
-        pair = row_shape(r.index.p).online  # type: ignore[attr-defined]
+        pair = row_shape(r.index.p).online
     except ProgramError:
         pair = None
     if pair is None:
-        raise r.unsure(loop, "it rescales an accumulator; the semantic rule follows that in an online softmax's pass")  # type: ignore[attr-defined]
+        raise r.unsure(loop, "it rescales an accumulator; the semantic rule follows that in an online softmax's pass")
     m, e, s = pair
     into: dict[str, set[BufferId]] = {"max": set(), "sum": set()}
     for op in walk(loop.body):
         if isinstance(op, Compute) and isinstance(op.op, RowReduce) and op.acc is not None:
             into.setdefault(op.op.op, set()).add(op.acc)
     if len(into["max"]) != 1 or len(into["sum"]) != 1 or into["max"] == into["sum"] or len(into) != 2:
-        raise r.wrong(  # type: ignore[attr-defined]
+        raise r.wrong(
             loop, f"an online pass reduces each page into one running max ({m.name}) and one running sum ({s.name})"
         )
     (m_acc,), (l_acc,) = into["max"], into["sum"]
     for stage, acc in ((m, m_acc), (s, l_acc)):
         held = accs.get(acc)
         if held is None or not held.live or held.row_terms or held.terms or held.packed:
-            raise r.wrong(  # type: ignore[attr-defined]
+            raise r.wrong(
                 loop,
-                f"{r.index.name(acc)} enters the online pass not freshly acquired: {stage.name} starts from its"  # type: ignore[attr-defined]
+                f"{r.index.name(acc)} enters the online pass not freshly acquired: {stage.name} starts from its"
                 " identity",
             )
-    online = OnlineRun(run, loop, m_acc, l_acc, (m, e, s), r.index.ring(m.ins[0]))  # type: ignore[attr-defined]
+    online = OnlineRun(run, loop, m_acc, l_acc, (m, e, s), r.index.ring(m.ins[0]))
     online.trees = {m_acc: ("in", "m"), l_acc: ("in", "l")}
     return online
 
@@ -252,10 +253,10 @@ def start(run: object, loop: Loop, accs: dict[BufferId, Acc]) -> OnlineRun:
 def settle(online: OnlineRun, max_vector: RowVec, row: object) -> None:
     """After the loop: the sum's terms read M's final vector (`max_vector`, as PackAcc would make it) where they
     held PENDING — the recurrence's l after the last page is the sum of exp(x − m) at the final m."""
-    acc = online.run.accs[online.l_acc]  # type: ignore[attr-defined]
+    acc = online.run.accs[online.l_acc]
     now = max_vector.subst({PR: row})  # type: ignore[dict-item]
 
-    def settled(cell: object) -> object:
+    def settled(cell: Any) -> Any:
         if isinstance(cell, Elem):
             return dataclasses.replace(cell, inners=tuple(now if c == PENDING else settled(c) for c in cell.inners))
         return cell
