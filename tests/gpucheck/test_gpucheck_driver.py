@@ -29,6 +29,7 @@ from spatialc.gpucheck.cases import (
     parse_size,
 )
 from spatialc.gpucheck.timing import Timing
+from spatialc.runtime import discover
 from spatialc.runtime import launch as L
 from spatialc.runtime import nvcc as N
 
@@ -342,7 +343,7 @@ def test_without_a_gpu_it_says_why_and_names_the_dry_run_in_one_line_and_exits_2
 ):
     monkeypatch.setitem(sys.modules, "cupy", None)
     monkeypatch.setattr(L, "_DEVICE", None)
-    monkeypatch.setattr(L, "DEVICE_PROBES", (lambda: device,))
+    monkeypatch.setattr(discover, "DEVICE_PROBES", (lambda: device,))
     monkeypatch.setattr(N, "find_nvcc", lambda: None)
     out = tmp_path / "my out"
     status = gpucheck.main([str(out), "--sizes", "64"])

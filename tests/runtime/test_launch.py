@@ -19,6 +19,7 @@ import spatialc
 from spatialc.errors import SpatialError
 from spatialc.inputs import InputError
 from spatialc.lower.artifact import Budget, Census, CudaArtifact, KernelParam, Launch
+from spatialc.runtime import discover
 from spatialc.runtime import launch as L
 from spatialc.runtime import nvcc as N
 from spatialc.runtime.tilize import (
@@ -325,7 +326,7 @@ def test_launch_errors_are_spatial_errors():
 def test_no_cupy_is_one_clear_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy → ImportError
     monkeypatch.setattr(L, "_DEVICE", None)
-    monkeypatch.setattr(L, "DEVICE_PROBES", (lambda: True,))  # a machine with a device, without CuPy
+    monkeypatch.setattr(discover, "DEVICE_PROBES", (lambda: True,))  # a machine with a device, without CuPy
     art = artifact(16, 16, 16)
     with pytest.raises(L.GpuUnavailable) as err:
         spatialc.run(art, np.ones((16, 16)), np.ones((16, 16)))
@@ -362,7 +363,7 @@ class _FakeCupy:
 def test_no_device_or_driver_is_one_clear_line(monkeypatch, count, present, words):
     monkeypatch.setitem(sys.modules, "cupy", _FakeCupy(count))
     monkeypatch.setattr(L, "_DEVICE", None)
-    monkeypatch.setattr(L, "DEVICE_PROBES", (lambda: present,))
+    monkeypatch.setattr(discover, "DEVICE_PROBES", (lambda: present,))
     with pytest.raises(L.GpuUnavailable, match=words) as err:
         L.cupy_device()
     assert "\n" not in str(err.value)
@@ -386,7 +387,7 @@ def test_no_device_or_driver_is_one_clear_line(monkeypatch, count, present, word
 def test_without_cupy_the_reason_follows_the_device_probes(monkeypatch, present, says):
     monkeypatch.setitem(sys.modules, "cupy", None)
     monkeypatch.setattr(L, "_DEVICE", None)
-    monkeypatch.setattr(L, "DEVICE_PROBES", (lambda: present,))
+    monkeypatch.setattr(discover, "DEVICE_PROBES", (lambda: present,))
     with pytest.raises(L.GpuUnavailable) as err:
         L.cupy_device()
     assert str(err.value) == says
@@ -400,26 +401,26 @@ def test_the_first_probe_that_sees_a_device_decides_and_the_others_are_not_asked
 
     def present(*answers):
         asked.clear()
-        L.DEVICE_PROBES = tuple(probe(a) for a in answers)
-        return L.cuda_device_present()
+        discover.DEVICE_PROBES = tuple(probe(a) for a in answers)
+        return discover.cuda_device_present()
 
-    saved = L.DEVICE_PROBES
+    saved = discover.DEVICE_PROBES
     try:
         assert present(None, True, False) is True and asked == [None, True]
         assert present(None, False, None) is False and asked == [None, False, None]
         assert present(None, None) is None
     finally:
-        L.DEVICE_PROBES = saved
+        discover.DEVICE_PROBES = saved
 
 
 def test_the_proc_probe_reads_the_drivers_folder_of_gpus(monkeypatch, tmp_path):
     gpus = tmp_path / "gpus"
-    monkeypatch.setattr(L, "NVIDIA_GPUS", gpus)
-    assert L._probe_proc() is None  # no folder: no NVIDIA driver loaded here, or not Linux; it cannot tell
+    monkeypatch.setattr(discover, "NVIDIA_GPUS", gpus)
+    assert discover._probe_proc() is None  # no folder: no NVIDIA driver loaded here, or not Linux; it cannot tell
     gpus.mkdir()
-    assert L._probe_proc() is False
+    assert discover._probe_proc() is False
     (gpus / "0000:01:00.0").mkdir()
-    assert L._probe_proc() is True
+    assert discover._probe_proc() is True
 
 
 class _FakeLibcuda:
@@ -450,14 +451,14 @@ def test_the_driver_probe_asks_libcuda(monkeypatch, lib, found):
             raise OSError(f"{name}: cannot open shared object file")
         return lib
 
-    monkeypatch.setattr(L.sys, "platform", "linux")
-    monkeypatch.setattr(L.ctypes, "CDLL", cdll)
-    assert L._probe_driver() is found
+    monkeypatch.setattr(discover.sys, "platform", "linux")
+    monkeypatch.setattr(discover.ctypes, "CDLL", cdll)
+    assert discover._probe_driver() is found
 
 
 def test_the_driver_probe_does_not_guess_on_other_systems(monkeypatch):
-    monkeypatch.setattr(L.sys, "platform", "darwin")
-    assert L._probe_driver() is None
+    monkeypatch.setattr(discover.sys, "platform", "darwin")
+    assert discover._probe_driver() is None
 
 
 @pytest.mark.parametrize(
@@ -474,13 +475,13 @@ def test_the_nvidia_smi_probe_reads_its_list(monkeypatch, tmp_path, script, foun
     smi.write_text(f"#!/bin/sh\n{script}\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setattr(L, "NVIDIA_SMI_TIMEOUT_S", 0.5)
-    assert L._probe_nvidia_smi() is found
+    monkeypatch.setattr(discover, "NVIDIA_SMI_TIMEOUT_S", 0.5)
+    assert discover._probe_nvidia_smi() is found
 
 
 def test_the_nvidia_smi_probe_without_nvidia_smi_cannot_tell(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert L._probe_nvidia_smi() is None
+    assert discover._probe_nvidia_smi() is None
 
 
 # ---- compiling -------------------------------------------------------------------------------------------------
