@@ -59,9 +59,9 @@ def _smoke_compiles_nothing(request: pytest.FixtureRequest, monkeypatch: pytest.
     """A smoke test that would compile an emulation fails, by name, instead of making the subset slow unseen."""
     if request.node.get_closest_marker("smoke") is None:
         return
-    from spatialc.runtime import emulate
+    from spatialc.runtime import emu_compile
 
     def refuse() -> tuple[str, str]:
         raise SmokeCompiled(f"{request.node.nodeid} compiles with g++: mark it pytest.mark.emulation")
 
-    monkeypatch.setattr(emulate, "_compiler", refuse)
+    monkeypatch.setattr(emu_compile, "_compiler", refuse)

@@ -19,6 +19,7 @@ from spatialc import inputs
 from spatialc.cli import main
 from spatialc.inputs import InexactInputWarning
 from spatialc.lower.errors import Unsupported
+from spatialc.runtime import emu_compile
 from spatialc.runtime import emulate as emulation
 from spatialc.runtime import launch as launcher
 from spatialc.runtime.nvcc import compile_cubin
@@ -106,7 +107,7 @@ def test_an_emulation_decoding_e4m3_bytes_as_e5m2_is_caught(tmp_path, monkeypatc
     right = "explicit operator float() const { return float(decode_fp8(__x, Mant, Expb, Fn)); }"
     assert right in half.read_text()
     half.write_text(half.read_text().replace(right, right.replace("Mant, Expb, Fn", "2, 5, false")))
-    monkeypatch.setattr(emulation, "HEADER_DIR", headers)
+    monkeypatch.setattr(emu_compile, "HEADER_DIR", headers)
     p = fp8_gemm(37, 29, 53, "e4m3", epilogue=[])
     x = {k: v for k, v in scaled_inputs(37, 29, 53, "e4m3").items() if k in "AB"}
     c = emulated(p, "persistent", x)

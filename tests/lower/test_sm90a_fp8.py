@@ -18,6 +18,7 @@ import spatialc
 from spatialc.errors import PlanError
 from spatialc.lower.errors import Unsupported
 from spatialc.numerics.tolerance import FP8_WGMMA_STEP
+from spatialc.runtime import emu_compile
 from spatialc.runtime import emulate as emulation
 from spatialc.runtime.sass import disassemble, find_cuobjdump, main_loop_census
 from tests.test_fp8 import SCALED, scaled_inputs
@@ -89,7 +90,7 @@ def test_an_emulated_wgmma_decoding_e4m3_bytes_as_e5m2_is_caught(tmp_path, monke
     right = "explicit operator float() const { return float(decode_fp8(__x, Mant, Expb, Fn)); }"
     assert right in half.read_text()
     half.write_text(half.read_text().replace(right, right.replace("Mant, Expb, Fn", "2, 5, false")))
-    monkeypatch.setattr(emulation, "HEADER_DIR", headers)
+    monkeypatch.setattr(emu_compile, "HEADER_DIR", headers)
     p = hopper_gemm(37, 29, 53, "e4m3", [])
     x = {key: v for key, v in scaled_inputs(37, 29, 53, "e4m3").items() if key in "AB"}
     ok, how = spatialc.tolerance(p, kernel=True).check(emulated(p, x), x)

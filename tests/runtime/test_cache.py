@@ -35,7 +35,7 @@ def test_a_cached_cubin_is_found_without_compiling(monkeypatch, tmp_path):
 
 def test_a_smoke_test_that_reaches_the_emulations_compiler_fails_by_name(request):
     assert request.node.get_closest_marker("smoke") is not None  # test_cache is one of conftest's SMOKE_MODULES
-    from spatialc.runtime import emulate
+    from spatialc.runtime import emu_compile
 
     with pytest.raises(AssertionError, match=r"compiles with g\+\+: mark it pytest.mark.emulation"):
-        emulate._compiler()
+        emu_compile._compiler()

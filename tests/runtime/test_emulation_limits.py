@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import spatialc
+from spatialc.runtime import emu_run
 from spatialc.runtime import emulate as E
 
 
@@ -36,7 +37,7 @@ def test_an_emulation_past_its_memory_is_refused_before_anything_is_made():
 def test_input_files_are_written_a_chunk_at_a_time_and_read_back_the_same(tmp_path, monkeypatch):
     values = np.arange(-500, 537, dtype=np.int64).reshape(61, 17)
     floats = np.linspace(-3.0, 7.0, 1037).astype(np.float32)
-    monkeypatch.setattr(E, "VALUES_CHUNK", 100)
+    monkeypatch.setattr(emu_run, "VALUES_CHUNK", 100)
     for name, v in (("i.txt", values), ("f.txt", floats)):
         E.write_values(tmp_path / name, v)
         assert (tmp_path / name).read_text() == E.format_values(v)  # the same text as formatted whole
