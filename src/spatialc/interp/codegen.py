@@ -26,65 +26,44 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
-from ..ir.names import plain
-from ..ir.nodes import Accumulator, Buffer, Fifo, Interm
+from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, loop_var_name
 from ..ir.ops import (
     AcquireAcc,
-    AddPartial,
-    Apply,
     Barrier,
     ChoreoOp,
     Compute,
     Const,
-    Dequant,
     Flush,
     Loop,
-    Map,
-    MatmulTiles,
     McastSend,
     McastSetValid,
     PackAcc,
     Pop,
-    Pos,
-    Precision,
     Push,
     ReadBarrier,
     ReadTiles,
     ReleaseAcc,
-    Requant,
     Reserve,
     RowReduce,
-    ScaleAcc,
     SemInc,
     SemSet,
     SemWait,
     Span,
-    TileAddr,
     Trip,
-    VecAxis,
     Wait,
     WriteBarrier,
     WriteTiles,
-    arg_indices,
-    cols,
     walk,
 )
 from . import support, trace
 from .blockscale import scaled_step
+from .compute_code import ComputeEmitter
 from .dequant import dequant
+from .emitter import Ref
 from .errors import EvalError, UnsupportedOp
-from .mapped import MapKernel
 from .values import TileRefs, Tiles
-
-if TYPE_CHECKING:
-    from .machine import Machine
-
-# Per-site state an engine takes: ("ring", buffer) | ("acc", buffer) | ("sem", sem, site or None for its own) |
-# ("sem_group", sem, group) | ("ring_group", buffer, group) (the other sites' copies) | ("barrier", group)
-Ref = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -104,23 +83,8 @@ class Code:
         return args[self.block_ref[i]]
 
 
-class Emitter:
+class Emitter(ComputeEmitter):
     """Builds the source of one engine program, op by op."""
-
-    def __init__(self, m: Machine, label: str, tracing: bool) -> None:
-        self.m, self.label, self.tracing = m, label, tracing
-        self.lines: list[str] = []
-        self.indent = 1
-        self.refs: list[Ref] = []
-        self.names: dict[Ref, str] = {}
-        self.consts: dict[str, object] = {}
-        self.ops: list[ChoreoOp] = []
-        self.block_ref: dict[int, int] = {}
-        self.scope: set[LoopVar] = set()
-        self.item_coords_free = False
-        self.known: dict[str, list[int]] = {}
-        self.sides: dict[tuple[int, str], None] = {}  # ordered: errors name the first ring in program order
-        self.roles: dict[Any, Compute] = {}  # each accumulator's matmul or row reduction (`acc_roles`)
 
     def compile(self, ops: tuple[ChoreoOp, ...]) -> Code:
         """The Code of an engine program."""
@@ -142,110 +106,6 @@ class Emitter:
             source,
             [self.m.text(op) for op in self.ops],
         )
-
-    # ---- plumbing ------------------------------------------------------------------------------------------
-
-    def comment(self, op: ChoreoOp) -> str:
-        """The op's text for a `#` comment of the generated source: names in it can end no line (ir/names.py)."""
-        return plain(self.m.text(op))
-
-    def emit(self, *lines: str) -> None:
-        self.lines.extend("    " * self.indent + line for line in lines)
-
-    def where(self, op: ChoreoOp) -> str:
-        return f"{self.label}: `{self.m.text(op)}`"
-
-    def ref(self, key: Ref, prefix: str) -> str:
-        """The argument name of a piece of per-site state."""
-        if key not in self.names:
-            self.names[key] = f"{prefix}{sum(1 for k in self.refs if k[0] == key[0])}"
-            self.refs.append(key)
-        return self.names[key]
-
-    def const(self, value: object, prefix: str) -> str:
-        for name, v in self.consts.items():
-            if v is value and name.startswith(prefix):
-                return name
-        name = f"{prefix.upper()}{len(self.consts)}"
-        self.consts[name] = value
-        return name
-
-    def index(self, op: ChoreoOp) -> int:
-        self.ops.append(op)
-        return len(self.ops) - 1
-
-    def block(self, cond: str, i: int, ref: str | None = None) -> None:
-        """Lines that wait until `cond` holds: yield i once, then None per retry still blocked."""
-        if ref is not None:
-            self.block_ref[i] = self.refs.index(next(k for k, n in self.names.items() if n == ref))
-        self.emit(f"if not ({cond}):", f"    yield {i}", f"    while not ({cond}):", "        yield None")
-
-    def buffer(self, bid, op: ChoreoOp, kinds: tuple[type, ...]) -> Buffer:
-        buf = self.m.buffer(bid, lambda: self.where(op))
-        if not isinstance(buf.kind, kinds):
-            what = "an accumulator" if kinds == (Accumulator,) else "a ring"
-            raise EvalError(f"{self.where(op)}: {buf.name} is not {what}")
-        return buf
-
-    def ring(self, bid, op: ChoreoOp, side: str) -> str:
-        """The ring's argument name; `side` (produce / consume) is recorded so that binding can check each ring
-        has one producer and one consumer engine per site — which is also what makes `facts` sound."""
-        name = self.ref(("ring", self.buffer(bid, op, (Fifo, Interm)).id), "r")
-        self.sides[(self.refs.index(("ring", bid)), side)] = None
-        return name
-
-    def depth_of(self, bid) -> int:
-        return self.m.ring_kind(bid).depth_pages
-
-    def facts(self, r: str) -> list[int]:
-        """[reserved, published] pages of ring r that this engine's own ops guarantee at this point of the code.
-
-        Only the producer changes `reserved` and only the consumer lowers `published`, so after a Reserve (Wait)
-        those pages stay until this engine's own Push (Pop) — in straight-line code. A loop forgets them."""
-        return self.known.setdefault(r, [0, 0])
-
-    def newest_reserved(self, r: str, bid, i: int) -> str:
-        """The slot expression of ring r's newest reserved page, with a check there is one unless known."""
-        if self.facts(r)[0] < 1:
-            what = f"writes {{{r}.name}} but holds no reserved page"
-            self.emit(f"if {r}.tail == {r}.pushed:", f"    fail(E, {i}, f'{what}')")
-        return f"{r}.slots[({r}.tail - 1) % {self.depth_of(bid)}]"
-
-    def front(self, var: str, r: str, bid, i: int, n: int) -> None:
-        """Lines putting ring r's front page in `var`, checked to hold at least n tiles."""
-        page = f"{r}.slots[{r}.popped % {self.depth_of(bid)}]"
-        if self.facts(r)[1] < 1:
-            page += f" if {r}.pushed != {r}.popped else None"
-        self.emit(f"{var} = {page}", f"if {var} is None or {var}.count < {n}:", f"    fail_page(E, {i}, {r}, {n})")
-
-    def acc(self, bid, op: ChoreoOp) -> str:
-        return self.ref(("acc", self.buffer(bid, op, (Accumulator,)).id), "a")
-
-    def addr(self, at: TileAddr, op: ChoreoOp) -> str:
-        terms = [str(at.base)] if at.base or not at.steps else []
-        for var, stride in at.steps:
-            if var in (LV_ITEM_Y, LV_ITEM_X):
-                if LV_ITEM not in self.scope:
-                    self.item_coords_free = True
-                terms.append(_times(stride, "iy" if var == LV_ITEM_Y else "ix"))
-            elif var in self.scope:
-                terms.append(_times(stride, f"v{self.m.slot(var)}"))
-            else:
-                raise EvalError(f"{self.where(op)} uses loop variable {loop_var_name(var)} outside its loop")
-        return " + ".join(terms)
-
-    def acc_roles(self, ops: tuple[ChoreoOp, ...]) -> dict[Any, Compute]:
-        """Each accumulator's role in this engine program: the matmul or the row reduction that accumulates into it
-        (its first; `row_reduce` and `set_geom` check the others agree). What an AcquireAcc starts it from (a row
-        max from −∞) and what a ScaleAcc scales (a matmul's block, or rows) follow from it."""
-        roles: dict[Any, Compute] = {}
-        for op in walk(ops):
-            if isinstance(op, Compute) and op.acc is not None and isinstance(op.op, MatmulTiles | RowReduce):
-                first = roles.setdefault(op.acc, op)
-                if type(first.op) is not type(op.op):
-                    name = self.m.buffers[op.acc].name
-                    raise EvalError(f"{self.where(op)}: {name} holds a matmul and a row reduction")
-        return roles
 
     # ---- ops -----------------------------------------------------------------------------------------------
 
@@ -418,158 +278,6 @@ class Emitter:
             self.emit(f"v = masked_write(E, {i}, {s}, at, {o}, {counts}, v)")
         self.emit(f"{s}.pending.append((at, {o}, {op.block_h}, {op.block_w}, v))")
 
-    def compute(self, op: Compute, i: int) -> None:
-        mm = op.op
-        if isinstance(mm, Map | Requant):
-            self.elementwise(op, mm, i)
-            return
-        if isinstance(mm, AddPartial):
-            self.add_partial(op, i)
-            return
-        if isinstance(mm, RowReduce):
-            self.row_reduce(op, mm, i)
-            return
-        if isinstance(mm, ScaleAcc):
-            self.scale_acc(op, i)
-            return
-        if isinstance(mm, Dequant):
-            self.dequant(op, mm, i)
-            return
-        if not isinstance(mm, MatmulTiles):
-            raise UnsupportedOp(f"{self.where(op)}: the interpreter does not run {type(mm).__name__} yet")
-        if op.acc_reload is not None:
-            raise UnsupportedOp(f"{self.where(op)}: the interpreter does not run accumulator reloads yet")
-        if len(op.ins) != 2 or op.acc is None:
-            raise EvalError(f"{self.where(op)}: a tile matmul takes two input rings and an accumulator")
-        ra, rb = self.ring(op.ins[0], op, "consume"), self.ring(op.ins[1], op, "consume")
-        a = self.acc(op.acc, op)
-        geom = self.geometry(op, mm)
-        g = self.const(geom, "g")
-        self.emit(f"if not {a}.live:", f"    fail(E, {i}, {a}.name + ' is not acquired')")
-        self.front("x", ra, op.ins[0], i, geom[0] * geom[2])
-        self.front("y", rb, op.ins[1], i, geom[2] * geom[1])
-        prec = str(mm.operand.value)  # a computed page is rounded to it, a tensor's tiles are taken as they are
-        for name, buf in (("x", op.ins[0]), ("y", op.ins[1])):
-            if self.m.buffers[buf].ring in self.m.computed:
-                self.emit(f"{name} = operand(E, {i}, {name}, {prec!r})")
-        if mm.transpose_b:  # the page holds Bᵀ (w × ibw tiles): the product reads it as B
-            self.emit(f"y = transposed(y, {geom[1]}, {geom[2]})")
-        if mm.scales is not None:  # block-scaled: the step promoted at once (interp/blockscale.py)
-            sc, where = mm.scales, (lambda: self.where(op))
-            sa, sb = (self.const(self.m.store(s.tensor, where), "t") for s in (sc.a, sc.b))
-            at = ", ".join(self.addr(x, op) for x in (sc.rows, sc.cols, sc.k))
-            self.emit(f"scaled_step(E, {i}, x, y, {a}, {g}, {self.const(sc, 's')}, {sa}, {sb}, {at})")
-            return
-        self.emit(f"if {a}.geom is not {g}:", f"    set_geom(E, {i}, {a}, {g})", f"{a}.a.append(x)", f"{a}.b.append(y)")
-
-    def dequant(self, op: Compute, dq: Dequant, i: int) -> None:
-        """A dequant prologue: the front page of 4-bit weights into the reserved operand page (`interp/dequant.py`)."""
-        if len(op.ins) != 1 or len(op.outs) != 1 or op.acc is not None:
-            raise EvalError(f"{self.where(op)}: a dequant reads one ring of weights and fills one")
-        if dq.group < 1 or dq.width < 1 or dq.operand not in (Precision.BF16, Precision.FP16):
-            raise EvalError(
-                f"{self.where(op)}: a dequant takes groups of ≥ 1 row and pages ≥ 1 tile wide, into bf16 or fp16"
-            )
-        self.front("x", self.ring(op.ins[0], op, "consume"), op.ins[0], i, 1)
-        slot = self.newest_reserved(self.ring(op.outs[0], op, "produce"), op.outs[0], i)
-        stores = [
-            "None" if t is None else self.const(self.m.store(t, lambda: self.where(op)), "t")
-            for t in (dq.scale, dq.zero)
-        ]
-        rows, cols = self.addr(dq.rows, op), self.addr(dq.cols, op)
-        self.emit(
-            f"{slot} = dequant(x, {self.const(dq, 'e')}, {stores[0]}, {stores[1]}, {rows}, {cols},"
-            f" {self.const(self.where(op), 'w')})"
-        )
-
-    def scale_acc(self, op: Compute, i: int) -> None:
-        """acc[row] ·= the row's value of its one ring's front page (a row vector): what the accumulator holds now."""
-        if len(op.ins) != 1 or op.outs or op.acc is None:
-            raise EvalError(f"{self.where(op)}: rescaling an accumulator reads one ring (a row vector)")
-        role = self.roles.get(op.acc)
-        if role is None:
-            raise EvalError(
-                f"{self.where(op)} rescales {self.m.buffers[op.acc].name}, which no matmul or row reduction of this"
-                " engine accumulates into"
-            )
-        geom = self.geometry(role, role.op) if isinstance(role.op, MatmulTiles) else None
-        r = self.ring(op.ins[0], op, "consume")
-        a = self.acc(op.acc, op)
-        self.front("x", r, op.ins[0], i, 1)
-        self.emit(f"scale_acc(E, {i}, x, {a}, {self.const(geom, 'g') if geom is not None else None})")
-
-    def add_partial(self, op: Compute, i: int) -> None:
-        """acc += the front page of its one ring: kept beside the products, added in order when it is packed."""
-        if len(op.ins) != 1 or op.outs or op.acc is None:
-            raise EvalError(f"{self.where(op)}: adding a partial sum reads one ring into an accumulator")
-        r = self.ring(op.ins[0], op, "consume")
-        a = self.acc(op.acc, op)
-        n = self.m.buffers[op.acc].kind.tiles  # type: ignore[union-attr]
-        self.emit(f"if not {a}.live:", f"    fail(E, {i}, {a}.name + ' is not acquired')")
-        self.front("x", r, op.ins[0], i, 1)
-        self.emit(f"{a}.parts.append(partial(E, {i}, x, {n}))")
-
-    def row_reduce(self, op: Compute, rr: RowReduce, i: int) -> None:
-        """acc ⊕= each row of its one ring's front page, the columns at or past the row's width left out: the pages
-        kept, reduced when the accumulator is packed (`support.pack`)."""
-        if len(op.ins) != 1 or op.outs or op.acc is None:
-            raise EvalError(f"{self.where(op)}: a row reduction reads one ring into an accumulator")
-        r = self.ring(op.ins[0], op, "consume")
-        a = self.acc(op.acc, op)
-        self.front("x", r, op.ins[0], i, rr.width)
-        self.emit(f"row_reduce(E, {i}, x, {a}, {self.const(rr, 'e')}, {self.addr(rr.at, op)})")
-
-    def elementwise(self, op: Compute, cop: Map | Requant, i: int) -> None:
-        """An elementwise stage: the front pages of its input rings, element by element, into its output ring."""
-        arity = 1 if isinstance(cop, Requant) else max(arg_indices(cop.expr), default=-1) + 1
-        if len(op.ins) != max(arity, 1) or len(op.outs) != 1 or op.acc is not None:
-            raise EvalError(
-                f"{self.where(op)}: an elementwise stage reads the rings its expression names"
-                f" ({max(arity, 1)}) and writes one"
-            )
-        dst = op.outs[0]
-        pages = []
-        for j, src in enumerate(op.ins):
-            self.front(f"x{j}", self.ring(src, op, "consume"), src, i, 1)
-            pages.append(f"x{j}")
-        slot = self.newest_reserved(self.ring(dst, op, "produce"), dst, i)
-        integer = self.m.p.precision == Precision.INT8
-        c = self.const(MapKernel(cop, integer, (self.m.p.tile.rows, self.m.p.tile.cols), len(op.ins)), "e")
-        columns = cols(cop.expr) if isinstance(cop, Map) else ()
-        vectors = []
-        for col in columns:
-            store = self.const(self.m.store(col.tensor, lambda: self.where(op)), "t")
-            vectors.append(f"({store}, {self.addr(col.at, op)}, {col.width}, {col.axis == VecAxis.ROW})")
-        places = [f"({self.const(node, 'p')}, {self.addr(node.at, op)})" for node in _places(cop)]
-        at = f", ({', '.join(places)},)" if places else ""
-        self.emit(f"{slot} = elementwise(E, {i}, [{', '.join(pages)}], {c}, [{', '.join(vectors)}]{at})")
-
-    def geometry(self, op: Compute, mm: MatmulTiles) -> tuple[int, int, int, int, int]:
-        """(h, w, ibw, tile side, int8 elements per product or 0), checked against the pages and accumulator."""
-        h, w, ibw = mm.sub_blocks[0] * mm.block.osh, mm.sub_blocks[1] * mm.block.osw, mm.block.ibw
-        tile = self.m.p.tile
-        if tile.rows != tile.cols:
-            raise UnsupportedOp(f"{self.where(op)}: tile matmuls need square tiles, not {tile.rows}x{tile.cols}")
-        for bid, n in ((op.ins[0], h * ibw), (op.ins[1], ibw * w)):
-            buf = self.m.buffers[bid]
-            if n > buf.kind.page_tiles:  # type: ignore[union-attr]
-                raise EvalError(
-                    f"{self.where(op)} needs {n} tiles per page of {buf.name}, whose pages hold {buf.kind.page_tiles}"
-                )  # type: ignore[union-attr]
-        acc = self.m.buffers[op.acc]  # type: ignore[index]
-        if h * w > acc.kind.tiles:  # type: ignore[union-attr]
-            raise EvalError(f"{self.where(op)} needs {h * w} accumulator tiles, {acc.name} has {acc.kind.tiles}")  # type: ignore[union-attr]
-        return (h, w, ibw, tile.rows, ibw * tile.cols if mm.operand == Precision.INT8 else 0)
-
-    def pack_checks(self, op: PackAcc) -> None:
-        page = self.buffer(op.to, op, (Fifo, Interm)).kind.page_tiles  # type: ignore[union-attr]
-        acc = self.buffer(op.acc, op, (Accumulator,))
-        if op.tiles > page or op.tiles > acc.kind.tiles:  # type: ignore[union-attr]
-            raise EvalError(
-                f"{self.where(op)} packs {op.tiles} tiles: pages of {self.m.buffers[op.to].name}"
-                f" hold {page}, {acc.name} has {acc.kind.tiles}"
-            )  # type: ignore[union-attr]
-
     def semaphore(self, op: SemSet | SemInc | SemWait | McastSetValid, i: int) -> None:
         where = lambda: self.where(op)  # noqa: E731
         match op:
@@ -604,23 +312,6 @@ class Emitter:
             case Barrier():
                 return f"span(E, {i}, waited(E, E.ready))"
         return f"span(E, {i}, E.clock + {trace.op_ticks(op)})"
-
-
-def _places(op: Map | Requant) -> list[Pos]:
-    """The positions (`Pos`) a map reads, each once."""
-    found: dict[Pos, None] = {}
-    stack = [op.expr] if isinstance(op, Map) else []
-    while stack:
-        node = stack.pop()
-        if isinstance(node, Pos):
-            found[node] = None
-        elif isinstance(node, Apply):
-            stack.extend(node.args)
-    return list(found)
-
-
-def _times(stride: int, name: str) -> str:
-    return name if stride == 1 else f"{stride} * {name}"
 
 
 _HELPERS: dict[str, object] = {
