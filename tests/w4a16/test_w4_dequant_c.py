@@ -48,7 +48,7 @@ def scales(rng: np.random.Generator) -> list[tuple[str, float]]:
     out = [(f"bits({f32_bits(s)}u)", float(np.float32(s))) for s in rng.uniform(0.004, 0.03, 6)]
     out += [(f"bits({f32_bits(s)}u)", float(np.float32(s))) for s in (1 / 3, -7.1e-5, 3.0e38)]
     out += [(f"bits({f32_bits(s)}u)", float(s)) for s in rng.uniform(0.004, 0.03, 4).astype(ml_dtypes.bfloat16)]
-    out += [(f"spatialc_e8m0({c})", 2.0 ** (c - 127)) for c in (0, 1, 100, 123, 127, 128, 200, 254)]
+    out += [(f"spatialc_e8m0_value({c})", 2.0 ** (c - 127)) for c in (0, 1, 100, 123, 127, 128, 200, 254)]
     return out
 
 

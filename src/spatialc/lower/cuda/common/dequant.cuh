@@ -9,6 +9,14 @@
 // nearest even (fp16 overflows to +-inf). Nothing here may be contracted into a fused operation: there is none to
 // contract (one multiply, then a conversion).
 
+// The element types of the kernel's 4-bit tensors (lower/cuda/common/dequant.py; runtime/tilize.py names them back).
+typedef unsigned char spatialc_int4x2;   // a byte of two int4 values: B[2i, j] in its low nibble, B[2i + 1, j] high
+typedef unsigned char spatialc_uint4x2;  // the same of uint4 values
+typedef unsigned char spatialc_e2m1x2;   // the same of float4_e2m1fn codes
+typedef signed char spatialc_int4;       // one int4 value a byte (zero points)
+typedef unsigned char spatialc_uint4;    // one uint4 value a byte (zero points)
+typedef unsigned char spatialc_e8m0;     // a float8_e8m0fnu scale's code
+
 // The value of a 4-bit code (its low four bits) of each format.
 __device__ __forceinline__ float spatialc_w4_int4(unsigned code)
 {
@@ -30,7 +38,7 @@ __device__ __forceinline__ float spatialc_w4_e2m1(unsigned code)
 
 // A float8_e8m0fnu scale: code c is 2^(c - 127) (c = 0 is 2^-127, a float32 subnormal; 255 is NaN), built from
 // its bits so that it is exact with no library call.
-__device__ __forceinline__ float spatialc_e8m0(unsigned char code)
+__device__ __forceinline__ float spatialc_e8m0_value(unsigned char code)
 {
     const unsigned bits = code == 255u ? 0x7fc00000u : code == 0u ? 0x00400000u : (unsigned)code << 23;
     float f;
