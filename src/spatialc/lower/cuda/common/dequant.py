@@ -25,7 +25,17 @@ from collections.abc import Callable
 from typing import Any
 
 from ....ir.ids import LoopVar
-from ....ir.nodes import FOUR_BIT, DType, PageLayout, ReadStage, SpatialProgram, Tensor, TensorRole, TileOrder
+from ....ir.nodes import (
+    FOUR_BIT,
+    ComputeStage,
+    DType,
+    PageLayout,
+    ReadStage,
+    SpatialProgram,
+    Tensor,
+    TensorRole,
+    TileOrder,
+)
 from ....ir.ops import Dequant, WeightFormat
 from ...errors import Unsupported
 from .cwriter import C_TYPES, Writer, addr_expr
@@ -68,8 +78,8 @@ def param_c_type(t: Tensor, operand: str) -> str:
 
 
 def has_dequant(p: SpatialProgram) -> bool:
-    """Whether `p` dequantises 4-bit weights (its kernel inlines dequant.cuh)."""
-    return any(t.dtype in FOUR_BIT or t.dtype == DType.E8M0 for t in p.tensors)
+    """Whether `p` dequantises 4-bit weights (a W4A16 GEMM: its kernel inlines dequant.cuh)."""
+    return any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Dequant) for s in p.stages)
 
 
 def packed_rings(p: SpatialProgram, rings: Rings) -> Rings:
