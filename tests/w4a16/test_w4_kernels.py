@@ -3,7 +3,8 @@ and its compute warps dequantise each page into the B operand page (`lower/cuda/
 `dequant.cuh`). The host emulation runs them equal to the interpreter — bit for bit on exact inputs and on a selector
 A that copies dequantised rows of B into C, within the bf16 / fp16 GEMM's kernel bound on real-valued ones — for
 int4 with zero points, uint4 with float32 scales and fp16 operands, mxfp4 and split-K; the nibbles of a byte read the
-other way round, or the scales of the other group, planted in the kernel text, are caught; nvcc -Werror compiles the
+other way round, or the scales of the other group, planted in the kernel text, are caught, and the B page
+published before its dequant is a race the emulation reports; nvcc -Werror compiles the
 decode shape's kernel (M = 16, N = K = 4096, int4 with zero points per 128) for sm_80 and sm_90 without spills; the
 persistent and sm_90a forms refuse it by one line, and auto prints the general form."""
 
@@ -22,6 +23,7 @@ import spatialc
 from spatialc.inputs import InexactInputWarning
 from spatialc.lower.errors import NeedsGeneral
 from spatialc.numerics import w4
+from spatialc.runtime.emulate import EmulationRace
 
 from .w4_inputs import w4_inputs, w4_program
 
@@ -113,6 +115,23 @@ def test_a_fault_planted_in_the_kernel_text_is_caught(built, fault):
     c = emulated(art, x, lambda text: plant(text, fault))
     ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
     assert not ok, how
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_the_operand_page_pushed_before_its_dequant_is_a_race(built):
+    """The B page's Push moved above the dequant that fills it: the matmul's fragment loads race the page's stores,
+    which the emulation reports (the Push's barrier is what orders them)."""
+    p, art = built["int4-zeros-bf16"]
+
+    def early(text: str) -> str:
+        at = text.index("{  // op:Compute:Dequant")
+        end = text.index("// op:Push", at) + len("// op:Push")
+        start = text.rindex("\n", 0, end) + 1
+        return text[:at] + text[start:end].strip() + "\n" + text[at:start] + text[end:]
+
+    with pytest.raises(EmulationRace, match=r"RACE on shared ring"):
+        emulated(art, w4_inputs(p, seed=8, exact=True), early)
 
 
 def test_the_other_forms_refuse_it_by_one_line_and_auto_prints_the_general_form():
