@@ -37,7 +37,7 @@ def test_the_dry_run_builds_each_row_and_names_its_kernel(bench):
     lines = bench.dry_run([bench.Row(1, 256, 256, "int4"), bench.Row(16, 128, 256, "mxfp4")])
     assert len(lines) == 3
     for line in lines[1:]:
-        assert "block " in line and "kernel: cannot lower a W4A16 GEMM's dequant prologue" in line
+        assert "block " in line and line.endswith("kernel: printed (general form)")
 
 
 def test_gpu_mode_without_a_device_is_one_line_and_status_2(bench, capsys, monkeypatch):

@@ -15,7 +15,9 @@ DTYPE_BYTES = {
     DType.FLOAT32: 4,
     DType.E4M3: 1,
     DType.E5M2: 1,
+    DType.E8M0: 1,
 }
+DTYPE_BITS = {**{d: 8 * n for d, n in DTYPE_BYTES.items()}, DType.INT4: 4, DType.UINT4: 4, DType.E2M1: 4}  # packed
 
 
 def read_bytes(p: SpatialProgram) -> dict[str, int]:
@@ -34,7 +36,7 @@ def read_bytes(p: SpatialProgram) -> dict[str, int]:
                 walk(op.body, times * n)
             elif isinstance(op, ReadTiles):
                 t = tensors[op.tensor]
-                out[t.name] = out.get(t.name, 0) + times * op.block_h * op.block_w * tile * DTYPE_BYTES[t.dtype]
+                out[t.name] = out.get(t.name, 0) + times * op.block_h * op.block_w * tile * DTYPE_BITS[t.dtype] // 8
 
     for prog in p.schedule.programs:
         walk(prog.ops, 1)

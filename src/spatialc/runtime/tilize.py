@@ -49,6 +49,14 @@ C_TYPES = {
     "int64_t": "int64",
     "float": "float32",
     "double": "float64",
+    # A W4A16 GEMM's (lower/cuda/common/dequant.cuh's typedefs): packed weights, two a byte along K, and zero points
+    # and e8m0 scales a byte each — their element types, which spatialc.inputs takes as it takes them everywhere.
+    "spatialc_int4x2": "int4",
+    "spatialc_uint4x2": "uint4",
+    "spatialc_e2m1x2": "float4_e2m1fn",
+    "spatialc_int4": "int4",
+    "spatialc_uint4": "uint4",
+    "spatialc_e8m0": "float8_e8m0fnu",
 }
 # The element types a spatialc tensor can have, as the launcher names them.
 ELEMENT_DTYPES = {
@@ -60,7 +68,12 @@ ELEMENT_DTYPES = {
     "float8_e4m3fn": DType.E4M3,
     "float8_e5m2": DType.E5M2,
     "float32": DType.FLOAT32,
+    "int4": DType.INT4,
+    "uint4": DType.UINT4,
+    "float4_e2m1fn": DType.E2M1,
+    "float8_e8m0fnu": DType.E8M0,
 }
+BYTE_ELEMS = ("int4", "uint4", "float4_e2m1fn", "float8_e8m0fnu")  # held in bytes (4-bit weights packed two a byte)
 FP8_ELEMS = ("float8_e4m3fn", "float8_e5m2")  # ml_dtypes' names; on the device their bits, in uint8
 INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
@@ -145,8 +158,8 @@ def tensor_spec(name: str, role: str, elem: str, elems: Any, groups: int = 1, he
 
 def storage_dtype(elem: str) -> str:
     """The array dtype that holds `elem` on the device: bf16 lives as raw bits in uint16, the 8-bit floats in uint8
-    (neither CuPy nor numpy has them)."""
-    return "uint16" if elem == "bfloat16" else "uint8" if elem in FP8_ELEMS else elem
+    (neither CuPy nor numpy has them), as do 4-bit weights (packed two a byte), their zero points and e8m0 scales."""
+    return "uint16" if elem == "bfloat16" else "uint8" if elem in FP8_ELEMS + BYTE_ELEMS else elem
 
 
 # ---- the tiled layout --------------------------------------------------------------------------------------
@@ -405,6 +418,11 @@ def quantize(x: Any, elem: str, xp: Any, *, name: str = "array", bf16_in: bool =
         return bf16_bits(x.astype(xp.float32), xp)
     if elem in FP8_ELEMS:
         return fp8_bits(x, elem, xp)
+    if elem in BYTE_ELEMS:
+        raise LaunchError(
+            f"{name} holds {elem} values, which a launch from Python does not pack yet: run the kernel's host program"
+            " (program.cu, which packs them) or spatialc.emulate"
+        )
     raise LaunchError(f"no conversion to element type {elem!r}")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from ....inputs import row_limits
 from ....ir.ids import TensorId
 from ....ir.names import plain
-from ....ir.nodes import SpatialProgram, Tensor, TensorRole, TileOrder
+from ....ir.nodes import DType, SpatialProgram, Tensor, TensorRole, TileOrder
 from ....ir.ops import Attention, ChoreoOp, Loop, Trip, walk
 from ....passes.attention import attention_shape, attention_stage
 from ....passes.maps import is_map_program
@@ -22,6 +22,7 @@ from ...artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch, operand_fil
 from ...census import census
 from ...errors import InternalError
 from .cwriter import Writer, inlined
+from .dequant import BYTE_C_TYPES, HOST_FORMAT, PACKED_C_TYPES, PACKED_TILE, is_packed
 from .program import distinct_lists
 
 BENCH_ITERS = 20
@@ -42,7 +43,9 @@ def helpers(launch: Launch) -> str:
     """The checked-in host helpers, inlined so that each program is one self-contained text (with the matrix
     store where a parameter is stored as a matrix)."""
     matrices = any(param.order in MATRIX_ORDERS for param in launch.params)
-    return inlined("common/host.cuh") + ("\n" + inlined("common/matrix_host.cuh") if matrices else "")
+    w4 = any(param.c_type in (*PACKED_C_TYPES.values(), *BYTE_C_TYPES.values()) for param in launch.params)
+    text = inlined("common/host.cuh") + ("\n" + inlined("common/matrix_host.cuh") if matrices else "")
+    return text + ("\n" + inlined("common/w4_host.cuh") if w4 else "")
 
 
 def assemble(
@@ -124,6 +127,12 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
                     f" 0..{limits[t.name]} (its max_rows)",
                     f"out{i}, h{i}[(size_t)out{i}]",
                 )
+        if is_packed(t):  # 4-bit weights: packed two a byte along K, a tile of 128 bytes (common/dequant.py)
+            w.line(f"std::vector<{ty}> x{i}((size_t){t.tiles[0]} * {t.tiles[1]} * {PACKED_TILE});  // zero padding")
+            shape = f"{t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i}, {HOST_FORMAT[t.dtype]}"
+            w.line(f"spatialc_tilize_w4(h{i}, {shape});")
+            _copy_in(i, ty, w)
+            continue
         w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
         col = ", true" if t.order == TileOrder.COL else ""
         stored = param.order
@@ -137,11 +146,18 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
         elif t.groups > 1:
             shape = f"{t.groups}, {t.elems[0]}, {t.elems[1]}, {t.group_tiles[0]}, {t.tiles[1]}"
             w.line(f"spatialc_tilize_groups(h{i}, {shape}, x{i}{col});")
+        elif t.dtype == DType.E8M0:  # scales 2^e as their codes
+            w.line(f"spatialc_tilize_e8m0(h{i}, {t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i});")
         else:
             w.line(f"spatialc_tilize(h{i}, {t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i}{col});")
-        w.line(f"{ty}* d{i} = nullptr;")
-        w.line(f"SPATIALC_CHECK(cudaMalloc(&d{i}, x{i}.size() * sizeof({ty})));")
-        w.line(f"SPATIALC_CHECK(cudaMemcpy(d{i}, x{i}.data(), x{i}.size() * sizeof({ty}), cudaMemcpyHostToDevice));")
+        _copy_in(i, ty, w)
+
+
+def _copy_in(i: int, ty: str, w: Writer) -> None:
+    """Tensor i's host copy x{i} into a device buffer d{i}."""
+    w.line(f"{ty}* d{i} = nullptr;")
+    w.line(f"SPATIALC_CHECK(cudaMalloc(&d{i}, x{i}.size() * sizeof({ty})));")
+    w.line(f"SPATIALC_CHECK(cudaMemcpy(d{i}, x{i}.data(), x{i}.size() * sizeof({ty}), cudaMemcpyHostToDevice));")
 
 
 def _launch(p: SpatialProgram, launch: Launch, w: Writer, note: str = "") -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ....inputs import row_limits
 from ....ir.ids import LV_ITEM, GroupId, Site
 from ....ir.nodes import (
+    FOUR_BIT,
     ComputeStage,
     Engine,
     Fifo,
@@ -48,19 +49,22 @@ from ....passes.attention import attention_shape
 from ....passes.rows import row_shape
 from ....target import SpatialTarget
 from ...artifact import KernelParam, Launch
-from ...errors import TooBig, Unsupported, UnsupportedPrecision, Unverified
+from ...errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision, Unverified
 from . import epilogue
 from .cwriter import C_TYPES
+from .dequant import param_c_type
 from .rings import MMA_TYPES, MmaTypes
 
 # What the sm_90a form's refusal and auto's note (forms.PAGES_NOTE) call such programs.
 MAP_PROGRAM = "a program without a tile matmul (an elementwise map)"
 ROW_PROGRAM = "a program that reduces rows (softmax, RMSNorm)"
+W4_PROGRAM = "a W4A16 GEMM's dequant prologue (4-bit weights)"
 ATTENTION_PROGRAM = "attention (its online softmax: two matmuls a KV block beside running row maxima and sums)"
 
 
-def check_printable(p: SpatialProgram) -> None:
-    """Refuse a program no backend prints: one not verified, or without its plan, placement or schedule."""
+def check_printable(p: SpatialProgram, dequant: bool = False) -> None:
+    """Refuse a program no backend prints: one not verified, or without its plan, placement or schedule — and a W4A16
+    GEMM's dequant prologue unless the form prints it (`dequant`: the general form)."""
     if not p.verified:
         raise Unverified(p.name)
     if p.placement is None or p.schedule is None or not p.plans:
@@ -73,11 +77,8 @@ def check_printable(p: SpatialProgram) -> None:
             f"a placement whose site {at} is numbered {sites[at]}",
             "the kernel runs site i as its block i: number the sites 0, 1, … in the order placed",
         )
-    if any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Dequant) for s in p.stages):
-        raise Unsupported(
-            "a W4A16 GEMM's dequant prologue (4-bit weights)",
-            "no CUDA form prints it yet: it is built, verified and run by the interpreter (spatialc.evaluate)",
-        )
+    if not dequant and any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Dequant) for s in p.stages):
+        raise NeedsGeneral(W4_PROGRAM, "this form does not print its dequant prologue yet")
     read = {s.kind.tensor for s in p.stages if isinstance(s.kind, ReadStage)}
     for t in p.tensors:
         if t.order != TileOrder.ROW and t.id not in read:
@@ -135,12 +136,12 @@ def logical_k(p: SpatialProgram, mm: Stage | None = None) -> int:
 
 def operand_types(p: SpatialProgram, operand: Precision) -> MmaTypes:
     """The C types of `operand` values (a matmul's operands, a map program's inputs: the MMA fragment types of the
-    precision); the input tensors must hold that type."""
+    precision); the input tensors must hold that type (4-bit weights aside: a dequant reads them, common/dequant.py)."""
     types = MMA_TYPES.get(operand)
     if types is None:
         raise UnsupportedPrecision(operand, "the kernels have types for int8, fp16, bf16, e4m3 and e5m2 operands only")
     for t in p.tensors:
-        if t.role == TensorRole.INPUT and t.dtype.value != operand.value:
+        if t.role == TensorRole.INPUT and t.dtype not in FOUR_BIT and t.dtype.value != operand.value:
             raise UnsupportedPrecision(
                 t.dtype.value,
                 f"input {t.name} must hold the program's {operand.value} operands: "
@@ -507,7 +508,7 @@ def launch_for(
     params = tuple(
         KernelParam(
             t.name,
-            types.operand if t.role == TensorRole.INPUT else C_TYPES[t.dtype],
+            param_c_type(t, types.operand),
             t.role.value,
             t.elems,
             t.tiles,

@@ -42,6 +42,7 @@ from ...errors import Unsupported
 from . import epilogue
 from .blockscale import promoted_step
 from .cwriter import FP8_TYPES, Writer, addr_expr, c_div, c_mod, c_mul, c_sum, inlined_lines
+from .dequant import PACKED_RING, PACKED_TILE
 from .rings import TILE_ELEMS, MmaTypes, Ring, Rings
 
 
@@ -174,17 +175,19 @@ class TilePrinter:
         if int(op.tensor) in self.workspace and ring.c_type == "ACCT" and ring.layout == PageLayout.ROW:
             self.read_partials(op, ring, env, mark)
             return
-        if ring.c_type != "OPT":
+        if ring.c_type not in ("OPT", PACKED_RING):
             raise Unsupported(f"a ReadTiles into {ring.name}", "only operand rings are filled from global memory")
+        # A tile: TILE_ELEMS operands, or PACKED_TILE bytes of packed 4-bit weights (common/dequant.py).
+        elem, per = ("OPT", TILE_ELEMS) if ring.c_type == "OPT" else (PACKED_RING, PACKED_TILE)
         # A swizzled page exchanges the two 16-byte chunks of row r (chunks 2r, 2r + 1) when bit 2 of r is set.
         dst = "(off ^ ((off >> 3) & 1))" if ring.layout.swizzled else "off"
         # Every thread count here is a multiple of 32 and a tile is 16 or 32 chunks, so a thread copies the same
         # chunk of every tile it visits: its offsets are fixed once, and the loop steps over whole tiles.
         n = f"({self.nthreads})"
         with self.w.block("", mark):
-            self.w.line(f"constexpr int CHUNKS = (int)(sizeof(OPT) * {TILE_ELEMS} / 16);")
+            self.w.line(f"constexpr int CHUNKS = (int)(sizeof({elem}) * {per} / 16);")
             self.w.line(
-                f'static_assert(sizeof(OPT) * {TILE_ELEMS} % 16 == 0, "a tile is a whole number of 16-byte chunks");'
+                f'static_assert(sizeof({elem}) * {per} % 16 == 0, "a tile is a whole number of 16-byte chunks");'
             )
             self.w.line(f'static_assert({n} % CHUNKS == 0, "a thread copies one chunk of each tile it visits");')
             self.w.line(f"const int off = {self.tid} % CHUNKS;")
@@ -203,8 +206,8 @@ class TilePrinter:
                         self.w.line(f"const bool keep = {self.row_kept(op, 'tile', 'off / (CHUNKS / 16)')};")
                         zfill = ", keep ? 0 : 16"
                     self.w.line(
-                        f"__pipeline_memcpy_async(page + tl * (int)sizeof(OPT) * {TILE_ELEMS}, src + (long long)tile"
-                        f" * (long long)sizeof(OPT) * {TILE_ELEMS}, 16{zfill});"
+                        f"__pipeline_memcpy_async(page + tl * (int)sizeof({elem}) * {per}, src + (long long)tile"
+                        f" * (long long)sizeof({elem}) * {per}, 16{zfill});"
                     )
 
     def read_partials(self, op: ReadTiles, ring: Ring, env: dict[LoopVar, str], mark: str) -> None:

@@ -58,6 +58,7 @@ from ...errors import TooBig, Unsupported
 from ..common import epilogue
 from ..common.blockscale import SCALED_FRAGMENTS
 from ..common.clusters import Multicast, check_cluster, multicast
+from ..common.dequant import packed_rings
 from ..common.handover import clusters, sync_words
 from ..common.host import assemble
 from ..common.program import (
@@ -211,7 +212,7 @@ class GeneralKernel:
 
 def refuse(p: SpatialProgram) -> None:
     """Raise the first reason the general form cannot print `p` yet."""
-    check_printable(p)
+    check_printable(p, dequant=True)
     ops = all_ops(p)
     for listed in distinct_lists(p):  # a list's waits are the same wherever it runs
         check_waits(p, listed)
@@ -543,7 +544,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     if attention:  # its stages do not say what its recurrence's rings hold: the schedule does
         rings = scheduled_rings(p, types, all_ops(p), by_rows)
     else:
-        rings = epilogue_rings(p, ring_table(p, types, ()), integer)
+        rings = packed_rings(p, epilogue_rings(p, ring_table(p, types, ()), integer))
     rows = row_accumulators(p, plan, rings, lanes) if by_rows else None
     in_registers: dict[int, int | None] = {}
     if attention and rows is not None:

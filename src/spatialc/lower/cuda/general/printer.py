@@ -19,6 +19,7 @@ from ....ir.ops import (
     Barrier,
     ChoreoOp,
     Compute,
+    Dequant,
     Flush,
     Loop,
     MatmulTiles,
@@ -45,7 +46,6 @@ from ...errors import Unsupported
 from ..common import epilogue
 from ..common.clusters import GeneralClusterPrinter, reset_image
 from ..common.cwriter import (
-    C_TYPES,
     CHECK_MACRO,
     PAGE_MACROS,
     RING_MACROS,
@@ -57,6 +57,7 @@ from ..common.cwriter import (
     site_prologue,
     span_count,
 )
+from ..common.dequant import DequantPrinter, has_dequant, param_c_type
 from ..common.handover import HandoverPrinter
 from ..common.maps import MapPrinter
 from ..common.program import other_outputs
@@ -81,7 +82,9 @@ def accumulator_of(op: ChoreoOp) -> BufferId | None:
     return None
 
 
-class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RegisterPrinter, RowPrinter, MapPrinter, TilePrinter):
+class EnginePrinter(
+    GeneralClusterPrinter, HandoverPrinter, RegisterPrinter, RowPrinter, MapPrinter, DequantPrinter, TilePrinter
+):
     """Prints one engine's program on its own warps: its ops in order, its loops as its own `for`s."""
 
     counts_sends = True  # each multicast ring's sends are counted (the receiver's page is the send's number)
@@ -243,6 +246,8 @@ class EnginePrinter(GeneralClusterPrinter, HandoverPrinter, RegisterPrinter, Row
                 self.add_partial(self.kept(src), mark)
             case Compute(op=ScaleAcc(), ins=(src,)):
                 self.scale_acc(self.kept(src), mark)
+            case Compute(op=Dequant() as dq, ins=(src,), outs=(dst,)):
+                self.dequant(dq, self.kept(src), self.kept(dst), env, mark)
             case Compute(op=stage, ins=ins, outs=(dst,)) if ins:
                 self.elementwise(op, stage, [self.kept(b) for b in ins], self.kept(dst), env, mark)
             case PackAcc(to=buf):
@@ -314,6 +319,7 @@ def preamble(k: GeneralKernel) -> list[str]:
     ]
     lines += [f"#include <{h}>" for h in includes(k.types.operand)]
     lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *inlined_lines("general/mbarrier.cuh"), ""]
+    lines += [*inlined_lines("common/dequant.cuh"), ""] if has_dequant(p) else []
     more_loads = any(  # a matmul reading float32 values (attention's P, rounded as loaded) or Bᵀ (its K)
         isinstance(op, Compute) and isinstance(op.op, MatmulTiles) and (op.op.transpose_b or float_page(op.ins[0]))
         for role in k.roles
@@ -437,7 +443,7 @@ def init_barriers(k: GeneralKernel, w: Writer) -> None:
 
 
 def _param_type(k: GeneralKernel, t) -> str:
-    return "OPT" if t.role == TensorRole.INPUT else C_TYPES[t.dtype]
+    return param_c_type(t, "OPT")
 
 
 def _param_head(k: GeneralKernel, t) -> str:

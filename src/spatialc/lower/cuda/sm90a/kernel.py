@@ -87,10 +87,12 @@ from ...errors import LowerError, NeedsGeneral, TooBig, Unsupported
 from ..common import epilogue
 from ..common.clusters import Multicast, check_cluster, check_items, multicast
 from ..common.cwriter import Writer, inlined_lines, site_prologue
+from ..common.dequant import has_dequant
 from ..common.host import assemble
 from ..common.program import (
     MAP_PROGRAM,
     ROW_PROGRAM,
+    W4_PROGRAM,
     all_ops,
     checked_gemm,
     launch_for,
@@ -182,6 +184,10 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
     general.refuse(p)
+    if has_dequant(p):
+        raise NeedsGeneral(
+            f"{W4_PROGRAM} in the sm_90a form", "its TMA producer and wgmma consumers do not print it yet"
+        )
     if program_scales(p) is not None:
         raise NeedsGeneral(
             "a block-scaled matmul in the sm_90a form",

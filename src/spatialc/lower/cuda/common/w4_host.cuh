@@ -1,0 +1,50 @@
+// The host program's storage of a W4A16 GEMM's 4-bit tensors (lower/cuda/common/dequant.py): the values it reads,
+// packed and tiled as the kernel reads them.
+#include <cmath>
+
+// The 4-bit code of value v of `format` (0 int4, 1 uint4, 2 float4_e2m1fn): int4's two's complement, uint4's value,
+// e2m1's sign and magnitude code. The inputs were checked to be values of the format (spatialc.inputs); a value
+// that is not one (timing inputs) takes some code, never a read out of bounds.
+inline unsigned spatialc_w4_code(double v, int format)
+{
+    if (format != 2) {
+        return (unsigned)((long long)v) & 15u;
+    }
+    static const double mag[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+    unsigned code = 0;
+    for (unsigned i = 0; i < 8; ++i) {
+        if (std::fabs(v) == mag[i]) {
+            code = i;
+        }
+    }
+    return code | (std::signbit(v) ? 8u : 0u);
+}
+
+// B (rows × cols values, rows even) packed two a byte along K and tiled: tile (ti, tj) of 16 × 16 values is 128 bytes
+// at (ti * cols_t + tj) * 128, byte (r / 2) * 16 + c holding row r of column c in its low nibble for even r, its
+// high nibble for odd r.
+template <typename T>
+inline void spatialc_tilize_w4(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t,
+                               int format)
+{
+    for (int i = 0; i < rows; ++i) {
+        for (int j = 0; j < cols; ++j) {
+            const size_t at = ((size_t)(i / 16) * cols_t + j / 16) * 128 + (size_t)((i % 16) / 2) * 16 + j % 16;
+            const unsigned code = spatialc_w4_code(x[(size_t)i * cols + j], format);
+            t[at] = (T)(t[at] | (i % 2 ? code << 4 : code));
+        }
+    }
+}
+
+// float8_e8m0fnu scales (powers of two 2^-127 … 2^127) as their codes e + 127, tiled as any tensor.
+template <typename T>
+inline void spatialc_tilize_e8m0(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t)
+{
+    for (int i = 0; i < rows; ++i) {
+        for (int j = 0; j < cols; ++j) {
+            const double v = std::fabs(x[(size_t)i * cols + j]);  // (checked positive; timing inputs: any sign)
+            const int e = v > 0.0 && std::isfinite(v) ? std::ilogb(v) : 128;
+            t[spatialc_tiled_index(i, j, cols_t, false)] = (T)(e < -127 ? 0 : e > 127 ? 255 : e + 127);
+        }
+    }
+}

@@ -1,0 +1,179 @@
+"""W4A16 GEMMs printed (issue 34, item 6): the general form reads the packed weights' bytes into a ring of their own
+and its compute warps dequantise each page into the B operand page (`lower/cuda/common/dequant.py`, the C of
+`dequant.cuh`). The host emulation runs them equal to the interpreter — bit for bit on exact inputs and on a selector
+A that copies dequantised rows of B into C, within the bf16 / fp16 GEMM's kernel bound on real-valued ones — for
+int4 with zero points, uint4 with float32 scales and fp16 operands, mxfp4 and split-K; the nibbles of a byte read the
+other way round, or the scales of the other group, planted in the kernel text, are caught, and the B page
+published before its dequant is a race the emulation reports; nvcc -Werror compiles the
+decode shape's kernel (M = 16, N = K = 4096, int4 with zero points per 128) for sm_80 and sm_90 without spills; the
+persistent and sm_90a forms refuse it by one line, and auto prints the general form."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+import warnings
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.inputs import InexactInputWarning
+from spatialc.lower.errors import NeedsGeneral
+from spatialc.numerics import w4
+from spatialc.runtime.emulate import EmulationRace
+
+from .w4_inputs import w4_inputs, w4_program
+
+NVCC = shutil.which("nvcc")
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+
+CASES = {
+    "int4-zeros-bf16": ("int4", "bf16", (37, 40, 256), {"group": 128, "zeros": True}),
+    "uint4-f32-scales-fp16": ("uint4", "fp16", (33, 72, 192), {"group": 64, "scale_type": "float32"}),
+    "mxfp4-bf16": ("mxfp4", "bf16", (16, 48, 160), {}),
+    "int4-split-k": ("int4", "bf16", (16, 64, 1024), {"group": 128, "zeros": True, "split_k": 2}),
+}
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Each case's program and its general-form artifact (each emulated kernel is compiled once: runs share it)."""
+    out = {}
+    for name, (fmt, prec, (m, n, k), kw) in CASES.items():
+        p = w4_program(m, n, k, fmt, prec, **kw)
+        art = spatialc.lower(p)
+        assert art.budget.form == "general" and "spatialc_dequant_" in art.program_cu
+        out[name] = (p, art)
+    return out
+
+
+def emulated(art, x, text=None):
+    if text is not None:
+        art = dataclasses.replace(art, program_cu=text(art.program_cu))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InexactInputWarning)  # real-valued A and scales, rounded as documented
+        return spatialc.emulate(art, x)
+
+
+def selector(p, x, rng):
+    """`x` with A a selector: row i of A is 1 at one column k_i and 0 elsewhere, so that row i of C is row k_i of the
+    dequantised B, each element a single product (exact in any order) — and scales real-valued."""
+    m, k = p.tensor_named("A").elems
+    picked = rng.integers(0, k, m)
+    a = np.zeros((m, k))
+    a[np.arange(m), picked] = 1.0
+    scale = p.tensor_named("scale")
+    x = dict(x, A=a)
+    if scale.dtype.value != "e8m0":
+        x["scale"] = rng.uniform(0.002, 0.05, scale.elems)
+    return x, picked
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize("case", CASES)
+def test_the_emulated_kernel_equals_the_interpreter(built, case):
+    p, art = built[case]
+    exact = w4_inputs(p, seed=3, exact=True)  # small integers and powers of two: every sum exact
+    c = emulated(art, exact)
+    assert np.array_equal(c, spatialc.evaluate(p, exact))
+    x, picked = selector(p, w4_inputs(p, seed=4, exact=True), np.random.default_rng(5))
+    c = emulated(art, x)
+    assert np.array_equal(c, spatialc.evaluate(p, x))  # the dequantised operand, bit for bit
+    dq = next(s.kind.op for s in p.stages if type(getattr(s.kind, "op", None)).__name__ == "Dequant")
+    operand = w4.w4_operand(p, dq, p.tensor_named("B").id, x)
+    assert np.array_equal(c, operand[picked].astype(c.dtype))
+    real = w4_inputs(p, seed=6, exact=False)
+    c = emulated(art, real)
+    want = spatialc.evaluate(p, real)
+    ok, how = spatialc.tolerance(p, kernel=True).check(c, real)
+    assert ok, how
+    assert np.abs(c - want).max() <= 1e-5 * np.abs(want).max()  # float32 sums: near the float64 ones
+
+
+PLANTED = ("the nibbles of a byte read the other way round", "the scale and zero point of the other group")
+
+
+def plant(text: str, fault: str) -> str:
+    if fault.startswith("the nibbles"):
+        out, n = re.subn(r"\(b & 15u\)|\(b >> 4\)", lambda m: "(b >> 4)" if m[0] == "(b & 15u)" else "(b & 15u)", text)
+    else:  # K = 256 holds two groups of 128: 0 <-> 1
+        out, n = re.subn(r"const int g(\d) = \(k0 \+ (\d)\) / 128;", r"const int g\1 = ((k0 + \2) / 128) ^ 1;", text)
+    assert n >= 2
+    return out
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize("fault", PLANTED)
+def test_a_fault_planted_in_the_kernel_text_is_caught(built, fault):
+    p, art = built["int4-zeros-bf16"]
+    x = w4_inputs(p, seed=7, exact=True)
+    c = emulated(art, x, lambda text: plant(text, fault))
+    ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
+    assert not ok, how
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_the_operand_page_pushed_before_its_dequant_is_a_race(built):
+    """The B page's Push moved above the dequant that fills it: the matmul's fragment loads race the page's stores,
+    which the emulation reports (the Push's barrier is what orders them)."""
+    p, art = built["int4-zeros-bf16"]
+
+    def early(text: str) -> str:
+        at = text.index("{  // op:Compute:Dequant")
+        end = text.index("// op:Push", at) + len("// op:Push")
+        start = text.rindex("\n", 0, end) + 1
+        return text[:at] + text[start:end].strip() + "\n" + text[at:start] + text[end:]
+
+    with pytest.raises(EmulationRace, match=r"RACE on shared ring"):
+        emulated(art, w4_inputs(p, seed=8, exact=True), early)
+
+
+def test_the_other_forms_refuse_it_by_one_line_and_auto_prints_the_general_form():
+    p = w4_program(16, 64, 256, "int4", target="sm_90a", group=128, zeros=True)
+    for form, says in (("persistent", "this form does not print"), ("sm90a", "in the sm_90a form: its TMA producer")):
+        with pytest.raises(NeedsGeneral, match=rf"W4A16 GEMM's dequant prologue \(4-bit weights\).*{says}") as e:
+            spatialc.lower(p, form=form)
+        assert "\n" not in str(e.value) and "the general form prints it" in str(e.value)
+    assert spatialc.lower(p).budget.form == "general"
+
+
+def test_a_launch_from_python_refuses_4bit_weights_by_one_line():
+    from spatialc.runtime.tilize import LaunchError, quantize
+
+    with pytest.raises(LaunchError, match=r"B holds int4 values, which a launch from Python does not pack yet"):
+        quantize(np.zeros((4, 4)), "int4", np, name="B")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """The decode shape's kernel (M = 16, N = K = 4096, int4 with a zero point per 128), built for sm_80 and for sm_90
+    and each compiled by nvcc -Werror (ptxas -v) for its own architecture."""
+    flags = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror", "-Xptxas", "-v"]
+    done = {}
+    for cc in ("80", "90"):
+        gemm = spatialc.gemm(16, 4096, 4096, "bf16", weights="int4", group=128, zeros=True)
+        art = spatialc.lower(spatialc.build(gemm, f"sm_{cc}"))
+        assert art.budget.form == "general" and "spatialc_dequant_bf16(spatialc_w4_int4(" in art.program_cu
+        src = tmp_path_factory.mktemp("w4") / f"sm{cc}.cu"
+        src.write_text(art.program_cu)
+        gencode = ["-gencode", f"arch=compute_{cc},code=sm_{cc}"]
+        cmd = [NVCC, "-std=c++17", "-O3", *gencode, *flags, "-c", "-o", str(src.with_suffix(".o")), str(src)]
+        done[cc] = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    return done
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("cc", ["80", "90"])
+def test_nvcc_compiles_the_decode_kernel_without_spills(compiled, cc):
+    proc = compiled[cc]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert f"for 'sm_{cc}'" in log
+    assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log)
