@@ -41,7 +41,8 @@ from .depth import check_depths
 from .facts import Programs
 from .ownership import check_owners, stage_owners
 from .semantics import check_semantics
-from .wellformed import check_ops, check_sem_counts, check_site_groups, check_tables, check_types
+from .wellformed import check_tables, check_types
+from .wellformed_ops import check_ops, check_sem_counts, check_site_groups
 
 __all__ = ["verify"]
 

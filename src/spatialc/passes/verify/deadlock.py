@@ -64,7 +64,7 @@ from ...ir.ops import (
 )
 from .facts import Facts, SiteProgs
 from .handshake import Clocks, epoch_copies
-from .wellformed import MAX_RING_DEPTH
+from .limits import MAX_RING_DEPTH
 
 RESERVE, PUSH, WAIT, POP, LOOP, NEXT, SEMINC, SEMWAIT, BARRIER, EPOCHWAIT, MCSET, MCSEND = range(12)
 # Instructions a run with clocks may take (it cannot skip periods) before it gives up.
