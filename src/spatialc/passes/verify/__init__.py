@@ -23,6 +23,10 @@ Each rule may assume the ones before it: coverage reads only well-formed ids, th
 one producer and one consumer, and the semantic rule follows pages from producer to consumer through rings that
 rules 3–5 have shown to be single-producer, single-consumer and balanced. Every error names the site, engine, op and
 buffer it is about. Sites that run the same programs are checked once.
+
+A rule too long for one module spreads over modules named after it (`wellformed_ops`, `deadlock_run`,
+`declared_rows`, `engine_ops`, `semantics_value`, …), each module's docstring saying its part; `limits` holds the
+bounds rule 1 sets.
 """
 
 from __future__ import annotations

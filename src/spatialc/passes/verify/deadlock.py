@@ -41,14 +41,7 @@ from ...errors import StrongerCheckNeeded, VerifyDeadlockError
 from ...ir.ids import BufferId, Site
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import EngineProgram
-from ...ir.ops import (
-    Barrier,
-    ChoreoOp,
-    Loop,
-    McastSend,
-    McastSetValid,
-    SemInc,
-)
+from ...ir.ops import Barrier, ChoreoOp, Loop, McastSend, McastSetValid, SemInc
 from .deadlock_run import RESERVE, Network, _Engine, _Unsettled
 from .facts import Facts, SiteProgs
 from .handshake import epoch_copies

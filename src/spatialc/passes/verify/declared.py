@@ -22,26 +22,8 @@ import numpy as np
 from ...errors import SemanticError
 from ...ir.ids import BufferId, StageId, TensorId
 from ...ir.index import ProgramIndex
-from ...ir.nodes import (
-    ComputeStage,
-    DType,
-    ReadStage,
-    Stage,
-    Tensor,
-    TensorRole,
-    WriteStage,
-)
-from ...ir.ops import (
-    AddPartial,
-    Dequant,
-    Map,
-    MatmulTiles,
-    Precision,
-    Requant,
-    RowReduce,
-    arg_indices,
-    row_args,
-)
+from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, TensorRole, WriteStage
+from ...ir.ops import AddPartial, Dequant, Map, MatmulTiles, Precision, Requant, RowReduce, arg_indices, row_args
 from ...ir.printer import compute_text
 from ...numerics import epilogue
 from ...numerics.rounding import computed_operand

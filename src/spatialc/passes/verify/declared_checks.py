@@ -7,23 +7,8 @@ from __future__ import annotations
 
 from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.index import ProgramIndex
-from ...ir.nodes import (
-    ComputeStage,
-    DType,
-    PageLayout,
-    Stage,
-    accumulator_dtype,
-)
-from ...ir.ops import (
-    Col,
-    Dequant,
-    Map,
-    MatmulTiles,
-    Precision,
-    Requant,
-    VecAxis,
-    cols,
-)
+from ...ir.nodes import ComputeStage, DType, PageLayout, Stage, accumulator_dtype
+from ...ir.ops import Col, Dequant, Map, MatmulTiles, Precision, Requant, VecAxis, cols
 from ...ir.printer import compute_text
 from ...numerics import elementwise
 from ...numerics.elementwise import ElementwiseError

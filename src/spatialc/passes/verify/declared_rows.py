@@ -9,26 +9,8 @@ import dataclasses
 from ...errors import SemanticError
 from ...ir.ids import BufferId, StageId, TensorId
 from ...ir.index import ProgramIndex
-from ...ir.nodes import (
-    ComputeStage,
-    DType,
-    ReadStage,
-    Stage,
-    Tensor,
-    TensorRole,
-    WriteStage,
-)
-from ...ir.ops import (
-    Apply,
-    Arg,
-    Expr,
-    Map,
-    Precision,
-    RowReduce,
-    arg_indices,
-    cols,
-    row_args,
-)
+from ...ir.nodes import ComputeStage, DType, ReadStage, Stage, Tensor, TensorRole, WriteStage
+from ...ir.ops import Apply, Arg, Expr, Map, Precision, RowReduce, arg_indices, cols, row_args
 from .dataflow import Declared
 from .declared_checks import _map_types, _unsure
 

@@ -33,10 +33,7 @@ from ...ir.ops import (
 from .dataflow import ZERO, Acc
 from .engine_ops import ACC_ROW, EngineRunOps
 from .online import OnlineRun, is_online, settle, start
-from .symbolic import (
-    Aff,
-    Sym,
-)
+from .symbolic import Aff, Sym
 
 
 class EngineRun(EngineRunOps):

@@ -27,22 +27,7 @@ from ...ir.printer import compute_text
 from .blockscale import step_scales
 from .dataflow import Acc, MatmulDecl, Write, same_op
 from .engine_pages import EngineRunPages
-from .symbolic import (
-    PC,
-    PR,
-    AccSum,
-    Aff,
-    Cell,
-    Copy,
-    Elem,
-    Page,
-    Partial,
-    Product,
-    RowTerm,
-    RowVec,
-    Sym,
-    TileRef,
-)
+from .symbolic import PC, PR, AccSum, Aff, Cell, Copy, Elem, Page, Partial, Product, RowTerm, RowVec, Sym, TileRef
 
 # Symbols of an accumulator tile's row and column inside the item (replaced by the page's at PackAcc).
 ACC_ROW = Sym("acc", "row", "acc row")

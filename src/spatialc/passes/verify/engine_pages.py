@@ -13,24 +13,10 @@ from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, LoopVar, loop_var_name
 from ...ir.index import where
 from ...ir.nodes import EngineProgram, Tensor
-from ...ir.ops import (
-    ChoreoOp,
-    Loop,
-    McastSend,
-    Push,
-    TileAddr,
-    Trip,
-    ring_of,
-)
+from ...ir.ops import ChoreoOp, Loop, McastSend, Push, TileAddr, Trip, ring_of
 from .dataflow import ZERO, Acc, Entry, Seq, SiteRun
 from .online import OnlineRun
-from .symbolic import (
-    WITNESS_LIMIT,
-    Aff,
-    Page,
-    Sym,
-    split,
-)
+from .symbolic import WITNESS_LIMIT, Aff, Page, Sym, split
 
 _E = TypeVar("_E", SemanticError, StrongerCheckNeeded)
 

@@ -62,12 +62,7 @@ from .facts import Programs
 from .handshake import multicast_senders
 from .partials import Workspace, item_values, raises
 from .semantics_value import _Proof
-from .symbolic import (
-    AccSum,
-    Cell,
-    Elem,
-    Partial,
-)
+from .symbolic import AccSum, Cell, Elem, Partial
 
 # ---- the rule ----------------------------------------------------------------------------------------------------
 

@@ -12,32 +12,13 @@ import numpy as np
 
 from ...ir.ids import BufferId
 from ...ir.nodes import ComputeStage, ReadStage, Stage
-from ...ir.ops import (
-    Dequant,
-    Map,
-    MatmulTiles,
-    RowReduce,
-    VecAxis,
-    cols,
-)
+from ...ir.ops import Dequant, Map, MatmulTiles, RowReduce, VecAxis, cols
 from ...ir.printer import compute_text
 from .blockscale import check_term
 from .dataflow import MatmulDecl, same_op
 from .partials import check_handshake
 from .semantics_write import _WriteProof
-from .symbolic import (
-    AccSum,
-    Aff,
-    Cell,
-    Copy,
-    Elem,
-    Partial,
-    Product,
-    RowVec,
-    Sym,
-    TileRef,
-    one_to_one,
-)
+from .symbolic import AccSum, Aff, Cell, Copy, Elem, Partial, Product, RowVec, Sym, TileRef, one_to_one
 
 ENUM_LIMIT = 1 << 22  # k-tiles listed when interleaved products are not one mixed radix (an unrolled K loop)
 

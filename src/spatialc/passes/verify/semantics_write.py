@@ -13,16 +13,7 @@ from ...errors import SemanticError, StrongerCheckNeeded
 from ...ir.ids import ItemId, Site
 from .dataflow import SiteRun, Write
 from .partials import Workspace
-from .symbolic import (
-    WITNESS_LIMIT,
-    Aff,
-    Elem,
-    RowTerm,
-    Sym,
-    TileRef,
-    one_to_one,
-    split,
-)
+from .symbolic import WITNESS_LIMIT, Aff, Elem, RowTerm, Sym, TileRef, one_to_one, split
 
 
 class _WriteProof:

@@ -34,26 +34,12 @@ from ...ir.nodes import (
     WriteStage,
     accumulator_dtype,
 )
-from ...ir.ops import (
-    CHOREO_OPS,
-    Attention,
-    Loop,
-    Map,
-    RowReduce,
-    cols,
-)
+from ...ir.ops import CHOREO_OPS, Attention, Loop, Map, RowReduce, cols
 from ...ir.printer import op_text
 from ...ir.validate import op_fault, type_fault
 from ...ir.worklist import MAX_SITES
 from ...target import TARGETS, SpatialTarget
-from .limits import (
-    MAX_BUFFER_TILES,
-    MAX_INT,
-    MAX_ITEM_SIDE,
-    MAX_ITEMS,
-    MAX_NESTING,
-    MAX_RING_DEPTH,
-)
+from .limits import MAX_BUFFER_TILES, MAX_INT, MAX_ITEM_SIDE, MAX_ITEMS, MAX_NESTING, MAX_RING_DEPTH
 from .wellformed_compute import compute_fault
 
 

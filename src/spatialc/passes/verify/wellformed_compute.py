@@ -24,14 +24,7 @@ from ...ir.ops import (
     expr_size_fault,
 )
 from ...numerics.elementwise import EXACT_LIMIT, OPS
-from .limits import (
-    FLOAT32_MAX,
-    MAX_ITEM_SIDE,
-    MAX_REDUCE_COLS,
-    REQUANT_MULTIPLIER,
-    REQUANT_SHIFT,
-    REQUANT_ZERO_POINT,
-)
+from .limits import FLOAT32_MAX, MAX_ITEM_SIDE, MAX_REDUCE_COLS, REQUANT_MULTIPLIER, REQUANT_SHIFT, REQUANT_ZERO_POINT
 
 
 def compute_fault(op: ComputeOp, precision: Precision) -> str | None:

@@ -11,14 +11,7 @@ from collections.abc import Iterable
 from ...errors import IllFormedError
 from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, SemId, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
-from ...ir.nodes import (
-    DType,
-    EngineProgram,
-    Tensor,
-    TensorRole,
-    TileOrder,
-    per_op_list,
-)
+from ...ir.nodes import DType, EngineProgram, Tensor, TensorRole, TileOrder, per_op_list
 from ...ir.ops import (
     AcquireAcc,
     AddPartial,
@@ -60,12 +53,7 @@ from ...ir.ops import (
     walk,
 )
 from ...ir.printer import PRINTED_BITS, plural
-from .limits import (
-    MAX_BUFFER_TILES,
-    MAX_INT,
-    MAX_ITEM_SIDE,
-    MAX_RING_DEPTH,
-)
+from .limits import MAX_BUFFER_TILES, MAX_INT, MAX_ITEM_SIDE, MAX_RING_DEPTH
 from .wellformed import role_text
 from .wellformed_compute import compute_fault
 
