@@ -6,10 +6,10 @@ each now refused by rule 8 (each test below failed before its fix):
 
 1. a map of pages (a map program, a row program) that read a vector along the row axis verified where the vector
    held one value (n = 1, so rule 1 took it for a column): the interpreter read a tile row of it a page row (zeros
-   for every element row but the first), numpy broadcast the one value over every row (`declared._map_types`);
+   for every element row but the first), numpy broadcast the one value over every row (`declared_checks._map_types`);
 2. a residual or gate ring laid out other than by rows (swizzled; or column-major, beside a column-major residual
    tensor) verified and lowered, and the kernel added each tile swizzled or transposed — the host emulation showed
-   it; the interpreter, which moves tiles by value, agreed with numpy (`declared._epilogue_types`);
+   it; the interpreter, which moves tiles by value, agreed with numpy (`declared_checks._epilogue_types`);
 3. a GEMM or map program with a second output tensor that no stage writes verified, and evaluate handed it back
    as it found it (zeros; a GPU, whatever its memory held) (`declared.declared`);
 4. split-K's accumulator wider than the partial page added to it verified, then the interpreter refused to run it

@@ -88,7 +88,7 @@ from spatialc.ir.ops import (
 from spatialc.passes.place import place
 from spatialc.passes.schedule import schedule
 from spatialc.passes.tile import tile
-from spatialc.passes.verify import deadlock, verify
+from spatialc.passes.verify import deadlock, deadlock_run, verify
 from spatialc.target import target
 
 from ..rewrite import edit, k_body, replace
@@ -962,7 +962,7 @@ def test_fast_forward_over_a_growing_count_matches_the_exact_run(n, by, waits):
 
 def test_a_run_that_never_repeats_is_refused_by_name(monkeypatch):
     # Barriers in a long loop: the arrival counts grow past anything recorded, so no period ever repeats.
-    monkeypatch.setattr(deadlock, "MAX_RECORDED", 500)
+    monkeypatch.setattr(deadlock_run, "MAX_RECORDED", 500)  # read by the run (Network), where it lives
     p = small()
     assert p.placement is not None
     g = Group(GroupId(0), (Site(0), Site(1)))

@@ -52,7 +52,7 @@ from ..ir.ops import (
 from ..ir.worklist import MAX_SITES
 from ..target import SpatialTarget
 from .place import split
-from .verify.wellformed import MAX_ITEMS
+from .verify.limits import MAX_ITEMS
 
 SIDES = (1, 2, 4, 8)
 DEPTHS = (2, 3)

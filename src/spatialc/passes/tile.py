@@ -29,7 +29,7 @@ from ..ir.ops import AddPartial, BlockShape, Map, MatmulTiles, Precision, VecAxi
 from ..numerics.blockscale import PROMOTION_K, PROMOTION_TILES
 from ..numerics.elementwise import transcendental
 from ..target import SpatialTarget
-from .verify.wellformed import MAX_ITEMS
+from .verify.limits import MAX_ITEMS
 
 OPERAND_BYTES = {Precision.INT8: 1, Precision.FP16: 2, Precision.BF16: 2, Precision.E4M3: 1, Precision.E5M2: 1}
 BLOCK_SIDES = (1, 2, 4, 8)

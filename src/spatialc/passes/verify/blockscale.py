@@ -28,7 +28,7 @@ from .symbolic import Aff, StepScales
 
 if TYPE_CHECKING:
     from .dataflow import MatmulDecl
-    from .semantics import _Proof
+    from .semantics_value import _Proof
     from .symbolic import Product
 
 

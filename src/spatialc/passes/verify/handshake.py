@@ -181,7 +181,7 @@ def _refusal(
 
 
 class Clocks:
-    """The vector clocks of one counter run (`deadlock.Network`), and the checks of the module docstring. Engines
+    """The vector clocks of one counter run (`deadlock_run.Network`), and the checks of the module docstring. Engines
     are numbered as the network lists them; `text(e, pc)` names engine e's op at pc for messages."""
 
     def __init__(self, n: int, epochs: set[int], receivers: set[int], text) -> None:

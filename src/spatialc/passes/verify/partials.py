@@ -34,7 +34,7 @@ from ...ir.nodes import EngineProgram
 from ...ir.ops import Flush, ReadTiles, SemInc, SemWait, WriteBarrier, walk
 from .dataflow import SiteRun, Write
 from .symbolic import AccSum, Aff, Partial, Product, Sym, one_to_one
-from .wellformed import raise_counts
+from .wellformed_ops import raise_counts
 
 MAX_SPLIT = 64  # iterations of a loop of partial adds the rule follows one by one
 
