@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -17,9 +16,9 @@ import pytest
 import spatialc
 from spatialc.lower.errors import Unsupported
 
+from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
 from .programs import inputs_of
 
-NVCC = shutil.which("nvcc")
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
 CASES = {
@@ -115,17 +114,12 @@ def test_the_sm90a_form_refuses_it_and_auto_prints_the_persistent_form():
 def compiled(tmp_path_factory):
     """The planned 4096³ e4m3 kernels of both forms (DeepGEMM's layouts, bf16 C), each compiled by nvcc -Werror for
     sm_89 and sm_90 in one call."""
-    flags = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror", "-Xptxas", "-v"]
-    gencode = [f for cc in ("89", "90") for f in ("-gencode", f"arch=compute_{cc},code=sm_{cc}")]
     done = {}
     for form in ("persistent", "general"):
         gemm = spatialc.gemm(4096, 4096, 4096, "e4m3", scales=("1x128", "128x128"), out="bf16")
         art = spatialc.lower(spatialc.build(gemm, "sm_90", form=form), form=form)
         assert art.budget.form == form and "spatialc_acc<ACCT> part[" in art.program_cu
-        src = tmp_path_factory.mktemp("bscale") / f"{form}.cu"
-        src.write_text(art.program_cu)
-        cmd = [NVCC, "-std=c++17", "-O3", *gencode, *flags, "-c", "-o", str(src.with_suffix(".o")), str(src)]
-        done[form] = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        done[form] = nvcc_compile(art.program_cu, tmp_path_factory.mktemp("bscale") / f"{form}.cu", ("89", "90"))
     return done
 
 
@@ -133,8 +127,4 @@ def compiled(tmp_path_factory):
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("form", ["persistent", "general"])
 def test_nvcc_compiles_the_planned_kernels_for_sm89_and_sm90_without_spills(compiled, form):
-    proc = compiled[form]
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    log = proc.stdout + proc.stderr
-    assert "for 'sm_89'" in log and "for 'sm_90'" in log
-    assert not re.search(r"[1-9]\d* bytes spill", log)
+    assert_clean(compiled[form], ("89", "90"))

@@ -25,6 +25,7 @@ from spatialc.runtime import launch as launcher
 from spatialc.runtime.nvcc import compile_cubin
 from spatialc.runtime.sass import disassemble, find_cuobjdump, main_loop_census
 from spatialc.runtime.tilize import element_type, fp8_values, quantize, storage_dtype, tilize, untilize
+from tests.nvcc_clean import assert_clean, nvcc_compile
 from tests.test_fp8 import FORMATS, SCALED, scaled_inputs
 
 NVCC = shutil.which("nvcc")
@@ -167,26 +168,17 @@ def compiled(tmp_path_factory):
         "e4m3-persistent": spatialc.lower(fp8_gemm(37, 29, 53, "e4m3", block=(2, 4, 3)), form="persistent"),
         "e5m2-general": spatialc.lower(fp8_gemm(37, 29, 53, "e5m2", form="general"), form="general"),
     }
-    flags = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror", "-Xptxas", "-v"]
-    gencode = [f for cc in ("89", "90") for f in ("-gencode", f"arch=compute_{cc},code=sm_{cc}")]
-    done = {}
-    for name, art in arts.items():
-        src = tmp_path_factory.mktemp("fp8") / f"{name}.cu"
-        src.write_text(art.program_cu)
-        cmd = [NVCC, "-std=c++17", "-O3", *gencode, *flags, "-c", "-o", str(src.with_suffix(".o")), str(src)]
-        done[name] = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    return done
+    return {
+        name: nvcc_compile(art.program_cu, tmp_path_factory.mktemp("fp8") / f"{name}.cu", ("89", "90"), timeout=600)
+        for name, art in arts.items()
+    }
 
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name", ["e4m3-persistent", "e5m2-general"])
 def test_nvcc_compiles_the_fp8_kernels_for_sm89_and_sm90_clean_without_spills(compiled, name):
-    proc = compiled[name]
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    log = proc.stdout + proc.stderr
-    assert "Compiling entry function" in log and "for 'sm_89'" in log and "for 'sm_90'" in log
-    assert not re.search(r"[1-9]\d* bytes spill", log)
+    assert_clean(compiled[name], ("89", "90"))
 
 
 @pytest.mark.nvcc

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import subprocess
 import warnings
 
 import numpy as np
@@ -25,9 +24,9 @@ from spatialc.lower.errors import NeedsGeneral
 from spatialc.numerics import w4
 from spatialc.runtime.emulate import EmulationRace
 
+from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
 from .w4_inputs import w4_inputs, w4_program
 
-NVCC = shutil.which("nvcc")
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
 CASES = {
@@ -154,17 +153,12 @@ def test_a_launch_from_python_refuses_4bit_weights_by_one_line():
 def compiled(tmp_path_factory):
     """The decode shape's kernel (M = 16, N = K = 4096, int4 with a zero point per 128), built for sm_80 and for sm_90
     and each compiled by nvcc -Werror (ptxas -v) for its own architecture."""
-    flags = ["-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror", "-Xptxas", "-v"]
     done = {}
     for cc in ("80", "90"):
         gemm = spatialc.gemm(16, 4096, 4096, "bf16", weights="int4", group=128, zeros=True)
         art = spatialc.lower(spatialc.build(gemm, f"sm_{cc}"))
         assert art.budget.form == "general" and "spatialc_dequant_bf16(spatialc_w4_int4(" in art.program_cu
-        src = tmp_path_factory.mktemp("w4") / f"sm{cc}.cu"
-        src.write_text(art.program_cu)
-        gencode = ["-gencode", f"arch=compute_{cc},code=sm_{cc}"]
-        cmd = [NVCC, "-std=c++17", "-O3", *gencode, *flags, "-c", "-o", str(src.with_suffix(".o")), str(src)]
-        done[cc] = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        done[cc] = nvcc_compile(art.program_cu, tmp_path_factory.mktemp("w4") / f"sm{cc}.cu", (cc,))
     return done
 
 
@@ -172,8 +166,5 @@ def compiled(tmp_path_factory):
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("cc", ["80", "90"])
 def test_nvcc_compiles_the_decode_kernel_without_spills(compiled, cc):
-    proc = compiled[cc]
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    log = proc.stdout + proc.stderr
-    assert f"for 'sm_{cc}'" in log
+    log = assert_clean(compiled[cc], (cc,))
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log)
