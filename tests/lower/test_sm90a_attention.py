@@ -1,8 +1,8 @@
 """Attention in the sm_90a form (lower/cuda/sm90a/attention.py): a TMA producer of Q, K and V pages, one consumer
 warpgroup running S = Q·Kᵀ as wgmma with K-major B and O += P·V as the RS wgmma (P from registers), the recurrence
-between them the register path's printers. Emulated on the CPU (runtime/emu/emu_hopper.h): bit for bit the general
-form's emulation at the same plan — both emulations add each product to float32 sums in the same k order — and so
-within the kernel's bound of the interpreter (docs/numerics.md, "Attention"); planted faults in the printed text (B
+between them the register path's printers. Emulated on the CPU (runtime/emu/emu_hopper.h): within the kernel's
+bound of the interpreter, and for two cases bit for bit the general form's emulation at the same plan — both
+emulations add each product to float32 sums in the same k order (docs/numerics.md, "Attention"); planted faults in the printed text (B
 read as MN-major, the wrong stage, P's registers overwritten in flight, a stage released before its group retired)
 each caught. nvcc -Werror compiles the FlashAttention sizes with no spill, HGMMA of both shapes in the SASS and no
 local memory."""
@@ -32,9 +32,13 @@ NVCC = shutil.which("nvcc")
 CASES = {
     "plain": ((1, 2, 64, 128, 64), {}),  # two KV blocks, two heads
     "causal_gqa_ragged": ((1, 4, 40, 72, 32), {"kv_heads": 2, "causal": True}),  # padding masked, 64-byte panels
-    "causal_d128": ((1, 2, 100, 200, 128), {"causal": True}),  # head_dim 128: two panels a row, ragged both ways
-    "gqa_fp16": ((2, 4, 64, 96, 64), {"kv_heads": 1, "precision": "fp16"}),  # four query heads on one KV head
+    "causal_d128": ((1, 1, 100, 200, 128), {"causal": True}),  # head_dim 128: two panels a row, ragged both ways
+    "gqa_fp16": ((1, 4, 64, 96, 64), {"kv_heads": 1, "precision": "fp16"}),  # four query heads on one KV head
 }
+# The cases also emulated in the general form at the same plan and compared bit for bit (the others, against the
+# interpreter's bound alone: each general-form emulation is one more compile and run, and these two cover a plain
+# and a causal, grouped, ragged plan).
+BESIDE_GENERAL = ("plain", "causal_gqa_ragged")
 
 
 def built(shape, options, form: str = "sm90a", block=None):
@@ -71,7 +75,7 @@ def test_the_form_prints_two_wgmma_shapes_around_the_register_path(cases):
     assert "spatialc_mma(" not in compute and "spatialc_load_b" not in compute  # no mma.sync, no ldmatrix of K or V
     assert compute.count("spatialc_load_a_acc(af[kk], rr_") == 1  # P's fragments: the RS wgmma's A
     # The recurrence between them is the register path's: the same rescale lines as the general form prints.
-    general = spatialc.lower(built((1, 2, 100, 200, 128), {"causal": True}, "general", (4, 4, 1)), form="general")
+    general = spatialc.lower(built((1, 1, 100, 200, 128), {"causal": True}, "general", (4, 4, 1)), form="general")
     for line in ("op:Compute:ScaleAcc", "__shfl_xor_sync(0xffffffffu, v, 1)", "spatialc_exp(spatialc_fsub(rr_"):
         assert compute.count(line) == general.kernel_cu.count(line) > 0, line
     # Q, K and V by TMA (a box a 128-byte panel: two a row at head_dim 128), stored as matrices; O and LSE tiled.
@@ -113,11 +117,13 @@ def test_a_band_other_than_one_warpgroup_is_refused_by_name():
 @needs_gxx
 @pytest.mark.emulation
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_emulation_equals_the_general_forms_bit_for_bit_and_the_interpreter_within_its_bound(cases, name):
+def test_the_emulation_lies_within_the_interpreters_bound_and_equals_the_general_forms_bit_for_bit(cases, name):
     p, art, shape, options = cases[name]
     given = inputs(*shape, kv_heads=options.get("kv_heads"))
     out = spatialc.emulate(art, given, timeout=600)
     check_close(p, out, given)
+    if name not in BESIDE_GENERAL:
+        return
     plan = p.plans[0].block
     general = built(shape, options, "general", (plan.osh, plan.ibw, 1))
     assert general.plans[0].block == plan
