@@ -1,11 +1,11 @@
 """Attention in the sm_90a form (lower/cuda/sm90a/attention.py): a TMA producer of Q, K and V pages, one consumer
 warpgroup running S = Q·Kᵀ as wgmma with K-major B and O += P·V as the RS wgmma (P from registers), the recurrence
 between them the register path's printers. Emulated on the CPU (runtime/emu/emu_hopper.h): within the kernel's
-bound of the interpreter, and for two cases bit for bit the general form's emulation at the same plan — both
-emulations add each product to float32 sums in the same k order (docs/numerics.md, "Attention"); planted faults in the printed text (B
-read as MN-major, the wrong stage, P's registers overwritten in flight, a stage released before its group retired)
-each caught. nvcc -Werror compiles the FlashAttention sizes with no spill, HGMMA of both shapes in the SASS and no
-local memory."""
+bound of the interpreter (docs/numerics.md, "Attention"), and for two cases bit for bit the general form's emulation
+at the same plan — both emulations add each product to float32 sums in the same k order; planted faults in the
+printed text (B read as MN-major, the wrong stage, P's registers overwritten in flight, a stage released before its
+group retired) each caught. nvcc -Werror compiles the FlashAttention sizes with no spill, HGMMA of both shapes in the
+SASS and no local memory."""
 
 from __future__ import annotations
 
