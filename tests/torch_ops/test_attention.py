@@ -6,7 +6,6 @@ for the GPU (no GPU has run it)."""
 
 from __future__ import annotations
 
-import contextlib
 import re
 
 import numpy as np
@@ -199,7 +198,7 @@ def test_the_cpu_result_is_the_interpreters():
 
 @pytest.mark.parametrize("plant", [False, True])
 @pytest.mark.parametrize("shape", [(1, 4, 2, 17, 23, 24), (1, 1, 1, 5, 40, 8)])
-def test_gpu_path_gives_o_and_lse_shaped_as_the_fake_does(monkeypatch, shape, plant):
+def test_gpu_path_gives_o_and_lse_shaped_as_the_fake_does(monkeypatch, cuda_stand_in, shape, plant):
     """The CUDA branch's wiring (SpatialOp._launch → launch_entry → run_prepared) for the grouped tensors of
     attention, with CPU tensors and a numpy device that computes the program head by head; `plant` stores O's
     heads in reverse order, which the result must show (it does only where there are two heads or more)."""
@@ -227,9 +226,6 @@ def test_gpu_path_gives_o_and_lse_shaped_as_the_fake_does(monkeypatch, shape, pl
     built = op._entry((b * h, sq, skv, d, b * hk), "cuda:0")
     entry = sct.Compiled(built.sizes, built.device, built.program, built.source, built.seconds)  # loaded afresh
     monkeypatch.setattr(sct.family, "_gpu_device", lambda: HeadsDevice(entry.program, spatialc.lower(entry.program)))
-    monkeypatch.setattr(sct.family, "_stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda d: None)
     o, lse = op._launch(entry, {"q": q, "k": k, "v": v}, torch.device("cuda:0"))
     assert [(tuple(t.shape), t.dtype) for t in (o, lse)] == [
         ((b * h, sq, d), torch.float32),

@@ -4,8 +4,6 @@ path's wiring (through a numpy stand-in for the GPU), and the clear error a grad
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 
@@ -97,7 +95,7 @@ def test_a_gradient_through_it_is_a_clear_error():
 
 
 @pytest.mark.parametrize("swap", [False, True])
-def test_gpu_path_reads_each_output_back_in_order(monkeypatch, swap):
+def test_gpu_path_reads_each_output_back_in_order(monkeypatch, cuda_stand_in, swap):
     """The CUDA branch's wiring (SpatialOp._launch → launch_entry → run_prepared), with CPU tensors and a numpy
     device that computes the program and stores each output in its own buffer; `swap` stores mean in rstd's buffer
     and rstd in mean's, which the result shows. (No GPU has run it.)"""
@@ -113,9 +111,6 @@ def test_gpu_path_reads_each_output_back_in_order(monkeypatch, swap):
         return devices[-1]
 
     monkeypatch.setattr(sct.family, "_gpu_device", device)
-    monkeypatch.setattr(sct.family, "_stream", lambda stream: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda d: None)
     got = op._launch(entry, named(x, w, b), torch.device("cuda:0"))
     assert isinstance(got, tuple) and [(tuple(t.shape), t.dtype) for t in got] == [
         ((40, 72), torch.float32),

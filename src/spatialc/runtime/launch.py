@@ -130,30 +130,35 @@ def run_with(device: Any, artifact: Any, *operands: Any, **params: Any) -> Any:
     return launch_bound(prepare(artifact, device), bound, library)
 
 
-def run_prepared(prep: Prepared, artifact: Any, *operands: Any, **params: Any) -> Any:
+def run_prepared(prep: Prepared, artifact: Any, *operands: Any, checked: bool = True, **params: Any) -> Any:
     """`run` with the kernel `prepare(artifact, device)` loaded before: nothing is compiled or loaded again (a caller
-    that launches one kernel many times, as spatialc.torch's ops do, keeps the Prepared)."""
-    bound, library = bound_operands(artifact, operands, params)
-    return launch_bound(prep, bound, library)
+    that launches one kernel many times, as spatialc.torch's ops do, keeps the Prepared).
+
+    `checked=False` leaves out every check that reads values back to the host (the inputs' ranges and rounding, a
+    grouped GEMM's row counts, a data-read trip count's flag after the launch): what a call inside CUDA-graph capture
+    needs, where nothing may wait for the device; the launch, its copies and its allocations are the same."""
+    bound, library = bound_operands(artifact, operands, params, checked=checked)
+    return launch_bound(prep, bound, library, checked=checked)
 
 
 def bound_operands(
-    artifact: Any, operands: Sequence[Any], params: Mapping[str, Any]
+    artifact: Any, operands: Sequence[Any], params: Mapping[str, Any], *, checked: bool = True
 ) -> tuple[list[tuple[Arg, Any]], str]:
     """The kernel's arguments paired with the caller's arrays (`bind`), a grouped GEMM's row counts checked on the
-    host, and the library the result comes back in; nothing is launched or compiled."""
+    host (unless not `checked`), and the library the result comes back in; nothing is launched or compiled."""
     args = kernel_args(artifact.launch)
     bound = bind(args, operands, params)
     limits = dict(getattr(artifact.launch, "row_counts", ()))
-    if limits:  # a grouped GEMM's row counts, checked on the host before anything is launched
+    if limits and checked:  # a grouped GEMM's row counts, checked on the host before anything is launched
         check_row_counts(limits, {x.name: host_array(x.name, v) for x, v in bound if x.name in limits})
     return bound, result_library(bound)
 
 
-def launch_bound(prep: Prepared, bound: Sequence[tuple[Arg, Any]], library: str) -> Any:
+def launch_bound(prep: Prepared, bound: Sequence[tuple[Arg, Any]], library: str, *, checked: bool = True) -> Any:
     """Upload, tilize, launch once on the device's current stream, and read C back in `library`'s arrays: a kernel
     of several outputs (LayerNorm's out, mean and rstd) gives a dict name → array, in parameter order, as
-    `spatialc.evaluate` and `spatialc.emulate` do."""
+    `spatialc.evaluate` and `spatialc.emulate` do. Not `checked`: no value is read back to the host (see
+    `run_prepared`)."""
     device = prep.device
     buffers, outs = [], {}
     for arg, value in bound:
@@ -165,9 +170,10 @@ def launch_bound(prep: Prepared, bound: Sequence[tuple[Arg, Any]], library: str)
             buffers.append(prep.workspaces()[arg.name])
             continue
         x, is_bf16 = device.upload(value)
-        buffers.append(prep.tiled(arg, _converted(arg, x, is_bf16, device.xp)))
+        buffers.append(prep.tiled(arg, _converted(arg, x, is_bf16, device.xp, checked)))
     prep.run(tuple(buffers))
-    prep.check()
+    if checked:
+        prep.check()
     like = [v for _, v in bound if v is not None]
     got = {name: _downloaded(prep, name, buf, library, like) for name, buf in outs.items()}
     return got if len(got) > 1 else next(iter(got.values()))
@@ -190,9 +196,17 @@ def _torch_bf16() -> Any:
     return torch.bfloat16
 
 
-def _converted(arg: Arg, x: Any, is_bf16: bool, xp: Any) -> Any:
-    """`x` (on the device) checked by the rules of `spatialc.inputs` and converted to `arg`'s storage type."""
+def _converted(arg: Arg, x: Any, is_bf16: bool, xp: Any, checked: bool = True) -> Any:
+    """`x` (on the device) checked by the rules of `spatialc.inputs` (if `checked`) and converted to `arg`'s storage
+    type."""
     dtype = arg.spec.dtype
+    if not checked:
+        if arg.elem in FP8_ELEMS:  # converted through the host (tilize.fp8_bits): no GPU array library has fp8
+            raise LaunchError(
+                f"{arg.name}: an fp8 operand is converted on the host, which a call inside CUDA-graph capture cannot"
+                " wait for; run this op outside the graph"
+            )
+        return quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16, checked=False)
     values = bf16_to_float32(x.view(xp.uint16), xp) if is_bf16 else x  # torch bf16 arrives as its bits
     check_values(arg.name, values, dtype, xp)
     q = quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16)

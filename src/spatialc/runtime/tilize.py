@@ -396,9 +396,10 @@ def fp8_values(bits: Any, elem: str, xp: Any) -> Any:
     return xp.asarray(host.view(getattr(ml_dtypes, elem)).astype(np.float32))
 
 
-def quantize(x: Any, elem: str, xp: Any, *, name: str = "array", bf16_in: bool = False) -> Any:
+def quantize(x: Any, elem: str, xp: Any, *, name: str = "array", bf16_in: bool = False, checked: bool = True) -> Any:
     """`x` converted to element type `elem` in its storage dtype; floats round to nearest even, integers are
-    range-checked. `bf16_in` says `x` already holds bfloat16 bits."""
+    range-checked (not when `checked` is False: nothing is then read back to the host, as inside CUDA-graph capture,
+    and an integer out of range wraps as a cast does). `bf16_in` says `x` already holds bfloat16 bits."""
     if bf16_in:
         if elem == "bfloat16":
             return x.astype(xp.uint16)
@@ -407,7 +408,7 @@ def quantize(x: Any, elem: str, xp: Any, *, name: str = "array", bf16_in: bool =
     if kind not in "biuf":
         raise LaunchError(f"{name} has dtype {x.dtype}; give integers or real floats")
     if elem in INT_RANGE:
-        return _to_int(x, elem, xp, name)
+        return _to_int(x, elem, xp, name) if checked else (xp.rint(x) if kind == "f" else x).astype(elem)
     narrow = elem in ("float16", "bfloat16")
     if narrow and x.dtype != xp.float16 and x.dtype != xp.float32:
         x = float32_round_to_odd(x.astype(xp.float64), xp)  # then one rounding below equals one from float64

@@ -300,9 +300,19 @@ class SpatialOp:
         )
 
     def _launch(self, entry: Compiled, named: dict[str, Any], device: Any) -> Any:
-        """The kernel on torch's current stream of `device`: lowered and loaded at the first call of a shape."""
-        with torch.cuda.device(device), _stream(torch.cuda.current_stream(device)):
-            return self._shaped(entry, _by_name(launch_entry(entry, named, _gpu_device()), self.outputs[0].name))
+        """The kernel on torch's current stream of `device`: lowered and loaded at the first call of a shape, its
+        buffers from torch's allocator. Inside CUDA-graph capture the shape must have run once before (the warm-up
+        torch's graphs and `mode="reduce-overhead"` make), and nothing is read back to check the inputs."""
+        capturing = _capturing()
+        if capturing and entry.prepared is None:
+            raise InputError(
+                f"{self.name}: the first call at sizes {'x'.join(map(str, entry.sizes))} is inside CUDA-graph capture,"
+                " where its kernel cannot be built and loaded; call the op once at these sizes before capturing"
+                " (a warm-up)"
+            )
+        with torch.cuda.device(device), _stream(torch.cuda.current_stream(device)), _torch_memory():
+            got = launch_entry(entry, named, _gpu_device(), checked=not capturing)
+            return self._shaped(entry, _by_name(got, self.outputs[0].name))
 
     def _shaped(self, entry: Compiled, by_name: Mapping[str, Any]) -> Any:
         """The result, each output shaped as the fake implementation gives it (a group axis of one kept)."""
@@ -315,16 +325,17 @@ def _by_name(got: Any, only: str) -> dict[str, Any]:
     return got if isinstance(got, dict) else {only: got}
 
 
-def launch_entry(entry: Compiled, named: dict[str, Any], gpu: Any) -> Any:
+def launch_entry(entry: Compiled, named: dict[str, Any], gpu: Any, *, checked: bool = True) -> Any:
     """Run `entry`'s kernel on `gpu` (a runtime.launch Device) with the tensors by name, lowering and preparing it
     once; C comes back as a torch tensor of the output's dtype, or, for a kernel of several outputs, a dict of them
-    by name in the program's order (as `spatialc.run` gives)."""
+    by name in the program's order (as `spatialc.run` gives). `checked=False`: nothing read back to the host
+    (`runtime.launch.run_prepared`), as inside CUDA-graph capture."""
     from ..runtime import launch
 
     if entry.prepared is None:
         entry.artifact = api.lower(entry.program)
         entry.prepared = launch.prepare(entry.artifact, gpu)
-    c = launch.run_prepared(entry.prepared, entry.artifact, **named)
+    c = launch.run_prepared(entry.prepared, entry.artifact, checked=checked, **named)
     if isinstance(c, dict):
         return {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in c.items()}
     return c if isinstance(c, torch.Tensor) else torch.as_tensor(c)
@@ -334,6 +345,37 @@ def _gpu_device() -> Any:
     from ..runtime.launch import cupy_device
 
     return cupy_device()
+
+
+def _capturing() -> bool:
+    """Whether torch's current CUDA stream is capturing a graph (`torch.cuda.graph`, `mode="reduce-overhead"`)."""
+    return torch.cuda.is_available() and bool(torch.cuda.is_current_stream_capturing())
+
+
+def torch_allocation(size: int, *, empty: Callable[..., Any], cupy: Any) -> Any:
+    """A CuPy MemoryPointer to `size` bytes that torch's caching allocator gives (`empty`: `torch.empty` on the
+    current device and stream), owned by the torch tensor, so the memory goes back to torch when CuPy drops it.
+    Inside capture torch gives it from the graph's private pool: what makes a captured launch's copies replayable."""
+    block = empty(max(size, 1), dtype=torch.uint8)
+    memory = cupy.cuda.UnownedMemory(block.data_ptr(), size, block)
+    return cupy.cuda.MemoryPointer(memory, 0)
+
+
+@contextlib.contextmanager
+def _torch_memory() -> Iterator[None]:
+    """CuPy's allocations (the tiled copies of the inputs, the outputs' buffers) taken from torch's allocator for
+    the call: one pool with the model's tensors, and the graph's own pool inside capture (CuPy's pool would call
+    cudaMalloc, which capture forbids)."""
+    from ..runtime.launch import require_cupy
+
+    cupy = require_cupy()
+    device = torch.cuda.current_device()
+
+    def allocate(size: int) -> Any:
+        return torch_allocation(size, empty=lambda *a, **k: torch.empty(*a, device=device, **k), cupy=cupy)
+
+    with cupy.cuda.using_allocator(allocate):
+        yield
 
 
 @contextlib.contextmanager

@@ -1,0 +1,159 @@
+"""spatialc.torch ops inside CUDA-graph capture: the first call of a shape must come before capture (a warm-up);
+a captured call reads nothing back to the host (no value checks, no flag read after the launch) and takes its
+memory from torch's allocator. No GPU here: the CUDA branch runs with CPU tensors and a numpy stand-in device, and
+"capturing" is what the test says; a check that reads back is made to fail loudly while it is said."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import spatialc  # noqa: E402
+import spatialc.torch as sct  # noqa: E402
+from spatialc.inputs import InputError  # noqa: E402
+from spatialc.runtime import launch, prepared, tilize  # noqa: E402
+from spatialc.runtime.tilize import LaunchError  # noqa: E402
+
+
+def gemm_family(precision):
+    return lambda m, n, k: spatialc.gemm(m, n, k, precision)
+
+
+def stand_in(monkeypatch, op, sizes):
+    """The op's entry at `sizes` and a numpy device that multiplies A and B (tests/runtime/test_launch.py's), taking
+    torch bf16 as its bits, as CupyDevice.upload does."""
+    from tests.runtime.test_launch import NumpyDevice
+
+    class Device(NumpyDevice):
+        def upload(self, x):
+            if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16:
+                return x.view(torch.int16).numpy(), True
+            if isinstance(x, torch.Tensor) and x.dtype == torch.float8_e4m3fn:
+                return x.float().numpy(), False  # as CupyDevice: fp8's values, exactly
+            return super().upload(x)
+
+    entry = op._entry(sizes, "cuda:0")
+    device = Device(spatialc.lower(entry.program))
+    monkeypatch.setattr(sct.family, "_gpu_device", lambda: device)
+    return entry, device
+
+
+HOST_READS = (
+    (launch, "check_values"),
+    (launch, "warn_if_rounded"),
+    (launch, "check_row_counts"),
+    (tilize, "_to_int"),
+    (prepared.Prepared, "check"),
+)
+
+
+def watch_host_reads(monkeypatch, *, forbid):
+    """Each check that reads values back to the host, counted — or, with `forbid`, made an error."""
+    calls = []
+    for owner, name in HOST_READS:
+        original = getattr(owner, name)
+
+        def wrapped(*args, _name=name, _original=original, **kwargs):
+            if forbid:
+                raise AssertionError(f"{_name} read values back to the host inside capture")
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapped)
+    return calls
+
+
+def int8_operands(m, n, k, seed=5):
+    gen = torch.Generator().manual_seed(seed)
+    return (
+        torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int8),
+        torch.randint(-128, 128, (k, n), generator=gen, dtype=torch.int8),
+    )
+
+
+def test_the_first_call_of_a_shape_inside_capture_is_a_one_line_error(monkeypatch, cuda_stand_in):
+    op = sct.op(gemm_family("int8"), "test_capture_cold", disk_cache=False)
+    entry, device = stand_in(monkeypatch, op, (32, 48, 64))
+    cuda_stand_in.capturing = True
+    a, b = int8_operands(32, 48, 64)
+    with pytest.raises(InputError) as e:
+        op._launch(entry, {"A": a, "B": b}, torch.device("cuda:0"))
+    text = str(e.value)
+    assert "\n" not in text and "warm-up" in text and "32x48x64" in text, text
+    assert device.launches == [] and entry.prepared is None
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16"])
+def test_a_captured_call_reads_nothing_back_and_launches_as_the_warm_up_did(monkeypatch, cuda_stand_in, precision):
+    """The warm-up runs every check (counted); inside capture the same call, with every host read made an error,
+    launches once more with the same buffers' contents and gives the same result."""
+    m, n, k = 32, 48, 64
+    op = sct.op(gemm_family(precision), f"test_capture_{precision}", disk_cache=False)
+    entry, device = stand_in(monkeypatch, op, (m, n, k))
+    if precision == "int8":
+        a, b = int8_operands(m, n, k)
+    else:
+        gen = torch.Generator().manual_seed(7)
+        a, b = torch.randn(m, k, generator=gen).bfloat16(), torch.randn(k, n, generator=gen).bfloat16()
+    named = {"A": a, "B": b}
+    checks = watch_host_reads(monkeypatch, forbid=False)
+    warm = op._launch(entry, named, torch.device("cuda:0"))
+    assert "check_values" in checks and "check" in checks, checks
+    assert ("_to_int" in checks) == (precision == "int8"), checks
+    watch_host_reads(monkeypatch, forbid=True)
+    cuda_stand_in.capturing = True
+    captured = op._launch(entry, named, torch.device("cuda:0"))
+    assert len(device.launches) == 2
+    for before, after in zip(device.launches[0][4], device.launches[1][4], strict=True):
+        assert np.array_equal(before, after, equal_nan=True)
+    assert torch.equal(warm, captured)
+    ok, how = spatialc.tolerance(entry.program, kernel=True).check(captured.float().numpy(), named)
+    assert ok, how
+
+
+def test_an_fp8_operand_inside_capture_is_refused_by_name(monkeypatch, cuda_stand_in):
+    """fp8 values are converted through the host (no GPU array library has the type): not inside a graph."""
+    op = sct.op(gemm_family("e4m3"), "test_capture_fp8", disk_cache=False)
+    entry, _ = stand_in(monkeypatch, op, (32, 48, 64))
+    entry.prepared = launch.prepare(spatialc.lower(entry.program), sct.family._gpu_device())
+    entry.artifact = spatialc.lower(entry.program)
+    a = torch.zeros(32, 64).to(torch.float8_e4m3fn)
+    b = torch.zeros(64, 48).to(torch.float8_e4m3fn)
+    cuda_stand_in.capturing = True
+    with pytest.raises(LaunchError) as e:
+        op._launch(entry, {"A": a, "B": b}, torch.device("cuda:0"))
+    assert "\n" not in str(e.value) and "A: an fp8 operand" in str(e.value) and "CUDA-graph capture" in str(e.value)
+
+
+def test_unchecked_int8_conversion_rounds_as_the_checked_one_and_never_reads_back():
+    x = np.array([-3.5, -0.5, 0.5, 1.5, 2.5, 127.0], dtype=np.float32)
+    assert np.array_equal(tilize.quantize(x, "int8", np), tilize.quantize(x, "int8", np, checked=False))
+    with pytest.raises(LaunchError):
+        tilize.quantize(np.array([300.0]), "int8", np)
+    tilize.quantize(np.array([300.0]), "int8", np, checked=False)  # no range read: as a cast, inside a graph
+
+
+def test_cupy_memory_comes_from_torch_and_is_owned_by_its_tensor():
+    """The allocator handed to CuPy: torch's `empty` gives the bytes (the graph's pool inside capture), CuPy's
+    pointer holds the tensor, so the block lives exactly as long as CuPy's array."""
+    made = []
+
+    def empty(size, dtype):
+        made.append(torch.empty(size, dtype=dtype))
+        return made[-1]
+
+    cupy = SimpleNamespace(
+        cuda=SimpleNamespace(
+            UnownedMemory=lambda ptr, size, owner: SimpleNamespace(ptr=ptr, size=size, owner=owner),
+            MemoryPointer=lambda mem, offset: SimpleNamespace(mem=mem, offset=offset),
+        )
+    )
+    p = sct.family.torch_allocation(4096, empty=empty, cupy=cupy)
+    assert p.offset == 0 and p.mem.size == 4096 and p.mem.owner is made[0]
+    assert p.mem.ptr == made[0].data_ptr() and made[0].dtype == torch.uint8 and made[0].numel() == 4096
+    zero = sct.family.torch_allocation(0, empty=empty, cupy=cupy)
+    assert zero.mem.size == 0 and made[1].numel() == 1  # torch gives no address for an empty tensor
