@@ -4,8 +4,9 @@
 2. Per-call time of a bf16 GEMM at small sizes (where the host's work dominates) and at 512³: `torch.mm` against
    the spatialc op, N calls back to back, one synchronize at the end (wall time per call), after a warm-up call.
 3. A two-layer MLP block (Linear → SiLU → Linear, bf16 operands) end to end: torch's own layers and the same
-   model after `replace_linears`, in eager and in `torch.compile` modes. CUDA-graph mode is left out: the op's
-   buffers come from CuPy's pool, so it is not yet safe under capture.
+   model after `replace_linears`, in eager, `torch.compile` and CUDA-graph modes — the graph captured by hand
+   (`torch.cuda.graph` after a warm-up on a side stream, replayed) and by `torch.compile(mode="reduce-overhead")`;
+   each graph's replay is checked against the eager output of its model before it is timed.
 
     python bench/torch_gpu.py [calls]          # needs torch with CUDA, CuPy and a GPU; exits 2 without one
 """
@@ -78,8 +79,39 @@ def main(calls: int = 200) -> None:
         ours_eager = per_call_us(lambda: model(x), calls // 10 or 1)
         ours_compiled = torch.compile(model, fullgraph=True)
         ours_compile = per_call_us(lambda: ours_compiled(x), calls // 10 or 1)
+        ours_graph = per_call_us(graphed(model, x), calls // 10 or 1)
+        ours_overhead = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        ours_ro = per_call_us(lambda: ours_overhead(x), calls // 10 or 1)
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.SiLU(), torch.nn.Linear(hidden, width)).cuda()
+    with torch.no_grad():
+        torch_graph = per_call_us(graphed(plain, x), calls // 10 or 1)
+        torch_overhead = torch.compile(plain, mode="reduce-overhead")
+        torch_ro = per_call_us(lambda: torch_overhead(x), calls // 10 or 1)
     print(f"MLP {tokens}x{width}->{hidden}->{width}: eager torch {torch_eager:.1f} us, spatialc {ours_eager:.1f} us;")
-    print(f"  torch.compile: torch {torch_compile:.1f} us, spatialc {ours_compile:.1f} us; CUDA graphs: not yet")
+    print(f"  torch.compile: torch {torch_compile:.1f} us, spatialc {ours_compile:.1f} us;")
+    print(f"  CUDA graph (by hand): torch {torch_graph:.1f} us, spatialc {ours_graph:.1f} us;")
+    print(f"  torch.compile(mode='reduce-overhead'): torch {torch_ro:.1f} us, spatialc {ours_ro:.1f} us")
+
+
+def graphed(model, x):
+    """`model(x)` captured in a CUDA graph (after a warm-up on a side stream, as torch's docs do), its replay checked
+    against an eager call (the same kernels: equal bits), and the replay to time."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            model(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    if not torch.equal(out, model(x)):
+        print(f"graph replay of {type(model).__name__} differs from its eager call: WRONG")
+        raise SystemExit(1)
+    return graph.replay
 
 
 if __name__ == "__main__":
