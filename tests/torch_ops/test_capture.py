@@ -89,8 +89,8 @@ def test_the_first_call_of_a_shape_inside_capture_is_a_one_line_error(monkeypatc
 
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 def test_a_captured_call_reads_nothing_back_and_launches_as_the_warm_up_did(monkeypatch, cuda_stand_in, precision):
-    """The warm-up runs every check (counted); inside capture the same call, with every host read made an error,
-    launches once more with the same buffers' contents and gives the same result."""
+    """The warm-up runs every check that applies (counted); inside capture the same call, with every host read made
+    an error, launches once more with the same buffers' contents and gives the same result."""
     m, n, k = 32, 48, 64
     op = sct.op(gemm_family(precision), f"test_capture_{precision}", disk_cache=False)
     entry, device = stand_in(monkeypatch, op, (m, n, k))
@@ -102,8 +102,8 @@ def test_a_captured_call_reads_nothing_back_and_launches_as_the_warm_up_did(monk
     named = {"A": a, "B": b}
     checks = watch_host_reads(monkeypatch, forbid=False)
     warm = op._launch(entry, named, torch.device("cuda:0"))
-    assert "check_values" in checks and "check" in checks, checks
-    assert ("_to_int" in checks) == (precision == "int8"), checks
+    assert "check" in checks, checks  # a bf16 tensor for bf16 operands has nothing to check (the last test)
+    assert ("check_values" in checks) == ("_to_int" in checks) == (precision == "int8"), checks
     watch_host_reads(monkeypatch, forbid=True)
     cuda_stand_in.capturing = True
     captured = op._launch(entry, named, torch.device("cuda:0"))
@@ -157,3 +157,21 @@ def test_cupy_memory_comes_from_torch_and_is_owned_by_its_tensor():
     assert p.mem.ptr == made[0].data_ptr() and made[0].dtype == torch.uint8 and made[0].numel() == 4096
     zero = sct.family.torch_allocation(0, empty=empty, cupy=cupy)
     assert zero.mem.size == 0 and made[1].numel() == 1  # torch gives no address for an empty tensor
+
+
+def test_a_tensor_already_of_the_operand_type_is_checked_by_nothing(monkeypatch, cuda_stand_in):
+    """Outside capture too: a bf16 tensor for a bf16 operand cannot be out of range or rounded, so a call makes no
+    pass over its values (each would be a kernel and a read back to the host on a GPU, every call) — while int8
+    operands, whose ranges the program's types may not hold, are still checked."""
+    op = sct.op(gemm_family("bf16"), "test_capture_exact", disk_cache=False)
+    entry, device = stand_in(monkeypatch, op, (32, 48, 64))
+    gen = torch.Generator().manual_seed(9)
+    named = {"A": torch.randn(32, 64, generator=gen).bfloat16(), "B": torch.randn(64, 48, generator=gen).bfloat16()}
+    calls = watch_host_reads(monkeypatch, forbid=False)
+    c = op._launch(entry, named, torch.device("cuda:0"))
+    assert [x for x in calls if x != "check"] == [], calls
+    ok, how = spatialc.tolerance(entry.program, kernel=True).check(c.float().numpy(), named)
+    assert ok, how
+    a32 = {"A": named["A"].float().numpy(), "B": named["B"].float().numpy()}  # float32 in: checked as before
+    launch.run_with(device, spatialc.lower(entry.program), **a32)
+    assert "check_values" in calls and "warn_if_rounded" in calls, calls

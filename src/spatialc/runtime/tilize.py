@@ -401,8 +401,8 @@ def quantize(x: Any, elem: str, xp: Any, *, name: str = "array", bf16_in: bool =
     range-checked (not when `checked` is False: nothing is then read back to the host, as inside CUDA-graph capture,
     and an integer out of range wraps as a cast does). `bf16_in` says `x` already holds bfloat16 bits."""
     if bf16_in:
-        if elem == "bfloat16":
-            return x.astype(xp.uint16)
+        if elem == "bfloat16":  # the bits as they are: a view, no copy (int16 and uint16 bits are the same)
+            return x.view(xp.uint16) if xp.dtype(x.dtype).itemsize == 2 else x.astype(xp.uint16)
         x = bf16_to_float32(x.view(xp.uint16), xp)
     kind = xp.dtype(x.dtype).kind
     if kind not in "biuf":
