@@ -33,7 +33,7 @@ def stand_in(monkeypatch, op, sizes):
             if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16:
                 return x.view(torch.int16).numpy(), True
             if isinstance(x, torch.Tensor) and x.dtype == torch.float8_e4m3fn:
-                return x.float().numpy(), False  # as CupyDevice: fp8's values, exactly
+                return x.view(torch.uint8).numpy(), "float8_e4m3fn"  # as CupyDevice: fp8's bits, named
             return super().upload(x)
 
     entry = op._entry(sizes, "cuda:0")
@@ -51,11 +51,13 @@ HOST_READS = (
 )
 
 
+ORIGINALS = {(owner, name): getattr(owner, name) for owner, name in HOST_READS}
+
+
 def watch_host_reads(monkeypatch, *, forbid):
     """Each check that reads values back to the host, counted — or, with `forbid`, made an error."""
     calls = []
-    for owner, name in HOST_READS:
-        original = getattr(owner, name)
+    for (owner, name), original in ORIGINALS.items():
 
         def wrapped(*args, _name=name, _original=original, **kwargs):
             if forbid:
@@ -115,18 +117,33 @@ def test_a_captured_call_reads_nothing_back_and_launches_as_the_warm_up_did(monk
     assert ok, how
 
 
-def test_an_fp8_operand_inside_capture_is_refused_by_name(monkeypatch, cuda_stand_in):
-    """fp8 values are converted through the host (no GPU array library has the type): not inside a graph."""
+def test_fp8_tensors_inside_capture_go_as_their_bits_and_other_values_are_refused(monkeypatch, cuda_stand_in):
+    """A torch e4m3 tensor for an e4m3 operand goes to the kernel as its own bits (nothing read back: capturable);
+    float32 values for it would be rounded to e4m3 through the host (no GPU array library has fp8): refused inside
+    capture by one line, converted outside it."""
+    from spatialc.runtime.tilize import untilize
+
     op = sct.op(gemm_family("e4m3"), "test_capture_fp8", disk_cache=False)
-    entry, _ = stand_in(monkeypatch, op, (32, 48, 64))
-    entry.prepared = launch.prepare(spatialc.lower(entry.program), sct.family._gpu_device())
-    entry.artifact = spatialc.lower(entry.program)
-    a = torch.zeros(32, 64).to(torch.float8_e4m3fn)
-    b = torch.zeros(64, 48).to(torch.float8_e4m3fn)
+    entry, device = stand_in(monkeypatch, op, (32, 48, 64))
+    gen = torch.Generator().manual_seed(4)
+    a = (torch.randn(32, 64, generator=gen) * 8).to(torch.float8_e4m3fn)
+    b = (torch.randn(64, 48, generator=gen) * 8).to(torch.float8_e4m3fn)
+    op._launch(entry, {"A": a, "B": b}, torch.device("cuda:0"))  # the warm-up
+    watch_host_reads(monkeypatch, forbid=True)
     cuda_stand_in.capturing = True
+    op._launch(entry, {"A": a, "B": b}, torch.device("cuda:0"))
+    arg_a = entry.prepared.args[0]
+    for launched in device.launches:
+        tiled = untilize(launched[4][0], arg_a.tiles, arg_a.elems, np, order=arg_a.order)
+        assert np.array_equal(tiled, a.view(torch.uint8).numpy())
+    values = {"A": a.float().numpy(), "B": b.float().numpy()}
     with pytest.raises(LaunchError) as e:
-        op._launch(entry, {"A": a, "B": b}, torch.device("cuda:0"))
-    assert "\n" not in str(e.value) and "A: an fp8 operand" in str(e.value) and "CUDA-graph capture" in str(e.value)
+        launch.run_prepared(entry.prepared, entry.artifact, checked=False, **values)
+    text = str(e.value)
+    assert "\n" not in text and text.startswith("A: converting") and "CUDA-graph capture" in text, text
+    watch_host_reads(monkeypatch, forbid=False)
+    launch.run_prepared(entry.prepared, entry.artifact, **values)  # outside capture: converted, as before
+    assert np.array_equal(device.launches[-1][4][0], device.launches[0][4][0])
 
 
 def test_unchecked_int8_conversion_rounds_as_the_checked_one_and_never_reads_back():

@@ -63,8 +63,9 @@ class CupyDevice:
     def arch(self) -> str:
         return f"sm_{self.cp.cuda.Device().compute_capability}"
 
-    def upload(self, x: Any) -> tuple[Any, bool]:
-        """A CuPy view or copy of `x` on the device; torch bf16 comes as its bits."""
+    def upload(self, x: Any) -> tuple[Any, bool | str]:
+        """A CuPy view or copy of `x` on the device, and what its bits hold where CuPy has no type for it: True for
+        torch bf16 (as int16), "float8_e4m3fn" / "float8_e5m2" for torch's fp8 (as uint8), else False."""
         root = type(x).__module__.split(".")[0]
         if root == "cupy":
             return x, False
@@ -72,14 +73,15 @@ class CupyDevice:
             import torch
 
             t = x.detach()
-            if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # no DLPack or numpy type: their values, exactly
-                t = t.float()
-            is_bf16 = t.dtype == torch.bfloat16
-            if is_bf16:
-                t = t.view(torch.int16)
+            held: bool | str = False
+            if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # no DLPack or numpy type: their bits
+                held = "float8_e4m3fn" if t.dtype == torch.float8_e4m3fn else "float8_e5m2"
+                t = t.view(torch.uint8)
+            elif t.dtype == torch.bfloat16:
+                held, t = True, t.view(torch.int16)
             if t.device.type != "cuda":
-                return self.cp.asarray(t.cpu().numpy()), is_bf16
-            return self.cp.from_dlpack(t.contiguous()), is_bf16
+                return self.cp.asarray(t.cpu().numpy()), held
+            return self.cp.from_dlpack(t.contiguous()), held
         return self.cp.asarray(x), False
 
     def download(self, x: Any, library: str, like: Sequence[Any]) -> Any:

@@ -169,8 +169,8 @@ def launch_bound(prep: Prepared, bound: Sequence[tuple[Arg, Any]], library: str,
         if arg.role == "workspace":
             buffers.append(prep.workspaces()[arg.name])
             continue
-        x, is_bf16 = device.upload(value)
-        buffers.append(prep.tiled(arg, _converted(arg, x, is_bf16, device.xp, checked)))
+        x, held = device.upload(value)
+        buffers.append(prep.tiled(arg, _converted(arg, x, held, device.xp, checked)))
     prep.run(tuple(buffers))
     if checked:
         prep.check()
@@ -196,16 +196,20 @@ def _torch_bf16() -> Any:
     return torch.bfloat16
 
 
-def _converted(arg: Arg, x: Any, is_bf16: bool, xp: Any, checked: bool = True) -> Any:
+def _converted(arg: Arg, x: Any, held: bool | str, xp: Any, checked: bool = True) -> Any:
     """`x` (on the device) checked by the rules of `spatialc.inputs` (if `checked`) and converted to `arg`'s storage
-    type."""
+    type. `held` is what the device's upload says `x`'s bits are: True bf16's, an fp8 type's name, else False."""
     dtype = arg.spec.dtype
+    if isinstance(held, str):  # torch fp8, as its bits
+        if held == arg.elem:  # the operand's own type: its bits go as they are, nothing to check or convert
+            return x.view(xp.uint8)
+        if not checked:
+            raise LaunchError(_through_host(arg))
+        x, held = fp8_values(x, held, xp), False  # their values (exact), converted as any other floats
+    is_bf16 = held is True
     if not checked:
         if arg.elem in FP8_ELEMS:  # converted through the host (tilize.fp8_bits): no GPU array library has fp8
-            raise LaunchError(
-                f"{arg.name}: an fp8 operand is converted on the host, which a call inside CUDA-graph capture cannot"
-                " wait for; run this op outside the graph"
-            )
+            raise LaunchError(_through_host(arg))
         return quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16, checked=False)
     if _holds_its_type(arg, x, is_bf16):  # nothing can be out of range or rounded: no pass over the values
         return quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16)
@@ -219,6 +223,14 @@ def _converted(arg: Arg, x: Any, is_bf16: bool, xp: Any, checked: bool = True) -
             floats = q.astype(xp.float32) if arg.elem == "float16" else bf16_to_float32(q, xp)
         warn_if_rounded(dtype, values, floats, xp)
     return q
+
+
+def _through_host(arg: Arg) -> str:
+    return (
+        f"{arg.name}: converting these values to {arg.elem} goes through the host (no GPU array library has fp8),"
+        " which a call inside CUDA-graph capture cannot wait for; pass a tensor of the operand's own fp8 type, or run"
+        " this op outside the graph"
+    )
 
 
 def _holds_its_type(arg: Arg, x: Any, is_bf16: bool) -> bool:

@@ -18,8 +18,8 @@ class Device(Protocol):
 
     xp: Any
 
-    def upload(self, x: Any) -> tuple[Any, bool]:  # (device array, holds bf16 bits)
-        ...
+    # (device array, what its bits hold: True bf16's, "float8_e4m3fn" / "float8_e5m2" torch fp8's, else False)
+    def upload(self, x: Any) -> tuple[Any, bool | str]: ...
 
     def download(self, x: Any, library: str, like: Sequence[Any]) -> Any: ...
 
