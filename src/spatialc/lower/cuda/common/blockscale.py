@@ -74,11 +74,12 @@ def promoted_step(tc: TilePrinter, mm: MatmulTiles, a: Ring, b: Ring, env: dict[
     finally:
         tc.accf = kept
     with tc.w.block(""):  # (a scope of its own: the MMAs above declared the warp's coordinates too)
-        _promote(tc, mm.scales, env)
+        promotion(tc, mm.scales, env)
 
 
-def _promote(tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str]) -> None:
-    """acc[q].x[i] += part[q].x[i] · (sa · sb) for each element this lane holds."""
+def promotion(tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str]) -> None:
+    """acc[q].x[i] += part[q].x[i] · (sa · sb) for each element this lane holds: the one printing of the promotion,
+    which every form's block-scaled step ends with (the sm_90a form's after its wgmma group has retired)."""
     h, w = tc.plan.item_tiles
     ta, tb = tc.tensors[int(s.a.tensor)], tc.tensors[int(s.b.tensor)]
     # A row (column) of the items past the scale tensor's — the padding of the last items — reads no scale; the group
