@@ -50,6 +50,10 @@ GENERAL_SCALED_TILES = 2
 def scaled_units(target: SpatialTarget, plan: Plan, form: str, smem: int, per_unit: int) -> int:
     """The planner's blocks an SM for a block-scaled plan: at most what holds the partial fragments too."""
     h, w = plan.item_tiles
+    if form == "sm90a":  # the wgmma accumulators' registers: the form's own rule
+        from ..sm90a.plan import scaled_n_max
+
+        return per_unit if w * 16 <= scaled_n_max(plan) else 0
     if form == "general" and math.ceil(h * w / target.accumulator_lanes) > GENERAL_SCALED_TILES:
         return 0
     warps = None if form != "general" else target.accumulator_lanes + 2  # the general form's reader and writer warps

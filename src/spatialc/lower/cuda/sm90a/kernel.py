@@ -188,12 +188,6 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
         raise NeedsGeneral(
             f"{W4_PROGRAM} in the sm_90a form", "its TMA producer and wgmma consumers do not print it yet"
         )
-    if program_scales(p) is not None:
-        raise NeedsGeneral(
-            "a block-scaled matmul in the sm_90a form",
-            "its wgmma consumers do not promote a K step's partial sums by their scales yet (the persistent and"
-            " general forms' mma.sync do)",
-        )
     if not attention and len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
     for op in all_ops(p):
@@ -216,7 +210,7 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
     if attention:
         check_attention_plan(plan)
     else:
-        check_plan(plan, p.precision)
+        check_plan(plan, p.precision, program_scales(p) is not None)
 
 
 def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
@@ -393,7 +387,9 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str) -> Hop
         barrier_bytes=barrier_bytes,
         blocks_per_sm=wg.blocks,
     )
-    hk = HopperKernel(base, maps, filled, wg, w * 16, store, chunk, mc, panels, stored, warp_freed, epilogue)
+    # A block-scaled step's wgmma write fresh partial accumulators (scale-d 0 on the group's first): "sd".
+    wgmmas = ((w * 16, "sd"),) if program_scales(p) is not None else ()
+    hk = HopperKernel(base, maps, filled, wg, w * 16, store, chunk, mc, panels, stored, warp_freed, epilogue, wgmmas)
     check_resources(hk, target)
     return hk
 
@@ -412,7 +408,13 @@ FP8_PTX = {"__nv_fp8_e4m3": "e4m3", "__nv_fp8_e5m2": "e5m2"}
 # The wgmma variants the kernels print, by name: both operands from shared memory with B as a GEMM's (16-bit
 # MN-major, imm-trans-b 1; 8-bit K-major), 16-bit B K-major (imm-trans-b 0: attention's K, whose rows are S's
 # columns), and A from registers with B MN-major (the RS form: attention's P · V).
-WGMMA_VARIANTS = {"ss": "spatialc_wgmma", "kb": "spatialc_wgmma_kb", "rs": "spatialc_wgmma_rs"}
+# "sd" is "ss" with scale-d an operand: 0 makes D = A · B, the accumulators not read (a block-scaled group's first).
+WGMMA_VARIANTS = {
+    "ss": "spatialc_wgmma",
+    "kb": "spatialc_wgmma_kb",
+    "rs": "spatialc_wgmma_rs",
+    "sd": "spatialc_wgmma_sd",
+}
 
 
 def wgmma_specialisations(n: int, operand: str, integer: bool, variant: str = "ss") -> list[str]:
@@ -422,7 +424,8 @@ def wgmma_specialisations(n: int, operand: str, integer: bool, variant: str = "s
     way the PTX ISA lets a wgmma of them read B (its transposes are the 16-bit types' alone). The 8-bit floats' wgmma
     (k32, float32 accumulators) takes the floating-point variants' operand scales, here 1 and 1 (no negation). "kb"
     reads 16-bit B K-major; "rs" takes A from four registers a thread (mma.m16n8k16's A fragment, of the warp's 16
-    rows), B N-major (`WGMMA_VARIANTS`)."""
+    rows), B N-major; "sd" is the 8-bit floats' "ss" with scale-d an operand (0: D = A · B, a block-scaled K group's
+    first wgmma into its fresh partial accumulators) (`WGMMA_VARIANTS`)."""
     regs = n // 2
     acc = ", ".join(f"%{i}" for i in range(regs))
     if integer:
@@ -435,7 +438,9 @@ def wgmma_specialisations(n: int, operand: str, integer: bool, variant: str = "s
         trans_b = {"ss": "1", "kb": "0", "rs": "1"}[variant]
         tail = f"p, 1, 1, {trans_b}" if variant == "rs" else f"p, 1, 1, 0, {trans_b}"
         shape, dtype, out = f"m64n{n}k16", f"f32.{ty}.{ty}", '"+f"'
-    if variant != "ss" and (integer or operand in FP8_PTX):
+    if variant == "sd" and operand not in FP8_PTX:
+        raise Unsupported(f"a {variant} wgmma of {operand}", "only the 8-bit floats' GEMMs are block-scaled")
+    if variant not in ("ss", "sd") and (integer or operand in FP8_PTX):
         raise Unsupported(f"a {variant} wgmma of {operand}", "only 16-bit operands are transposed or held in registers")
     accum = "int" if integer else "float"
     name = WGMMA_VARIANTS[variant]
@@ -447,16 +452,19 @@ def wgmma_specialisations(n: int, operand: str, integer: bool, variant: str = "s
     else:
         a_param, a_ops, ins, b_at = "unsigned long long a", f"%{regs}", '"l"(a), "l"(b)', regs + 1
         a_spec = "unsigned long long a"
+    b_param, scale_d = "unsigned long long b", "1"
+    if variant == "sd":
+        b_param, scale_d, ins = "unsigned long long b, int scale_d", f"%{b_at + 1}", f'{ins}, "r"(scale_d)'
     return [
         "#ifndef SPATIALC_SM90A_EMULATED",
         "template <int N, class T, class A>",
-        f"__device__ void {name}(spatialc_acc<A> (&d)[N / 16], {a_param}, unsigned long long b);",
+        f"__device__ void {name}(spatialc_acc<A> (&d)[N / 16], {a_param}, {b_param});",
         "template <>",
         f"__device__ __forceinline__ void {name}<{n}, {operand}, {accum}>(",
-        f"    spatialc_acc<{accum}> (&d)[{n // 16}], {a_spec}, unsigned long long b)",
+        f"    spatialc_acc<{accum}> (&d)[{n // 16}], {a_spec}, {b_param})",
         "{",
         "    asm volatile(",
-        '        "{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"',
+        f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, {scale_d}, 0;\\n"',
         f'        "wgmma.mma_async.sync.aligned.{shape}.{dtype} {{{acc}}}, {a_ops}, %{b_at}, {tail};\\n}}"',
         f"        : {outs}",
         f"        : {ins});",
@@ -567,6 +575,8 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
         w.line("unsigned boxes_out = 0;  // output boxes this warp has staged (its boxes are used in turn)")
     if any(isinstance(op, AcquireAcc) for op in role.walk()) and not hk.attention:
         w.line(f"spatialc_acc<ACCT> accf[{hk.n // 16}];")
+        if program_scales(k.program) is not None:  # a K group's products, before their promotion into accf
+            w.line(f"spatialc_acc<ACCT> part[{hk.n // 16}];")
     single = any(isinstance(op, ReadTiles) for op in role.walk())
     if single:
         printer.nthreads = "1"

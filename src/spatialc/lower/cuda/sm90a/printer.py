@@ -31,6 +31,7 @@ from ....ir.printer import compute_text
 from ....passes.tile import operand_layouts, sized_as
 from ...census import POST, marker
 from ...errors import Unsupported
+from ..common.blockscale import promotion
 from ..common.clusters import ClusterPrinter
 from ..common.cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
 from ..common.rings import TILE_ELEMS, Ring
@@ -114,7 +115,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                 r = self.kept(buf).id
                 self.w.line(f"spatialc_mbar_arrive(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
             case Compute(op=MatmulTiles() as mm, ins=(a, b)):
-                self.wgmma(mm, self.kept(a), self.kept(b), mark)
+                self.wgmma(mm, self.kept(a), self.kept(b), mark, env)
             case _:
                 super().op(op, env)
 
@@ -126,6 +127,8 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         body = loop.body
         mms = [i for i, op in enumerate(body) if isinstance(op, Compute) and isinstance(op.op, MatmulTiles)]
         if len(mms) != 1:
+            return False
+        if body[mms[0]].op.scales is not None:  # type: ignore[union-attr]  # its step's group retires in the step
             return False
         at = mms[0]
         waits, pops = body[:at], body[at + 1 :]
@@ -306,7 +309,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             c1 = c_sum(row, f"({down}) * 16")
             self.w.line(f"spatialc_tma_load_2d({page} + s * {boxes.bytes}, &spatialc_tmap_{index}, {c0}, {c1}, {bar});")
 
-    def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
+    def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str, env: dict[LoopVar, str]) -> None:
         """One K step: a wgmma per 16 (8-bit: 32) K elements — 32 bytes of K — each warpgroup's 64 rows of A and the
         whole B page read from shared memory through descriptors, committed as one group. A (and 8-bit B) K-major:
         an instruction's K is 32 bytes of a panel row, the next 8 rows a panel row × 8 on; 16-bit B N-major: its
@@ -328,6 +331,9 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         else:
             at = f"{b_page} + kk * 16 * {pb.width}"
             b_of = f"spatialc_wgmma_desc({at}, {pb.bytes}u, {8 * pb.width}u, {DESC_SWIZZLE[pb.width]}u)"
+        if mm.scales is not None:
+            self.promoted_wgmma(mm, a_of, b_of, mark, env)
+            return
         with self.w.block("", mark):
             self.w.line(ACC_FENCE + "  // their last plain writes (the zeroing) stay before the fence")
             self.w.line("spatialc_wgmma_fence();  // the accumulators were last written by plain instructions")
@@ -335,6 +341,24 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                 self.w.line(f"spatialc_wgmma<{self.hk.n}, OPT>(accf, {a_of}, {b_of});")
             self.w.line("spatialc_wgmma_commit();")
         self.in_flight = True
+
+    def promoted_wgmma(self, mm: MatmulTiles, a_of: str, b_of: str, mark: str, env: dict[LoopVar, str]) -> None:
+        """A block-scaled K step (one K group: numerics/blockscale.py), DeepGEMM's: its wgmma into the partial
+        accumulators `part`, the first with scale-d 0 (D = A · B: fresh for the group, no zeroing instructions),
+        committed and waited for, then promoted into `accf` by the forms' one promotion printer — an fmaf an element
+        with sa · sb. The promotion needs the group retired, so no group stays in flight across steps; the other
+        consumer warpgroup's wgmma (and the other block's, paired) keep the tensor cores busy meanwhile."""
+        with self.w.block("", mark):
+            self.w.line("spatialc_acc_fence(part);  // the last promotion's reads of them stay before the fence")
+            self.w.line("spatialc_wgmma_fence();  // the partials were last read by plain instructions")
+            with self.unrolled(f"for (int kk = 0; kk < {mm.block.ibw}; kk += 2)"):
+                self.w.line(f"spatialc_wgmma_sd<{self.hk.n}, OPT>(part, {a_of}, {b_of}, kk > 0);")
+            self.w.line("spatialc_wgmma_commit();")
+            self.w.line("spatialc_wgmma_wait<0>();  // the group's partial sums are whole")
+            self.w.line("spatialc_acc_fence(part);  // and nothing reads them before")
+            assert mm.scales is not None
+            with self.w.block(""):
+                promotion(self, mm.scales, env)
 
 
 def check_page_layouts(operand: Precision, a: Ring, b: Ring) -> None:
