@@ -12,6 +12,7 @@ column past the tensor's (an item's padding) has partial sums of zero and reads 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ....ir.ids import LoopVar
@@ -50,10 +51,10 @@ GENERAL_SCALED_TILES = 2
 def scaled_units(target: SpatialTarget, plan: Plan, form: str, smem: int, per_unit: int) -> int:
     """The planner's blocks an SM for a block-scaled plan: at most what holds the partial fragments too."""
     h, w = plan.item_tiles
-    if form == "sm90a":  # the wgmma accumulators' registers: the form's own rule
-        from ..sm90a.plan import scaled_n_max
+    if form == "sm90a":  # the wgmma accumulators' registers and A's scales' stage: the form's own rule
+        from ..sm90a.plan import scaled_fits
 
-        return per_unit if w * 16 <= scaled_n_max(plan) else 0
+        return per_unit if scaled_fits(target, plan, smem) else 0
     if form == "general" and math.ceil(h * w / target.accumulator_lanes) > GENERAL_SCALED_TILES:
         return 0
     warps = None if form != "general" else target.accumulator_lanes + 2  # the general form's reader and writer warps
@@ -81,9 +82,13 @@ def promoted_step(tc: TilePrinter, mm: MatmulTiles, a: Ring, b: Ring, env: dict[
         promotion(tc, mm.scales, env)
 
 
-def promotion(tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str]) -> None:
+def promotion(
+    tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str], a_scale: Callable[[str], str] | None = None
+) -> None:
     """acc[q].x[i] += part[q].x[i] · (sa · sb) for each element this lane holds: the one printing of the promotion,
-    which every form's block-scaled step ends with (the sm_90a form's after its wgmma group has retired)."""
+    which every form's block-scaled step ends with (the sm_90a form's after its wgmma group has retired).
+    `a_scale`, where given, is A's scale of a row (a C expression of the row) where a form has landed them (the
+    sm_90a form's TMA boxes of the group's scales, zero past the tensor's rows); else read from global memory."""
     h, w = tc.plan.item_tiles
     ta, tb = tc.tensors[int(s.a.tensor)], tc.tensors[int(s.b.tensor)]
     # A row (column) of the items past the scale tensor's — the padding of the last items — reads no scale; the group
@@ -95,12 +100,18 @@ def promotion(tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str]) -> None:
     tc.w.line(f"const int lane = {tc.tid} % 32;")
     tc.w.line(f"const int sr0 = ({addr_expr(s.rows, env) or '0'}) * 16, sc0 = ({addr_expr(s.cols, env) or '0'}) * 16;")
     tc.w.line(f"const int sk0 = ({addr_expr(s.k, env) or '0'}) * 16;")
-    tc.w.line(f"const int ga = sk0 / {s.a.k}, gb = sk0 / {s.b.k};  // the step's K group of A's and of B's scales")
+    if a_scale is None:
+        tc.w.line(f"const int ga = sk0 / {s.a.k}, gb = sk0 / {s.b.k};  // the step's K group of A's and of B's scales")
+    else:
+        tc.w.line(f"const int gb = sk0 / {s.b.k};  // the step's K group of B's scales")
 
     def promote(tile_row: str, tile_col: str) -> None:
         # A lane's elements lie in two rows of the tile (i / 2 mod 2) and four columns (2·(i / 4) + i mod 2).
         tc.w.line(f"const int r = sr0 + ({tile_row}) * 16 + (lane >> 2), c = sc0 + ({tile_col}) * 16 + 2 * (lane & 3);")
-        rows = ", ".join(_element(ta, f"(r + {d}) / {s.a.outer}", "ga", rows_past, False) for d in a_rows)
+        if a_scale is not None:
+            rows = ", ".join(a_scale(f"(r + {d})") for d in a_rows)
+        else:
+            rows = ", ".join(_element(ta, f"(r + {d}) / {s.a.outer}", "ga", rows_past, False) for d in a_rows)
         tc.w.line(f"const float sa[{len(a_rows)}] = {{{rows}}};")
         cols = ", ".join(_element(tb, "gb", f"(c + {d}) / {s.b.outer}", False, cols_past) for d in b_cols)
         tc.w.line(f"const float sb[{len(b_cols)}] = {{{cols}}};")

@@ -103,6 +103,7 @@ from ..general import kernel as general
 from ..general import printer as general_printer
 from . import staging
 from .attention import AttentionPrinter, check_attention_plan, declare, make_attention_kernel
+from .blockscale import SCALE_ALIGN, ScaleStage, check_unicast, scale_stage
 from .plan import (
     BARRIER_ALIGN,
     CONSUMER_REGS,
@@ -144,6 +145,7 @@ class HopperKernel:
     epilogue: str = SWIZZLED  # how the staged store goes out (plan.EPILOGUES): warpgroup boxes, or a box a tile
     # The wgmma the consumers issue, (width, variant) each (`WGMMA_VARIANTS`); () for a GEMM's one, ((n, "ss"),).
     wgmmas: tuple[tuple[int, str], ...] = ()
+    scales: ScaleStage | None = None  # a block-scaled GEMM's A scales landed by TMA beside A's page (blockscale.py)
 
     @property
     def program(self) -> SpatialProgram:
@@ -349,6 +351,14 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str) -> Hop
             raise Unsupported("a multicast ring the copy engine does not fill", "only operand pages are multicast")
     ready = mc.rings if mc is not None else ()
     offsets, dyn, barrier_bytes = general.layout(k.rings.rings, STAGE_ALIGN, BARRIER_ALIGN, ready)
+    scales = program_scales(p)
+    sa = scale_stage(p, k, scales, len(maps)) if scales is not None else None
+    if sa is not None:  # A's scales: a box a K group, slot for slot with A's ring, stored transposed
+        check_unicast(sa, ready)
+        maps = (*maps, sa.map)
+        stored[sa.map.tensor] = "cols"
+        offsets["sa_stage"] = -(-dyn // SCALE_ALIGN) * SCALE_ALIGN
+        dyn = offsets["sa_stage"] + k.rings.rings[sa.ring].depth * sa.bytes
     h, w = k.plan.item_tiles
     chunk = 0
     if store is not None and staged(p, store):
@@ -389,7 +399,9 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str) -> Hop
     )
     # A block-scaled step's wgmma write fresh partial accumulators (scale-d 0 on the group's first): "sd".
     wgmmas = ((w * 16, "sd"),) if program_scales(p) is not None else ()
-    hk = HopperKernel(base, maps, filled, wg, w * 16, store, chunk, mc, panels, stored, warp_freed, epilogue, wgmmas)
+    hk = HopperKernel(
+        base, maps, filled, wg, w * 16, store, chunk, mc, panels, stored, warp_freed, epilogue, wgmmas, sa
+    )
     check_resources(hk, target)
     return hk
 
@@ -515,6 +527,12 @@ def kernel_text(hk: HopperKernel) -> str:
         w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
         general_printer.declare_rings(k, w)
+        if hk.scales is not None:
+            sa = hk.scales
+            w.line(
+                f"SPATIALC_DYNAMIC_RING(float, sa_stage, spatialc_dyn_smem, SMEM_OFF_SA_STAGE, DEPTH_{sa.ring}, "
+                f"{sa.rows});  // A's scales of each stage's K group, with A's page"
+            )
         if hk.chunk and hk.epilogue == SWIZZLED:
             staging.declare(hk, w)
         elif hk.chunk:

@@ -117,6 +117,17 @@ def scaled_n_max(plan: Plan) -> int:
     return SCALED_N_MAX // 2 if pairs(plan.item_tiles[0]) else SCALED_N_MAX
 
 
+def scaled_fits(target: SpatialTarget, plan: Plan, smem: int) -> bool:
+    """Whether a block-scaled GEMM takes `plan` whose block needs `smem` bytes without A's scales: items at most
+    `scaled_n_max` wide, and A's scales' stage (blockscale.py) beside the rest in shared memory."""
+    from .blockscale import stage_bytes
+
+    h, w = plan.item_tiles
+    return (
+        w * 16 <= scaled_n_max(plan) and fits(target, smem + stage_bytes(h * 16, plan.depth), warpgroups(plan)) is None
+    )
+
+
 def check_plan(plan: Plan, precision: Precision, scaled: bool = False) -> None:
     """The item shapes the wgmma layout takes: 64 or 128 rows (one or two warpgroups of 64), at most 256 columns
     (128 for a paired block of 64 rows; a block-scaled item half as many, `scaled_n_max`), K steps whole MMAs."""

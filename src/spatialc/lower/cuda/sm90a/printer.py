@@ -270,6 +270,9 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         at = param_at(self.k.program, op.tensor)
         m = next(m for m in self.hk.maps if (m.tensor, m.box, m.swizzle) == (at, pan.box, pan.width))
         nbytes = op.block_h * op.block_w * TILE_ELEMS * ring.elem_bytes
+        sa = self.hk.scales if self.hk.scales is not None and self.hk.scales.ring == r else None
+        if sa is not None:  # A's scales of the page's K group come with it, on its barrier
+            nbytes += sa.bytes
         slot = self.write_slot(r)
         # A load its ring's Push follows at once makes that Push's arrival with its expect_tx, in one instruction.
         pushed = mask is None and isinstance(self.after, Push) and self.kept(self.after.buf).id == r
@@ -289,6 +292,11 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             page, bar = f"(char*)({self.write_page(r)})", f"&full_{r}[{slot}]"
             if mask is not None:
                 self.w.line(f"const unsigned short group = {mask};")
+            if sa is not None:
+                assert mask is None, "a block-scaled A is not multicast (blockscale.check_unicast)"
+                group = f"((at % {t.tiles[1]}) * 16) / {sa.k}"  # the page's K group: its first column's
+                dst = f"sa_stage + {slot} * {sa.rows}"
+                self.w.line(f"spatialc_tma_load_2d({dst}, &spatialc_tmap_{sa.map.index}, {row}, {group}, {bar});")
             for i in range(pan.count):
                 dst = f"{page} + {i * pan.bytes}" if i else page
                 c0 = f"{inner} + {i * pan.box[1]}" if i else inner
@@ -357,8 +365,13 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             self.w.line("spatialc_wgmma_wait<0>();  // the group's partial sums are whole")
             self.w.line("spatialc_acc_fence(part);  // and nothing reads them before")
             assert mm.scales is not None
+            sa = self.hk.scales
             with self.w.block(""):
-                promotion(self, mm.scales, env)
+                if sa is None:
+                    promotion(self, mm.scales, env)
+                else:  # A's scales from the slot its page is read from (the item's rows, from sr0)
+                    slot = self.read_slot(sa.ring)
+                    promotion(self, mm.scales, env, lambda row: f"sa_stage[{slot} * {sa.rows} + {row} - sr0]")
 
 
 def check_page_layouts(operand: Precision, a: Ring, b: Ring) -> None:
