@@ -199,3 +199,9 @@ def test_nvcc_compiles_it_clean_its_main_loop_qgmma_and_the_promotions_ffma(comp
     lo, hi = code.main_loops()[0]
     assert code.count("FFMA", lo, hi) >= 64  # the promotion: an FFMA for each of a thread's 64 partials
     assert loop.other_lds >= 2  # A's scales of a lane's two rows, from the stage
+    ops = [i.op for i in code.instrs if lo <= i.addr < hi and not i.never]
+    first_mma = next(i for i, op in enumerate(ops) if op.startswith("QGMMA"))
+    waited = ops.index("WARPGROUP.DEPBAR.LE")
+    # the scales read before the group is issued, the promotion after its wait
+    assert max(i for i, op in enumerate(ops) if op == "LDS") < first_mma < waited
+    assert min(i for i, op in enumerate(ops) if op == "FFMA") > waited

@@ -93,8 +93,8 @@ def promotion(
 
     def promote(tile_row: str, tile_col: str) -> None:
         rows, cols = look.fragment(tile_row, tile_col)
-        tc.w.line(f"const float sa[{len(look.a_rows)}] = {{{rows}}};")
-        tc.w.line(f"const float sb[{len(look.b_cols)}] = {{{cols}}};")
+        tc.w.line(f"const float sa[{len(rows)}] = {{{', '.join(rows)}}};")
+        tc.w.line(f"const float sb[{len(cols)}] = {{{', '.join(cols)}}};")
         _fmas(tc, look, "sa", "sb")
 
     _each_fragment(tc, promote)
@@ -115,9 +115,9 @@ def scale_loads(
 
         def load(tile_row: str, tile_col: str) -> None:
             rows, cols = look.fragment(tile_row, tile_col)
-            for j, v in enumerate(rows.split(", ")):
+            for j, v in enumerate(rows):
                 tc.w.line(f"psa[q][{j}] = {v};")
-            for j, v in enumerate(cols.split(", ")):
+            for j, v in enumerate(cols):
                 tc.w.line(f"psb[q][{j}] = {v};")
 
         _each_fragment(tc, load)
@@ -176,22 +176,18 @@ class _Lookups(_Counts):
         else:
             tc.w.line(f"const int gb = sk0 / {s.b.k};  // the step's K group of B's scales")
 
-    def fragment(self, tile_row: str, tile_col: str) -> tuple[str, str]:
-        """Print the fragment's row and column; its scales of A's rows and of B's columns, as initialisers."""
+    def fragment(self, tile_row: str, tile_col: str) -> tuple[list[str], list[str]]:
+        """Print the fragment's row and column; its scales of A's rows and of B's columns, as C expressions."""
         s = self.s
         # A lane's elements lie in two rows of the tile (i / 2 mod 2) and four columns (2·(i / 4) + i mod 2).
         self.tc.w.line(
             f"const int r = sr0 + ({tile_row}) * 16 + (lane >> 2), c = sc0 + ({tile_col}) * 16 + 2 * (lane & 3);"
         )
         if self.a_scale is not None:
-            rows = ", ".join(self.a_scale(f"(r + {d})") for d in self.a_rows)
+            rows = [self.a_scale(f"(r + {d})") for d in self.a_rows]
         else:
-            rows = ", ".join(
-                _element(self.ta, f"(r + {d}) / {s.a.outer}", "ga", self.rows_past, False) for d in self.a_rows
-            )
-        cols = ", ".join(
-            _element(self.tb, "gb", f"(c + {d}) / {s.b.outer}", False, self.cols_past) for d in self.b_cols
-        )
+            rows = [_element(self.ta, f"(r + {d}) / {s.a.outer}", "ga", self.rows_past, False) for d in self.a_rows]
+        cols = [_element(self.tb, "gb", f"(c + {d}) / {s.b.outer}", False, self.cols_past) for d in self.b_cols]
         return rows, cols
 
 

@@ -43,10 +43,11 @@
 - `setmaxnreg` gives two consumer warpgroups the producer warpgroup's registers (a paired block keeps what its
   launch gives it); every other flow op is the general form's.
 
-- A block-scaled GEMM (`MatmulTiles.scales`) is DeepGEMM's kernel: each K step is one 128-element group, its wgmma
-  write fresh partial accumulators (scale-d 0 on the first: the "sd" variant), the step waits for its group and
-  promotes the partials into the accumulators (`common.blockscale.promotion`); A's per-row scales come by TMA with
-  A's page (`blockscale.py`). Items are at most 128 columns wide: the partials double the consumers' registers.
+- A block-scaled GEMM (`MatmulTiles.scales`) is DeepGEMM's kernel: each K step is one 128-element group; it reads
+  its scales (A's per-row ones came by TMA with A's page: `blockscale.py`), its wgmma write fresh partial
+  accumulators (scale-d 0 on the first: the "sd" variant), it waits for its group, releases its stages and promotes
+  the partials into the accumulators (`common.blockscale`). Items are at most 128 columns wide: the partials double
+  the consumers' registers.
 
 Rule 7 of `verify` proves the engines' handover free of deadlock and overrun exactly as for the general form; what is
 new here is checked before printing (`check_resources`): threads × registers, the setmaxnreg split, stage bytes

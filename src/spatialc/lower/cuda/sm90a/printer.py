@@ -6,6 +6,7 @@ loop that keeps one wgmma group in flight, and the consumers' fused store throug
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ....ir.ids import LoopVar, loop_var_name
@@ -31,7 +32,7 @@ from ....ir.printer import compute_text
 from ....passes.tile import operand_layouts, sized_as
 from ...census import POST, marker
 from ...errors import Unsupported
-from ..common.blockscale import promotion
+from ..common.blockscale import promoted_fmas, promotion, scale_loads
 from ..common.clusters import ClusterPrinter
 from ..common.cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
 from ..common.rings import TILE_ELEMS, Ring
@@ -62,6 +63,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         self.integer = hk.base.integer
         self.chain: list[tuple[Compute, dict[LoopVar, str]]] = []  # epilogue stages met since the last store
         self.arrived: set[int] = set()  # rings whose next Push already arrived, with its load's expect_tx
+        self.promoted_later = False  # a block-scaled step's promotion printed after its releases (`k_loop_promoted`)
 
     def read_slot(self, r: int) -> str:
         """The front page: the slot of the engine's last Wait (its release may come a step later)."""
@@ -93,6 +95,8 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                 self.chain.append((op, env))
             case WriteTiles(src=buf) if rings.is_fused(buf):
                 pass  # its image, with its census marker, is the consumers' fused store
+            case Loop() if self.scaled_k_loop(op):
+                self.k_loop_promoted(op, env, mark)
             case Loop() if self.pipelined(op):
                 self.k_loop_pipelined(op, env, mark)
             case ReadTiles(into=buf) if self.kept(buf).id in self.sends:
@@ -139,6 +143,49 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         rings = {self.kept(b).id for b in mm.ins}
         popped = [self.kept(o.buf).id for o in pops]  # type: ignore[union-attr]
         return sorted(popped) == sorted(rings) and all(self.kept(b).depth >= 2 for b in mm.ins)
+
+    def scaled_k_loop(self, loop: Loop) -> bool:
+        """Whether `loop` is a block-scaled K loop: its body waits, multiplies once with scales and pops exactly
+        the matmul's rings."""
+        body = loop.body
+        mms = [op for op in body if isinstance(op, Compute) and isinstance(op.op, MatmulTiles)]
+        if len(mms) != 1 or mms[0].op.scales is None:  # type: ignore[union-attr]
+            return False
+        at = body.index(mms[0])
+        waits, pops = body[:at], body[at + 1 :]
+        if not all(isinstance(o, Wait) for o in waits) or not all(isinstance(o, Pop) for o in pops):
+            return False
+        return sorted(self.kept(o.buf).id for o in pops) == sorted(self.kept(b).id for b in mms[0].ins)  # type: ignore[union-attr]
+
+    def k_loop_promoted(self, loop: Loop, env: dict[LoopVar, str], mark: str) -> None:
+        """A block-scaled K loop as DeepGEMM's: a step reads its scales (A's from the stage that came with A's page,
+        B's from global memory) before it issues its wgmma, so their latency passes under them; waits for its
+        group; releases its stages at once — nothing reads them after — and then promotes (`k_loop`'s steps)."""
+        v = loop_var_name(loop.var)
+        at = next(i for i, op in enumerate(loop.body) if isinstance(op, Compute))
+        waits, mm, pops = loop.body[:at], loop.body[at], loop.body[at + 1 :]
+        assert isinstance(mm, Compute) and isinstance(mm.op, MatmulTiles) and mm.op.scales is not None
+        with self.w.block(f"for (int {v} = 0; {v} < {loop.count.n}; ++{v})", mark):  # type: ignore[union-attr]
+            inner = env | {loop.var: v}
+            for op in waits:
+                self.op(op, inner)
+            counts = scale_loads(self, mm.op.scales, inner, self.a_scale())
+            self.promoted_later = True
+            self.op(mm, inner)
+            self.promoted_later = False
+            for op in pops:
+                self.op(op, inner)
+            with self.w.block("", "// the promotion, its stages released"):
+                promoted_fmas(self, counts)
+
+    def a_scale(self) -> Callable[[str], str] | None:
+        """A's scale of a row where the producer landed them beside A's page (`sa_stage`), from the slot A's page is
+        read from; None where the promotion reads them from global memory."""
+        sa = self.hk.scales
+        if sa is None:
+            return None
+        slot = self.read_slot(sa.ring)
+        return lambda row: f"sa_stage[{slot} * {sa.rows} + {row} - sr0]"
 
     def k_loop_pipelined(self, loop: Loop, env: dict[LoopVar, str], mark: str) -> None:
         """The K loop with each step's releases printed one step late (one wgmma group in flight)."""
@@ -365,13 +412,9 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             self.w.line("spatialc_wgmma_wait<0>();  // the group's partial sums are whole")
             self.w.line("spatialc_acc_fence(part);  // and nothing reads them before")
             assert mm.scales is not None
-            sa = self.hk.scales
-            with self.w.block(""):
-                if sa is None:
-                    promotion(self, mm.scales, env)
-                else:  # A's scales from the slot its page is read from (the item's rows, from sr0)
-                    slot = self.read_slot(sa.ring)
-                    promotion(self, mm.scales, env, lambda row: f"sa_stage[{slot} * {sa.rows} + {row} - sr0]")
+            if not self.promoted_later:  # (a K loop of another shape: promoted here, its stages released after)
+                with self.w.block(""):
+                    promotion(self, mm.scales, env, self.a_scale())
 
 
 def check_page_layouts(operand: Precision, a: Ring, b: Ring) -> None:
