@@ -205,3 +205,15 @@ def test_nvcc_compiles_it_clean_its_main_loop_qgmma_and_the_promotions_ffma(comp
     # the scales read before the group is issued, the promotion after its wait
     assert max(i for i, op in enumerate(ops) if op == "LDS") < first_mma < waited
     assert min(i for i, op in enumerate(ops) if op == "FFMA") > waited
+
+
+def test_the_cli_describes_the_promotion_and_the_scales_stage(capsys):
+    from spatialc.cli import main
+
+    status = main(
+        ["gemm", "150", "140", "384", "--precision", "e4m3", "--scales", "1x128,128x128", "--target", "sm_90a"]
+    )
+    out, err = capsys.readouterr()
+    assert status == 0, out + err
+    assert "scale_aᵀ 1x128 unswizzled" in out and "each group waited for and promoted by its scales" in out
+    assert "A's scales 2048 B" in out  # 4 stages of 128 rows' floats

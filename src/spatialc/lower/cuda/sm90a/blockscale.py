@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ....ir.nodes import SpatialProgram
 from ....ir.ops import BlockScales, Compute, MatmulTiles
+from ....numerics.blockscale import program_scales
 from ...artifact import TensorMap
 from ...errors import Unsupported
 from .tma import param_at
@@ -52,6 +53,15 @@ def stage_bytes(rows: int, depth: int) -> int:
     """The most shared memory a `depth`-deep sa_stage of `rows` rows takes, with its alignment (the planner's
     reserve for a block-scaled plan)."""
     return depth * rows * SCALE_BYTES + SCALE_ALIGN
+
+
+def scale_stage_bytes(p: SpatialProgram) -> int:
+    """The bytes of `p`'s A-scale stage in the sm_90a form (A's depth × the item's rows), 0 where it has none."""
+    scales = program_scales(p)
+    if scales is None or scales.a.outer != 1 or not p.plans:
+        return 0
+    plan = p.plans[0]
+    return plan.depth * plan.item_tiles[0] * 16 * SCALE_BYTES
 
 
 def scale_stage(p: SpatialProgram, k: GeneralKernel, scales: BlockScales, index: int) -> ScaleStage | None:
