@@ -172,21 +172,30 @@ def test_its_bound_adds_four_wgmma_steps_a_group_whatever_k():
     assert spatialc.tolerance(other, kernel=True).ulps == kernel_ulps(4096)  # mma.sync's float32 sums
 
 
+PLANS = {"planned": ({}, 128), "paired": ({"form": "sm90a", "block": (4, 4, 8)}, 64)}  # 64-row items, 2 blocks an SM
+
+
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """The planned 4096³ kernel (DeepGEMM's layouts, bf16 C) compiled for sm_90a with -Werror and ptxas -v."""
-    art = spatialc.lower(hopper(4096, 4096, 4096, out="bf16"))
-    src = tmp_path_factory.mktemp("bs90a") / "k.cu"
-    src.write_text(art.kernel_cu)
-    cubin = src.with_suffix(".cubin")
-    cmd = [NVCC, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", *FLAGS]
-    return subprocess.run([*cmd, "-o", str(cubin), str(src)], capture_output=True, text=True), cubin
+    """The 4096³ kernels (DeepGEMM's layouts, bf16 C) — the planner's, and a paired block's of 64 × 64 items (128
+    registers a thread) — compiled for sm_90a with -Werror and ptxas -v."""
+    done = {}
+    for name, (kw, _) in PLANS.items():
+        art = spatialc.lower(hopper(4096, 4096, 4096, out="bf16", **kw))
+        src = tmp_path_factory.mktemp("bs90a") / f"{name}.cu"
+        src.write_text(art.kernel_cu)
+        cubin = src.with_suffix(".cubin")
+        cmd = [NVCC, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", *FLAGS]
+        done[name] = subprocess.run([*cmd, "-o", str(cubin), str(src)], capture_output=True, text=True), cubin
+    return done
 
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-def test_nvcc_compiles_it_clean_its_main_loop_qgmma_and_the_promotions_ffma(compiled):
-    proc, cubin = compiled
+@pytest.mark.parametrize("plan", PLANS)
+def test_nvcc_compiles_it_clean_its_main_loop_qgmma_and_the_promotions_ffma(compiled, plan):
+    proc, cubin = compiled[plan]
+    n = PLANS[plan][1]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "0 bytes spill stores, 0 bytes spill loads" in proc.stderr
     assert not re.findall(r"\(C75\d\d\)", proc.stderr), proc.stderr  # ptxas serialising the wgmma
@@ -195,9 +204,9 @@ def test_nvcc_compiles_it_clean_its_main_loop_qgmma_and_the_promotions_ffma(comp
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
     code = disassemble(cubin, tool)
     loop = main_loop_census(code)
-    assert loop is not None and loop.mmas == (("QGMMA.64x128x32.F32.E4M3.E4M3", 4),), loop  # a K group a trip
+    assert loop is not None and loop.mmas == ((f"QGMMA.64x{n}x32.F32.E4M3.E4M3", 4),), loop  # a K group a trip
     lo, hi = code.main_loops()[0]
-    assert code.count("FFMA", lo, hi) >= 64  # the promotion: an FFMA for each of a thread's 64 partials
+    assert code.count("FFMA", lo, hi) >= n // 2  # the promotion: an FFMA for each of a thread's n / 2 partials
     assert loop.other_lds >= 2  # A's scales of a lane's two rows, from the stage
     ops = [i.op for i in code.instrs if lo <= i.addr < hi and not i.never]
     first_mma = next(i for i, op in enumerate(ops) if op.startswith("QGMMA"))
