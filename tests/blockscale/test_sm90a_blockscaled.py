@@ -77,6 +77,8 @@ PLANTED = {
     # the box of A's scales for the other K group (0 <-> 1, 2 -> 3: past the tensor, zeros)
     "A's scales of the wrong K group": (r"\* 16\) / 128, &full_", r"* 16) / 128 ^ 1, &full_"),
     "B's scale of the wrong K group": (r"const int gb = sk0 / 128;", "const int gb = (sk0 / 128) ^ 1;"),
+    # (an item's 16 columns lie in one of B's 128-column scale blocks: its scale is the item's first column's)
+    "B's scale of the next column block": (r"sc0 / 128", "(sc0 + 128) / 128"),
     # the box of A's scales for the next 128 rows (the other item row's; past M for the second: zeros)
     "A's scales of the wrong row block": (r"\(at / (\d+)\) \* 16, \(\(at", r"(at / \1) * 16 + 128, ((at"),
     # the first group's partials fresh, every later group's accumulated onto the last: the groups before promoted

@@ -105,9 +105,13 @@ def scale_loads(
 ) -> tuple[int, int]:
     """The promotion's scales of every fragment of the lane, read into `psa[q][…]` and `psb[q][…]` (declared here, at
     the printer's scope) — where a form reads them before the step's MMAs are issued, so that their latency is spent
-    under them (the sm_90a form); `promoted_fmas` then promotes with them. Returns their counts a fragment."""
+    under them (the sm_90a form); `promoted_fmas` then promotes with them. Returns their counts a fragment. Where
+    B's scale block holds whole items (DeepGEMM's 128 × 128 with items of at most 128 columns, items starting on
+    their width), every fragment's B scale is the item's first column's: one expression, which the compiler reads
+    once (and sa · sb once a row) where the lookup by column it could not prove the same."""
     assert tc.lane_grid is not None, "the grid layouts' fragments (the sm_90a form's)"
-    look = _Lookups(tc, s, env, a_scale, declare=False)
+    w = tc.plan.item_tiles[1]
+    look = _Lookups(tc, s, env, a_scale, declare=False, item_b=s.b.outer % (w * 16) == 0)
     na, nb = len(look.a_rows), len(look.b_cols)
     tc.w.line(f"float psa[{tc.perw}][{na}], psb[{tc.perw}][{nb}];  // the step's scales of each fragment")
     with tc.w.block(""):
@@ -148,9 +152,11 @@ class _Lookups(_Counts):
         env: dict[LoopVar, str],
         a_scale: Callable[[str], str] | None,
         declare: bool = True,
+        item_b: bool = False,
     ) -> None:
         h, w = tc.plan.item_tiles
         self.tc, self.s, self.env, self.a_scale = tc, s, env, a_scale
+        self.item_b = item_b  # B's scale of every column of the item: its first column's (`scale_loads`)
         self.ta, self.tb = tc.tensors[int(s.a.tensor)], tc.tensors[int(s.b.tensor)]
         # A row (column) of the items past the scale tensor's — the padding of the last items — reads no scale; the
         # group is always inside (every step starts below K). A block of 16 or more rows (columns) gives a lane one
@@ -180,13 +186,19 @@ class _Lookups(_Counts):
         """Print the fragment's row and column; its scales of A's rows and of B's columns, as C expressions."""
         s = self.s
         # A lane's elements lie in two rows of the tile (i / 2 mod 2) and four columns (2·(i / 4) + i mod 2).
-        self.tc.w.line(
-            f"const int r = sr0 + ({tile_row}) * 16 + (lane >> 2), c = sc0 + ({tile_col}) * 16 + 2 * (lane & 3);"
-        )
+        if self.item_b:  # (the column is not looked at)
+            self.tc.w.line(f"const int r = sr0 + ({tile_row}) * 16 + (lane >> 2);")
+            self.tc.w.line(f"(void)({tile_col});  // B's scale is the item's")
+        else:
+            self.tc.w.line(
+                f"const int r = sr0 + ({tile_row}) * 16 + (lane >> 2), c = sc0 + ({tile_col}) * 16 + 2 * (lane & 3);"
+            )
         if self.a_scale is not None:
             rows = [self.a_scale(f"(r + {d})") for d in self.a_rows]
         else:
             rows = [_element(self.ta, f"(r + {d}) / {s.a.outer}", "ga", self.rows_past, False) for d in self.a_rows]
+        if self.item_b:
+            return rows, [_element(self.tb, "gb", f"sc0 / {s.b.outer}", False, self.cols_past)]
         cols = [_element(self.tb, "gb", f"(c + {d}) / {s.b.outer}", False, self.cols_past) for d in self.b_cols]
         return rows, cols
 
