@@ -19,7 +19,6 @@ import pytest
 
 import spatialc
 from spatialc.errors import PlanError
-from spatialc.lower.errors import Unsupported
 from spatialc.numerics.blockscale import kernel_ulps
 from spatialc.numerics.tolerance import FP8_WGMMA_STEP
 from spatialc.runtime import emu_compile
@@ -148,21 +147,40 @@ def test_items_wider_than_the_partials_allow_are_not_planned():
     assert hopper(1024, 1024, 512, block=(8, 8, 8), form="sm90a").plan.block.osw == 8  # type: ignore[union-attr]
 
 
-@pytest.mark.filterwarnings("ignore::spatialc.MulticastWarning")
-def test_a_multicast_a_is_refused_by_name():
-    p = hopper(256, 256, 256, form="sm90a", multicast=(1, 2))
-    with pytest.raises(Unsupported, match=r"a block-scaled A multicast to a cluster: its scales' boxes"):
-        spatialc.lower(p)
+MULTICAST = {"A": (1, 2), "B": (2, 1)}  # two items of a row share A's pages (and scales), of a column B's
 
 
 @needs_gxx
 @pytest.mark.emulation
-def test_b_multicast_to_a_cluster_of_two_is_within_the_bound():
-    p = hopper(256, 256, 256, form="sm90a", multicast=(2, 1))
-    assert spatialc.lower(p).launch.cluster == 2
+@pytest.mark.filterwarnings("ignore::spatialc.MulticastWarning")
+@pytest.mark.parametrize("shared", MULTICAST)
+def test_a_page_multicast_to_a_cluster_of_two_is_within_the_bound(shared):
+    p = hopper(256, 256, 256, form="sm90a", multicast=MULTICAST[shared])
+    art = spatialc.lower(p)
+    assert art.launch.cluster == 2
+    # A's scales go with A's page: multicast where it is, announced by every receiver with it
+    assert ("spatialc_tma_load_2d_multicast(sa_stage" in art.kernel_cu) == (shared == "A")
     x = inputs_of(p, seed=7)
     ok, how = spatialc.tolerance(p, kernel=True).check(emulated(p, x), x)
     assert ok, how
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.filterwarnings("ignore::spatialc.MulticastWarning")
+def test_a_receiver_that_does_not_announce_the_scales_bytes_is_caught():
+    """A receiver's expect_tx of A's page alone: the sender's box of scales brings it more bytes than announced."""
+    p = hopper(256, 256, 256, form="sm90a", multicast=(1, 2))
+    x = inputs_of(p, seed=7)
+    page = 128 * 128  # A's page of e4m3 bytes; with the scales' box 512 more
+
+    def short(text):
+        announced = f"{page + 512}u);  // the page the sender sends"
+        assert announced in text
+        return text.replace(announced, f"{page}u);  // the page the sender sends")
+
+    with pytest.raises(EmulationError, match="bytes"):
+        emulated(p, x, short)
 
 
 def test_its_bound_adds_four_wgmma_steps_a_group_whatever_k():

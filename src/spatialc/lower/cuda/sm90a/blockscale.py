@@ -5,6 +5,8 @@ is stored transposed (`KernelParam.order` "cols": groups × rows, row-major) —
 the scales of an item's rows for one K group are contiguous: one TMA box of `rows` floats (512 bytes for 128 rows).
 The producer loads it with A's page into a small ring of its own, `sa_stage`, slot for slot with A's ring, on A's
 full barrier: A's `expect_tx` counts its bytes too, so the consumers' Wait on A covers it and A's Pop frees it.
+Where A's pages are multicast to a cluster, so is the box (the group's items share their rows), and each
+receiver's `expect_tx` counts it too (`HopperPrinter.page_bytes`).
 A row past the tensor's (an item's padding) is past the map's rows, and the copy engine fills it with zero — the
 scale a padding row reads in every form. The promotion (`common.blockscale.promotion`) reads a lane's two rows'
 scales from the slot the K step's A page is read from.
@@ -23,7 +25,6 @@ from ....ir.nodes import SpatialProgram
 from ....ir.ops import BlockScales, Compute, MatmulTiles
 from ....numerics.blockscale import program_scales
 from ...artifact import TensorMap
-from ...errors import Unsupported
 from .tma import param_at
 
 if TYPE_CHECKING:
@@ -75,9 +76,3 @@ def scale_stage(p: SpatialProgram, k: GeneralKernel, scales: BlockScales, index:
     at = param_at(p, scales.a.tensor)
     # The stored matrix is groups × rows (transposed): a box of one group row and the item's rows.
     return ScaleStage(k.rings.template[mm.ins[0]], rows, scales.a.k, TensorMap(index, at, (1, rows), 0, True))
-
-
-def check_unicast(stage: ScaleStage | None, multicast_rings: tuple[int, ...]) -> None:
-    """A's page multicast to a cluster would need its scales multicast too, which is not printed."""
-    if stage is not None and stage.ring in multicast_rings:
-        raise Unsupported("a block-scaled A multicast to a cluster", "its scales' boxes are loaded by each block")

@@ -109,7 +109,7 @@ from ..general import kernel as general
 from ..general import printer as general_printer
 from . import staging
 from .attention import AttentionPrinter, check_attention_plan, declare, make_attention_kernel
-from .blockscale import SCALE_ALIGN, ScaleStage, check_unicast, scale_stage
+from .blockscale import SCALE_ALIGN, ScaleStage, scale_stage
 from .plan import (
     BARRIER_ALIGN,
     CONSUMER_REGS,
@@ -360,7 +360,6 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str) -> Hop
     scales = program_scales(p)
     sa = scale_stage(p, k, scales, len(maps)) if scales is not None else None
     if sa is not None:  # A's scales: a box a K group, slot for slot with A's ring, stored transposed
-        check_unicast(sa, ready)
         maps = (*maps, sa.map)
         stored[sa.map.tensor] = "cols"
         offsets["sa_stage"] = -(-dyn // SCALE_ALIGN) * SCALE_ALIGN

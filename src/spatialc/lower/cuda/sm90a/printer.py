@@ -316,10 +316,9 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         pan = self.hk.panels[r]
         at = param_at(self.k.program, op.tensor)
         m = next(m for m in self.hk.maps if (m.tensor, m.box, m.swizzle) == (at, pan.box, pan.width))
-        nbytes = op.block_h * op.block_w * TILE_ELEMS * ring.elem_bytes
+        assert op.block_h * op.block_w * TILE_ELEMS == ring.page, "a page is one ReadTiles (tma.tensor_maps)"
+        nbytes = self.page_bytes(r)
         sa = self.hk.scales if self.hk.scales is not None and self.hk.scales.ring == r else None
-        if sa is not None:  # A's scales of the page's K group come with it, on its barrier
-            nbytes += sa.bytes
         slot = self.write_slot(r)
         # A load its ring's Push follows at once makes that Push's arrival with its expect_tx, in one instruction.
         pushed = mask is None and isinstance(self.after, Push) and self.kept(self.after.buf).id == r
@@ -339,11 +338,13 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             page, bar = f"(char*)({self.write_page(r)})", f"&full_{r}[{slot}]"
             if mask is not None:
                 self.w.line(f"const unsigned short group = {mask};")
-            if sa is not None:
-                assert mask is None, "a block-scaled A is not multicast (blockscale.check_unicast)"
-                group = f"((at % {t.tiles[1]}) * 16) / {sa.k}"  # the page's K group: its first column's
-                dst = f"sa_stage + {slot} * {sa.rows}"
-                self.w.line(f"spatialc_tma_load_2d({dst}, &spatialc_tmap_{sa.map.index}, {row}, {group}, {bar});")
+            if sa is not None:  # the box of the page's K group (its first column's) of A's scales: the item's rows
+                k_group = f"((at % {t.tiles[1]}) * 16) / {sa.k}"
+                load = f"sa_stage + {slot} * {sa.rows}, &spatialc_tmap_{sa.map.index}, {row}, {k_group}, {bar}"
+                if mask is None:
+                    self.w.line(f"spatialc_tma_load_2d({load});")
+                else:  # to the group's blocks, whose items share these rows, as A's page
+                    self.w.line(f"spatialc_tma_load_2d_multicast({load}, group);")
             for i in range(pan.count):
                 dst = f"{page} + {i * pan.bytes}" if i else page
                 c0 = f"{inner} + {i * pan.box[1]}" if i else inner
@@ -354,6 +355,13 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                         f"spatialc_tma_load_2d_multicast({dst}, &spatialc_tmap_{m.index}, {c0}, {outer}, {bar}, group);"
                     )
                     self.w.line(load)
+
+    def page_bytes(self, r: int) -> int:
+        """The bytes a page of ring `r` brings to its full barrier: the page's, and for A's ring of a block-scaled
+        GEMM the box of its K group's scales (`blockscale.ScaleStage`)."""
+        ring = self.k.rings.rings[r]
+        sa = self.hk.scales
+        return ring.page * ring.elem_bytes + (sa.bytes if sa is not None and sa.ring == r else 0)
 
     def tile_boxes(self, boxes: TileBoxes, index: int, page: str, row: str, col: str, bar: str) -> None:
         """A page of whole tiles, one unswizzled 16 x 16 box a tile: page tile s (row s / block_w, column s % block_w
