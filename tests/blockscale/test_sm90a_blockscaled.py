@@ -73,7 +73,7 @@ def test_the_emulated_kernel_is_within_the_kernel_bound_of_the_interpreter(case)
 
 
 PLANTED = {
-    # the box of A's scales for the other K group (0 <-> 1, 2 -> 3: past the tensor, zeros)
+    # the box of A's scales for the other K group (0 <-> 1)
     "A's scales of the wrong K group": (r"\* 16\) / 128, &full_", r"* 16) / 128 ^ 1, &full_"),
     "B's scale of the wrong K group": (r"const int gb = sk0 / 128;", "const int gb = (sk0 / 128) ^ 1;"),
     # (an item's 16 columns lie in one of B's 128-column scale blocks: its scale is the item's first column's)
@@ -93,7 +93,7 @@ PLANTED = {
 @pytest.mark.parametrize("fault", PLANTED)
 def test_a_fault_planted_in_the_kernel_text_is_caught(fault):
     pattern, replacement = PLANTED[fault]
-    p = hopper(150, 140, 384)
+    p = hopper(150, 140, 256)  # two item rows, two K groups, two of B's column blocks
     x = inputs_of(p, seed=4)
 
     def planted(text):
