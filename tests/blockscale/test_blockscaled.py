@@ -1,6 +1,6 @@
 """Block-scaled 8-bit float GEMMs (issue 34, item 2): the frontend's layouts and checks, the interpreter equal to
-the reference bit for bit and to a sum written apart from it, the tolerance, JSON, and the sm_90a form's refusal
-(the kernels of the other forms: test_kernels.py)."""
+the reference bit for bit and to a sum written apart from it, the tolerance and JSON (the kernels: test_kernels.py
+and test_sm90a_blockscaled.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 import spatialc
 from spatialc.errors import PlanError, ProgramError
 from spatialc.inputs import InputError
-from spatialc.lower.errors import Unsupported
 from spatialc.numerics.blockscale import kernel_ulps, program_scales
 from spatialc.numerics.reference import reference
 from spatialc.numerics.tolerance import tolerance
@@ -139,12 +138,6 @@ def test_a_k_step_other_than_the_promotion_interval_is_refused():
     assert scaled(64, 64, 256, block=(1, 2, 8)).plan.block.ibw == 8  # type: ignore[union-attr]
     with pytest.raises(PlanError, match=r"a block-scaled step's partial fragments beside its accumulator of 32 tiles"):
         scaled(4096, 4096, 4096, form="persistent", block=(2, 4, 8), sub_blocks=(2, 2))  # sm_89: too many registers
-
-
-def test_the_sm90a_form_refuses_it_by_name():
-    p = scaled(64, 64, 256, target="sm_90a")
-    with pytest.raises(Unsupported, match=r"a block-scaled matmul in the sm_90a form"):
-        spatialc.lower(p, form="sm90a")
 
 
 def test_tolerance_states_the_bound_and_catches_an_error():

@@ -1,8 +1,8 @@
 """Block-scaled GEMMs printed (issue 34, item 5): the persistent and general forms' K step into partial fragments,
 promoted by each element's scales (`lower/cuda/common/blockscale.py`). The host emulation runs them within the
 kernel's bound of the interpreter; a scale of the wrong K group, or of the wrong column block, planted in the
-kernel text is caught; nvcc -Werror compiles the planned 4096³ kernels for sm_89 and sm_90 without spills; the
-sm_90a form refuses them by one line."""
+kernel text is caught; nvcc -Werror compiles the planned 4096³ kernels for sm_89 and sm_90 without spills. The
+sm_90a form's are test_sm90a_blockscaled.py's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import spatialc
-from spatialc.lower.errors import Unsupported
 
 from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
 from .programs import inputs_of
@@ -101,13 +100,6 @@ def test_a_fault_planted_in_the_kernel_text_is_caught(fault):
     c = emulated(p, "persistent", x, planted)
     ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
     assert not ok, how
-
-
-def test_the_sm90a_form_refuses_it_and_auto_prints_the_persistent_form():
-    p = spatialc.build(spatialc.gemm(64, 64, 256, "e4m3", scales=("1x128", "128x128")), "sm_90a", form="persistent")
-    with pytest.raises(Unsupported, match=r"a block-scaled matmul in the sm_90a form: its wgmma consumers do not"):
-        spatialc.lower(p, form="sm90a")
-    assert spatialc.lower(p).budget.form == "persistent"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The GPU check's block-scaled fp8 rows (gpucheck/blockscaled.py): `fp8bs:e4m3:SIZE`, DeepGEMM's 1x128 / 128x128
 scales, bf16 C — their sizes and place in the default run, their build (the persistent and general forms print it
-with the scale tensors as float32 arguments, the sm_90a form's refusal in its place), their float64 reference
+with the scale tensors as float32 arguments, the sm_90a form too), their float64 reference
 against the interpreter's, and the rows on the stand-in GPU: checked and timed against torch._scaled_mm per-tensor,
 the blockwise contestant said where torch has none, a kernel whose scale is wrong reported wrong, the dry run."""
 
@@ -42,7 +42,9 @@ def test_the_row_is_built_in_each_form_that_prints_it_with_its_scales():
         args = [(a.name, a.elem) for a in L.kernel_args(form.artifact.launch)]
         assert args[3:] == [("scale_a", "float32"), ("scale_b", "float32")], form.contestant
         assert "part[" in form.artifact.kernel_cu  # the promoted step
-    assert hopper.artifact is None and "block-scaled matmul in the sm_90a form" in hopper.absent
+    # the sm_90a form's (A's scales stored groups x rows, for their TMA boxes)
+    args = [(a.name, a.elem) for a in L.kernel_args(hopper.artifact.launch)]
+    assert args[3:5] == [("scale_a", "float32"), ("scale_b", "float32")] and "sa_stage[" in hopper.artifact.kernel_cu
 
 
 def test_the_reference_is_the_interpreters():
@@ -64,7 +66,7 @@ def test_rows_are_checked_and_timed_against_scaled_mm(fake_gpu, tmp_path, capsys
     (row,) = rows
     assert status == 0 and row["status"] == "ok", row["note"]
     by = row["by_name"]
-    for form in ("persistent", "general"):
+    for form in ("persistent", "general", "sm90a"):
         mine = by[f"spatialc {form}"]
         assert mine["ok"] and mine["check"]["correct"] and mine["check"]["stable"], form
     theirs = by[SCALED_TENSOR]

@@ -10,6 +10,7 @@ from ..ir.nodes import ComputeStage, Fifo, Interm, PageLayout, SpatialProgram
 from ..ir.ops import Precision, RowReduce
 from ..ir.printer import plural
 from ..ir.traffic import global_read_bytes, read_bytes
+from ..numerics.blockscale import program_scales
 from ..passes.attention import attention_shape, is_attention_program
 from ..passes.maps import is_map_program
 from ..passes.rows import is_row_program
@@ -202,11 +203,13 @@ def _unit(plan, held: str) -> str:
     return word if held == "1" else word + "s"
 
 
-def _staging(bud) -> str:
-    """The sm_90a form's shared memory past its rings and barriers: the output staging, and the padding that puts
-    each stage on its 1024-byte boundary."""
+def _staging(bud, scales: int = 0) -> str:
+    """The sm_90a form's shared memory past its rings and barriers: the output staging, A's scales' stage (a
+    block-scaled GEMM's, `scales` bytes), and the padding that puts each stage on its 1024-byte boundary."""
     said = f", output staging {bud.staging_bytes} B" if bud.staging_bytes else ""
-    return said + (f", alignment {bud.padding_bytes} B" if bud.padding_bytes else "")
+    said += f", A's scales {scales} B" if scales else ""
+    padding = bud.padding_bytes - scales
+    return said + (f", alignment {padding} B" if padding else "")
 
 
 def _attention_sm90a(plan, maps: str) -> list[str]:
@@ -246,6 +249,8 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
                 f" resident at once ({plural(art.launch.sync_words, 'sync word')} in global memory)"
             )
     elif bud.form == "sm90a":
+        from ..lower.cuda.sm90a.blockscale import scale_stage_bytes
+
         plan = p.plans[0]
         h, w = plan.item_tiles
         k_per = 32 if sized_as(p.precision) == Precision.INT8 else 16  # K elements a wgmma: 32 bytes
@@ -253,7 +258,8 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
         loads = [m for m in art.launch.tensor_maps if params[m.tensor].role != "output"]
         stores = [m for m in art.launch.tensor_maps if params[m.tensor].role == "output"]
         maps = ", ".join(
-            f"{params[m.tensor].name}{'ᵀ' if m.transposed else ''} {m.box[0]}x{m.box[1]} {m.swizzle}-byte swizzled"
+            f"{params[m.tensor].name}{'ᵀ' if m.transposed else ''} {m.box[0]}x{m.box[1]}"
+            f" {f'{m.swizzle}-byte swizzled' if m.swizzle else 'unswizzled'}"
             for m in loads
         )
         out = (
@@ -261,6 +267,9 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             if stores
             else ""
         )
+        in_flight = "one group in flight"
+        if program_scales(p) is not None:  # DeepGEMM's promotion (sm90a/blockscale.py)
+            in_flight = "into fresh partials, each group waited for and promoted by its scales"
         two = bud.blocks_per_sm == 1  # items of 128 rows: two consumer warpgroups; of 64: one, two blocks an SM
         who = "two consumer warpgroups multiply" if two else "one consumer warpgroup multiplies"
         rows = "the two warpgroups' 64 rows each" if two else "one warpgroup's, two blocks sharing an SM"
@@ -268,10 +277,10 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             "  kernel    sm_90a form: one thread of a producer warpgroup loads each page by TMA, a box a panel (boxes: "
             f"{maps}), {who} with wgmma m64n{w * 16}k{k_per}",
             f"            ({plan.block.ibw * 16 // k_per} a K step, A and B from shared memory by descriptor,"
-            " one group in flight),"
+            f" {in_flight}),"
             f"{' setmaxnreg moves registers to them;' if two else ''} items of {h * 16}x{w * 16}: {rows}{out}",
             f"            shared memory {bud.total_bytes} bytes a block (budget.json: all dynamic{opt_in}, stages on"
-            f" 1024 bytes): {kept}, barriers {bud.barrier_bytes} B{_staging(bud)}",
+            f" 1024 bytes): {kept}, barriers {bud.barrier_bytes} B{_staging(bud, scale_stage_bytes(p))}",
         ]
         if is_attention_program(p):  # one consumer warpgroup a band, alone on its SM
             memory[:2] = _attention_sm90a(plan, maps)

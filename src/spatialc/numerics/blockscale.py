@@ -22,6 +22,13 @@ of |A_g|·|B_g| at most), then sa · sb, · partial and + accumulator in float32
 promoted magnitude, and the accumulator's sum over G steps: G more). In float32 ulps (2^-23, twice the unit
 roundoff) of M = Σ_g |sa[i, g]| · |sb[g, j]| · (|A_g| @ |B_g|): 128 + G + 4, with G = ⌈K / 128⌉ — the bf16 and fp8
 GEMMs' K + 4 at G = K / 128 groups of one term each, and at K = 4096 about 164 ulps (2 · 10^-5 relative).
+
+The sm_90a form's kernel (Hopper's 8-bit float wgmma, whose sums keep about 13 fraction bits: `numerics.tolerance`)
+makes each group's partial sum in the tensor core: the 128 / 32 = 4 k32 wgmma of a group each lose up to
+FP8_WGMMA_STEP float32 ulps of the group's |A_g|·|B_g|, and no more, since the promotion takes the partial out into
+float32 registers every 128 elements. So its bound adds 4 · FP8_WGMMA_STEP ulps of M whatever K is (2^-10: 0.1%),
+where the unpromoted wgmma kernel's grows with K (3.2% at K = 4096): the promotion is what bounds it. (The host
+emulation sums exact products in float32, inside either bound.)
 """
 
 from __future__ import annotations
@@ -43,9 +50,11 @@ def scale_shape(scale: KScale, outer: int, k: int) -> tuple[int, int]:
     return math.ceil(outer / scale.outer), math.ceil(k / scale.k)
 
 
-def kernel_ulps(k: int) -> int:
-    """The kernel's bound in float32 ulps of M (the module docstring): 128 + G + 4 for G = ⌈K / 128⌉ steps."""
-    return PROMOTION_K + math.ceil(k / PROMOTION_K) + 4
+def kernel_ulps(k: int, wgmma_step: int = 0, wgmma_k: int = 32) -> int:
+    """The kernel's bound in float32 ulps of M (the module docstring): 128 + G + 4 for G = ⌈K / 128⌉ steps, and
+    where each k32 instruction's sum loses `wgmma_step` ulps (Hopper's 8-bit float wgmma) 128 / `wgmma_k` of them
+    a group."""
+    return PROMOTION_K + math.ceil(k / PROMOTION_K) + 4 + (PROMOTION_K // wgmma_k) * wgmma_step
 
 
 def row_values(sa: np.ndarray, scale: KScale, rows: np.ndarray, k0: int) -> np.ndarray:

@@ -16,7 +16,9 @@
   error at K = 4096; Khattak and Mikaitis, arXiv 2512.07004, model H100's 8-bit sums bit for bit). The kernel does
   not promote partial sums to float32 registers (DeepGEMM's remedy), so its bound adds 2^-12 of |A|@|B| for each
   k32 wgmma step — twice the truncation's 2^-13 (`FP8_WGMMA_STEP`; 3.2% at K = 4096, where DeepSeek measured about
-  2%): fitted to published measurements, not proven for every input, and not yet checked on a GPU here.
+  2%): fitted to published measurements, not proven for every input, and not yet checked on a GPU here. Its
+  block-scaled kernel does promote (each 128 of K), so there the loss is four such steps of each group, whatever K
+  (`numerics.blockscale`).
 - **Epilogues** (elementwise ops, `numerics.elementwise`) compute each op in float64 from float32 operands and round
   once to float32, in the interpreter, the kernel and the emulation alike; an op that calls a library function
   (exp, log, tanh, erf, pow) may land one float32 ulp from the interpreter's, gelu's 2^-50·|x| in its cancelling
@@ -115,6 +117,8 @@ class Tolerance:
         carried = ", carried through each epilogue op" if self.epilogue else ""
         out = OUT_NAMES.get(self.out_eps, "float32")
         why = " (Hopper's 8-bit float wgmma sums: 2^-12 a k32 step)" if self.wgmma_fp8 else ""
+        if self.wgmma_fp8 and self.block_scaled:
+            why = " (Hopper's 8-bit float wgmma sums: 2^-12 a k32 step, four a group)"
         of = "Σ_g |sa·sb|·|A_g|@|B_g| (block-scaled, promoted every 128 of K)" if self.block_scaled else "|A|@|B|"
         return f"{self.ulps} float32 ulps of {of}{why}{carried}, plus 2 {out} ulps of |C|"
 
@@ -311,8 +315,11 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
         return Tolerance(program, False, int(kernel), eps, chained=True, kernel=kernel, strict=strict)
     k = program.tensor(decl.a).elems[1]  # type: ignore[arg-type]  # A: the matmul stage's first operand
     if blockscale.program_scales(program) is not None:  # each 128 of K promoted (numerics/blockscale.py)
-        ulps = blockscale.kernel_ulps(k) if kernel else 4
-        return Tolerance(program, False, ulps, eps, bool(decl.chain), kernel=kernel, strict=strict, block_scaled=True)
+        wgmma = kernel and in_panels(program)  # the sm_90a form's: each group's wgmma sums in reduced precision
+        step = FP8_WGMMA_STEP if wgmma else 0
+        ulps = blockscale.kernel_ulps(k, step, FP8_WGMMA_K) if kernel else 4
+        how = {"kernel": kernel, "wgmma_fp8": wgmma, "strict": strict, "block_scaled": True}
+        return Tolerance(program, False, ulps, eps, bool(decl.chain), **how)
     if kernel and program.precision in FP8_PRECISIONS and in_panels(program):  # Hopper's fp8 wgmma: reduced sums
         ulps = k + 4 + -(-k // FP8_WGMMA_K) * FP8_WGMMA_STEP
         return Tolerance(program, False, ulps, eps, bool(decl.chain), kernel=True, wgmma_fp8=True, strict=strict)

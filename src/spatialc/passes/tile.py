@@ -416,7 +416,7 @@ def _why_not(p: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth,
         from ..lower.errors import Unsupported
 
         try:
-            sm90a_plan.check_plan(probe, p.precision)
+            sm90a_plan.check_plan(probe, p.precision, scaled(p))
         except Unsupported as e:
             return f"the sm_90a form takes no plan of {e.what}: {e.why}"
     tiles = b.osh * b.osw * probe.sub_blocks[0] * probe.sub_blocks[1]

@@ -450,6 +450,29 @@ void spatialc_wgmma_rs(spatialc_acc<A> (&d)[N / 16], const spatialc_frag<T>& a, 
         wgmma_rs_run<N, T, true>(acc, copy, live, b, lane, line, &known);
     });
 }
+// ---- block-scaled 8-bit floats: a wgmma with scale-d an operand ------------------------------------------------
+// scale_d 0: D = A · B, the accumulators not read (a block-scaled K group's first wgmma into its fresh partials, as
+// the PTX ISA's scale-d predicate says); 1: D += A · B. The accumulators are zeroed when the wgmma runs — in late
+// mode at the wait_group that retires its group, in the same group, before its products — so a promotion that reads
+// them before the group retires reads the previous group's partials (or the poison of never-written registers).
+template <int N, class T, class A>
+void spatialc_wgmma_sd(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b, int scale_d,
+                       int line = __builtin_LINE()) {
+    using namespace spatialc_emu;
+    static_assert(sizeof(T) == 1 && !std::is_same_v<T, signed char>, "the 8-bit floats' block-scaled GEMM");
+    if (!scale_d) {
+        spatialc_acc<A>* acc = d;
+        auto fresh = [acc] {
+            for (int c = 0; c < N / 16; ++c)
+                for (A& e : acc[c].x) e = A(0);
+        };
+        if (kLate)
+            wgmma_open.push_back(fresh);
+        else
+            fresh();
+    }
+    spatialc_wgmma_ss<N, T, A, false>(d, a, b, line);
+}
 // The A fragment's registers pinned (sm90a.cuh): only a compiler ordering on the GPU.
 template <class T>
 inline void spatialc_frag_fence(spatialc_frag<T>&) {}

@@ -12,6 +12,7 @@ column past the tensor's (an item's padding) has partial sums of zero and reads 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ....ir.ids import LoopVar
@@ -50,6 +51,10 @@ GENERAL_SCALED_TILES = 2
 def scaled_units(target: SpatialTarget, plan: Plan, form: str, smem: int, per_unit: int) -> int:
     """The planner's blocks an SM for a block-scaled plan: at most what holds the partial fragments too."""
     h, w = plan.item_tiles
+    if form == "sm90a":  # the wgmma accumulators' registers and A's scales' stage: the form's own rule
+        from ..sm90a.plan import scaled_fits
+
+        return per_unit if scaled_fits(target, plan, smem) else 0
     if form == "general" and math.ceil(h * w / target.accumulator_lanes) > GENERAL_SCALED_TILES:
         return 0
     warps = None if form != "general" else target.accumulator_lanes + 2  # the general form's reader and writer warps
@@ -74,46 +79,150 @@ def promoted_step(tc: TilePrinter, mm: MatmulTiles, a: Ring, b: Ring, env: dict[
     finally:
         tc.accf = kept
     with tc.w.block(""):  # (a scope of its own: the MMAs above declared the warp's coordinates too)
-        _promote(tc, mm.scales, env)
+        promotion(tc, mm.scales, env)
 
 
-def _promote(tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str]) -> None:
-    """acc[q].x[i] += part[q].x[i] · (sa · sb) for each element this lane holds."""
-    h, w = tc.plan.item_tiles
-    ta, tb = tc.tensors[int(s.a.tensor)], tc.tensors[int(s.b.tensor)]
-    # A row (column) of the items past the scale tensor's — the padding of the last items — reads no scale; the group
-    # is always inside (every step starts below K). A block of 16 or more rows (columns) gives a lane one scale.
-    rows_past = tc.plan.grid[0] * h * 16 > ta.elems[0] * s.a.outer
-    cols_past = tc.plan.grid[1] * w * 16 > tb.elems[1] * s.b.outer
-    a_rows = (0,) if s.a.outer % 16 == 0 else (0, 8)
-    b_cols = (0,) if s.b.outer % 16 == 0 else (0, 1, 8, 9)
-    tc.w.line(f"const int lane = {tc.tid} % 32;")
-    tc.w.line(f"const int sr0 = ({addr_expr(s.rows, env) or '0'}) * 16, sc0 = ({addr_expr(s.cols, env) or '0'}) * 16;")
-    tc.w.line(f"const int sk0 = ({addr_expr(s.k, env) or '0'}) * 16;")
-    tc.w.line(f"const int ga = sk0 / {s.a.k}, gb = sk0 / {s.b.k};  // the step's K group of A's and of B's scales")
+def promotion(
+    tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str], a_scale: Callable[[str], str] | None = None
+) -> None:
+    """acc[q].x[i] += part[q].x[i] · (sa · sb) for each element this lane holds: the one printing of the promotion,
+    which every form's block-scaled step ends with. `a_scale`, where given, is A's scale of a row (a C expression of
+    the row) where a form has landed them (the sm_90a form's TMA boxes of the group's scales, zero past the tensor's
+    rows); else read from global memory. (`scale_loads` and `promoted_fmas` print the same in two places.)"""
+    look = _Lookups(tc, s, env, a_scale)
 
     def promote(tile_row: str, tile_col: str) -> None:
-        # A lane's elements lie in two rows of the tile (i / 2 mod 2) and four columns (2·(i / 4) + i mod 2).
-        tc.w.line(f"const int r = sr0 + ({tile_row}) * 16 + (lane >> 2), c = sc0 + ({tile_col}) * 16 + 2 * (lane & 3);")
-        rows = ", ".join(_element(ta, f"(r + {d}) / {s.a.outer}", "ga", rows_past, False) for d in a_rows)
-        tc.w.line(f"const float sa[{len(a_rows)}] = {{{rows}}};")
-        cols = ", ".join(_element(tb, "gb", f"(c + {d}) / {s.b.outer}", False, cols_past) for d in b_cols)
-        tc.w.line(f"const float sb[{len(b_cols)}] = {{{cols}}};")
-        sa = "sa[(i >> 1) & 1]" if len(a_rows) > 1 else "sa[0]"
-        sb = "sb[2 * (i >> 2) + (i & 1)]" if len(b_cols) > 1 else "sb[0]"
-        with tc.unrolled("for (int i = 0; i < 8; ++i)"):
-            tc.w.line(f"{tc.accf}[q].x[i] = fmaf(part[q].x[i], {sa} * {sb}, {tc.accf}[q].x[i]);")
+        rows, cols = look.fragment(tile_row, tile_col)
+        tc.w.line(f"const float sa[{len(rows)}] = {{{', '.join(rows)}}};")
+        tc.w.line(f"const float sb[{len(cols)}] = {{{', '.join(cols)}}};")
+        _fmas(tc, look, "sa", "sb")
 
+    _each_fragment(tc, promote)
+
+
+def scale_loads(
+    tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str], a_scale: Callable[[str], str] | None = None
+) -> tuple[int, int]:
+    """The promotion's scales of every fragment of the lane, read into `psa[q][…]` and `psb[q][…]` (declared here, at
+    the printer's scope) — where a form reads them before the step's MMAs are issued, so that their latency is spent
+    under them (the sm_90a form); `promoted_fmas` then promotes with them. Returns their counts a fragment. Where
+    B's scale block holds whole items (DeepGEMM's 128 × 128 with items of at most 128 columns, items starting on
+    their width), every fragment's B scale is the item's first column's: one expression, which the compiler reads
+    once (and sa · sb once a row) where the lookup by column it could not prove the same."""
+    assert tc.lane_grid is not None, "the grid layouts' fragments (the sm_90a form's)"
+    w = tc.plan.item_tiles[1]
+    look = _Lookups(tc, s, env, a_scale, declare=False, item_b=s.b.outer % (w * 16) == 0)
+    na, nb = len(look.a_rows), len(look.b_cols)
+    tc.w.line(f"float psa[{tc.perw}][{na}], psb[{tc.perw}][{nb}];  // the step's scales of each fragment")
+    with tc.w.block(""):
+        look.declare()
+
+        def load(tile_row: str, tile_col: str) -> None:
+            rows, cols = look.fragment(tile_row, tile_col)
+            for j, v in enumerate(rows):
+                tc.w.line(f"psa[q][{j}] = {v};")
+            for j, v in enumerate(cols):
+                tc.w.line(f"psb[q][{j}] = {v};")
+
+        _each_fragment(tc, load)
+    return na, nb
+
+
+def promoted_fmas(tc: TilePrinter, counts: tuple[int, int]) -> None:
+    """The promotion's fused multiply-adds with the scales `scale_loads` read."""
+    with tc.unrolled(f"for (int q = 0; q < {tc.perw}; ++q)"):
+        _fmas(tc, _Counts(*counts), "psa[q]", "psb[q]")
+
+
+class _Counts:
+    """How many scales of A's rows and of B's columns a fragment's elements take."""
+
+    def __init__(self, na: int, nb: int) -> None:
+        self.a_rows, self.b_cols = tuple(range(na)), tuple(range(nb))
+
+
+class _Lookups(_Counts):
+    """The promotion's scale lookups for one step: its header (the lane, the item's first row and column, the step's
+    K groups) and each fragment's scales as C expressions."""
+
+    def __init__(
+        self,
+        tc: TilePrinter,
+        s: BlockScales,
+        env: dict[LoopVar, str],
+        a_scale: Callable[[str], str] | None,
+        declare: bool = True,
+        item_b: bool = False,
+    ) -> None:
+        h, w = tc.plan.item_tiles
+        self.tc, self.s, self.env, self.a_scale = tc, s, env, a_scale
+        self.item_b = item_b  # B's scale of every column of the item: its first column's (`scale_loads`)
+        self.ta, self.tb = tc.tensors[int(s.a.tensor)], tc.tensors[int(s.b.tensor)]
+        # A row (column) of the items past the scale tensor's — the padding of the last items — reads no scale; the
+        # group is always inside (every step starts below K). A block of 16 or more rows (columns) gives a lane one
+        # scale.
+        self.rows_past = tc.plan.grid[0] * h * 16 > self.ta.elems[0] * s.a.outer
+        self.cols_past = tc.plan.grid[1] * w * 16 > self.tb.elems[1] * s.b.outer
+        self.a_rows = (0,) if s.a.outer % 16 == 0 else (0, 8)
+        self.b_cols = (0,) if s.b.outer % 16 == 0 else (0, 1, 8, 9)
+        if declare:
+            self.declare()
+
+    def declare(self) -> None:
+        tc, s, env = self.tc, self.s, self.env
+        tc.w.line(f"const int lane = {tc.tid} % 32;")
+        tc.w.line(
+            f"const int sr0 = ({addr_expr(s.rows, env) or '0'}) * 16, sc0 = ({addr_expr(s.cols, env) or '0'}) * 16;"
+        )
+        tc.w.line(f"const int sk0 = ({addr_expr(s.k, env) or '0'}) * 16;")
+        if self.a_scale is None:
+            tc.w.line(
+                f"const int ga = sk0 / {s.a.k}, gb = sk0 / {s.b.k};  // the step's K group of A's and of B's scales"
+            )
+        else:
+            tc.w.line(f"const int gb = sk0 / {s.b.k};  // the step's K group of B's scales")
+
+    def fragment(self, tile_row: str, tile_col: str) -> tuple[list[str], list[str]]:
+        """Print the fragment's row and column; its scales of A's rows and of B's columns, as C expressions."""
+        s = self.s
+        # A lane's elements lie in two rows of the tile (i / 2 mod 2) and four columns (2·(i / 4) + i mod 2).
+        if self.item_b:  # (the column is not looked at)
+            self.tc.w.line(f"const int r = sr0 + ({tile_row}) * 16 + (lane >> 2);")
+            self.tc.w.line(f"(void)({tile_col});  // B's scale is the item's")
+        else:
+            self.tc.w.line(
+                f"const int r = sr0 + ({tile_row}) * 16 + (lane >> 2), c = sc0 + ({tile_col}) * 16 + 2 * (lane & 3);"
+            )
+        if self.a_scale is not None:
+            rows = [self.a_scale(f"(r + {d})") for d in self.a_rows]
+        else:
+            rows = [_element(self.ta, f"(r + {d}) / {s.a.outer}", "ga", self.rows_past, False) for d in self.a_rows]
+        if self.item_b:
+            return rows, [_element(self.tb, "gb", f"sc0 / {s.b.outer}", False, self.cols_past)]
+        cols = [_element(self.tb, "gb", f"(c + {d}) / {s.b.outer}", False, self.cols_past) for d in self.b_cols]
+        return rows, cols
+
+
+def _fmas(tc: TilePrinter, look: _Counts, sa_name: str, sb_name: str) -> None:
+    sa = f"{sa_name}[(i >> 1) & 1]" if len(look.a_rows) > 1 else f"{sa_name}[0]"
+    sb = f"{sb_name}[2 * (i >> 2) + (i & 1)]" if len(look.b_cols) > 1 else f"{sb_name}[0]"
+    with tc.unrolled("for (int i = 0; i < 8; ++i)"):
+        tc.w.line(f"{tc.accf}[q].x[i] = fmaf(part[q].x[i], {sa} * {sb}, {tc.accf}[q].x[i]);")
+
+
+def _each_fragment(tc: TilePrinter, body: Callable[[str, str], None]) -> None:
+    """`body(tile row, tile column)` for each accumulator fragment q of the lane, in an unrolled loop over q."""
+    h, w = tc.plan.item_tiles
     if tc.lane_grid is None:
         with tc.unrolled(f"for (int q = 0; q < {tc.perw}; ++q)"):
             tc.w.line("const int ot = warp + q * NWARP;")
             with tc.w.block(f"if (ot < {h * w})"):
-                promote(f"ot / {w}", f"ot % {w}")
+                body(f"ot / {w}", f"ot % {w}")
         return
     tc.warp_coords()
     with tc.unrolled(f"for (int q = 0; q < {tc.perw}; ++q)"):
         tc.w.line(tc.owned_tile())
-        promote("bh", "bw")
+        body("bh", "bw")
 
 
 def _element(t: Tensor, row: str, col: str, row_past: bool, col_past: bool) -> str:

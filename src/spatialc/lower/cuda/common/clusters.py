@@ -174,6 +174,7 @@ class ClusterPrinter:
     write_slot: Any
     site_expr: Any
     tma: Any
+    page_bytes: Any  # the bytes ring r's page brings to the full barrier (sm_90a: A's scales' box too)
     sends: frozenset[int]
     deferred: dict[int, tuple[ChoreoOp, dict]]
 
@@ -192,10 +193,9 @@ class ClusterPrinter:
                 self.w.line("", f"{mark} (the sender's bytes complete this block's full barrier)")
             case SemInc(sem, at, _) if int(sem) in mc.ready:
                 r = mc.ready[int(sem)]
-                ring = self.k.rings.rings[r]
                 slot = self.write_slot(r)
                 with self.w.block("", mark):
-                    nbytes = ring.page * ring.elem_bytes
+                    nbytes = self.page_bytes(r)
                     self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);  // the page the sender sends")
                     rank = rank_of(self.site_expr(at), cluster)
                     self.w.line(f"spatialc_mbar_arrive_cluster(&ready_{r}[{slot}], {rank});  // this stage is free")

@@ -43,6 +43,12 @@
 - `setmaxnreg` gives two consumer warpgroups the producer warpgroup's registers (a paired block keeps what its
   launch gives it); every other flow op is the general form's.
 
+- A block-scaled GEMM (`MatmulTiles.scales`) is DeepGEMM's kernel: each K step is one 128-element group; it reads
+  its scales (A's per-row ones came by TMA with A's page: `blockscale.py`), its wgmma write fresh partial
+  accumulators (scale-d 0 on the first: the "sd" variant), it waits for its group, releases its stages and promotes
+  the partials into the accumulators (`common.blockscale`). Items are at most 128 columns wide: the partials double
+  the consumers' registers.
+
 Rule 7 of `verify` proves the engines' handover free of deadlock and overrun exactly as for the general form; what is
 new here is checked before printing (`check_resources`): threads × registers, the setmaxnreg split, stage bytes
 against shared memory, 1024-byte stage bases and pages on their swizzle's period, and transaction counts equal to
@@ -103,6 +109,7 @@ from ..general import kernel as general
 from ..general import printer as general_printer
 from . import staging
 from .attention import AttentionPrinter, check_attention_plan, declare, make_attention_kernel
+from .blockscale import SCALE_ALIGN, ScaleStage, scale_stage
 from .plan import (
     BARRIER_ALIGN,
     CONSUMER_REGS,
@@ -144,6 +151,7 @@ class HopperKernel:
     epilogue: str = SWIZZLED  # how the staged store goes out (plan.EPILOGUES): warpgroup boxes, or a box a tile
     # The wgmma the consumers issue, (width, variant) each (`WGMMA_VARIANTS`); () for a GEMM's one, ((n, "ss"),).
     wgmmas: tuple[tuple[int, str], ...] = ()
+    scales: ScaleStage | None = None  # a block-scaled GEMM's A scales landed by TMA beside A's page (blockscale.py)
 
     @property
     def program(self) -> SpatialProgram:
@@ -188,12 +196,6 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
         raise NeedsGeneral(
             f"{W4_PROGRAM} in the sm_90a form", "its TMA producer and wgmma consumers do not print it yet"
         )
-    if program_scales(p) is not None:
-        raise NeedsGeneral(
-            "a block-scaled matmul in the sm_90a form",
-            "its wgmma consumers do not promote a K step's partial sums by their scales yet (the persistent and"
-            " general forms' mma.sync do)",
-        )
     if not attention and len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
     for op in all_ops(p):
@@ -216,7 +218,7 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
     if attention:
         check_attention_plan(plan)
     else:
-        check_plan(plan, p.precision)
+        check_plan(plan, p.precision, program_scales(p) is not None)
 
 
 def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
@@ -355,6 +357,13 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str) -> Hop
             raise Unsupported("a multicast ring the copy engine does not fill", "only operand pages are multicast")
     ready = mc.rings if mc is not None else ()
     offsets, dyn, barrier_bytes = general.layout(k.rings.rings, STAGE_ALIGN, BARRIER_ALIGN, ready)
+    scales = program_scales(p)
+    sa = scale_stage(p, k, scales, len(maps)) if scales is not None else None
+    if sa is not None:  # A's scales: a box a K group, slot for slot with A's ring, stored transposed
+        maps = (*maps, sa.map)
+        stored[sa.map.tensor] = "cols"
+        offsets["sa_stage"] = -(-dyn // SCALE_ALIGN) * SCALE_ALIGN
+        dyn = offsets["sa_stage"] + k.rings.rings[sa.ring].depth * sa.bytes
     h, w = k.plan.item_tiles
     chunk = 0
     if store is not None and staged(p, store):
@@ -393,7 +402,11 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str) -> Hop
         barrier_bytes=barrier_bytes,
         blocks_per_sm=wg.blocks,
     )
-    hk = HopperKernel(base, maps, filled, wg, w * 16, store, chunk, mc, panels, stored, warp_freed, epilogue)
+    # A block-scaled step's wgmma write fresh partial accumulators (scale-d 0 on the group's first): "sd".
+    wgmmas = ((w * 16, "sd"),) if program_scales(p) is not None else ()
+    hk = HopperKernel(
+        base, maps, filled, wg, w * 16, store, chunk, mc, panels, stored, warp_freed, epilogue, wgmmas, sa
+    )
     check_resources(hk, target)
     return hk
 
@@ -412,7 +425,13 @@ FP8_PTX = {"__nv_fp8_e4m3": "e4m3", "__nv_fp8_e5m2": "e5m2"}
 # The wgmma variants the kernels print, by name: both operands from shared memory with B as a GEMM's (16-bit
 # MN-major, imm-trans-b 1; 8-bit K-major), 16-bit B K-major (imm-trans-b 0: attention's K, whose rows are S's
 # columns), and A from registers with B MN-major (the RS form: attention's P · V).
-WGMMA_VARIANTS = {"ss": "spatialc_wgmma", "kb": "spatialc_wgmma_kb", "rs": "spatialc_wgmma_rs"}
+# "sd" is "ss" with scale-d an operand: 0 makes D = A · B, the accumulators not read (a block-scaled group's first).
+WGMMA_VARIANTS = {
+    "ss": "spatialc_wgmma",
+    "kb": "spatialc_wgmma_kb",
+    "rs": "spatialc_wgmma_rs",
+    "sd": "spatialc_wgmma_sd",
+}
 
 
 def wgmma_specialisations(n: int, operand: str, integer: bool, variant: str = "ss") -> list[str]:
@@ -422,7 +441,8 @@ def wgmma_specialisations(n: int, operand: str, integer: bool, variant: str = "s
     way the PTX ISA lets a wgmma of them read B (its transposes are the 16-bit types' alone). The 8-bit floats' wgmma
     (k32, float32 accumulators) takes the floating-point variants' operand scales, here 1 and 1 (no negation). "kb"
     reads 16-bit B K-major; "rs" takes A from four registers a thread (mma.m16n8k16's A fragment, of the warp's 16
-    rows), B N-major (`WGMMA_VARIANTS`)."""
+    rows), B N-major; "sd" is the 8-bit floats' "ss" with scale-d an operand (0: D = A · B, a block-scaled K group's
+    first wgmma into its fresh partial accumulators) (`WGMMA_VARIANTS`)."""
     regs = n // 2
     acc = ", ".join(f"%{i}" for i in range(regs))
     if integer:
@@ -435,7 +455,9 @@ def wgmma_specialisations(n: int, operand: str, integer: bool, variant: str = "s
         trans_b = {"ss": "1", "kb": "0", "rs": "1"}[variant]
         tail = f"p, 1, 1, {trans_b}" if variant == "rs" else f"p, 1, 1, 0, {trans_b}"
         shape, dtype, out = f"m64n{n}k16", f"f32.{ty}.{ty}", '"+f"'
-    if variant != "ss" and (integer or operand in FP8_PTX):
+    if variant == "sd" and operand not in FP8_PTX:
+        raise Unsupported(f"a {variant} wgmma of {operand}", "only the 8-bit floats' GEMMs are block-scaled")
+    if variant not in ("ss", "sd") and (integer or operand in FP8_PTX):
         raise Unsupported(f"a {variant} wgmma of {operand}", "only 16-bit operands are transposed or held in registers")
     accum = "int" if integer else "float"
     name = WGMMA_VARIANTS[variant]
@@ -447,16 +469,19 @@ def wgmma_specialisations(n: int, operand: str, integer: bool, variant: str = "s
     else:
         a_param, a_ops, ins, b_at = "unsigned long long a", f"%{regs}", '"l"(a), "l"(b)', regs + 1
         a_spec = "unsigned long long a"
+    b_param, scale_d = "unsigned long long b", "1"
+    if variant == "sd":
+        b_param, scale_d, ins = "unsigned long long b, int scale_d", f"%{b_at + 1}", f'{ins}, "r"(scale_d)'
     return [
         "#ifndef SPATIALC_SM90A_EMULATED",
         "template <int N, class T, class A>",
-        f"__device__ void {name}(spatialc_acc<A> (&d)[N / 16], {a_param}, unsigned long long b);",
+        f"__device__ void {name}(spatialc_acc<A> (&d)[N / 16], {a_param}, {b_param});",
         "template <>",
         f"__device__ __forceinline__ void {name}<{n}, {operand}, {accum}>(",
-        f"    spatialc_acc<{accum}> (&d)[{n // 16}], {a_spec}, unsigned long long b)",
+        f"    spatialc_acc<{accum}> (&d)[{n // 16}], {a_spec}, {b_param})",
         "{",
         "    asm volatile(",
-        '        "{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"',
+        f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, {scale_d}, 0;\\n"',
         f'        "wgmma.mma_async.sync.aligned.{shape}.{dtype} {{{acc}}}, {a_ops}, %{b_at}, {tail};\\n}}"',
         f"        : {outs}",
         f"        : {ins});",
@@ -507,6 +532,12 @@ def kernel_text(hk: HopperKernel) -> str:
         w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
         w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
         general_printer.declare_rings(k, w)
+        if hk.scales is not None:
+            sa = hk.scales
+            w.line(
+                f"SPATIALC_DYNAMIC_RING(float, sa_stage, spatialc_dyn_smem, SMEM_OFF_SA_STAGE, DEPTH_{sa.ring}, "
+                f"{sa.rows});  // A's scales of each stage's K group, with A's page"
+            )
         if hk.chunk and hk.epilogue == SWIZZLED:
             staging.declare(hk, w)
         elif hk.chunk:
@@ -567,6 +598,8 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
         w.line("unsigned boxes_out = 0;  // output boxes this warp has staged (its boxes are used in turn)")
     if any(isinstance(op, AcquireAcc) for op in role.walk()) and not hk.attention:
         w.line(f"spatialc_acc<ACCT> accf[{hk.n // 16}];")
+        if program_scales(k.program) is not None:  # a K group's products, before their promotion into accf
+            w.line(f"spatialc_acc<ACCT> part[{hk.n // 16}];")
     single = any(isinstance(op, ReadTiles) for op in role.walk())
     if single:
         printer.nthreads = "1"

@@ -25,6 +25,10 @@ PAIRED_N_MAX = 128  # the widest item of one consumer warpgroup: its accumulator
 STAGE_ALIGN = 1024  # bytes: every ring starts on the largest swizzle pattern's period
 BARRIER_ALIGN = 16  # each barrier array: the emulation's (and the layout's) least region alignment
 WGMMA_N_MAX = 256
+# A block-scaled item's widest wgmma: each K group's wgmma write a partial accumulator beside the item's (numerics/
+# blockscale.py), N / 2 more registers a thread — two consumer warpgroups' 232 hold both at N = 128 (64 + 64, with
+# the scales and addresses); a paired block's 128 at N = 64.
+SCALED_N_MAX = 128
 STORE_STAGE = 4096  # bytes of shared memory each consumer warp stages its output in, for the TMA store
 STORE_BUFFERS = 2  # the staging's halves, used in turn: a box is staged while the store of the one before reads
 SWIZZLED, TILES = "swizzled", "tiles"
@@ -107,9 +111,26 @@ def warpgroups(plan: Plan) -> Warpgroups:
     return Warpgroups(h * 16 // WARPGROUP_ROWS, 2 if pairs(h) else 1)
 
 
-def check_plan(plan: Plan, precision: Precision) -> None:
+def scaled_n_max(plan: Plan) -> int:
+    """The widest item a block-scaled plan takes: its partial accumulators beside the item's (SCALED_N_MAX; half
+    that in a paired block)."""
+    return SCALED_N_MAX // 2 if pairs(plan.item_tiles[0]) else SCALED_N_MAX
+
+
+def scaled_fits(target: SpatialTarget, plan: Plan, smem: int) -> bool:
+    """Whether a block-scaled GEMM takes `plan` whose block needs `smem` bytes without A's scales: items at most
+    `scaled_n_max` wide, and A's scales' stage (blockscale.py) beside the rest in shared memory."""
+    from .blockscale import stage_bytes
+
+    h, w = plan.item_tiles
+    return (
+        w * 16 <= scaled_n_max(plan) and fits(target, smem + stage_bytes(h * 16, plan.depth), warpgroups(plan)) is None
+    )
+
+
+def check_plan(plan: Plan, precision: Precision, scaled: bool = False) -> None:
     """The item shapes the wgmma layout takes: 64 or 128 rows (one or two warpgroups of 64), at most 256 columns
-    (128 for a paired block of 64 rows), K steps whole MMAs."""
+    (128 for a paired block of 64 rows; a block-scaled item half as many, `scaled_n_max`), K steps whole MMAs."""
     h, w = plan.item_tiles
     if plan.sub_blocks != (1, 1):
         raise Unsupported(f"sub-blocks {plan.sub_blocks}", "an sm_90a item is one block of accumulators")
@@ -125,6 +146,12 @@ def check_plan(plan: Plan, precision: Precision) -> None:
             f"items of 64 rows and {w * 16} columns",
             f"two blocks share an SM's registers, 128 a thread, which hold a wgmma of {PAIRED_N_MAX} columns at most:"
             " use blocks of 8 tile rows, or at most 8 tile columns",
+        )
+    if scaled and w * 16 > scaled_n_max(plan):
+        raise Unsupported(
+            f"block-scaled items of {h * 16} rows and {w * 16} columns",
+            f"each K group's partial accumulators double the consumers' float32 registers, which hold"
+            f" {scaled_n_max(plan)} columns at most: use blocks of at most {scaled_n_max(plan) // 16} tile columns",
         )
     if sized_as(precision) == Precision.INT8 and plan.block.ibw % 2:
         raise Unsupported(

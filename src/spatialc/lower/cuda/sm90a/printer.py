@@ -6,6 +6,7 @@ loop that keeps one wgmma group in flight, and the consumers' fused store throug
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ....ir.ids import LoopVar, loop_var_name
@@ -31,6 +32,7 @@ from ....ir.printer import compute_text
 from ....passes.tile import operand_layouts, sized_as
 from ...census import POST, marker
 from ...errors import Unsupported
+from ..common.blockscale import promoted_fmas, promotion, scale_loads
 from ..common.clusters import ClusterPrinter
 from ..common.cwriter import Writer, addr_expr, c_div, c_mod, c_mul, c_sum
 from ..common.rings import TILE_ELEMS, Ring
@@ -61,6 +63,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         self.integer = hk.base.integer
         self.chain: list[tuple[Compute, dict[LoopVar, str]]] = []  # epilogue stages met since the last store
         self.arrived: set[int] = set()  # rings whose next Push already arrived, with its load's expect_tx
+        self.promoted_later = False  # a block-scaled step's promotion printed after its releases (`k_loop_promoted`)
 
     def read_slot(self, r: int) -> str:
         """The front page: the slot of the engine's last Wait (its release may come a step later)."""
@@ -92,6 +95,8 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                 self.chain.append((op, env))
             case WriteTiles(src=buf) if rings.is_fused(buf):
                 pass  # its image, with its census marker, is the consumers' fused store
+            case Loop() if self.scaled_k_loop(op):
+                self.k_loop_promoted(op, env, mark)
             case Loop() if self.pipelined(op):
                 self.k_loop_pipelined(op, env, mark)
             case ReadTiles(into=buf) if self.kept(buf).id in self.sends:
@@ -114,7 +119,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                 r = self.kept(buf).id
                 self.w.line(f"spatialc_mbar_arrive(&full_{r}[psh_{r} % DEPTH_{r}]); ++psh_{r};", mark)
             case Compute(op=MatmulTiles() as mm, ins=(a, b)):
-                self.wgmma(mm, self.kept(a), self.kept(b), mark)
+                self.wgmma(mm, self.kept(a), self.kept(b), mark, env)
             case _:
                 super().op(op, env)
 
@@ -127,6 +132,8 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         mms = [i for i, op in enumerate(body) if isinstance(op, Compute) and isinstance(op.op, MatmulTiles)]
         if len(mms) != 1:
             return False
+        if body[mms[0]].op.scales is not None:  # type: ignore[union-attr]  # its step's group retires in the step
+            return False
         at = mms[0]
         waits, pops = body[:at], body[at + 1 :]
         mm = body[at]
@@ -136,6 +143,49 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         rings = {self.kept(b).id for b in mm.ins}
         popped = [self.kept(o.buf).id for o in pops]  # type: ignore[union-attr]
         return sorted(popped) == sorted(rings) and all(self.kept(b).depth >= 2 for b in mm.ins)
+
+    def scaled_k_loop(self, loop: Loop) -> bool:
+        """Whether `loop` is a block-scaled K loop: its body waits, multiplies once with scales and pops exactly
+        the matmul's rings."""
+        body = loop.body
+        mms = [op for op in body if isinstance(op, Compute) and isinstance(op.op, MatmulTiles)]
+        if len(mms) != 1 or mms[0].op.scales is None:  # type: ignore[union-attr]
+            return False
+        at = body.index(mms[0])
+        waits, pops = body[:at], body[at + 1 :]
+        if not all(isinstance(o, Wait) for o in waits) or not all(isinstance(o, Pop) for o in pops):
+            return False
+        return sorted(self.kept(o.buf).id for o in pops) == sorted(self.kept(b).id for b in mms[0].ins)  # type: ignore[union-attr]
+
+    def k_loop_promoted(self, loop: Loop, env: dict[LoopVar, str], mark: str) -> None:
+        """A block-scaled K loop as DeepGEMM's: a step reads its scales (A's from the stage that came with A's page,
+        B's from global memory) before it issues its wgmma, so their latency passes under them; waits for its
+        group; releases its stages at once — nothing reads them after — and then promotes (`k_loop`'s steps)."""
+        v = loop_var_name(loop.var)
+        at = next(i for i, op in enumerate(loop.body) if isinstance(op, Compute))
+        waits, mm, pops = loop.body[:at], loop.body[at], loop.body[at + 1 :]
+        assert isinstance(mm, Compute) and isinstance(mm.op, MatmulTiles) and mm.op.scales is not None
+        with self.w.block(f"for (int {v} = 0; {v} < {loop.count.n}; ++{v})", mark):  # type: ignore[union-attr]
+            inner = env | {loop.var: v}
+            for op in waits:
+                self.op(op, inner)
+            counts = scale_loads(self, mm.op.scales, inner, self.a_scale())
+            self.promoted_later = True
+            self.op(mm, inner)
+            self.promoted_later = False
+            for op in pops:
+                self.op(op, inner)
+            with self.w.block("", "// the promotion, its stages released"):
+                promoted_fmas(self, counts)
+
+    def a_scale(self) -> Callable[[str], str] | None:
+        """A's scale of a row where the producer landed them beside A's page (`sa_stage`), from the slot A's page is
+        read from; None where the promotion reads them from global memory."""
+        sa = self.hk.scales
+        if sa is None:
+            return None
+        slot = self.read_slot(sa.ring)
+        return lambda row: f"sa_stage[{slot} * {sa.rows} + {row} - sr0]"
 
     def k_loop_pipelined(self, loop: Loop, env: dict[LoopVar, str], mark: str) -> None:
         """The K loop with each step's releases printed one step late (one wgmma group in flight)."""
@@ -266,7 +316,9 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         pan = self.hk.panels[r]
         at = param_at(self.k.program, op.tensor)
         m = next(m for m in self.hk.maps if (m.tensor, m.box, m.swizzle) == (at, pan.box, pan.width))
-        nbytes = op.block_h * op.block_w * TILE_ELEMS * ring.elem_bytes
+        assert op.block_h * op.block_w * TILE_ELEMS == ring.page, "a page is one ReadTiles (tma.tensor_maps)"
+        nbytes = self.page_bytes(r)
+        sa = self.hk.scales if self.hk.scales is not None and self.hk.scales.ring == r else None
         slot = self.write_slot(r)
         # A load its ring's Push follows at once makes that Push's arrival with its expect_tx, in one instruction.
         pushed = mask is None and isinstance(self.after, Push) and self.kept(self.after.buf).id == r
@@ -286,6 +338,13 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             page, bar = f"(char*)({self.write_page(r)})", f"&full_{r}[{slot}]"
             if mask is not None:
                 self.w.line(f"const unsigned short group = {mask};")
+            if sa is not None:  # the box of the page's K group (its first column's) of A's scales: the item's rows
+                k_group = f"((at % {t.tiles[1]}) * 16) / {sa.k}"
+                load = f"sa_stage + {slot} * {sa.rows}, &spatialc_tmap_{sa.map.index}, {row}, {k_group}, {bar}"
+                if mask is None:
+                    self.w.line(f"spatialc_tma_load_2d({load});")
+                else:  # to the group's blocks, whose items share these rows, as A's page
+                    self.w.line(f"spatialc_tma_load_2d_multicast({load}, group);")
             for i in range(pan.count):
                 dst = f"{page} + {i * pan.bytes}" if i else page
                 c0 = f"{inner} + {i * pan.box[1]}" if i else inner
@@ -297,6 +356,13 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                     )
                     self.w.line(load)
 
+    def page_bytes(self, r: int) -> int:
+        """The bytes a page of ring `r` brings to its full barrier: the page's, and for A's ring of a block-scaled
+        GEMM the box of its K group's scales (`blockscale.ScaleStage`)."""
+        ring = self.k.rings.rings[r]
+        sa = self.hk.scales
+        return ring.page * ring.elem_bytes + (sa.bytes if sa is not None and sa.ring == r else 0)
+
     def tile_boxes(self, boxes: TileBoxes, index: int, page: str, row: str, col: str, bar: str) -> None:
         """A page of whole tiles, one unswizzled 16 x 16 box a tile: page tile s (row s / block_w, column s % block_w
         of the block at tile row `row`, column `col` of the stored matrix) at byte s * box bytes of the page."""
@@ -306,7 +372,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             c1 = c_sum(row, f"({down}) * 16")
             self.w.line(f"spatialc_tma_load_2d({page} + s * {boxes.bytes}, &spatialc_tmap_{index}, {c0}, {c1}, {bar});")
 
-    def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str) -> None:
+    def wgmma(self, mm: MatmulTiles, a: Ring, b: Ring, mark: str, env: dict[LoopVar, str]) -> None:
         """One K step: a wgmma per 16 (8-bit: 32) K elements — 32 bytes of K — each warpgroup's 64 rows of A and the
         whole B page read from shared memory through descriptors, committed as one group. A (and 8-bit B) K-major:
         an instruction's K is 32 bytes of a panel row, the next 8 rows a panel row × 8 on; 16-bit B N-major: its
@@ -328,6 +394,9 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         else:
             at = f"{b_page} + kk * 16 * {pb.width}"
             b_of = f"spatialc_wgmma_desc({at}, {pb.bytes}u, {8 * pb.width}u, {DESC_SWIZZLE[pb.width]}u)"
+        if mm.scales is not None:
+            self.promoted_wgmma(mm, a_of, b_of, mark, env)
+            return
         with self.w.block("", mark):
             self.w.line(ACC_FENCE + "  // their last plain writes (the zeroing) stay before the fence")
             self.w.line("spatialc_wgmma_fence();  // the accumulators were last written by plain instructions")
@@ -335,6 +404,25 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                 self.w.line(f"spatialc_wgmma<{self.hk.n}, OPT>(accf, {a_of}, {b_of});")
             self.w.line("spatialc_wgmma_commit();")
         self.in_flight = True
+
+    def promoted_wgmma(self, mm: MatmulTiles, a_of: str, b_of: str, mark: str, env: dict[LoopVar, str]) -> None:
+        """A block-scaled K step (one K group: numerics/blockscale.py), DeepGEMM's: its wgmma into the partial
+        accumulators `part`, the first with scale-d 0 (D = A · B: fresh for the group, no zeroing instructions),
+        committed and waited for, then promoted into `accf` by the forms' one promotion printer — an fmaf an element
+        with sa · sb. The promotion needs the group retired, so no group stays in flight across steps; the other
+        consumer warpgroup's wgmma (and the other block's, paired) keep the tensor cores busy meanwhile."""
+        with self.w.block("", mark):
+            self.w.line("spatialc_acc_fence(part);  // the last promotion's reads of them stay before the fence")
+            self.w.line("spatialc_wgmma_fence();  // the partials were last read by plain instructions")
+            with self.unrolled(f"for (int kk = 0; kk < {mm.block.ibw}; kk += 2)"):
+                self.w.line(f"spatialc_wgmma_sd<{self.hk.n}, OPT>(part, {a_of}, {b_of}, kk > 0);")
+            self.w.line("spatialc_wgmma_commit();")
+            self.w.line("spatialc_wgmma_wait<0>();  // the group's partial sums are whole")
+            self.w.line("spatialc_acc_fence(part);  // and nothing reads them before")
+            assert mm.scales is not None
+            if not self.promoted_later:  # (a K loop of another shape: promoted here, its stages released after)
+                with self.w.block(""):
+                    promotion(self, mm.scales, env, self.a_scale())
 
 
 def check_page_layouts(operand: Precision, a: Ring, b: Ring) -> None:
