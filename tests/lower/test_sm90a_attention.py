@@ -19,7 +19,7 @@ import pytest
 
 import spatialc
 from spatialc.lower.cuda import forms
-from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported
+from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.runtime.emulate import EmulationError
 
 from ..attention.qkv import inputs
@@ -78,10 +78,20 @@ def test_the_form_prints_two_wgmma_shapes_around_the_register_path(cases):
     general = spatialc.lower(built((1, 1, 100, 200, 128), {"causal": True}, "general", (4, 4, 1)), form="general")
     for line in ("op:Compute:ScaleAcc", "__shfl_xor_sync(0xffffffffu, v, 1)", "spatialc_exp(spatialc_fsub(rr_"):
         assert compute.count(line) == general.kernel_cu.count(line) > 0, line
-    # Q, K and V by TMA (a box a 128-byte panel: two a row at head_dim 128), stored as matrices; O and LSE tiled.
-    assert [param.order for param in art.launch.params] == ["rows", "rows", "rows", "row", "row"]
-    assert [m.box for m in art.launch.tensor_maps] == [(64, 64)] * 3
+    # Q, K and V by TMA (a box a 128-byte panel: two a row at head_dim 128), stored as matrices; O goes out by TMA
+    # store from the warpgroup's swizzled staging box (64 rows of 32 float32 columns: 128 bytes a row), a matrix
+    # too; LSE stays tiled, stored by the lanes. O and LSE leave shared memory's rings and the writer.
+    assert [param.order for param in art.launch.params] == ["rows", "rows", "rows", "rows", "row"]
+    assert [(m.tensor, m.box, m.swizzle) for m in art.launch.tensor_maps] == [
+        *((t, (64, 64), 128) for t in range(3)),
+        (3, (64, 32), 128),
+    ]
     assert text.count("spatialc_tma_load_2d((char*)") == 6
+    assert compute.count("spatialc_tma_store_2d(&spatialc_tmap_3, col, row, staged);") == 1
+    assert "#define OUT_BOX_ROW 128" in text and bud.staging_bytes == 2 * 64 * 32 * 4
+    assert [name for name, _ in bud.rings] == ["q_ring", "k_ring", "v_ring"] and "SPATIALC_PAGE_LD(" not in compute
+    lse = compute[compute.index("op:Compute:Map_add_row0_log_row1") :]
+    assert "SPATIALC_OUT_ST(&lse[tile * 256 + (row % 16) * 16 + 4 * t4 + c], (OUT_T)v);" in lse
     # The causal band's KV blocks: a count per item, in the reader and the consumers alike.
     assert len(re.findall(r"const long long trip_k_v = ", text)) == 2
 
@@ -98,12 +108,12 @@ def test_auto_on_sm90a_prints_it_and_the_other_forms_say_what_they_print():
         spatialc.build(spatialc.attention(*shape), "sm_90", form="sm90a")
 
 
-def test_auto_falls_back_to_the_general_form_where_the_sm90a_form_refuses_its_plan():
-    shape = (1, 2, 64, 128, 256)  # head_dim 256: Q's band, two K and two V stages and O's page pass shared memory
-    art = spatialc.lower(built(shape, {}, "auto"))
-    assert art.budget.form == "general" and forms.ATTENTION_NOTE in art.notes
-    with pytest.raises(TooBig, match="shared memory of one block of the sm_90a form on sm_90a"):
-        spatialc.lower(built(shape, {}))
+def test_head_dim_256_fits_once_o_and_lse_leave_shared_memory():
+    # Q's band, two K and two V stages of 32 KB and O's two staging boxes of 8 KB: 176 KB and the barriers (with O's
+    # and LSE's pages too, 260 KB: auto printed the general form). nvcc compiles it clean (below).
+    art = spatialc.lower(built((1, 2, 64, 128, 256), {}, "auto"))
+    assert art.budget.form == "sm90a" and not art.notes
+    assert art.budget.staging_bytes == 16384 and art.budget.ring_bytes == 5 * 32768
 
 
 def test_a_band_other_than_one_warpgroup_is_refused_by_name():
@@ -146,6 +156,9 @@ def _faults(text: str) -> dict[str, str]:
     p_ring = re.search(r"spatialc_load_a_acc\(af\[kk\], (rr_\d+) \+ kk \* 8\);", text)
     assert p_ring is not None
     wait = text.index("spatialc_wgmma_wait<0>();", s_block)
+    swizzle = "#define OUT_SWZ(b) ((b) ^ ((((b) >> 7) & OUT_SWIZZLE) << 4))"
+    fence = "spatialc_fence_proxy_async();  // the thread's staged values"
+    assert text.count(swizzle) == 1 and text.count(fence) == 1
     return {
         # K read MN-major (the GEMM's B: imm-trans-b 1) instead of K-major.
         "transpose bit": text[:s_block] + text[s_block:].replace("spatialc_wgmma_kb<", "spatialc_wgmma<", 1),
@@ -155,18 +168,28 @@ def _faults(text: str) -> dict[str, str]:
         "A registers": text[:commit] + f"spatialc_load_a_acc(af[0], {p_ring.group(1)} + 8);\n" + text[commit:],
         # The S group left in flight: K's stage released and S read before it retires.
         "early release": text[:wait] + text[wait + len("spatialc_wgmma_wait<0>();") :],
+        # O staged unswizzled in the box the copy engine stores as 128-byte swizzled.
+        "staging swizzle": text.replace(swizzle, "#define OUT_SWZ(b) (b)"),
+        # O's staged values not made visible to the async proxy before the TMA store reads them.
+        "staging fence": text.replace(fence, "// " + fence),
     }
 
 
 # What the emulation says of each fault: a wrong answer, or the report that names it. Where the copy engine may land
 # the next page before or after the wgmma reads the stage, the race is reported or, the page already replaced, the
 # answer is wrong: the threads' interleaving decides which.
-RACE_ON_K = "race: .*RACE on shared ring 'ring_1'.*a TMA load landing.*a wgmma operand read"
+# (the report names the two accesses in the order the emulation met them)
+RACE_ON_K = (
+    "race: .*RACE on shared ring 'ring_1'.*"
+    "(a TMA load landing.*a wgmma operand read|a wgmma operand read.*a TMA load landing)"
+)
 CAUGHT = {
     "transpose bit": "mismatch$",
     "stage index": f"{RACE_ON_K}|mismatch$",
     "A registers": "fault: .*spatialc_wgmma_rs at line \\d+: its A registers were written before the wait_group",
     "early release": f"{RACE_ON_K}|mismatch$",
+    "staging swizzle": "mismatch$",
+    "staging fence": "race: .*no fence.proxy.async since",
 }
 
 
@@ -193,11 +216,15 @@ def test_planted_faults_are_caught(cases):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-@pytest.mark.parametrize(("head_dim", "causal", "precision"), [(128, False, "bf16"), (64, True, "fp16")])
-def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_dim, causal, precision):
+@pytest.mark.parametrize(
+    ("head_dim", "causal", "precision", "out"),
+    [(128, False, "bf16", None), (64, True, "fp16", "fp16"), (256, False, "bf16", None)],
+)
+def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_dim, causal, precision, out):
     from .test_sm90a import compiled_clean
 
-    p = built((2, 16, 4096, 4096, head_dim), {"causal": causal, "precision": precision}, "auto")
+    options = {"causal": causal, "precision": precision, "out": out}
+    p = built((2, 16, 4096, 4096, head_dim), options, "auto")
     art = spatialc.lower(p)
     assert art.budget.form == "sm90a"
     ops = [i.op for i in compiled_clean(art, tmp_path)]
@@ -205,4 +232,9 @@ def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_di
     ty = ".BF16" if precision == "bf16" else ""  # (cuobjdump names fp16 HGMMA by its accumulator alone)
     want = Counter({f"HGMMA.64x64x16.F32{ty}": head_dim // 16}) + Counter({f"HGMMA.64x{head_dim}x16.F32{ty}": 4})
     assert Counter(op for op in ops if op.startswith("HGMMA")) == want
+    # O: a TMA store a staging box of 128-byte rows (float32 O at 128: four; fp16 O at 64: one), 16-bit O written
+    # into it by stmatrix, a tile a warp at once (an instruction a tile of the lane's row: four at head_dim 64).
+    o_bytes = 2 if out else 4
+    assert Counter(ops)["UTMASTG.2D"] == head_dim * o_bytes // 128
+    assert Counter(ops)["STSM.16.M88.4"] == (head_dim // 16 if out else 0)
     assert not [op for op in ops if op.startswith(("LDL", "STL"))]  # nothing in local memory

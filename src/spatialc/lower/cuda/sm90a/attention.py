@@ -14,13 +14,18 @@ recurrence's rings in the compute warps' registers: `common/registers.py`) with 
   is waited for before the op after it: the stage it read goes back to the producer (one arrival a warp), and the
   softmax reads S, when it has retired.
 - Everything between the two matmuls — the mask, the scale, the running max and sum, α, the rescale of l and O,
-  P — and the epilogue O / l, LSE = m + log l are the register path's printers, the general form's own; the writer
-  is the general form's, O and LSE from their pages.
+  P — and the epilogue's values O / l, LSE = m + log l are the register path's printers, the general form's own.
+- The epilogue leaves from the consumers' registers; O's and LSE's pages and the writer's work are gone (`epilogue`):
+  O = acc / l is computed element by element into the warpgroup's swizzled staging box (16-bit O by stmatrix) and
+  goes out by one fence, one named barrier and one TMA store a box — the GEMM's store of C (`staging.py`), O stored
+  as a row-major matrix (each head's rows padded to whole bands). The boxes are a region of their own, not Q's
+  stage: shared memory is not what binds one warpgroup (176 KB at head_dim 256), and Q's stage reused would hold
+  the next item's Q until the last box had been read. LSE (64 floats an item) is stored by the lanes, each its rows'
+  four columns of the tiled page.
 
 What it does not do (yet): a second consumer warpgroup (FlashAttention-3's 128-row bands and ping-pong between two
-warpgroups on named barriers), the overlap of one block's softmax with the next block's S inside a warpgroup, and a
-TMA store of O. A block holds one warpgroup of 64 rows and the SM one block (its registers: the general form's
-246 a thread at head_dim 128), so the tensor cores wait while the softmax runs.
+warpgroups on named barriers) and the overlap of one block's softmax with the next block's S inside a warpgroup. A
+block holds one warpgroup of 64 rows and the SM one block, so the tensor cores wait while the softmax runs.
 """
 
 from __future__ import annotations
@@ -29,17 +34,31 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from ....ir.ids import BufferId, LoopVar
-from ....ir.nodes import Plan, SpatialProgram
-from ....ir.ops import AcquireAcc, ChoreoOp, Compute, Loop, MatmulTiles, Pop, ReadTiles, walk
+from ....ir.nodes import Plan, SpatialProgram, TensorRole
+from ....ir.ops import AcquireAcc, ChoreoOp, Compute, Loop, Map, MatmulTiles, Pop, Push, ReadTiles, WriteTiles, walk
 from ....target import WARP, SpatialTarget
-from ...census import marker
+from ...artifact import TensorMap
+from ...census import marker, stage_kind
 from ...errors import Unsupported
+from ..common import epilogue
+from ..common.cwriter import addr_expr, c_mul, c_sum
 from ..common.program import other_outputs
-from ..common.rings import Ring
+from ..common.rings import TILE_ELEMS, Ring
 from ..general import kernel as general
-from .plan import BARRIER_ALIGN, STAGE_ALIGN, WARPGROUP, WARPGROUP_ROWS, WGMMA_N_MAX, Warpgroups
+from . import staging
+from .plan import (
+    BARRIER_ALIGN,
+    STAGE_ALIGN,
+    WARPGROUP,
+    WARPGROUP_ROWS,
+    WGMMA_N_MAX,
+    Warpgroups,
+    box_swizzle,
+    staging_bytes,
+    store_chunk,
+)
 from .printer import DESC_SWIZZLE, HopperPrinter
-from .tma import Panels, tensor_maps
+from .tma import Panels, param_at, tensor_maps
 
 if TYPE_CHECKING:
     from ..cwriter import Writer
@@ -80,7 +99,25 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKer
         raise Unsupported(f"{len(side)} engines beside the compute engine", "they share one producer warpgroup")
     reader = [op for r in side for op in r.walk() if isinstance(op, ReadTiles)]
     maps, filled, panels, stored = tensor_maps(p, k.rings, reader)
+    # O and LSE leave shared memory: the consumers store them from their registers (`AttentionPrinter.epilogue`).
+    o_store, lse_store = written(p, side)
+    out = (k.rings.template[o_store.src], k.rings.template[lse_store.src])
+    rings = dataclasses.replace(k.rings, rings={r: v for r, v in k.rings.rings.items() if r not in out}, fused=out)
+    k = dataclasses.replace(
+        k,
+        rings=rings,
+        full_count={r: n for r, n in k.full_count.items() if r not in out},
+        empty_count={r: n for r, n in k.empty_count.items() if r not in out},
+    )
     offsets, dyn, barrier_bytes = general.layout(k.rings.rings, STAGE_ALIGN, BARRIER_ALIGN)
+    # O goes out through the consumer warpgroup's two swizzled staging boxes, a TMA store a box (`staging.py`).
+    dim_tiles = k.plan.block.osw  # O's columns: head_dim
+    chunk = store_chunk(dim_tiles, k.out_type)
+    offsets["out_stage"] = -(-dyn // STAGE_ALIGN) * STAGE_ALIGN
+    dyn = offsets["out_stage"] + staging_bytes(chunk, k.out_type, ONE_WARPGROUP)
+    o_at = param_at(p, o_store.tensor)
+    maps = (*maps, TensorMap(len(maps), o_at, (WARPGROUP_ROWS, chunk * 16), box_swizzle(chunk, k.out_type)))
+    stored = {**stored, o_at: "rows"}
     # Q's, K's and V's stages are read by the consumers' wgmma alone and freed once a warp's wait_group returns.
     template = k.rings.template
     popped = {template[op.buf] for op in compute.walk() if isinstance(op, Pop)}
@@ -89,6 +126,8 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKer
         k,
         full_count={r: (1 if r in filled else n) for r, n in k.full_count.items()},
         empty_count={r: (n // WARP if r in warp_freed else n) for r, n in k.empty_count.items()},
+        lane_grid=(WARPGROUP, 1),  # the consumer warps each a tile row of O, as the staged store takes them
+        perw=dim_tiles,
         offsets=offsets,
         dyn_bytes=dyn,
         barrier_bytes=barrier_bytes,
@@ -96,10 +135,40 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKer
     )
     plan = k.plan
     widths = ((plan.block.ibw * 16, "kb"), (plan.block.osw * 16, "rs"))
-    hk = HopperKernel(base, maps, filled, ONE_WARPGROUP, 0, panels=panels, stored=stored, warp_freed=warp_freed)
+    hk = HopperKernel(
+        base,
+        maps,
+        filled,
+        ONE_WARPGROUP,
+        dim_tiles * 16,
+        store=o_store,
+        chunk=chunk,
+        panels=panels,
+        stored=stored,
+        warp_freed=warp_freed,
+    )
     hk = dataclasses.replace(hk, wgmmas=widths)
     check_resources(hk, target)
     return hk
+
+
+def written(p: SpatialProgram, side: list[general.Role]) -> tuple[WriteTiles, WriteTiles]:
+    """The writer's stores of O and of LSE (the program's two outputs, in that order), which the consumers make."""
+    stores = {op.tensor: op for r in side for op in r.walk() if isinstance(op, WriteTiles)}
+    outs = [t.id for t in p.tensors if t.role == TensorRole.OUTPUT]
+    if len(outs) != 2 or set(stores) != set(outs):
+        raise Unsupported(f"attention writing {len(stores)} of {len(outs)} outputs", "its writer stores O and LSE")
+    o, lse = (stores[t] for t in outs)
+    if not staged_page(p, o):
+        raise Unsupported("O's pages off its tile grid's rows", "a TMA store box is a rectangle of whole tiles")
+    return o, lse
+
+
+def staged_page(p: SpatialProgram, store: WriteTiles) -> bool:
+    """Whether `store`'s page is a box of its tensor's row-major tile grid (a grouped tensor's groups each padded
+    to whole bands, as attention's are: a band never straddles two)."""
+    t = p.tensor(store.tensor)
+    return (store.stride_h, store.stride_w) == (t.tiles[1], 1)
 
 
 class AttentionPrinter(HopperPrinter):
@@ -116,10 +185,54 @@ class AttentionPrinter(HopperPrinter):
                 self.wgmma_rs(mm, a, self.kept(b), acc, mark)
             case Compute(op=MatmulTiles() as mm, ins=(a, b), acc=acc) if acc is not None:
                 self.wgmma_kb(mm, self.kept(a), self.kept(b), acc, mark)
+            case Compute(op=Map() as m, ins=ins, outs=(dst,)) if self.k.rings.is_fused(dst):
+                self.epilogue(m, ins, dst, env, mark)
+            case Push(buf) if self.k.rings.is_fused(buf):
+                self.w.line("", f"{mark} (stored from registers: no ring)")
             case _ if self.register_op(op, env, mark):
                 pass
             case _:
                 super().op(op, env)
+
+    def epilogue(self, m: Map, ins: tuple[BufferId, ...], dst: BufferId, env: dict[LoopVar, str], mark: str) -> None:
+        """The map that makes O (O = acc / l) or LSE (m + log l), stored from the consumers' registers: O through
+        the warpgroup's swizzled staging boxes and a TMA store a box (`staging.swizzled_store`, the GEMM's store of
+        C), each element computed where it is staged; LSE by the lanes themselves, each its rows' four columns of
+        the tiled page (a row's value in each of its 16), as the writer stored the page."""
+        rings = self.k.rings
+        if rings.template[dst] == rings.fused[0]:
+            assert self.hk.store is not None
+            f = self.frags_of(next(b for b in ins if self.k.in_registers[rings.template[b]] is not None))
+
+            def no_pos(node: object) -> str:
+                raise Unsupported("a position in attention's final map", "O / l places no element")
+
+            def value(i: str) -> str:
+                e = i if i.isidentifier() else f"({i})"
+                return self.fragment_value(m, ins, f, epilogue.value, no_pos, e)
+
+            self.w.line(f"// {stage_kind(m)}: each element computed where it is staged", mark)
+            staging.swizzled_store(self, self.hk.store, env, marker(self.hk.store), [], value, str(f.count))
+            return
+        store = next(
+            op
+            for r in self.k.roles[1:]
+            for op in r.walk()
+            if isinstance(op, WriteTiles) and rings.template[op.src] == rings.template[dst]
+        )
+        ty = self.out_types.get(int(store.tensor), "OUT_T")
+        with self.w.block("", mark):
+            self.w.line(f"{ty}* const lse = t{int(store.tensor)};  // (t4 is the lane's place in its quad below)")
+            self.lane_place()
+            base = f"const long long base = (long long)({addr_expr(store.at, env)});"
+            self.w.line(base, f"{marker(store)} (the lanes' own rows, from registers)")
+            with self.unrolled("for (int s = 0; s < RROWS; ++s)"):
+                self.w.line(f"const float v = {self.row_value(m, ins, epilogue.value)};")
+                self.w.line(f"const int row = {self.vector_row()};")
+                self.w.line(f"const long long tile = {c_sum('base', c_mul('(long long)(row / 16)', store.stride_h))};")
+                with self.unrolled("for (int c = 0; c < 4; ++c)"):
+                    at = f"tile * {TILE_ELEMS} + (row % 16) * 16 + 4 * t4 + c"
+                    self.w.line(f"SPATIALC_OUT_ST(&lse[{at}], ({ty})v);")
 
     def acc_of(self, acc: BufferId, n: int):
         """The fragments of accumulator `acc`, which must be one wgmma's of width `n`: the warp's one tile row."""
