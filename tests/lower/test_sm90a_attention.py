@@ -71,13 +71,23 @@ def test_the_form_prints_two_wgmma_shapes_around_the_register_path(cases):
     assert re.search(wgmma.format(64) + r"%32, %33, p, 1, 1, 0, 0;", text)
     assert re.search(wgmma.format(128) + r"\{%64, %65, %66, %67\}, %68, p, 1, 1, 1;", text)
     compute = text[text.index("// compute: the consumer warpgroups") :]
-    assert compute.count("spatialc_wgmma_kb<64, OPT>(accf_") == 1 and compute.count("spatialc_wgmma_rs<128, OPT>(") == 1
     assert "spatialc_mma(" not in compute and "spatialc_load_b" not in compute  # no mma.sync, no ldmatrix of K or V
-    assert compute.count("spatialc_load_a_acc(af[kk], rr_") == 1  # P's fragments: the RS wgmma's A
-    # The recurrence between them is the register path's: the same rescale lines as the general form prints.
+    # The serial schedule (each matmul waited for): one S, one P·V, P's fragments loaded once — the RS wgmma's A.
+    serial = spatialc.lower(p, schedule="serial").kernel_cu
+    serial = serial[serial.index("// compute: the consumer warpgroups") :]
+    assert serial.count("spatialc_wgmma_kb<64, OPT>(accf_") == 1 and serial.count("spatialc_wgmma_rs<128, OPT>(") == 1
+    assert serial.count("spatialc_load_a_acc(af[kk], rr_") == 1
+    # The overlapped one (the default at head_dim 128): the first block's S before the loop, each step issuing the
+    # next one's, and the last step after the loop — S, P·V and the recurrence printed twice, their copies `pre` and
+    # `post` in the census.
+    assert compute.count("spatialc_wgmma_kb<64, OPT>(accf_") == 2 and compute.count("spatialc_wgmma_rs<128, OPT>(") == 2
+    assert compute.count("// pre:Compute:MatmulTiles") == 1 and compute.count("// post:Compute:MatmulTiles") == 1
+    # The recurrence between them is the register path's: the same rescale lines as the general form prints (and,
+    # overlapped, their copy for the last step).
     general = spatialc.lower(built((1, 1, 100, 200, 128), {"causal": True}, "general", (4, 4, 1)), form="general")
     for line in ("op:Compute:ScaleAcc", "__shfl_xor_sync(0xffffffffu, v, 1)", "spatialc_exp(spatialc_fsub(rr_"):
-        assert compute.count(line) == general.kernel_cu.count(line) > 0, line
+        assert serial.count(line) == general.kernel_cu.count(line) > 0, line
+    assert compute.count("op:Compute:ScaleAcc") == compute.count("post:Compute:ScaleAcc") == serial.count("ScaleAcc")
     # Q, K and V by TMA (a box a 128-byte panel: two a row at head_dim 128), stored as matrices; O goes out by TMA
     # store from the warpgroup's swizzled staging box (64 rows of 32 float32 columns: 128 bytes a row), a matrix
     # too; LSE stays tiled, stored by the lanes. O and LSE leave shared memory's rings and the writer.
@@ -94,6 +104,34 @@ def test_the_form_prints_two_wgmma_shapes_around_the_register_path(cases):
     assert "SPATIALC_OUT_ST(&lse[tile * 256 + (row % 16) * 16 + 4 * t4 + c], (OUT_T)v);" in lse
     # The causal band's KV blocks: a count per item, in the reader and the consumers alike.
     assert len(re.findall(r"const long long trip_k_v = ", text)) == 2
+
+
+def test_the_overlapped_schedule_issues_the_next_s_before_the_softmax_and_waits_for_it_before_o(cases):
+    text = cases["plain"][1].kernel_cu  # two KV blocks: the loop's one step, then the last
+    loop = text[text.index("for (int k = 0; k + 1 < 2; ++k) {  // op:Loop") : text.index("the last block: no next S")]
+    steps = (
+        "spatialc_wgmma_wait<1>();  // S of this block has retired",
+        "spatialc_mbar_arrive(&empty_1",  # K's stage back
+        "rr_5[q * 8 + e] = accf_14[q].x[e];",  # S copied to the register ring the softmax reads …
+        "spatialc_wgmma_kb<64, OPT>(accf_14",  # … before the next S is issued into its accumulators
+        "op:Compute:Map_mask",  # the softmax while it runs
+        "spatialc_wgmma_wait<0>();  // P·V of the block before has retired, and the next S",
+        "accf_17[q].x[e] *= rr_10[",  # O rescaled only then
+        "spatialc_wgmma_rs<64, OPT>(accf_17",  # and P·V issued, left in flight into the next step
+    )
+    at = [loop.index(step) for step in steps]
+    assert at == sorted(at) and loop.count("spatialc_wgmma_commit();") == 2 and loop.count("spatialc_wgmma_wait<") == 2
+    # Above head_dim 128 the second set of S registers would spill: the default is serial, and asking is refused.
+    wide = built((1, 2, 64, 128, 256), {})
+    assert "the last block: no next S" not in spatialc.lower(wide).kernel_cu
+    with pytest.raises(Unsupported, match=r"overlapped attention schedule at head_dim 256.*schedule='serial'"):
+        spatialc.lower(wide, schedule="overlapped")
+    shallow = spatialc.build(spatialc.attention(1, 2, 64, 128, 64), "sm_90a", form="sm90a", depth=1)
+    assert "the last block: no next S" not in spatialc.lower(shallow).kernel_cu  # one stage: serial
+    with pytest.raises(Unsupported, match=r"k_ring 1 stage deep: it waits for the next K before releasing this V"):
+        spatialc.lower(shallow, schedule="overlapped")
+    with pytest.raises(Unsupported, match=r"schedule='serial' in the general form"):
+        spatialc.lower(built((1, 2, 64, 128, 64), {}, "general"), form="general", schedule="serial")
 
 
 def test_auto_on_sm90a_prints_it_and_the_other_forms_say_what_they_print():
@@ -143,6 +181,9 @@ def test_the_emulation_lies_within_the_interpreters_bound_and_equals_the_general
     if name == "plain":  # the wgmma run when issued instead of at their wait_group: the same values
         early = spatialc.emulate(art, given, mode="early", timeout=600)
         assert all(np.array_equal(early[n], out[n]) for n in ("o", "lse"))
+        # and the serial schedule (each matmul waited for) the overlapped one's bits
+        serial = spatialc.emulate(spatialc.lower(p, schedule="serial"), given, timeout=600)
+        assert all(np.array_equal(serial[n], out[n]) for n in ("o", "lse"))
 
 
 # Planted faults in the emulated text of the "plain" case: each must leave the interpreter's answer or stop the run.
@@ -159,6 +200,10 @@ def _faults(text: str) -> dict[str, str]:
     swizzle = "#define OUT_SWZ(b) ((b) ^ ((((b) >> 7) & OUT_SWIZZLE) << 4))"
     fence = "spatialc_fence_proxy_async();  // the thread's staged values"
     assert text.count(swizzle) == 1 and text.count(fence) == 1
+    # The loop's softmax reading the next S's accumulators, in flight, instead of this block's copy of S.
+    issued = text.index("// the next block's S: the tensor cores run it during this block's softmax")
+    mask = text.index("op:Compute:Map_mask", issued)
+    s_read = text.index("rr_5[q * 8 + e]", mask)
     return {
         # K read MN-major (the GEMM's B: imm-trans-b 1) instead of K-major.
         "transpose bit": text[:s_block] + text[s_block:].replace("spatialc_wgmma_kb<", "spatialc_wgmma<", 1),
@@ -172,6 +217,7 @@ def _faults(text: str) -> dict[str, str]:
         "staging swizzle": text.replace(swizzle, "#define OUT_SWZ(b) (b)"),
         # O's staged values not made visible to the async proxy before the TMA store reads them.
         "staging fence": text.replace(fence, "// " + fence),
+        "S in flight": text[:s_read] + "accf_14[q].x[e]" + text[s_read + len("rr_5[q * 8 + e]") :],
     }
 
 
@@ -190,6 +236,7 @@ CAUGHT = {
     "early release": f"{RACE_ON_K}|mismatch$",
     "staging swizzle": "mismatch$",
     "staging fence": "race: .*no fence.proxy.async since",
+    "S in flight": "mismatch$",  # (the emulation runs a wgmma at its wait: the registers read are S's zeros)
 }
 
 
@@ -230,7 +277,11 @@ def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_di
     ops = [i.op for i in compiled_clean(art, tmp_path)]
     # S: a wgmma 64 keys wide per 16 of head_dim; P·V: one head_dim wide per 16 of the block's 64 keys.
     ty = ".BF16" if precision == "bf16" else ""  # (cuobjdump names fp16 HGMMA by its accumulator alone)
-    want = Counter({f"HGMMA.64x64x16.F32{ty}": head_dim // 16}) + Counter({f"HGMMA.64x{head_dim}x16.F32{ty}": 4})
+    # The overlapped schedule (head_dim 128 and below) prints each twice: the first S before the loop, the last P·V
+    # after it; at 256 the serial one, once.
+    twice = 2 if head_dim <= 128 else 1
+    want = Counter({f"HGMMA.64x64x16.F32{ty}": twice * head_dim // 16})
+    want += Counter({f"HGMMA.64x{head_dim}x16.F32{ty}": twice * 4})  # (at head_dim 64 the same shape as S's)
     assert Counter(op for op in ops if op.startswith("HGMMA")) == want
     # O: a TMA store a staging box of 128-byte rows (float32 O at 128: four; fp16 O at 64: one), 16-bit O written
     # into it by stmatrix, a tile a warp at once (an instruction a tile of the lane's row: four at head_dim 64).

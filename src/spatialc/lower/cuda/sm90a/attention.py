@@ -57,6 +57,16 @@ from .plan import (
     staging_bytes,
     store_chunk,
 )
+from .overlap import (
+    OVERLAP_HEAD_DIM_MAX,
+    OVERLAPPED,
+    SCHEDULES,
+    SERIAL,
+    kv_loops,
+    kv_step,
+    least_trip,
+    overlapped_loop,
+)
 from .printer import DESC_SWIZZLE, HopperPrinter
 from .tma import Panels, param_at, tensor_maps
 
@@ -81,10 +91,14 @@ def check_attention_plan(plan: Plan) -> None:
             raise Unsupported(f"{what} of {tiles * 16}", f"one wgmma is at most {WGMMA_N_MAX} columns wide")
 
 
-def make_attention_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKernel:
+def make_attention_kernel(p: SpatialProgram, target: SpatialTarget, schedule: str | None = None) -> HopperKernel:
     """The general form's attention kernel re-laid-out for sm_90a: Q, K and V landed by the copy engine in panels,
-    one consumer warpgroup."""
+    one consumer warpgroup; its KV loop as `schedule` says (`overlap.SCHEDULES`; None: overlapped where its registers
+    fit, `OVERLAP_HEAD_DIM_MAX`, and the plan's K and V have two stages)."""
     from .kernel import HopperKernel, check_resources
+
+    if schedule is not None and schedule not in SCHEDULES:
+        raise Unsupported(f"the attention schedule {schedule!r}", f"it is one of {', '.join(SCHEDULES)}")
 
     check_attention_plan(p.plans[0])
     lanes = dataclasses.replace(target, accumulator_lanes=WARPGROUP)
@@ -147,7 +161,23 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget) -> HopperKer
         stored=stored,
         warp_freed=warp_freed,
     )
-    hk = dataclasses.replace(hk, wgmmas=widths)
+    if schedule == OVERLAPPED and dim_tiles * 16 > OVERLAP_HEAD_DIM_MAX:
+        raise Unsupported(
+            f"the overlapped attention schedule at head_dim {dim_tiles * 16}",
+            f"its second set of S registers spills past 255 a thread above head_dim {OVERLAP_HEAD_DIM_MAX}: lower"
+            " with schedule='serial'",
+        )
+    loops = [loop for ops in compute.programs for loop in kv_loops(ops)]
+    if schedule == OVERLAPPED and any(least_trip(loop) < 1 for loop in loops):
+        raise Unsupported(
+            "the overlapped attention schedule where an item may run no KV block",
+            "its first S is issued before the loop: lower with schedule='serial'",
+        )
+    if schedule is None:  # the overlapped schedule where its registers fit, K and V have two stages, every item a step
+        fits = dim_tiles * 16 <= OVERLAP_HEAD_DIM_MAX and k.plan.depth >= 2
+        fits = fits and all(least_trip(loop) >= 1 for loop in loops)
+        schedule = OVERLAPPED if fits else SERIAL
+    hk = dataclasses.replace(hk, wgmmas=widths, schedule=schedule)
     check_resources(hk, target)
     return hk
 
@@ -175,12 +205,18 @@ class AttentionPrinter(HopperPrinter):
     """The sm_90a engine printer with attention's two matmuls as wgmma: S from shared memory (K-major B), P·V with
     P from registers. Every other op of the recurrence is the register path's (`register_op`)."""
 
+    overlapping = False  # printing the overlapped KV loop (`overlap.py`): each matmul only committed, not waited for
+
     def pipelined(self, loop: Loop) -> bool:
-        return False  # each matmul waits for its own group: the softmax reads S, and P's registers are V's A
+        return False  # (the GEMM's K loop; attention's KV loop is `overlap.py`'s)
 
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
         match op:
+            case Loop() if self.hk.schedule == OVERLAPPED and (step := kv_step(op)) is not None:
+                self.overlapping = True
+                overlapped_loop(self, op, step, env, mark)
+                self.overlapping = False
             case Compute(op=MatmulTiles() as mm, ins=(a, b), acc=acc) if acc is not None and self.held(a):
                 self.wgmma_rs(mm, a, self.kept(b), acc, mark)
             case Compute(op=MatmulTiles() as mm, ins=(a, b), acc=acc) if acc is not None:
@@ -242,8 +278,11 @@ class AttentionPrinter(HopperPrinter):
         return f
 
     def retire(self, name: str) -> None:
-        """Commit the group and wait for it: the stages it read may go back, its accumulators be read."""
+        """Commit the group and wait for it: the stages it read may go back, its accumulators be read (overlapped:
+        commit it only; the loop waits)."""
         self.w.line("spatialc_wgmma_commit();")
+        if self.overlapping:
+            return
         self.w.line("spatialc_wgmma_wait<0>();  // retired: its stage may go back, its accumulators be read")
         self.w.line(f"spatialc_acc_fence({name});  // nothing reads them before the wait")
 
@@ -282,7 +321,8 @@ class AttentionPrinter(HopperPrinter):
         desc = f"spatialc_wgmma_desc({page} + kk * 16 * {pb.width}, {pb.bytes}u, {8 * pb.width}u, "
         desc += f"{DESC_SWIZZLE[pb.width]}u)"
         with self.w.block("", mark):
-            self.w.line(f"spatialc_frag<OPT> af[{keys}];  // P of each 16 keys, wgmma's A: held until it retires")
+            if not self.overlapping:  # (else declared before the loop: held into the next step)
+                self.w.line(f"spatialc_frag<OPT> af[{keys}];  // P of each 16 keys, wgmma's A: held until it retires")
             with self.unrolled(f"for (int kk = 0; kk < {keys}; ++kk)"):
                 self.w.line(f"spatialc_load_a_acc(af[kk], {self.rr(a)} + kk * 8);")
                 self.w.line("spatialc_frag_fence(af[kk]);")
