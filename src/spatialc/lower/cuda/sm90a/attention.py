@@ -23,9 +23,11 @@ recurrence's rings in the compute warps' registers: `common/registers.py`) with 
   the next item's Q until the last box had been read. LSE (64 floats an item) is stored by the lanes, each its rows'
   four columns of the tiled page.
 
+- The KV loop overlaps each block's softmax with the next block's S where ptxas fits the second set of S registers
+  (`overlap.py`, the schedule "overlapped"); "serial" waits for each matmul before the op after it.
+
 What it does not do (yet): a second consumer warpgroup (FlashAttention-3's 128-row bands and ping-pong between two
-warpgroups on named barriers) and the overlap of one block's softmax with the next block's S inside a warpgroup. A
-block holds one warpgroup of 64 rows and the SM one block, so the tensor cores wait while the softmax runs.
+warpgroups on named barriers). A block holds one warpgroup of 64 rows and the SM one block.
 """
 
 from __future__ import annotations
@@ -46,6 +48,16 @@ from ..common.program import other_outputs
 from ..common.rings import TILE_ELEMS, Ring
 from ..general import kernel as general
 from . import staging
+from .overlap import (
+    OVERLAP_HEAD_DIM_MAX,
+    OVERLAPPED,
+    SCHEDULES,
+    SERIAL,
+    kv_loops,
+    kv_step,
+    least_trip,
+    overlapped_loop,
+)
 from .plan import (
     BARRIER_ALIGN,
     STAGE_ALIGN,
@@ -56,16 +68,6 @@ from .plan import (
     box_swizzle,
     staging_bytes,
     store_chunk,
-)
-from .overlap import (
-    OVERLAP_HEAD_DIM_MAX,
-    OVERLAPPED,
-    SCHEDULES,
-    SERIAL,
-    kv_loops,
-    kv_step,
-    least_trip,
-    overlapped_loop,
 )
 from .printer import DESC_SWIZZLE, HopperPrinter
 from .tma import Panels, param_at, tensor_maps

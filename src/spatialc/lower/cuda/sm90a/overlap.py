@@ -84,10 +84,15 @@ def kv_step(loop: Loop) -> KvStep | None:
     pop_k = body[s_at + 1]
     released = [i for i, op in enumerate(body) if isinstance(op, ReleaseAcc) and op.buf == s.acc]
     on_o = [i for i, op in enumerate(body) if isinstance(op, Compute) and op.acc == pv.acc]
+    rescale = body[on_o[0]] if on_o else None
     if not isinstance(pop_k, Pop) or pop_k.buf != s.ins[1] or len(released) != 1 or not on_o:
         return None
     pop_v = body[pv_at + 1] if pv_at + 1 < len(body) else None
-    if not isinstance(pop_v, Pop) or pop_v.buf != pv.ins[1] or not isinstance(body[on_o[0]].op, ScaleAcc):
+    if (
+        not isinstance(pop_v, Pop)
+        or pop_v.buf != pv.ins[1]
+        or not (isinstance(rescale, Compute) and isinstance(rescale.op, ScaleAcc))
+    ):
         return None
     if not s_at + 1 < released[0] < on_o[0] < pv_at:
         return None
