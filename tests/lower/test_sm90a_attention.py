@@ -33,8 +33,10 @@ CASES = {
     "plain": ((1, 2, 64, 128, 64), {}),  # two KV blocks, two heads
     "causal_gqa_ragged": ((1, 4, 40, 72, 32), {"kv_heads": 2, "causal": True}),  # padding masked, 64-byte panels
     "causal_d128": ((1, 1, 100, 200, 128), {"causal": True}),  # head_dim 128: two panels a row, ragged both ways
-    "gqa_fp16": ((1, 4, 64, 96, 64), {"kv_heads": 1, "precision": "fp16"}),  # four query heads on one KV head
+    # two query heads on one KV head, bands of 128 rows: two consumer warpgroups (the block forced below)
+    "two_warpgroups_gqa_fp16": ((1, 2, 128, 96, 64), {"kv_heads": 1, "precision": "fp16"}),
 }
+BLOCKS = {"two_warpgroups_gqa_fp16": (8, 4, 1)}  # (the planner's bands are of 64 rows)
 # The cases also emulated in the general form at the same plan and compared bit for bit (the others, against the
 # interpreter's bound alone: each general-form emulation is one more compile and run, and these two cover a plain
 # and a causal, grouped, ragged plan).
@@ -50,7 +52,7 @@ def cases():
     """Each case built for the sm_90a form and lowered (once for the module)."""
     out = {}
     for name, (shape, options) in CASES.items():
-        p = built(shape, options)
+        p = built(shape, options, block=BLOCKS.get(name))
         out[name] = (p, spatialc.lower(p), shape, options)
     return out
 
@@ -155,8 +157,19 @@ def test_head_dim_256_fits_once_o_and_lse_leave_shared_memory():
 
 
 def test_a_band_other_than_one_warpgroup_is_refused_by_name():
-    with pytest.raises(Unsupported, match=r"attention bands of 32 query rows.*use a block of 4 query tile rows"):
+    with pytest.raises(Unsupported, match=r"attention bands of 32 query rows.*use a block of 4 or 8 query tile rows"):
         spatialc.lower(built((1, 1, 64, 64, 64), {}, block=(2, 4, 1)))
+
+
+def test_bands_of_128_rows_take_two_consumer_warpgroups(cases):
+    p, art, _, _ = cases["two_warpgroups_gqa_fp16"]
+    bud, text = art.budget, art.kernel_cu
+    assert bud.form == "sm90a" and art.census.agrees and (bud.threads, bud.blocks_per_sm) == (384, 1)
+    # setmaxnreg moves the producer's registers to them; each warpgroup's S reads its own 64 rows of Q's page.
+    assert "spatialc_regs_dec<40>();" in text and "spatialc_regs_inc<232>();" in text
+    assert text.count(" + (warp / 4) * 8192, 16u, 1024u, 1u), spatialc_wgmma_desc(") == 2  # (S's two copies)
+    assert art.launch.tensor_maps[0].box == (128, 64) and bud.staging_bytes == 2 * 2 * 64 * 32 * 4  # 2 boxes each
+    assert "#define EMPTY_COUNT_1 8" in text  # K's stage freed by both warpgroups' warps
 
 
 # ---- emulated ----------------------------------------------------------------------------------------------------
@@ -264,14 +277,21 @@ def test_planted_faults_are_caught(cases):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 @pytest.mark.parametrize(
-    ("head_dim", "causal", "precision", "out"),
-    [(128, False, "bf16", None), (64, True, "fp16", "fp16"), (256, False, "bf16", None)],
+    ("head_dim", "causal", "precision", "out", "rows"),
+    [
+        (128, False, "bf16", None, 4),
+        (64, True, "fp16", "fp16", 4),
+        (256, False, "bf16", None, 4),
+        (128, False, "bf16", None, 8),  # two consumer warpgroups: ptxas fits them in the launch's 168 registers
+    ],
 )
-def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_dim, causal, precision, out):
+def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_dim, causal, precision, out, rows):
     from .test_sm90a import compiled_clean
 
     options = {"causal": causal, "precision": precision, "out": out}
-    p = built((2, 16, 4096, 4096, head_dim), options, "auto")
+    p = built(
+        (2, 16, 4096, 4096, head_dim), options, "auto" if rows == 4 else "sm90a", (rows, 4, 1) if rows == 8 else None
+    )
     art = spatialc.lower(p)
     assert art.budget.form == "sm90a"
     ops = [i.op for i in compiled_clean(art, tmp_path)]
@@ -288,4 +308,5 @@ def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_di
     o_bytes = 2 if out else 4
     assert Counter(ops)["UTMASTG.2D"] == head_dim * o_bytes // 128
     assert Counter(ops)["STSM.16.M88.4"] == (head_dim // 16 if out else 0)
+    assert sum(op.startswith("USETMAXREG") for op in ops) == (2 if rows == 8 else 0)
     assert not [op for op in ops if op.startswith(("LDL", "STL"))]  # nothing in local memory

@@ -26,8 +26,13 @@ recurrence's rings in the compute warps' registers: `common/registers.py`) with 
 - The KV loop overlaps each block's softmax with the next block's S where ptxas fits the second set of S registers
   (`overlap.py`, the schedule "overlapped"); "serial" waits for each matmul before the op after it.
 
-What it does not do (yet): a second consumer warpgroup (FlashAttention-3's 128-row bands and ping-pong between two
-warpgroups on named barriers). A block holds one warpgroup of 64 rows and the SM one block.
+- A forced block of 8 query tile rows makes bands of 128 rows: two consumer warpgroups, 64 rows each (Q's descriptor
+  starting at the warpgroup's 64 rows of the band's page), K's and V's stages shared and freed once both have read
+  them (one arrival a warp), setmaxnreg giving them the producer's registers, each its own staging boxes. The
+  planner does not choose them (nothing has timed them yet).
+
+What it does not do (yet): FlashAttention-3's ping-pong — named barriers ordering the two warpgroups' matmuls so
+that one's softmax runs under the other's (here the warp schedulers interleave them as they come).
 """
 
 from __future__ import annotations
@@ -76,17 +81,22 @@ if TYPE_CHECKING:
     from ..cwriter import Writer
     from .kernel import HopperKernel
 
-ONE_WARPGROUP = Warpgroups(1, 1)  # one consumer warpgroup and the producer's, the SM's registers alone
+
+def attention_warpgroups(plan: Plan) -> Warpgroups:
+    """The consumer warpgroups of a band: one of 64 query rows (the planner's bands; the SM's registers its alone),
+    or two of 128 (a forced block of 8 query tile rows: setmaxnreg moves the producer's registers to them)."""
+    return Warpgroups(plan.block.osh * 16 // WARPGROUP_ROWS, 1)
 
 
 def check_attention_plan(plan: Plan) -> None:
-    """The bands and blocks the form takes: 64 query rows (one consumer warpgroup), blocks of keys and head_dim
-    each at most one wgmma wide."""
+    """The bands and blocks the form takes: 64 or 128 query rows (one or two consumer warpgroups), blocks of keys and
+    head_dim each at most one wgmma wide."""
     bh, dt, bw = plan.block.osh, plan.block.osw, plan.block.ibw
-    if bh * 16 != WARPGROUP_ROWS:
+    if bh * 16 not in (WARPGROUP_ROWS, 2 * WARPGROUP_ROWS):
         raise Unsupported(
             f"attention bands of {bh * 16} query rows",
-            f"the sm_90a form's one consumer warpgroup holds {WARPGROUP_ROWS}: use a block of 4 query tile rows",
+            f"the sm_90a form's consumer warpgroups hold {WARPGROUP_ROWS} each, one or two: use a block of 4 or 8"
+            " query tile rows",
         )
     for what, tiles in (("blocks of keys", bw), ("head_dim", dt)):
         if tiles * 16 > WGMMA_N_MAX:
@@ -103,13 +113,14 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget, schedule: st
         raise Unsupported(f"the attention schedule {schedule!r}", f"it is one of {', '.join(SCHEDULES)}")
 
     check_attention_plan(p.plans[0])
-    lanes = dataclasses.replace(target, accumulator_lanes=WARPGROUP)
+    wg = attention_warpgroups(p.plans[0])
+    lanes = dataclasses.replace(target, accumulator_lanes=WARPGROUP * wg.consumers)
     k = general.make_kernel(p, lanes, fit=False)  # its shared memory is laid out again below, and checked then
     compute, *side = k.roles
-    if compute.warps != WARPGROUP or compute.first_warp != 0 or not k.in_registers:
+    if compute.warps != WARPGROUP * wg.consumers or compute.first_warp != 0 or not k.in_registers:
         raise Unsupported(
             f"an attention compute engine on {compute.warps} warps, its recurrence in shared memory",
-            "the sm_90a form's consumer warpgroup holds the band's 64 rows, its recurrence in registers",
+            "the sm_90a form's consumer warpgroups hold the band's rows, 64 each, its recurrence in registers",
         )
     if sum(r.warps for r in side) > WARPGROUP:
         raise Unsupported(f"{len(side)} engines beside the compute engine", "they share one producer warpgroup")
@@ -130,7 +141,7 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget, schedule: st
     dim_tiles = k.plan.block.osw  # O's columns: head_dim
     chunk = store_chunk(dim_tiles, k.out_type)
     offsets["out_stage"] = -(-dyn // STAGE_ALIGN) * STAGE_ALIGN
-    dyn = offsets["out_stage"] + staging_bytes(chunk, k.out_type, ONE_WARPGROUP)
+    dyn = offsets["out_stage"] + staging_bytes(chunk, k.out_type, wg)
     o_at = param_at(p, o_store.tensor)
     maps = (*maps, TensorMap(len(maps), o_at, (WARPGROUP_ROWS, chunk * 16), box_swizzle(chunk, k.out_type)))
     stored = {**stored, o_at: "rows"}
@@ -142,12 +153,12 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget, schedule: st
         k,
         full_count={r: (1 if r in filled else n) for r, n in k.full_count.items()},
         empty_count={r: (n // WARP if r in warp_freed else n) for r, n in k.empty_count.items()},
-        lane_grid=(WARPGROUP, 1),  # the consumer warps each a tile row of O, as the staged store takes them
+        lane_grid=(WARPGROUP * wg.consumers, 1),  # each consumer warp a tile row of O, as the staged store takes it
         perw=dim_tiles,
         offsets=offsets,
         dyn_bytes=dyn,
         barrier_bytes=barrier_bytes,
-        blocks_per_sm=ONE_WARPGROUP.blocks,
+        blocks_per_sm=wg.blocks,
     )
     plan = k.plan
     widths = ((plan.block.ibw * 16, "kb"), (plan.block.osw * 16, "rs"))
@@ -155,7 +166,7 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget, schedule: st
         base,
         maps,
         filled,
-        ONE_WARPGROUP,
+        wg,
         dim_tiles * 16,
         store=o_store,
         chunk=chunk,
@@ -275,7 +286,7 @@ class AttentionPrinter(HopperPrinter):
     def acc_of(self, acc: BufferId, n: int):
         """The fragments of accumulator `acc`, which must be one wgmma's of width `n`: the warp's one tile row."""
         f = self.k.layers[self.k.rings.template[acc]]
-        if f.lane_grid != (WARPGROUP, 1) or f.perw != n // 16:
+        if f.lane_grid[1] != 1 or f.perw != n // 16:
             raise Unsupported(f"an accumulator of {f.perw} tiles a warp", f"a wgmma of {n} columns writes {n // 16}")
         return f
 
@@ -297,16 +308,17 @@ class AttentionPrinter(HopperPrinter):
         pa, pb = self.panels(a), self.panels(b)
         kb = "(kk * 16 * (int)sizeof(OPT))"  # the instruction's first byte of K
 
-        def k_major(ring: Ring, pan: Panels) -> str:
+        def k_major(ring: Ring, pan: Panels, band: str = "") -> str:
             page = f"(const char*)({self.read_page(ring.id)})"
-            at = f"{page} + ({kb} / {pan.width}) * {pan.bytes} + {kb} % {pan.width}"
+            at = f"{page} + ({kb} / {pan.width}) * {pan.bytes} + {kb} % {pan.width}{band}"
             return f"spatialc_wgmma_desc({at}, 16u, {8 * pan.width}u, {DESC_SWIZZLE[pan.width]}u)"
 
+        band = f" + (warp / {WARPGROUP}) * {WARPGROUP_ROWS * pa.width}" if self.hk.wg.consumers > 1 else ""
         with self.w.block("", mark):
             self.w.line(f"spatialc_acc_fence({f.name});  // their zeroing stays before the fence")
             self.w.line("spatialc_wgmma_fence();")
             with self.unrolled(f"for (int kk = 0; kk < {mm.block.ibw}; ++kk)"):
-                self.w.line(f"spatialc_wgmma_kb<{n}, OPT>({f.name}, {k_major(a, pa)}, {k_major(b, pb)});")
+                self.w.line(f"spatialc_wgmma_kb<{n}, OPT>({f.name}, {k_major(a, pa, band)}, {k_major(b, pb)});")
             self.retire(f.name)
 
     def wgmma_rs(self, mm: MatmulTiles, a: BufferId, b: Ring, acc: BufferId, mark: str) -> None:
@@ -316,7 +328,7 @@ class AttentionPrinter(HopperPrinter):
         n, keys = mm.block.osw * 16, mm.block.ibw
         f = self.acc_of(acc, n)
         fa = self.frags_of(a)
-        if fa.lane_grid != (WARPGROUP, 1) or fa.perw != keys:
+        if fa.lane_grid[1] != 1 or fa.perw != keys:
             raise Unsupported(f"P in {fa.perw} fragments a warp", f"its K is the block's {keys} key tiles")
         pb = self.panels(b)
         page = f"(const char*)({self.read_page(b.id)})"
