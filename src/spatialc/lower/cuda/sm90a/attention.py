@@ -286,7 +286,7 @@ class AttentionPrinter(HopperPrinter):
     def acc_of(self, acc: BufferId, n: int):
         """The fragments of accumulator `acc`, which must be one wgmma's of width `n`: the warp's one tile row."""
         f = self.k.layers[self.k.rings.template[acc]]
-        if f.lane_grid[1] != 1 or f.perw != n // 16:
+        if f.lane_grid != (self.hk.wg.consumers * WARPGROUP, 1) or f.perw != n // 16:
             raise Unsupported(f"an accumulator of {f.perw} tiles a warp", f"a wgmma of {n} columns writes {n // 16}")
         return f
 
@@ -328,7 +328,7 @@ class AttentionPrinter(HopperPrinter):
         n, keys = mm.block.osw * 16, mm.block.ibw
         f = self.acc_of(acc, n)
         fa = self.frags_of(a)
-        if fa.lane_grid[1] != 1 or fa.perw != keys:
+        if fa.lane_grid != (self.hk.wg.consumers * WARPGROUP, 1) or fa.perw != keys:
             raise Unsupported(f"P in {fa.perw} fragments a warp", f"its K is the block's {keys} key tiles")
         pb = self.panels(b)
         page = f"(const char*)({self.read_page(b.id)})"
