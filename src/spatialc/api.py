@@ -116,7 +116,11 @@ def row_operand(program: SpatialProgram) -> str:
 
 
 def lower(
-    program: SpatialProgram, target: str | SpatialTarget | None = None, form: str = "auto", epilogue: str | None = None
+    program: SpatialProgram,
+    target: str | SpatialTarget | None = None,
+    form: str = "auto",
+    epilogue: str | None = None,
+    schedule: str | None = None,
 ):
     """The CUDA artifact of a verified program (target defaults to the one it was built for).
 
@@ -127,7 +131,9 @@ def lower(
     The `verified` mark is checked again here, not trusted: a program changed after verify (by
     `dataclasses.replace`, or a hand-edited file) is verified anew, and refused if it no longer passes.
     `epilogue` ("swizzled", the default, or "tiles") picks how the sm_90a form's fused store goes out (that form's
-    alone; docs/kernel-abi.md, "The sm_90a form")."""
+    alone; docs/kernel-abi.md, "The sm_90a form"); `schedule` ("overlapped", the default where its registers fit,
+    or "serial") the sm_90a form's attention KV loop: each block's softmax overlapping the next block's S, or each
+    matmul waited for before the op after it."""
     from .lower.cuda.forms import lower as lower_cuda
     from .passes.verify import verify
 
@@ -137,7 +143,7 @@ def lower(
     _printed_precision(program, t)
     if program.verified:
         verify(program, t if t.name == program.target else None)
-    art = lower_cuda(program, t, form, epilogue)
+    art = lower_cuda(program, t, form, epilogue, schedule)
     if t.name == program.target:
         return art
     other = f"lowered for {t.name}, a program built for {program.target}: its plan was chosen for {program.target}"

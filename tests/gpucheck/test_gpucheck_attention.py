@@ -57,9 +57,14 @@ def test_attention_sizes_are_fp16_and_bf16_rows_run_last():
 def test_an_attention_case_is_built_in_the_form_lower_prints_it_or_says_lowers_line(monkeypatch):
     (case,) = cases_of(["att:1x2:64:64:causal"], ["bf16"])
     built = build_case(case, "sm_90")
-    assert not built.error and [f.name for f in built.forms] == ["general", "sm90a"]  # on a Hopper, both forms
-    form, hopper = built.forms
-    assert hopper.artifact.budget.form == "sm90a" and hopper.facts["own_plan"]
+    # On a Hopper both forms, and the sm_90a form's serial schedule beside its overlapped one (kernel only)
+    labels = ["general", "sm90a", "sm90a serial schedule", "sm90a two consumer warpgroups"]
+    assert not built.error and [f.label for f in built.forms] == labels
+    form, hopper, serial, two = built.forms
+    assert hopper.artifact.budget.form == "sm90a" and hopper.facts["own_plan"] and serial.kernel_only
+    assert two.kernel_only and two.artifact.budget.threads == 384
+    assert "the last block: no next S" in hopper.artifact.kernel_cu
+    assert "the last block: no next S" not in serial.artifact.kernel_cu
     assert [a.order for a in L.kernel_args(hopper.artifact.launch)][:3] == ["rows"] * 3  # Q, K, V as matrices
     assert [f.name for f in build_case(case, "sm_80").forms] == ["general"]  # elsewhere the general form alone
     assert [a.name for a in L.kernel_args(form.artifact.launch)] == ["q", "k", "v", "o", "lse"]
@@ -69,9 +74,9 @@ def test_an_attention_case_is_built_in_the_form_lower_prints_it_or_says_lowers_l
     assert attention_op(spatialc.build(program, "sm_90")).scale == 64**-0.5
     # Where lower refuses (as it did before the general form printed attention), the row says lower's line.
     monkeypatch.setattr(spatialc, "lower", lambda *a, **k: (_ for _ in ()).throw(SpatialError("no form prints it")))
-    refused, hopper = build_case(case, "sm_90").forms
+    refused, hopper, serial = build_case(case, "sm_90").forms
     assert refused.artifact is None and refused.absent == "lower: no form prints it"
-    assert hopper.artifact is None and hopper.absent == "no form prints it"
+    assert hopper.artifact is None and hopper.absent == "no form prints it" and serial.absent == hopper.absent
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -190,8 +195,8 @@ def test_prepare_compiles_the_fp8_and_attention_kernels_and_the_dry_run_lists_th
     argv = ["unused", "--dry-run", "--prepared", str(prep), "--sizes", *sizes, "--precisions", "bf16"]
     assert gpucheck.main(argv) == 0
     dry = capsys.readouterr().out
-    # fp8's persistent, general and sm90a kernels, attention's general and sm90a
-    assert dry.count("    cubin     prepared: ") == 5
+    # fp8's persistent, general and sm90a kernels, attention's general and sm90a (two schedules, two warpgroups)
+    assert dry.count("    cubin     prepared: ") == 7
     fp8, att = dry.split("e4m3 fp8:64x64x64\n")[1].split("bf16 att:1x2:64x64x32:causal\n")
     timed = next(line for line in fp8.splitlines() if line.startswith("  timed     "))
     assert "spatialc persistent: end to end + kernel only; spatialc general: end to end + kernel only" in timed

@@ -19,7 +19,7 @@ import pytest
 
 import spatialc
 from spatialc.lower.cuda import forms
-from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported
+from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.runtime.emulate import EmulationError
 
 from ..attention.qkv import inputs
@@ -33,8 +33,10 @@ CASES = {
     "plain": ((1, 2, 64, 128, 64), {}),  # two KV blocks, two heads
     "causal_gqa_ragged": ((1, 4, 40, 72, 32), {"kv_heads": 2, "causal": True}),  # padding masked, 64-byte panels
     "causal_d128": ((1, 1, 100, 200, 128), {"causal": True}),  # head_dim 128: two panels a row, ragged both ways
-    "gqa_fp16": ((1, 4, 64, 96, 64), {"kv_heads": 1, "precision": "fp16"}),  # four query heads on one KV head
+    # two query heads on one KV head, bands of 128 rows: two consumer warpgroups (the block forced below)
+    "two_warpgroups_gqa_fp16": ((1, 2, 128, 96, 64), {"kv_heads": 1, "precision": "fp16"}),
 }
+BLOCKS = {"two_warpgroups_gqa_fp16": (8, 4, 1)}  # (the planner's bands are of 64 rows)
 # The cases also emulated in the general form at the same plan and compared bit for bit (the others, against the
 # interpreter's bound alone: each general-form emulation is one more compile and run, and these two cover a plain
 # and a causal, grouped, ragged plan).
@@ -50,7 +52,7 @@ def cases():
     """Each case built for the sm_90a form and lowered (once for the module)."""
     out = {}
     for name, (shape, options) in CASES.items():
-        p = built(shape, options)
+        p = built(shape, options, block=BLOCKS.get(name))
         out[name] = (p, spatialc.lower(p), shape, options)
     return out
 
@@ -71,19 +73,67 @@ def test_the_form_prints_two_wgmma_shapes_around_the_register_path(cases):
     assert re.search(wgmma.format(64) + r"%32, %33, p, 1, 1, 0, 0;", text)
     assert re.search(wgmma.format(128) + r"\{%64, %65, %66, %67\}, %68, p, 1, 1, 1;", text)
     compute = text[text.index("// compute: the consumer warpgroups") :]
-    assert compute.count("spatialc_wgmma_kb<64, OPT>(accf_") == 1 and compute.count("spatialc_wgmma_rs<128, OPT>(") == 1
     assert "spatialc_mma(" not in compute and "spatialc_load_b" not in compute  # no mma.sync, no ldmatrix of K or V
-    assert compute.count("spatialc_load_a_acc(af[kk], rr_") == 1  # P's fragments: the RS wgmma's A
-    # The recurrence between them is the register path's: the same rescale lines as the general form prints.
+    # The serial schedule (each matmul waited for): one S, one P·V, P's fragments loaded once — the RS wgmma's A.
+    serial = spatialc.lower(p, schedule="serial").kernel_cu
+    serial = serial[serial.index("// compute: the consumer warpgroups") :]
+    assert serial.count("spatialc_wgmma_kb<64, OPT>(accf_") == 1 and serial.count("spatialc_wgmma_rs<128, OPT>(") == 1
+    assert serial.count("spatialc_load_a_acc(af[kk], rr_") == 1
+    # The overlapped one (the default at head_dim 128): the first block's S before the loop, each step issuing the
+    # next one's, and the last step after the loop — S, P·V and the recurrence printed twice, their copies `pre` and
+    # `post` in the census.
+    assert compute.count("spatialc_wgmma_kb<64, OPT>(accf_") == 2 and compute.count("spatialc_wgmma_rs<128, OPT>(") == 2
+    assert compute.count("// pre:Compute:MatmulTiles") == 1 and compute.count("// post:Compute:MatmulTiles") == 1
+    # The recurrence between them is the register path's: the same rescale lines as the general form prints (and,
+    # overlapped, their copy for the last step).
     general = spatialc.lower(built((1, 1, 100, 200, 128), {"causal": True}, "general", (4, 4, 1)), form="general")
     for line in ("op:Compute:ScaleAcc", "__shfl_xor_sync(0xffffffffu, v, 1)", "spatialc_exp(spatialc_fsub(rr_"):
-        assert compute.count(line) == general.kernel_cu.count(line) > 0, line
-    # Q, K and V by TMA (a box a 128-byte panel: two a row at head_dim 128), stored as matrices; O and LSE tiled.
-    assert [param.order for param in art.launch.params] == ["rows", "rows", "rows", "row", "row"]
-    assert [m.box for m in art.launch.tensor_maps] == [(64, 64)] * 3
+        assert serial.count(line) == general.kernel_cu.count(line) > 0, line
+    assert compute.count("op:Compute:ScaleAcc") == compute.count("post:Compute:ScaleAcc") == serial.count("ScaleAcc")
+    # Q, K and V by TMA (a box a 128-byte panel: two a row at head_dim 128), stored as matrices; O goes out by TMA
+    # store from the warpgroup's swizzled staging box (64 rows of 32 float32 columns: 128 bytes a row), a matrix
+    # too; LSE stays tiled, stored by the lanes. O and LSE leave shared memory's rings and the writer.
+    assert [param.order for param in art.launch.params] == ["rows", "rows", "rows", "rows", "row"]
+    assert [(m.tensor, m.box, m.swizzle) for m in art.launch.tensor_maps] == [
+        *((t, (64, 64), 128) for t in range(3)),
+        (3, (64, 32), 128),
+    ]
     assert text.count("spatialc_tma_load_2d((char*)") == 6
+    assert compute.count("spatialc_tma_store_2d(&spatialc_tmap_3, col, row, staged);") == 1
+    assert "#define OUT_BOX_ROW 128" in text and bud.staging_bytes == 2 * 64 * 32 * 4
+    assert [name for name, _ in bud.rings] == ["q_ring", "k_ring", "v_ring"] and "SPATIALC_PAGE_LD(" not in compute
+    lse = compute[compute.index("op:Compute:Map_add_row0_log_row1") :]
+    assert "SPATIALC_OUT_ST(&lse[tile * 256 + (row % 16) * 16 + 4 * t4 + c], (OUT_T)v);" in lse
     # The causal band's KV blocks: a count per item, in the reader and the consumers alike.
     assert len(re.findall(r"const long long trip_k_v = ", text)) == 2
+
+
+def test_the_overlapped_schedule_issues_the_next_s_before_the_softmax_and_waits_for_it_before_o(cases):
+    text = cases["plain"][1].kernel_cu  # two KV blocks: the loop's one step, then the last
+    loop = text[text.index("for (int k = 0; k + 1 < 2; ++k) {  // op:Loop") : text.index("the last block: no next S")]
+    steps = (
+        "spatialc_wgmma_wait<1>();  // S of this block has retired",
+        "spatialc_mbar_arrive(&empty_1",  # K's stage back
+        "rr_5[q * 8 + e] = accf_14[q].x[e];",  # S copied to the register ring the softmax reads …
+        "spatialc_wgmma_kb<64, OPT>(accf_14",  # … before the next S is issued into its accumulators
+        "op:Compute:Map_mask",  # the softmax while it runs
+        "spatialc_wgmma_wait<0>();  // P·V of the block before has retired, and the next S",
+        "accf_17[q].x[e] *= rr_10[",  # O rescaled only then
+        "spatialc_wgmma_rs<64, OPT>(accf_17",  # and P·V issued, left in flight into the next step
+    )
+    at = [loop.index(step) for step in steps]
+    assert at == sorted(at) and loop.count("spatialc_wgmma_commit();") == 2 and loop.count("spatialc_wgmma_wait<") == 2
+    # Above head_dim 128 the second set of S registers would spill: the default is serial, and asking is refused.
+    wide = built((1, 2, 64, 128, 256), {})
+    assert "the last block: no next S" not in spatialc.lower(wide).kernel_cu
+    with pytest.raises(Unsupported, match=r"overlapped attention schedule at head_dim 256.*schedule='serial'"):
+        spatialc.lower(wide, schedule="overlapped")
+    shallow = spatialc.build(spatialc.attention(1, 2, 64, 128, 64), "sm_90a", form="sm90a", depth=1)
+    assert "the last block: no next S" not in spatialc.lower(shallow).kernel_cu  # one stage: serial
+    with pytest.raises(Unsupported, match=r"k_ring 1 stage deep: it waits for the next K before releasing this V"):
+        spatialc.lower(shallow, schedule="overlapped")
+    with pytest.raises(Unsupported, match=r"schedule='serial' in the general form"):
+        spatialc.lower(built((1, 2, 64, 128, 64), {}, "general"), form="general", schedule="serial")
 
 
 def test_auto_on_sm90a_prints_it_and_the_other_forms_say_what_they_print():
@@ -98,17 +148,28 @@ def test_auto_on_sm90a_prints_it_and_the_other_forms_say_what_they_print():
         spatialc.build(spatialc.attention(*shape), "sm_90", form="sm90a")
 
 
-def test_auto_falls_back_to_the_general_form_where_the_sm90a_form_refuses_its_plan():
-    shape = (1, 2, 64, 128, 256)  # head_dim 256: Q's band, two K and two V stages and O's page pass shared memory
-    art = spatialc.lower(built(shape, {}, "auto"))
-    assert art.budget.form == "general" and forms.ATTENTION_NOTE in art.notes
-    with pytest.raises(TooBig, match="shared memory of one block of the sm_90a form on sm_90a"):
-        spatialc.lower(built(shape, {}))
+def test_head_dim_256_fits_once_o_and_lse_leave_shared_memory():
+    # Q's band, two K and two V stages of 32 KB and O's two staging boxes of 8 KB: 176 KB and the barriers (with O's
+    # and LSE's pages too, 260 KB: auto printed the general form). nvcc compiles it clean (below).
+    art = spatialc.lower(built((1, 2, 64, 128, 256), {}, "auto"))
+    assert art.budget.form == "sm90a" and not art.notes
+    assert art.budget.staging_bytes == 16384 and art.budget.ring_bytes == 5 * 32768
 
 
 def test_a_band_other_than_one_warpgroup_is_refused_by_name():
-    with pytest.raises(Unsupported, match=r"attention bands of 32 query rows.*use a block of 4 query tile rows"):
+    with pytest.raises(Unsupported, match=r"attention bands of 32 query rows.*use a block of 4 or 8 query tile rows"):
         spatialc.lower(built((1, 1, 64, 64, 64), {}, block=(2, 4, 1)))
+
+
+def test_bands_of_128_rows_take_two_consumer_warpgroups(cases):
+    p, art, _, _ = cases["two_warpgroups_gqa_fp16"]
+    bud, text = art.budget, art.kernel_cu
+    assert bud.form == "sm90a" and art.census.agrees and (bud.threads, bud.blocks_per_sm) == (384, 1)
+    # setmaxnreg moves the producer's registers to them; each warpgroup's S reads its own 64 rows of Q's page.
+    assert "spatialc_regs_dec<40>();" in text and "spatialc_regs_inc<232>();" in text
+    assert text.count(" + (warp / 4) * 8192, 16u, 1024u, 1u), spatialc_wgmma_desc(") == 2  # (S's two copies)
+    assert art.launch.tensor_maps[0].box == (128, 64) and bud.staging_bytes == 2 * 2 * 64 * 32 * 4  # 2 boxes each
+    assert "#define EMPTY_COUNT_1 8" in text  # K's stage freed by both warpgroups' warps
 
 
 # ---- emulated ----------------------------------------------------------------------------------------------------
@@ -133,6 +194,9 @@ def test_the_emulation_lies_within_the_interpreters_bound_and_equals_the_general
     if name == "plain":  # the wgmma run when issued instead of at their wait_group: the same values
         early = spatialc.emulate(art, given, mode="early", timeout=600)
         assert all(np.array_equal(early[n], out[n]) for n in ("o", "lse"))
+        # and the serial schedule (each matmul waited for) the overlapped one's bits
+        serial = spatialc.emulate(spatialc.lower(p, schedule="serial"), given, timeout=600)
+        assert all(np.array_equal(serial[n], out[n]) for n in ("o", "lse"))
 
 
 # Planted faults in the emulated text of the "plain" case: each must leave the interpreter's answer or stop the run.
@@ -146,6 +210,13 @@ def _faults(text: str) -> dict[str, str]:
     p_ring = re.search(r"spatialc_load_a_acc\(af\[kk\], (rr_\d+) \+ kk \* 8\);", text)
     assert p_ring is not None
     wait = text.index("spatialc_wgmma_wait<0>();", s_block)
+    swizzle = "#define OUT_SWZ(b) ((b) ^ ((((b) >> 7) & OUT_SWIZZLE) << 4))"
+    fence = "spatialc_fence_proxy_async();  // the thread's staged values"
+    assert text.count(swizzle) == 1 and text.count(fence) == 1
+    # The loop's softmax reading the next S's accumulators, in flight, instead of this block's copy of S.
+    issued = text.index("// the next block's S: the tensor cores run it during this block's softmax")
+    mask = text.index("op:Compute:Map_mask", issued)
+    s_read = text.index("rr_5[q * 8 + e]", mask)
     return {
         # K read MN-major (the GEMM's B: imm-trans-b 1) instead of K-major.
         "transpose bit": text[:s_block] + text[s_block:].replace("spatialc_wgmma_kb<", "spatialc_wgmma<", 1),
@@ -155,18 +226,30 @@ def _faults(text: str) -> dict[str, str]:
         "A registers": text[:commit] + f"spatialc_load_a_acc(af[0], {p_ring.group(1)} + 8);\n" + text[commit:],
         # The S group left in flight: K's stage released and S read before it retires.
         "early release": text[:wait] + text[wait + len("spatialc_wgmma_wait<0>();") :],
+        # O staged unswizzled in the box the copy engine stores as 128-byte swizzled.
+        "staging swizzle": text.replace(swizzle, "#define OUT_SWZ(b) (b)"),
+        # O's staged values not made visible to the async proxy before the TMA store reads them.
+        "staging fence": text.replace(fence, "// " + fence),
+        "S in flight": text[:s_read] + "accf_14[q].x[e]" + text[s_read + len("rr_5[q * 8 + e]") :],
     }
 
 
 # What the emulation says of each fault: a wrong answer, or the report that names it. Where the copy engine may land
 # the next page before or after the wgmma reads the stage, the race is reported or, the page already replaced, the
 # answer is wrong: the threads' interleaving decides which.
-RACE_ON_K = "race: .*RACE on shared ring 'ring_1'.*a TMA load landing.*a wgmma operand read"
+# (the report names the two accesses in the order the emulation met them)
+RACE_ON_K = (
+    "race: .*RACE on shared ring 'ring_1'.*"
+    "(a TMA load landing.*a wgmma operand read|a wgmma operand read.*a TMA load landing)"
+)
 CAUGHT = {
     "transpose bit": "mismatch$",
     "stage index": f"{RACE_ON_K}|mismatch$",
     "A registers": "fault: .*spatialc_wgmma_rs at line \\d+: its A registers were written before the wait_group",
     "early release": f"{RACE_ON_K}|mismatch$",
+    "staging swizzle": "mismatch$",
+    "staging fence": "race: .*no fence.proxy.async since",
+    "S in flight": "mismatch$",  # (the emulation runs a wgmma at its wait: the registers read are S's zeros)
 }
 
 
@@ -193,16 +276,37 @@ def test_planted_faults_are_caught(cases):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-@pytest.mark.parametrize(("head_dim", "causal", "precision"), [(128, False, "bf16"), (64, True, "fp16")])
-def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_dim, causal, precision):
+@pytest.mark.parametrize(
+    ("head_dim", "causal", "precision", "out", "rows"),
+    [
+        (128, False, "bf16", None, 4),
+        (64, True, "fp16", "fp16", 4),
+        (256, False, "bf16", None, 4),
+        (128, False, "bf16", None, 8),  # two consumer warpgroups: ptxas fits them in the launch's 168 registers
+    ],
+)
+def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_dim, causal, precision, out, rows):
     from .test_sm90a import compiled_clean
 
-    p = built((2, 16, 4096, 4096, head_dim), {"causal": causal, "precision": precision}, "auto")
+    options = {"causal": causal, "precision": precision, "out": out}
+    p = built(
+        (2, 16, 4096, 4096, head_dim), options, "auto" if rows == 4 else "sm90a", (rows, 4, 1) if rows == 8 else None
+    )
     art = spatialc.lower(p)
     assert art.budget.form == "sm90a"
     ops = [i.op for i in compiled_clean(art, tmp_path)]
     # S: a wgmma 64 keys wide per 16 of head_dim; P·V: one head_dim wide per 16 of the block's 64 keys.
     ty = ".BF16" if precision == "bf16" else ""  # (cuobjdump names fp16 HGMMA by its accumulator alone)
-    want = Counter({f"HGMMA.64x64x16.F32{ty}": head_dim // 16}) + Counter({f"HGMMA.64x{head_dim}x16.F32{ty}": 4})
+    # The overlapped schedule (head_dim 128 and below) prints each twice: the first S before the loop, the last P·V
+    # after it; at 256 the serial one, once.
+    twice = 2 if head_dim <= 128 else 1
+    want = Counter({f"HGMMA.64x64x16.F32{ty}": twice * head_dim // 16})
+    want += Counter({f"HGMMA.64x{head_dim}x16.F32{ty}": twice * 4})  # (at head_dim 64 the same shape as S's)
     assert Counter(op for op in ops if op.startswith("HGMMA")) == want
+    # O: a TMA store a staging box of 128-byte rows (float32 O at 128: four; fp16 O at 64: one), 16-bit O written
+    # into it by stmatrix, a tile a warp at once (an instruction a tile of the lane's row: four at head_dim 64).
+    o_bytes = 2 if out else 4
+    assert Counter(ops)["UTMASTG.2D"] == head_dim * o_bytes // 128
+    assert Counter(ops)["STSM.16.M88.4"] == (head_dim // 16 if out else 0)
+    assert sum(op.startswith("USETMAXREG") for op in ops) == (2 if rows == 8 else 0)
     assert not [op for op in ops if op.startswith(("LDL", "STL"))]  # nothing in local memory

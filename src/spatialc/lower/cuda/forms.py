@@ -29,6 +29,7 @@ from .common.program import ATTENTION_PROGRAM, MAP_PROGRAM, ROW_PROGRAM
 from .general import kernel as general
 from .persistent import kernel as persistent
 from .sm90a import kernel as sm90a
+from .sm90a.plan import SWIZZLED
 
 FORMS = ("auto", "persistent", "general", "sm90a")
 # Why auto prints a program without a tile matmul in the general form. Such a kernel is memory-bound: what counts is
@@ -60,13 +61,25 @@ class UnknownForm(LowerError, ValueError):
 
 
 def lower(
-    program: SpatialProgram, target: SpatialTarget, form: str = "auto", epilogue: str | None = None
+    program: SpatialProgram,
+    target: SpatialTarget,
+    form: str = "auto",
+    epilogue: str | None = None,
+    schedule: str | None = None,
 ) -> CudaArtifact:
     """The CUDA artifact of a verified program in `form` (auto: sm_90a on a Hopper target where it can, else
     persistent where it can, else general). `epilogue` (the sm_90a form's alone: `sm90a.plan.EPILOGUES`) picks how
-    its fused store's staged boxes go out."""
+    its fused store's staged boxes go out; `schedule` (its attention's alone: `sm90a.overlap.SCHEDULES`) its KV
+    loop."""
     if form not in FORMS:
         raise UnknownForm(form)
+    if schedule is not None:
+        if form == "sm90a" or (form == "auto" and in_panels(program)):
+            return sm90a.lower(program, target, epilogue or SWIZZLED, schedule)
+        raise Unsupported(
+            f"schedule={schedule!r} in the {form} form",
+            "only the sm_90a form's attention takes one: build and lower with form='sm90a'",
+        )
     if epilogue is not None:
         if form == "sm90a" or (form == "auto" and in_panels(program)):
             return sm90a.lower(program, target, epilogue)

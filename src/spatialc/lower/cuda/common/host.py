@@ -379,8 +379,10 @@ def _print_output(p: SpatialProgram, launch: Launch, out: Tensor, w: Writer, suf
             loops.enter_context(w.block(f"for (int g = 0; g < {out.groups}; ++g)"))
         loops.enter_context(w.block(f"for (int i = 0; i < {rows}; ++i)"))
         loops.enter_context(w.block(f"for (int j = 0; j < {cols}; ++j)"))
+        # (a grouped one a group after another, each padded to its tile rows: attention's O)
+        row = f"((size_t)g * {out.group_tiles[0] * 16} + i)" if out.groups > 1 else "(size_t)i"
         at = (
-            f"(size_t)i * {out.tiles[1] * 16} + j"  # stored as a row-major matrix
+            f"{row} * {out.tiles[1] * 16} + j"  # stored as a row-major matrix
             if launch.params[p.tensors.index(out)].order == "rows"
             else f"{group}spatialc_tiled_index(i, j, {out.tiles[1]})"
         )

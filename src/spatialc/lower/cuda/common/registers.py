@@ -184,9 +184,9 @@ class RegisterPrinter:
             self.w.line("(void)rbase; (void)cbase;")
 
     @staticmethod
-    def share(f: Fragments) -> str:
-        """The lane's row share (index into a row vector's registers) of element e of fragment q of `f`."""
-        return f"(q / {f.plan.block.osw}) * 2 + ((e >> 1) & 1)"
+    def share(f: Fragments, e: str = "e") -> str:
+        """The lane's row share (index into a row vector's registers) of element `e` of fragment q of `f`."""
+        return f"(q / {f.plan.block.osw}) * 2 + (({e} >> 1) & 1)"
 
     @staticmethod
     def page_row(f: Fragments, base: str = "rbase") -> str:
@@ -313,16 +313,8 @@ class RegisterPrinter:
             first = firsts[node]
             return self.page_row(f, first) if node.axis == VecAxis.ROW else self.page_col(f, first)
 
-        def loaded(i: int) -> str:
-            b = ins[i]
-            held_rows = self.k.in_registers[self.k.rings.template[b]] is None
-            return f"{self.rr(b)}[{self.share(f)}]" if held_rows else f"{self.rr(b)}[q * 8 + e]"
-
-        def no_cols(c) -> str:
-            raise Unsupported("a column vector read beside register rings", "kept pages only")
-
         with self.elements(f):
-            self.w.line(f"const float v = {value(m, False, no_cols, loaded, loaded, pos_at)};")
+            self.w.line(f"const float v = {self.fragment_value(m, ins, f, value, pos_at)};")
             if self.held(dst):
                 self.w.line(f"{self.rr(dst)}[q * 8 + e] = v;")
             else:  # the element of a kept page: its row and column of the band, row-major tiles
@@ -334,15 +326,34 @@ class RegisterPrinter:
                 page = f"ring_{ring.id} + {self.write_slot(ring.id)} * PAGE_{ring.id}"
                 self.w.line(f"SPATIALC_PAGE_ST({page} + {at}, {stored});")
 
-    def map_rows(self, m: Map, ins, dst: BufferId, value) -> None:
+    def fragment_value(self, m: Map, ins, f: Fragments, value, pos_at, e: str = "e") -> str:
+        """Map `m`'s value of element `e` of the lane's fragment q of `f`, its inputs register rings (fragments of
+        `f`'s layout, or row vectors) and its positions `pos_at`'s."""
+
+        def loaded(i: int) -> str:
+            b = ins[i]
+            held_rows = self.k.in_registers[self.k.rings.template[b]] is None
+            return f"{self.rr(b)}[{self.share(f, e)}]" if held_rows else f"{self.rr(b)}[q * 8 + {e}]"
+
+        def no_cols(c) -> str:
+            raise Unsupported("a column vector read beside register rings", "kept pages only")
+
+        return value(m, False, no_cols, loaded, loaded, pos_at)
+
+    def row_value(self, m: Map, ins, value) -> str:
+        """Map `m`'s value of the lane's row share s, its inputs register row vectors."""
+
         def loaded(i: int) -> str:
             return f"{self.rr(ins[i])}[s]"
 
         def none(node) -> str:
             raise Unsupported("a position or a column vector in a map of row vectors", "a row vector has one column")
 
+        return value(m, False, none, loaded, loaded, none)
+
+    def map_rows(self, m: Map, ins, dst: BufferId, value) -> None:
         with self.unrolled("for (int s = 0; s < RROWS; ++s)"):
-            self.w.line(f"const float v = {value(m, False, none, loaded, loaded, none)};")
+            self.w.line(f"const float v = {self.row_value(m, ins, value)};")
             if self.held(dst):
                 self.w.line(f"{self.rr(dst)}[s] = v;")
             else:  # a row vector's page: the row's value in each of its 16 columns, 4 a lane of its quad

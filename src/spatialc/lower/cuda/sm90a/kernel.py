@@ -152,6 +152,7 @@ class HopperKernel:
     # The wgmma the consumers issue, (width, variant) each (`WGMMA_VARIANTS`); () for a GEMM's one, ((n, "ss"),).
     wgmmas: tuple[tuple[int, str], ...] = ()
     scales: ScaleStage | None = None  # a block-scaled GEMM's A scales landed by TMA beside A's page (blockscale.py)
+    schedule: str = ""  # attention's KV loop (`overlap.SCHEDULES`); "" for a GEMM
 
     @property
     def program(self) -> SpatialProgram:
@@ -304,25 +305,29 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
     return store, general.epilogue_rings(p, ring_table(p, types, fused), integer)
 
 
-def make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str = SWIZZLED) -> HopperKernel:
+def make_kernel(
+    p: SpatialProgram, target: SpatialTarget, epilogue: str = SWIZZLED, schedule: str | None = None
+) -> HopperKernel:
     """The sm_90a kernel of `p`, or the form's refusal; made once for a program verify remembers (build makes it to
     see whether the form takes the plan, then lower asks again). `epilogue` picks the staged store's boxes
-    (`plan.EPILOGUES`)."""
+    (`plan.EPILOGUES`), `schedule` attention's KV loop (`overlap.SCHEDULES`)."""
     if epilogue not in EPILOGUES:
         raise Unsupported(f"the sm_90a epilogue {epilogue!r}", f"it is one of {', '.join(EPILOGUES)}")
     memo = derived(p)
     if memo is None:
-        return _make_kernel(p, target, epilogue)
-    key = ("sm90a kernel", target, epilogue)
+        return _make_kernel(p, target, epilogue, schedule)
+    key = ("sm90a kernel", target, epilogue, schedule)
     if key not in memo:
-        memo[key] = _make_kernel(p, target, epilogue)
+        memo[key] = _make_kernel(p, target, epilogue, schedule)
     return memo[key]
 
 
-def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str) -> HopperKernel:
+def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedule: str | None) -> HopperKernel:
     refuse(p, target)
     if is_attention_program(p):
-        return make_attention_kernel(p, target)
+        return make_attention_kernel(p, target, schedule)
+    if schedule is not None:
+        raise Unsupported(f"schedule={schedule!r} for a GEMM", "it picks attention's KV loop")
     wg = warpgroups(p.plans[0])
     # The compute engine is the consumer warpgroups' warps, one tile row of the item each.
     lanes = dataclasses.replace(target, accumulator_lanes=wg.consumers * WARPGROUP)
@@ -644,10 +649,13 @@ def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
     )
 
 
-def lower(program: SpatialProgram, target: SpatialTarget, epilogue: str = SWIZZLED) -> CudaArtifact:
+def lower(
+    program: SpatialProgram, target: SpatialTarget, epilogue: str = SWIZZLED, schedule: str | None = None
+) -> CudaArtifact:
     """The sm_90a CUDA artifact of a verified program, or a typed error saying what the form cannot print; `epilogue`
-    picks how the fused store's staged boxes go out (`plan.EPILOGUES`)."""
-    hk = make_kernel(program, target, epilogue)
+    picks how the fused store's staged boxes go out (`plan.EPILOGUES`), `schedule` attention's KV loop
+    (`overlap.SCHEDULES`: its softmax overlapping the next S, the default, or each matmul waited for)."""
+    hk = make_kernel(program, target, epilogue, schedule)
     k = hk.base
     clustered = hk.multicast is not None
     launch = launch_for(

@@ -19,6 +19,7 @@ printer.py), a 128 × 256 item of bf16 C goes out in 8 TMA stores instead of 128
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ....ir.ids import LoopVar
@@ -68,8 +69,12 @@ def swizzled_store(
     env: dict[LoopVar, str],
     mark: str,
     chain: list[tuple[Compute, dict[LoopVar, str]]],
+    value: Callable[[str], str] = lambda i: f"accf[q].x[{i}]",
+    perw: str = "PERW",
 ) -> None:
-    """The consumers' fused store through their warpgroups' swizzled boxes (the module's docstring)."""
+    """The consumers' fused store through their warpgroups' swizzled boxes (the module's docstring). `value(i)` is
+    element i of the lane's fragment q (a GEMM's accumulator, or attention's O / l: `attention.py`), `perw` the
+    fragments a warp holds."""
     w = pr.w
     hk = pr.hk
     cols = pr.k.program.tensor(op.tensor).tiles[1]
@@ -91,7 +96,7 @@ def swizzled_store(
         if pairs:
             w.line("struct __align__(8) out_pair { OUT_T a, b; };  // two adjacent columns, stored at once")
         base = addr_expr(op.at, env)
-        with pr.unrolled("for (int q0 = 0; q0 < PERW; q0 += OUT_CHUNK)"):
+        with pr.unrolled(f"for (int q0 = 0; q0 < {perw}; q0 += OUT_CHUNK)"):
             turn = "q0 / OUT_CHUNK" if not hk.odd_turns else "boxes_out"
             w.line(
                 f"char* const staged = (char*)(out_stage + ((warp / {WARPGROUP}) * {STORE_BUFFERS} + ({turn}) % "
@@ -100,9 +105,9 @@ def swizzled_store(
             with pr.unrolled("for (int c = 0; c < OUT_CHUNK; ++c)"):
                 w.line("const int q = q0 + c;")
                 if pairs:
-                    _stage_pairs(w, pr)
+                    _stage_pairs(w, pr, value)
                 else:
-                    _stage_tile(pr, op, chain, matrix)
+                    _stage_tile(pr, op, chain, matrix, value)
             w.line("spatialc_fence_proxy_async();  // the thread's staged values, visible to the copy engine")
             w.line(
                 "if (elected) { spatialc_bulk_wait_read<0>(); }  // the box before this one has been read: the next"
@@ -121,7 +126,7 @@ def swizzled_store(
                 w.line("++boxes_out;")
 
 
-def _stage_pairs(w: Writer, pr: HopperPrinter) -> None:
+def _stage_pairs(w: Writer, pr: HopperPrinter, value: Callable[[str], str]) -> None:
     """Tile q's elements of 4 bytes, a lane's two adjacent columns at a time: one 8-byte store (on 8 bytes, which
     the swizzle keeps: it moves 16-byte chunks)."""
     with pr.unrolled("for (int i = 0; i < 8; i += 2)"):
@@ -131,26 +136,30 @@ def _stage_pairs(w: Writer, pr: HopperPrinter) -> None:
             "  // the pair's byte in the box, unswizzled"
         )
         w.line(
-            "SPATIALC_PAGE_ST((out_pair*)(staged + OUT_SWZ(at)), (out_pair{(OUT_T)accf[q].x[i], "
-            "(OUT_T)accf[q].x[i + 1]}));"
+            f"SPATIALC_PAGE_ST((out_pair*)(staged + OUT_SWZ(at)), (out_pair{{(OUT_T){value('i')}, "
+            f"(OUT_T){value('i + 1')}}}));"
         )
 
 
 def _stage_tile(
-    pr: HopperPrinter, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]], matrix: bool
+    pr: HopperPrinter,
+    op: WriteTiles,
+    chain: list[tuple[Compute, dict[LoopVar, str]]],
+    matrix: bool,
+    value_of: Callable[[str], str],
 ) -> None:
     """Tile q's elements through the chain: into stmatrix's registers (16-bit C) or one at a time at their swizzled
     bytes."""
     w = pr.w
     if matrix:
         w.line("OUT_T out[8];")
-    value = "accf[q].x[i]"
+    value = value_of("i")
     if chain:  # one element at a time, as the direct fused store does (registers)
         w.line(pr.owned_tile() + "  // (a bias reads its column)")
         w.line("(void)bh; (void)bw;")
         w.line("ACCT frag[8];")
         with pr.unrolled("for (int i = 0; i < 8; ++i)"):
-            w.line("frag[i] = accf[q].x[i];")
+            w.line(f"frag[i] = {value};")
         w.line("#pragma unroll 1")
         value = "frag[i]"
     with w.block("for (int i = 0; i < 8; ++i)") if chain else pr.unrolled("for (int i = 0; i < 8; ++i)"):
