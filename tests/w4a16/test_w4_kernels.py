@@ -142,13 +142,6 @@ def test_the_other_forms_refuse_it_by_one_line_and_auto_prints_the_general_form(
     assert spatialc.lower(p).budget.form == "general"
 
 
-def test_a_launch_from_python_refuses_4bit_weights_by_one_line():
-    from spatialc.runtime.tilize import LaunchError, quantize
-
-    with pytest.raises(LaunchError, match=r"B holds int4 values, which a launch from Python does not pack yet"):
-        quantize(np.zeros((4, 4)), "int4", np, name="B")
-
-
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """The decode shape's kernel (M = 16, N = K = 4096, int4 with a zero point per 128), built for sm_80 and for sm_90
