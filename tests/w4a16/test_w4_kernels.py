@@ -1,12 +1,14 @@
-"""W4A16 GEMMs printed (issue 34, item 6): the general form reads the packed weights' bytes into a ring of their own
-and its compute warps dequantise each page into the B operand page (`lower/cuda/common/dequant.py`, the C of
-`dequant.cuh`). The host emulation runs them equal to the interpreter — bit for bit on exact inputs and on a selector
-A that copies dequantised rows of B into C, within the bf16 / fp16 GEMM's kernel bound on real-valued ones — for
-int4 with zero points, uint4 with float32 scales and fp16 operands, mxfp4 and split-K; the nibbles of a byte read the
-other way round, or the scales of the other group, planted in the kernel text, are caught, and the B page
-published before its dequant is a race the emulation reports; nvcc -Werror compiles the
-decode shape's kernel (M = 16, N = K = 4096, int4 with zero points per 128) for sm_80 and sm_90 without spills; the
-persistent and sm_90a forms refuse it by one line, and auto prints the general form."""
+"""W4A16 GEMMs printed (issue 34, item 6): the general form reads the packed weights' bytes into a ring of their own;
+by default its compute warps dequantise them in registers as the matmul loads its B fragments (one 32-bit shared
+load a lane and tile, `spatialc_w4_load_b`), or — the shared path, kept selectable — each page into a B operand page
+(`lower/cuda/common/dequant.py`, the C of `dequant.cuh`). The host emulation runs them equal to the interpreter — bit
+for bit on exact inputs and on a selector A that copies dequantised rows of B into C, within the bf16 / fp16 GEMM's
+kernel bound on real-valued ones — for int4 with zero points, uint4 with float32 scales and fp16 operands, mxfp4 and
+split-K; the nibbles of a byte read the other way round, or the scales of the other group, planted in the kernel text
+of either path, are caught, and the shared path's B page published before its dequant is a race the emulation
+reports; nvcc -Werror compiles the decode shape's kernel (M = 16, N = K = 4096, int4 with zero points per 128) for
+sm_80 and sm_90 without spills; the persistent and sm_90a forms refuse it by one line, and auto prints the general
+form."""
 
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ import pytest
 
 import spatialc
 from spatialc.inputs import InexactInputWarning
+from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.errors import NeedsGeneral
 from spatialc.numerics import w4
 from spatialc.runtime.emulate import EmulationRace
+from spatialc.target import target as get_target
 
 from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
 from .w4_inputs import w4_inputs, w4_program
@@ -37,15 +41,29 @@ CASES = {
 }
 
 
+REGISTER_PATH = "spatialc_w4_load_b<"  # the register path's B loads (the shared path's stores: spatialc_dequant_)
+
+
+def shared_path(p):
+    """`p`'s general-form artifact with the weights dequantised into a B operand page (the shared path)."""
+    art = general.lower(p, get_target(p.target), dequant="shared")
+    assert REGISTER_PATH not in art.program_cu and "SPATIALC_PAGE_ST(d + tl * 256" in art.program_cu
+    return art
+
+
 @pytest.fixture(scope="module")
 def built():
-    """Each case's program and its general-form artifact (each emulated kernel is compiled once: runs share it)."""
+    """Each case's program and its general-form artifact, the register path (each emulated kernel is compiled once:
+    runs share it); and the shared path's of int4 with zero points."""
     out = {}
     for name, (fmt, prec, (m, n, k), kw) in CASES.items():
         p = w4_program(m, n, k, fmt, prec, **kw)
         art = spatialc.lower(p)
-        assert art.budget.form == "general" and "spatialc_dequant_" in art.program_cu
+        assert art.budget.form == "general" and REGISTER_PATH in art.program_cu
+        assert "SPATIALC_PAGE_ST(d + " not in art.program_cu  # no operand page is written
         out[name] = (p, art)
+    p = out["int4-zeros-bf16"][0]
+    out["int4-zeros-bf16 shared"] = (p, shared_path(p))
     return out
 
 
@@ -73,7 +91,7 @@ def selector(p, x, rng):
 
 @needs_gxx
 @pytest.mark.emulation
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [*CASES, "int4-zeros-bf16 shared"])
 def test_the_emulated_kernel_equals_the_interpreter(built, case):
     p, art = built[case]
     exact = w4_inputs(p, seed=3, exact=True)  # small integers and powers of two: every sum exact
@@ -96,22 +114,27 @@ def test_the_emulated_kernel_equals_the_interpreter(built, case):
 PLANTED = ("the nibbles of a byte read the other way round", "the scale and zero point of the other group")
 
 
-def plant(text: str, fault: str) -> str:
-    if fault.startswith("the nibbles"):
+def plant(text: str, fault: str, shared: bool) -> str:
+    if fault.startswith("the nibbles") and shared:
         out, n = re.subn(r"\(b & 15u\)|\(b >> 4\)", lambda m: "(b >> 4)" if m[0] == "(b & 15u)" else "(b & 15u)", text)
-    else:  # K = 256 holds two groups of 128: 0 <-> 1
+    elif fault.startswith("the nibbles"):  # the register unpack: the even row from the high nibble
+        out, n = re.subn(r"\(LOW_FIRST \? (\d)u : (\d)u\)", r"(LOW_FIRST ? \2u : \1u)", text)
+    elif shared:  # K = 256 holds two groups of 128: 0 <-> 1
         out, n = re.subn(r"const int g(\d) = \(k0 \+ (\d)\) / 128;", r"const int g\1 = ((k0 + \2) / 128) ^ 1;", text)
-    assert n >= 2
+    else:
+        out, n = re.subn(r"(const unsigned g = .*? / 128);", r"\1 ^ 1u;", text)
+    assert n >= 2 if shared or fault.startswith("the nibbles") else n >= 1
     return out
 
 
 @needs_gxx
 @pytest.mark.emulation
+@pytest.mark.parametrize("path", ["registers", "shared"])
 @pytest.mark.parametrize("fault", PLANTED)
-def test_a_fault_planted_in_the_kernel_text_is_caught(built, fault):
-    p, art = built["int4-zeros-bf16"]
+def test_a_fault_planted_in_the_kernel_text_is_caught(built, fault, path):
+    p, art = built["int4-zeros-bf16" + (" shared" if path == "shared" else "")]
     x = w4_inputs(p, seed=7, exact=True)
-    c = emulated(art, x, lambda text: plant(text, fault))
+    c = emulated(art, x, lambda text: plant(text, fault, path == "shared"))
     ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
     assert not ok, how
 
@@ -119,9 +142,9 @@ def test_a_fault_planted_in_the_kernel_text_is_caught(built, fault):
 @needs_gxx
 @pytest.mark.emulation
 def test_the_operand_page_pushed_before_its_dequant_is_a_race(built):
-    """The B page's Push moved above the dequant that fills it: the matmul's fragment loads race the page's stores,
-    which the emulation reports (the Push's barrier is what orders them)."""
-    p, art = built["int4-zeros-bf16"]
+    """The shared path's B page's Push moved above the dequant that fills it: the matmul's fragment loads race the
+    page's stores, which the emulation reports (the Push's barrier is what orders them)."""
+    p, art = built["int4-zeros-bf16 shared"]
 
     def early(text: str) -> str:
         at = text.index("{  // op:Compute:Dequant")
@@ -150,7 +173,7 @@ def compiled(tmp_path_factory):
     for cc in ("80", "90"):
         gemm = spatialc.gemm(16, 4096, 4096, "bf16", weights="int4", group=128, zeros=True)
         art = spatialc.lower(spatialc.build(gemm, f"sm_{cc}"))
-        assert art.budget.form == "general" and "spatialc_dequant_bf16(spatialc_w4_int4(" in art.program_cu
+        assert art.budget.form == "general" and "spatialc_w4_load_b<0, true, OPT>(" in art.program_cu
         done[cc] = nvcc_compile(art.program_cu, tmp_path_factory.mktemp("w4") / f"sm{cc}.cu", (cc,))
     return done
 

@@ -32,9 +32,11 @@ CASES = {
 
 
 def packed_value(buf: np.ndarray, i: int, j: int, cols_t: int, fmt: str) -> float:
-    """Element (i, j) of packed weights `buf`, read by the layout's formula (docs: tile (ti, tj) at (ti · cols_t +
-    tj) · 128, byte (r / 2) · 16 + c, the even row low)."""
-    byte = int(buf[((i // 16) * cols_t + j // 16) * 128 + ((i % 16) // 2) * 16 + j % 16])
+    """Element (i, j) of packed weights `buf`, read by the layout's formula (docs/kernel-abi.md: tile (ti, tj) at
+    (ti · cols_t + tj) · 128, the byte of rows 2p, 2p + 1 of column c at 16 (c mod 8) + 4 (p mod 4) + 2 (c / 8) +
+    p / 4 of it, the even row low)."""
+    p, c = (i % 16) // 2, j % 16
+    byte = int(buf[((i // 16) * cols_t + j // 16) * 128 + 16 * (c % 8) + 4 * (p % 4) + 2 * (c // 8) + p // 4])
     code = byte >> 4 if i % 2 else byte & 15
     return float(w4.from_codes(np.array([code], np.uint8), w4.format_dtype(fmt)).astype(np.float64)[0])
 

@@ -4,8 +4,9 @@ ml_dtypes int4 / uint4 / float4_e2m1fn arrays, or numbers of the format; anythin
 laid out in the bytes the kernel reads — exactly what the host program's `w4_host.cuh` writes:
 
     packed weights  two 4-bit codes a byte along K, tiled: tile (ti, tj) of 16 × 16 values is the 128 bytes at
-                    (ti · cols_t + tj) · 128, byte (r / 2) · 16 + c holding row r of column c (low nibble for even
-                    r, high for odd); the padding is code 0 (the value 0 of every format)
+                    (ti · cols_t + tj) · 128, byte `tile_byte(r / 2, c)` of it holding row r of column c (low nibble
+                    for even r, high for odd) — the order in which lane L of a warp finds its four mma.sync B
+                    registers' bytes in 32-bit word L; the padding is code 0 (the value 0 of every format)
     zero points     one value a byte (int4 as its two's complement), tiled as any tensor
     e8m0 scales     one code e + 127 a byte, tiled as any tensor (padding: code 0)
 
@@ -56,6 +57,18 @@ def host_bytes(spec: TensorSpec, tiles: tuple[int, int], packed: bool, value: An
     return HostBytes(tilize(stored, tiles, np), value)
 
 
+def tile_byte(p: int, c: int) -> int:
+    """Where the byte of rows 2p, 2p + 1 (p = 0 … 7) of column c (0 … 15) lies in its tile's 128 bytes: word
+    L = 4 (c mod 8) + p mod 4 holds lane L's B registers' bytes — rows 2t, 2t + 1 of column n, rows 2t + 8, 2t + 9,
+    then the same of column n + 8 (t = L mod 4, n = L / 4), mma.sync m16n8k16's B fragment (w4_host.cuh's
+    spatialc_w4_tile_byte)."""
+    return 16 * (c % 8) + 4 * (p % 4) + 2 * (c // 8) + p // 4
+
+
+# Byte b of a tile in this layout is byte TILE_ORDER[b] (= p · 16 + c) of the tile's bytes row-major.
+TILE_ORDER = np.argsort([tile_byte(p, c) for p in range(8) for c in range(16)])
+
+
 def packed_tiles(codes: np.ndarray, tiles: tuple[int, int]) -> np.ndarray:
     """K × N 4-bit `codes` (uint8, 0 … 15) packed two a byte along K and tiled on the grid `tiles` of 16 × 16
     values (the module's layout; `w4_host.cuh`'s `spatialc_tilize_w4` is the host program's copy)."""
@@ -63,4 +76,5 @@ def packed_tiles(codes: np.ndarray, tiles: tuple[int, int]) -> np.ndarray:
     padded = np.zeros((rows, cols), np.uint8)
     padded[: codes.shape[0], : codes.shape[1]] = codes
     pairs = (padded[0::2] | (padded[1::2] << 4)).astype(np.uint8)  # byte (i, j): rows 2i (low), 2i + 1 (high)
-    return tilize(pairs, tiles, np, PACKED_TILE)
+    row_major = tilize(pairs, tiles, np, PACKED_TILE).reshape(-1, PACKED_TILE[0] * PACKED_TILE[1])
+    return np.ascontiguousarray(row_major[:, TILE_ORDER]).reshape(-1)
