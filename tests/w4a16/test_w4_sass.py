@@ -1,9 +1,10 @@
 """The W4A16 decode kernel's main loop in SASS (issue 34, item 6: "no byte-wise gathers, the dequant off the tensor
 cores' path"), compiled by nvcc for sm_80 and sm_90 at M = 16, N = K = 4096, int4 with a bf16 scale and a zero point
-per 128: the register path loads each packed tile with one 32-bit shared load a lane (LDS, no LDS.U8), reads its
-scales and zero points as 32-bit words (no LDG.E.U8), stores no operand page (no STS), and converts each pair of
-weights with one F2FP pack — four a tile, in the loop beside the two HMMAs they feed. The shared path's loop has the
-byte loads and the page stores, so the same checks tell the two apart."""
+per 128 (and on sm_90 mxfp4, and uint4 with float32 scales and fp16 operands): the register path loads each packed
+tile with one 32-bit shared load a lane (LDS, no LDS.U8), reads its scales and zero points as 32-bit words (no
+LDG.E.U8), stores no operand page (no STS), and converts each pair of weights with one F2FP pack — four a tile, in
+the loop beside the two HMMAs they feed. The shared path's loop has the byte loads and the page stores, so the same
+checks tell the two apart."""
 
 from __future__ import annotations
 
@@ -21,8 +22,17 @@ pytestmark = [
 ]
 
 
-def decode_sass(cc: str, dequant: str) -> tuple[Sass, object]:
-    p = spatialc.build(spatialc.gemm(16, 4096, 4096, "bf16", weights="int4", group=128, zeros=True), f"sm_{cc}")
+FORMATS = {  # (operand, weights, options): int4 the issue's decode row; mxfp4's e8m0 scales and uint4's float32
+    # scales and byte zero points are read through 32-bit words too
+    "int4": ("bf16", "int4", {"group": 128, "zeros": True}),
+    "mxfp4": ("bf16", "mxfp4", {}),
+    "uint4-f32-fp16": ("fp16", "uint4", {"group": 64, "scale_type": "float32", "zeros": True}),
+}
+
+
+def decode_sass(cc: str, dequant: str, fmt: str = "int4") -> tuple[Sass, object]:
+    prec, weights, kw = FORMATS[fmt]
+    p = spatialc.build(spatialc.gemm(16, 4096, 4096, prec, weights=weights, **kw), f"sm_{cc}")
     art = general.lower(p, get_target(p.target), dequant=dequant)
     cubin = compile_cubin(art.kernel_cu, f"sm_{cc}")
     return disassemble(cubin), kernel_ptxas(cubin, art.launch.kernel_name)
@@ -44,9 +54,9 @@ def census(code: Sass, lo: int, hi: int) -> dict[str, int]:
     }
 
 
-@pytest.mark.parametrize("cc", ["80", "90"])
-def test_the_register_paths_main_loop_has_no_byte_loads_and_converts_beside_the_mmas(cc):
-    code, ptx = decode_sass(cc, "registers")
+@pytest.mark.parametrize(("cc", "fmt"), [("80", "int4"), ("90", "int4"), ("90", "mxfp4"), ("90", "uint4-f32-fp16")])
+def test_the_register_paths_main_loop_has_no_byte_loads_and_converts_beside_the_mmas(cc, fmt):
+    code, ptx = decode_sass(cc, "registers", fmt)
     assert ptx is not None and ptx.spill_stores == 0 and ptx.spill_loads == 0 and ptx.stack == 0
     loops = code.main_loops()
     assert loops
