@@ -3,12 +3,12 @@ by default its compute warps dequantise them in registers as the matmul loads it
 load a lane and tile, `spatialc_w4_load_b`), or — the shared path, kept selectable — each page into a B operand page
 (`lower/cuda/common/dequant.py`, the C of `dequant.cuh`). The host emulation runs them equal to the interpreter — bit
 for bit on exact inputs and on a selector A that copies dequantised rows of B into C, within the bf16 / fp16 GEMM's
-kernel bound on real-valued ones — for int4 with zero points, uint4 with float32 scales and fp16 operands, mxfp4 and
-split-K; the nibbles of a byte read the other way round, or the scales of the other group, planted in the kernel text
-of either path, are caught, and the shared path's B page published before its dequant is a race the emulation
-reports; nvcc -Werror compiles the decode shape's kernel (M = 16, N = K = 4096, int4 with zero points per 128) for
-sm_80 and sm_90 without spills; the persistent and sm_90a forms refuse it by one line, and auto prints the general
-form."""
+kernel bound on real-valued ones — for int4 with zero points, uint4 with float32 scales and fp16 operands, mxfp4,
+split-K and a block no lane grid divides (a group per tile of K); the nibbles of a byte read the other way round, or
+the scales of the other group, planted in the kernel text of either path, are caught, and the shared path's B page
+published before its dequant is a race the emulation reports; nvcc -Werror compiles the decode shape's kernel
+(M = 16, N = K = 4096, int4 with zero points per 128) for sm_80 and sm_90 without spills; the persistent and sm_90a
+forms refuse it by one line, and auto prints the general form."""
 
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ CASES = {
     "uint4-f32-scales-fp16": ("uint4", "fp16", (33, 72, 192), {"group": 64, "scale_type": "float32"}),
     "mxfp4-bf16": ("mxfp4", "bf16", (16, 48, 160), {}),
     "int4-split-k": ("int4", "bf16", (16, 64, 1024), {"group": 128, "zeros": True, "split_k": 2}),
+    # no lane grid divides the block (warps take tiles in turn), a group per tile of K (a page holds two)
+    "uint4-strided-g16": ("uint4", "bf16", (40, 48, 256), {"group": 16, "zeros": True, "block": (1, 3, 2)}),
 }
 
 
