@@ -186,3 +186,16 @@ def compiled(tmp_path_factory):
 def test_nvcc_compiles_the_decode_kernel_without_spills(compiled, cc):
     log = assert_clean(compiled[cc], (cc,))
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log)
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_the_register_path_feeds_an_epilogue_as_the_shared_one_did():
+    """A bias, relu and per-row scale after the dequantised product, out in bf16: the register path's matmul leaves
+    the accumulators as the epilogue reads them (exact inputs: equal to the interpreter bit for bit)."""
+    epilogue = [spatialc.bias(), spatialc.relu(), spatialc.row_scale()]
+    p = w4_program(20, 40, 256, "uint4", zeros=True, epilogue=epilogue, out="bf16")
+    art = spatialc.lower(p)
+    assert REGISTER_PATH in art.program_cu
+    x = w4_inputs(p, seed=6)
+    assert np.array_equal(emulated(art, x), spatialc.evaluate(p, x))
