@@ -10,10 +10,12 @@ With `--gpu` (torch with CUDA), in one run on one device, for each row:
   runs: the dequantised copy is 4× the packed bytes);
 - the copy-bandwidth ceiling: `dst.copy_(src)` of the packed weights' bytes, timed; a copy moves each byte twice, so
   the device's copy bandwidth is 2·bytes / time, and the ceiling is the row's bytes read once at that bandwidth;
-- spatialc: its kernel, once a launch from Python packs 4-bit weights (spatialc.run does not yet: the host program
-  and the emulation do).
-Each time is the median of 20 runs after a warm-up, CUDA events around the call. The ratio printed is the ceiling's
-time over torch's (1.0: torch at the bandwidth bound), the goal for spatialc being ≥ 0.85 at M = 1.
+- spatialc: the row's kernel, built for the device's architecture and loaded by `spatialc.run`'s launcher; its
+  arguments (the packed weights laid out on the host as the host program lays them out, scales, zero points, A) are
+  uploaded once and the kernel alone is launched again and again (`Prepared.run`), as torch's mm is.
+Each time is the median of 20 runs after a warm-up, CUDA events around the call, all in one run on one device. The
+ratios printed are the ceiling's time over torch's and over spatialc's (1.0: at the bandwidth bound), and torch's
+over spatialc's (above 1: spatialc faster); the goal for spatialc is ceiling/spatialc ≥ 0.85 at M = 1.
 
     python bench/w4a16_rows.py            # dry run: the rows, their bytes, plans and the kernel line
     python bench/w4a16_rows.py --gpu      # the measured rows (needs torch with CUDA and a GPU)
@@ -24,6 +26,8 @@ from __future__ import annotations
 import statistics
 import sys
 from dataclasses import dataclass
+
+import numpy as np
 
 import spatialc
 
@@ -59,19 +63,65 @@ def rows(ms=MS, sides=SIDES, formats=tuple(FORMATS)) -> list[Row]:
     return [Row(m, s, s, f) for f in formats for s in sides for m in ms]
 
 
+def program(row: Row, target: str = "sm_90") -> spatialc.SpatialProgram:
+    """The row's W4A16 GEMM, built and verified for `target`."""
+    return spatialc.build(spatialc.gemm(row.m, row.n, row.k, "bf16", weights=row.fmt, **FORMATS[row.fmt]), target)
+
+
 def prepared(row: Row) -> tuple[str, str]:
     """(the plan, the kernel line) of the row's program, built and verified for sm_90."""
-    p = spatialc.build(spatialc.gemm(row.m, row.n, row.k, "bf16", weights=row.fmt, **FORMATS[row.fmt]), "sm_90")
+    p = program(row)
     assert p.verified and p.plan is not None
     b, g = p.plan.block, p.plan.grid
     assert p.placement is not None
     split = f", split-K {p.placement.splits}" if p.placement.splits > 1 else ""
     plan = f"block {b.osh}x{b.osw}x{b.ibw}, grid {g[0]}x{g[1]}{split}, {len(p.placement.sites)} sites"
     try:
-        kernel = f"printed ({spatialc.lower(p).budget.form} form)"
+        art = spatialc.lower(p)
+        kernel = f"printed ({art.budget.form} form)"
+        kernel += f", launched by spatialc.run's launcher: {launch_line(art)}"
     except spatialc.SpatialError as e:
         kernel = str(e).split(":", 1)[0]
     return plan, kernel
+
+
+CHECKED_HERE = 1 << 24  # weights up to 4096² are bound by the launcher in the dry run (larger: GiBs of float64)
+
+
+def launch_line(art) -> str:
+    """What --gpu launches of the kernel: its arguments as the launcher binds them (the 4-bit ones laid out on the
+    host), bound here on the CPU without a device for weights up to CHECKED_HERE values."""
+    from spatialc.runtime import launch as L
+
+    k, n = next(x.elems for x in L.kernel_args(art.launch) if x.packed)
+    if k * n > CHECKED_HERE:
+        return "timed beside torch (its arguments bound on the GPU machine)"
+    bound, _ = L.bound_operands(art, (), {x.name: v for x, v in _inputs(art).items()})
+    host = sum(1 for _, v in bound if isinstance(v, L.HostBytes))
+    return f"{len(bound)} arguments bound ({host} laid out as 4-bit bytes on the host), timed beside torch"
+
+
+def _inputs(art) -> dict:
+    """Random inputs of the kernel's parameters by name (weights packed, scales, zero points, A)."""
+    from spatialc.numerics import w4
+    from spatialc.runtime import launch as L
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for x in L.kernel_args(art.launch):
+        if x.role in ("output", "workspace"):
+            continue
+        if x.packed:  # uniform over the format's codes
+            fmt = {"int4": "int4", "uint4": "uint4"}.get(x.elem, "mxfp4")
+            codes = rng.integers(0, 16, x.elems).astype(np.uint8)
+            out[x] = w4.pack_int4(w4.from_codes(codes, w4.format_dtype(fmt)), fmt)
+        elif x.elem == "float8_e8m0fnu":
+            out[x] = 2.0 ** rng.integers(-4, 2, x.elems)
+        elif x.elem in ("int4", "uint4"):
+            out[x] = rng.integers(0, 8, x.elems)
+        else:
+            out[x] = rng.uniform(-1, 1, x.elems)
+    return out
 
 
 def dry_run(selected: list[Row]) -> list[str]:
@@ -96,8 +146,23 @@ def _median_ms(torch, fn) -> float:
     return statistics.median(times)
 
 
+def spatialc_ms(torch, row: Row) -> float:
+    """spatialc's kernel of the row on this device, its arguments uploaded once, the kernel alone timed."""
+    from spatialc.runtime import launch as L
+
+    major, minor = torch.cuda.get_device_capability()
+    art = spatialc.lower(program(row, f"sm_{major}{minor}"))
+    prep = L.prepare(art)
+    bound, _ = L.bound_operands(art, (), {x.name: v for x, v in _inputs(art).items()})
+    buffers, _ = L.uploaded(prep, bound)
+    prep.run(buffers)
+    prep.check()  # once: a loop count past its bound would say so
+    return _median_ms(torch, lambda: prep.run(buffers))
+
+
 def measured(row: Row) -> str:
-    """One row on the GPU: torch's bf16 mm on the dequantised weights against the copy-bandwidth ceiling."""
+    """One row on the GPU: torch's bf16 mm on the dequantised weights and spatialc's kernel, against the
+    copy-bandwidth ceiling."""
     import torch
 
     dev = "cuda"
@@ -110,9 +175,16 @@ def measured(row: Row) -> str:
     t_copy = _median_ms(torch, lambda: dst.copy_(packed))
     bandwidth = 2 * packed.numel() / (t_copy * 1e-3)  # bytes a second: a copy reads and writes each byte
     ceiling = row.bytes_read() / bandwidth * 1e3
+    try:
+        t_sc = spatialc_ms(torch, row)
+        ours = (
+            f"spatialc {t_sc * 1e3:8.1f} us   ceiling/spatialc {ceiling / t_sc:.2f}   torch/spatialc {t_mm / t_sc:.2f}"
+        )
+    except spatialc.SpatialError as e:  # one line: what the launcher or the device refused
+        ours = f"spatialc: {str(e).splitlines()[0]}"
     return (
         f"{row.name:28} torch.mm {t_mm * 1e3:8.1f} us   ceiling {ceiling * 1e3:8.1f} us ({bandwidth / 1e12:.2f} TB/s"
-        f" copy)   ceiling/torch {ceiling / t_mm:.2f}   spatialc: not launched from Python yet"
+        f" copy)   ceiling/torch {ceiling / t_mm:.2f}   {ours}"
     )
 
 

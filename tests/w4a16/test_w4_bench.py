@@ -4,6 +4,7 @@ without a device exits 2 with one line."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -37,7 +38,8 @@ def test_the_dry_run_builds_each_row_and_names_its_kernel(bench):
     lines = bench.dry_run([bench.Row(1, 256, 256, "int4"), bench.Row(16, 128, 256, "mxfp4")])
     assert len(lines) == 3
     for line in lines[1:]:
-        assert "block " in line and line.endswith("kernel: printed (general form)")
+        assert "block " in line and "kernel: printed (general form), launched by spatialc.run" in line
+        assert re.search(r"\d arguments bound \([12] laid out as 4-bit bytes on the host\), timed beside torch$", line)
 
 
 def test_gpu_mode_without_a_device_is_one_line_and_status_2(bench, capsys, monkeypatch):

@@ -69,7 +69,7 @@ def test_the_kernel_is_emitted_and_run(capsys, tmp_path):
         "--run",
     )
     assert status == 0, err
-    assert "spatialc_dequant_bf16(spatialc_w4_int4(" in (tmp_path / "k" / "kernel.cu").read_text()
+    assert "spatialc_w4_load_b<0, true, OPT>(" in (tmp_path / "k" / "kernel.cu").read_text()  # the register path
     assert "C equals the numpy reference within its bound" in out
 
 

@@ -1,12 +1,14 @@
-"""W4A16 GEMMs printed (issue 34, item 6): the general form reads the packed weights' bytes into a ring of their own
-and its compute warps dequantise each page into the B operand page (`lower/cuda/common/dequant.py`, the C of
-`dequant.cuh`). The host emulation runs them equal to the interpreter — bit for bit on exact inputs and on a selector
-A that copies dequantised rows of B into C, within the bf16 / fp16 GEMM's kernel bound on real-valued ones — for
-int4 with zero points, uint4 with float32 scales and fp16 operands, mxfp4 and split-K; the nibbles of a byte read the
-other way round, or the scales of the other group, planted in the kernel text, are caught, and the B page
-published before its dequant is a race the emulation reports; nvcc -Werror compiles the
-decode shape's kernel (M = 16, N = K = 4096, int4 with zero points per 128) for sm_80 and sm_90 without spills; the
-persistent and sm_90a forms refuse it by one line, and auto prints the general form."""
+"""W4A16 GEMMs printed (issue 34, item 6): the general form reads the packed weights' bytes into a ring of their own;
+by default its compute warps dequantise them in registers as the matmul loads its B fragments (one 32-bit shared
+load a lane and tile, `spatialc_w4_load_b`), or — the shared path, kept selectable — each page into a B operand page
+(`lower/cuda/common/dequant.py`, the C of `dequant.cuh`). The host emulation runs them equal to the interpreter — bit
+for bit on exact inputs and on a selector A that copies dequantised rows of B into C, within the bf16 / fp16 GEMM's
+kernel bound on real-valued ones — for int4 with zero points, uint4 with float32 scales and fp16 operands, mxfp4,
+split-K and a block no lane grid divides (a group per tile of K); the nibbles of a byte read the other way round, or
+the scales of the other group, planted in the kernel text of either path, are caught, and the shared path's B page
+published before its dequant is a race the emulation reports; nvcc -Werror compiles the decode shape's kernel
+(M = 16, N = K = 4096, int4 with zero points per 128) for sm_80 and sm_90 without spills; the persistent and sm_90a
+forms refuse it by one line, and auto prints the general form."""
 
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ import pytest
 
 import spatialc
 from spatialc.inputs import InexactInputWarning
+from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.errors import NeedsGeneral
 from spatialc.numerics import w4
 from spatialc.runtime.emulate import EmulationRace
+from spatialc.target import target as get_target
 
 from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
 from .w4_inputs import w4_inputs, w4_program
@@ -34,18 +38,34 @@ CASES = {
     "uint4-f32-scales-fp16": ("uint4", "fp16", (33, 72, 192), {"group": 64, "scale_type": "float32"}),
     "mxfp4-bf16": ("mxfp4", "bf16", (16, 48, 160), {}),
     "int4-split-k": ("int4", "bf16", (16, 64, 1024), {"group": 128, "zeros": True, "split_k": 2}),
+    # no lane grid divides the block (warps take tiles in turn), a group per tile of K (a page holds two)
+    "uint4-strided-g16": ("uint4", "bf16", (40, 48, 256), {"group": 16, "zeros": True, "block": (1, 3, 2)}),
 }
+
+
+REGISTER_PATH = "spatialc_w4_load_b<"  # the register path's B loads (the shared path's stores: spatialc_dequant_)
+
+
+def shared_path(p):
+    """`p`'s general-form artifact with the weights dequantised into a B operand page (the shared path)."""
+    art = general.lower(p, get_target(p.target), dequant="shared")
+    assert REGISTER_PATH not in art.program_cu and "SPATIALC_PAGE_ST(d + tl * 256" in art.program_cu
+    return art
 
 
 @pytest.fixture(scope="module")
 def built():
-    """Each case's program and its general-form artifact (each emulated kernel is compiled once: runs share it)."""
+    """Each case's program and its general-form artifact, the register path (each emulated kernel is compiled once:
+    runs share it); and the shared path's of int4 with zero points."""
     out = {}
     for name, (fmt, prec, (m, n, k), kw) in CASES.items():
         p = w4_program(m, n, k, fmt, prec, **kw)
         art = spatialc.lower(p)
-        assert art.budget.form == "general" and "spatialc_dequant_" in art.program_cu
+        assert art.budget.form == "general" and REGISTER_PATH in art.program_cu
+        assert "SPATIALC_PAGE_ST(d + " not in art.program_cu  # no operand page is written
         out[name] = (p, art)
+    p = out["int4-zeros-bf16"][0]
+    out["int4-zeros-bf16 shared"] = (p, shared_path(p))
     return out
 
 
@@ -73,7 +93,7 @@ def selector(p, x, rng):
 
 @needs_gxx
 @pytest.mark.emulation
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [*CASES, "int4-zeros-bf16 shared"])
 def test_the_emulated_kernel_equals_the_interpreter(built, case):
     p, art = built[case]
     exact = w4_inputs(p, seed=3, exact=True)  # small integers and powers of two: every sum exact
@@ -96,22 +116,27 @@ def test_the_emulated_kernel_equals_the_interpreter(built, case):
 PLANTED = ("the nibbles of a byte read the other way round", "the scale and zero point of the other group")
 
 
-def plant(text: str, fault: str) -> str:
-    if fault.startswith("the nibbles"):
+def plant(text: str, fault: str, shared: bool) -> str:
+    if fault.startswith("the nibbles") and shared:
         out, n = re.subn(r"\(b & 15u\)|\(b >> 4\)", lambda m: "(b >> 4)" if m[0] == "(b & 15u)" else "(b & 15u)", text)
-    else:  # K = 256 holds two groups of 128: 0 <-> 1
+    elif fault.startswith("the nibbles"):  # the register unpack: the even row from the high nibble
+        out, n = re.subn(r"\(LOW_FIRST \? (\d)u : (\d)u\)", r"(LOW_FIRST ? \2u : \1u)", text)
+    elif shared:  # K = 256 holds two groups of 128: 0 <-> 1
         out, n = re.subn(r"const int g(\d) = \(k0 \+ (\d)\) / 128;", r"const int g\1 = ((k0 + \2) / 128) ^ 1;", text)
-    assert n >= 2
+    else:
+        out, n = re.subn(r"(const unsigned g = .*? / 128);", r"\1 ^ 1u;", text)
+    assert n >= 2 if shared or fault.startswith("the nibbles") else n >= 1
     return out
 
 
 @needs_gxx
 @pytest.mark.emulation
+@pytest.mark.parametrize("path", ["registers", "shared"])
 @pytest.mark.parametrize("fault", PLANTED)
-def test_a_fault_planted_in_the_kernel_text_is_caught(built, fault):
-    p, art = built["int4-zeros-bf16"]
+def test_a_fault_planted_in_the_kernel_text_is_caught(built, fault, path):
+    p, art = built["int4-zeros-bf16" + (" shared" if path == "shared" else "")]
     x = w4_inputs(p, seed=7, exact=True)
-    c = emulated(art, x, lambda text: plant(text, fault))
+    c = emulated(art, x, lambda text: plant(text, fault, path == "shared"))
     ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
     assert not ok, how
 
@@ -119,9 +144,9 @@ def test_a_fault_planted_in_the_kernel_text_is_caught(built, fault):
 @needs_gxx
 @pytest.mark.emulation
 def test_the_operand_page_pushed_before_its_dequant_is_a_race(built):
-    """The B page's Push moved above the dequant that fills it: the matmul's fragment loads race the page's stores,
-    which the emulation reports (the Push's barrier is what orders them)."""
-    p, art = built["int4-zeros-bf16"]
+    """The shared path's B page's Push moved above the dequant that fills it: the matmul's fragment loads race the
+    page's stores, which the emulation reports (the Push's barrier is what orders them)."""
+    p, art = built["int4-zeros-bf16 shared"]
 
     def early(text: str) -> str:
         at = text.index("{  // op:Compute:Dequant")
@@ -142,13 +167,6 @@ def test_the_other_forms_refuse_it_by_one_line_and_auto_prints_the_general_form(
     assert spatialc.lower(p).budget.form == "general"
 
 
-def test_a_launch_from_python_refuses_4bit_weights_by_one_line():
-    from spatialc.runtime.tilize import LaunchError, quantize
-
-    with pytest.raises(LaunchError, match=r"B holds int4 values, which a launch from Python does not pack yet"):
-        quantize(np.zeros((4, 4)), "int4", np, name="B")
-
-
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """The decode shape's kernel (M = 16, N = K = 4096, int4 with a zero point per 128), built for sm_80 and for sm_90
@@ -157,7 +175,7 @@ def compiled(tmp_path_factory):
     for cc in ("80", "90"):
         gemm = spatialc.gemm(16, 4096, 4096, "bf16", weights="int4", group=128, zeros=True)
         art = spatialc.lower(spatialc.build(gemm, f"sm_{cc}"))
-        assert art.budget.form == "general" and "spatialc_dequant_bf16(spatialc_w4_int4(" in art.program_cu
+        assert art.budget.form == "general" and "spatialc_w4_load_b<0, true, OPT>(" in art.program_cu
         done[cc] = nvcc_compile(art.program_cu, tmp_path_factory.mktemp("w4") / f"sm{cc}.cu", (cc,))
     return done
 
@@ -168,3 +186,16 @@ def compiled(tmp_path_factory):
 def test_nvcc_compiles_the_decode_kernel_without_spills(compiled, cc):
     log = assert_clean(compiled[cc], (cc,))
     assert re.search(r"\b0 bytes spill stores, 0 bytes spill loads", log)
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_the_register_path_feeds_an_epilogue_as_the_shared_one_did():
+    """A bias, relu and per-row scale after the dequantised product, out in bf16: the register path's matmul leaves
+    the accumulators as the epilogue reads them (exact inputs: equal to the interpreter bit for bit)."""
+    epilogue = [spatialc.bias(), spatialc.relu(), spatialc.row_scale()]
+    p = w4_program(20, 40, 256, "uint4", zeros=True, epilogue=epilogue, out="bf16")
+    art = spatialc.lower(p)
+    assert REGISTER_PATH in art.program_cu
+    x = w4_inputs(p, seed=6)
+    assert np.array_equal(emulated(art, x), spatialc.evaluate(p, x))

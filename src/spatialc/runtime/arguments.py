@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from ..inputs import InputError, TensorSpec, host_array, match_names, shaped
-from .tilize import ORDERS, LaunchError, check_tiles, element_type, storage_dtype, tensor_spec
+from .tilize import BYTE_ELEMS, ORDERS, LaunchError, check_tiles, element_type, storage_dtype, tensor_spec
+from .w4_args import HostBytes, host_bytes, is_packed_c
 
 # ---- what a kernel's arguments are -------------------------------------------------------------------------
 
@@ -28,6 +29,7 @@ class Arg:
     order: str = "row"  # KernelParam.order: "row" / "col" inside each tile; "rows" / "cols" a padded matrix
     groups: int = 1  # a grouped tensor's arrays are (groups, *elems)
     heads: bool = False  # an attention's Q, K or V: (batch, heads, *elems) too (KernelParam.heads)
+    packed: bool = False  # a W4A16 kernel's 4-bit weights, two a byte (runtime/w4_args.py)
 
     @property
     def spec(self) -> TensorSpec:
@@ -50,7 +52,9 @@ def kernel_args(launch: Any) -> list[Arg]:
                 f"kernel parameter {p.name} has order {order!r}; expected 'row' or 'col' (tiled), 'rows' or 'cols'"
             )
         groups, heads = int(getattr(p, "groups", 1)), bool(getattr(p, "heads", False))
-        out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, storage_dtype(elem), order, groups, heads))
+        packed = is_packed_c(p.c_type)
+        store = storage_dtype(elem)
+        out.append(Arg(p.name, p.role, tuple(p.elems), tuple(p.tiles), elem, store, order, groups, heads, packed))
     if not any(a.role == "output" for a in out):
         raise LaunchError("the launcher runs kernels with at least one output; this one has none")
     if not any(a.role == "input" for a in out):
@@ -79,6 +83,11 @@ def bind(args: Sequence[Arg], operands: Sequence[Any], params: Mapping[str, Any]
             bound.append((x, None))
             continue
         library_of(x.name, values[x.name])
+        if x.elem in BYTE_ELEMS:  # 4-bit weights, their zero points, e8m0 scales: their bytes, made on the host
+            if x.groups > 1 or x.order != "row":
+                raise LaunchError(f"kernel parameter {x.name} holds {x.elem} in a layout the launcher does not make")
+            bound.append((x, host_bytes(x.spec, x.tiles, x.packed, values[x.name])))
+            continue
         value = shaped(x.spec, values[x.name])
         if isinstance(value, np.ndarray) and value.dtype.kind == "V":  # ml_dtypes (float8, bfloat16): no device array
             value = host_array(x.name, value)  # library has them; their values, exactly (fp8 goes up as its bytes)
@@ -92,6 +101,8 @@ def bind(args: Sequence[Arg], operands: Sequence[Any], params: Mapping[str, Any]
 
 def library_of(name: str, x: Any) -> str:
     """`numpy`, `torch` or `cupy`: the library an argument comes from (lists and scalars count as numpy)."""
+    if isinstance(x, HostBytes):  # 4-bit bytes made on the host: the caller's array says
+        x = x.given
     root = type(x).__module__.split(".")[0]
     if root in ("torch", "cupy", "numpy"):
         return root

@@ -58,7 +58,8 @@ from .prepared import (  # noqa: F401 — named here as before: spatialc.runtime
     not_resident,
     residency_unknown,
 )
-from .tilize import FP8_ELEMS, LaunchError, bf16_to_float32, fp8_values, quantize, work_list
+from .tilize import BYTE_ELEMS, FP8_ELEMS, LaunchError, bf16_to_float32, fp8_values, quantize, work_list
+from .w4_args import HostBytes
 
 __all__ = [
     "GpuUnavailable",
@@ -147,6 +148,12 @@ def bound_operands(
     """The kernel's arguments paired with the caller's arrays (`bind`), a grouped GEMM's row counts checked on the
     host (unless not `checked`), and the library the result comes back in; nothing is launched or compiled."""
     args = kernel_args(artifact.launch)
+    on_host = [a.name for a in args if a.elem in BYTE_ELEMS and a.role == "input"]
+    if on_host and not checked:
+        raise LaunchError(
+            f"{', '.join(on_host)}: 4-bit weights and their scales are laid out in bytes on the host, which a call"
+            " inside CUDA-graph capture cannot wait for; run this kernel outside the graph"
+        )
     bound = bind(args, operands, params)
     limits = dict(getattr(artifact.launch, "row_counts", ()))
     if limits and checked:  # a grouped GEMM's row counts, checked on the host before anything is launched
@@ -159,6 +166,22 @@ def launch_bound(prep: Prepared, bound: Sequence[tuple[Arg, Any]], library: str,
     of several outputs (LayerNorm's out, mean and rstd) gives a dict name → array, in parameter order, as
     `spatialc.evaluate` and `spatialc.emulate` do. Not `checked`: no value is read back to the host (see
     `run_prepared`)."""
+    buffers, outs = uploaded(prep, bound, checked=checked)
+    prep.run(buffers)
+    if checked:
+        prep.check()
+    like = [v.given if isinstance(v, HostBytes) else v for _, v in bound if v is not None]
+    got = {name: _downloaded(prep, name, buf, library, like) for name, buf in outs.items()}
+    return got if len(got) > 1 else next(iter(got.values()))
+
+
+def uploaded(
+    prep: Prepared, bound: Sequence[tuple[Arg, Any]], *, checked: bool = True
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """(the kernel's buffers in parameter order, its output buffers by name): inputs converted (checked unless not
+    `checked`) and tiled on the device, 4-bit ones as the bytes made on the host, outputs poisoned — what a launch
+    takes, and what a caller that times the kernel alone (bench/w4a16_rows.py) launches again and again with
+    `prep.run`."""
     device = prep.device
     buffers, outs = [], {}
     for arg, value in bound:
@@ -169,14 +192,12 @@ def launch_bound(prep: Prepared, bound: Sequence[tuple[Arg, Any]], library: str,
         if arg.role == "workspace":
             buffers.append(prep.workspaces()[arg.name])
             continue
+        if isinstance(value, HostBytes):  # 4-bit weights, zero points, e8m0 scales: laid out on the host already
+            buffers.append(device.upload(value.storage)[0])
+            continue
         x, held = device.upload(value)
         buffers.append(prep.tiled(arg, _converted(arg, x, held, device.xp, checked)))
-    prep.run(tuple(buffers))
-    if checked:
-        prep.check()
-    like = [v for _, v in bound if v is not None]
-    got = {name: _downloaded(prep, name, buf, library, like) for name, buf in outs.items()}
-    return got if len(got) > 1 else next(iter(got.values()))
+    return tuple(buffers), outs
 
 
 def _downloaded(prep: Prepared, name: str, out: Any, library: str, like: Sequence[Any]) -> Any:

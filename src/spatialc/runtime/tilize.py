@@ -420,9 +420,8 @@ def quantize(x: Any, elem: str, xp: Any, *, name: str = "array", bf16_in: bool =
     if elem in FP8_ELEMS:
         return fp8_bits(x, elem, xp)
     if elem in BYTE_ELEMS:
-        raise LaunchError(
-            f"{name} holds {elem} values, which a launch from Python does not pack yet: run the kernel's host program"
-            " (program.cu, which packs them) or spatialc.emulate"
+        raise LaunchError(  # the launcher lays these out on the host (runtime/w4_args.py), never here
+            f"{name} holds {elem} values, which are laid out as bytes on the host (runtime/w4_args.py), not converted"
         )
     raise LaunchError(f"no conversion to element type {elem!r}")
 

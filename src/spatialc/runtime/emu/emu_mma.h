@@ -347,4 +347,25 @@ template <class T>
     track(mine, 8, sizeof(T), false, AccessKind::page_load, line);
 }
 
+// B's 16 x 16 fragment from the four registers each lane computed in mma.sync's B layout (lane l: b0 b1 of column
+// l / 4 — rows 2 (l % 4), +1 and 2 (l % 4) + 8, +9 — then the same of column l / 4 + 8, the low half the lower row):
+// a W4A16 kernel's weights dequantised in registers (dequant.cuh's spatialc_w4_load_b). The warp's registers are
+// gathered by shuffles (two registers a shuffle), the way lanes exchange them.
+#define SPATIALC_B_FROM_REGS 1
+template <class T>
+[[gnu::noinline]] void spatialc_b_from_regs(spatialc_frag<T>& f, const unsigned (&r)[4], int line = __builtin_LINE()) {
+    static_assert(sizeof(T) == 2, "16-bit operands");
+    f.kd = 16;
+    for (int src = 0; src < 32; ++src)
+        for (int i = 0; i < 4; i += 2) {
+            const unsigned long long two = __shfl_sync(0xffffffffu, (unsigned long long)r[i] | ((unsigned long long)r[i + 1] << 32), src, 32, line);
+            for (int h = 0; h < 2; ++h) {
+                const int reg = i + h, n = src / 4 + 8 * (reg >> 1), k = 2 * (src % 4) + 8 * (reg & 1);
+                const unsigned bits = (unsigned)(two >> (32 * h));
+                f.v[k * 16 + n] = T::from_bits((unsigned short)(bits & 0xffffu));
+                f.v[(k + 1) * 16 + n] = T::from_bits((unsigned short)(bits >> 16));
+            }
+        }
+}
+
 #endif  // SPATIALC_EMU_MMA_H

@@ -62,3 +62,145 @@ __device__ __forceinline__ __half spatialc_dequant_fp16(float q, float scale, fl
 {
     return __float2half_rn(spatialc_dequant_f32(q, scale, zero));
 }
+
+// ---- the register path: a tile of packed weights straight into mma.sync's B fragment ------------------------------
+// Lane L of the warp loads 32-bit word L of the tile (w4_host.cuh's spatialc_w4_tile_byte lays the bytes out so):
+// byte 0 holds rows 2t, 2t + 1 of column n, byte 1 rows 2t + 8, 2t + 9, bytes 2 and 3 the same of column n + 8
+// (t = L % 4, n = L / 4) — its B registers b0, b1 of columns 0-7, then of 8-15, each two consecutive K values of one
+// column. Every weight is dequantised in float32 registers exactly as above, and each pair is rounded to the operand
+// type into one 32-bit register (the even row in the low half): no shared-memory operand page, no byte loads.
+//
+// The value of a code in float32 without a conversion instruction: int4 / uint4 as 2^23 + code (the code ORed into
+// the mantissa of 2^23; int4's code XOR 8 is q + 8), so that one subtraction of 2^23 + z (+ 8) leaves q - z exactly
+// (both below 2^24, their difference a small integer: exact);
+// e2m1's three magnitude bits placed at the top of a float32's exponent and fraction (bits 24-22) are its value
+// times 2^-126 (a subnormal for exponent 0), undone by one exact multiply.
+
+__device__ __forceinline__ float spatialc_w4_bits_f32(unsigned bits)
+{
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+// The 4-bit code at nibble `i` (0..7) of word w.
+__device__ __forceinline__ unsigned spatialc_w4_nibble(unsigned w, unsigned i)
+{
+    return (w >> (4u * i)) & 15u;
+}
+
+// FORMAT 0 int4, 1 uint4: q - zero from the code (int4's already XORed with 8: q + 8), given bias = 2^23 + zero
+// (+ 8 for int4: spatialc_w4_bias). FORMAT 2 e2m1: its value (zero 0).
+template <int FORMAT>
+__device__ __forceinline__ float spatialc_w4_centred(unsigned code, float bias)
+{
+    if (FORMAT == 2) {
+        const float raw = spatialc_w4_bits_f32(((code & 8u) << 28) | ((code & 7u) << 22));
+        return raw * 8.50705917302346159e37f;  // 2^126: exact
+    }
+    return spatialc_w4_bits_f32(0x4b000000u | code) - bias;
+}
+
+// 2^23 + zero (+ 8 for int4) from the zero point's integer value, built from its bits (no conversion instruction):
+// int4's zero + 8 and uint4's zero lie in 0..15, so this is the float 2^23 + that, exactly.
+template <int FORMAT>
+__device__ __forceinline__ float spatialc_w4_bias(int zero)
+{
+    return FORMAT == 2 ? 0.0f : spatialc_w4_bits_f32(0x4b000000u + (unsigned)((FORMAT == 0 ? 8 : 0) + zero));
+}
+
+// Two float32 values rounded to the operand type into one register, `lo` in the low half.
+__device__ __forceinline__ unsigned spatialc_w4_pair(float lo, float hi, const __nv_bfloat16*)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // one cvt.rn.bf16x2.f32
+#else
+    const __nv_bfloat16 v[2] = {__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
+#endif
+    unsigned r;
+    memcpy(&r, &v, 4);
+    return r;
+}
+
+__device__ __forceinline__ unsigned spatialc_w4_pair(float lo, float hi, const __half*)
+{
+#if defined(__CUDA_ARCH__)
+    const __half2 v = __floats2half2_rn(lo, hi);
+#else
+    const __half v[2] = {__float2half_rn(lo), __float2half_rn(hi)};
+#endif
+    unsigned r;
+    memcpy(&r, &v, 4);
+    return r;
+}
+
+// Lane's four B registers from its packed word w: scale s0 / s1 and bias b0 / b1 (spatialc_w4_bias of the zero point)
+// of columns n and n + 8. LOW_FIRST: the even row in a byte's low nibble (pack_int4's order).
+template <int FORMAT, bool LOW_FIRST, class T>
+__device__ __forceinline__ void spatialc_w4_regs(unsigned (&r)[4], unsigned w, float s0, float s1, float b0, float b1)
+{
+    const unsigned v = FORMAT == 0 ? w ^ 0x88888888u : w;  // int4: each code XOR 8 is q + 8, all eight at once
+#pragma unroll
+    for (unsigned i = 0; i < 4; ++i) {
+        const float s = i < 2 ? s0 : s1, b = i < 2 ? b0 : b1;
+        const unsigned even = spatialc_w4_nibble(v, 2u * i + (LOW_FIRST ? 0u : 1u));
+        const unsigned odd = spatialc_w4_nibble(v, 2u * i + (LOW_FIRST ? 1u : 0u));
+        const float lo = s * spatialc_w4_centred<FORMAT>(even, b);
+        const float hi = s * spatialc_w4_centred<FORMAT>(odd, b);
+        r[i] = spatialc_w4_pair(lo, hi, static_cast<const T*>(nullptr));
+    }
+}
+
+// A byte and a 16-bit element of a tensor in global memory, read through the aligned 32-bit word that holds it (the
+// register path's scales and zero points: no byte-wise loads in the main loop).
+__device__ __forceinline__ unsigned spatialc_w4_byte_at(const void* base, size_t at)
+{
+    const unsigned w = *(reinterpret_cast<const unsigned*>(base) + at / 4);
+    return (w >> (8u * (unsigned)(at % 4))) & 255u;
+}
+
+__device__ __forceinline__ unsigned spatialc_w4_half_at(const void* base, size_t at)
+{
+    const unsigned w = *(reinterpret_cast<const unsigned*>(base) + at / 2);
+    return (w >> (16u * (unsigned)(at % 2))) & 65535u;
+}
+
+// A bf16 or fp16 scale's value from its bits, exactly.
+__device__ __forceinline__ float spatialc_w4_scale16(unsigned bits, const __nv_bfloat16*)
+{
+    return spatialc_w4_bits_f32(bits << 16);
+}
+
+__device__ __forceinline__ float spatialc_w4_scale16(unsigned bits, const __half*)
+{
+    const unsigned short u = (unsigned short)bits;
+    __half h;
+    memcpy(&h, &u, 2);
+    return __half2float(h);
+}
+
+#ifdef SPATIALC_TENSOR_CORE  // the fragments of the tensor-core layer (printed before this text, or the emulation's)
+#ifndef SPATIALC_B_FROM_REGS  // the host emulation has its own (emu_mma.h): its fragments hold whole tiles
+#define SPATIALC_B_FROM_REGS 1
+template <class T>
+__device__ __forceinline__ void spatialc_b_from_regs(spatialc_frag<T>& f, const unsigned (&r)[4])
+{
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f.r[i] = r[i];
+    }
+}
+#endif
+
+// B's fragment of one 16 x 16 tile of packed weights in shared memory, dequantised in registers (spatialc_w4_regs):
+// one aligned 32-bit load a lane.
+template <int FORMAT, bool LOW_FIRST, class T>
+__device__ __forceinline__ void spatialc_w4_load_b(spatialc_frag<T>& f, const unsigned char* tile, float s0, float s1,
+                                                   float b0, float b1)
+{
+    const unsigned w = SPATIALC_PAGE_LD(reinterpret_cast<const unsigned*>(tile) + (threadIdx.x & 31u));
+    unsigned r[4];
+    spatialc_w4_regs<FORMAT, LOW_FIRST, T>(r, w, s0, s1, b0, b1);
+    spatialc_b_from_regs(f, r);
+}
+#endif  // SPATIALC_TENSOR_CORE

@@ -10,7 +10,7 @@ on its own warps) and owns all flow control.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -360,6 +360,11 @@ class TilePrinter:
             return "bt" if b.layout.swizzled else "bt_row"
         return "b_row" if sized_as(mm.operand) != Precision.INT8 and b.layout == PageLayout.ROW else "b"
 
+    def b_fragment(self, mm: MatmulTiles, b: Ring, frag: str, tile: Callable[[str], str], slot: str, kk: str) -> None:
+        """Print the load of one B fragment, page slot `slot` at `tile(kk)` (a form's mixin may read it otherwise:
+        the general form's W4A16 register path, common/dequant.py)."""
+        self.w.line(self.operand_load(self.b_loader(mm, b), frag, tile, kk, 1))
+
     @staticmethod
     def b_slot(mm: MatmulTiles, col: str, kk: str, rows: str) -> str:
         """The page slot of B's tile (kk, col): `rows` (row-major over the page's sw·osw columns) — or, where the
@@ -399,7 +404,11 @@ class TilePrinter:
         def step(kk: str, n: int) -> None:
             self.w.line(f"spatialc_frag<OPT> bf[{sw * rn}];")
             with self.unrolled(f"for (int c = 0; c < {sw * rn}; ++c)"):
-                self.w.line(self.operand_load(self.b_loader(mm, b_ring), "bf[c]", b_tile, kk, n))
+                if n == 1:
+                    slot = self.b_slot(mm, col, kk, f"({kk} * {sw * blk.osw} + {col})")
+                    self.b_fragment(mm, b_ring, "bf[c]", b_tile, slot, kk)
+                else:
+                    self.w.line(self.operand_load(self.b_loader(mm, b_ring), "bf[c]", b_tile, kk, n))
             with self.unrolled(f"for (int r = 0; r < {sh * rm}; ++r)"):
                 self.w.line("spatialc_frag<OPT> af;")
                 self.w.line(self.operand_load(self.a_loader(mm, a_ring), "af", a_tile, kk, n))
@@ -423,7 +432,11 @@ class TilePrinter:
         def step(kk: str, n: int) -> None:
             self.w.line("spatialc_frag<OPT> af, bf;")
             self.w.line(self.operand_load(self.a_loader(mm, a), "af", a_tile, kk, n))
-            self.w.line(self.operand_load(self.b_loader(mm, b), "bf", b_tile, kk, n))
+            if n == 1:
+                slot = self.b_slot(mm, "oj", kk, f"({c_mul(kk, w)} + oj)")
+                self.b_fragment(mm, b, "bf", b_tile, slot, kk)
+            else:
+                self.w.line(self.operand_load(self.b_loader(mm, b), "bf", b_tile, kk, n))
             self.w.line(self.mma(f"{self.accf}[q]", "af", "bf", n))
 
         with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):

@@ -20,16 +20,25 @@ inline unsigned spatialc_w4_code(double v, int format)
     return code | (std::signbit(v) ? 8u : 0u);
 }
 
-// B (rows × cols values, rows even) packed two a byte along K and tiled: tile (ti, tj) of 16 × 16 values is 128 bytes
-// at (ti * cols_t + tj) * 128, byte (r / 2) * 16 + c holding row r of column c in its low nibble for even r, its
-// high nibble for odd r.
+// Where the byte of rows 2p, 2p + 1 (p = 0..7) of column c (0..15) lies in its tile's 128 bytes: lane
+// L = 4 (c % 8) + p % 4 of a warp reads 32-bit word L, which holds its four B registers' bytes in mma.sync's order
+// (rows 2t, 2t + 1 of column n; rows 2t + 8, 2t + 9; the same of column n + 8; t = L % 4, n = L / 4): dequant.cuh's
+// spatialc_w4_load_b reads a tile with one aligned 32-bit load a lane (lower/cuda/common/dequant.py).
+inline size_t spatialc_w4_tile_byte(int p, int c)
+{
+    return (size_t)(16 * (c % 8) + 4 * (p % 4) + 2 * (c / 8) + p / 4);
+}
+
+// B (rows × cols values) packed two a byte along K and tiled: tile (ti, tj) of 16 × 16 values is 128 bytes at
+// (ti * cols_t + tj) * 128, byte spatialc_w4_tile_byte(r % 16 / 2, c % 16) holding row r of column c in its low
+// nibble for even r, its high nibble for odd r.
 template <typename T>
 inline void spatialc_tilize_w4(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t,
                                int format)
 {
     for (int i = 0; i < rows; ++i) {
         for (int j = 0; j < cols; ++j) {
-            const size_t at = ((size_t)(i / 16) * cols_t + j / 16) * 128 + (size_t)((i % 16) / 2) * 16 + j % 16;
+            const size_t at = ((size_t)(i / 16) * cols_t + j / 16) * 128 + spatialc_w4_tile_byte((i % 16) / 2, j % 16);
             const unsigned code = spatialc_w4_code(x[(size_t)i * cols + j], format);
             t[at] = (T)(t[at] | (i % 2 ? code << 4 : code));
         }

@@ -58,7 +58,7 @@ from ...errors import TooBig, Unsupported
 from ..common import epilogue
 from ..common.blockscale import SCALED_FRAGMENTS
 from ..common.clusters import Multicast, check_cluster, multicast
-from ..common.dequant import packed_rings
+from ..common.dequant import DEQUANT_IN, packed_rings
 from ..common.handover import clusters, sync_words
 from ..common.host import assemble
 from ..common.program import (
@@ -156,6 +156,9 @@ class GeneralKernel:
     # The rings the compute warps keep in registers (registers.py), by template: the fragment layer whose layout
     # each holds, or None for a row vector. Not in `rings.rings`: they have no page and no barriers.
     in_registers: dict[int, int | None] = field(default_factory=dict)
+    # Where a W4A16 GEMM's weights are dequantised (common/dequant.py): "registers", straight into the matmul's B
+    # fragments from the packed page, or "shared", into a B operand page the matmul loads as any.
+    dequant: str = "registers"
 
     @property
     def cooperative(self) -> bool:
@@ -655,9 +658,12 @@ def budget_of(k: GeneralKernel, target: SpatialTarget) -> Budget:
     )
 
 
-def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
-    """The general-form CUDA artifact of a verified program, or a typed error saying what it cannot print yet."""
-    k = make_kernel(program, target)
+def lower(program: SpatialProgram, target: SpatialTarget, dequant: str = "registers") -> CudaArtifact:
+    """The general-form CUDA artifact of a verified program, or a typed error saying what it cannot print yet.
+    `dequant`: where a W4A16 GEMM's weights are dequantised ("registers", or "shared": the B operand page)."""
+    if dequant not in DEQUANT_IN:
+        raise ValueError(f"dequant is one of {', '.join(DEQUANT_IN)}, not {dequant!r}")
+    k = dataclasses.replace(make_kernel(program, target), dequant=dequant)
     opt_in = k.dyn_bytes > target.smem_static_max
     fixed = len(k.classes) > 1  # the sites run different programs: exactly these sites run
     launch = launch_for(

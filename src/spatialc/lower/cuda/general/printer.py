@@ -57,7 +57,7 @@ from ..common.cwriter import (
     site_prologue,
     span_count,
 )
-from ..common.dequant import DequantPrinter, has_dequant, param_c_type
+from ..common.dequant import DequantPrinter, InRegisters, has_dequant, param_c_type, register_rings
 from ..common.handover import HandoverPrinter
 from ..common.maps import MapPrinter
 from ..common.program import other_outputs
@@ -128,9 +128,12 @@ class EnginePrinter(
         replaced has none)."""
         kinds = {Reserve: "rsv", Push: "psh", Wait: "wt", Pop: "pop"}
         used: dict[int, set[str]] = {}
+        in_registers = self.register_rings(self.role.programs)  # a W4A16 operand page the register path does without
         for op in self.role.walk():
             kept = (
-                not self.k.rings.is_fused(op.buf) and not self.held(op.buf)
+                not self.k.rings.is_fused(op.buf)
+                and not self.held(op.buf)
+                and self.k.rings.template[op.buf] not in in_registers
                 if isinstance(op, Reserve | Push | Wait | Pop)
                 else False
             )
@@ -151,9 +154,12 @@ class EnginePrinter(
 
     def ops(self, ops: tuple[ChoreoOp, ...], env: dict[LoopVar, str]) -> None:
         before: ChoreoOp | None = None
+        ops = self.fuse(ops, env)  # a W4A16 GEMM's dequant in registers (common/dequant.py)
         for i, op in enumerate(ops):
             self.after = ops[i + 1] if i + 1 < len(ops) else None
-            if isinstance(op, SemSet):
+            if isinstance(op, InRegisters):
+                self.elided(op)
+            elif isinstance(op, SemSet):
                 if not reset_image(self.k.multicast, op, self.w):
                     self.reset(op, before)
             else:
@@ -319,7 +325,6 @@ def preamble(k: GeneralKernel) -> list[str]:
     ]
     lines += [f"#include <{h}>" for h in includes(k.types.operand)]
     lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *inlined_lines("general/mbarrier.cuh"), ""]
-    lines += [*inlined_lines("common/dequant.cuh"), ""] if has_dequant(p) else []
     more_loads = any(  # a matmul reading float32 values (attention's P, rounded as loaded) or Bᵀ (its K)
         isinstance(op, Compute) and isinstance(op.op, MatmulTiles) and (op.op.transpose_b or float_page(op.ins[0]))
         for role in k.roles
@@ -327,6 +332,8 @@ def preamble(k: GeneralKernel) -> list[str]:
     )
     # A map program's kernel multiplies nothing: no tensor-core layer, no accumulator type, no compute warps.
     lines += [*tensor_core_lines(k.rings, k.types, more_loads), ""] if k.accumulates else []
+    # (after the tensor-core layer: its register path fills that layer's fragments)
+    lines += [*inlined_lines("common/dequant.cuh"), ""] if has_dequant(p) else []
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;"]
     lines += [f"typedef {k.types.acc} ACCT;"] if k.accumulates else []
@@ -421,12 +428,16 @@ def by_class(k: GeneralKernel, role: Role, w: Writer, body) -> None:
 
 def declare_rings(k: GeneralKernel, w: Writer) -> None:
     """Each ring's pages and its full and empty barriers, in the dynamic block at their offsets."""
+    unused = register_rings(k, (ops for role in k.roles for ops in role.programs))
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]
-        w.line(
-            f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_RING_{rid}, "
-            f"DEPTH_{rid}, PAGE_{rid});"
-        )
+        if rid in unused:
+            w.line(f"// ring_{rid}: a W4A16 operand page the register path never writes (common/dequant.py)")
+        else:
+            w.line(
+                f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_RING_{rid}, "
+                f"DEPTH_{rid}, PAGE_{rid});"
+            )
         for kind in ("full", "empty"):
             w.line(
                 f"SPATIALC_DYNAMIC_RING(unsigned long long, {kind}_{rid}, spatialc_dyn_smem, "
