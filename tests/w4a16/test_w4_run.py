@@ -204,3 +204,14 @@ def test_a_zero_point_or_e8m0_scale_out_of_range_is_one_typed_line(built):
     x = w4_inputs(p, seed=14, exact=True, packed=False)
     with pytest.raises(spatialc.InputError, match=r"tensor scale is e8m0 but .* is not one of its powers of two"):
         L.run_with(W4Device(art, fmt), art, **dict(x, scale=x["scale"] * 3))
+
+
+def test_inside_cuda_graph_capture_the_host_laid_bytes_are_refused_before_anything_is_bound(built, monkeypatch):
+    """The 4-bit bytes are made on the host (`runtime/w4_args.py`), which a call inside capture (`checked=False`)
+    cannot wait for: one line naming the tensors, before any value is read."""
+    art = built["int4-zeros-bf16"][1]
+    monkeypatch.setattr(L, "bind", lambda *a, **k: pytest.fail("bound inside capture"))
+    with pytest.raises(L.LaunchError) as e:
+        L.bound_operands(art, (), {}, checked=False)
+    text = str(e.value)
+    assert "\n" not in text and text.startswith("B") and "CUDA-graph capture" in text, text
