@@ -274,3 +274,16 @@ def test_the_cli_checks_a_grouped_block_scaled_gemm_and_refuses_in_one_line(caps
     assert main([*argv, "--precision", "bf16"]) == 2
     err = capsys.readouterr().err
     assert "block scales are for 8-bit float operands" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_python_guides_example_runs():
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "python.md").read_text()
+    (example,) = [b for b in re.findall(r"```python\n(.*?)```", guide, re.S) if "grouped_gemm" in b and "scales=" in b]
+    space = {"np": np, "spatialc": spatialc}
+    exec(compile(example, "docs/python.md", "exec"), space)
+    c, p, x = space["c"], space["p"], space["x"]
+    assert c.shape == (4, 64, 256) and not c[1].any() and np.array_equal(c, reference(p, x))
+    # every scale 0.5 · 2.0 = 1: the plain grouped product of the fp8 operands, each group to its count
+    a, b = (np.asarray(x[k], np.float64) for k in ("A", "B"))
+    want = np.stack([np.where(np.arange(64)[:, None] < m, a[g] @ b[g], 0) for g, m in enumerate(x["sizes"])])
+    assert np.allclose(c, want, rtol=2**-23, atol=1e-6)
