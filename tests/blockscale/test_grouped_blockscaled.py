@@ -25,6 +25,7 @@ from spatialc.inputs import specs_of
 from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW
 from spatialc.ir.nodes import SpatialProgram
 from spatialc.ir.ops import TileAddr
+from spatialc.ir.printer import program_text
 from spatialc.numerics.blockscale import program_scales
 from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
@@ -235,6 +236,21 @@ def test_the_emulated_kernel_is_within_the_bound_and_a_wrong_expert_is_caught(ba
     wrong = emulated(base, ins, f"const int sg = (item_y + 1) % {GROUPS};")  # the next expert's scales
     ok, how = spatialc.tolerance(base, kernel=True).check(wrong, ins)
     assert not ok, how
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_per_row_and_per_column_scales_emulated_within_the_bound():
+    """("row", "col"): scale_b is one row of N a group (its stacked tiles kept: not taken for a bias-like vector)."""
+    p = grouped(("row", "col"))
+    ins = inputs_of(p, seed=12)
+    ok, how = spatialc.tolerance(p, kernel=True).check(emulated(p, ins), ins)
+    assert ok, how
+
+
+def test_a_grouped_block_scaled_program_round_trips_through_json(base):
+    back = spatialc.from_json(spatialc.to_json(base))
+    assert back.schedule == base.schedule and "group 1*item_y" in program_text(back)
 
 
 def _cached_compile(text: str, where: Path, ccs: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
