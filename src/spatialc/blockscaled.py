@@ -10,7 +10,10 @@ The names of the scale layouts (one per operand; `numerics.blockscale` defines w
     "tensor"  one value for all of A              "tensor"  one value for all of B
 
 A's scales are the parameter tensor `scale_a` of shape (⌈M / R⌉, ⌈K / G⌉), B's `scale_b` of (⌈K / G⌉, ⌈N / C⌉),
-float32 (bf16 and float8_e8m0fnu arrays are taken exactly; other floats rounded to float32, nearest even).
+float32 (bf16 and float8_e8m0fnu arrays are taken exactly; other floats rounded to float32, nearest even). A grouped
+GEMM's (`grouped_gemm(..., scales=...)`: DeepGEMM's grouped fp8 kernels of a mixture-of-experts layer) are a
+matrix a group: scale_a (G, ⌈MAXROWS / R⌉, ⌈K / G⌉) — each expert's rows — and scale_b (G, ⌈K / G⌉, ⌈N / C⌉) —
+each expert's B; "tensor" is then one value a group.
 """
 
 from __future__ import annotations
@@ -54,9 +57,10 @@ def layout(which: str, name: object, outer: int, k: int) -> tuple[int, int]:
     return block_outer, block_k
 
 
-def with_scales(p: SpatialProgram, scales: object, m: int, n: int, k: int) -> SpatialProgram:
+def with_scales(p: SpatialProgram, scales: object, m: int, n: int, k: int, groups: int = 1) -> SpatialProgram:
     """The gemm program `p` made block-scaled by `scales`, a pair of layout names (A's, B's): its matmul promotes
-    each K step with the scale tensors scale_a and scale_b, two parameters more."""
+    each K step with the scale tensors scale_a and scale_b, two parameters more (a grouped GEMM's: `groups` matrices
+    each, stacked, `m` its most rows)."""
     if not isinstance(scales, tuple | list) or len(scales) != 2:
         raise ProgramError(f"scales is a pair of layout names, A's and B's (e.g. ('1x128', '128x128')), not {scales!r}")
     if p.precision not in FP8_PRECISIONS:
@@ -72,8 +76,8 @@ def with_scales(p: SpatialProgram, scales: object, m: int, n: int, k: int) -> Sp
     b_outer_blocks, b_k_blocks = scale_shape(sb, n, k)  # B's tensor is stored (K blocks, column blocks)
     tensors = (
         *p.tensors,
-        _param(sa.tensor, SCALE_NAMES[0], scale_shape(sa, m, k), p.tile.rows),
-        _param(sb.tensor, SCALE_NAMES[1], (b_k_blocks, b_outer_blocks), p.tile.rows),
+        _param(sa.tensor, SCALE_NAMES[0], scale_shape(sa, m, k), p.tile.rows, groups),
+        _param(sb.tensor, SCALE_NAMES[1], (b_k_blocks, b_outer_blocks), p.tile.rows, groups),
     )
     stages = tuple(
         dataclasses.replace(s, kind=ComputeStage(dataclasses.replace(s.kind.op, scales=BlockScales(sa, sb))))
@@ -85,9 +89,9 @@ def with_scales(p: SpatialProgram, scales: object, m: int, n: int, k: int) -> Sp
     return dataclasses.replace(p, name=p.name + tag, tensors=tensors, stages=stages)
 
 
-def _param(tid: TensorId, name: str, shape: tuple[int, int], side: int) -> Tensor:
-    tiles = (math.ceil(shape[0] / side), math.ceil(shape[1] / side))
-    return Tensor(tid, name, TensorRole.PARAMETER, shape, tiles, DType.FLOAT32)
+def _param(tid: TensorId, name: str, shape: tuple[int, int], side: int, groups: int) -> Tensor:
+    tiles = (groups * math.ceil(shape[0] / side), math.ceil(shape[1] / side))  # a grouped tensor's: stacked
+    return Tensor(tid, name, TensorRole.PARAMETER, shape, tiles, DType.FLOAT32, groups=groups)
 
 
 def _tag(name: str) -> str:

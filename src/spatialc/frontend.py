@@ -376,11 +376,13 @@ def grouped_gemm(
     epilogue: list[Epilogue] | tuple[Epilogue, ...] = (),
     target: str = "sm_90",
     out: str | None = None,
+    scales: Any = None,
 ) -> SpatialProgram:
     """The program C[g, :m_g] = epilogue(A[g, :m_g] @ B[g]) for g = 0 … groups − 1 (a mixture-of-experts layer),
     before tiling. A is (groups, max_rows, k), B (groups, k, n), C (groups, max_rows, n); the row counts m_g ≤
     max_rows arrive at run time, as the int32 parameter tensor `sizes` of `groups` values. Rows of A at or past m_g
-    are not read, rows of C there not written. A bias is one row of n values that every group adds."""
+    are not read, rows of C there not written. A bias is one row of n values that every group adds. `scales`, as
+    gemm's: block-scaled, each group with its own scale tensors (`spatialc.blockscaled`: DeepGEMM's grouped fp8)."""
     groups = _dim("groups", groups)
     if groups > MAX_GROUPS:
         raise ProgramError(f"groups must be at most {MAX_GROUPS}, not {groups}")
@@ -392,7 +394,12 @@ def grouped_gemm(
             "a grouped GEMM's epilogue takes a bias and elementwise ops; row and column scales, residuals and gates"
             " are for gemm"
         )
-    return _gemm(max_rows, n, k, precision, epilogue, target, out, groups)
+    program = _gemm(max_rows, n, k, precision, epilogue, target, out, groups)
+    if scales is None:
+        return program
+    from .blockscaled import with_scales  # each group's scales a matrix of their own (spatialc/blockscaled.py)
+
+    return with_scales(program, scales, int(max_rows), int(n), int(k), groups)
 
 
 def _gemm(

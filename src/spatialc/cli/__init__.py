@@ -289,14 +289,13 @@ def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
             help="share operand pages over groups of GY x GX sites: one site of a group row reads each A page and"
             " multicasts it along the row, one of a group column each B page (default: no groups)",
         )
-    if split:  # a block-scaled 8-bit float GEMM (spatialc/blockscaled.py names the layouts)
-        g.add_argument(
-            "--scales",
-            type=_scale_layouts,
-            metavar="A,B",
-            help="e4m3 / e5m2: block-scaled, A's and B's scale layouts (1x128,128x128 is DeepGEMM's; row, col, tensor)"
-            " — C = Σ over each 128 of K of (A_g @ B_g) · scale_a · scale_b",
-        )
+    g.add_argument(  # a block-scaled 8-bit float GEMM (spatialc/blockscaled.py names the layouts), grouped or not
+        "--scales",
+        type=_scale_layouts,
+        metavar="A,B",
+        help="e4m3 / e5m2: block-scaled, A's and B's scale layouts (1x128,128x128 is DeepGEMM's; row, col, tensor)"
+        " — C = Σ over each 128 of K of (A_g @ B_g) · scale_a · scale_b (a grouped GEMM: each group's own)",
+    )
     if split:  # a GEMM's epilogue may read vectors of C's rows and a tensor of C's shape; a grouped GEMM's not yet
         g.add_argument(
             "--row-scale",

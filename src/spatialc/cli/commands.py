@@ -67,10 +67,19 @@ def cmd_gemm(args: argparse.Namespace) -> int:
 
 def cmd_grouped_gemm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a grouped GEMM on random operands and the given (or random) row counts."""
+    scales = args.scales
     prog = api.grouped_gemm(
-        args.groups, args.max_rows, args.n, args.k, args.precision, epilogue=epilogue_of(args), out=args.out
+        args.groups,
+        args.max_rows,
+        args.n,
+        args.k,
+        args.precision,
+        epilogue=epilogue_of(args),
+        out=args.out,
+        scales=scales,
     )
     head = f"spatialc grouped-gemm {args.groups} groups of at most {args.max_rows}x{args.n}x{args.k} {args.precision}"
+    head += f", scales {','.join(scales)}" if scales else ""
     p, inputs, times, plan = _built(args, prog, head, "")
     if args.sizes is not None:
         if len(args.sizes) != args.groups:

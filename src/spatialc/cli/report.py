@@ -49,7 +49,8 @@ def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bo
         elif t.name in counts:  # a grouped GEMM's row counts: anything from none to all of a group's rows
             out[t.name] = rng.integers(0, counts[t.name] + 1, size=t.elems[1]).astype(np.int32)
         elif t.role.value == "parameter" and t.id in scale_tensors:  # block scales: positive, of their shape
-            out[t.name] = rng.uniform(0.5, 2.0, size=t.elems).astype(np.float32)
+            size = (t.groups, *t.elems) if t.groups > 1 else t.elems  # a grouped GEMM's: a matrix a group
+            out[t.name] = rng.uniform(0.5, 2.0, size=size).astype(np.float32)
         elif t.role.value == "parameter":
             n = t.elems[0] * t.elems[1]  # a column vector's n values, a row vector's m
             out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)

@@ -17,6 +17,7 @@ from ..ir.ops import (
     Requant,
     RowReduce,
     ScaleAcc,
+    TileAddr,
     VecAxis,
     arg_indices,
     cols,
@@ -68,7 +69,7 @@ class ComputeEmitter(EmitterBase):
         if mm.scales is not None:  # block-scaled: the step promoted at once (interp/blockscale.py)
             sc, where = mm.scales, (lambda: self.where(op))
             sa, sb = (self.const(self.m.store(s.tensor, where), "t") for s in (sc.a, sc.b))
-            at = ", ".join(self.addr(x, op) for x in (sc.rows, sc.cols, sc.k))
+            at = ", ".join(self.addr(x, op) for x in (sc.rows, sc.cols, sc.k, sc.group or TileAddr(0)))
             self.emit(f"scaled_step(E, {i}, x, y, {a}, {g}, {self.const(sc, 's')}, {sa}, {sb}, {at})")
             return
         self.emit(f"if {a}.geom is not {g}:", f"    set_geom(E, {i}, {a}, {g})", f"{a}.a.append(x)", f"{a}.b.append(y)")

@@ -57,13 +57,16 @@ class BlockScales:
     """The scales a block-scaled matmul promotes each K step's product with: acc += (A-page × B-page) · sa · sb,
     sa of each row (A's scale of the step's K group), sb of each column (B's). The schedule sets where the step is:
     `rows` its page's first tile row (of A and C), `cols` its first tile column (of B and C), `k` its first K tile;
-    a step lies within one K group of each operand (verify's rule 8 proves it)."""
+    a step lies within one K group of each operand (verify's rule 8 proves it). A grouped GEMM's (its scale tensors
+    hold a matrix a group, stacked as the grouped tensors): `group` the step's group, `rows` its first tile row within
+    the group; None where the program has one group."""
 
     a: KScale
     b: KScale
     rows: TileAddr = field(default_factory=lambda: TileAddr(0))
     cols: TileAddr = field(default_factory=lambda: TileAddr(0))
     k: TileAddr = field(default_factory=lambda: TileAddr(0))
+    group: TileAddr | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,7 @@ def _scales_text(s: BlockScales, p: SpatialProgram | None) -> str:
     """A block-scaled matmul's promotion: each scale tensor, its block, and where the step is."""
     a, b = (_tensor(p, x.tensor) if p is not None else f"tensor{int(x.tensor)}" for x in (s.a, s.b))
     where = f" at row {addr_text(s.rows)} col {addr_text(s.cols)} k {addr_text(s.k)}"
+    where += f" group {addr_text(s.group)}" if s.group is not None else ""  # a grouped GEMM's: its group's scales
     return f" promoted by {a}[{s.a.outer}x{s.a.k}] {b}[{s.b.k}x{s.b.outer}]" + where
 
 

@@ -6,7 +6,9 @@ C = Σ_g (A_g · B_g) · sa[i, g] · sb[g, j]: K is cut into steps of PROMOTION_
 B for that step's K group, and added to the float32 accumulator — DeepGEMM's promotion. A scale tensor holds one
 float32 value per block of `outer` × `k` elements of its operand (`ops.KScale`): A's of element (i, k) is
 sa[i // outer, k // k_block], B's of (k, j) is sb[k // k_block, j // outer]. A step lies within one K group of
-each operand (`k` is a multiple of 128, or all of K).
+each operand (`k` is a multiple of 128, or all of K). A grouped GEMM's (a mixture-of-experts layer, DeepGEMM's
+grouped fp8 kernels): each group g has scale tensors of its own, sa[g] and sb[g] of the shapes above, and
+C[g] = Σ_s (A[g]_s · B[g]_s) · sa[g][i, s] · sb[g][s, j] — a group's products take no other group's scale.
 
 Rounding of each stage, in the reference (and the interpreter, which runs the same operations in the same order):
 - the partial sum of a step: exact in float64 for e4m3 (products of two e4m3 values have 8 significant bits and lie
@@ -117,7 +119,8 @@ def scale_values(p: Any, scales: BlockScales, inputs: Any) -> tuple[np.ndarray, 
     out = []
     for s in (scales.a, scales.b):
         t = p.tensor(s.tensor)
-        out.append(np.asarray(operand_values(t.name, inputs[t.name], t.dtype), np.float64).reshape(t.elems))
+        shape = (t.groups, *t.elems) if t.groups > 1 else t.elems  # a grouped GEMM's: a matrix a group
+        out.append(np.asarray(operand_values(t.name, inputs[t.name], t.dtype), np.float64).reshape(shape))
     return out[0], out[1]
 
 
@@ -127,4 +130,14 @@ def program_sum(p: Any, a: np.ndarray, b: np.ndarray, inputs: Any, matmul: Any) 
     scales = program_scales(p)
     assert scales is not None
     sa, sb = scale_values(p, scales, inputs)
+    if a.ndim == 3:  # a grouped GEMM's (G, rows, K) @ (G, K, N): each group with its own scales
+        sums = [program_sum_of(a[g], b[g], sa[g], sb[g], scales, matmul) for g in range(a.shape[0])]
+        return np.stack([x for x, _ in sums]), np.stack([m for _, m in sums])
+    return program_sum_of(a, b, sa, sb, scales, matmul)
+
+
+def program_sum_of(
+    a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray, scales: BlockScales, matmul: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """(the block-scaled sum, M of the bound) of one product: one group's of a grouped GEMM."""
     return blockscaled_sum(a, b, sa, sb, scales, matmul), magnitude(a, b, sa, sb, scales, matmul)

@@ -163,9 +163,19 @@ def _grouped(p: SpatialProgram, read_a, read_b, write_c, reader, compute, writer
         },
     )
     writer = _swap(writer, {id(_find(writer, WriteTiles, 0)): strip(write_c, write_c.stride_h)})
+    compute = rewrite(compute, partial(_group_scales, h=h))
     return {
         e: (Loop(LV_ROW, rows, body),) for e, body in (("reader", reader), ("compute", compute), ("writer", writer))
     }
+
+
+def _group_scales(op: ChoreoOp, h: int) -> ChoreoOp:
+    """A grouped block-scaled step's scales: group item_y's (its scale tensors' own matrix), at row block `row`."""
+    if not isinstance(op, Compute) or not isinstance(op.op, MatmulTiles) or op.op.scales is None:
+        return op
+    rows, group = TileAddr(0, ((LV_ROW, h),)), TileAddr(0, ((LV_ITEM_Y, 1),))
+    scales = dataclasses.replace(op.op.scales, rows=rows, group=group)
+    return dataclasses.replace(op, op=dataclasses.replace(op.op, scales=scales))
 
 
 def _find(ops, kind, n: int):

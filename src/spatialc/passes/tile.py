@@ -530,7 +530,7 @@ def apply_plan(p: SpatialProgram, plan: Plan, form: str = "persistent") -> Spati
             t = dataclasses.replace(t, tiles=(padded[t.id][0] * t.groups, padded[t.id][1]))
         elif t.role == TensorRole.OUTPUT:
             t = dataclasses.replace(t, tiles=(rows_t * t.groups, cols_t))
-        elif t.role == TensorRole.PARAMETER and t.elems[0] == 1 and t.elems[1] == out_cols:  # a per-column vector
+        elif t.role == TensorRole.PARAMETER and tuple(t.elems) == (1, out_cols) and t.groups == 1:  # a column vector
             t = dataclasses.replace(t, tiles=(1, cols_t))
         tensors.append(t)
     planned = p.evolve(plans=(plan,), buffers=tuple(buffers), stages=stages, tensors=tuple(tensors))

@@ -6,6 +6,8 @@ column of B for the step's K group. The proof at a tile of C, for each product t
 shows the terms' K tiles cover K exactly once, so each step is promoted exactly once — a step promoted twice is a
 K tile summed twice, one skipped a K tile never summed):
 
+- a grouped GEMM's term reads the scale tensors' matrices of its own group — C's tile's group — and A's at its row
+  within the group (a program of one group reads no group);
 - the term is promoted with the scales the stage declares (the same tensors, blocks and groups: `same_op`), and
   a term of the stage's matmul with none is refused;
 - A's scales are read at the C tile's own row and B's at its own column (the op's address plus the tile's place
@@ -37,7 +39,7 @@ def unplaced(op: MatmulTiles) -> MatmulTiles:
     if op.scales is None:
         return op
     zero = TileAddr(0)
-    return dataclasses.replace(op, scales=dataclasses.replace(op.scales, rows=zero, cols=zero, k=zero))
+    return dataclasses.replace(op, scales=dataclasses.replace(op.scales, rows=zero, cols=zero, k=zero, group=None))
 
 
 def step_scales(op: MatmulTiles, addr: Callable[[TileAddr], Aff], row: Aff, col: Aff, kk: Aff) -> StepScales | None:
@@ -46,7 +48,8 @@ def step_scales(op: MatmulTiles, addr: Callable[[TileAddr], Aff], row: Aff, col:
     s = op.scales
     if s is None:
         return None
-    return StepScales(unplaced(op).scales, addr(s.rows) + row, addr(s.cols) + col, addr(s.k), kk)  # type: ignore[arg-type]
+    group = None if s.group is None else addr(s.group)
+    return StepScales(unplaced(op).scales, addr(s.rows) + row, addr(s.cols) + col, addr(s.k), kk, group)  # type: ignore[arg-type]
 
 
 def check_term(proof: _Proof, t: Product, mm: MatmulDecl, row: Aff, col: Aff, k: Aff, path: str) -> None:
@@ -62,6 +65,7 @@ def check_term(proof: _Proof, t: Product, mm: MatmulDecl, row: Aff, col: Aff, k:
     s = t.scale
     index = proof.site.index
     names = [index.tensors[x.tensor].name for x in (declared.a, declared.b)]
+    row = _group_checked(proof, t, s, row, names, path)
     for what, got, want in (
         (f"{names[0]} (A's scales) at tile row", s.row, row),
         (f"{names[1]} (B's) at tile column", s.col, col),
@@ -87,6 +91,33 @@ def check_term(proof: _Proof, t: Product, mm: MatmulDecl, row: Aff, col: Aff, k:
         fault = _straddles(s.k, width, scale, proof.site.index.p.tile.cols, proof.ranges)
         if fault is not None:
             raise proof.fail(f"{where}: {fault} of {name}, promoted with the first group's scale", t.a, t.b)
+
+
+def _group_checked(proof: _Proof, t: Product, s: StepScales, row: Aff, names: list[str], path: str) -> Aff:
+    """The tile row A's scales are read at: C's `row` itself, or a grouped GEMM's row within its group once the
+    scales are shown read at the group's own matrices (C's group, of the stacked output)."""
+    out = proof.decl.out
+    if out.groups == 1:
+        if s.group is not None:
+            raise proof.fail(
+                f"{proof.tile_text(proof.base())}{path} reads its scales at group {s.group.text()} of a program of one"
+                " group",
+                t.a,
+                t.b,
+            )
+        return row
+    group = proof.group_of(row)
+    if s.group is None or s.group != group:
+        got = "no group" if s.group is None else None
+        values = proof.base() if s.group is None else proof.differ([(s.group, group)], set(proof.ranges))
+        got = got or f"the scales of group {s.group.at(values)}"  # type: ignore[union-attr]
+        raise proof.fail(
+            f"{proof.tile_text(values)} ({proof.item_text(values)}){path} promotes group {group.at(values)}'s"
+            f" products with {got} ({names[0]}, {names[1]}): a scale of another group (expert) than its product's",
+            t.a,
+            t.b,
+        )
+    return row - group * out.group_tiles[0]
 
 
 def _straddles(first: Aff, width: int, scale: KScale, tile: int, ranges) -> str | None:

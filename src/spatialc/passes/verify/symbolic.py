@@ -170,9 +170,11 @@ class StepScales:
     col: Aff
     k: Aff
     kk: Aff
+    group: Aff | None = None  # a grouped GEMM's: the group whose scale matrices it reads
 
     def subst(self, m: Mapping[Sym, Aff]) -> StepScales:
-        return StepScales(self.scales, self.row.subst(m), self.col.subst(m), self.k.subst(m), self.kk.subst(m))
+        group = None if self.group is None else self.group.subst(m)
+        return StepScales(self.scales, self.row.subst(m), self.col.subst(m), self.k.subst(m), self.kk.subst(m), group)
 
 
 @dataclass(frozen=True, slots=True)

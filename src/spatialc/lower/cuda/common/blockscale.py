@@ -6,7 +6,8 @@ for the step's K group — as one float32 fused multiply-add (sa · sb one round
 fragment is row lane/4 + 8·((i/2) mod 2), column 8·(i/4) + 2·(lane mod 4) + i mod 2 of its tile (tensor_core.cuh),
 so each lane reads the scales of its own two rows and four columns straight from global memory (a scale tensor is
 a few values an item: rows of A × groups, groups × column blocks of B), tiled as every tensor is. A row or a
-column past the tensor's (an item's padding) has partial sums of zero and reads no scale.
+column past the tensor's (an item's padding) has partial sums of zero and reads no scale. A grouped GEMM's step
+reads its group's matrices of the scale tensors (each group on its own tile rows, stacked as A, B and C are).
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ class _Lookups(_Counts):
         # scale.
         self.rows_past = tc.plan.grid[0] * h * 16 > self.ta.elems[0] * s.a.outer
         self.cols_past = tc.plan.grid[1] * w * 16 > self.tb.elems[1] * s.b.outer
+        self.group = None if s.group is None else "sg"  # a grouped GEMM's step's group (`declare`)
         self.a_rows = (0,) if s.a.outer % 16 == 0 else (0, 8)
         self.b_cols = (0,) if s.b.outer % 16 == 0 else (0, 1, 8, 9)
         if declare:
@@ -175,6 +177,8 @@ class _Lookups(_Counts):
             f"const int sr0 = ({addr_expr(s.rows, env) or '0'}) * 16, sc0 = ({addr_expr(s.cols, env) or '0'}) * 16;"
         )
         tc.w.line(f"const int sk0 = ({addr_expr(s.k, env) or '0'}) * 16;")
+        if s.group is not None:  # a grouped GEMM's: the scale tensors' matrices of the step's group (expert)
+            tc.w.line(f"const int sg = {addr_expr(s.group, env) or '0'};  // the step's group")
         if self.a_scale is None:
             tc.w.line(
                 f"const int ga = sk0 / {s.a.k}, gb = sk0 / {s.b.k};  // the step's K group of A's and of B's scales"
@@ -196,10 +200,15 @@ class _Lookups(_Counts):
         if self.a_scale is not None:
             rows = [self.a_scale(f"(r + {d})") for d in self.a_rows]
         else:
-            rows = [_element(self.ta, f"(r + {d}) / {s.a.outer}", "ga", self.rows_past, False) for d in self.a_rows]
+            rows = [
+                _element(self.ta, f"(r + {d}) / {s.a.outer}", "ga", self.rows_past, False, self.group)
+                for d in self.a_rows
+            ]
         if self.item_b:
-            return rows, [_element(self.tb, "gb", f"sc0 / {s.b.outer}", False, self.cols_past)]
-        cols = [_element(self.tb, "gb", f"(c + {d}) / {s.b.outer}", False, self.cols_past) for d in self.b_cols]
+            return rows, [_element(self.tb, "gb", f"sc0 / {s.b.outer}", False, self.cols_past, self.group)]
+        cols = [
+            _element(self.tb, "gb", f"(c + {d}) / {s.b.outer}", False, self.cols_past, self.group) for d in self.b_cols
+        ]
         return rows, cols
 
 
@@ -225,10 +234,12 @@ def _each_fragment(tc: TilePrinter, body: Callable[[str, str], None]) -> None:
         body("bh", "bw")
 
 
-def _element(t: Tensor, row: str, col: str, row_past: bool, col_past: bool) -> str:
-    """Element (row, col) of the float32 tensor t, tiled as every tensor is; 0 where a row (col) may lie past its
-    elements (`row_past`, `col_past`) and does."""
+def _element(t: Tensor, row: str, col: str, row_past: bool, col_past: bool, group: str | None = None) -> str:
+    """Element (row, col) of the float32 tensor t, tiled as every tensor is (of a grouped tensor's matrix `group`,
+    its groups stacked, each on its own tile rows); 0 where a row (col) may lie past its elements (`row_past`,
+    `col_past`) and does."""
     rows, cols = t.elems
-    at = f"t{int(t.id)}[(({row}) / 16 * {t.tiles[1]} + ({col}) / 16) * {TILE_ELEMS} + ({row}) % 16 * 16 + ({col}) % 16]"
+    tile_row = f"({row}) / 16" if group is None else f"(({group}) * {t.group_tiles[0]} + ({row}) / 16)"
+    at = f"t{int(t.id)}[({tile_row} * {t.tiles[1]} + ({col}) / 16) * {TILE_ELEMS} + ({row}) % 16 * 16 + ({col}) % 16]"
     checks = [f"({row}) < {rows}"] * row_past + [f"({col}) < {cols}"] * col_past
     return f"({' && '.join(checks)} ? {at} : 0.0f)" if checks else at
