@@ -41,6 +41,16 @@ def gemm(p: lang.Builder, m: int = 64, n: int = 64, k: int = 64):
     grid = (m // 32, n // 64)
     p.plan(block=(2, 4, 4), grid=grid, k_tiles=k // 16, depth=2)
     p.place([list(range(grid[0] * grid[1]))], kind="grouped", band=1)
+
+    # The engines, each a function of its site run as the program is traced.
+    engines(p, mm, A, B, C, a_ring, b_ring, acc, c_ring, n=n, k=k)
+
+
+def engines(p: lang.Builder, mm, A, B, C, a_ring, b_ring, acc, c_ring, *, n: int, k: int, b_read=None, dequant=None):
+    """The reader, compute and writer engines of this GEMM. (A W4A16 GEMM, tests/w4a16/test_w4_lang.py, has the
+    same three: its reader fills `b_read` from B, and `dequant(e, kk, item)` turns that page into B's `b_ring` at
+    the start of each K step of the compute engine.)"""
+    b_in = b_read or b_ring  # the ring the reader fills from B
     steps = k // 64
     a_cols, b_cols, c_cols = k // 16, n // 16, n // 16  # tiles a row of each tensor: a tile (r, c) is r · cols + c
 
@@ -50,14 +60,16 @@ def gemm(p: lang.Builder, m: int = 64, n: int = 64, k: int = 64):
             for kk in e.range(steps, "k"):
                 with a_ring.reserve() as page:
                     page.read(A, 2 * a_cols * item.y + 4 * kk, 2, 4)
-                with b_ring.reserve() as page:
+                with b_in.reserve() as page:
                     page.read(B, 4 * b_cols * kk + 4 * item.x, 4, 4)
 
     @p.compute
     def multiply(e: lang.Engine):
-        for _ in e.items():
+        for item in e.items():
             acc.acquire()
-            for _ in e.range(steps, "k"):
+            for kk in e.range(steps, "k"):
+                if dequant:
+                    dequant(e, kk, item)
                 # The explicit forms: a `with` over both would free B's page first (Python leaves them inward out).
                 a, b = a_ring.wait(), b_ring.wait()
                 acc.matmul(mm, a, b)

@@ -85,6 +85,11 @@ def moved(base: int = 0, **strides: int) -> Callable[[TileAddr], TileAddr]:
     return go
 
 
+def rescaled(**fields) -> Callable[[SpatialProgram], SpatialProgram]:
+    """The edit that promotes each step with its scales read at other addresses (`scales`' fields)."""
+    return lambda p: compute(p, matmuls(scales(**fields)))
+
+
 def declared(p: SpatialProgram, f: Callable[[MatmulTiles], MatmulTiles]) -> SpatialProgram:
     """`p` with its matmul stage's op and every scheduled one replaced by f(op): a different program declared."""
     stages = tuple(
@@ -103,35 +108,35 @@ def _a_group(k: int):
 
 MUTATIONS: dict[str, tuple[Callable[[SpatialProgram], SpatialProgram], str]] = {
     "scales of the next K group": (
-        lambda p: compute(p, matmuls(scales(k=moved(8)))),
+        rescaled(k=moved(8)),
         r"promotes K tile 0 with the scales of the step at K tile 8: a scale of another K group than its product's",
     ),
     "scales of group 0 at every step": (
-        lambda p: compute(p, matmuls(scales(k=TileAddr(0)))),
+        rescaled(k=TileAddr(0)),
         r"promotes K tile 8 with the scales of the step at K tile 0",
     ),
     "scales of every other group": (
-        lambda p: compute(p, matmuls(scales(k=moved(k=16)))),
+        rescaled(k=moved(k=16)),
         r"promotes K tile 8 with the scales of the step at K tile 16",
     ),
     "A's scales a tile row down": (
-        lambda p: compute(p, matmuls(scales(rows=moved(1)))),
+        rescaled(rows=moved(1)),
         r"promotes with scale_a \(A's scales\) at tile row \d+, not its own \d+",
     ),
     "A's scales of the next item's rows": (
-        lambda p: compute(p, matmuls(scales(rows=moved(2)))),
+        rescaled(rows=moved(2)),
         r"scale_a \(A's scales\) at tile row",
     ),
     "A's scales of row block 0 for every item": (
-        lambda p: compute(p, matmuls(scales(rows=TileAddr(0)))),
+        rescaled(rows=TileAddr(0)),
         r"scale_a \(A's scales\) at tile row 0, not its own",
     ),
     "B's scales of the next column block": (
-        lambda p: compute(p, matmuls(scales(cols=moved(8)))),
+        rescaled(cols=moved(8)),
         r"promotes with scale_b \(B's\) at tile column \d+, not its own \d+",
     ),
     "B's scales at the item's row": (
-        lambda p: compute(p, matmuls(scales(cols=lambda at: TileAddr(0, ((LV_ITEM_Y, 2),))))),
+        rescaled(cols=lambda at: TileAddr(0, ((LV_ITEM_Y, 2),))),
         r"scale_b \(B's\) at tile column",
     ),
     "a step promoted twice": (
@@ -192,7 +197,7 @@ def test_split_k_contributors_are_held_to_their_own_groups():
     ins = inputs_of(p, seed=9)
     assert spatialc.tolerance(p).check(spatialc.evaluate(p, ins), ins)[0]
     with pytest.raises(SemanticError, match=r"with the scales of the step at K tile 0: a scale of another K group"):
-        verify(compute(p, matmuls(scales(k=TileAddr(0)))))
+        verify(rescaled(k=TileAddr(0))(p))
 
 
 @pytest.mark.parametrize(
@@ -209,10 +214,10 @@ def _sweep(p: SpatialProgram) -> dict[str, SpatialProgram]:
     out = {}
     for field in ("rows", "cols", "k"):
         for base in (-8, -2, -1, 1, 2, 8, 16):
-            out[f"{field} base {base:+d}"] = compute(p, matmuls(scales(**{field: moved(base)})))
+            out[f"{field} base {base:+d}"] = rescaled(**{field: moved(base)})(p)
         for var in ("k", "item_y", "item_x"):
             for stride in (0, 1, 2, 4, 8, 16):
-                out[f"{field} {var} stride {stride}"] = compute(p, matmuls(scales(**{field: moved(**{var: stride})})))
+                out[f"{field} {var} stride {stride}"] = rescaled(**{field: moved(**{var: stride})})(p)
     out["rows and cols exchanged"] = compute(
         p,
         matmuls(lambda op: scales(rows=op.op.scales.cols, cols=op.op.scales.rows)(op)),  # type: ignore[union-attr]

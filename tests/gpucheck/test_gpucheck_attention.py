@@ -164,22 +164,12 @@ def test_a_backend_an_earlier_process_lost_the_gpu_on_is_not_run_again(fake_gpu,
     capsys.readouterr()
 
 
-def test_prepare_compiles_the_fp8_and_attention_kernels_and_the_dry_run_lists_their_rows(tmp_path, capsys, monkeypatch):
+def test_prepare_compiles_the_fp8_and_attention_kernels_and_the_dry_run_lists_their_rows(
+    tmp_path, capsys, monkeypatch, fake_nvcc
+):
     from spatialc import gpucheck
     from spatialc.runtime import nvcc as N
 
-    monkeypatch.setattr(N, "find_nvcc", lambda: "/nonexistent/nvcc")
-    monkeypatch.setattr(N, "nvcc_version", lambda nvcc: "fake nvcc")
-
-    def compile_kernel(form, arch, timeout_s, cache):
-        from spatialc.gpucheck.prepare import source_hash
-
-        path = cache / f"{source_hash(form.artifact.kernel_cu)[:16]}.cubin"
-        path.write_bytes(form.artifact.kernel_cu.encode())
-        form.facts["ptxas"] = "not reported"
-        return path
-
-    monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", compile_kernel)
     prep, sizes = tmp_path / "prep", ["fp8:e4m3:64", "att:1x2:64:32:causal"]
     assert gpucheck.main([str(prep), "--prepare", "--sizes", *sizes, "--precisions", "bf16"]) == 0
     out = capsys.readouterr().out

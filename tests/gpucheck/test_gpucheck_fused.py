@@ -247,23 +247,13 @@ def test_the_goal_sets_the_fastest_right_fused_kernel_against_the_fastest_right_
 # ---- prepared, and found by the dry run ----------------------------------------------------------------------------
 
 
-def test_prepare_compiles_the_fused_and_layernorm_kernels_and_the_dry_run_finds_them(tmp_path, capsys, monkeypatch):
+def test_prepare_compiles_the_fused_and_layernorm_kernels_and_the_dry_run_finds_them(
+    tmp_path, capsys, monkeypatch, fake_nvcc
+):
     from spatialc import gpucheck
     from spatialc.gpucheck.prepare import Manifest
     from spatialc.runtime import nvcc as N
 
-    monkeypatch.setattr(N, "find_nvcc", lambda: "/nonexistent/nvcc")
-    monkeypatch.setattr(N, "nvcc_version", lambda nvcc: "fake nvcc")
-
-    def compile_kernel(form, arch, timeout_s, cache):
-        from spatialc.gpucheck.prepare import source_hash
-
-        path = cache / f"{source_hash(form.artifact.kernel_cu)[:16]}.cubin"
-        path.write_bytes(form.artifact.kernel_cu.encode())
-        form.facts["ptxas"] = "not reported"
-        return path
-
-    monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", compile_kernel)
     prep, sizes = tmp_path / "prep", ["fused:64", "map:layernorm:64x64"]
     assert gpucheck.main([str(prep), "--prepare", "--sizes", *sizes, "--precisions", "bf16"]) == 0
     out = capsys.readouterr().out

@@ -232,19 +232,7 @@ def test_the_map_table_gives_gb_s_and_shares_of_torch_and_the_copy():
 # ---- prepared, and found by the dry run ------------------------------------------------------------------------------
 
 
-def test_prepare_compiles_the_map_kernel_and_the_dry_run_finds_it(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(N, "find_nvcc", lambda: "/nonexistent/nvcc")
-    monkeypatch.setattr(N, "nvcc_version", lambda nvcc: "fake nvcc")
-
-    def compile_kernel(form, arch, timeout_s, cache):
-        from spatialc.gpucheck.prepare import source_hash
-
-        path = cache / f"{source_hash(form.artifact.kernel_cu)[:16]}.cubin"
-        path.write_bytes(form.artifact.kernel_cu.encode())
-        form.facts["ptxas"] = "not reported"
-        return path
-
-    monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", compile_kernel)
+def test_prepare_compiles_the_map_kernel_and_the_dry_run_finds_it(tmp_path, capsys, monkeypatch, fake_nvcc):
     prep = tmp_path / "prep"
     assert gpucheck.main([str(prep), "--prepare", "--sizes", "map:residual:64x64", "--precisions", "bf16"]) == 0
     out = capsys.readouterr().out

@@ -321,19 +321,7 @@ def test_the_norm_table_counts_the_functions_bytes_and_says_the_passes():
 # ---- prepared, and found by the dry run ------------------------------------------------------------------------------
 
 
-def test_prepare_compiles_the_norm_kernels_and_the_dry_run_finds_them(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(N, "find_nvcc", lambda: "/nonexistent/nvcc")
-    monkeypatch.setattr(N, "nvcc_version", lambda nvcc: "fake nvcc")
-
-    def compile_kernel(form, arch, timeout_s, cache):
-        from spatialc.gpucheck.prepare import source_hash
-
-        path = cache / f"{source_hash(form.artifact.kernel_cu)[:16]}.cubin"
-        path.write_bytes(form.artifact.kernel_cu.encode())
-        form.facts["ptxas"] = "not reported"
-        return path
-
-    monkeypatch.setattr("spatialc.gpucheck.prepare.compile_kernel", compile_kernel)
+def test_prepare_compiles_the_norm_kernels_and_the_dry_run_finds_them(tmp_path, capsys, monkeypatch, fake_nvcc):
     prep, sizes = tmp_path / "prep", ["map:softmax:64x64", "map:rmsnorm:64x64"]
     assert gpucheck.main([str(prep), "--prepare", "--sizes", *sizes, "--precisions", "bf16"]) == 0
     out = capsys.readouterr().out

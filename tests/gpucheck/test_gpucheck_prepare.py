@@ -107,10 +107,7 @@ def test_a_run_in_the_prepared_folder_finds_its_cubins(fake_gpu, tmp_path, capsy
     capsys.readouterr()
 
 
-def test_a_kernel_that_does_not_compile_is_recorded_and_the_prepare_exits_1(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(N, "find_nvcc", lambda: "/nonexistent/nvcc")
-    monkeypatch.setattr(N, "nvcc_version", lambda nvcc: "fake nvcc")
-
+def test_a_kernel_that_does_not_compile_is_recorded_and_the_prepare_exits_1(tmp_path, capsys, monkeypatch, fake_nvcc):
     tried = []
 
     def refuse(built, arch, timeout_s, cache):
@@ -137,11 +134,9 @@ def test_a_kernel_that_does_not_compile_is_recorded_and_the_prepare_exits_1(tmp_
         assert manifest.find(form.artifact.kernel_cu, kernel_arch(form.name, "sm_90"))[0] is None
 
 
-def test_a_case_without_a_general_form_prepares_its_other_kernels_alone(tmp_path, capsys, monkeypatch):
+def test_a_case_without_a_general_form_prepares_its_other_kernels_alone(tmp_path, capsys, monkeypatch, fake_nvcc):
     why = "no general form: shared memory of one block of the general form on sm_90: needs 299200, has 232448"
     lowered_as(monkeypatch, without_general(why))
-    monkeypatch.setattr(N, "find_nvcc", lambda: "/nonexistent/nvcc")
-    monkeypatch.setattr(N, "nvcc_version", lambda nvcc: "fake nvcc")
     compiled = []
 
     def compile_kernel(form, arch, timeout_s, cache):

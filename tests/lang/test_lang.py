@@ -482,7 +482,7 @@ def test_a_forgotten_pop_names_both_loops_it_unbalances(tmp_path):
         scope["gemm"]()  # type: ignore[operator]
     text = str(caught.value)
     reader = line_of(path, 'for kk in e.range(steps, "k"):', "def read")
-    compute = line_of(path, 'for _ in e.range(steps, "k"):', "def multiply")
+    compute = line_of(path, 'for kk in e.range(steps, "k"):', "def multiply")
     assert f"{path}:{reader}: site 0 reader: Loop k" in text and f"{path}:{compute}: site 0 compute: Loop k" in text, (
         text
     )
@@ -739,7 +739,7 @@ def test_a_fourth_engine_runs_on_warps_of_its_own_in_every_form():
         ('p.place([list(range(grid[0] * grid[1]))], kind="grouped", band=1)', 'p.place([[0]], kind="grouped", band=1)',
          "CoverageError", "p.place([[0]]"),
         ('p.read("read_B", B, b_ring)', 'p.read("read_B", B, b_ring, engine="mover")', "RingOwnershipError",
-         "with b_ring.reserve() as page:"),
+         "with b_in.reserve() as page:"),
     ],
     ids=["an overrun", "an item on no site", "a ring filled by another engine than its stage says"],
 )  # fmt: skip

@@ -4,8 +4,9 @@ for sm_80, sm_86 and sm_90 without a warning, spills nothing, and uses the stati
 
 nvcc is slow, so the texts of one target are compiled together: each artifact's program_cu and bench_cu inside a
 namespace of its own (its extern "C" kernel renamed for it), its macros undefined after it, in one translation unit
-per target (three nvcc calls, run in parallel). One program_cu is also compiled alone for all three architectures,
-as the self-contained text it is.
+per target (three nvcc calls, run in parallel). The two texts differ only in their host code, after the kernel: the
+kernel they share is compiled once, each text's own host code in a namespace of its own beside it. One program_cu
+is also compiled alone for all three architectures, as the self-contained text it is.
 """
 
 import re
@@ -108,22 +109,46 @@ def in_namespace(text, i, kind):
     return f"namespace spatialc_case_{i}_{kind} {{\n{text}}}\n{undef}"
 
 
+def split_host(program_cu, bench_cu):
+    """(the lines both texts begin with, program_cu's rest, bench_cu's rest) where the rests are host code (no
+    kernel, no macro), else None."""
+    p, b = program_cu.split("\n"), bench_cu.split("\n")
+    n = next((i for i, (x, y) in enumerate(zip(p, b, strict=False)) if x != y), min(len(p), len(b)))
+    rests = "\n".join(p[n:]), "\n".join(b[n:])
+    if any("__global__" in rest or "#define" in rest for rest in rests):
+        return None
+    return "\n".join(p[:n]) + "\n", *rests
+
+
+def case_texts(i, art):
+    """An artifact's program_cu and bench_cu, in namespaces: their shared kernel once (kind s) with each one's host
+    code in a namespace of its own (p, b) inside, or, where their kernels differ, each whole (kinds p and b)."""
+    split = split_host(art.program_cu, art.bench_cu)
+    if split is None:
+        return [in_namespace(art.program_cu, i, "p"), in_namespace(art.bench_cu, i, "b")]
+    head, program, bench = split
+    return [in_namespace(f"{head}namespace p {{\n{program}}}\nnamespace b {{\n{bench}}}\n", i, "s")]
+
+
 def translation_unit(arts):
-    """Every artifact's program_cu and bench_cu in one file: the headers first, so each text's includes are no-ops."""
+    """Every artifact's program_cu and bench_cu in one file: the headers first, so each text's includes are no-ops.
+    Also the number of kernels in it."""
     parts = [f"#include <{h}>\n" for h in INCLUDES]
+    kernels = 0
     for i, (_, art) in enumerate(arts):
-        for kind, text in (("p", art.program_cu), ("b", art.bench_cu)):
-            parts.append(in_namespace(text, i, kind))
+        texts = case_texts(i, art)
+        parts += texts
+        kernels += len(texts)
     parts.append("int main() { return 0; }\n")
-    return "".join(parts)
+    return "".join(parts), kernels
 
 
 def ptxas_entries(log):
-    """(case index, p/b, arch, spill bytes, static smem bytes) for each kernel ptxas compiled."""
+    """(case index, p/b/s, arch, spill bytes, static smem bytes) for each kernel ptxas compiled."""
     entries = []
     for chunk in re.split(r"(?=ptxas info\s+: Compiling entry function)", log)[1:]:
         head = re.search(r"Compiling entry function '(\S+)' for '(sm_\d+)'", chunk)
-        case = re.search(r"spatialc_case_(\d+)_([pb])", head.group(1))
+        case = re.search(r"spatialc_case_(\d+)_([pbs])", head.group(1))
         spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", chunk)
         smem = re.search(r"(\d+) bytes smem", chunk)
         entries.append(
@@ -145,30 +170,40 @@ def nvcc(src, out, archs):
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """target → (artifacts, nvcc result); "alone" → the result of one program_cu compiled by itself."""
+    """target → (artifacts, kernels, nvcc result); "alone" → the same for one program_cu compiled by itself."""
     d = tmp_path_factory.mktemp("nvcc")
     jobs = {}
     for tgt in TARGETS:
         arts = artifacts(tgt)
-        (d / f"{tgt}.cu").write_text(translation_unit(arts))
-        jobs[tgt] = (arts, (d / f"{tgt}.cu", d / tgt, [tgt]))
+        text, kernels = translation_unit(arts)
+        (d / f"{tgt}.cu").write_text(text)
+        jobs[tgt] = (arts, kernels, (d / f"{tgt}.cu", d / tgt, [tgt]))
     alone = dict(jobs["sm_86"][0])["fused_epilogue/bf16"]
     (d / "alone.cu").write_text(alone.program_cu)
-    jobs["alone"] = ([("alone", alone)], (d / "alone.cu", d / "alone", list(TARGETS)))
+    jobs["alone"] = ([("alone", alone)], 1, (d / "alone.cu", d / "alone", list(TARGETS)))
     with ThreadPoolExecutor(2) as pool:
-        runs = {key: pool.submit(nvcc, *args) for key, (_, args) in jobs.items()}
-        return {key: (jobs[key][0], runs[key].result()) for key in jobs}
+        runs = {key: pool.submit(nvcc, *args) for key, (_, _, args) in jobs.items()}
+        return {key: (*jobs[key][:2], runs[key].result()) for key in jobs}
+
+
+def test_an_artifacts_two_texts_differ_only_in_host_code_after_their_kernel():
+    """What lets the translation units compile each kernel once; a pair that differs in its kernel is compiled whole
+    (case_texts), so this is a check of speed, not of correctness."""
+    (name, art), *_ = artifacts("sm_90")
+    head, program, bench = split_host(art.program_cu, art.bench_cu)
+    assert "__global__" in head and "int main(" in program and "int main(" in bench, name
+    assert split_host(art.program_cu, art.bench_cu.replace("__global__", "__global__ /* changed */", 1)) is None
 
 
 @pytest.mark.parametrize("key", [*TARGETS, "alone"])
 def test_kernels_compile_clean_without_spills_and_with_the_predicted_static_smem(compiled, key):
-    arts, run = compiled[key]
+    arts, kernels, run = compiled[key]
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-6000:]
     assert "warning" not in log.lower(), log[-6000:]
     entries = ptxas_entries(log)
     archs = TARGETS if key == "alone" else (key,)
-    assert len(entries) == (1 if key == "alone" else 2) * len(arts) * len(archs)
+    assert len(entries) == kernels * len(archs)
     for case, kind, arch, spill, smem in entries:
         name, art = arts[case or 0]
         assert spill == 0, f"{name} ({kind}, {arch}) spills {spill} bytes"

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import hashlib
 import json
 import re
 import shutil
 import subprocess
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -557,19 +560,45 @@ def test_a_forced_plan_the_form_cannot_hold_is_refused_with_the_forms_reason():
 NVCC = shutil.which("nvcc")
 
 
+SM90A_NVCC = ["-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Werror", "all-warnings"]
+
+
+def sm90a_cubin(text: str, tmp_path) -> tuple[Path, str]:
+    """`text` compiled for sm_90a with -Werror and ptxas -v: (its cubin, nvcc's stderr). A compile that succeeded is
+    kept in the compile cache (`tests-sm90a` under runtime/cache.py's root, named by nvcc's version, the flags and
+    the text), so a kernel two tests compile — this file's 4096³ int8 kernel and test_sm90a_staging.py's — is
+    compiled once."""
+    from spatialc.runtime.cache import cache_dir
+
+    key = hashlib.sha256("\n".join([N.nvcc_version(NVCC), *SM90A_NVCC, text]).encode()).hexdigest()[:32]
+    kept = cache_dir("tests-sm90a", create=True) / key
+    if (kept / "k.cubin").is_file():
+        return kept / "k.cubin", (kept / "stderr.txt").read_text()
+    src, cubin = tmp_path / "k.cu", tmp_path / "k.cubin"
+    src.write_text(text)
+    done = subprocess.run(
+        [NVCC, *SM90A_NVCC, "-Xptxas", "-v", "-o", str(cubin), str(src)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    made = Path(tempfile.mkdtemp(dir=kept.parent))
+    (made / "stderr.txt").write_text(done.stderr)
+    shutil.copy(cubin, made / "k.cubin")
+    try:
+        made.rename(kept)
+    except OSError:  # another worker kept the same text first
+        shutil.rmtree(made, ignore_errors=True)
+    return cubin, done.stderr
+
+
 def compiled_clean(art, tmp_path):
     """The SASS instructions of `art`'s kernel, compiled for sm_90a with -Werror: no spills, no ptxas note of the
     C75xx family — setmaxnreg ignored (C7508), wgmma serialised (C7510–C7520), a warpgroup.arrive ptxas had to add
     (C7519) — (skips where cuobjdump is missing)."""
     from spatialc.runtime.sass import disassemble, find_cuobjdump
 
-    src, cubin = tmp_path / "k.cu", tmp_path / "k.cubin"
-    src.write_text(art.kernel_cu)
-    cmd = [NVCC, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Werror", "all-warnings"]
-    done = subprocess.run([*cmd, "-Xptxas", "-v", "-o", str(cubin), str(src)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "0 bytes spill stores, 0 bytes spill loads" in done.stderr
-    assert not re.findall(r"\(C75\d\d\)", done.stderr), done.stderr  # ptxas fixing or serialising the wgmma
+    cubin, log = sm90a_cubin(art.kernel_cu, tmp_path)
+    assert "0 bytes spill stores, 0 bytes spill loads" in log
+    assert not re.findall(r"\(C75\d\d\)", log), log  # ptxas fixing or serialising the wgmma
     tool = find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")

@@ -1,9 +1,13 @@
 """A W4A16 GEMM written by hand in spatialc.lang: the dequant prologue is an elementwise stage of a Dequant op
 (`p.elementwise`) and the compute engine applies it page by page (`e.compute`, its rows and columns given as the
-loop's and the item's tile addresses). Verified by rule 8 and equal to the reference; the same program with the
-scale read one K step late is refused."""
+loop's and the item's tile addresses). Its engines are examples/gemm_by_hand.py's (`engines`), B read into the
+ring the dequant stage empties. Verified by rule 8 and equal to the reference; the same program with the scale read
+one K step late is refused."""
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +21,16 @@ from spatialc.numerics.reference import reference
 from .w4_inputs import w4_inputs
 
 M, N, K, G = 32, 64, 256, 64
+
+
+def by_hand():
+    """examples/gemm_by_hand.py, as a module."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "gemm_by_hand.py"
+    spec = importlib.util.spec_from_file_location("gemm_by_hand", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def w4_gemm(late: int = 0):
@@ -41,39 +55,12 @@ def w4_gemm(late: int = 0):
         grid = (M // 32, N // 64)
         p.plan(block=(2, 4, 4), grid=grid, k_tiles=K // 16, depth=2)
         p.place([list(range(grid[0] * grid[1]))])
-        steps, a_cols, b_cols = K // 64, K // 16, N // 16
 
-        @p.reader
-        def read(e: lang.Engine):
-            for item in e.items():
-                for kk in e.range(steps, "k"):
-                    with a_ring.reserve() as page:
-                        page.read(A, 2 * a_cols * item.y + 4 * kk, 2, 4)
-                    with bq_ring.reserve() as page:
-                        page.read(B, 4 * b_cols * kk + 4 * item.x, 4, 4)
+        def dequantize(e: lang.Engine, kk, item):
+            with bq_ring.wait() as q, b_ring.reserve() as d:
+                e.compute(Dequant(op.weights, op.operand, G, op.scale, op.zero, 4 * kk + late, 4 * item.x, 4), q, d)
 
-        @p.compute
-        def multiply(e: lang.Engine):
-            for item in e.items():
-                acc.acquire()
-                for kk in e.range(steps, "k"):
-                    with bq_ring.wait() as q, b_ring.reserve() as d:
-                        placed = Dequant(op.weights, op.operand, G, op.scale, op.zero, 4 * kk + late, 4 * item.x, 4)
-                        e.compute(placed, q, d)
-                    a, b = a_ring.wait(), b_ring.wait()
-                    acc.matmul(mm, a, b)
-                    a.pop()
-                    b.pop()
-                with c_ring.reserve() as page:
-                    acc.pack(page)
-                acc.release()
-
-        @p.writer
-        def write(e: lang.Engine):
-            for item in e.items():
-                with c_ring.wait() as page:
-                    page.write(C, 2 * (N // 16) * item.y + 4 * item.x, 2, 4)
-
+        by_hand().engines(p, mm, A, B, C, a_ring, b_ring, acc, c_ring, n=N, k=K, b_read=bq_ring, dequant=dequantize)
         del dq
 
     return w4()
