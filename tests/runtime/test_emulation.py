@@ -123,6 +123,21 @@ def test_late_copies_land_at_the_wait_that_covers_them():
     np.testing.assert_array_equal(ints(probe("landing", "late")), [POISON, 11, POISON, 21])
 
 
+def test_one_binary_serves_both_modes_each_by_its_own_name_and_the_environment_cannot_name_a_third(monkeypatch):
+    """g++ runs once for a kernel text; the mode is the name's (`binary_mode`), read by the emulator from
+    SPATIALC_EMU_MODE when it starts — run by hand with another name there, it stops with one line."""
+    import os
+    import subprocess
+
+    late, early = compile_program(PROBE, "late"), compile_program(PROBE, "early")
+    assert late != early and os.path.samefile(late, early)
+    assert ints(probe("landing", "late")).tolist() != ints(probe("landing", "early")).tolist()
+    env = dict(os.environ, SPATIALC_EMU_MODE="eager")
+    done = subprocess.run([str(late)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "spatialc-emu: SPATIALC_EMU_MODE is 'eager'; use late or early"
+
+
 def test_early_copies_land_when_issued():
     np.testing.assert_array_equal(ints(probe("landing", "early")), [11, 11, 21, 21])
 

@@ -107,18 +107,18 @@ def _gxx(args: list[str], what: str) -> None:
         )
 
 
-def _flags(mode: str) -> list[str]:
-    return [*CXX_FLAGS, f"-DSPATIALC_EMU_MODE={mode}", "-DSPATIALC_EMU_LINKED"]
+def _flags() -> list[str]:
+    return [*CXX_FLAGS, "-DSPATIALC_EMU_LINKED"]
 
 
-def _prepared(mode: str) -> Path:
-    """A folder holding the headers, their precompiled form and the emulator's runtime object for `mode`.
+def _prepared() -> Path:
+    """A folder holding the headers, their precompiled form and the emulator's runtime object.
 
     Programs then compile only their own code (about a second) and link the runtime, instead of compiling the
     emulator's threads, barriers and race check every time.
     """
     headers = _headers()
-    folder = _runtime_folder(mode)
+    folder = _runtime_folder()
     if (folder / "runtime.o").exists():
         return folder
     with _lock(str(folder)):
@@ -128,7 +128,7 @@ def _prepared(mode: str) -> Path:
         try:
             for h in headers:
                 shutil.copy2(h, tmp / h.name)
-            header, flags = str(tmp / "cuda_emu.h"), _flags(mode)
+            header, flags = str(tmp / "cuda_emu.h"), _flags()
             _gxx([*flags, "-x", "c++-header", header, "-o", f"{header}.gch"], "the emulation header")
             impl = ["-DSPATIALC_EMU_IMPLEMENTATION", "-x", "c++", "-c", header]
             _gxx([*flags, *impl, "-o", str(tmp / "runtime.o")], "the emulation runtime")
@@ -140,41 +140,63 @@ def _prepared(mode: str) -> Path:
     return folder
 
 
-def _runtime_folder(mode: str) -> Path:
-    """Where `_prepared` keeps the runtime of `mode`: named by the compiler, the flags and the headers' text."""
+def _runtime_folder() -> Path:
+    """Where `_prepared` keeps the runtime: named by the compiler, the flags and the headers' text."""
     headers = _headers()
-    key = _digest(_compiler()[1], mode, *CXX_FLAGS, *(h.name.encode() + h.read_bytes() for h in headers))
-    return cache_dir() / f"rt-{mode}-{key}"
+    key = _digest(_compiler()[1], *CXX_FLAGS, *(h.name.encode() + h.read_bytes() for h in headers))
+    return cache_dir() / f"rt-{key}"
 
 
-def _binary_path(rt: Path, program_cu: str, mode: str) -> Path:
-    return cache_dir() / f"prog-{mode}-{_digest(rt.name, host_source(program_cu))}"
+def _binary_path(rt: Path, program_cu: str) -> Path:
+    return cache_dir() / f"prog-{_digest(rt.name, host_source(program_cu))}"
+
+
+def binary_mode(binary: Path) -> str | None:
+    """The mode a binary `compile_program` gave runs in: its name's suffix (`prog-….early`); None for another file.
+
+    One binary serves both modes (the emulator reads SPATIALC_EMU_MODE when it starts); each mode has its own name
+    for it, a hard link, so that whoever runs the path (`run_program`) runs the mode it was compiled for."""
+    suffix = binary.suffix.removeprefix(".")
+    return suffix if binary.name.startswith("prog-") and suffix in MODES else None
 
 
 def is_compiled(program_cu: str, mode: str = "late") -> bool:
     """Whether `compile_program` would find `program_cu`'s binary in the cache (else g++ takes seconds first)."""
     _check_mode(mode)
-    rt = _runtime_folder(mode)
-    return (rt / "runtime.o").exists() and _binary_path(rt, program_cu, mode).exists()
+    rt = _runtime_folder()
+    return (rt / "runtime.o").exists() and _binary_path(rt, program_cu).exists()
 
 
 def compile_program(program_cu: str, mode: str = "late") -> Path:
-    """The emulation binary of `program_cu` in `mode`, compiled once and cached by source, mode and header hash."""
+    """The emulation binary of `program_cu`, compiled once (for both modes) and cached by source and header hash,
+    under the name that runs it in `mode` (`binary_mode`)."""
     _check_mode(mode)
     source = host_source(program_cu)
-    rt = _prepared(mode)
-    binary = _binary_path(rt, program_cu, mode)
-    if binary.exists():
-        return binary
+    rt = _prepared()
+    binary = _binary_path(rt, program_cu)
+    named = binary.with_name(f"{binary.name}.{mode}")
+    if named.exists():
+        return named
     with _lock(str(binary)):
-        if binary.exists():
-            return binary
-        with tempfile.TemporaryDirectory(prefix="spatialc-emu-") as tmp:
-            src = Path(tmp) / "program.cpp"
-            src.write_text(source)
-            out = Path(tmp) / "program"
-            use_rt = ["-Winvalid-pch", "-I", str(rt), "-include", "cuda_emu.h"]
-            sources = ["-x", "c++", str(src), "-x", "none", str(rt / "runtime.o")]
-            _gxx([*_flags(mode), *use_rt, *sources, "-o", str(out)], "the program")
-            os.replace(out, binary)
-    return binary
+        if not binary.exists():
+            with tempfile.TemporaryDirectory(prefix="spatialc-emu-") as tmp:
+                src = Path(tmp) / "program.cpp"
+                src.write_text(source)
+                out = Path(tmp) / "program"
+                use_rt = ["-Winvalid-pch", "-I", str(rt), "-include", "cuda_emu.h"]
+                sources = ["-x", "c++", str(src), "-x", "none", str(rt / "runtime.o")]
+                _gxx([*_flags(), *use_rt, *sources, "-o", str(out)], "the program")
+                os.replace(out, binary)
+        if not named.exists():
+            _link(binary, named)
+    return named
+
+
+def _link(binary: Path, named: Path) -> None:
+    """`named` the same file as `binary` (a hard link; a copy where the file system has none), made atomically."""
+    tmp = named.with_name(f"{named.name}.{os.getpid()}-{threading.get_ident()}")
+    try:
+        os.link(binary, tmp)
+    except OSError:
+        shutil.copy2(binary, tmp)
+    os.replace(tmp, named)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ProgramError
+from .emu_compile import binary_mode
 from .emu_errors import EmulationDeadlock, EmulationError, EmulationFault, EmulationRace, EmulationTimeout
 
 # Exit statuses the emulator ends a run with (emu_core.h), and the host code's own (kernel-abi.md §10).
@@ -83,6 +84,9 @@ def run_program(
             else:
                 write_values(Path(tmp, name), text)
         env = dict(os.environ, SPATIALC_EMU_TIMEOUT_S=str(timeout))
+        mode = binary_mode(Path(binary))
+        if mode is not None:  # the mode compile_program named the binary for; else the caller's environment's
+            env["SPATIALC_EMU_MODE"] = mode
         env.pop("SPATIALC_EMU_PROGRESS", None)
         if progress is not None:
             env["SPATIALC_EMU_PROGRESS"] = "1"

@@ -1,5 +1,5 @@
 // spatialc host emulation of CUDA: makes the exact text of an emitted program compile with g++ and run on the
-// CPU (docs/kernel-abi.md). Built with -DSPATIALC_EMU_MODE=late|early; see emu_*.h for each part.
+// CPU (docs/kernel-abi.md). Run with SPATIALC_EMU_MODE=late|early in the environment; see emu_*.h for each part.
 #ifndef SPATIALC_CUDA_EMU_H
 #define SPATIALC_CUDA_EMU_H
 

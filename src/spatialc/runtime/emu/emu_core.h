@@ -41,6 +41,8 @@
 // `__restrict__` is g++'s own spelling already.
 
 // ---- the mode: late (a cp.async lands at the wait that covers it) or early (it lands when issued) ----------
+// Chosen when the binary runs, by SPATIALC_EMU_MODE=late|early in its environment, so one binary serves both;
+// a build's -DSPATIALC_EMU_MODE=late|early gives the default where the environment names none.
 #define SPATIALC_EMU_MODE_late 1
 #define SPATIALC_EMU_MODE_early 2
 #define SPATIALC_EMU_CAT_(a, b) a##b
@@ -68,7 +70,15 @@ struct dim3 {
 };
 
 constexpr int kWarp = 32;
-constexpr bool kLate = SPATIALC_EMU_LATE != 0;
+inline bool mode_is_late() {
+    const char* m = std::getenv("SPATIALC_EMU_MODE");
+    if (m == nullptr || *m == '\0') return SPATIALC_EMU_LATE != 0;
+    if (std::strcmp(m, "late") == 0) return true;
+    if (std::strcmp(m, "early") == 0) return false;
+    std::fprintf(stderr, "spatialc-emu: SPATIALC_EMU_MODE is '%s'; use late or early\n", m);
+    std::exit(2);
+}
+inline const bool kLate = mode_is_late();
 inline const char* mode_name() { return kLate ? "late" : "early"; }
 
 // Exit statuses of a run the emulator ends itself (the host code uses 1 and 2).
