@@ -78,12 +78,19 @@ def _runs_as_written(expr: Expr, by_row: dict[int, int]) -> bool:
     return bool(whole) and not whole & set(by_row)
 
 
-def realise_maps(values: list[MapValue]) -> None:
-    """Compute every page of `values` not computed yet, and the elementwise pages they read first."""
+Into = tuple[np.ndarray, dict[int, tuple[int, int]]]
+
+
+def realise_maps(values: list[MapValue], into: Into | None = None) -> set[int]:
+    """Compute every page of `values` not computed yet, and the elementwise pages they read first. `into` offers a
+    float32 matrix and, by page (id), the tile (row, column) of its rectangle there, no two overlapping: a batch whose
+    pages lie there as they are computed side by side and stacked is computed straight into it. The pages computed so
+    (ids) are returned; each page's `result` is its rectangle there."""
     todo = list({id(v): v for v in values if v.result is None}.values())
     inner = [x for v in todo for x in v.ins if isinstance(x, MapValue) and x.result is None]
     if inner:
         realise_maps(inner)
+    placed: set[int] = set()
     groups: dict[tuple, list[MapValue]] = defaultdict(list)
     for v in todo:
         groups[(id(v.kernel), v.h, v.width, v.tr, v.tc, v.widths)].append(v)
@@ -97,7 +104,8 @@ def realise_maps(values: list[MapValue]) -> None:
             per_run = v0.h * v0.tr * v0.width * v0.tc * length
             step = max(1, CHUNK_ELEMS // max(per_run, 1))
             for s0 in range(0, len(same), step):
-                _realise_runs(same[s0 : s0 + step])
+                _realise_runs(same[s0 : s0 + step], into, placed)
+    return placed
 
 
 def _runs(members: list[MapValue]) -> list[list[MapValue]]:
@@ -118,8 +126,9 @@ def _runs(members: list[MapValue]) -> list[list[MapValue]]:
     return runs
 
 
-def _realise_runs(runs: list[list[MapValue]]) -> None:
-    """One evaluation for runs of equal length: each run's pages side by side, the runs stacked."""
+def _realise_runs(runs: list[list[MapValue]], into: Into | None = None, placed: set[int] | None = None) -> None:
+    """One evaluation for runs of equal length: each run's pages side by side, the runs stacked — into the matrix
+    `into` offers where the pages lie there so (their ids then added to `placed`)."""
     v0 = runs[0][0]
     kernel, h, tr, tc = v0.kernel, v0.h, v0.tr, v0.tc
     pages = []
@@ -133,16 +142,43 @@ def _realise_runs(runs: list[list[MapValue]]) -> None:
     def col(c: Col) -> Any:
         return col_values[kernel.order[id(c)]]
 
+    dest = _destination(runs, into) if into is not None else None
     try:  # the pages as epilogue.start takes them: float32 (a tensor's own float32 memory is read, not copied)
-        out = evaluate(kernel.op.expr, [np.asarray(m, np.float32) for m in pages], False, col)
+        out = evaluate(kernel.op.expr, [np.asarray(m, np.float32) for m in pages], False, col, dest)
     except ElementwiseError as e:  # as epilogue.mapped says it (none expected: `_runs_as_written` checked the ops)
         raise EpilogueError(str(e)) from None
     out = np.asarray(out, np.float32)
+    if dest is not None and placed is not None:
+        placed.update(id(v) for run in runs for v in run)
     width = v0.width * tc
     for r, run in enumerate(runs):
         band = out if len(runs) == 1 else out[r]
         for k, v in enumerate(run):
             v.result, v.band, v.slot = band[:, k * width : (k + 1) * width], band, k
+
+
+def _destination(runs: list[list[MapValue]], into: Into) -> np.ndarray | None:
+    """The part of `into`'s matrix that the runs' evaluation fills, shaped as it computes it — (rows, run columns),
+    or (runs, rows, run columns) — where each run's pages lie side by side there, in order, and the runs one below
+    the other (a view); else None."""
+    mat, where = into
+    v0 = runs[0][0]
+    h, w = v0.h * v0.tr, v0.width * v0.tc
+    corner = where.get(id(v0))
+    if corner is None:
+        return None
+    r0, c0 = corner[0] * v0.tr, corner[1] * v0.tc
+    for r, run in enumerate(runs):
+        for k, v in enumerate(run):
+            at = where.get(id(v))
+            if at is None or at[0] * v0.tr != r0 + r * h or at[1] * v0.tc != c0 + k * w:
+                return None
+    span = len(runs[0]) * w
+    if r0 + len(runs) * h > mat.shape[0] or c0 + span > mat.shape[1]:
+        return None
+    block = mat[r0 : r0 + len(runs) * h, c0 : c0 + span]
+    view = block if len(runs) == 1 else block.reshape(len(runs), h, span)
+    return view if np.may_share_memory(view, mat) else None
 
 
 def _vector_values(runs: list[list[MapValue]], k: int, by_rows: bool) -> np.ndarray:

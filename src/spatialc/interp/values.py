@@ -201,10 +201,14 @@ class Store:
             targets[id(v)] = (self, r0, c0)
         return targets if cover.max(initial=0) <= 1 else {}
 
-    def _write_bands(self, placed: dict[int, AccValue], mat: np.ndarray, only_maps: bool = False) -> bool:
+    def _write_bands(
+        self, placed: dict[int, AccValue], mat: np.ndarray, only_maps: bool = False, done: set[int] | None = None
+    ) -> bool:
         """Apply the pending writes to `mat` (this store's matrix, or one of its shape), computed bands (`MapValue.
         band`) as whole slices, where they may be applied in any order — each on a rectangle of its own, none
-        overlapping, and with `only_maps` each a whole computed page; False (nothing written) where not."""
+        overlapping, and with `only_maps` each a whole computed page; False (nothing written) where not. The
+        computed pages `done` (ids) were computed in their place in `mat` already."""
+        done = done or set()
         bands: dict[int, list[tuple[int, int, int, MapValue]]] = defaultdict(list)
         pages, rest = [], []
         rects: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # corners, by rectangle shape
@@ -216,7 +220,9 @@ class Store:
             r0, c0 = corner
             rects[bh, bw].append(corner)
             if v.__class__ is MapValue and (v.h, v.width) == (bh, bw):
-                if v.band is not None:
+                if id(v) in done:
+                    pass
+                elif v.band is not None:
                     bands[id(v.band)].append((v.slot, r0, c0, v))
                 else:
                     pages.append((r0, c0, v))
@@ -264,14 +270,39 @@ class Store:
             return None
         from .mapped import realise_maps  # mapped.py builds on this module's values
 
-        realise_maps([v for *_, v in self.pending])
+        where = self._map_rects()
+        if where is None:
+            return None
         mat = np.zeros(self.mat.shape, np.float32)
-        if not self._write_bands({}, mat, only_maps=True):
+        placed = realise_maps([v for *_, v in self.pending], (mat, where))  # computed in place where they may be
+        if not self._write_bands({}, mat, only_maps=True, done=placed):
             return None
         self.mat, self.arr = mat, mat.reshape(self.arr.shape)
         self.applied = True
         self.pending.clear()
         return mat
+
+    def _map_rects(self) -> dict[int, tuple[int, int]] | None:
+        """By pending computed page (id), the tile (row, column) of the rectangle it is written to, where every
+        pending write is a whole computed page on a rectangle and no two overlap (None where not); a page written
+        more than once, or computed already, is left out (it is copied, as other writes are)."""
+        where: dict[int, tuple[int, int]] = {}
+        rects: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+        twice: set[int] = set()
+        for at, off, bh, bw, v in self.pending:
+            corner = self.rect(at, off, bh, bw)
+            if corner is None or (v.h, v.width) != (bh, bw):
+                return None
+            rects[bh, bw].append(corner)
+            if id(v) in where:
+                twice.add(id(v))
+            elif v.result is None:
+                where[id(v)] = corner
+        if self._overlap(rects):
+            return None
+        for k in twice:
+            where.pop(k, None)
+        return where
 
     def _band_run(self, k: int) -> int:
         """The end of the run of pending writes from k on that put consecutive pages of one computed band (`MapValue.
