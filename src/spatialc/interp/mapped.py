@@ -24,7 +24,7 @@ import numpy as np
 from ..ir.ops import Apply, Arg, Col, Expr, Lit, Map, RowArg, VecAxis, cols, row_reads
 from ..numerics.elementwise import OPS, ElementwiseError, evaluate
 from ..numerics.epilogue import EpilogueError
-from .values import MapValue, TileRefs, page_matrix
+from .values import MapValue, RowPack, TileRefs, page_matrix
 
 # Elements one evaluation computes at most. Its float64 temporaries (2 MiB each) are then reused from the heap, not
 # mapped fresh from the OS and faulted in page by page as a whole tensor's would be, and stay in cache between ops.
@@ -90,6 +90,11 @@ def realise_maps(values: list[MapValue], into: Into | None = None) -> set[int]:
     inner = [x for v in todo for x in v.ins if isinstance(x, MapValue) and x.result is None]
     if inner:
         realise_maps(inner)
+    packs = [x for v in todo for x in v.ins if x.__class__ is RowPack and x.column is None]
+    if packs:  # the row vectors they read: every pack at once
+        from .rowpacks import realise_packs  # rowpacks.py realises the pages its packs reduce here
+
+        realise_packs(packs)
     placed: set[int] = set()
     groups: dict[tuple, list[MapValue]] = defaultdict(list)
     for v in todo:

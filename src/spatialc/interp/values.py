@@ -39,6 +39,7 @@ from .pages import (  # noqa: F401 — named here as before: spatialc.interp.val
     MapValue,
     Masked,
     PageValue,
+    RowPack,
     TileRefs,
     Tiles,
     Transposed,
@@ -385,6 +386,8 @@ def held_elems(value: object) -> int:
         return value.arr.size
     if isinstance(value, MapValue):
         return value.count * value.tr * value.tc
+    if isinstance(value, RowPack):
+        return value.count * value.tile[0] * value.tile[1]
     if isinstance(value, AccValue):
         return value.h * value.w * value.t * value.t
     return 0
