@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import spatialc
-from spatialc.interp import rowpacks, support
+from spatialc.interp import mapped, rowpacks, support
 
 PROGRAMS = {
     "softmax": lambda: spatialc.softmax(96, 700, "bf16"),
@@ -51,7 +51,11 @@ def test_packs_computed_together_equal_packs_computed_at_once(
     values = inputs_of(p, np.random.default_rng(len(name)), special)
     chunks: list[int] = []
     with monkeypatch.context() as m:  # (and count the chunks: the later path is taken)
-        m.setattr(rowpacks, "_realise_chunk", lambda c, f=rowpacks._realise_chunk: chunks.append(len(c)) or f(c))
+        m.setattr(
+            rowpacks,
+            "_realise_chunk",
+            lambda c, ready=None, f=rowpacks._realise_chunk: chunks.append(len(c)) or f(c, ready),
+        )
         later = run(p, values)
     # (the online softmax packs a max that is carried from its first, empty, pack on: every pack of it is made now)
     assert bool(chunks) == (name != "online softmax")
@@ -78,3 +82,55 @@ def test_bands_are_reduced_together() -> None:
     bands = p.plan.grid[0]
     assert bands >= 32 and len(calls) < bands // 4, (bands, calls)
     assert sum(calls) == 2 * 1024  # every row once for its max and once for its sum
+
+
+@pytest.mark.parametrize("special", [False, True])
+@pytest.mark.parametrize("name", ["softmax", "softmax, many bands", "softmax fp16 out", "layernorm"])
+def test_a_part_reused_equals_the_part_computed_again(name: str, special: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Softmax's quotient takes exp(x − max) from the pages its sum reduced (`interp/reuse.py`): the same bytes as
+    computing it again, and the reuse is taken (LayerNorm's pages hold no part their packs' pages computed: the
+    same bytes, nothing reused)."""
+    p = spatialc.build(PROGRAMS[name](), "sm_90")
+    values = inputs_of(p, np.random.default_rng(7), special)
+    hits: list[bool] = []
+    with monkeypatch.context() as m:
+        m.setattr(mapped, "reused", lambda kernel, runs, f=mapped.reused: hits.append(f(kernel, runs) is not None) or f(kernel, runs))
+        reusing = run(p, values)
+    assert any(hits) == name.startswith("softmax"), hits
+    monkeypatch.setattr(mapped, "reused", lambda kernel, runs: None)
+    again = run(p, values)
+    for out, got in reusing.items():
+        assert got.dtype == again[out].dtype and got.tobytes() == again[out].tobytes(), out
+
+
+def test_a_part_of_other_tiles_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The part is matched page by page: where one page's x tiles are not its counterpart's (planted: one comparison
+    answered as if the page read the next tile), that batch computes the part again — one reuse fewer, and the output
+    still the bytes of no reuse at all."""
+    from spatialc.interp import reuse
+    from spatialc.interp.pages import TileRefs
+
+    p = spatialc.build(PROGRAMS["softmax, many bands"](), "sm_90")
+    values = inputs_of(p, np.random.default_rng(3), False)
+
+    def hits_of(same_page: object) -> tuple[int, dict[str, np.ndarray]]:
+        hits: list[bool] = []
+        with monkeypatch.context() as m:
+            m.setattr(reuse, "_same_page", same_page)
+            m.setattr(mapped, "reused", lambda k, r, f=mapped.reused: hits.append(f(k, r) is not None) or f(k, r))
+            out = run(p, values)
+        return hits.count(True), out
+
+    planted: list[object] = []
+
+    def one_off(a: object, b: object, real: object = reuse._same_page) -> bool:
+        if not planted and a.__class__ is TileRefs:
+            planted.append(a)
+            return real(a, TileRefs(b.store, b.at + 1, b.off))  # type: ignore[attr-defined,operator]
+        return real(a, b)  # type: ignore[operator]
+
+    n, _ = hits_of(reuse._same_page)
+    fewer, out = hits_of(one_off)
+    assert planted and n > 1 and fewer == n - 1
+    monkeypatch.setattr(mapped, "reused", lambda kernel, runs: None)
+    assert out["out"].tobytes() == run(p, values)["out"].tobytes()

@@ -24,6 +24,7 @@ import numpy as np
 from ..ir.ops import Apply, Arg, Col, Expr, Lit, Map, RowArg, VecAxis, cols, row_reads
 from ..numerics.elementwise import OPS, ElementwiseError, evaluate
 from ..numerics.epilogue import EpilogueError
+from .reuse import reused
 from .values import MapValue, RowPack, TileRefs, page_matrix
 
 # Elements one evaluation computes at most. Its float64 temporaries (2 MiB each) are then reused from the heap, not
@@ -38,7 +39,20 @@ class MapKernel:
     and for those the pages read whole, the one row width every vector agrees on (0 where they do not), the width
     each page is read at, and whether it reads no vector at all (`free`)."""
 
-    __slots__ = ("op", "integer", "tile", "by_row", "order", "row_vecs", "lazy", "whole", "width", "widths", "free")
+    __slots__ = (
+        "op",
+        "integer",
+        "tile",
+        "by_row",
+        "order",
+        "row_vecs",
+        "lazy",
+        "whole",
+        "width",
+        "widths",
+        "free",
+        "reuse",
+    )
 
     def __init__(self, op: object, integer: bool, tile: tuple[int, int], ins: int) -> None:
         self.op, self.integer, self.tile = op, integer, tile
@@ -54,6 +68,7 @@ class MapKernel:
         # No row or column vector: a page may be laid out as any h × w rectangle of its tiles (`support.elementwise`
         # takes a read page's own), element by element the same.
         self.free = not self.by_row and not self.order
+        self.reuse: dict[int, tuple[object, Any]] = {}  # by kernel (id): the part of this op's expression it computes
 
 
 def _runs_as_written(expr: Expr, by_row: dict[int, int]) -> bool:
@@ -91,11 +106,18 @@ def realise_maps(values: list[MapValue], into: Into | None = None) -> set[int]:
     if inner:
         realise_maps(inner)
     packs = [x for v in todo for x in v.ins if x.__class__ is RowPack and x.column is None]
-    if packs:  # the row vectors they read: every pack at once
+    placed: set[int] = set()
+    if packs:  # the row vectors they read, a chunk at a time, each chunk's pages computed once it is
         from .rowpacks import realise_packs  # rowpacks.py realises the pages its packs reduce here
 
-        realise_packs(packs)
-    placed: set[int] = set()
+        waves = _Waves(todo, into, placed)
+        realise_packs(packs, waves.ready)
+        todo = waves.left()
+    _realise_groups(todo, into, placed)
+    return placed
+
+
+def _realise_groups(todo: list[MapValue], into: Into | None, placed: set[int]) -> None:
     groups: dict[tuple, list[MapValue]] = defaultdict(list)
     for v in todo:
         groups[(id(v.kernel), v.h, v.width, v.tr, v.tc, v.widths)].append(v)
@@ -110,7 +132,48 @@ def realise_maps(values: list[MapValue], into: Into | None = None) -> set[int]:
             step = max(1, CHUNK_ELEMS // max(per_run, 1))
             for s0 in range(0, len(same), step):
                 _realise_runs(same[s0 : s0 + step], into, placed)
-    return placed
+
+
+class _Waves:
+    """The pages of a `realise_maps` call that read packs not computed yet, each computed as soon as the last pack it
+    reads is (`ready`, after each chunk of packs): while the pages those packs reduced are still computed, which a
+    page may take a part of its value from (`reuse.py`), and before they are dropped."""
+
+    def __init__(self, todo: list[MapValue], into: Into | None, placed: set[int]) -> None:
+        self.into, self.placed = into, placed
+        self.waiting: dict[int, list[MapValue]] = defaultdict(list)  # by pack (id): the pages that wait for it
+        self.count: dict[int, int] = {}  # by page (id): the packs it waits for
+        self.rest: list[MapValue] = []
+        for v in todo:
+            n = 0
+            for x in v.ins:
+                if x.__class__ is RowPack and x.column is None:
+                    self.waiting[id(x)].append(v)
+                    n += 1
+            if n:
+                self.count[id(v)] = n
+            else:
+                self.rest.append(v)
+
+    def ready(self, packs: list[RowPack]) -> None:
+        now = []
+        for p in packs:
+            for v in self.waiting.pop(id(p), ()):
+                self.count[id(v)] -= 1
+                if not self.count[id(v)]:
+                    del self.count[id(v)]
+                    now.append(v)
+        if now:
+            _realise_groups(now, self.into, self.placed)
+
+    def left(self) -> list[MapValue]:
+        """The pages not computed yet: those that read no pack, and any whose packs were computed elsewhere."""
+        left = {id(v): v for v in self.rest}
+        for vs in self.waiting.values():
+            for v in vs:
+                if v.result is None:
+                    left[id(v)] = v
+        return list(left.values())
 
 
 def _runs(members: list[MapValue]) -> list[list[MapValue]]:
@@ -148,8 +211,13 @@ def _realise_runs(runs: list[list[MapValue]], into: Into | None = None, placed: 
         return col_values[kernel.order[id(c)]]
 
     dest = _destination(runs, into) if into is not None else None
+    expr = kernel.op.expr
+    part = reused(kernel, runs) if kernel.by_row else None
+    if part is not None:  # a part of the value that the pages a row pack reduced computed already
+        expr, values = part
+        pages.append(values)
     try:  # the pages as epilogue.start takes them: float32 (a tensor's own float32 memory is read, not copied)
-        out = evaluate(kernel.op.expr, [np.asarray(m, np.float32) for m in pages], False, col, dest)
+        out = evaluate(expr, [np.asarray(m, np.float32) for m in pages], False, col, dest)
     except ElementwiseError as e:  # as epilogue.mapped says it (none expected: `_runs_as_written` checked the ops)
         raise EpilogueError(str(e)) from None
     out = np.asarray(out, np.float32)

@@ -15,6 +15,7 @@ and keeping every band of a tensor would keep the tensor's size in fresh memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,9 +39,10 @@ def lazy_pack(acc: Any, n: int, accumulate: bool, integer: bool, tile: tuple[int
     return pack
 
 
-def realise_packs(packs: list[RowPack]) -> None:
+def realise_packs(packs: list[RowPack], ready: Callable[[list[RowPack]], None] | None = None) -> None:
     """Compute every pack of `packs` not computed yet: the packs the pages they reduce read first, then a chunk of
-    packs at a time (about CHUNK_ELEMS values), each chunk's elementwise pages at once and its rows in one reduction."""
+    packs at a time (about CHUNK_ELEMS values), each chunk's elementwise pages at once and its rows in one reduction.
+    `ready` is told each chunk's packs once they are computed, while the pages they reduced still are."""
     todo = list({id(p): p for p in packs if p.column is None}.values())
     below = [
         x
@@ -51,7 +53,7 @@ def realise_packs(packs: list[RowPack]) -> None:
         if x.__class__ is RowPack and x.column is None
     ]
     if below:
-        realise_packs(below)
+        realise_packs(below, ready)
     chunk: list[RowPack] = []
     size = 0
     for p in todo:
@@ -62,13 +64,13 @@ def realise_packs(packs: list[RowPack]) -> None:
             if v.__class__ is MapValue and v.result is None:
                 size += h * keep
         if size * p.tile[0] >= CHUNK_ELEMS:
-            _realise_chunk(chunk)
+            _realise_chunk(chunk, ready)
             chunk, size = [], 0
     if chunk:
-        _realise_chunk(chunk)
+        _realise_chunk(chunk, ready)
 
 
-def _realise_chunk(chunk: list[RowPack]) -> None:
+def _realise_chunk(chunk: list[RowPack], ready: Callable[[list[RowPack]], None] | None = None) -> None:
     maps = list({id(v): v for p in chunk for _, v, *_ in p.pages if v.__class__ is MapValue and v.result is None}.values())
     if maps:
         realise_maps(maps)
@@ -87,9 +89,13 @@ def _realise_chunk(chunk: list[RowPack]) -> None:
             p.column = column[at : at + n]
             flat = np.asarray(np.asarray(p.column, np.float32), np.float64)  # as packed_rows rounds it
             p.result = np.broadcast_to(flat.reshape(p.count, tr, 1), (p.count, tr, tc)).copy()
-            p.pages = ()
             at += n
         k = end
+    del values
+    if ready is not None:
+        ready(chunk)
+    for p in chunk:
+        p.pages = ()
     for v in maps:  # reduced, and read by nothing else (see above): dropped, not kept
         v.result = v.band = None
 

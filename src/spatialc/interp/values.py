@@ -276,7 +276,7 @@ class Store:
             return None
         mat = np.zeros(self.mat.shape, np.float32)
         placed = realise_maps([v for *_, v in self.pending], (mat, where))  # computed in place where they may be
-        if not self._write_bands({}, mat, only_maps=True, done=placed):
+        if len(placed) < len(self.pending) and not self._write_bands({}, mat, only_maps=True, done=placed):
             return None
         self.mat, self.arr = mat, mat.reshape(self.arr.shape)
         self.applied = True
