@@ -1,8 +1,9 @@
 """Row accumulators packed later and many bands at once (`interp/rowpacks.py`) give the numbers each pack computed
 when it was made gives, bit for bit: the same programs run with every pack computed at its PackAcc (the eager path)
 agree exactly — softmax (a max pack read by a map, a sum of computed pages), the online softmax (whose packs are all
-made at once: its maxes are carried), RMSNorm, LayerNorm (packs written as outputs) — on inputs with NaN, ±inf, −0, subnormals and values near
-float32's largest, at shapes of several bands per chunk and of a ragged last page."""
+made at once: its maxes are carried), RMSNorm, LayerNorm (packs written as outputs) — on inputs with NaN, ±inf, −0,
+subnormals and values near float32's largest, at shapes of several bands per chunk and of a ragged last page. And a
+part of a page's value taken from the pages a pack reduced (`interp/reuse.py`) is the part computed again."""
 
 from __future__ import annotations
 
@@ -86,7 +87,9 @@ def test_bands_are_reduced_together() -> None:
 
 @pytest.mark.parametrize("special", [False, True])
 @pytest.mark.parametrize("name", ["softmax", "softmax, many bands", "softmax fp16 out", "layernorm"])
-def test_a_part_reused_equals_the_part_computed_again(name: str, special: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_part_reused_equals_the_part_computed_again(
+    name: str, special: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Softmax's quotient takes exp(x − max) from the pages its sum reduced (`interp/reuse.py`): the same bytes as
     computing it again, and the reuse is taken (LayerNorm's pages hold no part their packs' pages computed: the
     same bytes, nothing reused)."""
@@ -94,7 +97,7 @@ def test_a_part_reused_equals_the_part_computed_again(name: str, special: bool, 
     values = inputs_of(p, np.random.default_rng(7), special)
     hits: list[bool] = []
     with monkeypatch.context() as m:
-        m.setattr(mapped, "reused", lambda kernel, runs, f=mapped.reused: hits.append(f(kernel, runs) is not None) or f(kernel, runs))
+        m.setattr(mapped, "reused", lambda k, r, f=mapped.reused: hits.append(f(k, r) is not None) or f(k, r))
         reusing = run(p, values)
     assert any(hits) == name.startswith("softmax"), hits
     monkeypatch.setattr(mapped, "reused", lambda kernel, runs: None)

@@ -71,7 +71,8 @@ def realise_packs(packs: list[RowPack], ready: Callable[[list[RowPack]], None] |
 
 
 def _realise_chunk(chunk: list[RowPack], ready: Callable[[list[RowPack]], None] | None = None) -> None:
-    maps = list({id(v): v for p in chunk for _, v, *_ in p.pages if v.__class__ is MapValue and v.result is None}.values())
+    todo = {id(v): v for p in chunk for _, v, *_ in p.pages if v.__class__ is MapValue and v.result is None}
+    maps = list(todo.values())
     if maps:
         realise_maps(maps)
     tr, tc = chunk[0].tile
