@@ -184,7 +184,9 @@ def _runs(members: list[MapValue]) -> list[list[MapValue]]:
     most = max(1, CHUNK_ELEMS // max(v0.h * v0.tr * v0.width * v0.tc, 1))
     keyed: dict[tuple[int, ...], list[MapValue]] = {}  # (the sites' engines interleave their pages: sort them out)
     for v in members:
-        keyed.setdefault((*(id(v.ins[j]) for j in rows), *v.row_key), []).append(v)
+        ins = v.ins
+        key = (id(ins[rows[0]]), *v.row_key) if len(rows) == 1 else (*[id(ins[j]) for j in rows], *v.row_key)
+        keyed.setdefault(key, []).append(v)
     first = v0.kernel.whole[0]
     runs: list[list[MapValue]] = []
     for same in keyed.values():

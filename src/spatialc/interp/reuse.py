@@ -40,8 +40,25 @@ def reused(kernel: Any, runs: list[list[MapValue]]) -> tuple[Expr, np.ndarray] |
         if any(b is None for b in bands):
             continue
         expr = _replaced(kernel.op.expr, node, Arg(len(v0.ins)))
-        return expr, bands[0] if len(bands) == 1 else np.stack(bands)  # type: ignore[arg-type]
+        return expr, _stacked(bands)  # type: ignore[arg-type]
     return None
+
+
+def _stacked(bands: list[np.ndarray]) -> np.ndarray:
+    """The bands stacked (runs, rows, columns): a view where each lies right after the one before in one block of
+    memory, as the bands of one evaluation do (`mapped._realise_runs`), else a copy."""
+    first = bands[0]
+    if len(bands) == 1:
+        return first
+    step = first.shape[0] * first.strides[0]
+    at = first.__array_interface__["data"][0]
+    for k, b in enumerate(bands):
+        if b.base is None or b.base is not first.base or b.shape != first.shape or b.strides != first.strides:
+            return np.stack(bands)
+        if b.__array_interface__["data"][0] != at + k * step:
+            return np.stack(bands)
+    shape, strides = (len(bands), *first.shape), (step, *first.strides)
+    return np.lib.stride_tricks.as_strided(first, shape, strides, writeable=False)
 
 
 def _band_of(run: list[MapValue], j: int, names: dict[int, int], source: Any) -> np.ndarray | None:

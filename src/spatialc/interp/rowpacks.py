@@ -44,12 +44,12 @@ def realise_packs(packs: list[RowPack], ready: Callable[[list[RowPack]], None] |
     packs at a time (about CHUNK_ELEMS values), each chunk's elementwise pages at once and its rows in one reduction.
     `ready` is told each chunk's packs once they are computed, while the pages they reduced still are."""
     todo = list({id(p): p for p in packs if p.column is None}.values())
+    # The packs their first pages read, at once (any other is computed when its page is, with the others then).
     below = [
         x
         for p in todo
-        for _, v, *_ in p.pages
-        if v.__class__ is MapValue and v.result is None
-        for x in v.ins
+        if p.pages[0][1].__class__ is MapValue and p.pages[0][1].result is None
+        for x in p.pages[0][1].ins
         if x.__class__ is RowPack and x.column is None
     ]
     if below:
