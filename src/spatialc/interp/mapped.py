@@ -141,38 +141,40 @@ class _Waves:
 
     def __init__(self, todo: list[MapValue], into: Into | None, placed: set[int]) -> None:
         self.into, self.placed = into, placed
-        self.waiting: dict[int, list[MapValue]] = defaultdict(list)  # by pack (id): the pages that wait for it
-        self.count: dict[int, int] = {}  # by page (id): the packs it waits for
+        # The pages by the packs they wait for (a band's pages wait for the same ones): each such set, by pack (id),
+        # with the count of its packs not computed yet.
+        sets: dict[tuple[int, ...], list[MapValue]] = {}
         self.rest: list[MapValue] = []
         for v in todo:
-            n = 0
-            for x in v.ins:
-                if x.__class__ is RowPack and x.column is None:
-                    self.waiting[id(x)].append(v)
-                    n += 1
-            if n:
-                self.count[id(v)] = n
+            key = tuple([id(x) for x in v.ins if x.__class__ is RowPack and x.column is None])
+            if key:
+                sets.setdefault(key, []).append(v)
             else:
                 self.rest.append(v)
+        self.waiting: dict[int, list[list]] = defaultdict(list)  # by pack (id): [count, pages] of the sets it is in
+        for key, pages in sets.items():
+            entry = [len(set(key)), pages]
+            for k in set(key):
+                self.waiting[k].append(entry)
 
     def ready(self, packs: list[RowPack]) -> None:
-        now = []
+        now: list[MapValue] = []
         for p in packs:
-            for v in self.waiting.pop(id(p), ()):
-                self.count[id(v)] -= 1
-                if not self.count[id(v)]:
-                    del self.count[id(v)]
-                    now.append(v)
+            for entry in self.waiting.pop(id(p), ()):
+                entry[0] -= 1
+                if not entry[0]:
+                    now.extend([v for v in entry[1] if v.result is None])
         if now:
             _realise_groups(now, self.into, self.placed)
 
     def left(self) -> list[MapValue]:
         """The pages not computed yet: those that read no pack, and any whose packs were computed elsewhere."""
         left = {id(v): v for v in self.rest}
-        for vs in self.waiting.values():
-            for v in vs:
-                if v.result is None:
-                    left[id(v)] = v
+        for entries in self.waiting.values():
+            for _, pages in entries:
+                for v in pages:
+                    if v.result is None:
+                        left[id(v)] = v
         return list(left.values())
 
 
