@@ -70,7 +70,7 @@ def test_packs_computed_together_equal_packs_computed_at_once(
 
 def test_bands_are_reduced_together() -> None:
     """A chunk's packs of one reduction whose rows lie one after another are one reduce_rows call, not one a band:
-    softmax over 64 bands reduces its maxes in one call and its sums in a few."""
+    softmax over 64 bands (16 rows of 512 values each) reduces its maxes and its sums in a chunk of 32 bands each."""
     p = spatialc.build(spatialc.softmax(1024, 512, "bf16"), "sm_90")
     values = inputs_of(p, np.random.default_rng(0), False)
     calls: list[int] = []

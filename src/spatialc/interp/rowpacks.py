@@ -60,9 +60,8 @@ def realise_packs(packs: list[RowPack], ready: Callable[[list[RowPack]], None] |
         if p.column is not None:  # (computed above: a pack below another)
             continue
         chunk.append(p)
-        for _, v, h, _, keep in p.pages:  # the values of pages still to compute (a tensor's are read in place)
-            if v.__class__ is MapValue and v.result is None:
-                size += h * keep
+        for _, _, h, _, keep in p.pages:  # (a chunk's float64 temporaries stay in cache, as its pages' values do)
+            size += h * keep
         if size * p.tile[0] >= CHUNK_ELEMS:
             _realise_chunk(chunk, ready)
             chunk, size = [], 0
