@@ -192,8 +192,12 @@ def _runs(members: list[MapValue]) -> list[list[MapValue]]:
     first = v0.kernel.whole[0]
     runs: list[list[MapValue]] = []
     for same in keyed.values():
-        if all(v.ins[first].__class__ is TileRefs for v in same):  # in the tensor's order: rows of pages, as read
-            same.sort(key=lambda v: (id(v.ins[first].store), v.ins[first].at))
+        pages = [v.ins[first] for v in same]
+        if all(x.__class__ is TileRefs for x in pages):  # in the tensor's order: rows of pages, as read
+            store = pages[0].store
+            ats = [x.at for x in pages]
+            if any(x.store is not store for x in pages) or any(a > b for a, b in zip(ats, ats[1:])):
+                same.sort(key=lambda v: (id(v.ins[first].store), v.ins[first].at))
         runs.extend(same[s : s + most] for s in range(0, len(same), most))
     return runs
 
