@@ -103,6 +103,22 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
 def row_reduce(E: EngineState, i: int, x: object, acc: Acc, op: RowReduce, at: int) -> None:
     """A row reduction: the front page `x` (rows of `op.width` tiles, the first at tile column `at` of the row) kept
     in `acc`, its columns at or past the row's `op.cols` values left out; `packed_rows` reduces them."""
+    rows, width, name = acc.rows, op.width, op.op
+    n = x.count  # type: ignore[attr-defined]
+    h = n // width
+    if (  # every check below passes (the page taken as it would be there): once a page, in short
+        acc.live
+        and not acc.a
+        and not acc.parts
+        and n % width == 0
+        and h <= acc.tiles
+        and (not rows or (rows[0][0] == name and rows[0][2] == h))
+        and (acc.reduction is None or acc.reduction == name)
+        and at >= 0
+    ):
+        tc = E.m.p.tile.cols
+        rows.append((name, x, h, width, max(0, min(width * tc, op.cols - at * tc))))
+        return
     if not acc.live:
         fail(E, i, f"{acc.name} is not acquired")
     if acc.a or acc.parts:

@@ -369,7 +369,8 @@ class Pending(list):
 
     def append(self, write: tuple[int, np.ndarray, int, int, object]) -> None:
         super().append(write)
-        self.held += held_elems(write[4])
+        v = write[4]
+        self.held += v.count * v.tr * v.tc if v.__class__ is MapValue else held_elems(v)  # type: ignore[attr-defined]
         if self.held > PENDING_ELEMS:
             self.store.flush()
 
