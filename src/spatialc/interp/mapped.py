@@ -102,10 +102,15 @@ def realise_maps(values: list[MapValue], into: Into | None = None) -> set[int]:
     pages lie there as they are computed side by side and stacked is computed straight into it. The pages computed so
     (ids) are returned; each page's `result` is its rectangle there."""
     todo = list({id(v): v for v in values if v.result is None}.values())
-    inner = [x for v in todo for x in v.ins if isinstance(x, MapValue) and x.result is None]
+    inner, packs = [], []
+    for v in todo:  # the pages and the packs they read that are not computed yet
+        for x in v.ins:
+            if x.__class__ is MapValue and x.result is None:
+                inner.append(x)
+            elif x.__class__ is RowPack and x.column is None:
+                packs.append(x)
     if inner:
         realise_maps(inner)
-    packs = [x for v in todo for x in v.ins if x.__class__ is RowPack and x.column is None]
     placed: set[int] = set()
     if packs:  # the row vectors they read, a chunk at a time, each chunk's pages computed once it is
         from .rowpacks import realise_packs  # rowpacks.py realises the pages its packs reduce here

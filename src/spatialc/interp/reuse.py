@@ -70,14 +70,18 @@ def _band_of(run: list[MapValue], j: int, names: dict[int, int], source: Any) ->
     band = pages[0][1].band
     if band is None:
         return None
+    v0 = run[0]
+    shape = (v0.h, v0.width, v0.tr, v0.tc)  # (a run's pages share their shape and widths: `mapped._realise_groups`)
+    read = [(i, i2, v0.widths[i2]) for i, i2 in names.items()]
     for k, v in enumerate(run):
         m = pages[k][1]
         if m.__class__ is not MapValue or m.kernel is not source or m.band is not band or m.slot != k:
             return None
-        if (m.h, m.width, m.tr, m.tc) != (v.h, v.width, v.tr, v.tc):
+        if (m.h, m.width, m.tr, m.tc) != shape or v.widths is not v0.widths and v.widths != v0.widths:
             return None
-        for i, i2 in names.items():
-            if m.widths[i] != v.widths[i2] or not _same_page(m.ins[i], v.ins[i2]):
+        for i, i2, w in read:
+            a, b = m.ins[i], v.ins[i2]
+            if m.widths[i] != w or a is not b and not _same_page(a, b):
                 return None
     return band
 
