@@ -201,7 +201,7 @@ def _runs(members: list[MapValue]) -> list[list[MapValue]]:
         if all(x.__class__ is TileRefs for x in pages):  # in the tensor's order: rows of pages, as read
             store = pages[0].store
             ats = [x.at for x in pages]
-            if any(x.store is not store for x in pages) or any(a > b for a, b in zip(ats, ats[1:])):
+            if any(x.store is not store for x in pages) or ats != sorted(ats):
                 same.sort(key=lambda v: (id(v.ins[first].store), v.ins[first].at))
         runs.extend(same[s : s + most] for s in range(0, len(same), most))
     return runs
