@@ -1,5 +1,5 @@
-"""The reference interpreter on row reductions at 4096 × 4096 — softmax and RMSNorm — against numpy computing the same
-function, and build + verify at 8192 × 8192.
+"""The reference interpreter on row reductions at 4096 × 4096 — softmax and RMSNorm, and beside them LayerNorm and the
+online softmax — against numpy computing the same function, and build + verify at 8192 × 8192.
 
 numpy computes each on the same bf16-rounded float32 inputs, in float64 (the interpreter's ops are float64 rounded
 once to float32, its sums exactly rounded), each pair timed in the same run, interleaved: the median of RUNS (env
@@ -9,7 +9,7 @@ with flow control (each band of rows read once a reduction and once for the outp
 the output.
 Goals (issue 31): the interpreter within 2× of numpy; build + verify at 8192 × 8192 under 100 ms.
 
-Usage: python bench/rows_speed.py [m n]
+Usage: python bench/rows_speed.py [m n [program ...]]  (programs: softmax rmsnorm layernorm online; default all)
 """
 
 from __future__ import annotations
@@ -40,20 +40,34 @@ def numpy_rmsnorm(v: dict[str, np.ndarray]) -> np.ndarray:
     return (x / np.sqrt((x * x).mean(axis=1, keepdims=True) + EPS) * v["weight"]).astype(np.float32)
 
 
+def numpy_layernorm(v: dict[str, np.ndarray]) -> np.ndarray:
+    x = v["x"].astype(np.float64)
+    mean = x.mean(axis=1, keepdims=True)
+    centred = x - mean
+    rstd = 1.0 / np.sqrt((centred * centred).mean(axis=1, keepdims=True) + EPS)
+    return (centred * rstd * v["weight"] + v["bias"]).astype(np.float32)
+
+
 PROGRAMS = {
     "softmax": (lambda m, n: spatialc.softmax(m, n), numpy_softmax),
     "rmsnorm": (lambda m, n: spatialc.rmsnorm(m, n, eps=EPS), numpy_rmsnorm),
+    # Reported beside the goal's two: LayerNorm (three outputs, `out` compared) and the online softmax (two passes)
+    "layernorm": (lambda m, n: spatialc.layernorm(m, n, eps=EPS), numpy_layernorm),
+    "online": (lambda m, n: spatialc.softmax(m, n, online=True), numpy_softmax),
 }
 
 
 def main() -> None:
     m, n = (int(v) for v in sys.argv[1:3]) if len(sys.argv) >= 3 else (4096, 4096)
+    chosen = {k: v for k, v in PROGRAMS.items() if k in sys.argv[3:] or len(sys.argv) <= 3}
     rng = np.random.default_rng(0)
-    for name, (make, numpy_of) in PROGRAMS.items():
+    for name, (make, numpy_of) in chosen.items():
         p = spatialc.build(make(m, n), "sm_90")
         inputs = {"x": rng.normal(size=(m, n)).astype(np.float32)}
-        if name == "rmsnorm":
+        if name in ("rmsnorm", "layernorm"):
             inputs["weight"] = rng.normal(size=n).astype(np.float32)
+        if name == "layernorm":
+            inputs["bias"] = rng.normal(size=n).astype(np.float32)
         values = {"x": round_bf16(inputs["x"]).astype(np.float32), **{k: v for k, v in inputs.items() if k != "x"}}
         interp, plain = [], []
         with warnings.catch_warnings():
@@ -62,20 +76,23 @@ def main() -> None:
                 t0 = time.perf_counter()
                 out = spatialc.evaluate(p, inputs)
                 t1 = time.perf_counter()
+                out = out["out"] if isinstance(out, dict) else out
                 want = numpy_of(values)
                 t2 = time.perf_counter()
                 interp.append(t1 - t0)
                 plain.append(t2 - t1)
-        assert np.allclose(out, want, rtol=1e-5, atol=1e-7), f"{name}: the interpreter disagrees with numpy"
+        # (LayerNorm's terms are O(1) and its bias cancels them near zero; each op is rounded to float32 on the way)
+        atol = 1e-5 if name == "layernorm" else 1e-7
+        assert np.allclose(out, want, rtol=1e-5, atol=atol), f"{name}: the interpreter disagrees with numpy"
         ti, tn = statistics.median(interp), statistics.median(plain)
         plan = p.plan
         print(
-            f"{name:8s} {m}x{n} bf16: interpreter {ti * 1e3:7.1f} ms   numpy {tn * 1e3:7.1f} ms   ratio"
+            f"{name:9s} {m}x{n} bf16: interpreter {ti * 1e3:7.1f} ms   numpy {tn * 1e3:7.1f} ms   ratio"
             f" {ti / tn:5.2f}x  (median of {RUNS}; best {min(interp) * 1e3:.1f} / {min(plain) * 1e3:.1f} ms ="
             f" {min(interp) / min(plain):.2f}x; {plan.grid[0]} bands of {plan.block.osh} tile rows, pages of"
             f" {plan.block.ibw} tiles)"
         )
-    for name, (make, _) in PROGRAMS.items():
+    for name, (make, _) in chosen.items():
         big = make(8192, 8192)
         spatialc.build(big, "sm_90")  # warm: the first build imports and fills caches
         times = []

@@ -57,7 +57,11 @@ def test_pages_computed_together_equal_pages_computed_alone(name: str, monkeypat
     values = inputs_of(p, np.random.default_rng(len(name)))
     batched: list[int] = []
     with monkeypatch.context() as m:  # (and count the batches: the lazy path is taken)
-        m.setattr(mapped, "_realise_runs", lambda runs, f=mapped._realise_runs: batched.append(len(runs)) or f(runs))
+        m.setattr(
+            mapped,
+            "_realise_runs",
+            lambda runs, *rest, f=mapped._realise_runs: batched.append(len(runs)) or f(runs, *rest),
+        )
         together = run(p, values)
     assert batched
     monkeypatch.setattr(mapped, "_runs_as_written", lambda expr, by_row: False)  # every map page by page

@@ -24,7 +24,8 @@ import numpy as np
 from ..ir.ops import Apply, Arg, Col, Expr, Lit, Map, RowArg, VecAxis, cols, row_reads
 from ..numerics.elementwise import OPS, ElementwiseError, evaluate
 from ..numerics.epilogue import EpilogueError
-from .values import MapValue, TileRefs, page_matrix
+from .reuse import reused
+from .values import MapValue, RowPack, TileRefs, page_matrix
 
 # Elements one evaluation computes at most. Its float64 temporaries (2 MiB each) are then reused from the heap, not
 # mapped fresh from the OS and faulted in page by page as a whole tensor's would be, and stay in cache between ops.
@@ -38,7 +39,20 @@ class MapKernel:
     and for those the pages read whole, the one row width every vector agrees on (0 where they do not), the width
     each page is read at, and whether it reads no vector at all (`free`)."""
 
-    __slots__ = ("op", "integer", "tile", "by_row", "order", "row_vecs", "lazy", "whole", "width", "widths", "free")
+    __slots__ = (
+        "op",
+        "integer",
+        "tile",
+        "by_row",
+        "order",
+        "row_vecs",
+        "lazy",
+        "whole",
+        "width",
+        "widths",
+        "free",
+        "reuse",
+    )
 
     def __init__(self, op: object, integer: bool, tile: tuple[int, int], ins: int) -> None:
         self.op, self.integer, self.tile = op, integer, tile
@@ -54,6 +68,7 @@ class MapKernel:
         # No row or column vector: a page may be laid out as any h × w rectangle of its tiles (`support.elementwise`
         # takes a read page's own), element by element the same.
         self.free = not self.by_row and not self.order
+        self.reuse: dict[int, tuple[object, Any]] = {}  # by kernel (id): the part of this op's expression it computes
 
 
 def _runs_as_written(expr: Expr, by_row: dict[int, int]) -> bool:
@@ -78,12 +93,36 @@ def _runs_as_written(expr: Expr, by_row: dict[int, int]) -> bool:
     return bool(whole) and not whole & set(by_row)
 
 
-def realise_maps(values: list[MapValue]) -> None:
-    """Compute every page of `values` not computed yet, and the elementwise pages they read first."""
+Into = tuple[np.ndarray, dict[int, tuple[int, int]]]
+
+
+def realise_maps(values: list[MapValue], into: Into | None = None) -> set[int]:
+    """Compute every page of `values` not computed yet, and the elementwise pages they read first. `into` offers a
+    float32 matrix and, by page (id), the tile (row, column) of its rectangle there, no two overlapping: a batch whose
+    pages lie there as they are computed side by side and stacked is computed straight into it. The pages computed so
+    (ids) are returned; each page's `result` is its rectangle there."""
     todo = list({id(v): v for v in values if v.result is None}.values())
-    inner = [x for v in todo for x in v.ins if isinstance(x, MapValue) and x.result is None]
+    inner, packs = [], []
+    for v in todo:  # the pages and the packs they read that are not computed yet
+        for x in v.ins:
+            if x.__class__ is MapValue and x.result is None:
+                inner.append(x)
+            elif x.__class__ is RowPack and x.column is None:
+                packs.append(x)
     if inner:
         realise_maps(inner)
+    placed: set[int] = set()
+    if packs:  # the row vectors they read, a chunk at a time, each chunk's pages computed once it is
+        from .rowpacks import realise_packs  # rowpacks.py realises the pages its packs reduce here
+
+        waves = _Waves(todo, into, placed)
+        realise_packs(packs, waves.ready)
+        todo = waves.left()
+    _realise_groups(todo, into, placed)
+    return placed
+
+
+def _realise_groups(todo: list[MapValue], into: Into | None, placed: set[int]) -> None:
     groups: dict[tuple, list[MapValue]] = defaultdict(list)
     for v in todo:
         groups[(id(v.kernel), v.h, v.width, v.tr, v.tc, v.widths)].append(v)
@@ -97,7 +136,51 @@ def realise_maps(values: list[MapValue]) -> None:
             per_run = v0.h * v0.tr * v0.width * v0.tc * length
             step = max(1, CHUNK_ELEMS // max(per_run, 1))
             for s0 in range(0, len(same), step):
-                _realise_runs(same[s0 : s0 + step])
+                _realise_runs(same[s0 : s0 + step], into, placed)
+
+
+class _Waves:
+    """The pages of a `realise_maps` call that read packs not computed yet, each computed as soon as the last pack it
+    reads is (`ready`, after each chunk of packs): while the pages those packs reduced are still computed, which a
+    page may take a part of its value from (`reuse.py`), and before they are dropped."""
+
+    def __init__(self, todo: list[MapValue], into: Into | None, placed: set[int]) -> None:
+        self.into, self.placed = into, placed
+        # The pages by the packs they wait for (a band's pages wait for the same ones): each such set, by pack (id),
+        # with the count of its packs not computed yet.
+        sets: dict[tuple[int, ...], list[MapValue]] = {}
+        self.rest: list[MapValue] = []
+        for v in todo:
+            key = tuple([id(x) for x in v.ins if x.__class__ is RowPack and x.column is None])
+            if key:
+                sets.setdefault(key, []).append(v)
+            else:
+                self.rest.append(v)
+        self.waiting: dict[int, list[list]] = defaultdict(list)  # by pack (id): [count, pages] of the sets it is in
+        for key, pages in sets.items():
+            entry = [len(set(key)), pages]
+            for k in set(key):
+                self.waiting[k].append(entry)
+
+    def ready(self, packs: list[RowPack]) -> None:
+        now: list[MapValue] = []
+        for p in packs:
+            for entry in self.waiting.pop(id(p), ()):
+                entry[0] -= 1
+                if not entry[0]:
+                    now.extend([v for v in entry[1] if v.result is None])
+        if now:
+            _realise_groups(now, self.into, self.placed)
+
+    def left(self) -> list[MapValue]:
+        """The pages not computed yet: those that read no pack, and any whose packs were computed elsewhere."""
+        left = {id(v): v for v in self.rest}
+        for entries in self.waiting.values():
+            for _, pages in entries:
+                for v in pages:
+                    if v.result is None:
+                        left[id(v)] = v
+        return list(left.values())
 
 
 def _runs(members: list[MapValue]) -> list[list[MapValue]]:
@@ -108,18 +191,25 @@ def _runs(members: list[MapValue]) -> list[list[MapValue]]:
     most = max(1, CHUNK_ELEMS // max(v0.h * v0.tr * v0.width * v0.tc, 1))
     keyed: dict[tuple[int, ...], list[MapValue]] = {}  # (the sites' engines interleave their pages: sort them out)
     for v in members:
-        keyed.setdefault((*(id(v.ins[j]) for j in rows), *v.row_key), []).append(v)
+        ins = v.ins
+        key = (id(ins[rows[0]]), *v.row_key) if len(rows) == 1 else (*[id(ins[j]) for j in rows], *v.row_key)
+        keyed.setdefault(key, []).append(v)
     first = v0.kernel.whole[0]
     runs: list[list[MapValue]] = []
     for same in keyed.values():
-        if all(v.ins[first].__class__ is TileRefs for v in same):  # in the tensor's order: rows of pages, as read
-            same.sort(key=lambda v: (id(v.ins[first].store), v.ins[first].at))
+        pages = [v.ins[first] for v in same]
+        if all(x.__class__ is TileRefs for x in pages):  # in the tensor's order: rows of pages, as read
+            store = pages[0].store
+            ats = [x.at for x in pages]
+            if any(x.store is not store for x in pages) or ats != sorted(ats):
+                same.sort(key=lambda v: (id(v.ins[first].store), v.ins[first].at))
         runs.extend(same[s : s + most] for s in range(0, len(same), most))
     return runs
 
 
-def _realise_runs(runs: list[list[MapValue]]) -> None:
-    """One evaluation for runs of equal length: each run's pages side by side, the runs stacked."""
+def _realise_runs(runs: list[list[MapValue]], into: Into | None = None, placed: set[int] | None = None) -> None:
+    """One evaluation for runs of equal length: each run's pages side by side, the runs stacked — into the matrix
+    `into` offers where the pages lie there so (their ids then added to `placed`)."""
     v0 = runs[0][0]
     kernel, h, tr, tc = v0.kernel, v0.h, v0.tr, v0.tc
     pages = []
@@ -133,16 +223,48 @@ def _realise_runs(runs: list[list[MapValue]]) -> None:
     def col(c: Col) -> Any:
         return col_values[kernel.order[id(c)]]
 
+    dest = _destination(runs, into) if into is not None else None
+    expr = kernel.op.expr
+    part = reused(kernel, runs) if kernel.by_row else None
+    if part is not None:  # a part of the value that the pages a row pack reduced computed already
+        expr, values = part
+        pages.append(values)
     try:  # the pages as epilogue.start takes them: float32 (a tensor's own float32 memory is read, not copied)
-        out = evaluate(kernel.op.expr, [np.asarray(m, np.float32) for m in pages], False, col)
+        out = evaluate(expr, [np.asarray(m, np.float32) for m in pages], False, col, dest)
     except ElementwiseError as e:  # as epilogue.mapped says it (none expected: `_runs_as_written` checked the ops)
         raise EpilogueError(str(e)) from None
     out = np.asarray(out, np.float32)
+    if dest is not None and placed is not None:
+        placed.update(id(v) for run in runs for v in run)
     width = v0.width * tc
     for r, run in enumerate(runs):
         band = out if len(runs) == 1 else out[r]
         for k, v in enumerate(run):
             v.result, v.band, v.slot = band[:, k * width : (k + 1) * width], band, k
+
+
+def _destination(runs: list[list[MapValue]], into: Into) -> np.ndarray | None:
+    """The part of `into`'s matrix that the runs' evaluation fills, shaped as it computes it — (rows, run columns),
+    or (runs, rows, run columns) — where each run's pages lie side by side there, in order, and the runs one below
+    the other (a view); else None."""
+    mat, where = into
+    v0 = runs[0][0]
+    h, w = v0.h * v0.tr, v0.width * v0.tc
+    corner = where.get(id(v0))
+    if corner is None:
+        return None
+    r0, c0 = corner[0] * v0.tr, corner[1] * v0.tc
+    for r, run in enumerate(runs):
+        for k, v in enumerate(run):
+            at = where.get(id(v))
+            if at is None or at[0] * v0.tr != r0 + r * h or at[1] * v0.tc != c0 + k * w:
+                return None
+    span = len(runs[0]) * w
+    if r0 + len(runs) * h > mat.shape[0] or c0 + span > mat.shape[1]:
+        return None
+    block = mat[r0 : r0 + len(runs) * h, c0 : c0 + span]
+    view = block if len(runs) == 1 else block.reshape(len(runs), h, span)
+    return view if np.may_share_memory(view, mat) else None
 
 
 def _vector_values(runs: list[list[MapValue]], k: int, by_rows: bool) -> np.ndarray:

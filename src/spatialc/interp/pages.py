@@ -127,6 +127,36 @@ class MapValue:
         return self.matrix().reshape(h, tr, w, tc).transpose(0, 2, 1, 3).astype(np.float64).reshape(h * w, tr, tc)
 
 
+class RowPack:
+    """A row accumulator's pack (`support.pack`) in a float program, computed when its numbers are needed, with every
+    other pending pack then (`rowpacks.realise_packs`): the reduction `name` of the pages it was given (as `Acc.rows`
+    holds them, each h tile rows), a row vector of `count` = h tiles. `column` is its value, one float64 per row (the
+    float32 result, as `support.packed_rows` computes it), and `result` its tiles (n, tr, tc): each row's value,
+    rounded to float32, in every column."""
+
+    __slots__ = ("name", "pages", "tile", "count", "column", "result")
+
+    def __init__(self, name: str, pages: tuple, h: int, tile: tuple[int, int]) -> None:
+        self.name, self.pages, self.tile, self.count = name, pages, tile, h
+        self.column: np.ndarray | None = None
+        self.result: np.ndarray | None = None
+
+    def value(self) -> np.ndarray:
+        """The packed value, one float64 per row (a column)."""
+        if self.column is None:
+            from .rowpacks import realise_packs  # rowpacks.py builds on this module's values
+
+            realise_packs([self])
+        assert self.column is not None
+        return self.column
+
+    def tiles(self) -> np.ndarray:
+        if self.result is None:
+            self.value()
+        assert self.result is not None
+        return self.result
+
+
 class Transposed:
     """A matmul's B page that holds Bᵀ (`MatmulTiles.transpose_b`: attention's K block, `w × ibw` tiles as stored) read
     as the `ibw × w` page B: tile (k, j) is the transpose of the page's tile (j, k). Nothing is copied until a product
@@ -143,7 +173,7 @@ class Transposed:
         return t.reshape(self.w, self.ibw, *t.shape[1:]).transpose(1, 0, 3, 2).reshape(self.count, t.shape[2], -1)
 
 
-PageValue = TileRefs | Tiles | AccValue | MapValue | Transposed
+PageValue = TileRefs | Tiles | AccValue | MapValue | RowPack | Transposed
 
 
 def tiles_of(value: object, n: int) -> np.ndarray:

@@ -14,8 +14,9 @@ from ..numerics.elementwise import OPS, reduce_rows, reduction_named
 from ..numerics.rounding import INT8_EXACT_K, computed_operand
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
 from .mapped import MapKernel, realise_maps
+from .rowpacks import lazy_pack, reduced_values
 from .state import Acc, BarrierState, EngineState, Ring
-from .values import AccValue, MapValue, Masked, Store, TileRefs, Tiles, Transposed, page_matrix, tiles_of
+from .values import AccValue, MapValue, Masked, RowPack, Store, TileRefs, Tiles, Transposed, tiles_of
 
 
 def where(E: EngineState, i: int) -> str:
@@ -67,7 +68,9 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
         fail(E, i, f"writes {r.name} but holds no reserved page of it")
     slot = r.newest_reserved()
     if acc.rows or acc.reduction is not None or acc.carried is not None:
-        r.slots[slot] = packed_rows(E, i, acc, n, accumulate)
+        t = E.m.p.tile
+        later = lazy_pack(acc, n, accumulate, E.m.p.precision.value == "int8", (t.rows, t.cols))
+        r.slots[slot] = later if later is not None else packed_rows(E, i, acc, n, accumulate)
         return
     base = r.slots[slot] if accumulate else None
     if accumulate and (base is None or base.count < n):  # type: ignore[attr-defined]
@@ -100,6 +103,22 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
 def row_reduce(E: EngineState, i: int, x: object, acc: Acc, op: RowReduce, at: int) -> None:
     """A row reduction: the front page `x` (rows of `op.width` tiles, the first at tile column `at` of the row) kept
     in `acc`, its columns at or past the row's `op.cols` values left out; `packed_rows` reduces them."""
+    rows, width, name = acc.rows, op.width, op.op
+    n = x.count  # type: ignore[attr-defined]
+    h = n // width
+    if (  # every check below passes (the page taken as it would be there): once a page, in short
+        acc.live
+        and not acc.a
+        and not acc.parts
+        and n % width == 0
+        and h <= acc.tiles
+        and (not rows or (rows[0][0] == name and rows[0][2] == h))
+        and (acc.reduction is None or acc.reduction == name)
+        and at >= 0
+    ):
+        tc = E.m.p.tile.cols
+        rows.append((name, x, h, width, max(0, min(width * tc, op.cols - at * tc))))
+        return
     if not acc.live:
         fail(E, i, f"{acc.name} is not acquired")
     if acc.a or acc.parts:
@@ -150,6 +169,8 @@ def row_value(E: EngineState, i: int, acc: Acc, name: str | None) -> np.ndarray 
     last carried (`reduce_rows`: a float sum exactly rounded to float32, a max exact), combined by the reduction's
     own op (`REDUCTIONS`: add, max or min) with the value carried — float64 (int64 in an integer program), not
     rounded. None where it holds nothing (its identity)."""
+    if acc.carried.__class__ is RowPack:  # a pack's value, carried: computed now
+        acc.carried = acc.carried.value()
     segment = None
     if acc.rows:
         t = E.m.p.tile
@@ -208,31 +229,6 @@ def row_factors(E: EngineState, i: int, x: object, h: int) -> np.ndarray:
 def transposed(x: object, w: int, ibw: int) -> Transposed:
     """A B page holding Bᵀ (`MatmulTiles.transpose_b`) as the page B it stands for."""
     return Transposed(x, w, ibw)
-
-
-def reduced_values(pages: list[tuple[str, object, int, int, int]], tr: int, tc: int) -> np.ndarray:
-    """The rows a row accumulator reduces: each page's matrix (h × width tiles), its first `keep` columns, side by
-    side. Pages that are one row of a tensor nothing writes, in order, are that row's memory, and pages computed side
-    by side their band (each in its own type, which `reduce_rows` converts exactly); others are joined in float64 (an
-    integer chain's values too, as the reduction has always taken them)."""
-    _, first, h, width, _ = pages[0]
-    if isinstance(first, TileRefs) and all(
-        x.__class__ is TileRefs and x.store is first.store and x.off is first.off and x.at == first.at + k * width
-        for k, (_, x, *_) in enumerate(pages)
-    ):
-        corner = first.store.rect(first.at, first.off, h, width)
-        full = all(keep == width * tc for *_, keep in pages[:-1])
-        if corner is not None and full and corner[1] + len(pages) * width <= first.store.cols_t:
-            r0, c0 = corner
-            span = (len(pages) - 1) * width * tc + pages[-1][4]
-            return first.store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : c0 * tc + span]
-    if isinstance(first, MapValue) and first.band is not None and first.slot == 0:
-        band = first.band  # computed side by side, in this order (mapped.py): the band itself
-        ok = all(x.__class__ is MapValue and x.band is band and x.slot == k for k, (_, x, *_) in enumerate(pages))
-        if ok and all(keep == width * tc for *_, keep in pages[:-1]) and band.shape[0] == h * tr:
-            return band[:, : (len(pages) - 1) * width * tc + pages[-1][4]]
-    mats = [page_matrix(x, h, width, tr, tc)[:, :keep] for _, x, h, width, keep in pages]
-    return np.asarray(np.concatenate(mats, axis=1), np.float64)
 
 
 def partial(E: EngineState, i: int, x: object, n: int) -> np.ndarray:

@@ -39,6 +39,7 @@ from .pages import (  # noqa: F401 — named here as before: spatialc.interp.val
     MapValue,
     Masked,
     PageValue,
+    RowPack,
     TileRefs,
     Tiles,
     Transposed,
@@ -201,10 +202,14 @@ class Store:
             targets[id(v)] = (self, r0, c0)
         return targets if cover.max(initial=0) <= 1 else {}
 
-    def _write_bands(self, placed: dict[int, AccValue], mat: np.ndarray, only_maps: bool = False) -> bool:
+    def _write_bands(
+        self, placed: dict[int, AccValue], mat: np.ndarray, only_maps: bool = False, done: set[int] | None = None
+    ) -> bool:
         """Apply the pending writes to `mat` (this store's matrix, or one of its shape), computed bands (`MapValue.
         band`) as whole slices, where they may be applied in any order — each on a rectangle of its own, none
-        overlapping, and with `only_maps` each a whole computed page; False (nothing written) where not."""
+        overlapping, and with `only_maps` each a whole computed page; False (nothing written) where not. The
+        computed pages `done` (ids) were computed in their place in `mat` already."""
+        done = done or set()
         bands: dict[int, list[tuple[int, int, int, MapValue]]] = defaultdict(list)
         pages, rest = [], []
         rects: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # corners, by rectangle shape
@@ -216,7 +221,9 @@ class Store:
             r0, c0 = corner
             rects[bh, bw].append(corner)
             if v.__class__ is MapValue and (v.h, v.width) == (bh, bw):
-                if v.band is not None:
+                if id(v) in done:
+                    pass
+                elif v.band is not None:
                     bands[id(v.band)].append((v.slot, r0, c0, v))
                 else:
                     pages.append((r0, c0, v))
@@ -264,14 +271,39 @@ class Store:
             return None
         from .mapped import realise_maps  # mapped.py builds on this module's values
 
-        realise_maps([v for *_, v in self.pending])
+        where = self._map_rects()
+        if where is None:
+            return None
         mat = np.zeros(self.mat.shape, np.float32)
-        if not self._write_bands({}, mat, only_maps=True):
+        placed = realise_maps([v for *_, v in self.pending], (mat, where))  # computed in place where they may be
+        if len(placed) < len(self.pending) and not self._write_bands({}, mat, only_maps=True, done=placed):
             return None
         self.mat, self.arr = mat, mat.reshape(self.arr.shape)
         self.applied = True
         self.pending.clear()
         return mat
+
+    def _map_rects(self) -> dict[int, tuple[int, int]] | None:
+        """By pending computed page (id), the tile (row, column) of the rectangle it is written to, where every
+        pending write is a whole computed page on a rectangle and no two overlap (None where not); a page written
+        more than once, or computed already, is left out (it is copied, as other writes are)."""
+        where: dict[int, tuple[int, int]] = {}
+        rects: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
+        twice: set[int] = set()
+        for at, off, bh, bw, v in self.pending:
+            corner = self.rect(at, off, bh, bw)
+            if corner is None or (v.h, v.width) != (bh, bw):
+                return None
+            rects[bh, bw].append(corner)
+            if id(v) in where:
+                twice.add(id(v))
+            elif v.result is None:
+                where[id(v)] = corner
+        if self._overlap(rects):
+            return None
+        for k in twice:
+            where.pop(k, None)
+        return where
 
     def _band_run(self, k: int) -> int:
         """The end of the run of pending writes from k on that put consecutive pages of one computed band (`MapValue.
@@ -337,7 +369,8 @@ class Pending(list):
 
     def append(self, write: tuple[int, np.ndarray, int, int, object]) -> None:
         super().append(write)
-        self.held += held_elems(write[4])
+        v = write[4]
+        self.held += v.count * v.tr * v.tc if v.__class__ is MapValue else held_elems(v)  # type: ignore[attr-defined]
         if self.held > PENDING_ELEMS:
             self.store.flush()
 
@@ -354,6 +387,8 @@ def held_elems(value: object) -> int:
         return value.arr.size
     if isinstance(value, MapValue):
         return value.count * value.tr * value.tc
+    if isinstance(value, RowPack):
+        return value.count * value.tile[0] * value.tile[1]
     if isinstance(value, AccValue):
         return value.h * value.w * value.t * value.t
     return 0

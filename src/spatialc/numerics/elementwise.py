@@ -234,10 +234,24 @@ def op_named(name: str) -> ElementwiseOp:
 # ---- values ---------------------------------------------------------------------------------------------------
 
 
-def evaluate(expr: Expr, pages: Sequence[Any], integer: bool, col: Callable[[Col], Any] | None = None) -> Any:
+def evaluate(
+    expr: Expr, pages: Sequence[Any], integer: bool, col: Callable[[Col], Any] | None = None, out: Any = None
+) -> Any:
     """`expr` on the input `pages` (float32 or int64 arrays of one shape); `col(c)` gives column vector c's values
     as a row that broadcasts over the pages' rows. Float ops: float64 of the float32 operands, rounded once to
-    float32; integer ops: exact int64 (ElementwiseError past ±2^62)."""
+    float32; integer ops: exact int64 (ElementwiseError past ±2^62). `out` (a float program's: a float32 array of the
+    result's shape) receives the result — the last op writes it there, the same values — and is returned."""
+    if out is not None:
+        if not integer and isinstance(expr, Apply):
+            entry = OPS.get(expr.op)
+            f = entry.f64 if entry is not None else None
+            if isinstance(f, np.ufunc) and not expr.params and f.nin == len(expr.args) and f.nout == 1:
+                xs32 = [np.asarray(evaluate(a, pages, integer, col), np.float32) for a in expr.args]
+                if np.broadcast_shapes(*(x.shape for x in xs32)) == out.shape:
+                    with np.errstate(all="ignore"):  # (as below: float32 ufuncs, or float64 loops cast back)
+                        return f(*xs32, out=out) if f in CORRECTLY_ROUNDED else f(*xs32, out=out, dtype=np.float64)
+        out[...] = evaluate(expr, pages, integer, col)
+        return out
     match expr:
         case Arg(i):
             return pages[i]
