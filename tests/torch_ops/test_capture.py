@@ -194,3 +194,25 @@ def test_a_tensor_already_of_the_operand_type_is_checked_by_nothing(monkeypatch,
     a32 = {"A": named["A"].float().numpy(), "B": named["B"].float().numpy()}  # float32 in: checked as before
     launch.run_with(device, spatialc.lower(entry.program), **a32)
     assert "check_values" in calls and "warn_if_rounded" in calls, calls
+
+
+def test_a_kernels_workspace_is_made_when_it_is_prepared_not_first_inside_a_graph(monkeypatch, cuda_stand_in):
+    """A split-K kernel's partial sums live in a workspace kept with the prepared kernel: made when it is prepared
+    (the warm-up, from the model's pool), even where that call fails after preparing — never first inside capture,
+    from the graph's pool, which a later eager call would outlive."""
+    op = sct.op(
+        lambda m, n, k: spatialc.gemm(m, n, k, "int8"), "test_capture_split", disk_cache=False, options={"split_k": 2}
+    )
+    entry, device = stand_in(monkeypatch, op, (32, 48, 512))
+    device.sms, device.occupancy = 132, lambda kernel, block, smem: 1  # its sites wait on each other: resident
+    device.launch_cooperative = device.launch
+    assert any(a.role == "workspace" for a in launch.kernel_args(spatialc.lower(entry.program).launch))
+
+    def fail(*args, **kwargs):
+        raise InputError("the warm-up's inputs were refused")
+
+    monkeypatch.setattr(launch, "run_prepared", fail)
+    a, b = int8_operands(32, 48, 512)
+    with pytest.raises(InputError):
+        op._launch(entry, {"A": a, "B": b}, torch.device("cuda:0"))
+    assert entry.prepared is not None and entry.prepared.spaces

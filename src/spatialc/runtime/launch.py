@@ -148,12 +148,9 @@ def bound_operands(
     """The kernel's arguments paired with the caller's arrays (`bind`), a grouped GEMM's row counts checked on the
     host (unless not `checked`), and the library the result comes back in; nothing is launched or compiled."""
     args = kernel_args(artifact.launch)
-    on_host = [a.name for a in args if a.elem in BYTE_ELEMS and a.role == "input"]
+    on_host = [a for a in args if a.elem in BYTE_ELEMS and a.role == "input"]
     if on_host and not checked:
-        raise LaunchError(
-            f"{', '.join(on_host)}: 4-bit weights and their scales are laid out in bytes on the host, which a call"
-            " inside CUDA-graph capture cannot wait for; run this kernel outside the graph"
-        )
+        raise LaunchError(_through_host(on_host, "4-bit or e8m0 values are laid out in bytes on the host"))
     bound = bind(args, operands, params)
     limits = dict(getattr(artifact.launch, "row_counts", ()))
     if limits and checked:  # a grouped GEMM's row counts, checked on the host before anything is launched
@@ -225,12 +222,12 @@ def _converted(arg: Arg, x: Any, held: bool | str, xp: Any, checked: bool = True
         if held == arg.elem:  # the operand's own type: its bits go as they are, nothing to check or convert
             return x.view(xp.uint8)
         if not checked:
-            raise LaunchError(_through_host(arg))
+            raise LaunchError(_through_host([arg], FP8_THROUGH_HOST))
         x, held = fp8_values(x, held, xp), False  # their values (exact), converted as any other floats
     is_bf16 = held is True
     if not checked:
         if arg.elem in FP8_ELEMS:  # converted through the host (tilize.fp8_bits): no GPU array library has fp8
-            raise LaunchError(_through_host(arg))
+            raise LaunchError(_through_host([arg], FP8_THROUGH_HOST))
         return quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16, checked=False)
     if _holds_its_type(arg, x, is_bf16):  # nothing can be out of range or rounded: no pass over the values
         return quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16)
@@ -246,12 +243,16 @@ def _converted(arg: Arg, x: Any, held: bool | str, xp: Any, checked: bool = True
     return q
 
 
-def _through_host(arg: Arg) -> str:
-    return (
-        f"{arg.name}: converting these values to {arg.elem} goes through the host (no GPU array library has fp8),"
-        " which a call inside CUDA-graph capture cannot wait for; pass a tensor of the operand's own fp8 type, or run"
-        " this op outside the graph"
-    )
+FP8_THROUGH_HOST = (
+    "converting values to an fp8 type goes through the host (no GPU array library has fp8; a tensor of the"
+    " operand's own fp8 type goes as its bits)"
+)
+
+
+def _through_host(args: Sequence[Arg], why: str) -> str:
+    """The one line refusing, inside CUDA-graph capture, arguments whose values must go through the host."""
+    names = ", ".join(a.name for a in args)
+    return f"{names}: {why}, which a call inside CUDA-graph capture cannot wait for; run it outside the graph"
 
 
 def _holds_its_type(arg: Arg, x: Any, is_bf16: bool) -> bool:

@@ -303,14 +303,14 @@ class SpatialOp:
         """The kernel on torch's current stream of `device`: lowered and loaded at the first call of a shape, its
         buffers from torch's allocator. Inside CUDA-graph capture the shape must have run once before (the warm-up
         torch's graphs and `mode="reduce-overhead"` make), and nothing is read back to check the inputs."""
-        capturing = _capturing()
-        if capturing and entry.prepared is None:
-            raise InputError(
-                f"{self.name}: the first call at sizes {'x'.join(map(str, entry.sizes))} is inside CUDA-graph capture,"
-                " where its kernel cannot be built and loaded; call the op once at these sizes before capturing"
-                " (a warm-up)"
-            )
         with torch.cuda.device(device), _stream(torch.cuda.current_stream(device)), _torch_memory():
+            capturing = _capturing()  # the tensors' device's current stream (made current above)
+            if capturing and entry.prepared is None:
+                raise InputError(
+                    f"{self.name}: the first call at sizes {'x'.join(map(str, entry.sizes))} is inside CUDA-graph"
+                    " capture, where its kernel cannot be built and loaded; call the op once at these sizes before"
+                    " capturing (a warm-up)"
+                )
             got = launch_entry(entry, named, _gpu_device(), checked=not capturing)
             return self._shaped(entry, _by_name(got, self.outputs[0].name))
 
@@ -334,7 +334,9 @@ def launch_entry(entry: Compiled, named: dict[str, Any], gpu: Any, *, checked: b
 
     if entry.prepared is None:
         entry.artifact = api.lower(entry.program)
-        entry.prepared = launch.prepare(entry.artifact, gpu)
+        prepared = launch.prepare(entry.artifact, gpu)
+        prepared.workspaces()  # made now, from the model's pool: never first inside a graph's, which it would outlive
+        entry.prepared = prepared
     c = launch.run_prepared(entry.prepared, entry.artifact, checked=checked, **named)
     if isinstance(c, dict):
         return {k: v if isinstance(v, torch.Tensor) else torch.as_tensor(v) for k, v in c.items()}

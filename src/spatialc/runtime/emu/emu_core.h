@@ -70,19 +70,20 @@ struct dim3 {
 };
 
 constexpr int kWarp = 32;
+
+// Exit statuses of a run the emulator ends itself (the host code uses 1 and 2).
+enum ExitCode : int { kExitRace = 86, kExitDeadlock = 87, kExitTimeout = 88, kExitMisuse = 89 };
+
 inline bool mode_is_late() {
     const char* m = std::getenv("SPATIALC_EMU_MODE");
     if (m == nullptr || *m == '\0') return SPATIALC_EMU_LATE != 0;
     if (std::strcmp(m, "late") == 0) return true;
     if (std::strcmp(m, "early") == 0) return false;
     std::fprintf(stderr, "spatialc-emu: SPATIALC_EMU_MODE is '%s'; use late or early\n", m);
-    std::exit(2);
+    std::exit(kExitMisuse);
 }
 inline const bool kLate = mode_is_late();
 inline const char* mode_name() { return kLate ? "late" : "early"; }
-
-// Exit statuses of a run the emulator ends itself (the host code uses 1 and 2).
-enum ExitCode : int { kExitRace = 86, kExitDeadlock = 87, kExitTimeout = 88, kExitMisuse = 89 };
 
 // A cp.async copy in flight: its source bytes are read at issue, they reach `dst` when the copy lands.
 struct Copy {
