@@ -199,3 +199,20 @@ def test_the_register_path_feeds_an_epilogue_as_the_shared_one_did():
     assert REGISTER_PATH in art.program_cu
     x = w4_inputs(p, seed=6)
     assert np.array_equal(emulated(art, x), spatialc.evaluate(p, x))
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_the_decode_shapes_plan_emulates_equal_to_the_interpreter():
+    """The plan the planner gives the decode shape (M = 16, N = K = 4096: blocks of one tile row, `tile.dequant_cost`)
+    forced on a size the emulation runs, split-K as well: equal to the interpreter bit for bit on exact inputs."""
+    decode = spatialc.build(spatialc.gemm(16, 4096, 4096, "bf16", weights="int4", group=128, zeros=True), "sm_90")
+    b = decode.plan.block
+    assert b.osh == 1 and decode.placement.splits > 1, decode.plan
+    p = w4_program(16, 32 * b.osw, 512, "int4", block=(b.osh, b.osw, b.ibw), sub_blocks=decode.plan.sub_blocks,
+                   split_k=2, group=128, zeros=True)  # fmt: skip
+    assert p.plan.block == b and p.placement.splits == 2
+    art = spatialc.lower(p)
+    assert REGISTER_PATH in art.program_cu
+    x = w4_inputs(p, seed=7, exact=True)
+    assert np.array_equal(emulated(art, x), spatialc.evaluate(p, x))

@@ -265,9 +265,12 @@ def dequant_cost(target: SpatialTarget, plan: Plan, m_t: int, prec: Precision, s
 
     - traffic: plan_cost's, with B's bytes those of 4-bit weights (a quarter of A's) and A's rows only the `m_t`
       real ones (a decode row's padding is not loaded), per real multiply-accumulate;
-    - dequant: a warp dequantises each B tile of its columns once per K tile for its `rm` rows of the block (1
-      where no warp grid divides it: single tiles), so the warps of one column, and each sub-block row, do it again;
-      a tile product's issue work grows by DEQUANT_TILE / rm;
+    - dequant: a warp dequantises each B tile of its columns once per K tile for all its `rm` rows of the item,
+      every sub-block's (the SASS of `tests/w4a16/test_w4_sass.py`: four pair conversions per B tile a trip, however
+      many rows it feeds); 1 where no warp grid divides the block (single tiles). The other warps of its column do
+      it again: a tile product's issue work grows by DEQUANT_TILE / rm, × (1 + 1/ibw) / 1.25 for the K step's own
+      work (its scale and zero-point words, a column's, and ring waits): 68 instructions a B tile at ibw 4 and 83 at
+      ibw 2 in that SASS (16 × 4096 × 4096), 1.22 apart, priced 1.2;
     - fill: a W4A16 GEMM's items rarely fill the SMs (decode: one M tile row) and split-K then gives each item
       `splits` sites (`auto_splits`, where the split's rings fit), which share its time while the SMs are not
       full: × items / min(SMs, items × splits) — what plan_cost, pricing one item on one site, does not see.
@@ -277,9 +280,10 @@ def dequant_cost(target: SpatialTarget, plan: Plan, m_t: int, prec: Precision, s
     real = min(h, m_t)
     traffic = 1 + (real + w / 4) * OPERAND_BYTES[prec] / (16 * real * w) / 0.02
     grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
-    rm = plan.block.osh // grid[0] if grid else 1
+    rm = h // grid[0] if grid else 1
     fill = plan.items / min(target.units, plan.items * splits)
-    return cost / was * traffic * (1 + DEQUANT_TILE / rm) * fill
+    dequant = DEQUANT_TILE * (1 + 1 / plan.block.ibw) / (1 + 1 / 4) / rm
+    return cost / was * traffic * (1 + dequant) * fill
 
 
 def make_plan(block: BlockShape, sub: tuple[int, int], depth: int, m_t: int, n_t: int, k_t: int) -> Plan:
