@@ -78,7 +78,6 @@ def test_the_shared_paths_main_loop_is_told_apart_by_the_same_checks():
     assert seen and all(c["byte loads"] > 0 and c["shared stores"] > 0 for c in seen), seen
 
 
-
 def dequantisers(p) -> int:
     """How many warps dequantise each B tile of `p`'s plan along M: one per item along M and warp of the block's lane
     grid holding its column — a warp dequantises a tile once for all its rows, every sub-block's (the main loop's

@@ -25,8 +25,8 @@ from ..ir.ids import LV_ITEM_X, BufferId, StageId, TensorId
 from ..ir.nodes import Buffer, ComputeStage, DType, Fifo, Interm, PageLayout, ReadStage, SpatialProgram, Stage
 from ..ir.ops import ChoreoOp, Compute, Dequant, Loop, Pop, Push, ReadTiles, Reserve, TileAddr, Wait
 from ..target import SpatialTarget
-from .tile import DEQUANT_PROLOGUE
 from ..weights import dequant_stage
+from .tile import DEQUANT_PROLOGUE
 
 W4_FORMS = ("auto", "general")
 
