@@ -4,7 +4,8 @@ load a lane and tile, `spatialc_w4_load_b`), or — the shared path, kept select
 (`lower/cuda/common/dequant.py`, the C of `dequant.cuh`). The host emulation runs them equal to the interpreter — bit
 for bit on exact inputs and on a selector A that copies dequantised rows of B into C, within the bf16 / fp16 GEMM's
 kernel bound on real-valued ones — for int4 with zero points, uint4 with float32 scales and fp16 operands, mxfp4,
-split-K and a block no lane grid divides (a group per tile of K); the nibbles of a byte read the other way round, or
+split-K, a block no lane grid divides (a group per tile of K) and the decode shape's plan at a small size; the
+nibbles of a byte read the other way round, or
 the scales of the other group, planted in the kernel text of either path, are caught, and the shared path's B page
 published before its dequant is a race the emulation reports; nvcc -Werror compiles the decode shape's kernel
 (M = 16, N = K = 4096, int4 with zero points per 128) for sm_80 and sm_90 without spills; the persistent and sm_90a
