@@ -75,7 +75,9 @@ def prepared(row: Row) -> tuple[str, str]:
     b, g = p.plan.block, p.plan.grid
     assert p.placement is not None
     split = f", split-K {p.placement.splits}" if p.placement.splits > 1 else ""
-    plan = f"block {b.osh}x{b.osw}x{b.ibw}, grid {g[0]}x{g[1]}{split}, {len(p.placement.sites)} sites"
+    sub = p.plan.sub_blocks
+    subs = f" of {sub[0]}x{sub[1]} sub-blocks" if sub != (1, 1) else ""
+    plan = f"block {b.osh}x{b.osw}x{b.ibw}{subs}, grid {g[0]}x{g[1]}{split}, {len(p.placement.sites)} sites"
     try:
         art = spatialc.lower(p)
         kernel = f"printed ({art.budget.form} form)"

@@ -4,7 +4,8 @@ load a lane and tile, `spatialc_w4_load_b`), or — the shared path, kept select
 (`lower/cuda/common/dequant.py`, the C of `dequant.cuh`). The host emulation runs them equal to the interpreter — bit
 for bit on exact inputs and on a selector A that copies dequantised rows of B into C, within the bf16 / fp16 GEMM's
 kernel bound on real-valued ones — for int4 with zero points, uint4 with float32 scales and fp16 operands, mxfp4,
-split-K and a block no lane grid divides (a group per tile of K); the nibbles of a byte read the other way round, or
+split-K, a block no lane grid divides (a group per tile of K) and the decode shape's plan at a small size; the
+nibbles of a byte read the other way round, or
 the scales of the other group, planted in the kernel text of either path, are caught, and the shared path's B page
 published before its dequant is a race the emulation reports; nvcc -Werror compiles the decode shape's kernel
 (M = 16, N = K = 4096, int4 with zero points per 128) for sm_80 and sm_90 without spills; the persistent and sm_90a
@@ -198,4 +199,21 @@ def test_the_register_path_feeds_an_epilogue_as_the_shared_one_did():
     art = spatialc.lower(p)
     assert REGISTER_PATH in art.program_cu
     x = w4_inputs(p, seed=6)
+    assert np.array_equal(emulated(art, x), spatialc.evaluate(p, x))
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_the_decode_shapes_plan_emulates_equal_to_the_interpreter():
+    """The plan the planner gives the decode shape (M = 16, N = K = 4096: blocks of one tile row, `tile.dequant_cost`)
+    forced on a size the emulation runs, split-K as well: equal to the interpreter bit for bit on exact inputs."""
+    decode = spatialc.build(spatialc.gemm(16, 4096, 4096, "bf16", weights="int4", group=128, zeros=True), "sm_90")
+    b = decode.plan.block
+    assert b.osh == 1 and decode.placement.splits > 1, decode.plan
+    p = w4_program(16, 32 * b.osw, 512, "int4", block=(b.osh, b.osw, b.ibw), sub_blocks=decode.plan.sub_blocks,
+                   split_k=2, group=128, zeros=True)  # fmt: skip
+    assert p.plan.block == b and p.placement.splits == 2
+    art = spatialc.lower(p)
+    assert REGISTER_PATH in art.program_cu
+    x = w4_inputs(p, seed=7, exact=True)
     assert np.array_equal(emulated(art, x), spatialc.evaluate(p, x))

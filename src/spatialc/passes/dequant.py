@@ -26,6 +26,7 @@ from ..ir.nodes import Buffer, ComputeStage, DType, Fifo, Interm, PageLayout, Re
 from ..ir.ops import ChoreoOp, Compute, Dequant, Loop, Pop, Push, ReadTiles, Reserve, TileAddr, Wait
 from ..target import SpatialTarget
 from ..weights import dequant_stage
+from .tile import DEQUANT_PROLOGUE
 
 W4_FORMS = ("auto", "general")
 
@@ -77,7 +78,12 @@ def build_w4(
         raise ProgramError(
             "a W4A16 GEMM is not multicast (yet): its packed pages would cross sites; leave multicast unset"
         )
-    return with_dequant(run(plain_of(program), "general"), program)
+    token = DEQUANT_PROLOGUE.set(True)  # the planner prices the prologue's dequant work (tile.dequant_cost)
+    try:
+        planned = run(plain_of(program), "general")
+    finally:
+        DEQUANT_PROLOGUE.reset(token)
+    return with_dequant(planned, program)
 
 
 def with_dequant(planned: SpatialProgram, program: SpatialProgram) -> SpatialProgram:

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ..errors import PlanError, ProgramError
@@ -37,6 +38,12 @@ IBWS = (1, 2, 4)  # K steps in tiles, every form's; `candidates` adds 8 for the 
 SUB_BLOCKS = ((1, 1), (1, 2), (2, 1), (2, 2))
 DEPTHS = (2, 3, 4)
 K_STEP_OVERHEAD = 0.5  # a K step's fixed cost (wait, barrier, loop) in K tiles of MMAs (plan_cost; fitted)
+# A W4A16 GEMM plans as its plain GEMM (passes/dequant.py `build_w4`), which sets this while it does: its kernel
+# dequantises each B tile in the registers of every warp that multiplies it (`dequant_cost`).
+DEQUANT_PROLOGUE: ContextVar[bool] = ContextVar("DEQUANT_PROLOGUE", default=False)
+# One B tile's dequant in tile products: ~67 instructions a warp (bench/README.md, SASS at sm_90) at 4 a clock per SM,
+# against a tile product's 4 clocks (4096 MACs at the tensor cores' dense 1024 a clock per SM).
+DEQUANT_TILE = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +260,32 @@ def plan_cost(
     return waves * sharing * item_work * traffic * latency * k_step * fallback / (occupancy * issue)
 
 
+def dequant_cost(target: SpatialTarget, plan: Plan, m_t: int, prec: Precision, splits: int, cost: float) -> float:
+    """`cost` (plan_cost's) of a plan for a GEMM whose B tiles each multiplying warp dequantises in its registers.
+
+    - traffic: plan_cost's, with B's bytes those of 4-bit weights (a quarter of A's) and A's rows only the `m_t`
+      real ones (a decode row's padding is not loaded), per real multiply-accumulate;
+    - dequant: a warp dequantises each B tile of its columns once per K tile for all its `rm` rows of the item,
+      every sub-block's (the SASS of `tests/w4a16/test_w4_sass.py`: four pair conversions per B tile a trip, however
+      many rows it feeds); 1 where no warp grid divides the block (single tiles). The other warps of its column do
+      it again: a tile product's issue work grows by DEQUANT_TILE / rm, × (1 + 1/ibw) / 1.25 for the K step's own
+      work (its scale and zero-point words, a column's, and ring waits): 68 instructions a B tile at ibw 4 and 83 at
+      ibw 2 in that SASS (16 × 4096 × 4096), 1.22 apart, priced 1.2;
+    - fill: a W4A16 GEMM's items rarely fill the SMs (decode: one M tile row) and split-K then gives each item
+      `splits` sites (`auto_splits`, where the split's rings fit), which share its time while the SMs are not
+      full: × items / min(SMs, items × splits) — what plan_cost, pricing one item on one site, does not see.
+    """
+    h, w = plan.item_tiles
+    was = 1 + (h + w) * OPERAND_BYTES[prec] / (16 * h * w) / 0.02
+    real = min(h, m_t)
+    traffic = 1 + (real + w / 4) * OPERAND_BYTES[prec] / (16 * real * w) / 0.02
+    grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
+    rm = h // grid[0] if grid else 1
+    fill = plan.items / min(target.units, plan.items * splits)
+    dequant = DEQUANT_TILE * (1 + 1 / plan.block.ibw) / (1 + 1 / 4) / rm
+    return cost / was * traffic * (1 + dequant) * fill
+
+
 def make_plan(block: BlockShape, sub: tuple[int, int], depth: int, m_t: int, n_t: int, k_t: int) -> Plan:
     h, w = sub[0] * block.osh, sub[1] * block.osw
     k_tiles = math.ceil(k_t / block.ibw) * block.ibw
@@ -347,6 +380,14 @@ def candidates(
                 # row blocks one after another: waves of strips, each ny items long (every row present).
                 strips = dataclasses.replace(plan, grid=(groups, plan.grid[1]))
                 cost = plan.grid[0] * plan_cost(target, strips, m_t, n_t, k_t, p.precision, per_unit)
+            if DEQUANT_PROLOGUE.get():
+                from .split import auto_splits, extra_ring_stages  # (split's verifier imports this module)
+
+                split_units = sites_per_unit(
+                    target, plan, p.precision, "general", ring_stages(p, "general", extra_ring_stages())
+                )
+                splits = auto_splits(plan, target.units * split_units) if split_units else 1
+                cost = dequant_cost(target, plan, m_t, p.precision, splits, cost)
             grouped = plan if groups == 1 else dataclasses.replace(plan, groups=groups)
             found.append(Candidate(grouped, smem, per_unit, cost))
     # Ties go to the smaller block, then the shallower ring: less padding and less shared memory for the same time;
