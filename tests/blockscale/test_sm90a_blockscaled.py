@@ -9,7 +9,6 @@ form where the plan fits."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from spatialc.runtime import emulate as emulation
 from spatialc.runtime.emu_errors import EmulationError
 from spatialc.runtime.sass import disassemble, find_cuobjdump, main_loop_census
 
+from ..lower.test_sm90a_fp8 import emulated  # the sm_90a form's kernel, its text edited, through the emulation
 from ..nvcc_clean import FLAGS, NVCC
 from .programs import inputs_of
 
@@ -35,14 +35,6 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emu
 def hopper(m, n, k, layouts=("1x128", "128x128"), prec="e4m3", epilogue=(), out="float32", **kw):
     gemm = spatialc.gemm(m, n, k, prec, scales=layouts, epilogue=list(epilogue), out=out)
     return spatialc.build(gemm, "sm_90a", **kw)
-
-
-def emulated(p, x, text=None):
-    art = spatialc.lower(p)
-    assert art.budget.form == "sm90a"
-    if text is not None:
-        art = dataclasses.replace(art, program_cu=text(art.program_cu))
-    return spatialc.emulate(art, x)
 
 
 CASES = {

@@ -7,13 +7,13 @@ part of a page's value taken from the pages a pack reduced (`interp/reuse.py`) i
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
 import spatialc
 from spatialc.interp import mapped, rowpacks, support
+
+from .test_lazy_maps import run  # every output by name
 
 PROGRAMS = {
     "softmax": lambda: spatialc.softmax(96, 700, "bf16"),
@@ -34,13 +34,6 @@ def inputs_of(p: spatialc.SpatialProgram, rng: np.random.Generator, special: boo
                 x.reshape(-1)[rng.integers(0, x.size, size=6)] = [np.nan, np.inf, -np.inf, -0.0, 1e-40, 3e38]
             values[t.name] = x
     return values
-
-
-def run(p: spatialc.SpatialProgram, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = spatialc.evaluate(p, values)
-    return out if isinstance(out, dict) else {"out": out}
 
 
 @pytest.mark.parametrize("special", [False, True])
