@@ -218,17 +218,16 @@ def _converted(arg: Arg, x: Any, held: bool | str, xp: Any, checked: bool = True
     """`x` (on the device) checked by the rules of `spatialc.inputs` (if `checked`) and converted to `arg`'s storage
     type. `held` is what the device's upload says `x`'s bits are: True bf16's, an fp8 type's name, else False."""
     dtype = arg.spec.dtype
-    if isinstance(held, str):  # torch fp8, as its bits
-        if held == arg.elem:  # the operand's own type: its bits go as they are, nothing to check or convert
-            return x.view(xp.uint8)
-        if not checked:
-            raise LaunchError(_through_host([arg], FP8_THROUGH_HOST))
-        x, held = fp8_values(x, held, xp), False  # their values (exact), converted as any other floats
-    is_bf16 = held is True
+    fp8_in = held if isinstance(held, str) else None  # torch fp8, as its bits
+    if fp8_in == arg.elem:  # the operand's own type: its bits go as they are, nothing to check or convert
+        return x.view(xp.uint8)
     if not checked:
-        if arg.elem in FP8_ELEMS:  # converted through the host (tilize.fp8_bits): no GPU array library has fp8
+        if fp8_in or arg.elem in FP8_ELEMS:  # fp8 values read, or rounded to fp8, on the host (tilize.fp8_*)
             raise LaunchError(_through_host([arg], FP8_THROUGH_HOST))
-        return quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16, checked=False)
+        return quantize(x, arg.elem, xp, name=arg.name, bf16_in=held is True, checked=False)
+    if fp8_in:
+        x, held = fp8_values(x, fp8_in, xp), False  # their values (exact), converted as any other floats
+    is_bf16 = held is True
     if _holds_its_type(arg, x, is_bf16):  # nothing can be out of range or rounded: no pass over the values
         return quantize(x, arg.elem, xp, name=arg.name, bf16_in=is_bf16)
     values = bf16_to_float32(x.view(xp.uint16), xp) if is_bf16 else x  # torch bf16 arrives as its bits
