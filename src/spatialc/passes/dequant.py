@@ -28,7 +28,7 @@ from ..target import SpatialTarget
 from ..weights import dequant_stage
 from .tile import DEQUANT_PROLOGUE
 
-W4_FORMS = ("auto", "general")
+W4_FORMS = ("auto", "general", "persistent")
 
 
 def is_w4_program(p: SpatialProgram) -> bool:
@@ -71,8 +71,8 @@ def build_w4(
     (pipeline's passes with everything else as asked), `with_dequant` puts the prologue back."""
     if form not in W4_FORMS:
         raise ProgramError(
-            f"a W4A16 GEMM (4-bit weights) is printed by the general form only; form={form!r} cannot take it: use"
-            " form='general' or 'auto' (--form general)"
+            f"a W4A16 GEMM (4-bit weights) is printed by the general and the persistent forms only; form={form!r}"
+            " cannot take it: use form='general', 'persistent' or 'auto' (--form general)"
         )
     if multicast not in (None, (1, 1)):
         raise ProgramError(
@@ -80,7 +80,7 @@ def build_w4(
         )
     token = DEQUANT_PROLOGUE.set(True)  # the planner prices the prologue's dequant work (tile.dequant_cost)
     try:
-        planned = run(plain_of(program), "general")
+        planned = run(plain_of(program), "persistent" if form == "persistent" else "general")
     finally:
         DEQUANT_PROLOGUE.reset(token)
     return with_dequant(planned, program)
