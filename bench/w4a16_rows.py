@@ -2,7 +2,7 @@
 128 rows) and mxfp4 (e8m0 scale per 32), prepared on the CPU; on a GPU, measured against torch.
 
 Each row's spatialc program is built and verified here, its plan printed (decode shapes: see what the planner
-chose), and its kernel printed (the general form prints a W4A16 GEMM; the others refuse it by one line).
+chose), and its kernel printed (auto prints the general form; the persistent form prints it when asked).
 What a row reads at least once: the packed weights (K·N / 2 bytes), their scales and zero points, A and C.
 
 With `--gpu` (torch with CUDA), in one run on one device, for each row:
@@ -12,7 +12,10 @@ With `--gpu` (torch with CUDA), in one run on one device, for each row:
   the device's copy bandwidth is 2·bytes / time, and the ceiling is the row's bytes read once at that bandwidth;
 - spatialc: the row's kernel, built for the device's architecture and loaded by `spatialc.run`'s launcher; its
   arguments (the packed weights laid out on the host as the host program lays them out, scales, zero points, A) are
-  uploaded once and the kernel alone is launched again and again (`Prepared.run`), as torch's mm is.
+  uploaded once and the kernel alone is launched again and again (`Prepared.run`), as torch's mm is;
+- spatialc's persistent form: the row built and printed with form="persistent" (its own plan: no split-K), timed
+  the same way, and the ratio general/persistent (above 1: the persistent form faster; bench/README.md, "W4A16:
+  persistent against general", predicts it).
 Each time is the median of 20 runs after a warm-up, CUDA events around the call, all in one run on one device. The
 ratios printed are the ceiling's time over torch's and over spatialc's (1.0: at the bandwidth bound), and torch's
 over spatialc's (above 1: spatialc faster); the goal for spatialc is ceiling/spatialc ≥ 0.85 at M = 1.
@@ -63,9 +66,10 @@ def rows(ms=MS, sides=SIDES, formats=tuple(FORMATS)) -> list[Row]:
     return [Row(m, s, s, f) for f in formats for s in sides for m in ms]
 
 
-def program(row: Row, target: str = "sm_90") -> spatialc.SpatialProgram:
-    """The row's W4A16 GEMM, built and verified for `target`."""
-    return spatialc.build(spatialc.gemm(row.m, row.n, row.k, "bf16", weights=row.fmt, **FORMATS[row.fmt]), target)
+def program(row: Row, target: str = "sm_90", form: str = "auto") -> spatialc.SpatialProgram:
+    """The row's W4A16 GEMM, built and verified for `target`, planned for `form`."""
+    gemm = spatialc.gemm(row.m, row.n, row.k, "bf16", weights=row.fmt, **FORMATS[row.fmt])
+    return spatialc.build(gemm, target, form=form)
 
 
 def prepared(row: Row) -> tuple[str, str]:
@@ -148,12 +152,12 @@ def _median_ms(torch, fn) -> float:
     return statistics.median(times)
 
 
-def spatialc_ms(torch, row: Row) -> float:
-    """spatialc's kernel of the row on this device, its arguments uploaded once, the kernel alone timed."""
+def spatialc_ms(torch, row: Row, form: str = "auto") -> float:
+    """spatialc's kernel of the row in `form` on this device, its arguments uploaded once, the kernel alone timed."""
     from spatialc.runtime import launch as L
 
     major, minor = torch.cuda.get_device_capability()
-    art = spatialc.lower(program(row, f"sm_{major}{minor}"))
+    art = spatialc.lower(program(row, f"sm_{major}{minor}", form), form=form)
     prep = L.prepare(art)
     bound, _ = L.bound_operands(art, (), {x.name: v for x, v in _inputs(art).items()})
     buffers, _ = L.uploaded(prep, bound)
@@ -183,7 +187,12 @@ def measured(row: Row) -> str:
             f"spatialc {t_sc * 1e3:8.1f} us   ceiling/spatialc {ceiling / t_sc:.2f}   torch/spatialc {t_mm / t_sc:.2f}"
         )
     except spatialc.SpatialError as e:  # one line: what the launcher or the device refused
-        ours = f"spatialc: {str(e).splitlines()[0]}"
+        t_sc, ours = None, f"spatialc: {str(e).splitlines()[0]}"
+    try:
+        t_pe = spatialc_ms(torch, row, "persistent")
+        ours += f"   persistent {t_pe * 1e3:8.1f} us" + (f"   general/persistent {t_sc / t_pe:.2f}" if t_sc else "")
+    except spatialc.SpatialError as e:
+        ours += f"   persistent: {str(e).splitlines()[0]}"
     return (
         f"{row.name:28} torch.mm {t_mm * 1e3:8.1f} us   ceiling {ceiling * 1e3:8.1f} us ({bandwidth / 1e12:.2f} TB/s"
         f" copy)   ceiling/torch {ceiling / t_mm:.2f}   {ours}"
