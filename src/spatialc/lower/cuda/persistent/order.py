@@ -194,11 +194,11 @@ class _Occupancy:
                 )
             case SerialLoop():
                 self.loop(op)
-            case InRegisters(op=inner):
+            case InRegisters():
                 # A W4A16 B page's ring op or dequant, printed as a comment (the matmul dequantises its fragments
                 # from the packed page, which the fused order pops after it): the page is followed as if it were
                 # held, so that the matmul still finds its B waited for — and the packed page's is real.
-                self.step(inner)
+                self.step(op.op)
             case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) if self.rings.kept(buf) is not None:
                 self.flow(op, self.rings.kept(buf))  # type: ignore[arg-type]
             case ReadTiles(into=buf) | PackAcc(to=buf) if self.rings.kept(buf) is not None:

@@ -118,10 +118,10 @@ class OpPrinter(DequantPrinter, TilePrinter):
         match op:
             case SerialLoop():
                 self.loop(op, env, tag)
-            case InRegisters(op=inner):
-                if isinstance(inner, Compute) and isinstance(inner.op, Dequant):
-                    self.hold(inner, env)  # the next matmul's B fragments, from the packed page at this place
-                self.w.line(f"// {op.why}", marker(inner, tag))
+            case InRegisters():
+                if isinstance(op.op, Compute) and isinstance(op.op.op, Dequant):
+                    self.hold(op.op, env)  # the next matmul's B fragments, from the packed page at this place
+                self.w.line(f"// {op.why}", marker(op.op, tag))
             case Push(buf) if rings.is_fused(buf) and self.reads_beside(buf):
                 # A chain reading a page beside its value (a residual's) is stored at its last Push, while that page
                 # is still waited for and not popped (the occupancy proof checks it); its WriteTiles prints nothing.
