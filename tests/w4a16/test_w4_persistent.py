@@ -127,6 +127,11 @@ def test_auto_prints_the_general_form_and_the_persistent_one_is_asked_for():
     art = spatialc.lower(p)
     assert art.budget.form == "general" and any("form='persistent'" in n for n in art.notes)
     assert spatialc.lower(p, form="persistent").budget.form == "persistent"  # a plan made for the general form
+    split = spatialc.build(spatialc.gemm(16, 4096, 4096, "bf16", weights="int4", group=128, zeros=True), "sm_90")
+    assert split.placement.splits > 1  # auto's decode plan: split-K, which no persistent kernel prints
+    with pytest.raises(NeedsGeneral, match=r"split-K over \d sites per item.*form='general'") as e:
+        spatialc.lower(split, form="persistent")
+    assert "\n" not in str(e.value)
 
 
 def test_a_dequant_the_register_path_cannot_take_is_one_line():
