@@ -21,11 +21,13 @@ import pytest
 
 import spatialc
 from spatialc.cli import main
-from spatialc.ir.ops import Compute, Dequant, Wait
+from spatialc.ir.ops import Compute, Dequant, MatmulTiles, Pop, Wait
+from spatialc.lower.cuda.common.dequant import packed_rings
 from spatialc.lower.cuda.common.program import printed_site_programs
 from spatialc.lower.cuda.common.rings import MMA_TYPES, ring_table
 from spatialc.lower.cuda.persistent import kernel as persistent
 from spatialc.lower.cuda.persistent.merge import SerialLoop, serialise
+from spatialc.lower.cuda.persistent.order import prove
 from spatialc.lower.errors import NeedsGeneral
 from spatialc.runtime import launch as L
 from spatialc.runtime.nvcc import compile_cubin, find_nvcc, kernel_ptxas
@@ -207,3 +209,24 @@ def test_the_cli_prints_it_with_form_persistent(capsys, tmp_path):
     assert main([*args, "--form", "sm90a", "--target", "sm_90a"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "printed by the general and the persistent forms only" in err
+
+
+def test_the_proof_follows_the_packed_page_the_matmul_reads():
+    """The occupancy proof checks the fused order's packed page where the matmul reads its B fragments: the packed
+    page's Pop moved back before the matmul (the slot the cp.async ahead may refill while the warps still read it) is
+    refused by one NeedsGeneral line, though the B page it stands for is still waited for there."""
+    p = w4_program(16, 64, 256, "int4", form="persistent", group=128, zeros=True)
+    rings = packed_rings(p, ring_table(p, MMA_TYPES[p.precision], ()))
+    ops, _ = persistent.in_registers(serialise(printed_site_programs(p)), rings)
+    prove(rings, ops)  # as printed
+
+    def early(body):
+        out = [dataclasses.replace(op, body=early(op.body)) if isinstance(op, SerialLoop) else op for op in body]
+        mm = next((i for i, op in enumerate(out) if isinstance(op, Compute) and isinstance(op.op, MatmulTiles)), None)
+        if mm is not None and isinstance(out[mm + 1], Pop):
+            out.insert(mm, out.pop(mm + 1))
+        return tuple(out)
+
+    with pytest.raises(NeedsGeneral, match=r"Compute on ring Bq_ring .*its packed page unpopped") as e:
+        prove(rings, early(ops))
+    assert "\n" not in str(e.value)
