@@ -8,7 +8,8 @@ is 1's) at a size the emulation runs; the nibbles of a byte read the other way r
 planted in the kernel text, are caught; `spatialc.run` lays out its arguments as for the general form; nvcc -Werror
 compiles the decode shape's kernel (M = 16, N = K = 4096, int4 with zero points per 128) for sm_80, sm_86 and sm_90
 without spills, and its main loop in SASS has no byte loads and no shared stores; a dequant the register path cannot
-take is refused by one line."""
+take is refused by one line, and so is an order whose packed page is popped before the matmul that reads it (the
+occupancy proof)."""
 
 from __future__ import annotations
 
