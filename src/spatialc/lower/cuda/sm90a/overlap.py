@@ -47,8 +47,8 @@ from ..common.cwriter import span_count
 if TYPE_CHECKING:
     from .attention import AttentionPrinter
 
-OVERLAPPED, SERIAL = "overlapped", "serial"
-SCHEDULES = (OVERLAPPED, SERIAL)
+OVERLAPPED, SERIAL, PINGPONG = "overlapped", "serial", "pingpong"  # (PINGPONG: two warpgroups' turns, pingpong.py)
+SCHEDULES = (OVERLAPPED, SERIAL, PINGPONG)
 # The widest head_dim the overlapped schedule takes: ptxas -v (nvcc 13, sm_90a) counts 166 registers a thread at
 # head_dim 64, 196 at 128 and 255 with 8 bytes of spill at 256 (the serial schedule: 114, 148, 212).
 OVERLAP_HEAD_DIM_MAX = 128
