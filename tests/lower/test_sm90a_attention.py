@@ -35,18 +35,20 @@ CASES = {
     "causal_d128": ((1, 1, 100, 200, 128), {"causal": True}),  # head_dim 128: two panels a row, ragged both ways
     # two query heads on one KV head, bands of 128 rows: two consumer warpgroups (the block forced below)
     "two_warpgroups_gqa_fp16": ((1, 2, 128, 96, 64), {"kv_heads": 1, "precision": "fp16"}),
-    # and causal, ragged both ways (one band of 100 rows, 136 keys): their ping-pong (the default for two)
-    "two_warpgroups_causal_ragged": ((1, 2, 100, 136, 64), {"kv_heads": 1, "causal": True}),
+    # and causal, ragged both ways (one band of 100 rows, 136 keys), K and V one stage deep: the ping-pong asked for
+    # (the default for two warpgroups, with two stages; it takes one, `pingpong.py`)
+    "two_warpgroups_causal_ragged_depth1": ((1, 2, 100, 136, 64), {"kv_heads": 1, "causal": True}),
 }
 BLOCKS = {name: (8, 4, 1) for name in CASES if name.startswith("two_")}  # (the planner's bands are of 64 rows)
+DEPTH1 = "two_warpgroups_causal_ragged_depth1"
 # The cases also emulated in the general form at the same plan and compared bit for bit (the others, against the
 # interpreter's bound alone: each general-form emulation is one more compile and run, and these two cover a plain
 # and a causal, grouped, ragged plan).
 BESIDE_GENERAL = ("plain", "causal_gqa_ragged")
 
 
-def built(shape, options, form: str = "sm90a", block=None):
-    return spatialc.build(spatialc.attention(*shape, **options), "sm_90a", form=form, block=block)
+def built(shape, options, form: str = "sm90a", block=None, **more):
+    return spatialc.build(spatialc.attention(*shape, **options), "sm_90a", form=form, block=block, **more)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +56,10 @@ def cases():
     """Each case built for the sm_90a form and lowered (once for the module)."""
     out = {}
     for name, (shape, options) in CASES.items():
+        if name == DEPTH1:
+            p = built(shape, options, block=BLOCKS[name], depth=1)
+            out[name] = (p, spatialc.lower(p, schedule="pingpong"), shape, options)
+            continue
         p = built(shape, options, block=BLOCKS.get(name))
         out[name] = (p, spatialc.lower(p), shape, options)
     return out
@@ -205,6 +211,8 @@ def test_two_warpgroups_issue_their_matmuls_in_turns(cases):
     at = [loop.index(step) for step in steps]
     assert at == sorted(at) and loop.count("spatialc_wgmma_commit();") == 2 and loop.count("spatialc_wgmma_wait<") == 2
     assert "bar.arrive %0, %1;" in text and art.census.agrees
+    shallow = cases[DEPTH1][1].kernel_cu  # (asked for with K and V one stage deep: emulated below)
+    assert "#define DEPTH_1 1" in shallow and shallow.count(arrive) == 3
     # The overlapped schedule asked for: no turns, and no bar.arrive in the text; one warpgroup takes no ping-pong.
     overlapped = spatialc.lower(p, schedule="overlapped").kernel_cu
     assert "spatialc_engine_arrive" not in overlapped and "the next block's S: the tensor cores run it" in overlapped
@@ -212,6 +220,11 @@ def test_two_warpgroups_issue_their_matmuls_in_turns(cases):
     assert "spatialc_engine_arrive" not in spatialc.lower(one).kernel_cu  # (one warpgroup: overlapped)
     with pytest.raises(Unsupported, match=r"ping-pong attention schedule with 1 consumer warpgroup.*block of 8"):
         spatialc.lower(one, schedule="pingpong")
+    # Above head_dim 128 ptxas spills the ping-pong's registers (as the overlapped one's): serial by default.
+    wide = built((1, 2, 128, 128, 256), {}, block=(8, 4, 1))
+    assert "spatialc_engine_arrive" not in spatialc.lower(wide).kernel_cu
+    with pytest.raises(Unsupported, match=r"ping-pong attention schedule at head_dim 256: ptxas spills"):
+        spatialc.lower(wide, schedule="pingpong")
 
 
 # ---- emulated ----------------------------------------------------------------------------------------------------

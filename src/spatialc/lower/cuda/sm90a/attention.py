@@ -181,6 +181,12 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget, schedule: st
             f"its second set of S registers spills past 255 a thread above head_dim {OVERLAP_HEAD_DIM_MAX}: lower"
             " with schedule='serial'",
         )
+    if schedule == PINGPONG and dim_tiles * 16 > OVERLAP_HEAD_DIM_MAX:
+        raise Unsupported(
+            f"the ping-pong attention schedule at head_dim {dim_tiles * 16}",
+            f"ptxas spills its registers above head_dim {OVERLAP_HEAD_DIM_MAX} (8 bytes a thread at 256, where the"
+            " serial schedule spills none): lower with schedule='serial'",
+        )
     if schedule == PINGPONG and wg.consumers != 2:
         raise Unsupported(
             f"the ping-pong attention schedule with {wg.consumers} consumer warpgroup",

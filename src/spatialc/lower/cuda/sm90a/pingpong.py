@@ -20,9 +20,12 @@ of the loop (j ≥ 1), with the softmax of block j − 1 done by the step before
     wait until P_{j−1}·V_{j−1} has retired (wait_group 0), release V_{j−1}
 
 before the loop block 0's S in a turn of its own and its softmax, after it block (trip − 1)'s P·V in a turn of its
-own. Every ring is waited, reserved and released in its program order, as in the overlapped schedule (`overlap.py`),
-whose depth and trip requirements it shares. Against that schedule's, no second set of S registers is live during a
-softmax: S is copied out before the softmax, and the next S is issued only after it.
+own. Every ring is waited, reserved and released in its program order, as in the overlapped schedule (`overlap.py`).
+Unlike that schedule it takes K and V one stage deep: a turn waits for V_{j−1} before K_j, the producer's order, and
+a warpgroup has released K_{j−1} and V_{j−2} by the end of its step j − 1, which the producer needs to land V_{j−1} and
+K_j (emulated so; the default still asks for two stages). Every item must run a KV step (block 0's S is issued before
+the loop). No second set of S registers is live during a softmax: S is copied out before the softmax, and the next S
+is issued only after it; ptxas still spills above head_dim 128 (`attention.py` refuses it there).
 """
 
 from __future__ import annotations
