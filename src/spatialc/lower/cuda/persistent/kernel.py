@@ -38,6 +38,7 @@ from ....ir.ops import (
 )
 from ....ir.printer import compute_text
 from ....ir.traffic import global_read_bytes
+from ....numerics.blockscale import is_mx
 from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
@@ -45,7 +46,7 @@ from ....target import SpatialTarget
 from ...artifact import Budget, CudaArtifact, Launch
 from ...errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
 from ..common import epilogue
-from ..common.blockscale import held_sub_blocks
+from ..common.blockscale import MX_PROGRAM, held_sub_blocks
 from ..common.cwriter import C_TYPES
 from ..common.dequant import InRegisters, fused_order, has_dequant, packed_rings, param_c_type, register_fusion
 from ..common.host import assemble
@@ -126,6 +127,8 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     something the persistent kernel leaves to the general form, else None."""
     if len(p.plans) > 1:
         return f"a program with {len(p.plans)} plans", "the persistent kernel prints one block shape for every site"
+    if is_mx(p):  # its partials promoted every k32 MMA with e8m0 scales: printed by the general form so far
+        return MX_PROGRAM, "the persistent kernel reads no e8m0 scales yet"
     if p.placement is not None and p.placement.splits > 1:
         return (
             f"split-K over {p.placement.splits} sites per item",
