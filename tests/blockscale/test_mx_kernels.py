@@ -1,0 +1,117 @@
+"""MXFP8 kernels printed (issue 34 item 4): the general form's K step is one k32 MMA (mma.sync m16n8k32 fp8) into
+partial fragments, promoted with each element's e8m0 scales read as their bytes (`spatialc_e8m0_value`: the code
+shifted into a float's exponent, exact) — the scale tensors' kernel parameters are bytes, never float32. The host
+emulation runs them within the kernel's bound of the interpreter; a scale of the wrong K group, row or column, or a
+wrong e8m0 code, planted in the kernel text is caught; the persistent form sends an MX program to the general form;
+nvcc -Werror compiles the planned 4096³ kernel for sm_89 and sm_90 without spills."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.lower.cuda.common.blockscale import MX_PROGRAM
+
+from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
+from .programs import inputs_of
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+
+CASES = {
+    "e4m3": ("e4m3", (64, 48, 256), {}),
+    "e5m2-ragged-k-sm90": ("e5m2", (37, 70, 200), {"target": "sm_90"}),  # the last group partly padding
+    "split-k": ("e4m3", (32, 64, 512), {"split_k": 2}),  # each site promotes its own k32 steps
+}
+
+
+def program(prec, shape, kw):
+    kw = dict(kw)
+    target = kw.pop("target", "sm_89")
+    return spatialc.build(spatialc.gemm(*shape, prec, scales="mx"), target, form="general", **kw)
+
+
+def emulated(p, x, text=None):
+    art = spatialc.lower(p, form="general")
+    if text is not None:
+        art = dataclasses.replace(art, program_cu=text(art.program_cu))
+    return spatialc.emulate(art, x)
+
+
+def test_the_scales_are_read_as_their_bytes():
+    art = spatialc.lower(program("e4m3", (64, 48, 256), {}), form="general")
+    text = art.program_cu
+    assert re.search(r"const spatialc_e8m0\* __restrict__ t3, const spatialc_e8m0\* __restrict__ t4", text)
+    assert "spatialc_e8m0_value(t3[" in text and "spatialc_e8m0_value(t4[" in text
+    assert "const int ga = sk0 / 32, gb = sk0 / 32;" in text  # a step of 32: one K group of each operand
+    assert text.count("spatialc_mma2(part[q]") == 1  # one k32 MMA a step (two 16x8 halves), then its promotion
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize("case", CASES)
+def test_the_emulated_kernel_is_within_the_kernel_bound_of_the_interpreter(case):
+    prec, shape, kw = CASES[case]
+    p = program(prec, shape, kw)
+    x = inputs_of(p, seed=11)
+    c = emulated(p, x)
+    want = spatialc.evaluate(p, x)
+    ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
+    assert ok, how
+    assert np.abs(c - want).max() <= 1e-5 * np.abs(want).max()  # float32 sums: near the float64 ones
+
+
+def test_the_persistent_form_sends_mx_to_the_general_form():
+    p = spatialc.build(spatialc.gemm(64, 48, 256, "e4m3", scales="mx"), "sm_89")
+    art = spatialc.lower(p)
+    assert art.budget.form == "general"
+    with pytest.raises(spatialc.errors.SpatialError, match=re.escape(MX_PROGRAM) + r".*form='general'"):
+        spatialc.lower(p, form="persistent")
+
+
+PLANTED = {
+    # the step promoted with the scales of the next K group of A (or of B): groups 0 ↔ 1, 2 ↔ 3, …
+    "A's scale of the wrong group": (r"const int ga = sk0 / 32, gb", "const int ga = (sk0 / 32) ^ 1, gb"),
+    "B's scale of the wrong group": (r", gb = sk0 / 32;", ", gb = (sk0 / 32) ^ 1;"),
+    "A's scale of the wrong row": (r"\(\(r \+ 0\) / 1\)", "((r + 1) / 1)"),
+    "B's scale of the wrong column": (r"\(\(c \+ 1\) / 1\)", "((c + 0) / 1)"),
+    "an e8m0 code read one off (the scale doubled)": (r"spatialc_e8m0_value\(t3\[", "2.0f * spatialc_e8m0_value(t3["),
+    "a step's partials left unpromoted": (r"fmaf\(part\[q\]\.x\[i\], [^,]+, ", "fmaf(part[q].x[i], 1.0f, "),
+}
+
+
+@pytest.fixture(scope="module")
+def faulted():
+    """The program and inputs the planted faults run on: four K groups, scales that differ everywhere."""
+    p = program("e4m3", (32, 64, 128), {})
+    return p, inputs_of(p, seed=4)
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize("fault", PLANTED)
+def test_a_fault_planted_in_the_kernel_text_is_caught(faulted, fault):
+    p, x = faulted
+    pattern, replacement = PLANTED[fault]
+
+    def planted(text):
+        out, n = re.subn(pattern, replacement, text)
+        assert n >= 1
+        return out
+
+    c = emulated(p, x, planted)
+    ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
+    assert not ok, how
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_nvcc_compiles_the_planned_kernel_for_sm89_and_sm90_without_spills(tmp_path):
+    gemm = spatialc.gemm(4096, 4096, 4096, "e4m3", scales="mx", out="bf16")
+    art = spatialc.lower(spatialc.build(gemm, "sm_90", form="general"), form="general")
+    assert art.budget.form == "general" and "spatialc_e8m0_value(t3[" in art.program_cu
+    assert_clean(nvcc_compile(art.program_cu, tmp_path / "mx.cu", ("89", "90")), ("89", "90"))
