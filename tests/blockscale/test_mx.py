@@ -139,3 +139,12 @@ def test_cli_scales_mx(capsys):
     assert main([*args, "--target", "sm_90a", "--form", "sm90a"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "MXFP8" in err and "general form" in err
+
+
+def test_an_mx_program_round_trips_through_json_unchanged():
+    """No field of its own (docs/json.md): e8m0 scale tensors and groups of 32 in a version-11 document."""
+    p = scaled(40, 72, 200, scales="mx")
+    text = spatialc.to_json(p)
+    assert '"version": 11' in text
+    back = spatialc.from_json(text)
+    assert back == p and is_mx(back) and promotion_k(back) == 32

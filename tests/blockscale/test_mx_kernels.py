@@ -16,9 +16,11 @@ import pytest
 
 import spatialc
 from spatialc.lower.cuda.common.blockscale import MX_PROGRAM
+from spatialc.runtime import launch as L
+from spatialc.runtime.tilize import tilize, untilize
 
 from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
-from .programs import inputs_of
+from .programs import FORMATS, inputs_of, naive
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -115,3 +117,49 @@ def test_nvcc_compiles_the_planned_kernel_for_sm89_and_sm90_without_spills(tmp_p
     art = spatialc.lower(spatialc.build(gemm, "sm_90", form="general"), form="general")
     assert art.budget.form == "general" and "spatialc_e8m0_value(t3[" in art.program_cu
     assert_clean(nvcc_compile(art.program_cu, tmp_path / "mx.cu", ("89", "90")), ("89", "90"))
+
+
+class MxDevice:
+    """A GPU stand-in on numpy: its kernel decodes the arguments' bytes — A and B as their 8-bit floats, each e8m0
+    scale code c as 2^(c − 127) — and stores the block-scaled sum of `programs.naive` (written apart from the
+    compiler) as the kernel's C."""
+
+    xp = np
+
+    def __init__(self, p, art):
+        self.p, self.args, self.uploads = p, L.kernel_args(art.launch), {}
+
+    def upload(self, x):
+        return np.asarray(x), False
+
+    def download(self, x, library, like):
+        return x
+
+    def load(self, kernel_cu, kernel_name, dyn_smem):
+        return "kernel"
+
+    def launch(self, kernel, grid, block, dyn_smem, args):
+        got = {}
+        for a, v in zip(self.args, args, strict=True):
+            self.uploads[a.name] = v.dtype
+            if a.role != "output":
+                x = untilize(v, a.tiles, a.elems, np, order=a.order)
+                fp8 = FORMATS.get({"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}.get(a.elem, ""))
+                got[a.name] = x.view(fp8) if fp8 else 2.0 ** (x.astype(np.float64) - 127)
+        kc, c = next((a, args[i]) for i, a in enumerate(self.args) if a.role == "output")
+        c[:] = tilize(naive(self.p, got, step=32).astype(np.float32), kc.tiles, np, order=kc.order)
+
+
+def test_run_lays_out_the_scales_as_their_e8m0_bytes():
+    """`spatialc.run`'s arguments for an MX kernel: the scales go up as one byte each (their codes), from ml_dtypes
+    arrays and from powers of two alike, and a stand-in device decoding them computes the interpreter's C."""
+    p = spatialc.build(spatialc.gemm(48, 40, 96, "e4m3", scales="mx"), "sm_89")
+    art = spatialc.lower(p)
+    x = inputs_of(p, seed=5)
+    want = spatialc.evaluate(p, x)
+    for scales in ("ml_dtypes", "floats"):
+        given = x if scales == "ml_dtypes" else {**x, **{s: x[s].astype(np.float64) for s in ("scale_a", "scale_b")}}
+        dev = MxDevice(p, art)
+        c = L.run_with(dev, art, **given)
+        assert np.array_equal(c, want), scales
+        assert dev.uploads["scale_a"] == dev.uploads["scale_b"] == np.uint8, dev.uploads

@@ -18,7 +18,7 @@
   k32 wgmma step — twice the truncation's 2^-13 (`FP8_WGMMA_STEP`; 3.2% at K = 4096, where DeepSeek measured about
   2%): fitted to published measurements, not proven for every input, and not yet checked on a GPU here. Its
   block-scaled kernel does promote (each 128 of K), so there the loss is four such steps of each group, whatever K
-  (`numerics.blockscale`).
+  (`numerics.blockscale`); an MXFP8 kernel promotes each 32 (every k32 MMA: `blockscale.promotion_k`).
 - **Epilogues** (elementwise ops, `numerics.elementwise`) compute each op in float64 from float32 operands and round
   once to float32, in the interpreter, the kernel and the emulation alike; an op that calls a library function
   (exp, log, tanh, erf, pow) may land one float32 ulp from the interpreter's, gelu's 2^-50·|x| in its cancelling
