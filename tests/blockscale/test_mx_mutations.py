@@ -119,3 +119,15 @@ def test_sweep_of_the_promotion_addresses_has_no_holes(base, truth):
     assert len(refused) >= 60
     unchanged = {name for name, mutant in _sweep(base).items() if mutant.schedule == base.schedule}
     assert set(same) == unchanged and len(unchanged) == 9, same  # only the edits that edit nothing are accepted
+
+
+def test_a_128_wide_step_over_mx_groups_is_refused():
+    """A schedule whose K step is DeepGEMM's 128 (8 tiles) promoted with scales of MX's groups of 32: every step would
+    take its first group's scale for four groups, refused as a step spanning groups."""
+    p = scaled(64, 96, 256, block=(2, 2, 8))
+    mx = declared(
+        p,
+        lambda mm: dataclasses.replace(mm, scales=dataclasses.replace(mm.scales, a=KScale(mm.scales.a.tensor, 1, 32))),
+    )
+    with pytest.raises(SemanticError, match=r"a K step of 8 tiles from K tile 8·k may span two groups of 32 elements"):
+        verify(mx)
