@@ -148,3 +148,10 @@ def test_an_mx_program_round_trips_through_json_unchanged():
     assert '"version": 11' in text
     back = spatialc.from_json(text)
     assert back == p and is_mx(back) and promotion_k(back) == 32
+
+
+def test_spatialc_lang_refuses_an_mx_program_by_one_line_as_any_block_scaled_one():
+    from spatialc.lang.source import python_source
+
+    with pytest.raises(SpatialError, match=r"a block-scaled matmul \(spatialc.gemm's scales=\) has no form in"):
+        python_source(scaled(32, 32, 64, scales="mx"))

@@ -82,7 +82,6 @@ PLANTED = {
     "A's scale of the wrong row": (r"\(\(r \+ 0\) / 1\)", "((r + 1) / 1)"),
     "B's scale of the wrong column": (r"\(\(c \+ 1\) / 1\)", "((c + 0) / 1)"),
     "an e8m0 code read one off (the scale doubled)": (r"spatialc_e8m0_value\(t3\[", "2.0f * spatialc_e8m0_value(t3["),
-    "a step's partials left unpromoted": (r"fmaf\(part\[q\]\.x\[i\], [^,]+, ", "fmaf(part[q].x[i], 1.0f, "),
 }
 
 
