@@ -3,7 +3,8 @@ partial fragments, promoted with each element's e8m0 scales read as their bytes 
 shifted into a float's exponent, exact) — the scale tensors' kernel parameters are bytes, never float32. The host
 emulation runs them within the kernel's bound of the interpreter; a scale of the wrong K group, row or column, or a
 wrong e8m0 code, planted in the kernel text is caught; the persistent form sends an MX program to the general form;
-nvcc -Werror compiles the planned 4096³ kernel for sm_89 and sm_90 without spills."""
+nvcc -Werror compiles the planned 4096³ kernel for sm_89 and sm_90 without spills. `spatialc.run` and the host
+program lay the scales out as their bytes, a grouped GEMM's a group at a time."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import dataclasses
 import re
 import shutil
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -162,3 +164,48 @@ def test_run_lays_out_the_scales_as_their_e8m0_bytes():
         c = L.run_with(dev, art, **given)
         assert np.array_equal(c, want), scales
         assert dev.uploads["scale_a"] == dev.uploads["scale_b"] == np.uint8, dev.uploads
+
+
+def grouped_mx():
+    """A grouped MXFP8 GEMM (each expert its own e8m0 scales), ragged row counts (one group empty), and its inputs."""
+    groups, rows, n, k = 3, 40, 48, 192
+    p = spatialc.build(spatialc.grouped_gemm(groups, rows, n, k, "e4m3", scales="mx"), "sm_89", form="general")
+    rng = np.random.default_rng(3)
+    fmt, e8m0 = FORMATS["e4m3"], ml_dtypes.float8_e8m0fnu
+    return p, {
+        "A": rng.normal(size=(groups, rows, k)).astype(fmt),
+        "B": rng.normal(size=(groups, k, n)).astype(fmt),
+        "sizes": np.array([40, 0, 17], np.int32),
+        "scale_a": np.exp2(rng.integers(-4, 5, (groups, rows, k // 32))).astype(e8m0),
+        "scale_b": np.exp2(rng.integers(-4, 5, (groups, k // 32, n))).astype(e8m0),
+    }
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_grouped_mx_gemm_emulated_within_the_bound():
+    """The host program lays each group's e8m0 codes on its own tiles (w4_host.cuh's spatialc_tilize_e8m0_groups)."""
+    p, x = grouped_mx()
+    c = emulated(p, x)
+    ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
+    assert ok, how
+    assert not c[1].any()  # the empty group's rows are not written
+
+
+class BytesDevice(MxDevice):
+    """A stand-in that keeps each argument's bytes and writes nothing."""
+
+    def launch(self, kernel, grid, block, dyn_smem, args):
+        self.got = {a.name: (a, v) for a, v in zip(self.args, args, strict=True)}
+
+
+def test_run_lays_out_a_grouped_gemms_scales_a_group_at_a_time():
+    p, x = grouped_mx()
+    art = spatialc.lower(p, form="general")
+    dev = BytesDevice(p, art)
+    L.run_with(dev, art, **x)
+    for name in ("scale_a", "scale_b"):
+        a, v = dev.got[name]
+        assert v.dtype == np.uint8
+        codes = untilize(v, a.tiles, a.elems, np, groups=a.groups)
+        assert np.array_equal(2.0 ** (codes.astype(np.float64) - 127), x[name].astype(np.float64)), name
