@@ -127,8 +127,8 @@ def test_the_sm90a_form_refuses_mx_by_one_line_naming_the_general_form():
         spatialc.lower(p, form="sm90a")
     text = str(e.value)
     assert "\n" not in text and "MXFP8" in text and "form='general'" in text
-    art = spatialc.lower(scaled(128, 128, 256, scales="mx", target="sm_90a"))  # auto: the general form prints it
-    assert art.budget.form == "general"
+    art = spatialc.lower(scaled(128, 128, 256, scales="mx", target="sm_90a"))  # auto: an mma.sync form prints it
+    assert art.budget.form == "persistent"
 
 
 def test_cli_scales_mx(capsys):

@@ -1,10 +1,11 @@
-"""MXFP8 kernels printed (issue 34 item 4): the general form's K step is one k32 MMA (mma.sync m16n8k32 fp8) into
-partial fragments, promoted with each element's e8m0 scales read as their bytes (`spatialc_e8m0_value`: the code
-shifted into a float's exponent, exact) — the scale tensors' kernel parameters are bytes, never float32. The host
-emulation runs them within the kernel's bound of the interpreter; a scale of the wrong K group, row or column, or a
-wrong e8m0 code, planted in the kernel text is caught; the persistent form sends an MX program to the general form;
-nvcc -Werror compiles the planned 4096³ kernel for sm_89 and sm_90 without spills. `spatialc.run` and the host
-program lay the scales out as their bytes, a grouped GEMM's a group at a time."""
+"""MXFP8 kernels printed (issue 34 item 4): the persistent and general forms' K step is one k32 MMA (mma.sync
+m16n8k32 fp8) into partial fragments, promoted with each element's e8m0 scales read as their bytes
+(`spatialc_e8m0_value`: the code shifted into a float's exponent, exact) — the scale tensors' kernel parameters are
+bytes, never float32. The host emulation runs them within the kernel's bound of the interpreter; a scale of the
+wrong K group, row or column, or a wrong e8m0 code, planted in the kernel text is caught; the sm_90a form refuses
+by one line (auto prints the persistent form); nvcc -Werror compiles the planned 4096³ kernels for sm_89 and sm_90
+without spills. `spatialc.run` and the host program lay the scales out as their bytes, a grouped GEMM's a group at
+a time."""
 
 from __future__ import annotations
 
@@ -27,28 +28,31 @@ from .programs import FORMATS, inputs_of, naive
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
 CASES = {
-    "e4m3": ("e4m3", (64, 48, 256), {}),
-    "e5m2-ragged-k-sm90": ("e5m2", (37, 70, 200), {"target": "sm_90"}),  # the last group partly padding
-    "split-k": ("e4m3", (32, 64, 512), {"split_k": 2}),  # each site promotes its own k32 steps
+    "persistent-e4m3": ("persistent", "e4m3", (64, 48, 256), {}),
+    "persistent-e5m2-ragged-k-sm90": ("persistent", "e5m2", (37, 70, 200), {"target": "sm_90"}),  # a part group
+    "general-e4m3": ("general", "e4m3", (64, 48, 256), {}),
+    "general-split-k": ("general", "e4m3", (32, 64, 512), {"split_k": 2}),  # each site promotes its own k32 steps
 }
+FORMS = ("persistent", "general")
 
 
-def program(prec, shape, kw):
+def program(form, prec, shape, kw):
     kw = dict(kw)
     target = kw.pop("target", "sm_89")
-    return spatialc.build(spatialc.gemm(*shape, prec, scales="mx"), target, form="general", **kw)
+    return spatialc.build(spatialc.gemm(*shape, prec, scales="mx"), target, form=form, **kw)
 
 
-def emulated(p, x, text=None):
-    art = spatialc.lower(p, form="general")
+def emulated(p, form, x, text=None):
+    art = spatialc.lower(p, form=form)
+    assert art.budget.form == form
     if text is not None:
         art = dataclasses.replace(art, program_cu=text(art.program_cu))
     return spatialc.emulate(art, x)
 
 
-def test_the_scales_are_read_as_their_bytes():
-    art = spatialc.lower(program("e4m3", (64, 48, 256), {}), form="general")
-    text = art.program_cu
+@pytest.mark.parametrize("form", FORMS)
+def test_the_scales_are_read_as_their_bytes(form):
+    text = spatialc.lower(program(form, "e4m3", (64, 48, 256), {}), form=form).program_cu
     assert re.search(r"const spatialc_e8m0\* __restrict__ t3, const spatialc_e8m0\* __restrict__ t4", text)
     assert "spatialc_e8m0_value(t3[" in text and "spatialc_e8m0_value(t4[" in text
     assert "const int ga = sk0 / 32, gb = sk0 / 32;" in text  # a step of 32: one K group of each operand
@@ -59,22 +63,23 @@ def test_the_scales_are_read_as_their_bytes():
 @pytest.mark.emulation
 @pytest.mark.parametrize("case", CASES)
 def test_the_emulated_kernel_is_within_the_kernel_bound_of_the_interpreter(case):
-    prec, shape, kw = CASES[case]
-    p = program(prec, shape, kw)
+    form, prec, shape, kw = CASES[case]
+    p = program(form, prec, shape, kw)
     x = inputs_of(p, seed=11)
-    c = emulated(p, x)
+    c = emulated(p, form, x)
     want = spatialc.evaluate(p, x)
     ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
     assert ok, how
     assert np.abs(c - want).max() <= 1e-5 * np.abs(want).max()  # float32 sums: near the float64 ones
 
 
-def test_the_persistent_form_sends_mx_to_the_general_form():
+def test_auto_prints_the_persistent_form_and_the_sm90a_form_refuses_by_one_line():
     p = spatialc.build(spatialc.gemm(64, 48, 256, "e4m3", scales="mx"), "sm_89")
-    art = spatialc.lower(p)
-    assert art.budget.form == "general"
-    with pytest.raises(spatialc.errors.SpatialError, match=re.escape(MX_PROGRAM) + r".*form='general'"):
-        spatialc.lower(p, form="persistent")
+    assert spatialc.lower(p).budget.form == "persistent"
+    q = spatialc.build(spatialc.gemm(128, 128, 256, "e4m3", scales="mx"), "sm_90a")
+    assert spatialc.lower(q).budget.form == "persistent"  # auto: past the sm_90a form's refusal
+    with pytest.raises(spatialc.errors.SpatialError, match=re.escape(MX_PROGRAM) + r" in the sm_90a form: .*general"):
+        spatialc.lower(q, form="sm90a")
 
 
 PLANTED = {
@@ -85,20 +90,23 @@ PLANTED = {
     "B's scale of the wrong column": (r"\(\(c \+ 1\) / 1\)", "((c + 0) / 1)"),
     "an e8m0 code read one off (the scale doubled)": (r"spatialc_e8m0_value\(t3\[", "2.0f * spatialc_e8m0_value(t3["),
 }
+# Every fault in the persistent form (auto's); two in the general form, which prints the same promotion.
+FAULTS = [("persistent", f) for f in PLANTED] + [("general", f) for f in list(PLANTED)[1:3]]
 
 
 @pytest.fixture(scope="module")
 def faulted():
-    """The program and inputs the planted faults run on: four K groups, scales that differ everywhere."""
-    p = program("e4m3", (32, 64, 128), {})
-    return p, inputs_of(p, seed=4)
+    """The programs and inputs the planted faults run on: four K groups, scales that differ everywhere."""
+    out = {form: program(form, "e4m3", (32, 64, 128), {}) for form in FORMS}
+    return out, inputs_of(out["general"], seed=4)
 
 
 @needs_gxx
 @pytest.mark.emulation
-@pytest.mark.parametrize("fault", PLANTED)
-def test_a_fault_planted_in_the_kernel_text_is_caught(faulted, fault):
-    p, x = faulted
+@pytest.mark.parametrize(("form", "fault"), FAULTS)
+def test_a_fault_planted_in_the_kernel_text_is_caught(faulted, form, fault):
+    programs, x = faulted
+    p = programs[form]
     pattern, replacement = PLANTED[fault]
 
     def planted(text):
@@ -106,17 +114,18 @@ def test_a_fault_planted_in_the_kernel_text_is_caught(faulted, fault):
         assert n >= 1
         return out
 
-    c = emulated(p, x, planted)
+    c = emulated(p, form, x, planted)
     ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
     assert not ok, how
 
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_nvcc_compiles_the_planned_kernel_for_sm89_and_sm90_without_spills(tmp_path):
+@pytest.mark.parametrize("form", FORMS)
+def test_nvcc_compiles_the_planned_kernel_for_sm89_and_sm90_without_spills(tmp_path, form):
     gemm = spatialc.gemm(4096, 4096, 4096, "e4m3", scales="mx", out="bf16")
-    art = spatialc.lower(spatialc.build(gemm, "sm_90", form="general"), form="general")
-    assert art.budget.form == "general" and "spatialc_e8m0_value(t3[" in art.program_cu
+    art = spatialc.lower(spatialc.build(gemm, "sm_90", form=form), form=form)
+    assert art.budget.form == form and "spatialc_e8m0_value(t3[" in art.program_cu
     assert_clean(nvcc_compile(art.program_cu, tmp_path / "mx.cu", ("89", "90")), ("89", "90"))
 
 
@@ -186,7 +195,7 @@ def grouped_mx():
 def test_a_grouped_mx_gemm_emulated_within_the_bound():
     """The host program lays each group's e8m0 codes on its own tiles (w4_host.cuh's spatialc_tilize_e8m0_groups)."""
     p, x = grouped_mx()
-    c = emulated(p, x)
+    c = emulated(p, "general", x)
     ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
     assert ok, how
     assert not c[1].any()  # the empty group's rows are not written

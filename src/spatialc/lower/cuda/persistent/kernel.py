@@ -46,7 +46,7 @@ from ....target import SpatialTarget
 from ...artifact import Budget, CudaArtifact, Launch
 from ...errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
 from ..common import epilogue
-from ..common.blockscale import MX_PROGRAM, held_sub_blocks
+from ..common.blockscale import held_sub_blocks
 from ..common.cwriter import C_TYPES
 from ..common.dequant import InRegisters, fused_order, has_dequant, packed_rings, param_c_type, register_fusion
 from ..common.host import assemble
@@ -127,8 +127,6 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     something the persistent kernel leaves to the general form, else None."""
     if len(p.plans) > 1:
         return f"a program with {len(p.plans)} plans", "the persistent kernel prints one block shape for every site"
-    if is_mx(p):  # its partials promoted every k32 MMA with e8m0 scales: printed by the general form so far
-        return MX_PROGRAM, "the persistent kernel reads no e8m0 scales yet"
     if p.placement is not None and p.placement.splits > 1:
         return (
             f"split-K over {p.placement.splits} sites per item",
@@ -291,8 +289,9 @@ def make_kernel(
     items = site_items(p)
     out = p.output_tensor()
     assert out is not None
-    # A W4A16 GEMM's packed weights, zero points and e8m0 scales by dequant.cuh's typedefs (`param_c_type`).
-    dq = has_dequant(p)
+    # A W4A16 GEMM's packed weights, zero points and e8m0 scales by dequant.cuh's typedefs (`param_c_type`), and an
+    # MXFP8 GEMM's e8m0 scales (read as their bytes: common/blockscale.py).
+    dq = has_dequant(p) or is_mx(p)
     param_types = tuple(
         "OUT_T"
         if t.role == TensorRole.OUTPUT
