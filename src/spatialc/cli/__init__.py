@@ -255,8 +255,10 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def _scale_layouts(text: str) -> tuple[str, str]:
-    """--scales A,B: two layout names (checked by the frontend)."""
+def _scale_layouts(text: str) -> tuple[str, str] | str:
+    """--scales A,B: two layout names (checked by the frontend), or mx (OCP MX's e8m0 scales per 32 of K)."""
+    if text.strip().lower() == "mx":
+        return "mx"
     parts = tuple(x.strip() for x in text.split(","))
     if len(parts) != 2 or not all(parts):
         raise argparse.ArgumentTypeError(f"--scales takes A's and B's layouts, e.g. 1x128,128x128, not {text!r}")
@@ -305,7 +307,8 @@ def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
         type=_scale_layouts,
         metavar="A,B",
         help="e4m3 / e5m2: block-scaled, A's and B's scale layouts (1x128,128x128 is DeepGEMM's; row, col, tensor)"
-        " — C = Σ over each 128 of K of (A_g @ B_g) · scale_a · scale_b (a grouped GEMM: each group's own)",
+        " — C = Σ over each 128 of K of (A_g @ B_g) · scale_a · scale_b (a grouped GEMM: each group's own); mx:"
+        " MXFP8, an e8m0 scale per 32 of K of each row of A and each column of B, promoted every 32",
     )
     if split:  # a GEMM's epilogue may read vectors of C's rows and a tensor of C's shape; a grouped GEMM's not yet
         g.add_argument(

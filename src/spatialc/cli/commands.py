@@ -58,7 +58,7 @@ def cmd_gemm(args: argparse.Namespace) -> int:
     head = f"spatialc gemm {args.m}x{args.n}x{args.k} {args.precision}"
     if args.weights:
         head += f", {args.weights} weights" + (" with zero points" if args.zeros else "")
-    head += f", scales {','.join(scales)}" if scales else ""
+    head += f", scales {scales_text(scales)}" if scales else ""
     p, inputs, times, plan = _built(
         args, prog, head, f", epilogue {epi}" if epi else "", split_k=args.split_k, multicast=args.multicast
     )
@@ -79,7 +79,7 @@ def cmd_grouped_gemm(args: argparse.Namespace) -> int:
         scales=scales,
     )
     head = f"spatialc grouped-gemm {args.groups} groups of at most {args.max_rows}x{args.n}x{args.k} {args.precision}"
-    head += f", scales {','.join(scales)}" if scales else ""
+    head += f", scales {scales_text(scales)}" if scales else ""
     p, inputs, times, plan = _built(args, prog, head, "")
     if args.sizes is not None:
         if len(args.sizes) != args.groups:
@@ -481,3 +481,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.run = True  # a saved program's kernel always runs
     print(f"  inputs    random, seed {args.seed}", file=sys.stdout)
     return _check_and_run(p, args, random_inputs(p, args.seed), [], plan)
+
+
+def scales_text(scales: tuple[str, str] | str) -> str:
+    """--scales as the header says it: A's and B's layouts, or mx."""
+    return scales if isinstance(scales, str) else ",".join(scales)

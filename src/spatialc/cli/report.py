@@ -36,7 +36,7 @@ def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bo
     scales = program_scales(p)
     scale_tensors = {scales.a.tensor, scales.b.tensor} if scales is not None else set()
     for t in p.tensors:
-        if t.dtype in W4_TYPES:  # made below, by the format's own rule
+        if t.dtype in W4_TYPES and t.id not in scale_tensors:  # made below, by the format's own rule
             continue
         rows = len(sample.rows) if sample is not None and t.name in sample.given else t.elems[0]
         shape = (t.groups, rows, t.elems[1]) if t.groups > 1 else (rows, t.elems[1])
@@ -50,7 +50,10 @@ def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bo
             out[t.name] = rng.integers(0, counts[t.name] + 1, size=t.elems[1]).astype(np.int32)
         elif t.role.value == "parameter" and t.id in scale_tensors:  # block scales: positive, of their shape
             size = (t.groups, *t.elems) if t.groups > 1 else t.elems  # a grouped GEMM's: a matrix a group
-            out[t.name] = rng.uniform(0.5, 2.0, size=size).astype(np.float32)
+            mx = t.dtype.value == "e8m0"  # MX's: powers of two 2^-1 … 2^1
+            out[t.name] = (
+                2.0 ** rng.integers(-1, 2, size=size) if mx else rng.uniform(0.5, 2.0, size=size).astype(np.float32)
+            )
         elif t.role.value == "parameter":
             n = t.elems[0] * t.elems[1]  # a column vector's n values, a row vector's m
             out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)

@@ -45,7 +45,8 @@ class KScale:
     """One operand's scales per group along K (a block-scaled operand; `numerics.blockscale` defines them): the
     parameter tensor `tensor` holds one float32 value per block of `outer` × `k` elements of the operand — `outer`
     of A's rows (or of B's columns), `k` along K. A's scale of element (i, k) is tensor[i // outer, k // k_block],
-    B's of (k, j) tensor[k // k_block, j // outer]. DeepGEMM's: A 1 × 128, B 128 × 128."""
+    B's of (k, j) tensor[k // k_block, j // outer]. DeepGEMM's: A 1 × 128, B 128 × 128; OCP MX's (MXFP8): A 1 × 32,
+    B 32 × 1, the tensor's values e8m0 (`numerics.blockscale.promotion_k`)."""
 
     tensor: TensorId
     outer: int

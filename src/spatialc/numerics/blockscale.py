@@ -31,6 +31,15 @@ FP8_WGMMA_STEP float32 ulps of the group's |A_g|·|B_g|, and no more, since the 
 float32 registers every 128 elements. So its bound adds 4 · FP8_WGMMA_STEP ulps of M whatever K is (2^-10: 0.1%),
 where the unpromoted wgmma kernel's grows with K (3.2% at K = 4096): the promotion is what bounds it. (The host
 emulation sums exact products in float32, inside either bound.)
+
+OCP MX for 8-bit floats (MXFP8, `scales="mx"`): one float8_e8m0fnu scale 2^e per MX_K = 32 consecutive elements of
+K, A's per row (sa[i, g], layout 1x32) and B's per column (sb[g, j], 32x1) — scale tensors of element type e8m0,
+whose values are powers of two (`numerics.w4.values_of` defines the type, as for MXFP4's weights). The promotion
+interval is then the group: C = Σ_g (A_g · B_g) · sa[i, g] · sb[g, j] with a step of 32, one k32 MMA (`promotion_k`).
+Every stage above holds: a step's partial sum is exact in float64 (32 products), sa · sb is a power of two (exact
+wherever it lies in float64's range: 2^-254 … 2^254), the promotion one rounding. The kernel's bound is the same
+formula with 32 for 128: 32 + ⌈K / 32⌉ + 4 ulps of M (164 at K = 4096) — its float32 sa · sb is a power of two too,
+exact while it lies within float32's normal range (2^-126 … 2^127), as any float32 product of scales must.
 """
 
 from __future__ import annotations
@@ -40,10 +49,14 @@ from typing import Any
 
 import numpy as np
 
+from ..ir.nodes import DType
 from ..ir.ops import BlockScales, KScale
+from .w4 import MX_GROUP
 
 PROMOTION_K = 128  # K elements a step promotes: DeepGEMM's BLOCK_K, and the K group of its 1x128 / 128x128 scales
 PROMOTION_TILES = 8  # the same in 16-element tiles: a block-scaled plan's K step (ibw)
+MX_K = MX_GROUP  # OCP MX's block along K: one e8m0 scale per 32 elements of each row of A and each column of B
+MX_LAYOUTS = ("1x32", "32x1")  # A's and B's scale layouts of `scales="mx"` (spatialc/blockscaled.py)
 
 
 def scale_shape(scale: KScale, outer: int, k: int) -> tuple[int, int]:
@@ -52,11 +65,22 @@ def scale_shape(scale: KScale, outer: int, k: int) -> tuple[int, int]:
     return math.ceil(outer / scale.outer), math.ceil(k / scale.k)
 
 
-def kernel_ulps(k: int, wgmma_step: int = 0, wgmma_k: int = 32) -> int:
-    """The kernel's bound in float32 ulps of M (the module docstring): 128 + G + 4 for G = ⌈K / 128⌉ steps, and
-    where each k32 instruction's sum loses `wgmma_step` ulps (Hopper's 8-bit float wgmma) 128 / `wgmma_k` of them
-    a group."""
-    return PROMOTION_K + math.ceil(k / PROMOTION_K) + 4 + (PROMOTION_K // wgmma_k) * wgmma_step
+def is_mx(p: Any) -> bool:
+    """Whether program `p` is block-scaled the OCP MX way: its scale tensors hold e8m0 values (`scales="mx"`)."""
+    scales = program_scales(p)
+    return scales is not None and p.tensor(scales.a.tensor).dtype == DType.E8M0
+
+
+def promotion_k(p: Any) -> int:
+    """K elements a step of block-scaled program `p` promotes: MX_K for MX scales, else PROMOTION_K."""
+    return MX_K if is_mx(p) else PROMOTION_K
+
+
+def kernel_ulps(k: int, wgmma_step: int = 0, wgmma_k: int = 32, step: int = PROMOTION_K) -> int:
+    """The kernel's bound in float32 ulps of M (the module docstring): `step` + G + 4 for G = ⌈K / step⌉ steps
+    (step 128, or MX_K for MX scales), and where each k32 instruction's sum loses `wgmma_step` ulps (Hopper's 8-bit
+    float wgmma) step / `wgmma_k` of them a group."""
+    return step + math.ceil(k / step) + 4 + (step // wgmma_k) * wgmma_step
 
 
 def row_values(sa: np.ndarray, scale: KScale, rows: np.ndarray, k0: int) -> np.ndarray:
@@ -83,23 +107,38 @@ def promote(partial: np.ndarray, sa_rows: np.ndarray, sb_cols: np.ndarray) -> np
 
 
 def blockscaled_sum(
-    a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray, scales: BlockScales, matmul: Any
+    a: np.ndarray,
+    b: np.ndarray,
+    sa: np.ndarray,
+    sb: np.ndarray,
+    scales: BlockScales,
+    matmul: Any,
+    step: int = PROMOTION_K,
 ) -> np.ndarray:
-    """C = Σ over the steps of 128 along K of promote(A_g @ B_g, sa, sb), in float64, steps in K order; `matmul` is
-    the interpreter's float64 product (`interp.values.matmul`), so the interpreter's page products are the same."""
+    """C = Σ over the steps of `step` (128, or MX_K) along K of promote(A_g @ B_g, sa, sb), in float64, steps in K
+    order; `matmul` is the interpreter's float64 product (`interp.values.matmul`), so the interpreter's page
+    products are the same."""
     m, k = a.shape
     n = b.shape[1]
     rows, cols = np.arange(m), np.arange(n)
     out = np.zeros((m, n))
-    for k0 in range(0, k, PROMOTION_K):
-        partial = matmul(a[:, k0 : k0 + PROMOTION_K], b[k0 : k0 + PROMOTION_K])
+    for k0 in range(0, k, step):
+        partial = matmul(a[:, k0 : k0 + step], b[k0 : k0 + step])
         out += promote(partial, row_values(sa, scales.a, rows, k0), col_values(sb, scales.b, cols, k0))
     return out
 
 
-def magnitude(a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray, scales: BlockScales, matmul: Any):
+def magnitude(
+    a: np.ndarray,
+    b: np.ndarray,
+    sa: np.ndarray,
+    sb: np.ndarray,
+    scales: BlockScales,
+    matmul: Any,
+    step: int = PROMOTION_K,
+):
     """M = Σ_g |sa| · |sb| · (|A_g| @ |B_g|): what the bound's ulps are of."""
-    return blockscaled_sum(np.abs(a), np.abs(b), np.abs(sa), np.abs(sb), scales, matmul)
+    return blockscaled_sum(np.abs(a), np.abs(b), np.abs(sa), np.abs(sb), scales, matmul, step)
 
 
 def program_scales(p: Any) -> BlockScales | None:
@@ -114,13 +153,18 @@ def program_scales(p: Any) -> BlockScales | None:
 def scale_values(p: Any, scales: BlockScales, inputs: Any) -> tuple[np.ndarray, np.ndarray]:
     """The two scale tensors' values as given, each read as its tensor's type (float32: bf16 and float8_e8m0fnu
     exactly, other floats rounded to nearest even) — what the interpreter's stores hold."""
-    from ..inputs import operand_values
+    from ..inputs import InputError, host_array, operand_values
+    from .w4 import exact_values
 
     out = []
     for s in (scales.a, scales.b):
         t = p.tensor(s.tensor)
         shape = (t.groups, *t.elems) if t.groups > 1 else t.elems  # a grouped GEMM's: a matrix a group
-        out.append(np.asarray(operand_values(t.name, inputs[t.name], t.dtype), np.float64).reshape(shape))
+        if t.dtype == DType.E8M0:  # MX's e8m0 scales: powers of two taken exactly (numerics/w4.py's one definition)
+            values = exact_values(t.name, host_array(t.name, inputs[t.name]), t.dtype, InputError)
+        else:
+            values = operand_values(t.name, inputs[t.name], t.dtype)
+        out.append(np.asarray(values, np.float64).reshape(shape))
     return out[0], out[1]
 
 
@@ -130,14 +174,21 @@ def program_sum(p: Any, a: np.ndarray, b: np.ndarray, inputs: Any, matmul: Any) 
     scales = program_scales(p)
     assert scales is not None
     sa, sb = scale_values(p, scales, inputs)
+    step = promotion_k(p)
     if a.ndim == 3:  # a grouped GEMM's (G, rows, K) @ (G, K, N): each group with its own scales
-        sums = [program_sum_of(a[g], b[g], sa[g], sb[g], scales, matmul) for g in range(a.shape[0])]
+        sums = [program_sum_of(a[g], b[g], sa[g], sb[g], scales, matmul, step) for g in range(a.shape[0])]
         return np.stack([x for x, _ in sums]), np.stack([m for _, m in sums])
-    return program_sum_of(a, b, sa, sb, scales, matmul)
+    return program_sum_of(a, b, sa, sb, scales, matmul, step)
 
 
 def program_sum_of(
-    a: np.ndarray, b: np.ndarray, sa: np.ndarray, sb: np.ndarray, scales: BlockScales, matmul: Any
+    a: np.ndarray,
+    b: np.ndarray,
+    sa: np.ndarray,
+    sb: np.ndarray,
+    scales: BlockScales,
+    matmul: Any,
+    step: int = PROMOTION_K,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(the block-scaled sum, M of the bound) of one product: one group's of a grouped GEMM."""
-    return blockscaled_sum(a, b, sa, sb, scales, matmul), magnitude(a, b, sa, sb, scales, matmul)
+    return blockscaled_sum(a, b, sa, sb, scales, matmul, step), magnitude(a, b, sa, sb, scales, matmul, step)

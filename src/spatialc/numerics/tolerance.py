@@ -18,7 +18,7 @@
   k32 wgmma step — twice the truncation's 2^-13 (`FP8_WGMMA_STEP`; 3.2% at K = 4096, where DeepSeek measured about
   2%): fitted to published measurements, not proven for every input, and not yet checked on a GPU here. Its
   block-scaled kernel does promote (each 128 of K), so there the loss is four such steps of each group, whatever K
-  (`numerics.blockscale`).
+  (`numerics.blockscale`); an MXFP8 kernel promotes each 32 (every k32 MMA: `blockscale.promotion_k`).
 - **Epilogues** (elementwise ops, `numerics.elementwise`) compute each op in float64 from float32 operands and round
   once to float32, in the interpreter, the kernel and the emulation alike; an op that calls a library function
   (exp, log, tanh, erf, pow) may land one float32 ulp from the interpreter's, gelu's 2^-50·|x| in its cancelling
@@ -119,7 +119,8 @@ class Tolerance:
         why = " (Hopper's 8-bit float wgmma sums: 2^-12 a k32 step)" if self.wgmma_fp8 else ""
         if self.wgmma_fp8 and self.block_scaled:
             why = " (Hopper's 8-bit float wgmma sums: 2^-12 a k32 step, four a group)"
-        of = "Σ_g |sa·sb|·|A_g|@|B_g| (block-scaled, promoted every 128 of K)" if self.block_scaled else "|A|@|B|"
+        every = blockscale.promotion_k(self.program) if self.block_scaled else 0  # 128, or MX's 32
+        of = f"Σ_g |sa·sb|·|A_g|@|B_g| (block-scaled, promoted every {every} of K)" if every else "|A|@|B|"
         return f"{self.ulps} float32 ulps of {of}{why}{carried}, plus 2 {out} ulps of |C|"
 
     def bound(self, inputs: Mapping[str, Any]) -> np.ndarray:
@@ -317,7 +318,7 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
     if blockscale.program_scales(program) is not None:  # each 128 of K promoted (numerics/blockscale.py)
         wgmma = kernel and in_panels(program)  # the sm_90a form's: each group's wgmma sums in reduced precision
         step = FP8_WGMMA_STEP if wgmma else 0
-        ulps = blockscale.kernel_ulps(k, step, FP8_WGMMA_K) if kernel else 4
+        ulps = blockscale.kernel_ulps(k, step, FP8_WGMMA_K, blockscale.promotion_k(program)) if kernel else 4
         how = {"kernel": kernel, "wgmma_fp8": wgmma, "strict": strict, "block_scaled": True}
         return Tolerance(program, False, ulps, eps, bool(decl.chain), **how)
     if kernel and program.precision in FP8_PRECISIONS and in_panels(program):  # Hopper's fp8 wgmma: reduced sums

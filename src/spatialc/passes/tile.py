@@ -27,7 +27,7 @@ from ..ir.nodes import (
     TensorRole,
 )
 from ..ir.ops import AddPartial, BlockShape, Map, MatmulTiles, Precision, VecAxis, cols
-from ..numerics.blockscale import PROMOTION_K, PROMOTION_TILES
+from ..numerics.blockscale import promotion_k
 from ..numerics.elementwise import transcendental
 from ..target import SpatialTarget
 from .verify.limits import MAX_ITEMS
@@ -330,10 +330,11 @@ def candidates(
     wide = form == "persistent" or (form == "sm90a" and sized_as(p.precision) == Precision.INT8)
     ibws: tuple[int, ...] = (*IBWS, 8) if wide else IBWS
     if scaled(p):  # a block-scaled matmul's K step is its promotion interval (numerics/blockscale.py)
-        ibws = (PROMOTION_TILES,)
-        if block and block[2] != PROMOTION_TILES:
+        step = promotion_k(p)  # 128 of K, or an MX program's 32 (its e8m0 scales' group)
+        ibws = (step // p.tile.cols,)
+        if block and block[2] != ibws[0]:
             raise ProgramError(
-                f"a block-scaled program's K step is its promotion interval, {PROMOTION_TILES} tiles ({PROMOTION_K}"
+                f"a block-scaled program's K step is its promotion interval, {ibws[0]} tiles ({step}"
                 f" elements): block {tuple(block)} reduces {block[2]}"
             )
     blocks = (

@@ -54,7 +54,7 @@ def host_bytes(spec: TensorSpec, tiles: tuple[int, int], packed: bool, value: An
         stored = (np.log2(x).astype(np.int64) + 127).astype(np.uint8)  # powers of two, checked: exact
     else:
         stored = x.astype(np.int8).view(np.uint8)  # zero points: int4's two's complement in a signed char
-    return HostBytes(tilize(stored, tiles, np), value)
+    return HostBytes(tilize(stored, tiles, np, groups=spec.groups), value)  # (grouped: MXFP8's scales, each group's)
 
 
 def tile_byte(p: int, c: int) -> int:

@@ -17,11 +17,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ....ir.ids import LoopVar
-from ....ir.nodes import Plan, SpatialProgram, Tensor
+from ....ir.nodes import DType, Plan, SpatialProgram, Tensor
 from ....ir.ops import BlockScales, MatmulTiles
-from ....numerics.blockscale import program_scales
+from ....numerics.blockscale import is_mx, program_scales
 from ....target import SpatialTarget
 from .cwriter import addr_expr
+
+# What the forms that do not read e8m0 scales call an MX program when they send it to the general form.
+MX_PROGRAM = "an MXFP8 GEMM's e8m0 block scales (one per 32 of K)"
 
 if TYPE_CHECKING:
     from .rings import Ring
@@ -47,6 +50,12 @@ def held_sub_blocks(p: SpatialProgram, plan: Plan) -> tuple[int, int]:
 # planned 4096³ kernel of 4 a warp on sm_90 (as it spills the plain fp8 kernel of that plan's 8-tile K steps, which
 # the general form is otherwise never planned with), and none of 2 on sm_89 or sm_90.
 GENERAL_SCALED_TILES = 2
+
+
+def mx_header(p: SpatialProgram) -> bool:
+    """Whether `p`'s kernel reads e8m0 scales (an MX program): its preamble then inlines dequant.cuh, their one
+    definition (spatialc_e8m0, spatialc_e8m0_value), as a W4A16 kernel's does."""
+    return is_mx(p)
 
 
 def scaled_units(target: SpatialTarget, plan: Plan, form: str, smem: int, per_unit: int) -> int:
@@ -235,11 +244,14 @@ def _each_fragment(tc: TilePrinter, body: Callable[[str, str], None]) -> None:
 
 
 def _element(t: Tensor, row: str, col: str, row_past: bool, col_past: bool, group: str | None = None) -> str:
-    """Element (row, col) of the float32 tensor t, tiled as every tensor is (of a grouped tensor's matrix `group`,
-    its groups stacked, each on its own tile rows); 0 where a row (col) may lie past its elements (`row_past`,
-    `col_past`) and does."""
+    """Element (row, col) of the float32 (or e8m0) tensor t, tiled as every tensor is (of a grouped tensor's matrix
+    `group`, its groups stacked, each on its own tile rows), as a float; 0 where a row (col) may lie past its
+    elements (`row_past`, `col_past`) and does. An e8m0 scale (MX's) is read as its byte and made 2^(code − 127) by
+    dequant.cuh's spatialc_e8m0_value: the code shifted into a float's exponent, exact."""
     rows, cols = t.elems
     tile_row = f"({row}) / 16" if group is None else f"(({group}) * {t.group_tiles[0]} + ({row}) / 16)"
     at = f"t{int(t.id)}[({tile_row} * {t.tiles[1]} + ({col}) / 16) * {TILE_ELEMS} + ({row}) % 16 * 16 + ({col}) % 16]"
+    if t.dtype == DType.E8M0:
+        at = f"spatialc_e8m0_value({at})"
     checks = [f"({row}) < {rows}"] * row_past + [f"({col}) < {cols}"] * col_past
     return f"({' && '.join(checks)} ? {at} : 0.0f)" if checks else at

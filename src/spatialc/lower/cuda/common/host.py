@@ -143,6 +143,9 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
             pitch = t.tiles[0] * 16 if stored == "cols" else t.tiles[1] * 16
             flip = "true" if stored == "cols" else "false"
             w.line(f"spatialc_store_matrix(h{i}, {t.elems[0]}, {t.elems[1]}, {pitch}, x{i}, {flip});")
+        elif t.groups > 1 and t.dtype == DType.E8M0:  # a grouped MXFP8 GEMM's scales: each group's codes
+            shape = f"{t.groups}, {t.elems[0]}, {t.elems[1]}, {t.group_tiles[0]}, {t.tiles[1]}"
+            w.line(f"spatialc_tilize_e8m0_groups(h{i}, {shape}, x{i});")
         elif t.groups > 1:
             shape = f"{t.groups}, {t.elems[0]}, {t.elems[1]}, {t.group_tiles[0]}, {t.tiles[1]}"
             w.line(f"spatialc_tilize_groups(h{i}, {shape}, x{i}{col});")

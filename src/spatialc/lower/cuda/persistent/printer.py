@@ -25,6 +25,7 @@ from ....ir.printer import compute_text
 from ...census import OP, PAD, PRE, marker
 from ...errors import Unsupported
 from ..common import epilogue
+from ..common.blockscale import mx_header
 from ..common.cwriter import (
     CHECK_MACRO,
     PAGE_MACROS,
@@ -301,7 +302,8 @@ def preamble(k: Kernel) -> list[str]:
         lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, ""]
         epit = "long long" if k.integer else "float"
         lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.out_type} OUT_T;", f"typedef {epit} EPIT;"]
-    elif has_dequant(p):  # its B fragments dequantised from packed pages (dequant.cuh: after the tensor-core layer)
+    elif has_dequant(p) or mx_header(p):  # its B fragments dequantised from packed pages, or MXFP8's e8m0 scales
+        # (dequant.cuh, which reads pages by PAGE_MACROS: after the tensor-core layer)
         lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types)]
         lines += ["", *inlined_lines("common/dequant.cuh"), ""]
     else:

@@ -82,7 +82,7 @@ from ....ir.ops import (
     WriteTiles,
     walk,
 )
-from ....numerics.blockscale import program_scales
+from ....numerics.blockscale import is_mx, program_scales
 from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
@@ -91,6 +91,7 @@ from ....target import WARP, SpatialTarget
 from ...artifact import Budget, CudaArtifact, TensorMap
 from ...errors import LowerError, NeedsGeneral, TooBig, Unsupported
 from ..common import epilogue
+from ..common.blockscale import MX_PROGRAM
 from ..common.clusters import Multicast, check_cluster, check_items, multicast
 from ..common.cwriter import Writer, inlined_lines, site_prologue
 from ..common.dequant import has_dequant
@@ -197,6 +198,11 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
     if has_dequant(p):
         raise NeedsGeneral(
             f"{W4_PROGRAM} in the sm_90a form", "its TMA producer and wgmma consumers do not print it yet"
+        )
+    if is_mx(p):
+        raise NeedsGeneral(
+            f"{MX_PROGRAM} in the sm_90a form",
+            "a wgmma k32 promoted every instruction would wait on each one (no MMA overlaps its promotion)",
         )
     if not attention and len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")

@@ -1,0 +1,220 @@
+"""MXFP8 kernels printed (issue 34 item 4): the persistent and general forms' K step is one k32 MMA (mma.sync
+m16n8k32 fp8) into partial fragments, promoted with each element's e8m0 scales read as their bytes
+(`spatialc_e8m0_value`: the code shifted into a float's exponent, exact) — the scale tensors' kernel parameters are
+bytes, never float32. The host emulation runs them within the kernel's bound of the interpreter; a scale of the
+wrong K group, row or column, or a wrong e8m0 code, planted in the kernel text is caught; the sm_90a form refuses
+by one line (auto prints the persistent form); nvcc -Werror compiles the planned 4096³ kernels for sm_89 and sm_90
+without spills. `spatialc.run` and the host program lay the scales out as their bytes, a grouped GEMM's a group at
+a time."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import spatialc
+from spatialc.lower.cuda.common.blockscale import MX_PROGRAM
+from spatialc.runtime import launch as L
+from spatialc.runtime.tilize import tilize, untilize
+
+from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
+from .programs import FORMATS, inputs_of, naive
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+
+CASES = {
+    "persistent-e4m3": ("persistent", "e4m3", (64, 48, 256), {}),
+    "persistent-e5m2-ragged-k-sm90": ("persistent", "e5m2", (37, 70, 200), {"target": "sm_90"}),  # a part group
+    "general-e4m3": ("general", "e4m3", (64, 48, 256), {}),
+    "general-split-k": ("general", "e4m3", (32, 64, 512), {"split_k": 2}),  # each site promotes its own k32 steps
+}
+FORMS = ("persistent", "general")
+
+
+def program(form, prec, shape, kw):
+    kw = dict(kw)
+    target = kw.pop("target", "sm_89")
+    return spatialc.build(spatialc.gemm(*shape, prec, scales="mx"), target, form=form, **kw)
+
+
+def emulated(p, form, x, text=None):
+    art = spatialc.lower(p, form=form)
+    assert art.budget.form == form
+    if text is not None:
+        art = dataclasses.replace(art, program_cu=text(art.program_cu))
+    return spatialc.emulate(art, x)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_scales_are_read_as_their_bytes(form):
+    text = spatialc.lower(program(form, "e4m3", (64, 48, 256), {}), form=form).program_cu
+    assert re.search(r"const spatialc_e8m0\* __restrict__ t3, const spatialc_e8m0\* __restrict__ t4", text)
+    assert "spatialc_e8m0_value(t3[" in text and "spatialc_e8m0_value(t4[" in text
+    assert "const int ga = sk0 / 32, gb = sk0 / 32;" in text  # a step of 32: one K group of each operand
+    assert text.count("spatialc_mma2(part[q]") == 1  # one k32 MMA a step (two 16x8 halves), then its promotion
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize("case", CASES)
+def test_the_emulated_kernel_is_within_the_kernel_bound_of_the_interpreter(case):
+    form, prec, shape, kw = CASES[case]
+    p = program(form, prec, shape, kw)
+    x = inputs_of(p, seed=11)
+    c = emulated(p, form, x)
+    want = spatialc.evaluate(p, x)
+    ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
+    assert ok, how
+    assert np.abs(c - want).max() <= 1e-5 * np.abs(want).max()  # float32 sums: near the float64 ones
+
+
+def test_auto_prints_the_persistent_form_and_the_sm90a_form_refuses_by_one_line():
+    p = spatialc.build(spatialc.gemm(64, 48, 256, "e4m3", scales="mx"), "sm_89")
+    assert spatialc.lower(p).budget.form == "persistent"
+    q = spatialc.build(spatialc.gemm(128, 128, 256, "e4m3", scales="mx"), "sm_90a")
+    assert spatialc.lower(q).budget.form == "persistent"  # auto: past the sm_90a form's refusal
+    with pytest.raises(spatialc.errors.SpatialError, match=re.escape(MX_PROGRAM) + r" in the sm_90a form: .*general"):
+        spatialc.lower(q, form="sm90a")
+
+
+PLANTED = {
+    # the step promoted with the scales of the next K group of A (or of B): groups 0 ↔ 1, 2 ↔ 3, …
+    "A's scale of the wrong group": (r"const int ga = sk0 / 32, gb", "const int ga = (sk0 / 32) ^ 1, gb"),
+    "B's scale of the wrong group": (r", gb = sk0 / 32;", ", gb = (sk0 / 32) ^ 1;"),
+    "A's scale of the wrong row": (r"\(\(r \+ 0\) / 1\)", "((r + 1) / 1)"),
+    "B's scale of the wrong column": (r"\(\(c \+ 1\) / 1\)", "((c + 0) / 1)"),
+    "an e8m0 code read one off (the scale doubled)": (r"spatialc_e8m0_value\(t3\[", "2.0f * spatialc_e8m0_value(t3["),
+}
+# Every fault in the persistent form (auto's); two in the general form, which prints the same promotion.
+FAULTS = [("persistent", f) for f in PLANTED] + [("general", f) for f in list(PLANTED)[1:3]]
+
+
+@pytest.fixture(scope="module")
+def faulted():
+    """The programs and inputs the planted faults run on: four K groups, scales that differ everywhere."""
+    out = {form: program(form, "e4m3", (32, 64, 128), {}) for form in FORMS}
+    return out, inputs_of(out["general"], seed=4)
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize(("form", "fault"), FAULTS)
+def test_a_fault_planted_in_the_kernel_text_is_caught(faulted, form, fault):
+    programs, x = faulted
+    p = programs[form]
+    pattern, replacement = PLANTED[fault]
+
+    def planted(text):
+        out, n = re.subn(pattern, replacement, text)
+        assert n >= 1
+        return out
+
+    c = emulated(p, form, x, planted)
+    ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
+    assert not ok, how
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("form", FORMS)
+def test_nvcc_compiles_the_planned_kernel_for_sm89_and_sm90_without_spills(tmp_path, form):
+    gemm = spatialc.gemm(4096, 4096, 4096, "e4m3", scales="mx", out="bf16")
+    art = spatialc.lower(spatialc.build(gemm, "sm_90", form=form), form=form)
+    assert art.budget.form == form and "spatialc_e8m0_value(t3[" in art.program_cu
+    assert_clean(nvcc_compile(art.program_cu, tmp_path / "mx.cu", ("89", "90")), ("89", "90"))
+
+
+class MxDevice:
+    """A GPU stand-in on numpy: its kernel decodes the arguments' bytes — A and B as their 8-bit floats, each e8m0
+    scale code c as 2^(c − 127) — and stores the block-scaled sum of `programs.naive` (written apart from the
+    compiler) as the kernel's C."""
+
+    xp = np
+
+    def __init__(self, p, art):
+        self.p, self.args, self.uploads = p, L.kernel_args(art.launch), {}
+
+    def upload(self, x):
+        return np.asarray(x), False
+
+    def download(self, x, library, like):
+        return x
+
+    def load(self, kernel_cu, kernel_name, dyn_smem):
+        return "kernel"
+
+    def launch(self, kernel, grid, block, dyn_smem, args):
+        got = {}
+        for a, v in zip(self.args, args, strict=True):
+            self.uploads[a.name] = v.dtype
+            if a.role != "output":
+                x = untilize(v, a.tiles, a.elems, np, order=a.order)
+                fp8 = FORMATS.get({"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}.get(a.elem, ""))
+                got[a.name] = x.view(fp8) if fp8 else 2.0 ** (x.astype(np.float64) - 127)
+        kc, c = next((a, args[i]) for i, a in enumerate(self.args) if a.role == "output")
+        c[:] = tilize(naive(self.p, got, step=32).astype(np.float32), kc.tiles, np, order=kc.order)
+
+
+def test_run_lays_out_the_scales_as_their_e8m0_bytes():
+    """`spatialc.run`'s arguments for an MX kernel: the scales go up as one byte each (their codes), from ml_dtypes
+    arrays and from powers of two alike, and a stand-in device decoding them computes the interpreter's C."""
+    p = spatialc.build(spatialc.gemm(48, 40, 96, "e4m3", scales="mx"), "sm_89")
+    art = spatialc.lower(p)
+    x = inputs_of(p, seed=5)
+    want = spatialc.evaluate(p, x)
+    for scales in ("ml_dtypes", "floats"):
+        given = x if scales == "ml_dtypes" else {**x, **{s: x[s].astype(np.float64) for s in ("scale_a", "scale_b")}}
+        dev = MxDevice(p, art)
+        c = L.run_with(dev, art, **given)
+        assert np.array_equal(c, want), scales
+        assert dev.uploads["scale_a"] == dev.uploads["scale_b"] == np.uint8, dev.uploads
+
+
+def grouped_mx():
+    """A grouped MXFP8 GEMM (each expert its own e8m0 scales), ragged row counts (one group empty), and its inputs."""
+    groups, rows, n, k = 3, 40, 48, 192
+    p = spatialc.build(spatialc.grouped_gemm(groups, rows, n, k, "e4m3", scales="mx"), "sm_89", form="general")
+    rng = np.random.default_rng(3)
+    fmt, e8m0 = FORMATS["e4m3"], ml_dtypes.float8_e8m0fnu
+    return p, {
+        "A": rng.normal(size=(groups, rows, k)).astype(fmt),
+        "B": rng.normal(size=(groups, k, n)).astype(fmt),
+        "sizes": np.array([40, 0, 17], np.int32),
+        "scale_a": np.exp2(rng.integers(-4, 5, (groups, rows, k // 32))).astype(e8m0),
+        "scale_b": np.exp2(rng.integers(-4, 5, (groups, k // 32, n))).astype(e8m0),
+    }
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_grouped_mx_gemm_emulated_within_the_bound():
+    """The host program lays each group's e8m0 codes on its own tiles (w4_host.cuh's spatialc_tilize_e8m0_groups)."""
+    p, x = grouped_mx()
+    c = emulated(p, "general", x)
+    ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
+    assert ok, how
+    assert not c[1].any()  # the empty group's rows are not written
+
+
+class BytesDevice(MxDevice):
+    """A stand-in that keeps each argument's bytes and writes nothing."""
+
+    def launch(self, kernel, grid, block, dyn_smem, args):
+        self.got = {a.name: (a, v) for a, v in zip(self.args, args, strict=True)}
+
+
+def test_run_lays_out_a_grouped_gemms_scales_a_group_at_a_time():
+    p, x = grouped_mx()
+    art = spatialc.lower(p, form="general")
+    dev = BytesDevice(p, art)
+    L.run_with(dev, art, **x)
+    for name in ("scale_a", "scale_b"):
+        a, v = dev.got[name]
+        assert v.dtype == np.uint8
+        codes = untilize(v, a.tiles, a.elems, np, groups=a.groups)
+        assert np.array_equal(2.0 ** (codes.astype(np.float64) - 127), x[name].astype(np.float64)), name
