@@ -38,11 +38,13 @@ class W4Rows:
         given, a64, b64 = blaming(REFERENCE, lambda: self._inputs(program, case))
         ref = a64 @ b64  # the float64 product: each contestant's largest error is against it
         tolerance = spatialc.tolerance(program, kernel=True)
+        _left(deadline)
+        bounded = blaming(REFERENCE, lambda: tolerance.against(given))  # one reference and bound for every form
         copies = copies_for(weight_bytes(case.weights, case.n, case.k), self.r._l2_bytes())
         verdicts = [("error", built.error)] if built.error else []
         for form in built.forms:
             _left(deadline)
-            mine, verdict = self._spatialc(case, form, given, (tolerance, ref), copies, deadline)
+            mine, verdict = self._spatialc(case, form, given, (tolerance, *bounded, ref), copies, deadline)
             row.contestants.append(mine)
             verdicts.append(verdict)
         row.status, row.note = settle(row.note, verdicts)
@@ -76,11 +78,11 @@ class W4Rows:
         self, form: Form, given: dict[str, Any], checks: Any, copies: int, deadline: Deadline
     ) -> tuple[Contestant, tuple[str, str]]:
         """One form's kernel: its arguments bound once (the 4-bit ones laid out on the host) and uploaded `copies`
-        times, one launch into poisoned C checked within the tolerance (`checks`: it and the float64 product), the
-        launches timed, C read again."""
+        times, one launch into poisoned C checked within the tolerance (`checks`: it, its reference and bound, and
+        the float64 product), the launches timed, C read again."""
         from ..runtime import launch as L
 
-        tolerance, ref = checks
+        tolerance, reference, bound_c, ref = checks
         name, prep = form.contestant, self.r._prepare(form)
         bound, _ = L.bound_operands(form.artifact, (), given)
         sets = [L.uploaded(prep, bound) for _ in range(copies)]
@@ -91,7 +93,7 @@ class W4Rows:
         out = next(iter(outs.values()))
         c = self._host(prep.result(out), prep.output.elem)
         _left(deadline)
-        right, how = tolerance.check(c, given)
+        right, how = tolerance.check_against(c, reference, bound_c, given)
         kernel = self.r._time(lambda i: prep.run(sets[i][0]), len(sets), deadline)
         again = self._host(prep.result(out), prep.output.elem)
         stable = bool(np.array_equal(again, c, equal_nan=True))

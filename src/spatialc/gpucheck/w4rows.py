@@ -177,10 +177,14 @@ def weights_of(program: Any, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def activations(program: Any, seed: int = 0) -> np.ndarray:
-    """A, uniform in A_RANGE as float32 (the launcher and the reference round it to bf16 alike)."""
-    m, k = program.tensor_named("A").elems
+    """A, uniform in A_RANGE and rounded to bf16 here (float32 holding bf16 values: nothing is rounded on the way
+    in, by the launcher or the reference)."""
+    from ..inputs import operand_values
+
+    a = program.tensor_named("A")
+    m, k = a.elems
     rng = np.random.default_rng(zlib.crc32(f"w4 A {seed} {m}x{k}".encode()))
-    return rng.uniform(*A_RANGE, (m, k)).astype(np.float32)
+    return np.asarray(operand_values(a.name, rng.uniform(*A_RANGE, (m, k)), a.dtype), np.float32)
 
 
 def operands(program: Any, given: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
