@@ -86,8 +86,8 @@ def gemm_of(case: Any, out: str | None = "bf16") -> Any:
     """The row's W4A16 program (unplanned): bf16 A, its format's weights, C in `out`."""
     import spatialc
 
-    kw = {} if out is None else {"out": out}
-    return spatialc.gemm(case.m, case.n, case.k, "bf16", weights=case.weights, **FORMATS[case.weights], **kw)
+    kw: dict[str, Any] = {**FORMATS[case.weights], **({} if out is None else {"out": out})}
+    return spatialc.gemm(case.m, case.n, case.k, "bf16", weights=case.weights, **kw)
 
 
 # ---- the build ---------------------------------------------------------------------------------------------------
@@ -214,8 +214,8 @@ def torch_mm(torch: Any, a: Any, weights: list[Any], c: Any) -> Callable[[int], 
 
 # ---- the table ---------------------------------------------------------------------------------------------------
 
-W4_COLUMNS = ("weights", "m×n×k", "MB", "contestant", "kernel µs", "GB/s of the weights", "of ceiling")
-W4_COLUMNS += ("torch / it", "max err", "correct", "status")
+W4_COLUMNS: tuple[str, ...] = ("weights", "m×n×k", "MB", "contestant", "kernel µs", "GB/s of the weights")
+W4_COLUMNS += ("of ceiling", "torch / it", "max err", "correct", "status")
 
 
 def _kernel_s(row: Row, name: str) -> float | None:
