@@ -61,7 +61,9 @@ class W4Rows:
         if _KEPT.get("key") != key:
             _KEPT.clear()
             weights = weights_of(program, self.r.seed)
-            _KEPT.update(key=key, weights=weights, b64=operands(program, {**weights, "A": activations(program)})[1])
+            _KEPT.update(
+                key=key, weights=weights, b64=operands(program, {**weights, "A": activations(program, self.r.seed)})[1]
+            )
         given = {**_KEPT["weights"], "A": activations(program, self.r.seed)}
         return given, a_values(program, given), _KEPT["b64"]
 
