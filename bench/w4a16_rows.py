@@ -5,9 +5,11 @@ Each row's spatialc program is built and verified here, its plan printed (decode
 chose), and its kernel printed (auto prints the general form; the persistent form prints it when asked).
 What a row reads at least once: the packed weights (K·N / 2 bytes), their scales and zero points, A and C.
 
-With `--gpu` (torch with CUDA), in one run on one device, for each row:
-- torch: `torch.mm(A, W)` in bf16 on the weights dequantised beforehand (what a framework without a W4A16 kernel
-  runs: the dequantised copy is 4× the packed bytes);
+The rows, their inputs and torch's baseline are the GPU check's (`spatialc.gpucheck.w4rows`: `python -m
+spatialc.gpucheck OUT --sizes w4:int4:1x4096x4096 …` measures the same rows, each C checked); this script is the
+quick look. With `--gpu` (torch with CUDA), in one run on one device, for each row:
+- torch: `torch.mm(A, W)` in bf16 on the row's own weights dequantised beforehand (`w4rows.operands`; what a
+  framework without a W4A16 kernel runs: the dequantised copy is 4× the packed bytes);
 - the copy-bandwidth ceiling: `dst.copy_(src)` of the packed weights' bytes, timed; a copy moves each byte twice, so
   the device's copy bandwidth is 2·bytes / time, and the ceiling is the row's bytes read once at that bandwidth;
 - spatialc: the row's kernel, built for the device's architecture and loaded by `spatialc.run`'s launcher; its
@@ -33,10 +35,8 @@ from dataclasses import dataclass
 import numpy as np
 
 import spatialc
-
-MS = (1, 16, 64)
-SIDES = (4096, 14336)
-FORMATS = {"int4": {"group": 128, "zeros": True}, "mxfp4": {}}
+from spatialc.gpucheck import w4rows
+from spatialc.gpucheck.w4rows import DEFAULT_FORMATS, MS, SIDES
 
 
 @dataclass(frozen=True)
@@ -51,25 +51,22 @@ class Row:
         return f"w4:{self.fmt}:{self.m}x{self.n}x{self.k}"
 
     @property
-    def group(self) -> int:
-        return 32 if self.fmt == "mxfp4" else 128
+    def weights(self) -> str:
+        return self.fmt  # (as the GPU check's cases name it)
 
     def bytes_read(self) -> int:
-        """The packed weights, their scales (bf16, or e8m0's one byte) and zero points (a byte each), A and C in
-        bf16: what the kernel reads and writes at least once."""
-        groups = self.k // self.group * self.n
-        side = groups * (1 if self.fmt == "mxfp4" else 2 + 1)
-        return self.k * self.n // 2 + side + 2 * self.m * self.k + 2 * self.m * self.n
+        """The packed weights, their scales (bf16, or e8m0's one byte) and zero points (a byte each: the GPU check's
+        `weight_bytes`), A and C in bf16: what the kernel reads and writes at least once."""
+        return w4rows.weight_bytes(self.fmt, self.n, self.k) + 2 * self.m * self.k + 2 * self.m * self.n
 
 
-def rows(ms=MS, sides=SIDES, formats=tuple(FORMATS)) -> list[Row]:
+def rows(ms=MS, sides=SIDES, formats=DEFAULT_FORMATS) -> list[Row]:
     return [Row(m, s, s, f) for f in formats for s in sides for m in ms]
 
 
 def program(row: Row, target: str = "sm_90", form: str = "auto") -> spatialc.SpatialProgram:
-    """The row's W4A16 GEMM, built and verified for `target`, planned for `form`."""
-    gemm = spatialc.gemm(row.m, row.n, row.k, "bf16", weights=row.fmt, **FORMATS[row.fmt])
-    return spatialc.build(gemm, target, form=form)
+    """The row's W4A16 GEMM (the GPU check's: C in bf16), built and verified for `target`, planned for `form`."""
+    return spatialc.build(w4rows.gemm_of(row), target, form=form)
 
 
 def prepared(row: Row) -> tuple[str, str]:
@@ -85,7 +82,7 @@ def prepared(row: Row) -> tuple[str, str]:
     try:
         art = spatialc.lower(p)
         kernel = f"printed ({art.budget.form} form)"
-        kernel += f", launched by spatialc.run's launcher: {launch_line(art)}"
+        kernel += f", launched by spatialc.run's launcher: {launch_line(art, p)}"
     except spatialc.SpatialError as e:
         kernel = str(e).split(":", 1)[0]
     return plan, kernel
@@ -94,7 +91,7 @@ def prepared(row: Row) -> tuple[str, str]:
 CHECKED_HERE = 1 << 24  # weights up to 4096² are bound by the launcher in the dry run (larger: GiBs of float64)
 
 
-def launch_line(art) -> str:
+def launch_line(art, p: spatialc.SpatialProgram) -> str:
     """What --gpu launches of the kernel: its arguments as the launcher binds them (the 4-bit ones laid out on the
     host), bound here on the CPU without a device for weights up to CHECKED_HERE values."""
     from spatialc.runtime import launch as L
@@ -102,32 +99,9 @@ def launch_line(art) -> str:
     k, n = next(x.elems for x in L.kernel_args(art.launch) if x.packed)
     if k * n > CHECKED_HERE:
         return "timed beside torch (its arguments bound on the GPU machine)"
-    bound, _ = L.bound_operands(art, (), {x.name: v for x, v in _inputs(art).items()})
+    bound, _ = L.bound_operands(art, (), w4rows.inputs(p))
     host = sum(1 for _, v in bound if isinstance(v, L.HostBytes))
     return f"{len(bound)} arguments bound ({host} laid out as 4-bit bytes on the host), timed beside torch"
-
-
-def _inputs(art) -> dict:
-    """Random inputs of the kernel's parameters by name (weights packed, scales, zero points, A)."""
-    from spatialc.numerics import w4
-    from spatialc.runtime import launch as L
-
-    rng = np.random.default_rng(0)
-    out = {}
-    for x in L.kernel_args(art.launch):
-        if x.role in ("output", "workspace"):
-            continue
-        if x.packed:  # uniform over the format's codes
-            fmt = {"int4": "int4", "uint4": "uint4"}.get(x.elem, "mxfp4")
-            codes = rng.integers(0, 16, x.elems).astype(np.uint8)
-            out[x] = w4.pack_int4(w4.from_codes(codes, w4.format_dtype(fmt)), fmt)
-        elif x.elem == "float8_e8m0fnu":
-            out[x] = 2.0 ** rng.integers(-4, 2, x.elems)
-        elif x.elem in ("int4", "uint4"):
-            out[x] = rng.integers(0, 8, x.elems)
-        else:
-            out[x] = rng.uniform(-1, 1, x.elems)
-    return out
 
 
 def dry_run(selected: list[Row]) -> list[str]:
@@ -157,9 +131,10 @@ def spatialc_ms(torch, row: Row, form: str = "auto") -> float:
     from spatialc.runtime import launch as L
 
     major, minor = torch.cuda.get_device_capability()
-    art = spatialc.lower(program(row, f"sm_{major}{minor}", form), form=form)
+    p = program(row, f"sm_{major}{minor}", form)
+    art = spatialc.lower(p, form=form)
     prep = L.prepare(art)
-    bound, _ = L.bound_operands(art, (), {x.name: v for x, v in _inputs(art).items()})
+    bound, _ = L.bound_operands(art, (), w4rows.inputs(p))
     buffers, _ = L.uploaded(prep, bound)
     prep.run(buffers)
     prep.check()  # once: a loop count past its bound would say so
@@ -172,12 +147,15 @@ def measured(row: Row) -> str:
     import torch
 
     dev = "cuda"
-    packed = torch.randint(0, 256, (row.k // 2, row.n), dtype=torch.uint8, device=dev)
-    w = torch.randn(row.k, row.n, dtype=torch.bfloat16, device=dev)  # the dequantised weights (values: any)
-    a = torch.randn(row.m, row.k, dtype=torch.bfloat16, device=dev)
+    p = program(row)
+    a64, b64 = w4rows.operands(p, w4rows.inputs(p))  # A and the weights dequantised (bf16 values, exactly)
+    a = torch.from_numpy(a64.astype(np.float32)).to(dev, torch.bfloat16)
+    w = torch.from_numpy(b64.astype(np.float32)).to(dev, torch.bfloat16)
     c = torch.empty(row.m, row.n, dtype=torch.bfloat16, device=dev)
+    packed = torch.randint(0, 256, (row.k // 2, row.n), dtype=torch.uint8, device=dev)
     dst = torch.empty_like(packed)
-    t_mm = _median_ms(torch, lambda: torch.mm(a, w, out=c))
+    mm = w4rows.torch_mm(torch, a, [w], c)
+    t_mm = _median_ms(torch, lambda: mm(0))
     t_copy = _median_ms(torch, lambda: dst.copy_(packed))
     bandwidth = 2 * packed.numel() / (t_copy * 1e-3)  # bytes a second: a copy reads and writes each byte
     ceiling = row.bytes_read() / bandwidth * 1e3

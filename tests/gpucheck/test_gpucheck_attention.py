@@ -41,7 +41,7 @@ def test_attention_sizes_are_fp16_and_bf16_rows_run_last():
     for bad in ("att:2:64:32", "att:2x3:64", "att:2x3:64:32:sideways", "att:0x3:64:32"):
         with pytest.raises(SpatialError, match="not att:BATCHxHEADS:SEQ:HEAD_DIM"):
             cases_of([bad], ["bf16"])
-    order = [c for c in cases_of(DEFAULT_SIZES, ["int8", "fp16", "bf16"])]
+    order = [c for c in cases_of(DEFAULT_SIZES, ["int8", "fp16", "bf16"]) if not c.weights]  # W4A16's after
     atts = [c for c in order if c.heads[0]]
     assert len(atts) == 24 and order[-24:] == atts  # 12 shapes (d128, d64; causal and not) × fp16, bf16
     assert {(c.heads[0] * c.heads[1], c.m, c.k) for c in atts} == {

@@ -56,7 +56,9 @@ def test_sizes_parse_and_cases_are_size_major():
 
 
 def test_default_plan_covers_the_asked_sizes():
-    sizes = {parse_size(s) for s in DEFAULT_SIZES if not s.startswith(("g", "mc", "map:", "fused:", "fp8", "att:"))}
+    sizes = {
+        parse_size(s) for s in DEFAULT_SIZES if not s.startswith(("g", "mc", "map:", "fused:", "fp8", "att:", "w4:"))
+    }
     assert {(256,) * 3, (8192,) * 3, (1000,) * 3, (4097, 513, 1031), (128, 128, 65536), (512, 512, 32768)} <= sizes
     grouped = [c for c in cases_of(DEFAULT_SIZES, ["int8", "bf16"]) if c.groups > 1]
     assert [(c.groups, c.m, c.n, c.k, c.precision) for c in grouped] == [
@@ -80,7 +82,7 @@ def test_default_plan_covers_the_asked_sizes():
     # split-K and grouped GEMMs last of those; the fp8 rows after them all.
     order = [c.size for c in cases_of(DEFAULT_SIZES, ["bf16"])]
     assert order[:2] == ["4096x4096x4096", "8192x8192x8192"] and all(s.startswith("mc") for s in order[2:6])
-    gemms = [s for s in order if not s.startswith("att:")]  # attention last of all, after the fp8 rows
+    gemms = [s for s in order if not s.startswith(("att:", "w4:"))]  # attention after the fp8 rows, then W4A16
     assert gemms[-9:-5] == ["128x128x65536", "512x512x32768", "g8:4096x4096x4096", "g64:4096x4096x4096"]
     assert all(s.startswith("fp8:") for s in gemms[-5:-2]) and order[: len(gemms)] == gemms
     assert all(s.startswith("fp8bs:") for s in gemms[-2:])  # the block-scaled rows after the fp8 ones

@@ -454,6 +454,10 @@ class FakeTorch(type(sys)):
             product += 1.0
         return self._result(product.astype(np.float32), out, a.dtype)
 
+    def mm(self, a, b, out=None):
+        """torch.mm: the 2-D matmul (the W4A16 rows' baseline)."""
+        return self.matmul(a, b, out)
+
     def _scaled_mm(
         self, a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False, out=None
     ):
@@ -592,6 +596,7 @@ class FakeKernel:
         rows=None,
         fused=None,
         attention=None,
+        w4=False,
     ):
         if isinstance(fault, tuple):
             c = next(a for a in args if a.role == "output")
@@ -602,6 +607,7 @@ class FakeKernel:
         self.rows = rows  # a row program's (`row_program`): it computes that, as the reference does
         self.fused = fused  # a GEMM whose epilogue reads tensors of its own (`fused_program`): likewise
         self.attention = attention  # an attention kernel's causal flag (`attention_of`): it computes O and LSE
+        self.w4 = w4  # a W4A16 kernel (packed 4-bit weights): it decodes their bytes and dequantises (`_w4`)
 
     def __call__(self, buffers):
         self.cp.launch(lambda: self._compute(buffers))
@@ -634,6 +640,9 @@ class FakeKernel:
             return
         if self.attention is not None:
             self._attention(buffers)
+            return
+        if self.w4:
+            self._w4(buffers)
             return
         if self.args[0].groups > 1:
             self._grouped(buffers)
@@ -764,6 +773,40 @@ class FakeKernel:
             buf[:] = tilize(stored, arg.tiles, np, order=arg.order, groups=arg.groups)
         if self.fault == "miss":
             buffers[3][17] = poison_value(self.args[3].storage)
+
+    def _w4(self, buffers):
+        """A W4A16 kernel: its packed weights' bytes decoded by the launcher's layout (runtime/w4_args.py, read
+        backwards), dequantised by numerics.w4.dequant with its scales and zero points, A @ B in float64, C rounded
+        to its type; `fault` "zeros" leaves the zero points out, "miss" leaves element 17 poisoned."""
+        from spatialc.numerics import w4
+        from spatialc.runtime.tilize import quantize
+        from spatialc.runtime.w4_args import PACKED_TILE, TILE_ORDER
+
+        by = {a.name: (a, buffers[i]) for i, a in enumerate(self.args)}
+        (ka, a), (kb, b), (ks, s), (kc, c) = by["A"], by["B"], by["scale"], by["C"]
+        (k, n), tiles = kb.elems, kb.tiles
+        row_major = np.empty((b.size // 128, 128), np.uint8)
+        row_major[:, TILE_ORDER] = b.reshape(-1, 128)  # each tile's bytes back in row-major order
+        pairs = untilize(row_major.reshape(-1), tiles, (tiles[0] * 8, tiles[1] * 16), np, PACKED_TILE)
+        codes = np.empty((tiles[0] * 16, tiles[1] * 16), np.uint8)
+        codes[0::2], codes[1::2] = pairs & 15, pairs >> 4
+        fmt = {"int4": "int4", "uint4": "uint4"}.get(kb.elem, "mxfp4")
+        q = w4.from_codes(codes[:k, :n], w4.format_dtype(fmt)).astype(np.float64)
+        scale = untilize(s, ks.tiles, ks.elems, np)
+        if ks.elem == "bfloat16":
+            scale = bf16_to_float32(scale, np)
+        elif ks.elem == "float8_e8m0fnu":
+            scale = 2.0 ** (scale.astype(np.float64) - 127)
+        zero = None
+        if "zeros" in by and self.fault != "zeros":
+            kz, z = by["zeros"]
+            zero = untilize(z, kz.tiles, kz.elems, np)
+            zero = (zero.view(np.int8) if kz.elem == "int4" else zero).astype(np.float64)
+        d = w4.dequant_matrix(q, scale.astype(np.float64), zero, k // ks.elems[0], "bf16")
+        av = bf16_to_float32(untilize(a, ka.tiles, ka.elems, np), np).astype(np.float64)
+        c[:] = tilize(quantize(av @ d, kc.elem, np), kc.tiles, np, order=kc.order)
+        if self.fault == "miss":
+            c[17] = poison_value(kc.storage)
 
     def _grouped(self, buffers):
         """A grouped GEMM's kernel: each group's rows below its count (the `sizes` buffer) written, the rest left
@@ -905,6 +948,10 @@ class FakeDevice:
     def __init__(self, cp, state):
         self.cp, self.xp, self.state = cp, cp, state
 
+    def upload(self, x):
+        """Host bytes to the device (`launch.uploaded`'s 4-bit arguments laid out on the host), as they are."""
+        return np.array(x), False
+
     @property
     def sms(self):
         return self.cp.props["multiProcessorCount"]
@@ -948,6 +995,9 @@ class _Loading:
     def load(self, kernel_cu, kernel_name, dyn_smem):
         return self.kernel
 
+    def upload(self, x):
+        return self.device.upload(x)
+
     def launch(self, *args):
         self.device.launch(*args)
 
@@ -985,8 +1035,9 @@ def install_fake_gpu(monkeypatch):
         mapped = map_formula(artifact.kernel_cu) if rows is None and attention is None else None
         fused = fused_program(args)
         fault = state["fault"]
+        w4 = any(getattr(a, "packed", False) for a in args)  # packed 4-bit weights: a W4A16 kernel
         kernel = FakeKernel(
-            cp, args, fault, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped, rows, fused, attention
+            cp, args, fault, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped, rows, fused, attention, w4
         )
         return real_prepare(artifact, _Loading(dev, kernel))
 

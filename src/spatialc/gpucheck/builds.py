@@ -135,6 +135,10 @@ def _build(case: Case, target: str, out: str | None) -> Built:
             from .attnrows import attention_case
 
             return attention_case(built, target)
+        if case.weights:  # W4A16: each form of w4rows.W4_FORMS for its own plan (w4rows.py)
+            from .w4rows import w4_case
+
+            return w4_case(built, target, out)
         kw: dict[str, Any] = {} if out is None else {"out": out}
         if case.blockscaled:  # DeepGEMM's block scales (blockscaled.py)
             kw["scales"] = BLOCK_LAYOUTS

@@ -16,6 +16,7 @@ from ..runtime.tilize import ELEMENT_DTYPES
 from .attnrows import ATTENTION_PRECISIONS, parse_attention
 from .blockscaled import parse_blockscaled
 from .fp8 import FP8_PRECISIONS, parse_fp8
+from .w4rows import default_sizes as w4_sizes
 
 PRECISIONS = ("int8", "fp16", "bf16")
 # In the order a short budget should keep them (rows run in this order; what the budget does not reach is skipped):
@@ -30,8 +31,9 @@ PRECISIONS = ("int8", "fp16", "bf16")
 # against cuBLAS, which splits such shapes too); last grouped GEMMs (gG:MAXROWSxNxK: G groups with row counts drawn
 # from 0..MAXROWS, fp16 / bf16 only); then, after every row the table had before them, so that they never push those
 # out of a short budget, fp8 GEMMs with dequant scales (fp8:KIND:SIZE, the row's precision its kind: gpucheck/fp8.py)
-# against torch._scaled_mm; last attention (att:BATCHxHEADS:SEQ:HEAD_DIM[:causal], fp16 / bf16: gpucheck/attnrows.py)
-# against torch's SDPA backends and flash_attn.
+# against torch._scaled_mm; then attention (att:BATCHxHEADS:SEQ:HEAD_DIM[:causal], fp16 / bf16: gpucheck/attnrows.py)
+# against torch's SDPA backends and flash_attn; last the W4A16 decode rows (w4:FORMAT:MxNxK, bf16 A and 4-bit
+# weights: gpucheck/w4rows.py) against torch's mm on the weights dequantised beforehand and the copy bandwidth.
 DEFAULT_SIZES = (
     "4096",
     "8192",
@@ -79,6 +81,7 @@ DEFAULT_SIZES = (
     "att:2x16:8192:64:causal",
     "att:1x16:16384:64",
     "att:1x16:16384:64:causal",
+    *w4_sizes(),
 )
 # The plan sweep (`sweep:SIZE`): the persistent kernel and the sm_90a form at their planners' plans and the plans one
 # change away (gpucheck/sweep.py), beside cuBLAS. Not in the default run: a session's second GPU run, prepared with
@@ -181,6 +184,7 @@ class _Product:
     fused: bool
     heads: tuple[int, int]
     causal: bool
+    weights: str
 
     @property
     def size(self) -> str:
@@ -199,12 +203,18 @@ class _Product:
             head = "fused:"
         if self.precision in FP8_PRECISIONS:
             head = "fp8bs:" if self.blockscaled else "fp8:"
+        if self.weights:
+            head = f"w4:{self.weights}:"
         return f"{head}{self.m}x{self.n}x{self.k}"
 
     @property
     def ops(self) -> int:
         if self.map:
             return map_bytes(self)
+        if self.weights:  # a W4A16 row's rates count the weights' bytes, read once (gpucheck/w4rows.py)
+            from .w4rows import weight_bytes
+
+            return weight_bytes(self.weights, self.n, self.k)
         if self.heads[0]:  # 4·seq_q·seq_kv·head_dim a head (Q·Kᵀ and P·V), half of it kept by a causal mask
             per_head = 4 * self.m * self.n * self.k // (2 if self.causal else 1)
             return per_head * self.heads[0] * self.heads[1]
@@ -237,6 +247,7 @@ class Case(_Product):
     heads: tuple[int, int] = (0, 0)
     causal: bool = False
     blockscaled: bool = False  # an fp8 GEMM of DeepGEMM's block scales (gpucheck/blockscaled.py)
+    weights: str = ""  # a W4A16 GEMM's 4-bit format (int4, uint4, mxfp4), A and C bf16 (gpucheck/w4rows.py)
 
 
 def map_bytes(product: Any) -> int:
@@ -338,7 +349,13 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
         if p not in PRECISIONS:
             raise SpatialError(f"unknown precision {p!r}; use {', '.join(PRECISIONS)}")
     out = []
+    from .w4rows import parse_w4
+
     for s in sizes:
+        w4 = parse_w4(s)
+        if w4 is not None:  # bf16 activations, whatever the run's list (gpucheck/w4rows.py)
+            out.append(Case(*w4[1], "bf16", weights=w4[0]))
+            continue
         mapped = parse_map(s)
         if mapped is not None:
             out += [Case(*mapped[1], 0, p, map=mapped[0]) for p in precs if p in MAP_PRECISIONS]
@@ -456,6 +473,8 @@ def kernel_path(case: Case, name: str) -> str:
         return f"{name} (attention)"
     if case.precision in FP8_PRECISIONS:  # 8-bit float operands: their own loads and MMAs
         return f"{name} (fp8)"
+    if case.weights:  # 4-bit weights dequantised in registers: a kernel of its own
+        return f"{name} (w4)"
     return name
 
 
@@ -534,6 +553,7 @@ class Row(_Product):
     heads: tuple[int, int] = (0, 0)  # attention's (batch, heads) (gpucheck/attnrows.py)
     causal: bool = False
     blockscaled: bool = False  # DeepGEMM's block scales (gpucheck/blockscaled.py)
+    weights: str = ""  # a W4A16 row's 4-bit format (gpucheck/w4rows.py)
 
     def spatialc(self, form: str) -> Contestant | None:
         """The contestant of spatialc's kernel in `form` (None: the row has none)."""
@@ -557,6 +577,7 @@ def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
         heads=case.heads,
         causal=case.causal,
         blockscaled=case.blockscaled,
+        weights=case.weights,
         **facts,
     )
 

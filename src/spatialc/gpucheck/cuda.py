@@ -111,6 +111,10 @@ class PreparedDevice:
     def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple[Any, ...]) -> None:
         self.base.launch(kernel, grid, block, dyn_smem, args)
 
+    def upload(self, x: Any) -> tuple[Any, bool | str]:
+        """`x` on the device, as the base device uploads it (`launch.uploaded`: a W4A16 row's host-laid bytes)."""
+        return self.base.upload(x)
+
     # What a split-K row's cooperative kernel and a multicast row's clusters need of the device: without them the
     # launcher refuses the first (it cannot launch cooperatively, or tell whether all its sites fit) and cannot
     # check the second against the clusters the device holds at once.

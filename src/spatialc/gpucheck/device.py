@@ -234,8 +234,15 @@ class GpuRunner:
     def _measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
         # Every contestant of a row is timed the same way: by events where one of its libraries cannot be captured.
         self.row_graphs = (
-            case.groups > 1 or bool(case.map) or not any(name in self.uncaptured for name, _ in baselines_of(case))
+            case.groups > 1
+            or bool(case.map or case.weights)
+            or not any(name in self.uncaptured for name, _ in baselines_of(case))
         )
+        if case.weights:  # W4A16: torch's mm on dequantised weights and the copy, in GB/s of the weights (w4rows.py)
+            from .w4measure import W4Rows
+
+            W4Rows(self).measure(case, built, row, deadline)
+            return
         if case.map:  # an elementwise map: torch's formula and the copy bandwidth, in GB/s (maps.py)
             from .maprows import MapRows
 

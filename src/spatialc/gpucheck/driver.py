@@ -243,8 +243,9 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> argparse.Na
         "sweep:SIZE each form's plans around its planner's, fused:SIZE the GEMM with row and column scales and a "
         "residual fused (bf16) beside the plain GEMM, map:KIND:MxN an elementwise map (swiglu, residual, gelu) or a "
         "norm (softmax, rmsnorm, layernorm) against torch and the copy bandwidth, fp8:KIND:SIZE an e4m3 or e5m2 "
-        "GEMM with dequant scales against torch._scaled_mm (its precision its own) (default: the check's own list; "
-        "with --prepare also "
+        "GEMM with dequant scales against torch._scaled_mm (its precision its own), w4:FORMAT:MxNxK a W4A16 GEMM "
+        "(bf16 A, int4 / uint4 / mxfp4 weights) against torch's mm and the copy bandwidth (default: the check's own "
+        "list; with --prepare also "
         f"{' '.join(SWEEP_SIZES)}, for a second run)",
     )
     ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), help=f"of {', '.join(PRECISIONS)}")

@@ -106,6 +106,8 @@ def _dry_form(case: Case, form: Form, target: str, manifest: Any, out: Callable[
         sweep = form.facts["sweep"]
         out(f"    plan      {sweep['change']}: {form.facts['own_plan']}")
         out(f"    predicted {sweep['predicted']:.2f}× the speed of its planner's plan, by the planner's own cost")
+    elif "w4_plan" in form.facts:
+        out(f"    plan      its own ({form.name} form): {form.facts['w4_plan']}")
     elif "own_plan" in form.facts:
         whose = "built for sm_90a" if form.name == HOPPER_FORM else "the case's leaves it no room"
         out(f"    plan      its own ({whose}): {form.facts['own_plan']}")
@@ -147,6 +149,10 @@ def contenders(case: Case, built: Built) -> list[str]:
         from .attnrows import contenders as attention_contenders
 
         return attention_contenders(case, built)
+    if case.weights:  # w4rows.py: each form, torch's mm on the dequantised weights and the copy, kernel only
+        from .w4rows import contenders as w4_contenders
+
+        return w4_contenders(case, built)
     if case.map:  # maps.py: torch's formula and the copy, in GB/s
         from .maps import contenders as map_contenders
 

@@ -199,26 +199,32 @@ class MapRows:
         return Contestant(kind.contestant, "torch", end_to_end, kernel_t, max(err_k, err_e), True, detail)
 
     def _copy(self, case: Case, deadline: Deadline) -> Contestant:
-        """Half the row's bytes copied device to device, so that as many bytes move as the map reads and writes:
-        source buffers rotated like the inputs (each holding its own bytes), one destination."""
-        from .timing import copies_for
+        """Half the row's bytes copied device to device, so that as many bytes move as the map reads and writes."""
+        return copy_contestant(self.r, map_bytes(case), f"the map's {map_bytes(case)} bytes", deadline)
 
-        cp, torch = self.cp, self.r.torch
-        half = map_bytes(case) // 2
-        sources = [cp.full(half, i + 1, dtype=cp.uint8) for i in range(copies_for(half, self.r._l2_bytes()))]
-        src = [torch.from_dlpack(x) for x in sources]
-        dst = torch.empty((half,), dtype=torch.uint8, device=src[0].device)
 
-        def kernel(i: int) -> None:
-            dst.copy_(src[i])
+def copy_contestant(runner: Any, total: int, what: str, deadline: Deadline) -> Contestant:
+    """The device's copy bandwidth over `total` bytes moved (`what` they are): half of them copied device to device
+    and as many written, source buffers rotated like a row's inputs (each holding its own bytes), one destination;
+    its kernel time is the time to move `total` bytes at the copy's bandwidth (the map rows', the W4A16 rows')."""
+    from .timing import copies_for
 
-        kernel(0)
-        self.r._sync(deadline)
-        if not bool(cp.all(self.r.libs.from_torch(dst) == 1)):
-            return Contestant(COPY, "copy", ok=False, note="wrong: the copy's bytes differ from its source's")
-        kernel_t = self.r._time(kernel, len(src), deadline)
-        detail = f"{half} bytes read and as many written, device to device: the map's {map_bytes(case)} bytes"
-        return Contestant(COPY, "copy", None, kernel_t, 0.0, True, detail)
+    cp, torch = runner.cp, runner.torch
+    half = total // 2
+    sources = [cp.full(half, i + 1, dtype=cp.uint8) for i in range(copies_for(half, runner._l2_bytes()))]
+    src = [torch.from_dlpack(x) for x in sources]
+    dst = torch.empty((half,), dtype=torch.uint8, device=src[0].device)
+
+    def kernel(i: int) -> None:
+        dst.copy_(src[i])
+
+    kernel(0)
+    runner._sync(deadline)
+    if not bool(cp.all(runner.libs.from_torch(dst) == 1)):
+        return Contestant(COPY, "copy", ok=False, note="wrong: the copy's bytes differ from its source's")
+    kernel_t = runner._time(kernel, len(src), deadline)
+    detail = f"{half} bytes read and as many written, device to device: {what}"
+    return Contestant(COPY, "copy", None, kernel_t, 0.0, True, detail)
 
 
 def check_outputs(

@@ -19,14 +19,15 @@ def rate(ops: int, seconds: float | None) -> float | None:
 
 
 def row_rate(row: Row, seconds: float | None) -> float | None:
-    """A row's rate for a time: T(FL)OP/s of a product, GB/s of the bytes a map moves."""
-    if not row.map:
+    """A row's rate for a time: T(FL)OP/s of a product, GB/s of the bytes a map moves (a W4A16 row's: its
+    weights')."""
+    if not (row.map or row.weights):
         return rate(row.ops, seconds)
     return None if seconds is None or seconds <= 0 else row.ops / seconds / 1e9
 
 
 def unit_of(row: Row) -> str:
-    return MAP_UNIT if row.map else UNIT.get(row.precision, "TOP/s")
+    return MAP_UNIT if row.map or row.weights else UNIT.get(row.precision, "TOP/s")
 
 
 def _median(t: Timing | None) -> float | None:
@@ -97,6 +98,8 @@ def size_cell(row: Row) -> str:
     """A row's size as the tables write it, its dimensions joined by × (a map's kind, which may hold an x, kept)."""
     if row.map:
         return f"map:{row.map}:{row.m}×{row.n}"
+    if row.weights:  # its format's name may hold an x (mxfp4)
+        return f"w4:{row.weights}:{row.m}×{row.n}×{row.k}"
     return row.size.replace("x", "×")
 
 

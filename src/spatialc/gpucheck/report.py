@@ -57,6 +57,7 @@ from .rates import (
     size_cell,
     unit_of,
 )
+from .w4rows import w4_lines, w4_summary
 
 HEADER_KEYS = ("date", "state", "gpu", "sms", "clocks", "commit", "target", "budget_s", "elapsed_s", "versions")
 NOTE_KEYS = ("prepared", "outputs", "timing", "kernel_timing")
@@ -70,6 +71,9 @@ def row_dict(row: Row) -> dict[str, Any]:
     d["size"], d["unit"], d["ops"] = row.size, unit_of(row), row.ops  # ops: the rates' work (a map's: its bytes)
     if row.map:
         d["map_timings"] = map_summary(row)  # its rates in GB/s; d["map"] stays its kind
+        return d
+    if row.weights:
+        d["w4_timings"] = w4_summary(row)  # kernel only, in GB/s of the weights, against torch and the copy
         return d
     d["timings"] = {}
     for way in WAYS:
@@ -302,12 +306,14 @@ def to_markdown(header: dict[str, Any], rows: list[Row]) -> str:
     """The report as Markdown: the header, the preflight, the main table, the maps', every contestant, the
     kernels."""
     lines = ["# spatialc GPU check", "", *header_lines(header), *preflight_lines(header)]
-    products = [r for r in rows if not r.map]  # a map row's table is its own (maptable.py)
+    products = [r for r in rows if not r.map and not r.weights]  # tables of their own: maptable.py, w4rows.py
+
     if products or not rows:
         lines += ["", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(table_cells(r)) + " |" for r in products]
         lines += ["", PER_FORM]
     lines += map_lines(rows)
+    lines += w4_lines(rows)
     timings = [c.timing(w) for r in rows for c in r.contestants for w in WAYS]
     if any(t is not None and t.launch_bound for t in timings):
         lines += ["", "‡ launch-bound: the host issued the launches no faster than the device ran them."]

@@ -255,6 +255,15 @@ class Tolerance:
             return all(ok for _, ok, _ in told), f"{each} (bound: {self.text})"
         return self._within(c, ref, bound, inputs)
 
+    def against(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """The reference and each element's bound for these inputs, made once where several results of one program
+        and the same inputs are checked (`check_against`: the GPU check's kernels of one row, each form's C)."""
+        return self._against(inputs)
+
+    def check_against(self, c: Any, ref: np.ndarray, bound: np.ndarray, inputs: Mapping[str, Any]) -> tuple[bool, str]:
+        """`check` of one output against the reference and bound `against(inputs)` made."""
+        return self._within(c, ref, bound, inputs)
+
     def _within(self, c: Any, ref: np.ndarray, bound: np.ndarray, inputs: Mapping[str, Any]) -> tuple[bool, str]:
         """Whether one output `c` is within `bound` of `ref`, and how close it is."""
         if np.shape(c) != ref.shape:
