@@ -28,7 +28,7 @@ from ..target import SpatialTarget
 from ..weights import dequant_stage
 from .tile import DEQUANT_PROLOGUE
 
-W4_FORMS = ("auto", "general")
+W4_FORMS = ("auto", "general", "sm90a")  # auto prints the general form (bench/README.md)
 
 
 def is_w4_program(p: SpatialProgram) -> bool:
@@ -71,8 +71,8 @@ def build_w4(
     (pipeline's passes with everything else as asked), `with_dequant` puts the prologue back."""
     if form not in W4_FORMS:
         raise ProgramError(
-            f"a W4A16 GEMM (4-bit weights) is printed by the general form only; form={form!r} cannot take it: use"
-            " form='general' or 'auto' (--form general)"
+            f"a W4A16 GEMM (4-bit weights) is printed by the general and the sm_90a forms only; form={form!r} cannot"
+            " take it: use form='general', 'sm90a' or 'auto' (--form general)"
         )
     if multicast not in (None, (1, 1)):
         raise ProgramError(
@@ -80,7 +80,8 @@ def build_w4(
         )
     token = DEQUANT_PROLOGUE.set(True)  # the planner prices the prologue's dequant work (tile.dequant_cost)
     try:
-        planned = run(plain_of(program), "general")
+        # The sm_90a form's plan lays A and B out in panels (the consumers dequantise into B's: sm90a/dequant.py).
+        planned = run(plain_of(program), "sm90a" if form == "sm90a" else "general")
     finally:
         DEQUANT_PROLOGUE.reset(token)
     return with_dequant(planned, program)

@@ -1,0 +1,200 @@
+"""A W4A16 GEMM in the sm_90a form (issue 34, item 6): the packed weights by bulk copy, dequantised by the consumer
+warpgroups into B's operand page of swizzled panels, which wgmma reads from shared memory.
+
+The design is the consumer-side dequant ("design (a)" of docs/forms.md), not Machete's transposed product (C^T = W^T
+X^T, the weights wgmma's A operand straight from registers). wgmma takes only A from registers: with the weights as
+A the activations would be B, the accumulators C^T, and the epilogue, the staged TMA store, the fused chain and the
+plan (items of 64 weight rows × a few activation columns) would all be printed transposed — a second GEMM kernel.
+The consumer-side dequant keeps the form's kernel whole: the IR's own W4A16 schedule (`passes/dequant.py`: Wait Bq;
+Reserve B; Dequant Bq → B; Push B; Pop Bq; Wait B; matmul; Pop B) prints as it stands, B's ring the one the plain
+GEMM's copy engine would have filled, now written by the consumers.
+
+- The packed page (`PackedRows`). B's packed tensor stays tiled as the general form stores it (128 bytes a tile;
+  common/dequant.py), so a page's tile row of `block_w` tiles is `block_w` × 128 contiguous bytes: the producer
+  lands each with one bulk copy (cp.async.bulk, no tensor map), all announced on the slot's full barrier with its
+  one arrival, exactly as a TMA page is (`spatialc_bulk_load`, dequant90.cuh).
+- The dequant (`W4HopperPrinter.dequant`). Every consumer thread takes 32-bit words of the front packed page in
+  turn: word L of a tile holds what lane L of an mma.sync would hold of it (rows 2t, 2t + 1, 2t + 8, 2t + 9 of
+  columns n and n + 8), which common/dequant.cuh's `spatialc_w4_regs` — the register path's one text of the nibble
+  → float conversion and the scale and zero point — turns into four registers of two operand values; each value is
+  stored at its place in B's N-major panels, swizzled as the copy engine would have landed it (ir/nodes.py's
+  `panel_offset`, `spatialc_panel_byte`). The tile's scales and zero points are one group's (a group is whole tiles
+  of K), read as 32-bit words.
+- The handover. wgmma reads shared memory through the async proxy: each thread's stores are made visible to it by a
+  `fence.proxy.async` of its own before it arrives on B's full barrier (the Push), and the consumers wait on that
+  barrier (the Wait) before any wgmma reads the page. The emulation checks both (`check_proxy_read`): a store with
+  no fence since, or a fence no barrier orders before the wgmma, is a race.
+- The K loop is not pipelined (`HopperPrinter.pipelined` wants waits, one matmul, pops): each step's wgmma group is
+  waited for before its stages go back (`wait_group 0` at the first Pop), and the next step's dequant follows. At
+  decode the kernel is bound by the packed weights' bytes, which the producer keeps `depth` pages ahead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ....ir.ids import LoopVar
+from ....ir.names import plain
+from ....ir.nodes import PageLayout, SpatialProgram, panel_bytes
+from ....ir.ops import ChoreoOp, Compute, Dequant, Push, ReadTiles
+from ...errors import NeedsGeneral, Unsupported
+from ..common.cwriter import addr_expr
+from ..common.dequant import PACKED_RING, PACKED_TILE, REG_FORMAT, REG_SCALE_READ, REG_ZERO_READ, is_packed
+from ..common.program import W4_PROGRAM
+from ..common.rings import TILE_ELEMS, Ring, Rings
+from .printer import HopperPrinter
+from .tma import Panels
+
+OPERANDS = ("__nv_bfloat16", "__half")  # the 16-bit operands the weights dequantise to
+
+
+@dataclass(frozen=True, slots=True)
+class PackedRows:
+    """How a packed page lands: `block_h` rows of `block_w` packed tiles, each row one bulk copy of contiguous bytes
+    of the tiled tensor (its tiles one after another), row i at byte i × block_w × PACKED_TILE of the page."""
+
+    block_h: int
+    block_w: int
+
+    width = 0  # no swizzle
+    transposed = False
+
+    @property
+    def row_bytes(self) -> int:
+        return self.block_w * PACKED_TILE
+
+    @property
+    def period(self) -> int:
+        """The alignment a page keeps: a bulk copy's destination is on 16 bytes; a stage on 128 reads as any."""
+        return 128
+
+
+def packed_reads(p: SpatialProgram, rings: Rings, reader_ops: list[ChoreoOp]) -> dict[int, PackedRows]:
+    """Each ring of packed pages the reader fills, and how its page lands; refused by name where a page is not rows
+    of whole tiles of the tiled tensor."""
+    found: dict[int, PackedRows] = {}
+    for op in reader_ops:
+        if not (isinstance(op, ReadTiles) and is_packed(p.tensor(op.tensor))):
+            continue
+        ring = rings.kept(op.into)
+        assert ring is not None and ring.c_type == PACKED_RING, "a packed ring (common/dequant.py packed_rings)"
+        if op.stride_w != 1 or op.block_h * op.block_w * PACKED_TILE != ring.page:
+            raise Unsupported(
+                f"a read of {p.tensor(op.tensor).name}'s packed tiles with strides ({op.stride_h}, {op.stride_w})",
+                "a bulk copy lands a row of consecutive tiles",
+            )
+        rows = PackedRows(op.block_h, op.block_w)
+        if found.setdefault(ring.id, rows) != rows:
+            raise Unsupported(f"pages of two shapes in {ring.name}", "each stage is laid out for one shape")
+    return found
+
+
+def operand_panels(p: SpatialProgram, rings: Rings, compute_ops: list[ChoreoOp], operand: str) -> dict[int, Panels]:
+    """B's operand ring each dequant writes, as the panels wgmma reads (16-bit B N-major: its K rows panel rows, as
+    a TMA load of the plain GEMM would have landed them); refused by name where the program was planned for the
+    general form (its B pages are not panels) or the operand is not 16-bit."""
+    found: dict[int, Panels] = {}
+    for op in compute_ops:
+        if not (isinstance(op, Compute) and isinstance(op.op, Dequant)):
+            continue
+        dst = rings.kept(op.outs[0])
+        assert dst is not None
+        if dst.layout != PageLayout.PANELS:
+            raise NeedsGeneral(
+                f"{W4_PROGRAM} planned for the general form ({dst.name} in {dst.layout.value} pages) in the sm_90a"
+                " form",
+                "build it with form='sm90a' (--form sm90a) for its B pages in panels",
+            )
+        if operand not in OPERANDS:
+            raise Unsupported(f"a dequant to {operand}", "4-bit weights dequantise to bf16 or fp16")
+        cols = op.op.width * 16
+        rows = dst.page // cols
+        width = panel_bytes(cols * 2)
+        if width is None:
+            raise Unsupported(f"rows of {cols * 2} bytes in {dst.name}'s pages", "a swizzled panel is 32 to 128 wide")
+        found[dst.id] = Panels(rows, cols * 2, width, False, 2)
+    return found
+
+
+def check_dequant_pages(rings: Rings, offsets: dict[str, int], panels: dict[int, Panels]) -> None:
+    """Each dequantised page on its swizzle's period (offset swizzle = address swizzle: the stage base is on 1024)."""
+    for rid, pan in panels.items():
+        ring = rings.rings[rid]
+        off = offsets[f"ring_{rid}"]
+        if off % 1024 or (ring.page * ring.elem_bytes) % pan.period:
+            raise Unsupported(
+                f"{ring.name}'s pages of {ring.page * ring.elem_bytes} bytes at byte {off}",
+                f"the dequant's swizzled stores need every page on {pan.period} bytes and the ring on 1024",
+            )
+
+
+class W4HopperPrinter(HopperPrinter):
+    """The sm_90a engine printer with a W4A16 GEMM's packed pages (bulk copies) and its dequant into B's panels."""
+
+    def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
+        match op:
+            case ReadTiles(into=buf) if isinstance(self.hk.panels.get(self.kept(buf).id), PackedRows):
+                self.bulk_rows(op, env)
+            case _:
+                super().op(op, env)
+
+    def bulk_rows(self, op: ReadTiles, env: dict[LoopVar, str]) -> None:
+        """The packed page's bytes announced on the slot's full barrier (with the Push's arrival where it follows at
+        once), then one bulk copy a tile row of the page."""
+        from ...census import marker
+
+        t = self.k.program.tensor(op.tensor)
+        r = self.kept(op.into).id
+        rows = self.hk.panels[r]
+        assert isinstance(rows, PackedRows)
+        slot, nbytes = self.write_slot(r), rows.block_h * rows.row_bytes
+        pushed = isinstance(self.after, Push) and self.kept(self.after.buf).id == r
+        with self.w.block("", marker(op)):
+            self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {plain(t.name)}")
+            if pushed:
+                self.w.line(f"spatialc_mbar_arrive_expect_tx(&full_{r}[{slot}], {nbytes}u);  // and the Push below")
+                self.arrived.add(r)
+            else:
+                self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
+            page = f"(char*)({self.write_page(r)})"
+            with self.w.block(f"for (int i = 0; i < {rows.block_h}; ++i)", "// a tile row: consecutive tiles"):
+                src = f"(const char*)t{int(t.id)} + (size_t)(at + i * {op.stride_h}) * {PACKED_TILE}"
+                self.w.line(f"spatialc_bulk_load({page} + i * {rows.row_bytes}, {src}, {rows.row_bytes}u, &full_{r}[{slot}]);")
+
+    def dequant(self, op: Dequant, src: Ring, dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
+        """The front packed page into the reserved page of B's panels, a 32-bit word a thread at a time (see the
+        module), then the thread's fence.proxy.async: its stores visible to wgmma before the Push's arrival."""
+        pan = self.hk.panels[dst.id]
+        assert isinstance(pan, Panels) and src.c_type == PACKED_RING and src.page * 2 == dst.page
+        scale = self.tensors[int(op.scale)]
+        zero = None if op.zero is None else self.tensors[int(op.zero)]
+        fmt, low = REG_FORMAT[op.weights], "true" if op.low_first else "false"
+        w = self.w
+        with w.block("", mark):
+            w.line(f"const unsigned* q = reinterpret_cast<const unsigned*>(ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id});")
+            w.line(f"char* d = (char*)(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id});")
+            w.line(f"const unsigned rows_at = {addr_expr(op.rows, env)}, cols_at = {addr_expr(op.cols, env)};")
+            words = f"PAGE_{src.id} / 4"
+            with w.block(f"for (int e = {self.tid}; e < {words}; e += {self.nthreads})"):
+                w.line(f"const unsigned tl = (unsigned)e / 32u, lane = (unsigned)e % 32u;  // tile tl's word `lane`")
+                w.line(f"const unsigned g = (rows_at + tl / {op.width}u) * 16u / {op.group}u;  // its group of scales")
+                w.line(f"const unsigned jt = cols_at + tl % {op.width}u;  // its column of tiles")
+                ats: dict[int, str] = {}
+                for t in (scale, zero) if zero is not None else (scale,):
+                    if t.tiles[1] not in ats:  # scales and zero points of one shape share the index
+                        name = f"at{len(ats)}"
+                        at = f"((g / 16u) * {t.tiles[1]}u + jt) * {TILE_ELEMS}u + (g % 16u) * 16u + lane / 4u"
+                        w.line(f"const unsigned {name} = {at};  // (g, column n) in the tiled tensor")
+                        ats[t.tiles[1]] = name
+                at = ats[scale.tiles[1]]
+                w.line(f"const float s0 = {REG_SCALE_READ[scale.dtype].format(id=int(scale.id), at=at)};")
+                w.line(f"const float s1 = {REG_SCALE_READ[scale.dtype].format(id=int(scale.id), at=at + ' + 8u')};")
+                for h, plus in enumerate(("", " + 8u")):
+                    z = "0" if zero is None else REG_ZERO_READ[zero.dtype].format(id=int(zero.id), at=ats[zero.tiles[1]] + plus)
+                    w.line(f"const float b{h} = spatialc_w4_bias<{fmt}>({z});")
+                w.line("unsigned r[4];")
+                w.line(f"spatialc_w4_regs<{fmt}, {low}, OPT>(r, SPATIALC_PAGE_LD(q + e), s0, s1, b0, b1);")
+                w.line(f"const unsigned k0 = (tl / {op.width}u) * 16u + 2u * (lane % 4u);  // the word's first row")
+                w.line(f"const unsigned j0 = (tl % {op.width}u) * 16u + lane / 4u;  // and column, in the page")
+                w.line(f"spatialc_w4_store_panels<{pan.width}u, {pan.bytes}u, OPT>(d, r, k0, j0);")
+            w.line("spatialc_fence_proxy_async();  // the thread's operand values, visible to wgmma before its Push")
