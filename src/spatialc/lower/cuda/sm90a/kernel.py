@@ -86,6 +86,7 @@ from ....numerics.blockscale import program_scales
 from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
+from ....passes.tile import in_panels
 from ....passes.verify import derived
 from ....target import WARP, SpatialTarget
 from ...artifact import Budget, CudaArtifact, TensorMap
@@ -98,6 +99,7 @@ from ..common.host import assemble
 from ..common.program import (
     MAP_PROGRAM,
     ROW_PROGRAM,
+    W4_PROGRAM,
     all_ops,
     checked_gemm,
     launch_for,
@@ -192,7 +194,12 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
             f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
-    general.refuse(p)  # (a W4A16 GEMM's dequant: sm90a/dequant.py, refused there where not planned for this form)
+    general.refuse(p)
+    if has_dequant(p) and not in_panels(p):  # its consumers dequantise into B's panels (sm90a/dequant.py)
+        raise NeedsGeneral(
+            f"{W4_PROGRAM} planned for the other forms, in the sm_90a form",
+            "its B pages are not panels: build it with form='sm90a' (--form sm90a) to plan it for this form",
+        )
     if not attention and len(matmul_stages(p)) > 1:
         raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
     for op in all_ops(p):
