@@ -2,7 +2,7 @@
 128 rows) and mxfp4 (e8m0 scale per 32), prepared on the CPU; on a GPU, measured against torch.
 
 Each row's spatialc program is built and verified here, its plan printed (decode shapes: see what the planner
-chose), and its kernel printed (the general form prints a W4A16 GEMM; the others refuse it by one line).
+chose), and its kernel printed (auto prints the general form; the sm_90a form prints it built with form="sm90a").
 What a row reads at least once: the packed weights (K·N / 2 bytes), their scales and zero points, A and C.
 
 With `--gpu` (torch with CUDA), in one run on one device, for each row:
@@ -10,7 +10,8 @@ With `--gpu` (torch with CUDA), in one run on one device, for each row:
   runs: the dequantised copy is 4× the packed bytes);
 - the copy-bandwidth ceiling: `dst.copy_(src)` of the packed weights' bytes, timed; a copy moves each byte twice, so
   the device's copy bandwidth is 2·bytes / time, and the ceiling is the row's bytes read once at that bandwidth;
-- spatialc: the row's kernel, built for the device's architecture and loaded by `spatialc.run`'s launcher; its
+- spatialc: the row's kernel (auto's: the general form), built for the device's architecture and loaded by
+  `spatialc.run`'s launcher — and on a Hopper the sm_90a form's too (`form="sm90a"`, target sm_90a); its
   arguments (the packed weights laid out on the host as the host program lays them out, scales, zero points, A) are
   uploaded once and the kernel alone is launched again and again (`Prepared.run`), as torch's mm is.
 Each time is the median of 20 runs after a warm-up, CUDA events around the call, all in one run on one device. The
@@ -63,9 +64,10 @@ def rows(ms=MS, sides=SIDES, formats=tuple(FORMATS)) -> list[Row]:
     return [Row(m, s, s, f) for f in formats for s in sides for m in ms]
 
 
-def program(row: Row, target: str = "sm_90") -> spatialc.SpatialProgram:
-    """The row's W4A16 GEMM, built and verified for `target`."""
-    return spatialc.build(spatialc.gemm(row.m, row.n, row.k, "bf16", weights=row.fmt, **FORMATS[row.fmt]), target)
+def program(row: Row, target: str = "sm_90", form: str = "auto") -> spatialc.SpatialProgram:
+    """The row's W4A16 GEMM, built and verified for `target` (and `form`: "sm90a" plans it for the sm_90a form)."""
+    gemm = spatialc.gemm(row.m, row.n, row.k, "bf16", weights=row.fmt, **FORMATS[row.fmt])
+    return spatialc.build(gemm, target, form=form)
 
 
 def prepared(row: Row) -> tuple[str, str]:
@@ -148,12 +150,14 @@ def _median_ms(torch, fn) -> float:
     return statistics.median(times)
 
 
-def spatialc_ms(torch, row: Row) -> float:
-    """spatialc's kernel of the row on this device, its arguments uploaded once, the kernel alone timed."""
+def spatialc_ms(torch, row: Row, form: str = "auto") -> float:
+    """spatialc's kernel of the row on this device, its arguments uploaded once, the kernel alone timed; `form`
+    "sm90a": the sm_90a form's (lower/cuda/sm90a/dequant.py), on target sm_90a."""
     from spatialc.runtime import launch as L
 
     major, minor = torch.cuda.get_device_capability()
-    art = spatialc.lower(program(row, f"sm_{major}{minor}"))
+    hopper = "a" if form == "sm90a" else ""
+    art = spatialc.lower(program(row, f"sm_{major}{minor}{hopper}", form))
     prep = L.prepare(art)
     bound, _ = L.bound_operands(art, (), {x.name: v for x, v in _inputs(art).items()})
     buffers, _ = L.uploaded(prep, bound)
@@ -184,6 +188,12 @@ def measured(row: Row) -> str:
         )
     except spatialc.SpatialError as e:  # one line: what the launcher or the device refused
         ours = f"spatialc: {str(e).splitlines()[0]}"
+    if torch.cuda.get_device_capability()[0] == 9:  # a Hopper: the sm_90a form's kernel too, in the same run
+        try:
+            t_90 = spatialc_ms(torch, row, "sm90a")
+            ours += f"   sm90a {t_90 * 1e3:8.1f} us   ceiling/sm90a {ceiling / t_90:.2f}"
+        except spatialc.SpatialError as e:
+            ours += f"   sm90a: {str(e).splitlines()[0]}"
     return (
         f"{row.name:28} torch.mm {t_mm * 1e3:8.1f} us   ceiling {ceiling * 1e3:8.1f} us ({bandwidth / 1e12:.2f} TB/s"
         f" copy)   ceiling/torch {ceiling / t_mm:.2f}   {ours}"
