@@ -24,25 +24,27 @@ GEMM's copy engine would have filled, now written by the consumers.
   `fence.proxy.async` of its own before it arrives on B's full barrier (the Push), and the consumers wait on that
   barrier (the Wait) before any wgmma reads the page. The emulation checks both (`check_proxy_read`): a store with
   no fence since, or a fence no barrier orders before the wgmma, is a race.
-- The K loop is not pipelined (`HopperPrinter.pipelined` wants waits, one matmul, pops): each step's wgmma group is
-  waited for before its stages go back (`wait_group 0` at the first Pop), and the next step's dequant follows. At
-  decode the kernel is bound by the packed weights' bytes, which the producer keeps `depth` pages ahead.
+- The K loop keeps one wgmma group in flight, as the plain GEMM's (`k_loop_dequant`): a step's A and B stages go
+  back a step late, once `wait_group 1` says their group retired, so the next step's waits and dequant run under this
+  step's wgmma — into the other B stage (B's ring at least two pages deep: the stage it reserves is one whose group
+  has retired). The scales and zero points are read from global memory on the consumers' path (bench/README.md
+  weighs what that costs at decode).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ....ir.ids import LoopVar
+from ....ir.ids import LoopVar, loop_var_name
 from ....ir.names import plain
 from ....ir.nodes import PageLayout, SpatialProgram, panel_bytes
-from ....ir.ops import ChoreoOp, Compute, Dequant, Push, ReadTiles
+from ....ir.ops import ChoreoOp, Compute, Dequant, Loop, MatmulTiles, Pop, Push, ReadTiles, Trip
 from ...errors import NeedsGeneral, Unsupported
 from ..common.cwriter import addr_expr
 from ..common.dequant import PACKED_RING, PACKED_TILE, REG_FORMAT, REG_SCALE_READ, REG_ZERO_READ, is_packed
 from ..common.program import W4_PROGRAM
 from ..common.rings import TILE_ELEMS, Ring, Rings
-from .printer import HopperPrinter
+from .printer import ACC_FENCE, HopperPrinter
 from .tma import Panels
 
 OPERANDS = ("__nv_bfloat16", "__half")  # the 16-bit operands the weights dequantise to
@@ -135,8 +137,53 @@ class W4HopperPrinter(HopperPrinter):
         match op:
             case ReadTiles(into=buf) if isinstance(self.hk.panels.get(self.kept(buf).id), PackedRows):
                 self.bulk_rows(op, env)
+            case Loop() if self.dequant_k_loop(op):
+                self.k_loop_dequant(op, env)
             case _:
                 super().op(op, env)
+
+    def dequant_k_loop(self, loop: Loop) -> bool:
+        """Whether `loop` is a W4A16 K loop whose releases can wait a step: a fixed count, its body a dequant and
+        then one matmul (no scales) followed only by the Pops of exactly the matmul's rings, each at least two pages
+        deep — the plain GEMM's condition (`HopperPrinter.pipelined`) with the dequant's ops before the matmul."""
+        if isinstance(loop.count, Trip) or loop.count.n < 1:  # type: ignore[union-attr]
+            return False
+        body = loop.body
+        mms = [i for i, o in enumerate(body) if isinstance(o, Compute) and isinstance(o.op, MatmulTiles)]
+        dqs = [i for i, o in enumerate(body) if isinstance(o, Compute) and isinstance(o.op, Dequant)]
+        if len(mms) != 1 or len(dqs) != 1 or dqs[0] > mms[0]:
+            return False
+        mm = body[mms[0]]
+        assert isinstance(mm, Compute) and isinstance(mm.op, MatmulTiles)
+        pops = body[mms[0] + 1 :]
+        if mm.op.scales is not None or not all(isinstance(o, Pop) for o in pops):
+            return False
+        popped = sorted(self.kept(o.buf).id for o in pops)  # type: ignore[union-attr]
+        return popped == sorted(self.kept(b).id for b in mm.ins) and all(self.kept(b).depth >= 2 for b in mm.ins)
+
+    def k_loop_dequant(self, loop: Loop, env: dict[LoopVar, str]) -> None:
+        """The K loop with the matmul's releases a step late, as the plain GEMM's (`k_loop_pipelined`): a step's
+        waits and dequant run while the previous step's wgmma group is in flight — it reads the other stages (depth
+        ≥ 2: the B page being written is one the group before last read, released once it retired)."""
+        from ...census import POST, marker
+
+        v = loop_var_name(loop.var)
+        at = next(i for i, o in enumerate(loop.body) if isinstance(o, Compute) and isinstance(o.op, MatmulTiles))
+        before, mm, pops = loop.body[:at], loop.body[at], loop.body[at + 1 :]
+        with self.w.block(f"for (int {v} = 0; {v} < {loop.count.n}; ++{v})", marker(loop)):  # type: ignore[union-attr]
+            inner = env | {loop.var: v}
+            for o in before:
+                self.op(o, inner)
+            self.op(mm, inner)
+            self.w.line("spatialc_wgmma_wait<1>();  // the previous K step's group has retired; this one runs on")
+            self.in_flight = False
+            with self.w.block(f"if ({v} > 0)", "// the previous K step's stages go back"):
+                for o in pops:
+                    self.release(o, marker(o))
+        self.w.line("spatialc_wgmma_wait<0>();  // the last K step's group")
+        self.w.line(ACC_FENCE + "  // the accumulators are whole: nothing reads them before")
+        for o in pops:
+            self.release(o, marker(o, POST))
 
     def bulk_rows(self, op: ReadTiles, env: dict[LoopVar, str]) -> None:
         """The packed page's bytes announced on the slot's full barrier (with the Push's arrival where it follows at
