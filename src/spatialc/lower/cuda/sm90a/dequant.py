@@ -206,39 +206,51 @@ class W4HopperPrinter(HopperPrinter):
             page = f"(char*)({self.write_page(r)})"
             with self.w.block(f"for (int i = 0; i < {rows.block_h}; ++i)", "// a tile row: consecutive tiles"):
                 src = f"(const char*)t{int(t.id)} + (size_t)(at + i * {op.stride_h}) * {PACKED_TILE}"
-                self.w.line(f"spatialc_bulk_load({page} + i * {rows.row_bytes}, {src}, {rows.row_bytes}u, &full_{r}[{slot}]);")
+                self.w.line(
+                    f"spatialc_bulk_load({page} + i * {rows.row_bytes}, {src}, {rows.row_bytes}u, &full_{r}[{slot}]);"
+                )
+
+    def group_operands(self, op: Dequant) -> None:
+        """s0, s1 and b0, b1: the scales and spatialc_w4_bias of the zero points of the word's two columns (lane / 4
+        and 8 more) in group g, read as 32-bit words of their tiled tensors (as the register path reads them)."""
+        scale = self.tensors[int(op.scale)]
+        zero = None if op.zero is None else self.tensors[int(op.zero)]
+        ats: dict[int, str] = {}
+        for t in (scale, zero) if zero is not None else (scale,):
+            if t.tiles[1] not in ats:  # scales and zero points of one shape share the index
+                name = f"at{len(ats)}"
+                at = f"((g / 16u) * {t.tiles[1]}u + jt) * {TILE_ELEMS}u + (g % 16u) * 16u + lane / 4u"
+                self.w.line(f"const unsigned {name} = {at};  // (g, column n) in the tiled tensor")
+                ats[t.tiles[1]] = name
+        at = ats[scale.tiles[1]]
+        for h, plus in enumerate(("", " + 8u")):
+            self.w.line(f"const float s{h} = {REG_SCALE_READ[scale.dtype].format(id=int(scale.id), at=at + plus)};")
+        for h, plus in enumerate(("", " + 8u")):
+            read = (
+                REG_ZERO_READ[zero.dtype].format(id=int(zero.id), at=ats[zero.tiles[1]] + plus)
+                if zero is not None
+                else "0"
+            )
+            self.w.line(f"const float b{h} = spatialc_w4_bias<{REG_FORMAT[op.weights]}>({read});")
 
     def dequant(self, op: Dequant, src: Ring, dst: Ring, env: dict[LoopVar, str], mark: str) -> None:
         """The front packed page into the reserved page of B's panels, a 32-bit word a thread at a time (see the
         module), then the thread's fence.proxy.async: its stores visible to wgmma before the Push's arrival."""
         pan = self.hk.panels[dst.id]
         assert isinstance(pan, Panels) and src.c_type == PACKED_RING and src.page * 2 == dst.page
-        scale = self.tensors[int(op.scale)]
-        zero = None if op.zero is None else self.tensors[int(op.zero)]
         fmt, low = REG_FORMAT[op.weights], "true" if op.low_first else "false"
         w = self.w
         with w.block("", mark):
-            w.line(f"const unsigned* q = reinterpret_cast<const unsigned*>(ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id});")
+            page = f"ring_{src.id} + {self.read_slot(src.id)} * PAGE_{src.id}"
+            w.line(f"const unsigned* q = reinterpret_cast<const unsigned*>({page});")
             w.line(f"char* d = (char*)(ring_{dst.id} + {self.write_slot(dst.id)} * PAGE_{dst.id});")
             w.line(f"const unsigned rows_at = {addr_expr(op.rows, env)}, cols_at = {addr_expr(op.cols, env)};")
             words = f"PAGE_{src.id} / 4"
             with w.block(f"for (int e = {self.tid}; e < {words}; e += {self.nthreads})"):
-                w.line(f"const unsigned tl = (unsigned)e / 32u, lane = (unsigned)e % 32u;  // tile tl's word `lane`")
+                w.line("const unsigned tl = (unsigned)e / 32u, lane = (unsigned)e % 32u;  // tile tl's word `lane`")
                 w.line(f"const unsigned g = (rows_at + tl / {op.width}u) * 16u / {op.group}u;  // its group of scales")
                 w.line(f"const unsigned jt = cols_at + tl % {op.width}u;  // its column of tiles")
-                ats: dict[int, str] = {}
-                for t in (scale, zero) if zero is not None else (scale,):
-                    if t.tiles[1] not in ats:  # scales and zero points of one shape share the index
-                        name = f"at{len(ats)}"
-                        at = f"((g / 16u) * {t.tiles[1]}u + jt) * {TILE_ELEMS}u + (g % 16u) * 16u + lane / 4u"
-                        w.line(f"const unsigned {name} = {at};  // (g, column n) in the tiled tensor")
-                        ats[t.tiles[1]] = name
-                at = ats[scale.tiles[1]]
-                w.line(f"const float s0 = {REG_SCALE_READ[scale.dtype].format(id=int(scale.id), at=at)};")
-                w.line(f"const float s1 = {REG_SCALE_READ[scale.dtype].format(id=int(scale.id), at=at + ' + 8u')};")
-                for h, plus in enumerate(("", " + 8u")):
-                    z = "0" if zero is None else REG_ZERO_READ[zero.dtype].format(id=int(zero.id), at=ats[zero.tiles[1]] + plus)
-                    w.line(f"const float b{h} = spatialc_w4_bias<{fmt}>({z});")
+                self.group_operands(op)
                 w.line("unsigned r[4];")
                 w.line(f"spatialc_w4_regs<{fmt}, {low}, OPT>(r, SPATIALC_PAGE_LD(q + e), s0, s1, b0, b1);")
                 w.line(f"const unsigned k0 = (tl / {op.width}u) * 16u + 2u * (lane % 4u);  // the word's first row")

@@ -359,7 +359,8 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
     dequantised = w4.operand_panels(p, k.rings, list(compute.walk()), k.types.operand)
     reads = [op for op in reads if not (isinstance(op, ReadTiles) and k.rings.template[op.into] in packed)]
     maps, filled, panels, stored = tensor_maps(p, k.rings, reads)
-    filled, panels = filled | set(packed), {**panels, **packed, **dequantised}
+    # A packed ring's PackedRows has what check_resources reads of a stage (width, period); only bulk_rows prints it.
+    filled, panels = filled | set(packed), {**panels, **packed, **dequantised}  # type: ignore[dict-item]
     for b in p.buffers:  # only the copy engine lands panels (and a W4A16 GEMM's consumers dequantise into B's)
         layout = getattr(b.kind, "layout", PageLayout.ROW)
         if layout.panels and k.rings.template.get(b.id) not in filled | set(dequantised):
