@@ -4,7 +4,8 @@ page by bulk copies, the consumer warpgroups dequantise it into B's page of swiz
 emulation runs the printed kernels equal to the interpreter at decode shapes (M = 1, 16, 64) and a square one, for
 int4 with zero points, uint4 with float32 scales and fp16 operands, and mxfp4, in both of the form's blocks (two
 consumer warpgroups; one, two blocks an SM); the nibbles read the other way round, the scales of the other group, a
-missing fence.proxy.async and a wgmma issued before B's barrier, each planted in the kernel text, are caught; nvcc
+missing fence.proxy.async and a wgmma issued before B's barrier, each planted in the kernel text, are caught (the
+scales of the other group landed by the producer beside the page); nvcc
 -Werror compiles the decode kernel (M = 16, N = K = 4096, int4 with zero points per 128) for sm_90a without spills,
 its SASS with wgmma, bulk copies and no byte loads; a program planned for the general form is refused by one line."""
 
@@ -21,7 +22,7 @@ import pytest
 
 import spatialc
 from spatialc.inputs import InexactInputWarning
-from spatialc.lower.errors import NeedsGeneral
+from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.runtime.emulate import EmulationRace
 
 from ..lower.test_sm90a import NVCC, compiled_clean
@@ -84,8 +85,9 @@ def swap_nibbles(text: str) -> str:
     return out
 
 
-def other_group(text: str) -> str:  # K = 256 holds two groups of 128: 0 <-> 1
-    out, n = re.subn(r"(const unsigned g = .*? / 128u);", r"\1 ^ 1u;", text)
+def other_group(text: str) -> str:
+    """The producer lands the other group's scales and zero points beside the page (K = 256: groups 0 <-> 1)."""
+    out, n = re.subn(r"(const int g0 = .*? / 128);", r"\1 ^ 1;", text)
     assert n == 1
     return out
 
@@ -144,6 +146,13 @@ def test_a_program_planned_for_the_general_form_is_refused_by_one_line():
     assert art.budget.form == "general" and any("build it with form='sm90a'" in n for n in art.notes)
 
 
+def test_groups_that_straddle_k_steps_are_refused_by_one_line():
+    p = sm90a_program(16, 64, 192, "int4", "bf16", {"group": 48})  # K steps of 64 rows, groups of 48
+    with pytest.raises(Unsupported, match=r"a K step of 64 rows and groups of 48: .*a K step of whole groups") as e:
+        spatialc.lower(p)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 def test_nvcc_compiles_the_decode_kernel_without_spills_and_no_byte_loads(tmp_path):
@@ -155,3 +164,6 @@ def test_nvcc_compiles_the_decode_kernel_without_spills_and_no_byte_loads(tmp_pa
     assert ops["HGMMA"] >= 1 and ops["UBLKCP"] >= 1 and ops["UTMALDG"] >= 1 and ops["HMMA"] == 0, ops
     loads = Counter(i.op for i in instrs if i.base in ("LDS", "LDG", "LD"))
     assert loads and not any(".U8" in op or ".S8" in op for op in loads), loads  # words only: no byte loads
+    # The scales and zero points come with the packed page (bulk copies): the main loop reads no global memory, and
+    # the only global loads left are the work list's (an item's offset and count, a list entry).
+    assert ops["UBLKCP"] >= 3 and ops["LDG"] <= 4, ops

@@ -39,3 +39,17 @@ __device__ __forceinline__ void spatialc_w4_store_panels(char* page, const unsig
         SPATIALC_PAGE_ST(reinterpret_cast<T*>(page + spatialc_panel_byte<WIDTH, PANEL>(k + 1u, j)), v[1]);
     }
 }
+
+// A byte and a 16-bit value of a stage of scales or zero points the copy engine landed beside a packed page, read
+// through the aligned 32-bit word that holds it (no byte loads), as a page load.
+__device__ __forceinline__ unsigned spatialc_w4_stage_byte(const unsigned char* stage, unsigned at)
+{
+    const unsigned w = SPATIALC_PAGE_LD(reinterpret_cast<const unsigned*>(stage) + at / 4u);
+    return (w >> (8u * (at % 4u))) & 255u;
+}
+
+__device__ __forceinline__ unsigned spatialc_w4_stage_half(const unsigned char* stage, unsigned at)
+{
+    const unsigned w = SPATIALC_PAGE_LD(reinterpret_cast<const unsigned*>(stage) + at / 2u);
+    return (w >> (16u * (at % 2u))) & 65535u;
+}

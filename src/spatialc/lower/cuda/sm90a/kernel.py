@@ -355,7 +355,7 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
         raise Unsupported(f"{len(side)} engines beside the compute engine", "they share one producer warpgroup")
     reader = [r for r in side if any(isinstance(op, ReadTiles) for op in r.walk())]
     reads = [op for r in reader for op in r.walk()]
-    packed = w4.packed_reads(p, k.rings, reads)  # a W4A16 GEMM's packed pages: bulk copies
+    packed = w4.packed_reads(p, k.rings, reads, list(compute.walk()))  # a W4A16 GEMM's packed pages: bulk copies
     dequantised = w4.operand_panels(p, k.rings, list(compute.walk()), k.types.operand)
     reads = [op for op in reads if not (isinstance(op, ReadTiles) and k.rings.template[op.into] in packed)]
     maps, filled, panels, stored = tensor_maps(p, k.rings, reads)
@@ -374,6 +374,9 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
     ready = mc.rings if mc is not None else ()
     offsets, dyn, barrier_bytes = general.layout(k.rings.rings, STAGE_ALIGN, BARRIER_ALIGN, ready)
     w4.check_dequant_pages(k.rings, offsets, dequantised)
+    for r, rows in packed.items():  # their scales and zero points, landed beside each page (one packed ring)
+        offsets["w4_side"] = -(-dyn // STAGE_ALIGN) * STAGE_ALIGN
+        dyn = offsets["w4_side"] + k.rings.rings[r].depth * rows.side_bytes
     scales = program_scales(p)
     sa = scale_stage(p, k, scales, len(maps)) if scales is not None else None
     if sa is not None:  # A's scales: a box a K group, slot for slot with A's ring, stored transposed
