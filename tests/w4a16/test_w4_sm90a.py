@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import spatialc
+from spatialc.cli import main
 from spatialc.inputs import InexactInputWarning
 from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.runtime.emulate import EmulationRace
@@ -144,6 +145,14 @@ def test_a_program_planned_for_the_general_form_is_refused_by_one_line():
     assert "\n" not in str(e.value)
     art = spatialc.lower(p)  # auto: the general form, saying why not the sm_90a one
     assert art.budget.form == "general" and any("build it with form='sm90a'" in n for n in art.notes)
+
+
+def test_the_cli_prints_it_in_the_sm90a_form(capsys):
+    argv = ["gemm", "16", "96", "256", "--precision", "bf16", "--weights", "int4", "--zeros", "--target", "sm_90a"]
+    assert main([*argv, "--form", "sm90a"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel    sm_90a form" in out and "B dequantised into its panels by the consumers" in out
+    assert "interpreter vs numpy reference: OK" in out
 
 
 def test_groups_that_straddle_k_steps_are_refused_by_one_line():
