@@ -2,7 +2,7 @@
 128 rows) and mxfp4 (e8m0 scale per 32), prepared on the CPU; on a GPU, measured against torch.
 
 Each row's spatialc program is built and verified here, its plan printed (decode shapes: see what the planner
-chose), and its kernel printed (auto prints the general form; the sm_90a form prints it built with form="sm90a").
+chose), and its kernel printed (auto prints the general form; the persistent and sm_90a forms print it when asked).
 What a row reads at least once: the packed weights (K·N / 2 bytes), their scales and zero points, A and C.
 
 With `--gpu` (torch with CUDA), in one run on one device, for each row:
@@ -13,7 +13,10 @@ With `--gpu` (torch with CUDA), in one run on one device, for each row:
 - spatialc: the row's kernel (auto's: the general form), built for the device's architecture and loaded by
   `spatialc.run`'s launcher — and on a Hopper the sm_90a form's too (`form="sm90a"`, target sm_90a); its
   arguments (the packed weights laid out on the host as the host program lays them out, scales, zero points, A) are
-  uploaded once and the kernel alone is launched again and again (`Prepared.run`), as torch's mm is.
+  uploaded once and the kernel alone is launched again and again (`Prepared.run`), as torch's mm is;
+- spatialc's persistent form: the row built and printed with form="persistent" (its own plan: no split-K), timed
+  the same way, and the ratio general/persistent (above 1: the persistent form faster; bench/README.md, "W4A16:
+  persistent against general", predicts it).
 Each time is the median of 20 runs after a warm-up, CUDA events around the call, all in one run on one device. The
 ratios printed are the ceiling's time over torch's and over spatialc's (1.0: at the bandwidth bound), and torch's
 over spatialc's (above 1: spatialc faster); the goal for spatialc is ceiling/spatialc ≥ 0.85 at M = 1.
@@ -65,7 +68,7 @@ def rows(ms=MS, sides=SIDES, formats=tuple(FORMATS)) -> list[Row]:
 
 
 def program(row: Row, target: str = "sm_90", form: str = "auto") -> spatialc.SpatialProgram:
-    """The row's W4A16 GEMM, built and verified for `target` (and `form`: "sm90a" plans it for the sm_90a form)."""
+    """The row's W4A16 GEMM, built and verified for `target`, planned for `form` ("sm90a": on an sm_90a target)."""
     gemm = spatialc.gemm(row.m, row.n, row.k, "bf16", weights=row.fmt, **FORMATS[row.fmt])
     return spatialc.build(gemm, target, form=form)
 
@@ -151,13 +154,13 @@ def _median_ms(torch, fn) -> float:
 
 
 def spatialc_ms(torch, row: Row, form: str = "auto") -> float:
-    """spatialc's kernel of the row on this device, its arguments uploaded once, the kernel alone timed; `form`
-    "sm90a": the sm_90a form's (lower/cuda/sm90a/dequant.py), on target sm_90a."""
+    """spatialc's kernel of the row in `form` on this device, its arguments uploaded once, the kernel alone timed;
+    `form` "sm90a": the sm_90a form's (lower/cuda/sm90a/dequant.py), on target sm_90a."""
     from spatialc.runtime import launch as L
 
     major, minor = torch.cuda.get_device_capability()
     hopper = "a" if form == "sm90a" else ""
-    art = spatialc.lower(program(row, f"sm_{major}{minor}{hopper}", form))
+    art = spatialc.lower(program(row, f"sm_{major}{minor}{hopper}", form), form=form)
     prep = L.prepare(art)
     bound, _ = L.bound_operands(art, (), {x.name: v for x, v in _inputs(art).items()})
     buffers, _ = L.uploaded(prep, bound)
@@ -187,11 +190,17 @@ def measured(row: Row) -> str:
             f"spatialc {t_sc * 1e3:8.1f} us   ceiling/spatialc {ceiling / t_sc:.2f}   torch/spatialc {t_mm / t_sc:.2f}"
         )
     except spatialc.SpatialError as e:  # one line: what the launcher or the device refused
-        ours = f"spatialc: {str(e).splitlines()[0]}"
+        t_sc, ours = None, f"spatialc: {str(e).splitlines()[0]}"
+    try:
+        t_pe = spatialc_ms(torch, row, "persistent")
+        ours += f"   persistent {t_pe * 1e3:8.1f} us" + (f"   general/persistent {t_sc / t_pe:.2f}" if t_sc else "")
+    except spatialc.SpatialError as e:
+        ours += f"   persistent: {str(e).splitlines()[0]}"
     if torch.cuda.get_device_capability()[0] == 9:  # a Hopper: the sm_90a form's kernel too, in the same run
         try:
             t_90 = spatialc_ms(torch, row, "sm90a")
             ours += f"   sm90a {t_90 * 1e3:8.1f} us   ceiling/sm90a {ceiling / t_90:.2f}"
+            ours += f"   general/sm90a {t_sc / t_90:.2f}" if t_sc else ""
         except spatialc.SpatialError as e:
             ours += f"   sm90a: {str(e).splitlines()[0]}"
     return (

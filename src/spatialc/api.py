@@ -132,8 +132,9 @@ def lower(
     `dataclasses.replace`, or a hand-edited file) is verified anew, and refused if it no longer passes.
     `epilogue` ("swizzled", the default, or "tiles") picks how the sm_90a form's fused store goes out (that form's
     alone; docs/kernel-abi.md, "The sm_90a form"); `schedule` ("overlapped", the default where its registers fit,
-    or "serial") the sm_90a form's attention KV loop: each block's softmax overlapping the next block's S, or each
-    matmul waited for before the op after it."""
+    "serial", or "pingpong", the default for two consumer warpgroups) the sm_90a form's attention KV loop: each
+    block's softmax overlapping the next block's S, each matmul waited for before the op after it, or two consumer
+    warpgroups issuing their matmuls in turns (FlashAttention-3's ping-pong)."""
     from .lower.cuda.forms import lower as lower_cuda
     from .passes.verify import verify
 

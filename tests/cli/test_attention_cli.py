@@ -162,3 +162,32 @@ def test_show_prints_a_saved_attention_and_its_python_source(capsys, tmp_path):
     source = capsys.readouterr().out
     assert 'p.attention("attention", q_ring, k_ring, v_ring, o_ring, lse_ring, causal=True' in source
     assert "s_acc.product(" in source and "transpose_b=True" in source and "ew.mask(" in source
+
+
+@needs_rule8
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--schedule", "pingpong"], "cannot lower the ping-pong attention schedule with 1 consumer warpgroup"),
+        (["--schedule", "overlapped", "--target", "sm_90"], "cannot lower schedule='overlapped' in the auto form"),
+        (["--schedule", "bogus"], "invalid choice: 'bogus' (choose from 'overlapped', 'serial', 'pingpong')"),
+    ],
+)
+def test_a_schedule_the_kernel_cannot_take_is_one_line_and_exit_2(capsys, argv, says):
+    base = ["attention", "1", "2", "40", "72", "32", "--target", "sm_90a", "--check", "none"]
+    assert main([*base, *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@needs_rule8
+@pytest.mark.parametrize("schedule", [None, "pingpong", "overlapped", "serial"])
+def test_two_consumer_warpgroups_take_each_schedule(capsys, tmp_path, schedule):
+    emit = tmp_path / "kernel"
+    argv = ["attention", "1", "2", "128", "72", "32", "--target", "sm_90a", "--block", "8,4", "--check", "none"]
+    assert main([*argv, *(["--schedule", schedule] if schedule else []), "--emit", str(emit)]) == 0
+    assert "two consumer warpgroups of 64 query rows each run" in capsys.readouterr().out
+    text = (emit / "kernel.cu").read_text()
+    # The ping-pong (the default for two warpgroups) takes turns by bar.arrive; the others print none.
+    assert ("bar.arrive %0, %1;" in text) == (schedule in (None, "pingpong"))
+    assert ("the last block's P·V in a turn of its own" in text) == (schedule in (None, "pingpong"))

@@ -57,12 +57,17 @@ def test_attention_sizes_are_fp16_and_bf16_rows_run_last():
 def test_an_attention_case_is_built_in_the_form_lower_prints_it_or_says_lowers_line(monkeypatch):
     (case,) = cases_of(["att:1x2:64:64:causal"], ["bf16"])
     built = build_case(case, "sm_90")
-    # On a Hopper both forms, and the sm_90a form's serial schedule beside its overlapped one (kernel only)
+    # On a Hopper both forms, and the sm_90a form's serial schedule beside its overlapped one (kernel only), and
+    # bands of 128 rows on two consumer warpgroups, interleaved as they come and in the ping-pong's turns
     labels = ["general", "sm90a", "sm90a serial schedule", "sm90a two consumer warpgroups"]
+    labels.append("sm90a two consumer warpgroups, ping-pong")
     assert not built.error and [f.label for f in built.forms] == labels
-    form, hopper, serial, two = built.forms
+    form, hopper, serial, two, pingpong = built.forms
     assert hopper.artifact.budget.form == "sm90a" and hopper.facts["own_plan"] and serial.kernel_only
-    assert two.kernel_only and two.artifact.budget.threads == 384
+    assert two.kernel_only and pingpong.kernel_only
+    assert two.artifact.budget.threads == pingpong.artifact.budget.threads == 384
+    assert "spatialc_engine_arrive(" not in two.artifact.kernel_cu  # (overlapped: no turns)
+    assert "spatialc_engine_arrive(11 - warp / 4, 256);" in pingpong.artifact.kernel_cu
     assert "the last block: no next S" in hopper.artifact.kernel_cu
     assert "the last block: no next S" not in serial.artifact.kernel_cu
     assert [a.order for a in L.kernel_args(hopper.artifact.launch)][:3] == ["rows"] * 3  # Q, K, V as matrices
@@ -185,8 +190,9 @@ def test_prepare_compiles_the_fp8_and_attention_kernels_and_the_dry_run_lists_th
     argv = ["unused", "--dry-run", "--prepared", str(prep), "--sizes", *sizes, "--precisions", "bf16"]
     assert gpucheck.main(argv) == 0
     dry = capsys.readouterr().out
-    # fp8's persistent, general and sm90a kernels, attention's general and sm90a (two schedules, two warpgroups)
-    assert dry.count("    cubin     prepared: ") == 7
+    # fp8's persistent, general and sm90a kernels, attention's general and sm90a (two schedules; two warpgroups,
+    # with and without the ping-pong)
+    assert dry.count("    cubin     prepared: ") == 8
     fp8, att = dry.split("e4m3 fp8:64x64x64\n")[1].split("bf16 att:1x2:64x64x32:causal\n")
     timed = next(line for line in fp8.splitlines() if line.startswith("  timed     "))
     assert "spatialc persistent: end to end + kernel only; spatialc general: end to end + kernel only" in timed
@@ -195,5 +201,6 @@ def test_prepare_compiles_the_fp8_and_attention_kernels_and_the_dry_run_lists_th
     timed = next(line for line in att.splitlines() if line.startswith("  timed     "))
     assert "spatialc general: kernel only + end to end" in timed and "torch SDPA (cuDNN): kernel only" in timed
     assert "spatialc sm90a: kernel only + end to end" in timed
+    assert "spatialc sm90a two consumer warpgroups, ping-pong: kernel only" in timed
     assert "checked: O and LSE on heads 0 and 1, rows of 64 ×3" in timed
     assert "    C         stored as float32\n" in att  # O as the kernel stores it: its end to end converts nothing

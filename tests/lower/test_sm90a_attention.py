@@ -35,16 +35,20 @@ CASES = {
     "causal_d128": ((1, 1, 100, 200, 128), {"causal": True}),  # head_dim 128: two panels a row, ragged both ways
     # two query heads on one KV head, bands of 128 rows: two consumer warpgroups (the block forced below)
     "two_warpgroups_gqa_fp16": ((1, 2, 128, 96, 64), {"kv_heads": 1, "precision": "fp16"}),
+    # and causal, ragged both ways (one band of 100 rows, 136 keys), K and V one stage deep: the ping-pong asked for
+    # (the default for two warpgroups, with two stages; it takes one, `pingpong.py`)
+    "two_warpgroups_causal_ragged_depth1": ((1, 2, 100, 136, 64), {"kv_heads": 1, "causal": True}),
 }
-BLOCKS = {"two_warpgroups_gqa_fp16": (8, 4, 1)}  # (the planner's bands are of 64 rows)
+BLOCKS = {name: (8, 4, 1) for name in CASES if name.startswith("two_")}  # (the planner's bands are of 64 rows)
+DEPTH1 = "two_warpgroups_causal_ragged_depth1"
 # The cases also emulated in the general form at the same plan and compared bit for bit (the others, against the
 # interpreter's bound alone: each general-form emulation is one more compile and run, and these two cover a plain
 # and a causal, grouped, ragged plan).
 BESIDE_GENERAL = ("plain", "causal_gqa_ragged")
 
 
-def built(shape, options, form: str = "sm90a", block=None):
-    return spatialc.build(spatialc.attention(*shape, **options), "sm_90a", form=form, block=block)
+def built(shape, options, form: str = "sm90a", block=None, **more):
+    return spatialc.build(spatialc.attention(*shape, **options), "sm_90a", form=form, block=block, **more)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +56,10 @@ def cases():
     """Each case built for the sm_90a form and lowered (once for the module)."""
     out = {}
     for name, (shape, options) in CASES.items():
+        if name == DEPTH1:
+            p = built(shape, options, block=BLOCKS[name], depth=1)
+            out[name] = (p, spatialc.lower(p, schedule="pingpong"), shape, options)
+            continue
         p = built(shape, options, block=BLOCKS.get(name))
         out[name] = (p, spatialc.lower(p), shape, options)
     return out
@@ -172,6 +180,53 @@ def test_bands_of_128_rows_take_two_consumer_warpgroups(cases):
     assert "#define EMPTY_COUNT_1 8" in text  # K's stage freed by both warpgroups' warps
 
 
+def test_two_warpgroups_issue_their_matmuls_in_turns(cases):
+    p, art, _, _ = cases["two_warpgroups_gqa_fp16"]
+    text = art.kernel_cu
+    compute = text[text.index("// compute: the consumer warpgroups") :]
+    # The ping-pong (the default for two): warpgroup 0 gives itself the first turn before its first item; each turn
+    # waits on the warpgroup's own barrier (10 or 11, both warpgroups' 256 threads) and ends arriving on the other's.
+    first = "if (warp / 4 == 0) { spatialc_engine_arrive(10, 256); }"
+    wait, arrive = "spatialc_engine_wait(10 + warp / 4, 256);", "spatialc_engine_arrive(11 - warp / 4, 256);"
+    assert compute.index(first) < compute.index("for (int item = 0;")
+    assert compute.count(wait) == compute.count(arrive) == 3  # block 0's S, each step's S and P·V, the last P·V
+    # A step's turn: O rescaled, V and K waited for, this block's S and the block before's P·V issued, the other's
+    # turn; then S retired and the softmax, under that P·V; then the P·V retired and its V back.
+    loop = compute[compute.index("for (int k = 1; k < 2; ++k) {  // op:Loop") :]
+    loop = loop[: loop.index("the last block's P·V in a turn of its own")]
+    steps = (
+        wait,
+        "accf_17[q].x[e] *= rr_10[",
+        "spatialc_mbar_wait(&full_2[",
+        "spatialc_mbar_wait(&full_1[",
+        "spatialc_wgmma_kb<64, OPT>(accf_14",
+        "spatialc_wgmma_rs<64, OPT>(accf_17",
+        arrive,
+        "spatialc_wgmma_wait<1>();  // S of this block has retired",
+        "spatialc_mbar_arrive(&empty_1",
+        "op:Compute:Map_exp_sub_x0_row1",
+        "spatialc_wgmma_wait<0>();  // the P·V of block k - 1 has retired",
+        "spatialc_mbar_arrive(&empty_2",
+    )
+    at = [loop.index(step) for step in steps]
+    assert at == sorted(at) and loop.count("spatialc_wgmma_commit();") == 2 and loop.count("spatialc_wgmma_wait<") == 2
+    assert "bar.arrive %0, %1;" in text and art.census.agrees
+    shallow = cases[DEPTH1][1].kernel_cu  # (asked for with K and V one stage deep: emulated below)
+    assert "#define DEPTH_1 1" in shallow and shallow.count(arrive) == 3
+    # The overlapped schedule asked for: no turns, and no bar.arrive in the text; one warpgroup takes no ping-pong.
+    overlapped = spatialc.lower(p, schedule="overlapped").kernel_cu
+    assert "spatialc_engine_arrive" not in overlapped and "the next block's S: the tensor cores run it" in overlapped
+    one = cases["plain"][0]
+    assert "spatialc_engine_arrive" not in spatialc.lower(one).kernel_cu  # (one warpgroup: overlapped)
+    with pytest.raises(Unsupported, match=r"ping-pong attention schedule with 1 consumer warpgroup.*block of 8"):
+        spatialc.lower(one, schedule="pingpong")
+    # Above head_dim 128 ptxas spills the ping-pong's registers (as the overlapped one's): serial by default.
+    wide = built((1, 2, 128, 128, 256), {}, block=(8, 4, 1))
+    assert "spatialc_engine_arrive" not in spatialc.lower(wide).kernel_cu
+    with pytest.raises(Unsupported, match=r"ping-pong attention schedule at head_dim 256: ptxas spills"):
+        spatialc.lower(wide, schedule="pingpong")
+
+
 # ---- emulated ----------------------------------------------------------------------------------------------------
 
 
@@ -183,6 +238,9 @@ def test_the_emulation_lies_within_the_interpreters_bound_and_equals_the_general
     given = inputs(*shape, kv_heads=options.get("kv_heads"))
     out = spatialc.emulate(art, given, timeout=600)
     check_close(p, out, given)
+    if name == "two_warpgroups_gqa_fp16":  # the ping-pong (the default here) is the overlapped schedule's bits
+        overlapped = spatialc.emulate(spatialc.lower(p, schedule="overlapped"), given, timeout=600)
+        assert all(np.array_equal(overlapped[n], out[n]) for n in ("o", "lse"))
     if name not in BESIDE_GENERAL:
         return
     plan = p.plans[0].block
@@ -272,6 +330,36 @@ def test_planted_faults_are_caught(cases):
         assert re.match(CAUGHT[fault], said, re.S), f"{fault}: {said[:400]}"
 
 
+def _turn_faults(text: str) -> dict[str, str]:
+    """The ping-pong's turns broken in the printed text of the "two_warpgroups_gqa_fp16" case. (A turn's ids
+    swapped in one place only, each barrier's arrivals still its count, is another order of the same turns: the
+    values are the same and a GPU would not hang either — no fault the emulation could, or should, report.)"""
+    arrive = "spatialc_engine_arrive(11 - warp / 4, 256);"
+    step = text.index("for (int k = 1; k < 2; ++k) {  // op:Loop")
+    at = text.index(arrive, step)
+    return {
+        # A step's arrival left out: the other warpgroup's next turn never comes.
+        "arrival left out": text[:at] + text[at + len(arrive) :],
+        # Each turn's arrival on the warpgroup's own barrier (the ids of the wait and the arrival swapped): warpgroup
+        # 0 gives itself every turn, warpgroup 1 waits for its first for ever.
+        "own barrier": text.replace(arrive, "spatialc_engine_arrive(10 + warp / 4, 256);"),
+    }
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize("fault", ["arrival left out", "own barrier"])
+def test_a_broken_turn_hangs_and_the_deadlock_is_reported(cases, fault):
+    p, art, shape, options = cases["two_warpgroups_gqa_fp16"]
+    text = _turn_faults(art.program_cu)[fault]
+    with pytest.raises(EmulationError) as e:
+        spatialc.emulate(dataclasses.replace(art, program_cu=text), inputs(*shape, kv_heads=1), timeout=600)
+    said = str(e.value)
+    # Warpgroup 1 (threads 128-255) waits for a turn that never comes; left out, warpgroup 0's next turn neither.
+    assert e.value.kind == "deadlock" and "128 threads (128-255) waits at named barrier 11 (bar.sync)" in said, said
+    assert fault != "arrival left out" or "128 threads (0-127) waits at named barrier 10 (bar.sync)" in said
+
+
 # ---- nvcc ----------------------------------------------------------------------------------------------------------
 
 
@@ -309,4 +397,10 @@ def test_nvcc_compiles_the_flashattention_sizes_without_spills(tmp_path, head_di
     assert Counter(ops)["UTMASTG.2D"] == head_dim * o_bytes // 128
     assert Counter(ops)["STSM.16.M88.4"] == (head_dim // 16 if out else 0)
     assert sum(op.startswith("USETMAXREG") for op in ops) == (2 if rows == 8 else 0)
+    # Two warpgroups take turns (the ping-pong): a BAR.ARV for each bar.arrive printed (the first turn and each
+    # turn's end); one warpgroup, none.
+    if rows == 8:
+        assert Counter(ops)["BAR.ARV"] == art.kernel_cu.count("spatialc_engine_arrive(") - 1 == 4  # (less its def)
+    else:
+        assert Counter(ops)["BAR.ARV"] == 0 and "spatialc_engine_arrive(" not in art.kernel_cu
     assert not [op for op in ops if op.startswith(("LDL", "STL"))]  # nothing in local memory

@@ -144,7 +144,7 @@ def test_a_program_planned_for_the_general_form_is_refused_by_one_line():
         spatialc.lower(p, form="sm90a")
     assert "\n" not in str(e.value)
     art = spatialc.lower(p)  # auto: the general form, saying why not the sm_90a one
-    assert art.budget.form == "general" and any("build it with form='sm90a'" in n for n in art.notes)
+    assert art.budget.form == "general" and any("form='sm90a'" in n for n in art.notes)
 
 
 def test_the_cli_prints_it_in_the_sm90a_form(capsys):

@@ -14,7 +14,7 @@ E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])
 
 def w4_program(m: int, n: int, k: int, fmt: str = "int4", prec: str = "bf16", **kw) -> spatialc.SpatialProgram:
     target = kw.pop("target", "sm_90")
-    build = {x: kw.pop(x) for x in ("block", "sites", "depth", "placement", "sub_blocks", "split_k") if x in kw}
+    build = {x: kw.pop(x) for x in ("block", "sites", "depth", "placement", "sub_blocks", "split_k", "form") if x in kw}
     return spatialc.build(spatialc.gemm(m, n, k, prec, weights=fmt, **kw), target, **build)
 
 

@@ -195,6 +195,8 @@ def _page_options(g: argparse.ArgumentParser, out_help: str, block_help: str, *,
 
 
 def _attention_parser(sub) -> None:
+    from ..lower.cuda.sm90a.overlap import SCHEDULES
+
     g = sub.add_parser(
         "attention",
         help="build, verify and check scaled dot-product attention: O = softmax(scale · Q·Kᵀ + mask) · V and LSE",
@@ -223,6 +225,15 @@ def _attention_parser(sub) -> None:
         help="KV heads (grouped-query attention: H a multiple of N; default: H, one KV head a query head)",
     )
     g.add_argument("--scale", type=float, metavar="S", help="the scores' factor, > 0 (default: 1/√D)")
+    g.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        help="the sm_90a form's KV loop: serial (each matmul waited for), overlapped (each block's softmax under"
+        " the next block's S) or pingpong (two consumer warpgroups, --block 8,COLS, taking turns: each softmax under"
+        " the other's matmuls; FlashAttention-3's) (default: pingpong for two consumer warpgroups, overlapped for"
+        " one, where its registers fit and K and V have two stages; else serial). A schedule the kernel cannot take"
+        " is refused",
+    )
     _page_options(
         g,
         "O's element type: float32, fp16 or bf16 (default: float32; LSE is float32)",

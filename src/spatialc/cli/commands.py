@@ -252,14 +252,15 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, checked: 
     """The kernel's memory; with --emit its files, with --run its result against the interpreter's (`checked`: C or
     its sampled rows, the inputs they came from and the check's plan)."""
     t0 = time.perf_counter()
+    schedule = getattr(args, "schedule", None)  # (attention's KV loop: asked for, it must be printed)
     try:
-        art = api.lower(p, form=args.form)
+        art = api.lower(p, form=args.form, **({"schedule": schedule} if schedule else {}))
     except SpatialError as e:
-        # A forced form that cannot be printed fails alike; an 8-bit float program no form prints for this target
-        # (sm_80, sm_86) runs in the interpreter
+        # A forced form or schedule that cannot be printed fails alike; an 8-bit float program no form prints for
+        # this target (sm_80, sm_86) runs in the interpreter
         interpreted = p.precision in FP8_PRECISIONS and not args.emit and args.form == "auto"
         sass = getattr(args, "sass", False)
-        if args.emit or (args.run and not interpreted) or args.form != "auto" or sass:
+        if args.emit or (args.run and not interpreted) or args.form != "auto" or sass or schedule:
             raise
         print(f"  kernel    none: {e}")
         if args.run:

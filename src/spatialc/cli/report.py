@@ -217,9 +217,11 @@ def _staging(bud, scales: int = 0) -> str:
 def _attention_sm90a(plan, maps: str) -> list[str]:
     """The sm_90a form's attention kernel, in the two lines that describe a GEMM's there."""
     keys, dim = plan.block.ibw * 16, plan.block.osw * 16
+    two = plan.block.osh * 16 == 128  # bands of 128 rows: two consumer warpgroups
+    who = "two consumer warpgroups of 64 query rows each run" if two else "one consumer warpgroup of 64 query rows runs"
     return [
         "  kernel    sm_90a form: one thread of a producer warpgroup loads Q once a band and K and V a stage at a"
-        f" time by TMA, a box a panel ({maps}); one consumer warpgroup of 64 query rows runs",
+        f" time by TMA, a box a panel ({maps}); {who}",
         f"            S = Q·Kᵀ as wgmma m64n{keys}k16 (K-major B from shared memory), the softmax in registers,"
         f" O += P·V as wgmma m64n{dim}k16 with P from registers",
     ]

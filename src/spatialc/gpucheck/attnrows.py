@@ -65,10 +65,11 @@ def attention_case(built: Any, target: str) -> Any:
     """The attention program built and lowered in the general form; where lower refuses it, its general contestant
     absent with lower's line (the row runs the libraries all the same). On a Hopper (target sm_90) the same program
     built for sm_90a and lowered in the sm_90a form beside it (TMA, wgmma: `lower/cuda/sm90a/attention.py`), or
-    absent with the reason, and as its neighbours (kernel only) its serial schedule and its bands of 128 rows."""
+    absent with the reason, and as its neighbours (kernel only) its serial schedule and its bands of 128 rows, with
+    and without the ping-pong."""
     import spatialc
 
-    from ..lower.cuda.sm90a.overlap import SERIAL
+    from ..lower.cuda.sm90a.overlap import OVERLAPPED, PINGPONG, SERIAL
     from .builds import Form, form_built, forms_of
     from .cases import HOPPER_FORM, one_line
 
@@ -80,16 +81,22 @@ def attention_case(built: Any, target: str) -> Any:
     if target == "sm_90":
         # Beside the sm_90a form at its default schedule (each block's softmax overlapping the next block's S, where
         # its registers fit), the same plan with each matmul waited for: the neighbour it is timed against.
-        # And bands of 128 rows, two consumer warpgroups (a block the planner does not choose).
+        # And bands of 128 rows, two consumer warpgroups (a block the planner does not choose), with and without
+        # FlashAttention-3's ping-pong.
         planned, form = form_built(program, HOPPER_FORM, {"form": HOPPER_FORM})
         _, serial = form_built(program, HOPPER_FORM, {"form": HOPPER_FORM}, {"schedule": SERIAL})
         serial.variant, serial.kernel_only = f"{SERIAL} schedule", True
         hopper = [form, serial]
         if planned is not None:
+            # Two consumer warpgroups, once interleaved as the warp schedulers take them (the overlapped schedule)
+            # and once in FlashAttention-3's turns (the ping-pong, their default): the pair times the named barriers.
             b = planned.plans[0].block
-            _, two = form_built(program, HOPPER_FORM, {"form": HOPPER_FORM, "block": (8, b.ibw, 1)})
+            forced = {"form": HOPPER_FORM, "block": (8, b.ibw, 1)}
+            _, two = form_built(program, HOPPER_FORM, forced, {"schedule": OVERLAPPED})
             two.variant, two.kernel_only = "two consumer warpgroups", True
-            hopper.append(two)
+            _, pingpong = form_built(program, HOPPER_FORM, forced, {"schedule": PINGPONG})
+            pingpong.variant, pingpong.kernel_only = "two consumer warpgroups, ping-pong", True
+            hopper += [two, pingpong]
     try:
         artifact = spatialc.lower(spatialc.build(program, target, form="general"), target, form="general")
     except Exception as e:

@@ -10,7 +10,9 @@ and takes what the persistent form refuses as far as it prints it. A persistent 
 in general form in `artifact.general`, so that the two can be run on the same inputs and compared (an sm_90a one
 does not: its pages are panels). A program without a tile matmul (a map program, a row program) is printed by both
 the general and the persistent form; auto picks the general one (`PAGES_NOTE` says why). Attention is printed by the
-general form and, planned for it, the sm_90a form (`ATTENTION_NOTE`); the persistent form refuses it.
+general form and, planned for it, the sm_90a form (`ATTENTION_NOTE`); the persistent form refuses it. A W4A16 GEMM
+is printed by the general and the persistent form (its dequant in registers in both); auto picks the general one
+(`W4_NOTE` says why).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from ...passes.tile import in_panels
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
 from ..errors import LowerError, NeedsGeneral, TooBig, Unsupported
-from .common.program import ATTENTION_PROGRAM, MAP_PROGRAM, ROW_PROGRAM
+from .common.dequant import has_dequant
+from .common.program import ATTENTION_PROGRAM, MAP_PROGRAM, ROW_PROGRAM, W4_PROGRAM
 from .general import kernel as general
 from .persistent import kernel as persistent
 from .sm90a import kernel as sm90a
@@ -49,6 +52,16 @@ ATTENTION_NOTE = (
     f"the general form: {ATTENTION_PROGRAM} planned for the other forms — the persistent form refuses it by name, and"
     " the sm_90a form prints only a plan made for it (on sm_90a, auto plans for it where it prints; form='sm90a'"
     " plans for it, or says why it cannot)"
+)
+
+
+# Why auto prints a W4A16 GEMM in the general form: `build` plans it for that form (split-K where its items are few,
+# which the persistent form cannot print), and which of the two runs a decode shape faster is a prediction not yet
+# measured (bench/README.md, "W4A16: persistent against general").
+W4_NOTE = (
+    f"the general form: {W4_PROGRAM} is planned for it; the persistent form prints it too (build and lower with"
+    " form='persistent'), and on sm_90a the sm_90a form (build it with form='sm90a'); which is fastest is not yet"
+    " measured"
 )
 
 
@@ -108,6 +121,9 @@ def lower(
         # Pages in panels: only the sm_90a form reads them, so its refusal is the answer and no general form
         # rides along.
         return sm90a.lower(program, target)
+    if form == "auto" and has_dequant(program):
+        art = general.lower(program, target)
+        return dataclasses.replace(art, notes=(*art.notes, W4_NOTE))
     passed_over: tuple[str, ...] = ()
     if form == "auto" and target.hopper:
         try:

@@ -26,6 +26,9 @@ SPATIALC_EMU_FN void mbar_cp_async_arrive(void* bar, int line);
 // `cluster`: acquiring at cluster scope (spatialc_mbar_wait_cluster), as a phase a peer block completed needs.
 SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line, bool cluster = false);
 SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line);
+// Named barriers with an arrival that does not wait (bar.arrive) and the wait beside it (bar.sync): emu_runtime.h.
+SPATIALC_EMU_FN void engine_arrive(unsigned id, unsigned threads, int line);
+SPATIALC_EMU_FN void named_sync(unsigned id, unsigned threads, int line);
 SPATIALC_EMU_FN void grid_add(int* word, int by, int line);
 SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line);
 SPATIALC_EMU_FN void grid_add_relaxed(int* word, int by);  // (planted faults only: see spatialc_grid_add_relaxed)
@@ -54,6 +57,14 @@ inline void spatialc_mbar_wait(unsigned long long* bar, unsigned parity, int lin
 }
 inline void spatialc_engine_sync(unsigned id, unsigned threads, int line = __builtin_LINE()) {
     spatialc_emu::engine_sync(id, threads, line);
+}
+// The ping-pong's named barriers (lower/cuda/sm90a/pingpong.cuh, which checks SPATIALC_NAMED_ARRIVE).
+#define SPATIALC_NAMED_ARRIVE
+inline void spatialc_engine_arrive(unsigned id, unsigned threads, int line = __builtin_LINE()) {
+    spatialc_emu::engine_arrive(id, threads, line);
+}
+inline void spatialc_engine_wait(unsigned id, unsigned threads, int line = __builtin_LINE()) {
+    spatialc_emu::named_sync(id, threads, line);
 }
 inline void spatialc_grid_add(int* word, int by, int line = __builtin_LINE()) {
     spatialc_emu::grid_add(word, by, line);

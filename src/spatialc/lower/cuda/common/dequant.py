@@ -147,27 +147,21 @@ class DequantPrinter:
     def fuse(self, ops: tuple[ChoreoOp, ...], env: dict[LoopVar, str]) -> tuple[Any, ...]:
         """`ops` as the register path prints them (GeneralKernel.dequant "registers"): the operand page's Reserve,
         Push, Wait and Pop and the dequant itself as comments (`InRegisters`), the packed page's Pop moved after the
-        matmul, which reads B's fragments from the packed page (`b_fragment`). Moving a Pop later only holds a page
-        longer: between its place and the matmul's end the engine waits on no other engine. `ops` as they are where
-        the body is not the dequant-then-matmul pattern (`register_fusion`) or the shared path is asked for."""
+        matmul, which reads B's fragments from the packed page (`b_fragment`). `ops` as they are where the body is
+        not the dequant-then-matmul pattern (`register_fusion`) or the shared path is asked for."""
         at = register_fusion(ops) if getattr(self.k, "dequant", "registers") == "registers" else None
         if at is None:
             return ops
-        reserve, i, push, wait, mm, pop = at
-        dq = ops[i]
-        assert isinstance(dq, Compute) and isinstance(dq.op, Dequant)
+        dq = ops[at[1]]
+        assert isinstance(dq, Compute)
+        self.hold(dq, env)
+        return fused_order(ops, at)
+
+    def hold(self, dq: Compute, env: dict[LoopVar, str]) -> None:
+        """Note that the next matmul reads the B page dequant `dq` fills from its packed page, dequantised in
+        registers (`b_fragment`), at the page's place as `env` gives it where the dequant stands."""
+        assert isinstance(dq.op, Dequant)
         (src,), (dst,) = dq.ins, dq.outs
-        src_pop = next(j for j in range(i + 1, mm) if j not in (push, wait))
-        page = "the B operand page: its weights are dequantised in registers as the matmul loads them"
-        why = {reserve: page, push: page, wait: page, pop: page, i: "dequantised in registers at the matmul's B loads"}
-        out: list[Any] = []
-        for j, each in enumerate(ops):
-            if j in why:
-                out.append(InRegisters(each, why[j]))
-            elif j != src_pop:
-                out.append(each)
-            if j == mm:
-                out.append(ops[src_pop])  # the packed page, held until the matmul has read it
         dop = dq.op
         self.register_b = getattr(self, "register_b", {})
         rows = self.kept(src).page // PACKED_TILE // dop.width  # the page's tiles of K
@@ -175,7 +169,6 @@ class DequantPrinter:
         one = tiles % rows == 0 and dop.rows.base % rows == 0 and all(s % rows == 0 for _, s in dop.rows.steps)
         reg = RegisterB(dop, src, addr_expr(dop.rows, env), addr_expr(dop.cols, env), one)
         self.register_b[self.kept(dst).id] = reg
-        return tuple(out)
 
     def register_rings(self, programs: tuple[tuple[ChoreoOp, ...], ...]) -> frozenset[int]:
         """The operand rings the register path does without in `programs` (their counters are never declared)."""
@@ -291,6 +284,27 @@ class RegisterB:
     rows_at: str
     cols_at: str
     one_group: bool  # every tile of the page lies in one group of scales (then the matmul's K steps share them)
+
+
+def fused_order(ops: tuple[ChoreoOp, ...], at: tuple[int, int, int, int, int, int]) -> tuple[Any, ...]:
+    """`ops` with the register path's fusion `at` (`register_fusion`'s positions) made: the operand page's Reserve,
+    Push, Wait and Pop and the dequant as `InRegisters`, the packed page's Pop moved right after the matmul. Moving a
+    Pop later only holds a page longer: between its place and the matmul's end the engine waits on no other engine."""
+    reserve, i, push, wait, mm, pop = at
+    src = ops[i].ins[0]  # type: ignore[union-attr]
+    src_pop = next(j for j in range(i + 1, mm) if j not in (push, wait))
+    assert _ring_op(ops[src_pop], Pop, src)
+    page = "the B operand page: its weights are dequantised in registers as the matmul loads them"
+    why = {reserve: page, push: page, wait: page, pop: page, i: "dequantised in registers at the matmul's B loads"}
+    out: list[Any] = []
+    for j, each in enumerate(ops):
+        if j in why:
+            out.append(InRegisters(each, why[j]))
+        elif j != src_pop:
+            out.append(each)
+        if j == mm:
+            out.append(ops[src_pop])  # the packed page, held until the matmul has read it
+    return tuple(out)
 
 
 def register_fusion(ops: tuple[ChoreoOp, ...]) -> tuple[int, int, int, int, int, int] | None:

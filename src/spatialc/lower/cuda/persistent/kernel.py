@@ -11,22 +11,29 @@ depth, and that an int8 reduction cannot overflow int32 — and refuses, with a 
 
 from __future__ import annotations
 
+import dataclasses
+
 from ....ir.nodes import ComputeStage, Plan, SpatialProgram, Stage, TensorRole, Tile
 from ....ir.ops import (
     AcquireAcc,
     Barrier,
     Compute,
+    Dequant,
     Loop,
     MatmulTiles,
     McastSend,
     McastSetValid,
     PackAcc,
+    Pop,
     Precision,
+    Push,
     ReadTiles,
+    Reserve,
     SemInc,
     SemSet,
     SemWait,
     Trip,
+    Wait,
     WriteTiles,
 )
 from ....ir.printer import compute_text
@@ -40,9 +47,11 @@ from ...errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
 from ..common import epilogue
 from ..common.blockscale import held_sub_blocks
 from ..common.cwriter import C_TYPES
+from ..common.dequant import InRegisters, fused_order, has_dequant, packed_rings, param_c_type, register_fusion
 from ..common.host import assemble
 from ..common.program import (
     ATTENTION_PROGRAM,
+    W4_PROGRAM,
     all_ops,
     check_printable,
     checked_gemm,
@@ -53,7 +62,7 @@ from ..common.program import (
 )
 from ..common.rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, ring_table
 from . import pages
-from .merge import SerialOp, serial_walk, serialise
+from .merge import SerialLoop, SerialOp, serial_walk, serialise
 from .order import prove, smem_layout
 from .printer import KERNEL_NAME, Kernel, kernel_text
 
@@ -67,7 +76,7 @@ ATTENTION_WHY = (
 
 def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     """The CUDA artifact of a verified program, or a typed error saying what the persistent kernel cannot hold."""
-    check_printable(program)
+    check_printable(program, dequant=True)
     if is_attention_program(program):
         raise NeedsGeneral(ATTENTION_PROGRAM, ATTENTION_WHY)
     if is_map_program(program) or is_row_program(program):  # no tile matmul: its block moves and maps pages
@@ -78,10 +87,11 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     programs = printed_site_programs(program)
     lane_grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
     rings = ring_table(program, types, fused_chain(program, target, mm, chain, lane_grid))
-    ops = serialise(programs)
+    rings = packed_rings(program, rings) if has_dequant(program) else rings
+    ops, registers = in_registers(serialise(programs), rings)
     check_shapes(ops, plan, mm, rings)
     prove(rings, ops)
-    kernel = make_kernel(program, target, plan, types, rings, lane_grid, integer, bool(chain))
+    kernel = make_kernel(program, target, plan, types, rings, lane_grid, integer, bool(chain), registers)
     kernel_cu = kernel_text(kernel, ops)
     return assemble(program, target.name, kernel_cu, programs, launch_of(kernel, target), budget_of(kernel, target))
 
@@ -91,7 +101,7 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
 
 def refuse(p: SpatialProgram) -> None:
     """Raise the first reason the persistent tile kernel cannot hold `p`."""
-    check_printable(p)
+    check_printable(p, dequant=True)
     general = needs_general(p)
     if general is not None:
         raise NeedsGeneral(*general)
@@ -126,7 +136,7 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     compute = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
     compute += [op.op for op in all_ops(p) if isinstance(op, Compute)]
     for c in compute:
-        if not (isinstance(c, MatmulTiles) or epilogue.fused(c)):
+        if not (isinstance(c, MatmulTiles | Dequant) or epilogue.fused(c)):  # a dequant: `in_registers` decides
             return (
                 f"a {compute_text(c, p)} stage",
                 "the tile kernel computes tensor-core tile matmuls and fuses elementwise epilogue stages into their "
@@ -163,6 +173,62 @@ def fused_chain(
             f"the epilogue {epilogue.names(p, chain)}",
             f"the fused epilogue applies where each warp reads back its own accumulators, and {why}",
         )
+    return ()
+
+
+def in_registers(ops: tuple[SerialOp, ...], rings: Rings) -> tuple[tuple[SerialOp, ...], frozenset[int]]:
+    """`ops` with each body that dequantises a page of packed weights for its own next matmul fused as the general
+    form's register path fuses it (`common/dequant.py`'s `register_fusion` and `fused_order`: the B page's ring ops
+    and the dequant as `InRegisters`, the packed page popped after the matmul, whose B fragments are dequantised from
+    it), and the B rings so replaced: no op but the matmul names them, and the kernel never declares them. Fused
+    before the order is proved and rotated, so that the proof and the software pipeline see the printed order.
+    NeedsGeneral for a dequant that cannot be so fused (the general form's shared path prints it)."""
+    fused, registers = _fuse(ops, rings)
+    for op in serial_walk(fused):
+        if isinstance(op, Compute) and isinstance(op.op, Dequant):
+            raise NeedsGeneral(
+                f"{W4_PROGRAM} whose dequant of {rings.name(op.ins[0])} does not feed its own next matmul's B alone",
+                "the persistent form dequantises 4-bit weights only in registers, as that matmul loads its B"
+                " fragments, and has no B operand page to write",
+            )
+        names = () if isinstance(op, InRegisters) else _buffers(op)
+        if isinstance(op, Compute) and isinstance(op.op, MatmulTiles):
+            names = names[:1]  # its B is read from the packed page (DequantPrinter.b_fragment)
+        for buf in names:
+            if rings.template[buf] in registers:
+                raise NeedsGeneral(
+                    f"{W4_PROGRAM} whose B page {rings.name(buf)} is also read by a {type(op).__name__}",
+                    "the persistent form's dequant in registers feeds only its matmul's B fragments",
+                )
+    return fused, registers
+
+
+def _fuse(ops: tuple[SerialOp, ...], rings: Rings) -> tuple[tuple[SerialOp, ...], frozenset[int]]:
+    """`in_registers`' fusion of `ops` and every loop body in it, and the B rings it did without."""
+    registers: set[int] = set()
+    body: list[SerialOp] = []
+    for op in ops:
+        if isinstance(op, SerialLoop):
+            inner, found = _fuse(op.body, rings)
+            registers |= found
+            op = dataclasses.replace(op, body=inner)
+        body.append(op)
+    out = tuple(body)
+    while (at := register_fusion(out)) is not None:  # type: ignore[arg-type]
+        registers.add(rings.template[out[at[1]].outs[0]])  # type: ignore[union-attr]
+        out = fused_order(out, at)  # type: ignore[arg-type]
+    return out, frozenset(registers)
+
+
+def _buffers(op: SerialOp) -> tuple:
+    """The buffers `op` names (a ring op's, a compute's ins then outs, a copy's page); () for a loop."""
+    match op:
+        case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf):
+            return (buf,)
+        case Compute(ins=ins, outs=outs):
+            return (*ins, *outs)
+        case ReadTiles(into=buf) | WriteTiles(src=buf) | PackAcc(to=buf):
+            return (buf,)
     return ()
 
 
@@ -203,11 +269,13 @@ def make_kernel(
     lane_grid: tuple[int, int] | None,
     integer: bool,
     has_epilogue: bool,
+    registers: frozenset[int] = frozenset(),
 ) -> Kernel:
-    """Everything the printers need, with the shared memory laid out and the work list sized."""
+    """Everything the printers need, with the shared memory laid out and the work list sized (none for the B rings
+    a W4A16 GEMM's dequant in `registers` does without)."""
     lanes = target.accumulator_lanes
     perw = fragments_per_warp(plan, lanes, lane_grid)
-    smem = smem_layout(rings, target)
+    smem = smem_layout(without(rings, registers), target)
     total = smem.static_bytes + smem.dyn_bytes
     blocks = target.resident_sites_per_unit(total, plan.block.osh, plan.block.osw, held_sub_blocks(p, plan))
     if blocks == 0:
@@ -220,8 +288,16 @@ def make_kernel(
     items = site_items(p)
     out = p.output_tensor()
     assert out is not None
+    # A W4A16 GEMM's packed weights, zero points and e8m0 scales by dequant.cuh's typedefs (`param_c_type`).
+    dq = has_dequant(p)
     param_types = tuple(
-        "OPT" if t.role == TensorRole.INPUT else "OUT_T" if t.role == TensorRole.OUTPUT else C_TYPES[t.dtype]
+        "OUT_T"
+        if t.role == TensorRole.OUTPUT
+        else param_c_type(t, "OPT")
+        if dq
+        else "OPT"
+        if t.role == TensorRole.INPUT
+        else C_TYPES[t.dtype]
         for t in p.tensors
     )
     return Kernel(
@@ -239,13 +315,20 @@ def make_kernel(
         items,
         integer,
         has_epilogue,
+        registers=registers,
     )
+
+
+def without(rings: Rings, templates: frozenset[int]) -> Rings:
+    """`rings` less the rings of `templates` (the B rings a dequant in registers does without: no shared memory)."""
+    return dataclasses.replace(rings, rings={r: v for r, v in rings.rings.items() if r not in templates})
 
 
 def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
     """The resource budget, from the same layout the kernel was printed with."""
     held = held_sub_blocks(k.program, k.plan)  # a block-scaled step's partials counted, as for the blocks an SM
     acc_tiles = k.plan.block.osh * k.plan.block.osw * held[0] * held[1]
+    kept = without(k.rings, k.registers).rings
     return Budget(
         k.smem.ring_bytes,
         k.smem.opt_in,
@@ -255,9 +338,9 @@ def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
         target.registers_per_thread(acc_tiles),
         k.blocks_per_sm,
         k.lanes * 32,
-        tuple((r.name, r.bytes) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
+        tuple((r.name, r.bytes) for r in sorted(kept.values(), key=lambda r: r.id)),
         tuple(k.rings.names[t] for t in k.rings.fused),
-        layouts=tuple((r.name, r.layout.value) for r in sorted(k.rings.rings.values(), key=lambda r: r.id)),
+        layouts=tuple((r.name, r.layout.value) for r in sorted(kept.values(), key=lambda r: r.id)),
         global_read_bytes=global_read_bytes(k.program),
     )
 

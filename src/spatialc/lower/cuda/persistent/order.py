@@ -27,13 +27,14 @@ from ....ir.ops import (
 )
 from ....target import SpatialTarget
 from ...errors import NeedsGeneral, TooBig, Unsupported
+from ..common.dequant import InRegisters
 from ..common.rings import Ring, Rings, aligned
 from .merge import SerialLoop, SerialOp
 
 # ---- software pipelining ----------------------------------------------------------------------------------
 
 PRODUCER_OPS = (Reserve, Push, ReadTiles, ReadBarrier)
-CONSUMER_OPS = (Wait, Pop, Compute)
+CONSUMER_OPS = (Wait, Pop, Compute, InRegisters)  # InRegisters: a W4A16 B page's op the dequant does without
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +171,8 @@ class _Occupancy:
         # whether that store stood at the chain's last Push (`stored`), its WriteTiles still to come.
         self.beside: set[int] = set()
         self.stored = False
+        # A W4A16 B page dequantised in registers → the packed page its matmul's fragments are read from.
+        self.packed: dict[BufferId, BufferId] = {}
 
     @property
     def last(self) -> int:
@@ -193,6 +196,14 @@ class _Occupancy:
                 )
             case SerialLoop():
                 self.loop(op)
+            case InRegisters():
+                # A W4A16 B page's ring op or dequant, printed as a comment (the matmul dequantises its fragments
+                # from the packed page, which the fused order pops after it): the page is followed as if it were
+                # held, so that the matmul still finds its B waited for — and the packed page, which the matmul
+                # reads, must still be waited for and unpopped there (`Compute` below).
+                if isinstance(op.op, Compute):
+                    self.packed[op.op.outs[0]] = op.op.ins[0]
+                self.step(op.op)
             case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) if self.rings.kept(buf) is not None:
                 self.flow(op, self.rings.kept(buf))  # type: ignore[arg-type]
             case ReadTiles(into=buf) | PackAcc(to=buf) if self.rings.kept(buf) is not None:
@@ -223,6 +234,8 @@ class _Occupancy:
                 for buf in ins:
                     if self.rings.kept(buf) is not None:
                         self.need(buf, lambda h, r, s: s == 1, "a page waited for and not yet popped", op)
+                    if buf in self.packed:  # B's fragments dequantised from this packed page
+                        self.need(self.packed.pop(buf), lambda h, r, s: s == 1, "its packed page unpopped", op)
                 for buf in outs:  # a stage page to page fills the page its engine reserved
                     if self.rings.kept(buf) is not None:
                         self.need(buf, lambda h, r, s: h - r == 1, "a page reserved and not yet pushed", op)

@@ -13,6 +13,7 @@ from ....ir.names import plain
 from ....ir.nodes import Plan, SpatialProgram, TensorRole
 from ....ir.ops import (
     Compute,
+    Dequant,
     PackAcc,
     Pop,
     Push,
@@ -31,8 +32,10 @@ from ..common.cwriter import (
     STORE_MACRO,
     Writer,
     includes,
+    inlined_lines,
     site_prologue,
 )
+from ..common.dequant import DequantPrinter, InRegisters, has_dequant
 from ..common.maps import MapPrinter
 from ..common.rings import MmaTypes, Rings
 from ..common.rows import RowAccumulators, RowPrinter
@@ -66,6 +69,8 @@ class Kernel:
     # fragments; a row program's row accumulators are `rows` (rows.py).
     pages: bool = False
     rows: RowAccumulators | None = None
+    # A W4A16 GEMM's B rings its dequant in registers does without (kernel.in_registers): never declared.
+    registers: frozenset[int] = frozenset()
 
     @property
     def item_tiles(self) -> tuple[int, int]:
@@ -73,8 +78,9 @@ class Kernel:
         return self.plan.item_tiles
 
 
-class OpPrinter(TilePrinter):
-    """Prints a serial program's ops into a Writer; one method per op kind."""
+class OpPrinter(DequantPrinter, TilePrinter):
+    """Prints a serial program's ops into a Writer; one method per op kind (a W4A16 GEMM's B fragments dequantised
+    in registers by the general form's printer of them, `DequantPrinter`)."""
 
     def __init__(self, k: Kernel, w: Writer, free_pops: frozenset[int] = frozenset()):
         super().__init__(k.plan, k.rings, k.lane_grid, w)
@@ -112,6 +118,10 @@ class OpPrinter(TilePrinter):
         match op:
             case SerialLoop():
                 self.loop(op, env, tag)
+            case InRegisters():
+                if isinstance(op.op, Compute) and isinstance(op.op.op, Dequant):
+                    self.hold(op.op, env)  # the next matmul's B fragments, from the packed page at this place
+                self.w.line(f"// {op.why}", marker(op.op, tag))
             case Push(buf) if rings.is_fused(buf) and self.reads_beside(buf):
                 # A chain reading a page beside its value (a residual's) is stored at its last Push, while that page
                 # is still waited for and not popped (the occupancy proof checks it); its WriteTiles prints nothing.
@@ -291,8 +301,12 @@ def preamble(k: Kernel) -> list[str]:
         lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, ""]
         epit = "long long" if k.integer else "float"
         lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.out_type} OUT_T;", f"typedef {epit} EPIT;"]
+    elif has_dequant(p):  # its B fragments dequantised from packed pages (dequant.cuh: after the tensor-core layer)
+        lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types)]
+        lines += ["", *inlined_lines("common/dequant.cuh"), ""]
     else:
         lines += ["", RING_MACROS, STORE_MACRO, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types), ""]
+    if not k.pages:
         lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     if k.has_epilogue:
         lines += ["", *epilogue.helpers(k.integer).rstrip("\n").split("\n"), ""]
@@ -345,6 +359,9 @@ def kernel_prologue(k: Kernel, w: Writer) -> None:
         w.line("extern __shared__ __align__(32) char spatialc_dyn_smem[];")
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]
+        if rid in k.registers:
+            w.line(f"// ring_{rid}: a W4A16 operand page the dequant in registers never writes (common/dequant.py)")
+            continue
         if k.smem.rings_dynamic:
             w.line(
                 f"SPATIALC_DYNAMIC_RING({ring.c_type}, ring_{rid}, spatialc_dyn_smem, SMEM_OFF_{rid}, DEPTH_{rid}, "

@@ -24,15 +24,14 @@ recurrence's rings in the compute warps' registers: `common/registers.py`) with 
   four columns of the tiled page.
 
 - The KV loop overlaps each block's softmax with the next block's S where ptxas fits the second set of S registers
-  (`overlap.py`, the schedule "overlapped"); "serial" waits for each matmul before the op after it.
+  (`overlap.py`, the schedule "overlapped"); "serial" waits for each matmul before the op after it; "pingpong"
+  (`pingpong.py`, the default for two consumer warpgroups) is FlashAttention-3's: the two warpgroups issue their
+  matmuls in turns, ordered by two named barriers, each softmax running under the other warpgroup's matmuls.
 
 - A forced block of 8 query tile rows makes bands of 128 rows: two consumer warpgroups, 64 rows each (Q's descriptor
   starting at the warpgroup's 64 rows of the band's page), K's and V's stages shared and freed once both have read
   them (one arrival a warp), setmaxnreg giving them the producer's registers, each its own staging boxes. The
   planner does not choose them (nothing has timed them yet).
-
-What it does not do (yet): FlashAttention-3's ping-pong — named barriers ordering the two warpgroups' matmuls so
-that one's softmax runs under the other's (here the warp schedulers interleave them as they come).
 """
 
 from __future__ import annotations
@@ -56,6 +55,7 @@ from . import staging
 from .overlap import (
     OVERLAP_HEAD_DIM_MAX,
     OVERLAPPED,
+    PINGPONG,
     SCHEDULES,
     SERIAL,
     kv_loops,
@@ -63,6 +63,7 @@ from .overlap import (
     least_trip,
     overlapped_loop,
 )
+from .pingpong import first_turn, pingpong_loop
 from .plan import (
     BARRIER_ALIGN,
     STAGE_ALIGN,
@@ -180,19 +181,41 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget, schedule: st
             f"its second set of S registers spills past 255 a thread above head_dim {OVERLAP_HEAD_DIM_MAX}: lower"
             " with schedule='serial'",
         )
-    loops = [loop for ops in compute.programs for loop in kv_loops(ops)]
-    if schedule == OVERLAPPED and any(least_trip(loop) < 1 for loop in loops):
+    if schedule == PINGPONG and dim_tiles * 16 > OVERLAP_HEAD_DIM_MAX:
         raise Unsupported(
-            "the overlapped attention schedule where an item may run no KV block",
+            f"the ping-pong attention schedule at head_dim {dim_tiles * 16}",
+            f"ptxas spills its registers above head_dim {OVERLAP_HEAD_DIM_MAX} (8 bytes a thread at 256, where the"
+            " serial schedule spills none): lower with schedule='serial'",
+        )
+    if schedule == PINGPONG and wg.consumers != 2:
+        raise Unsupported(
+            f"the ping-pong attention schedule with {wg.consumers} consumer warpgroup",
+            "it alternates two warpgroups' matmuls: force bands of 128 rows (a block of 8 query tile rows), or lower"
+            " with schedule='overlapped'",
+        )
+    loops = [loop for ops in compute.programs for loop in kv_loops(ops)]
+    if schedule in (OVERLAPPED, PINGPONG) and any(least_trip(loop) < 1 for loop in loops):
+        raise Unsupported(
+            f"the {schedule} attention schedule where an item may run no KV block",
             "its first S is issued before the loop: lower with schedule='serial'",
         )
-    if schedule is None:  # the overlapped schedule where its registers fit, K and V have two stages, every item a step
-        fits = dim_tiles * 16 <= OVERLAP_HEAD_DIM_MAX and k.plan.depth >= 2
-        fits = fits and all(least_trip(loop) >= 1 for loop in loops)
-        schedule = OVERLAPPED if fits else SERIAL
+    if schedule is None:
+        schedule = default_schedule(wg, dim_tiles * 16, k.plan.depth, loops)
     hk = dataclasses.replace(hk, wgmmas=widths, schedule=schedule)
     check_resources(hk, target)
     return hk
+
+
+def default_schedule(wg: Warpgroups, head_dim: int, depth: int, loops: list[Loop]) -> str:
+    """The KV loop's schedule where none is asked for: where the registers fit (`OVERLAP_HEAD_DIM_MAX`), K and V
+    have two stages and every item runs a step, the ping-pong for two consumer warpgroups (what FlashAttention-3
+    gives its two: with the warp schedulers left to interleave them the two softmaxes contend with each other and
+    the tensor cores wait; in turns each softmax runs under the other's matmuls) and the overlapped one for one;
+    else the serial one."""
+    fits = head_dim <= OVERLAP_HEAD_DIM_MAX and depth >= 2 and all(least_trip(loop) >= 1 for loop in loops)
+    if not fits:
+        return SERIAL
+    return PINGPONG if wg.consumers == 2 else OVERLAPPED
 
 
 def written(p: SpatialProgram, side: list[general.Role]) -> tuple[WriteTiles, WriteTiles]:
@@ -226,9 +249,9 @@ class AttentionPrinter(HopperPrinter):
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         mark = marker(op)
         match op:
-            case Loop() if self.hk.schedule == OVERLAPPED and (step := kv_step(op)) is not None:
+            case Loop() if self.hk.schedule in (OVERLAPPED, PINGPONG) and (step := kv_step(op)) is not None:
                 self.overlapping = True
-                overlapped_loop(self, op, step, env, mark)
+                (pingpong_loop if self.hk.schedule == PINGPONG else overlapped_loop)(self, op, step, env, mark)
                 self.overlapping = False
             case Compute(op=MatmulTiles() as mm, ins=(a, b), acc=acc) if acc is not None and self.held(a):
                 self.wgmma_rs(mm, a, self.kept(b), acc, mark)
@@ -364,3 +387,5 @@ def declare(printer: AttentionPrinter, w: Writer) -> None:
     for t in sorted(k.rows.reductions if k.rows is not None else ()):
         w.line(f"float racc_{t}[RROWS];  // the lane's share of each of the warp's rows")
     printer.declare_registers()
+    if printer.hk.schedule == PINGPONG:
+        w.line(first_turn() + "  // the first turn is warpgroup 0's (`pingpong.py`)")

@@ -1,10 +1,11 @@
 """A W4A16 GEMM in the sm_90a form (issue 34, item 6): the packed weights by bulk copy, dequantised by the consumer
 warpgroups into B's operand page of swizzled panels, which wgmma reads from shared memory.
 
-The design is the consumer-side dequant (docs/design.md §6, the sm_90a form), not Machete's transposed product (C^T = W^T
-X^T, the weights wgmma's A operand straight from registers). wgmma takes only A from registers: with the weights as
-A the activations would be B, the accumulators C^T, and the epilogue, the staged TMA store, the fused chain and the
-plan (items of 64 weight rows × a few activation columns) would all be printed transposed — a second GEMM kernel.
+The design is the consumer-side dequant (docs/design.md §6, the sm_90a form), not Machete's transposed product
+(C^T = W^T X^T, the weights wgmma's A operand straight from registers). wgmma takes only A from registers: with the
+weights as A the activations would be B, the accumulators C^T, and the epilogue, the staged TMA store, the fused
+chain and the plan (items of 64 weight rows × a few activation columns) would all be printed transposed — a second
+GEMM kernel.
 The consumer-side dequant keeps the form's kernel whole: the IR's own W4A16 schedule (`passes/dequant.py`: Wait Bq;
 Reserve B; Dequant Bq → B; Push B; Pop Bq; Wait B; matmul; Pop B) prints as it stands, B's ring the one the plain
 GEMM's copy engine would have filled, now written by the consumers.

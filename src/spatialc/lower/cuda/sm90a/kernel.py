@@ -112,6 +112,7 @@ from . import dequant as w4
 from . import staging
 from .attention import AttentionPrinter, check_attention_plan, declare, make_attention_kernel
 from .blockscale import SCALE_ALIGN, ScaleStage, scale_stage
+from .overlap import PINGPONG
 from .plan import (
     BARRIER_ALIGN,
     CONSUMER_REGS,
@@ -525,6 +526,8 @@ def preamble(hk: HopperKernel) -> list[str]:
     wgmmas = [line for n, kind in hk.wgmmas or ((hk.n, "ss"),) for line in wgmma_specialisations(n, *types, kind)]
     w4a16 = ["sm90a/dequant90.cuh"] if has_dequant(k.program) else []  # its bulk copies and panel stores
     extra = [*inlined_lines("sm90a/sm90a.cuh", *w4a16), *wgmmas, ""]
+    if hk.schedule == PINGPONG:  # the two consumer warpgroups' turns: bar.arrive beside bar.sync
+        extra += [*inlined_lines("sm90a/pingpong.cuh"), ""]
     rest = [*rest[:at], *extra, *rest[at:]]
     if hk.chunk:  # tiles of the output box each consumer warp stages for the TMA store
         at = next(i for i, line in enumerate(rest) if line.startswith("#define SMEM_OFF_"))
@@ -671,7 +674,8 @@ def lower(
 ) -> CudaArtifact:
     """The sm_90a CUDA artifact of a verified program, or a typed error saying what the form cannot print; `epilogue`
     picks how the fused store's staged boxes go out (`plan.EPILOGUES`), `schedule` attention's KV loop
-    (`overlap.SCHEDULES`: its softmax overlapping the next S, the default, or each matmul waited for)."""
+    (`overlap.SCHEDULES`: its softmax overlapping the next S, the default for one consumer warpgroup; each matmul
+    waited for; or two warpgroups' matmuls in turns, `pingpong.py`, the default for two)."""
     hk = make_kernel(program, target, epilogue, schedule)
     k = hk.base
     clustered = hk.multicast is not None

@@ -47,10 +47,12 @@ from ..common.cwriter import span_count
 if TYPE_CHECKING:
     from .attention import AttentionPrinter
 
-OVERLAPPED, SERIAL = "overlapped", "serial"
-SCHEDULES = (OVERLAPPED, SERIAL)
+OVERLAPPED, SERIAL, PINGPONG = "overlapped", "serial", "pingpong"  # (PINGPONG: two warpgroups' turns, pingpong.py)
+SCHEDULES = (OVERLAPPED, SERIAL, PINGPONG)
 # The widest head_dim the overlapped schedule takes: ptxas -v (nvcc 13, sm_90a) counts 166 registers a thread at
-# head_dim 64, 196 at 128 and 255 with 8 bytes of spill at 256 (the serial schedule: 114, 148, 212).
+# head_dim 64, 196 at 128 and 255 with 8 bytes of spill at 256 (the serial schedule: 114, 148, 212). The ping-pong's
+# too (`pingpong.py`; two consumer warpgroups, ptxas held to the launch's 168 registers a thread: 8 bytes of spill at
+# 256, none at 128 or below, none for the serial schedule at 256).
 OVERLAP_HEAD_DIM_MAX = 128
 
 
