@@ -4,8 +4,8 @@ page by bulk copies, the consumer warpgroups dequantise it into B's page of swiz
 emulation runs the printed kernels equal to the interpreter at decode shapes (M = 1, 16, 64) and a square one, for
 int4 with zero points, uint4 with float32 scales and fp16 operands, and mxfp4, in both of the form's blocks (two
 consumer warpgroups; one, two blocks an SM); the nibbles read the other way round, the scales of the other group, a
-missing fence.proxy.async and a wgmma issued before B's barrier, each planted in the kernel text, are caught (the
-scales of the other group landed by the producer beside the page); nvcc
+missing fence.proxy.async, a wgmma issued before B's barrier and a K step's stages released before its wgmma
+group retired (the K loop keeps one group in flight), each planted in the kernel text, are caught; nvcc
 -Werror compiles the decode kernel (M = 16, N = K = 4096, int4 with zero points per 128) for sm_90a without spills,
 its SASS with wgmma, bulk copies and no byte loads; a program planned for the general form is refused by one line."""
 
@@ -32,7 +32,7 @@ from .w4_inputs import w4_inputs
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
 CASES = {  # (weights, precision, (M, N, K), gemm keywords, forced block)
-    "int4-zeros-m1": ("int4", "bf16", (1, 64, 256), {"group": 128, "zeros": True}, None),
+    "int4-zeros-m1": ("int4", "bf16", (1, 64, 512), {"group": 128, "zeros": True}, None),  # 8 K steps, 4 stages
     "int4-zeros-m16-paired": ("int4", "bf16", (16, 64, 256), {"group": 128, "zeros": True}, (4, 2, 4)),
     "uint4-f32-scales-fp16-m64": ("uint4", "fp16", (64, 72, 192), {"group": 64, "scale_type": "float32"}, None),
     "mxfp4-m16": ("mxfp4", "bf16", (16, 48, 160), {}, None),
@@ -87,7 +87,7 @@ def swap_nibbles(text: str) -> str:
 
 
 def other_group(text: str) -> str:
-    """The producer lands the other group's scales and zero points beside the page (K = 256: groups 0 <-> 1)."""
+    """The producer lands the other group's scales and zero points beside the page (groups 0 <-> 1, 2 <-> 3)."""
     out, n = re.subn(r"(const int g0 = .*? / 128);", r"\1 ^ 1;", text)
     assert n == 1
     return out
@@ -111,6 +111,14 @@ def wgmma_before_the_barrier(text: str) -> str:
     return text[: m.start()] + f"\n++wt_{r}; " + text[m.end() :]
 
 
+def released_before_retired(text: str) -> str:
+    """The previous K step's stages released before the wait_group that retires its group: the producer refills a
+    stage the wgmma may still read."""
+    m = re.search(r"( *)spatialc_wgmma_wait<1>\(\);[^\n]*\n( *if \(k > 0\) \{[^\n]*\n(?:.*\n)*?\1\}\n)", text)
+    assert m
+    return text[: m.start()] + m[2] + m[1] + "spatialc_wgmma_wait<1>();\n" + text[m.end() :]
+
+
 @needs_gxx
 @pytest.mark.emulation
 @pytest.mark.parametrize("fault", [swap_nibbles, other_group], ids=["nibble order", "the other group's scales"])
@@ -129,8 +137,9 @@ def test_a_wrong_dequant_planted_in_the_kernel_text_is_caught(built, fault):
     [
         (no_fence, r"RACE between the proxies: spatialc_wgmma .* with no fence\.proxy\.async since"),
         (wgmma_before_the_barrier, r"RACE"),
+        (released_before_retired, r"RACE on shared ring .* a wgmma operand read .* and a TMA load landing"),
     ],
-    ids=["no fence.proxy.async", "wgmma before B's barrier"],
+    ids=["no fence.proxy.async", "wgmma before B's barrier", "stages released before their group retired"],
 )
 def test_a_broken_handover_to_wgmma_is_a_race_the_emulation_reports(built, fault, says):
     p, art = built["int4-zeros-m1"]
