@@ -24,7 +24,7 @@ import spatialc
 from spatialc.cli import main
 from spatialc.inputs import InexactInputWarning
 from spatialc.lower.errors import NeedsGeneral, Unsupported
-from spatialc.runtime.emulate import EmulationRace
+from spatialc.runtime.emulate import EmulationError, EmulationRace
 
 from ..lower.test_sm90a import NVCC, compiled_clean
 from .w4_inputs import w4_inputs
@@ -154,6 +154,23 @@ def test_a_program_planned_for_the_general_form_is_refused_by_one_line():
     assert "\n" not in str(e.value)
     art = spatialc.lower(p)  # auto: the general form, saying why not the sm_90a one
     assert art.budget.form == "general" and any("form='sm90a'" in n for n in art.notes)
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_bulk_copy_of_a_size_the_isa_refuses_is_a_misuse_the_emulation_reports(built):
+    """A packed row's bulk copy 8 bytes short (not whole 16-byte chunks, as cp.async.bulk asks)."""
+    p, art = built["int4-zeros-m1"]
+
+    def short(text: str) -> str:
+        out, n = re.subn(
+            r"(spatialc_bulk_load\(\(char\*\)\(ring_\d+ .*?), (\d+)u, ", lambda m: f"{m[1]}, {int(m[2]) - 8}u, ", text
+        )
+        assert n == 1
+        return out
+
+    with pytest.raises(EmulationError, match=r"spatialc_bulk_load at line \d+: a bulk copy's ends and size"):
+        emulated(art, w4_inputs(p, seed=9, exact=True), short)
 
 
 def test_the_cli_prints_it_in_the_sm90a_form(capsys):

@@ -32,7 +32,12 @@
 //   says): its accumulators are not written before that, and its
 //   shared-memory reads are checked there against what the thread knew when it issued the wgmma — the hardware may
 //   read at any time in between — so a slot released before the wait, or refilled in between, is a race, and
-//   reading accumulators early gives stale values. In early mode it runs when issued.
+//   reading accumulators early gives stale values. In early mode it runs when issued;
+// - a wgmma's operand bytes that threads wrote (a W4A16 GEMM's dequantised B page) must have been handed to the async
+//   proxy: each writer's fence.proxy.async after its write, ordered before the wgmma's issue by a barrier the issuing
+//   thread waited on (check_proxy_read), else the run stops with a race report;
+// - a bulk copy (cp.async.bulk, no tensor map: a W4A16 GEMM's packed rows, scales and zero points) reads one launch
+//   tensor and lands as a TMA box does, counted on its barrier.
 #ifndef SPATIALC_EMU_HOPPER_H
 #define SPATIALC_EMU_HOPPER_H
 
