@@ -1,13 +1,14 @@
 """W4A16 GEMMs in the sm_90a form (issue 34, item 6; lower/cuda/sm90a/dequant.py): the producer lands each packed
-page by bulk copies, the consumer warpgroups dequantise it into B's page of swizzled panels (common/dequant.cuh's
-`spatialc_w4_regs`), fence it over to the async proxy before B's Push, and wgmma reads it from shared memory. The host
-emulation runs the printed kernels equal to the interpreter at decode shapes (M = 1, 16, 64) and a square one, for
-int4 with zero points, uint4 with float32 scales and fp16 operands, and mxfp4, in both of the form's blocks (two
-consumer warpgroups; one, two blocks an SM); the nibbles read the other way round, the scales of the other group, a
-missing fence.proxy.async, a wgmma issued before B's barrier and a K step's stages released before its wgmma
-group retired (the K loop keeps one group in flight), each planted in the kernel text, are caught; nvcc
--Werror compiles the decode kernel (M = 16, N = K = 4096, int4 with zero points per 128) for sm_90a without spills,
-its SASS with wgmma, bulk copies and no byte loads; a program planned for the general form is refused by one line."""
+page (and its scales and zero points) by bulk copies, the consumer warpgroups dequantise it into B's page of swizzled
+panels (common/dequant.cuh's `spatialc_w4_regs`), fence it over to the async proxy before B's Push, and wgmma reads it
+from shared memory. The host emulation runs the printed kernels equal to the interpreter at decode shapes (M = 1, 16,
+64) and a square one, for int4 with zero points, uint4 with float32 scales and fp16 operands, and mxfp4, in both of
+the form's blocks (two consumer warpgroups; one, two blocks an SM), and with a fused epilogue; the nibbles read the
+other way round, the scales of the other group, a missing fence.proxy.async, a wgmma issued before B's barrier, a K
+step's stages released before its wgmma group retired (the K loop keeps one group in flight) and a bulk copy of a
+size the ISA refuses, each planted in the kernel text, are caught; nvcc -Werror compiles the decode kernel (M = 16,
+N = K = 4096, int4 with zero points per 128) for sm_90a without spills, its SASS with wgmma, bulk copies and no byte
+loads; a program planned for the general form, and groups that straddle K steps, are refused by one line."""
 
 from __future__ import annotations
 
@@ -37,6 +38,13 @@ CASES = {  # (weights, precision, (M, N, K), gemm keywords, forced block)
     "uint4-f32-scales-fp16-m64": ("uint4", "fp16", (64, 72, 192), {"group": 64, "scale_type": "float32"}, None),
     "mxfp4-m16": ("mxfp4", "bf16", (16, 48, 160), {}, None),
     "int4-zeros-square": ("int4", "bf16", (256, 256, 256), {"group": 128, "zeros": True}, None),
+    "uint4-zeros-fused-epilogue": (  # bias, relu and a row scale applied by the consumers' fused store, out in bf16
+        "uint4",
+        "bf16",
+        (20, 40, 256),
+        {"zeros": True, "epilogue": [spatialc.bias(), spatialc.relu(), spatialc.row_scale()], "out": "bf16"},
+        None,
+    ),
 }
 
 
