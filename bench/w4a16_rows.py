@@ -2,7 +2,7 @@
 128 rows) and mxfp4 (e8m0 scale per 32), prepared on the CPU; on a GPU, measured against torch.
 
 Each row's spatialc program is built and verified here, its plan printed (decode shapes: see what the planner
-chose), and its kernel printed (auto prints the general form; the persistent form prints it when asked).
+chose), and its kernel printed (auto prints the general form; the persistent and sm_90a forms print it when asked).
 What a row reads at least once: the packed weights (K·N / 2 bytes), their scales and zero points, A and C.
 
 The rows, their inputs and torch's baseline are the GPU check's (`spatialc.gpucheck.w4rows`: `python -m
@@ -12,7 +12,8 @@ quick look. With `--gpu` (torch with CUDA), in one run on one device, for each r
   framework without a W4A16 kernel runs: the dequantised copy is 4× the packed bytes);
 - the copy-bandwidth ceiling: `dst.copy_(src)` of the packed weights' bytes, timed; a copy moves each byte twice, so
   the device's copy bandwidth is 2·bytes / time, and the ceiling is the row's bytes read once at that bandwidth;
-- spatialc: the row's kernel, built for the device's architecture and loaded by `spatialc.run`'s launcher; its
+- spatialc: the row's kernel (auto's: the general form), built for the device's architecture and loaded by
+  `spatialc.run`'s launcher — and on a Hopper the sm_90a form's too (`form="sm90a"`, target sm_90a); its
   arguments (the packed weights laid out on the host as the host program lays them out, scales, zero points, A) are
   uploaded once and the kernel alone is launched again and again (`Prepared.run`), as torch's mm is;
 - spatialc's persistent form: the row built and printed with form="persistent" (its own plan: no split-K), timed
@@ -65,7 +66,8 @@ def rows(ms=MS, sides=SIDES, formats=DEFAULT_FORMATS) -> list[Row]:
 
 
 def program(row: Row, target: str = "sm_90", form: str = "auto") -> spatialc.SpatialProgram:
-    """The row's W4A16 GEMM (the GPU check's: C in bf16), built and verified for `target`, planned for `form`."""
+    """The row's W4A16 GEMM (the GPU check's: C in bf16), built and verified for `target`, planned for `form`
+    ("sm90a": on an sm_90a target)."""
     return spatialc.build(w4rows.gemm_of(row), target, form=form)
 
 
@@ -127,11 +129,13 @@ def _median_ms(torch, fn) -> float:
 
 
 def spatialc_ms(torch, row: Row, form: str = "auto") -> float:
-    """spatialc's kernel of the row in `form` on this device, its arguments uploaded once, the kernel alone timed."""
+    """spatialc's kernel of the row in `form` on this device, its arguments uploaded once, the kernel alone timed;
+    `form` "sm90a": the sm_90a form's (lower/cuda/sm90a/dequant.py), on target sm_90a."""
     from spatialc.runtime import launch as L
 
     major, minor = torch.cuda.get_device_capability()
-    p = program(row, f"sm_{major}{minor}", form)
+    hopper = "a" if form == "sm90a" else ""
+    p = program(row, f"sm_{major}{minor}{hopper}", form)
     art = spatialc.lower(p, form=form)
     prep = L.prepare(art)
     bound, _ = L.bound_operands(art, (), w4rows.inputs(p))
@@ -171,6 +175,13 @@ def measured(row: Row) -> str:
         ours += f"   persistent {t_pe * 1e3:8.1f} us" + (f"   general/persistent {t_sc / t_pe:.2f}" if t_sc else "")
     except spatialc.SpatialError as e:
         ours += f"   persistent: {str(e).splitlines()[0]}"
+    if torch.cuda.get_device_capability()[0] == 9:  # a Hopper: the sm_90a form's kernel too, in the same run
+        try:
+            t_90 = spatialc_ms(torch, row, "sm90a")
+            ours += f"   sm90a {t_90 * 1e3:8.1f} us   ceiling/sm90a {ceiling / t_90:.2f}"
+            ours += f"   general/sm90a {t_sc / t_90:.2f}" if t_sc else ""
+        except spatialc.SpatialError as e:
+            ours += f"   sm90a: {str(e).splitlines()[0]}"
     return (
         f"{row.name:28} torch.mm {t_mm * 1e3:8.1f} us   ceiling {ceiling * 1e3:8.1f} us ({bandwidth / 1e12:.2f} TB/s"
         f" copy)   ceiling/torch {ceiling / t_mm:.2f}   {ours}"

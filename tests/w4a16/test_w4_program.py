@@ -126,8 +126,8 @@ def test_weights_need_a_16_bit_operand_and_are_weight_errors():
 
 
 def test_the_forms_that_do_not_print_w4a16_refuse_it_by_one_line():
-    with pytest.raises(spatialc.ProgramError, match="printed by the general and the persistent forms only"):
-        spatialc.build(spatialc.gemm(16, 16, 256, "bf16", weights="int4"), "sm_90a", form="sm90a")
+    with pytest.raises(spatialc.ProgramError, match="unknown form 'tiles'"):
+        spatialc.build(spatialc.gemm(16, 16, 256, "bf16", weights="int4"), "sm_90a", form="tiles")
     with pytest.raises(spatialc.ProgramError, match="a W4A16 GEMM is not multicast"):
         spatialc.build(spatialc.gemm(16, 32, 256, "bf16", weights="int4"), "sm_90", multicast=(1, 2))
 

@@ -12,6 +12,7 @@ from ..ir.printer import plural
 from ..ir.traffic import global_read_bytes, read_bytes
 from ..numerics.blockscale import program_scales
 from ..passes.attention import attention_shape, is_attention_program
+from ..passes.dequant import is_w4_program
 from ..passes.maps import is_map_program
 from ..passes.rows import is_row_program
 from ..passes.split import split_ranges, workspace_bytes
@@ -276,6 +277,9 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
         in_flight = "one group in flight"
         if program_scales(p) is not None:  # DeepGEMM's promotion (sm90a/blockscale.py)
             in_flight = "into fresh partials, each group waited for and promoted by its scales"
+        if is_w4_program(p):  # a W4A16 GEMM (sm90a/dequant.py)
+            in_flight = "each step's group waited for; B dequantised into its panels by the consumers"
+            maps += ", B's packed tiles a bulk copy a tile row"
         two = bud.blocks_per_sm == 1  # items of 128 rows: two consumer warpgroups; of 64: one, two blocks an SM
         who = "two consumer warpgroups multiply" if two else "one consumer warpgroup multiplies"
         rows = "the two warpgroups' 64 rows each" if two else "one warpgroup's, two blocks sharing an SM"

@@ -26,9 +26,9 @@ from ..ir.nodes import Buffer, ComputeStage, DType, Fifo, Interm, PageLayout, Re
 from ..ir.ops import ChoreoOp, Compute, Dequant, Loop, Pop, Push, ReadTiles, Reserve, TileAddr, Wait
 from ..target import SpatialTarget
 from ..weights import dequant_stage
-from .tile import DEQUANT_PROLOGUE
+from .tile import DEQUANT_PROLOGUE, check_form
 
-W4_FORMS = ("auto", "general", "persistent")
+W4_FORMS = ("auto", "general", "persistent", "sm90a")  # auto prints the general form (bench/README.md)
 
 
 def is_w4_program(p: SpatialProgram) -> bool:
@@ -69,18 +69,16 @@ def build_w4(
 ) -> SpatialProgram:
     """The planned, scheduled W4A16 program (unverified): `run(plain, form)` plans and schedules the plain GEMM
     (pipeline's passes with everything else as asked), `with_dequant` puts the prologue back."""
-    if form not in W4_FORMS:
-        raise ProgramError(
-            f"a W4A16 GEMM (4-bit weights) is printed by the general and the persistent forms only; form={form!r}"
-            " cannot take it: use form='general', 'persistent' or 'auto' (--form general)"
-        )
+    if form not in W4_FORMS:  # every form prints it: what is left is no form (check_form's one line)
+        check_form(form)
     if multicast not in (None, (1, 1)):
         raise ProgramError(
             "a W4A16 GEMM is not multicast (yet): its packed pages would cross sites; leave multicast unset"
         )
     token = DEQUANT_PROLOGUE.set(True)  # the planner prices the prologue's dequant work (tile.dequant_cost)
     try:
-        planned = run(plain_of(program), "persistent" if form == "persistent" else "general")
+        # The sm_90a form's plan lays A and B out in panels (the consumers dequantise into B's: sm90a/dequant.py).
+        planned = run(plain_of(program), form if form in ("persistent", "sm90a") else "general")
     finally:
         DEQUANT_PROLOGUE.reset(token)
     return with_dequant(planned, program)

@@ -60,7 +60,8 @@ ATTENTION_NOTE = (
 # measured (bench/README.md, "W4A16: persistent against general").
 W4_NOTE = (
     f"the general form: {W4_PROGRAM} is planned for it; the persistent form prints it too (build and lower with"
-    " form='persistent'); which of the two is faster is not yet measured"
+    " form='persistent'), and on sm_90a the sm_90a form (build it with form='sm90a'); which is fastest is not yet"
+    " measured"
 )
 
 

@@ -32,7 +32,12 @@
 //   says): its accumulators are not written before that, and its
 //   shared-memory reads are checked there against what the thread knew when it issued the wgmma — the hardware may
 //   read at any time in between — so a slot released before the wait, or refilled in between, is a race, and
-//   reading accumulators early gives stale values. In early mode it runs when issued.
+//   reading accumulators early gives stale values. In early mode it runs when issued;
+// - a wgmma's operand bytes that threads wrote (a W4A16 GEMM's dequantised B page) must have been handed to the async
+//   proxy: each writer's fence.proxy.async after its write, ordered before the wgmma's issue by a barrier the issuing
+//   thread waited on (check_proxy_read), else the run stops with a race report;
+// - a bulk copy (cp.async.bulk, no tensor map: a W4A16 GEMM's packed rows, scales and zero points) reads one launch
+//   tensor and lands as a TMA box does, counted on its barrier.
 #ifndef SPATIALC_EMU_HOPPER_H
 #define SPATIALC_EMU_HOPPER_H
 
@@ -128,6 +133,13 @@ SPATIALC_EMU_FN void tma_load_multicast(void* dst, const CUtensorMap* map, const
 // setmaxnreg by the calling warp (lane 0 speaks for it); the block's end checks each warpgroup ran the same one and
 // the counts fit the register file.
 SPATIALC_EMU_FN void setmaxnreg(unsigned n, bool inc, int line);
+// A W4A16 GEMM's packed page (sm90a/dequant.py): `bytes` contiguous bytes of global memory into shared memory by
+// the copy engine (cp.async.bulk, no tensor map), counted on `bar` as a TMA box's are (emu_runtime.h).
+SPATIALC_EMU_FN void bulk_load(void* dst, const void* src, unsigned bytes, void* bar, int line);
+// The async proxy reading shared memory the threads wrote (a wgmma's operand page a W4A16 GEMM's consumers
+// dequantised into): every byte's last writer must have made a fence.proxy.async since the write, and that fence
+// must be ordered before the read's issue (its own, or one a barrier carried), else the run stops with a race report.
+SPATIALC_EMU_FN void check_proxy_read(const void* const* ptrs, int count, size_t size, const std::string& where);
 // An asynchronous read (a wgmma's operands) made now, at its retirement, by the calling thread, which may have
 // happened at any time since its issue: checked against the writes the thread `known` of when it issued it (its
 // vector clock then), so a write that landed in between is a race; recorded as a read made now.
@@ -225,6 +237,25 @@ void wgmma_run(spatialc_acc<A>* d, unsigned long long a_desc, unsigned long long
     }
 }
 
+// The bytes a wgmma of the warp reads (its 16 rows of A, the whole of B), checked at its issue to have been written
+// by the copy engine or handed over to the async proxy (check_proxy_read): a page the threads wrote needs its
+// writers' fence.proxy.async ordered before the wgmma.
+template <int N, class T, bool BMN>
+void wgmma_proxy_check(unsigned long long a_desc, unsigned long long b_desc, int warp_in_group, int line) {
+    constexpr int kd = sizeof(T) == 1 ? 32 : 16;
+    constexpr int elem = (int)sizeof(T);
+    const char* a_start = wgmma_start(a_desc);
+    const char* b_start = wgmma_start(b_desc);
+    static thread_local std::vector<const void*> reads;
+    reads.clear();
+    for (int k = 0; k < kd; ++k) {
+        for (int r = 0; r < 16; ++r)
+            reads.push_back(wgmma_byte(a_start, a_desc, k, 16 * warp_in_group + r, elem, false, line));
+        for (int n = 0; n < N; ++n) reads.push_back(wgmma_byte(b_start, b_desc, k, n, elem, BMN, line));
+    }
+    check_proxy_read(reads.data(), (int)reads.size(), sizeof(T), at_line("spatialc_wgmma", line));
+}
+
 // One wgmma of the lane with A from registers (the RS form): A is the warp's 16 rows × 16 k of the fragment its lanes
 // hold (`a`, gathered as the lanes' registers lie: row acc_row, k acc_col of each lane's eight values, as
 // mma.m16n8k16's A), B from shared memory through its descriptor, MN-major (imm-trans-b 1) or K-major. The sums as
@@ -314,6 +345,10 @@ inline void spatialc_tma_store_2d(const CUtensorMap* map, int c0, int c1, const 
     spatialc_emu::tma_store(map, c, 2, src, line);
 }
 inline void spatialc_bulk_commit() { spatialc_emu::bulk_commit(); }
+inline void spatialc_bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar,
+                              int line = __builtin_LINE()) {
+    spatialc_emu::bulk_load(dst, src, bytes, bar, line);
+}
 // stmatrix, lane by lane: each lane's eight values land where the four 8×8 matrices put them (its own elements of
 // the tile), recorded as its stores.
 template <class T>
@@ -404,6 +439,7 @@ void spatialc_wgmma_ss(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsig
     if (acc_written)  // the PTX ISA: undefined unless wgmma.fence orders those writes before the wgmma
         fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": its accumulators were written by ordinary "
                                                              "instructions with no spatialc_wgmma_fence() since");
+    if (lane == 0) wgmma_proxy_check<N, T, BMN>(a, b, warp, line);  // (one warp's reads, checked once)
     spatialc_acc<A>* acc = d;
     if (!kLate) {
         wgmma_run<N, T, A, BMN>(acc, a, b, warp, lane, line);

@@ -1105,6 +1105,52 @@ SPATIALC_EMU_FN void tma_load(void* dst, const CUtensorMap* map, const int* coor
     land_box(blk(), static_cast<char*>(dst), image, bar, t, false, line, where);
 }
 
+// A bulk copy (cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes): 16-byte aligned ends and a size
+// of whole 16-byte chunks, as the PTX ISA asks; its bytes read from one launch tensor and landed as a TMA box's.
+SPATIALC_EMU_FN void bulk_load(void* dst, const void* src, unsigned bytes, void* bar, int line) {
+    ThreadState& t = me("spatialc_bulk_load");
+    const std::string where = "spatialc_bulk_load at line " + std::to_string(line);
+    if (bytes == 0 || bytes % 16 || reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+        fatal(kExitMisuse, where + ": a bulk copy's ends and size are multiples of 16 bytes");
+    if (!find_region(dst)) fatal(kExitMisuse, where + ": the destination is not in a shared ring");
+    global_read(src, bytes, "a bulk copy (spatialc_bulk_load)", line);
+    std::vector<char> image(bytes);
+    std::memcpy(image.data(), src, bytes);
+    land_box(blk(), static_cast<char*>(dst), image, bar, t, false, line, where);
+}
+
+SPATIALC_EMU_FN void check_proxy_read(const void* const* ptrs, int count, size_t size, const std::string& where) {
+    ThreadState& t = *self;
+    std::lock_guard<std::mutex> lk(shadow_mu);
+    for (int i = 0; i < count; ++i)
+        for (size_t off = 0; off < size; ++off) {
+            const char* p = static_cast<const char*>(ptrs[i]) + off;
+            Region* r = find_region(p);
+            if (!r) continue;  // (the read's own checks say where it lies)
+            const Access& w = r->shadow[(size_t)(p - r->base)].w;
+            if (w.tid < 0 || w.tid >= blk().nthreads || w.kind == AccessKind::tma) continue;
+            const ThreadState& writer = blk().threads[w.tid];
+            if (w.clk > writer.fenced_clk.load(std::memory_order_acquire))
+                fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
+                                     " wrote with no fence.proxy.async since: the async proxy may read them stale");
+            bool ordered = w.tid == t.tid;
+            const unsigned n_f = writer.n_fences.load(std::memory_order_acquire);
+            for (unsigned j = n_f > ThreadState::kFences ? n_f - ThreadState::kFences : 0; j < n_f && !ordered; ++j) {
+                const ThreadState::Fence& f = writer.fences[j % ThreadState::kFences];
+                const unsigned clk = f.clk.load(std::memory_order_relaxed);
+                if (clk < w.clk) continue;
+                ordered = (w.tid / kWarp == t.tid / kWarp &&
+                           f.wi.load(std::memory_order_relaxed) < t.wi.load(std::memory_order_relaxed)) ||
+                          f.bi.load(std::memory_order_relaxed) < t.bi.load(std::memory_order_relaxed) ||
+                          ((size_t)w.tid < t.vc.size() && t.vc[(size_t)w.tid] > clk);
+            }
+            if (!ordered)
+                fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
+                                     " wrote and fenced (fence.proxy.async), but nothing orders that fence before "
+                                     "the read's issue (a barrier the writer arrived on after it, waited for here)");
+        }
+}
+
 // ---- an engine's named barrier (bar.sync id, threads) ---------------------------------------------------------------
 
 // A phase of arrivals like an mbarrier's, its count the engine's threads, each waiting for the others.

@@ -86,6 +86,7 @@ from ....numerics.blockscale import is_mx, program_scales
 from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
+from ....passes.tile import in_panels
 from ....passes.verify import derived
 from ....target import WARP, SpatialTarget
 from ...artifact import Budget, CudaArtifact, TensorMap
@@ -94,7 +95,7 @@ from ..common import epilogue
 from ..common.blockscale import MX_PROGRAM
 from ..common.clusters import Multicast, check_cluster, check_items, multicast
 from ..common.cwriter import Writer, inlined_lines, site_prologue
-from ..common.dequant import has_dequant
+from ..common.dequant import has_dequant, packed_rings
 from ..common.host import assemble
 from ..common.program import (
     MAP_PROGRAM,
@@ -108,6 +109,7 @@ from ..common.program import (
 from ..common.rings import TILE_ELEMS, Rings, ring_table
 from ..general import kernel as general
 from ..general import printer as general_printer
+from . import dequant as w4
 from . import staging
 from .attention import AttentionPrinter, check_attention_plan, declare, make_attention_kernel
 from .blockscale import SCALE_ALIGN, ScaleStage, scale_stage
@@ -195,9 +197,10 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
     general.refuse(p)
-    if has_dequant(p):
+    if has_dequant(p) and not in_panels(p):  # its consumers dequantise into B's panels (sm90a/dequant.py)
         raise NeedsGeneral(
-            f"{W4_PROGRAM} in the sm_90a form", "its TMA producer and wgmma consumers do not print it yet"
+            f"{W4_PROGRAM} planned for the other forms, in the sm_90a form",
+            "its B pages are not panels: build it with form='sm90a' (--form sm90a) to plan it for this form",
         )
     if is_mx(p):
         raise NeedsGeneral(
@@ -309,7 +312,7 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
     if any(i < pushed[0] for i in popped) or len(popped) != len(beside):
         return None
     fused = tuple(int(p.buffer(b).ring) for b in (mm.outs[0], *(s.outs[0] for s in chain)))
-    return store, general.epilogue_rings(p, ring_table(p, types, fused), integer)
+    return store, packed_rings(p, general.epilogue_rings(p, ring_table(p, types, fused), integer))
 
 
 def make_kernel(
@@ -339,6 +342,8 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
     # The compute engine is the consumer warpgroups' warps, one tile row of the item each.
     lanes = dataclasses.replace(target, accumulator_lanes=wg.consumers * WARPGROUP)
     k = general.make_kernel(p, lanes, fit=False)  # its shared memory is laid out again below, and checked then
+    if has_dequant(p):  # a W4A16 GEMM's consumers dequantise into B's page of panels (sm90a/dequant.py)
+        k = dataclasses.replace(k, dequant="shared")
     fused = fused_output(p, k)
     store = None
     if fused is not None:  # the output and epilogue rings leave shared memory: the consumers store from registers
@@ -356,10 +361,16 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
     if len(side) > WARPGROUP:
         raise Unsupported(f"{len(side)} engines beside the compute engine", "they share one producer warpgroup")
     reader = [r for r in side if any(isinstance(op, ReadTiles) for op in r.walk())]
-    maps, filled, panels, stored = tensor_maps(p, k.rings, [op for r in reader for op in r.walk()])
-    for b in p.buffers:  # only the copy engine lands panels
+    reads = [op for r in reader for op in r.walk()]
+    packed = w4.packed_reads(p, k.rings, reads, list(compute.walk()))  # a W4A16 GEMM's packed pages: bulk copies
+    dequantised = w4.operand_panels(p, k.rings, list(compute.walk()), k.types.operand)
+    reads = [op for op in reads if not (isinstance(op, ReadTiles) and k.rings.template[op.into] in packed)]
+    maps, filled, panels, stored = tensor_maps(p, k.rings, reads)
+    # A packed ring's PackedRows has what check_resources reads of a stage (width, period); only bulk_rows prints it.
+    filled, panels = filled | set(packed), {**panels, **packed, **dequantised}  # type: ignore[dict-item]
+    for b in p.buffers:  # only the copy engine lands panels (and a W4A16 GEMM's consumers dequantise into B's)
         layout = getattr(b.kind, "layout", PageLayout.ROW)
-        if layout.panels and k.rings.template.get(b.id) not in filled:
+        if layout.panels and k.rings.template.get(b.id) not in filled | set(dequantised):
             raise Unsupported(f"{b.name}'s pages in {layout.value} layout", "panels are operand pages TMA fills")
     mc = multicast(p, k.rings.template)
     if mc is not None:
@@ -369,6 +380,10 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
             raise Unsupported("a multicast ring the copy engine does not fill", "only operand pages are multicast")
     ready = mc.rings if mc is not None else ()
     offsets, dyn, barrier_bytes = general.layout(k.rings.rings, STAGE_ALIGN, BARRIER_ALIGN, ready)
+    w4.check_dequant_pages(k.rings, offsets, dequantised)
+    for r, rows in packed.items():  # their scales and zero points, landed beside each page (one packed ring)
+        offsets["w4_side"] = -(-dyn // STAGE_ALIGN) * STAGE_ALIGN
+        dyn = offsets["w4_side"] + k.rings.rings[r].depth * rows.side_bytes
     scales = program_scales(p)
     sa = scale_stage(p, k, scales, len(maps)) if scales is not None else None
     if sa is not None:  # A's scales: a box a K group, slot for slot with A's ring, stored transposed
@@ -515,7 +530,8 @@ def preamble(hk: HopperKernel) -> list[str]:
     rest = [*rest[:at], "#include <cuda.h>", "#include <cudaTypedefs.h>", *rest[at:]]
     at = rest.index("typedef " + f"{k.types.operand} OPT;")
     wgmmas = [line for n, kind in hk.wgmmas or ((hk.n, "ss"),) for line in wgmma_specialisations(n, *types, kind)]
-    extra = [*inlined_lines("sm90a/sm90a.cuh"), *wgmmas, ""]
+    w4a16 = ["sm90a/dequant90.cuh"] if has_dequant(k.program) else []  # its bulk copies and panel stores
+    extra = [*inlined_lines("sm90a/sm90a.cuh", *w4a16), *wgmmas, ""]
     if hk.schedule == PINGPONG:  # the two consumer warpgroups' turns: bar.arrive beside bar.sync
         extra += [*inlined_lines("sm90a/pingpong.cuh"), ""]
     rest = [*rest[:at], *extra, *rest[at:]]
@@ -602,7 +618,8 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
     k = hk.base
     w.line(f"const int etid = tid - {role.first_warp * WARP};")
     w.line("(void)etid;")
-    printer = (AttentionPrinter if hk.attention else HopperPrinter)(hk, role, w)
+    kind = AttentionPrinter if hk.attention else w4.W4HopperPrinter if has_dequant(k.program) else HopperPrinter
+    printer = kind(hk, role, w)
     printer.tensors = {int(t.id): t for t in k.program.tensors}
     printer.counters()
     if isinstance(printer, AttentionPrinter):
