@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ....ir.ids import LoopVar
 from ....ir.nodes import DType, Plan, SpatialProgram, Tensor
 from ....ir.ops import BlockScales, MatmulTiles
-from ....numerics.blockscale import is_mx, program_scales
+from ....numerics.blockscale import program_scales
 from ....target import SpatialTarget
 from .cwriter import addr_expr
 
@@ -50,12 +50,6 @@ def held_sub_blocks(p: SpatialProgram, plan: Plan) -> tuple[int, int]:
 # planned 4096³ kernel of 4 a warp on sm_90 (as it spills the plain fp8 kernel of that plan's 8-tile K steps, which
 # the general form is otherwise never planned with), and none of 2 on sm_89 or sm_90.
 GENERAL_SCALED_TILES = 2
-
-
-def mx_header(p: SpatialProgram) -> bool:
-    """Whether `p`'s kernel reads e8m0 scales (an MX program): its preamble then inlines dequant.cuh, their one
-    definition (spatialc_e8m0, spatialc_e8m0_value), as a W4A16 kernel's does."""
-    return is_mx(p)
 
 
 def scaled_units(target: SpatialTarget, plan: Plan, form: str, smem: int, per_unit: int) -> int:
