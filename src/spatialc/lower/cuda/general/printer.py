@@ -45,6 +45,7 @@ from ....target import WARP
 from ...census import marker
 from ...errors import Unsupported
 from ..common import epilogue
+from ..common.blockscale import mx_lines
 from ..common.clusters import GeneralClusterPrinter, reset_image
 from ..common.cwriter import (
     CHECK_MACRO,
@@ -335,6 +336,7 @@ def preamble(k: GeneralKernel) -> list[str]:
     lines += [*tensor_core_lines(k.rings, k.types, more_loads), ""] if k.accumulates else []
     # (after the tensor-core layer: its register path fills that layer's fragments)
     lines += [*inlined_lines("common/dequant.cuh"), ""] if has_dequant(p) or is_mx(p) else []
+    lines += mx_lines(p)  # (an MX program's promotion: mx_promote.cuh)
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;"]
     lines += [f"typedef {k.types.acc} ACCT;"] if k.accumulates else []

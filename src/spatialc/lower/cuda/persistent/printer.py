@@ -26,6 +26,7 @@ from ....numerics.blockscale import is_mx
 from ...census import OP, PAD, PRE, marker
 from ...errors import Unsupported
 from ..common import epilogue
+from ..common.blockscale import mx_lines
 from ..common.cwriter import (
     CHECK_MACRO,
     PAGE_MACROS,
@@ -308,7 +309,7 @@ def preamble(k: Kernel) -> list[str]:
         dq = has_dequant(p) or is_mx(p)
         lines += ["", RING_MACROS, *[PAGE_MACROS] * dq, STORE_MACRO, CHECK_MACRO, ""]
         lines += [*tensor_core_lines(k.rings, k.types), ""]
-        lines += [*inlined_lines("common/dequant.cuh"), ""] if dq else []
+        lines += [*inlined_lines("common/dequant.cuh"), "", *mx_lines(p)] if dq else []
     if not k.pages:
         lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     if k.has_epilogue:
