@@ -67,7 +67,7 @@ def naive(p: SpatialProgram, ins: dict[str, np.ndarray], step: int = 128) -> np.
 
 
 # Scale codes at float8_e8m0fnu's ends (issue 46): sa · sb = 2^(ca + cb − 254) past float32's range where each
-# promoted partial sum is not. Each regime's A, B and codes, for a program whose K is 8 groups of 32 (rows × K, K × cols).
+# promoted partial sum is not. Each regime's A, B and codes, for a program whose K is 8 groups of 32.
 EXTREME = ("overflow", "underflow", "mixed")
 
 

@@ -218,7 +218,8 @@ def grouped_mx():
 @needs_gxx
 @pytest.mark.emulation
 def test_a_grouped_mx_gemm_emulated_within_the_bound():
-    """The host program lays each group's e8m0 codes on its own tiles (host.cuh's spatialc_tilize_groups, w4_host.cuh's e8m0 codes)."""
+    """The host program lays each group's e8m0 codes on its own tiles (host.cuh's spatialc_tilize_groups with
+    w4_host.cuh's spatialc_e8m0_of)."""
     p, x = grouped_mx()
     c = emulated(p, "general", x)
     ok, how = spatialc.tolerance(p, kernel=True).check(c, x)
