@@ -2,8 +2,8 @@
 float8_e8m0fnu scale per 32 of K of each row of A and each column of B, promoted every 32. The frontend's layouts,
 types and checks; the scale inputs taken as numerics/w4.py takes e8m0 (ml_dtypes arrays or powers of two, nothing
 else); the interpreter equal to the reference bit for bit and to a sum written apart from it, the kernel's bound
-with 32 for 128, held against a float32 accumulator's worst roundings at K = 4096; a grouped GEMM's; the sm_90a form's one-line refusal; the CLI's `--scales mx`. (The kernels:
-test_mx_kernels.py; rule 8: test_mx_mutations.py.)"""
+with 32 for 128, held against a float32 accumulator's worst roundings at K = 4096; a grouped GEMM's; the sm_90a
+form's one-line refusal; the CLI's `--scales mx`. (The kernels: test_mx_kernels.py; rule 8: test_mx_mutations.py.)"""
 
 from __future__ import annotations
 
