@@ -153,12 +153,13 @@ def test_grouped_mx_each_group_its_own_scales():
         assert np.array_equal(c[g], want.astype(np.float32))
 
 
-def test_the_sm90a_form_refuses_mx_by_one_line_naming_the_general_form():
+def test_the_sm90a_form_refuses_mx_by_one_line_naming_the_forms_auto_picks():
     p = scaled(128, 128, 256, scales="mx", target="sm_90a", form="general")
     with pytest.raises(SpatialError) as e:
         spatialc.lower(p, form="sm90a")
     text = str(e.value)
     assert "\n" not in text and "MXFP8" in text and "form='general'" in text
+    assert "auto prints it in the persistent form (spatialc.lower(p), or form='persistent')" in text
     art = spatialc.lower(scaled(128, 128, 256, scales="mx", target="sm_90a"))  # auto: an mma.sync form prints it
     assert art.budget.form == "persistent"
 
@@ -170,7 +171,7 @@ def test_cli_scales_mx(capsys):
     args = ["gemm", "48", "40", "96", "--precision", "e4m3", "--scales", "mx"]
     assert main([*args, "--target", "sm_90a", "--form", "sm90a"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "MXFP8" in err and "general form" in err
+    assert err.count("\n") == 0 and "MXFP8" in err and "persistent form" in err and "general form" in err
 
 
 def test_an_mx_program_round_trips_through_json_unchanged():

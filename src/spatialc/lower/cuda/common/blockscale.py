@@ -23,10 +23,8 @@ from ....ir.nodes import DType, Plan, SpatialProgram, Tensor
 from ....ir.ops import BlockScales, MatmulTiles
 from ....numerics.blockscale import is_mx, program_scales
 from ....target import SpatialTarget
+from ...errors import MX_PROGRAM as MX_PROGRAM  # (the sm_90a form's name of an MX program, in its refusal)
 from .cwriter import addr_expr, inlined_lines
-
-# What the forms that do not read e8m0 scales call an MX program when they send it to the general form.
-MX_PROGRAM = "an MXFP8 GEMM's e8m0 block scales (one per 32 of K)"
 
 if TYPE_CHECKING:
     from .rings import Ring
