@@ -112,10 +112,11 @@ def promotion(
 
 def scale_loads(
     tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str], a_scale: Callable[[str], str] | None = None
-) -> tuple[int, int]:
+) -> tuple[int, int, bool]:
     """The promotion's scales of every fragment of the lane, read into `psa[q][…]` and `psb[q][…]` (declared here, at
     the printer's scope) — where a form reads them before the step's MMAs are issued, so that their latency is spent
-    under them (the sm_90a form); `promoted_fmas` then promotes with them. Returns their counts a fragment. Where
+    under them (the sm_90a form); `promoted_fmas` then promotes with them. Returns their counts a fragment and
+    whether they are e8m0 codes. Where
     B's scale block holds whole items (DeepGEMM's 128 × 128 with items of at most 128 columns, items starting on
     their width), every fragment's B scale is the item's first column's: one expression, which the compiler reads
     once (and sa · sb once a row) where the lookup by column it could not prove the same."""
