@@ -188,3 +188,18 @@ def test_spatialc_lang_refuses_an_mx_program_by_one_line_as_any_block_scaled_one
 
     with pytest.raises(SpatialError, match=r"a block-scaled matmul \(spatialc.gemm's scales=\) has no form in"):
         python_source(scaled(32, 32, 64, scales="mx"))
+
+
+def test_scale_codes_whose_products_leave_float32_are_said():
+    """Codes 254 and 254 (sa · sb = 2^254) on ones: C itself is past float32, so the kernel's float32 sum overflows
+    where the float64 reference does not — the range check says so (strict: refused), as for any kernel; the same
+    inputs at codes 254 and 0 (2^0) are in range."""
+    p = scaled(32, 32, 64, scales="mx")
+    ins = {"A": np.ones((32, 64)).astype(FORMATS["e4m3"]), "B": np.ones((64, 32)).astype(FORMATS["e4m3"])}
+    ins |= {"scale_a": np.full((32, 2), 2.0**127).astype(E8M0), "scale_b": np.full((2, 32), 2.0**127).astype(E8M0)}
+    tol = spatialc.tolerance(p, kernel=True, strict=True)
+    with pytest.raises(InputError, match=r"at or past float32's largest value"):
+        tol.check(np.zeros((32, 32), np.float32), ins)
+    ins["scale_b"] = np.full((2, 32), 2.0**-127).astype(E8M0)
+    c = spatialc.evaluate(p, ins)
+    assert np.all(c == 64.0 * 2.0**-127 * 2.0**127) and tol.check(c, ins)[0]
