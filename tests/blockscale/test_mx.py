@@ -2,8 +2,8 @@
 float8_e8m0fnu scale per 32 of K of each row of A and each column of B, promoted every 32. The frontend's layouts,
 types and checks; the scale inputs taken as numerics/w4.py takes e8m0 (ml_dtypes arrays or powers of two, nothing
 else); the interpreter equal to the reference bit for bit and to a sum written apart from it, the kernel's bound
-with 32 for 128; a grouped GEMM's; the sm_90a form's one-line refusal; the CLI's `--scales mx`. (The kernels:
-test_mx_kernels.py; rule 8: test_mx_mutations.py.)"""
+with 32 for 128, held against a float32 accumulator's worst roundings at K = 4096; a grouped GEMM's; the sm_90a
+form's one-line refusal; the CLI's `--scales mx`. (The kernels: test_mx_kernels.py; rule 8: test_mx_mutations.py.)"""
 
 from __future__ import annotations
 
@@ -77,8 +77,40 @@ def test_interpreter_is_the_reference_and_the_definition(shape, prec):
     assert ok, how
 
 
-def test_the_kernel_bound_holds_at_k_4096_as_the_128_one():
-    assert kernel_ulps(4096, step=32) == 32 + 128 + 4 == kernel_ulps(4096) == 128 + 32 + 4
+def float32_kernel(a, b, sa, sb):
+    """C as an MX kernel computes it, in numpy: each step's 32 products summed in float32 in K order (exact here),
+    promoted into the float32 accumulator with one rounding (the fused multiply-add), steps in K order."""
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    sa, sb = sa.astype(np.float64), sb.astype(np.float64)
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for g in range(a.shape[1] // MX_K):
+        part = a[:, g * MX_K : (g + 1) * MX_K] @ b[g * MX_K : (g + 1) * MX_K]
+        acc = (part.astype(np.float64) * (sa[:, g, None] * sb[None, g, :]) + acc).astype(np.float32)
+    return acc
+
+
+def test_the_kernel_bound_holds_over_an_accumulators_worst_roundings_at_k_4096():
+    """The bound's G term against a computed error: group 0 puts 2^25 in the accumulator (ulp 4), each of the 127
+    groups after it adds 31 · 2^-4 = 1.9375, just under half an ulp, lost every time — 61.5 ulps of M in all. The
+    kernel's 164 holds it; the interpreter's 4 does not, nor the bound without its ⌈K / 32⌉ (32 + 4)."""
+    p = scaled(16, 16, 4096, scales="mx")
+    fmt = FORMATS["e4m3"]
+    a = np.ones((16, 4096))
+    a[:, MX_K - 1 :: MX_K] = 0  # 31 ones a group: its partial sum 31
+    a[:, MX_K - 1] = 1  # but group 0's 32
+    codes = np.full((16, 4096 // MX_K), 123)  # 2^-4
+    codes[:, 0] = 147  # 2^20
+    ins = {"A": a.astype(fmt), "B": np.ones((4096, 16)).astype(fmt)}
+    ins |= {"scale_a": np.exp2(codes - 127.0).astype(E8M0), "scale_b": np.ones((4096 // MX_K, 16)).astype(E8M0)}
+    c = float32_kernel(ins["A"], ins["B"], ins["scale_a"], ins["scale_b"])
+    want = 2.0**25 + 127 * 1.9375
+    assert np.all(c == 2.0**25) and np.all(spatialc.evaluate(p, ins) == np.float32(want))
+    ulps = (want - 2.0**25) / (want * 2.0**-23)  # the error in float32 ulps of M (= C: all terms positive)
+    tol = spatialc.tolerance(p, kernel=True)
+    assert MX_K + 4 < ulps < tol.ulps == kernel_ulps(4096, step=MX_K)
+    ok, how = tol.check(c, ins)
+    assert ok, how
+    assert not spatialc.tolerance(p).check(c, ins)[0]
 
 
 @pytest.mark.parametrize(
@@ -121,12 +153,13 @@ def test_grouped_mx_each_group_its_own_scales():
         assert np.array_equal(c[g], want.astype(np.float32))
 
 
-def test_the_sm90a_form_refuses_mx_by_one_line_naming_the_general_form():
+def test_the_sm90a_form_refuses_mx_by_one_line_naming_the_forms_auto_picks():
     p = scaled(128, 128, 256, scales="mx", target="sm_90a", form="general")
     with pytest.raises(SpatialError) as e:
         spatialc.lower(p, form="sm90a")
     text = str(e.value)
     assert "\n" not in text and "MXFP8" in text and "form='general'" in text
+    assert "auto prints it in the persistent form (spatialc.lower(p), or form='persistent')" in text
     art = spatialc.lower(scaled(128, 128, 256, scales="mx", target="sm_90a"))  # auto: an mma.sync form prints it
     assert art.budget.form == "persistent"
 
@@ -138,7 +171,7 @@ def test_cli_scales_mx(capsys):
     args = ["gemm", "48", "40", "96", "--precision", "e4m3", "--scales", "mx"]
     assert main([*args, "--target", "sm_90a", "--form", "sm90a"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "MXFP8" in err and "general form" in err
+    assert err.count("\n") == 0 and "MXFP8" in err and "persistent form" in err and "general form" in err
 
 
 def test_an_mx_program_round_trips_through_json_unchanged():
@@ -155,3 +188,18 @@ def test_spatialc_lang_refuses_an_mx_program_by_one_line_as_any_block_scaled_one
 
     with pytest.raises(SpatialError, match=r"a block-scaled matmul \(spatialc.gemm's scales=\) has no form in"):
         python_source(scaled(32, 32, 64, scales="mx"))
+
+
+def test_scale_codes_whose_products_leave_float32_are_said():
+    """Codes 254 and 254 (sa · sb = 2^254) on ones: C itself is past float32, so the kernel's float32 sum overflows
+    where the float64 reference does not — the range check says so (strict: refused), as for any kernel; the same
+    inputs at codes 254 and 0 (2^0) are in range."""
+    p = scaled(32, 32, 64, scales="mx")
+    ins = {"A": np.ones((32, 64)).astype(FORMATS["e4m3"]), "B": np.ones((64, 32)).astype(FORMATS["e4m3"])}
+    ins |= {"scale_a": np.full((32, 2), 2.0**127).astype(E8M0), "scale_b": np.full((2, 32), 2.0**127).astype(E8M0)}
+    tol = spatialc.tolerance(p, kernel=True, strict=True)
+    with pytest.raises(InputError, match=r"at or past float32's largest value"):
+        tol.check(np.zeros((32, 32), np.float32), ins)
+    ins["scale_b"] = np.full((2, 32), 2.0**-127).astype(E8M0)
+    c = spatialc.evaluate(p, ins)
+    assert np.all(c == 64.0 * 2.0**-127 * 2.0**127) and tol.check(c, ins)[0]

@@ -1,7 +1,8 @@
 """MXFP8 kernels printed (issue 34 item 4): the persistent and general forms' K step is one k32 MMA (mma.sync
-m16n8k32 fp8) into partial fragments, promoted with each element's e8m0 scales read as their bytes
-(`spatialc_e8m0_value`: the code shifted into a float's exponent, exact) — the scale tensors' kernel parameters are
-bytes, never float32. The host emulation runs them within the kernel's bound of the interpreter; a scale of the
+m16n8k32 fp8) into partial fragments, promoted with each element's e8m0 scales read as their bytes, as their codes,
+whose exponents the promotion combines as integers (mx_promote.cuh: exact at every pair of codes, where a float32
+product of the scales overflows or underflows) — the scale tensors' kernel parameters are bytes, never float32. The
+host emulation runs them within the kernel's bound of the interpreter, at codes 0, 1, 253 and 254 too; a scale of the
 wrong K group, row or column, or a wrong e8m0 code, planted in the kernel text is caught; the sm_90a form refuses
 by one line (auto prints the persistent form); nvcc -Werror compiles the planned 4096³ kernels for sm_89 and sm_90
 without spills. `spatialc.run` and the host program lay the scales out as their bytes, a grouped GEMM's a group at
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -23,7 +25,7 @@ from spatialc.runtime import launch as L
 from spatialc.runtime.tilize import tilize, untilize
 
 from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
-from .programs import FORMATS, inputs_of, naive
+from .programs import EXTREME, FORMATS, extreme_inputs, inputs_of, naive
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -54,7 +56,8 @@ def emulated(p, form, x, text=None):
 def test_the_scales_are_read_as_their_bytes(form):
     text = spatialc.lower(program(form, "e4m3", (64, 48, 256), {}), form=form).program_cu
     assert re.search(r"const spatialc_e8m0\* __restrict__ t3, const spatialc_e8m0\* __restrict__ t4", text)
-    assert "spatialc_e8m0_value(t3[" in text and "spatialc_e8m0_value(t4[" in text
+    assert "const int sa[2] = {(int)t3[" in text and "(int)t4[" in text  # the codes, promoted by mx_promote.cuh
+    assert "= spatialc_mx_promote(part[q].x[i], sa[" in text and "fmaf(part[q]" not in text
     assert "const int ga = sk0 / 32, gb = sk0 / 32;" in text  # a step of 32: one K group of each operand
     assert text.count("spatialc_mma2(part[q]") == 1  # one k32 MMA a step (two 16x8 halves), then its promotion
 
@@ -73,12 +76,35 @@ def test_the_emulated_kernel_is_within_the_kernel_bound_of_the_interpreter(case)
     assert np.abs(c - want).max() <= 1e-5 * np.abs(want).max()  # float32 sums: near the float64 ones
 
 
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("regime", EXTREME)
+def test_extreme_scale_codes_are_promoted_exactly(form, regime):
+    """Codes 0, 1, 253, 254 (programs.extreme_inputs): sa · sb from 2^-154 to 2^130, past float32's range where each
+    promoted partial sum is not. The kernel combines the codes' exponents (mx_promote.cuh) and is within the bound
+    of the interpreter's C, finite and in float32's range (no RangeWarning) — where a float32 product of the scales
+    gave inf, NaN (an all-zero group times inf) or 0. The kernels of CASES' 64 × 48 × 256, emulated again."""
+    form_, prec, shape, kw = CASES[f"{form}-e4m3"]
+    p = program(form_, prec, shape, kw)
+    x = extreme_inputs(p, regime, seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", spatialc.numerics.tolerance.RangeWarning)
+        want = spatialc.evaluate(p, x)
+        ok, how = spatialc.tolerance(p, kernel=True).check(c := emulated(p, form, x), x)
+    assert np.isfinite(want).all() and ok, how
+    assert np.isfinite(c).all()
+    if regime == "underflow":  # C is normal, every group's sa · sb below float32's smallest subnormal
+        assert np.abs(want).min() > 2 * np.finfo(np.float32).tiny
+
+
 def test_auto_prints_the_persistent_form_and_the_sm90a_form_refuses_by_one_line():
     p = spatialc.build(spatialc.gemm(64, 48, 256, "e4m3", scales="mx"), "sm_89")
     assert spatialc.lower(p).budget.form == "persistent"
     q = spatialc.build(spatialc.gemm(128, 128, 256, "e4m3", scales="mx"), "sm_90a")
     assert spatialc.lower(q).budget.form == "persistent"  # auto: past the sm_90a form's refusal
-    with pytest.raises(spatialc.errors.SpatialError, match=re.escape(MX_PROGRAM) + r" in the sm_90a form: .*general"):
+    refusal = re.escape(MX_PROGRAM) + r" in the sm_90a form: .*persistent form.*general form"
+    with pytest.raises(spatialc.errors.SpatialError, match=refusal):
         spatialc.lower(q, form="sm90a")
 
 
@@ -88,7 +114,7 @@ PLANTED = {
     "B's scale of the wrong group": (r", gb = sk0 / 32;", ", gb = (sk0 / 32) ^ 1;"),
     "A's scale of the wrong row": (r"\(\(r \+ 0\) / 1\)", "((r + 1) / 1)"),
     "B's scale of the wrong column": (r"\(\(c \+ 1\) / 1\)", "((c + 0) / 1)"),
-    "an e8m0 code read one off (the scale doubled)": (r"spatialc_e8m0_value\(t3\[", "2.0f * spatialc_e8m0_value(t3["),
+    "an e8m0 code read one off (the scale doubled)": (r"\(int\)t3\[", "1 + (int)t3["),
 }
 # Every fault in the persistent form (auto's); two in the general form, which prints the same promotion.
 FAULTS = [("persistent", f) for f in PLANTED] + [("general", f) for f in list(PLANTED)[1:3]]
@@ -125,7 +151,7 @@ def test_a_fault_planted_in_the_kernel_text_is_caught(faulted, form, fault):
 def test_nvcc_compiles_the_planned_kernel_for_sm89_and_sm90_without_spills(tmp_path, form):
     gemm = spatialc.gemm(4096, 4096, 4096, "e4m3", scales="mx", out="bf16")
     art = spatialc.lower(spatialc.build(gemm, "sm_90", form=form), form=form)
-    assert art.budget.form == form and "spatialc_e8m0_value(t3[" in art.program_cu
+    assert art.budget.form == form and "spatialc_mx_promote(" in art.program_cu
     assert_clean(nvcc_compile(art.program_cu, tmp_path / "mx.cu", ("89", "90")), ("89", "90"))
 
 
@@ -193,7 +219,8 @@ def grouped_mx():
 @needs_gxx
 @pytest.mark.emulation
 def test_a_grouped_mx_gemm_emulated_within_the_bound():
-    """The host program lays each group's e8m0 codes on its own tiles (w4_host.cuh's spatialc_tilize_e8m0_groups)."""
+    """The host program lays each group's e8m0 codes on its own tiles (host.cuh's spatialc_tilize_groups with
+    w4_host.cuh's spatialc_e8m0_of)."""
     p, x = grouped_mx()
     c = emulated(p, "general", x)
     ok, how = spatialc.tolerance(p, kernel=True).check(c, x)

@@ -2,7 +2,9 @@
 to its own (row, group) of A and (group, column) of B where a group is 32 of K — one K step of 2 tiles. Edits of
 test_mutations.py's kinds on an MX program — a scale from the wrong K group, row or column, a group promoted twice
 or skipped, the tensors exchanged, a step spanning two groups — are each refused with its own message, and the
-sweep of every promotion address moved has no hole: an edit rule 8 accepts computes the reference bit for bit."""
+sweep of every promotion address moved has no hole: an edit rule 8 accepts computes the reference bit for bit. The
+layouts against the scales' element type (issue 46): a group below 128 only of e8m0 scales, both operands', and
+e8m0 scales only in groups of 32 — each refused by one line; the step read from the layouts."""
 
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import pytest
 import spatialc
 from spatialc.errors import SemanticError, VerifyError
 from spatialc.ir.ids import LV_ITEM_Y
+from spatialc.ir.nodes import DType
 from spatialc.ir.ops import KScale, TileAddr
+from spatialc.numerics.blockscale import promotion_k
 from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
 
@@ -131,3 +135,73 @@ def test_a_128_wide_step_over_mx_groups_is_refused():
     )
     with pytest.raises(SemanticError, match=r"a K step of 8 tiles from K tile 8·k may span two groups of 32 elements"):
         verify(mx)
+
+
+def _typed(p, types, k=None):
+    """`p` with its scale tensors' element types `types` (A's, B's) and, where given, both layouts' group `k`."""
+    names = ("scale_a", "scale_b")
+    ts = tuple(dataclasses.replace(t, dtype=types[names.index(t.name)]) if t.name in names else t for t in p.tensors)
+    p = dataclasses.replace(p, tensors=ts, verified=False)
+    if k is None:
+        return p
+    return declared(
+        p,
+        lambda mm: dataclasses.replace(
+            mm,
+            scales=dataclasses.replace(
+                mm.scales, a=dataclasses.replace(mm.scales.a, k=k), b=dataclasses.replace(mm.scales.b, k=k)
+            ),
+        ),
+    )
+
+
+E8, F32 = DType.E8M0, DType.FLOAT32
+# Issue 46: the layouts against the scales' element type (verify/blockscale.py's check_scale_types), every other rule
+# holding: each edit's steps lie within its groups.
+TYPED = {
+    "MX's groups of 32 with float32 scales": (
+        lambda p, _: _typed(p, (F32, F32)),
+        r"^stage matmul is promoted by scale_a and scale_b: scale_a holds float32 scales of groups of 32 elements of"
+        r" K; a group narrower than 128 is OCP MX's, of e8m0 scales$",
+    ),
+    "e8m0 scales of groups of 64": (
+        lambda p, _: _typed(p, (E8, E8), k=64),
+        r"^stage matmul is promoted by scale_a and scale_b: scale_a holds e8m0 scales of groups of 64 elements of K;"
+        r" OCP MX's e8m0 scales group 32$",
+    ),
+    "e8m0 scales in DeepGEMM's groups of 128": (
+        lambda _, q: _typed(q, (E8, E8)),
+        r"^stage matmul is promoted by scale_a and scale_b: scale_a holds e8m0 scales of groups of 128 elements",
+    ),
+    "A's scales e8m0, B's float32": (
+        lambda p, _: _typed(p, (E8, F32)),
+        r"^stage matmul is promoted by scale_a and scale_b, of element types e8m0 and float32: e8m0 scales \(OCP MX\)"
+        r" are both operands' or neither's$",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def deepgemm():
+    return scaled(64, 96, 256, block=(2, 2, 8))
+
+
+@pytest.mark.parametrize("name", list(TYPED))
+def test_a_layout_of_the_wrong_scale_type_is_refused_by_one_line(base, deepgemm, name):
+    edit, message = TYPED[name]
+    with pytest.raises(SemanticError, match=message) as e:
+        verify(edit(base, deepgemm))
+    assert "\n" not in str(e.value)
+
+
+def test_the_step_is_read_from_the_layouts_the_hole_it_closes(base, truth):
+    """An MX program whose scales were made float32 (the review's hole.py): its step is still its layouts' 32 — the
+    interpreter and the bound agree (it was 128 from scale_a's type, and the interpreter failed its own bound) —
+    and verify refuses it (above); the programs verify accepts keep their steps."""
+    ins, _ = truth
+    q = TYPED["MX's groups of 32 with float32 scales"][0](base, None)
+    assert promotion_k(q) == 32 and promotion_k(base) == 32
+    as_floats = {**ins, "scale_a": ins["scale_a"].astype(np.float32), "scale_b": ins["scale_b"].astype(np.float32)}
+    ok, how = spatialc.tolerance(q).check(spatialc.evaluate(q, as_floats), as_floats)
+    assert ok and "promoted every 32 of K" in how, how
+    assert promotion_k(scaled(64, 96, 256)) == 128

@@ -386,29 +386,35 @@ inline size_t spatialc_tiled_index(int i, int j, int cols_t, bool col = false)
     return ((size_t)(i / 16) * (size_t)cols_t + (size_t)(j / 16)) * 256 + inside;
 }
 
-// `col`: each tile column-major (the K-major B operand of an int8 kernel).
+// An element of a value: a cast (w4_host.cuh's spatialc_e8m0_of: an e8m0 scale's code).
 template <typename T>
+struct spatialc_cast {
+    T operator()(double v) const { return (T)v; }
+};
+
+// `col`: each tile column-major (the K-major B operand of an int8 kernel); `value`: an element of each value.
+template <typename T, typename F = spatialc_cast<T>>
 inline void spatialc_tilize(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t,
-                            bool col = false)
+                            bool col = false, F value = F())
 {
     for (int i = 0; i < rows; ++i) {
         for (int j = 0; j < cols; ++j) {
-            t[spatialc_tiled_index(i, j, cols_t, col)] = (T)x[(size_t)i * cols + j];
+            t[spatialc_tiled_index(i, j, cols_t, col)] = (T)value(x[(size_t)i * cols + j]);
         }
     }
 }
 
 // A grouped tensor: `groups` matrices of rows × cols one after another in x, each tiled on its own grid of rows_t ×
 // cols_t tiles, the grids one after another in t.
-template <typename T>
+template <typename T, typename F = spatialc_cast<T>>
 inline void spatialc_tilize_groups(const std::vector<double>& x, int groups, int rows, int cols, int rows_t,
-                                   int cols_t, std::vector<T>& t, bool col = false)
+                                   int cols_t, std::vector<T>& t, bool col = false, F value = F())
 {
     for (int g = 0; g < groups; ++g) {
         const size_t base = (size_t)g * (size_t)rows_t * (size_t)cols_t * 256;
         for (int i = 0; i < rows; ++i) {
             for (int j = 0; j < cols; ++j) {
-                t[base + spatialc_tiled_index(i, j, cols_t, col)] = (T)x[((size_t)g * rows + i) * cols + j];
+                t[base + spatialc_tiled_index(i, j, cols_t, col)] = (T)value(x[((size_t)g * rows + i) * cols + j]);
             }
         }
     }

@@ -8,8 +8,8 @@ is 1's) at a size the emulation runs; the nibbles of a byte read the other way r
 planted in the kernel text, are caught; `spatialc.run` lays out its arguments as for the general form; nvcc -Werror
 compiles the decode shape's kernel (M = 16, N = K = 4096, int4 with zero points per 128) for sm_80, sm_86 and sm_90
 without spills, and its main loop in SASS has no byte loads and no shared stores; a dequant the register path cannot
-take is refused by one line, and so is an order whose packed page is popped before the matmul that reads it (the
-occupancy proof)."""
+take is refused by one line, and so are a fused B page read by another op and an order whose packed page is popped
+before the matmul that reads it (the occupancy proof)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from spatialc.lower.cuda.common.dequant import packed_rings
 from spatialc.lower.cuda.common.program import printed_site_programs
 from spatialc.lower.cuda.common.rings import MMA_TYPES, ring_table
 from spatialc.lower.cuda.persistent import kernel as persistent
-from spatialc.lower.cuda.persistent.merge import SerialLoop, serialise
+from spatialc.lower.cuda.persistent.merge import SerialLoop, serial_walk, serialise
 from spatialc.lower.cuda.persistent.order import prove
 from spatialc.lower.errors import NeedsGeneral
 from spatialc.runtime import launch as L
@@ -156,6 +156,24 @@ def test_a_dequant_the_register_path_cannot_take_is_one_line():
     with pytest.raises(NeedsGeneral, match=r"W4A16 GEMM's dequant prologue.*does not feed its own next matmul") as e:
         persistent.in_registers(moved(ops), rings)
     assert "\n" not in str(e.value) and "form='general'" in str(e.value)
+
+
+def test_a_fused_b_page_read_by_another_op_is_one_line():
+    """The fused B page (its ring replaced by the packed page's registers) read by an op outside the body the fusion
+    matched — here a matmul after the K loop reading it as its A page: the persistent form has no such page to read
+    and refuses by one NeedsGeneral line (`in_registers`' second check; within the body, any other op on the page
+    makes `register_fusion` refuse the fusion itself, the first check)."""
+    p = w4_program(16, 64, 256, "int4", form="persistent", group=128, zeros=True)
+    ops = serialise(printed_site_programs(p))
+    rings = ring_table(p, MMA_TYPES[p.precision], ())
+    mm = next(op for op in serial_walk(ops) if isinstance(op, Compute) and isinstance(op.op, MatmulTiles))
+    planted = dataclasses.replace(mm, ins=(mm.ins[1], mm.ins[0]))  # B's page read as a matmul's A
+    b = rings.name(mm.ins[1])
+    assert persistent.in_registers(ops, rings)[1]  # as printed: fused, accepted
+    with pytest.raises(
+        NeedsGeneral, match=rf"W4A16 GEMM's dequant prologue.* whose B page {b} is also read by a Compute"
+    ):
+        persistent.in_registers((*ops, planted), rings)
 
 
 @pytest.fixture(scope="module")

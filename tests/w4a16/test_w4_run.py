@@ -125,7 +125,7 @@ def host_program_bytes(tmp_path: Path, values: np.ndarray, tiles: tuple[int, int
         "w4": f"std::vector<unsigned char> t({tiles[0] * tiles[1] * 128});"
         f" spatialc_tilize_w4(x, {rows}, {cols}, {tiles[1]}, t, {fmt});",
         "e8m0": f"std::vector<unsigned char> t({tiles[0] * tiles[1] * 256});"
-        f" spatialc_tilize_e8m0(x, {rows}, {cols}, {tiles[1]}, t);",
+        f" spatialc_tilize(x, {rows}, {cols}, {tiles[1]}, t, false, spatialc_e8m0_of());",
         "plain": f"std::vector<signed char> t({tiles[0] * tiles[1] * 256});"
         f" spatialc_tilize(x, {rows}, {cols}, {tiles[1]}, t);",
     }[how]

@@ -29,12 +29,23 @@ class Unsupported(LowerError):
         self.why = why
 
 
+# What the forms that do not read e8m0 scales call an MX program when they send it to the mma.sync forms.
+MX_PROGRAM = "an MXFP8 GEMM's e8m0 block scales (one per 32 of K)"
+
+# The refusals whose program auto prints in another form than the general one: what then prints it.
+PRINTED_ELSEWHERE = {
+    f"{MX_PROGRAM} in the sm_90a form": "auto prints it in the persistent form (spatialc.lower(p), or"
+    " form='persistent'), or in the general form where the persistent kernel cannot hold it (form='general')",
+}
+
+
 class NeedsGeneral(Unsupported):
     """A program the persistent (or the sm_90a) form cannot hold: `spatialc.lower` prints it in the general form
-    instead."""
+    instead (or, refused by the sm_90a form, where `PRINTED_ELSEWHERE` says)."""
 
     def __init__(self, what: str, why: str = "the persistent tile kernel cannot hold it"):
-        super().__init__(what, f"{why}; the general form prints it (spatialc.lower(p, form='general'))")
+        prints = PRINTED_ELSEWHERE.get(what, "the general form prints it (spatialc.lower(p, form='general'))")
+        super().__init__(what, f"{why}; {prints}")
 
 
 class TooBig(LowerError):

@@ -38,8 +38,13 @@ whose values are powers of two (`numerics.w4.values_of` defines the type, as for
 interval is then the group: C = Σ_g (A_g · B_g) · sa[i, g] · sb[g, j] with a step of 32, one k32 MMA (`promotion_k`).
 Every stage above holds: a step's partial sum is exact in float64 (32 products), sa · sb is a power of two (exact
 wherever it lies in float64's range: 2^-254 … 2^254), the promotion one rounding. The kernel's bound is the same
-formula with 32 for 128: 32 + ⌈K / 32⌉ + 4 ulps of M (164 at K = 4096) — its float32 sa · sb is a power of two too,
-exact while it lies within float32's normal range (2^-126 … 2^127), as any float32 product of scales must.
+formula with 32 for 128: 32 + ⌈K / 32⌉ + 4 ulps of M (164 at K = 4096). The kernel never forms sa · sb in float32
+(2^(ca + cb − 254) reaches 2^±254, past float32's range where the promoted partial sum need not be): it adds the
+codes' exponents as integers and applies the power of two exactly, one rounding in the fused multiply-add
+(lower/cuda/common/mx_promote.cuh), so the bound holds at every code 0 … 254 while M stays in float32's range (past
+it the RangeWarning says so, as for any kernel; below float32's normal range the bound's absolute term, the smallest
+normal float32, covers the subnormal roundings). The step is read from the layouts (`step_of`: their narrower
+group, at most 128), which verify's rule 8 holds to the scales' element type.
 """
 
 from __future__ import annotations
@@ -72,8 +77,18 @@ def is_mx(p: Any) -> bool:
 
 
 def promotion_k(p: Any) -> int:
-    """K elements a step of block-scaled program `p` promotes: MX_K for MX scales, else PROMOTION_K."""
-    return MX_K if is_mx(p) else PROMOTION_K
+    """K elements a step of block-scaled program `p` promotes, read from its layouts (`step_of`): MX_K for MX
+    scales, PROMOTION_K for DeepGEMM's."""
+    scales = program_scales(p)
+    return PROMOTION_K if scales is None else step_of(scales)
+
+
+def step_of(scales: BlockScales) -> int:
+    """The promotion interval of `scales`: their narrower group along K, at most PROMOTION_K — the one place it is
+    read from, so that the interpreter, the bound, the planner and the printers take the step of the layouts that
+    verify proved (whose rule 8 takes groups below PROMOTION_K only of e8m0 scales, and those only of MX_K:
+    `passes.verify.blockscale.check_scale_types`)."""
+    return min(scales.a.k, scales.b.k, PROMOTION_K)
 
 
 def kernel_ulps(k: int, wgmma_step: int = 0, wgmma_k: int = 32, step: int = PROMOTION_K) -> int:

@@ -18,6 +18,11 @@ K tile summed twice, one skipped a K tile never summed):
   group a multiple of the step (or the whole of K lies in one group), so every K element of the step has the
   group of the step's first. An MXFP8 program's groups are 32 of K (e8m0 scales) and its steps one group each (2
   tiles): the same proof, at that width (tests/blockscale/test_mx_mutations.py).
+
+Last (`check_scale_types`, once the products are proved), the layouts against the scales' element type, since the
+step every reader promotes at is read from the layouts (`numerics.blockscale.step_of`): a group narrower than
+PROMOTION_K (128) only of e8m0 scales, both operands', and e8m0 scales only in OCP MX's groups of MX_K (32) — the
+kernel promotes float32 scales every 128 and e8m0 codes by their exponents (lower/cuda/common/blockscale.py).
 """
 
 from __future__ import annotations
@@ -26,10 +31,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ...errors import SemanticError
+from ...ir.nodes import ComputeStage, DType
 from ...ir.ops import KScale, MatmulTiles, TileAddr
+from ...numerics.blockscale import MX_K, PROMOTION_K
 from .symbolic import Aff, StepScales
 
 if TYPE_CHECKING:
+    from ...ir.index import ProgramIndex
     from .dataflow import MatmulDecl
     from .semantics_value import _Proof
     from .symbolic import Product
@@ -131,3 +140,31 @@ def _straddles(first: Aff, width: int, scale: KScale, tile: int, ranges) -> str 
     if (last + width) * tile <= scale.k:  # every step within the first group (a scale for all of K)
         return None
     return f"a K step of {width} tiles from K tile {first.text()} may span two groups of {scale.k} elements"
+
+
+def check_scale_types(index: ProgramIndex) -> None:
+    """Each block-scaled matmul's scale layouts fit their element type: groups narrower than PROMOTION_K only of
+    e8m0 scales (both operands'), and e8m0 scales only in groups of MX_K."""
+    for stage in index.p.stages:
+        op = getattr(stage.kind, "op", None) if isinstance(stage.kind, ComputeStage) else None
+        if not isinstance(op, MatmulTiles) or op.scales is None:
+            continue
+        both = [(index.tensors[x.tensor], x) for x in (op.scales.a, op.scales.b)]
+        mx = [t.dtype == DType.E8M0 for t, _ in both]
+        where = f"stage {stage.name} is promoted by {both[0][0].name} and {both[1][0].name}"
+        if any(mx) and not all(mx):
+            raise SemanticError(
+                f"{where}, of element types {both[0][0].dtype.value} and {both[1][0].dtype.value}:"
+                " e8m0 scales (OCP MX) are both operands' or neither's"
+            )
+        for t, x in both:
+            if mx[0] and x.k != MX_K:
+                raise SemanticError(
+                    f"{where}: {t.name} holds e8m0 scales of groups of {x.k} elements of K; OCP MX's"
+                    f" e8m0 scales group {MX_K}"
+                )
+            if not mx[0] and x.k < PROMOTION_K:
+                raise SemanticError(
+                    f"{where}: {t.name} holds {t.dtype.value} scales of groups of {x.k} elements of"
+                    f" K; a group narrower than {PROMOTION_K} is OCP MX's, of e8m0 scales"
+                )

@@ -56,6 +56,7 @@ from ...ir.ops import (
     walk,
 )
 from .attention import check_attention
+from .blockscale import check_scale_types
 from .dataflow import Declared, SiteRun, Write
 from .declared import declared_outputs
 from .facts import Programs
@@ -71,6 +72,7 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
     """Rule 8 for every distinct set of site programs."""
     p = index.p
     if p.placement is None or p.schedule is None or p.plan is None:
+        check_scale_types(index)
         return  # nothing is computed yet
     for prog in programs.distinct():
         _followable(index, prog)
@@ -79,6 +81,7 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
         return
     for decl in declared_outputs(index):  # each output proved apart: its own formula, its own writes
         _check_output(index, programs, decl)
+    check_scale_types(index)  # (after the products' proofs, whose faults it would otherwise hide: verify/blockscale.py)
 
 
 def _check_output(index: ProgramIndex, programs: Programs, decl: Declared) -> None:

@@ -2,7 +2,9 @@
 
 The step's MMAs accumulate into partial fragments of their own, zeroed first; then every element of every partial
 fragment is added to its accumulator element times sa · sb — A's scale of the element's row and B's of its column,
-for the step's K group — as one float32 fused multiply-add (sa · sb one rounding before it). Element i of a lane's
+for the step's K group — as one float32 fused multiply-add (sa · sb one rounding before it). An MX program's e8m0
+scales are read as their codes and promoted by their exponents, combined as integers (mx_promote.cuh): their
+product 2^(ca + cb − 254) may lie past float32's range where the promoted partial sum does not. Element i of a lane's
 fragment is row lane/4 + 8·((i/2) mod 2), column 8·(i/4) + 2·(lane mod 4) + i mod 2 of its tile (tensor_core.cuh),
 so each lane reads the scales of its own two rows and four columns straight from global memory (a scale tensor is
 a few values an item: rows of A × groups, groups × column blocks of B), tiled as every tensor is. A row or a
@@ -21,10 +23,8 @@ from ....ir.nodes import DType, Plan, SpatialProgram, Tensor
 from ....ir.ops import BlockScales, MatmulTiles
 from ....numerics.blockscale import is_mx, program_scales
 from ....target import SpatialTarget
-from .cwriter import addr_expr
-
-# What the forms that do not read e8m0 scales call an MX program when they send it to the general form.
-MX_PROGRAM = "an MXFP8 GEMM's e8m0 block scales (one per 32 of K)"
+from ...errors import MX_PROGRAM as MX_PROGRAM  # (the sm_90a form's name of an MX program, in its refusal)
+from .cwriter import addr_expr, inlined_lines
 
 if TYPE_CHECKING:
     from .rings import Ring
@@ -52,10 +52,10 @@ def held_sub_blocks(p: SpatialProgram, plan: Plan) -> tuple[int, int]:
 GENERAL_SCALED_TILES = 2
 
 
-def mx_header(p: SpatialProgram) -> bool:
-    """Whether `p`'s kernel reads e8m0 scales (an MX program): its preamble then inlines dequant.cuh, their one
-    definition (spatialc_e8m0, spatialc_e8m0_value), as a W4A16 kernel's does."""
-    return is_mx(p)
+def mx_lines(p: SpatialProgram) -> list[str]:
+    """What an MX program's preamble inlines after dequant.cuh (the e8m0 type's one definition, `spatialc_e8m0`):
+    mx_promote.cuh, its promotion by the scales' exponents; nothing for any other program."""
+    return [*inlined_lines("common/mx_promote.cuh"), ""] if is_mx(p) else []
 
 
 def scaled_units(target: SpatialTarget, plan: Plan, form: str, smem: int, per_unit: int) -> int:
@@ -103,8 +103,8 @@ def promotion(
 
     def promote(tile_row: str, tile_col: str) -> None:
         rows, cols = look.fragment(tile_row, tile_col)
-        tc.w.line(f"const float sa[{len(rows)}] = {{{', '.join(rows)}}};")
-        tc.w.line(f"const float sb[{len(cols)}] = {{{', '.join(cols)}}};")
+        tc.w.line(f"const {look.ctype} sa[{len(rows)}] = {{{', '.join(rows)}}};")
+        tc.w.line(f"const {look.ctype} sb[{len(cols)}] = {{{', '.join(cols)}}};")
         _fmas(tc, look, "sa", "sb")
 
     _each_fragment(tc, promote)
@@ -112,10 +112,11 @@ def promotion(
 
 def scale_loads(
     tc: TilePrinter, s: BlockScales, env: dict[LoopVar, str], a_scale: Callable[[str], str] | None = None
-) -> tuple[int, int]:
+) -> tuple[int, int, bool]:
     """The promotion's scales of every fragment of the lane, read into `psa[q][…]` and `psb[q][…]` (declared here, at
     the printer's scope) — where a form reads them before the step's MMAs are issued, so that their latency is spent
-    under them (the sm_90a form); `promoted_fmas` then promotes with them. Returns their counts a fragment. Where
+    under them (the sm_90a form); `promoted_fmas` then promotes with them. Returns their counts a fragment and
+    whether they are e8m0 codes. Where
     B's scale block holds whole items (DeepGEMM's 128 × 128 with items of at most 128 columns, items starting on
     their width), every fragment's B scale is the item's first column's: one expression, which the compiler reads
     once (and sa · sb once a row) where the lookup by column it could not prove the same."""
@@ -123,7 +124,8 @@ def scale_loads(
     w = tc.plan.item_tiles[1]
     look = _Lookups(tc, s, env, a_scale, declare=False, item_b=s.b.outer % (w * 16) == 0)
     na, nb = len(look.a_rows), len(look.b_cols)
-    tc.w.line(f"float psa[{tc.perw}][{na}], psb[{tc.perw}][{nb}];  // the step's scales of each fragment")
+    ct = look.ctype
+    tc.w.line(f"{ct} psa[{tc.perw}][{na}], psb[{tc.perw}][{nb}];  // the step's scales of each fragment")
     with tc.w.block(""):
         look.declare()
 
@@ -135,20 +137,26 @@ def scale_loads(
                 tc.w.line(f"psb[q][{j}] = {v};")
 
         _each_fragment(tc, load)
-    return na, nb
+    return na, nb, look.mx
 
 
-def promoted_fmas(tc: TilePrinter, counts: tuple[int, int]) -> None:
+def promoted_fmas(tc: TilePrinter, counts: tuple[int, int, bool]) -> None:
     """The promotion's fused multiply-adds with the scales `scale_loads` read."""
     with tc.unrolled(f"for (int q = 0; q < {tc.perw}; ++q)"):
         _fmas(tc, _Counts(*counts), "psa[q]", "psb[q]")
 
 
 class _Counts:
-    """How many scales of A's rows and of B's columns a fragment's elements take."""
+    """How many scales of A's rows and of B's columns a fragment's elements take, and whether they are e8m0 codes
+    (`mx`: an MX program's, promoted by their exponents) or float32 values."""
 
-    def __init__(self, na: int, nb: int) -> None:
-        self.a_rows, self.b_cols = tuple(range(na)), tuple(range(nb))
+    def __init__(self, na: int, nb: int, mx: bool) -> None:
+        self.a_rows, self.b_cols, self.mx = tuple(range(na)), tuple(range(nb)), mx
+
+    @property
+    def ctype(self) -> str:
+        """The C type of a looked-up scale: an e8m0 code as an int, else a float."""
+        return "int" if self.mx else "float"
 
 
 class _Lookups(_Counts):
@@ -168,6 +176,7 @@ class _Lookups(_Counts):
         self.tc, self.s, self.env, self.a_scale = tc, s, env, a_scale
         self.item_b = item_b  # B's scale of every column of the item: its first column's (`scale_loads`)
         self.ta, self.tb = tc.tensors[int(s.a.tensor)], tc.tensors[int(s.b.tensor)]
+        self.mx = self.ta.dtype == DType.E8M0  # (verify's rule 8: both e8m0 or neither)
         # A row (column) of the items past the scale tensor's — the padding of the last items — reads no scale; the
         # group is always inside (every step starts below K). A block of 16 or more rows (columns) gives a lane one
         # scale.
@@ -225,7 +234,10 @@ def _fmas(tc: TilePrinter, look: _Counts, sa_name: str, sb_name: str) -> None:
     sa = f"{sa_name}[(i >> 1) & 1]" if len(look.a_rows) > 1 else f"{sa_name}[0]"
     sb = f"{sb_name}[2 * (i >> 2) + (i & 1)]" if len(look.b_cols) > 1 else f"{sb_name}[0]"
     with tc.unrolled("for (int i = 0; i < 8; ++i)"):
-        tc.w.line(f"{tc.accf}[q].x[i] = fmaf(part[q].x[i], {sa} * {sb}, {tc.accf}[q].x[i]);")
+        if look.mx:  # e8m0 codes: their exponents combined as integers, applied exactly (mx_promote.cuh)
+            tc.w.line(f"{tc.accf}[q].x[i] = spatialc_mx_promote(part[q].x[i], {sa}, {sb}, {tc.accf}[q].x[i]);")
+        else:
+            tc.w.line(f"{tc.accf}[q].x[i] = fmaf(part[q].x[i], {sa} * {sb}, {tc.accf}[q].x[i]);")
 
 
 def _each_fragment(tc: TilePrinter, body: Callable[[str, str], None]) -> None:
@@ -246,12 +258,13 @@ def _each_fragment(tc: TilePrinter, body: Callable[[str, str], None]) -> None:
 def _element(t: Tensor, row: str, col: str, row_past: bool, col_past: bool, group: str | None = None) -> str:
     """Element (row, col) of the float32 (or e8m0) tensor t, tiled as every tensor is (of a grouped tensor's matrix
     `group`, its groups stacked, each on its own tile rows), as a float; 0 where a row (col) may lie past its
-    elements (`row_past`, `col_past`) and does. An e8m0 scale (MX's) is read as its byte and made 2^(code − 127) by
-    dequant.cuh's spatialc_e8m0_value: the code shifted into a float's exponent, exact."""
+    elements (`row_past`, `col_past`) and does. An e8m0 scale (MX's) is read as its byte, the code as an int, which
+    the promotion combines with the other operand's (mx_promote.cuh)."""
     rows, cols = t.elems
     tile_row = f"({row}) / 16" if group is None else f"(({group}) * {t.group_tiles[0]} + ({row}) / 16)"
     at = f"t{int(t.id)}[({tile_row} * {t.tiles[1]} + ({col}) / 16) * {TILE_ELEMS} + ({row}) % 16 * 16 + ({col}) % 16]"
-    if t.dtype == DType.E8M0:
-        at = f"spatialc_e8m0_value({at})"
+    zero = "0.0f"
+    if t.dtype == DType.E8M0:  # (its code 0 past the tensor: any scale of a zero partial sum adds zero)
+        at, zero = f"(int){at}", "0"
     checks = [f"({row}) < {rows}"] * row_past + [f"({col}) < {cols}"] * col_past
-    return f"({' && '.join(checks)} ? {at} : 0.0f)" if checks else at
+    return f"({' && '.join(checks)} ? {at} : {zero})" if checks else at

@@ -145,12 +145,12 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
             w.line(f"spatialc_store_matrix(h{i}, {t.elems[0]}, {t.elems[1]}, {pitch}, x{i}, {flip});")
         elif t.groups > 1 and t.dtype == DType.E8M0:  # a grouped MXFP8 GEMM's scales: each group's codes
             shape = f"{t.groups}, {t.elems[0]}, {t.elems[1]}, {t.group_tiles[0]}, {t.tiles[1]}"
-            w.line(f"spatialc_tilize_e8m0_groups(h{i}, {shape}, x{i});")
+            w.line(f"spatialc_tilize_groups(h{i}, {shape}, x{i}, false, spatialc_e8m0_of());")
         elif t.groups > 1:
             shape = f"{t.groups}, {t.elems[0]}, {t.elems[1]}, {t.group_tiles[0]}, {t.tiles[1]}"
             w.line(f"spatialc_tilize_groups(h{i}, {shape}, x{i}{col});")
         elif t.dtype == DType.E8M0:  # scales 2^e as their codes
-            w.line(f"spatialc_tilize_e8m0(h{i}, {t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i});")
+            w.line(f"spatialc_tilize(h{i}, {t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i}, false, spatialc_e8m0_of());")
         else:
             w.line(f"spatialc_tilize(h{i}, {t.elems[0]}, {t.elems[1]}, {t.tiles[1]}, x{i}{col});")
         _copy_in(i, ty, w)

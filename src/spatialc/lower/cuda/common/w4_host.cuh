@@ -53,30 +53,8 @@ inline unsigned char spatialc_e8m0_code(double x)
     return (unsigned char)(e < -127 ? 0 : e > 127 ? 255 : e + 127);
 }
 
-// float8_e8m0fnu scales as their codes, tiled as any tensor.
-template <typename T>
-inline void spatialc_tilize_e8m0(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t)
-{
-    for (int i = 0; i < rows; ++i) {
-        for (int j = 0; j < cols; ++j) {
-            t[spatialc_tiled_index(i, j, cols_t, false)] = (T)spatialc_e8m0_code(x[(size_t)i * cols + j]);
-        }
-    }
-}
-
-// A grouped tensor's e8m0 scales (an MXFP8 grouped GEMM's): `groups` matrices one after another in x, each tiled
-// on its own grid of rows_t × cols_t tiles, as spatialc_tilize_groups lays out any grouped tensor.
-template <typename T>
-inline void spatialc_tilize_e8m0_groups(const std::vector<double>& x, int groups, int rows, int cols, int rows_t,
-                                        int cols_t, std::vector<T>& t)
-{
-    for (int g = 0; g < groups; ++g) {
-        const size_t base = (size_t)g * (size_t)rows_t * (size_t)cols_t * 256;
-        for (int i = 0; i < rows; ++i) {
-            for (int j = 0; j < cols; ++j) {
-                const double v = x[((size_t)g * rows + i) * cols + j];
-                t[base + spatialc_tiled_index(i, j, cols_t, false)] = (T)spatialc_e8m0_code(v);
-            }
-        }
-    }
-}
+// float8_e8m0fnu scales as their codes, tiled as any tensor (host.cuh's spatialc_tilize and spatialc_tilize_groups
+// with this as their `value`).
+struct spatialc_e8m0_of {
+    unsigned char operator()(double v) const { return spatialc_e8m0_code(v); }
+};

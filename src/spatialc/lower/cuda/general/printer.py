@@ -40,11 +40,12 @@ from ....ir.ops import (
     walk,
 )
 from ....ir.printer import addr_text
+from ....numerics.blockscale import is_mx
 from ....target import WARP
 from ...census import marker
 from ...errors import Unsupported
 from ..common import epilogue
-from ..common.blockscale import mx_header
+from ..common.blockscale import mx_lines
 from ..common.clusters import GeneralClusterPrinter, reset_image
 from ..common.cwriter import (
     CHECK_MACRO,
@@ -334,7 +335,8 @@ def preamble(k: GeneralKernel) -> list[str]:
     # A map program's kernel multiplies nothing: no tensor-core layer, no accumulator type, no compute warps.
     lines += [*tensor_core_lines(k.rings, k.types, more_loads), ""] if k.accumulates else []
     # (after the tensor-core layer: its register path fills that layer's fragments)
-    lines += [*inlined_lines("common/dequant.cuh"), ""] if has_dequant(p) or mx_header(p) else []
+    lines += [*inlined_lines("common/dequant.cuh"), ""] if has_dequant(p) or is_mx(p) else []
+    lines += mx_lines(p)  # (an MX program's promotion: mx_promote.cuh)
     epit = "long long" if k.integer else "float"
     lines += [f"typedef {k.types.operand} OPT;"]
     lines += [f"typedef {k.types.acc} ACCT;"] if k.accumulates else []

@@ -38,7 +38,6 @@ from ....ir.ops import (
 )
 from ....ir.printer import compute_text
 from ....ir.traffic import global_read_bytes
-from ....numerics.blockscale import is_mx
 from ....passes.attention import is_attention_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
@@ -289,19 +288,9 @@ def make_kernel(
     items = site_items(p)
     out = p.output_tensor()
     assert out is not None
-    # A W4A16 GEMM's packed weights, zero points and e8m0 scales by dequant.cuh's typedefs (`param_c_type`), and an
-    # MXFP8 GEMM's e8m0 scales (read as their bytes: common/blockscale.py).
-    dq = has_dequant(p) or is_mx(p)
-    param_types = tuple(
-        "OUT_T"
-        if t.role == TensorRole.OUTPUT
-        else param_c_type(t, "OPT")
-        if dq
-        else "OPT"
-        if t.role == TensorRole.INPUT
-        else C_TYPES[t.dtype]
-        for t in p.tensors
-    )
+    # (`param_c_type`, the general form's too: a W4A16 GEMM's packed weights, zero points and e8m0 scales, and an
+    # MXFP8 GEMM's e8m0 scales, by dequant.cuh's typedefs — read as their bytes)
+    param_types = tuple("OUT_T" if t.role == TensorRole.OUTPUT else param_c_type(t, "OPT") for t in p.tensors)
     return Kernel(
         p,
         plan,

@@ -22,10 +22,11 @@ from ....ir.ops import (
     WriteTiles,
 )
 from ....ir.printer import compute_text
+from ....numerics.blockscale import is_mx
 from ...census import OP, PAD, PRE, marker
 from ...errors import Unsupported
 from ..common import epilogue
-from ..common.blockscale import mx_header
+from ..common.blockscale import mx_lines
 from ..common.cwriter import (
     CHECK_MACRO,
     PAGE_MACROS,
@@ -302,12 +303,13 @@ def preamble(k: Kernel) -> list[str]:
         lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, ""]
         epit = "long long" if k.integer else "float"
         lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.out_type} OUT_T;", f"typedef {epit} EPIT;"]
-    elif has_dequant(p) or mx_header(p):  # its B fragments dequantised from packed pages, or MXFP8's e8m0 scales
-        # (dequant.cuh, which reads pages by PAGE_MACROS: after the tensor-core layer)
-        lines += ["", RING_MACROS, PAGE_MACROS, STORE_MACRO, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types)]
-        lines += ["", *inlined_lines("common/dequant.cuh"), ""]
     else:
-        lines += ["", RING_MACROS, STORE_MACRO, CHECK_MACRO, "", *tensor_core_lines(k.rings, k.types), ""]
+        # B fragments dequantised from packed pages, or MXFP8's e8m0 scales: dequant.cuh, which reads pages by
+        # PAGE_MACROS (after the tensor-core layer)
+        dq = has_dequant(p) or is_mx(p)
+        lines += ["", RING_MACROS, *[PAGE_MACROS] * dq, STORE_MACRO, CHECK_MACRO, ""]
+        lines += [*tensor_core_lines(k.rings, k.types), ""]
+        lines += [*inlined_lines("common/dequant.cuh"), "", *mx_lines(p)] if dq else []
     if not k.pages:
         lines += [f"typedef {k.types.operand} OPT;", f"typedef {k.types.acc} ACCT;", f"typedef {k.out_type} OUT_T;"]
     if k.has_epilogue:
