@@ -187,7 +187,7 @@ def test_two_warpgroups_issue_their_matmuls_in_turns(cases):
     # The ping-pong (the default for two): warpgroup 0 gives itself the first turn before its first item; each turn
     # waits on the warpgroup's own barrier (10 or 11, both warpgroups' 256 threads) and ends arriving on the other's.
     first = "if (warp / 4 == 0) { spatialc_engine_arrive(10, 256); }"
-    wait, arrive = "spatialc_engine_wait(10 + warp / 4, 256);", "spatialc_engine_arrive(11 - warp / 4, 256);"
+    wait, arrive = "spatialc_engine_sync(10 + warp / 4, 256);", "spatialc_engine_arrive(11 - warp / 4, 256);"
     assert compute.index(first) < compute.index("for (int item = 0;")
     assert compute.count(wait) == compute.count(arrive) == 3  # block 0's S, each step's S and P·V, the last P·V
     # A step's turn: O rescaled, V and K waited for, this block's S and the block before's P·V issued, the other's

@@ -105,7 +105,7 @@ def _turn(pr: AttentionPrinter, issue) -> None:
     """The matmuls `issue` prints, issued in this warpgroup's turn; then the other warpgroup's."""
     me = f"{PINGPONG_BARRIER} + warp / {WARPGROUP}"
     other = f"{PINGPONG_BARRIER + 1} - warp / {WARPGROUP}"
-    pr.w.line(f"spatialc_engine_wait({me}, {BOTH_THREADS});  // this warpgroup's turn: the other's are issued")
+    pr.w.line(f"spatialc_engine_sync({me}, {BOTH_THREADS});  // this warpgroup's turn: the other's are issued")
     issue()
     pr.w.line(f"spatialc_engine_arrive({other}, {BOTH_THREADS});  // the other warpgroup's turn")
 
