@@ -44,7 +44,8 @@ if TYPE_CHECKING:
     from .attention import AttentionPrinter
 
 # The two warpgroups' named barriers: PINGPONG_BARRIER + the warpgroup (after the engines' 1 + their index and the
-# staging boxes' 8 and 9, `staging.OUT_BARRIER`; a CTA has 16), each counting both warpgroups' threads.
+# staging boxes' 8 and 9, `staging.OUT_BARRIER`; a CTA has 16), each counting both warpgroups' threads. `barriers.py`
+# checks every kernel's ids disjoint and within 1 to 15 before it is printed.
 PINGPONG_BARRIER = 10
 BOTH_THREADS = 2 * WARPGROUP * 32
 
