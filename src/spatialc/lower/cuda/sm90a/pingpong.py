@@ -36,8 +36,10 @@ j − 1 and V_{j−2} at the end of its step j − 1; its turn j − 1 needs A's
 reached these waits, and B's own waits before that turn need releases of step j − 2, made before; nothing B needs
 waits on A's step j. So the chain of what each wait needs runs back to earlier steps and never round to itself:
 no cycle, as the emulation of the depth-1 case (tests/lower/test_sm90a_attention.py) runs it. The same holds for
-block 0's turn (K_0 needs K and V of the item before released, both released before either warpgroup's last turn
-of that item ends) and for the last P·V's. The rescale of O stays in the turn, where FlashAttention-3 has it.
+block 0's turn (K_0 needs the item before's last K released by both warpgroups, which each did once that K's S had
+retired, before its last turn of that item) and for the last P·V's (its V needs the V before released by both, at
+the end of their last steps, which need only earlier turns). The rescale of O stays in the turn, where
+FlashAttention-3 has it.
 
 Unlike the overlapped schedule the ping-pong takes K and V one stage deep (emulated so; the default still asks for
 two stages). Every item must run a KV step (block 0's S is issued before the loop). No second set of S registers is
