@@ -12,7 +12,7 @@
 #endif
 #define SPATIALC_CHECK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "CUDA error: %s (%s)\n", cudaGetErrorString(e_), #x); exit(1); } } while (0)
 
-enum Fault { NONE, MISSING, SWAPPED, ID16, COUNT100 };
+enum Fault { NONE, MISSING, SWAPPED, ID16, COUNT100, ID0 };
 
 // Group g (threads 64g …) waits on barrier 1 + g, writes its turn (the turn before it plus one: the other group's
 // write, which only the barrier orders before this read), and arrives on the other group's barrier.
@@ -25,7 +25,7 @@ __global__ void k_turns(int* out, int fault)
         spatialc_engine_arrive(1, count);  // the first turn is group 0's
     }
     for (int r = 0; r < 8; ++r) {
-        spatialc_engine_wait(fault == ID16 ? 16u : 1u + g, count);
+        spatialc_engine_sync(fault == ID16 ? 16u : fault == ID0 ? 0u : 1u + g, count);  // ID0: __syncthreads'
         const int k = 2 * r + g;
         if (tid % 64 == 0) {
             turns[k] = (k > 0 ? turns[k - 1] : 0) + 1;
@@ -46,7 +46,7 @@ int main()
     char which[64] = {0};
     { FILE* f = fopen("case.txt", "r"); if (!f || fscanf(f, "%63s", which) != 1) { return 2; } fclose(f); }
     const std::string c = which;
-    const std::vector<std::string> names = {"ok", "missing", "swapped", "id16", "count100"};
+    const std::vector<std::string> names = {"ok", "missing", "swapped", "id16", "count100", "id0"};
     int fault = -1;
     for (size_t i = 0; i < names.size(); ++i) { if (c == names[i]) { fault = (int)i; } }
     if (fault < 0) { fprintf(stderr, "unknown case %s\n", which); return 2; }

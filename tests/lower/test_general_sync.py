@@ -139,7 +139,7 @@ def test_an_arrival_at_the_wrong_sites_count_is_a_hang_the_watchdog_names(progra
         spatialc.emulate(dataclasses.replace(art, program_cu=text), INPUTS, timeout=6)
     report = str(info.value)
     assert "TIMEOUT: no progress" in report and "waits for the count at global" in report
-    assert "to reach 1 (it is 0)" in report and "waits at its engine's barrier 3" in report
+    assert "to reach 1 (it is 0)" in report and "waits at named barrier 3 (bar.sync)" in report
 
 
 @emulation

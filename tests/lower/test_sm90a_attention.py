@@ -187,18 +187,19 @@ def test_two_warpgroups_issue_their_matmuls_in_turns(cases):
     # The ping-pong (the default for two): warpgroup 0 gives itself the first turn before its first item; each turn
     # waits on the warpgroup's own barrier (10 or 11, both warpgroups' 256 threads) and ends arriving on the other's.
     first = "if (warp / 4 == 0) { spatialc_engine_arrive(10, 256); }"
-    wait, arrive = "spatialc_engine_wait(10 + warp / 4, 256);", "spatialc_engine_arrive(11 - warp / 4, 256);"
+    wait, arrive = "spatialc_engine_sync(10 + warp / 4, 256);", "spatialc_engine_arrive(11 - warp / 4, 256);"
     assert compute.index(first) < compute.index("for (int item = 0;")
     assert compute.count(wait) == compute.count(arrive) == 3  # block 0's S, each step's S and P·V, the last P·V
-    # A step's turn: O rescaled, V and K waited for, this block's S and the block before's P·V issued, the other's
-    # turn; then S retired and the softmax, under that P·V; then the P·V retired and its V back.
+    # A step: V and K waited for before the turn (a turn never holds the tensor cores while a stage is in flight),
+    # then the turn: O rescaled, this block's S and the block before's P·V issued, the other's turn; then S retired
+    # and the softmax, under that P·V; then the P·V retired and its V back.
     loop = compute[compute.index("for (int k = 1; k < 2; ++k) {  // op:Loop") :]
     loop = loop[: loop.index("the last block's P·V in a turn of its own")]
     steps = (
-        wait,
-        "accf_17[q].x[e] *= rr_10[",
         "spatialc_mbar_wait(&full_2[",
         "spatialc_mbar_wait(&full_1[",
+        wait,
+        "accf_17[q].x[e] *= rr_10[",
         "spatialc_wgmma_kb<64, OPT>(accf_14",
         "spatialc_wgmma_rs<64, OPT>(accf_17",
         arrive,
@@ -210,6 +211,11 @@ def test_two_warpgroups_issue_their_matmuls_in_turns(cases):
     )
     at = [loop.index(step) for step in steps]
     assert at == sorted(at) and loop.count("spatialc_wgmma_commit();") == 2 and loop.count("spatialc_wgmma_wait<") == 2
+    # and so block 0's turn (its K waited for before it) and the last P·V's (its V)
+    pre = compute[compute.index("spatialc_mbar_wait(&full_1[", compute.index("for (int item = 0;")) :]
+    assert pre.index("// pre:Wait") < pre.index(wait) < pre.index("spatialc_wgmma_kb<64, OPT>(accf_14")
+    post = compute[compute.index("the last block's P·V in a turn of its own") :]
+    assert post.index("spatialc_mbar_wait(&full_2[") < post.index(wait) < post.index("accf_17[q].x[e] *= rr_10[")
     assert "bar.arrive %0, %1;" in text and art.census.agrees
     shallow = cases[DEPTH1][1].kernel_cu  # (asked for with K and V one stage deep: emulated below)
     assert "#define DEPTH_1 1" in shallow and shallow.count(arrive) == 3

@@ -89,3 +89,18 @@ class InternalError(LowerError):
 
     def __init__(self, what: str):
         super().__init__(f"internal error in the CUDA lowering (please report it): {what}")
+
+
+class BarrierClash(LowerError):
+    """Two uses of one named barrier (bar.sync / bar.arrive id) in a kernel, or an id a CTA does not have (1 to 15;
+    0 is __syncthreads'): their arrivals would count in each other's phases, or the instruction is undefined."""
+
+    def __init__(self, barrier: int, users: tuple[str, ...]):
+        why = (
+            f"named barrier {barrier} is used by {users[0]} and by {users[1]}"
+            if len(users) > 1
+            else f"{users[0]} uses barrier {barrier}, and a CTA's named barriers are 1 to 15 (0 is __syncthreads')"
+        )
+        super().__init__(f"cannot lower a kernel whose named barriers clash: {why}")
+        self.barrier = barrier
+        self.users = users

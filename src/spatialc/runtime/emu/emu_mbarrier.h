@@ -25,10 +25,9 @@ SPATIALC_EMU_FN void mbar_arrive(void* bar, int line);
 SPATIALC_EMU_FN void mbar_cp_async_arrive(void* bar, int line);
 // `cluster`: acquiring at cluster scope (spatialc_mbar_wait_cluster), as a phase a peer block completed needs.
 SPATIALC_EMU_FN void mbar_wait(void* bar, unsigned parity, int line, bool cluster = false);
+// Named barriers (emu_runtime.h): bar.sync, which waits for the phase, and bar.arrive, which does not.
 SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line);
-// Named barriers with an arrival that does not wait (bar.arrive) and the wait beside it (bar.sync): emu_runtime.h.
 SPATIALC_EMU_FN void engine_arrive(unsigned id, unsigned threads, int line);
-SPATIALC_EMU_FN void named_sync(unsigned id, unsigned threads, int line);
 SPATIALC_EMU_FN void grid_add(int* word, int by, int line);
 SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line);
 SPATIALC_EMU_FN void grid_add_relaxed(int* word, int by);  // (planted faults only: see spatialc_grid_add_relaxed)
@@ -62,9 +61,6 @@ inline void spatialc_engine_sync(unsigned id, unsigned threads, int line = __bui
 #define SPATIALC_NAMED_ARRIVE
 inline void spatialc_engine_arrive(unsigned id, unsigned threads, int line = __builtin_LINE()) {
     spatialc_emu::engine_arrive(id, threads, line);
-}
-inline void spatialc_engine_wait(unsigned id, unsigned threads, int line = __builtin_LINE()) {
-    spatialc_emu::named_sync(id, threads, line);
 }
 inline void spatialc_grid_add(int* word, int by, int line = __builtin_LINE()) {
     spatialc_emu::grid_add(word, by, line);

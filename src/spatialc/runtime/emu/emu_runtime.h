@@ -593,7 +593,7 @@ SPATIALC_EMU_FN std::string describe_mbarriers(Block& b) {
     std::string out;
     for (const auto& [id, m] : b.named)
         if (m->waiters)
-            out += "; engine barrier " + std::to_string(id) + " has " + std::to_string(m->count - m->pending) +
+            out += "; named barrier " + std::to_string(id) + " has " + std::to_string(m->count - m->pending) +
                    " of " + std::to_string(m->count) + " threads";
     for (const auto& [bar, m] : b.mbars) {
         if (!m->waiters) continue;
@@ -1151,50 +1151,26 @@ SPATIALC_EMU_FN void check_proxy_read(const void* const* ptrs, int count, size_t
         }
 }
 
-// ---- an engine's named barrier (bar.sync id, threads) ---------------------------------------------------------------
+// ---- named barriers (bar.sync id, threads; bar.arrive id, threads) ------------------------------------------------
 
-// A phase of arrivals like an mbarrier's, its count the engine's threads, each waiting for the others.
-SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line) {
-    ThreadState& t = me("spatialc_engine_sync");
-    Block& b = blk();
-    std::unique_lock<std::mutex> lk(b.mu);
-    auto& slot = b.named[id];
-    if (!slot) slot.reset(new MBar{});
-    MBar& m = *slot;
-    if (threads == 0 || threads % kWarp || (int)threads > b.nthreads)
-        fatal(kExitMisuse, "spatialc_engine_sync at line " + std::to_string(line) + ": " + std::to_string(threads) +
-                               " threads (a multiple of 32, at most the block's)");
-    if (m.pending == m.count) m.count = m.pending = threads;  // no thread there yet
-    if (m.count != threads)
-        fatal(kExitMisuse, "spatialc_engine_sync at line " + std::to_string(line) + ": barrier " +
-                               std::to_string(id) + " is used with " + std::to_string(threads) + " and " +
-                               std::to_string(m.count) + " threads at once");
-    const unsigned long long phase = m.phase;
-    arrive_locked(t, m);
-    if (m.phase == phase) {
-        std::snprintf(t.where_buf, sizeof t.where_buf, "waits at its engine's barrier %u", id);
-        t.where = t.where_buf;
-        t.where_line = line;
-        sleep_through_phase(b, m, lk);
-    }
-    learn(t, b, m, (unsigned)(phase & 1));
-}
-
-// ---- a named barrier's arrival without a wait (bar.arrive id, threads) ---------------------------------------------
-
-// The PTX ISA's barrier{.cta}: sixteen barriers a CTA (0 is __syncthreads'), each phase completing once `threads`
-// threads (a multiple of the warp size, the same for every use of the phase) have arrived by bar.sync or bar.arrive;
-// bar.arrive does not wait, and an arrival releases what the thread did before it to the threads that pass the
-// phase by bar.sync. Counted a thread at a time, as engine_sync counts them: a warp some of whose lanes do not arrive
-// leaves the phase short and hangs, where the hardware marks the warp's arrival for its live lanes — stricter, never
-// laxer. A thread may arrive twice in one phase (bar.arrive, then bar.sync on the same barrier: both count, as on a
-// GPU — FlashAttention-3's first warpgroup gives itself the first turn so). A phase left part-way at the block's
-// exit is no error: the hardware's barriers go with the block (the ping-pong's last arrival is such a one).
+// The PTX ISA's barrier{.cta}: sixteen barriers a CTA, 0 being __syncthreads' own (the emulation tracks that one
+// apart, `block_barrier`, so a named use of 0 is refused: on a GPU it would meet __syncthreads' arrivals), each phase
+// completing once `threads` threads (a multiple of the warp size, the same for every use of the phase) have arrived
+// by bar.sync or bar.arrive; bar.arrive does not wait, and an arrival releases what the thread did before it to the
+// threads that pass the phase by bar.sync. A phase of arrivals like an mbarrier's, counted a thread at a time: a
+// warp some of whose lanes do not arrive leaves the phase short and hangs, where the hardware marks the warp's
+// arrival for its live lanes — stricter, never laxer. A thread may arrive twice in one phase (bar.arrive, then
+// bar.sync on the same barrier: both count, as on a GPU — FlashAttention-3's first warpgroup gives itself the first
+// turn so). A phase left part-way at the block's exit is no error: the hardware's barriers go with the block (the
+// ping-pong's last arrival is such a one). An engine's barrier (`spatialc_engine_sync`, its threads meeting) and the
+// ping-pong's turns (`spatialc_engine_arrive` beside it) are the same two instructions, checked by one path.
 
 // With the lock held: the named barrier `id` of `threads` threads for `what`, checked as the PTX ISA states.
 SPATIALC_EMU_FN MBar& named_barrier(Block& b, unsigned id, unsigned threads, const char* what, int line) {
     const std::string at = std::string(what) + " at line " + std::to_string(line);
     if (id >= 16) fatal(kExitMisuse, at + ": barrier " + std::to_string(id) + " (a CTA has barriers 0 to 15)");
+    if (id == 0)
+        fatal(kExitMisuse, at + ": barrier 0, which is __syncthreads' (named barriers are 1 to 15)");
     if (threads == 0 || threads % kWarp || (int)threads > b.nthreads)
         fatal(kExitMisuse, at + ": " + std::to_string(threads) + " threads (a multiple of 32, at most the block's)");
     auto& slot = b.named[id];
@@ -1207,20 +1183,12 @@ SPATIALC_EMU_FN MBar& named_barrier(Block& b, unsigned id, unsigned threads, con
     return m;
 }
 
-SPATIALC_EMU_FN void engine_arrive(unsigned id, unsigned threads, int line) {
-    ThreadState& t = me("spatialc_engine_arrive");
-    Block& b = blk();
-    std::lock_guard<std::mutex> lk(b.mu);
-    MBar& m = named_barrier(b, id, threads, "spatialc_engine_arrive", line);
-    arrive_locked(t, m);  // and goes on
-}
-
-// bar.sync on a barrier that bar.arrive also counts: engine_sync's phase, its barrier checked as `named_barrier`.
-SPATIALC_EMU_FN void named_sync(unsigned id, unsigned threads, int line) {
-    ThreadState& t = me("spatialc_engine_wait");
+// bar.sync: arrive on the named barrier and wait for its phase to complete.
+SPATIALC_EMU_FN void engine_sync(unsigned id, unsigned threads, int line) {
+    ThreadState& t = me("spatialc_engine_sync");
     Block& b = blk();
     std::unique_lock<std::mutex> lk(b.mu);
-    MBar& m = named_barrier(b, id, threads, "spatialc_engine_wait", line);
+    MBar& m = named_barrier(b, id, threads, "spatialc_engine_sync", line);
     const unsigned long long phase = m.phase;
     arrive_locked(t, m);
     if (m.phase == phase) {
@@ -1230,6 +1198,15 @@ SPATIALC_EMU_FN void named_sync(unsigned id, unsigned threads, int line) {
         sleep_through_phase(b, m, lk);
     }
     learn(t, b, m, (unsigned)(phase & 1));
+}
+
+// bar.arrive: arrive on the named barrier and go on.
+SPATIALC_EMU_FN void engine_arrive(unsigned id, unsigned threads, int line) {
+    ThreadState& t = me("spatialc_engine_arrive");
+    Block& b = blk();
+    std::lock_guard<std::mutex> lk(b.mu);
+    MBar& m = named_barrier(b, id, threads, "spatialc_engine_arrive", line);
+    arrive_locked(t, m);  // and goes on
 }
 
 // ---- sites that wait on each other: arrival counts in global memory --------------------------------------------------

@@ -56,6 +56,7 @@ from ....target import WARP, SpatialTarget
 from ...artifact import Budget, CudaArtifact
 from ...errors import TooBig, Unsupported
 from ..common import epilogue
+from ..common.barrier_ids import check_barrier_ids, engine_barriers
 from ..common.blockscale import SCALED_FRAGMENTS
 from ..common.clusters import Multicast, check_cluster, multicast
 from ..common.dequant import DEQUANT_IN, packed_rings
@@ -562,6 +563,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     cluster = clusters(p, target)
     mc = multicast(p, rings.template) if cluster > 1 else None
     roles = roles_of(classes, lanes)
+    check_barrier_ids(engine_barriers(r.engine for r in roles))
     prod, cons = _ring_ends(p, rings, roles)
     if mc is not None:
         check_cluster(cluster)

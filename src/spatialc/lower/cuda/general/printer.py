@@ -45,6 +45,7 @@ from ....target import WARP
 from ...census import marker
 from ...errors import Unsupported
 from ..common import epilogue
+from ..common.barrier_ids import engine_barrier
 from ..common.blockscale import mx_lines
 from ..common.clusters import GeneralClusterPrinter, reset_image
 from ..common.cwriter import (
@@ -95,7 +96,7 @@ class EnginePrinter(
         super().__init__(k.plan, k.rings, k.lane_grid, w, tid="etid", nthreads=str(role.threads))
         self.k = k
         self.role = role
-        self.bar_id = 1 + k.roles.index(role)  # the engine's named barrier (0 is __syncthreads)
+        self.bar_id = engine_barrier(k.roles.index(role))  # the engine's named barrier (`barrier_ids.py`)
         self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
         self.after: ChoreoOp | None = None  # the op after the one being printed, in its own body (None: the last)
         self.received: set[int] = set()  # rings whose page the engine waits for from its sender, not yet pushed

@@ -112,6 +112,7 @@ from ..general import printer as general_printer
 from . import dequant as w4
 from . import staging
 from .attention import AttentionPrinter, check_attention_plan, declare, make_attention_kernel
+from .barriers import check_barriers
 from .blockscale import SCALE_ALIGN, ScaleStage, scale_stage
 from .overlap import PINGPONG
 from .plan import (
@@ -234,6 +235,7 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
 
 def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
     """The static checks before printing, each refusal naming the fix."""
+    check_barriers(k)  # the named barriers' ids: disjoint, 1 to 15
     wg = k.wg
     # At launch every thread has what `__launch_bounds__(threads, blocks)` leaves it; setmaxnreg.dec must lower
     # that and .inc raise it (a paired block moves none: its consumers need no more than the launch gives).

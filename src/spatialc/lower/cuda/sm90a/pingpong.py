@@ -12,28 +12,48 @@ Inside a warpgroup the order is FlashAttention-3's: a turn issues this block's S
 together, and the softmax of this block runs after the turn, during the P·V (and the other warpgroup's turn). Step j
 of the loop (j ≥ 1), with the softmax of block j − 1 done by the step before (or before the loop, for j = 1):
 
+    wait for V_{j−1}, wait for K_j
     wait for this warpgroup's turn
-    rescale O, wait for V_{j−1}; wait for K_j, zero S, issue S_j; issue P_{j−1}·V_{j−1} (A: P's fragments)
+    rescale O; zero S, issue S_j; issue P_{j−1}·V_{j−1} (A: P's fragments)
     arrive on the other warpgroup's barrier: its turn
     wait until S_j has retired (wait_group 1: P·V runs on), release K_j, copy S_j to registers
     the softmax of block j, up to the rescale of O                               (… during P·V and the other's turn)
     wait until P_{j−1}·V_{j−1} has retired (wait_group 0), release V_{j−1}
 
-before the loop block 0's S in a turn of its own and its softmax, after it block (trip − 1)'s P·V in a turn of its
-own. Every ring is waited, reserved and released in its program order, as in the overlapped schedule (`overlap.py`).
-Unlike that schedule it takes K and V one stage deep: a turn waits for V_{j−1} before K_j, the producer's order, and
-a warpgroup has released K_{j−1} and V_{j−2} by the end of its step j − 1, which the producer needs to land V_{j−1} and
-K_j (emulated so; the default still asks for two stages). Every item must run a KV step (block 0's S is issued before
-the loop). No second set of S registers is live during a softmax: S is copied out before the softmax, and the next S
-is issued only after it; ptxas still spills above head_dim 128 (`attention.py` refuses it there).
+before the loop block 0's S in a turn of its own (K_0 waited for before it) and its softmax, after it block
+(trip − 1)'s P·V in a turn of its own (its V waited for before it). Every ring is waited, reserved and released in
+its program order, as in the overlapped schedule (`overlap.py`).
+
+The stages are waited for before the turn, as FlashAttention-3 waits for K before its scheduler barrier: a turn
+holds the tensor cores for the other warpgroup, and a turn blocked on a TMA load would hold them idle. V_{j−1} is
+waited for there too (FlashAttention-3 waits for V inside the turn, after issuing S): the producer lands V_{j−1}
+before K_j, so once K_j is there V_{j−1} almost always is, and the turn then issues without a wait in it. Waiting
+earlier cannot order anything wrongly (it only delays this warpgroup); the question is whether it can deadlock, and
+it cannot, at any depth of K and V, one stage included. Warpgroup A's waits before its turn j need the producer past
+V_{j−1} and K_j, that is, both warpgroups' releases of K_{j−D} and V_{j−1−D} (D: the rings' depth), the latest,
+at D = 1, K_{j−1} and V_{j−2}. A released its own in its step j − 1. Warpgroup B releases K_{j−1} after its turn
+j − 1 and V_{j−2} at the end of its step j − 1; its turn j − 1 needs A's arrival from A's turn j − 1, made before A
+reached these waits, and B's own waits before that turn need releases of step j − 2, made before; nothing B needs
+waits on A's step j. So the chain of what each wait needs runs back to earlier steps and never round to itself:
+no cycle, as the emulation of the depth-1 case (tests/lower/test_sm90a_attention.py) runs it. The same holds for
+block 0's turn (K_0 needs the item before's last K released by both warpgroups, which each did once that K's S had
+retired, before its last turn of that item) and for the last P·V's (its V needs the V before released by both, at
+the end of their last steps, which need only earlier turns). The rescale of O stays in the turn, where
+FlashAttention-3 has it.
+
+Unlike the overlapped schedule the ping-pong takes K and V one stage deep (emulated so; the default still asks for
+two stages). Every item must run a KV step (block 0's S is issued before the loop). No second set of S registers is
+live during a softmax: S is copied out before the softmax, and the next S is issued only after it; ptxas still
+spills above head_dim 128 (`attention.py` refuses it there).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ....ir.ids import LoopVar, loop_var_name
-from ....ir.ops import Loop, Span
+from ....ir.ops import ChoreoOp, Loop, Span, Wait
 from ...census import POST, PRE, marker
 from ...errors import Unsupported
 from ..common.cwriter import span_count
@@ -44,7 +64,9 @@ if TYPE_CHECKING:
     from .attention import AttentionPrinter
 
 # The two warpgroups' named barriers: PINGPONG_BARRIER + the warpgroup (after the engines' 1 + their index and the
-# staging boxes' 8 and 9, `staging.OUT_BARRIER`; a CTA has 16), each counting both warpgroups' threads.
+# staging boxes' 8 and 9, `staging.OUT_BARRIER`; a CTA has 16), each counting both warpgroups' threads. `barriers.py`
+# checks every kernel's ids disjoint and within 1 to 15 before it is printed. `barriers.py`
+# checks every kernel's ids disjoint and within 1 to 15 before it is printed.
 PINGPONG_BARRIER = 10
 BOTH_THREADS = 2 * WARPGROUP * 32
 
@@ -75,25 +97,34 @@ def pingpong_loop(pr: AttentionPrinter, loop: Loop, step: KvStep, env: dict[Loop
         w.line(f"spatialc_frag<OPT> af[{keys}];  // P of each 16 keys, P·V's A: held until its group retires")
         first = "// block 0's S in a turn of its own, and its softmax: each step issues the next S"
         with w.block("", first), retagged(pr, PRE):
-            _turn(pr, lambda: pr.ops(step.issue_s, env | {loop.var: "0"}))
-            _softmax(pr, step, env | {loop.var: "0"}, s, 0)
+            zero = env | {loop.var: "0"}
+            _turn(pr, lambda: pr.ops(issued(step.issue_s), zero), lambda: pr.ops(waits(step.issue_s), zero))
+            _softmax(pr, step, zero, s, 0)
         with w.block(f"for (int {v} = 1; {v} < {trip}; ++{v})", mark):
             before = env | {loop.var: f"({v} - 1)"}  # (the rescale and P·V are the block before's)
             here = env | {loop.var: v}
 
+            def wait() -> None:  # V_{j−1}, then K_j: the producer's order
+                pr.ops(waits(step.rescale), before)
+                pr.ops(waits(step.issue_s), here)
+
             def issue() -> None:
-                pr.ops(step.rescale, before)
-                pr.ops(step.issue_s, here)
+                pr.ops(issued(step.rescale), before)
+                pr.ops(issued(step.issue_s), here)
                 pr.ops((step.pv,), before)
 
-            _turn(pr, issue)
+            _turn(pr, issue, wait)
             pr.ops(step.rest, before)
             _softmax(pr, step, here, s, 1)
             _retired(pr, step, o, keys, f"{v} - 1", mark)
         with w.block("", "// the last block's P·V in a turn of its own"):
             last = env | {loop.var: f"({trip} - 1)"}
             with retagged(pr, POST):
-                _turn(pr, lambda: pr.ops((*step.rescale, step.pv), last))
+                _turn(
+                    pr,
+                    lambda: pr.ops((*issued(step.rescale), step.pv), last),
+                    lambda: pr.ops(waits(step.rescale), last),
+                )
                 pr.ops(step.rest, last)
                 w.line("spatialc_wgmma_wait<0>();  // the last block's P·V")
                 w.line(f"spatialc_acc_fence({o});  // O is whole: nothing reads it before")
@@ -101,11 +132,23 @@ def pingpong_loop(pr: AttentionPrinter, loop: Loop, step: KvStep, env: dict[Loop
                 pr.release(step.pop_v, marker(step.pop_v, POST))
 
 
-def _turn(pr: AttentionPrinter, issue) -> None:
-    """The matmuls `issue` prints, issued in this warpgroup's turn; then the other warpgroup's."""
+def waits(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+    """The Waits among `ops` (for K's and V's stages): printed before the turn."""
+    return tuple(op for op in ops if isinstance(op, Wait))
+
+
+def issued(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+    """The rest of `ops`, in their order: printed in the turn."""
+    return tuple(op for op in ops if not isinstance(op, Wait))
+
+
+def _turn(pr: AttentionPrinter, issue: Callable[[], None], wait: Callable[[], None]) -> None:
+    """The stages `wait` prints waited for, then the matmuls `issue` prints issued in this warpgroup's turn; then
+    the other warpgroup's."""
     me = f"{PINGPONG_BARRIER} + warp / {WARPGROUP}"
     other = f"{PINGPONG_BARRIER + 1} - warp / {WARPGROUP}"
-    pr.w.line(f"spatialc_engine_wait({me}, {BOTH_THREADS});  // this warpgroup's turn: the other's are issued")
+    wait()  # before the turn: a turn never holds the tensor cores while its stages are in flight
+    pr.w.line(f"spatialc_engine_sync({me}, {BOTH_THREADS});  // this warpgroup's turn: the other's are issued")
     issue()
     pr.w.line(f"spatialc_engine_arrive({other}, {BOTH_THREADS});  // the other warpgroup's turn")
 
