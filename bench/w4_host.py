@@ -5,9 +5,10 @@ before (what a row did on the GPU machine's CPU): the weights drawn, A and the w
 (`w4rows.operands`), their float64 product, the tolerance's reference and bound (`against`: dequantises again), and
 each form's arguments bound (`launch.bound_operands`: the 4-bit ones checked as float64 values and laid out).
 
-after: the weights drawn, the saved reference and bound loaded (`w4refs.load`), the 4-bit arguments laid out from
-their bytes once a shape (`w4measure.laid_out`; every form and M of a shape shares them). The dequantisation and the
-float64 product run on the device (not timed here). The file's cost at `--prepare` is timed too (`w4refs.save`).
+after: the weights drawn, the saved reference and bound loaded (`w4refs.load`), the scales and zero points laid out
+once a shape (every form and M of a shape shares them). The packed weights' layout (`w4measure.laid_out`, from their
+bytes), the dequantisation and the float64 product run on the device (the layout is timed here in numpy, as a
+bound). The file's cost at `--prepare` is timed too (`w4refs.save`).
 
     python bench/w4_host.py w4:int4:64x4096x4096 [w4:int4:64x14336x14336 …]
 """
@@ -54,12 +55,14 @@ def row(size: str) -> None:
         for a in kernel_args(f.artifact.launch)
         if a.elem in BYTE_ELEMS and a.role not in ("output", "workspace")
     }
-    t_laid = sum(timed(lambda a=a: w4measure.laid_out(a, given[a.name]))[1] for a in args)
+    t_laid = sum(timed(lambda a=a: w4measure.laid_out(a, given[a.name]))[1] for a in args if not a.packed)
+    t_packed = sum(timed(lambda a=a: w4measure.laid_out(a, given[a.name]))[1] for a in args if a.packed)
     after = t_draw + t_load + t_laid
     print(
         f"{size}: before {before:.1f} s (draw {t_draw:.1f}, dequant {t_ops:.1f}, product {t_prod:.1f}, reference and "
         f"bound {t_against:.1f}, {len(forms)} forms bound {t_bind:.1f}); after {after:.1f} s (draw {t_draw:.1f}, "
-        f"load {t_load:.2f}, {len(args)} layout(s) once a shape {t_laid:.1f}); at --prepare {t_save:.1f} s",
+        f"load {t_load:.2f}, scales' and zero points' layouts once a shape {t_laid:.1f}); the packed weights' layout, "
+        f"on the device in the run, {t_packed:.1f} s here in numpy; at --prepare {t_save:.1f} s",
         flush=True,
     )
 
