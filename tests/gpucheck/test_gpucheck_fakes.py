@@ -909,6 +909,8 @@ def _float32_of(x, arg):
 
     if arg.storage == "uint16":
         return bf16_to_float32(x, np)
+    if arg.elem == "float8_e8m0fnu":  # an MX scale's code e + 127
+        return (2.0 ** (x.astype(np.float64) - 127)).astype(np.float32)
     if arg.elem in FP8_ELEMS:
         return fp8_values(x, arg.elem, np)
     return x.astype(np.float32)
@@ -935,7 +937,10 @@ def fused_program(args):
     a, b, c = args[:3]
     if scaled:
         kind, out = SPATIALC_TYPE[a.elem], SPATIALC_TYPE[c.elem]
-        return spatialc.gemm(a.elems[0], b.elems[1], a.elems[1], kind, out=out, scales=("1x128", "128x128"))
+        mx = next(x for x in args if x.name == "scale_a").elem == "float8_e8m0fnu"  # MXFP8's e8m0 scales
+        return spatialc.gemm(
+            a.elems[0], b.elems[1], a.elems[1], kind, out=out, scales="mx" if mx else ("1x128", "128x128")
+        )
     epilogue = [stages[x.name]() for x in named]
     return spatialc.gemm(
         a.elems[0], b.elems[1], a.elems[1], SPATIALC_TYPE[a.elem], epilogue=epilogue, out=SPATIALC_TYPE[c.elem]
