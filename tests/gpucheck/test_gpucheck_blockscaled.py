@@ -29,7 +29,7 @@ def test_sizes_name_the_block_scaled_rows_and_the_default_run_has_4096_and_8192(
     for bad in ("fp8bs:int8:4096", "fp8bs:e4m3:"):
         with pytest.raises(SpatialError, match="not fp8bs:KIND:SIZE"):
             cases_of([bad], ["bf16"])
-    scaled = [str(c) for c in cases_of(DEFAULT_SIZES, ["bf16"]) if c.blockscaled and not c.mx]
+    scaled = [str(c) for c in cases_of(DEFAULT_SIZES, ["bf16"]) if c.blockscaled and not c.mx and c.groups == 1]
     assert scaled == ["e4m3 fp8bs:4096x4096x4096", "e4m3 fp8bs:8192x8192x8192"]
 
 
@@ -162,4 +162,51 @@ def test_an_mx_kernel_past_the_tolerances_bound_is_reported_wrong(fake_gpu, tmp_
     (row,) = rows
     assert status == 1 and row["status"] == "wrong"
     assert not row["by_name"]["spatialc general"]["check"]["correct"]  # within the GEMM rows' bar, not this bound
+    capsys.readouterr()
+
+
+# ---- block-scaled grouped rows (fp8bs:KIND:gG:…): DeepGEMM's grouped fp8 MoE GEMM ----------------------------------
+
+GROUPED = "fp8bs:e4m3:g4:64x256x384"
+
+
+def test_grouped_block_scaled_rows_are_named_and_in_the_default_list():
+    (case,) = cases_of([GROUPED], ["int8"])
+    assert (case.groups, case.m, case.blockscaled, case.mx) == (4, 64, True, False)
+    assert str(case) == "e4m3 fp8bs:g4:64x256x384"
+    every = [str(c) for c in cases_of(DEFAULT_SIZES, ["bf16"]) if c.blockscaled and c.groups > 1]
+    assert every == ["e4m3 fp8bs:g8:512x4096x7168", "e4m3 fp8bs:g4:1024x7168x2048"]
+    with pytest.raises(SpatialError, match="gG:MAXROWSxNxK"):
+        cases_of(["fp8bs:e4m3:g1:64x64x128"], ["bf16"])
+
+
+def test_grouped_block_scaled_rows_are_checked_and_timed_against_the_scaled_mm_loop(fake_gpu, tmp_path, capsys):
+    from spatialc.gpucheck.groupedbs import LOOP_BLOCKWISE, LOOP_TENSOR
+
+    status, _, rows = run(tmp_path, "--sizes", GROUPED)
+    (row,) = rows
+    assert status == 0 and row["status"] == "ok", row["note"]
+    by = row["by_name"]
+    assert by["spatialc general"]["ok"] and by["spatialc general"]["check"]["correct"]
+    assert by["spatialc general"]["kernel"]["median_s"] > 0 and "spatialc persistent" not in by  # general alone
+    assert by[LOOP_TENSOR]["ok"] and by[LOOP_TENSOR]["kernel"]["median_s"] > 0
+    assert by[LOOP_BLOCKWISE]["note"].startswith("unavailable: torch fake")
+    capsys.readouterr()
+
+
+def test_a_grouped_block_scaled_kernel_that_ignores_a_scale_is_reported_wrong(fake_gpu, tmp_path, capsys, monkeypatch):
+    from spatialc.gpucheck import groupedbs as GB
+
+    made = GB.GroupedScaled._params
+
+    def one_scale_wrong(self, prep, args):  # the kernel gets a B scale the reference does not have
+        params = made(self, prep, args)
+        params["scale_b"] = prep.tiled(args["scale_b"], self.scales["scale_b"] * 2)
+        return params
+
+    monkeypatch.setattr(GB.GroupedScaled, "_params", one_scale_wrong)
+    status, _, rows = run(tmp_path, "--sizes", GROUPED)
+    (row,) = rows
+    assert status == 1 and row["status"] == "wrong" and not row["by_name"]["spatialc general"]["check"]["correct"]
+    assert row["by_name"][GB.LOOP_TENSOR]["ok"]  # the library's check is its own
     capsys.readouterr()

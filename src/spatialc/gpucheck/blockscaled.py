@@ -43,11 +43,12 @@ CONTESTANTS = (SCALED_TENSOR, BLOCKWISE)
 BLOCKWISE_TORCH = (2, 9)  # the first torch whose _scaled_mm takes block scales
 
 
-def parse_blockscaled(text: str) -> tuple[str, tuple[int, int, int], bool] | None:
-    """`fp8bs:e4m3:4096` → ('e4m3', (4096, 4096, 4096), False), `fp8mx:e4m3:4096` the same with True (MX's scales);
-    None for a size without either prefix."""
+def parse_blockscaled(text: str) -> tuple[str, tuple[int, int, int], bool, int] | None:
+    """`fp8bs:e4m3:4096` → ('e4m3', (4096, 4096, 4096), False, 1), `fp8mx:e4m3:4096` the same with True (MX's
+    scales), `fp8bs:e4m3:g8:512x4096x7168` → ('e4m3', (512, 4096, 7168), False, 8) (a grouped GEMM of 8 groups of at
+    most 512 rows: groupedbs.py); None for a size without either prefix."""
     from ..errors import SpatialError
-    from .cases import parse_size
+    from .cases import parse_grouped, parse_size
 
     head, colon, rest = text.partition(":")
     if not colon or head.lower() not in (PREFIX, MX_PREFIX):
@@ -55,7 +56,10 @@ def parse_blockscaled(text: str) -> tuple[str, tuple[int, int, int], bool] | Non
     kind, _, dims = rest.partition(":")
     if kind.lower() not in TORCH_DTYPE or not dims:
         raise SpatialError(f"size {text!r} is not {head.lower()}:KIND:SIZE with KIND one of {', '.join(TORCH_DTYPE)}")
-    return kind.lower(), parse_size(dims), head.lower() == MX_PREFIX
+    grouped = parse_grouped(dims) if head.lower() == PREFIX else None
+    if grouped is not None:
+        return kind.lower(), grouped[1], False, grouped[0]
+    return kind.lower(), parse_size(dims), head.lower() == MX_PREFIX, 1
 
 
 def scales_of(case: Any) -> Any:

@@ -71,6 +71,8 @@ DEFAULT_SIZES = (
     "fp8bs:e4m3:8192",
     "fp8mx:e4m3:4096",
     "fp8mx:e4m3:8192",
+    "fp8bs:e4m3:g8:512x4096x7168",
+    "fp8bs:e4m3:g4:1024x7168x2048",
     "att:16x16:4096:128",
     "att:16x16:4096:128:causal",
     "att:2x16:8192:128",
@@ -204,7 +206,7 @@ class _Product:
         if self.fused:
             head = "fused:"
         if self.precision in FP8_PRECISIONS:
-            head = ("fp8mx:" if self.mx else "fp8bs:") if self.blockscaled else "fp8:"
+            head = ("fp8mx:" if self.mx else "fp8bs:" + head) if self.blockscaled else "fp8:"  # (head: gG:)
         if self.weights:
             head = f"w4:{self.weights}:"
         return f"{head}{self.m}x{self.n}x{self.k}"
@@ -369,7 +371,7 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
             continue
         scaled = parse_blockscaled(s)
         if scaled is not None:  # as fp8's, with block scales
-            out.append(Case(*scaled[1], scaled[0], blockscaled=True, mx=scaled[2]))
+            out.append(Case(*scaled[1], scaled[0], groups=scaled[3], blockscaled=True, mx=scaled[2]))
             continue
         fp8 = parse_fp8(s)
         if fp8 is not None:  # its precision is its own (the operands' kind), whatever the run's list

@@ -256,10 +256,11 @@ class GpuRunner:
 
             AttentionRows(self).measure(case, built, row, deadline)
             return
-        if case.groups > 1:  # a grouped GEMM's row counts, its own contestants (grouped.py)
+        if case.groups > 1:  # a grouped GEMM's row counts, its own contestants (grouped.py; block-scaled: groupedbs.py)
             from .grouped import GroupedRows
+            from .groupedbs import GroupedScaled
 
-            GroupedRows(self).measure(case, built, row, deadline)
+            (GroupedScaled if case.blockscaled else GroupedRows)(self).measure(case, built, row, deadline)
             return
         inputs = self._inputs(case, self._copies(case))
         plain = self._reference(inputs, case, deadline)  # A·B: a fused row's plain GEMM kernels are held to it
