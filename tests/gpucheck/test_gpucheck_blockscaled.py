@@ -178,6 +178,12 @@ def test_grouped_block_scaled_rows_are_named_and_in_the_default_list():
     assert every == ["e4m3 fp8bs:g8:512x4096x7168", "e4m3 fp8bs:g4:1024x7168x2048"]
     with pytest.raises(SpatialError, match="gG:MAXROWSxNxK"):
         cases_of(["fp8bs:e4m3:g1:64x64x128"], ["bf16"])
+    from spatialc.gpucheck.dryrun import contenders
+    from spatialc.gpucheck.groupedbs import LOOP_BLOCKWISE, LOOP_TENSOR
+
+    said = contenders(case, build_case(case, "sm_90"))  # what the dry run lists for the row
+    assert said[1] == "spatialc general: kernel only, rows past each count checked to keep the poison"
+    assert said[2].startswith(f"{LOOP_TENSOR}: kernel only") and said[3].startswith(f"{LOOP_BLOCKWISE}: kernel only")
 
 
 def test_grouped_block_scaled_rows_are_checked_and_timed_against_the_scaled_mm_loop(fake_gpu, tmp_path, capsys):
