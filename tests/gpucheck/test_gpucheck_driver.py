@@ -64,6 +64,8 @@ def test_default_plan_covers_the_asked_sizes():
     assert [(c.groups, c.m, c.n, c.k, c.precision) for c in grouped] == [
         (8, 4096, 4096, 4096, "bf16"),
         (64, 4096, 4096, 4096, "bf16"),
+        (8, 512, 4096, 7168, "e4m3"),  # block-scaled (gpucheck/groupedbs.py), after the fp8 rows
+        (4, 1024, 7168, 2048, "e4m3"),
     ]
     with pytest.raises(SpatialError, match="at least 2 groups"):
         cases_of(["g1:8x8x8"], ["bf16"])
@@ -83,9 +85,11 @@ def test_default_plan_covers_the_asked_sizes():
     order = [c.size for c in cases_of(DEFAULT_SIZES, ["bf16"])]
     assert order[:2] == ["4096x4096x4096", "8192x8192x8192"] and all(s.startswith("mc") for s in order[2:6])
     gemms = [s for s in order if not s.startswith(("att:", "w4:"))]  # attention after the fp8 rows, then W4A16
-    assert gemms[-9:-5] == ["128x128x65536", "512x512x32768", "g8:4096x4096x4096", "g64:4096x4096x4096"]
-    assert all(s.startswith("fp8:") for s in gemms[-5:-2]) and order[: len(gemms)] == gemms
-    assert all(s.startswith("fp8bs:") for s in gemms[-2:])  # the block-scaled rows after the fp8 ones
+    assert gemms[-13:-9] == ["128x128x65536", "512x512x32768", "g8:4096x4096x4096", "g64:4096x4096x4096"]
+    assert all(s.startswith("fp8:") for s in gemms[-9:-6]) and order[: len(gemms)] == gemms
+    assert all(s.startswith("fp8bs:") for s in gemms[-6:-4])  # the block-scaled rows after the fp8 ones,
+    assert all(s.startswith("fp8mx:") for s in gemms[-4:-2])  # then MXFP8's, then the block-scaled grouped ones
+    assert gemms[-2:] == ["fp8bs:g8:512x4096x7168", "fp8bs:g4:1024x7168x2048"]
 
 
 # ---- the budget loop -------------------------------------------------------------------------------------------

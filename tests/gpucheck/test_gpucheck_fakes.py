@@ -818,11 +818,25 @@ class FakeKernel:
         for arg, buf in zip((a_arg, b_arg), buffers[:2], strict=True):
             full = (arg.tiles[0] // arg.groups * 16, arg.tiles[1] * 16)
             x = untilize(buf, arg.tiles, full, np, order=arg.order, groups=arg.groups)
-            vals.append(bf16_to_float32(x, np).astype(np.float64) if arg.storage == "uint16" else x.astype(np.float64))
+            vals.append(_float32_of(x, arg).astype(np.float64))
         counts = untilize(buffers[3], s_arg.tiles, (1, s_arg.elems[1]), np)[0]
         full_c = (c_arg.tiles[0] // c_arg.groups * 16, c_arg.tiles[1] * 16)
         c_now = untilize(buffers[2], c_arg.tiles, full_c, np, groups=c_arg.groups)
         c = vals[0] @ vals[1]
+        scales = {a.name: (a, buf) for a, buf in zip(self.args, buffers, strict=False) if a.name.startswith("scale_")}
+        if scales:  # a block-scaled grouped GEMM (gpucheck/groupedbs.py): each group's block-scaled sum
+            from spatialc.gpucheck.blockscaled import reference as scaled_sum
+
+            more = {}
+            for name, (arg, buf) in scales.items():
+                full = (arg.tiles[0] // arg.groups * 16, arg.tiles[1] * 16)
+                x = untilize(buf, arg.tiles, full, np, groups=arg.groups)[:, : arg.elems[0], : arg.elems[1]]
+                more[name] = x.astype(np.float64)
+            (m, k), n = a_arg.elems, b_arg.elems[1]
+            c = np.zeros_like(c)
+            for g in range(a_arg.groups):
+                each = {name: x[g] for name, x in more.items()}
+                c[g, :m, :n] = scaled_sum(vals[0][g, :m, :k], vals[1][g, :k, :n], each, np)
         c = bf16_bits(c.astype(np.float32), np) if c_arg.storage == "uint16" else c.astype(c_arg.storage)
         for g, m in enumerate(counts):
             keep = m + 1 if self.fault == "spill" else m
@@ -909,6 +923,8 @@ def _float32_of(x, arg):
 
     if arg.storage == "uint16":
         return bf16_to_float32(x, np)
+    if arg.elem == "float8_e8m0fnu":  # an MX scale's code e + 127
+        return (2.0 ** (x.astype(np.float64) - 127)).astype(np.float32)
     if arg.elem in FP8_ELEMS:
         return fp8_values(x, arg.elem, np)
     return x.astype(np.float32)
@@ -930,12 +946,15 @@ def fused_program(args):
     stages = {"row_scale": spatialc.row_scale, "col_scale": spatialc.col_scale, "residual": spatialc.residual}
     named = [a for a in args if a.name in stages]
     scaled = any(a.name == "scale_a" for a in args)  # a block-scaled GEMM (gpucheck/blockscaled.py)
-    if not (named or scaled) or args[0].name != "A":
+    if not (named or scaled) or args[0].name != "A" or args[0].groups > 1:  # (grouped: `_grouped` scales it)
         return None
     a, b, c = args[:3]
     if scaled:
         kind, out = SPATIALC_TYPE[a.elem], SPATIALC_TYPE[c.elem]
-        return spatialc.gemm(a.elems[0], b.elems[1], a.elems[1], kind, out=out, scales=("1x128", "128x128"))
+        mx = next(x for x in args if x.name == "scale_a").elem == "float8_e8m0fnu"  # MXFP8's e8m0 scales
+        return spatialc.gemm(
+            a.elems[0], b.elems[1], a.elems[1], kind, out=out, scales="mx" if mx else ("1x128", "128x128")
+        )
     epilogue = [stages[x.name]() for x in named]
     return spatialc.gemm(
         a.elems[0], b.elems[1], a.elems[1], SPATIALC_TYPE[a.elem], epilogue=epilogue, out=SPATIALC_TYPE[c.elem]

@@ -41,8 +41,10 @@ The package: `cases` (the shared value types), `driver` (command line, budget lo
 `prepare` (cubins and their manifest), `restart` (the worker processes, and going on after a lost GPU), `builds`
 (building and compiling in the background), `timing`, `device`
 (CuPy and torch: launching, checking, timing), `baselines` (the libraries, by their rules), `grouped`, `sweep`,
-`maps`, `norms` and `maprows` (the rows of their own kinds), `w4rows` and `w4measure` (W4A16's: 4-bit weights against
-torch's mm on them dequantised and the copy bandwidth, `w4:FORMAT:MxNxK`), `rates`, `report` and `maptable` (the
+`maps`, `norms` and `maprows` (the rows of their own kinds), `fp8` and `blockscaled` (fp8 GEMMs with dequant scales,
+DeepGEMM's block scales `fp8bs:`, MXFP8's `fp8mx:`), `groupedbs` (block-scaled grouped GEMMs, `fp8bs:KIND:gG:…`),
+`w4rows`, `w4measure` and `w4refs` (W4A16's: 4-bit weights against torch's mm on them dequantised and the copy
+bandwidth, `w4:FORMAT:MxNxK`; the references `--prepare` saves for them), `rates`, `report` and `maptable` (the
 tables), `triton_ref`.
 Only `device`, `baselines`' library calls, the rows' measuring and `triton_ref` need a GPU; the rest is tested on a
 CPU with fakes.

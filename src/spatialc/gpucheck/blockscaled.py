@@ -12,6 +12,15 @@ torch's contestants: `torch._scaled_mm` with per-tensor scales of 1.0 (cuBLASLt'
 issue sets, checked against A·B), and — where torch has it (2.9 and later on sm_90: cuBLAS 12.9's block scaling) —
 with the same blockwise scales (scale_a (M, K/128) and scale_b (K/128, N/128), both outer-dim-major as aten asks),
 checked against the row's own C. A torch that refuses the blockwise call is said in that contestant ("failed: …").
+
+MXFP8 rows, `fp8mx:KIND:SIZE` (`case.mx`): the same GEMM with OCP MX's scales (`scales="mx"`: an e8m0 scale 2^e per
+32 of K, A's per row and B's per column; C = Σ_g (A_g · B_g) · sa[i, g] · sb[g, j] with 32-wide groups), printed by
+the persistent and general forms (the sm_90a form refuses it: its line stands in its place). The scales are drawn as
+powers of two 2^e, e uniform in MX_EXPONENTS, held as float32 values and given to the kernel as e8m0 codes
+(`cuda.kernel_tensors`). The same torch contestants: per-tensor `_scaled_mm` (the bar, against A·B); the blockwise
+call takes 1x128 / 128x128 float32 scales, not these (torch's MX `_scaled_mm` runs on sm_100 and later), so it is
+said n/a. Each form's C is held to `spatialc.tolerance(program, kernel=True)`'s bound on every element besides the
+GEMM rows' bar (`tolerance_bound`: the bound's formula on the device, from the float64 sum and its magnitude).
 """
 
 from __future__ import annotations
@@ -23,49 +32,80 @@ from typing import Any
 from .fp8 import SCALE_RANGE, SCALED_TENSOR, TORCH_DTYPE
 
 PREFIX = "fp8bs"
+MX_PREFIX = "fp8mx"  # MXFP8: OCP MX's e8m0 scales, one per 32 of K (`scales="mx"`)
 LAYOUTS = ("1x128", "128x128")  # A's and B's scale layouts (spatialc/blockscaled.py)
+MX = "mx"  # the MX rows' `scales=` (spatialc/blockscaled.py)
 GROUP = 128  # K elements a scale covers (and B's columns)
+MX_GROUP = 32  # K elements an MX scale covers (B's: one column)
+MX_EXPONENTS = (-3, 2)  # an MX row's scales 2^e, e drawn uniformly from these (both ends in)
 BLOCKWISE = "torch._scaled_mm (blockwise 1x128, 128x128 scales)"
 CONTESTANTS = (SCALED_TENSOR, BLOCKWISE)
 BLOCKWISE_TORCH = (2, 9)  # the first torch whose _scaled_mm takes block scales
 
 
-def parse_blockscaled(text: str) -> tuple[str, tuple[int, int, int]] | None:
-    """`fp8bs:e4m3:4096` → ('e4m3', (4096, 4096, 4096)); None for a size without the prefix."""
+def parse_blockscaled(text: str) -> tuple[str, tuple[int, int, int], bool, int] | None:
+    """`fp8bs:e4m3:4096` → ('e4m3', (4096, 4096, 4096), False, 1), `fp8mx:e4m3:4096` the same with True (MX's
+    scales), `fp8bs:e4m3:g8:512x4096x7168` → ('e4m3', (512, 4096, 7168), False, 8) (a grouped GEMM of 8 groups of at
+    most 512 rows: groupedbs.py); None for a size without either prefix."""
     from ..errors import SpatialError
-    from .cases import parse_size
+    from .cases import parse_grouped, parse_size
 
     head, colon, rest = text.partition(":")
-    if not colon or head.lower() != PREFIX:
+    if not colon or head.lower() not in (PREFIX, MX_PREFIX):
         return None
     kind, _, dims = rest.partition(":")
     if kind.lower() not in TORCH_DTYPE or not dims:
-        raise SpatialError(f"size {text!r} is not {PREFIX}:KIND:SIZE with KIND one of {', '.join(TORCH_DTYPE)}")
-    return kind.lower(), parse_size(dims)
+        raise SpatialError(f"size {text!r} is not {head.lower()}:KIND:SIZE with KIND one of {', '.join(TORCH_DTYPE)}")
+    grouped = parse_grouped(dims) if head.lower() == PREFIX else None
+    if grouped is not None:
+        return kind.lower(), grouped[1], False, grouped[0]
+    return kind.lower(), parse_size(dims), head.lower() == MX_PREFIX, 1
+
+
+def scales_of(case: Any) -> Any:
+    """The row's `scales=` for spatialc.gemm: DeepGEMM's layouts, or "mx"."""
+    return MX if case.mx else LAYOUTS
 
 
 def scale_shapes(case: Any) -> dict[str, tuple[int, int]]:
     """The two scale tensors' shapes, by name."""
-    groups = math.ceil(case.k / GROUP)
-    return {"scale_a": (case.m, groups), "scale_b": (groups, math.ceil(case.n / GROUP))}
+    groups = math.ceil(case.k / (MX_GROUP if case.mx else GROUP))
+    return {"scale_a": (case.m, groups), "scale_b": (groups, case.n if case.mx else math.ceil(case.n / GROUP))}
 
 
 def more_inputs(case: Any, random: Callable[[tuple[int, int], float, float], Any]) -> dict[str, Any]:
-    """One set of the scales, by name, each drawn as float32 by `random(shape, lo, hi)`."""
+    """One set of the scales, by name, each drawn as float32 by `random(shape, lo, hi)`: uniform in SCALE_RANGE, or
+    an MX row's powers of two 2^e, e uniform over MX_EXPONENTS (exact in float32, and e8m0 values)."""
+    if case.mx:
+        lo, hi = MX_EXPONENTS
+        return {name: 2.0 ** (random(shape, lo, hi + 1) // 1) for name, shape in scale_shapes(case).items()}
     return {name: random(shape, *SCALE_RANGE) for name, shape in scale_shapes(case).items()}
 
 
 def reference(a: Any, b: Any, more: dict[str, Any], xp: Any) -> Any:
     """The block-scaled sum in float64 from A's and B's float64 values and the scales' (`more`), on `xp` (CuPy on the
-    device, numpy in the tests): each 128 of K's product times its rows' and column blocks' scales."""
+    device, numpy in the tests): each group of K's product (128 wide, an MX row's 32) times its rows' and column
+    blocks' scales (the group and the block of columns read from the scales' shapes)."""
     m, k = a.shape
     n = b.shape[1]
     sa, sb = more["scale_a"], more["scale_b"]
+    group, block = math.ceil(k / sa.shape[1]), math.ceil(n / sb.shape[1])
     out = xp.zeros((m, n), dtype=xp.float64)
-    for g, k0 in enumerate(range(0, k, GROUP)):
-        cols = xp.repeat(sb[g], GROUP)[:n]
-        out += (a[:, k0 : k0 + GROUP] @ b[k0 : k0 + GROUP]) * (sa[:, g : g + 1] * cols[None, :])
+    for g, k0 in enumerate(range(0, k, group)):
+        cols = xp.repeat(sb[g], block)[:n]
+        out += (a[:, k0 : k0 + group] @ b[k0 : k0 + group]) * (sa[:, g : g + 1] * cols[None, :])
     return out
+
+
+def tolerance_bound(tolerance: Any, ref: Any, magnitude: Any, xp: Any) -> Any:
+    """`spatialc.tolerance(program, kernel=True)`'s bound of each element of a block-scaled GEMM on `xp`: ulps of
+    M = Σ_g |sa·sb|·|A_g|@|B_g| (`magnitude`: `reference` of the absolute values), 2 ulps of C's type of |C| and
+    float32's smallest normal (numerics/tolerance.py's block-scaled case, its numbers read from `tolerance`), with
+    the float64 sum `ref` for C's rounded value (the last term then differs by at most half an ulp of C's type of
+    itself: the tests hold the two within 2^-8)."""
+    from ..numerics.tolerance import _TINY, EPS32
+
+    return tolerance.ulps * EPS32 * magnitude + 2 * tolerance.out_eps * xp.abs(ref) + _TINY
 
 
 def library_reference(name: str, product: Any, scaled: Any) -> Any:
@@ -89,6 +129,11 @@ def missing(torch: Any, name: str) -> str:
 
 def refusal(name: str, case: Any) -> str:
     """Why torch._scaled_mm refuses this case ('' when it takes it)."""
+    if case.mx and name == BLOCKWISE:
+        return (
+            "the blockwise call takes 1x128 / 128x128 float32 scales, not MX's e8m0 one per 32 of K (torch's MX "
+            "_scaled_mm runs on sm_100 and later)"
+        )
     if case.precision == "e5m2":
         return "torch._scaled_mm refuses two e5m2 operands (Multiplication of two Float8_e5m2 matrices)"
     side = GROUP if name == BLOCKWISE else 16

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runtime import launch, nvcc
-from .blockscaled import LAYOUTS as BLOCK_LAYOUTS
+from .blockscaled import scales_of
 from .cases import (
     ELEM_OF,
     HOPPER_FORM,
@@ -141,7 +141,7 @@ def _build(case: Case, target: str, out: str | None) -> Built:
             return w4_case(built, target, out)
         kw: dict[str, Any] = {} if out is None else {"out": out}
         if case.blockscaled:  # DeepGEMM's block scales (blockscaled.py)
-            kw["scales"] = BLOCK_LAYOUTS
+            kw["scales"] = scales_of(case)  # (an MX row's: "mx")
         elif is_fp8(case.precision):  # an fp8 GEMM with its dequant scales, built as any GEMM row (fp8.py)
             kw["epilogue"] = fp8_epilogue()
         if case.fused:  # scales and a residual fused into the GEMM, the plain GEMM's kernels beside (fused.py)

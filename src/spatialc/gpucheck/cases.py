@@ -69,6 +69,10 @@ DEFAULT_SIZES = (
     "fp8:e5m2:4096",
     "fp8bs:e4m3:4096",
     "fp8bs:e4m3:8192",
+    "fp8mx:e4m3:4096",
+    "fp8mx:e4m3:8192",
+    "fp8bs:e4m3:g8:512x4096x7168",
+    "fp8bs:e4m3:g4:1024x7168x2048",
     "att:16x16:4096:128",
     "att:16x16:4096:128:causal",
     "att:2x16:8192:128",
@@ -202,7 +206,7 @@ class _Product:
         if self.fused:
             head = "fused:"
         if self.precision in FP8_PRECISIONS:
-            head = "fp8bs:" if self.blockscaled else "fp8:"
+            head = ("fp8mx:" if self.mx else "fp8bs:" + head) if self.blockscaled else "fp8:"  # (head: gG:)
         if self.weights:
             head = f"w4:{self.weights}:"
         return f"{head}{self.m}x{self.n}x{self.k}"
@@ -247,6 +251,7 @@ class Case(_Product):
     heads: tuple[int, int] = (0, 0)
     causal: bool = False
     blockscaled: bool = False  # an fp8 GEMM of DeepGEMM's block scales (gpucheck/blockscaled.py)
+    mx: bool = False  # … of OCP MX's e8m0 scales instead, one per 32 of K (MXFP8: blockscaled too)
     weights: str = ""  # a W4A16 GEMM's 4-bit format (int4, uint4, mxfp4), A and C bf16 (gpucheck/w4rows.py)
 
 
@@ -366,7 +371,7 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
             continue
         scaled = parse_blockscaled(s)
         if scaled is not None:  # as fp8's, with block scales
-            out.append(Case(*scaled[1], scaled[0], blockscaled=True))
+            out.append(Case(*scaled[1], scaled[0], groups=scaled[3], blockscaled=True, mx=scaled[2]))
             continue
         fp8 = parse_fp8(s)
         if fp8 is not None:  # its precision is its own (the operands' kind), whatever the run's list
@@ -553,6 +558,7 @@ class Row(_Product):
     heads: tuple[int, int] = (0, 0)  # attention's (batch, heads) (gpucheck/attnrows.py)
     causal: bool = False
     blockscaled: bool = False  # DeepGEMM's block scales (gpucheck/blockscaled.py)
+    mx: bool = False  # OCP MX's e8m0 scales instead (MXFP8)
     weights: str = ""  # a W4A16 row's 4-bit format (gpucheck/w4rows.py)
 
     def spatialc(self, form: str) -> Contestant | None:
@@ -577,6 +583,7 @@ def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
         heads=case.heads,
         causal=case.causal,
         blockscaled=case.blockscaled,
+        mx=case.mx,
         weights=case.weights,
         **facts,
     )

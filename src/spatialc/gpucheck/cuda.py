@@ -159,11 +159,20 @@ def kernel_tensors(prep: Any, named: dict[str, Any], out: Any, xp: Any) -> tuple
     as float32 (the kernel's type for a scale; bf16 bits read as their values), with `out` in parameter order."""
     ins = tuple(prep.tiled(a, named[a.name]) for a in prep.args if a.role == "input")
     params = {
-        a.name: prep.tiled(a, float32_values(named[a.name], xp).reshape(a.elems))
+        a.name: prep.tiled(a, parameter_values(a, named[a.name], xp).reshape(a.elems))
         for a in prep.args
         if a.role == "parameter"
     }
     return prep.order(ins, out, params)
+
+
+def parameter_values(arg: Any, x: Any, xp: Any) -> Any:
+    """A parameter's stored values: float32 (`float32_values`), or an e8m0 parameter's codes e + 127 (uint8) from its
+    values 2^e (an MX row's scales: powers of two, exact in float32), as `runtime.w4_args` lays them out."""
+    values = float32_values(x, xp)
+    if arg.elem != "float8_e8m0fnu":
+        return values
+    return (xp.log2(values).astype(xp.int32) + 127).astype(xp.uint8)
 
 
 def float32_values(x: Any, xp: Any) -> Any:

@@ -110,6 +110,9 @@ class GpuRunner:
         # a row that times one of them times all its contestants launch by launch, so that its rows stay alike.
         self.uncaptured: dict[str, str] = {}
         self.row_graphs = True
+        # An MX row's reference and spatialc.tolerance's bound of each element (blockscaled.tolerance_bound): a
+        # spatialc kernel checked against that reference is held to the bound too. None in any other row.
+        self.row_bound: tuple[Any, Any] | None = None
 
     def _one_stream(self) -> Any:
         """A stream of its own, made current for CuPy and (when present) torch."""
@@ -253,15 +256,17 @@ class GpuRunner:
 
             AttentionRows(self).measure(case, built, row, deadline)
             return
-        if case.groups > 1:  # a grouped GEMM's row counts, its own contestants (grouped.py)
+        if case.groups > 1:  # a grouped GEMM's row counts, its own contestants (grouped.py; block-scaled: groupedbs.py)
             from .grouped import GroupedRows
+            from .groupedbs import GroupedScaled
 
-            GroupedRows(self).measure(case, built, row, deadline)
+            (GroupedScaled if case.blockscaled else GroupedRows)(self).measure(case, built, row, deadline)
             return
         inputs = self._inputs(case, self._copies(case))
         plain = self._reference(inputs, case, deadline)  # A·B: a fused row's plain GEMM kernels are held to it
         scaled = case.fused or is_fp8(case.precision)  # an epilogue of tensors of its own
         ref = self._fused_reference(inputs, case, plain, deadline) if scaled else plain
+        self.row_bound = (ref, self._mx_bound(case, built, inputs, ref, deadline)) if case.mx else None
         verdicts = [("error", built.error)] if built.error else []
         for form in built.forms:
             mine, verdict = self._spatialc(case, form, inputs, plain if is_plain(form) else ref, deadline)
@@ -404,7 +409,29 @@ class GpuRunner:
         out.fill(poison_value(prep.output.storage))
         prep.run(args)
         self._sync(deadline)
-        return check_result(prep.result(out), ref, out, prep.output.elem, self.cp)
+        check = check_result(prep.result(out), ref, out, prep.output.elem, self.cp)
+        if self.row_bound is not None and ref is self.row_bound[0]:  # an MX row: spatialc.tolerance's bound too
+            diff = self.cp.abs(values64(prep.result(out), prep.output.elem, self.cp) - ref)  # (poison: NaN, outside)
+            check.correct = check.correct and bool(self.cp.all(diff <= self.row_bound[1]))
+        return check
+
+    def _mx_bound(self, case: Case, built: Built, inputs: Inputs, ref: Any, deadline: Deadline) -> Any:
+        """spatialc.tolerance's bound of each element of an MX row's C (`blockscaled.tolerance_bound`), from the
+        magnitude of input set 0's block-scaled sum, on the device."""
+        import spatialc
+
+        gemm = spatialc.gemm(case.m, case.n, case.k, case.precision, scales=bs.MX, out=built.kernel.get("out"))
+        tolerance = spatialc.tolerance(spatialc.build(gemm, self.target), kernel=True)
+
+        def made() -> Any:
+            cp = self.cp
+            a, b = (cp.abs(values64(x[0], ELEM_OF[case.precision], cp)) for x in (inputs.a, inputs.b))
+            more = {name: cp.abs(values64(x, "float32", cp)) for name, x in inputs.more[0].items()}
+            bound = bs.tolerance_bound(tolerance, ref, bs.reference(a, b, more, cp), cp)
+            self._sync(deadline)
+            return bound
+
+        return blaming(pf.REFERENCE, made)
 
     # ---- the libraries -------------------------------------------------------------------------------------
 

@@ -387,7 +387,9 @@ def main(
         if args.prepare:
             from .prepare import prepare
 
-            return prepare(cases, args.target or "sm_90", args.outdir, commit=args.commit or git_commit())
+            return prepare(
+                cases, args.target or "sm_90", args.outdir, commit=args.commit or git_commit(), seed=args.seed
+            )
     except SpatialError as e:
         print(f"gpucheck: {e}", file=sys.stderr)
         return 2

@@ -135,6 +135,7 @@ def contenders(case: Case, built: Built) -> list[str]:
     """Each contestant of a case and what it is timed for (or why it cannot take the shape)."""
     if case.groups > 1:  # grouped.py: kernel only, against the grouped ways of torch
         from .grouped import GROUPED_MM, TORCH_LOOP
+        from .groupedbs import LOOP_BLOCKWISE, LOOP_TENSOR
 
         form = built.form("general")
         mine = "kernel only" if form is not None and form.artifact is not None else "n/a (no kernel)"
@@ -142,8 +143,15 @@ def contenders(case: Case, built: Built) -> list[str]:
         return [
             f"row counts {', '.join(map(str, sizes[:8]))}{', …' if len(sizes) > 8 else ''} ({int(sizes.sum())} rows)",
             f"{spatialc_name('general')}: {mine}, rows past each count checked to keep the poison",
-            f"{TORCH_LOOP}: kernel only",
-            f"{GROUPED_MM}: kernel only, where this torch has it",
+            *(
+                (
+                    f"{LOOP_TENSOR}: kernel only, against each group's A·B",
+                    f"{LOOP_BLOCKWISE}: kernel only, where "
+                    "this torch has it (2.9 and later), its C checked in the row (the block-scaled sum)",
+                )
+                if case.blockscaled  # groupedbs.py
+                else (f"{TORCH_LOOP}: kernel only", f"{GROUPED_MM}: kernel only, where this torch has it")
+            ),
         ]
     if case.heads[0]:  # attnrows.py: the forms that print attention, torch's SDPA backends, flash_attn
         from .attnrows import contenders as attention_contenders

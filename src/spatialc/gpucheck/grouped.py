@@ -71,14 +71,13 @@ class GroupedRows:
         self.r, self.cp = runner, runner.cp
 
     def measure(self, case: Case, built: Built, row: Row, deadline: Deadline) -> None:
-        cp = self.cp
         sizes = grouped_sizes(case.groups, case.m)
         row.note = "; ".join(
             x for x in (row.note, f"row counts {', '.join(map(str, sizes[:8]))}{', …' if len(sizes) > 8 else ''}"
                         f" ({int(sizes.sum())} of {case.groups * case.m} rows)") if x
         )  # fmt: skip
         a, b = self._operands(case)
-        refs = _References(cp, a, b, sizes, ELEM_OF[case.precision])
+        refs = self._references(a, b, sizes, case)
         refs.make_all(lambda: self.r._sync(deadline))  # a loss here is the references', not the first kernel's
         verdicts = [("error", built.error)] if built.error else []
         for form in built.forms:
@@ -88,8 +87,28 @@ class GroupedRows:
         from .device import settle
 
         row.status, row.note = settle(row.note, verdicts)
-        for name in (TORCH_LOOP, GROUPED_MM):
+        for name in self.libraries(case):
             row.contestants.append(self._library(name, case, a, b, sizes, refs, deadline))
+
+    # What a block-scaled grouped row (groupedbs.py) changes: its libraries, references, scales and result type.
+
+    def libraries(self, case: Case) -> tuple[str, ...]:
+        return (TORCH_LOOP, GROUPED_MM)
+
+    def _references(self, a: Any, b: Any, sizes: Any, case: Case) -> Any:
+        return _References(self.cp, a, b, sizes, ELEM_OF[case.precision])
+
+    def _params(self, prep: Any, args: dict[str, Any]) -> dict[str, Any]:
+        """The kernel's parameters besides the row counts, tiled (none here)."""
+        return {}
+
+    def _library_ref(self, name: str, refs: Any, g: int) -> Any:
+        """What a library's group `g` is checked against."""
+        return refs.of(g)
+
+    def _library_elem(self, case: Case) -> str:
+        """The element type of a library's result."""
+        return ELEM_OF[case.precision]
 
     def _operands(self, case: Case) -> tuple[Any, Any]:
         import zlib
@@ -121,9 +140,8 @@ class GroupedRows:
         args = {x.name: x for x in prep.args}
         out = prep.output_buffer(poison=True)
         counts = cp.asarray(sizes, dtype=cp.int32).reshape(1, -1)
-        tiled = prep.order(
-            (prep.tiled(args["A"], a), prep.tiled(args["B"], b)), out, {"sizes": prep.tiled(args["sizes"], counts)}
-        )
+        params = {"sizes": prep.tiled(args["sizes"], counts), **self._params(prep, args)}
+        tiled = prep.order((prep.tiled(args["A"], a), prep.tiled(args["B"], b)), out, params)
         prep.run(tiled)
         self.r._sync(deadline)
         check, touched = self._check(prep.result(out), prep.output.elem, sizes, refs)
@@ -164,10 +182,10 @@ class GroupedRows:
             call, results, detail = self._make(name, case, a, b, sizes)
             call()
             self.r._sync(deadline)
-            errs = GroupedErrors(self.cp)
+            errs, elem = GroupedErrors(self.cp), self._library_elem(case)
             for g, got in enumerate(results()):
-                errs.add(values64(got, ELEM_OF[case.precision], self.cp), refs.of(g))
-            ok = errs.within(ELEM_OF[case.precision], library=True)
+                errs.add(values64(got, elem, self.cp)[: int(sizes[g])], self._library_ref(name, refs, g))
+            ok = errs.within(elem, library=True)
             if not ok:
                 return Contestant(
                     name, "cublas", max_abs=errs.max_abs, ok=False, detail=detail, note="wrong; not timed"

@@ -120,6 +120,7 @@ def prepare(
     say: Callable[[str], None] = print,
     workers: int | None = None,
     commit: str = "",
+    seed: int = 0,
 ) -> int:
     """Compile every kernel of every case (and of the preflight's) for `target` into `folder` and write its
     manifest. Returns 0 when every kernel compiled, 1 when some did not (or a case did not lower); SpatialError when
@@ -150,10 +151,31 @@ def prepare(
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "kernels": [asdict(e) for e in entries],
     }
+    refs = _w4_references(cases, target, out, seed, say)
+    if refs:
+        data["w4_references"] = refs
     write_whole(out / MANIFEST, json.dumps(data, indent=1, ensure_ascii=False))
     failed = [e for e in entries if e.error]
     say(f"gpucheck prepare: wrote {out / MANIFEST}: {len(entries) - len(failed)} compiled, {len(failed)} failed")
     return 1 if failed else 0
+
+
+def _w4_references(cases: Sequence[Case], target: str, out: Path, seed: int, say: Callable[[str], None]) -> list[str]:
+    """Each W4A16 row's reference C and bound for the run's seed, saved beside the cubins (w4refs.py): the GPU run
+    loads them instead of spending seconds of its budget a row. The saved files' names."""
+    import spatialc
+
+    from . import w4refs
+    from .w4rows import gemm_of, inputs
+
+    saved = []
+    for case in dict.fromkeys(c for c in cases if c.weights):
+        t0 = time.monotonic()
+        program = spatialc.build(gemm_of(case), target)
+        path = w4refs.save(out, program, seed, inputs(program, seed))
+        saved.append(path.name)
+        say(f"{case}: reference and bound for seed {seed} into {path.name} in {time.monotonic() - t0:.1f} s")
+    return saved
 
 
 def _distinct(kernels: list[tuple[Case, Form]], target: str) -> list[tuple[Case, Form]]:

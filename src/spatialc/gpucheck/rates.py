@@ -100,6 +100,8 @@ def size_cell(row: Row) -> str:
         return f"map:{row.map}:{row.m}×{row.n}"
     if row.weights:  # its format's name may hold an x (mxfp4)
         return f"w4:{row.weights}:{row.m}×{row.n}×{row.k}"
+    if row.mx:  # fp8mx: holds an x too
+        return f"fp8mx:{row.m}×{row.n}×{row.k}"
     return row.size.replace("x", "×")
 
 

@@ -1,11 +1,14 @@
-"""A W4A16 row on the GPU (gpucheck/w4rows.py says what it measures and why): its inputs made on the host (the same
-for every M of one weight shape, and kept for the next row that shares them), each of spatialc's forms checked
-against `spatialc.tolerance` and timed kernel only over rotated copies of its arguments, torch's bf16 mm on the
-weights dequantised beforehand, and the copy of the weights' bytes (the ceiling).
+"""A W4A16 row on the GPU (gpucheck/w4rows.py says what it measures and why): its inputs drawn on the host (the same
+for every M of one weight shape, and kept for the next row that shares them, with their 4-bit layouts), the
+reference C and its bound loaded from `--prepare`'s file (computed here only where none matches: w4refs.py), the
+weights dequantised on the device, each of spatialc's forms checked against `spatialc.tolerance` and timed kernel
+only over rotated copies of its arguments, torch's bf16 mm on the weights dequantised beforehand, and the copy of the
+weights' bytes (the ceiling).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -13,10 +16,11 @@ import numpy as np
 from .builds import Built, Form
 from .cases import BudgetExceeded, Case, Check, Contestant, Deadline, Row, agrees, blaming, values64
 from .preflight import REFERENCE
-from .w4rows import TORCH_MM, a_values, activations, operands, torch_mm, weight_bytes, weights_of
+from .w4refs import dequant_bits, load
+from .w4rows import TORCH_MM, a_values, activations, torch_mm, weight_bytes, weights_of
 
-# The host's inputs and dequantised operands of the last weight shape measured: rows of one shape (M = 1, 16, 64)
-# adjoin in the run and share them (at N = K = 14336 making them takes seconds of the budget).
+# The inputs of the last weight shape measured, their 4-bit layouts and their dequantised bits on the device: rows
+# of one shape (M = 1, 16, 64) adjoin in the run and share them (at N = K = 14336 making them takes seconds).
 _KEPT: dict[str, Any] = {}
 
 
@@ -35,37 +39,83 @@ class W4Rows:
         from .timing import copies_for
 
         program = spatialc.build(_program(case), self.r.target)  # the tolerance's program (C's type, K)
-        given, a64, b64 = blaming(REFERENCE, lambda: self._inputs(program, case))
-        ref = a64 @ b64  # the float64 product: each contestant's largest error is against it
+        given = self._inputs(program, case)
         tolerance = spatialc.tolerance(program, kernel=True)
         _left(deadline)
-        bounded = blaming(REFERENCE, lambda: tolerance.against(given))  # one reference and bound for every form
+        bounded, said = blaming(REFERENCE, lambda: self._reference(program, tolerance, given))
+        if said.startswith("computed"):
+            row.note = "; ".join(x for x in (row.note, f"reference and bound {said}") if x)
+        _left(deadline)
+        bits, ref = blaming(REFERENCE, lambda: self._on_device(program, case, given))
         copies = copies_for(weight_bytes(case.weights, case.n, case.k), self.r._l2_bytes())
         verdicts = [("error", built.error)] if built.error else []
         for form in built.forms:
             _left(deadline)
-            mine, verdict = self._spatialc(case, form, given, (tolerance, *bounded, ref), copies, deadline)
+            checks = (tolerance, *bounded, ref, said)
+            mine, verdict = self._spatialc(case, form, given, checks, copies, deadline)
             row.contestants.append(mine)
             verdicts.append(verdict)
         row.status, row.note = settle(row.note, verdicts)
-        torch = self.r.library_guarded(TORCH_MM, "torch", lambda: self._torch(case, a64, b64, ref, deadline), deadline)
+        torch = self.r.library_guarded(
+            TORCH_MM, "torch", lambda: self._torch(case, given, bits, ref, deadline), deadline
+        )
         row.contestants.append(torch)
         total, what = case.ops, f"the weights' {case.ops} bytes (packed B, scales, zero points)"
         copy = self.r.library_guarded(COPY, "copy", lambda: copy_contestant(self.r, total, what, deadline), deadline)
         row.contestants.append(copy)
 
-    def _inputs(self, program: Any, case: Case) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-        """The row's inputs by name, and A and the dequantised B as float64: the weights' kept from the last row
-        of the same shape and format."""
+    def _inputs(self, program: Any, case: Case) -> dict[str, Any]:
+        """The row's inputs by name: the weights kept from the last row of the same shape and format (with what
+        was made of them: their layouts, their dequantised bits on the device)."""
         key = f"{self.r.seed} {case.weights} {case.n}x{case.k}"
         if _KEPT.get("key") != key:
             _KEPT.clear()
-            weights = weights_of(program, self.r.seed)
-            _KEPT.update(
-                key=key, weights=weights, b64=operands(program, {**weights, "A": activations(program, self.r.seed)})[1]
-            )
-        given = {**_KEPT["weights"], "A": activations(program, self.r.seed)}
-        return given, a_values(program, given), _KEPT["b64"]
+            _KEPT.update(key=key, weights=weights_of(program, self.r.seed), laid={})
+        return {**_KEPT["weights"], "A": activations(program, self.r.seed)}
+
+    def _reference(self, program: Any, tolerance: Any, given: dict[str, Any]) -> tuple[Any, str]:
+        """The reference C and its bound: `--prepare`'s saved file where it matches the row (w4refs.py), else
+        computed here (seconds of the budget at 14336²), with how long that took."""
+        folder = self.r.manifest.folder if self.r.manifest is not None else None
+        saved, why = load(folder, program, self.r.seed, given)
+        if saved is not None:
+            return saved, "prepared"
+        t0 = time.monotonic()
+        made = tolerance.against(given)
+        return made, f"computed on the host in {time.monotonic() - t0:.1f} s ({why})"
+
+    def _on_device(self, program: Any, case: Case, given: dict[str, Any]) -> tuple[Any, np.ndarray]:
+        """The dequantised weights' bf16 bits on the device (made there once a shape, `w4refs.dequant_bits`), and
+        the float64 product A · dequant(B) every contestant's error is measured against, on the host."""
+        from ..runtime.tilize import bf16_to_float32
+
+        cp = self.cp
+        if "bits" not in _KEPT:
+            _KEPT["bits"] = dequant_bits(given, program, cp)
+        b64 = bf16_to_float32(_KEPT["bits"], cp).astype(cp.float64)
+        ref = cp.asnumpy(cp.asarray(a_values(program, given)) @ b64)
+        del b64
+        return _KEPT["bits"], np.asarray(ref, np.float64)
+
+    def _bound(self, form: Form, given: dict[str, Any], fresh: bool = False) -> list[Any]:
+        """The kernel's arguments bound to `given`, the 4-bit and e8m0 ones laid out once a shape and tiling
+        (`laid_out`, the packed weights on the device): every form and M of one weight shape tiles the weights
+        alike, and shares them. `fresh`: their bytes copied (a rotated copy's own: an upload of a device array is
+        the array itself)."""
+        from ..runtime.arguments import bind, kernel_args
+        from ..runtime.tilize import BYTE_ELEMS
+        from ..runtime.w4_args import HostBytes
+
+        laid = _KEPT.setdefault("laid", {})
+        args = kernel_args(form.artifact.launch)
+        made = [a for a in args if a.elem in BYTE_ELEMS and a.role not in ("output", "workspace")]
+        rest = [a for a in args if a not in made]
+        bound = dict(bind(rest, (), {a.name: given[a.name] for a in rest if a.role not in ("output", "workspace")}))
+        for a in made:
+            if a not in laid:
+                laid[a] = laid_out(a, given[a.name], self.cp)
+            bound[a] = laid[a] if not fresh else HostBytes(laid[a].storage.copy(), laid[a].given)
+        return [(a, bound[a]) for a in args]
 
     # ---- spatialc ------------------------------------------------------------------------------------------
 
@@ -84,10 +134,9 @@ class W4Rows:
         the float64 product), the launches timed, C read again."""
         from ..runtime import launch as L
 
-        tolerance, reference, bound_c, ref = checks
+        tolerance, reference, bound_c, ref, said = checks
         name, prep = form.contestant, self.r._prepare(form)
-        bound, _ = L.bound_operands(form.artifact, (), given)
-        sets = [L.uploaded(prep, bound) for _ in range(copies)]
+        sets = [L.uploaded(prep, self._bound(form, given, fresh=i > 0)) for i in range(copies)]
         buffers, outs = sets[0]
         prep.run(buffers)
         self.r._sync(deadline)
@@ -107,7 +156,7 @@ class W4Rows:
         check = Check(right, err, rel, poison, 0, int(np.count_nonzero(~np.isfinite(c))), stable)
         detail = (
             f"C stored as {prep.output.elem}; kernel only over {len(sets)} copies of its arguments (the 4-bit ones "
-            f"laid out on the host once), its C checked: {how}"
+            f"laid out on the host once), its C checked: {how}; reference and bound {said}"
         )
         ok = right and stable
         mine = Contestant(name, "spatialc", None, kernel, err, ok, detail, check=check, facts=form.facts)
@@ -121,15 +170,14 @@ class W4Rows:
 
     # ---- torch -----------------------------------------------------------------------------------------------
 
-    def _torch(self, case: Case, a64: np.ndarray, b64: np.ndarray, ref: np.ndarray, deadline: Deadline) -> Contestant:
-        """torch.mm of A and the dequantised weights in bf16 (exact: both hold bf16 values), rotated over copies of
-        the weights as spatialc's arguments are; its C held to the libraries' bar."""
+    def _torch(self, case: Case, given: dict[str, Any], bits: Any, ref: np.ndarray, deadline: Deadline) -> Contestant:
+        """torch.mm of A and the weights dequantised on the device in bf16 (exact: both hold bf16 values), rotated
+        over copies of the weights as spatialc's arguments are; its C held to the libraries' bar."""
         from ..runtime.tilize import bf16_bits
         from .timing import copies_for
 
         torch, cp, libs = self.r.torch, self.cp, self.r.libs
-        a = libs.to_torch(bf16_bits(cp.asarray(a64.astype(np.float32)), cp), "bf16")
-        bits = bf16_bits(cp.asarray(b64.astype(np.float32)), cp)
+        a = libs.to_torch(bf16_bits(cp.asarray(np.asarray(given["A"], np.float32)), cp), "bf16")
         copies = copies_for(bits.nbytes, self.r._l2_bytes())
         weights = [libs.to_torch(bits if i == 0 else bits.copy(), "bf16") for i in range(copies)]
         c = torch.empty((case.m, case.n), dtype=torch.bfloat16, device=a.device)
@@ -137,11 +185,31 @@ class W4Rows:
         kernel(0)
         self.r._sync(deadline)
         ok, err = agrees(libs.from_torch(c), "bfloat16", cp.asarray(ref), cp, library=True)
-        detail = f"torch.mm in bf16 of A and the weights dequantised beforehand ({len(weights)} copies), into C"
+        detail = (
+            f"torch.mm in bf16 of A and the weights dequantised beforehand on the device ({len(weights)} copies), "
+            "into C"
+        )
         if not ok:
             return Contestant(TORCH_MM, "torch", max_abs=err, ok=False, detail=detail, note="wrong; not timed")
         kernel_t = self.r._time(kernel, len(weights), deadline)
         return Contestant(TORCH_MM, "torch", None, kernel_t, err, True, detail)
+
+
+def laid_out(arg: Any, value: Any, xp: Any = np) -> Any:
+    """A 4-bit or e8m0 argument's bytes as the launcher lays them out (`runtime.w4_args.host_bytes`), the packed
+    weights straight from their bytes, on `xp` (CuPy: on the device, where the layout takes milliseconds, not the
+    host's seconds): the codes are the bytes' nibbles (`pack_int4`'s order), so the float64 values, and the check
+    that they are the format's, are skipped — the row drew them, every byte two codes of the format. The tests hold
+    the two paths to the same bytes."""
+    from ..runtime.w4_args import HostBytes, host_bytes, packed_tiles
+
+    packed = np.asarray(value)
+    if not arg.packed or packed.dtype != np.uint8 or packed.shape != (arg.elems[0] // 2, arg.elems[1]):
+        return host_bytes(arg.spec, arg.tiles, arg.packed, value)
+    on = xp.asarray(packed)
+    codes = xp.empty(arg.elems, xp.uint8)
+    codes[0::2], codes[1::2] = on & 0xF, on >> 4
+    return HostBytes(packed_tiles(codes, arg.tiles, xp), value)
 
 
 def _program(case: Case) -> Any:

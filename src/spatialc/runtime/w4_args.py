@@ -69,12 +69,13 @@ def tile_byte(p: int, c: int) -> int:
 TILE_ORDER = np.argsort([tile_byte(p, c) for p in range(8) for c in range(16)])
 
 
-def packed_tiles(codes: np.ndarray, tiles: tuple[int, int]) -> np.ndarray:
+def packed_tiles(codes: Any, tiles: tuple[int, int], xp: Any = np) -> Any:
     """K × N 4-bit `codes` (uint8, 0 … 15) packed two a byte along K and tiled on the grid `tiles` of 16 × 16
-    values (the module's layout; `w4_host.cuh`'s `spatialc_tilize_w4` is the host program's copy)."""
+    values (the module's layout; `w4_host.cuh`'s `spatialc_tilize_w4` is the host program's copy), on `xp` (numpy;
+    CuPy where the codes are on the device already: the GPU check's W4A16 rows)."""
     rows, cols = tiles[0] * TILE[0], tiles[1] * TILE[1]
-    padded = np.zeros((rows, cols), np.uint8)
+    padded = xp.zeros((rows, cols), xp.uint8)
     padded[: codes.shape[0], : codes.shape[1]] = codes
-    pairs = (padded[0::2] | (padded[1::2] << 4)).astype(np.uint8)  # byte (i, j): rows 2i (low), 2i + 1 (high)
-    row_major = tilize(pairs, tiles, np, PACKED_TILE).reshape(-1, PACKED_TILE[0] * PACKED_TILE[1])
-    return np.ascontiguousarray(row_major[:, TILE_ORDER]).reshape(-1)
+    pairs = (padded[0::2] | (padded[1::2] << 4)).astype(xp.uint8)  # byte (i, j): rows 2i (low), 2i + 1 (high)
+    row_major = tilize(pairs, tiles, xp, PACKED_TILE).reshape(-1, PACKED_TILE[0] * PACKED_TILE[1])
+    return xp.ascontiguousarray(row_major[:, xp.asarray(TILE_ORDER)]).reshape(-1)
