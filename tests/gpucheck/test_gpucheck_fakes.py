@@ -803,7 +803,7 @@ class FakeKernel:
             zero = untilize(z, kz.tiles, kz.elems, np)
             zero = (zero.view(np.int8) if kz.elem == "int4" else zero).astype(np.float64)
         d = w4.dequant_matrix(q, scale.astype(np.float64), zero, k // ks.elems[0], "bf16")
-        av = bf16_to_float32(untilize(a, ka.tiles, ka.elems, np), np).astype(np.float64)
+        av = bf16_to_float32(untilize(a, ka.tiles, ka.elems, np, order=ka.order), np).astype(np.float64)
         c[:] = tilize(quantize(av @ d, kc.elem, np), kc.tiles, np, order=kc.order)
         if self.fault == "miss":
             c[17] = poison_value(kc.storage)

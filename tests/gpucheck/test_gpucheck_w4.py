@@ -69,7 +69,7 @@ def test_a_rows_bytes_are_its_programs_weights(fmt):
     assert ("zeros" in tensors) == (fmt != "mxfp4")
 
 
-def test_each_form_is_built_for_its_own_plan_and_the_list_extends_by_a_name(monkeypatch):
+def test_each_form_is_built_for_its_own_plan_the_sm90a_one_for_a_hopper_only():
     (case,) = cases_of(["w4:int4:16x256x256"], ["bf16"])
     built = build_case(case, "sm_90")
     assert not built.error and built.kernel["out"] == "bf16" and built.plan
@@ -78,8 +78,7 @@ def test_each_form_is_built_for_its_own_plan_and_the_list_extends_by_a_name(monk
         assert form.artifact is not None and form.artifact.budget.form == form.name, form.absent
         assert form.facts["c_elem"] == "bfloat16" and form.facts["w4_plan"].startswith("block ")
         assert any(a.packed for a in L.kernel_args(form.artifact.launch))  # the 4-bit weights, two a byte
-    monkeypatch.setattr(W4, "W4_FORMS", (*W4.W4_FORMS, "sm90a"))  # what adding the sm_90a form's W4A16 takes
-    hopper = build_case(case, "sm_90").forms[-1]
+    hopper = built.forms[-1]  # the sm_90a form's, compiled for sm_90a where the board is a Hopper
     assert hopper.name == "sm90a" and (hopper.artifact is not None or hopper.absent), hopper
     elsewhere = build_case(case, "sm_80").forms[-1]
     assert elsewhere.artifact is None and "runs on sm_90" in elsewhere.absent
@@ -126,7 +125,7 @@ def test_w4_rows_are_checked_and_timed_against_torch_and_the_ceiling(fake_gpu, t
     md = (tmp_path / "gpucheck.md").read_text()
     table = md.split("W4A16 (bf16 A", 1)[1].split("\n\n", 2)[1].splitlines()
     assert table[0].startswith("| weights | m×n×k | MB | contestant | kernel µs | GB/s of the weights | of ceiling")
-    assert len(table) == 2 + 2 * 4 and table[2].startswith("| int4 | 16×256×256 | 0.0343 | spatialc general | ")
+    assert len(table) == 2 + 2 * (len(W4.W4_FORMS) + 2) and table[2].startswith("| int4 | 16×256×256 | 0.0343 | spatialc general | ")
     assert table[-1].startswith("| mxfp4 | 1×128×256 | 0.0174 | torch copy_ | ")
     assert "| precision | m×n×k | spatialc persistent e2e" not in md  # no GEMM table: theirs is their own
     capsys.readouterr()
@@ -156,7 +155,7 @@ def test_prepare_compiles_the_w4_kernels_and_the_dry_run_names_them(tmp_path, ca
     assert gpucheck.main([str(prep), "--prepare", "--sizes", SMALL[0], "--commit", "abc"]) == 0
     entries = json.loads((prep / MANIFEST).read_text())["kernels"]
     mine = [(e["form"], e["arch"]) for e in entries if e["case"] == "bf16 w4:int4:16x256x256"]
-    assert mine == [(f, "sm_90") for f in W4.W4_FORMS] and all(e["cubin"] for e in entries)
+    assert mine == [(f, "sm_90a" if f == "sm90a" else "sm_90") for f in W4.W4_FORMS] and all(e["cubin"] for e in entries)
     capsys.readouterr()
     monkeypatch.setattr(N, "find_nvcc", lambda: None)  # the dry run reads the prepared folder, compiles nothing
     assert gpucheck.main(["unused", "--dry-run", "--prepared", str(prep), "--sizes", SMALL[0]]) == 0

@@ -43,9 +43,9 @@ MXFP4_GROUP = 32  # an mxfp4 scale's rows of K (the format's own)
 MS = (1, 16, 64)  # decode: a token, a small batch, a larger one
 SIDES = (4096, 14336)  # N = K: a 7B-class layer's hidden size and an MLP's width
 DEFAULT_FORMATS = ("int4", "mxfp4")
-# spatialc's contestants, in the table's order, each lowered in its own form for its own plan (`form_of`). The
-# sm_90a form's W4A16 is being added: once lower prints it, append HOPPER_FORM here and nothing else changes.
-W4_FORMS: tuple[str, ...] = ("general", "persistent")
+# spatialc's contestants, in the table's order, each lowered in its own form for its own plan (`form_of`); the
+# sm_90a form's only on an sm_90a board (elsewhere its contestant is absent, saying why).
+W4_FORMS: tuple[str, ...] = ("general", "persistent", "sm90a")
 TORCH_MM = "torch mm (dequantised beforehand)"
 GOAL = 0.85  # of the ceiling at M = 1 (the bar: bench/README.md, "W4A16 decode rows")
 A_RANGE = (-1.0, 1.0)  # A's values, rounded to bf16 by the launcher as by the reference
