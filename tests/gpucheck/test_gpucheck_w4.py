@@ -125,7 +125,8 @@ def test_w4_rows_are_checked_and_timed_against_torch_and_the_ceiling(fake_gpu, t
     md = (tmp_path / "gpucheck.md").read_text()
     table = md.split("W4A16 (bf16 A", 1)[1].split("\n\n", 2)[1].splitlines()
     assert table[0].startswith("| weights | m×n×k | MB | contestant | kernel µs | GB/s of the weights | of ceiling")
-    assert len(table) == 2 + 2 * (len(W4.W4_FORMS) + 2) and table[2].startswith("| int4 | 16×256×256 | 0.0343 | spatialc general | ")
+    assert len(table) == 2 + 2 * (len(W4.W4_FORMS) + 2)  # each row: its forms, torch's mm, the copy
+    assert table[2].startswith("| int4 | 16×256×256 | 0.0343 | spatialc general | ")
     assert table[-1].startswith("| mxfp4 | 1×128×256 | 0.0174 | torch copy_ | ")
     assert "| precision | m×n×k | spatialc persistent e2e" not in md  # no GEMM table: theirs is their own
     capsys.readouterr()
@@ -155,7 +156,8 @@ def test_prepare_compiles_the_w4_kernels_and_the_dry_run_names_them(tmp_path, ca
     assert gpucheck.main([str(prep), "--prepare", "--sizes", SMALL[0], "--commit", "abc"]) == 0
     entries = json.loads((prep / MANIFEST).read_text())["kernels"]
     mine = [(e["form"], e["arch"]) for e in entries if e["case"] == "bf16 w4:int4:16x256x256"]
-    assert mine == [(f, "sm_90a" if f == "sm90a" else "sm_90") for f in W4.W4_FORMS] and all(e["cubin"] for e in entries)
+    assert mine == [(f, "sm_90a" if f == "sm90a" else "sm_90") for f in W4.W4_FORMS]
+    assert all(e["cubin"] for e in entries)
     capsys.readouterr()
     monkeypatch.setattr(N, "find_nvcc", lambda: None)  # the dry run reads the prepared folder, compiles nothing
     assert gpucheck.main(["unused", "--dry-run", "--prepared", str(prep), "--sizes", SMALL[0]]) == 0
