@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ....ir.ids import LoopVar, loop_var_name
+from ....ir.ids import LoopVar
 from ....ir.names import plain
 from ....ir.nodes import DType, PageLayout, SpatialProgram, panel_bytes
 from ....ir.ops import ChoreoOp, Compute, Dequant, Loop, MatmulTiles, Pop, Push, ReadTiles, Trip
@@ -48,7 +48,7 @@ from ..common.cwriter import addr_expr
 from ..common.dequant import PACKED_RING, PACKED_TILE, REG_FORMAT, is_packed
 from ..common.program import W4_PROGRAM
 from ..common.rings import Ring, Rings
-from .printer import ACC_FENCE, HopperPrinter
+from .printer import HopperPrinter
 from .tma import Panels
 
 OPERANDS = ("__nv_bfloat16", "__half")  # the 16-bit operands the weights dequantise to
@@ -232,25 +232,9 @@ class W4HopperPrinter(HopperPrinter):
         """The K loop with the matmul's releases a step late, as the plain GEMM's (`k_loop_pipelined`): a step's
         waits and dequant run while the previous step's wgmma group is in flight — it reads the other stages (depth
         ≥ 2: the B page being written is one the group before last read, released once it retired)."""
-        from ...census import POST, marker
+        from ...census import marker
 
-        v = loop_var_name(loop.var)
-        at = next(i for i, o in enumerate(loop.body) if isinstance(o, Compute) and isinstance(o.op, MatmulTiles))
-        before, mm, pops = loop.body[:at], loop.body[at], loop.body[at + 1 :]
-        with self.w.block(f"for (int {v} = 0; {v} < {loop.count.n}; ++{v})", marker(loop)):  # type: ignore[union-attr]
-            inner = env | {loop.var: v}
-            for o in before:
-                self.op(o, inner)
-            self.op(mm, inner)
-            self.w.line("spatialc_wgmma_wait<1>();  // the previous K step's group has retired; this one runs on")
-            self.in_flight = False
-            with self.w.block(f"if ({v} > 0)", "// the previous K step's stages go back"):
-                for o in pops:
-                    self.release(o, marker(o))
-        self.w.line("spatialc_wgmma_wait<0>();  // the last K step's group")
-        self.w.line(ACC_FENCE + "  // the accumulators are whole: nothing reads them before")
-        for o in pops:
-            self.release(o, marker(o, POST))
+        self.k_loop_pipelined(loop, env, marker(loop))
 
     def bulk_rows(self, op: ReadTiles, env: dict[LoopVar, str]) -> None:
         """The packed page's bytes announced on the slot's full barrier (with the Push's arrival where it follows at

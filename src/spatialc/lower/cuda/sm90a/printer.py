@@ -162,8 +162,8 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         B's from global memory) before it issues its wgmma, so their latency passes under them; waits for its
         group; releases its stages at once — nothing reads them after — and then promotes (`k_loop`'s steps)."""
         v = loop_var_name(loop.var)
-        at = next(i for i, op in enumerate(loop.body) if isinstance(op, Compute))
-        waits, mm, pops = loop.body[:at], loop.body[at], loop.body[at + 1 :]
+        at = next(i for i, op in enumerate(loop.body) if isinstance(op, Compute) and isinstance(op.op, MatmulTiles))
+        waits, mm, pops = loop.body[:at], loop.body[at], loop.body[at + 1 :]  # waits: a W4A16 step's dequant too
         assert isinstance(mm, Compute) and isinstance(mm.op, MatmulTiles) and mm.op.scales is not None
         with self.w.block(f"for (int {v} = 0; {v} < {loop.count.n}; ++{v})", mark):  # type: ignore[union-attr]
             inner = env | {loop.var: v}
@@ -190,8 +190,8 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
     def k_loop_pipelined(self, loop: Loop, env: dict[LoopVar, str], mark: str) -> None:
         """The K loop with each step's releases printed one step late (one wgmma group in flight)."""
         v = loop_var_name(loop.var)
-        at = next(i for i, op in enumerate(loop.body) if isinstance(op, Compute))
-        waits, mm, pops = loop.body[:at], loop.body[at], loop.body[at + 1 :]
+        at = next(i for i, op in enumerate(loop.body) if isinstance(op, Compute) and isinstance(op.op, MatmulTiles))
+        waits, mm, pops = loop.body[:at], loop.body[at], loop.body[at + 1 :]  # waits: a W4A16 step's dequant too
         with self.w.block(f"for (int {v} = 0; {v} < {loop.count.n}; ++{v})", mark):  # type: ignore[union-attr]
             inner = env | {loop.var: v}
             for op in waits:
