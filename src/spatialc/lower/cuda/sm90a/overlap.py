@@ -146,18 +146,8 @@ def overlapped_loop(pr: AttentionPrinter, loop: Loop, step: KvStep, env: dict[Lo
     if least_trip(loop) < 1:  # (make_attention_kernel chose it so, or refused)
         raise Unsupported("the overlapped attention schedule with items of no KV block", "schedule='serial'")
     w = pr.w
-    v = loop_var_name(loop.var)
-    s = pr.k.layers[pr.k.rings.template[step.s_acc]].name
-    o = pr.k.layers[pr.k.rings.template[step.o_acc]].name
-    keys = step.pv.op.block.ibw  # type: ignore[union-attr]
     with w.block():
-        if isinstance(loop.count, Span):
-            for line in span_count(loop.count, env, f"trip_{v}"):
-                w.line(line)
-            trip = f"trip_{v}"
-        else:
-            trip = str(loop.count.n)  # type: ignore[union-attr]
-        w.line(f"spatialc_frag<OPT> af[{keys}];  // P of each 16 keys, P·V's A: held until its group retires")
+        v, s, o, keys, trip = loop_frame(pr, loop, step, env)
         # Every item runs a step or more (`least_trip`): no branch around a wgmma, which ptxas would take for a
         # divergent path and serialise them (C7518).
         with w.block("", "// the first block's S, before the loop: each step issues the next one's"):
@@ -178,6 +168,26 @@ def overlapped_loop(pr: AttentionPrinter, loop: Loop, step: KvStep, env: dict[Lo
             w.line(f"spatialc_acc_fence({o});  // O is whole: nothing reads it before")
             pin(pr, keys)
             pr.release(step.pop_v, marker(step.pop_v, POST))
+
+
+def loop_frame(
+    pr: AttentionPrinter, loop: Loop, step: KvStep, env: dict[LoopVar, str]
+) -> tuple[str, str, str, int, str]:
+    """What both KV-loop schedules open with, printed inside their block: the trip count (a span's computed), and P's
+    A fragments; their names — the loop variable, S's and O's accumulators, keys a block, the trip."""
+    w = pr.w
+    v = loop_var_name(loop.var)
+    s = pr.k.layers[pr.k.rings.template[step.s_acc]].name
+    o = pr.k.layers[pr.k.rings.template[step.o_acc]].name
+    keys = step.pv.op.block.ibw  # type: ignore[union-attr]
+    if isinstance(loop.count, Span):
+        for line in span_count(loop.count, env, f"trip_{v}"):
+            w.line(line)
+        trip = f"trip_{v}"
+    else:
+        trip = str(loop.count.n)  # type: ignore[union-attr]
+    w.line(f"spatialc_frag<OPT> af[{keys}];  // P of each 16 keys, P·V's A: held until its group retires")
+    return v, s, o, keys, trip
 
 
 def _softmax_step(

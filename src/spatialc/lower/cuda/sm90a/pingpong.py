@@ -52,12 +52,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ....ir.ids import LoopVar, loop_var_name
-from ....ir.ops import ChoreoOp, Loop, Span, Wait
+from ....ir.ids import LoopVar
+from ....ir.ops import ChoreoOp, Loop, Wait
 from ...census import POST, PRE, marker
 from ...errors import Unsupported
-from ..common.cwriter import span_count
-from .overlap import KvStep, least_trip, pin, retagged
+from .overlap import KvStep, least_trip, loop_frame, pin, retagged
 from .plan import WARPGROUP
 
 if TYPE_CHECKING:
@@ -83,18 +82,8 @@ def pingpong_loop(pr: AttentionPrinter, loop: Loop, step: KvStep, env: dict[Loop
     if least_trip(loop) < 1:
         raise Unsupported("the ping-pong attention schedule with items of no KV block", "schedule='serial'")
     w = pr.w
-    v = loop_var_name(loop.var)
-    s = pr.k.layers[pr.k.rings.template[step.s_acc]].name
-    o = pr.k.layers[pr.k.rings.template[step.o_acc]].name
-    keys = step.pv.op.block.ibw  # type: ignore[union-attr]
     with w.block():
-        if isinstance(loop.count, Span):
-            for line in span_count(loop.count, env, f"trip_{v}"):
-                w.line(line)
-            trip = f"trip_{v}"
-        else:
-            trip = str(loop.count.n)  # type: ignore[union-attr]
-        w.line(f"spatialc_frag<OPT> af[{keys}];  // P of each 16 keys, P·V's A: held until its group retires")
+        v, s, o, keys, trip = loop_frame(pr, loop, step, env)
         first = "// block 0's S in a turn of its own, and its softmax: each step issues the next S"
         with w.block("", first), retagged(pr, PRE):
             zero = env | {loop.var: "0"}
