@@ -922,6 +922,33 @@ SPATIALC_EMU_FN void run_bulk_store(const BulkStore& s) {
     }
 }
 
+// A read through the async proxy (a TMA store's copy engine, a wgmma's operand) of shared-memory bytes the thread
+// `w` wrote: that writer must have fenced (fence.proxy.async) since the write, and a fence of its since the write
+// must come before the reader's issue — the reader's own, one a warp or block barrier separates from it, or one an
+// mbarrier phase (a named barrier's too) the reader waited on carried. Any of its fences since the write will do: one
+// ordered before the issue orders the first. The caller holds shadow_mu.
+SPATIALC_EMU_FN void check_proxy_fenced(const Access& w, const ThreadState& t, const std::string& where,
+                                        const char* reader, const char* order) {
+    const ThreadState& writer = blk().threads[w.tid];
+    if (w.clk > writer.fenced_clk.load(std::memory_order_acquire))
+        fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
+                             " wrote with no fence.proxy.async since: " + reader + " may read them stale");
+    bool ordered = w.tid == t.tid;
+    const unsigned n_f = writer.n_fences.load(std::memory_order_acquire);
+    for (unsigned i = n_f > ThreadState::kFences ? n_f - ThreadState::kFences : 0; i < n_f && !ordered; ++i) {
+        const ThreadState::Fence& f = writer.fences[i % ThreadState::kFences];
+        const unsigned clk = f.clk.load(std::memory_order_relaxed);
+        if (clk < w.clk) continue;
+        ordered = (w.tid / kWarp == t.tid / kWarp &&
+                   f.wi.load(std::memory_order_relaxed) < t.wi.load(std::memory_order_relaxed)) ||
+                  f.bi.load(std::memory_order_relaxed) < t.bi.load(std::memory_order_relaxed) ||
+                  ((size_t)w.tid < t.vc.size() && t.vc[(size_t)w.tid] > clk);
+    }
+    if (!ordered)
+        fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
+                             " wrote and fenced (fence.proxy.async), but nothing orders that fence before " + order);
+}
+
 SPATIALC_EMU_FN void tma_store(const CUtensorMap* map, const int* coords, int rank, const void* src, int line) {
     ThreadState& t = me("spatialc_tma_store");
     const std::string where = "spatialc_tma_store_" + std::to_string(rank) + "d at line " + std::to_string(line);
@@ -950,30 +977,8 @@ SPATIALC_EMU_FN void tma_store(const CUtensorMap* map, const int* coords, int ra
             if (!r) fatal(kExitMisuse, where + ": the box runs past its shared ring");
             const Access& w = r->shadow[(size_t)(s.src + off - r->base)].w;
             if (w.tid < 0 || w.tid >= blk().nthreads || w.kind == AccessKind::tma) continue;
-            const ThreadState& writer = blk().threads[w.tid];
-            const unsigned fenced = writer.fenced_clk.load(std::memory_order_acquire);
-            if (w.clk > fenced)
-                fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
-                                     " wrote with no fence.proxy.async since: the copy engine may read them stale");
-            // A fence of the writer's since the write must also come before the issue: the issuing thread's own, one
-            // a warp or block barrier separates from it, or one an mbarrier phase (a named barrier's too) it waited
-            // on carried. Any of its fences since the write will do: one ordered before the issue orders the first.
-            bool ordered = w.tid == t.tid;
-            const unsigned n_f = writer.n_fences.load(std::memory_order_acquire);
-            for (unsigned i = n_f > ThreadState::kFences ? n_f - ThreadState::kFences : 0; i < n_f && !ordered; ++i) {
-                const ThreadState::Fence& f = writer.fences[i % ThreadState::kFences];
-                const unsigned clk = f.clk.load(std::memory_order_relaxed);
-                if (clk < w.clk) continue;
-                ordered = (w.tid / kWarp == t.tid / kWarp &&
-                           f.wi.load(std::memory_order_relaxed) < t.wi.load(std::memory_order_relaxed)) ||
-                          f.bi.load(std::memory_order_relaxed) < t.bi.load(std::memory_order_relaxed) ||
-                          ((size_t)w.tid < t.vc.size() && t.vc[(size_t)w.tid] > clk);
-            }
-            if (!ordered)
-                fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
-                                     " wrote and fenced (fence.proxy.async), but nothing orders that fence before the "
-                                     "store's issue "
-                                     "(a __syncwarp / __syncthreads after it)");
+            check_proxy_fenced(w, t, where, "the copy engine",
+                               "the store's issue (a __syncwarp / __syncthreads after it)");
         }
     }
     if (!kLate) run_bulk_store(s);
@@ -1129,25 +1134,8 @@ SPATIALC_EMU_FN void check_proxy_read(const void* const* ptrs, int count, size_t
             if (!r) continue;  // (the read's own checks say where it lies)
             const Access& w = r->shadow[(size_t)(p - r->base)].w;
             if (w.tid < 0 || w.tid >= blk().nthreads || w.kind == AccessKind::tma) continue;
-            const ThreadState& writer = blk().threads[w.tid];
-            if (w.clk > writer.fenced_clk.load(std::memory_order_acquire))
-                fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
-                                     " wrote with no fence.proxy.async since: the async proxy may read them stale");
-            bool ordered = w.tid == t.tid;
-            const unsigned n_f = writer.n_fences.load(std::memory_order_acquire);
-            for (unsigned j = n_f > ThreadState::kFences ? n_f - ThreadState::kFences : 0; j < n_f && !ordered; ++j) {
-                const ThreadState::Fence& f = writer.fences[j % ThreadState::kFences];
-                const unsigned clk = f.clk.load(std::memory_order_relaxed);
-                if (clk < w.clk) continue;
-                ordered = (w.tid / kWarp == t.tid / kWarp &&
-                           f.wi.load(std::memory_order_relaxed) < t.wi.load(std::memory_order_relaxed)) ||
-                          f.bi.load(std::memory_order_relaxed) < t.bi.load(std::memory_order_relaxed) ||
-                          ((size_t)w.tid < t.vc.size() && t.vc[(size_t)w.tid] > clk);
-            }
-            if (!ordered)
-                fatal(kExitRace, "RACE between the proxies: " + where + " reads shared-memory bytes that " + who(w) +
-                                     " wrote and fenced (fence.proxy.async), but nothing orders that fence before "
-                                     "the read's issue (a barrier the writer arrived on after it, waited for here)");
+            check_proxy_fenced(w, t, where, "the async proxy",
+                               "the read's issue (a barrier the writer arrived on after it, waited for here)");
         }
 }
 
