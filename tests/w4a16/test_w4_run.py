@@ -29,6 +29,11 @@ CASES = {
     "mxfp4-bf16": ("mxfp4", "bf16", (16, 48, 160), {}),
     "uint4-zeros-ragged": ("uint4", "bf16", (5, 24, 48), {"group": 16, "zeros": True}),
 }
+# the sm_90a form's (its launch needs TMA tensor maps, which the stand-in cannot encode: compared by their specs)
+SM90A_CASES = {
+    "int4-zeros-bf16": ("int4", (37, 64, 256), {"group": 128, "zeros": True}),
+    "mxfp4-bf16": ("mxfp4", (16, 64, 256), {}),
+}
 
 
 def packed_value(buf: np.ndarray, i: int, j: int, cols_t: int, fmt: str) -> float:
@@ -161,6 +166,24 @@ def test_the_launchers_bytes_are_the_host_programs(built, tmp_path):
             fmt_no = {"int4": 0, "uint4": 1, "mxfp4": 2}[fmt]
             want = host_program_bytes(tmp_path, np.asarray(x[tname], np.float64), arg.tiles, how, fmt_no)
             assert got.dtype == np.uint8 and np.array_equal(got, want), (name, tname)
+
+
+def test_the_sm90a_forms_4_bit_arguments_are_laid_out_as_the_general_forms():
+    """The launcher lays out B, its scales and zero points by their specs alone (`host_bytes`, tested above against
+    the host program for any tile grid): the sm_90a form's specs are the general form's but for the grid's padding
+    (each plan pads to its own block), so its bytes are the host program's too; A and C are TMA's matrices there."""
+    for name, (fmt, (m, n, k), kw) in SM90A_CASES.items():
+        arts = {
+            form: spatialc.lower(w4_program(m, n, k, fmt, "bf16", target=target, form=form, **kw), form=form)
+            for form, target in (("general", "sm_90"), ("sm90a", "sm_90a"))
+        }
+        specs = {
+            form: {a.name: (a.elem, a.elems, a.order, a.packed) for a in L.kernel_args(art.launch)}
+            for form, art in arts.items()
+        }
+        assert specs["sm90a"]["A"][2] == "rows" != specs["general"]["A"][2]  # A a matrix there, tiles here …
+        for t in [t for t in ("B", "scale", "zeros") if t in specs["sm90a"]]:
+            assert specs["sm90a"][t] == specs["general"][t], (name, t)  # … the 4-bit tensors alike
 
 
 HOSTILE = {
