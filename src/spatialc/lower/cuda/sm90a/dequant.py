@@ -249,11 +249,7 @@ class W4HopperPrinter(HopperPrinter):
         pushed = isinstance(self.after, Push) and self.kept(self.after.buf).id == r
         with self.w.block("", marker(op)):
             self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {plain(t.name)}")
-            if pushed:
-                self.w.line(f"spatialc_mbar_arrive_expect_tx(&full_{r}[{slot}], {nbytes}u);  // and the Push below")
-                self.arrived.add(r)
-            else:
-                self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
+            self.expect_bytes(r, slot, nbytes, pushed)
             page, bar = f"(char*)({self.write_page(r)})", f"&full_{r}[{slot}]"
             with self.w.block(f"for (int i = 0; i < {rows.block_h}; ++i)", "// a tile row: consecutive tiles"):
                 src = f"(const char*)t{int(t.id)} + (size_t)(at + i * {op.stride_h}) * {PACKED_TILE}"

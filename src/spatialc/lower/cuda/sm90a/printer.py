@@ -307,6 +307,15 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
             self.w.line(f"spatialc_mbar_arrive(&empty_{r}[pop_{r} % DEPTH_{r}]);", mark)
         self.w.line(f"++pop_{r};")
 
+    def expect_bytes(self, r: int, slot: str, nbytes: int, pushed: bool) -> None:
+        """A page's bytes announced on its slot's full barrier; where the ring's Push follows the load at once, with
+        that Push's arrival in the same instruction (the Push then prints nothing)."""
+        if pushed:
+            self.w.line(f"spatialc_mbar_arrive_expect_tx(&full_{r}[{slot}], {nbytes}u);  // and the Push below")
+            self.arrived.add(r)
+        else:
+            self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
+
     def tma(self, op: ReadTiles, env: dict[LoopVar, str], mark: str, mask: str | None = None) -> None:
         """The whole page's bytes announced on the slot's full barrier, then one box a panel — multicast to the
         blocks of `mask` where one is given."""
@@ -324,11 +333,7 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         pushed = mask is None and isinstance(self.after, Push) and self.kept(self.after.buf).id == r
         with self.w.block("", mark):
             self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {plain(t.name)}")
-            if pushed:
-                self.w.line(f"spatialc_mbar_arrive_expect_tx(&full_{r}[{slot}], {nbytes}u);  // and the Push below")
-                self.arrived.add(r)
-            else:
-                self.w.line(f"spatialc_mbar_expect_tx(&full_{r}[{slot}], {nbytes}u);")
+            self.expect_bytes(r, slot, nbytes, pushed)
             row, col = f"(at / {t.tiles[1]}) * 16", f"(at % {t.tiles[1]}) * 16"
             if isinstance(pan, TileBoxes):
                 assert mask is None, "a residual's page is not multicast"
