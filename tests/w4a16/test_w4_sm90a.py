@@ -12,10 +12,7 @@ loads; a program planned for the general form, and groups that straddle K steps,
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import shutil
-import warnings
 from collections import Counter
 
 import numpy as np
@@ -23,14 +20,12 @@ import pytest
 
 import spatialc
 from spatialc.cli import main
-from spatialc.inputs import InexactInputWarning
 from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.runtime.emulate import EmulationError, EmulationRace
 
 from ..lower.test_sm90a import NVCC, compiled_clean
+from .test_w4_kernels import emulated, needs_gxx
 from .w4_inputs import w4_inputs
-
-needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
 CASES = {  # (weights, precision, (M, N, K), gemm keywords, forced block)
     "int4-zeros-m1": ("int4", "bf16", (1, 64, 512), {"group": 128, "zeros": True}, None),  # 8 K steps, 4 stages
@@ -63,14 +58,6 @@ def built():
         assert art.budget.blocks_per_sm == (2 if block else 1)
         out[name] = (p, art)
     return out
-
-
-def emulated(art, x, text=None):
-    if text is not None:
-        art = dataclasses.replace(art, program_cu=text(art.program_cu))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", InexactInputWarning)  # real-valued A and scales, rounded as documented
-        return spatialc.emulate(art, x)
 
 
 @needs_gxx
