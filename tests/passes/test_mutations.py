@@ -294,8 +294,13 @@ def test_each_edit_of_a_program_of_several_outputs_is_refused_by_rule_8_alone(na
     assert not mutants._same(got, reference(p, inputs))
 
 
-def test_random_edits_are_never_accepted_and_wrong():
-    tally = mutants.run(edits_per_program=250, seed=2026)
+@pytest.fixture(scope="module")
+def tally():
+    """250 random edits of each program, judged (once for the module: the emulation below samples its harmless ones)."""
+    return mutants.run(edits_per_program=250, seed=2026)
+
+
+def test_random_edits_are_never_accepted_and_wrong(tally):
     print(f"\nmutation suite: {tally.line()}")
     assert tally.counts["hole"] == 0, "\n".join(tally.holes[:20])
     assert sum(tally.counts.values()) == 250 * len(mutants.PROGRAMS)
@@ -320,10 +325,9 @@ def _accepted(p: SpatialProgram) -> bool:
 
 
 @pytest.mark.emulation
-def test_accepted_edits_run_exact_in_the_emulated_kernel():
+def test_accepted_edits_run_exact_in_the_emulated_kernel(tally):
     """A sample of the harmless edits, lowered and run through the host emulation: the kernel agrees too (exactly,
     the inputs being small integers; a row program's float32 sums within the kernel's bound)."""
-    tally = mutants.run(edits_per_program=150, seed=31)
     rng = random.Random(5)
     ran = 0
     for base, what, q in rng.sample(tally.accepted, len(tally.accepted)):

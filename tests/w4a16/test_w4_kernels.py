@@ -39,12 +39,17 @@ CASES = {
     "int4-zeros-bf16": ("int4", "bf16", (37, 40, 256), {"group": 128, "zeros": True}),
     "uint4-f32-scales-fp16": ("uint4", "fp16", (33, 72, 192), {"group": 64, "scale_type": "float32"}),
     "mxfp4-bf16": ("mxfp4", "bf16", (16, 48, 160), {}),
-    "int4-split-k": ("int4", "bf16", (16, 64, 1024), {"group": 128, "zeros": True, "split_k": 2}),
+    "int4-split-k": ("int4", "bf16", (16, 64, 512), {"group": 128, "zeros": True, "split_k": 2}),
     # no lane grid divides the block (warps take tiles in turn), a group per tile of K (a page holds two)
     "uint4-strided-g16": ("uint4", "bf16", (40, 48, 256), {"group": 16, "zeros": True, "block": (1, 3, 2)}),
 }
 
 
+# Every case runs on exact inputs; these also with A a selector (the dequantised operand itself, bit for bit), and
+# the first three also on real values against the kernel's tolerance (each run is seconds of emulation: the split-K
+# and the strided case, the slowest, stay at the exact run, which a wrong group or nibble changes all the same).
+SELECTED = ("int4-zeros-bf16", "uint4-f32-scales-fp16", "mxfp4-bf16", "uint4-strided-g16", "int4-zeros-bf16 shared")
+REAL_VALUED = SELECTED[:3]
 REGISTER_PATH = "spatialc_w4_load_b<"  # the register path's B loads (the shared path's stores: spatialc_dequant_)
 
 
@@ -101,12 +106,16 @@ def test_the_emulated_kernel_equals_the_interpreter(built, case):
     exact = w4_inputs(p, seed=3, exact=True)  # small integers and powers of two: every sum exact
     c = emulated(art, exact)
     assert np.array_equal(c, spatialc.evaluate(p, exact))
+    if case not in SELECTED:
+        return
     x, picked = selector(p, w4_inputs(p, seed=4, exact=True), np.random.default_rng(5))
     c = emulated(art, x)
     assert np.array_equal(c, spatialc.evaluate(p, x))  # the dequantised operand, bit for bit
     dq = next(s.kind.op for s in p.stages if type(getattr(s.kind, "op", None)).__name__ == "Dequant")
     operand = w4.w4_operand(p, dq, p.tensor_named("B").id, x)
     assert np.array_equal(c, operand[picked].astype(c.dtype))
+    if case not in REAL_VALUED:
+        return
     real = w4_inputs(p, seed=6, exact=False)
     c = emulated(art, real)
     want = spatialc.evaluate(p, real)
