@@ -1,0 +1,167 @@
+"""One GPU stand-in for the tests of the launcher's path: device memory is numpy arrays, the "kernel" numpy code.
+
+`StandInDevice` has what `spatialc.runtime.launch` asks of a GPU (`prepared.Device`: upload, download, load, launch),
+uploading torch tensors as `CupyDevice.upload` does (bf16 and fp8 as their bits, said so). Each launch is recorded
+with its arguments copied as the kernel was given them (`launches`: (kernel, grid, block, dyn_smem, args)), and then
+`kernel(device, args)` runs: a test's numpy model of the kernel, reading and writing the buffers in `args` (None:
+the kernel writes nothing). The variations the tests need are parameters (`arch`, `sms`) and two small subclasses:
+`CooperativeStandIn` (holds `per_sm` blocks on each multiprocessor, launches cooperatively) and `MapStandIn` (encodes
+an sm_90a kernel's tensor maps: it records each and gives a token in its place). Kernels shared by several tests:
+`product` (C = A @ B of the decoded operands, plus a bias row) and `reference_kernel` (the program's numpy reference).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from spatialc.runtime import launch as L
+from spatialc.runtime.tilize import FP8_ELEMS, bf16_to_float32, fp8_values, quantize, tilize, untilize
+
+Kernel = Callable[["StandInDevice", tuple], None]
+
+
+class StandInDevice:
+    """A GPU on numpy (see the module's docstring); `art` the artifact whose kernel it runs."""
+
+    xp = np
+
+    def __init__(
+        self, art: Any = None, kernel: Kernel | None = None, *, arch: str | None = None, sms: int | None = None
+    ):
+        self.args = L.kernel_args(art.launch) if art is not None else []
+        self.kernel = kernel
+        if arch is not None:  # (a device without them: the launcher asks with getattr)
+            self.arch = arch
+        if sms is not None:
+            self.sms = sms
+        self.launches: list[tuple] = []
+        self.uploads: list[np.dtype] = []
+        self.downloads: list[str] = []
+        self.loads = 0
+
+    def upload(self, x: Any) -> tuple[np.ndarray, bool | str]:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(x, torch.Tensor):
+            t, held = x.detach().cpu(), False
+            if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # their bits, as CupyDevice.upload gives them
+                held, t = str(t.dtype).removeprefix("torch."), t.view(torch.uint8)
+            elif t.dtype == torch.bfloat16:
+                held, t = True, t.view(torch.int16)
+            x = t.numpy()
+        else:
+            held = False
+        self.uploads.append(np.asarray(x).dtype)
+        return np.asarray(x).view(np.ndarray), held
+
+    def download(self, x: Any, library: str, like: Any) -> Any:
+        self.downloads.append(library)
+        return x
+
+    def load(self, kernel_cu: str, kernel_name: str, dyn_smem: int) -> Any:
+        self.loads += 1
+        self.kernel_cu = kernel_cu
+        return ("kernel", kernel_name, dyn_smem)
+
+    def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple) -> None:
+        self.launches.append((kernel, grid, block, dyn_smem, [None if a is None else a.copy() for a in args]))
+        if self.kernel is not None:
+            self.kernel(self, args)
+
+    def given(self, name: str, launch: int = -1) -> Any:
+        """The buffer the kernel parameter `name` was given at launch `launch`, as it was before the kernel ran."""
+        return self.launches[launch][4][[a.name for a in self.args].index(name)]
+
+    def tensors(self, args: tuple) -> dict[str, tuple[L.Arg, Any]]:
+        """The kernel's tensor parameters by name: (its Arg, its buffer among `args`)."""
+        return {a.name: (a, args[i]) for i, a in enumerate(self.args)}
+
+
+class CooperativeStandIn(StandInDevice):
+    """A stand-in that launches cooperatively, holding `per_sm` blocks on each of its `sms` multiprocessors;
+    `cooperative` keeps each such launch's grid and last argument (the sync words)."""
+
+    def __init__(self, art: Any, kernel: Kernel | None = None, *, sms: int, per_sm: int | None, **kw: Any):
+        super().__init__(art, kernel, sms=sms, **kw)
+        self.per_sm, self.cooperative = per_sm, []
+
+    def occupancy(self, kernel: Any, block: int, dyn_smem: int) -> int | None:
+        return self.per_sm
+
+    def launch_cooperative(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple) -> None:
+        self.cooperative.append((grid, args[-1].copy()))
+        self.launch(kernel, grid, block, dyn_smem, args)
+
+
+class MapStandIn(StandInDevice):
+    """A stand-in that encodes an sm_90a kernel's tensor maps: `maps` keeps what each was asked for (its buffer
+    copied), and the map passed is a token, 1000 + its number, that tells them apart."""
+
+    def __init__(self, art: Any, kernel: Kernel | None = None, **kw: Any):
+        super().__init__(art, kernel, **{"arch": "sm_90", **kw})
+        self.maps: list[tuple] = []
+
+    def tensor_map(self, buffer: Any, dims: Any, strides: Any, box: Any, elem: int, swizzle: int) -> Any:
+        self.maps.append((buffer.copy(), dims, strides, box, elem, swizzle))
+        return np.array([1000 + len(self.maps) - 1])
+
+
+# ---- kernels -------------------------------------------------------------------------------------------------------
+
+
+def values(arg: L.Arg, buf: Any, shape: tuple[int, int] | None = None) -> np.ndarray:
+    """The values (float64; int64 for int8) of `arg`'s tiled buffer `buf`, cut to `shape` (default: the padded
+    grid's, per group), decoded by its element type."""
+    shape = shape or (arg.tiles[0] // arg.groups * 16, arg.tiles[1] * 16)
+    x = untilize(buf, arg.tiles, shape, np, order=arg.order, groups=arg.groups)
+    if arg.elem == "bfloat16":
+        return bf16_to_float32(x, np).astype(np.float64)
+    if arg.elem in FP8_ELEMS:
+        return fp8_values(x, arg.elem, np).astype(np.float64)
+    if arg.elem == "float8_e8m0fnu":
+        return 2.0 ** (x.astype(np.float64) - 127)
+    return x.astype(np.int64 if arg.storage == "int8" else np.float64)
+
+
+def store(arg: L.Arg, buf: Any, c: np.ndarray) -> None:
+    """`c` (float64 or integers) stored into the output `arg`'s tiled buffer `buf`, rounded to its element type."""
+    stored = quantize(c, arg.elem, np) if arg.elem == "bfloat16" else c.astype(arg.storage)
+    buf[:] = tilize(stored, arg.tiles, np, order=arg.order, groups=arg.groups)
+
+
+def product(dev: StandInDevice, args: tuple) -> None:
+    """C = A @ B (each group's, of a grouped GEMM) of the first two inputs' values, plus the `bias` row if given."""
+    by = dev.tensors(args)
+    a, b = [by[x.name] for x in dev.args if x.role == "input"][:2]
+    c = values(*a) @ values(*b)
+    if "bias" in by:  # one value per column
+        c = c + values(*by["bias"])[0]
+    store(*next(by[x.name] for x in dev.args if x.role == "output"), c)
+
+
+def reference_kernel(program: Any, edit: Callable[[dict], dict] | None = None) -> Kernel:
+    """A kernel that computes `program` by the numpy reference from every input and parameter it is given and stores
+    each output in its own buffer; `edit` (a planted fault) changes the outputs, each shaped (groups, *elems), before
+    they are stored."""
+    from spatialc.numerics.reference import reference
+
+    def kernel(dev: StandInDevice, args: tuple) -> None:
+        got = {}
+        for a, buf in dev.tensors(args).values():
+            if a.role in ("input", "parameter"):
+                x = values(a, buf, a.elems).astype(np.float32)
+                got[a.name] = x if a.role == "input" else x.reshape(-1)
+        ref, outs = reference(program, got), {}
+        for a in dev.args:
+            if a.role == "output":
+                outs[a.name] = np.asarray(ref[a.name], a.storage).reshape(a.groups, *a.elems)
+        outs = edit(outs) if edit is not None else outs
+        for a, buf in dev.tensors(args).values():
+            if a.role == "output":
+                x = outs[a.name] if a.groups > 1 else outs[a.name][0]
+                buf[:] = tilize(x, a.tiles, np, order=a.order, groups=a.groups)
+
+    return kernel
