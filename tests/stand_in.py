@@ -1,13 +1,14 @@
 """One GPU stand-in for the tests of the launcher's path: device memory is numpy arrays, the "kernel" numpy code.
 
-`StandInDevice` has what `spatialc.runtime.launch` asks of a GPU (`prepared.Device`: upload, download, load, launch),
-uploading torch tensors as `CupyDevice.upload` does (bf16 and fp8 as their bits, said so). Each launch is recorded
-with its arguments copied as the kernel was given them (`launches`: (kernel, grid, block, dyn_smem, args)), and then
-`kernel(device, args)` runs: a test's numpy model of the kernel, reading and writing the buffers in `args` (None:
-the kernel writes nothing). The variations the tests need are parameters (`arch`, `sms`) and two small subclasses:
-`CooperativeStandIn` (holds `per_sm` blocks on each multiprocessor, launches cooperatively) and `MapStandIn` (encodes
-an sm_90a kernel's tensor maps: it records each and gives a token in its place). Kernels shared by several tests:
-`product` (C = A @ B of the decoded operands, plus a bias row) and `reference_kernel` (the program's numpy reference).
+`StandInDevice` has what `spatialc.runtime.launch` asks of a GPU (`prepared.Device`: upload, download, load,
+launch), uploading torch tensors as `CupyDevice.upload` does (bf16 and fp8 as their bits, said so). Each launch's
+arguments are checked against the kernel's signature (`signature`) and recorded, copied as the kernel was given them
+(`launches`: (kernel, grid, block, dyn_smem, args)); then `kernel(device, args)` runs: a test's numpy model of the
+kernel, reading and writing the buffers in `args` (None: the kernel writes nothing). The variations the tests need
+are parameters (`arch`, `sms`) and small subclasses: `CooperativeStandIn` (holds `per_sm` blocks on each
+multiprocessor, launches cooperatively) and `MapStandIn` (encodes an sm_90a kernel's tensor maps: it records each and
+gives a token in its place). Kernels shared by several tests: `product` (C = A @ B of the decoded operands, plus a
+bias row) and `reference_kernel` (the program's numpy reference).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class StandInDevice:
         self, art: Any = None, kernel: Kernel | None = None, *, arch: str | None = None, sms: int | None = None
     ):
         self.args = L.kernel_args(art.launch) if art is not None else []
+        self.spec = art.launch if art is not None else None
         self.kernel = kernel
         if arch is not None:  # (a device without them: the launcher asks with getattr)
             self.arch = arch
@@ -67,6 +69,8 @@ class StandInDevice:
         return ("kernel", kernel_name, dyn_smem)
 
     def launch(self, kernel: Any, grid: int, block: int, dyn_smem: int, args: tuple) -> None:
+        if self.spec is not None:
+            signature(self.spec, args)
         self.launches.append((kernel, grid, block, dyn_smem, [None if a is None else a.copy() for a in args]))
         if self.kernel is not None:
             self.kernel(self, args)
@@ -78,6 +82,18 @@ class StandInDevice:
     def tensors(self, args: tuple) -> dict[str, tuple[L.Arg, Any]]:
         """The kernel's tensor parameters by name: (its Arg, its buffer among `args`)."""
         return {a.name: (a, args[i]) for i, a in enumerate(self.args)}
+
+
+def signature(spec: Any, args: tuple) -> None:
+    """AssertionError unless `args` are what the printed kernel takes (docs/kernel-abi.md): a buffer for each of
+    `spec.params`, then the int32 work list (a kernel of items), then the int32 sync words (one that has them),
+    then one tensor map for each of `spec.tensor_maps`."""
+    items, sync = bool(getattr(spec, "items", 0)), bool(getattr(spec, "items", 0) and getattr(spec, "sync", ()))
+    n = len(spec.params)
+    want = n + items + sync + len(getattr(spec, "tensor_maps", ()))
+    assert len(args) == want, f"the kernel takes {want} arguments (tensors, work list, sync words, maps): {len(args)}"
+    for at, what in ((n, "work list"), (n + 1, "sync words"))[: items + sync]:
+        assert args[at].dtype == np.int32 and args[at].ndim == 1, f"argument {at}, the {what}, is {args[at].dtype}"
 
 
 class CooperativeStandIn(StandInDevice):
@@ -165,3 +181,4 @@ def reference_kernel(program: Any, edit: Callable[[dict], dict] | None = None) -
                 buf[:] = tilize(x, a.tiles, np, order=a.order, groups=a.groups)
 
     return kernel
+

@@ -450,6 +450,8 @@ def test_the_launcher_gives_the_kernel_its_workspace():
     ((_, _, _), (_, _, _), (_, _, _), (name, size, dtype)) = seen[:4]
     work = next(t for t in BASE.tensors if t.role == TensorRole.WORKSPACE)
     assert name == work.name and size == work.tiles[0] * work.tiles[1] * 256 and dtype == np.int32
+    n = len(art.launch.params)  # then the work list and the sync words, set to their initial values
+    assert len(dev.launches[0][4]) == n + 2 and np.array_equal(dev.launches[0][4][n + 1], art.launch.sync)
     with pytest.raises(spatialc.SpatialError, match="partials"):
         L.run_with(split_device(art), art, ins["A"], ins["B"], partials=np.zeros(3))
 

@@ -34,6 +34,7 @@ from spatialc.runtime.tilize import (
     tilize,
     untilize,
     unwritten,
+    work_list,
 )
 
 from ..stand_in import StandInDevice, product, reference_kernel
@@ -240,6 +241,22 @@ def test_run_takes_the_launch_contract_of_a_lowered_kernel(precision):
     else:
         ra, rb = (bf16_to_float32(quantize(x, "bfloat16", np), np).astype(np.float64) for x in (a, b))
         np.testing.assert_allclose(c, ra @ rb, rtol=1e-6, atol=1e-6)
+
+
+def test_run_gives_a_kernel_its_work_list_after_its_tensors(monkeypatch):
+    """What the printed kernel takes after its tensors — the work list, and the sync words of sites that wait on each
+    other (tests/test_split_k.py) — `run` passes as `Prepared.order` does: it launched the tensors alone before, and a
+    GPU would have read the work list from whatever came next. The stand-in's signature check stops such a launch."""
+    art = spatialc.lower(spatialc.build(spatialc.gemm(40, 24, 56, "int8"), "sm_90"))
+    a, b = np.ones((40, 56)), np.ones((56, 24))
+    dev = StandInDevice(art, product, sms=7)
+    assert np.array_equal(L.run_with(dev, art, a, b), a @ b)
+    ((_, grid, _, _, args),) = dev.launches
+    sites, work = work_list(art.launch, 7)
+    assert grid == sites and len(args) == 4 and args[3].dtype == np.int32 and np.array_equal(args[3], work)
+    monkeypatch.setattr(L.Prepared, "extra", lambda self: ())  # the launcher as it was
+    with pytest.raises(AssertionError, match="the kernel takes 4 arguments"):
+        L.run_with(StandInDevice(art, product, sms=7), art, a, b)
 
 
 def test_run_passes_named_parameters_in_parameter_order():
