@@ -6,13 +6,17 @@ arguments are checked against the kernel's signature (`signature`) and recorded,
 (`launches`: (kernel, grid, block, dyn_smem, args)); then `kernel(device, args)` runs: a test's numpy model of the
 kernel, reading and writing the buffers in `args` (None: the kernel writes nothing). The variations the tests need
 are parameters (`arch`, `sms`) and small subclasses: `CooperativeStandIn` (holds `per_sm` blocks on each
-multiprocessor, launches cooperatively) and `MapStandIn` (encodes an sm_90a kernel's tensor maps: it records each and
-gives a token in its place). Kernels shared by several tests: `product` (C = A @ B of the decoded operands, plus a
-bias row) and `reference_kernel` (the program's numpy reference).
+multiprocessor, launches cooperatively), `MapStandIn` (encodes an sm_90a kernel's tensor maps: it records each and
+gives a token in its place) and `TmaStandIn` (encodes them as `CupyDevice` does, through `encode_tensor_map`, with
+`StandInDriver` for libcuda; `map_fields`, `tma_load` and `tma_store` are the copy engine of a kernel that reads
+through them). Kernels shared by several tests: `product` (C = A @ B of the decoded operands, plus a bias row) and
+`reference_kernel` (the program's numpy reference).
 """
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from spatialc.runtime import launch as L
+from spatialc.runtime.cuda_driver import encode_tensor_map
 from spatialc.runtime.tilize import FP8_ELEMS, bf16_to_float32, fp8_values, quantize, tilize, untilize
 
 Kernel = Callable[["StandInDevice", tuple], None]
@@ -182,3 +187,101 @@ def reference_kernel(program: Any, edit: Callable[[dict], dict] | None = None) -
 
     return kernel
 
+
+# ---- TMA tensor maps: a stand-in driver and the copy engine's boxes -------------------------------------------------
+
+# The emulator's CUtensorMap fields (runtime/emu/emu_hopper.h, TensorMapFields) in its 128 bytes: magic, element size,
+# rank, swizzle span; base; dims[5]; byte strides[5] (stride[0] the element size); box[5]; the allocation's end.
+MAP_FIELDS = "<4I Q 5Q 5Q 5H 6x Q"
+MAP_MAGIC = 0x590A7A9
+TYPE_SIZES = (1, 2, 4, 4, 8, 8, 2, 4, 8, 2)  # CUtensorMapDataType → element size, as the emulated encoder has them
+
+
+class StandInDriver:
+    """libcuda's cuTensorMapEncodeTiled for `cuda_driver.encode_tensor_map` (which calls it through ctypes, as on a
+    GPU): the driver's documented refusals, as the emulated encoder (emu_runtime.h's encode_tiled) makes them, and
+    the map's fields written in the emulator's layout (`MAP_FIELDS`) for a stand-in kernel to decode."""
+
+    def cuTensorMapEncodeTiled(self, out, dtype, rank, address, dims, strides, box, unit, inter, swz, l2, oob):  # noqa: N802
+        rank, elem = rank.value, TYPE_SIZES[dtype.value] if 0 <= dtype.value < 10 else 0
+        if not elem or not 1 <= rank <= 5 or not address.value or address.value % 16 or inter.value:
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        span = 0 if swz.value == 0 else 16 << swz.value
+        sizes = [list(dims)[:rank], list(box)[:rank], list(strides)[: rank - 1]]
+        if any(not 0 < d <= 1 << 32 for d in sizes[0]) or any(not 0 < b <= 256 for b in sizes[1]):
+            return 1
+        if any(s % 16 or s >= 1 << 40 for s in sizes[2]) or list(unit)[:rank] != [1] * rank:
+            return 1
+        if (sizes[1][0] * elem) % 16 or (span and sizes[1][0] * elem > span):
+            return 1
+        pad = lambda xs: [*xs, *[0] * (5 - len(xs))]  # noqa: E731
+        fields = struct.pack(
+            MAP_FIELDS, MAP_MAGIC, elem, rank, span, address.value, *pad(sizes[0]), *pad([elem, *sizes[2]]),
+            *pad(sizes[1]), 0,
+        )  # fmt: skip
+        ctypes.memmove(out.value, fields, 128)
+        return 0
+
+
+class TmaStandIn(MapStandIn):
+    """A stand-in that encodes tensor maps as `CupyDevice.tensor_map` does — `cuda_driver.encode_tensor_map` over
+    the buffer's address — with `StandInDriver` for libcuda: the kernel gets the 128 bytes, in the emulator's layout."""
+
+    driver = StandInDriver()
+
+    def tensor_map(self, buffer: Any, dims: Any, strides: Any, box: Any, elem: int, swizzle: int) -> Any:
+        super().tensor_map(buffer, dims, strides, box, elem, swizzle)
+        return encode_tensor_map(self.driver, buffer.ctypes.data, dims, strides, box, elem, swizzle)
+
+
+def map_fields(m: Any) -> dict[str, Any]:
+    """A tensor map's fields, decoded from its 128 bytes (`StandInDriver`'s layout); AssertionError for what is not
+    a map (a token, bytes of another layout)."""
+    raw = np.asarray(m).tobytes()
+    assert len(raw) == 128, f"a tensor map is 128 bytes, not {len(raw)}"
+    magic, elem, rank, swizzle, base, *rest = struct.unpack(MAP_FIELDS, raw)
+    assert magic == MAP_MAGIC, "not a tensor map the stand-in driver encoded"
+    dims, strides, box = rest[0:5][:rank], rest[5:10][:rank], rest[10:15][:rank]
+    return {"elem": elem, "rank": rank, "swizzle": swizzle, "base": base, "dims": dims, "strides": strides, "box": box}
+
+
+def box_bytes(f: dict[str, Any]) -> int:
+    """The bytes one box of map `f` moves (what the full barrier's transaction count must say for a load)."""
+    return int(np.prod(f["box"])) * f["elem"]
+
+
+def _box_at(f: dict[str, Any], args: tuple, c0: int, c1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the bytes of the kernel buffer the 2-D map `f` lies over, each box element's byte offsets in it (rows,
+    columns, bytes), which elements lie inside the tensor): AssertionError where the base is in no buffer or an
+    element inside the tensor lies past its buffer's end."""
+    assert f["rank"] == 2, "the stand-in's copy engine moves 2-D boxes"
+    base = f["base"]
+    mem = next(
+        (a for a in args if isinstance(a, np.ndarray) and a.dtype.kind != "V" and a.nbytes and
+         a.ctypes.data <= base < a.ctypes.data + a.nbytes),
+        None,
+    )  # fmt: skip
+    assert mem is not None, f"the tensor map's base {base:#x} lies in none of the kernel's buffers"
+    rows, cols = np.arange(f["box"][1])[:, None] + c1, np.arange(f["box"][0])[None, :] + c0
+    inside = (rows < f["dims"][1]) & (cols < f["dims"][0])
+    at = base - mem.ctypes.data + rows * f["strides"][1] + cols * f["elem"]
+    at = at[..., None] + np.arange(f["elem"])
+    assert (at[inside] < mem.nbytes).all(), "a box element inside the tensor lies past its buffer's end"
+    return mem.reshape(-1).view(np.uint8), at, inside
+
+
+def tma_load(f: dict[str, Any], args: tuple, c0: int, c1: int) -> np.ndarray:
+    """The bytes a TMA load of map `f`'s box at coordinates (c0 columns, c1 rows) lands, row by row (the tensor's
+    elements; zeros outside it), as uint8 (box rows, box columns × element size)."""
+    mem, at, inside = _box_at(f, args, c0, c1)
+    out = np.zeros(at.shape, np.uint8)
+    out[inside] = mem[at[inside]]
+    return out.reshape(at.shape[0], -1)
+
+
+def tma_store(f: dict[str, Any], args: tuple, c0: int, c1: int, data: np.ndarray) -> None:
+    """A TMA store of `data` (the box's bytes, row by row) through map `f` at (c0, c1): the elements inside the
+    tensor written, the rest dropped."""
+    mem, at, inside = _box_at(f, args, c0, c1)
+    assert data.size == at.size, f"the store reads {at.size} bytes of shared memory; {data.size} were staged"
+    mem[at[inside]] = data.reshape(at.shape)[inside]

@@ -30,7 +30,7 @@ CASES = {
     "mxfp4-bf16": ("mxfp4", "bf16", (16, 48, 160), {}),
     "uint4-zeros-ragged": ("uint4", "bf16", (5, 24, 48), {"group": 16, "zeros": True}),
 }
-# the sm_90a form's (its launch needs TMA tensor maps, which the stand-in cannot encode: compared by their specs)
+# the sm_90a form's 4-bit specs, compared with the general form's (its run on a stand-in: test_w4_sm90a_run.py)
 SM90A_CASES = {
     "int4-zeros-bf16": ("int4", (37, 64, 256), {"group": 128, "zeros": True}),
     "mxfp4-bf16": ("mxfp4", (16, 64, 256), {}),
