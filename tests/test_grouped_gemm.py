@@ -28,7 +28,7 @@ from spatialc.passes.verify import verify
 from spatialc.runtime import launch as L
 
 from .rewrite import edit, map_ops
-from .test_split_k import SplitDevice, compile_clean
+from .test_split_k import compile_clean, split_device
 
 emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -267,28 +267,15 @@ def test_grouped_programs_lower_to_the_general_form_with_their_counts_in_the_lau
     assert "spatialc_count_out(h3, 100)" in art.program_cu
 
 
-class GroupedDevice(SplitDevice):
-    """A GPU stand-in: checks the stacked tiled buffers it is given and writes C = A @ B group by group (all rows)."""
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        from spatialc.runtime.tilize import tilize, untilize
-
-        a_arg, b_arg, c_arg = self.args[:3]
-        full = lambda x: (x.tiles[0] // x.groups * 16, x.tiles[1] * 16)  # noqa: E731
-        a = untilize(args[0], a_arg.tiles, full(a_arg), np, order=a_arg.order, groups=a_arg.groups).astype(np.int64)
-        b = untilize(args[1], b_arg.tiles, full(b_arg), np, order=b_arg.order, groups=b_arg.groups).astype(np.int64)
-        args[2][:] = tilize((a @ b).astype(c_arg.storage), c_arg.tiles, np, groups=c_arg.groups)
-
-
 def test_the_launcher_stacks_each_groups_tiles_and_refuses_bad_counts():
     p = grouped(3, 40, 32, 48)
     art = spatialc.lower(p)
     ins = operands("int8", 3, 40, 32, 48, 1)
-    c = L.run_with(GroupedDevice(art), art, ins["A"], ins["B"], sizes=ins["sizes"])
+    c = L.run_with(split_device(art), art, ins["A"], ins["B"], sizes=ins["sizes"])  # C = A @ B group by group
     full = ins["A"].astype(np.int64) @ ins["B"].astype(np.int64)  # the stand-in writes every row
     assert c.shape == (3, 40, 32) and np.array_equal(c, full)
     with pytest.raises(InputError, match="group 0 has 41 rows"):
-        L.run_with(GroupedDevice(art), art, ins["A"], ins["B"], sizes=np.array([41, 0, 0]))
+        L.run_with(split_device(art), art, ins["A"], ins["B"], sizes=np.array([41, 0, 0]))
 
 
 @emulation

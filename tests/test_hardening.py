@@ -35,6 +35,8 @@ from spatialc.passes.place import place
 from spatialc.runtime import launch
 from spatialc.target import target
 
+from .stand_in import StandInDevice  # (its kernel does nothing: the checks come first)
+
 CURRENT = f'"version": {serde.VERSION}'  # what a document spatialc writes now says
 
 
@@ -430,24 +432,6 @@ def test_physical_memory_is_known_here_or_none():
 
 
 # ---- 3. one input check for evaluate, emulate and run ------------------------------------------------------------
-
-
-class StandInDevice:
-    """A GPU stand-in for `launch.run_with`: numpy arrays, a kernel that does nothing (the checks come first)."""
-
-    xp = np
-
-    def upload(self, x):
-        return np.asarray(x), False
-
-    def download(self, x, library, like):
-        return x
-
-    def load(self, kernel_cu, kernel_name, dyn_smem):
-        return None
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        self.args = args
 
 
 @pytest.fixture(scope="module")

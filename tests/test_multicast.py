@@ -32,7 +32,7 @@ from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationDeadlock, EmulationError, EmulationFault, EmulationRace
 
 from .rewrite import edit_k_steps, engine_orders
-from .runtime.test_launch import NumpyDevice
+from .stand_in import StandInDevice, product
 
 
 def build(m, n, k, prec, group, **kw):
@@ -209,8 +209,7 @@ def test_two_multicasts_of_one_ring_at_a_site_are_refused_by_the_kernel():
 
 def test_the_launcher_refuses_a_cluster_kernel_on_a_device_before_sm90():
     art = spatialc.lower(build(256, 256, 128, "int8", (2, 1), sites=4))
-    dev = NumpyDevice(art)
-    dev.arch = "sm_86"
+    dev = StandInDevice(art, product, arch="sm_86")
     with pytest.raises(L.LaunchError, match="thread-block clusters of 2 sites, which need sm_90; this device is sm_86"):
         L.prepare(art, dev)
 

@@ -41,6 +41,7 @@ from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationRace
 
 from .rewrite import edit, engine_orders
+from .stand_in import CooperativeStandIn, product
 
 RNG = np.random.default_rng(11)
 emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
@@ -434,50 +435,25 @@ def test_split_programs_lower_to_the_general_form_with_their_workspace_in_the_le
         spatialc.lower(BASE, form="persistent")
 
 
-class SplitDevice:
-    """A GPU stand-in for a cooperative split kernel: checks the workspace it is given, writes C = A @ B."""
-
-    xp = np
-    sms = 132
-
-    def __init__(self, art):
-        self.args = L.kernel_args(art.launch)
-        self.seen = []
-
-    def upload(self, x):
-        return np.asarray(x).view(np.ndarray), False
-
-    def download(self, x, library, like):
-        return x
-
-    def load(self, kernel_cu, kernel_name, dyn_smem):
-        return kernel_name
-
-    def occupancy(self, kernel, block, dyn_smem):
-        return 4
-
-    def launch_cooperative(self, kernel, grid, block, dyn_smem, args):
-        from spatialc.runtime.tilize import tilize, untilize
-
-        self.seen.append([(a.name, x.size, x.dtype) for a, x in zip(self.args, args, strict=False)])
-        a_arg, b_arg, c_arg = self.args[:3]
-        full = {x.name: (x.tiles[0] * 16, x.tiles[1] * 16) for x in self.args}
-        a = untilize(args[0], a_arg.tiles, full["A"], np, order=a_arg.order).astype(np.int64)
-        b = untilize(args[1], b_arg.tiles, full["B"], np, order=b_arg.order).astype(np.int64)
-        args[2][:] = tilize((a @ b).astype(c_arg.storage), c_arg.tiles, np)
+def split_device(art):
+    """A GPU stand-in for a cooperative split kernel (132 SMs holding 4 blocks each): it writes C = A @ B."""
+    return CooperativeStandIn(art, product, sms=132, per_sm=4)
 
 
 def test_the_launcher_gives_the_kernel_its_workspace():
     art = spatialc.lower(BASE)
-    dev = SplitDevice(art)
+    dev = split_device(art)
     ins = operands("int8", 64, 64, 2048)
     c = L.run_with(dev, art, ins["A"], ins["B"])
     assert np.array_equal(c, reference(ins))
-    ((_, _, _), (_, _, _), (_, _, _), (name, size, dtype)) = dev.seen[0][:4]
+    seen = [(a.name, x.size, x.dtype) for a, x in zip(dev.args, dev.launches[0][4], strict=False)]
+    ((_, _, _), (_, _, _), (_, _, _), (name, size, dtype)) = seen[:4]
     work = next(t for t in BASE.tensors if t.role == TensorRole.WORKSPACE)
     assert name == work.name and size == work.tiles[0] * work.tiles[1] * 256 and dtype == np.int32
+    n = len(art.launch.params)  # then the work list and the sync words, set to their initial values
+    assert len(dev.launches[0][4]) == n + 2 and np.array_equal(dev.launches[0][4][n + 1], art.launch.sync)
     with pytest.raises(spatialc.SpatialError, match="partials"):
-        L.run_with(SplitDevice(art), art, ins["A"], ins["B"], partials=np.zeros(3))
+        L.run_with(split_device(art), art, ins["A"], ins["B"], partials=np.zeros(3))
 
 
 @emulation

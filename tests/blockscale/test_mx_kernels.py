@@ -25,6 +25,7 @@ from spatialc.runtime import launch as L
 from spatialc.runtime.tilize import tilize, untilize
 
 from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
+from ..stand_in import StandInDevice, values
 from .programs import EXTREME, FORMATS, extreme_inputs, inputs_of, naive
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
@@ -155,35 +156,17 @@ def test_nvcc_compiles_the_planned_kernel_for_sm89_and_sm90_without_spills(tmp_p
     assert_clean(nvcc_compile(art.program_cu, tmp_path / "mx.cu", ("89", "90")), ("89", "90"))
 
 
-class MxDevice:
-    """A GPU stand-in on numpy: its kernel decodes the arguments' bytes — A and B as their 8-bit floats, each e8m0
-    scale code c as 2^(c − 127) — and stores the block-scaled sum of `programs.naive` (written apart from the
-    compiler) as the kernel's C."""
+def mx_kernel(p):
+    """A stand-in kernel on numpy: it decodes the arguments' bytes — A and B as their 8-bit floats, each e8m0 scale
+    code c as 2^(c − 127) — and stores the block-scaled sum of `programs.naive` (written apart from the compiler) as
+    the kernel's C."""
 
-    xp = np
+    def kernel(dev, args):
+        got = {a.name: values(a, v, a.elems) for a, v in dev.tensors(args).values() if a.role != "output"}
+        kc, c = next((a, v) for a, v in dev.tensors(args).values() if a.role == "output")
+        c[:] = tilize(naive(p, got, step=32).astype(np.float32), kc.tiles, np, order=kc.order)
 
-    def __init__(self, p, art):
-        self.p, self.args, self.uploads = p, L.kernel_args(art.launch), {}
-
-    def upload(self, x):
-        return np.asarray(x), False
-
-    def download(self, x, library, like):
-        return x
-
-    def load(self, kernel_cu, kernel_name, dyn_smem):
-        return "kernel"
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        got = {}
-        for a, v in zip(self.args, args, strict=True):
-            self.uploads[a.name] = v.dtype
-            if a.role != "output":
-                x = untilize(v, a.tiles, a.elems, np, order=a.order)
-                fp8 = FORMATS.get({"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}.get(a.elem, ""))
-                got[a.name] = x.view(fp8) if fp8 else 2.0 ** (x.astype(np.float64) - 127)
-        kc, c = next((a, args[i]) for i, a in enumerate(self.args) if a.role == "output")
-        c[:] = tilize(naive(self.p, got, step=32).astype(np.float32), kc.tiles, np, order=kc.order)
+    return kernel
 
 
 def test_run_lays_out_the_scales_as_their_e8m0_bytes():
@@ -195,10 +178,10 @@ def test_run_lays_out_the_scales_as_their_e8m0_bytes():
     want = spatialc.evaluate(p, x)
     for scales in ("ml_dtypes", "floats"):
         given = x if scales == "ml_dtypes" else {**x, **{s: x[s].astype(np.float64) for s in ("scale_a", "scale_b")}}
-        dev = MxDevice(p, art)
+        dev = StandInDevice(art, mx_kernel(p))
         c = L.run_with(dev, art, **given)
         assert np.array_equal(c, want), scales
-        assert dev.uploads["scale_a"] == dev.uploads["scale_b"] == np.uint8, dev.uploads
+        assert dev.given("scale_a").dtype == dev.given("scale_b").dtype == np.uint8
 
 
 def grouped_mx():
@@ -228,20 +211,13 @@ def test_a_grouped_mx_gemm_emulated_within_the_bound():
     assert not c[1].any()  # the empty group's rows are not written
 
 
-class BytesDevice(MxDevice):
-    """A stand-in that keeps each argument's bytes and writes nothing."""
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        self.got = {a.name: (a, v) for a, v in zip(self.args, args, strict=True)}
-
-
 def test_run_lays_out_a_grouped_gemms_scales_a_group_at_a_time():
     p, x = grouped_mx()
     art = spatialc.lower(p, form="general")
-    dev = BytesDevice(p, art)
+    dev = StandInDevice(art)  # it keeps each argument's bytes and writes nothing
     L.run_with(dev, art, **x)
     for name in ("scale_a", "scale_b"):
-        a, v = dev.got[name]
+        a, v = dev.tensors(dev.launches[0][4])[name]
         assert v.dtype == np.uint8
         codes = untilize(v, a.tiles, a.elems, np, groups=a.groups)
         assert np.array_equal(2.0 ** (codes.astype(np.float64) - 127), x[name].astype(np.float64)), name

@@ -28,8 +28,8 @@ from spatialc.lower.errors import NeedsGeneral
 from spatialc.runtime.emulate import EmulationError
 
 from ..rewrite import edit
+from ..stand_in import MapStandIn, product
 from .test_lower_nvcc import FLAGS, NVCC, gencode, in_namespace, ptxas_entries
-from .test_sm90a import MapDevice
 
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="the host emulation needs g++")
@@ -306,7 +306,7 @@ def test_the_launcher_passes_the_residual_as_a_matrix_with_its_tensor_map():
     assert art.budget.form == "sm90a"
     rng = np.random.default_rng(1)
     a, b, r = (rng.integers(-3, 4, shape).astype(np.float32) for shape in ((128, 32), (32, 48), (128, 48)))
-    dev = MapDevice(art)
+    dev = MapStandIn(art, product)
     L.run_with(dev, art, a, b, r)
     args = dev.launches[0][-1]
     at = [q.name for q in art.launch.params].index("residual")

@@ -24,8 +24,9 @@ from spatialc.runtime import emulate as emulation
 from spatialc.runtime import launch as launcher
 from spatialc.runtime.nvcc import compile_cubin
 from spatialc.runtime.sass import disassemble, find_cuobjdump, main_loop_census
-from spatialc.runtime.tilize import element_type, fp8_values, quantize, storage_dtype, tilize, untilize
+from spatialc.runtime.tilize import element_type, fp8_values, quantize, storage_dtype
 from tests.nvcc_clean import assert_clean, nvcc_compile
+from tests.stand_in import StandInDevice, product
 from tests.test_fp8 import FORMATS, SCALED, scaled_inputs
 
 NVCC = shutil.which("nvcc")
@@ -269,34 +270,6 @@ def test_map_and_row_programs_of_fp8_inputs_are_printed_in_both_forms_on_any_tar
     assert spatialc.tolerance(rows, kernel=True).check(spatialc.emulate(spatialc.lower(rows), xs), xs)[0]
 
 
-class Fp8Device:
-    """A GPU stand-in on numpy: the kernel decodes its two 8-bit float operands' bytes and multiplies them."""
-
-    xp = np
-
-    def __init__(self, art):
-        self.args = launcher.kernel_args(art.launch)
-        self.storage: dict[str, np.dtype] = {}
-
-    def upload(self, x):
-        return np.asarray(x), False
-
-    def download(self, x, library, like):
-        return x
-
-    def load(self, kernel_cu, kernel_name, dyn_smem):
-        return "kernel"
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        (a, b, c), full = self.args[:3], {x.name: (x.tiles[0] * 16, x.tiles[1] * 16) for x in self.args}
-        self.storage = {x.name: args[i].dtype for i, x in enumerate((a, b))}
-        va, vb = (
-            fp8_values(untilize(args[i], x.tiles, full[x.name], np, order=x.order), x.elem, np).astype(np.float64)
-            for i, x in enumerate((a, b))
-        )
-        args[2][:] = tilize((va @ vb).astype(np.float32), c.tiles, np, order=c.order)
-
-
 def test_run_uploads_fp8_operands_as_their_bytes_rounding_float_inputs_once(monkeypatch):
     monkeypatch.setattr(inputs, "_WARNED", set())  # the once-per-process warning, seen here
     p = fp8_gemm(37, 29, 53, "e4m3", epilogue=[])
@@ -304,8 +277,8 @@ def test_run_uploads_fp8_operands_as_their_bytes_rounding_float_inputs_once(monk
     rng = np.random.default_rng(5)
     a = rng.standard_normal((37, 53)).astype(FORMATS["e4m3"])  # an ml_dtypes array, taken as it is
     b = rng.standard_normal((53, 29))  # float64, rounded to e4m3 once (and said so)
-    dev = Fp8Device(art)
+    dev = StandInDevice(art, product)  # its kernel decodes the two 8-bit float operands' bytes and multiplies them
     with pytest.warns(InexactInputWarning, match="e4m3 inputs that are not e4m3 values were rounded"):
         c = launcher.run_with(dev, art, a, b)
-    assert dev.storage == {"A": np.uint8, "B": np.uint8}
+    assert {x: dev.given(x).dtype for x in "AB"} == {"A": np.uint8, "B": np.uint8}
     assert np.array_equal(c, spatialc.evaluate(p, {"A": a, "B": b}))

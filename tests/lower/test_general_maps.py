@@ -31,6 +31,7 @@ from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.errors import NeedsGeneral, Unsupported
 from spatialc.runtime.emulate import EmulationRace, compile_program, run_program
 
+from ..stand_in import StandInDevice
 from .test_lower_nvcc import FLAGS, NVCC, gencode, in_namespace, ptxas_entries
 
 GXX = shutil.which("g++")
@@ -312,26 +313,9 @@ def test_the_data_exercise_what_they_should(runs):
 # ---- the launcher takes a map's tensors by name ------------------------------------------------------------------
 
 
-class RecordingDevice:
-    """A GPU stand-in: numpy arrays, a kernel that writes 7 into every element of C and keeps its arguments."""
-
-    xp = np
-
-    def __init__(self):
-        self.args: tuple = ()
-
-    def upload(self, x):
-        return np.asarray(x).view(np.ndarray), False
-
-    def download(self, x, library, like):
-        return x
-
-    def load(self, kernel_cu, kernel_name, dyn_smem):
-        return kernel_name
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        self.args = tuple(a.copy() for a in args)
-        args[3][:] = 7  # the output (x0, x1, bias, out)
+def sevens(dev, args):
+    """A stand-in kernel that writes 7 into every element of its output."""
+    next(buf for a, buf in dev.tensors(args).values() if a.role == "output")[:] = 7
 
 
 def test_run_and_emulate_take_a_maps_inputs_by_name():
@@ -348,19 +332,19 @@ def test_run_and_emulate_take_a_maps_inputs_by_name():
         ("out", "output", "float32"),
     ]
     for how in ("position", "name"):
-        dev = RecordingDevice()
+        dev = StandInDevice(art, sevens)  # it keeps what each argument was given
         if how == "position":
             c = L.run_with(dev, art, ins["x0"], ins["x1"], bias=ins["bias"])
         else:
             c = L.run_with(dev, art, bias=ins["bias"], x1=ins["x1"], x0=ins["x0"])
         assert c.shape == (100, 300) and (c == 7).all()
-        for arg, given in zip(params[:3], dev.args, strict=False):
+        for arg, given in zip(params[:3], dev.launches[-1][4], strict=False):
             full = (arg.tiles[0] * 16, arg.tiles[1] * 16)
             got = untilize(given, arg.tiles, full, np)[: arg.elems[0], : arg.elems[1]]
             got = bf16_to_float32(got, np) if arg.storage == "uint16" else got
             assert np.array_equal(got.reshape(-1), np.asarray(ins[arg.name], np.float32).reshape(-1)), (how, arg.name)
     with pytest.raises(spatialc.InputError, match="x1"):
-        L.run_with(RecordingDevice(), art, ins["x0"], bias=ins["bias"])
+        L.run_with(StandInDevice(art, sevens), art, ins["x0"], bias=ins["bias"])
     with pytest.raises(spatialc.InputError, match="x1"):
         spatialc.emulate(art, {"x0": ins["x0"], "bias": ins["bias"]})
 

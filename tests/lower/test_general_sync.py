@@ -20,7 +20,7 @@ from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationError, EmulationFault, EmulationTimeout
 
 from ..rewrite import edit
-from ..runtime.test_launch import NumpyDevice
+from ..stand_in import CooperativeStandIn, StandInDevice, product
 
 emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 RNG = np.random.default_rng(5)
@@ -182,24 +182,9 @@ def test_a_semaphore_added_at_the_wrong_site_is_a_hang_the_watchdog_names():
     assert "Threads of block 1:" in report
 
 
-class CooperativeDevice(NumpyDevice):
-    """The numpy stand-in, able to launch cooperatively, holding `per_sm` blocks on each of `sms` multiprocessors."""
-
-    def __init__(self, art, sms: int, per_sm: int):
-        super().__init__(art)
-        self.sms, self.per_sm, self.cooperative = sms, per_sm, []
-
-    def occupancy(self, kernel, block, dyn_smem):
-        return self.per_sm
-
-    def launch_cooperative(self, kernel, grid, block, dyn_smem, args):
-        self.cooperative.append((grid, args[-1].copy()))
-        self.launch(kernel, grid, block, dyn_smem, args[:-2] if len(args) > 4 else args[:3])
-
-
 def test_the_launcher_zeroes_the_counts_launches_cooperatively_and_refuses_too_few_resident_blocks(program):
     art = spatialc.lower(program)
-    dev = CooperativeDevice(art, sms=4, per_sm=1)
+    dev = CooperativeStandIn(art, product, sms=4, per_sm=1)
     prep = L.prepare(art, dev)
     assert prep.grid == 4 and prep.sync is not None and prep.sync.shape == (4,)
     prep.sync[:] = 7  # a previous launch's counts
@@ -210,9 +195,8 @@ def test_the_launcher_zeroes_the_counts_launches_cooperatively_and_refuses_too_f
     assert grid == 4 and not counts.any() and dev.launches
     np.testing.assert_array_equal(prep.result(out), INPUTS["A"].astype(np.int64) @ INPUTS["B"])
     with pytest.raises(L.LaunchError, match="the 4 sites of this kernel wait on each other.*holds 2 \\(2 SMs x 1"):
-        L.prepare(art, CooperativeDevice(art, sms=2, per_sm=1))
-    plain = NumpyDevice(art)
-    plain.sms = 132
+        L.prepare(art, CooperativeStandIn(art, product, sms=2, per_sm=1))
+    plain = StandInDevice(art, product, sms=132)
     with pytest.raises(L.LaunchError, match="cannot launch a kernel whose sites wait on each other"):
         L.run_with(plain, art, INPUTS["A"], INPUTS["B"])
     assert EmulationError  # the emulation's errors are a family of their own, checked above

@@ -24,7 +24,7 @@ from spatialc.runtime import launch as L
 from spatialc.runtime.emulate import EmulationFault
 
 from ..rewrite import edit, map_ops
-from ..runtime.test_launch import NumpyDevice
+from ..stand_in import StandInDevice, product
 
 emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 RNG = np.random.default_rng(9)
@@ -99,7 +99,7 @@ def test_a_count_beyond_its_bound_runs_nothing_and_is_reported():
 
 def test_the_launcher_sets_the_error_words_and_reports_a_count_beyond_its_bound():
     art = lowered(trip_program())
-    dev = NumpyDevice(art)
+    dev = StandInDevice(art, product)
     prep = L.prepare(art, dev)
     assert prep.sync is not None and list(prep.sync) == [0, 0]
     prep.sync[:] = [1, 9]  # as a kernel leaves them when it read 9

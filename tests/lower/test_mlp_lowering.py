@@ -32,6 +32,7 @@ from spatialc.runtime.emulate import EmulationRace
 from spatialc.target import TARGETS
 
 from ..rewrite import swap_compute
+from ..stand_in import StandInDevice
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mlp.py"
 NVCC = shutil.which("nvcc")
@@ -244,27 +245,6 @@ def test_a_gemm_whose_a_pages_are_row_major_reads_them_with_the_row_load_in_both
         assert np.array_equal(spatialc.emulate(art, x, mode="late"), x["A"] @ x["B"]), form
 
 
-class RecordingDevice:
-    """A GPU stand-in: numpy arrays, a kernel that leaves C as it is; it keeps what each argument was given."""
-
-    xp = np
-
-    def __init__(self):
-        self.args: tuple = ()
-
-    def upload(self, x):
-        return np.asarray(x).view(np.ndarray), False
-
-    def download(self, x, library, like):
-        return x
-
-    def load(self, kernel_cu, kernel_name, dyn_smem):
-        return kernel_name
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        self.args = tuple(a.copy() for a in args)
-
-
 def test_run_binds_the_mlps_three_inputs_by_position_or_by_name():
     from spatialc.runtime import launch as L
     from spatialc.runtime.tilize import bf16_to_float32, untilize
@@ -274,22 +254,22 @@ def test_run_binds_the_mlps_three_inputs_by_position_or_by_name():
     params = L.kernel_args(art.launch)
     assert [a.name for a in params if a.role == "input"] == ["X", "W1", "W2"]
     for how in ("position", "name"):
-        dev = RecordingDevice()
+        dev = StandInDevice(art)  # its kernel leaves C as it is; it keeps what each argument was given
         if how == "position":
             L.run_with(dev, art, x["X"], x["W1"], x["W2"])
         else:
             L.run_with(dev, art, W2=x["W2"], X=x["X"], W1=x["W1"])
-        for arg, given in zip(params, dev.args, strict=True):
+        for arg, given in zip(params, dev.launches[-1][4][: len(params)], strict=True):
             if arg.role == "input":
                 full = (arg.tiles[0] * 16, arg.tiles[1] * 16)
                 got = bf16_to_float32(untilize(given, arg.tiles, full, np), np)[: arg.elems[0], : arg.elems[1]]
                 assert np.array_equal(got, x[arg.name]), (how, arg.name)
     with pytest.raises(spatialc.InputError, match="4 arrays given by position, but this kernel has 3 input"):
-        L.run_with(RecordingDevice(), art, x["X"], x["W1"], x["W2"], x["W2"])
+        L.run_with(StandInDevice(art), art, x["X"], x["W1"], x["W2"], x["W2"])
     with pytest.raises(spatialc.InputError, match="W1 given twice"):
-        L.run_with(RecordingDevice(), art, x["X"], x["W1"], W1=x["W1"], W2=x["W2"])
+        L.run_with(StandInDevice(art), art, x["X"], x["W1"], W1=x["W1"], W2=x["W2"])
     with pytest.raises(spatialc.InputError, match="W2"):
-        L.run_with(RecordingDevice(), art, x["X"], x["W1"])
+        L.run_with(StandInDevice(art), art, x["X"], x["W1"])
 
 
 def test_a_hidden_page_laid_out_swizzled_is_refused_by_the_lowering():

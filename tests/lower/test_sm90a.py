@@ -31,7 +31,7 @@ from spatialc.runtime import nvcc as N
 from spatialc.runtime.emulate import EmulationError
 from spatialc.runtime.launch import LaunchError
 
-from ..runtime.test_launch import NumpyDevice
+from ..stand_in import MapStandIn, StandInDevice, product
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 EXACT = "exact"
@@ -238,28 +238,10 @@ def test_static_checks_refuse_before_printing():
         sm90a_kernel.check_resources(k, dataclasses.replace(t, regs_per_unit=8192))
 
 
-class MapDevice(NumpyDevice):
-    """The launcher tests' numpy GPU, which also encodes tensor maps: it keeps what it was asked for."""
-
-    arch = "sm_90"
-
-    def __init__(self, art):
-        super().__init__(art)
-        self.maps = []
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        super().launch(kernel, grid, block, dyn_smem, args[:3])  # the product of A and B into C
-        self.launches[-1] = (kernel, grid, block, dyn_smem, [a.copy() for a in args])
-
-    def tensor_map(self, buffer, dims, strides, box, elem, swizzle):
-        self.maps.append((buffer.copy(), dims, strides, box, elem, swizzle))
-        return np.array([1000 + len(self.maps) - 1])  # a stand-in for the 128 bytes, told apart by value
-
-
 def test_the_launcher_passes_each_tensor_map_after_the_work_list_encoded_over_its_buffer():
     art = spatialc.lower(spatialc.build(spatialc.gemm(200, 72, 100, "fp16"), "sm_90a", block=(8, 5, 4)))
     x = inputs("fp16", 200, 72, 100)
-    dev = MapDevice(art)
+    dev = MapStandIn(art, product)  # the numpy GPU, which also encodes tensor maps: it keeps what it was asked for
     c = L.run_with(dev, art, x["A"], x["B"])
     np.testing.assert_allclose(c, x["A"] @ x["B"], rtol=1e-3)
     (kernel, grid, block, dyn, args) = dev.launches[0]
@@ -286,9 +268,8 @@ def test_the_launcher_refuses_what_cannot_take_an_sm90a_kernel():
     art = spatialc.lower(spatialc.build(spatialc.gemm(64, 64, 64, "bf16"), "sm_90a"))
     a = b = np.ones((64, 64), dtype=np.float32)
     with pytest.raises(LaunchError, match="cannot encode the TMA tensor maps"):
-        L.run_with(NumpyDevice(art), art, a, b)
-    older = MapDevice(art)
-    older.arch = "sm_80"
+        L.run_with(StandInDevice(art, product), art, a, b)
+    older = MapStandIn(art, product, arch="sm_80")
     with pytest.raises(LaunchError, match="printed for sm_90a.*this device is sm_80"):
         L.run_with(older, art, a, b)
 

@@ -22,7 +22,8 @@ from spatialc.lower.errors import Unsupported
 from spatialc.runtime import nvcc as N
 from spatialc.runtime.nvcc import KernelBuildError, PtxasInfo
 
-from .test_sm90a import NVCC, MapDevice, compiled_clean, exact_both_ways, inputs, outcome, replaced
+from ..stand_in import MapStandIn, product
+from .test_sm90a import NVCC, compiled_clean, exact_both_ways, inputs, outcome, replaced
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 
@@ -198,7 +199,7 @@ def test_ptxas_gives_the_split_its_registers_and_a_kernel_it_did_not_is_not_laun
     _, art = paired("bf16", 256, 64, 256, block=(8, 2, 4))
     planted = dataclasses.replace(art, kernel_cu=art.kernel_cu.replace(TWO_A_BLOCK, "__launch_bounds__(NTHREAD, 2)"))
     assert planted.kernel_cu != art.kernel_cu
-    dev = MapDevice(planted)
+    dev = MapStandIn(planted, product)
     dev.load = lambda *a: "kernel"  # type: ignore[method-assign]
     dev.cubin_of = lambda text: N.compile_cubin(text, "sm_90a", cache=tmp_path)  # type: ignore[attr-defined]
     with pytest.raises(KernelBuildError, match=r"setmaxnreg.inc would wait forever on the GPU; not launched"):
@@ -222,7 +223,7 @@ def test_the_launcher_checks_the_cubin_the_device_loaded_and_compiles_nothing(tm
     _, art = paired("bf16", 256, 64, 256, block=(8, 2, 4))
     cubin = prepared_cubin(tmp_path, registers)
     monkeypatch.setattr(N, "compile_cubin", lambda *a, **k: pytest.fail("compiled again on the GPU machine"))
-    dev = MapDevice(art)
+    dev = MapStandIn(art, product)
     dev.load = lambda *a: "kernel"  # type: ignore[method-assign]
     dev.cubin_of = lambda text: cubin  # type: ignore[attr-defined]
     if registers == art.budget.regs_entry:

@@ -19,6 +19,8 @@ from spatialc.passes.tile import tile
 from spatialc.passes.verify import verify
 from spatialc.runtime import launch as L
 
+from ..stand_in import StandInDevice
+
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the emulation compiles with g++")
 
 
@@ -86,28 +88,14 @@ def test_every_split_the_device_makes_is_a_placement_verify_accepts(sms):
     assert spatialc.lower(again).kernel_cu == spatialc.lower(base).kernel_cu
 
 
-class Device:
-    """A GPU stand-in with `sms` multiprocessors that records its launches."""
-
-    xp = np
-
-    def __init__(self, sms):
-        self.sms, self.launches = sms, []
-
-    def load(self, kernel_cu, name, dyn_smem):
-        return name
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        self.launches.append((grid, args[-1]))
-
-
 @pytest.mark.parametrize("sms", [7, 132])
 def test_the_launcher_runs_as_many_sites_as_the_device_keeps_resident(sms):
     art = spatialc.lower(spatialc.build(spatialc.gemm(1000, 600, 64, "fp16"), "sm_90"))
-    dev = Device(sms)
+    dev = StandInDevice(sms=sms)  # a GPU stand-in with `sms` multiprocessors that records its launches
     prep = L.prepare(art, dev)
     prep.run(prep.order([None, None], None))
-    ((grid, work),) = dev.launches
+    ((_, grid, _, _, args),) = dev.launches
+    work = args[-1]
     assert grid == min(art.launch.items, sms * art.launch.per_sm) and work.dtype == np.int32
     rule = (art.launch.placement, art.launch.item_grid, art.launch.band)
     assert list(work) == work_table(split_items(art.launch.items, grid, *rule))

@@ -1,7 +1,8 @@
 """The GPU launcher without a GPU: argument handling, operand rounding, the tiled layout, the no-GPU error.
 
-A numpy stand-in device plays the GPU: its "kernel" reads the tiled operands, multiplies them and writes the tiled
-result, so the launcher's whole path (bind, convert, tilize, poison, launch order, untilize, library) runs here.
+A numpy stand-in device (tests/stand_in.py) plays the GPU: its "kernel" reads the tiled operands, multiplies them and
+writes the tiled result, so the launcher's whole path (bind, convert, tilize, poison, launch order, untilize, library)
+runs here.
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ from spatialc.runtime.tilize import (
     tilize,
     untilize,
     unwritten,
+    work_list,
 )
+
+from ..stand_in import StandInDevice, product, reference_kernel
 
 OPERAND_C = {"int8": "signed char", "fp16": "__half", "bf16": "__nv_bfloat16"}
 OUT_C = {"int8": "long long", "fp16": "float", "bf16": "float"}
@@ -54,45 +58,6 @@ def artifact(m, n, k, precision="int8", *, pad=(0, 0, 0), dyn_smem=0, bias=False
     return CudaArtifact("sm_90", "", "", "// kernel text", launch, budget, Census({}, {}))
 
 
-class NumpyDevice:
-    """A GPU stand-in: numpy arrays, and a kernel that computes the tiled product of its first two arguments."""
-
-    xp = np
-
-    def __init__(self, art):
-        self.args = L.kernel_args(art.launch)
-        self.launches = []
-        self.downloads = []
-
-    def upload(self, x):
-        return np.asarray(x).view(np.ndarray), False
-
-    def download(self, x, library, like):
-        self.downloads.append(library)
-        return x
-
-    def load(self, kernel_cu, kernel_name, dyn_smem):
-        return ("kernel", kernel_name, dyn_smem)
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        self.launches.append((kernel, grid, block, dyn_smem, [a.copy() for a in args]))
-        a_arg, b_arg, c_arg = self.args[:3]
-        full = {x.name: (x.tiles[0] * 16, x.tiles[1] * 16) for x in self.args}
-        a = self._values(untilize(args[0], a_arg.tiles, full["A"], np, order=a_arg.order), a_arg.storage)
-        b = self._values(untilize(args[1], b_arg.tiles, full["B"], np, order=b_arg.order), b_arg.storage)
-        c = a @ b
-        if len(args) > 3:  # the bias parameter, one value per column
-            c = c + untilize(args[3], self.args[3].tiles, full["bias"], np, order=self.args[3].order)[0]
-        stored = quantize(c, c_arg.elem, np) if c_arg.elem == "bfloat16" else c.astype(c_arg.storage)
-        args[2][:] = tilize(stored, c_arg.tiles, np, order=c_arg.order)
-
-    @staticmethod
-    def _values(x, storage):
-        if storage == "uint16":
-            return bf16_to_float32(x, np).astype(np.float64)
-        return x.astype(np.int64 if storage == "int8" else np.float64)
-
-
 class Torchish(np.ndarray):
     """Looks like a torch tensor to the launcher's library check."""
 
@@ -108,7 +73,7 @@ Cupyish.__module__ = "cupy"
 
 
 def run_fake(art, a, b, **params):
-    dev = NumpyDevice(art)
+    dev = StandInDevice(art, product)
     return L.run_with(dev, art, a, b, **params), dev
 
 
@@ -276,6 +241,22 @@ def test_run_takes_the_launch_contract_of_a_lowered_kernel(precision):
     else:
         ra, rb = (bf16_to_float32(quantize(x, "bfloat16", np), np).astype(np.float64) for x in (a, b))
         np.testing.assert_allclose(c, ra @ rb, rtol=1e-6, atol=1e-6)
+
+
+def test_run_gives_a_kernel_its_work_list_after_its_tensors(monkeypatch):
+    """What the printed kernel takes after its tensors — the work list, and the sync words of sites that wait on each
+    other (tests/test_split_k.py) — `run` passes as `Prepared.order` does: it launched the tensors alone before, and a
+    GPU would have read the work list from whatever came next. The stand-in's signature check stops such a launch."""
+    art = spatialc.lower(spatialc.build(spatialc.gemm(40, 24, 56, "int8"), "sm_90"))
+    a, b = np.ones((40, 56)), np.ones((56, 24))
+    dev = StandInDevice(art, product, sms=7)
+    assert np.array_equal(L.run_with(dev, art, a, b), a @ b)
+    ((_, grid, _, _, args),) = dev.launches
+    sites, work = work_list(art.launch, 7)
+    assert grid == sites and len(args) == 4 and args[3].dtype == np.int32 and np.array_equal(args[3], work)
+    monkeypatch.setattr(L.Prepared, "extra", lambda self: ())  # the launcher as it was
+    with pytest.raises(AssertionError, match="the kernel takes 4 arguments"):
+        L.run_with(StandInDevice(art, product, sms=7), art, a, b)
 
 
 def test_run_passes_named_parameters_in_parameter_order():
@@ -657,42 +638,9 @@ def test_an_operand_that_already_is_the_padded_matrix_is_not_filled_and_copied_f
 # ---- several outputs -----------------------------------------------------------------------------------------------
 
 
-class RowsDevice:
-    """A GPU stand-in for a program of several outputs: its "kernel" reads every tiled input and parameter, computes
-    the program by the numpy reference and stores each output, tiled, in its own buffer (found by parameter order);
-    `swap` stores mean's values in rstd's buffer and rstd's in mean's (a planted fault the launcher must not hide)."""
-
-    xp = np
-
-    def __init__(self, program, art, swap=False):
-        self.program, self.args, self.swap = program, L.kernel_args(art.launch), swap
-        self.buffers = []
-
-    def upload(self, x):
-        return np.asarray(x).view(np.ndarray), False
-
-    def download(self, x, library, like):
-        return x
-
-    def load(self, kernel_cu, kernel_name, dyn_smem):
-        return kernel_name
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        from spatialc.numerics.reference import reference
-
-        self.buffers = [a.copy() for a in args]
-        values = {}
-        for arg, buf in zip(self.args, args, strict=False):  # the work list after the tensors
-            if arg.role in ("input", "parameter"):
-                x = untilize(buf, arg.tiles, arg.elems, np, order=arg.order)
-                x = bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32)
-                values[arg.name] = x if arg.role == "input" else x.reshape(-1)
-        got = reference(self.program, values)
-        if self.swap:
-            got = {**got, "mean": got["rstd"], "rstd": got["mean"]}
-        for arg, buf in zip(self.args, args, strict=False):
-            if arg.role == "output":
-                buf[:] = tilize(np.asarray(got[arg.name], arg.storage), arg.tiles, np, order=arg.order)
+def swapped_mean_and_rstd(outs):
+    """A planted fault: mean's values stored in rstd's buffer and rstd's in mean's (the launcher must not hide it)."""
+    return {**outs, "mean": outs["rstd"], "rstd": outs["mean"]}
 
 
 def test_run_gives_each_output_of_a_layernorm_by_name():
@@ -703,7 +651,7 @@ def test_run_gives_each_output_of_a_layernorm_by_name():
     rng = np.random.default_rng(4)
     x = rng.uniform(-3, 3, (40, 72)).astype(np.float32)
     w, b = rng.uniform(0.5, 1.5, 72).astype(np.float32), rng.uniform(-1, 1, 72).astype(np.float32)
-    dev = RowsDevice(p, art)
+    dev = StandInDevice(art, reference_kernel(p))
     got = L.run_with(dev, art, x, weight=w, bias=b)
     want = spatialc.evaluate(p, {"x": x, "weight": w, "bias": b})
     assert list(got) == list(want) == ["out", "mean", "rstd"]
@@ -712,16 +660,16 @@ def test_run_gives_each_output_of_a_layernorm_by_name():
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-6, err_msg=name)
     assert spatialc.tolerance(p, kernel=True).check(got, {"x": x, "weight": w, "bias": b})[0]
     outs = [i for i, a in enumerate(dev.args) if a.role == "output"]
-    assert len(outs) == 3 and all(np.isnan(dev.buffers[i]).all() for i in outs)  # each poisoned, none shared
+    assert len(outs) == 3 and all(np.isnan(dev.launches[-1][4][i]).all() for i in outs)  # each poisoned, none shared
     # Mean's values in rstd's buffer: the launcher reads each output from its own, so the swap shows.
-    swapped = L.run_with(RowsDevice(p, art, swap=True), art, x, weight=w, bias=b)
+    swapped = L.run_with(StandInDevice(art, reference_kernel(p, swapped_mean_and_rstd)), art, x, weight=w, bias=b)
     assert not np.allclose(swapped["mean"], want["mean"]) and np.allclose(swapped["mean"], want["rstd"])
     assert not spatialc.tolerance(p, kernel=True).check(swapped, {"x": x, "weight": w, "bias": b})[0]
 
 
 def test_a_kernel_of_several_outputs_takes_a_buffer_for_each():
     p = spatialc.build(spatialc.layernorm(20, 40, "fp16"), "sm_90")
-    prep = L.prepare(spatialc.lower(p), RowsDevice(p, spatialc.lower(p)))
+    prep = L.prepare(spatialc.lower(p), StandInDevice(spatialc.lower(p), reference_kernel(p)))
     assert prep.output_names == ["out", "mean", "rstd"] and prep.output.name == "out"
     bufs = prep.output_buffers()
     assert [b.size for b in bufs.values()] == [a.tiles[0] * a.tiles[1] * 256 for a in prep.outputs]

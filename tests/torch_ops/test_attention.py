@@ -202,30 +202,20 @@ def test_gpu_path_gives_o_and_lse_shaped_as_the_fake_does(monkeypatch, cuda_stan
     """The CUDA branch's wiring (SpatialOp._launch → launch_entry → run_prepared) for the grouped tensors of
     attention, with CPU tensors and a numpy device that computes the program head by head; `plant` stores O's
     heads in reverse order, which the result must show (it does only where there are two heads or more)."""
-    from spatialc.numerics.reference import reference
-    from spatialc.runtime.tilize import tilize, untilize
-    from tests.runtime.test_launch import RowsDevice
+    from tests.stand_in import StandInDevice, reference_kernel
 
-    class HeadsDevice(RowsDevice):
-        def launch(self, kernel, grid, block, dyn_smem, args):
-            values = {
-                a.name: untilize(buf, a.tiles, a.elems, np, order=a.order, groups=a.groups).astype(np.float32)
-                for a, buf in zip(self.args, args, strict=False)
-                if a.role == "input"
-            }
-            got = reference(self.program, values)
-            for a, buf in zip(self.args, args, strict=False):
-                if a.role == "output":
-                    x = np.asarray(got[a.name], a.storage).reshape(a.groups, *a.elems)
-                    x = x[::-1] if plant and a.name == "o" else x
-                    buf[:] = tilize(x if a.groups > 1 else x[0], a.tiles, np, order=a.order, groups=a.groups)
+    reversed_o = (lambda outs: {**outs, "o": outs["o"][::-1]}) if plant else None  # O's heads in reverse order
 
     b, h, hk, sq, skv, d = shape
     op = sct.attention_op("fp16", causal=True)
     q, k, v = (t.reshape(-1, *t.shape[2:]) for t in qkv(*shape, dtype=fp16, seed=2))
     built = op._entry((b * h, sq, skv, d, b * hk), "cuda:0")
     entry = sct.Compiled(built.sizes, built.device, built.program, built.source, built.seconds)  # loaded afresh
-    monkeypatch.setattr(sct.family, "_gpu_device", lambda: HeadsDevice(entry.program, spatialc.lower(entry.program)))
+    monkeypatch.setattr(
+        sct.family,
+        "_gpu_device",
+        lambda: StandInDevice(spatialc.lower(entry.program), reference_kernel(entry.program, reversed_o)),
+    )
     o, lse = op._launch(entry, {"q": q, "k": k, "v": v}, torch.device("cuda:0"))
     assert [(tuple(t.shape), t.dtype) for t in (o, lse)] == [
         ((b * h, sq, d), torch.float32),

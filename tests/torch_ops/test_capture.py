@@ -25,20 +25,12 @@ def gemm_family(precision):
 
 
 def stand_in(monkeypatch, op, sizes):
-    """The op's entry at `sizes` and a numpy device that multiplies A and B (tests/runtime/test_launch.py's), taking
-    torch bf16 as its bits, as CupyDevice.upload does."""
-    from tests.runtime.test_launch import NumpyDevice
-
-    class Device(NumpyDevice):
-        def upload(self, x):
-            if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16:
-                return x.view(torch.int16).numpy(), True
-            if isinstance(x, torch.Tensor) and x.dtype == torch.float8_e4m3fn:
-                return x.view(torch.uint8).numpy(), "float8_e4m3fn"  # as CupyDevice: fp8's bits, named
-            return super().upload(x)
+    """The op's entry at `sizes` and a numpy device that multiplies A and B (tests/stand_in.py's), taking torch bf16
+    and fp8 as their bits, as CupyDevice.upload does."""
+    from tests.stand_in import StandInDevice, product
 
     entry = op._entry(sizes, "cuda:0")
-    device = Device(spatialc.lower(entry.program))
+    device = StandInDevice(spatialc.lower(entry.program), product)
     monkeypatch.setattr(sct.family, "_gpu_device", lambda: device)
     return entry, device
 

@@ -15,6 +15,7 @@ import spatialc.torch as sct  # noqa: E402
 from spatialc import ew  # noqa: E402
 from spatialc.inputs import InputError  # noqa: E402
 from spatialc.runtime import launch  # noqa: E402
+from tests.stand_in import StandInDevice, product  # noqa: E402
 
 bf16 = torch.bfloat16
 
@@ -129,24 +130,6 @@ def test_disk_cache_keeps_built_programs(tmp_path, monkeypatch):
     assert [e.source for e in third.compiled()] == ["built"]
 
 
-class CountingDevice:
-    """tests/runtime/test_launch.py's numpy stand-in for a GPU, counting the kernels it loads."""
-
-    def __init__(self, art):
-        from tests.runtime.test_launch import NumpyDevice
-
-        self.inner = NumpyDevice(art)
-        self.xp = np
-        self.loads = 0
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def load(self, *args):
-        self.loads += 1
-        return self.inner.load(*args)
-
-
 def test_gpu_path_lowers_and_loads_once_then_launches(monkeypatch):
     """The CUDA branch's wiring, with CPU tensors and a numpy device: lowered and prepared at the first call of a
     shape, launched on each, the result a torch tensor within the kernel's tolerance. (No GPU has run it.)"""
@@ -155,12 +138,12 @@ def test_gpu_path_lowers_and_loads_once_then_launches(monkeypatch):
     b = torch.randn(48, 64, generator=gen).half()
     bias = torch.randn(64, generator=gen)
     program = spatialc.build(spatialc.gemm(32, 64, 48, "fp16", epilogue=[spatialc.bias()]))
-    device = CountingDevice(spatialc.lower(program))
+    device = StandInDevice(spatialc.lower(program), product)  # a numpy GPU, counting the kernels it loads
     entry = sct.Compiled((32, 64, 48), "cuda:0", program, "built", 0.0)
     named = {"A": a, "B": b, "bias": bias[None]}
     c1 = sct.launch_entry(entry, named, device)
     c2 = sct.launch_entry(entry, named, device)
-    assert device.loads == 1 and len(device.inner.launches) == 2
+    assert device.loads == 1 and len(device.launches) == 2
     assert isinstance(entry.prepared, launch.Prepared)
     assert isinstance(c1, torch.Tensor) and c1.dtype == torch.float32 and torch.equal(c1, c2)
     ok, how = spatialc.tolerance(program, kernel=True).check(c1.numpy(), named)

@@ -99,7 +99,8 @@ def test_gpu_path_reads_each_output_back_in_order(monkeypatch, cuda_stand_in, sw
     """The CUDA branch's wiring (SpatialOp._launch → launch_entry → run_prepared), with CPU tensors and a numpy
     device that computes the program and stores each output in its own buffer; `swap` stores mean in rstd's buffer
     and rstd in mean's, which the result shows. (No GPU has run it.)"""
-    from tests.runtime.test_launch import RowsDevice
+    from tests.runtime.test_launch import swapped_mean_and_rstd
+    from tests.stand_in import StandInDevice, reference_kernel
 
     op = sct.op(lambda m, n: spatialc.layernorm(m, n, "fp16"), f"test_layernorm_gpu_{swap}", disk_cache=False)
     x, w, b = operands(40, 72, seed=3, dtype=torch.float16)
@@ -107,7 +108,8 @@ def test_gpu_path_reads_each_output_back_in_order(monkeypatch, cuda_stand_in, sw
     devices = []
 
     def device():
-        devices.append(RowsDevice(entry.program, spatialc.lower(entry.program), swap=swap))
+        edit = swapped_mean_and_rstd if swap else None
+        devices.append(StandInDevice(spatialc.lower(entry.program), reference_kernel(entry.program, edit)))
         return devices[-1]
 
     monkeypatch.setattr(sct.family, "_gpu_device", device)

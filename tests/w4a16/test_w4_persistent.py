@@ -35,8 +35,9 @@ from spatialc.runtime.nvcc import compile_cubin, find_nvcc, kernel_ptxas
 from spatialc.runtime.sass import disassemble, find_cuobjdump
 
 from ..nvcc_clean import NVCC, assert_clean, nvcc_compile
+from ..stand_in import StandInDevice
 from .test_w4_kernels import REGISTER_PATH, emulated, needs_gxx, plant
-from .test_w4_run import W4Device
+from .test_w4_run import w4_kernel
 from .test_w4_sass import census
 from .w4_inputs import w4_inputs, w4_program
 
@@ -121,7 +122,7 @@ def test_run_lays_out_the_arguments_as_for_the_general_form(built, case):
     p, art = built[case]
     fmt = CASES[case][3]
     x = w4_inputs(p, seed=11, exact=True, packed=False)
-    assert np.array_equal(L.run_with(W4Device(art, fmt), art, **x), spatialc.evaluate(p, x))
+    assert np.array_equal(L.run_with(StandInDevice(art, w4_kernel(fmt)), art, **x), spatialc.evaluate(p, x))
     assert L.kernel_args(art.launch) == L.kernel_args(art.general.launch)
 
 

@@ -20,6 +20,7 @@ from spatialc.numerics import w4
 from spatialc.runtime import launch as L
 from spatialc.runtime.tilize import bf16_to_float32, quantize, tilize, untilize
 
+from ..stand_in import StandInDevice
 from .w4_inputs import w4_inputs, w4_program
 
 COMMON = Path(spatialc.__file__).parent / "lower" / "cuda" / "common"
@@ -29,7 +30,7 @@ CASES = {
     "mxfp4-bf16": ("mxfp4", "bf16", (16, 48, 160), {}),
     "uint4-zeros-ragged": ("uint4", "bf16", (5, 24, 48), {"group": 16, "zeros": True}),
 }
-# the sm_90a form's (its launch needs TMA tensor maps, which the stand-in cannot encode: compared by their specs)
+# the sm_90a form's 4-bit specs, compared with the general form's (its run on a stand-in: test_w4_sm90a_run.py)
 SM90A_CASES = {
     "int4-zeros-bf16": ("int4", (37, 64, 256), {"group": 128, "zeros": True}),
     "mxfp4-bf16": ("mxfp4", (16, 64, 256), {}),
@@ -46,30 +47,15 @@ def packed_value(buf: np.ndarray, i: int, j: int, cols_t: int, fmt: str) -> floa
     return float(w4.from_codes(np.array([code], np.uint8), w4.format_dtype(fmt)).astype(np.float64)[0])
 
 
-class W4Device:
-    """A GPU stand-in on numpy: its kernel decodes the 4-bit arguments' bytes element by element, dequantises with
+def w4_kernel(fmt):
+    """A stand-in kernel on numpy: it decodes the 4-bit arguments' bytes element by element, dequantises with
     numerics.w4.dequant, and computes C = A @ B in float64 (exact inputs: exact), stored as the kernel's C."""
 
-    xp = np
-
-    def __init__(self, art, fmt):
-        self.args, self.fmt, self.uploads = L.kernel_args(art.launch), fmt, []
-
-    def upload(self, x):
-        self.uploads.append(np.asarray(x).dtype)
-        return np.asarray(x), False
-
-    def download(self, x, library, like):
-        return x
-
-    def load(self, kernel_cu, kernel_name, dyn_smem):
-        return "kernel"
-
-    def launch(self, kernel, grid, block, dyn_smem, args):
-        by = {a.name: (a, args[i]) for i, a in enumerate(self.args)}
+    def kernel(dev, args):
+        by = dev.tensors(args)
         (ka, a), (kb, b), (kc, c) = by["A"], by["B"], by["C"]
         (k, n), m = kb.elems, ka.elems[0]
-        q = np.array([[packed_value(b, i, j, kb.tiles[1], self.fmt) for j in range(n)] for i in range(k)])
+        q = np.array([[packed_value(b, i, j, kb.tiles[1], fmt) for j in range(n)] for i in range(k)])
         ks, s = by["scale"]
         scale = untilize(s, ks.tiles, ks.elems, np)
         if ks.elem == "bfloat16":
@@ -93,6 +79,8 @@ class W4Device:
         c[:] = tilize(stored, kc.tiles, np, order=kc.order)
         assert m == kc.elems[0]
 
+    return kernel
+
 
 @pytest.fixture(scope="module")
 def built():
@@ -113,7 +101,7 @@ def test_run_equals_the_interpreter_for_each_way_of_giving_the_weights(built, ca
     if k % 2 == 0:
         ways["packed"] = spatialc.pack_int4(x["B"], fmt)
     for how, b in ways.items():
-        dev = W4Device(art, fmt)
+        dev = StandInDevice(art, w4_kernel(fmt))
         c = L.run_with(dev, art, **dict(x, B=b))
         assert np.array_equal(c, want), how
         assert np.dtype(np.uint8) in dev.uploads  # the 4-bit bytes went up as uint8
@@ -212,7 +200,7 @@ def test_hostile_weights_are_one_typed_line_before_any_launch(built, hostile):
     p, art, fmt = built["int4-zeros-bf16"]
     x = w4_inputs(p, seed=13, exact=True, packed=False)
     edit, says = HOSTILE[hostile]
-    dev = W4Device(art, fmt)
+    dev = StandInDevice(art, w4_kernel(fmt))
     with pytest.raises(spatialc.InputError, match=says) as e:
         L.run_with(dev, art, **dict(x, B=edit(x["B"])))
     assert "\n" not in str(e.value) and not dev.uploads
@@ -222,11 +210,11 @@ def test_a_zero_point_or_e8m0_scale_out_of_range_is_one_typed_line(built):
     p, art, fmt = built["int4-zeros-bf16"]
     x = w4_inputs(p, seed=14, exact=True, packed=False)
     with pytest.raises(spatialc.InputError, match=r"tensor zeros is int4 but zeros\[\d+, \d+\] = 9"):
-        L.run_with(W4Device(art, fmt), art, **dict(x, zeros=np.full_like(x["zeros"], 9)))
+        L.run_with(StandInDevice(art, w4_kernel(fmt)), art, **dict(x, zeros=np.full_like(x["zeros"], 9)))
     p, art, fmt = built["mxfp4-bf16"]
     x = w4_inputs(p, seed=14, exact=True, packed=False)
     with pytest.raises(spatialc.InputError, match=r"tensor scale is e8m0 but .* is not one of its powers of two"):
-        L.run_with(W4Device(art, fmt), art, **dict(x, scale=x["scale"] * 3))
+        L.run_with(StandInDevice(art, w4_kernel(fmt)), art, **dict(x, scale=x["scale"] * 3))
 
 
 def test_inside_cuda_graph_capture_the_host_laid_bytes_are_refused_before_anything_is_bound(built, monkeypatch):

@@ -175,10 +175,10 @@ def launch_bound(prep: Prepared, bound: Sequence[tuple[Arg, Any]], library: str,
 def uploaded(
     prep: Prepared, bound: Sequence[tuple[Arg, Any]], *, checked: bool = True
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """(the kernel's buffers in parameter order, its output buffers by name): inputs converted (checked unless not
-    `checked`) and tiled on the device, 4-bit ones as the bytes made on the host, outputs poisoned — what a launch
-    takes, and what a caller that times the kernel alone (bench/w4a16_rows.py) launches again and again with
-    `prep.run`."""
+    """(the kernel's arguments, its output buffers by name): the buffers in parameter order — inputs converted
+    (checked unless not `checked`) and tiled on the device, 4-bit ones as the bytes made on the host, outputs
+    poisoned — then the work list and sync words (`Prepared.extra`): what a launch takes (`prep.run` adds the
+    tensor maps), and what a caller that times the kernel alone (bench/w4a16_rows.py) launches again and again."""
     device = prep.device
     buffers, outs = [], {}
     for arg, value in bound:
@@ -194,7 +194,7 @@ def uploaded(
             continue
         x, held = device.upload(value)
         buffers.append(prep.tiled(arg, _converted(arg, x, held, device.xp, checked)))
-    return tuple(buffers), outs
+    return (*buffers, *prep.extra()), outs
 
 
 def _downloaded(prep: Prepared, name: str, out: Any, library: str, like: Sequence[Any]) -> Any:

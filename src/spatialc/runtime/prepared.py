@@ -112,8 +112,12 @@ class Prepared:
             else params[a.name]
             for a in self.args
         )
-        extra = tuple(x for x in (self.work, self.sync) if x is not None)
-        return (*tensors, *extra)
+        return (*tensors, *self.extra())
+
+    def extra(self) -> tuple[Any, ...]:
+        """What the kernel takes after its tensors (and before its tensor maps): the work list, then the sync words,
+        those it has."""
+        return tuple(x for x in (self.work, self.sync) if x is not None)
 
     def workspaces(self) -> dict[str, Any]:
         """The workspace buffers, made (zeroed) at first use and kept: the kernel writes every element it reads."""
@@ -127,9 +131,10 @@ class Prepared:
         return self.spaces
 
     def run(self, args: tuple[Any, ...]) -> None:
-        """Launch once (asynchronously) with buffers in parameter order; a kernel whose sites wait on each other has
-        its sync words set (arrival counts to 0, semaphores to their initial values) and is launched cooperatively;
-        an sm_90a kernel gets its tensor maps, encoded over these buffers, after them."""
+        """Launch once (asynchronously) with the kernel's arguments (`order`'s or `launch.uploaded`'s: the buffers in
+        parameter order, then the work list and sync words); a kernel whose sites wait on each other has its sync
+        words set (arrival counts to 0, semaphores to their initial values) and is launched cooperatively; an sm_90a
+        kernel gets its tensor maps, encoded over these buffers, after them."""
         ls = self.launch_spec
         args = (*args, *self.tensor_maps(args))
         if self.sync is not None:
