@@ -81,7 +81,7 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     assert planner.contestant == "spatialc sm90a" and not planner.kernel_only  # timed both ways, as in any row
     assert planner.facts["sweep"]["predicted"] == 1.0
     # The sm_90a form's own neighbour: paired blocks of 64-row items, at most 8 tiles wide, two an SM.
-    changes = [*CHANGES[:5], S.PAIRED, CHANGES[5], S.TILE_EPILOGUE, TIMED_AGAIN]
+    changes = [*CHANGES[:5], S.PAIRED, CHANGES[5], S.TILE_EPILOGUE, S.HILBERT, TIMED_AGAIN]
     assert [f.facts["sweep"]["change"] for f in forms[1:]] == changes
     paired = forms[6]
     assert paired.contestant.startswith("spatialc sm90a 4×8×4 d") and paired.artifact.budget.blocks_per_sm == 2
@@ -90,6 +90,8 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     again = forms[-1]  # the planner's kernel once more, after its neighbours: the same text, kernel only
     assert again.artifact is planner.artifact and again.contestant == "spatialc sm90a (the planner's, again)"
     forms = forms[:-1]
+    hilbert = forms.pop()  # a wave of bands of 16 rows reads 35.5 MiB of strips at 4096³: no Hilbert order asked
+    assert hilbert.artifact is None and hilbert.absent.endswith("reads 35.5 MiB of strips, within the L2's 50 MiB")
     more = forms[2]  # four stages of 128×256×64 already fill shared memory: the fifth is refused, with the reason
     assert more.artifact is None and "shared memory" in more.absent
     assert more.contestant == "spatialc sm90a (a stage more)"
@@ -109,7 +111,7 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     sm90a = target("sm_90a")
     gemm = spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16")
     base = sm90a_plan.plan_cost(sm90a, spatialc.build(gemm, "sm_90a").plan, gemm.precision)
-    for n, f in zip(S.neighbours(spatialc.build(gemm, "sm_90a"), "sm90a"), forms[1:], strict=True):
+    for n, f in zip(S.neighbours(spatialc.build(gemm, "sm_90a"), "sm90a"), [*forms[1:], hilbert], strict=True):
         if f.artifact is None:
             assert f.facts["sweep"]["predicted"] is None
             continue
@@ -360,3 +362,22 @@ def test_timing_noise_is_no_order():
     )
     winner, said = sweep_verdict(sweep_summary(noisy))
     assert winner["change"] == PLANNERS_PLAN and said.startswith("no neighbour more than 6% faster")
+
+
+def test_the_sm90a_form_at_8192_is_swept_in_hilbert_order_with_the_planners_kernel():
+    """Where a wave of the planner's bands reads more A and B strips than the L2 holds (bf16 at 8192³: 73 MiB), the
+    sm_90a form's sweep times Hilbert order beside it (issue 36, section 2 item 4): the same kernel text, so the
+    check compiles it once (cubins by source hash), its work list dealt along the curve. int8 there, and the
+    persistent kernel, list none."""
+    gemm = spatialc.gemm(8192, 8192, 8192, "bf16", out="bf16")
+    program, planner = B.form_built(gemm, "sm90a", dict(S.UNSPLIT))
+    hilbert = S.neighbours(program, "sm90a")[-1]
+    assert (hilbert.change, hilbert.placement, hilbert.why_not) == (S.HILBERT, "hilbert", "")
+    swept, form = B.form_built(gemm, "sm90a", {**hilbert.options(), **S.UNSPLIT}, hilbert.lowering())
+    assert form.artifact.kernel_cu == planner.artifact.kernel_cu and swept.plan == program.plan
+    assert (form.artifact.launch.placement, planner.artifact.launch.placement) == ("hilbert", "grouped")
+    assert S.variant_name(swept, program).endswith(" d4 hilbert")
+    int8 = S.neighbours(spatialc.build(spatialc.gemm(8192, 8192, 8192, "int8"), "sm_90a"), "sm90a")[-1]
+    assert int8.change == S.HILBERT and int8.why_not.endswith("reads 36.5 MiB of strips, within the L2's 50 MiB")
+    persistent = S.neighbours(spatialc.build(gemm, "sm_90"), "persistent")
+    assert S.HILBERT not in [n.change for n in persistent]

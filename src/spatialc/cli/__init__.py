@@ -377,15 +377,16 @@ def _precision_options(g: argparse.ArgumentParser, default: str, out_help: str, 
 
 
 def _placement_options(g: argparse.ArgumentParser, matmul: bool = True) -> None:
-    """--depth, --sites, --placement; grouped (an order of a GEMM's items) only for a program with a matmul."""
+    """--depth, --sites, --placement; grouped and hilbert (orders of a GEMM's items) only for a program with a
+    matmul."""
     g.add_argument("--depth", type=int, help="force the operand rings' depth, in pages (default: the cost model's)")
     g.add_argument("--sites", type=int, help="number of sites (default: as many as the target keeps resident)")
     g.add_argument(
         "--placement",
-        choices=["contiguous", "round_robin", "grouped"] if matmul else ["contiguous", "round_robin"],
+        choices=["contiguous", "round_robin", "grouped", "hilbert"] if matmul else ["contiguous", "round_robin"],
         default=None,
         help="how items go to sites (default: grouped — round-robin over bands of rows — where the sites take more"
-        " than one wave of items, else contiguous)"
+        " than one wave of items, else contiguous; hilbert: round-robin along a Hilbert curve over the items)"
         if matmul
         else "how items go to sites: runs of items, or item i on site i mod sites (default: contiguous)",
     )

@@ -6,9 +6,10 @@ sm_90a form) are built on guessed rates — stage depth, K step, item shape — 
 time. One sweep row times, for each form, the plan its planner chose and the plans one change away: a stage fewer
 and more, K steps halved (with twice the stages: the same bytes in flight; the persistent kernel's also with the
 stages its planner gives that block) and doubled, items half as wide, items visited in row-major waves instead of
-bands of rows. Each plan's line says what the planner's own cost predicted for it (its speed against the planner's
-choice) beside what it measured, so a single run says which guesses to fit and whether the planner's choice was the
-best of its neighbours. A neighbour outside its planner's range (the persistent kernel's K steps of 16 tiles, which
+bands of rows or (the sm_90a form, where a wave's band outgrows the L2) along a Hilbert curve. Each plan's line says
+what the planner's own cost predicted for it (its speed against the planner's choice) beside what it measured, so a
+single run says which guesses to fit and whether the planner's choice was the best of its neighbours. A neighbour
+outside its planner's range (the persistent kernel's K steps of 16 tiles, which
 its planner never offers) is built where it fits, its cost extrapolated.
 """
 
@@ -54,6 +55,7 @@ ALONE = "items of 128 rows, a block an SM"
 # The sm_90a form's first epilogue: each warp stores its 16 rows a 16 × 16 box a tile from unswizzled staging, where
 # the default stores a warpgroup's 64 rows a box from swizzled staging (lower/cuda/sm90a/staging.py; issue 36).
 TILE_EPILOGUE = "the first epilogue: a warp's TMA store a tile"
+HILBERT = "hilbert order"  # the items along a Hilbert curve, not in bands of rows (ir/worklist.py)
 
 
 def _other_pairing(osh: int, osw: int, ibw: int, kind: str) -> Neighbour:
@@ -70,7 +72,8 @@ def neighbours(program: Any, form: str) -> list[Neighbour]:
     the halved block — and doubled, its items half as wide (the sm_90a form: a narrower block; the persistent
     kernel: half the sub-blocks across, or a narrower block where there is one across), the sm_90a form's other
     pairing (items of 64 rows, two blocks an SM, for 128-row ones, and the reverse), and — where the planner visits
-    items in bands of rows — row-major waves. Each keeps the planner's item order but the last; where the depth is
+    items in bands of rows — row-major waves and (the sm_90a form, where a wave's band outgrows the L2) Hilbert
+    order. Each keeps the planner's item order but the last; where the depth is
     not named the planner chooses it, as a user forcing that block would get it."""
     plan = program.plan
     b, depth, sub, kind = plan.block, plan.depth, plan.sub_blocks, program.placement.kind
@@ -108,7 +111,26 @@ def neighbours(program: Any, form: str) -> list[Neighbour]:
         out.append(Neighbour(waves, why_not=f"the planner's item order is {kind}, not bands of rows"))
     if form == HOPPER_FORM:  # the same plan, its fused store the first epilogue's
         out.append(Neighbour(TILE_EPILOGUE, block, sub, depth, kind, epilogue=sm90a_plan.TILES))
+    if form == HOPPER_FORM:
+        out.append(_hilbert(program, block, sub, depth))
     return out
+
+
+def _hilbert(program: Any, block: tuple[int, int, int], sub: tuple[int, int], depth: int) -> Neighbour:
+    """The same plan with its items dealt along a Hilbert curve (the same kernel: only the work list differs, so
+    the check compiles it once) — where the planner's grouped band reads more A and B strips a wave than the L2
+    holds, the case Hilbert order was proposed for (issue 36; bench/README.md, "Prediction for Hilbert order")."""
+    from ..passes.place import wave_bytes
+
+    placement = program.placement
+    if placement.kind != "grouped":
+        return Neighbour(HILBERT, why_not=f"the planner's item order is {placement.kind}, not bands of rows")
+    sites, l2 = len(placement.items_of_site), sm90a_plan.L2_BYTES
+    band = wave_bytes(program.plan, program.precision, sites, "grouped", placement.band)
+    if band <= l2:
+        why = f"a wave of the planner's bands reads {band / 2**20:.1f} MiB of strips, within the L2's {l2 >> 20} MiB"
+        return Neighbour(HILBERT, why_not=why)
+    return Neighbour(HILBERT, block, sub, depth, "hilbert")
 
 
 def variant_name(program: Any, planner: Any, epilogue: str | None = None) -> str:

@@ -1,6 +1,14 @@
-"""place: assign items (output blocks of the plan's grid) to sites, as contiguous runs, round-robin, or grouped:
+"""place: assign items (output blocks of the plan's grid) to sites, as contiguous runs, round-robin, grouped:
 round-robin over the grid taken in bands of a few rows, so that the items the sites run at one time form a compact
-patch whose A and B strips they share in L2 (the default where the sites take more than one wave of items)."""
+patch whose A and B strips they share in L2 (the default where the sites take more than one wave of items), or
+hilbert: round-robin along a generalized Hilbert curve over the grid (`ir.worklist.hilbert_order`).
+
+Hilbert order is never the default. It was meant for where a grouped band's wave reads more A and B strips than the
+L2 holds (bf16 at 8192³ on 132 SMs: bands of 16 rows of 128 × 256 items, 73 MiB a wave on average), but
+there its waves touch more strips, not fewer (83 MiB: a Hilbert patch is as tall as wide, where the band's shape
+is chosen for B strips twice A's), and in a model of the L2 (least recently used, waves in lock step) it reads
+1,328 MiB from memory to grouped's 1,168 (bench/hilbert_order.py; bench/README.md, "Prediction for Hilbert order").
+It stays an option (`placement="hilbert"`, `--placement hilbert`) and a neighbour in the GPU check's sweep."""
 
 from __future__ import annotations
 
@@ -9,9 +17,10 @@ import math
 from ..errors import PlanError, ProgramError
 from ..ir.ids import ItemId, Site
 from ..ir.nodes import Placement, Plan, SpatialProgram
-from ..ir.worklist import MAX_SITES, RULES, split_items
+from ..ir.ops import Precision
+from ..ir.worklist import GRID_RULES, MAX_SITES, RULES, grid_order, split_items, wave_strips
 from ..target import SpatialTarget
-from .tile import check_form, matmul_stage, ring_stages, side_rings, sites_per_unit, too_many_items
+from .tile import OPERAND_BYTES, check_form, matmul_stage, ring_stages, side_rings, sites_per_unit, too_many_items
 
 PLACEMENTS = RULES
 
@@ -44,6 +53,18 @@ def default_band(plan: Plan, sites: int) -> int:
     return max(1, min(plan.placed[0], round(math.sqrt(sites * w / h))))
 
 
+def wave_bytes(plan: Plan, precision: Precision, sites: int, kind: str, band: int = 0) -> float:
+    """The bytes of A row strips and B column strips (each the whole K) that a wave of `sites` items reads, on
+    average over the waves of the grid rule `kind` (`GRID_RULES`): what the L2 must hold for the sites of one wave
+    to share their strips, and, if it holds it, for the next wave to reuse them."""
+    if kind not in GRID_RULES:
+        raise ValueError(f"wave_bytes takes a grid rule ({', '.join(GRID_RULES)}), not {kind!r}")
+    h, w = plan.placed_tiles
+    k = plan.k_tiles * 16 * OPERAND_BYTES[precision]
+    strips = wave_strips(grid_order(kind, plan.placed, band), plan.placed[1], sites)
+    return sum(rows * h * 16 * k + cols * w * 16 * k for rows, cols in strips) / len(strips)
+
+
 def place(
     p: SpatialProgram,
     target: SpatialTarget,
@@ -66,6 +87,6 @@ def place(
     if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:
         raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
     plan = p.plan
-    kind = placement or ("grouped" if plan.items > sites else "contiguous")
+    kind = placement or ("grouped" if plan.items > sites else "contiguous")  # hilbert: asked for only (see above)
     band = default_band(plan, sites) if kind == "grouped" else 0
     return p.evolve(placement=Placement(split(plan.items, sites, kind, plan.placed, band), (), kind, band))

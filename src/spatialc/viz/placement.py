@@ -7,7 +7,7 @@ import math
 
 from ..ir.nodes import SpatialProgram, TensorRole
 from ..ir.printer import plural
-from ..ir.worklist import split_items
+from ..ir.worklist import GRID_RULES, split_items
 from .svg import CHAR_W, Entry, _colour, _legend, _open, _text
 
 _KEY_SITES = 12  # beyond this many sites the key would be a wall of swatches; the cells carry the numbers
@@ -64,7 +64,8 @@ def _group_frames(p: SpatialProgram, left: float, top: float, cell: int) -> list
 
 def placement_rule(p: SpatialProgram) -> str:
     """How the items went to sites, read from the list itself: the rule of ir/worklist.py it follows, whatever its
-    `kind` claims ("round-robin", "grouped, bands of 2 rows"), else "as listed" (a hand-written list)."""
+    `kind` claims ("round-robin", "grouped, bands of 2 rows", "along a Hilbert curve"), else "as listed" (a
+    hand-written list)."""
     pl, plan = p.placement, p.plan
     assert pl is not None and plan is not None
     if pl.splits > 1:
@@ -74,11 +75,13 @@ def placement_rule(p: SpatialProgram) -> str:
     listed = [[int(i) for i in items] for _, items in pl.items_of_site]
     items, sites = sum(map(len, listed)), len(listed)
     rules = [("contiguous", 0), ("round_robin", 0)] + ([("grouped", pl.band)] if pl.band > 0 else [])
+    rules.append(("hilbert", 0))
     rules.sort(key=lambda r: r[0] != pl.kind)  # the rule it claims first, where the list fits several
     for rule, band in rules if items == plan.items else ():
-        grid = plan.placed if rule == "grouped" else None
+        grid = plan.placed if rule in GRID_RULES else None
         if split_items(items, sites, rule, grid, band) == listed:
-            return {"round_robin": "round-robin", "grouped": f"grouped, bands of {plural(band, 'row')}"}.get(rule, rule)
+            named = {"round_robin": "round-robin", "grouped": f"grouped, bands of {plural(band, 'row')}"}
+            return named.get(rule, "along a Hilbert curve" if rule == "hilbert" else rule)
     runs = all(part == list(range(part[0], part[0] + len(part))) for part in listed if part)
     return "as listed, each site's items one run" if runs else "as listed"
 

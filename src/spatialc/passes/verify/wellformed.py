@@ -345,6 +345,8 @@ def _check_layout(p: SpatialProgram) -> None:
         raise IllFormedError(
             f"a placement of band {p.placement.band}: a grouped placement's rows a band, 0 to {MAX_ITEMS}"
         )
+    if p.placement.kind == "hilbert" and p.placement.band:  # the launch would deal the curve with a band it ignores
+        raise IllFormedError(f"a hilbert placement of band {p.placement.band}: the curve has no bands (band 0)")
     gy, gx = p.placement.multicast
     if gy < 1 or gx < 1 or gy * gx > MAX_SITES:
         raise IllFormedError(f"a placement of multicast groups {gy}x{gx}: each side ≥ 1, at most {MAX_SITES} sites")

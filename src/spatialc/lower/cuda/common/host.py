@@ -41,10 +41,12 @@ INTEGER_OUTPUTS = ("long long", "int", "signed char")
 
 def helpers(launch: Launch) -> str:
     """The checked-in host helpers, inlined so that each program is one self-contained text (with the matrix
-    store where a parameter is stored as a matrix)."""
+    store where a parameter is stored as a matrix, the Hilbert curve where the launch deals items along it)."""
     matrices = any(param.order in MATRIX_ORDERS for param in launch.params)
     w4 = any(param.c_type in (*PACKED_C_TYPES.values(), *BYTE_C_TYPES.values()) for param in launch.params)
     text = inlined("common/host.cuh") + ("\n" + inlined("common/matrix_host.cuh") if matrices else "")
+    if launch.placement == "hilbert" and not launch.work:
+        text += "\n" + inlined("common/hilbert_host.cuh")
     return text + ("\n" + inlined("common/w4_host.cuh") if w4 else "")
 
 
@@ -257,9 +259,13 @@ def _work(launch: Launch, w: Writer) -> None:
         w.line("int sms = 0;")
         w.line("SPATIALC_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));")
         w.line(f"const int GRID = spatialc_sites({launch.items}, sms, {launch.per_sm}, {launch.grid});")
-        rule = ("contiguous", "round_robin", "grouped").index(launch.placement)
-        grouped = f", {launch.item_grid[0]}, {launch.item_grid[1]}, {launch.band}" if rule == 2 else ""
-        w.line(f"std::vector<int> work = spatialc_work_list({launch.items}, GRID, {rule}{grouped});")
+        ny, nx = launch.item_grid
+        if launch.placement == "hilbert":  # hilbert_host.cuh's, inlined for it
+            w.line(f"std::vector<int> work = spatialc_hilbert_work_list({launch.items}, GRID, {ny}, {nx});")
+        else:
+            rule = ("contiguous", "round_robin", "grouped").index(launch.placement)
+            grouped = f", {ny}, {nx}, {launch.band}" if rule == 2 else ""
+            w.line(f"std::vector<int> work = spatialc_work_list({launch.items}, GRID, {rule}{grouped});")
     w.line("int* d_work = nullptr;")
     w.line("SPATIALC_CHECK(cudaMalloc(&d_work, work.size() * sizeof(int)));")
     w.line("SPATIALC_CHECK(cudaMemcpy(d_work, work.data(), work.size() * sizeof(int), cudaMemcpyHostToDevice));")

@@ -525,7 +525,7 @@ def launch_for(
     grid = p.plans[0].placed
     try:
         rule = split_items(n_items, len(items), placement.kind, grid, placement.band)
-    except ValueError:  # a grouped placement without a band (edited by hand): its list is passed as it stands
+    except ValueError:  # no rule's kind, or a rule without its grid or band: its list is passed as it stands
         rule = None
     ruled = placement.kind in RULES and [list(i) for i in items] == rule
     follows = ruled and not (fixed or cooperative) and len(items) == launch_sites(n_items, target.units, blocks_per_sm)
