@@ -168,7 +168,10 @@ def test_a_manifest_of_another_format_is_refused(tmp_path):
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_a_kernel_text_two_plans_share_is_compiled_once_and_found_by_both(tmp_path, capsys, monkeypatch):
+    from spatialc.gpucheck import sweep
+
     only_the_64_cubed_preflight(monkeypatch)
+    monkeypatch.setattr(sweep, "SWEPT_FORMS", ("persistent",))  # one form's plans share texts as each form's do
     prep = tmp_path / "prep"
     # A sweep row's planner's kernel is timed twice and its row-major neighbour differs only in the work list: the
     # same text three times a form.

@@ -31,20 +31,17 @@ CASES = {
     "int8-contiguous": ("int8", 48, 80, 40, "sm_86", {}, True),
     "int8-more-sites-than-items-odd": ("int8", 33, 17, 50, "sm_86", {"sites": 20}, True),
     "int8-fused-round-robin": ("int8", 64, 96, 48, "sm_86", FUSED_RR, True),
-    "fp16-round-robin-int": ("fp16", 48, 80, 40, "sm_86", {"placement": "round_robin", "sites": 3}, True),
     "bf16-round-robin-int": ("bf16", 40, 56, 72, "sm_89", {"placement": "round_robin", "sites": 5}, True),
     "fp16-fused-real": ("fp16", 64, 64, 64, "sm_86", {"block": (2, 2, 2)}, False),
     "bf16-odd-real": ("bf16", 50, 30, 70, "sm_86", {"sites": 3}, False),
     "fp16-dynamic-rings-int": ("fp16", 128, 128, 128, "sm_89", {"block": (4, 4, 4), "depth": 4}, True),
     "int8-256-on-8-sites": ("int8", 256, 256, 256, "sm_86", {"sites": 8}, True),
-    # The rest of the persistent-kernel issue's matrix: one element, and the 8-warp targets (sm_80, sm_90).
+    # The rest of the persistent-kernel issue's matrix: one element, and the 8-warp targets (sm_80, sm_90). (Cases
+    # that only repeated one of these at another precision or target were dropped for CI time: each is two compiles.)
     "int8-one-element-sm80": ("int8", 1, 1, 1, "sm_80", {}, True),
-    "fp16-one-element-sm90": ("fp16", 1, 1, 1, "sm_90", {}, True),
-    "bf16-one-element-sm86": ("bf16", 1, 1, 1, "sm_86", {}, True),
     "bf16-odd-sm90": ("bf16", 33, 17, 49, "sm_90", {}, True),
     "fp16-sub-blocks-sm80": ("fp16", 128, 128, 64, "sm_80", {"block": (2, 4, 1), "sub_blocks": (2, 2)}, True),
     "int8-depth-1-sm90": ("int8", 100, 70, 50, "sm_90", {"depth": 1}, True),
-    "int8-more-sites-than-items-sm90": ("int8", 64, 64, 32, "sm_90", {"sites": 40}, True),
 }
 
 
