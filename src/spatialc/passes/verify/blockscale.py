@@ -22,7 +22,12 @@ K tile summed twice, one skipped a K tile never summed):
 Last (`check_scale_types`, once the products are proved), the layouts against the scales' element type, since the
 step every reader promotes at is read from the layouts (`numerics.blockscale.step_of`): a group narrower than
 PROMOTION_K (128) only of e8m0 scales, both operands', and e8m0 scales only in OCP MX's groups of MX_K (32) — the
-kernel promotes float32 scales every 128 and e8m0 codes by their exponents (lower/cuda/common/blockscale.py).
+kernel promotes float32 scales every 128 and e8m0 codes by their exponents (lower/cuda/common/blockscale.py). Then
+the layouts against the operands (a saved file may say anything): a block spans one row (column) or more — the
+kernel divides by `outer` — and e8m0 blocks exactly one (OCP MX's 1 × 32, 32 × 1); a float32 group is whole steps
+of 128 or all of K, since the reference promotes every 128 with the group of the step's first element; and each
+scale tensor has the shape its layout takes of its operand (`numerics.blockscale.scale_shape`), one matrix a group
+of a grouped GEMM — a tensor short of it had K past it multiplied by zero.
 """
 
 from __future__ import annotations
