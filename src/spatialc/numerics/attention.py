@@ -35,9 +35,7 @@ def valid_scale(scale: object) -> bool:
     accepts and verify holds a saved declaration to."""
     import numbers
 
-    return (
-        not isinstance(scale, bool) and isinstance(scale, numbers.Real) and math.isfinite(scale) and float(scale) > 0
-    )
+    return not isinstance(scale, bool) and isinstance(scale, numbers.Real) and math.isfinite(scale) and float(scale) > 0
 
 
 def keep(seq_q: int, seq_kv: int, causal: bool) -> np.ndarray:
