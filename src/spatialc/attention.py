@@ -16,7 +16,6 @@ groups of seq_kv rows (arrays come as (batch, heads, seq, dim), or (batch·heads
 from __future__ import annotations
 
 import math
-import numbers
 
 from .errors import ProgramError
 from .frontend import MAX_TENSOR_ELEMS, OUTPUT_CHOICES, TILE, _dim, precision_of
@@ -35,6 +34,7 @@ from .ir.nodes import (
     WriteStage,
 )
 from .ir.ops import Attention, Precision
+from .numerics.attention import valid_scale
 
 MAX_HEAD_DIM = 256  # FlashAttention's largest: beyond it a band of Q and a block of K and V no longer fit a site
 
@@ -81,7 +81,7 @@ def attention(
         )
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or scale <= 0:
+    if not valid_scale(scale):
         raise ProgramError(f"scale is a finite number > 0, not {scale!r}")
     prec = precision_of(precision)
     if prec not in (Precision.BF16, Precision.FP16):

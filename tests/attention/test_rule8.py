@@ -5,7 +5,10 @@ StrongerCheckNeeded; a constant is compared as the float32 a Map holds."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,9 +16,10 @@ from hypothesis import given, settings
 import spatialc
 from spatialc.errors import SemanticError, StrongerCheckNeeded
 from spatialc.ir.ids import LV_HEAD, LV_K, LV_SUB_H, Site
-from spatialc.ir.nodes import Engine
+from spatialc.ir.nodes import Engine, SpatialProgram
 from spatialc.ir.ops import (
     AcquireAcc,
+    Attention,
     Compute,
     Const,
     Lit,
@@ -34,6 +38,7 @@ from spatialc.ir.ops import (
 from spatialc.passes.verify import verify
 
 from .mutants import attentions, engines, in_loop, loop_count, ring, scheduled, with_expr
+from .qkv import inputs
 
 # (batch, heads, seq_q, seq_kv, head_dim), keywords: odd lengths (padded rows, a partial last block), GQA and MQA,
 # causal and not, one tile of head_dim, one KV block, several batches.
@@ -162,3 +167,59 @@ def test_pages_waited_at_two_places_are_not_followed() -> None:
     edited = engines(engines(p, "compute", in_loop(LV_HEAD, drop_first)), "compute", loop_count(LV_K, -1))
     with pytest.raises(StrongerCheckNeeded, match="k_ring moved by one Wait and one Pop of this engine"):
         verify(edited)
+
+
+def _rescaled_file(p, new: float) -> SpatialProgram:
+    """`p` saved, its declaration's scale and the schedule's literal of it (the score map's) set to `new` in the file,
+    and loaded (from_json verifies it again)."""
+    old = next(s.kind.op.scale for s in p.stages if isinstance(getattr(s.kind, "op", None), Attention))
+    doc = json.loads(spatialc.to_json(p))
+    edits = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "Attention" or (node.get("type") == "Lit" and node.get("value") == old):
+                node["scale" if node["type"] == "Attention" else "value"] = new
+                edits.append(node["type"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc["program"])
+    assert "Attention" in edits and "Lit" in edits
+    return spatialc.from_json(json.dumps(doc))
+
+
+@pytest.mark.parametrize("new", [-0.125, 0.0])
+def test_a_saved_scale_the_api_refuses_is_refused(new: float) -> None:
+    """Review 47: a saved attention whose declared scale and the schedule's literal were edited alike to -0.125 or 0
+    verified (spatialc.attention refuses scale <= 0): the proof compares the two, not the value. Verify holds the
+    declaration to what the API takes."""
+    q = _rescaled_file(scheduled(1, 4, 40, 72, 32, kv_heads=2, causal=True), new)
+    assert not q.verified
+    with pytest.raises(SemanticError, match=rf"^stage attention declares attention with scale = {new}; attention's"):
+        verify(q)
+
+
+@pytest.mark.parametrize("new", [math.nan, math.inf])
+def test_a_scale_that_is_not_finite_is_refused(new: float) -> None:
+    p = scheduled(1, 2, 16, 16, 16)
+    stages = tuple(
+        dataclasses.replace(s, kind=dataclasses.replace(s.kind, op=dataclasses.replace(s.kind.op, scale=new)))
+        if isinstance(getattr(s.kind, "op", None), Attention)
+        else s
+        for s in p.stages
+    )
+    with pytest.raises(SemanticError, match=r"scale = (nan|inf); attention's scale is a finite number > 0"):
+        verify(p.evolve(stages=stages))
+
+
+def test_the_kernel_bound_is_of_the_scores_magnitude() -> None:
+    """The kernel's bound on a score's float32 sum is (dim + 4) ulps of |scale|·|Q|·|K|ᵀ: of a negative scale (an
+    unverified file's) it went negative, and the interpreter's own result, the reference's, fell outside it."""
+    q = _rescaled_file(scheduled(1, 4, 40, 72, 32, kv_heads=2, causal=True), -0.125)
+    x = {k: v.astype(ml_dtypes.bfloat16) for k, v in inputs(1, 4, 40, 72, 32, kv_heads=2, seed=1).items()}
+    ok, how = spatialc.tolerance(q, kernel=True).check(spatialc.evaluate(q, x), x)
+    assert ok, how

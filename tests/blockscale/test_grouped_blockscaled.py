@@ -185,6 +185,21 @@ def test_a_group_on_a_program_of_one_group_is_refused():
         verify(compute(p, matmuls(scales(group=TileAddr(0)))))
 
 
+@pytest.mark.parametrize("groups", [2, 1])
+def test_a_scale_tensor_of_fewer_groups_than_the_product_is_refused(base, groups):
+    """Review 47: scale_b declared with 2 matrices (or 1) for 3 experts verified; then the interpreter stopped at the
+    third expert's step (FlowError) and the reference raised an IndexError. Each scale tensor stacks one matrix a
+    group of the product (check_scale_types)."""
+    tensors = tuple(
+        dataclasses.replace(t, groups=groups, tiles=(t.tiles[0] // GROUPS * groups, t.tiles[1]))
+        if t.name == "scale_b"
+        else t
+        for t in base.tensors
+    )
+    with pytest.raises(SemanticError, match=rf"scale_b stacks {groups} matri(ces|x) of scales; the product's 3 groups"):
+        verify(base.evolve(tensors=tensors))
+
+
 def test_another_experts_scales_compute_something_else(base):
     """The interpreter runs the refused edit (unverified) to another C: the refusal is of a real fault."""
     ins = inputs_of(base, seed=7)

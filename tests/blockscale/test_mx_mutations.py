@@ -9,6 +9,7 @@ e8m0 scales only in groups of 32 — each refused by one line; the step read fro
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -205,3 +206,111 @@ def test_the_step_is_read_from_the_layouts_the_hole_it_closes(base, truth):
     ok, how = spatialc.tolerance(q).check(spatialc.evaluate(q, as_floats), as_floats)
     assert ok and "promoted every 32 of K" in how, how
     assert promotion_k(scaled(64, 96, 256)) == 128
+
+
+def _saved(p, scales=None, tensors=None):
+    """`p` saved, its file edited — each BlockScales' (the declaration's and every scheduled op's alike) fields of
+    `scales` ({"a": {"outer": 0}}), each named tensor's fields of `tensors` — and loaded (from_json verifies it
+    again)."""
+    doc = json.loads(spatialc.to_json(p))
+
+    def walk(node):
+        if isinstance(node, dict):
+            if node.get("type") == "BlockScales":
+                for which, fields in (scales or {}).items():
+                    node[which].update(fields)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc["program"])
+    for t in doc["program"]["tensors"]:
+        t.update((tensors or {}).get(t["name"], {}))
+    return spatialc.from_json(json.dumps(doc))
+
+
+@pytest.fixture(scope="module")
+def mx384():
+    """MX steps of 2 tiles over K = 384: room for a group of 192 whose steps lie within it (review 47's r9)."""
+    return scaled(64, 64, 384, scales="mx", block=(2, 2, 2))
+
+
+WHERE = r"^stage matmul is promoted by scale_a and scale_b: "
+# Review 47: a saved file's layouts against the operands (check_scale_types), every other rule holding. Each verified
+# before: a block of outer 0 printed `(r + 0) / 0`, of -1 read the scales at negative rows; a scale tensor of the
+# wrong shape multiplied K past it by zero (or the interpreter raised about an element it does not have); a float32
+# group of 192 was promoted by the reference with group 0's scale over K 128 … 191 and 192 … 255 alike.
+SAVED = {
+    "MX: A's blocks of outer 0": (
+        lambda p, _, __: _saved(p, {"a": {"outer": 0}}),
+        WHERE + r"scale_a's blocks span outer = 0 rows of A; a block spans one row or more$",
+    ),
+    "MX: A's blocks of outer -1": (
+        lambda p, _, __: _saved(p, {"a": {"outer": -1}}),
+        WHERE + r"scale_a's blocks span outer = -1 rows of A; a block spans one row or more$",
+    ),
+    "MX: A's e8m0 blocks of 2 rows (its tensor of their shape)": (
+        lambda p, _, __: _saved(p, {"a": {"outer": 2}}, {"scale_a": {"elems": [32, 4], "tiles": [2, 1]}}),
+        WHERE + r"scale_a holds e8m0 scales of blocks of outer = 2 rows of A; OCP MX's e8m0 scales are one a row"
+        r" \(outer = 1\)$",
+    ),
+    "MX: scale_a of 2 groups of K where K = 128 takes 4": (
+        lambda p, _, __: _saved(p, tensors={"scale_a": {"elems": [64, 2]}}),
+        WHERE + r"scale_a holds 64x2 scales, but its layout \(1x32 blocks of A's 64x128 elements\) takes 64x4$",
+    ),
+    "DeepGEMM: B's blocks of outer 0": (
+        lambda _, q, __: _saved(q, {"b": {"outer": 0}}),
+        WHERE + r"scale_b's blocks span outer = 0 columns of B; a block spans one column or more$",
+    ),
+    "DeepGEMM: A's blocks of outer -2": (
+        lambda _, q, __: _saved(q, {"a": {"outer": -2}}),
+        WHERE + r"scale_a's blocks span outer = -2 rows of A",
+    ),
+    "DeepGEMM: B's blocks of 48 columns, its tensor unchanged": (
+        lambda _, q, __: _saved(q, {"b": {"outer": 48}}),
+        WHERE + r"scale_b holds 2x1 scales, but its layout \(128x48 blocks of B's 256x96 elements\) takes 2x2$",
+    ),
+    "DeepGEMM: scale_b 1x1 where K = 256 takes 2 groups": (
+        lambda _, q, __: _saved(q, tensors={"scale_b": {"elems": [1, 1]}}),
+        WHERE + r"scale_b holds 1x1 scales, but its layout \(128x128 blocks of B's 256x96 elements\) takes 2x1$",
+    ),
+    "float32 scales, A's group 192 of K = 384": (
+        lambda _, __, r: _as_group_192(r),
+        WHERE + r"scale_a holds float32 scales of groups of 192 elements of K; a group is a multiple of 128 \(the"
+        r" promotion step\) or all of K \(384\)$",
+    ),
+}
+
+
+def _as_group_192(p):
+    return _saved(
+        p,
+        {"a": {"k": 192}, "b": {"k": 128}},
+        {"scale_a": {"dtype": "float32", "elems": [64, 2]}, "scale_b": {"dtype": "float32", "elems": [3, 64]}},
+    )
+
+
+@pytest.mark.parametrize("name", list(SAVED))
+def test_a_saved_layout_its_operands_contradict_is_refused_by_one_line(base, deepgemm, mx384, name):
+    edit, message = SAVED[name]
+    with pytest.raises(SemanticError, match=message) as e:
+        verify(edit(base, deepgemm, mx384))
+    assert "\n" not in str(e.value)
+
+
+def test_the_group_of_192_is_a_real_fault_and_a_group_of_all_k_is_not(base, mx384):
+    """The float32 group of 192: the interpreter promotes each 32 of K with its own group's scale, the reference
+    every 128 with the group of the step's first element (`step_of`), so the two differ — verify refuses it, where
+    the reference and the interpreter would each blame the other. A group of all of K (A's, 128 = K: one group)
+    stays accepted."""
+    q = _as_group_192(mx384)
+    ins = inputs_of(q, seed=4)
+    assert not np.array_equal(spatialc.evaluate(q, ins), reference(q, ins))
+    whole = _saved(
+        base,
+        {"a": {"k": 128}, "b": {"k": 128}},
+        {"scale_a": {"dtype": "float32", "elems": [64, 1]}, "scale_b": {"dtype": "float32", "elems": [1, 384]}},
+    )
+    assert verify(whole).verified

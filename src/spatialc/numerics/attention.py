@@ -30,6 +30,14 @@ OPERAND_U = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11}
 OPERAND_FLOOR = {Precision.BF16: 2.0**-133 + 2.0**-126, Precision.FP16: 2.0**-25 + 2.0**-126}
 
 
+def valid_scale(scale: object) -> bool:
+    """Whether `scale` is a scale attention takes: a finite real number > 0 (not a bool) — what `spatialc.attention`
+    accepts and verify holds a saved declaration to."""
+    import numbers
+
+    return not isinstance(scale, bool) and isinstance(scale, numbers.Real) and math.isfinite(scale) and float(scale) > 0
+
+
 def keep(seq_q: int, seq_kv: int, causal: bool) -> np.ndarray:
     """Which scores the mask keeps, (seq_q, seq_kv): every key, or for a causal attention the keys c ≤ r + seq_kv −
     seq_q (aligned bottom right)."""
@@ -158,7 +166,7 @@ def attention_bound(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool =
     for R the row's largest |score|. A shared factor cancels in O; what differs moves a weighted mean by at most 2ρ of
     the weighted |V|. So |O − ref| ≤ (u + 2ρ + 8·2^-24)·(softmax(S)·|V|) + floor·Σ|v| + 2 ulps of O's type, and
     |LSE − ref| ≤ ρ + 3·2^-24·R + 2^-22·(|log l| + |LSE| + 1) + 2 float32 ulps. A kernel (`kernel`) sums S over
-    head_dim and P·V and l over the keys in float32: (dim + 4) ulps of scale·|Q|·|K|ᵀ more in each score, 2·(seq_kv +
+    head_dim and P·V and l over the keys in float32: (dim + 4) ulps of |scale|·|Q|·|K|ᵀ more in each score, 2·(seq_kv +
     4) ulps of softmax(S)·|V| more in O."""
     from .tolerance import OUT_EPS
 
@@ -175,7 +183,7 @@ def attention_bound(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool =
         shift = 3 * U32 * big
         if kernel:
             qk = np.abs(q) @ np.abs(kv_of(q, k, op.group)).transpose(0, 2, 1)
-            shift = shift + op.scale * (q.shape[2] + 4) * EPS32 * np.max(qk, axis=2, keepdims=True)
+            shift = shift + abs(op.scale) * (q.shape[2] + 4) * EPS32 * np.max(qk, axis=2, keepdims=True)
         rho = 1.01 * (U32 * (blocks + 2) * (5 * big + 3) + shift)
         m = np.max(s, axis=2, keepdims=True)
         w = np.exp(s - m)

@@ -86,7 +86,8 @@ def promotion_k(p: Any) -> int:
 def step_of(scales: BlockScales) -> int:
     """The promotion interval of `scales`: their narrower group along K, at most PROMOTION_K — the one place it is
     read from, so that the interpreter, the bound, the planner and the printers take the step of the layouts that
-    verify proved (whose rule 8 takes groups below PROMOTION_K only of e8m0 scales, and those only of MX_K:
+    verify proved (whose rule 8 takes groups below PROMOTION_K only of e8m0 scales, and those only of MX_K, and
+    other groups only of whole steps of PROMOTION_K or of all of K, so that no step spans two groups:
     `passes.verify.blockscale.check_scale_types`)."""
     return min(scales.a.k, scales.b.k, PROMOTION_K)
 

@@ -35,8 +35,9 @@ from ...errors import ProgramError, SemanticError
 from ...frontend import OUTPUT_CHOICES
 from ...ir.ids import TensorId
 from ...ir.index import ProgramIndex
-from ...ir.nodes import EngineProgram, SpatialProgram, TensorRole
-from ...ir.ops import Const, WriteTiles
+from ...ir.nodes import ComputeStage, EngineProgram, SpatialProgram, TensorRole
+from ...ir.ops import Attention, Const, WriteTiles
+from ...numerics.attention import valid_scale
 from .attention_pages import reader_page, write
 from .attention_run import compute
 from .attention_state import Proof, nested
@@ -65,6 +66,19 @@ def check_attention(index: ProgramIndex, programs: Programs) -> None:
         elif programs.keys[site] not in proved:
             proved.add(programs.keys[site])
             _prove(Proof(index, shape, by_engine))
+
+
+def check_scale(p: SpatialProgram) -> None:
+    """An attention declaration's scale is one `spatialc.attention` takes: a finite number > 0 (a saved file may say
+    otherwise; the kernel's bound is of |scale| · |Q|·|K|ᵀ, and softmax of a negative scale's scores is not the
+    attention any caller asked for)."""
+    for s in p.stages:
+        op = getattr(s.kind, "op", None) if isinstance(s.kind, ComputeStage) else None
+        if isinstance(op, Attention) and not valid_scale(op.scale):
+            raise SemanticError(
+                f"stage {s.name} declares attention with scale = {op.scale!r}; attention's scale is a finite number"
+                " > 0 (spatialc.attention's)"
+            )
 
 
 def _declared(p: SpatialProgram, shape: AttentionShape) -> None:

@@ -22,7 +22,12 @@ K tile summed twice, one skipped a K tile never summed):
 Last (`check_scale_types`, once the products are proved), the layouts against the scales' element type, since the
 step every reader promotes at is read from the layouts (`numerics.blockscale.step_of`): a group narrower than
 PROMOTION_K (128) only of e8m0 scales, both operands', and e8m0 scales only in OCP MX's groups of MX_K (32) — the
-kernel promotes float32 scales every 128 and e8m0 codes by their exponents (lower/cuda/common/blockscale.py).
+kernel promotes float32 scales every 128 and e8m0 codes by their exponents (lower/cuda/common/blockscale.py). Then
+the layouts against the operands (a saved file may say anything): a block spans one row (column) or more — the
+kernel divides by `outer` — and e8m0 blocks exactly one (OCP MX's 1 × 32, 32 × 1); a float32 group is whole steps
+of 128 or all of K, since the reference promotes every 128 with the group of the step's first element; and each
+scale tensor has the shape its layout takes of its operand (`numerics.blockscale.scale_shape`), one matrix a group
+of a grouped GEMM — a tensor short of it had K past it multiplied by zero.
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ...errors import SemanticError
-from ...ir.nodes import ComputeStage, DType
+from ...ir.nodes import ComputeStage, DType, Stage, Tensor
 from ...ir.ops import KScale, MatmulTiles, TileAddr
-from ...numerics.blockscale import MX_K, PROMOTION_K
+from ...numerics.blockscale import MX_K, PROMOTION_K, scale_shape
 from .symbolic import Aff, StepScales
 
 if TYPE_CHECKING:
@@ -143,28 +148,89 @@ def _straddles(first: Aff, width: int, scale: KScale, tile: int, ranges) -> str 
 
 
 def check_scale_types(index: ProgramIndex) -> None:
-    """Each block-scaled matmul's scale layouts fit their element type: groups narrower than PROMOTION_K only of
-    e8m0 scales (both operands'), and e8m0 scales only in groups of MX_K."""
-    for stage in index.p.stages:
-        op = getattr(stage.kind, "op", None) if isinstance(stage.kind, ComputeStage) else None
-        if not isinstance(op, MatmulTiles) or op.scales is None:
-            continue
+    """Each block-scaled matmul's scale layouts fit their element type and its operands: groups narrower than
+    PROMOTION_K only of e8m0 scales (both operands'), e8m0 scales only in OCP MX's blocks (1 × MX_K, MX_K × 1), blocks
+    of one row (column) or more, a float32 group a multiple of PROMOTION_K or all of K, and each scale tensor of the
+    shape its layout takes (`numerics.blockscale.scale_shape`) for as many groups as the product."""
+    scaled = [
+        (stage, stage.kind.op)
+        for stage in index.p.stages
+        if isinstance(stage.kind, ComputeStage) and isinstance(stage.kind.op, MatmulTiles) and stage.kind.op.scales
+    ]
+    for stage, op in scaled:
+        assert op.scales is not None
         both = [(index.tensors[x.tensor], x) for x in (op.scales.a, op.scales.b)]
-        mx = [t.dtype == DType.E8M0 for t, _ in both]
         where = f"stage {stage.name} is promoted by {both[0][0].name} and {both[1][0].name}"
-        if any(mx) and not all(mx):
-            raise SemanticError(
-                f"{where}, of element types {both[0][0].dtype.value} and {both[1][0].dtype.value}:"
-                " e8m0 scales (OCP MX) are both operands' or neither's"
-            )
-        for t, x in both:
-            if mx[0] and x.k != MX_K:
+        _check_types(where, both)
+        for (t, x), (side, of) in zip(both, (("row", "A"), ("column", "B")), strict=True):
+            if x.outer < 1:  # (a kernel would divide by it; a negative one reads the scales at negative rows)
                 raise SemanticError(
-                    f"{where}: {t.name} holds e8m0 scales of groups of {x.k} elements of K; OCP MX's"
-                    f" e8m0 scales group {MX_K}"
+                    f"{where}: {t.name}'s blocks span outer = {x.outer} {side}s of {of}; a block spans one {side} or"
+                    " more"
                 )
-            if not mx[0] and x.k < PROMOTION_K:
+            if t.dtype == DType.E8M0 and x.outer != 1:
                 raise SemanticError(
-                    f"{where}: {t.name} holds {t.dtype.value} scales of groups of {x.k} elements of"
-                    f" K; a group narrower than {PROMOTION_K} is OCP MX's, of e8m0 scales"
+                    f"{where}: {t.name} holds e8m0 scales of blocks of outer = {x.outer} {side}s of {of}; OCP MX's"
+                    f" e8m0 scales are one a {side} (outer = 1)"
+                )
+    if scaled:
+        _check_shapes(index, scaled)
+
+
+def _check_types(where: str, both: list[tuple[Tensor, KScale]]) -> None:
+    """The layouts' groups along K against the scales' element type (the module docstring)."""
+    mx = [t.dtype == DType.E8M0 for t, _ in both]
+    if any(mx) and not all(mx):
+        raise SemanticError(
+            f"{where}, of element types {both[0][0].dtype.value} and {both[1][0].dtype.value}:"
+            " e8m0 scales (OCP MX) are both operands' or neither's"
+        )
+    for t, x in both:
+        if mx[0] and x.k != MX_K:
+            raise SemanticError(
+                f"{where}: {t.name} holds e8m0 scales of groups of {x.k} elements of K; OCP MX's e8m0 scales group"
+                f" {MX_K}"
+            )
+        if not mx[0] and x.k < PROMOTION_K:
+            raise SemanticError(
+                f"{where}: {t.name} holds {t.dtype.value} scales of groups of {x.k} elements of K; a group narrower"
+                f" than {PROMOTION_K} is OCP MX's, of e8m0 scales"
+            )
+
+
+def _check_shapes(index: ProgramIndex, scaled: list[tuple[Stage, MatmulTiles]]) -> None:
+    """Each scale tensor holds the blocks its layout takes of its operand — ceil(M / outer) × ceil(K / k) of A's,
+    ceil(K / k) × ceil(N / outer) of B's — a matrix a group of the product; and a float32 group is whole steps of
+    PROMOTION_K or all of K, since the reference promotes every PROMOTION_K (`step_of`) with the group of the step's
+    first element (a group of 192 would give K 128 … 191's scale to 192 … 255)."""
+    from .declared import declared  # (declared imports dataflow, which imports this module)
+
+    decl = declared(index)
+    for stage, op in scaled:
+        mm = decl.matmuls.get(stage.id)
+        if mm is None or op.scales is None:
+            continue
+        (m, n), k = mm.value[0], mm.k_elems
+        where = f"stage {stage.name} is promoted by {index.tensors[op.scales.a.tensor].name} and"
+        where += f" {index.tensors[op.scales.b.tensor].name}"
+        for x, extent, is_a in ((op.scales.a, m, True), (op.scales.b, n, False)):
+            t = index.tensors[x.tensor]
+            if t.dtype != DType.E8M0 and x.k % PROMOTION_K and x.k < k:
+                raise SemanticError(
+                    f"{where}: {t.name} holds {t.dtype.value} scales of groups of {x.k} elements of K; a group is"
+                    f" a multiple of {PROMOTION_K} (the promotion step) or all of K ({k})"
+                )
+            outer, ks = scale_shape(x, extent, k)
+            want = (outer, ks) if is_a else (ks, outer)
+            if t.elems != want:
+                block, of = (f"{x.outer}x{x.k}", f"A's {m}x{k}") if is_a else (f"{x.k}x{x.outer}", f"B's {k}x{n}")
+                raise SemanticError(
+                    f"{where}: {t.name} holds {t.elems[0]}x{t.elems[1]} scales, but its layout ({block} blocks of"
+                    f" {of} elements) takes {want[0]}x{want[1]}"
+                )
+            if t.groups != decl.out.groups:
+                matrices = "matrix" if t.groups == 1 else "matrices"
+                raise SemanticError(
+                    f"{where}: {t.name} stacks {t.groups} {matrices} of scales; the product's {decl.out.groups} groups"
+                    " take one each"
                 )
