@@ -151,8 +151,8 @@ def operand_panels(p: SpatialProgram, rings: Rings, compute_ops: list[ChoreoOp],
     for op in compute_ops:
         if not (isinstance(op, Compute) and isinstance(op.op, Dequant)):
             continue
-        dst = rings.kept(op.outs[0])
-        assert dst is not None
+        src, dst = rings.kept(op.ins[0]), rings.kept(op.outs[0])
+        assert src is not None and dst is not None
         if dst.layout != PageLayout.PANELS:
             raise NeedsGeneral(
                 f"{W4_PROGRAM} planned for the general form ({dst.name} in {dst.layout.value} pages) in the sm_90a"
@@ -161,6 +161,13 @@ def operand_panels(p: SpatialProgram, rings: Rings, compute_ops: list[ChoreoOp],
             )
         if operand not in OPERANDS:
             raise Unsupported(f"a dequant to {operand}", "4-bit weights dequantise to bf16 or fp16")
+        if src.page * 2 != dst.page:  # a packed tile is half an operand tile's bytes (common/dequant.py)
+            raise Unsupported(
+                f"a dequant of {src.name}'s pages of {src.page // PACKED_TILE} tiles into {dst.name}'s of"
+                f" {dst.page // (2 * PACKED_TILE)}",
+                "the consumers dequantise a packed page into a page of panels of as many tiles, which wgmma reads"
+                " whole",
+            )
         cols = op.op.width * 16
         rows = dst.page // cols
         width = panel_bytes(cols * 2)
@@ -298,7 +305,7 @@ class W4HopperPrinter(HopperPrinter):
         module), then the thread's fence.proxy.async: its stores visible to wgmma before the Push's arrival."""
         pan, rows = self.hk.panels[dst.id], self.hk.panels[src.id]
         assert isinstance(pan, Panels) and isinstance(rows, PackedRows)
-        assert src.c_type == PACKED_RING and src.page * 2 == dst.page
+        assert src.c_type == PACKED_RING  # (`packed_reads`; pages of as many tiles: `operand_panels`)
         fmt, low = REG_FORMAT[op.weights], "true" if op.low_first else "false"
         w = self.w
         with w.block("", mark):
