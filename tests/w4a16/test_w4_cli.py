@@ -83,3 +83,46 @@ def test_a_saved_w4a16_program_verifies_again(capsys, tmp_path):
     status, out, err = run_cli(capsys, "verify", str(saved))
     assert status == 0, err
     assert "verified" in out
+
+
+def test_check_none_makes_no_weights(capsys, monkeypatch):
+    """With --check none and no --run nothing multiplies B, so its weights are never drawn nor packed (a plain GEMM
+    makes no operand either): at 1 × 65536 × 65536 they took the machine's memory."""
+    from spatialc.numerics import w4
+
+    def packed(*_):
+        raise AssertionError("weights packed with --check none")
+
+    monkeypatch.setattr(w4, "pack_int4", packed)
+    monkeypatch.setattr(w4, "random_weights", packed)
+    status, out, err = run_cli(capsys, "gemm", "16", "96", "256", "--precision", "bf16", "--weights", "int4", "--zeros")
+    assert status == 3 and "weights packed" in err  # a check draws them (the patch is in the way)
+    status, out, err = run_cli(
+        capsys, "gemm", "16", "96", "256", "--precision", "bf16", "--weights", "int4", "--zeros", "--check", "none"
+    )
+    assert status == 0, err
+    assert "check     none (--check none)" in out
+
+
+@pytest.mark.parametrize("fmt", ["int4", "uint4", "mxfp4"])
+def test_random_weights_are_drawn_a_block_of_rows_at_a_time(monkeypatch, fmt):
+    """The same packed weights as one draw of the whole K × N, never more than a block of values at once."""
+    import numpy as np
+
+    from spatialc.numerics import w4
+
+    k, n = 96, 40
+    dtype = w4.WEIGHT_FORMATS[fmt]
+    whole = w4.random_weights((k, n), dtype, fmt, np.random.default_rng(5))
+    rng = np.random.default_rng(5)
+    if fmt == "mxfp4":
+        values = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])[rng.integers(0, 8, (k, n))] * rng.choice([-1, 1], (k, n))
+    else:
+        values = rng.integers(*w4.FOUR_BIT_RANGE[dtype], (k, n), endpoint=True)
+    assert np.array_equal(whole, w4.pack_int4(values, fmt))
+    sizes = []
+    pack = w4.pack_int4
+    monkeypatch.setattr(w4, "pack_int4", lambda v, f: sizes.append(np.size(v)) or pack(v, f))
+    monkeypatch.setattr(w4, "WEIGHT_CHUNK", 6 * n)
+    assert np.array_equal(w4.random_weights((k, n), dtype, fmt, np.random.default_rng(5)), whole)
+    assert len(sizes) == k // 6 and max(sizes) <= 6 * n

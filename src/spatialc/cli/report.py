@@ -60,9 +60,7 @@ def random_inputs(p: SpatialProgram, seed: int, sample: Any = None, operands: bo
             out[t.name] = rng.integers(-(2**15), 2**15, size=n).astype(np.int32) if integer else rng.standard_normal(n)
     from ..numerics.w4 import random_inputs as w4_inputs
 
-    for name, values in w4_inputs(p, rng).items():  # a W4A16 GEMM's packed weights, scales and zero points
-        if operands or p.tensor_named(name).role.value != "input":
-            out[name] = values
+    out.update(w4_inputs(p, rng, operands))  # a W4A16 GEMM's packed weights (with `operands`), scales, zero points
     return out
 
 

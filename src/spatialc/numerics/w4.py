@@ -198,10 +198,11 @@ def w4_operand(p: Any, op: Any, weights: Any, inputs: Any) -> np.ndarray:
     return dequant_matrix(q, s, z[0] if z else None, op.group, op.operand.value)
 
 
-def random_inputs(p: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_inputs(p: Any, rng: np.random.Generator, operands: bool = True) -> dict[str, np.ndarray]:
     """Random weights (packed), scales and zero points of a W4A16 program `p` (none for other programs): weights
     uniform over their format's values, int4 / uint4 scales uniform in [0.005, 0.02) (about what a layer's weights
-    of unit variance give), e8m0 scales 2^-4 … 2^1, zero points uniform over the weights' range."""
+    of unit variance give), e8m0 scales 2^-4 … 2^1, zero points uniform over the weights' range. Without `operands`,
+    no weights (an input: nothing will multiply them), only the scales and zero points."""
     from ..ir.nodes import ComputeStage, ReadStage
     from ..ir.ops import Dequant
 
@@ -212,13 +213,8 @@ def random_inputs(p: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
         op = s.kind.op
         read = next(r for r in p.stages if isinstance(r.kind, ReadStage) and s.ins[0] in r.outs)
         w, sc = p.tensor(read.kind.tensor), p.tensor(op.scale)
-        k, n = w.elems
-        if w.dtype == DType.E2M1:
-            values = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])[rng.integers(0, 8, (k, n))] * rng.choice([-1, 1], (k, n))
-        else:
-            lo, hi = FOUR_BIT_RANGE[w.dtype]
-            values = rng.integers(lo, hi + 1, (k, n))
-        out[w.name] = pack_int4(values, op.weights.value) if k % 2 == 0 else values
+        if operands:
+            out[w.name] = random_weights(w.elems, w.dtype, op.weights.value, rng)
         if sc.dtype == DType.E8M0:
             out[sc.name] = 2.0 ** rng.integers(-4, 2, sc.elems)
         else:
@@ -229,4 +225,34 @@ def random_inputs(p: Any, rng: np.random.Generator) -> dict[str, np.ndarray]:
             z = p.tensor(op.zero)
             lo, hi = FOUR_BIT_RANGE[z.dtype]
             out[z.name] = rng.integers(lo, hi + 1, z.elems).astype(np.int8)
+    return out
+
+
+WEIGHT_CHUNK = 1 << 20  # values drawn at once: a whole K × N draw of int64 or float64 would take 8 bytes a weight
+
+
+def random_weights(shape: tuple[int, int], dtype: DType, weights: str, rng: np.random.Generator) -> np.ndarray:
+    """K × N random weights of a 4-bit format, packed (`pack_int4`; as values where K is odd): int4 / uint4 uniform
+    over their whole numbers, e2m1 a value of ±{0, 0.5, …, 6} uniformly. Drawn a block of rows at a time, the same
+    values as one draw of the whole (the generator fills row-major), so what is held at once is the packed bytes, a
+    block's values and, for e2m1, a byte a weight (its magnitudes, all drawn before its signs)."""
+    k, n = shape
+    rows = k if k % 2 else max(2, WEIGHT_CHUNK // max(n, 1) // 2 * 2)  # even, so a block packs by itself
+    blocks = [(r, min(r + rows, k)) for r in range(0, k, rows)]
+    index = np.empty((k, n) if dtype == DType.E2M1 else (0, n), np.uint8)
+    for r0, r1 in blocks if dtype == DType.E2M1 else ():  # e2m1: every magnitude is drawn before any sign
+        index[r0:r1] = rng.integers(0, 8, (r1 - r0, n))
+
+    def draw(r0: int, r1: int) -> np.ndarray:
+        """Rows r0 … r1 − 1 of the weights, as values."""
+        if dtype == DType.E2M1:
+            return np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6])[index[r0:r1]] * rng.choice([-1, 1], (r1 - r0, n))
+        lo, hi = FOUR_BIT_RANGE[dtype]
+        return rng.integers(lo, hi + 1, (r1 - r0, n))
+
+    if k % 2:
+        return draw(0, k)
+    out = np.empty((k // 2, n), np.uint8)
+    for r0, r1 in blocks:
+        out[r0 // 2 : r1 // 2] = pack_int4(draw(r0, r1), weights)
     return out

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import TileBoundsError
-from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, ItemId, LoopVar, Site, loop_var_name
+from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, BufferId, ItemId, LoopVar, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import EngineProgram, Plan
-from ...ir.ops import Compute, Map, PackAcc, WriteTiles, arg_indices, row_args
+from ...ir.ops import Compute, Dequant, Map, PackAcc, WriteTiles, arg_indices, row_args
 from .facts import Access, BiasRead, Run
 
 Box = tuple[int, int, int, int]  # item_y lo, hi, item_x lo, hi
@@ -133,6 +133,8 @@ def _check_pages(ctx: ProgramIndex, run: Run) -> None:
                     )
         if isinstance(use.op, Compute) and isinstance(use.op.op, Map) and use.buf in use.op.outs:
             _check_map_page(ctx, site, engine, use.op, use.buf)
+        if isinstance(use.op, Compute) and isinstance(use.op.op, Dequant) and use.buf in use.op.outs:
+            _check_dequant_page(ctx, site, engine, use.op, use.buf)
 
 
 def _check_map_page(ctx: ProgramIndex, site: Site, engine: str, op: Compute, out) -> None:
@@ -154,6 +156,24 @@ def _check_map_page(ctx: ProgramIndex, site: Site, engine: str, op: Compute, out
                 op,
                 f"it fills a page of {ctx.name(out)}, which holds {ctx.page_tiles(out)} tiles, from pages of"
                 f" {ctx.name(src)}, which hold {ctx.page_tiles(src)}: a map's page holds its inputs' pages",
+                ctx.name(out),
+            )
+
+
+def _check_dequant_page(ctx: ProgramIndex, site: Site, engine: str, op: Compute, out: BufferId) -> None:
+    """A dequant's output page holds at least the tiles of the packed page it reads: it dequantises all of that page
+    into its own, tile for tile (a smaller page would be written past its slot, and its readers would take tiles the
+    page does not hold; rule 8 follows the page's value, not its room)."""
+    for src in op.ins:
+        if ctx.page_tiles(src) > ctx.page_tiles(out):
+            raise _fail(
+                ctx,
+                site,
+                engine,
+                op,
+                f"it fills a page of {ctx.name(out)}, which holds {ctx.page_tiles(out)} tiles (its page_tiles),"
+                f" from pages of {ctx.name(src)}, which hold {ctx.page_tiles(src)}: a dequant's page holds the page it"
+                " reads",
                 ctx.name(out),
             )
 

@@ -18,6 +18,8 @@ Rule 6 does not check a dequant's scale and zero-point reads as it checks a bias
 divided by the group, not an affine form): they stay inside their tensors because rule 8 holds each to a weights
 tile's own group and column and `dequant_operand` requires the scale and zero tensors to cover the weights' padded
 grid; the interpreter refuses a read outside them (AddressError) in a program not verified.
+Rule 6 does hold the page a dequant fills to at least the tiles of the packed page it reads (`bounds.py`'s
+`_check_dequant_page`): the dequant converts all of that page, and rule 8 follows the page's value, not its room.
 """
 
 from __future__ import annotations

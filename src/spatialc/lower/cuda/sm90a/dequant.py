@@ -151,8 +151,8 @@ def operand_panels(p: SpatialProgram, rings: Rings, compute_ops: list[ChoreoOp],
     for op in compute_ops:
         if not (isinstance(op, Compute) and isinstance(op.op, Dequant)):
             continue
-        dst = rings.kept(op.outs[0])
-        assert dst is not None
+        src, dst = rings.kept(op.ins[0]), rings.kept(op.outs[0])
+        assert src is not None and dst is not None
         if dst.layout != PageLayout.PANELS:
             raise NeedsGeneral(
                 f"{W4_PROGRAM} planned for the general form ({dst.name} in {dst.layout.value} pages) in the sm_90a"
@@ -161,6 +161,13 @@ def operand_panels(p: SpatialProgram, rings: Rings, compute_ops: list[ChoreoOp],
             )
         if operand not in OPERANDS:
             raise Unsupported(f"a dequant to {operand}", "4-bit weights dequantise to bf16 or fp16")
+        if src.page * 2 != dst.page:  # a packed tile is half an operand tile's bytes (common/dequant.py)
+            raise Unsupported(
+                f"a dequant of {src.name}'s pages of {src.page // PACKED_TILE} tiles into {dst.name}'s of"
+                f" {dst.page // (2 * PACKED_TILE)}",
+                "the consumers dequantise a packed page into a page of panels of as many tiles, which wgmma reads"
+                " whole",
+            )
         cols = op.op.width * 16
         rows = dst.page // cols
         width = panel_bytes(cols * 2)
@@ -238,7 +245,13 @@ class W4HopperPrinter(HopperPrinter):
 
     def bulk_rows(self, op: ReadTiles, env: dict[LoopVar, str]) -> None:
         """The packed page's bytes announced on the slot's full barrier (with the Push's arrival where it follows at
-        once), then one bulk copy a tile row of the page."""
+        once), then one bulk copy a tile row of the page.
+
+        Every address is the tensor's grid's, as verify proves it, never the op's `stride_h`: tile `at` is (at /
+        cols, at % cols) of the grid of `cols` tiles a row (rule 8 holds that tile to the dequant's own k-tile and
+        column), and row i of a block of several is at + i · cols (rule 8 holds row i to k-tile + i). A one-row
+        block's `stride_h` moves no tile (the interpreter never reads it; verify cannot hold it to anything), so a
+        copy that read it would go where the proof never looked."""
         from ...census import marker
 
         t = self.k.program.tensor(op.tensor)
@@ -247,16 +260,15 @@ class W4HopperPrinter(HopperPrinter):
         assert isinstance(rows, PackedRows)
         slot, nbytes = self.write_slot(r), rows.block_h * rows.row_bytes + rows.side_bytes
         pushed = isinstance(self.after, Push) and self.kept(self.after.buf).id == r
+        cols = t.tiles[1]
         with self.w.block("", marker(op)):
             self.w.line(f"const int at = {addr_expr(op.at, env)};  // the page's first tile of {plain(t.name)}")
             self.expect_bytes(r, slot, nbytes, pushed)
             page, bar = f"(char*)({self.write_page(r)})", f"&full_{r}[{slot}]"
             with self.w.block(f"for (int i = 0; i < {rows.block_h}; ++i)", "// a tile row: consecutive tiles"):
-                src = f"(const char*)t{int(t.id)} + (size_t)(at + i * {op.stride_h}) * {PACKED_TILE}"
+                src = f"(const char*)t{int(t.id)} + (size_t)(at + i * {cols}) * {PACKED_TILE}"
                 self.w.line(f"spatialc_bulk_load({page} + i * {rows.row_bytes}, {src}, {rows.row_bytes}u, {bar});")
-            self.side_rows(
-                rows, f"at / {op.stride_h}", f"at % {op.stride_h}", f"(w4_side + {slot} * {rows.side_bytes})", bar
-            )
+            self.side_rows(rows, f"at / {cols}", f"at % {cols}", f"(w4_side + {slot} * {rows.side_bytes})", bar)
 
     def side_rows(self, rows: PackedRows, k_tile: str, col: str, side: str, bar: str) -> None:
         """The page's scales and zero points into its side slot: a group's row of each of its tile columns' tiles
@@ -293,7 +305,7 @@ class W4HopperPrinter(HopperPrinter):
         module), then the thread's fence.proxy.async: its stores visible to wgmma before the Push's arrival."""
         pan, rows = self.hk.panels[dst.id], self.hk.panels[src.id]
         assert isinstance(pan, Panels) and isinstance(rows, PackedRows)
-        assert src.c_type == PACKED_RING and src.page * 2 == dst.page
+        assert src.c_type == PACKED_RING  # (`packed_reads`; pages of as many tiles: `operand_panels`)
         fmt, low = REG_FORMAT[op.weights], "true" if op.low_first else "false"
         w = self.w
         with w.block("", mark):
