@@ -7,9 +7,10 @@ from . import lower as _lower_package  # noqa: F401
 from .api import build, emulate, evaluate, from_json, gemm, grouped_gemm, lower, run, to_json, verify
 from .attention import attention
 from .errors import DeadlockError, PlanError, ProgramError, SpatialError, VerifyError
-from .frontend import activation, bias, col_scale, elementwise, gate, relu, requant, residual, row_scale, scalar
+from .frontend import activation, bias, col_scale, gate, relu, requant, residual, row_scale, scalar
 from .inputs import InexactInputWarning, InputError
 from .ir.serde import SerdeError
+from .maps import elementwise
 from .numerics.tolerance import Tolerance, tolerance
 from .numerics.w4 import pack_int4, unpack_int4
 from .passes.multicast import MulticastWarning

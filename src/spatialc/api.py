@@ -7,9 +7,10 @@ from typing import Any
 
 from .attention import attention
 from .errors import ProgramError, SpatialError
-from .frontend import elementwise, gemm, grouped_gemm
+from .frontend import gemm, grouped_gemm
 from .ir import serde
 from .ir.nodes import SpatialProgram
+from .maps import elementwise
 from .rows import layernorm, rmsnorm, softmax
 from .target import SpatialTarget
 from .target import target as get_target

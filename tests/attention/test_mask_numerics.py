@@ -9,6 +9,7 @@ import pytest
 from spatialc.interp.support import position_values
 from spatialc.ir.ops import Apply, Arg, Lit, Pos, TileAddr, VecAxis
 from spatialc.numerics import elementwise as E
+from spatialc.numerics import intervals
 
 ROW, COL = Pos(VecAxis.ROW, TileAddr(0), 2), Pos(VecAxis.COL, TileAddr(0), 2)
 CAUSAL = Apply("mask", (Apply("le", (COL, ROW)), Arg(0)))  # keep column ≤ row
@@ -32,7 +33,7 @@ def test_a_position_needs_its_values():
 
 def test_a_surely_masked_score_is_exact_and_a_kept_one_carries_its_error():
     x, err = np.full((4, 3), 2.5), np.full((4, 3), 1e-3)
-    value, bound = E.bounded(CAUSAL, [(x, err)], places)
+    value, bound = intervals.bounded(CAUSAL, [(x, err)], places)
     kept = np.arange(3)[None, :] <= np.arange(4)[:, None]
     assert np.all(value[~kept] == -np.inf) and np.all(bound[~kept] == 0)
     assert np.all(bound[kept] >= 1e-3) and np.all(np.isfinite(bound[kept]))

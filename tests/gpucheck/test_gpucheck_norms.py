@@ -20,7 +20,7 @@ from spatialc.gpucheck.prepare import Manifest
 from spatialc.gpucheck.report import row_dict, to_markdown
 from spatialc.gpucheck.timing import Timing
 from spatialc.ir.ops import Apply, Arg
-from spatialc.numerics.elementwise import REDUCTIONS, reduce_bound
+from spatialc.numerics.reductions import REDUCTIONS, reduce_bound
 from spatialc.numerics.reference import declared_outputs, row_stages
 from spatialc.numerics.tolerance import tolerance
 from spatialc.runtime import launch as L

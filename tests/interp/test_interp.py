@@ -635,7 +635,7 @@ def test_barriers_rendezvous_and_a_lone_barrier_deadlocks():
 
 
 def test_bf16_rounding_on_the_bits_agrees_with_rounding_by_scaling_for_every_kind_of_float64():
-    from spatialc.inputs import _round_bf16_core, _round_bf16_scaled
+    from spatialc.numerics.narrow import _round_bf16_core, _round_bf16_scaled
 
     rng = np.random.default_rng(11)
     xs = np.concatenate(

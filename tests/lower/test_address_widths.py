@@ -73,7 +73,7 @@ def test_the_general_form_refuses_a_ring_whose_32_bit_counters_would_wrap_onto_t
     two. Four items a site, each 2^31 - 1 K steps: about 2^33 pages through A's ring."""
     from spatialc.ir.ids import LV_K
     from spatialc.ir.ops import Const, Loop
-    from spatialc.lower.cuda.general import kernel as general
+    from spatialc.lower.cuda.general import checks
 
     from ..rewrite import map_ops
 
@@ -87,12 +87,12 @@ def test_the_general_form_refuses_a_ring_whose_32_bit_counters_would_wrap_onto_t
 
     progs = tuple(dataclasses.replace(q, ops=map_ops(q.ops, long_k)) for q in p.schedule.programs)
     long = p.evolve(schedule=dataclasses.replace(p.schedule, programs=progs))
-    assert general.reserved_pages(progs[0].ops)[progs[0].ops[0].body[0].body[0].buf] == 16 * (2**31 - 1)
+    assert checks.reserved_pages(progs[0].ops)[progs[0].ops[0].body[0].body[0].buf] == 16 * (2**31 - 1)
     if depth == 3:
         with pytest.raises(Unsupported, match=r"ring A_ring of 3 pages passing up to 34359738352 pages on site 0"):
-            general.check_counter_wrap(long)
+            checks.check_counter_wrap(long)
         with pytest.raises(Unsupported, match="its 32-bit counters wrap at 2"):
-            general.refuse(long.evolve(verified=True))  # the form's refusal makes the check (the mark: a stand-in)
+            checks.refuse(long.evolve(verified=True))  # the form's refusal makes the check (the mark: a stand-in)
     else:
-        general.check_counter_wrap(long)  # a power-of-two depth wraps cleanly
-    general.refuse(p)  # the program as built passes few pages
+        checks.check_counter_wrap(long)  # a power-of-two depth wraps cleanly
+    checks.refuse(p)  # the program as built passes few pages

@@ -21,6 +21,7 @@ from spatialc.ir.ops import Compute, Const, Loop, Pop, Push, Reserve, ScaleAcc, 
 from spatialc.lower.cuda import forms
 from spatialc.lower.cuda.common import registers
 from spatialc.lower.cuda.general import kernel as general
+from spatialc.lower.cuda.general.fragments import row_templates
 from spatialc.lower.cuda.general.printer import cycles
 from spatialc.lower.errors import NeedsGeneral, TooBig, Unsupported
 from spatialc.numerics.tolerance import tolerance
@@ -147,11 +148,11 @@ def test_a_ring_two_pages_deep_keeps_every_page():
     k = general.make_kernel(p, target(p.target))
     compute = list(walk(next(prog.ops for prog in p.schedule.programs if prog.engine == Engine.COMPUTE)))
     depth = {r: 1 for r in (*k.rings.rings, *k.in_registers)}
-    held = registers.register_rings(compute, k.rings, depth, general.row_templates(p), k.layers)
+    held = registers.register_rings(compute, k.rings, depth, row_templates(p), k.layers)
     assert held == k.in_registers and len(held) == 9
     # All of a program's candidates live in registers or none does: one ring two pages deep, and every page is kept.
     deeper = depth | {min(k.in_registers): 2}
-    assert registers.register_rings(compute, k.rings, deeper, general.row_templates(p), k.layers) == {}
+    assert registers.register_rings(compute, k.rings, deeper, row_templates(p), k.layers) == {}
 
 
 def test_the_planner_asks_the_general_form_what_a_block_costs():

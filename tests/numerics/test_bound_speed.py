@@ -23,7 +23,7 @@ import spatialc
 from spatialc import ew
 from spatialc.ir.ops import Apply, Arg, Col, Lit, RowArg
 from spatialc.numerics import elementwise as E
-from spatialc.numerics import epilogue, reference
+from spatialc.numerics import epilogue, intervals, reductions, reference
 
 # ---- the oracle: the functions as they were before ------------------------------------------------------------
 
@@ -38,11 +38,11 @@ def old_image(op, boxes, params, integer):
         hi = np.where(sure, ahi, np.where(never, bhi, np.maximum(ahi, bhi)))
         return lo, hi
     if op.comparison:
-        holds, fails = E._decided(op.name, *boxes[0], *boxes[1])
+        holds, fails = intervals._decided(op.name, *boxes[0], *boxes[1])
         return np.where(holds, 1, 0), np.where(fails, 0, 1)
     if op.arity == 1:
         ((lo, hi),) = boxes
-        points = [[lo], [hi]] + [[E._inside(t, lo, hi)] for t in op.turns]
+        points = [[lo], [hi]] + [[intervals._inside(t, lo, hi)] for t in op.turns]
     else:
         points = [[]]
         for lo, hi in boxes:
@@ -54,7 +54,7 @@ def old_image(op, boxes, params, integer):
         lo_v, hi_v = np.minimum(lo_v, v), np.maximum(hi_v, v)
     if integer:
         return lo_v, hi_v
-    unbounded = ~np.isfinite(lo_v) | ~np.isfinite(hi_v) | E._crosses_pole(op, boxes)
+    unbounded = ~np.isfinite(lo_v) | ~np.isfinite(hi_v) | intervals._crosses_pole(op, boxes)
     return np.where(unbounded, -np.inf, lo_v), np.where(unbounded, np.inf, hi_v)
 
 
@@ -86,7 +86,7 @@ def old_bounded(expr, pages, col=None):
 
 
 def old_reduce_rows(name, values, integer):
-    r = E.reduction_named(name)
+    r = reductions.reduction_named(name)
     x = np.asarray(values, np.int64 if integer else np.float64)
     if x.shape[1] == 0:
         out = np.full((x.shape[0], 1), r.identity)
@@ -99,7 +99,7 @@ def old_reduce_rows(name, values, integer):
     elif integer:
         out = np.sum(y, axis=1, keepdims=True, dtype=np.int64)
     else:
-        out = np.array([[E._exact_sum(row)] for row in y.tolist()]) if y.size else np.zeros((x.shape[0], 1))
+        out = np.array([[reductions._exact_sum(row)] for row in y.tolist()]) if y.size else np.zeros((x.shape[0], 1))
     return out if integer else out.astype(np.float32)
 
 
@@ -120,11 +120,11 @@ def old_row_stages(p, decl, inputs, bounds=False, done=None):
         op = stage.kind.op
         if isinstance(op, RowReduce):
             x, e = pages[0]
-            value = E.reduce_rows(op.op, x, False)
-            err = E.reduce_bound(op.op, x, e)[1] if bounds else None
+            value = reductions.reduce_rows(op.op, x, False)
+            err = reductions.reduce_bound(op.op, x, e)[1] if bounds else None
         else:
             value = epilogue.mapped(op.expr, [x for x, _ in pages], False, col)
-            err = E.bounded(op.expr, pages, reference._rows_of(col))[1] if bounds else None
+            err = intervals.bounded(op.expr, pages, reference._rows_of(col))[1] if bounds else None
         done[index.ring(stage.outs[0])] = (np.asarray(value, np.float64), err)
     return done[decl.last]
 
@@ -172,9 +172,9 @@ def both(p, inputs, monkeypatch) -> tuple[Any, Any]:
         warnings.simplefilter("ignore")
         new = tol._against(inputs)
         with monkeypatch.context() as m:
-            m.setattr(E, "bounded", old_bounded)
-            m.setattr(E, "image", old_image)
-            m.setattr(E, "reduce_rows", old_reduce_rows)
+            m.setattr(intervals, "bounded", old_bounded)
+            m.setattr(intervals, "image", old_image)
+            m.setattr(reductions, "reduce_rows", old_reduce_rows)
             m.setattr(reference, "row_stages", old_row_stages)
             old = tol._against(inputs)
     return new, old
@@ -210,7 +210,7 @@ def test_the_oracle_is_not_the_code_under_test(monkeypatch):
         warnings.simplefilter("ignore")
         new = tol.bound(vals)
         with monkeypatch.context() as m:
-            m.setattr(E, "bounded", looser)
+            m.setattr(intervals, "bounded", looser)
             assert not same(new, tol.bound(vals))
 
 
@@ -245,8 +245,8 @@ def test_the_exact_row_sum_is_fsums_on_every_kind_of_row(name, monkeypatch):
         want = old_reduce_rows(name, x, False)
     slow: list[int] = []
     with monkeypatch.context() as m:  # which rows fsum adds: those the float64 sum's error bound leaves open
-        m.setattr(E, "_exact_sum", lambda row, fsum=E._exact_sum: slow.append(len(row)) or fsum(row))
-        got = E.reduce_rows(name, x, False)
+        m.setattr(reductions, "_exact_sum", lambda row, fsum=reductions._exact_sum: slow.append(len(row)) or fsum(row))
+        got = reductions.reduce_rows(name, x, False)
     # by fsum: the rows with a NaN or infinities, a zero or float32-overflowing result, 2^100's cancellation (sum),
     # subnormals squared to zero (sumsq); the two rows of ordinary values are decided by the bound
     assert len(slow) == (7 if name == "sum" else 8)
@@ -258,7 +258,7 @@ def test_the_exact_row_sum_is_fsums_on_every_kind_of_row(name, monkeypatch):
         y = (rng.standard_normal((6, width)) * scale).astype(np.float32)
         y[0] = np.r_[y[0, : (width + 1) // 2], -y[0, : width // 2]][:width]
         with np.errstate(all="ignore"):
-            assert np.array_equal(E.reduce_rows(name, y, False), old_reduce_rows(name, y, False)), width
+            assert np.array_equal(reductions.reduce_rows(name, y, False), old_reduce_rows(name, y, False)), width
 
 
 @settings(max_examples=300, deadline=None)
@@ -273,5 +273,5 @@ def test_the_exact_row_sum_is_fsums_on_every_kind_of_row(name, monkeypatch):
 def test_the_exact_row_sum_is_fsums_on_any_finite_float64_values(values):
     with np.errstate(all="ignore"):  # (a sum past float32's range is inf, as fsum's rounded to float32 is)
         want = np.array([[math.fsum(row)] for row in values.tolist()]).astype(np.float32)
-        got = E.reduce_rows("sum", values, False)
+        got = reductions.reduce_rows("sum", values, False)
     assert np.array_equal(got, want) and np.array_equal(np.signbit(got), np.signbit(want))

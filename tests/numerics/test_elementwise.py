@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from spatialc.ir.ops import Apply, Arg, Col, Lit, TensorId
+from spatialc.numerics import cexpr, intervals
 from spatialc.numerics import elementwise as E
 
 # Each op's meaning, one value at a time, in float64 with math (no numpy, nothing shared with the table).
@@ -104,7 +105,7 @@ def test_each_integer_op_is_exact_and_within_the_range_verify_states(name):
     got = E.evaluate(expr, xs, integer=True)
     want = [int(INDEPENDENT[name](*(int(x[i]) for x in xs), *params)) for i in range(400)]
     assert got.dtype == np.int64 and got.tolist() == want
-    lo, hi = E.int_range(expr, [(-1000, 999)] * op.arity, lambda c: (0, 0))
+    lo, hi = intervals.int_range(expr, [(-1000, 999)] * op.arity, lambda c: (0, 0))
     assert lo <= min(want) and max(want) <= hi
     # The range is tight: operands within their ranges reach both of its ends.
     grid = np.meshgrid(*([np.array([-1000, -1, 0, 1, 999])] * op.arity), indexing="ij")
@@ -130,7 +131,7 @@ def test_the_error_bound_holds_for_operands_anywhere_in_their_boxes(name):
     err = [np.abs(rng.normal(0, 1e-3, 300)) for _ in range(op.arity)]
     params = PARAMS.get(name, ())
     expr = Apply(name, tuple(Arg(i) for i in range(op.arity)), params)
-    y, bound = E.bounded(expr, list(zip(base, err, strict=True)))
+    y, bound = intervals.bounded(expr, list(zip(base, err, strict=True)))
     for _ in range(20):
         moved = [x + e * rng.uniform(-1, 1, 300) for x, e in zip(base, err, strict=True)]
         exact = np.asarray(op.f64(*moved, *params), np.float64)
@@ -146,19 +147,19 @@ def test_each_turning_point_is_where_its_op_turns():
         for t in op.turns:
             left, at, right = np.asarray(op.f64(np.array([t - 1e-5, t, t + 1e-5]), *params), np.float64)
             assert at <= min(left, right) or at >= max(left, right), (name, t)
-    lo, _ = E.image(E.OPS["gelu_tanh"], [(np.array([-0.76]), np.array([-0.74]))], (), integer=False)
+    lo, _ = intervals.image(E.OPS["gelu_tanh"], [(np.array([-0.76]), np.array([-0.74]))], (), integer=False)
     assert lo[0] <= E.OPS["gelu_tanh"].f64(np.array([-0.7524614220710163]))[0]
 
 
 def test_a_pole_or_an_undecided_comparison_is_bounded_honestly():
     x = np.array([1.0, 0.01]), np.array([1e-3, 0.1])  # the second box holds 0
-    _, e = E.bounded(Apply("recip", (Arg(0),)), [x])
+    _, e = intervals.bounded(Apply("recip", (Arg(0),)), [x])
     assert np.isfinite(e[0]) and e[1] == np.inf
     base, power = (np.array([-3.0, -3.0]), np.zeros(2)), (np.array([2.0, 2.5]), np.array([0.0, 0.5]))
-    _, e = E.bounded(Apply("pow", (Arg(0), Arg(1))), [base, power])
+    _, e = intervals.bounded(Apply("pow", (Arg(0), Arg(1))), [base, power])
     assert np.isfinite(e[0]) and e[1] == np.inf  # (-3)^2 is bounded; (-3)^y over y in [2, 3] is NaN inside
     x = np.array([1.0, 0.45]), np.array([1e-3, 0.1])  # the second box holds 0.5
-    _, e = E.bounded(Apply("lt", (Arg(0), Lit(0.5))), [x])
+    _, e = intervals.bounded(Apply("lt", (Arg(0), Lit(0.5))), [x])
     assert e.tolist() == [0.0, 1.0]  # decided where the box lies wholly past 0.5, either value where it straddles
 
 
@@ -193,7 +194,7 @@ def test_the_printed_c_of_every_op_computes_the_interpreters_values(tmp_path):
         for i in range(xs[0].size):
             args = [np.float32(x[i]) for x in xs]
             page = {j: f"bits({struct.unpack('<I', struct.pack('<f', a))[0]}u)" for j, a in enumerate(args)}
-            lines.append(f'    printf("%u\\n", out({E.c_expr(expr, False, page.__getitem__, str)}));')
+            lines.append(f'    printf("%u\\n", out({cexpr.c_expr(expr, False, page.__getitem__, str)}));')
             cases.append((name, op, args, params))
     for name, op in sorted(E.OPS.items()):
         if op.c_int is None:
@@ -202,7 +203,7 @@ def test_the_printed_c_of_every_op_computes_the_interpreters_values(tmp_path):
         expr = Apply(name, tuple(Arg(i) for i in range(op.arity)), params)
         for args in ((-7, 3, 5), (0, -2, 9), (12, 12, -1), (-3, -8, 0)):
             page = {j: f"(long long)({a})" for j, a in enumerate(args[: op.arity])}
-            lines.append(f'    printf("%lld\\n", (long long){E.c_expr(expr, True, page.__getitem__, str)});')
+            lines.append(f'    printf("%lld\\n", (long long){cexpr.c_expr(expr, True, page.__getitem__, str)});')
             cases.append((name, None, list(args[: op.arity]), params))
     src = HARNESS.format(header=header, body="\n".join(lines))
     exe = tmp_path / "ops"
@@ -249,7 +250,7 @@ def test_the_printed_c_of_the_exact_ops_keeps_the_interpreters_signed_zeros(tmp_
             expr = Apply(name, tuple(Arg(i) for i in range(op.arity)), ps)
             for args in itertools.product(values, repeat=op.arity):
                 page = {j: f"bits({struct.unpack('<I', struct.pack('<f', a))[0]}u)" for j, a in enumerate(args)}
-                lines.append(f'    printf("%u\\n", out({E.c_expr(expr, False, page.__getitem__, str)}));')
+                lines.append(f'    printf("%u\\n", out({cexpr.c_expr(expr, False, page.__getitem__, str)}));')
                 cases.append((expr, args))
     src = HARNESS.format(header=header, body="\n".join(lines))
     exe = tmp_path / "zeros"
@@ -272,10 +273,10 @@ def test_the_printed_c_of_the_exact_ops_keeps_the_interpreters_signed_zeros(tmp_
 
 def test_column_vectors_and_constants_print_as_the_printers_need():
     expr = Apply("clamp", (Apply("add", (Arg(0), Col(TensorId(3)))),), (-1.0, 1.0))
-    assert E.c_expr(expr, False, lambda i: "v", lambda c: "t3[k]") == (
+    assert cexpr.c_expr(expr, False, lambda i: "v", lambda c: "t3[k]") == (
         "spatialc_clamp(spatialc_fadd(v, t3[k]), (-0x1.0000000000000p+0), (0x1.0000000000000p+0))"
     )
-    assert E.c_expr(Apply("mul", (Arg(0), Lit(-3.0))), True, lambda i: "v", str) == "(v * (-3LL))"
+    assert cexpr.c_expr(Apply("mul", (Arg(0), Lit(-3.0))), True, lambda i: "v", str) == "(v * (-3LL))"
 
 
 def test_the_numerics_doc_lists_every_op_of_the_table():

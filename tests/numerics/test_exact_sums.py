@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from spatialc.numerics.elementwise import reduce_rows
+from spatialc.numerics.reductions import reduce_rows
 
 
 def by_fsum(rows: np.ndarray, square: bool = False) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The inputs' rounding to bf16 / fp16 on float32's bits (`inputs._round_bf16_f32`, `inputs._round_fp16_f32`) gives,
+"""The inputs' rounding to bf16 / fp16 on float32's bits (`narrow._round_bf16_f32`, `narrow._round_fp16_f32`) gives,
 bit for bit, what the float64 rounding it replaced gave (kept below as the oracle, as it was in a428103): on every
 float32 exponent, sign and NaN payload, on each side of every tie, at the overflow to ±inf and through the subnormals
 — as `round_bf16` / `round_fp16`'s float64 results, as `operand_values`' float32 arrays, and in the
@@ -15,6 +15,7 @@ import pytest
 from spatialc import inputs
 from spatialc.inputs import InexactInputWarning, operand_values, round_bf16, round_fp16, warn_if_rounded
 from spatialc.ir.nodes import DType
+from spatialc.numerics import narrow
 
 # ---- the oracle: the float64 rounding of a428103, unchanged -------------------------------------------------------
 
@@ -212,12 +213,12 @@ def test_the_comparison_finds_a_rounding_that_ties_away_from_zero_or_lets_a_nan_
         return (u & np.uint32(0xFFFF0000)).view(np.float32).astype(np.float64)
 
     def no_nan_check(x: np.ndarray) -> np.ndarray:  # the rounding alone: 0x7F800001 becomes inf
-        return inputs._round_kept(x.view(np.uint32), 16).view(np.float32).astype(np.float64)
+        return narrow._round_kept(x.view(np.uint32), 16).view(np.float32).astype(np.float64)
 
     with np.errstate(all="ignore"):
         for planted in (away, no_nan_check):
             assert bits(planted(BF16_PATTERNS)) != bits(old_round_bf16(BF16_PATTERNS))
             assert bits(planted(SPECIALS)) != bits(old_round_bf16(SPECIALS))
     with np.errstate(all="ignore"):  # fp16's subnormals rounded as its normals are: 13 bits dropped
-        normal_only = inputs._round_kept(FP16_PATTERNS.view(np.uint32), 13).view(np.float32).astype(np.float64)
+        normal_only = narrow._round_kept(FP16_PATTERNS.view(np.uint32), 13).view(np.float32).astype(np.float64)
         assert bits(normal_only) != bits(old_round_fp16(FP16_PATTERNS))

@@ -22,7 +22,7 @@ from spatialc.ir.ids import LV_ITEM_Y, LV_K
 from spatialc.ir.nodes import ComputeStage, Engine, SpatialProgram
 from spatialc.ir.ops import AcquireAcc, Apply, Arg, Compute, Loop, Map, ReadTiles, RowArg, RowReduce, TileAddr, walk
 from spatialc.lower.errors import Unsupported
-from spatialc.numerics import elementwise
+from spatialc.numerics import elementwise, reductions
 from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
 
@@ -116,16 +116,16 @@ def test_a_float32_sum_in_any_order_meets_the_kernel_bound_and_a_wrong_one_does_
 
 def test_the_reductions_are_their_definitions():
     x = np.array([[1.0, -3.0, 2.0], [0.5, 0.25, -0.125]])
-    assert elementwise.reduce_rows("max", x, False).tolist() == [[2.0], [0.5]]
-    assert elementwise.reduce_rows("min", x, False).tolist() == [[-3.0], [-0.125]]
-    assert elementwise.reduce_rows("absmax", x, False).tolist() == [[3.0], [0.5]]
-    assert elementwise.reduce_rows("sumsq", x, False).tolist() == [[14.0], [0.328125]]
+    assert reductions.reduce_rows("max", x, False).tolist() == [[2.0], [0.5]]
+    assert reductions.reduce_rows("min", x, False).tolist() == [[-3.0], [-0.125]]
+    assert reductions.reduce_rows("absmax", x, False).tolist() == [[3.0], [0.5]]
+    assert reductions.reduce_rows("sumsq", x, False).tolist() == [[14.0], [0.328125]]
     # A sum exactly rounded: 1 + 2^-30 − 1 is 2^-30, which a float32 sum in that order would lose.
-    assert elementwise.reduce_rows("sum", np.array([[1.0, 2.0**-30, -1.0]]), False).tolist() == [[2.0**-30]]
-    assert np.isnan(elementwise.reduce_rows("max", np.array([[1.0, np.nan]]), False)).all()
-    assert elementwise.reduce_rows("max", np.zeros((2, 0)), False).tolist() == [[-math.inf]] * 2
+    assert reductions.reduce_rows("sum", np.array([[1.0, 2.0**-30, -1.0]]), False).tolist() == [[2.0**-30]]
+    assert np.isnan(reductions.reduce_rows("max", np.array([[1.0, np.nan]]), False)).all()
+    assert reductions.reduce_rows("max", np.zeros((2, 0)), False).tolist() == [[-math.inf]] * 2
     with pytest.raises(elementwise.ElementwiseError, match="the reductions are max, min, sum, sumsq, absmax"):
-        elementwise.reduce_rows("mean", x, False)
+        reductions.reduce_rows("mean", x, False)
 
 
 def test_the_plan_bands_rows_and_fits_its_rings():

@@ -24,7 +24,7 @@ from spatialc import ew
 from spatialc.errors import ProgramError, SemanticError
 from spatialc.ir.nodes import DType, SpatialProgram, TensorRole
 from spatialc.ir.ops import REDUCE_OPS, Apply, Arg, Expr, Lit, RowArg
-from spatialc.numerics import elementwise
+from spatialc.numerics import reductions
 from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
 from spatialc.rows import _begin
@@ -71,12 +71,12 @@ def rows_program(m: int, n: int, shape: str) -> SpatialProgram:
 
 def test_a_row_sum_of_infinities_is_what_ieee_says_not_a_crash():
     inf, nan = math.inf, math.nan
-    got = elementwise.reduce_rows("sum", np.array([[inf, -inf, 1.0], [nan, inf, -inf], [inf, 1.0, 2.0]]), False)
+    got = reductions.reduce_rows("sum", np.array([[inf, -inf, 1.0], [nan, inf, -inf], [inf, 1.0, 2.0]]), False)
     assert np.isnan(got[0, 0]) and np.isnan(got[1, 0]) and got[2, 0] == inf
-    assert elementwise.reduce_rows("sum", np.array([[-inf, 3.0]]), False).tolist() == [[-inf]]
-    assert elementwise.reduce_rows("sumsq", np.array([[-inf, 3.0]]), False).tolist() == [[inf]]
-    assert elementwise.reduce_rows("sum", np.array([[1.0, 2.0**-30, -1.0]]), False).tolist() == [[2.0**-30]]
-    _, bound = elementwise.reduce_bound("sum", np.array([[inf, -inf]]), np.zeros(1))
+    assert reductions.reduce_rows("sum", np.array([[-inf, 3.0]]), False).tolist() == [[-inf]]
+    assert reductions.reduce_rows("sumsq", np.array([[-inf, 3.0]]), False).tolist() == [[inf]]
+    assert reductions.reduce_rows("sum", np.array([[1.0, 2.0**-30, -1.0]]), False).tolist() == [[2.0**-30]]
+    _, bound = reductions.reduce_bound("sum", np.array([[inf, -inf]]), np.zeros(1))
     assert np.isnan(bound).all() or np.isinf(bound).all()
 
 
@@ -231,4 +231,4 @@ def test_a_sampled_check_of_a_row_program_is_refused_in_its_own_words(capsys):
 
 
 def test_the_ir_names_the_reductions_the_numerics_table_defines():
-    assert tuple(REDUCE_OPS) == tuple(elementwise.REDUCTIONS)
+    assert tuple(REDUCE_OPS) == tuple(reductions.REDUCTIONS)

@@ -79,7 +79,7 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...], name: str, dtype: 
     per = max(1, NORMAL_CHUNK // max(shape[-1], 1))
     for r in range(0, flat.shape[0], per):
         block = rng.standard_normal((min(per, flat.shape[0] - r), shape[-1]))
-        # numpy casts float64 to float16 in one rounding, to nearest even: inputs.round_fp16 itself
+        # numpy casts float64 to float16 in one rounding, to nearest even: numerics.narrow.round_fp16 itself
         flat[r : r + per] = block if out.dtype == np.float16 else operand_values(name, block, dtype)
     return out
 

@@ -6,21 +6,21 @@ goes to one stream that both CuPy and torch use, so events order both; it is a s
 default), so that it can be captured into CUDA graphs. Every wait on the GPU polls an event with a limit, so a
 deadlocked kernel becomes `GpuHung` instead of a hung process. Kernels are built and compiled (or found prepared)
 in background threads while earlier rows run (`builds.BuildPool`).
+The preflight's steps are `probes.PreflightSteps`'s and a row's inputs and references `operands.RowOperands`'s,
+both bases of `GpuRunner`.
 """
 
 from __future__ import annotations
 
 import math
 import subprocess
-import zlib
 from collections.abc import Callable, Mapping, Sequence
-from functools import cached_property, partial
+from functools import cached_property
 from typing import Any
 
-from ..errors import SpatialError
 from ..ir.printer import plural
 from ..runtime import launch, nvcc
-from ..runtime.tilize import bf16_bits, fp8_bits, poison_value
+from ..runtime.tilize import poison_value
 from ..target import target as target_of
 from . import blockscaled as bs
 from . import preflight as pf
@@ -51,12 +51,11 @@ from .cases import (
 from .cuda import CupyGraphs, EventTimer, Inputs, PreparedDevice, SpatialcEndToEnd, kernel_tensors
 from .fp8 import is_fp8
 from .fp8 import library_reference as fp8_library_reference
-from .fp8 import more_inputs as fp8_more_inputs
-from .fp8 import reference as fp8_reference
-from .fused import is_plain, more_inputs
-from .fused import reference as fused_reference
+from .fused import is_plain
+from .operands import RowOperands
 from .prepare import source_hash
-from .timing import GraphUnavailable, Timing, copies_for, measure
+from .probes import PreflightSteps
+from .timing import Timing, measure
 
 TARGET_OF_CC = {"80": "sm_80", "86": "sm_86", "89": "sm_89", "90": "sm_90"}
 # A wait longer than this is a hung kernel: the longest legitimate wait of a check launch (a batch of 8192³ launches,
@@ -68,7 +67,7 @@ BUILD_IN_PROCESSES = True
 HANG_MIN_S = 10.0  # … and never shorter than this, even when the budget is nearly spent
 
 
-class GpuRunner:
+class GpuRunner(PreflightSteps, RowOperands):
     """Runs the check's preflight and rows on the current CUDA device."""
 
     def __init__(
@@ -468,189 +467,7 @@ class GpuRunner:
         ok_e, err_e = agrees(made.e2e_result(), made.elem, ref, self.cp, library=True)
         return ok_k and ok_e, max(err_k, err_e)
 
-    # ---- the preflight's steps -----------------------------------------------------------------------------
-
-    def _steps(self, deadline: Deadline) -> list[pf.Step]:
-        steps = [
-            pf.Step(pf.DEVICE_STEP, (), self._probe_device),
-            pf.Step(pf.CUPY_STEP, (pf.REFERENCE,), self._probe_cupy),
-            *(self._spatialc_step(form, case, deadline) for form, case in pf.kernel_steps(self.cases)),
-        ]
-        steps += [self._library_step(name, case, deadline) for name, case in pf.library_steps(self.cases)]
-        graphs: Callable[[], str] | str = (lambda: self._probe_graphs(deadline)) if self.graphs else self.graphs_note
-        return [*steps, pf.Step(pf.GRAPHS_STEP, (pf.GRAPHS,), graphs)]
-
-    def _spatialc_step(self, form: str, case: Case, deadline: Deadline) -> pf.Step:
-        run = partial(self._probe_spatialc, form, case, deadline)
-        return pf.Step(pf.spatialc_step(form, case), (kernel_path(case, spatialc_name(form)),), run)
-
-    def _library_step(self, name: str, case: Case, deadline: Deadline) -> pf.Step:
-        missing = self.libs.missing(name)
-        run: Callable[[], str] | str = missing or (lambda: self._probe_library(name, case, deadline))
-        return pf.Step(f"{name}: {case}", (name,), run)
-
-    def _probe_device(self) -> str:
-        info = self.info()
-        return (
-            f"{info['gpu']}, {info['sms']} SMs ({self.target} plans for {info['target_sms']}), {self.arch}, "
-            f"{info['memory_gib']} GiB, L2 {info['l2_mib']} MiB, {info['clocks']}"
-        )
-
-    def _probe_cupy(self) -> str:
-        import numpy as np
-
-        cp = self.cp
-        a = np.arange(64 * 64, dtype=np.float64).reshape(64, 64) % 7 - 3
-        got = cp.asnumpy(cp.matmul(cp.asarray(a), cp.asarray(a.T)))
-        if not np.array_equal(got, a @ a.T):
-            raise SpatialError("cp.matmul of 64³ float64 differs from numpy's")
-        return "correct"
-
-    def _probe_spatialc(self, name: str, case: Case, deadline: Deadline) -> str:
-        """Launch spatialc's kernel in form `name` on the preflight's product `case` and check it; a wrong C marks
-        the kernel's path (WrongResult) without leaving it out: each row checks its own."""
-        built = self.builds.result(case, deadline)
-        form = built.form(name)
-        why = built.error or built.skip or (built.note if form is None else form.error or form.absent)
-        if form is None or why:
-            raise SpatialError(why or f"lower printed no {name} kernel")
-        inputs = self._inputs(case, 1)
-        ref = self._reference(inputs, case, deadline)
-        prep = self._prepare(form)
-        out = prep.output_buffer(poison=True)
-        args = kernel_tensors(prep, inputs.named(0), out, self.cp)
-        check = self._checked_run(prep, args, out, ref, deadline)
-        path = kernel_path(case, form.contestant)
-        if not check.correct:
-            wrong = f"wrong result: max err {check.max_abs:.3g}, {plural(check.unwritten, 'element')} unwritten"
-            self.marked[path] = f"its preflight kernel ({case}) was wrong ({wrong})"
-            raise pf.WrongResult(f"{wrong}; kept: each row checks its own C")
-        self.probed_kernels[path] = (prep, args, out, ref)
-        origin = form.facts.get("cubin", "compiled here" if "registers" in form.facts else "NVRTC")
-        return f"correct; cubin {origin}"
-
-    def _probe_library(self, name: str, case: Case, deadline: Deadline) -> str:
-        inputs = self._inputs(case, 1)
-        made = self.libs.make(name, case, inputs.a, inputs.b)
-        ref = self._reference(inputs, case, deadline)
-        ok, max_abs = self._check_contender(made, ref, deadline)
-        if not ok:
-            raise SpatialError(f"wrong result (max err {max_abs:.3g})")
-        self.probed[name] = (made, ref)
-        return f"correct both ways ({made.detail})"
-
-    def _probe_graphs(self, deadline: Deadline) -> str:
-        """Capture the kernel-only call of each spatialc kernel and of every library that passed its step, replay
-        each, check the results. A spatialc kernel that fails turns graphs off for every row; a library that fails
-        (CuPy's cuBLAS cannot be captured) only for the rows it runs in, all of whose contestants are then timed
-        launch by launch, so that the kernel-only columns of a row stay alike."""
-        if not self.probed_kernels or self.graphs is None:
-            raise SpatialError("no spatialc kernel to capture: their own steps failed")
-        for name, probed in self.probed_kernels.items():
-            blaming(name, partial(self._replay_kernel, name, probed, deadline))
-        captured = list(self.probed_kernels)
-        for name, (made, lib_ref) in self.probed.items():
-            try:
-                blaming(name, partial(self._replay_library, name, made, lib_ref, deadline))
-                captured.append(name)
-            except SpatialError as e:
-                self.uncaptured[name] = one_line(e).removeprefix(f"{name}: ")
-        said = f"{', '.join(captured)}: captured, replayed, correct"
-        for name, why in self.uncaptured.items():
-            said += f"; {name}: not captured ({why}), its rows timed by events"
-        return said
-
-    def _replay_kernel(self, name: str, probed: tuple[Any, ...], deadline: Deadline) -> None:
-        """Capture one launch and replay it twice, each time into poison: the second replay finds the sync words as
-        the first left them, unless the graph itself resets them (a copy from the host would not be replayed)."""
-        prep, args, out, ref = probed
-        replay = self._capture(name, lambda: prep.run(args))
-        for time in ("first", "second"):
-            out.fill(poison_value(prep.output.storage))
-            replay()
-            self._sync(deadline)
-            if not check_result(prep.result(out), ref, out, prep.output.elem, self.cp).correct:
-                raise SpatialError(f"{name}'s kernel left a wrong result at its graph's {time} replay")
-
-    def _replay_library(self, name: str, made: Any, ref: Any, deadline: Deadline) -> None:
-        made.kernel_result().fill(0)
-        self._sync(deadline)
-        self._capture(name, lambda: made.kernel(0))()
-        self._sync(deadline)
-        if not agrees(made.kernel_result(), made.elem, ref, self.cp, library=True)[0]:
-            raise SpatialError(f"{name}'s replayed call left a wrong result")
-
-    def _capture(self, name: str, call: Callable[[], None]) -> Callable[[], None]:
-        assert self.graphs is not None
-        try:
-            return self.graphs.capture(call)
-        except GraphUnavailable as e:
-            raise SpatialError(f"{name}: {e}") from None
-
-    # ---- inputs, references, timing --------------------------------------------------------------------------
-
-    def _copies(self, case: Case) -> int:
-        itemsize = 1 if case.precision == "int8" or is_fp8(case.precision) else 2
-        residual = case.m * case.n if case.fused else 0  # a fused row's residual is read with A and B
-        return copies_for((case.m * case.k + case.k * case.n + residual) * itemsize, self._l2_bytes())
-
-    def _inputs(self, case: Case, copies: int) -> Inputs:
-        rs = self.cp.random.RandomState(zlib.crc32(f"{self.seed} {case}".encode()))  # fresh per row, reproducible
-        a = [self._random(rs, (case.m, case.k), case.precision) for _ in range(copies)]
-        b = [self._random(rs, (case.k, case.n), case.precision) for _ in range(copies)]
-        if is_fp8(case.precision):  # the dequant scales, as float32
-
-            def scale(shape: tuple[int, int], lo: float, hi: float) -> Any:
-                return rs.uniform(lo, hi, size=shape, dtype=self.cp.float32)
-
-            more = bs.more_inputs if case.blockscaled else fp8_more_inputs
-            return Inputs(a, b, [more(case, scale) for _ in a])
-        if not case.fused:
-            return Inputs(a, b)
-
-        def draw(shape: tuple[int, int], lo: float, hi: float) -> Any:
-            return self._random(rs, shape, case.precision, lo, hi)
-
-        return Inputs(a, b, [more_inputs(case, draw) for _ in a])
-
-    def _random(self, rs: Any, shape: tuple[int, int], precision: str, lo: float = -1.0, hi: float = 1.0) -> Any:
-        cp = self.cp
-        if precision == "int8":
-            return rs.randint(-128, 128, size=shape).astype(cp.int8)
-        x = rs.uniform(lo, hi, size=shape, dtype=cp.float32)
-        if is_fp8(precision):  # rounded once to the kind, its bits in uint8
-            return fp8_bits(x, ELEM_OF[precision], cp)
-        return x.astype(cp.float16) if precision == "fp16" else bf16_bits(x, cp)
-
-    def _fused_reference(self, inputs: Inputs, case: Case, product: Any, deadline: Deadline) -> Any:
-        """A fused or fp8 row's float64 reference: the epilogue in float64 on input set 0's product and tensors (an
-        fp8 row's scales are float32)."""
-        elem = "float32" if is_fp8(case.precision) else ELEM_OF[case.precision]
-        epilogue = fp8_reference if is_fp8(case.precision) else fused_reference
-
-        def made() -> Any:
-            more = {name: values64(x, elem, self.cp) for name, x in inputs.more[0].items()}
-            if case.blockscaled:  # the sum of each 128 of K's product times its scales, from A and B themselves
-                a, b = (values64(x[0], ELEM_OF[case.precision], self.cp) for x in (inputs.a, inputs.b))
-                ref = bs.reference(a, b, more, self.cp)
-            else:
-                ref = epilogue(product, more)
-            self._sync(deadline)
-            return ref
-
-        return blaming(pf.REFERENCE, made)
-
-    def _reference(self, inputs: Inputs, case: Case, deadline: Deadline) -> Any:
-        """The float64 product of input set 0 (the operands are exact in float64), waited for: a loss in it is the
-        reference's, not the next kernel's."""
-        elem = ELEM_OF[case.precision]
-
-        def made() -> Any:
-            ref = self.cp.matmul(values64(inputs.a[0], elem, self.cp), values64(inputs.b[0], elem, self.cp))
-            self._sync(deadline)
-            return ref
-
-        return blaming(pf.REFERENCE, made)
+    # ---- timing --------------------------------------------------------------------------------------------
 
     def _time(self, launch_i: Callable[[int], None], copies: int, deadline: Deadline, graphs: bool = True) -> Timing:
         graphs_or_none = self.graphs if graphs and self.row_graphs else None

@@ -10,8 +10,8 @@ What a norm row does differently from an elementwise map's:
 - Its reference is the program's own stages, run on the device on whole tensors as the interpreter's reference runs
   them (`numerics.reference.row_stages`: each op in float64 from float32 operands, rounded to float32; a row sum in
   float64, rounded to float32), with the bound the kernel's tolerance carries beside it (`carried_rows`): a float32
-  row sum within n + 2 float32 ulps of the sum of its magnitudes (`elementwise.reduce_bound`), each op's interval
-  over its operands' boxes plus its own rounding and ulps (`elementwise.bounded`), and for C 2 ulps at 1.0 of its
+  row sum within n + 2 float32 ulps of the sum of its magnitudes (`reductions.reduce_bound`), each op's interval
+  over its operands' boxes plus its own rounding and ulps (`intervals.bounded`), and for C 2 ulps at 1.0 of its
   type and half its least step (`RowBound`). The device sums in float64 in its own order where the reference sums
   exactly (math.fsum): within n · 2^-53 of the magnitudes, so its float32 sum may lie an ulp from the exactly rounded
   one — which the bound's n + 2 ulps, against the (n − 1) / 2 a float32 sum can take, hold many times over.
@@ -40,7 +40,9 @@ import numpy as np
 
 from ..errors import SpatialError
 from ..ir.ops import Apply, Arg, Col, Expr, Lit, RowArg
-from ..numerics.elementwise import OPS, _corners, _crosses_pole, reduction_named
+from ..numerics.elementwise import OPS
+from ..numerics.intervals import _corners, _crosses_pole
+from ..numerics.reductions import reduction_named
 from ..numerics.tolerance import EPS32
 from .cases import ELEM_OF, Case
 from .maps import C_EPS, F64, OUT_STEP, Kind
@@ -260,7 +262,7 @@ def _f32(x: Any, xp: Any) -> Any:
 
 
 def carried(expr: Expr, pages: list[tuple[Any, Any]], col: Callable[[Col], Any], xp: Any) -> tuple[Any, Any]:
-    """(value, error) of a map's `expr` as `elementwise.bounded` gives them, on `xp`: each op's value in float64 from
+    """(value, error) of a map's `expr` as `intervals.bounded` gives them, on `xp`: each op's value in float64 from
     its operands' (`F64`), rounded to float32, and its error the spread of its exact value over the box of its
     operands' bounds (its corners: the ops here have no turning point, refused otherwise) — unbounded where the box
     holds a pole or a corner is not finite — plus (1 + ulps) float32 ulps of the value. A row vector's page is held as
@@ -291,7 +293,7 @@ def carried(expr: Expr, pages: list[tuple[Any, Any]], col: Callable[[Col], Any],
 
 def reduced(name: str, x: Any, e: Any, xp: Any) -> tuple[Any, Any]:
     """Each row of `x` (its elements each within `e`) reduced by `name`, as a column (m × 1), and the bound a
-    kernel's lies within, as `elementwise.reduce_rows` and `reduce_bound` give them: a max or min exact, within the
+    kernel's lies within, as `reductions.reduce_rows` and `reduce_bound` give them: a max or min exact, within the
     largest error of its row; a sum rounded to float32 (see the module's docstring), within its terms' errors plus
     n + 2 float32 ulps of the sum of their magnitudes, each grown by its error."""
     r = reduction_named(name)

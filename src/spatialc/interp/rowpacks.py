@@ -5,7 +5,7 @@ the pages given, not its numbers. Whatever needs the numbers (an elementwise pag
 write, a rescale, a matmul operand) computes every pack it is given at once: the elementwise pages they reduce, a
 chunk of packs at a time (`mapped.realise_maps`: their bands stacked), and each chunk's rows in one `reduce_rows`
 call. Each row's value does not depend on the rows beside it — a max is exact, a sum is exactly rounded whatever the
-order of its terms (`numerics.elementwise.reduce_rows`) — so a row reduced among a thousand is the value it had
+order of its terms (`numerics.reductions.reduce_rows`) — so a row reduced among a thousand is the value it had
 reduced alone, bit for bit, as `support.packed_rows` defines it.
 
 The elementwise pages computed for a chunk are dropped once reduced (their `result` cleared: computed again, to the
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..numerics.elementwise import reduce_rows, reduction_named
+from ..numerics.reductions import reduce_rows, reduction_named
 from .mapped import CHUNK_ELEMS, realise_maps
 from .pages import MapValue, RowPack, TileRefs, page_matrix
 

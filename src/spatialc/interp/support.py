@@ -10,7 +10,8 @@ import numpy as np
 
 from ..ir.ops import Barrier, Loop, Map, Pos, Reserve, RowReduce, SemWait, Trip, VecAxis, Wait
 from ..numerics import epilogue
-from ..numerics.elementwise import OPS, reduce_rows, reduction_named
+from ..numerics.elementwise import OPS
+from ..numerics.reductions import reduce_rows, reduction_named
 from ..numerics.rounding import INT8_EXACT_K, computed_operand
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
 from .mapped import MapKernel, realise_maps

@@ -353,7 +353,7 @@ def arg_indices(expr: Expr) -> tuple[int, ...]:
     return ()
 
 
-# The row reductions, each defined in numerics/elementwise.py (REDUCTIONS): its meaning, identity, C and bound.
+# The row reductions, each defined in numerics/reductions.py (REDUCTIONS): its meaning, identity, C and bound.
 REDUCE_OPS = ("max", "min", "sum", "sumsq", "absmax")
 
 

@@ -47,9 +47,9 @@ from ..ir.nodes import SpatialProgram
 from ..ir.ops import ChoreoOp, Reserve, Wait
 from ..ir.printer import op_text
 from ..target import WARP
-from .builder import Builder, checked, named
+from .builder import Builder, checked
 from .engine import Engine
-from .handles import AccRef, Affine, GroupRef, Item, Page, RingRef, SemRef, StageRef, TensorRef
+from .handles import AccRef, Affine, GroupRef, Item, Page, RingRef, SemRef, StageRef, TensorRef, named
 from .lines import LangError, in_tracer, located
 
 __all__ = [

@@ -10,15 +10,14 @@ are compile-time and unroll; `engine.range(n)` and `engine.items()` become IR lo
 Every op recorded remembers the line of the user's file that made it (`Traced.lines`), so that a refusal made while
 tracing, and any error `verify` raises about an op, name the user's file and line (`located`).
 
-Beside this module: the engine context (`engine.py`), symbolic addresses and the handles of what a program declares
-(`handles.py`), and the user's lines with the errors that name them (`lines.py`).
+Beside this module: the stage declarations (`stages.py`, a base of `Builder`), the engine context (`engine.py`),
+symbolic addresses and the handles of what a program declares (`handles.py`), and the user's lines with the errors
+that name them (`lines.py`).
 """
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from ..frontend import PRECISIONS_ACCEPTED, precision_named
@@ -33,14 +32,11 @@ from ..ir.ids import (
     LoopVar,
     SemId,
     Site,
-    StageId,
     TensorId,
 )
-from ..ir.names import name_fault
 from ..ir.nodes import (
     Accumulator,
     Buffer,
-    ComputeStage,
     DType,
     EngineProgram,
     Fifo,
@@ -49,7 +45,6 @@ from ..ir.nodes import (
     PageLayout,
     Placement,
     Plan,
-    ReadStage,
     Schedule,
     Semaphore,
     SpatialProgram,
@@ -58,24 +53,18 @@ from ..ir.nodes import (
     TensorRole,
     Tile,
     TileOrder,
-    WriteStage,
 )
 from ..ir.nodes import Engine as IREngine
 from ..ir.ops import (
-    AddPartial,
-    Attention,
     BlockShape,
     ChoreoOp,
-    ComputeOp,
     Loop,
-    Map,
-    MatmulTiles,
     Precision,
 )
 from .engine import Engine
-from .handles import AccRef, GroupRef, RingRef, SemRef, StageRef, TensorRef, expect, whole
+from .handles import AccRef, GroupRef, RingRef, SemRef, TensorRef, named, whole
 from .lines import LangError, refuse, user_line
-from .maps import formula, reduce_op, reduced_cols, vector_rings
+from .stages import StageDeclarations
 
 TILE = 16  # elements a tile side: the IR's unit
 FREE_LOOP_VARS = 1 + max(LOOP_VAR_NAMES)  # the first loop variable with no fixed meaning (ir.ids): a user's loop's
@@ -108,17 +97,10 @@ def least_tiles(rows: int, cols: int) -> tuple[int, int]:
     return (-(-rows // TILE), -(-cols // TILE))
 
 
-def named(what: str, name: object) -> None:
-    """A name as ir/names.py allows it (identifier-like, bounded), or a LangError at the user's line."""
-    fault = name_fault(what, name)
-    if fault is not None:
-        raise refuse(fault)
-
-
 # ---- the builder ---------------------------------------------------------------------------------------------
 
 
-class Builder:
+class Builder(StageDeclarations):
     """What a program function is given: it declares the program and traces its engines."""
 
     def __init__(self, name: str, target: str, precision: str):
@@ -255,144 +237,6 @@ class Builder:
         s = Semaphore(SemId(n), name, initial)
         self.semaphores.append(s)
         return SemRef(self, s.id, name)
-
-    # -- what the program computes --
-
-    def stage(self, ref: StageRef) -> Stage:
-        return self.stages[int(ref.id)]
-
-    def buffer_name(self, bid: BufferId) -> str:
-        return self.buffers[int(bid)].name
-
-    def _stage(self, name: str, kind: Any, engine: str, ins: tuple, outs: tuple) -> StageRef:
-        named("stage", name)
-        if any(s.name == name for s in self.stages):
-            raise refuse(f"a second stage named {name!r}")
-        s = Stage(StageId(len(self.stages)), name, kind, IREngine(engine), ins, outs)
-        self.stages.append(s)
-        self.declared[f"stage {name}"] = user_line()  # an error about the stage names it so
-        return StageRef(self, s.id, name, getattr(kind, "op", None))
-
-    def read(self, name: str, tensor: TensorRef, into: RingRef, engine: str = "reader") -> StageRef:
-        """Stage: `tensor` is read into the pages of `into`."""
-        expect(tensor, TensorRef, f"the tensor stage {name} reads")
-        expect(into, RingRef, f"the ring stage {name} fills")
-        return self._stage(name, ReadStage(tensor.id), engine, (), (into.id,))
-
-    def matmul(
-        self,
-        name: str,
-        a: RingRef,
-        b: RingRef,
-        out: RingRef,
-        block: tuple[int, int, int],
-        sub_blocks=(1, 1),
-        partial: RingRef | None = None,
-    ) -> StageRef:
-        """Stage: the product of A's and B's pages, `block` = (output tile rows, columns, K tiles a step), into
-        `out`'s pages — and, split over sites (split-K), a part of K's sum into `partial`'s."""
-        for what, ring in (("operand A", a), ("operand B", b), ("output", out)):
-            expect(ring, RingRef, f"the {what} ring of stage {name}")
-        op = MatmulTiles(BlockShape(*block), tuple(sub_blocks), self.precision)  # type: ignore[arg-type]
-        outs = (out.id,) if partial is None else (out.id, partial.id)
-        return self._stage(name, ComputeStage(op), "compute", (a.id, b.id), outs)
-
-    def add_partials(self, name: str, src: RingRef) -> StageRef:
-        """Stage: the partial sums in `src`'s pages are added to the accumulator (split-K's owner site)."""
-        return self._stage(name, ComputeStage(AddPartial()), "compute", (src.id,), ())
-
-    def elementwise(self, name: str, op: ComputeOp, src: RingRef | Sequence[RingRef], dst: RingRef) -> StageRef:
-        """Stage: `op` (an ir.ops Map — relu(), bias(…), scalar(…), any formula — or Requant) from `src`'s pages
-        into `dst`'s; `src` a list of rings for a Map of several (its Arg(i) the i-th)."""
-        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
-        if not srcs:
-            raise refuse(f"stage {name} reads at least one ring")
-        for s in srcs:
-            expect(s, RingRef, f"the ring stage {name} reads")
-        expect(dst, RingRef, f"the ring stage {name} fills")
-        return self._stage(name, ComputeStage(op), "compute", tuple(s.id for s in srcs), (dst.id,))
-
-    def map(self, name: str, expr: Any, src: RingRef | Sequence[RingRef], dst: RingRef) -> StageRef:
-        """Stage: `expr` of the front pages of `src`'s rings, element by element, into `dst`'s pages — an ew
-        expression over `ew.inputs(k)` (input i the i-th ring) or a function given one value a ring (`lambda x, m:
-        ew.exp(x - m)`). A ring a row reduction fills is a row vector, each element its row's value; `ew.col(name)`
-        the parameter tensor `name`, one value a column; `ew.row(name)` the parameter tensor `name`, one value a
-        row."""
-        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
-        if not srcs:
-            raise refuse(f"map {name} reads at least one ring")
-        for s in srcs:
-            expect(s, RingRef, f"a ring map {name} reads")
-        expect(dst, RingRef, f"the ring map {name} fills")
-        filled = {x for st in self.stages for x in st.outs}
-        for s in srcs:
-            if s.id not in filled:
-                raise refuse(f"map {name} reads {s.name}, which no stage declared before it fills")
-        op = Map(formula(self, name, expr, srcs))
-        return self._stage(name, ComputeStage(op), "compute", tuple(s.id for s in srcs), (dst.id,))
-
-    def reduce(self, name: str, op: str, src: RingRef, dst: RingRef, cols: int | None = None) -> StageRef:
-        """Stage: each row of `src`'s pages folded by `op` (max, min, sum, sumsq, absmax) over its first `cols`
-        elements — by default the columns of the tensor its values come from; past them is padding — into a row
-        vector in `dst`'s pages (a page one tile column wide, each row's value in every column)."""
-        expect(src, RingRef, f"the ring row reduction {name} reads")
-        expect(dst, RingRef, f"the ring row reduction {name} fills")
-        n = reduced_cols(self, name, src) if cols is None else whole(cols, f"row reduction {name}'s cols")
-        return self._stage(name, ComputeStage(reduce_op(name, op, n)), "compute", (src.id,), (dst.id,))
-
-    def attention(
-        self,
-        name: str,
-        q: RingRef,
-        k: RingRef,
-        v: RingRef,
-        o: RingRef,
-        lse: RingRef,
-        causal: bool = False,
-        scale: float | None = None,
-    ) -> StageRef:
-        """Stage: the declaration `spatialc.attention` makes — O = softmax(scale · Q·Kᵀ + mask) · V into `o`'s pages
-        and LSE, each query row's log-sum-exp, into `lse`'s — of the tensors read into `q`, `k` and `v` (their rows a
-        head: seq_q and seq_kv; query head h reads KV head h // (Q's groups / K's)). No engine runs it as one op:
-        the engines run the online recurrence, which rule 8 proves equal to it (docs/verification.md). `scale`
-        defaults to 1/√head_dim."""
-        for what, ring in (("Q", q), ("K", k), ("V", v), ("O", o), ("LSE", lse)):
-            expect(ring, RingRef, f"the {what} ring of stage {name}")
-        qt, kt = (self._read_into(name, what, ring) for what, ring in (("Q", q), ("K", k)))
-        if kt.groups < 1 or qt.groups % kt.groups:
-            raise refuse(f"attention {name}: Q's {qt.groups} heads are not a multiple of K's {kt.groups}")
-        sc = 1.0 / math.sqrt(qt.elems[1]) if scale is None else scale
-        if isinstance(sc, bool) or not isinstance(sc, int | float) or not math.isfinite(sc) or sc <= 0:
-            raise refuse(f"attention {name}'s scale is a finite number > 0, not {scale!r}")
-        op = Attention(float(sc), qt.elems[0], kt.elems[0], qt.groups // kt.groups, bool(causal))
-        ins, outs = (q.id, k.id, v.id), (o.id, lse.id)
-        return self._stage(name, ComputeStage(op), "compute", ins, outs)
-
-    def _read_into(self, stage: str, what: str, ring: RingRef) -> Tensor:
-        """The tensor a read stage declared before reads into `ring`."""
-        for s in self.stages:
-            if isinstance(s.kind, ReadStage) and ring.id in s.outs:
-                return self.tensors[int(s.kind.tensor)]
-        raise refuse(f"attention {stage}: no read stage declared before it fills its {what} ring, {ring.name}")
-
-    def row_vectors(self) -> set[BufferId]:
-        """The rings whose pages hold row vectors, as far as the program is declared and traced: a row reduction's
-        (`vector_rings`), a ring a row accumulator is packed into, and a ring a map of row vectors alone fills."""
-        packed = {ring for ring, accs in self.packed.items() if accs & self.row_accs}
-        return vector_rings(self) | packed | self.vector_maps
-
-    def packs_later(self, ring: RingRef) -> bool:
-        """Whether `ring` holds row vectors the engine being traced packs and has not pushed yet: a wait for it
-        now could never end."""
-        if self.engine is None or ring.id in self.pushed or ring.id not in vector_rings(self):
-            return False
-        return any(ring.id in s.outs and s.engine.value == self.engine[1] for s in self.stages)
-
-    def write(self, name: str, src: RingRef, tensor: TensorRef, engine: str = "writer") -> StageRef:
-        """Stage: the pages of `src` are written to `tensor`."""
-        expect(src, RingRef, f"the ring stage {name} empties")
-        expect(tensor, TensorRef, f"the tensor stage {name} writes")
-        return self._stage(name, WriteStage(tensor.id), engine, (src.id,), ())
 
     def plan(
         self,

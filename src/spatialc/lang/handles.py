@@ -18,6 +18,7 @@ from ..ir.ids import (
     StageId,
     TensorId,
 )
+from ..ir.names import name_fault
 from ..ir.ops import (
     AcquireAcc,
     AddPartial,
@@ -70,6 +71,13 @@ def whole(value: Any, what: str, least: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise refuse(f"{what} is a whole number of at least {least}, not {value!r}")
     return value
+
+
+def named(what: str, name: object) -> None:
+    """A name as ir/names.py allows it (identifier-like, bounded), or a LangError at the user's line."""
+    fault = name_fault(what, name)
+    if fault is not None:
+        raise refuse(fault)
 
 
 # ---- symbolic tile addresses ----------------------------------------------------------------------------------

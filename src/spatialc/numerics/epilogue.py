@@ -18,7 +18,7 @@ import numpy as np
 
 from ..ir.errors import SpatialError
 from ..ir.ops import Col, ComputeOp, Expr, Map, Requant, VecAxis, arg_indices
-from . import elementwise
+from . import elementwise, intervals
 from .elementwise import EXACT_LIMIT, ElementwiseError
 from .quant import requantize
 
@@ -53,7 +53,7 @@ def integer_range(op: ComputeOp, lo: int, hi: int) -> tuple[int, int] | None:
         case Map(expr):
             pages = _pages(expr, lo, hi)
             try:
-                return elementwise.int_range(expr, pages, lambda c: INT32_RANGE)
+                return intervals.int_range(expr, pages, lambda c: INT32_RANGE)
             except ElementwiseError:
                 return None
         case Requant():
@@ -63,11 +63,11 @@ def integer_range(op: ComputeOp, lo: int, hi: int) -> tuple[int, int] | None:
 
 def integer_peak(op: ComputeOp, lo: int, hi: int) -> int:
     """The greatest magnitude of any value an integer epilogue op computes on values in lo..hi, those inside a Map's
-    formula included (`elementwise.int_peak`); for an op `integer_range` bounds (call it first)."""
+    formula included (`intervals.int_peak`); for an op `integer_range` bounds (call it first)."""
     match op:
         case Map(expr):
             pages = _pages(expr, lo, hi)
-            return elementwise.int_peak(expr, pages, lambda c: INT32_RANGE)
+            return intervals.int_peak(expr, pages, lambda c: INT32_RANGE)
     return max(-lo, hi)
 
 

@@ -18,7 +18,7 @@ from ..inputs import operand_values, row_limits
 from ..interp.values import matmul
 from ..ir.nodes import SpatialProgram
 from ..ir.ops import Precision
-from . import elementwise, epilogue
+from . import elementwise, epilogue, intervals, reductions
 from .blockscale import program_scales, program_sum
 from .rounding import computed_operand, output_values
 
@@ -186,9 +186,9 @@ def row_stages(
     p: SpatialProgram, decl: Any, inputs: Mapping[str, Any], bounds: bool = False, done: dict | None = None
 ) -> tuple[Any, Any]:
     """A row program's value before C's rounding — each stage on whole tensors, in the order `declared` gives: a map
-    element by element (a row vector read by row), a row reduction of each row (`elementwise.reduce_rows`) — and
-    with `bounds` how far a kernel's may lie from it (each map's `elementwise.bounded`, each reduction's
-    `elementwise.reduce_bound`, carried from stage to stage), else None. `done` (ring → value and bound) keeps the
+    element by element (a row vector read by row), a row reduction of each row (`reductions.reduce_rows`) — and
+    with `bounds` how far a kernel's may lie from it (each map's `intervals.bounded`, each reduction's
+    `reductions.reduce_bound`, carried from stage to stage), else None. `done` (ring → value and bound) keeps the
     stages computed for one output for the next output of the same program and inputs (LayerNorm's three share
     theirs)."""
     from ..ir.index import ProgramIndex
@@ -200,7 +200,7 @@ def row_stages(
     done = {} if done is None else done
     read: dict[Any, np.ndarray] = {}  # each tensor rounded once, however many stages read it
     exact = np.zeros(1)  # a read page's error: one object, so that maps of the same pages share their bounds
-    memo: dict = {}  # (`elementwise.bounded`'s: alive while `done` and `read` hold every page it names)
+    memo: dict = {}  # (`intervals.bounded`'s: alive while `done` and `read` hold every page it names)
     for stage in decl.producer.values():
         ring = index.ring(stage.outs[0]) if stage.outs else None
         if isinstance(stage.kind, ReadStage) and ring not in done:
@@ -217,13 +217,13 @@ def row_stages(
         if isinstance(op, RowReduce):  # with bounds, the value reduce_bound computes on the way (the same)
             x, e = pages[0]
             value, err = (
-                elementwise.reduce_bound(op.op, x, e) if bounds else (elementwise.reduce_rows(op.op, x, False), None)
+                reductions.reduce_bound(op.op, x, e) if bounds else (reductions.reduce_rows(op.op, x, False), None)
             )
             shared = online_values(index, decl, stage)
             if bounds and shared is not None:
                 err = err + rescaled(done[shared], value, err, p.tile.cols, np)
         elif bounds:  # the value bounded computes on the way: each op in float64 of float32 operands, rounded once
-            value, err = elementwise.bounded(op.expr, pages, _rows_of(col), memo)
+            value, err = intervals.bounded(op.expr, pages, _rows_of(col), memo)
         else:
             value, err = epilogue.mapped(op.expr, [x for x, _ in pages], False, col), None
         done[ring] = (np.asarray(value, np.float64), err)

@@ -5,7 +5,7 @@ reduction over K < 2^39 elements is exact whatever order BLAS sums it in (`INT8_
 fp16 / bf16: the given values are rounded to the operand type with round-to-nearest-even, once, straight from
 float64 (no double rounding through float32); products of such values are exact in float64, and the sum is
 rounded only by float64 addition before the result is returned in the output's element type.
-e4m3 / e5m2: the same, rounded by ml_dtypes' cast (`inputs.round_fp8`); their products (4 and 3 significant bits)
+e4m3 / e5m2: the same, rounded by ml_dtypes' cast (`narrow.round_fp8`); their products (4 and 3 significant bits)
 are exact in float32 already. A computed operand (a page a matmul reads that an earlier stage computed) is rounded
 with saturation — past the largest value, ±448 or ±57344, not NaN or ±inf — as a GPU's only float32 → fp8
 conversion (cvt.rn.satfinite) does.
@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..inputs import BF16_MAX, FP8_MAX, INT_RANGE, operand_values, round_bf16, round_fp8, round_fp16
+from ..inputs import FP8_MAX, INT_RANGE, operand_values
 from ..interp.errors import NumericError
 from ..ir.nodes import FP8, DType
+from .narrow import BF16_MAX, round_bf16, round_fp8, round_fp16
 
-# The operand rounding and the input checks live in spatialc.inputs, shared with the emulation and the GPU launch;
-# they are re-exported here, where the interpreter's numerics are stated.
+# The operand rounding (numerics.narrow) and the input checks (spatialc.inputs), shared with the emulation and the GPU
+# launch, are re-exported here, where the interpreter's numerics are stated.
 __all__ = [
     "BF16_MAX",
     "INT8_EXACT_K",

@@ -45,7 +45,7 @@ import numpy as np
 from ..errors import ProgramError
 from ..ir.nodes import DType, SpatialProgram, TensorRole
 from ..ir.ops import FP8_PRECISIONS, Map, Precision
-from . import blockscale, elementwise
+from . import blockscale, intervals
 
 F32_MAX = float(np.finfo(np.float32).max)  # 3.4e38: a float32 sum at or past it is ±inf (or NaN)
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
@@ -69,7 +69,7 @@ class Tolerance:
 
     `exact`: int8 programs, compared with `==`. Otherwise |C − ref| ≤ e + 2 · eps · |ref| + the smallest normal
     float32, where e is ulps · 2^-23 · (|A| @ |B|) carried through the epilogue's ops (`epilogue`; each op's
-    `numerics.elementwise.bounded`), and eps one ulp at 1.0 of C's type (float32, fp16 or bf16)."""
+    `numerics.intervals.bounded`), and eps one ulp at 1.0 of C's type (float32, fp16 or bf16)."""
 
     program: SpatialProgram = field(repr=False, compare=False)
     exact: bool
@@ -77,8 +77,8 @@ class Tolerance:
     out_eps: float = EPS32
     epilogue: bool = False  # elementwise ops after the matmul: the bound is carried through each
     chained: bool = False  # a matmul of computed operands: the bound is carried stage by stage (`_chained`)
-    mapped: bool = False  # no matmul: one map of exact inputs, its bound each op's own (`elementwise.bounded`)
-    rows: bool = False  # mapped, and it reduces rows: each reduction's bound too (`elementwise.reduce_bound`)
+    mapped: bool = False  # no matmul: one map of exact inputs, its bound each op's own (`intervals.bounded`)
+    rows: bool = False  # mapped, and it reduces rows: each reduction's bound too (`reductions.reduce_bound`)
     attention: bool = False  # an attention program: O and LSE, each its own bound (`numerics.attention`)
     kernel: bool = False  # a kernel's bound: it holds where |A|@|B| stays within float32's range
     wgmma_fp8: bool = False  # the sm_90a form's 8-bit float kernel: its sums' reduced precision is in `ulps`
@@ -180,7 +180,7 @@ class Tolerance:
             assert isinstance(op, Map)  # a float program's epilogue: requant is an int8 op
             more = [(np.asarray(v, np.float64), np.zeros(1)) for v in stage_pages(p, stage, inputs, rows)]
             pages = [(x, err + EPS32 * np.abs(x)), *more]  # a residual's page: exact operand values
-            x, err = elementwise.bounded(op.expr, pages, _row(column_values(p, inputs, rows)))
+            x, err = intervals.bounded(op.expr, pages, _row(column_values(p, inputs, rows)))
         return ref, err + 2 * self.out_eps * size + _TINY
 
     def _mapped(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -205,7 +205,7 @@ class Tolerance:
             return ref, np.zeros(ref.shape)
         pages = [(np.asarray(x, np.float64), np.zeros(1)) for x in map_pages(p, decl, inputs)]
         (stage,) = decl.chain
-        _, err = elementwise.bounded(stage.kind.op.expr, pages, _row(column_values(p, inputs)))
+        _, err = intervals.bounded(stage.kind.op.expr, pages, _row(column_values(p, inputs)))
         return ref, err + 2 * self.out_eps * np.abs(ref.astype(np.float64)) + _TINY
 
     def past_range(self, magnitude: np.ndarray) -> np.ndarray:
@@ -277,7 +277,7 @@ class Tolerance:
         with np.errstate(invalid="ignore"):
             err = np.where(same, 0.0, np.abs(c64 - r64))
         # An infinite bound is an epilogue op's pole or domain edge inside the box its operand may lie in
-        # (`elementwise.bounded`): any value may come there, NaN too — sqrt of a sum the kernel rounds below 0.
+        # (`intervals.bounded`): any value may come there, NaN too — sqrt of a sum the kernel rounds below 0.
         good = same | (err <= bound) | np.isinf(bound)
         ok = bool(np.all(good))
         how = f"max |error| {float(np.nanmax(err, initial=0.0)):.3g} (bound: {self.text})"
@@ -386,7 +386,7 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
             op = stage.kind.op
             assert isinstance(op, Map)  # a float program's epilogue: requant is an int8 op
             more = [(np.asarray(v, np.float64), np.zeros(1)) for v in stage_pages(p, stage, inputs)]
-            x, e = elementwise.bounded(op.expr, [(x, e), *more], _row(column_values(p, inputs)))
+            x, e = intervals.bounded(op.expr, [(x, e), *more], _row(column_values(p, inputs)))
         return x, e
 
     assert decl.matmul is not None

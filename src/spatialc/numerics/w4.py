@@ -150,7 +150,7 @@ def exact_values(name: str, arr: np.ndarray, dtype: DType, error: type[Exception
 def dequant(q: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, operand: str) -> np.ndarray:
     """round_op(f32(f32(s) × f32(q − z))) element by element (the arrays broadcast), as float64: the module's one
     definition of a dequantised weight. q, s and z are float64 values of their types; `operand` is bf16 or fp16."""
-    from ..inputs import round_bf16, round_fp16
+    from .narrow import round_bf16, round_fp16
 
     diff = np.asarray(q, np.float64) - (0.0 if zero is None else np.asarray(zero, np.float64))
     with np.errstate(over="ignore"):

@@ -36,11 +36,11 @@ except ImportError:  # the core needs numpy alone; this package needs torch
     ) from None
 
 from .family import Compiled, SpatialOp, op
-from .family import _shape_of as _shape_of  # the tests read a program tensor's shape as the op takes it
 from .family import launch_entry as launch_entry  # the CUDA branch's one call, which the tests drive
 from .gemm import gemm_op
 from .linear import Linear, replace_linears
 from .sdpa import _ATTENTION_OUT as _ATTENTION_OUT
 from .sdpa import attention, attention_op
+from .signature import _shape_of as _shape_of  # the tests read a program tensor's shape as the op takes it
 
 __all__ = ["Compiled", "Linear", "SpatialOp", "attention", "attention_op", "gemm_op", "op", "replace_linears"]

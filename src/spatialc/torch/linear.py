@@ -7,8 +7,8 @@ from typing import Any
 import torch
 
 from ..errors import ProgramError
-from .family import _kind
 from .gemm import PRECISIONS, gemm_op
+from .signature import _kind
 
 # ---- nn.Linear -------------------------------------------------------------------------------------------------
 

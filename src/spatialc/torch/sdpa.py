@@ -9,7 +9,8 @@ import torch
 from ..errors import ProgramError
 from ..inputs import InputError
 from ..ir.nodes import SpatialProgram
-from .family import _LOCK, SpatialOp, _dims, _dtype, _kind
+from .family import _LOCK, SpatialOp
+from .signature import _dims, _dtype, _kind
 
 # ---- attention -------------------------------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, DType, PageLayout, Stage, accumulator_dtype
 from ...ir.ops import Col, Dequant, Map, MatmulTiles, Precision, Requant, VecAxis, cols
 from ...ir.printer import compute_text
-from ...numerics import elementwise
+from ...numerics import intervals
 from ...numerics.elementwise import ElementwiseError
 from ...numerics.epilogue import EXACT_LIMIT, dot_range, integer_peak, integer_range
 from .dataflow import Declared, MatmulDecl
@@ -48,10 +48,10 @@ def _map_types(index: ProgramIndex, decl: Declared, stage: Stage, width: int | N
         return
     pages, column = [(-128, 127)] * len(stage.ins), lambda c: (-(2**31), 2**31 - 1)
     try:
-        lo, hi = elementwise.int_range(op.expr, pages, column)
+        lo, hi = intervals.int_range(op.expr, pages, column)
     except ElementwiseError as e:
         raise SemanticError(f"stage {stage.name}: {e}") from None
-    peak = elementwise.int_peak(op.expr, pages, column)  # a value inside the formula too, not only its result
+    peak = intervals.int_peak(op.expr, pages, column)  # a value inside the formula too, not only its result
     if peak >= EXACT_LIMIT - EXACT_MARGIN:
         where = "" if peak == max(-lo, hi) else " within its formula"
         raise SemanticError(

@@ -19,7 +19,7 @@ import numpy as np
 from ....ir.nodes import ComputeStage, DType, PageLayout, ReadStage, SpatialProgram, Stage, TensorRole
 from ....ir.ops import Col, ComputeOp, Lit, Map, MatmulTiles, Pos, Requant, VecAxis, arg_indices, cols
 from ....ir.printer import compute_text
-from ....numerics import elementwise
+from ....numerics import cexpr, intervals
 from ....numerics.elementwise import ElementwiseError, transcendental
 from ....numerics.epilogue import integer_peak, integer_range
 from ...errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision
@@ -189,10 +189,10 @@ def _check_map(p: SpatialProgram, op: Map, integer: bool) -> None:
     if integer:
         pages = [(0, 0)] * (1 + max(arg_indices(op.expr), default=0))
         try:
-            elementwise.int_range(op.expr, pages, lambda c: (0, 0))  # every op has an integer meaning
+            intervals.int_range(op.expr, pages, lambda c: (0, 0))  # every op has an integer meaning
         except ElementwiseError as e:
             raise UnsupportedPrecision(compute_text(op, p), f"{e}; an int8 program's epilogue is integer") from None
-    leaves = elementwise.c_leaves(op.expr, integer)
+    leaves = cexpr.c_leaves(op.expr, integer)
     if leaves > MAX_C_LEAVES:
         raise Unsupported(
             f"a {compute_text(op, p)} stage, whose C would print {leaves} leaves",
@@ -317,12 +317,12 @@ def helpers(integer: bool) -> str:
 
 def c_int(n: int) -> str:
     """An int64 literal, parenthesised when negative (the most negative has no literal of its own)."""
-    return elementwise.c_long(n)
+    return cexpr.c_long(n)
 
 
 def c_float(x: float) -> str:
     """The float32 nearest `x` as a float literal that reads back to exactly that float32."""
-    return elementwise.c_float(x)
+    return cexpr.c_float(x)
 
 
 def statement(
@@ -353,7 +353,7 @@ def value(
                 assert col_at is not None, "a column vector's stage needs its index"
                 return f"t{int(c.tensor)}[{col_at(c)}]"
 
-            return elementwise.c_expr(expr, integer, pages, col, row, pos)
+            return cexpr.c_expr(expr, integer, pages, col, row, pos)
         case Requant(multiplier, shift, zero_point):
             return f"spatialc_requant({pages(0)}, {multiplier}, {shift}, {zero_point})"
         case MatmulTiles():

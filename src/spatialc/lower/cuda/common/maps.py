@@ -21,7 +21,7 @@ from ....ir.nodes import PageLayout
 from ....ir.ops import Apply, Col, Compute, Expr, Map, Pos, VecAxis, row_reads
 from ....ir.ops import cols as expr_cols
 from ....ir.printer import compute_text
-from ....numerics.elementwise import c_position
+from ....numerics.cexpr import c_position
 from ...errors import Unsupported
 from . import epilogue
 from .cwriter import Writer, addr_expr

@@ -10,9 +10,9 @@ may have made other than zero). PackAcc combines the 32 shares of each row with 
 row's value into every column of its row of the vector page: bh tiles, tile r the rows of tile row r. A map reads
 the vector at its element's own row and column.
 
-Each reduction's C (its identity, the `pre` of an element, the combine) is `numerics.elementwise.REDUCTIONS`'s, the
+Each reduction's C (its identity, the `pre` of an element, the combine) is `numerics.reductions.REDUCTIONS`'s, the
 combine the elementwise table's add, max or min. A float32 sum in the warps' order lies within the bound the
-tolerance gives every kernel's (`elementwise.reduce_bound`); max, min and absmax are exact.
+tolerance gives every kernel's (`reductions.reduce_bound`); max, min and absmax are exact.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 from ....ir.ids import LoopVar
 from ....ir.nodes import Accumulator, Plan, SpatialProgram
 from ....ir.ops import AcquireAcc, ChoreoOp, Compute, PackAcc, ReleaseAcc, RowReduce, ScaleAcc
-from ....numerics.elementwise import ElementwiseError, Reduction, reduction_named
+from ....numerics.elementwise import ElementwiseError
+from ....numerics.reductions import Reduction, reduction_named
 from ....target import WARP
 from ...errors import Unsupported
 from .cwriter import Writer, addr_expr

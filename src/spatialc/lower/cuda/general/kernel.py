@@ -7,6 +7,7 @@ barrier. That the program cannot deadlock and never overfills a ring is rule 7 o
 semantics, so the form needs no proof of its own. The tile printers (`common/tiles.py`), the epilogue statements,
 the host programs and the census are shared with the persistent form (`common/`); only the flow control and the warp
 roles are this module's (with `common/registers.py`'s rings kept in registers, attention's).
+What the form refuses is `checks.py`'s; the compute warps' fragments and register estimates are `fragments.py`'s.
 
 Each ring slot's barriers:
 
@@ -25,25 +26,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ....ir.ids import BufferId
-from ....ir.nodes import DType, Engine, Plan, SpatialProgram, TensorRole
+from ....ir.nodes import Engine, Plan, SpatialProgram
 from ....ir.ops import (
     AcquireAcc,
-    Barrier,
     ChoreoOp,
-    Compute,
     ComputeOp,
-    Const,
-    Loop,
-    MatmulTiles,
-    PackAcc,
     Pop,
     Precision,
     Push,
-    Reserve,
-    RowReduce,
-    Trip,
-    Wait,
     walk,
 )
 from ....ir.traffic import global_read_bytes
@@ -65,13 +55,10 @@ from ..common.host import assemble
 from ..common.program import (
     SiteClass,
     all_ops,
-    check_printable,
     checked_attention,
     checked_layers,
     checked_map,
     checked_rows,
-    distinct_lists,
-    fragments_per_warp,
     launch_for,
     out_c_type,
     relative_groups,
@@ -93,7 +80,18 @@ from ..common.rings import (
 )
 from ..common.rows import RowAccumulators, row_accumulators, row_registers
 from ..common.tiles import Fragments
-from .printer import KERNEL_NAME, accumulator_of, kernel_text, printed
+from .checks import refuse
+from .fragments import (
+    accumulator_layers,
+    attention_lanes,
+    fragments_and_rows,
+    fragments_of,
+    held_registers,
+    held_tiles,
+    row_templates,
+    scores_registers,
+)
+from .printer import KERNEL_NAME, kernel_text, printed
 
 BARRIER_BYTES = 8  # one mbarrier object
 SIDE_WARPS = 1  # warps of an engine other than the compute engine (reader, writer)
@@ -211,106 +209,6 @@ class GeneralKernel:
         return scaled * held_tiles(self.plan, self.layers) if self.accumulates else 0
 
 
-# ---- what the general form takes ----------------------------------------------------------------------------
-
-
-def refuse(p: SpatialProgram) -> None:
-    """Raise the first reason the general form cannot print `p` yet."""
-    check_printable(p, dequant=True)
-    ops = all_ops(p)
-    for listed in distinct_lists(p):  # a list's waits are the same wherever it runs
-        check_waits(p, listed)
-    by_site = p.schedule.by_site()  # type: ignore[union-attr]
-    lists = distinct_lists(p)
-    barriers = {id(listed): {op.group for op in walk(listed) if isinstance(op, Barrier)} for listed in lists}
-    for prog in p.schedule.programs:  # type: ignore[union-attr]
-        for other in by_site[prog.site]:
-            shared = barriers[id(prog.ops)] & barriers[id(other.ops)]
-            if other.engine != prog.engine and shared:
-                raise Unsupported(
-                    f"a barrier of group {int(min(shared))} crossed by two engines of site {int(prog.site)}",
-                    "its arrival count is the site's, kept by one engine",
-                )
-    if len(p.plans) > 1:
-        raise Unsupported(f"a program with {len(p.plans)} plans", "the general form prints one block shape so far")
-    for op in ops:
-        if isinstance(op, Loop) and isinstance(op.count, Trip):
-            t = p.tensor(op.count.tensor)
-            if t.role != TensorRole.PARAMETER or t.dtype != DType.INT32:
-                raise Unsupported(f"a loop count read from {t.name}", "trip counts are read from an int32 parameter")
-            if not 0 <= op.count.index < t.elems[0] * t.elems[1]:
-                raise Unsupported(
-                    f"a loop count read from element {op.count.index} of {t.name}", "it has no such element"
-                )
-    if p.tile.rows != 16 or p.tile.cols != 16:
-        raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "MMA fragments are 16x16; tile the program 16x16")
-    for op in ops:
-        if isinstance(op, Reserve | Push | Wait | Pop) and op.pages != 1:
-            raise Unsupported(
-                f"{type(op).__name__} of {op.pages} pages on {p.buffer(op.buf).name}",
-                "a ring slot of the general form is one page with its own barriers",
-            )
-        if isinstance(op, Compute) and op.acc_reload is not None:
-            raise Unsupported("an accumulator spill (acc_reload)", "accumulators never leave the registers")
-        if isinstance(op, PackAcc) and op.accumulate:
-            raise Unsupported("an accumulating PackAcc", "accumulator fragments are stored, never added to a page")
-    check_counter_wrap(p)
-
-
-# A ring's counters are C `unsigned`: they wrap at 2^32 pages, where a slot `count % DEPTH` and a phase
-# `(count / DEPTH) & 1` carry on unbroken only if DEPTH divides 2^32 — a power of two.
-COUNTER_WRAP = 2**32
-
-
-def check_counter_wrap(p: SpatialProgram) -> None:
-    """Unsupported where a ring whose depth is not a power of two could pass 2^32 pages on one site (every loop
-    at its largest count): its 32-bit counters would wrap onto the wrong slot and phase."""
-    reserved = {id(listed): reserved_pages(listed) for listed in distinct_lists(p)}
-    for prog in p.schedule.programs:  # type: ignore[union-attr]
-        for bid, pages in reserved[id(prog.ops)].items():
-            kind = p.buffer(bid).kind
-            depth = getattr(kind, "depth_pages", 1)
-            if pages >= COUNTER_WRAP and depth & (depth - 1):
-                raise Unsupported(
-                    f"ring {p.buffer(bid).name} of {depth} pages passing up to {pages} pages on site {int(prog.site)}",
-                    "its 32-bit counters wrap at 2^32 pages, onto the right slot only for a power-of-two depth:"
-                    " give the ring a depth of 1, 2, 4, 8, …",
-                )
-
-
-def reserved_pages(ops: tuple[ChoreoOp, ...], times: int = 1) -> dict[BufferId, int]:
-    """Pages each ring is reserved over `ops` run `times` times, every loop taken at its largest count."""
-    out: dict[BufferId, int] = {}
-    for op in ops:
-        match op:
-            case Loop(count=Const(n), body=body) | Loop(count=Trip(bound=n), body=body):
-                inner = reserved_pages(body, times * n)
-            case Reserve(buf, n):
-                inner = {buf: times * n}
-            case _:
-                inner = {}
-        for bid, pages in inner.items():
-            out[bid] = out.get(bid, 0) + pages
-    return out
-
-
-def check_waits(p: SpatialProgram, ops: tuple[ChoreoOp, ...]) -> None:
-    """Refuse a Wait on a ring whose page the engine already holds (waited for, not yet popped), in program order.
-    In the IR such a wait finds the page it holds and passes; the general form counts waits, so it would wait for
-    the next page instead (and deadlock)."""
-    held: dict[BufferId, int] = {}
-    for op in walk(ops):
-        if isinstance(op, Wait):
-            if held.get(op.buf, 0):
-                raise Unsupported(
-                    f"a second Wait on {p.buffer(op.buf).name} while the engine holds its page",
-                    "the general form waits for the next page at each Wait: pop the page before waiting again",
-                )
-            held[op.buf] = op.pages
-        elif isinstance(op, Pop):
-            held[op.buf] = max(0, held.get(op.buf, 0) - op.pages)
-
-
 # ---- resources -------------------------------------------------------------------------------------------------
 
 
@@ -419,95 +317,6 @@ def attention_resources(target: SpatialTarget, plan: Plan, precision: Precision)
     held = fragments_and_rows(target, bh * bw + bh * dt, rows, lanes) + scores_registers(bh * bw, lanes)
     regs = min(held, target.regs_per_thread_max)
     return smem, target.resident_sites_per_unit(smem, bh * bw + bh * dt, 1, (1, 1), lanes + 2 * SIDE_WARPS, regs)
-
-
-def accumulator_layers(
-    p: SpatialProgram, target: SpatialTarget, plan: Plan, rows: frozenset[int] = frozenset(), by_rows: int = 0
-) -> dict[int, Fragments]:
-    """Each accumulator's fragments by template where the program has several (`GeneralKernel.layers`): the block
-    and sub-blocks of the matmul whose Compute ops add into it, the compute warps split over that block as over the
-    plan's — and {} where it has one. Row accumulators (templates `rows`) are no fragments. `by_rows` > 0 lays that
-    many warps over each block by rows alone (the register path's grid, (by_rows, 1))."""
-    served: dict[int, MatmulTiles] = {}
-    accs: set[int] = set()
-    for op in all_ops(p):
-        acc = accumulator_of(op)
-        if acc is None or int(p.buffer(acc).ring) in rows:
-            continue
-        t = int(p.buffer(acc).ring)
-        accs.add(t)
-        if isinstance(op, Compute) and isinstance(op.op, MatmulTiles):
-            mm = served.setdefault(t, op.op)
-            if (mm.block, mm.sub_blocks) != (op.op.block, op.op.sub_blocks):
-                raise Unsupported(
-                    f"accumulator {p.buffer(acc).name} added into by matmuls of two block shapes",
-                    "an accumulator's fragments have its matmul's shape",
-                )
-    if len(accs) < 2:
-        return {}
-    layers = {}
-    for t in sorted(accs):
-        serves = served.get(t)
-        shaped = dataclasses.replace(plan, block=serves.block, sub_blocks=serves.sub_blocks) if serves else plan
-        if by_rows:
-            grid = (by_rows, 1)
-            layers[t] = Fragments(shaped, grid, fragments_per_warp(shaped, by_rows, grid), f"accf_{t}", f"PERW_{t}")
-        else:
-            layers[t] = fragments_of(shaped, target, f"accf_{t}", f"PERW_{t}")
-    return layers
-
-
-def fragments_of(plan: Plan, target: SpatialTarget, name: str = "accf", count: str = "PERW") -> Fragments:
-    """The fragments of an accumulator of `plan`'s block: the compute warps laid over it, the tiles each holds."""
-    grid = target.accumulator_lane_grid(plan.block.osh, plan.block.osw)
-    return Fragments(plan, grid, fragments_per_warp(plan, target.accumulator_lanes, grid), name, count)
-
-
-def attention_lanes(target: SpatialTarget, bh: int) -> int:
-    """The compute warps of an attention's kernel: the most, up to the target's accumulator lanes, that split a band
-    of `bh` tile rows by rows alone — each warp whole rows of S and O, so that its rings live in its registers
-    (registers.py; 4 at bh = 4: 16 query rows a warp, as FlashAttention-2's)."""
-    return max(d for d in range(1, min(bh, target.accumulator_lanes) + 1) if bh % d == 0)
-
-
-def held_tiles(plan: Plan, layers: dict[int, Fragments]) -> int:
-    """Accumulator tiles the compute warps hold at once: every layer's, or the plan's item."""
-    h, w = plan.item_tiles
-    return sum(f.tiles for f in layers.values()) if layers else h * w
-
-
-def held_registers(
-    target: SpatialTarget, acc_tiles: int, rows: RowAccumulators, lanes: int | None = None, score_tiles: int = 0
-) -> int:
-    """The estimate of a thread's registers where the compute warps hold accumulator fragments and row accumulators
-    at once (attention): a row program's kernel's (`rows.BASE_REGISTERS`, its shares and page tiles), the 12 a
-    fragment a warp holds that `SpatialTarget.registers_needed` counts, and where the scores' pages live in registers
-    (`score_tiles` of them) `scores_registers`. Calibrated with ptxas -v (nvcc 13) on attention, its recurrence in
-    registers, none spilled: (bh, bw, dt) = (4, 4, 8) on sm_90 used 246 registers (estimate 255), on sm_80 250 (255),
-    (4, 2, 8) on sm_86 239 (255), (2, 4, 8) on sm_80 254 (255), (2, 2, 4) on sm_86 207 (196: two blocks an SM,
-    which leave ptxas 255)."""
-    return fragments_and_rows(target, acc_tiles, rows.registers, lanes) + scores_registers(score_tiles, lanes or 1)
-
-
-def scores_registers(score_tiles: int, lanes: int) -> int:
-    """A thread's registers for the scores' values its warp holds (a page of `score_tiles` tiles over `lanes`
-    warps): 16 a tile, X's and P's eight each, which the P map holds at once."""
-    return 16 * -(-score_tiles // lanes)
-
-
-def fragments_and_rows(target: SpatialTarget, acc_tiles: int, row_registers: int, lanes: int | None = None) -> int:
-    """`held_registers` of a kernel whose row shares and pages alone would take `row_registers`, its fragments held
-    by `lanes` compute warps (the target's accumulator lanes unless given)."""
-    return row_registers + 12 * max(1, -(-acc_tiles // (lanes or target.accumulator_lanes)))
-
-
-def row_templates(p: SpatialProgram) -> frozenset[int]:
-    """The accumulators (by template) that row reductions fold into: row accumulators, not fragments."""
-    return frozenset(
-        int(p.buffer(op.acc).ring)
-        for op in all_ops(p)
-        if isinstance(op, Compute) and isinstance(op.op, RowReduce) and op.acc is not None
-    )
 
 
 def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[ComputeOp, ...]]:

@@ -107,6 +107,7 @@ from ..common.program import (
     matmul_stages,
 )
 from ..common.rings import TILE_ELEMS, Rings, ring_table
+from ..general import checks as general_checks
 from ..general import kernel as general
 from ..general import printer as general_printer
 from . import dequant as w4
@@ -197,7 +198,7 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
             f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
-    general.refuse(p)
+    general_checks.refuse(p)
     if has_dequant(p) and not in_panels(p):  # its consumers dequantise into B's panels (sm90a/dequant.py)
         raise NeedsGeneral(
             f"{W4_PROGRAM} planned for the other forms, in the sm_90a form",
