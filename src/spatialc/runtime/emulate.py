@@ -72,6 +72,7 @@ __all__ = [
     "MODES",
     "Progress",
     "StderrProgress",
+    "check_emulable",
     "compile_program",
     "emulate",
     "emulate_source",
@@ -169,29 +170,12 @@ def _input_files(artifact, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return {file: values[q.name] for q, file in zip(artifact.launch.params, files, strict=True) if file is not None}
 
 
-def emulate(
-    artifact,
-    inputs: Mapping[str, Any],
-    mode: str = "late",
-    timeout: float = 120.0,
-    *,
-    progress: Progress | None = None,
-    sms: int | None = None,
-    max_bytes: int = EMULATION_MAX_BYTES,
-) -> np.ndarray | dict[str, np.ndarray]:
-    """C of `artifact.program_cu` on `inputs` (tensor name → array), run through the host emulation in `mode`, on an
-    emulated device of `sms` multiprocessors (132 when None: the work list follows them, as on a GPU). A run that
-    would take more than `max_bytes` of memory (`emulation_bytes`) is refused first (EmulationTooLarge).
-
-    C has the interpreter's type for the output: int8, int32 or int64; float32, float16 (fp16) or float32 holding bf16
-    values. A program of several outputs (LayerNorm's out, mean and rstd) gives a dict name → array, as
-    `spatialc.evaluate` does. Inputs are checked as
-    `spatialc.evaluate` checks them (InputError). Raises an EmulationError subclass naming a race, a deadlock, a
-    timeout, a compile error or a CUDA error when the run does not finish cleanly. `progress(done, total)` is
-    called with the blocks done as the run goes (`stderr_progress()` makes one that shows them on a terminal).
-    """
-    out = next((p for p in artifact.launch.params if p.role == "output"), None)
-    if out is None:
+def check_emulable(artifact, max_bytes: int = EMULATION_MAX_BYTES) -> None:
+    """Refuse, from the artifact's launch alone, an emulated run that could not finish here: no output tensor
+    (EmulationFault), more than `max_bytes` of memory (`emulation_bytes`: EmulationTooLarge), or more threads
+    waiting on each other than this machine starts at once (EmulationFault). `emulate` calls it first; the CLI
+    calls it before it makes any input, so a run at an LLM's size is refused in a second, not after minutes."""
+    if not any(p.role == "output" for p in artifact.launch.params):
         raise EmulationFault("the artifact's launch names no output tensor")
     need = emulation_bytes(artifact.launch)
     if need > max_bytes:
@@ -213,6 +197,31 @@ def emulate(
             " with fewer sites that wait on each other (a split-K program: a smaller split_k; a multicast one:"
             " fewer sites)"
         )
+
+
+def emulate(
+    artifact,
+    inputs: Mapping[str, Any],
+    mode: str = "late",
+    timeout: float = 120.0,
+    *,
+    progress: Progress | None = None,
+    sms: int | None = None,
+    max_bytes: int = EMULATION_MAX_BYTES,
+) -> np.ndarray | dict[str, np.ndarray]:
+    """C of `artifact.program_cu` on `inputs` (tensor name → array), run through the host emulation in `mode`, on an
+    emulated device of `sms` multiprocessors (132 when None: the work list follows them, as on a GPU). A run that
+    would take more than `max_bytes` of memory (`emulation_bytes`) is refused first (EmulationTooLarge).
+
+    C has the interpreter's type for the output: int8, int32 or int64; float32, float16 (fp16) or float32 holding bf16
+    values. A program of several outputs (LayerNorm's out, mean and rstd) gives a dict name → array, as
+    `spatialc.evaluate` does. Inputs are checked as
+    `spatialc.evaluate` checks them (InputError). Raises an EmulationError subclass naming a race, a deadlock, a
+    timeout, a compile error or a CUDA error when the run does not finish cleanly. `progress(done, total)` is
+    called with the blocks done as the run goes (`stderr_progress()` makes one that shows them on a terminal).
+    """
+    check_emulable(artifact, max_bytes)
+    out = next(p for p in artifact.launch.params if p.role == "output")
     # The interpreter's types for the same output: fp16 as float16, bf16 as its values in float32.
     dtype = OUTPUT_DTYPES.get(out.c_type, np.float32)
     files = _input_files(artifact, inputs)
