@@ -188,9 +188,31 @@ def _built(
         args.json.write_text(to_json(p, indent=1))
         print(f"  saved     {args.json}")
     plan = plan_check(p, args.check, args.seed, full_inputs=args.run)  # refused now, before the inputs are made
+    if args.run:
+        _refuse_emulation_first(p, args)
     # A kernel runs on whole inputs; a sample's are just its rows; with no check and no run, no operand is made.
     inputs = random_inputs(p, args.seed, None if args.run else plan.sample, args.run or plan.mode != "none")
     return p, inputs, [f"build {t_build * 1e3:.0f} ms"], plan
+
+
+def _refuse_emulation_first(p: SpatialProgram, args: argparse.Namespace) -> None:
+    """A run the emulation would refuse (`check_emulable`: its memory, its threads), refused from the kernel alone
+    before any input is made: at an LLM's size the inputs take minutes and gigabytes before the emulation says no.
+    A GPU runs the kernel instead; a program no CUDA form prints is said so by the kernel line, as at any size."""
+    from ..runtime.emulate import check_emulable
+    from ..runtime.launch import GpuUnavailable, cupy_device
+
+    try:
+        cupy_device()
+        return
+    except GpuUnavailable:
+        pass
+    schedule = getattr(args, "schedule", None)
+    try:
+        art = api.lower(p, form=args.form, **({"schedule": schedule} if schedule else {}))
+    except SpatialError:
+        return
+    check_emulable(art)
 
 
 def _check_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, times: list[str], plan: CheckPlan) -> int:
@@ -479,6 +501,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("\n".join(program_lines(p)))
     plan = plan_check(p, getattr(args, "check", None), args.seed, full_inputs=True)
     args.run = True  # a saved program's kernel always runs
+    _refuse_emulation_first(p, args)
     print(f"  inputs    random, seed {args.seed}", file=sys.stdout)
     return _check_and_run(p, args, random_inputs(p, args.seed), [], plan)
 
