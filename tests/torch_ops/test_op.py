@@ -165,6 +165,8 @@ def one_line(e):
         (lambda a, b, c: (a, b, c[:10]), "bias is (1, 10); at these sizes it must be (1, 64)"),
         (lambda a, b, c: (a[0], b, c), "A has 1 dimension(s) (48); it takes 2"),
         (lambda a, b, c: (a[None], b, c), "A has 3 dimension(s)"),
+        (lambda a, b, c: (a, b, c[0]), "bias has 0 dimension(s) (); it takes 1 (its columns) or 2 (one row of them)"),
+        (lambda a, b, c: (a, b, c[None, None]), "bias has 3 dimension(s) (1, 1, 64); it takes 1 (its columns) or 2"),
         (lambda a, b, c: (a, b.t().contiguous().t(), c), "B is not contiguous (strides (1, 48))"),
         (lambda a, b, c: (a[:, :24].contiguous(), b, c), "B is (48, 64); at these sizes it must be (24, 64)"),
     ],

@@ -94,6 +94,14 @@ def test_a_gradient_through_it_is_a_clear_error():
         out.sum().backward()
 
 
+def test_weight_and_bias_are_taken_1d_or_2d_and_a_scalar_is_told_both():
+    x, w, b = operands()
+    assert all(torch.equal(o1, o2) for o1, o2 in zip(LN(x, w, b), LN(x, w[None], b[None]), strict=True))
+    with pytest.raises(spatialc.InputError) as e:
+        LN(x, w, b[0])
+    assert "bias has 0 dimension(s) (); it takes 1 (its columns) or 2 (one row of them)" in str(e.value)
+
+
 @pytest.mark.parametrize("swap", [False, True])
 def test_gpu_path_reads_each_output_back_in_order(monkeypatch, cuda_stand_in, swap):
     """The CUDA branch's wiring (SpatialOp._launch → launch_entry → run_prepared), with CPU tensors and a numpy

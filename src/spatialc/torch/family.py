@@ -181,9 +181,9 @@ class SpatialOp:
         if slot.row and len(shape) == 1:
             shape = (1, *shape)
         if len(shape) != len(slot.axes):
-            raise InputError(
-                f"{self.name}: {slot.name} has {t.dim()} dimension(s) {_dims(t.shape)}; it takes {len(slot.axes)}"
-            )
+            # A row parameter (LayerNorm's weight and bias) is taken 1-D too: say both ranks, not only the program's.
+            takes = "1 (its columns) or 2 (one row of them)" if slot.row else f"{len(slot.axes)}"
+            raise InputError(f"{self.name}: {slot.name} has {t.dim()} dimension(s) {_dims(t.shape)}; it takes {takes}")
         return shape
 
     def _sizes(self, shapes: list[tuple[Any, ...]]) -> list[Any]:
