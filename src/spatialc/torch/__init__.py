@@ -20,7 +20,8 @@ learn which axis of which tensor each argument is.
 `gemm_op(precision, bias=, activation=)` is a GEMM family with autograd (the backward is two more spatialc GEMMs);
 `Linear` is `nn.Linear` computed by it, and `replace_linears(model)` swaps a model's `nn.Linear`s (and an activation
 that follows one in an `nn.Sequential`) for it. `attention(q, k, v, causal=, scale=)` is `spatialc.attention` called
-as torch's scaled_dot_product_attention is, over `attention_op` (no autograd yet). Bad input raises one line:
+as torch's scaled_dot_product_attention is, over `attention_op` (no autograd yet); its `causal=True` mask is aligned
+bottom right, so where seq_q ≠ seq_kv it is not SDPA's `is_causal=True` (aligned top left). Bad input raises one line:
 `InputError` for tensors the op cannot take, `ProgramError` for a family or option it cannot use.
 """
 

@@ -1,4 +1,9 @@
-"""`attention`: spatialc.attention called as torch's scaled_dot_product_attention is, over `attention_op`."""
+"""`attention`: spatialc.attention called as torch's scaled_dot_product_attention is, over `attention_op`.
+
+One difference in meaning: `causal=True` is spatialc.attention's mask, aligned bottom right (query r sees keys up to
+r + seq_kv − seq_q: FlashAttention's, torch's `causal_lower_right`). SDPA's `is_causal=True` aligns it top left (query
+r sees keys up to r). The two agree only where seq_q = seq_kv; where seq_q < seq_kv the results differ (and causal
+with seq_q > seq_kv is refused). For SDPA's top-left mask at other lengths, there is no flag here."""
 
 from __future__ import annotations
 
@@ -83,9 +88,10 @@ def attention(
     (SDPA's `enable_gqa=True`). Returns O (batch, heads, seq_q, head_dim) in `out_dtype` (q's dtype unless told;
     torch.float32 keeps the float32 result), and with `return_lse` (O, LSE) with LSE (batch, heads, seq_q) float32,
     the natural log-sum-exp of each row's scaled, masked scores. `causal` masks key c for query r where
-    c > r + seq_kv − seq_q: aligned bottom right (torch's `causal_lower_right`, FlashAttention's), which is SDPA's
-    `is_causal=True` only where seq_q = seq_kv. `scale` defaults to 1/√head_dim. The op behind it (`attention_op`) is
-    built once per shape, as every op of `op`; it has no autograd yet (a backward through it raises torch's error)."""
+    c > r + seq_kv − seq_q: aligned bottom right (torch's `causal_lower_right`, FlashAttention's). That is NOT SDPA's
+    `is_causal=True` (aligned top left) where seq_q ≠ seq_kv: the two agree only where seq_q = seq_kv. `scale`
+    defaults to 1/√head_dim. The op behind it (`attention_op`) is built once per shape, as every op of `op`; it has no
+    autograd yet (a backward through it raises torch's error). An empty axis is an InputError naming it."""
     tensors = {"q": q, "k": k, "v": v}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
@@ -98,6 +104,14 @@ def attention(
             raise InputError(
                 f"spatialc.torch.attention: q, k and v are {', '.join(_dtype(x.dtype) for x in tensors.values())};"
                 " pass all three bfloat16 or all three float16"
+            )
+    for name, t in tensors.items():  # before any division or reshape by them: an empty axis is no attention
+        axes = ("batch", "heads", "seq_q", "head_dim") if name == "q" else ("batch", "kv_heads", "seq_kv", "head_dim")
+        empty = next((axis for axis, n in zip(axes, t.shape, strict=True) if n == 0), None)
+        if empty is not None:
+            raise InputError(
+                f"spatialc.torch.attention: {name} is {_dims(t.shape)}, its {empty} 0; every axis of q, k and v is at"
+                " least 1"
             )
     (b, h, sq, d), (bk, hk, skv, dk) = q.shape, k.shape
     if tuple(v.shape) != tuple(k.shape) or bk != b or dk != d or h % hk != 0:
