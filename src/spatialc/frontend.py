@@ -147,7 +147,8 @@ def relu() -> Map:
 
 
 def activation(name: str) -> Map:
-    """An elementwise activation by name: gelu (PyTorch's tanh form, the table's gelu_tanh), silu, sigmoid or tanh.
+    """An elementwise activation by name: gelu (PyTorch's tanh form, the table's gelu_tanh, as it always was here),
+    gelu_tanh (the same), gelu_erf (the erf form, nn.GELU()'s default, the table's gelu), silu, sigmoid or tanh.
     Float programs only; `spatialc.numerics.elementwise` gives each formula and the tolerance a kernel keeps to it."""
     if name not in ACTIVATIONS:
         raise ProgramError(f"unknown activation {name!r}; use one of {', '.join(ACTIVATIONS)}")
@@ -218,7 +219,7 @@ def _check_map(stage: Map, prec: Precision, inputs: int = 1) -> None:
             except ElementwiseError as e:
                 raise ProgramError(str(e)) from None
             if prec == Precision.INT8 and not op.integer:
-                what = f"activation {node.op}" if node.op in ops.ACTIVATION_OPS.values() else node.op
+                what = f"activation {node.op}" if node.op in ops.ACTIVATION_NAMES else node.op
                 raise ProgramError(
                     f"{what} is float arithmetic; an int8 program's epilogue is integer (use fp16 or bf16)"
                 )

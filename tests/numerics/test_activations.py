@@ -23,6 +23,8 @@ emulation = pytest.mark.skipif(shutil.which("g++") is None, reason="the host emu
 # Written out with math, one element at a time: no numpy, no shared code with spatialc.numerics.epilogue.
 INDEPENDENT = {
     "gelu": lambda x: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "gelu_erf": lambda x: 0.5 * x * (1.0 + math.erf(x / math.sqrt(2.0))),
     "silu": lambda x: x / (1.0 + math.exp(-x)) if x > -700 else -0.0 * x,
     "sigmoid": lambda x: 1.0 / (1.0 + math.exp(-x)) if x > -700 else 0.0,
     "tanh": math.tanh,
@@ -45,7 +47,7 @@ def integer_inputs(seed: int) -> dict[str, np.ndarray]:
 
 
 def test_unknown_and_integer_activations_are_refused_by_name():
-    with pytest.raises(ProgramError, match="unknown activation 'relu6'; use one of gelu, silu, sigmoid, tanh"):
+    with pytest.raises(ProgramError, match="unknown activation 'relu6'; use one of gelu, gelu_tanh, gelu_erf, silu, "):
         spatialc.activation("relu6")
     with pytest.raises(ProgramError, match="activation gelu_tanh is float arithmetic; an int8 program's epilogue"):
         spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.activation("gelu")])
@@ -162,3 +164,17 @@ def test_equal_infinities_and_nans_are_within_the_tolerance():
         assert np.isinf(ref).any() and np.isnan(ref).any()
         assert spatialc.tolerance(p).check(ref, x)[0]
         assert not spatialc.tolerance(p).check(np.where(np.isnan(ref), 1.0, ref), x)[0]
+
+
+def test_gelu_names_each_form_and_gelu_alone_keeps_the_tanh_form_saved_programs_have():
+    """`gelu` is the tanh form it always was (programs saved with it mean that); `gelu_tanh` and `gelu_erf` ask for
+    each form by name — the erf one the table's gelu, nn.GELU()'s default — and the CLI takes all three."""
+    ops_of = {name: next(s.kind.op.expr.op for s in program(name).stages if "gelu" in s.name) for name in
+              ("gelu", "gelu_tanh", "gelu_erf")}  # fmt: skip
+    assert ops_of == {"gelu": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu_erf": "gelu"}
+    x = integer_inputs(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", spatialc.InexactInputWarning)
+        erf, tanh = (spatialc.evaluate(program(n), x) for n in ("gelu_erf", "gelu"))
+    assert not np.array_equal(erf, tanh)  # the two forms differ, and each name gives its own
+    assert main(["gemm", "40", "48", "64", "--precision", "bf16", "--activation", "gelu_erf", "--check", "none"]) == 0

@@ -217,7 +217,7 @@ def same_initial(initial):
     return {k: v for k in initial}
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
 def test_one_run_of_the_counters_decides_what_every_interleaving_does(drawn):
     progs, depth, initial, group = drawn

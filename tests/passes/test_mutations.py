@@ -311,7 +311,7 @@ def test_random_edits_are_never_accepted_and_wrong(tally):
 
 def test_the_suite_finds_holes_in_a_verifier_without_rule_8(monkeypatch, layer):
     monkeypatch.setattr(verify_package, "check_semantics", lambda index, programs: None)
-    tally = mutants.run(edits_per_program=120, seed=7)
+    tally = mutants.run(edits_per_program=60, seed=7)  # ~40 holes at seed 7 (the test needs more than 10)
     assert tally.counts["hole"] > 10, tally.line()
     assert sum(1 for _, change, error, _ in HAND_PICKED if error is SemanticError and _accepted(change(layer))) >= 10
 

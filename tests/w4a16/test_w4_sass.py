@@ -54,7 +54,8 @@ def census(code: Sass, lo: int, hi: int) -> dict[str, int]:
     }
 
 
-@pytest.mark.parametrize(("cc", "fmt"), [("80", "int4"), ("90", "int4"), ("90", "mxfp4"), ("90", "uint4-f32-fp16")])
+# (int4's unpack checked on sm_80; sm_90 compiles the other two formats' — one compile less for CI time)
+@pytest.mark.parametrize(("cc", "fmt"), [("80", "int4"), ("90", "mxfp4"), ("90", "uint4-f32-fp16")])
 def test_the_register_paths_main_loop_has_no_byte_loads_and_converts_beside_the_mmas(cc, fmt):
     code, ptx = decode_sass(cc, "registers", fmt)
     assert ptx is not None and ptx.spill_stores == 0 and ptx.spill_loads == 0 and ptx.stack == 0

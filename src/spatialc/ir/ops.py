@@ -99,7 +99,8 @@ class Requant:
 # The epilogue names the frontend and the CLI take for the ops with a constant and for the activations (`scalar`,
 # `activation` below make each a Map).
 SCALAR_OPS = ("add", "mul", "max", "min")
-ACTIVATIONS = ("gelu", "silu", "sigmoid", "tanh")
+# `gelu` is PyTorch's tanh form, as it always was here; `gelu_tanh` and `gelu_erf` ask for either form by its name.
+ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh")
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +229,10 @@ def scalar(op: str, value: float) -> Map:
 
 # The activations' names as programs of earlier versions (and the frontend's epilogue list) give them: `gelu` was
 # always PyTorch's tanh form, which the table calls gelu_tanh.
-ACTIVATION_OPS = {"gelu": "gelu_tanh", "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh"}
-ACTIVATION_NAMES = {op: name for name, op in ACTIVATION_OPS.items()}  # gelu_tanh → "gelu", as programs name it
+_NAMED_OPS = {"gelu": "gelu_tanh", "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh"}
+ACTIVATION_NAMES = {op: name for name, op in _NAMED_OPS.items()}  # gelu_tanh → "gelu", as programs name it
+# and each form by its own name: the table's gelu is the erf form (nn.GELU()'s default).
+ACTIVATION_OPS = {**_NAMED_OPS, "gelu_tanh": "gelu_tanh", "gelu_erf": "gelu"}
 
 
 def activation(name: str) -> Map:

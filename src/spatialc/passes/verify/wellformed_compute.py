@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ...ir.ops import (
-    ACTIVATION_OPS,
+    ACTIVATION_NAMES,
     MAX_EXPR_NODES,
     REDUCE_OPS,
     Apply,
@@ -78,7 +78,7 @@ def expr_fault(expr: Expr, precision: Precision) -> str | None:
                 if any(not math.isfinite(v) for v in params):
                     return f"{name}'s parameters must be finite numbers, not {list(params)}"
                 if integer and not op.integer:
-                    what = f"activation {name}" if name in ACTIVATION_OPS.values() else name
+                    what = f"activation {name}" if name in ACTIVATION_NAMES else name
                     return f"{what} is float arithmetic; an int8 program's epilogue is integer arithmetic"
                 if integer and any(v != int(v) or abs(v) >= EXACT_LIMIT for v in params):
                     return f"an int8 program's {name} takes whole-number parameters within ±2^62, not {list(params)}"
