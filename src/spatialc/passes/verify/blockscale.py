@@ -21,7 +21,8 @@ K tile summed twice, one skipped a K tile never summed):
 
 Last (`check_scale_types`, once the products are proved), the layouts against the scales' element type, since the
 step every reader promotes at is read from the layouts (`numerics.blockscale.step_of`): a group narrower than
-PROMOTION_K (128) only of e8m0 scales, both operands', and e8m0 scales only in OCP MX's groups of MX_K (32) — the
+PROMOTION_K (128) only of e8m0 scales, both operands', or one of all of K (a K under 128: `row`, `col`, `tensor`,
+whose one group no step can straddle), and e8m0 scales only in OCP MX's groups of MX_K (32) — the
 kernel promotes float32 scales every 128 and e8m0 codes by their exponents (lower/cuda/common/blockscale.py). Then
 the layouts against the operands (a saved file may say anything): a block spans one row (column) or more — the
 kernel divides by `outer` — and e8m0 blocks exactly one (OCP MX's 1 × 32, 32 × 1); a float32 group is whole steps
@@ -103,7 +104,7 @@ def check_term(proof: _Proof, t: Product, mm: MatmulDecl, row: Aff, col: Aff, k:
         )
     width = mm.shape[2]
     for name, scale in zip(names, (declared.a, declared.b), strict=True):
-        fault = _straddles(s.k, width, scale, proof.site.index.p.tile.cols, proof.ranges)
+        fault = _straddles(s.k, width, scale, proof.site.index.p.tile.cols, proof.ranges, mm.k_elems)
         if fault is not None:
             raise proof.fail(f"{where}: {fault} of {name}, promoted with the first group's scale", t.a, t.b)
 
@@ -135,8 +136,11 @@ def _group_checked(proof: _Proof, t: Product, s: StepScales, row: Aff, names: li
     return row - group * out.group_tiles[0]
 
 
-def _straddles(first: Aff, width: int, scale: KScale, tile: int, ranges) -> str | None:
-    """Why a step of `width` K tiles starting at K tile `first` may span two groups of `scale`, or None."""
+def _straddles(first: Aff, width: int, scale: KScale, tile: int, ranges, k: int) -> str | None:
+    """Why a step of `width` K tiles starting at K tile `first` may span two groups of `scale`, or None. A group of
+    all of the product's `k` is the only one: a step reaching past it reads K's zero padding, of no other group."""
+    if scale.k >= k:
+        return None
     group = scale.k // tile if scale.k % tile == 0 else 0
     aligned = all(c % width == 0 for c in (first.const, *first.terms.values()))
     if group and group % width == 0 and aligned:
@@ -191,11 +195,6 @@ def _check_types(where: str, both: list[tuple[Tensor, KScale]]) -> None:
                 f"{where}: {t.name} holds e8m0 scales of groups of {x.k} elements of K; OCP MX's e8m0 scales group"
                 f" {MX_K}"
             )
-        if not mx[0] and x.k < PROMOTION_K:
-            raise SemanticError(
-                f"{where}: {t.name} holds {t.dtype.value} scales of groups of {x.k} elements of K; a group narrower"
-                f" than {PROMOTION_K} is OCP MX's, of e8m0 scales"
-            )
 
 
 def _check_shapes(index: ProgramIndex, scaled: list[tuple[Stage, MatmulTiles]]) -> None:
@@ -215,6 +214,11 @@ def _check_shapes(index: ProgramIndex, scaled: list[tuple[Stage, MatmulTiles]]) 
         where += f" {index.tensors[op.scales.b.tensor].name}"
         for x, extent, is_a in ((op.scales.a, m, True), (op.scales.b, n, False)):
             t = index.tensors[x.tensor]
+            if t.dtype != DType.E8M0 and x.k < PROMOTION_K and x.k < k:  # (a group of all of K may be narrower)
+                raise SemanticError(
+                    f"{where}: {t.name} holds {t.dtype.value} scales of groups of {x.k} elements of K; a group narrower"
+                    f" than {PROMOTION_K} is OCP MX's, of e8m0 scales"
+                )
             if t.dtype != DType.E8M0 and x.k % PROMOTION_K and x.k < k:
                 raise SemanticError(
                     f"{where}: {t.name} holds {t.dtype.value} scales of groups of {x.k} elements of K; a group is"
