@@ -147,17 +147,7 @@ def _check_map_page(ctx: ProgramIndex, site: Site, engine: str, op: Compute, out
     for i in pages:
         if i >= len(op.ins):
             continue  # rule 1 names an expression reading a page the op does not take
-        src = op.ins[i]
-        if ctx.page_tiles(src) > ctx.page_tiles(out):
-            raise _fail(
-                ctx,
-                site,
-                engine,
-                op,
-                f"it fills a page of {ctx.name(out)}, which holds {ctx.page_tiles(out)} tiles, from pages of"
-                f" {ctx.name(src)}, which hold {ctx.page_tiles(src)}: a map's page holds its inputs' pages",
-                ctx.name(out),
-            )
+        _check_fill(ctx, site, engine, op, op.ins[i], out, "", "a map's page holds its inputs' pages")
 
 
 def _check_dequant_page(ctx: ProgramIndex, site: Site, engine: str, op: Compute, out: BufferId) -> None:
@@ -165,17 +155,24 @@ def _check_dequant_page(ctx: ProgramIndex, site: Site, engine: str, op: Compute,
     into its own, tile for tile (a smaller page would be written past its slot, and its readers would take tiles the
     page does not hold; rule 8 follows the page's value, not its room)."""
     for src in op.ins:
-        if ctx.page_tiles(src) > ctx.page_tiles(out):
-            raise _fail(
-                ctx,
-                site,
-                engine,
-                op,
-                f"it fills a page of {ctx.name(out)}, which holds {ctx.page_tiles(out)} tiles (its page_tiles),"
-                f" from pages of {ctx.name(src)}, which hold {ctx.page_tiles(src)}: a dequant's page holds the page it"
-                " reads",
-                ctx.name(out),
-            )
+        _check_fill(ctx, site, engine, op, src, out, " (its page_tiles)", "a dequant's page holds the page it reads")
+
+
+def _check_fill(
+    ctx: ProgramIndex, site: Site, engine: str, op: Compute, src: BufferId, out: BufferId, field: str, rule: str
+) -> None:
+    """`op` fills a page of `out` from pages of `src` element for element: `out`'s pages hold at least as many tiles
+    (`field` and `rule` name, in the refusal, what counts and why)."""
+    if ctx.page_tiles(src) > ctx.page_tiles(out):
+        raise _fail(
+            ctx,
+            site,
+            engine,
+            op,
+            f"it fills a page of {ctx.name(out)}, which holds {ctx.page_tiles(out)} tiles{field}, from pages of"
+            f" {ctx.name(src)}, which hold {ctx.page_tiles(src)}: {rule}",
+            ctx.name(out),
+        )
 
 
 def _check_access(ctx: ProgramIndex, nx: int, run: Run, acc: Access, boxes: dict[Site, Box | None]) -> None:
