@@ -207,12 +207,22 @@ def _refuse_emulation_first(p: SpatialProgram, args: argparse.Namespace) -> None
         return
     except GpuUnavailable:
         pass
-    schedule = getattr(args, "schedule", None)
     try:
-        art = api.lower(p, form=args.form, **({"schedule": schedule} if schedule else {}))
+        art = _lowered(p, args)
     except SpatialError:
         return
     check_emulable(art)
+    args.lowered = (p, art)  # the kernel `_kernel` prints and runs: lowered once
+
+
+def _lowered(p: SpatialProgram, args: argparse.Namespace):
+    """`p` lowered as the command asks (its form; attention's KV-loop schedule where asked for), or the artifact
+    `_refuse_emulation_first` already lowered for it."""
+    kept = getattr(args, "lowered", None)
+    if kept is not None and kept[0] is p:
+        return kept[1]
+    schedule = getattr(args, "schedule", None)
+    return api.lower(p, form=args.form, **({"schedule": schedule} if schedule else {}))
 
 
 def _check_and_run(p: SpatialProgram, args: argparse.Namespace, inputs: dict, times: list[str], plan: CheckPlan) -> int:
@@ -276,7 +286,7 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, checked: 
     t0 = time.perf_counter()
     schedule = getattr(args, "schedule", None)  # (attention's KV loop: asked for, it must be printed)
     try:
-        art = api.lower(p, form=args.form, **({"schedule": schedule} if schedule else {}))
+        art = _lowered(p, args)
     except SpatialError as e:
         # A forced form or schedule that cannot be printed fails alike; an 8-bit float program no form prints for
         # this target (sm_80, sm_86) runs in the interpreter
