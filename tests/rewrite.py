@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from spatialc.ir.ids import LV_K
 from spatialc.ir.nodes import ComputeStage, Engine, Schedule, SpatialProgram
@@ -117,3 +118,15 @@ def unroll_k(p: SpatialProgram, order: list[int]) -> SpatialProgram:
 
     p = replace(p, Engine.READER, unrolled(order))
     return replace(p, Engine.COMPUTE, unrolled(list(range(len(order)))))
+
+
+def json_dicts(node: Any) -> Iterator[dict]:
+    """Every object of a saved program's JSON tree (`json.loads(spatialc.to_json(p))`), outermost first, for tests
+    that edit a field wherever it is written (the declaration's and every scheduled op's alike)."""
+    if isinstance(node, dict):
+        yield node
+        for v in node.values():
+            yield from json_dicts(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from json_dicts(v)

@@ -37,6 +37,7 @@ from spatialc.ir.ops import (
 )
 from spatialc.passes.verify import verify
 
+from ..rewrite import json_dicts
 from .mutants import attentions, engines, in_loop, loop_count, ring, scheduled, with_expr
 from .qkv import inputs
 
@@ -175,19 +176,10 @@ def _rescaled_file(p, new: float) -> SpatialProgram:
     old = next(s.kind.op.scale for s in p.stages if isinstance(getattr(s.kind, "op", None), Attention))
     doc = json.loads(spatialc.to_json(p))
     edits = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if node.get("type") == "Attention" or (node.get("type") == "Lit" and node.get("value") == old):
-                node["scale" if node["type"] == "Attention" else "value"] = new
-                edits.append(node["type"])
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(doc["program"])
+    for node in json_dicts(doc["program"]):
+        if node.get("type") == "Attention" or (node.get("type") == "Lit" and node.get("value") == old):
+            node["scale" if node["type"] == "Attention" else "value"] = new
+            edits.append(node["type"])
     assert "Attention" in edits and "Lit" in edits
     return spatialc.from_json(json.dumps(doc))
 

@@ -23,6 +23,7 @@ from spatialc.numerics.blockscale import promotion_k
 from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
 
+from ..rewrite import json_dicts
 from .programs import inputs_of, scaled
 from .test_mutations import _sweep, compute, declared, matmuls, moved, rescaled, scales
 
@@ -213,19 +214,10 @@ def _saved(p, scales=None, tensors=None):
     `scales` ({"a": {"outer": 0}}), each named tensor's fields of `tensors` — and loaded (from_json verifies it
     again)."""
     doc = json.loads(spatialc.to_json(p))
-
-    def walk(node):
-        if isinstance(node, dict):
-            if node.get("type") == "BlockScales":
-                for which, fields in (scales or {}).items():
-                    node[which].update(fields)
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(doc["program"])
+    for node in json_dicts(doc["program"]):
+        if node.get("type") == "BlockScales":
+            for which, fields in (scales or {}).items():
+                node[which].update(fields)
     for t in doc["program"]["tensors"]:
         t.update((tensors or {}).get(t["name"], {}))
     return spatialc.from_json(json.dumps(doc))
