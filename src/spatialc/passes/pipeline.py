@@ -215,10 +215,11 @@ def _build(
     split = None
     if splits > 1:
         # Split-K's sites wait on each other: the general form, with room for the partial rings.
-        split = _split_plan(program.evolve(target=target.name), target, block, sub_blocks, depth, splits)
+        split_form = "sm90a" if form == "sm90a" else "general"
+        split = _split_plan(program.evolve(target=target.name), target, block, sub_blocks, depth, splits, split_form)
         assert split.plan is not None
         per_unit = sites_per_unit(
-            target, split.plan, p.precision, "general", ring_stages(p, "general", extra_ring_stages())
+            target, split.plan, p.precision, split_form, ring_stages(p, split_form, extra_ring_stages(split_form))
         )
         if split_k is None:  # the planner's own choice, made again on the plan made for it; never a refusal
             splits = min(splits, auto_splits(split.plan, target.units * per_unit))
@@ -315,16 +316,18 @@ def _tile_hopper_first(
 
 
 def _split_plan(
-    program: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, splits: int
+    program: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, splits: int, form: str = "general"
 ) -> SpatialProgram:
     """The program planned for the general form with split-K's rings: the best plan whose K steps each of the
     `splits` sites can have one of (a shorter K step where the best has too few), else the best (refused by name)."""
-    found = candidates(program, target, block, sub_blocks, depth, "general", extra_ring_stages())
+    found = candidates(program, target, block, sub_blocks, depth, form, extra_ring_stages(form))
+    if form == "sm90a":  # its planner favours narrow items that fill the machine unsplit: the best whose sites fit
+        found = [c for c in found if c.plan.items * splits <= target.units * c.sites_per_unit] or found
     fit = next((c.plan for c in found if c.plan.k_steps >= splits), None)
     if fit is not None:
-        return apply_plan(program, fit)
+        return apply_plan(program, fit, form)
     if not found:  # no plan fits at all: the planner's own refusal says why
-        return tile(program, target, block, sub_blocks, depth, "general", extra_ring_stages())
+        return tile(program, target, block, sub_blocks, depth, form, extra_ring_stages(form))
     most = max(c.plan.k_steps for c in found)
     forced = " with the forced block" if block else ""
     raise ProgramError(

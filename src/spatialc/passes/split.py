@@ -178,10 +178,11 @@ def fits_at_once(
     )
 
 
-def extra_ring_stages() -> int:
-    """The general form's rings of split-K beyond a GEMM's, in the tile planner's unit (a 2-deep output-sized
-    ring): partial_out and partial_in, one page each."""
-    return 1
+def extra_ring_stages(form: str = "general") -> int:
+    """The `form` kernel's rings of split-K beyond a GEMM's, in the tile planner's unit (a 2-deep output-sized
+    ring): the general form's partial_out and partial_in, one page each; none in the sm_90a form, whose consumers
+    move partial sums between their accumulators and the workspace directly (lower/cuda/sm90a/partials.py)."""
+    return 0 if form == "sm90a" else 1
 
 
 __all__ = [

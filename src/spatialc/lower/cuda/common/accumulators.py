@@ -13,7 +13,7 @@ from typing import Any
 
 from ....ir.ids import BufferId, LoopVar
 from ....ir.nodes import PageLayout, Plan
-from ....ir.ops import Col, Compute, Map, VecAxis, WriteTiles
+from ....ir.ops import Col, Compute, Map, ReadTiles, VecAxis, WriteTiles
 from ....ir.ops import cols as expr_cols
 from ...census import marker
 from ...errors import Unsupported
@@ -115,6 +115,29 @@ class AccumulatorPrinter:
             with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
                 self.w.line(self.owned_tile())
                 self.w.line(add.format(f"(bh * {w} + bw)"))
+
+    def direct_partials(self, op: ReadTiles | WriteTiles, env: dict[LoopVar, str], mark: str) -> None:
+        """Split-K's partial sums between the accumulators and the workspace with no page between: a WriteTiles
+        (`op`, of the item's block from the page PackAcc would have filled) stores each lane's own elements; a
+        ReadTiles (into the page AddPartial would have added) adds them to each lane's elements. The workspace is
+        tiled, as pages are: element i of a lane's fragment lies at `el` of its tile (`fused_store`), and elements
+        2j, 2j + 1 are adjacent, so each pair moves as one 8-byte access (SPATIALC_GLOBAL_ST2 / _ADD2, `cwriter`);
+        loads go through L2, as other sites stored them in this launch."""
+        tensor = f"t{int(op.tensor)}"
+        with self.w.block("", mark):
+            self.warp_coords()
+            self.w.line("const int lane = tid % 32;")
+            self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
+            with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
+                self.w.line(self.owned_tile())
+                base = addr_expr(op.at, env)
+                rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
+                self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
+                with self.unrolled("for (int i = 0; i < 8; i += 2)"):  # elements i, i + 1: adjacent columns
+                    self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8;  // even: a pair")
+                    at, acc = f"&{tensor}[tile * {TILE_ELEMS} + el]", f"{self.accf}[q].x"
+                    macro = "SPATIALC_GLOBAL_ST2" if isinstance(op, WriteTiles) else "SPATIALC_GLOBAL_ADD2"
+                    self.w.line(f"{macro}({at}, {acc}[i], {acc}[i + 1]);")
 
     def fused_store(
         self, op: WriteTiles, env: dict[LoopVar, str], mark: str, chain: list[tuple[Compute, dict[LoopVar, str]]]

@@ -82,18 +82,25 @@ class Rings:
     """The kernel's rings by template id, each buffer's template, and the templates the fused epilogue removed.
 
     `fused` is the chain the fused epilogue replaces, in order: the matmul's output, then the output of each
-    elementwise epilogue stage; the writer stores the last. Empty when the epilogue is not fused.
+    elementwise epilogue stage; the writer stores the last. Empty when the epilogue is not fused. `direct`: rings
+    whose pages go between the accumulators and global memory with no page of shared memory (the sm_90a form's
+    split-K partial sums).
     """
 
     rings: dict[int, Ring]
     template: dict[BufferId, int]
     fused: tuple[int, ...] = ()
     names: dict[int, str] = field(default_factory=dict)
+    direct: tuple[int, ...] = ()
 
     def kept(self, buf: BufferId) -> Ring | None:
-        """The ring `buf` lives in, or None when it is part of the fused chain (which has no rings)."""
+        """The ring `buf` lives in, or None when it is part of the fused chain or direct (neither has rings)."""
         t = self.template[buf]
-        return None if t in self.fused else self.rings[t]
+        return None if t in self.fused or t in self.direct else self.rings[t]
+
+    def is_direct(self, buf: BufferId) -> bool:
+        """Whether `buf`'s pages go between accumulators and global memory directly (`direct`)."""
+        return self.template.get(buf, -1) in self.direct
 
     def is_fused(self, buf: BufferId) -> bool:
         """Whether `buf` is a ring of the fused chain: its pages are the accumulators, read out by the store."""

@@ -135,6 +135,7 @@ class EnginePrinter(
         for op in self.role.walk():
             kept = (
                 not self.k.rings.is_fused(op.buf)
+                and not self.k.rings.is_direct(op.buf)
                 and not self.held(op.buf)
                 and self.k.rings.template[op.buf] not in in_registers
                 if isinstance(op, Reserve | Push | Wait | Pop)
@@ -414,11 +415,11 @@ def class_table(k: GeneralKernel, w: Writer) -> None:
         w.line(f"__device__ const int spatialc_site_class[{k.sites}] = {{{table}}};")
 
 
-def by_class(k: GeneralKernel, role: Role, w: Writer, body) -> None:
+def by_class(k: GeneralKernel, role: Role, w: Writer, body, indexed: bool = False) -> None:
     """`body(ops)` for the one program every site runs on `role`, else for each class's under a test of the site's
-    class."""
+    class — `body(ops, i)` with the class's index where `indexed` (None for the one program)."""
     if len(printed(role)) == 1:
-        body(role.programs[0])
+        body(role.programs[0], None) if indexed else body(role.programs[0])
         return
     first = True
     for i, (c, ops) in enumerate(zip(k.classes, role.programs, strict=True)):
@@ -426,7 +427,7 @@ def by_class(k: GeneralKernel, role: Role, w: Writer, body) -> None:
             continue
         sites = ", ".join(map(str, c.sites))
         with w.block(f"{'if' if first else 'else if'} (spatialc_site_class[site] == {i})", f"// sites {sites}"):
-            body(ops)
+            body(ops, i) if indexed else body(ops)
         first = False
 
 

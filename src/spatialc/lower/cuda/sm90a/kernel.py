@@ -66,7 +66,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ....ir.names import plain
-from ....ir.nodes import PageLayout, SpatialProgram, TensorRole
+from ....ir.nodes import PageLayout, SpatialProgram
 from ....ir.ops import (
     AcquireAcc,
     ChoreoOp,
@@ -111,11 +111,12 @@ from ..general import checks as general_checks
 from ..general import kernel as general
 from ..general import printer as general_printer
 from . import dequant as w4
-from . import staging
+from . import partials, staging
 from .attention import AttentionPrinter, check_attention_plan, declare, make_attention_kernel
 from .barriers import check_barriers
 from .blockscale import SCALE_ALIGN, ScaleStage, scale_stage
 from .overlap import PINGPONG
+from .partials import PartialSide
 from .plan import (
     BARRIER_ALIGN,
     CONSUMER_REGS,
@@ -159,6 +160,8 @@ class HopperKernel:
     wgmmas: tuple[tuple[int, str], ...] = ()
     scales: ScaleStage | None = None  # a block-scaled GEMM's A scales landed by TMA beside A's page (blockscale.py)
     schedule: str = ""  # attention's KV loop (`overlap.SCHEDULES`); "" for a GEMM
+    # Split-K's partial sums by site class: where each class stores or reads them (partials.py); () unsplit.
+    partials: tuple[PartialSide, ...] = ()
 
     @property
     def program(self) -> SpatialProgram:
@@ -217,8 +220,6 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
                 raise Unsupported("a loop count read from data", "the sm_90a form prints fixed loops so far")
             case ReadTiles(rows_from=rows) if rows is not None:
                 raise Unsupported("a grouped tensor's row limit", "a TMA box reads whole tiles")
-    if any(t.role == TensorRole.WORKSPACE for t in p.tensors):
-        raise Unsupported("split-K's workspace", "the sm_90a form reads operand pages only")
     for t in p.tensors:  # a TMA map's dimensions and every coordinate in it are signed 32-bit (PTX's tensor ops)
         rows, cols = t.tiles[0] * p.tile.rows, t.tiles[1] * p.tile.cols
         if max(rows, cols) > TMA_COORD_MAX:
@@ -279,11 +280,15 @@ def staged(p: SpatialProgram, store: WriteTiles) -> bool:
     return (store.stride_h, store.stride_w) == (t.tiles[1], 1) and t.groups == 1
 
 
-def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTiles, Rings] | None:
+def fused_output(
+    p: SpatialProgram, k: general.GeneralKernel, apart: frozenset[int] = frozenset()
+) -> tuple[WriteTiles, Rings] | None:
     """The writer's store of the matmul's output (after its elementwise epilogue), where the consumers can make it
     themselves from their accumulators — a chain of stages the fused store applies, run by the compute engine at
     its item level, and a writer that only waits for each page, stores it and frees it — and the kernel's rings
-    without that chain's. None otherwise (the general form's output ring and writer stay)."""
+    without that chain's. None otherwise (the general form's output ring and writer stay). The site classes in
+    `apart` (split-K's contributors, which store partial sums instead: partials.py) are left out of the programs
+    compared."""
     try:
         mm, types, integer, chain = checked_gemm(p, epilogue.EPILOGUE_OPS)
     except LowerError:
@@ -291,9 +296,13 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
     last = int(p.buffer((chain[-1] if chain else mm).outs[0]).ring)
     compute, *side = k.roles
     writers = [r for r in side if any(isinstance(op, WriteTiles) for op in r.walk())]
-    if len(writers) != 1 or len(general_printer.printed(writers[0])) != 1 or len(general_printer.printed(compute)) != 1:
+
+    def printed(role: general.Role) -> set[tuple[ChoreoOp, ...]]:
+        return {ops for i, ops in enumerate(role.programs) if i not in apart}
+
+    if len(writers) != 1 or len(printed(writers[0])) != 1 or len(printed(compute)) != 1:
         return None
-    body = writers[0].programs[0]
+    (body,) = printed(writers[0])
     if len(body) == 1 and isinstance(body[0], Loop):
         body = body[0].body
     if len(body) != 3 or not isinstance(body[1], WriteTiles):
@@ -303,7 +312,7 @@ def fused_output(p: SpatialProgram, k: general.GeneralKernel) -> tuple[WriteTile
     if not (isinstance(wait, Wait) and isinstance(pop, Pop) and ring == last):
         return None
     # The compute engine pushes the last ring at its item level, where the writer's store has its loop variables.
-    top = general_printer.printed(compute)[0]
+    (top,) = printed(compute)
     level = top[0].body if len(top) == 1 and isinstance(top[0], Loop) else top
     pushed = [i for i, op in enumerate(level) if isinstance(op, Push) and int(p.buffer(op.buf).ring) == last]
     if not pushed:
@@ -347,12 +356,24 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
     k = general.make_kernel(p, lanes, fit=False)  # its shared memory is laid out again below, and checked then
     if has_dequant(p):  # a W4A16 GEMM's consumers dequantise into B's page of panels (sm90a/dequant.py)
         k = dataclasses.replace(k, dequant="shared")
-    fused = fused_output(p, k)
+    split = partials.sides(p, k)
+    apart = frozenset(i for i, side in enumerate(split[1]) if side.store is not None) if split else frozenset()
+    fused = fused_output(p, k, apart)
     store = None
     if fused is not None:  # the output and epilogue rings leave shared memory: the consumers store from registers
         store, rings = fused
         kept = {r: n for r, n in k.full_count.items() if r in rings.rings}
         k = dataclasses.replace(k, rings=rings, full_count=kept, empty_count={r: k.empty_count[r] for r in kept})
+    if split is not None:  # split-K's partial sums go between the accumulators and the workspace (partials.py)
+        direct = split[0]
+        kept = {r: g for r, g in k.rings.rings.items() if r not in direct}
+        rings = dataclasses.replace(k.rings, rings=kept, direct=direct)
+        k = dataclasses.replace(
+            k,
+            rings=rings,
+            full_count={r: n for r, n in k.full_count.items() if r in kept},
+            empty_count={r: n for r, n in k.empty_count.items() if r in kept},
+        )
     compute = k.roles[0]
     if compute.warps != wg.consumers * WARPGROUP or compute.first_warp != 0:
         raise Unsupported(
@@ -367,7 +388,11 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
     reads = [op for r in reader for op in r.walk()]
     packed = w4.packed_reads(p, k.rings, reads, list(compute.walk()))  # a W4A16 GEMM's packed pages: bulk copies
     dequantised = w4.operand_panels(p, k.rings, list(compute.walk()), k.types.operand)
-    reads = [op for op in reads if not (isinstance(op, ReadTiles) and k.rings.template[op.into] in packed)]
+    reads = [
+        op
+        for op in reads
+        if not (isinstance(op, ReadTiles) and (k.rings.template[op.into] in packed or k.rings.is_direct(op.into)))
+    ]
     maps, filled, panels, stored = tensor_maps(p, k.rings, reads)
     # A packed ring's PackedRows has what check_resources reads of a stage (width, period); only bulk_rows prints it.
     filled, panels = filled | set(packed), {**panels, **packed, **dequantised}  # type: ignore[dict-item]
@@ -375,7 +400,7 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
         layout = getattr(b.kind, "layout", PageLayout.ROW)
         if layout.panels and k.rings.template.get(b.id) not in filled | set(dequantised):
             raise Unsupported(f"{b.name}'s pages in {layout.value} layout", "panels are operand pages TMA fills")
-    mc = multicast(p, k.rings.template)
+    mc = multicast(p, k.rings.template) if split is None else None  # (split-K's semaphore: partials.sides)
     if mc is not None:
         check_cluster(k.cluster)
         check_items(p, k.cluster)
@@ -435,7 +460,21 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
     # A block-scaled step's wgmma write fresh partial accumulators (scale-d 0 on the group's first): "sd".
     wgmmas = ((w * 16, "sd"),) if program_scales(p) is not None else ()
     hk = HopperKernel(
-        base, maps, filled, wg, w * 16, store, chunk, mc, panels, stored, warp_freed, epilogue, wgmmas, sa
+        base,
+        maps,
+        filled,
+        wg,
+        w * 16,
+        store,
+        chunk,
+        mc,
+        panels,
+        stored,
+        warp_freed,
+        epilogue,
+        wgmmas,
+        sa,
+        partials=split[1] if split is not None else (),
     )
     check_resources(hk, target)
     return hk
@@ -553,6 +592,7 @@ def kernel_text(hk: HopperKernel) -> str:
     params = ", ".join(
         [f"{general_printer._param_head(k, t)}* __restrict__ t{int(t.id)}" for t in k.program.tensors]
         + ["const int* __restrict__ spatialc_work"]
+        + (["int* __restrict__ spatialc_sync"] if hk.partials else [])
         + [f"const __grid_constant__ CUtensorMap spatialc_tmap_{m.index}" for m in hk.maps]
     )
     general_printer.class_table(k, w)
@@ -638,8 +678,10 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
     if single:
         printer.nthreads = "1"
 
-    def body(ops: tuple[ChoreoOp, ...]) -> None:
+    def body(ops: tuple[ChoreoOp, ...], index: int | None) -> None:
         printer.sends = frozenset(k.rings.template[op.buf] for op in walk(ops) if isinstance(op, McastSend))
+        printer.partials = hk.partials[index] if hk.partials and index is not None else None
+        printer.partials_added = 0
         if single:
             with w.block("if (etid == 0)", "// the copy engine moves the pages; one thread issues"):
                 for m in hk.maps:  # every map this block's copies use (the loads' and the store's)
@@ -650,7 +692,7 @@ def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
         assert not printer.deferred, "a sender's load with no send"
         assert not printer.arrived, "an arrival made with a load's expect_tx and no Push after it"
 
-    general_printer.by_class(k, role, w, body)
+    general_printer.by_class(k, role, w, body, indexed=True)
     if stores and hk.epilogue == SWIZZLED:
         staging.last_wait(w)
     elif stores:
@@ -697,7 +739,9 @@ def lower(
         k.dyn_bytes,
         k.dyn_bytes > target.smem_static_max,
         hk.wg.blocks,
+        k.sync if hk.partials else (),  # split-K's semaphores (a multicast's handshake is the cluster's barriers)
         fixed=clustered or len(k.classes) > 1,
+        cooperative=bool(hk.partials),  # an owner waits on its contributors: every site resident at once
         cluster=k.cluster if clustered else 1,
     )
     # The operands the copy engine loads are stored as matrices (row-major, or transposed), not tiled.

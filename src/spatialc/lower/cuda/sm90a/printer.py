@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ....ir.ids import LoopVar, loop_var_name
 from ....ir.names import plain
 from ....ir.ops import (
+    AddPartial,
     ChoreoOp,
     Compute,
     Loop,
@@ -23,9 +24,12 @@ from ....ir.ops import (
     ReadBarrier,
     ReadTiles,
     Reserve,
+    SemInc,
     SemSet,
+    SemWait,
     Trip,
     Wait,
+    WriteBarrier,
     WriteTiles,
 )
 from ....ir.printer import compute_text
@@ -39,6 +43,7 @@ from ..common.rings import TILE_ELEMS, Ring
 from ..general import kernel as general
 from ..general import printer as general_printer
 from . import staging
+from .partials import PartialSide
 from .plan import OUT_BYTES, STORE_BUFFERS, SWIZZLED, WARPGROUP
 from .tma import Panels, TileBoxes, param_at
 
@@ -64,6 +69,8 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
         self.chain: list[tuple[Compute, dict[LoopVar, str]]] = []  # epilogue stages met since the last store
         self.arrived: set[int] = set()  # rings whose next Push already arrived, with its load's expect_tx
         self.promoted_later = False  # a block-scaled step's promotion printed after its releases (`k_loop_promoted`)
+        self.partials: PartialSide | None = None  # the site class's split-K partial sums (partials.py), if any
+        self.partials_added = 0  # AddPartials printed so far in the class's program
 
     def read_slot(self, r: int) -> str:
         """The front page: the slot of the engine's last Wait (its release may come a step later)."""
@@ -81,6 +88,8 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                 self.w.line(ACC_FENCE + "  // and written the accumulators: nothing reads them before")
                 self.in_flight = False
                 self.op(op, env)
+            case _ if rings.direct and self.partial_sums(op, env, mark):
+                pass
             case Push(buf) if rings.is_fused(buf) and rings.chain_step(buf) == len(rings.fused) - 1:
                 # The last page of the chain is the one the writer would store: the consumers store it themselves.
                 assert self.hk.store is not None
@@ -122,6 +131,43 @@ class HopperPrinter(ClusterPrinter, general_printer.EnginePrinter):
                 self.wgmma(mm, self.kept(a), self.kept(b), mark, env)
             case _:
                 super().op(op, env)
+
+    def partial_sums(self, op: ChoreoOp, env: dict[LoopVar, str], mark: str) -> bool:
+        """Print `op` if it moves split-K's partial sums, whose rings have no pages here (partials.py), and say
+        whether it did: a contributor's consumers store their elements, fence, and raise the owner's semaphore (the
+        writer's ops, printed here with their markers); an owner's wait for the semaphore before their first add
+        (the reader's), and each add from the workspace block the reader's read of that page names."""
+        rings, side = self.k.rings, self.partials
+        match op:
+            case PackAcc(to=buf) if rings.is_direct(buf):
+                assert side is not None and side.store is not None and side.inc is not None
+                self.w.line("// the partial sums go to the workspace from the accumulators", mark)
+                self.direct_partials(side.store, env, marker(side.store))
+                self.w.line("__threadfence();  // visible at device scope before the raise", marker(WriteBarrier()))
+                self.handover(side.inc, marker(side.inc))
+            case Wait(buf) if rings.is_direct(buf) and side is not None and side.wait is not None:
+                if self.partials_added == 0:  # the reader's wait: every contributor has raised the semaphore
+                    self.handover(side.wait, marker(side.wait))
+                self.w.line("", f"{mark} (partial sums: no ring)")
+            case Compute(op=AddPartial(), ins=(buf,)) if rings.is_direct(buf):
+                assert side is not None
+                read = side.reads[self.partials_added]  # the ring's j-th page is the reader's j-th read
+                self.w.line("// a contributor's partial sums, added from the workspace", mark)
+                self.direct_partials(read, env, marker(read))
+                self.partials_added += 1
+            case Reserve(buf) | Push(buf) | Wait(buf) | Pop(buf) if rings.is_direct(buf):
+                self.w.line("", f"{mark} (partial sums: no ring)")
+            case ReadTiles(into=buf) if rings.is_direct(buf):
+                pass  # its image, with its marker, is the consumers' add (partial_sums' AddPartial)
+            case WriteTiles(src=buf) if rings.is_direct(buf):
+                pass  # its image, with its marker, is the consumers' store (partial_sums' PackAcc)
+            case SemWait() if side is not None and side.wait is op:
+                pass  # the consumers wait, before their first add
+            case WriteBarrier() | SemInc() if side is not None and side.store is not None and self.role.first_warp:
+                pass  # the consumers fence and raise, after their store
+            case _:
+                return False
+        return True
 
     def pipelined(self, loop: Loop) -> bool:
         """Whether `loop` is a K loop whose releases can wait a step: its body waits, multiplies once and pops exactly
