@@ -45,7 +45,7 @@ def mlp(p: lang.Builder):
     p.read("read_W1", W1, w1_ring)
     p.read("read_W2", W2, w2_ring)
     layer1 = p.matmul("layer1", x_ring, w1_ring, sums, block=(2, 4, 4))
-    p.elementwise("gelu", Activation("gelu"), sums, hidden)
+    p.elementwise("gelu", Activation("gelu_tanh"), sums, hidden)
     layer2 = p.matmul("layer2", hidden, w2_ring, y_ring, block=(2, 4, 4))
     p.write("write_Y", y_ring, Y)
 
@@ -82,7 +82,7 @@ def mlp(p: lang.Builder):
                     acc1.pack(page)
                 acc1.release()
                 with sums.wait() as s, hidden.reserve() as g:
-                    e.compute(Activation("gelu"), s, g)
+                    e.compute(Activation("gelu_tanh"), s, g)
                 g, w2 = hidden.wait(), w2_ring.wait()
                 acc2.matmul(layer2, g, w2)
                 g.pop()
@@ -102,7 +102,7 @@ def numpy_mlp(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
     """What the program declares, in numpy: the hidden layer in float32, rounded to bf16 for the second matmul."""
     from spatialc.numerics.epilogue import apply, start
 
-    hidden = apply(Activation("gelu"), start(x.astype(np.float64) @ w1, False), False, None)
+    hidden = apply(Activation("gelu_tanh"), start(x.astype(np.float64) @ w1, False), False, None)
     return (spatialc.inputs.round_bf16(hidden).astype(np.float64) @ w2).astype(np.float32)
 
 

@@ -168,7 +168,7 @@ def _as_version_6(data):
 @pytest.fixture(scope="module")
 def version_6():
     """A program whose epilogue has each old op, and its document as version 6 wrote it."""
-    epilogue = [bias(), spatialc.relu(), spatialc.scalar("mul", 0.3), spatialc.activation("gelu")]
+    epilogue = [bias(), spatialc.relu(), spatialc.scalar("mul", 0.3), spatialc.activation("gelu_tanh")]
     p = spatialc.build(spatialc.gemm(40, 30, 20, "fp16", epilogue=epilogue), "sm_86")
     doc = json.loads(spatialc.to_json(p))
     return p, {**doc, "version": 6, "program": _as_version_6(doc["program"])}

@@ -147,11 +147,13 @@ def relu() -> Map:
 
 
 def activation(name: str) -> Map:
-    """An elementwise activation by name: gelu (PyTorch's tanh form, the table's gelu_tanh, as it always was here),
-    gelu_tanh (the same), gelu_erf (the erf form, nn.GELU()'s default, the table's gelu), silu, sigmoid or tanh.
-    Float programs only; `spatialc.numerics.elementwise` gives each formula and the tolerance a kernel keeps to it."""
+    """An elementwise activation by name: gelu_tanh (PyTorch's tanh form), gelu_erf (the erf form, nn.GELU()'s
+    default, the table's gelu), silu, sigmoid or tanh. Bare gelu is still the tanh form, as it always was here, with a
+    FutureWarning naming the two (the elementwise table's gelu is the erf form). Float programs only;
+    `spatialc.numerics.elementwise` gives each formula and the tolerance a kernel keeps to it."""
     if name not in ACTIVATIONS:
         raise ProgramError(f"unknown activation {name!r}; use one of {', '.join(ACTIVATIONS)}")
+    ops.warn_bare_gelu(name)
     return ops.activation(name)
 
 

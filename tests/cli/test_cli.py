@@ -234,7 +234,7 @@ def test_verify_says_why_no_lowering_takes_a_program(capsys, tmp_path):
     # An activation the persistent kernel leaves to the general form, on a plan made for the persistent kernel whose
     # rings the general form's shared memory cannot hold (it keeps the output and the activation's pages). (Auto
     # plans an activation for the general form, and refuses this forced block at once.)
-    gemm = spatialc.gemm(256, 256, 256, "fp16", epilogue=[spatialc.activation("gelu")])
+    gemm = spatialc.gemm(256, 256, 256, "fp16", epilogue=[spatialc.activation("gelu_tanh")])
     with pytest.raises(PlanError, match="no plan with block=\\(4, 4, 4\\), depth=5 fits sm_86"):
         spatialc.build(gemm, "sm_86", block=(4, 4, 4), depth=5)
     p = spatialc.build(gemm, "sm_86", block=(4, 4, 4), depth=5, form="persistent")

@@ -107,8 +107,8 @@ K128 = (SIZES, "M, K, H, N = 64, 128, 128, 64")  # two K steps: the k loop gets 
 W1 = "page.read(W1, 4 * w1_cols * kk + 4 * h, 4, 4)"
 W2 = "page.read(W2, 4 * w2_cols * h + 4 * item.x, 4, 4)"
 X = "page.read(X, 2 * x_cols * item.y + 4 * kk, 2, 4)"
-GELU = 'e.compute(Activation("gelu"), s, g)'
-GELU_STAGE = 'p.elementwise("gelu", Activation("gelu"), sums, hidden)'
+GELU = 'e.compute(Activation("gelu_tanh"), s, g)'
+GELU_STAGE = 'p.elementwise("gelu", Activation("gelu_tanh"), sums, hidden)'
 HIDDEN = 'hidden = p.ring("hidden", depth=1, tiles=2 * 4, kind="interm")'
 PLACE = "p.place([list(range(grid[0] * grid[1]))])"
 IMPORTS = (
@@ -120,7 +120,7 @@ NAMED = (  # the compute engine's item and h loop, named (a bias's address uses 
     '        for item in e.items():\n            acc2.acquire()\n            for h in e.range(h_steps, "h"):',
 )
 LAYER2 = """                with sums.wait() as s, hidden.reserve() as g:
-                    e.compute(Activation("gelu"), s, g)
+                    e.compute(Activation("gelu_tanh"), s, g)
                 g, w2 = hidden.wait(), w2_ring.wait()
                 acc2.matmul(layer2, g, w2)
                 g.pop()
@@ -137,7 +137,7 @@ LAYER1 = """            for _ in e.range(h_steps, "h"):
                     acc1.pack(page)
                 acc1.release()
                 with sums.wait() as s, hidden.reserve() as g:
-                    e.compute(Activation("gelu"), s, g)
+                    e.compute(Activation("gelu_tanh"), s, g)
 """
 READ_W2 = """                with w2_ring.reserve() as page:
                     page.read(W2, 4 * w2_cols * h + 4 * item.x, 4, 4)
@@ -167,7 +167,7 @@ def twice_per_h() -> list[Edit]:
     layer2 = """                with sums.wait() as s:
                     for _ in e.range(2, "t"):
                         with hidden.reserve() as g:
-                            e.compute(Activation("gelu"), s, g)
+                            e.compute(Activation("gelu_tanh"), s, g)
                 for _ in e.range(2, "t"):
                     g, w2 = hidden.wait(), w2_ring.wait()
                     acc2.matmul(layer2, g, w2)
@@ -190,12 +190,12 @@ def hidden_bias(at: str, sizes: str = "M, K, H, N = 64, 128, 128, 128", width: s
         ('Y = p.output("Y", M, N)', f'Y = p.output("Y", M, N)\n    B1 = p.parameter("B1", 1, {width})'),
         (GELU_STAGE, 'biased = p.ring("biased", depth=1, tiles=2 * 4, kind="interm")\n'
          '    p.elementwise("bias1", Bias(B1.id), sums, biased)\n'
-         '    p.elementwise("gelu", Activation("gelu"), biased, hidden)'),
+         '    p.elementwise("gelu", Activation("gelu_tanh"), biased, hidden)'),
         ("                with sums.wait() as s, hidden.reserve() as g:\n                    " + GELU,
          "                with sums.wait() as s, biased.reserve() as b:\n"
          f"                    e.compute(Bias(B1.id, address({at}), 4), s, b)\n"
          "                with biased.wait() as b, hidden.reserve() as g:\n"
-         '                    e.compute(Activation("gelu"), b, g)'),
+         '                    e.compute(Activation("gelu_tanh"), b, g)'),
     ]  # fmt: skip
 
 
@@ -205,7 +205,7 @@ def chain_of_two(first: str, second: str) -> list[Edit]:
         K128,
         IMPORTS,
         (GELU_STAGE, 'mid = p.ring("mid", depth=1, tiles=2 * 4, kind="interm")\n'
-         '    p.elementwise("gelu", Activation("gelu"), sums, mid)\n'
+         '    p.elementwise("gelu", Activation("gelu_tanh"), sums, mid)\n'
          '    p.elementwise("scale", Scalar("mul", 3.0), mid, hidden)'),
         ("                with sums.wait() as s, hidden.reserve() as g:\n                    " + GELU,
          "                with sums.wait() as s, mid.reserve() as m:\n"
@@ -254,7 +254,7 @@ def per_site_reader(w1_site1: str) -> list[Edit]:
 
 def int8(*edits: Edit, op: str = "Requant(1 << 30, -12, 0)") -> str:
     """The example in int8 (as tests/lang/test_mlp.py's int8_mlp): the gelu replaced by `op`, int8 layouts."""
-    source = edited(('precision="bf16"', 'precision="int8"'), IMPORTS).replace('Activation("gelu")', op)
+    source = edited(('precision="bf16"', 'precision="int8"'), IMPORTS).replace('Activation("gelu_tanh")', op)
     layouts = [
         ('p.input("W1", K, H', 'p.input("W1", K, H, order="col"'),
         ('p.input("W2", H, N', 'p.input("W2", H, N, order="col"'),
@@ -311,7 +311,7 @@ ACCEPTED: dict[str, list[Edit]] = {
         ("g, w2 = hidden.wait(), w2_ring.wait()", "g, w2 = sums.wait(), w2_ring.wait()"),
         (HIDDEN, "pass"),
     ],
-    "a chain of two: gelu, then × 3": chain_of_two('Activation("gelu")', 'Scalar("mul", 3.0)'),
+    "a chain of two: gelu, then × 3": chain_of_two('Activation("gelu_tanh")', 'Scalar("mul", 3.0)'),
     "eight items on one site (M = N = 128)": [(SIZES, "M, K, H, N = 128, 128, 128, 128")],
     "four h steps (H = 256)": [(SIZES, "M, K, H, N = 64, 128, 256, 64")],
     "three K steps, three h steps": [(SIZES, "M, K, H, N = 64, 192, 192, 64")],
@@ -431,17 +431,17 @@ REFUSED: dict[str, tuple[list[Edit], type[Exception], str]] = {
     ),
     "the hidden bias one tile off": (hidden_bias("4 * h + 1"), TileBoundsError, "outside its 1x8 tile grid"),
     "the chain's two ops swapped": (
-        chain_of_two('Scalar("mul", 3.0)', 'Activation("gelu")'),
+        chain_of_two('Scalar("mul", 3.0)', 'Activation("gelu_tanh")'),
         SemanticError,
         "schedule op mul 3 where stage gelu declares gelu",
     ),
     "the chain's constant wrong": (
-        chain_of_two('Activation("gelu")', 'Scalar("mul", 3.5)'),
+        chain_of_two('Activation("gelu_tanh")', 'Scalar("mul", 3.5)'),
         SemanticError,
         "schedule op mul 3.5 where stage scale declares mul 3",
     ),
     "the chain's scalar an add": (
-        chain_of_two('Activation("gelu")', 'Scalar("add", 3.0)'),
+        chain_of_two('Activation("gelu_tanh")', 'Scalar("add", 3.0)'),
         SemanticError,
         "schedule op add 3 where stage scale declares mul 3",
     ),
@@ -548,7 +548,7 @@ def mlp(p: lang.Builder):
                        ("read_W3", W3, w3_ring)):
         p.read(name, t, r)
     layer1 = p.matmul("layer1", x_ring, w1_ring, s1, block=(2, 4, 4))
-    p.elementwise("gelu1", Activation("gelu"), s1, g1)
+    p.elementwise("gelu1", Activation("gelu_tanh"), s1, g1)
     layer2 = p.matmul("layer2", g1, w2_ring, s2, block=(2, 4, 4))
     p.elementwise("act2", Activation("tanh"), s2, g2)
     layer3 = p.matmul("layer3", g2, w3_ring, y_ring, block=(2, 4, 4))
@@ -590,7 +590,7 @@ def mlp(p: lang.Builder):
                         acc1.pack(page)
                     acc1.release()
                     with s1.wait() as s, g1.reserve() as g:
-                        e.compute(Activation("gelu"), s, g)
+                        e.compute(Activation("gelu_tanh"), s, g)
                     g, w2 = g1.wait(), w2_ring.wait()
                     acc2.matmul(layer2, g, w2)
                     g.pop()
@@ -663,7 +663,7 @@ def mlp(p: lang.Builder):
     p.read("read_W1", W1, w1_ring)
     p.read("read_P", P, p_ring)
     layer1 = p.matmul("layer1", x_ring, w1_ring, sums, block=(4, 4, 4))
-    p.elementwise("gelu", Activation("gelu"), sums, hidden)
+    p.elementwise("gelu", Activation("gelu_tanh"), sums, hidden)
     layer2 = p.matmul("layer2", p_ring, hidden, y_ring, block=(2, 4, 4))
     p.write("write_Y", y_ring, Y)
     grid = (Q // 32, H // 64)
@@ -698,7 +698,7 @@ def mlp(p: lang.Builder):
                     acc1.pack(page)
                 acc1.release()
                 with sums.wait() as s, hidden.reserve() as g:
-                    e.compute(Activation("gelu"), s, g)
+                    e.compute(Activation("gelu_tanh"), s, g)
                 pp, g = p_ring.wait(), hidden.wait()
                 acc2.matmul(layer2, pp, g)
                 pp.pop()

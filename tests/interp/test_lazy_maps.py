@@ -23,7 +23,7 @@ PROGRAMS = {
     "map": lambda: spatialc.elementwise(ew.silu(G) * X, 70, 300, "bf16"),
     "map with a column": lambda: spatialc.elementwise(ew.exp(X) / (1.0 + ew.sigmoid(G)) + ew.col("b"), 50, 200, "fp16"),
     "gemm epilogue": lambda: spatialc.gemm(
-        96, 160, 64, "bf16", epilogue=[spatialc.bias(), spatialc.activation("gelu")]
+        96, 160, 64, "bf16", epilogue=[spatialc.bias(), spatialc.activation("gelu_tanh")]
     ),
     "map with a row": lambda: spatialc.elementwise(ew.exp(X) * ew.row("s") + ew.col("b") * G, 70, 300, "fp16"),
     "layernorm": lambda: spatialc.layernorm(40, 300, "bf16"),

@@ -44,7 +44,7 @@ def test_the_mlp_is_verified_and_computes_gelu_of_x_w1_rounded_then_times_w2():
     from spatialc.ir.ops import Activation
     from spatialc.numerics.epilogue import apply, start
 
-    hidden = apply(Activation("gelu"), start(x["X"].astype(np.float64) @ x["W1"], False), False, None)
+    hidden = apply(Activation("gelu_tanh"), start(x["X"].astype(np.float64) @ x["W1"], False), False, None)
     assert not np.array_equal(y, (hidden.astype(np.float64) @ x["W2"]).astype(np.float32))
 
 
@@ -76,8 +76,12 @@ def test_the_mlp_in_fp16_is_verified_and_matches_the_reference():
 def test_the_mlp_printed_as_python_traces_back_to_itself():
     program = example("mlp").mlp()
     scope: dict[str, object] = {}
-    exec(compile(python_source(program), "<mlp>", "exec"), scope)
-    assert scope["program"]() == program  # type: ignore[operator]
+    source = python_source(program)
+    assert 'Activation("gelu_tanh")' in source and 'Activation("gelu")' not in source  # bare gelu is warned of
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        exec(compile(source, "<mlp>", "exec"), scope)
+        assert scope["program"]() == program  # type: ignore[operator]
 
 
 @pytest.mark.parametrize(
@@ -90,7 +94,7 @@ def test_the_mlp_printed_as_python_traces_back_to_itself():
         ("page.read(W2, 4 * w2_cols * h + 4 * item.x, 4, 4)", "page.read(W2, 4 * item.x, 4, 4)", SemanticError,
          "writer: WriteTiles", "k-tile 0 2 times"),
         # another activation than the stage declares
-        ('e.compute(Activation("gelu"), s, g)', 'e.compute(Activation("tanh"), s, g)', SemanticError,
+        ('e.compute(Activation("gelu_tanh"), s, g)', 'e.compute(Activation("tanh"), s, g)', SemanticError,
          "compute: Compute", "declares gelu"),
         # the second matmul multiplies the packed sums, skipping the gelu page: refused where it is traced, since
         # layer2's stage multiplies hidden's pages
@@ -129,7 +133,7 @@ def test_a_wrong_mlp_is_refused_at_its_line(tmp_path: Path, old, new, error, whe
 def int8_mlp(requant: bool):
     """The example in int8: its gelu replaced by a requant to int8 (or, wrongly, by a relu, which leaves int32)."""
     op = "Requant(1 << 30, -12, 0)" if requant else "Relu()"
-    source = MLP.read_text().replace('precision="bf16"', 'precision="int8"').replace('Activation("gelu")', op)
+    source = MLP.read_text().replace('precision="bf16"', 'precision="int8"').replace('Activation("gelu_tanh")', op)
     source = source.replace(
         "from spatialc.ir.ops import Activation", "from spatialc.ir.ops import Activation, Relu, Requant"
     )

@@ -94,7 +94,7 @@ def bound(x: dict[str, np.ndarray], precision: str) -> np.ndarray:
     exact products in float32 in the kernel, in float64 rounded once in the interpreter: (H + 4) float32 units of
     |hidden| @ |W2| (spatialc.numerics.tolerance's bound for a K-long sum)."""
     pre = x["X"].astype(np.float64) @ x["W1"]
-    h = apply(Activation("gelu"), start(pre, False), False, None).astype(np.float64)
+    h = apply(Activation("gelu_tanh"), start(pre, False), False, None).astype(np.float64)
     slack = np.spacing(np.abs(h).astype(np.float32)).astype(np.float64) + ACTIVATION_TAIL * np.abs(pre)
     hb = round_operand(h, precision)
     flips = np.maximum(
@@ -134,7 +134,7 @@ def test_the_persistent_and_sm90a_forms_refuse_two_matmuls_by_name(case):
 
 def test_an_int8_mlp_whose_hidden_page_no_requant_fills_is_refused():
     """int8 matmuls multiply int8 values: a relu leaves int32 sums, which the hidden page cannot hold."""
-    p = swap_compute(mlp_case("bf16").program, Activation("gelu"), Relu())
+    p = swap_compute(mlp_case("bf16").program, Activation("gelu_tanh"), Relu())
     (mm,) = {s.kind.op for s in p.stages if isinstance(getattr(s.kind, "op", None), MatmulTiles)}
     p = swap_compute(p, mm, dataclasses.replace(mm, operand=Precision.INT8))
     tensors = tuple(dataclasses.replace(t, dtype=DType.INT8) if t.role == TensorRole.INPUT else t for t in p.tensors)
@@ -160,7 +160,7 @@ def test_the_emulated_kernel_is_within_the_propagated_tolerance_of_the_interpret
     # A bound that means something: far below the values, and one a kernel that multiplied the float32 hidden layer,
     # unrounded, would break.
     assert allowed.max() < 1e-4 * np.abs(ref).max()
-    h = apply(Activation("gelu"), start(x["X"].astype(np.float64) @ x["W1"], False), False, None)
+    h = apply(Activation("gelu_tanh"), start(x["X"].astype(np.float64) @ x["W1"], False), False, None)
     unrounded = h.astype(np.float64) @ x["W2"]
     assert np.count_nonzero(np.abs(unrounded - ref) > allowed) > ref.size // 10
 

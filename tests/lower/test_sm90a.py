@@ -171,7 +171,7 @@ def test_panels_on_a_ring_the_copy_engine_does_not_fill_are_refused():
 
 def test_the_sm90a_plan_holds_an_activations_rings():
     # The fused store does not apply an activation: its output and epilogue rings stay, and the plan counts them.
-    g = spatialc.gemm(1024, 2048, 256, "bf16", epilogue=[spatialc.activation("gelu")])
+    g = spatialc.gemm(1024, 2048, 256, "bf16", epilogue=[spatialc.activation("gelu_tanh")])
     p = spatialc.build(g, "sm_90a")
     art = spatialc.lower(p)
     assert art.budget.form == "sm90a" and p.plan.item_tiles == (8, 4)  # 128 × 256 items would not hold them
@@ -706,7 +706,7 @@ def test_the_launcher_compiles_an_sm90a_kernel_for_the_architecture_specific_tar
 def test_an_epilogue_the_fused_store_cannot_apply_keeps_its_rings_and_the_writer():
     from spatialc.frontend import activation, bias
 
-    g = spatialc.gemm(130, 64, 64, "bf16", epilogue=[bias(), activation("gelu")])
+    g = spatialc.gemm(130, 64, 64, "bf16", epilogue=[bias(), activation("gelu_tanh")])
     p = spatialc.build(g, "sm_90a")
     art = spatialc.lower(p)
     assert art.budget.form == "sm90a" and "C_ring" in dict(art.budget.rings)  # page to page, as the general form

@@ -3,6 +3,8 @@ independent float64 reference, and the general form's kernel under the emulation
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import shutil
 import warnings
@@ -32,7 +34,8 @@ INDEPENDENT = {
 
 
 def program(name: str, prec: str = "fp16", **build):
-    chain = [spatialc.bias(), spatialc.activation(name), spatialc.scalar("mul", 2)]
+    with pytest.warns(FutureWarning) if name == "gelu" else contextlib.nullcontext():  # bare gelu: said below
+        chain = [spatialc.bias(), spatialc.activation(name), spatialc.scalar("mul", 2)]
     return spatialc.build(spatialc.gemm(40, 48, 64, prec, epilogue=chain), "sm_86", **build)
 
 
@@ -50,12 +53,12 @@ def test_unknown_and_integer_activations_are_refused_by_name():
     with pytest.raises(ProgramError, match="unknown activation 'relu6'; use one of gelu, gelu_tanh, gelu_erf, silu, "):
         spatialc.activation("relu6")
     with pytest.raises(ProgramError, match="activation gelu_tanh is float arithmetic; an int8 program's epilogue"):
-        spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.activation("gelu")])
+        spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.activation("gelu_tanh")])
 
 
 def test_a_hand_edited_activation_in_an_int8_program_is_refused_by_verify():
     p = spatialc.build(spatialc.gemm(32, 32, 32, "int8", epilogue=[spatialc.relu()]), "sm_86")
-    broken = swap_compute(p, Relu(), Activation("gelu"))
+    broken = swap_compute(p, Relu(), Activation("gelu_tanh"))
     with pytest.raises(spatialc.VerifyError, match="activation gelu_tanh is float arithmetic"):
         spatialc.verify(broken)
     fp16 = spatialc.build(spatialc.gemm(32, 32, 32, "fp16", epilogue=[spatialc.relu()]), "sm_86")
@@ -103,12 +106,12 @@ def test_an_activation_is_printed_by_the_general_form_only(prec):
 def test_auto_plans_an_activation_for_the_general_form_whose_rings_it_must_hold(target):
     # Planned for the persistent kernel (which cannot print it), the general form's output and epilogue rings would
     # need 360 KiB of shared memory; auto plans for a form that prints it, counting them (on sm_90a, its own form).
-    g = spatialc.gemm(1024, 2048, 256, "bf16", epilogue=[spatialc.activation("gelu")])
+    g = spatialc.gemm(1024, 2048, 256, "bf16", epilogue=[spatialc.activation("gelu_tanh")])
     art = spatialc.lower(spatialc.build(g, target))
     assert art.budget.form == ("sm90a" if target == "sm_90a" else "general")
     assert art.budget.total_bytes <= spatialc.target(target).smem_per_site_max
     small = spatialc.lower(
-        spatialc.build(spatialc.gemm(512, 512, 256, "bf16", epilogue=[spatialc.activation("gelu")]), target)
+        spatialc.build(spatialc.gemm(512, 512, 256, "bf16", epilogue=[spatialc.activation("gelu_tanh")]), target)
     )
     assert small.budget.form == ("sm90a" if target == "sm_90a" else "general")  # where its own plan fits, sm_90a
 
@@ -144,7 +147,7 @@ def test_the_cli_runs_an_activation_epilogue(capsys):
 def test_the_tolerance_allows_gelus_tail_where_a_scalar_constant_makes_x_large():
     """Rows of A that are zero give x = the scalar add's constant exactly, in gelu's cancelling tail: there a float64
     ulp of tanh moves the result by about 2^-50·|x|, which the bound must allow with |A|@|B| = 0."""
-    chain = [spatialc.scalar("add", -6.8125), spatialc.activation("gelu")]
+    chain = [spatialc.scalar("add", -6.8125), spatialc.activation("gelu_tanh")]
     p = spatialc.build(spatialc.gemm(32, 32, 32, "fp16", epilogue=chain), "sm_86")
     x = {"A": np.zeros((32, 32)), "B": np.ones((32, 32))}
     ref = spatialc.evaluate(p, x)
@@ -155,7 +158,7 @@ def test_the_tolerance_allows_gelus_tail_where_a_scalar_constant_makes_x_large()
 
 
 def test_equal_infinities_and_nans_are_within_the_tolerance():
-    chain = [spatialc.scalar("mul", 1e38), spatialc.activation("gelu")]
+    chain = [spatialc.scalar("mul", 1e38), spatialc.activation("gelu_tanh")]
     p = spatialc.build(spatialc.gemm(16, 16, 16, "fp16", epilogue=chain), "sm_86")
     x = {"A": np.eye(16) * np.where(np.arange(16) % 2, 1.0, -1.0)[:, None] * 8, "B": np.ones((16, 16))}
     with warnings.catch_warnings():
@@ -169,12 +172,61 @@ def test_equal_infinities_and_nans_are_within_the_tolerance():
 def test_gelu_names_each_form_and_gelu_alone_keeps_the_tanh_form_saved_programs_have():
     """`gelu` is the tanh form it always was (programs saved with it mean that); `gelu_tanh` and `gelu_erf` ask for
     each form by name — the erf one the table's gelu, nn.GELU()'s default — and the CLI takes all three."""
-    ops_of = {name: next(s.kind.op.expr.op for s in program(name).stages if "gelu" in s.name) for name in
-              ("gelu", "gelu_tanh", "gelu_erf")}  # fmt: skip
+    bare = program("gelu")  # the tanh form, with a warning (below)
+    ops_of = {name: next(s.kind.op.expr.op for s in p.stages if "gelu" in s.name) for name, p in
+              (("gelu", bare), ("gelu_tanh", program("gelu_tanh")), ("gelu_erf", program("gelu_erf")))}  # fmt: skip
     assert ops_of == {"gelu": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu_erf": "gelu"}
     x = integer_inputs(1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", spatialc.InexactInputWarning)
-        erf, tanh = (spatialc.evaluate(program(n), x) for n in ("gelu_erf", "gelu"))
+        erf, tanh = (spatialc.evaluate(program(n), x) for n in ("gelu_erf", "gelu_tanh"))
     assert not np.array_equal(erf, tanh)  # the two forms differ, and each name gives its own
     assert main(["gemm", "40", "48", "64", "--precision", "bf16", "--activation", "gelu_erf", "--check", "none"]) == 0
+
+
+def test_bare_gelu_asked_of_an_epilogue_warns_naming_both_forms():
+    """Bare gelu is the tanh form in an epilogue but the erf form in the table and torch: code asking an epilogue for
+    it (spatialc.activation, the language's Activation) is told, by a FutureWarning at its own line, to name one."""
+    says = r"activation 'gelu' is the tanh form .* name it 'gelu_tanh' \(the same result\) or 'gelu_erf' \(torch's"
+    for make in (spatialc.activation, Activation):
+        with pytest.warns(FutureWarning, match=says) as caught:
+            assert make("gelu") == make("gelu_tanh")
+        assert [w.filename for w in caught] == [__file__]  # the warning points at the caller's line
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in ("gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh"):
+            spatialc.activation(name), Activation(name)
+
+
+def test_the_cli_notes_bare_gelu_once_on_stderr_and_runs_it_as_gelu_tanh(capsys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        argv = ["gemm", "40", "48", "64", "--precision", "bf16", "--check", "none"]
+        assert main([*argv, "--activation", "gelu", "--activation", "gelu"]) == 0
+        bare = capsys.readouterr()
+        assert main([*argv, "--activation", "gelu_tanh", "--activation", "gelu_tanh"]) == 0
+        named = capsys.readouterr()
+    notes = [line for line in bare.err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "'gelu_tanh' (the same result) or 'gelu_erf'" in notes[0], bare.err
+    timeless = [[line for line in run.out.splitlines() if " ms" not in line] for run in (bare, named)]
+    assert timeless[0] == timeless[1] and "note:" not in named.err  # the same program, said the same way
+
+
+def test_a_saved_program_with_bare_gelu_reads_silently_as_the_gelu_tanh_it_meant():
+    """A version-6 document names the activation `{"type": "Activation", "name": "gelu"}`: it reads with no warning
+    (the user wrote nothing) as the gelu_tanh program, which the interpreter evaluates the same."""
+    p = program("gelu_tanh")
+    doc = json.loads(spatialc.to_json(p))
+    gelu_tanh = {"type": "Map", "expr": {"type": "Apply", "op": "gelu_tanh", "args": [{"type": "Arg", "index": 0}],
+                 "params": []}}  # fmt: skip
+    text = json.dumps({**doc, "version": 6})
+    assert json.dumps(gelu_tanh) in text  # the stage's op and its engine's computes, each written as version 6 did
+    text = text.replace(json.dumps(gelu_tanh), json.dumps({"type": "Activation", "name": "gelu"}))
+    assert '"gelu_tanh"' not in text
+    x = integer_inputs(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.simplefilter("ignore", spatialc.InexactInputWarning)
+        back = spatialc.from_json(text)
+        assert back == p
+        assert np.array_equal(spatialc.evaluate(back, x), spatialc.evaluate(p, x))

@@ -146,7 +146,7 @@ PROGRAMS = {
         ew.where(x > g, ew.clamp(x, lo=-1, hi=1), ew.leaky_relu(g, alpha=0.1)) + (x <= 0.5) + ew.eq(x, g), 25, 33
     ),
     "a gemm epilogue": lambda: spatialc.gemm(
-        48, 40, 64, "bf16", epilogue=[spatialc.row_scale(), spatialc.activation("gelu"), spatialc.bias()]
+        48, 40, 64, "bf16", epilogue=[spatialc.row_scale(), spatialc.activation("gelu_tanh"), spatialc.bias()]
     ),
 }
 

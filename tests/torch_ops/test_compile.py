@@ -73,3 +73,17 @@ def test_torch_export_keeps_the_ops():
         "spatialc.gemm_bf16_bias_sm_90.default",
     ]
     assert torch.equal(exported.module()(x), model(x))
+
+
+def test_an_input_the_op_refuses_while_compile_traces_is_its_one_line_input_error():
+    # The fake implementation refuses float32 A as Dynamo traces. Dynamo wrapped that in a TorchRuntimeError whose
+    # first line was "RuntimeError when making fake tensor call", its cause dropped; a TracedInputError passes out.
+    up = sct.gemm_op("bf16", bias=True, activation="relu")
+    x, w1, b1, _, _ = mlp_weights()
+    torch._dynamo.reset()
+    with pytest.raises(spatialc.InputError) as e:
+        torch.compile(lambda x, w, b: up(x, w, b), fullgraph=True, backend="eager")(x.float(), w1, b1)
+    first = str(e.value).splitlines()[0]
+    assert first.startswith("spatialc::gemm_bf16_bias_relu") and first.endswith(
+        ": A is float32; this op takes bfloat16"
+    )

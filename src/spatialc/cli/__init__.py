@@ -331,7 +331,8 @@ def _program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
         choices=ACTIVATIONS,
         default=[],
         metavar="NAME",
-        help=f"epilogue: an activation ({', '.join(ACTIVATIONS)}; float programs), after relu; may repeat",
+        help=f"epilogue: an activation ({', '.join(a for a in ACTIVATIONS if a != 'gelu')}; float programs; bare"
+        " gelu is gelu_tanh, with a note), after relu; may repeat",
     )
     g.add_argument(
         "--scalar",

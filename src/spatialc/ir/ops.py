@@ -8,6 +8,7 @@ published pages are at the front, `Pop` frees them. Only `Reserve`, `Wait` and `
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -101,6 +102,12 @@ class Requant:
 SCALAR_OPS = ("add", "mul", "max", "min")
 # `gelu` is PyTorch's tanh form, as it always was here; `gelu_tanh` and `gelu_erf` ask for either form by its name.
 ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_erf", "silu", "sigmoid", "tanh")
+# Bare `gelu` means the tanh form in an epilogue but the erf form in the elementwise table (and torch's nn.GELU()):
+# code asking an epilogue for it is warned (`warn_bare_gelu`); a saved program holding it still reads silently.
+BARE_GELU_NOTE = (
+    "activation 'gelu' is the tanh form here (and the erf form in the elementwise table and torch); "
+    "name it 'gelu_tanh' (the same result) or 'gelu_erf' (torch's nn.GELU() default)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,8 +283,16 @@ def Scalar(op: str, value: float) -> Map:  # noqa: N802
 
 
 def Activation(name: str) -> Map:  # noqa: N802
-    """An activation by name: `activation(name)`."""
+    """An activation by name: `activation(name)` (bare `gelu` warned of, as spatialc.activation does)."""
+    warn_bare_gelu(name)
     return activation(name)
+
+
+def warn_bare_gelu(name: str, stacklevel: int = 2) -> None:
+    """A FutureWarning (shown by default) where user code asks an epilogue for bare `gelu`: BARE_GELU_NOTE, pointing
+    at the line that called the function that calls this one (`stacklevel` 2)."""
+    if name == "gelu":
+        warnings.warn(BARE_GELU_NOTE, FutureWarning, stacklevel=stacklevel + 1)
 
 
 def Bias(tensor: TensorId, at: TileAddr | None = None, width: int = 1) -> Map:  # noqa: N802

@@ -79,7 +79,7 @@ def op_source(op: object) -> str:
         case Map(Apply(name, (Arg(0), Lit(v)), ())) if name in SCALAR_OPS:
             return f"Scalar({literal(name)}, {v!r})"
         case Map(Apply(name, (Arg(0),), ())) if name in ACTIVATION_NAMES:
-            return f"Activation({literal(ACTIVATION_NAMES[name])})"
+            return f"Activation({literal(name)})"  # by its op's own name (gelu_tanh, not the warned-of bare gelu)
         case Map(Apply("add", (Arg(0), Col(t, at, width)), ())):
             return f"Bias({int(t)}, at={at!r}, width={width})"
     return repr(op)

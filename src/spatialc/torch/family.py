@@ -46,6 +46,12 @@ class Compiled:
         return f"{self.program.name} {dims} on {self.device}: {how} in {self.seconds:.2f} s"
 
 
+class TracedInputError(InputError, IndexError):
+    """An InputError found by an op's fake (meta) implementation, as torch.compile traces: an InputError (its one
+    line, caught as any other) that is also an IndexError, the one error Dynamo lets out of fake-tensor propagation
+    unwrapped (torch 2.13: every other becomes a TorchRuntimeError of many lines, its cause dropped)."""
+
+
 _REGISTERED: dict[str, SpatialOp] = {}  # torch keeps an op's name for the life of the process
 _LOCK = threading.Lock()
 
@@ -130,8 +136,12 @@ class SpatialOp:
     # ---- what torch calls --------------------------------------------------------------------------------------
 
     def _fake(self, *tensors: Any) -> Any:
-        """Each output's shape and dtype from the inputs' shapes alone (sizes may be symbolic): nothing is built."""
-        shapes = [self._shape(slot, t) for slot, t in zip(self.slots, tensors, strict=True)]
+        """Each output's shape and dtype from the inputs' shapes alone (sizes may be symbolic): nothing is built. A
+        refused input is a TracedInputError, which torch.compile's trace passes to the user as it is."""
+        try:
+            shapes = [self._shape(slot, t) for slot, t in zip(self.slots, tensors, strict=True)]
+        except InputError as e:
+            raise TracedInputError(str(e)) from None
         sizes = self._sizes(shapes)
         made = [
             tensors[0].new_empty(

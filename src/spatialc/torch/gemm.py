@@ -14,7 +14,7 @@ from .family import _LOCK, SpatialOp
 
 # ---- GEMMs, with autograd --------------------------------------------------------------------------------------
 
-# torch's activation names (nn.GELU() is the erf form; approximate="tanh" is spatialc's "gelu").
+# torch's activation names (nn.GELU() is the erf form; approximate="tanh" is spatialc's "gelu_tanh").
 ACTIVATIONS = ("relu", "silu", "gelu", "gelu_tanh", "sigmoid", "tanh")
 PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
 _GEMMS: dict[tuple[Any, ...], SpatialOp] = {}
@@ -29,7 +29,7 @@ def _epilogue(bias: bool, activation: str | None) -> list[Any]:
     elif activation == "gelu":
         out.append(ops.Map(ops.Apply("gelu", (ops.Arg(0),))))  # the erf form, as torch's default
     elif activation == "gelu_tanh":
-        out.append(frontend.activation("gelu"))
+        out.append(frontend.activation("gelu_tanh"))
     elif activation is not None:
         out.append(frontend.activation(activation))
     return out
