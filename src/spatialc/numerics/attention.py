@@ -35,7 +35,13 @@ def valid_scale(scale: object) -> bool:
     accepts and verify holds a saved declaration to."""
     import numbers
 
-    return not isinstance(scale, bool) and isinstance(scale, numbers.Real) and math.isfinite(scale) and float(scale) > 0
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        return False
+    try:
+        value = float(scale)
+    except OverflowError:  # an int past float's range (10**400) is no scale a kernel can hold
+        return False
+    return math.isfinite(value) and value > 0
 
 
 def keep(seq_q: int, seq_kv: int, causal: bool) -> np.ndarray:

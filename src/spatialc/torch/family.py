@@ -140,6 +140,8 @@ class SpatialOp:
         refused input is a TracedInputError, which torch.compile's trace passes to the user as it is."""
         try:
             shapes = [self._shape(slot, t) for slot, t in zip(self.slots, tensors, strict=True)]
+            # one meta tensor sends the whole call here, not to _impl: mixed devices are refused here too
+            self._one_device(tensors)
         except InputError as e:
             raise TracedInputError(str(e)) from None
         sizes = self._sizes(shapes)
@@ -157,8 +159,8 @@ class SpatialOp:
         return got[0] if len(got) == 1 else got
 
     def _impl(self, *tensors: Any) -> Any:
+        shapes = [self._shape(slot, t) for slot, t in zip(self.slots, tensors, strict=True)]  # each a tensor first
         device = self._device(tensors)
-        shapes = [self._shape(slot, t) for slot, t in zip(self.slots, tensors, strict=True)]
         sizes = tuple(int(s) for s in self._sizes(shapes))
         program = self._program(sizes)
         for slot, t, shape in zip(self.slots, tensors, shapes, strict=True):
@@ -200,11 +202,15 @@ class SpatialOp:
         """The builder's arguments, each read off the first input axis that is it."""
         return [shapes[i][ax] for i, ax in self._reads]
 
-    def _device(self, tensors: tuple[Any, ...]) -> Any:
+    def _one_device(self, tensors: tuple[Any, ...]) -> Any:
+        """The one device all `tensors` are on."""
         devices = {t.device for t in tensors}
         if len(devices) > 1:
             raise InputError(f"{self.name}: tensors on {' and '.join(sorted(map(str, devices)))}; pass them on one")
-        device = devices.pop()
+        return devices.pop()
+
+    def _device(self, tensors: tuple[Any, ...]) -> Any:
+        device = self._one_device(tensors)
         if device.type not in ("cpu", "cuda"):
             raise InputError(f"{self.name}: spatialc runs on cpu (its interpreter) and cuda; these are on {device}")
         return device

@@ -52,6 +52,10 @@ def gemm_op(
         raise ProgramError(f"unknown activation {activation!r}; use one of {', '.join(ACTIVATIONS)}")
     if precision == "int8" and activation not in (None, "relu"):
         raise ProgramError(f"an int8 GEMM's epilogue is exact integer arithmetic; {activation} is a float op")
+    if not isinstance(target, str):
+        raise ProgramError(f"gemm_op's target is a string such as 'sm_90', not {target!r}")
+    if out is not None and not isinstance(out, str):
+        raise ProgramError(f"gemm_op's out is a precision name such as 'bf16' or None, not {out!r}")
     key = (precision, bool(bias), activation, out, target)
     with _LOCK:
         found = _GEMMS.get(key)

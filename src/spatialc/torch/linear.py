@@ -7,8 +7,9 @@ from typing import Any
 import torch
 
 from ..errors import ProgramError
+from ..inputs import InputError
 from .gemm import PRECISIONS, gemm_op
-from .signature import _kind
+from .signature import _dims, _kind
 
 # ---- nn.Linear -------------------------------------------------------------------------------------------------
 
@@ -34,6 +35,9 @@ class Linear(torch.nn.Linear):
     ):
         if precision not in ("bf16", "fp16"):
             raise ProgramError(f"spatialc.torch.Linear computes in bf16 or fp16, not {precision!r}")
+        for name, n in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise InputError(f"spatialc.torch.Linear: {name} is {n!r}; it is an int of at least 1")
         super().__init__(in_features, out_features, bias, device, dtype)
         self.activation = activation
         self.precision = precision
@@ -72,6 +76,13 @@ class Linear(torch.nn.Linear):
             self.freeze()
 
     def forward(self, x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            raise InputError(f"spatialc.torch.Linear: x is {_kind(x)}; pass a torch tensor")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise InputError(
+                f"spatialc.torch.Linear: x is {_dims(x.shape)}; its last dimension must be in_features"
+                f" ({self.in_features})"
+            )
         low = PRECISIONS[self.precision]
         lead = x.shape[:-1]
         a = x.reshape(-1, self.in_features).to(low).contiguous()

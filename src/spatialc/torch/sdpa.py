@@ -14,6 +14,7 @@ import torch
 from ..errors import ProgramError
 from ..inputs import InputError
 from ..ir.nodes import SpatialProgram
+from ..numerics.attention import valid_scale
 from .family import _LOCK, SpatialOp
 from .signature import _dims, _dtype, _kind
 
@@ -36,7 +37,9 @@ def attention_op(
     op per set of arguments in the process (named spatialc::attention_…); `attention` calls it."""
     if precision not in ("bf16", "fp16"):
         raise ProgramError(f"attention's operands are bf16 or fp16, not {precision!r}")
-    if isinstance(scale, bool) or not (scale is None or isinstance(scale, (int, float))):
+    if not isinstance(causal, bool):
+        raise ProgramError(f"causal is True or False, not {causal!r}")
+    if scale is not None and not valid_scale(scale):  # before float(): 10**400 overflows it
         raise ProgramError(f"scale is a finite number > 0 or None, not {scale!r}")
     scale = None if scale is None else float(scale)
     key = (precision, bool(causal), scale, out)
@@ -92,6 +95,8 @@ def attention(
     `is_causal=True` (aligned top left) where seq_q ≠ seq_kv: the two agree only where seq_q = seq_kv. `scale`
     defaults to 1/√head_dim. The op behind it (`attention_op`) is built once per shape, as every op of `op`; it has no
     autograd yet (a backward through it raises torch's error). An empty axis is an InputError naming it."""
+    if not isinstance(causal, bool):  # a truthy 'no' would otherwise mask, or find a causal op already made
+        raise ProgramError(f"spatialc.torch.attention: causal is True or False, not {causal!r}")
     tensors = {"q": q, "k": k, "v": v}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
