@@ -357,9 +357,13 @@ def test_show_python_prints_a_saved_program_as_source_and_refuses_what_the_langu
         op, PackAcc) else None)  # fmt: skip
     odd = tmp_path / "adding.json"
     odd.write_text(spatialc.to_json(adding))
-    assert main(["show", "--python", str(odd)]) == 2
+    assert main(["show", "--python", str(odd)]) == 2  # verified first: verify refuses it, in one line
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "the op PackAcc has no form in spatialc.lang yet" in err
+    assert err.count("\n") == 1 and "it adds onto a page that does not hold an accumulator" in err
+    from spatialc.lang.source import python_source
+
+    with pytest.raises(lang.LangError, match="the op PackAcc has no form in spatialc.lang yet"):
+        python_source(adding)  # and the printer itself, handed it unverified, refuses it by name
 
 
 def test_split_k_written_by_hand_is_the_built_one_and_sums_both_halves():

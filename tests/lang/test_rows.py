@@ -265,9 +265,14 @@ def test_show_python_prints_a_row_program_that_traces_back_and_refuses_a_reducti
     odd = replace(program, Engine.COMPUTE, to_min)
     path = tmp_path / "odd.json"
     path.write_text(spatialc.to_json(odd))
-    assert main(["show", "--python", str(path)]) == 2
+    assert main(["show", "--python", str(path)]) == 2  # verified first: rule 8 refuses it, in one line
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "a row reduction no p.reduce stage declares has no form in spatialc.lang" in err
+    assert err.count("\n") == 1 and "where stage row_sumsq declares row sumsq" in err
+    from spatialc.lang import LangError
+    from spatialc.lang.source import python_source
+
+    with pytest.raises(LangError, match="a row reduction no p.reduce stage declares has no form in spatialc.lang"):
+        python_source(odd)  # and the printer itself, handed it unverified, refuses it by name
 
 
 def random_formula(rng: np.random.Generator, depth: int, inputs: int, vectors: tuple[bool, ...]):

@@ -423,13 +423,14 @@ def _verified(path: Path, pictures: Path | None = None) -> SpatialProgram:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    """Print a saved program (with --python, as the embedded language's source)."""
-    program = _read_program(args.file)
+    """Print a saved program (with --python, as the embedded language's source, of a program verified first: the
+    printer reads a well-formed one; the listing shows any program that reads, verified or not)."""
     if getattr(args, "python", False):
         from ..lang.source import python_source
 
-        print(python_source(program), end="")
+        print(python_source(_verified(args.file)), end="")
         return 0
+    program = _read_program(args.file)
     print(program_text(program, sites=args.sites), end="")
     return 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from .ids import LV_ITEM_X, LV_ITEM_Y, loop_var_name
 from .nodes import (
     Accumulator,
@@ -63,6 +65,13 @@ from .ops import (
 
 # A whole number of more bits is named by its size, not printed: Python refuses to print past 4,300 digits.
 PRINTED_BITS = 4096
+_WORD = re.compile(r"[A-Za-z0-9_.]+")  # what `word` shows as it is
+
+
+def word(text: str) -> str:
+    """A string the JSON reader does not check (a target, an op's name) as the listing shows it: as it is where it is
+    a plain word, else quoted and escaped as verify's errors show it — never a raw newline or terminal escape."""
+    return text if isinstance(text, str) and _WORD.fullmatch(text) else ascii(text)
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:
@@ -99,7 +108,7 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
         case Requant(mult, shift, zp):
             return f"requant x{mult} shift {shift} zero point {zp}"
         case Generic(name, params):
-            return f"generic {name}{list(params) if params else ''}"
+            return f"generic {word(name)}{list(params) if params else ''}"
         case AddPartial():
             return "add partial sum"
         case ScaleAcc():
@@ -110,7 +119,7 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
             return f"attention of {sq} queries over {skv} keys, scale {_num(scale)}{heads}{mask}"
         case RowReduce(name, n, at, width):
             where = "" if (at, width) == (TileAddr(0), 1) else f" at {addr_text(at)} width {width}"
-            return f"row {name} of {n} columns{where}"
+            return f"row {word(name)} of {n} columns{where}"
         case Dequant(fmt, prec, group, scale, zero, rows, cols, width, low_first):
             s, z = (_tensor(p, t) if p and t is not None else str(t if t is None else int(t)) for t in (scale, zero))
             minus = f" - {z}[g, j]" if zero is not None else ""
@@ -143,7 +152,7 @@ def expr_text(expr: Expr, p: SpatialProgram | None = None) -> str:
     `add 0.5`, `bias B[…]`, `gelu_tanh`), anything else as a formula over the input pages x0, x1, …"""
     match expr:
         case Apply(name, (Arg(0),), ()):
-            return name
+            return word(name)
         case Apply(name, (Arg(0), Lit(v)), ()) if name in ("add", "mul", "max", "min"):
             return f"{name} {_num(v)}"
         case Apply("add", (Arg(0), Col(axis=VecAxis.COL) as c), ()):
@@ -168,7 +177,7 @@ def _formula(expr: Expr, p: SpatialProgram | None) -> str:
             parts = [_formula(a, p) for a in args]
             if name in _INFIX and not params and len(parts) == 2:
                 return f"({parts[0]} {_INFIX[name]} {parts[1]})"
-            return f"{name}({', '.join(parts + [_num(v) for v in params])})"
+            return f"{word(name)}({', '.join(parts + [_num(v) for v in params])})"
     return repr(expr)
 
 
@@ -289,7 +298,7 @@ def _stage_text(p: SpatialProgram, s: Stage) -> str:
 def program_text(p: SpatialProgram, sites: int | None = None) -> str:
     """The whole program; `sites` caps how many sites' programs are listed."""
     out = [
-        f"program {p.name}  target {p.target}  precision {p.precision.value}  tile {p.tile.rows}x{p.tile.cols}"
+        f"program {p.name}  target {word(p.target)}  precision {p.precision.value}  tile {p.tile.rows}x{p.tile.cols}"
         f"  {'verified' if p.verified else 'unverified'}"
     ]
     for t in p.tensors:

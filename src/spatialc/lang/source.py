@@ -236,5 +236,8 @@ class SourcePrinter(EngineSource):
 
 
 def python_source(p: SpatialProgram) -> str:
-    """`p` as the embedded language's source: a module whose `program()` traces and verifies it again."""
+    """`p` as the embedded language's source: a module whose `program()` traces and verifies it again. `p` is a
+    verified program (`spatialc show --python` verifies it first); one with no placement or schedule is refused."""
+    if p.placement is None or p.schedule is None:  # a frontend program: the language always places and schedules
+        raise LangError(f"program {p.name}: a program with no placement or schedule has no form in spatialc.lang yet")
     return SourcePrinter(p).text()

@@ -13,6 +13,7 @@ import json
 import keyword
 import re
 from collections import deque
+from enum import Enum
 from typing import Any
 
 from ..ir.ids import LOOP_VAR_NAMES, LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, loop_var_name
@@ -82,7 +83,22 @@ def op_source(op: object) -> str:
             return f"Activation({literal(name)})"  # by its op's own name (gelu_tanh, not the warned-of bare gelu)
         case Map(Apply("add", (Arg(0), Col(t, at, width)), ())):
             return f"Bias({int(t)}, at={at!r}, width={width})"
-    return repr(op)
+    return value_source(op)
+
+
+def value_source(v: object) -> str:
+    """`v` as the source that makes it: `repr`, but an enum member by its name (`WeightFormat.INT4`, which
+    `from spatialc.ir.ops import *` brings in; its repr `<WeightFormat.INT4: 'int4'>` is no Python) at any depth."""
+    match v:
+        case Enum():
+            return f"{type(v).__name__}.{v.name}"
+        case tuple():
+            inner = ", ".join(map(value_source, v))
+            return f"({inner},)" if len(v) == 1 else f"({inner})"
+        case _ if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            args = (f"{f.name}={value_source(getattr(v, f.name))}" for f in dataclasses.fields(v) if f.repr)
+            return f"{type(v).__name__}({', '.join(args)})"
+    return repr(v)
 
 
 BUILTINS = frozenset(dir(builtins))
