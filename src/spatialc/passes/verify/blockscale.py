@@ -19,7 +19,8 @@ K tile summed twice, one skipped a K tile never summed):
   group of the step's first. An MXFP8 program's groups are 32 of K (e8m0 scales) and its steps one group each (2
   tiles): the same proof, at that width (tests/blockscale/test_mx_mutations.py).
 
-Last (`check_scale_types`, once the products are proved), the layouts against the scales' element type, since the
+Last (`check_scale_types`, once the products are proved), the scales' element type — float32 or e8m0, none other
+(a saved file may say int8) — and the layouts against it, since the
 step every reader promotes at is read from the layouts (`numerics.blockscale.step_of`): a group narrower than
 PROMOTION_K (128) only of e8m0 scales, both operands', or one of all of K (a K under 128: `row`, `col`, `tensor`,
 whose one group no step can straddle), and e8m0 scales only in OCP MX's groups of MX_K (32) — the
@@ -42,6 +43,8 @@ from ...ir.nodes import ComputeStage, DType, Stage, Tensor
 from ...ir.ops import KScale, MatmulTiles, TileAddr
 from ...numerics.blockscale import MX_K, PROMOTION_K, scale_shape
 from .symbolic import Aff, StepScales
+
+SCALE_TYPES = frozenset({DType.FLOAT32, DType.E8M0})  # what a block scale holds (docs/json.md)
 
 if TYPE_CHECKING:
     from ...ir.index import ProgramIndex
@@ -182,7 +185,13 @@ def check_scale_types(index: ProgramIndex) -> None:
 
 
 def _check_types(where: str, both: list[tuple[Tensor, KScale]]) -> None:
-    """The layouts' groups along K against the scales' element type (the module docstring)."""
+    """The scales' element type — float32, or e8m0 (OCP MX) — then the layouts' groups along K against it (the module
+    docstring): the kernel and the reference read no scale of another type."""
+    for t, _ in both:
+        if t.dtype not in SCALE_TYPES:
+            raise SemanticError(
+                f"{where}: {t.name} holds {t.dtype.value} scales; a block scale is float32 or e8m0 (OCP MX's)"
+            )
     mx = [t.dtype == DType.E8M0 for t, _ in both]
     if any(mx) and not all(mx):
         raise SemanticError(

@@ -312,10 +312,12 @@ def _check_stages(p: SpatialProgram) -> None:
             case ComputeStage(Map(expr)) if any(c.tensor not in tensors for c in cols(expr)):
                 t = next(c.tensor for c in cols(expr) if c.tensor not in tensors)
                 raise IllFormedError(f"stage {s.name} names tensor {int(t)}, which does not exist")
-            case ReadStage(t) if tensors[t].role == TensorRole.OUTPUT:
+            case ReadStage(t) if tensors[t].role not in (TensorRole.INPUT, TensorRole.WORKSPACE):
+                # (an operand's tiles come through a ring from an input; a parameter — a bias, a scale, row counts —
+                # is read by the compute op that names it, and lowering passes operands as the inputs)
                 raise IllFormedError(
-                    f"stage {s.name} reads {tensors[t].name}, the output tensor; a read stage reads"
-                    " an input, a parameter or a workspace tensor"
+                    f"stage {s.name} reads {tensors[t].name}, {role_text(tensors[t])}; a read stage reads"
+                    " an input or a workspace tensor (mark an operand's role input)"
                 )
             case WriteStage(t) if tensors[t].role not in (TensorRole.OUTPUT, TensorRole.WORKSPACE):
                 raise IllFormedError(
