@@ -164,12 +164,18 @@ def test_the_cupy_device_refuses_a_cooperative_grid_cupy_would_shrink():
     assert unknown.launched == []
 
 
-def _split_k():
+def _split_k_program():
     import spatialc
 
     p = spatialc.build(spatialc.gemm(32, 32, 8192, "bf16"), "sm_90")
     assert p.placement.splits > 1  # the planner splits K over sites that wait on each other
-    return spatialc.lower(p)
+    return p
+
+
+def _split_k():
+    import spatialc
+
+    return spatialc.lower(_split_k_program())
 
 
 def test_a_split_k_launch_is_refused_where_the_device_cannot_say_how_many_blocks_it_holds():
@@ -206,9 +212,15 @@ def test_a_split_k_row_runs_cooperatively_in_the_gpu_check_and_is_refused_withou
     from .test_gpucheck_device import run
 
     status, header, rows = run(tmp_path / "a", "--sizes", "32x32x8192", "--precisions", "bf16")
-    general = rows[0]["by_name"]["spatialc general"]
+    general, hopper = rows[0]["by_name"]["spatialc general"], rows[0]["by_name"]["spatialc sm90a"]
     assert status == 0 and general["ok"] and general["check"]["correct"], general["note"]
-    assert fake_gpu["cooperative"] and set(fake_gpu["cooperative"]) == {_split_k().launch.grid}
+    assert hopper["ok"] and hopper["check"]["correct"], hopper["note"]  # the sm_90a form splits K as many ways
+    import spatialc
+
+    splits = _split_k_program().placement.splits
+    sm90a = spatialc.lower(spatialc.build(spatialc.gemm(32, 32, 8192, "bf16"), "sm_90a", split_k=splits))
+    assert sm90a.budget.form == "sm90a" and sm90a.launch.cooperative
+    assert set(fake_gpu["cooperative"]) == {_split_k().launch.grid, sm90a.launch.grid}
     fake_gpu["per_sm"] = None  # the driver gives no occupancy: refused, not risked
     status, header, rows = run(tmp_path / "b", "--sizes", "32x32x8192", "--precisions", "bf16")
     general = rows[0]["by_name"]["spatialc general"]

@@ -165,9 +165,10 @@ def _build(case: Case, target: str, out: str | None) -> Built:
         artifact = spatialc.lower(program, target)
         built.forms = forms_of(artifact, lambda: general_planned(gemm, target))
         if target == "sm_90":  # a Hopper: the same GEMM built for sm_90a, in its own form
-            split = program.placement is not None and program.placement.splits > 1
-            why = "the sm_90a form does not split K yet (the case's plan splits it)"
-            built.forms.append(Form(HOPPER_FORM, absent=why) if split else hopper_form(gemm, grouped))
+            # A split row's sm_90a kernel splits K as many ways as the row's plan (its own plan for that split:
+            # lower/cuda/sm90a/partials.py); its planner does not choose a split itself.
+            splits = program.placement.splits if program.placement is not None else 1
+            built.forms.append(hopper_form(gemm, {**grouped, "split_k": splits} if splits > 1 else grouped))
     except Exception as e:
         built.error = ("lower: " if built.plan else "build: ") + one_line(e)
         return built
@@ -216,7 +217,7 @@ def forms_of(artifact: Any, replan: Any = None) -> list[Form]:
 
 def hopper_form(gemm: Any, options: dict[str, Any]) -> Form:
     """The GEMM built for sm_90a and lowered in the sm_90a form (TMA, wgmma): its own plan, named in its facts; or
-    absent, with the reason (the form leaves split-K and grouped GEMMs to the others so far)."""
+    absent, with the reason (the form leaves grouped GEMMs to the others so far)."""
     return form_built(gemm, HOPPER_FORM, options)[1]
 
 
