@@ -8,6 +8,8 @@ references and loops it prints with (annotated below); the tile copies and the m
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -124,20 +126,26 @@ class AccumulatorPrinter:
         2j, 2j + 1 are adjacent, so each pair moves as one 8-byte access (SPATIALC_GLOBAL_ST2 / _ADD2, `cwriter`);
         loads go through L2, as other sites stored them in this launch."""
         tensor = f"t{int(op.tensor)}"
-        with self.w.block("", mark):
-            self.warp_coords()
-            self.w.line("const int lane = tid % 32;")
-            self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
-            with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
-                self.w.line(self.owned_tile())
-                base = addr_expr(op.at, env)
-                rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
-                self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
-                with self.unrolled("for (int i = 0; i < 8; i += 2)"):  # elements i, i + 1: adjacent columns
-                    self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8;  // even: a pair")
-                    at, acc = f"&{tensor}[tile * {TILE_ELEMS} + el]", f"{self.accf}[q].x"
-                    macro = "SPATIALC_GLOBAL_ST2" if isinstance(op, WriteTiles) else "SPATIALC_GLOBAL_ADD2"
-                    self.w.line(f"{macro}({at}, {acc}[i], {acc}[i + 1]);")
+        pairs = "for (int i = 0; i < 8; i += 2)"  # elements i, i + 1: adjacent columns
+        with self.w.block("", mark), self.fragment_tiles(op, env), self.unrolled(pairs):
+            self.w.line("const int el = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8;  // even: a pair")
+            at, acc = f"&{tensor}[tile * {TILE_ELEMS} + el]", f"{self.accf}[q].x"
+            macro = "SPATIALC_GLOBAL_ST2" if isinstance(op, WriteTiles) else "SPATIALC_GLOBAL_ADD2"
+            self.w.line(f"{macro}({at}, {acc}[i], {acc}[i + 1]);")
+
+    @contextmanager
+    def fragment_tiles(self, op: ReadTiles | WriteTiles, env: dict[LoopVar, str]) -> Iterator[None]:
+        """The lane's place (`lane`, `lane_el`: its first element of a tile) and, around the body, a loop over the
+        warp's fragments q, each with `tile`: the tensor's tile where `op`'s page puts fragment q's tile."""
+        self.warp_coords()
+        self.w.line("const int lane = tid % 32;")
+        self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
+        with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
+            self.w.line(self.owned_tile())
+            base = addr_expr(op.at, env)
+            rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
+            self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
+            yield
 
     def fused_store(
         self, op: WriteTiles, env: dict[LoopVar, str], mark: str, chain: list[tuple[Compute, dict[LoopVar, str]]]
@@ -149,39 +157,31 @@ class AccumulatorPrinter:
         its tile (tensor_core.cuh): no lane needs another's, so nothing is staged through shared memory. Elements 2j
         and 2j + 1 are adjacent columns from an even one, so they go out as one store of twice their width
         (SPATIALC_OUT_ST2: 32 bits for bf16 / fp16 C, where single stores would write two bytes at a time)."""
-        with self.w.block("", mark):
-            self.warp_coords()
-            self.w.line("const int lane = tid % 32;")
-            self.w.line("const int lane_el = (lane >> 2) * 16 + 2 * (lane & 3);  // the lane's first element")
-            with self.unrolled(f"for (int q = 0; q < {self.perw}; ++q)"):
-                self.w.line(self.owned_tile())
-                base = addr_expr(op.at, env)
-                rows, cols = c_mul("(long long)bh", op.stride_h), c_mul("(long long)bw", op.stride_w)
-                self.w.line(f"const long long tile = {c_sum(f'(long long)({base})', rows, cols)};")
-                if chain:
-                    # A chain unrolled over every element of every fragment (its bias addresses, an integer chain's
-                    # 64-bit arithmetic) needs more registers than the accumulators leave: the fragment's pairs
-                    # go through it one at a time, from a private copy (eight words of the thread's stack, not a
-                    # spill). A bare store stays unrolled, straight from the registers.
-                    self.w.line("ACCT frag[8];")
-                    with self.unrolled("for (int i = 0; i < 8; ++i)"):
-                        self.w.line(f"frag[i] = {self.accf}[q].x[i];")
-                    self.w.line("#pragma unroll 1")
-                    value = "frag[i + j]"
-                    loop = self.w.block("for (int i = 0; i < 8; i += 2)")
-                else:
-                    value = f"{self.accf}[q].x[i + j]"
-                    loop = self.unrolled("for (int i = 0; i < 8; i += 2)")
-                with loop:
-                    self.w.line("const int el0 = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8;  // even: a pair")
-                    self.w.line("OUT_T pair[2];")
-                    with self.unrolled("for (int j = 0; j < 2; ++j)"):
-                        if any(
-                            isinstance(s.op, Map) and (expr_cols(s.op.expr) or len(s.ins) > 1) for s, _ in chain
-                        ):  # a bias reads its column, a residual its element
-                            self.w.line("const int el = el0 + j;")
-                        self.read_out(op, chain, value, "pair[j] = {};")
-                    self.w.line(f"SPATIALC_OUT_ST2(&t{int(op.tensor)}[tile * {TILE_ELEMS} + el0], pair[0], pair[1]);")
+        with self.w.block("", mark), self.fragment_tiles(op, env):
+            if chain:
+                # A chain unrolled over every element of every fragment (its bias addresses, an integer chain's
+                # 64-bit arithmetic) needs more registers than the accumulators leave: the fragment's pairs
+                # go through it one at a time, from a private copy (eight words of the thread's stack, not a
+                # spill). A bare store stays unrolled, straight from the registers.
+                self.w.line("ACCT frag[8];")
+                with self.unrolled("for (int i = 0; i < 8; ++i)"):
+                    self.w.line(f"frag[i] = {self.accf}[q].x[i];")
+                self.w.line("#pragma unroll 1")
+                value = "frag[i + j]"
+                loop = self.w.block("for (int i = 0; i < 8; i += 2)")
+            else:
+                value = f"{self.accf}[q].x[i + j]"
+                loop = self.unrolled("for (int i = 0; i < 8; i += 2)")
+            with loop:
+                self.w.line("const int el0 = lane_el + ((i >> 1) & 1) * 128 + (i >> 2) * 8;  // even: a pair")
+                self.w.line("OUT_T pair[2];")
+                with self.unrolled("for (int j = 0; j < 2; ++j)"):
+                    if any(
+                        isinstance(s.op, Map) and (expr_cols(s.op.expr) or len(s.ins) > 1) for s, _ in chain
+                    ):  # a bias reads its column, a residual its element
+                        self.w.line("const int el = el0 + j;")
+                    self.read_out(op, chain, value, "pair[j] = {};")
+                self.w.line(f"SPATIALC_OUT_ST2(&t{int(op.tensor)}[tile * {TILE_ELEMS} + el0], pair[0], pair[1]);")
 
     def read_out(
         self, op: WriteTiles, chain: list[tuple[Compute, dict[LoopVar, str]]], value: str, store: str | None = None
