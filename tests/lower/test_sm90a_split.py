@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -40,15 +41,15 @@ def test_a_split_build_on_sm90a_is_printed_by_the_form_with_no_partial_pages():
 
 def test_the_owner_stores_c_through_the_fused_store():
     # The contributors' classes store partial sums: the owner's alone decides the fused store, which it keeps.
-    _, art = split((128, 256, 1024), 2, block=(8, 16, 4))
+    _, art = split((128, 256, 1024), 2, block=(8, 8, 4))
     assert "spatialc_tma_store_2d(" in art.kernel_cu
     assert not any(name.startswith("C") for name, _ in art.budget.rings), art.budget.rings
 
 
 CASES = [
-    ("bf16", (128, 256, 1024), 2, {"block": (8, 16, 4)}),
-    ("fp16", (100, 200, 1000), 3, {"block": (8, 16, 4)}),  # odd sizes, the splits' K steps unequal
-    ("int8", (64, 128, 2048), 3, {"block": (4, 8, 8)}),  # items of 64 rows: one consumer warpgroup, two blocks an SM
+    ("bf16", (128, 256, 1024), 2, {"block": (8, 8, 4)}),
+    ("fp16", (100, 200, 1000), 3, {"block": (8, 8, 4)}),  # odd sizes, the splits' K steps unequal
+    ("int8", (64, 128, 2048), 3, {"block": (4, 4, 8)}),  # items of 64 rows: one consumer warpgroup, two blocks an SM
 ]
 
 
@@ -64,7 +65,7 @@ def test_the_emulated_split_kernel_equals_the_interpreter(prec, shape, splits, k
 @pytest.mark.emulation
 def test_an_epilogue_runs_once_on_the_owner_after_the_adds():
     shape = (96, 256, 1536)
-    p, art = split(shape, 3, "bf16", block=(8, 16, 4), epilogue=[spatialc.bias(), spatialc.relu()])
+    p, art = split(shape, 3, "bf16", block=(8, 8, 4), epilogue=[spatialc.bias(), spatialc.relu()])
     x = inputs("bf16", *shape)
     x["bias"] = np.random.default_rng(3).integers(-50, 50, (1, shape[1])).astype(np.float32)
     want = spatialc.evaluate(p, x)
@@ -74,7 +75,7 @@ def test_an_epilogue_runs_once_on_the_owner_after_the_adds():
 @pytest.fixture(scope="module")
 def faulty():
     shape = (128, 256, 1024)
-    p, art = split(shape, 2, block=(8, 16, 4))
+    p, art = split(shape, 2, block=(8, 8, 4))
     return p, art, inputs("bf16", *shape)
 
 
@@ -123,7 +124,7 @@ def test_partials_moved_other_than_as_the_schedule_does_are_refused():
 
     from ..rewrite import edit
 
-    p, _ = split((128, 256, 1024), 3, block=(8, 16, 4))
+    p, _ = split((128, 256, 1024), 3, block=(8, 8, 4))
     j = LoopVar(9)
     out = p.output_tensor()
     assert out is not None
@@ -152,8 +153,38 @@ def test_partials_moved_other_than_as_the_schedule_does_are_refused():
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found")
-def test_the_split_kernel_compiles_clean(tmp_path):
-    _, art = split((256, 1024, 8192), 4)
+@pytest.mark.parametrize(("prec", "shape", "splits"), [("bf16", (256, 1024, 8192), 4), ("int8", (512, 512, 32768), 3)])
+def test_the_split_kernel_compiles_clean(prec, shape, splits, tmp_path):
+    # (the second: the GPU check's split row; an owner of 128 × 256 int8 items spilled 624 bytes before adds_fit)
+    _, art = split(shape, splits, prec)
     instrs = compiled_clean(art, tmp_path)
     ops = {i.base for i in instrs}
-    assert "HGMMA" in ops and ops & {"RED", "REDG", "ATOM", "ATOMG"}, sorted(ops)  # the wgmma, the raise
+    assert ops & {"HGMMA", "IGMMA"} and ops & {"RED", "REDG", "ATOM", "ATOMG"}, sorted(ops)  # the wgmma, the raise
+
+
+@pytest.mark.parametrize(
+    ("block", "prec"), [((8, 16, 4), "bf16"), ((4, 8, 8), "int8")]
+)  # 128 of 168 registers; 64 of a paired block's 128
+def test_an_item_whose_owner_would_spill_its_adds_is_refused_by_name(block, prec):
+    p = spatialc.build(spatialc.gemm(256, 1024, 8192, prec), "sm_90a", split_k=2, block=block, form="sm90a")
+    with pytest.raises(Unsupported, match="adds of split-K's partial sums beside .* accumulator registers"):
+        spatialc.lower(p, form="sm90a")
+
+
+def test_an_auto_split_the_sm90a_form_cannot_add_falls_back_to_the_general_form():
+    p = spatialc.build(spatialc.gemm(100, 136, 1000, "bf16"), "sm_90a", split_k=3, block=(4, 8, 4))
+    assert spatialc.lower(p).budget.form == "general"
+
+
+def test_4_bit_weights_split_in_the_sm90a_form():
+    from ..w4a16.w4_inputs import w4_inputs
+
+    p = spatialc.build(
+        spatialc.gemm(100, 136, 1024, "bf16", weights="int4", zeros=True), "sm_90a", split_k=2, form="sm90a"
+    )
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a" and "SPATIALC_GLOBAL_ADD2(" in art.kernel_cu
+    if shutil.which("g++") is None:  # (no g++: the lowering is what is checked)
+        return
+    x = w4_inputs(p, seed=3, exact=True)
+    assert np.array_equal(spatialc.emulate(art, x, timeout=120), spatialc.evaluate(p, x))

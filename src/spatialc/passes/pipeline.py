@@ -210,7 +210,9 @@ def _build(
         form = "general"
     # The plan comes first: the item grid it fixes is what placement distributes. A forced block the wgmma layout
     # does not take gets the persistent kernel's plan, which sm_90a also runs.
-    p, form = _tile_hopper_first(p, target, block, sub_blocks, depth, form, "persistent", sm90a)
+    # A split asked for falls back to the general form: only its sites may wait on each other besides sm_90a's.
+    fallback = "general" if split_k is not None and split_k > 1 else "persistent"
+    p, form = _tile_hopper_first(p, target, block, sub_blocks, depth, form, fallback, sm90a)
     splits = _splits(p, target, split_k, form, sites, placement, forced=block is not None)
     split = None
     if splits > 1:
@@ -321,8 +323,15 @@ def _split_plan(
     """The program planned for the general form with split-K's rings: the best plan whose K steps each of the
     `splits` sites can have one of (a shorter K step where the best has too few), else the best (refused by name)."""
     found = candidates(program, target, block, sub_blocks, depth, form, extra_ring_stages(form))
-    if form == "sm90a":  # its planner favours narrow items that fill the machine unsplit: the best whose sites fit
-        found = [c for c in found if c.plan.items * splits <= target.units * c.sites_per_unit] or found
+    # The best plan whose items × splits sites fit at once (the planners favour small items that fill the machine
+    # unsplit), and in the sm_90a form whose owners add partial sums without spilling (lower/cuda/sm90a/partials.py);
+    # where none does, the best all the same, refused by name below.
+    resident = [c for c in found if c.plan.items * splits <= target.units * c.sites_per_unit]
+    if form == "sm90a":
+        from ..lower.cuda.sm90a.partials import adds_fit
+
+        resident = [c for c in resident if adds_fit(c.plan, target) is None] or resident
+    found = resident or found
     fit = next((c.plan for c in found if c.plan.k_steps >= splits), None)
     if fit is not None:
         return apply_plan(program, fit, form)

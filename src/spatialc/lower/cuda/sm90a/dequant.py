@@ -194,7 +194,9 @@ class W4HopperPrinter(HopperPrinter):
 
     def op(self, op: ChoreoOp, env: dict[LoopVar, str]) -> None:
         match op:
-            case ReadTiles(into=buf) if isinstance(self.hk.panels.get(self.kept(buf).id), PackedRows):
+            case ReadTiles(into=buf) if not self.k.rings.is_direct(buf) and isinstance(
+                self.hk.panels.get(self.kept(buf).id), PackedRows
+            ):
                 self.bulk_rows(op, env)
             case Loop() if self.dequant_k_loop(op):
                 self.k_loop_dequant(op, env)

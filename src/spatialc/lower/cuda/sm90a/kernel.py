@@ -365,6 +365,9 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
         kept = {r: n for r, n in k.full_count.items() if r in rings.rings}
         k = dataclasses.replace(k, rings=rings, full_count=kept, empty_count={r: k.empty_count[r] for r in kept})
     if split is not None:  # split-K's partial sums go between the accumulators and the workspace (partials.py)
+        crowded = partials.adds_fit(p.plans[0], target)
+        if crowded is not None:
+            raise Unsupported(crowded, "the loads in flight would spill the accumulators")
         direct = split[0]
         kept = {r: g for r, g in k.rings.rings.items() if r not in direct}
         rings = dataclasses.replace(k.rings, rings=kept, direct=direct)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ....ir.ids import LV_ITEM
-from ....ir.nodes import Engine, SpatialProgram, TensorRole
+from ....ir.nodes import Engine, Plan, SpatialProgram, TensorRole
 from ....ir.ops import (
     AddPartial,
     Barrier,
@@ -46,9 +46,11 @@ from ....ir.ops import (
     walk,
 )
 from ....passes.split import SEM_PARTIALS, partial_rings
+from ....target import SpatialTarget
 from ...errors import Unsupported
 from ..common.program import all_ops
 from ..general import kernel as general
+from .plan import warpgroups
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,23 @@ class PartialSide:
     inc: SemInc | None = None
     wait: SemWait | None = None
     reads: tuple[ReadTiles, ...] = ()
+
+
+def adds_fit(plan: Plan, target: SpatialTarget) -> str | None:
+    """Why an owner of `plan`'s items cannot add partial sums without spilling, or None. A consumer thread holds 8
+    accumulator values a tile of its tile row, and ptxas gives it the registers `__launch_bounds__` leaves (not what
+    setmaxnreg raises it to): the loads of partial sums in flight need as many again beside them — at 128 × 256
+    items (128 values of 168 registers) they spilled, at 128 × 128 (64) they did not; paired blocks' 128 registers
+    spilled at 64 values."""
+    held = plan.item_tiles[1] * 8
+    regs = warpgroups(plan).at_launch(target)
+    if 2 * held < regs:
+        return None
+    widest = max(1, (regs - 1) // 16)
+    return (
+        f"an owner's adds of split-K's partial sums beside {held} accumulator registers a thread (of {regs}): use"
+        f" items of at most {widest} tile columns (block=(osh, {widest}, ibw))"
+    )
 
 
 def _refuse(what: str) -> Unsupported:
@@ -155,4 +174,4 @@ def _adds(op: ChoreoOp, into) -> bool:
     return isinstance(op, Compute) and op.ins == (into,) and isinstance(op.op, AddPartial)
 
 
-__all__ = ["PartialSide", "sides"]
+__all__ = ["PartialSide", "adds_fit", "sides"]
