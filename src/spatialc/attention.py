@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import ProgramError
+from .errors import ProgramError, clipped
 from .frontend import MAX_TENSOR_ELEMS, OUTPUT_CHOICES, TILE, _dim, precision_of
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (
@@ -34,7 +34,7 @@ from .ir.nodes import (
     WriteStage,
 )
 from .ir.ops import Attention, Precision
-from .numerics.attention import valid_scale
+from .numerics.attention import FLOAT32_HOLDS, valid_scale
 
 MAX_HEAD_DIM = 256  # FlashAttention's largest: beyond it a band of Q and a block of K and V no longer fit a site
 
@@ -82,7 +82,7 @@ def attention(
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     if not valid_scale(scale):
-        raise ProgramError(f"scale is a finite number > 0, not {scale!r}")
+        raise ProgramError(f"scale is a finite number > 0, not {clipped(repr(scale))} ({FLOAT32_HOLDS})")
     prec = precision_of(precision)
     if prec not in (Precision.BF16, Precision.FP16):
         raise ProgramError(f"attention's operands are bf16 or fp16 (its softmax is float arithmetic), not {prec.value}")

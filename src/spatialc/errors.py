@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .ir.errors import SpatialError  # noqa: F401  (the base lives in the IR, which imports nothing of ours)
+
+MAX_QUOTED = 80  # the most characters of user data (a value, a list) one error message quotes
+
+
+def clipped(text: str, most: int = MAX_QUOTED) -> str:
+    """`text` (user data an error quotes) cut to at most `most` characters, ending in '…' where it was cut."""
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
+def listed(values: Sequence[object], most: int = 8) -> str:
+    """`values` as an error lists them: the first `most`, and how many there are in all where that is more."""
+    shown = ", ".join(clipped(str(v)) for v in values[:most])
+    return shown if len(values) <= most else f"{shown}, … ({len(values)} in all)"
 
 
 class ProgramError(SpatialError, ValueError):

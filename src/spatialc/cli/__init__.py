@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from ..errors import SpatialError
+from ..errors import SpatialError, clipped
 from ..frontend import DEFAULT_PRECISION
 from ..ir.ops import ACTIVATIONS
 from ..target import TARGETS
@@ -626,8 +626,12 @@ def _internal_error(e: Exception) -> int:
     return EXIT_INTERNAL
 
 
+MAX_ERROR_LINE = 2000  # far longer than any message spatialc writes, far shorter than the data one could quote
+
+
 def _fail(message: str) -> int:
     text = "; ".join(line.strip() for line in message.splitlines() if line.strip())
+    text = clipped(text, MAX_ERROR_LINE)  # a backstop: each message already cuts what it quotes short
     # A message that names its own command (`spatialc gpucheck: …`) keeps it; any other gets the error prefix, even
     # one that starts with the word (`spatialc program version 99; …`).
     named = re.match(r"spatialc(?: [\w-]+)?: ", text)

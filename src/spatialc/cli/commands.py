@@ -438,10 +438,18 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Verify a saved program and say which lowering takes it, or why none does."""
     p = _verified(args.file, args.pictures)
-    print(
-        f"{p.name}: verified — well-formed, every item placed once, rings owned, balanced and deep enough, every"
-        " access in bounds, deadlock-free, and it computes what its stages declare"
-    )
+    if p.schedule is None:  # rules 3-8 hold of no engine program: say what was proved, and no more
+        placed = ", every item placed once" if p.placement is not None and p.plan is not None else ""
+        print(
+            f"{p.name}: verified as far as a program without a schedule goes — well-formed{placed}; it has no"
+            " engine programs, so nothing is proved of rings, bounds, deadlock or what it computes"
+            " (spatialc.build schedules it)"
+        )
+    else:
+        print(
+            f"{p.name}: verified — well-formed, every item placed once, rings owned, balanced and deep enough, every"
+            " access in bounds, deadlock-free, and it computes what its stages declare"
+        )
     print(f"  lowering  {_lowering(p, args.file)}")
     if args.pictures:
         print(f"  pictures  none drawn: {args.pictures} would get the wait-for graph of a deadlock, and there is none")

@@ -52,6 +52,22 @@ MAX_DEPTH = 32
 EXPR_NESTING = 2 * ops.MAX_EXPR_DEPTH + 6  # the objects and lists a Map's formula may nest besides the program's
 INT_BITS = 64  # every integer of the IR is an id, a count or a size: 64 bits hold any the kernel can use
 INT_RANGE = range(-(2 ** (INT_BITS - 1)), 2 ** (INT_BITS - 1))
+# The longest string a document may hold. Its strings are names (at most MAX_NAME, ir/names.py), a target, a
+# placement kind and an op's name: all far shorter. A longer one is refused before anything quotes or walks it.
+MAX_STRING = 200
+# The longest list of a field, checked before one entry of it is decoded: (most, what the entries are). An address
+# has a step per loop variable in scope (8 named ones, and the eleven nested loops MAX_DEPTH allows); the largest op
+# list of any built program is attention's 42 ops of one loop body; a formula's op has at most its nodes as operands.
+MAX_STEPS = 32
+MAX_OPS = 1024
+_LIST_LIMITS: dict[tuple[type, str], tuple[int, str]] = {
+    (ops.TileAddr, "steps"): (MAX_STEPS, "steps"),
+    (ops.Trip, "steps"): (MAX_STEPS, "steps"),
+    (ops.Span, "steps"): (MAX_STEPS, "steps"),
+    (ops.Loop, "body"): (MAX_OPS, "ops"),
+    (nodes.EngineProgram, "ops"): (MAX_OPS, "ops"),
+    (ops.Apply, "args"): (ops.MAX_EXPR_NODES, "operands"),
+}
 
 
 class SerdeError(SpatialError, ValueError):
@@ -143,6 +159,8 @@ def decode(data: Any, annotation: Any, path: str = "program", depth: int = 1) ->
     if annotation is str:
         if not isinstance(data, str):
             _fail(path, "a string", data)
+        if len(data) > MAX_STRING:
+            raise SerdeError(f"{path}: a string of {len(data)} characters; at most {MAX_STRING}")
         return data
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         return _decode_dataclass(data, annotation, path, depth)
@@ -192,6 +210,11 @@ def _decode_dataclass(data: Any, cls: type, path: str, depth: int) -> Any:
         # A Map's formula gets nesting of its own: ops nest up to MAX_EXPR_DEPTH deep (rule 1 refuses more), each
         # an Apply object and its list of operands, the deepest a column vector's address below them.
         inner = depth + 1 - EXPR_NESTING if cls is ops.Map and f.name == "expr" else depth + 1
+        limit = _LIST_LIMITS.get((cls, f.name))
+        if limit is not None and isinstance(data[f.name], list) and len(data[f.name]) > limit[0]:
+            raise SerdeError(
+                f"{path}.{f.name}: {len(data[f.name])} {limit[1]}; a {cls.__name__} has at most {limit[0]}"
+            )
         kwargs[f.name] = decode(data[f.name], hints[f.name], f"{path}.{f.name}", inner)
     unknown = set(data) - {f.name for f in dataclasses.fields(cls)} - {TAG}
     if unknown:

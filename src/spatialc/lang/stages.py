@@ -12,10 +12,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import clipped
 from ..ir.ids import BufferId, StageId
 from ..ir.nodes import ComputeStage, ReadStage, Stage, Tensor, WriteStage
 from ..ir.nodes import Engine as IREngine
 from ..ir.ops import AddPartial, Attention, BlockShape, ComputeOp, Map, MatmulTiles, Precision
+from ..numerics.attention import FLOAT32_HOLDS, valid_scale
 from .handles import RingRef, StageRef, TensorRef, expect, named, whole
 from .lines import refuse, user_line
 from .maps import formula, reduce_op, reduced_cols, vector_rings
@@ -139,8 +141,10 @@ class StageDeclarations:
         if kt.groups < 1 or qt.groups % kt.groups:
             raise refuse(f"attention {name}: Q's {qt.groups} heads are not a multiple of K's {kt.groups}")
         sc = 1.0 / math.sqrt(qt.elems[1]) if scale is None else scale
-        if isinstance(sc, bool) or not isinstance(sc, int | float) or not math.isfinite(sc) or sc <= 0:
-            raise refuse(f"attention {name}'s scale is a finite number > 0, not {scale!r}")
+        if not isinstance(sc, int | float) or not valid_scale(sc):  # spatialc.attention's and verify's predicate
+            raise refuse(
+                f"attention {name}'s scale is a finite number > 0, not {clipped(repr(scale))} ({FLOAT32_HOLDS})"
+            )
         op = Attention(float(sc), qt.elems[0], kt.elems[0], qt.groups // kt.groups, bool(causal))
         ins, outs = (q.id, k.id, v.id), (o.id, lse.id)
         return self._stage(name, ComputeStage(op), "compute", ins, outs)

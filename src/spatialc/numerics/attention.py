@@ -30,9 +30,13 @@ OPERAND_U = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11}
 OPERAND_FLOOR = {Precision.BF16: 2.0**-133 + 2.0**-126, Precision.FP16: 2.0**-25 + 2.0**-126}
 
 
+FLOAT32_HOLDS = "the kernel holds it in float32: at most 3.4e38, and not so small it rounds to 0"
+
+
 def valid_scale(scale: object) -> bool:
-    """Whether `scale` is a scale attention takes: a finite real number > 0 (not a bool) — what `spatialc.attention`
-    accepts and verify holds a saved declaration to."""
+    """Whether `scale` is a scale attention takes: a real number > 0 (not a bool) whose float32 value — what the
+    kernel and a Map's constants hold — is finite and > 0; what `spatialc.attention` accepts and verify holds a saved
+    declaration to. 1e308 (float32 inf) and 1e-50 (float32 0) are refused like NaN and inf, before any cast."""
     import numbers
 
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
@@ -41,7 +45,11 @@ def valid_scale(scale: object) -> bool:
         value = float(scale)
     except OverflowError:  # an int past float's range (10**400) is no scale a kernel can hold
         return False
-    return math.isfinite(value) and value > 0
+    if not (math.isfinite(value) and value > 0):
+        return False
+    with np.errstate(over="ignore", under="ignore"):  # the cast's own overflow is the answer, not a warning
+        single = np.float32(value)
+    return bool(np.isfinite(single) and single > 0)
 
 
 def keep(seq_q: int, seq_kv: int, causal: bool) -> np.ndarray:

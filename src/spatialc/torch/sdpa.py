@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from ..errors import ProgramError
+from ..errors import ProgramError, clipped
 from ..inputs import InputError
 from ..ir.nodes import SpatialProgram
-from ..numerics.attention import valid_scale
+from ..numerics.attention import FLOAT32_HOLDS, valid_scale
 from .family import _LOCK, SpatialOp
 from .signature import _dims, _dtype, _kind
 
@@ -40,7 +40,7 @@ def attention_op(
     if not isinstance(causal, bool):
         raise ProgramError(f"causal is True or False, not {causal!r}")
     if scale is not None and not valid_scale(scale):  # before float(): 10**400 overflows it
-        raise ProgramError(f"scale is a finite number > 0 or None, not {scale!r}")
+        raise ProgramError(f"scale is a finite number > 0 or None, not {clipped(repr(scale))} ({FLOAT32_HOLDS})")
     scale = None if scale is None else float(scale)
     key = (precision, bool(causal), scale, out)
     with _LOCK:

@@ -37,7 +37,7 @@ from ...ir.ids import TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, EngineProgram, SpatialProgram, TensorRole
 from ...ir.ops import Attention, Const, WriteTiles
-from ...numerics.attention import valid_scale
+from ...numerics.attention import FLOAT32_HOLDS, valid_scale
 from .attention_pages import reader_page, write
 from .attention_run import compute
 from .attention_state import Proof, nested
@@ -77,7 +77,7 @@ def check_scale(p: SpatialProgram) -> None:
         if isinstance(op, Attention) and not valid_scale(op.scale):
             raise SemanticError(
                 f"stage {s.name} declares attention with scale = {op.scale!r}; attention's scale is a finite number"
-                " > 0 (spatialc.attention's)"
+                f" > 0 (spatialc.attention's; {FLOAT32_HOLDS})"
             )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from ...errors import CoverageError
+from ...errors import CoverageError, listed
 from ...ir.ids import ItemId, Site
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import EngineProgram
@@ -56,7 +56,7 @@ def _coverage_fault(
     for i in range(n):
         sites = owners.get(i, [])
         if len(sites) != splits:
-            which = f"on sites {', '.join(map(str, sites))}" if sites else "on no site"
+            which = f"on sites {listed(sites)}" if sites else "on no site"
             once = "exactly once" if splits == 1 else f"on exactly {splits} sites (split-K)"
             raise CoverageError(
                 f"item {i} (y {i // nx}, x {i % nx}) of the {ny}x{nx} grid is {which}; each item is placed {once}",

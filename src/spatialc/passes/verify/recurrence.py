@@ -41,7 +41,8 @@ def ap(op: str, *args: Tree, params: tuple[float, ...] = ()) -> Tree:
 
 
 def lit(value: float) -> Tree:
-    return ("lit", float(np.float32(value)))  # a Map holds its constants as float32
+    with np.errstate(over="ignore"):  # a constant past float32 is inf there, as in the Map: no warning to stderr
+        return ("lit", float(np.float32(value)))  # a Map holds its constants as float32
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from ...errors import CoverageError, IllFormedError
 from ...ir.ids import Site
 from ...ir.index import where
-from ...ir.names import names_fault
+from ...ir.names import names_fault, shown_name
 from ...ir.nodes import (
     MAX_SEMAPHORES,
     Accumulator,
@@ -46,7 +46,7 @@ from .wellformed_compute import compute_fault
 def check_target(p: SpatialProgram, target: SpatialTarget | None = None) -> None:
     """The program names a target spatialc knows, or the one it is verified for."""
     if p.target not in TARGETS and (target is None or target.name != p.target):
-        raise IllFormedError(f"the program's target is {p.target!r}; spatialc knows {', '.join(TARGETS)}")
+        raise IllFormedError(f"the program's target is {shown_name(p.target)}; spatialc knows {', '.join(TARGETS)}")
 
 
 def check_tile(p: SpatialProgram) -> None:
