@@ -20,8 +20,8 @@ from collections import OrderedDict
 import spatialc
 from spatialc.ir.worklist import grid_order
 from spatialc.lower.cuda.sm90a.plan import L2_BYTES
+from spatialc.passes.footprint import OPERAND_BYTES
 from spatialc.passes.place import wave_bytes
-from spatialc.passes.tile import OPERAND_BYTES
 
 MIB = 2**20
 

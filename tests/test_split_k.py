@@ -557,7 +557,7 @@ def test_the_planners_own_split_never_refuses_a_build():
     """The split is chosen on one plan and the program planned again for it: where the new plan's items would not
     all be resident split so, the planner splits less (or not at all) rather than refusing a build nobody asked to
     split. Every split it makes keeps all its sites resident."""
-    from spatialc.passes.tile import sites_per_unit
+    from spatialc.passes.footprint import sites_per_unit
 
     split_seen = 0
     for m, n, k, prec, tgt in [(700, 1024, 40000, "int8", "sm_86"), (256, 300, 5000, "bf16", "sm_80"),

@@ -167,9 +167,9 @@ def _printed_precision(program: SpatialProgram, target: SpatialTarget) -> None:
     for any precision), and a map or row program of 8-bit float inputs, which multiplies nothing, anywhere."""
     from .ir.ops import FP8_PRECISIONS
     from .lower.errors import Unsupported
+    from .passes.footprint import FP8_NO_MMA
     from .passes.maps import is_map_program
     from .passes.rows import is_row_program
-    from .passes.tile import FP8_NO_MMA
 
     if program.precision not in FP8_PRECISIONS:
         return

@@ -12,8 +12,9 @@ import pytest
 import spatialc
 from spatialc.errors import SpatialError
 from spatialc.gpucheck import blockscaled as BS
+from spatialc.gpucheck.agreement import values64
 from spatialc.gpucheck.builds import build_case
-from spatialc.gpucheck.cases import DEFAULT_SIZES, cases_of, values64
+from spatialc.gpucheck.cases import DEFAULT_SIZES, cases_of
 from spatialc.gpucheck.fp8 import SCALED_TENSOR
 from spatialc.runtime import launch as L
 from spatialc.runtime.tilize import fp8_bits

@@ -15,19 +15,19 @@ import pytest
 from spatialc import gpucheck
 from spatialc.errors import SpatialError
 from spatialc.gpucheck import driver as G
+from spatialc.gpucheck.agreement import Check
 from spatialc.gpucheck.cases import (
     DEFAULT_SIZES,
     BudgetExceeded,
     Case,
-    Check,
     Contestant,
     GpuHung,
     GpuLost,
     Probe,
     Row,
     cases_of,
-    parse_size,
 )
+from spatialc.gpucheck.sizes import parse_size
 from spatialc.gpucheck.timing import Timing
 from spatialc.runtime import discover
 from spatialc.runtime import launch as L

@@ -13,8 +13,9 @@ import pytest
 import spatialc
 from spatialc.errors import SpatialError
 from spatialc.gpucheck import fp8 as F8
+from spatialc.gpucheck.agreement import check_result, values64
 from spatialc.gpucheck.builds import build_case
-from spatialc.gpucheck.cases import DEFAULT_SIZES, cases_of, check_result, kernel_path, values64
+from spatialc.gpucheck.cases import DEFAULT_SIZES, cases_of, kernel_path
 from spatialc.runtime import launch as L
 from spatialc.runtime.tilize import bf16_bits, fp8_bits
 

@@ -15,17 +15,9 @@ import pytest
 import spatialc
 from spatialc.errors import SpatialError
 from spatialc.gpucheck import fused as F
+from spatialc.gpucheck.agreement import TOLERANCE, Check, check_result
 from spatialc.gpucheck.builds import build_case
-from spatialc.gpucheck.cases import (
-    DEFAULT_SIZES,
-    TOLERANCE,
-    Check,
-    Contestant,
-    Row,
-    cases_of,
-    check_result,
-    kernel_path,
-)
+from spatialc.gpucheck.cases import DEFAULT_SIZES, Contestant, Row, cases_of, kernel_path
 from spatialc.gpucheck.cuda import Inputs, kernel_tensors
 from spatialc.gpucheck.report import row_dict, to_markdown
 from spatialc.gpucheck.timing import Timing

@@ -14,7 +14,8 @@ import spatialc
 from spatialc import ew, gpucheck
 from spatialc.errors import SpatialError
 from spatialc.gpucheck import maps as M
-from spatialc.gpucheck.cases import DEFAULT_SIZES, ELEM_OF, Check, Contestant, Row, cases_of, kernel_path, values64
+from spatialc.gpucheck.agreement import Check, values64
+from spatialc.gpucheck.cases import DEFAULT_SIZES, ELEM_OF, Contestant, Row, cases_of, kernel_path
 from spatialc.gpucheck.maptable import map_goal, map_lines, map_summary
 from spatialc.gpucheck.prepare import Manifest
 from spatialc.gpucheck.report import row_dict, to_markdown

@@ -14,7 +14,8 @@ from spatialc import gpucheck
 from spatialc.errors import SpatialError
 from spatialc.gpucheck import maps as M
 from spatialc.gpucheck import norms as NM
-from spatialc.gpucheck.cases import DEFAULT_SIZES, ELEM_OF, Case, Check, Contestant, Row, cases_of, kernel_path
+from spatialc.gpucheck.agreement import Check
+from spatialc.gpucheck.cases import DEFAULT_SIZES, ELEM_OF, Case, Contestant, Row, cases_of, kernel_path
 from spatialc.gpucheck.maptable import map_lines
 from spatialc.gpucheck.prepare import Manifest
 from spatialc.gpucheck.report import row_dict, to_markdown

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from spatialc.gpucheck.cases import Check, Contestant, Probe, Row
+from spatialc.gpucheck.agreement import Check
+from spatialc.gpucheck.cases import Contestant, Probe, Row
 from spatialc.gpucheck.report import best, percent_of, row_dict, to_markdown, write_report
 from spatialc.gpucheck.timing import Timing
 

@@ -14,13 +14,13 @@ from spatialc.gpucheck import builds as B
 from spatialc.gpucheck import device as D
 from spatialc.gpucheck import driver as G
 from spatialc.gpucheck import sweep as S
+from spatialc.gpucheck.agreement import Check
 from spatialc.gpucheck.cases import (
     DEFAULT_SIZES,
     PLANNERS_PLAN,
     SWEEP_SIZES,
     TIMED_AGAIN,
     Case,
-    Check,
     Contestant,
     Row,
     cases_of,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from spatialc.errors import SpatialError
-from spatialc.gpucheck.cases import agrees, check_result
+from spatialc.gpucheck.agreement import agrees, check_result
 from spatialc.gpucheck.timing import GraphUnavailable, copies_for, measure
 from spatialc.runtime.tilize import bf16_bits, poison_value, tilize
 

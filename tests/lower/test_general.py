@@ -298,7 +298,7 @@ def test_a_wait_on_the_wrong_phase_is_caught(gemm64, general_text):
 
 @pytest.mark.parametrize("prec", ["int8", "fp16"])
 def test_a_program_planned_for_the_general_form_gets_the_resources_the_backend_reports(prec):
-    from spatialc.passes.tile import resources
+    from spatialc.passes.footprint import resources
 
     chain = [bias(), relu()]
     for tgt, block, depth, epi in [

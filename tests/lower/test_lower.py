@@ -26,9 +26,10 @@ from spatialc.lower.errors import (
     UnsupportedPrecision,
     Unverified,
 )
+from spatialc.passes.footprint import smem_bytes
 from spatialc.passes.place import place
 from spatialc.passes.schedule import schedule
-from spatialc.passes.tile import smem_bytes, tile
+from spatialc.passes.tile import tile
 from spatialc.passes.verify import verify
 
 
@@ -476,7 +477,7 @@ def test_a_k_loop_of_one_step_is_printed_as_written():
 
 @pytest.mark.parametrize("prec", ["int8", "bf16"])
 def test_the_planner_asks_the_backend_and_gets_the_kernels_own_shared_memory(prec):
-    from spatialc.passes.tile import smem_bytes
+    from spatialc.passes.footprint import smem_bytes
 
     for tgt, block, depth in [("sm_80", (1, 1, 1), 3), ("sm_86", (2, 4, 2), 2), ("sm_90", (4, 4, 4), 4)]:
         p = spatialc.build(spatialc.gemm(128, 128, 128, prec), tgt, block=block, depth=depth)

@@ -26,7 +26,7 @@ from spatialc.lower.cuda.sm90a import kernel as sm90a_kernel
 from spatialc.lower.cuda.sm90a import plan as sm90a_plan
 from spatialc.lower.errors import TooBig, Unsupported
 from spatialc.passes import pipeline
-from spatialc.passes.tile import in_panels
+from spatialc.passes.footprint import in_panels
 from spatialc.runtime import nvcc as N
 from spatialc.runtime.emulate import EmulationError
 from spatialc.runtime.launch import LaunchError

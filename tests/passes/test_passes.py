@@ -9,9 +9,10 @@ from spatialc.errors import PlanError, ProgramError
 from spatialc.ir import ops
 from spatialc.ir.ids import LV_ITEM, LV_K
 from spatialc.ir.nodes import Accumulator, Engine, Fifo, PageLayout, TileOrder
+from spatialc.passes.footprint import smem_bytes
 from spatialc.passes.place import place, split
 from spatialc.passes.schedule import schedule
-from spatialc.passes.tile import candidates, smem_bytes, tile
+from spatialc.passes.tile import candidates, tile
 
 T90 = spatialc.target("sm_90")
 

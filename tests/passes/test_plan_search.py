@@ -1,6 +1,6 @@
 """The planner's search and verify's memory, made faster (issue 35, point 9), still decide exactly what they did.
 
-The candidate search asks the backend about a block shape once (`tile.block_resources`), not about every plan of
+The candidate search asks the backend about a block shape once (`footprint.block_resources`), not about every plan of
 every GEMM, and spells a plan out only to break a tie; the reference here asks the backend about every full plan and
 sorts by the full key, as the search did before. Verify remembers the programs it returned, so that `lower` does
 not prove again what `build` just proved; a program changed since, even in place, is verified anew."""
@@ -20,7 +20,7 @@ from spatialc.ir.ops import BlockShape, Const, Loop, walk
 from spatialc.lower.cuda.general import kernel as general
 from spatialc.lower.cuda.persistent import kernel as persistent
 from spatialc.lower.cuda.sm90a import plan as sm90a_plan
-from spatialc.passes import tile
+from spatialc.passes import footprint, tile
 from spatialc.passes import verify as verify_package
 from spatialc.passes.verify import derived, verify
 
@@ -36,7 +36,7 @@ def _every_plan_asked(monkeypatch, p, target, form, extra, **forced):
     key with each plan's text."""
 
     def ask(target, plan, prec, form="persistent", stages=0, reads=0):
-        if form in ("sm90a", "persistent"):  # (their fused stores' rings of a residual's pages: `tile.side_rings`)
+        if form in ("sm90a", "persistent"):  # (their fused stores' rings of a residual's pages: `footprint.side_rings`)
             return BACKENDS[form].plan_resources(target, plan, prec, stages, reads)
         return BACKENDS[form].plan_resources(target, plan, prec, stages)
 
@@ -91,7 +91,7 @@ def test_a_block_costs_the_backend_the_same_whatever_the_grid_and_k():
         for form, backend in BACKENDS.items():
             for block in (BlockShape(8, 16, 2), BlockShape(4, 4, 1)):
                 for sub, depth, stages in (((1, 1), 2, 0), ((2, 1), 3, 1), ((1, 2), 4, 2)):
-                    for prec in sorted({tile.sized_as(p) for p in tile.OPERAND_BYTES}):  # what it is asked
+                    for prec in sorted({footprint.sized_as(p) for p in footprint.OPERAND_BYTES}):  # what it is asked
                         one = backend.plan_resources(target, Plan(block, sub, (1, 1), block.ibw, depth), prec, stages)
                         for grid, k_tiles, groups in (((7, 3), 40 * block.ibw, 1), ((512, 512), 512, 4)):
                             plan = Plan(block, sub, grid, k_tiles, depth, groups)

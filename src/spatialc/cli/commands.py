@@ -20,8 +20,8 @@ from ..ir.serde import to_json
 from ..numerics.tolerance import tolerance
 from ..passes.multicast import MulticastWarning
 from ..target import target
-from . import UsageError
 from .check import CheckPlan, plan_check, sample_text
+from .parser import UsageError
 from .report import kernel_lines, program_lines, random_inputs
 
 # The largest document `show` and `verify` read: a program of verify's MAX_ITEMS (2^24) items lists each in its
@@ -150,7 +150,7 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
 
 def _paged(args: argparse.Namespace, prog: SpatialProgram, head: str, tail: str = "") -> int:
-    """A program without a tile matmul of its own (`_page_options`): its block of ROWS x COLS tiles is the plan's
+    """A program without a tile matmul of its own (`options.page_options`): its block of ROWS x COLS tiles is the plan's
     (ROWS, COLS, 1)."""
     args.block = None if args.block is None else (*args.block, 1)
     p, inputs, times, plan = _built(args, prog, head, tail)

@@ -13,10 +13,10 @@ from ..ir.traffic import global_read_bytes, read_bytes
 from ..numerics.blockscale import program_scales
 from ..passes.attention import attention_shape, is_attention_program
 from ..passes.dequant import is_w4_program
+from ..passes.footprint import sized_as
 from ..passes.maps import is_map_program
 from ..passes.rows import is_row_program
 from ..passes.split import split_ranges, workspace_bytes
-from ..passes.tile import sized_as
 from ..target import target
 
 

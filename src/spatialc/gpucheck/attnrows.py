@@ -159,7 +159,7 @@ def check_sample(
 ) -> tuple[bool, float, float]:
     """Whether O (and LSE, where given) of the sampled heads agree with their references: O within the tolerance of
     the operand type `elem` (the libraries': BASELINE_REL_TOL), LSE within float32's. (correct, max|ΔO|, ‖ΔO‖/‖O‖)."""
-    from .cases import _errors, _within
+    from .agreement import _errors, _within
 
     r = xp.asarray(rows)
     got = xp.concatenate([o[h][r].astype(xp.float64) for h in refs])
@@ -184,7 +184,8 @@ class AttentionRows:
         self.r, self.cp = runner, runner.cp
 
     def measure(self, case: Any, built: Any, row: Any, deadline: Any) -> None:
-        from .cases import ELEM_OF, blaming, values64
+        from .agreement import values64
+        from .cases import ELEM_OF, blaming
         from .device import settle
         from .preflight import REFERENCE
 
@@ -281,7 +282,7 @@ class AttentionRows:
     ) -> Any:
         """One launch into poisoned O and LSE, the sample checked and the poison left counted over both."""
         from ..runtime.tilize import poison_value, unwritten
-        from .cases import Check, values64
+        from .agreement import Check, values64
 
         for name, out in outs.items():
             out.fill(poison_value(prep.output_arg(name).storage))
@@ -298,7 +299,8 @@ class AttentionRows:
     def _library(
         self, name: str, case: Any, qkv: tuple[Any, Any, Any], sample: Any, rows: list[int], deadline: Any
     ) -> Any:
-        from .cases import ELEM_OF, Contestant, values64
+        from .agreement import values64
+        from .cases import ELEM_OF, Contestant
 
         def measure() -> Any:
             call, why = self._call(name, case, qkv)

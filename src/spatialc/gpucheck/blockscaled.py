@@ -48,7 +48,7 @@ def parse_blockscaled(text: str) -> tuple[str, tuple[int, int, int], bool, int] 
     scales), `fp8bs:e4m3:g8:512x4096x7168` → ('e4m3', (512, 4096, 7168), False, 8) (a grouped GEMM of 8 groups of at
     most 512 rows: groupedbs.py); None for a size without either prefix."""
     from ..errors import SpatialError
-    from .cases import parse_grouped, parse_size
+    from .sizes import parse_grouped, parse_size
 
     head, colon, rest = text.partition(":")
     if not colon or head.lower() not in (PREFIX, MX_PREFIX):

@@ -1,10 +1,9 @@
-"""The GPU check's shared vocabulary: what it runs (cases), what it finds (checks, timings, contestants, preflight
-probes, rows), the tolerances, and the result check. Both the driver and the device side import this module; it
-imports neither of them, and needs no GPU (the check takes numpy or CuPy as `xp`)."""
+"""The GPU check's shared vocabulary: what it runs (cases, from the size strings `sizes.py` reads), and what it finds
+(timings, contestants, preflight probes, rows; a kernel's `Check` and the tolerances are `agreement.py`'s). Both the
+driver and the device side import this module; it imports neither of them, and needs no GPU."""
 
 from __future__ import annotations
 
-import math
 import re
 import zlib
 from collections.abc import Callable, Iterable
@@ -13,9 +12,11 @@ from typing import Any
 
 from ..errors import SpatialError
 from ..runtime.tilize import ELEMENT_DTYPES
+from .agreement import Check
 from .attnrows import ATTENTION_PRECISIONS, parse_attention
 from .blockscaled import parse_blockscaled
 from .fp8 import FP8_PRECISIONS, parse_fp8
+from .sizes import parse_fused, parse_grouped, parse_map, parse_multicast, parse_size, parse_sweep
 from .w4rows import default_sizes as w4_sizes
 
 PRECISIONS = ("int8", "fp16", "bf16")
@@ -114,13 +115,6 @@ HOPPER_FORM = "sm90a"
 def kernel_arch(form: str, arch: str) -> str:
     """The architecture a kernel of `form` is compiled for on a device of `arch` (the sm_90a form: `sm_90a`)."""
     return arch + "a" if form == HOPPER_FORM and arch == "sm_90" else arch
-
-
-# ‖C−R‖_F/‖R‖_F and max|C−R|/max|R| that a float result may reach, by the element type C is stored in: float32 keeps
-# the fp32 accumulation's rounding only; fp16 and bf16 add one rounding of each element (2^-11, 2^-8 relative).
-TOLERANCE = {"float32": (1e-4, 1e-3), "float16": (1e-3, 2e-3), "bfloat16": (6e-3, 1e-2)}
-# The libraries' own results are held to a looser bar: cuBLAS may reduce split-K partial sums in fp16 / bf16.
-BASELINE_REL_TOL = {"float32": 1e-2, "float16": 5e-3, "bfloat16": 2e-2}
 
 
 # Errors after which the CUDA context is unusable ("sticky"): every later call would fail too.
@@ -273,79 +267,6 @@ def grouped_sizes(groups: int, max_rows: int) -> Any:
     return rng.integers(0, max_rows + 1, groups).astype(np.int32)
 
 
-def parse_grouped(text: str) -> tuple[int, tuple[int, int, int]] | None:
-    """`g8:4096x4096x4096` → (8, (4096, 4096, 4096)); None for a plain size."""
-    if not text.lower().startswith("g"):
-        return None
-    head, _, rest = text[1:].partition(":")
-    try:
-        groups = int(head)
-    except ValueError:
-        raise SpatialError(f"size {text!r} is not gG:MAXROWSxNxK (a grouped GEMM)") from None
-    if groups < 2 or not rest:
-        raise SpatialError(f"size {text!r} is not gG:MAXROWSxNxK with at least 2 groups")
-    return groups, parse_size(rest)
-
-
-def parse_multicast(text: str) -> tuple[tuple[int, int], tuple[int, int, int]] | None:
-    """`mc2x2:4096` → ((2, 2), (4096, 4096, 4096)); None for a size without groups."""
-    if not text.lower().startswith("mc"):
-        return None
-    head, _, rest = text[2:].partition(":")
-    parts = head.lower().split("x")
-    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts) or not rest:
-        raise SpatialError(f"size {text!r} is not mcGYxGX:SIZE (a multicast group of GY x GX sites)")
-    return (int(parts[0]), int(parts[1])), parse_size(rest)
-
-
-def parse_map(text: str) -> tuple[str, tuple[int, int]] | None:
-    """`map:swiglu:4096x11008` → ('swiglu', (4096, 11008)); None for a size without the prefix."""
-    from .maps import kinds
-
-    head, colon, rest = text.partition(":")
-    if not colon or head.lower() != "map":
-        return None
-    kind, _, dims = rest.partition(":")
-    parts = dims.lower().replace("×", "x").split("x")
-    if kind not in kinds() or len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise SpatialError(f"size {text!r} is not map:KIND:MxN with KIND one of {', '.join(kinds())}")
-    return kind, (int(parts[0]), int(parts[1]))
-
-
-def parse_fused(text: str) -> tuple[int, int, int] | None:
-    """`fused:4096` → (4096, 4096, 4096); None for a size without the prefix."""
-    head, colon, rest = text.partition(":")
-    if not colon or head.lower() != "fused":
-        return None
-    if not rest:
-        raise SpatialError(f"size {text!r} is not fused:SIZE (a GEMM with scales and a residual in its epilogue)")
-    return parse_size(rest)
-
-
-def parse_sweep(text: str) -> tuple[int, int, int] | None:
-    """`sweep:4096` → (4096, 4096, 4096); None for a size without the prefix."""
-    head, colon, rest = text.partition(":")
-    if not colon or head.lower() != "sweep":
-        return None
-    if not rest:
-        raise SpatialError(f"size {text!r} is not sweep:SIZE (each form's plans around its planner's, at one size)")
-    return parse_size(rest)
-
-
-def parse_size(text: str) -> tuple[int, int, int]:
-    """`256` → 256³; `4097x513x1031` (or with commas) → (m, n, k)."""
-    parts = text.lower().replace(",", "x").replace("×", "x").split("x")
-    try:
-        dims = [int(p) for p in parts]
-    except ValueError:
-        raise SpatialError(f"size {text!r} is not N or MxNxK") from None
-    if len(dims) == 1:
-        dims *= 3
-    if len(dims) != 3 or min(dims) < 1:
-        raise SpatialError(f"size {text!r} is not N or MxNxK with positive numbers")
-    return dims[0], dims[1], dims[2]
-
-
 def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
     """Every size × precision, size-major (so a budget cut drops whole sizes, not one precision); each case once. An
     fp8 size (`fp8:e4m3:4096`) names its own precision."""
@@ -423,19 +344,6 @@ def one_line(e: BaseException) -> str:
 
 
 # ---- what a row finds ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Check:
-    """How one kernel's output compared with the float64 reference."""
-
-    correct: bool
-    max_abs: float
-    rel_fro: float
-    unwritten: int  # logical elements still holding the poison
-    pad_unwritten: int  # padding elements still holding the poison (the kernel writes whole tiles)
-    nonfinite: int
-    stable: bool | None = None  # a second poisoned run on the same inputs agreed
 
 
 @dataclass(frozen=True, slots=True)
@@ -587,66 +495,3 @@ def row_of(case: Case, status: str, note: str = "", **facts: Any) -> Row:
         weights=case.weights,
         **facts,
     )
-
-
-# ---- checking a result -----------------------------------------------------------------------------------------
-
-
-def values64(x: Any, elem: str, xp: Any) -> Any:
-    """float64 values of an array of element type `elem` (bf16 held as its bits in uint16); exact."""
-    from ..runtime.tilize import FP8_ELEMS, bf16_to_float32, fp8_values
-
-    if elem == "bfloat16":
-        return bf16_to_float32(x.view(xp.uint16), xp).astype(xp.float64)
-    if elem in FP8_ELEMS:  # its bits in uint8
-        return fp8_values(x, elem, xp).astype(xp.float64)
-    return x.astype(xp.float64)
-
-
-def check_result(c: Any, ref: Any, out_tiled: Any, elem: str, xp: Any) -> Check:
-    """Compare a kernel's logical C (element type `elem`) with the float64 reference `ref`; count the poison left in
-    C and in the padding of the tiled output buffer."""
-    from ..runtime.tilize import storage_dtype, unwritten
-
-    storage = storage_dtype(elem)
-    logical_poison = unwritten(c, storage, xp)
-    pad_poison = unwritten(out_tiled, storage, xp) - logical_poison
-    c64 = values64(c, elem, xp)
-    nonfinite = int(c.size - xp.count_nonzero(xp.isfinite(c64)))
-    max_abs, rel_fro, scale = _errors(c64, ref, xp)
-    correct = _within(elem, max_abs, rel_fro, scale) and logical_poison == 0 and nonfinite == 0
-    return Check(bool(correct), max_abs, rel_fro, logical_poison, pad_poison, nonfinite)
-
-
-def agrees(got: Any, elem: str, ref: Any, xp: Any, *, library: bool = False) -> tuple[bool, float]:
-    """Whether a result of element type `elem` agrees with the reference, and its largest error. Integer results
-    must be exact; float ones within TOLERANCE (spatialc) or BASELINE_REL_TOL (`library`)."""
-    got64 = values64(got, elem, xp)
-    max_abs, rel_fro, scale = _errors(got64, ref, xp)
-    if not math.isfinite(max_abs):
-        return False, max_abs
-    return _within(elem, max_abs, rel_fro, scale, library=library), max_abs
-
-
-def _within(elem: str, max_abs: float, rel_fro: float, scale: float, *, library: bool = False) -> bool:
-    """Whether the errors of a result of element type `elem` are within its tolerance: an integer C exact, a float
-    one within TOLERANCE (or BASELINE_REL_TOL for a `library`'s). NaN errors are never within."""
-    if elem not in TOLERANCE:
-        return max_abs == 0.0
-    if library:
-        return rel_fro <= BASELINE_REL_TOL[elem]
-    rel_tol, abs_tol = TOLERANCE[elem]
-    return rel_fro <= rel_tol and max_abs <= abs_tol * max(scale, 1e-30)
-
-
-def _errors(c64: Any, ref: Any, xp: Any) -> tuple[float, float, float]:
-    """max|C−R|, ‖C−R‖_F/‖R‖_F and max|R| (NaN anywhere makes the first two NaN)."""
-    if c64.shape != ref.shape:
-        raise SpatialError(f"a result of shape {tuple(c64.shape)} for a product of shape {tuple(ref.shape)}")
-    if not c64.size:
-        return 0.0, 0.0, 0.0
-    diff = c64 - ref
-    max_abs = float(xp.max(xp.abs(diff)))
-    ref_norm = float(xp.sqrt(xp.sum(ref * ref)))
-    rel_fro = float(xp.sqrt(xp.sum(diff * diff))) / ref_norm if ref_norm > 0 else max_abs
-    return max_abs, rel_fro, float(xp.max(xp.abs(ref)))

@@ -24,6 +24,7 @@ from ..runtime.tilize import poison_value
 from ..target import target as target_of
 from . import blockscaled as bs
 from . import preflight as pf
+from .agreement import Check, agrees, check_result, values64
 from .baselines import Libraries, baselines_of, refusal
 from .builds import BuildPool, Built, Form, conversion
 from .cases import (
@@ -31,22 +32,18 @@ from .cases import (
     TORCH_OUT,
     BudgetExceeded,
     Case,
-    Check,
     Contestant,
     Deadline,
     GpuHung,
     GpuLost,
     Probe,
     Row,
-    agrees,
     blaming,
-    check_result,
     is_sticky,
     kernel_path,
     one_line,
     row_of,
     spatialc_name,
-    values64,
 )
 from .cuda import CupyGraphs, EventTimer, Inputs, PreparedDevice, SpatialcEndToEnd, kernel_tensors
 from .fp8 import is_fp8

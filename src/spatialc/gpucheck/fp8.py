@@ -48,7 +48,7 @@ def epilogue() -> list[Any]:
 def parse_fp8(text: str) -> tuple[str, tuple[int, int, int]] | None:
     """`fp8:e4m3:4096` → ('e4m3', (4096, 4096, 4096)); None for a size without the prefix."""
     from ..errors import SpatialError
-    from .cases import parse_size
+    from .sizes import parse_size
 
     head, colon, rest = text.partition(":")
     if not colon or head.lower() != "fp8":

@@ -19,19 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime.tilize import bf16_bits, unwritten
+from .agreement import Check, _within, values64
 from .builds import Built, Form
-from .cases import (
-    ELEM_OF,
-    Case,
-    Check,
-    Contestant,
-    Deadline,
-    Row,
-    _within,
-    blaming,
-    grouped_sizes,
-    values64,
-)
+from .cases import ELEM_OF, Case, Contestant, Deadline, Row, blaming, grouped_sizes
 from .preflight import REFERENCE
 
 TORCH_LOOP = "torch.matmul per group"

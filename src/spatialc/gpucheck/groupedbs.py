@@ -27,7 +27,8 @@ from typing import Any
 
 from ..runtime.tilize import fp8_bits
 from . import blockscaled as bs
-from .cases import ELEM_OF, Case, values64
+from .agreement import values64
+from .cases import ELEM_OF, Case
 from .fp8 import SCALE_RANGE, TORCH_DTYPE
 from .grouped import GroupedRows, _References
 

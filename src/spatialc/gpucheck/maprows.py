@@ -10,19 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..runtime.tilize import bf16_bits
+from .agreement import Check, agrees, values64
 from .builds import Built, Form
-from .cases import (
-    ELEM_OF,
-    Case,
-    Check,
-    Contestant,
-    Deadline,
-    Row,
-    agrees,
-    blaming,
-    map_bytes,
-    values64,
-)
+from .cases import ELEM_OF, Case, Contestant, Deadline, Row, blaming, map_bytes
 from .maps import COPY, PARAM_RANGE, SPREAD, Kind, check_map, kind_of
 from .preflight import REFERENCE
 

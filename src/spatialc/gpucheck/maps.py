@@ -33,17 +33,9 @@ from ..ir.ops import Apply, Arg, Expr
 from ..numerics.elementwise import GELU_C, OPS
 from ..numerics.tolerance import EPS32, OUT_EPS
 from ..runtime.tilize import storage_dtype, unwritten
+from .agreement import Check, _errors, values64
 from .builds import Built, Form, describe_plan, forms_of, hopper_form, plan_facts
-from .cases import (
-    ELEM_OF,
-    Case,
-    Check,
-    _errors,
-    map_bytes,
-    one_line,
-    spatialc_name,
-    values64,
-)
+from .cases import ELEM_OF, Case, map_bytes, one_line, spatialc_name
 
 COPY = "torch copy_"  # the copy baseline's contestant
 SPREAD = 4.0  # inputs uniform in ±SPREAD: past silu's and gelu's turning points (−1.28, −0.75) into their tails

@@ -12,7 +12,8 @@ from typing import Any
 from ..runtime.tilize import bf16_bits, fp8_bits
 from . import blockscaled as bs
 from . import preflight as pf
-from .cases import ELEM_OF, Case, Deadline, blaming, values64
+from .agreement import values64
+from .cases import ELEM_OF, Case, Deadline, blaming
 from .cuda import Inputs
 from .fp8 import is_fp8
 from .fp8 import more_inputs as fp8_more_inputs

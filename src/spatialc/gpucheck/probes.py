@@ -15,7 +15,8 @@ from ..errors import SpatialError
 from ..ir.printer import plural
 from ..runtime.tilize import poison_value
 from . import preflight as pf
-from .cases import Case, Deadline, agrees, blaming, check_result, kernel_path, one_line, spatialc_name
+from .agreement import agrees, check_result
+from .cases import Case, Deadline, blaming, kernel_path, one_line, spatialc_name
 from .cuda import kernel_tensors
 from .timing import GraphUnavailable
 

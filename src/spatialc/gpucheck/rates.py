@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from .cases import Check, Contestant, Row, Timing
+from .agreement import Check
+from .cases import Contestant, Row, Timing
 
 UNIT = {"int8": "TOP/s", "fp16": "TFLOP/s", "bf16": "TFLOP/s", "e4m3": "TFLOP/s", "e5m2": "TFLOP/s"}
 MAP_UNIT = "GB/s"  # a map row's: of the bytes it reads and writes

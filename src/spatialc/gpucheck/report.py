@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .agreement import TOLERANCE
 from .attnrows import attention_lines, attention_summary
 from .builds import spilled
 from .cases import (
@@ -30,7 +31,6 @@ from .cases import (
     PLANNERS_PLAN,
     SAME_SPEED,
     TIMED_AGAIN,
-    TOLERANCE,
     WAYS,
     Contestant,
     Row,

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from .agreement import Check, agrees, values64
 from .builds import Built, Form
-from .cases import BudgetExceeded, Case, Check, Contestant, Deadline, Row, agrees, blaming, values64
+from .cases import BudgetExceeded, Case, Contestant, Deadline, Row, blaming
 from .preflight import REFERENCE
 from .w4refs import dequant_bits, load
 from .w4rows import TORCH_MM, a_values, activations, torch_mm, weight_bytes, weights_of

@@ -59,7 +59,7 @@ def default_sizes(formats: tuple[str, ...] = DEFAULT_FORMATS) -> tuple[str, ...]
 def parse_w4(text: str) -> tuple[str, tuple[int, int, int]] | None:
     """`w4:int4:1x4096x4096` → ('int4', (1, 4096, 4096)); None for a size without the prefix."""
     from ..errors import SpatialError
-    from .cases import parse_size
+    from .sizes import parse_size
 
     head, colon, rest = text.partition(":")
     if not colon or head.lower() != PREFIX:

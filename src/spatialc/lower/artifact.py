@@ -56,7 +56,7 @@ class Budget:
 
     @property
     def total_bytes(self) -> int:
-        """Shared memory of one block, static and dynamic: what the planner's `tile.smem_bytes` counts."""
+        """Shared memory of one block, static and dynamic: what the planner's `footprint.smem_bytes` counts."""
         return self.static_bytes + self.dyn_bytes
 
     def to_dict(self) -> dict[str, object]:

@@ -307,7 +307,7 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
     from ..api import expect_program
 
     expect_program("tolerance", program, "from spatialc.gemm or build")
-    from ..passes.tile import in_panels
+    from ..passes.footprint import in_panels
     from .reference import _declared, is_attention
 
     if is_attention(program):  # O's ulps and LSE's, each in its own type (`numerics.attention.attention_bound`)

@@ -57,8 +57,8 @@ from ..ir.ops import (
     WriteTiles,
 )
 from ..target import SpatialTarget
+from .footprint import operand_layouts
 from .maps import place_map, scheduled
-from .tile import operand_layouts
 
 BAND, BLOCK = 4, 4  # tile rows of a band of queries and of a block of keys: 64 × 64 scores a step
 DEPTH = 2  # pages of the K and V rings: the reader fetches the next block while the compute engine runs one
@@ -161,8 +161,8 @@ def apply_attention_plan(p: SpatialProgram, plan: Plan, form: str = "general") -
     """The declared rings sized by the plan, the recurrence's own rings and accumulators added (`RING_NAMES`,
     `ACC_NAMES`), and each head's rows padded to whole bands (Q, O, LSE) and whole blocks (K, V). Q's, K's and V's
     pages, which only the two matmuls read, are laid out for the tensor cores' loads as a GEMM's operands are
-    (`tile.operand_layouts`: 16-bit tiles swizzled, so that an 8 × 8 `ldmatrix` phase reads every bank once; for the
-    sm_90a `form` row-major panels the copy engine lands and wgmma reads — Q's and K's K-major, V's MN-major)."""
+    (`footprint.operand_layouts`: 16-bit tiles swizzled, so that an 8 × 8 `ldmatrix` phase reads every bank once; for
+    the sm_90a `form` row-major panels the copy engine lands and wgmma reads — Q's and K's K-major, V's MN-major)."""
     shape = attention_shape(p)
     bh, dt, bw = plan.block.osh, plan.block.osw, plan.block.ibw
     (tq, q), (tk, k), (tv, v) = shape.reads

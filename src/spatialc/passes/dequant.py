@@ -26,7 +26,8 @@ from ..ir.nodes import Buffer, ComputeStage, DType, Fifo, Interm, PageLayout, Re
 from ..ir.ops import ChoreoOp, Compute, Dequant, Loop, Pop, Push, ReadTiles, Reserve, TileAddr, Wait
 from ..target import SpatialTarget
 from ..weights import dequant_stage
-from .tile import DEQUANT_PROLOGUE, check_form
+from .footprint import check_form
+from .tile import DEQUANT_PROLOGUE
 
 W4_FORMS = ("auto", "general", "persistent", "sm90a")  # auto prints the general form (bench/README.md)
 

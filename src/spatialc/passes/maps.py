@@ -112,9 +112,9 @@ def block_resources(
     """(shared memory bytes, blocks resident per SM — 0 when one does not fit) of a map site of bh × bw-tile items
     and `depth`-page rings, as the general form, which prints it, lays the block out (`lower.cuda.general.kernel.
     map_resources`: each input's ring of its element type, the output's of the map's values, their barriers); 8-bit
-    float inputs as int8's (`tile.sized_as`), whose pages of results are int64 — more than float32 needs."""
+    float inputs as int8's (`footprint.sized_as`), whose pages of results are int64 — more than float32 needs."""
     from ..lower.cuda.general import kernel as general
-    from .tile import sized_as
+    from .footprint import sized_as
 
     one_item = Plan(BlockShape(bh, bw, 1), (1, 1), (1, 1), 1, depth)
     return general.map_resources(target, one_item, sized_as(p.precision), inputs)

@@ -10,6 +10,7 @@ from ..ir.nodes import Plan, SpatialProgram, TensorRole
 from ..target import SpatialTarget
 from .attention import apply_attention_plan, is_attention_program, place_attention, plan_attention, schedule_attention
 from .dequant import build_w4, is_w4_program
+from .footprint import check_form, fused_by_persistent, in_panels, ring_stages, side_rings, sites_per_unit
 from .maps import apply_map_plan, is_map_program, place_map, plan_map, schedule_map
 from .multicast import add_semaphores, check_multicast, multicast_placement, say_reads
 from .multicast import asked as asked_multicast
@@ -17,18 +18,7 @@ from .place import default_sites, place
 from .rows import apply_row_plan, is_row_program, place_rows, plan_rows, schedule_rows
 from .schedule import schedule
 from .split import add_split, asked, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
-from .tile import (
-    IBWS,
-    apply_plan,
-    candidates,
-    check_form,
-    fused_by_persistent,
-    in_panels,
-    ring_stages,
-    side_rings,
-    sites_per_unit,
-    tile,
-)
+from .tile import IBWS, apply_plan, candidates, tile
 from .verify import verify
 
 

@@ -20,7 +20,8 @@ from ..ir.nodes import Placement, Plan, SpatialProgram
 from ..ir.ops import Precision
 from ..ir.worklist import GRID_RULES, MAX_SITES, RULES, grid_order, split_items, wave_strips
 from ..target import SpatialTarget
-from .tile import OPERAND_BYTES, check_form, matmul_stage, ring_stages, side_rings, sites_per_unit, too_many_items
+from .footprint import OPERAND_BYTES, check_form, matmul_stage, ring_stages, side_rings, sites_per_unit
+from .tile import too_many_items
 
 PLACEMENTS = RULES
 

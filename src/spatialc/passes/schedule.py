@@ -66,9 +66,9 @@ from ..ir.ops import (
     walk,
     with_cols,
 )
+from .footprint import epilogue_reads, matmul_stage
 from .multicast import SEM_A_READY, SEM_A_VALID, SEM_B_READY, SEM_B_VALID, roles, share
 from .split import SEM_PARTIALS, owner_of, partial_rings, split_of, split_ranges
-from .tile import epilogue_reads, matmul_stage
 
 
 def engine_bodies(p: SpatialProgram, k_first: int = 0, k_steps: int | None = None) -> dict[str, tuple[ChoreoOp, ...]]:

@@ -21,9 +21,9 @@ import dataclasses
 
 from ...ir.nodes import SpatialProgram
 from ...passes.attention import is_attention_program
+from ...passes.footprint import in_panels
 from ...passes.maps import is_map_program
 from ...passes.rows import is_row_program
-from ...passes.tile import in_panels
 from ...target import SpatialTarget
 from ..artifact import CudaArtifact
 from ..errors import LowerError, NeedsGeneral, TooBig, Unsupported

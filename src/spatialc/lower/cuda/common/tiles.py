@@ -30,7 +30,7 @@ from ....ir.ops import (
     WriteBarrier,
     WriteTiles,
 )
-from ....passes.tile import operand_layouts, sized_as
+from ....passes.footprint import operand_layouts, sized_as
 from ...errors import Unsupported
 from .accumulators import AccumulatorPrinter
 from .blockscale import promoted_step

@@ -84,9 +84,9 @@ from ....ir.ops import (
 )
 from ....numerics.blockscale import is_mx, program_scales
 from ....passes.attention import is_attention_program
+from ....passes.footprint import in_panels
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
-from ....passes.tile import in_panels
 from ....passes.verify import derived
 from ....target import WARP, SpatialTarget
 from ...artifact import Budget, CudaArtifact, TensorMap

@@ -1,7 +1,7 @@
 """What the sm_90a form takes and what it costs: its shape constants, the item shapes wgmma's layout takes, and the
-tile planner's two questions of it — a plan's shared memory and resident blocks (`plan_resources`, the backend answer
-`passes.tile.resources` asks every form for) and its estimated time (`plan_cost`, rates guessed before the first GPU
-table; the paired blocks' fitted to it). The lowering itself is `kernel.py`.
+tile planner's two questions of it — a plan's shared memory and resident blocks (`plan_resources`, the backend
+answer `passes.footprint.resources` asks every form for) and its estimated time (`plan_cost`, rates guessed before
+the first GPU table; the paired blocks' fitted to it). The lowering itself is `kernel.py`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ....ir.nodes import Plan
 from ....ir.ops import Precision
-from ....passes.tile import sized_as
+from ....passes.footprint import sized_as
 from ....target import WARP, SpatialTarget
 from ...errors import Unsupported
 from ..common.rings import MMA_TYPES, TILE_ELEMS, Ring

@@ -33,7 +33,7 @@ from ....ir.ops import (
     WriteTiles,
 )
 from ....ir.printer import compute_text
-from ....passes.tile import operand_layouts, sized_as
+from ....passes.footprint import operand_layouts, sized_as
 from ...census import POST, marker
 from ...errors import Unsupported
 from ..common.blockscale import promoted_fmas, promotion, scale_loads
