@@ -48,6 +48,7 @@ from .ir.ops import (
     VecAxis,
 )
 from .numerics.epilogue import dot_range
+from .numerics.narrow import FLOAT32_MAX
 from .numerics.quant import QuantError, quantize_multiplier
 
 TILE = Tile(16, 16)
@@ -177,9 +178,6 @@ def requant(scale: float, zero_point: int = 0) -> Requant:
     except (TypeError, ValueError):
         raise ProgramError(f"a requant scale must be a number, not {scale!r}") from None
     return Requant(multiplier, shift, zero_point)
-
-
-FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
@@ -484,7 +482,8 @@ def stage_name(stage: Epilogue) -> str:
         case Map(Apply(name, (Arg(0), Lit()), ())) if name in SCALAR_OPS:
             return "scalar"
         case Map(Apply(name, (Arg(0),), ())):
-            return ops.ACTIVATION_NAMES.get(name, name)  # an activation by the name it was asked by: gelu
+            # An activation by the name it was asked by (gelu: the tanh form, as always), the erf form as gelu_erf.
+            return ops.ACTIVATION_NAMES.get(name, "gelu_erf" if name == "gelu" else name)
     return "map"
 
 

@@ -202,6 +202,12 @@ class Map:
     expr: Expr
 
 
+# The longest op list (a program, a loop's body) and address (steps) a program may hold: verify refuses more and a
+# saved file's reader refuses more before decoding them, so spatialc never writes a program it cannot read back.
+# Built programs hold at most ~120 ops a list (split-K 32 ways with an epilogue) and 3 steps; a `spatialc.lang`
+# program unrolled by hand holds more (210 K steps unrolled: 1,260 ops in one loop body).
+MAX_OP_LIST = 16384
+MAX_ADDR_STEPS = 32  # a step for each loop variable in scope: 8 named ones and the nested loops verify allows
 MAX_EXPR_NODES = 256  # far beyond any elementwise formula a kernel applies; more is refused, not walked
 MAX_EXPR_DEPTH = 64  # ops inside ops: every reader of a formula (type checks, the interpreter, printers) recurses
 

@@ -55,11 +55,11 @@ INT_RANGE = range(-(2 ** (INT_BITS - 1)), 2 ** (INT_BITS - 1))
 # The longest string a document may hold. Its strings are names (at most MAX_NAME, ir/names.py), a target, a
 # placement kind and an op's name: all far shorter. A longer one is refused before anything quotes or walks it.
 MAX_STRING = 200
-# The longest list of a field, checked before one entry of it is decoded: (most, what the entries are). An address
-# has a step per loop variable in scope (8 named ones, and the eleven nested loops MAX_DEPTH allows); the largest op
-# list of any built program is attention's 42 ops of one loop body; a formula's op has at most its nodes as operands.
-MAX_STEPS = 32
-MAX_OPS = 1024
+# The longest list of a field, checked before one entry of it is decoded: (most, what the entries are) — the IR's own
+# limits, which verify holds every program to (ops.MAX_ADDR_STEPS, ops.MAX_OP_LIST); a formula's op has at most its
+# nodes as operands.
+MAX_STEPS = ops.MAX_ADDR_STEPS
+MAX_OPS = ops.MAX_OP_LIST
 _LIST_LIMITS: dict[tuple[type, str], tuple[int, str]] = {
     (ops.TileAddr, "steps"): (MAX_STEPS, "steps"),
     (ops.Trip, "steps"): (MAX_STEPS, "steps"),

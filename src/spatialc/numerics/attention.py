@@ -21,6 +21,7 @@ import numpy as np
 
 from ..ir.nodes import DType, SpatialProgram
 from ..ir.ops import Attention, Precision
+from .narrow import FLOAT32_MAX
 
 EPS32 = 2.0**-23  # one float32 ulp at 1.0
 U32 = 2.0**-24  # float32's unit roundoff
@@ -45,11 +46,11 @@ def valid_scale(scale: object) -> bool:
         value = float(scale)
     except OverflowError:  # an int past float's range (10**400) is no scale a kernel can hold
         return False
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and 0 < value <= FLOAT32_MAX):  # verify's bound on a float32 constant, exactly
         return False
-    with np.errstate(over="ignore", under="ignore"):  # the cast's own overflow is the answer, not a warning
+    with np.errstate(under="ignore"):  # the cast's own underflow is the answer, not a warning
         single = np.float32(value)
-    return bool(np.isfinite(single) and single > 0)
+    return bool(single > 0)
 
 
 def keep(seq_q: int, seq_kv: int, causal: bool) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..ir.nodes import DType
 
+FLOAT32_MAX = (2.0 - 2.0**-23) * 2.0**127  # 3.4028234663852886e38: the largest finite float32
 BF16_MAX = (2.0 - 2.0**-7) * 2.0**127
 BF16_MIN_EXP = -126  # below 2^-126 bf16 is subnormal: the spacing stays 2^(-126-7)
 BF16_MANT_BITS = 7

@@ -4,7 +4,8 @@ within them."""
 
 from __future__ import annotations
 
-FLOAT32_MAX = 3.4028234663852886e38
+from ...numerics.narrow import FLOAT32_MAX as FLOAT32_MAX  # (one definition; named here for the checks)
+
 # The frontend's scalar ops; the interpreter, the host emulation and the kernel's epilogue know no others.
 # quantize_multiplier's ranges: a Q31 multiplier, a shift of at most 30 left or 31 right, an int8 zero point.
 REQUANT_MULTIPLIER = (0, 2**31 - 1)

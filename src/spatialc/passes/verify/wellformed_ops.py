@@ -13,6 +13,8 @@ from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, SemId, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import DType, EngineProgram, Tensor, TensorRole, TileOrder, per_op_list
 from ...ir.ops import (
+    MAX_ADDR_STEPS,
+    MAX_OP_LIST,
     AcquireAcc,
     AddPartial,
     Attention,
@@ -134,6 +136,8 @@ class _OpCheck:
         )
 
     def body(self, ops: tuple[ChoreoOp, ...], bound: tuple[LoopVar, ...]) -> None:
+        if len(ops) > MAX_OP_LIST:  # (a saved file's reader refuses what verify refuses: ir/serde.py)
+            raise self.fail(ops[0], f"a list of {len(ops)} ops; a program or loop body holds at most {MAX_OP_LIST}")
         for op in ops:
             if isinstance(op, Loop):
                 self.loop(op, bound)
@@ -281,6 +285,8 @@ class _OpCheck:
 
     def addr(self, op: ChoreoOp, at: TileAddr, bound: tuple[LoopVar, ...]) -> None:
         """Every variable of an address is an item coordinate or bound by an enclosing loop."""
+        if len(at.steps) > MAX_ADDR_STEPS:
+            raise self.fail(op, f"an address of {len(at.steps)} steps; at most {MAX_ADDR_STEPS}")
         for var, _ in at.steps:
             if var not in (LV_ITEM_Y, LV_ITEM_X) and var not in bound:
                 raise self.fail(op, f"its address uses {loop_var_name(var)}, which no enclosing loop binds")
