@@ -743,10 +743,11 @@ def test_a_document_larger_than_any_program_is_refused_before_it_is_decoded(prog
     doc = json.loads(spatialc.to_json(program))
     key = "items_of_site" if field == "sites" else "semaphores"
     (doc["program"]["placement"] if field == "sites" else doc["program"])[key] = entries(doc["program"])
-    t0 = time.perf_counter()
+    text = json.dumps(doc)
+    t0 = time.process_time()  # this process's CPU, not the wall clock a loaded machine stretches (CI saw 3.2 s)
     with pytest.raises(SerdeError, match=rf"{words}\w*; a spatialc program has at most"):
-        spatialc.from_json(json.dumps(doc))
-    assert time.perf_counter() - t0 < 2.0
+        spatialc.from_json(text)
+    assert time.process_time() - t0 < 2.0
 
 
 def test_a_placement_of_a_negative_band_is_ill_formed(program):
