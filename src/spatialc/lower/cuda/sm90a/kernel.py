@@ -79,7 +79,7 @@ from ...errors import Unsupported
 from ..common.clusters import Multicast, check_cluster, check_items, multicast
 from ..common.dequant import has_dequant
 from ..common.host import assemble
-from ..common.program import launch_for
+from ..common.launch import launch_for
 from ..general import kernel as general
 from ..general import printer as general_printer
 from . import dequant as w4
