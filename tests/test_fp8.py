@@ -13,9 +13,9 @@ import pytest
 
 import spatialc
 from spatialc import inputs
+from spatialc.arguments import precision_of
 from spatialc.cli import main
 from spatialc.errors import SemanticError
-from spatialc.frontend import precision_of
 from spatialc.inputs import InexactInputWarning, InputError, operand_values
 from spatialc.interp import values
 from spatialc.ir.nodes import DType

@@ -19,9 +19,10 @@ import pytest
 
 import spatialc
 from spatialc import inputs as spatial_inputs
+from spatialc.arguments import MAX_TENSOR_ELEMS
 from spatialc.cli import main
 from spatialc.errors import IllFormedError, PlanError, ProgramError, SpatialError
-from spatialc.frontend import MAX_TENSOR_ELEMS, bias
+from spatialc.frontend import bias
 from spatialc.inputs import InexactInputWarning, InputError, TensorSpec, check_inputs
 from spatialc.interp import errors as interp_errors
 from spatialc.interp import evaluate as interp_evaluate

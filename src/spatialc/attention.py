@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
+from .arguments import MAX_TENSOR_ELEMS, OUTPUT_CHOICES, TILE, _dim, precision_of
 from .errors import ProgramError, clipped
-from .frontend import MAX_TENSOR_ELEMS, OUTPUT_CHOICES, TILE, _dim, precision_of
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (
     Buffer,

@@ -1,18 +1,16 @@
 """Describing programs: `gemm(m, n, k, precision, epilogue=[...])` builds the unplanned program of
 C = epilogue(A @ B), with `bias`, `relu`, `scalar`, `activation`, `row_scale`, `col_scale`, `residual`, `gate` and
 `requant` as the epilogue's elementwise stages. (The other families have modules of their own: `maps` the
-elementwise programs, `rows` softmax and the norms, `attention`.)"""
+elementwise programs, `rows` softmax and the norms, `attention`; what they all read of their arguments — precision
+names, sizes, output types — is `arguments`.)"""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from .arguments import DEFAULT_PRECISION, OUTPUT_CHOICES, TILE, _check_map, _check_size, _dim, precision_of
 from .errors import ProgramError
 from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
@@ -29,7 +27,6 @@ from .ir.nodes import (
     Stage,
     Tensor,
     TensorRole,
-    Tile,
     WriteStage,
     accumulator_dtype,
 )
@@ -51,7 +48,6 @@ from .numerics.epilogue import dot_range
 from .numerics.narrow import FLOAT32_MAX
 from .numerics.quant import QuantError, quantize_multiplier
 
-TILE = Tile(16, 16)
 # What C holds unless `out` says otherwise: an int8 GEMM's int32 sums while K ≤ 131071 keeps them in range (int64
 # beyond), the int64 an integer epilogue computes in, int8 after a requant, float32 for fp16 / bf16 / e4m3 / e5m2
 # programs (an 8-bit float program's sums are float32 like bf16's; bf16 or fp16 on request, never 8-bit floats).
@@ -62,19 +58,10 @@ OUTPUT_DTYPE = {
     Precision.E4M3: DType.FLOAT32,
     Precision.E5M2: DType.FLOAT32,
 }
-# The output types each kind of program may ask for with `out`.
-OUTPUT_CHOICES = {"int8": ("int32", "int64"), "float": ("float32", "fp16", "bf16")}
 
 # Buffer ids of a GEMM program: the operand rings, the accumulator and the output ring.
 BUF_A, BUF_B, BUF_ACC, BUF_C = BufferId(0), BufferId(1), BufferId(2), BufferId(3)
 T_A, T_B, T_C = TensorId(0), TensorId(1), TensorId(2)
-
-
-# The most elements one tensor may have: 2^34, a 131072 x 131072 matrix. That is past the GEMMs GPUs run: a C of
-# 2^34 elements takes 64 GiB as float32 and 128 GiB as int64 (and the interpreter's float64 copy 128 GiB), about
-# all of the largest GPU's memory before A and B. Beyond it a request is a typo (an extra zero or three), and the
-# tile and place passes would spend minutes and gigabytes on its item lists before anything could refuse it.
-MAX_TENSOR_ELEMS = 2**34
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,111 +188,6 @@ def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
         raise ProgramError(f"two epilogue stages share a tensor name (compared without case): {names}")
 
 
-def _check_map(stage: Map, prec: Precision, inputs: int = 1) -> None:
-    """A Map a program can take: of its `inputs` pages (an epilogue's: the one before it), the table's ops,
-    constants the precision holds."""
-    from .numerics.elementwise import ElementwiseError, op_named
-
-    expr = stage.expr
-    too_large = ops.expr_size_fault(expr)  # before anything below walks it by recursion
-    if too_large is not None:
-        raise ProgramError(f"an epilogue stage is {too_large}")
-    if inputs == 1 and ops.arg_indices(expr) not in ((0,), ()):
-        raise ProgramError(f"an epilogue stage maps the one page before it (x0), not {ops.arg_indices(expr)}")
-    for node in _nodes(expr):
-        if isinstance(node, Apply):
-            try:
-                op = op_named(node.op)
-            except ElementwiseError as e:
-                raise ProgramError(str(e)) from None
-            if prec == Precision.INT8 and not op.integer:
-                what = f"activation {node.op}" if node.op in ops.ACTIVATION_NAMES else node.op
-                raise ProgramError(
-                    f"{what} is float arithmetic; an int8 program's epilogue is integer (use fp16 or bf16)"
-                )
-        if (
-            isinstance(node, Lit)
-            and prec == Precision.INT8
-            and (node.value != int(node.value) or not -(2**31) <= node.value < 2**31)
-        ):
-            raise ProgramError(
-                f"an int8 program's epilogue is integer arithmetic: a constant needs a whole number within int32,"
-                f" not {node.value!r}"
-            )
-        if isinstance(node, Lit) and prec != Precision.INT8 and abs(node.value) > FLOAT32_MAX:
-            raise ProgramError(
-                f"a {prec.value} program's epilogue is float32: the constant {node.value!r} is beyond float32"
-            )
-
-
-def _nodes(expr: ops.Expr):
-    yield expr
-    if isinstance(expr, Apply):
-        for a in expr.args:
-            yield from _nodes(a)
-
-
-# What users call the precisions: spatialc's names, numpy's, ml_dtypes' and torch's dtype names, and "half".
-PRECISION_SPELLINGS = {
-    "int8": Precision.INT8,
-    "fp16": Precision.FP16,
-    "float16": Precision.FP16,
-    "half": Precision.FP16,
-    "bf16": Precision.BF16,
-    "bfloat16": Precision.BF16,
-    "e4m3": Precision.E4M3,
-    "fp8_e4m3": Precision.E4M3,
-    "float8_e4m3fn": Precision.E4M3,
-    "e5m2": Precision.E5M2,
-    "fp8_e5m2": Precision.E5M2,
-    "float8_e5m2": Precision.E5M2,
-}
-PRECISIONS_ACCEPTED = (
-    "int8, fp16 (float16, half), bf16 (bfloat16), e4m3 (float8_e4m3fn) or e5m2 (float8_e5m2), as a name or a numpy,"
-    " ml_dtypes or torch dtype"
-)
-
-
-def precision_named(name: object) -> Precision | None:
-    """The Precision `name` spells — a Precision, a name of PRECISION_SPELLINGS in any case, a numpy or ml_dtypes
-    dtype (or scalar type), a torch dtype — or None."""
-    if isinstance(name, Precision):
-        return name
-    if isinstance(name, str):
-        return PRECISION_SPELLINGS.get(name.lower())
-    if name is None or isinstance(name, bool | int | float):  # np.dtype(None) is float64, not what anyone meant
-        return None
-    text = str(name).removeprefix("torch.")  # torch.bfloat16: torch is never imported here
-    with contextlib.suppress(TypeError, ValueError):  # np.float16, np.dtype("int8"), ml_dtypes.bfloat16
-        text = np.dtype(name).name  # type: ignore[call-overload]
-    return PRECISION_SPELLINGS.get(text.lower())
-
-
-def precision_of(name: object) -> Precision:
-    """`int8`, `fp16`, `bf16`, `e4m3` or `e5m2` (or another spelling `precision_named` reads) as a Precision."""
-    prec = precision_named(name)
-    if prec is None:
-        raise ProgramError(f"unknown precision {name!r}; use {PRECISIONS_ACCEPTED}")
-    return prec
-
-
-def _dim(name: str, v: object) -> int:
-    """A size: any integral number ≥ 1 (an int, numpy's integers), as an int."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ProgramError(f"{name} must be a whole number ≥ 1, not {v!r}")
-    return int(v)
-
-
-def _check_size(m: int, n: int, k: int, groups: int = 1) -> None:
-    for name, rows, cols in (("A", m, k), ("B", k, n), ("C", m, n)):
-        if groups * rows * cols > MAX_TENSOR_ELEMS:
-            shape = f"{groups}x{rows}x{cols}" if groups > 1 else f"{rows}x{cols}"
-            raise ProgramError(
-                f"{name} would be {shape} = {groups * rows * cols} elements; spatialc takes tensors of at most"
-                f" 2^34 = {MAX_TENSOR_ELEMS} elements (beyond what any GPU holds)"
-            )
-
-
 def _output_dtype(prec: Precision, epi: tuple[Epilogue, ...], out: str | None, k: int) -> DType:
     """C's element type: what `out` asks for, checked against what the program computes, or the default."""
     if epi and isinstance(epi[-1], Requant):
@@ -319,9 +201,6 @@ def _output_dtype(prec: Precision, epi: tuple[Epilogue, ...], out: str | None, k
         article = "an" if prec == Precision.INT8 else "a"
         raise ProgramError(f"{article} {prec.value} program's output is one of {', '.join(choices)}, not {out!r}")
     return DType(out)
-
-
-DEFAULT_PRECISION = "int8"  # of gemm, grouped_gemm, lang.program and the CLI alike: exact, so checked exactly
 
 
 def gemm(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .arguments import OUTPUT_CHOICES, TILE, _check_map, _check_size, _dim, precision_of
 from .errors import ProgramError
-from .frontend import OUTPUT_CHOICES, TILE, _check_map, _check_size, _dim, precision_of
 from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (

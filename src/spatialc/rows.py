@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 
+from .arguments import OUTPUT_CHOICES, TILE, _check_size, _dim, precision_of
 from .errors import ProgramError
-from .frontend import OUTPUT_CHOICES, TILE, _check_size, _dim, precision_of
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (
     Buffer,

@@ -24,8 +24,8 @@ import spatialc
 from spatialc.cli import main
 from spatialc.ir.ops import Compute, Dequant, MatmulTiles, Pop, Wait
 from spatialc.lower.cuda.common.dequant import packed_rings
-from spatialc.lower.cuda.common.program import printed_site_programs
 from spatialc.lower.cuda.common.rings import MMA_TYPES, ring_table
+from spatialc.lower.cuda.common.sites import printed_site_programs
 from spatialc.lower.cuda.persistent import kernel as persistent
 from spatialc.lower.cuda.persistent.merge import SerialLoop, serial_walk, serialise
 from spatialc.lower.cuda.persistent.order import prove

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..frontend import DEFAULT_PRECISION
+from ..arguments import DEFAULT_PRECISION
 from ..ir.ops import ACTIVATIONS
 from ..target import TARGETS
 

@@ -40,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..arguments import DEFAULT_PRECISION
 from ..errors import SpatialError
-from ..frontend import DEFAULT_PRECISION
 from ..ir.ids import loop_var_name
 from ..ir.nodes import SpatialProgram
 from ..ir.ops import ChoreoOp, Reserve, Wait

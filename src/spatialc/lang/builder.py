@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..frontend import PRECISIONS_ACCEPTED, precision_named
+from ..arguments import PRECISIONS_ACCEPTED, precision_named
 from ..ir.ids import (
     LOOP_VAR_NAMES,
     LV_ITEM,

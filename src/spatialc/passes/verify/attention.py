@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...arguments import OUTPUT_CHOICES
 from ...errors import ProgramError, SemanticError
-from ...frontend import OUTPUT_CHOICES
 from ...ir.ids import TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, EngineProgram, SpatialProgram, TensorRole

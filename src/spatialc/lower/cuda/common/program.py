@@ -1,20 +1,15 @@
-"""What every CUDA backend reads of a verified program: its tile matmuls and operand types, the engine programs
-every site runs, the checks that hold whatever the kernel's shape (an int8 reduction that fits int32), and the
-launch contract of a kernel printed from it."""
+"""What every CUDA backend reads of a verified program: its tile matmuls and operand types, and the checks that hold
+whatever the kernel's shape (an int8 reduction that fits int32, an epilogue chain the printers spell exactly). Which
+sites run which engine programs is `sites.py`; the launch contract of a kernel printed from it, `launch.py`."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from ....inputs import row_limits
-from ....ir.ids import LV_ITEM, GroupId, Site
 from ....ir.nodes import (
     FOUR_BIT,
     ComputeStage,
-    Engine,
     Fifo,
     Interm,
     PageLayout,
@@ -26,33 +21,13 @@ from ....ir.nodes import (
     TileOrder,
     per_op_list,
 )
-from ....ir.ops import (
-    Attention,
-    ChoreoOp,
-    Compute,
-    ComputeOp,
-    Const,
-    Dequant,
-    Loop,
-    Map,
-    MatmulTiles,
-    McastSend,
-    McastSetValid,
-    Precision,
-    SemInc,
-    rewrite,
-    walk,
-)
-from ....ir.worklist import RULES, launch_sites, split_items, work_table
+from ....ir.ops import ChoreoOp, Compute, ComputeOp, Dequant, Map, MatmulTiles, Precision, walk
 from ....numerics.epilogue import dot_range
 from ....passes.attention import attention_shape
 from ....passes.rows import row_shape
-from ....target import SpatialTarget
-from ...artifact import KernelParam, Launch
 from ...errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision, Unverified
 from . import epilogue
 from .cwriter import C_TYPES
-from .dequant import param_c_type
 from .rings import MMA_TYPES, MmaTypes
 
 # What the sm_90a form's refusal and auto's note (forms.PAGES_NOTE) call such programs.
@@ -172,171 +147,6 @@ def check_int8_reduction(p: SpatialProgram, mm: Stage) -> None:
             2**31 - 1,
             "int8 MMA accumulates in int32; keep K ≤ 131071 or use fp16",
         )
-
-
-def _normal(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
-    """`ops` with every ITEM loop's count erased: the one thing the kernel reads per site at run time."""
-    return tuple(
-        Loop(op.var, Const(0) if op.var == LV_ITEM else op.count, _normal(op.body)) if isinstance(op, Loop) else op
-        for op in ops
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class SiteClass:
-    """Sites that run the same engine programs (their ITEM loop counts aside), in blockIdx order, and those programs
-    (each in an ITEM loop)."""
-
-    sites: tuple[int, ...]
-    engines: tuple[tuple[Engine, tuple[ChoreoOp, ...]], ...]
-
-
-def site_classes(p: SpatialProgram, relative_sems: bool = False):
-    """The sites with items, grouped by the engine programs they run, in the order of their first site — after
-    checking that every site's ITEM loops run its share of the items and that a site without items runs nothing
-    (the kernel returns at once for it).
-
-    With `relative_sems`, returns (classes, relative): where reading every SemInc's site as an offset from the
-    site that runs it makes fewer classes (split-K: every contributor raises the owner a fixed number of sites
-    before it), the classes hold those offsets and `relative` is True."""
-    if not relative_sems:
-        return _classes(p, lambda site, ops: ops)
-    # Multicast groups are named by their place in `relative_groups` either way (the printer reads them so).
-    table = {offsets: i for i, offsets in enumerate(relative_groups(p))}
-    absolute = _classes(p, lambda site, ops: _relative_view(p, table, site, ops, sems=False))
-    relative = _classes(p, lambda site, ops: _relative_view(p, table, site, ops))
-    return (relative, True) if len(relative) < len(absolute) else (absolute, False)
-
-
-def relative_groups(p: SpatialProgram) -> tuple[tuple[int, ...], ...]:
-    """Every multicast group a McastSend or McastSetValid names, seen from each site that names it: the offsets of
-    its sites from that site, sorted; relative classes name a group by its place in this list."""
-    assert p.placement is not None and p.schedule is not None
-    groups = {g.id: g.sites for g in p.placement.groups}
-    mcast = (McastSend, McastSetValid)
-    named = {id(ops): [op.group for op in walk(ops) if isinstance(op, mcast)] for ops in distinct_lists(p)}
-    seen = {
-        tuple(int(t) - int(q.site) for t in groups[group]) for q in p.schedule.programs for group in named[id(q.ops)]
-    }
-    return tuple(sorted(seen))
-
-
-def _relative_view(
-    p: SpatialProgram, table: dict[tuple[int, ...], int], site: int, ops: tuple[ChoreoOp, ...], sems: bool = True
-):
-    """The view of `ops` site classes compare: every multicast group as its place in `relative_groups` and (with
-    `sems`) every SemInc's site given as its offset from `site`."""
-    assert p.placement is not None
-    groups = {g.id: g.sites for g in p.placement.groups}
-
-    def relative(op: ChoreoOp) -> ChoreoOp:
-        if isinstance(op, SemInc) and sems:
-            return dataclasses.replace(op, at=Site(int(op.at) - site))
-        if isinstance(op, McastSend | McastSetValid):
-            return dataclasses.replace(op, group=GroupId(table[tuple(int(t) - site for t in groups[op.group])]))
-        return op
-
-    return rewrite(ops, relative)
-
-
-def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:
-    assert p.placement is not None and p.schedule is not None
-    groups: dict[tuple, list[int]] = {}
-    programs: dict[tuple, tuple] = {}
-    by_site = p.schedule.by_site()
-    # Sites share their op lists (a few distinct ones among hundreds of sites): what depends only on the list is
-    # found once per list, and the normal forms are interned so that a class key compares by identity.
-    once = _PerList(view)
-    for s, items in p.placement.items_of_site:
-        progs = by_site.get(s, ())
-        counts = set().union(*(once.item_counts(prog.ops) for prog in progs))
-        if counts - {Const(len(items))} or (not counts and len(items) > 1):
-            raise Unsupported(
-                f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
-                "the kernel's ITEM loop runs the site's share of the work list",
-            )
-        if not items:  # the kernel returns at once for it: nothing outside an ITEM loop (run no times) may be lost
-            if any(not (isinstance(op, Loop) and op.var == LV_ITEM) for prog in progs for op in prog.ops):
-                raise Unsupported(
-                    f"site {int(s)}, which has no items and ops outside its ITEM loops", "it returns at once"
-                )
-            continue
-        seen = tuple((prog.engine, once.view(int(s), prog.ops)) for prog in progs)
-        key = tuple((engine, once.normal(ops)) for engine, ops in seen)
-        groups.setdefault(key, []).append(int(s))
-        programs.setdefault(key, seen)
-    return tuple(
-        SiteClass(tuple(sites), tuple((engine, _per_item(ops)) for engine, ops in programs[key]))
-        for key, sites in groups.items()
-    )
-
-
-_SITE_NAMING = (SemInc, McastSend, McastSetValid)  # the only ops a class view may read relative to their site
-
-
-class _PerList:
-    """`_classes`' look-ups, each made once per op list (by identity; the lists outlive the call): the ITEM loop
-    counts, the view (the same for every site where the list names no site or group), and the id of the interned
-    normal form."""
-
-    def __init__(self, view) -> None:
-        self._view = view
-        self._counts: dict[int, frozenset] = {}
-        self._views: dict[int, tuple[ChoreoOp, ...]] = {}
-        self._normals: dict[int, int] = {}
-        self._kept: set[int] = set()
-        self._interned: dict[tuple[ChoreoOp, ...], tuple[ChoreoOp, ...]] = {}
-
-    def item_counts(self, ops: tuple[ChoreoOp, ...]) -> frozenset:
-        found = self._counts.get(id(ops))
-        if found is None:
-            found = frozenset(op.count for op in walk(ops) if isinstance(op, Loop) and op.var == LV_ITEM)
-            self._counts[id(ops)] = found
-        return found
-
-    def view(self, site: int, ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
-        found = self._views.get(id(ops))
-        if found is not None:
-            return found
-        seen = self._view(site, ops)
-        if not any(isinstance(op, _SITE_NAMING) for op in walk(ops)):
-            self._views[id(ops)] = seen
-            self._kept.add(id(seen))
-        return seen
-
-    def normal(self, ops: tuple[ChoreoOp, ...]) -> int:
-        found = self._normals.get(id(ops))
-        if found is None:
-            normal = _normal(ops)
-            found = id(self._interned.setdefault(normal, normal))
-            if id(ops) in self._kept:  # a view held in `_views`: its id names no other list while the call lasts
-                self._normals[id(ops)] = found
-        return found
-
-
-def site_engines(p: SpatialProgram) -> tuple[tuple[Engine, tuple[ChoreoOp, ...]], ...]:
-    """Each engine and its program (in an ITEM loop), which every site with items runs: one kernel text, whose
-    flow every site shares, runs them all."""
-    classes = site_classes(p)
-    if len(classes) > 1:
-        raise Unsupported(
-            f"site {classes[1].sites[0]}, whose engine programs differ from site {classes[0].sites[0]}'s",
-            "one kernel text runs every site; only the number of items may differ",
-        )
-    return classes[0].engines
-
-
-def printed_site_programs(p: SpatialProgram) -> tuple[tuple[ChoreoOp, ...], ...]:
-    """The engine programs every site runs (`site_engines` without the engines)."""
-    return tuple(ops for _, ops in site_engines(p))
-
-
-def _per_item(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
-    """`ops` inside an ITEM loop when they have none: a program without one is the work of a site's only item, and
-    the kernel runs whatever share of the items the device's sites get at launch — one, none or several."""
-    if not ops or any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(ops)):
-        return ops
-    return (Loop(LV_ITEM, Const(0), ops),)
 
 
 Layer = tuple[Stage, tuple[Stage, ...]]  # a matmul stage and its epilogue chain
@@ -476,76 +286,3 @@ def fragments_per_warp(plan: Plan, lanes: int, lane_grid: tuple[int, int] | None
         return math.ceil(h * w / lanes)
     rect = (plan.block.osh // lane_grid[0]) * (plan.block.osw // lane_grid[1])
     return plan.sub_blocks[0] * plan.sub_blocks[1] * rect
-
-
-def site_items(p: SpatialProgram) -> tuple[tuple[int, ...], ...]:
-    """Each site's items, in blockIdx order."""
-    assert p.placement is not None
-    return tuple(tuple(int(i) for i in items) for _, items in p.placement.items_of_site)
-
-
-def launch_for(
-    p: SpatialProgram,
-    target: SpatialTarget,
-    kernel_name: str,
-    types: MmaTypes,
-    threads: int,
-    dyn_smem: int,
-    opt_in: bool,
-    blocks_per_sm: int,
-    sync: tuple[int, ...] = (),
-    fixed: bool = False,
-    cooperative: bool = False,
-    trip_error: int = -1,
-    cluster: int = 1,
-) -> Launch:
-    """How a host language launches a kernel printed from `p`. A placement the rules make, over as many sites as the
-    target keeps resident, follows the device at launch (its multiprocessors × the blocks each holds); any other
-    keeps its list. Inputs hold the operand type, the output the output tensor's type, parameters their own. A kernel
-    `fixed` to its sites (they run different programs), or `cooperative` (they hand over to each other through its
-    `sync` words), runs exactly its sites."""
-    heads = any(isinstance(getattr(s.kind, "op", None), Attention) for s in p.stages)  # Q, K, V by (batch, heads)
-    params = tuple(
-        KernelParam(
-            t.name,
-            param_c_type(t, types.operand),
-            t.role.value,
-            t.elems,
-            t.tiles,
-            t.order.value,
-            t.groups,
-            heads and t.role == TensorRole.INPUT,
-        )
-        for t in p.tensors
-    )
-    placement = p.placement
-    assert placement is not None and p.plans
-    items = site_items(p)
-    n_items = p.plans[0].items
-    grid = p.plans[0].placed
-    try:
-        rule = split_items(n_items, len(items), placement.kind, grid, placement.band)
-    except ValueError:  # no rule's kind, or a rule without its grid or band: its list is passed as it stands
-        rule = None
-    ruled = placement.kind in RULES and [list(i) for i in items] == rule
-    follows = ruled and not (fixed or cooperative) and len(items) == launch_sites(n_items, target.units, blocks_per_sm)
-    return Launch(
-        kernel_name,
-        len(items),
-        threads,
-        dyn_smem,
-        params,
-        (p.tile.rows, p.tile.cols),
-        opt_in,
-        n_items,
-        placement.kind if ruled else "listed",
-        blocks_per_sm if follows else 0,
-        () if ruled else tuple(work_table([list(i) for i in items])),
-        sync,
-        cooperative,
-        trip_error,
-        grid if ruled else (0, 0),
-        placement.band if ruled else 0,
-        tuple(sorted(row_limits(p).items())),
-        cluster,
-    )

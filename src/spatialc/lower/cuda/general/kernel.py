@@ -52,18 +52,8 @@ from ..common.clusters import Multicast, check_cluster, multicast
 from ..common.dequant import DEQUANT_IN, packed_rings
 from ..common.handover import clusters, sync_words
 from ..common.host import assemble
-from ..common.program import (
-    SiteClass,
-    all_ops,
-    checked_attention,
-    checked_layers,
-    checked_map,
-    checked_rows,
-    launch_for,
-    out_c_type,
-    relative_groups,
-    site_classes,
-)
+from ..common.launch import launch_for
+from ..common.program import all_ops, checked_attention, checked_layers, checked_map, checked_rows, out_c_type
 from ..common.registers import register_rings
 from ..common.rings import (
     ALIGN,
@@ -79,6 +69,7 @@ from ..common.rings import (
     scheduled_rings,
 )
 from ..common.rows import RowAccumulators, row_accumulators, row_registers
+from ..common.sites import SiteClass, relative_groups, site_classes
 from ..common.tiles import Fragments
 from .checks import refuse
 from .fragments import (

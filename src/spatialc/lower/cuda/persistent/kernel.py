@@ -49,18 +49,10 @@ from ..common.blockscale import held_sub_blocks
 from ..common.cwriter import C_TYPES
 from ..common.dequant import InRegisters, fused_order, has_dequant, packed_rings, param_c_type, register_fusion
 from ..common.host import assemble
-from ..common.program import (
-    ATTENTION_PROGRAM,
-    W4_PROGRAM,
-    all_ops,
-    check_printable,
-    checked_gemm,
-    fragments_per_warp,
-    launch_for,
-    printed_site_programs,
-    site_items,
-)
+from ..common.launch import launch_for, site_items
+from ..common.program import ATTENTION_PROGRAM, W4_PROGRAM, all_ops, check_printable, checked_gemm, fragments_per_warp
 from ..common.rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, ring_table
+from ..common.sites import printed_site_programs
 from . import pages
 from .merge import SerialLoop, SerialOp, serial_walk, serialise
 from .order import prove, smem_layout
@@ -337,7 +329,7 @@ def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
 
 
 def launch_of(k: Kernel, target: SpatialTarget) -> Launch:
-    """How a host language launches `kernel_cu` (`program.launch_for`)."""
+    """How a host language launches `kernel_cu` (`launch.launch_for`)."""
     return launch_for(
         k.program, target, KERNEL_NAME, k.types, k.lanes * 32, k.smem.dyn_bytes, k.smem.opt_in, k.blocks_per_sm
     )

@@ -41,19 +41,11 @@ from ...artifact import Budget, CudaArtifact, Launch
 from ...errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
 from ..common.cwriter import C_TYPES
 from ..common.host import assemble
-from ..common.program import (
-    all_ops,
-    check_printable,
-    checked_map,
-    checked_rows,
-    launch_for,
-    other_outputs,
-    out_c_type,
-    printed_site_programs,
-    site_items,
-)
+from ..common.launch import launch_for, site_items
+from ..common.program import all_ops, check_printable, checked_map, checked_rows, other_outputs, out_c_type
 from ..common.rings import TILE_ELEMS, MmaTypes, Rings, epilogue_rings, ring_table
 from ..common.rows import RowAccumulators, row_accumulators
+from ..common.sites import printed_site_programs
 from .merge import SerialOp, serial_walk, serialise
 from .order import prove, smem_layout
 from .printer import KERNEL_NAME, Kernel, kernel_text
@@ -211,7 +203,7 @@ def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
 
 
 def launch_of(k: Kernel, target: SpatialTarget) -> Launch:
-    """How a host language launches the kernel (`program.launch_for`)."""
+    """How a host language launches the kernel (`launch.launch_for`)."""
     return launch_for(
         k.program, target, KERNEL_NAME, k.types, k.lanes * 32, k.smem.dyn_bytes, k.smem.opt_in, k.blocks_per_sm
     )

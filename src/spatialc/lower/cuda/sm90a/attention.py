@@ -108,7 +108,8 @@ def make_attention_kernel(p: SpatialProgram, target: SpatialTarget, schedule: st
     """The general form's attention kernel re-laid-out for sm_90a: Q, K and V landed by the copy engine in panels,
     one consumer warpgroup; its KV loop as `schedule` says (`overlap.SCHEDULES`; None: overlapped where its registers
     fit, `OVERLAP_HEAD_DIM_MAX`, and the plan's K and V have two stages)."""
-    from .kernel import HopperKernel, check_resources
+    from .checks import check_resources
+    from .kernel import HopperKernel
 
     if schedule is not None and schedule not in SCHEDULES:
         raise Unsupported(f"the attention schedule {schedule!r}", f"it is one of {', '.join(SCHEDULES)}")

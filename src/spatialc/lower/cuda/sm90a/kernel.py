@@ -26,7 +26,7 @@
   late: the producer then runs at most depth − 1 pages ahead instead of depth, which cannot deadlock as long as
   depth ≥ 2 (the stage the producer waits for was released no later than the step the consumer has finished).
   Pages are read at the slot of the last `Wait` (`wt − 1`), which with the release deferred is no longer `pop`'s.
-- The epilogue is fused where it can be (`fused_output`): where the writer only waits for each output page, stores
+- The epilogue is fused where it can be (`fused.fused_output`): where the writer only waits for each output page, stores
   it and frees it, and the chain is one the fused store applies (bias, relu, scalar, requant), the consumers apply
   it to their own accumulator elements, and the output and epilogue rings leave shared memory. Where the output's
   page is a run of whole tiles of its row-major tile grid (`staged`), C is stored as a row-major matrix ("rows")
@@ -50,14 +50,17 @@
   the consumers' registers.
 
 Rule 7 of `verify` proves the engines' handover free of deadlock and overrun exactly as for the general form; what is
-new here is checked before printing (`check_resources`): threads × registers, the setmaxnreg split, stage bytes
+new here is checked before printing (`checks.check_resources`): threads × registers, the setmaxnreg split, stage bytes
 against shared memory, 1024-byte stage bases and pages on their swizzle's period, and transaction counts equal to
 the bytes each page receives. Since only this form reads panels, `build` plans for it only where it prints the
 program (`passes.pipeline.sm90a_refusal`); the general form does not ride along with its artifacts.
 
-Beside this module: the form's shape constants, the plans it takes and what they cost (`plan.py`), its pages'
-panels and tensor maps (`tma.py`), its engine printer (`printer.py`) and attention's kernel — these engines with two
-wgmma shapes around the general form's register path, one consumer warpgroup (`attention.py`).
+This module describes the kernel (`HopperKernel`), makes it (`make_kernel`) and lowers it (`lower`). Beside it: what
+the form takes and the checks before printing (`checks.py`), the fused epilogue's detection (`fused.py`), the kernel
+text and budget (`text.py`) with its wgmma specialisations (`wgmma.py`), the form's shape constants, the plans it
+takes and what they cost (`plan.py`), its pages' panels and tensor maps (`tma.py`), its engine printer
+(`printer.py`) and attention's kernel — these engines with two wgmma shapes around the general form's register
+path, one consumer warpgroup (`attention.py`).
 """
 
 from __future__ import annotations
@@ -65,63 +68,30 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ....ir.names import plain
 from ....ir.nodes import PageLayout, SpatialProgram
-from ....ir.ops import (
-    AcquireAcc,
-    ChoreoOp,
-    Compute,
-    Loop,
-    MatmulTiles,
-    McastSend,
-    Pop,
-    Push,
-    ReadTiles,
-    Trip,
-    Wait,
-    WriteTiles,
-    walk,
-)
-from ....numerics.blockscale import is_mx, program_scales
+from ....ir.ops import Compute, MatmulTiles, Pop, ReadTiles, WriteTiles
+from ....numerics.blockscale import program_scales
 from ....passes.attention import is_attention_program
-from ....passes.footprint import in_panels
-from ....passes.maps import is_map_program
-from ....passes.rows import is_row_program
 from ....passes.verify import derived
 from ....target import WARP, SpatialTarget
-from ...artifact import Budget, CudaArtifact, TensorMap
-from ...errors import LowerError, NeedsGeneral, TooBig, Unsupported
-from ..common import epilogue
-from ..common.blockscale import MX_PROGRAM
+from ...artifact import CudaArtifact, TensorMap
+from ...errors import Unsupported
 from ..common.clusters import Multicast, check_cluster, check_items, multicast
-from ..common.cwriter import Writer, inlined_lines, site_prologue
-from ..common.dequant import has_dequant, packed_rings
+from ..common.dequant import has_dequant
 from ..common.host import assemble
-from ..common.program import (
-    MAP_PROGRAM,
-    ROW_PROGRAM,
-    W4_PROGRAM,
-    all_ops,
-    checked_gemm,
-    launch_for,
-    matmul_stages,
-)
-from ..common.rings import TILE_ELEMS, Rings, ring_table
-from ..general import checks as general_checks
+from ..common.launch import launch_for
 from ..general import kernel as general
 from ..general import printer as general_printer
 from . import dequant as w4
-from . import partials, staging
-from .attention import AttentionPrinter, check_attention_plan, declare, make_attention_kernel
-from .barriers import check_barriers
+from . import partials
+from .attention import make_attention_kernel
 from .blockscale import SCALE_ALIGN, ScaleStage, scale_stage
-from .overlap import PINGPONG
+from .checks import check_resources, refuse
+from .fused import fused_output, staged
 from .partials import PartialSide
 from .plan import (
     BARRIER_ALIGN,
-    CONSUMER_REGS,
     EPILOGUES,
-    PRODUCER_REGS,
     STAGE_ALIGN,
     STORE_BUFFERS,
     SWIZZLED,
@@ -129,15 +99,12 @@ from .plan import (
     WARPGROUP_ROWS,
     Warpgroups,
     box_swizzle,
-    check_plan,
     staging_bytes,
     store_chunk,
     warpgroups,
 )
-from .printer import HopperPrinter
+from .text import KERNEL_NAME, budget_of, kernel_text
 from .tma import Panels, TileBoxes, param_at, tensor_maps
-
-KERNEL_NAME = "spatialc_hopper"
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,150 +148,6 @@ class HopperKernel:
         """Whether a consumer warp's output boxes of one item are not a whole number of turns of its STORE_BUFFERS
         staging boxes: then the turn is counted over all its items, else it restarts with each item."""
         return bool(self.chunk) and (self.n // 16 // self.chunk) % STORE_BUFFERS != 0
-
-
-# ---- what the form takes ------------------------------------------------------------------------------------
-
-
-TMA_COORD_MAX = 2**31 - 1
-
-
-def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
-    """Raise the first reason the sm_90a form cannot print `p`."""
-    if not target.hopper:
-        raise Unsupported(
-            f"the sm_90a form on {target.name}", "its TMA, wgmma and setmaxnreg instructions exist on sm_90a only"
-        )
-    attention = is_attention_program(p)
-    if not attention and (is_map_program(p) or is_row_program(p)):
-        raise NeedsGeneral(
-            f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
-            "its TMA producer feeds wgmma consumers, which only a tile matmul has",
-        )
-    general_checks.refuse(p)
-    if has_dequant(p) and not in_panels(p):  # its consumers dequantise into B's panels (sm90a/dequant.py)
-        raise NeedsGeneral(
-            f"{W4_PROGRAM} planned for the other forms, in the sm_90a form",
-            "its B pages are not panels: build it with form='sm90a' (--form sm90a) to plan it for this form",
-        )
-    if is_mx(p):
-        raise NeedsGeneral(
-            f"{MX_PROGRAM} in the sm_90a form",
-            "a wgmma k32 promoted every instruction would wait on each one (no MMA overlaps its promotion)",
-        )
-    if not attention and len(matmul_stages(p)) > 1:
-        raise Unsupported("several tile matmuls", "the consumer warpgroups hold one wgmma accumulator block per item")
-    for op in all_ops(p):
-        match op:
-            case Loop(count=Trip()):
-                raise Unsupported("a loop count read from data", "the sm_90a form prints fixed loops so far")
-            case ReadTiles(rows_from=rows) if rows is not None:
-                raise Unsupported("a grouped tensor's row limit", "a TMA box reads whole tiles")
-    for t in p.tensors:  # a TMA map's dimensions and every coordinate in it are signed 32-bit (PTX's tensor ops)
-        rows, cols = t.tiles[0] * p.tile.rows, t.tiles[1] * p.tile.cols
-        if max(rows, cols) > TMA_COORD_MAX:
-            raise Unsupported(
-                f"tensor {t.name} of {rows} x {cols} elements (padded)",
-                f"a TMA coordinate is a signed 32-bit int, at most {TMA_COORD_MAX}: the general form (64-bit"
-                " addresses) prints it",
-            )
-    plan = p.plans[0]
-    if attention:
-        check_attention_plan(plan)
-    else:
-        check_plan(plan, p.precision, program_scales(p) is not None)
-
-
-def check_resources(k: HopperKernel, target: SpatialTarget) -> None:
-    """The static checks before printing, each refusal naming the fix."""
-    check_barriers(k)  # the named barriers' ids: disjoint, 1 to 15
-    wg = k.wg
-    # At launch every thread has what `__launch_bounds__(threads, blocks)` leaves it; setmaxnreg.dec must lower
-    # that and .inc raise it (a paired block moves none: its consumers need no more than the launch gives).
-    at_launch = wg.at_launch(target)
-    if wg.moves_registers and not PRODUCER_REGS <= at_launch <= CONSUMER_REGS:
-        raise Unsupported(
-            f"{at_launch} registers a thread at launch ({wg.threads} threads)",
-            f"setmaxnreg moves the producer down to {PRODUCER_REGS} and the consumers up to {CONSUMER_REGS}",
-        )
-    split = WARPGROUP * WARP * (PRODUCER_REGS + wg.consumers * CONSUMER_REGS)
-    if wg.moves_registers and split > target.regs_per_unit:
-        raise TooBig("registers after setmaxnreg", split, target.regs_per_unit, "lower the consumers' setmaxnreg")
-    if k.base.dyn_bytes > wg.smem_max(target):
-        blocks = f", {wg.blocks} blocks an SM" if wg.paired else ""
-        raise TooBig(
-            f"shared memory of one block of the sm_90a form on {target.name}{blocks} (stages and barriers)",
-            k.base.dyn_bytes,
-            wg.smem_max(target),
-            "choose fewer stages (depth) or a narrower block",
-        )
-    for rid in k.tma_rings:
-        off = k.base.offsets[f"ring_{rid}"]
-        if off % STAGE_ALIGN:
-            raise Unsupported(f"ring {rid} at byte {off}", f"a swizzled stage starts on {STAGE_ALIGN} bytes")
-        ring = k.base.rings.rings[rid]
-        period = k.panels[rid].period  # a panel's swizzle repeats every 8 of its rows; a tile box starts on 128 bytes
-        if (ring.page * ring.elem_bytes) % period:
-            raise Unsupported(
-                f"pages of {ring.page * ring.elem_bytes} bytes on {ring.name}",
-                f"every page of {k.panels[rid].width}-byte panels starts on {period} bytes"
-                if k.panels[rid].width
-                else f"every page of unswizzled tile boxes starts on {period} bytes",
-            )
-
-
-def staged(p: SpatialProgram, store: WriteTiles) -> bool:
-    """Whether the fused store can go out by TMA: a page of whole tiles in the output's row-major tile grid (a box
-    of one tile row and consecutive tile columns)."""
-    t = p.tensor(store.tensor)
-    return (store.stride_h, store.stride_w) == (t.tiles[1], 1) and t.groups == 1
-
-
-def fused_output(
-    p: SpatialProgram, k: general.GeneralKernel, apart: frozenset[int] = frozenset()
-) -> tuple[WriteTiles, Rings] | None:
-    """The writer's store of the matmul's output (after its elementwise epilogue), where the consumers can make it
-    themselves from their accumulators — a chain of stages the fused store applies, run by the compute engine at
-    its item level, and a writer that only waits for each page, stores it and frees it — and the kernel's rings
-    without that chain's. None otherwise (the general form's output ring and writer stay). The site classes in
-    `apart` (split-K's contributors, which store partial sums instead: partials.py) are left out of the programs
-    compared."""
-    try:
-        mm, types, integer, chain = checked_gemm(p, epilogue.EPILOGUE_OPS)
-    except LowerError:
-        return None  # a stage the fused store does not apply (an activation): page to page, as the general form
-    last = int(p.buffer((chain[-1] if chain else mm).outs[0]).ring)
-    compute, *side = k.roles
-    writers = [r for r in side if any(isinstance(op, WriteTiles) for op in r.walk())]
-
-    def printed(role: general.Role) -> set[tuple[ChoreoOp, ...]]:
-        return {ops for i, ops in enumerate(role.programs) if i not in apart}
-
-    if len(writers) != 1 or len(printed(writers[0])) != 1 or len(printed(compute)) != 1:
-        return None
-    (body,) = printed(writers[0])
-    if len(body) == 1 and isinstance(body[0], Loop):
-        body = body[0].body
-    if len(body) != 3 or not isinstance(body[1], WriteTiles):
-        return None
-    wait, store, pop = body
-    ring = int(p.buffer(store.src).ring)
-    if not (isinstance(wait, Wait) and isinstance(pop, Pop) and ring == last):
-        return None
-    # The compute engine pushes the last ring at its item level, where the writer's store has its loop variables.
-    (top,) = printed(compute)
-    level = top[0].body if len(top) == 1 and isinstance(top[0], Loop) else top
-    pushed = [i for i, op in enumerate(level) if isinstance(op, Push) and int(p.buffer(op.buf).ring) == last]
-    if not pushed:
-        return None
-    # A page a stage reads beside the chain's (a residual's) is read by the fused store, which stands at that Push:
-    # the schedule must pop it after, or its slot could be refilled while the consumers read it.
-    beside = {int(p.buffer(b).ring) for s in chain for b in s.ins[1:]}
-    popped = [i for i, op in enumerate(level) if isinstance(op, Pop) and int(p.buffer(op.buf).ring) in beside]
-    if any(i < pushed[0] for i in popped) or len(popped) != len(beside):
-        return None
-    fused = tuple(int(p.buffer(b).ring) for b in (mm.outs[0], *(s.outs[0] for s in chain)))
-    return store, packed_rings(p, general.epilogue_rings(p, ring_table(p, types, fused), integer))
 
 
 def make_kernel(
@@ -481,246 +304,6 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
     )
     check_resources(hk, target)
     return hk
-
-
-def _consumers(wg: Warpgroups) -> str:
-    """The compute engine as the kernel's first line names it."""
-    if wg.consumers == 1:
-        return f"one wgmma consumer warpgroup, {wg.blocks} block{'s' if wg.paired else ''} an SM"
-    return "two wgmma consumer warpgroups"
-
-
-# The PTX type of a wgmma's 8-bit float operands, by their C type.
-FP8_PTX = {"__nv_fp8_e4m3": "e4m3", "__nv_fp8_e5m2": "e5m2"}
-
-
-# The wgmma variants the kernels print, by name: both operands from shared memory with B as a GEMM's (16-bit
-# MN-major, imm-trans-b 1; 8-bit K-major), 16-bit B K-major (imm-trans-b 0: attention's K, whose rows are S's
-# columns), and A from registers with B MN-major (the RS form: attention's P · V).
-# "sd" is "ss" with scale-d an operand: 0 makes D = A · B, the accumulators not read (a block-scaled group's first).
-WGMMA_VARIANTS = {
-    "ss": "spatialc_wgmma",
-    "kb": "spatialc_wgmma_kb",
-    "rs": "spatialc_wgmma_rs",
-    "sd": "spatialc_wgmma_sd",
-}
-
-
-def wgmma_specialisations(n: int, operand: str, integer: bool, variant: str = "ss") -> list[str]:
-    """The wgmma of width `n` for the kernel's operand type, as inline PTX: its accumulator list is `n / 2` registers
-    long, which is why it is printed rather than written out in sm90a.cuh. In the "ss" variant A and B both come
-    from shared memory; 16-bit B is N-major (transposed), 8-bit operands (int8, e4m3, e5m2) are K-major — the only
-    way the PTX ISA lets a wgmma of them read B (its transposes are the 16-bit types' alone). The 8-bit floats' wgmma
-    (k32, float32 accumulators) takes the floating-point variants' operand scales, here 1 and 1 (no negation). "kb"
-    reads 16-bit B K-major; "rs" takes A from four registers a thread (mma.m16n8k16's A fragment, of the warp's 16
-    rows), B N-major; "sd" is the 8-bit floats' "ss" with scale-d an operand (0: D = A · B, a block-scaled K group's
-    first wgmma into its fresh partial accumulators) (`WGMMA_VARIANTS`)."""
-    regs = n // 2
-    acc = ", ".join(f"%{i}" for i in range(regs))
-    if integer:
-        shape, dtype, tail, out = f"m64n{n}k32", "s32.s8.s8", "p", '"+r"'
-    elif operand in FP8_PTX:
-        ty = FP8_PTX[operand]
-        shape, dtype, tail, out = f"m64n{n}k32", f"f32.{ty}.{ty}", "p, 1, 1", '"+f"'
-    else:
-        ty = "bf16" if "bfloat16" in operand else "f16"
-        trans_b = {"ss": "1", "kb": "0", "rs": "1"}[variant]
-        tail = f"p, 1, 1, {trans_b}" if variant == "rs" else f"p, 1, 1, 0, {trans_b}"
-        shape, dtype, out = f"m64n{n}k16", f"f32.{ty}.{ty}", '"+f"'
-    if variant == "sd" and operand not in FP8_PTX:
-        raise Unsupported(f"a {variant} wgmma of {operand}", "only the 8-bit floats' GEMMs are block-scaled")
-    if variant not in ("ss", "sd") and (integer or operand in FP8_PTX):
-        raise Unsupported(f"a {variant} wgmma of {operand}", "only 16-bit operands are transposed or held in registers")
-    accum = "int" if integer else "float"
-    name = WGMMA_VARIANTS[variant]
-    outs = ", ".join(f"{out}(d[{i // 8}].x[{i % 8}])" for i in range(regs))
-    if variant == "rs":
-        a_param, a_ops = "const spatialc_frag<T>& a", f"{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}"
-        ins, b_at = '"r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "l"(b)', regs + 4
-        a_spec = f"const spatialc_frag<{operand}>& a"
-    else:
-        a_param, a_ops, ins, b_at = "unsigned long long a", f"%{regs}", '"l"(a), "l"(b)', regs + 1
-        a_spec = "unsigned long long a"
-    b_param, scale_d = "unsigned long long b", "1"
-    if variant == "sd":
-        b_param, scale_d, ins = "unsigned long long b, int scale_d", f"%{b_at + 1}", f'{ins}, "r"(scale_d)'
-    return [
-        "#ifndef SPATIALC_SM90A_EMULATED",
-        "template <int N, class T, class A>",
-        f"__device__ void {name}(spatialc_acc<A> (&d)[N / 16], {a_param}, {b_param});",
-        "template <>",
-        f"__device__ __forceinline__ void {name}<{n}, {operand}, {accum}>(",
-        f"    spatialc_acc<{accum}> (&d)[{n // 16}], {a_spec}, {b_param})",
-        "{",
-        "    asm volatile(",
-        f'        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, {scale_d}, 0;\\n"',
-        f'        "wgmma.mma_async.sync.aligned.{shape}.{dtype} {{{acc}}}, {a_ops}, %{b_at}, {tail};\\n}}"',
-        f"        : {outs}",
-        f"        : {ins});",
-        "}",
-        "#endif",
-    ]
-
-
-def preamble(hk: HopperKernel) -> list[str]:
-    k = hk.base
-    types = (k.types.operand, k.integer)
-    lines = general_printer.preamble(k)
-    head, rest = lines[0], lines[1:]
-    head = (
-        f"// {plain(k.program.name)}: the sm_90a CUDA form printed by spatialc from the spatial IR; each block is one"
-        f" site, its reader a TMA producer, its compute engine {_consumers(hk.wg)}."
-    )
-    at = rest.index("#include <cstring>") + 1
-    rest = [*rest[:at], "#include <cuda.h>", "#include <cudaTypedefs.h>", *rest[at:]]
-    at = rest.index("typedef " + f"{k.types.operand} OPT;")
-    wgmmas = [line for n, kind in hk.wgmmas or ((hk.n, "ss"),) for line in wgmma_specialisations(n, *types, kind)]
-    w4a16 = ["sm90a/dequant90.cuh"] if has_dequant(k.program) else []  # its bulk copies and panel stores
-    extra = [*inlined_lines("sm90a/sm90a.cuh", *w4a16), *wgmmas, ""]
-    if hk.schedule == PINGPONG:  # the two consumer warpgroups' turns: bar.arrive beside bar.sync
-        extra += [*inlined_lines("sm90a/pingpong.cuh"), ""]
-    rest = [*rest[:at], *extra, *rest[at:]]
-    if hk.chunk:  # tiles of the output box each consumer warp stages for the TMA store
-        at = next(i for i, line in enumerate(rest) if line.startswith("#define SMEM_OFF_"))
-        rest = [*rest[:at], f"#define OUT_CHUNK {hk.chunk}", *staging.defines(hk), *rest[at:]]
-    # (each multicast ring's ready barriers count its receivers: READY_COUNT_r, the general preamble's)
-    return [head, *(line.replace(f"#define NTHREAD {k.threads}", f"#define NTHREAD {hk.threads}") for line in rest)]
-
-
-def kernel_text(hk: HopperKernel) -> str:
-    k = hk.base
-    w = Writer()
-    for line in preamble(hk):
-        w.line(line)
-    params = ", ".join(
-        [f"{general_printer._param_head(k, t)}* __restrict__ t{int(t.id)}" for t in k.program.tensors]
-        + ["const int* __restrict__ spatialc_work"]
-        + (["int* __restrict__ spatialc_sync"] if hk.partials else [])
-        + [f"const __grid_constant__ CUtensorMap spatialc_tmap_{m.index}" for m in hk.maps]
-    )
-    general_printer.class_table(k, w)
-    mc = hk.multicast
-    # Multicast groups are clusters of `cluster` consecutive sites: a page lands in each of its group's blocks.
-    dims = f" __cluster_dims__({k.cluster}, 1, 1)" if mc is not None else ""
-    w.line(f'extern "C" __global__ __launch_bounds__(NTHREAD, {hk.wg.blocks}){dims} void {KERNEL_NAME}({params})')
-    with w.block():
-        site_prologue(w, k.cluster if mc is not None else 1)
-        w.line("extern __shared__ __align__(1024) char spatialc_dyn_smem[];")
-        w.line("spatialc_check_stage_base(spatialc_dyn_smem);")
-        general_printer.declare_rings(k, w)
-        if hk.scales is not None:
-            sa = hk.scales
-            w.line(
-                f"SPATIALC_DYNAMIC_RING(float, sa_stage, spatialc_dyn_smem, SMEM_OFF_SA_STAGE, DEPTH_{sa.ring}, "
-                f"{sa.rows});  // A's scales of each stage's K group, with A's page"
-            )
-        if hk.chunk and hk.epilogue == SWIZZLED:
-            staging.declare(hk, w)
-        elif hk.chunk:
-            boxes = hk.wg.staging_boxes
-            w.line(
-                f"SPATIALC_DYNAMIC_RING(OUT_T, out_stage, spatialc_dyn_smem, SMEM_OFF_OUT_STAGE, {boxes}, "
-                f"OUT_CHUNK * {TILE_ELEMS});  // each consumer warp's {STORE_BUFFERS} output boxes"
-            )
-        for r in mc.rings if mc is not None else ():
-            w.line(
-                f"SPATIALC_DYNAMIC_RING(unsigned long long, ready_{r}, spatialc_dyn_smem, SMEM_OFF_READY_{r}, "
-                f"DEPTH_{r}, 1);"
-            )
-        with w.block("if (tid == 0)"):
-            general_printer.init_barriers(k, w)
-            for r in mc.rings if mc is not None else ():
-                with w.block(f"for (unsigned s = 0; s < DEPTH_{r}; ++s)", "// a stage free in every receiver"):
-                    w.line(f"spatialc_mbar_init(&ready_{r}[s], READY_COUNT_{r});")
-            w.line("spatialc_fence_barrier_init();  // the initialised barriers, before any other thread's use")
-            w.line("spatialc_fence_proxy_async();  // and before the copy engine's transaction counts on them")
-        w.line("__syncthreads();")
-        if mc is not None:
-            w.line("spatialc_cluster_sync();  // and before a peer block arrives on them or multicasts into this one")
-        consumers = hk.wg.consumers * WARPGROUP
-        with w.block(f"if (warp >= {consumers})", "// the producer warpgroup"):
-            if hk.wg.moves_registers:  # a block of one consumer warpgroup keeps what the launch gave it
-                w.line(f"spatialc_regs_dec<{PRODUCER_REGS}>();")
-            for i, role in enumerate(k.roles[1:]):
-                with w.block(f"{'if' if i == 0 else 'else if'} (warp == {role.first_warp})", f"// {role.engine.value}"):
-                    _engine(hk, role, w)
-        who = "the consumer warpgroup (two blocks an SM)" if hk.wg.paired else "the consumer warpgroups"
-        with w.block("else", f"// {k.roles[0].engine.value}: {who}"):
-            if hk.wg.moves_registers:
-                w.line(f"spatialc_regs_inc<{CONSUMER_REGS}>();")
-            _engine(hk, k.roles[0], w)
-        if mc is not None:
-            # Every page a peer sends this block was waited for, and every arrival it made on a peer's barrier was
-            # waited for there; CUDA still asks that no block of a cluster exits while a peer may use its shared
-            # memory, which this barrier makes true whatever the schedule.
-            w.line("spatialc_cluster_sync();  // no block leaves while its peers may still reach its shared memory")
-    if mc is not None:
-        w.line(f"SPATIALC_CLUSTER_KERNEL({KERNEL_NAME}, {k.cluster})")
-    return w.text()
-
-
-def _engine(hk: HopperKernel, role: general.Role, w: Writer) -> None:
-    """One engine's branch. The reader runs on one thread: the copy engine moves its pages."""
-    k = hk.base
-    w.line(f"const int etid = tid - {role.first_warp * WARP};")
-    w.line("(void)etid;")
-    kind = AttentionPrinter if hk.attention else w4.W4HopperPrinter if has_dequant(k.program) else HopperPrinter
-    printer = kind(hk, role, w)
-    printer.tensors = {int(t.id): t for t in k.program.tensors}
-    printer.counters()
-    if isinstance(printer, AttentionPrinter):
-        declare(printer, w)
-    stores = hk.chunk and role is k.roles[0]  # the consumers' fused store, through the staging boxes
-    if stores and hk.odd_turns:
-        w.line("unsigned boxes_out = 0;  // output boxes this warp has staged (its boxes are used in turn)")
-    if any(isinstance(op, AcquireAcc) for op in role.walk()) and not hk.attention:
-        w.line(f"spatialc_acc<ACCT> accf[{hk.n // 16}];")
-        if program_scales(k.program) is not None:  # a K group's products, before their promotion into accf
-            w.line(f"spatialc_acc<ACCT> part[{hk.n // 16}];")
-    single = any(isinstance(op, ReadTiles) for op in role.walk())
-    if single:
-        printer.nthreads = "1"
-
-    def body(ops: tuple[ChoreoOp, ...], index: int | None) -> None:
-        printer.sends = frozenset(k.rings.template[op.buf] for op in walk(ops) if isinstance(op, McastSend))
-        printer.partials = hk.partials[index] if hk.partials and index is not None else None
-        printer.partials_added = 0
-        if single:
-            with w.block("if (etid == 0)", "// the copy engine moves the pages; one thread issues"):
-                for m in hk.maps:  # every map this block's copies use (the loads' and the store's)
-                    w.line(f"spatialc_prefetch_tensormap(&spatialc_tmap_{m.index});")
-                general_printer._program(printer, ops)
-        else:
-            general_printer._program(printer, ops)
-        assert not printer.deferred, "a sender's load with no send"
-        assert not printer.arrived, "an arrival made with a load's expect_tx and no Push after it"
-
-    general_printer.by_class(k, role, w, body, indexed=True)
-    if stores and hk.epilogue == SWIZZLED:
-        staging.last_wait(w)
-    elif stores:
-        # The shared memory a store reads must outlive its reading: the warp's last stores, before it ends.
-        last = "if ((threadIdx.x & 31) == 0) { spatialc_bulk_wait_read<0>(); }"
-        w.line(f"{last}  // the last boxes' stores have read them")
-
-
-def budget_of(hk: HopperKernel, target: SpatialTarget) -> Budget:
-    k = hk.base
-    bud = general.budget_of(k, target)
-    rings = sum(r.bytes for r in k.rings.rings.values())
-    staging = staging_bytes(hk.chunk, k.out_type, hk.wg)
-    return dataclasses.replace(
-        bud,
-        staging_bytes=staging,
-        ring_bytes=rings,
-        padding_bytes=k.dyn_bytes - rings - k.barrier_bytes - staging,
-        dynamic_opt_in=k.dyn_bytes > target.smem_static_max,
-        regs_est=hk.wg.consumer_regs(target),
-        regs_entry=hk.wg.at_launch(target) if hk.wg.moves_registers else 0,
-        blocks_per_sm=hk.wg.blocks,
-        threads=hk.threads,
-        form="sm90a",
-    )
 
 
 def lower(

@@ -1,7 +1,7 @@
 """The sm_90a form's engine printer: the general form's, with operand pages loaded by the copy engine (TMA boxes
 announced on the full barrier with the producer's arrival), multiplied by wgmma from shared-memory descriptors, a K
 loop that keeps one wgmma group in flight, and the consumers' fused store through staging boxes and TMA stores.
-`kernel.py` describes the kernel and prints the rest of it.
+`kernel.py` describes the kernel; `text.py` prints the rest of it.
 """
 
 from __future__ import annotations
