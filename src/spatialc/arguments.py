@@ -13,6 +13,7 @@ from .errors import ProgramError
 from .ir import ops
 from .ir.nodes import Tile
 from .ir.ops import Apply, Lit, Map, Precision
+from .numerics.narrow import FLOAT32_MAX
 
 TILE = Tile(16, 16)
 
@@ -28,9 +29,6 @@ MAX_TENSOR_ELEMS = 2**34
 
 
 DEFAULT_PRECISION = "int8"  # of gemm, grouped_gemm, lang.program and the CLI alike: exact, so checked exactly
-
-
-FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _check_map(stage: Map, prec: Precision, inputs: int = 1) -> None:

@@ -45,7 +45,6 @@ from .ir.ops import (
     VecAxis,
 )
 from .numerics.epilogue import dot_range
-from .numerics.narrow import FLOAT32_MAX
 from .numerics.quant import QuantError, quantize_multiplier
 
 # What C holds unless `out` says otherwise: an int8 GEMM's int32 sums while K ≤ 131071 keeps them in range (int64
