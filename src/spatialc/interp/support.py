@@ -118,7 +118,8 @@ def row_reduce(E: EngineState, i: int, x: object, acc: Acc, op: RowReduce, at: i
         and at >= 0
     ):
         tc = E.m.p.tile.cols
-        rows.append((name, x, h, width, max(0, min(width * tc, op.cols - at * tc))))
+        full, keep = width * tc, op.cols - at * tc  # (the columns kept, clamped to 0..full without two calls)
+        rows.append((name, x, h, width, full if keep > full else keep if keep > 0 else 0))
         return
     if not acc.live:
         fail(E, i, f"{acc.name} is not acquired")
