@@ -373,7 +373,7 @@ class Pending(list):
         self.store, self.held = store, 0
 
     def append(self, write: tuple[int, np.ndarray, int, int, object]) -> None:
-        super().append(write)
+        list.append(self, write)  # (once a page written: without super()'s proxy)
         v = write[4]
         self.held += v.count * v.tr * v.tc if v.__class__ is MapValue else held_elems(v)  # type: ignore[attr-defined]
         if self.held > PENDING_ELEMS:
