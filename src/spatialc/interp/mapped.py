@@ -37,7 +37,8 @@ class MapKernel:
     index → width), each broadcast vector's place in `cols(expr)` and which of them follow rows (`row_vecs`: one value
     per row), whether its pages may be computed later (`lazy`),
     and for those the pages read whole, the one row width every vector agrees on (0 where they do not), the width
-    each page is read at, and whether it reads no vector at all (`free`)."""
+    each page is read at, whether it reads no vector at all (`free`), and whether it reads row vector pages and no
+    broadcast vector (`plain`)."""
 
     __slots__ = (
         "op",
@@ -52,6 +53,7 @@ class MapKernel:
         "width",
         "widths",
         "free",
+        "plain",
         "reuse",
     )
 
@@ -70,6 +72,8 @@ class MapKernel:
         # No row or column vector: a page may be laid out as any h × w rectangle of its tiles (`support.elementwise`
         # takes a read page's own), element by element the same.
         self.free = not self.by_row and not self.order
+        # Pages and row vector pages alone, of one row width (softmax's maps): `support.elementwise`'s shortest path.
+        self.plain = self.lazy and bool(self.width) and bool(self.whole) and not self.order and not self.free
         self.reuse: dict[int, tuple[object, Any]] = {}  # by kernel (id): the part of this op's expression it computes
 
 
