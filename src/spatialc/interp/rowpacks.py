@@ -83,13 +83,12 @@ def _realise_chunk(chunk: list[RowPack], ready: Callable[[list[RowPack]], None] 
             end += 1
         rows = values[k] if end == k + 1 else _joined(values[k:end])
         column = np.asarray(reduce_rows(chunk[k].name, rows, False), np.float64)
+        flat = np.asarray(np.asarray(column, np.float32), np.float64)  # as packed_rows rounds it: the run's at once
+        tiles = np.broadcast_to(flat.reshape(-1, tr, 1), (len(flat) // tr, tr, tc)).copy()
         at = 0
         for p in chunk[k:end]:
-            n = p.count * tr
-            p.column = column[at : at + n]
-            flat = np.asarray(np.asarray(p.column, np.float32), np.float64)  # as packed_rows rounds it
-            p.result = np.broadcast_to(flat.reshape(p.count, tr, 1), (p.count, tr, tc)).copy()
-            at += n
+            p.column, p.result = column[at * tr : (at + p.count) * tr], tiles[at : at + p.count]
+            at += p.count
         k = end
     del values
     if ready is not None:
