@@ -40,12 +40,13 @@ class Machine:
         self._texts: dict[ChoreoOp, str] = {}
         self._slots = {v: i for i, v in enumerate(_loop_vars(p))}
         self._sides: dict[tuple[int, str], EngineState] = {}
+        self._ring_shapes: dict[BufferId, tuple[str, int, int, str]] = {}  # by template: name, depth, page, layout
         # Rings whose pages hold computed values (a pack's, an elementwise stage's): a matmul rounds those to its
         # operand type (`support.operand`), and takes a tensor's tiles as they are.
         self.computed = {
             p.buffer(b).ring
-            for prog in p.schedule.programs
-            for op in walk(prog.ops)
+            for ops in {id(prog.ops): prog.ops for prog in p.schedule.programs}.values()  # (sites share ops tuples)
+            for op in walk(ops)
             for b in (op.outs if isinstance(op, Compute) else (op.to,) if isinstance(op, PackAcc) else ())
         }
 
@@ -159,10 +160,15 @@ class Machine:
         """Site's state of the ring `buf` is (a copy of): per-site copies of one template are one ring per site."""
         key = (site, buf.ring)
         if key not in self.rings:
-            kind = self.ring_kind(buf.id)
-            name = self.buffers[buf.ring].name if buf.ring in self.buffers else buf.name
-            tracing = self.recorder is not None
-            self.rings[key] = Ring(name, site, kind.depth_pages, kind.page_tiles, tracing, kind.layout.value)
+            shape = self._ring_shapes.get(buf.ring)
+            if shape is None:
+                kind = self.ring_kind(buf.id)
+                name = self.buffers[buf.ring].name if buf.ring in self.buffers else buf.name
+                shape = (name, kind.depth_pages, kind.page_tiles, kind.layout.value)
+                if buf.ring in self.buffers:  # a listed template's: found once, not once a site
+                    self._ring_shapes[buf.ring] = shape
+            name, depth, page, layout = shape
+            self.rings[key] = Ring(name, site, depth, page, self.recorder is not None, layout)
         return self.rings[key]
 
     def acc(self, site: Site, buf: Buffer) -> Acc:

@@ -37,13 +37,15 @@ class MapKernel:
     index → width), each broadcast vector's place in `cols(expr)` and which of them follow rows (`row_vecs`: one value
     per row), whether its pages may be computed later (`lazy`),
     and for those the pages read whole, the one row width every vector agrees on (0 where they do not), the width
-    each page is read at, and whether it reads no vector at all (`free`)."""
+    each page is read at, whether it reads no vector at all (`free`), and whether it reads row vector pages and no
+    broadcast vector (`plain`)."""
 
     __slots__ = (
         "op",
         "integer",
         "tile",
         "by_row",
+        "rows",
         "order",
         "row_vecs",
         "lazy",
@@ -51,12 +53,14 @@ class MapKernel:
         "width",
         "widths",
         "free",
+        "plain",
         "reuse",
     )
 
     def __init__(self, op: object, integer: bool, tile: tuple[int, int], ins: int) -> None:
         self.op, self.integer, self.tile = op, integer, tile
         self.by_row: dict[int, int] = dict(row_reads(op.expr)) if isinstance(op, Map) else {}
+        self.rows = tuple(j for j in range(ins) if j in self.by_row)  # the pages read as row vectors, in order
         vectors = cols(op.expr) if isinstance(op, Map) else ()
         self.order = {id(c): k for k, c in enumerate(vectors)}
         self.row_vecs = frozenset(k for k, c in enumerate(vectors) if c.axis == VecAxis.ROW)  # one value per row
@@ -68,6 +72,8 @@ class MapKernel:
         # No row or column vector: a page may be laid out as any h × w rectangle of its tiles (`support.elementwise`
         # takes a read page's own), element by element the same.
         self.free = not self.by_row and not self.order
+        # Pages and row vector pages alone, of one row width (softmax's maps): `support.elementwise`'s shortest path.
+        self.plain = self.lazy and bool(self.width) and bool(self.whole) and not self.order and not self.free
         self.reuse: dict[int, tuple[object, Any]] = {}  # by kernel (id): the part of this op's expression it computes
 
 
@@ -101,7 +107,7 @@ def realise_maps(values: list[MapValue], into: Into | None = None) -> set[int]:
     float32 matrix and, by page (id), the tile (row, column) of its rectangle there, no two overlapping: a batch whose
     pages lie there as they are computed side by side and stacked is computed straight into it. The pages computed so
     (ids) are returned; each page's `result` is its rectangle there."""
-    todo = list({id(v): v for v in values if v.result is None}.values())
+    todo = list(dict.fromkeys([v for v in values if v.result is None]))  # (each once: pages hash by identity)
     inner, packs = [], []
     for v in todo:  # the pages and the packs they read that are not computed yet
         for x in v.ins:
@@ -123,11 +129,9 @@ def realise_maps(values: list[MapValue], into: Into | None = None) -> set[int]:
 
 
 def _realise_groups(todo: list[MapValue], into: Into | None, placed: set[int]) -> None:
-    groups: dict[tuple, list[MapValue]] = defaultdict(list)
-    for v in todo:
-        groups[(id(v.kernel), v.h, v.width, v.tr, v.tc, v.widths)].append(v)
-    for members in groups.values():
-        runs = _runs(members)
+    """The pages, by kernel and shape, in bands (`_bands`), computed a few runs at a time (`_runs`)."""
+    for bands in _bands(todo):
+        runs = _runs(bands)
         by_length: dict[int, list[list[MapValue]]] = defaultdict(list)
         for run in runs:
             by_length[len(run)].append(run)
@@ -150,12 +154,13 @@ class _Waves:
         # with the count of its packs not computed yet.
         sets: dict[tuple[int, ...], list[MapValue]] = {}
         self.rest: list[MapValue] = []
+        pages, before = self.rest, None
         for v in todo:
-            key = tuple([id(x) for x in v.ins if x.__class__ is RowPack and x.column is None])
-            if key:
-                sets.setdefault(key, []).append(v)
-            else:
-                self.rest.append(v)
+            if before is None or not _same_packs(v.ins, before.ins):  # (a band's pages follow one another: `_bands`)
+                key = tuple([id(x) for x in v.ins if x.__class__ is RowPack and x.column is None])
+                pages = sets.setdefault(key, []) if key else self.rest
+            pages.append(v)
+            before = v
         self.waiting: dict[int, list[list]] = defaultdict(list)  # by pack (id): [count, pages] of the sets it is in
         for key, pages in sets.items():
             entry = [len(set(key)), pages]
@@ -183,28 +188,74 @@ class _Waves:
         return list(left.values())
 
 
-def _runs(members: list[MapValue]) -> list[list[MapValue]]:
-    """The members in runs that read the same row vector pages and row vectors' values (a band of rows), each at most
-    CHUNK_ELEMS: in the order of the tensor tiles they read where they read some, else as made."""
-    v0 = members[0]
-    rows = [j for j in range(len(v0.widths)) if j in v0.kernel.by_row]
+def _bands(todo: list[MapValue]) -> list[list[list[MapValue]]]:
+    """The pages by kernel and shape, and among those in bands: pages that read the same row vector pages and row
+    vectors' values (a band of rows), each band as made. The sites' engines interleave their pages, but an engine
+    makes a band's pages one after another: each page is compared with the one before it, and only a page that
+    starts another band is looked up by its keys."""
+    groups: dict[tuple, dict[tuple, list[MapValue]]] = {}
+    band: list[MapValue] = []
+    before: MapValue | None = None
+    for v in todo:
+        if before is None or not _same_band(v, before):
+            kernel = v.kernel
+            bands = groups.setdefault((id(kernel), v.h, v.width, v.tr, v.tc, v.widths), {})
+            band = bands.setdefault((*[id(v.ins[j]) for j in kernel.rows], *v.row_key), [])
+        band.append(v)
+        before = v
+    return [list(bands.values()) for bands in groups.values()]
+
+
+def _same_band(v: MapValue, u: MapValue) -> bool:
+    """Whether page v belongs with page u: one kernel and shape, the same row vector pages and row vectors' values."""
+    if v.kernel is not u.kernel or v.widths is not u.widths and v.widths != u.widths or v.row_key != u.row_key:
+        return False
+    if v.h != u.h or v.width != u.width or v.tr != u.tr or v.tc != u.tc:
+        return False
+    same = True
+    for j in v.kernel.rows:  # (a loop, not all() of a generator: this runs once a page)
+        same = same and v.ins[j] is u.ins[j]
+    return same
+
+
+def _same_packs(ins: list, other: list) -> bool:
+    """Whether two pages read the same row packs in the same places (whatever else they read)."""
+    if len(ins) != len(other):
+        return False
+    for x, y in zip(ins, other, strict=True):
+        if x is not y and (x.__class__ is RowPack or y.__class__ is RowPack):
+            return False
+    return True
+
+
+def _runs(bands: list[list[MapValue]]) -> list[list[MapValue]]:
+    """The bands of one kernel and shape in runs of at most CHUNK_ELEMS: in the order of the tensor tiles they read
+    where they read some, else as made."""
+    v0 = bands[0][0]
     most = max(1, CHUNK_ELEMS // max(v0.h * v0.tr * v0.width * v0.tc, 1))
-    keyed: dict[tuple[int, ...], list[MapValue]] = {}  # (the sites' engines interleave their pages: sort them out)
-    for v in members:
-        ins = v.ins
-        key = (id(ins[rows[0]]), *v.row_key) if len(rows) == 1 else (*[id(ins[j]) for j in rows], *v.row_key)
-        keyed.setdefault(key, []).append(v)
     first = v0.kernel.whole[0]
     runs: list[list[MapValue]] = []
-    for same in keyed.values():
-        pages = [v.ins[first] for v in same]
-        if all(x.__class__ is TileRefs for x in pages):  # in the tensor's order: rows of pages, as read
-            store = pages[0].store
-            ats = [x.at for x in pages]
-            if any(x.store is not store for x in pages) or ats != sorted(ats):
-                same.sort(key=lambda v: (id(v.ins[first].store), v.ins[first].at))
+    for same in bands:
+        if not _in_tensor_order(same, first):
+            same.sort(key=lambda v: (id(v.ins[first].store), v.ins[first].at))
         runs.extend(same[s : s + most] for s in range(0, len(same), most))
     return runs
+
+
+def _in_tensor_order(band: list[MapValue], j: int) -> bool:
+    """Whether the band's pages are in the order they are laid side by side in: as made where some page j of them is
+    no tensor's tiles, else the order of those tiles (one store, ascending: rows of pages, as read)."""
+    x0 = band[0].ins[j]
+    if x0.__class__ is not TileRefs:
+        return True
+    store, at, ordered = x0.store, x0.at, True
+    for v in band:
+        x = v.ins[j]
+        if x.__class__ is not TileRefs:
+            return True
+        ordered = ordered and x.store is store and x.at >= at
+        at = x.at
+    return ordered
 
 
 def _realise_runs(runs: list[list[MapValue]], into: Into | None = None, placed: set[int] | None = None) -> None:

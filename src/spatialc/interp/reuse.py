@@ -67,21 +67,21 @@ def _band_of(run: list[MapValue], j: int, names: dict[int, int], source: Any) ->
     pages = pack.pages
     if len(pages) != len(run):
         return None
-    band = pages[0][1].band
-    if band is None:
+    v0, m0 = run[0], pages[0][1]
+    band = m0.band
+    if band is None or (m0.h, m0.width, m0.tr, m0.tc) != (v0.h, v0.width, v0.tr, v0.tc):
         return None
-    v0 = run[0]
-    shape = (v0.h, v0.width, v0.tr, v0.tc)  # (a run's pages share their shape and widths: `mapped._realise_groups`)
-    read = [(i, i2, v0.widths[i2]) for i, i2 in names.items()]
+    # The pages of one band were computed together, as a run's were: one shape and widths each (`mapped._realise_runs`)
+    if any(m0.widths[i] != v0.widths[i2] for i, i2 in names.items()):
+        return None
+    read = list(names.items())
     for k, v in enumerate(run):
         m = pages[k][1]
         if m.__class__ is not MapValue or m.kernel is not source or m.band is not band or m.slot != k:
             return None
-        if (m.h, m.width, m.tr, m.tc) != shape or v.widths is not v0.widths and v.widths != v0.widths:
-            return None
-        for i, i2, w in read:
+        for i, i2 in read:
             a, b = m.ins[i], v.ins[i2]
-            if m.widths[i] != w or a is not b and not _same_page(a, b):
+            if a is not b and not _same_page(a, b):
                 return None
     return band
 

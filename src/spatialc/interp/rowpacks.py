@@ -43,7 +43,7 @@ def realise_packs(packs: list[RowPack], ready: Callable[[list[RowPack]], None] |
     """Compute every pack of `packs` not computed yet: the packs the pages they reduce read first, then a chunk of
     packs at a time (about CHUNK_ELEMS values), each chunk's elementwise pages at once and its rows in one reduction.
     `ready` is told each chunk's packs once they are computed, while the pages they reduced still are."""
-    todo = list({id(p): p for p in packs if p.column is None}.values())
+    todo = list(dict.fromkeys([p for p in packs if p.column is None]))  # (each once: packs hash by identity)
     # The packs their first pages read, at once (any other is computed when its page is, with the others then).
     below = [
         x
@@ -70,8 +70,8 @@ def realise_packs(packs: list[RowPack], ready: Callable[[list[RowPack]], None] |
 
 
 def _realise_chunk(chunk: list[RowPack], ready: Callable[[list[RowPack]], None] | None = None) -> None:
-    todo = {id(v): v for p in chunk for _, v, *_ in p.pages if v.__class__ is MapValue and v.result is None}
-    maps = list(todo.values())
+    maps = list(dict.fromkeys([x[1] for p in chunk for x in p.pages if x[1].__class__ is MapValue]))
+    maps = [v for v in maps if v.result is None]
     if maps:
         realise_maps(maps)
     tr, tc = chunk[0].tile
@@ -83,13 +83,12 @@ def _realise_chunk(chunk: list[RowPack], ready: Callable[[list[RowPack]], None] 
             end += 1
         rows = values[k] if end == k + 1 else _joined(values[k:end])
         column = np.asarray(reduce_rows(chunk[k].name, rows, False), np.float64)
+        flat = np.asarray(np.asarray(column, np.float32), np.float64)  # as packed_rows rounds it: the run's at once
+        tiles = np.broadcast_to(flat.reshape(-1, tr, 1), (len(flat) // tr, tr, tc)).copy()
         at = 0
         for p in chunk[k:end]:
-            n = p.count * tr
-            p.column = column[at : at + n]
-            flat = np.asarray(np.asarray(p.column, np.float32), np.float64)  # as packed_rows rounds it
-            p.result = np.broadcast_to(flat.reshape(p.count, tr, 1), (p.count, tr, tc)).copy()
-            at += n
+            p.column, p.result = column[at * tr : (at + p.count) * tr], tiles[at : at + p.count]
+            at += p.count
         k = end
     del values
     if ready is not None:
@@ -125,20 +124,38 @@ def reduced_values(pages: list[tuple[str, object, int, int, int]], tr: int, tc: 
     by side their band (each in its own type, which `reduce_rows` converts exactly); others are joined in float64 (an
     integer chain's values too, as the reduction has always taken them)."""
     _, first, h, width, _ = pages[0]
-    if isinstance(first, TileRefs) and all(
-        x.__class__ is TileRefs and x.store is first.store and x.off is first.off and x.at == first.at + k * width
-        for k, (_, x, *_) in enumerate(pages)
-    ):
+    full = width * tc
+    if first.__class__ is TileRefs and _tensor_row(pages, first, width, full):
         corner = first.store.rect(first.at, first.off, h, width)
-        full = all(keep == width * tc for *_, keep in pages[:-1])
-        if corner is not None and full and corner[1] + len(pages) * width <= first.store.cols_t:
+        if corner is not None and corner[1] + len(pages) * width <= first.store.cols_t:
             r0, c0 = corner
-            span = (len(pages) - 1) * width * tc + pages[-1][4]
+            span = (len(pages) - 1) * full + pages[-1][4]
             return first.store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : c0 * tc + span]
-    if isinstance(first, MapValue) and first.band is not None and first.slot == 0:
+    if first.__class__ is MapValue and first.band is not None and first.slot == 0:
         band = first.band  # computed side by side, in this order (mapped.py): the band itself
-        ok = all(x.__class__ is MapValue and x.band is band and x.slot == k for k, (_, x, *_) in enumerate(pages))
-        if ok and all(keep == width * tc for *_, keep in pages[:-1]) and band.shape[0] == h * tr:
-            return band[:, : (len(pages) - 1) * width * tc + pages[-1][4]]
+        if _band_in_order(pages, band, full) and band.shape[0] == h * tr:
+            return band[:, : (len(pages) - 1) * full + pages[-1][4]]
     mats = [page_matrix(x, h, width, tr, tc)[:, :keep] for _, x, h, width, keep in pages]
     return np.asarray(np.concatenate(mats, axis=1), np.float64)
+
+
+def _tensor_row(pages: list[tuple[str, Any, int, int, int]], first: TileRefs, width: int, full: int) -> bool:
+    """Whether the pages are tiles of `first`'s tensor one after another along a row, `width` tiles apart, each kept
+    whole (`full` columns) but the last."""
+    store, off, at = first.store, first.off, first.at
+    for k, (_, x, _, _, keep) in enumerate(pages):
+        if x.__class__ is not TileRefs or x.store is not store or x.off is not off or x.at != at + k * width:
+            return False
+        if keep != full and k < len(pages) - 1:
+            return False
+    return True
+
+
+def _band_in_order(pages: list[tuple[str, Any, int, int, int]], band: np.ndarray, full: int) -> bool:
+    """Whether the pages are the band's, in its order from its first, each kept whole (`full` columns) but the last."""
+    for k, (_, x, _, _, keep) in enumerate(pages):
+        if x.__class__ is not MapValue or x.band is not band or x.slot != k:
+            return False
+        if keep != full and k < len(pages) - 1:
+            return False
+    return True

@@ -118,7 +118,8 @@ def row_reduce(E: EngineState, i: int, x: object, acc: Acc, op: RowReduce, at: i
         and at >= 0
     ):
         tc = E.m.p.tile.cols
-        rows.append((name, x, h, width, max(0, min(width * tc, op.cols - at * tc))))
+        full, keep = width * tc, op.cols - at * tc  # (the columns kept, clamped to 0..full without two calls)
+        rows.append((name, x, h, width, full if keep > full else keep if keep > 0 else 0))
         return
     if not acc.live:
         fail(E, i, f"{acc.name} is not acquired")
@@ -342,7 +343,18 @@ def elementwise(
     — its tile s covering the vector's tile row `at + s // width`. Each position (`Pos`, at) — a mask's row or
     column — is the element's index as a value: its tile row `at + s // width` (ROW) or tile column `at + s mod
     width` (COL), times the tile's side, plus its row or column in the tile."""
-    if kernel.lazy and kernel.width and kernel.whole:  # the checks below, in short, for a page that passes them
+    if kernel.plain:  # the checks below, in short, for a page of a map of pages alone that passes them
+        width = kernel.width
+        n = xs[kernel.whole[0]].count
+        h = n // width
+        fits = n % width == 0
+        for j in kernel.whole:  # (loops, not all() of generators: this runs once a page)
+            fits = fits and xs[j].count == n
+        for j in kernel.by_row:
+            fits = fits and xs[j].count >= h
+        if fits:
+            return MapValue(kernel, xs, kernel.widths, [], h, width, kernel.tile, ())
+    elif kernel.lazy and kernel.width and kernel.whole:  # the same with broadcast vectors, or of any layout
         width = kernel.width
         n = xs[kernel.whole[0]].count
         h = n // width

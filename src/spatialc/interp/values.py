@@ -267,7 +267,7 @@ class Store:
         where nothing was applied before (the store is still zeros) and every pending write is a whole computed page
         (float32 values, `MapValue`) on a rectangle of its own. A float32 output is then written once, not through
         float64 and converted (the same numbers). None, with nothing done, where not."""
-        if self.applied or not self.pending or any(v.__class__ is not MapValue for *_, v in self.pending):
+        if self.applied or not self.pending or any(w[4].__class__ is not MapValue for w in self.pending):
             return None
         from .mapped import realise_maps  # mapped.py builds on this module's values
 
@@ -275,7 +275,7 @@ class Store:
         if where is None:
             return None
         mat = np.zeros(self.mat.shape, np.float32)
-        placed = realise_maps([v for *_, v in self.pending], (mat, where))  # computed in place where they may be
+        placed = realise_maps([w[4] for w in self.pending], (mat, where))  # computed in place where they may be
         if len(placed) < len(self.pending) and not self._write_bands({}, mat, only_maps=True, done=placed):
             return None
         self.mat, self.arr = mat, mat.reshape(self.arr.shape)
@@ -290,15 +290,20 @@ class Store:
         where: dict[int, tuple[int, int]] = {}
         rects: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
         twice: set[int] = set()
+        shape, corners = None, []  # (the writes of a tensor are mostly of one shape: its list, kept at hand)
         for at, off, bh, bw, v in self.pending:
             corner = self.rect(at, off, bh, bw)
-            if corner is None or (v.h, v.width) != (bh, bw):
+            if corner is None or v.h != bh or v.width != bw:
                 return None
-            rects[bh, bw].append(corner)
-            if id(v) in where:
-                twice.add(id(v))
+            if shape != (bh, bw):
+                shape = (bh, bw)
+                corners = rects[shape]
+            corners.append(corner)
+            k = id(v)
+            if k in where:
+                twice.add(k)
             elif v.result is None:
-                where[id(v)] = corner
+                where[k] = corner
         if self._overlap(rects):
             return None
         for k in twice:
@@ -368,7 +373,7 @@ class Pending(list):
         self.store, self.held = store, 0
 
     def append(self, write: tuple[int, np.ndarray, int, int, object]) -> None:
-        super().append(write)
+        list.append(self, write)  # (once a page written: without super()'s proxy)
         v = write[4]
         self.held += v.count * v.tr * v.tc if v.__class__ is MapValue else held_elems(v)  # type: ignore[attr-defined]
         if self.held > PENDING_ELEMS:

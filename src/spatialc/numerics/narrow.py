@@ -57,12 +57,14 @@ def _round_bf16(x: np.ndarray) -> np.ndarray:
         return _round_bf16_core(np.asarray(x, dtype=np.float64))
 
 
-def _round_kept(u: np.ndarray, dropped: int) -> np.ndarray:
-    """The one rounding to nearest even on an IEEE float's bits `u` (uint32 or uint64, a new array): add half an ulp
-    of what is kept less one, plus the kept last bit, then clear the `dropped` low bits. A carry into the exponent is
-    the rounding up it should be; NaN, and what rounds past the format's largest value, are the caller's."""
+def _round_kept(u: np.ndarray, dropped: int, out: np.ndarray | None = None) -> np.ndarray:
+    """The one rounding to nearest even on an IEEE float's bits `u` (uint32 or uint64; a new array, or `out`, an array
+    of u's shape and type that is not u): add half an ulp of what is kept less one, plus the kept last bit, then clear
+    the `dropped` low bits. A carry into the exponent is the rounding up it should be; NaN, and what rounds past the
+    format's largest value, are the caller's."""
     one = u.dtype.type(1)
-    r = (u >> u.dtype.type(dropped)) & one
+    r = np.right_shift(u, u.dtype.type(dropped), out=out)
+    r &= one
     r += u
     r += u.dtype.type((1 << (dropped - 1)) - 1)
     r &= ~u.dtype.type((1 << dropped) - 1)
@@ -75,15 +77,16 @@ _F32_INF_BITS = np.uint32(0x7F800000)
 _F32_QUIET = np.uint32(0x00400000)
 
 
-def _round_bf16_f32(x: np.ndarray) -> np.ndarray:
+def _round_bf16_f32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """float32 values → the nearest bf16 value, as float32: `_round_kept` on float32's bits, where bf16's
     subnormals are float32's and a carry past bf16's largest lands exactly on inf's bits. Rounding the float32 value
     is rounding the float64 one, which holds it exactly; a NaN stays the NaN float64 made of it (quieted, its payload
-    kept). A new array, the shape of `x`."""
-    u = np.ascontiguousarray(x).reshape(-1).view(np.uint32)
-    r = _round_kept(u, F32_DROPPED_BITS)
-    nan = (u & _F32_ABS) > _F32_INF_BITS
-    if nan.any():
+    kept). A new array, the shape of `x`; or `out`, a contiguous float32 array of x's size, written in place."""
+    f = np.ascontiguousarray(x).reshape(-1)
+    u = f.view(np.uint32)
+    r = _round_kept(u, F32_DROPPED_BITS, None if out is None else out.reshape(-1).view(np.uint32))
+    if f.size and np.isnan(f.max()):  # (a max meets every NaN: one pass, no mask, where there is none)
+        nan = (u & _F32_ABS) > _F32_INF_BITS
         r[nan] = u[nan] | _F32_QUIET
     return r.view(np.float32).reshape(np.shape(x))
 
@@ -179,6 +182,11 @@ def as_float32(arr: np.ndarray, rnd: Any) -> np.ndarray:
         rnd = _ON_FLOAT32[rnd]
         if all(_holds(rnd, part) for part in chunks(arr.reshape(-1))):
             return arr
+        if rnd is _round_bf16_f32:  # each chunk's bits rounded straight into the result: no temporaries
+            out = np.empty(arr.shape, np.float32)
+            for part, into in zip(chunks(arr.reshape(-1)), chunks(out.reshape(-1)), strict=True):
+                _round_bf16_f32(part, into)
+            return out
     return _by_chunks(rnd, arr, np.empty(arr.shape, np.float32))
 
 
@@ -186,9 +194,15 @@ def _holds(rnd: Any, part: np.ndarray) -> bool:
     """Whether the float32 values `part` round to themselves: for bf16 (float32's top 16 bits, subnormals and
     infinities alike) whether their low 16 bits are zero, NaNs aside."""
     if rnd is _round_bf16_f32:
-        low = (part.view(np.uint32) & 0xFFFF) != 0
-        return not low.any() or bool(np.isnan(part[low]).all())
+        for piece in (part[:HOLDS_HEAD], part):  # (an input of other values mostly shows it in its first few)
+            low = (piece.view(np.uint32) & 0xFFFF) != 0
+            if low.any() and not np.isnan(piece[low]).all():
+                return False
+        return True
     return np.array_equal(rnd(part), part, equal_nan=True)
+
+
+HOLDS_HEAD = 1024  # values `_holds` looks at first
 
 
 ROUND_CHUNK = 1 << 20  # elements rounded at once: the rounding's float64 temporaries stay a few MiB
