@@ -343,7 +343,7 @@ def elementwise(
     — its tile s covering the vector's tile row `at + s // width`. Each position (`Pos`, at) — a mask's row or
     column — is the element's index as a value: its tile row `at + s // width` (ROW) or tile column `at + s mod
     width` (COL), times the tile's side, plus its row or column in the tile."""
-    if kernel.plain:  # the checks below, in short, for a page of a map of pages alone that passes them
+    if kernel.lazy and kernel.width and kernel.whole:  # the checks below, in short, first (`plain` implies this)
         width = kernel.width
         n = xs[kernel.whole[0]].count
         h = n // width
@@ -352,18 +352,9 @@ def elementwise(
             fits = fits and xs[j].count == n
         for j in kernel.by_row:
             fits = fits and xs[j].count >= h
-        if fits:
+        if fits and kernel.plain:  # a map of pages and row-vector pages alone
             return MapValue(kernel, xs, kernel.widths, [], h, width, kernel.tile, ())
-    elif kernel.lazy and kernel.width and kernel.whole:  # the same with broadcast vectors, or of any layout
-        width = kernel.width
-        n = xs[kernel.whole[0]].count
-        h = n // width
-        fits = n % width == 0
-        for j in kernel.whole:  # (loops, not all() of generators: this runs once a page)
-            fits = fits and xs[j].count == n
-        for j in kernel.by_row:
-            fits = fits and xs[j].count >= h
-        if fits:
+        if fits:  # with broadcast vectors, or of any layout
             vecs = []
             for store, at, w, by_rows in vectors:
                 value = vector_values(store, at, w, h, by_rows)
