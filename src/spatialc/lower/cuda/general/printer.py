@@ -360,16 +360,22 @@ def preamble(k: GeneralKernel) -> list[str]:
     return lines + [""]
 
 
+def kernel_params(k: GeneralKernel) -> list[str]:
+    """The kernel's parameters (kernel-abi.md): its tensors, the work list, and its sync words where it has any —
+    the general form's, and the sm_90a form's before its tensor maps."""
+    return (
+        [f"{_param_head(k, t)}* __restrict__ t{int(t.id)}" for t in k.program.tensors]
+        + ["const int* __restrict__ spatialc_work"]
+        + (["int* __restrict__ spatialc_sync"] if k.sync else [])
+    )
+
+
 def kernel_text(k: GeneralKernel) -> str:
     """The kernel source (`kernel_cu`) of the general form."""
     w = Writer()
     for line in preamble(k):
         w.line(line)
-    params = ", ".join(
-        [f"{_param_head(k, t)}* __restrict__ t{int(t.id)}" for t in k.program.tensors]
-        + ["const int* __restrict__ spatialc_work"]
-        + (["int* __restrict__ spatialc_sync"] if k.sync else [])
-    )
+    params = ", ".join(kernel_params(k))
     class_table(k, w)
     # Multicast groups are thread-block clusters of `cluster` consecutive sites (the emulation runs each at once).
     dims = f" __cluster_dims__({k.cluster}, 1, 1)" if k.cluster > 1 else ""

@@ -325,9 +325,10 @@ def lower(
         k.dyn_bytes,
         k.dyn_bytes > target.smem_static_max,
         hk.wg.blocks,
-        k.sync if hk.partials else (),  # split-K's semaphores (a multicast's handshake is the cluster's barriers)
+        k.sync,  # split-K's semaphores; none otherwise (the form prints no trip loop; a multicast's handshake is the
+        # cluster's barriers)
         fixed=clustered or len(k.classes) > 1,
-        cooperative=bool(hk.partials),  # an owner waits on its contributors: every site resident at once
+        cooperative=k.cooperative,  # an owner waits on its contributors: every site resident at once
         cluster=k.cluster if clustered else 1,
     )
     # The operands the copy engine loads are stored as matrices (row-major, or transposed), not tiled.

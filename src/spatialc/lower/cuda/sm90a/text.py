@@ -68,9 +68,7 @@ def kernel_text(hk: HopperKernel) -> str:
     for line in preamble(hk):
         w.line(line)
     params = ", ".join(
-        [f"{general_printer._param_head(k, t)}* __restrict__ t{int(t.id)}" for t in k.program.tensors]
-        + ["const int* __restrict__ spatialc_work"]
-        + (["int* __restrict__ spatialc_sync"] if hk.partials else [])
+        general_printer.kernel_params(k)
         + [f"const __grid_constant__ CUtensorMap spatialc_tmap_{m.index}" for m in hk.maps]
     )
     general_printer.class_table(k, w)
