@@ -100,30 +100,26 @@ def sides(p: SpatialProgram, k: general.GeneralKernel) -> tuple[tuple[int, int],
             raise _refuse(f"beside a {type(op).__name__} between sites")
     work = next(t.id for t in p.tensors if t.role == TensorRole.WORKSPACE)
     templates = (k.rings.template[out], k.rings.template[into])
-    by_engine = {role.engine: role for role in k.roles}
+    programs = {role.engine: role.programs for role in k.roles}
     found = []
     for i in range(len(k.classes)):
-
-        def ops_of(engine: Engine, i: int = i) -> tuple[ChoreoOp, ...]:
-            """The class's program on `engine`, inside its ITEM loop (a split site holds one item)."""
-            role = by_engine.get(engine)
-            ops = role.programs[i] if role is not None else ()
-            if len(ops) == 1 and isinstance(ops[0], Loop) and ops[0].var == LV_ITEM:
-                return ops[0].body
-            return ops
-
-        reader, compute, writer = ops_of(Engine.READER), ops_of(Engine.COMPUTE), ops_of(Engine.WRITER)
-        touched = {
-            e for e, ops in (("reader", reader), ("compute", compute), ("writer", writer)) if _touches(ops, bufs)
-        }
-        if not touched:
+        reader, compute, writer = (
+            _item_body(programs[e][i]) if e in programs else () for e in (Engine.READER, Engine.COMPUTE, Engine.WRITER)
+        )
+        if not any(_touches(ops, bufs) for ops in (reader, compute, writer)):
             found.append(PartialSide())
-            continue
-        if _touches(writer, (out,)) or _touches(compute, (out,)):
+        elif _touches(writer, (out,)) or _touches(compute, (out,)):
             found.append(_contributor(writer, compute, out, work))
         else:
             found.append(_owner(reader, compute, into, work))
     return templates, tuple(found)
+
+
+def _item_body(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
+    """A class's program inside its ITEM loop (a split site holds one item)."""
+    if len(ops) == 1 and isinstance(ops[0], Loop) and ops[0].var == LV_ITEM:
+        return ops[0].body
+    return ops
 
 
 def _touches(ops: tuple[ChoreoOp, ...], bufs: tuple) -> bool:
