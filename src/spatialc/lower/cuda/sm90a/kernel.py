@@ -80,6 +80,7 @@ from ..common.clusters import Multicast, check_cluster, check_items, multicast
 from ..common.dequant import has_dequant
 from ..common.host import assemble
 from ..common.launch import launch_for
+from ..common.rings import Rings
 from ..general import kernel as general
 from ..general import printer as general_printer
 from . import dequant as w4
@@ -167,6 +168,13 @@ def make_kernel(
     return memo[key]
 
 
+def _with_rings(k: general.GeneralKernel, rings: Rings) -> general.GeneralKernel:
+    """`k` with fewer rings in shared memory (the fused store's, split-K's direct partial sums): `rings`, and the
+    barriers' arrival counts of the rings it keeps."""
+    full = {r: n for r, n in k.full_count.items() if r in rings.rings}
+    return dataclasses.replace(k, rings=rings, full_count=full, empty_count={r: k.empty_count[r] for r in full})
+
+
 def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedule: str | None) -> HopperKernel:
     refuse(p, target)
     if is_attention_program(p):
@@ -185,21 +193,14 @@ def _make_kernel(p: SpatialProgram, target: SpatialTarget, epilogue: str, schedu
     store = None
     if fused is not None:  # the output and epilogue rings leave shared memory: the consumers store from registers
         store, rings = fused
-        kept = {r: n for r, n in k.full_count.items() if r in rings.rings}
-        k = dataclasses.replace(k, rings=rings, full_count=kept, empty_count={r: k.empty_count[r] for r in kept})
+        k = _with_rings(k, rings)
     if split is not None:  # split-K's partial sums go between the accumulators and the workspace (partials.py)
         crowded = partials.adds_fit(p.plans[0], target)
         if crowded is not None:
             raise Unsupported(crowded, "the loads in flight would spill the accumulators")
         direct = split[0]
         kept = {r: g for r, g in k.rings.rings.items() if r not in direct}
-        rings = dataclasses.replace(k.rings, rings=kept, direct=direct)
-        k = dataclasses.replace(
-            k,
-            rings=rings,
-            full_count={r: n for r, n in k.full_count.items() if r in kept},
-            empty_count={r: n for r, n in k.empty_count.items() if r in kept},
-        )
+        k = _with_rings(k, dataclasses.replace(k.rings, rings=kept, direct=direct))
     compute = k.roles[0]
     if compute.warps != wg.consumers * WARPGROUP or compute.first_warp != 0:
         raise Unsupported(
