@@ -78,19 +78,44 @@ void out_store(T* p, V v, int line) {
 
 // A paired store to an output (SPATIALC_OUT_ST2): two adjacent elements as one store of twice their width, which a
 // GPU makes only at an address aligned to both (else a misaligned-address fault): refused there, as the GPU would.
-SPATIALC_EMU_FN void paired_alignment(const void* p, size_t n, int line);
+SPATIALC_EMU_FN void paired_alignment(const void* p, size_t n, const char* what, int line);
 
 template <class T, class V>
 void out_store2(T* p, V a, V b, int line) {
-    paired_alignment(p, 2 * sizeof(T), line);
-    global_write(p, 2 * sizeof(T), "a paired store (SPATIALC_OUT_ST2)", line);
+    const char* what = "a paired store (SPATIALC_OUT_ST2)";
+    paired_alignment(p, 2 * sizeof(T), what, line);
+    global_write(p, 2 * sizeof(T), what, line);
     p[0] = static_cast<T>(a);
     p[1] = static_cast<T>(b);
+}
+
+// Two adjacent accumulator elements as one 8-byte store to global memory another site reads in this launch
+// (SPATIALC_GLOBAL_ST2), held as SPATIALC_GLOBAL_ST's store is; and loaded from it and added to two registers as one
+// load (SPATIALC_GLOBAL_ADD2), checked as a cp.async source is against the writes before it, so a read not ordered
+// after its write is reported. Both aligned as the GPU needs them, as a paired output store is.
+template <class T>
+void global_store2(T* p, T a, T b, int line) {
+    static_assert(sizeof(T) == 4, "a pair of 4-byte accumulators");
+    paired_alignment(p, 8, "a paired store (SPATIALC_GLOBAL_ST2)", line);
+    const T pair[2] = {a, b};
+    global_store(p, pair, 8, line);
+}
+
+template <class T>
+void global_add2(const T* p, T& a, T& b, int line) {
+    static_assert(sizeof(T) == 4, "a pair of 4-byte accumulators");
+    const char* what = "a paired load (SPATIALC_GLOBAL_ADD2)";
+    paired_alignment(p, 8, what, line);
+    global_read(p, 8, what, line);
+    a += p[0];
+    b += p[1];
 }
 
 }  // namespace spatialc_emu
 
 #define SPATIALC_OUT_ST(p, v) ::spatialc_emu::out_store((p), (v), __LINE__)
 #define SPATIALC_OUT_ST2(p, a, b) ::spatialc_emu::out_store2((p), (a), (b), __LINE__)
+#define SPATIALC_GLOBAL_ST2(p, a, b) ::spatialc_emu::global_store2((p), (a), (b), __LINE__)
+#define SPATIALC_GLOBAL_ADD2(p, a, b) ::spatialc_emu::global_add2((p), (a), (b), __LINE__)
 
 #endif  // SPATIALC_EMU_GLOBAL_H

@@ -282,9 +282,9 @@ SPATIALC_EMU_FN std::string writer_of(const GWrite& w) {
                          "add where a release is needed)");
 }
 
-SPATIALC_EMU_FN void paired_alignment(const void* p, size_t n, int line) {
+SPATIALC_EMU_FN void paired_alignment(const void* p, size_t n, const char* what, int line) {
     if (reinterpret_cast<uintptr_t>(p) % n != 0)
-        fatal(kExitMisuse, "MISALIGNED: " + global_who("a paired store (SPATIALC_OUT_ST2)", line) + " of " +
+        fatal(kExitMisuse, "MISALIGNED: " + global_who(what, line) + " of " +
                                std::to_string(n) + " bytes at an address that is not a multiple of " +
                                std::to_string(n) + " (a GPU faults on it)");
 }

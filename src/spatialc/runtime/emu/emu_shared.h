@@ -101,31 +101,8 @@ void global_store_value(T* p, V v, int line) {
     ::spatialc_emu::global_store(p, &x, (int)sizeof(T), line);
 }
 
-// Two adjacent accumulator elements as one 8-byte store to global memory another site reads in this launch
-// (SPATIALC_GLOBAL_ST2), and loaded from it and added to two registers as one load (SPATIALC_GLOBAL_ADD2): the
-// store held as SPATIALC_GLOBAL_ST's is, the load checked as a cp.async source is against the writes before it
-// (emu_global.h), so a read not ordered after its write is reported; both on an 8-byte boundary, as on the device.
-SPATIALC_EMU_FN void global_read(const void* p, size_t n, const char* what, int line);  // (emu_global.h)
-template <class T>
-void global_store2(T* p, T a, T b, int line) {
-    static_assert(sizeof(T) == 4, "a pair of 4-byte accumulators");
-    if (reinterpret_cast<uintptr_t>(p) % 8) fatal(kExitMisuse, "MISALIGNED: SPATIALC_GLOBAL_ST2 at line " + std::to_string(line));
-    const T pair[2] = {a, b};
-    ::spatialc_emu::global_store(p, pair, 8, line);
-}
-template <class T>
-void global_add2(const T* p, T& a, T& b, int line) {
-    static_assert(sizeof(T) == 4, "a pair of 4-byte accumulators");
-    if (reinterpret_cast<uintptr_t>(p) % 8) fatal(kExitMisuse, "MISALIGNED: SPATIALC_GLOBAL_ADD2 at line " + std::to_string(line));
-    ::spatialc_emu::global_read(p, 8, "a paired load (SPATIALC_GLOBAL_ADD2)", line);
-    a += p[0];
-    b += p[1];
-}
-
 }  // namespace spatialc_emu
 
-#define SPATIALC_GLOBAL_ST2(p, a, b) ::spatialc_emu::global_store2((p), (a), (b), __LINE__)
-#define SPATIALC_GLOBAL_ADD2(p, a, b) ::spatialc_emu::global_add2((p), (a), (b), __LINE__)
 #define SPATIALC_GLOBAL_ST(p, v) ::spatialc_emu::global_store_value((p), (v), __LINE__)
 #define SPATIALC_PAGE_LD(p) ::spatialc_emu::page_load((p), __LINE__)
 #define SPATIALC_PAGE_ST(p, v) ::spatialc_emu::page_store((p), (v), __LINE__)
