@@ -59,18 +59,19 @@ __device__ __forceinline__ void spatialc_out_st2(T* p, T a, T b) {
 # Plain reads and writes of page elements (the writer's, and the epilogue stages'), so that the emulation, which
 # defines its own, can check them for races as it checks cp.async landings and fragment loads; and plain stores to
 # global memory other sites read in the same launch (split-K's workspace), which the emulation keeps invisible at
-# device scope until the storing thread (or one that crossed a barrier with it) releases them; and, for the sm_90a
-# form's partial sums, two adjacent accumulator elements stored as one 8-byte store (SPATIALC_GLOBAL_ST2) and loaded
-# and added as one (SPATIALC_GLOBAL_ADD2, through L2 — `__ldcg`: an SM's L1 is not coherent with other SMs'
-# stores), which the emulation checks were ordered after the stores.
+# device scope until the storing thread (or one that crossed a barrier with it) releases them.
 PAGE_MACROS = """#ifndef SPATIALC_PAGE_LD
 #define SPATIALC_PAGE_LD(p) (*(p))
 #define SPATIALC_PAGE_ST(p, v) (*(p) = (v))
 #endif
 #ifndef SPATIALC_GLOBAL_ST
 #define SPATIALC_GLOBAL_ST(p, v) (*(p) = (v))
-#endif
-#ifndef SPATIALC_GLOBAL_ST2
+#endif"""
+# For a kernel whose lanes move split-K's partial sums themselves (the sm_90a form: `direct_partials`): two adjacent
+# accumulator elements stored as one 8-byte store (SPATIALC_GLOBAL_ST2), and loaded and added as one
+# (SPATIALC_GLOBAL_ADD2, through L2 — `__ldcg`: an SM's L1 is not coherent with other SMs' stores), which the
+# emulation holds and checks as SPATIALC_GLOBAL_ST's stores and a cp.async's reads (emu_global.h).
+PAIRED_GLOBAL_MACROS = """#ifndef SPATIALC_GLOBAL_ST2
 __device__ __forceinline__ void spatialc_global_st2(float* p, float a, float b) {
     *reinterpret_cast<float2*>(p) = make_float2(a, b);
 }

@@ -11,7 +11,7 @@ from ....ir.ops import AcquireAcc, ChoreoOp, McastSend, ReadTiles, walk
 from ....numerics.blockscale import program_scales
 from ....target import WARP, SpatialTarget
 from ...artifact import Budget
-from ..common.cwriter import Writer, inlined_lines, site_prologue
+from ..common.cwriter import PAIRED_GLOBAL_MACROS, Writer, inlined_lines, site_prologue
 from ..common.dequant import has_dequant
 from ..common.rings import TILE_ELEMS
 from ..general import kernel as general
@@ -52,6 +52,8 @@ def preamble(hk: HopperKernel) -> list[str]:
     wgmmas = [line for n, kind in hk.wgmmas or ((hk.n, "ss"),) for line in wgmma_specialisations(n, *types, kind)]
     w4a16 = ["sm90a/dequant90.cuh"] if has_dequant(k.program) else []  # its bulk copies and panel stores
     extra = [*inlined_lines("sm90a/sm90a.cuh", *w4a16), *wgmmas, ""]
+    if k.rings.direct:  # the consumers' paired stores and adds of split-K's partial sums (partials.py)
+        extra += [*PAIRED_GLOBAL_MACROS.split("\n"), ""]
     if hk.schedule == PINGPONG:  # the two consumer warpgroups' turns: bar.arrive beside bar.sync
         extra += [*inlined_lines("sm90a/pingpong.cuh"), ""]
     rest = [*rest[:at], *extra, *rest[at:]]
