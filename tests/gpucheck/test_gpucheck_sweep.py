@@ -81,7 +81,7 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     assert planner.contestant == "spatialc sm90a" and not planner.kernel_only  # timed both ways, as in any row
     assert planner.facts["sweep"]["predicted"] == 1.0
     # The sm_90a form's own neighbour: paired blocks of 64-row items, at most 8 tiles wide, two an SM.
-    changes = [*CHANGES[:5], S.PAIRED, CHANGES[5], S.TILE_EPILOGUE, S.HILBERT, TIMED_AGAIN]
+    changes = [*CHANGES[:5], S.PAIRED, CHANGES[5], S.TILE_EPILOGUE, S.HILBERT, S.SPLIT_TAIL, TIMED_AGAIN]
     assert [f.facts["sweep"]["change"] for f in forms[1:]] == changes
     paired = forms[6]
     assert paired.contestant.startswith("spatialc sm90a 4×8×4 d") and paired.artifact.budget.blocks_per_sm == 2
@@ -90,6 +90,10 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     again = forms[-1]  # the planner's kernel once more, after its neighbours: the same text, kernel only
     assert again.artifact is planner.artifact and again.contestant == "spatialc sm90a (the planner's, again)"
     forms = forms[:-1]
+    tail = forms.pop()  # 512 items of 128 × 256 on 132 SMs: a last wave of 116, more than half: no split tail
+    assert tail.artifact is None and tail.absent.endswith(
+        "its last wave has 116 items on 132 sites, and 1 site(s) would split each"
+    )
     hilbert = forms.pop()  # a wave of bands of 16 rows reads 35.5 MiB of strips at 4096³: no Hilbert order asked
     assert hilbert.artifact is None and hilbert.absent.endswith("reads 35.5 MiB of strips, within the L2's 50 MiB")
     more = forms[2]  # four stages of 128×256×64 already fill shared memory: the fifth is refused, with the reason
@@ -111,7 +115,7 @@ def test_the_4096_sweep_is_each_planners_plan_and_one_change_each_with_the_model
     sm90a = target("sm_90a")
     gemm = spatialc.gemm(4096, 4096, 4096, "bf16", out="bf16")
     base = sm90a_plan.plan_cost(sm90a, spatialc.build(gemm, "sm_90a").plan, gemm.precision)
-    for n, f in zip(S.neighbours(spatialc.build(gemm, "sm_90a"), "sm90a"), [*forms[1:], hilbert], strict=True):
+    for n, f in zip(S.neighbours(spatialc.build(gemm, "sm_90a"), "sm90a"), [*forms[1:], hilbert, tail], strict=True):
         if f.artifact is None:
             assert f.facts["sweep"]["predicted"] is None
             continue
@@ -372,13 +376,27 @@ def test_the_sm90a_form_at_8192_is_swept_in_hilbert_order_with_the_planners_kern
     persistent kernel, list none."""
     gemm = spatialc.gemm(8192, 8192, 8192, "bf16", out="bf16")
     program, planner = B.form_built(gemm, "sm90a", dict(S.UNSPLIT))
-    hilbert = S.neighbours(program, "sm90a")[-1]
+    hilbert = S.neighbours(program, "sm90a")[-2]
     assert (hilbert.change, hilbert.placement, hilbert.why_not) == (S.HILBERT, "hilbert", "")
     swept, form = B.form_built(gemm, "sm90a", {**hilbert.options(), **S.UNSPLIT}, hilbert.lowering())
     assert form.artifact.kernel_cu == planner.artifact.kernel_cu and swept.plan == program.plan
     assert (form.artifact.launch.placement, planner.artifact.launch.placement) == ("hilbert", "grouped")
     assert S.variant_name(swept, program).endswith(" d4 hilbert")
-    int8 = S.neighbours(spatialc.build(spatialc.gemm(8192, 8192, 8192, "int8"), "sm_90a"), "sm90a")[-1]
+    int8 = S.neighbours(spatialc.build(spatialc.gemm(8192, 8192, 8192, "int8"), "sm_90a"), "sm90a")[-2]
     assert int8.change == S.HILBERT and int8.why_not.endswith("reads 36.5 MiB of strips, within the L2's 50 MiB")
     persistent = S.neighbours(spatialc.build(gemm, "sm_90"), "persistent")
     assert S.HILBERT not in [n.change for n in persistent]
+
+
+def test_the_sm90a_form_is_swept_with_a_split_tail_where_its_last_wave_is_at_most_half_full():
+    """At 3072³ the planner's 576 items of 128 × 128 leave a last wave of 48 on 132 SMs: the sm_90a sweep times the
+    same plan with those 48 split 2 ways (bench/README.md, "Prediction for the split tail": 1.11× in the model), its
+    prediction priced with the split's waves; the persistent kernel's sweep lists none (its blocks never wait)."""
+    gemm = spatialc.gemm(3072, 3072, 3072, "bf16", out="bf16")
+    program, _ = B.form_built(gemm, "sm90a", dict(S.UNSPLIT))
+    tail = S.neighbours(program, "sm90a")[-1]
+    assert (tail.change, tail.placement, tail.why_not) == (S.SPLIT_TAIL, "split_tail", "")
+    swept = spatialc.build(gemm, "sm_90a", form="sm90a", **tail.options())
+    assert swept.plan == program.plan and (swept.placement.tail, swept.placement.splits) == (48, 2)
+    assert S._cost(gemm, "sm90a", program) / S._cost(gemm, "sm90a", swept) == pytest.approx(1.106, abs=2e-3)
+    assert S.SPLIT_TAIL not in [n.change for n in S.neighbours(spatialc.build(gemm, "sm_90"), "persistent")]

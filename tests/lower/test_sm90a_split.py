@@ -188,3 +188,65 @@ def test_4_bit_weights_split_in_the_sm90a_form():
         return
     x = w4_inputs(p, seed=3, exact=True)
     assert np.array_equal(spatialc.emulate(art, x, timeout=120), spatialc.evaluate(p, x))
+
+
+# ---- a split tail (placement="split_tail"): whole items, then a split of a tail item, in one kernel ---------------
+
+
+def tailed(shape, prec: str, sites: int, block, **kw):
+    p = spatialc.build(
+        spatialc.gemm(*shape, prec), "sm_90a", placement="split_tail", sites=sites, block=block, form="sm90a", **kw
+    )
+    art = spatialc.lower(p)
+    assert art.budget.form == "sm90a"
+    return p, art
+
+
+TAIL_CASES = [
+    ("bf16", (256, 256, 1024), 3, (8, 8, 4), "late"),  # 4 items: 1 whole a site, the last split 3 ways
+    ("int8", (192, 128, 2048), 5, (4, 4, 8), "early"),  # 6 items on 5 sites: the last split 5 ways, paired blocks
+]
+
+
+@needs_gxx
+@pytest.mark.emulation
+@pytest.mark.parametrize(("prec", "shape", "sites", "block", "mode"), TAIL_CASES)
+def test_the_emulated_split_tail_equals_the_interpreter(prec, shape, sites, block, mode):
+    p, art = tailed(shape, prec, sites, block)
+    assert p.placement.tail == 1 and all(len(items) == 2 for _, items in p.placement.items_of_site)
+    # the whole items and the tail's owner store C through the fused store; no C ring, no partial pages
+    assert "spatialc_tma_store_2d(" in art.kernel_cu and "for (int item = n_items - 1; item < n_items" in art.kernel_cu
+    assert not any(name.startswith(("C", "partial_")) for name, _ in art.budget.rings), art.budget.rings
+    x = inputs(prec, *shape)
+    assert np.array_equal(spatialc.emulate(art, x, mode=mode, timeout=120), spatialc.evaluate(p, x))
+
+
+@needs_gxx
+@pytest.mark.emulation
+def test_a_tail_owner_that_adds_before_its_wait_is_caught():
+    shape = (256, 256, 1024)
+    p, art = tailed(shape, "bf16", 3, (8, 8, 4))
+    text = art.program_cu
+    wait = re.search(r"if \(etid == 0\) \{ spatialc_grid_wait\(spatialc_sync[^}]*\}", text)
+    assert wait is not None
+    got = outcome((p, art, inputs("bf16", *shape)), text.replace(wait.group(0), "// (no wait)"))
+    assert got.startswith("race"), got
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+def test_the_split_tail_kernel_compiles_clean(tmp_path):
+    # 3072³ bf16: 576 items of 128 × 128 on 132 SMs, 4 whole waves and 48 items split 2 ways (bench/split_tail.py)
+    p = spatialc.build(spatialc.gemm(3072, 3072, 3072, "bf16"), "sm_90a", placement="split_tail", form="sm90a")
+    assert (p.placement.tail, p.placement.splits) == (48, 2)
+    instrs = compiled_clean(spatialc.lower(p), tmp_path)
+    ops = {i.base for i in instrs}
+    assert "HGMMA" in ops and ops & {"RED", "REDG", "ATOM", "ATOMG"}, sorted(ops)
+
+
+def test_a_split_tail_on_auto_is_the_sm90a_forms_where_it_prints():
+    p = spatialc.build(spatialc.gemm(3072, 3072, 3072, "bf16"), "sm_90a", placement="split_tail")
+    assert spatialc.lower(p).budget.form == "sm90a"
+    # forced to a block the wgmma layout does not take: the general form's plan, printed by it
+    q = spatialc.build(spatialc.gemm(384, 384, 512, "bf16"), "sm_90a", placement="split_tail", block=(2, 2, 1))
+    assert spatialc.lower(q).budget.form == "general"

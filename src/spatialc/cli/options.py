@@ -212,10 +212,14 @@ def _placement_options(g: argparse.ArgumentParser, matmul: bool = True) -> None:
     g.add_argument("--sites", type=int, help="number of sites (default: as many as the target keeps resident)")
     g.add_argument(
         "--placement",
-        choices=["contiguous", "round_robin", "grouped", "hilbert"] if matmul else ["contiguous", "round_robin"],
+        choices=["contiguous", "round_robin", "grouped", "hilbert", "split_tail"]
+        if matmul
+        else ["contiguous", "round_robin"],
         default=None,
         help="how items go to sites (default: grouped — round-robin over bands of rows — where the sites take more"
-        " than one wave of items, else contiguous; hilbert: round-robin along a Hilbert curve over the items)"
+        " than one wave of items, else contiguous; hilbert: round-robin along a Hilbert curve over the items;"
+        " split_tail: grouped whole waves, then each item of the last, short wave split over the sites it leaves"
+        " idle, general form)"
         if matmul
         else "how items go to sites: runs of items, or item i on site i mod sites (default: contiguous)",
     )

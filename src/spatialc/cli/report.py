@@ -107,8 +107,12 @@ def program_lines(p: SpatialProgram) -> list[str]:
     split = []
     if p.placement.splits > 1:
         most = max(n for _, n in split_ranges(plan.k_steps, p.placement.splits))
+        who = "per item"
+        if p.placement.tail:  # a split tail: only the last wave's items are split
+            whole = plan.items - p.placement.tail
+            who = f"per item of the split tail (its last {p.placement.tail} items; items 0 … {whole - 1} whole)"
         split = [
-            f"  split-K   {p.placement.splits} sites per item, at most {plural(most, 'K step')} each; the owner adds"
+            f"  split-K   {p.placement.splits} sites {who}, at most {plural(most, 'K step')} each; the owner adds"
             f" the others' partial sums in split order from a workspace of {workspace_bytes(p)} bytes"
         ]
     if p.placement.multicast != (1, 1):

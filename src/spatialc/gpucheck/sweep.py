@@ -56,6 +56,7 @@ ALONE = "items of 128 rows, a block an SM"
 # the default stores a warpgroup's 64 rows a box from swizzled staging (lower/cuda/sm90a/staging.py; issue 36).
 TILE_EPILOGUE = "the first epilogue: a warp's TMA store a tile"
 HILBERT = "hilbert order"  # the items along a Hilbert curve, not in bands of rows (ir/worklist.py)
+SPLIT_TAIL = "a split tail: the last wave's items split"  # placement="split_tail" (passes/split.py)
 
 
 def _other_pairing(osh: int, osw: int, ibw: int, kind: str) -> Neighbour:
@@ -73,7 +74,8 @@ def neighbours(program: Any, form: str) -> list[Neighbour]:
     kernel: half the sub-blocks across, or a narrower block where there is one across), the sm_90a form's other
     pairing (items of 64 rows, two blocks an SM, for 128-row ones, and the reverse), and — where the planner visits
     items in bands of rows — row-major waves and (the sm_90a form, where a wave's band outgrows the L2) Hilbert
-    order. Each keeps the planner's item order but the last; where the depth is
+    order, and (the sm_90a form, where its last wave is at most half full) a split tail. Each keeps the planner's
+    item order but those; where the depth is
     not named the planner chooses it, as a user forcing that block would get it."""
     plan = program.plan
     b, depth, sub, kind = plan.block, plan.depth, plan.sub_blocks, program.placement.kind
@@ -113,7 +115,21 @@ def neighbours(program: Any, form: str) -> list[Neighbour]:
         out.append(Neighbour(TILE_EPILOGUE, block, sub, depth, kind, epilogue=sm90a_plan.TILES))
     if form == HOPPER_FORM:
         out.append(_hilbert(program, block, sub, depth))
+        out.append(_split_tail(program, block, sub, depth))
     return out
+
+
+def _split_tail(program: Any, block: tuple[int, int, int], sub: tuple[int, int], depth: int) -> Neighbour:
+    """The same plan with the items of its last wave split over the sites that wave leaves idle (`placement=
+    "split_tail"`) — where that wave is at most half full, the case the split tail was built for (bench/README.md,
+    "Prediction for the split tail"); the sm_90a form's only (the persistent kernel's blocks never wait)."""
+    from ..passes.split import tail_split
+
+    plan, sites = program.plan, len(program.placement.items_of_site)
+    found = tail_split(plan.items, sites, plan.k_steps)
+    if isinstance(found, str):
+        return Neighbour(SPLIT_TAIL, why_not=f"the planner's plan: {found}")
+    return Neighbour(SPLIT_TAIL, block, sub, depth, "split_tail")
 
 
 def _hilbert(program: Any, block: tuple[int, int, int], sub: tuple[int, int], depth: int) -> Neighbour:
@@ -182,7 +198,8 @@ def _swept(gemm: Any, form: str, planner: Any, chosen: Form) -> list[Form]:
         if n.why_not:
             program, variant = None, Form(form, absent=n.why_not)
         else:
-            program, variant = form_built(gemm, form, {**n.options(), **UNSPLIT}, n.lowering())
+            unsplit = {} if n.placement == "split_tail" else UNSPLIT  # (a split tail splits its last wave itself)
+            program, variant = form_built(gemm, form, {**n.options(), **unsplit}, n.lowering())
         if program is not None:
             if _key(program, n.epilogue) in seen:
                 continue  # the planner made the change back into a plan already in the list
@@ -206,10 +223,17 @@ def _cost(gemm: Any, form: str, program: Any) -> float:
     from ..passes.tile import candidates
     from ..target import target
 
+    from ..passes.split import tail_waves
+
     plan = program.plan
     block = (plan.block.osh, plan.block.osw, plan.block.ibw)
     found = candidates(gemm, target(kernel_arch(form, "sm_90")), block, plan.sub_blocks, plan.depth, form)
-    return found[0].cost
+    if program.placement.kind != "split_tail":
+        return found[0].cost
+    sites = len(program.placement.items_of_site)  # its whole waves and its split, where the cost prices whole ones
+    waves = tail_waves(plan.items, sites, plan.k_steps)
+    assert waves is not None
+    return found[0].cost / -(-plan.items // sites) * waves
 
 
 def _key(program: Any, epilogue: str | None = None) -> tuple[Any, ...]:

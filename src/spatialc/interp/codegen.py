@@ -149,7 +149,7 @@ class Emitter(ComputeEmitter):
         self.emit(f"for {v} in range({count}):  # [{i}] {self.comment(op)}")
         self.indent += 1
         if op.var == LV_ITEM:
-            self.emit(f"iy, ix = item_coords(E, co, {v}, {i})")
+            self.emit(f"iy, ix = item_coords(E, co, {f'{op.first} + ' if op.first else ''}{v}, {i})")
         outer = set(self.scope)
         self.scope.add(op.var)
         self.known = {}

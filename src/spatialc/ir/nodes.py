@@ -315,6 +315,9 @@ class Placement:
     band: int = 0  # a grouped placement's rows per band (ir/worklist.py); 0 for the other rules
     splits: int = 1  # sites per item: split-K places each item on `splits` sites, each reducing a part of K
     multicast: tuple[int, int] = (1, 1)  # sites per multicast group (gy, gx): passes/multicast.py
+    # A split tail (passes/split.py, kind "split_tail"): the last `tail` items of the grid, row-major, are each on
+    # `splits` sites, as the last item of each; every other item is on one site. 0: `splits` holds for every item.
+    tail: int = 0
 
     def items_at(self, site: Site) -> tuple[ItemId, ...]:
         for s, items in self.items_of_site:

@@ -660,9 +660,14 @@ class Flush:
 
 @dataclass(frozen=True, slots=True)
 class Loop:
+    """`body` run `count` times, `var` its index. An ITEM loop runs the site's items `first` … `first` + count − 1
+    (their places in its list: a split tail's last item follows the loop over its whole ones); every other loop's
+    `first` is 0."""
+
     var: LoopVar
     count: LoopCount
     body: tuple[ChoreoOp, ...]
+    first: int = 0
 
 
 ChoreoOp = (

@@ -249,6 +249,10 @@ def op_text(p: SpatialProgram, op: ChoreoOp) -> str:
             return type(op).__name__
         case Flush(buf):
             return f"Flush {_buf(p, buf)}"
+        case Loop(var, count, _, first) if first:  # an ITEM loop from the site's item `first` on
+            huge = not isinstance(first, int) or first.bit_length() > PRINTED_BITS
+            head = op_text(p, Loop(var, count, ()))[:-1]
+            return f"{head} (from the site's item {'(huge)' if huge else first}):"
         case Loop(var, count, _):
             if isinstance(count, Const):
                 huge = isinstance(count.n, int) and count.n.bit_length() > PRINTED_BITS
@@ -326,6 +330,8 @@ def program_text(p: SpatialProgram, sites: int | None = None) -> str:
     if p.placement is not None:
         used = sum(1 for _, items in p.placement.items_of_site if items)
         split = f", each item on {p.placement.splits} sites (split-K)" if p.placement.splits > 1 else ""
+        if p.placement.tail:
+            split = f", the last {p.placement.tail} items on {p.placement.splits} sites each (a split tail)"
         out.append(f"  placement {p.placement.kind}: {len(p.placement.items_of_site)} sites, {used} with items{split}")
     if p.schedule is not None:
         placed = p.placement.items_of_site if p.placement else ()

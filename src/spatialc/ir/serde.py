@@ -70,6 +70,12 @@ _LIST_LIMITS: dict[tuple[type, str], tuple[int, str]] = {
 }
 
 
+# Fields added after documents of this version were written, left out where they hold their default: such a
+# document reads the same in a reader that predates them (a split tail's: an ITEM loop's first item, a placement's
+# tail).
+_WRITTEN_ONLY_SET = frozenset({(ops.Loop, "first"), (nodes.Placement, "tail")})
+
+
 class SerdeError(SpatialError, ValueError):
     """A document that is not a spatialc program (or not this version of one)."""
 
@@ -87,6 +93,8 @@ def encode(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {TAG: type(value).__name__}
         for f in dataclasses.fields(value):
+            if (type(value), f.name) in _WRITTEN_ONLY_SET and getattr(value, f.name) == f.default:
+                continue
             out[f.name] = encode(getattr(value, f.name))
         return out
     if isinstance(value, Enum):

@@ -17,6 +17,7 @@ that name them (`lines.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -263,16 +264,18 @@ class Builder(StageDeclarations):
         band: int = 0,
         multicast: tuple[int, int] = (1, 1),
         splits: int = 1,
+        tail: int = 0,
     ) -> None:
         """Which items each site runs: `items_of_site[s]` for site s (`kind`, `band`: the placement rule they
         follow, ir/worklist.py, which lets a launch spread them over the device's sites; any other list runs as
         listed). `multicast` (gy, gx): the sites form groups of gy × gx that share pages (kind "multicast"; the
         kernels run each group as a thread-block cluster). `splits` S (kind "split"): each item is on S sites, each
-        reducing a part of K (split-K)."""
+        reducing a part of K (split-K); with a `tail` T (kind "split_tail"), only the last T items of the grid are,
+        each as the last item of its S sites."""
         if not isinstance(items_of_site, list | tuple) or not all(isinstance(i, list | tuple) for i in items_of_site):
             raise refuse(f"p.place takes a list of each site's item list, not {items_of_site!r}")
         listed = tuple((Site(s), tuple(ItemId(i) for i in items)) for s, items in enumerate(items_of_site))
-        self.placement = Placement(listed, (), kind, band, splits, tuple(multicast))  # type: ignore[arg-type]
+        self.placement = Placement(listed, (), kind, band, splits, tuple(multicast), tail)  # type: ignore[arg-type]
         self.declared["placement"] = user_line()
 
     def group(self, sites: list[int]) -> GroupRef:
@@ -363,7 +366,7 @@ class Builder(StageDeclarations):
         if not self.frames or self.frames[-1] is not body:
             raise refuse("engine loops closed out of order")
         self.frames.pop()
-        self.emit(Loop(loop.var, loop.count, tuple(body)))
+        self.emit(Loop(loop.var, loop.count, tuple(body), loop.first))
 
     def emit(self, op: ChoreoOp) -> None:
         if self.engine is None or not self.frames:
@@ -379,14 +382,7 @@ class Builder(StageDeclarations):
         rank: dict[IREngine, int] = {}  # each site's engines in the order their functions were first declared
         for q in self.programs:
             rank.setdefault(q.engine, len(rank))
-        placement = Placement(
-            self.placement.items_of_site,
-            tuple(self.groups),
-            self.placement.kind,
-            self.placement.band,
-            self.placement.splits,
-            self.placement.multicast,
-        )
+        placement = dataclasses.replace(self.placement, groups=tuple(self.groups))
         return SpatialProgram(
             self.name,
             self.target,

@@ -60,9 +60,16 @@ class Engine:
         """The site's only item (no loop: a site with one item)."""
         return Item()
 
-    def items(self) -> Iterator[Item]:
-        """The site's items, one after another (the IR's ITEM loop)."""
-        yield from self._loop(LV_ITEM, len(self.builder.items_of(self.site)), Item())
+    def items(self, first: int = 0, count: int | None = None) -> Iterator[Item]:
+        """The site's items, one after another (the IR's ITEM loop): `count` of them (default: the rest) from its
+        `first` on — a split tail's site runs its whole items, then its last apart (`e.items(n, 1)`)."""
+        held = len(self.builder.items_of(self.site))
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in (first, held if count is None else count)):
+            raise refuse(f"e.items takes whole numbers, not {first!r}, {count!r}")
+        n = held - first if count is None else count
+        if first < 0 or n < 0 or first + n > held:
+            raise refuse(f"e.items({first}, {count}): site {self.site} holds {held} item(s)")
+        yield from self._loop(LV_ITEM, n, Item(), first)
 
     def range(self, n: int, name: str | None = None) -> Iterator[Affine]:
         """An engine loop of `n` steps, its index symbolic (`name` "k" is the reduction's K loop; others are the
@@ -96,13 +103,13 @@ class Engine:
         v = self.builder.loop_var(name)
         yield from self._loop(v, Span(at.base, per, bound, at.steps), var(v))
 
-    def _loop(self, v: LoopVar, n: int | Trip | Span, value: Any) -> Iterator[Any]:
+    def _loop(self, v: LoopVar, n: int | Trip | Span, value: Any, first: int = 0) -> Iterator[Any]:
         if v in self.used:
             raise refuse(f"loop variable {LOOP_VAR_NAMES.get(v, v)} inside a loop of itself")
         self.used.add(v)
         body = self.builder.open()
         yield value
-        self.builder.close(body, Loop(v, n if isinstance(n, Trip | Span) else Const(n), ()))
+        self.builder.close(body, Loop(v, n if isinstance(n, Trip | Span) else Const(n), (), first))
         self.used.discard(v)
 
     def barrier(self, group: GroupRef) -> None:

@@ -228,6 +228,7 @@ class SourcePrinter(EngineSource):
         if [int(s) for s, _ in pl.items_of_site] != list(range(len(items))):
             raise self.refuse("a placement whose sites are not 0, 1, …")
         rule = f"kind={literal(pl.kind)}, band={pl.band}, multicast={tuple(pl.multicast)}, splits={pl.splits}"
+        rule += f", tail={pl.tail}" if pl.tail else ""
         self.line(1, f"p.place({items}, {rule})")
         for g in pl.groups:
             if int(g.id) != pl.groups.index(g):

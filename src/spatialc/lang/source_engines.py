@@ -139,6 +139,7 @@ class EngineSource:
     vector_maps: set
     uses_ew: bool
     loops: dict[LoopVar, str]
+    explicit_items: bool
     refuse: Any
     line: Any
 
@@ -154,6 +155,8 @@ class EngineSource:
             self.line(1, f"def {fn}(e: lang.Engine):")
             self.pages: dict[int, deque[str]] = {}
             self.n = 0
+            # A split tail's programs run their whole items and their last apart: each ITEM loop says which.
+            self.explicit_items = any(isinstance(op, Loop) and op.var == LV_ITEM and op.first for op in ops)
             start = len(self.lines)
             self.body(ops, 2, in_item=False)
             if len(self.lines) == start:
@@ -283,8 +286,9 @@ class EngineSource:
     def op(self, op: ChoreoOp, depth: int, in_item: bool) -> None:
         b = self.buffers
         match op:
-            case Loop(var, Const(), body) if var == LV_ITEM:
-                self.line(depth, "for item in e.items():")
+            case Loop(var, Const(n), body, first) if var == LV_ITEM:
+                explicit = first or self.explicit_items
+                self.line(depth, f"for item in e.items({first}, {n}):" if explicit else "for item in e.items():")
                 self.body(body, depth + 1, True)
             case Loop(var, count, body) if var != LV_ITEM:
                 name = loop_var_name(var)

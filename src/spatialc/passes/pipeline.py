@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 
 from ..errors import PlanError, ProgramError
 from ..ir.nodes import Plan, SpatialProgram, TensorRole
+from ..ir.worklist import MAX_SITES
 from ..target import SpatialTarget
 from .attention import apply_attention_plan, is_attention_program, place_attention, plan_attention, schedule_attention
 from .dequant import build_w4, is_w4_program
@@ -14,10 +16,22 @@ from .footprint import check_form, fused_by_persistent, in_panels, ring_stages, 
 from .maps import apply_map_plan, is_map_program, place_map, plan_map, schedule_map
 from .multicast import add_semaphores, check_multicast, multicast_placement, say_reads
 from .multicast import asked as asked_multicast
-from .place import default_sites, place
+from .place import default_band, default_sites, place
 from .rows import apply_row_plan, is_row_program, place_rows, plan_rows, schedule_rows
 from .schedule import schedule
-from .split import add_split, asked, auto_splits, check_splits, extra_ring_stages, fits_at_once, split_placement
+from .split import (
+    SPLIT_TAIL,
+    add_split,
+    asked,
+    auto_splits,
+    check_splits,
+    extra_ring_stages,
+    fits_at_once,
+    split_placement,
+    split_tail_placement,
+    tail_split,
+    tail_waves,
+)
 from .tile import IBWS, apply_plan, candidates, tile
 from .verify import verify
 
@@ -190,6 +204,8 @@ def _build(
     group = (1, 1) if multicast is None else check_multicast(multicast)
     if group != (1, 1):
         return _multicast(program, target, group, block, sub_blocks, depth, sites, placement, form, split_k, sm90a)
+    if placement == SPLIT_TAIL:
+        return _split_tail(program, target, block, sub_blocks, depth, sites, form, split_k, verified, sm90a)
     p = program.evolve(target=target.name)
     if any(t.groups > 1 for t in p.tensors):  # rows counted at run time: only the general form prints them
         if form == "persistent":
@@ -229,6 +245,84 @@ def _build(
     p = schedule(p)
     # Last, and the only pass that sets `verified`: everything after this (eval, lower) may rely on it.
     return verify(p, target) if verified else p
+
+
+def _split_tail(
+    program: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, sites, form, split_k, verified, sm90a
+) -> SpatialProgram:
+    """build with a split tail (`passes/split.split_tail_placement`): planned for the sm_90a form on a Hopper target
+    (where `sm90a`, and form is "auto" or "sm90a"), else for the general form with split-K's rings, on every site the
+    form keeps resident (or `sites`), the items of the last wave split over the sites it leaves."""
+    said = "placement='split_tail' (--placement split_tail)"
+    if any(t.groups > 1 for t in program.tensors):
+        raise ProgramError(f"{said}: a grouped GEMM's row counts arrive at run time; its items are not split")
+    if split_k is not None:
+        raise ProgramError(f"{said} splits the last wave's items itself; it takes no split_k ({split_k!r})")
+    if form not in ("auto", "general", "sm90a"):
+        raise ProgramError(
+            f"{said}: the sites of a split item wait on each other, which the persistent kernel cannot print; use"
+            " form='general' or 'auto' (--form general)"
+        )
+    planned = check_form("sm90a", target) if form == "sm90a" else "general"
+    if form == "auto" and target.hopper and sm90a:
+        planned = "sm90a"
+    if sites is not None and (isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES):
+        raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
+    args = (program.evolve(target=target.name), target, block, sub_blocks, depth, sites, said)
+    if form == "auto" and planned == "sm90a":  # where the sm_90a form has no plan for it, the general form's
+        try:
+            p = _split_tail_for(*args, "sm90a")
+        except (PlanError, ProgramError):
+            p = _split_tail_for(*args, "general")
+    else:
+        p = _split_tail_for(*args, planned)
+    return verify(p, target) if verified else p
+
+
+def _split_tail_for(
+    base: SpatialProgram, target: SpatialTarget, block, sub_blocks, depth, sites, said: str, planned: str
+) -> SpatialProgram:
+    """`_split_tail`'s program planned for the form `planned` and scheduled (not verified)."""
+    extra = extra_ring_stages(planned)
+    p = tile(base, target, block, sub_blocks, depth, planned, extra)  # refuses where none fits
+
+    def on(c) -> int:  # the sites a plan runs: `sites`, or every block the form keeps resident
+        return sites if sites is not None else max(1, target.units * c.sites_per_unit)
+
+    # The plan whose last wave splits that the planner's cost prices least with its whole waves and the split's
+    # (`split.tail_waves` for the waves it prices whole) and, in the sm_90a form, whose owners add partial sums
+    # without spilling (lower/cuda/sm90a/partials.py).
+    found = candidates(base, target, block, sub_blocks, depth, planned, extra)
+    if planned == "sm90a":
+        from ..lower.cuda.sm90a.partials import adds_fit
+
+        found = [c for c in found if adds_fit(c.plan, target) is None] or found
+
+    def priced(c) -> float:
+        waves = tail_waves(c.plan.items, on(c), c.plan.k_steps)
+        return math.inf if waves is None else c.cost / -(-c.plan.items // on(c)) * waves
+
+    fit = min(found, key=priced, default=None)
+    fit = fit if fit is not None and priced(fit) < math.inf else None
+    if fit is None:
+        plan = p.plan
+        assert plan is not None
+        per_unit = sites_per_unit(target, plan, p.precision, planned, ring_stages(p, planned, extra))
+        n = sites if sites is not None else max(1, target.units * per_unit)
+        why = tail_split(plan.items, n, plan.k_steps)
+        raise ProgramError(f"{said}: the plan's {plan.grid[0]}x{plan.grid[1]} items on {n} sites — {why}")
+    p = apply_plan(base, fit.plan, planned)
+    plan = fit.plan
+    sites = on(fit)
+    crowded = fits_at_once(target, sites, fit.sites_per_unit, f"a {said} build", "fewer sites")
+    if crowded:
+        raise ProgramError(crowded)
+    found_split = tail_split(plan.items, sites, plan.k_steps)
+    assert not isinstance(found_split, str)  # (the plan was chosen for it)
+    tail, splits = found_split
+    band = default_band(plan, sites) if plan.items > sites else 0
+    p = add_split(p, splits, tail).evolve(placement=split_tail_placement(plan, sites, band))
+    return schedule(p)
 
 
 def _multicast(

@@ -25,10 +25,11 @@ from functools import partial
 
 from ..errors import PlanError
 from ..frontend import SIZES
-from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW, BufferId, Site, TensorId
+from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW, BufferId, ItemId, Site, TensorId
 from ..ir.nodes import (
     Accumulator,
     ComputeStage,
+    Engine,
     EngineProgram,
     ReadStage,
     Schedule,
@@ -68,7 +69,7 @@ from ..ir.ops import (
 )
 from .footprint import epilogue_reads, matmul_stage
 from .multicast import SEM_A_READY, SEM_A_VALID, SEM_B_READY, SEM_B_VALID, roles, share
-from .split import SEM_PARTIALS, owner_of, partial_rings, split_of, split_ranges
+from .split import SEM_PARTIALS, SPLIT_TAIL, owner_of, partial_rings, split_of, split_ranges, tail_slot
 
 
 def engine_bodies(p: SpatialProgram, k_first: int = 0, k_steps: int | None = None) -> dict[str, tuple[ChoreoOp, ...]]:
@@ -241,24 +242,32 @@ def split_bodies(p: SpatialProgram, site: Site) -> dict[str, tuple[ChoreoOp, ...
     """Split-K (`passes/split.py`): the programs of the site that reduces split s of its item. The owner (s = 0)
     waits for the others' partials, adds them in split order and runs the epilogue; any other site leaves its
     partial sum in the workspace and raises the owner's semaphore once the write is visible."""
-    placement, plan = p.placement, p.plan
-    assert placement is not None and plan is not None
-    splits = placement.splits
-    s = split_of(placement, site)
+    placement, out = p.placement, p.output_tensor()
+    assert placement is not None and out is not None and p.plan is not None
+    h, w = p.plan.item_tiles
+    rows, cols = out.tiles
+
+    def slot(j: int) -> TileAddr:  # contributor j's block of the item in the workspace
+        return TileAddr((j - 1) * rows * cols, ((LV_ITEM_Y, h * cols), (LV_ITEM_X, w)))
+
+    return _split_item(p, split_of(placement, site), placement.splits, owner_of(placement, site), slot, cols)
+
+
+def _split_item(
+    p: SpatialProgram, s: int, splits: int, owner: Site, slot, stride: int
+) -> dict[str, tuple[ChoreoOp, ...]]:
+    """The programs of split `s` of `splits` of an item (the site's only one, or the one its ITEM loop is on):
+    `slot(j)` is where contributor j's partial sum lies in the workspace, `stride` its tiles a block row, `owner`
+    the site that adds them up."""
+    plan = p.plan
+    assert plan is not None
     first, steps = split_ranges(plan.k_steps, splits)[s]
     bodies = dict(engine_bodies(p, first, steps))
     rings = partial_rings(p)
     assert rings is not None
     p_out, p_in = rings
     work = next(t for t in p.tensors if t.role == TensorRole.WORKSPACE)
-    out = p.output_tensor()
-    assert out is not None
     h, w = plan.item_tiles
-    rows, cols = out.tiles
-
-    def slot(j: int) -> TileAddr:  # contributor j's block of the item in the workspace
-        return TileAddr((j - 1) * rows * cols, ((LV_ITEM_Y, h * cols), (LV_ITEM_X, w)))
-
     compute = bodies["compute"]
     k_at = next(i for i, op in enumerate(compute) if isinstance(op, Loop) and op.var == LV_K)  # the K loop
     acc = next(b.id for b in p.buffers if isinstance(b.kind, Accumulator))
@@ -266,7 +275,7 @@ def split_bodies(p: SpatialProgram, site: Site) -> dict[str, tuple[ChoreoOp, ...
         reads: list[ChoreoOp] = [SemWait(SEM_PARTIALS, splits - 1)] if splits > 1 else []
         adds: list[ChoreoOp] = []
         for j in range(1, splits):
-            reads += [Reserve(p_in), ReadTiles(work.id, slot(j), h, w, cols, 1, p_in), Push(p_in)]
+            reads += [Reserve(p_in), ReadTiles(work.id, slot(j), h, w, stride, 1, p_in), Push(p_in)]
             adds += [Wait(p_in), Compute(AddPartial(), (p_in,), acc=acc), Pop(p_in)]
         bodies["reader"] = bodies["reader"] + tuple(reads)
         bodies["compute"] = compute[: k_at + 1] + tuple(adds) + compute[k_at + 1 :]
@@ -283,12 +292,43 @@ def split_bodies(p: SpatialProgram, site: Site) -> dict[str, tuple[ChoreoOp, ...
     )
     bodies["writer"] = (
         Wait(p_out),
-        WriteTiles(p_out, work.id, slot(s), h, w, cols, 1),
+        WriteTiles(p_out, work.id, slot(s), h, w, stride, 1),
         Pop(p_out),
         WriteBarrier(),
-        SemInc(SEM_PARTIALS, owner_of(placement, site), 1),
+        SemInc(SEM_PARTIALS, owner, 1),
     )
     return bodies
+
+
+def split_tail_programs(p: SpatialProgram) -> tuple[EngineProgram, ...]:
+    """A split tail (`passes/split.split_tail_placement`): each site's ITEM loop over its whole items, then — on a
+    site that holds a split of a tail item, its last — an ITEM loop over that one item (`first`: its place in the
+    site's list) running the split's programs, whose partial sums meet in the tail's slots (`split.tail_slot`)."""
+    placement, plan = p.placement, p.plan
+    assert placement is not None and plan is not None
+    splits, tail = placement.splits, placement.tail
+    whole = plan.items - tail
+    slot = partial(tail_slot, plan, splits, tail)
+    stride = plan.item_tiles[1]
+    bodies = engine_bodies(p)
+    holders: dict[ItemId, list[Site]] = {}
+    for site, items in placement.items_of_site:
+        if items and int(items[-1]) >= whole:
+            holders.setdefault(items[-1], []).append(site)
+    owned = _split_item(p, 0, splits, Site(0), slot, stride)  # the same for every owner: it names no site
+    programs = []
+    for site, items in placement.items_of_site:
+        split = bool(items) and int(items[-1]) >= whole
+        n = len(items) - split
+        mine = {e: (Loop(LV_ITEM, Const(n), body),) if n else () for e, body in bodies.items()}
+        if split:
+            sites = holders[items[-1]]
+            s = sites.index(site)
+            ops = _split_item(p, s, splits, sites[0], slot, stride) if s else owned
+            mine = {e: (*mine[e], Loop(LV_ITEM, Const(1), ops[e], first=n)) for e in mine}
+        for engine in (Engine.READER, Engine.COMPUTE, Engine.WRITER):
+            programs.append(EngineProgram(site, engine, mine[engine.value]))
+    return tuple(programs)
 
 
 def multicast_reader(p: SpatialProgram, site: Site, reader: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
@@ -310,9 +350,9 @@ def multicast_reader(p: SpatialProgram, site: Site, reader: tuple[ChoreoOp, ...]
 def schedule(p: SpatialProgram) -> SpatialProgram:
     """The program with the standard GEMM schedule (split-K's where the placement splits items, the multicast
     handshake where it groups sites)."""
-    from ..ir.nodes import Engine
-
     assert p.placement is not None
+    if p.placement.kind == SPLIT_TAIL:
+        return p.evolve(schedule=Schedule(split_tail_programs(p)))
     if p.placement.splits > 1:
         programs = []
         for site, items in p.placement.items_of_site:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import PlanError, ProgramError
-from ..ir.ids import BufferId, ItemId, SemId, Site, StageId, TensorId
+from ..ir.ids import LV_ITEM_X, LV_ITEM_Y, BufferId, ItemId, SemId, Site, StageId, TensorId
 from ..ir.nodes import (
     Buffer,
     ComputeStage,
@@ -38,7 +38,8 @@ from ..ir.nodes import (
     WriteStage,
     accumulator_dtype,
 )
-from ..ir.ops import AddPartial
+from ..ir.ops import AddPartial, TileAddr
+from ..ir.worklist import grid_order
 from ..target import SpatialTarget
 
 MAX_SPLITS = 32  # sites per item: past this the owner's serial adds cost more than the split saves
@@ -81,8 +82,9 @@ def auto_splits(plan: Plan, resident: int) -> int:
     return max(1, min(resident // plan.items, plan.k_steps // MIN_SPLIT_STEPS, MAX_SPLITS))
 
 
-def add_split(p: SpatialProgram, splits: int) -> SpatialProgram:
-    """The tiled program with split-K's workspace tensor, rings, semaphore and stages (see the module docstring)."""
+def add_split(p: SpatialProgram, splits: int, tail: int = 0) -> SpatialProgram:
+    """The tiled program with split-K's workspace tensor, rings, semaphore and stages (see the module docstring);
+    with a `tail`, a split tail's: S − 1 slots of an item for each of the `tail` items split (`tail_slot`)."""
     from .tile import matmul_stage  # (the verifier imports this module, and tile imports the verifier)
 
     plan = p.plan
@@ -96,12 +98,13 @@ def add_split(p: SpatialProgram, splits: int) -> SpatialProgram:
     h, w = plan.item_tiles
     rows, cols = out.tiles
     tid = TensorId(max(int(t.id) for t in p.tensors) + 1)
+    grid = ((splits - 1) * tail * h, w) if tail else ((splits - 1) * rows, cols)
     work = Tensor(
         tid,
         WORKSPACE_NAME,
         TensorRole.WORKSPACE,
-        ((splits - 1) * rows * p.tile.rows, cols * p.tile.cols),
-        ((splits - 1) * rows, cols),
+        (grid[0] * p.tile.rows, grid[1] * p.tile.cols),
+        grid,
         accumulator_dtype(p.precision),
     )
     first = max(int(b.id) for b in p.buffers) + 1
@@ -138,6 +141,70 @@ def split_placement(plan: Plan, splits: int, sites: int | None = None) -> Placem
     ]
     items += [(Site(s), ()) for s in range(need, total)]
     return Placement(tuple(items), (), "split", 0, splits)
+
+
+SPLIT_TAIL = "split_tail"  # the placement rule: whole waves of items unsplit, the last wave's items split
+
+
+def tail_split(items: int, sites: int, k_steps: int) -> tuple[int, int] | str:
+    """(tail, splits) of a split tail on `sites` sites: the items past the last whole wave, and the sites each of
+    them is split over (as many as the sites hold, each keeping a K step) — or why there is nothing to split."""
+    tail = items % sites
+    if tail == 0:
+        return f"its {items} items fill {items // sites} whole wave(s) of {sites} sites: there is no tail to split"
+    splits = min(sites // tail, MAX_SPLITS, k_steps)
+    if splits < 2:
+        why = f"{sites // tail} site(s)" if sites // tail < 2 else f"{k_steps} K step(s)"
+        return f"its last wave has {tail} items on {sites} sites, and {why} would split each"
+    return tail, splits
+
+
+# An owner's add of one partial sum after its split, in items' time: a read of h·w accumulator tiles from the L2 and
+# an add, against an item's K loop of many steps (bench/split_tail.py, bench/README.md "Prediction for the split tail").
+FIXUP = 0.02
+
+
+def tail_waves(items: int, sites: int, k_steps: int) -> float | None:
+    """The waves a split tail of `items` on `sites` takes, in items' time: its whole waves, one split of a tail
+    item (1 / S) and the owner's S − 1 adds (FIXUP each) — or None where the last wave does not split."""
+    found = tail_split(items, sites, k_steps)
+    if isinstance(found, str):
+        return None
+    tail, splits = found
+    return (items - tail) // sites + 1 / splits + FIXUP * (splits - 1)
+
+
+def split_tail_placement(plan: Plan, sites: int, band: int = 0) -> Placement:
+    """Stream-K's hybrid of whole items and one split each: the items of the whole waves — every item but the last
+    T of the grid in row-major order — dealt round-robin in grouped order (`band` rows a band; 0: row-major), W to
+    every site; then tail item D + t (D = items − T) on sites t·S … t·S + S − 1, site t·S + s running its split s
+    after its whole items (t·S + 0 owns it). Every site is resident at once (the owners wait): a split tail runs
+    exactly `sites` sites, one wave of them. ValueError (the reason) where `tail_split` finds no tail to split."""
+    found = tail_split(plan.items, sites, plan.k_steps)
+    if isinstance(found, str):
+        raise ValueError(found)
+    tail, splits = found
+    whole = plan.items - tail
+    order = grid_order("grouped", plan.grid, band) if band else list(range(plan.items))
+    order = [i for i in order if i < whole]
+    items = [[ItemId(i) for i in order[s::sites]] for s in range(sites)]
+    for t in range(tail):
+        for s in range(splits):
+            items[t * splits + s].append(ItemId(whole + t))
+    held = tuple((Site(s), tuple(mine)) for s, mine in enumerate(items))
+    return Placement(held, (), SPLIT_TAIL, band, splits, tail=tail)
+
+
+def tail_slot(plan: Plan, splits: int, tail: int, j: int) -> TileAddr:
+    """Where split j (≥ 1) of a tail item leaves its partial sum in a split tail's workspace: the item's t-th slot of
+    S − 1 blocks (t its place among the tail items, D + t its id), flat tile (t·(S − 1) + j − 1)·h·w — in item
+    coordinates, base and strides (the tensor is a column of blocks h × w tiles each)."""
+    h, w = plan.item_tiles
+    block = h * w
+    whole = plan.items - tail
+    nx = plan.grid[1]
+    base = (j - 1 - whole * (splits - 1)) * block
+    return TileAddr(base, ((LV_ITEM_Y, nx * (splits - 1) * block), (LV_ITEM_X, (splits - 1) * block)))
 
 
 def split_of(placement: Placement, site: Site) -> int:
@@ -187,6 +254,8 @@ def extra_ring_stages(form: str = "general") -> int:
 
 __all__ = [
     "MAX_SPLITS",
+    "FIXUP",
+    "SPLIT_TAIL",
     "add_split",
     "auto_splits",
     "check_splits",
@@ -196,5 +265,9 @@ __all__ = [
     "split_of",
     "split_placement",
     "split_ranges",
+    "split_tail_placement",
+    "tail_slot",
+    "tail_split",
+    "tail_waves",
     "workspace_bytes",
 ]

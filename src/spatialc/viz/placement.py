@@ -68,6 +68,8 @@ def placement_rule(p: SpatialProgram) -> str:
     hand-written list)."""
     pl, plan = p.placement, p.plan
     assert pl is not None and plan is not None
+    if pl.tail:
+        return f"a split tail: the last {pl.tail} items {pl.splits} sites each, every other item whole, grouped"
     if pl.splits > 1:
         return f"split-K: {pl.splits} sites an item"
     if pl.multicast != (1, 1):
@@ -108,6 +110,7 @@ def placement_svg(p: SpatialProgram, cell: int = 40) -> str:
         f"{f'{c.name} ({c.elems[0]}x{c.elems[1]})' if c else 'The output'} is cut into {ny}x{nx} items of {ih}x{iw}"
         " outputs; one cell per item, coloured and numbered by the site that computes it"
         + (f" (split-K: by the first of its {splits} sites, which adds the others' partial sums)" if splits > 1 else "")
+        + (f"; only the last {p.placement.tail} items, framed, are split" if p.placement.tail else "")
     )
     width = max(nx * cell + 90, len(subtitle) * CHAR_W + 40, 520)
     legend, legend_h = _legend(10, 50, width - 20, _placement_key(p, len(owner) < ny * nx, font >= 7))
@@ -120,17 +123,30 @@ def placement_svg(p: SpatialProgram, cell: int = 40) -> str:
     for y, x in itertools.product(range(ny), range(nx)):
         s = owner.get(y * nx + x)
         px, py = 60 + x * cell, top + y * cell
+        split = _item_splits(p, y * nx + x)
         out.append(
             f'<rect class="item" x="{px}" y="{py}" width="{cell}" height="{cell}" stroke="#333"'
-            f' fill="{"#ffffff" if s is None else _colour(s)}"><title>item ({y}, {x}): {_sites_text(s, splits)}</title>'
+            f' fill="{"#ffffff" if s is None else _colour(s)}"><title>item ({y}, {x}): {_sites_text(s, split)}</title>'
             "</rect>"
         )
+        if p.placement.tail and split > 1 and cell >= 12:  # a split tail's split item: a dashed frame inside
+            out.append(
+                f'<rect x="{px + 3}" y="{py + 3}" width="{cell - 6}" height="{cell - 6}" fill="none" stroke="#000"'
+                ' stroke-dasharray="3,2"/>'
+            )
         if font >= 7 and s is not None:
             out.append(_text(px + cell / 2, py + cell / 2 + font / 3, str(s), "site", text_anchor="middle",
                              font_size=str(font)))  # fmt: skip
     if p.placement.multicast != (1, 1):
         out += _group_frames(p, 60, top, cell)
     return "\n".join([*out, "</svg>"]) + "\n"
+
+
+def _item_splits(p: SpatialProgram, item: int) -> int:
+    """The sites item `item` is split over: the placement's splits, or 1 for a whole item of a split tail."""
+    pl, plan = p.placement, p.plan
+    assert pl is not None and plan is not None
+    return pl.splits if not pl.tail or item >= plan.items - pl.tail else 1
 
 
 def _sites_text(s: int | None, splits: int) -> str:

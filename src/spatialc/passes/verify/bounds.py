@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...errors import TileBoundsError
-from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, BufferId, ItemId, LoopVar, Site, loop_var_name
+from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, ItemId, LoopVar, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import EngineProgram, Plan
 from ...ir.ops import Compute, Dequant, Map, PackAcc, WriteTiles, arg_indices, row_args
@@ -78,16 +78,27 @@ def _item_span(lin: _Linear, box: Box) -> tuple[int, int]:
 def check_bounds(ctx: ProgramIndex, plan: Plan | None, runs: Sequence[Run]) -> None:
     """Rule 6 for every access of every distinct program."""
     nx = plan.grid[1] if plan is not None else 1
-    boxes: dict[Site, Box | None] = {}
+    boxes: dict[tuple[Site, tuple[int, int] | None], Box | None] = {}
     for run in runs:
         _check_pages(ctx, run)
         for acc in run.facts.accesses:
             if any(f.n == 0 for f in acc.loops):
                 continue  # never runs
-            for site, items in run.sites:
-                if site not in boxes:
-                    boxes[site] = site_box(items, nx)
-            _check_access(ctx, nx, run, acc, boxes)
+            part = item_part(acc)
+            sites = tuple(
+                (site, items if part is None else items[part[0] : part[0] + part[1]]) for site, items in run.sites
+            )
+            for site, items in sites:
+                if (site, part) not in boxes:
+                    boxes[(site, part)] = site_box(items, nx)
+            _check_access(ctx, nx, run, acc, {site: boxes[(site, part)] for site, _ in sites}, sites)
+
+
+def item_part(acc: Access) -> tuple[int, int] | None:
+    """(first, count) of the site's items the ITEM loop around `acc` runs, where that loop starts past the first
+    (a split tail's); None where the access sees every item of its site."""
+    loop = next((f for f in acc.loops if f.op.var == LV_ITEM), None)
+    return (loop.op.first, loop.n) if loop is not None and loop.op.first else None
 
 
 def _fail(
@@ -175,12 +186,19 @@ def _check_fill(
         )
 
 
-def _check_access(ctx: ProgramIndex, nx: int, run: Run, acc: Access, boxes: dict[Site, Box | None]) -> None:
+def _check_access(
+    ctx: ProgramIndex,
+    nx: int,
+    run: Run,
+    acc: Access,
+    boxes: dict[Site, Box | None],
+    sites: Sequence[tuple[Site, Sequence[ItemId]]],
+) -> None:
     tensor = ctx.tensors[acc.op.tensor]
     rows, cols = tensor.tiles
     whole, first = _linear(acc, True), _linear(acc, False)
     uses_items = bool(whole.cy or whole.cx)
-    placed = [(s, items) for s, items in run.sites if boxes[s] is not None] if uses_items else run.sites[:1]
+    placed = [(s, items) for s, items in sites if boxes[s] is not None] if uses_items else list(sites[:1])
     if not placed:
         return
     box = _union([b for s, _ in placed if (b := boxes[s]) is not None]) if uses_items else (0, 0, 0, 0)

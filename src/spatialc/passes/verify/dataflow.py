@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...errors import SemanticError, StrongerCheckNeeded
@@ -200,6 +201,11 @@ class Write:
     block: tuple[Aff, Aff]
     trips: tuple[tuple[Trip, Aff, Sym | None], ...] = ()  # the loops around it counted at run time: (count, the
     # element of its tensor it reads, as a form; its symbol, None for a bound of 1)
+    part: tuple[int, int] | None = None  # its ITEM loop's items, (first, count) of the site's; None: outside one
+
+    def items(self, held: Sequence[ItemId]) -> Sequence[ItemId]:
+        """Which of a site's items (`held`) it writes."""
+        return held if self.part is None else held[self.part[0] : self.part[0] + self.part[1]]
 
 
 class SiteRun:
@@ -324,13 +330,15 @@ class SiteRun:
 
     # ---- the whole site -----------------------------------------------------------------------------------------
 
-    def run(self) -> Write | None:
-        """Every engine followed; the one write of C (None where the site writes nothing and holds no item)."""
+    def run(self) -> list[Write]:
+        """Every engine followed; its writes of C: one, or one an ITEM loop where its ITEM loops run parts of its
+        items (a split tail's); none where the site writes nothing."""
         from .engine import EngineRun
 
         for prog in self.order():
             EngineRun(self, prog).body(prog.ops)
-        if len(self.writes) > 1:
+        written = [i for w in self.writes for i in w.items(self.items)]
+        if len(self.writes) > 1 and (any(w.part is None for w in self.writes) or len(set(written)) < len(written)):
             w = self.writes[1]
             raise StrongerCheckNeeded(
                 f"{w.head} — {self.decl.out.name} is written by more than one op at site {int(self.site)}; the"
@@ -350,15 +358,16 @@ class SiteRun:
                 op=self.index.op(w.op),
                 buffer=self.index.buffer_of(w.op),
             )
-        if not self.writes and self.items and not (self.split and self.partials):
-            y, x = divmod(int(self.items[0]), self.grid[1])
+        unwritten = [i for i in self.items if i not in set(written)]
+        if unwritten and not (self.split and self.partials):
+            y, x = divmod(int(unwritten[0]), self.grid[1])
             rows, cols = self.block
             raise SemanticError(
                 f"site {int(self.site)}: {self.decl.out.name} tile ({y * rows}, {x * cols}) is never written — the"
-                f" site holds {len(self.items)} item(s) and no WriteTiles of it runs",
+                f" site holds {len(self.items)} item(s) and no WriteTiles of it runs for item {int(unwritten[0])}",
                 site=int(self.site),
             )
-        return self.writes[0] if self.writes else None
+        return self.writes
 
     def order(self) -> list[EngineProgram]:
         """The engines in the order data flows between them (a producer before the engines that read its pages)."""

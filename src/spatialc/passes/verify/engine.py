@@ -73,10 +73,13 @@ class EngineRun(EngineRunOps):
                 self.reserved[ring] = saved[0].get(ring, ZERO).inside(sym, n, k)
             for ring, k in per_pop.items():
                 self.popped[ring] = saved[1].get(ring, ZERO).inside(sym, n, k)
-        outer_item, outer_var = self.item, self.env.get(op.var)
+        outer_item, outer_var, outer_part = self.item, self.env.get(op.var), self.part
         self.env[op.var] = Aff(0) if sym is None else Aff.of(sym)
         if op.var == LV_ITEM:
-            self.item = sym
+            # A loop of one item past the site's first (a split tail's) names its item apart from the site's only
+            # one, the same in every engine of the site (its place in the site's list tells them apart).
+            self.item = sym if sym is not None or not op.first else Sym("item at", op.first, f"item {op.first}")
+            self.part = (op.first, n)
         self.frames.append((object(), sym, op))
         if isinstance(op.count, Trip):
             self.trips.append((op.count, self.addr(op, TileAddr(op.count.index, op.count.steps)), sym))
@@ -89,7 +92,7 @@ class EngineRun(EngineRunOps):
         if isinstance(op.count, Trip):
             self.trips.pop()
         self.frames.pop()
-        self.item = outer_item
+        self.item, self.part = outer_item, outer_part
         if outer_var is None:
             del self.env[op.var]
         for ring, k in per_reserve.items():

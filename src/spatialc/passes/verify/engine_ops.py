@@ -87,6 +87,7 @@ class EngineRunOps(EngineRunPages):
             cell.subst({PR: bh, PC: bw}),
             (bh, bw),
             tuple(self.trips),
+            self.part,
         )
         (self.site.partials if partial else self.site.writes).append(w)
 

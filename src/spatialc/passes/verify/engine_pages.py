@@ -30,6 +30,7 @@ class EngineRunPages:
         self.frames: list[tuple[object, Sym | None, Loop]] = []  # open loops: a token, its symbol, the op
         self.env: dict[LoopVar, Aff] = {}
         self.item: Sym | None = None  # the ITEM loop the engine is in (None: the site's only item)
+        self.part: tuple[int, int] | None = None  # that loop's items: (first, count) of the site's list
         self.reserved: dict[BufferId, Seq] = {}
         self.popped: dict[BufferId, Seq] = {}
         self.pending: dict[BufferId, list[list]] = {}  # reserved, unpushed pages: [position, value, filler]

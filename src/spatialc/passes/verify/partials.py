@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import SemanticError, StrongerCheckNeeded
-from ...ir.ids import ItemId, SemId, Site
+from ...ir.ids import LV_ITEM, ItemId, SemId, Site
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import EngineProgram
-from ...ir.ops import Flush, ReadTiles, SemInc, SemWait, WriteBarrier, walk
+from ...ir.ops import Const, Flush, Loop, ReadTiles, SemInc, SemWait, WriteBarrier, walk
 from .dataflow import SiteRun, Write
 from .symbolic import AccSum, Aff, Partial, Product, Sym, one_to_one
 from .wellformed_ops import raise_counts
@@ -119,7 +119,7 @@ class Workspace:
                     )
                 held: dict[ItemId, list[Site]] = {}
                 for site in sites:
-                    for item in items.get(site, ()):
+                    for item in w.items(items.get(site, ())):
                         held.setdefault(item, []).append(site)
                 for item, at in sorted(held.items()):
                     self.add(run, w, item, tuple(at), owner)
@@ -233,14 +233,38 @@ def raises(index: ProgramIndex) -> Counter[tuple[Site, SemId]]:
     return raise_counts(index.p.schedule.programs)  # type: ignore[union-attr]
 
 
+def _once(op: object) -> bool:
+    """Whether `op` is an ITEM loop over one item: its body runs once, as if outside any loop (a split tail's)."""
+    return isinstance(op, Loop) and op.var == LV_ITEM and op.count == Const(1)
+
+
 def reader_wait(index: ProgramIndex, prog: EngineProgram, work) -> SemWait | None:
-    """The last top-level SemWait of `prog` before its first read of the workspace (None: none, or no read)."""
+    """The last SemWait of `prog` before its first read of the workspace, at its top level or in an ITEM loop of
+    one item that holds the read (None: none, or no read)."""
     last = None
-    for op in prog.ops:
-        if isinstance(op, SemWait):
-            last = op
-        elif any(isinstance(x, ReadTiles) and x.tensor == work for x in walk((op,))):
-            return last
+    ops = prog.ops
+    while True:
+        for op in ops:
+            if isinstance(op, SemWait):
+                last = op
+            elif any(isinstance(x, ReadTiles) and x.tensor == work for x in walk((op,))):
+                if not _once(op):
+                    return last
+                ops = op.body  # type: ignore[union-attr]
+                break
+        else:
+            return None
+
+
+def _level_of(ops: tuple, target: object) -> tuple[tuple, int] | None:
+    """(the op list, the place) of `target` among `ops`' top level or the body of an ITEM loop of one item there."""
+    for i, op in enumerate(ops):
+        if op == target:
+            return ops, i
+        if _once(op):
+            found = _level_of(op.body, target)
+            if found is not None:
+                return found
     return None
 
 
@@ -289,8 +313,8 @@ def _writer_raises(index: ProgramIndex, site: Site, src: Written, reader: Site, 
     its top-level ops."""
     prog = next(q for q in index.p.schedule.programs_of(site) if q.engine.value == src.write.engine)  # type: ignore[union-attr]
     head = f"{where(site, prog.engine.value)}: {index.op(src.write.op)}"
-    at = next((i for i, op in enumerate(prog.ops) if op == src.write.op), None)
-    if at is None:
+    level = _level_of(prog.ops, src.write.op)
+    if level is None:
         raise StrongerCheckNeeded(
             f"{head} — it writes a partial sum inside a loop; the semantic rule follows the handshake of a write"
             " outside loops",
@@ -299,7 +323,8 @@ def _writer_raises(index: ProgramIndex, site: Site, src: Written, reader: Site, 
         )
     visible = False
     source = index.ring(src.write.op.src)
-    for op in prog.ops[at + 1 :]:
+    ops, at = level
+    for op in ops[at + 1 :]:
         if isinstance(op, WriteBarrier) or (isinstance(op, Flush) and index.ring(op.buf) == source):
             visible = True
         elif isinstance(op, SemInc) and op.sem == sem and op.at == reader and op.by >= 1:

@@ -102,7 +102,7 @@ def _check_output(index: ProgramIndex, programs: Programs, decl: Declared) -> No
     first: dict[tuple[object, ...], Site] = {}
     for site in sorted(keys):
         first.setdefault(keys[site], site)
-    made: dict[Site, tuple[SiteRun, Write | None]] = {}
+    made: dict[Site, tuple[SiteRun, list[Write]]] = {}
 
     def run_of(site: Site, chain: tuple[Site, ...] = ()) -> SiteRun:
         """The site's run, after the runs of the sites that multicast into it."""
@@ -118,22 +118,20 @@ def _check_output(index: ProgramIndex, programs: Programs, decl: Declared) -> No
             made[site] = (run, run.run())
         return made[site][0]
 
-    runs: list[tuple[SiteRun, Write | None]] = []
+    runs: list[tuple[SiteRun, list[Write]]] = []
     for site in first.values():
         run_of(site)
         runs.append(made[site])
     _multicast_items(index, senders, {s: made[first[keys[s]]][0] for s in keys})
     if decl.out.groups > 1:
-        _grouped_reads(index, decl, [w for _, w in runs if w is not None])
+        _grouped_reads(index, decl, [w for _, ws in runs for w in ws])
     space, counts = None, Counter[tuple[Site, SemId]]()
     if decl.split is not None:
         counts = raises(index)
         classes = {key: tuple(s for s in sorted(keys) if keys[s] == key) for key in shared}
         space = Workspace(index, [(run, classes[keys[run.site]]) for run, _ in runs])
         _one_writer_per_item(index, keys, runs)
-    for run, write in runs:
-        if write is None:
-            continue
+    for run, write in ((run, w) for run, ws in runs for w in ws):
         other = idle.get(keys[run.site])
         if other is not None:  # it runs the same programs, so it writes the same tiles again
             raise SemanticError(
@@ -151,7 +149,7 @@ def _check_output(index: ProgramIndex, programs: Programs, decl: Declared) -> No
         _Proof(run, write).coverage()
         _Proof(run, write).rows()
         for site in sorted(s for s in keys if keys[s] == keys[run.site]):
-            for item in items.get(site, ()):
+            for item in write.items(items.get(site, ())):
                 values = item_values(run, write.item, item)
                 fixed = dataclasses.replace(
                     write, row=write.row.subst(values), col=write.col.subst(values), cell=write.cell.subst(values)
@@ -280,17 +278,16 @@ def _multicast_items(index: ProgramIndex, senders: dict[Site, dict[BufferId, Sit
 
 
 def _one_writer_per_item(
-    index: ProgramIndex, keys: dict[Site, tuple[object, ...]], runs: list[tuple[SiteRun, Write | None]]
+    index: ProgramIndex, keys: dict[Site, tuple[object, ...]], runs: list[tuple[SiteRun, list[Write]]]
 ) -> None:
     """With items on several sites (split-K), exactly one of them writes each item's block of the output."""
     p = index.p
     assert p.placement is not None
-    writes = {run.site for run, w in runs if w is not None}
-    writing = {keys[s] for s in writes}
+    writing = {keys[run.site]: ws for run, ws in runs if ws}
     by_item: dict[ItemId, list[Site]] = {}
     for site, items in p.placement.items_of_site:
-        if keys.get(site) in writing:
-            for item in items:
+        for w in writing.get(keys.get(site), ()):  # type: ignore[arg-type]
+            for item in w.items(items):
                 by_item.setdefault(item, []).append(site)
     nx = p.plan.grid[1]  # type: ignore[union-attr]
     for i in range(p.plan.items):  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from ...errors import IllFormedError
-from ...ir.ids import LV_ITEM_X, LV_ITEM_Y, LoopVar, SemId, Site, loop_var_name
+from ...ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, LoopVar, SemId, Site, loop_var_name
 from ...ir.index import ProgramIndex, where
 from ...ir.nodes import DType, EngineProgram, Tensor, TensorRole, TileOrder, per_op_list
 from ...ir.ops import (
@@ -150,6 +150,10 @@ class _OpCheck:
             raise self.fail(op, f"{loop_var_name(op.var)} stands for the item's coordinate; no loop may bind it")
         if op.var in bound:
             raise self.fail(op, f"loop variable {loop_var_name(op.var)} is already bound by an enclosing loop")
+        if isinstance(op.first, bool) or not isinstance(op.first, int) or op.first < 0 or op.first > MAX_INT:
+            raise self.fail(op, f"a loop's first item is a whole number from 0 to {MAX_INT}, not {op.first!r}")
+        if op.first and op.var != LV_ITEM:
+            raise self.fail(op, "only an ITEM loop starts past the first of its site's items (`first`)")
         match op.count:
             case Const(n) if n < 0:
                 raise self.fail(op, f"a loop count must be ≥ 0, not {n}")

@@ -17,7 +17,11 @@ from .program import distinct_lists
 def _normal(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
     """`ops` with every ITEM loop's count erased: the one thing the kernel reads per site at run time."""
     return tuple(
-        Loop(op.var, Const(0) if op.var == LV_ITEM else op.count, _normal(op.body)) if isinstance(op, Loop) else op
+        dataclasses.replace(
+            op, count=Const(0) if op.var == LV_ITEM else op.count, first=min(op.first, 1), body=_normal(op.body)
+        )
+        if isinstance(op, Loop)
+        else op
         for op in ops
     )
 
@@ -90,7 +94,9 @@ def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:
     for s, items in p.placement.items_of_site:
         progs = by_site.get(s, ())
         counts = set().union(*(once.item_counts(prog.ops) for prog in progs))
-        if counts - {Const(len(items))} or (not counts and len(items) > 1):
+        # Each ITEM loop runs all the site's items — or, a split tail's, all but its last and then that one.
+        runs = {Const(len(items))} | ({(Const(len(items) - 1), 0), (Const(1), len(items) - 1)} if items else set())
+        if counts - runs or (not counts and len(items) > 1) or not _tail_last(progs):
             raise Unsupported(
                 f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
                 "the kernel's ITEM loop runs the site's share of the work list",
@@ -111,6 +117,17 @@ def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:
     )
 
 
+def _tail_last(progs) -> bool:
+    """Whether an ITEM loop past the site's first item (a split tail's last item) is its program's last op, after
+    its loop over the others: the kernel runs it as the site's last item of the work list."""
+    for prog in progs:
+        loops = [i for i, op in enumerate(prog.ops) if isinstance(op, Loop) and op.var == LV_ITEM]
+        tails = [i for i in loops if prog.ops[i].first]
+        if tails and (tails != [len(prog.ops) - 1] or loops != [len(prog.ops) - 2, len(prog.ops) - 1]):
+            return False
+    return True
+
+
 _SITE_NAMING = (SemInc, McastSend, McastSetValid)  # the only ops a class view may read relative to their site
 
 
@@ -128,9 +145,12 @@ class _PerList:
         self._interned: dict[tuple[ChoreoOp, ...], tuple[ChoreoOp, ...]] = {}
 
     def item_counts(self, ops: tuple[ChoreoOp, ...]) -> frozenset:
+        """Each ITEM loop's count, or (count, first) where a program has an ITEM loop past the site's first item."""
         found = self._counts.get(id(ops))
         if found is None:
-            found = frozenset(op.count for op in walk(ops) if isinstance(op, Loop) and op.var == LV_ITEM)
+            loops = [op for op in walk(ops) if isinstance(op, Loop) and op.var == LV_ITEM]
+            tail = any(op.first for op in loops)
+            found = frozenset((op.count, op.first) if tail else op.count for op in loops)
             self._counts[id(ops)] = found
         return found
 

@@ -98,6 +98,7 @@ class EnginePrinter(
         self.role = role
         self.bar_id = engine_barrier(k.roles.index(role))  # the engine's named barrier (`barrier_ids.py`)
         self.fills: frozenset[int] = frozenset()  # rings the program being printed fills by cp.async
+        self.tail_item = False  # whether the program runs the site's last item apart (a split tail's)
         self.after: ChoreoOp | None = None  # the op after the one being printed, in its own body (None: the last)
         self.received: set[int] = set()  # rings whose page the engine waits for from its sender, not yet pushed
         # (TilePrinter.lean) — not where the recurrence's rings live in registers: there S's K steps unrolled take
@@ -213,10 +214,13 @@ class EnginePrinter(
                         self.w.line(line)
                     with self.w.block(f"for (int {v} = 0; {v} < trip_{v}; ++{v})", mark):
                         self.ops(body, env | {var: v})
-            case Loop(var, count, body):
+            case Loop(var, count, body, first):
                 v = loop_var_name(var)
                 bound = "n_items" if var == LV_ITEM else str(count.n)  # type: ignore[union-attr]
-                with self.w.block(f"for (int {v} = 0; {v} < {bound}; ++{v})", mark):
+                start = "0"
+                if var == LV_ITEM and self.tail_item:  # a split tail's: the site's last item runs apart
+                    start, bound = ("n_items - 1", "n_items") if first else ("0", "n_items - 1")
+                with self.w.block(f"for (int {v} = {start}; {v} < {bound}; ++{v})", mark):
                     inner = env | {var: v}
                     if var == LV_ITEM:
                         self.item_header(f"ITEM_LIST[item_off + {v}]")
@@ -506,6 +510,7 @@ def _program(printer: EnginePrinter, ops: tuple[ChoreoOp, ...]) -> None:
     """One engine program, its item's coordinates bound first when it has no ITEM loop (a site's only item)."""
     printer.fills = frozenset(printer.k.rings.template[op.into] for op in walk(ops) if isinstance(op, ReadTiles))
     env: dict[LoopVar, str] = {}
+    printer.tail_item = any(isinstance(op, Loop) and op.var == LV_ITEM and op.first for op in ops)
     if not any(isinstance(op, Loop) and op.var == LV_ITEM for op in walk(ops)):
         printer.item_header("ITEM_LIST[item_off]")
         env = {LV_ITEM_Y: "item_y", LV_ITEM_X: "item_x"}

@@ -119,8 +119,9 @@ def needs_general(p: SpatialProgram) -> tuple[str, str] | None:
     if len(p.plans) > 1:
         return f"a program with {len(p.plans)} plans", "the persistent kernel prints one block shape for every site"
     if p.placement is not None and p.placement.splits > 1:
+        whose = f"a split tail's last {p.placement.tail} items" if p.placement.tail else "item"
         return (
-            f"split-K over {p.placement.splits} sites per item",
+            f"split-K over {p.placement.splits} sites per {whose}",
             "its sites wait on each other's partial sums, and the persistent kernel's blocks never wait on each other",
         )
     if sum(1 for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles)) > 1:

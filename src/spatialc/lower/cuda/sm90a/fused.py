@@ -3,6 +3,7 @@ their accumulators (`fused_output`), and whether that store can go out by TMA (`
 
 from __future__ import annotations
 
+from ....ir.ids import LV_ITEM
 from ....ir.nodes import SpatialProgram
 from ....ir.ops import ChoreoOp, Loop, Pop, Push, Wait, WriteTiles
 from ...errors import LowerError
@@ -38,13 +39,19 @@ def fused_output(
     writers = [r for r in side if any(isinstance(op, WriteTiles) for op in r.walk())]
 
     def printed(role: general.Role) -> set[tuple[ChoreoOp, ...]]:
-        return {ops for i, ops in enumerate(role.programs) if i not in apart}
+        """The item bodies of its classes' programs — each ITEM loop's (a split tail's two) — but a contributor's
+        (`apart`) loop over the item it stores partial sums of: its last, or its only one (split-K's)."""
+        out: set[tuple[ChoreoOp, ...]] = set()
+        for i, ops in enumerate(role.programs):
+            loops = all(isinstance(op, Loop) and op.var == LV_ITEM for op in ops) and bool(ops)
+            bodies = [op.body for op in ops] if loops else [ops]  # type: ignore[union-attr]
+            out.update(bodies[:-1] if i in apart else bodies)
+        return out
 
-    if len(writers) != 1 or len(printed(writers[0])) != 1 or len(printed(compute)) != 1:
+    bodies = printed(writers[0]) if len(writers) == 1 else set()
+    if len(bodies) != 1 or not printed(compute):
         return None
-    (body,) = printed(writers[0])
-    if len(body) == 1 and isinstance(body[0], Loop):
-        body = body[0].body
+    (body,) = bodies
     if len(body) != 3 or not isinstance(body[1], WriteTiles):
         return None
     wait, store, pop = body
@@ -52,16 +59,15 @@ def fused_output(
     if not (isinstance(wait, Wait) and isinstance(pop, Pop) and ring == last):
         return None
     # The compute engine pushes the last ring at its item level, where the writer's store has its loop variables.
-    (top,) = printed(compute)
-    level = top[0].body if len(top) == 1 and isinstance(top[0], Loop) else top
-    pushed = [i for i, op in enumerate(level) if isinstance(op, Push) and int(p.buffer(op.buf).ring) == last]
-    if not pushed:
-        return None
     # A page a stage reads beside the chain's (a residual's) is read by the fused store, which stands at that Push:
     # the schedule must pop it after, or its slot could be refilled while the consumers read it.
     beside = {int(p.buffer(b).ring) for s in chain for b in s.ins[1:]}
-    popped = [i for i, op in enumerate(level) if isinstance(op, Pop) and int(p.buffer(op.buf).ring) in beside]
-    if any(i < pushed[0] for i in popped) or len(popped) != len(beside):
-        return None
+    for level in printed(compute):
+        pushed = [i for i, op in enumerate(level) if isinstance(op, Push) and int(p.buffer(op.buf).ring) == last]
+        if not pushed:
+            return None
+        popped = [i for i, op in enumerate(level) if isinstance(op, Pop) and int(p.buffer(op.buf).ring) in beside]
+        if any(i < pushed[0] for i in popped) or len(popped) != len(beside):
+            return None
     fused = tuple(int(p.buffer(b).ring) for b in (mm.outs[0], *(s.outs[0] for s in chain)))
     return store, packed_rings(p, general.epilogue_rings(p, ring_table(p, types, fused), integer))

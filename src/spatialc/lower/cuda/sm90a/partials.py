@@ -104,7 +104,8 @@ def sides(p: SpatialProgram, k: general.GeneralKernel) -> tuple[tuple[int, int],
     found = []
     for i in range(len(k.classes)):
         reader, compute, writer = (
-            _item_body(programs[e][i]) if e in programs else () for e in (Engine.READER, Engine.COMPUTE, Engine.WRITER)
+            _item_body(programs[e][i], bufs) if e in programs else ()
+            for e in (Engine.READER, Engine.COMPUTE, Engine.WRITER)
         )
         if not any(_touches(ops, bufs) for ops in (reader, compute, writer)):
             found.append(PartialSide())
@@ -115,10 +116,16 @@ def sides(p: SpatialProgram, k: general.GeneralKernel) -> tuple[tuple[int, int],
     return templates, tuple(found)
 
 
-def _item_body(ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
-    """A class's program inside its ITEM loop (a split site holds one item)."""
-    if len(ops) == 1 and isinstance(ops[0], Loop) and ops[0].var == LV_ITEM:
-        return ops[0].body
+def _item_body(ops: tuple[ChoreoOp, ...], bufs: tuple) -> tuple[ChoreoOp, ...]:
+    """A class's program inside its ITEM loop (a split site holds one item) — a split tail's, inside the loop over
+    the site's last item, after a loop over its whole items that moves no partial sum."""
+    items = [op for op in ops if isinstance(op, Loop) and op.var == LV_ITEM]
+    if len(ops) == 1 and len(items) == 1:
+        return items[0].body
+    if len(ops) == 2 and len(items) == 2 and items[1].first:
+        if _touches(items[0].body, bufs):
+            raise _refuse("moved by a split tail's whole items")
+        return items[1].body
     return ops
 
 
