@@ -220,10 +220,9 @@ def _swept(gemm: Any, form: str, planner: Any, chosen: Form) -> list[Form]:
 
 def _cost(gemm: Any, form: str, program: Any) -> float:
     """The planner's own estimate of `program`'s plan in `form` (the cost it ranked its candidates by)."""
+    from ..passes.split import tail_waves
     from ..passes.tile import candidates
     from ..target import target
-
-    from ..passes.split import tail_waves
 
     plan = program.plan
     block = (plan.block.osh, plan.block.osw, plan.block.ibw)

@@ -94,6 +94,7 @@ def _check_item_loops(index: ProgramIndex, site: Site, held: int, prog: EnginePr
                 op=text,
             )
         _check_item_runs(index, site, held, prog, facts)
+        _check_item_free(index, site, held, prog, facts)
         return
     for loop, count in facts.item_loops:
         if count != held:
@@ -104,6 +105,13 @@ def _check_item_loops(index: ProgramIndex, site: Site, held: int, prog: EnginePr
                 engine=engine,
                 op=text,
             )
+    _check_item_free(index, site, held, prog, facts)
+
+
+def _check_item_free(index: ProgramIndex, site: Site, held: int, prog: EngineProgram, facts: Facts) -> None:
+    """Outside an ITEM loop item_y / item_x name the site's only item: none of the program's ops use them there
+    unless the site holds one."""
+    engine = prog.engine.value
     if facts.item_free and held != 1:
         text = index.op(facts.item_free[0])
         raise CoverageError(

@@ -256,16 +256,16 @@ def reader_wait(index: ProgramIndex, prog: EngineProgram, work) -> SemWait | Non
             return None
 
 
-def _level_of(ops: tuple, target: object) -> tuple[tuple, int] | None:
-    """(the op list, the place) of `target` among `ops`' top level or the body of an ITEM loop of one item there."""
+def _levels_of(ops: tuple, target: object) -> list[tuple[tuple, int]]:
+    """(the op list, the place) of each op equal to `target` among `ops`' top level or the body of an ITEM loop of
+    one item there."""
+    found = []
     for i, op in enumerate(ops):
         if op == target:
-            return ops, i
-        if _once(op):
-            found = _level_of(op.body, target)
-            if found is not None:
-                return found
-    return None
+            found.append((ops, i))
+        elif _once(op):
+            found += _levels_of(op.body, target)  # type: ignore[union-attr]
+    return found
 
 
 def check_handshake(index: ProgramIndex, reader: Site, src: Written, counts: Counter) -> None:
@@ -313,18 +313,27 @@ def _writer_raises(index: ProgramIndex, site: Site, src: Written, reader: Site, 
     its top-level ops."""
     prog = next(q for q in index.p.schedule.programs_of(site) if q.engine.value == src.write.engine)  # type: ignore[union-attr]
     head = f"{where(site, prog.engine.value)}: {index.op(src.write.op)}"
-    level = _level_of(prog.ops, src.write.op)
-    if level is None:
+    # Every write equal to it is checked (which of them wrote the sum read is not followed): each must be one the
+    # rule follows, outside loops or in an ITEM loop of one item, and raise only after a barrier that follows it.
+    levels = _levels_of(prog.ops, src.write.op)
+    if not levels or len(levels) < sum(1 for op in walk(prog.ops) if op == src.write.op):
         raise StrongerCheckNeeded(
             f"{head} — it writes a partial sum inside a loop; the semantic rule follows the handshake of a write"
             " outside loops",
             site=int(site),
             engine=prog.engine.value,
         )
+    for ops, at in levels:
+        _raised_after(index, site, prog, head, ops[at + 1 :], src, reader, sem)
+
+
+def _raised_after(
+    index: ProgramIndex, site: Site, prog, head: str, after: tuple, src: Written, reader: Site, sem
+) -> None:
+    """The ops `after` a partial sum's write make it visible, then raise `reader`'s copy of `sem`."""
     visible = False
     source = index.ring(src.write.op.src)
-    ops, at = level
-    for op in ops[at + 1 :]:
+    for op in after:
         if isinstance(op, WriteBarrier) or (isinstance(op, Flush) and index.ring(op.buf) == source):
             visible = True
         elif isinstance(op, SemInc) and op.sem == sem and op.at == reader and op.by >= 1:

@@ -103,7 +103,7 @@ class _WriteProof:
 
     def base(self, item: ItemId | None = None) -> dict[Sym, int]:
         """Values for the item symbols: the coordinates of `item` (default: the site's first)."""
-        items = self.site.items
+        items = self.w.items(self.site.items)  # (the items of the write's ITEM loop)
         if item is None:
             item = items[0] if items else ItemId(0)
         y, x = divmod(int(item), self.site.grid[1])

@@ -121,9 +121,12 @@ def _tail_last(progs) -> bool:
     """Whether an ITEM loop past the site's first item (a split tail's last item) is its program's last op, after
     its loop over the others: the kernel runs it as the site's last item of the work list."""
     for prog in progs:
-        loops = [i for i, op in enumerate(prog.ops) if isinstance(op, Loop) and op.var == LV_ITEM]
-        tails = [i for i in loops if prog.ops[i].first]
-        if tails and (tails != [len(prog.ops) - 1] or loops != [len(prog.ops) - 2, len(prog.ops) - 1]):
+        if not any(isinstance(op, Loop) and op.var == LV_ITEM and op.first for op in walk(prog.ops)):
+            continue
+        top = [isinstance(op, Loop) and op.var == LV_ITEM for op in prog.ops]
+        if top != [True, True] or prog.ops[0].first or not prog.ops[1].first:  # type: ignore[union-attr]
+            return False
+        if any(isinstance(op, Loop) and op.var == LV_ITEM for loop in prog.ops for op in walk(loop.body)):  # type: ignore[union-attr]
             return False
     return True
 

@@ -1,5 +1,6 @@
-"""Faults of the split tail found by review: programs verify accepts that it should refuse, and one that lowers to a
-kernel unlike the program it was given. Each test fails on the code as it stands and names the fault."""
+"""Planted faults of a split tail that a review found getting through: a raise before the tail's partial write excused
+by an equal write earlier, item coordinates used outside ITEM loops, a tail loop nested in a loop of one trip (printed
+over every item before), and a tail item's fault named by another item. Each test failed before its fix."""
 
 from __future__ import annotations
 
