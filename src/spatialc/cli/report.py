@@ -271,11 +271,16 @@ def kernel_lines(p: SpatialProgram, art) -> list[str]:
             f" {f'{m.swizzle}-byte swizzled' if m.swizzle else 'unswizzled'}"
             for m in loads
         )
-        out = (
-            "; each consumer warp stages its output in shared memory and stores it by TMA, a tile a box"
-            if stores
-            else ""
-        )
+        out = ""
+        if stores and stores[0].box == (16, 16):  # the first epilogue (`spatialc.lower(..., epilogue="tiles")`)
+            out = "; each consumer warp stages its output in shared memory and stores it by TMA, a tile a box"
+        elif stores:  # the default: a warpgroup's rows a box (lower/cuda/sm90a/staging.py)
+            box, swizzle = stores[0].box, stores[0].swizzle
+            shaped = f"{swizzle}-byte swizzled" if swizzle else "unswizzled"
+            out = (
+                f"; each consumer warpgroup stages its output in shared memory, {shaped} boxes of {box[0]}x{box[1]},"
+                " and stores each by TMA"
+            )
         in_flight = "one group in flight"
         if program_scales(p) is not None:  # DeepGEMM's promotion (sm90a/blockscale.py)
             in_flight = "into fresh partials, each group waited for and promoted by its scales"
