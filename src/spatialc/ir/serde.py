@@ -55,11 +55,26 @@ INT_RANGE = range(-(2 ** (INT_BITS - 1)), 2 ** (INT_BITS - 1))
 # The longest string a document may hold. Its strings are names (at most MAX_NAME, ir/names.py), a target, a
 # placement kind and an op's name: all far shorter. A longer one is refused before anything quotes or walks it.
 MAX_STRING = 200
-# The longest list of a field, checked before one entry of it is decoded: (most, what the entries are) — the IR's own
-# limits, which verify holds every program to (ops.MAX_ADDR_STEPS, ops.MAX_OP_LIST); a formula's op has at most its
-# nodes as operands.
+# The longest list of a field, checked before one entry of it is decoded: (most, what the entries are). Every list a
+# program holds has one, so a document of a million entries is refused after its JSON parse, before the decoder (about
+# 50 µs an op) or a rule of verify walks them. The IR's own limits, which verify holds every program to
+# (ops.MAX_ADDR_STEPS, ops.MAX_OP_LIST, MAX_SEMAPHORES, MAX_SITES); a formula's op has at most its nodes as operands;
+# and bounds far above what any program holds: the passes make one plan and a score of tensors, stages and buffers
+# (an elementwise map reads at most 16 inputs), a stage or compute op names a few rings, a multicast group a few sites.
 MAX_STEPS = ops.MAX_ADDR_STEPS
 MAX_OPS = ops.MAX_OP_LIST
+MAX_TABLE = 1 << 10  # tensors, stages or buffers of a program
+MAX_PLANS = 1 << 6
+MAX_OPERANDS = 1 << 8  # rings a stage or a compute op names; an op's parameters
+# Items one site lists: verify's MAX_ITEMS (passes/verify/limits.py), what a plan may hold, all on one site.
+MAX_SITE_ITEMS = 1 << 24
+# Ops of the whole schedule, loop bodies included: 2.5 times the ~93,000 of attention built for 1,024 sites, and
+# 20 times a 132-site one's; decoding this many takes seconds, a million of them minutes.
+MAX_SCHEDULE_OPS = 1 << 18
+# Objects ({…}) of a whole document, counted before it is parsed: parsing takes microseconds and about 500 bytes an
+# object, so the ops of MAX_SCHEDULE_OPS (one to three objects each in a built program, a few more for a compute op)
+# fit with room to spare, and a document of tens of millions is refused before it takes gigabytes.
+MAX_OBJECTS = 1 << 21
 _LIST_LIMITS: dict[tuple[type, str], tuple[int, str]] = {
     (ops.TileAddr, "steps"): (MAX_STEPS, "steps"),
     (ops.Trip, "steps"): (MAX_STEPS, "steps"),
@@ -67,7 +82,24 @@ _LIST_LIMITS: dict[tuple[type, str], tuple[int, str]] = {
     (ops.Loop, "body"): (MAX_OPS, "ops"),
     (nodes.EngineProgram, "ops"): (MAX_OPS, "ops"),
     (ops.Apply, "args"): (ops.MAX_EXPR_NODES, "operands"),
+    (ops.Apply, "params"): (MAX_OPERANDS, "parameters"),
+    (ops.Generic, "params"): (MAX_OPERANDS, "parameters"),
+    (ops.Compute, "ins"): (MAX_OPERANDS, "rings"),
+    (ops.Compute, "outs"): (MAX_OPERANDS, "rings"),
+    (nodes.Stage, "ins"): (MAX_OPERANDS, "rings"),
+    (nodes.Stage, "outs"): (MAX_OPERANDS, "rings"),
+    (nodes.Group, "sites"): (MAX_SITES, "sites"),
+    (nodes.Placement, "items_of_site"): (MAX_SITES, "sites"),
+    (nodes.Placement, "groups"): (MAX_SITES, "groups"),
+    (nodes.Schedule, "programs"): (MAX_SITES * len(Engine), "engine programs"),
+    (SpatialProgram, "tensors"): (MAX_TABLE, "tensors"),
+    (SpatialProgram, "stages"): (MAX_TABLE, "stages"),
+    (SpatialProgram, "buffers"): (MAX_TABLE, "buffers"),
+    (SpatialProgram, "semaphores"): (MAX_SEMAPHORES, "semaphores"),
+    (SpatialProgram, "plans"): (MAX_PLANS, "plans"),
 }
+# A list inside a list (not a field of its own), by what its entries are: a site's items in `items_of_site`.
+_ENTRY_LIMITS: dict[type, tuple[int, str, str]] = {ids.ItemId: (MAX_SITE_ITEMS, "items", "a site lists")}
 
 
 # Fields added after documents of this version were written, left out where they hold their default: such a
@@ -179,10 +211,24 @@ def _decode_tuple(data: Any, args: tuple[Any, ...], path: str, depth: int) -> tu
     if not isinstance(data, list):
         _fail(path, "a list", data)
     if len(args) == 2 and args[1] is Ellipsis:
+        limit = _ENTRY_LIMITS.get(args[0])
+        if limit is not None and len(data) > limit[0]:
+            raise SerdeError(f"{path}: {len(data)} {limit[1]}; {limit[2]} at most {limit[0]}")
+        if _plain_ids(data, args[0]):  # a site's items, a stage's rings: millions of them cost no more than a copy
+            return tuple(map(args[0], data))
         return tuple(decode(v, args[0], f"{path}[{i}]", depth + 1) for i, v in enumerate(data))
     if len(data) != len(args):
         _fail(path, f"a list of {len(args)}", data)
     return tuple(decode(v, a, f"{path}[{i}]", depth + 1) for i, (v, a) in enumerate(zip(data, args, strict=True)))
+
+
+def _plain_ids(data: list, annotation: Any) -> bool:
+    """Whether `data` is a list of plain integers in INT_RANGE for a list of ids or counts: `decode` would take each
+    as it is."""
+    counts = isinstance(annotation, type) and issubclass(annotation, int) and not issubclass(annotation, bool | Enum)
+    if not counts or not data:
+        return False
+    return all(type(v) is int for v in data) and min(data) in INT_RANGE and max(data) in INT_RANGE
 
 
 def _decode_union(data: Any, options: tuple[Any, ...], path: str, depth: int) -> Any:
@@ -297,19 +343,69 @@ def _legacy_elementwise(data: Any, depth: int = 2) -> Any:
 
 def _too_large(program: Any) -> str | None:
     """What makes the document's program larger than any spatialc verifies — more sites than MAX_SITES (and
-    more engine programs than they hold), more semaphores than MAX_SEMAPHORES — or None."""
+    more engine programs than they hold), more semaphores than MAX_SEMAPHORES, more items listed than its plan
+    places, more ops than MAX_SCHEDULE_OPS — or None: counted on the JSON, before one entry is decoded."""
     if not isinstance(program, dict):
         return None
     placement, schedule = program.get("placement"), program.get("schedule")
+    placement = placement if isinstance(placement, dict) else {}
+    programs = schedule.get("programs") if isinstance(schedule, dict) else None
     counts = (
-        ("sites", placement.get("items_of_site") if isinstance(placement, dict) else None, MAX_SITES),
-        ("engine programs", schedule.get("programs") if isinstance(schedule, dict) else None, MAX_SITES * len(Engine)),
+        ("sites", placement.get("items_of_site"), MAX_SITES),
+        ("engine programs", programs, MAX_SITES * len(Engine)),
         ("semaphores", program.get("semaphores"), MAX_SEMAPHORES),
     )
     for what, listed, most in counts:
         if isinstance(listed, list) and len(listed) > most:
             return f"{len(listed)} {what}; a spatialc program has at most {most}"
-    return None
+    return _too_many_items(program, placement) or _too_many_ops(programs)
+
+
+def _too_many_items(program: dict[str, Any], placement: dict[str, Any]) -> str | None:
+    """Whether the sites list more items in all than the program's one plan places (each item once, or on `splits`
+    sites) — the coverage rule's verdict, reached before decoding millions of item ids — or than MAX_SITE_ITEMS."""
+    listed = placement.get("items_of_site")
+    if not isinstance(listed, list):
+        return None
+    total = sum(len(e[1]) for e in listed if isinstance(e, list) and len(e) == 2 and isinstance(e[1], list))
+    most, whose = MAX_SITE_ITEMS, "a spatialc program places at most"
+    plans, splits = program.get("plans"), placement.get("splits", 1)
+    plan = plans[0] if isinstance(plans, list) and len(plans) == 1 and isinstance(plans[0], dict) else {}
+    grid, groups = plan.get("grid"), plan.get("groups", 1)
+    if isinstance(grid, list) and len(grid) == 2 and all(_count(v) for v in (*grid, groups, splits)):
+        items = (groups if groups > 1 else grid[0]) * grid[1]
+        most = items * splits
+        whose = (
+            f"its plan places {items}"
+            if splits == 1
+            else f"its plan's {items} items, on {splits} sites each, are {most}"
+        )
+    if total <= most:
+        return None
+    return f"placement.items_of_site: {total} items listed in all; {whose}"
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and 0 < value <= MAX_SITE_ITEMS
+
+
+def _too_many_ops(programs: Any) -> str | None:
+    """Whether the engine programs hold more than MAX_SCHEDULE_OPS ops, loop bodies included: counted without
+    recursion, and only until the bound is passed."""
+    if not isinstance(programs, list):
+        return None
+    lists = [prog["ops"] for prog in programs if isinstance(prog, dict) and isinstance(prog.get("ops"), list)]
+    total = 0
+    while lists and total <= MAX_SCHEDULE_OPS:
+        ops_ = lists.pop()
+        total += len(ops_)
+        lists += [op["body"] for op in ops_ if isinstance(op, dict) and isinstance(op.get("body"), list)]
+    if total <= MAX_SCHEDULE_OPS:
+        return None
+    return (
+        f"schedule: more than {MAX_SCHEDULE_OPS} ops in its engine programs, loop bodies included;"
+        f" a spatialc program has at most {MAX_SCHEDULE_OPS}"
+    )
 
 
 def _load(text: str | bytes | bytearray) -> Any:
@@ -322,6 +418,9 @@ def _load(text: str | bytes | bytearray) -> Any:
             raise SerdeError(f"not JSON text: byte {e.start} is not valid {encoding}") from None
     if not isinstance(text, str):
         raise SerdeError(f"a spatialc document is JSON text, not {type(text).__name__}")
+    objects = text.count("{")  # (a brace in a string counts too: no program's names hold millions of them)
+    if objects > MAX_OBJECTS:
+        raise SerdeError(f"a document of {objects} objects; a spatialc program has at most {MAX_OBJECTS}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

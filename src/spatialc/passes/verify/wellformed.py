@@ -25,6 +25,7 @@ from ...ir.nodes import (
     MAX_SEMAPHORES,
     Accumulator,
     ComputeStage,
+    Placement,
     Plan,
     ReadStage,
     SpatialProgram,
@@ -36,6 +37,7 @@ from ...ir.nodes import (
 )
 from ...ir.ops import CHOREO_OPS, Attention, Loop, Map, RowReduce, cols
 from ...ir.printer import op_text
+from ...ir.serde import MAX_PLANS, MAX_TABLE
 from ...ir.validate import op_fault, type_fault
 from ...ir.worklist import MAX_SITES
 from ...target import TARGETS, SpatialTarget
@@ -205,6 +207,7 @@ def _unique(kind: str, ids: Iterable[int]) -> None:
 def check_types(p: SpatialProgram) -> None:
     """Values of the IR's types everywhere (`ir.validate`: the tables, then each op of each distinct op list), and
     loops nested at most MAX_NESTING deep: checked without recursion, before anything hashes or walks an op tree."""
+    _check_counts(p)
     fault = type_fault(p)
     if fault is not None:
         raise IllFormedError(f"{fault}: the program must hold the IR's own types (spatialc.ir)")
@@ -234,6 +237,19 @@ def check_types(p: SpatialProgram) -> None:
                     engine=prog.engine.value,
                     op=_shown(p, bad),
                 )
+
+
+def _check_counts(p: SpatialProgram) -> None:
+    """The tables within the bounds a saved file's reader holds them to (ir/serde.py), before the types of their
+    entries are checked one by one, or a rule looks one up (100,000 tensors took verify half a minute)."""
+    if not isinstance(p, SpatialProgram):
+        return  # (type_fault says what it is)
+    groups = p.placement.groups if isinstance(p.placement, Placement) else ()
+    tables = (("tensors", p.tensors, MAX_TABLE), ("stages", p.stages, MAX_TABLE), ("buffers", p.buffers, MAX_TABLE))
+    for what, table, most in (*tables, ("plans", p.plans, MAX_PLANS), ("multicast groups", groups, MAX_SITES)):
+        count = len(table) if isinstance(table, tuple) else 0
+        if count > most:
+            raise IllFormedError(f"a program of {count} {what}; at most {most}")
 
 
 def _shown(p: SpatialProgram, op: object) -> str | None:
