@@ -7,8 +7,8 @@ cost before anything refused it.
    `ir/serde.py` (`_LIST_LIMITS`, `_ENTRY_LIMITS`), checked before one entry of it is decoded, and verify holds a
    program built in Python to the same bounds before it type-checks each entry;
 2. 10,000,000 items on one site (89 MB): 21 s and 1.1 GB before the coverage rule refused them: the reader now
-   counts the items listed against what the plan places (items × splits) before decoding one, and reads a list of
-   plain ids as a copy, not value by value;
+   counts the items listed against what the plan could place (each item on at most 32 sites, split-K's bound)
+   before decoding one, and reads a list of plain ids as a copy, not value by value;
 3. 32 engine programs of 16,384 ops (62 MB): a minute to refuse: the schedule's ops, loop bodies included, are
    counted before decoding, at most MAX_SCHEDULE_OPS;
 4. 262,144 programs (150 MB): 20 s and 1.2 GB in the JSON parse alone: a document of more than MAX_OBJECTS objects
@@ -26,10 +26,11 @@ import pytest
 
 import spatialc
 from spatialc.cli import main
-from spatialc.errors import IllFormedError
+from spatialc.errors import CoverageError, IllFormedError
 from spatialc.ir import nodes, ops, serde
 from spatialc.ir.ids import GroupId, ItemId
 from spatialc.ir.serde import (
+    MAX_ITEM_SITES,
     MAX_OBJECTS,
     MAX_OPERANDS,
     MAX_OPS,
@@ -39,6 +40,7 @@ from spatialc.ir.serde import (
     MAX_TABLE,
     SerdeError,
 )
+from spatialc.passes.split import MAX_SPLITS
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +124,8 @@ def test_every_list_of_the_ir_has_a_bound():
 def test_more_items_than_the_plan_places_are_refused_before_decoding(gemm, tmp_path, capsys):
     doc = json.loads(gemm)
     listed = doc["program"]["placement"]["items_of_site"]
-    listed[0][1] = list(range(2_000_000))  # the plan places 32
-    want = "program: placement.items_of_site: 2000031 items listed in all; its plan places 32"
+    listed[0][1] = list(range(2_000_000))  # the plan places 32, each on at most 32 sites
+    want = "program: placement.items_of_site: 2000031 items listed in all; its plan's 32 items, each on at most 32"
     assert want in refused(json.dumps(doc), "")
     path = tmp_path / "items.json"
     path.write_text(json.dumps(doc))
@@ -133,17 +135,19 @@ def test_more_items_than_the_plan_places_are_refused_before_decoding(gemm, tmp_p
     assert len(err.splitlines()) == 1 and want in err, err[:300]
 
 
-def test_a_split_program_lists_each_item_on_its_sites_and_reads(tmp_path):
-    """The count allows items × splits: split-K places each item on `splits` sites."""
+def test_a_split_program_reads_and_a_few_items_too_many_reach_the_coverage_rule():
+    """The count allows each item on as many sites as split-K ever puts it (verify's bound): below that, the
+    coverage rule names the item."""
+    assert MAX_ITEM_SITES == MAX_SPLITS
     p = spatialc.build(spatialc.gemm(128, 128, 8192), split_k=4)
     assert p.placement.splits == 4 and sum(len(i) for _, i in p.placement.items_of_site) == 4 * p.plan.items
     assert spatialc.from_json(spatialc.to_json(p)).placement == p.placement
     doc = json.loads(spatialc.to_json(p))
+    doc["program"]["placement"]["items_of_site"][0][1] += [0] * (MAX_SPLITS * p.plan.items - 4 * p.plan.items)
+    with pytest.raises(CoverageError, match=r"item 0 \(y 0, x 0\) of the .* grid is on sites 0, 0"):
+        spatialc.verify(spatialc.from_json(json.dumps(doc)))
     doc["program"]["placement"]["items_of_site"][0][1].append(0)
-    refused(
-        json.dumps(doc),
-        f"{4 * p.plan.items + 1} items listed in all; its plan's {p.plan.items} items, on 4 sites each, are",
-    )
+    refused(json.dumps(doc), f"{MAX_SPLITS * p.plan.items + 1} items listed in all; its plan's {p.plan.items} items")
 
 
 def test_a_sites_list_of_items_has_a_bound_and_plain_ids_read_as_before(gemm, monkeypatch):

@@ -56,8 +56,8 @@ INT_RANGE = range(-(2 ** (INT_BITS - 1)), 2 ** (INT_BITS - 1))
 # placement kind and an op's name: all far shorter. A longer one is refused before anything quotes or walks it.
 MAX_STRING = 200
 # The longest list of a field, checked before one entry of it is decoded: (most, what the entries are). Every list a
-# program holds has one, so a document of a million entries is refused after its JSON parse, before the decoder (about
-# 50 µs an op) or a rule of verify walks them. The IR's own limits, which verify holds every program to
+# program holds has one, so a document of a million entries is refused after its JSON parse, before the decoder (tens
+# of microseconds an op) or a rule of verify walks them. The IR's own limits, which verify holds every program to
 # (ops.MAX_ADDR_STEPS, ops.MAX_OP_LIST, MAX_SEMAPHORES, MAX_SITES); a formula's op has at most its nodes as operands;
 # and bounds far above what any program holds: the passes make one plan and a score of tensors, stages and buffers
 # (an elementwise map reads at most 16 inputs), a stage or compute op names a few rings, a multicast group a few sites.
@@ -68,12 +68,13 @@ MAX_PLANS = 1 << 6
 MAX_OPERANDS = 1 << 8  # rings a stage or a compute op names; an op's parameters
 # Items one site lists: verify's MAX_ITEMS (passes/verify/limits.py), what a plan may hold, all on one site.
 MAX_SITE_ITEMS = 1 << 24
-# Ops of the whole schedule, loop bodies included: 2.5 times the ~93,000 of attention built for 1,024 sites, and
-# 20 times a 132-site one's; decoding this many takes seconds, a million of them minutes.
+MAX_ITEM_SITES = 32  # the most sites split-K puts one item on (passes/split.py MAX_SPLITS, which verify holds to)
+# Ops of the whole schedule, loop bodies included: 2.7 times the 96,256 of attention(4, 32, 4096, 4096, 128) built for
+# 1,024 sites, and 20 times a 132-site program's; decoding this many takes seconds, a million of them minutes.
 MAX_SCHEDULE_OPS = 1 << 18
-# Objects ({…}) of a whole document, counted before it is parsed: parsing takes microseconds and about 500 bytes an
-# object, so the ops of MAX_SCHEDULE_OPS (one to three objects each in a built program, a few more for a compute op)
-# fit with room to spare, and a document of tens of millions is refused before it takes gigabytes.
+# Objects ({…}) of a whole document, counted before it is parsed: parsing 2.7 million took 20 s and 1.2 GB, and the
+# ops of MAX_SCHEDULE_OPS fit with room to spare (one or two objects each in a built program: 151,613 in all for the
+# 1,024-site attention above; a compute op a few more).
 MAX_OBJECTS = 1 << 21
 _LIST_LIMITS: dict[tuple[type, str], tuple[int, str]] = {
     (ops.TileAddr, "steps"): (MAX_STEPS, "steps"),
@@ -362,24 +363,21 @@ def _too_large(program: Any) -> str | None:
 
 
 def _too_many_items(program: dict[str, Any], placement: dict[str, Any]) -> str | None:
-    """Whether the sites list more items in all than the program's one plan places (each item once, or on `splits`
-    sites) — the coverage rule's verdict, reached before decoding millions of item ids — or than MAX_SITE_ITEMS."""
+    """Whether the sites list more items in all than the program's one plan could place — each item on at most
+    MAX_ITEM_SITES sites — or than MAX_SITE_ITEMS: the coverage rule's verdict, reached before decoding millions of item
+    ids (fewer are left to it, whose message names the item)."""
     listed = placement.get("items_of_site")
     if not isinstance(listed, list):
         return None
     total = sum(len(e[1]) for e in listed if isinstance(e, list) and len(e) == 2 and isinstance(e[1], list))
     most, whose = MAX_SITE_ITEMS, "a spatialc program places at most"
-    plans, splits = program.get("plans"), placement.get("splits", 1)
+    plans = program.get("plans")
     plan = plans[0] if isinstance(plans, list) and len(plans) == 1 and isinstance(plans[0], dict) else {}
     grid, groups = plan.get("grid"), plan.get("groups", 1)
-    if isinstance(grid, list) and len(grid) == 2 and all(_count(v) for v in (*grid, groups, splits)):
+    if isinstance(grid, list) and len(grid) == 2 and all(_count(v) for v in (*grid, groups)):
         items = (groups if groups > 1 else grid[0]) * grid[1]
-        most = items * splits
-        whose = (
-            f"its plan places {items}"
-            if splits == 1
-            else f"its plan's {items} items, on {splits} sites each, are {most}"
-        )
+        most = items * MAX_ITEM_SITES
+        whose = f"its plan's {items} items, each on at most {MAX_ITEM_SITES} sites, are at most {most}"
     if total <= most:
         return None
     return f"placement.items_of_site: {total} items listed in all; {whose}"
