@@ -29,6 +29,7 @@ import re
 
 from .errors import ProgramError
 from .ir.ids import TensorId
+from .ir.names import fitted_name
 from .ir.nodes import ComputeStage, DType, SpatialProgram, Tensor, TensorRole
 from .ir.ops import FP8_PRECISIONS, BlockScales, KScale, MatmulTiles
 from .numerics.blockscale import MX_K, MX_LAYOUTS, PROMOTION_K, scale_shape
@@ -99,7 +100,7 @@ def with_scales(p: SpatialProgram, scales: object, m: int, n: int, k: int, group
         for s in p.stages
     )
     tag = "_mx" if mx else f"_bs{_tag(scales[0])}_{_tag(scales[1])}"
-    return dataclasses.replace(p, name=p.name + tag, tensors=tensors, stages=stages)
+    return dataclasses.replace(p, name=fitted_name(p.name + tag), tensors=tensors, stages=stages)
 
 
 def _is_mx(scales: object) -> bool:

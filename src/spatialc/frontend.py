@@ -14,6 +14,7 @@ from .arguments import DEFAULT_PRECISION, OUTPUT_CHOICES, TILE, _check_map, _che
 from .errors import ProgramError
 from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
+from .ir.names import fitted_name
 from .ir.nodes import (
     Accumulator,
     Buffer,
@@ -337,12 +338,14 @@ def _gemm(
     ]
     tensors, buffers, last = _epilogue_stages(epi, prec, m, n, tensors, buffers, stages)
     stages.append(Stage(StageId(len(stages)), "write_C", WriteStage(T_C), Engine.WRITER, ins=(last,)))
-    name = f"gemm_{m}x{n}x{k}_{prec.value}" + "".join(f"_{stage_name(s)}" for s in epi)
+    name = fitted_name(f"gemm_{m}x{n}x{k}_{prec.value}" + "".join(f"_{stage_name(s)}" for s in epi))
     if groups > 1:
         tid = TensorId(len(tensors))
         cols = math.ceil(groups / TILE.cols)
         tensors = (*tensors, Tensor(tid, SIZES, TensorRole.PARAMETER, (1, groups), (1, cols), DType.INT32))
-        name = f"grouped_gemm_{groups}x{m}x{n}x{k}_{prec.value}" + "".join(f"_{stage_name(s)}" for s in epi)
+        name = fitted_name(
+            f"grouped_gemm_{groups}x{m}x{n}x{k}_{prec.value}" + "".join(f"_{stage_name(s)}" for s in epi)
+        )
     return SpatialProgram(name, target, TILE, prec, tensors, tuple(stages), buffers)
 
 

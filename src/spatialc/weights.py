@@ -15,6 +15,7 @@ import numbers
 
 from .errors import ProgramError
 from .ir.ids import BufferId, StageId, TensorId
+from .ir.names import fitted_name
 from .ir.nodes import (
     Buffer,
     ComputeStage,
@@ -115,7 +116,7 @@ def with_weights(
         else:
             stages.append(s)
     stages = [dataclasses.replace(s, id=StageId(i)) for i, s in enumerate(stages)]
-    name = plain.name.replace(f"_{precision.value}", f"_{precision.value}_w{fmt.value}g{group}", 1)
+    name = fitted_name(plain.name.replace(f"_{precision.value}", f"_{precision.value}_w{fmt.value}g{group}", 1))
     return plain.evolve(name=name, tensors=tuple(tensors), buffers=tuple(buffers), stages=tuple(stages))
 
 

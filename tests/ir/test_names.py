@@ -226,3 +226,16 @@ def test_a_parameter_named_like_an_operand_file_is_bound_by_position_in_the_emul
     want = spatialc.evaluate(p, ins)
     assert np.array_equal(want, ins["A"] @ ins["B"] + ins["a"])
     assert np.array_equal(spatialc.emulate(spatialc.lower(p), ins), want)
+
+
+def test_a_generated_name_past_the_limit_is_cut_with_a_hash_and_still_builds():
+    import spatialc
+    from spatialc.ir.names import MAX_NAME
+
+    epi = [spatialc.row_scale(), spatialc.col_scale(), spatialc.bias(), spatialc.relu(), spatialc.residual()]
+    long = spatialc.gemm(512, 512, 512, "fp16", epilogue=[*epi, spatialc.gate()])  # 65 characters spelled out
+    other = spatialc.gemm(512, 512, 512, "fp16", epilogue=[*epi, spatialc.gate(), spatialc.relu()])
+    assert len(long.name) == MAX_NAME and long.name.startswith("gemm_512x512x512_fp16_row_scale_col_scale")
+    assert long.name != other.name and len(other.name) == MAX_NAME
+    assert spatialc.gemm(512, 512, 512, "fp16", epilogue=epi).name.endswith("_relu_residual")  # short: as before
+    assert spatialc.build(long, "sm_90").verified

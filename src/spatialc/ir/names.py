@@ -13,6 +13,7 @@ lang source `show --python` prints, pictures and listings. So there are two wall
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -26,6 +27,15 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # comment (no /, so no // or /* and no census marker), format (printf's %, an f-string's braces) or trigraph (??/),
 # and are not whitespace other than a space.
 _PLAIN = re.compile(r"[^A-Za-z0-9_ .,:;()\[\]=+\-*<>@#!&|^~×·→−≤≥]")
+
+
+def fitted_name(name: str) -> str:
+    """A generated name (a GEMM's, from its sizes and epilogue) cut to MAX_NAME where it is longer: its head, then
+    `_` and 8 hex digits of a hash of the whole, so that two long names stay apart."""
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: MAX_NAME - 9]}_{digest}"
 
 
 def name_fault(what: str, name: object) -> str | None:
