@@ -12,6 +12,7 @@ deadlocks or reads a partial before it is visible, and whatever has such an inte
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 
 import pytest
@@ -20,8 +21,8 @@ from hypothesis import strategies as st
 
 import spatialc
 from spatialc.errors import SpatialError
-from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, Site
-from spatialc.ir.nodes import TensorRole
+from spatialc.ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, Site
+from spatialc.ir.nodes import Schedule, TensorRole
 from spatialc.ir.ops import (
     Flush,
     Loop,
@@ -42,22 +43,23 @@ from ..rewrite import edit
 STATE_CAP = 400_000
 
 
-def slot(p, site, at) -> int:
+def slot(p, site, at, item: int = 0) -> int:
+    """The workspace tile `at` names at the site's `item`-th item (its only one, outside ITEM loops)."""
     items = dict(p.placement.items_of_site).get(site, ())
-    y, x = divmod(int(items[0]), p.plan.grid[1]) if items else (0, 0)
+    y, x = divmod(int(items[item]), p.plan.grid[1]) if items else (0, 0)
     return at.base + sum(stride * {LV_ITEM_Y: y, LV_ITEM_X: x}.get(var, 0) for var, stride in at.steps)
 
 
-def flat(p, site, ops, work):
+def flat(p, site, ops, work, item: int = 0):
     out = []
     for op in ops:
         if isinstance(op, Loop):
-            for _ in range(op.count.n):
-                out += flat(p, site, op.body, work)
+            for i in range(op.count.n):  # an ITEM loop runs the site's items from its `first` on
+                out += flat(p, site, op.body, work, op.first + i if op.var == LV_ITEM else item)
         elif isinstance(op, WriteTiles) and op.tensor == work:
-            out.append(("write", p.buffer(op.src).ring, slot(p, site, op.at)))
+            out.append(("write", p.buffer(op.src).ring, slot(p, site, op.at, item)))
         elif isinstance(op, ReadTiles) and op.tensor == work:
-            out.append(("read", None, slot(p, site, op.at)))
+            out.append(("read", None, slot(p, site, op.at, item)))
         elif isinstance(op, Reserve | Push | Wait | Pop | SemInc | SemWait | WriteBarrier | Flush):
             out.append(op)
     return out
@@ -155,6 +157,35 @@ def small(splits: int):
 
 
 SMALL = {s: small(s) for s in (2, 3)}
+# A split tail: 3 items of 16 × 16 on 2 sites, one whole item each, the last split over both (split 0 owns it).
+TAIL = spatialc.build(
+    spatialc.gemm(16, 48, 32, "int8"), "sm_86", placement="split_tail", sites=2, block=(1, 1, 1), sub_blocks=(1, 1)
+)
+
+
+def test_the_split_tail_spatialc_builds_has_no_bad_interleaving():
+    assert (TAIL.placement.tail, TAIL.placement.splits) == (1, 2)
+    assert explore(TAIL) == (False, False)
+
+
+def tail_edits(p):
+    """`handshake_edits` of the ops in each program's tail loop (its last op, an ITEM loop of the site's last item)."""
+    out = []
+    for q in p.schedule.programs:
+        *whole, tail = q.ops
+        if not (isinstance(tail, Loop) and tail.first):
+            continue
+        inner = dataclasses.replace(q, ops=tail.body)
+        for name, _, f in handshake_edits(p.evolve(schedule=Schedule((inner,)))):
+            out.append((name, q, lambda ops, f=f: (*ops[:-1], dataclasses.replace(ops[-1], body=f(ops[-1].body)))))
+    return out
+
+
+def test_every_single_edit_of_the_split_tails_handshake_is_judged_as_the_oracle_judges_it():
+    edits = tail_edits(TAIL)
+    assert len(edits) >= 12
+    verdicts = [judged(edit(TAIL.evolve(verified=False), q.engine, f, (q.site,)), name) for name, q, f in edits]
+    assert sum(bad for _, bad in verdicts) >= len(verdicts) // 2
 
 
 @pytest.mark.parametrize("splits", [2, 3])
