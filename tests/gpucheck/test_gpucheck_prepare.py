@@ -165,9 +165,9 @@ def test_a_manifest_of_another_format_is_refused(tmp_path):
         Manifest.load(tmp_path)
 
 
-@pytest.mark.nvcc
-@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_a_kernel_text_two_plans_share_is_compiled_once_and_found_by_both(tmp_path, capsys, monkeypatch):
+def test_a_kernel_text_two_plans_share_is_compiled_once_and_found_by_both(tmp_path, capsys, monkeypatch, fake_nvcc):
+    # The fake nvcc: the sharing is the prepare's own (`_distinct`, by the text's hash), decided before any compile;
+    # that nvcc builds what the prepare hands it is the first test's (real compiles made this one the module's slowest).
     from spatialc.gpucheck import sweep
 
     only_the_64_cubed_preflight(monkeypatch)
