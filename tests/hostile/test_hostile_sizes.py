@@ -49,12 +49,13 @@ def gemm() -> str:
 
 
 def refused(text: str, match: str) -> str:
-    """The reader's message for `text`, which must come at once (this process's CPU: a loaded machine's wall clock
-    stretches)."""
+    """The reader's message for `text`, which must come without the minutes the unbounded reader took (this process's
+    CPU, not the loaded machine's wall clock; a guard against that, ten times what a refusal costs here — not a speed
+    goal, which bench/ would hold)."""
     t0 = time.process_time()
     with pytest.raises(SerdeError, match=match or None) as e:
         spatialc.from_json(text)
-    assert time.process_time() - t0 < 3.0
+    assert time.process_time() - t0 < 15.0
     return str(e.value)
 
 
@@ -193,22 +194,24 @@ def test_verify_holds_a_program_built_in_python_to_the_same_bounds_before_checki
     t0 = time.process_time()
     with pytest.raises(IllFormedError, match=f"a program of 100003 tensors; at most {MAX_TABLE}"):
         spatialc.verify(p.evolve(tensors=p.tensors + many))
-    assert time.process_time() - t0 < 1.0  # (type-checking them one by one took seconds, the rules half a minute)
+    assert time.process_time() - t0 < 10.0  # (the rules took half a minute over them: a guard, not a speed goal)
     groups = tuple(nodes.Group(id=GroupId(i), sites=(p.placement.sites[0],)) for i in range(70_000))
     with pytest.raises(IllFormedError, match=f"70000 multicast groups; at most {MAX_SITES}"):
         spatialc.verify(p.evolve(placement=dataclasses.replace(p.placement, groups=groups)))
 
 
-def test_a_sites_millions_of_item_ids_are_read_as_one_copy(gemm):
-    """`spatialc show` took 35 s over 10,000,000 items on a site, decoded one by one (where its plan has as many;
-    verify then refuses what this one does not match), 11 s now: a list of plain ids is read as a copy."""
+def test_a_sites_plain_item_ids_are_read_whole_and_a_bad_one_still_named(gemm):
+    """A site's list of plain integer ids is read as one copy (`serde._plain_ids`; `show` took 35 s over 10,000,000
+    items decoded one by one): the same ids, as ItemIds — and a list with any other entry is still decoded entry by
+    entry, the bad one named by its place. (Its speed is not timed here: a unit test's clock is the CI machine's.)"""
     doc = json.loads(gemm)
     doc["program"]["verified"] = False  # (read only: no verify behind it)
-    doc["program"]["plans"][0]["grid"] = [2048, 2048]
-    doc["program"]["placement"]["items_of_site"][0][1] = list(range(3_000_000))
-    text = json.dumps(doc)
-    t0 = time.process_time()
-    p = spatialc.from_json(text)
-    assert time.process_time() - t0 < 3.0
+    doc["program"]["plans"][0]["grid"] = [512, 512]
+    doc["program"]["placement"]["items_of_site"][0][1] = list(range(200_000))
+    p = spatialc.from_json(json.dumps(doc))
     items = p.placement.items_of_site[0][1]
-    assert len(items) == 3_000_000 and type(items[7]) is ItemId and items[7] == 7
+    assert len(items) == 200_000 and type(items[7]) is ItemId and items[7] == 7 and items[-1] == 199_999
+    for bad, said in ((True, "an integer"), (2**70, "an integer of at most"), ("7", "an integer")):
+        doc["program"]["placement"]["items_of_site"][0][1] = [0, 1, bad, 3]
+        with pytest.raises(spatialc.SerdeError, match=r"items_of_site\[0\]\[1\]\[2\].*" + said):
+            spatialc.from_json(json.dumps(doc))
