@@ -81,6 +81,10 @@ PROGRAMS: dict[str, Callable[[], SpatialProgram]] = {
         block=(2, 2, 1),
         sites=2,
     ),
+    # A split tail: 12 items on 5 sites, two whole a site, the last 2 split 2 ways (ITEM loops from a later item).
+    "int8 split tail": lambda: spatialc.build(
+        spatialc.gemm(48, 64, 128, "int8"), "sm_86", placement="split_tail", sites=5, block=(1, 1, 1), sub_blocks=(1, 1)
+    ),
 }
 
 
