@@ -357,3 +357,23 @@ def test_an_item_loop_past_the_first_item_outside_a_split_tail_is_refused():
     for engine in (Engine.READER, Engine.COMPUTE, Engine.WRITER):
         q = edit(q, engine, halves, (site,))
     refused(q, "only in a split tail")
+
+
+def test_the_launcher_runs_a_split_tail_on_exactly_its_sites_with_its_workspace():
+    """A split tail is launched as listed — every site at once, cooperatively, with the tail's workspace — and not
+    dealt again over the device's multiprocessors, as the grid rules' placements are."""
+    from spatialc.runtime import launch as L
+
+    from .stand_in import CooperativeStandIn, product
+
+    art = spatialc.lower(BASE)
+    dev = CooperativeStandIn(art, product, sms=132, per_sm=2)
+    ins = operands("int8", 96, 128, 512)
+    assert np.array_equal(L.run_with(dev, art, ins["A"], ins["B"]), reference(ins))
+    ((grid, sync),) = dev.cooperative
+    assert grid == 5 and np.array_equal(sync, art.launch.sync)
+    work = next(t for t in BASE.tensors if t.role == TensorRole.WORKSPACE)
+    sizes = {a.name: x.size for a, x in zip(dev.args, dev.launches[0][4], strict=False)}
+    assert sizes[work.name] == work.tiles[0] * work.tiles[1] * 256
+    n = len(art.launch.params)  # then the work list: each site's offset, count and items, as placed
+    assert list(dev.launches[0][4][n])[5:10] == [len(items) for _, items in BASE.placement.items_of_site]
