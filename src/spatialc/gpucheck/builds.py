@@ -329,6 +329,8 @@ def describe_plan(program: Any) -> str:
     kind = program.placement.kind if program.placement else "?"
     if program.placement is not None and program.placement.splits > 1:
         kind = f"split-K: {program.placement.splits} sites per item"
+        if program.placement.tail:
+            kind = f"a split tail: its last {program.placement.tail} items on {program.placement.splits} sites each"
     if program.placement is not None and program.placement.multicast != (1, 1):
         kind = f"multicast: {clusters_planned(program)}"
     return (
