@@ -49,8 +49,8 @@ from ..ir.printer import op_text
 from ..target import WARP
 from .builder import Builder, checked
 from .engine import Engine
-from .handles import AccRef, Affine, GroupRef, Item, Page, RingRef, SemRef, StageRef, TensorRef, named
-from .lines import LangError, in_tracer, located
+from .handles import AccRef, Affine, GroupRef, Item, Page, RingRef, SemRef, StageRef, TensorRef, named, tracing
+from .lines import LangError, in_tracer, located, user_line
 
 __all__ = [
     "AccRef",
@@ -156,11 +156,11 @@ def _at_user_line(e: Exception) -> Exception:
     ours = [in_tracer(f.filename) for f in frames]
     if not ours or not ours[-1]:  # raised in the user's own code (the tracer's frame is only outside it)
         return e
-    user = next((f for f, mine in zip(reversed(frames), reversed(ours), strict=True) if not mine), frames[0])
+    user = next((f for f, mine in zip(reversed(frames), reversed(ours), strict=True) if not mine), None)
+    # None: raised by the tracer's own call of the program function (a keyword it does not take): the caller's line
+    where = (user.filename, user.lineno or 0) if user is not None else user_line()
     what = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return LangError(
-        f"spatialc.lang cannot take a value given here ({type(e).__name__}: {what})", (user.filename, user.lineno or 0)
-    )
+    return LangError(f"spatialc.lang cannot take a value given here ({type(e).__name__}: {what})", where)
 
 
 def trace(
@@ -169,7 +169,8 @@ def trace(
     """Run the program function `fn(builder, **kwargs)` and return what it declared and traced, unverified."""
     builder = Builder(name or fn.__name__, target, precision)
     try:
-        fn(builder, **kwargs)
+        with tracing(builder):
+            fn(builder, **kwargs)
     except SpatialError:
         raise
     except (TypeError, ValueError, ArithmeticError) as e:

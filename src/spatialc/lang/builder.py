@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from ..arguments import PRECISIONS_ACCEPTED, precision_named
@@ -63,12 +64,14 @@ from ..ir.ops import (
     Precision,
 )
 from .engine import Engine
-from .handles import AccRef, GroupRef, RingRef, SemRef, TensorRef, named, whole
+from .handles import AccRef, GroupRef, RingRef, SemRef, TensorRef, expect, named, traced, whole
 from .lines import LangError, refuse, user_line
 from .stages import StageDeclarations
 
 TILE = 16  # elements a tile side: the IR's unit
 FREE_LOOP_VARS = 1 + max(LOOP_VAR_NAMES)  # the first loop variable with no fixed meaning (ir.ids): a user's loop's
+LOOP_VARS_END = 10_000  # past the loop variables a program's named and unnamed loops take (a program names fewer)
+PLACEMENT_KINDS = ("contiguous", "round_robin", "grouped", "hilbert", "split", "split_tail", "multicast")  # builds'
 
 
 def checked(target: str, precision: str) -> Precision:
@@ -119,7 +122,9 @@ class Builder(StageDeclarations):
         self.lines: dict[tuple[int, str], list[tuple[ChoreoOp, tuple[str, int]]]] = {}
         self.frames: list[list[ChoreoOp]] = []
         self.engine: tuple[int, str] | None = None
-        self.vars: dict[str, LoopVar] = {}
+        self.vars: dict[str, LoopVar] = {}  # each loop name's variable
+        self.named_vars: set[int] = set()  # their numbers, and the least number from FREE_LOOP_VARS no name has
+        self.first_free = FREE_LOOP_VARS
         self.held: dict[tuple[BufferId, bool], int] = {}  # pages the engine being traced holds, by ring and side
         self.pushed: set[BufferId] = set()  # rings the engine being traced has pushed a page of, so far
         self.acquired: set[BufferId] = set()  # accumulators it holds acquired, so far
@@ -274,6 +279,8 @@ class Builder(StageDeclarations):
         each as the last item of its S sites."""
         if not isinstance(items_of_site, list | tuple) or not all(isinstance(i, list | tuple) for i in items_of_site):
             raise refuse(f"p.place takes a list of each site's item list, not {items_of_site!r}")
+        if not isinstance(kind, str) or kind not in PLACEMENT_KINDS:
+            raise refuse(f"a placement of kind {kind!r} ({', '.join(PLACEMENT_KINDS)})")
         listed = tuple((Site(s), tuple(ItemId(i) for i in items)) for s, items in enumerate(items_of_site))
         self.placement = Placement(listed, (), kind, band, splits, tuple(multicast), tail)  # type: ignore[arg-type]
         self.declared["placement"] = user_line()
@@ -294,24 +301,36 @@ class Builder(StageDeclarations):
         return ()
 
     def tensor_cols(self, tensor: TensorRef) -> int:
-        return self.tensors[int(tensor.id)].tiles[1]
+        return self.tensors[int(expect(tensor, TensorRef, "the tensor").id)].tiles[1]
 
-    def loop_var(self, name: str | None) -> LoopVar:
+    def loop_var(self, name: str | None, enclosing: AbstractSet[LoopVar] = frozenset()) -> LoopVar:
         """The loop variable a loop named `name` binds: "k", "sh", "sw", "row" have their fixed meanings (ir.ids);
-        "lv<n>" is variable n; any other name (or none) a variable of its own, from FREE_LOOP_VARS up."""
+        "lv<n>" is variable n; any other name a variable of its own, from FREE_LOOP_VARS up, and no name the first
+        variable from there that no name has and no `enclosing` loop binds (a later unnamed loop may take it
+        again: handles.Unnamed)."""
         fixed = {n: v for v, n in LOOP_VAR_NAMES.items() if v not in (LV_ITEM, LV_ITEM_Y, LV_ITEM_X)}
         if name in fixed:
             return fixed[name]
         numbered = re.fullmatch(r"lv(\d+)", name or "")
         if numbered and int(numbered[1]) >= FREE_LOOP_VARS:
             return LoopVar(int(numbered[1]))
-        if name is None or name not in self.vars:
-            taken = {int(v) for v in self.vars.values()}
-            v = LoopVar(next(i for i in range(FREE_LOOP_VARS, 10_000) if i not in taken))
-            if name is None:
-                return v
-            self.vars[name] = v
-        return self.vars[name]
+        if name is not None and name in self.vars:
+            return self.vars[name]
+        v = self.first_free
+        while v in self.named_vars or LoopVar(v) in enclosing:  # (steps past the enclosing loops only)
+            v += 1
+        if v >= LOOP_VARS_END:
+            raise refuse(
+                f"a loop {'named ' + repr(name) if name is not None else 'with no name'} past the"
+                f" {LOOP_VARS_END - FREE_LOOP_VARS} loop variables a program's loops may take"
+                f" ({len(self.vars)} loop names so far): reuse a loop's name where its loops do not nest"
+            )
+        if name is not None:
+            self.vars[name] = LoopVar(v)
+            self.named_vars.add(v)
+            while self.first_free in self.named_vars:
+                self.first_free += 1
+        return LoopVar(v)
 
     # -- engines --
 
@@ -369,6 +388,12 @@ class Builder(StageDeclarations):
         self.emit(Loop(loop.var, loop.count, tuple(body), loop.first))
 
     def emit(self, op: ChoreoOp) -> None:
+        here = traced()
+        if here is not None and here is not self:
+            raise refuse(
+                f"{type(op).__name__} by a handle of another program ({self.name}) while {here.name} is traced: a"
+                " handle is used only in the program that declared it"
+            )
         if self.engine is None or not self.frames:
             raise refuse(f"{type(op).__name__} outside an engine function")
         self.frames[-1].append(op)

@@ -8,10 +8,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..ir.ids import (
-    LOOP_VAR_NAMES,
     LV_ITEM,
     LoopVar,
     Site,
+    loop_var_name,
 )
 from ..ir.nodes import Engine as IREngine
 from ..ir.ops import (
@@ -40,8 +40,21 @@ from ..ir.ops import (
     with_cols,
     with_row_args,
 )
-from .handles import Affine, GroupRef, Item, Page, SemRef, StageRef, TensorRef, address, expect, var, whole
-from .lines import refuse
+from .handles import (
+    Affine,
+    GroupRef,
+    Item,
+    Page,
+    SemRef,
+    StageRef,
+    TensorRef,
+    Unnamed,
+    address,
+    expect,
+    var,
+    whole,
+)
+from .lines import refuse, user_line
 from .maps import formula, with_positions
 
 if TYPE_CHECKING:
@@ -69,15 +82,14 @@ class Engine:
         n = held - first if count is None else count
         if first < 0 or n < 0 or first + n > held:
             raise refuse(f"e.items({first}, {count}): site {self.site} holds {held} item(s)")
-        yield from self._loop(LV_ITEM, n, Item(), first)
+        yield from self._loop_of(LV_ITEM, n, Item(), first)
 
     def range(self, n: int, name: str | None = None) -> Iterator[Affine]:
         """An engine loop of `n` steps, its index symbolic (`name` "k" is the reduction's K loop; others are the
         loops listings name "lv<n>")."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise refuse(f"an engine loop runs a whole number of times, not {n!r}")
-        v = self.builder.loop_var(name)
-        yield from self._loop(v, n, var(v))
+        yield from self._loop(name, n)
 
     def range_from(
         self, tensor: TensorRef, element: Affine | int, bound: int, per: int = 1, name: str | None = None
@@ -88,9 +100,8 @@ class Engine:
         if any(isinstance(x, bool) or not isinstance(x, int) for x in (bound, per)) or bound < 0 or per < 1:
             raise refuse(f"a loop counted at run time has a whole bound ≥ 0 and rows per step ≥ 1, not {bound}, {per}")
         expect(tensor, TensorRef, "the tensor a loop's count is read from")
-        v = self.builder.loop_var(name)
         at = address(element)
-        yield from self._loop(v, Trip(tensor.id, at.base, bound, per, at.steps), var(v))
+        yield from self._loop(name, Trip(tensor.id, at.base, bound, per, at.steps))
 
     def range_span(self, value: Affine | int, per: int, bound: int, name: str | None = None) -> Iterator[Affine]:
         """A loop whose count each item knows: min(`bound`, ceil(v / `per`)) steps (none where v ≤ 0) for v the
@@ -100,12 +111,22 @@ class Engine:
         if any(isinstance(x, bool) or not isinstance(x, int) for x in (bound, per)) or bound < 0 or per < 1:
             raise refuse(f"a loop counted per item has a whole bound ≥ 0 and a step ≥ 1, not {bound}, {per}")
         at = address(value)
-        v = self.builder.loop_var(name)
-        yield from self._loop(v, Span(at.base, per, bound, at.steps), var(v))
+        yield from self._loop(name, Span(at.base, per, bound, at.steps))
 
-    def _loop(self, v: LoopVar, n: int | Trip | Span, value: Any, first: int = 0) -> Iterator[Any]:
+    def _loop(self, name: str | None, n: int | Trip | Span) -> Iterator[Affine]:
+        """A loop named `name` (or none: handles.Unnamed) of `n` steps, its index symbolic."""
+        v = self.builder.loop_var(name, self.used)
+        unnamed = Unnamed(v, user_line()) if name is None else None
+        yield from self._loop_of(v, n, var(v, unnamed), name=name)
+        if unnamed is not None:
+            unnamed.open = False
+
+    def _loop_of(
+        self, v: LoopVar, n: int | Trip | Span, value: Any, first: int = 0, name: str | None = None
+    ) -> Iterator[Any]:
         if v in self.used:
-            raise refuse(f"loop variable {LOOP_VAR_NAMES.get(v, v)} inside a loop of itself")
+            called = f"loop {name}" if name is not None and name != loop_var_name(v) else "loop"
+            raise refuse(f"{called} (variable {loop_var_name(v)}) inside a loop of the same variable")
         self.used.add(v)
         body = self.builder.open()
         yield value

@@ -5,6 +5,9 @@ engine passes them, each refused at the user's line.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -56,9 +59,48 @@ WHAT = {  # what each kind of argument is, for messages
 }
 
 
+# The builders of the programs being traced, innermost last: a handle is used only in the program that declared it.
+_TRACING: ContextVar[tuple[Builder, ...]] = ContextVar("spatialc_lang_tracing", default=())
+
+
+@contextmanager
+def tracing(builder: Builder) -> Iterator[None]:
+    """While a program function runs: `builder` is the program its handles must belong to."""
+    token = _TRACING.set((*_TRACING.get(), builder))
+    try:
+        yield
+    finally:
+        _TRACING.reset(token)
+
+
+def traced() -> Builder | None:
+    """The builder of the program being traced (the innermost), if any."""
+    active = _TRACING.get()
+    return active[-1] if active else None
+
+
+def mine(value: Any, what: str) -> None:
+    """A LangError at the user's line if `value`, a handle (or a page of a ring), is another program's than the one
+    being traced — its number would name something else of this program, or nothing."""
+    owner = value.ring.builder if isinstance(value, Page) else getattr(value, "builder", None)
+    here = traced()
+    if here is None or owner is None or owner is here:
+        return
+    kind = {"TensorRef": "tensor", "RingRef": "ring", "AccRef": "accumulator", "SemRef": "semaphore"}
+    kind |= {"StageRef": "stage", "GroupRef": "group of sites", "Page": "a page of ring"}
+    name = getattr(value.ring if isinstance(value, Page) else value, "name", None)
+    given = " ".join(x for x in (kind.get(type(value).__name__, type(value).__name__), name) if x)
+    raise refuse(
+        f"{what} is {given} of another program ({owner.name}), not of {here.name}: a handle is used only in the"
+        " program that declared it"
+    )
+
+
 def expect(value: Any, kind: type, what: str) -> Any:
-    """`value`, or a LangError at the user's line saying `what` must be (a page where a ring was given, …)."""
+    """`value`, or a LangError at the user's line saying `what` must be (a page where a ring was given, …) — or that
+    it is another program's."""
     if isinstance(value, kind):
+        mine(value, what)
         return value
     ring = isinstance(value, RingRef)
     given = f"ring {value.name}" if ring else f"{type(value).__name__} {value!r}"
@@ -90,15 +132,17 @@ class Affine:
 
     base: int = 0
     steps: tuple[tuple[LoopVar, int], ...] = ()
+    loops: tuple[Unnamed, ...] = ()  # the unnamed loops whose variables it uses (their variables are reused)
 
     def __add__(self, other: Affine | int) -> Affine:
         if isinstance(other, int):
-            return Affine(self.base + other, self.steps)
+            return Affine(self.base + other, self.steps, self.loops)
         if isinstance(other, Affine):
             steps: dict[LoopVar, int] = dict(self.steps)
             for v, s in other.steps:
                 steps[v] = steps.get(v, 0) + s
-            return Affine(self.base + other.base, tuple((v, s) for v, s in steps.items() if s))
+            loops = tuple(dict.fromkeys((*self.loops, *other.loops)))
+            return Affine(self.base + other.base, tuple((v, s) for v, s in steps.items() if s), loops)
         raise refuse(f"a tile address adds whole numbers and addresses only, not {type(other).__name__} {other!r}")
 
     __radd__ = __add__
@@ -106,7 +150,7 @@ class Affine:
     def __mul__(self, n: int) -> Affine:
         if isinstance(n, bool) or not isinstance(n, int):
             raise refuse(f"a tile address is scaled by whole numbers only, not {type(n).__name__}")
-        return Affine(self.base * n, tuple((v, s * n) for v, s in self.steps if s * n))
+        return Affine(self.base * n, tuple((v, s * n) for v, s in self.steps if s * n), self.loops)
 
     __rmul__ = __mul__
 
@@ -146,16 +190,34 @@ class Affine:
     __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _divided  # type: ignore[assignment]
 
 
+@dataclass(eq=False)
+class Unnamed:
+    """An unnamed engine loop: its variable is the first free one, which a later unnamed loop may take again — so an
+    address that uses it once the loop has ended is refused rather than read as the later loop's."""
+
+    var: LoopVar
+    line: tuple[str, int]
+    open: bool = True
+
+
 def address(at: Affine | int) -> TileAddr:
     if isinstance(at, bool) or not isinstance(at, int | Affine):
         raise refuse(f"a tile address is a whole number or a loop expression, not {type(at).__name__}")
     if isinstance(at, int):
         return TileAddr(at)
+    used = {v for v, _ in at.steps}
+    for loop in at.loops:
+        if not loop.open and loop.var in used:
+            file, line = loop.line
+            raise refuse(
+                f"an address uses the index of the unnamed loop at {file}:{line} after that loop ended, which no"
+                " enclosing loop binds (use it inside its loop, or name the loop: e.range(n, name))"
+            )
     return TileAddr(at.base, at.steps)
 
 
-def var(v: LoopVar) -> Affine:
-    return Affine(0, ((v, 1),))
+def var(v: LoopVar, loop: Unnamed | None = None) -> Affine:
+    return Affine(0, ((v, 1),), (loop,) if loop is not None else ())
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,6 +284,7 @@ class Page:
 
     def _end(self, reserved: bool, op: ChoreoOp) -> None:
         what = "push" if reserved else "pop"
+        mine(self, f"the page of a {what}")
         if self.reserved != reserved:
             raise refuse(f"{what} of a page of {self.ring.name} this engine {'waited for' if reserved else 'reserved'}")
         if self.done:
@@ -268,6 +331,7 @@ class Page:
         self.ring.builder.emit(McastSend(self.ring.id, expect(group, GroupRef, "the group a page is sent to").id))
 
     def _need(self, reserved: bool, what: str) -> None:
+        mine(self, f"the page to {what}")
         if self.reserved != reserved:
             raise refuse(f"{what} a page of {self.ring.name} this engine {'waited for' if reserved else 'reserved'}")
         if self.done:
@@ -287,6 +351,7 @@ class RingRef:
     def reserve(self, pages: int = 1) -> Page:
         """Wait for `pages` free pages and hold them to fill (`with ring.reserve() as page:` publishes them at the end
         of the block; without `with`, call `page.push()`)."""
+        mine(self, "the ring reserved")
         self.builder.hold(self, True)
         self.builder.emit(Reserve(self.id, pages))
         return Page(self, pages, True)
@@ -294,6 +359,7 @@ class RingRef:
     def wait(self, pages: int = 1) -> Page:
         """Wait for `pages` filled pages and hold them to read (`with ring.wait() as page:` frees them at the end of
         the block; without `with`, call `page.pop()`)."""
+        mine(self, "the ring waited for")
         if self.builder.packs_later(self):
             raise refuse(
                 f"a wait for {self.name}'s row vector before this engine packs it: reserve a page of it, pack the row"
@@ -315,10 +381,12 @@ class AccRef:
 
     def acquire(self) -> None:
         """Zero the accumulator (the start of an item's reduction; a row reduction's: its op's identity)."""
+        mine(self, "the accumulator acquired")
         self.builder.acquired.add(self.id)
         self.builder.emit(AcquireAcc(self.id))
 
     def release(self) -> None:
+        mine(self, "the accumulator released")
         self.builder.acquired.discard(self.id)
         self.builder.emit(ReleaseAcc(self.id))
 
@@ -330,6 +398,7 @@ class AccRef:
         `at` of the row — columns past the stage's width are padding, left out. `stage` may instead name the op
         (max, min, sum, sumsq, absmax) of a reduction no stage declares (a step of a declared stage the engines
         expand, as attention's running max), whose rows are `cols` elements wide."""
+        mine(self, "the accumulator")
         expect(page, Page, "what an accumulator reduces")
         page._need(False, "reduce")
         if isinstance(stage, str):
@@ -358,6 +427,7 @@ class AccRef:
     def scale(self, page: Page) -> None:
         """Multiply each row of the accumulator, all its tiles, by that row's value in the waited `page`, a row
         vector (online softmax's rescale by α = exp(m − m′) between two blocks of keys)."""
+        mine(self, "the accumulator")
         expect(page, Page, "what an accumulator is scaled by")
         page._need(False, "scale by")
         if self.id not in self.builder.acquired:
@@ -368,18 +438,22 @@ class AccRef:
         """Add the product of the waited pages `a` (block[0] × block[2] tiles) and `b` (block[2] × block[1] tiles;
         with `transpose_b`, block[1] × block[2] tiles holding Bᵀ, a K page's rows as stored) to the accumulator: a
         matmul no stage declares — a step of a declared stage the engines expand (attention's S = Q·Kᵀ and P·V)."""
+        mine(self, "the accumulator")
         for which, page in (("A", a), ("B", b)):
             expect(page, Page, f"operand {which} of a product")
             page._need(False, "multiply")
         if not isinstance(block, tuple | list) or len(block) != 3:
             raise refuse(f"a product's block is (rows, columns, K) tiles, not {block!r}")
+        if not isinstance(transpose_b, bool):
+            raise refuse(f"a product's transpose_b is True or False, not {type(transpose_b).__name__} {transpose_b!r}")
         shape = BlockShape(*(whole(n, "a product's block") for n in block))
-        op = MatmulTiles(shape, (1, 1), self.builder.precision, transpose_b=bool(transpose_b))
+        op = MatmulTiles(shape, (1, 1), self.builder.precision, transpose_b=transpose_b)
         self.builder.emit(Compute(op, (a.ring.id, b.ring.id), (), self.id))
 
     def matmul(self, stage: StageRef, a: Page, b: Page) -> None:
         """Add the product of the waited pages `a` and `b` (one K step of matmul `stage`, whose rings they are) to
         the accumulator."""
+        mine(self, "the accumulator")
         expect(stage, StageRef, "the first argument of a matmul")
         if not isinstance(stage.op, MatmulTiles):
             raise refuse(f"stage {stage.name} is not a matmul")
@@ -396,12 +470,14 @@ class AccRef:
 
     def add(self, page: Page) -> None:
         """Add the partial sums of the waited page to the accumulator (split-K)."""
+        mine(self, "the accumulator")
         expect(page, Page, "what an accumulator adds")
         page._need(False, "add")
         self.builder.emit(Compute(AddPartial(), (page.ring.id,), (), self.id))
 
     def pack(self, into: Page, tiles: int | None = None) -> None:
         """Move the accumulator's tiles into the reserved page `into` (rounded to the ring's type)."""
+        mine(self, "the accumulator")
         expect(into, Page, "what an accumulator is packed into")
         into._need(True, "pack into")
         n = self.tiles if tiles is None else whole(tiles, "the tiles a pack moves")

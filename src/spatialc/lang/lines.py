@@ -15,7 +15,7 @@ from ..ir.ops import (
 )
 from ..ir.printer import op_text
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_SPATIALC = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the spatialc package's folder
 
 
 class LangError(ProgramError):
@@ -27,8 +27,9 @@ class LangError(ProgramError):
 
 
 def in_tracer(filename: str) -> bool:
-    """Whether code of `filename` is this package's (the tracer's), not the user's."""
-    return os.path.dirname(os.path.abspath(filename)) == _HERE
+    """Whether code of `filename` is spatialc's own — the tracer's, or what it calls (ir/ops.py, ew.py) — not the
+    user's."""
+    return os.path.abspath(filename).startswith(_SPATIALC)
 
 
 def user_line() -> tuple[str, int]:

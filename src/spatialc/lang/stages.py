@@ -38,6 +38,7 @@ class StageDeclarations:
     vector_maps: set[BufferId]
 
     def stage(self, ref: StageRef) -> Stage:
+        expect(ref, StageRef, "the stage")  # (another program's is refused, not read as this one's by its number)
         return self.stages[int(ref.id)]
 
     def buffer_name(self, bid: BufferId) -> str:
@@ -70,7 +71,8 @@ class StageDeclarations:
     ) -> StageRef:
         """Stage: the product of A's and B's pages, `block` = (output tile rows, columns, K tiles a step), into
         `out`'s pages — and, split over sites (split-K), a part of K's sum into `partial`'s."""
-        for what, ring in (("operand A", a), ("operand B", b), ("output", out)):
+        rings = (("operand A", a), ("operand B", b), ("output", out))
+        for what, ring in (*rings, *((("partial sums", partial),) if partial is not None else ())):
             expect(ring, RingRef, f"the {what} ring of stage {name}")
         op = MatmulTiles(BlockShape(*block), tuple(sub_blocks), self.precision)  # type: ignore[arg-type]
         outs = (out.id,) if partial is None else (out.id, partial.id)
@@ -78,6 +80,7 @@ class StageDeclarations:
 
     def add_partials(self, name: str, src: RingRef) -> StageRef:
         """Stage: the partial sums in `src`'s pages are added to the accumulator (split-K's owner site)."""
+        expect(src, RingRef, f"the ring stage {name} adds")
         return self._stage(name, ComputeStage(AddPartial()), "compute", (src.id,), ())
 
     def elementwise(self, name: str, op: ComputeOp, src: RingRef | Sequence[RingRef], dst: RingRef) -> StageRef:
@@ -140,12 +143,14 @@ class StageDeclarations:
         qt, kt = (self._read_into(name, what, ring) for what, ring in (("Q", q), ("K", k)))
         if kt.groups < 1 or qt.groups % kt.groups:
             raise refuse(f"attention {name}: Q's {qt.groups} heads are not a multiple of K's {kt.groups}")
+        if not isinstance(causal, bool):
+            raise refuse(f"attention {name}'s causal is True or False, not {type(causal).__name__} {causal!r}")
         sc = 1.0 / math.sqrt(qt.elems[1]) if scale is None else scale
         if not isinstance(sc, int | float) or not valid_scale(sc):  # spatialc.attention's and verify's predicate
             raise refuse(
                 f"attention {name}'s scale is a finite number > 0, not {clipped(repr(scale))} ({FLOAT32_HOLDS})"
             )
-        op = Attention(float(sc), qt.elems[0], kt.elems[0], qt.groups // kt.groups, bool(causal))
+        op = Attention(float(sc), qt.elems[0], kt.elems[0], qt.groups // kt.groups, causal)
         ins, outs = (q.id, k.id, v.id), (o.id, lse.id)
         return self._stage(name, ComputeStage(op), "compute", ins, outs)
 

@@ -1,0 +1,169 @@
+"""Failing tests from a review of spatialc.lang: each names the bug it shows. They fail on the code as it stands and
+should pass once the bug is fixed."""
+
+from __future__ import annotations
+
+import functools
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+import spatialc
+from spatialc import bias, lang, relu
+from spatialc.errors import SpatialError
+from spatialc.lang.source import python_source
+
+
+@contextmanager
+def at_most(seconds: int) -> Iterator[None]:
+    """Fail the test instead of running on past `seconds`."""
+
+    def expired(*_: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def copy_program(p: lang.Builder, nested: tuple[str | None, str | None] = ("i", "j")) -> None:
+    """x copied to out a tile an item, the writer's store inside two nested one-step loops named `nested`."""
+    x = p.input("x", 32, 32)
+    out = p.output("out", 32, 32)
+    ring = p.ring("x_ring", depth=2, tiles=1)
+    done = p.ring("out_ring", depth=2, tiles=1, kind="interm")
+    p.read("read_x", x, ring)
+    copy = p.map("copy", lambda v: v, ring, done)
+    p.write("write_out", done, out)
+    p.plan(block=(1, 1, 1), grid=(2, 2), k_tiles=1, depth=2)
+    p.place([[0, 1, 2, 3]])
+
+    @p.reader
+    def read(e: lang.Engine):
+        for item in e.items():
+            with ring.reserve() as page:
+                page.read(x, 2 * item.y + item.x, 1, 1)
+
+    @p.compute
+    def compute(e: lang.Engine):
+        for item in e.items():
+            with ring.wait() as src, done.reserve() as dst:
+                e.map(copy, src, dst, at=item.x, width=1)
+
+    @p.writer
+    def write(e: lang.Engine):
+        for item in e.items():
+            for _ in e.range(1, nested[0]):
+                for _ in e.range(1, nested[1]):
+                    with done.wait() as page:
+                        page.write(out, 2 * item.y + item.x, 1, 1)
+
+
+def test_named_nested_loops_trace():  # the control: the same program with its loops named is accepted
+    lang.trace(copy_program, nested=("i", "j")).verify()
+
+
+# Bug: `Builder.loop_var(None)` hands out the first free loop variable without taking it, so a loop with no name
+# inside another (or a named one inside an unnamed one) gets its enclosing loop's variable and is refused with
+# "loop variable 8 inside a loop of itself" — the IR's number, not a name the user wrote.
+@pytest.mark.parametrize("names", [(None, None), (None, "j")])
+def test_unnamed_nested_loops_trace(names):
+    lang.trace(copy_program, nested=names).verify()
+
+
+# Bug: `show --python` prints an epilogue op by its class (`Bias(3, …)`, `Relu()`, `TileAddr(…)`, brought in by
+# `from spatialc.ir.ops import *`) but does not keep those names out of the tensors' variables: a bias tensor named
+# "Bias" (or "Relu", "TileAddr") shadows the class, and the printed source dies with a raw TypeError
+# ('TensorRef' object is not callable) instead of tracing back to the program.
+@pytest.mark.parametrize("name", ["Bias", "Relu", "TileAddr"])
+def test_python_source_of_a_bias_named_like_an_op_traces_back(name):
+    p = spatialc.build(spatialc.gemm(64, 64, 128, "bf16", epilogue=[bias(name), relu()]), "sm_90")
+    scope: dict = {}
+    exec(python_source(p), scope)
+    assert scope["program"]() == p
+
+
+def squared(times: int):
+    """A map stage's formula x^(2^times) by repeated squaring: `times` + 1 distinct nodes, each used twice."""
+    return lambda v: functools.reduce(lambda a, _: a * a, range(times), v)
+
+
+def map_program(p: lang.Builder, formula) -> None:
+    x = p.input("x", 16, 16)
+    p.output("out", 16, 16)
+    ring = p.ring("x_ring", depth=2, tiles=1)
+    done = p.ring("out_ring", depth=2, tiles=1, kind="interm")
+    p.read("read_x", x, ring)
+    p.map("m", formula, ring, done)
+
+
+# Bug: p.map walks its formula as a tree (lang/maps.py `as_rows`, ew.resolved), not as the DAG the user built, so
+# a formula of 25 distinct nodes whose results are each used twice (x^(2^24) by squaring) takes time and memory
+# exponential in its size — minutes and gigabytes for 25 ops (2^16 leaves already take 0.5 s).
+def test_a_map_of_shared_subexpressions_traces_in_time():
+    with at_most(3), pytest.raises(SpatialError):  # refused (the trace places no items) — after the map, quickly
+        lang.trace(map_program, formula=squared(24))
+
+
+# Bug: errors raised in spatialc/ew.py while p.map builds the formula are not the tracer's (lang.lines.in_tracer
+# knows only the lang package), so they leave as raw Python errors: OverflowError for an integer constant past
+# float, RecursionError for a formula nested 3,000 deep (300 deep is an IllFormedError).
+@pytest.mark.parametrize(
+    "formula",
+    [lambda v: v * 10**400, lambda v: functools.reduce(lambda a, _: a + 1, range(3000), v)],
+    ids=["int-past-float", "3000-deep"],
+)
+def test_a_bad_map_formula_is_a_spatial_error(formula):
+    with pytest.raises(SpatialError):
+        lang.trace(map_program, formula=formula)
+
+
+# Bug: handles are checked for their type, never for their program: a tensor handle of another traced program is
+# taken as this program's tensor of the same number (silently another tensor), and past this program's tensors
+# page.read dies with a raw IndexError in builder.tensor_cols.
+def test_a_tensor_of_another_program_is_refused():
+    kept: dict = {}
+
+    def other(p: lang.Builder) -> None:
+        for name in "UVWXYZ":
+            kept[name] = p.input(name, 32, 32)
+
+    with pytest.raises(SpatialError):
+        lang.trace(other)  # (no placement: refused, but its handles are made)
+
+    def program(p: lang.Builder) -> None:
+        x = p.input("x", 32, 32)
+        out = p.output("out", 32, 32)
+        ring = p.ring("x_ring", depth=2, tiles=1)
+        p.read("read_x", x, ring)
+        p.write("write_out", ring, out)
+        p.plan(block=(1, 1, 1), grid=(2, 2), k_tiles=1, depth=2)
+        p.place([[0, 1, 2, 3]])
+
+        @p.reader
+        def read(e: lang.Engine):
+            for item in e.items():
+                with ring.reserve() as page:
+                    page.read(kept["Z"], 2 * item.y + item.x, 1, 1)
+
+    with pytest.raises(SpatialError):
+        lang.trace(program)
+
+
+# Bug: a program function called with a keyword it does not take is a LangError naming spatialc's own file
+# (spatialc/lang/__init__.py, the tracer's call) rather than the user's line: `_at_user_line` falls back to the
+# innermost frame, which is the tracer's.
+def test_a_wrong_keyword_names_the_callers_line():
+    @lang.program()
+    def nothing(p: lang.Builder, m: int = 16) -> None:
+        p.input("x", m, m)
+
+    with pytest.raises(lang.LangError) as error:
+        nothing(n=3)
+    assert error.value.file == __file__
