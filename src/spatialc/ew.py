@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import ProgramError
 from .ir.ids import TensorId
-from .ir.ops import Apply, Arg, Col, Expr, Lit, Pos, VecAxis
+from .ir.ops import MAX_EXPR_NODES, Apply, Arg, Col, Expr, Lit, Pos, VecAxis, expr_size_fault
 from .numerics.elementwise import OPS, ElementwiseOp
 
 
@@ -35,6 +35,22 @@ class ColumnNamed:
 
 
 Node = Arg | Lit | Apply | ColumnNamed | Pos
+
+# What a formula is made of, for the refusals of anything else (`x // 2`, `round(x)`, `math.exp(x)`).
+ALLOWED = (
+    "a formula is made of numbers, + - * / ** (unary - and abs too), comparisons < <= > >= (ew.eq, ew.ne) and the"
+    " ew ops (ew.where, ew.exp, ew.max, …: spatialc.numerics.elementwise)"
+)
+
+
+def _unsupported(what: str) -> Callable[..., Value]:
+    """A method of Value for an operator the table has no op of: a ProgramError naming it and what a formula may use."""
+
+    def refuse(*_: Any, **__: Any) -> Value:
+        raise ProgramError(f"an elementwise expression has no {what}: {ALLOWED}")
+
+    refuse.__name__ = f"no {what}"
+    return refuse
 
 
 class Value:
@@ -96,17 +112,61 @@ class Value:
     def __ge__(self, other: Any) -> Value:
         return _call("ge", self, other)
 
+    def __pos__(self) -> Value:
+        return self
+
     def __bool__(self) -> bool:
         raise ProgramError("an elementwise expression has no truth value: use ew.where(cond, a, b)")
+
+    def __float__(self) -> float:
+        raise ProgramError(f"an elementwise expression has a value per element, not one float (math.exp?): {ALLOWED}")
+
+    def __int__(self) -> int:
+        raise ProgramError(f"an elementwise expression has a value per element, not one int: {ALLOWED}")
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        name = getattr(ufunc, "__name__", "a ufunc")
+        raise ProgramError(f"numpy's {name} does not apply to an elementwise expression: {ALLOWED}")
+
+    __floordiv__ = __rfloordiv__ = _unsupported("floor division (//)")
+    __mod__ = __rmod__ = _unsupported("remainder (%)")
+    __divmod__ = __rdivmod__ = _unsupported("divmod")
+    __round__ = _unsupported("round()")
+    __trunc__ = _unsupported("math.trunc()")
+    __floor__ = _unsupported("math.floor()")
+    __ceil__ = _unsupported("math.ceil()")
+    __matmul__ = __rmatmul__ = _unsupported("matrix product (@)")
+    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = _unsupported("& | ^ (use ew.where)")
+    __invert__ = _unsupported("~")
+    __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = _unsupported("shift (<< >>)")
 
 
 def value(x: Any) -> Value:
     """`x` as an expression: an expression as it is, a number as a constant."""
     if isinstance(x, Value):
         return x
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
-        raise ProgramError(f"an elementwise operand is an expression or a finite number, not {x!r}")
-    return Value(Lit(float(x)))
+    number = _finite(x)
+    if number is None:
+        raise ProgramError(f"an elementwise operand is an expression or a finite number, not {_shown(x)}")
+    return Value(Lit(number))
+
+
+def _finite(x: Any) -> float | None:
+    """`x` as a finite float, or None where it is no number or none a float holds (an int past 1.8e308 included)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    try:
+        number = float(x)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _shown(x: Any) -> str:
+    """`x` for a message: an integer past float by its size (repr of one of 5,000 digits is itself refused)."""
+    if isinstance(x, int) and not isinstance(x, bool) and _finite(x) is None:
+        return f"an integer of {x.bit_length()} bits (past float's range)"
+    return repr(x)[:60]
 
 
 def _call(name: str, *args: Any, params: tuple[float, ...] = ()) -> Value:
@@ -123,8 +183,8 @@ def _function(op: ElementwiseOp) -> Callable[..., Value]:
         if unknown or missing:
             raise ProgramError(f"ew.{op.name} takes the parameter(s) {', '.join(op.params) or 'none'}")
         for p, v in params.items():
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise ProgramError(f"ew.{op.name}'s {p} is a finite number, not {v!r}")
+            if _finite(v) is None:
+                raise ProgramError(f"ew.{op.name}'s {p} is a finite number, not {_shown(v)}")
         return _call(op.name, *args, params=tuple(float(params[p]) for p in op.params))
 
     f.__name__ = op.name
@@ -178,16 +238,36 @@ def col_index() -> Value:
 MAX_INPUTS = 16  # tensors one map reads; far past any fused kernel's operands
 
 
+def check_size(expr: Value) -> None:
+    """ProgramError where `expr`, as the tree the IR stores (a part used twice counted twice), is larger or deeper
+    than a Map's formula may be (`ir.ops.MAX_EXPR_NODES`, `MAX_EXPR_DEPTH`). Found without recursion and in time
+    bounded by the limit, however many times the formula reuses its parts (x * x squared 24 times is 2^25 nodes)."""
+    fault = expr_size_fault(expr.node)
+    if fault is not None:
+        raise ProgramError(
+            f"{fault} (each use of a shared part counted): a kernel applies a formula of at most {MAX_EXPR_NODES}"
+        )
+
+
 def resolved(expr: Value, tensor_of: Callable[[str], TensorId]) -> Expr:
-    """The IR expression of `expr`, each named vector given its tensor (`tensor_of(name)`)."""
+    """The IR expression of `expr`, each named vector given its tensor (`tensor_of(name)`); ProgramError where it is
+    too large for a Map (`check_size`). Each distinct node is walked once."""
+    check_size(expr)
+    done: dict[int, Expr] = {}  # by identity: a part the formula uses twice is resolved once
 
     def walk(node: Node) -> Expr:
+        out = done.get(id(node))
+        if out is not None:
+            return out
         match node:
             case ColumnNamed(name, axis):
-                return Col(tensor_of(name), axis=axis)
+                out = Col(tensor_of(name), axis=axis)
             case Apply(name, args, params):
-                return Apply(name, tuple(walk(a) for a in args), params)  # type: ignore[arg-type]
-        return node  # type: ignore[return-value]
+                out = Apply(name, tuple(walk(a) for a in args), params)  # type: ignore[arg-type]
+            case _:
+                out = node  # type: ignore[assignment]
+        done[id(node)] = out
+        return out
 
     return walk(expr.node)
 
@@ -202,8 +282,12 @@ def vector_names(expr: Value) -> dict[str, VecAxis]:
     both as a column vector and as a row vector (one tensor cannot be both)."""
     out: dict[str, VecAxis] = {}
     stack: list[Node] = [expr.node]
+    seen: set[int] = set()  # by identity: a part used twice is read once (its names are already in `out`)
     while stack:
         node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, ColumnNamed) and out.setdefault(node.name, node.axis) != node.axis:
             raise ProgramError(f"{node.name!r} is read both as a column vector (col) and as a row vector (row)")
         stack.extend(reversed(getattr(node, "args", ())))

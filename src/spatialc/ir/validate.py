@@ -14,9 +14,10 @@ import typing
 from enum import Enum
 from typing import Any
 
+from .ids import _Id
 from .nodes import Engine, EngineProgram, Schedule, SpatialProgram
 from .ops import CHOREO_OPS, Map, expr_size_fault
-from .serde import _hints
+from .serde import INT_BITS, INT_RANGE, _hints, shown
 
 
 def type_fault(p: SpatialProgram) -> str | None:
@@ -45,6 +46,8 @@ def _fault(value: Any, annotation: Any, path: str) -> str | None:
         return None if isinstance(value, annotation) else f"{path}: expected {_a(annotation.__name__)}, found {value!r}"
     if annotation is bool:
         return None if isinstance(value, bool) else f"{path}: expected true or false, found {value!r}"
+    if isinstance(annotation, type) and issubclass(annotation, _Id):
+        return _id_fault(value, path)
     if isinstance(annotation, type) and issubclass(annotation, int):
         return None if _whole(value) else f"{path}: expected a whole number, found {value!r}"
     if annotation is float:
@@ -73,12 +76,30 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _in_range(value: int) -> bool:
+    """Whether `value` is within JSON's 64 bits (compared: `in range(…)` iterates over an int subclass, as an id)."""
+    return INT_RANGE.start <= value < INT_RANGE.stop
+
+
+def _id_fault(value: Any, path: str) -> str | None:
+    """Why `value` is no id (of a tensor, buffer, stage, semaphore, site, item, group or loop variable) a saved file
+    holds — not a whole number, or one past JSON's 64 bits (serde.INT_BITS) — or None."""
+    if not _whole(value):
+        return f"{path}: expected a whole number, found {value!r}"
+    if not _in_range(value):
+        return f"{path}: an id is a whole number of at most {INT_BITS} bits (a saved file's), not {shown(value)}"
+    return None
+
+
 def _tuple_fault(value: Any, args: tuple[Any, ...], path: str) -> str | None:
     if not isinstance(value, tuple):
         return f"{path}: expected a tuple, found {type(value).__name__}"
     if len(args) == 2 and args[1] is Ellipsis:
         if args[0] is int or (isinstance(args[0], type) and issubclass(args[0], int)):  # item lists: no descent
             bad = next((v for v in value if not _whole(v)), None)
+            if bad is None and issubclass(args[0], _Id):
+                bad = next((v for v in value if not _in_range(v)), None)
+                return None if bad is None else _id_fault(bad, f"{path}[{value.index(bad)}]")
             return None if bad is None else f"{path}: expected whole numbers, found {bad!r}"
         return next((f for i, v in enumerate(value) if (f := _fault(v, args[0], f"{path}[{i}]"))), None)
     if len(value) != len(args):
@@ -120,8 +141,8 @@ def _schedule_fault(schedule: Schedule, path: str) -> str | None:
         where = f"{path}.programs[{i}]"
         if not isinstance(prog, EngineProgram):
             return f"{where}: expected an EngineProgram, found {type(prog).__name__}"
-        if not _whole(prog.site):
-            return f"{where}.site: expected a whole number, found {prog.site!r}"
+        if (fault := _id_fault(prog.site, f"{where}.site")) is not None:
+            return fault
         if not isinstance(prog.engine, Engine):
             return f"{where}.engine: expected an Engine, found {prog.engine!r}"
         if not isinstance(prog.ops, tuple):

@@ -60,12 +60,15 @@ def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef], vectors: s
             expr = expr(*ew.inputs(len(ins)))
         except ProgramError as e:  # an ew op given the wrong operands: at the line of the map
             raise refuse(f"map {name}: {e}") from None
+        except (TypeError, AttributeError, ArithmeticError, RecursionError) as e:  # Python's own, from the function
+            raise refuse(f"map {name}'s function raised {type(e).__name__} ({str(e)[:120]}): {ew.ALLOWED}") from None
     if not isinstance(expr, ew.Value):
         raise refuse(
             f"map {name}'s formula is an ew expression or a function of its pages' values (lambda x, m: ew.exp(x - m)),"
             f" not {type(expr).__name__}"
         )
     try:
+        ew.check_size(expr)  # before anything walks it as the tree the IR stores
         named = ew.vector_names(expr)
     except ProgramError as e:
         raise refuse(f"map {name}: {e}") from None
@@ -80,25 +83,49 @@ def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef], vectors: s
 
 
 def as_rows(expr: Expr, vectors: tuple[bool, ...]) -> Expr:
-    """`expr` with each input i a row vector (`RowArg(i)`) where `vectors[i]`; IndexError naming an input past them."""
-    match expr:
-        case Arg(i):
-            if not 0 <= i < len(vectors):
-                raise IndexError(f"input {i}")
-            return RowArg(i) if vectors[i] else expr
-        case Apply(op, args, params):
-            return Apply(op, tuple(as_rows(a, vectors) for a in args), params)
-    return expr
+    """`expr` with each input i a row vector (`RowArg(i)`) where `vectors[i]`; IndexError naming an input past them.
+    Each distinct node is walked once (a part the formula uses twice is one object)."""
+    done: dict[int, Expr] = {}
+
+    def walk(node: Expr) -> Expr:
+        out = done.get(id(node))
+        if out is not None:
+            return out
+        match node:
+            case Arg(i):
+                if not 0 <= i < len(vectors):
+                    raise IndexError(f"input {i}")
+                out = RowArg(i) if vectors[i] else node
+            case Apply(op, args, params):
+                out = Apply(op, tuple(walk(a) for a in args), params)
+            case _:
+                out = node
+        done[id(node)] = out
+        return out
+
+    return walk(expr)
 
 
 def with_positions(expr: Expr, f: Callable[[Pos], Pos]) -> Expr:
-    """`expr` with every position (`ew.row_index()`, `ew.col_index()`) q replaced by f(q)."""
-    match expr:
-        case Pos():
-            return f(expr)
-        case Apply(op, args, params):
-            return Apply(op, tuple(with_positions(a, f) for a in args), params)
-    return expr
+    """`expr` with every position (`ew.row_index()`, `ew.col_index()`) q replaced by f(q); each distinct node walked
+    once."""
+    done: dict[int, Expr] = {}
+
+    def walk(node: Expr) -> Expr:
+        out = done.get(id(node))
+        if out is not None:
+            return out
+        match node:
+            case Pos():
+                out = f(node)
+            case Apply(op, args, params):
+                out = Apply(op, tuple(walk(a) for a in args), params)
+            case _:
+                out = node
+        done[id(node)] = out
+        return out
+
+    return walk(expr)
 
 
 def column(b: Builder, stage: str, name: str, axis: VecAxis = VecAxis.COL) -> TensorId:

@@ -4,6 +4,7 @@ the source traces back to a program equal to the one printed (tests/lang/test_la
 
 from __future__ import annotations
 
+import importlib
 import re
 
 from ..ir.ids import LoopVar
@@ -35,13 +36,27 @@ from .lines import LangError
 from .maps import ew_source
 from .source_engines import EngineSource, identifier, literal, op_source
 
+# The modules the printed source imports every name of (`from … import *`): the ids and ops it prints by their
+# classes (`Bias(…)`, `TileAddr(…)`).
+STAR_IMPORTS = ("spatialc.ir.ids", "spatialc.ir.ops")
+
+
+def module_names() -> set[str]:
+    """Every name the printed module binds besides the program's own: what it imports (by name and by `*`) and
+    defines, and the engine functions' parameter and item variable — none a variable the printer invents may take."""
+    names = {"p", "e", "ew", "lang", "program", "item"}
+    for module in map(importlib.import_module, STAR_IMPORTS):
+        public = getattr(module, "__all__", None)
+        names.update(public if public is not None else (n for n in vars(module) if not n.startswith("_")))
+    return names
+
 
 class SourcePrinter(EngineSource):
     """One program's source."""
 
     def __init__(self, p: SpatialProgram):
         self.p = p
-        self.taken: set[str] = {"p", "e", "ew", "lang", "program", "item"}
+        self.taken: set[str] = module_names()  # then every identifier invented below, as it is
         self.lines: list[str] = []
         self.tensors = {t.id: identifier(t.name, self.taken) for t in p.tensors}
         self.buffers = {b.id: identifier(b.name, self.taken) for b in p.buffers}
@@ -61,6 +76,7 @@ class SourcePrinter(EngineSource):
         self.vector_maps: set = set()
         self.uses_ew = bool(self.formulas)
         self.loops: dict[LoopVar, str] = {}
+        self.local: set[str] = set()  # the names one engine function takes (EngineSource.engines)
 
     def ew_formulas(self) -> dict[object, str]:
         """Each map stage of a program with no matmul as the function p.map takes (`lambda x, m: ew.exp(x - m)`),
@@ -136,8 +152,8 @@ class SourcePrinter(EngineSource):
             ' again."""',
             "",
             "from spatialc import ew, lang" if self.uses_ew else "from spatialc import lang",
-            "from spatialc.ir.ids import *  # noqa: F403 (the ids an elementwise op's fields name)",
-            "from spatialc.ir.ops import *  # noqa: F403 (elementwise ops: Map, Apply, Arg, Lit, Col, Requant)",
+            f"from {STAR_IMPORTS[0]} import *  # noqa: F403 (the ids an elementwise op's fields name)",
+            f"from {STAR_IMPORTS[1]} import *  # noqa: F403 (elementwise ops: Map, Apply, Arg, Lit, Col, Requant)",
             "",
             "",
             f"@lang.program(target={literal(p.target)}, precision={literal(p.precision.value)}, name={name})",

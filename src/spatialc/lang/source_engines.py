@@ -140,6 +140,7 @@ class EngineSource:
     uses_ew: bool
     loops: dict[LoopVar, str]
     explicit_items: bool
+    local: set[str]
     refuse: Any
     line: Any
 
@@ -155,6 +156,7 @@ class EngineSource:
             self.line(1, f"def {fn}(e: lang.Engine):")
             self.pages: dict[int, deque[str]] = {}
             self.n = 0
+            self.local = set(self.taken)  # the module's names and this function's pages (a page is its own local)
             # A split tail's programs run their whole items and their last apart: each ITEM loop says which.
             self.explicit_items = any(isinstance(op, Loop) and op.var == LV_ITEM and op.first for op in ops)
             start = len(self.lines)
@@ -175,7 +177,7 @@ class EngineSource:
 
     def acquire(self, ring, reserved: bool, pages: int, depth: int) -> None:
         self.n += 1
-        var = f"{self.buffers[ring]}_{'w' if reserved else 'r'}{self.n}"
+        var = identifier(f"{self.buffers[ring]}_{'w' if reserved else 'r'}{self.n}", self.local)
         more = f"{pages}" if pages != 1 else ""
         self.line(depth, f"{var} = {self.buffers[ring]}.{'reserve' if reserved else 'wait'}({more})")
         self.pages.setdefault((int(ring), reserved), deque()).append(var)  # type: ignore[arg-type]
@@ -202,8 +204,10 @@ class EngineSource:
     def loop_name(self, v: LoopVar) -> str:
         """The Python variable of loop `v`: its name (`k`, `head`, `lv8`), unless a tensor or ring took it (`k`,
         attention's K tensor: the loop's variable is then `k_2`, its loop still named "k")."""
-        if v not in self.loops:
-            self.loops[v] = identifier(loop_var_name(v), self.taken)
+        if v not in self.loops:  # a name no page of this function took, nor any name of the module
+            self.loops[v] = identifier(loop_var_name(v), self.taken | self.local)
+            self.taken.add(self.loops[v])
+            self.local.add(self.loops[v])
         return self.loops[v]
 
     def map_call(self, m: Map, ins: tuple, outs: tuple, in_item: bool) -> str | None:
