@@ -1,5 +1,6 @@
-"""Failing tests from a review of spatialc.lang: each names the bug it shows. They fail on the code as it stands and
-should pass once the bug is fixed."""
+"""Faults of spatialc.lang a review found, each named by its test: nested unnamed loops refused, another program's
+handles taken by number, a formula's shared parts walked as a tree, Python's own errors from a formula, a printed
+module's names shadowed by a tensor's, errors naming spatialc's file. Each test failed before its fix."""
 
 from __future__ import annotations
 
