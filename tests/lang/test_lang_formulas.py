@@ -7,7 +7,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -20,6 +23,22 @@ from spatialc.ir.ids import ItemId, LoopVar, SemId, TensorId
 from spatialc.ir.nodes import ComputeStage, Semaphore
 from spatialc.ir.ops import MAX_EXPR_NODES, Loop
 from spatialc.lang.source import python_source
+
+
+@contextmanager
+def at_most(seconds: int) -> Iterator[None]:
+    """Fail the test instead of running on past `seconds` (a tree walk of 2^25 nodes runs for minutes)."""
+
+    def expired(*_: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def squared(times: int):
@@ -70,10 +89,11 @@ def test_a_formula_of_shared_parts_is_the_formula_written_out():
 @pytest.mark.parametrize("times", [8, 24, 60])
 def test_a_formula_past_a_maps_size_is_refused_at_once(times):
     start = time.perf_counter()
-    error = map_refusal(squared(times))
+    with at_most(5):
+        error = map_refusal(squared(times))
     assert f"more than {MAX_EXPR_NODES} nodes" in str(error) and time.perf_counter() - start < 2
     start = time.perf_counter()
-    with pytest.raises(ProgramError, match=f"more than {MAX_EXPR_NODES} nodes"):  # and so spatialc.elementwise
+    with at_most(5), pytest.raises(ProgramError, match=f"more than {MAX_EXPR_NODES} nodes"):  # and elementwise's
         spatialc.elementwise(squared(times)(ew.inputs(1)[0]), 16, 16)
     assert time.perf_counter() - start < 2
 
@@ -81,7 +101,9 @@ def test_a_formula_past_a_maps_size_is_refused_at_once(times):
 def test_the_vectors_of_a_shared_formula_are_read_once_in_order():
     v = ew.inputs(1)[0]
     part = functools.reduce(lambda a, _: a * a, range(40), v + ew.col("b"))  # 2^40 uses of b: read once
-    assert ew.vector_names(part * ew.row("s") + ew.col("c")) == {
+    with at_most(5):
+        named = ew.vector_names(part * ew.row("s") + ew.col("c"))
+    assert named == {
         "b": spatialc.ir.ops.VecAxis.COL,
         "s": spatialc.ir.ops.VecAxis.ROW,
         "c": spatialc.ir.ops.VecAxis.COL,
@@ -207,3 +229,50 @@ def test_an_id_at_the_edge_of_json_is_kept():
     p = built().evolve(semaphores=(Semaphore(SemId(2**63 - 1), "s", 0),))
     spatialc.verify(p)
     assert serde.from_json(serde.to_json(p)) == p
+
+
+def copy_program(name: str):
+    """A program of input `name` copied to out a tile an item: its page variable in `show --python` is x_ring_w1."""
+
+    def program(p: lang.Builder) -> None:
+        copy_into(p, name)
+
+    return program
+
+
+def copy_into(p: lang.Builder, name: str) -> None:
+    x = p.input(name, 32, 32)
+    out = p.output("out", 32, 32)
+    ring = p.ring("x_ring", depth=2, tiles=1)
+    done = p.ring("out_ring", depth=2, tiles=1, kind="interm")
+    p.read("read_x", x, ring)
+    copy = p.map("copy", lambda v: v, ring, done)
+    p.write("write_out", done, out)
+    p.plan(block=(1, 1, 1), grid=(2, 2), k_tiles=1, depth=2)
+    p.place([[0, 1, 2, 3]])
+
+    @p.reader
+    def read(e: lang.Engine):
+        for item in e.items():
+            with ring.reserve() as page:
+                page.read(x, 2 * item.y + item.x, 1, 1)
+
+    @p.compute
+    def compute(e: lang.Engine):
+        for item in e.items():
+            with ring.wait() as src, done.reserve() as dst:
+                e.map(copy, src, dst, at=item.x, width=1)
+
+    @p.writer
+    def write(e: lang.Engine):
+        for item in e.items():
+            with done.wait() as page:
+                page.write(out, 2 * item.y + item.x, 1, 1)
+
+
+@pytest.mark.parametrize("name", ["x_ring_w1", "x_ring_r1", "Wait"])
+def test_python_source_keeps_its_pages_off_the_tensors(name):
+    p = lang.trace(copy_program(name)).verify()
+    scope: dict = {}
+    exec(python_source(p), scope)
+    assert scope["program"]() == p
