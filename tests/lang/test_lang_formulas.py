@@ -24,6 +24,8 @@ from spatialc.ir.nodes import ComputeStage, Semaphore
 from spatialc.ir.ops import MAX_EXPR_NODES, Loop
 from spatialc.lang.source import python_source
 
+from .copy_program import copy_program as copy_program_of
+
 
 @contextmanager
 def at_most(seconds: int) -> Iterator[None]:
@@ -235,39 +237,9 @@ def copy_program(name: str):
     """A program of input `name` copied to out a tile an item: its page variable in `show --python` is x_ring_w1."""
 
     def program(p: lang.Builder) -> None:
-        copy_into(p, name)
+        copy_program_of(p, name=name)
 
     return program
-
-
-def copy_into(p: lang.Builder, name: str) -> None:
-    x = p.input(name, 32, 32)
-    out = p.output("out", 32, 32)
-    ring = p.ring("x_ring", depth=2, tiles=1)
-    done = p.ring("out_ring", depth=2, tiles=1, kind="interm")
-    p.read("read_x", x, ring)
-    copy = p.map("copy", lambda v: v, ring, done)
-    p.write("write_out", done, out)
-    p.plan(block=(1, 1, 1), grid=(2, 2), k_tiles=1, depth=2)
-    p.place([[0, 1, 2, 3]])
-
-    @p.reader
-    def read(e: lang.Engine):
-        for item in e.items():
-            with ring.reserve() as page:
-                page.read(x, 2 * item.y + item.x, 1, 1)
-
-    @p.compute
-    def compute(e: lang.Engine):
-        for item in e.items():
-            with ring.wait() as src, done.reserve() as dst:
-                e.map(copy, src, dst, at=item.x, width=1)
-
-    @p.writer
-    def write(e: lang.Engine):
-        for item in e.items():
-            with done.wait() as page:
-                page.write(out, 2 * item.y + item.x, 1, 1)
 
 
 @pytest.mark.parametrize("name", ["x_ring_w1", "x_ring_r1", "Wait"])

@@ -13,41 +13,13 @@ import pytest
 
 from spatialc import lang
 
+from .copy_program import copy_program
+
 
 def line_of(fn: Callable, text: str) -> int:
     """The line of this file where `fn`'s source holds `text`."""
     lines, first = inspect.getsourcelines(fn)
     return first + next(i for i, line in enumerate(lines) if text in line)
-
-
-def copy_program(p: lang.Builder, writer: Callable, ring_of: Callable | None = None) -> None:
-    """x copied to out a tile an item; `writer(e, ring, out)` is the writer engine's body, emptying the copy's ring —
-    or the ring `ring_of` gives, if given."""
-    x = p.input("x", 32, 32)
-    out = p.output("out", 32, 32)
-    ring = p.ring("x_ring", depth=2, tiles=1)
-    done = p.ring("out_ring", depth=2, tiles=1, kind="interm")
-    p.read("read_x", x, ring)
-    copy = p.map("copy", lambda v: v, ring, done)
-    p.write("write_out", done, out)
-    p.plan(block=(1, 1, 1), grid=(2, 2), k_tiles=1, depth=2)
-    p.place([[0, 1, 2, 3]])
-
-    @p.reader
-    def read(e: lang.Engine):
-        for item in e.items():
-            with ring.reserve() as page:
-                page.read(x, 2 * item.y + item.x, 1, 1)
-
-    @p.compute
-    def compute(e: lang.Engine):
-        for item in e.items():
-            with ring.wait() as src, done.reserve() as dst:
-                e.map(copy, src, dst, at=item.x, width=1)
-
-    @p.writer
-    def write(e: lang.Engine):
-        writer(e, done if ring_of is None else ring_of(), out)
 
 
 def handles_of_another_program() -> dict:

@@ -1,0 +1,45 @@
+"""The smallest program of the embedded language the lang tests edit: input `name` copied to out a tile an item (2 × 2
+items of one tile on one site) through a map, the writer's body `writer(e, ring, out)` — by default it waits for the
+copy's page of each item and writes it — given the ring it empties (`ring_of()` where given: another's)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from spatialc import lang
+
+
+def write_each_item(e: lang.Engine, ring, out) -> None:
+    for item in e.items():
+        with ring.wait() as page:
+            page.write(out, 2 * item.y + item.x, 1, 1)
+
+
+def copy_program(
+    p: lang.Builder, name: str = "x", writer: Callable = write_each_item, ring_of: Callable | None = None
+) -> None:
+    x = p.input(name, 32, 32)
+    out = p.output("out", 32, 32)
+    ring = p.ring("x_ring", depth=2, tiles=1)
+    done = p.ring("out_ring", depth=2, tiles=1, kind="interm")
+    p.read("read_x", x, ring)
+    copy = p.map("copy", lambda v: v, ring, done)
+    p.write("write_out", done, out)
+    p.plan(block=(1, 1, 1), grid=(2, 2), k_tiles=1, depth=2)
+    p.place([[0, 1, 2, 3]])
+
+    @p.reader
+    def read(e: lang.Engine):
+        for item in e.items():
+            with ring.reserve() as page:
+                page.read(x, 2 * item.y + item.x, 1, 1)
+
+    @p.compute
+    def compute(e: lang.Engine):
+        for item in e.items():
+            with ring.wait() as src, done.reserve() as dst:
+                e.map(copy, src, dst, at=item.x, width=1)
+
+    @p.writer
+    def write(e: lang.Engine):
+        writer(e, done if ring_of is None else ring_of(), out)
