@@ -5,9 +5,6 @@ module's names shadowed by a tensor's, errors naming spatialc's file. Each test 
 from __future__ import annotations
 
 import functools
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -16,23 +13,7 @@ from spatialc import bias, lang, relu
 from spatialc.errors import SpatialError
 from spatialc.lang.source import python_source
 
-from .copy_program import copy_program
-
-
-@contextmanager
-def at_most(seconds: int) -> Iterator[None]:
-    """Fail the test instead of running on past `seconds`."""
-
-    def expired(*_: object) -> None:
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+from .scaffold import at_most, copy_program
 
 
 def nested_copy(p: lang.Builder, nested: tuple[str | None, str | None] = ("i", "j")) -> None:

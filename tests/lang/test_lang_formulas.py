@@ -7,10 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import signal
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -24,23 +21,8 @@ from spatialc.ir.nodes import ComputeStage, Semaphore
 from spatialc.ir.ops import MAX_EXPR_NODES, Loop
 from spatialc.lang.source import python_source
 
-from .copy_program import copy_program as copy_program_of
-
-
-@contextmanager
-def at_most(seconds: int) -> Iterator[None]:
-    """Fail the test instead of running on past `seconds` (a tree walk of 2^25 nodes runs for minutes)."""
-
-    def expired(*_: object) -> None:
-        raise TimeoutError(f"still running after {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+from .scaffold import at_most
+from .scaffold import copy_program as copy_program_of
 
 
 def squared(times: int):

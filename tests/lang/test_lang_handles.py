@@ -13,7 +13,7 @@ import pytest
 
 from spatialc import lang
 
-from .copy_program import copy_program
+from .scaffold import copy_program
 
 
 def line_of(fn: Callable, text: str) -> int:

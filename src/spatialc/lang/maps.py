@@ -82,9 +82,9 @@ def formula(b: Builder, name: str, expr: Any, ins: Sequence[RingRef], vectors: s
         raise refuse(f"map {name} reads {e} of its {len(ins)} ring(s)") from None
 
 
-def as_rows(expr: Expr, vectors: tuple[bool, ...]) -> Expr:
-    """`expr` with each input i a row vector (`RowArg(i)`) where `vectors[i]`; IndexError naming an input past them.
-    Each distinct node is walked once (a part the formula uses twice is one object)."""
+def _leaves_replaced(expr: Expr, leaf: Callable[[Expr], Expr]) -> Expr:
+    """`expr` with each node that is not an Apply replaced by leaf(node), each distinct node walked once (a part the
+    formula uses twice is one object, and stays one)."""
     done: dict[int, Expr] = {}
 
     def walk(node: Expr) -> Expr:
@@ -92,40 +92,32 @@ def as_rows(expr: Expr, vectors: tuple[bool, ...]) -> Expr:
         if out is not None:
             return out
         match node:
-            case Arg(i):
-                if not 0 <= i < len(vectors):
-                    raise IndexError(f"input {i}")
-                out = RowArg(i) if vectors[i] else node
             case Apply(op, args, params):
                 out = Apply(op, tuple(walk(a) for a in args), params)
             case _:
-                out = node
+                out = leaf(node)
         done[id(node)] = out
         return out
 
     return walk(expr)
+
+
+def as_rows(expr: Expr, vectors: tuple[bool, ...]) -> Expr:
+    """`expr` with each input i a row vector (`RowArg(i)`) where `vectors[i]`; IndexError naming an input past them."""
+
+    def leaf(node: Expr) -> Expr:
+        if not isinstance(node, Arg):
+            return node
+        if not 0 <= node.index < len(vectors):
+            raise IndexError(f"input {node.index}")
+        return RowArg(node.index) if vectors[node.index] else node
+
+    return _leaves_replaced(expr, leaf)
 
 
 def with_positions(expr: Expr, f: Callable[[Pos], Pos]) -> Expr:
-    """`expr` with every position (`ew.row_index()`, `ew.col_index()`) q replaced by f(q); each distinct node walked
-    once."""
-    done: dict[int, Expr] = {}
-
-    def walk(node: Expr) -> Expr:
-        out = done.get(id(node))
-        if out is not None:
-            return out
-        match node:
-            case Pos():
-                out = f(node)
-            case Apply(op, args, params):
-                out = Apply(op, tuple(walk(a) for a in args), params)
-            case _:
-                out = node
-        done[id(node)] = out
-        return out
-
-    return walk(expr)
+    """`expr` with every position (`ew.row_index()`, `ew.col_index()`) q replaced by f(q)."""
+    return _leaves_replaced(expr, lambda node: f(node) if isinstance(node, Pos) else node)
 
 
 def column(b: Builder, stage: str, name: str, axis: VecAxis = VecAxis.COL) -> TensorId:

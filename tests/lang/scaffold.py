@@ -1,10 +1,14 @@
-"""The smallest program of the embedded language the lang tests edit: input `name` copied to out a tile an item (2 × 2
-items of one tile on one site) through a map, the writer's body `writer(e, ring, out)` — by default it waits for the
-copy's page of each item and writes it — given the ring it empties (`ring_of()` where given: another's)."""
+"""What the lang fault tests share: `copy_program`, the smallest program of the embedded language they edit — input
+`name` copied to out a tile an item (2 × 2 items of one tile on one site) through a map, the writer's body
+`writer(e, ring, out)` (by default: wait for the copy's page of each item and write it) given the ring it empties
+(`ring_of()` where given: another's) — and `at_most`, which fails a test that runs on (an exponential walk would run
+for minutes)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from spatialc import lang
 
@@ -43,3 +47,19 @@ def copy_program(
     @p.writer
     def write(e: lang.Engine):
         writer(e, done if ring_of is None else ring_of(), out)
+
+
+@contextmanager
+def at_most(seconds: int) -> Iterator[None]:
+    """Fail the test instead of running on past `seconds`."""
+
+    def expired(*_: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
