@@ -220,7 +220,7 @@ def _swept(gemm: Any, form: str, planner: Any, chosen: Form) -> list[Form]:
 
 def _cost(gemm: Any, form: str, program: Any) -> float:
     """The planner's own estimate of `program`'s plan in `form` (the cost it ranked its candidates by)."""
-    from ..passes.split import tail_waves
+    from ..passes.split import tail_priced
     from ..passes.tile import candidates
     from ..target import target
 
@@ -230,9 +230,9 @@ def _cost(gemm: Any, form: str, program: Any) -> float:
     if program.placement.kind != "split_tail":
         return found[0].cost
     sites = len(program.placement.items_of_site)  # its whole waves and its split, where the cost prices whole ones
-    waves = tail_waves(plan.items, sites, plan.k_steps)
-    assert waves is not None
-    return found[0].cost / -(-plan.items // sites) * waves
+    priced = tail_priced(found[0].cost, plan.items, sites, plan.k_steps)
+    assert priced is not None
+    return priced
 
 
 def _key(program: Any, epilogue: str | None = None) -> tuple[Any, ...]:

@@ -49,9 +49,8 @@ from ..ir.ops import (
     cols,
     with_cols,
 )
-from ..ir.worklist import MAX_SITES
 from ..target import SpatialTarget
-from .place import split
+from .place import check_sites, split
 from .verify.limits import MAX_ITEMS
 
 SIDES = (1, 2, 4, 8)
@@ -191,8 +190,7 @@ def place_map(
     assert plan is not None
     if sites is None:
         sites = max(1, min(plan.items, target.units * SITES_PER_UNIT))
-    if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:
-        raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
+    check_sites(sites)
     kind = placement or "contiguous"
     if kind not in BAND_PLACEMENTS:  # grouped orders a GEMM's items for reuse of A and B strips: nothing to reuse
         raise ProgramError(f"a program with no matmul places its items contiguous or round_robin, not {kind!r}")

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 
 from ..errors import PlanError, ProgramError
 from ..ir.nodes import Plan, SpatialProgram, TensorRole
-from ..ir.worklist import MAX_SITES
 from ..target import SpatialTarget
 from .attention import apply_attention_plan, is_attention_program, place_attention, plan_attention, schedule_attention
 from .dequant import build_w4, is_w4_program
@@ -16,7 +14,7 @@ from .footprint import check_form, fused_by_persistent, in_panels, ring_stages, 
 from .maps import apply_map_plan, is_map_program, place_map, plan_map, schedule_map
 from .multicast import add_semaphores, check_multicast, multicast_placement, say_reads
 from .multicast import asked as asked_multicast
-from .place import default_band, default_sites, place
+from .place import check_sites, default_band, default_sites, place
 from .rows import apply_row_plan, is_row_program, place_rows, plan_rows, schedule_rows
 from .schedule import schedule
 from .split import (
@@ -29,8 +27,8 @@ from .split import (
     fits_at_once,
     split_placement,
     split_tail_placement,
+    tail_priced,
     tail_split,
-    tail_waves,
 )
 from .tile import IBWS, apply_plan, candidates, tile
 from .verify import verify
@@ -266,8 +264,8 @@ def _split_tail(
     planned = check_form("sm90a", target) if form == "sm90a" else "general"
     if form == "auto" and target.hopper and sm90a:
         planned = "sm90a"
-    if sites is not None and (isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES):
-        raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
+    if sites is not None:
+        check_sites(sites)
     args = (program.evolve(target=target.name), target, block, sub_blocks, depth, sites, said)
     if form == "auto" and planned == "sm90a":  # where the sm_90a form has no plan for it, the general form's
         try:
@@ -284,33 +282,29 @@ def _split_tail_for(
 ) -> SpatialProgram:
     """`_split_tail`'s program planned for the form `planned` and scheduled (not verified)."""
     extra = extra_ring_stages(planned)
-    p = tile(base, target, block, sub_blocks, depth, planned, extra)  # refuses where none fits
+    found = candidates(base, target, block, sub_blocks, depth, planned, extra)
+    if not found:
+        tile(base, target, block, sub_blocks, depth, planned, extra)  # its refusal says why no plan fits
+    best = found[0]
 
     def on(c) -> int:  # the sites a plan runs: `sites`, or every block the form keeps resident
         return sites if sites is not None else max(1, target.units * c.sites_per_unit)
 
     # The plan whose last wave splits that the planner's cost prices least with its whole waves and the split's
-    # (`split.tail_waves` for the waves it prices whole) and, in the sm_90a form, whose owners add partial sums
-    # without spilling (lower/cuda/sm90a/partials.py).
-    found = candidates(base, target, block, sub_blocks, depth, planned, extra)
+    # (`split.tail_priced`) and, in the sm_90a form, whose owners add partial sums without spilling
+    # (lower/cuda/sm90a/partials.py).
     if planned == "sm90a":
         from ..lower.cuda.sm90a.partials import adds_fit
 
         found = [c for c in found if adds_fit(c.plan, target) is None] or found
-
-    def priced(c) -> float:
-        waves = tail_waves(c.plan.items, on(c), c.plan.k_steps)
-        return math.inf if waves is None else c.cost / -(-c.plan.items // on(c)) * waves
-
-    fit = min(found, key=priced, default=None)
-    fit = fit if fit is not None and priced(fit) < math.inf else None
+    priced = [
+        (cost, c) for c in found if (cost := tail_priced(c.cost, c.plan.items, on(c), c.plan.k_steps)) is not None
+    ]
+    fit = min(priced, key=lambda pc: pc[0])[1] if priced else None
     if fit is None:
-        plan = p.plan
-        assert plan is not None
-        per_unit = sites_per_unit(target, plan, p.precision, planned, ring_stages(p, planned, extra))
-        n = sites if sites is not None else max(1, target.units * per_unit)
-        why = tail_split(plan.items, n, plan.k_steps)
-        raise ProgramError(f"{said}: the plan's {plan.grid[0]}x{plan.grid[1]} items on {n} sites — {why}")
+        plan = best.plan
+        why = tail_split(plan.items, on(best), plan.k_steps)
+        raise ProgramError(f"{said}: the plan's {plan.grid[0]}x{plan.grid[1]} items on {on(best)} sites — {why}")
     p = apply_plan(base, fit.plan, planned)
     plan = fit.plan
     sites = on(fit)

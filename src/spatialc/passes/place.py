@@ -66,6 +66,12 @@ def wave_bytes(plan: Plan, precision: Precision, sites: int, kind: str, band: in
     return sum(rows * h * 16 * k + cols * w * 16 * k for rows, cols in strips) / len(strips)
 
 
+def check_sites(sites: object) -> None:
+    """ProgramError unless `sites` is a whole number of sites from 1 to MAX_SITES."""
+    if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:
+        raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
+
+
 def place(
     p: SpatialProgram,
     target: SpatialTarget,
@@ -85,8 +91,7 @@ def place(
         raise PlanError(f"place cannot list this plan's items: {too_many}")
     if sites is None:
         sites = default_sites(p, target, form)
-    if isinstance(sites, bool) or not isinstance(sites, int) or not 1 <= sites <= MAX_SITES:
-        raise ProgramError(f"sites must be a whole number from 1 to {MAX_SITES}, not {sites!r}")
+    check_sites(sites)
     plan = p.plan
     kind = placement or ("grouped" if plan.items > sites else "contiguous")  # hilbert: asked for only (see above)
     band = default_band(plan, sites) if kind == "grouped" else 0

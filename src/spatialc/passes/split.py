@@ -174,6 +174,13 @@ def tail_waves(items: int, sites: int, k_steps: int) -> float | None:
     return (items - tail) // sites + 1 / splits + FIXUP * (splits - 1)
 
 
+def tail_priced(cost: float, items: int, sites: int, k_steps: int) -> float | None:
+    """`cost` — a planner's price of a plan, which counts its ceil(items / sites) waves whole — for the waves a split
+    tail of that plan takes (`tail_waves`); None where its last wave does not split."""
+    waves = tail_waves(items, sites, k_steps)
+    return None if waves is None else cost / -(-items // sites) * waves
+
+
 def split_tail_placement(plan: Plan, sites: int, band: int = 0) -> Placement:
     """Stream-K's hybrid of whole items and one split each: the items of the whole waves — every item but the last
     T of the grid in row-major order — dealt round-robin in grouped order (`band` rows a band; 0: row-major), W to
@@ -267,6 +274,7 @@ __all__ = [
     "split_ranges",
     "split_tail_placement",
     "tail_slot",
+    "tail_priced",
     "tail_split",
     "tail_waves",
     "workspace_bytes",

@@ -38,11 +38,11 @@ def check_coverage(index: ProgramIndex, programs: Programs) -> None:
     if len(placed) != len(want) or placed != want:  # the length first: n can be far more than are placed
         _coverage_fault(p.placement.items_of_site, ny, nx, splits, whole)
     for site, items in p.placement.items_of_site:
-        if tail and any(int(i) >= whole for i in items[:-1]):
-            i = next(int(i) for i in items[:-1] if int(i) >= whole)
+        early = next((int(i) for i in items[:-1] if int(i) >= whole), None) if tail else None
+        if early is not None:
             raise CoverageError(
-                f"site {int(site)} holds item {i}, one of the {tail} split in the tail, before its last item: a site"
-                " runs a split of a tail item after its whole items",
+                f"site {int(site)} holds item {early}, one of the {tail} split in the tail, before its last item: a"
+                " site runs a split of a tail item after its whole items",
                 site=int(site),
             )
         progs = programs.by_site.get(site, [])
