@@ -1,11 +1,12 @@
 """What the lang fault tests share: `copy_program`, the smallest program of the embedded language they edit — input
 `name` copied to out a tile an item (2 × 2 items of one tile on one site) through a map, the writer's body
 `writer(e, ring, out)` (by default: wait for the copy's page of each item and write it) given the ring it empties
-(`ring_of()` where given: another's) — and `at_most`, which fails a test that runs on (an exponential walk would run
-for minutes)."""
+(`ring_of()` where given: another's) —, `map_program` and `squared`, a map stage of a formula and a formula whose
+parts are shared, and `at_most`, which fails a test that runs on (an exponential walk would run for minutes)."""
 
 from __future__ import annotations
 
+import functools
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -63,3 +64,18 @@ def at_most(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def squared(times: int):
+    """x^(2^times) by repeated squaring: `times` + 1 distinct nodes, a tree of 2^(times + 1) − 1."""
+    return lambda v: functools.reduce(lambda a, _: a * a, range(times), v)
+
+
+def map_program(p: lang.Builder, formula) -> None:
+    """A map stage of `formula` and nothing placed: refused after the map, where the map is accepted."""
+    x = p.input("x", 16, 16)
+    p.output("out", 16, 16)
+    ring = p.ring("x_ring", depth=2, tiles=1)
+    done = p.ring("out_ring", depth=2, tiles=1, kind="interm")
+    p.read("read_x", x, ring)
+    p.map("m", formula, ring, done)

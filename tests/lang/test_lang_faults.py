@@ -13,7 +13,7 @@ from spatialc import bias, lang, relu
 from spatialc.errors import SpatialError
 from spatialc.lang.source import python_source
 
-from .scaffold import at_most, copy_program
+from .scaffold import at_most, copy_program, map_program, squared
 
 
 def nested_copy(p: lang.Builder, nested: tuple[str | None, str | None] = ("i", "j")) -> None:
@@ -51,20 +51,6 @@ def test_python_source_of_a_bias_named_like_an_op_traces_back(name):
     scope: dict = {}
     exec(python_source(p), scope)
     assert scope["program"]() == p
-
-
-def squared(times: int):
-    """A map stage's formula x^(2^times) by repeated squaring: `times` + 1 distinct nodes, each used twice."""
-    return lambda v: functools.reduce(lambda a, _: a * a, range(times), v)
-
-
-def map_program(p: lang.Builder, formula) -> None:
-    x = p.input("x", 16, 16)
-    p.output("out", 16, 16)
-    ring = p.ring("x_ring", depth=2, tiles=1)
-    done = p.ring("out_ring", depth=2, tiles=1, kind="interm")
-    p.read("read_x", x, ring)
-    p.map("m", formula, ring, done)
 
 
 # Bug: p.map walks its formula as a tree (lang/maps.py `as_rows`, ew.resolved), not as the DAG the user built, so

@@ -21,30 +21,16 @@ from spatialc.ir.nodes import ComputeStage, Semaphore
 from spatialc.ir.ops import MAX_EXPR_NODES, Loop
 from spatialc.lang.source import python_source
 
-from .scaffold import at_most
+from . import scaffold
+from .scaffold import at_most, map_program, squared
 from .scaffold import copy_program as copy_program_of
-
-
-def squared(times: int):
-    """x^(2^times) by repeated squaring: `times` + 1 distinct nodes, a tree of 2^(times + 1) − 1."""
-    return lambda v: functools.reduce(lambda a, _: a * a, range(times), v)
-
-
-def map_program(p: lang.Builder, formula) -> None:
-    """A map stage of `formula` and nothing placed: refused after the map, where the map is accepted."""
-    x = p.input("x", 16, 16)
-    p.output("out", 16, 16)
-    ring = p.ring("x_ring", depth=2, tiles=1)
-    done = p.ring("out_ring", depth=2, tiles=1, kind="interm")
-    p.read("read_x", x, ring)
-    p.map("m", formula, ring, done)
 
 
 def map_refusal(formula) -> lang.LangError:
     """The refusal of `formula` at p.map (not the later one of the program's missing placement)."""
     with pytest.raises(lang.LangError) as error:
         lang.trace(map_program, formula=formula)
-    assert error.value.file == __file__, str(error.value)  # the line of p.map in map_program
+    assert error.value.file == scaffold.__file__, str(error.value)  # the line of p.map in map_program
     return error.value
 
 
