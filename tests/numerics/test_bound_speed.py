@@ -74,11 +74,14 @@ def old_bounded(expr, pages, col=None):
             op = E.op_named(name)
             parts = [old_bounded(a, pages, col) for a in args]
             with np.errstate(all="ignore"):
-                y = np.asarray(op.f64(*(x for x, _ in parts), *params)).astype(np.float32).astype(np.float64)
+                value = np.asarray(op.f64(*(x for x, _ in parts), *params))
+                y = value.astype(np.float32).astype(np.float64)
                 lo, hi = old_image(op, [(x - e, x + e) for x, e in parts], params, integer=False)
                 spread = np.maximum(hi - y, y - lo)
                 largest = max((np.abs(x) for x, _ in parts), key=lambda a: float(np.max(a, initial=0.0)))
                 e = spread + (1 + op.ulps) * E.EPS32 * np.abs(y) + op.tail * (largest + spread)
+                if not all(np.all(np.isfinite(x)) for x, _ in parts):  # (a rule added after: exact infinities)
+                    e = intervals._exact_infinities(op, parts, value, y, e)
             if op.comparison:
                 e = np.where(hi > lo, 1.0, 0.0)
             return y, np.where(np.isnan(e), np.inf, e)

@@ -50,6 +50,21 @@ def test_a_row_of_one_page_and_rows_that_leave_the_max_behind_agree_with_numpy()
     np.testing.assert_allclose(run(p, x), numpy_softmax(x["x"], DTYPES["bf16"]), rtol=1e-5, atol=1e-12)
 
 
+def test_a_row_whose_first_pages_are_all_minus_inf_is_its_softmax_not_nan():
+    """A masked row: while the running max is −∞, α = exp(−∞ − (−∞)) was NaN and took the whole row with it, where
+    the three passes give its softmax; α and P read the max floored at float32's lowest value, and are 0 there."""
+    ramp = np.linspace(-2.0, 2.0, 64, dtype=np.float32)
+    x = {"x": np.stack([np.where(np.arange(64) < 16 * r, -np.inf, ramp) for r in range(1, 4)]).astype(np.float32)}
+    x["x"][2] = -np.inf  # a row of −∞ alone: 0 / 0, NaN, as the three passes and torch give it
+    on = spatialc.build(spatialc.softmax(3, 64, "bf16", online=True), "sm_90", block=(1, 1, 1))
+    three = spatialc.build(spatialc.softmax(3, 64, "bf16"), "sm_90", block=(1, 1, 1))
+    c = run(on, x)
+    assert np.isnan(c[2]).all() and np.isnan(run(three, x)[2]).all()
+    np.testing.assert_allclose(c[:2], numpy_softmax(x["x"][:2], DTYPES["bf16"]), rtol=1e-5, atol=1e-12)
+    ok, how = spatialc.tolerance(on).check(c, x)
+    assert ok, how
+
+
 @pytest.fixture(scope="module")
 def on() -> SpatialProgram:
     return spatialc.build(spatialc.softmax(40, 200, "bf16", online=True), "sm_90", block=(1, 4, 1), sites=2)

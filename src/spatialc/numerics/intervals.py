@@ -7,6 +7,7 @@ float program's value and how far a kernel's may lie from it (the tolerance comp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -125,6 +126,16 @@ def _crosses_pole(op: ElementwiseOp, boxes: Sequence[tuple[Any, Any]]) -> Any:
     return (lo <= at) & (at <= hi) if op.name in ("div", "recip") else lo < at
 
 
+def _exact_infinities(op: ElementwiseOp, parts: list[tuple[Any, Any]], value: Any, y: Any, e: Any) -> Any:
+    """`e` where an operand is infinite, but at the elements whose operands are all exact: there every kernel applies
+    the op to these very values, so an infinite result (−∞ − m: a masked score of a softmax) is that infinity and a
+    finite one (exp(−∞) = 0) lies within its rounding and ulps — no wider, or a row of −∞ would let any value by."""
+    exactly = functools.reduce(np.logical_and, [np.asarray(err) == 0 for _, err in parts])
+    rounding = (1 + op.ulps) * EPS32 * np.abs(y)
+    e = np.where(exactly & np.isinf(value), 0.0, e)
+    return np.where(exactly & np.isfinite(value) & np.isnan(e), rounding, e)
+
+
 def int_range(expr: Expr, pages: Sequence[tuple[int, int]], col: Callable[[Col], tuple[int, int]]) -> tuple[int, int]:
     """The least and greatest value `expr` can take in an integer program when input page i lies in `pages[i]` and
     column vector c in `col(c)` — exact, in Python integers."""
@@ -197,6 +208,7 @@ def bounded(
                 if op.tail or not all(_all_finite(x) for x, _ in parts):  # (0 · an infinite operand is NaN: kept)
                     largest = max((np.abs(x) for x, _ in parts), key=lambda a: float(np.max(a, initial=0.0)))
                     e = e + op.tail * (largest + spread)
+                    e = _exact_infinities(op, parts, value, y, e)
             if op.comparison:  # a 0 or a 1: exact where the operands' boxes decide it, else either
                 e = np.where(hi > lo, 1.0, 0.0)
             if op.name == "mask":  # a score surely masked is −∞ in every kernel: exact

@@ -253,9 +253,12 @@ def rescaled(x: tuple[Any, Any], value: Any, err: Any, tile_cols: int, xp: Any) 
     """What rescaling the running sum adds to its bound (docs/numerics.md, "The online softmax"): each page's
     α = exp(m_old − m_new) rounds m_old − m_new (relative error |m_old − m_new|·u in α, summing to at most
     2·max|x| over a row, the differences telescoping), and exp and the product one rounding and ulp each; at most one
-    page a tile of the row. On `xp`'s arrays (numpy, or CuPy on the GPU check's device)."""
+    page a tile of the row. Only finite values count: while the running max is −∞, α = exp(−∞) is exactly 0 (a row
+    holding +∞ is NaN in the reference and the kernel alike). On `xp`'s arrays (numpy, or CuPy on the GPU check's
+    device)."""
     values, errors = x
-    reach = xp.max(xp.abs(values) + errors, axis=1, keepdims=True) if values.shape[1] else 0.0
+    size = xp.abs(values) + errors
+    reach = xp.max(xp.where(xp.isinf(size), 0.0, size), axis=1, keepdims=True) if values.shape[1] else 0.0
     pages = -(-values.shape[1] // tile_cols)
     return (2.0 * reach + 4.0 * pages + 4.0) * elementwise.EPS32 * (xp.abs(value) + err)
 

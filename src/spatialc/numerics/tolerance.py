@@ -274,8 +274,9 @@ class Tolerance:
         c64, r64 = np.asarray(c, dtype=np.float64), ref.astype(np.float64)
         # Equal values pass, infinities and NaNs included (inf − inf is NaN, and NaN is within no bound).
         same = (c64 == r64) | (np.isnan(c64) & np.isnan(r64))
-        with np.errstate(invalid="ignore"):
-            err = np.where(same, 0.0, np.abs(c64 - r64))
+        with np.errstate(invalid="ignore"):  # (NaN against a number, or ±inf against the other: off by inf)
+            off = np.abs(c64 - r64)
+            err = np.where(same, 0.0, np.where(np.isnan(off), np.inf, off))
         # An infinite bound is an epilogue op's pole or domain edge inside the box its operand may lie in
         # (`intervals.bounded`): any value may come there, NaN too — sqrt of a sum the kernel rounds below 0.
         good = same | (err <= bound) | np.isinf(bound)

@@ -42,6 +42,8 @@ from ..ir.ops import (
     Col,
     Compute,
     Const,
+    Expr,
+    Lit,
     Loop,
     Map,
     PackAcc,
@@ -61,6 +63,7 @@ from ..ir.ops import (
     with_cols,
     with_row_args,
 )
+from ..numerics.narrow import FLOAT32_MAX
 from ..target import SpatialTarget
 from .maps import place_map, scheduled
 
@@ -143,8 +146,18 @@ def row_shape(p: SpatialProgram) -> RowShape:
     return RowShape(ordered, pages[0], producer, frozenset(vectors), writes, frozenset(vector_maps), online)
 
 
-ONLINE_EXP = Map(Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)))  # P = exp(x − m), the online pair's map
-ONLINE_RESCALE = Map(Apply("exp", (Apply("sub", (RowArg(0), RowArg(1))),)))  # α = exp(m_old − m_new), its own
+ONLINE_EXP = Map(Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)))  # E = exp(x − M), the online pair's map
+
+
+def floored(m: Expr) -> Expr:
+    """The running max m as the pass's exp reads it: max(m, float32's lowest), m itself wherever it is finite — a
+    row's pages of −∞ before its first finite value give α and P of 0, not exp(−∞ + ∞) = NaN (`recurrence.running`)."""
+    return Apply("max", (m, Lit(-FLOAT32_MAX)))
+
+
+# α = exp(m_old − m_new) and P = exp(x − m_new), the pass's own maps (rule 8 holds them to `recurrence.running`)
+ONLINE_RESCALE = Map(Apply("exp", (Apply("sub", (RowArg(0), floored(RowArg(1)))),)))
+ONLINE_P = Map(Apply("exp", (Apply("sub", (Arg(0), floored(RowArg(1)))),)))
 
 
 def online_pair(
@@ -378,7 +391,7 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
         m_acc, l_acc = accs[m.id], accs[s.id]
         m_old, m_new, alpha = (named[n] for n in ONLINE_RINGS)
         read_loop([x])
-        exp = Map(with_row_args(e.kind.op.expr, bw))  # type: ignore[union-attr]
+        exp = Map(with_row_args(ONLINE_P.expr, bw))
         body: tuple[ChoreoOp, ...] = (
             Wait(x),
             *(Reserve(m_old), PackAcc(m_acc, m_old, bh), Push(m_old)),

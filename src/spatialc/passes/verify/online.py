@@ -166,15 +166,20 @@ class OnlineRun:
         return of(mp.expr)
 
     def exp_page(self, op: Compute, mp: Map, ins: tuple[BufferId, ...]) -> None:
-        """E's page: the declared map of x's page beside M's final vector (PENDING until the loop ends)."""
+        """E's page: the declared map of x's page beside M's final vector (PENDING until the loop ends), which the
+        pass computes as P = exp(x − max(m′, float32's lowest)) — m′ where the max is finite, as M is wherever E is
+        a number (`recurrence.running`)."""
+        from ..rows import ONLINE_P
+
         r = self.run
         e = self.stages[1]
         declared = e.kind.op  # type: ignore[union-attr]
-        if not same_op(mp, declared) or len(ins) != 2 or r.index.ring(ins[0]) != self.x_ring:
+        if not same_op(mp, ONLINE_P) or len(ins) != 2 or r.index.ring(ins[0]) != self.x_ring:
             raise r.wrong(
                 op,
                 f"it fills {r.index.name(op.outs[0])} with {compute_text(mp)} of {', '.join(map(r.index.name, ins))};"
-                f" stage {e.name} declares {compute_text(declared)} of x's page and the row's max",
+                f" stage {e.name} declares {compute_text(declared)} of x's page and the row's max, which an online"
+                f" pass computes as {compute_text(ONLINE_P)} of x's page and the running max",
             )
         page = r.front(op, ins[0])
         origin = (int(r.site.site), r.engine, r.index.op(op))
@@ -184,7 +189,7 @@ class OnlineRun:
     def finish(self, m_in: Tree, l_in: Tree) -> None:
         """The body ran: m and l must be one step of `running` from the opaque m and l of the loop's entry."""
         r = self.run
-        want = running(("X",), m_in, l_in)
+        want = running(("X",), m_in, l_in, floored=True)
         named = {v: k for k, v in want.items()}
         for acc, role in ((self.m_acc, "m′"), (self.l_acc, "l′")):
             have = self.trees[acc]

@@ -29,6 +29,7 @@ import math
 import numpy as np
 
 from ...ir.ops import Attention, VecAxis
+from ...numerics.narrow import FLOAT32_MAX
 from .symbolic import PC, PR, Aff
 
 Tree = tuple
@@ -76,14 +77,22 @@ def keep(op: Attention) -> Tree:
     return ap("mul", inside, ap("le", col, ap("add", row, lit(op.seq_kv - op.seq_q))))
 
 
-def running(x: Tree, m: Tree, lsum: Tree) -> dict[str, Tree]:
+# float32's lowest value: where a softmax's running max is still −∞ (every value so far −∞), exp reads it as this
+# instead, so that α = exp(−∞ − m′) and P = exp(−∞ − m′) are 0 rather than exp(−∞ + ∞) = NaN (FlashAttention's guard).
+LOWEST = -FLOAT32_MAX
+
+
+def running(x: Tree, m: Tree, lsum: Tree, floored: bool = False) -> dict[str, Tree]:
     """One step of the running max and sum of exp from (m, l) over the page of values x (a KV block's scores, a
     page of a softmax's row): m′ = max(m, rowmax(x)), α = exp(m − m′), P = exp(x − m′), l′ = α·l + rowsum(P) — the
     same m′ in α and P. From m = −∞, l = 0 over pages x_0 … x_n−1, m ends as the max of every value and l as the sum
-    of exp(value − m) (docs/verification.md)."""
+    of exp(value − m) (docs/verification.md). `floored`: α and P read m′ as max(m′, LOWEST), which is m′ wherever
+    it is finite; a row of a softmax may begin with whole pages of −∞ (a mask), where m′ is −∞ (attention's first
+    KV block always holds a key its mask leaves)."""
     m1 = ("combine", "max", m, ("rowred", "max", x))
-    alpha = ap("exp", ap("sub", m, m1))
-    p = ap("exp", ap("sub", x, m1))
+    shift = ap("max", m1, lit(LOWEST)) if floored else m1
+    alpha = ap("exp", ap("sub", m, shift))
+    p = ap("exp", ap("sub", x, shift))
     l1 = ("combine", "sum", ("scale", lsum, alpha), ("rowred", "sum", p))
     return {"X": x, "m": m, "l": lsum, "m′": m1, "α": alpha, "P": p, "l′": l1}
 
