@@ -339,3 +339,16 @@ def test_a_softmax_row_masked_with_minus_inf_keeps_a_finite_bound_and_refuses_a_
     c[1, 30] = np.nan
     ok, how = tol.check(c, x)
     assert not ok and how.startswith("max |error| inf")
+
+
+def test_a_check_takes_the_inputs_evaluate_takes_and_refuses_the_rest_by_name():
+    # A tensor left out was a KeyError from inside the reference, a vector given transposed a reference broadcast
+    # to 7 × 7 ("C has shape (1, 7), the reference (7, 7)"), a plain vector for x an IndexError.
+    p = spatialc.build(spatialc.rmsnorm(1, 7, "bf16"), "sm_90")
+    x, w = np.linspace(-1.0, 1.0, 7).reshape(1, 7), np.ones(7)
+    c, tol = spatialc.evaluate(p, {"x": x, "weight": w}), spatialc.tolerance(p)
+    assert tol.check(c, {"x": x.reshape(7), "weight": w.reshape(1, 7)})[0]  # as evaluate takes them
+    with pytest.raises(spatialc.InputError, match="needs tensor weight"):
+        tol.check(c, {"x": x})
+    with pytest.raises(spatialc.InputError, match=r"expected shape \(1, 7\), got \(7, 1\)"):
+        tol.check(c, {"x": x.reshape(7, 1), "weight": w})

@@ -129,8 +129,22 @@ class Tolerance:
         return self._against(inputs)[1]
 
     def _against(self, inputs: Mapping[str, Any], rows: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        inputs = self._given(inputs, rows)
         with np.errstate(over="ignore", invalid="ignore"):  # NaN / ±inf inputs: said once, by check_inputs
             return self._reference_and_bound(inputs, rows)
+
+    def _given(self, inputs: Mapping[str, Any], rows: Any) -> Mapping[str, Any]:
+        """The inputs `evaluate` takes, and no others, each in its tensor's shape (a vector may come plain): a tensor
+        missing was a KeyError, a vector given transposed a reference broadcast to another shape. A sample's A holds
+        just its rows: its names are checked, not its shapes."""
+        from ..inputs import W4_TYPES, check_inputs, match_names, shaped, specs_of
+
+        p, specs = self.program, specs_of(self.program)
+        if rows is not None:
+            match_names(p.name, specs, inputs)
+            return inputs
+        check_inputs(p.name, specs, inputs)
+        return {s.name: v if s.dtype in W4_TYPES else shaped(s, v) for s, v in match_names(p.name, specs, inputs)}
 
     def _reference_and_bound(self, inputs: Mapping[str, Any], rows: Any) -> tuple[np.ndarray, np.ndarray]:
         """The reference and the bound of each element, from the operands rounded once (A, and so C, only the
