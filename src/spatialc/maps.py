@@ -60,7 +60,12 @@ def elementwise(
         )
     used = set(ops.arg_indices(resolved))
     count = 1 + max(used, default=-1)
-    if count == 0 or used != set(range(count)):
+    if count == 0:  # (constants and vectors alone: no tensor whose elements the formula is of)
+        raise ProgramError(
+            "an elementwise program maps at least one input tensor (ew.inputs); this formula reads none, only"
+            " constants or vectors"
+        )
+    if used != set(range(count)):
         raise ProgramError(
             f"an elementwise program reads inputs 0 … k−1, each at least once; this one reads {sorted(used)}"
         )
@@ -100,7 +105,9 @@ def elementwise(
 
 
 def _check_names(names: tuple[str, ...], count: int, cols: list[str]) -> None:
-    if len(names) != count or not all(isinstance(v, str) and v.isidentifier() for v in names):
+    if len(names) != count:
+        raise ProgramError(f"the formula reads {count} input(s), and {len(names)} names were given for them: {names!r}")
+    if not all(isinstance(v, str) and v.isidentifier() for v in names):
         raise ProgramError(f"an elementwise program of {count} input(s) names each by an identifier, not {names!r}")
     taken = [v.lower() for v in (*names, *cols, "out")]
     if len(set(taken)) != len(taken):

@@ -102,8 +102,14 @@ def test_the_frontend_refuses_what_is_no_map_by_name():
         spatialc.elementwise("x + y", 16, 16)
     with pytest.raises(ProgramError, match=r"reads inputs 0 … k−1, each at least once; this one reads \[1\]"):
         spatialc.elementwise(g + 1.0, 16, 16)
-    with pytest.raises(ProgramError, match="names each by an identifier"):
+    with pytest.raises(ProgramError, match="reads none, only constants or vectors"):
+        spatialc.elementwise(ew.col("b") * 2.0 + 1.0, 16, 16)
+    with pytest.raises(
+        ProgramError, match=r"the formula reads 2 input\(s\), and 1 names were given for them: \('a',\)"
+    ):
         spatialc.elementwise(x + g, 16, 16, names=("a",))
+    with pytest.raises(ProgramError, match="names each by an identifier"):
+        spatialc.elementwise(x + g, 16, 16, names=("a", "b c"))
     with pytest.raises(ProgramError, match="need names of their own"):
         spatialc.elementwise(x + g, 16, 16, names=("out", "b"))
     with pytest.raises(ProgramError, match="exp is float arithmetic; an int8 program's epilogue is integer"):
