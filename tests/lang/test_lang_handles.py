@@ -166,3 +166,16 @@ def test_a_product_transpose_b_is_a_bool():
 
     with pytest.raises(lang.LangError, match="transpose_b is True or False"):
         lang.trace(product)
+
+
+def test_a_list_given_for_a_ring_is_refused_by_the_rings_names():
+    """It was the list's repr: each ring's with its builder's, `<spatialc.lang.builder.Builder object at 0x…>`."""
+
+    def bad(p: lang.Builder) -> None:
+        x = p.input("x", 16, 16)
+        a, b = p.ring("a", depth=2, tiles=1), p.ring("b", depth=1, tiles=1, kind="interm")
+        p.read("read_x", x, a)
+        p.reduce("r", "sum", [a, a], b)
+
+    with pytest.raises(lang.LangError, match=r"is a ring \(p\.ring\), not list \[ring a, ring a\]$"):
+        lang.trace(bad)

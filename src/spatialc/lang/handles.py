@@ -59,6 +59,9 @@ WHAT = {  # what each kind of argument is, for messages
 }
 
 
+KIND = {"TensorRef": "tensor", "RingRef": "ring", "AccRef": "accumulator", "SemRef": "semaphore"}  # a handle, named
+KIND |= {"StageRef": "stage", "GroupRef": "group of sites", "Page": "a page of ring"}
+
 # The builders of the programs being traced, innermost last: a handle is used only in the program that declared it.
 _TRACING: ContextVar[tuple[Builder, ...]] = ContextVar("spatialc_lang_tracing", default=())
 
@@ -86,10 +89,8 @@ def mine(value: Any, what: str) -> None:
     here = traced()
     if here is None or owner is None or owner is here:
         return
-    kind = {"TensorRef": "tensor", "RingRef": "ring", "AccRef": "accumulator", "SemRef": "semaphore"}
-    kind |= {"StageRef": "stage", "GroupRef": "group of sites", "Page": "a page of ring"}
     name = getattr(value.ring if isinstance(value, Page) else value, "name", None)
-    given = " ".join(x for x in (kind.get(type(value).__name__, type(value).__name__), name) if x)
+    given = " ".join(x for x in (KIND.get(type(value).__name__, type(value).__name__), name) if x)
     raise refuse(
         f"{what} is {given} of another program ({owner.name}), not of {here.name}: a handle is used only in the"
         " program that declared it"
@@ -103,9 +104,20 @@ def expect(value: Any, kind: type, what: str) -> Any:
         mine(value, what)
         return value
     ring = isinstance(value, RingRef)
-    given = f"ring {value.name}" if ring else f"{type(value).__name__} {value!r}"
     hint = " — wait for a page of it, or reserve one" if ring and kind is Page else ""
-    raise refuse(f"{what} is {WHAT.get(kind.__name__, kind.__name__)}, not {given}{hint}")
+    raise refuse(f"{what} is {WHAT.get(kind.__name__, kind.__name__)}, not {shown(value)}{hint}")
+
+
+def shown(value: Any) -> str:
+    """`value` for a message: a handle by its kind and name (its repr holds the whole builder), a list or tuple by
+    its first few parts so."""
+    if isinstance(value, list | tuple):
+        parts = [shown(v) for v in value[:4]] + ["…"] * (len(value) > 4)
+        return f"{type(value).__name__} [{', '.join(parts)}]"
+    name = getattr(value.ring if isinstance(value, Page) else value, "name", None)
+    if type(value).__name__ in KIND and isinstance(name, str):
+        return f"{KIND[type(value).__name__]} {name}"
+    return f"{type(value).__name__} {value!r}"[:120]
 
 
 def whole(value: Any, what: str, least: int = 1) -> int:
