@@ -23,7 +23,7 @@ from spatialc.gpucheck.timing import Timing
 from spatialc.ir.ops import Apply, Arg
 from spatialc.numerics.reductions import REDUCTIONS, reduce_bound
 from spatialc.numerics.reference import declared_outputs, row_stages
-from spatialc.numerics.tolerance import tolerance
+from spatialc.numerics.tolerance import out_rounding, tolerance
 from spatialc.runtime import launch as L
 from spatialc.runtime import nvcc as N
 from spatialc.runtime.tilize import bf16_bits, bf16_to_float32
@@ -106,10 +106,10 @@ def test_the_device_reference_and_bound_are_the_numerics_own(name, precision):
         value, err = row_stages(program, decl, values, bounds=True)
         np.testing.assert_allclose(ref, value, rtol=2.0**-23, atol=0)  # a row sum in float64, not fsum: an ulp at most
         np.testing.assert_allclose(bound.err, err, rtol=1e-12, atol=0)
-        # … and the tolerance's bound is the same, about C rounded to its type (a floor of float32's least normal).
+        # … and the tolerance's bound is the same, about C rounded to its type (and at least that type's least step).
         eps = M.C_EPS[bound.elem]
         w, a = (want[decl.out.name], allowed[decl.out.name]) if kind.outputs else (want, allowed)
-        np.testing.assert_allclose(a - 2 * eps * np.abs(w.astype(np.float64)), err, rtol=1e-9, atol=1e-37)
+        np.testing.assert_allclose(a - out_rounding(eps, w.astype(np.float64)), err, rtol=1e-9, atol=1e-37)
         if bound.elem != "float32":  # the carried part: below one ulp of C's type here
             assert bool(np.all(bound.err < eps * np.abs(ref)))
         assert bound.text.startswith("each row sum within 202 float32 ulps of its magnitude")

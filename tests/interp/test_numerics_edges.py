@@ -352,3 +352,19 @@ def test_a_check_takes_the_inputs_evaluate_takes_and_refuses_the_rest_by_name():
         tol.check(c, {"x": x})
     with pytest.raises(spatialc.InputError, match=r"expected shape \(1, 7\), got \(7, 1\)"):
         tol.check(c, {"x": x.reshape(7, 1), "weight": w})
+
+
+def test_an_fp16_output_a_subnormal_step_off_is_within_the_kernels_bound():
+    # exp(−5.2109375 − 7.3903542) is 3.3676626e-06 rounded once, 3.3676624e-06 in the kernel's float32 exp (1 ulp,
+    # within the table's 2): rounded to fp16 they lie one subnormal step (2^-24) apart, which 2 fp16 ulps of |C|
+    # (6.6e-9) refused. The GPU check's own bound already allowed the step (gpucheck/maps.py's OUT_STEP).
+    x = spatialc.ew.inputs(1)[0]
+    p = spatialc.build(spatialc.elementwise(spatialc.ew.exp(x - 7.39035416), 1, 2, "fp16", out="fp16"), "sm_90")
+    given = {"x0": np.array([[-5.2109375, 0.0]], np.float32)}
+    c = spatialc.evaluate(p, given)
+    assert c[0, 0] == np.float16(3.3974648e-06)
+    kernel = c.copy()
+    kernel[0, 0] = np.float16(3.3378601e-06)  # what the emulation gives: 2^-24 less
+    assert spatialc.tolerance(p, kernel=True).check(kernel, given)[0]
+    kernel[0, 0] = np.float16(3.2782555e-06)  # two steps off: no rounding gives it
+    assert not spatialc.tolerance(p, kernel=True).check(kernel, given)[0]

@@ -103,9 +103,9 @@ def tolerance_bound(tolerance: Any, ref: Any, magnitude: Any, xp: Any) -> Any:
     float32's smallest normal (numerics/tolerance.py's block-scaled case, its numbers read from `tolerance`), with
     the float64 sum `ref` for C's rounded value (the last term then differs by at most half an ulp of C's type of
     itself: the tests hold the two within 2^-8)."""
-    from ..numerics.tolerance import _TINY, EPS32
+    from ..numerics.tolerance import EPS32, out_rounding
 
-    return tolerance.ulps * EPS32 * magnitude + 2 * tolerance.out_eps * xp.abs(ref) + _TINY
+    return tolerance.ulps * EPS32 * magnitude + out_rounding(tolerance.out_eps, ref, xp)
 
 
 def library_reference(name: str, product: Any, scaled: Any) -> Any:

@@ -32,6 +32,7 @@ from ..ir.nodes import DType
 from ..ir.ops import Apply, Arg, Expr
 from ..numerics.elementwise import GELU_C, OPS
 from ..numerics.tolerance import EPS32, OUT_EPS
+from ..numerics.tolerance import OUT_STEP as STEP
 from ..runtime.tilize import storage_dtype, unwritten
 from .agreement import Check, _errors, values64
 from .builds import Built, Form, describe_plan, forms_of, hopper_form, plan_facts
@@ -42,7 +43,7 @@ SPREAD = 4.0  # inputs uniform in ±SPREAD: past silu's and gelu's turning point
 PARAM_RANGE = (0.5, 1.5)  # parameters (a norm's weight) uniform in this range, rounded to the inputs' type
 # The smallest step of C's type (its least subnormal): an unrounded reference lies up to half of it from any C of
 # that type, however small, where a relative bound alone would ask for more than C can hold.
-OUT_STEP = {"float16": 2.0**-24, "bfloat16": 2.0**-133, "float32": 2.0**-149}
+OUT_STEP = {"float16": STEP[DType.FP16], "bfloat16": STEP[DType.BF16], "float32": STEP[DType.FLOAT32]}
 # One ulp at 1.0 of C's type (float32: a LayerNorm's outputs, which the general form stores in mean's and rstd's type).
 C_EPS = {"float16": OUT_EPS[DType.FP16], "bfloat16": OUT_EPS[DType.BF16], "float32": OUT_EPS[DType.FLOAT32]}
 

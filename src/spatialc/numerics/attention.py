@@ -183,7 +183,7 @@ def attention_bound(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool =
     |LSE − ref| ≤ ρ + 3·2^-24·R + 2^-22·(|log l| + |LSE| + 1) + 2 float32 ulps. A kernel (`kernel`) sums S over
     head_dim and P·V and l over the keys in float32: (dim + 4) ulps of |scale|·|Q|·|K|ᵀ more in each score, 2·(seq_kv +
     4) ulps of softmax(S)·|V| more in O."""
-    from .tolerance import OUT_EPS
+    from .tolerance import OUT_EPS, out_rounding
 
     op = attention_op(p)
     q, k, v = attention_inputs(p, inputs)
@@ -208,8 +208,8 @@ def attention_bound(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool =
         lse = m + np.log(l)
         u = OPERAND_U[p.precision] + 2 * rho + 8 * U32 + (2 * (op.seq_kv + 4) * EPS32 if kernel else 0.0)
         e_o = 1.01 * u * weighted + OPERAND_FLOOR[p.precision] * (kept @ vv)
-        e_o = e_o + 2 * OUT_EPS.get(to.dtype, EPS32) * np.abs(_rounded(o, to.dtype)) + _TINY
-        e_l = rho + shift + 2.0**-22 * (np.abs(np.log(l)) + np.abs(lse) + 1) + 2 * EPS32 * np.abs(lse) + _TINY
+        e_o = e_o + out_rounding(OUT_EPS.get(to.dtype, EPS32), _rounded(o, to.dtype))
+        e_l = rho + shift + 2.0**-22 * (np.abs(np.log(l)) + np.abs(lse) + 1) + out_rounding(EPS32, lse)
     e_o = np.where(np.isnan(e_o), np.inf, e_o)  # a NaN input's row: any value (the reference is NaN there too)
     e_l = np.where(np.isnan(e_l), np.inf, e_l)
     return {to.name: grouped(e_o, to.groups), tl.name: grouped(e_l, tl.groups)}
@@ -220,6 +220,3 @@ def _rounded(x: np.ndarray, dtype: DType) -> np.ndarray:
     from .rounding import output_values
 
     return np.asarray(output_values("o", x, dtype), np.float64)
-
-
-_TINY = float(np.finfo(np.float32).tiny)

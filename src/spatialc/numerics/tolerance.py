@@ -51,6 +51,11 @@ F32_MAX = float(np.finfo(np.float32).max)  # 3.4e38: a float32 sum at or past it
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
 OUT_EPS = {DType.FLOAT32: EPS32, DType.FP16: 2.0**-10, DType.BF16: 2.0**-7}  # one ulp at 1.0 of C's type
 OUT_NAMES = {eps: d.value for d, eps in OUT_EPS.items()}
+# The least step of each output type (its smallest subnormal). A value within its bound before it is rounded to C's
+# type comes out up to one such step from the reference's rounding, however small the value: below 6.1e-5 fp16 holds
+# steps of 2^-24, more than 2 ulps of |C| (a relative bound alone refused a kernel's exp one float32 ulp off there).
+OUT_STEP = {DType.FLOAT32: 2.0**-149, DType.FP16: 2.0**-24, DType.BF16: 2.0**-133}
+_STEP_OF_EPS = {OUT_EPS[d]: step for d, step in OUT_STEP.items()}
 # What each k32 wgmma step of the sm_90a form's 8-bit float kernel may lose of |A|@|B|, in float32 ulps at 1.0:
 # 2^-12, twice the 2^-13 of a sum truncated to 13 fraction bits (the module docstring says where that comes from).
 FP8_WGMMA_STEP = 2**11
@@ -171,7 +176,7 @@ class Tolerance:
                 raise ProgramError(f"program {self.program.name} multiplies a computed operand: check it whole")
             ref = reference(self.program, inputs)
             size = np.abs(ref.astype(np.float64))
-            return ref, _chained(self.program, inputs, bool(self.ulps)) + 2 * self.out_eps * size + _TINY
+            return ref, _chained(self.program, inputs, bool(self.ulps)) + out_rounding(self.out_eps, size)
         p = self.program
         a, b = rounded_operands(p, inputs)
         if blockscale.program_scales(p) is not None:  # the promoted sum, and M = Σ_g |sa·sb|·|A_g|@|B_g|
@@ -195,7 +200,7 @@ class Tolerance:
             more = [(np.asarray(v, np.float64), np.zeros(1)) for v in stage_pages(p, stage, inputs, rows)]
             pages = [(x, err + EPS32 * np.abs(x)), *more]  # a residual's page: exact operand values
             x, err = intervals.bounded(op.expr, pages, _row(column_values(p, inputs, rows)))
-        return ref, err + 2 * self.out_eps * size + _TINY
+        return ref, err + out_rounding(self.out_eps, size)
 
     def _mapped(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """A map program's reference and bound: its exact inputs through each op's interval bound."""
@@ -210,7 +215,7 @@ class Tolerance:
                 value, err = row_stages(p, d, inputs, bounds=True, done=done)
                 ref = output_values(d.out.name, value, d.out.dtype)
                 eps = OUT_EPS.get(d.out.dtype, EPS32)
-                each[d.out.name] = (ref, err + 2 * eps * np.abs(ref.astype(np.float64)) + _TINY)
+                each[d.out.name] = (ref, err + out_rounding(eps, ref.astype(np.float64)))
             if len(each) > 1:
                 return {k: v[0] for k, v in each.items()}, {k: v[1] for k, v in each.items()}  # type: ignore[return-value]
             return each[decl.out.name]
@@ -220,7 +225,7 @@ class Tolerance:
         pages = [(np.asarray(x, np.float64), np.zeros(1)) for x in map_pages(p, decl, inputs)]
         (stage,) = decl.chain
         _, err = intervals.bounded(stage.kind.op.expr, pages, _row(column_values(p, inputs)))
-        return ref, err + 2 * self.out_eps * np.abs(ref.astype(np.float64)) + _TINY
+        return ref, err + out_rounding(self.out_eps, ref.astype(np.float64))
 
     def past_range(self, magnitude: np.ndarray) -> np.ndarray:
         """Where a kernel's float32 sum of finite inputs may overflow: |A|@|B|, with the sum's own rounding, at
@@ -352,6 +357,13 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
 
 
 _TINY = float(np.finfo(np.float32).tiny)
+
+
+def out_rounding(eps: float, ref: Any, xp: Any = np) -> Any:
+    """What rounding each output to C's type (of one ulp `eps` at 1.0) adds to its bound at the reference `ref`: 2
+    ulps of |ref|, and at least the type's least step (float32's smallest normal where that is larger). On `xp`'s
+    arrays (numpy, or CuPy on the GPU check's device)."""
+    return 2 * eps * xp.abs(ref) + max(_TINY, _STEP_OF_EPS.get(eps, 0.0))
 
 
 def _names(c: Any) -> str:
