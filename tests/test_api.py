@@ -118,6 +118,17 @@ def test_sizes_are_any_integral_number_and_precisions_any_common_spelling():
     for size in (64.0, True, np.float32(64), "64"):
         with pytest.raises(spatialc.ProgramError, match="must be a whole number"):
             spatialc.gemm(size, 32, 32)
+    # out= takes the same spellings (precision=np.float16 was taken, out=np.float16 refused): each family's
+    for out, want in (("float16", "fp16"), (ml_dtypes.bfloat16, "bf16"), ("fp32", "float32"), (np.int32, "int32")):
+        prec = "int8" if want == "int32" else "bf16"
+        assert spatialc.gemm(32, 32, 32, prec, out=out).tensors[-1].dtype.value == want
+        if prec == "bf16":
+            assert spatialc.softmax(4, 4, out=out).tensors[-1].dtype.value == want
+            assert spatialc.elementwise(spatialc.ew.x(0), 4, 4, out=out).tensors[-1].dtype.value == want
+    with pytest.raises(
+        spatialc.ProgramError, match="output is one of float32, fp16, bf16, not <class 'numpy.float64'>"
+    ):
+        spatialc.softmax(4, 4, out=np.float64)
 
 
 def test_lowering_for_another_target_than_the_program_was_built_for_says_so():

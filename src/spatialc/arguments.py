@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -109,6 +110,24 @@ def precision_named(name: object) -> Precision | None:
     with contextlib.suppress(TypeError, ValueError):  # np.float16, np.dtype("int8"), ml_dtypes.bfloat16
         text = np.dtype(name).name  # type: ignore[call-overload]
     return PRECISION_SPELLINGS.get(text.lower())
+
+
+# What users call the output types, as `precision` takes its spellings: numpy's, ml_dtypes' and torch's names too.
+OUT_SPELLINGS = {"float32": "float32", "fp32": "float32", "float": "float32", "fp16": "fp16", "float16": "fp16"}
+OUT_SPELLINGS |= {"half": "fp16", "bf16": "bf16", "bfloat16": "bf16", "int32": "int32", "int64": "int64"}
+OUT_SPELLINGS |= {"int8": "int8"}  # (a requant's)
+
+
+def out_named(out: Any) -> Any:
+    """`out` as the name OUTPUT_CHOICES spells it, where it is another spelling of one (float16, torch.float32,
+    np.int64, …); anything else as given, for the caller to refuse by name."""
+    if out is None or isinstance(out, bool | int | float):
+        return out
+    text = out if isinstance(out, str) else str(out).removeprefix("torch.")
+    if not isinstance(out, str):
+        with contextlib.suppress(TypeError, ValueError):  # np.float16, np.dtype("int32"), ml_dtypes.bfloat16
+            text = np.dtype(out).name  # type: ignore[call-overload]
+    return OUT_SPELLINGS.get(text.lower(), out)
 
 
 def precision_of(name: object) -> Precision:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from .arguments import MAX_TENSOR_ELEMS, OUTPUT_CHOICES, TILE, _dim, precision_of
+from .arguments import MAX_TENSOR_ELEMS, OUTPUT_CHOICES, TILE, _dim, out_named, precision_of
 from .errors import ProgramError, clipped
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (
@@ -87,6 +87,7 @@ def attention(
     if prec not in (Precision.BF16, Precision.FP16):
         raise ProgramError(f"attention's operands are bf16 or fp16 (its softmax is float arithmetic), not {prec.value}")
     choices = OUTPUT_CHOICES["float"]
+    out = out_named(out)
     if out is not None and out not in choices:
         raise ProgramError(f"attention's output is one of {', '.join(choices)}, not {out!r}")
     out_dtype = DType(out) if out is not None else DType.FLOAT32

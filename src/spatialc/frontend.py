@@ -10,7 +10,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .arguments import DEFAULT_PRECISION, OUTPUT_CHOICES, TILE, _check_map, _check_size, _dim, precision_of
+from .arguments import (
+    DEFAULT_PRECISION,
+    OUTPUT_CHOICES,
+    TILE,
+    _check_map,
+    _check_size,
+    _dim,
+    out_named,
+    precision_of,
+)
 from .errors import ProgramError
 from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
@@ -190,6 +199,7 @@ def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
 
 def _output_dtype(prec: Precision, epi: tuple[Epilogue, ...], out: str | None, k: int) -> DType:
     """C's element type: what `out` asks for, checked against what the program computes, or the default."""
+    out = out_named(out)
     if epi and isinstance(epi[-1], Requant):
         if out not in (None, "int8"):
             raise ProgramError(f"a requant's output is int8; out={out!r} cannot hold it as such")

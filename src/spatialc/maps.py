@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .arguments import OUTPUT_CHOICES, TILE, _check_map, _check_size, _dim, precision_of
+from .arguments import OUTPUT_CHOICES, TILE, _check_map, _check_size, _dim, out_named, precision_of
 from .errors import ProgramError
 from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
@@ -74,6 +74,7 @@ def elementwise(
     cols = list(vectors)
     _check_names(names, count, cols)
     choices = OUTPUT_CHOICES["int8" if prec == Precision.INT8 else "float"]
+    out = out_named(out)
     if out is not None and out not in choices:
         raise ProgramError(f"a {prec.value} elementwise program's output is one of {', '.join(choices)}, not {out!r}")
     out_dtype = DType(out) if out is not None else DType.INT64 if prec == Precision.INT8 else DType.FLOAT32

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from .arguments import OUTPUT_CHOICES, TILE, _check_size, _dim, precision_of
+from .arguments import OUTPUT_CHOICES, TILE, _check_size, _dim, out_named, precision_of
 from .errors import ProgramError
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (
@@ -96,6 +96,7 @@ def _begin(m: int, n: int, precision: object, out: str | None, what: str) -> tup
     if prec == Precision.INT8:
         raise ProgramError(f"{what} is float arithmetic (exp, rsqrt); use fp16 or bf16")
     choices = OUTPUT_CHOICES["float"]
+    out = out_named(out)
     if out is not None and out not in choices:
         raise ProgramError(f"a {prec.value} {what}'s output is one of {', '.join(choices)}, not {out!r}")
     return _Builder(m, n, prec), DType(out) if out is not None else DType.FLOAT32
