@@ -197,6 +197,33 @@ def program_sum(p: Any, a: np.ndarray, b: np.ndarray, inputs: Any, matmul: Any) 
     return program_sum_of(a, b, sa, sb, scales, matmul, step)
 
 
+def scale_products_past(p: Any, a: np.ndarray, b: np.ndarray, inputs: Any) -> np.ndarray | None:
+    """Where (C's elements, each group's for a grouped GEMM) a kernel's float32 product sa · sb of some step is not
+    the exact one within one rounding: ±inf past float32's largest value (inf · 0 is NaN where a group's partial sum
+    is 0), or fewer bits in its subnormal range — so the kernel bound, which counts one rounding of sa · sb, does not
+    hold there (`tolerance`'s range). None for MX scales, whose kernel never forms sa · sb (the module docstring)."""
+    scales = program_scales(p)
+    if scales is None or is_mx(p):
+        return None
+    sa, sb = scale_values(p, scales, inputs)
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]  # (A and B as `program_sum` takes them)
+    if a.ndim == 3:  # a grouped GEMM's: each group's own
+        return np.stack([_inexact_products(sa[g], sb[g], scales, m, n, k) for g in range(a.shape[0])])
+    return _inexact_products(sa, sb, scales, m, n, k)
+
+
+def _inexact_products(sa: np.ndarray, sb: np.ndarray, scales: BlockScales, m: int, n: int, k: int) -> np.ndarray:
+    rows, cols = np.arange(m), np.arange(n)
+    out = np.zeros((m, n), dtype=bool)
+    for k0 in range(0, k, step_of(scales)):
+        ra, cb = row_values(sa, scales.a, rows, k0), col_values(sb, scales.b, cols, k0)
+        exact = ra[:, None] * cb[None, :]  # exact in float64: two float32 values
+        with np.errstate(over="ignore", invalid="ignore"):
+            f32 = ra.astype(np.float32)[:, None] * cb.astype(np.float32)[None, :]  # IEEE float32, subnormals kept
+            out |= np.isfinite(exact) & ~(np.abs(f32 - exact) <= 2.0**-24 * np.abs(exact))
+    return out
+
+
 def program_sum_of(
     a: np.ndarray,
     b: np.ndarray,
