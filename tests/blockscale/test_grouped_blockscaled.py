@@ -21,7 +21,7 @@ import pytest
 
 import spatialc
 from spatialc.errors import ProgramError, SemanticError, SpatialError, VerifyError
-from spatialc.inputs import specs_of
+from spatialc.inputs import InputError, specs_of
 from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW
 from spatialc.ir.nodes import SpatialProgram
 from spatialc.ir.ops import TileAddr
@@ -116,6 +116,21 @@ def test_an_experts_scales_reach_its_own_rows_only():
     assert np.array_equal(after[:2], before[:2])
     assert np.array_equal(after[2, :, 128:], before[2, :, 128:])
     assert not np.array_equal(after[2, :17, :128], before[2, :17, :128])
+
+
+def test_the_reference_and_the_bound_take_the_scales_evaluate_takes():
+    """Scales of another shape (the groups' matrices stacked as one, a group's alone) or none at all: the same
+    InputError from the reference and the bound as from evaluate — not numpy's reshape of the stacked rows into
+    groups, accepted, nor a ValueError or KeyError."""
+    p = grouped()
+    ins = inputs_of(p)
+    for name, given in (("scale_a", ins["scale_a"].reshape(GROUPS * ROWS, -1)), ("scale_b", ins["scale_b"][0])):
+        wrong = dict(ins, **{name: given})
+        for call in (spatialc.evaluate, reference, lambda p, x: spatialc.tolerance(p, kernel=True).bound(x)):
+            with pytest.raises(InputError, match=rf"tensor {name}: expected shape \(3, "):
+                call(p, wrong)
+    with pytest.raises(InputError, match=r"needs tensor scale_b, which is not among the inputs"):
+        reference(p, {k: v for k, v in ins.items() if k != "scale_b"})
 
 
 def test_refusals():

@@ -169,18 +169,19 @@ def program_scales(p: Any) -> BlockScales | None:
 def scale_values(p: Any, scales: BlockScales, inputs: Any) -> tuple[np.ndarray, np.ndarray]:
     """The two scale tensors' values as given, each read as its tensor's type (float32: bf16 and float8_e8m0fnu
     exactly, other floats rounded to nearest even) — what the interpreter's stores hold."""
-    from ..inputs import InputError, host_array, operand_values
+    from ..inputs import InputError, host_array, match_names, operand_values, shaped, specs_of
     from .w4 import exact_values
 
-    out = []
-    for s in (scales.a, scales.b):
-        t = p.tensor(s.tensor)
-        shape = (t.groups, *t.elems) if t.groups > 1 else t.elems  # a grouped GEMM's: a matrix a group
-        if t.dtype == DType.E8M0:  # MX's e8m0 scales: powers of two taken exactly (numerics/w4.py's one definition)
-            values = exact_values(t.name, host_array(t.name, inputs[t.name]), t.dtype, InputError)
+    names = [p.tensor(s.tensor).name for s in (scales.a, scales.b)]
+    specs = [spec for spec in specs_of(p) if spec.name in names]
+    out = []  # each of the shape evaluate takes (a grouped GEMM's: a matrix a group), or InputError as it says
+    for spec, value in match_names(p.name, specs, {n: inputs[n] for n in names if n in inputs}):
+        given = shaped(spec, host_array(spec.name, value))
+        if spec.dtype == DType.E8M0:  # MX's e8m0 scales: powers of two taken exactly (numerics/w4.py's definition)
+            values = exact_values(spec.name, given, spec.dtype, InputError)
         else:
-            values = operand_values(t.name, inputs[t.name], t.dtype)
-        out.append(np.asarray(values, np.float64).reshape(shape))
+            values = operand_values(spec.name, given, spec.dtype)
+        out.append(np.asarray(values, np.float64).reshape(spec.shape))
     return out[0], out[1]
 
 
