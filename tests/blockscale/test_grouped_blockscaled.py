@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import spatialc
-from spatialc.errors import ProgramError, SemanticError, SpatialError, VerifyError
+from spatialc.errors import IllFormedError, ProgramError, SemanticError, SpatialError, VerifyError
 from spatialc.inputs import InputError, specs_of
-from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW
+from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW, LoopVar
 from spatialc.ir.nodes import SpatialProgram
 from spatialc.ir.ops import TileAddr
 from spatialc.ir.printer import program_text
@@ -192,6 +192,14 @@ def test_each_edit_is_refused_by_rule_8(base, name):
     edit, message = MUTATIONS[name]
     with pytest.raises(SemanticError, match=message):
         verify(compute(base, matmuls(edit)))
+
+
+def test_a_scale_address_of_a_variable_no_loop_binds_is_refused(base):
+    """A saved schedule whose scale row address names a loop variable no enclosing loop binds (the row loop's
+    variable renumbered) passed verify, and evaluate then failed on it: rule 1 refuses it, as any address's."""
+    unbound = scales(rows=lambda at: TileAddr(at.base, tuple((LoopVar(12), s) for _, s in at.steps)))
+    with pytest.raises(IllFormedError, match=r"its address uses lv12, which no enclosing loop binds"):
+        verify(compute(base, matmuls(unbound)))
 
 
 def test_a_group_on_a_program_of_one_group_is_refused():
