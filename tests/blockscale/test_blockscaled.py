@@ -174,6 +174,23 @@ def test_scales_whose_float32_product_leaves_float32_are_said():
     assert tolerance(p).check(spatialc.evaluate(p, ins), ins)[0]  # the interpreter's float64 product: no such range
 
 
+def test_a_sample_of_rows_is_checked_with_those_rows_scales():
+    """The CLI's default check above 2^30 multiply-adds is a sample of C's rows (`evaluate(rows=...)`), which the
+    block-scaled reference refused ('check it whole'), so `spatialc gemm 128 4096 4096 --precision e4m3 --scales
+    1x128,128x128` exited 2. The reference and the bound now promote the sampled rows of A with their own rows'
+    scales: the sample equals the whole's rows, and a sampled row's scale doubled is caught."""
+    p = scaled(96, 32, 256)
+    ins = inputs_of(p, seed=2)
+    rows = [0, 37, 95]
+    sample = dict(ins, A=ins["A"][rows])
+    c = spatialc.evaluate(p, sample, rows=rows)
+    assert np.array_equal(c, reference(p, ins)[rows])
+    assert tolerance(p, kernel=True).check(c, sample, rows=rows)[0]
+    sample["scale_a"] = ins["scale_a"].copy()
+    sample["scale_a"][37, 1] *= 2
+    assert not tolerance(p).check(c, sample, rows=rows)[0]
+
+
 def test_spatialc_lang_source_refuses_it_rather_than_drop_the_scales():
     from spatialc.lang import LangError
     from spatialc.lang.source import python_source

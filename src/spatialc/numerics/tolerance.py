@@ -162,10 +162,8 @@ class Tolerance:
         p = self.program
         a, b = rounded_operands(p, inputs)
         if blockscale.program_scales(p) is not None:  # the promoted sum, and M = Σ_g |sa·sb|·|A_g|@|B_g|
-            if rows is not None:
-                raise ProgramError(f"program {p.name} is block-scaled: check it whole, not a sample of rows")
-            x, magnitude = blockscale.program_sum(p, a, b, inputs, matmul)
-            self._in_range(magnitude, blockscale.scale_products_past(p, a, b, inputs))
+            x, magnitude = blockscale.program_sum(p, a, b, inputs, matmul, rows)
+            self._in_range(magnitude, blockscale.scale_products_past(p, a, b, inputs, rows))
         else:
             x, magnitude = product(p, a, b), None
         ref = finished(p, x, inputs, rows)
@@ -265,7 +263,7 @@ class Tolerance:
             told = [(name, *self._within(c[name], ref[name], bound[name], inputs)) for name in ref]
             each = "; ".join(f"{name}: {how.split(' (bound: ')[0]}" for name, _, how in told)  # the bound said once
             return all(ok for _, ok, _ in told), f"{each} (bound: {self.text})"
-        return self._within(c, ref, bound, inputs)
+        return self._within(c, ref, bound, inputs, rows)
 
     def against(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """The reference and each element's bound for these inputs, made once where several results of one program
@@ -276,8 +274,10 @@ class Tolerance:
         """`check` of one output against the reference and bound `against(inputs)` made."""
         return self._within(c, ref, bound, inputs)
 
-    def _within(self, c: Any, ref: np.ndarray, bound: np.ndarray, inputs: Mapping[str, Any]) -> tuple[bool, str]:
-        """Whether one output `c` is within `bound` of `ref`, and how close it is."""
+    def _within(
+        self, c: Any, ref: np.ndarray, bound: np.ndarray, inputs: Mapping[str, Any], rows: Any = None
+    ) -> tuple[bool, str]:
+        """Whether one output `c` is within `bound` of `ref`, and how close it is (C's sampled `rows`, if given)."""
         if np.shape(c) != ref.shape:
             return False, f"C has shape {np.shape(c)}, the reference {ref.shape}"
         if self.exact:
@@ -295,21 +295,22 @@ class Tolerance:
         how = f"max |error| {float(np.nanmax(err, initial=0.0)):.3g} (bound: {self.text})"
         summed = not (self.chained or self.mapped or self.attention)  # (a map sums nothing: no such range)
         if not ok and self.kernel and summed:
-            past = int(np.count_nonzero(~good & self._past(inputs)))
+            past = int(np.count_nonzero(~good & self._past(inputs, rows)))
             if past:
                 how += f"; {past} of the elements outside it lie past float32's range, where it does not hold"
         return ok, how
 
-    def _past(self, inputs: Mapping[str, Any]) -> np.ndarray:
-        """`past_range` of these inputs' |A|@|B| (a block-scaled program's M and its scales' products)."""
+    def _past(self, inputs: Mapping[str, Any], rows: Any = None) -> np.ndarray:
+        """`past_range` of these inputs' |A|@|B| (a block-scaled program's M and its scales' products; A's sampled
+        `rows`, if given)."""
         from ..interp.values import matmul
         from .reference import rounded_operands
 
         p = self.program
         a, b = rounded_operands(p, inputs)
         if blockscale.program_scales(p) is not None:
-            magnitude = blockscale.program_sum(p, a, b, inputs, matmul)[1]
-            return self.past_range(magnitude, blockscale.scale_products_past(p, a, b, inputs))
+            magnitude = blockscale.program_sum(p, a, b, inputs, matmul, rows)[1]
+            return self.past_range(magnitude, blockscale.scale_products_past(p, a, b, inputs, rows))
         return self.past_range(_abs_product(a, b, matmul))
 
 
