@@ -60,7 +60,8 @@ FP8_WGMMA_K = 32  # K elements of one 8-bit wgmma
 class RangeWarning(UserWarning):
     """Inputs past the range a kernel's bound holds in: |A|@|B| reaching float32's largest value (3.4e38), where the
     kernel's float32 sum may overflow to ±inf (or NaN) while the float64 reference does not. bf16 shares float32's
-    exponent range, so two bf16 values of 2^64 already multiply to 2^128."""
+    exponent range, so two bf16 values of 2^64 already multiply to 2^128. A block-scaled kernel's float32 product of
+    two scales, sa · sb, leaving float32's normal range is one too (`blockscale.scale_products_past`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,9 +162,8 @@ class Tolerance:
         p = self.program
         a, b = rounded_operands(p, inputs)
         if blockscale.program_scales(p) is not None:  # the promoted sum, and M = Σ_g |sa·sb|·|A_g|@|B_g|
-            if rows is not None:
-                raise ProgramError(f"program {p.name} is block-scaled: check it whole, not a sample of rows")
-            x, magnitude = blockscale.program_sum(p, a, b, inputs, matmul)
+            x, magnitude = blockscale.program_sum(p, a, b, inputs, matmul, rows)
+            self._in_range(magnitude, blockscale.scale_products_past(p, a, b, inputs, rows))
         else:
             x, magnitude = product(p, a, b), None
         ref = finished(p, x, inputs, rows)
@@ -172,7 +172,7 @@ class Tolerance:
         size = np.abs(ref.astype(np.float64))
         if magnitude is None:
             magnitude = _abs_product(a, b, matmul)  # float operands (an exact int8 program returned above)
-        self._in_range(magnitude)
+            self._in_range(magnitude)
         err = self.ulps * EPS32 * magnitude
         x = x.astype(np.float32).astype(np.float64) if self.epilogue else x  # the float32 the epilogue starts from
         for stage in epilogue_chain(p) if self.epilogue else ():
@@ -208,17 +208,20 @@ class Tolerance:
         _, err = intervals.bounded(stage.kind.op.expr, pages, _row(column_values(p, inputs)))
         return ref, err + 2 * self.out_eps * np.abs(ref.astype(np.float64)) + _TINY
 
-    def past_range(self, magnitude: np.ndarray) -> np.ndarray:
+    def past_range(self, magnitude: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
         """Where a kernel's float32 sum of finite inputs may overflow: |A|@|B|, with the sum's own rounding, at
-        float32's largest value or past it (nowhere for the interpreter's bound: it sums in float64)."""
+        float32's largest value or past it (nowhere for the interpreter's bound: it sums in float64); and a
+        block-scaled kernel's, where its float32 sa · sb is not one rounding of the exact product (`scales`,
+        `blockscale.scale_products_past`)."""
         if not self.kernel:
             return np.zeros(magnitude.shape, dtype=bool)
         with np.errstate(over="ignore"):  # an infinite |A|@|B| is a non-finite input's, said already
-            return np.isfinite(magnitude) & (magnitude * (1 + self.ulps * EPS32) >= F32_MAX)
+            past = np.isfinite(magnitude) & (magnitude * (1 + self.ulps * EPS32) >= F32_MAX)
+        return past if scales is None else past | scales
 
-    def _in_range(self, magnitude: np.ndarray) -> None:
+    def _in_range(self, magnitude: np.ndarray, scales: np.ndarray | None = None) -> None:
         """Say once (RangeWarning), or refuse under `strict` (InputError), where inputs leave the bound's range."""
-        past = self.past_range(magnitude)
+        past = self.past_range(magnitude, scales)
         if not past.any():
             return
         at = tuple(int(i) for i in np.argwhere(past)[0])
@@ -227,6 +230,13 @@ class Tolerance:
             f" ({F32_MAX:.3g}; {float(magnitude[at]):.3g} at C{list(at)}): a kernel's float32 sum may overflow"
             " there (to ±inf, or NaN) where the float64 reference does not, so the kernel's bound holds only below it"
         )
+        if scales is not None and scales[at]:
+            what = (
+                f"{int(past.sum())} of C's {past.size} elements have a step whose sa·sb leaves float32's normal"
+                f" range (at C{list(at)}): a kernel's float32 product of the two scales is ±inf past {F32_MAX:.3g}"
+                f" and keeps fewer bits below {_TINY:.3g}, where the float64 reference's is exact, so the"
+                " kernel's bound holds only where each sa·sb lies in float32's normal range"
+            )
         if self.strict:
             from ..inputs import InputError
 
@@ -253,7 +263,7 @@ class Tolerance:
             told = [(name, *self._within(c[name], ref[name], bound[name], inputs)) for name in ref]
             each = "; ".join(f"{name}: {how.split(' (bound: ')[0]}" for name, _, how in told)  # the bound said once
             return all(ok for _, ok, _ in told), f"{each} (bound: {self.text})"
-        return self._within(c, ref, bound, inputs)
+        return self._within(c, ref, bound, inputs, rows)
 
     def against(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """The reference and each element's bound for these inputs, made once where several results of one program
@@ -264,8 +274,10 @@ class Tolerance:
         """`check` of one output against the reference and bound `against(inputs)` made."""
         return self._within(c, ref, bound, inputs)
 
-    def _within(self, c: Any, ref: np.ndarray, bound: np.ndarray, inputs: Mapping[str, Any]) -> tuple[bool, str]:
-        """Whether one output `c` is within `bound` of `ref`, and how close it is."""
+    def _within(
+        self, c: Any, ref: np.ndarray, bound: np.ndarray, inputs: Mapping[str, Any], rows: Any = None
+    ) -> tuple[bool, str]:
+        """Whether one output `c` is within `bound` of `ref`, and how close it is (C's sampled `rows`, if given)."""
         if np.shape(c) != ref.shape:
             return False, f"C has shape {np.shape(c)}, the reference {ref.shape}"
         if self.exact:
@@ -283,17 +295,22 @@ class Tolerance:
         how = f"max |error| {float(np.nanmax(err, initial=0.0)):.3g} (bound: {self.text})"
         summed = not (self.chained or self.mapped or self.attention)  # (a map sums nothing: no such range)
         if not ok and self.kernel and summed:
-            past = int(np.count_nonzero(~good & self._past(inputs)))
+            past = int(np.count_nonzero(~good & self._past(inputs, rows)))
             if past:
                 how += f"; {past} of the elements outside it lie past float32's range, where it does not hold"
         return ok, how
 
-    def _past(self, inputs: Mapping[str, Any]) -> np.ndarray:
-        """`past_range` of these inputs' |A|@|B|."""
+    def _past(self, inputs: Mapping[str, Any], rows: Any = None) -> np.ndarray:
+        """`past_range` of these inputs' |A|@|B| (a block-scaled program's M and its scales' products; A's sampled
+        `rows`, if given)."""
         from ..interp.values import matmul
         from .reference import rounded_operands
 
-        a, b = rounded_operands(self.program, inputs)
+        p = self.program
+        a, b = rounded_operands(p, inputs)
+        if blockscale.program_scales(p) is not None:
+            magnitude = blockscale.program_sum(p, a, b, inputs, matmul, rows)[1]
+            return self.past_range(magnitude, blockscale.scale_products_past(p, a, b, inputs, rows))
         return self.past_range(_abs_product(a, b, matmul))
 
 
