@@ -21,7 +21,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +84,9 @@ class Manifest:
             ) from None
         except (OSError, ValueError) as e:
             raise SpatialError(f"cannot read {path}: {e}") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise SpatialError(f"{path} is not a gpucheck manifest of format {FORMAT}; prepare it again")
+        fault = _manifest_fault(data)
+        if fault is not None:
+            raise SpatialError(f"{path} {fault}; prepare it again")
         return cls(Path(folder), data)
 
     def find(self, source: str, arch: str) -> tuple[Path | None, Entry | None, str]:
@@ -110,6 +111,47 @@ class Manifest:
         return (
             f"{ok} kernels for {archs or self.data.get('arch')} by {self.data.get('nvcc')} ({self.data.get('created')})"
         )
+
+
+def _manifest_fault(data: Any) -> str | None:
+    """Why `data` is not a manifest `prepare` writes ("is not …", "holds …"), or None. A prepared folder may come from
+    someone else: every value the run reads must be of the type it reads, and no cubin's name may lead out of it."""
+    if not isinstance(data, dict) or type(data.get("format")) is not int or data["format"] != FORMAT:
+        return f"is not a gpucheck manifest of format {FORMAT}"
+    kernels = data.get("kernels", [])
+    if not isinstance(kernels, list):
+        return "holds kernels that are not a list"
+    return next((f"holds kernel {i}: {why}" for i, e in enumerate(kernels) if (why := _entry_fault(e))), None)
+
+
+_ENTRY_FIELDS = {f.name: f for f in fields(Entry)}
+_ENTRY_NUMBERS = ("seconds",)  # every other field but `ptxas` is a string
+
+
+def _entry_fault(entry: Any) -> str | None:
+    """Why one of a manifest's kernels is not an Entry `prepare` writes, or None."""
+    if not isinstance(entry, dict):
+        return "not an object"
+    unknown = sorted(str(k)[:40] for k in entry if k not in _ENTRY_FIELDS)
+    missing = sorted(k for k, f in _ENTRY_FIELDS.items() if f.default is MISSING and k not in entry)
+    if unknown or missing:
+        return f"unknown fields {unknown}" if unknown else f"missing fields {missing}"
+    for name, value in entry.items():
+        if name == "ptxas":
+            ok = value is None or (
+                isinstance(value, dict)
+                and all(k in PTXAS_FIELDS and type(v) in (int, float, type(None)) for k, v in value.items())
+            )
+        elif name in _ENTRY_NUMBERS:
+            ok = type(value) in (int, float)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            return f"its {name} is not of the type prepare writes"
+    cubin = entry.get("cubin", "")
+    if cubin and (cubin in (".", "..") or Path(cubin).name != cubin or "\\" in cubin):
+        return f"cubin {cubin[:40]!r} is not a file name of the prepared folder"
+    return None
 
 
 def prepare(

@@ -1,0 +1,65 @@
+"""A hostile review of saved files (review 50): the split tail, attention, W4A16 / block-scaled / MX programs, row
+programs of several outputs, names, numeric edges, and the GPU check's prepared folder. What it found:
+
+1. an attention program saved with tiles that are not square (32x16) was "verified": rule 8's attention
+   declaration never looked at the tile, so the refusal came only when the interpreter ran its matmul — rule 1 now
+   refuses a tile matmul of tiles that are not square, for every program (`verify/wellformed_compute.py`);
+2. a prepared folder's manifest.json whose kernels were not the entries `prepare` writes (a string, a list, an
+   unknown or missing field, a field of another type) crashed `spatialc gpucheck --prepared DIR` (internal error,
+   exit 3), and a cubin named by a path (`../x`, `/abs`) was read from outside the folder: the manifest is checked
+   field by field as it is read (`gpucheck/prepare.py`), one line and exit 2;
+3. a document holding a key twice (`"tail": 0, "tail": 2`) was read as its last value, which another reader of the
+   same file may not: `from_json` refuses it (`ir/serde.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import spatialc
+from spatialc.cli import main
+from spatialc.errors import IllFormedError, SpatialError
+from spatialc.gpucheck.prepare import MANIFEST, Manifest
+from spatialc.ir.serde import SerdeError
+
+
+def test_a_program_of_tiles_that_are_not_square_is_refused_before_it_runs():
+    attention = spatialc.build(spatialc.attention(1, 2, 64, 64, 64))
+    doc = json.loads(spatialc.to_json(attention))
+    doc["program"]["tile"]["rows"] = 32  # the tensors' tile grids still hold their elements
+    with pytest.raises(IllFormedError, match="a tile matmul multiplies square tiles, not 32x16"):
+        spatialc.verify(spatialc.from_json(json.dumps(doc)))
+
+
+ENTRY = {"case": "fp16 64x64x64", "source_sha256": "0" * 64, "arch": "sm_90", "kernel_name": "k"}
+
+
+@pytest.mark.parametrize(
+    "kernels, says",
+    [
+        ("abc", "holds kernels that are not a list"),
+        ([[1, 2]], "holds kernel 0: not an object"),
+        ([{**ENTRY, "evil": 1}], "holds kernel 0: unknown fields ['evil']"),
+        ([{"case": "x"}], "holds kernel 0: missing fields ['arch', 'kernel_name', 'source_sha256']"),
+        ([{**ENTRY, "source_sha256": {"a": 1}}], "holds kernel 0: its source_sha256 is not of the type"),
+        ([{**ENTRY, "ptxas": {"registers": "many"}}], "holds kernel 0: its ptxas is not of the type"),
+        ([ENTRY, {**ENTRY, "cubin": "../k.cubin"}], "holds kernel 1: cubin '../k.cubin' is not a file name"),
+        ([{**ENTRY, "cubin": "/tmp/k.cubin"}], "holds kernel 0: cubin '/tmp/k.cubin' is not a file name"),
+    ],
+)
+def test_a_prepared_manifest_not_as_prepare_writes_it_is_one_line(tmp_path, capsys, kernels, says):
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": 1, "kernels": kernels}))
+    with pytest.raises(SpatialError, match=re.escape(f"{MANIFEST} {says}")):
+        Manifest.load(tmp_path)
+    assert main(["gpucheck", str(tmp_path / "out"), "--prepared", str(tmp_path), "--dry-run", "--sizes", "64"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_key_written_twice_is_refused():
+    doc = spatialc.to_json(spatialc.build(spatialc.gemm(64, 64, 64, "fp16")))
+    twice = doc.replace('"verified": true', '"verified": false, "verified": true', 1)
+    with pytest.raises(SerdeError, match='program: the key "verified" is written twice'):
+        spatialc.from_json(twice)
