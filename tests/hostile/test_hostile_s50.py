@@ -9,12 +9,15 @@ programs of several outputs, names, numeric edges, and the GPU check's prepared 
    exit 3), and a cubin named by a path (`../x`, `/abs`) was read from outside the folder: the manifest is checked
    field by field as it is read (`gpucheck/prepare.py`), one line and exit 2;
 3. a document holding a key twice (`"tail": 0, "tail": 2`) was read as its last value, which another reader of the
-   same file may not: `from_json` refuses it (`ir/serde.py`).
+   same file may not: `from_json` refuses it (`ir/serde.py`);
+4. the gpucheck report, the cubin cache and the torch op cache wrote each file aside under a name one could guess
+   and followed a link planted there: one writer (`runtime.cache.write_whole`) makes the file aside new (O_EXCL).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -23,6 +26,7 @@ import spatialc
 from spatialc.cli import main
 from spatialc.errors import IllFormedError, SpatialError
 from spatialc.gpucheck.prepare import MANIFEST, Manifest
+from spatialc.gpucheck.report import write_whole
 from spatialc.ir.serde import SerdeError
 
 
@@ -63,3 +67,16 @@ def test_a_key_written_twice_is_refused():
     twice = doc.replace('"verified": true', '"verified": false, "verified": true', 1)
     with pytest.raises(SerdeError, match='program: the key "verified" is written twice'):
         spatialc.from_json(twice)
+
+
+def test_a_link_planted_where_a_whole_write_goes_aside_is_not_followed(tmp_path):
+    # The report's, the cubin cache's and the torch op cache's writes went aside to a name one could guess (the
+    # process id); a link planted there in a shared folder had the write land wherever it pointed.
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine")
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / f".gpucheck.md.{os.getpid()}.tmp").symlink_to(outside)
+    write_whole(folder / "gpucheck.md", "report")
+    assert outside.read_text() == "mine" and (folder / "gpucheck.md").read_text() == "report"
+    assert not (folder / "gpucheck.md").is_symlink()

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -22,3 +23,16 @@ def cache_dir(kind: str, *, create: bool = False) -> Path:
     if create:
         path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` whole: written aside, then renamed over it (a reader never sees half a file). The
+    file aside is made new under a name no one can guess (O_EXCL): a cache folder may be shared, and a link planted
+    at a predictable name would have had the write land wherever it points."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -20,7 +19,7 @@ from .. import api
 from ..errors import ProgramError, SpatialError
 from ..inputs import InputError
 from ..ir.nodes import SpatialProgram
-from ..runtime.cache import cache_dir
+from ..runtime.cache import cache_dir, write_whole
 from .signature import Slot, _arg_names, _call, _dims, _dtype, _kind, _qualified, _shape_of, _signature, _taken
 
 log = logging.getLogger("spatialc.torch")
@@ -257,9 +256,7 @@ class SpatialOp:
         if path is not None:
             with contextlib.suppress(OSError):  # a read-only cache costs a rebuild next time, nothing else
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-                tmp.write_text(api.to_json(built))
-                tmp.replace(path)
+                write_whole(path, api.to_json(built).encode())
         return built, "built"
 
     def _cached_path(self, program: SpatialProgram) -> Path:
