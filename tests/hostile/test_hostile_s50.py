@@ -11,7 +11,10 @@ programs of several outputs, names, numeric edges, and the GPU check's prepared 
 3. a document holding a key twice (`"tail": 0, "tail": 2`) was read as its last value, which another reader of the
    same file may not: `from_json` refuses it (`ir/serde.py`);
 4. the gpucheck report, the cubin cache and the torch op cache wrote each file aside under a name one could guess
-   and followed a link planted there: one writer (`runtime.cache.write_whole`) makes the file aside new (O_EXCL).
+   and followed a link planted there: one writer (`runtime.cache.write_whole`) makes the file aside new (O_EXCL);
+5. the torch op disk cache used any verified program at its key: a file put there holding a GEMM of the same sizes
+   and name that computes something else (-(A @ B) for relu(A @ B)) was run silently. What the file's program
+   declares is now held to what the family's program declares (`passes/declaration.py`), else it is built again.
 """
 
 from __future__ import annotations
@@ -80,3 +83,20 @@ def test_a_link_planted_where_a_whole_write_goes_aside_is_not_followed(tmp_path)
     write_whole(folder / "gpucheck.md", "report")
     assert outside.read_text() == "mine" and (folder / "gpucheck.md").read_text() == "report"
     assert not (folder / "gpucheck.md").is_symlink()
+
+
+def test_a_verified_program_of_another_meaning_in_the_torch_op_cache_is_built_again(tmp_path, monkeypatch):
+    # The cache file a relu GEMM's op reads back, replaced by a verified GEMM of its sizes and name that computes
+    # -(A @ B): it was used, every value of the op's result negated.
+    torch = pytest.importorskip("torch")
+    import spatialc.torch as sct
+
+    monkeypatch.setenv("SPATIALC_CACHE", str(tmp_path))
+    family = lambda m, n, k: spatialc.gemm(m, n, k, "bf16", epilogue=[spatialc.relu()])  # noqa: E731
+    a, b = torch.ones(32, 48, dtype=torch.bfloat16), torch.ones(48, 64, dtype=torch.bfloat16)
+    honest = sct.op(family, "hostile_s50_cache_first")(a, b)
+    [kept] = (tmp_path / "torch").glob("*.json")
+    negated = spatialc.build(spatialc.gemm(32, 64, 48, "bf16", epilogue=[spatialc.scalar("mul", -1.0)]))
+    kept.write_text(spatialc.to_json(negated).replace(negated.name, "gemm_32x64x48_bf16_relu"))
+    second = sct.op(family, "hostile_s50_cache_second")
+    assert torch.equal(second(a, b), honest) and [e.source for e in second.compiled()] == ["built"]

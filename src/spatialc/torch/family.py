@@ -19,6 +19,7 @@ from .. import api
 from ..errors import ProgramError, SpatialError
 from ..inputs import InputError
 from ..ir.nodes import SpatialProgram
+from ..passes.declaration import declaration
 from ..runtime.cache import cache_dir, write_whole
 from .signature import Slot, _arg_names, _call, _dims, _dtype, _kind, _qualified, _shape_of, _signature, _taken
 
@@ -240,15 +241,16 @@ class SpatialOp:
         return entry
 
     def _build(self, program: SpatialProgram) -> tuple[SpatialProgram, str]:
-        """The verified program: from the disk cache where it holds one (verified again as it is read), else
-        built and stored there. A program the builder verified itself (spatialc.lang's) is used as it is."""
+        """The verified program: from the disk cache where it holds one (verified again as it is read, and held to
+        declare what `program` declares: a file there may have been put by someone else), else built and stored
+        there. A program the builder verified itself (spatialc.lang's) is used as it is."""
         if program.verified:
             return program, "built"
         path = self._cached_path(program) if self.disk_cache else None
         if path is not None and path.is_file():
             try:
                 kept = api.from_json(path.read_text())
-                if kept.verified:
+                if kept.verified and declaration(kept) == declaration(program):
                     return kept, "disk"
             except (OSError, SpatialError, ValueError):
                 pass  # a damaged or stale entry is built again and overwritten
