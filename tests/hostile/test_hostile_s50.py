@@ -14,7 +14,10 @@ programs of several outputs, names, numeric edges, and the GPU check's prepared 
    and followed a link planted there: one writer (`runtime.cache.write_whole`) makes the file aside new (O_EXCL);
 5. the torch op disk cache used any verified program at its key: a file put there holding a GEMM of the same sizes
    and name that computes something else (-(A @ B) for relu(A @ B)) was run silently. What the file's program
-   declares is now held to what the family's program declares (`passes/declaration.py`), else it is built again.
+   declares is now held to what the family's program declares (`passes/declaration.py`), else it is built again;
+6. a saved program or a manifest that is a FIFO hung `spatialc verify` and `gpucheck --prepared` (open() waits for
+   a writer), and a manifest linked to /dev/zero was read until memory ran out: one reader
+   (`runtime.cache.read_at_most`) opens without blocking and reads at most a bound.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 
 import pytest
 
@@ -100,3 +104,22 @@ def test_a_verified_program_of_another_meaning_in_the_torch_op_cache_is_built_ag
     kept.write_text(spatialc.to_json(negated).replace(negated.name, "gemm_32x64x48_bf16_relu"))
     second = sct.op(family, "hostile_s50_cache_second")
     assert torch.equal(second(a, b), honest) and [e.source for e in second.compiled()] == ["built"]
+
+
+READERS = {  # a command that reads a file another may have put, and the file's name in the folder
+    "verify": (lambda folder: ["verify", str(folder / "p.json")], "p.json"),
+    "gpucheck": (lambda folder: ["gpucheck", str(folder / "o"), "--prepared", str(folder), "--dry-run"], MANIFEST),
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_a_fifo_no_one_writes_in_place_of_a_file_is_read_as_empty_not_waited_on(tmp_path, capsys, reader):
+    # A saved program or a prepared folder's manifest that is a FIFO (an archive can hold one): open() waited for a
+    # writer forever. (A link to /dev/zero, the other end, is read to the bound and refused.)
+    argv, name = READERS[reader]
+    os.mkfifo(tmp_path / name)
+    done: list[int] = []
+    worker = threading.Thread(target=lambda: done.append(main(argv(tmp_path))), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert done == [2] and capsys.readouterr().err.count("\n") == 1

@@ -28,12 +28,14 @@ from typing import Any
 from ..errors import SpatialError
 from ..ir.printer import plural
 from ..runtime import nvcc
+from ..runtime.cache import read_at_most
 from .builds import PTXAS_FIELDS, Built, Form, build_case, compile_kernel, describe_ptxas
 from .cases import Case, kernel_arch
 from .preflight import preflight_cases
 from .report import write_whole
 
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest of every case of a run is a few hundred kilobytes
 FORMAT = 1
 PREPARE_COMPILE_S = 600.0  # one kernel's nvcc, on the CPU machine (no budget there)
 
@@ -77,7 +79,10 @@ class Manifest:
         """The folder's manifest; SpatialError (one line) when there is none or it cannot be read."""
         path = Path(folder) / MANIFEST
         try:
-            data = json.loads(path.read_text())
+            text = read_at_most(path, MAX_MANIFEST_BYTES)  # a link to /dev/zero, a FIFO: the folder may be another's
+            if text is None:
+                raise ValueError(f"over {MAX_MANIFEST_BYTES >> 20} MiB, no manifest's size")
+            data = json.loads(text)
         except (FileNotFoundError, NotADirectoryError):
             raise SpatialError(
                 f"no {MANIFEST} in {str(folder)!r}: make one with `spatialc gpucheck {folder} --prepare`"

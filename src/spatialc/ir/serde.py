@@ -76,6 +76,7 @@ MAX_SCHEDULE_OPS = 1 << 18
 # ops of MAX_SCHEDULE_OPS fit with room to spare (one or two objects each in a built program: 151,613 in all for the
 # 1,024-site attention above; a compute op a few more).
 MAX_OBJECTS = 1 << 21
+MAX_DOCUMENT_BYTES = 512 << 20  # the longest document a reader of files takes: far above MAX_OBJECTS' worth
 _LIST_LIMITS: dict[tuple[type, str], tuple[int, str]] = {
     (ops.TileAddr, "steps"): (MAX_STEPS, "steps"),
     (ops.Trip, "steps"): (MAX_STEPS, "steps"),

@@ -36,3 +36,15 @@ def write_whole(path: Path, data: bytes) -> None:
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def read_at_most(path: Path, limit: int) -> bytes | None:
+    """The bytes of `path`, or None where it holds more than `limit`: never more than `limit` + 1 bytes read (a link
+    to /dev/zero ends), and no wait on a FIFO that no one writes (opened without blocking, it reads as empty). A file
+    another may have put (a saved program, a prepared folder's manifest, a cache entry) is read so. OSError as
+    `open` raises it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        os.set_blocking(fd, True)  # a pipe with a writer is read to its end
+        data = f.read(limit + 1)
+    return None if len(data) > limit else data

@@ -19,8 +19,9 @@ from .. import api
 from ..errors import ProgramError, SpatialError
 from ..inputs import InputError
 from ..ir.nodes import SpatialProgram
+from ..ir.serde import MAX_DOCUMENT_BYTES
 from ..passes.declaration import declaration
-from ..runtime.cache import cache_dir, write_whole
+from ..runtime.cache import cache_dir, read_at_most, write_whole
 from .signature import Slot, _arg_names, _call, _dims, _dtype, _kind, _qualified, _shape_of, _signature, _taken
 
 log = logging.getLogger("spatialc.torch")
@@ -249,8 +250,9 @@ class SpatialOp:
         path = self._cached_path(program) if self.disk_cache else None
         if path is not None and path.is_file():
             try:
-                kept = api.from_json(path.read_text())
-                if kept.verified and declaration(kept) == declaration(program):
+                text = read_at_most(path, MAX_DOCUMENT_BYTES)
+                kept = api.from_json(text.decode()) if text is not None else None
+                if kept is not None and kept.verified and declaration(kept) == declaration(program):
                     return kept, "disk"
             except (OSError, SpatialError, ValueError):
                 pass  # a damaged or stale entry is built again and overwritten
