@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 
@@ -29,13 +29,14 @@ def write_whole(path: Path, data: bytes) -> None:
     """Replace `path` with `data` whole: written aside, then renamed over it (a reader never sees half a file). The
     file aside is made new under a name no one can guess (O_EXCL): a cache folder may be shared, and a link planted
     at a predictable name would have had the write land wherever it points."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # (mkstemp's 0600 would hide a shared cache)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
 
 
 def read_at_most(path: Path, limit: int) -> bytes | None:
