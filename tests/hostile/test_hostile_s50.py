@@ -10,14 +10,16 @@ programs of several outputs, names, numeric edges, and the GPU check's prepared 
    field by field as it is read (`gpucheck/prepare.py`), one line and exit 2;
 3. a document holding a key twice (`"tail": 0, "tail": 2`) was read as its last value, which another reader of the
    same file may not: `from_json` refuses it (`ir/serde.py`);
-4. the gpucheck report, the cubin cache and the torch op cache wrote each file aside under a name one could guess
-   and followed a link planted there: one writer (`runtime.cache.write_whole`) makes the file aside new (O_EXCL);
+4. `lower --emit DIR` (and --json, --pictures) wrote through a link planted in the folder, and the gpucheck
+   report, the cubin cache and the torch op cache wrote each file aside under a name one could guess, following a
+   link planted there: one writer (`spatialc.files.write_whole`) makes the file aside new (O_EXCL) and renames it
+   over the name, a link there replaced, not followed;
 5. the torch op disk cache used any verified program at its key: a file put there holding a GEMM of the same sizes
    and name that computes something else (-(A @ B) for relu(A @ B)) was run silently. What the file's program
    declares is now held to what the family's program declares (`passes/declaration.py`), else it is built again;
 6. a saved program or a manifest that is a FIFO hung `spatialc verify` and `gpucheck --prepared` (open() waits for
    a writer), and a manifest linked to /dev/zero was read until memory ran out: one reader
-   (`runtime.cache.read_at_most`) opens without blocking and reads at most a bound.
+   (`spatialc.files.read_at_most`) opens without blocking and reads at most a bound.
 """
 
 from __future__ import annotations
@@ -74,6 +76,19 @@ def test_a_key_written_twice_is_refused():
     twice = doc.replace('"verified": true', '"verified": false, "verified": true', 1)
     with pytest.raises(SerdeError, match='program: the key "verified" is written twice'):
         spatialc.from_json(twice)
+
+
+def test_lower_emit_replaces_a_link_planted_in_its_folder_and_writes_nothing_through_it(tmp_path, capsys):
+    # `spatialc lower p.json --emit DIR` into a folder that came with the file: DIR/kernel.cu a link to a file of
+    # the user's was written through (the same for --json, --pictures and the deadlock picture).
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine")
+    saved, emit = tmp_path / "p.json", tmp_path / "emit"
+    saved.write_text(spatialc.to_json(spatialc.build(spatialc.gemm(32, 32, 32, "fp16"))))
+    emit.mkdir()
+    (emit / "kernel.cu").symlink_to(outside)
+    assert main(["lower", str(saved), "--emit", str(emit)]) == 0
+    assert outside.read_text() == "mine" and not (emit / "kernel.cu").is_symlink()
 
 
 def test_a_link_planted_where_a_whole_write_goes_aside_is_not_followed(tmp_path):

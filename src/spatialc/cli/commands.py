@@ -13,13 +13,13 @@ import numpy as np
 
 from .. import api
 from ..errors import DeadlockError, SpatialError
+from ..files import read_at_most, write_whole
 from ..ir.nodes import SpatialProgram
 from ..ir.ops import BARE_GELU_NOTE, FP8_PRECISIONS
 from ..ir.printer import plural, program_text
 from ..ir.serde import MAX_DOCUMENT_BYTES, to_json
 from ..numerics.tolerance import tolerance
 from ..passes.multicast import MulticastWarning
-from ..runtime.cache import read_at_most
 from ..target import target
 from .check import CheckPlan, plan_check, sample_text
 from .parser import UsageError
@@ -187,7 +187,7 @@ def _built(
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)  # as --emit and --pictures make their folders
-        args.json.write_text(to_json(p, indent=1))
+        write_whole(args.json, to_json(p, indent=1))
         print(f"  saved     {args.json}")
     plan = plan_check(p, args.check, args.seed, full_inputs=args.run)  # refused now, before the inputs are made
     if args.run:

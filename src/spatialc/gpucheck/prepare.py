@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpatialError
+from ..files import read_at_most
 from ..ir.printer import plural
 from ..runtime import nvcc
-from ..runtime.cache import read_at_most
 from .builds import PTXAS_FIELDS, Built, Form, build_case, compile_kernel, describe_ptxas
 from .cases import Case, kernel_arch
 from .preflight import preflight_cases

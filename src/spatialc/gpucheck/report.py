@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..runtime.cache import write_whole as write_bytes_whole
+from ..files import write_whole as write_file_whole
 from .agreement import TOLERANCE
 from .attnrows import attention_lines, attention_summary
 from .builds import spilled
@@ -528,5 +528,5 @@ def write_report(outdir: str | Path, header: dict[str, Any], rows: list[Row]) ->
 
 
 def write_whole(path: Path, text: str) -> None:
-    """Replace `path` with `text` (UTF-8) whole (`runtime.cache.write_whole`)."""
-    write_bytes_whole(path, text.encode("utf-8"))
+    """Replace `path` with `text` (UTF-8) whole (`spatialc.files.write_whole`)."""
+    write_file_whole(path, text)

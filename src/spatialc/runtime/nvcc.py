@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpatialError
+from ..files import write_whole
 from .cache import cache_dir as cache_of
-from .cache import write_whole
 
 __all__ = [
     "HOST_ONLY_HEADERS",

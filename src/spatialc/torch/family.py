@@ -17,11 +17,12 @@ import torch
 
 from .. import api
 from ..errors import ProgramError, SpatialError
+from ..files import read_at_most, write_whole
 from ..inputs import InputError
 from ..ir.nodes import SpatialProgram
 from ..ir.serde import MAX_DOCUMENT_BYTES
 from ..passes.declaration import declaration
-from ..runtime.cache import cache_dir, read_at_most, write_whole
+from ..runtime.cache import cache_dir
 from .signature import Slot, _arg_names, _call, _dims, _dtype, _kind, _qualified, _shape_of, _signature, _taken
 
 log = logging.getLogger("spatialc.torch")
@@ -260,7 +261,7 @@ class SpatialOp:
         if path is not None:
             with contextlib.suppress(OSError):  # a read-only cache costs a rebuild next time, nothing else
                 path.parent.mkdir(parents=True, exist_ok=True)
-                write_whole(path, api.to_json(built).encode())
+                write_whole(path, api.to_json(built))
         return built, "built"
 
     def _cached_path(self, program: SpatialProgram) -> Path:
