@@ -3,7 +3,10 @@ programs of several outputs, names, numeric edges, and the GPU check's prepared 
 
 1. an attention program saved with tiles that are not square (32x16) was "verified": rule 8's attention
    declaration never looked at the tile, so the refusal came only when the interpreter ran its matmul — rule 1 now
-   refuses a tile matmul of tiles that are not square, for every program (`verify/wellformed_compute.py`);
+   refuses a tile matmul of tiles that are not square, for every program (`verify/wellformed_compute.py`); and one
+   whose plan's KV block (`block.ibw`) was not its schedule's was verified, rule 8 never reading it, while the
+   sm_90a form printed its Q·Kᵀ wgmma at the plan's width (a kernel that does not build): rule 8 holds the K pages
+   to it (`verify/attention_pages.py`);
 2. a prepared folder's manifest.json whose kernels were not the entries `prepare` writes (a string, a list, an
    unknown or missing field, a field of another type) crashed `spatialc gpucheck --prepared DIR` (internal error,
    exit 3), and a cubin named by a path (`../x`, `/abs`) was read from outside the folder: the manifest is checked
@@ -24,6 +27,7 @@ programs of several outputs, names, numeric edges, and the GPU check's prepared 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -33,17 +37,30 @@ import pytest
 
 import spatialc
 from spatialc.cli import main
-from spatialc.errors import IllFormedError, SpatialError
+from spatialc.errors import IllFormedError, SemanticError, SpatialError
 from spatialc.gpucheck.prepare import MANIFEST, Manifest
 from spatialc.gpucheck.report import write_whole
 from spatialc.ir.serde import SerdeError
 
 
-def test_a_program_of_tiles_that_are_not_square_is_refused_before_it_runs():
-    attention = spatialc.build(spatialc.attention(1, 2, 64, 64, 64))
-    doc = json.loads(spatialc.to_json(attention))
+@pytest.fixture(scope="module")
+def attention() -> dict:
+    return json.loads(spatialc.to_json(spatialc.build(spatialc.attention(1, 2, 64, 64, 64, target="sm_90a"))))
+
+
+def test_a_program_of_tiles_that_are_not_square_is_refused_before_it_runs(attention):
+    doc = copy.deepcopy(attention)
     doc["program"]["tile"]["rows"] = 32  # the tensors' tile grids still hold their elements
     with pytest.raises(IllFormedError, match="a tile matmul multiplies square tiles, not 32x16"):
+        spatialc.verify(spatialc.from_json(json.dumps(doc)))
+
+
+@pytest.mark.parametrize("ibw", [1, 2])
+def test_an_attention_plan_whose_kv_block_is_not_the_schedules_is_refused(attention, ibw):
+    # The sm_90a form sizes its Q·Kᵀ wgmma by the plan's KV block; the schedule's K pages are 4 key tile rows.
+    doc = copy.deepcopy(attention)
+    doc["program"]["plans"][0]["block"]["ibw"] = ibw
+    with pytest.raises(SemanticError, match=f"K's page holds 4 key tile rows, not the plan's KV block of {ibw}"):
         spatialc.verify(spatialc.from_json(json.dumps(doc)))
 
 
