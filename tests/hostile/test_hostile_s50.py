@@ -9,8 +9,9 @@ programs of several outputs, names, numeric edges, and the GPU check's prepared 
    to it (`verify/attention_pages.py`);
 2. a prepared folder's manifest.json whose kernels were not the entries `prepare` writes (a string, a list, an
    unknown or missing field, a field of another type) crashed `spatialc gpucheck --prepared DIR` (internal error,
-   exit 3), and a cubin named by a path (`../x`, `/abs`) was read from outside the folder: the manifest is checked
-   field by field as it is read (`gpucheck/prepare.py`), one line and exit 2;
+   exit 3), a cubin named by a path (`../x`, `/abs`) was read from outside the folder, and text the dry run and the
+   report quote (nvcc's version, a kernel's SASS census) reached the terminal with its escape sequences and line
+   breaks: the manifest is checked field by field as it is read (`gpucheck/prepare.py`), one line and exit 2;
 3. a document holding a key twice (`"tail": 0, "tail": 2`) was read as its last value, which another reader of the
    same file may not: `from_json` refuses it (`ir/serde.py`);
 4. `lower --emit DIR` (and --json, --pictures) wrote through a link planted in the folder, and the gpucheck
@@ -68,20 +69,34 @@ ENTRY = {"case": "fp16 64x64x64", "source_sha256": "0" * 64, "arch": "sm_90", "k
 
 
 @pytest.mark.parametrize(
-    "kernels, says",
+    "fields, says",
     [
-        ("abc", "holds kernels that are not a list"),
-        ([[1, 2]], "holds kernel 0: not an object"),
-        ([{**ENTRY, "evil": 1}], "holds kernel 0: unknown fields ['evil']"),
-        ([{"case": "x"}], "holds kernel 0: missing fields ['arch', 'kernel_name', 'source_sha256']"),
-        ([{**ENTRY, "source_sha256": {"a": 1}}], "holds kernel 0: its source_sha256 is not of the type"),
-        ([{**ENTRY, "ptxas": {"registers": "many"}}], "holds kernel 0: its ptxas is not of the type"),
-        ([ENTRY, {**ENTRY, "cubin": "../k.cubin"}], "holds kernel 1: cubin '../k.cubin' is not a file name"),
-        ([{**ENTRY, "cubin": "/tmp/k.cubin"}], "holds kernel 0: cubin '/tmp/k.cubin' is not a file name"),
+        ({"kernels": "abc"}, "holds kernels that are not a list"),
+        ({"kernels": [[1, 2]]}, "holds kernel 0: not an object"),
+        ({"kernels": [{**ENTRY, "evil": 1}]}, "holds kernel 0: unknown fields ['evil']"),
+        ({"kernels": [{"case": "x"}]}, "holds kernel 0: missing fields ['arch', 'kernel_name', 'source_sha256']"),
+        (
+            {"kernels": [{**ENTRY, "source_sha256": {"a": 1}}]},
+            "holds kernel 0: its source_sha256 is not what prepare writes there",
+        ),
+        (
+            {"kernels": [{**ENTRY, "ptxas": {"registers": "many"}}]},
+            "holds kernel 0: its ptxas is not what prepare writes there",
+        ),
+        (
+            {"kernels": [ENTRY, {**ENTRY, "cubin": "../k.cubin"}]},
+            "holds kernel 1: cubin '../k.cubin' is not a file name",
+        ),
+        ({"kernels": [{**ENTRY, "cubin": "/tmp/k.cubin"}]}, "holds kernel 0: cubin '/tmp/k.cubin' is not a file name"),
+        (
+            {"kernels": [{**ENTRY, "sass": "ok\x1b]0;title\x07"}]},
+            "holds kernel 0: its sass is not what prepare writes there",
+        ),
+        ({"nvcc": "12.4\x1b[2J\nforged line", "kernels": []}, "holds a nvcc that is not one line of text"),
     ],
 )
-def test_a_prepared_manifest_not_as_prepare_writes_it_is_one_line(tmp_path, capsys, kernels, says):
-    (tmp_path / MANIFEST).write_text(json.dumps({"format": 1, "kernels": kernels}))
+def test_a_prepared_manifest_not_as_prepare_writes_it_is_one_line(tmp_path, capsys, fields, says):
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": 1, **fields}))
     with pytest.raises(SpatialError, match=re.escape(f"{MANIFEST} {says}")):
         Manifest.load(tmp_path)
     assert main(["gpucheck", str(tmp_path / "out"), "--prepared", str(tmp_path), "--dry-run", "--sizes", "64"]) == 2

@@ -123,10 +123,22 @@ def _manifest_fault(data: Any) -> str | None:
     someone else: every value the run reads must be of the type it reads, and no cubin's name may lead out of it."""
     if not isinstance(data, dict) or type(data.get("format")) is not int or data["format"] != FORMAT:
         return f"is not a gpucheck manifest of format {FORMAT}"
+    shown = [k for k in _SHOWN if k in data and not _plain(data[k])]
+    if shown:
+        return f"holds a {shown[0]} that is not one line of text"
     kernels = data.get("kernels", [])
     if not isinstance(kernels, list):
         return "holds kernels that are not a list"
     return next((f"holds kernel {i}: {why}" for i, e in enumerate(kernels) if (why := _entry_fault(e))), None)
+
+
+_SHOWN = ("target", "arch", "nvcc", "commit", "created")  # the manifest's own fields the run's output quotes
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` is text the run's output can quote as it is: one line, no control character (an escape
+    sequence would reach the terminal)."""
+    return isinstance(value, str) and value.isprintable()
 
 
 _ENTRY_FIELDS = {f.name: f for f in fields(Entry)}
@@ -149,10 +161,10 @@ def _entry_fault(entry: Any) -> str | None:
             )
         elif name in _ENTRY_NUMBERS:
             ok = type(value) in (int, float)
-        else:
-            ok = isinstance(value, str)
+        else:  # quoted by the run's output but `error`, which is nvcc's own lines (`prepare` says them)
+            ok = isinstance(value, str) and (name == "error" or _plain(value))
         if not ok:
-            return f"its {name} is not of the type prepare writes"
+            return f"its {name} is not what prepare writes there"
     cubin = entry.get("cubin", "")
     if cubin and (cubin in (".", "..") or Path(cubin).name != cubin or "\\" in cubin):
         return f"cubin {cubin[:40]!r} is not a file name of the prepared folder"
