@@ -76,6 +76,7 @@ MAX_SCHEDULE_OPS = 1 << 18
 # ops of MAX_SCHEDULE_OPS fit with room to spare (one or two objects each in a built program: 151,613 in all for the
 # 1,024-site attention above; a compute op a few more).
 MAX_OBJECTS = 1 << 21
+MAX_DOCUMENT_BYTES = 512 << 20  # the longest document a reader of files takes: far above MAX_OBJECTS' worth
 _LIST_LIMITS: dict[tuple[type, str], tuple[int, str]] = {
     (ops.TileAddr, "steps"): (MAX_STEPS, "steps"),
     (ops.Trip, "steps"): (MAX_STEPS, "steps"),
@@ -420,10 +421,23 @@ def _load(text: str | bytes | bytearray) -> Any:
     if objects > MAX_OBJECTS:
         raise SerdeError(f"a document of {objects} objects; a spatialc program has at most {MAX_OBJECTS}")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_once_each)
     except json.JSONDecodeError as e:
         raise SerdeError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except SerdeError:
+        raise
     except RecursionError:
         raise SerdeError(f"not a spatialc program: objects and lists nest more than {MAX_DEPTH} deep") from None
     except ValueError as e:  # an integer of thousands of digits: Python's int-string limit
         raise SerdeError(f"not a spatialc program: {str(e).split(':')[0]}") from None
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of the document, each key written once: JSON leaves a repeated key's meaning open (Python's reader
+    keeps the last value, others the first), so a document that repeats one could mean one thing here and another
+    to whoever checked it."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        key = next(k for i, (k, _) in enumerate(pairs) if any(k == other for other, _ in pairs[:i]))
+        raise SerdeError(f"program: the key {shown(key)} is written twice in one object; a document writes each once")
+    return out

@@ -351,7 +351,7 @@ def _check_stages(p: SpatialProgram) -> None:
                     f"stage {s.name} writes {tensors[t].name}, {role_text(tensors[t])}; a write"
                     " stage writes the output tensor or a workspace tensor"
                 )
-            case ComputeStage(op) if (why := compute_fault(op, p.precision)) is not None:
+            case ComputeStage(op) if (why := compute_fault(op, p.precision, p.tile)) is not None:
                 raise IllFormedError(f"stage {s.name}: {why}")
     want = accumulator_dtype(p.precision)
     for w in p.tensors:

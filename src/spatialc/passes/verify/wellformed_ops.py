@@ -312,7 +312,7 @@ class _OpCheck:
                 "attention is a stage's declaration, not an op an engine runs (its schedule runs the"
                 " online recurrence)",
             )
-        why = compute_fault(op.op, self.index.p.precision)
+        why = compute_fault(op.op, self.index.p.precision, self.index.p.tile)
         if why is not None:
             raise self.fail(op, why)
         elementwise = not isinstance(op.op, MatmulTiles | AddPartial | RowReduce | ScaleAcc)
