@@ -204,13 +204,10 @@ def _unique(kind: str, ids: Iterable[int]) -> None:
         seen.add(i)
 
 
-NESTED = "loops nested more than"
-
-
 def _of_types(fault: str, whose: str) -> str:
-    """`fault` as rule 1 states it: a value of a wrong type asks for the IR's own types; an id past 64 bits or loops
-    nested too deep are faults of size, said as they are."""
-    if ID_RANGE in fault or fault.startswith(NESTED):
+    """`fault` as rule 1 states it: a value of a wrong type asks for the IR's own types; an id past 64 bits, loops or
+    an expression's ops nested too deep, a list or a formula too long are faults of size, said as they are."""
+    if ID_RANGE in fault or " more than " in fault:
         return fault
     return f"{fault}: {whose} must hold the IR's own types (spatialc.ir)"
 
@@ -230,7 +227,7 @@ def check_types(p: SpatialProgram) -> None:
         stack = [(prog.ops, 0)]
         while stack:
             ops, depth = stack.pop()
-            fault = f"{NESTED} {MAX_NESTING} deep" if depth > MAX_NESTING else None
+            fault = f"loops nested more than {MAX_NESTING} deep" if depth > MAX_NESTING else None
             bad = None  # the op holding the fault, where one does
             for op in ops:
                 if fault is None:
