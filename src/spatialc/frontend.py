@@ -265,6 +265,11 @@ def grouped_gemm(
     are not read, rows of C there not written. A bias is one row of n values that every group adds. `scales`, as
     gemm's: block-scaled, each group with its own scale tensors (`spatialc.blockscaled`: DeepGEMM's grouped fp8)."""
     groups = _dim("groups", groups)
+    if groups == 1:  # a program of one group is the plain GEMM (`Tensor.groups` 1): no row count would reach it
+        raise ProgramError(
+            "a grouped GEMM has at least 2 groups, not 1; one group with all its rows computed is"
+            " spatialc.gemm(max_rows, n, k) (spatialc gemm)"
+        )
     if groups > MAX_GROUPS:
         raise ProgramError(f"groups must be at most {MAX_GROUPS}, not {groups}")
     stages = epilogue if isinstance(epilogue, list | tuple) else ()
