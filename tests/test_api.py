@@ -22,6 +22,14 @@ def test_build_and_lower_take_the_target_keyword_the_issues_name():
     assert art.target == "sm_86" and art.census.agrees
 
 
+def test_build_without_a_target_builds_for_the_one_the_program_names():
+    # It built for sm_90 whatever gemm(..., target=...) said, and lower() then printed sm_90 code for it.
+    p = spatialc.build(spatialc.gemm(48, 40, 32, target="sm_86"))
+    assert p.target == "sm_86" and p.verified
+    with pytest.raises(spatialc.UnknownTarget, match="not 90"):
+        spatialc.build(spatialc.gemm(48, 40, 32, target=90))
+
+
 def test_every_error_is_a_spatial_error_and_the_names_are_exported():
     for name in (
         "SpatialError",
