@@ -55,6 +55,10 @@ def test_every_error_is_a_spatial_error_and_the_names_are_exported():
         lambda: spatialc.evaluate(spatialc.build(spatialc.gemm(4, 4, 4)), [np.ones((4, 4)), np.ones((4, 4))]),
         lambda: spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.scalar("mul", 2**40)]),
         lambda: spatialc.bias("b"),
+        # An int past float64 raised OverflowError (ew's operands were refused by name); True was a scale of 1.0.
+        lambda: spatialc.scalar("mul", 10**400),
+        lambda: spatialc.rmsnorm(16, 16, eps=10**400),
+        lambda: spatialc.requant(True),
     ]
     for case in cases:
         with pytest.raises(spatialc.SpatialError):

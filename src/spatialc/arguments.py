@@ -5,7 +5,9 @@ sizes, the output types a program may ask for, and the Maps a program may take."
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -117,6 +119,24 @@ def precision_of(name: object) -> Precision:
     if prec is None:
         raise ProgramError(f"unknown precision {name!r}; use {PRECISIONS_ACCEPTED}")
     return prec
+
+
+def finite_number(x: Any) -> float | None:
+    """`x` as a finite float, or None where it is no number or none a float holds (an int past 1.8e308 included)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    try:
+        number = float(x)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown_number(x: Any) -> str:
+    """`x` for a message: an integer past float by its size (repr of one of 5,000 digits is itself refused)."""
+    if isinstance(x, int) and not isinstance(x, bool) and finite_number(x) is None:
+        return f"an integer of {x.bit_length()} bits (past float's range)"
+    return repr(x)[:60]
 
 
 def _dim(name: str, v: object) -> int:

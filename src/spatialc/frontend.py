@@ -7,10 +7,21 @@ names, sizes, output types — is `arguments`.)"""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from .arguments import DEFAULT_PRECISION, OUTPUT_CHOICES, TILE, _check_map, _check_size, _dim, precision_of
+from .arguments import (
+    DEFAULT_PRECISION,
+    OUTPUT_CHOICES,
+    TILE,
+    _check_map,
+    _check_size,
+    _dim,
+    finite_number,
+    precision_of,
+    shown_number,
+)
 from .errors import ProgramError
 from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
@@ -149,21 +160,22 @@ def scalar(op: str, value: float) -> Map:
     """x op value, for op in add, mul, max, min."""
     if op not in SCALAR_OPS:
         raise ProgramError(f"unknown scalar op {op!r}; use one of {', '.join(SCALAR_OPS)}")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ProgramError(f"a scalar {op} needs a finite number, not {value!r}")
-    return ops.scalar(op, float(value))
+    number = finite_number(value)
+    if number is None:
+        raise ProgramError(f"a scalar {op} needs a finite number, not {shown_number(value)}")
+    return ops.scalar(op, number)
 
 
 def requant(scale: float, zero_point: int = 0) -> Requant:
     """Requantise to int8: fixed-point multiply by `scale` (see spatialc.numerics.quant), add `zero_point`, clamp."""
     if isinstance(zero_point, bool) or not isinstance(zero_point, int) or not -128 <= zero_point <= 127:
         raise ProgramError(f"a requant zero point must be a whole number in [-128, 127], not {zero_point!r}")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):  # not True as 1.0, nor the text "0.5"
+        raise ProgramError(f"a requant scale must be a number, not {scale!r}")
     try:
         multiplier, shift = quantize_multiplier(float(scale))
     except QuantError as e:
         raise ProgramError(str(e)) from None
-    except (TypeError, ValueError):
-        raise ProgramError(f"a requant scale must be a number, not {scale!r}") from None
     return Requant(multiplier, shift, zero_point)
 
 
