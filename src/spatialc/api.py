@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .arguments import plain_ints
 from .attention import attention
 from .errors import ProgramError, SpatialError
 from .frontend import gemm, grouped_gemm
@@ -57,14 +58,14 @@ def build(
     return run_passes(
         program,
         get_target(program.target if target is None else target),
-        block=block,
-        sub_blocks=sub_blocks,
-        depth=depth,
-        sites=sites,
+        block=plain_ints(block),
+        sub_blocks=plain_ints(sub_blocks),
+        depth=plain_ints(depth),
+        sites=plain_ints(sites),
         placement=placement,
         form=form,
-        split_k=split_k,
-        multicast=multicast,
+        split_k=plain_ints(split_k),
+        multicast=plain_ints(multicast),
     )
 
 

@@ -139,6 +139,16 @@ def shown_number(x: Any) -> str:
     return repr(x)[:60]
 
 
+def plain_ints(v: Any) -> Any:
+    """`v` with numpy's integers (np.int64(2), as a sweep over np.arange gives) as ints, itself or in a tuple or list:
+    build's counts and shapes, which the passes check as ints. Anything else is left for their checks to refuse."""
+    if isinstance(v, tuple | list):
+        return type(v)(plain_ints(x) for x in v)
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool | int):
+        return int(v)
+    return v
+
+
 def _dim(name: str, v: object) -> int:
     """A size: any integral number ≥ 1 (an int, numpy's integers), as an int."""
     if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
