@@ -75,8 +75,6 @@ def test_saved_program_shows_and_round_trips(capsys, tmp_path):
         (["gemm", "4", "4", "4", "--sites", "3000000"], "sites must be a whole number from 1 to 65536"),
         (["gemm", "4", "x", "4"], "invalid int value: 'x'"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
-        # One group was a plain GEMM without its row counts: exit 3 (KeyError 'sizes'), or --sizes 3 refused as unknown.
-        (["grouped-gemm", "1", "64", "64", "64"], "a grouped GEMM has at least 2 groups, not 1"),
         (["show", "/nonexistent/p.json"], "cannot read /nonexistent/p.json"),
         # The API's option named as the command line spells it too.
         (["gemm", "64", "64", "640", "--split-k", "40"], "split_k=40 (--split-k 40): at most 32 sites share an item"),
