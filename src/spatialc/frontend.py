@@ -25,7 +25,7 @@ from .arguments import (
 from .errors import ProgramError
 from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
-from .ir.names import fitted_name
+from .ir.names import fitted_name, name_fault
 from .ir.nodes import (
     Accumulator,
     Buffer,
@@ -106,7 +106,11 @@ NAMED = (BiasOf, ScaleOf, OperandOf)  # the epilogue stages that bring a tensor 
 
 def _tensor_name(what: str, name: object) -> str:
     # a.txt and b.txt carry the operands, and some file systems fold case: names are compared without it.
-    if not isinstance(name, str) or not name.isidentifier() or name.lower() in ("a", "b", "c"):
+    fault = name_fault(f"a {what} tensor's", name)  # the IR's rule (ASCII, at most 64), here rather than at build
+    if fault is not None:
+        raise ProgramError(fault)
+    assert isinstance(name, str)
+    if name.lower() in ("a", "b", "c"):
         raise ProgramError(f"a {what} tensor needs an identifier name other than A, B, C (in any case), not {name!r}")
     return name
 
