@@ -30,12 +30,15 @@ def test_build_without_a_target_builds_for_the_one_the_program_names():
         spatialc.build(spatialc.gemm(48, 40, 32, target=90))
 
 
-def test_build_takes_numpy_integers_for_its_counts_and_shapes():
-    # A sweep over np.arange was refused: "split_k must be a whole number ≥ 1, not np.int64(2)".
+def test_numpy_numbers_are_taken_for_builds_counts_and_the_epilogues_constants():
+    # A sweep over np.arange was refused: "split_k must be a whole number ≥ 1, not np.int64(2)"; so were
+    # scalar("mul", np.float32(0.5)) and requant's zero point np.int64(3) ("needs a finite number, not …").
     two, four = np.int64(2), np.int64(4)
     p = spatialc.build(spatialc.gemm(64, 64, 640, "bf16"), "sm_90", split_k=two, block=(two, four, four), depth=two)
     assert p.placement.splits == 2 and p.plan.block == spatialc.ir.BlockShape(2, 4, 4)
     assert spatialc.from_json(spatialc.to_json(p)) == p
+    assert spatialc.scalar("mul", np.float32(0.5)) == spatialc.scalar("mul", 0.5)
+    assert spatialc.requant(np.float32(0.5), np.int64(3)) == spatialc.requant(0.5, 3)
 
 
 def test_every_error_is_a_spatial_error_and_the_names_are_exported():

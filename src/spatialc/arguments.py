@@ -122,8 +122,9 @@ def precision_of(name: object) -> Precision:
 
 
 def finite_number(x: Any) -> float | None:
-    """`x` as a finite float, or None where it is no number or none a float holds (an int past 1.8e308 included)."""
-    if isinstance(x, bool) or not isinstance(x, int | float):
+    """`x` as a finite float, or None where it is no number or none a float holds (an int past 1.8e308 included).
+    numpy's numbers count (np.float32(0.5), np.int64(2)), bools do not."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
         return None
     try:
         number = float(x)

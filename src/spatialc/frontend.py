@@ -172,7 +172,7 @@ def scalar(op: str, value: float) -> Map:
 
 def requant(scale: float, zero_point: int = 0) -> Requant:
     """Requantise to int8: fixed-point multiply by `scale` (see spatialc.numerics.quant), add `zero_point`, clamp."""
-    if isinstance(zero_point, bool) or not isinstance(zero_point, int) or not -128 <= zero_point <= 127:
+    if isinstance(zero_point, bool) or not isinstance(zero_point, numbers.Integral) or not -128 <= zero_point <= 127:
         raise ProgramError(f"a requant zero point must be a whole number in [-128, 127], not {zero_point!r}")
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):  # not True as 1.0, nor the text "0.5"
         raise ProgramError(f"a requant scale must be a number, not {scale!r}")
@@ -180,7 +180,7 @@ def requant(scale: float, zero_point: int = 0) -> Requant:
         multiplier, shift = quantize_multiplier(float(scale))
     except QuantError as e:
         raise ProgramError(str(e)) from None
-    return Requant(multiplier, shift, zero_point)
+    return Requant(multiplier, shift, int(zero_point))
 
 
 def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
