@@ -324,3 +324,23 @@ def test_a_nan_where_an_epilogue_op_leaves_the_bound_unbounded_is_within_it():
     assert np.isinf(tol.bound(x)[0, 0]) and tol.check(kernel, x)[0]
     kernel[1, 0] = np.nan  # sqrt(4): a NaN where the bound is finite is still refused
     assert not tol.check(kernel, x)[0]
+
+
+def test_a_c_past_its_types_range_is_inf_and_no_other_value_passes_for_it():
+    # Sums past fp16's 65504 stored as fp16 are inf; the bound there was 2 ulps of inf, so 0, −inf, NaN or a kernel
+    # that saturates to 65504 passed. 65504 is still a correct result where the sum may lie just short of 65520.
+    p = spatialc.build(spatialc.gemm(16, 16, 32, "fp16", out="fp16"), "sm_86")
+    a, b = np.zeros((16, 32)), np.ones((32, 16))
+    a[0, :2] = 65504.0  # 131008: far past the range
+    a[1, :2] = [65504.0, 16.0]  # exactly 65520, inf; a float32 sum one rounding short of it is 65504
+    x = {"A": a, "B": b}
+    ref = spatialc.evaluate(p, x)
+    tol = spatialc.tolerance(p, kernel=True)
+    assert np.isinf(ref[:2, 0]).all() and tol.check(ref, x)[0]
+    for wrong in (0.0, -np.inf, np.nan, 65504.0):
+        c = ref.copy()
+        c[0, 0] = wrong
+        assert not tol.check(c, x)[0], wrong
+    c = ref.copy()
+    c[1, 0] = 65504.0
+    assert tol.check(c, x)[0]

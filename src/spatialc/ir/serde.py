@@ -77,6 +77,11 @@ MAX_SCHEDULE_OPS = 1 << 18
 # 1,024-site attention above; a compute op a few more).
 MAX_OBJECTS = 1 << 21
 MAX_DOCUMENT_BYTES = 512 << 20  # the longest document a reader of files takes: far above MAX_OBJECTS' worth
+# Lists ([…]) and values (a comma each) of a whole document, counted alike: an object's lists are a few at most (a
+# 65,536-site program's items lists 1.6 an object), its values its fields (about 4), and the items the sites list at
+# most MAX_SITE_ITEMS. A document of 60 million empty lists inside the byte limit took 36 s and 4.6 GB to parse.
+MAX_LISTS = 1 << 21
+MAX_VALUES = MAX_SITE_ITEMS + 8 * MAX_OBJECTS
 _LIST_LIMITS: dict[tuple[type, str], tuple[int, str]] = {
     (ops.TileAddr, "steps"): (MAX_STEPS, "steps"),
     (ops.Trip, "steps"): (MAX_STEPS, "steps"),
@@ -417,9 +422,11 @@ def _load(text: str | bytes | bytearray) -> Any:
             raise SerdeError(f"not JSON text: byte {e.start} is not valid {encoding}") from None
     if not isinstance(text, str):
         raise SerdeError(f"a spatialc document is JSON text, not {type(text).__name__}")
-    objects = text.count("{")  # (a brace in a string counts too: no program's names hold millions of them)
-    if objects > MAX_OBJECTS:
-        raise SerdeError(f"a document of {objects} objects; a spatialc program has at most {MAX_OBJECTS}")
+    # (a brace, bracket or comma in a string counts too: no program's names hold millions of them)
+    for mark, what, most in (("{", "objects", MAX_OBJECTS), ("[", "lists", MAX_LISTS), (",", "values", MAX_VALUES)):
+        many = text.count(mark)
+        if many > most:
+            raise SerdeError(f"a document of {many} {what}; a spatialc program has at most {most}")
     try:
         return json.loads(text, object_pairs_hook=_once_each)
     except json.JSONDecodeError as e:

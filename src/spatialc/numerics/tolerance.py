@@ -51,6 +51,9 @@ F32_MAX = float(np.finfo(np.float32).max)  # 3.4e38: a float32 sum at or past it
 EPS32 = float(np.finfo(np.float32).eps)  # 2^-23: one float32 ulp at 1.0, twice the rounding unit u
 OUT_EPS = {DType.FLOAT32: EPS32, DType.FP16: 2.0**-10, DType.BF16: 2.0**-7}  # one ulp at 1.0 of C's type
 OUT_NAMES = {eps: d.value for d, eps in OUT_EPS.items()}
+# The magnitude from which a value rounds to ±inf in C's type (its largest finite value and half an ulp more: ties
+# go to the even "next power of two", which is inf), by the type's ulp at 1.0 as OUT_EPS gives it.
+OVERFLOW_AT = {EPS32: (2 - 2.0**-24) * 2.0**127, 2.0**-10: 65520.0, 2.0**-7: (2 - 2.0**-8) * 2.0**127}
 # What each k32 wgmma step of the sm_90a form's 8-bit float kernel may lose of |A|@|B|, in float32 ulps at 1.0:
 # 2^-12, twice the 2^-13 of a sum truncated to 13 fraction bits (the module docstring says where that comes from).
 FP8_WGMMA_STEP = 2**11
@@ -70,7 +73,8 @@ class Tolerance:
 
     `exact`: int8 programs, compared with `==`. Otherwise |C − ref| ≤ e + 2 · eps · |ref| + the smallest normal
     float32, where e is ulps · 2^-23 · (|A| @ |B|) carried through the epilogue's ops (`epilogue`; each op's
-    `numerics.intervals.bounded`), and eps one ulp at 1.0 of C's type (float32, fp16 or bf16)."""
+    `numerics.intervals.bounded`), and eps one ulp at 1.0 of C's type (float32, fp16 or bf16); where C overflowed
+    its type, measured from the magnitude it overflows at (`_bound`)."""
 
     program: SpatialProgram = field(repr=False, compare=False)
     exact: bool
@@ -157,8 +161,7 @@ class Tolerance:
             if rows is not None:
                 raise ProgramError(f"program {self.program.name} multiplies a computed operand: check it whole")
             ref = reference(self.program, inputs)
-            size = np.abs(ref.astype(np.float64))
-            return ref, _chained(self.program, inputs, bool(self.ulps)) + 2 * self.out_eps * size + _TINY
+            return ref, _bound(ref, *_chained(self.program, inputs, bool(self.ulps)), self.out_eps)
         p = self.program
         a, b = rounded_operands(p, inputs)
         if blockscale.program_scales(p) is not None:  # the promoted sum, and M = Σ_g |sa·sb|·|A_g|@|B_g|
@@ -169,7 +172,6 @@ class Tolerance:
         ref = finished(p, x, inputs, rows)
         if self.exact:
             return ref, np.zeros(ref.shape)
-        size = np.abs(ref.astype(np.float64))
         if magnitude is None:
             magnitude = _abs_product(a, b, matmul)  # float operands (an exact int8 program returned above)
             self._in_range(magnitude)
@@ -181,7 +183,7 @@ class Tolerance:
             more = [(np.asarray(v, np.float64), np.zeros(1)) for v in stage_pages(p, stage, inputs, rows)]
             pages = [(x, err + EPS32 * np.abs(x)), *more]  # a residual's page: exact operand values
             x, err = intervals.bounded(op.expr, pages, _row(column_values(p, inputs, rows)))
-        return ref, err + 2 * self.out_eps * size + _TINY
+        return ref, _bound(ref, x, err, self.out_eps)
 
     def _mapped(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """A map program's reference and bound: its exact inputs through each op's interval bound."""
@@ -196,7 +198,7 @@ class Tolerance:
                 value, err = row_stages(p, d, inputs, bounds=True, done=done)
                 ref = output_values(d.out.name, value, d.out.dtype)
                 eps = OUT_EPS.get(d.out.dtype, EPS32)
-                each[d.out.name] = (ref, err + 2 * eps * np.abs(ref.astype(np.float64)) + _TINY)
+                each[d.out.name] = (ref, _bound(ref, value, err, eps))
             if len(each) > 1:
                 return {k: v[0] for k, v in each.items()}, {k: v[1] for k, v in each.items()}  # type: ignore[return-value]
             return each[decl.out.name]
@@ -205,8 +207,8 @@ class Tolerance:
             return ref, np.zeros(ref.shape)
         pages = [(np.asarray(x, np.float64), np.zeros(1)) for x in map_pages(p, decl, inputs)]
         (stage,) = decl.chain
-        _, err = intervals.bounded(stage.kind.op.expr, pages, _row(column_values(p, inputs)))
-        return ref, err + 2 * self.out_eps * np.abs(ref.astype(np.float64)) + _TINY
+        x, err = intervals.bounded(stage.kind.op.expr, pages, _row(column_values(p, inputs)))
+        return ref, _bound(ref, x, err, self.out_eps)
 
     def past_range(self, magnitude: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
         """Where a kernel's float32 sum of finite inputs may overflow: |A|@|B|, with the sum's own rounding, at
@@ -260,7 +262,7 @@ class Tolerance:
         if isinstance(ref, dict):  # several outputs (LayerNorm's out, mean, rstd): each within its own bound
             if not isinstance(c, Mapping) or set(c) != set(ref):
                 return False, f"the outputs are {', '.join(ref)}; the result given holds {_names(c)}"
-            told = [(name, *self._within(c[name], ref[name], bound[name], inputs)) for name in ref]
+            told = [(name, *self._within(c[name], ref[name], bound[name], inputs, name=name)) for name in ref]
             each = "; ".join(f"{name}: {how.split(' (bound: ')[0]}" for name, _, how in told)  # the bound said once
             return all(ok for _, ok, _ in told), f"{each} (bound: {self.text})"
         return self._within(c, ref, bound, inputs, rows)
@@ -275,9 +277,16 @@ class Tolerance:
         return self._within(c, ref, bound, inputs)
 
     def _within(
-        self, c: Any, ref: np.ndarray, bound: np.ndarray, inputs: Mapping[str, Any], rows: Any = None
+        self,
+        c: Any,
+        ref: np.ndarray,
+        bound: np.ndarray,
+        inputs: Mapping[str, Any],
+        rows: Any = None,
+        name: str | None = None,
     ) -> tuple[bool, str]:
-        """Whether one output `c` is within `bound` of `ref`, and how close it is (C's sampled `rows`, if given)."""
+        """Whether one output `c` (the output `name`, or the program's one) is within `bound` of `ref`, and how close
+        it is (C's sampled `rows`, if given)."""
         if np.shape(c) != ref.shape:
             return False, f"C has shape {np.shape(c)}, the reference {ref.shape}"
         if self.exact:
@@ -286,6 +295,12 @@ class Tolerance:
         c64, r64 = np.asarray(c, dtype=np.float64), ref.astype(np.float64)
         # Equal values pass, infinities and NaNs included (inf − inf is NaN, and NaN is within no bound).
         same = (c64 == r64) | (np.isnan(c64) & np.isnan(r64))
+        # ±inf is measured from the magnitude C's type overflows at, where the values that round to it begin
+        # (`_bound`): a finite value short of it, or inf where the reference just misses it, may be a correct sum's
+        # rounding; any other value is not (the bound was 2 ulps of inf there, and let any value pass).
+        if np.isinf(c64).any() or np.isinf(r64).any():
+            top = OVERFLOW_AT[OUT_EPS.get(self._output(name).dtype, EPS32)]
+            c64, r64 = (np.where(np.isinf(v), np.sign(v) * top, v) for v in (c64, r64))
         with np.errstate(invalid="ignore"):
             err = np.where(same, 0.0, np.abs(c64 - r64))
         # An infinite bound is an epilogue op's pole or domain edge inside the box its operand may lie in
@@ -299,6 +314,12 @@ class Tolerance:
             if past:
                 how += f"; {past} of the elements outside it lie past float32's range, where it does not hold"
         return ok, how
+
+    def _output(self, name: str | None) -> Any:
+        """The output tensor `name`, or the program's one."""
+        out = self.program.output_tensor() if name is None else self.program.tensor_named(name)
+        assert out is not None
+        return out
 
     def _past(self, inputs: Mapping[str, Any], rows: Any = None) -> np.ndarray:
         """`past_range` of these inputs' |A|@|B| (a block-scaled program's M and its scales' products; A's sampled
@@ -356,6 +377,24 @@ def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = F
 _TINY = float(np.finfo(np.float32).tiny)
 
 
+def _bound(ref: np.ndarray, x: np.ndarray, err: np.ndarray, eps: float) -> np.ndarray:
+    """The bound of each element of C: `err`, that of `x` (C before its rounding to C's type, `eps` its ulp at 1.0),
+    and the rounding, 2 ulps of the type and the smallest normal float32. Where `x` is finite but rounded to ±inf,
+    C's type overflowed: `_within` measures a value there from the magnitude the type overflows at, and a value
+    short of it is a correct result only where x may lie within err below it (plus the half ulp the rounding adds);
+    else only ±inf is (2 ulps of that magnitude would pass the largest finite value: a kernel that saturates)."""
+    size = np.abs(ref.astype(np.float64))
+    infinite = np.isinf(size)
+    if not infinite.any():  # (C's size in float64 arrays: as few as the check can hold at once)
+        return err + 2 * eps * size + _TINY
+    top = OVERFLOW_AT[eps]
+    reach = np.abs(x) - err  # the least magnitude a correct sum may have before it is rounded
+    with np.errstate(invalid="ignore"):  # an infinite x and err (inputs past their range): inf − inf
+        short = np.where(reach < top, top - reach + eps * top / 4, 0.0)
+    rounding = err + 2 * eps * np.where(infinite, 0.0, size)
+    return np.where(infinite & np.isfinite(x), short, rounding) + _TINY
+
+
 def _names(c: Any) -> str:
     """What a result holds, for a message: its outputs' names, or one array's shape."""
     return ", ".join(map(str, c)) if isinstance(c, Mapping) else f"one array of shape {np.shape(c)}"
@@ -366,8 +405,8 @@ _RANGE_WARNED: list[bool] = []  # whether a RangeWarning was given in this proce
 _ROUNDING = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11, Precision.E4M3: 2.0**-4, Precision.E5M2: 2.0**-3}
 
 
-def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.ndarray:
-    """The error bound of each element of C before its rounding to C's type, carried from the inputs through each
+def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each element of C before its rounding to C's type, and its error bound, carried from the inputs through each
     matmul, each elementwise op and each computed operand's rounding (see the module docstring)."""
     from ..interp.values import matmul as product
     from .reference import _declared, column_values, stage_pages, tensor_operand
@@ -407,7 +446,7 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
         return x, e
 
     assert decl.matmul is not None
-    return through(*matmul(decl.matmuls[decl.matmul.id]), list(decl.chain))[1]
+    return through(*matmul(decl.matmuls[decl.matmul.id]), list(decl.chain))
 
 
 def _online(p: SpatialProgram) -> bool:
