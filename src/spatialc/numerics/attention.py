@@ -53,6 +53,19 @@ def valid_scale(scale: object) -> bool:
     return bool(single > 0)
 
 
+def keyless(seq_q: int, seq_kv: int, causal: bool) -> str | None:
+    """Why the mask leaves a query row no key, or None. A causal mask aligned bottom right hides every key from the
+    first seq_q − seq_kv rows where seq_q > seq_kv: their softmax is 0 / 0 (NaN in the reference), and rule 8's
+    argument starts from a first block that leaves each row a key (docs/verification.md). What `spatialc.attention`,
+    lang's `p.attention` and `spatialc.torch.attention` refuse, and verify holds a saved declaration to."""
+    if not causal or seq_q <= seq_kv:
+        return None
+    return (
+        f"a causal attention with seq_q ({seq_q}) > seq_kv ({seq_kv}) leaves its first {seq_q - seq_kv} query rows no"
+        " key (the mask is aligned bottom right); use seq_q ≤ seq_kv"
+    )
+
+
 def keep(seq_q: int, seq_kv: int, causal: bool) -> np.ndarray:
     """Which scores the mask keeps, (seq_q, seq_kv): every key, or for a causal attention the keys c ≤ r + seq_kv −
     seq_q (aligned bottom right)."""
