@@ -228,6 +228,24 @@ def attention_bound(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool =
     return {to.name: grouped(e_o, to.groups), tl.name: grouped(e_l, tl.groups)}
 
 
+def past_range(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool = False) -> np.ndarray:
+    """Each query row (in LSE's shape) whose scores may leave float32's range: |Q|·|K|ᵀ over a key the mask keeps —
+    S as its float32 holds it (a kernel's sum, with its head_dim + 4 ulps) — or |scale| times it at float32's largest
+    value or past it. The interpreter and a kernel hold S and scale · S in float32 (docs/numerics.md, "Attention"),
+    so such a row's O and LSE may be ±inf or NaN where the float64 reference is finite. (A row an infinite input
+    makes infinite is said already, by check_inputs.)"""
+    from .tolerance import F32_MAX
+
+    op = attention_op(p)
+    q, k, _ = attention_inputs(p, inputs)
+    with np.errstate(over="ignore", invalid="ignore"):
+        qk = np.abs(q) @ np.abs(kv_of(q, k, op.group)).transpose(0, 2, 1)
+        qk = np.where(keep(q.shape[1], k.shape[1], op.causal), qk, 0.0)
+        big = np.max(qk, axis=2, keepdims=True) * (1 + ((q.shape[2] + 4) * EPS32 if kernel else 0.0))
+        past = np.isfinite(big) & (np.maximum(big, op.scale * big) >= F32_MAX)
+    return grouped(past, outputs(p)[1].groups)
+
+
 def _rounded(x: np.ndarray, dtype: DType) -> np.ndarray:
     """|O| as its output type holds it (the reference's, whose ulps the output rounding spends)."""
     from .rounding import output_values
