@@ -200,3 +200,27 @@ def test_scores_past_float32s_range_are_said_and_counted_in_the_check(monkeypatc
     assert "lse: max |error| 0; 16 of 16 elements NaN where the reference is not; 16 of the elements outside" in how
     with pytest.raises(InputError, match=r"query rows .* \(strict: scale the inputs down\)$"):
         spatialc.tolerance(p, strict=True).check(out, given)
+
+
+def test_the_reference_and_the_bound_hold_a_piece_of_the_scores_at_a_time(monkeypatch):
+    """The check held every head's seq_q × seq_kv scores at once, in four or five float64 arrays: 8 GiB for
+    `spatialc attention 1 16 4096 4096 128`, whose default full check the CLI counts at under 2 GiB (its ledger
+    counts O's size), 18 GiB at 6144. Now a piece of rows at a time (`numerics.attention.pieces`), the same values."""
+    import tracemalloc
+
+    from spatialc.numerics import attention
+
+    shape = (1, 2, 400, 512, 16)
+    p = scheduled(*shape, kv_heads=1, causal=True)
+    given = inputs(*shape, kv_heads=1)
+    whole = tolerance(p, kernel=True).against(given)
+    monkeypatch.setattr(attention, "SCORES_AT_ONCE", 1 << 13, raising=False)  # a piece: 16 rows of one head
+    tracemalloc.start()
+    try:
+        pieced = tolerance(p, kernel=True).against(given)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    for i in (0, 1):  # (the reference and the bound; the sums' order may differ with the shapes BLAS is given)
+        assert all(np.allclose(whole[i][n], pieced[i][n], rtol=1e-12, atol=0) for n in ("o", "lse"))
+    assert peak < 400 * 512 * 8  # less than one head's scores in one float64 array
