@@ -17,7 +17,7 @@ from ..ir.ids import BufferId, StageId
 from ..ir.nodes import ComputeStage, ReadStage, Stage, Tensor, WriteStage
 from ..ir.nodes import Engine as IREngine
 from ..ir.ops import AddPartial, Attention, BlockShape, ComputeOp, Map, MatmulTiles, Precision
-from ..numerics.attention import FLOAT32_HOLDS, valid_scale
+from ..numerics.attention import FLOAT32_HOLDS, keyless, valid_scale
 from .handles import RingRef, StageRef, TensorRef, expect, named, whole
 from .lines import refuse, user_line
 from .maps import formula, reduce_op, reduced_cols, vector_rings
@@ -152,6 +152,9 @@ class StageDeclarations:
             raise refuse(
                 f"attention {name}'s scale is a finite number > 0, not {clipped(repr(scale))} ({FLOAT32_HOLDS})"
             )
+        why = keyless(qt.elems[0], kt.elems[0], causal)
+        if why is not None:
+            raise refuse(f"attention {name}: {why}")
         op = Attention(float(sc), qt.elems[0], kt.elems[0], qt.groups // kt.groups, causal)
         ins, outs = (q.id, k.id, v.id), (o.id, lse.id)
         return self._stage(name, ComputeStage(op), "compute", ins, outs)

@@ -154,6 +154,7 @@ class Tolerance:
         if self.attention:
             from .attention import attention_bound, attention_reference
 
+            self._scores_in_range(inputs)
             return attention_reference(self.program, inputs), attention_bound(self.program, inputs, self.kernel)  # type: ignore[return-value]
         if self.mapped:
             return self._mapped(inputs)
@@ -239,6 +240,24 @@ class Tolerance:
                 f" and keeps fewer bits below {_TINY:.3g}, where the float64 reference's is exact, so the"
                 " kernel's bound holds only where each sa·sb lies in float32's normal range"
             )
+        self._say_past(what)
+
+    def _scores_in_range(self, inputs: Mapping[str, Any]) -> None:
+        """`_in_range` of an attention program: its rows whose scores may leave float32's range (the interpreter's
+        too: it holds S in float32, as a kernel does)."""
+        past = self._past(inputs)
+        if not past.any():
+            return
+        at = [int(i) for i in np.argwhere(past)[0][:-1]]
+        self._say_past(
+            f"{int(past.sum())} of the {past.size} query rows have |Q|·|K|ᵀ, or |scale| times it, at or past"
+            f" float32's largest value ({F32_MAX:.3g}; first at LSE{at}): the recurrence holds S and scale · S in"
+            " float32, the interpreter's as a kernel's, so O and LSE may be ±inf or NaN there where the float64"
+            " reference is not, and the bound holds only below it"
+        )
+
+    def _say_past(self, what: str) -> None:
+        """Say once (RangeWarning), or refuse under `strict` (InputError), that inputs leave the bound's range."""
         if self.strict:
             from ..inputs import InputError
 
@@ -263,7 +282,7 @@ class Tolerance:
             if not isinstance(c, Mapping) or set(c) != set(ref):
                 return False, f"the outputs are {', '.join(ref)}; the result given holds {_names(c)}"
             told = [(name, *self._within(c[name], ref[name], bound[name], inputs, name=name)) for name in ref]
-            each = "; ".join(f"{name}: {how.split(' (bound: ')[0]}" for name, _, how in told)  # the bound said once
+            each = "; ".join(f"{name}: {how.replace(f' (bound: {self.text})', '')}" for name, _, how in told)  # once
             return all(ok for _, ok, _ in told), f"{each} (bound: {self.text})"
         return self._within(c, ref, bound, inputs, rows)
 
@@ -307,9 +326,13 @@ class Tolerance:
         # (`intervals.bounded`): any value may come there, NaN too — sqrt of a sum the kernel rounds below 0.
         good = same | (err <= bound) | np.isinf(bound)
         ok = bool(np.all(good))
-        how = f"max |error| {float(np.nanmax(err, initial=0.0)):.3g} (bound: {self.text})"
-        summed = not (self.chained or self.mapped or self.attention)  # (a map sums nothing: no such range)
-        if not ok and self.kernel and summed:
+        how = f"max |error| {float(np.nanmax(err, initial=0.0)):.3g}"
+        lost = np.isnan(err) & ~good  # (errors the max leaves out: NaN on one side alone)
+        for n, where in ((np.isnan(c64) & lost, "NaN where the reference is not"), (np.isnan(r64) & lost, "not NaN")):
+            how += f"; {np.count_nonzero(n)} of {err.size} elements {where}" if n.any() else ""
+        how += f" (bound: {self.text})"
+        summed = not (self.chained or self.mapped)  # (a map sums nothing: no such range; attention's S is a sum)
+        if not ok and (self.kernel or self.attention) and summed:
             past = int(np.count_nonzero(~good & self._past(inputs, rows)))
             if past:
                 how += f"; {past} of the elements outside it lie past float32's range, where it does not hold"
@@ -323,11 +346,15 @@ class Tolerance:
 
     def _past(self, inputs: Mapping[str, Any], rows: Any = None) -> np.ndarray:
         """`past_range` of these inputs' |A|@|B| (a block-scaled program's M and its scales' products; A's sampled
-        `rows`, if given)."""
+        `rows`, if given; an attention program's: each query row's, `attention.past_range`)."""
         from ..interp.values import matmul
         from .reference import rounded_operands
 
         p = self.program
+        if self.attention:
+            from . import attention
+
+            return attention.past_range(p, inputs, self.kernel)
         a, b = rounded_operands(p, inputs)
         if blockscale.program_scales(p) is not None:
             magnitude = blockscale.program_sum(p, a, b, inputs, matmul, rows)[1]
