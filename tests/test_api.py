@@ -22,6 +22,25 @@ def test_build_and_lower_take_the_target_keyword_the_issues_name():
     assert art.target == "sm_86" and art.census.agrees
 
 
+def test_build_without_a_target_builds_for_the_one_the_program_names():
+    # It built for sm_90 whatever gemm(..., target=...) said, and lower() then printed sm_90 code for it.
+    p = spatialc.build(spatialc.gemm(48, 40, 32, target="sm_86"))
+    assert p.target == "sm_86" and p.verified
+    with pytest.raises(spatialc.UnknownTarget, match="not 90"):
+        spatialc.build(spatialc.gemm(48, 40, 32, target=90))
+
+
+def test_numpy_numbers_are_taken_for_builds_counts_and_the_epilogues_constants():
+    # A sweep over np.arange was refused: "split_k must be a whole number ≥ 1, not np.int64(2)"; so were
+    # scalar("mul", np.float32(0.5)) and requant's zero point np.int64(3) ("needs a finite number, not …").
+    two, four = np.int64(2), np.int64(4)
+    p = spatialc.build(spatialc.gemm(64, 64, 640, "bf16"), "sm_90", split_k=two, block=(two, four, four), depth=two)
+    assert p.placement.splits == 2 and p.plan.block == spatialc.ir.BlockShape(2, 4, 4)
+    assert spatialc.from_json(spatialc.to_json(p)) == p
+    assert spatialc.scalar("mul", np.float32(0.5)) == spatialc.scalar("mul", 0.5)
+    assert spatialc.requant(np.float32(0.5), np.int64(3)) == spatialc.requant(0.5, 3)
+
+
 def test_every_error_is_a_spatial_error_and_the_names_are_exported():
     for name in (
         "SpatialError",
@@ -47,6 +66,10 @@ def test_every_error_is_a_spatial_error_and_the_names_are_exported():
         lambda: spatialc.evaluate(spatialc.build(spatialc.gemm(4, 4, 4)), [np.ones((4, 4)), np.ones((4, 4))]),
         lambda: spatialc.gemm(16, 16, 16, "int8", epilogue=[spatialc.scalar("mul", 2**40)]),
         lambda: spatialc.bias("b"),
+        # An int past float64 raised OverflowError (ew's operands were refused by name); True was a scale of 1.0.
+        lambda: spatialc.scalar("mul", 10**400),
+        lambda: spatialc.rmsnorm(16, 16, eps=10**400),
+        lambda: spatialc.requant(True),
     ]
     for case in cases:
         with pytest.raises(spatialc.SpatialError):

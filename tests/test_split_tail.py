@@ -302,6 +302,10 @@ def test_the_cli_places_a_split_tail(capsys):
     assert main([*args, "--block", "2,2,2", "--sub-blocks", "1,1", "--target", "sm_90"]) == 0
     out = capsys.readouterr().out
     assert "split tail" in out
+    # Where the tail is every item (2 items on 6 sites), the line said "items 0 … -1 whole".
+    args = ["gemm", "130", "70", "520", "--precision", "bf16", "--placement", "split_tail", "--sites", "6"]
+    assert main([*args, "--target", "sm_90a", "--check", "none"]) == 0
+    assert "(its last 2 items; none whole)" in capsys.readouterr().out
     assert (
         main(
             [

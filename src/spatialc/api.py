@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .arguments import plain_ints
 from .attention import attention
 from .errors import ProgramError, SpatialError
 from .frontend import gemm, grouped_gemm
@@ -33,7 +34,7 @@ __all__ = [
 
 def build(
     program: SpatialProgram,
-    target: str | SpatialTarget = "sm_90",
+    target: str | SpatialTarget | None = None,
     *,
     block: tuple[int, int, int] | None = None,
     sub_blocks: tuple[int, int] | None = None,
@@ -44,7 +45,8 @@ def build(
     split_k: int | None = None,
     multicast: tuple[int, int] | None = None,
 ) -> SpatialProgram:
-    """tile → place → schedule → verify; returns the verified program. The plan is chosen for the CUDA kernel of
+    """tile → place → schedule → verify; returns the verified program, built for `target` (by default the one the
+    program names: `spatialc.gemm(..., target=...)`, "sm_90" unless given). The plan is chosen for the CUDA kernel of
     `form` ("auto" and "persistent": the persistent kernel; "general": the general form, whose rings include the
     output's and each epilogue stage's). `split_k=S` reduces each item's K on S sites whose partial sums meet in a
     workspace tensor (general form); by default the planner splits a GEMM with too few items to fill the machine
@@ -55,15 +57,15 @@ def build(
     expect_program("build", program, "from spatialc.gemm")
     return run_passes(
         program,
-        get_target(target),
-        block=block,
-        sub_blocks=sub_blocks,
-        depth=depth,
-        sites=sites,
+        get_target(program.target if target is None else target),
+        block=plain_ints(block),
+        sub_blocks=plain_ints(sub_blocks),
+        depth=plain_ints(depth),
+        sites=plain_ints(sites),
         placement=placement,
         form=form,
-        split_k=split_k,
-        multicast=multicast,
+        split_k=plain_ints(split_k),
+        multicast=plain_ints(multicast),
     )
 
 

@@ -5,6 +5,7 @@ sizes, the output types a program may ask for, and the Maps a program may take."
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 from typing import Any
 
@@ -136,6 +137,35 @@ def precision_of(name: object) -> Precision:
     if prec is None:
         raise ProgramError(f"unknown precision {name!r}; use {PRECISIONS_ACCEPTED}")
     return prec
+
+
+def finite_number(x: Any) -> float | None:
+    """`x` as a finite float, or None where it is no number or none a float holds (an int past 1.8e308 included).
+    numpy's numbers count (np.float32(0.5), np.int64(2)), bools do not."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return None
+    try:
+        number = float(x)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown_number(x: Any) -> str:
+    """`x` for a message: an integer past float by its size (repr of one of 5,000 digits is itself refused)."""
+    if isinstance(x, int) and not isinstance(x, bool) and finite_number(x) is None:
+        return f"an integer of {x.bit_length()} bits (past float's range)"
+    return repr(x)[:60]
+
+
+def plain_ints(v: Any) -> Any:
+    """`v` with numpy's integers (np.int64(2), as a sweep over np.arange gives) as ints, itself or in a tuple or list:
+    build's counts and shapes, which the passes check as ints. Anything else is left for their checks to refuse."""
+    if isinstance(v, tuple | list):
+        return type(v)(plain_ints(x) for x in v)
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool | int):
+        return int(v)
+    return v
 
 
 def _dim(name: str, v: object) -> int:

@@ -34,7 +34,7 @@ from .ir.nodes import (
     WriteStage,
 )
 from .ir.ops import Attention, Precision
-from .numerics.attention import FLOAT32_HOLDS, valid_scale
+from .numerics.attention import FLOAT32_HOLDS, keyless, valid_scale
 
 MAX_HEAD_DIM = 256  # FlashAttention's largest: beyond it a band of Q and a block of K and V no longer fit a site
 
@@ -74,11 +74,9 @@ def attention(
         raise ProgramError(f"head_dim is at most {MAX_HEAD_DIM}, not {d}")
     if not isinstance(causal, bool):
         raise ProgramError(f"causal is True or False, not {causal!r}")
-    if causal and sq > skv:
-        raise ProgramError(
-            f"a causal attention with seq_q ({sq}) > seq_kv ({skv}) leaves its first {sq - skv} query rows no key"
-            " (the mask is aligned bottom right); use seq_q ≤ seq_kv"
-        )
+    why = keyless(sq, skv, causal)
+    if why is not None:
+        raise ProgramError(why)
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     if not valid_scale(scale):

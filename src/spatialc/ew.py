@@ -14,11 +14,11 @@ ew.row_index(), x)`: x where the test holds, else −∞), placed where a page s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .arguments import finite_number, shown_number
 from .errors import ProgramError
 from .ir.ids import TensorId
 from .ir.ops import MAX_EXPR_NODES, Apply, Arg, Col, Expr, Lit, Pos, VecAxis, expr_size_fault
@@ -145,28 +145,10 @@ def value(x: Any) -> Value:
     """`x` as an expression: an expression as it is, a number as a constant."""
     if isinstance(x, Value):
         return x
-    number = _finite(x)
+    number = finite_number(x)
     if number is None:
-        raise ProgramError(f"an elementwise operand is an expression or a finite number, not {_shown(x)}")
+        raise ProgramError(f"an elementwise operand is an expression or a finite number, not {shown_number(x)}")
     return Value(Lit(number))
-
-
-def _finite(x: Any) -> float | None:
-    """`x` as a finite float, or None where it is no number or none a float holds (an int past 1.8e308 included)."""
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        return None
-    try:
-        number = float(x)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _shown(x: Any) -> str:
-    """`x` for a message: an integer past float by its size (repr of one of 5,000 digits is itself refused)."""
-    if isinstance(x, int) and not isinstance(x, bool) and _finite(x) is None:
-        return f"an integer of {x.bit_length()} bits (past float's range)"
-    return repr(x)[:60]
 
 
 def _call(name: str, *args: Any, params: tuple[float, ...] = ()) -> Value:
@@ -183,8 +165,8 @@ def _function(op: ElementwiseOp) -> Callable[..., Value]:
         if unknown or missing:
             raise ProgramError(f"ew.{op.name} takes the parameter(s) {', '.join(op.params) or 'none'}")
         for p, v in params.items():
-            if _finite(v) is None:
-                raise ProgramError(f"ew.{op.name}'s {p} is a finite number, not {_shown(v)}")
+            if finite_number(v) is None:
+                raise ProgramError(f"ew.{op.name}'s {p} is a finite number, not {shown_number(v)}")
         return _call(op.name, *args, params=tuple(float(params[p]) for p in op.params))
 
     f.__name__ = op.name

@@ -7,6 +7,7 @@ names, sizes, output types — is `arguments`.)"""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,13 +18,15 @@ from .arguments import (
     _check_map,
     _check_size,
     _dim,
+    finite_number,
     out_named,
     precision_of,
+    shown_number,
 )
 from .errors import ProgramError
 from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
-from .ir.names import fitted_name
+from .ir.names import fitted_name, name_fault
 from .ir.nodes import (
     Accumulator,
     Buffer,
@@ -104,7 +107,11 @@ NAMED = (BiasOf, ScaleOf, OperandOf)  # the epilogue stages that bring a tensor 
 
 def _tensor_name(what: str, name: object) -> str:
     # a.txt and b.txt carry the operands, and some file systems fold case: names are compared without it.
-    if not isinstance(name, str) or not name.isidentifier() or name.lower() in ("a", "b", "c"):
+    fault = name_fault(f"a {what} tensor's", name)  # the IR's rule (ASCII, at most 64), here rather than at build
+    if fault is not None:
+        raise ProgramError(fault)
+    assert isinstance(name, str)
+    if name.lower() in ("a", "b", "c"):
         raise ProgramError(f"a {what} tensor needs an identifier name other than A, B, C (in any case), not {name!r}")
     return name
 
@@ -158,22 +165,23 @@ def scalar(op: str, value: float) -> Map:
     """x op value, for op in add, mul, max, min."""
     if op not in SCALAR_OPS:
         raise ProgramError(f"unknown scalar op {op!r}; use one of {', '.join(SCALAR_OPS)}")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ProgramError(f"a scalar {op} needs a finite number, not {value!r}")
-    return ops.scalar(op, float(value))
+    number = finite_number(value)
+    if number is None:
+        raise ProgramError(f"a scalar {op} needs a finite number, not {shown_number(value)}")
+    return ops.scalar(op, number)
 
 
 def requant(scale: float, zero_point: int = 0) -> Requant:
     """Requantise to int8: fixed-point multiply by `scale` (see spatialc.numerics.quant), add `zero_point`, clamp."""
-    if isinstance(zero_point, bool) or not isinstance(zero_point, int) or not -128 <= zero_point <= 127:
+    if isinstance(zero_point, bool) or not isinstance(zero_point, numbers.Integral) or not -128 <= zero_point <= 127:
         raise ProgramError(f"a requant zero point must be a whole number in [-128, 127], not {zero_point!r}")
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):  # not True as 1.0, nor the text "0.5"
+        raise ProgramError(f"a requant scale must be a number, not {scale!r}")
     try:
         multiplier, shift = quantize_multiplier(float(scale))
     except QuantError as e:
         raise ProgramError(str(e)) from None
-    except (TypeError, ValueError):
-        raise ProgramError(f"a requant scale must be a number, not {scale!r}") from None
-    return Requant(multiplier, shift, zero_point)
+    return Requant(multiplier, shift, int(zero_point))
 
 
 def _check_epilogue(epilogue: tuple[Epilogue, ...], prec: Precision) -> None:
@@ -275,6 +283,11 @@ def grouped_gemm(
     are not read, rows of C there not written. A bias is one row of n values that every group adds. `scales`, as
     gemm's: block-scaled, each group with its own scale tensors (`spatialc.blockscaled`: DeepGEMM's grouped fp8)."""
     groups = _dim("groups", groups)
+    if groups == 1:  # a program of one group is the plain GEMM (`Tensor.groups` 1): no row count would reach it
+        raise ProgramError(
+            "a grouped GEMM has at least 2 groups, not 1; one group with all its rows computed is"
+            " spatialc.gemm(max_rows, n, k) (spatialc gemm)"
+        )
     if groups > MAX_GROUPS:
         raise ProgramError(f"groups must be at most {MAX_GROUPS}, not {groups}")
     stages = epilogue if isinstance(epilogue, list | tuple) else ()

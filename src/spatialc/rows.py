@@ -19,7 +19,16 @@ from __future__ import annotations
 
 import math
 
-from .arguments import OUTPUT_CHOICES, TILE, _check_size, _dim, out_named, precision_of
+from .arguments import (
+    OUTPUT_CHOICES,
+    TILE,
+    _check_size,
+    _dim,
+    finite_number,
+    out_named,
+    precision_of,
+    shown_number,
+)
 from .errors import ProgramError
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (
@@ -133,9 +142,10 @@ def softmax(
 
 
 def _eps(eps: object, what: str) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, int | float) or not math.isfinite(eps) or eps < 0:
-        raise ProgramError(f"{what}'s eps is a finite number ≥ 0, not {eps!r}")
-    return float(eps)
+    number = finite_number(eps)
+    if number is None or number < 0:
+        raise ProgramError(f"{what}'s eps is a finite number ≥ 0, not {shown_number(eps)}")
+    return number
 
 
 def rmsnorm(

@@ -42,8 +42,14 @@ Ops = tuple[ChoreoOp, ...]
 
 def scheduled(*args: int, sites: int | None = None, **kw: object) -> SpatialProgram:
     """`spatialc.attention(*args, **kw)` planned, placed and scheduled, not yet verified."""
+    return planned(spatialc.attention(*args, **kw), sites)  # type: ignore[arg-type]
+
+
+def planned(p: SpatialProgram, sites: int | None = None) -> SpatialProgram:
+    """An attention program (one spatialc.attention made, or edited past it) planned, placed and scheduled for
+    sm_90, not yet verified."""
     t = target("sm_90")
-    p = spatialc.attention(*args, **kw).evolve(target=t.name)  # type: ignore[arg-type]
+    p = p.evolve(target=t.name)
     return schedule_attention(place_attention(apply_attention_plan(p, plan_attention(p, t, None, None)), t, sites))
 
 

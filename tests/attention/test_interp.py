@@ -179,3 +179,48 @@ def test_the_recorded_run_is_the_same_run():
     given = inputs(1, 2, 40, 72, 32)
     out, trace = spatialc.evaluate(p, given, trace=True)
     assert trace.spans and all(np.array_equal(out[n], spatialc.evaluate(p, given)[n]) for n in out)
+
+
+def test_scores_past_float32s_range_are_said_and_counted_in_the_check(monkeypatch):
+    """bf16 holds float32's exponents, so Q and K of 2^64 make scores past float32's range: the interpreter, holding
+    S in float32 as a kernel does, gives NaN where the float64 reference is finite. The check failed saying
+    "max |error| 0" for both outputs (the max left the NaN errors out) and nothing of the range; now it counts them,
+    says where the bound does not hold, and a RangeWarning says so once (as a GEMM kernel's sums past the range)."""
+    from spatialc.numerics import tolerance as accuracy
+
+    monkeypatch.setattr(accuracy, "_RANGE_WARNED", [])
+    p = scheduled(1, 1, 16, 16, 16)
+    given = {**inputs(1, 1, 16, 16, 16), "q": np.full((16, 16), 2.0**64), "k": np.full((16, 16), 2.0**64)}
+    out = spatialc.evaluate(p, given)
+    assert np.isnan(out["o"]).all() and np.isfinite(reference(p, given)["o"]).all()
+    with pytest.warns(accuracy.RangeWarning, match=r"16 of the 16 query rows have \|Q\|·\|K\|ᵀ.* first at LSE\[0\]"):
+        ok, how = tolerance(p).check(out, given)
+    assert not ok
+    assert "o: max |error| 0; 256 of 256 elements NaN where the reference is not; 256 of the elements outside" in how
+    assert "lse: max |error| 0; 16 of 16 elements NaN where the reference is not; 16 of the elements outside" in how
+    with pytest.raises(InputError, match=r"query rows .* \(strict: scale the inputs down\)$"):
+        spatialc.tolerance(p, strict=True).check(out, given)
+
+
+def test_the_reference_and_the_bound_hold_a_piece_of_the_scores_at_a_time(monkeypatch):
+    """The check held every head's seq_q × seq_kv scores at once, in four or five float64 arrays: 8 GiB for
+    `spatialc attention 1 16 4096 4096 128`, whose default full check the CLI counts at under 2 GiB (its ledger
+    counts O's size), 18 GiB at 6144. Now a piece of rows at a time (`numerics.attention.pieces`), the same values."""
+    import tracemalloc
+
+    from spatialc.numerics import attention
+
+    shape = (1, 2, 400, 512, 16)
+    p = scheduled(*shape, kv_heads=1, causal=True)
+    given = inputs(*shape, kv_heads=1)
+    whole = tolerance(p, kernel=True).against(given)
+    monkeypatch.setattr(attention, "SCORES_AT_ONCE", 1 << 13, raising=False)  # a piece: 16 rows of one head
+    tracemalloc.start()
+    try:
+        pieced = tolerance(p, kernel=True).against(given)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    for i in (0, 1):  # (the reference and the bound; the sums' order may differ with the shapes BLAS is given)
+        assert all(np.allclose(whole[i][n], pieced[i][n], rtol=1e-12, atol=0) for n in ("o", "lse"))
+    assert peak < 400 * 512 * 8  # less than one head's scores in one float64 array

@@ -38,7 +38,7 @@ from spatialc.ir.ops import (
 from spatialc.passes.verify import verify
 
 from ..rewrite import json_dicts
-from .mutants import attentions, engines, in_loop, loop_count, ring, scheduled, with_expr
+from .mutants import attentions, engines, in_loop, loop_count, planned, ring, scheduled, with_expr
 from .qkv import inputs
 
 # (batch, heads, seq_q, seq_kv, head_dim), keywords: odd lengths (padded rows, a partial last block), GQA and MQA,
@@ -215,3 +215,19 @@ def test_the_kernel_bound_is_of_the_scores_magnitude() -> None:
     x = {k: v.astype(ml_dtypes.bfloat16) for k, v in inputs(1, 4, 40, 72, 32, kv_heads=2, seed=1).items()}
     ok, how = spatialc.tolerance(q, kernel=True).check(spatialc.evaluate(q, x), x)
     assert ok, how
+
+
+def test_a_causal_declaration_that_leaves_rows_no_key_is_refused() -> None:
+    """A causal attention of seq_q 48 over seq_kv 16 (made past spatialc.attention, as a saved file or a lang program
+    may declare it) verified: the proof assumed seq_q ≤ seq_kv, and its first 32 rows of O and LSE came out NaN,
+    as the reference's, so the check passed. Verify holds the declaration to what the API takes."""
+    p = spatialc.attention(1, 2, 48, 16, 32)
+    stages = tuple(
+        dataclasses.replace(s, kind=dataclasses.replace(s.kind, op=dataclasses.replace(s.kind.op, causal=True)))
+        if isinstance(getattr(s.kind, "op", None), Attention)
+        else s
+        for s in p.stages
+    )
+    q = planned(p.evolve(stages=stages))
+    with pytest.raises(SemanticError, match=r"^stage attention: a causal attention with seq_q \(48\) > seq_kv \(16\)"):
+        verify(q)

@@ -17,7 +17,7 @@ from spatialc.numerics.blockscale import kernel_ulps, program_scales
 from spatialc.numerics.reference import reference
 from spatialc.numerics.tolerance import tolerance
 
-from .programs import inputs_of, naive, scaled
+from .programs import FORMATS, inputs_of, naive, scaled
 
 LAYOUTS = [
     ((64, 48, 256), ("1x128", "128x128")),  # DeepGEMM's
@@ -155,6 +155,40 @@ def test_tolerance_states_the_bound_and_catches_an_error():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tolerance(p).check(c, ins)[0]
+
+
+def test_scales_whose_float32_product_leaves_float32_are_said():
+    """A kernel promotes with fmaf(part, sa · sb, acc), sa · sb in float32: 2^64 · 2^64 is +inf there (NaN on a
+    group of zeros) and 2^-74 · 2^-74 a subnormal of few bits, where C itself (e5m2's 2^-16 products, 2^±103) is
+    well inside float32 — the range check says so (strict: refused) though |sa·sb|·|A|@|B| is in range."""
+    p = scaled(16, 16, 256, prec="e5m2")
+    tiny = np.full((16, 256), 2.0**-16).astype(FORMATS["e5m2"])
+    ins = {"A": tiny, "B": tiny.T.copy(), "scale_a": np.ones((16, 2), np.float32), "scale_b": np.ones((2, 1))}
+    tol = tolerance(p, kernel=True, strict=True)
+    tol.check(spatialc.evaluate(p, ins), ins)  # in range: nothing said
+    for big, row in ((2.0**64, 0), (2.0**-74 * (1 + 2**-10), 5)):
+        ins["scale_a"][row, 1], ins["scale_b"][1, 0] = big, 2.0**64 if big > 1 else 2.0**-74
+        with pytest.raises(InputError, match=rf"16 of C's 256 elements have a step whose sa·sb .*at C\[{row}, 0\]"):
+            tol.check(spatialc.evaluate(p, ins), ins)
+        ins["scale_a"][row, 1] = 1.0
+    assert tolerance(p).check(spatialc.evaluate(p, ins), ins)[0]  # the interpreter's float64 product: no such range
+
+
+def test_a_sample_of_rows_is_checked_with_those_rows_scales():
+    """The CLI's default check above 2^30 multiply-adds is a sample of C's rows (`evaluate(rows=...)`), which the
+    block-scaled reference refused ('check it whole'), so `spatialc gemm 128 4096 4096 --precision e4m3 --scales
+    1x128,128x128` exited 2. The reference and the bound now promote the sampled rows of A with their own rows'
+    scales: the sample equals the whole's rows, and a sampled row's scale doubled is caught."""
+    p = scaled(96, 32, 256)
+    ins = inputs_of(p, seed=2)
+    rows = [0, 37, 95]
+    sample = dict(ins, A=ins["A"][rows])
+    c = spatialc.evaluate(p, sample, rows=rows)
+    assert np.array_equal(c, reference(p, ins)[rows])
+    assert tolerance(p, kernel=True).check(c, sample, rows=rows)[0]
+    sample["scale_a"] = ins["scale_a"].copy()
+    sample["scale_a"][37, 1] *= 2
+    assert not tolerance(p).check(c, sample, rows=rows)[0]
 
 
 def test_spatialc_lang_source_refuses_it_rather_than_drop_the_scales():

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import spatialc
-from spatialc.errors import ProgramError, SemanticError, SpatialError, VerifyError
-from spatialc.inputs import specs_of
-from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW
+from spatialc.errors import IllFormedError, ProgramError, SemanticError, SpatialError, VerifyError
+from spatialc.inputs import InputError, specs_of
+from spatialc.ir.ids import LV_ITEM_X, LV_ITEM_Y, LV_K, LV_ROW, LoopVar
 from spatialc.ir.nodes import SpatialProgram
 from spatialc.ir.ops import TileAddr
 from spatialc.ir.printer import program_text
@@ -118,6 +118,21 @@ def test_an_experts_scales_reach_its_own_rows_only():
     assert not np.array_equal(after[2, :17, :128], before[2, :17, :128])
 
 
+def test_the_reference_and_the_bound_take_the_scales_evaluate_takes():
+    """Scales of another shape (the groups' matrices stacked as one, a group's alone) or none at all: the same
+    InputError from the reference and the bound as from evaluate — not numpy's reshape of the stacked rows into
+    groups, accepted, nor a ValueError or KeyError."""
+    p = grouped()
+    ins = inputs_of(p)
+    for name, given in (("scale_a", ins["scale_a"].reshape(GROUPS * ROWS, -1)), ("scale_b", ins["scale_b"][0])):
+        wrong = dict(ins, **{name: given})
+        for call in (spatialc.evaluate, reference, lambda p, x: spatialc.tolerance(p, kernel=True).bound(x)):
+            with pytest.raises(InputError, match=rf"tensor {name}: expected shape \(3, "):
+                call(p, wrong)
+    with pytest.raises(InputError, match=r"needs tensor scale_b, which is not among the inputs"):
+        reference(p, {k: v for k, v in ins.items() if k != "scale_b"})
+
+
 def test_refusals():
     with pytest.raises(ProgramError, match="block scales are for 8-bit float operands"):
         spatialc.grouped_gemm(GROUPS, ROWS, N, K, "bf16", scales=("1x128", "128x128"))
@@ -177,6 +192,14 @@ def test_each_edit_is_refused_by_rule_8(base, name):
     edit, message = MUTATIONS[name]
     with pytest.raises(SemanticError, match=message):
         verify(compute(base, matmuls(edit)))
+
+
+def test_a_scale_address_of_a_variable_no_loop_binds_is_refused(base):
+    """A saved schedule whose scale row address names a loop variable no enclosing loop binds (the row loop's
+    variable renumbered) passed verify, and evaluate then failed on it: rule 1 refuses it, as any address's."""
+    unbound = scales(rows=lambda at: TileAddr(at.base, tuple((LoopVar(12), s) for _, s in at.steps)))
+    with pytest.raises(IllFormedError, match=r"its address uses lv12, which no enclosing loop binds"):
+        verify(compute(base, matmuls(unbound)))
 
 
 def test_a_group_on_a_program_of_one_group_is_refused():

@@ -12,7 +12,9 @@ cost before anything refused it.
 3. 32 engine programs of 16,384 ops (62 MB): a minute to refuse: the schedule's ops, loop bodies included, are
    counted before decoding, at most MAX_SCHEDULE_OPS;
 4. 262,144 programs (150 MB): 20 s and 1.2 GB in the JSON parse alone: a document of more than MAX_OBJECTS objects
-   is refused before it is parsed.
+   is refused before it is parsed;
+5. (session 50) 60,000,000 empty lists in a field the reader ignores (180 MB, under the CLI's 512 MiB): 36 s and
+   4.6 GB to parse, then "verified": lists and values are counted before the parse too (MAX_LISTS, MAX_VALUES).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from spatialc.ir import nodes, ops, serde
 from spatialc.ir.ids import GroupId, ItemId
 from spatialc.ir.serde import (
     MAX_ITEM_SITES,
+    MAX_LISTS,
     MAX_OBJECTS,
     MAX_OPERANDS,
     MAX_OPS,
@@ -38,6 +41,7 @@ from spatialc.ir.serde import (
     MAX_SCHEDULE_OPS,
     MAX_SITES,
     MAX_TABLE,
+    MAX_VALUES,
     SerdeError,
 )
 from spatialc.passes.split import MAX_SPLITS
@@ -185,6 +189,12 @@ def test_a_document_of_more_objects_than_any_program_is_refused_before_it_is_par
     text = head + '"ops": [' + '{"type": "Flush"}, ' * MAX_OBJECTS + tail
     refused(text, rf"a document of {MAX_OBJECTS + gemm.count('{')} objects; a spatialc program has at most")
     refused(text.encode(), "objects; a spatialc program has at most")
+
+
+@pytest.mark.parametrize(("filler", "what", "most"), [("[], ", "lists", MAX_LISTS), ("0, ", "values", MAX_VALUES)])
+def test_a_document_of_more_lists_or_values_than_any_program_is_refused_before_it_is_parsed(gemm, filler, what, most):
+    head, tail = gemm.split('"ops": [', 1)
+    refused(head + '"ops": [' + filler * most + tail, f"{what}; a spatialc program has at most {most}$")
 
 
 def test_verify_holds_a_program_built_in_python_to_the_same_bounds_before_checking_each_entry(gemm):

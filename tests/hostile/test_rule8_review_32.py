@@ -92,7 +92,8 @@ group 2, causal, two sites; the square one `scheduled(1, 2, 64, 64, 64)`):
 | the max reduction a min; a mask's Pos 0 wide                             | refused, rule 8                          |
 | P·V of sub-blocks (1, 2)                                                 | refused, rule 8 (StrongerCheckNeeded)    |
 | P·V block 3x1x4                                                          | refused, rule 8 (block vs pages)         |
-| causal declared (mask following) over seq_q 72 > seq_kv 40               | neutral (rows with no key: NaN alike)    |
+| causal declared (mask following) over seq_q 72 > seq_kv 40               | neutral (rows with no key: NaN alike);   |
+|                                                                          | now refused, rule 8 (`keyless`)          |
 | site 0's writer, compute or all three programs twice                     | refused, rule 1 (two programs)           |
 | the schedule's programs reordered; site 0's writer given site 1's ops    | neutral                                  |
 | m_new_ring made a copy of m_old_ring (`origin`: one ring)                | refused, balance                         |

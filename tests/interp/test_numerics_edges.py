@@ -368,3 +368,23 @@ def test_an_fp16_output_a_subnormal_step_off_is_within_the_kernels_bound():
     assert spatialc.tolerance(p, kernel=True).check(kernel, given)[0]
     kernel[0, 0] = np.float16(3.2782555e-06)  # two steps off: no rounding gives it
     assert not spatialc.tolerance(p, kernel=True).check(kernel, given)[0]
+
+
+def test_a_c_past_its_types_range_is_inf_and_no_other_value_passes_for_it():
+    # Sums past fp16's 65504 stored as fp16 are inf; the bound there was 2 ulps of inf, so 0, −inf, NaN or a kernel
+    # that saturates to 65504 passed. 65504 is still a correct result where the sum may lie just short of 65520.
+    p = spatialc.build(spatialc.gemm(16, 16, 32, "fp16", out="fp16"), "sm_86")
+    a, b = np.zeros((16, 32)), np.ones((32, 16))
+    a[0, :2] = 65504.0  # 131008: far past the range
+    a[1, :2] = [65504.0, 16.0]  # exactly 65520, inf; a float32 sum one rounding short of it is 65504
+    x = {"A": a, "B": b}
+    ref = spatialc.evaluate(p, x)
+    tol = spatialc.tolerance(p, kernel=True)
+    assert np.isinf(ref[:2, 0]).all() and tol.check(ref, x)[0]
+    for wrong in (0.0, -np.inf, np.nan, 65504.0):
+        c = ref.copy()
+        c[0, 0] = wrong
+        assert not tol.check(c, x)[0], wrong
+    c = ref.copy()
+    c[1, 0] = 65504.0
+    assert tol.check(c, x)[0]

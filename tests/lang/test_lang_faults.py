@@ -117,3 +117,29 @@ def test_a_wrong_keyword_names_the_callers_line():
     with pytest.raises(lang.LangError) as error:
         nothing(n=3)
     assert error.value.file == __file__
+
+
+# Bug: an engine function with a `yield` (or an `async def` one) is only called, never run, by the tracer: the engine
+# traced as empty and the program was refused for unbalanced rings, the compute engine's pops blamed. So is a program
+# function of either kind (nothing declared). Each is refused at once, naming the function.
+def test_a_generator_engine_is_refused_by_name():
+    def program(p: lang.Builder) -> None:
+        copy_program(p)
+
+        @p.mover
+        def forward(e: lang.Engine):
+            for _ in e.items():
+                yield
+
+    with pytest.raises(lang.LangError, match="engine function 'forward' is a generator") as error:
+        lang.trace(program)
+    assert error.value.file == __file__
+
+
+def test_an_async_program_function_is_refused_by_name():
+    async def program(p: lang.Builder) -> None:
+        copy_program(p)
+
+    with pytest.raises(lang.LangError, match="program function 'program' is an async function") as error:
+        lang.trace(program)
+    assert error.value.file == __file__

@@ -225,3 +225,15 @@ def test_the_comparison_finds_a_rounding_that_ties_away_from_zero_or_lets_a_nan_
     with np.errstate(all="ignore"):  # fp16's subnormals rounded as its normals are: 13 bits dropped
         normal_only = narrow._round_kept(FP16_PATTERNS.view(np.uint32), 13).view(np.float32).astype(np.float64)
         assert bits(normal_only) != bits(old_round_fp16(FP16_PATTERNS))
+
+
+@pytest.mark.parametrize("precision", ROUNDINGS)
+def test_an_array_whose_leading_row_is_more_than_a_chunk_is_rounded(precision: str, monkeypatch: Any) -> None:
+    """A float64 array whose first index holds more than a chunk (attention's K of 4112 × 256 a head, as
+    (heads, seq, dim)) recursed without end: its piece of one leading row was itself. Each row's rows now."""
+    new, _, dtype = ROUNDINGS[precision]
+    monkeypatch.setattr(narrow, "ROUND_CHUNK", 64)
+    x = np.random.default_rng(3).normal(size=(2, 3, 40))  # leading rows of 120 elements, their rows 40
+    want = new(x.reshape(-1)).reshape(x.shape)  # (one dimension: chunked by slices)
+    assert bits(new(x)) == bits(want)
+    assert bits(operand_values("x", x, dtype)) == bits(want.astype(np.float32))

@@ -121,6 +121,8 @@ def test_the_frontend_refuses_what_it_cannot_state():
         spatialc.gemm(32, 32, 32, epilogue=[spatialc.residual("x"), spatialc.gate("X")])
     with pytest.raises(ProgramError, match="identifier name other than A, B, C"):
         spatialc.row_scale("c")
+    with pytest.raises(ProgramError, match="not identifier-like"):  # taken here, refused by the IR at build
+        spatialc.residual("bías")
     # two int32 scales of an int8 GEMM can leave int64: refused by rule 8's bounds, by name
     with pytest.raises(VerifyError, match="beyond"):
         spatialc.build(spatialc.gemm(32, 32, 32, epilogue=[spatialc.row_scale(), spatialc.col_scale()]), "sm_80")

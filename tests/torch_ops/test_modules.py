@@ -43,6 +43,16 @@ def test_linear_is_the_fused_gemm_within_its_tolerance(activation, fn):
     assert torch.allclose(y.reshape(20, 32), fn(z) if fn else z, atol=1e-4, rtol=1e-4)
 
 
+# Bug: a batch of no rows (an expert no token was routed to) was refused ("m must be a whole number ≥ 1, not 0"),
+# where nn.Linear gives an empty y and zero gradients.
+def test_linear_of_no_rows_is_empty_with_zero_gradients():
+    layer = sct.Linear(48, 32, activation="relu")
+    y = layer(torch.randn(2, 0, 48))
+    assert y.shape == (2, 0, 32) and y.dtype == torch.float32
+    y.sum().backward()
+    assert torch.equal(layer.weight.grad, torch.zeros(32, 48)) and torch.equal(layer.bias.grad, torch.zeros(32))
+
+
 def test_linear_without_bias_and_in_bf16():
     layer = sct.Linear(16, 16, bias=False, dtype=torch.bfloat16)
     x = torch.randn(4, 16).to(torch.bfloat16)

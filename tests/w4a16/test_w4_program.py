@@ -137,6 +137,9 @@ def test_a_scale_tensor_of_the_wrong_shape_is_an_input_error():
     x = w4_inputs(p)
     with pytest.raises(spatialc.inputs.InputError, match="tensor scale: expected shape \\(2, 32\\)"):
         spatialc.evaluate(p, dict(x, scale=np.ones((4, 32))))
+    zeros = w4_program(16, 32, 256, "int4", zeros=True)
+    with pytest.raises(spatialc.inputs.InputError, match="needs tensor zeros"):  # the bound's too, not a KeyError
+        spatialc.tolerance(zeros).bound(w4_inputs(p))
 
 
 def test_an_epilogue_applies_to_the_dequantised_product():

@@ -13,10 +13,11 @@ import numpy as np
 
 from .. import api
 from ..errors import DeadlockError, SpatialError
+from ..files import read_at_most, write_whole
 from ..ir.nodes import SpatialProgram
 from ..ir.ops import BARE_GELU_NOTE, FP8_PRECISIONS
 from ..ir.printer import plural, program_text
-from ..ir.serde import to_json
+from ..ir.serde import MAX_DOCUMENT_BYTES, to_json
 from ..numerics.tolerance import tolerance
 from ..passes.multicast import MulticastWarning
 from ..target import target
@@ -26,7 +27,6 @@ from .report import kernel_lines, program_lines, random_inputs
 
 # The largest document `show` and `verify` read: a program of verify's MAX_ITEMS (2^24) items lists each in its
 # placement, about 10 bytes apiece, and the rest of a program is small beside that.
-MAX_DOCUMENT_BYTES = 512 << 20
 
 
 def epilogue_of(args: argparse.Namespace) -> list:
@@ -187,7 +187,7 @@ def _built(
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)  # as --emit and --pictures make their folders
-        args.json.write_text(to_json(p, indent=1))
+        write_whole(args.json, to_json(p, indent=1))
         print(f"  saved     {args.json}")
     plan = plan_check(p, args.check, args.seed, full_inputs=args.run)  # refused now, before the inputs are made
     if args.run:
@@ -393,11 +393,10 @@ def _pictures(p: SpatialProgram, trace, asked: Pictures) -> None:
 
 def _read_program(path: Path) -> SpatialProgram:
     try:
-        with path.open("rb") as f:
-            data = f.read(MAX_DOCUMENT_BYTES + 1)  # never all of /dev/zero or a runaway file
+        data = read_at_most(path, MAX_DOCUMENT_BYTES)
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
-    if len(data) > MAX_DOCUMENT_BYTES:
+    if data is None:
         raise UsageError(f"{path} is over {MAX_DOCUMENT_BYTES >> 20} MiB, more than any spatialc program takes")
     try:
         text = data.decode()

@@ -110,7 +110,8 @@ def program_lines(p: SpatialProgram) -> list[str]:
         who = "per item"
         if p.placement.tail:  # a split tail: only the last wave's items are split
             whole = plan.items - p.placement.tail
-            who = f"per item of the split tail (its last {p.placement.tail} items; items 0 … {whole - 1} whole)"
+            kept = {0: "none whole", 1: "item 0 whole"}.get(whole, f"items 0 … {whole - 1} whole")
+            who = f"per item of the split tail (its last {p.placement.tail} items; {kept})"
         split = [
             f"  split-K   {p.placement.splits} sites {who}, at most {plural(most, 'K step')} each; the owner adds"
             f" the others' partial sums in split order from a workspace of {workspace_bytes(p)} bytes"

@@ -21,11 +21,12 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpatialError
+from ..files import read_at_most
 from ..ir.printer import plural
 from ..runtime import nvcc
 from .builds import PTXAS_FIELDS, Built, Form, build_case, compile_kernel, describe_ptxas
@@ -34,6 +35,7 @@ from .preflight import preflight_cases
 from .report import write_whole
 
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20  # a manifest of every case of a run is a few hundred kilobytes
 FORMAT = 1
 PREPARE_COMPILE_S = 600.0  # one kernel's nvcc, on the CPU machine (no budget there)
 
@@ -77,15 +79,19 @@ class Manifest:
         """The folder's manifest; SpatialError (one line) when there is none or it cannot be read."""
         path = Path(folder) / MANIFEST
         try:
-            data = json.loads(path.read_text())
+            text = read_at_most(path, MAX_MANIFEST_BYTES)  # a link to /dev/zero, a FIFO: the folder may be another's
+            if text is None:
+                raise ValueError(f"over {MAX_MANIFEST_BYTES >> 20} MiB, no manifest's size")
+            data = json.loads(text)
         except (FileNotFoundError, NotADirectoryError):
             raise SpatialError(
                 f"no {MANIFEST} in {str(folder)!r}: make one with `spatialc gpucheck {folder} --prepare`"
             ) from None
         except (OSError, ValueError) as e:
             raise SpatialError(f"cannot read {path}: {e}") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise SpatialError(f"{path} is not a gpucheck manifest of format {FORMAT}; prepare it again")
+        fault = _manifest_fault(data)
+        if fault is not None:
+            raise SpatialError(f"{path} {fault}; prepare it again")
         return cls(Path(folder), data)
 
     def find(self, source: str, arch: str) -> tuple[Path | None, Entry | None, str]:
@@ -110,6 +116,59 @@ class Manifest:
         return (
             f"{ok} kernels for {archs or self.data.get('arch')} by {self.data.get('nvcc')} ({self.data.get('created')})"
         )
+
+
+def _manifest_fault(data: Any) -> str | None:
+    """Why `data` is not a manifest `prepare` writes ("is not …", "holds …"), or None. A prepared folder may come from
+    someone else: every value the run reads must be of the type it reads, and no cubin's name may lead out of it."""
+    if not isinstance(data, dict) or type(data.get("format")) is not int or data["format"] != FORMAT:
+        return f"is not a gpucheck manifest of format {FORMAT}"
+    shown = [k for k in _SHOWN if k in data and not _plain(data[k])]
+    if shown:
+        return f"holds a {shown[0]} that is not one line of text"
+    kernels = data.get("kernels", [])
+    if not isinstance(kernels, list):
+        return "holds kernels that are not a list"
+    return next((f"holds kernel {i}: {why}" for i, e in enumerate(kernels) if (why := _entry_fault(e))), None)
+
+
+_SHOWN = ("target", "arch", "nvcc", "commit", "created")  # the manifest's own fields the run's output quotes
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` is text the run's output can quote as it is: one line, no control character (an escape
+    sequence would reach the terminal)."""
+    return isinstance(value, str) and value.isprintable()
+
+
+_ENTRY_FIELDS = {f.name: f for f in fields(Entry)}
+_ENTRY_NUMBERS = ("seconds",)  # every other field but `ptxas` is a string
+
+
+def _entry_fault(entry: Any) -> str | None:
+    """Why one of a manifest's kernels is not an Entry `prepare` writes, or None."""
+    if not isinstance(entry, dict):
+        return "not an object"
+    unknown = sorted(str(k)[:40] for k in entry if k not in _ENTRY_FIELDS)
+    missing = sorted(k for k, f in _ENTRY_FIELDS.items() if f.default is MISSING and k not in entry)
+    if unknown or missing:
+        return f"unknown fields {unknown}" if unknown else f"missing fields {missing}"
+    for name, value in entry.items():
+        if name == "ptxas":
+            ok = value is None or (
+                isinstance(value, dict)
+                and all(k in PTXAS_FIELDS and type(v) in (int, float, type(None)) for k, v in value.items())
+            )
+        elif name in _ENTRY_NUMBERS:
+            ok = type(value) in (int, float)
+        else:  # quoted by the run's output but `error`, which is nvcc's own lines (`prepare` says them)
+            ok = isinstance(value, str) and (name == "error" or _plain(value))
+        if not ok:
+            return f"its {name} is not what prepare writes there"
+    cubin = entry.get("cubin", "")
+    if cubin and (cubin in (".", "..") or Path(cubin).name != cubin or "\\" in cubin):
+        return f"cubin {cubin[:40]!r} is not a file name of the prepared folder"
+    return None
 
 
 def prepare(

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..files import write_whole as write_file_whole
 from .agreement import TOLERANCE
 from .attnrows import attention_lines, attention_summary
 from .builds import spilled
@@ -528,10 +528,5 @@ def write_report(outdir: str | Path, header: dict[str, Any], rows: list[Row]) ->
 
 
 def write_whole(path: Path, text: str) -> None:
-    """Replace `path` with `text` (UTF-8) whole: written aside, then renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Replace `path` with `text` (UTF-8) whole (`spatialc.files.write_whole`)."""
+    write_file_whole(path, text)

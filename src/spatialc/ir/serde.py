@@ -76,6 +76,12 @@ MAX_SCHEDULE_OPS = 1 << 18
 # ops of MAX_SCHEDULE_OPS fit with room to spare (one or two objects each in a built program: 151,613 in all for the
 # 1,024-site attention above; a compute op a few more).
 MAX_OBJECTS = 1 << 21
+MAX_DOCUMENT_BYTES = 512 << 20  # the longest document a reader of files takes: far above MAX_OBJECTS' worth
+# Lists ([…]) and values (a comma each) of a whole document, counted alike: an object's lists are a few at most (a
+# 65,536-site program's items lists 1.6 an object), its values its fields (about 4), and the items the sites list at
+# most MAX_SITE_ITEMS. A document of 60 million empty lists inside the byte limit took 36 s and 4.6 GB to parse.
+MAX_LISTS = 1 << 21
+MAX_VALUES = MAX_SITE_ITEMS + 8 * MAX_OBJECTS
 _LIST_LIMITS: dict[tuple[type, str], tuple[int, str]] = {
     (ops.TileAddr, "steps"): (MAX_STEPS, "steps"),
     (ops.Trip, "steps"): (MAX_STEPS, "steps"),
@@ -416,14 +422,29 @@ def _load(text: str | bytes | bytearray) -> Any:
             raise SerdeError(f"not JSON text: byte {e.start} is not valid {encoding}") from None
     if not isinstance(text, str):
         raise SerdeError(f"a spatialc document is JSON text, not {type(text).__name__}")
-    objects = text.count("{")  # (a brace in a string counts too: no program's names hold millions of them)
-    if objects > MAX_OBJECTS:
-        raise SerdeError(f"a document of {objects} objects; a spatialc program has at most {MAX_OBJECTS}")
+    # (a brace, bracket or comma in a string counts too: no program's names hold millions of them)
+    for mark, what, most in (("{", "objects", MAX_OBJECTS), ("[", "lists", MAX_LISTS), (",", "values", MAX_VALUES)):
+        many = text.count(mark)
+        if many > most:
+            raise SerdeError(f"a document of {many} {what}; a spatialc program has at most {most}")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_once_each)
     except json.JSONDecodeError as e:
         raise SerdeError(f"not JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except SerdeError:
+        raise
     except RecursionError:
         raise SerdeError(f"not a spatialc program: objects and lists nest more than {MAX_DEPTH} deep") from None
     except ValueError as e:  # an integer of thousands of digits: Python's int-string limit
         raise SerdeError(f"not a spatialc program: {str(e).split(':')[0]}") from None
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object of the document, each key written once: JSON leaves a repeated key's meaning open (Python's reader
+    keeps the last value, others the first), so a document that repeats one could mean one thing here and another
+    to whoever checked it."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        key = next(k for i, (k, _) in enumerate(pairs) if any(k == other for other, _ in pairs[:i]))
+        raise SerdeError(f"program: the key {shown(key)} is written twice in one object; a document writes each once")
+    return out

@@ -76,6 +76,9 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+ID_RANGE = "an id is a whole number"  # how a fault of an id's range (not of its type) begins
+
+
 def _in_range(value: int) -> bool:
     """Whether `value` is within JSON's 64 bits (compared: `in range(…)` iterates over an int subclass, as an id)."""
     return INT_RANGE.start <= value < INT_RANGE.stop
@@ -87,7 +90,7 @@ def _id_fault(value: Any, path: str) -> str | None:
     if not _whole(value):
         return f"{path}: expected a whole number, found {value!r}"
     if not _in_range(value):
-        return f"{path}: an id is a whole number of at most {INT_BITS} bits (a saved file's), not {shown(value)}"
+        return f"{path}: {ID_RANGE} of at most {INT_BITS} bits (a saved file's), not {shown(value)}"
     return None
 
 

@@ -47,7 +47,7 @@ from ..ir.nodes import SpatialProgram
 from ..ir.ops import ChoreoOp, Reserve, Wait
 from ..ir.printer import op_text
 from ..target import WARP
-from .builder import Builder, checked
+from .builder import Builder, checked, lazy_body
 from .engine import Engine
 from .handles import AccRef, Affine, GroupRef, Item, Page, RingRef, SemRef, StageRef, TensorRef, named, tracing
 from .lines import LangError, in_tracer, located, user_line
@@ -168,6 +168,8 @@ def trace(
 ) -> Traced:
     """Run the program function `fn(builder, **kwargs)` and return what it declared and traced, unverified."""
     builder = Builder(name or fn.__name__, target, precision)
+    if not_plain := lazy_body(fn):
+        raise LangError(f"program function {getattr(fn, '__name__', '?')!r} is {not_plain}", user_line())
     try:
         with tracing(builder):
             fn(builder, **kwargs)

@@ -18,6 +18,7 @@ that name them (`lines.py`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Set as AbstractSet
 from typing import Any
@@ -342,6 +343,8 @@ class Builder(StageDeclarations):
             raise refuse(f"engine {name!r} ({', '.join(e.value for e in IREngine)})") from None
         if self.placement is None:
             raise refuse("the engines are traced after the items are placed (builder.place)")
+        if not_plain := lazy_body(fn):
+            raise refuse(f"engine function {getattr(fn, '__name__', name)!r} is {not_plain}")
         for site in sites if sites is not None else [int(s) for s, _ in self.placement.items_of_site]:
             if (site, engine.value) in self.lines:
                 raise refuse(f"a second {engine.value} engine for site {site} (each site has one of each)")
@@ -421,3 +424,13 @@ class Builder(StageDeclarations):
             placement,
             Schedule(tuple(sorted(self.programs, key=lambda q: (int(q.site), rank[q.engine])))),
         )
+
+
+def lazy_body(fn: Any) -> str | None:
+    """What makes `fn` unfit to trace, or None: a generator's or a coroutine's body does not run when it is called,
+    so tracing one would record nothing (a program function or an engine function must be a plain `def`)."""
+    if inspect.isasyncgenfunction(fn) or inspect.iscoroutinefunction(fn):
+        return "an async function: its body does not run when it is called (write a plain `def`)"
+    if inspect.isgeneratorfunction(fn):
+        return "a generator (it has `yield`): its body does not run when it is called (write a plain `def`)"
+    return None

@@ -17,7 +17,7 @@ from ..ir.ids import BufferId, StageId
 from ..ir.nodes import ComputeStage, ReadStage, Stage, Tensor, WriteStage
 from ..ir.nodes import Engine as IREngine
 from ..ir.ops import AddPartial, Attention, BlockShape, ComputeOp, Map, MatmulTiles, Precision
-from ..numerics.attention import FLOAT32_HOLDS, valid_scale
+from ..numerics.attention import FLOAT32_HOLDS, keyless, valid_scale
 from .handles import RingRef, StageRef, TensorRef, expect, named, whole
 from .lines import refuse, user_line
 from .maps import formula, reduce_op, reduced_cols, vector_rings
@@ -86,12 +86,7 @@ class StageDeclarations:
     def elementwise(self, name: str, op: ComputeOp, src: RingRef | Sequence[RingRef], dst: RingRef) -> StageRef:
         """Stage: `op` (an ir.ops Map — relu(), bias(…), scalar(…), any formula — or Requant) from `src`'s pages
         into `dst`'s; `src` a list of rings for a Map of several (its Arg(i) the i-th)."""
-        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
-        if not srcs:
-            raise refuse(f"stage {name} reads at least one ring")
-        for s in srcs:
-            expect(s, RingRef, f"the ring stage {name} reads")
-        expect(dst, RingRef, f"the ring stage {name} fills")
+        srcs = self._rings(f"stage {name}", src, dst)
         return self._stage(name, ComputeStage(op), "compute", tuple(s.id for s in srcs), (dst.id,))
 
     def map(self, name: str, expr: Any, src: RingRef | Sequence[RingRef], dst: RingRef) -> StageRef:
@@ -100,18 +95,25 @@ class StageDeclarations:
         ew.exp(x - m)`). A ring a row reduction fills is a row vector, each element its row's value; `ew.col(name)`
         the parameter tensor `name`, one value a column; `ew.row(name)` the parameter tensor `name`, one value a
         row."""
-        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
-        if not srcs:
-            raise refuse(f"map {name} reads at least one ring")
-        for s in srcs:
-            expect(s, RingRef, f"a ring map {name} reads")
-        expect(dst, RingRef, f"the ring map {name} fills")
+        srcs = self._rings(f"map {name}", src, dst)
         filled = {x for st in self.stages for x in st.outs}
         for s in srcs:
             if s.id not in filled:
                 raise refuse(f"map {name} reads {s.name}, which no stage declared before it fills")
         op = Map(formula(self, name, expr, srcs))
         return self._stage(name, ComputeStage(op), "compute", tuple(s.id for s in srcs), (dst.id,))
+
+    @staticmethod
+    def _rings(what: str, src: RingRef | Sequence[RingRef], dst: RingRef) -> tuple[RingRef, ...]:
+        """The rings `what` (an elementwise stage or a map) reads, one or a list of them, each checked a ring, as
+        `dst`, the ring it fills."""
+        srcs = tuple(src) if isinstance(src, list | tuple) else (src,)
+        if not srcs:
+            raise refuse(f"{what} reads at least one ring")
+        for s in srcs:
+            expect(s, RingRef, f"a ring {what} reads")
+        expect(dst, RingRef, f"the ring {what} fills")
+        return srcs
 
     def reduce(self, name: str, op: str, src: RingRef, dst: RingRef, cols: int | None = None) -> StageRef:
         """Stage: each row of `src`'s pages folded by `op` (max, min, sum, sumsq, absmax) over its first `cols`
@@ -150,6 +152,9 @@ class StageDeclarations:
             raise refuse(
                 f"attention {name}'s scale is a finite number > 0, not {clipped(repr(scale))} ({FLOAT32_HOLDS})"
             )
+        why = keyless(qt.elems[0], kt.elems[0], causal)
+        if why is not None:
+            raise refuse(f"attention {name}: {why}")
         op = Attention(float(sc), qt.elems[0], kt.elems[0], qt.groups // kt.groups, causal)
         ins, outs = (q.id, k.id, v.id), (o.id, lse.id)
         return self._stage(name, ComputeStage(op), "compute", ins, outs)

@@ -14,7 +14,7 @@ bound a result of an attention program meets.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -53,41 +53,89 @@ def valid_scale(scale: object) -> bool:
     return bool(single > 0)
 
 
-def keep(seq_q: int, seq_kv: int, causal: bool) -> np.ndarray:
-    """Which scores the mask keeps, (seq_q, seq_kv): every key, or for a causal attention the keys c ≤ r + seq_kv −
-    seq_q (aligned bottom right)."""
-    r = np.arange(seq_q)[:, None]
+def keyless(seq_q: int, seq_kv: int, causal: bool) -> str | None:
+    """Why the mask leaves a query row no key, or None. A causal mask aligned bottom right hides every key from the
+    first seq_q − seq_kv rows where seq_q > seq_kv: their softmax is 0 / 0 (NaN in the reference), and rule 8's
+    argument starts from a first block that leaves each row a key (docs/verification.md). What `spatialc.attention`,
+    lang's `p.attention` and `spatialc.torch.attention` refuse, and verify holds a saved declaration to."""
+    if not causal or seq_q <= seq_kv:
+        return None
+    return (
+        f"a causal attention with seq_q ({seq_q}) > seq_kv ({seq_kv}) leaves its first {seq_q - seq_kv} query rows no"
+        " key (the mask is aligned bottom right); use seq_q ≤ seq_kv"
+    )
+
+
+def keep(seq_q: int, seq_kv: int, causal: bool, first: int = 0, rows: int | None = None) -> np.ndarray:
+    """Which scores the mask keeps, (rows, seq_kv) for the query rows first … first + rows − 1 (all seq_q unless
+    told): every key, or for a causal attention the keys c ≤ r + seq_kv − seq_q (aligned bottom right)."""
+    n = seq_q - first if rows is None else rows
+    r = first + np.arange(n)[:, None]
     c = np.arange(seq_kv)[None, :]
-    return np.ones((seq_q, seq_kv), bool) if not causal else c <= r + (seq_kv - seq_q)
+    return np.ones((n, seq_kv), bool) if not causal else c <= r + (seq_kv - seq_q)
 
 
 def kv_of(q: np.ndarray, kv: np.ndarray, group: int) -> np.ndarray:
     """K or V as the query heads read it: query head g (of batch · heads, one after another) reads KV head
     g // group."""
-    if kv.shape[0] * group != q.shape[0]:
-        raise ValueError(f"{q.shape[0]} query heads do not read {kv.shape[0]} KV heads {group} to one")
+    _reads(q, kv, group)
     return np.repeat(kv, group, axis=0) if group > 1 else kv
 
 
-def scores(q: np.ndarray, k: np.ndarray, scale: float, causal: bool, group: int = 1) -> np.ndarray:
+def _reads(q: np.ndarray, kv: np.ndarray, group: int) -> None:
+    """ValueError unless Q's heads read K's (or V's) `group` to one."""
+    if kv.shape[0] * group != q.shape[0]:
+        raise ValueError(f"{q.shape[0]} query heads do not read {kv.shape[0]} KV heads {group} to one")
+
+
+def scores(
+    q: np.ndarray, k: np.ndarray, scale: float, causal: bool, group: int = 1, first: int = 0, seq_q: int | None = None
+) -> np.ndarray:
     """scale · Q·Kᵀ of each head in float64 (products of fp16 / bf16 values are exact, the sums float64's), −∞ where
-    the mask leaves a key out: (heads, seq_q, seq_kv)."""
+    the mask leaves a key out: (heads, rows, seq_kv). q holds the query rows first, first + 1, … of seq_q (all of
+    them unless told)."""
     q64, k64 = np.asarray(q, np.float64), np.asarray(kv_of(q, k, group), np.float64)
     s = scale * (q64 @ k64.transpose(0, 2, 1))
-    return np.where(keep(q.shape[1], k.shape[1], causal), s, -np.inf)
+    n = q.shape[1] if seq_q is None else seq_q
+    return np.where(keep(n, k.shape[1], causal, first, q.shape[1]), s, -np.inf)
+
+
+SCORES_AT_ONCE = 1 << 22  # scores the reference and the bound hold at once: each float64 temporary 32 MiB
+
+
+def pieces(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, group: int
+) -> Iterator[tuple[tuple[slice, slice], np.ndarray, np.ndarray, np.ndarray]]:
+    """(heads, rows), Q's block of them and K and V of those heads, in pieces of about SCORES_AT_ONCE scores and K's
+    and V's values (whole heads, or a block of one head's rows): each query row's softmax is its own, so the
+    reference and the bound are computed a piece at a time, their memory a few pieces' whatever seq_q · seq_kv."""
+    _reads(q, k, group)
+    _reads(q, v, group)
+    heads, seq_q, seq_kv, dim = q.shape[0], q.shape[1], k.shape[1], q.shape[2]
+    per = max(1, SCORES_AT_ONCE // (seq_kv * (seq_q + 2 * dim)))  # whole heads a piece: scores, K and V
+    rows = max(1, SCORES_AT_ONCE // seq_kv)  # (at least seq_q where a head fits)
+    for h in range(0, heads, per):
+        kv = np.arange(h, min(h + per, heads)) // group  # the KV head each query head reads
+        for r in range(0, seq_q, rows):
+            at = (slice(h, h + per), slice(r, r + rows))
+            yield at, q[at], k[kv], v[kv]
 
 
 def softmax_attention(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, causal: bool = False, group: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
     """(O, LSE) of the declared function in float64: O = softmax(S) · V, LSE = log Σ exp(S) along each row, S the
-    masked scores (`scores`). q is (heads, seq_q, dim), k and v (kv heads, seq_kv, dim); LSE is (heads, seq_q, 1)."""
-    s = scores(q, k, scale, causal, group)
-    m = np.max(s, axis=2, keepdims=True)
-    p = np.exp(s - m)
-    l = np.sum(p, axis=2, keepdims=True)  # noqa: E741 — the recurrence's name
-    o = (p @ np.asarray(kv_of(q, v, group), np.float64)) / l
-    return o, m + np.log(l)
+    masked scores (`scores`). q is (heads, seq_q, dim), k and v (kv heads, seq_kv, dim); LSE is (heads, seq_q, 1).
+    Computed a piece of rows at a time (`pieces`)."""
+    o, lse = np.empty((*q.shape[:2], v.shape[2])), np.empty((*q.shape[:2], 1))
+    for at, qq, kk, vv in pieces(q, k, v, group):
+        s = scores(qq, kk, scale, causal, 1, at[1].start, q.shape[1])
+        m = np.max(s, axis=2, keepdims=True)
+        p = np.exp(s - m)
+        l = np.sum(p, axis=2, keepdims=True)  # noqa: E741 — the recurrence's name
+        o[at] = (p @ np.asarray(vv, np.float64)) / l
+        lse[at] = m + np.log(l)
+    return o, lse
 
 
 def online_attention(
@@ -183,36 +231,73 @@ def attention_bound(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool =
     |LSE − ref| ≤ ρ + 3·2^-24·R + 2^-22·(|log l| + |LSE| + 1) + 2 float32 ulps. A kernel (`kernel`) sums S over
     head_dim and P·V and l over the keys in float32: (dim + 4) ulps of |scale|·|Q|·|K|ᵀ more in each score, 2·(seq_kv +
     4) ulps of softmax(S)·|V| more in O."""
-    from .tolerance import OUT_EPS, out_rounding
-
     op = attention_op(p)
     q, k, v = attention_inputs(p, inputs)
     to, tl = outputs(p)
-    tile = p.tile.rows
-    blocks = math.ceil(op.seq_kv / tile)  # at most: a block is one tile row of keys or more
-    vv = np.abs(np.asarray(kv_of(q, v, op.group), np.float64))
+    e_o, e_l = np.empty((*q.shape[:2], v.shape[2])), np.empty((*q.shape[:2], 1))
+    for at, qq, kk, vv in pieces(q, k, v, op.group):  # (a piece of rows at a time: each row's bound is its own)
+        e_o[at], e_l[at] = _bound_of(p, op, to.dtype, (qq, kk, vv), at[1].start, kernel)
+    e_o = np.where(np.isnan(e_o), np.inf, e_o)  # a NaN input's row: any value (the reference is NaN there too)
+    e_l = np.where(np.isnan(e_l), np.inf, e_l)
+    return {to.name: grouped(e_o, to.groups), tl.name: grouped(e_l, tl.groups)}
+
+
+def _bound_of(
+    p: SpatialProgram, op: Attention, out: DType, qkv: tuple[np.ndarray, ...], first: int, kernel: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """`attention_bound` of the query rows first, first + 1, … that q holds (k and v: the KV heads its heads read),
+    O of type `out`."""
+    from .tolerance import OUT_EPS, out_rounding
+
+    q, k, v = qkv
+    blocks = math.ceil(op.seq_kv / p.tile.rows)  # at most: a block is one tile row of keys or more
+    vv = np.abs(np.asarray(v, np.float64))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        s = scores(q, k, op.scale, op.causal, op.group)
+        s = scores(q, k, op.scale, op.causal, 1, first, op.seq_q)
         kept = np.isfinite(s) | np.isnan(s)
         big = np.max(np.where(kept, np.abs(s), 0.0), axis=2, keepdims=True)  # R, each row's
         shift = 3 * U32 * big
         if kernel:
-            qk = np.abs(q) @ np.abs(kv_of(q, k, op.group)).transpose(0, 2, 1)
+            qk = np.abs(q) @ np.abs(k).transpose(0, 2, 1)
             shift = shift + abs(op.scale) * (q.shape[2] + 4) * EPS32 * np.max(qk, axis=2, keepdims=True)
         rho = 1.01 * (U32 * (blocks + 2) * (5 * big + 3) + shift)
         m = np.max(s, axis=2, keepdims=True)
         w = np.exp(s - m)
         l = np.sum(w, axis=2, keepdims=True)  # noqa: E741
         weighted = (w / l) @ vv  # softmax(S) · |V|
-        o = (w @ np.asarray(kv_of(q, v, op.group), np.float64)) / l
+        o = (w @ np.asarray(v, np.float64)) / l
         lse = m + np.log(l)
         u = OPERAND_U[p.precision] + 2 * rho + 8 * U32 + (2 * (op.seq_kv + 4) * EPS32 if kernel else 0.0)
         e_o = 1.01 * u * weighted + OPERAND_FLOOR[p.precision] * (kept @ vv)
-        e_o = e_o + out_rounding(OUT_EPS.get(to.dtype, EPS32), _rounded(o, to.dtype))
+        e_o = e_o + out_rounding(OUT_EPS.get(out, EPS32), _rounded(o, out))
         e_l = rho + shift + 2.0**-22 * (np.abs(np.log(l)) + np.abs(lse) + 1) + out_rounding(EPS32, lse)
-    e_o = np.where(np.isnan(e_o), np.inf, e_o)  # a NaN input's row: any value (the reference is NaN there too)
-    e_l = np.where(np.isnan(e_l), np.inf, e_l)
-    return {to.name: grouped(e_o, to.groups), tl.name: grouped(e_l, tl.groups)}
+    return e_o, e_l
+
+
+def past_range(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool = False) -> np.ndarray:
+    """Each query row (in LSE's shape) whose scores may leave float32's range: |Q|·|K|ᵀ over a key the mask keeps —
+    S as its float32 holds it (a kernel's sum, with its head_dim + 4 ulps) — or |scale| times it at float32's largest
+    value or past it. The interpreter and a kernel hold S and scale · S in float32 (docs/numerics.md, "Attention"),
+    so such a row's O and LSE may be ±inf or NaN where the float64 reference is finite. (A row an infinite input
+    makes infinite is said already, by check_inputs.)"""
+    from .tolerance import F32_MAX
+
+    op = attention_op(p)
+    q, k, v = attention_inputs(p, inputs)
+    grow = max(1.0, op.scale) * (1 + ((q.shape[2] + 4) * EPS32 if kernel else 0.0))
+    past = np.zeros((*q.shape[:2], 1), bool)
+    with np.errstate(over="ignore", invalid="ignore"):
+        # Σ_d |q_d| · max_c |k_cd| is at least each row's largest |Q|·|K|ᵀ: where it stays within range, so do they
+        # all (nearly every input, without the scores' matmul).
+        loose = np.abs(q) @ kv_of(q, np.max(np.abs(k), axis=1, keepdims=True), op.group).transpose(0, 2, 1)
+        if not np.any(np.isfinite(loose) & (loose * grow >= F32_MAX)):
+            return grouped(past, outputs(p)[1].groups)
+        for at, qq, kk, _ in pieces(q, k, v, op.group):
+            qk = np.abs(qq) @ np.abs(kk).transpose(0, 2, 1)
+            qk = np.where(keep(op.seq_q, op.seq_kv, op.causal, at[1].start, qq.shape[1]), qk, 0.0)
+            big = np.max(qk, axis=2, keepdims=True) * grow
+            past[at] = np.isfinite(big) & (big >= F32_MAX)
+    return grouped(past, outputs(p)[1].groups)
 
 
 def _rounded(x: np.ndarray, dtype: DType) -> np.ndarray:

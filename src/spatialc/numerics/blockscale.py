@@ -130,13 +130,14 @@ def blockscaled_sum(
     scales: BlockScales,
     matmul: Any,
     step: int = PROMOTION_K,
+    rows: Any = None,
 ) -> np.ndarray:
     """C = Σ over the steps of `step` (128, or MX_K) along K of promote(A_g @ B_g, sa, sb), in float64, steps in K
     order; `matmul` is the interpreter's float64 product (`interp.values.matmul`), so the interpreter's page
-    products are the same."""
+    products are the same. A may be a sample of A's rows, `rows` (their indices, which pick their scales)."""
     m, k = a.shape
     n = b.shape[1]
-    rows, cols = np.arange(m), np.arange(n)
+    rows, cols = _rows(m, rows), np.arange(n)
     out = np.zeros((m, n))
     for k0 in range(0, k, step):
         partial = matmul(a[:, k0 : k0 + step], b[k0 : k0 + step])
@@ -152,9 +153,15 @@ def magnitude(
     scales: BlockScales,
     matmul: Any,
     step: int = PROMOTION_K,
+    rows: Any = None,
 ):
     """M = Σ_g |sa| · |sb| · (|A_g| @ |B_g|): what the bound's ulps are of."""
-    return blockscaled_sum(np.abs(a), np.abs(b), np.abs(sa), np.abs(sb), scales, matmul, step)
+    return blockscaled_sum(np.abs(a), np.abs(b), np.abs(sa), np.abs(sb), scales, matmul, step, rows)
+
+
+def _rows(m: int, rows: Any) -> np.ndarray:
+    """The indices of A's `m` rows given: all of them, or the sample `rows` (`spatialc.evaluate(rows=...)`)."""
+    return np.arange(m) if rows is None else np.asarray(rows)
 
 
 def program_scales(p: Any) -> BlockScales | None:
@@ -169,32 +176,62 @@ def program_scales(p: Any) -> BlockScales | None:
 def scale_values(p: Any, scales: BlockScales, inputs: Any) -> tuple[np.ndarray, np.ndarray]:
     """The two scale tensors' values as given, each read as its tensor's type (float32: bf16 and float8_e8m0fnu
     exactly, other floats rounded to nearest even) — what the interpreter's stores hold."""
-    from ..inputs import InputError, host_array, operand_values
+    from ..inputs import InputError, host_array, match_names, operand_values, shaped, specs_of
     from .w4 import exact_values
 
-    out = []
-    for s in (scales.a, scales.b):
-        t = p.tensor(s.tensor)
-        shape = (t.groups, *t.elems) if t.groups > 1 else t.elems  # a grouped GEMM's: a matrix a group
-        if t.dtype == DType.E8M0:  # MX's e8m0 scales: powers of two taken exactly (numerics/w4.py's one definition)
-            values = exact_values(t.name, host_array(t.name, inputs[t.name]), t.dtype, InputError)
+    names = [p.tensor(s.tensor).name for s in (scales.a, scales.b)]
+    specs = [spec for spec in specs_of(p) if spec.name in names]
+    out = []  # each of the shape evaluate takes (a grouped GEMM's: a matrix a group), or InputError as it says
+    for spec, value in match_names(p.name, specs, {n: inputs[n] for n in names if n in inputs}):
+        given = shaped(spec, host_array(spec.name, value))
+        if spec.dtype == DType.E8M0:  # MX's e8m0 scales: powers of two taken exactly (numerics/w4.py's definition)
+            values = exact_values(spec.name, given, spec.dtype, InputError)
         else:
-            values = operand_values(t.name, inputs[t.name], t.dtype)
-        out.append(np.asarray(values, np.float64).reshape(shape))
+            values = operand_values(spec.name, given, spec.dtype)
+        out.append(np.asarray(values, np.float64).reshape(spec.shape))
     return out[0], out[1]
 
 
-def program_sum(p: Any, a: np.ndarray, b: np.ndarray, inputs: Any, matmul: Any) -> tuple[np.ndarray, np.ndarray]:
+def program_sum(
+    p: Any, a: np.ndarray, b: np.ndarray, inputs: Any, matmul: Any, rows: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(the block-scaled sum C before its epilogue, M of the bound) of program `p`, from A and B rounded to the
-    operand type (`reference.rounded_operands`)."""
+    operand type (`reference.rounded_operands`); A may be a sample of its rows (in each group), `rows`."""
     scales = program_scales(p)
     assert scales is not None
     sa, sb = scale_values(p, scales, inputs)
     step = promotion_k(p)
     if a.ndim == 3:  # a grouped GEMM's (G, rows, K) @ (G, K, N): each group with its own scales
-        sums = [program_sum_of(a[g], b[g], sa[g], sb[g], scales, matmul, step) for g in range(a.shape[0])]
+        sums = [program_sum_of(a[g], b[g], sa[g], sb[g], scales, matmul, step, rows) for g in range(a.shape[0])]
         return np.stack([x for x, _ in sums]), np.stack([m for _, m in sums])
-    return program_sum_of(a, b, sa, sb, scales, matmul, step)
+    return program_sum_of(a, b, sa, sb, scales, matmul, step, rows)
+
+
+def scale_products_past(p: Any, a: np.ndarray, b: np.ndarray, inputs: Any, rows: Any = None) -> np.ndarray | None:
+    """Where (C's elements, each group's for a grouped GEMM) a kernel's float32 product sa · sb of some step is not
+    the exact one within one rounding: ±inf past float32's largest value (inf · 0 is NaN where a group's partial sum
+    is 0), or fewer bits in its subnormal range — so the kernel bound, which counts one rounding of sa · sb, does not
+    hold there (`tolerance`'s range). None for MX scales, whose kernel never forms sa · sb (the module docstring)."""
+    scales = program_scales(p)
+    if scales is None or is_mx(p):
+        return None
+    sa, sb = scale_values(p, scales, inputs)
+    rows, k, n = _rows(a.shape[-2], rows), a.shape[-1], b.shape[-1]  # (A and B as `program_sum` takes them)
+    if a.ndim == 3:  # a grouped GEMM's: each group's own
+        return np.stack([_inexact_products(sa[g], sb[g], scales, rows, n, k) for g in range(a.shape[0])])
+    return _inexact_products(sa, sb, scales, rows, n, k)
+
+
+def _inexact_products(sa: np.ndarray, sb: np.ndarray, scales: BlockScales, rows: Any, n: int, k: int) -> np.ndarray:
+    cols = np.arange(n)
+    out = np.zeros((len(rows), n), dtype=bool)
+    for k0 in range(0, k, step_of(scales)):
+        ra, cb = row_values(sa, scales.a, rows, k0), col_values(sb, scales.b, cols, k0)
+        exact = ra[:, None] * cb[None, :]  # exact in float64: two float32 values
+        with np.errstate(over="ignore", invalid="ignore"):
+            f32 = ra.astype(np.float32)[:, None] * cb.astype(np.float32)[None, :]  # IEEE float32, subnormals kept
+            out |= np.isfinite(exact) & ~(np.abs(f32 - exact) <= 2.0**-24 * np.abs(exact))
+    return out
 
 
 def program_sum_of(
@@ -205,6 +242,10 @@ def program_sum_of(
     scales: BlockScales,
     matmul: Any,
     step: int = PROMOTION_K,
+    rows: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(the block-scaled sum, M of the bound) of one product: one group's of a grouped GEMM."""
-    return blockscaled_sum(a, b, sa, sb, scales, matmul, step), magnitude(a, b, sa, sb, scales, matmul, step)
+    """(the block-scaled sum, M of the bound) of one product: one group's of a grouped GEMM (A `rows` of it)."""
+    return (
+        blockscaled_sum(a, b, sa, sb, scales, matmul, step, rows),
+        magnitude(a, b, sa, sb, scales, matmul, step, rows),
+    )

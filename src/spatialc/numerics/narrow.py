@@ -221,8 +221,11 @@ def _by_chunks(fn: Any, x: np.ndarray, out: np.ndarray) -> np.ndarray:
     elif x.ndim == 1:
         for i in range(0, x.size, ROUND_CHUNK):
             out[i : i + ROUND_CHUNK] = fn(x[i : i + ROUND_CHUNK])
+    elif x[0].size > ROUND_CHUNK:  # one leading row is more than a chunk: each row's own rows (x[i : i + 1] would be x)
+        for i in range(x.shape[0]):
+            _by_chunks(fn, x[i], out[i])
     else:
-        per = max(1, ROUND_CHUNK // max(1, x[0].size))
+        per = ROUND_CHUNK // max(1, x[0].size)
         for i in range(0, x.shape[0], per):
             _by_chunks(fn, x[i : i + per], out[i : i + per])
     return out

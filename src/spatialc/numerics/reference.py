@@ -309,9 +309,7 @@ def reference_of(
     """`reference` from A and B already rounded by `rounded_operands` (the other inputs, a bias, from `inputs`); A
     may be a sample of its rows (in each group), `rows`, which C's rows then are."""
     if program_scales(p) is not None:  # block-scaled: the promoted sum (numerics/blockscale.py)
-        if rows is not None:
-            raise ProgramError(f"program {p.name} is block-scaled: check it whole, not a sample of rows")
-        return finished(p, program_sum(p, a, b, inputs, matmul)[0], inputs)
+        return finished(p, program_sum(p, a, b, inputs, matmul, rows)[0], inputs, rows)
     return finished(p, product(p, a, b), inputs, rows)
 
 

@@ -56,6 +56,9 @@ OUT_NAMES = {eps: d.value for d, eps in OUT_EPS.items()}
 # steps of 2^-24, more than 2 ulps of |C| (a relative bound alone refused a kernel's exp one float32 ulp off there).
 OUT_STEP = {DType.FLOAT32: 2.0**-149, DType.FP16: 2.0**-24, DType.BF16: 2.0**-133}
 _STEP_OF_EPS = {OUT_EPS[d]: step for d, step in OUT_STEP.items()}
+# The magnitude from which a value rounds to ±inf in C's type (its largest finite value and half an ulp more: ties
+# go to the even "next power of two", which is inf), by the type's ulp at 1.0 as OUT_EPS gives it.
+OVERFLOW_AT = {EPS32: (2 - 2.0**-24) * 2.0**127, 2.0**-10: 65520.0, 2.0**-7: (2 - 2.0**-8) * 2.0**127}
 # What each k32 wgmma step of the sm_90a form's 8-bit float kernel may lose of |A|@|B|, in float32 ulps at 1.0:
 # 2^-12, twice the 2^-13 of a sum truncated to 13 fraction bits (the module docstring says where that comes from).
 FP8_WGMMA_STEP = 2**11
@@ -65,7 +68,8 @@ FP8_WGMMA_K = 32  # K elements of one 8-bit wgmma
 class RangeWarning(UserWarning):
     """Inputs past the range a kernel's bound holds in: |A|@|B| reaching float32's largest value (3.4e38), where the
     kernel's float32 sum may overflow to ±inf (or NaN) while the float64 reference does not. bf16 shares float32's
-    exponent range, so two bf16 values of 2^64 already multiply to 2^128."""
+    exponent range, so two bf16 values of 2^64 already multiply to 2^128. A block-scaled kernel's float32 product of
+    two scales, sa · sb, leaving float32's normal range is one too (`blockscale.scale_products_past`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +78,8 @@ class Tolerance:
 
     `exact`: int8 programs, compared with `==`. Otherwise |C − ref| ≤ e + 2 · eps · |ref| + the smallest normal
     float32, where e is ulps · 2^-23 · (|A| @ |B|) carried through the epilogue's ops (`epilogue`; each op's
-    `numerics.intervals.bounded`), and eps one ulp at 1.0 of C's type (float32, fp16 or bf16)."""
+    `numerics.intervals.bounded`), and eps one ulp at 1.0 of C's type (float32, fp16 or bf16); where C overflowed
+    its type, measured from the magnitude it overflows at (`_bound`)."""
 
     program: SpatialProgram = field(repr=False, compare=False)
     exact: bool
@@ -168,6 +173,7 @@ class Tolerance:
         if self.attention:
             from .attention import attention_bound, attention_reference
 
+            self._scores_in_range(inputs)
             return attention_reference(self.program, inputs), attention_bound(self.program, inputs, self.kernel)  # type: ignore[return-value]
         if self.mapped:
             return self._mapped(inputs)
@@ -175,23 +181,20 @@ class Tolerance:
             if rows is not None:
                 raise ProgramError(f"program {self.program.name} multiplies a computed operand: check it whole")
             ref = reference(self.program, inputs)
-            size = np.abs(ref.astype(np.float64))
-            return ref, _chained(self.program, inputs, bool(self.ulps)) + out_rounding(self.out_eps, size)
+            return ref, _bound(ref, *_chained(self.program, inputs, bool(self.ulps)), self.out_eps)
         p = self.program
         a, b = rounded_operands(p, inputs)
         if blockscale.program_scales(p) is not None:  # the promoted sum, and M = Σ_g |sa·sb|·|A_g|@|B_g|
-            if rows is not None:
-                raise ProgramError(f"program {p.name} is block-scaled: check it whole, not a sample of rows")
-            x, magnitude = blockscale.program_sum(p, a, b, inputs, matmul)
+            x, magnitude = blockscale.program_sum(p, a, b, inputs, matmul, rows)
+            self._in_range(magnitude, blockscale.scale_products_past(p, a, b, inputs, rows))
         else:
             x, magnitude = product(p, a, b), None
         ref = finished(p, x, inputs, rows)
         if self.exact:
             return ref, np.zeros(ref.shape)
-        size = np.abs(ref.astype(np.float64))
         if magnitude is None:
             magnitude = _abs_product(a, b, matmul)  # float operands (an exact int8 program returned above)
-        self._in_range(magnitude)
+            self._in_range(magnitude)
         err = self.ulps * EPS32 * magnitude
         x = x.astype(np.float32).astype(np.float64) if self.epilogue else x  # the float32 the epilogue starts from
         for stage in epilogue_chain(p) if self.epilogue else ():
@@ -200,7 +203,7 @@ class Tolerance:
             more = [(np.asarray(v, np.float64), np.zeros(1)) for v in stage_pages(p, stage, inputs, rows)]
             pages = [(x, err + EPS32 * np.abs(x)), *more]  # a residual's page: exact operand values
             x, err = intervals.bounded(op.expr, pages, _row(column_values(p, inputs, rows)))
-        return ref, err + out_rounding(self.out_eps, size)
+        return ref, _bound(ref, x, err, self.out_eps)
 
     def _mapped(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """A map program's reference and bound: its exact inputs through each op's interval bound."""
@@ -215,7 +218,7 @@ class Tolerance:
                 value, err = row_stages(p, d, inputs, bounds=True, done=done)
                 ref = output_values(d.out.name, value, d.out.dtype)
                 eps = OUT_EPS.get(d.out.dtype, EPS32)
-                each[d.out.name] = (ref, err + out_rounding(eps, ref.astype(np.float64)))
+                each[d.out.name] = (ref, _bound(ref, value, err, eps))
             if len(each) > 1:
                 return {k: v[0] for k, v in each.items()}, {k: v[1] for k, v in each.items()}  # type: ignore[return-value]
             return each[decl.out.name]
@@ -224,20 +227,23 @@ class Tolerance:
             return ref, np.zeros(ref.shape)
         pages = [(np.asarray(x, np.float64), np.zeros(1)) for x in map_pages(p, decl, inputs)]
         (stage,) = decl.chain
-        _, err = intervals.bounded(stage.kind.op.expr, pages, _row(column_values(p, inputs)))
-        return ref, err + out_rounding(self.out_eps, ref.astype(np.float64))
+        x, err = intervals.bounded(stage.kind.op.expr, pages, _row(column_values(p, inputs)))
+        return ref, _bound(ref, x, err, self.out_eps)
 
-    def past_range(self, magnitude: np.ndarray) -> np.ndarray:
+    def past_range(self, magnitude: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
         """Where a kernel's float32 sum of finite inputs may overflow: |A|@|B|, with the sum's own rounding, at
-        float32's largest value or past it (nowhere for the interpreter's bound: it sums in float64)."""
+        float32's largest value or past it (nowhere for the interpreter's bound: it sums in float64); and a
+        block-scaled kernel's, where its float32 sa · sb is not one rounding of the exact product (`scales`,
+        `blockscale.scale_products_past`)."""
         if not self.kernel:
             return np.zeros(magnitude.shape, dtype=bool)
         with np.errstate(over="ignore"):  # an infinite |A|@|B| is a non-finite input's, said already
-            return np.isfinite(magnitude) & (magnitude * (1 + self.ulps * EPS32) >= F32_MAX)
+            past = np.isfinite(magnitude) & (magnitude * (1 + self.ulps * EPS32) >= F32_MAX)
+        return past if scales is None else past | scales
 
-    def _in_range(self, magnitude: np.ndarray) -> None:
+    def _in_range(self, magnitude: np.ndarray, scales: np.ndarray | None = None) -> None:
         """Say once (RangeWarning), or refuse under `strict` (InputError), where inputs leave the bound's range."""
-        past = self.past_range(magnitude)
+        past = self.past_range(magnitude, scales)
         if not past.any():
             return
         at = tuple(int(i) for i in np.argwhere(past)[0])
@@ -246,6 +252,31 @@ class Tolerance:
             f" ({F32_MAX:.3g}; {float(magnitude[at]):.3g} at C{list(at)}): a kernel's float32 sum may overflow"
             " there (to ±inf, or NaN) where the float64 reference does not, so the kernel's bound holds only below it"
         )
+        if scales is not None and scales[at]:
+            what = (
+                f"{int(past.sum())} of C's {past.size} elements have a step whose sa·sb leaves float32's normal"
+                f" range (at C{list(at)}): a kernel's float32 product of the two scales is ±inf past {F32_MAX:.3g}"
+                f" and keeps fewer bits below {_TINY:.3g}, where the float64 reference's is exact, so the"
+                " kernel's bound holds only where each sa·sb lies in float32's normal range"
+            )
+        self._say_past(what)
+
+    def _scores_in_range(self, inputs: Mapping[str, Any]) -> None:
+        """`_in_range` of an attention program: its rows whose scores may leave float32's range (the interpreter's
+        too: it holds S in float32, as a kernel does)."""
+        past = self._past(inputs)
+        if not past.any():
+            return
+        at = [int(i) for i in np.argwhere(past)[0][:-1]]
+        self._say_past(
+            f"{int(past.sum())} of the {past.size} query rows have |Q|·|K|ᵀ, or |scale| times it, at or past"
+            f" float32's largest value ({F32_MAX:.3g}; first at LSE{at}): the recurrence holds S and scale · S in"
+            " float32, the interpreter's as a kernel's, so O and LSE may be ±inf or NaN there where the float64"
+            " reference is not, and the bound holds only below it"
+        )
+
+    def _say_past(self, what: str) -> None:
+        """Say once (RangeWarning), or refuse under `strict` (InputError), that inputs leave the bound's range."""
         if self.strict:
             from ..inputs import InputError
 
@@ -269,10 +300,10 @@ class Tolerance:
         if isinstance(ref, dict):  # several outputs (LayerNorm's out, mean, rstd): each within its own bound
             if not isinstance(c, Mapping) or set(c) != set(ref):
                 return False, f"the outputs are {', '.join(ref)}; the result given holds {_names(c)}"
-            told = [(name, *self._within(c[name], ref[name], bound[name], inputs)) for name in ref]
-            each = "; ".join(f"{name}: {how.split(' (bound: ')[0]}" for name, _, how in told)  # the bound said once
+            told = [(name, *self._within(c[name], ref[name], bound[name], inputs, name=name)) for name in ref]
+            each = "; ".join(f"{name}: {how.replace(f' (bound: {self.text})', '')}" for name, _, how in told)  # once
             return all(ok for _, ok, _ in told), f"{each} (bound: {self.text})"
-        return self._within(c, ref, bound, inputs)
+        return self._within(c, ref, bound, inputs, rows)
 
     def against(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """The reference and each element's bound for these inputs, made once where several results of one program
@@ -283,8 +314,17 @@ class Tolerance:
         """`check` of one output against the reference and bound `against(inputs)` made."""
         return self._within(c, ref, bound, inputs)
 
-    def _within(self, c: Any, ref: np.ndarray, bound: np.ndarray, inputs: Mapping[str, Any]) -> tuple[bool, str]:
-        """Whether one output `c` is within `bound` of `ref`, and how close it is."""
+    def _within(
+        self,
+        c: Any,
+        ref: np.ndarray,
+        bound: np.ndarray,
+        inputs: Mapping[str, Any],
+        rows: Any = None,
+        name: str | None = None,
+    ) -> tuple[bool, str]:
+        """Whether one output `c` (the output `name`, or the program's one) is within `bound` of `ref`, and how close
+        it is (C's sampled `rows`, if given)."""
         if np.shape(c) != ref.shape:
             return False, f"C has shape {np.shape(c)}, the reference {ref.shape}"
         if self.exact:
@@ -293,27 +333,52 @@ class Tolerance:
         c64, r64 = np.asarray(c, dtype=np.float64), ref.astype(np.float64)
         # Equal values pass, infinities and NaNs included (inf − inf is NaN, and NaN is within no bound).
         same = (c64 == r64) | (np.isnan(c64) & np.isnan(r64))
-        with np.errstate(invalid="ignore"):  # (NaN against a number, or ±inf against the other: off by inf)
+        # ±inf is measured from the magnitude C's type overflows at, where the values that round to it begin
+        # (`_bound`): a finite value short of it, or inf where the reference just misses it, may be a correct sum's
+        # rounding; any other value is not (the bound was 2 ulps of inf there, and let any value pass).
+        if np.isinf(c64).any() or np.isinf(r64).any():
+            top = OVERFLOW_AT[OUT_EPS.get(self._output(name).dtype, EPS32)]
+            c64, r64 = (np.where(np.isinf(v), np.sign(v) * top, v) for v in (c64, r64))
+        with np.errstate(invalid="ignore"):  # (NaN against a number: off by inf)
             off = np.abs(c64 - r64)
             err = np.where(same, 0.0, np.where(np.isnan(off), np.inf, off))
         # An infinite bound is an epilogue op's pole or domain edge inside the box its operand may lie in
         # (`intervals.bounded`): any value may come there, NaN too — sqrt of a sum the kernel rounds below 0.
         good = same | (err <= bound) | np.isinf(bound)
         ok = bool(np.all(good))
-        how = f"max |error| {float(np.nanmax(err, initial=0.0)):.3g} (bound: {self.text})"
-        summed = not (self.chained or self.mapped or self.attention)  # (a map sums nothing: no such range)
-        if not ok and self.kernel and summed:
-            past = int(np.count_nonzero(~good & self._past(inputs)))
+        how = f"max |error| {float(np.nanmax(err, initial=0.0)):.3g}"
+        lost = np.isnan(err) & ~good  # (errors the max leaves out: NaN on one side alone)
+        for n, where in ((np.isnan(c64) & lost, "NaN where the reference is not"), (np.isnan(r64) & lost, "not NaN")):
+            how += f"; {np.count_nonzero(n)} of {err.size} elements {where}" if n.any() else ""
+        how += f" (bound: {self.text})"
+        summed = not (self.chained or self.mapped)  # (a map sums nothing: no such range; attention's S is a sum)
+        if not ok and (self.kernel or self.attention) and summed:
+            past = int(np.count_nonzero(~good & self._past(inputs, rows)))
             if past:
                 how += f"; {past} of the elements outside it lie past float32's range, where it does not hold"
         return ok, how
 
-    def _past(self, inputs: Mapping[str, Any]) -> np.ndarray:
-        """`past_range` of these inputs' |A|@|B|."""
+    def _output(self, name: str | None) -> Any:
+        """The output tensor `name`, or the program's one."""
+        out = self.program.output_tensor() if name is None else self.program.tensor_named(name)
+        assert out is not None
+        return out
+
+    def _past(self, inputs: Mapping[str, Any], rows: Any = None) -> np.ndarray:
+        """`past_range` of these inputs' |A|@|B| (a block-scaled program's M and its scales' products; A's sampled
+        `rows`, if given; an attention program's: each query row's, `attention.past_range`)."""
         from ..interp.values import matmul
         from .reference import rounded_operands
 
-        a, b = rounded_operands(self.program, inputs)
+        p = self.program
+        if self.attention:
+            from . import attention
+
+            return attention.past_range(p, inputs, self.kernel)
+        a, b = rounded_operands(p, inputs)
+        if blockscale.program_scales(p) is not None:
+            magnitude = blockscale.program_sum(p, a, b, inputs, matmul, rows)[1]
+            return self.past_range(magnitude, blockscale.scale_products_past(p, a, b, inputs, rows))
         return self.past_range(_abs_product(a, b, matmul))
 
 
@@ -361,9 +426,33 @@ _TINY = float(np.finfo(np.float32).tiny)
 
 def out_rounding(eps: float, ref: Any, xp: Any = np) -> Any:
     """What rounding each output to C's type (of one ulp `eps` at 1.0) adds to its bound at the reference `ref`: 2
-    ulps of |ref|, and at least the type's least step (float32's smallest normal where that is larger). On `xp`'s
-    arrays (numpy, or CuPy on the GPU check's device)."""
-    return 2 * eps * xp.abs(ref) + max(_TINY, _STEP_OF_EPS.get(eps, 0.0))
+    ulps of |ref|, and at least the type's least step (`least_step`). On `xp`'s arrays (numpy, or CuPy on the GPU
+    check's device)."""
+    return 2 * eps * xp.abs(ref) + least_step(eps)
+
+
+def least_step(eps: float) -> float:
+    """The least step of C's type of one ulp `eps` at 1.0 (OUT_STEP), or float32's smallest normal where that is
+    larger: the floor of every output's bound."""
+    return max(_TINY, _STEP_OF_EPS.get(eps, 0.0))
+
+
+def _bound(ref: np.ndarray, x: np.ndarray, err: np.ndarray, eps: float) -> np.ndarray:
+    """The bound of each element of C: `err`, that of `x` (C before its rounding to C's type, `eps` its ulp at 1.0),
+    and the rounding, 2 ulps of the type and its least step (`least_step`). Where `x` is finite but rounded to ±inf,
+    C's type overflowed: `_within` measures a value there from the magnitude the type overflows at, and a value
+    short of it is a correct result only where x may lie within err below it (plus the half ulp the rounding adds);
+    else only ±inf is (2 ulps of that magnitude would pass the largest finite value: a kernel that saturates)."""
+    size = np.abs(ref.astype(np.float64))
+    infinite = np.isinf(size)
+    if not infinite.any():  # (C's size in float64 arrays: as few as the check can hold at once)
+        return err + out_rounding(eps, size)
+    top = OVERFLOW_AT[eps]
+    reach = np.abs(x) - err  # the least magnitude a correct sum may have before it is rounded
+    with np.errstate(invalid="ignore"):  # an infinite x and err (inputs past their range): inf − inf
+        short = np.where(reach < top, top - reach + eps * top / 4, 0.0)
+    rounding = err + 2 * eps * np.where(infinite, 0.0, size)
+    return np.where(infinite & np.isfinite(x), short, rounding) + least_step(eps)
 
 
 def _names(c: Any) -> str:
@@ -376,8 +465,8 @@ _RANGE_WARNED: list[bool] = []  # whether a RangeWarning was given in this proce
 _ROUNDING = {Precision.BF16: 2.0**-8, Precision.FP16: 2.0**-11, Precision.E4M3: 2.0**-4, Precision.E5M2: 2.0**-3}
 
 
-def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.ndarray:
-    """The error bound of each element of C before its rounding to C's type, carried from the inputs through each
+def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Each element of C before its rounding to C's type, and its error bound, carried from the inputs through each
     matmul, each elementwise op and each computed operand's rounding (see the module docstring)."""
     from ..interp.values import matmul as product
     from .reference import _declared, column_values, stage_pages, tensor_operand
@@ -417,7 +506,7 @@ def _chained(p: SpatialProgram, inputs: Mapping[str, Any], kernel: bool) -> np.n
         return x, e
 
     assert decl.matmul is not None
-    return through(*matmul(decl.matmuls[decl.matmul.id]), list(decl.chain))[1]
+    return through(*matmul(decl.matmuls[decl.matmul.id]), list(decl.chain))
 
 
 def _online(p: SpatialProgram) -> bool:

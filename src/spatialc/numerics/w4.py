@@ -193,7 +193,7 @@ def w4_operand(p: Any, op: Any, weights: Any, inputs: Any) -> np.ndarray:
         [p.tensor(op.zero).name] if op.zero is not None else []
     )
     specs = [s for s in specs_of(p) if s.name in wanted]
-    got = check_inputs(p.name, specs, {name: inputs[name] for name in wanted})
+    got = check_inputs(p.name, specs, {name: inputs[name] for name in wanted if name in inputs})  # (one missing: said)
     q, s, *z = (np.asarray(got[name], np.float64) for name in wanted)
     return dequant_matrix(q, s, z[0] if z else None, op.group, op.operand.value)
 

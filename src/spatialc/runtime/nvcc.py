@@ -15,12 +15,12 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import SpatialError
+from ..files import write_whole
 from .cache import cache_dir as cache_of
 
 __all__ = [
@@ -104,8 +104,8 @@ def compile_cubin(
         data = dst.read_bytes()
     functions = parse_ptxas(f"{proc.stdout}\n{proc.stderr}")
     info = {"arch": arch, "functions": {name: f.to_dict() for name, f in functions.items()}}
-    _replace(ptxas_path(path), json.dumps(info, indent=1).encode())  # first: a cubin on disk has its ptxas file
-    _replace(path, data)  # a concurrent compile of the same text writes the same bytes
+    write_whole(ptxas_path(path), json.dumps(info, indent=1).encode())  # first: a cubin on disk has its ptxas file
+    write_whole(path, data)  # a concurrent compile of the same text writes the same bytes
     return path
 
 
@@ -123,13 +123,6 @@ def cached_cubin(source: str, arch: str) -> Path | None:
         return None
     path = cubin_path(source, arch, found, cache_dir())
     return path if path.is_file() and ptxas_path(path).is_file() else None
-
-
-def _replace(path: Path, data: bytes) -> None:
-    """Write `path` whole: aside first, then renamed over it (atomic)."""
-    tmp_path = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp_path.write_bytes(data)
-    os.replace(tmp_path, path)
 
 
 @dataclass(frozen=True, slots=True)

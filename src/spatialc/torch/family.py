@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -18,8 +17,11 @@ import torch
 
 from .. import api
 from ..errors import ProgramError, SpatialError
+from ..files import read_at_most, write_whole
 from ..inputs import InputError
 from ..ir.nodes import SpatialProgram
+from ..ir.serde import MAX_DOCUMENT_BYTES
+from ..passes.declaration import declaration
 from ..runtime.cache import cache_dir
 from .signature import Slot, _arg_names, _call, _dims, _dtype, _kind, _qualified, _shape_of, _signature, _taken
 
@@ -241,15 +243,17 @@ class SpatialOp:
         return entry
 
     def _build(self, program: SpatialProgram) -> tuple[SpatialProgram, str]:
-        """The verified program: from the disk cache where it holds one (verified again as it is read), else
-        built and stored there. A program the builder verified itself (spatialc.lang's) is used as it is."""
+        """The verified program: from the disk cache where it holds one (verified again as it is read, and held to
+        declare what `program` declares: a file there may have been put by someone else), else built and stored
+        there. A program the builder verified itself (spatialc.lang's) is used as it is."""
         if program.verified:
             return program, "built"
         path = self._cached_path(program) if self.disk_cache else None
         if path is not None and path.is_file():
             try:
-                kept = api.from_json(path.read_text())
-                if kept.verified:
+                text = read_at_most(path, MAX_DOCUMENT_BYTES)
+                kept = api.from_json(text.decode()) if text is not None else None
+                if kept is not None and kept.verified and declaration(kept) == declaration(program):
                     return kept, "disk"
             except (OSError, SpatialError, ValueError):
                 pass  # a damaged or stale entry is built again and overwritten
@@ -257,9 +261,7 @@ class SpatialOp:
         if path is not None:
             with contextlib.suppress(OSError):  # a read-only cache costs a rebuild next time, nothing else
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-                tmp.write_text(api.to_json(built))
-                tmp.replace(path)
+                write_whole(path, api.to_json(built))
         return built, "built"
 
     def _cached_path(self, program: SpatialProgram) -> Path:

@@ -87,7 +87,11 @@ class Linear(torch.nn.Linear):
         lead = x.shape[:-1]
         a = x.reshape(-1, self.in_features).to(low).contiguous()
         w = self.frozen_weight if self.frozen_weight is not None else self.weight.t().to(low).contiguous()
-        y = self.op(a, w) if self.bias is None else self.op(a, w, self.bias.to(torch.float32))
+        if a.shape[0] == 0:  # no rows (an expert no token was routed to): nothing to run, an empty y as nn.Linear's
+            y = a.to(torch.float32) @ w.to(torch.float32)  # in the graph, so W and the bias get zero gradients
+            y = y if self.bias is None else y + self.bias.to(torch.float32)
+        else:
+            y = self.op(a, w) if self.bias is None else self.op(a, w, self.bias.to(torch.float32))
         y = y.reshape(*lead, self.out_features)
         return y.to(x.dtype) if x.dtype.is_floating_point else y
 

@@ -14,7 +14,7 @@ import torch
 from ..errors import ProgramError, clipped
 from ..inputs import InputError
 from ..ir.nodes import SpatialProgram
-from ..numerics.attention import FLOAT32_HOLDS, valid_scale
+from ..numerics.attention import FLOAT32_HOLDS, keyless, valid_scale
 from .family import _LOCK, SpatialOp
 from .signature import _dims, _dtype, _kind
 
@@ -125,11 +125,9 @@ def attention(
             " k and v are (batch, kv_heads, seq_kv, head_dim), q (batch, heads, seq_q, head_dim), kv_heads dividing"
             " heads"
         )
-    if causal and sq > skv:
-        raise InputError(
-            f"spatialc.torch.attention: causal with seq_q ({sq}) > seq_kv ({skv}) leaves the first query rows no key"
-            " (the mask is aligned bottom right)"
-        )
+    why = keyless(sq, skv, causal)
+    if why is not None:
+        raise InputError(f"spatialc.torch.attention: {why}")
     want = q.dtype if out_dtype is None else out_dtype
     if want not in _ATTENTION_OUT:
         raise ProgramError(f"spatialc.torch.attention: out_dtype is torch.float32, bfloat16 or float16, not {want}")

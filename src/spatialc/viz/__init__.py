@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import DeadlockError
+from ..files import write_whole
 from ..interp.trace import Trace
 from ..ir.nodes import SpatialProgram
 from .deadlock import _note_of, deadlock_svg, reasons_of
@@ -31,7 +32,7 @@ def write_pictures(
         pictures["timeline.svg"] = timeline_svg(trace, site, window, name=program.name)
     folder.mkdir(parents=True, exist_ok=True)  # once every picture is drawn: a refused one leaves no folder behind
     for name, svg in pictures.items():
-        (folder / name).write_text(svg)
+        write_whole(folder / name, svg)
     return [folder / name for name in pictures]
 
 
@@ -41,7 +42,8 @@ def write_deadlock(folder: str | Path, program: SpatialProgram, error: DeadlockE
     path = Path(folder) / "deadlock.svg"
     path.parent.mkdir(parents=True, exist_ok=True)
     where = getattr(error, "where", None)  # the user's lines, for a program written with spatialc.lang
-    path.write_text(deadlock_svg(program, error.blocked, reasons=reasons_of(error), note=_note_of(error), where=where))
+    svg = deadlock_svg(program, error.blocked, reasons=reasons_of(error), note=_note_of(error), where=where)
+    write_whole(path, svg)
     return path
 
 

@@ -37,7 +37,7 @@ from ...ir.ids import TensorId
 from ...ir.index import ProgramIndex
 from ...ir.nodes import ComputeStage, EngineProgram, SpatialProgram, TensorRole
 from ...ir.ops import Attention, Const, WriteTiles
-from ...numerics.attention import FLOAT32_HOLDS, valid_scale
+from ...numerics.attention import FLOAT32_HOLDS, keyless, valid_scale
 from .attention_pages import reader_page, write
 from .attention_run import compute
 from .attention_state import Proof, nested
@@ -68,17 +68,23 @@ def check_attention(index: ProgramIndex, programs: Programs) -> None:
             _prove(Proof(index, shape, by_engine))
 
 
-def check_scale(p: SpatialProgram) -> None:
-    """An attention declaration's scale is one `spatialc.attention` takes: a finite number > 0 (a saved file may say
-    otherwise; the kernel's bound is of |scale| · |Q|·|K|ᵀ, and softmax of a negative scale's scores is not the
-    attention any caller asked for)."""
+def check_declaration(p: SpatialProgram) -> None:
+    """An attention declaration is one `spatialc.attention` takes (a saved file or a hand-built stage may say
+    otherwise): its scale a finite number > 0 (the kernel's bound is of |scale| · |Q|·|K|ᵀ, and softmax of a
+    negative scale's scores is not the attention any caller asked for), and its mask leaving each query row a key
+    (`keyless`: the recurrence's first block needs one, and a row of none is 0 / 0)."""
     for s in p.stages:
         op = getattr(s.kind, "op", None) if isinstance(s.kind, ComputeStage) else None
-        if isinstance(op, Attention) and not valid_scale(op.scale):
+        if not isinstance(op, Attention):
+            continue
+        if not valid_scale(op.scale):
             raise SemanticError(
                 f"stage {s.name} declares attention with scale = {op.scale!r}; attention's scale is a finite number"
                 f" > 0 (spatialc.attention's; {FLOAT32_HOLDS})"
             )
+        why = keyless(op.seq_q, op.seq_kv, op.causal)
+        if why is not None:
+            raise SemanticError(f"stage {s.name}: {why}")
 
 
 def _declared(p: SpatialProgram, shape: AttentionShape) -> None:

@@ -126,6 +126,10 @@ def arrive(proof: Proof, op: Wait, ring: BufferId) -> Val:
             )
         return Val(Q_ATOM, Geom(proof.bh, t.tiles[1], "query", rows, "d", across))
     if ring == proof.k:
+        if read.block_h != proof.bw:  # (the kernels' KV block is the plan's: their registers and wgmma are sized by it)
+            raise proof.wrong(
+                read, f"K's page holds {read.block_h} key tile rows, not the plan's KV block of {proof.bw}", "reader"
+            )
         proof.key_rows = rows
     elif rows != proof.key_rows:
         raise proof.wrong(

@@ -206,8 +206,6 @@ class _Way:
             raise SemanticError(
                 f"stage {stage.name} multiplies {mm.operand.value} tiles in a {p.precision.value} program"
             )
-        if p.tile.rows != p.tile.cols:
-            raise _unsure(f"tiles of {p.tile.rows}x{p.tile.cols} (a tile matmul multiplies square tiles)")
         if len(stage.ins) != 2:
             raise _unsure(f"matmul stage {stage.name} reads {len(stage.ins)} rings, not an A and a B")
         operands: list[TensorId | None] = []

@@ -55,7 +55,7 @@ from ...ir.ops import (
     rewrite,
     walk,
 )
-from .attention import check_attention, check_scale
+from .attention import check_attention, check_declaration
 from .blockscale import check_scale_types
 from .dataflow import Declared, SiteRun, Write
 from .declared import declared_outputs
@@ -71,7 +71,7 @@ from .symbolic import AccSum, Cell, Elem, Partial
 def check_semantics(index: ProgramIndex, programs: Programs) -> None:
     """Rule 8 for every distinct set of site programs."""
     p = index.p
-    check_scale(p)  # (a declaration's own: the schedule's proof takes its scale as given)
+    check_declaration(p)  # (a declaration's own: the schedule's proof takes its scale and mask as given)
     if p.placement is None or p.schedule is None or p.plan is None:
         check_scale_types(index)
         return  # nothing is computed yet

@@ -38,7 +38,7 @@ from ...ir.nodes import (
 from ...ir.ops import CHOREO_OPS, Attention, Loop, Map, RowReduce, cols
 from ...ir.printer import op_text
 from ...ir.serde import MAX_PLANS, MAX_TABLE
-from ...ir.validate import op_fault, type_fault
+from ...ir.validate import ID_RANGE, op_fault, type_fault
 from ...ir.worklist import MAX_SITES
 from ...target import TARGETS, SpatialTarget
 from .limits import MAX_BUFFER_TILES, MAX_INT, MAX_ITEM_SIDE, MAX_ITEMS, MAX_NESTING, MAX_RING_DEPTH
@@ -204,13 +204,21 @@ def _unique(kind: str, ids: Iterable[int]) -> None:
         seen.add(i)
 
 
+def _of_types(fault: str, whose: str) -> str:
+    """`fault` as rule 1 states it: a value of a wrong type asks for the IR's own types; an id past 64 bits, loops or
+    an expression's ops nested too deep, a list or a formula too long are faults of size, said as they are."""
+    if ID_RANGE in fault or " more than " in fault:
+        return fault
+    return f"{fault}: {whose} must hold the IR's own types (spatialc.ir)"
+
+
 def check_types(p: SpatialProgram) -> None:
     """Values of the IR's types everywhere (`ir.validate`: the tables, then each op of each distinct op list), and
     loops nested at most MAX_NESTING deep: checked without recursion, before anything hashes or walks an op tree."""
     _check_counts(p)
     fault = type_fault(p)
     if fault is not None:
-        raise IllFormedError(f"{fault}: the program must hold the IR's own types (spatialc.ir)")
+        raise IllFormedError(_of_types(fault, "the program"))
     seen: set[int] = set()
     for prog in p.schedule.programs if p.schedule else ():
         if id(prog.ops) in seen:
@@ -232,7 +240,7 @@ def check_types(p: SpatialProgram) -> None:
                         stack.append((op.body, depth + 1))
             if fault is not None:
                 raise IllFormedError(
-                    f"{where(prog.site, prog.engine.value)}: {fault}: ops must hold the IR's own types (spatialc.ir)",
+                    f"{where(prog.site, prog.engine.value)}: {_of_types(fault, 'ops')}",
                     site=int(prog.site),
                     engine=prog.engine.value,
                     op=_shown(p, bad),
@@ -340,7 +348,7 @@ def _check_stages(p: SpatialProgram) -> None:
                     f"stage {s.name} writes {tensors[t].name}, {role_text(tensors[t])}; a write"
                     " stage writes the output tensor or a workspace tensor"
                 )
-            case ComputeStage(op) if (why := compute_fault(op, p.precision)) is not None:
+            case ComputeStage(op) if (why := compute_fault(op, p.precision, p.tile)) is not None:
                 raise IllFormedError(f"stage {s.name}: {why}")
     want = accumulator_dtype(p.precision)
     for w in p.tensors:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from ...ir.nodes import Tile
 from ...ir.ops import (
     ACTIVATION_NAMES,
     MAX_EXPR_NODES,
@@ -27,8 +28,8 @@ from ...numerics.elementwise import EXACT_LIMIT, OPS
 from .limits import FLOAT32_MAX, MAX_ITEM_SIDE, MAX_REDUCE_COLS, REQUANT_MULTIPLIER, REQUANT_SHIFT, REQUANT_ZERO_POINT
 
 
-def compute_fault(op: ComputeOp, precision: Precision) -> str | None:
-    """Why compute op `op` of a `precision` program cannot run, or None."""
+def compute_fault(op: ComputeOp, precision: Precision, tile: Tile) -> str | None:
+    """Why compute op `op` of a `precision` program of `tile`s cannot run, or None."""
     match op:
         case Map(expr):
             return expr_fault(expr, precision)
@@ -54,6 +55,8 @@ def compute_fault(op: ComputeOp, precision: Precision) -> str | None:
                     f"a tile matmul's block ({block.osh}x{block.osw}x{block.ibw}) and sub-blocks"
                     f" ({sub_blocks[0]}x{sub_blocks[1]}) must be ≥ 1"
                 )
+            if tile.rows != tile.cols:  # a product of two tiles is a tile only where they are square
+                return f"a tile matmul multiplies square tiles, not {tile.rows}x{tile.cols}"
     return None
 
 

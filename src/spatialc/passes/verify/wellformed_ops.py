@@ -312,7 +312,7 @@ class _OpCheck:
                 "attention is a stage's declaration, not an op an engine runs (its schedule runs the"
                 " online recurrence)",
             )
-        why = compute_fault(op.op, self.index.p.precision)
+        why = compute_fault(op.op, self.index.p.precision, self.index.p.tile)
         if why is not None:
             raise self.fail(op, why)
         elementwise = not isinstance(op.op, MatmulTiles | AddPartial | RowReduce | ScaleAcc)
@@ -330,6 +330,10 @@ class _OpCheck:
                 self.addr(op, at, bound)
         if isinstance(op.op, RowReduce):
             self.addr(op, op.op.at, bound)
+        if isinstance(op.op, MatmulTiles) and op.op.scales is not None:  # where a block-scaled step's scales lie
+            s = op.op.scales
+            for where in (s.rows, s.cols, s.k, *(() if s.group is None else (s.group,))):
+                self.addr(op, where, bound)
         if isinstance(op.op, Dequant):
             self.dequant(op, op.op, bound)
 

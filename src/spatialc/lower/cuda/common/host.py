@@ -10,6 +10,7 @@ import contextlib
 import json
 from pathlib import Path
 
+from ....files import write_whole
 from ....inputs import row_limits
 from ....ir.ids import TensorId
 from ....ir.names import plain
@@ -479,7 +480,7 @@ def write_artifact(artifact: CudaArtifact, directory: str | Path) -> list[Path]:
     written = []
     for name, text in files.items():
         path = out / name
-        path.write_text(text)
+        write_whole(path, text)  # a link planted in the folder is replaced, not written through
         written.append(path)
     if artifact.general is not None:
         written += write_artifact(artifact.general, out / "general")

@@ -96,7 +96,7 @@ def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:
         counts = set().union(*(once.item_counts(prog.ops) for prog in progs))
         # Each ITEM loop runs all the site's items — or, a split tail's, all but its last and then that one.
         runs = {Const(len(items))} | ({(Const(len(items) - 1), 0), (Const(1), len(items) - 1)} if items else set())
-        if counts - runs or (not counts and len(items) > 1) or not _tail_last(progs):
+        if counts - runs or (not counts and len(items) > 1) or not all(once.tail_last(prog.ops) for prog in progs):
             raise Unsupported(
                 f"site {int(s)} with {len(items)} items and ITEM loops of {sorted(map(str, counts))}",
                 "the kernel's ITEM loop runs the site's share of the work list",
@@ -117,18 +117,15 @@ def _classes(p: SpatialProgram, view) -> tuple[SiteClass, ...]:
     )
 
 
-def _tail_last(progs) -> bool:
-    """Whether an ITEM loop past the site's first item (a split tail's last item) is its program's last op, after
-    its loop over the others: the kernel runs it as the site's last item of the work list."""
-    for prog in progs:
-        if not any(isinstance(op, Loop) and op.var == LV_ITEM and op.first for op in walk(prog.ops)):
-            continue
-        top = [isinstance(op, Loop) and op.var == LV_ITEM for op in prog.ops]
-        if top != [True, True] or prog.ops[0].first or not prog.ops[1].first:  # type: ignore[union-attr]
-            return False
-        if any(isinstance(op, Loop) and op.var == LV_ITEM for loop in prog.ops for op in walk(loop.body)):  # type: ignore[union-attr]
-            return False
-    return True
+def _tail_last(ops: tuple[ChoreoOp, ...]) -> bool:
+    """Whether an ITEM loop past the site's first item (a split tail's last item), if `ops` has one, is their last op,
+    after their loop over the others: the kernel runs it as the site's last item of the work list."""
+    if not any(isinstance(op, Loop) and op.var == LV_ITEM and op.first for op in walk(ops)):
+        return True
+    top = [isinstance(op, Loop) and op.var == LV_ITEM for op in ops]
+    if top != [True, True] or ops[0].first or not ops[1].first:  # type: ignore[union-attr]
+        return False
+    return not any(isinstance(op, Loop) and op.var == LV_ITEM for loop in ops for op in walk(loop.body))  # type: ignore[union-attr]
 
 
 _SITE_NAMING = (SemInc, McastSend, McastSetValid)  # the only ops a class view may read relative to their site
@@ -136,12 +133,13 @@ _SITE_NAMING = (SemInc, McastSend, McastSetValid)  # the only ops a class view m
 
 class _PerList:
     """`_classes`' look-ups, each made once per op list (by identity; the lists outlive the call): the ITEM loop
-    counts, the view (the same for every site where the list names no site or group), and the id of the interned
-    normal form."""
+    counts, whether a split tail's loop comes last, the view (the same for every site where the list names no site or
+    group), and the id of the interned normal form."""
 
     def __init__(self, view) -> None:
         self._view = view
         self._counts: dict[int, frozenset] = {}
+        self._tails: dict[int, bool] = {}
         self._views: dict[int, tuple[ChoreoOp, ...]] = {}
         self._normals: dict[int, int] = {}
         self._kept: set[int] = set()
@@ -155,6 +153,13 @@ class _PerList:
             tail = any(op.first for op in loops)
             found = frozenset((op.count, op.first) if tail else op.count for op in loops)
             self._counts[id(ops)] = found
+        return found
+
+    def tail_last(self, ops: tuple[ChoreoOp, ...]) -> bool:
+        """`_tail_last` of `ops`."""
+        found = self._tails.get(id(ops))
+        if found is None:
+            found = self._tails[id(ops)] = _tail_last(ops)
         return found
 
     def view(self, site: int, ops: tuple[ChoreoOp, ...]) -> tuple[ChoreoOp, ...]:
