@@ -26,6 +26,7 @@ _ATTENTIONS: dict[tuple[Any, ...], SpatialOp] = {}
 # Two sets of (heads, seq_q, seq_kv, head_dim, kv_heads) the family is read with: kv_heads divides heads and
 # seq_q ≤ seq_kv, so a causal family takes them.
 _ATTENTION_PROBES = ((6, 5, 7, 8, 3), (12, 9, 11, 10, 4))
+_NEVER_EMPTY = ("heads", "kv_heads", "seq_kv", "head_dim")  # (an empty batch or seq_q gives an empty O)
 
 
 def attention_op(
@@ -94,7 +95,8 @@ def attention(
     c > r + seq_kv − seq_q: aligned bottom right (torch's `causal_lower_right`, FlashAttention's). That is NOT SDPA's
     `is_causal=True` (aligned top left) where seq_q ≠ seq_kv: the two agree only where seq_q = seq_kv. `scale`
     defaults to 1/√head_dim. The op behind it (`attention_op`) is built once per shape, as every op of `op`; it has no
-    autograd yet (a backward through it raises torch's error). An empty axis is an InputError naming it."""
+    autograd yet (a backward through it raises torch's error). An empty batch or seq_q gives an empty O (and LSE); any
+    other empty axis is an InputError naming it."""
     if not isinstance(causal, bool):  # a truthy 'no' would otherwise mask, or find a causal op already made
         raise ProgramError(f"spatialc.torch.attention: causal is True or False, not {causal!r}")
     tensors = {"q": q, "k": k, "v": v}
@@ -112,11 +114,11 @@ def attention(
             )
     for name, t in tensors.items():  # before any division or reshape by them: an empty axis is no attention
         axes = ("batch", "heads", "seq_q", "head_dim") if name == "q" else ("batch", "kv_heads", "seq_kv", "head_dim")
-        empty = next((axis for axis, n in zip(axes, t.shape, strict=True) if n == 0), None)
+        empty = next((axis for axis, n in zip(axes, t.shape, strict=True) if n == 0 and axis in _NEVER_EMPTY), None)
         if empty is not None:
             raise InputError(
-                f"spatialc.torch.attention: {name} is {_dims(t.shape)}, its {empty} 0; every axis of q, k and v is at"
-                " least 1"
+                f"spatialc.torch.attention: {name} is {_dims(t.shape)}, its {empty} 0; only batch and seq_q may be 0"
+                " (an empty O, as SDPA's)"
             )
     (b, h, sq, d), (bk, hk, skv, dk) = q.shape, k.shape
     if tuple(v.shape) != tuple(k.shape) or bk != b or dk != d or h % hk != 0:
@@ -131,6 +133,9 @@ def attention(
     want = q.dtype if out_dtype is None else out_dtype
     if want not in _ATTENTION_OUT:
         raise ProgramError(f"spatialc.torch.attention: out_dtype is torch.float32, bfloat16 or float16, not {want}")
+    if b == 0 or sq == 0:  # no query row: nothing to run, O and LSE empty (SDPA's O for an empty batch)
+        o, lse = q.new_empty((b, h, sq, d), dtype=want), q.new_empty((b, h, sq), dtype=torch.float32)
+        return (o, lse) if return_lse else o
     made = getattr(torch.ops.spatialc, _attention_name(_ATTENTION_IN[q.dtype], causal, scale, _ATTENTION_OUT[want]))
     o, lse = made(*(t.reshape(-1, *t.shape[2:]).contiguous() for t in (q, k, v)))
     o = o.reshape(b, h, sq, d)
