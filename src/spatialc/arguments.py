@@ -135,7 +135,9 @@ def precision_of(name: object) -> Precision:
     """`int8`, `fp16`, `bf16`, `e4m3` or `e5m2` (or another spelling `precision_named` reads) as a Precision."""
     prec = precision_named(name)
     if prec is None:
-        raise ProgramError(f"unknown precision {name!r}; use {PRECISIONS_ACCEPTED}")
+        wide = out_named(name) == "float32"  # float32 data: no operand type of its own yet
+        hint = "; float32 is no operand precision yet: round the data to bf16 or fp16 (out='fp32': a float32 result)"
+        raise ProgramError(f"unknown precision {name!r}; use {PRECISIONS_ACCEPTED}{hint if wide else ''}")
     return prec
 
 
