@@ -103,14 +103,21 @@ def precision_named(name: object) -> Precision | None:
     dtype (or scalar type), a torch dtype — or None."""
     if isinstance(name, Precision):
         return name
-    if isinstance(name, str):
-        return PRECISION_SPELLINGS.get(name.lower())
     if name is None or isinstance(name, bool | int | float):  # np.dtype(None) is float64, not what anyone meant
         return None
-    text = str(name).removeprefix("torch.")  # torch.bfloat16: torch is never imported here
-    with contextlib.suppress(TypeError, ValueError):  # np.float16, np.dtype("int8"), ml_dtypes.bfloat16
-        text = np.dtype(name).name  # type: ignore[call-overload]
-    return PRECISION_SPELLINGS.get(text.lower())
+    return PRECISION_SPELLINGS.get(_spelling(name))
+
+
+def _spelling(kind: object) -> str:
+    """The name `kind` spells a type by, in lower case: a string as it is, a torch dtype without `torch.` (torch is
+    never imported here), a numpy or ml_dtypes dtype or scalar type by numpy's name (np.float16, np.dtype("int8"),
+    ml_dtypes.bfloat16)."""
+    if isinstance(kind, str):
+        return kind.lower()
+    text = str(kind).removeprefix("torch.")
+    with contextlib.suppress(TypeError, ValueError):
+        text = np.dtype(kind).name  # type: ignore[call-overload]
+    return text.lower()
 
 
 # What users call the output types, as `precision` takes its spellings: numpy's, ml_dtypes' and torch's names too.
@@ -124,11 +131,7 @@ def out_named(out: Any) -> Any:
     np.int64, …); anything else as given, for the caller to refuse by name."""
     if out is None or isinstance(out, bool | int | float):
         return out
-    text = out if isinstance(out, str) else str(out).removeprefix("torch.")
-    if not isinstance(out, str):
-        with contextlib.suppress(TypeError, ValueError):  # np.float16, np.dtype("int32"), ml_dtypes.bfloat16
-            text = np.dtype(out).name  # type: ignore[call-overload]
-    return OUT_SPELLINGS.get(text.lower(), out)
+    return OUT_SPELLINGS.get(_spelling(out), out)
 
 
 def precision_of(name: object) -> Precision:

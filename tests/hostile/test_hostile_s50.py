@@ -39,8 +39,8 @@ import pytest
 import spatialc
 from spatialc.cli import main
 from spatialc.errors import IllFormedError, SemanticError, SpatialError
+from spatialc.files import write_whole
 from spatialc.gpucheck.prepare import MANIFEST, Manifest
-from spatialc.gpucheck.report import write_whole
 from spatialc.ir.serde import SerdeError
 
 

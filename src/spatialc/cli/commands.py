@@ -25,9 +25,6 @@ from .check import CheckPlan, plan_check, sample_text
 from .parser import UsageError
 from .report import kernel_lines, program_lines, random_inputs
 
-# The largest document `show` and `verify` read: a program of verify's MAX_ITEMS (2^24) items lists each in its
-# placement, about 10 bytes apiece, and the rest of a program is small beside that.
-
 
 def epilogue_of(args: argparse.Namespace) -> list:
     """The epilogue the flags ask for, in the fixed order row scale → column scale → bias → relu → activations →

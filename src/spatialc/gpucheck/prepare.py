@@ -26,13 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpatialError
-from ..files import read_at_most
+from ..files import read_at_most, write_whole
 from ..ir.printer import plural
 from ..runtime import nvcc
 from .builds import PTXAS_FIELDS, Built, Form, build_case, compile_kernel, describe_ptxas
 from .cases import Case, kernel_arch
 from .preflight import preflight_cases
-from .report import write_whole
 
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20  # a manifest of every case of a run is a few hundred kilobytes

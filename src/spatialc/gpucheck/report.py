@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..files import write_whole as write_file_whole
+from ..files import write_whole
 from .agreement import TOLERANCE
 from .attnrows import attention_lines, attention_summary
 from .builds import spilled
@@ -525,8 +525,3 @@ def write_report(outdir: str | Path, header: dict[str, Any], rows: list[Row]) ->
     write_whole(js, to_json(header, rows))
     write_whole(md, to_markdown(header, rows))
     return js, md
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Replace `path` with `text` (UTF-8) whole (`spatialc.files.write_whole`)."""
-    write_file_whole(path, text)

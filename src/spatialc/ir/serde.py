@@ -76,7 +76,9 @@ MAX_SCHEDULE_OPS = 1 << 18
 # ops of MAX_SCHEDULE_OPS fit with room to spare (one or two objects each in a built program: 151,613 in all for the
 # 1,024-site attention above; a compute op a few more).
 MAX_OBJECTS = 1 << 21
-MAX_DOCUMENT_BYTES = 512 << 20  # the longest document a reader of files takes: far above MAX_OBJECTS' worth
+# The longest document a reader of files takes (`show`, `verify`, the torch op cache): far above MAX_OBJECTS' worth; a
+# program of verify's MAX_ITEMS (2^24) items lists each in its placement, about 10 bytes apiece.
+MAX_DOCUMENT_BYTES = 512 << 20
 # Lists ([…]) and values (a comma each) of a whole document, counted alike: an object's lists are a few at most (a
 # 65,536-site program's items lists 1.6 an object), its values its fields (about 4), and the items the sites list at
 # most MAX_SITE_ITEMS. A document of 60 million empty lists inside the byte limit took 36 s and 4.6 GB to parse.
