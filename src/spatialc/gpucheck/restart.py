@@ -21,7 +21,6 @@ the report from what the worker last left, its unfinished rows skipped, and exit
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import subprocess
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..files import write_whole
 from .cases import Case, Row, one_line, row_of
 from .preflight import REFERENCE
 from .report import write_report
@@ -87,9 +87,7 @@ class Resume:
 
 def _write(path: Path, obj: object) -> None:
     """Atomically: a reader never sees half a file (the worker may be killed while it writes)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(pickle.dumps(obj))
-    os.replace(tmp, path)
+    write_whole(path, pickle.dumps(obj))
 
 
 def _read(path: Path, kind: type) -> Any:

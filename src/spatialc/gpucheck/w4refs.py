@@ -19,11 +19,14 @@ float64 bound: at most 2^-24 of it looser).
 from __future__ import annotations
 
 import hashlib
+import io
 import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..files import write_whole
 
 FORMAT = 1  # this file's layout: a change makes every saved file stale
 PREFIX = "w4ref-"
@@ -65,9 +68,9 @@ def save(folder: str | Path, program: Any, seed: int, given: dict[str, Any]) -> 
     bound32[low] = np.nextafter(bound32[low], np.float32(np.inf))  # rounded up: never tighter than the bound
     key = key_of(program, seed)
     path = path_of(folder, key)
-    tmp = path.with_suffix(".tmp.npz")
-    np.savez_compressed(tmp, key=np.array(key), crc=np.array(inputs_crc(given), np.int64), ref=ref32, bound=bound32)
-    tmp.replace(path)  # whole or not at all
+    data = io.BytesIO()
+    np.savez_compressed(data, key=np.array(key), crc=np.array(inputs_crc(given), np.int64), ref=ref32, bound=bound32)
+    write_whole(path, data.getvalue())  # whole or not at all
     return path
 
 
