@@ -14,7 +14,7 @@ from .maps import elementwise
 from .numerics.tolerance import Tolerance, tolerance
 from .numerics.w4 import pack_int4, unpack_int4
 from .passes.multicast import MulticastWarning
-from .rows import layernorm, rmsnorm, softmax
+from .rows import layernorm, rmsnorm, row_reduce, softmax
 from .runtime.tilize import tilize_array as tilize
 from .runtime.tilize import untilize_array as untilize
 from .runtime.tilize import work_list
@@ -54,6 +54,7 @@ __all__ = [
     "requant",
     "residual",
     "rmsnorm",
+    "row_reduce",
     "row_scale",
     "run",
     "scalar",

@@ -103,7 +103,7 @@ def _begin(m: int, n: int, precision: object, out: str | None, what: str) -> tup
     _check_size(m, n, 1)
     prec = precision_of(precision)
     if prec == Precision.INT8:
-        raise ProgramError(f"{what} is float arithmetic (exp, rsqrt); use fp16 or bf16")
+        raise ProgramError(f"{what} is float arithmetic (row programs reduce in float32); use fp16 or bf16")
     choices = OUTPUT_CHOICES["float"]
     out = out_named(out)
     if out is not None and out not in choices:
@@ -155,24 +155,44 @@ def rmsnorm(
     *,
     eps: float = 1e-6,
     weight: bool = True,
+    residual: bool = False,
     target: str = "sm_90",
     out: str | None = None,
 ) -> SpatialProgram:
     """The program out = x · rsqrt(mean(x²) + eps) · w along each row of x (m × n), w the parameter tensor `weight`
     of n values (float32; none with weight=False), in two passes over each row — its sum of squares, then the
-    scaling — before tiling."""
+    scaling — before tiling.
+
+    residual=True: fused add + RMSNorm, as vLLM's and FlashInfer's `fused_add_rms_norm` — a second input `residual`
+    (m × n, x's type), h = x + residual (in float32), out = h · rsqrt(mean(h²) + eps) · w, and a second output
+    `residual_out` = h stored in x's type (those kernels write it over `residual`). The last pass computes h twice,
+    once for each output (each pass reads its tensors again)."""
+    if not isinstance(residual, bool):
+        raise ProgramError(f"rmsnorm's residual is True or False, not {residual!r}")
     eps = _eps(eps, "rmsnorm")
     b, out_dtype = _begin(m, n, precision, out, "rmsnorm")
     x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
+    r = b.tensor("residual", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value)) if residual else None
     w = b.tensor("weight", TensorRole.PARAMETER, (1, b.n), accumulator_dtype(b.prec)) if weight else None
     y = b.tensor("out", TensorRole.OUTPUT, (b.m, b.n), out_dtype)
-    squares = b.reduce("row_sumsq", "sumsq", b.read(x, "x0"))
+    h_out = b.tensor("residual_out", TensorRole.OUTPUT, (b.m, b.n), DType(b.prec.value)) if residual else None
+
+    def rows(i: int) -> BufferId:
+        """The pages of x — of x + residual with a residual — a pass reads again."""
+        if r is None:
+            return b.read(x, f"x{i}")
+        return b.map(f"add{i}", Apply("add", (Arg(0), Arg(1))), (b.read(x, f"x{i}"), b.read(r, f"residual{i}")))
+
+    squares = b.reduce("row_sumsq", "sumsq", rows(0))
     mean = Apply("div", (RowArg(1), Lit(float(b.n))))
     scaled: Expr = Apply("mul", (Arg(0), Apply("rsqrt", (Apply("add", (mean, Lit(float(eps)))),))))
     if w is not None:
         scaled = Apply("mul", (scaled, Col(w)))
-    b.write(b.map("scale", scaled, (b.read(x, "x1"), squares)), y)
-    return b.program(f"rmsnorm_{b.m}x{b.n}_{b.prec.value}", target)
+    b.write(b.map("scale", scaled, (rows(1), squares)), y)
+    if h_out is not None:
+        b.write(rows(2), h_out, "write_residual")
+    kind = "rmsnorm_residual" if residual else "rmsnorm"
+    return b.program(f"{kind}_{b.m}x{b.n}_{b.prec.value}", target)
 
 
 def layernorm(
@@ -215,3 +235,31 @@ def layernorm(
     b.write(b.map("mean_out", RowArg(0), (mean,)), mean_t, "write_mean")
     b.write(b.map("rstd_out", RowArg(0), (rstd,)), rstd_t, "write_rstd")
     return b.program(f"layernorm_{b.m}x{b.n}_{b.prec.value}", target)
+
+
+ROW_REDUCTIONS = ("sum", "mean", "max", "min", "absmax", "sumsq")  # `row_reduce`'s: the table's and the mean
+
+
+def row_reduce(
+    m: int,
+    n: int,
+    op: str = "sum",
+    precision: str | Precision = "bf16",
+    *,
+    target: str = "sm_90",
+    out: str | None = None,
+) -> SpatialProgram:
+    """The program out[i] = `op` over row i of x (m × n) — torch's x.sum(-1), x.amax(-1), x.abs().amax(-1) (an fp8
+    quantiser's per-token scale), the mean — into `out`, an m × 1 tensor (float32 unless `out` says otherwise): one
+    pass over each row, its values reduced in float32 (`numerics/reductions.py` defines each op), the mean the sum
+    divided by n once a band. No output of the rows' shape: the program writes a row vector alone."""
+    if not isinstance(op, str) or op not in ROW_REDUCTIONS:
+        raise ProgramError(f"a row reduction is one of {', '.join(ROW_REDUCTIONS)}, not {op!r}")
+    b, out_dtype = _begin(m, n, precision, out, f"a row {op}")
+    x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
+    y = b.tensor("out", TensorRole.OUTPUT, (b.m, 1), out_dtype)
+    folded = b.reduce(f"row_{op}", "sum" if op == "mean" else op, b.read(x, "x0"))
+    if op == "mean":
+        folded = b.map("mean", Apply("div", (RowArg(0), Lit(float(b.n)))), (folded,))
+    b.write(folded, y)
+    return b.program(f"row_{op}_{b.m}x{b.n}_{b.prec.value}", target)

@@ -16,9 +16,10 @@ import pytest
 
 import spatialc
 from spatialc.errors import ProgramError, SemanticError
+from spatialc.ir.ids import LV_K
 from spatialc.ir.index import ProgramIndex
 from spatialc.ir.nodes import DType, Engine, TensorRole, WriteStage
-from spatialc.ir.ops import Apply, Arg, Col, Compute, Map, Precision, RowArg, TileAddr, WriteTiles
+from spatialc.ir.ops import Apply, Arg, Col, Compute, Loop, Map, Precision, RowArg, TileAddr, WriteTiles, walk
 from spatialc.numerics.reference import reference
 from spatialc.passes.rows import row_bodies, row_shape
 from spatialc.passes.verify import verify
@@ -147,16 +148,25 @@ def test_a_row_vector_a_write_empties_and_a_map_reads_is_refused_in_words():
         spatialc.build(p.evolve(stages=stages), "sm_90")
 
 
-def test_two_outputs_of_the_rows_values_are_refused_in_words():
-    """The planner walks a band's pages once for the output: one tensor of the rows' values, any number of vectors."""
+def test_two_outputs_of_the_rows_values_are_written_in_one_last_pass():
+    """Two tensors of the rows' values: the band's last pass maps and stores a page of each at a time (one loop over
+    the pages on the writer, two stores in it), each output the interpreter computes equal to its own formula."""
     b = _Builder(33, 50, Precision.FP16)
     x = b.tensor("x", TensorRole.INPUT, (33, 50), DType.FP16)
     outs = [b.tensor(name, TensorRole.OUTPUT, (33, 50), DType.FLOAT32) for name in ("a", "c")]
     total = b.reduce("row_sum", "sum", b.read(x, "x0"))
     for i, t in enumerate(outs):
-        b.write(b.map(f"m{i}", Apply("sub", (Arg(0), RowArg(1))), (b.read(x, f"x{i + 1}"), total)), t, f"write{i}")
-    with pytest.raises(ProgramError, match=r"writes one tensor of the rows' values \(2 here\)"):
-        spatialc.build(b.program("two", "sm_90"), "sm_90")
+        expr = Apply("sub" if i == 0 else "add", (Arg(0), RowArg(1)))
+        b.write(b.map(f"m{i}", expr, (b.read(x, f"x{i + 1}"), total)), t, f"write{i}")
+    p = spatialc.build(b.program("two", "sm_90"), "sm_90")
+    writer = [q for q in p.schedule.programs if q.engine.value == "writer"][0]
+    loops = [op for op in walk(writer.ops) if isinstance(op, Loop) and op.var == LV_K]
+    assert len(loops) == 1 and sum(isinstance(op, WriteTiles) for op in loops[0].body) == 2
+    xs = np.random.default_rng(0).standard_normal((33, 50)).astype(np.float16)
+    got = spatialc.evaluate(p, {"x": xs})
+    sums = xs.astype(np.float64).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(got["a"], xs - sums, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got["c"], xs + sums, rtol=1e-5, atol=1e-4)
 
 
 def test_an_output_two_write_stages_write_is_refused_by_rule_8():

@@ -1,7 +1,8 @@
 """Programs that reduce rows (`spatialc.rows`: softmax, RMSNorm): their plan, placement and schedule.
 
 An item is a band of bh tile rows, the whole width of the rows; it is walked in pages of bh × bw tiles, one pass
-over its pages for each row reduction and one for the output: a pass reads the rows' pages again (each read stage is
+over its pages for each row reduction and one for the outputs of pages, if any (fused add + RMSNorm writes two, a
+row sum none — its output a row vector): a pass reads the rows' pages again (each read stage is
 one pass's), maps them where a map stands before the reduction, and folds them into a row accumulator, packed at the
 pass's end as a row vector that later passes read whole (`RowArg`). The plan is a GEMM plan read so: a block of bh
 rows by the row's width, reduced bw tile columns a step (`BlockShape(bh, nj·bw, bw)`, K = the row's tiles), one item
@@ -30,6 +31,7 @@ from ..ir.nodes import (
     ReadStage,
     SpatialProgram,
     Stage,
+    Tensor,
     TensorRole,
     WriteStage,
 )
@@ -81,12 +83,13 @@ def is_row_program(p: SpatialProgram) -> bool:
 @dataclasses.dataclass(frozen=True, slots=True)
 class RowShape:
     """A row program's parts: its compute stages (reductions and maps), each after the stages whose rings it reads;
-    its writes — `write` the one of pages of values (the rows' own shape), the others of row vectors (one value a
-    row); which stage fills each ring; and the row vectors: the rings the reductions fill, and those of the maps of
-    row vectors alone (`vector_maps`: rstd = rsqrt(Σ/n + eps), run once a band)."""
+    its writes — `pages` those of pages of values (the rows' own shape: fused add + RMSNorm's out and the sum it
+    normalised; none in a program of row vectors alone), the others of row vectors (one value a row); which stage
+    fills each ring; and the row vectors: the rings the reductions fill, and those of the maps of row vectors alone
+    (`vector_maps`: rstd = rsqrt(Σ/n + eps), run once a band)."""
 
     computes: tuple[Stage, ...]
-    write: Stage
+    pages: tuple[Stage, ...]  # the writes of pages of values, each of the rows' shape (none: row vectors alone)
     producer: dict[BufferId, Stage]
     vectors: frozenset[BufferId]
     writes: tuple[Stage, ...] = ()
@@ -96,13 +99,19 @@ class RowShape:
     @property
     def written_vectors(self) -> frozenset[BufferId]:
         """The row vectors a write stage empties (the writer's to pop, not the compute engine's)."""
-        return frozenset(w.ins[0] for w in self.writes if w is not self.write)
+        return frozenset(w.ins[0] for w in self.writes if w not in self.pages)
+
+    @property
+    def finals(self) -> frozenset[StageId]:
+        """The maps whose pages a write stores: they run together in the band's last pass."""
+        return frozenset(self.producer[w.ins[0]].id for w in self.pages)
 
 
 def row_shape(p: SpatialProgram) -> RowShape:
     """The program's stages as a row program, or ProgramError saying what one is: reads, row reductions and maps,
-    one write of pages and any number of row vectors; each ring of values feeding one stage (a pass reads its tensor
-    again), a row vector any number — but one a write empties, that write alone."""
+    and writes — of maps' pages (any number, all in the band's last pass) and of row vectors (any number, each as it
+    is packed); each ring of values feeding one stage (a pass reads its tensor again), a row vector any number — but
+    one a write empties, that write alone."""
     writes = tuple(s for s in p.stages if isinstance(s.kind, WriteStage))
     computes = tuple(s for s in p.stages if isinstance(s.kind, ComputeStage))
     if not writes or any(not isinstance(s.kind.op, RowReduce | Map) for s in computes):  # type: ignore[union-attr]
@@ -138,12 +147,15 @@ def row_shape(p: SpatialProgram) -> RowShape:
                 f"{names.get(b, f'ring {int(b)}')} feeds write stage {written[0].name} and stage {other.name}; the"
                 " writer pops a row vector it writes, so the stages that read it read a copy (a map x[row] of its own)"
             )
-    pages = [w for w in writes if w.ins and w.ins[0] not in vectors]
-    if len(pages) != 1:
-        raise ProgramError(
-            f"a row program writes one tensor of the rows' values ({len(pages)} here) and any number of row vectors"
-        )
-    return RowShape(ordered, pages[0], producer, frozenset(vectors), writes, frozenset(vector_maps), online)
+    pages = tuple(w for w in writes if w.ins and w.ins[0] not in vectors)
+    for w in pages:
+        f = producer[w.ins[0]]
+        if not isinstance(f.kind, ComputeStage):
+            raise ProgramError(
+                f"write stage {w.name} stores the pages read stage {f.name} reads; in a row program an output of"
+                " pages is a map's (a copy of a tensor is the map x of its own)"
+            )
+    return RowShape(ordered, pages, producer, frozenset(vectors), writes, frozenset(vector_maps), online)
 
 
 ONLINE_EXP = Map(Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)))  # E = exp(x − M), the online pair's map
@@ -241,13 +253,18 @@ def ring_bytes(p: SpatialProgram, bh: int, bw: int, depth: int) -> int:
 ONLINE_RINGS = ("m_old_ring", "m_new_ring", "alpha_ring")  # an online pass's own rings, one page of bh tiles each
 
 
+def rows_tensor(p: SpatialProgram) -> Tensor:
+    """The first tensor the program reads: its rows are the program's (every read and every output of pages has its
+    shape; a written row vector is m × 1)."""
+    return p.tensor(next(s.kind.tensor for s in p.stages if isinstance(s.kind, ReadStage)))  # type: ignore[union-attr]
+
+
 def plan_rows(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] | None, depth: int | None) -> Plan:
     """Bands of bh tile rows walked in pages bw tiles wide: the cheapest by `_cost` whose rings fit a site's shared
     memory (or the block forced), two pages a ring unless forced."""
     shape = row_shape(p)
-    out = p.tensor(shape.write.kind.tensor)  # type: ignore[union-attr]
-    m_t, n_t = out.tiles
-    passes = 1 + sum(isinstance(s.kind.op, RowReduce) for s in shape.computes)  # type: ignore[union-attr]
+    m_t, n_t = rows_tensor(p).tiles
+    passes = bool(shape.pages) + sum(isinstance(s.kind.op, RowReduce) for s in shape.computes)  # type: ignore[union-attr]
     passes -= shape.online is not None  # the max and the sum of one pass
     d = 2 if depth is None else depth
     sides = [block] if block is not None else [(h, w) for h in SIDES for w in SIDES]
@@ -288,7 +305,7 @@ def apply_row_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
             buffers.append(Buffer(BufferId(len(buffers)), f"{s.name}_acc", Accumulator(bh)))
     if shape.online is not None and not any(b.name in ONLINE_RINGS for b in p.buffers):
         buffers += [Buffer(BufferId(len(buffers) + i), name, Interm(1, bh)) for i, name in enumerate(ONLINE_RINGS)]
-    vector_outs = {w.kind.tensor for w in shape.writes if w is not shape.write}  # type: ignore[union-attr]
+    vector_outs = {w.kind.tensor for w in shape.writes if w not in shape.pages}  # type: ignore[union-attr]
     per_row = {c.tensor for c in _vectors(shape) if c.axis == VecAxis.ROW}  # parameters read one value a row
     tensors = []
     for t in p.tensors:
@@ -319,9 +336,10 @@ def place_rows(
 
 def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     """Each engine's per-band body: a pass over the band's pages for each reduction, each after the passes whose
-    vectors it reads, then one for the output; a pass reads its tensors' pages and runs the maps before it. A map of
-    row vectors alone runs once, between the passes, as soon as its vectors are packed; the writer stores each
-    written vector, and the output's pages, in the order the compute engine fills them."""
+    vectors it reads, then one for the outputs of pages (where the program has any), a page of each at a time; a
+    pass reads its tensors' pages and runs the maps before it. A map of row vectors alone runs once, between the
+    passes, as soon as its vectors are packed; the writer stores each written vector, and the outputs' pages, in the
+    order the compute engine fills them."""
     plan = p.plan
     assert plan is not None
     shape = row_shape(p)
@@ -335,6 +353,7 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     compute: list[ChoreoOp] = []
     writer: list[ChoreoOp] = []
     packed: list[BufferId] = []
+    last_final = next((s.id for s in reversed(shape.computes) if s.id in shape.finals), None)
 
     def read_loop(rings: list[BufferId]) -> None:
         body: list[ChoreoOp] = []
@@ -410,8 +429,29 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
         for stage in (m, s):
             filled(stage.outs[0])
 
+    def last_pass() -> None:
+        """The pass of the outputs of pages: the maps of each, a page of each at a time, stored as they are filled."""
+        reads: list[BufferId] = []
+        body: list[ChoreoOp] = []
+        stores: list[ChoreoOp] = []
+        for w in shape.pages:
+            last = shape.producer[w.ins[0]]
+            maps, more = feeding(last)
+            reads += more
+            body += [x for f in (*maps, last) for x in map_ops(f)]
+            t = p.tensor(w.kind.tensor)  # type: ignore[union-attr]
+            at_out = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_K, bw)))
+            (ring,) = w.ins
+            stores += [Wait(ring), WriteTiles(ring, t.id, at_out, bh, bw, t.tiles[1], 1), Pop(ring)]
+        read_loop(reads)
+        compute.append(Loop(LV_K, Const(nj), tuple(body)))
+        writer.append(Loop(LV_K, Const(nj), tuple(stores)))
+
     for s in shape.computes:
         op = s.kind.op  # type: ignore[union-attr]
+        if s.id in shape.finals and s.id == last_final:
+            last_pass()
+            continue
         if shape.online is not None and s in shape.online:
             if s is shape.online[0]:
                 online(*shape.online)
@@ -421,26 +461,18 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
             compute += [Reserve(out), Compute(op, s.ins, (out,)), Push(out)]
             filled(out)
             continue
-        if isinstance(op, Map) and s is not shape.producer.get(shape.write.ins[0]):
-            continue  # a map that feeds a reduction runs inside that reduction's pass
+        if isinstance(op, Map):
+            continue  # a map runs inside the pass of the reduction it feeds, or in the last pass with the writes
         maps, reads = feeding(s)
         read_loop(reads)
         body: list[ChoreoOp] = [x for f in maps for x in map_ops(f)]
-        if isinstance(op, RowReduce):
-            (src,) = s.ins
-            acc, (out,) = accs[s.id], s.outs
-            reduce = Compute(dataclasses.replace(op, at=col_at, width=bw), (src,), acc=acc)
-            compute.append(AcquireAcc(acc))
-            compute.append(Loop(LV_K, Const(nj), (*body, Wait(src), reduce, Pop(src))))
-            compute += [Reserve(out), PackAcc(acc, out, bh), Push(out), ReleaseAcc(acc)]
-            filled(out)
-        else:
-            compute.append(Loop(LV_K, Const(nj), (*body, *map_ops(s))))
-            t = p.tensor(shape.write.kind.tensor)  # type: ignore[union-attr]
-            at_out = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_K, bw)))
-            (last,) = shape.write.ins
-            write = (Wait(last), WriteTiles(last, t.id, at_out, bh, bw, t.tiles[1], 1), Pop(last))
-            writer.append(Loop(LV_K, Const(nj), write))
+        (src,) = s.ins
+        acc, (out,) = accs[s.id], s.outs
+        reduce = Compute(dataclasses.replace(op, at=col_at, width=bw), (src,), acc=acc)
+        compute.append(AcquireAcc(acc))
+        compute.append(Loop(LV_K, Const(nj), (*body, Wait(src), reduce, Pop(src))))
+        compute += [Reserve(out), PackAcc(acc, out, bh), Push(out), ReleaseAcc(acc)]
+        filled(out)
     compute += [Pop(v) for v in packed]
     return {"reader": tuple(reader), "compute": tuple(compute), "writer": tuple(writer)}
 

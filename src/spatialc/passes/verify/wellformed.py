@@ -87,6 +87,10 @@ def check_plans(p: SpatialProgram) -> None:
     # A row program's item is a band of whole rows, never held at once: a site holds a page of it (a K step) and
     # one accumulator tile a row, so its width is bounded only by K (a softmax over a vocabulary of 128k values).
     rows = any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for s in p.stages)
+    if rows:  # its bands cover the rows it reads, which an output of pages shares (one of row vectors is m × 1)
+        tensors = {t.id: t for t in p.tensors}  # (stages' references are checked after the plans)
+        read = [tensors.get(s.kind.tensor) for s in p.stages if isinstance(s.kind, ReadStage)]  # type: ignore[union-attr]
+        out = read[0] if read and read[0] is not None else out
     declared = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Attention)]
     attention = declared[0] if declared else None
     for i, plan in enumerate(p.plans):

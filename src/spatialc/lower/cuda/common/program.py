@@ -10,6 +10,7 @@ from collections.abc import Callable
 from ....ir.nodes import (
     FOUR_BIT,
     ComputeStage,
+    DType,
     Fifo,
     Interm,
     PageLayout,
@@ -207,13 +208,22 @@ def checked_rows(p: SpatialProgram) -> tuple[MmaTypes, tuple[Stage, ...]]:
     if p.precision == Precision.INT8:
         raise UnsupportedPrecision("int8", "a row program's reductions and maps are float arithmetic: use fp16 or bf16")
     shape = row_shape(p)
-    last = shape.producer.get(shape.write.ins[0])
-    if last is None or not isinstance(last.kind, ComputeStage) or not isinstance(last.kind.op, Map):
-        raise Unsupported("a row program whose output is not a map's pages", "its writer stores the last map's pages")
+    for w in shape.pages:
+        last = shape.producer.get(w.ins[0])
+        if last is None or not isinstance(last.kind, ComputeStage) or not isinstance(last.kind.op, Map):
+            raise Unsupported(
+                f"a row program whose output {p.tensor(w.kind.tensor).name} is not a map's pages",  # type: ignore[union-attr]
+                "its writer stores the pages of a map (a copy is the map x of its own)",
+            )
     _check_row_major_pages(p)
     types = operand_types(p, p.precision)
-    maps = tuple(s for s in shape.computes if isinstance(s.kind.op, Map))  # type: ignore[union-attr]
-    epilogue.check(p, maps, False, None)
+    maps = tuple(s.kind.op for s in shape.computes if isinstance(s.kind.op, Map))  # type: ignore[union-attr]
+    epilogue.check_maps(p, maps, False)  # type: ignore[arg-type]
+    for t in p.tensors:  # what the kernel stores each as: float32, or rounded to nearest even by its store's conversion
+        if t.role == TensorRole.OUTPUT and t.dtype not in (DType.FLOAT32, DType.FP16, DType.BF16):
+            raise UnsupportedPrecision(
+                t.dtype.value, f"a row program's output {t.name} holds float32, fp16 or bf16 values, as it writes them"
+            )
     return types, shape.computes
 
 
