@@ -1,5 +1,6 @@
-"""The reference interpreter on row reductions at 4096 × 4096 — softmax and RMSNorm, and beside them LayerNorm and the
-online softmax — against numpy computing the same function, and build + verify at 8192 × 8192.
+"""The reference interpreter on row reductions at 4096 × 4096 — softmax and RMSNorm, and beside them LayerNorm, the
+online softmax, fused add + RMSNorm and a row absmax — against numpy computing the same function, and build + verify
+at 8192 × 8192.
 
 numpy computes each on the same bf16-rounded float32 inputs, in float64 (the interpreter's ops are float64 rounded
 once to float32, its sums exactly rounded), each pair timed in the same run, interleaved: the median of RUNS (env
@@ -9,7 +10,8 @@ with flow control (each band of rows read once a reduction and once for the outp
 the output.
 Goals (issue 31): the interpreter within 2× of numpy; build + verify at 8192 × 8192 under 100 ms.
 
-Usage: python bench/rows_speed.py [m n [program ...]]  (programs: softmax rmsnorm layernorm online; default all)
+Usage: python bench/rows_speed.py [m n [program ...]]  (programs: softmax rmsnorm layernorm online fused absmax;
+default all)
 """
 
 from __future__ import annotations
@@ -48,12 +50,24 @@ def numpy_layernorm(v: dict[str, np.ndarray]) -> np.ndarray:
     return (centred * rstd * v["weight"] + v["bias"]).astype(np.float32)
 
 
+def numpy_fused_add_rmsnorm(v: dict[str, np.ndarray]) -> np.ndarray:
+    return numpy_rmsnorm({"x": v["x"].astype(np.float64) + v["residual"], "weight": v["weight"]})
+
+
+def numpy_absmax(v: dict[str, np.ndarray]) -> np.ndarray:
+    return np.abs(v["x"]).max(axis=1, keepdims=True)
+
+
 PROGRAMS = {
     "softmax": (lambda m, n: spatialc.softmax(m, n), numpy_softmax),
     "rmsnorm": (lambda m, n: spatialc.rmsnorm(m, n, eps=EPS), numpy_rmsnorm),
     # Reported beside the goal's two: LayerNorm (three outputs, `out` compared) and the online softmax (two passes)
     "layernorm": (lambda m, n: spatialc.layernorm(m, n, eps=EPS), numpy_layernorm),
     "online": (lambda m, n: spatialc.softmax(m, n, online=True), numpy_softmax),
+    # fused add + RMSNorm (`out` compared; its last pass computes x + residual twice) and a row absmax (no output of
+    # pages: one pass, an m × 1 vector)
+    "fused": (lambda m, n: spatialc.rmsnorm(m, n, eps=EPS, residual=True), numpy_fused_add_rmsnorm),
+    "absmax": (lambda m, n: spatialc.row_reduce(m, n, "absmax"), numpy_absmax),
 }
 
 
@@ -64,11 +78,14 @@ def main() -> None:
     for name, (make, numpy_of) in chosen.items():
         p = spatialc.build(make(m, n), "sm_90")
         inputs = {"x": rng.normal(size=(m, n)).astype(np.float32)}
-        if name in ("rmsnorm", "layernorm"):
+        if name == "fused":
+            inputs["residual"] = rng.normal(size=(m, n)).astype(np.float32)
+        if name in ("rmsnorm", "layernorm", "fused"):
             inputs["weight"] = rng.normal(size=n).astype(np.float32)
         if name == "layernorm":
             inputs["bias"] = rng.normal(size=n).astype(np.float32)
-        values = {"x": round_bf16(inputs["x"]).astype(np.float32), **{k: v for k, v in inputs.items() if k != "x"}}
+        rounded = ("x", "residual")  # the bf16 operands; the weights and biases are float32 parameters
+        values = {k: round_bf16(v).astype(np.float32) if k in rounded else v for k, v in inputs.items()}
         interp, plain = [], []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", spatialc.InexactInputWarning)

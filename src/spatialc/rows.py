@@ -165,8 +165,8 @@ def rmsnorm(
 
     residual=True: fused add + RMSNorm, as vLLM's and FlashInfer's `fused_add_rms_norm` — a second input `residual`
     (m × n, x's type), h = x + residual (in float32), out = h · rsqrt(mean(h²) + eps) · w, and a second output
-    `residual_out` = h stored in x's type (those kernels write it over `residual`). The last pass computes h twice,
-    once for each output (each pass reads its tensors again)."""
+    `residual_out` = h stored in x's type (those kernels write it over `residual`). Each pass reads x and residual
+    again: the first for the sum of squares, the last once for both outputs (its maps share h's pages)."""
     if not isinstance(residual, bool):
         raise ProgramError(f"rmsnorm's residual is True or False, not {residual!r}")
     eps = _eps(eps, "rmsnorm")
@@ -188,9 +188,10 @@ def rmsnorm(
     scaled: Expr = Apply("mul", (Arg(0), Apply("rsqrt", (Apply("add", (mean, Lit(float(eps)))),))))
     if w is not None:
         scaled = Apply("mul", (scaled, Col(w)))
-    b.write(b.map("scale", scaled, (rows(1), squares)), y)
-    if h_out is not None:
-        b.write(rows(2), h_out, "write_residual")
+    h = rows(1)
+    b.write(b.map("scale", scaled, (h, squares)), y)
+    if h_out is not None:  # the last pass's maps share h's pages: its writer stores a copy of them
+        b.write(b.map("residual_copy", Arg(0), (h,)), h_out, "write_residual")
     kind = "rmsnorm_residual" if residual else "rmsnorm"
     return b.program(f"{kind}_{b.m}x{b.n}_{b.prec.value}", target)
 

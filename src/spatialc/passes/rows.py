@@ -95,6 +95,7 @@ class RowShape:
     writes: tuple[Stage, ...] = ()
     vector_maps: frozenset[StageId] = frozenset()
     online: tuple[Stage, Stage, Stage] | None = None  # an online softmax's max, exp map and sum (`online_pair`)
+    last: frozenset[StageId] = frozenset()  # the maps of the last pass (`_last_pass_maps`), which may share rings
 
     @property
     def written_vectors(self) -> frozenset[BufferId]:
@@ -133,13 +134,15 @@ def row_shape(p: SpatialProgram) -> RowShape:
             vectors.update(s.outs)
             vector_maps.add(s.id)
     online = online_pair(ordered, producer, readers)
+    last = _last_pass_maps(writes, vectors, producer)
     for b, stages in readers.items():
         written = [s for s in stages if isinstance(s.kind, WriteStage)]
-        if b not in vectors and len(stages) > 1 and not (online is not None and b == online[0].ins[0]):
+        shared = all(s.id in last for s in stages) or (online is not None and b == online[0].ins[0])
+        if b not in vectors and len(stages) > 1 and not shared:
             raise ProgramError(
                 f"{names.get(b, f'ring {int(b)}')} feeds stages {stages[0].name} and {stages[1].name}; in a row"
-                " program a ring of values feeds one stage: each pass over a row reads its tensor again, with a read"
-                " stage of its own"
+                " program a ring of values feeds one stage — but maps of the last pass, which share its pages: each"
+                " other pass over a row reads its tensor again, with a read stage of its own"
             )
         if written and len(stages) > 1:
             other = next(s for s in stages if s is not written[0])
@@ -155,7 +158,25 @@ def row_shape(p: SpatialProgram) -> RowShape:
                 f"write stage {w.name} stores the pages read stage {f.name} reads; in a row program an output of"
                 " pages is a map's (a copy of a tensor is the map x of its own)"
             )
-    return RowShape(ordered, pages, producer, frozenset(vectors), writes, frozenset(vector_maps), online)
+    return RowShape(
+        ordered, pages, producer, frozenset(vectors), writes, frozenset(vector_maps), online, frozenset(last)
+    )
+
+
+def _last_pass_maps(
+    writes: tuple[Stage, ...], vectors: set[BufferId], producer: dict[BufferId, Stage]
+) -> set[StageId]:
+    """The maps that run in the band's last pass: those whose pages a write stores, and the maps of pages before
+    them (x + residual, which fused add + RMSNorm both normalises and stores)."""
+    found: set[StageId] = set()
+    todo = [producer[w.ins[0]] for w in writes if len(w.ins) == 1 and w.ins[0] not in vectors and w.ins[0] in producer]
+    while todo:
+        s = todo.pop()
+        if not isinstance(s.kind, ComputeStage) or not isinstance(s.kind.op, Map) or s.id in found:
+            continue
+        found.add(s.id)
+        todo += [producer[b] for b in s.ins if b not in vectors and b in producer]
+    return found
 
 
 ONLINE_EXP = Map(Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)))  # E = exp(x − M), the online pair's map
@@ -430,15 +451,27 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
             filled(stage.outs[0])
 
     def last_pass() -> None:
-        """The pass of the outputs of pages: the maps of each, a page of each at a time, stored as they are filled."""
+        """The pass of the outputs of pages: the maps of each, a page of each at a time, stored as they are filled. A
+        ring two of its maps read is waited for before the first and popped after the last."""
+        maps: list[Stage] = []
         reads: list[BufferId] = []
-        body: list[ChoreoOp] = []
-        stores: list[ChoreoOp] = []
         for w in shape.pages:
             last = shape.producer[w.ins[0]]
-            maps, more = feeding(last)
-            reads += more
-            body += [x for f in (*maps, last) for x in map_ops(f)]
+            more_maps, more_reads = feeding(last)
+            maps += [f for f in (*more_maps, last) if f not in maps]
+            reads += [b for b in more_reads if b not in reads]
+        pages = {f.id: [b for b in f.ins if b not in shape.vectors] for f in maps}
+        final = {b: f.id for f in maps for b in pages[f.id]}  # the last map that reads each ring
+        body: list[ChoreoOp] = []
+        waited: set[BufferId] = set()
+        for f in maps:
+            ops = map_ops(f)
+            body += [Wait(b) for b in pages[f.id] if b not in waited]
+            waited.update(pages[f.id])
+            body += [op for op in ops if not isinstance(op, Wait | Pop)]
+            body += [Pop(b) for b in pages[f.id] if final[b] == f.id]
+        stores: list[ChoreoOp] = []
+        for w in shape.pages:
             t = p.tensor(w.kind.tensor)  # type: ignore[union-attr]
             at_out = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_K, bw)))
             (ring,) = w.ins
