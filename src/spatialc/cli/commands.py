@@ -317,7 +317,7 @@ def _kernel(p: SpatialProgram, args: argparse.Namespace, inputs: dict, checked: 
     if not args.run:
         return 0
     t0 = time.perf_counter()
-    where, out = _run_somewhere(art, inputs, args.mode or "late", args.progress)
+    where, out = _run_somewhere(art, inputs, args.mode or "late", args.progress, getattr(args, "timeout", None))
     times.append(f"run {(time.perf_counter() - t0) * 1e3:.0f} ms")
     return _kernel_checked(p, where, out, *checked)
 
@@ -339,14 +339,14 @@ def _kernel_checked(p: SpatialProgram, where: str, out: np.ndarray, c, given: di
     return 0 if same else 1
 
 
-def _run_somewhere(art, inputs: dict, mode: str, progress: bool) -> tuple[str, Any]:
+def _run_somewhere(art, inputs: dict, mode: str, progress: bool, timeout: float | None = None) -> tuple[str, Any]:
     """Run on the GPU when CuPy finds one, else through the host emulation; say which (and why not the GPU)."""
     from ..runtime.launch import GpuUnavailable, cupy_device
 
     try:
         dev = cupy_device()
     except GpuUnavailable as e:
-        return f"under the host emulation ({mode} copies; {e})", _emulate(art, inputs, mode, progress)
+        return f"under the host emulation ({mode} copies; {e})", _emulate(art, inputs, mode, progress, timeout)
     cp = dev.cp
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
@@ -357,12 +357,12 @@ def _run_somewhere(art, inputs: dict, mode: str, progress: bool) -> tuple[str, A
     return f"on the GPU ({name})", np.asarray(out)
 
 
-def _emulate(art, inputs: dict, mode: str, progress: bool) -> np.ndarray:
+def _emulate(art, inputs: dict, mode: str, progress: bool, timeout: float | None = None) -> np.ndarray:
     """The emulated run, reporting its progress on stderr when that is a terminal (or when asked)."""
     from ..runtime.emulate import stderr_progress
 
     with stderr_progress("emulating", force=progress) as report:  # a failed run's error starts on its own line
-        return api.emulate(art, inputs, mode=mode, progress=report)
+        return api.emulate(art, inputs, mode=mode, progress=report, timeout=timeout)
 
 
 Pictures = tuple[Path, int, tuple[int, int] | None]  # --pictures DIR, --pictures-site, --pictures-window

@@ -284,7 +284,25 @@ def run_options(p: argparse.ArgumentParser, *, with_run: bool) -> None:
         + (" (with --run; default: late)" if with_run else " (default: late)"),
     )
     p.add_argument("--progress", action="store_true", help="report a long emulation's progress even when piped")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        metavar="S",
+        help="the emulation's wall-clock limit in seconds (default: SPATIALC_EMU_TIMEOUT_S, else 120); one whose pace"
+        " says it would take more than twice that is stopped early, saying how long it would take",
+    )
     form_option(p)
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a positive number of seconds, not {text!r}")
+    return value
 
 
 def form_option(p: argparse.ArgumentParser) -> None:

@@ -163,9 +163,7 @@ def row_shape(p: SpatialProgram) -> RowShape:
     )
 
 
-def _last_pass_maps(
-    writes: tuple[Stage, ...], vectors: set[BufferId], producer: dict[BufferId, Stage]
-) -> set[StageId]:
+def _last_pass_maps(writes: tuple[Stage, ...], vectors: set[BufferId], producer: dict[BufferId, Stage]) -> set[StageId]:
     """The maps that run in the band's last pass: those whose pages a write stores, and the maps of pages before
     them (x + residual, which fused add + RMSNorm both normalises and stores)."""
     found: set[StageId] = set()

@@ -3,6 +3,7 @@ exit status turned into the typed error it stands for, and its printed values re
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -55,10 +56,34 @@ def _report(stderr: str) -> str:
     return "\n".join(lines) or stderr.strip()[-2000:] or "(no message)"
 
 
+DEFAULT_TIMEOUT_S = 120.0  # an emulated run's wall-clock limit, unless the caller or SPATIALC_EMU_TIMEOUT_S gives one
+
+
+def timeout_seconds(timeout: float | None) -> float:
+    """The wall-clock limit of a run: `timeout`, or where None, SPATIALC_EMU_TIMEOUT_S from the environment, or
+    DEFAULT_TIMEOUT_S; ProgramError for one that is no positive number of seconds."""
+    if timeout is None:
+        text = os.environ.get("SPATIALC_EMU_TIMEOUT_S", "").strip()
+        if not text:
+            return DEFAULT_TIMEOUT_S
+        try:
+            timeout = float(text)
+        except ValueError:
+            timeout = float("nan")
+        if not 0 < timeout < float("inf"):
+            raise ProgramError(
+                f"SPATIALC_EMU_TIMEOUT_S is the emulation's limit in seconds, a positive number, not {text!r}"
+            )
+        return timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
+        raise ProgramError(f"timeout is the emulation's watchdog in seconds, a positive number, not {timeout!r}")
+    return float(timeout)
+
+
 def run_program(
     binary: Path,
     files: Mapping[str, str | np.ndarray],
-    timeout: float = 120.0,
+    timeout: float | None = None,
     *,
     progress: Progress | None = None,
     sms: int | None = None,
@@ -68,9 +93,12 @@ def run_program(
     the typed error it ended with.
     `tensors` (`tensor_spec`) names the launch's tensor arguments for the emulator's checks and poisons its outputs.
 
-    With `progress`, the emulator reports blocks done and `progress(done, total)` is called (from a reader thread)
-    as each report arrives; those lines are kept out of `Run.stderr` and out of the errors. A callback that raises
-    stops the run, and its exception is raised here."""
+    The run may take `timeout` seconds (`timeout_seconds`: None is SPATIALC_EMU_TIMEOUT_S, or 120). The emulator
+    reports the blocks done as it goes; `progress(done, total)` is called (from a reader thread) as each report
+    arrives; those lines are kept out of `Run.stderr` and out of the errors. A callback that raises stops the run,
+    and its exception is raised here. A run whose pace says it would take more than twice its limit is stopped then,
+    and one past its limit still running says how far it got (EmulationTimeout, with how to give it longer)."""
+    limit = timeout_seconds(timeout)
     for name in files:
         if not isinstance(name, str) or _FILE_NAME.fullmatch(name) is None:
             raise ProgramError(
@@ -83,20 +111,18 @@ def run_program(
                 Path(tmp, name).write_text(text)
             else:
                 write_values(Path(tmp, name), text)
-        env = dict(os.environ, SPATIALC_EMU_TIMEOUT_S=str(timeout))
+        env = dict(os.environ, SPATIALC_EMU_TIMEOUT_S=repr(limit))
         mode = binary_mode(Path(binary))
         if mode is not None:  # the mode compile_program named the binary for; else the caller's environment's
             env["SPATIALC_EMU_MODE"] = mode
-        env.pop("SPATIALC_EMU_PROGRESS", None)
-        if progress is not None:
-            env["SPATIALC_EMU_PROGRESS"] = "1"
+        env["SPATIALC_EMU_PROGRESS"] = "1"  # the pace, for the projection and a timeout's message
         if sms is not None:  # the emulated device's multiprocessors (default 132): a kernel's sites follow them
             env["SPATIALC_EMU_SMS"] = str(sms)
         env.pop("SPATIALC_EMU_TENSORS", None)
         if tensors:
             env["SPATIALC_EMU_TENSORS"] = tensors
         t0 = time.perf_counter()
-        status, stdout, stderr = _watched([str(binary)], tmp, env, timeout + 15, progress)
+        status, stdout, stderr, (pace, need) = _watched([str(binary)], tmp, env, limit + 15, progress, limit)
         seconds = time.perf_counter() - t0
     if status == 0:
         return Run(stdout, stderr, seconds)
@@ -106,17 +132,31 @@ def run_program(
         )
     kind = _BY_STATUS.get(status, EmulationFault)
     prefix = {EXIT_CUDA: "a CUDA error: ", EXIT_INPUT: "a missing or short input file: "}.get(status, "")
-    raise kind(f"{prefix}{_report(stderr)}", stderr=stderr, status=status)
+    report = _report(stderr)
+    if status == EXIT_TIMEOUT and "passed its wall-clock limit" in report:
+        # still running at its limit: how far it got says more than where its threads were at that moment
+        report = (
+            f"{report.split(': TIMEOUT:')[0]}: TIMEOUT: the emulation passed its limit of {limit:g} s still running"
+            + (f" ({pace})" if pace else "")
+            + f". {more_time(limit, need)}"
+            + ("" if pace else f". Where its threads were:{report.split('(SPATIALC_EMU_TIMEOUT_S).', 1)[-1]}")
+        )
+    raise kind(f"{prefix}{report}", stderr=stderr, status=status)
 
 
 class _StderrReader(threading.Thread):
-    """Reads a child's stderr as it comes: progress lines go to the callback, every other line is kept."""
+    """Reads a child's stderr as it comes: progress lines go to the callback, every other line is kept. From the
+    progress lines it keeps the pace (`pace`), and stops a run whose launch, at that pace, would take more than
+    PROJECTED_PAST times its wall-clock `limit` (`projected`)."""
 
-    def __init__(self, proc: subprocess.Popen[str], progress: Progress | None):
+    def __init__(self, proc: subprocess.Popen[str], progress: Progress | None, limit: float | None = None):
         super().__init__(daemon=True)
-        self.proc, self.progress = proc, progress
+        self.proc, self.progress, self.limit = proc, progress, limit
         self.lines: list[str] = []
-        self.failure: BaseException | None = None  # what the callback raised; the run is stopped
+        self.failure: BaseException | None = None  # what the callback raised, or the projection; the run is stopped
+        self.started = time.perf_counter()
+        self.launch_at = self.started  # when the running launch reported its first line (0 blocks done)
+        self.latest: tuple[int, int, float] | None = None  # blocks done, of how many, seconds since the start
 
     def run(self) -> None:
         assert self.proc.stderr is not None
@@ -124,23 +164,84 @@ class _StderrReader(threading.Thread):
             found = PROGRESS_LINE.fullmatch(line.rstrip("\n"))
             if found is None:
                 self.lines.append(line)
-            elif self.progress is not None and self.failure is None:
+                continue
+            done, total = int(found.group(1)), int(found.group(2))
+            now = time.perf_counter()
+            if done == 0:
+                self.launch_at = now
+            self.latest = (done, total, now - self.started)
+            if self.failure is not None:
+                continue
+            if self.progress is not None:
                 try:
-                    self.progress(int(found.group(1)), int(found.group(2)))
+                    self.progress(done, total)
                 except Exception as e:  # handed to the caller's thread, which raises it
                     self.failure = e
                     self.proc.kill()
+                    continue
+            self.failure = self.projected(done, total, now)
+            if self.failure is not None:
+                self.proc.kill()
+
+    def projected(self, done: int, total: int, now: float) -> EmulationTimeout | None:
+        """An EmulationTimeout where the launch, at the pace of its blocks done so far, would end past PROJECTED_PAST
+        times the limit (after PROJECT_AFTER_S of it at least: a first block's pace may include warming up)."""
+        spent = now - self.launch_at
+        if self.limit is None or not 0 < done < total or spent < PROJECT_AFTER_S:
+            return None
+        finish = (self.launch_at - self.started) + spent / done * total
+        if finish <= PROJECTED_PAST * self.limit:
+            return None
+        return EmulationTimeout(
+            f"TIMEOUT: stopped early — at the pace of its first {done} of {total} blocks ({spent / done:.2g} s a"
+            f" block) the emulation would take about {_duration(finish)}, past its limit of {self.limit:g} s. "
+            + more_time(self.limit, finish)
+        )
+
+    def pace(self) -> tuple[str, float | None]:
+        """The progress made, for a timeout's message — `14 of 16 blocks of the launch done, about 8.6 s a block`,
+        or '' — and the run's time at that pace (None without a block done)."""
+        if self.latest is None or self.latest[0] == 0:
+            return "", None
+        done, total, _ = self.latest
+        now = time.perf_counter()
+        each = (now - self.launch_at) / done
+        finish = (self.launch_at - self.started) + each * total
+        return f"{done} of {total} blocks of the launch done, about {each:.2g} s a block", finish
+
+
+PROJECT_AFTER_S = 5.0  # seconds of a launch before its pace is taken as what the rest will take
+PROJECTED_PAST = 2.0  # a launch projected past this many times the limit is stopped at once, not at the limit
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+
+
+def more_time(limit: float, need: float | None = None) -> str:
+    """How to give an emulation longer, in words: half as long again as it would `need` at its pace, if known."""
+    more = max(2 * limit, math.ceil(1.5 * need / 10) * 10) if need is not None else max(2 * limit, 300)
+    return (
+        f"Give it longer (emulate(..., timeout={more:g}); on the command line --timeout {more:g}, or"
+        f" SPATIALC_EMU_TIMEOUT_S={more:g}), or emulate a smaller size"
+    )
 
 
 def _watched(
-    cmd: list[str], cwd: str, env: dict[str, str], kill_after: float, progress: Progress | None
-) -> tuple[int, str, str]:
-    """Run `cmd` to its end, streaming its stderr: (status, stdout, stderr without progress lines). Killed after
-    `kill_after` seconds (EmulationTimeout), or when the caller stops waiting (an interrupt)."""
+    cmd: list[str],
+    cwd: str,
+    env: dict[str, str],
+    kill_after: float,
+    progress: Progress | None,
+    limit: float | None = None,
+) -> tuple[int, str, str, tuple[str, float | None]]:
+    """Run `cmd` to its end, streaming its stderr: (status, stdout, stderr without progress lines, the pace it kept
+    — `_StderrReader.pace`). Killed after `kill_after` seconds (EmulationTimeout), when its pace goes past its
+    `limit` (`_StderrReader.projected`), or when the caller stops waiting (an interrupt)."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out: list[str] = []
     out_reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""), daemon=True)
-    err_reader = _StderrReader(proc, progress)
+    err_reader = _StderrReader(proc, progress, limit)
     out_reader.start()
     err_reader.start()
     try:
@@ -160,7 +261,7 @@ def _watched(
                 pipe.close()
     if err_reader.failure is not None:
         raise err_reader.failure
-    return status, "".join(out), "".join(err_reader.lines)
+    return status, "".join(out), "".join(err_reader.lines), err_reader.pace()
 
 
 def parse_output(stdout: str, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:

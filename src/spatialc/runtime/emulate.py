@@ -58,6 +58,7 @@ from .emu_run import (  # noqa: F401 — named here as before: spatialc.runtime.
     format_values,
     parse_output,
     run_program,
+    timeout_seconds,
     write_values,
 )
 from .tilize import element_type, launch_specs, poison_value, storage_dtype
@@ -91,8 +92,7 @@ def check_run_options(timeout: Any, sms: Any) -> None:
     """ProgramError for a watchdog that is not a positive number of seconds, or a device whose multiprocessors are
     not a whole number from 1 to MAX_SMS — before anything is compiled (the emulator itself would take 0 or -1 for
     its default of 132 without a word)."""
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
-        raise ProgramError(f"timeout is the emulation's watchdog in seconds, a positive number, not {timeout!r}")
+    timeout_seconds(timeout)
     if sms is not None and (isinstance(sms, bool) or not isinstance(sms, int | np.integer) or not 1 <= sms <= MAX_SMS):
         raise ProgramError(
             f"sms is the emulated device's multiprocessors, a whole number from 1 to {MAX_SMS}, not {sms!r}"
@@ -106,7 +106,7 @@ def emulate_source(
     out_dtype: np.dtype | type = np.float32,
     *,
     mode: str = "late",
-    timeout: float = 120.0,
+    timeout: float | None = None,
     progress: Progress | None = None,
     sms: int | None = None,
     tensors: str | None = None,
@@ -203,7 +203,7 @@ def emulate(
     artifact,
     inputs: Mapping[str, Any],
     mode: str = "late",
-    timeout: float = 120.0,
+    timeout: float | None = None,
     *,
     progress: Progress | None = None,
     sms: int | None = None,
@@ -217,7 +217,9 @@ def emulate(
     values. A program of several outputs (LayerNorm's out, mean and rstd) gives a dict name → array, as
     `spatialc.evaluate` does. Inputs are checked as
     `spatialc.evaluate` checks them (InputError). Raises an EmulationError subclass naming a race, a deadlock, a
-    timeout, a compile error or a CUDA error when the run does not finish cleanly. `progress(done, total)` is
+    timeout (`timeout` seconds of wall clock; None: SPATIALC_EMU_TIMEOUT_S, or 120 — a run whose pace says it would
+    take more than twice that is stopped then), a compile error or a CUDA error when the run does not finish
+    cleanly. `progress(done, total)` is
     called with the blocks done as the run goes (`stderr_progress()` makes one that shows them on a terminal).
     """
     check_emulable(artifact, max_bytes)
@@ -245,7 +247,9 @@ def emulate(
     return _rows_past_counts(artifact.launch, out, inputs, c)
 
 
-def _emulated_text(artifact, files, mode: str, timeout: float, progress: Progress | None, sms: int | None) -> str:
+def _emulated_text(
+    artifact, files, mode: str, timeout: float | None, progress: Progress | None, sms: int | None
+) -> str:
     """What the artifact's program_cu prints, run through the emulation (`emulate_source` without the parse)."""
     check_run_options(timeout, sms)
     note = getattr(progress, "note", None)
