@@ -65,7 +65,13 @@ class StandInDevice:
         return np.asarray(x).view(np.ndarray), held
 
     def download(self, x: Any, library: str, like: Any) -> Any:
+        """`x` as CupyDevice.download gives it: a torch tensor for torch (whose bf16 output the launcher views as
+        torch.bfloat16), the array itself otherwise."""
         self.downloads.append(library)
+        if library == "torch":
+            import torch
+
+            return torch.from_numpy(np.ascontiguousarray(x))
         return x
 
     def load(self, kernel_cu: str, kernel_name: str, dyn_smem: int) -> Any:
@@ -165,8 +171,8 @@ def product(dev: StandInDevice, args: tuple) -> None:
 
 def reference_kernel(program: Any, edit: Callable[[dict], dict] | None = None) -> Kernel:
     """A kernel that computes `program` by the numpy reference from every input and parameter it is given and stores
-    each output in its own buffer; `edit` (a planted fault) changes the outputs, each shaped (groups, *elems), before
-    they are stored."""
+    each output in its own buffer, in its element type; `edit` (a planted fault) changes the outputs, each shaped
+    (groups, *elems), before they are stored."""
     from spatialc.numerics.reference import reference
 
     def kernel(dev: StandInDevice, args: tuple) -> None:
@@ -176,9 +182,13 @@ def reference_kernel(program: Any, edit: Callable[[dict], dict] | None = None) -
                 x = values(a, buf, a.elems).astype(np.float32)
                 got[a.name] = x if a.role == "input" else x.reshape(-1)
         ref, outs = reference(program, got), {}
+        if not isinstance(ref, dict):  # a program of one output: its array
+            ref = {next(a.name for a in dev.args if a.role == "output"): ref}
         for a in dev.args:
             if a.role == "output":
-                outs[a.name] = np.asarray(ref[a.name], a.storage).reshape(a.groups, *a.elems)
+                v = np.asarray(ref[a.name])
+                stored = quantize(v, a.elem, np) if a.elem == "bfloat16" else v.astype(a.storage)  # bf16: its bits
+                outs[a.name] = stored.reshape(a.groups, *a.elems)
         outs = edit(outs) if edit is not None else outs
         for a, buf in dev.tensors(args).values():
             if a.role == "output":

@@ -12,7 +12,7 @@ from .frontend import gemm, grouped_gemm
 from .ir import serde
 from .ir.nodes import SpatialProgram
 from .maps import elementwise
-from .rows import layernorm, rmsnorm, softmax
+from .rows import layernorm, rmsnorm, row_reduce, softmax
 from .target import SpatialTarget
 from .target import target as get_target
 
@@ -251,6 +251,7 @@ grouped_gemm = grouped_gemm
 softmax = softmax
 rmsnorm = rmsnorm
 layernorm = layernorm
+row_reduce = row_reduce
 
 
 def expect_program(name: str, program: object, whence: str) -> None:

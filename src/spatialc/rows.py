@@ -1,5 +1,5 @@
-"""Programs that reduce rows (issue 31): softmax, RMSNorm and LayerNorm, written with nothing but reads, row
-reductions and maps.
+"""Programs that reduce rows (issue 31): softmax, RMSNorm (alone, or fused with the residual add before it), LayerNorm
+and one reduction of each row (`row_reduce`), written with nothing but reads, row reductions and maps.
 
 A row reduction (`RowReduce`) folds each row of a tensor into one value — its max, sum, sum of squares — and a map
 reads that value back as a row vector (`RowArg`): x − max(x) row by row. A row longer than a page is reduced over
@@ -10,9 +10,12 @@ its max and its sum of exp(x − max) in one pass, kept running as attention's r
     p = spatialc.build(spatialc.softmax(4096, 4096, "bf16"), "sm_90")
     p = spatialc.build(spatialc.rmsnorm(4096, 4096, eps=1e-6), "sm_90")
     p = spatialc.build(spatialc.layernorm(4096, 4096), "sm_90")   # three outputs: out, mean and rstd
+    p = spatialc.build(spatialc.rmsnorm(4096, 4096, residual=True), "sm_90")   # two: out and residual_out
+    p = spatialc.build(spatialc.row_reduce(4096, 4096, "absmax"), "sm_90")   # one value a row: m × 1
 
 A map of row vectors alone (mean = Σx / n) is itself a row vector, computed once a band; a row vector is written
-into an m × 1 tensor (one value a row) by a write stage of its own, from a ring that stage alone empties.
+into an m × 1 tensor (one value a row) by a write stage of its own, from a ring that stage alone empties. A program
+writes any number of tensors of the rows' shape, each a map's pages stored in the band's last pass, or none.
 """
 
 from __future__ import annotations

@@ -107,9 +107,19 @@ def cmd_softmax(args: argparse.Namespace) -> int:
 
 
 def cmd_rmsnorm(args: argparse.Namespace) -> int:
-    """Build, verify, evaluate and check an RMS norm of each row."""
-    prog = api.rmsnorm(args.m, args.n, args.precision, eps=args.eps, weight=not args.no_weight, out=args.out)
-    return _paged(args, prog, f"spatialc rmsnorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}")
+    """Build, verify, evaluate and check an RMS norm of each row (with --residual, fused add + RMSNorm: its two
+    outputs, out and residual_out)."""
+    prog = api.rmsnorm(
+        args.m, args.n, args.precision, eps=args.eps, weight=not args.no_weight, residual=args.residual, out=args.out
+    )
+    fused = ", fused add (residual)" if args.residual else ""
+    return _paged(args, prog, f"spatialc rmsnorm over {args.m}x{args.n} {args.precision}, eps {args.eps:g}{fused}")
+
+
+def cmd_row_reduce(args: argparse.Namespace) -> int:
+    """Build, verify, evaluate and check one reduction of each row into an M×1 output."""
+    prog = api.row_reduce(args.m, args.n, args.op, args.precision, out=args.out)
+    return _paged(args, prog, f"spatialc row-reduce {args.op} over {args.m}x{args.n} {args.precision}")
 
 
 def cmd_layernorm(args: argparse.Namespace) -> int:

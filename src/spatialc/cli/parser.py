@@ -108,26 +108,43 @@ def _elementwise_parser(sub) -> None:
     )
 
 
-def _rows_parser(sub, name: str, what: str, formula: str) -> argparse.ArgumentParser:
-    """`softmax`, `rmsnorm` and `layernorm`: a program that reduces each row of x (M×N), then maps it."""
+def _rows_parser(sub, name: str, what: str, formula: str, shape: str = "M×N") -> argparse.ArgumentParser:
+    """`softmax`, `rmsnorm`, `layernorm` and `row-reduce`: a program that reduces each row of x (M×N), then maps it
+    (out is `shape`: M×N, or M×1 for a row reduction)."""
     g = sub.add_parser(
         name,
         help=f"build, verify and check {what} of each row of x (M×N), a program that reduces rows",
-        description=f"Build out[M×N] = {formula} along each row of x, a spatial program of reads, row reductions and"
-        " maps; verify it (rule 8 proves each reduction covers every column of its row once), evaluate it with the"
+        description=f"Build out[{shape}] = {formula} along each row of x, a spatial program of reads, row reductions"
+        " and maps; verify it (rule 8 proves each reduction covers every column of its row once), evaluate it with the"
         " reference interpreter and check it against numpy. The general CUDA form prints its kernel (--emit, --run;"
         " --form persistent for the persistent one). Sizes are in elements; tiles are 16x16 elements; a block is in"
         " tiles.",
         epilog=EPILOG,
     )
     g.add_argument("m", type=int, help="M: rows of x and out (elements)")
-    g.add_argument("n", type=int, help="N: columns of x and out, the length of a row reduced (elements)")
+    of = "x and out" if shape == "M×N" else "x"
+    g.add_argument("n", type=int, help=f"N: columns of {of}, the length of a row reduced (elements)")
     page_options(
         g,
         "out's element type: float32, fp16 or bf16 (default: float32)",
         "force the block: bands of ROWS tile rows read a page of COLS tiles at a time (default: the cost model's)",
     )
     return g
+
+
+def _row_reduce_parser(sub) -> None:
+    """`row-reduce`: out[M×1] = one reduction of each row of x (`spatialc.row_reduce`)."""
+    from ..rows import ROW_REDUCTIONS
+
+    g = _rows_parser(
+        sub,
+        "row-reduce",
+        "a reduction",
+        "OP(x) (sum, mean, max, min, absmax: max |x|, an fp8 quantiser's per-token scale, or sumsq: Σx²; reduced in"
+        " float32)",
+        "M×1",
+    )
+    g.add_argument("--op", choices=ROW_REDUCTIONS, default="sum", help="the reduction (default: sum)")
 
 
 def _attention_parser(sub) -> None:
@@ -201,6 +218,13 @@ def make_parser() -> argparse.ArgumentParser:
     r = _rows_parser(sub, "rmsnorm", "the RMS norm", "x · rsqrt(mean(x²) + eps) · weight")
     r.add_argument("--eps", type=float, default=1e-6, help="added to the mean of squares (default: 1e-6)")
     r.add_argument("--no-weight", action="store_true", help="no weight vector: out = x · rsqrt(mean(x²) + eps)")
+    r.add_argument(
+        "--residual",
+        action="store_true",
+        help="fused add + RMSNorm (vLLM's fused_add_rms_norm): a second input residual[M×N], h = x + residual, out ="
+        " h · rsqrt(mean(h²) + eps) · weight and residual_out[M×N] = h (x's type) written too",
+    )
+    _row_reduce_parser(sub)
     n = _rows_parser(
         sub,
         "layernorm",

@@ -180,12 +180,13 @@ def _padding_note(p: SpatialProgram, plan) -> list[str]:
     if out is None or a is None or a.elems[0] != out.elems[0] or is_attention_program(p):
         return []
     h, w = plan.item_tiles
+    mapped, rows = is_map_program(p), is_row_program(p)  # no matmul: no K to pad (a row program's K is its width)
+    width = a.elems[1] if rows else out.elems[1]  # a row program's pages span x's rows (row_reduce's out is m x 1)
     sides = (
         ("M", -(-out.elems[0] // p.tile.rows), plan.grid[0] * h),
-        ("N", -(-out.elems[1] // p.tile.cols), plan.grid[1] * w),
+        ("N", -(-width // p.tile.cols), plan.grid[1] * w),
         ("K", -(-a.elems[1] // p.tile.cols), plan.k_tiles),
     )
-    mapped, rows = is_map_program(p), is_row_program(p)  # no matmul: no K to pad (a row program's K is its width)
     padded = [
         f"{side} from {need} to {have} tiles (+{(have - need) / need:.0%})"
         for side, need, have in (sides[:2] if mapped or rows else sides)
