@@ -8,7 +8,7 @@ the output. verify proves every reduction covers each column of its row exactly 
 each map reads its own rows' value; the interpreter runs it, compared here with numpy. A row program writes any
 number of outputs, which `evaluate` gives by name: the layer norm three, as torch's native_layer_norm (out, and each
 row's mean and rstd, m × 1); the fused add + RMSNorm two, as vLLM's fused_add_rms_norm (out, and residual_out = x +
-residual in x's type) — its last pass reads x and residual twice and adds them twice, once for each output; the row
+residual in x's type) — each of its two passes reads x and residual and adds them, the last once for both; the row
 absmax one m × 1 output and nothing of the rows' shape. The general CUDA form prints each kernel
 (`spatialc.lower(p)`; `spatialc.emulate` runs it on the CPU, `spatialc.run` on a GPU, each output by name).
 

@@ -22,8 +22,9 @@ M, N = 48, 200  # 3 bands of one tile row; 13 tile columns of values, padded to 
 @lang.program(target="sm_90", precision="bf16", name="rmsnorm_residual_48x200_bf16")
 def fused_add_rmsnorm(p: lang.Builder):
     """h = x + residual, out = h · rsqrt(Σh²/n + eps) · weight and residual_out = h: what
-    `spatialc.rmsnorm(48, 200, residual=True)` builds with block=(1, 4, 1), sites=2. Each pass reads x and residual
-    again and adds them; the last pass adds them twice, once for each output."""
+    `spatialc.rmsnorm(48, 200, residual=True)` builds with block=(1, 4, 1), sites=2. Each of the two passes reads x
+    and residual and adds them; in the last, two maps read each page of h (waited for once, popped after both) — the
+    scaling into out, and a copy into residual_out (the writer pops what it writes)."""
     x = p.input("x", M, N, tiles=(3, 16))
     residual = p.input("residual", M, N, tiles=(3, 16))
     p.parameter("weight", 1, N, tiles=(1, 16))
@@ -41,11 +42,11 @@ def fused_add_rmsnorm(p: lang.Builder):
         p.read(f"read_residual{i}", residual, rs[i])
         return p.map(f"add{i}", lambda a, b: a + b, [xs[i], rs[i]], hs[i])
 
-    first = rings(0)  # one (x, residual, h) set of rings a use of h: the sum of squares, out, residual_out
+    first = rings(0)
     sumsq = p.ring("row_sumsq_ring", depth=1, tiles=1, kind="interm")
-    second = rings(1)
+    xs, rs, hs = zip(first, rings(1), strict=True)
     scaled = p.ring("scale_ring", depth=2, tiles=4, kind="interm")
-    xs, rs, hs = zip(first, second, rings(2), strict=True)
+    copied = p.ring("residual_copy_ring", depth=2, tiles=4, kind="interm")
     acc = p.accumulator("row_sumsq_acc", tiles=1)
     adds = [added(0)]
     row_sumsq = p.reduce("row_sumsq", "sumsq", hs[0], sumsq)
@@ -53,23 +54,19 @@ def fused_add_rmsnorm(p: lang.Builder):
     w = ew.col("weight")
     scale = p.map("scale", lambda h, s: h * ew.rsqrt(s / float(N) + EPS) * w, [hs[1], sumsq], scaled)
     p.write("write_out", scaled, out)
-    adds.append(added(2))
-    p.write("write_residual", hs[2], residual_out)  # a second output: the rows' h, in x's type
+    copy = p.map("residual_copy", lambda h: h, hs[1], copied)  # h's pages feed two maps
+    p.write("write_residual", copied, residual_out)  # a second output: the rows' h, in x's type
     p.plan(block=(1, 16, 4), grid=(3, 1), k_tiles=16, depth=2)
     p.place([[0, 1], [2]], kind="contiguous")
-
-    def read_pages(ring_sets, item, k):
-        for ring, tensor in ring_sets:
-            with ring.reserve() as page:
-                page.read(tensor, 16 * item.y + 4 * k, 1, 4)
 
     @p.reader
     def read(e: lang.Engine):
         for item in e.items():
-            for k in e.range(4, "k"):
-                read_pages([(xs[0], x), (rs[0], residual)], item, k)
-            for k in e.range(4, "k"):
-                read_pages([(xs[1], x), (rs[1], residual), (xs[2], x), (rs[2], residual)], item, k)
+            for i in range(2):  # one pass for the sum of squares, one for both outputs
+                for k in e.range(4, "k"):
+                    for ring, tensor in ((xs[i], x), (rs[i], residual)):
+                        with ring.reserve() as page:
+                            page.read(tensor, 16 * item.y + 4 * k, 1, 4)
 
     def add(e: lang.Engine, i: int):
         """h = x + residual for pass i's page, into add{i}_ring; x's page popped first, as the schedule pops."""
@@ -93,19 +90,20 @@ def fused_add_rmsnorm(p: lang.Builder):
             s = sumsq.wait()
             for k in e.range(4, "k"):
                 add(e, 1)
-                with hs[1].wait() as h, scaled.reserve() as page:
-                    e.map(scale, [h, s], page, at=4 * k, width=4)
-                add(e, 2)
+                with hs[1].wait() as h:  # one page of h, read by both maps
+                    with scaled.reserve() as page:
+                        e.map(scale, [h, s], page, at=4 * k, width=4)
+                    with copied.reserve() as page:
+                        e.map(copy, h, page)
             s.pop()
 
     @p.writer
     def write(e: lang.Engine):
         for item in e.items():
             for k in e.range(4, "k"):
-                with scaled.wait() as page:
-                    page.write(out, 16 * item.y + 4 * k, 1, 4)
-                with hs[2].wait() as page:
-                    page.write(residual_out, 16 * item.y + 4 * k, 1, 4)
+                for ring, tensor in ((scaled, out), (copied, residual_out)):
+                    with ring.wait() as page:
+                        page.write(tensor, 16 * item.y + 4 * k, 1, 4)
 
 
 @lang.program(target="sm_90", precision="bf16", name="row_absmax_48x200_bf16")
