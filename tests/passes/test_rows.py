@@ -379,4 +379,4 @@ def test_the_example_builds_verifies_and_matches_numpy(capsys):
     from pathlib import Path
 
     runpy.run_path(str(Path(__file__).parents[2] / "examples" / "rows.py"), run_name="__main__")
-    assert capsys.readouterr().out.count("verified, OK against its bound") == 3
+    assert capsys.readouterr().out.count("verified, OK against its bound") == 5
