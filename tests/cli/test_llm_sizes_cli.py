@@ -72,3 +72,24 @@ def test_a_small_run_still_emulates(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert status == 0 and "C equals the reference interpreter, exactly" in out, out
     assert len(asked) == 2 and 0 < asked[0] < 2 << 30  # asked before the inputs, and again by the emulation
+
+
+def test_an_attention_past_the_full_checks_size_is_not_checked_by_default(capsys, monkeypatch):
+    """1 × 16 × 4096² × 128 (6.9e10 multiply-adds): checked in full by default it took over two minutes; the default
+    is none now, its line saying what --check full would take, and no input is made. One below the bound (1 × 4 ×
+    2048² × 128, 4.3e9) is still checked in full by default; --check full is still taken at any size that fits."""
+    from spatialc.cli import commands
+    from spatialc.cli.check import ATTENTION_FULL_CHECK_MACS, multiply_adds, plan_check
+
+    made = commands.random_inputs  # the parameters only: operands (Q, K, V) only for a check or a run
+    monkeypatch.setattr(commands, "random_inputs", lambda *a: pytest.fail("operands made") if a[3] else made(*a))
+    assert main(["attention", "1", "16", "4096", "4096", "128"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("  check"))
+    assert "none (the default for an attention above 8.59e+09 multiply-adds" in line
+    assert "--check full computes all 6.87e+10 with the interpreter and numpy, about" in line
+    small = spatialc.attention(1, 4, 2048, 2048, 128)
+    assert multiply_adds(small) < ATTENTION_FULL_CHECK_MACS
+    assert plan_check(small, None, 0, full_inputs=False).mode == "full"
+    big = spatialc.attention(1, 16, 4096, 4096, 128)
+    assert plan_check(big, "full", 0, full_inputs=False).mode == "full"

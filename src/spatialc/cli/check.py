@@ -25,6 +25,12 @@ from ..ir.ids import TensorId
 from ..ir.nodes import SpatialProgram, TensorRole
 
 FULL_CHECK_MACS = 2**30  # 1024³: the interpreter and numpy take about a second each at most
+# An attention's default check is full up to 2^33 multiply-adds (Q·Kᵀ and P·V): about 10 s of the interpreter and
+# numpy together. Past that no sample follows its rows (a row of O reads every key of its head), so the default is
+# none, saying what --check full would take at CHECK_MACS_PER_S (1 × 16 × 4096² × 128: 6.9e10 in 61 s of CPU on the
+# 2-core VM of 2026-12-07, the interpreter's 2/3 of it).
+ATTENTION_FULL_CHECK_MACS = 2**33
+CHECK_MACS_PER_S = 1.1e9
 SAMPLE_TILE_ROWS = 4
 CHECK_ARRAYS = 10  # float64 arrays of C's (checked) size the numpy check holds at once: reference, bound, errors
 INPUT_BYTES = {"int8": 1, "fp16": 2}  # the random inputs: int8 as int8, fp16 as float16, bf16 values as float32
@@ -51,6 +57,13 @@ def plan_check(p: SpatialProgram, asked: str | None, seed: int, *, full_inputs: 
         return CheckPlan("none")
     macs = multiply_adds(p)
     sample = sample_of(p, seed)
+    if asked is None and macs > ATTENTION_FULL_CHECK_MACS and _is_attention(p):
+        return CheckPlan(
+            "none",
+            why=f"the default for an attention above {ATTENTION_FULL_CHECK_MACS:.3g} multiply-adds, whose rows no"
+            f" sample follows: --check full computes all {macs:.3g} with the interpreter and numpy, about"
+            f" {_duration(macs / CHECK_MACS_PER_S)} on one core",
+        )
     if asked == "full" or (asked is None and (macs <= FULL_CHECK_MACS or sample is None)):
         refused = _refused(p, None, full_inputs)
         if refused is None:
@@ -76,6 +89,16 @@ def plan_check(p: SpatialProgram, asked: str | None, seed: int, *, full_inputs: 
     else:
         why = "; the default where a full check does not fit in memory"
     return CheckPlan("sampled", sample, why)
+
+
+def _is_attention(p: SpatialProgram) -> bool:
+    from ..passes.attention import is_attention_program
+
+    return is_attention_program(p)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
 
 
 def _none_by_default(refused: str) -> CheckPlan:
