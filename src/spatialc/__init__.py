@@ -14,7 +14,7 @@ from .maps import elementwise
 from .numerics.tolerance import Tolerance, tolerance
 from .numerics.w4 import pack_int4, unpack_int4
 from .passes.multicast import MulticastWarning
-from .rows import layernorm, rmsnorm, row_reduce, softmax
+from .rows import layernorm, log_softmax, rmsnorm, row_reduce, softmax
 from .runtime.tilize import tilize_array as tilize
 from .runtime.tilize import untilize_array as untilize
 from .runtime.tilize import work_list
@@ -49,6 +49,7 @@ __all__ = [
     "unpack_int4",
     "grouped_gemm",
     "layernorm",
+    "log_softmax",
     "lower",
     "relu",
     "requant",

@@ -12,7 +12,7 @@ from .frontend import gemm, grouped_gemm
 from .ir import serde
 from .ir.nodes import SpatialProgram
 from .maps import elementwise
-from .rows import layernorm, rmsnorm, row_reduce, softmax
+from .rows import layernorm, log_softmax, rmsnorm, row_reduce, softmax
 from .target import SpatialTarget
 from .target import target as get_target
 
@@ -249,6 +249,7 @@ attention = attention
 gemm = gemm
 grouped_gemm = grouped_gemm
 softmax = softmax
+log_softmax = log_softmax
 rmsnorm = rmsnorm
 layernorm = layernorm
 row_reduce = row_reduce

@@ -129,19 +129,53 @@ def softmax(
     third. online=True: two — the max and the sum of exp(x − max) of one read of each page, the max and the sum kept
     running as FlashAttention keeps them (`passes/rows.py`), then the quotient; the stages say so by one read
     feeding both the max and the exp map beside it."""
-    if not isinstance(online, bool):
-        raise ProgramError(f"softmax's online is True or False, not {online!r}")
-    b, out_dtype = _begin(m, n, precision, out, "softmax")
-    x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
+    b, out_dtype, x, peak, total = _max_and_sum_of_exp(m, n, precision, out, online, "softmax")
     y = b.tensor("out", TensorRole.OUTPUT, (b.m, b.n), out_dtype)
+    quotient = Apply("div", (Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)), RowArg(2)))
+    b.write(b.map("normalise", quotient, (b.read(x, "x1" if online else "x2"), peak, total)), y)
+    return b.program(f"softmax_{b.m}x{b.n}_{b.prec.value}" + ("_online" if online else ""), target)
+
+
+def log_softmax(
+    m: int,
+    n: int,
+    precision: str | Precision = "bf16",
+    *,
+    target: str = "sm_90",
+    out: str | None = None,
+    online: bool = False,
+) -> SpatialProgram:
+    """The program out = log_softmax(x) along each row of x (m × n), as torch.log_softmax(x, -1): x − max −
+    log Σ exp(x − max), before tiling — softmax's passes (online=True: two, as softmax's), its last map x − m − log s
+    (no exp of the output, no quotient: a row of large negative logits keeps its values, where log(softmax) is −∞)."""
+    b, out_dtype, x, peak, total = _max_and_sum_of_exp(m, n, precision, out, online, "log_softmax")
+    y = b.tensor("out", TensorRole.OUTPUT, (b.m, b.n), out_dtype)
+    shifted = Apply("sub", (Apply("sub", (Arg(0), RowArg(1))), Apply("log", (RowArg(2),))))
+    b.write(b.map("log_normalise", shifted, (b.read(x, "x1" if online else "x2"), peak, total)), y)
+    return b.program(f"log_softmax_{b.m}x{b.n}_{b.prec.value}" + ("_online" if online else ""), target)
+
+
+def _max_and_sum_of_exp(
+    m: int, n: int, precision: object, out: str | None, online: object, what: str
+) -> tuple[_Builder, DType, TensorId, BufferId, BufferId]:
+    """The builder of a softmax-like program, its output's type, its input x, and the rings of each row's max and
+    Σ exp(x − max): two passes, or one pass of both kept running (`online`: one read feeding the max and the exp map
+    beside it)."""
+    if not isinstance(online, bool):
+        raise ProgramError(f"{what}'s online is True or False, not {online!r}")
+    b, out_dtype = _begin(m, n, precision, out, what)
+    x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
+    peak, total = _max_and_sum(b, x, online)
+    return b, out_dtype, x, peak, total
+
+
+def _max_and_sum(b: _Builder, x: TensorId, online: bool) -> tuple[BufferId, BufferId]:
+    """The rings of each row's max of x and Σ exp(x − max)."""
     first = b.read(x, "x0")
     peak = b.reduce("row_max", "max", first)
     shifted = Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),))
     exps = b.map("exp", shifted, (first if online else b.read(x, "x1"), peak))
-    total = b.reduce("row_sum", "sum", exps)
-    quotient = Apply("div", (Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)), RowArg(2)))
-    b.write(b.map("normalise", quotient, (b.read(x, "x1" if online else "x2"), peak, total)), y)
-    return b.program(f"softmax_{b.m}x{b.n}_{b.prec.value}" + ("_online" if online else ""), target)
+    return peak, b.reduce("row_sum", "sum", exps)
 
 
 def _eps(eps: object, what: str) -> float:
@@ -241,7 +275,8 @@ def layernorm(
     return b.program(f"layernorm_{b.m}x{b.n}_{b.prec.value}", target)
 
 
-ROW_REDUCTIONS = ("sum", "mean", "max", "min", "absmax", "sumsq")  # `row_reduce`'s: the table's and the mean
+# `row_reduce`'s: the table's, the mean and the log-sum-exp (torch.logsumexp)
+ROW_REDUCTIONS = ("sum", "mean", "max", "min", "absmax", "sumsq", "logsumexp")
 
 
 def row_reduce(
@@ -254,15 +289,19 @@ def row_reduce(
     out: str | None = None,
 ) -> SpatialProgram:
     """The program out[i] = `op` over row i of x (m × n) — torch's x.sum(-1), x.amax(-1), x.abs().amax(-1) (an fp8
-    quantiser's per-token scale), the mean — into `out`, an m × 1 tensor (float32 unless `out` says otherwise): one
-    pass over each row, its values reduced in float32 (`numerics/reductions.py` defines each op), the mean the sum
-    divided by n once a band. No output of the rows' shape: the program writes a row vector alone."""
+    quantiser's per-token scale), the mean, torch.logsumexp(x, -1) — into `out`, an m × 1 tensor (float32 unless
+    `out` says otherwise): one pass over each row, its values reduced in float32 (`numerics/reductions.py` defines
+    each op), the mean the sum divided by n once a band, the log-sum-exp max + log Σ exp(x − max) with the max and the
+    sum kept running in its one pass (online softmax's). No output of the rows' shape: a row vector alone."""
     if not isinstance(op, str) or op not in ROW_REDUCTIONS:
         raise ProgramError(f"a row reduction is one of {', '.join(ROW_REDUCTIONS)}, not {op!r}")
     b, out_dtype = _begin(m, n, precision, out, f"a row {op}")
     x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
     y = b.tensor("out", TensorRole.OUTPUT, (b.m, 1), out_dtype)
-    folded = b.reduce(f"row_{op}", "sum" if op == "mean" else op, b.read(x, "x0"))
+    if op == "logsumexp":
+        folded = b.map("logsumexp", Apply("add", (RowArg(0), Apply("log", (RowArg(1),)))), _max_and_sum(b, x, True))
+    else:
+        folded = b.reduce(f"row_{op}", "sum" if op == "mean" else op, b.read(x, "x0"))
     if op == "mean":
         folded = b.map("mean", Apply("div", (RowArg(0), Lit(float(b.n)))), (folded,))
     b.write(folded, y)

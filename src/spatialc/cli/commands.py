@@ -106,6 +106,13 @@ def cmd_softmax(args: argparse.Namespace) -> int:
     return _paged(args, prog, f"spatialc softmax over {args.m}x{args.n} {args.precision}{online}")
 
 
+def cmd_log_softmax(args: argparse.Namespace) -> int:
+    """Build, verify, evaluate and check a log-softmax of each row."""
+    prog = api.log_softmax(args.m, args.n, args.precision, out=args.out, online=args.online)
+    online = ", online" if args.online else ""
+    return _paged(args, prog, f"spatialc log-softmax over {args.m}x{args.n} {args.precision}{online}")
+
+
 def cmd_rmsnorm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check an RMS norm of each row (with --residual, fused add + RMSNorm: its two
     outputs, out and residual_out)."""

@@ -140,8 +140,8 @@ def _row_reduce_parser(sub) -> None:
         sub,
         "row-reduce",
         "a reduction",
-        "OP(x) (sum, mean, max, min, absmax: max |x|, an fp8 quantiser's per-token scale, or sumsq: Σx²; reduced in"
-        " float32)",
+        "OP(x) (sum, mean, max, min, absmax: max |x|, an fp8 quantiser's per-token scale, sumsq: Σx², or logsumexp:"
+        " max + log Σ exp(x − max), in one pass; reduced in float32)",
         "M×1",
     )
     g.add_argument("--op", choices=ROW_REDUCTIONS, default="sum", help="the reduction (default: sum)")
@@ -211,6 +211,12 @@ def make_parser() -> argparse.ArgumentParser:
     _elementwise_parser(sub)
     s = _rows_parser(sub, "softmax", "the softmax", "exp(x − max(x)) / Σ exp(x − max(x))")
     s.add_argument(
+        "--online",
+        action="store_true",
+        help="two passes over each row, not three: the max and the sum of exp kept running in one (as attention's)",
+    )
+    ls = _rows_parser(sub, "log-softmax", "the log-softmax", "x − max(x) − log Σ exp(x − max(x))")
+    ls.add_argument(
         "--online",
         action="store_true",
         help="two passes over each row, not three: the max and the sum of exp kept running in one (as attention's)",
