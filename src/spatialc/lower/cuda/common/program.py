@@ -221,7 +221,9 @@ def checked_rows(p: SpatialProgram) -> tuple[MmaTypes, tuple[Stage, ...]]:
     reductions and maps) — after the checks `checked_map` makes of its maps, and that it is a float program (the
     kernel's row accumulators are float32)."""
     if p.precision == Precision.INT8:
-        raise UnsupportedPrecision("int8", "a row program's reductions and maps are float arithmetic: use fp16 or bf16")
+        raise UnsupportedPrecision(
+            "int8", "a row program's reductions and maps are float arithmetic: use fp16 or bf16 (or fp32)"
+        )
     shape = row_shape(p)
     for w in shape.pages:
         last = shape.producer.get(w.ins[0])
