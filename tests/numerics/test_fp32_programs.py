@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -118,6 +119,22 @@ def test_a_layernorm_and_a_row_reduction_of_float32_rows():
     rr = spatialc.build(spatialc.row_reduce(33, 70, "absmax", "fp32"), "sm_90")
     got, _ = exactly(rr, {"x": x})
     np.testing.assert_array_equal(got[:, 0], np.abs(x).max(axis=1))  # a max of float32 values: exact
+
+
+def test_a_spatialc_lang_softmax_of_float32_is_the_built_one(tmp_path):
+    """examples/lang_softmax.py declared float32: the traced program is what spatialc.softmax(…, "fp32") builds, and
+    its result numpy's."""
+    source = (Path(__file__).parents[2] / "examples" / "lang_softmax.py").read_text()
+    old = 'precision="bf16", name="softmax_64x128_bf16"'
+    assert source.count(old) == 1
+    scope: dict[str, object] = {"__name__": "fp32_softmax"}
+    exec(compile(source.replace(old, 'precision="fp32", name="softmax_64x128_float32"'), "softmax.py", "exec"), scope)
+    traced = scope["softmax"]()  # type: ignore[operator]
+    built = spatialc.build(spatialc.softmax(64, 128, "fp32"), "sm_90", block=(2, 4, 1), sites=2)
+    assert traced.verified and traced == built
+    x = not_bf16((64, 128))
+    got, _ = exactly(traced, {"x": x})
+    assert np.abs(got - softmax64(x)).max() < 1e-6
 
 
 def test_a_float32_program_round_trips_as_a_version_12_document():
