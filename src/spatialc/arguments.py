@@ -146,13 +146,17 @@ def precision_of(name: object) -> Precision:
     return prec
 
 
-def matmul_precision_of(name: object, what: str) -> Precision:
-    """`precision_of(name)` for a program with a matmul (`what`: gemm, attention): ProgramError, saying the fix,
-    for float32 (ops.NO_FP32_MATMUL)."""
-    prec = precision_of(name)
-    if prec not in ops.MATMUL_PRECISIONS:
+def refuse_float32(name: object, what: str) -> None:
+    """ProgramError saying the fix (ops.NO_FP32_MATMUL) where `name` spells float32 and `what` (gemm, attention,
+    spatialc.torch's gemm_op) multiplies its operands by a matmul."""
+    if precision_named(name) == Precision.FP32:
         raise ProgramError(f"{what}: {ops.NO_FP32_MATMUL}")
-    return prec
+
+
+def matmul_precision_of(name: object, what: str) -> Precision:
+    """`precision_of(name)` for a program with a matmul (`what`), float32 refused (`refuse_float32`)."""
+    refuse_float32(name, what)
+    return precision_of(name)
 
 
 def finite_number(x: Any) -> float | None:

@@ -6,10 +6,9 @@ from typing import Any
 
 import torch
 
-from ..arguments import precision_named
+from ..arguments import refuse_float32
 from ..errors import ProgramError
 from ..inputs import InputError
-from ..ir import ops
 from .gemm import PRECISIONS, gemm_op
 from .signature import _dims, _kind
 
@@ -35,10 +34,9 @@ class Linear(torch.nn.Linear):
         activation: str | None = None,
         precision: str = "bf16",
     ):
+        refuse_float32(precision, "spatialc.torch.Linear")
         if precision not in ("bf16", "fp16"):
-            fp32 = precision_named(precision) == ops.Precision.FP32
-            why = f": {ops.NO_FP32_MATMUL}" if fp32 else ""
-            raise ProgramError(f"spatialc.torch.Linear computes in bf16 or fp16, not {precision!r}{why}")
+            raise ProgramError(f"spatialc.torch.Linear computes in bf16 or fp16, not {precision!r}")
         for name, n in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise InputError(f"spatialc.torch.Linear: {name} is {n!r}; it is an int of at least 1")
