@@ -7,6 +7,7 @@ import dataclasses
 
 from ..errors import PlanError, ProgramError
 from ..ir.nodes import Plan, SpatialProgram, TensorRole
+from ..ir.ops import MATMUL_PRECISIONS, NO_FP32_MATMUL
 from ..target import SpatialTarget
 from .attention import apply_attention_plan, is_attention_program, place_attention, plan_attention, schedule_attention
 from .dequant import build_w4, is_w4_program
@@ -55,6 +56,8 @@ def build(
     On a Hopper target "auto" plans for the sm_90a form first, whose operand pages only that form reads (swizzled
     panels); where that form then refuses the program (an activation's rings past shared memory, a placement its
     clusters cannot take), the program is planned again for the other forms (`sm90a_refusal`)."""
+    if program.precision not in MATMUL_PRECISIONS and not (is_row_program(program) or is_map_program(program)):
+        raise ProgramError(f"program {program.name}: {NO_FP32_MATMUL}")
     if is_attention_program(program):
         return _build_attention(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     if is_row_program(program):
