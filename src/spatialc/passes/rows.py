@@ -131,6 +131,11 @@ def row_shape(p: SpatialProgram) -> RowShape:
     for s in ordered:  # a map of row vectors alone is a row vector (its inputs are ordered before it)
         op = s.kind.op  # type: ignore[union-attr]
         if isinstance(op, Map) and s.ins and all(b in vectors for b in s.ins) and not _args(op.expr):
+            if cols(op.expr):
+                raise ProgramError(
+                    f"map stage {s.name} reads row vectors and a column vector but no page of values: a row"
+                    " program's page follows a ring of values (read x, or a map of it, beside the vectors)"
+                )
             vectors.update(s.outs)
             vector_maps.add(s.id)
     online = online_pair(ordered, producer, readers)
