@@ -171,6 +171,11 @@ def rmsnorm(
         raise ProgramError(f"rmsnorm's residual is True or False, not {residual!r}")
     eps = _eps(eps, "rmsnorm")
     b, out_dtype = _begin(m, n, precision, out, "rmsnorm")
+    if residual and b.prec.value not in OUTPUT_CHOICES["float"]:  # residual_out holds h in x's type
+        raise ProgramError(
+            f"fused add + RMSNorm (residual=True) stores residual_out in x's type, and a row program's outputs hold"
+            f" {', '.join(OUTPUT_CHOICES['float'])}: use fp16 or bf16, not {b.prec.value}"
+        )
     x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
     r = b.tensor("residual", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value)) if residual else None
     w = b.tensor("weight", TensorRole.PARAMETER, (1, b.n), accumulator_dtype(b.prec)) if weight else None
@@ -255,7 +260,7 @@ def row_reduce(
     divided by n once a band. No output of the rows' shape: the program writes a row vector alone."""
     if not isinstance(op, str) or op not in ROW_REDUCTIONS:
         raise ProgramError(f"a row reduction is one of {', '.join(ROW_REDUCTIONS)}, not {op!r}")
-    b, out_dtype = _begin(m, n, precision, out, f"a row {op}")
+    b, out_dtype = _begin(m, n, precision, out, f"row {op}")
     x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
     y = b.tensor("out", TensorRole.OUTPUT, (b.m, 1), out_dtype)
     folded = b.reduce(f"row_{op}", "sum" if op == "mean" else op, b.read(x, "x0"))

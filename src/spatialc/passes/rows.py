@@ -25,6 +25,7 @@ from ..ir.nodes import (
     Accumulator,
     Buffer,
     ComputeStage,
+    Engine,
     Fifo,
     Interm,
     Plan,
@@ -116,6 +117,10 @@ def row_shape(p: SpatialProgram) -> RowShape:
     computes = tuple(s for s in p.stages if isinstance(s.kind, ComputeStage))
     if not writes or any(not isinstance(s.kind.op, RowReduce | Map) for s in computes):  # type: ignore[union-attr]
         raise ProgramError("a row program holds reads, row reductions and maps, and its writes")
+    if not any(isinstance(s.kind, ReadStage) for s in p.stages):
+        raise ProgramError("a row program reads the rows it reduces: no stage here reads a tensor")
+    for s in p.stages:
+        _check_stage(s)
     producer = {b: s for s in p.stages for b in s.outs}
     names = {b.id: b.name for b in p.buffers}
     readers: dict[BufferId, list[Stage]] = {}
@@ -132,6 +137,12 @@ def row_shape(p: SpatialProgram) -> RowShape:
         if isinstance(op, Map) and s.ins and all(b in vectors for b in s.ins) and not _args(op.expr):
             vectors.update(s.outs)
             vector_maps.add(s.id)
+    for s in ordered:
+        if isinstance(s.kind.op, RowReduce) and s.ins[0] in vectors:  # type: ignore[union-attr]
+            raise ProgramError(
+                f"stage {s.name} reduces {names.get(s.ins[0], f'ring {int(s.ins[0])}')}, a row vector (one value a"
+                " row); a row reduction folds pages of the rows' values (a value of a row vector is its own reduction)"
+            )
     online = online_pair(ordered, producer, readers)
     for b, stages in readers.items():
         written = [s for s in stages if isinstance(s.kind, WriteStage)]
@@ -156,6 +167,38 @@ def row_shape(p: SpatialProgram) -> RowShape:
                 " pages is a map's (a copy of a tensor is the map x of its own)"
             )
     return RowShape(ordered, pages, producer, frozenset(vectors), writes, frozenset(vector_maps), online)
+
+
+def _check_stage(s: Stage) -> None:
+    """ProgramError where a stage's rings or engine are not a row program's: a read fills one ring, on the reader; a
+    write empties one, on the writer; a row reduction reads one and fills one, a map reads one or more and fills one,
+    both on the compute engine (the schedule moves one page of each ring, each on its stage's engine)."""
+    if isinstance(s.kind, ReadStage):
+        want, ok = "fills one ring", not s.ins and len(s.outs) == 1
+    elif isinstance(s.kind, WriteStage):
+        want, ok = "empties one ring", len(s.ins) == 1 and not s.outs
+    elif isinstance(s.kind.op, RowReduce):  # type: ignore[union-attr]
+        want, ok = "reads one ring and fills one", len(s.ins) == 1 and len(s.outs) == 1
+    else:
+        want, ok = "reads one ring or more and fills one", len(s.ins) >= 1 and len(s.outs) == 1
+    if not ok:
+        raise ProgramError(
+            f"stage {s.name} reads {len(s.ins)} ring(s) and fills {len(s.outs)}; in a row program a"
+            f" {_kind_word(s)} {want}"
+        )
+    engine = {ReadStage: Engine.READER, WriteStage: Engine.WRITER}.get(type(s.kind), Engine.COMPUTE)
+    if s.engine != engine:  # (`row_bodies` gives each engine its stages' ops)
+        raise ProgramError(
+            f"stage {s.name} runs on the {s.engine.value}; in a row program a {_kind_word(s)} runs on the"
+            f" {engine.value}"
+        )
+
+
+def _kind_word(s: Stage) -> str:
+    """What a row program's stage is, in a word or two."""
+    if isinstance(s.kind, ReadStage | WriteStage):
+        return "read" if isinstance(s.kind, ReadStage) else "write"
+    return "row reduction" if isinstance(s.kind.op, RowReduce) else "map"  # type: ignore[union-attr]
 
 
 ONLINE_EXP = Map(Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)))  # E = exp(x − M), the online pair's map
