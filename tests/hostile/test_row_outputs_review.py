@@ -13,12 +13,16 @@ found, each test failing before its fix:
 4. a row sum whose magnitude reaches float32's largest value (±3e38 in turn: exactly 0, a kernel's float32 sum NaN)
    failed the kernel's check with no word of why, where a GEMM's |A|@|B| past float32's range is said (RangeWarning,
    or InputError under strict) and named in the check's account: a row program's sums are now held to the same rule
-   (`reductions.past_range`, `Tolerance._rows_in_range`).
+   (`reductions.past_range`, `Tolerance._rows_in_range`);
+5. a forced block whose rings pass a site's shared memory was refused as "no block of a row program fits", and a
+   depth of 0 as a bad "block (1x1 tiles) and depth"; a saved row program whose plan misses its rows called x "the
+   output tensor" (rule 1 measures a row program's bands against the rows it reads since 53159df).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import warnings
 
 import ml_dtypes
@@ -26,7 +30,8 @@ import numpy as np
 import pytest
 
 import spatialc
-from spatialc.errors import ProgramError
+from spatialc.cli import main
+from spatialc.errors import PlanError, ProgramError
 from spatialc.inputs import InputError
 from spatialc.ir.nodes import DType, Engine, TensorRole
 from spatialc.ir.ops import Apply, Arg, Lit, Precision, RowArg
@@ -146,3 +151,21 @@ def test_a_row_sum_past_float32s_range_is_said_as_a_gemms_is():
     y = {"x": 1e17 * rng.standard_normal((4, N)), "residual": rng.standard_normal((4, N))}
     y = {k: v.astype(ml_dtypes.bfloat16) for k, v in y.items()} | {"weight": np.ones(N, np.float32)}
     spatialc.tolerance(q, kernel=True, strict=True).bound(y)
+
+
+def test_a_forced_block_that_does_not_fit_says_what_its_rings_take():
+    p = spatialc.rmsnorm(15, 64, residual=True)  # ten rings of pages: x, residual and their sums, three passes
+    with pytest.raises(PlanError, match=r"rings of 4x3-tile pages, 2 a ring, take 249856 bytes a site, more than"):
+        spatialc.build(p, block=(4, 3, 1))
+    with pytest.raises(PlanError, match=r"^a row program's depth \(pages a ring\) must be ≥ 1, not 0$"):
+        spatialc.build(p, depth=0)  # (it named a block of 1x1 tiles no one had asked for)
+
+
+def test_a_saved_row_program_whose_rows_the_plan_misses_names_them_the_rows(tmp_path, capsys):
+    doc = json.loads(spatialc.to_json(spatialc.build(spatialc.rmsnorm(40, 70, residual=True))))
+    next(t for t in doc["program"]["tensors"] if t["name"] == "x")["tiles"] = [4, 6]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(doc))
+    assert main(["verify", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tiles, but the rows' tensor x has 4x6" in err  # (was "the output tensor x")

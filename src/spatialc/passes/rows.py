@@ -310,13 +310,21 @@ def plan_rows(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] |
     passes = bool(shape.pages) + sum(isinstance(s.kind.op, RowReduce) for s in shape.computes)  # type: ignore[union-attr]
     passes -= shape.online is not None  # the max and the sum of one pass
     d = 2 if depth is None else depth
+    if d < 1:
+        raise PlanError(f"a row program's depth (pages a ring) must be ≥ 1, not {d}")
     sides = [block] if block is not None else [(h, w) for h in SIDES for w in SIDES]
     sites = target.units * SITES_PER_UNIT
     best = None
     for bh, bw in sides:
-        if min(bh, bw, d) < 1:
-            raise PlanError(f"a row program's block ({bh}x{bw} tiles) and depth ({d}) must be ≥ 1")
-        if ring_bytes(p, bh, bw, d) > target.smem_per_site_max:
+        if min(bh, bw) < 1:
+            raise PlanError(f"a row program's block ({bh}x{bw} tiles) must be ≥ 1 tile each way")
+        need = ring_bytes(p, bh, bw, d)
+        if need > target.smem_per_site_max and block is not None:  # the block forced: say what it takes
+            raise PlanError(
+                f"a row program's rings of {bh}x{bw}-tile pages, {d} a ring, take {need} bytes a site, more than"
+                f" {target.name}'s {target.smem_per_site_max}; force a smaller block or depth"
+            )
+        if need > target.smem_per_site_max:
             continue
         key = (_cost(bh, bw, m_t, n_t, passes, sites), -bw, bh)
         best = key if best is None or key < best else best
