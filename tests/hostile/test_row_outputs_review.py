@@ -6,7 +6,8 @@ found, each test failing before its fix:
    moves (a reduction of two rings, a map filling two) crashed the schedule with ValueError; a row reduction of a row
    vector (the max of a row sum) and a write stage put on the compute engine were refused with verify's complaint
    about the compiler's own schedule (a Pop of a page never waited for; a ring consumed by the wrong engine).
-   `row_shape`, the one definition of a row program, now refuses each in words;
+   `row_shape`, the one definition of a row program, now refuses the first two in words, and `scheduled_shape`,
+   what the row scheduler can schedule, the last two (a `spatialc.lang` program schedules its own engines);
 2. `spatialc.rmsnorm(…, "e4m3", residual=True)` made a program that stores residual_out in x's 8-bit type, which no
    row program can write: build refused it with rule 8's complaint. The builder says so first;
 3. `row_reduce`'s refusals read "a bf16 a row sum's output is one of …";
@@ -94,7 +95,7 @@ def _stage(b: _Builder, name: str, **fields) -> None:
         ),
         (
             lambda b, spare: _stage(b, "write_out", engine=Engine.COMPUTE),
-            "stage write_out runs on the compute; in a row program a write runs on the writer",
+            "stage write_out runs on the compute; a row program.s write runs on the writer",
         ),
     ],
     ids=["reduction of two rings", "reduction filling two", "write on the compute engine"],

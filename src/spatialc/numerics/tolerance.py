@@ -69,7 +69,9 @@ class RangeWarning(UserWarning):
     """Inputs past the range a kernel's bound holds in: |A|@|B| reaching float32's largest value (3.4e38), where the
     kernel's float32 sum may overflow to ±inf (or NaN) while the float64 reference does not. bf16 shares float32's
     exponent range, so two bf16 values of 2^64 already multiply to 2^128. A block-scaled kernel's float32 product of
-    two scales, sa · sb, leaving float32's normal range is one too (`blockscale.scale_products_past`)."""
+    two scales, sa · sb, leaving float32's normal range is one too (`blockscale.scale_products_past`), and so is a
+    row program's row sum whose magnitude reaches it (`reductions.past_range`: ±3e38 in turn sum to 0 exactly, and
+    to NaN in a kernel's float32 order)."""
 
 
 @dataclass(frozen=True, slots=True)

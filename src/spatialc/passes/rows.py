@@ -137,12 +137,6 @@ def row_shape(p: SpatialProgram) -> RowShape:
         if isinstance(op, Map) and s.ins and all(b in vectors for b in s.ins) and not _args(op.expr):
             vectors.update(s.outs)
             vector_maps.add(s.id)
-    for s in ordered:
-        if isinstance(s.kind.op, RowReduce) and s.ins[0] in vectors:  # type: ignore[union-attr]
-            raise ProgramError(
-                f"stage {s.name} reduces {names.get(s.ins[0], f'ring {int(s.ins[0])}')}, a row vector (one value a"
-                " row); a row reduction folds pages of the rows' values (a value of a row vector is its own reduction)"
-            )
     online = online_pair(ordered, producer, readers)
     for b, stages in readers.items():
         written = [s for s in stages if isinstance(s.kind, WriteStage)]
@@ -170,9 +164,8 @@ def row_shape(p: SpatialProgram) -> RowShape:
 
 
 def _check_stage(s: Stage) -> None:
-    """ProgramError where a stage's rings or engine are not a row program's: a read fills one ring, on the reader; a
-    write empties one, on the writer; a row reduction reads one and fills one, a map reads one or more and fills one,
-    both on the compute engine (the schedule moves one page of each ring, each on its stage's engine)."""
+    """ProgramError where a stage's rings are not a row program's: a read fills one ring, a write empties one, a row
+    reduction reads one and fills one, a map reads one or more and fills one (a schedule moves one page of each)."""
     if isinstance(s.kind, ReadStage):
         want, ok = "fills one ring", not s.ins and len(s.outs) == 1
     elif isinstance(s.kind, WriteStage):
@@ -186,12 +179,6 @@ def _check_stage(s: Stage) -> None:
             f"stage {s.name} reads {len(s.ins)} ring(s) and fills {len(s.outs)}; in a row program a"
             f" {_kind_word(s)} {want}"
         )
-    engine = {ReadStage: Engine.READER, WriteStage: Engine.WRITER}.get(type(s.kind), Engine.COMPUTE)
-    if s.engine != engine:  # (`row_bodies` gives each engine its stages' ops)
-        raise ProgramError(
-            f"stage {s.name} runs on the {s.engine.value}; in a row program a {_kind_word(s)} runs on the"
-            f" {engine.value}"
-        )
 
 
 def _kind_word(s: Stage) -> str:
@@ -199,6 +186,29 @@ def _kind_word(s: Stage) -> str:
     if isinstance(s.kind, ReadStage | WriteStage):
         return "read" if isinstance(s.kind, ReadStage) else "write"
     return "row reduction" if isinstance(s.kind.op, RowReduce) else "map"  # type: ignore[union-attr]
+
+
+def scheduled_shape(p: SpatialProgram) -> RowShape:
+    """`row_shape`, or ProgramError where `row_bodies` cannot schedule it: each stage on the engine its schedule
+    gives it (reads on the reader, reductions and maps on the compute engine, writes on the writer), and no row
+    reduction of a row vector (a pass folds pages of values). A program written with `spatialc.lang` schedules its own
+    stages, and verify holds it to them."""
+    shape = row_shape(p)
+    names = {b.id: b.name for b in p.buffers}
+    for s in p.stages:
+        engine = {ReadStage: Engine.READER, WriteStage: Engine.WRITER}.get(type(s.kind), Engine.COMPUTE)
+        if s.engine != engine:
+            raise ProgramError(
+                f"stage {s.name} runs on the {s.engine.value}; a row program's {_kind_word(s)} runs on the"
+                f" {engine.value} (spatialc.lang writes a schedule of other engines)"
+            )
+    for s in shape.computes:
+        if isinstance(s.kind.op, RowReduce) and s.ins[0] in shape.vectors:  # type: ignore[union-attr]
+            raise ProgramError(
+                f"stage {s.name} reduces {names.get(s.ins[0], f'ring {int(s.ins[0])}')}, a row vector (one value a"
+                " row); a row reduction folds pages of the rows' values (a value of a row vector is its own reduction)"
+            )
+    return shape
 
 
 ONLINE_EXP = Map(Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)))  # E = exp(x − M), the online pair's map
@@ -305,7 +315,7 @@ def rows_tensor(p: SpatialProgram) -> Tensor:
 def plan_rows(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] | None, depth: int | None) -> Plan:
     """Bands of bh tile rows walked in pages bw tiles wide: the cheapest by `_cost` whose rings fit a site's shared
     memory (or the block forced), two pages a ring unless forced."""
-    shape = row_shape(p)
+    shape = scheduled_shape(p)
     m_t, n_t = rows_tensor(p).tiles
     passes = bool(shape.pages) + sum(isinstance(s.kind.op, RowReduce) for s in shape.computes)  # type: ignore[union-attr]
     passes -= shape.online is not None  # the max and the sum of one pass
@@ -393,7 +403,7 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     order the compute engine fills them."""
     plan = p.plan
     assert plan is not None
-    shape = row_shape(p)
+    shape = scheduled_shape(p)
     bh, bw, nj = plan.block.osh, plan.block.ibw, plan.k_steps
     col_at = TileAddr(0, ((LV_K, bw),))  # the page's first tile column of the row
     row_at = TileAddr(0, ((LV_ITEM_Y, bh),))  # the band's first tile row: where a row vector (ew.row) is read
