@@ -17,7 +17,9 @@ found, each test failing before its fix:
    (`reductions.past_range`, `Tolerance._rows_in_range`);
 5. a forced block whose rings pass a site's shared memory was refused as "no block of a row program fits", and a
    depth of 0 as a bad "block (1x1 tiles) and depth"; a saved row program whose plan misses its rows called x "the
-   output tensor" (rule 1 measures a row program's bands against the rows it reads since 53159df).
+   output tensor" (rule 1 measures a row program's bands against the rows it reads since 53159df);
+6. a row reduction whose vector nothing reads was refused naming the read stage before it ("stage read_x1 is not on
+   the way from the inputs to any output"): rule 8 names the stage where the unused stages end.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import pytest
 
 import spatialc
 from spatialc.cli import main
-from spatialc.errors import PlanError, ProgramError
+from spatialc.errors import PlanError, ProgramError, SemanticError
 from spatialc.inputs import InputError
 from spatialc.ir.nodes import DType, Engine, TensorRole
 from spatialc.ir.ops import Apply, Arg, Lit, Precision, RowArg
@@ -170,3 +172,12 @@ def test_a_saved_row_program_whose_rows_the_plan_misses_names_them_the_rows(tmp_
     assert main(["verify", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tiles, but the rows' tensor x has 4x6" in err  # (was "the output tensor x")
+
+
+def test_a_reduction_nothing_reads_is_named_not_the_read_before_it():
+    b, x = builder()
+    o = b.tensor("out", TensorRole.OUTPUT, (M, 1), DType.FLOAT32)
+    b.write(b.reduce("row_sum", "sum", b.read(x, "x0")), o)
+    b.reduce("row_max", "max", b.read(x, "x1"))  # its vector unread: the user's slip, not read_x1's
+    with pytest.raises(SemanticError, match="^stage row_max is not on the way .* any output: no stage reads what it"):
+        spatialc.build(b.program("unread_max", "sm_90"))
