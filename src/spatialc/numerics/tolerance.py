@@ -285,15 +285,15 @@ class Tolerance:
         from ..ir.ops import RowReduce
         from . import reductions
 
+        if not self.kernel:
+            return np.zeros((1, 1), dtype=bool)
         index = ProgramIndex.of(self.program)
         past = [
             reductions.past_range(s.kind.op.op, *done[index.ring(s.ins[0])])
             for s in self.program.stages
             if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) and index.ring(s.ins[0]) in done
         ]
-        if not self.kernel or not past:
-            return np.zeros((1, 1), dtype=bool)
-        return np.logical_or.reduce(past)
+        return np.logical_or.reduce(past) if past else np.zeros((1, 1), dtype=bool)
 
     def _scores_in_range(self, inputs: Mapping[str, Any]) -> None:
         """`_in_range` of an attention program: its rows whose scores may leave float32's range (the interpreter's
