@@ -174,7 +174,7 @@ def rmsnorm(
     if residual and b.prec.value not in OUTPUT_CHOICES["float"]:  # residual_out holds h in x's type
         raise ProgramError(
             f"fused add + RMSNorm (residual=True) stores residual_out in x's type, and a row program's outputs hold"
-            f" {', '.join(OUTPUT_CHOICES['float'])}: use fp16 or bf16, not {b.prec.value}"
+            f" {', '.join(OUTPUT_CHOICES['float'])}: give x one of those types, not {b.prec.value}"
         )
     x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
     r = b.tensor("residual", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value)) if residual else None
