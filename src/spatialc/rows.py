@@ -107,7 +107,8 @@ def _begin(m: int, n: int, precision: object, out: str | None, what: str) -> tup
     choices = OUTPUT_CHOICES["float"]
     out = out_named(out)
     if out is not None and out not in choices:
-        raise ProgramError(f"a {prec.value} {what}'s output is one of {', '.join(choices)}, not {out!r}")
+        named = what.removeprefix("a ")  # (a row sum's: "a bf16 row sum's output")
+        raise ProgramError(f"a {prec.value} {named}'s output is one of {', '.join(choices)}, not {out!r}")
     return _Builder(m, n, prec), DType(out) if out is not None else DType.FLOAT32
 
 
@@ -260,7 +261,7 @@ def row_reduce(
     divided by n once a band. No output of the rows' shape: the program writes a row vector alone."""
     if not isinstance(op, str) or op not in ROW_REDUCTIONS:
         raise ProgramError(f"a row reduction is one of {', '.join(ROW_REDUCTIONS)}, not {op!r}")
-    b, out_dtype = _begin(m, n, precision, out, f"row {op}")
+    b, out_dtype = _begin(m, n, precision, out, f"a row {op}")
     x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
     y = b.tensor("out", TensorRole.OUTPUT, (b.m, 1), out_dtype)
     folded = b.reduce(f"row_{op}", "sum" if op == "mean" else op, b.read(x, "x0"))

@@ -10,7 +10,7 @@ found, each test failing before its fix:
    what the row scheduler can schedule, the last two (a `spatialc.lang` program schedules its own engines);
 2. `spatialc.rmsnorm(…, "e4m3", residual=True)` made a program that stores residual_out in x's 8-bit type, which no
    row program can write: build refused it with rule 8's complaint. The builder says so first;
-3. `row_reduce`'s refusals read "a bf16 a row sum's output is one of …";
+3. `row_reduce`'s refusal of an output type read "a bf16 a row sum's output is one of …";
 4. a row sum whose magnitude reaches float32's largest value (±3e38 in turn: exactly 0, a kernel's float32 sum NaN)
    failed the kernel's check with no word of why, where a GEMM's |A|@|B| past float32's range is said (RangeWarning,
    or InputError under strict) and named in the check's account: a row program's sums are now held to the same rule
@@ -128,7 +128,8 @@ def test_fused_add_rmsnorm_of_8_bit_floats_is_refused_when_it_is_made(precision)
 
 
 def test_a_row_reductions_refusal_reads_as_a_sentence():
-    with pytest.raises(ProgramError, match=r"^a bf16 row sum's output is one of float32, fp16, bf16, not 'int8'$"):
+    said = r"^a bf16 row sum's output is one of float32, fp16, bf16, not 'int8'$"
+    with pytest.raises(ProgramError, match=said):
         spatialc.row_reduce(4, 8, "sum", out="int8")
 
 
