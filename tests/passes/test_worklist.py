@@ -125,8 +125,9 @@ def test_an_emulated_device_of_no_whole_number_of_multiprocessors_is_refused(bad
         spatialc.emulate(art, x, sms=bad)
 
 
-@pytest.mark.parametrize("bad", [0, -5, float("inf"), float("nan"), "60", None])
+@pytest.mark.parametrize("bad", [0, -5, float("inf"), float("nan"), "60", True])
 def test_an_emulation_watchdog_that_is_not_a_positive_number_of_seconds_is_refused(bad):
+    """(None is no refusal: it asks for SPATIALC_EMU_TIMEOUT_S, else 120 s — tests/runtime/test_time_limits.py.)"""
     art = spatialc.lower(spatialc.build(spatialc.gemm(32, 32, 32, "int8"), "sm_86"))
     x = {"A": np.ones((32, 32), np.int8), "B": np.ones((32, 32), np.int8)}
     with pytest.raises(spatialc.ProgramError, match=r"timeout is the emulation's watchdog in seconds"):
