@@ -157,10 +157,15 @@ def _refused(p: SpatialProgram, sample: Sample | None, full_inputs: bool) -> str
         if t.role in (TensorRole.INPUT, TensorRole.PARAMETER):
             rows = len(sample.rows) if sample is not None and t.name in sample.given and not full_inputs else None
             need[f"random {t.name}"] = t.groups * (rows or t.elems[0]) * t.elems[1] * per
-    out = p.output_tensor()
-    assert out is not None
-    rows = len(sample.rows) if sample is not None else out.elems[0]
-    need["numpy's check"] = CHECK_ARRAYS * out.groups * rows * out.elems[1] * 8 + 3 * CHUNK_ELEMS * 8
+    # the check's working arrays for the largest output, and each other output's reference and result beside them
+    outs = sorted(
+        (t for t in p.tensors if t.role == TensorRole.OUTPUT), key=lambda t: t.groups * t.elems[1] * t.elems[0]
+    )
+    arrays = [CHECK_ARRAYS] * (len(outs) > 0) + [2] * (len(outs) - 1)
+    need["numpy's check"] = 3 * CHUNK_ELEMS * 8 + sum(
+        k * t.groups * (len(sample.rows) if sample is not None else t.elems[0]) * t.elems[1] * 8
+        for k, t in zip(arrays, reversed(outs), strict=True)
+    )
     if p.precision.value != "int8":  # |A| @ |B| for the bound, a K panel at a time (an int8 check is exact)
         need["numpy's |A|, |B|"] = 3 * CHUNK_ELEMS * 8
     return memory_refusal(p, need, memory_limit(None), "checking")
