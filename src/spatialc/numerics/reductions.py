@@ -152,3 +152,18 @@ def reduce_bound(name: str, values: Any, errors: Any) -> tuple[Any, Any]:
     magnitude = np.sum(grown, axis=1, keepdims=True)
     spread = np.sum(e, axis=1, keepdims=True) if r.name == "sum" else magnitude - np.sum(x * x, axis=1, keepdims=True)
     return y, np.abs(spread) + (n + 2) * EPS32 * magnitude
+
+
+def reduce_cols(name: str, values: Any, integer: bool) -> Any:
+    """Each column of `values` (rows × columns: the column's elements, padding left out) reduced by `name`, as a row
+    (1 × columns): the reduction of each row of the transpose (`reduce_rows`), so that a column means exactly what a
+    row does."""
+    return np.asarray(reduce_rows(name, np.asarray(values).T, integer)).T
+
+
+def reduce_cols_bound(name: str, values: Any, errors: Any) -> tuple[Any, Any]:
+    """`reduce_bound` of each column of `values`: the bound of each row of the transpose, as a row (1 × columns)."""
+    x = np.asarray(values)
+    e = np.broadcast_to(np.asarray(errors, np.float64), x.shape)
+    value, err = reduce_bound(name, x.T, e.T)
+    return np.asarray(value).T, np.asarray(err).T
