@@ -169,6 +169,7 @@ def _printed_precision(program: SpatialProgram, target: SpatialTarget) -> None:
     for any precision), and a map or row program of 8-bit float inputs, which multiplies nothing, anywhere."""
     from .ir.ops import FP8_PRECISIONS
     from .lower.errors import Unsupported
+    from .passes.cols import is_col_program
     from .passes.footprint import FP8_NO_MMA
     from .passes.maps import is_map_program
     from .passes.rows import is_row_program
@@ -176,7 +177,7 @@ def _printed_precision(program: SpatialProgram, target: SpatialTarget) -> None:
     if program.precision not in FP8_PRECISIONS:
         return
     what = f"program {program.name} ({program.precision.value} operands)"
-    if not target.fp8_mma and not (is_map_program(program) or is_row_program(program)):
+    if not target.fp8_mma and not (is_map_program(program) or is_row_program(program) or is_col_program(program)):
         raise Unsupported(f"{what} for {target.name}", FP8_NO_MMA)
 
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import ProgramError
 from ..ir.nodes import DType, SpatialProgram, TensorRole
-from ..ir.ops import FP8_PRECISIONS, Map, Precision
+from ..ir.ops import FP8_PRECISIONS, ColReduce, Map, Precision
 from . import blockscale, intervals
 
 F32_MAX = float(np.finfo(np.float32).max)  # 3.4e38: a float32 sum at or past it is ±inf (or NaN)
@@ -110,7 +110,12 @@ class Tolerance:
             )
         if self.mapped:  # a float map, or a program that reduces rows
             out = OUT_NAMES.get(self.out_eps, "float32")
-            sums = "each row sum's float32 rounding (n + 2 ulps of its magnitude), " if self.rows else ""
+            line = (
+                "column"
+                if any(isinstance(getattr(s.kind, "op", None), ColReduce) for s in self.program.stages)
+                else "row"
+            )
+            sums = f"each {line} sum's float32 rounding (n + 2 ulps of its magnitude), " if self.rows else ""
             if self.rows and _online(self.program):
                 sums += "the online sum's rescalings (2·max|x| + 4 ulps a page), "
             outs = [t for t in self.program.tensors if t.role == TensorRole.OUTPUT]
