@@ -7,6 +7,7 @@ from typing import Any
 
 from .arguments import plain_ints
 from .attention import attention
+from .cols import col_reduce
 from .errors import ProgramError, SpatialError
 from .frontend import gemm, grouped_gemm
 from .ir import serde
@@ -254,6 +255,7 @@ log_softmax = log_softmax
 rmsnorm = rmsnorm
 layernorm = layernorm
 row_reduce = row_reduce
+col_reduce = col_reduce
 
 
 def expect_program(name: str, program: object, whence: str) -> None:
