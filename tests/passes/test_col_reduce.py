@@ -18,7 +18,7 @@ import spatialc
 from spatialc.errors import PlanError, ProgramError, VerifyError
 from spatialc.ir.ids import LV_ITEM_X, LV_K
 from spatialc.ir.nodes import Engine, SpatialProgram
-from spatialc.ir.ops import ColReduce, Compute, Loop, ReadTiles, TileAddr, WriteTiles
+from spatialc.ir.ops import ColReduce, Compute, Loop, ReadTiles, TileAddr, WriteTiles, walk
 from spatialc.numerics import reductions
 from spatialc.numerics.reference import reference
 from spatialc.passes.verify import verify
@@ -203,3 +203,16 @@ def test_a_reduction_of_fewer_rows_than_the_columns_hold_is_refused(cm):
         return None
 
     refused(replace(cm, C, short), "runs a column max of 39", shift=20.0)
+
+
+def test_a_site_without_a_band_verifies_and_one_that_writes_is_refused():
+    """Two bands on three sites: the third site idle, and the program verifies. Its writer given a band's write is
+    refused (by rule 2 here: its item coordinates name no item; rule 8 refuses any write of a site without a band)."""
+    p = spatialc.build(spatialc.col_reduce(40, 200, "sum", "bf16"), "sm_90", block=(1, 8, 1), sites=3)
+    assert dict(p.placement.items_of_site)[2] == () and p.verified
+    store = next(op for q in p.schedule.programs if q.engine == W for op in walk(q.ops) if isinstance(op, WriteTiles))
+    progs = tuple(
+        dataclasses.replace(q, ops=(store,)) if q.engine == W and int(q.site) == 2 else q for q in p.schedule.programs
+    )
+    with pytest.raises(VerifyError, match="site 2 writer"):
+        verify(p.evolve(schedule=dataclasses.replace(p.schedule, programs=progs), verified=False))

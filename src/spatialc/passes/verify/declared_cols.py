@@ -184,7 +184,7 @@ class _Band:
         """The ops one item runs: an ITEM loop's body, or the program itself (one item, or none)."""
         if len(q.ops) == 1 and isinstance(q.ops[0], Loop) and q.ops[0].var == LV_ITEM:
             return q.ops[0].body
-        if any(isinstance(f.op, Loop) for f in _leaves(q.ops)) or items > 1:
+        if items > 1:
             raise StrongerCheckNeeded("a column program's engines run their items in one ITEM loop", site=int(q.site))
         return q.ops
 
@@ -374,6 +374,14 @@ class _Band:
         return range(col0, col0 + read.block_w)
 
 
+def _idle(index: ProgramIndex, progs: list[EngineProgram]) -> None:
+    """A site that holds no band writes nothing (what it wrote would be no band's)."""
+    for q in progs:
+        for f in _leaves(q.ops):
+            if isinstance(f.op, WriteTiles):
+                raise index.at_op(SemanticError, q, f.op, "a site that holds no band writes nothing")
+
+
 def check_col_semantics(index: ProgramIndex, programs: Programs) -> None:
     """Rule 8 for a column program: each site's items proved (`_Band.check`), then every tile column of the output
     written exactly once over them all."""
@@ -386,6 +394,9 @@ def check_col_semantics(index: ProgramIndex, programs: Programs) -> None:
     written: Counter[int] = Counter()
     for site, progs in programs.listed.items():
         its = items.get(site, ())
+        if not its:  # a site with no band writes nothing
+            _idle(index, progs)
+            continue
         key = (programs.keys[site], len(its) > 1)
         if key not in bands:
             bands[key] = _Band(index, decl, progs, len(its))
