@@ -1,6 +1,6 @@
 """`spatialc col-reduce M N --op OP` (a 1×N output, one value a column): checked against numpy (and, with --run, the
-kernel's under the host emulation), its plan said, its program saved, the persistent form's refusal and bad input as
-one line on stderr and exit 2."""
+kernel's under the host emulation), its plan said, its program saved, the sm_90a form's refusal and bad input as one
+line on stderr and exit 2."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_col_reduce_emits_the_general_forms_kernel_of_an_fp16_vector(capsys, tmp
         (["col-reduce", "40", "70", "--precision", "int8"], "a column sum is float arithmetic"),
         (["col-reduce", "40", "0"], "n must be a whole number ≥ 1, not 0"),
         (["col-reduce", "40", "70", "--out", "int32"], "output is one of float32, fp16, bf16, not 'int32'"),
-        (["col-reduce", "40", "70", "--form", "persistent"], "a program that reduces columns"),
+        (["col-reduce", "40", "70", "--target", "sm_90a", "--form", "sm90a"], "a program that reduces columns"),
     ],
 )
 def test_what_col_reduce_cannot_take_is_one_line_and_exit_2(capsys, argv, says):
@@ -54,5 +54,13 @@ def test_what_col_reduce_cannot_take_is_one_line_and_exit_2(capsys, argv, says):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
 def test_col_reduce_runs_under_the_emulation(capsys):
     assert main(["col-reduce", "33", "50", "--op", "absmax", "--run"]) == 0
+    out = capsys.readouterr().out
+    assert "under the host emulation" in out and "C equals the numpy reference within its bound: max |error|" in out
+
+
+@pytest.mark.emulation
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the host emulation needs g++")
+def test_col_reduce_runs_under_the_emulation_in_the_persistent_form(capsys):
+    assert main(["col-reduce", "33", "50", "--op", "sum", "--run", "--form", "persistent"]) == 0
     out = capsys.readouterr().out
     assert "under the host emulation" in out and "C equals the numpy reference within its bound: max |error|" in out

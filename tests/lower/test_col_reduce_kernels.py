@@ -1,8 +1,9 @@
 """Column reductions (`spatialc.col_reduce`) in the general CUDA form: a thread a column of the band, each folding its
 column of every page down the rows, the padding rows left out, the value stored into every row of its column of the
 vector page; nvcc for sm_80 and sm_90 without a warning or a spill; the host emulation against the interpreter within
-`spatialc.tolerance(p, kernel=True)`; a planted fault (each page's last row skipped) caught. The persistent and the
-sm_90a forms refuse it in one line naming the general form."""
+`spatialc.tolerance(p, kernel=True)`; a planted fault (each page's last row skipped) caught. The persistent form
+prints it with the same per-op printers on every thread of its block, emulated alike; the sm_90a form refuses it in one
+line naming the general form."""
 
 from __future__ import annotations
 
@@ -76,11 +77,10 @@ def test_the_census_counts_each_stage_once():
     assert want == {"ColReduce": 1, "Map_div_x0_lit": 1}
 
 
-@pytest.mark.parametrize("form", ["persistent", "sm90a"])
-def test_the_other_forms_refuse_it_in_one_line_naming_the_general_form(form):
+def test_the_sm90a_form_refuses_it_in_one_line_naming_the_general_form():
     p = spatialc.build(spatialc.col_reduce(100, 70, "sum", "bf16"), "sm_90a")
     with pytest.raises(NeedsGeneral, match="a program that reduces columns") as info:
-        spatialc.lower(p, form=form)
+        spatialc.lower(p, form="sm90a")
     assert "general" in str(info.value) and "\n" not in str(info.value)
 
 
@@ -135,3 +135,20 @@ def test_a_planted_fault_each_pages_last_row_skipped_is_caught():
         bad = spatialc.emulate(dataclasses.replace(art, program_cu=wrong), x)
     ok, how = spatialc.tolerance(p, kernel=True).check(bad, x)
     assert not ok, how
+
+
+@pytest.mark.emulation
+@needs_gxx
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_the_persistent_form_prints_it_and_emulates_within_the_kernel_tolerance(op):
+    """The same per-op printers on every thread of the block (`persistent/pages.py`); a max over negative values."""
+    p = built(op)
+    art = spatialc.lower(p, form="persistent")
+    assert art.budget.form == "persistent" and art.census.agrees
+    assert "float cacc_" in art.kernel_cu and "#define CCOLS" in art.kernel_cu
+    x = x_for(-20.0 if op == "max" else 0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", spatialc.InexactInputWarning)
+        got = spatialc.emulate(art, x)
+    ok, how = spatialc.tolerance(p, kernel=True).check(got, x)
+    assert ok, how

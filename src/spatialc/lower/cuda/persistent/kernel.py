@@ -53,7 +53,6 @@ from ..common.host import assemble
 from ..common.launch import launch_for, site_items
 from ..common.program import (
     ATTENTION_PROGRAM,
-    COL_PROGRAM,
     W4_PROGRAM,
     all_ops,
     check_printable,
@@ -80,9 +79,9 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     check_printable(program, dequant=True)
     if is_attention_program(program):
         raise NeedsGeneral(ATTENTION_PROGRAM, ATTENTION_WHY)
-    if is_col_program(program):
-        raise NeedsGeneral(COL_PROGRAM, "its page printer holds no column accumulators")
-    if is_map_program(program) or is_row_program(program):  # no tile matmul: its block moves and maps pages
+    if (
+        is_map_program(program) or is_row_program(program) or is_col_program(program)
+    ):  # no tile matmul: its block moves and maps pages
         return pages.lower(program, target)
     refuse(program)
     plan = program.plans[0]
