@@ -24,9 +24,23 @@ import numpy as np
 import spatialc
 from spatialc import ew
 from spatialc.frontend import bias, relu, requant, scalar
-from spatialc.ir.ids import LV_K
-from spatialc.ir.nodes import Engine, SpatialProgram
-from spatialc.ir.ops import Compute, Loop, ReadTiles, WriteTiles, walk
+from spatialc.ir.ids import LV_ITEM_Y, LV_K
+from spatialc.ir.nodes import Engine, SpatialProgram, WriteStage
+from spatialc.ir.ops import (
+    Apply,
+    Compute,
+    Lit,
+    Loop,
+    Map,
+    Pop,
+    ReadTiles,
+    RowArg,
+    RowReduce,
+    TileAddr,
+    Wait,
+    WriteTiles,
+    walk,
+)
 from spatialc.numerics.reference import reference
 
 from .rewrite import replace
@@ -81,6 +95,9 @@ PROGRAMS: dict[str, Callable[[], SpatialProgram]] = {
         block=(2, 2, 1),
         sites=2,
     ),
+    # Two outputs of pages stored in one last pass (fused add + RMSNorm: out, residual_out); a row vector alone.
+    "bf16 fused add rmsnorm": lambda: fused_add_rmsnorm_program(),
+    "bf16 row absmax": lambda: row_reduce_program("absmax"),
     # A split tail: 12 items on 5 sites, two whole a site, the last 2 split 2 ways (ITEM loops from a later item).
     "int8 split tail": lambda: spatialc.build(
         spatialc.gemm(48, 64, 128, "int8"), "sm_86", placement="split_tail", sites=5, block=(1, 1, 1), sub_blocks=(1, 1)
@@ -184,6 +201,203 @@ LAYERNORM_EDITS: dict[str, tuple[Callable[[SpatialProgram], SpatialProgram], tup
     ),
     "an output written twice": (output_written_twice, ("mean is written by more than one op",)),
     "an output never written": (output_never_written, ("rstd tile (0, 0) is never written",)),
+}
+
+
+# ---- named edits of a program of two outputs of pages (fused add + RMSNorm) and of one of a row vector alone -------
+
+
+def fused_add_rmsnorm_program() -> SpatialProgram:
+    """Fused add + RMSNorm over 40 rows of 70 values, out and residual_out (= x + residual) stored a page of each at
+    a time in the band's last pass; pages of 2 tiles, three bands on two sites (an ITEM loop)."""
+    return spatialc.build(spatialc.rmsnorm(40, 70, "bf16", residual=True), "sm_90", block=(1, 2, 1), sites=2)
+
+
+def row_reduce_program(op: str) -> SpatialProgram:
+    """A row `op` (absmax, mean, …) of 40 rows of 70 values into a 40 x 1 vector: no pass of pages of output, each
+    band's vector stored once, three bands on two sites."""
+    return spatialc.build(spatialc.row_reduce(40, 70, op, "bf16"), "sm_90", block=(1, 2, 1), sites=2)
+
+
+def _writes(p: SpatialProgram, f: Callable[[SpatialProgram, WriteTiles], tuple | None]) -> SpatialProgram:
+    return replace(p, Engine.WRITER, lambda op: f(p, op) if isinstance(op, WriteTiles) else None)
+
+
+def _pages_exchanged(p: SpatialProgram) -> SpatialProgram:
+    """out's pages stored into residual_out, and residual_out's into out."""
+    out, res = _tensor(p, "out"), _tensor(p, "residual_out")
+    return _writes(p, lambda p, op: (dataclasses.replace(op, tensor={out: res, res: out}[op.tensor]),))
+
+
+def _pages_exchanged_in_the_stages(p: SpatialProgram) -> SpatialProgram:
+    """The write stages exchanged instead: the stages declare out = x + residual and residual_out the scaled rows,
+    the schedule stores as before."""
+    out, res = _tensor(p, "out"), _tensor(p, "residual_out")
+    stages = tuple(
+        dataclasses.replace(s, kind=WriteStage({out: res, res: out}[s.kind.tensor]))
+        if isinstance(s.kind, WriteStage)
+        else s
+        for s in p.stages
+    )
+    return p.evolve(stages=stages)
+
+
+def _residual_from_the_scaled_ring(p: SpatialProgram) -> SpatialProgram:
+    """residual_out stored from the scaled map's page (both pages held while out's and residual_out's are stored):
+    the writer's rings still balance."""
+    scaled, h = _ring(p, "scale_ring"), _ring(p, "residual_copy_ring")
+    out, res = _tensor(p, "out"), _tensor(p, "residual_out")
+
+    def f(op):
+        if isinstance(op, Loop) and op.var == LV_K:
+            stores = {x.tensor: x for x in op.body if isinstance(x, WriteTiles)}
+            wrong = dataclasses.replace(stores[res], src=scaled)
+            return (dataclasses.replace(op, body=(Wait(scaled), Wait(h), stores[out], wrong, Pop(scaled), Pop(h))),)
+        return None
+
+    return replace(p, Engine.WRITER, f)
+
+
+def _stored_twice(p: SpatialProgram) -> SpatialProgram:
+    """Each page of residual_out stored twice (the same values)."""
+    res = _tensor(p, "residual_out")
+    return _writes(p, lambda p, op: (op, op) if op.tensor == res else None)
+
+
+def _pages_at_the_bands_first(p: SpatialProgram) -> SpatialProgram:
+    """residual_out's page address loses its step along the row: every page stored over the band's first, the rest
+    of the row never."""
+    res = _tensor(p, "residual_out")
+
+    def f(p, op):
+        if op.tensor != res:
+            return None
+        return (dataclasses.replace(op, at=TileAddr(op.at.base, tuple(s for s in op.at.steps if s[0] != LV_K))),)
+
+    return _writes(p, f)
+
+
+def _a_tile_a_page_skipped(p: SpatialProgram) -> SpatialProgram:
+    """out's pages stored one tile wide, where they are two: every second tile of the row never written."""
+    out = _tensor(p, "out")
+    return _writes(p, lambda p, op: (dataclasses.replace(op, block_w=1),) if op.tensor == out else None)
+
+
+def _add_of_x_and_x(i: int) -> Callable[[SpatialProgram], SpatialProgram]:
+    """Pass i's add map handed x's page twice, x + x where x + residual is declared (residual's page waited and
+    popped unread)."""
+
+    def change(p: SpatialProgram) -> SpatialProgram:
+        x, r = _ring(p, f"x{i}_ring"), _ring(p, f"residual{i}_ring")
+        return replace(
+            p,
+            Engine.COMPUTE,
+            lambda op: (dataclasses.replace(op, ins=(x, x)),) if isinstance(op, Compute) and op.ins == (x, r) else None,
+        )
+
+    return change
+
+
+def _reduced_by(op_name: str) -> Callable[[SpatialProgram], SpatialProgram]:
+    """The schedule's row reduction replaced by `op_name` (absmax's by max: the same on rows whose largest magnitude
+    is positive)."""
+    return lambda p: replace(
+        p,
+        Engine.COMPUTE,
+        lambda op: (
+            (dataclasses.replace(op, op=dataclasses.replace(op.op, op=op_name)),)
+            if isinstance(op, Compute) and isinstance(op.op, RowReduce)
+            else None
+        ),
+    )
+
+
+def _mean_divided_by(n: float) -> Callable[[SpatialProgram], SpatialProgram]:
+    """The mean's map divides the row sum by `n` where the rows hold 70 values."""
+    wrong = Map(Apply("div", (RowArg(0), Lit(n))))
+    return lambda p: replace(
+        p,
+        Engine.COMPUTE,
+        lambda op: (dataclasses.replace(op, op=wrong),) if isinstance(op, Compute) and isinstance(op.op, Map) else None,
+    )
+
+
+def _vector_at(at: TileAddr) -> Callable[[SpatialProgram], SpatialProgram]:
+    """The band's m x 1 vector stored at `at` (its tile row), not at its own band's."""
+    return lambda p: _writes(p, lambda p, op: (dataclasses.replace(op, at=at),))
+
+
+# name → (the program edited, the edit, words rule 8's refusal must hold; rule 3 refuses the first three before it:
+# each ring is stored to its own write stage's tensor)
+ROW_OUTPUT_EDITS: dict[
+    str, tuple[Callable[[], SpatialProgram], Callable[[SpatialProgram], SpatialProgram], tuple[str, ...]]
+] = {
+    "out and residual_out exchanged in the schedule": (
+        fused_add_rmsnorm_program,
+        _pages_exchanged,
+        (
+            "WriteTiles residual_copy_ring -> out",
+            "its data goes through residual_copy_ring, but the stages send it through scale_ring",
+        ),
+    ),
+    "out and residual_out exchanged in the stages": (
+        fused_add_rmsnorm_program,
+        _pages_exchanged_in_the_stages,
+        (
+            "WriteTiles scale_ring -> out",
+            "its data goes through scale_ring, but the stages send it through residual_copy_ring",
+        ),
+    ),
+    "residual_out stored from the scaled map's ring": (
+        fused_add_rmsnorm_program,
+        _residual_from_the_scaled_ring,
+        ("WriteTiles scale_ring -> residual_out", "the stages send it through residual_copy_ring"),
+    ),
+    "each page of residual_out stored twice": (
+        fused_add_rmsnorm_program,
+        _stored_twice,
+        ("residual_out is written by more than one op",),
+    ),
+    "residual_out's pages all stored over the band's first": (
+        fused_add_rmsnorm_program,
+        _pages_at_the_bands_first,
+        ("residual_out tile (0, 0) is written 3 times by item 0 (y 0, x 0)",),
+    ),
+    "a tile of each page of out never stored": (
+        fused_add_rmsnorm_program,
+        _a_tile_a_page_skipped,
+        ("out tile (0, 1) is never written",),
+    ),
+    "the sum of squares' add map reads x + x": (
+        fused_add_rmsnorm_program,
+        _add_of_x_and_x(0),
+        ("Compute (x0 + x1) (x0_ring, x0_ring) -> add0_ring", "stage add0 reads x0_ring, residual0_ring"),
+    ),
+    "the last pass's add map, shared by both outputs, reads x + x": (
+        fused_add_rmsnorm_program,
+        _add_of_x_and_x(1),
+        ("Compute (x0 + x1) (x1_ring, x1_ring) -> add1_ring", "stage add1 reads x1_ring, residual1_ring"),
+    ),
+    "absmax reduced as a max in the schedule": (
+        lambda: row_reduce_program("absmax"),
+        _reduced_by("max"),
+        ("schedule op row max of 70 columns at 2*k width 2 where stage row_absmax declares row absmax of 70 columns",),
+    ),
+    "the mean divided by 64": (
+        lambda: row_reduce_program("mean"),
+        _mean_divided_by(64.0),
+        ("schedule op (x0[row] / 64) where stage mean declares (x0[row] / 70)",),
+    ),
+    "the row vectors stored in the bands reversed": (
+        lambda: row_reduce_program("sum"),
+        _vector_at(TileAddr(2, ((LV_ITEM_Y, -1),))),
+        ("item 0 (y 0, x 0) writes out tile (2, 0), outside its block of tile rows 0..0",),
+    ),
+    "every band's row vector stored at the first band": (
+        lambda: row_reduce_program("max"),
+        _vector_at(TileAddr(0)),
+        ("item 1 (y 1, x 0) writes out tile (0, 0), outside its block of tile rows 1..1",),
+    ),
 }
 
 

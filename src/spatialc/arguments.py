@@ -91,10 +91,13 @@ PRECISION_SPELLINGS = {
     "e5m2": Precision.E5M2,
     "fp8_e5m2": Precision.E5M2,
     "float8_e5m2": Precision.E5M2,
+    "fp32": Precision.FP32,
+    "float32": Precision.FP32,
+    "float": Precision.FP32,  # torch.float
 }
 PRECISIONS_ACCEPTED = (
-    "int8, fp16 (float16, half), bf16 (bfloat16), e4m3 (float8_e4m3fn) or e5m2 (float8_e5m2), as a name or a numpy,"
-    " ml_dtypes or torch dtype"
+    "int8, fp16 (float16, half), bf16 (bfloat16), e4m3 (float8_e4m3fn), e5m2 (float8_e5m2) or, for programs with"
+    " no matmul, fp32 (float32), as a name or a numpy, ml_dtypes or torch dtype"
 )
 
 
@@ -135,13 +138,25 @@ def out_named(out: Any) -> Any:
 
 
 def precision_of(name: object) -> Precision:
-    """`int8`, `fp16`, `bf16`, `e4m3` or `e5m2` (or another spelling `precision_named` reads) as a Precision."""
+    """`int8`, `fp16`, `bf16`, `e4m3`, `e5m2` or `fp32` (or another spelling `precision_named` reads) as a
+    Precision."""
     prec = precision_named(name)
     if prec is None:
-        wide = out_named(name) == "float32"  # float32 data: no operand type of its own yet
-        hint = "; float32 is no operand precision yet: round the data to bf16 or fp16 (out='fp32': a float32 result)"
-        raise ProgramError(f"unknown precision {name!r}; use {PRECISIONS_ACCEPTED}{hint if wide else ''}")
+        raise ProgramError(f"unknown precision {name!r}; use {PRECISIONS_ACCEPTED}")
     return prec
+
+
+def refuse_float32(name: object, what: str) -> None:
+    """ProgramError saying the fix (ops.NO_FP32_MATMUL) where `name` spells float32 and `what` (gemm, attention,
+    spatialc.torch's gemm_op) multiplies its operands by a matmul."""
+    if precision_named(name) == Precision.FP32:
+        raise ProgramError(f"{what}: {ops.NO_FP32_MATMUL}")
+
+
+def matmul_precision_of(name: object, what: str) -> Precision:
+    """`precision_of(name)` for a program with a matmul (`what`), float32 refused (`refuse_float32`)."""
+    refuse_float32(name, what)
+    return precision_of(name)
 
 
 def finite_number(x: Any) -> float | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from .arguments import MAX_TENSOR_ELEMS, OUTPUT_CHOICES, TILE, _dim, out_named, precision_of
+from .arguments import MAX_TENSOR_ELEMS, OUTPUT_CHOICES, TILE, _dim, matmul_precision_of, out_named
 from .errors import ProgramError, clipped
 from .ir.ids import BufferId, StageId, TensorId
 from .ir.nodes import (
@@ -81,7 +81,7 @@ def attention(
         scale = 1.0 / math.sqrt(d)
     if not valid_scale(scale):
         raise ProgramError(f"scale is a finite number > 0, not {clipped(repr(scale))} ({FLOAT32_HOLDS})")
-    prec = precision_of(precision)
+    prec = matmul_precision_of(precision, "attention")
     if prec not in (Precision.BF16, Precision.FP16):
         raise ProgramError(f"attention's operands are bf16 or fp16 (its softmax is float arithmetic), not {prec.value}")
     choices = OUTPUT_CHOICES["float"]

@@ -19,8 +19,8 @@ from .arguments import (
     _check_size,
     _dim,
     finite_number,
+    matmul_precision_of,
     out_named,
-    precision_of,
     shown_number,
 )
 from .errors import ProgramError
@@ -324,7 +324,7 @@ def _gemm(
     nearest even). The accumulator is int32 or float32 whatever C holds."""
     m, n, k = _dim("max_rows" if groups > 1 else "m", m), _dim("n", n), _dim("k", k)
     _check_size(m, n, k, groups)
-    prec = precision_of(precision)
+    prec = matmul_precision_of(precision, "grouped_gemm" if groups > 1 else "gemm")
     if not isinstance(epilogue, list | tuple):
         raise ProgramError(f"epilogue is a list of stages (e.g. [spatialc.bias(), spatialc.relu()]), not {epilogue!r}")
     epi = tuple(epilogue)

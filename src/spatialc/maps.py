@@ -43,8 +43,9 @@ def elementwise(
     """The program out[m×n] = expr(x0, x1, …) element by element, before tiling: `expr` is an `ew` expression over
     the input tensors (`ew.inputs(k)`), constants, column vectors (`ew.col(name)`, a parameter tensor of n values, one
     per column) and row vectors (`ew.row(name)`, m values, one per row: a per-token scale). The inputs hold values
-    of `precision` (int8, fp16, bf16, e4m3, e5m2), named by `names` (x0, x1, … by default); the output `out`, float32
-    by default (fp16 or bf16 rounded to nearest even; int32 or int64, the default, in an int8 program)."""
+    of `precision` (int8, fp16, bf16, e4m3, e5m2, or fp32: float32 data taken as it is), named by `names` (x0, x1, …
+    by default); the output `out`, float32 by default (fp16 or bf16 rounded to nearest even; int32 or int64, the
+    default, in an int8 program)."""
     from . import ew
 
     if not isinstance(expr, ew.Value):

@@ -106,7 +106,7 @@ def _begin(m: int, n: int, precision: object, out: str | None, what: str) -> tup
     _check_size(m, n, 1)
     prec = precision_of(precision)
     if prec == Precision.INT8:
-        raise ProgramError(f"{what} is float arithmetic (row programs reduce in float32); use fp16 or bf16")
+        raise ProgramError(f"{what} is float arithmetic (row programs reduce in float32); use fp16 or bf16 (or fp32)")
     choices = OUTPUT_CHOICES["float"]
     out = out_named(out)
     if out is not None and out not in choices:

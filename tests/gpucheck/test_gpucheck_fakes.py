@@ -285,6 +285,15 @@ class FakeTensor:
     def __mul__(self, other):
         return self.torch.mul(self, other)
 
+    def abs(self):
+        return self.torch._elementwise(np.abs, (self,), None)
+
+    def amax(self, dim, keepdim=False):
+        return self.torch._reduced(lambda v: np.max(v, axis=dim, keepdims=keepdim), self)
+
+    def sum(self, dim, keepdim=False):
+        return self.torch._reduced(lambda v: np.sum(v, axis=dim, keepdims=keepdim, dtype=np.float32), self)
+
     def copy_(self, src):
         """A device-to-device copy, as torch's copy_ of a tensor of the same dtype and shape is (a memcpy)."""
         if src.a.dtype != self.a.dtype or src.a.shape != self.a.shape:
@@ -402,6 +411,22 @@ class FakeTorch(type(sys)):
 
         def run():
             target[...] = f(*(t.a.astype(np.float32) for t in tensors)).astype(np.float32).astype(dtype.np)
+
+        self.cp.launch(run)
+        return out
+
+    def _reduced(self, f, x):
+        """f (a reduction along a dimension) of x's float32 values, in float32 as torch reduces fp16 and bf16,
+        rounded once to x's type, into a tensor it allocates (refused while a stream captures)."""
+        if x.dtype not in (self.float16, self.bfloat16):
+            raise FakeError(f"the stand-in reduces fp16 or bf16 tensors, not {x.dtype}")
+        if self.cp.captured is not None:
+            raise FakeError("CUDA error: operation not permitted when stream is capturing")
+        out = self.empty(f(np.zeros(x.shape, np.float32)).shape, x.dtype)
+        target = out.a
+
+        def run():
+            target[...] = f(x.a.astype(np.float32)).astype(np.float32).astype(x.dtype.np)
 
         self.cp.launch(run)
         return out
@@ -697,7 +722,8 @@ class FakeKernel:
         rounded to float32, each row sum exactly rounded: `numerics.reference.reference`) on its inputs and
         parameters, each output rounded to its type and its padding zero; `fault` as in `_map` (on the first
         output), or "swap": a program of several outputs' second and third stored in each other's buffers, or
-        "rstd": its last output's element 3 off by a part in a thousand."""
+        "rstd": its last output's element 3 off by a part in a thousand, or "first": its second output stored from
+        the first's values (fused add + RMSNorm's residual_out from out's)."""
         from spatialc.numerics.reference import reference
         from spatialc.runtime.tilize import bf16_bits
 
@@ -714,6 +740,8 @@ class FakeKernel:
         if self.fault == "swap":
             (_, second), (_, third) = outs[1:3]
             got = {**got, second.name: got[third.name], third.name: got[second.name]}
+        if self.fault == "first":
+            got = {**got, outs[1][1].name: got[outs[0][1].name]}
         for n, (at, c_arg) in enumerate(outs):
             c = np.array(got[c_arg.name], np.float32)
             if self.fault == "skew" and n == 0:
@@ -887,7 +915,9 @@ def row_program(kernel_cu, args):
     if "// op:Compute:RowReduce" not in kernel_cu:
         return None
     x, c = (next(a for a in args if a.role == role) for role in ("input", "output"))
-    m, n = c.elems
+    m, n = x.elems
+    if c.elems == (m, 1) and sum(a.role == "output" for a in args) == 1:
+        return spatialc.row_reduce(m, n, _row_op(kernel_cu), SPATIALC_TYPE[x.elem], out=SPATIALC_TYPE[c.elem])
     if "// op:Compute:Map_div_exp_sub_x0_row1_row2" in kernel_cu:
         return spatialc.softmax(m, n, SPATIALC_TYPE[x.elem], out=SPATIALC_TYPE[c.elem])
     if sum(a.role == "output" for a in args) == 3:
@@ -902,9 +932,35 @@ def row_program(kernel_cu, args):
     if eps is None:
         raise ValueError("the stand-in reads no row program from this kernel")
     weight = any(a.role == "parameter" for a in args)
+    residual = any(a.role == "input" and a.name == "residual" for a in args)  # fused add + RMSNorm
     return spatialc.rmsnorm(
-        m, n, SPATIALC_TYPE[x.elem], eps=float(eps.group(1)), weight=weight, out=SPATIALC_TYPE[c.elem]
+        m,
+        n,
+        SPATIALC_TYPE[x.elem],
+        eps=float(eps.group(1)),
+        weight=weight,
+        residual=residual,
+        out=SPATIALC_TYPE[c.elem],
     )
+
+
+def _row_op(kernel_cu):
+    """A row reduction's op, as its kernel folds each value into a row's accumulator (a mean: a sum, then divided)."""
+    import re
+
+    fold = re.search(r"racc_\d+\[q\] = (spatialc_\w+)\(racc_\d+\[q\], (.*)\);", kernel_cu)
+    if fold is None:
+        raise ValueError("the stand-in reads no row reduction from this kernel")
+    if "// op:Compute:Map_div_row0_lit" in kernel_cu:
+        return "mean"
+    ops = {
+        ("spatialc_fadd", "x"): "sum",
+        ("spatialc_fadd", "spatialc_fmul(x, x)"): "sumsq",
+        ("spatialc_max", "x"): "max",
+        ("spatialc_min", "x"): "min",
+        ("spatialc_max", "spatialc_abs(x)"): "absmax",
+    }
+    return ops[fold.groups()]
 
 
 # Element types (the launcher's names) as spatialc names them.

@@ -55,10 +55,11 @@ def test_the_default_run_measures_maps_after_the_gemms_and_before_split_k():
     assert maps[:3] == ["map:swiglu:4096x11008", "map:swiglu:8192x14336", "map:residual:8192x8192"]
     at = order.index(maps[0])
     assert order[at - 1] == "4097x513x1031" and order[at + len(maps)] == "128x128x65536"
-    # fp16 and bf16 each, the norms too (LayerNorm's four with them, the online softmax's four); the two fused rows in
-    # bf16 alone; three fp8; two block-scaled fp8, two MXFP8 and two block-scaled grouped; 24 attention (12 shapes,
-    # fp16 and bf16); 12 W4A16
-    assert len(cases_of(DEFAULT_SIZES, ["int8", "fp16", "bf16"])) == 46 + 6 + 8 + 4 + 4 + 2 + 3 + 2 + 2 + 2 + 24 + 12
+    # fp16 and bf16 each, the norms too (LayerNorm's four with them, the online softmax's four, fused add + RMSNorm's
+    # and the row absmax's four); the two fused rows in bf16 alone; three fp8; two block-scaled fp8, two MXFP8 and two
+    # block-scaled grouped; 24 attention (12 shapes, fp16 and bf16); 12 W4A16
+    every = cases_of(DEFAULT_SIZES, ["int8", "fp16", "bf16"])
+    assert len(every) == 46 + 6 + 8 + 4 + 4 + 4 + 2 + 3 + 2 + 2 + 2 + 24 + 12
 
 
 # ---- the reference and the bound ----------------------------------------------------------------------------------

@@ -552,10 +552,12 @@ def test_an_emulation_hang_names_the_users_lines_of_the_waits_it_hangs_in():
          "accumulator acc's tiles is a whole number of at least 1, not 8.0", None),
         ("    @p.writer", "    @p.reader", "a second reader engine for site 0", "def write(e: lang.Engine):"),
         ('target="sm_90", precision="bf16"', 'target="sm90", precision="bf16"', "target 'sm90' (", None),
-        ('target="sm_90", precision="bf16"', 'target="sm_90", precision="float32"', "precision 'float32'", None),
+        ('target="sm_90", precision="bf16"', 'target="sm_90", precision="float64"', "precision 'float64'", None),
+        ('target="sm_90", precision="bf16"', 'target="sm_90", precision="float32"',
+         "matmul matmul: a tile matmul takes no float32 operands", 'mm = p.matmul("matmul", a_ring,'),
     ],
     ids=["a ring for a page", "a stage's name for the stage", "a tensor's name for the tensor", "a divided loop",
-         "fractional tiles", "two readers", "an unknown target", "an unknown precision"],
+         "fractional tiles", "two readers", "an unknown target", "an unknown precision", "a float32 matmul"],
 )  # fmt: skip
 def test_what_a_newcomer_gets_wrong_is_refused_at_its_line(tmp_path, old, new, says, line):
     source = (EXAMPLES / "gemm_by_hand.py").read_text()

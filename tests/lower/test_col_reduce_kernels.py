@@ -152,3 +152,14 @@ def test_the_persistent_form_prints_it_and_emulates_within_the_kernel_tolerance(
         got = spatialc.emulate(art, x)
     ok, how = spatialc.tolerance(p, kernel=True).check(got, x)
     assert ok, how
+
+
+@pytest.mark.emulation
+@needs_gxx
+@pytest.mark.parametrize("form", ["general", "persistent"])
+def test_a_float32_column_sum_emulates_within_the_kernel_tolerance(form):
+    p = built("sum", "fp32")
+    x = x_for()
+    got = spatialc.emulate(spatialc.lower(p, form=form), x)
+    ok, how = spatialc.tolerance(p, kernel=True).check(got, x)
+    assert ok and np.abs(got).max() > 1.0, how

@@ -216,3 +216,14 @@ def test_a_site_without_a_band_verifies_and_one_that_writes_is_refused():
     )
     with pytest.raises(VerifyError, match="site 2 writer"):
         verify(p.evolve(schedule=dataclasses.replace(p.schedule, programs=progs), verified=False))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_a_column_sum_of_fp16_or_float32_values_is_the_reference_and_numpys(precision):
+    """float32 is the precision of programs with no matmul: a column program is one."""
+    p = spatialc.build(spatialc.col_reduce(70, 40, "sum", precision), "sm_90", block=(2, 1, 1), sites=2)
+    x = x_for(70, 40)
+    got = run(p, {"x": x})
+    assert np.array_equal(got, reference(p, {"x": x}))
+    v = x.astype(np.float16 if precision == "fp16" else np.float32).astype(np.float64)
+    np.testing.assert_allclose(got[0], v.sum(axis=0), rtol=2e-6, atol=1e-6)

@@ -294,6 +294,39 @@ def test_each_edit_of_a_program_of_several_outputs_is_refused_by_rule_8_alone(na
     assert not mutants._same(got, reference(p, inputs))
 
 
+@pytest.mark.parametrize("name", list(mutants.ROW_OUTPUT_EDITS))
+def test_each_edit_of_a_row_program_of_two_outputs_or_none_is_refused_by_rule_8_alone(name):
+    """Fused add + RMSNorm (out and residual_out, a page of each stored at a time) and row reductions (an m x 1
+    vector, no pass of pages): the outputs exchanged, residual_out stored from the scaled ring, a page stored twice
+    or a tile never, x + x for x + residual, absmax reduced as a max, the mean's divisor wrong, a vector stored at
+    another band — verify refuses each, rule 8 on its own too; the interpreter, running the edit anyway, gives
+    something else than the stages declare (stored twice: the same values, refused all the same)."""
+    from spatialc.ir.index import ProgramIndex
+    from spatialc.passes.verify.facts import Programs
+    from spatialc.passes.verify.semantics import check_semantics
+
+    make, change, words = mutants.ROW_OUTPUT_EDITS[name]
+    p = make()
+    q = change(p)
+    with pytest.raises(VerifyError):
+        verify(q)
+    index, programs = ProgramIndex.of(q), Programs(q)
+    programs.gather(index)
+    with pytest.raises((SemanticError, StrongerCheckNeeded)) as info:
+        check_semantics(index, programs)
+    for w in words:
+        assert w in str(info.value), f"{w!r} not in: {info.value}"
+    if name == "each page of residual_out stored twice":
+        return
+    # x − 1: values −4..2, so a row's largest magnitude is a negative value's (a max is no absmax on them)
+    inputs = {k: v - 1 for k, v in mutants.inputs_for(p).items()}
+    try:
+        got = spatialc.evaluate(q, inputs)
+    except spatialc.SpatialError:
+        return  # the interpreter refuses it too
+    assert not mutants._same(got, reference(q, inputs))  # the stages' function (an edit of the stages: the edited)
+
+
 @pytest.fixture(scope="module")
 def tally():
     """250 random edits of each program, judged (once for the module: the emulation below samples its harmless ones)."""

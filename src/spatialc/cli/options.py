@@ -188,17 +188,22 @@ def program_options(g: argparse.ArgumentParser, *, split: bool) -> None:
 def _precision_options(g: argparse.ArgumentParser, default: str, out_help: str, *, floats_only: bool = False) -> None:
     """--precision, --target, --out; `floats_only`: a program of 16-bit float operands and float outputs alone
     (attention, whose softmax is float arithmetic)."""
+    # fp32 is every command's choice: a program with a matmul refuses it in one line that says the fix (exit 2).
     if floats_only:
         g.add_argument(
-            "--precision", default=default, choices=["fp16", "bf16"], help=f"operand type (default: {default})"
+            "--precision",
+            default=default,
+            choices=["fp16", "bf16", "fp32"],
+            help=f"operand type (default: {default}; fp32 is refused: no matmul takes float32 operands)",
         )
     else:
         g.add_argument(
             "--precision",
             default=default,
-            choices=["int8", "fp16", "bf16", "e4m3", "e5m2"],
+            choices=["int8", "fp16", "bf16", "e4m3", "e5m2", "fp32"],
             help=f"operand type (default: {default}); e4m3 and e5m2 are the 8-bit floats float8_e4m3fn and float8_e5m2,"
-            " multiplied by kernels for sm_89 and later (on sm_80 / sm_86 --run is the interpreter's), mapped on any",
+            " multiplied by kernels for sm_89 and later (on sm_80 / sm_86 --run is the interpreter's), mapped on any;"
+            " fp32 (float32) for programs with no matmul alone (elementwise, softmax, rmsnorm, layernorm)",
         )
     g.add_argument("--target", default="sm_90", help=f"GPU to plan for, one of {', '.join(TARGETS)} (default: sm_90)")
     outs = ["float32", "fp16", "bf16"] if floats_only else ["int32", "int64", "float32", "fp16", "bf16"]

@@ -27,7 +27,9 @@ PRECISIONS = ("int8", "fp16", "bf16")
 # compared with the plain GEMM of the same size in the same row; then the small and odd sizes; then
 # elementwise maps (map:KIND:MxN, fp16 / bf16 only: gpucheck/maps.py), measured in GB/s against torch's formula and
 # the device's copy bandwidth, and norms that reduce rows likewise (map:softmax:MxN and its two-pass neighbour
-# map:softmax_online:MxN, map:rmsnorm:MxN, map:layernorm:MxN: norms.py); then
+# map:softmax_online:MxN, map:rmsnorm:MxN, map:layernorm:MxN, fused add + RMSNorm map:fused_add_rmsnorm:MxN, and
+# the row reductions map:row_absmax:MxN and map:row_sum:MxN — the sum's by --sizes alone, to keep the run short:
+# norms.py); then
 # 128x128x65536 and 512x512x32768, few output items and a long K, which the planner splits over sites (split-K, set
 # against cuBLAS, which splits such shapes too); last grouped GEMMs (gG:MAXROWSxNxK: G groups with row counts drawn
 # from 0..MAXROWS, fp16 / bf16 only); then, after every row the table had before them, so that they never push those
@@ -61,6 +63,8 @@ DEFAULT_SIZES = (
     "map:rmsnorm:16384x8192",
     "map:layernorm:8192x4096",
     "map:layernorm:16384x8192",
+    "map:fused_add_rmsnorm:8192x4096",
+    "map:row_absmax:8192x4096",
     "128x128x65536",
     "512x512x32768",
     "g8:4096x4096x4096",
@@ -252,7 +256,7 @@ class Case(_Product):
 def map_bytes(product: Any) -> int:
     """The bytes a map case or row must read and write: each of its kind's inputs once and C once, all m × n in one
     2-byte type (a norm's kernel reads x once a pass, and its weight's n values, which these leave out); LayerNorm's
-    mean and rstd besides, as float32 (`Kind.bytes`)."""
+    mean and rstd besides, as float32; a row reduction's m values in place of C (`Kind.bytes`)."""
     from .maps import kind_of
 
     return kind_of(product).bytes(product)

@@ -27,6 +27,14 @@ What a norm row does differently from an elementwise map's:
   inputs' type); its bytes are those torch's kernel must move, x read and out written in the inputs' type and mean
   and rstd as float32 (`NormKind.bytes`), which spatialc's kernel exceeds by its float32 out and its three passes.
   torch: `F.layer_norm(x, (n,), w, b, eps)`, which has no form that writes into C: its rows are timed by events.
+- Fused add + RMSNorm (`map:fused_add_rmsnorm:MxN`, `spatialc.rmsnorm(…, residual=True)`: vLLM's
+  `fused_add_rms_norm`) reads x and residual and writes two outputs of their shape, out and residual_out = x +
+  residual, both in the inputs' type; its kernel reads x and residual twice (the sum of squares' pass, then the
+  last, whose h = x + residual a page feeds both outputs). torch: `h = x + r` then `F.rms_norm(h, (n,), w, eps)`
+  (out alone is compared; two kernels or more, no form that writes into C: timed by events).
+- Row reductions (`map:row_absmax:MxN`, `map:row_sum:MxN`: `spatialc.row_reduce`) read x once and write one value
+  a row, an m × 1 output in the inputs' type (torch's `x.abs().amax(-1)`, `x.sum(-1)`, kept as a column), one pass;
+  their bytes are x's and the m values'. torch's calls allocate: timed by events.
 """
 
 from __future__ import annotations
@@ -56,7 +64,9 @@ ROW_VECTOR_BYTES = 4  # a float32 value a row: LayerNorm's mean and rstd, as tor
 class NormKind(Kind):
     """A norm: its program (`build(m, n, precision, target=, out=)`, a `spatialc` frontend), torch's calls (maps.Kind)
     and how many passes its kernel makes over each row; `outputs` the names of its several outputs (LayerNorm's out,
-    mean and rstd; none: one output), whose kernel stores every one as float32."""
+    mean and rstd; none: one output), the first `page_outputs` of them of the rows' shape and the rest row vectors
+    (m × 1) of `vector_bytes` a value; `out` the type its kernel stores its first output in whatever torch gives
+    (LayerNorm's float32; None: the type asked, torch's)."""
 
     name: str
     build: Callable[..., Any]
@@ -67,19 +77,24 @@ class NormKind(Kind):
     names: tuple[str, ...] = ("x",)
     params: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    page_outputs: int = 1
+    vector_bytes: int = ROW_VECTOR_BYTES
+    out: str | None = None
     family = "norm"
 
     def source(self, case: Case, target: str, out: str | None) -> Any:
         return self.build(case.m, case.n, case.precision, target=target, out=out)
 
     def kernel_out(self, case: Case, asked: str | None) -> str | None:
-        """The general form stores every output in one element type: with several outputs, float32 (mean and rstd's
-        own), whatever torch gives."""
-        return "float32" if self.outputs else asked
+        """The kind's own type of its first output where it has one (LayerNorm's float32, mean's and rstd's), else
+        the type asked."""
+        return self.out if self.out is not None else asked
 
     def bytes(self, case: Case) -> int:
-        """x read and the first output written in the inputs' type, and each row-vector output as float32."""
-        return 2 * case.m * case.n * 2 + max(0, len(self.outputs) - 1) * case.m * ROW_VECTOR_BYTES
+        """Each input read and each output of the rows' shape written once in the inputs' type, and each row-vector
+        output's m values (LayerNorm's mean and rstd as float32, a row reduction's one in the inputs' type)."""
+        vectors = max(1, len(self.outputs)) - self.page_outputs
+        return (len(self.names) + self.page_outputs) * case.m * case.n * 2 + vectors * case.m * self.vector_bytes
 
     def reference(self, case: Case, values: list[Any], params: dict[str, Any], xp: Any) -> tuple[Any, Any]:
         """The program's (first output's) value before C's rounding, as the interpreter's reference computes it, and
@@ -122,6 +137,23 @@ def _layernorm(m: int, n: int, precision: str, **kw: Any) -> Any:
     return spatialc.layernorm(m, n, precision, eps=LN_EPS, **kw)
 
 
+def _fused_add_rmsnorm(m: int, n: int, precision: str, **kw: Any) -> Any:
+    import spatialc
+
+    return spatialc.rmsnorm(m, n, precision, eps=EPS, residual=True, **kw)
+
+
+def _row_reduce(op: str) -> Callable[..., Any]:
+    """The frontend of a row `op` into an m × 1 output (`spatialc.row_reduce`)."""
+
+    def build(m: int, n: int, precision: str, **kw: Any) -> Any:
+        import spatialc
+
+        return spatialc.row_reduce(m, n, op, precision, **kw)
+
+    return build
+
+
 def _layer_norm(torch: Any, t: list[Any]) -> Any:
     """F.layer_norm, torch's native_layer_norm underneath (its mean and rstd computed and dropped)."""
     x, w, b = t
@@ -140,6 +172,12 @@ def _rms_norm(torch: Any, t: list[Any]) -> Any:
         return f.rms_norm(x, (x.shape[-1],), w, EPS)
     v = x.float()
     return (v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
+
+
+def _fused_add_rms_norm(torch: Any, t: list[Any]) -> Any:
+    """h = x + r in the inputs' type, then F.rms_norm of h: torch's out (its h is residual_out)."""
+    x, r, w = t
+    return _rms_norm(torch, [x + r, w])
 
 
 NORMS = {
@@ -172,6 +210,40 @@ NORMS = {
             3,
             params=("weight", "bias"),
             outputs=("out", "mean", "rstd"),
+            out="float32",
+        ),
+        # x and residual read twice: the sum of squares' pass, and the last, whose h feeds both outputs
+        NormKind(
+            "fused_add_rmsnorm",
+            _fused_add_rmsnorm,
+            f"h = x + r; F.rms_norm(h, (n,), w, eps={EPS:g})",
+            _fused_add_rms_norm,
+            None,
+            2,
+            names=("x", "residual"),
+            params=("weight",),
+            outputs=("out", "residual_out"),
+            page_outputs=2,
+        ),
+        NormKind(
+            "row_absmax",
+            _row_reduce("absmax"),
+            "x.abs().amax(-1)",
+            lambda torch, t: t[0].abs().amax(-1, keepdim=True),
+            None,
+            1,
+            page_outputs=0,
+            vector_bytes=2,
+        ),
+        NormKind(
+            "row_sum",
+            _row_reduce("sum"),
+            "x.sum(-1)",
+            lambda torch, t: t[0].sum(-1, keepdim=True),
+            None,
+            1,
+            page_outputs=0,
+            vector_bytes=2,
         ),
     )
 }

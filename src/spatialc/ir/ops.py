@@ -16,17 +16,28 @@ from .ids import BufferId, GroupId, LoopVar, SemId, Site, TensorId
 
 
 class Precision(StrEnum):
-    """Operand precision of a tile matmul. E4M3 and E5M2 are the two 8-bit floats (ml_dtypes' and torch's
-    float8_e4m3fn and float8_e5m2): float operands, summed in float32 like fp16 and bf16."""
+    """Operand precision of a program: the type of its input tensors and of a tile matmul's operands. E4M3 and E5M2
+    are the two 8-bit floats (ml_dtypes' and torch's float8_e4m3fn and float8_e5m2): float operands, summed in float32
+    like fp16 and bf16. FP32 (float32, spelt as the element type is) is a precision of programs with no matmul alone —
+    maps and row programs, Triton's float32 vector add and softmax: no tensor-core MMA takes float32 operands, and
+    spatialc rounds none to tf32 (`MATMUL_PRECISIONS`)."""
 
     INT8 = "int8"
     FP16 = "fp16"
     BF16 = "bf16"
     E4M3 = "e4m3"
     E5M2 = "e5m2"
+    FP32 = "float32"
 
 
 FP8_PRECISIONS = frozenset({Precision.E4M3, Precision.E5M2})  # the 8-bit floats: int8's pages, float sums
+MATMUL_PRECISIONS = frozenset(Precision) - {Precision.FP32}  # the operand types a tile matmul takes
+# Why a program with a matmul refuses float32 operands, and the fix: one line, wherever one is refused.
+NO_FP32_MATMUL = (
+    "a tile matmul takes no float32 operands (no tensor-core MMA multiplies float32, and spatialc rounds none to"
+    " tf32 unasked): round A and B to bf16 or fp16 (precision='bf16'), with out='fp32' for a float32 result; float32"
+    " is the precision of programs with no matmul (elementwise, softmax, rmsnorm, layernorm, row_reduce)"
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""JSON for every IR value. A document is `{"format": "spatialc.program", "version": 11, "program": {...}}`.
+"""JSON for every IR value. A document is `{"format": "spatialc.program", "version": 12, "program": {...}}`.
 
 Encoding is driven by the dataclasses' annotations: a dataclass becomes an object whose `type` names its class,
 a tuple a list, an enum its value, an id its integer. Decoding walks the same annotations and names the path of
@@ -25,7 +25,7 @@ from .worklist import MAX_SITES
 
 FORMAT = "spatialc.program"
 TAG = "type"  # the key naming a node's class (fields may be called `kind`)
-VERSION = 11
+VERSION = 12
 # Versions this spatialc reads. Version 1 (before page layouts) decodes with every layout and tile order row-major;
 # `upgrade` (spatialc.from_json passes the tile pass's) lays its operands out as version 2 does. Version 3 added
 # split-K (a placement's `splits`, workspace tensors, AddPartial): a version-2 document is a version-3 one without.
@@ -44,7 +44,9 @@ VERSION = 11
 # Version 11 added 4-bit weights (the element types int4, uint4, e2m1 and e8m0 and the compute op Dequant: a W4A16
 # GEMM's dequant prologue) and block-scaled matmuls (a MatmulTiles' `scales`: BlockScales of two KScales); a
 # version-10 document holds none of them.
-READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+# Version 12 added the float32 precision (a program's `precision` "float32": a map's or a row program's, never a
+# matmul's); a version-11 document holds none.
+READS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 # How deep objects and lists may nest. A built program nests about 12 deep; each Loop inside a Loop adds two. 32
 # allows eleven nested loops: fewer than the 20 nested blocks Python compiles (the interpreter turns each loop into
 # one), and far from Python's recursion limit for decoding and for everything that walks the program after it.

@@ -459,7 +459,7 @@ class AccRef:
         if not isinstance(transpose_b, bool):
             raise refuse(f"a product's transpose_b is True or False, not {type(transpose_b).__name__} {transpose_b!r}")
         shape = BlockShape(*(whole(n, "a product's block") for n in block))
-        op = MatmulTiles(shape, (1, 1), self.builder.precision, transpose_b=transpose_b)
+        op = MatmulTiles(shape, (1, 1), self.builder.matmul_precision("a product"), transpose_b=transpose_b)
         self.builder.emit(Compute(op, (a.ring.id, b.ring.id), (), self.id))
 
     def matmul(self, stage: StageRef, a: Page, b: Page) -> None:

@@ -16,7 +16,17 @@ from ..errors import clipped
 from ..ir.ids import BufferId, StageId
 from ..ir.nodes import ComputeStage, ReadStage, Stage, Tensor, WriteStage
 from ..ir.nodes import Engine as IREngine
-from ..ir.ops import AddPartial, Attention, BlockShape, ComputeOp, Map, MatmulTiles, Precision
+from ..ir.ops import (
+    MATMUL_PRECISIONS,
+    NO_FP32_MATMUL,
+    AddPartial,
+    Attention,
+    BlockShape,
+    ComputeOp,
+    Map,
+    MatmulTiles,
+    Precision,
+)
 from ..numerics.attention import FLOAT32_HOLDS, keyless, valid_scale
 from .handles import RingRef, StageRef, TensorRef, expect, named, whole
 from .lines import refuse, user_line
@@ -43,6 +53,13 @@ class StageDeclarations:
 
     def buffer_name(self, bid: BufferId) -> str:
         return self.buffers[int(bid)].name
+
+    def matmul_precision(self, what: str) -> Precision:
+        """The program's precision as `what` (a matmul stage, a product) multiplies it: refused, with the fix, where
+        it is float32 (a precision of programs with no matmul alone)."""
+        if self.precision not in MATMUL_PRECISIONS:
+            raise refuse(f"{what}: {NO_FP32_MATMUL}")
+        return self.precision
 
     def _stage(self, name: str, kind: Any, engine: str, ins: tuple, outs: tuple) -> StageRef:
         named("stage", name)
@@ -74,7 +91,8 @@ class StageDeclarations:
         rings = (("operand A", a), ("operand B", b), ("output", out))
         for what, ring in (*rings, *((("partial sums", partial),) if partial is not None else ())):
             expect(ring, RingRef, f"the {what} ring of stage {name}")
-        op = MatmulTiles(BlockShape(*block), tuple(sub_blocks), self.precision)  # type: ignore[arg-type]
+        prec = self.matmul_precision(f"matmul {name}")
+        op = MatmulTiles(BlockShape(*block), tuple(sub_blocks), prec)  # type: ignore[arg-type]
         outs = (out.id,) if partial is None else (out.id, partial.id)
         return self._stage(name, ComputeStage(op), "compute", (a.id, b.id), outs)
 
@@ -142,6 +160,7 @@ class StageDeclarations:
         defaults to 1/√head_dim."""
         for what, ring in (("Q", q), ("K", k), ("V", v), ("O", o), ("LSE", lse)):
             expect(ring, RingRef, f"the {what} ring of stage {name}")
+        self.matmul_precision(f"attention {name}")
         qt, kt = (self._read_into(name, what, ring) for what, ring in (("Q", q), ("K", k)))
         if kt.groups < 1 or qt.groups % kt.groups:
             raise refuse(f"attention {name}: Q's {qt.groups} heads are not a multiple of K's {kt.groups}")

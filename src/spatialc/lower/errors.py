@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..errors import SpatialError
+from ..ir import ops
 
 
 class LowerError(SpatialError):
@@ -62,7 +63,7 @@ class UnsupportedPrecision(LowerError):
     """An operand precision (or element type) the tensor cores' MMA fragments do not offer."""
 
     def __init__(self, precision: object, why: str):
-        kind = "precision" if str(precision) in ("int8", "fp16", "bf16", "e4m3", "e5m2") else "element type"
+        kind = "precision" if str(precision) in {p.value for p in ops.Precision} else "element type"
         super().__init__(f"{kind} {precision!s} cannot be lowered: {why}")
         self.precision = precision
         self.why = why

@@ -12,12 +12,14 @@ import functools
 
 from ..errors import ProgramError
 from ..ir.ids import TensorId
-from ..ir.nodes import ComputeStage, PageLayout, Plan, ReadStage, SpatialProgram
+from ..ir.nodes import ComputeStage, DType, PageLayout, Plan, ReadStage, SpatialProgram
 from ..ir.ops import AddPartial, BlockShape, Map, MatmulTiles, Precision
+from ..ir.traffic import DTYPE_BYTES
 from ..numerics.elementwise import transcendental
 from ..target import SpatialTarget
 
-OPERAND_BYTES = {Precision.INT8: 1, Precision.FP16: 2, Precision.BF16: 2, Precision.E4M3: 1, Precision.E5M2: 1}
+# Each precision's bytes an operand element: its input tensors' element type's (a Precision is spelt as that DType).
+OPERAND_BYTES = {prec: DTYPE_BYTES[DType(prec.value)] for prec in Precision}
 
 
 def matmul_stage(p: SpatialProgram):

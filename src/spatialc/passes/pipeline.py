@@ -7,6 +7,7 @@ import dataclasses
 
 from ..errors import PlanError, ProgramError
 from ..ir.nodes import Plan, SpatialProgram, TensorRole
+from ..ir.ops import MATMUL_PRECISIONS, NO_FP32_MATMUL
 from ..target import SpatialTarget
 from .attention import apply_attention_plan, is_attention_program, place_attention, plan_attention, schedule_attention
 from .cols import apply_col_plan, is_col_program, place_cols, plan_cols, schedule_cols
@@ -56,6 +57,9 @@ def build(
     On a Hopper target "auto" plans for the sm_90a form first, whose operand pages only that form reads (swizzled
     panels); where that form then refuses the program (an activation's rings past shared memory, a placement its
     clusters cannot take), the program is planned again for the other forms (`sm90a_refusal`)."""
+    multiplies = not (is_row_program(program) or is_map_program(program) or is_col_program(program))
+    if program.precision not in MATMUL_PRECISIONS and multiplies:
+        raise ProgramError(f"program {program.name}: {NO_FP32_MATMUL}")
     if is_attention_program(program):
         return _build_attention(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     if is_col_program(program):

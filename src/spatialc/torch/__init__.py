@@ -21,7 +21,9 @@ learn which axis of which tensor each argument is.
 `Linear` is `nn.Linear` computed by it, and `replace_linears(model)` swaps a model's `nn.Linear`s (and an activation
 that follows one in an `nn.Sequential`) for it. `attention(q, k, v, causal=, scale=)` is `spatialc.attention` called
 as torch's scaled_dot_product_attention is, over `attention_op` (no autograd yet); its `causal=True` mask is aligned
-bottom right, so where seq_q ≠ seq_kv it is not SDPA's `is_causal=True` (aligned top left). Bad input raises one line:
+bottom right, so where seq_q ≠ seq_kv it is not SDPA's `is_causal=True` (aligned top left). `rms_norm` (with
+`residual=`: fused add + RMSNorm), `layer_norm`, `softmax` and `log_softmax` are the row programs called as torch's
+functions are, along x's last axis (no autograd yet). Bad input raises one line:
 `InputError` for tensors the op cannot take, `ProgramError` for a family or option it cannot use.
 """
 
@@ -40,8 +42,22 @@ from .family import Compiled, SpatialOp, op
 from .family import launch_entry as launch_entry  # the CUDA branch's one call, which the tests drive
 from .gemm import gemm_op
 from .linear import Linear, replace_linears
+from .rows import layer_norm, log_softmax, rms_norm, softmax
 from .sdpa import _ATTENTION_OUT as _ATTENTION_OUT
 from .sdpa import attention, attention_op
 from .signature import _shape_of as _shape_of  # the tests read a program tensor's shape as the op takes it
 
-__all__ = ["Compiled", "Linear", "SpatialOp", "attention", "attention_op", "gemm_op", "op", "replace_linears"]
+__all__ = [
+    "Compiled",
+    "Linear",
+    "SpatialOp",
+    "attention",
+    "attention_op",
+    "gemm_op",
+    "layer_norm",
+    "log_softmax",
+    "op",
+    "replace_linears",
+    "rms_norm",
+    "softmax",
+]

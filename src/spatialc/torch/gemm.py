@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..arguments import refuse_float32
 from ..errors import ProgramError
 from ..ir import ops
 from ..ir.nodes import SpatialProgram
@@ -46,6 +47,7 @@ def gemm_op(
     """C = activation(A @ B + bias) as an op of (A (m×k), B (k×n)[, bias (n)]), one per set of arguments in the
     process (named spatialc::gemm_…). A and B are `precision`'s torch dtype, the bias float32 (int32 for int8);
     C is float32 unless `out` says otherwise (int64 for int8). Float GEMMs have autograd."""
+    refuse_float32(precision, "gemm_op")  # torch's default dtype: say why not, and the fix
     if precision not in PRECISIONS:
         raise ProgramError(f"gemm_op's precision is one of {', '.join(PRECISIONS)}, not {precision!r}")
     if activation is not None and activation not in ACTIVATIONS:

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ..arguments import refuse_float32
 from ..errors import ProgramError
 from ..inputs import InputError
 from .gemm import PRECISIONS, gemm_op
@@ -33,6 +34,7 @@ class Linear(torch.nn.Linear):
         activation: str | None = None,
         precision: str = "bf16",
     ):
+        refuse_float32(precision, "spatialc.torch.Linear")
         if precision not in ("bf16", "fp16"):
             raise ProgramError(f"spatialc.torch.Linear computes in bf16 or fp16, not {precision!r}")
         for name, n in (("in_features", in_features), ("out_features", out_features)):

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..arguments import refuse_float32
 from ..errors import ProgramError, clipped
 from ..inputs import InputError
 from ..ir.nodes import SpatialProgram
@@ -36,6 +37,7 @@ def attention_op(
     (o (G×seq_q×d), lse (G×seq_q×1, float32)), G = batch · heads and Gkv = batch · kv_heads (batch folded into the
     heads: KV head j serves query heads j·G/Gkv … , as KV head h // (heads / kv_heads) of each batch does). One
     op per set of arguments in the process (named spatialc::attention_…); `attention` calls it."""
+    refuse_float32(precision, "attention_op")
     if precision not in ("bf16", "fp16"):
         raise ProgramError(f"attention's operands are bf16 or fp16, not {precision!r}")
     if not isinstance(causal, bool):

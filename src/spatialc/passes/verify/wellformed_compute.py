@@ -8,7 +8,9 @@ import math
 from ...ir.nodes import Tile
 from ...ir.ops import (
     ACTIVATION_NAMES,
+    MATMUL_PRECISIONS,
     MAX_EXPR_NODES,
+    NO_FP32_MATMUL,
     REDUCE_OPS,
     Apply,
     Arg,
@@ -58,7 +60,9 @@ def compute_fault(op: ComputeOp, precision: Precision, tile: Tile) -> str | None
                     f"a column reduction reduces 1 to {MAX_REDUCE_COLS} rows in pages 1 to {MAX_ITEM_SIDE} tiles wide,"
                     f" not {m} rows in pages {width} wide"
                 )
-        case MatmulTiles(block, sub_blocks, _):
+        case MatmulTiles(block, sub_blocks, operand):
+            if operand not in MATMUL_PRECISIONS:
+                return NO_FP32_MATMUL
             if min(block.osh, block.osw, block.ibw, *sub_blocks) < 1:
                 return (
                     f"a tile matmul's block ({block.osh}x{block.osw}x{block.ibw}) and sub-blocks"

@@ -22,7 +22,18 @@ from ....ir.nodes import (
     TileOrder,
     per_op_list,
 )
-from ....ir.ops import ChoreoOp, Compute, ComputeOp, Dequant, Map, MatmulTiles, Precision, walk
+from ....ir.ops import (
+    MATMUL_PRECISIONS,
+    NO_FP32_MATMUL,
+    ChoreoOp,
+    Compute,
+    ComputeOp,
+    Dequant,
+    Map,
+    MatmulTiles,
+    Precision,
+    walk,
+)
 from ....numerics.epilogue import dot_range
 from ....passes.attention import attention_shape
 from ....passes.rows import row_shape
@@ -116,7 +127,9 @@ def operand_types(p: SpatialProgram, operand: Precision) -> MmaTypes:
     precision); the input tensors must hold that type (4-bit weights aside: a dequant reads them, common/dequant.py)."""
     types = MMA_TYPES.get(operand)
     if types is None:
-        raise UnsupportedPrecision(operand, "the kernels have types for int8, fp16, bf16, e4m3 and e5m2 operands only")
+        raise UnsupportedPrecision(
+            operand, "the kernels have types for int8, fp16, bf16, e4m3, e5m2 and (without a matmul) float32 only"
+        )
     for t in p.tensors:
         if t.role == TensorRole.INPUT and t.dtype not in FOUR_BIT and t.dtype.value != operand.value:
             raise UnsupportedPrecision(
@@ -170,6 +183,8 @@ def checked_layers(
         )
     first = layers[0][0].kind.op  # type: ignore[union-attr]
     assert isinstance(first, MatmulTiles)
+    if first.operand not in MATMUL_PRECISIONS:
+        raise UnsupportedPrecision(first.operand, NO_FP32_MATMUL)
     types = operand_types(p, first.operand)
     integer = first.operand.value == "int8"
     for mm, chain in layers:
@@ -207,7 +222,9 @@ def checked_rows(p: SpatialProgram) -> tuple[MmaTypes, tuple[Stage, ...]]:
     reductions and maps) — after the checks `checked_map` makes of its maps, and that it is a float program (the
     kernel's row accumulators are float32)."""
     if p.precision == Precision.INT8:
-        raise UnsupportedPrecision("int8", "a row program's reductions and maps are float arithmetic: use fp16 or bf16")
+        raise UnsupportedPrecision(
+            "int8", "a row program's reductions and maps are float arithmetic: use fp16 or bf16 (or fp32)"
+        )
     shape = row_shape(p)
     for w in shape.pages:
         last = shape.producer.get(w.ins[0])

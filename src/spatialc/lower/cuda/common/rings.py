@@ -56,6 +56,9 @@ MMA_TYPES = {
     # as the interpreter rounds a computed 8-bit float operand (numerics.rounding.saturated_fp8).
     Precision.E4M3: MmaTypes("__nv_fp8_e4m3", 1, "float", 4, "__nv_fp8_e4m3"),
     Precision.E5M2: MmaTypes("__nv_fp8_e5m2", 1, "float", 4, "__nv_fp8_e5m2"),
+    # float32 pages: a map's or a row program's inputs only (no MMA takes them: `checked_layers` refuses a matmul of
+    # them); a float32 value is one already.
+    Precision.FP32: MmaTypes("float", 4, "float", 4, "(float)"),
 }
 
 

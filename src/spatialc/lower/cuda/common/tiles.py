@@ -31,6 +31,7 @@ from ....ir.ops import (
     WriteTiles,
 )
 from ....passes.footprint import operand_layouts, sized_as
+from ....target import WARP
 from ...errors import Unsupported
 from .accumulators import AccumulatorPrinter
 from .blockscale import promoted_step
@@ -167,10 +168,13 @@ class TilePrinter(AccumulatorPrinter):
         ring = self.kept(op.into)
         r, bw = ring.id, op.block_w
         if int(op.tensor) in self.workspace and ring.c_type == "ACCT" and ring.layout == PageLayout.ROW:
-            self.read_partials(op, ring, env, mark)
+            self.read_chunks(op, ring, "ACCT", env, mark)
             return
         if ring.c_type not in ("OPT", PACKED_RING):
             raise Unsupported(f"a ReadTiles into {ring.name}", "only operand rings are filled from global memory")
+        if ring.c_type == "OPT" and ring.elem_bytes * TILE_ELEMS // 16 > WARP:
+            self.read_chunks(op, ring, "OPT", env, mark)  # a float32 tile: 64 chunks, more than a warp's threads
+            return
         # A tile: TILE_ELEMS operands, or PACKED_TILE bytes of packed 4-bit weights (common/dequant.py).
         elem, per = ("OPT", TILE_ELEMS) if ring.c_type == "OPT" else (PACKED_RING, PACKED_TILE)
         # A swizzled page exchanges the two 16-byte chunks of row r (chunks 2r, 2r + 1) when bit 2 of r is set.
@@ -204,12 +208,16 @@ class TilePrinter(AccumulatorPrinter):
                         f" * (long long)sizeof({elem}) * {per}, 16{zfill});"
                     )
 
-    def read_partials(self, op: ReadTiles, ring: Ring, env: dict[LoopVar, str], mark: str) -> None:
-        """Partial sums from a workspace into a row-major accumulator page: 16-byte copies dealt round the threads,
-        which the sites that wrote them made visible before the semaphore this engine waited on was raised."""
+    def read_chunks(self, op: ReadTiles, ring: Ring, elem: str, env: dict[LoopVar, str], mark: str) -> None:
+        """A block of 4-byte tiles (of `elem`: ACCT, OPT) into a row-major page: 16-byte copies dealt round the
+        threads, however many chunks a tile has. Partial sums from a workspace (which the sites that wrote them made
+        visible before the semaphore this engine waited on was raised), and float32 operands, whose tile of 64 chunks
+        is more than `read_tiles`' one chunk a thread of a warp."""
         r, bw = ring.id, op.block_w
+        if ring.layout != PageLayout.ROW or op.rows_from is not None:
+            raise Unsupported(f"a ReadTiles of 4-byte tiles into {ring.name}", "such pages are row-major, ungrouped")
         with self.w.block("", mark):
-            self.w.line(f"constexpr int CHUNKS = (int)(sizeof(ACCT) * {TILE_ELEMS} / 16), TILES = {op.block_h * bw};")
+            self.w.line(f"constexpr int CHUNKS = (int)(sizeof({elem}) * {TILE_ELEMS} / 16), TILES = {op.block_h * bw};")
             self.w.line(f"char* page = reinterpret_cast<char*>({self.write_page(r)});")
             self.w.line(f"const char* src = reinterpret_cast<const char*>(t{int(op.tensor)});")
             self.w.line(f"const int base = {addr_expr(op.at, env)};")
@@ -217,8 +225,8 @@ class TilePrinter(AccumulatorPrinter):
                 self.w.line("const int tl = c / CHUNKS, off = c % CHUNKS;")
                 self.w.line(f"const int tile = {self.tile_index(bw, op.stride_h, op.stride_w)};")
                 self.w.line(
-                    f"__pipeline_memcpy_async(page + (tl * (int)sizeof(ACCT) * {TILE_ELEMS} + off * 16), src +"
-                    f" ((long long)tile * (long long)sizeof(ACCT) * {TILE_ELEMS} + off * 16), 16);"
+                    f"__pipeline_memcpy_async(page + (tl * (int)sizeof({elem}) * {TILE_ELEMS} + off * 16), src +"
+                    f" ((long long)tile * (long long)sizeof({elem}) * {TILE_ELEMS} + off * 16), 16);"
                 )
 
     def row_kept(self, op: ReadTiles | WriteTiles, tile: str, row: str) -> str:

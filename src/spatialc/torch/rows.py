@@ -1,0 +1,177 @@
+"""`rms_norm`, `layer_norm`, `softmax` and `log_softmax`: spatialc's row programs called as torch's functions are.
+
+Each takes x of any shape (..., n) — bf16, fp16 or float32 — and reduces along its last axis: the leading axes are
+folded into the program's m rows, and the result has x's shape (and, unless `out_dtype` says otherwise, x's dtype,
+as torch's own functions give it). Each set of options (the dtypes, eps, which of weight, bias and residual are
+given) is one op, made once in the process and named in torch.ops.spatialc, so torch.compile traces through it as
+through any `spatialc.torch.op`. A weight or bias is taken in any float dtype and computed with as float32 (the
+programs' parameters are float32), as torch computes a bf16 model's norm in float32.
+
+`rms_norm(x, weight, eps, residual=r)` is fused add + RMSNorm (`spatialc.rmsnorm(..., residual=True)`, vLLM's and
+FlashInfer's `fused_add_rms_norm`): it returns (out, residual_out), residual_out = x + r in x's dtype — a new tensor,
+not written over r as those kernels do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..arguments import finite_number, shown_number
+from ..errors import ProgramError
+from ..inputs import InputError
+from .family import _LOCK, SpatialOp
+from .signature import _dims, _dtype, _kind
+
+_ROW_IN = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+_ROW_OUT = {torch.float32: None, torch.bfloat16: "bf16", torch.float16: "fp16"}
+_ROW_OPS: dict[tuple[Any, ...], SpatialOp] = {}
+
+
+def _x(what: str, x: Any) -> tuple[str, int]:
+    """x's precision and the length of its rows (its last axis), or InputError in one line."""
+    if not isinstance(x, torch.Tensor):
+        raise InputError(f"spatialc.torch.{what}: x is {_kind(x)}; pass a torch tensor")
+    if x.dtype not in _ROW_IN:
+        raise InputError(f"spatialc.torch.{what}: x is {_dtype(x.dtype)}; pass bfloat16, float16 or float32")
+    if x.dim() == 0 or x.shape[-1] == 0:
+        raise InputError(f"spatialc.torch.{what}: x is {_dims(x.shape)}; it reduces a last axis of at least 1 value")
+    return _ROW_IN[x.dtype], int(x.shape[-1])
+
+
+def _vector(what: str, name: str, v: Any, n: int) -> torch.Tensor | None:
+    """A weight or bias of n values as float32 (None where not given), or InputError."""
+    if v is None:
+        return None
+    if not isinstance(v, torch.Tensor) or not v.is_floating_point():
+        raise InputError(f"spatialc.torch.{what}: {name} is {_kind(v)}; pass a float tensor of {n} values or None")
+    if tuple(v.shape) != (n,):
+        raise InputError(f"spatialc.torch.{what}: {name} is {_dims(v.shape)}; x's rows take ({n},)")
+    return v.to(torch.float32).contiguous()
+
+
+def _out(what: str, x: torch.Tensor, out_dtype: Any) -> torch.dtype:
+    want = x.dtype if out_dtype is None else out_dtype
+    if want not in _ROW_OUT:
+        raise ProgramError(f"spatialc.torch.{what}: out_dtype is torch.float32, bfloat16 or float16, not {want}")
+    return want
+
+
+def _eps(what: str, eps: object) -> float:
+    number = finite_number(eps)
+    if number is None or number < 0:
+        raise ProgramError(f"spatialc.torch.{what}: eps is a finite number ≥ 0, not {shown_number(eps)}")
+    return number
+
+
+def _row_op(kind: str, precision: str, out: str | None, **options: Any) -> SpatialOp:
+    """The op of row program `kind` for these options, made once in the process."""
+    key = (kind, precision, out, tuple(sorted(options.items())))
+    with _LOCK:
+        found = _ROW_OPS.get(key)
+    if found is not None:
+        return found
+    from .. import rows
+
+    def builder(m: int, n: int) -> Any:
+        if kind == "rms_norm":
+            return rows.rmsnorm(m, n, precision, out=out, **options)
+        if kind == "layer_norm":
+            return rows.layernorm(m, n, precision, out=out, **options)
+        return getattr(rows, kind)(m, n, precision, out=out, **options)
+
+    def spelt(v: Any) -> str:
+        return float.hex(v).replace(".", "_").replace("-", "m").replace("+", "p") if isinstance(v, float) else str(v)
+
+    parts = [kind, precision, out or "", *(f"{k}_{spelt(v)}" for k, v in sorted(options.items()))]
+    made = SpatialOp(builder, "spatialc::rows_" + "_".join(p for p in parts if p), disk_cache=True)
+    with _LOCK:
+        return _ROW_OPS.setdefault(key, made)
+
+
+@torch.compiler.assume_constant_result  # torch.compile runs it as it traces (its lock and registration unseen)
+def _op_name(kind: str, precision: str, out: str | None, options: tuple[tuple[str, Any], ...]) -> str:
+    return _row_op(kind, precision, out, **dict(options)).name.removeprefix("spatialc::")
+
+
+def _run(
+    kind: str, x: torch.Tensor, want: torch.dtype, rows: list[torch.Tensor], vectors: list[Any], **options: Any
+) -> Any:
+    """The op on `rows` (x, a residual: leading axes folded into m) and the parameter `vectors` given, its outputs
+    shaped back: those of x's rows as x, a row vector as x's leading axes (…, 1). None where x has no row."""
+    precision, n = _ROW_IN[x.dtype], int(x.shape[-1])
+    rows_shape = tuple(x.shape[:-1])
+    if x.numel() == 0:  # no row: nothing to run
+        return None
+    made = getattr(torch.ops.spatialc, _op_name(kind, precision, _ROW_OUT[want], tuple(sorted(options.items()))))
+    got = made(*(t.reshape(-1, n).contiguous() for t in rows), *(v for v in vectors if v is not None))
+    outs = got if isinstance(got, tuple | list) else (got,)
+    return tuple(o.reshape(*rows_shape, o.shape[-1]) for o in outs)
+
+
+def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6, *, residual: Any = None, out_dtype: Any = None) -> Any:
+    """x · rsqrt(mean(x²) + eps) · weight along x's last axis, as torch.nn.functional.rms_norm(x, (n,), weight, eps):
+    out in x's dtype unless `out_dtype` (the program computes in float32). With `residual` (x's shape and dtype):
+    fused add + RMSNorm — h = x + residual, returns (rms_norm(h), h in x's dtype)."""
+    _, n = _x("rms_norm", x)
+    eps = _eps("rms_norm", eps)
+    w = _vector("rms_norm", "weight", weight, n)
+    if residual is not None and (
+        not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype
+    ):
+        got = (
+            f"{_dims(residual.shape)} {_dtype(residual.dtype)}"
+            if isinstance(residual, torch.Tensor)
+            else _kind(residual)
+        )
+        raise InputError(
+            f"spatialc.torch.rms_norm: residual is {got}; it is x's shape and dtype, {_dims(x.shape)} {_dtype(x.dtype)}"
+        )
+    want = _out("rms_norm", x, out_dtype)
+    fused = residual is not None
+    rows = [x, residual] if fused else [x]
+    got = _run("rms_norm", x, want, rows, [w], eps=eps, weight=w is not None, residual=fused)
+    if got is None:
+        empty = x.new_empty(x.shape, dtype=want)
+        return (empty, x.new_empty(x.shape)) if fused else empty
+    return got if fused else got[0]
+
+
+def layer_norm(
+    x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5, *, out_dtype: Any = None, stats: bool = False
+) -> Any:
+    """(x − mean) · rstd · weight + bias along x's last axis, as torch.nn.functional.layer_norm(x, (n,), weight,
+    bias, eps): out in x's dtype unless `out_dtype`; with `stats`, (out, mean, rstd), mean and rstd (…, 1) float32
+    as torch.native_layer_norm gives them."""
+    _, n = _x("layer_norm", x)
+    eps = _eps("layer_norm", eps)
+    w, b = _vector("layer_norm", "weight", weight, n), _vector("layer_norm", "bias", bias, n)
+    want = _out("layer_norm", x, out_dtype)
+    got = _run("layer_norm", x, want, [x], [w, b], eps=eps, weight=w is not None, bias=b is not None)
+    if got is None:
+        got = (x.new_empty(x.shape, dtype=want), *(x.new_empty((*x.shape[:-1], 1), dtype=torch.float32),) * 2)
+    return got if stats else got[0]
+
+
+def softmax(x: Any, dim: int = -1, *, out_dtype: Any = None, online: bool = False) -> Any:
+    """torch.softmax(x, dim) along the last axis (dim -1 or x.dim() − 1): out in x's dtype unless `out_dtype`.
+    `online`: two passes over each row, not three (`spatialc.softmax`)."""
+    return _softmax("softmax", x, dim, out_dtype, online)
+
+
+def log_softmax(x: Any, dim: int = -1, *, out_dtype: Any = None, online: bool = False) -> Any:
+    """torch.log_softmax(x, dim) along the last axis, as `softmax` takes it."""
+    return _softmax("log_softmax", x, dim, out_dtype, online)
+
+
+def _softmax(kind: str, x: Any, dim: Any, out_dtype: Any, online: Any) -> Any:
+    _x(kind, x)
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (-1, x.dim() - 1):
+        raise InputError(
+            f"spatialc.torch.{kind}: dim is {dim!r}; spatialc reduces the last axis (dim=-1): move the axis last first"
+        )
+    if not isinstance(online, bool):
+        raise ProgramError(f"spatialc.torch.{kind}: online is True or False, not {online!r}")
+    want = _out(kind, x, out_dtype)
+    got = _run(kind, x, want, [x], [], online=online)
+    return x.new_empty(x.shape, dtype=want) if got is None else got[0]
