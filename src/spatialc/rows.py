@@ -110,7 +110,8 @@ def _begin(m: int, n: int, precision: object, out: str | None, what: str) -> tup
     choices = OUTPUT_CHOICES["float"]
     out = out_named(out)
     if out is not None and out not in choices:
-        raise ProgramError(f"a {prec.value} {what}'s output is one of {', '.join(choices)}, not {out!r}")
+        named = what.removeprefix("a ")  # (a row sum's: "a bf16 row sum's output")
+        raise ProgramError(f"a {prec.value} {named}'s output is one of {', '.join(choices)}, not {out!r}")
     return _Builder(m, n, prec), DType(out) if out is not None else DType.FLOAT32
 
 
@@ -208,6 +209,11 @@ def rmsnorm(
         raise ProgramError(f"rmsnorm's residual is True or False, not {residual!r}")
     eps = _eps(eps, "rmsnorm")
     b, out_dtype = _begin(m, n, precision, out, "rmsnorm")
+    if residual and b.prec.value not in OUTPUT_CHOICES["float"]:  # residual_out holds h in x's type
+        raise ProgramError(
+            f"fused add + RMSNorm (residual=True) stores residual_out in x's type, and a row program's outputs hold"
+            f" {', '.join(OUTPUT_CHOICES['float'])}: give x one of those types, not {b.prec.value}"
+        )
     x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
     r = b.tensor("residual", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value)) if residual else None
     w = b.tensor("weight", TensorRole.PARAMETER, (1, b.n), accumulator_dtype(b.prec)) if weight else None

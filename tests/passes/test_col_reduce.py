@@ -227,3 +227,16 @@ def test_a_column_sum_of_fp16_or_float32_values_is_the_reference_and_numpys(prec
     assert np.array_equal(got, reference(p, {"x": x}))
     v = x.astype(np.float16 if precision == "fp16" else np.float32).astype(np.float64)
     np.testing.assert_allclose(got[0], v.sum(axis=0), rtol=2e-6, atol=1e-6)
+
+
+def test_the_kernel_bound_says_where_a_columns_float32_sum_may_overflow():
+    """Σx² of 100 values of 1e19 is 1e40: past float32's range in a kernel's float32 sum, said once by column; the
+    interpreter's bound (an exact sum rounded once) says nothing."""
+    p = spatialc.build(spatialc.col_reduce(100, 70, "sumsq", "fp32"), "sm_90")
+    x = {"x": np.full((100, 70), 1e19, np.float32)}
+    got = run(p, x)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        assert spatialc.tolerance(p, kernel=True).check(got, x)[0]
+    assert any("70 of the 70 columns have a column sum" in str(w.message) for w in said)
+    assert reductions.past_range_cols("sumsq", x["x"], 0.0).shape == (1, 70)

@@ -151,3 +151,18 @@ def test_an_unknown_row_reduction_is_refused_in_words():
         ProgramError, match="a row reduction is one of sum, mean, max, min, absmax, sumsq, logsumexp, not .avg."
     ):
         spatialc.row_reduce(4, 16, "avg")
+
+
+def test_a_map_of_row_vectors_and_a_column_vector_alone_is_refused_in_words():
+    """Σx · w[col] reads no page of values: it was taken for a row vector and written as one (an (m, n) output laid
+    out as m × 1: rule 1's tile grid), or failed rule 4's page bounds; row_shape says what is missing."""
+    from spatialc.ir.ops import Col
+
+    b = _Builder(33, 50, Precision.BF16)
+    x = b.tensor("x", TensorRole.INPUT, (33, 50), DType.BF16)
+    w = b.tensor("w", TensorRole.PARAMETER, (1, 50), DType.FLOAT32)
+    y = b.tensor("out", TensorRole.OUTPUT, (33, 50), DType.FLOAT32)
+    total = b.reduce("row_sum", "sum", b.read(x, "x0"))
+    b.write(b.map("bcast", Apply("mul", (RowArg(0), Col(w))), (total,)), y)
+    with pytest.raises(ProgramError, match="map stage bcast reads row vectors and a column vector but no page"):
+        spatialc.build(b.program("bcast", "sm_90"))

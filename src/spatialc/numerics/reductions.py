@@ -16,6 +16,8 @@ import numpy as np
 from .cexpr import c_float
 from .elementwise import EPS32, OPS, ElementwiseError
 
+F32_MAX = float(np.finfo(np.float32).max)  # a float32 sum at or past it is ±inf (or NaN)
+
 
 @dataclass(frozen=True)
 class Reduction:
@@ -148,10 +150,28 @@ def reduce_bound(name: str, values: Any, errors: Any) -> tuple[Any, Any]:
     if r.combine in ("max", "min"):  # |max(a) − max(b)| ≤ max|a − b|, through |x| too
         spread = np.max(e, axis=1, keepdims=True) if n else np.zeros_like(y)
         return y, spread
-    grown = (np.abs(x) + e) if r.name == "sum" else (np.abs(x) + e) ** 2
-    magnitude = np.sum(grown, axis=1, keepdims=True)
+    magnitude = _magnitude(r, x, e)
     spread = np.sum(e, axis=1, keepdims=True) if r.name == "sum" else magnitude - np.sum(x * x, axis=1, keepdims=True)
     return y, np.abs(spread) + (n + 2) * EPS32 * magnitude
+
+
+def _magnitude(r: Reduction, x: Any, e: Any) -> Any:
+    """A sum's Σ(|x| + e), a sum of squares' Σ(|x| + e)²: what its float32 sum's rounding is measured in, each row."""
+    grown = (np.abs(x) + e) if r.name == "sum" else (np.abs(x) + e) ** 2
+    return np.sum(grown, axis=1, keepdims=True)
+
+
+def past_range(name: str, values: Any, errors: Any) -> Any:
+    """The rows (a column of booleans) where a kernel's float32 sum of finite values may overflow, to ±inf or to NaN
+    where partial sums of both signs do, while the exact sum does not: its magnitude (`_magnitude`), with the sum's
+    own rounding, at float32's largest value or past it. Never for max, min and absmax, which round nothing."""
+    r = reduction_named(name)
+    x, e = np.asarray(values, np.float64), np.broadcast_to(np.asarray(errors, np.float64), np.shape(values))
+    if r.combine != "add":
+        return np.zeros((x.shape[0], 1), dtype=bool)
+    with np.errstate(over="ignore", invalid="ignore"):  # an infinite magnitude is a non-finite input's, said already
+        magnitude = _magnitude(r, x, e)
+        return np.isfinite(magnitude) & (magnitude * (1 + (x.shape[1] + 2) * EPS32) >= F32_MAX)
 
 
 def reduce_cols(name: str, values: Any, integer: bool) -> Any:
@@ -167,3 +187,11 @@ def reduce_cols_bound(name: str, values: Any, errors: Any) -> tuple[Any, Any]:
     e = np.broadcast_to(np.asarray(errors, np.float64), x.shape)
     value, err = reduce_bound(name, x.T, e.T)
     return np.asarray(value).T, np.asarray(err).T
+
+
+def past_range_cols(name: str, values: Any, errors: Any) -> Any:
+    """`past_range` of each column of `values`: the columns (a row of booleans) where a kernel's float32 sum down
+    the column may overflow."""
+    x = np.asarray(values)
+    e = np.broadcast_to(np.asarray(errors, np.float64), x.shape)
+    return np.asarray(past_range(name, x.T, e.T)).T

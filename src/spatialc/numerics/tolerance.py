@@ -69,7 +69,9 @@ class RangeWarning(UserWarning):
     """Inputs past the range a kernel's bound holds in: |A|@|B| reaching float32's largest value (3.4e38), where the
     kernel's float32 sum may overflow to ±inf (or NaN) while the float64 reference does not. bf16 shares float32's
     exponent range, so two bf16 values of 2^64 already multiply to 2^128. A block-scaled kernel's float32 product of
-    two scales, sa · sb, leaving float32's normal range is one too (`blockscale.scale_products_past`)."""
+    two scales, sa · sb, leaving float32's normal range is one too (`blockscale.scale_products_past`), and so is a
+    row program's row sum whose magnitude reaches it (`reductions.past_range`: ±3e38 in turn sum to 0 exactly, and
+    to NaN in a kernel's float32 order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +112,7 @@ class Tolerance:
             )
         if self.mapped:  # a float map, or a program that reduces rows
             out = OUT_NAMES.get(self.out_eps, "float32")
-            line = (
-                "column"
-                if any(isinstance(getattr(s.kind, "op", None), ColReduce) for s in self.program.stages)
-                else "row"
-            )
+            line = _line(self.program)
             sums = f"each {line} sum's float32 rounding (n + 2 ulps of its magnitude), " if self.rows else ""
             if self.rows and _online(self.program):
                 sums += "the online sum's rescalings (2·max|x| + 4 ulps a page), "
@@ -224,6 +222,7 @@ class Tolerance:
                 ref = output_values(d.out.name, value, d.out.dtype)
                 eps = OUT_EPS.get(d.out.dtype, EPS32)
                 each[d.out.name] = (ref, _bound(ref, value, err, eps))
+            self._rows_in_range(done)
             if len(each) > 1:
                 return {k: v[0] for k, v in each.items()}, {k: v[1] for k, v in each.items()}  # type: ignore[return-value]
             return each[decl.out.name]
@@ -265,6 +264,43 @@ class Tolerance:
                 " kernel's bound holds only where each sa·sb lies in float32's normal range"
             )
         self._say_past(what)
+
+    def _rows_in_range(self, done: dict) -> None:
+        """`_in_range` of a program that reduces rows: its rows where a kernel's float32 row sum may overflow."""
+        rows = self._past_rows(done)
+        if not rows.any():
+            return
+        line = _line(self.program)
+        self._say_past(
+            f"{int(rows.sum())} of the {rows.size} {line}s have a {line} sum whose magnitude (Σ|x|, or Σx²) reaches"
+            f" float32's largest value ({F32_MAX:.3g}; first at {line} {int(np.argmax(rows))}): a kernel's float32 sum"
+            " may overflow there (to ±inf, or NaN where partial sums of both signs do) where the exact reference"
+            " does not, so the kernel's bound holds only below it"
+        )
+
+    def _past_rows(self, done: dict) -> np.ndarray:
+        """The rows (a column) where a kernel's float32 sum of any of the program's row reductions may overflow
+        (`reductions.past_range`), each of the values and bounds `row_stages` left in `done` (ring → both); none for
+        the interpreter's, which sums exactly and rounds once."""
+        from ..ir.index import ProgramIndex
+        from ..ir.nodes import ComputeStage
+        from ..ir.ops import RowReduce
+        from . import reductions
+
+        if not self.kernel:
+            return np.zeros((1, 1), dtype=bool)
+        index = ProgramIndex.of(self.program)
+        past = [
+            reductions.past_range(s.kind.op.op, *done[index.ring(s.ins[0])])
+            for s in self.program.stages
+            if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) and index.ring(s.ins[0]) in done
+        ]
+        past += [  # a column program's: its columns (a row), as its output lies
+            reductions.past_range_cols(s.kind.op.op, *done[index.ring(s.ins[0])])
+            for s in self.program.stages
+            if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, ColReduce) and index.ring(s.ins[0]) in done
+        ]
+        return np.logical_or.reduce(past) if past else np.zeros((1, 1), dtype=bool)
 
     def _scores_in_range(self, inputs: Mapping[str, Any]) -> None:
         """`_in_range` of an attention program: its rows whose scores may leave float32's range (the interpreter's
@@ -355,7 +391,8 @@ class Tolerance:
         for n, where in ((np.isnan(c64) & lost, "NaN where the reference is not"), (np.isnan(r64) & lost, "not NaN")):
             how += f"; {np.count_nonzero(n)} of {err.size} elements {where}" if n.any() else ""
         how += f" (bound: {self.text})"
-        summed = not (self.chained or self.mapped)  # (a map sums nothing: no such range; attention's S is a sum)
+        # (a map sums nothing: no such range; attention's S is a sum, and a row program's row sums)
+        summed = not (self.chained or self.mapped) or self.rows
         if not ok and (self.kernel or self.attention) and summed:
             past = int(np.count_nonzero(~good & self._past(inputs, rows)))
             if past:
@@ -379,11 +416,25 @@ class Tolerance:
             from . import attention
 
             return attention.past_range(p, inputs, self.kernel)
+        if self.rows:  # each row where a row sum may overflow, for each of the row's elements
+            from .reference import declared_outputs, row_stages
+
+            given = self._given(inputs, rows)
+            done: dict = {}  # (ring → the values and bounds `row_stages` computed)
+            with np.errstate(over="ignore", invalid="ignore"):
+                for d in declared_outputs(p):
+                    row_stages(p, d, given, bounds=True, done=done)
+            return self._past_rows(done)
         a, b = rounded_operands(p, inputs)
         if blockscale.program_scales(p) is not None:
             magnitude = blockscale.program_sum(p, a, b, inputs, matmul, rows)[1]
             return self.past_range(magnitude, blockscale.scale_products_past(p, a, b, inputs, rows))
         return self.past_range(_abs_product(a, b, matmul))
+
+
+def _line(p: SpatialProgram) -> str:
+    """What a program's reductions reduce: "column" in a column program (`spatialc.col_reduce`), else "row"."""
+    return "column" if any(isinstance(getattr(s.kind, "op", None), ColReduce) for s in p.stages) else "row"
 
 
 def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = False) -> Tolerance:

@@ -25,6 +25,7 @@ from ..ir.nodes import (
     Accumulator,
     Buffer,
     ComputeStage,
+    Engine,
     Fifo,
     Interm,
     Plan,
@@ -117,6 +118,10 @@ def row_shape(p: SpatialProgram) -> RowShape:
     computes = tuple(s for s in p.stages if isinstance(s.kind, ComputeStage))
     if not writes or any(not isinstance(s.kind.op, RowReduce | Map) for s in computes):  # type: ignore[union-attr]
         raise ProgramError("a row program holds reads, row reductions and maps, and its writes")
+    if not any(isinstance(s.kind, ReadStage) for s in p.stages):
+        raise ProgramError("a row program reads the rows it reduces: no stage here reads a tensor")
+    for s in p.stages:
+        _check_stage(s)
     producer = {b: s for s in p.stages for b in s.outs}
     names = {b.id: b.name for b in p.buffers}
     readers: dict[BufferId, list[Stage]] = {}
@@ -131,6 +136,11 @@ def row_shape(p: SpatialProgram) -> RowShape:
     for s in ordered:  # a map of row vectors alone is a row vector (its inputs are ordered before it)
         op = s.kind.op  # type: ignore[union-attr]
         if isinstance(op, Map) and s.ins and all(b in vectors for b in s.ins) and not _args(op.expr):
+            if cols(op.expr):
+                raise ProgramError(
+                    f"map stage {s.name} reads row vectors and a column vector but no page of values: a row"
+                    " program's page follows a ring of values (read x, or a map of it, beside the vectors)"
+                )
             vectors.update(s.outs)
             vector_maps.add(s.id)
     online = online_pair(ordered, producer, readers)
@@ -175,6 +185,54 @@ def _last_pass_maps(writes: tuple[Stage, ...], vectors: set[BufferId], producer:
         found.add(s.id)
         todo += [producer[b] for b in s.ins if b not in vectors and b in producer]
     return found
+
+
+def _check_stage(s: Stage) -> None:
+    """ProgramError where a stage's rings are not a row program's: a read fills one ring, a write empties one, a row
+    reduction reads one and fills one, a map reads one or more and fills one (a schedule moves one page of each)."""
+    if isinstance(s.kind, ReadStage):
+        want, ok = "fills one ring", not s.ins and len(s.outs) == 1
+    elif isinstance(s.kind, WriteStage):
+        want, ok = "empties one ring", len(s.ins) == 1 and not s.outs
+    elif isinstance(s.kind.op, RowReduce):  # type: ignore[union-attr]
+        want, ok = "reads one ring and fills one", len(s.ins) == 1 and len(s.outs) == 1
+    else:
+        want, ok = "reads one ring or more and fills one", len(s.ins) >= 1 and len(s.outs) == 1
+    if not ok:
+        raise ProgramError(
+            f"stage {s.name} reads {len(s.ins)} ring(s) and fills {len(s.outs)}; in a row program a"
+            f" {_kind_word(s)} {want}"
+        )
+
+
+def _kind_word(s: Stage) -> str:
+    """What a row program's stage is, in a word or two."""
+    if isinstance(s.kind, ReadStage | WriteStage):
+        return "read" if isinstance(s.kind, ReadStage) else "write"
+    return "row reduction" if isinstance(s.kind.op, RowReduce) else "map"  # type: ignore[union-attr]
+
+
+def scheduled_shape(p: SpatialProgram) -> RowShape:
+    """`row_shape`, or ProgramError where `row_bodies` cannot schedule it: each stage on the engine its schedule
+    gives it (reads on the reader, reductions and maps on the compute engine, writes on the writer), and no row
+    reduction of a row vector (a pass folds pages of values). A program written with `spatialc.lang` schedules its own
+    stages, and verify holds it to them."""
+    shape = row_shape(p)
+    names = {b.id: b.name for b in p.buffers}
+    for s in p.stages:
+        engine = {ReadStage: Engine.READER, WriteStage: Engine.WRITER}.get(type(s.kind), Engine.COMPUTE)
+        if s.engine != engine:
+            raise ProgramError(
+                f"stage {s.name} runs on the {s.engine.value}; a row program's {_kind_word(s)} runs on the"
+                f" {engine.value} (spatialc.lang writes a schedule of other engines)"
+            )
+    for s in shape.computes:
+        if isinstance(s.kind.op, RowReduce) and s.ins[0] in shape.vectors:  # type: ignore[union-attr]
+            raise ProgramError(
+                f"stage {s.name} reduces {names.get(s.ins[0], f'ring {int(s.ins[0])}')}, a row vector (one value a"
+                " row); a row reduction folds pages of the rows' values (a value of a row vector is its own reduction)"
+            )
+    return shape
 
 
 ONLINE_EXP = Map(Apply("exp", (Apply("sub", (Arg(0), RowArg(1))),)))  # E = exp(x − M), the online pair's map
@@ -281,18 +339,26 @@ def rows_tensor(p: SpatialProgram) -> Tensor:
 def plan_rows(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] | None, depth: int | None) -> Plan:
     """Bands of bh tile rows walked in pages bw tiles wide: the cheapest by `_cost` whose rings fit a site's shared
     memory (or the block forced), two pages a ring unless forced."""
-    shape = row_shape(p)
+    shape = scheduled_shape(p)
     m_t, n_t = rows_tensor(p).tiles
     passes = bool(shape.pages) + sum(isinstance(s.kind.op, RowReduce) for s in shape.computes)  # type: ignore[union-attr]
     passes -= shape.online is not None  # the max and the sum of one pass
     d = 2 if depth is None else depth
+    if d < 1:
+        raise PlanError(f"a row program's depth (pages a ring) must be ≥ 1, not {d}")
     sides = [block] if block is not None else [(h, w) for h in SIDES for w in SIDES]
     sites = target.units * SITES_PER_UNIT
     best = None
     for bh, bw in sides:
-        if min(bh, bw, d) < 1:
-            raise PlanError(f"a row program's block ({bh}x{bw} tiles) and depth ({d}) must be ≥ 1")
-        if ring_bytes(p, bh, bw, d) > target.smem_per_site_max:
+        if min(bh, bw) < 1:
+            raise PlanError(f"a row program's block ({bh}x{bw} tiles) must be ≥ 1 tile each way")
+        need = ring_bytes(p, bh, bw, d)
+        if need > target.smem_per_site_max and block is not None:  # the block forced: say what it takes
+            raise PlanError(
+                f"a row program's rings of {bh}x{bw}-tile pages, {d} a ring, take {need} bytes a site, more than"
+                f" {target.name}'s {target.smem_per_site_max}; force a smaller block or depth"
+            )
+        if need > target.smem_per_site_max:
             continue
         key = (_cost(bh, bw, m_t, n_t, passes, sites), -bw, bh)
         best = key if best is None or key < best else best
@@ -361,7 +427,7 @@ def row_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
     order the compute engine fills them."""
     plan = p.plan
     assert plan is not None
-    shape = row_shape(p)
+    shape = scheduled_shape(p)
     bh, bw, nj = plan.block.osh, plan.block.ibw, plan.k_steps
     col_at = TileAddr(0, ((LV_K, bw),))  # the page's first tile column of the row
     row_at = TileAddr(0, ((LV_ITEM_Y, bh),))  # the band's first tile row: where a row vector (ew.row) is read

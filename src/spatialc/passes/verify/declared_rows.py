@@ -52,9 +52,12 @@ def _declared_row_outputs(index: ProgramIndex) -> tuple[Declared, ...]:
         decl = _declared_rows(index, t, index.ring(w.ins[0]), producer, w, shape)
         decls.append(dataclasses.replace(decl, others=every - {t.id}))
         used |= {w.id, *decl.used}
-    extra = [s.name for s in p.stages if s.id not in used]
-    if extra:
-        raise SemanticError(f"stage {extra[0]} is not on the way from the inputs to any output")
+    extra = [s for s in p.stages if s.id not in used]
+    if extra:  # named by its end, where the stages off the way stop (a reduction whose vector nothing reads)
+        read = {b for s in p.stages for b in s.ins}
+        end = next((s for s in extra if s.outs and not read.intersection(s.outs)), None)
+        why = ": no stage reads what it fills" if end is not None else ""
+        raise SemanticError(f"stage {(end or extra[0]).name} is not on the way from the inputs to any output{why}")
     return tuple(decls)
 
 

@@ -83,7 +83,7 @@ def check_plans(p: SpatialProgram) -> None:
     """Each plan's fields are ≥ 1, its item (a row program's band: its height) and K step are at most MAX_ITEM_SIDE
     tiles a side, its K is whole K steps, it has at most MAX_ITEMS items, and its grid of items is the output
     tensor's tile grid."""
-    out = p.output_tensor()
+    out, what = p.output_tensor(), "the output tensor"
     # A row program's item is a band of whole rows, never held at once: a site holds a page of it (a K step) and
     # one accumulator tile a row, so its width is bounded only by K (a softmax over a vocabulary of 128k values).
     rows = any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for s in p.stages)
@@ -94,7 +94,8 @@ def check_plans(p: SpatialProgram) -> None:
     ):  # its bands cover the rows it reads, which an output of pages shares (one of row vectors is m × 1)
         tensors = {t.id: t for t in p.tensors}  # (stages' references are checked after the plans)
         read = [tensors.get(s.kind.tensor) for s in p.stages if isinstance(s.kind, ReadStage)]  # type: ignore[union-attr]
-        out = read[0] if read and read[0] is not None else out
+        if read and read[0] is not None:
+            out, what = read[0], "the rows' tensor"
     declared = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Attention)]
     attention = declared[0] if declared else None
     for i, plan in enumerate(p.plans):
@@ -147,7 +148,7 @@ def check_plans(p: SpatialProgram) -> None:
             each = f" in each of {plan.groups} groups" if plan.groups > 1 else ""
             raise IllFormedError(
                 f"{name}'s {plan.grid[0]}x{plan.grid[1]} items of {h}x{w} tiles cover"
-                f" {plan.grid[0] * h}x{plan.grid[1] * w} tiles{each}, but the output tensor {out.name} has"
+                f" {plan.grid[0] * h}x{plan.grid[1] * w} tiles{each}, but {what} {out.name} has"
                 f" {out.tiles[0]}x{out.tiles[1]}"
             )
 
