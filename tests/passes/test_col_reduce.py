@@ -240,3 +240,19 @@ def test_the_kernel_bound_says_where_a_columns_float32_sum_may_overflow():
         assert spatialc.tolerance(p, kernel=True).check(got, x)[0]
     assert any("70 of the 70 columns have a column sum" in str(w.message) for w in said)
     assert reductions.past_range_cols("sumsq", x["x"], 0.0).shape == (1, 70)
+
+
+def test_random_edits_of_a_saved_column_program_are_refused_or_still_exact():
+    """tests/mutants.py's edits of the saved document (ops swapped, dropped, repeated; counts, addresses and fields
+    changed): each is refused by verify, or, accepted, still computes the reference (a run of 1,200 found no hole)."""
+    from .. import mutants
+
+    programs = {
+        "col max": lambda: spatialc.build(
+            spatialc.col_reduce(40, 200, "max", "bf16"), "sm_90", block=(1, 1, 1), sites=3
+        ),
+        "col mean": lambda: spatialc.build(spatialc.col_reduce(70, 50, "mean", "fp16"), "sm_90", block=(2, 2, 1)),
+    }
+    tally = mutants.run(edits_per_program=120, seed=3, programs=programs)
+    assert tally.counts["hole"] == 0, tally.holes[:3]
+    assert tally.counts["refused"] > 150  # the edits bite: most are refused
