@@ -6,6 +6,7 @@ from . import ew
 from . import lower as _lower_package  # noqa: F401
 from .api import build, emulate, evaluate, from_json, gemm, grouped_gemm, lower, run, to_json, verify
 from .attention import attention
+from .cols import col_reduce
 from .errors import DeadlockError, PlanError, ProgramError, SpatialError, VerifyError
 from .frontend import activation, bias, col_scale, gate, relu, requant, residual, row_scale, scalar
 from .inputs import InexactInputWarning, InputError
@@ -56,6 +57,7 @@ __all__ = [
     "residual",
     "rmsnorm",
     "row_reduce",
+    "col_reduce",
     "row_scale",
     "run",
     "scalar",

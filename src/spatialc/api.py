@@ -7,6 +7,7 @@ from typing import Any
 
 from .arguments import plain_ints
 from .attention import attention
+from .cols import col_reduce
 from .errors import ProgramError, SpatialError
 from .frontend import gemm, grouped_gemm
 from .ir import serde
@@ -169,6 +170,7 @@ def _printed_precision(program: SpatialProgram, target: SpatialTarget) -> None:
     for any precision), and a map or row program of 8-bit float inputs, which multiplies nothing, anywhere."""
     from .ir.ops import FP8_PRECISIONS
     from .lower.errors import Unsupported
+    from .passes.cols import is_col_program
     from .passes.footprint import FP8_NO_MMA
     from .passes.maps import is_map_program
     from .passes.rows import is_row_program
@@ -176,7 +178,7 @@ def _printed_precision(program: SpatialProgram, target: SpatialTarget) -> None:
     if program.precision not in FP8_PRECISIONS:
         return
     what = f"program {program.name} ({program.precision.value} operands)"
-    if not target.fp8_mma and not (is_map_program(program) or is_row_program(program)):
+    if not target.fp8_mma and not (is_map_program(program) or is_row_program(program) or is_col_program(program)):
         raise Unsupported(f"{what} for {target.name}", FP8_NO_MMA)
 
 
@@ -253,6 +255,7 @@ log_softmax = log_softmax
 rmsnorm = rmsnorm
 layernorm = layernorm
 row_reduce = row_reduce
+col_reduce = col_reduce
 
 
 def expect_program(name: str, program: object, whence: str) -> None:

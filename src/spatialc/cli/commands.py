@@ -129,6 +129,12 @@ def cmd_row_reduce(args: argparse.Namespace) -> int:
     return _paged(args, prog, f"spatialc row-reduce {args.op} over {args.m}x{args.n} {args.precision}")
 
 
+def cmd_col_reduce(args: argparse.Namespace) -> int:
+    """Build, verify, evaluate and check one reduction of each column into a 1×N output."""
+    prog = api.col_reduce(args.m, args.n, args.op, args.precision, out=args.out)
+    return _paged(args, prog, f"spatialc col-reduce {args.op} over {args.m}x{args.n} {args.precision}")
+
+
 def cmd_layernorm(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check a layer norm of each row, its three outputs (out, mean, rstd)."""
     prog = api.layernorm(

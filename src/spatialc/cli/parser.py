@@ -147,6 +147,30 @@ def _row_reduce_parser(sub) -> None:
     g.add_argument("--op", choices=ROW_REDUCTIONS, default="sum", help="the reduction (default: sum)")
 
 
+def _col_reduce_parser(sub) -> None:
+    """`col-reduce`: out[1×N] = one reduction of each column of x (`spatialc.col_reduce`)."""
+    from ..cols import COL_REDUCTIONS
+
+    g = sub.add_parser(
+        "col-reduce",
+        help="build, verify and check a reduction of each column of x (M×N), a program that reduces columns",
+        description="Build out[1×N] = OP over each column of x (sum, mean, max, min, absmax: max |x|, sumsq: Σx²;"
+        " reduced in float32: x.sum(0), a bias gradient), a spatial program of a read, a column reduction and its"
+        " write; verify it (rule 8 proves each band's row pages reduced once), evaluate it with the reference"
+        " interpreter and check it against numpy. The general CUDA form prints its kernel (--emit, --run). Sizes are in"
+        " elements; tiles are 16x16 elements; a block is in tiles.",
+        epilog=EPILOG,
+    )
+    g.add_argument("m", type=int, help="M: rows of x, the length of a column reduced (elements)")
+    g.add_argument("n", type=int, help="N: columns of x and out (elements)")
+    page_options(
+        g,
+        "out's element type: float32, fp16 or bf16 (default: float32)",
+        "force the block: pages of ROWS tile rows down bands of COLS tile columns (default: the cost model's)",
+    )
+    g.add_argument("--op", choices=COL_REDUCTIONS, default="sum", help="the reduction (default: sum)")
+
+
 def _attention_parser(sub) -> None:
     from ..lower.cuda.sm90a.overlap import SCHEDULES
 
@@ -231,6 +255,7 @@ def make_parser() -> argparse.ArgumentParser:
         " h · rsqrt(mean(h²) + eps) · weight and residual_out[M×N] = h (x's type) written too",
     )
     _row_reduce_parser(sub)
+    _col_reduce_parser(sub)
     n = _rows_parser(
         sub,
         "layernorm",

@@ -12,6 +12,7 @@ from ..ir.printer import plural
 from ..ir.traffic import global_read_bytes, read_bytes
 from ..numerics.blockscale import program_scales
 from ..passes.attention import attention_shape, is_attention_program
+from ..passes.cols import is_col_program
 from ..passes.dequant import is_w4_program
 from ..passes.footprint import sized_as
 from ..passes.maps import is_map_program
@@ -142,6 +143,13 @@ def program_lines(p: SpatialProgram) -> list[str]:
             f" walking its head's keys {plural(b.ibw, 'tile row')} ({b.ibw * p.tile.rows} keys) a step ({steps}),"
             f" grid {plural(plan.grid[0], 'band')} x {plural(plan.grid[1], 'KV head')}{heads}, K and V rings"
             f" {plural(plan.depth, 'page')} deep"
+        )
+    elif is_col_program(p):
+        head = (
+            f"  plan      columns: bands of {plural(b.osw, 'tile column')} ({w * p.tile.cols} columns of"
+            f" {h * p.tile.rows} elements), read a page of {b.ibw} tile rows at a time"
+            f" ({plural(plan.k_steps, 'page')} a band), grid {plan.grid[1]} bands,"
+            f" rings {plural(plan.depth, 'page')} deep"
         )
     elif is_row_program(p):
         passes = 1 + sum(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for s in p.stages)

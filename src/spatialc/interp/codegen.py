@@ -33,6 +33,7 @@ from ..ir.ops import (
     AcquireAcc,
     Barrier,
     ChoreoOp,
+    ColReduce,
     Compute,
     Const,
     Flush,
@@ -59,6 +60,7 @@ from ..ir.ops import (
 )
 from . import support, trace
 from .blockscale import scaled_step
+from .colpacks import col_reduce
 from .compute_code import ComputeEmitter
 from .dequant import dequant
 from .emitter import Ref
@@ -172,6 +174,7 @@ class Emitter(ComputeEmitter):
                 a = self.acc(buf, op)
                 role = self.roles.get(buf)
                 reduction = role.op.op if role is not None and isinstance(role.op, RowReduce) else None
+                col_op = role.op.op if role is not None and isinstance(role.op, ColReduce) else None
                 self.emit(
                     f"{a}.live = True",
                     f"{a}.a = []",
@@ -181,6 +184,8 @@ class Emitter(ComputeEmitter):
                     f"{a}.rows = []",
                     f"{a}.carried = None",
                     f"{a}.reduction = {reduction!r}",
+                    f"{a}.columns = []",
+                    f"{a}.col_op = {col_op!r}",
                 )
             case ReleaseAcc(buf):
                 self.emit(f"{self.acc(buf, op)}.live = False")
@@ -342,4 +347,5 @@ _HELPERS: dict[str, object] = {
     },
     **{name: getattr(trace, name) for name in ("span", "ring_end", "stamp", "waited")},
     "scaled_step": scaled_step,
+    "col_reduce": col_reduce,
 }

@@ -7,6 +7,7 @@ from ..ir.nodes import Accumulator, Fifo, Interm
 from ..ir.ops import (
     AddPartial,
     Apply,
+    ColReduce,
     Compute,
     Dequant,
     Map,
@@ -40,6 +41,9 @@ class ComputeEmitter(EmitterBase):
             return
         if isinstance(mm, RowReduce):
             self.row_reduce(op, mm, i)
+            return
+        if isinstance(mm, ColReduce):
+            self.col_reduce(op, mm, i)
             return
         if isinstance(mm, ScaleAcc):
             self.scale_acc(op, i)
@@ -130,6 +134,16 @@ class ComputeEmitter(EmitterBase):
         a = self.acc(op.acc, op)
         self.front("x", r, op.ins[0], i, rr.width)
         self.emit(f"row_reduce(E, {i}, x, {a}, {self.const(rr, 'e')}, {self.addr(rr.at, op)})")
+
+    def col_reduce(self, op: Compute, cr: ColReduce, i: int) -> None:
+        """acc ⊕= each column of its one ring's front page, the rows at or past the column's height left out: the
+        pages kept, reduced when the accumulator is packed (`colpacks.packed_cols`)."""
+        if len(op.ins) != 1 or op.outs or op.acc is None:
+            raise EvalError(f"{self.where(op)}: a column reduction reads one ring into an accumulator")
+        r = self.ring(op.ins[0], op, "consume")
+        a = self.acc(op.acc, op)
+        self.front("x", r, op.ins[0], i, cr.width)
+        self.emit(f"col_reduce(E, {i}, x, {a}, {self.const(cr, 'e')}, {self.addr(cr.at, op)})")
 
     def elementwise(self, op: Compute, cop: Map | Requant, i: int) -> None:
         """An elementwise stage: the front pages of its input rings, element by element, into its output ring."""

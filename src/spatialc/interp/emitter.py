@@ -10,6 +10,7 @@ from ..ir.names import plain
 from ..ir.nodes import Accumulator, Buffer, Fifo, Interm
 from ..ir.ops import (
     ChoreoOp,
+    ColReduce,
     Compute,
     MatmulTiles,
     RowReduce,
@@ -141,7 +142,11 @@ class EmitterBase:
         max from −∞) and what a ScaleAcc scales (a matmul's block, or rows) follow from it."""
         roles: dict[Any, Compute] = {}
         for op in walk(ops):
-            if isinstance(op, Compute) and op.acc is not None and isinstance(op.op, MatmulTiles | RowReduce):
+            if (
+                isinstance(op, Compute)
+                and op.acc is not None
+                and isinstance(op.op, MatmulTiles | RowReduce | ColReduce)
+            ):
                 first = roles.setdefault(op.acc, op)
                 if type(first.op) is not type(op.op):
                     name = self.m.buffers[op.acc].name

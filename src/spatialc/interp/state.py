@@ -81,7 +81,20 @@ class Acc:
     """An accumulator: the A / B pages multiplied into it since it was acquired, and their geometry; or a row
     accumulator's pages and its value carried over a pack or a rescale (`support.row_value`)."""
 
-    __slots__ = ("name", "tiles", "live", "a", "b", "geom", "parts", "rows", "carried", "reduction")
+    __slots__ = (
+        "name",
+        "tiles",
+        "live",
+        "a",
+        "b",
+        "geom",
+        "parts",
+        "rows",
+        "carried",
+        "reduction",
+        "columns",
+        "col_op",
+    )
 
     def __init__(self, name: str, tiles: int) -> None:
         self.name, self.tiles, self.live = name, tiles, False
@@ -95,6 +108,9 @@ class Acc:
         # value per row (a column); None: the reduction's identity (−inf for max, 0 for a sum)
         self.carried: Any = None
         self.reduction: str | None = None  # the row reduction the program runs into it (None: a matmul's)
+        # a column reduction's pages: (the page, its rows of tiles, their width in tiles, the rows kept), and its op
+        self.columns: list[tuple[Any, int, int, int]] = []
+        self.col_op: str | None = None
 
 
 class SemCell:

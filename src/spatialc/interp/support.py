@@ -13,6 +13,7 @@ from ..numerics import epilogue
 from ..numerics.elementwise import OPS
 from ..numerics.reductions import reduce_rows, reduction_named
 from ..numerics.rounding import INT8_EXACT_K, computed_operand
+from .colpacks import packed_cols
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
 from .mapped import MapKernel, realise_maps
 from .rowpacks import lazy_pack, reduced_values
@@ -68,6 +69,9 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
     if not r.reserved:
         fail(E, i, f"writes {r.name} but holds no reserved page of it")
     slot = r.newest_reserved()
+    if acc.col_op is not None or acc.columns:
+        r.slots[slot] = packed_cols(E, i, acc, n, accumulate)
+        return
     if acc.rows or acc.reduction is not None or acc.carried is not None:
         t = E.m.p.tile
         later = lazy_pack(acc, n, accumulate, E.m.p.precision.value == "int8", (t.rows, t.cols))

@@ -406,6 +406,20 @@ class RowReduce:
 
 
 @dataclass(frozen=True, slots=True)
+class ColReduce:
+    """acc[column] ⊕= `op` over the front page's elements of that column whose row is below `rows` (the column's
+    logical height: padding rows are left out). The page is rows of `width` tiles whose first tile row is `at` of the
+    tensor (the schedule sets it from the loop over a column band's pages of rows). The accumulator holds one value a
+    column of the page (`width` tiles), packed as a column vector: a page of one tile row, each column's value in
+    every row. `numerics/reductions.py` defines each `op` (REDUCE_OPS), as for RowReduce."""
+
+    op: str
+    rows: int
+    at: TileAddr = field(default_factory=lambda: TileAddr(0))
+    width: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class ScaleAcc:
     """acc[row] ·= the row's value of the front page of `ins[0]`, a row vector (a row accumulator packed): every
     element of the accumulator's row, over all its tiles. Online softmax's rescale by α = exp(m − m′) of the output
@@ -463,7 +477,7 @@ class Dequant:
     low_first: bool = True
 
 
-ComputeOp = MatmulTiles | Map | RowReduce | ScaleAcc | Requant | Generic | AddPartial | Attention | Dequant
+ComputeOp = MatmulTiles | Map | RowReduce | ColReduce | ScaleAcc | Requant | Generic | AddPartial | Attention | Dequant
 
 # ---- addresses and loop counts -----------------------------------------------------------------------------
 

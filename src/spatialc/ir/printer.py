@@ -27,6 +27,7 @@ from .ops import (
     BlockScales,
     ChoreoOp,
     Col,
+    ColReduce,
     Compute,
     ComputeOp,
     Const,
@@ -120,6 +121,9 @@ def compute_text(op: ComputeOp, p: SpatialProgram | None = None) -> str:
         case RowReduce(name, n, at, width):
             where = "" if (at, width) == (TileAddr(0), 1) else f" at {addr_text(at)} width {width}"
             return f"row {word(name)} of {n} columns{where}"
+        case ColReduce(name, n, at, width):
+            where = "" if (at, width) == (TileAddr(0), 1) else f" at {addr_text(at)} width {width}"
+            return f"column {word(name)} of {n} rows{where}"
         case Dequant(fmt, prec, group, scale, zero, rows, cols, width, low_first):
             s, z = (_tensor(p, t) if p and t is not None else str(t if t is None else int(t)) for t in (scale, zero))
             minus = f" - {z}[g, j]" if zero is not None else ""

@@ -172,3 +172,26 @@ def past_range(name: str, values: Any, errors: Any) -> Any:
     with np.errstate(over="ignore", invalid="ignore"):  # an infinite magnitude is a non-finite input's, said already
         magnitude = _magnitude(r, x, e)
         return np.isfinite(magnitude) & (magnitude * (1 + (x.shape[1] + 2) * EPS32) >= F32_MAX)
+
+
+def reduce_cols(name: str, values: Any, integer: bool) -> Any:
+    """Each column of `values` (rows × columns: the column's elements, padding left out) reduced by `name`, as a row
+    (1 × columns): the reduction of each row of the transpose (`reduce_rows`), so that a column means exactly what a
+    row does."""
+    return np.asarray(reduce_rows(name, np.asarray(values).T, integer)).T
+
+
+def reduce_cols_bound(name: str, values: Any, errors: Any) -> tuple[Any, Any]:
+    """`reduce_bound` of each column of `values`: the bound of each row of the transpose, as a row (1 × columns)."""
+    x = np.asarray(values)
+    e = np.broadcast_to(np.asarray(errors, np.float64), x.shape)
+    value, err = reduce_bound(name, x.T, e.T)
+    return np.asarray(value).T, np.asarray(err).T
+
+
+def past_range_cols(name: str, values: Any, errors: Any) -> Any:
+    """`past_range` of each column of `values`: the columns (a row of booleans) where a kernel's float32 sum down
+    the column may overflow."""
+    x = np.asarray(values)
+    e = np.broadcast_to(np.asarray(errors, np.float64), x.shape)
+    return np.asarray(past_range(name, x.T, e.T)).T

@@ -193,7 +193,7 @@ def row_stages(
     theirs)."""
     from ..ir.index import ProgramIndex
     from ..ir.nodes import ReadStage
-    from ..ir.ops import RowReduce
+    from ..ir.ops import ColReduce, RowReduce
 
     index = ProgramIndex.of(p)
     col = column_values(p, inputs)
@@ -214,7 +214,12 @@ def row_stages(
             continue
         pages = [done[index.ring(b)] for b in stage.ins]
         op = stage.kind.op
-        if isinstance(op, RowReduce):  # with bounds, the value reduce_bound computes on the way (the same)
+        if isinstance(op, ColReduce):  # each column, as a row of the transpose (`reductions.reduce_cols`)
+            x, e = pages[0]
+            value, err = (
+                reductions.reduce_cols_bound(op.op, x, e) if bounds else (reductions.reduce_cols(op.op, x, False), None)
+            )
+        elif isinstance(op, RowReduce):  # with bounds, the value reduce_bound computes on the way (the same)
             x, e = pages[0]
             value, err = (
                 reductions.reduce_bound(op.op, x, e) if bounds else (reductions.reduce_rows(op.op, x, False), None)

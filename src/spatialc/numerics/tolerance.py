@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import ProgramError
 from ..ir.nodes import DType, SpatialProgram, TensorRole
-from ..ir.ops import FP8_PRECISIONS, Map, Precision
+from ..ir.ops import FP8_PRECISIONS, ColReduce, Map, Precision
 from . import blockscale, intervals
 
 F32_MAX = float(np.finfo(np.float32).max)  # 3.4e38: a float32 sum at or past it is ±inf (or NaN)
@@ -112,7 +112,8 @@ class Tolerance:
             )
         if self.mapped:  # a float map, or a program that reduces rows
             out = OUT_NAMES.get(self.out_eps, "float32")
-            sums = "each row sum's float32 rounding (n + 2 ulps of its magnitude), " if self.rows else ""
+            line = _line(self.program)
+            sums = f"each {line} sum's float32 rounding (n + 2 ulps of its magnitude), " if self.rows else ""
             if self.rows and _online(self.program):
                 sums += "the online sum's rescalings (2·max|x| + 4 ulps a page), "
             outs = [t for t in self.program.tensors if t.role == TensorRole.OUTPUT]
@@ -269,9 +270,10 @@ class Tolerance:
         rows = self._past_rows(done)
         if not rows.any():
             return
+        line = _line(self.program)
         self._say_past(
-            f"{int(rows.sum())} of the {rows.size} rows have a row sum whose magnitude (Σ|x|, or Σx²) reaches"
-            f" float32's largest value ({F32_MAX:.3g}; first at row {int(np.argmax(rows))}): a kernel's float32 sum"
+            f"{int(rows.sum())} of the {rows.size} {line}s have a {line} sum whose magnitude (Σ|x|, or Σx²) reaches"
+            f" float32's largest value ({F32_MAX:.3g}; first at {line} {int(np.argmax(rows))}): a kernel's float32 sum"
             " may overflow there (to ±inf, or NaN where partial sums of both signs do) where the exact reference"
             " does not, so the kernel's bound holds only below it"
         )
@@ -292,6 +294,11 @@ class Tolerance:
             reductions.past_range(s.kind.op.op, *done[index.ring(s.ins[0])])
             for s in self.program.stages
             if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) and index.ring(s.ins[0]) in done
+        ]
+        past += [  # a column program's: its columns (a row), as its output lies
+            reductions.past_range_cols(s.kind.op.op, *done[index.ring(s.ins[0])])
+            for s in self.program.stages
+            if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, ColReduce) and index.ring(s.ins[0]) in done
         ]
         return np.logical_or.reduce(past) if past else np.zeros((1, 1), dtype=bool)
 
@@ -423,6 +430,11 @@ class Tolerance:
             magnitude = blockscale.program_sum(p, a, b, inputs, matmul, rows)[1]
             return self.past_range(magnitude, blockscale.scale_products_past(p, a, b, inputs, rows))
         return self.past_range(_abs_product(a, b, matmul))
+
+
+def _line(p: SpatialProgram) -> str:
+    """What a program's reductions reduce: "column" in a column program (`spatialc.col_reduce`), else "row"."""
+    return "column" if any(isinstance(getattr(s.kind, "op", None), ColReduce) for s in p.stages) else "row"
 
 
 def tolerance(program: SpatialProgram, *, kernel: bool = False, strict: bool = False) -> Tolerance:

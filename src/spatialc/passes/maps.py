@@ -32,6 +32,7 @@ from ..ir.ops import (
     BlockShape,
     ChoreoOp,
     Col,
+    ColReduce,
     Compute,
     Const,
     Loop,
@@ -65,7 +66,7 @@ def is_map_program(p: SpatialProgram) -> bool:
     `passes/rows.py`'s). An attention declaration is two matmuls and a softmax before the planner expands it, so
     it is none."""
     return not any(
-        isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles | RowReduce | Attention)
+        isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, MatmulTiles | RowReduce | ColReduce | Attention)
         for s in p.stages
     )
 

@@ -10,6 +10,7 @@ from ..ir.nodes import Plan, SpatialProgram, TensorRole
 from ..ir.ops import MATMUL_PRECISIONS, NO_FP32_MATMUL
 from ..target import SpatialTarget
 from .attention import apply_attention_plan, is_attention_program, place_attention, plan_attention, schedule_attention
+from .cols import apply_col_plan, is_col_program, place_cols, plan_cols, schedule_cols
 from .dequant import build_w4, is_w4_program
 from .footprint import check_form, fused_by_persistent, in_panels, ring_stages, side_rings, sites_per_unit
 from .maps import apply_map_plan, is_map_program, place_map, plan_map, schedule_map
@@ -56,10 +57,13 @@ def build(
     On a Hopper target "auto" plans for the sm_90a form first, whose operand pages only that form reads (swizzled
     panels); where that form then refuses the program (an activation's rings past shared memory, a placement its
     clusters cannot take), the program is planned again for the other forms (`sm90a_refusal`)."""
-    if program.precision not in MATMUL_PRECISIONS and not (is_row_program(program) or is_map_program(program)):
+    multiplies = not (is_row_program(program) or is_map_program(program) or is_col_program(program))
+    if program.precision not in MATMUL_PRECISIONS and multiplies:
         raise ProgramError(f"program {program.name}: {NO_FP32_MATMUL}")
     if is_attention_program(program):
         return _build_attention(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
+    if is_col_program(program):
+        return _build_cols(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     if is_row_program(program):
         return _build_rows(program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast)
     if is_map_program(program):
@@ -114,6 +118,18 @@ def _build_rows(
     plan = plan_rows(p, target, _page_block(block, said), depth)
     p = place_rows(apply_row_plan(p, plan), target, sites, placement)
     return verify(schedule_rows(p), target)
+
+
+def _build_cols(
+    program, target, block, sub_blocks, depth, sites, placement, form, split_k, multicast
+) -> SpatialProgram:
+    """A program that reduces columns (`passes/cols.py`), planned for the general form."""
+    _page_request("a program that reduces columns", form, sub_blocks=sub_blocks, split_k=split_k, multicast=multicast)
+    said = "a column program's block is (rows, columns, 1) of tiles — a band of columns walked a page of rows at a time"
+    p = program.evolve(target=target.name)
+    plan = plan_cols(p, target, _page_block(block, said), depth)
+    p = place_cols(apply_col_plan(p, plan), target, sites, placement)
+    return verify(schedule_cols(p), target)
 
 
 def _build_attention(

@@ -21,6 +21,7 @@ import dataclasses
 
 from ...ir.nodes import SpatialProgram
 from ...passes.attention import is_attention_program
+from ...passes.cols import is_col_program
 from ...passes.footprint import in_panels
 from ...passes.maps import is_map_program
 from ...passes.rows import is_row_program
@@ -28,7 +29,7 @@ from ...target import SpatialTarget
 from ..artifact import CudaArtifact
 from ..errors import LowerError, NeedsGeneral, TooBig, Unsupported
 from .common.dequant import has_dequant
-from .common.program import ATTENTION_PROGRAM, MAP_PROGRAM, ROW_PROGRAM, W4_PROGRAM
+from .common.program import ATTENTION_PROGRAM, COL_PROGRAM, MAP_PROGRAM, ROW_PROGRAM, W4_PROGRAM
 from .general import kernel as general
 from .persistent import kernel as persistent
 from .sm90a import kernel as sm90a
@@ -111,10 +112,10 @@ def lower(
             return sm90a.lower(program, target)
         art = general.lower(program, target)
         return dataclasses.replace(art, notes=(*art.notes, ATTENTION_NOTE))
-    if form == "auto" and (is_map_program(program) or is_row_program(program)):
+    if form == "auto" and (is_map_program(program) or is_row_program(program) or is_col_program(program)):
         # No matmul: nothing for sm_90a's tensor cores to do, and the persistent form serialises what the general
         # form overlaps (`PAGES_NOTE`).
-        what = ROW_PROGRAM if is_row_program(program) else MAP_PROGRAM
+        what = COL_PROGRAM if is_col_program(program) else ROW_PROGRAM if is_row_program(program) else MAP_PROGRAM
         art = general.lower(program, target)
         return dataclasses.replace(art, notes=(*art.notes, PAGES_NOTE.format(what=what)))
     if form == "sm90a" or (form == "auto" and in_panels(program)):

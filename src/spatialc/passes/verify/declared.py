@@ -29,6 +29,7 @@ from ...numerics import epilogue
 from ...numerics.rounding import computed_operand
 from .dataflow import Declared, MatmulDecl, SplitDecl
 from .declared_checks import _epilogue_types, _every_stage_used, _gemm, _integer_bounds, _map_types, _unsure
+from .declared_cols import _declared_col_outputs, is_col_declared
 from .declared_rows import _declared_row_outputs
 from .dequant import dequant_operand
 
@@ -55,6 +56,8 @@ def _reduces_rows(p) -> bool:
 def declared_outputs(index: ProgramIndex) -> tuple[Declared, ...]:
     """Each output's declared function: a GEMM's or a map program's one; a row program's one for each write stage
     (LayerNorm's out, mean and rstd), the program's first output tensor first."""
+    if is_col_declared(index.p):
+        return _declared_col_outputs(index)
     if _reduces_rows(index.p):
         return _declared_row_outputs(index)
     return (declared(index),)
@@ -65,7 +68,7 @@ def declared(index: ProgramIndex) -> Declared:
     tensors, tile matmuls, chains of elementwise stages, one write — every stage on the way to C. (A row program's
     may write several outputs: this is its first output's, `declared_outputs` gives each.)"""
     p = index.p
-    if _reduces_rows(p):
+    if _reduces_rows(p) or is_col_declared(p):
         return declared_outputs(index)[0]
     work = {t.id for t in p.tensors if t.role == TensorRole.WORKSPACE}
     writes = [s for s in p.stages if isinstance(s.kind, WriteStage) and s.kind.tensor not in work]

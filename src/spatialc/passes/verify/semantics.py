@@ -59,6 +59,7 @@ from .attention import check_attention, check_declaration
 from .blockscale import check_scale_types
 from .dataflow import Declared, SiteRun, Write
 from .declared import declared_outputs
+from .declared_cols import check_col_semantics, is_col_declared
 from .facts import Programs
 from .handshake import multicast_senders
 from .partials import Workspace, item_values, raises
@@ -79,6 +80,9 @@ def check_semantics(index: ProgramIndex, programs: Programs) -> None:
         _followable(index, prog)
     if any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Attention) for s in p.stages):
         check_attention(index, programs)  # its own proof: the online recurrence (verify/attention.py)
+        return
+    if is_col_declared(p):  # a band of columns reduced down its rows: its own proof (verify/declared_cols.py)
+        check_col_semantics(index, programs)
         return
     for decl in declared_outputs(index):  # each output proved apart: its own formula, its own writes
         _check_output(index, programs, decl)

@@ -35,7 +35,7 @@ from ...ir.nodes import (
     WriteStage,
     accumulator_dtype,
 )
-from ...ir.ops import CHOREO_OPS, Attention, Loop, Map, RowReduce, cols
+from ...ir.ops import CHOREO_OPS, Attention, ColReduce, Loop, Map, RowReduce, cols
 from ...ir.printer import op_text
 from ...ir.serde import MAX_PLANS, MAX_TABLE
 from ...ir.validate import ID_RANGE, op_fault, type_fault
@@ -87,7 +87,11 @@ def check_plans(p: SpatialProgram) -> None:
     # A row program's item is a band of whole rows, never held at once: a site holds a page of it (a K step) and
     # one accumulator tile a row, so its width is bounded only by K (a softmax over a vocabulary of 128k values).
     rows = any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, RowReduce) for s in p.stages)
-    if rows:  # its bands cover the rows it reads, which an output of pages shares (one of row vectors is m × 1)
+    # A column program's item is a band of whole columns, walked down a page at a time: its height, K, is bounded so.
+    columns = any(isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, ColReduce) for s in p.stages)
+    if (
+        rows or columns
+    ):  # its bands cover the rows it reads, which an output of pages shares (one of row vectors is m × 1)
         tensors = {t.id: t for t in p.tensors}  # (stages' references are checked after the plans)
         read = [tensors.get(s.kind.tensor) for s in p.stages if isinstance(s.kind, ReadStage)]  # type: ignore[union-attr]
         if read and read[0] is not None:
@@ -110,8 +114,18 @@ def check_plans(p: SpatialProgram) -> None:
                 f"{name} has {plan.groups} groups and {plan.k_tiles} K tiles; at most {MAX_ITEMS} and {MAX_INT}"
             )
         h, w = plan.item_tiles
-        if max(h, b.ibw) > MAX_ITEM_SIDE or w > (MAX_INT if rows else MAX_ITEM_SIDE):
-            wide = f", and its bands at most {MAX_INT} wide" if rows else ""
+        if (
+            h > (MAX_INT if columns else MAX_ITEM_SIDE)
+            or b.ibw > MAX_ITEM_SIDE
+            or w > (MAX_INT if rows else MAX_ITEM_SIDE)
+        ):
+            wide = (
+                f", and its bands at most {MAX_INT} wide"
+                if rows
+                else f", and its bands at most {MAX_INT} high"
+                if columns
+                else ""
+            )
             raise IllFormedError(
                 f"{name}'s items are {h}x{w} tiles with K steps of {b.ibw}; no side may exceed"
                 f" {MAX_ITEM_SIDE} tiles (no target holds such an item or K step){wide}"

@@ -15,6 +15,7 @@ from ...ir.ops import (
     Apply,
     Arg,
     Col,
+    ColReduce,
     ComputeOp,
     Expr,
     Lit,
@@ -50,6 +51,14 @@ def compute_fault(op: ComputeOp, precision: Precision, tile: Tile) -> str | None
                 return (
                     f"a row reduction reduces 1 to {MAX_REDUCE_COLS} columns in pages 1 to {MAX_ITEM_SIDE} tiles wide,"
                     f" not {n} columns in pages {width} wide"
+                )
+        case ColReduce(name, m, _, width):
+            if name not in REDUCE_OPS:
+                return f"no column reduction {name!r}: the reductions are {', '.join(REDUCE_OPS)}"
+            if not 1 <= m <= MAX_REDUCE_COLS or not 1 <= width <= MAX_ITEM_SIDE:
+                return (
+                    f"a column reduction reduces 1 to {MAX_REDUCE_COLS} rows in pages 1 to {MAX_ITEM_SIDE} tiles wide,"
+                    f" not {m} rows in pages {width} wide"
                 )
         case MatmulTiles(block, sub_blocks, operand):
             if operand not in MATMUL_PRECISIONS:

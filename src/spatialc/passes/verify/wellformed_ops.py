@@ -21,6 +21,7 @@ from ...ir.ops import (
     Barrier,
     ChoreoOp,
     Col,
+    ColReduce,
     Compute,
     Const,
     Dequant,
@@ -304,6 +305,8 @@ class _OpCheck:
             raise self.fail(op, "adding a partial sum reads one ring into an accumulator; it fills no ring")
         if isinstance(op.op, RowReduce) and (len(op.ins) != 1 or op.outs or op.acc is None):
             raise self.fail(op, "a row reduction reads one ring into an accumulator; it fills no ring")
+        if isinstance(op.op, ColReduce) and (len(op.ins) != 1 or op.outs or op.acc is None):
+            raise self.fail(op, "a column reduction reads one ring into an accumulator; it fills no ring")
         if isinstance(op.op, ScaleAcc) and (len(op.ins) != 1 or op.outs or op.acc is None):
             raise self.fail(op, "rescaling an accumulator reads one ring (a row vector) into it; it fills no ring")
         if isinstance(op.op, Attention):
@@ -315,7 +318,7 @@ class _OpCheck:
         why = compute_fault(op.op, self.index.p.precision, self.index.p.tile)
         if why is not None:
             raise self.fail(op, why)
-        elementwise = not isinstance(op.op, MatmulTiles | AddPartial | RowReduce | ScaleAcc)
+        elementwise = not isinstance(op.op, MatmulTiles | AddPartial | RowReduce | ColReduce | ScaleAcc)
         pages = max(arg_indices(op.op.expr), default=0) + 1 if isinstance(op.op, Map) else 1
         if elementwise and (len(op.ins) != pages or len(op.outs) != 1 or op.acc is not None):
             raise self.fail(
@@ -328,7 +331,7 @@ class _OpCheck:
                 self.bias(op, c, bound)
             for at in positions(op.op.expr):
                 self.addr(op, at, bound)
-        if isinstance(op.op, RowReduce):
+        if isinstance(op.op, RowReduce | ColReduce):
             self.addr(op, op.op.at, bound)
         if isinstance(op.op, MatmulTiles) and op.op.scales is not None:  # where a block-scaled step's scales lie
             s = op.op.scales

@@ -17,6 +17,7 @@ from ....ir.names import plain
 from ....ir.nodes import DType, SpatialProgram, Tensor, TensorRole, TileOrder
 from ....ir.ops import Attention, ChoreoOp, Loop, Trip, walk
 from ....passes.attention import attention_shape, attention_stage
+from ....passes.cols import is_col_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
 from ...artifact import MATRIX_ORDERS, Budget, CudaArtifact, Launch, operand_files
@@ -410,7 +411,7 @@ def bench_rate(p: SpatialProgram, launch: Launch) -> tuple[str, str]:
         shape = attention_shape(p)
         q = p.tensor(TensorId(shape.reads[0][0]))
         return "GOPS", f"{attention_ops(shape.op, q.groups, q.elems[1])}.0"
-    if is_map_program(p) or is_row_program(p):
+    if is_map_program(p) or is_row_program(p) or is_col_program(p):
         pairs = zip(p.tensors, launch.params, strict=True)
         moved = sum(t.groups * t.elems[0] * t.elems[1] * C_BYTES[q.c_type] for t, q in pairs)
         return "GBPS", f"{moved}.0"

@@ -45,6 +45,7 @@ from .rings import MMA_TYPES, MmaTypes
 # What the sm_90a form's refusal and auto's note (forms.PAGES_NOTE) call such programs.
 MAP_PROGRAM = "a program without a tile matmul (an elementwise map)"
 ROW_PROGRAM = "a program that reduces rows (softmax, RMSNorm)"
+COL_PROGRAM = "a program that reduces columns (x.sum(0), a bias gradient)"
 W4_PROGRAM = "a W4A16 GEMM's dequant prologue (4-bit weights)"
 ATTENTION_PROGRAM = "attention (its online softmax: two matmuls a KV block beside running row maxima and sums)"
 

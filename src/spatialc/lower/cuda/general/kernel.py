@@ -39,6 +39,7 @@ from ....ir.ops import (
 from ....ir.traffic import global_read_bytes
 from ....numerics.blockscale import program_scales
 from ....passes.attention import is_attention_program
+from ....passes.cols import is_col_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
 from ....passes.split import workspace_bytes
@@ -49,6 +50,7 @@ from ..common import epilogue
 from ..common.barrier_ids import check_barrier_ids, engine_barriers
 from ..common.blockscale import SCALED_FRAGMENTS
 from ..common.clusters import Multicast, check_cluster, multicast
+from ..common.cols import ColAccumulators, checked_cols, col_accumulators
 from ..common.dequant import DEQUANT_IN, packed_rings
 from ..common.handover import clusters, sync_words
 from ..common.host import assemble
@@ -149,6 +151,7 @@ class GeneralKernel:
     # Where a W4A16 GEMM's weights are dequantised (common/dequant.py): "registers", straight into the matmul's B
     # fragments from the packed page, or "shared", into a B operand page the matmul loads as any.
     dequant: str = "registers"
+    cols: ColAccumulators | None = None  # a column program's accumulators (cols.py), which its compute warps hold
 
     @property
     def cooperative(self) -> bool:
@@ -170,6 +173,8 @@ class GeneralKernel:
         """The estimate of a thread's registers: the accumulators' (`SpatialTarget.registers_per_thread`), a row
         program's kernel's own (`rows.BASE_REGISTERS`), or where the compute warps hold both (attention) the
         fragments' and the row shares' together (`held_registers`)."""
+        if self.cols is not None:
+            return min(self.cols.registers, target.regs_per_thread_max)
         if self.rows is not None and not self.accumulates:
             return min(self.rows.registers, target.regs_per_thread_max)
         if self.rows is not None:
@@ -182,7 +187,7 @@ class GeneralKernel:
         """Whether the kernel multiplies: its compute warps hold accumulator fragments and it inlines the tensor-core
         layer. A map program's kernel (no matmul) has neither: its engines only move and map pages; a row program's
         compute warps hold row accumulators (`rows`), no fragments; attention's hold both."""
-        return self.lanes > 0 and (self.rows is None or bool(self.layers))
+        return self.lanes > 0 and self.cols is None and (self.rows is None or bool(self.layers))
 
     @property
     def fragments(self) -> tuple[Fragments, ...]:
@@ -318,6 +323,9 @@ def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[ComputeOp, ...
     if is_attention_program(p):
         types, maps = checked_attention(p)
         return types, False, maps
+    if is_col_program(p):
+        types, stages = checked_cols(p)
+        return types, False, tuple(s.kind.op for s in stages)  # type: ignore[union-attr]
     if is_row_program(p):
         types, stages = checked_rows(p)
         return types, False, tuple(s.kind.op for s in stages)  # type: ignore[union-attr]
@@ -337,10 +345,13 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     plan = p.plans[0]
     types, integer, stages = page_stages(p)
     attention = is_attention_program(p)
-    reduces = is_row_program(p)  # row accumulators alone; attention's compute warps hold fragments beside them
+    # row (or column) accumulators alone; attention's compute warps hold fragments beside them
+    reduces = is_row_program(p) or is_col_program(p)
     lanes = 0 if is_map_program(p) and not attention else target.accumulator_lanes
     if attention:
         lanes = attention_lanes(target, plan.block.osh)
+    if is_col_program(p):  # a thread a column of the band: no more warps than its columns fill
+        lanes = min(lanes, -(-plan.block.osw * p.tile.cols // WARP))
     one = fragments_of(plan, target)  # the plan's block: the accumulator of a one-matmul program
     lane_grid, perw = (one.lane_grid, one.perw) if lanes and not reduces else (None, 0)
     by_rows = row_templates(p) if reduces or attention else frozenset()
@@ -350,6 +361,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     else:
         rings = packed_rings(p, epilogue_rings(p, ring_table(p, types, ()), integer))
     rows = row_accumulators(p, plan, rings, lanes) if by_rows else None
+    cols = col_accumulators(p, plan, rings, lanes) if reduces and not by_rows else None
     in_registers: dict[int, int | None] = {}
     if attention and rows is not None:
         in_registers = held_rings(p, rings, by_rows, accumulators)
@@ -376,6 +388,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
     held = held_tiles(plan, accumulators) if lanes and not reduces else 0
     held *= SCALED_FRAGMENTS if program_scales(p) is not None else 1  # a block-scaled step's partials beside them
     regs = min(rows.registers, target.regs_per_thread_max) if rows is not None else None
+    regs = min(cols.registers, target.regs_per_thread_max) if cols is not None else regs
     if rows is not None and held:
         scores = plan.block.osh * plan.block.ibw if in_registers else 0
         regs = min(held_registers(target, held, rows, lanes, scores), target.regs_per_thread_max)
@@ -418,6 +431,7 @@ def make_kernel(p: SpatialProgram, target: SpatialTarget, fit: bool = True) -> G
         accumulators,
         rows,
         in_registers,
+        cols=cols,
     )
 
 

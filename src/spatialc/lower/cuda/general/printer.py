@@ -48,6 +48,7 @@ from ..common import epilogue
 from ..common.barrier_ids import engine_barrier
 from ..common.blockscale import mx_lines
 from ..common.clusters import GeneralClusterPrinter, reset_image
+from ..common.cols import ColPrinter
 from ..common.cwriter import (
     CHECK_MACRO,
     PAGE_MACROS,
@@ -86,7 +87,14 @@ def accumulator_of(op: ChoreoOp) -> BufferId | None:
 
 
 class EnginePrinter(
-    GeneralClusterPrinter, HandoverPrinter, RegisterPrinter, RowPrinter, MapPrinter, DequantPrinter, TilePrinter
+    GeneralClusterPrinter,
+    HandoverPrinter,
+    RegisterPrinter,
+    RowPrinter,
+    ColPrinter,
+    MapPrinter,
+    DequantPrinter,
+    TilePrinter,
 ):
     """Prints one engine's program on its own warps: its ops in order, its loops as its own `for`s."""
 
@@ -252,7 +260,12 @@ class EnginePrinter(
             case WriteBarrier() | Flush():
                 # Each thread's global writes are visible at device scope before any later signal of its engine.
                 self.w.line("__threadfence();", mark)
-            case _ if self.cluster_handshake(op, mark) or self.handover(op, mark) or self.row_op(op, env, mark):
+            case _ if (
+                self.cluster_handshake(op, mark)
+                or self.handover(op, mark)
+                or self.row_op(op, env, mark)
+                or self.col_op(op, env, mark)
+            ):
                 pass
             case _ if self.common(op, env, mark, "ordered by the ring barriers"):
                 pass
@@ -352,6 +365,8 @@ def preamble(k: GeneralKernel) -> list[str]:
     lines += [f"#define NTHREAD {k.threads}"] + ([f"#define NWARP {k.lanes}"] if k.lanes else [])
     if k.rows is not None:  # each compute warp's rows of the band, one share of each a lane (rows.py)
         lines += [f"#define RROWS {k.rows.per_warp}"]
+    if k.cols is not None:  # each compute thread's columns of the band, the whole value of each (cols.py)
+        lines += [f"#define CCOLS {k.cols.per_thread}"]
     lines += [f"#define {f.count} {f.perw}" for f in k.fragments]
     for rid in sorted(k.rings.rings):
         ring = k.rings.rings[rid]
@@ -496,6 +511,8 @@ def _engine(k: GeneralKernel, role: Role, w: Writer) -> None:
             w.line(f"spatialc_acc<ACCT> {f.name}[{f.count}];")
         for t in sorted(k.rows.reductions if k.rows is not None else ()):
             w.line(f"float racc_{t}[RROWS];  // the lane's share of each of the warp's rows")
+        for t in sorted(k.cols.reductions if k.cols is not None else ()):
+            w.line(f"float cacc_{t}[CCOLS];  // the thread's columns of the band")
         printer.declare_registers()
     by_class(k, role, w, lambda ops: _program(printer, ops))
 

@@ -39,6 +39,7 @@ from ....ir.ops import (
 from ....ir.printer import compute_text
 from ....ir.traffic import global_read_bytes
 from ....passes.attention import is_attention_program
+from ....passes.cols import is_col_program
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
 from ....target import SpatialTarget
@@ -50,7 +51,14 @@ from ..common.cwriter import C_TYPES
 from ..common.dequant import InRegisters, fused_order, has_dequant, packed_rings, param_c_type, register_fusion
 from ..common.host import assemble
 from ..common.launch import launch_for, site_items
-from ..common.program import ATTENTION_PROGRAM, W4_PROGRAM, all_ops, check_printable, checked_gemm, fragments_per_warp
+from ..common.program import (
+    ATTENTION_PROGRAM,
+    W4_PROGRAM,
+    all_ops,
+    check_printable,
+    checked_gemm,
+    fragments_per_warp,
+)
 from ..common.rings import MMA_TYPES, TILE_ELEMS, MmaTypes, Ring, Rings, ring_table
 from ..common.sites import printed_site_programs
 from . import pages
@@ -71,7 +79,9 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     check_printable(program, dequant=True)
     if is_attention_program(program):
         raise NeedsGeneral(ATTENTION_PROGRAM, ATTENTION_WHY)
-    if is_map_program(program) or is_row_program(program):  # no tile matmul: its block moves and maps pages
+    if (
+        is_map_program(program) or is_row_program(program) or is_col_program(program)
+    ):  # no tile matmul: its block moves and maps pages
         return pages.lower(program, target)
     refuse(program)
     plan = program.plans[0]

@@ -1,5 +1,6 @@
-"""The persistent form of a program without a tile matmul: a map program (`spatialc.elementwise`) or a row program
-(softmax, RMSNorm, LayerNorm).
+"""The persistent form of a program without a tile matmul: a map program (`spatialc.elementwise`), a row program
+(softmax, RMSNorm, LayerNorm) or a column program (`spatialc.col_reduce`: its column accumulators printed by
+`cols.ColPrinter`, a thread a column of the band, as in the general form).
 
 The block is a site, as for a GEMM: the site's reader, compute and writer programs serialised onto one instruction
 stream (`merge.py`, which leaves a later pass's loop out of an earlier one's: a row program's writer stores what the
@@ -35,10 +36,12 @@ from ....ir.ops import (
     WriteTiles,
 )
 from ....ir.traffic import global_read_bytes
+from ....passes.cols import is_col_program
 from ....passes.rows import is_row_program
 from ....target import SpatialTarget
 from ...artifact import Budget, CudaArtifact, Launch
 from ...errors import GroupSpansSites, NeedsGeneral, TooBig, Unsupported
+from ..common.cols import ColAccumulators, checked_cols, col_accumulators
 from ..common.cwriter import C_TYPES
 from ..common.host import assemble
 from ..common.launch import launch_for, site_items
@@ -59,11 +62,12 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
     rings = epilogue_rings(program, ring_table(program, types, ()), integer)
     lanes = target.accumulator_lanes
     rows = row_accumulators(program, plan, rings, lanes) if is_row_program(program) else None
+    cols = col_accumulators(program, plan, rings, lanes) if is_col_program(program) else None
     programs = printed_site_programs(program)
     ops = serialise(programs)
-    check_pages(program, ops, rings, rows)
+    check_pages(program, ops, rings, rows, cols)
     prove(rings, ops)
-    kernel = make_kernel(program, target, plan, types, rings, integer, bool(stages), rows)
+    kernel = make_kernel(program, target, plan, types, rings, integer, bool(stages), rows, cols)
     kernel_cu = kernel_text(kernel, ops)
     return assemble(program, target.name, kernel_cu, programs, launch_of(kernel, target), budget_of(kernel, target))
 
@@ -71,6 +75,9 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
 def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[Stage, ...]]:
     """The input types, whether the program is int8 (exact `long long` values) and its compute stages — a map
     program's one map (`checked_map`), a row program's reductions and maps (`checked_rows`) — checked as those say."""
+    if is_col_program(p):
+        types, stages = checked_cols(p)
+        return types, False, stages
     if is_row_program(p):
         types, stages = checked_rows(p)
         return types, False, stages
@@ -102,10 +109,17 @@ def refuse(p: SpatialProgram) -> None:
         raise Unsupported(f"tiles of {p.tile.rows}x{p.tile.cols}", "the kernel's pages are of 16x16 tiles")
 
 
-def check_pages(p: SpatialProgram, ops: tuple[SerialOp, ...], rings: Rings, rows: RowAccumulators | None) -> None:
+def check_pages(
+    p: SpatialProgram,
+    ops: tuple[SerialOp, ...],
+    rings: Rings,
+    rows: RowAccumulators | None,
+    cols: ColAccumulators | None = None,
+) -> None:
     """Refuse ops the page printers would run on the wrong elements: a copy in or out of other than a whole page of
-    its ring, and an accumulator that is not a row reduction's (`rows.row_accumulators` checked those)."""
-    reduced = rows.reductions if rows is not None else {}
+    its ring, and an accumulator that is not a row or column reduction's (`row_accumulators` and `col_accumulators`
+    checked those)."""
+    reduced = {**(rows.reductions if rows is not None else {}), **(cols.reductions if cols is not None else {})}
     for op in serial_walk(ops):
         match op:
             case ReadTiles(into=buf, block_h=bh, block_w=bw) | WriteTiles(src=buf, block_h=bh, block_w=bw):
@@ -118,8 +132,8 @@ def check_pages(p: SpatialProgram, ops: tuple[SerialOp, ...], rings: Rings, rows
             case AcquireAcc(buf) | ReleaseAcc(buf) | PackAcc(acc=buf) | Compute(acc=buf) if buf is not None:
                 if int(p.buffer(buf).ring) not in reduced:
                     raise Unsupported(
-                        f"accumulator {p.buffer(buf).name}, which no row reduction folds into",
-                        "a program without a tile matmul holds row accumulators only",
+                        f"accumulator {p.buffer(buf).name}, which no row or column reduction folds into",
+                        "a program without a tile matmul holds row or column accumulators only",
                     )
             case Compute(acc_reload=reload) if reload is not None:
                 raise Unsupported("an accumulator spill (acc_reload)", "row accumulators never leave the registers")
@@ -136,13 +150,15 @@ def make_kernel(
     integer: bool,
     has_stages: bool,
     rows: RowAccumulators | None,
+    cols: ColAccumulators | None = None,
 ) -> Kernel:
     """The kernel's block: the rings laid out as the GEMM kernel's are, the accumulator lanes for its warps, and the
     blocks an SM holds — by its shared memory and, for a row program, its own register estimate."""
     lanes = target.accumulator_lanes
     smem = smem_layout(rings, target)
     total = smem.static_bytes + smem.dyn_bytes
-    regs = min(rows.registers, target.regs_per_thread_max) if rows is not None else None
+    held = rows if rows is not None else cols
+    regs = min(held.registers, target.regs_per_thread_max) if held is not None else None
     blocks = target.resident_sites_per_unit(total, 0, 1, (1, 1), lanes, regs)
     if blocks == 0:
         raise TooBig(
@@ -151,7 +167,7 @@ def make_kernel(
             target.smem_per_site_max,
             "choose a smaller block or shallower rings",
         )
-    out = out_c_type(p, "the persistent form", mixed=rows is not None)  # a row program's vectors: float32 beside out
+    out = out_c_type(p, "the persistent form", mixed=held is not None)  # a row program's vectors: float32 beside out
     others = other_outputs(p, out)
     param_types = tuple(
         "OPT"
@@ -180,12 +196,14 @@ def make_kernel(
         has_stages,
         pages=True,
         rows=rows,
+        cols=cols,
     )
 
 
 def budget_of(k: Kernel, target: SpatialTarget) -> Budget:
     """The resource budget, from the layout the kernel was printed with."""
-    regs = min(k.rows.registers, target.regs_per_thread_max) if k.rows is not None else target.registers_per_thread(0)
+    held = k.rows if k.rows is not None else k.cols
+    regs = min(held.registers, target.regs_per_thread_max) if held is not None else target.registers_per_thread(0)
     by_id = sorted(k.rings.rings.values(), key=lambda r: r.id)
     return Budget(
         k.smem.ring_bytes,

@@ -27,6 +27,7 @@ from ...census import OP, PAD, PRE, marker
 from ...errors import Unsupported
 from ..common import epilogue
 from ..common.blockscale import mx_lines
+from ..common.cols import ColAccumulators, ColPrinter
 from ..common.cwriter import (
     CHECK_MACRO,
     PAGE_MACROS,
@@ -71,6 +72,7 @@ class Kernel:
     # fragments; a row program's row accumulators are `rows` (rows.py).
     pages: bool = False
     rows: RowAccumulators | None = None
+    cols: ColAccumulators | None = None  # a column program's column accumulators (cols.py)
     # A W4A16 GEMM's B rings its dequant in registers does without (kernel.in_registers): never declared.
     registers: frozenset[int] = frozenset()
 
@@ -265,7 +267,7 @@ class OpPrinter(DequantPrinter, TilePrinter):
         return [(stage, env) for stage, env, _ in chain]
 
 
-class PagePrinter(RowPrinter, MapPrinter, OpPrinter):
+class PagePrinter(RowPrinter, ColPrinter, MapPrinter, OpPrinter):
     """The op printer of a program without a tile matmul: a map program's map and a row program's maps and row
     accumulators are printed by the printers the general form runs them with (`maps.py`, `rows.py`), here on every
     thread of the block, between the serialised order's waits and barriers; page elements are read and written
@@ -281,7 +283,7 @@ class PagePrinter(RowPrinter, MapPrinter, OpPrinter):
         match op:
             case SerialLoop():
                 super().op(op, first, run, env, in_flight, tag)
-            case _ if self.row_op(op, env, mark):
+            case _ if self.row_op(op, env, mark) or self.col_op(op, env, mark):
                 pass
             case Compute(op=stage, ins=ins, outs=(dst,)) if ins:
                 self.elementwise(op, stage, [self.kept(b) for b in ins], self.kept(dst), env, mark)
@@ -317,6 +319,8 @@ def preamble(k: Kernel) -> list[str]:
     lines += [f"#define NTHREAD {k.lanes * 32}", f"#define NWARP {k.lanes}"]
     if k.rows is not None:  # each warp's rows of the band, one share of each a lane (rows.py)
         lines.append(f"#define RROWS {k.rows.per_warp}")
+    if k.cols is not None:  # each thread's columns of the band, the whole value of each (cols.py)
+        lines.append(f"#define CCOLS {k.cols.per_thread}")
     if not k.pages:
         lines.append(f"#define PERW {k.perw}")
     for rid in sorted(k.rings.rings):
@@ -379,3 +383,5 @@ def kernel_prologue(k: Kernel, w: Writer) -> None:
         w.line("spatialc_acc<ACCT> accf[PERW];")
     for t in sorted(k.rows.reductions if k.rows is not None else ()):
         w.line(f"float racc_{t}[RROWS];  // the lane's share of each of the warp's rows")
+    for t in sorted(k.cols.reductions if k.cols is not None else ()):
+        w.line(f"float cacc_{t}[CCOLS];  // the thread's columns of the band")

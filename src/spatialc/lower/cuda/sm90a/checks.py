@@ -9,6 +9,7 @@ from ....ir.nodes import SpatialProgram
 from ....ir.ops import Loop, ReadTiles, Trip
 from ....numerics.blockscale import is_mx, program_scales
 from ....passes.attention import is_attention_program
+from ....passes.cols import is_col_program
 from ....passes.footprint import in_panels
 from ....passes.maps import is_map_program
 from ....passes.rows import is_row_program
@@ -16,7 +17,7 @@ from ....target import WARP, SpatialTarget
 from ...errors import NeedsGeneral, TooBig, Unsupported
 from ..common.blockscale import MX_PROGRAM
 from ..common.dequant import has_dequant
-from ..common.program import MAP_PROGRAM, ROW_PROGRAM, W4_PROGRAM, all_ops, matmul_stages
+from ..common.program import COL_PROGRAM, MAP_PROGRAM, ROW_PROGRAM, W4_PROGRAM, all_ops, matmul_stages
 from ..general import checks as general_checks
 from .attention import check_attention_plan
 from .barriers import check_barriers
@@ -36,9 +37,10 @@ def refuse(p: SpatialProgram, target: SpatialTarget) -> None:
             f"the sm_90a form on {target.name}", "its TMA, wgmma and setmaxnreg instructions exist on sm_90a only"
         )
     attention = is_attention_program(p)
-    if not attention and (is_map_program(p) or is_row_program(p)):
+    if not attention and (is_map_program(p) or is_row_program(p) or is_col_program(p)):
+        what = COL_PROGRAM if is_col_program(p) else ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM
         raise NeedsGeneral(
-            f"{ROW_PROGRAM if is_row_program(p) else MAP_PROGRAM} in the sm_90a form",
+            f"{what} in the sm_90a form",
             "its TMA producer feeds wgmma consumers, which only a tile matmul has",
         )
     general_checks.refuse(p)
