@@ -387,7 +387,7 @@ def test_accepted_edits_of_maps_and_rows_run_right_in_the_persistent_form():
     programs = {
         k: v for k, v in mutants.PROGRAMS.items() if any(w in k for w in ("map", "softmax", "rms", "layernorm"))
     }
-    assert len(programs) == 6  # (the online softmax among them)
+    assert len(programs) == 7  # (the online softmax and fused add + RMSNorm among them)
     tally = mutants.run(edits_per_program=150, seed=31, programs=programs)
     ran = 0
     for base, what, q in random.Random(5).sample(tally.accepted, len(tally.accepted)):
