@@ -17,9 +17,9 @@
 
     program = my_gemm(k=128)       # traced, then verified: a SpatialProgram like spatialc.build's
 
-Beside matmuls: maps (`p.map(name, lambda x, m: ew.exp(x - m), rings, out)`, applied by `e.map`) and row reductions
+Beside matmuls: maps (`p.map(name, lambda x, m: ew.exp(x - m), rings, out)`, applied by `e.map`), row reductions
 (`p.reduce(name, "max", ring, out)`, folded into an accumulator by `acc.reduce`), as examples/lang_softmax.py writes
-a softmax.
+a softmax, and column reductions (`p.col_reduce(name, "sum", ring, out)`, folded by `acc.reduce(stage, page, row=…)`).
 
 The program is the IR's (docs/design.md): everything `spatialc.verify`, `evaluate`, `lower`, `emulate` and `run`
 do applies to it unchanged. An error `verify` finds — a deadlock, an overrun, a page read that nothing filled, a

@@ -17,6 +17,7 @@ from ..ir.nodes import Engine as IREngine
 from ..ir.ops import (
     Barrier,
     Col,
+    ColReduce,
     Compute,
     ComputeOp,
     Const,
@@ -143,8 +144,9 @@ class Engine:
         columns of the page at hand: `ir.ops.bias(tensor, at, width)`; a Dequant's `rows` and `cols` the tile row
         and column of the weights its page holds, which may name loop variables too)."""
         op = stage.op if isinstance(stage, StageRef) else stage
-        if isinstance(op, RowReduce):
-            raise refuse(f"{getattr(stage, 'name', 'a row reduction')} folds rows into an accumulator: acc.reduce(…)")
+        if isinstance(op, RowReduce | ColReduce):
+            axis = "rows" if isinstance(op, RowReduce) else "columns"
+            raise refuse(f"{getattr(stage, 'name', 'a reduction')} folds {axis} into an accumulator: acc.reduce(…)")
         if op is None or isinstance(op, MatmulTiles) or not dataclasses.is_dataclass(op):
             raise refuse(f"{getattr(stage, 'name', op)!s} is not an elementwise stage or op (relu(), bias(...), …)")
         if isinstance(op, Map):  # a column vector's tile column may name loop variables

@@ -27,6 +27,7 @@ from ..ir.ops import (
     AddPartial,
     BlockShape,
     ChoreoOp,
+    ColReduce,
     Compute,
     ComputeOp,
     MatmulTiles,
@@ -372,10 +373,10 @@ class RingRef:
         """Wait for `pages` filled pages and hold them to read (`with ring.wait() as page:` frees them at the end of
         the block; without `with`, call `page.pop()`)."""
         mine(self, "the ring waited for")
-        if self.builder.packs_later(self):
+        if kind := self.builder.packs_later(self):
             raise refuse(
-                f"a wait for {self.name}'s row vector before this engine packs it: reserve a page of it, pack the row"
-                " accumulator into it and push it first"
+                f"a wait for {self.name}'s {kind} vector before this engine packs it: reserve a page of it, pack the"
+                f" {kind} accumulator into it and push it first"
             )
         self.builder.hold(self, False)
         self.builder.emit(Wait(self.id, pages))
@@ -403,38 +404,68 @@ class AccRef:
         self.builder.emit(ReleaseAcc(self.id))
 
     def reduce(
-        self, stage: StageRef | str, page: Page, at: Affine | int = 0, width: int | None = None, cols: int | None = None
+        self,
+        stage: StageRef | str,
+        page: Page,
+        at: Affine | int | None = None,
+        width: int | None = None,
+        cols: int | None = None,
+        row: Affine | int | None = None,
     ) -> None:
-        """Fold each row of the waited `page` (of row reduction `stage`'s ring) into the accumulator, one value a
-        row: the page holds rows of `width` tiles (by default all its tiles: one tile row) whose first is tile column
-        `at` of the row — columns past the stage's width are padding, left out. `stage` may instead name the op
-        (max, min, sum, sumsq, absmax) of a reduction no stage declares (a step of a declared stage the engines
-        expand, as attention's running max), whose rows are `cols` elements wide."""
+        """Fold the waited `page` (of reduction `stage`'s ring) into the accumulator. A row reduction (p.reduce)
+        folds each row into one value a row: the page holds rows of `width` tiles (by default all its tiles: one
+        tile row) whose first is tile column `at` of the row — columns past the stage's width are padding, left out.
+        A column reduction (p.col_reduce) folds each column into one value a column (`width` tiles of them): the
+        page's first tile row is tile row `row` of the tensor — rows past the stage's height are padding, left out.
+        `stage` may instead name the op (max, min, sum, sumsq, absmax) of a row reduction no stage declares (a step
+        of a declared stage the engines expand, as attention's running max), whose rows are `cols` elements wide."""
         mine(self, "the accumulator")
         expect(page, Page, "what an accumulator reduces")
         page._need(False, "reduce")
-        if isinstance(stage, str):
+        op: RowReduce | ColReduce
+        if isinstance(stage, StageRef) and isinstance(stage.op, ColReduce):
+            op, place = self._declared_col_reduce(stage, page, at, cols), row
+        elif row is not None:
+            raise refuse("row= places a column reduction's page (p.col_reduce); a row reduction's is placed by at=")
+        elif isinstance(stage, str):
             n = whole(cols, f"the row width (cols=…) of the {stage} into {self.name}")
-            op = reduce_op(f"into {self.name}", stage, n)
+            op, place = reduce_op(f"into {self.name}", stage, n), at
         else:
-            op = self._declared_reduce(stage, page, cols)
+            op, place = self._declared_reduce(stage, page, cols), at
         if self.id not in self.builder.acquired:
-            raise refuse(f"a reduce into {self.name} before its acquire() (which sets each row to the op's identity)")
+            raise refuse(f"a reduce into {self.name} before its acquire() (which sets each value to the op's identity)")
         w = page.ring.tiles if width is None else whole(width, "the tiles a row of the page holds")
-        self.builder.row_accs.add(self.id)
-        self.builder.emit(Compute(replace(op, at=address(at), width=w), (page.ring.id,), (), self.id))
+        if isinstance(op, RowReduce):
+            self.builder.row_accs.add(self.id)
+        placed = replace(op, at=address(0 if place is None else place), width=w)
+        self.builder.emit(Compute(placed, (page.ring.id,), (), self.id))
 
     def _declared_reduce(self, stage: StageRef, page: Page, cols: int | None) -> RowReduce:
         expect(stage, StageRef, "the first argument of a reduce")
         if not isinstance(stage.op, RowReduce):
-            raise refuse(f"stage {stage.name} is not a row reduction (p.reduce)")
+            raise refuse(f"stage {stage.name} is not a reduction (p.reduce, p.col_reduce)")
         if cols is not None:
             raise refuse(f"stage {stage.name} says its row's width; cols= is for a reduction no stage declares")
+        self._reduces_its_ring(stage, page)
+        return stage.op
+
+    def _declared_col_reduce(self, stage: StageRef, page: Page, at: Any, cols: int | None) -> ColReduce:
+        """Column reduction `stage`, which reduces `page`'s ring; at= and cols= are a row reduction's, refused."""
+        assert isinstance(stage.op, ColReduce)
+        if at is not None or cols is not None:
+            said = "at=" if at is not None else "cols="
+            raise refuse(
+                f"stage {stage.name} reduces columns: its page is placed by its first tile row (row=…); {said} is a"
+                " row reduction's"
+            )
+        self._reduces_its_ring(stage, page)
+        return stage.op
+
+    def _reduces_its_ring(self, stage: StageRef, page: Page) -> None:
         (src,) = self.builder.stage(stage).ins
         if page.ring.id != src:
             name = self.builder.buffer_name(src)
             raise refuse(f"stage {stage.name} reduces pages of {name}; this one is of {page.ring.name}")
-        return stage.op
 
     def scale(self, page: Page) -> None:
         """Multiply each row of the accumulator, all its tiles, by that row's value in the waited `page`, a row

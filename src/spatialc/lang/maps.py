@@ -1,5 +1,6 @@
-"""Maps and row reductions in the embedded language: a map stage's formula from an `ew` expression (or a function of
-its input pages' values), the row width a reduction masks at, and a formula as `ew` source (`show --python`).
+"""Maps and reductions in the embedded language: a map stage's formula from an `ew` expression (or a function of
+its input pages' values), the row width a row reduction masks at and the column height a column reduction does, and a
+formula as `ew` source (`show --python`).
 
 A map reads the front pages of its rings: a ring a row reduction fills is a row vector (`RowArg`: each element its
 row's value), any other ring a page of values (`Arg`); `ew.col(name)` is the parameter tensor `name`, one value per
@@ -23,7 +24,21 @@ from .. import ew
 from ..errors import ProgramError
 from ..ir.ids import BufferId, TensorId
 from ..ir.nodes import ComputeStage, ReadStage, Tensor, TensorRole
-from ..ir.ops import REDUCE_OPS, Apply, Arg, Col, Expr, Lit, Map, Pos, RowArg, RowReduce, TileAddr, VecAxis
+from ..ir.ops import (
+    REDUCE_OPS,
+    Apply,
+    Arg,
+    Col,
+    ColReduce,
+    Expr,
+    Lit,
+    Map,
+    Pos,
+    RowArg,
+    RowReduce,
+    TileAddr,
+    VecAxis,
+)
 from ..numerics.elementwise import OPS
 from .lines import refuse
 
@@ -159,6 +174,43 @@ def reduce_op(name: str, op: Any, cols: int) -> RowReduce:
     if op not in REDUCE_OPS:
         raise refuse(f"row reduction {name}: op {op!r} is none of {', '.join(REDUCE_OPS)}")
     return RowReduce(op, cols)
+
+
+def col_rings(b: Builder) -> set[BufferId]:
+    """The rings the stages declared so far fill with column vectors: the outputs of column reductions (a map reads
+    one as a page of values: each column's value is in every row of it)."""
+    return {
+        x for s in b.stages if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, ColReduce) for x in s.outs
+    }
+
+
+def reduced_rows(b: Builder, name: str, src: RingRef, rows: int | None) -> int:
+    """The column height a column reduction of `src` masks at: the rows of the tensor a read declared before it
+    reads into `src`. `rows`, where given, must be those — a reduction covers each column's values and no padding,
+    as verify's rule 8 holds it to — and is needed where no read fills `src`."""
+    read = next((s for s in b.stages if isinstance(s.kind, ReadStage) and src.id in s.outs), None)
+    if read is None:
+        if rows is None:
+            raise refuse(
+                f"column reduction {name}: say the column's height in elements (rows=…); no read fills its ring"
+            )
+        return rows
+    t: Tensor = b.tensors[int(read.kind.tensor)]  # type: ignore[union-attr]
+    if rows is not None and rows != t.elems[0]:
+        raise refuse(
+            f"column reduction {name} of {rows} rows: the columns of {t.name}, which {read.name} reads into"
+            f" {src.name}, hold {t.elems[0]} values (a reduction covers each column's values and no padding; leave"
+            " rows= out)"
+        )
+    return t.elems[0]
+
+
+def col_reduce_op(name: str, op: Any, rows: int) -> ColReduce:
+    """Stage `name`'s column reduction: one of REDUCE_OPS down columns `rows` elements high."""
+    if op not in REDUCE_OPS:
+        mean = " (a mean is a sum and a map of it, x / rows, as spatialc.col_reduce builds it)" if op == "mean" else ""
+        raise refuse(f"column reduction {name}: op {op!r} is none of {', '.join(REDUCE_OPS)}{mean}")
+    return ColReduce(op, rows)
 
 
 # ---- a formula as ew source ----------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from ..ir.ops import (
     AddPartial,
     Attention,
     Col,
+    ColReduce,
     Map,
     MatmulTiles,
     RowReduce,
@@ -116,13 +117,15 @@ class SourcePrinter(EngineSource):
         return f"lambda {', '.join(args)}: {body}"
 
     def reduce_call(self, s: Stage) -> str | None:
-        """Row reduction stage `s` as p.reduce declares it, where it has that form."""
+        """Reduction stage `s` as p.reduce (rows) or p.col_reduce (columns) declares it, where it has that form."""
+        if len(s.ins) != 1 or len(s.outs) != 1:
+            return None
+        src, dst = self.buffers[s.ins[0]], self.buffers[s.outs[0]]
         match s.kind:
-            case ComputeStage(RowReduce(op, n, TileAddr(0, ()), 1)) if (
-                op in REDUCE_OPS and len(s.ins) == len(s.outs) == 1
-            ):
-                src, dst = self.buffers[s.ins[0]], self.buffers[s.outs[0]]
+            case ComputeStage(RowReduce(op, n, TileAddr(0, ()), 1)) if op in REDUCE_OPS:
                 return f"p.reduce({literal(s.name)}, {literal(op)}, {src}, {dst}, cols={n})"
+            case ComputeStage(ColReduce(op, n, TileAddr(0, ()), 1)) if op in REDUCE_OPS:
+                return f"p.col_reduce({literal(s.name)}, {literal(op)}, {src}, {dst}, rows={n})"
         return None
 
     def attention_call(self, s: Stage, op: Attention) -> str | None:
@@ -221,7 +224,7 @@ class SourcePrinter(EngineSource):
                     srcs = [self.buffers[b] for b in s.ins]
                     src = srcs[0] if len(srcs) == 1 else f"[{', '.join(srcs)}]"
                     call = f"p.map({name}, {self.formulas[s.id]}, {src}, {self.buffers[s.outs[0]]})"
-                case ComputeStage(RowReduce()) if (reduce := self.reduce_call(s)) is not None:
+                case ComputeStage(RowReduce() | ColReduce()) if (reduce := self.reduce_call(s)) is not None:
                     call = reduce
                 case ComputeStage(op):
                     srcs = [self.buffers[b] for b in s.ins]

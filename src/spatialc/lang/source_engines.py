@@ -29,6 +29,7 @@ from ..ir.ops import (
     Barrier,
     ChoreoOp,
     Col,
+    ColReduce,
     Compute,
     Const,
     Lit,
@@ -358,6 +359,13 @@ class EngineSource:
                     self.line(depth, f"{b[acc]}.reduce({op_name}, {page}{where}, width={rr.width}, cols={rr.cols})")
                 else:
                     raise self.refuse("a row reduction no p.reduce stage declares")
+            case Compute(ColReduce() as cr, (src,), (), acc, None) if acc is not None:
+                folds = self.reduces.get(src)
+                if folds is None or dataclasses.replace(folds.kind.op, at=cr.at, width=cr.width) != cr:  # type: ignore[union-attr]
+                    raise self.refuse("a column reduction no p.col_reduce stage declares")
+                where = f", row={self.addr(cr.at, in_item)}" if cr.at != TileAddr(0) else ""
+                page = self.page(src, False)
+                self.line(depth, f"{b[acc]}.reduce({self.stages[folds.id]}, {page}{where}, width={cr.width})")
             case Compute(ScaleAcc(), (src,), (), acc, None) if acc is not None:
                 self.line(depth, f"{b[acc]}.scale({self.page(src, False)})")
             case Compute(Map() as m, srcs, outs, None, None) if call := self.map_call(m, srcs, outs, in_item):

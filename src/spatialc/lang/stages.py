@@ -1,6 +1,6 @@
 """What a program computes, as the embedded language declares it: the stages a `Builder` records — reads and
-writes of tensors, the matmul (and split-K's partial sums), maps and elementwise ops, row reductions, attention —
-which verify's rule 8 proves the traced engines compute.
+writes of tensors, the matmul (and split-K's partial sums), maps and elementwise ops, row and column reductions,
+attention — which verify's rule 8 proves the traced engines compute.
 
 `StageDeclarations` is a base of `builder.Builder`, whose declared tensors, rings and stages it reads and extends
 (annotated below).
@@ -30,11 +30,12 @@ from ..ir.ops import (
 from ..numerics.attention import FLOAT32_HOLDS, keyless, valid_scale
 from .handles import RingRef, StageRef, TensorRef, expect, named, whole
 from .lines import refuse, user_line
-from .maps import formula, reduce_op, reduced_cols, vector_rings
+from .maps import col_reduce_op, col_rings, formula, reduce_op, reduced_cols, reduced_rows, vector_rings
 
 
 class StageDeclarations:
-    """The stage declarations of a `Builder` (its base): `p.read`, `p.matmul`, `p.map`, `p.reduce`, … ."""
+    """The stage declarations of a `Builder` (its base): `p.read`, `p.matmul`, `p.map`, `p.reduce`, `p.col_reduce`,
+    … ."""
 
     precision: Precision  # (annotations only: the state is Builder's)
     tensors: list[Tensor]
@@ -142,6 +143,23 @@ class StageDeclarations:
         n = reduced_cols(self, name, src) if cols is None else whole(cols, f"row reduction {name}'s cols")
         return self._stage(name, ComputeStage(reduce_op(name, op, n)), "compute", (src.id,), (dst.id,))
 
+    def col_reduce(self, name: str, op: str, src: RingRef, dst: RingRef, rows: int | None = None) -> StageRef:
+        """Stage: each column of `src`'s pages folded by `op` (max, min, sum, sumsq, absmax) down the `rows` rows of
+        the tensor read into `src` (the default; past them is padding) — torch's x.sum(0), x.amax(0), a bias
+        gradient — into a column vector in `dst`'s pages (a page one tile row high, each column's value in every
+        row). The engines fold it page by page into an accumulator of one value a column (`acc.reduce(stage, page,
+        row=…, width=…)`)."""
+        expect(src, RingRef, f"the ring column reduction {name} reads")
+        expect(dst, RingRef, f"the ring column reduction {name} fills")
+        if src.id in self.row_vectors():
+            raise refuse(
+                f"column reduction {name} of {src.name}, a row vector (one value a row, a row reduction's): a column"
+                " reduction folds the columns of the pages a read fills (p.read)"
+            )
+        given = None if rows is None else whole(rows, f"column reduction {name}'s rows")
+        reduce = col_reduce_op(name, op, reduced_rows(self, name, src, given))
+        return self._stage(name, ComputeStage(reduce), "compute", (src.id,), (dst.id,))
+
     def attention(
         self,
         name: str,
@@ -191,12 +209,14 @@ class StageDeclarations:
         packed = {ring for ring, accs in self.packed.items() if accs & self.row_accs}
         return vector_rings(self) | packed | self.vector_maps
 
-    def packs_later(self, ring: RingRef) -> bool:
-        """Whether `ring` holds row vectors the engine being traced packs and has not pushed yet: a wait for it
-        now could never end."""
-        if self.engine is None or ring.id in self.pushed or ring.id not in vector_rings(self):
-            return False
-        return any(ring.id in s.outs and s.engine.value == self.engine[1] for s in self.stages)
+    def packs_later(self, ring: RingRef) -> str | None:
+        """ "row" or "column" where `ring` holds row or column vectors (a reduction's) the engine being traced packs
+        and has not pushed yet — a wait for it now could never end — else None."""
+        if self.engine is None or ring.id in self.pushed:
+            return None
+        kind = "row" if ring.id in vector_rings(self) else "column" if ring.id in col_rings(self) else None
+        mine = any(ring.id in s.outs and s.engine.value == self.engine[1] for s in self.stages)
+        return kind if mine else None
 
     def write(self, name: str, src: RingRef, tensor: TensorRef, engine: str = "writer") -> StageRef:
         """Stage: the pages of `src` are written to `tensor`."""
