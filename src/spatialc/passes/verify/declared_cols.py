@@ -41,6 +41,7 @@ from ...ir.ops import (
     cols,
     row_args,
 )
+from ...ir.printer import addr_text
 from .dataflow import Declared
 from .declared_checks import _unsure
 from .facts import Programs
@@ -302,11 +303,13 @@ class _Band:
                 raise self.fail(
                     Engine.READER, read, "its pages move along the rows' columns in a loop", StrongerCheckNeeded
                 )
-            if at_steps.pop(c_loop.var, 0) != stride // c_t:
+            said = at_steps.pop(c_loop.var, 0)
+            if said != stride // c_t:
                 raise self.fail(
                     Engine.COMPUTE,
                     fold,
-                    f"it says its pages move {fold.op.at} tile rows a step, and the reader's move {stride // c_t}:"
+                    f"it says its pages move {said} tile rows a step (its page at {addr_text(fold.op.at)}), and"
+                    f" the reader's move {stride // c_t}:"
                     " the padding rows it leaves out would not be the tensor's",
                 )
             terms.append((stride // c_t, r_loop.count.n))  # type: ignore[union-attr]
