@@ -217,3 +217,30 @@ def test_a_map_program_whose_write_stores_a_read_is_refused_by_the_planner():
     b.write(b.read(x, "x"), y)
     with pytest.raises(ProgramError, match="a copy of a tensor is the map x of its own"):
         spatialc.build(b.program("copy", "sm_90"))
+
+
+def test_the_cli_builds_outputs_written_as_assignments(capsys, tmp_path):
+    from ..cli.test_cli import run_cli
+
+    path = tmp_path / "rope.json"
+    text = "out1 = x1 * cos - x2 * sin; out2 = x2 * cos + x1 * sin"
+    status, out, err = run_cli(capsys, "elementwise", text, "40", "70", "--json", str(path))
+    assert status == 0, err
+    assert "inputs x1, cos, x2, sin" in out and "OK, out1: max |error|" in out and "out2: max |error|" in out
+    p = spatialc.from_json(path.read_text())
+    assert [t.name for t in p.tensors if t.role == TensorRole.OUTPUT] == ["out1", "out2"]
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("out1 = x * 2; out1 = x", "output out1 is assigned twice"),
+        ("out1 = x * 2; x + 1", "'x + 1' is no output"),
+        ("a, b = x, x", "is no output"),
+    ],
+)
+def test_the_cli_refuses_outputs_written_wrongly_in_one_line(capsys, text, words):
+    from ..cli.test_cli import run_cli
+
+    status, _, err = run_cli(capsys, "elementwise", text, "40", "70")
+    assert status == 2 and words in err and len(err.strip().splitlines()) == 1, err
