@@ -244,3 +244,17 @@ def test_the_cli_refuses_outputs_written_wrongly_in_one_line(capsys, text, words
 
     status, _, err = run_cli(capsys, "elementwise", text, "40", "70")
     assert status == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_examples_rope_is_checked_against_numpy(capsys):
+    """examples/elementwise.py's RoPE (examples/ is no package: loaded from its file)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "examples" / "elementwise.py"
+    spec = importlib.util.spec_from_file_location("spatialc_example_elementwise", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.rope()
+    assert "rope      two outputs, one kernel: verified, OK (out1:" in capsys.readouterr().out
