@@ -107,9 +107,10 @@ def map_shape(p: SpatialProgram) -> MapShape:
                 raise ProgramError(f"stage {s.name} reads {names.get(b, f'ring {int(b)}')}, which no stage fills")
             readers.setdefault(b, []).append(s)
     for s in (*reads, *computes):
-        (ring,) = s.outs if len(s.outs) == 1 else (None,)
-        if ring is None or not readers.get(ring):
-            raise ProgramError(f"stage {s.name} fills {'no ring' if ring is None else names[ring]} that a stage reads")
+        if len(s.outs) != 1:
+            raise ProgramError(f"stage {s.name} fills {len(s.outs)} rings; a read or a map of a map program fills one")
+        if not readers.get(s.outs[0]):  # (its pages would never be popped: the engines would wait forever)
+            raise ProgramError(f"stage {s.name} fills {names[s.outs[0]]}, which no stage reads")
     for w in writes:
         f = producer[w.ins[0]] if len(w.ins) == 1 else None
         if f is None or not isinstance(f.kind, ComputeStage):
