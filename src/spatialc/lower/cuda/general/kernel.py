@@ -325,8 +325,8 @@ def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[ComputeOp, ...
         types, stages = checked_rows(p)
         return types, False, tuple(s.kind.op for s in stages)  # type: ignore[union-attr]
     if is_map_program(p):
-        types, integer, maps = checked_map(p)
-        return types, integer, tuple(s.kind.op for s in maps)  # type: ignore[union-attr]
+        types, integer, map_stages = checked_map(p)
+        return types, integer, tuple(s.kind.op for s in map_stages)  # type: ignore[union-attr]
     types, integer, layers = checked_layers(p, epilogue.ELEMENTWISE_OPS)
     return types, integer, tuple(s.kind.op for _, chain in layers for s in chain)  # type: ignore[union-attr]
 
