@@ -1,8 +1,9 @@
 """Programs with no matmul: elementwise maps of tensors (issue 31). Their own tile, place and schedule.
 
-A map program reads any number of input tensors of one shape, applies one `Map` to the same element of each, and
-writes one output of that shape. An item is a block of bh × bw output tiles; the reader fills one page of each
-input's ring per item, the compute engine maps the pages into a page of the output's ring, the writer stores it.
+A map program reads any number of input tensors of one shape, applies `Map`s to the same element of each — each map
+of inputs' pages and other maps' — and writes any number of outputs of that shape, each one map's pages (RoPE's two
+halves). An item is a block of bh × bw output tiles; the reader fills one page of each input's ring per item, the
+compute engine runs the maps in order, each into a page of its ring, the writer stores each output's page.
 Memory-bound: the plan is chosen for pages large enough to stream and items enough to fill the machine.
 """
 
