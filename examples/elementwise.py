@@ -5,7 +5,10 @@ bound), applied to the same element of each input. spatialc plans it (blocks of 
 input), verify proves that each output tile is the formula of the same tile of every input — the right tensor, the
 right tile, each column vector at its own column — and the interpreter runs it, compared here with numpy.
 
-    python examples/elementwise.py      # builds, verifies and checks three of them
+A kernel may write several outputs, each its own formula of the same inputs, read once: rotary embedding (RoPE)
+rotates each pair of halves, out1 = x1·cos − x2·sin and out2 = x2·cos + x1·sin, in one kernel (`rope` below).
+
+    python examples/elementwise.py      # builds, verifies and checks three of them, and RoPE
 """
 
 from __future__ import annotations
@@ -60,5 +63,31 @@ def main() -> None:
         assert ok and err < 1e-6
 
 
+def rope() -> None:
+    """RoPE's rotation of the two halves of each head's vector, x1 and x2 (separate tensors, as a model splits them),
+    by cos and sin of each position's angles (tensors of the same shape): two outputs, one kernel."""
+    x1, x2, cos, sin = ew.inputs(4)
+    halves = {"out1": x1 * cos - x2 * sin, "out2": x2 * cos + x1 * sin}
+    p = spatialc.build(spatialc.elementwise(halves, M, N, "bf16", names=("x1", "x2", "cos", "sin")), "sm_90")
+    rng = np.random.default_rng(1)
+    angles = rng.uniform(0, 2 * np.pi, (M, N))
+    inputs = {
+        "x1": rng.normal(size=(M, N)),
+        "x2": rng.normal(size=(M, N)),
+        "cos": np.cos(angles),
+        "sin": np.sin(angles),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", spatialc.InexactInputWarning)
+        out = spatialc.evaluate(p, inputs)
+    v = {k: spatialc.numerics.rounding.round_bf16(a) for k, a in inputs.items()}
+    want = {"out1": v["x1"] * v["cos"] - v["x2"] * v["sin"], "out2": v["x2"] * v["cos"] + v["x1"] * v["sin"]}
+    err = max(float(np.max(np.abs(out[k] - want[k])) / np.max(np.abs(want[k]))) for k in want)
+    ok, how = spatialc.tolerance(p).check(out, inputs)
+    print(f"rope      two outputs, one kernel: verified, {'OK' if ok else 'WRONG'} ({how}); against numpy, {err:.1e}")
+    assert ok and err < 1e-6
+
+
 if __name__ == "__main__":
     main()
+    rope()

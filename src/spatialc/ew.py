@@ -309,6 +309,52 @@ def parse(text: str, names: tuple[str, ...] | None = None) -> tuple[Value, tuple
     return expr, tuple(order)
 
 
+def parse_outputs(text: str, names: tuple[str, ...] | None = None) -> tuple[Value | dict[str, Value], tuple[str, ...]]:
+    """`text` as `parse` reads it — or, where it is assignments `NAME = EXPR; NAME = EXPR` (RoPE's `out1 = x1 * c - x2
+    * s; out2 = x2 * c + x1 * s`), a dict of outputs, name → expression, for `spatialc.elementwise` — and the names of
+    the inputs, in order of first use over all the formulas unless `names` gives them."""
+    import ast
+
+    if not isinstance(text, str) or len(text) > MAX_TEXT or not _assignments(text):
+        return parse(text, names)  # (which refuses too long a text, or one nested too deep, in words)
+    try:
+        tree = ast.parse(text.strip(), mode="exec")
+    except SyntaxError as e:
+        raise ProgramError(f"the expression {text[:60]!r} is not one: {e.msg} (column {e.offset})") from None
+    except (RecursionError, MemoryError):
+        raise ProgramError(f"the expression {text[:60]!r}… nests too deep; no kernel applies one") from None
+    if not tree.body:
+        raise ProgramError("an elementwise expression is a formula, or outputs NAME = EXPR; NAME = EXPR; this is none")
+    if sum(1 for _ in ast.walk(tree)) > MAX_NODES * len(tree.body):  # (`max` here is the table's op)
+        raise ProgramError(f"an elementwise formula of more than {MAX_NODES} parts; no kernel applies one")
+    order: list[str] = list(names) if names is not None else []
+    reader = _Reader(order, names is None)
+    outputs: dict[str, Value] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ProgramError(
+                f"{ast.unparse(node)[:60]!r} is no output: several outputs are written NAME = EXPR; NAME = EXPR"
+            )
+        name = node.targets[0].id
+        if name in outputs:
+            raise ProgramError(f"output {name} is assigned twice; each output is one formula")
+        outputs[name] = reader.read(node.value)
+    return outputs, tuple(order)
+
+
+def _assignments(text: str) -> bool:
+    """Whether `text` is no expression (it may be outputs' assignments: `parse_outputs`)."""
+    import ast
+
+    try:
+        ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        return True
+    except (RecursionError, MemoryError):
+        return False
+    return False
+
+
 class _Reader:
     """Reads an expression tree into a Value; inputs named in `order` (added to it where `grow`)."""
 

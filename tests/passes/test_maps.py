@@ -243,7 +243,8 @@ def test_the_example_builds_verifies_and_matches_numpy(capsys):
 
     runpy.run_path(str(Path(__file__).parents[2] / "examples" / "elementwise.py"), run_name="__main__")
     out = capsys.readouterr().out
-    assert out.count("verified, OK") == 3
+    assert out.count("verified, OK") == 4  # three maps, and RoPE's two outputs of one kernel
+    assert "rope      two outputs, one kernel: verified, OK (out1:" in out
 
 
 def test_an_int8_map_whose_formula_overflows_inside_is_refused_though_its_result_is_small():

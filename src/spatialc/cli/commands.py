@@ -93,7 +93,7 @@ def cmd_elementwise(args: argparse.Namespace) -> int:
     """Build, verify, evaluate and check an elementwise program; lower, emit and run its kernel as asked."""
     from .. import ew
 
-    expr, names = ew.parse(args.expr, args.inputs)
+    expr, names = ew.parse_outputs(args.expr, args.inputs)
     prog = api.elementwise(expr, args.m, args.n, args.precision, names=names, out=args.out)
     head = f"spatialc elementwise {args.expr!r} over {args.m}x{args.n} {args.precision}"
     return _paged(args, prog, head, f", inputs {', '.join(names)}")

@@ -84,14 +84,18 @@ def _elementwise_parser(sub) -> None:
         help="build, verify and check out = EXPR(inputs) element by element; optionally emit CUDA and run it",
         description="Build out[M×N] = EXPR, element by element, where EXPR is a formula of the elementwise ops"
         " (silu(g) * x + col(bias); spatialc.numerics.elementwise lists them) over input tensors of M×N values —"
-        " its other names, or --inputs — column vectors col(NAME) of N values and row vectors row(NAME) of M values;"
+        " its other names, or --inputs — column vectors col(NAME) of N values and row vectors row(NAME) of M values"
+        " (or several outputs, 'out1 = x1 * c - x2 * s; out2 = x2 * c + x1 * s': one M×N output each, one kernel);"
         " verify it, evaluate it with the"
         " reference interpreter and check it against numpy; with --emit / --run, lower it to CUDA (the general form;"
         " --form persistent for the persistent one) and run it. Sizes are in elements; tiles are 16x16 elements; a"
         " block is in tiles.",
         epilog=EPILOG,
     )
-    g.add_argument("expr", help="the formula, e.g. 'silu(g) * x' (quote it for the shell)")
+    g.add_argument(
+        "expr",
+        help="the formula, e.g. 'silu(g) * x', or outputs 'NAME = EXPR; NAME = EXPR' (quote it for the shell)",
+    )
     g.add_argument("m", type=int, help="M: rows of each input and of out (elements)")
     g.add_argument("n", type=int, help="N: columns of each input and of out (elements)")
     g.add_argument(

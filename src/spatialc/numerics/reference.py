@@ -130,7 +130,7 @@ def is_attention(p: SpatialProgram) -> bool:
     return is_attention_program(p)
 
 
-def _reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
+def _reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray | dict[str, np.ndarray]:
     decl = _declared(p)
     if decl.rows:
         decls = declared_outputs(p)
@@ -140,7 +140,8 @@ def _reference(p: SpatialProgram, inputs: Mapping[str, Any]) -> np.ndarray:
         }
         return each if len(decls) > 1 else each[decl.out.name]
     if decl.matmul is None:
-        return mapped(p, decl, inputs)
+        outs = {d.out.name: mapped(p, d, inputs) for d in declared_outputs(p)}  # (a map program of several outputs)
+        return outs if len(outs) > 1 else outs[decl.out.name]
     if len(decl.matmuls) == 1:
         a, b = rounded_operands(p, inputs)
         return reference_of(p, a, b, inputs)
@@ -165,20 +166,44 @@ def matmul_value(p: SpatialProgram, decl: Any, mm: Any, inputs: Mapping[str, Any
     return np.rint(x) if p.precision == Precision.INT8 else x
 
 
-def map_pages(p: SpatialProgram, decl: Any, inputs: Mapping[str, Any]) -> list[np.ndarray]:
-    """A map program's inputs, in the order its map reads them, as its values: rounded to the operand type, as
-    float32 (int64 in an int8 program)."""
+def map_values(
+    p: SpatialProgram, decl: Any, inputs: Mapping[str, Any], bounds: bool = False, done: dict | None = None
+) -> tuple[Any, Any]:
+    """A map program's value before C's rounding: each map of `decl.chain` on whole tensors, in order, its inputs
+    rounded to the operand type, as float32 (int64 in an int8 program) — and with `bounds` how far a kernel's may lie
+    from it (each map's `intervals.bounded`, carried from map to map), else None. `done` (ring → value and bound)
+    keeps the maps one output's declaration computed for the next output's."""
+    from ..ir.index import ProgramIndex
+
+    index = ProgramIndex.of(p)
     integer = p.precision == Precision.INT8
-    (stage,) = decl.chain
-    tensors = [decl.producer[b].kind.tensor for b in stage.ins]  # each ring's read stage
-    return [epilogue.start(tensor_operand(p, t, inputs), integer) for t in tensors]
+    col = column_values(p, inputs)
+    done = {} if done is None else done
+
+    def page(ring: Any) -> tuple[Any, Any]:
+        if ring not in done:  # a read's ring: the maps a chain holds are computed before the maps that read them
+            x = epilogue.start(tensor_operand(p, decl.producer[ring].kind.tensor, inputs), integer)
+            done[ring] = (x, np.zeros(1))
+        return done[ring]
+
+    for stage in decl.chain:
+        ring = index.ring(stage.outs[0])
+        if ring in done:
+            continue
+        pages = [page(index.ring(b)) for b in stage.ins]
+        if bounds:
+            done[ring] = intervals.bounded(
+                stage.kind.op.expr, [(np.asarray(x, np.float64), e) for x, e in pages], _rows_of(col)
+            )
+        else:
+            done[ring] = (epilogue.mapped(stage.kind.op.expr, [x for x, _ in pages], integer, col), None)
+    return done[decl.last]
 
 
-def mapped(p: SpatialProgram, decl: Any, inputs: Mapping[str, Any]) -> np.ndarray:
-    """A program with no matmul: its map of the whole input tensors, in the output's element type."""
+def mapped(p: SpatialProgram, decl: Any, inputs: Mapping[str, Any], done: dict | None = None) -> np.ndarray:
+    """A program with no matmul: its maps of the whole input tensors, in the output's element type."""
     integer = p.precision == Precision.INT8
-    (stage,) = decl.chain
-    x = epilogue.mapped(stage.kind.op.expr, map_pages(p, decl, inputs), integer, column_values(p, inputs))
+    x = map_values(p, decl, inputs, done=done)[0]
     return output_values(decl.out.name, np.asarray(x).astype(np.int64 if integer else np.float64), decl.out.dtype)
 
 

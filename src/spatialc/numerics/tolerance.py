@@ -210,7 +210,7 @@ class Tolerance:
 
     def _mapped(self, inputs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
         """A map program's reference and bound: its exact inputs through each op's interval bound."""
-        from .reference import _declared, column_values, declared_outputs, map_pages, mapped, row_stages
+        from .reference import _declared, declared_outputs, map_values, mapped, row_stages
         from .rounding import output_values
 
         p = self.program
@@ -226,13 +226,17 @@ class Tolerance:
             if len(each) > 1:
                 return {k: v[0] for k, v in each.items()}, {k: v[1] for k, v in each.items()}  # type: ignore[return-value]
             return each[decl.out.name]
-        ref = mapped(p, decl, inputs)
-        if self.exact:
-            return ref, np.zeros(ref.shape)
-        pages = [(np.asarray(x, np.float64), np.zeros(1)) for x in map_pages(p, decl, inputs)]
-        (stage,) = decl.chain
-        x, err = intervals.bounded(stage.kind.op.expr, pages, _row(column_values(p, inputs)))
-        return ref, _bound(ref, x, err, self.out_eps)
+        outs, done = {}, {}  # each output of a map program its own bound, in its own type's ulps
+        for d in declared_outputs(p):
+            ref = mapped(p, d, inputs)
+            if self.exact:
+                outs[d.out.name] = (ref, np.zeros(ref.shape))
+                continue
+            x, err = map_values(p, d, inputs, bounds=True, done=done)
+            outs[d.out.name] = (ref, _bound(ref, x, err, OUT_EPS.get(d.out.dtype, EPS32)))
+        if len(outs) > 1:
+            return {k: v[0] for k, v in outs.items()}, {k: v[1] for k, v in outs.items()}  # type: ignore[return-value]
+        return outs[decl.out.name]
 
     def past_range(self, magnitude: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
         """Where a kernel's float32 sum of finite inputs may overflow: |A|@|B|, with the sum's own rounding, at

@@ -1,8 +1,9 @@
 """Programs with no matmul: elementwise maps of tensors (issue 31). Their own tile, place and schedule.
 
-A map program reads any number of input tensors of one shape, applies one `Map` to the same element of each, and
-writes one output of that shape. An item is a block of bh × bw output tiles; the reader fills one page of each
-input's ring per item, the compute engine maps the pages into a page of the output's ring, the writer stores it.
+A map program reads any number of input tensors of one shape, applies `Map`s to the same element of each — each map
+of inputs' pages and other maps' — and writes any number of outputs of that shape, each one map's pages (RoPE's two
+halves). An item is a block of bh × bw output tiles; the reader fills one page of each input's ring per item, the
+compute engine runs the maps in order, each into a page of its ring, the writer stores each output's page.
 Memory-bound: the plan is chosen for pages large enough to stream and items enough to fill the machine.
 """
 
@@ -12,7 +13,7 @@ import dataclasses
 import math
 
 from ..errors import PlanError, ProgramError
-from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y
+from ..ir.ids import LV_ITEM, LV_ITEM_X, LV_ITEM_Y, BufferId, StageId
 from ..ir.nodes import (
     ComputeStage,
     EngineProgram,
@@ -73,30 +74,78 @@ def is_map_program(p: SpatialProgram) -> bool:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MapShape:
-    """What a map program is made of: its reads (stage, tensor), its one map stage, its write."""
+    """What a map program is made of: its reads (stage, tensor), its maps — each after the maps whose rings it reads
+    — and its writes, each of one map's pages."""
 
     reads: tuple[Stage, ...]
-    map: Stage
-    write: Stage
+    maps: tuple[Stage, ...]
+    writes: tuple[Stage, ...]
+
+    @property
+    def pages(self) -> tuple[Stage, ...]:
+        """The stages of the item's pages of values: the reads, then the maps (each fills one ring)."""
+        return (*self.reads, *self.maps)
 
 
 def map_shape(p: SpatialProgram) -> MapShape:
-    """The program's reads, map and write, or ProgramError saying what a map program is."""
+    """The program's reads, maps and writes, or ProgramError saying what a map program is: each read fills one ring,
+    each map one ring of its values from reads' and other maps' rings (a ring any number of maps read, shared within
+    the item), each write stores one map's ring, which nothing else reads, and every map's ring is read."""
     reads = tuple(s for s in p.stages if isinstance(s.kind, ReadStage))
-    maps = [s for s in p.stages if isinstance(s.kind, ComputeStage)]
-    writes = [s for s in p.stages if isinstance(s.kind, WriteStage)]
-    if len(maps) != 1 or not isinstance(maps[0].kind.op, Map) or len(writes) != 1:  # type: ignore[union-attr]
+    computes = tuple(s for s in p.stages if isinstance(s.kind, ComputeStage))
+    writes = tuple(s for s in p.stages if isinstance(s.kind, WriteStage))
+    if not reads or not writes or any(not isinstance(s.kind.op, Map) or len(s.outs) != 1 for s in computes):  # type: ignore[union-attr]
         raise ProgramError(
-            "a program without a matmul is planned as one map: reads of tensors, one elementwise stage of them, one"
-            f" write; this one has {len(maps)} compute stage(s) and {len(writes)} write(s)"
+            "a program without a matmul is planned as maps: reads of tensors, elementwise stages of them (each"
+            f" filling one ring), writes of their rings; this one has {len(reads)} read(s), {len(computes)} compute"
+            f" stage(s) and {len(writes)} write(s)"
         )
-    (m,), (w,) = maps, writes
-    by_ring = {s.outs[0]: s for s in reads if len(s.outs) == 1}
-    if tuple(by_ring.get(b) for b in m.ins) != tuple(reads) or len(w.ins) != 1 or w.ins[0] != m.outs[0]:
-        raise ProgramError(
-            f"map stage {m.name} must read each read stage's ring, in order, and its one ring be the one written"
-        )
-    return MapShape(reads, m, w)
+    names = {b.id: b.name for b in p.buffers}
+    producer = {b: s for s in p.stages for b in s.outs}
+    readers: dict[BufferId, list[Stage]] = {}
+    for s in p.stages:
+        for b in s.ins:
+            if b not in producer:
+                raise ProgramError(f"stage {s.name} reads {names.get(b, f'ring {int(b)}')}, which no stage fills")
+            readers.setdefault(b, []).append(s)
+    for s in (*reads, *computes):
+        if len(s.outs) != 1:
+            raise ProgramError(f"stage {s.name} fills {len(s.outs)} rings; a read or a map of a map program fills one")
+        if not readers.get(s.outs[0]):  # (its pages would never be popped: the engines would wait forever)
+            raise ProgramError(f"stage {s.name} fills {names[s.outs[0]]}, which no stage reads")
+    for w in writes:
+        f = producer[w.ins[0]] if len(w.ins) == 1 else None
+        if f is None or not isinstance(f.kind, ComputeStage):
+            raise ProgramError(
+                f"write stage {w.name} stores no map's ring; a map program's output is a map's pages (a copy of a"
+                " tensor is the map x of its own)"
+            )
+        if len(readers[w.ins[0]]) > 1:
+            other = next(s for s in readers[w.ins[0]] if s is not w)
+            raise ProgramError(
+                f"{names[w.ins[0]]} feeds write stage {w.name} and stage {other.name}; the writer pops the ring it"
+                " stores, so another stage reads a copy (a map x of its own)"
+            )
+    return MapShape(reads, in_order(computes, producer), writes)
+
+
+def in_order(computes: tuple[Stage, ...], producer: dict[BufferId, Stage]) -> tuple[Stage, ...]:
+    """`computes`, each after the compute stages whose rings it reads (ProgramError where they form a cycle)."""
+    ordered: dict[StageId, Stage] = {}
+
+    def visit(s: Stage, path: frozenset[StageId]) -> None:
+        if s.id in path:
+            raise ProgramError(f"stage {s.name} reads what it computes: the stages form a cycle")
+        if s.id in ordered:
+            return
+        for b in s.ins:
+            if isinstance(producer[b].kind, ComputeStage):
+                visit(producer[b], path | {s.id})
+        ordered[s.id] = s
+
+    for s in computes:
+        visit(s, frozenset())
+    return tuple(ordered.values())
 
 
 def _cost(bh: int, bw: int, m_t: int, n_t: int, sites: int) -> float:
@@ -111,13 +160,15 @@ def block_resources(
 ) -> tuple[int, int]:
     """(shared memory bytes, blocks resident per SM — 0 when one does not fit) of a map site of bh × bw-tile items
     and `depth`-page rings, as the general form, which prints it, lays the block out (`lower.cuda.general.kernel.
-    map_resources`: each input's ring of its element type, the output's of the map's values, their barriers); 8-bit
-    float inputs as int8's (`footprint.sized_as`), whose pages of results are int64 — more than float32 needs."""
+    map_resources`: each of the `inputs` rings of its element type, each map's ring — an output's or one another map
+    reads — of the map's values, their barriers); 8-bit float inputs as int8's (`footprint.sized_as`), whose pages
+    of results are int64 — more than float32 needs."""
     from ..lower.cuda.general import kernel as general
     from .footprint import sized_as
 
     one_item = Plan(BlockShape(bh, bw, 1), (1, 1), (1, 1), 1, depth)
-    return general.map_resources(target, one_item, sized_as(p.precision), inputs)
+    values = sum(isinstance(s.kind, ComputeStage) for s in p.stages)
+    return general.map_resources(target, one_item, sized_as(p.precision), inputs, values)
 
 
 def plan_map(
@@ -126,7 +177,7 @@ def plan_map(
     """The plan of a map program: blocks of bh × bw tiles (the cheapest by `_cost` whose block fits an SM, or the
     one forced), two pages a ring unless forced."""
     shape = map_shape(p)
-    out = p.tensor(shape.write.kind.tensor)  # type: ignore[union-attr]
+    out = p.tensor(shape.writes[0].kind.tensor)  # type: ignore[union-attr]  # (every output has the inputs' shape)
     m_t, n_t = out.tiles
     inputs = len(shape.reads)
     depths = (depth,) if depth is not None else DEPTHS[:1]
@@ -170,8 +221,8 @@ def apply_map_plan(p: SpatialProgram, plan: Plan) -> SpatialProgram:
         for b in p.buffers
     )
     shape = map_shape(p)
-    data = {s.kind.tensor for s in (*shape.reads, shape.write)}  # type: ignore[union-attr]
-    axes = {c.tensor: c.axis for c in cols(shape.map.kind.op.expr)}  # type: ignore[union-attr]
+    data = {s.kind.tensor for s in (*shape.reads, *shape.writes)}  # type: ignore[union-attr]
+    axes = {c.tensor: c.axis for s in shape.maps for c in cols(s.kind.op.expr)}  # type: ignore[union-attr]
     tensors = []
     for t in p.tensors:
         if t.id in data:
@@ -199,8 +250,9 @@ def place_map(
 
 
 def map_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
-    """Each engine's per-item body: the reader fills one page of each input ring, the compute engine maps them into
-    the output ring's page, the writer stores it."""
+    """Each engine's per-item body: the reader fills one page of each input ring; the compute engine runs the maps in
+    order, each into its ring's page — a ring waited for before the first map that reads it and popped after the
+    last; the writer stores each output's page."""
     plan = p.plan
     assert plan is not None
     shape = map_shape(p)
@@ -211,21 +263,24 @@ def map_bodies(p: SpatialProgram) -> dict[str, tuple[ChoreoOp, ...]]:
         at = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_ITEM_X, bw)))
         (ring,) = s.outs
         reader += [Reserve(ring), ReadTiles(t.id, at, bh, bw, t.tiles[1], 1, ring), Push(ring)]
-    ins, (out,) = shape.map.ins, shape.map.outs
-    op = shape.map.kind.op  # type: ignore[union-attr]
-    assert isinstance(op, Map)
-    op = Map(with_cols(op.expr, lambda c: _at_item(c, bh, bw)))
-    compute: tuple[ChoreoOp, ...] = (
-        *(Wait(b) for b in ins),
-        Reserve(out),
-        Compute(op, ins, (out,)),
-        Push(out),
-        *(Pop(b) for b in ins),
-    )
-    t = p.tensor(shape.write.kind.tensor)  # type: ignore[union-attr]
-    at_out = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_ITEM_X, bw)))
-    writer = (Wait(out), WriteTiles(out, t.id, at_out, bh, bw, t.tiles[1], 1), Pop(out))
-    return {"reader": tuple(reader), "compute": compute, "writer": writer}
+    last = {b: s.id for s in shape.maps for b in s.ins}  # the last map that reads each ring
+    compute: list[ChoreoOp] = []
+    waited: set[BufferId] = set()
+    for s in shape.maps:
+        op = s.kind.op  # type: ignore[union-attr]
+        assert isinstance(op, Map)
+        (out,) = s.outs
+        compute += [Wait(b) for b in dict.fromkeys(s.ins) if b not in waited]
+        waited.update(s.ins)
+        compute += [Reserve(out), Compute(Map(with_cols(op.expr, lambda c: _at_item(c, bh, bw))), s.ins, (out,))]
+        compute += [Push(out), *(Pop(b) for b in dict.fromkeys(s.ins) if last[b] == s.id)]
+    writer: list[ChoreoOp] = []
+    for w in shape.writes:
+        t = p.tensor(w.kind.tensor)  # type: ignore[union-attr]
+        at_out = TileAddr(0, ((LV_ITEM_Y, bh * t.tiles[1]), (LV_ITEM_X, bw)))
+        (ring,) = w.ins
+        writer += [Wait(ring), WriteTiles(ring, t.id, at_out, bh, bw, t.tiles[1], 1), Pop(ring)]
+    return {"reader": tuple(reader), "compute": tuple(compute), "writer": tuple(writer)}
 
 
 def _at_item(c: Col, bh: int, bw: int) -> Col:

@@ -68,7 +68,7 @@ from ..ir.ops import (
 )
 from ..numerics.narrow import FLOAT32_MAX
 from ..target import SpatialTarget
-from .maps import place_map, scheduled
+from .maps import in_order, place_map, scheduled
 
 SIDES = (1, 2, 4, 8)
 VALUE_BYTES = 4  # a page element as the general form's rings hold it at most (a float32 value)
@@ -130,7 +130,7 @@ def row_shape(p: SpatialProgram) -> RowShape:
             if b not in producer:
                 raise ProgramError(f"stage {s.name} reads {names.get(b, f'ring {int(b)}')}, which no stage fills")
             readers.setdefault(b, []).append(s)
-    ordered = _in_order(computes, producer)
+    ordered = in_order(computes, producer)
     vectors = set(b for s in computes if isinstance(s.kind.op, RowReduce) for b in s.outs)  # type: ignore[union-attr]
     vector_maps: set[StageId] = set()
     for s in ordered:  # a map of row vectors alone is a row vector (its inputs are ordered before it)
@@ -288,25 +288,6 @@ def _args(expr: object) -> bool:
     if isinstance(expr, Arg):
         return True
     return isinstance(expr, Apply) and any(_args(a) for a in expr.args)
-
-
-def _in_order(computes: tuple[Stage, ...], producer: dict[BufferId, Stage]) -> tuple[Stage, ...]:
-    """`computes`, each after the compute stages whose rings it reads (ProgramError where they form a cycle)."""
-    ordered: dict[StageId, Stage] = {}
-
-    def visit(s: Stage, path: frozenset[StageId]) -> None:
-        if s.id in path:
-            raise ProgramError(f"stage {s.name} reads what it computes: the stages of a row program form a cycle")
-        if s.id in ordered:
-            return
-        for b in s.ins:
-            if isinstance(producer[b].kind, ComputeStage):
-                visit(producer[b], path | {s.id})
-        ordered[s.id] = s
-
-    for s in computes:
-        visit(s, frozenset())
-    return tuple(ordered.values())
 
 
 def _cost(bh: int, bw: int, m_t: int, n_t: int, passes: int, sites: int) -> float:

@@ -30,7 +30,7 @@ from ...numerics.rounding import computed_operand
 from .dataflow import Declared, MatmulDecl, SplitDecl
 from .declared_checks import _epilogue_types, _every_stage_used, _gemm, _integer_bounds, _map_types, _unsure
 from .declared_cols import _declared_col_outputs, is_col_declared
-from .declared_rows import _declared_row_outputs
+from .declared_rows import _declared_row_outputs, declared_each
 from .dequant import dequant_operand
 
 
@@ -53,13 +53,24 @@ def _reduces_rows(p) -> bool:
     return any(isinstance(op, RowReduce) for op in ops) and not any(isinstance(op, MatmulTiles) for op in ops)
 
 
+def _mapped_outputs(p) -> bool:
+    """Whether the stages are maps alone (no matmul, no row reduction) with several write stages: a map program of
+    several outputs (`_declared_map_outputs`)."""
+    computes = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
+    writes = [s for s in p.stages if isinstance(s.kind, WriteStage)]
+    return len(writes) > 1 and bool(computes) and all(isinstance(op, Map) for op in computes)
+
+
 def declared_outputs(index: ProgramIndex) -> tuple[Declared, ...]:
-    """Each output's declared function: a GEMM's or a map program's one; a row program's one for each write stage
-    (LayerNorm's out, mean and rstd), the program's first output tensor first."""
+    """Each output's declared function: a GEMM's or a one-output map program's one; a row program's or a map
+    program's one for each write stage (LayerNorm's out, mean and rstd; RoPE's two halves), the program's first
+    output tensor first."""
     if is_col_declared(index.p):
         return _declared_col_outputs(index)
     if _reduces_rows(index.p):
         return _declared_row_outputs(index)
+    if _mapped_outputs(index.p):
+        return _declared_map_outputs(index)
     return (declared(index),)
 
 
@@ -68,7 +79,7 @@ def declared(index: ProgramIndex) -> Declared:
     tensors, tile matmuls, chains of elementwise stages, one write — every stage on the way to C. (A row program's
     may write several outputs: this is its first output's, `declared_outputs` gives each.)"""
     p = index.p
-    if _reduces_rows(p) or is_col_declared(p):
+    if _reduces_rows(p) or is_col_declared(p) or _mapped_outputs(p):
         return declared_outputs(index)[0]
     work = {t.id for t in p.tensors if t.role == TensorRole.WORKSPACE}
     writes = [s for s in p.stages if isinstance(s.kind, WriteStage) and s.kind.tensor not in work]
@@ -85,11 +96,13 @@ def declared(index: ProgramIndex) -> Declared:
                 raise _unsure(f"stages {producer[index.ring(b)].name} and {s.name} both fill {index.name(b)}")
     last = index.ring(writes[0].ins[0])
     ops = [s.kind.op for s in p.stages if isinstance(s.kind, ComputeStage)]
-    for s in p.stages:  # a row vector is a row reduction's: a GEMM or a map of reads has none to read
-        if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map) and row_args(s.kind.op.expr):
-            raise _unsure(f"stage {s.name} reads a row vector, and no stage reduces rows")
+    _no_row_vectors(p)
     if not any(isinstance(op, MatmulTiles) for op in ops):
-        return _declared_map(index, out, last, producer, writes[0])
+        decl = _declared_map(index, out, last, producer, writes[0])
+        extra = [s.name for s in p.stages if s.id not in decl.used]
+        if extra:
+            raise SemanticError(f"stage {extra[0]} is not on the way from the inputs to {out.name}")
+        return decl
     way = _Way(index, producer)
     stage, ring, chain = way.to_matmul(last, f"the way to {writes[0].name}")
     top = way.matmul(stage, ring, chain)
@@ -106,37 +119,75 @@ def declared(index: ProgramIndex) -> Declared:
     return decl
 
 
+def _no_row_vectors(p) -> None:
+    """A row vector is a row reduction's: a GEMM or a map of reads has none to read."""
+    for s in p.stages:
+        if isinstance(s.kind, ComputeStage) and isinstance(s.kind.op, Map) and row_args(s.kind.op.expr):
+            raise _unsure(f"stage {s.name} reads a row vector, and no stage reduces rows")
+
+
+def _declared_map_outputs(index: ProgramIndex) -> tuple[Declared, ...]:
+    """A map program's outputs (RoPE's two halves, SwiGLU's backward), each declared by its own write stage as a
+    one-output map program's is (`_declared_map`), by the machinery a row program's outputs share."""
+    _no_row_vectors(index.p)
+    return declared_each(index, lambda out, last, producer, write, _: _declared_map(index, out, last, producer, write))
+
+
 def _declared_map(
     index: ProgramIndex, out: Tensor, last: BufferId, producer: dict[BufferId, Stage], write: Stage
 ) -> Declared:
-    """A program with no matmul: C = map(x0, x1, …), element by element — one Map stage whose rings are each filled
-    by a read of a tensor of C's shape, the map's ring written. Its types: inputs of the program's precision, column
-    vectors of the accumulator's type, one value per column; its integer values within what int64 and C hold."""
+    """A program with no matmul: C = map(x0, x1, …), element by element — Map stages whose rings are each filled by
+    a read of a tensor of C's shape or by another map (a float program's: an int8 map's range is proved from int8
+    pages), the last map's ring written. `chain` holds the maps on the way, each after the maps it reads; `used`
+    every stage on the way. Its types: inputs of the program's precision, column vectors of the accumulator's type,
+    one value per column; its integer values within what int64 and C hold."""
     p = index.p
     stage = producer.get(last)
     if stage is None or not isinstance(stage.kind, ComputeStage) or not isinstance(stage.kind.op, Map):
         raise _unsure(
-            f"{write.name} writes a ring no elementwise stage fills; a program with no matmul is one map of its reads"
+            f"{write.name} writes a ring no elementwise stage fills; a program with no matmul is maps of its reads"
         )
-    reads = [producer.get(index.ring(b)) for b in stage.ins]
-    for b, r in zip(stage.ins, reads, strict=True):
-        if r is None or not isinstance(r.kind, ReadStage):
-            raise _unsure(f"stage {stage.name} reads {index.name(b)}, which no read of a tensor fills")
-    used = {write.id, stage.id, *(r.id for r in reads if r is not None)}
-    extra = [s.name for s in p.stages if s.id not in used]
-    if extra:
-        raise SemanticError(f"stage {extra[0]} is not on the way from the inputs to {out.name}")
-    for r in reads:
-        t = index.tensors[r.kind.tensor]  # type: ignore[union-attr]
-        if t.elems != out.elems or t.dtype != DType(p.precision.value) or t.groups != 1:
-            raise SemanticError(
-                f"stage {stage.name} maps {t.name} ({t.elems[0]}x{t.elems[1]} {t.dtype.value}) element by element"
-                f" into {out.name} ({out.elems[0]}x{out.elems[1]}): a map's inputs have its output's shape and hold"
-                f" {p.precision.value} values"
-            )
-    decl = Declared(out, last, producer, (stage,))
-    _map_types(index, decl, stage)
+    chain: list[Stage] = []
+    used = {write.id}
+    state: dict[StageId, bool] = {}  # False while its inputs are followed, True once in the chain
+
+    def follow(stage: Stage) -> None:
+        if state.get(stage.id) is False:
+            raise _unsure("the stages form a cycle")
+        if stage.id in state:
+            return
+        state[stage.id] = False
+        for b in stage.ins:
+            r = producer.get(index.ring(b))
+            if r is not None and isinstance(r.kind, ComputeStage) and isinstance(r.kind.op, Map):
+                if p.precision == Precision.INT8:
+                    raise _unsure(f"stage {stage.name} maps stage {r.name}'s values in an int8 program")
+                follow(r)
+                continue
+            if r is None or not isinstance(r.kind, ReadStage):
+                raise _unsure(f"stage {stage.name} reads {index.name(b)}, which no read of a tensor fills")
+            _map_input(index, stage, index.tensors[r.kind.tensor], out)
+            used.add(r.id)
+        state[stage.id] = True
+        used.add(stage.id)
+        chain.append(stage)
+
+    follow(stage)
+    decl = Declared(out, last, producer, tuple(chain), used=frozenset(used))
+    for s in chain:
+        _map_types(index, decl, s)
     return decl
+
+
+def _map_input(index: ProgramIndex, stage: Stage, t: Tensor, out: Tensor) -> None:
+    """A tensor a map reads has the output's shape and holds the program's precision."""
+    p = index.p
+    if t.elems != out.elems or t.dtype != DType(p.precision.value) or t.groups != 1:
+        raise SemanticError(
+            f"stage {stage.name} maps {t.name} ({t.elems[0]}x{t.elems[1]} {t.dtype.value}) element by element"
+            f" into {out.name} ({out.elems[0]}x{out.elems[1]}): a map's inputs have its output's shape and hold"
+            f" {p.precision.value} values"
+        )
 
 
 class _Way:

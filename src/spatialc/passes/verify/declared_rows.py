@@ -5,6 +5,7 @@ this is its part for programs that reduce rows and multiply nothing)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from ...errors import SemanticError
 from ...ir.ids import BufferId, StageId, TensorId
@@ -16,8 +17,20 @@ from .declared_checks import _map_types, _unsure
 
 
 def _declared_row_outputs(index: ProgramIndex) -> tuple[Declared, ...]:
-    """A row program's outputs, each declared by its own write stage (`_declared_rows`): every output tensor written
-    by exactly one write stage, every stage on the way to one of them."""
+    """A row program's outputs, each declared by its own write stage (`_declared_rows`)."""
+    return declared_each(
+        index, lambda out, last, producer, write, shape: _declared_rows(index, out, last, producer, write, shape)
+    )
+
+
+Each = Callable[[Tensor, BufferId, dict[BufferId, Stage], Stage, tuple[int, int]], Declared]
+
+
+def declared_each(index: ProgramIndex, each: Each) -> tuple[Declared, ...]:
+    """A program's outputs, each declared by `each` from its own write stage — (output, the ring its write empties,
+    the stage filling each ring, the write, the shape of the first tensor read) — every output tensor written by
+    exactly one write stage, every stage on the way to one of them (its Declared's `used`): a row program's
+    (`_declared_rows`), a map program's of several outputs (`declared._declared_map`)."""
     p = index.p
     writes = [s for s in p.stages if isinstance(s.kind, WriteStage)]
     producer: dict[BufferId, Stage] = {}
@@ -43,13 +56,13 @@ def _declared_row_outputs(index: ProgramIndex) -> tuple[Declared, ...]:
         raise SemanticError(f"output {unwritten[0]} is written by no stage")
     reads = [index.tensors[s.kind.tensor] for s in p.stages if isinstance(s.kind, ReadStage)]  # type: ignore[union-attr]
     if not reads:
-        raise _unsure("a row program that reads no tensor")
+        raise _unsure("a program of outputs each of its own write that reads no tensor")
     shape = reads[0].elems  # the rows': every read and every output of values has it, a row vector's is (m, 1)
     every = frozenset(by_tensor)
     decls, used = [], set()
     for t in outputs:
         w = by_tensor[t.id]
-        decl = _declared_rows(index, t, index.ring(w.ins[0]), producer, w, shape)
+        decl = each(t, index.ring(w.ins[0]), producer, w, shape)
         decls.append(dataclasses.replace(decl, others=every - {t.id}))
         used |= {w.id, *decl.used}
     extra = [s for s in p.stages if s.id not in used]

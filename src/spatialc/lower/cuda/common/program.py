@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from ....errors import ProgramError
 from ....ir.nodes import (
     FOUR_BIT,
     ComputeStage,
@@ -36,6 +37,7 @@ from ....ir.ops import (
 )
 from ....numerics.epilogue import dot_range
 from ....passes.attention import attention_shape
+from ....passes.maps import map_shape
 from ....passes.rows import row_shape
 from ...errors import NeedsGeneral, TooBig, Unsupported, UnsupportedPrecision, Unverified
 from . import epilogue
@@ -195,26 +197,25 @@ def checked_layers(
     return types, integer, layers
 
 
-def checked_map(p: SpatialProgram) -> tuple[MmaTypes, bool, Stage]:
+def checked_map(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[Stage, ...]]:
     """A program without a tile matmul (an elementwise map, `spatialc.elementwise`): the C types of its inputs (the
     precision's operand type, loaded into their rings as they are stored), whether it is int8 (exact `long long`
-    arithmetic) and its one Map stage — after the checks `checked_layers` makes of an epilogue chain: the table's
-    ops, constants the values hold, column vectors the kernel reads, the output's type, and in an int8 program
-    values that stay in int64 whatever the int8 inputs and int32 column vectors."""
-    stages = [s for s in p.stages if isinstance(s.kind, ComputeStage)]
-    if len(stages) != 1 or not isinstance(stages[0].kind.op, Map):  # type: ignore[union-attr]
-        raise Unsupported(
-            f"a program without a tile matmul and with {len(stages)} compute stage(s)",
-            "such a program is one Map of its inputs (spatialc.elementwise)",
-        )
-    (stage,) = stages
+    arithmetic) and its Map stages, each after the maps it reads (`passes.maps.map_shape`: one an output) — after the
+    checks `checked_layers` makes of an epilogue chain, of each: the table's ops, constants the values hold, column
+    vectors the kernel reads, the output's type, and in an int8 program values that stay in int64 whatever the int8
+    inputs and int32 column vectors."""
+    try:
+        stages = map_shape(p).maps
+    except ProgramError as e:
+        raise Unsupported("a program without a tile matmul that is no map program", str(e)) from None
     _check_row_major_pages(p)
     types = operand_types(p, p.precision)
     integer = p.precision == Precision.INT8
-    epilogue.check(p, (stage,), integer, None)
-    if integer:
-        epilogue.check_int64(p, (stage,), epilogue.INT8_RANGE)
-    return types, integer, stage
+    for stage in stages:  # (rule 8 has refused an int8 map of another map's values: each starts from int8 pages)
+        epilogue.check(p, (stage,), integer, None)
+        if integer:
+            epilogue.check_int64(p, (stage,), epilogue.INT8_RANGE)
+    return types, integer, stages
 
 
 def checked_rows(p: SpatialProgram) -> tuple[MmaTypes, tuple[Stage, ...]]:

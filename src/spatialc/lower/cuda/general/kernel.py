@@ -283,13 +283,16 @@ def plan_resources(target: SpatialTarget, plan: Plan, precision: Precision, stag
     return smem, target.resident_sites_per_unit(smem, plan.block.osh, plan.block.osw, plan.sub_blocks, warps)
 
 
-def map_resources(target: SpatialTarget, plan: Plan, precision: Precision, inputs: int) -> tuple[int, int]:
-    """What one block of the general form costs for a map program of `inputs` input tensors, as the map planner
-    asks (`passes.maps.plan_map`): (shared memory bytes, blocks resident per SM — 0 when one does not fit) for its
-    rings, `plan.depth` pages of the item's tiles — each input's of its element type, the output's of the map's
-    values (EPIT) — with their barriers, and its engines, a warp each (`make_kernel` lays out the same)."""
+def map_resources(
+    target: SpatialTarget, plan: Plan, precision: Precision, inputs: int, values: int = 1
+) -> tuple[int, int]:
+    """What one block of the general form costs for a map program of `inputs` input tensors and `values` maps, as
+    the map planner asks (`passes.maps.plan_map`): (shared memory bytes, blocks resident per SM — 0 when one does
+    not fit) for its rings, `plan.depth` pages of the item's tiles — each input's of its element type, each map's
+    (an output's, or one another map reads) of the map's values (EPIT) — with their barriers, and its engines, a
+    warp each (`make_kernel` lays out the same)."""
     h, w = plan.item_tiles
-    sizes = [MMA_TYPES[precision].operand_bytes] * inputs + [epit_bytes(precision == Precision.INT8)]
+    sizes = [MMA_TYPES[precision].operand_bytes] * inputs + [epit_bytes(precision == Precision.INT8)] * values
     rings = {i: Ring(i, f"ring{i}", plan.depth, h * w * TILE_ELEMS, "", size) for i, size in enumerate(sizes)}
     smem = layout(rings)[1]
     return smem, target.resident_sites_per_unit(smem, 0, 1, (1, 1), 3 * SIDE_WARPS)
@@ -318,7 +321,7 @@ def attention_resources(target: SpatialTarget, plan: Plan, precision: Precision)
 def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[ComputeOp, ...]]:
     """The kernel's operand types (a map program's or a row program's: its inputs'), whether it is int8 (exact `long
     long` values), and the compute ops its engines apply page to page: every matmul's epilogue chain, in stage order
-    (`checked_layers`), a map program's one map (`checked_map`), or a row program's reductions and maps
+    (`checked_layers`), a map program's maps (`checked_map`), or a row program's reductions and maps
     (`checked_rows`) — each checked as those say."""
     if is_attention_program(p):
         types, maps = checked_attention(p)
@@ -330,8 +333,8 @@ def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[ComputeOp, ...
         types, stages = checked_rows(p)
         return types, False, tuple(s.kind.op for s in stages)  # type: ignore[union-attr]
     if is_map_program(p):
-        types, integer, stage = checked_map(p)
-        return types, integer, (stage.kind.op,)  # type: ignore[union-attr]
+        types, integer, map_stages = checked_map(p)
+        return types, integer, tuple(s.kind.op for s in map_stages)  # type: ignore[union-attr]
     types, integer, layers = checked_layers(p, epilogue.ELEMENTWISE_OPS)
     return types, integer, tuple(s.kind.op for _, chain in layers for s in chain)  # type: ignore[union-attr]
 

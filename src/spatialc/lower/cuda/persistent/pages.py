@@ -74,15 +74,15 @@ def lower(program: SpatialProgram, target: SpatialTarget) -> CudaArtifact:
 
 def page_stages(p: SpatialProgram) -> tuple[MmaTypes, bool, tuple[Stage, ...]]:
     """The input types, whether the program is int8 (exact `long long` values) and its compute stages — a map
-    program's one map (`checked_map`), a row program's reductions and maps (`checked_rows`) — checked as those say."""
+    program's maps (`checked_map`), a row program's reductions and maps (`checked_rows`) — checked as those say."""
     if is_col_program(p):
         types, stages = checked_cols(p)
         return types, False, stages
     if is_row_program(p):
         types, stages = checked_rows(p)
         return types, False, stages
-    types, integer, stage = checked_map(p)
-    return types, integer, (stage,)
+    types, integer, maps = checked_map(p)
+    return types, integer, maps
 
 
 def refuse(p: SpatialProgram) -> None:
