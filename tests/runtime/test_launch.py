@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import sys
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -719,3 +720,40 @@ def test_the_cli_checks_each_output_a_gpu_run_gives(tmp_path, monkeypatch, capsy
     wrong["rstd"] = np.zeros((40, 1), np.float32)
     assert main(["run", str(path)]) == 1
     assert "DIFFERS" in capsys.readouterr().out
+
+
+def swapped_halves(outs):
+    """A planted fault: RoPE's out1 values stored in out2's buffer and out2's in out1's."""
+    return {**outs, "out1": outs["out2"], "out2": outs["out1"]}
+
+
+@pytest.mark.parametrize("program", ["rope", "col_absmax"])
+def test_run_gives_a_map_programs_outputs_and_a_column_vector_by_name(program):
+    """spatialc.run of a map program of two outputs (RoPE's halves) and of a column program (its 1 × n vector alone),
+    on the stand-in device: each output from its own buffer, by name, as evaluate gives them; swapped halves show."""
+    rng = np.random.default_rng(6)
+    if program == "rope":
+        from spatialc import ew
+
+        x1, x2, c, s = ew.inputs(4)
+        names = ("x1", "x2", "cos", "sin")
+        halves = {"out1": x1 * c - x2 * s, "out2": x2 * c + x1 * s}
+        p = spatialc.build(spatialc.elementwise(halves, 40, 70, "bf16", names=names), "sm_90")
+        given = {k: rng.uniform(-2, 2, (40, 70)).astype(np.float32) for k in names}
+    else:
+        p = spatialc.build(spatialc.col_reduce(40, 70, "absmax", "bf16"), "sm_90")
+        given = {"x": rng.uniform(-2, 2, (40, 70)).astype(np.float32)}
+    art = spatialc.lower(p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", spatialc.InexactInputWarning)
+        got = L.run_with(StandInDevice(art, reference_kernel(p)), art, **given)
+        want = spatialc.evaluate(p, given)
+    if program == "col_absmax":
+        assert got.shape == want.shape == (1, 70) and np.array_equal(got, want)
+        return
+    assert list(got) == list(want) == ["out1", "out2"]
+    for name in want:
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+    assert spatialc.tolerance(p, kernel=True).check(got, given)[0]
+    swapped = L.run_with(StandInDevice(art, reference_kernel(p, swapped_halves)), art, **given)
+    assert not spatialc.tolerance(p, kernel=True).check(swapped, given)[0]
