@@ -52,12 +52,8 @@ from ..ir.ops import (
     row_args,
 )
 from ..target import SpatialTarget
-from .maps import place_map, scheduled
-
-SIDES = (1, 2, 4, 8)
-VALUE_BYTES = 4  # a page element as the general form's rings hold it at most (a float32 value)
-SITES_PER_UNIT = 2  # blocks an SM runs at once: two hide each other's waits on global memory
-ITEM_OVERHEAD = 2.0  # an item's fixed cost, in tiles streamed
+from .maps import ITEM_OVERHEAD, SIDES, SITES_PER_UNIT, place_map, scheduled
+from .rows import VALUE_BYTES
 
 
 def is_col_program(p: SpatialProgram) -> bool:

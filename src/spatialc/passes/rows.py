@@ -68,12 +68,9 @@ from ..ir.ops import (
 )
 from ..numerics.narrow import FLOAT32_MAX
 from ..target import SpatialTarget
-from .maps import in_order, place_map, scheduled
+from .maps import ITEM_OVERHEAD, SIDES, SITES_PER_UNIT, in_order, place_map, scheduled
 
-SIDES = (1, 2, 4, 8)
 VALUE_BYTES = 4  # a page element as the general form's rings hold it at most (a float32 value)
-SITES_PER_UNIT = 2  # blocks an SM runs at once: two hide each other's waits on global memory
-ITEM_OVERHEAD = 2.0  # an item's fixed cost, in tiles streamed
 
 
 def is_row_program(p: SpatialProgram) -> bool:
