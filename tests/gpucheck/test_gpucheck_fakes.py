@@ -327,8 +327,9 @@ class FakeTorch(type(sys)):
         self.nn_int8 = False  # whether cuBLASLt here takes B row-major
         self.capture_refused = ""  # what torch says when its calls are captured (nothing: they are captured)
         self.wrong_above = None  # matmul results of more rows than this come back off by one (a planted fault)
-        # torch's elementwise ops and norms (F.silu, F.gelu, softmax, F.rms_norm and the aten out= forms there are):
-        # computed in float32, as torch's kernels compute fp16 and bf16, and rounded once to the inputs' type.
+        # torch's elementwise ops and norms (F.silu, F.gelu, softmax, log_softmax, F.rms_norm and the aten out= forms
+        # there are): computed in float32, as torch's kernels compute fp16, bf16 and float32, and rounded once to the
+        # inputs' type.
         self.nn = NS(
             functional=NS(
                 silu=self._silu,
@@ -345,7 +346,14 @@ class FakeTorch(type(sys)):
         self.sdpa_backend = None  # the backend sdpa_kernel holds SDPA to
         self.sdpa_missing = {"cudnn"}  # backends with no kernel here: SDPA under them fails as torch's does
         self.sdpa_skew = 0.0  # added to every element of SDPA's O (a planted fault)
-        self.ops = NS(aten=NS(silu=NS(out=self._silu), gelu=NS(out=self._gelu), _softmax=NS(out=self._softmax_out)))
+        self.ops = NS(
+            aten=NS(
+                silu=NS(out=self._silu),
+                gelu=NS(out=self._gelu),
+                _softmax=NS(out=self._softmax_out),
+                _log_softmax=NS(out=self._log_softmax_out),
+            )
+        )
         self.cuda = NS(
             is_available=lambda: True,
             Stream=lambda: NS(cuda_stream=7),
@@ -402,8 +410,8 @@ class FakeTorch(type(sys)):
         values then), rounded once to the first tensor's type; into `out`, or a tensor it allocates (refused while
         a stream captures, as the caching allocator's cudaMalloc is)."""
         dtype = tensors[0].dtype
-        if any(t.dtype is not dtype for t in tensors) or dtype not in (self.float16, self.bfloat16):
-            raise FakeError(f"the stand-in maps fp16 or bf16 tensors of one type, not {[t.dtype for t in tensors]}")
+        if any(t.dtype is not dtype for t in tensors) or dtype not in (self.float16, self.bfloat16, self.float32):
+            raise FakeError(f"the stand-in maps float tensors of one type, not {[t.dtype for t in tensors]}")
         if self.cp.captured is not None and out is None:
             raise FakeError("CUDA error: operation not permitted when stream is capturing")
         out = self.empty(tensors[0].shape, dtype) if out is None else out
@@ -418,8 +426,8 @@ class FakeTorch(type(sys)):
     def _reduced(self, f, x):
         """f (a reduction along a dimension) of x's float32 values, in float32 as torch reduces fp16 and bf16,
         rounded once to x's type, into a tensor it allocates (refused while a stream captures)."""
-        if x.dtype not in (self.float16, self.bfloat16):
-            raise FakeError(f"the stand-in reduces fp16 or bf16 tensors, not {x.dtype}")
+        if x.dtype not in (self.float16, self.bfloat16, self.float32):
+            raise FakeError(f"the stand-in reduces float tensors, not {x.dtype}")
         if self.cp.captured is not None:
             raise FakeError("CUDA error: operation not permitted when stream is capturing")
         out = self.empty(f(np.zeros(x.shape, np.float32)).shape, x.dtype)
@@ -453,6 +461,25 @@ class FakeTorch(type(sys)):
         if dim != -1 or half_to_float:
             raise FakeError("the stand-in's softmax is along the last dimension, in the input's type")
         return self._elementwise(_softmax_rows, (x,), out)
+
+    def log_softmax(self, x, dim):
+        return self._log_softmax_out(x, dim, False)
+
+    def _log_softmax_out(self, x, dim, half_to_float, out=None):
+        if dim != -1 or half_to_float:
+            raise FakeError("the stand-in's log_softmax is along the last dimension, in the input's type")
+        return self._elementwise(_log_softmax_rows, (x,), out)
+
+    def logsumexp(self, x, dim, keepdim=False):
+        """torch.logsumexp: max + log Σ exp(x − max) of each row, in float32, rounded once to x's type."""
+        if dim != -1:
+            raise FakeError("the stand-in's logsumexp is along the last dimension")
+
+        def f(v):
+            peak = np.max(v, axis=-1, keepdims=True)
+            return peak + np.log(np.sum(np.exp(v - peak), axis=-1, keepdims=True))
+
+        return self._reduced(lambda v: f(v) if keepdim else f(v)[..., 0], x)
 
     def _rms_norm(self, x, normalized_shape, weight, eps):
         if tuple(normalized_shape) != x.shape[-1:]:
@@ -527,6 +554,11 @@ class FakeTorch(type(sys)):
 def _softmax_rows(v):
     e = np.exp(v - v.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
+
+
+def _log_softmax_rows(v):
+    shifted = v - v.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def int_mm_refusal(torch, a, b, out):
@@ -622,6 +654,7 @@ class FakeKernel:
         fused=None,
         attention=None,
         w4=False,
+        narrowed=False,
     ):
         if isinstance(fault, tuple):
             c = next(a for a in args if a.role == "output")
@@ -633,6 +666,8 @@ class FakeKernel:
         self.fused = fused  # a GEMM whose epilogue reads tensors of its own (`fused_program`): likewise
         self.attention = attention  # an attention kernel's causal flag (`attention_of`): it computes O and LSE
         self.w4 = w4  # a W4A16 kernel (packed 4-bit weights): it decodes their bytes and dequantises (`_w4`)
+        # Its text loads a page element through bf16 (NARROWED_LOAD): a float32 input's values rounded to bf16.
+        self.narrowed = narrowed
 
     def __call__(self, buffers):
         self.cp.launch(lambda: self._compute(buffers))
@@ -704,7 +739,7 @@ class FakeKernel:
             if arg.role != "input":
                 continue
             x = untilize(buf, arg.tiles, full, np, order=arg.order)
-            pages.append(bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32))
+            pages.append(self._read(x, arg))
         with np.errstate(all="ignore"):
             c = np.asarray(evaluate(self.mapped, pages, False), np.float32)
         if self.fault == "skew":
@@ -717,10 +752,19 @@ class FakeKernel:
         if self.fault == "hang":
             FakeEvent.hang = True
 
+    def _read(self, x, arg):
+        """An input's page values as the kernel's loads read them: float32 (bf16 from its bits), a float32 input's
+        rounded to bf16 where the text narrows its page loads (`narrowed`)."""
+        from spatialc.runtime.tilize import bf16_bits
+
+        v = _float32_of(x, arg)
+        return bf16_to_float32(bf16_bits(v, np), np) if self.narrowed and arg.storage == "float32" else v
+
     def _rows(self, buffers):
-        """A row program's kernel (softmax, RMSNorm, LayerNorm): the program as the reference computes it (each op
-        rounded to float32, each row sum exactly rounded: `numerics.reference.reference`) on its inputs and
-        parameters, each output rounded to its type and its padding zero; `fault` as in `_map` (on the first
+        """A row program's kernel (softmax, log_softmax, RMSNorm, LayerNorm, a row reduction): the program its text
+        computes (`row_program`) as the reference computes it (each op rounded to float32, each row sum exactly
+        rounded: `numerics.reference.reference`) on its inputs and parameters, each output rounded to its type and
+        its padding zero; `fault` as in `_map` (on the first
         output), or "swap": a program of several outputs' second and third stored in each other's buffers, or
         "rstd": its last output's element 3 off by a part in a thousand, or "first": its second output stored from
         the first's values (fused add + RMSNorm's residual_out from out's)."""
@@ -731,8 +775,7 @@ class FakeKernel:
         for arg, buf in zip(self.args, buffers, strict=False):  # buffers in parameter order, the work list after
             if arg.role in ("input", "parameter"):
                 x = untilize(buf, arg.tiles, arg.elems, np, order=arg.order)
-                x = bf16_to_float32(x, np) if arg.storage == "uint16" else x.astype(np.float32)
-                values[arg.name] = x if arg.role == "input" else x.reshape(-1)
+                values[arg.name] = self._read(x, arg) if arg.role == "input" else _float32_of(x, arg).reshape(-1)
         with np.errstate(all="ignore"):
             got = reference(self.rows, values)
         outs = [(i, a) for i, a in enumerate(self.args) if a.role == "output"]
@@ -875,7 +918,7 @@ class FakeKernel:
 def map_formula(kernel_cu):
     """The formula of a map kernel (a kernel with no matmul) from the word its Compute marker names its Map by
     (`// op:Compute:Map_mul_silu_x1_x0`: the ops and inputs in prefix order, `lower.census.stage_kind`); None for a
-    kernel with a matmul. The stand-in kernel computes what the kernel's own text says it does."""
+    kernel with a matmul. The stand-in kernel computes what the kernel's own text says it does (`printed_formula`)."""
     import re
 
     from spatialc.ir.ops import Apply, Arg
@@ -900,13 +943,67 @@ def map_formula(kernel_cu):
                 return Apply(name, tuple(parse() for _ in range(OPS[name].arity)))
         raise ValueError(f"the stand-in reads no formula {found.group(1)!r}")
 
-    return parse()
+    return printed_formula(parse(), kernel_cu, found.group(1))
+
+
+NARROWED_LOAD = "(__nv_bfloat16)SPATIALC_PAGE_LD("  # a page element's load rounded through bf16 (a planted fault)
+
+
+def printed_formula(expr, kernel_cu, word):
+    """`expr`, a Map's formula, as the line of kernel text that computes it (`const float v = …;` in the block
+    its marker `// op:Compute:Map_<word>` opens) takes it: a one-operand op whose call (`spatialc_log(`) the line
+    lacks is not taken, its operand passing through — so a log printed away is computed without it. A map the text
+    has no marker of (an online pass's exp, which the passes rewrite) is taken as declared."""
+    from spatialc.ir.ops import Apply
+    from spatialc.numerics.elementwise import OPS
+
+    at = kernel_cu.find(f"// op:Compute:Map_{word}\n")
+    if at < 0:
+        return expr
+    start = kernel_cu.index("const float v = ", at)
+    line = kernel_cu[start : kernel_cu.index("\n", start)]
+
+    def walk(e):
+        if not isinstance(e, Apply):
+            return e
+        args = tuple(walk(a) for a in e.args)
+        call = OPS[e.op].c.split("{")[0]
+        if len(args) == 1 and call.startswith("spatialc_") and call not in line:
+            return args[0]
+        return Apply(e.op, args, e.params)
+
+    return walk(expr)
+
+
+def as_printed(program, kernel_cu):
+    """A row program with each map's formula as its kernel's text computes it (`printed_formula`)."""
+    import dataclasses
+
+    from spatialc.ir.nodes import ComputeStage
+    from spatialc.ir.ops import Map
+    from spatialc.lower.census import stage_kind
+
+    stages = []
+    for stage in program.stages:
+        op = stage.kind.op if isinstance(stage.kind, ComputeStage) else None
+        if isinstance(op, Map):
+            expr = printed_formula(op.expr, kernel_cu, stage_kind(op).removeprefix("Map_"))
+            stage = dataclasses.replace(stage, kind=ComputeStage(Map(expr)))
+        stages.append(stage)
+    return dataclasses.replace(program, stages=tuple(stages))
 
 
 def row_program(kernel_cu, args):
-    """The program of a kernel that reduces rows — spatialc.softmax, spatialc.rmsnorm or spatialc.layernorm, told
-    apart by the Map its last Compute marker names (`Map_div_exp_sub_x0_row1_row2`: softmax's quotient) or by its
-    three outputs (LayerNorm's), the eps read from its text — at its arguments' shape and types; None for any other
+    """The program of a kernel that reduces rows, as its text computes it (`as_printed`): `_row_program`'s."""
+    program = _row_program(kernel_cu, args)
+    return None if program is None else as_printed(program, kernel_cu)
+
+
+def _row_program(kernel_cu, args):
+    """The program of a kernel that reduces rows — spatialc.softmax, spatialc.log_softmax, spatialc.rmsnorm,
+    spatialc.layernorm or spatialc.row_reduce, told apart by the Map its last Compute marker names
+    (`Map_div_exp_sub_x0_row1_row2`: softmax's quotient) or by its three outputs (LayerNorm's) or its one m × 1
+    output (a row reduction's), the eps read from its text — at its arguments' shape and types; None for any other
     kernel."""
     import re
 
@@ -920,6 +1017,8 @@ def row_program(kernel_cu, args):
         return spatialc.row_reduce(m, n, _row_op(kernel_cu), SPATIALC_TYPE[x.elem], out=SPATIALC_TYPE[c.elem])
     if "// op:Compute:Map_div_exp_sub_x0_row1_row2" in kernel_cu:
         return spatialc.softmax(m, n, SPATIALC_TYPE[x.elem], out=SPATIALC_TYPE[c.elem])
+    if "// op:Compute:Map_sub_sub_x0_row1_log_row2" in kernel_cu:
+        return spatialc.log_softmax(m, n, SPATIALC_TYPE[x.elem], out=SPATIALC_TYPE[c.elem])
     if sum(a.role == "output" for a in args) == 3:
         eps = re.search(r"spatialc_rsqrt\(spatialc_fadd\(spatialc_div\(v0, [^)]*\), ([-+.e0-9]+)f\)", kernel_cu)
         if eps is None:
@@ -945,9 +1044,12 @@ def row_program(kernel_cu, args):
 
 
 def _row_op(kernel_cu):
-    """A row reduction's op, as its kernel folds each value into a row's accumulator (a mean: a sum, then divided)."""
+    """A row reduction's op, as its kernel folds each value into a row's accumulator (a mean: a sum, then divided;
+    a log-sum-exp: its max and sum kept running, then the map of the two)."""
     import re
 
+    if "// op:Compute:Map_add_row0_log_row1" in kernel_cu:  # max + log Σ exp(x − max): the log-sum-exp's
+        return "logsumexp"
     fold = re.search(r"racc_\d+\[q\] = (spatialc_\w+)\(racc_\d+\[q\], (.*)\);", kernel_cu)
     if fold is None:
         raise ValueError("the stand-in reads no row reduction from this kernel")
@@ -1112,7 +1214,19 @@ def install_fake_gpu(monkeypatch):
         fault = state["fault"]
         w4 = any(getattr(a, "packed", False) for a in args)  # packed 4-bit weights: a W4A16 kernel
         kernel = FakeKernel(
-            cp, args, fault, ls.kernel_name, ls.dyn_smem, ls.sync, ls.trip_error, mapped, rows, fused, attention, w4
+            cp,
+            args,
+            fault,
+            ls.kernel_name,
+            ls.dyn_smem,
+            ls.sync,
+            ls.trip_error,
+            mapped,
+            rows,
+            fused,
+            attention,
+            w4,
+            narrowed=NARROWED_LOAD in artifact.kernel_cu,
         )
         return real_prepare(artifact, _Loading(dev, kernel))
 

@@ -44,7 +44,7 @@ def test_map_sizes_name_their_kind_and_run_in_fp16_and_bf16():
     assert kernel_path(cases[0], "spatialc general") == "spatialc general (map)"  # left out in map rows alone
     for bad in ("map:attention:8x8", "map:gelu:8", "map:gelu:8x0x3", "map:gelu"):
         with pytest.raises(
-            SpatialError, match="not map:KIND:MxN with KIND one of swiglu, residual, gelu, softmax, softmax_online, rms"
+            SpatialError, match=r"not map:KIND:MxN\[:PRECISION\] with KIND one of swiglu, residual, gelu, softmax, soft"
         ):
             cases_of([bad], ["bf16"])
 
@@ -56,10 +56,12 @@ def test_the_default_run_measures_maps_after_the_gemms_and_before_split_k():
     at = order.index(maps[0])
     assert order[at - 1] == "4097x513x1031" and order[at + len(maps)] == "128x128x65536"
     # fp16 and bf16 each, the norms too (LayerNorm's four with them, the online softmax's four, fused add + RMSNorm's
-    # and the row absmax's four); the two fused rows in bf16 alone; three fp8; two block-scaled fp8, two MXFP8 and two
-    # block-scaled grouped; 24 attention (12 shapes, fp16 and bf16); 12 W4A16
+    # and the row absmax's four); Triton's vector add and fused softmax in fp32 (two); the two fused rows in bf16
+    # alone; three fp8; two block-scaled fp8, two MXFP8 and two block-scaled grouped; 24 attention (12 shapes, fp16
+    # and bf16); 12 W4A16
     every = cases_of(DEFAULT_SIZES, ["int8", "fp16", "bf16"])
-    assert len(every) == 46 + 6 + 8 + 4 + 4 + 4 + 2 + 3 + 2 + 2 + 2 + 24 + 12
+    assert len(every) == 46 + 6 + 8 + 4 + 4 + 4 + 2 + 2 + 3 + 2 + 2 + 2 + 24 + 12
+    assert [c.size for c in every if c.precision == "fp32"] == ["map:residual:8192x8192", "map:softmax:4096x4096"]
 
 
 # ---- the reference and the bound ----------------------------------------------------------------------------------

@@ -58,7 +58,9 @@ def test_the_default_run_measures_the_norms_after_the_maps_and_before_split_k():
     norms += ["map:softmax_online:8192x8192", "map:rmsnorm:8192x4096", "map:rmsnorm:16384x8192"]
     norms += ["map:layernorm:8192x4096", "map:layernorm:16384x8192"]
     norms += ["map:fused_add_rmsnorm:8192x4096", "map:row_absmax:8192x4096"]  # (a row sum's by --sizes alone)
-    assert order[at + 1 : at + 11] == norms and order[at + 11] == "128x128x65536"
+    # … then Triton's float32 tutorials, the vector add and the fused softmax, whatever the run's precisions.
+    norms += ["map:residual:8192x8192", "map:softmax:4096x4096"]
+    assert order[at + 1 : at + 13] == norms and order[at + 13] == "128x128x65536"
 
 
 # ---- the reference and its bound ----------------------------------------------------------------------------------
@@ -71,6 +73,8 @@ def _inputs(kind, precision, shape, seed):
 
     def rounded(x):
         x = x.astype(np.float32)
+        if precision == "fp32":
+            return x, x
         s = x.astype(np.float16) if precision == "fp16" else bf16_bits(x, np)
         return s, (s.astype(np.float32) if precision == "fp16" else bf16_to_float32(s, np))
 
@@ -94,11 +98,12 @@ CANCELLING = {"fused_add_rmsnorm", "row_sum"}
 
 
 @pytest.mark.parametrize("name", sorted(NM.NORMS))
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
 def test_the_device_reference_and_bound_are_the_numerics_own(name, precision):
     # What the device computes (norms.carried_rows, here on numpy) is what numerics.reference.row_stages computes for
     # the interpreter and the kernel's tolerance: the value, and the bound carried to it, element by element.
-    # LayerNorm's three outputs each (its kernel stores every one as float32, mean's and rstd's type).
+    # LayerNorm's three outputs each (its kernel stores every one as float32, mean's and rstd's type); the log rows'
+    # log carried too; in fp32 as in fp16 and bf16.
     kind, case = NM.NORMS[name], Case(40, 200, 0, precision, map=name)
     _, values = _inputs(kind, precision, (40, 200), 3)
     ins = [values[n].astype(np.float64) for n in kind.names]

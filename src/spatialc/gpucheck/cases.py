@@ -19,17 +19,23 @@ from .fp8 import FP8_PRECISIONS, parse_fp8
 from .sizes import parse_fused, parse_grouped, parse_map, parse_multicast, parse_size, parse_sweep
 from .w4rows import default_sizes as w4_sizes
 
-PRECISIONS = ("int8", "fp16", "bf16")
+PRECISIONS = ("int8", "fp16", "bf16")  # the default run's list, and the precisions a GEMM row takes
+# float32, the precision of programs with no matmul (spatialc refuses it for a matmul: `ops.NO_FP32_MATMUL`): map and
+# norm rows take it (`MAP_PRECISIONS`), a GEMM's size skips it; `--precisions` takes it beside PRECISIONS.
+FP32 = "fp32"
+RUN_PRECISIONS = (*PRECISIONS, FP32)
 # In the order a short budget should keep them (rows run in this order; what the budget does not reach is skipped):
 # first what the open goals are judged by — 4096³ and 8192³, then the same with multicast groups (mcGYxGX:SIZE,
 # sm_90's thread-block clusters, compared with the plain row of that size) — then
 # a GEMM with a fused epilogue (fused:SIZE, bf16: C = (A·B) · row_scale · col_scale + residual, gpucheck/fused.py),
 # compared with the plain GEMM of the same size in the same row; then the small and odd sizes; then
-# elementwise maps (map:KIND:MxN, fp16 / bf16 only: gpucheck/maps.py), measured in GB/s against torch's formula and
-# the device's copy bandwidth, and norms that reduce rows likewise (map:softmax:MxN and its two-pass neighbour
+# elementwise maps (map:KIND:MxN, fp16 / bf16 — fp32 too: gpucheck/maps.py), measured in GB/s against torch's formula
+# and the device's copy bandwidth, and norms that reduce rows likewise (map:softmax:MxN and its two-pass neighbour
 # map:softmax_online:MxN, map:rmsnorm:MxN, map:layernorm:MxN, fused add + RMSNorm map:fused_add_rmsnorm:MxN, and
 # the row reductions map:row_absmax:MxN and map:row_sum:MxN — the sum's by --sizes alone, to keep the run short:
-# norms.py); then
+# norms.py; map:log_softmax:MxN and map:row_logsumexp:MxN by --sizes alone too), and what users of Triton compare
+# first, its float32 tutorials: the vector add (x + y: the residual kind in fp32) and the fused softmax, a map size
+# naming its precision (map:KIND:MxN:PRECISION, run in it whatever the run's list); then
 # 128x128x65536 and 512x512x32768, few output items and a long K, which the planner splits over sites (split-K, set
 # against cuBLAS, which splits such shapes too); last grouped GEMMs (gG:MAXROWSxNxK: G groups with row counts drawn
 # from 0..MAXROWS, fp16 / bf16 only); then, after every row the table had before them, so that they never push those
@@ -65,6 +71,8 @@ DEFAULT_SIZES = (
     "map:layernorm:16384x8192",
     "map:fused_add_rmsnorm:8192x4096",
     "map:row_absmax:8192x4096",
+    "map:residual:8192x8192:fp32",
+    "map:softmax:4096x4096:fp32",
     "128x128x65536",
     "512x512x32768",
     "g8:4096x4096x4096",
@@ -100,13 +108,14 @@ PLANNERS_PLAN = "the planner's plan"  # a sweep's plan that is its form's planne
 TIMED_AGAIN = "the planner's plan, timed again"  # … and its kernel once more, after the neighbours
 SAME_SPEED = 0.02  # two speeds closer than this (relative) are a tie in a sweep's verdicts: timing noise, not order
 GROUPED_PRECISIONS = ("fp16", "bf16")  # the grouped rows' baselines (torch.matmul per group, torch._grouped_mm)
-MAP_PRECISIONS = ("fp16", "bf16")  # the map rows' (C in the inputs' type, as torch gives it)
+MAP_PRECISIONS = ("fp16", "bf16", FP32)  # the map rows' (C in the inputs' type, as torch gives it)
 FUSED_PRECISIONS = ("bf16",)  # the fused-epilogue rows' (issue 31's: bf16 at 4096³ and 8192³)
 # What torch's own GEMM returns for each precision: every contestant's end-to-end result comes in this type, and
 # spatialc's kernels are built for it (`spatialc.gemm(..., out=…)`) where gemm takes `out`.
-TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16", "e4m3": "bf16", "e5m2": "bf16"}
-# spatialc's type names (`fp16`) as the launcher names element types (`float16`; spatialc.runtime.tilize).
-ELEM_OF = {dtype.value: elem for elem, dtype in ELEMENT_DTYPES.items()}
+TORCH_OUT = {"int8": "int32", "fp16": "fp16", "bf16": "bf16", "e4m3": "bf16", "e5m2": "bf16", FP32: FP32}
+# spatialc's type names (`fp16`; float32 spelt `fp32` too) as the launcher names element types (`float16`;
+# spatialc.runtime.tilize).
+ELEM_OF = {dtype.value: elem for elem, dtype in ELEMENT_DTYPES.items()} | {FP32: "float32"}
 WAYS = ("end_to_end", "kernel")  # the two timings of every contestant
 # spatialc's kernels of a product, in the report's order: the persistent tile kernel and the same program in the
 # general form (`spatialc.lower`'s artifact and its `general`), and on a Hopper (sm_90) the same GEMM built for
@@ -254,9 +263,10 @@ class Case(_Product):
 
 
 def map_bytes(product: Any) -> int:
-    """The bytes a map case or row must read and write: each of its kind's inputs once and C once, all m × n in one
-    2-byte type (a norm's kernel reads x once a pass, and its weight's n values, which these leave out); LayerNorm's
-    mean and rstd besides, as float32; a row reduction's m values in place of C (`Kind.bytes`)."""
+    """The bytes a map case or row must read and write: each of its kind's inputs once and C once, all m × n in the
+    inputs' type, 2 or 4 bytes an element (a norm's kernel reads x once a pass, and its weight's n values, which
+    these leave out); LayerNorm's mean and rstd besides, as float32; a row reduction's m values in place of C
+    (`Kind.bytes`)."""
     from .maps import kind_of
 
     return kind_of(product).bytes(product)
@@ -273,11 +283,12 @@ def grouped_sizes(groups: int, max_rows: int) -> Any:
 
 def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
     """Every size × precision, size-major (so a budget cut drops whole sizes, not one precision); each case once. An
-    fp8 size (`fp8:e4m3:4096`) names its own precision."""
+    fp8 size (`fp8:e4m3:4096`) names its own precision, and so may a map's (`map:softmax:4096x4096:fp32`). fp32
+    is a map's alone: a GEMM's size skips it, and one left with no other precision is refused (`_gemm_precisions`)."""
     precs = list(precisions)
     for p in precs:
-        if p not in PRECISIONS:
-            raise SpatialError(f"unknown precision {p!r}; use {', '.join(PRECISIONS)}")
+        if p not in RUN_PRECISIONS:
+            raise SpatialError(f"unknown precision {p!r}; use {', '.join(RUN_PRECISIONS)}")
     out = []
     from .w4rows import parse_w4
 
@@ -288,11 +299,13 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
             continue
         mapped = parse_map(s)
         if mapped is not None:
-            out += [Case(*mapped[1], 0, p, map=mapped[0]) for p in precs if p in MAP_PRECISIONS]
+            own = [mapped[2]] if mapped[2] else [p for p in precs if p in MAP_PRECISIONS]
+            out += [Case(*mapped[1], 0, p, map=mapped[0]) for p in own]
             continue
         att = parse_attention(s)
         if att is not None:
-            out += [Case(*att[1], p, heads=att[0], causal=att[2]) for p in precs if p in ATTENTION_PRECISIONS]
+            own = [p for p in _gemm_precisions(s, precs) if p in ATTENTION_PRECISIONS]
+            out += [Case(*att[1], p, heads=att[0], causal=att[2]) for p in own]
             continue
         scaled = parse_blockscaled(s)
         if scaled is not None:  # as fp8's, with block scales
@@ -304,20 +317,34 @@ def cases_of(sizes: Iterable[str], precisions: Iterable[str]) -> list[Case]:
             continue
         fused = parse_fused(s)
         if fused is not None:
-            out += [Case(*fused, p, fused=True) for p in precs if p in FUSED_PRECISIONS]
+            out += [Case(*fused, p, fused=True) for p in _gemm_precisions(s, precs) if p in FUSED_PRECISIONS]
             continue
         sweep = parse_sweep(s)
         multicast = parse_multicast(s) if sweep is None else None
         grouped = parse_grouped(s) if multicast is None and sweep is None else None
+        gemm = _gemm_precisions(s, precs)
         if sweep is not None:
-            out += [Case(*sweep, p, sweep=True) for p in precs]
+            out += [Case(*sweep, p, sweep=True) for p in gemm]
         elif multicast is not None:
-            out += [Case(*multicast[1], p, 1, multicast[0]) for p in precs]
+            out += [Case(*multicast[1], p, 1, multicast[0]) for p in gemm]
         elif grouped is None:
-            out += [Case(*parse_size(s), p) for p in precs]
+            out += [Case(*parse_size(s), p) for p in gemm]
         else:
-            out += [Case(*grouped[1], p, grouped[0]) for p in precs if p in GROUPED_PRECISIONS]
+            out += [Case(*grouped[1], p, grouped[0]) for p in gemm if p in GROUPED_PRECISIONS]
     return list(dict.fromkeys(out))
+
+
+def _gemm_precisions(size: str, precs: list[str]) -> list[str]:
+    """The run's precisions a GEMM's `size` takes (an attention's and a fused GEMM's too): all but fp32, which
+    spatialc refuses for a matmul; a GEMM size that the run gives fp32 alone is refused in words (SpatialError), not
+    left without a row unsaid."""
+    gemm = [p for p in precs if p in PRECISIONS]
+    if not gemm and FP32 in precs:
+        raise SpatialError(
+            f"size {size!r} is a GEMM's and fp32 is the precision of programs with no matmul (a map:KIND:MxN row's);"
+            f" give the GEMM sizes {', '.join(PRECISIONS)} with --precisions, or leave them out"
+        )
+    return gemm
 
 
 def preflight_case(cases: list[Case]) -> Case:

@@ -25,6 +25,7 @@ from ..errors import SpatialError
 from .cases import (
     DEFAULT_SIZES,
     PRECISIONS,
+    RUN_PRECISIONS,
     SWEEP_SIZES,
     BudgetExceeded,
     Case,
@@ -241,14 +242,21 @@ def parse_args(argv: Sequence[str] | None, description: str = "") -> argparse.Na
         default=None,
         help="N (for N³) or MxNxK, several; gG:MAXROWSxNxK a grouped GEMM, mcGYxGX:SIZE multicast groups, "
         "sweep:SIZE each form's plans around its planner's, fused:SIZE the GEMM with row and column scales and a "
-        "residual fused (bf16) beside the plain GEMM, map:KIND:MxN an elementwise map (swiglu, residual, gelu) or a "
-        "norm (softmax, rmsnorm, layernorm) against torch and the copy bandwidth, fp8:KIND:SIZE an e4m3 or e5m2 "
+        "residual fused (bf16) beside the plain GEMM, map:KIND:MxN[:PRECISION] an elementwise map (swiglu, residual, "
+        "gelu) or a norm (softmax, log_softmax, rmsnorm, layernorm, row_logsumexp, …) against torch and the copy "
+        "bandwidth, in the precision it names if it names one, fp8:KIND:SIZE an e4m3 or e5m2 "
         "GEMM with dequant scales against torch._scaled_mm (its precision its own), w4:FORMAT:MxNxK a W4A16 GEMM "
         "(bf16 A, int4 / uint4 / mxfp4 weights) against torch's mm and the copy bandwidth (default: the check's own "
         "list; with --prepare also "
         f"{' '.join(SWEEP_SIZES)}, for a second run)",
     )
-    ap.add_argument("--precisions", nargs="+", default=list(PRECISIONS), help=f"of {', '.join(PRECISIONS)}")
+    ap.add_argument(
+        "--precisions",
+        nargs="+",
+        default=list(PRECISIONS),
+        help=f"of {', '.join(RUN_PRECISIONS)} (default {' '.join(PRECISIONS)}; fp32: map and norm rows alone, a GEMM "
+        "size skips it)",
+    )
     ap.add_argument("--target", default=None, help="spatialc target (default: from the GPU; sm_90 without one)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-triton", action="store_true", help="skip the Triton contender")

@@ -12,8 +12,8 @@ from typing import Any
 from ..runtime.tilize import bf16_bits
 from .agreement import Check, agrees, values64
 from .builds import Built, Form
-from .cases import ELEM_OF, Case, Contestant, Deadline, Row, blaming, map_bytes
-from .maps import COPY, PARAM_RANGE, SPREAD, Kind, check_map, kind_of
+from .cases import ELEM_OF, FP32, Case, Contestant, Deadline, Row, blaming, map_bytes
+from .maps import COPY, PARAM_RANGE, SPREAD, Kind, check_map, elem_bytes, kind_of
 from .preflight import REFERENCE
 
 
@@ -31,7 +31,7 @@ class MapRows:
         kind = kind_of(case)
         # A torch call no graph holds (one that allocates): the row's contestants are all timed by events.
         self.r.row_graphs = kind.graphs
-        copies = copies_for(len(kind.names) * case.m * case.n * 2, self.r._l2_bytes())  # an input set's bytes
+        copies = copies_for(len(kind.names) * case.m * case.n * elem_bytes(case), self.r._l2_bytes())  # a set's
         sets = self._inputs(case, kind, copies)
         refs = blaming(REFERENCE, lambda: self._reference(case, kind, sets[0], deadline))
         verdicts = [("error", built.error)] if built.error else []
@@ -63,6 +63,9 @@ class MapRows:
         return sets
 
     def _stored(self, x: Any, case: Case) -> Any:
+        """float32 values `x` in the case's storage: fp16, bf16 as its bits, or fp32 as they are."""
+        if case.precision == FP32:
+            return x
         return x.astype(self.cp.float16) if case.precision == "fp16" else bf16_bits(x, self.cp)
 
     def _values(self, x: Any, case: Case) -> Any:

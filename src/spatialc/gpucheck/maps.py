@@ -1,6 +1,7 @@
 """The GPU check's map rows (issue 31): programs with no matmul, `map:KIND:MxN` — elementwise maps (SwiGLU's gate
 silu(gate) · x, a residual add x + r, gelu's tanh form) and norms that reduce rows (softmax, RMSNorm: their kinds
-are in gpucheck/norms.py) — in fp16 and bf16, C in the inputs' type, as torch gives it.
+are in gpucheck/norms.py) — in fp16 and bf16, and in fp32 (spatialc's float32, the precision of programs with no
+matmul: Triton's tutorials' vector add is the residual add in fp32), C in the inputs' type, as torch gives it.
 
 A map reads each input once and writes its output once: its speed is bandwidth, so its rows count GB/s of those
 bytes (every input read, C written) and set spatialc's kernel against two contestants timed in the same row:
@@ -30,10 +31,11 @@ from .. import ew
 from ..errors import SpatialError
 from ..ir.nodes import DType
 from ..ir.ops import Apply, Arg, Expr
+from ..ir.traffic import DTYPE_BYTES
 from ..numerics.elementwise import GELU_C, OPS
 from ..numerics.tolerance import EPS32, OUT_EPS
 from ..numerics.tolerance import OUT_STEP as STEP
-from ..runtime.tilize import storage_dtype, unwritten
+from ..runtime.tilize import ELEMENT_DTYPES, storage_dtype, unwritten
 from .agreement import Check, _errors, values64
 from .builds import Built, Form, describe_plan, forms_of, hopper_form, plan_facts
 from .cases import ELEM_OF, Case, map_bytes, one_line, spatialc_name
@@ -46,6 +48,11 @@ PARAM_RANGE = (0.5, 1.5)  # parameters (a norm's weight) uniform in this range, 
 OUT_STEP = {"float16": STEP[DType.FP16], "bfloat16": STEP[DType.BF16], "float32": STEP[DType.FLOAT32]}
 # One ulp at 1.0 of C's type (float32: a LayerNorm's outputs, which the general form stores in mean's and rstd's type).
 C_EPS = {"float16": OUT_EPS[DType.FP16], "bfloat16": OUT_EPS[DType.BF16], "float32": OUT_EPS[DType.FLOAT32]}
+
+
+def elem_bytes(case: Any) -> int:
+    """The bytes of one element of a map case's or row's inputs: 2 (fp16, bf16) or 4 (fp32)."""
+    return DTYPE_BYTES[ELEMENT_DTYPES[ELEM_OF[case.precision]]]
 
 
 class Kind:
@@ -87,8 +94,8 @@ class Kind:
 
     def bytes(self, case: Case) -> int:
         """The bytes the function must read and write (`cases.map_bytes`): each input once and C once, all m × n in
-        the inputs' 2-byte type (a norm's weight, n values, left out)."""
-        return (len(self.names) + 1) * case.m * case.n * 2
+        the inputs' type (a norm's weight, n values, left out)."""
+        return (len(self.names) + 1) * case.m * case.n * elem_bytes(case)
 
     def references(self, case: Case, values: list[Any], params: dict[str, Any], xp: Any) -> dict[Any, Any]:
         """Each output's (reference, bound) by name; None names the kernel's one output (`reference`)."""
@@ -203,6 +210,7 @@ F64: dict[str, Callable[..., Any]] = {
     "silu": lambda xp, v: v / (1.0 + xp.exp(-v)),
     "gelu_tanh": lambda xp, v: 0.5 * v * (1.0 + xp.tanh(GELU_C * (v + 0.044715 * (v * v * v)))),
     "exp": lambda xp, v: xp.exp(v),
+    "log": lambda xp, v: xp.log(v),
     "rsqrt": lambda xp, v: 1.0 / xp.sqrt(v),
     "add": lambda xp, a, b: a + b,
     "sub": lambda xp, a, b: a - b,

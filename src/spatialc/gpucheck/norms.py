@@ -1,5 +1,5 @@
 """The GPU check's norm rows (issue 31): programs that reduce rows, `spatialc.softmax` and `spatialc.rmsnorm`, as
-map rows of kinds of their own — `map:softmax:MxN`, `map:rmsnorm:MxN` — measured as maps are (maprows.py).
+map rows of kinds of their own — `map:softmax:MxN`, `map:rmsnorm:MxN`, … — measured as maps are (maprows.py).
 
 What a norm row does differently from an elementwise map's:
 - Its kernel reads x once a pass over the row: softmax three times (its max, the sum of exp(x − max), the quotient),
@@ -32,9 +32,16 @@ What a norm row does differently from an elementwise map's:
   residual, both in the inputs' type; its kernel reads x and residual twice (the sum of squares' pass, then the
   last, whose h = x + residual a page feeds both outputs). torch: `h = x + r` then `F.rms_norm(h, (n,), w, eps)`
   (out alone is compared; two kernels or more, no form that writes into C: timed by events).
-- Row reductions (`map:row_absmax:MxN`, `map:row_sum:MxN`: `spatialc.row_reduce`) read x once and write one value
-  a row, an m × 1 output in the inputs' type (torch's `x.abs().amax(-1)`, `x.sum(-1)`, kept as a column), one pass;
-  their bytes are x's and the m values'. torch's calls allocate: timed by events.
+- Row reductions (`map:row_absmax:MxN`, `map:row_sum:MxN`, `map:row_logsumexp:MxN`: `spatialc.row_reduce`) read x
+  once and write one value a row, an m × 1 output in the inputs' type (torch's `x.abs().amax(-1)`, `x.sum(-1)`,
+  `torch.logsumexp(x, -1)`, kept as a column), one pass — the log-sum-exp's max and Σ exp(x − max) kept running in
+  it, its bound carrying the running sum's rescalings as the online softmax's; their bytes are x's and the m
+  values'. torch's calls allocate: timed by events.
+- log_softmax (`map:log_softmax:MxN`, `spatialc.log_softmax`: torch.log_softmax) takes softmax's three passes, its
+  last map x − max − log Σ exp(x − max); torch: `torch.log_softmax(x, dim=-1)`, kernel only through aten's
+  `_log_softmax.out`.
+- Every kind takes fp32 besides fp16 and bf16 (cases.MAP_PRECISIONS): x, its parameters and C as float32, the
+  bytes 4 an element, torch computing in float32 — Triton's fused-softmax tutorial's row (`map:softmax:MxN:fp32`).
 """
 
 from __future__ import annotations
@@ -53,7 +60,7 @@ from ..numerics.intervals import _corners, _crosses_pole
 from ..numerics.reductions import reduction_named
 from ..numerics.tolerance import EPS32
 from .cases import ELEM_OF, Case
-from .maps import C_EPS, F64, OUT_STEP, Kind
+from .maps import C_EPS, F64, OUT_STEP, Kind, elem_bytes
 
 EPS = 1e-6  # RMSNorm's eps in its rows (LLaMA's)
 LN_EPS = 1e-5  # LayerNorm's (torch's default)
@@ -78,7 +85,7 @@ class NormKind(Kind):
     params: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     page_outputs: int = 1
-    vector_bytes: int = ROW_VECTOR_BYTES
+    vector_bytes: int | None = ROW_VECTOR_BYTES  # None: the inputs' type's (a row reduction's one value a row)
     out: str | None = None
     family = "norm"
 
@@ -94,7 +101,9 @@ class NormKind(Kind):
         """Each input read and each output of the rows' shape written once in the inputs' type, and each row-vector
         output's m values (LayerNorm's mean and rstd as float32, a row reduction's one in the inputs' type)."""
         vectors = max(1, len(self.outputs)) - self.page_outputs
-        return (len(self.names) + self.page_outputs) * case.m * case.n * 2 + vectors * case.m * self.vector_bytes
+        width = elem_bytes(case)
+        per_vector = width if self.vector_bytes is None else self.vector_bytes
+        return (len(self.names) + self.page_outputs) * case.m * case.n * width + vectors * case.m * per_vector
 
     def reference(self, case: Case, values: list[Any], params: dict[str, Any], xp: Any) -> tuple[Any, Any]:
         """The program's (first output's) value before C's rounding, as the interpreter's reference computes it, and
@@ -123,6 +132,12 @@ def _softmax_online(m: int, n: int, precision: str, **kw: Any) -> Any:
     import spatialc
 
     return spatialc.softmax(m, n, precision, online=True, **kw)
+
+
+def _log_softmax(m: int, n: int, precision: str, **kw: Any) -> Any:
+    import spatialc
+
+    return spatialc.log_softmax(m, n, precision, **kw)
 
 
 def _rmsnorm(m: int, n: int, precision: str, **kw: Any) -> Any:
@@ -164,6 +179,10 @@ def _softmax_into(torch: Any, t: list[Any], c: Any, scratch: Any) -> None:
     torch.ops.aten._softmax.out(t[0], -1, False, out=c)  # what torch.softmax(x, dim=-1) runs, into C
 
 
+def _log_softmax_into(torch: Any, t: list[Any], c: Any, scratch: Any) -> None:
+    torch.ops.aten._log_softmax.out(t[0], -1, False, out=c)  # what torch.log_softmax(x, dim=-1) runs, into C
+
+
 def _rms_norm(torch: Any, t: list[Any]) -> Any:
     """F.rms_norm (torch 2.4 and later), else its formula as LLaMA's RMSNorm writes it."""
     x, w = t
@@ -200,6 +219,15 @@ NORMS = {
             _softmax_into,
             2,
         ),
+        # softmax's passes, its last map x − max − log Σ exp(x − max)
+        NormKind(
+            "log_softmax",
+            _log_softmax,
+            "log_softmax(x, dim=-1)",
+            lambda torch, t: torch.log_softmax(t[0], dim=-1),
+            _log_softmax_into,
+            3,
+        ),
         NormKind("rmsnorm", _rmsnorm, f"F.rms_norm(x, (n,), w, eps={EPS:g})", _rms_norm, None, 2, params=("weight",)),
         NormKind(
             "layernorm",
@@ -233,7 +261,7 @@ NORMS = {
             None,
             1,
             page_outputs=0,
-            vector_bytes=2,
+            vector_bytes=None,
         ),
         NormKind(
             "row_sum",
@@ -243,7 +271,18 @@ NORMS = {
             None,
             1,
             page_outputs=0,
-            vector_bytes=2,
+            vector_bytes=None,
+        ),
+        # the max and Σ exp(x − max) kept running in one pass (online softmax's), then max + log Σ a row
+        NormKind(
+            "row_logsumexp",
+            _row_reduce("logsumexp"),
+            "logsumexp(x, -1)",
+            lambda torch, t: torch.logsumexp(t[0], -1, keepdim=True),
+            None,
+            1,
+            page_outputs=0,
+            vector_bytes=None,
         ),
     )
 }

@@ -21,7 +21,18 @@ from dataclasses import dataclass
 
 from ..errors import SpatialError
 from .baselines import GEMM_EX, INT_MM_COL, INT_MM_ROW, TORCH_MATMUL, TRITON
-from .cases import FORMS, HOPPER_FORM, Case, GpuLost, Probe, is_sticky, one_line, preflight_case, spatialc_name
+from .cases import (
+    FORMS,
+    HOPPER_FORM,
+    PRECISIONS,
+    Case,
+    GpuLost,
+    Probe,
+    is_sticky,
+    one_line,
+    preflight_case,
+    spatialc_name,
+)
 from .fp8 import FP8_PRECISIONS
 
 PREFLIGHT_S = 60.0
@@ -123,7 +134,8 @@ def spatialc_step(form: str, case: Case) -> str:
 def hopper_case(cases: Sequence[Case]) -> Case:
     """The sm_90a form's preflight product, at the large rows' plan: bf16 where the run has it (their precision
     of note), else the run's first; K steps of one 128-byte panel in its type."""
-    precisions = [c.precision for c in cases if c.precision not in FP8_PRECISIONS]  # fp8: checked in its rows
+    # fp8: checked in its rows; fp32: a map's alone (no GEMM takes it)
+    precisions = [c.precision for c in cases if c.precision in PRECISIONS]
     precision = "bf16" if "bf16" in precisions or not precisions else precisions[0]
     ibw = PANEL_BYTES // (16 * (1 if precision == "int8" else 2))
     return Case(*HOPPER_PROBE, precision, hopper_block=(*HOPPER_ITEM, ibw))

@@ -1,7 +1,7 @@
 """sizes: the GPU check's size strings read — `256`, `4097x513x1031`, and the prefixed kinds of row a size names
-(`gG:…` grouped, `mcGYxGX:…` multicast, `map:KIND:MxN`, `fused:…`, `sweep:…`). `cases.cases_of` turns them into
-cases; the fp8, block-scaled, attention and W4A16 rows read their own prefixes (fp8.py, blockscaled.py, attnrows.py,
-w4rows.py) with `parse_size` for the dimensions."""
+(`gG:…` grouped, `mcGYxGX:…` multicast, `map:KIND:MxN[:PRECISION]`, `fused:…`, `sweep:…`). `cases.cases_of` turns
+them into cases; the fp8, block-scaled, attention and W4A16 rows read their own prefixes (fp8.py, blockscaled.py,
+attnrows.py, w4rows.py) with `parse_size` for the dimensions."""
 
 from __future__ import annotations
 
@@ -33,18 +33,25 @@ def parse_multicast(text: str) -> tuple[tuple[int, int], tuple[int, int, int]] |
     return (int(parts[0]), int(parts[1])), parse_size(rest)
 
 
-def parse_map(text: str) -> tuple[str, tuple[int, int]] | None:
-    """`map:swiglu:4096x11008` → ('swiglu', (4096, 11008)); None for a size without the prefix."""
+def parse_map(text: str) -> tuple[str, tuple[int, int], str] | None:
+    """`map:swiglu:4096x11008` → ('swiglu', (4096, 11008), ''); `map:softmax:4096x4096:fp32` → (…, 'fp32'): a map
+    that names its precision (one of `cases.MAP_PRECISIONS`), run in it whatever the run's list; None for a size
+    without the prefix."""
+    from .cases import MAP_PRECISIONS
     from .maps import kinds
 
     head, colon, rest = text.partition(":")
     if not colon or head.lower() != "map":
         return None
-    kind, _, dims = rest.partition(":")
+    kind, _, tail = rest.partition(":")
+    dims, _, precision = tail.partition(":")
     parts = dims.lower().replace("×", "x").split("x")
     if kind not in kinds() or len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise SpatialError(f"size {text!r} is not map:KIND:MxN with KIND one of {', '.join(kinds())}")
-    return kind, (int(parts[0]), int(parts[1]))
+        raise SpatialError(f"size {text!r} is not map:KIND:MxN[:PRECISION] with KIND one of {', '.join(kinds())}")
+    if precision and precision.lower() not in MAP_PRECISIONS:
+        takes = ", ".join(MAP_PRECISIONS)
+        raise SpatialError(f"size {text!r} names precision {precision!r}; a map's is one of {takes}")
+    return kind, (int(parts[0]), int(parts[1])), precision.lower()
 
 
 def parse_fused(text: str) -> tuple[int, int, int] | None:
