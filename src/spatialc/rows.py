@@ -147,12 +147,14 @@ def log_softmax(
     online: bool = False,
 ) -> SpatialProgram:
     """The program out = log_softmax(x) along each row of x (m × n), as torch.log_softmax(x, -1): x − max −
-    log Σ exp(x − max), before tiling — softmax's passes (online=True: two, as softmax's), its last map x − m − log s
-    (no exp of the output, no quotient: a row of large negative logits keeps its values, where log(softmax) is −∞)."""
+    log Σ exp(x − max), before tiling — softmax's passes (online=True: two, as softmax's), log s once a row (a map of
+    the sum's vector), then the last map (x − m) − log s, as torch rounds it (no exp of the output, no quotient: a row
+    of large negative logits keeps its values, where log(softmax) is −∞)."""
     b, out_dtype, x, peak, total = _max_and_sum_of_exp(m, n, precision, out, online, "log_softmax")
     y = b.tensor("out", TensorRole.OUTPUT, (b.m, b.n), out_dtype)
-    shifted = Apply("sub", (Apply("sub", (Arg(0), RowArg(1))), Apply("log", (RowArg(2),))))
-    b.write(b.map("log_normalise", shifted, (b.read(x, "x1" if online else "x2"), peak, total)), y)
+    log_sum = b.map("log_sum", Apply("log", (RowArg(0),)), (total,))  # once a row, not once an element
+    shifted = Apply("sub", (Apply("sub", (Arg(0), RowArg(1))), RowArg(2)))
+    b.write(b.map("log_normalise", shifted, (b.read(x, "x1" if online else "x2"), peak, log_sum)), y)
     return b.program(f"log_softmax_{b.m}x{b.n}_{b.prec.value}" + ("_online" if online else ""), target)
 
 

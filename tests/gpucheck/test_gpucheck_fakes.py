@@ -1017,7 +1017,7 @@ def _row_program(kernel_cu, args):
         return spatialc.row_reduce(m, n, _row_op(kernel_cu), SPATIALC_TYPE[x.elem], out=SPATIALC_TYPE[c.elem])
     if "// op:Compute:Map_div_exp_sub_x0_row1_row2" in kernel_cu:
         return spatialc.softmax(m, n, SPATIALC_TYPE[x.elem], out=SPATIALC_TYPE[c.elem])
-    if "// op:Compute:Map_sub_sub_x0_row1_log_row2" in kernel_cu:
+    if "// op:Compute:Map_sub_sub_x0_row1_row2" in kernel_cu and "// op:Compute:Map_log_row0" in kernel_cu:
         return spatialc.log_softmax(m, n, SPATIALC_TYPE[x.elem], out=SPATIALC_TYPE[c.elem])
     if sum(a.role == "output" for a in args) == 3:
         eps = re.search(r"spatialc_rsqrt\(spatialc_fadd\(spatialc_div\(v0, [^)]*\), ([-+.e0-9]+)f\)", kernel_cu)
