@@ -93,3 +93,17 @@ def test_a_numpy_integer_dim_is_taken_as_torch_takes_it():
     x = torch.randn(3, 24)
     got = sct.log_softmax(x, np.int64(-1))
     assert torch.allclose(got, torch.log_softmax(x, np.int64(-1)), atol=1e-6)
+
+
+@pytest.mark.parametrize("make", [spatialc.rmsnorm, spatialc.layernorm])
+def test_an_eps_past_float32_is_refused_where_it_is_given(make):
+    """The programs add eps in float32: 1e39 is refused by the constructor in its own words (it was an
+    IllFormedError of 'a float32 program's epilogue' from build), the torch functions alike."""
+    with pytest.raises(spatialc.ProgramError, match=r"eps is a finite number ≥ 0 within float32 .* not 1e\+39"):
+        make(4, 32, "fp32", eps=1e39)
+    assert make(4, 32, "fp32", eps=3e38).name  # float32 holds it
+
+
+def test_the_torch_functions_refuse_an_eps_past_float32_in_their_words():
+    with pytest.raises(spatialc.ProgramError, match=r"spatialc\.torch\.rms_norm's eps is .* within float32"):
+        sct.rms_norm(torch.ones(2, 24), None, 1e39)

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from ..arguments import finite_number, shown_number
 from ..errors import ProgramError
 from ..inputs import InputError
+from ..rows import eps_value
 from .family import _LOCK, SpatialOp
 from .signature import _dims, _dtype, _kind
 
@@ -60,10 +60,7 @@ def _out(what: str, x: torch.Tensor, out_dtype: Any) -> torch.dtype:
 
 
 def _eps(what: str, eps: object) -> float:
-    number = finite_number(eps)
-    if number is None or number < 0:
-        raise ProgramError(f"spatialc.torch.{what}: eps is a finite number ≥ 0, not {shown_number(eps)}")
-    return number
+    return eps_value(eps, f"spatialc.torch.{what}")
 
 
 def _row_op(kind: str, precision: str, out: str | None, **options: Any) -> SpatialOp:
