@@ -254,7 +254,9 @@ def row_stages(
             if bounds and shared is not None:
                 err = err + rescaled(done[shared], value, err, p.tile.cols, np)
         elif bounds:  # the value bounded computes on the way: each op in float64 of float32 operands, rounded once
-            value, err = intervals.bounded(pass_exps.get(ring, op.expr), pages, _rows_of(col), memo)
+            value, err = intervals.bounded(op.expr, pages, _rows_of(col), memo)
+            if ring in pass_exps:  # the pass's P: the declared map's value and bound wherever M is finite, else 0
+                value, err = _floored(pass_exps[ring], pages, col, value, err)
         else:
             value, err = epilogue.mapped(pass_exps.get(ring, op.expr), [x for x, _ in pages], False, col), None
         done[ring] = (np.asarray(value, np.float64), err)
@@ -275,6 +277,13 @@ def online_exps(index: Any, decl: Any) -> dict[Any, Any]:
             if e.kind.op == ONLINE_EXP:
                 out[index.ring(e.outs[0])] = ONLINE_P.expr
     return out
+
+
+def _floored(expr: Any, pages: list, col: Any, value: Any, err: Any) -> tuple[Any, Any]:
+    """The online pass's P (`expr`, `online_exps`) of `pages`, with the declared map's bound `err` where that map's
+    `value` is a number, and none where it is NaN and P is not (a row of −∞ alone: P = 0 exactly, a kernel's too)."""
+    floored = np.asarray(epilogue.mapped(expr, [x for x, _ in pages], False, col), np.float64)
+    return floored, np.where(np.isnan(value) & ~np.isnan(floored), 0.0, err)
 
 
 def online_values(index: Any, decl: Any, stage: Any) -> Any:
