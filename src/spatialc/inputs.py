@@ -291,7 +291,9 @@ def _check_e4m3_range(name: str, x: Any, xp: Any) -> None:
     )
 
 
-ROUNDED = (DType.FP16, DType.BF16, DType.E4M3, DType.E5M2)  # the element types an input is rounded to
+# the element types an input is rounded to: float32 too, which a float64 or int array given for a float32 tensor
+# (an fp32 program's input, a parameter) is rounded to as bf16 data is to bf16 (a finite 1e300 to inf included)
+ROUNDED = (DType.FP16, DType.BF16, DType.E4M3, DType.E5M2, DType.FLOAT32)
 
 
 # ---- saying that inputs were rounded -----------------------------------------------------------------------------
@@ -300,8 +302,8 @@ _WARNED: set[DType] = set()  # the precisions already warned about in this proce
 
 
 def rounding_watched(dtype: DType) -> bool:
-    """Whether rounding inputs to `dtype` is still to be looked for: fp16 / bf16 / e4m3 / e5m2, not yet warned
-    about."""
+    """Whether rounding inputs to `dtype` is still to be looked for: fp16 / bf16 / e4m3 / e5m2 / float32, not yet
+    warned about."""
     return dtype in ROUNDED and dtype not in _WARNED
 
 
@@ -355,9 +357,19 @@ def warn_if_not_finite(name: str, values: np.ndarray) -> None:
 
 
 def _outside_spatialc() -> int:
-    """The stack level of the first caller outside spatialc, so that a warning names the user's line."""
+    """The stack level of the first caller outside spatialc, so that a warning names the user's line. torch's own
+    frames count as spatialc's: a spatialc.torch function runs its program as a torch op, through torch's dispatch
+    (and torch.compile's), between the user's line and spatialc's."""
     frame: FrameType | None = sys._getframe(2)  # level 1 is the function that warns, the caller of this one
     level = 2
-    while frame is not None and frame.f_code.co_filename.startswith(PACKAGE_DIR):
+    inside = (PACKAGE_DIR, *_torch_dir())
+    while frame is not None and frame.f_code.co_filename.startswith(inside):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _torch_dir() -> tuple[str, ...]:
+    """torch's package folder where torch is imported (spatialc never imports it to warn), else nothing."""
+    torch = sys.modules.get("torch")
+    where = getattr(torch, "__file__", None)
+    return (os.path.dirname(os.path.abspath(where)) + os.sep,) if where else ()

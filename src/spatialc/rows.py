@@ -50,6 +50,7 @@ from .ir.nodes import (
     accumulator_dtype,
 )
 from .ir.ops import Apply, Arg, Col, Expr, Lit, Map, Precision, RowArg, RowReduce
+from .numerics.narrow import FLOAT32_MAX
 
 
 class _Builder:
@@ -181,10 +182,14 @@ def _max_and_sum(b: _Builder, x: TensorId, online: bool) -> tuple[BufferId, Buff
     return peak, b.reduce("row_sum", "sum", exps)
 
 
-def _eps(eps: object, what: str) -> float:
+def eps_value(eps: object, what: str) -> float:
+    """`eps` as a float: a finite number ≥ 0 that float32 holds (the programs add it in float32, where 1e39 is inf),
+    else ProgramError naming `what` (rmsnorm, spatialc.torch.rms_norm)."""
     number = finite_number(eps)
-    if number is None or number < 0:
-        raise ProgramError(f"{what}'s eps is a finite number ≥ 0, not {shown_number(eps)}")
+    if number is None or not 0 <= number <= FLOAT32_MAX:
+        raise ProgramError(
+            f"{what}'s eps is a finite number ≥ 0 within float32 (at most {FLOAT32_MAX:.4g}), not {shown_number(eps)}"
+        )
     return number
 
 
@@ -209,7 +214,7 @@ def rmsnorm(
     again: the first for the sum of squares, the last once for both outputs (its maps share h's pages)."""
     if not isinstance(residual, bool):
         raise ProgramError(f"rmsnorm's residual is True or False, not {residual!r}")
-    eps = _eps(eps, "rmsnorm")
+    eps = eps_value(eps, "rmsnorm")
     b, out_dtype = _begin(m, n, precision, out, "rmsnorm")
     if residual and b.prec.value not in OUTPUT_CHOICES["float"]:  # residual_out holds h in x's type
         raise ProgramError(
@@ -257,7 +262,7 @@ def layernorm(
     computes it); w and b the parameter tensors `weight` and `bias` of n values (float32; none with weight=False,
     bias=False). Three outputs: `out` (m × n), and `mean` and `rstd` (m × 1, float32). Three passes over each row:
     its sum, the sum of squares of x − mean, then the output."""
-    eps = _eps(eps, "layernorm")
+    eps = eps_value(eps, "layernorm")
     b, out_dtype = _begin(m, n, precision, out, "layernorm")
     x = b.tensor("x", TensorRole.INPUT, (b.m, b.n), DType(b.prec.value))
     w = b.tensor("weight", TensorRole.PARAMETER, (1, b.n), accumulator_dtype(b.prec)) if weight else None

@@ -226,6 +226,7 @@ def row_stages(
     read: dict[Any, np.ndarray] = {}  # each tensor rounded once, however many stages read it
     exact = np.zeros(1)  # a read page's error: one object, so that maps of the same pages share their bounds
     memo: dict = {}  # (`intervals.bounded`'s: alive while `done` and `read` hold every page it names)
+    pass_exps = online_exps(index, decl)
     for stage in decl.producer.values():
         ring = index.ring(stage.outs[0]) if stage.outs else None
         if isinstance(stage.kind, ReadStage) and ring not in done:
@@ -254,10 +255,35 @@ def row_stages(
                 err = err + rescaled(done[shared], value, err, p.tile.cols, np)
         elif bounds:  # the value bounded computes on the way: each op in float64 of float32 operands, rounded once
             value, err = intervals.bounded(op.expr, pages, _rows_of(col), memo)
+            if ring in pass_exps:  # the pass's P: the declared map's value and bound wherever M is finite, else 0
+                value, err = _floored(pass_exps[ring], pages, col, value, err)
         else:
-            value, err = epilogue.mapped(op.expr, [x for x, _ in pages], False, col), None
+            value, err = epilogue.mapped(pass_exps.get(ring, op.expr), [x for x, _ in pages], False, col), None
         done[ring] = (np.asarray(value, np.float64), err)
     return done[decl.last]
+
+
+def online_exps(index: Any, decl: Any) -> dict[Any, Any]:
+    """Each online softmax pair's E ring → the map its pass computes for the declared exp(x − M): P = exp(x −
+    max(M, float32's lowest)) (`passes.rows.ONLINE_P`), equal to it wherever M is finite, and 0, not NaN, in a row
+    of −∞ alone — whose Σ is then 0, and log-sum-exp −∞ as torch.logsumexp's, the interpreter's and a kernel's."""
+    from ..ir.ops import RowReduce
+    from ..passes.rows import ONLINE_EXP, ONLINE_P
+
+    out = {}
+    for stage in decl.chain:
+        if isinstance(stage.kind.op, RowReduce) and online_values(index, decl, stage) is not None:
+            e = decl.producer[index.ring(stage.ins[0])]
+            if e.kind.op == ONLINE_EXP:
+                out[index.ring(e.outs[0])] = ONLINE_P.expr
+    return out
+
+
+def _floored(expr: Any, pages: list, col: Any, value: Any, err: Any) -> tuple[Any, Any]:
+    """The online pass's P (`expr`, `online_exps`) of `pages`, with the declared map's bound `err` where that map's
+    `value` is a number, and none where it is NaN and P is not (a row of −∞ alone: P = 0 exactly, a kernel's too)."""
+    floored = np.asarray(epilogue.mapped(expr, [x for x, _ in pages], False, col), np.float64)
+    return floored, np.where(np.isnan(value) & ~np.isnan(floored), 0.0, err)
 
 
 def online_values(index: Any, decl: Any, stage: Any) -> Any:

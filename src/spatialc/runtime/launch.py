@@ -237,7 +237,7 @@ def _converted(arg: Arg, x: Any, held: bool | str, xp: Any, checked: bool = True
         if arg.elem in FP8_ELEMS:
             floats = fp8_values(q, arg.elem, xp)
         else:
-            floats = q.astype(xp.float32) if arg.elem == "float16" else bf16_to_float32(q, xp)
+            floats = q.astype(xp.float32) if arg.elem in ("float16", "float32") else bf16_to_float32(q, xp)
         warn_if_rounded(dtype, values, floats, xp)
     return q
 

@@ -13,13 +13,14 @@ not written over r as those kernels do."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
 
-from ..arguments import finite_number, shown_number
 from ..errors import ProgramError
 from ..inputs import InputError
+from ..rows import eps_value
 from .family import _LOCK, SpatialOp
 from .signature import _dims, _dtype, _kind
 
@@ -44,7 +45,8 @@ def _vector(what: str, name: str, v: Any, n: int) -> torch.Tensor | None:
     if v is None:
         return None
     if not isinstance(v, torch.Tensor) or not v.is_floating_point():
-        raise InputError(f"spatialc.torch.{what}: {name} is {_kind(v)}; pass a float tensor of {n} values or None")
+        got = f"a {_dtype(v.dtype)} tensor" if isinstance(v, torch.Tensor) else _kind(v)
+        raise InputError(f"spatialc.torch.{what}: {name} is {got}; pass a float tensor of {n} values or None")
     if tuple(v.shape) != (n,):
         raise InputError(f"spatialc.torch.{what}: {name} is {_dims(v.shape)}; x's rows take ({n},)")
     return v.to(torch.float32).contiguous()
@@ -58,10 +60,7 @@ def _out(what: str, x: torch.Tensor, out_dtype: Any) -> torch.dtype:
 
 
 def _eps(what: str, eps: object) -> float:
-    number = finite_number(eps)
-    if number is None or number < 0:
-        raise ProgramError(f"spatialc.torch.{what}: eps is a finite number ≥ 0, not {shown_number(eps)}")
-    return number
+    return eps_value(eps, f"spatialc.torch.{what}")
 
 
 def _row_op(kind: str, precision: str, out: str | None, **options: Any) -> SpatialOp:
@@ -166,7 +165,7 @@ def log_softmax(x: Any, dim: int = -1, *, out_dtype: Any = None, online: bool = 
 
 def _softmax(kind: str, x: Any, dim: Any, out_dtype: Any, online: Any) -> Any:
     _x(kind, x)
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (-1, x.dim() - 1):
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim not in (-1, x.dim() - 1):
         raise InputError(
             f"spatialc.torch.{kind}: dim is {dim!r}; spatialc reduces the last axis (dim=-1): move the axis last first"
         )
