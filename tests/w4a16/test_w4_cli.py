@@ -8,6 +8,7 @@ import json
 import pytest
 
 from spatialc.cli import main
+from spatialc.ir import serde
 
 
 def run_cli(capsys, *argv):
@@ -79,7 +80,7 @@ def test_a_saved_w4a16_program_verifies_again(capsys, tmp_path):
         capsys, "gemm", "16", "96", "256", "--precision", "bf16", "--weights", "int4", "--zeros", "--json", str(saved)
     )
     assert status == 0, err
-    assert json.loads(saved.read_text())["version"] == 11
+    assert json.loads(saved.read_text())["version"] == serde.VERSION
     status, out, err = run_cli(capsys, "verify", str(saved))
     assert status == 0, err
     assert "verified" in out
