@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .arguments import OUTPUT_CHOICES, TILE, _check_map, _check_size, _dim, out_named, precision_of
+from .arguments import OUTPUT_CHOICES, TILE, _check_map, _dim, check_elems, out_named, precision_of
 from .errors import ProgramError
 from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
@@ -54,7 +54,7 @@ def elementwise(
 
     exprs = _outputs(expr)
     m, n = _dim("m", m), _dim("n", n)
-    _check_size(m, n, 1)
+    check_elems("each input and output", m, n)
     prec = precision_of(precision)
     used = _inputs_read(exprs)
     count = len(used)

@@ -24,3 +24,20 @@ def test_the_cli_refuses_an_output_of_a_constant_in_one_line(capsys):
     assert main(["elementwise", "a = x0; b = 1", "40", "20"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "output b's formula reads none" in err
+
+
+@pytest.mark.parametrize(
+    "make, says",
+    [
+        (lambda: spatialc.col_reduce(2**34 + 1, 5, "sum"), "x would be 17179869185x5 ="),
+        (
+            lambda: spatialc.elementwise({"a": ew.inputs(1)[0]}, 2**34 + 1, 5),
+            "each input and output would be 17179869185x5",
+        ),
+    ],
+)
+def test_a_tensor_too_large_is_named_with_its_own_shape(make, says):
+    """A column or map program's m × n tensor past 2^34 elements was refused as a GEMM's "A would be (m)x1" — a
+    tensor the program has not, of a shape it has not (the GEMM check was called with k = 1)."""
+    with pytest.raises(ProgramError, match=says.replace("(", r"\(")):
+        make()
