@@ -41,3 +41,22 @@ def test_a_tensor_too_large_is_named_with_its_own_shape(make, says):
     tensor the program has not, of a shape it has not (the GEMM check was called with k = 1)."""
     with pytest.raises(ProgramError, match=says.replace("(", r"\(")):
         make()
+
+
+def test_an_int8_map_of_two_outputs_runs_and_is_checked_exactly_by_the_cli(capsys):
+    """The CLI compared the kernel's outputs with the interpreter's by np.array_equal of two dicts: an internal
+    error (exit 3, "The truth value of an array ... is ambiguous") for any int8 map program of several outputs."""
+    argv = ["elementwise", "a = x0 + x1; b = x0 * x1", "17", "33", "--precision", "int8", "--run"]
+    assert main(argv) == 0
+    assert "C equals the reference interpreter, exactly" in capsys.readouterr().out
+
+
+def test_the_exact_check_of_several_outputs_sees_one_that_differs():
+    import numpy as np
+
+    from spatialc.cli.commands import _exactly
+
+    c = {"a": np.zeros((2, 2), np.int64), "b": np.ones((2, 2), np.int64)}
+    assert _exactly({k: v.copy() for k, v in c.items()}, c)
+    assert not _exactly({"a": c["a"], "b": c["a"]}, c)
+    assert not _exactly({"a": c["a"]}, c)
