@@ -60,3 +60,27 @@ def test_the_exact_check_of_several_outputs_sees_one_that_differs():
     assert _exactly({k: v.copy() for k, v in c.items()}, c)
     assert not _exactly({"a": c["a"], "b": c["a"]}, c)
     assert not _exactly({"a": c["a"]}, c)
+
+
+def test_a_column_reduction_told_its_pages_start_lower_is_refused_at_the_reduction():
+    """A ColReduce whose address says its first page lies at tile row 2 was refused at the reader, in words about
+    the reader's pages ("item (0, 0)'s pages start at tile (0, 0) of x") — true of the reader, which is not wrong."""
+    import dataclasses
+
+    from spatialc.errors import SemanticError
+    from spatialc.ir.ids import LV_K
+    from spatialc.ir.nodes import Engine
+    from spatialc.ir.ops import ColReduce, Compute, TileAddr
+
+    from ..rewrite import edit, map_ops
+
+    p = spatialc.build(spatialc.col_reduce(100, 70, "sum", "fp32"), "sm_90", block=(2, 2, 1), sites=2)
+
+    def lowered(op):
+        if isinstance(op, Compute) and isinstance(op.op, ColReduce):
+            return (dataclasses.replace(op, op=dataclasses.replace(op.op, at=TileAddr(2, ((LV_K, 2),)))),)
+        return None
+
+    bad = edit(p, Engine.COMPUTE, lambda ops: map_ops(ops, lowered))
+    with pytest.raises(SemanticError, match=r"site 0 compute: Compute column sum .* first page is at tile row 2 of x"):
+        spatialc.verify(bad)
