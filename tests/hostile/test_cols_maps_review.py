@@ -84,3 +84,18 @@ def test_a_column_reduction_told_its_pages_start_lower_is_refused_at_the_reducti
     bad = edit(p, Engine.COMPUTE, lambda ops: map_ops(ops, lowered))
     with pytest.raises(SemanticError, match=r"site 0 compute: Compute column sum .* first page is at tile row 2 of x"):
         spatialc.verify(bad)
+
+
+def test_a_map_of_more_outputs_than_any_block_holds_is_told_so_not_to_force_a_smaller_block():
+    """600 outputs need more shared memory than a site has at any block or depth: the refusal said to force a
+    smaller block or depth, which cannot help; 100 outputs fit when forced 1 deep, and are told so."""
+    from spatialc.errors import PlanError
+
+    (x0,) = ew.inputs(1)
+    many = spatialc.elementwise({f"o{i}": x0 + float(i) for i in range(600)}, 16, 16)
+    with pytest.raises(PlanError, match="even 1x1 tiles 1 deep does not fit its 601 rings: map fewer inputs"):
+        spatialc.build(many, "sm_80")
+    some = spatialc.elementwise({f"o{i}": x0 + float(i) for i in range(100)}, 16, 16)
+    with pytest.raises(PlanError, match="force a smaller block or depth"):
+        spatialc.build(some, "sm_80")
+    assert spatialc.build(some, "sm_80", depth=1).verified
