@@ -99,3 +99,21 @@ def test_a_map_of_more_outputs_than_any_block_holds_is_told_so_not_to_force_a_sm
     with pytest.raises(PlanError, match="force a smaller block or depth"):
         spatialc.build(some, "sm_80")
     assert spatialc.build(some, "sm_80", depth=1).verified
+
+
+@pytest.mark.parametrize("op", ["absmax", "min"])
+def test_an_e5m2_column_of_infinities_runs_as_the_interpreter_says(op):
+    """e5m2 holds ±inf, and the interpreter keeps an input's; the kernel's host program cast each input value to
+    __nv_fp8_e5m2, whose constructor saturates — ±inf became ±57344, and the column's absmax or min with it."""
+    import warnings
+
+    import numpy as np
+
+    p = spatialc.build(spatialc.col_reduce(20, 16, op, "e5m2"), "sm_90")
+    x = np.ones((20, 16), np.float32)
+    x[2, 2], x[3, 3] = -np.inf, np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = spatialc.evaluate(p, {"x": x})
+        got = spatialc.emulate(spatialc.lower(p, form="general"), {"x": x})
+    assert np.isinf(want[0, 2]) and np.array_equal(got, want)
