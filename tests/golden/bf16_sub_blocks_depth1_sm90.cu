@@ -399,7 +399,7 @@ struct spatialc_e5m2_of {
     T operator()(double v) const
     {
         T t(v);
-        if (std::isinf(v)) t.__x = (unsigned char)(v > 0 ? 0x7c : 0xfc);  // e5m2's +inf and -inf
+        if (__builtin_isinf(v)) t.__x = (unsigned char)(v > 0 ? 0x7c : 0xfc);  // e5m2's +inf and -inf
         return t;
     }
 };
