@@ -196,10 +196,16 @@ def _dim(name: str, v: object) -> int:
 
 
 def _check_size(m: int, n: int, k: int, groups: int = 1) -> None:
+    """A GEMM's A (m × k), B (k × n) and C (m × n) each within `check_elems`."""
     for name, rows, cols in (("A", m, k), ("B", k, n), ("C", m, n)):
-        if groups * rows * cols > MAX_TENSOR_ELEMS:
-            shape = f"{groups}x{rows}x{cols}" if groups > 1 else f"{rows}x{cols}"
-            raise ProgramError(
-                f"{name} would be {shape} = {groups * rows * cols} elements; spatialc takes tensors of at most"
-                f" 2^34 = {MAX_TENSOR_ELEMS} elements (beyond what any GPU holds)"
-            )
+        check_elems(name, rows, cols, groups)
+
+
+def check_elems(name: str, rows: int, cols: int, groups: int = 1) -> None:
+    """ProgramError, naming tensor `name` and its shape, where it would hold more than MAX_TENSOR_ELEMS elements."""
+    if groups * rows * cols > MAX_TENSOR_ELEMS:
+        shape = f"{groups}x{rows}x{cols}" if groups > 1 else f"{rows}x{cols}"
+        raise ProgramError(
+            f"{name} would be {shape} = {groups * rows * cols} elements; spatialc takes tensors of at most"
+            f" 2^34 = {MAX_TENSOR_ELEMS} elements (beyond what any GPU holds)"
+        )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .arguments import OUTPUT_CHOICES, TILE, _check_map, _check_size, _dim, out_named, precision_of
+from .arguments import OUTPUT_CHOICES, TILE, _check_map, _dim, check_elems, out_named, precision_of
 from .errors import ProgramError
 from .ir import ops
 from .ir.ids import BufferId, StageId, TensorId
@@ -54,7 +54,7 @@ def elementwise(
 
     exprs = _outputs(expr)
     m, n = _dim("m", m), _dim("n", n)
-    _check_size(m, n, 1)
+    check_elems("each input and output", m, n)
     prec = precision_of(precision)
     used = _inputs_read(exprs)
     count = len(used)
@@ -115,24 +115,27 @@ def _outputs(expr: Any) -> dict[str, Any]:
 
 
 def _inputs_read(exprs: dict[str, Any]) -> list[int]:
-    """The input indices the outputs' formulas read together: 0 … k−1, each at least once, or ProgramError."""
+    """The input indices the outputs' formulas read together: 0 … k−1, each at least once, or ProgramError — as
+    each output's formula reads at least one (its map is of input pages; a map of none has no page to fill)."""
     from . import ew
 
     used: set[int] = set()
-    for e in exprs.values():
+    for name, e in exprs.items():
         resolved = ew.resolved(e, lambda c: TensorId(0))
         if ops.positions(resolved):  # an engine written by hand places them (spatialc.lang's e.map); not this planner
             raise ProgramError(
                 "ew.row_index() and ew.col_index() are read where a hand-written engine places its pages"
                 " (spatialc.lang's e.map); spatialc.elementwise does not place them"
             )
-        used |= set(ops.arg_indices(resolved))
+        read = set(ops.arg_indices(resolved))
+        if not read:  # (constants and vectors alone: no tensor whose elements the formula is of)
+            which = "this formula" if len(exprs) == 1 else f"output {name}'s formula"
+            raise ProgramError(
+                f"an elementwise program maps at least one input tensor (ew.inputs) into each output; {which} reads"
+                " none, only constants or vectors"
+            )
+        used |= read
     count = 1 + max(used, default=-1)
-    if count == 0:  # (constants and vectors alone: no tensor whose elements the formula is of)
-        raise ProgramError(
-            "an elementwise program maps at least one input tensor (ew.inputs); this formula reads none, only"
-            " constants or vectors"
-        )
     if used != set(range(count)):
         raise ProgramError(
             f"an elementwise program reads inputs 0 … k−1, each at least once; this one reads {sorted(used)}"

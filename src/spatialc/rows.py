@@ -25,8 +25,8 @@ import math
 from .arguments import (
     OUTPUT_CHOICES,
     TILE,
-    _check_size,
     _dim,
+    check_elems,
     finite_number,
     out_named,
     precision_of,
@@ -104,7 +104,7 @@ class _Builder:
 
 def _begin(m: int, n: int, precision: object, out: str | None, what: str) -> tuple[_Builder, DType]:
     m, n = _dim("m", m), _dim("n", n)
-    _check_size(m, n, 1)
+    check_elems("x", m, n)  # (every tensor of the program is m × n or less)
     prec = precision_of(precision)
     if prec == Precision.INT8:
         raise ProgramError(f"{what} is float arithmetic (row programs reduce in float32); use fp16 or bf16 (or fp32)")

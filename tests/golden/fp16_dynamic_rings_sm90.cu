@@ -443,6 +443,18 @@ struct spatialc_cast {
     T operator()(double v) const { return (T)v; }
 };
 
+// An e5m2 element: its value — the inputs were rounded to e5m2 already (inputs.check_inputs), so what is left to
+// keep is ±inf, which e5m2 holds and cuda_fp8.h's constructor saturates to ±57344 (cvt.rn.satfinite).
+template <typename T>
+struct spatialc_e5m2_of {
+    T operator()(double v) const
+    {
+        T t(v);
+        if (__builtin_isinf(v)) t.__x = (unsigned char)(v > 0 ? 0x7c : 0xfc);  // e5m2's +inf and -inf
+        return t;
+    }
+};
+
 // `col`: each tile column-major (the K-major B operand of an int8 kernel); `value`: an element of each value.
 template <typename T, typename F = spatialc_cast<T>>
 inline void spatialc_tilize(const std::vector<double>& x, int rows, int cols, int cols_t, std::vector<T>& t,

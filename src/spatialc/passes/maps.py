@@ -196,9 +196,15 @@ def plan_map(
     if best is None:
         bh, bw = min(sides, key=lambda s: s[0] * s[1])
         need = block_resources(p, target, inputs, bh, bw, min(depths))[0]
+        if block_resources(p, target, inputs, 1, 1, 1)[1] == 0:  # (no block or depth forced would fit)
+            fix = (
+                f"even 1x1 tiles 1 deep does not fit its {len(shape.pages)} rings: map fewer inputs into fewer outputs"
+            )
+        else:
+            fix = "force a smaller block or depth"
         raise PlanError(
             f"no map block fits {target.name}'s {target.smem_per_site_max} bytes of shared memory a site (the"
-            f" smallest tried, {bh}x{bw} tiles {min(depths)} deep, needs {need}); force a smaller block or depth"
+            f" smallest tried, {bh}x{bw} tiles {min(depths)} deep, needs {need}); {fix}"
         )
     _, neg_area, bh, d = best
     bw = -neg_area // bh

@@ -349,7 +349,15 @@ class _Band:
         coords = {LV_ITEM_Y: iy, LV_ITEM_X: ix}
         flat = read.at.base + sum(s * coords[v] for v, s in self.item_steps.items())
         row0, col0 = divmod(flat, self.x.tiles[1])
-        if row0 != 0 or fold.op.at.base != 0 or col0 + read.block_w > self.x.tiles[1]:
+        if fold.op.at.base != 0:
+            raise self.fail(
+                Engine.COMPUTE,
+                fold,
+                f"it says its first page is at tile row {fold.op.at.base} of {self.x.name} (its page at"
+                f" {addr_text(fold.op.at)}), and the reader's band starts at tile row 0: the padding rows it leaves"
+                " out would not be the tensor's",
+            )
+        if row0 != 0 or col0 + read.block_w > self.x.tiles[1]:
             raise self.fail(
                 Engine.READER,
                 read,

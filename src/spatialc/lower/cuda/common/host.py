@@ -139,6 +139,8 @@ def _device_tensors(p: SpatialProgram, launch: Launch, w: Writer, bench: bool) -
             continue
         w.line(f"std::vector<{ty}> x{i}({_elems(t)});  // zero padding: value-initialised")
         col = ", true" if t.order == TileOrder.COL else ""
+        if t.dtype == DType.E5M2:  # its ±inf kept (host.cuh's spatialc_e5m2_of), where a cast saturates them
+            col = f"{col or ', false'}, spatialc_e5m2_of<{ty}>()"
         stored = param.order
         if stored == "rows" and t.groups > 1:  # a head after another, each padded to its tile rows
             shape = f"{t.groups}, {t.elems[0]}, {t.elems[1]}, {t.group_tiles[0]}, {t.tiles[1] * 16}"
