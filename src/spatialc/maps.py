@@ -172,6 +172,12 @@ def _check_names(names: tuple[str, ...], count: int, cols: list[str], outs: list
         raise ProgramError(f"an elementwise program of {count} input(s) names each by an identifier, not {names!r}")
     if not all(isinstance(v, str) and v.isidentifier() for v in outs):
         raise ProgramError(f"an elementwise program names each output by an identifier, not {outs!r}")
+    read = sorted({v for v in names if v.lower() in {o.lower() for o in outs}})
+    if read and len(outs) > 1:  # `b = a + x1` where a is an output: an output is no input
+        raise ProgramError(
+            f"output {read[0]} is read by a formula as an input: an output is no input of the program — write its"
+            f" formula out where another output reads it, or name the input otherwise"
+        )
     taken = [v.lower() for v in (*names, *cols, *outs)]
     if len(set(taken)) != len(taken):
         what = "the output out" if outs == ["out"] else f"outputs {outs}"

@@ -117,3 +117,16 @@ def test_an_e5m2_column_of_infinities_runs_as_the_interpreter_says(op):
         want = spatialc.evaluate(p, {"x": x})
         got = spatialc.emulate(spatialc.lower(p, form="general"), {"x": x})
     assert np.isinf(want[0, 2]) and np.array_equal(got, want)
+
+
+def test_an_output_read_as_an_input_and_a_forced_column_block_too_big_say_what_is_wrong(capsys):
+    """`b = a + x1` with a an output: it said every name needed one of its own; a forced column block past shared
+    memory said no block fits and to force a smaller one, not what the forced one takes."""
+    from spatialc.cli import main
+
+    assert main(["elementwise", "a = x0*2; b = a + x1", "32", "32"]) == 2
+    assert "output a is read by a formula as an input: an output is no input" in capsys.readouterr().err
+    with pytest.raises(
+        spatialc.PlanError, match=r"column program's rings of 8x64-tile pages, 2 a ring, take \d+ bytes"
+    ):
+        spatialc.build(spatialc.col_reduce(64, 64, "sum"), block=(8, 64, 1))

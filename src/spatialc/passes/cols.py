@@ -141,7 +141,13 @@ def plan_cols(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] |
     for bh, bw in sides:
         if min(bh, bw, d) < 1:
             raise PlanError(f"a column program's block ({bh}x{bw} tiles) and depth ({d}) must be ≥ 1")
-        if ring_bytes(p, bh, bw, d) > target.smem_per_site_max:
+        need = ring_bytes(p, bh, bw, d)
+        if need > target.smem_per_site_max and block is not None:  # the block forced: say what it takes
+            raise PlanError(
+                f"a column program's rings of {bh}x{bw}-tile pages, {d} a ring, take {need} bytes a site, more than"
+                f" {target.name}'s {target.smem_per_site_max}; force a smaller block or depth"
+            )
+        if need > target.smem_per_site_max:
             continue
         key = (_cost(bh, bw, m_t, n_t, sites), -bh, bw)
         best = key if best is None or key < best else best
