@@ -52,8 +52,8 @@ from ..ir.ops import (
     row_args,
 )
 from ..target import SpatialTarget
-from .maps import ITEM_OVERHEAD, SIDES, SITES_PER_UNIT, place_map, scheduled
-from .rows import VALUE_BYTES
+from .maps import ITEM_OVERHEAD, SITES_PER_UNIT, place_map, scheduled
+from .rows import VALUE_BYTES, cheapest_block
 
 
 def is_col_program(p: SpatialProgram) -> bool:
@@ -135,29 +135,18 @@ def plan_cols(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] |
     shape = col_shape(p)
     m_t, n_t = p.tensor(shape.read.kind.tensor).tiles  # type: ignore[union-attr]
     d = 2 if depth is None else depth
-    sides = [block] if block is not None else [(h, w) for h in SIDES for w in SIDES]
     sites = target.units * SITES_PER_UNIT
-    best = None
-    for bh, bw in sides:
-        if min(bh, bw, d) < 1:
-            raise PlanError(f"a column program's block ({bh}x{bw} tiles) and depth ({d}) must be ≥ 1")
-        need = ring_bytes(p, bh, bw, d)
-        if need > target.smem_per_site_max and block is not None:  # the block forced: say what it takes
-            raise PlanError(
-                f"a column program's rings of {bh}x{bw}-tile pages, {d} a ring, take {need} bytes a site, more than"
-                f" {target.name}'s {target.smem_per_site_max}; force a smaller block or depth"
-            )
-        if need > target.smem_per_site_max:
-            continue
-        key = (_cost(bh, bw, m_t, n_t, sites), -bh, bw)
-        best = key if best is None or key < best else best
-    if best is None:
-        raise PlanError(
-            f"no block of a column program fits {target.name}'s {target.smem_per_site_max} bytes of shared memory a"
-            " site; force a smaller block or depth"
-        )
-    _, neg_bh, bw = best
-    bh = -neg_bh
+    fh, fw = block if block is not None else (1, 1)
+    if min(fh, fw, d) < 1:
+        raise PlanError(f"a column program's block ({fh}x{fw} tiles) and depth ({d}) must be ≥ 1")
+    bh, bw = cheapest_block(
+        "a column program",
+        target,
+        block,
+        d,
+        lambda bh, bw: ring_bytes(p, bh, bw, d),
+        lambda bh, bw: (_cost(bh, bw, m_t, n_t, sites), -bh, bw),
+    )
     mi = math.ceil(m_t / bh)
     return Plan(BlockShape(mi * bh, bw, bh), (1, 1), (1, math.ceil(n_t / bw)), mi * bh, d)
 

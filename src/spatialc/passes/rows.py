@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 from ..errors import PlanError, ProgramError
 from ..ir.ids import LV_ITEM_Y, LV_K, BufferId, StageId
@@ -314,6 +315,34 @@ def rows_tensor(p: SpatialProgram) -> Tensor:
     return p.tensor(next(s.kind.tensor for s in p.stages if isinstance(s.kind, ReadStage)))  # type: ignore[union-attr]
 
 
+def cheapest_block(
+    what: str,
+    target: SpatialTarget,
+    block: tuple[int, int] | None,
+    depth: int,
+    need: Callable[[int, int], int],
+    key: Callable[[int, int], tuple],
+) -> tuple[int, int]:
+    """The (bh, bw) of the least `key` whose rings (`need` bytes) fit a site's shared memory, over SIDES × SIDES or
+    the `block` forced; PlanError where none fits, saying what a forced block's rings take."""
+    best: tuple[tuple, int, int] | None = None
+    for bh, bw in [block] if block is not None else [(h, w) for h in SIDES for w in SIDES]:
+        took = need(bh, bw)
+        if took > target.smem_per_site_max and block is not None:  # the block forced: say what it takes
+            raise PlanError(
+                f"{what}'s rings of {bh}x{bw}-tile pages, {depth} a ring, take {took} bytes a site, more than"
+                f" {target.name}'s {target.smem_per_site_max}; force a smaller block or depth"
+            )
+        if took <= target.smem_per_site_max and (best is None or key(bh, bw) < best[0]):
+            best = (key(bh, bw), bh, bw)
+    if best is None:
+        raise PlanError(
+            f"no block of {what} fits {target.name}'s {target.smem_per_site_max} bytes of shared memory a site;"
+            " force a smaller block or depth"
+        )
+    return best[1], best[2]
+
+
 def plan_rows(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] | None, depth: int | None) -> Plan:
     """Bands of bh tile rows walked in pages bw tiles wide: the cheapest by `_cost` whose rings fit a site's shared
     memory (or the block forced), two pages a ring unless forced."""
@@ -324,29 +353,17 @@ def plan_rows(p: SpatialProgram, target: SpatialTarget, block: tuple[int, int] |
     d = 2 if depth is None else depth
     if d < 1:
         raise PlanError(f"a row program's depth (pages a ring) must be ≥ 1, not {d}")
-    sides = [block] if block is not None else [(h, w) for h in SIDES for w in SIDES]
     sites = target.units * SITES_PER_UNIT
-    best = None
-    for bh, bw in sides:
-        if min(bh, bw) < 1:
-            raise PlanError(f"a row program's block ({bh}x{bw} tiles) must be ≥ 1 tile each way")
-        need = ring_bytes(p, bh, bw, d)
-        if need > target.smem_per_site_max and block is not None:  # the block forced: say what it takes
-            raise PlanError(
-                f"a row program's rings of {bh}x{bw}-tile pages, {d} a ring, take {need} bytes a site, more than"
-                f" {target.name}'s {target.smem_per_site_max}; force a smaller block or depth"
-            )
-        if need > target.smem_per_site_max:
-            continue
-        key = (_cost(bh, bw, m_t, n_t, passes, sites), -bw, bh)
-        best = key if best is None or key < best else best
-    if best is None:
-        raise PlanError(
-            f"no block of a row program fits {target.name}'s {target.smem_per_site_max} bytes of shared memory a"
-            " site; force a smaller block or depth"
-        )
-    _, neg_bw, bh = best
-    bw = -neg_bw
+    if block is not None and min(block) < 1:
+        raise PlanError(f"a row program's block ({block[0]}x{block[1]} tiles) must be ≥ 1 tile each way")
+    bh, bw = cheapest_block(
+        "a row program",
+        target,
+        block,
+        d,
+        lambda bh, bw: ring_bytes(p, bh, bw, d),
+        lambda bh, bw: (_cost(bh, bw, m_t, n_t, passes, sites), -bw, bh),
+    )
     nj = math.ceil(n_t / bw)
     return Plan(BlockShape(bh, nj * bw, bw), (1, 1), (math.ceil(m_t / bh), 1), nj * bw, d)
 
