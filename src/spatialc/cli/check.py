@@ -23,6 +23,7 @@ from ..interp.evaluate import Sample, gib, memory_ledger, memory_limit, memory_r
 from ..interp.values import CHUNK_ELEMS
 from ..ir.ids import TensorId
 from ..ir.nodes import SpatialProgram, TensorRole
+from ..runtime.emu_run import duration_text
 
 FULL_CHECK_MACS = 2**30  # 1024³: the interpreter and numpy take about a second each at most
 # An attention's default check is full up to 2^33 multiply-adds (Q·Kᵀ and P·V): about 10 s of the interpreter and
@@ -62,7 +63,7 @@ def plan_check(p: SpatialProgram, asked: str | None, seed: int, *, full_inputs: 
             "none",
             why=f"the default for an attention above {ATTENTION_FULL_CHECK_MACS:.3g} multiply-adds, whose rows no"
             f" sample follows: --check full computes all {macs:.3g} with the interpreter and numpy, about"
-            f" {_duration(macs / CHECK_MACS_PER_S)} on one core",
+            f" {duration_text(macs / CHECK_MACS_PER_S)} on one core",
         )
     if asked == "full" or (asked is None and (macs <= FULL_CHECK_MACS or sample is None)):
         refused = _refused(p, None, full_inputs)
@@ -95,10 +96,6 @@ def _is_attention(p: SpatialProgram) -> bool:
     from ..passes.attention import is_attention_program
 
     return is_attention_program(p)
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
 
 
 def _none_by_default(refused: str) -> CheckPlan:

@@ -194,7 +194,7 @@ class _StderrReader(threading.Thread):
             return None
         return EmulationTimeout(
             f"TIMEOUT: stopped early — at the pace of its first {done} of {total} blocks ({spent / done:.2g} s a"
-            f" block) the emulation would take about {_duration(finish)}, past its limit of {self.limit:g} s. "
+            f" block) the emulation would take about {duration_text(finish)}, past its limit of {self.limit:g} s. "
             + more_time(self.limit, finish)
         )
 
@@ -214,7 +214,8 @@ PROJECT_AFTER_S = 5.0  # seconds of a launch before its pace is taken as what th
 PROJECTED_PAST = 2.0  # a launch projected past this many times the limit is stopped at once, not at the limit
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """A time in words for a message: whole seconds below two minutes, whole minutes above."""
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} minutes"
 
 
