@@ -28,6 +28,12 @@ class FakeTimer:
     def wait(self, mark, limit_s):
         self.waits.append(limit_s)
 
+    @staticmethod
+    def host_clock():
+        """The host's clock for a fake host that issues launches instantly: it stands still (the real clock would
+        make the host look as slow as the machine running the tests is loaded)."""
+        return 0.0
+
 
 def fake_launches(timer, durations):
     seen = []
@@ -56,7 +62,9 @@ def test_batches_between_one_pair_of_marks_and_the_median_per_launch():
     timer = FakeTimer()
     # 0.5 ms a launch, one slow outlier batch: the median ignores it
     launch, seen = fake_launches(timer, lambda n, i: 0.05 if n == 40 else 5e-4)
-    t = measure(launch, 3, timer, warmup=2, min_reps=10, max_reps=40, batch_s=2e-3, target_s=0.04)
+    t = measure(
+        launch, 3, timer, clock=timer.host_clock, warmup=2, min_reps=10, max_reps=40, batch_s=2e-3, target_s=0.04
+    )
     assert t.method == "events" and t.per_batch == 4  # 2 ms batches of 0.5 ms launches
     assert t.reps == 20  # 40 ms of 2 ms batches, within [10, 40]
     assert t.median_s == pytest.approx(5e-4) and t.max_s > 1e-3
@@ -68,14 +76,14 @@ def test_batches_between_one_pair_of_marks_and_the_median_per_launch():
 def test_a_slow_kernel_gets_one_launch_a_batch_and_at_least_min_reps():
     timer = FakeTimer()
     launch, seen = fake_launches(timer, lambda n, i: 2.0)
-    t = measure(launch, 2, timer, min_reps=10, target_s=0.3)
+    t = measure(launch, 2, timer, clock=timer.host_clock, min_reps=10, target_s=0.3)
     assert t.reps == 10 and t.per_batch == 1 and t.median_s == 2.0
 
 
 def test_graphs_replay_a_batch_over_every_copy():
     timer, graphs = FakeTimer(), FakeGraphs()
     launch, seen = fake_launches(timer, lambda n, i: 1e-4)
-    t = measure(launch, 50, timer, graphs=graphs, min_reps=10, max_reps=10, batch_s=2e-3)
+    t = measure(launch, 50, timer, clock=timer.host_clock, graphs=graphs, min_reps=10, max_reps=10, batch_s=2e-3)
     assert t.method == "graph" and t.per_batch == 50  # 20 launches would fill 2 ms; every copy is in the graph
     assert t.median_s == pytest.approx(1e-4) and t.host_s is None
     assert len(graphs.captured) == 1
@@ -84,7 +92,13 @@ def test_graphs_replay_a_batch_over_every_copy():
 def test_a_graph_that_cannot_be_captured_is_timed_launch_by_launch_and_says_why():
     timer = FakeTimer()
     launch, _ = fake_launches(timer, lambda n, i: 1e-3)
-    t = measure(launch, 2, timer, graphs=FakeGraphs(refuse="operation not permitted when stream is capturing"))
+    t = measure(
+        launch,
+        2,
+        timer,
+        clock=timer.host_clock,
+        graphs=FakeGraphs(refuse="operation not permitted when stream is capturing"),
+    )
     assert t.method == "events" and t.median_s == pytest.approx(1e-3)
     assert t.note == "graph capture failed (GraphUnavailable: operation not permitted when stream is capturing); " + (
         "timed launch by launch"
