@@ -25,6 +25,16 @@
 #else
 #define SPATIALC_EMU_FN inline
 #endif
+// The same for the runtime's variables that construct or destroy something (containers, a block's state): a program
+// linked against the object declares them extern, so that its own build instantiates and runs none of their
+// constructors and destructors (a fifth of a small program's g++ time); the object holds the one definition.
+#if defined(SPATIALC_EMU_LINKED) && !defined(SPATIALC_EMU_IMPLEMENTATION)
+#define SPATIALC_EMU_VAR extern
+#elif defined(SPATIALC_EMU_LINKED)
+#define SPATIALC_EMU_VAR
+#else
+#define SPATIALC_EMU_VAR inline
+#endif
 
 // ---- qualifiers -------------------------------------------------------------------------------------------
 #define __global__
@@ -82,7 +92,13 @@ inline bool mode_is_late() {
     std::fprintf(stderr, "spatialc-emu: SPATIALC_EMU_MODE is '%s'; use late or early\n", m);
     std::exit(kExitMisuse);
 }
+#if defined(SPATIALC_EMU_LINKED) && !defined(SPATIALC_EMU_IMPLEMENTATION)
+extern const bool kLate;
+#elif defined(SPATIALC_EMU_LINKED)
+extern const bool kLate = mode_is_late();
+#else
 inline const bool kLate = mode_is_late();
+#endif
 inline const char* mode_name() { return kLate ? "late" : "early"; }
 
 // A cp.async copy in flight: its source bytes are read at issue, they reach `dst` when the copy lands.
@@ -218,7 +234,7 @@ struct Block {
 };
 
 inline thread_local ThreadState* self = nullptr;
-inline Block the_block;
+SPATIALC_EMU_VAR Block the_block;
 inline thread_local Block* cur_block = &the_block;
 inline Block& blk() { return *cur_block; }
 inline std::atomic<unsigned long> progress{0};  // barrier completions, exits, blocks: what the watchdog watches

@@ -148,8 +148,8 @@ SPATIALC_EMU_FN void track_async_read(const void* const* ptrs, int count, size_t
 
 // ---- wgmma ------------------------------------------------------------------------------------------------------
 // The calling thread's wgmma not yet retired: issued since the last commit, then committed groups, oldest first.
-inline thread_local std::vector<std::function<void()>> wgmma_open;
-inline thread_local std::vector<std::vector<std::function<void()>>> wgmma_groups;
+SPATIALC_EMU_VAR thread_local std::vector<std::function<void()>> wgmma_open;
+SPATIALC_EMU_VAR thread_local std::vector<std::vector<std::function<void()>>> wgmma_groups;
 
 inline std::string at_line(const char* what, int line) { return std::string(what) + " at line " + std::to_string(line); }
 

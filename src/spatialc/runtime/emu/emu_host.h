@@ -113,7 +113,7 @@ inline int blocks_per_sm(int block_threads, size_t smem) {
 
 namespace spatialc_emu {
 // Device allocations by start, with their sizes: what a TMA box may read (emu_hopper.h checks it).
-inline std::map<const char*, size_t> allocations;
+SPATIALC_EMU_VAR std::map<const char*, size_t> allocations;
 inline std::mutex allocations_mu;
 }  // namespace spatialc_emu
 
