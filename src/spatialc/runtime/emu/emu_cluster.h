@@ -26,7 +26,7 @@ struct ClusterBar {
     std::vector<int> waiting;  // by rank: the block's threads waiting at the barrier
     std::atomic<unsigned> gen{0};
 };
-SPATIALC_EMU_VAR std::vector<std::unique_ptr<ClusterBar>> cluster_bars;  // the running launch's, by cluster
+inline std::vector<std::unique_ptr<ClusterBar>> cluster_bars;  // the running launch's, by cluster
 
 SPATIALC_EMU_FN unsigned long cluster_size() {
     const auto it = cluster_sites().find(running_kernel);

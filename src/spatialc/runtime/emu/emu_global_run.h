@@ -12,13 +12,13 @@ namespace spatialc_emu {
 
 // ---- epochs: the releases of each block, and what each block running at once has acquired of the others' ----------
 
-SPATIALC_EMU_VAR std::unique_ptr<std::atomic<unsigned>[]> epochs;  // by block of the running launch
-SPATIALC_EMU_VAR std::unique_ptr<std::atomic<unsigned>[]> fenced;  // by block: its epoch at its latest __threadfence
+inline std::unique_ptr<std::atomic<unsigned>[]> epochs;  // by block of the running launch
+inline std::unique_ptr<std::atomic<unsigned>[]> fenced;  // by block: its epoch at its latest __threadfence
 inline unsigned long n_epochs = 0;
 inline std::unique_ptr<std::atomic<unsigned>[]> known;  // known[(x - first) * n + (y - first)], blocks run at once
 inline unsigned long known_first = 0, known_n = 0;
 inline std::mutex sync_mu;                                                    // published, and the adds themselves
-SPATIALC_EMU_VAR std::map<const void*, std::map<unsigned long, unsigned>> published;  // by sync word: block → latest epoch
+inline std::map<const void*, std::map<unsigned long, unsigned>> published;  // by sync word: block → latest epoch
 
 SPATIALC_EMU_FN void reset_epochs(unsigned long nblocks) {
     epochs.reset(new std::atomic<unsigned>[nblocks]);
@@ -134,7 +134,7 @@ struct TensorSpec {
     std::vector<unsigned char> poison;
 };
 
-SPATIALC_EMU_VAR std::vector<GTensor> gtensors;  // the running launch's
+inline std::vector<GTensor> gtensors;  // the running launch's
 inline std::mutex global_mu;          // every global shadow update
 
 SPATIALC_EMU_FN std::vector<unsigned char> unhex(const std::string& s) {

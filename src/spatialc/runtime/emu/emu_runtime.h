@@ -173,7 +173,7 @@ SPATIALC_EMU_FN void release_stores() { release_stores_of(me("__threadfence")); 
 
 // What threads still held when they returned: visible once the launch is over (not before another block of it reads).
 inline std::mutex exit_stores_mu;
-SPATIALC_EMU_VAR GlobalStores exit_stores;
+inline GlobalStores exit_stores;
 
 SPATIALC_EMU_FN void keep_until_launch_ends(ThreadState& t) {
     std::lock_guard<std::mutex> lk(exit_stores_mu);
@@ -887,8 +887,8 @@ struct BulkStore {
     int line;
     std::vector<unsigned> known;  // the issuing thread's clocks when it issued the store
 };
-SPATIALC_EMU_VAR thread_local std::vector<BulkStore> bulk_open;
-SPATIALC_EMU_VAR thread_local std::vector<std::vector<BulkStore>> bulk_groups;
+inline thread_local std::vector<BulkStore> bulk_open;
+inline thread_local std::vector<std::vector<BulkStore>> bulk_groups;
 
 // The copy engine reads the box (checked as a read the issuing thread may make any time from its issue on) and
 // writes the elements inside the tensor to global memory.
