@@ -245,13 +245,20 @@ def _watched(
     err_reader = _StderrReader(proc, progress, limit)
     out_reader.start()
     err_reader.start()
+    # Waited for without a timeout, which returns as the process ends (a wait with one polls, and a run's end is
+    # seen up to 50 ms late); a timer kills a run still going after `kill_after` seconds.
+    killed = threading.Event()
+    timer = threading.Timer(kill_after, lambda: (killed.set(), proc.kill()))
+    timer.daemon = True
+    timer.start()
     try:
-        status = proc.wait(timeout=kill_after)
-    except subprocess.TimeoutExpired as e:
-        raise EmulationTimeout(
-            f"TIMEOUT: the emulated run was killed after {kill_after:.0f} s (its own watchdog did not end it)"
-        ) from e
+        status = proc.wait()
+        if killed.is_set():
+            raise EmulationTimeout(
+                f"TIMEOUT: the emulated run was killed after {kill_after:g} s (its own watchdog did not end it)"
+            )
     finally:
+        timer.cancel()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
