@@ -16,6 +16,7 @@ interleaving really has.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -177,6 +178,7 @@ def rule7(progs, depth, group):
     return ("deadlock" if blocked else "ok"), {(int(e.site), e.name) for e in blocked}
 
 
+@pytest.mark.long
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(handshakes())
 def test_one_clocked_run_decides_what_every_interleaving_of_a_handshake_does(drawn):

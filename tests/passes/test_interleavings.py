@@ -217,6 +217,7 @@ def same_initial(initial):
     return {k: v for k in initial}
 
 
+@pytest.mark.long
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs())
 def test_one_run_of_the_counters_decides_what_every_interleaving_does(drawn):

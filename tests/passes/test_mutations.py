@@ -333,6 +333,7 @@ def tally():
     return mutants.run(edits_per_program=250, seed=2026)
 
 
+@pytest.mark.long
 def test_random_edits_are_never_accepted_and_wrong(tally):
     print(f"\nmutation suite: {tally.line()}")
     assert tally.counts["hole"] == 0, "\n".join(tally.holes[:20])
@@ -342,6 +343,7 @@ def test_random_edits_are_never_accepted_and_wrong(tally):
     assert tally.counts["refused"] > tally.counts["same"] > 0
 
 
+@pytest.mark.long
 def test_the_suite_finds_holes_in_a_verifier_without_rule_8(monkeypatch, layer):
     monkeypatch.setattr(verify_package, "check_semantics", lambda index, programs: None)
     tally = mutants.run(edits_per_program=60, seed=7)  # ~40 holes at seed 7 (the test needs more than 10)
@@ -385,6 +387,7 @@ def test_accepted_edits_run_exact_in_the_emulated_kernel(tally):
 RING_OPS = ("Reserve", "Push", "Wait", "Pop", "ReadTiles", "WriteTiles", "Compute", "PackAcc", "AcquireAcc")
 
 
+@pytest.mark.long
 def test_every_refusal_of_a_random_edit_fills_the_fields_its_message_names():
     """An error about an op carries its site, engine and op text, and the ring the op moves where it moves one; an
     error whose message starts at a site carries that site (issue 35: the fields were None where the README said

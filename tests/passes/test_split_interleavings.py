@@ -271,6 +271,7 @@ def test_every_single_edit_of_the_handshake_is_judged_as_the_oracle_judges_it(sp
     assert sum(bad for _, bad in verdicts) >= len(verdicts) // 2  # most edits break the handshake, and are refused
 
 
+@pytest.mark.long
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_two_edits_at_once_are_judged_as_the_oracle_judges_them(data):

@@ -953,6 +953,7 @@ def test_a_semaphore_counted_up_in_a_long_loop_is_fast_forwarded():
     refused(_counted(10**6, 1, (10**6 + 1,)), VerifyDeadlockError, "SemWait sem0 >= 1000001 — the count is 1000000")
 
 
+@pytest.mark.long
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 40), by=st.integers(0, 3), waits=st.lists(st.integers(0, 130), max_size=3))
 def test_fast_forward_over_a_growing_count_matches_the_exact_run(n, by, waits):
