@@ -47,6 +47,44 @@ def test_fused_add_rms_norm_returns_the_normalised_sum_and_the_sum():
     _close(out, F.rms_norm(s, (24,), w, 1e-6).to(bf16), bf16)
 
 
+def test_torchs_calling_form_with_the_normalised_shape_second_is_taken_as_it_is():
+    """rms_norm and layer_norm stand in for F.rms_norm and F.layer_norm unchanged: the shape second (a tuple, a list,
+    an int, a torch.Size, or by name), rms_norm's eps left out being torch's (x's dtype's machine epsilon)."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 4, 32, generator=gen).to(bf16)
+    w, b = torch.rand(32, generator=gen) + 0.5, torch.randn(32, generator=gen)
+    mine = sct.rms_norm(x, w, 1e-5)
+    for shape in ((32,), [32], 32, torch.Size([32])):
+        assert torch.equal(sct.rms_norm(x, shape, w, 1e-5), mine)
+    assert torch.equal(sct.rms_norm(x, normalized_shape=(32,), weight=w, eps=1e-5), mine)
+    # eps left out: torch's, bf16's 2^-7 here — far from spatialc's own default of 1e-6, so the two differ
+    tiny = (x * 1e-2).to(bf16)
+    _close(sct.rms_norm(tiny, (32,), w), F.rms_norm(tiny.float(), (32,), w, torch.finfo(bf16).eps).to(bf16), bf16)
+    assert not torch.equal(sct.rms_norm(tiny, (32,), w), sct.rms_norm(tiny, w))
+    assert torch.equal(sct.layer_norm(x, (32,), w, b, 1e-5), sct.layer_norm(x, w, b, 1e-5))
+    _close(sct.layer_norm(x, (32,), w, b), F.layer_norm(x.float(), (32,), w, b).to(bf16), bf16)
+    assert torch.equal(sct.layer_norm(x, normalized_shape=32, bias=b), sct.layer_norm(x, None, b))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda x, w: sct.rms_norm(x, (4, 32), w),
+            r"normalized_shape is \(4, 32\); .* last axis alone, so pass \(32,\)",
+        ),
+        (lambda x, w: sct.layer_norm(x, (16,), w), r"normalized_shape is \(16,\); .* so pass \(32,\)"),
+        (lambda x, w: sct.rms_norm(x, (32,), w, 1e-5, 7), "takes x, the normalised shape, then at most weight, eps; 3"),
+        (lambda x, w: sct.rms_norm(x, w, 1e-5, 7), "takes x, then at most weight, eps; 3 more arguments given"),
+        (lambda x, w: sct.layer_norm(x, (32,), w, weight=w), "weight given twice, by place and by name"),
+    ],
+)
+def test_a_torch_form_call_the_programs_cannot_take_is_one_line(call, message):
+    x, w = torch.randn(2, 32).to(bf16), torch.ones(32)
+    with pytest.raises(spatialc.InputError, match=message):
+        call(x, w)
+
+
 def test_layer_norm_and_its_stats_are_torchs():
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(6, 33, generator=gen).to(torch.float16)

@@ -7,6 +7,11 @@ given) is one op, made once in the process and named in torch.ops.spatialc, so t
 through any `spatialc.torch.op`. A weight or bias is taken in any float dtype and computed with as float32 (the
 programs' parameters are float32), as torch computes a bf16 model's norm in float32.
 
+`rms_norm` and `layer_norm` also take torch.nn.functional's calling form, the normalised shape second —
+`rms_norm(x, (n,), weight, eps)`, `layer_norm(x, (n,), weight, bias, eps)`, or `normalized_shape=` — so that they
+stand in for F.rms_norm and F.layer_norm unchanged; the shape must be x's last axis (the programs reduce one), and
+rms_norm's eps, where that form leaves it out, is torch's: the machine epsilon of x's dtype.
+
 `rms_norm(x, weight, eps, residual=r)` is fused add + RMSNorm (`spatialc.rmsnorm(..., residual=True)`, vLLM's and
 FlashInfer's `fused_add_rms_norm`): it returns (out, residual_out), residual_out = x + r in x's dtype — a new tensor,
 not written over r as those kernels do."""
@@ -63,6 +68,51 @@ def _eps(what: str, eps: object) -> float:
     return eps_value(eps, f"spatialc.torch.{what}")
 
 
+_NOT_GIVEN = object()
+
+
+def _is_shape(v: object) -> bool:
+    """Whether `v` reads as a normalised shape (torch.nn.functional's second argument): an int or a sequence of ints."""
+    if isinstance(v, torch.Size):
+        return True
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return True
+    return isinstance(v, tuple | list) and all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in v)
+
+
+def _torch_form(what: str, x: Any, given: tuple[Any, ...], shape: Any, names: tuple[str, ...]) -> tuple[Any, ...]:
+    """The arguments after x, `names` in order, from either calling form: spatialc's (`given` is them) or
+    torch.nn.functional's, whose first is the normalised shape (or `shape`, given by keyword) — checked to be x's
+    last axis and dropped. Those not given are _NOT_GIVEN (the caller's defaults)."""
+    if shape is _NOT_GIVEN and given and _is_shape(given[0]):
+        shape, given = given[0], given[1:]
+    if len(given) > len(names):
+        raise InputError(
+            f"spatialc.torch.{what} takes x, {'the normalised shape, ' if shape is not _NOT_GIVEN else ''}"
+            f"then at most {', '.join(names)}; {len(given)} more arguments given"
+        )
+    if shape is not _NOT_GIVEN:
+        dims = [shape] if isinstance(shape, numbers.Integral) else list(shape) if _is_shape(shape) else None
+        last = int(x.shape[-1])
+        if dims is None or len(dims) != 1 or int(dims[0]) != last:
+            raise InputError(
+                f"spatialc.torch.{what}: normalized_shape is {repr(shape)[:60]}; the program normalises x's last"
+                f" axis alone, so pass ({last},)"
+            )
+    return (*given, *([_NOT_GIVEN] * (len(names) - len(given))))
+
+
+def _keywords(what: str, positional: tuple[Any, ...], keywords: dict[str, Any]) -> tuple[Any, ...]:
+    """`positional` (in the order of `keywords`' names) with each keyword given in its place; one given both ways is
+    an InputError, as Python's own would be a TypeError."""
+    out = []
+    for (name, by_name), by_place in zip(keywords.items(), positional, strict=True):
+        if by_name is not _NOT_GIVEN and by_place is not _NOT_GIVEN:
+            raise InputError(f"spatialc.torch.{what}: {name} given twice, by place and by name")
+        out.append(by_place if by_name is _NOT_GIVEN else by_name)
+    return tuple(out)
+
+
 def _row_op(kind: str, precision: str, out: str | None, **options: Any) -> SpatialOp:
     """The op of row program `kind` for these options, made once in the process."""
     key = (kind, precision, out, tuple(sorted(options.items())))
@@ -108,13 +158,30 @@ def _run(
     return tuple(o.reshape(*rows_shape, o.shape[-1]) for o in outs)
 
 
-def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6, *, residual: Any = None, out_dtype: Any = None) -> Any:
-    """x · rsqrt(mean(x²) + eps) · weight along x's last axis, as torch.nn.functional.rms_norm(x, (n,), weight, eps):
-    out in x's dtype unless `out_dtype` (the program computes in float32). With `residual` (x's shape and dtype):
-    fused add + RMSNorm — h = x + residual, returns (rms_norm(h), h in x's dtype)."""
+def rms_norm(
+    x: Any,
+    *args: Any,
+    normalized_shape: Any = _NOT_GIVEN,
+    weight: Any = _NOT_GIVEN,
+    eps: Any = _NOT_GIVEN,
+    residual: Any = None,
+    out_dtype: Any = None,
+) -> Any:
+    """x · rsqrt(mean(x²) + eps) · weight along x's last axis: `rms_norm(x, weight=None, eps=1e-6)`, or torch's
+    form `rms_norm(x, (n,), weight=None, eps=None)` (eps None: x's dtype's machine epsilon, as torch takes it). Out
+    in x's dtype unless `out_dtype` (the program computes in float32). With `residual` (x's shape and dtype): fused
+    add + RMSNorm — h = x + residual, returns (rms_norm(h), h in x's dtype)."""
     _, n = _x("rms_norm", x)
+    torch_form = normalized_shape is not _NOT_GIVEN or bool(args and _is_shape(args[0]))
+    weight, eps = _keywords(
+        "rms_norm",
+        _torch_form("rms_norm", x, args, normalized_shape, ("weight", "eps")),
+        {"weight": weight, "eps": eps},
+    )
+    if eps is _NOT_GIVEN or (eps is None and torch_form):
+        eps = torch.finfo(x.dtype).eps if torch_form else 1e-6
     eps = _eps("rms_norm", eps)
-    w = _vector("rms_norm", "weight", weight, n)
+    w = _vector("rms_norm", "weight", None if weight is _NOT_GIVEN else weight, n)
     if residual is not None and (
         not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype
     ):
@@ -137,13 +204,26 @@ def rms_norm(x: Any, weight: Any = None, eps: float = 1e-6, *, residual: Any = N
 
 
 def layer_norm(
-    x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5, *, out_dtype: Any = None, stats: bool = False
+    x: Any,
+    *args: Any,
+    normalized_shape: Any = _NOT_GIVEN,
+    weight: Any = _NOT_GIVEN,
+    bias: Any = _NOT_GIVEN,
+    eps: Any = _NOT_GIVEN,
+    out_dtype: Any = None,
+    stats: bool = False,
 ) -> Any:
-    """(x − mean) · rstd · weight + bias along x's last axis, as torch.nn.functional.layer_norm(x, (n,), weight,
-    bias, eps): out in x's dtype unless `out_dtype`; with `stats`, (out, mean, rstd), mean and rstd (…, 1) float32
-    as torch.native_layer_norm gives them."""
+    """(x − mean) · rstd · weight + bias along x's last axis: `layer_norm(x, weight=None, bias=None, eps=1e-5)`,
+    or torch's form `layer_norm(x, (n,), weight, bias, eps)`. Out in x's dtype unless `out_dtype`; with `stats`,
+    (out, mean, rstd), mean and rstd (…, 1) float32 as torch.native_layer_norm gives them."""
     _, n = _x("layer_norm", x)
-    eps = _eps("layer_norm", eps)
+    weight, bias, eps = _keywords(
+        "layer_norm",
+        _torch_form("layer_norm", x, args, normalized_shape, ("weight", "bias", "eps")),
+        {"weight": weight, "bias": bias, "eps": eps},
+    )
+    eps = _eps("layer_norm", 1e-5 if eps is _NOT_GIVEN else eps)
+    weight, bias = (None if v is _NOT_GIVEN else v for v in (weight, bias))
     w, b = _vector("layer_norm", "weight", weight, n), _vector("layer_norm", "bias", bias, n)
     want = _out("layer_norm", x, out_dtype)
     got = _run("layer_norm", x, want, [x], [w, b], eps=eps, weight=w is not None, bias=b is not None)
