@@ -1470,19 +1470,86 @@ SPATIALC_EMU_FN void reset_block(Block& b, int n, unsigned long linear) {
     }
 }
 
-// Start one OS thread per CUDA thread of block `b` (block index `at`), appending them to `threads`.
-SPATIALC_EMU_FN void start_block(Block& b, uint3 at, void (*body)(void*), void* ctx, dim3 block,
-                                 std::vector<std::thread>& threads) {
-    for (int i = 0; i < b.nthreads; ++i)
-        threads.emplace_back([&b, at, body, ctx, block, i] {
-            cur_block = &b;
-            self = &b.threads[i];
-            blockIdx = at;
-            threadIdx = uint3{(unsigned)i % block.x, ((unsigned)i / block.x) % block.y,
-                              (unsigned)i / (block.x * block.y)};
-            body(ctx);
-            thread_exit();
-        });
+// ---- the OS threads that run CUDA threads ---------------------------------------------------------------------
+// One OS thread per CUDA thread, as ever, but kept from block to block: creating and joining a thread costs about
+// 50 µs on a small VM, a third of the run of a kernel of 21 blocks of 256 threads. A job is one CUDA thread of a
+// block; `run_threads` hands the jobs of one block, or of all blocks run at once, to as many pool threads (more are
+// started when there are too few) and returns when every job has returned, as joining their threads did. Each job
+// starts from a fresh thread's state: the thread-local state a CUDA thread leaves behind is reset first.
+struct ThreadJob {
+    Block* b;
+    uint3 at;
+    void (*body)(void*);
+    void* ctx;
+    dim3 block;
+    int i;
+};
+
+// A pool thread: it runs its job each time `gen` moves on (set by `run_threads`, which wakes only the threads it
+// gives a job to).
+struct PoolThread {
+    std::atomic<unsigned> gen{0};
+    ThreadJob job{};
+};
+
+struct ThreadPool {
+    std::vector<std::unique_ptr<PoolThread>> threads;
+    std::atomic<int> remaining{0};  // jobs not returned yet
+};
+
+inline ThreadPool& thread_pool() {
+    static ThreadPool* pool = new ThreadPool;  // never destroyed: its threads outlive main's return, detached
+    return *pool;
+}
+
+SPATIALC_EMU_FN void run_job(const ThreadJob& j) {
+    acc_written = false;  // what a new thread starts with
+    wgmma_open.clear();
+    wgmma_groups.clear();
+    bulk_open.clear();
+    bulk_groups.clear();
+    cur_block = j.b;
+    self = &j.b->threads[j.i];
+    blockIdx = j.at;
+    const unsigned i = (unsigned)j.i;
+    threadIdx = uint3{i % j.block.x, (i / j.block.x) % j.block.y, i / (j.block.x * j.block.y)};
+    j.body(j.ctx);
+    thread_exit();
+}
+
+SPATIALC_EMU_FN void pool_thread(PoolThread* t) {
+    ThreadPool& pool = thread_pool();
+    for (unsigned seen = 0;;) {
+        while (t->gen.load(std::memory_order_acquire) == seen) t->gen.wait(seen, std::memory_order_acquire);
+        seen = t->gen.load(std::memory_order_acquire);
+        run_job(t->job);
+        if (pool.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) pool.remaining.notify_all();
+    }
+}
+
+// Run `jobs` each on its own pool thread, all at once; return when all have returned.
+SPATIALC_EMU_FN void run_threads(const std::vector<ThreadJob>& jobs) {
+    ThreadPool& pool = thread_pool();
+    while (pool.threads.size() < jobs.size()) {
+        pool.threads.emplace_back(new PoolThread);
+        std::thread(pool_thread, pool.threads.back().get()).detach();
+    }
+    const int n = (int)jobs.size();
+    pool.remaining.store(n, std::memory_order_relaxed);
+    for (int k = 0; k < n; ++k) {
+        PoolThread& t = *pool.threads[(size_t)k];
+        t.job = jobs[(size_t)k];
+        t.gen.fetch_add(1, std::memory_order_release);
+        t.gen.notify_one();
+    }
+    for (int left = n; left > 0; left = pool.remaining.load(std::memory_order_acquire))
+        pool.remaining.wait(left, std::memory_order_acquire);
+}
+
+// The jobs of block `b` (block index `at`): one a CUDA thread, appended to `jobs`.
+SPATIALC_EMU_FN void block_jobs(Block& b, uint3 at, void (*body)(void*), void* ctx, dim3 block,
+                                std::vector<ThreadJob>& jobs) {
+    for (int i = 0; i < b.nthreads; ++i) jobs.push_back(ThreadJob{&b, at, body, ctx, block, i});
 }
 
 SPATIALC_EMU_FN void run_block(void (*body)(void*), void* ctx, dim3 block, uint3 at, unsigned long linear) {
@@ -1490,10 +1557,10 @@ SPATIALC_EMU_FN void run_block(void (*body)(void*), void* ctx, dim3 block, uint3
     const int n = (int)(block.x * block.y * block.z);
     reset_block(b, n, linear);
     reset_shared_for_block();
-    std::vector<std::thread> threads;
-    threads.reserve((size_t)n);
-    start_block(b, at, body, ctx, block, threads);
-    for (std::thread& t : threads) t.join();
+    std::vector<ThreadJob> jobs;
+    jobs.reserve((size_t)n);
+    block_jobs(b, at, body, ctx, block, jobs);
+    run_threads(jobs);
     for (int i = 0; i < n; ++i) apply_stores(b.threads[i]);
     check_registers(b);
     progress.fetch_add(1, std::memory_order_relaxed);
@@ -1519,15 +1586,15 @@ SPATIALC_EMU_FN void run_blocks_at_once(void (*body)(void*), void* ctx, dim3 gri
         for (auto& b : blocks) coop_blocks.push_back(b.get());
     }
     blocks_at_once(first, nblocks);
-    std::vector<std::thread> threads;
-    threads.reserve((size_t)n * nblocks);
+    std::vector<ThreadJob> jobs;
+    jobs.reserve((size_t)n * nblocks);
     for (unsigned long i = 0; i < nblocks; ++i) {
         const unsigned long linear = first + i;
         const uint3 at{(unsigned)(linear % grid.x), (unsigned)(linear / grid.x % grid.y),
                        (unsigned)(linear / ((unsigned long)grid.x * grid.y))};
-        start_block(*blocks[i], at, body, ctx, block, threads);
+        block_jobs(*blocks[i], at, body, ctx, block, jobs);
     }
-    for (std::thread& t : threads) t.join();
+    run_threads(jobs);
     for (auto& b : blocks) check_registers(*b);
     {
         std::lock_guard<std::mutex> lk(coop_mu);
