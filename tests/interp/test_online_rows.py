@@ -120,16 +120,16 @@ def test_the_hard_rows_are_there() -> None:
 
 
 def test_one_ulp_apart_is_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The comparison fails where a single value moves by one ulp: each rescale's factor nudged to the next float32
-    after it, as a slip in the rescale's order or type would."""
+    """The comparison fails where values move by one ulp: the row vector values that the rescales and the maps of row
+    vectors read each nudged to the next float32 after it, as a slip in their order or type would."""
     p = spatialc.build(PROGRAMS["online softmax fp32"](), "sm_90")
     values = inputs(p, 5)
-    real = rowpacks._factors
+    real = rowpacks._row_columns
     with monkeypatch.context() as m:
         m.setattr(
             rowpacks,
-            "_factors",
-            lambda x, h: np.asarray(np.nextafter(np.asarray(real(x, h), np.float32), np.float32(2)), np.float64),
+            "_row_columns",
+            lambda xs, counts: np.nextafter(np.asarray(real(xs, counts), np.float32), np.float32(2)),
         )
         nudged = run(p, values)
     with monkeypatch.context() as m:

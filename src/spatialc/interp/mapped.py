@@ -312,10 +312,11 @@ def _realise_runs(runs: list[list[MapValue]], into: Into | None = None, placed: 
     if dest is not None and placed is not None:
         placed.update(id(v) for run in runs for v in run)
     width = v0.width * tc
+    at, step = out.__array_interface__["data"][0], out.strides[0]  # (where each band starts, for `rowpacks._follows`)
     for r, run in enumerate(runs):
         band = out if len(runs) == 1 else out[r]
         for k, v in enumerate(run):
-            v.result, v.band, v.slot = band[:, k * width : (k + 1) * width], band, k
+            v.result, v.band, v.slot, v.start = band[:, k * width : (k + 1) * width], band, k, at + r * step
 
 
 def _destination(runs: list[list[MapValue]], into: Into) -> np.ndarray | None:

@@ -92,6 +92,7 @@ class MapValue:
         "result",
         "band",
         "slot",
+        "start",
     )
 
     def __init__(
@@ -111,6 +112,7 @@ class MapValue:
         self.result: np.ndarray | None = None  # (h·tr, width·tc), once computed: float32 values (the table's)
         self.band: np.ndarray | None = None  # the pages computed with it, side by side: it is column block `slot`
         self.slot = 0
+        self.start = 0  # the band's first byte in memory (its data pointer), once computed
 
     def matrix(self) -> np.ndarray:
         """The page as one (h·tr, width·tc) matrix of float32 values, tile (i, j) at slot i·width + j."""
@@ -144,9 +146,10 @@ class RowPack:
         self.name, self.pages, self.tile, self.count, self.base = name, pages, tile, h, base
         self.column: np.ndarray | None = None
         self.result: np.ndarray | None = None
-        level = level_of(base)
-        for page in pages:
-            level = max(level, level_of(page[1]))
+        level = level_of(base) if base is not None else -1
+        for page in pages:  # (a tensor's tiles are read as they are: no level of theirs to ask)
+            if page[1].__class__ is not TileRefs:
+                level = max(level, level_of(page[1]))
         later.add(self, level + 1)
 
     def value(self) -> np.ndarray:

@@ -107,10 +107,9 @@ def _realise_level(level: list[Any], ready: Callable[[list[Any]], None] | None) 
         _realise_row_maps(maps)
         if ready is not None:
             ready(maps)
-    for x in level:
-        if x.__class__ is RowScaled:
-            x.column = x.inner.column * _factors(x.factors, x.count)  # type: ignore[union-attr]  # (as `scale_acc`)
-            x.inner = x.factors = None  # (computed: what it read is not kept alive by it)
+    scaled = [x for x in level if x.__class__ is RowScaled]
+    if scaled:
+        _realise_scaled(scaled)
     packs = [x for x in level if x.__class__ is RowPack]
     if len({p.name for p in packs}) > 1:  # one reduction after another: a run of one is one call (`_realise_chunk`)
         packs.sort(key=lambda p: p.name)
@@ -126,35 +125,49 @@ def _realise_row_maps(maps: list[RowMap]) -> None:
     for same in by_kernel.values():
         v0 = same[0]
         tr, tc = v0.tile
-        pages = [
-            np.concatenate([_row_column(v.ins[j], v.count) for v in same])
-            if len(same) > 1
-            else _row_column(v0.ins[j], v0.count)
-            for j in range(len(v0.ins))
-        ]
+        counts = [v.count for v in same]
+        pages = [np.asarray(_row_columns([v.ins[j] for v in same], counts), np.float32) for j in range(len(v0.ins))]
         out = np.asarray(mapped(v0.kernel.op.expr, [start(m, False) for m in pages], False), np.float32)
         column = np.asarray(np.broadcast_to(out, (len(pages[0]), 1)), np.float64)
         tiles = np.broadcast_to(column.reshape(-1, tr, 1), (len(column) // tr, tr, tc)).copy()
-        at = 0
-        for v in same:
-            v.column, v.result = column[at * tr : (at + v.count) * tr], tiles[at : at + v.count]
-            at += v.count
+        _share(same, column, tiles, tr)
 
 
-def _row_column(x: Any, h: int) -> np.ndarray:
-    """The first column of a row vector page's first h tiles, float32, as a column (h · tile rows values): a row
-    value's tiles are its column rounded to float32, which is read from the column, not from its tiles."""
-    if x.__class__ is RowPack or x.__class__ is RowMap:
-        return np.asarray(x.column[: h * x.tile[0]], np.float32)  # type: ignore[index]
-    return np.asarray(factor_column(x, h), np.float32)
+def _realise_scaled(scaled: list[RowScaled]) -> None:
+    """Rescales whose values and factors are computed: each value (its pack's column, not rounded) times its factors
+    (`support.scale_acc`: in float64, the factors as `row_factors` reads them), all at once."""
+    inner = [x.inner.column for x in scaled]  # type: ignore[union-attr]
+    values = inner[0] if len(inner) == 1 else np.concatenate(inner)
+    factors = np.asarray(_row_columns([x.factors for x in scaled], [x.count for x in scaled]), np.float64)
+    _share(scaled, values * factors, None, len(values) // sum([x.count for x in scaled]))
+    for x in scaled:
+        x.inner = x.factors = None  # (computed: what it read is not kept alive by it)
 
 
-def _factors(x: Any, h: int) -> np.ndarray:
-    """A rescale's factors (`support.row_factors`: `factor_column`), one float64 a row: a row value's its float32
-    values (`_row_column`), another page's as its tiles hold them."""
-    if x.__class__ is RowPack or x.__class__ is RowMap:
-        return np.asarray(_row_column(x, h), np.float64)
-    return factor_column(x, h)
+def _row_columns(pages: list[Any], counts: list[int]) -> np.ndarray:
+    """The values of each row vector page's first `count` tiles, one a row, as its tiles hold them (`factor_column`),
+    joined: a row value's column rounded to float32 (its tiles are that), another page's tiles' first column."""
+    whole = True
+    for x, h in zip(pages, counts, strict=True):  # (a loop, not all() of a generator: a row value a band)
+        whole = whole and (x.__class__ is RowPack or x.__class__ is RowMap) and len(x.column) == h * x.tile[0]
+    if whole:  # every page a row value's whole column: joined, then rounded at once
+        columns = [x.column for x in pages]
+        return np.asarray(columns[0] if len(columns) == 1 else np.concatenate(columns), np.float32)
+    parts = [
+        np.asarray(x.column[: h * x.tile[0]], np.float32) if x.__class__ in (RowPack, RowMap) else factor_column(x, h)
+        for x, h in zip(pages, counts, strict=True)
+    ]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _share(values: list[Any], column: np.ndarray, tiles: np.ndarray | None, tr: int) -> None:
+    """Each value's rows of a column computed for all of them, in order (and its tiles, `tr` rows each)."""
+    at = 0
+    for v in values:
+        v.column = column[at * tr : (at + v.count) * tr]
+        if tiles is not None:
+            v.result = tiles[at : at + v.count]
+        at += v.count
 
 
 def _realise_pack_chunks(todo: list[RowPack], ready: Callable[[list[Any]], None] | None) -> None:
@@ -195,8 +208,9 @@ def _realise_chunk(chunk: list[RowPack], ready: Callable[[list[Any]], None] | No
     if maps:
         realise_maps(maps)
     tr, tc = chunk[0].tile
-    values = [reduced_values(list(p.pages), tr, tc) for p in chunk]
-    starts = [v.__array_interface__["data"][0] for v in values] if len(values) > 1 else [0]  # (each asked once)
+    found = [_reduced(list(p.pages), tr, tc) for p in chunk]
+    values = [v for v, _ in found]
+    starts = _starts(found) if len(found) > 1 else [0]
     k = 0
     while k < len(chunk):  # runs of packs of one reduction whose rows are one block of memory: one call each
         end = k + 1
@@ -255,6 +269,12 @@ def reduced_values(pages: list[tuple[str, object, int, int, int]], tr: int, tc: 
     side. Pages that are one row of a tensor nothing writes, in order, are that row's memory, and pages computed side
     by side their band (each in its own type, which `reduce_rows` converts exactly); others are joined in float64 (an
     integer chain's values too, as the reduction has always taken them)."""
+    return _reduced(pages, tr, tc)[0]
+
+
+def _reduced(pages: list[tuple[str, object, int, int, int]], tr: int, tc: int) -> tuple[np.ndarray, Any]:
+    """`reduced_values`, and where they lie: (the tensor's matrix, its row, its column) for a tensor's memory, the
+    band's first byte for a band, None for values joined afresh."""
     _, first, h, width, _ = pages[0]
     full = width * tc
     if first.__class__ is TileRefs and _tensor_row(pages, first, width, full):
@@ -262,13 +282,33 @@ def reduced_values(pages: list[tuple[str, object, int, int, int]], tr: int, tc: 
         if corner is not None and corner[1] + len(pages) * width <= first.store.cols_t:
             r0, c0 = corner
             span = (len(pages) - 1) * full + pages[-1][4]
-            return first.store.mat[r0 * tr : (r0 + h) * tr, c0 * tc : c0 * tc + span]
+            mat = first.store.mat
+            return mat[r0 * tr : (r0 + h) * tr, c0 * tc : c0 * tc + span], (mat, r0 * tr, c0 * tc)
     if first.__class__ is MapValue and first.band is not None and first.slot == 0:
         band = first.band  # computed side by side, in this order (mapped.py): the band itself
         if _band_in_order(pages, band, full) and band.shape[0] == h * tr:
-            return band[:, : (len(pages) - 1) * full + pages[-1][4]]
+            return band[:, : (len(pages) - 1) * full + pages[-1][4]], first.start
     mats = [page_matrix(x, h, width, tr, tc)[:, :keep] for _, x, h, width, keep in pages]
-    return np.asarray(np.concatenate(mats, axis=1), np.float64)
+    return np.asarray(np.concatenate(mats, axis=1), np.float64), None
+
+
+def _starts(found: list[tuple[np.ndarray, Any]]) -> list[int]:
+    """Each of the values' first byte in memory (`_follows`), from where `_reduced` found them: a tensor's matrix's
+    own first byte asked once, a band's known, any other's asked of it."""
+    at: dict[int, int] = {}
+    starts = []
+    for values, where in found:
+        if where.__class__ is tuple:
+            mat, row, col = where
+            first = at.get(id(mat))
+            if first is None:
+                first = at[id(mat)] = mat.__array_interface__["data"][0]
+            starts.append(first + row * mat.strides[0] + col * mat.strides[1])
+        elif where is not None:
+            starts.append(where)
+        else:
+            starts.append(values.__array_interface__["data"][0])
+    return starts
 
 
 def _tensor_row(pages: list[tuple[str, Any, int, int, int]], first: TileRefs, width: int, full: int) -> bool:
