@@ -136,8 +136,8 @@ def _realise_row_maps(maps: list[RowMap]) -> None:
 def _realise_scaled(scaled: list[RowScaled]) -> None:
     """Rescales whose values and factors are computed: each value (its pack's column, not rounded) times its factors
     (`support.scale_acc`: in float64, the factors as `row_factors` reads them), all at once."""
-    inner = [x.inner.column for x in scaled]  # type: ignore[union-attr]
-    values = inner[0] if len(inner) == 1 else np.concatenate(inner)
+    inner: list[Any] = [x.inner.column for x in scaled]  # type: ignore[union-attr]
+    values: np.ndarray = inner[0] if len(inner) == 1 else np.concatenate(inner)
     factors = np.asarray(_row_columns([x.factors for x in scaled], [x.count for x in scaled]), np.float64)
     _share(scaled, values * factors, None, len(values) // sum([x.count for x in scaled]))
     for x in scaled:
@@ -148,13 +148,14 @@ def _row_columns(pages: list[Any], counts: list[int]) -> np.ndarray:
     """The values of each row vector page's first `count` tiles, one a row, as its tiles hold them (`factor_column`),
     joined: a row value's column rounded to float32 (its tiles are that), another page's tiles' first column."""
     whole = True
+    x: Any
     for x, h in zip(pages, counts, strict=True):  # (a loop, not all() of a generator: a row value a band)
-        whole = whole and (x.__class__ is RowPack or x.__class__ is RowMap) and len(x.column) == h * x.tile[0]
+        whole = whole and (x.__class__ is RowPack or x.__class__ is RowMap) and len(x.column) == h * x.tile[0]  # type: ignore[arg-type]
     if whole:  # every page a row value's whole column: joined, then rounded at once
         columns = [x.column for x in pages]
         return np.asarray(columns[0] if len(columns) == 1 else np.concatenate(columns), np.float32)
     parts = [
-        np.asarray(x.column[: h * x.tile[0]], np.float32) if x.__class__ in (RowPack, RowMap) else factor_column(x, h)
+        np.asarray(x.column[: h * x.tile[0]], np.float32) if x.__class__ in (RowPack, RowMap) else factor_column(x, h)  # type: ignore[index]
         for x, h in zip(pages, counts, strict=True)
     ]
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
