@@ -146,11 +146,7 @@ class RowPack:
         self.name, self.pages, self.tile, self.count, self.base = name, pages, tile, h, base
         self.column: np.ndarray | None = None
         self.result: np.ndarray | None = None
-        level = level_of(base) if base is not None else -1
-        for page in pages:  # (a tensor's tiles are read as they are: no level of theirs to ask)
-            if page[1].__class__ is not TileRefs:
-                level = max(level, level_of(page[1]))
-        later.add(self, level + 1)
+        later.add(self, 1 + max(level_of(base), pages_level(pages)))
 
     def value(self) -> np.ndarray:
         """The packed value, one float64 per row (a column)."""
@@ -244,6 +240,24 @@ class LaterRows:
         self.levels[level].append(value)
         if level < self.low:
             self.low = level
+
+
+def pages_level(pages: tuple) -> int:
+    """`level_of` the highest of the pages a row accumulator was given (as `Acc.rows` holds them): a band's pages,
+    which read one row vector page after another, asked of each such page once."""
+    level, last = -1, None
+    for page in pages:
+        x = page[1]
+        if x.__class__ is MapValue and x.result is None:
+            for y in x.ins:  # (a computed page's level, inlined: once a page)
+                if y is not last and y.__class__ is not TileRefs:
+                    found = level_of(y)
+                    level = found if found > level else level
+                    last = y
+        elif x.__class__ is not TileRefs:  # (a tensor's tiles are read as they are)
+            found = level_of(x)
+            level = found if found > level else level
+    return level
 
 
 def level_of(value: object) -> int:
