@@ -102,18 +102,19 @@ def realise_packs(packs: list[Any], ready: Callable[[list[Any]], None] | None = 
 def _realise_level(level: list[Any], ready: Callable[[list[Any]], None] | None) -> None:
     """Row values of one level, each reading only values computed already: the maps, the rescales, then the packs,
     those of one reduction together (in the order they were made: a band's rows before the next band's)."""
-    maps = [x for x in level if x.__class__ is RowMap]
+    maps, scaled, packs = [], [], []
+    for x in level:
+        (packs if x.__class__ is RowPack else maps if x.__class__ is RowMap else scaled).append(x)
     if maps:
         _realise_row_maps(maps)
         if ready is not None:
             ready(maps)
-    scaled = [x for x in level if x.__class__ is RowScaled]
     if scaled:
         _realise_scaled(scaled)
-    packs = [x for x in level if x.__class__ is RowPack]
-    if len({p.name for p in packs}) > 1:  # one reduction after another: a run of one is one call (`_realise_chunk`)
+    if len(packs) > 1 and len({p.name for p in packs}) > 1:  # one reduction after another: a run is one call
         packs.sort(key=lambda p: p.name)
-    _realise_pack_chunks(packs, ready)
+    if packs:
+        _realise_pack_chunks(packs, ready)
 
 
 def _realise_row_maps(maps: list[RowMap]) -> None:
