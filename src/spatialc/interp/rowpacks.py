@@ -95,7 +95,7 @@ def realise_packs(packs: list[Any], ready: Callable[[list[Any]], None] | None = 
         later.low = k + 1
         _realise_level(level, ready)
     for p in todo:  # (values of another run, should any be asked for with these: each with its own)
-        if p.column is None:
+        if p.column is None and p.later is not later:
             realise_packs([p], ready)
 
 
