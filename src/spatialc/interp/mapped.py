@@ -25,7 +25,9 @@ from ..ir.ops import Apply, Arg, Col, Expr, Lit, Map, RowArg, VecAxis, cols, row
 from ..numerics.elementwise import OPS, ElementwiseError, evaluate
 from ..numerics.epilogue import EpilogueError
 from .reuse import reused
-from .values import LATER_ROWS, MapValue, RowPack, TileRefs, page_matrix
+from .values import MapValue, RowMap, RowPack, TileRefs, page_matrix
+
+ROW_PAGES = (RowPack, RowMap)  # the row values a page may read that are computed later (`rowpacks.py`)
 
 # Elements one evaluation computes at most. Its float64 temporaries (2 MiB each) are then reused from the heap, not
 # mapped fresh from the OS and faulted in page by page as a whole tensor's would be, and stay in cache between ops.
@@ -137,7 +139,7 @@ def realise_maps(values: list[MapValue], into: Into | None = None) -> set[int]:
         for x in v.ins:
             if x.__class__ is MapValue and x.result is None:
                 inner.append(x)
-            elif x.__class__ in LATER_ROWS and x.column is None:  # (a pack, or a map of row vectors alone)
+            elif (x.__class__ is RowPack or x.__class__ is RowMap) and x.column is None:  # (a pack, a row map)
                 packs.append(x)
     if inner:
         realise_maps(inner)
@@ -181,7 +183,7 @@ class _Waves:
         pages, before = self.rest, None
         for v in todo:
             if before is None or not _same_packs(v.ins, before.ins):  # (a band's pages follow one another: `_bands`)
-                key = tuple([id(x) for x in v.ins if x.__class__ in LATER_ROWS and x.column is None])
+                key = tuple([id(x) for x in v.ins if x.__class__ in ROW_PAGES and x.column is None])
                 pages = sets.setdefault(key, []) if key else self.rest
             pages.append(v)
             before = v
@@ -247,7 +249,9 @@ def _same_packs(ins: list, other: list) -> bool:
     if len(ins) != len(other):
         return False
     for x, y in zip(ins, other, strict=True):
-        if x is not y and (x.__class__ in LATER_ROWS or y.__class__ in LATER_ROWS):
+        if x is not y and (
+            x.__class__ is RowPack or y.__class__ is RowPack or x.__class__ is RowMap or y.__class__ is RowMap
+        ):
             return False
     return True
 
@@ -315,8 +319,9 @@ def _realise_runs(runs: list[list[MapValue]], into: Into | None = None, placed: 
     at, step = out.__array_interface__["data"][0], out.strides[0]  # (where each band starts, for `rowpacks._follows`)
     for r, run in enumerate(runs):
         band = out if len(runs) == 1 else out[r]
+        start = at + r * step
         for k, v in enumerate(run):
-            v.result, v.band, v.slot, v.start = band[:, k * width : (k + 1) * width], band, k, at + r * step
+            v.result, v.band, v.slot, v.start = band[:, k * width : (k + 1) * width], band, k, start
 
 
 def _destination(runs: list[list[MapValue]], into: Into) -> np.ndarray | None:

@@ -78,6 +78,8 @@ class MapValue:
     (flat: a column vector's width·tc, a row vector's h·tr), `row_key` naming what its row vectors read
     (`support.row_key`)."""
 
+    start: int  # the band's first byte in memory (its data pointer), set with `band`
+
     __slots__ = (
         "kernel",
         "ins",
@@ -111,8 +113,7 @@ class MapValue:
         self.count = h * width
         self.result: np.ndarray | None = None  # (h·tr, width·tc), once computed: float32 values (the table's)
         self.band: np.ndarray | None = None  # the pages computed with it, side by side: it is column block `slot`
-        self.slot = 0
-        self.start = 0  # the band's first byte in memory (its data pointer), once computed
+        self.slot = 0  # (and `start`, the band's first byte in memory, set with `band`: read only where it is)
 
     def matrix(self) -> np.ndarray:
         """The page as one (h·tr, width·tc) matrix of float32 values, tile (i, j) at slot i·width + j."""

@@ -102,7 +102,9 @@ def realise_packs(packs: list[Any], ready: Callable[[list[Any]], None] | None = 
 def _realise_level(level: list[Any], ready: Callable[[list[Any]], None] | None) -> None:
     """Row values of one level, each reading only values computed already: the maps, the rescales, then the packs,
     those of one reduction together (in the order they were made: a band's rows before the next band's)."""
-    maps, scaled, packs = [], [], []
+    maps: list[Any] = []
+    scaled: list[Any] = []
+    packs: list[Any] = []
     for x in level:
         (packs if x.__class__ is RowPack else maps if x.__class__ is RowMap else scaled).append(x)
     if maps:
