@@ -1,6 +1,6 @@
 """The reference interpreter on row reductions at 4096 × 4096 — softmax and RMSNorm, and beside them LayerNorm, the
-online softmax, fused add + RMSNorm, a row absmax and the online log-softmax — against numpy computing the same
-function, and build + verify at 8192 × 8192.
+online softmax, fused add + RMSNorm, a row absmax, the online log-softmax and the row log-sum-exp — against numpy
+computing the same function, and build + verify at 8192 × 8192.
 
 numpy computes each on the same bf16-rounded float32 inputs, in float64 (the interpreter's ops are float64 rounded
 once to float32, its sums exactly rounded), each pair timed in the same run, interleaved: the median of RUNS (env
@@ -11,7 +11,7 @@ the output.
 Goals (issue 31): the interpreter within 2× of numpy; build + verify at 8192 × 8192 under 100 ms.
 
 Usage: python bench/rows_speed.py [m n [program ...]]  (programs: softmax rmsnorm layernorm online fused absmax
-log_softmax; default all)
+log_softmax logsumexp; default all)
 """
 
 from __future__ import annotations
@@ -60,6 +60,12 @@ def numpy_log_softmax(v: dict[str, np.ndarray]) -> np.ndarray:
     return (shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))).astype(np.float32)
 
 
+def numpy_logsumexp(v: dict[str, np.ndarray]) -> np.ndarray:
+    x = v["x"].astype(np.float64)
+    peak = x.max(axis=1, keepdims=True)
+    return (peak + np.log(np.exp(x - peak).sum(axis=1, keepdims=True))).astype(np.float32)
+
+
 def numpy_absmax(v: dict[str, np.ndarray]) -> np.ndarray:
     return np.abs(v["x"]).max(axis=1, keepdims=True)
 
@@ -75,6 +81,8 @@ PROGRAMS = {
     "fused": (lambda m, n: spatialc.rmsnorm(m, n, eps=EPS, residual=True), numpy_fused_add_rmsnorm),
     "absmax": (lambda m, n: spatialc.row_reduce(m, n, "absmax"), numpy_absmax),
     "log_softmax": (lambda m, n: spatialc.log_softmax(m, n, online=True), numpy_log_softmax),
+    # the row log-sum-exp (`row_reduce`): the online pass alone, an m × 1 vector out
+    "logsumexp": (lambda m, n: spatialc.row_reduce(m, n, "logsumexp"), numpy_logsumexp),
 }
 
 

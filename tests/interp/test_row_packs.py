@@ -1,9 +1,10 @@
 """Row accumulators packed later and many bands at once (`interp/rowpacks.py`) give the numbers each pack computed
 when it was made gives, bit for bit: the same programs run with every pack computed at its PackAcc (the eager path)
-agree exactly — softmax (a max pack read by a map, a sum of computed pages), the online softmax (whose packs are all
-made at once: its maxes are carried), RMSNorm, LayerNorm (packs written as outputs) — on inputs with NaN, ±inf, −0,
-subnormals and values near float32's largest, at shapes of several bands per chunk and of a ragged last page. And a
-part of a page's value taken from the pages a pack reduced (`interp/reuse.py`) is the part computed again."""
+agree exactly — softmax (a max pack read by a map, a sum of computed pages), the online softmax (its maxes carried
+from pack to pack, its sum rescaled page by page: `test_online_rows.py` has its hard rows), RMSNorm, LayerNorm (packs
+written as outputs) — on inputs with NaN, ±inf, −0, subnormals and values near float32's largest, at shapes of
+several bands per chunk and of a ragged last page. And a part of a page's value taken from the pages a pack reduced
+(`interp/reuse.py`) is the part computed again."""
 
 from __future__ import annotations
 
@@ -51,14 +52,21 @@ def test_packs_computed_together_equal_packs_computed_at_once(
             lambda c, ready=None, f=rowpacks._realise_chunk: chunks.append(len(c)) or f(c, ready),
         )
         later = run(p, values)
-    # (the online softmax packs a max that is carried from its first, empty, pack on: every pack of it is made now)
-    assert bool(chunks) == (name != "online softmax")
-    monkeypatch.setattr(support, "lazy_pack", lambda *args: None)  # every pack computed at its PackAcc
+    assert chunks  # (the online softmax's too: its carried maxes and rescaled sums are computed later)
+    eager(monkeypatch)
     now = run(p, values)
     assert later.keys() == now.keys()
     for out, got in later.items():
         assert got.dtype == now[out].dtype and got.shape == now[out].shape
         assert got.tobytes() == now[out].tobytes(), out
+
+
+def eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every row value computed where the engine meets it: each pack at its PackAcc, each rescale at its ScaleAcc,
+    each map of row vectors alone at its Compute (`support.packed_rows`, `scale_acc`, `elementwise`)."""
+    monkeypatch.setattr(support, "lazy_pack", lambda *args: None)
+    monkeypatch.setattr(support, "scaled_later", lambda *args: False)
+    monkeypatch.setattr(support, "row_map_later", lambda *args: None)
 
 
 def test_bands_are_reduced_together() -> None:

@@ -14,7 +14,7 @@ from .codegen import Code, Emitter, Ref
 from .errors import EvalError, TripError
 from .state import Acc, BarrierState, EngineState, Ring, SemCell
 from .trace import Recorder, Trace
-from .values import Store
+from .values import LaterRows, Store
 
 Where = Callable[[], str]  # the place a lookup is asked from, formatted only when it fails
 
@@ -28,6 +28,7 @@ class Machine:
         assert p.placement is not None and p.schedule is not None
         self.p, self.stores, self.params = p, stores, params
         self.recorder = Recorder() if tracing else None
+        self.later = LaterRows()  # the row values the engines made, not computed yet (`rowpacks.realise_packs`)
         self.items_of = dict(p.placement.items_of_site)
         self.groups = {g.id: g.sites for g in p.placement.groups}
         self.buffers = {b.id: b for b in p.buffers}

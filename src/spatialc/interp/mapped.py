@@ -25,7 +25,9 @@ from ..ir.ops import Apply, Arg, Col, Expr, Lit, Map, RowArg, VecAxis, cols, row
 from ..numerics.elementwise import OPS, ElementwiseError, evaluate
 from ..numerics.epilogue import EpilogueError
 from .reuse import reused
-from .values import MapValue, RowPack, TileRefs, page_matrix
+from .values import MapValue, RowMap, RowPack, TileRefs, page_matrix
+
+ROW_PAGES = (RowPack, RowMap)  # the row values a page may read that are computed later (`rowpacks.py`)
 
 # Elements one evaluation computes at most. Its float64 temporaries (2 MiB each) are then reused from the heap, not
 # mapped fresh from the OS and faulted in page by page as a whole tensor's would be, and stay in cache between ops.
@@ -54,6 +56,7 @@ class MapKernel:
         "widths",
         "free",
         "plain",
+        "row_map",
         "reuse",
     )
 
@@ -74,29 +77,52 @@ class MapKernel:
         self.free = not self.by_row and not self.order
         # Pages and row vector pages alone, of one row width (softmax's maps): `support.elementwise`'s shortest path.
         self.plain = self.lazy and bool(self.width) and bool(self.whole) and not self.order and not self.free
+        # Row vector pages alone, each a row of one tile, and nothing else (α, a mean): a row value computed later
+        # (`rowpacks.row_map_later`), one value a row.
+        self.row_map = (
+            isinstance(op, Map)
+            and not integer
+            and ins > 0
+            and not self.whole
+            and not self.order
+            and set(self.by_row.values()) == {1}
+            and _known_ops(op.expr)
+        )
         self.reuse: dict[int, tuple[object, Any]] = {}  # by kernel (id): the part of this op's expression it computes
 
 
 def _runs_as_written(expr: Expr, by_row: dict[int, int]) -> bool:
-    """Whether the table computes `expr` on whole pages without refusing it (every op known, of its arity and
-    parameters), its value a whole page (it reads a page element by element somewhere) and no page read both ways."""
-    whole: set[int] = set()
-    stack = [expr]
-    while stack:
-        node = stack.pop()
+    """Whether the table computes `expr` on whole pages without refusing it (`_known_ops`), its value a whole page (it
+    reads a page element by element somewhere) and no page read both ways."""
+    whole = {node.index for node in _nodes(expr) if isinstance(node, Arg)}
+    return _known_ops(expr) and bool(whole) and not whole & set(by_row)
+
+
+def _known_ops(expr: Expr) -> bool:
+    """Whether the table computes `expr` without refusing it: every op known, of its arity and parameters, and every
+    leaf a page, a row vector, a column vector or a constant."""
+    for node in _nodes(expr):
         match node:
-            case Arg(i):
-                whole.add(i)
             case Apply(name, args, params):
                 op = OPS.get(name)
                 if op is None or len(args) != op.arity or len(params) != len(op.params):
                     return False
-                stack.extend(args)
-            case RowArg() | Col() | Lit():
+            case Arg() | RowArg() | Col() | Lit():
                 pass
             case _:
                 return False
-    return bool(whole) and not whole & set(by_row)
+    return True
+
+
+def _nodes(expr: Expr) -> list[Expr]:
+    """Every node of `expr`."""
+    found, stack = [], [expr]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        if isinstance(node, Apply):
+            stack.extend(node.args)
+    return found
 
 
 Into = tuple[np.ndarray, dict[int, tuple[int, int]]]
@@ -113,7 +139,7 @@ def realise_maps(values: list[MapValue], into: Into | None = None) -> set[int]:
         for x in v.ins:
             if x.__class__ is MapValue and x.result is None:
                 inner.append(x)
-            elif x.__class__ is RowPack and x.column is None:
+            elif (x.__class__ is RowPack or x.__class__ is RowMap) and x.column is None:  # (a pack, a row map)
                 packs.append(x)
     if inner:
         realise_maps(inner)
@@ -157,7 +183,7 @@ class _Waves:
         pages, before = self.rest, None
         for v in todo:
             if before is None or not _same_packs(v.ins, before.ins):  # (a band's pages follow one another: `_bands`)
-                key = tuple([id(x) for x in v.ins if x.__class__ is RowPack and x.column is None])
+                key = tuple([id(x) for x in v.ins if x.__class__ in ROW_PAGES and x.column is None])
                 pages = sets.setdefault(key, []) if key else self.rest
             pages.append(v)
             before = v
@@ -219,11 +245,13 @@ def _same_band(v: MapValue, u: MapValue) -> bool:
 
 
 def _same_packs(ins: list, other: list) -> bool:
-    """Whether two pages read the same row packs in the same places (whatever else they read)."""
+    """Whether two pages read the same row packs and row maps in the same places (whatever else they read)."""
     if len(ins) != len(other):
         return False
     for x, y in zip(ins, other, strict=True):
-        if x is not y and (x.__class__ is RowPack or y.__class__ is RowPack):
+        if x is not y and (
+            x.__class__ is RowPack or y.__class__ is RowPack or x.__class__ is RowMap or y.__class__ is RowMap
+        ):
             return False
     return True
 
@@ -288,10 +316,12 @@ def _realise_runs(runs: list[list[MapValue]], into: Into | None = None, placed: 
     if dest is not None and placed is not None:
         placed.update(id(v) for run in runs for v in run)
     width = v0.width * tc
+    at, step = out.__array_interface__["data"][0], out.strides[0]  # (where each band starts, for `rowpacks._follows`)
     for r, run in enumerate(runs):
         band = out if len(runs) == 1 else out[r]
+        start = at + r * step
         for k, v in enumerate(run):
-            v.result, v.band, v.slot = band[:, k * width : (k + 1) * width], band, k
+            v.result, v.band, v.slot, v.start = band[:, k * width : (k + 1) * width], band, k, start
 
 
 def _destination(runs: list[list[MapValue]], into: Into) -> np.ndarray | None:

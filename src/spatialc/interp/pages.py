@@ -78,6 +78,8 @@ class MapValue:
     (flat: a column vector's width·tc, a row vector's h·tr), `row_key` naming what its row vectors read
     (`support.row_key`)."""
 
+    start: int  # the band's first byte in memory (its data pointer), set with `band`
+
     __slots__ = (
         "kernel",
         "ins",
@@ -92,6 +94,7 @@ class MapValue:
         "result",
         "band",
         "slot",
+        "start",
     )
 
     def __init__(
@@ -110,7 +113,7 @@ class MapValue:
         self.count = h * width
         self.result: np.ndarray | None = None  # (h·tr, width·tc), once computed: float32 values (the table's)
         self.band: np.ndarray | None = None  # the pages computed with it, side by side: it is column block `slot`
-        self.slot = 0
+        self.slot = 0  # (and `start`, the band's first byte in memory, set with `band`: read only where it is)
 
     def matrix(self) -> np.ndarray:
         """The page as one (h·tr, width·tc) matrix of float32 values, tile (i, j) at slot i·width + j."""
@@ -130,16 +133,21 @@ class MapValue:
 class RowPack:
     """A row accumulator's pack (`support.pack`) in a float program, computed when its numbers are needed, with every
     other pending pack then (`rowpacks.realise_packs`): the reduction `name` of the pages it was given (as `Acc.rows`
-    holds them, each h tile rows), a row vector of `count` = h tiles. `column` is its value, one float64 per row (the
-    float32 result, as `support.packed_rows` computes it), and `result` its tiles (n, tr, tc): each row's value,
-    rounded to float32, in every column."""
+    holds them, each h tile rows), combined by the reduction's own op with `base` — the value the accumulator carried
+    before those pages (a pack, a rescale: `RowScaled`, or a computed column; None: nothing) — a row vector of
+    `count` = h tiles. Given no pages, its value is `base`'s, or the reduction's identity. `column` is its value, one
+    float64 per row (not rounded: what `support.row_value` computes, the value carried on), and `result` its tiles
+    (n, tr, tc): each row's value, rounded to float32, in every column (what `support.packed_rows` packs)."""
 
-    __slots__ = ("name", "pages", "tile", "count", "column", "result")
+    __slots__ = ("name", "pages", "tile", "count", "base", "column", "result", "later", "level")
 
-    def __init__(self, name: str, pages: tuple, h: int, tile: tuple[int, int]) -> None:
-        self.name, self.pages, self.tile, self.count = name, pages, tile, h
+    def __init__(
+        self, name: str, pages: tuple, h: int, tile: tuple[int, int], later: LaterRows, base: object = None
+    ) -> None:
+        self.name, self.pages, self.tile, self.count, self.base = name, pages, tile, h, base
         self.column: np.ndarray | None = None
         self.result: np.ndarray | None = None
+        later.add(self, 1 + max(level_of(base), pages_level(pages)))
 
     def value(self) -> np.ndarray:
         """The packed value, one float64 per row (a column)."""
@@ -155,6 +163,119 @@ class RowPack:
             self.value()
         assert self.result is not None
         return self.result
+
+
+class RowMap:
+    """A float program's map of row vectors alone (α = exp(m_old − m_new), a mean Σx / n: `support.elementwise`),
+    computed when its numbers are needed, with every other pending row value then (`rowpacks.realise_packs`): `kernel`
+    (`mapped.MapKernel`) on the row vector pages `ins`, each read as rows of one tile, a row vector of `count` = h
+    tiles. Its expression reads each page's first column (`RowArg`), so its value is one float32 a row: `column` holds
+    them as float64, and `result` its tiles (n, tr, tc), each row's value in every column."""
+
+    __slots__ = ("kernel", "ins", "tile", "count", "column", "result", "later", "level")
+
+    def __init__(self, kernel: Any, ins: list, h: int, tile: tuple[int, int], later: LaterRows) -> None:
+        self.kernel, self.ins, self.tile, self.count = kernel, ins, tile, h
+        self.column: np.ndarray | None = None
+        self.result: np.ndarray | None = None
+        later.add(self, 1 + max([level_of(x) for x in ins]))
+
+    def value(self) -> np.ndarray:
+        """The map's value, one float64 (a float32's) per row (a column)."""
+        if self.column is None:
+            from .rowpacks import realise_packs  # rowpacks.py builds on this module's values
+
+            realise_packs([self])
+        assert self.column is not None
+        return self.column
+
+    def tiles(self) -> np.ndarray:
+        if self.result is None:
+            self.value()
+        assert self.result is not None
+        return self.result
+
+
+class RowScaled:
+    """A row accumulator's value rescaled (`support.scale_acc`), computed when its numbers are needed: the value it
+    held then (`inner`, a RowPack of the pages given since it was last carried) times each row's factor in the row
+    vector page `factors` (`row_factors`), in float64 — carried on as the accumulator's value, never a page itself.
+    `count` = h tile rows; `column` its value, once computed."""
+
+    __slots__ = ("inner", "factors", "count", "column", "later", "level")
+
+    def __init__(self, inner: RowPack, factors: object, h: int, later: LaterRows) -> None:
+        self.inner: RowPack | None = inner
+        self.factors, self.count = factors, h
+        self.column: np.ndarray | None = None
+        later.add(self, 1 + max(level_of(inner), level_of(factors)))
+
+    def value(self) -> np.ndarray:
+        """The rescaled value, one float64 per row (a column)."""
+        if self.column is None:
+            from .rowpacks import realise_packs  # rowpacks.py builds on this module's values
+
+            realise_packs([self])
+        assert self.column is not None
+        return self.column
+
+
+LATER_ROWS = (RowPack, RowMap, RowScaled)  # row values computed later, together (`rowpacks.realise_packs`)
+
+
+class LaterRows:
+    """One run's row values not computed yet (RowPack, RowMap, RowScaled), by level: a value's level is one more than
+    that of every value not computed yet it reads, at once or through the pages it reduces (`level_of`), so computing
+    the levels in order computes each value after what it reads — and each level's values, every band's, together."""
+
+    __slots__ = ("levels", "low")
+
+    def __init__(self) -> None:
+        self.levels: list[list[Any]] = []
+        self.low = 0  # no level below it holds a value
+
+    def add(self, value: Any, level: int) -> None:
+        value.later, value.level = self, level
+        while len(self.levels) <= level:
+            self.levels.append([])
+        self.levels[level].append(value)
+        if level < self.low:
+            self.low = level
+
+
+def pages_level(pages: tuple) -> int:
+    """`level_of` the highest of the pages a row accumulator was given (as `Acc.rows` holds them): a band's pages,
+    which read one row vector page after another, asked of each such page once."""
+    level, last = -1, None
+    for page in pages:
+        x = page[1]
+        if x.__class__ is MapValue and x.result is None:
+            for y in x.ins:  # (a computed page's level, inlined: once a page)
+                if y is not last and y.__class__ is not TileRefs:
+                    found = level_of(y)
+                    level = found if found > level else level
+                    last = y
+        elif x.__class__ is not TileRefs:  # (a tensor's tiles are read as they are)
+            found = level_of(x)
+            level = found if found > level else level
+    return level
+
+
+def level_of(value: object) -> int:
+    """The level of a row value not computed yet (`LaterRows`), of a page not computed yet the highest of those its
+    pages read; −1 for anything computed (or nothing)."""
+    cls = value.__class__
+    if cls is RowPack or cls is RowMap or cls is RowScaled:
+        return value.level if value.column is None else -1  # type: ignore[attr-defined]
+    if cls is MapValue and value.result is None:  # type: ignore[attr-defined]
+        return max([level_of(x) for x in value.ins], default=-1)  # type: ignore[attr-defined]
+    return -1
+
+
+def factor_column(x: object, h: int) -> np.ndarray:
+    """The values of a row vector page of at least h tiles, one per row, as a float64 column: each tile's first
+    column (a row vector holds each row's value in every column)."""
+    return np.asarray(tiles_of(x, h)[:, :, 0], np.float64).reshape(-1, 1)
 
 
 class Transposed:
@@ -173,7 +294,7 @@ class Transposed:
         return t.reshape(self.w, self.ibw, *t.shape[1:]).transpose(1, 0, 3, 2).reshape(self.count, t.shape[2], -1)
 
 
-PageValue = TileRefs | Tiles | AccValue | MapValue | RowPack | Transposed
+PageValue = TileRefs | Tiles | AccValue | MapValue | RowPack | RowMap | Transposed
 
 
 def tiles_of(value: object, n: int) -> np.ndarray:

@@ -16,9 +16,21 @@ from ..numerics.rounding import INT8_EXACT_K, computed_operand
 from .colpacks import packed_cols
 from .errors import AddressError, FlowError, NumericError, UnsupportedOp
 from .mapped import MapKernel, realise_maps
-from .rowpacks import lazy_pack, reduced_values
+from .rowpacks import lazy_pack, reduced_values, row_map_later, scaled_later
 from .state import Acc, BarrierState, EngineState, Ring
-from .values import AccValue, MapValue, Masked, RowPack, Store, TileRefs, Tiles, Transposed, tiles_of
+from .values import (
+    LATER_ROWS,
+    AccValue,
+    MapValue,
+    Masked,
+    RowMap,
+    Store,
+    TileRefs,
+    Tiles,
+    Transposed,
+    factor_column,
+    tiles_of,
+)
 
 
 def where(E: EngineState, i: int) -> str:
@@ -74,7 +86,7 @@ def pack(E: EngineState, i: int, acc: Acc, r: Ring, n: int, accumulate: bool) ->
         return
     if acc.rows or acc.reduction is not None or acc.carried is not None:
         t = E.m.p.tile
-        later = lazy_pack(acc, n, accumulate, E.m.p.precision.value == "int8", (t.rows, t.cols))
+        later = lazy_pack(acc, n, accumulate, E.m.p.precision.value == "int8", (t.rows, t.cols), E.m.later)
         r.slots[slot] = later if later is not None else packed_rows(E, i, acc, n, accumulate)
         return
     base = r.slots[slot] if accumulate else None
@@ -175,7 +187,7 @@ def row_value(E: EngineState, i: int, acc: Acc, name: str | None) -> np.ndarray 
     last carried (`reduce_rows`: a float sum exactly rounded to float32, a max exact), combined by the reduction's
     own op (`REDUCTIONS`: add, max or min) with the value carried — float64 (int64 in an integer program), not
     rounded. None where it holds nothing (its identity)."""
-    if acc.carried.__class__ is RowPack:  # a pack's value, carried: computed now
+    if acc.carried.__class__ in LATER_ROWS:  # a pack's or a rescale's value, carried: computed now
         acc.carried = acc.carried.value()
     segment = None
     if acc.rows:
@@ -204,6 +216,10 @@ def scale_acc(E: EngineState, i: int, x: object, acc: Acc, geom: tuple[int, int,
     if E.m.p.precision.value == "int8":
         raise UnsupportedOp(f"{where(E, i)}: rescaling an accumulator is float arithmetic; an int8 program's is exact")
     t = E.m.p.tile
+    if geom is None and scaled_later(
+        acc, x, (t.rows, t.cols), E.m.later
+    ):  # computed later, with the other bands' (rowpacks.py)
+        return
     if geom is None:
         name = acc.rows[0][0] if acc.rows else acc.reduction
         column = row_value(E, i, acc, name)
@@ -229,7 +245,7 @@ def row_factors(E: EngineState, i: int, x: object, h: int) -> np.ndarray:
     """The values of a row vector page of at least h tiles, one per row, as a float64 column."""
     if x.count < h:  # type: ignore[attr-defined]
         fail(E, i, f"rescales {h} tile rows by a row vector of {x.count} tiles")  # type: ignore[attr-defined]
-    return np.asarray(tiles_of(x, h)[:, :, 0], np.float64).reshape(-1, 1)
+    return factor_column(x, h)
 
 
 def transposed(x: object, w: int, ibw: int) -> Transposed:
@@ -338,9 +354,10 @@ def elementwise(
     kernel: MapKernel,
     vectors: list[tuple[Store, int, int, bool]],
     places: tuple[tuple[Pos, int], ...] = (),
-) -> Tiles | MapValue:
+) -> Tiles | MapValue | RowMap:
     """An elementwise Compute: every element of the front pages `xs` through the kernel's op (numerics.epilogue), as a
-    new page — computed later, with others, where the kernel is `lazy` (`mapped.py`).
+    new page — computed later, with others, where the kernel is `lazy` (`mapped.py`), or is a map of row vectors
+    alone (`MapKernel.row_map`: `rowpacks.py`).
 
     Each column vector (store, at, width, False) — a bias — has the page hold rows of `width` tiles, its tile s
     covering the vector's tile column `at + s mod width`; each row vector (store, at, width, True) — a per-row scale
@@ -372,6 +389,10 @@ def elementwise(
                     return MapValue(kernel, xs, (shape[1],) * len(xs), vecs, shape[0], shape[1], kernel.tile)
                 key = row_key(vectors, vecs) if vectors else ()
                 return MapValue(kernel, xs, kernel.widths, vecs, h, width, kernel.tile, key)
+    if kernel.row_map and not places:
+        later = row_map_later(kernel, xs, E.m.later)
+        if later is not None:
+            return later
     t = E.m.p.tile
     op, integer, by_row = kernel.op, kernel.integer, kernel.by_row
     whole = [x for j, x in enumerate(xs) if j not in by_row] or xs  # (a map of row vectors alone: their shape)

@@ -35,15 +35,20 @@ from .blas import CHUNK_ELEMS, live_matmul, matmul  # noqa: F401 — named here 
 from .pages import (  # noqa: F401 — named here as before: spatialc.interp.values.TileRefs, …
     HULL_DENSITY,
     HULL_MAX_ELEMS,
+    LATER_ROWS,
     AccValue,
+    LaterRows,
     MapValue,
     Masked,
     PageValue,
+    RowMap,
     RowPack,
+    RowScaled,
     TileRefs,
     Tiles,
     Transposed,
     as_matrix,
+    factor_column,
     page_matrix,
     realise,
     tiles_of,
@@ -166,6 +171,11 @@ class Store:
             return
         self.applied = True
         lazy = [v.value if isinstance(v, Masked) else v for *_, v in self.pending]
+        rows = [v for v in lazy if v.__class__ in LATER_ROWS]
+        if rows:  # row vectors written (a mean, a log-sum-exp): every band's at once
+            from .rowpacks import realise_packs  # rowpacks.py builds on this module's values
+
+            realise_packs(rows)
         maps = [v for v in lazy if isinstance(v, MapValue)]
         if maps:
             from .mapped import realise_maps  # mapped.py builds on this module's values
@@ -392,7 +402,7 @@ def held_elems(value: object) -> int:
         return value.arr.size
     if isinstance(value, MapValue):
         return value.count * value.tr * value.tc
-    if isinstance(value, RowPack):
+    if isinstance(value, RowPack | RowMap):
         return value.count * value.tile[0] * value.tile[1]
     if isinstance(value, AccValue):
         return value.h * value.w * value.t * value.t
