@@ -204,7 +204,7 @@ def decode(data: Any, annotation: Any, path: str = "program", depth: int = 1) ->
     if annotation is float:
         if isinstance(data, bool) or not isinstance(data, int | float):
             _fail(path, "a number", data)
-        if isinstance(data, int) and abs(data) > sys.float_info.max:  # float() would raise OverflowError
+        if isinstance(data, int) and _beyond_float(data):
             _fail(path, "a number within float64's range", data)
         return float(data)
     if annotation is str:
@@ -216,6 +216,18 @@ def decode(data: Any, annotation: Any, path: str = "program", depth: int = 1) ->
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         return _decode_dataclass(data, annotation, path, depth)
     raise SerdeError(f"{path}: cannot decode a {annotation!r}")
+
+
+def _beyond_float(data: int) -> bool:
+    """Whether integer `data` is past float64's range (float() would raise OverflowError)."""
+    return abs(data) > sys.float_info.max
+
+
+def _nesting(cls: type, name: str) -> int:
+    """How much deeper field `name` of `cls` lies than its object. A Map's formula gets nesting of its own: ops nest up
+    to MAX_EXPR_DEPTH deep (rule 1 refuses more), each an Apply object and its list of operands, the deepest a column
+    vector's address below them."""
+    return 1 - EXPR_NESTING if cls is ops.Map and name == "expr" else 1
 
 
 def _decode_tuple(data: Any, args: tuple[Any, ...], path: str, depth: int) -> tuple:
@@ -272,9 +284,7 @@ def _decode_dataclass(data: Any, cls: type, path: str, depth: int) -> Any:
             if f.default is not dataclasses.MISSING:
                 continue
             raise SerdeError(f"{path}: missing field {f.name!r} of {cls.__name__}")
-        # A Map's formula gets nesting of its own: ops nest up to MAX_EXPR_DEPTH deep (rule 1 refuses more), each
-        # an Apply object and its list of operands, the deepest a column vector's address below them.
-        inner = depth + 1 - EXPR_NESTING if cls is ops.Map and f.name == "expr" else depth + 1
+        inner = depth + _nesting(cls, f.name)
         limit = _LIST_LIMITS.get((cls, f.name))
         if limit is not None and isinstance(data[f.name], list) and len(data[f.name]) > limit[0]:
             raise SerdeError(
@@ -287,6 +297,203 @@ def _decode_dataclass(data: Any, cls: type, path: str, depth: int) -> Any:
         more = ", …" if len(unknown) > 5 else ""
         raise SerdeError(f"{path}: unknown field(s) [{', '.join(names)}{more}] for {cls.__name__}")
     return cls(**kwargs)
+
+
+# The quick decoder. `decode` asks `typing` and `dataclasses` about each value's annotation again and names a path
+# for each value; a saved program of 100,000 ops is a million such questions. `decode_quickly` asks them once per
+# annotation: `_quick` makes a function for it that takes what `decode` takes and returns what it returns, checking
+# the same rules with the same constants, and names no path. On anything it would refuse, or cannot tell at once, it
+# gives up (`_GiveUp`) and `decode` walks the value again to say what is wrong: every message is `decode`'s own.
+Quick = Callable[[Any, int], Any]  # (data, depth) -> value, or _GiveUp
+
+
+class _GiveUp(Exception):
+    """A value the quick decoder does not take: `decode` says why (or takes it after all)."""
+
+
+def decode_quickly(data: Any, annotation: Any, path: str = "program", depth: int = 1) -> Any:
+    """What `decode(data, annotation, path, depth)` returns or raises, found quicker where `data` is well formed."""
+    try:
+        return _quick(annotation)(data, depth)
+    except Exception:  # _GiveUp, or an error the value's own constructor raises: `decode` raises it as it does
+        return decode(data, annotation, path, depth)
+
+
+_QUICK: dict[Any, Quick] = {}
+
+
+def _quick(annotation: Any) -> Quick:
+    """The quick decoder of `annotation`, made once (a dataclass's before its fields': the IR's types nest)."""
+    found = _QUICK.get(annotation)
+    if found is None:
+        if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+            found = _quick_dataclass(annotation)  # (stores itself before its fields' decoders are made)
+        else:
+            found = _QUICK[annotation] = _make_quick(annotation)
+    return found
+
+
+def _give_up(data: Any, depth: int) -> Any:
+    raise _GiveUp
+
+
+def _make_quick(annotation: Any) -> Quick:
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        return _quick_union(typing.get_args(annotation))
+    if origin is tuple:
+        return _quick_tuple(typing.get_args(annotation))
+    if annotation is type(None):
+        return _quick_check(lambda data: data is None)
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return _quick_enum(annotation)
+    if annotation is bool:
+        return _quick_check(lambda data: data is True or data is False)
+    if isinstance(annotation, type) and issubclass(annotation, int):
+        return _quick_int(annotation)
+    if annotation is float:
+        return _quick_float
+    if annotation is str:
+        return _quick_check(lambda data: type(data) is str and len(data) <= MAX_STRING)
+    return _give_up  # (`decode` says it cannot)
+
+
+def _quick_check(ok: Callable[[Any], bool]) -> Quick:
+    def decoder(data: Any, depth: int) -> Any:
+        if not ok(data):
+            raise _GiveUp
+        return data
+
+    return decoder
+
+
+def _quick_enum(annotation: type[Enum]) -> Quick:
+    """An enum's member by its value: only a value of the very type the members' values are (JSON's `true` is no 1)."""
+    members = {e.value: e for e in annotation}
+    kinds = {type(v) for v in members}
+
+    def decoder(data: Any, depth: int) -> Any:
+        if type(data) not in kinds or data not in members:
+            raise _GiveUp
+        return members[data]
+
+    return decoder
+
+
+def _quick_int(annotation: type) -> Quick:
+    low, high = INT_RANGE.start, INT_RANGE.stop
+
+    def decoder(data: Any, depth: int) -> Any:
+        if type(data) is not int or not low <= data < high:
+            raise _GiveUp
+        return annotation(data)
+
+    return decoder
+
+
+def _quick_float(data: Any, depth: int) -> Any:
+    if type(data) is float:
+        return data
+    if type(data) is not int or _beyond_float(data):
+        raise _GiveUp
+    return float(data)
+
+
+def _quick_union(options: tuple[Any, ...]) -> Quick:
+    nullable = type(None) in options
+    by_name = {o.__name__: o for o in options if isinstance(o, type) and dataclasses.is_dataclass(o)}
+    if by_name:  # an object whose tag names one of them
+        decoders: dict[str, Quick] = {}
+
+        def by_tag(data: Any, depth: int) -> Any:
+            if data is None and nullable:
+                return None
+            if type(data) is not dict:
+                raise _GiveUp
+            name = data.get(TAG)
+            if type(name) is not str or name not in by_name:
+                raise _GiveUp
+            decoder = decoders.get(name)
+            if decoder is None:  # (made on first use: the union may hold the class being made)
+                decoder = decoders[name] = _quick(by_name[name])
+            return decoder(data, depth)
+
+        return by_tag
+    rest = [o for o in options if o is not type(None)]
+    if len(rest) != 1:
+        return _give_up
+    inner = _quick(rest[0])
+
+    def optional(data: Any, depth: int) -> Any:
+        return None if data is None and nullable else inner(data, depth)
+
+    return optional
+
+
+def _quick_tuple(args: tuple[Any, ...]) -> Quick:
+    if len(args) == 2 and args[1] is Ellipsis:
+        entry = args[0]
+        most = _ENTRY_LIMITS[entry][0] if entry in _ENTRY_LIMITS else None
+        counts = isinstance(entry, type) and issubclass(entry, int) and not issubclass(entry, bool | Enum)
+        each = None if counts else _quick(entry)
+
+        def entries(data: Any, depth: int) -> tuple:
+            if type(data) is not list or depth > MAX_DEPTH or (most is not None and len(data) > most):
+                raise _GiveUp
+            if each is not None:
+                return tuple([each(v, depth + 1) for v in data])
+            if data and not _plain_ids(data, entry):
+                raise _GiveUp
+            return tuple(map(entry, data))
+
+        return entries
+    decoders = [_quick(a) for a in args]
+
+    def fixed(data: Any, depth: int) -> tuple:
+        if type(data) is not list or depth > MAX_DEPTH or len(data) != len(decoders):
+            raise _GiveUp
+        return tuple([d(v, depth + 1) for d, v in zip(decoders, data, strict=True)])
+
+    return fixed
+
+
+def _quick_dataclass(cls: type) -> Quick:
+    """A dataclass's decoder: an object tagged with its name, each field decoded in turn (a missing one left to its
+    default, if it has one), no field it does not have."""
+    name = cls.__name__
+    # (field, its decoder, how much deeper it lies, the longest list it may be, whether it may be left out)
+    fields: list[tuple[str, Quick, int, int | None, bool]] = []
+
+    def decoder(data: Any, depth: int) -> Any:
+        if type(data) is not dict or depth > MAX_DEPTH:
+            raise _GiveUp
+        tag = data.get(TAG)
+        if type(tag) is not str or tag != name:
+            raise _GiveUp
+        kwargs = {}
+        for field, decode_field, deeper, most, optional in fields:
+            if field not in data:
+                if optional:
+                    continue
+                raise _GiveUp
+            value = data[field]
+            if most is not None and type(value) is list and len(value) > most:
+                raise _GiveUp
+            kwargs[field] = decode_field(value, depth + deeper)
+        if len(data) != len(kwargs) + 1:  # a field it does not have (every key is one of its fields, or the tag)
+            raise _GiveUp
+        return cls(**kwargs)
+
+    _QUICK[cls] = decoder
+    if any(f.name == TAG for f in dataclasses.fields(cls)):  # (the count of keys above would be one off)
+        _QUICK[cls] = _give_up
+        return _give_up
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        limit = _LIST_LIMITS.get((cls, f.name))
+        optional = f.default is not dataclasses.MISSING
+        fields.append((f.name, _quick(hints[f.name]), _nesting(cls, f.name), limit and limit[0], optional))
+    return decoder
 
 
 def to_json(program: SpatialProgram, indent: int | None = None) -> str:
@@ -314,7 +521,7 @@ def from_json(
     if too_large:  # before decoding (and type-checking) a million entries one by one
         raise SerdeError(f"program: {too_large}")
     body = _legacy_elementwise(doc["program"]) if version < 7 else doc["program"]
-    program = decode(body, SpatialProgram, "program", 2)
+    program = decode_quickly(body, SpatialProgram, "program", 2)
     fault = names_fault(program)  # before anything prints a name into generated code (ir/names.py)
     if fault is not None:
         raise SerdeError(f"program: {fault}")

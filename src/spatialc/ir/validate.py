@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -25,7 +26,7 @@ def type_fault(p: SpatialProgram) -> str | None:
     None. Item lists are checked as whole numbers without descending into each one."""
     if not isinstance(p, SpatialProgram):
         return f"program: expected a SpatialProgram, found {type(p).__name__}"
-    return _fault(p, SpatialProgram, "program")
+    return None if _holds(SpatialProgram)(p) else _fault(p, SpatialProgram, "program")
 
 
 def _fault(value: Any, annotation: Any, path: str) -> str | None:
@@ -65,7 +66,10 @@ def op_fault(op: Any, path: str = "op") -> str | None:
     of its annotated type, or None."""
     if not isinstance(op, CHOREO_OPS):
         return f"{path}: expected a choreography op, found {type(op).__name__}"
-    return _fields_fault(op, type(op), path, skip="body")
+    checks = _OP_FIELDS.get(type(op))
+    if checks is None:
+        checks = _OP_FIELDS[type(op)] = _field_checks(type(op), skip="body")
+    return None if _all_hold(checks, op) else _fields_fault(op, type(op), path, skip="body")
 
 
 def _a(name: str) -> str:
@@ -99,11 +103,12 @@ def _tuple_fault(value: Any, args: tuple[Any, ...], path: str) -> str | None:
         return f"{path}: expected a tuple, found {type(value).__name__}"
     if len(args) == 2 and args[1] is Ellipsis:
         if args[0] is int or (isinstance(args[0], type) and issubclass(args[0], int)):  # item lists: no descent
-            bad = next((v for v in value if not _whole(v)), None)
+            # (by index: an entry that is None is no whole number either)
+            bad = next((i for i, v in enumerate(value) if not _whole(v)), None)
             if bad is None and issubclass(args[0], _Id):
-                bad = next((v for v in value if not _in_range(v)), None)
-                return None if bad is None else _id_fault(bad, f"{path}[{value.index(bad)}]")
-            return None if bad is None else f"{path}: expected whole numbers, found {bad!r}"
+                bad = next((i for i, v in enumerate(value) if not _in_range(v)), None)
+                return None if bad is None else _id_fault(value[bad], f"{path}[{bad}]")
+            return None if bad is None else f"{path}: expected whole numbers, found {value[bad]!r}"
         return next((f for i, v in enumerate(value) if (f := _fault(v, args[0], f"{path}[{i}]"))), None)
     if len(value) != len(args):
         return f"{path}: expected {len(args)} values, found {len(value)}"
@@ -151,3 +156,102 @@ def _schedule_fault(schedule: Schedule, path: str) -> str | None:
         if not isinstance(prog.ops, tuple):
             return f"{where}.ops: expected a tuple, found {type(prog.ops).__name__}"
     return None
+
+
+# The quick check. `_fault` asks `typing` and `dataclasses` about each value's annotation again and names a path for
+# each; `_holds(annotation)` is made once per annotation and only says whether a value holds its type, by the same
+# rules (`_whole`, `_in_range`, `_tuple_fault`'s item lists, a schedule's and a formula's own checks). Where it says
+# no, `_fault` walks the value again to say where and what: every message is `_fault`'s own.
+Holds = Callable[[Any], bool]
+_HOLDS: dict[Any, Holds] = {}
+_OP_FIELDS: dict[type, list[tuple[str, Holds]]] = {}  # a choreography op's fields but its body, and their checks
+
+
+def _holds(annotation: Any) -> Holds:
+    """Whether a value holds `annotation` (`_fault` finds nothing in it): made once per annotation."""
+    found = _HOLDS.get(annotation)
+    if found is None:
+        if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+            found = _dataclass_holds(annotation)  # (stores itself before its fields' checks are made)
+        else:
+            found = _HOLDS[annotation] = _make_holds(annotation)
+    return found
+
+
+def _make_holds(annotation: Any) -> Holds:
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        return _union_holds(typing.get_args(annotation))
+    if origin is tuple:
+        return _tuple_holds(typing.get_args(annotation))
+    if annotation is type(None):
+        return lambda value: value is None
+    if isinstance(annotation, type) and issubclass(annotation, Enum | bool):
+        return lambda value: isinstance(value, annotation)
+    if isinstance(annotation, type) and issubclass(annotation, _Id):
+        return lambda value: _whole(value) and _in_range(value)
+    if isinstance(annotation, type) and issubclass(annotation, int):
+        return _whole
+    if annotation is float:
+        return lambda value: isinstance(value, int | float) and not isinstance(value, bool)
+    if annotation is str:
+        return lambda value: isinstance(value, str)
+    return lambda value: True  # (as `_fault` finds nothing)
+
+
+def _union_holds(options: tuple[Any, ...]) -> Holds:
+    nullable = type(None) in options
+    by_class = {o: _holds(o) for o in options if isinstance(o, type)}
+    each = [_holds(o) for o in options if o is not type(None)]
+
+    def holds(value: Any) -> bool:
+        if value is None and nullable:
+            return True
+        own = by_class.get(type(value))
+        if own is not None:  # one of the union's classes: its own fields say
+            return own(value)
+        return any(h(value) for h in each)
+
+    return holds
+
+
+def _tuple_holds(args: tuple[Any, ...]) -> Holds:
+    if len(args) == 2 and args[1] is Ellipsis:
+        if args[0] is int or (isinstance(args[0], type) and issubclass(args[0], int)):  # item lists: as they are
+            return lambda value: _tuple_fault(value, args, "") is None
+        entry = _holds(args[0])
+        return lambda value: isinstance(value, tuple) and all(map(entry, value))
+    each = [_holds(a) for a in args]
+
+    def fixed(value: Any) -> bool:
+        if not isinstance(value, tuple) or len(value) != len(each):
+            return False
+        return all(h(v) for h, v in zip(each, value, strict=True))
+
+    return fixed
+
+
+def _dataclass_holds(cls: type) -> Holds:
+    checks: list[tuple[str, Holds]] = []
+
+    def holds(value: Any) -> bool:
+        if not isinstance(value, cls):
+            return False
+        if isinstance(value, Schedule):
+            return _schedule_fault(value, "") is None
+        if isinstance(value, Map) and expr_size_fault(value.expr) is not None:
+            return False
+        return _all_hold(checks, value)
+
+    _HOLDS[cls] = holds
+    checks += _field_checks(cls)
+    return holds
+
+
+def _field_checks(cls: type, skip: str = "") -> list[tuple[str, Holds]]:
+    hints = _hints(cls)
+    return [(f.name, _holds(hints[f.name])) for f in dataclasses.fields(cls) if f.name != skip]
+
+
+def _all_hold(checks: list[tuple[str, Holds]], value: Any) -> bool:
+    return all(holds(getattr(value, name)) for name, holds in checks)
