@@ -1,6 +1,8 @@
 """Loading saved programs: `spatialc.from_json` (the document read, its verified mark checked by verify again) and
-`serde.from_json` alone (parse, size counts, decode, name check), with the quick decoder (`serde.decode_quickly`) and
-with `serde.decode` alone in its place, as before it: each pair timed in the same run, interleaved, on the same text.
+`serde.from_json` alone (parse, size counts, decode, name check), with the quick decoder and type check
+(`serde.decode_quickly`, `validate._holds`) and without them, as before them (`serde.decode` in the quick one's
+place, the quick check saying no at once, so that `validate._fault` checks everything): each pair timed in the same
+run, interleaved, on the same text.
 The median of RUNS (env RUNS, default 5) and the best.
 
 Usage: PYTHONPATH=src python bench/json_speed.py  (from the repository root: the mutation suite's programs are
@@ -15,7 +17,7 @@ import sys
 import time
 
 import spatialc
-from spatialc.ir import serde
+from spatialc.ir import serde, validate
 
 sys.path.insert(0, ".")
 from tests import mutants  # noqa: E402
@@ -33,6 +35,8 @@ def documents() -> dict[str, list[str]]:
 
 def timed(load, texts: list[str], quick: bool) -> float:
     serde.decode_quickly = QUICK if quick else SLOW
+    validate._holds = HOLDS if quick else NEVER
+    validate._all_hold = ALL_HOLD if quick else (lambda checks, value: False)
     start = time.perf_counter()
     for text in texts:
         load(text)
@@ -41,6 +45,11 @@ def timed(load, texts: list[str], quick: bool) -> float:
 
 QUICK = serde.decode_quickly
 SLOW = serde.decode
+HOLDS, ALL_HOLD = validate._holds, validate._all_hold
+
+
+def NEVER(annotation):
+    return lambda value: False
 
 
 def main() -> None:
@@ -55,7 +64,7 @@ def main() -> None:
                 f"{name:28} {what:18} {sum(map(len, texts)) / 1e6:6.2f} MB  before {b * 1e3:8.1f} ms"
                 f"  after {a * 1e3:8.1f} ms  {b / a:4.2f}×  (best {min(before) / min(after):4.2f}×)"
             )
-    serde.decode_quickly = QUICK
+    timed(len, [], quick=True)
 
 
 if __name__ == "__main__":

@@ -304,6 +304,7 @@ def _decode_dataclass(data: Any, cls: type, path: str, depth: int) -> Any:
 # annotation: `_quick` makes a function for it that takes what `decode` takes and returns what it returns, checking
 # the same rules with the same constants, and names no path. On anything it would refuse, or cannot tell at once, it
 # gives up (`_GiveUp`) and `decode` walks the value again to say what is wrong: every message is `decode`'s own.
+# The limits are looked up as each value is decoded, as `decode` looks them up (a test may lower one).
 Quick = Callable[[Any, int], Any]  # (data, depth) -> value, or _GiveUp
 
 
@@ -381,10 +382,8 @@ def _quick_enum(annotation: type[Enum]) -> Quick:
 
 
 def _quick_int(annotation: type) -> Quick:
-    low, high = INT_RANGE.start, INT_RANGE.stop
-
     def decoder(data: Any, depth: int) -> Any:
-        if type(data) is not int or not low <= data < high:
+        if type(data) is not int or data not in INT_RANGE:
             raise _GiveUp
         return annotation(data)
 
@@ -433,12 +432,14 @@ def _quick_union(options: tuple[Any, ...]) -> Quick:
 def _quick_tuple(args: tuple[Any, ...]) -> Quick:
     if len(args) == 2 and args[1] is Ellipsis:
         entry = args[0]
-        most = _ENTRY_LIMITS[entry][0] if entry in _ENTRY_LIMITS else None
         counts = isinstance(entry, type) and issubclass(entry, int) and not issubclass(entry, bool | Enum)
         each = None if counts else _quick(entry)
 
         def entries(data: Any, depth: int) -> tuple:
-            if type(data) is not list or depth > MAX_DEPTH or (most is not None and len(data) > most):
+            if type(data) is not list or depth > MAX_DEPTH:
+                raise _GiveUp
+            limit = _ENTRY_LIMITS.get(entry)
+            if limit is not None and len(data) > limit[0]:
                 raise _GiveUp
             if each is not None:
                 return tuple([each(v, depth + 1) for v in data])
@@ -458,11 +459,11 @@ def _quick_tuple(args: tuple[Any, ...]) -> Quick:
 
 
 def _quick_dataclass(cls: type) -> Quick:
-    """A dataclass's decoder: an object tagged with its name, each field decoded in turn (a missing one left to its
-    default, if it has one), no field it does not have."""
+    """A dataclass's decoder: an object tagged with its name, each field decoded in turn (a missing one given its
+    default, if it has one: what the constructor gives it), no field it does not have."""
     name = cls.__name__
-    # (field, its decoder, how much deeper it lies, the longest list it may be, whether it may be left out)
-    fields: list[tuple[str, Quick, int, int | None, bool]] = []
+    # (field, its decoder, whether it lies deeper than one level below (a Map's formula), its default or MISSING)
+    fields: list[tuple[str, Quick, bool, Any]] = []
 
     def decoder(data: Any, depth: int) -> Any:
         if type(data) is not dict or depth > MAX_DEPTH:
@@ -470,29 +471,33 @@ def _quick_dataclass(cls: type) -> Quick:
         tag = data.get(TAG)
         if type(tag) is not str or tag != name:
             raise _GiveUp
-        kwargs = {}
-        for field, decode_field, deeper, most, optional in fields:
-            if field not in data:
-                if optional:
-                    continue
-                raise _GiveUp
-            value = data[field]
-            if most is not None and type(value) is list and len(value) > most:
-                raise _GiveUp
-            kwargs[field] = decode_field(value, depth + deeper)
-        if len(data) != len(kwargs) + 1:  # a field it does not have (every key is one of its fields, or the tag)
+        args = []
+        present = 1  # (the tag)
+        for field, decode_field, deeper, default in fields:
+            value = data.get(field, _GiveUp)  # (no JSON value is the class _GiveUp)
+            if value is _GiveUp:
+                if default is dataclasses.MISSING:
+                    raise _GiveUp
+                args.append(default)
+                continue
+            if type(value) is list:
+                limit = _LIST_LIMITS.get((cls, field))
+                if limit is not None and len(value) > limit[0]:
+                    raise _GiveUp
+            args.append(decode_field(value, depth + _nesting(cls, field) if deeper else depth + 1))
+            present += 1
+        if len(data) != present:  # a field it does not have (every key is one of its fields, or the tag)
             raise _GiveUp
-        return cls(**kwargs)
+        return cls(*args)
 
     _QUICK[cls] = decoder
-    if any(f.name == TAG for f in dataclasses.fields(cls)):  # (the count of keys above would be one off)
+    own = dataclasses.fields(cls)
+    if any(f.name == TAG or not f.init or f.kw_only for f in own):  # (taken by keyword, or one key off the count)
         _QUICK[cls] = _give_up
         return _give_up
     hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        limit = _LIST_LIMITS.get((cls, f.name))
-        optional = f.default is not dataclasses.MISSING
-        fields.append((f.name, _quick(hints[f.name]), _nesting(cls, f.name), limit and limit[0], optional))
+    for f in own:
+        fields.append((f.name, _quick(hints[f.name]), _nesting(cls, f.name) != 1, f.default))
     return decoder
 
 
