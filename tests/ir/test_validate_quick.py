@@ -100,3 +100,19 @@ def _program(name: str) -> SpatialProgram:
     if name not in _BUILT:
         _BUILT[name] = BUILDS[name]()
     return _BUILT[name]
+
+
+def test_a_well_typed_program_is_checked_without_fault(monkeypatch):
+    """The quick check is the one taken: `_fault` and `_fields_fault` walk only a program that does not hold."""
+    p = BUILDS["bf16 scales and residual"]()
+    calls: list[str] = []
+    for name in ("_fault", "_fields_fault"):
+        slow = getattr(validate, name)
+        monkeypatch.setattr(validate, name, lambda *args, _name=name, _slow=slow: calls.append(_name) or _slow(*args))
+    assert validate.type_fault(p) is None
+    assert all(validate.op_fault(op) is None for op in _ops(p))
+    assert calls == []
+    bad = copy.deepcopy(p)
+    object.__setattr__(bad.tensors[0], "name", 3)
+    assert validate.type_fault(bad) == "program.tensors[0].name: expected a string, found 3"
+    assert calls[0] == "_fault"
