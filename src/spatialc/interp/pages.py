@@ -130,7 +130,38 @@ class MapValue:
         return self.matrix().reshape(h, tr, w, tc).transpose(0, 2, 1, 3).astype(np.float64).reshape(h * w, tr, tc)
 
 
-class RowPack:
+class LaterColumn:
+    """A row value computed later (`RowPack`, `RowMap`, `RowScaled`): `column`, one float64 per row, once
+    `rowpacks.realise_packs` has computed it — with every other pending row value of its run then."""
+
+    __slots__ = ()
+    column: np.ndarray | None
+
+    def value(self) -> np.ndarray:
+        """The value, one float64 per row (a column), computed now where it is not yet."""
+        if self.column is None:
+            from .rowpacks import realise_packs  # rowpacks.py builds on this module's values
+
+            realise_packs([self])
+        assert self.column is not None
+        return self.column
+
+
+class LaterTiles(LaterColumn):
+    """A row value computed later that is also a page: `result`, its tiles (n, tr, tc), each row's value in every
+    column."""
+
+    __slots__ = ()
+    result: np.ndarray | None
+
+    def tiles(self) -> np.ndarray:
+        if self.result is None:
+            self.value()
+        assert self.result is not None
+        return self.result
+
+
+class RowPack(LaterTiles):
     """A row accumulator's pack (`support.pack`) in a float program, computed when its numbers are needed, with every
     other pending pack then (`rowpacks.realise_packs`): the reduction `name` of the pages it was given (as `Acc.rows`
     holds them, each h tile rows), combined by the reduction's own op with `base` — the value the accumulator carried
@@ -149,23 +180,8 @@ class RowPack:
         self.result: np.ndarray | None = None
         later.add(self, 1 + max(level_of(base), pages_level(pages)))
 
-    def value(self) -> np.ndarray:
-        """The packed value, one float64 per row (a column)."""
-        if self.column is None:
-            from .rowpacks import realise_packs  # rowpacks.py builds on this module's values
 
-            realise_packs([self])
-        assert self.column is not None
-        return self.column
-
-    def tiles(self) -> np.ndarray:
-        if self.result is None:
-            self.value()
-        assert self.result is not None
-        return self.result
-
-
-class RowMap:
+class RowMap(LaterTiles):
     """A float program's map of row vectors alone (α = exp(m_old − m_new), a mean Σx / n: `support.elementwise`),
     computed when its numbers are needed, with every other pending row value then (`rowpacks.realise_packs`): `kernel`
     (`mapped.MapKernel`) on the row vector pages `ins`, each read as rows of one tile, a row vector of `count` = h
@@ -180,23 +196,8 @@ class RowMap:
         self.result: np.ndarray | None = None
         later.add(self, 1 + max([level_of(x) for x in ins]))
 
-    def value(self) -> np.ndarray:
-        """The map's value, one float64 (a float32's) per row (a column)."""
-        if self.column is None:
-            from .rowpacks import realise_packs  # rowpacks.py builds on this module's values
 
-            realise_packs([self])
-        assert self.column is not None
-        return self.column
-
-    def tiles(self) -> np.ndarray:
-        if self.result is None:
-            self.value()
-        assert self.result is not None
-        return self.result
-
-
-class RowScaled:
+class RowScaled(LaterColumn):
     """A row accumulator's value rescaled (`support.scale_acc`), computed when its numbers are needed: the value it
     held then (`inner`, a RowPack of the pages given since it was last carried) times each row's factor in the row
     vector page `factors` (`row_factors`), in float64 — carried on as the accumulator's value, never a page itself.
@@ -209,15 +210,6 @@ class RowScaled:
         self.factors, self.count = factors, h
         self.column: np.ndarray | None = None
         later.add(self, 1 + max(level_of(inner), level_of(factors)))
-
-    def value(self) -> np.ndarray:
-        """The rescaled value, one float64 per row (a column)."""
-        if self.column is None:
-            from .rowpacks import realise_packs  # rowpacks.py builds on this module's values
-
-            realise_packs([self])
-        assert self.column is not None
-        return self.column
 
 
 LATER_ROWS = (RowPack, RowMap, RowScaled)  # row values computed later, together (`rowpacks.realise_packs`)
