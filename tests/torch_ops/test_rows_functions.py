@@ -85,6 +85,20 @@ def test_a_torch_form_call_the_programs_cannot_take_is_one_line(call, message):
         call(x, w)
 
 
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
+def test_softmax_takes_torchs_dtype_the_input_cast_first_and_the_result_in_it(kind):
+    mine, theirs = getattr(sct, kind), getattr(torch, kind)
+    x = torch.randn(3, 5, 40, generator=torch.Generator().manual_seed(4))
+    _close(mine(x.to(bf16), -1, torch.float32), theirs(x.to(bf16), -1, dtype=torch.float32), torch.float32)
+    got = mine(x, dim=-1, dtype=bf16)  # float32 x rounded to bf16 first, as torch does
+    assert torch.equal(got, mine(x.to(bf16), -1))
+    _close(got, theirs(x, -1, dtype=bf16), bf16)
+    with pytest.raises(spatialc.InputError, match="dtype torch.bfloat16 and out_dtype torch.float16: give one"):
+        mine(x, -1, bf16, out_dtype=torch.float16)
+    with pytest.raises(spatialc.InputError, match="dtype is 'bf16'; pass torch.bfloat16, float16 or float32"):
+        mine(x, -1, "bf16")
+
+
 def test_layer_norm_and_its_stats_are_torchs():
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(6, 33, generator=gen).to(torch.float16)

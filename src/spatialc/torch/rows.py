@@ -232,19 +232,26 @@ def layer_norm(
     return got if stats else got[0]
 
 
-def softmax(x: Any, dim: int = -1, *, out_dtype: Any = None, online: bool = False) -> Any:
-    """torch.softmax(x, dim) along the last axis (dim -1 or x.dim() − 1): out in x's dtype unless `out_dtype`.
+def softmax(x: Any, dim: int = -1, dtype: Any = None, *, out_dtype: Any = None, online: bool = False) -> Any:
+    """torch.softmax(x, dim, dtype) along the last axis (dim -1 or x.dim() − 1): out in x's dtype unless `out_dtype`.
+    `dtype` is torch's: x cast to it first, and the result in it (softmax(x.to(dtype)) — bf16, fp16 or float32).
     `online`: two passes over each row, not three (`spatialc.softmax`)."""
-    return _softmax("softmax", x, dim, out_dtype, online)
+    return _softmax("softmax", x, dim, dtype, out_dtype, online)
 
 
-def log_softmax(x: Any, dim: int = -1, *, out_dtype: Any = None, online: bool = False) -> Any:
-    """torch.log_softmax(x, dim) along the last axis, as `softmax` takes it."""
-    return _softmax("log_softmax", x, dim, out_dtype, online)
+def log_softmax(x: Any, dim: int = -1, dtype: Any = None, *, out_dtype: Any = None, online: bool = False) -> Any:
+    """torch.log_softmax(x, dim, dtype) along the last axis, as `softmax` takes it."""
+    return _softmax("log_softmax", x, dim, dtype, out_dtype, online)
 
 
-def _softmax(kind: str, x: Any, dim: Any, out_dtype: Any, online: Any) -> Any:
+def _softmax(kind: str, x: Any, dim: Any, dtype: Any, out_dtype: Any, online: Any) -> Any:
     _x(kind, x)
+    if dtype is not None:  # torch's: the input cast first, the result in that type
+        if not isinstance(dtype, torch.dtype) or dtype not in _ROW_IN:
+            raise InputError(f"spatialc.torch.{kind}: dtype is {dtype!r}; pass torch.bfloat16, float16 or float32")
+        if out_dtype is not None and out_dtype != dtype:
+            raise InputError(f"spatialc.torch.{kind}: dtype {dtype} and out_dtype {out_dtype}: give one")
+        x, out_dtype = x.to(dtype), dtype
     if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim not in (-1, x.dim() - 1):
         raise InputError(
             f"spatialc.torch.{kind}: dim is {dim!r}; spatialc reduces the last axis (dim=-1): move the axis last first"
