@@ -121,6 +121,15 @@ def test_torch_compile_traces_through_them():
     assert torch.equal(eager, compiled)
 
 
+def test_torch_compile_traces_through_torchs_calling_form():
+    def f(x, w, b):
+        return sct.rms_norm(x, (16,), w) + sct.layer_norm(x, torch.Size([16]), None, b, 1e-5)
+
+    gen = torch.Generator().manual_seed(6)
+    x, w, b = torch.randn(3, 16, generator=gen).to(bf16), torch.rand(16, generator=gen), torch.randn(16, generator=gen)
+    assert torch.equal(f(x, w, b), torch.compile(f, fullgraph=True, backend="eager")(x, w, b))
+
+
 def test_an_empty_batch_gives_empty_outputs():
     x = torch.empty(0, 8, dtype=bf16)
     assert sct.rms_norm(x, None).shape == (0, 8) and sct.softmax(x).shape == (0, 8)
