@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import sys
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -111,6 +112,12 @@ REPLACEMENTS: list[Callable[[Any], Any]] = [
     lambda v: str(v) if not isinstance(v, dict | list) else v,
     lambda v: int(v) if isinstance(v, float) and abs(v) < 1e18 else v,
     lambda v: float(v) if type(v) is int and abs(v) < 1e18 else v,
+    lambda v: int(sys.float_info.max) + 1,  # (past float64: a float field refuses it, an int field too)
+    lambda v: int(sys.float_info.max),
+    lambda v: -0.0,
+    lambda v: float("inf"),
+    lambda v: {**v, serde.TAG: None} if isinstance(v, dict) else v,
+    lambda v: {k: x for k, x in v.items() if k != serde.TAG} if isinstance(v, dict) else v,
 ]
 
 

@@ -49,7 +49,7 @@ def test_fused_add_rms_norm_returns_the_normalised_sum_and_the_sum():
 
 def test_torchs_calling_form_with_the_normalised_shape_second_is_taken_as_it_is():
     """rms_norm and layer_norm stand in for F.rms_norm and F.layer_norm unchanged: the shape second (a tuple, a list,
-    an int, a torch.Size, or by name), rms_norm's eps left out being torch's (x's dtype's machine epsilon)."""
+    an int, a torch.Size, or by name), rms_norm's eps left out being torch's (float32's machine epsilon)."""
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(3, 4, 32, generator=gen).to(bf16)
     w, b = torch.rand(32, generator=gen) + 0.5, torch.randn(32, generator=gen)
@@ -57,9 +57,11 @@ def test_torchs_calling_form_with_the_normalised_shape_second_is_taken_as_it_is(
     for shape in ((32,), [32], 32, torch.Size([32])):
         assert torch.equal(sct.rms_norm(x, shape, w, 1e-5), mine)
     assert torch.equal(sct.rms_norm(x, normalized_shape=(32,), weight=w, eps=1e-5), mine)
-    # eps left out: torch's, bf16's 2^-7 here — far from spatialc's own default of 1e-6, so the two differ
-    tiny = (x * 1e-2).to(bf16)
-    _close(sct.rms_norm(tiny, (32,), w), F.rms_norm(tiny.float(), (32,), w, torch.finfo(bf16).eps).to(bf16), bf16)
+    # eps left out: what torch's own gives x as it is (bf16 here), eps=None alike; rows this small (mean square
+    # ~1e-6) tell float32's epsilon (2^-23) from bf16's (2^-7) and from spatialc's own default of 1e-6
+    tiny = (x * 1e-3).to(bf16)
+    for eps in ({}, {"eps": None}):
+        _close(sct.rms_norm(tiny, (32,), w, **eps), F.rms_norm(tiny, (32,), w.to(bf16), **eps), bf16)
     assert not torch.equal(sct.rms_norm(tiny, (32,), w), sct.rms_norm(tiny, w))
     assert torch.equal(sct.layer_norm(x, (32,), w, b, 1e-5), sct.layer_norm(x, w, b, 1e-5))
     _close(sct.layer_norm(x, (32,), w, b), F.layer_norm(x.float(), (32,), w, b).to(bf16), bf16)
@@ -77,6 +79,7 @@ def test_torchs_calling_form_with_the_normalised_shape_second_is_taken_as_it_is(
         (lambda x, w: sct.rms_norm(x, (32,), w, 1e-5, 7), "takes x, the normalised shape, then at most weight, eps; 3"),
         (lambda x, w: sct.rms_norm(x, w, 1e-5, 7), "takes x, then at most weight, eps; 3 more arguments given"),
         (lambda x, w: sct.layer_norm(x, (32,), w, weight=w), "weight given twice, by place and by name"),
+        (lambda x, w: sct.rms_norm(x, (32,), normalized_shape=(32,)), "normalized_shape given twice, by place and"),
     ],
 )
 def test_a_torch_form_call_the_programs_cannot_take_is_one_line(call, message):
@@ -130,6 +133,15 @@ def test_torch_compile_traces_through_them():
     eager = f(x, w, r)
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(x, w, r)  # a graph break raises
     assert torch.equal(eager, compiled)
+
+
+def test_torch_compile_traces_through_torchs_calling_form():
+    def f(x, w, b):
+        return sct.rms_norm(x, (16,), w) + sct.layer_norm(x, torch.Size([16]), None, b, 1e-5)
+
+    gen = torch.Generator().manual_seed(6)
+    x, w, b = torch.randn(3, 16, generator=gen).to(bf16), torch.rand(16, generator=gen), torch.randn(16, generator=gen)
+    assert torch.equal(f(x, w, b), torch.compile(f, fullgraph=True, backend="eager")(x, w, b))
 
 
 def test_an_empty_batch_gives_empty_outputs():

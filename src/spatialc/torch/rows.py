@@ -69,6 +69,10 @@ def _eps(what: str, eps: object) -> float:
 
 
 _NOT_GIVEN = object()
+# torch.nn.functional.rms_norm's eps when it is None: the machine epsilon of the type torch computes in (its opmath
+# type: float32 for bf16, fp16 and float32 alike), not of x's dtype as its docs say (bf16's 2^-7 would be 65,536
+# times larger).
+_TORCH_RMS_EPS = torch.finfo(torch.float32).eps
 
 
 def _is_shape(v: object) -> bool:
@@ -84,7 +88,9 @@ def _torch_form(what: str, x: Any, given: tuple[Any, ...], shape: Any, names: tu
     """The arguments after x, `names` in order, from either calling form: spatialc's (`given` is them) or
     torch.nn.functional's, whose first is the normalised shape (or `shape`, given by keyword) — checked to be x's
     last axis and dropped. Those not given are _NOT_GIVEN (the caller's defaults)."""
-    if shape is _NOT_GIVEN and given and _is_shape(given[0]):
+    if given and _is_shape(given[0]):
+        if shape is not _NOT_GIVEN:  # (no weight is a shape: this is the shape by place too)
+            raise InputError(f"spatialc.torch.{what}: normalized_shape given twice, by place and by name")
         shape, given = given[0], given[1:]
     if len(given) > len(names):
         raise InputError(
@@ -168,7 +174,7 @@ def rms_norm(
     out_dtype: Any = None,
 ) -> Any:
     """x · rsqrt(mean(x²) + eps) · weight along x's last axis: `rms_norm(x, weight=None, eps=1e-6)`, or torch's
-    form `rms_norm(x, (n,), weight=None, eps=None)` (eps None: x's dtype's machine epsilon, as torch takes it). Out
+    form `rms_norm(x, (n,), weight=None, eps=None)` (eps None: float32's machine epsilon, as torch takes it). Out
     in x's dtype unless `out_dtype` (the program computes in float32). With `residual` (x's shape and dtype): fused
     add + RMSNorm — h = x + residual, returns (rms_norm(h), h in x's dtype)."""
     _, n = _x("rms_norm", x)
@@ -179,7 +185,7 @@ def rms_norm(
         {"weight": weight, "eps": eps},
     )
     if eps is _NOT_GIVEN or (eps is None and torch_form):
-        eps = torch.finfo(x.dtype).eps if torch_form else 1e-6
+        eps = _TORCH_RMS_EPS if torch_form else 1e-6
     eps = _eps("rms_norm", eps)
     w = _vector("rms_norm", "weight", None if weight is _NOT_GIVEN else weight, n)
     if residual is not None and (
