@@ -7,6 +7,7 @@ got rather than where its threads stood — those only where no block finished (
 from __future__ import annotations
 
 import stat
+import subprocess
 import sys
 import time
 
@@ -112,3 +113,31 @@ def test_a_run_that_ends_is_seen_ending_at_once(tmp_path):
     start = time.monotonic()
     status, out, _, _ = _watched(["sh", "-c", "echo done; exit 3"], str(tmp_path), ENV, kill_after=30, progress=None)
     assert (status, out) == (3, "done\n") and time.monotonic() - start < 10
+
+
+def test_a_run_that_ends_as_the_runners_timer_fires_is_no_timeout(tmp_path, monkeypatch):
+    """The runner's timer may fire in the instant between the process's end and the runner's look at it: the kill
+    then finds nothing to kill, and the run, which ended by itself, is returned as it ended, not called killed."""
+    fired = []
+
+    class Timer:  # the runner's timer, fired by hand below
+        def __init__(self, seconds, kill):
+            self.kill, self.daemon = kill, False
+
+        def start(self):
+            fired.append(self.kill)
+
+        def cancel(self):
+            pass
+
+    class Popen(subprocess.Popen):
+        def wait(self, timeout=None):
+            status = super().wait(timeout)
+            for kill in fired:  # the timer's moment: the process has just ended and been waited for
+                kill()
+            return status
+
+    monkeypatch.setattr(emu_run.threading, "Timer", Timer)
+    monkeypatch.setattr(emu_run.subprocess, "Popen", Popen)
+    status, out, _, _ = _watched(["sh", "-c", "echo done"], str(tmp_path), ENV, kill_after=30, progress=None)
+    assert (status, out) == (0, "done\n") and fired

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import threading
@@ -246,14 +247,20 @@ def _watched(
     out_reader.start()
     err_reader.start()
     # Waited for without a timeout, which returns as the process ends (a wait with one polls, and a run's end is
-    # seen up to 50 ms late); a timer kills a run still going after `kill_after` seconds.
+    # seen up to 50 ms late); a timer kills a run still going after `kill_after` seconds. The timer may fire just as
+    # the process ends by itself, finding nothing to kill: only a run that died of the kill counts as killed.
     killed = threading.Event()
-    timer = threading.Timer(kill_after, lambda: (killed.set(), proc.kill()))
+
+    def kill() -> None:
+        killed.set()
+        proc.kill()
+
+    timer = threading.Timer(kill_after, kill)
     timer.daemon = True
     timer.start()
     try:
         status = proc.wait()
-        if killed.is_set():
+        if killed.is_set() and status == -signal.SIGKILL:
             raise EmulationTimeout(
                 f"TIMEOUT: the emulated run was killed after {kill_after:g} s (its own watchdog did not end it)"
             )
