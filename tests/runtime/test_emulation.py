@@ -287,3 +287,34 @@ def test_the_earlier_16_byte_dynamic_declaration_is_still_rewritten():
     for decl in DYN_DECLS:
         text = host_source(f"__global__ void k() {{\n    {decl}\n}}\n")
         assert decl not in text and "spatialc_dyn_smem" in text
+
+
+# A CUDA thread's leftovers in the emulator's thread-local state (an accumulator written by an ordinary instruction,
+# wgmma groups never waited for): the emulator runs each block on the OS threads of the block before it, and every
+# thread must start as a fresh one would (emu_runtime.h, run_job).
+FRESH = r"""
+#include <cstdio>
+__global__ void k_fresh(int* out) {
+    out[blockIdx.x * 2] = spatialc_emu::acc_written ? 1 : 0;
+    out[blockIdx.x * 2 + 1] = (int)(spatialc_emu::wgmma_open.size() + spatialc_emu::wgmma_groups.size());
+    spatialc_emu::acc_written = true;
+    spatialc_emu::wgmma_open.push_back([] {});
+    spatialc_emu::wgmma_groups.push_back({[] {}});
+}
+int main() {
+    int* d = nullptr;
+    if (cudaMalloc(&d, 8 * sizeof(int)) != cudaSuccess) return 1;
+    if (cudaMemset(d, 0x7f, 8 * sizeof(int)) != cudaSuccess) return 1;
+    k_fresh<<<4, 1>>>(d);
+    if (cudaDeviceSynchronize() != cudaSuccess) return 1;
+    int h[8];
+    if (cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) return 1;
+    for (int i = 0; i < 8; ++i) printf("%d ", h[i]);
+    printf("\n");
+    return 0;
+}
+"""
+
+
+def test_each_block_starts_from_a_fresh_threads_state_though_its_os_thread_ran_the_block_before():
+    assert ints(run_program(compile_program(FRESH), {}, 60).stdout).tolist() == [0] * 8
