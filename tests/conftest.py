@@ -62,19 +62,18 @@ def _compiles(item: pytest.Item) -> bool:
 def _heaviest_files_first(items: list[pytest.Item]) -> None:
     """The files that compile the most first, each file's tests together and in their order: the workers take a file
     at a time (`--dist loadfile`), and a heavy file taken last leaves one core idle until it ends (in collection
-    order the heaviest files, tests/w4a16's, came last). Compiling tests stand for a file's time: g++ and nvcc are
-    two thirds of the suite's."""
+    order the heaviest files, tests/w4a16's, came last). Compiling tests stand for a file's time (g++ and nvcc are
+    two thirds of the suite's), and a test marked `long` (tens of seconds of Python) for five of them."""
     weight: dict[str, int] = {}
     first: dict[str, int] = {}
     for i, item in enumerate(items):
         path = item.nodeid.split("::", 1)[0]
         first.setdefault(path, i)
-        weight[path] = weight.get(path, 0) + _compiles(item)
-    order = {id(item): i for i, item in enumerate(items)}
+        weight[path] = weight.get(path, 0) + _compiles(item) + 5 * bool(item.get_closest_marker("long"))
 
-    def key(item: pytest.Item) -> tuple[int, int, int]:
+    def key(item: pytest.Item) -> tuple[int, int]:  # (a stable sort: a file's tests keep their order)
         path = item.nodeid.split("::", 1)[0]
-        return (-weight[path], first[path], order[id(item)])
+        return (-weight[path], first[path])
 
     items.sort(key=key)
 
