@@ -84,10 +84,14 @@ def _is_shape(v: object) -> bool:
     return isinstance(v, tuple | list) and all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in v)
 
 
-def _torch_form(what: str, x: Any, given: tuple[Any, ...], shape: Any, names: tuple[str, ...]) -> tuple[Any, ...]:
-    """The arguments after x, `names` in order, from either calling form: spatialc's (`given` is them) or
-    torch.nn.functional's, whose first is the normalised shape (or `shape`, given by keyword) — checked to be x's
-    last axis and dropped. Those not given are _NOT_GIVEN (the caller's defaults)."""
+def _arguments(
+    what: str, x: Any, given: tuple[Any, ...], shape: Any, keywords: dict[str, Any]
+) -> tuple[bool, tuple[Any, ...]]:
+    """Whether torch.nn.functional's calling form was used, and the values of `keywords`' names in order, from
+    either form: spatialc's (`given` are those names' values by place) or torch's, whose first is the normalised shape
+    (or `shape`, given by keyword) — checked to be x's last axis and dropped. Each name's value by place or by name
+    (both is an InputError, as Python's own would be a TypeError); _NOT_GIVEN where neither (the caller's default)."""
+    names = tuple(keywords)
     if given and _is_shape(given[0]):
         if shape is not _NOT_GIVEN:  # (no weight is a shape: this is the shape by place too)
             raise InputError(f"spatialc.torch.{what}: normalized_shape given twice, by place and by name")
@@ -105,18 +109,13 @@ def _torch_form(what: str, x: Any, given: tuple[Any, ...], shape: Any, names: tu
                 f"spatialc.torch.{what}: normalized_shape is {repr(shape)[:60]}; the program normalises x's last"
                 f" axis alone, so pass ({last},)"
             )
-    return (*given, *([_NOT_GIVEN] * (len(names) - len(given))))
-
-
-def _keywords(what: str, positional: tuple[Any, ...], keywords: dict[str, Any]) -> tuple[Any, ...]:
-    """`positional` (in the order of `keywords`' names) with each keyword given in its place; one given both ways is
-    an InputError, as Python's own would be a TypeError."""
-    out = []
-    for (name, by_name), by_place in zip(keywords.items(), positional, strict=True):
+    values = []
+    for k, (name, by_name) in enumerate(keywords.items()):
+        by_place = given[k] if k < len(given) else _NOT_GIVEN
         if by_name is not _NOT_GIVEN and by_place is not _NOT_GIVEN:
             raise InputError(f"spatialc.torch.{what}: {name} given twice, by place and by name")
-        out.append(by_place if by_name is _NOT_GIVEN else by_name)
-    return tuple(out)
+        values.append(by_place if by_name is _NOT_GIVEN else by_name)
+    return shape is not _NOT_GIVEN, tuple(values)
 
 
 def _row_op(kind: str, precision: str, out: str | None, **options: Any) -> SpatialOp:
@@ -178,12 +177,7 @@ def rms_norm(
     in x's dtype unless `out_dtype` (the program computes in float32). With `residual` (x's shape and dtype): fused
     add + RMSNorm — h = x + residual, returns (rms_norm(h), h in x's dtype)."""
     _, n = _x("rms_norm", x)
-    torch_form = normalized_shape is not _NOT_GIVEN or bool(args and _is_shape(args[0]))
-    weight, eps = _keywords(
-        "rms_norm",
-        _torch_form("rms_norm", x, args, normalized_shape, ("weight", "eps")),
-        {"weight": weight, "eps": eps},
-    )
+    torch_form, (weight, eps) = _arguments("rms_norm", x, args, normalized_shape, {"weight": weight, "eps": eps})
     if eps is _NOT_GIVEN or (eps is None and torch_form):
         eps = _TORCH_RMS_EPS if torch_form else 1e-6
     eps = _eps("rms_norm", eps)
@@ -223,10 +217,8 @@ def layer_norm(
     or torch's form `layer_norm(x, (n,), weight, bias, eps)`. Out in x's dtype unless `out_dtype`; with `stats`,
     (out, mean, rstd), mean and rstd (…, 1) float32 as torch.native_layer_norm gives them."""
     _, n = _x("layer_norm", x)
-    weight, bias, eps = _keywords(
-        "layer_norm",
-        _torch_form("layer_norm", x, args, normalized_shape, ("weight", "bias", "eps")),
-        {"weight": weight, "bias": bias, "eps": eps},
+    _, (weight, bias, eps) = _arguments(
+        "layer_norm", x, args, normalized_shape, {"weight": weight, "bias": bias, "eps": eps}
     )
     eps = _eps("layer_norm", 1e-5 if eps is _NOT_GIVEN else eps)
     weight, bias = (None if v is _NOT_GIVEN else v for v in (weight, bias))
