@@ -462,8 +462,8 @@ def _quick_dataclass(cls: type) -> Quick:
     """A dataclass's decoder: an object tagged with its name, each field decoded in turn (a missing one given its
     default, if it has one: what the constructor gives it), no field it does not have."""
     name = cls.__name__
-    # (field, its decoder, whether it lies deeper than one level below (a Map's formula), its default or MISSING)
-    fields: list[tuple[str, Quick, bool, Any]] = []
+    # (field, its decoder, how much deeper it lies than the object (`_nesting`), its default or MISSING)
+    fields: list[tuple[str, Quick, int, Any]] = []
 
     def decoder(data: Any, depth: int) -> Any:
         if type(data) is not dict or depth > MAX_DEPTH:
@@ -473,7 +473,7 @@ def _quick_dataclass(cls: type) -> Quick:
             raise _GiveUp
         args = []
         present = 1  # (the tag)
-        for field, decode_field, deeper, default in fields:
+        for field, decode_field, nesting, default in fields:
             value = data.get(field, _GiveUp)  # (no JSON value is the class _GiveUp)
             if value is _GiveUp:
                 if default is dataclasses.MISSING:
@@ -484,7 +484,7 @@ def _quick_dataclass(cls: type) -> Quick:
                 limit = _LIST_LIMITS.get((cls, field))
                 if limit is not None and len(value) > limit[0]:
                     raise _GiveUp
-            args.append(decode_field(value, depth + _nesting(cls, field) if deeper else depth + 1))
+            args.append(decode_field(value, depth + nesting))
             present += 1
         if len(data) != present:  # a field it does not have (every key is one of its fields, or the tag)
             raise _GiveUp
@@ -497,7 +497,7 @@ def _quick_dataclass(cls: type) -> Quick:
         return _give_up
     hints = _hints(cls)
     for f in own:
-        fields.append((f.name, _quick(hints[f.name]), _nesting(cls, f.name) != 1, f.default))
+        fields.append((f.name, _quick(hints[f.name]), _nesting(cls, f.name), f.default))
     return decoder
 
 
