@@ -141,6 +141,13 @@ __global__ void k_spin(int* out)
     out[threadIdx.x] = 1;
 }
 
+// Every thread waits for a count in global memory that nothing adds to: no barrier deadlock, only the watchdog ends it.
+__global__ void k_grid_hang(int* out, int* word)
+{
+    spatialc_grid_wait(word, 1);
+    out[threadIdx.x] = 1;
+}
+
 // A ring that needs more of the dynamic block than the launch gives.
 __global__ void k_dyn(int* out)
 {
@@ -275,6 +282,11 @@ int main()
     } else if (c == "spin") {
         int* out = zeros(64);
         k_spin<<<1, 64>>>(out);
+        SPATIALC_CHECK(cudaDeviceSynchronize());
+    } else if (c == "grid_hang") {
+        int* out = zeros(64);
+        int* word = zeros(1);
+        k_grid_hang<<<1, 64>>>(out, word);
         SPATIALC_CHECK(cudaDeviceSynchronize());
     } else if (c == "dyn_short") {
         int* out = zeros(64);

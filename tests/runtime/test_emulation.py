@@ -3,7 +3,10 @@ rely on, and each failure it must report — before any lowering is involved."""
 
 from __future__ import annotations
 
+import resource
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +28,7 @@ from spatialc.runtime.emulate import (
     host_source,
     run_program,
 )
+from spatialc.runtime.emu_compile import CXX_FLAGS, HEADER_DIR
 
 pytestmark = [
     pytest.mark.emulation,
@@ -257,6 +261,41 @@ def test_a_thread_that_never_arrives_ends_in_a_timeout():
         probe("spin", "late", timeout=2)  # stops making progress after half the wall-clock limit
 
 
+def test_threads_that_all_wait_for_what_never_comes_leave_the_core_idle_until_the_timeout():
+    """The CUDA threads run as fibers on one OS thread; when a whole round finds every one still waiting, nothing in
+    the process can wake them, and the scheduler sleeps between rounds: a hang holds no core until the watchdog ends
+    it (a scheduler that kept trying would use a core's whole second here)."""
+    binary = compile_program(PROBE, "late")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with pytest.raises(EmulationTimeout, match=r"no progress for 1\.0 s.*64 threads \(0-63\) waits for the count"):
+        run_program(binary, {"case.txt": "grid_hang\n"}, timeout=2)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    assert wall >= 1.0 and cpu < 0.3 * wall, (wall, cpu)
+
+
+def test_the_portable_fibers_in_a_header_only_build_run_as_the_runners_build_does(tmp_path):
+    """Fibers switch by a few lines of assembly on x86-64 and AArch64, by ucontext elsewhere; and a program may
+    include the emulator header-only instead of linking the runner's object. Both, forced here, agree with the
+    runner's build on barriers, copies landing and exits, and report a deadlock alike."""
+    src, exe = tmp_path / "probe.cpp", tmp_path / "probe"
+    src.write_text(host_source(PROBE))
+    flags = [*CXX_FLAGS, "-DSPATIALC_EMU_FIBER_UCONTEXT", "-I", str(HEADER_DIR), "-include", "cuda_emu.h"]
+    done = subprocess.run(
+        [shutil.which("g++") or "g++", *flags, "-x", "c++", str(src), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for case in ("layout", "landing", "exit", "exit_inflight"):
+        assert run_program(exe, {"case.txt": case + "\n"}).stdout == probe(case, "late"), case
+    with pytest.raises(EmulationDeadlock, match=r"DEADLOCK in block 0.*16 threads \(0-15\) __syncwarp\(\)"):
+        run_program(exe, {"case.txt": "deadlock\n"})
+
+
 def test_a_ring_past_the_dynamic_block_is_refused():
     with pytest.raises(EmulationFault, match=r"'dyn_ring' needs bytes \[0, 2048\) .* gave 1024 bytes"):
         probe("dyn_short", "late")
@@ -290,8 +329,8 @@ def test_the_earlier_16_byte_dynamic_declaration_is_still_rewritten():
 
 
 # A CUDA thread's leftovers in the emulator's thread-local state (an accumulator written by an ordinary instruction,
-# wgmma groups never waited for): the emulator runs each block on the OS threads of the block before it, and every
-# thread must start as a fresh one would (emu_runtime.h, run_job).
+# wgmma groups never waited for): the emulator runs each block's threads as the fibers, on the stacks, of the block
+# before it, and every thread must start as a fresh one would (emu_runtime.h, run_job).
 FRESH = r"""
 #include <cstdio>
 __global__ void k_fresh(int* out) {

@@ -1,7 +1,7 @@
 """Run an emitted CUDA program on the CPU: the host emulation of DESIGN.md §5.3.
 
-The exact `program_cu` text is compiled by g++ against `runtime/emu/*.h` (one real thread per CUDA thread, kept
-from block to block; block and warp barriers, ldmatrix / mma.sync fragments, cp.async copies that land late or early,
+The exact `program_cu` text is compiled by g++ against `runtime/emu/*.h` (each CUDA thread a fiber, all on one OS
+thread, switched at each wait; block and warp barriers, ldmatrix / mma.sync fragments, cp.async copies that land late or early,
 a race check on shared memory) after two rewrites and nothing else: the launch `k<<<g, b[, s]>>>(args);` becomes a
 call, and the dynamic shared declaration becomes a pointer to the emulator's block. Binaries are cached by the hash of
 what built them.
@@ -157,8 +157,8 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-# The OS threads a cooperative launch may start at once (one per CUDA thread of every block): about what a Linux
-# machine gives a process before thread creation fails for stacks and process limits.
+# The CUDA threads a cooperative launch runs at once (every block's): each a fiber with a stack of its own, two
+# memory mappings (its guard page and its pages), which keeps well inside Linux's default of 65530 a process.
 COOPERATIVE_THREADS = 16384
 
 

@@ -20,6 +20,8 @@
 
 namespace spatialc_emu {
 
+SPATIALC_EMU_FN void wait_word(std::atomic<unsigned>& word, unsigned seen);  // (fibers, below)
+
 // ---- reports ----------------------------------------------------------------------------------------------------
 
 [[noreturn]] SPATIALC_EMU_FN void fatal(int code, const std::string& what) {
@@ -225,10 +227,7 @@ SPATIALC_EMU_FN void complete_warp_barrier(Block& b, int w, int waiters) {
 }
 
 // Until `gen` moves on from `seen`: a few yields first (the last arrivals are usually runnable), then sleep.
-SPATIALC_EMU_FN void await_generation(std::atomic<unsigned>& gen, unsigned seen) {
-    for (int i = 0; i < 16 && gen.load(std::memory_order_acquire) == seen; ++i) std::this_thread::yield();
-    while (gen.load(std::memory_order_acquire) == seen) gen.wait(seen, std::memory_order_acquire);
-}
+SPATIALC_EMU_FN void await_generation(std::atomic<unsigned>& gen, unsigned seen) { wait_word(gen, seen); }
 
 SPATIALC_EMU_FN void block_barrier(int line) {
     ThreadState& t = me("__syncthreads()");
@@ -1240,7 +1239,7 @@ SPATIALC_EMU_FN void grid_wait(const int* word, int value, int line) {
                       value, now);
         t.where = t.where_buf;
         t.where_line = line;
-        grid_gen.wait(seen, std::memory_order_acquire);
+        wait_word(grid_gen, seen);
     }
     {
         std::lock_guard<std::mutex> lk(sync_mu);  // the acquire: its block learns the releases published on the word
@@ -1470,12 +1469,14 @@ SPATIALC_EMU_FN void reset_block(Block& b, int n, unsigned long linear) {
     }
 }
 
-// ---- the OS threads that run CUDA threads ---------------------------------------------------------------------
-// One OS thread per CUDA thread, as ever, but kept from block to block: creating and joining a thread costs about
-// 50 µs on a small VM, a third of the run of a kernel of 21 blocks of 256 threads. A job is one CUDA thread of a
-// block; `run_threads` hands the jobs of one block, or of all blocks run at once, to as many pool threads (more are
-// started when there are too few) and returns when every job has returned, as joining their threads did. Each job
-// starts from a fresh thread's state: the thread-local state a CUDA thread leaves behind is reset first.
+// ---- fibers: the CUDA threads of what runs at once, on one OS thread -------------------------------------------
+// Each CUDA thread of a block (of every block, in a cooperative or cluster launch) is a fiber: its own stack, run
+// on the launching OS thread until it must wait (a barrier, a shuffle, an mbarrier phase, a count in global memory:
+// every wait goes through `wait_word`), then the next fiber runs. An OS thread per CUDA thread switched through the
+// kernel scheduler on every wait: with hundreds of threads on two cores, a run spent four fifths of its time in
+// the kernel, yielding. Waits the kernel text makes all go through the emulator's functions (emu_mbarrier.h, …), so
+// a fiber never spins: a text that polled plain memory written by another thread would hang (the watchdog reports
+// where each thread is). A fiber's thread-locals (`self`, `threadIdx`, …) are swapped in when it runs.
 struct ThreadJob {
     Block* b;
     uint3 at;
@@ -1484,23 +1485,6 @@ struct ThreadJob {
     dim3 block;
     int i;
 };
-
-// A pool thread: it runs its job each time `gen` moves on (set by `run_threads`, which wakes only the threads it
-// gives a job to).
-struct PoolThread {
-    std::atomic<unsigned> gen{0};
-    ThreadJob job{};
-};
-
-struct ThreadPool {
-    std::vector<std::unique_ptr<PoolThread>> threads;
-    std::atomic<int> remaining{0};  // jobs not returned yet
-};
-
-inline ThreadPool& thread_pool() {
-    static ThreadPool* pool = new ThreadPool;  // never destroyed: its threads outlive main's return, detached
-    return *pool;
-}
 
 SPATIALC_EMU_FN void run_job(const ThreadJob& j) {
     acc_written = false;  // what a new thread starts with
@@ -1513,37 +1497,296 @@ SPATIALC_EMU_FN void run_job(const ThreadJob& j) {
     blockIdx = j.at;
     const unsigned i = (unsigned)j.i;
     threadIdx = uint3{i % j.block.x, (i / j.block.x) % j.block.y, i / (j.block.x * j.block.y)};
+    self->where = "running";
     j.body(j.ctx);
     thread_exit();
 }
 
-SPATIALC_EMU_FN void pool_thread(PoolThread* t) {
-    ThreadPool& pool = thread_pool();
-    for (unsigned seen = 0;;) {
-        while (t->gen.load(std::memory_order_acquire) == seen) t->gen.wait(seen, std::memory_order_acquire);
-        seen = t->gen.load(std::memory_order_acquire);
-        run_job(t->job);
-        if (pool.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) pool.remaining.notify_all();
-    }
+}  // namespace spatialc_emu
+
+#if (defined(__x86_64__) || defined(__aarch64__)) && !defined(SPATIALC_EMU_FIBER_UCONTEXT)
+#define SPATIALC_EMU_FIBER_ASM 1
+// spatialc_emu_switch(&from, to): saves the callee-saved registers and the floating-point control words on the
+// current stack, stores the stack pointer in *from, and resumes the stack `to` points into, as a return from its
+// own call of spatialc_emu_switch (or, for a new fiber, into spatialc_emu_fiber_entry).
+extern "C" void spatialc_emu_switch(void** from, void* to);
+extern "C" void spatialc_emu_fiber_entry();
+#if defined(__x86_64__)
+asm(R"(
+    .text
+    .globl spatialc_emu_switch
+    .type spatialc_emu_switch, @function
+spatialc_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size spatialc_emu_switch, .-spatialc_emu_switch
+
+    .globl spatialc_emu_fiber_entry
+    .type spatialc_emu_fiber_entry, @function
+spatialc_emu_fiber_entry:
+    movq %rbx, %rdi
+    call spatialc_emu_fiber_main
+    ud2
+    .size spatialc_emu_fiber_entry, .-spatialc_emu_fiber_entry
+)");
+#else
+asm(R"(
+    .text
+    .globl spatialc_emu_switch
+    .type spatialc_emu_switch, %function
+spatialc_emu_switch:
+    sub sp, sp, #176
+    stp x19, x20, [sp, #0]
+    stp x21, x22, [sp, #16]
+    stp x23, x24, [sp, #32]
+    stp x25, x26, [sp, #48]
+    stp x27, x28, [sp, #64]
+    stp x29, x30, [sp, #80]
+    stp d8, d9, [sp, #96]
+    stp d10, d11, [sp, #112]
+    stp d12, d13, [sp, #128]
+    stp d14, d15, [sp, #144]
+    mrs x9, fpcr
+    str x9, [sp, #160]
+    mov x9, sp
+    str x9, [x0]
+    mov sp, x1
+    ldp x19, x20, [sp, #0]
+    ldp x21, x22, [sp, #16]
+    ldp x23, x24, [sp, #32]
+    ldp x25, x26, [sp, #48]
+    ldp x27, x28, [sp, #64]
+    ldp x29, x30, [sp, #80]
+    ldp d8, d9, [sp, #96]
+    ldp d10, d11, [sp, #112]
+    ldp d12, d13, [sp, #128]
+    ldp d14, d15, [sp, #144]
+    ldr x9, [sp, #160]
+    msr fpcr, x9
+    add sp, sp, #176
+    ret
+    .size spatialc_emu_switch, .-spatialc_emu_switch
+
+    .globl spatialc_emu_fiber_entry
+    .type spatialc_emu_fiber_entry, %function
+spatialc_emu_fiber_entry:
+    mov x0, x19
+    bl spatialc_emu_fiber_main
+    brk #0
+    .size spatialc_emu_fiber_entry, .-spatialc_emu_fiber_entry
+)");
+#endif
+#else
+#define SPATIALC_EMU_FIBER_ASM 0
+#include <ucontext.h>
+#endif
+
+#include <sys/mman.h>
+
+namespace spatialc_emu {
+
+struct Fiber {
+    ThreadJob job{};
+    char* stack = nullptr;  // its mapping: a guard page, then the stack
+    bool done = false;
+#if SPATIALC_EMU_FIBER_ASM
+    void* sp = nullptr;  // where it was switched out (or, before it first runs, its prepared first frame)
+#else
+    ucontext_t uc;
+#endif
+    // The CUDA thread's thread-locals while another fiber runs (the OS thread's own while it runs).
+    ThreadState* self = nullptr;
+    Block* block = nullptr;
+    uint3 thread{0, 0, 0}, at{0, 0, 0};
+    bool acc_written = false;
+    std::vector<std::function<void()>> wgmma_open;
+    std::vector<std::vector<std::function<void()>>> wgmma_groups;
+    std::vector<BulkStore> bulk_open;
+    std::vector<std::vector<BulkStore>> bulk_groups;
+};
+
+// 8 MiB a stack, as a thread's; the pages are taken only as the stack grows, and kept for the next launch.
+constexpr size_t kFiberStack = size_t(8) << 20;
+constexpr size_t kGuard = 64 << 10;
+
+struct Fibers {
+    std::vector<std::unique_ptr<Fiber>> all;  // kept from launch to launch, with their stacks
+    Fiber* running = nullptr;
+    unsigned long moves = 0;  // fibers that got further since the scheduler last looked (a wait reached, a return)
+#if SPATIALC_EMU_FIBER_ASM
+    void* home = nullptr;  // the scheduler's stack, while a fiber runs
+#else
+    ucontext_t home;
+#endif
+};
+
+inline Fibers& fibers() {
+    static Fibers* f = new Fibers;  // never destroyed: `fatal` may end the process from inside a fiber
+    return *f;
 }
 
-// Run `jobs` each on its own pool thread, all at once; return when all have returned.
+SPATIALC_EMU_FN void swap_locals(Fiber& f) {
+    std::swap(self, f.self);
+    std::swap(cur_block, f.block);
+    std::swap(threadIdx, f.thread);
+    std::swap(blockIdx, f.at);
+    std::swap(acc_written, f.acc_written);
+    wgmma_open.swap(f.wgmma_open);
+    wgmma_groups.swap(f.wgmma_groups);
+    bulk_open.swap(f.bulk_open);
+    bulk_groups.swap(f.bulk_groups);
+}
+
+// Back to the scheduler, from the running fiber.
+SPATIALC_EMU_FN void fiber_yield() {
+    Fibers& fs = fibers();
+    Fiber& f = *fs.running;
+#if SPATIALC_EMU_FIBER_ASM
+    spatialc_emu_switch(&f.sp, fs.home);
+#else
+    swapcontext(&f.uc, &fs.home);
+#endif
+}
+
+SPATIALC_EMU_FN void fiber_body(Fiber* f) {
+    run_job(f->job);
+    f->done = true;
+    ++fibers().moves;
+    fiber_yield();  // never resumed
+    std::abort();
+}
+
+SPATIALC_EMU_FN bool in_fiber() { return fibers().running != nullptr; }
+
+}  // namespace spatialc_emu
+
+#if SPATIALC_EMU_FIBER_ASM
+extern "C" void spatialc_emu_fiber_main(spatialc_emu::Fiber* f) { spatialc_emu::fiber_body(f); }
+#else
+extern "C" void spatialc_emu_fiber_start(unsigned lo, unsigned hi) {
+    spatialc_emu::fiber_body(reinterpret_cast<spatialc_emu::Fiber*>(uintptr_t(lo) | (uintptr_t(hi) << 32)));
+}
+#endif
+
+namespace spatialc_emu {
+
+// Until `word` moves on from `seen`. A fiber lets the others run meanwhile; another thread (none of the kernel's)
+// sleeps.
+SPATIALC_EMU_FN void wait_word(std::atomic<unsigned>& word, unsigned seen) {
+    if (word.load(std::memory_order_acquire) != seen) return;
+    if (!in_fiber()) {
+        while (word.load(std::memory_order_acquire) == seen) word.wait(seen, std::memory_order_acquire);
+        return;
+    }
+    ++fibers().moves;  // it got as far as this wait
+    do fiber_yield();
+    while (word.load(std::memory_order_acquire) == seen);
+}
+
+SPATIALC_EMU_FN void prepare_fiber(Fiber& f, const ThreadJob& job) {
+    f.job = job;
+    f.done = false;
+    // What the watchdog says of it until it runs (a thread that never waits keeps the others from their first turn).
+    job.b->threads[job.i].where = "not yet run (a thread runs until it waits)";
+    if (!f.stack) {
+        void* m = mmap(nullptr, kFiberStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                       -1, 0);
+        if (m == MAP_FAILED) fatal(kExitMisuse, "the emulation could not map a stack for a CUDA thread");
+        f.stack = static_cast<char*>(m);
+        mprotect(f.stack, kGuard, PROT_NONE);  // an overflow faults here instead of writing into a neighbour
+    }
+#if SPATIALC_EMU_FIBER_ASM
+    // The first frame spatialc_emu_switch resumes: the saved registers (the fiber in rbx / x19), the control words
+    // as they are now, and the entry as the return address, on a 16-byte aligned stack.
+    uintptr_t top = (reinterpret_cast<uintptr_t>(f.stack) + kFiberStack) & ~uintptr_t(15);
+#if defined(__x86_64__)
+    uint64_t* sp = reinterpret_cast<uint64_t*>(top - 24);
+    sp[0] = reinterpret_cast<uint64_t>(&spatialc_emu_fiber_entry);  // its `ret` leaves rsp 16-aligned, for its call
+    uint64_t* frame = sp - 7;  // control words, r15, r14, r13, r12, rbx, rbp
+    uint32_t mxcsr;
+    uint16_t fpucw;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(fpucw));
+    std::memset(frame, 0, 7 * sizeof(uint64_t));
+    std::memcpy(&frame[0], &mxcsr, 4);
+    std::memcpy(reinterpret_cast<char*>(&frame[0]) + 4, &fpucw, 2);
+    frame[5] = reinterpret_cast<uint64_t>(&f);  // rbx
+    f.sp = frame;
+#else
+    uint64_t* frame = reinterpret_cast<uint64_t*>(top - 176 - 16);
+    std::memset(frame, 0, 176);
+    uint64_t fpcr;
+    asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+    frame[0] = reinterpret_cast<uint64_t>(&f);                         // x19
+    frame[11] = reinterpret_cast<uint64_t>(&spatialc_emu_fiber_entry);  // x30
+    frame[20] = fpcr;
+    f.sp = frame;
+#endif
+#else
+    getcontext(&f.uc);
+    f.uc.uc_stack.ss_sp = f.stack + kGuard;
+    f.uc.uc_stack.ss_size = kFiberStack - kGuard;
+    f.uc.uc_link = nullptr;
+    makecontext(&f.uc, reinterpret_cast<void (*)()>(&spatialc_emu_fiber_start), 2,
+                (unsigned)(reinterpret_cast<uintptr_t>(&f) & 0xffffffffu),
+                (unsigned)(reinterpret_cast<uintptr_t>(&f) >> 32));
+#endif
+}
+
+// Run `jobs`, each a CUDA thread, as fibers until every one has returned. Fibers take turns in order; a turn ends at
+// a wait. When a whole round finds every fiber still waiting, nothing here can change what they wait for (a
+// deadlock the block's check did not see, or a wait on a block that is not running): the scheduler then sleeps
+// between rounds, and the watchdog reports the stall.
 SPATIALC_EMU_FN void run_threads(const std::vector<ThreadJob>& jobs) {
-    ThreadPool& pool = thread_pool();
-    while (pool.threads.size() < jobs.size()) {
-        pool.threads.emplace_back(new PoolThread);
-        std::thread(pool_thread, pool.threads.back().get()).detach();
+    Fibers& fs = fibers();
+    while (fs.all.size() < jobs.size()) fs.all.emplace_back(new Fiber);
+    const size_t n = jobs.size();
+    for (size_t k = 0; k < n; ++k) prepare_fiber(*fs.all[k], jobs[k]);
+    std::vector<Fiber*> live;
+    live.reserve(n);
+    for (size_t k = 0; k < n; ++k) live.push_back(fs.all[k].get());
+    int idle_rounds = 0;
+    while (!live.empty()) {
+        const unsigned long before = fs.moves;
+        size_t kept = 0;
+        for (Fiber* f : live) {
+            swap_locals(*f);
+            fs.running = f;
+#if SPATIALC_EMU_FIBER_ASM
+            spatialc_emu_switch(&fs.home, f->sp);
+#else
+            swapcontext(&fs.home, &f->uc);
+#endif
+            fs.running = nullptr;
+            swap_locals(*f);
+            if (!f->done) live[kept++] = f;
+        }
+        live.resize(kept);
+        if (fs.moves != before) {
+            idle_rounds = 0;
+        } else if (++idle_rounds > 2) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
     }
-    const int n = (int)jobs.size();
-    pool.remaining.store(n, std::memory_order_relaxed);
-    for (int k = 0; k < n; ++k) {
-        PoolThread& t = *pool.threads[(size_t)k];
-        t.job = jobs[(size_t)k];
-        t.gen.fetch_add(1, std::memory_order_release);
-        t.gen.notify_one();
-    }
-    for (int left = n; left > 0; left = pool.remaining.load(std::memory_order_acquire))
-        pool.remaining.wait(left, std::memory_order_acquire);
 }
 
 // The jobs of block `b` (block index `at`): one a CUDA thread, appended to `jobs`.
