@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from spatialc.errors import SpatialError
+from spatialc.runtime.emu_compile import CXX_FLAGS, HEADER_DIR
 from spatialc.runtime.emulate import (
     DYN_DECL,
     DYN_HOST,
@@ -28,7 +29,6 @@ from spatialc.runtime.emulate import (
     host_source,
     run_program,
 )
-from spatialc.runtime.emu_compile import CXX_FLAGS, HEADER_DIR
 
 pytestmark = [
     pytest.mark.emulation,

@@ -1,10 +1,10 @@
 """Run an emitted CUDA program on the CPU: the host emulation of DESIGN.md §5.3.
 
 The exact `program_cu` text is compiled by g++ against `runtime/emu/*.h` (each CUDA thread a fiber, all on one OS
-thread, switched at each wait; block and warp barriers, ldmatrix / mma.sync fragments, cp.async copies that land late or early,
-a race check on shared memory) after two rewrites and nothing else: the launch `k<<<g, b[, s]>>>(args);` becomes a
-call, and the dynamic shared declaration becomes a pointer to the emulator's block. Binaries are cached by the hash of
-what built them.
+thread, switched at each wait; block and warp barriers, ldmatrix / mma.sync fragments, cp.async copies that land late
+or early, a race check on shared memory) after two rewrites and nothing else: the launch `k<<<g, b[, s]>>>(args);`
+becomes a call, and the dynamic shared declaration becomes a pointer to the emulator's block. Binaries are cached by
+the hash of what built them.
 
 A run can report progress: given a `progress(done, total)` callback, the runner asks the emulator for its
 `spatialc-emu progress <done> <total>` lines (blocks of the launch done so far, a few a second) and calls it as
