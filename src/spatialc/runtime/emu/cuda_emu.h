@@ -13,6 +13,7 @@
 #include "emu_mma.h"       // the tensor-core layer: ldmatrix, mma.sync, accumulator stores
 #include "emu_host.h"      // runtime API, launch
 #include "emu_hopper.h"    // sm_90a: tensor maps, TMA loads, transaction counts, wgmma
+#include "emu_instances.h"  // the templates above for the usual element types, compiled once
 
 // The definitions, unless they come from a separately compiled object (see emu_core.h).
 #if !defined(SPATIALC_EMU_LINKED) || defined(SPATIALC_EMU_IMPLEMENTATION)

@@ -46,8 +46,9 @@ SPATIALC_EMU_FN void blocks_at_once(unsigned long first, unsigned long n);
 // Every block of a cluster learns every other's epoch (a cluster barrier: release and acquire at cluster scope).
 SPATIALC_EMU_FN void cluster_release(unsigned long first, unsigned long n);
 
-// The launch's pointer arguments, in order, and whether each points to non-const data: bound, poisoned, checked.
-SPATIALC_EMU_FN void bind_globals(const std::vector<const void*>& args, const std::vector<bool>& writable);
+// The launch's `n` arguments, in order: each one's pointer (null for other arguments) and whether it points to
+// non-const data: bound, poisoned, checked.
+SPATIALC_EMU_FN void bind_globals(const void* const* args, const bool* writable, size_t n);
 // A read or write of `n` bytes at `p` in global memory by the calling thread (`what` at `line` names it in a report).
 SPATIALC_EMU_FN void global_read(const void* p, size_t n, const char* what, int line);
 SPATIALC_EMU_FN void global_write(const void* p, size_t n, const char* what, int line);
@@ -63,10 +64,13 @@ bool writable_arg() {
     return false;
 }
 
-// A launch's arguments (a tuple's elements) bound before it runs.
+// A launch's arguments bound before it runs (arrays, not vectors, so that a program's build instantiates no more
+// than this function; one element more than the arguments, so that a kernel of none has arrays too).
 template <class... A>
 void bind_args(const A&... args) {
-    bind_globals({pointer_arg(args)...}, {writable_arg<A>()...});
+    const void* const pointers[] = {pointer_arg(args)..., nullptr};
+    const bool writable[] = {writable_arg<A>()..., false};
+    bind_globals(pointers, writable, sizeof...(A));
 }
 
 // A plain store to an output (SPATIALC_OUT_ST): checked, then made at once (nobody in the launch reads it).

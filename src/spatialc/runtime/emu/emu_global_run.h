@@ -213,10 +213,10 @@ SPATIALC_EMU_FN GTensor bound_tensor(size_t i, const void* p, bool writable, con
     return g;
 }
 
-SPATIALC_EMU_FN void bind_globals(const std::vector<const void*>& args, const std::vector<bool>& writable) {
+SPATIALC_EMU_FN void bind_globals(const void* const* args, const bool* writable, size_t n_args) {
     std::lock_guard<std::mutex> lk(global_mu);
     gtensors.clear();
-    for (size_t i = 0; i < args.size(); ++i) {
+    for (size_t i = 0; i < n_args; ++i) {
         const char* start = nullptr;
         size_t n = 0;
         if (!args[i] || !allocation_of(args[i], start, n)) continue;

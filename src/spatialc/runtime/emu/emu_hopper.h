@@ -151,150 +151,43 @@ SPATIALC_EMU_FN void track_async_read(const void* const* ptrs, int count, size_t
 SPATIALC_EMU_VAR thread_local std::vector<std::function<void()>> wgmma_open;
 SPATIALC_EMU_VAR thread_local std::vector<std::vector<std::function<void()>>> wgmma_groups;
 
-inline std::string at_line(const char* what, int line) { return std::string(what) + " at line " + std::to_string(line); }
+// "what at line 12", the start of a report. misuse_at ends the run with "what at line 12: why".
+SPATIALC_EMU_FN std::string at_line(const char* what, int line);
+[[noreturn]] SPATIALC_EMU_FN void misuse_at(const char* what, int line, const char* why);
 
-// The byte holding element (k, n) of an operand — (k, m) of A, (k, n) of B: `mn_major` (16-bit B, transposed: N
-// contiguous) or K-major, in the canonical layout of the descriptor's swizzle mode, then swizzled by address like
-// the copy engine's stores.
-inline const char* wgmma_byte(const char* start, unsigned long long desc, int k, int n, int elem, bool mn_major,
-                                int line) {
-    const size_t lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
-    const unsigned mode = (unsigned)(desc >> 62);
-    const int per = 16 / elem;  // elements in a 16-byte chunk
-    size_t off;
-    if (((desc >> 49) & 7u) != 0) fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": a non-zero base offset");
-    const unsigned span = mode == 1 ? 8 : mode == 2 ? 4 : mode == 3 ? 2 : 1;  // 16-byte chunks a swizzle permutes
-    const size_t row = 16 * span;  // bytes of a swizzled row: a panel's width
-    if (mn_major && mode != 0)  // rows of K, N contiguous: the next panel of N at LBO, the next 8 rows of K at SBO
-        off = (size_t)(n % (row / elem)) * elem + (size_t)(n / (row / elem)) * lbo + (size_t)(k % 8) * row +
-              (size_t)(k / 8) * sbo;
-    else if (!mn_major && mode == 0)  // core matrices of 8 rows × 16 bytes; the next 8 rows at SBO, next K chunk LBO
-        off = (size_t)(n % 8) * 16 + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * lbo;
-    else if (!mn_major)  // rows of N (or M), K contiguous within the swizzled row; the next 8 rows at SBO
-        off = (size_t)(n % 8) * row + (size_t)(n / 8) * sbo + (size_t)(k % per) * elem + (size_t)(k / per) * 16;
-    else
-        fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": an N-major operand without swizzle, which the"
-                                                             " emulation does not know");
-    uintptr_t a = reinterpret_cast<uintptr_t>(start) + off;
-    a ^= ((a >> 7) & (span - 1)) << 4;
-    return reinterpret_cast<const char*>(a);
-}
-
-// The shared-memory operand a descriptor names: its start, found from the descriptor's 14-bit window address.
-inline const char* wgmma_start(unsigned long long desc) {
-    const uintptr_t low = reinterpret_cast<uintptr_t>(dynamic_shared()) & 0x3FFFFu;  // the block's place in the window
-    return dynamic_shared() + ((((desc & 0x3FFFu) << 4) - low) & 0x3FFFFu);
-}
-
-// One wgmma of the lane: its eight accumulator elements of every 16-column tile, over the K of one instruction. The
-// lane's rows are its warp's 16 of the warpgroup's 64 (warp w of the warpgroup: rows 16w …). Float operands (16-bit;
-// the 8-bit floats, e4m3 and e5m2, decoded exactly by their types' conversion) multiply exactly in float32 — 8-bit
-// products have at most 8 significant bits, 16-bit ones 22 — and are added to the accumulator one k after another,
-// each sum rounded to float32 (nearest even): not the hardware's order or, for the 8-bit floats, its precision (the
-// tensor core keeps fewer bits of their sums: docs/numerics.md), both of which the kernel's bound covers.
-// `BMN`: B is MN-major (16-bit B of a GEMM and attention's V, imm-trans-b 1), else K-major (8-bit B; attention's K,
-// imm-trans-b 0).
-template <int N, class T, class A, bool BMN = sizeof(T) == 2>
-void wgmma_run(spatialc_acc<A>* d, unsigned long long a_desc, unsigned long long b_desc, int warp_in_group, int lane,
-               int line, const std::vector<unsigned>* known = nullptr) {
-    constexpr int kd = sizeof(T) == 1 ? 32 : 16;
-    constexpr int elem = (int)sizeof(T);
-    constexpr bool b_mn_major = BMN;
-    static_assert(!BMN || sizeof(T) == 2, "the PTX ISA transposes 16-bit operands only");
-    const char* a_start = wgmma_start(a_desc);
-    const char* b_start = wgmma_start(b_desc);
-    static thread_local std::vector<const void*> reads;
-    reads.clear();
-    for (int c = 0; c < N / 16; ++c)
-        for (int i = 0; i < 8; ++i) {
-            const int r = 16 * warp_in_group + acc_row(lane, i), col = 16 * c + acc_col(lane, i);
-            auto a_at = [&](int k) {
-                return *reinterpret_cast<const T*>(wgmma_byte(a_start, a_desc, k, r, elem, false, line));
-            };
-            auto b_at = [&](int k) {
-                return *reinterpret_cast<const T*>(wgmma_byte(b_start, b_desc, k, col, elem, b_mn_major, line));
-            };
-            if constexpr (std::is_same_v<A, int>) {
-                uint32_t acc = (uint32_t)d[c].x[i];  // int32 accumulation wraps like the hardware's
-                for (int k = 0; k < kd; ++k) acc += (uint32_t)((int)a_at(k) * (int)b_at(k));
-                d[c].x[i] = (int)acc;
-            } else {
-                float acc = d[c].x[i];
-                for (int k = 0; k < kd; ++k) acc += float(a_at(k)) * float(b_at(k));
-                d[c].x[i] = acc;
-            }
-        }
-    if (lane == 0) {  // the warp's reads, checked once: its 16 rows of A and the whole of B
-        for (int k = 0; k < kd; ++k) {
-            for (int r = 0; r < 16; ++r)
-                reads.push_back(wgmma_byte(a_start, a_desc, k, 16 * warp_in_group + r, elem, false, line));
-            for (int n = 0; n < N; ++n) reads.push_back(wgmma_byte(b_start, b_desc, k, n, elem, b_mn_major, line));
-        }
-        if (known)
-            track_async_read(reads.data(), (int)reads.size(), sizeof(T), AccessKind::wgmma, line, *known);
-        else
-            track(reads.data(), (int)reads.size(), sizeof(T), false, AccessKind::wgmma, line);
+// The kernel text's wgmma templates (below) check their operand types and pass them on to these functions, which
+// emu_hopper_run.h defines: a program's build then compiles no emulated wgmma of its own (they were a third of an
+// sm_90a program's g++ time), only a call. `n` is the instruction's N; `acc` the lane's n / 16 accumulators, of
+// floats, or of ints for int8.
+enum class WgmmaElem : unsigned char { f16, bf16, e4m3, e5m2, s8 };
+template <class T>
+constexpr WgmmaElem wgmma_elem() {
+    if constexpr (std::is_same_v<T, __half>) return WgmmaElem::f16;
+    else if constexpr (std::is_same_v<T, __nv_bfloat16>) return WgmmaElem::bf16;
+    else if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) return WgmmaElem::e4m3;
+    else if constexpr (std::is_same_v<T, __nv_fp8_e5m2>) return WgmmaElem::e5m2;
+    else {
+        static_assert(std::is_same_v<T, signed char>, "a wgmma of 16-bit floats, 8-bit floats or int8");
+        return WgmmaElem::s8;
     }
 }
-
-// The bytes a wgmma of the warp reads (its 16 rows of A, the whole of B), checked at its issue to have been written
-// by the copy engine or handed over to the async proxy (check_proxy_read): a page the threads wrote needs its
-// writers' fence.proxy.async ordered before the wgmma.
-template <int N, class T, bool BMN>
-void wgmma_proxy_check(unsigned long long a_desc, unsigned long long b_desc, int warp_in_group, int line) {
-    constexpr int kd = sizeof(T) == 1 ? 32 : 16;
-    constexpr int elem = (int)sizeof(T);
-    const char* a_start = wgmma_start(a_desc);
-    const char* b_start = wgmma_start(b_desc);
-    static thread_local std::vector<const void*> reads;
-    reads.clear();
-    for (int k = 0; k < kd; ++k) {
-        for (int r = 0; r < 16; ++r)
-            reads.push_back(wgmma_byte(a_start, a_desc, k, 16 * warp_in_group + r, elem, false, line));
-        for (int n = 0; n < N; ++n) reads.push_back(wgmma_byte(b_start, b_desc, k, n, elem, BMN, line));
-    }
-    check_proxy_read(reads.data(), (int)reads.size(), sizeof(T), at_line("spatialc_wgmma", line));
-}
-
-// One wgmma of the lane with A from registers (the RS form): A is the warp's 16 rows × 16 k of the fragment its lanes
-// hold (`a`, gathered as the lanes' registers lie: row acc_row, k acc_col of each lane's eight values, as
-// mma.m16n8k16's A), B from shared memory through its descriptor, MN-major (imm-trans-b 1) or K-major. The sums as
-// wgmma_run's. The registers a lane gave must hold the same values when the group retires (the PTX ISA: they may not
-// be written before wgmma.wait_group), which `live` — the lane's fragment now — is checked against.
-template <int N, class T, bool BMN>
-void wgmma_rs_run(spatialc_acc<float>* d, const spatialc_frag<T>& a, const spatialc_frag<T>* live,
-                  unsigned long long b_desc, int lane, int line, const std::vector<unsigned>* known = nullptr) {
-    static_assert(sizeof(T) == 2, "an A fragment in registers of 16-bit values");
-    if (live && std::memcmp(live->v, a.v, sizeof a.v) != 0)
-        fatal(kExitMisuse, at_line("spatialc_wgmma_rs", line) + ": its A registers were written before the"
-                                                                " wait_group that retires it");
-    const char* b_start = wgmma_start(b_desc);
-    for (int c = 0; c < N / 16; ++c)
-        for (int i = 0; i < 8; ++i) {
-            const int r = acc_row(lane, i), col = 16 * c + acc_col(lane, i);
-            float acc = d[c].x[i];
-            for (int k = 0; k < 16; ++k)
-                acc += float(a.v[r * 32 + k]) *
-                       float(*reinterpret_cast<const T*>(wgmma_byte(b_start, b_desc, k, col, 2, BMN, line)));
-            d[c].x[i] = acc;
-        }
-    if (lane == 0) {  // the warp's reads of B, checked once
-        static thread_local std::vector<const void*> reads;
-        reads.clear();
-        for (int k = 0; k < 16; ++k)
-            for (int n = 0; n < N; ++n) reads.push_back(wgmma_byte(b_start, b_desc, k, n, 2, BMN, line));
-        if (known)
-            track_async_read(reads.data(), (int)reads.size(), sizeof(T), AccessKind::wgmma, line, *known);
-        else
-            track(reads.data(), (int)reads.size(), sizeof(T), false, AccessKind::wgmma, line);
-    }
-}
+// Both operands from shared memory; `b_mn_major`: B MN-major (imm-trans-b 1), else K-major.
+SPATIALC_EMU_FN void wgmma_ss(void* acc, int n, WgmmaElem elem, bool b_mn_major, unsigned long long a,
+                              unsigned long long b, int line);
+// A from the warp's registers (`frag`: the lane's spatialc_frag of `elem`), B from shared memory MN-major.
+SPATIALC_EMU_FN void wgmma_rs(spatialc_acc<float>* acc, int n, WgmmaElem elem, const void* frag,
+                              unsigned long long b, int line);
+// scale-d 0: the lane's `tiles` accumulators zeroed when the wgmma issued next runs (at once in early mode).
+SPATIALC_EMU_FN void wgmma_zero(spatialc_acc<float>* acc, int tiles);
+SPATIALC_EMU_FN void wgmma_commit();
+// wgmma.wait_group n: the calling thread's groups but the newest `n` run, then its warp's lanes meet.
+SPATIALC_EMU_FN void wgmma_wait(size_t n, int line);
 
 }  // namespace spatialc_emu
 
 inline cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned, unsigned long long,
                                                     cudaDriverEntryPointQueryResult* found) {
-    const bool known = std::string(symbol) == "cuTensorMapEncodeTiled";
+    const bool known = std::strcmp(symbol, "cuTensorMapEncodeTiled") == 0;
     *fn = known ? reinterpret_cast<void*>(&spatialc_emu::encode_tiled) : nullptr;
     if (found) *found = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
     return cudaSuccess;
@@ -305,9 +198,8 @@ inline void __trap() { spatialc_emu::fatal(spatialc_emu::kExitMisuse, "the kerne
 
 inline void spatialc_check_stage_base(const void* base, int line = __builtin_LINE()) {
     if (reinterpret_cast<uintptr_t>(base) % 1024)
-        spatialc_emu::fatal(spatialc_emu::kExitMisuse,
-                            spatialc_emu::at_line("spatialc_check_stage_base", line) +
-                                ": the dynamic block does not start on 1024 bytes, which swizzled stages need");
+        spatialc_emu::misuse_at("spatialc_check_stage_base", line,
+                                "the dynamic block does not start on 1024 bytes, which swizzled stages need");
 }
 inline void spatialc_mbar_expect_tx(unsigned long long* bar, unsigned bytes, int line = __builtin_LINE()) {
     spatialc_emu::mbar_expect_tx(bar, bytes, line);
@@ -320,8 +212,7 @@ inline void spatialc_prefetch_tensormap(const CUtensorMap* map, int line = __bui
     spatialc_emu::TensorMapFields f;
     std::memcpy(&f, map, sizeof f);
     if (f.magic != spatialc_emu::kTensorMapMagic)
-        spatialc_emu::fatal(spatialc_emu::kExitMisuse, spatialc_emu::at_line("spatialc_prefetch_tensormap", line) +
-                                                           ": not a tensor map cuTensorMapEncodeTiled made");
+        spatialc_emu::misuse_at("spatialc_prefetch_tensormap", line, "not a tensor map cuTensorMapEncodeTiled made");
 }
 inline void spatialc_tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, unsigned long long* bar,
                                  int line = __builtin_LINE()) {
@@ -367,7 +258,7 @@ inline void spatialc_stmatrix_rows(T* row, const T (&v)[8], int line = __builtin
     using namespace spatialc_emu;
     const ThreadState& t = me("spatialc_stmatrix_rows");
     if (reinterpret_cast<uintptr_t>(row) % 16)
-        fatal(kExitMisuse, at_line("spatialc_stmatrix_rows", line) + ": a matrix row not on 16 bytes");
+        misuse_at("spatialc_stmatrix_rows", line, "a matrix row not on 16 bytes");
     for (int j = 0; j < 4; ++j) {
         T* at = __shfl_sync(0xffffffffu, row, 8 * j + t.lane / 4, 32, line);
         page_store(at + 2 * (t.lane % 4), v[2 * j], line);
@@ -399,12 +290,12 @@ inline unsigned long long spatialc_wgmma_desc(const void* p, unsigned lbo, unsig
     const char* base = dynamic_shared();
     const char* q = static_cast<const char*>(p);
     if (!base || q < base || (size_t)(q - base) >= (1u << 18))
-        fatal(kExitMisuse, at_line("spatialc_wgmma_desc", line) + ": the operand is not in the dynamic block");
+        misuse_at("spatialc_wgmma_desc", line, "the operand is not in the dynamic block");
     const uintptr_t addr = reinterpret_cast<uintptr_t>(q) & 0x3FFFFu;
     if (addr % 16 || lbo % 16 || sbo % 16 || (lbo >> 4) > 0x3FFFu || (sbo >> 4) > 0x3FFFu || swizzle > 3)
-        fatal(kExitMisuse, at_line("spatialc_wgmma_desc", line) + ": address, leading or stride offset not a multiple"
-                                                                  " of 16 bytes, or past 14 bits, or a swizzle mode"
-                                                                  " past 3");
+        misuse_at("spatialc_wgmma_desc", line,
+                  "address, leading or stride offset not a multiple of 16 bytes, or past 14 bits, or a swizzle mode"
+                  " past 3");
     return (unsigned long long)(addr >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
            ((unsigned long long)(sbo >> 4) << 32) | ((unsigned long long)swizzle << 62);
 }
@@ -412,43 +303,20 @@ inline unsigned long long spatialc_wgmma_desc(const void* p, unsigned lbo, unsig
 template <class T, int N>
 inline void spatialc_acc_fence(spatialc_acc<T> (&)[N]) {}
 inline void spatialc_wgmma_fence() { spatialc_emu::acc_written = false; }
-inline void spatialc_wgmma_commit() {
-    using namespace spatialc_emu;
-    if (!wgmma_open.empty()) wgmma_groups.push_back(std::move(wgmma_open));
-    wgmma_open.clear();
-}
+inline void spatialc_wgmma_commit() { spatialc_emu::wgmma_commit(); }
 // wgmma.wait_group is .sync.aligned: the warp's lanes execute it together, so when any lane is past it, every lane's
-// retired groups have run — the lanes meet here, after retiring their own.
+// retired groups have run — the lanes meet there, after retiring their own.
 template <int N>
 inline void spatialc_wgmma_wait(int line = __builtin_LINE()) {
-    using namespace spatialc_emu;
-    while (wgmma_groups.size() > (size_t)N) {
-        for (auto& run : wgmma_groups.front()) run();
-        wgmma_groups.erase(wgmma_groups.begin());
-    }
-    warp_barrier(0xffffffffu, line);
+    spatialc_emu::wgmma_wait((size_t)N, line);
 }
 template <int N, class T, class A, bool BMN = sizeof(T) == 2>
 void spatialc_wgmma_ss(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b, int line) {
-    using namespace spatialc_emu;
     static_assert(N % 16 == 0 && N >= 16 && N <= 256, "a wgmma is 16 to 256 columns wide here");
     static_assert(std::is_same_v<T, signed char> ? std::is_same_v<A, int> : std::is_same_v<A, float>,
                   "int8 into int32, the floats (16- and 8-bit) into float32");
-    const ThreadState& t = me("spatialc_wgmma");
-    const int warp = t.warp % 4, lane = t.lane;
-    if (acc_written)  // the PTX ISA: undefined unless wgmma.fence orders those writes before the wgmma
-        fatal(kExitMisuse, at_line("spatialc_wgmma", line) + ": its accumulators were written by ordinary "
-                                                             "instructions with no spatialc_wgmma_fence() since");
-    if (lane == 0) wgmma_proxy_check<N, T, BMN>(a, b, warp, line);  // (one warp's reads, checked once)
-    spatialc_acc<A>* acc = d;
-    if (!kLate) {
-        wgmma_run<N, T, A, BMN>(acc, a, b, warp, lane, line);
-        return;
-    }
-    // Run at its wait_group, its reads checked against what the thread knew when it issued it.
-    wgmma_open.push_back([acc, a, b, warp, lane, line, known = t.vc] {
-        wgmma_run<N, T, A, BMN>(acc, a, b, warp, lane, line, &known);
-    });
+    static_assert(!BMN || sizeof(T) == 2, "the PTX ISA transposes 16-bit operands only");
+    spatialc_emu::wgmma_ss(d, N, spatialc_emu::wgmma_elem<T>(), BMN, a, b, line);
 }
 // Both operands from shared memory: B MN-major for 16-bit values (a GEMM's B), K-major for 8-bit ones.
 template <int N, class T, class A>
@@ -468,23 +336,9 @@ void spatialc_wgmma_kb(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsig
 template <int N, class T, class A>
 void spatialc_wgmma_rs(spatialc_acc<A> (&d)[N / 16], const spatialc_frag<T>& a, unsigned long long b,
                        int line = __builtin_LINE()) {
-    using namespace spatialc_emu;
     static_assert(N % 16 == 0 && N >= 16 && N <= 256, "a wgmma is 16 to 256 columns wide here");
     static_assert(sizeof(T) == 2 && std::is_same_v<A, float>, "16-bit A in registers, into float32");
-    const ThreadState& t = me("spatialc_wgmma_rs");
-    const int lane = t.lane;
-    if (a.kd != 16) fatal(kExitMisuse, at_line("spatialc_wgmma_rs", line) + ": an A fragment never loaded");
-    if (acc_written)
-        fatal(kExitMisuse, at_line("spatialc_wgmma_rs", line) + ": its accumulators were written by ordinary "
-                                                                "instructions with no spatialc_wgmma_fence() since");
-    spatialc_acc<A>* acc = d;
-    if (!kLate) {
-        wgmma_rs_run<N, T, true>(acc, a, nullptr, b, lane, line);
-        return;
-    }
-    wgmma_open.push_back([acc, copy = a, live = &a, b, lane, line, known = t.vc] {
-        wgmma_rs_run<N, T, true>(acc, copy, live, b, lane, line, &known);
-    });
+    spatialc_emu::wgmma_rs(d, N, spatialc_emu::wgmma_elem<T>(), &a, b, line);
 }
 // ---- block-scaled 8-bit floats: a wgmma with scale-d an operand ------------------------------------------------
 // scale_d 0: D = A · B, the accumulators not read (a block-scaled K group's first wgmma into its fresh partials, as
@@ -494,18 +348,10 @@ void spatialc_wgmma_rs(spatialc_acc<A> (&d)[N / 16], const spatialc_frag<T>& a, 
 template <int N, class T, class A>
 void spatialc_wgmma_sd(spatialc_acc<A> (&d)[N / 16], unsigned long long a, unsigned long long b, int scale_d,
                        int line = __builtin_LINE()) {
-    using namespace spatialc_emu;
     static_assert(sizeof(T) == 1 && !std::is_same_v<T, signed char>, "the 8-bit floats' block-scaled GEMM");
+    static_assert(std::is_same_v<A, float>, "8-bit floats into float32");
     if (!scale_d) {
-        spatialc_acc<A>* acc = d;
-        auto fresh = [acc] {
-            for (int c = 0; c < N / 16; ++c)
-                for (A& e : acc[c].x) e = A(0);
-        };
-        if (kLate)
-            wgmma_open.push_back(fresh);
-        else
-            fresh();
+        spatialc_emu::wgmma_zero(d, N / 16);
     }
     spatialc_wgmma_ss<N, T, A, false>(d, a, b, line);
 }

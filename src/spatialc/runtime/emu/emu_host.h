@@ -62,6 +62,18 @@ SPATIALC_EMU_FN void set_max_dynamic_smem(const void* kernel, int bytes);
 SPATIALC_EMU_FN void run_grid(void (*body)(void*), void* ctx, dim3 grid, dim3 block, size_t smem, const void* kernel,
                               bool cooperative = false);
 
+// Run `kernel` on the grid with `params`, the launch's arguments already converted to the kernel's parameter types
+// (as a call converts them): bound to their tensors first (emu_global.h), then each CUDA thread calls the kernel with
+// a copy. The parameters are held in a lambda's captures and run through a plain function pointer, not a std::tuple
+// and std::apply: a launch is instantiated in every program, and those were a tenth of a program's g++ time.
+template <class... P>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, bool cooperative, P... params) {
+    bind_args<P...>(params...);
+    auto call = [kernel, params...] { kernel(params...); };
+    run_grid([](void* c) { (*static_cast<decltype(call)*>(c))(); }, &call, grid, block, smem,
+             reinterpret_cast<const void*>(kernel), cooperative);
+}
+
 template <class... P>
 struct Launch {
     void (*kernel)(P...);
@@ -71,13 +83,7 @@ struct Launch {
     template <class... A>
     void operator()(A&&... args) const {
         static_assert(sizeof...(A) == sizeof...(P), "kernel launched with the wrong number of arguments");
-        struct Call {
-            void (*kernel)(P...);
-            std::tuple<P...> params;
-        } call{kernel, std::tuple<P...>(std::forward<A>(args)...)};
-        std::apply([](const P&... a) { bind_args<P...>(a...); }, call.params);
-        run_grid([](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->params); }, &call,
-                 grid, block, smem, reinterpret_cast<const void*>(kernel));
+        launch_kernel<P...>(kernel, grid, block, smem, false, std::forward<A>(args)...);
     }
 };
 
@@ -90,14 +96,11 @@ Launch<P...> launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem = 0
 template <class... P, size_t... I>
 void launch_cooperative(void (*kernel)(P...), dim3 grid, dim3 block, void** args, size_t smem,
                         std::index_sequence<I...>) {
-    struct Call {
-        void (*kernel)(P...);
-        std::tuple<P...> params;
-    } call{kernel, std::tuple<P...>(*static_cast<std::remove_reference_t<P>*>(args[I])...)};
-    std::apply([](const P&... a) { bind_args<P...>(a...); }, call.params);
-    run_grid([](void* c) { std::apply(static_cast<Call*>(c)->kernel, static_cast<Call*>(c)->params); }, &call, grid,
-             block, smem, reinterpret_cast<const void*>(kernel), true);
+    launch_kernel<P...>(kernel, grid, block, smem, true, *static_cast<std::remove_reference_t<P>*>(args[I])...);
 }
+
+// Whether the device holds a cooperative launch's blocks all at once (cudaSuccess), else the error, reported.
+SPATIALC_EMU_FN cudaError_t cooperative_fits(dim3 grid, dim3 block, size_t smem);
 
 // Blocks of a kernel one emulated multiprocessor holds: an H100's limits (2048 threads, 228 KiB of shared memory,
 // 1 KiB reserved a block, at most 32 blocks).
@@ -119,29 +122,13 @@ inline std::mutex allocations_mu;
 
 // Each allocation sits between red zones (kRedZone in front, as much as itself behind, at least kRedZone) that no
 // other allocation uses: an access just outside a tensor lands in no tensor, and emu_global.h reports it.
-inline cudaError_t cudaMalloc(void** p, size_t n) {
-    const size_t rounded = (n + 255) & ~size_t(255);
-    const size_t back = std::max(spatialc_emu::kRedZone, rounded);
-    char* raw = static_cast<char*>(std::aligned_alloc(256, spatialc_emu::kRedZone + rounded + back));
-    if (!raw) return spatialc_emu::fail(cudaErrorMemoryAllocation, "cudaMalloc failed");
-    *p = raw + spatialc_emu::kRedZone;
-    std::lock_guard<std::mutex> lk(spatialc_emu::allocations_mu);
-    spatialc_emu::allocations[static_cast<const char*>(*p)] = n;
-    return cudaSuccess;
-}
+// Defined in emu_runtime.h: the allocations' map is the runtime's, and a program's build instantiates none of it.
+SPATIALC_EMU_FN cudaError_t cudaMalloc(void** p, size_t n);
 template <class T>
 cudaError_t cudaMalloc(T** p, size_t n) {
     return cudaMalloc(reinterpret_cast<void**>(p), n);
 }
-inline cudaError_t cudaFree(void* p) {
-    if (!p) return cudaSuccess;
-    {
-        std::lock_guard<std::mutex> lk(spatialc_emu::allocations_mu);
-        spatialc_emu::allocations.erase(static_cast<const char*>(p));
-    }
-    std::free(static_cast<char*>(p) - spatialc_emu::kRedZone);
-    return cudaSuccess;
-}
+SPATIALC_EMU_FN cudaError_t cudaFree(void* p);
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
     std::memmove(dst, src, n);
     return cudaSuccess;
@@ -183,13 +170,7 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) 
 template <class... P>
 cudaError_t cudaLaunchCooperativeKernel(void (*kernel)(P...), dim3 grid, dim3 block, void** args, size_t smem = 0,
                                         cudaStream_t = nullptr) {
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-    const long long held = (long long)sms * spatialc_emu::blocks_per_sm((int)(block.x * block.y * block.z), smem);
-    if ((long long)grid.x * grid.y * grid.z > held)
-        return spatialc_emu::fail(cudaErrorCooperativeLaunchTooLarge,
-                                  "cooperative launch refused: " + std::to_string(grid.x * grid.y * grid.z) +
-                                      " blocks, and the device holds " + std::to_string(held) + " at once");
+    if (const cudaError_t e = spatialc_emu::cooperative_fits(grid, block, smem); e != cudaSuccess) return e;
     spatialc_emu::launch_cooperative(kernel, grid, block, args, smem, std::index_sequence_for<P...>{});
     return spatialc_emu::last_error;
 }

@@ -51,15 +51,7 @@ constexpr int acc_row(int lane, int i) { return lane / 4 + 8 * ((i >> 1) & 1); }
 constexpr int acc_col(int lane, int i) { return 8 * (i >> 2) + 2 * (lane % 4) + (i & 1); }
 
 // ldmatrix reads shared memory only, from 16-byte aligned rows.
-inline void check_ldsm(const void* tile, const char* what, int line) {
-    const Region* r = find_region(tile);
-    if (!r)
-        fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) +
-                               ": the tile is not in a shared ring (ldmatrix reads shared memory only)");
-    if ((size_t)(static_cast<const char*>(tile) - r->origin) % 16)
-        fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + ": tile in shared ring '" +
-                               r->name + "' is not 16-byte aligned");
-}
+SPATIALC_EMU_FN void check_ldsm(const void* tile, const char* what, int line);
 
 inline int lane_of(const char* what) { return me(what).lane; }
 

@@ -17,6 +17,7 @@
 #include "emu_mbarrier.h"
 #include "emu_hopper.h"
 #include "emu_global_run.h"  // global memory's definitions: the tensors, epochs, the checks
+#include "emu_hopper_run.h"  // the wgmma's definitions
 
 namespace spatialc_emu {
 
@@ -528,6 +529,17 @@ SPATIALC_EMU_FN void check_wmma_pointer(const void* p, unsigned ldm, size_t elem
         fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + ": pointer into shared ring '" +
                                r->name + "' at byte " + std::to_string(off) + " of " +
                                (r->dynamic ? "the dynamic block" : "the ring") + ", not 256-bit aligned");
+}
+
+// ldmatrix reads shared memory only, from 16-byte aligned rows (emu_mma.h).
+SPATIALC_EMU_FN void check_ldsm(const void* tile, const char* what, int line) {
+    const Region* r = find_region(tile);
+    if (!r)
+        fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) +
+                               ": the tile is not in a shared ring (ldmatrix reads shared memory only)");
+    if ((size_t)(static_cast<const char*>(tile) - r->origin) % 16)
+        fatal(kExitMisuse, std::string(what) + " at line " + std::to_string(line) + ": tile in shared ring '" +
+                               r->name + "' is not 16-byte aligned");
 }
 
 // ---- cp.async ---------------------------------------------------------------------------------------------------------
@@ -1400,6 +1412,46 @@ SPATIALC_EMU_FN cudaError_t fail(cudaError_t e, const std::string& why) {
 }
 
 SPATIALC_EMU_FN void set_max_dynamic_smem(const void* kernel, int bytes) { max_dynamic_smem[kernel] = bytes; }
+
+// ---- cooperative launches (emu_host.h) ------------------------------------------------------------------------------
+
+SPATIALC_EMU_FN cudaError_t cooperative_fits(dim3 grid, dim3 block, size_t smem) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    const long long held = (long long)sms * blocks_per_sm((int)(block.x * block.y * block.z), smem);
+    if ((long long)grid.x * grid.y * grid.z > held)
+        return fail(cudaErrorCooperativeLaunchTooLarge, "cooperative launch refused: " +
+                                                            std::to_string(grid.x * grid.y * grid.z) +
+                                                            " blocks, and the device holds " + std::to_string(held) +
+                                                            " at once");
+    return cudaSuccess;
+}
+
+// ---- device memory (emu_host.h) ------------------------------------------------------------------------------------
+
+}  // namespace spatialc_emu
+
+SPATIALC_EMU_FN cudaError_t cudaMalloc(void** p, size_t n) {
+    const size_t rounded = (n + 255) & ~size_t(255);
+    const size_t back = std::max(spatialc_emu::kRedZone, rounded);
+    char* raw = static_cast<char*>(std::aligned_alloc(256, spatialc_emu::kRedZone + rounded + back));
+    if (!raw) return spatialc_emu::fail(cudaErrorMemoryAllocation, "cudaMalloc failed");
+    *p = raw + spatialc_emu::kRedZone;
+    std::lock_guard<std::mutex> lk(spatialc_emu::allocations_mu);
+    spatialc_emu::allocations[static_cast<const char*>(*p)] = n;
+    return cudaSuccess;
+}
+SPATIALC_EMU_FN cudaError_t cudaFree(void* p) {
+    if (!p) return cudaSuccess;
+    {
+        std::lock_guard<std::mutex> lk(spatialc_emu::allocations_mu);
+        spatialc_emu::allocations.erase(static_cast<const char*>(p));
+    }
+    std::free(static_cast<char*>(p) - spatialc_emu::kRedZone);
+    return cudaSuccess;
+}
+
+namespace spatialc_emu {
 
 // ---- setmaxnreg (emu_hopper.h) -----------------------------------------------------------------------------------
 
