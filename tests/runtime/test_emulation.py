@@ -276,6 +276,21 @@ def test_threads_that_all_wait_for_what_never_comes_leave_the_core_idle_until_th
     assert wall >= 1.0 and cpu < 0.3 * wall, (wall, cpu)
 
 
+def test_thousands_of_waiting_threads_cost_the_scheduler_no_switch_while_their_word_stays():
+    """Every thread of a cooperative launch of 16384 waits for what never comes. The scheduler looks at each fiber's
+    word without switching to it, and sleeps longer each idle round: the hang costs little more than starting the
+    fibers (switching to every fiber each round, then a millisecond's sleep, held 90% of a core)."""
+    binary = compile_program(PROBE, "late")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with pytest.raises(EmulationTimeout, match=r"no progress for 2\.0 s.*Threads of block 15: 1024 threads"):
+        run_program(binary, {"case.txt": "grid_hang_coop\n"}, timeout=4)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    assert wall >= 2.0 and cpu < 0.4 * wall, (wall, cpu)
+
+
 def test_the_portable_fibers_in_a_header_only_build_run_as_the_runners_build_does(tmp_path):
     """Fibers switch by a few lines of assembly on x86-64 and AArch64, by ucontext elsewhere; and a program may
     include the emulator header-only instead of linking the runner's object. Both, forced here, agree with the

@@ -1608,6 +1608,10 @@ struct Fiber {
     ThreadJob job{};
     char* stack = nullptr;  // its mapping: a guard page, then the stack
     bool done = false;
+    // The word it waits on and the value it saw there (`wait_word`; none while it runs): the scheduler looks at it
+    // before switching to the fiber, which would only look too and yield again.
+    const std::atomic<unsigned>* word = nullptr;
+    unsigned seen = 0;
 #if SPATIALC_EMU_FIBER_ASM
     void* sp = nullptr;  // where it was switched out (or, before it first runs, its prepared first frame)
 #else
@@ -1697,14 +1701,20 @@ SPATIALC_EMU_FN void wait_word(std::atomic<unsigned>& word, unsigned seen) {
         while (word.load(std::memory_order_acquire) == seen) word.wait(seen, std::memory_order_acquire);
         return;
     }
-    ++fibers().moves;  // it got as far as this wait
+    Fibers& fs = fibers();
+    Fiber& f = *fs.running;
+    ++fs.moves;  // it got as far as this wait
+    f.word = &word;
+    f.seen = seen;
     do fiber_yield();
     while (word.load(std::memory_order_acquire) == seen);
+    f.word = nullptr;
 }
 
 SPATIALC_EMU_FN void prepare_fiber(Fiber& f, const ThreadJob& job) {
     f.job = job;
     f.done = false;
+    f.word = nullptr;
     // What the watchdog says of it until it runs (a thread that never waits keeps the others from their first turn).
     job.b->threads[job.i].where = "not yet run (a thread runs until it waits)";
     if (!f.stack) {
@@ -1755,7 +1765,8 @@ SPATIALC_EMU_FN void prepare_fiber(Fiber& f, const ThreadJob& job) {
 // Run `jobs`, each a CUDA thread, as fibers until every one has returned. Fibers take turns in order; a turn ends at
 // a wait. When a whole round finds every fiber still waiting, nothing here can change what they wait for (a
 // deadlock the block's check did not see, or a wait on a block that is not running): the scheduler then sleeps
-// between rounds, and the watchdog reports the stall.
+// between rounds, longer each time (a round over thousands of fibers is not free), and the watchdog reports the
+// stall.
 SPATIALC_EMU_FN void run_threads(const std::vector<ThreadJob>& jobs) {
     Fibers& fs = fibers();
     while (fs.all.size() < jobs.size()) fs.all.emplace_back(new Fiber);
@@ -1769,6 +1780,13 @@ SPATIALC_EMU_FN void run_threads(const std::vector<ThreadJob>& jobs) {
         const unsigned long before = fs.moves;
         size_t kept = 0;
         for (Fiber* f : live) {
+            // Switching to a fiber whose word has not moved costs its stack's cache lines and the swap of its
+            // thread-locals, to learn nothing: with thousands of fibers waiting (the blocks of a cooperative launch
+            // waiting on one), that was most of a round, and a hang kept a core busy however long it slept between.
+            if (f->word && f->word->load(std::memory_order_acquire) == f->seen) {
+                live[kept++] = f;
+                continue;
+            }
             swap_locals(*f);
             fs.running = f;
 #if SPATIALC_EMU_FIBER_ASM
@@ -1784,7 +1802,7 @@ SPATIALC_EMU_FN void run_threads(const std::vector<ThreadJob>& jobs) {
         if (fs.moves != before) {
             idle_rounds = 0;
         } else if (++idle_rounds > 2) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            std::this_thread::sleep_for(std::chrono::milliseconds(1 << std::min(idle_rounds - 3, 6)));
         }
     }
 }
