@@ -1508,13 +1508,14 @@ SPATIALC_EMU_FN void run_job(const ThreadJob& j) {
 #define SPATIALC_EMU_FIBER_ASM 1
 // spatialc_emu_switch(&from, to): saves the callee-saved registers and the floating-point control words on the
 // current stack, stores the stack pointer in *from, and resumes the stack `to` points into, as a return from its
-// own call of spatialc_emu_switch (or, for a new fiber, into spatialc_emu_fiber_entry).
+// own call of spatialc_emu_switch (or, for a new fiber, into spatialc_emu_fiber_entry). Both are weak, as the
+// C++ entry is inline: a header-only program of several translation units defines them in each, and links.
 extern "C" void spatialc_emu_switch(void** from, void* to);
 extern "C" void spatialc_emu_fiber_entry();
 #if defined(__x86_64__)
 asm(R"(
     .text
-    .globl spatialc_emu_switch
+    .weak spatialc_emu_switch
     .type spatialc_emu_switch, @function
 spatialc_emu_switch:
     pushq %rbp
@@ -1540,7 +1541,7 @@ spatialc_emu_switch:
     ret
     .size spatialc_emu_switch, .-spatialc_emu_switch
 
-    .globl spatialc_emu_fiber_entry
+    .weak spatialc_emu_fiber_entry
     .type spatialc_emu_fiber_entry, @function
 spatialc_emu_fiber_entry:
     movq %rbx, %rdi
@@ -1551,7 +1552,7 @@ spatialc_emu_fiber_entry:
 #else
 asm(R"(
     .text
-    .globl spatialc_emu_switch
+    .weak spatialc_emu_switch
     .type spatialc_emu_switch, %function
 spatialc_emu_switch:
     sub sp, sp, #176
@@ -1586,7 +1587,7 @@ spatialc_emu_switch:
     ret
     .size spatialc_emu_switch, .-spatialc_emu_switch
 
-    .globl spatialc_emu_fiber_entry
+    .weak spatialc_emu_fiber_entry
     .type spatialc_emu_fiber_entry, %function
 spatialc_emu_fiber_entry:
     mov x0, x19
@@ -1683,10 +1684,13 @@ SPATIALC_EMU_FN bool in_fiber() { return fibers().running != nullptr; }
 
 }  // namespace spatialc_emu
 
+// Called from the assembly (or through makecontext) only, hence `used`: emitted where inline, once a program.
 #if SPATIALC_EMU_FIBER_ASM
-extern "C" void spatialc_emu_fiber_main(spatialc_emu::Fiber* f) { spatialc_emu::fiber_body(f); }
+extern "C" SPATIALC_EMU_FN __attribute__((used)) void spatialc_emu_fiber_main(spatialc_emu::Fiber* f) {
+    spatialc_emu::fiber_body(f);
+}
 #else
-extern "C" void spatialc_emu_fiber_start(unsigned lo, unsigned hi) {
+extern "C" SPATIALC_EMU_FN __attribute__((used)) void spatialc_emu_fiber_start(unsigned lo, unsigned hi) {
     spatialc_emu::fiber_body(reinterpret_cast<spatialc_emu::Fiber*>(uintptr_t(lo) | (uintptr_t(hi) << 32)));
 }
 #endif
