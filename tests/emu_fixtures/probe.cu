@@ -288,6 +288,12 @@ int main()
         int* word = zeros(1);
         k_grid_hang<<<1, 64>>>(out, word);
         SPATIALC_CHECK(cudaDeviceSynchronize());
+    } else if (c == "grid_hang_coop") {  // as grid_hang, in 16384 threads of a cooperative launch
+        int* out = zeros(1024);
+        int* word = zeros(1);
+        void* args[] = {&out, &word};
+        SPATIALC_CHECK(cudaLaunchCooperativeKernel(k_grid_hang, dim3(16), dim3(1024), args));
+        SPATIALC_CHECK(cudaDeviceSynchronize());
     } else if (c == "dyn_short") {
         int* out = zeros(64);
         k_dyn<<<1, 64, 1024>>>(out);

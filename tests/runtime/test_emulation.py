@@ -276,24 +276,92 @@ def test_threads_that_all_wait_for_what_never_comes_leave_the_core_idle_until_th
     assert wall >= 1.0 and cpu < 0.3 * wall, (wall, cpu)
 
 
-def test_the_portable_fibers_in_a_header_only_build_run_as_the_runners_build_does(tmp_path):
-    """Fibers switch by a few lines of assembly on x86-64 and AArch64, by ucontext elsewhere; and a program may
-    include the emulator header-only instead of linking the runner's object. Both, forced here, agree with the
-    runner's build on barriers, copies landing and exits, and report a deadlock alike."""
-    src, exe = tmp_path / "probe.cpp", tmp_path / "probe"
-    src.write_text(host_source(PROBE))
-    flags = [*CXX_FLAGS, "-DSPATIALC_EMU_FIBER_UCONTEXT", "-I", str(HEADER_DIR), "-include", "cuda_emu.h"]
+def test_thousands_of_waiting_threads_cost_the_scheduler_no_switch_while_their_word_stays():
+    """Every thread of a cooperative launch of 16384 waits for what never comes. The scheduler looks at each fiber's
+    word without switching to it, and sleeps longer each idle round: the hang costs little more than starting the
+    fibers (switching to every fiber each round, then a millisecond's sleep, held 90% of a core)."""
+    binary = compile_program(PROBE, "late")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with pytest.raises(EmulationTimeout, match=r"no progress for 2\.0 s.*Threads of block 15: 1024 threads"):
+        run_program(binary, {"case.txt": "grid_hang_coop\n"}, timeout=4)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    assert wall >= 2.0 and cpu < 0.4 * wall, (wall, cpu)
+
+
+# A header-only program of two translation units, each including the whole emulator (its functions inline).
+TWO_UNITS = (
+    r"""
+#include <cstdio>
+int helper();
+__global__ void k_one(int* out) { __syncthreads(); out[threadIdx.x] = (int)threadIdx.x + 1; }
+int main() {
+    int* d = nullptr;
+    if (cudaMalloc(&d, 64 * sizeof(int)) != cudaSuccess) return 1;
+    ::spatialc_emu::launch(k_one, 1, 64)(d);
+    if (cudaDeviceSynchronize() != cudaSuccess) return 1;
+    int h[64];
+    if (cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) return 1;
+    printf("%d %d %d\n", h[0], h[63], helper());
+    return 0;
+}
+""",
+    r"""
+__global__ void k_two(int* out) { __syncthreads(); out[threadIdx.x] = 7; }
+int helper() {
+    int* d = nullptr;
+    if (cudaMalloc(&d, 32 * sizeof(int)) != cudaSuccess) return -1;
+    ::spatialc_emu::launch(k_two, 1, 32)(d);
+    if (cudaDeviceSynchronize() != cudaSuccess) return -1;
+    int h[32];
+    if (cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) return -1;
+    return h[31];
+}
+""",
+)
+
+
+def compile_units(tmp_path: Path, name: str, texts: list[str], extra: list[str]) -> Path:
+    """`texts` compiled header-only (`extra` added to the runner's flags), each a translation unit, at once, and
+    linked into one program."""
+    gxx = shutil.which("g++") or "g++"
+    flags = [*CXX_FLAGS, *extra, "-I", str(HEADER_DIR), "-include", "cuda_emu.h"]
+    units = []
+    for i, text in enumerate(texts):
+        src, obj = tmp_path / f"{name}{i}.cpp", tmp_path / f"{name}{i}.o"
+        src.write_text(text)
+        cmd = [gxx, *flags, "-x", "c++", "-c", str(src), "-o", str(obj)]
+        units.append((obj, subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)))
+    for _, proc in units:
+        _, err = proc.communicate()
+        assert proc.returncode == 0, err[-3000:]
+    exe = tmp_path / name
     done = subprocess.run(
-        [shutil.which("g++") or "g++", *flags, "-x", "c++", str(src), "-o", str(exe)],
-        capture_output=True,
-        text=True,
-        check=False,
+        [gxx, *CXX_FLAGS, *(str(obj) for obj, _ in units), "-o", str(exe)], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return exe
+
+
+def test_the_portable_fibers_in_a_header_only_build_run_as_the_runners_build_does(tmp_path):
+    """Fibers switch by a few lines of assembly on x86-64 and AArch64, by ucontext elsewhere; and a program may
+    include the emulator header-only instead of linking the runner's object, in each of its translation units. Both,
+    forced here, agree with the runner's build on barriers, copies landing and exits, and report a deadlock alike."""
+    exe = compile_units(tmp_path, "probe", [host_source(PROBE), TWO_UNITS[1]], ["-DSPATIALC_EMU_FIBER_UCONTEXT"])
     for case in ("layout", "landing", "exit", "exit_inflight"):
         assert run_program(exe, {"case.txt": case + "\n"}).stdout == probe(case, "late"), case
     with pytest.raises(EmulationDeadlock, match=r"DEADLOCK in block 0.*16 threads \(0-15\) __syncwarp\(\)"):
         run_program(exe, {"case.txt": "deadlock\n"})
+
+
+def test_a_header_only_program_of_two_translation_units_links_the_fibers_switch_once(tmp_path):
+    """The emulator's functions are inline in a header-only build, so that every translation unit of a program may
+    include it: the fibers' switch and entry, in assembly, link once from two units as well (the portable fibers'
+    test above does the same for the ucontext entry)."""
+    exe = compile_units(tmp_path, "two", list(TWO_UNITS), [])
+    assert run_program(exe, {}).stdout.split() == ["1", "64", "7"]
 
 
 def test_a_ring_past_the_dynamic_block_is_refused():

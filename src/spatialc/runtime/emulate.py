@@ -183,8 +183,8 @@ def check_emulable(artifact, max_bytes: int = EMULATION_MAX_BYTES) -> None:
         raise EmulationTooLarge(
             f"emulating this kernel takes about {_gib(need)} (its tensors read as text, tilized and copied to the"
             f" emulated device, C printed and read back), more than {_gib(max_bytes)}: emulate a smaller size (the"
-            " emulation runs each CUDA thread as a thread of this machine), run it on a GPU, or, where this machine"
-            " has the memory, raise spatialc.emulate's max_bytes"
+            " emulation runs each CUDA thread as a fiber, on one core of this machine), run it on a GPU, or, where this"
+            " machine has the memory, raise spatialc.emulate's max_bytes"
         )
     # A cooperative launch runs every site at once; a cluster launch one cluster at a time (its sites wait only on
     # each other).

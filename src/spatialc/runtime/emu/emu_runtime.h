@@ -1560,13 +1560,14 @@ SPATIALC_EMU_FN void run_job(const ThreadJob& j) {
 #define SPATIALC_EMU_FIBER_ASM 1
 // spatialc_emu_switch(&from, to): saves the callee-saved registers and the floating-point control words on the
 // current stack, stores the stack pointer in *from, and resumes the stack `to` points into, as a return from its
-// own call of spatialc_emu_switch (or, for a new fiber, into spatialc_emu_fiber_entry).
+// own call of spatialc_emu_switch (or, for a new fiber, into spatialc_emu_fiber_entry). Both are weak, as the
+// C++ entry is inline: a header-only program of several translation units defines them in each, and links.
 extern "C" void spatialc_emu_switch(void** from, void* to);
 extern "C" void spatialc_emu_fiber_entry();
 #if defined(__x86_64__)
 asm(R"(
     .text
-    .globl spatialc_emu_switch
+    .weak spatialc_emu_switch
     .type spatialc_emu_switch, @function
 spatialc_emu_switch:
     pushq %rbp
@@ -1592,7 +1593,7 @@ spatialc_emu_switch:
     ret
     .size spatialc_emu_switch, .-spatialc_emu_switch
 
-    .globl spatialc_emu_fiber_entry
+    .weak spatialc_emu_fiber_entry
     .type spatialc_emu_fiber_entry, @function
 spatialc_emu_fiber_entry:
     movq %rbx, %rdi
@@ -1603,7 +1604,7 @@ spatialc_emu_fiber_entry:
 #else
 asm(R"(
     .text
-    .globl spatialc_emu_switch
+    .weak spatialc_emu_switch
     .type spatialc_emu_switch, %function
 spatialc_emu_switch:
     sub sp, sp, #176
@@ -1638,7 +1639,7 @@ spatialc_emu_switch:
     ret
     .size spatialc_emu_switch, .-spatialc_emu_switch
 
-    .globl spatialc_emu_fiber_entry
+    .weak spatialc_emu_fiber_entry
     .type spatialc_emu_fiber_entry, %function
 spatialc_emu_fiber_entry:
     mov x0, x19
@@ -1660,6 +1661,10 @@ struct Fiber {
     ThreadJob job{};
     char* stack = nullptr;  // its mapping: a guard page, then the stack
     bool done = false;
+    // The word it waits on and the value it saw there (`wait_word`; none while it runs): the scheduler looks at it
+    // before switching to the fiber, which would only look too and yield again.
+    const std::atomic<unsigned>* word = nullptr;
+    unsigned seen = 0;
 #if SPATIALC_EMU_FIBER_ASM
     void* sp = nullptr;  // where it was switched out (or, before it first runs, its prepared first frame)
 #else
@@ -1731,10 +1736,13 @@ SPATIALC_EMU_FN bool in_fiber() { return fibers().running != nullptr; }
 
 }  // namespace spatialc_emu
 
+// Called from the assembly (or through makecontext) only, hence `used`: emitted where inline, once a program.
 #if SPATIALC_EMU_FIBER_ASM
-extern "C" void spatialc_emu_fiber_main(spatialc_emu::Fiber* f) { spatialc_emu::fiber_body(f); }
+extern "C" SPATIALC_EMU_FN __attribute__((used)) void spatialc_emu_fiber_main(spatialc_emu::Fiber* f) {
+    spatialc_emu::fiber_body(f);
+}
 #else
-extern "C" void spatialc_emu_fiber_start(unsigned lo, unsigned hi) {
+extern "C" SPATIALC_EMU_FN __attribute__((used)) void spatialc_emu_fiber_start(unsigned lo, unsigned hi) {
     spatialc_emu::fiber_body(reinterpret_cast<spatialc_emu::Fiber*>(uintptr_t(lo) | (uintptr_t(hi) << 32)));
 }
 #endif
@@ -1749,14 +1757,20 @@ SPATIALC_EMU_FN void wait_word(std::atomic<unsigned>& word, unsigned seen) {
         while (word.load(std::memory_order_acquire) == seen) word.wait(seen, std::memory_order_acquire);
         return;
     }
-    ++fibers().moves;  // it got as far as this wait
+    Fibers& fs = fibers();
+    Fiber& f = *fs.running;
+    ++fs.moves;  // it got as far as this wait
+    f.word = &word;
+    f.seen = seen;
     do fiber_yield();
     while (word.load(std::memory_order_acquire) == seen);
+    f.word = nullptr;
 }
 
 SPATIALC_EMU_FN void prepare_fiber(Fiber& f, const ThreadJob& job) {
     f.job = job;
     f.done = false;
+    f.word = nullptr;
     // What the watchdog says of it until it runs (a thread that never waits keeps the others from their first turn).
     job.b->threads[job.i].where = "not yet run (a thread runs until it waits)";
     if (!f.stack) {
@@ -1807,7 +1821,8 @@ SPATIALC_EMU_FN void prepare_fiber(Fiber& f, const ThreadJob& job) {
 // Run `jobs`, each a CUDA thread, as fibers until every one has returned. Fibers take turns in order; a turn ends at
 // a wait. When a whole round finds every fiber still waiting, nothing here can change what they wait for (a
 // deadlock the block's check did not see, or a wait on a block that is not running): the scheduler then sleeps
-// between rounds, and the watchdog reports the stall.
+// between rounds, longer each time (a round over thousands of fibers is not free), and the watchdog reports the
+// stall.
 SPATIALC_EMU_FN void run_threads(const std::vector<ThreadJob>& jobs) {
     Fibers& fs = fibers();
     while (fs.all.size() < jobs.size()) fs.all.emplace_back(new Fiber);
@@ -1821,6 +1836,13 @@ SPATIALC_EMU_FN void run_threads(const std::vector<ThreadJob>& jobs) {
         const unsigned long before = fs.moves;
         size_t kept = 0;
         for (Fiber* f : live) {
+            // Switching to a fiber whose word has not moved costs its stack's cache lines and the swap of its
+            // thread-locals, to learn nothing: with thousands of fibers waiting (the blocks of a cooperative launch
+            // waiting on one), that was most of a round, and a hang kept a core busy however long it slept between.
+            if (f->word && f->word->load(std::memory_order_acquire) == f->seen) {
+                live[kept++] = f;
+                continue;
+            }
             swap_locals(*f);
             fs.running = f;
 #if SPATIALC_EMU_FIBER_ASM
@@ -1836,7 +1858,7 @@ SPATIALC_EMU_FN void run_threads(const std::vector<ThreadJob>& jobs) {
         if (fs.moves != before) {
             idle_rounds = 0;
         } else if (++idle_rounds > 2) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            std::this_thread::sleep_for(std::chrono::milliseconds(1 << std::min(idle_rounds - 3, 6)));
         }
     }
 }
