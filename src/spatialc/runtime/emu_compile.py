@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -109,7 +110,12 @@ def _gxx(args: list[str], what: str) -> None:
 
 
 def _flags() -> list[str]:
-    return [*CXX_FLAGS, "-DSPATIALC_EMU_LINKED"]
+    return [*CXX_FLAGS, *_NO_SHADOW_STACK, "-DSPATIALC_EMU_LINKED"]
+
+
+# The emulator switches its fibers' stacks itself (emu_runtime.h): a binary marked for x86's shadow stacks (CET, which
+# some distributions' g++ does by default) would fault at the first switch where the kernel enforces them.
+_NO_SHADOW_STACK = ("-fcf-protection=none",) if platform.machine().lower() in ("x86_64", "amd64") else ()
 
 
 def _prepared() -> Path:
@@ -144,7 +150,7 @@ def _prepared() -> Path:
 def _runtime_folder() -> Path:
     """Where `_prepared` keeps the runtime: named by the compiler, the flags and the headers' text."""
     headers = _headers()
-    key = _digest(_compiler()[1], *CXX_FLAGS, *(h.name.encode() + h.read_bytes() for h in headers))
+    key = _digest(_compiler()[1], *_flags(), *(h.name.encode() + h.read_bytes() for h in headers))
     return cache_dir() / f"rt-{key}"
 
 

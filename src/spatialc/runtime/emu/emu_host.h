@@ -1,5 +1,5 @@
 // spatialc host emulation — the CUDA runtime the emitted hosts call, and the launch: blocks one after another,
-// each one real thread per CUDA thread.
+// each CUDA thread a fiber (emu_runtime.h).
 //
 // The runner rewrites `k<<<grid, block[, smem]>>>(args);` into `::spatialc_emu::launch(k, grid, block[, smem])(args);`
 // and the dynamic shared declaration into `char* spatialc_dyn_smem = ::spatialc_emu::dynamic_shared();`.

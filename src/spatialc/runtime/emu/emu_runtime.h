@@ -1778,7 +1778,8 @@ SPATIALC_EMU_FN void prepare_fiber(Fiber& f, const ThreadJob& job) {
                        -1, 0);
         if (m == MAP_FAILED) fatal(kExitMisuse, "the emulation could not map a stack for a CUDA thread");
         f.stack = static_cast<char*>(m);
-        mprotect(f.stack, kGuard, PROT_NONE);  // an overflow faults here instead of writing into a neighbour
+        if (mprotect(f.stack, kGuard, PROT_NONE) != 0)  // an overflow faults here instead of writing into a neighbour
+            fatal(kExitMisuse, "the emulation could not guard a CUDA thread's stack (the process's memory maps?)");
     }
 #if SPATIALC_EMU_FIBER_ASM
     // The first frame spatialc_emu_switch resumes: the saved registers (the fiber in rbx / x19), the control words
