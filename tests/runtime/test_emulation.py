@@ -261,18 +261,24 @@ def test_a_thread_that_never_arrives_ends_in_a_timeout():
         probe("spin", "late", timeout=2)  # stops making progress after half the wall-clock limit
 
 
+def hang(case: str, timeout: float, report: str) -> tuple[float, float]:
+    """Run probe `case`, which waits until the watchdog ends it with a timeout whose message matches `report`: the
+    run's wall-clock seconds and the emulated process's CPU seconds (user and system)."""
+    binary = compile_program(PROBE, "late")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with pytest.raises(EmulationTimeout, match=report):
+        run_program(binary, {"case.txt": case + "\n"}, timeout=timeout)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
 def test_threads_that_all_wait_for_what_never_comes_leave_the_core_idle_until_the_timeout():
     """The CUDA threads run as fibers on one OS thread; when a whole round finds every one still waiting, nothing in
     the process can wake them, and the scheduler sleeps between rounds: a hang holds no core until the watchdog ends
     it (a scheduler that kept trying would use a core's whole second here)."""
-    binary = compile_program(PROBE, "late")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    with pytest.raises(EmulationTimeout, match=r"no progress for 1\.0 s.*64 threads \(0-63\) waits for the count"):
-        run_program(binary, {"case.txt": "grid_hang\n"}, timeout=2)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    wall, cpu = hang("grid_hang", 2, r"no progress for 1\.0 s.*64 threads \(0-63\) waits for the count")
     assert wall >= 1.0 and cpu < 0.3 * wall, (wall, cpu)
 
 
@@ -280,14 +286,7 @@ def test_thousands_of_waiting_threads_cost_the_scheduler_no_switch_while_their_w
     """Every thread of a cooperative launch of 16384 waits for what never comes. The scheduler looks at each fiber's
     word without switching to it, and sleeps longer each idle round: the hang costs little more than starting the
     fibers (switching to every fiber each round, then a millisecond's sleep, held 90% of a core)."""
-    binary = compile_program(PROBE, "late")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    with pytest.raises(EmulationTimeout, match=r"no progress for 2\.0 s.*Threads of block 15: 1024 threads"):
-        run_program(binary, {"case.txt": "grid_hang_coop\n"}, timeout=4)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    wall, cpu = hang("grid_hang_coop", 4, r"no progress for 2\.0 s.*Threads of block 15: 1024 threads")
     assert wall >= 2.0 and cpu < 0.4 * wall, (wall, cpu)
 
 
